@@ -1,0 +1,1831 @@
+/* ultrascale.h — train Llama-style language models, from one CPU core to many GPUs.
+   An STB-style single-header library: public domain-style simplicity, MIT licence (see end).
+
+   Do this in exactly one C or C++ file, before the include:
+       #define ULTRASCALE_IMPLEMENTATION
+       #include "ultrascale.h"
+   Other files include the header without the define. Add `#define ULTRASCALE_STATIC` before the
+   implementation to make every function static (private to that translation unit).
+
+   QUICK START
+   -----------
+       us_model_config mc = {0};  mc.n_layers = 2; mc.dim = 64; mc.n_heads = 4;
+       us_train_config tc = {0};  tc.batch = 8; tc.seq = 64; tc.steps = 300;
+       us_model m;
+       if (us_model_init(&m, &mc, &tc, NULL) != US_OK) { puts(us_model_error(&m)); return 1; }
+       us_task task; us_task_init(&task, tc.seed);            // the built-in sorting task
+       int32_t *in = malloc(...), *tgt = malloc(...);         // [grad_accum][B][T] each
+       for (int s = 0; s < tc.steps; s++) {
+           us_task_batch(&task, tc.batch * tc.grad_accum, tc.seq, in, tgt);
+           us_step_stats st;
+           if (us_train_step(&m, in, tgt, &st) != US_OK) break;   // accumulate, clip, AdamW
+           printf("step %d loss %.4f\n", st.step, st.loss);
+       }
+       us_model_free(&m);
+
+   Every configuration struct is "zero means default": fill only what you care about, then
+   us_*_defaults() fills the rest and us_*_validate() explains in one sentence what is wrong.
+   Functions return a us_result; the readable message is in us_model_error() (or the struct's
+   own `err` field). Nothing in the library calls exit() or asserts on user input.
+
+   THE TWO SEAMS (DESIGN.md)
+   -------------------------
+   ops   (us_ops)  every numeric primitive the model uses, forward and backward, over memory the
+                   backend owns. The CPU implementation here is the reference; the CUDA one lives
+                   in ultrascale_cuda.cuh. The model never dereferences parameter or activation
+                   memory itself: it moves data only through ops->copy.
+   comm  (us_comm) collectives over groups of ranks; arrives with ultrascale_comm.h.
+
+   SHAPE LEGEND used in every comment
+   ----------------------------------
+   B batch (micro-batch), T sequence, N = B·T tokens, C model dim, NH heads, NKV kv heads,
+   HS head size (C/NH), QKV = (NH+2·NKV)·HS, F FFN dim, V vocab, L layers.
+
+   TABLE OF CONTENTS (grep for the tag)
+   -----------------
+   public API
+     results, dtypes and conversions ........ us_result, us_dtype, us_f32_to_bf16, ...
+     configuration .......................... us_model_config, us_train_config
+     ops table .............................. us_ops, us_cpu_ops
+     model and trainer ...................... us_model, us_train_step, us_forward_eval
+     data ................................... us_data (raw text, llm.c shards), us_task
+     estimator, FLOPs ....................... us_memory_estimate, us_flops_per_token
+   implementation
+     // >>dtypes      bf16 / FP8 E4M3 / E5M2 conversions, bit-exact round-to-nearest-even
+     // >>config      defaults and validation
+     // >>gemm        cache-blocked, packed, OpenMP fp32 GEMM with bf16 operands
+     // >>kernels     embedding, RMSNorm, RoPE, SwiGLU, cross-entropy, casts (CPU ops)
+     // >>attention   causal GQA attention, blockwise online softmax (+ the naive reference)
+     // >>optimizer   AdamW, global-norm clipping, LR schedules
+     // >>model       parameters in flat buffers with Hugging Face names, init, forward, backward
+     // >>recompute   activation recomputation none / selective / full
+     // >>train       gradient accumulation and the training step
+     // >>data        byte tokenizer, text loader, llm.c token shards, the built-in task
+     // >>sample      temperature / top-k sampling
+     // >>estimate    memory estimator and FLOP/MFU counting (the Playbook formulas)
+*/
+#ifndef ULTRASCALE_H
+#define ULTRASCALE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef ULTRASCALE_STATIC
+#if defined(__GNUC__) || defined(__clang__)
+#define US_API static __attribute__((unused))
+#else
+#define US_API static
+#endif
+#else
+#define US_API extern
+#endif
+
+#define US_VERSION "0.1.0"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- results */
+typedef enum us_result {
+    US_OK = 0,
+    US_ERR_INVALID,   /* a configuration or argument is wrong; the message says which */
+    US_ERR_OOM,       /* an allocation failed */
+    US_ERR_IO,        /* a file could not be opened or read */
+    US_ERR_FORMAT,    /* a file is truncated, corrupt or of the wrong kind */
+    US_ERR_NONFINITE, /* the loss or the gradient norm became NaN or infinite */
+    US_ERR_BACKEND    /* the compute backend reported an error */
+} us_result;
+US_API const char *us_result_description(us_result r);
+
+/* ---------------------------------------------------------------- dtypes */
+typedef enum us_dtype {
+    US_F32 = 0,
+    US_BF16,   /* 1 sign, 8 exponent, 7 mantissa bits: the upper half of an fp32 */
+    US_E4M3,   /* FP8 (OCP "fn"): no infinities, NaN = S.1111.111, max ±448 */
+    US_E5M2,   /* FP8: IEEE-like, ±inf and NaNs, max ±57344 */
+    US_I32
+} us_dtype;
+US_API size_t      us_dtype_size(us_dtype dt);
+US_API const char *us_dtype_name(us_dtype dt);
+
+/* Round-to-nearest-even. NaN stays NaN. Finite values beyond the format's range saturate to its
+   largest finite value; ±inf stays ±inf where the format has it (bf16, E5M2) and saturates to ±448
+   in E4M3, which has none (the "satfinite" convention of NVIDIA's cvt instructions). bf16 is the
+   exception for finite overflow: like IEEE rounding it rounds to ±inf. */
+US_API uint16_t us_f32_to_bf16(float f);
+US_API float    us_bf16_to_f32(uint16_t h);
+US_API uint8_t  us_f32_to_e4m3(float f);
+US_API float    us_e4m3_to_f32(uint8_t b);
+US_API uint8_t  us_f32_to_e5m2(float f);
+US_API float    us_e5m2_to_f32(uint8_t b);
+
+/* ---------------------------------------------------------------- configuration */
+typedef struct us_model_config {
+    int64_t vocab;        /* V; default 256 (the byte tokenizer) */
+    int64_t dim;          /* C; default 128 */
+    int     n_layers;     /* L; default 4 */
+    int     n_heads;      /* NH; default 4 */
+    int     n_kv_heads;   /* NKV; default n_heads (multi-head); fewer = grouped-query attention */
+    int64_t ffn_dim;      /* F; default 8/3·C rounded up to a multiple of 32 (Llama's SwiGLU size) */
+    int     tie_embeddings; /* 1: lm_head shares model.embed_tokens.weight; default 0 (untied) */
+    float   rope_theta;   /* default 10000 */
+    float   norm_eps;     /* RMSNorm epsilon; default 1e-5 */
+    float   init_std;     /* default 0.02; o_proj and down_proj get init_std/sqrt(2L) */
+} us_model_config;
+
+typedef enum us_precision {
+    US_PRECISION_DEFAULT = 0, /* fp32 */
+    US_PRECISION_FP32,        /* everything fp32: the reference */
+    US_PRECISION_BF16         /* bf16 params and activations, fp32 master weights, moments, grads */
+} us_precision;
+
+typedef enum us_recompute {
+    US_RECOMPUTE_DEFAULT = 0, /* none */
+    US_RECOMPUTE_NONE,        /* keep every activation the backward needs */
+    US_RECOMPUTE_SELECTIVE,   /* keep GEMM outputs; recompute norms, attention core and SwiGLU */
+    US_RECOMPUTE_FULL         /* keep only each layer's input; recompute the layer in backward */
+} us_recompute;
+
+typedef enum us_lr_schedule {
+    US_LR_DEFAULT = 0,        /* cosine */
+    US_LR_COSINE,             /* linear warmup, cosine decay to lr·min_lr_frac at `steps` */
+    US_LR_CONSTANT            /* linear warmup, then constant */
+} us_lr_schedule;
+
+typedef struct us_train_config {
+    int      batch;        /* B, sequences per micro-batch; default 8 */
+    int      seq;          /* T, tokens per sequence; default 64 */
+    int      grad_accum;   /* micro-batches per optimizer step; default 1 */
+    int      steps;        /* optimizer steps (sets the cosine horizon); default 1000 */
+    float    lr;           /* peak learning rate; default 3e-3 */
+    int      warmup;       /* warmup steps; default 0 */
+    float    min_lr_frac;  /* cosine floor as a fraction of lr; default 0.1 */
+    us_lr_schedule schedule;
+    float    weight_decay; /* decoupled, on 2-D weights only; default 0.1; negative = none */
+    float    beta1, beta2; /* defaults 0.9, 0.95 */
+    float    adam_eps;     /* default 1e-8 */
+    float    grad_clip;    /* global-norm clip; default 1.0; negative = off */
+    us_precision precision;
+    us_recompute recompute;
+    uint64_t seed;         /* default 1337 */
+    int      threads;      /* CPU threads; default: all OpenMP threads */
+} us_train_config;
+
+US_API void      us_model_config_defaults(us_model_config *c);
+US_API void      us_train_config_defaults(us_train_config *c);
+/* Fills defaults first, then checks; on failure writes one sentence into err (size errlen). */
+US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, char *err, size_t errlen);
+US_API const char *us_precision_name(us_precision p);
+US_API const char *us_recompute_name(us_recompute r);
+
+/* ---------------------------------------------------------------- ops table (seam 1)
+   Every pointer argument below is backend memory (host for the CPU ops, device for CUDA) except
+   where a comment says "host". `dt` is the dtype of activations and low-precision weights
+   (US_F32 or US_BF16); tensors marked f32 are always fp32. "+=" means the op accumulates. */
+typedef enum us_copy_kind { US_COPY_H2D = 0, US_COPY_D2H, US_COPY_D2D } us_copy_kind;
+
+typedef struct us_ops us_ops;
+struct us_ops {
+    const char *name;
+    int   nthreads;   /* CPU threads for the CPU ops; 0 = all */
+    void *backend;    /* backend-private state */
+    void *(*alloc)(us_ops *o, size_t bytes);                      /* zero-filled, 64-byte aligned */
+    void  (*free)(us_ops *o, void *p);
+    void  (*zero)(us_ops *o, void *p, size_t bytes);
+    void  (*copy)(us_ops *o, void *dst, const void *src, size_t bytes, us_copy_kind kind);
+    void  (*sync)(us_ops *o);
+    /* dst[n] = src[n] converted between dtypes (RNE) */
+    void  (*cast)(us_ops *o, void *dst, us_dtype ddt, const void *src, us_dtype sdt, int64_t n);
+    /* C[M,N] = alpha·op(A)[M,K]·op(B)[K,N] + beta·C, row-major; ta/tb transpose; beta 0 never reads C */
+    void  (*gemm)(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
+                  const void *A, us_dtype adt, int64_t lda, const void *B, us_dtype bdt, int64_t ldb,
+                  float beta, void *C, us_dtype cdt, int64_t ldc);
+    /* out[N,C] = wte[tok[n], :]                      tok i32[N] */
+    void  (*embedding_fwd)(us_ops *o, void *out, const int32_t *tok, const void *wte, int64_t N, int64_t C, us_dtype dt);
+    /* dwte f32[V,C] += scatter of dout[N,C] */
+    void  (*embedding_bwd)(us_ops *o, float *dwte, const void *dout, const int32_t *tok, int64_t N, int64_t C, us_dtype dt);
+    /* out[N,C] = x / rms(x) · w;  rstd f32[N] */
+    void  (*rmsnorm_fwd)(us_ops *o, void *out, float *rstd, const void *x, const void *w, int64_t N, int64_t C, float eps, us_dtype dt);
+    /* dx[N,C] += ∂/∂x;  dw f32[C] += ∂/∂w */
+    void  (*rmsnorm_bwd)(us_ops *o, void *dx, float *dw, const void *dout, const void *x, const void *w, const float *rstd, int64_t N, int64_t C, us_dtype dt);
+    /* in place on the q and k heads of qkv[B,T,QKV] (rotate-half); bwd applies the inverse rotation */
+    void  (*rope_fwd)(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS, float theta, us_dtype dt);
+    void  (*rope_bwd)(us_ops *o, void *dqkv, int64_t B, int64_t T, int NH, int NKV, int HS, float theta, us_dtype dt);
+    /* causal GQA: out[B,T,NH·HS], lse f32[B,NH,T] from qkv[B,T,QKV] */
+    void  (*attention_fwd)(us_ops *o, void *out, float *lse, const void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS, us_dtype dt);
+    /* dqkv[B,T,QKV] = (overwrites) gradient from dout[B,T,NH·HS] */
+    void  (*attention_bwd)(us_ops *o, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse, int64_t B, int64_t T, int NH, int NKV, int HS, us_dtype dt);
+    /* h[N,F] = silu(gu[:, :F]) · gu[:, F:];  bwd overwrites dgu[N,2F] */
+    void  (*swiglu_fwd)(us_ops *o, void *h, const void *gu, int64_t N, int64_t F, us_dtype dt);
+    void  (*swiglu_bwd)(us_ops *o, void *dgu, const void *dh, const void *gu, int64_t N, int64_t F, us_dtype dt);
+    /* fused softmax-cross-entropy over logits[N,V]: losses f32[N] (0 where tgt<0), argmax i32[N] (may be
+       NULL); if dscale != 0 the logits are overwritten with dscale·(softmax − onehot) (0 rows where tgt<0) */
+    void  (*xent)(us_ops *o, float *losses, int32_t *argmax, void *logits, const int32_t *tgt, int64_t N, int64_t V, float dscale, us_dtype dt);
+    /* AdamW on n fp32 master values p with grads g·gscale; also writes p_lowp (dtype lowdt) if not NULL */
+    void  (*adamw)(us_ops *o, float *p, const float *g, float *m, float *v, void *p_lowp, us_dtype lowdt, int64_t n,
+                   float lr, float beta1, float beta2, float eps, float wd, float gscale, int step);
+    /* host: Σ x² over f32[n], accumulated in double */
+    double (*sumsq)(us_ops *o, const float *x, int64_t n);
+};
+/* The CPU reference ops. nthreads 0 = all OpenMP threads. */
+US_API us_ops us_cpu_ops(int nthreads);
+
+/* ---------------------------------------------------------------- model and trainer */
+typedef struct us_param {
+    char    name[80];      /* Hugging Face Llama name, e.g. model.layers.3.self_attn.q_proj.weight */
+    int64_t offset;        /* element offset into the flat buffers */
+    int64_t numel;
+    int     ndim;
+    int64_t shape[2];
+    int     decay;         /* weight decay applies (2-D weights) */
+} us_param;
+
+/* Bytes by category: filled from a formula by us_memory_estimate, from real allocations by the model. */
+typedef struct us_memory {
+    size_t params;       /* weights the forward reads (bf16 under bf16, fp32 under fp32) */
+    size_t grads;        /* fp32 gradients */
+    size_t master;       /* fp32 master weights (0 under fp32, where params are the master) */
+    size_t optimizer;    /* AdamW m and v, fp32 */
+    size_t activations;  /* the per-step activation arena (saved activations + scratch + logits) */
+    size_t total;
+} us_memory;
+
+typedef struct us_layer_acts us_layer_acts;  /* per-layer activation pointers (implementation) */
+
+typedef struct us_model {
+    us_model_config cfg;
+    us_train_config tc;
+    us_ops   ops;
+    us_dtype dt;              /* activation / low-precision weight dtype */
+    int      n_params_t;      /* number of parameter tensors */
+    us_param *params;         /* [n_params_t] views into the flat buffers */
+    int64_t  n_params;        /* total elements */
+    void    *w;               /* flat weights the forward reads, dtype dt     [n_params] */
+    float   *master;          /* fp32 master weights (== w under fp32)        [n_params] */
+    float   *grad;            /* fp32 gradients                               [n_params] */
+    float   *adam_m, *adam_v; /* fp32 moments                                 [n_params] */
+    char    *arena;           /* activation arena                             [mem.activations] */
+    us_layer_acts *acts;      /* [L] */
+    void    *a[24];           /* named scratch activations (implementation) */
+    us_memory mem;            /* what was really allocated */
+    int      step;            /* optimizer steps taken */
+    char     err[256];
+} us_model;
+
+typedef struct us_step_stats {
+    int    step;       /* 1-based index of the step just taken */
+    float  loss;       /* mean loss over the valid targets of the global batch */
+    float  lr;
+    float  grad_norm;  /* before clipping */
+    int64_t tokens;    /* tokens processed (B·T·grad_accum) */
+    int64_t valid;     /* targets that counted toward the loss */
+} us_step_stats;
+
+/* Builds the model on `ops` (NULL = us_cpu_ops(tc->threads)): validates, allocates parameters,
+   gradients, optimizer state and the activation arena, and initialises weights from tc->seed. */
+US_API us_result   us_model_init(us_model *m, const us_model_config *mc, const us_train_config *tc, const us_ops *ops);
+US_API void        us_model_free(us_model *m);
+US_API const char *us_model_error(const us_model *m);
+US_API const us_param *us_model_find_param(const us_model *m, const char *name);
+
+/* One optimizer step over grad_accum micro-batches. inputs/targets are host arrays
+   [grad_accum][B][T]; a target < 0 is ignored. The loss is the mean over the global batch's
+   valid targets, so k micro-batches equal one batch k times larger. */
+US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t *targets, us_step_stats *st);
+
+/* The pieces of a step, for callers that drive their own loop (and for the parallel strategies). */
+US_API void      us_model_zero_grad(us_model *m);
+/* Forward and backward of one micro-batch (B ≤ tc.batch, T ≤ tc.seq, host tokens); gradients are
+   accumulated with weight dscale per valid target (1/valid for a plain mean). Returns the summed
+   loss over valid targets in *loss_sum. */
+US_API us_result us_forward_backward(us_model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
+                                     float dscale, double *loss_sum);
+/* Clips by global norm and applies AdamW with the scheduled lr; returns the pre-clip norm. */
+US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr);
+US_API float     us_lr_at(const us_train_config *tc, int step);  /* step is 0-based */
+
+/* Forward only. Returns the summed loss over valid targets and how many predictions were right
+   (argmax == target) in *correct (may be NULL). logits_out (host, may be NULL) receives the
+   last position's logits of each sequence, [B][V] floats. */
+US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
+                                 double *loss_sum, int64_t *correct, float *logits_out);
+
+/* The textbook attention, kept as the reference for tests: S = QK^T/sqrt(HS) materialised
+   [T,T], causal mask, softmax, P*V. fp32, single-threaded. qkv[B,T,QKV] -> out[B,T,NH*HS]. */
+US_API void      us_attention_naive_fwd(float *out, const float *qkv, int64_t B, int64_t T, int NH, int NKV, int HS);
+
+/* ---------------------------------------------------------------- random numbers */
+typedef struct us_rng { uint64_t s; } us_rng;
+US_API void     us_rng_seed(us_rng *r, uint64_t seed);
+US_API uint64_t us_rng_u64(us_rng *r);
+US_API float    us_rng_uniform(us_rng *r);   /* [0, 1) */
+US_API float    us_rng_normal(us_rng *r);
+
+/* ---------------------------------------------------------------- data */
+typedef struct us_data {
+    int32_t *tokens;    /* host [n] */
+    int64_t  n;
+    int64_t  max_token; /* largest token id present */
+    char     err[256];
+} us_data;
+/* Bytes of a text file as tokens 0..255 (the byte-level tokenizer). */
+US_API us_result us_data_load_text(us_data *d, const char *path);
+/* An llm.c token shard: 256 int32 header (magic 20240520 version 1 → uint16 tokens; magic
+   20240801 version 7 → uint32 tokens; [2] = token count), size checked against the header. */
+US_API us_result us_data_load_shard(us_data *d, const char *path);
+/* Either of the two, told apart by the magic number. */
+US_API us_result us_data_load(us_data *d, const char *path);
+US_API us_result us_data_from_bytes(us_data *d, const void *bytes, int64_t n);
+/* Fills inputs/targets [nseq][T] with random windows of T+1 tokens (targets shifted by one). */
+US_API us_result us_data_batch(us_data *d, us_rng *r, int nseq, int T, int32_t *inputs, int32_t *targets);
+US_API void      us_data_free(us_data *d);
+US_API size_t    us_byte_encode(const char *text, int32_t *tokens, size_t cap);
+US_API size_t    us_byte_decode(const int32_t *tokens, size_t n, char *text, size_t cap);
+
+/* The built-in default task (no download): sorting digits. Each line is a string of
+   US_TASK_DIGITS random digits, '=', the same digits sorted, '\n' — e.g. "70421835=01234578\n".
+   Only the answer (sorted digits and the newline) is scored: the other targets are -1. */
+#define US_TASK_DIGITS 8
+#define US_TASK_LINE   (2 * US_TASK_DIGITS + 2)
+typedef struct us_task { us_rng rng; } us_task;
+US_API void us_task_init(us_task *t, uint64_t seed);
+/* Fills [nseq][T] with whole lines (T ≥ US_TASK_LINE); a window ends with newlines as padding. */
+US_API void us_task_batch(us_task *t, int nseq, int T, int32_t *inputs, int32_t *targets);
+/* Greedy-decodes answers to `n` fresh problems and returns the fraction solved exactly;
+   writes up to `show` examples as text into buf (may be NULL). */
+US_API us_result us_task_exact_match(us_model *m, us_task *t, int n, double *acc, char *buf, size_t buflen, int show);
+
+/* ---------------------------------------------------------------- sampling */
+/* Extends prompt (host tokens) by n_new tokens sampled with temperature (0 = greedy) and
+   top-k (0 = all); out receives prompt + new tokens, [n_prompt + n_new] <= tc.seq. */
+US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int n_new, float temperature,
+                           int top_k, us_rng *r, int32_t *out);
+
+/* ---------------------------------------------------------------- estimator and FLOPs */
+/* Memory by category for one rank, from the Playbook's formulas applied to this library's layout
+   (no allocation). Equals us_model.mem after us_model_init with the same configs. */
+US_API us_result us_memory_estimate(const us_model_config *mc, const us_train_config *tc, us_memory *out, char *err, size_t errlen);
+/* The Playbook's activation formula for one layer with attention scores materialised, in bytes
+   for mixed precision: s*b*h*(34 + 5*a*s/h). For comparison with what flash attention saves. */
+US_API double    us_playbook_activation_bytes_per_layer(int64_t seq, int64_t batch, int64_t dim, int64_t heads);
+US_API int64_t   us_param_count(const us_model_config *mc);
+/* Training FLOPs per token (Playbook): 6*N + 12*L*C*T (the attention term 12*L*h*s^2 per sequence). */
+US_API double    us_flops_per_token(const us_model_config *mc, int64_t seq);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* ULTRASCALE_H */
+
+/* ==================================================================================== */
+/*                                   IMPLEMENTATION                                      */
+/* ==================================================================================== */
+#ifdef ULTRASCALE_IMPLEMENTATION
+#ifndef ULTRASCALE_IMPLEMENTATION_DONE
+#define ULTRASCALE_IMPLEMENTATION_DONE
+
+#include <float.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#ifndef US_MALLOC
+#define US_MALLOC(sz) malloc(sz)
+#define US_FREE(p)    free(p)
+#endif
+/* Programmer bugs only; user input gets a us_result. */
+#ifndef US_ASSERT
+#define US_ASSERT(x) do { if (!(x)) { fprintf(stderr, "ultrascale: internal error: %s (%s:%d)\n", #x, __FILE__, __LINE__); abort(); } } while (0)
+#endif
+#define US__ALIGN 256   /* every arena tensor starts on a 256-byte boundary (CUDA-friendly) */
+
+static size_t us__align(size_t n) { return (n + US__ALIGN - 1) & ~(size_t)(US__ALIGN - 1); }
+
+static void us__errf(char *err, size_t errlen, const char *fmt, ...) {
+    va_list ap;
+    if (!err || !errlen) return;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+US_API const char *us_result_description(us_result r) {
+    switch (r) {
+    case US_OK: return "ok";
+    case US_ERR_INVALID: return "invalid configuration or argument";
+    case US_ERR_OOM: return "out of memory";
+    case US_ERR_IO: return "i/o error";
+    case US_ERR_FORMAT: return "bad file format";
+    case US_ERR_NONFINITE: return "loss or gradient is not finite";
+    case US_ERR_BACKEND: return "compute backend error";
+    }
+    return "unknown result";
+}
+
+/* ------------------------------------------------------------------------------------ */
+// >>dtypes  bf16 and FP8 conversions, bit-exact round-to-nearest-even
+/* ------------------------------------------------------------------------------------ */
+US_API size_t us_dtype_size(us_dtype dt) {
+    switch (dt) {
+    case US_F32: case US_I32: return 4;
+    case US_BF16: return 2;
+    case US_E4M3: case US_E5M2: return 1;
+    }
+    return 0;
+}
+US_API const char *us_dtype_name(us_dtype dt) {
+    switch (dt) {
+    case US_F32: return "fp32";
+    case US_BF16: return "bf16";
+    case US_E4M3: return "e4m3";
+    case US_E5M2: return "e5m2";
+    case US_I32: return "i32";
+    }
+    return "?";
+}
+
+static uint32_t us__f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static float us__bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+#define US__BF16_HELPERS_DEFINED
+static inline float us__bf16_to_f32(uint16_t h) { return us__bits_f32((uint32_t)h << 16); }
+static inline uint16_t us__f32_to_bf16(float f) {
+    uint32_t u = us__f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u); /* quiet NaN, sign kept */
+    u += 0x7fffu + ((u >> 16) & 1u);  /* RNE: add half-ulp minus one, plus the lsb for ties */
+    return (uint16_t)(u >> 16);
+}
+US_API uint16_t us_f32_to_bf16(float f) { return us__f32_to_bf16(f); }
+US_API float    us_bf16_to_f32(uint16_t h) { return us__bf16_to_f32(h); }
+
+/* FP8 with `mb` mantissa bits, exponent bias `bias`, largest finite value `maxv`. The value is
+   rounded to the format's grid in double (exact: scaling by powers of two), ties to even. */
+static uint8_t us__f32_to_fp8(float f, int mb, int bias, double maxv, int has_inf, uint8_t nan_code) {
+    uint8_t sign = (us__f32_bits(f) >> 31) ? 0x80 : 0;
+    double a = fabs((double)f), q, x, fl, r;
+    int e, emin = 1 - bias;
+    if (f != f) return (uint8_t)(sign | nan_code);
+    if (isinf(f)) { if (has_inf) return (uint8_t)(sign | (has_inf & 0x7f)); a = maxv; }
+    if (a == 0) return sign;
+    (void)frexp(a, &e); e -= 1;                 /* a = 1.m · 2^e */
+    if (e < emin) e = emin;                     /* subnormals share the smallest exponent's grid */
+    q = ldexp(1.0, e - mb);                     /* spacing of representable values near a */
+    x = a / q; fl = floor(x);
+    if (x - fl > 0.5 || (x - fl == 0.5 && fmod(fl, 2.0) != 0.0)) fl += 1.0;
+    r = fl * q;
+    if (r > maxv) r = maxv;                     /* saturate (and ±inf in E4M3) */
+    (void)frexp(r, &e); e -= 1;
+    if (e < emin) return (uint8_t)(sign | (uint8_t)(r / ldexp(1.0, emin - mb)));  /* subnormal */
+    return (uint8_t)(sign | (uint8_t)((e + bias) << mb) | (uint8_t)(r / ldexp(1.0, e - mb) - ldexp(1.0, mb)));
+}
+static float us__fp8_to_f32(uint8_t b, int mb, int bias, int has_inf) {
+    int sgn = b >> 7, ex = (b >> mb) & ((1 << (7 - mb)) - 1), man = b & ((1 << mb) - 1);
+    int emax = (1 << (7 - mb)) - 1;
+    double v;
+    if (has_inf && ex == emax) v = man ? NAN : INFINITY;      /* E5M2: IEEE-style specials */
+    else if (!has_inf && ex == emax && man == (1 << mb) - 1) v = NAN;   /* E4M3: only S.1111.111 */
+    else if (ex == 0) v = ldexp((double)man, 1 - bias - mb);
+    else v = ldexp(1.0 + ldexp((double)man, -mb), ex - bias);
+    return (float)(sgn ? -v : v);
+}
+US_API uint8_t us_f32_to_e4m3(float f) { return us__f32_to_fp8(f, 3, 7, 448.0, 0, 0x7f); }
+US_API float   us_e4m3_to_f32(uint8_t b) { return us__fp8_to_f32(b, 3, 7, 0); }
+/* E5M2: has_inf carries the inf code 0x7c */
+US_API uint8_t us_f32_to_e5m2(float f) { return us__f32_to_fp8(f, 2, 15, 57344.0, 0x7c, 0x7e); }
+US_API float   us_e5m2_to_f32(uint8_t b) { return us__fp8_to_f32(b, 2, 15, 1); }
+
+/* Rows in and out of fp32: CPU kernels compute in fp32 and round once on store. */
+static void us__load_f32(float *dst, const void *src, us_dtype dt, int64_t n) {
+    int64_t i;
+    if (dt == US_F32) { memcpy(dst, src, (size_t)n * 4); return; }
+    for (i = 0; i < n; i++) dst[i] = us__bf16_to_f32(((const uint16_t *)src)[i]);
+}
+static void us__store_f32(void *dst, us_dtype dt, const float *src, int64_t n) {
+    int64_t i;
+    if (dt == US_F32) { memcpy(dst, src, (size_t)n * 4); return; }
+    for (i = 0; i < n; i++) ((uint16_t *)dst)[i] = us__f32_to_bf16(src[i]);
+}
+static float us__get(const void *p, us_dtype dt, int64_t i) {
+    return dt == US_F32 ? ((const float *)p)[i] : us__bf16_to_f32(((const uint16_t *)p)[i]);
+}
+static void us__set(void *p, us_dtype dt, int64_t i, float v) {
+    if (dt == US_F32) ((float *)p)[i] = v; else ((uint16_t *)p)[i] = us__f32_to_bf16(v);
+}
+/* element i of a tensor of dtype dt, as a byte pointer */
+static void *us__at(const void *p, us_dtype dt, int64_t i) { return (char *)p + (size_t)i * us_dtype_size(dt); }
+
+/* ------------------------------------------------------------------------------------ */
+// >>config  zero means default; validation explains in one sentence
+/* ------------------------------------------------------------------------------------ */
+US_API void us_model_config_defaults(us_model_config *c) {
+    if (!c->vocab) c->vocab = 256;
+    if (!c->dim) c->dim = 128;
+    if (!c->n_layers) c->n_layers = 4;
+    if (!c->n_heads) c->n_heads = 4;
+    if (!c->n_kv_heads) c->n_kv_heads = c->n_heads;
+    if (!c->ffn_dim) c->ffn_dim = ((8 * c->dim / 3) + 31) / 32 * 32;
+    if (c->rope_theta == 0) c->rope_theta = 10000.0f;
+    if (c->norm_eps == 0) c->norm_eps = 1e-5f;
+    if (c->init_std == 0) c->init_std = 0.02f;
+}
+US_API void us_train_config_defaults(us_train_config *c) {
+    if (!c->batch) c->batch = 8;
+    if (!c->seq) c->seq = 64;
+    if (!c->grad_accum) c->grad_accum = 1;
+    if (!c->steps) c->steps = 1000;
+    if (c->lr == 0) c->lr = 3e-3f;
+    if (c->min_lr_frac == 0) c->min_lr_frac = 0.1f;
+    if (c->schedule == US_LR_DEFAULT) c->schedule = US_LR_COSINE;
+    if (c->weight_decay == 0) c->weight_decay = 0.1f;
+    if (c->beta1 == 0) c->beta1 = 0.9f;
+    if (c->beta2 == 0) c->beta2 = 0.95f;
+    if (c->adam_eps == 0) c->adam_eps = 1e-8f;
+    if (c->grad_clip == 0) c->grad_clip = 1.0f;
+    if (c->precision == US_PRECISION_DEFAULT) c->precision = US_PRECISION_FP32;
+    if (c->recompute == US_RECOMPUTE_DEFAULT) c->recompute = US_RECOMPUTE_NONE;
+    if (!c->seed) c->seed = 1337;
+}
+US_API const char *us_precision_name(us_precision p) {
+    return p == US_PRECISION_BF16 ? "bf16" : "fp32";
+}
+US_API const char *us_recompute_name(us_recompute r) {
+    return r == US_RECOMPUTE_SELECTIVE ? "selective" : r == US_RECOMPUTE_FULL ? "full" : "none";
+}
+
+US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, char *err, size_t errlen) {
+    us_model_config_defaults(mc);
+    us_train_config_defaults(tc);
+#define US__BAD(...) do { us__errf(err, errlen, __VA_ARGS__); return US_ERR_INVALID; } while (0)
+    if (mc->vocab < 2) US__BAD("vocab=%lld must be at least 2", (long long)mc->vocab);
+    if (mc->vocab > (1 << 30)) US__BAD("vocab=%lld is larger than 2^30", (long long)mc->vocab);
+    if (mc->dim < 2) US__BAD("dim=%lld must be at least 2", (long long)mc->dim);
+    if (mc->n_layers < 1) US__BAD("layers=%d must be at least 1", mc->n_layers);
+    if (mc->n_heads < 1) US__BAD("heads=%d must be at least 1", mc->n_heads);
+    if (mc->n_kv_heads < 1) US__BAD("kv-heads=%d must be at least 1", mc->n_kv_heads);
+    if (mc->dim % mc->n_heads) US__BAD("dim=%lld not divisible by heads=%d", (long long)mc->dim, mc->n_heads);
+    if ((mc->dim / mc->n_heads) % 2) US__BAD("head size dim/heads=%lld must be even for RoPE", (long long)(mc->dim / mc->n_heads));
+    if (mc->n_heads % mc->n_kv_heads) US__BAD("heads=%d not divisible by kv-heads=%d", mc->n_heads, mc->n_kv_heads);
+    if (mc->ffn_dim < 1) US__BAD("ffn=%lld must be at least 1", (long long)mc->ffn_dim);
+    if (mc->tie_embeddings != 0 && mc->tie_embeddings != 1) US__BAD("tie_embeddings=%d must be 0 or 1", mc->tie_embeddings);
+    if (!(mc->rope_theta > 0)) US__BAD("rope theta=%g must be positive", mc->rope_theta);
+    if (!(mc->norm_eps > 0)) US__BAD("norm eps=%g must be positive", mc->norm_eps);
+    if (!(mc->init_std > 0)) US__BAD("init std=%g must be positive", mc->init_std);
+    if (tc->batch < 1) US__BAD("batch=%d must be at least 1", tc->batch);
+    if (tc->seq < 1) US__BAD("seq=%d must be at least 1", tc->seq);
+    if (tc->grad_accum < 1) US__BAD("grad-accum=%d must be at least 1", tc->grad_accum);
+    if (tc->steps < 1) US__BAD("steps=%d must be at least 1", tc->steps);
+    if (!(tc->lr > 0) || !isfinite(tc->lr)) US__BAD("lr=%g must be a positive number", tc->lr);
+    if (tc->warmup < 0) US__BAD("warmup=%d must not be negative", tc->warmup);
+    if (!(tc->min_lr_frac >= 0 && tc->min_lr_frac <= 1)) US__BAD("min lr fraction=%g must be in [0, 1]", tc->min_lr_frac);
+    if (tc->schedule != US_LR_COSINE && tc->schedule != US_LR_CONSTANT) US__BAD("unknown lr schedule %d", (int)tc->schedule);
+    if (!(tc->beta1 >= 0 && tc->beta1 < 1)) US__BAD("beta1=%g must be in [0, 1)", tc->beta1);
+    if (!(tc->beta2 >= 0 && tc->beta2 < 1)) US__BAD("beta2=%g must be in [0, 1)", tc->beta2);
+    if (!(tc->adam_eps > 0)) US__BAD("adam eps=%g must be positive", tc->adam_eps);
+    if (isnan(tc->weight_decay)) US__BAD("weight decay must be a number");
+    if (isnan(tc->grad_clip)) US__BAD("grad clip must be a number");
+    if (tc->precision != US_PRECISION_FP32 && tc->precision != US_PRECISION_BF16) US__BAD("unknown precision %d", (int)tc->precision);
+    if (tc->recompute < US_RECOMPUTE_NONE || tc->recompute > US_RECOMPUTE_FULL) US__BAD("unknown recompute mode %d", (int)tc->recompute);
+    if (tc->threads < 0) US__BAD("threads=%d must not be negative", tc->threads);
+    if ((double)tc->batch * tc->seq * (double)mc->vocab > 9e15) US__BAD("batch·seq·vocab is too large");
+#undef US__BAD
+    return US_OK;
+}
+
+/* ------------------------------------------------------------------------------------ */
+// >>gemm  (placeholder naive kernel; replaced by the packed kernel)
+/* ------------------------------------------------------------------------------------ */
+static void us__gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
+                     const void *A, int dtA, int64_t lda, const void *B, int dtB, int64_t ldb,
+                     float beta, void *C, int dtC, int64_t ldc, int nthreads) {
+    int64_t i;
+    (void)nthreads;
+    for (i = 0; i < M; i++) {
+        int64_t j, k;
+        for (j = 0; j < N; j++) {
+            float acc = 0, out;
+            for (k = 0; k < K; k++) {
+                float a = us__get(A, (us_dtype)dtA, ta ? k * lda + i : i * lda + k);
+                float b = us__get(B, (us_dtype)dtB, tb ? j * ldb + k : k * ldb + j);
+                acc += a * b;
+            }
+            out = alpha * acc;
+            if (beta != 0) out += beta * us__get(C, (us_dtype)dtC, i * ldc + j);
+            us__set(C, (us_dtype)dtC, i * ldc + j, out);
+        }
+    }
+}
+/* ----GEMM-END---- */
+
+/* ------------------------------------------------------------------------------------ */
+// >>kernels  the CPU reference ops: compute in fp32, round once on store
+/* ------------------------------------------------------------------------------------ */
+#ifdef _OPENMP
+#define US__PARALLEL_FOR _Pragma("omp parallel for schedule(static) num_threads(us__nt)")
+#define US__PARALLEL_FOR_DYNAMIC _Pragma("omp parallel for schedule(dynamic, 1) num_threads(us__nt)")
+static int us__threads(const us_ops *o) { return o->nthreads > 0 ? o->nthreads : omp_get_max_threads(); }
+#else
+#define US__PARALLEL_FOR
+#define US__PARALLEL_FOR_DYNAMIC
+static int us__threads(const us_ops *o) { (void)o; return 1; }
+#endif
+
+static void *us__cpu_alloc(us_ops *o, size_t bytes) {
+    /* over-allocate and stash the raw pointer just below the aligned block */
+    char *raw = (char *)US_MALLOC(bytes + 64 + sizeof(void *)), *p;
+    (void)o;
+    if (!raw) return NULL;
+    p = (char *)(((uintptr_t)raw + sizeof(void *) + 63) & ~(uintptr_t)63);
+    ((void **)p)[-1] = raw;
+    memset(p, 0, bytes);
+    return p;
+}
+static void us__cpu_free(us_ops *o, void *p) { (void)o; if (p) US_FREE(((void **)p)[-1]); }
+static void us__cpu_zero(us_ops *o, void *p, size_t bytes) { (void)o; memset(p, 0, bytes); }
+static void us__cpu_copy(us_ops *o, void *dst, const void *src, size_t bytes, us_copy_kind kind) {
+    (void)o; (void)kind;
+    if (bytes) memmove(dst, src, bytes);
+}
+static void us__cpu_sync(us_ops *o) { (void)o; }
+
+static void us__cpu_cast(us_ops *o, void *dst, us_dtype ddt, const void *src, us_dtype sdt, int64_t n) {
+    int64_t i;
+    int us__nt = us__threads(o);
+    (void)us__nt;
+    US__PARALLEL_FOR
+    for (i = 0; i < n; i++) {
+        float v = sdt == US_F32 ? ((const float *)src)[i] : sdt == US_BF16 ? us__bf16_to_f32(((const uint16_t *)src)[i])
+                : sdt == US_E4M3 ? us_e4m3_to_f32(((const uint8_t *)src)[i]) : us_e5m2_to_f32(((const uint8_t *)src)[i]);
+        switch (ddt) {
+        case US_F32: ((float *)dst)[i] = v; break;
+        case US_BF16: ((uint16_t *)dst)[i] = us__f32_to_bf16(v); break;
+        case US_E4M3: ((uint8_t *)dst)[i] = us_f32_to_e4m3(v); break;
+        case US_E5M2: ((uint8_t *)dst)[i] = us_f32_to_e5m2(v); break;
+        case US_I32: ((int32_t *)dst)[i] = (int32_t)v; break;
+        }
+    }
+}
+
+static void us__cpu_gemm(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
+                         const void *A, us_dtype adt, int64_t lda, const void *B, us_dtype bdt, int64_t ldb,
+                         float beta, void *C, us_dtype cdt, int64_t ldc) {
+    us__gemm(ta, tb, M, N, K, alpha, A, adt == US_BF16, lda, B, bdt == US_BF16, ldb, beta, C, cdt == US_BF16, ldc, us__threads(o));
+}
+
+/* Embedding: a row gather. Backward scatters by column blocks, so every dwte element is summed
+   by one thread in token order: deterministic for any thread count. */
+static void us__cpu_embedding_fwd(us_ops *o, void *out, const int32_t *tok, const void *wte, int64_t N, int64_t C, us_dtype dt) {
+    int64_t n;
+    size_t row = (size_t)C * us_dtype_size(dt);
+    int us__nt = us__threads(o);
+    (void)us__nt;
+    US__PARALLEL_FOR
+    for (n = 0; n < N; n++) memcpy((char *)out + n * row, (const char *)wte + (size_t)tok[n] * row, row);
+}
+static void us__cpu_embedding_bwd(us_ops *o, float *dwte, const void *dout, const int32_t *tok, int64_t N, int64_t C, us_dtype dt) {
+    int64_t blk, nblk = (C + 63) / 64;
+    int us__nt = us__threads(o);
+    (void)us__nt;
+    US__PARALLEL_FOR
+    for (blk = 0; blk < nblk; blk++) {
+        int64_t n, c, c0 = blk * 64, c1 = c0 + 64 < C ? c0 + 64 : C;
+        for (n = 0; n < N; n++) {
+            float *d = dwte + (int64_t)tok[n] * C;
+            for (c = c0; c < c1; c++) d[c] += us__get(dout, dt, n * C + c);
+        }
+    }
+}
+
+/* RMSNorm: y = x · rstd · w, rstd = 1/sqrt(mean(x²) + eps). */
+static void us__cpu_rmsnorm_fwd(us_ops *o, void *out, float *rstd, const void *x, const void *w, int64_t N, int64_t C, float eps, us_dtype dt) {
+    int us__nt = us__threads(o);
+    float *wf = (float *)US_MALLOC((size_t)C * 4);
+    int64_t n;
+    us__load_f32(wf, w, dt, C);
+    US__PARALLEL_FOR
+    for (n = 0; n < N; n++) {
+        float *row = (float *)US_MALLOC((size_t)C * 4);
+        double ss = 0;
+        float r;
+        int64_t c;
+        us__load_f32(row, us__at(x, dt, n * C), dt, C);
+        for (c = 0; c < C; c++) ss += (double)row[c] * row[c];
+        r = (float)(1.0 / sqrt(ss / (double)C + eps));
+        rstd[n] = r;
+        for (c = 0; c < C; c++) row[c] = row[c] * r * wf[c];
+        us__store_f32(us__at(out, dt, n * C), dt, row, C);
+        US_FREE(row);
+    }
+    (void)us__nt;
+    US_FREE(wf);
+}
+/* dx = rstd · (dxhat − xhat · mean(dxhat·xhat)) with dxhat = dy·w, xhat = x·rstd; dw = Σ_n dy·xhat.
+   dx is row-parallel; dw is column-parallel so its sums run in row order on one thread. */
+static void us__cpu_rmsnorm_bwd(us_ops *o, void *dx, float *dw, const void *dout, const void *x, const void *w, const float *rstd, int64_t N, int64_t C, us_dtype dt) {
+    int us__nt = us__threads(o);
+    float *wf = (float *)US_MALLOC((size_t)C * 4);
+    int64_t n, blk, nblk = (C + 63) / 64;
+    us__load_f32(wf, w, dt, C);
+    (void)us__nt;
+    US__PARALLEL_FOR
+    for (n = 0; n < N; n++) {
+        float *xr = (float *)US_MALLOC((size_t)C * 12), *dy = xr + C, *acc = dy + C;
+        double dot = 0;
+        float r = rstd[n], mean;
+        int64_t c;
+        us__load_f32(xr, us__at(x, dt, n * C), dt, C);
+        us__load_f32(dy, us__at(dout, dt, n * C), dt, C);
+        us__load_f32(acc, us__at(dx, dt, n * C), dt, C);
+        for (c = 0; c < C; c++) dot += (double)dy[c] * wf[c] * xr[c] * r;
+        mean = (float)(dot / (double)C);
+        for (c = 0; c < C; c++) acc[c] += r * (dy[c] * wf[c] - xr[c] * r * mean);
+        us__store_f32(us__at(dx, dt, n * C), dt, acc, C);
+        US_FREE(xr);
+    }
+    US__PARALLEL_FOR
+    for (blk = 0; blk < nblk; blk++) {
+        int64_t c, c0 = blk * 64, c1 = c0 + 64 < C ? c0 + 64 : C, r;
+        for (r = 0; r < N; r++)
+            for (c = c0; c < c1; c++) dw[c] += us__get(dout, dt, r * C + c) * us__get(x, dt, r * C + c) * rstd[r];
+    }
+    US_FREE(wf);
+}
+
+/* RoPE, Hugging Face "rotate-half": pairs (j, j+HS/2) rotate by pos·theta^(−2j/HS).
+   dir = +1 forward, −1 backward (the transpose of a rotation is the inverse rotation). */
+static void us__cpu_rope(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS, float theta, us_dtype dt, int dir) {
+    int us__nt = us__threads(o);
+    int half = HS / 2, nrot = NH + NKV;   /* q heads then k heads are rotated; v is not */
+    int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, bt;
+    float *cs = (float *)US_MALLOC((size_t)T * half * 2 * sizeof(float)), *sn = cs + T * half;
+    int64_t t;
+    int j;
+    for (t = 0; t < T; t++)
+        for (j = 0; j < half; j++) {
+            double ang = (double)t * pow((double)theta, -2.0 * j / HS);
+            cs[t * half + j] = (float)cos(ang);
+            sn[t * half + j] = (float)sin(ang) * (float)dir;
+        }
+    (void)us__nt;
+    US__PARALLEL_FOR
+    for (bt = 0; bt < B * T; bt++) {
+        int64_t tt = bt % T;
+        float *row = (float *)US_MALLOC((size_t)nrot * HS * 4);
+        int h, jj;
+        us__load_f32(row, us__at(qkv, dt, bt * QKV), dt, (int64_t)nrot * HS);
+        for (h = 0; h < nrot; h++) {
+            float *v = row + h * HS;
+            for (jj = 0; jj < half; jj++) {
+                float c = cs[tt * half + jj], s = sn[tt * half + jj], a = v[jj], b = v[jj + half];
+                v[jj] = a * c - b * s;
+                v[jj + half] = b * c + a * s;
+            }
+        }
+        us__store_f32(us__at(qkv, dt, bt * QKV), dt, row, (int64_t)nrot * HS);
+        US_FREE(row);
+    }
+    US_FREE(cs);
+}
+static void us__cpu_rope_fwd(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS, float theta, us_dtype dt) {
+    us__cpu_rope(o, qkv, B, T, NH, NKV, HS, theta, dt, 1);
+}
+static void us__cpu_rope_bwd(us_ops *o, void *dqkv, int64_t B, int64_t T, int NH, int NKV, int HS, float theta, us_dtype dt) {
+    us__cpu_rope(o, dqkv, B, T, NH, NKV, HS, theta, dt, -1);
+}
+
+/* SwiGLU: h = silu(g)·u with g = gu[:, :F], u = gu[:, F:] (gate_proj and up_proj fused in one GEMM). */
+static void us__cpu_swiglu_fwd(us_ops *o, void *h, const void *gu, int64_t N, int64_t F, us_dtype dt) {
+    int us__nt = us__threads(o);
+    int64_t n;
+    (void)us__nt;
+    US__PARALLEL_FOR
+    for (n = 0; n < N; n++) {
+        int64_t f;
+        for (f = 0; f < F; f++) {
+            float g = us__get(gu, dt, n * 2 * F + f), u = us__get(gu, dt, n * 2 * F + F + f);
+            us__set(h, dt, n * F + f, g / (1.0f + expf(-g)) * u);
+        }
+    }
+}
+static void us__cpu_swiglu_bwd(us_ops *o, void *dgu, const void *dh, const void *gu, int64_t N, int64_t F, us_dtype dt) {
+    int us__nt = us__threads(o);
+    int64_t n;
+    (void)us__nt;
+    US__PARALLEL_FOR
+    for (n = 0; n < N; n++) {
+        int64_t f;
+        for (f = 0; f < F; f++) {
+            float g = us__get(gu, dt, n * 2 * F + f), u = us__get(gu, dt, n * 2 * F + F + f);
+            float d = us__get(dh, dt, n * F + f), sg = 1.0f / (1.0f + expf(-g));
+            us__set(dgu, dt, n * 2 * F + f, d * u * sg * (1.0f + g * (1.0f - sg)));
+            us__set(dgu, dt, n * 2 * F + F + f, d * g * sg);
+        }
+    }
+}
+
+/* Fused softmax-cross-entropy: the probabilities are never stored; the logits buffer is reused
+   for dlogits = dscale·(softmax − onehot). */
+static void us__cpu_xent(us_ops *o, float *losses, int32_t *argmax, void *logits, const int32_t *tgt, int64_t N, int64_t V, float dscale, us_dtype dt) {
+    int us__nt = us__threads(o);
+    int64_t n;
+    (void)us__nt;
+    US__PARALLEL_FOR
+    for (n = 0; n < N; n++) {
+        float *row = (float *)US_MALLOC((size_t)V * 4), mx = -INFINITY;
+        double sum = 0;
+        int64_t v, am = 0;
+        us__load_f32(row, us__at(logits, dt, n * V), dt, V);
+        for (v = 0; v < V; v++) if (row[v] > mx) { mx = row[v]; am = v; }
+        for (v = 0; v < V; v++) sum += exp((double)(row[v] - mx));
+        if (argmax) argmax[n] = (int32_t)am;
+        losses[n] = tgt[n] < 0 ? 0.0f : (float)(log(sum) + mx - row[tgt[n]]);
+        if (dscale != 0) {
+            float inv = (float)(1.0 / sum);
+            for (v = 0; v < V; v++) row[v] = tgt[n] < 0 ? 0.0f : dscale * (expf(row[v] - mx) * inv - (v == tgt[n]));
+            us__store_f32(us__at(logits, dt, n * V), dt, row, V);
+        }
+        US_FREE(row);
+    }
+}
+
+static double us__cpu_sumsq(us_ops *o, const float *x, int64_t n) {
+    /* fixed 4096-element chunks summed in order: the same result for any thread count */
+    int us__nt = us__threads(o);
+    int64_t nch = (n + 4095) / 4096, ch;
+    double *part = (double *)US_MALLOC((size_t)(nch ? nch : 1) * sizeof(double)), s = 0;
+    (void)us__nt;
+    US__PARALLEL_FOR
+    for (ch = 0; ch < nch; ch++) {
+        int64_t i, e = (ch + 1) * 4096 < n ? (ch + 1) * 4096 : n;
+        double a = 0;
+        for (i = ch * 4096; i < e; i++) a += (double)x[i] * x[i];
+        part[ch] = a;
+    }
+    for (ch = 0; ch < nch; ch++) s += part[ch];
+    US_FREE(part);
+    return s;
+}
+
+/* ------------------------------------------------------------------------------------ */
+// >>attention  causal grouped-query attention, FlashAttention-style on the CPU
+/* ------------------------------------------------------------------------------------ */
+/* Keys are visited in blocks of US__ATT_BLOCK with an online softmax (running max m, running
+   sum l, rescaled accumulator), so no T×T matrix exists; the backward recomputes the scores from
+   q, k and the saved log-sum-exp (FlashAttention-2). Query head h reads kv head h/(NH/NKV). */
+#define US__ATT_BLOCK 64
+
+/* K and V of one (batch, kv head) as fp32 [T, HS] each */
+static void us__load_kv(float *k, float *v, const void *qkv, int64_t b, int g, int64_t T, int NH, int NKV, int HS, us_dtype dt) {
+    int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, t;
+    for (t = 0; t < T; t++) {
+        int64_t row = (b * T + t) * QKV;
+        us__load_f32(k + t * HS, us__at(qkv, dt, row + (int64_t)(NH + g) * HS), dt, HS);
+        us__load_f32(v + t * HS, us__at(qkv, dt, row + (int64_t)(NH + NKV + g) * HS), dt, HS);
+    }
+}
+
+static void us__cpu_attention_fwd(us_ops *o, void *out, float *lse, const void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS, us_dtype dt) {
+    int us__nt = us__threads(o);
+    int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, bh;
+    float scale = 1.0f / sqrtf((float)HS);
+    (void)us__nt;
+    US__PARALLEL_FOR_DYNAMIC
+    for (bh = 0; bh < B * NH; bh++) {
+        int64_t b = bh / NH, t, j0, j;
+        int h = (int)(bh % NH), g = h / (NH / NKV), d;
+        float *k = (float *)US_MALLOC(((size_t)2 * T * HS + 2 * HS + US__ATT_BLOCK) * 4);
+        float *v = k + T * HS, *q = v + T * HS, *acc = q + HS, *s = acc + HS;
+        us__load_kv(k, v, qkv, b, g, T, NH, NKV, HS, dt);
+        for (t = 0; t < T; t++) {
+            float m = -INFINITY, l = 0;
+            us__load_f32(q, us__at(qkv, dt, (b * T + t) * QKV + (int64_t)h * HS), dt, HS);
+            for (d = 0; d < HS; d++) acc[d] = 0;
+            for (j0 = 0; j0 <= t; j0 += US__ATT_BLOCK) {
+                int64_t j1 = j0 + US__ATT_BLOCK <= t + 1 ? j0 + US__ATT_BLOCK : t + 1;
+                float bm = -INFINITY, mnew, corr;
+                for (j = j0; j < j1; j++) {
+                    float dot = 0;
+                    for (d = 0; d < HS; d++) dot += q[d] * k[j * HS + d];
+                    s[j - j0] = dot * scale;
+                    if (s[j - j0] > bm) bm = s[j - j0];
+                }
+                mnew = m > bm ? m : bm;
+                corr = expf(m - mnew);             /* rescale what was summed under the old max */
+                l *= corr;
+                for (d = 0; d < HS; d++) acc[d] *= corr;
+                for (j = j0; j < j1; j++) {
+                    float p = expf(s[j - j0] - mnew);
+                    l += p;
+                    for (d = 0; d < HS; d++) acc[d] += p * v[j * HS + d];
+                }
+                m = mnew;
+            }
+            for (d = 0; d < HS; d++) acc[d] /= l;
+            us__store_f32(us__at(out, dt, (b * T + t) * NH * HS + (int64_t)h * HS), dt, acc, HS);
+            lse[(b * NH + h) * T + t] = m + logf(l);
+        }
+        US_FREE(k);
+    }
+}
+
+/* One thread per (batch, kv head) owns dK and dV of that head, so the sums over the query
+   heads of the group and over queries run in a fixed order. */
+static void us__cpu_attention_bwd(us_ops *o, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse, int64_t B, int64_t T, int NH, int NKV, int HS, us_dtype dt) {
+    int us__nt = us__threads(o);
+    int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, bg;
+    int grp = NH / NKV;
+    float scale = 1.0f / sqrtf((float)HS);
+    (void)us__nt;
+    US__PARALLEL_FOR_DYNAMIC
+    for (bg = 0; bg < B * NKV; bg++) {
+        int64_t b = bg / NKV, t, j;
+        int g = (int)(bg % NKV), h, d;
+        float *k = (float *)US_MALLOC(((size_t)4 * T * HS + 4 * HS) * 4);
+        float *v = k + T * HS, *dk = v + T * HS, *dv = dk + T * HS, *q = dv + T * HS, *ob = q + HS, *dob = ob + HS, *dq = dob + HS;
+        us__load_kv(k, v, qkv, b, g, T, NH, NKV, HS, dt);
+        memset(dk, 0, (size_t)2 * T * HS * 4);
+        for (h = g * grp; h < (g + 1) * grp; h++) {
+            for (t = 0; t < T; t++) {
+                int64_t orow = (b * T + t) * NH * HS + (int64_t)h * HS;
+                float L = lse[(b * NH + h) * T + t], D = 0;
+                us__load_f32(q, us__at(qkv, dt, (b * T + t) * QKV + (int64_t)h * HS), dt, HS);
+                us__load_f32(ob, us__at(out, dt, orow), dt, HS);
+                us__load_f32(dob, us__at(dout, dt, orow), dt, HS);
+                for (d = 0; d < HS; d++) { D += dob[d] * ob[d]; dq[d] = 0; }
+                for (j = 0; j <= t; j++) {
+                    float sdot = 0, dp = 0, p, ds;
+                    for (d = 0; d < HS; d++) { sdot += q[d] * k[j * HS + d]; dp += dob[d] * v[j * HS + d]; }
+                    p = expf(sdot * scale - L);
+                    ds = p * (dp - D) * scale;
+                    for (d = 0; d < HS; d++) {
+                        dq[d] += ds * k[j * HS + d];
+                        dk[j * HS + d] += ds * q[d];
+                        dv[j * HS + d] += p * dob[d];
+                    }
+                }
+                us__store_f32(us__at(dqkv, dt, (b * T + t) * QKV + (int64_t)h * HS), dt, dq, HS);
+            }
+        }
+        for (t = 0; t < T; t++) {
+            int64_t row = (b * T + t) * QKV;
+            us__store_f32(us__at(dqkv, dt, row + (int64_t)(NH + g) * HS), dt, dk + t * HS, HS);
+            us__store_f32(us__at(dqkv, dt, row + (int64_t)(NH + NKV + g) * HS), dt, dv + t * HS, HS);
+        }
+        US_FREE(k);
+    }
+}
+
+US_API void us_attention_naive_fwd(float *out, const float *qkv, int64_t B, int64_t T, int NH, int NKV, int HS) {
+    int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, b, i, j;
+    float *S = (float *)US_MALLOC((size_t)T * T * 4);
+    int h, d;
+    for (b = 0; b < B; b++)
+        for (h = 0; h < NH; h++) {
+            int g = h / (NH / NKV);
+            for (i = 0; i < T; i++) {
+                float mx = -INFINITY, sum = 0;
+                for (j = 0; j < T; j++) {
+                    float dot = 0;
+                    if (j > i) { S[i * T + j] = -INFINITY; continue; }
+                    for (d = 0; d < HS; d++) dot += qkv[(b * T + i) * QKV + h * HS + d] * qkv[(b * T + j) * QKV + (NH + g) * HS + d];
+                    S[i * T + j] = dot / sqrtf((float)HS);
+                    if (S[i * T + j] > mx) mx = S[i * T + j];
+                }
+                for (j = 0; j < T; j++) { S[i * T + j] = j > i ? 0 : expf(S[i * T + j] - mx); sum += S[i * T + j]; }
+                for (d = 0; d < HS; d++) {
+                    float a = 0;
+                    for (j = 0; j <= i; j++) a += S[i * T + j] * qkv[(b * T + j) * QKV + (NH + NKV + g) * HS + d];
+                    out[(b * T + i) * NH * HS + h * HS + d] = a / sum;
+                }
+            }
+        }
+    US_FREE(S);
+}
+
+/* ------------------------------------------------------------------------------------ */
+// >>optimizer  AdamW, global-norm clipping, learning-rate schedules
+/* ------------------------------------------------------------------------------------ */
+/* PyTorch's AdamW order: decoupled decay p ← p·(1 − lr·wd), then the bias-corrected Adam update. */
+static void us__cpu_adamw(us_ops *o, float *p, const float *g, float *m, float *v, void *p_lowp, us_dtype lowdt, int64_t n,
+                          float lr, float beta1, float beta2, float eps, float wd, float gscale, int step) {
+    int us__nt = us__threads(o);
+    float bc1 = 1.0f - powf(beta1, (float)step), bc2 = 1.0f - powf(beta2, (float)step);
+    int64_t i;
+    (void)us__nt;
+    US__PARALLEL_FOR
+    for (i = 0; i < n; i++) {
+        float gi = g[i] * gscale;
+        m[i] = beta1 * m[i] + (1.0f - beta1) * gi;
+        v[i] = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+        p[i] = p[i] * (1.0f - lr * wd) - lr * (m[i] / bc1) / (sqrtf(v[i] / bc2) + eps);
+        if (p_lowp) us__set(p_lowp, lowdt, i, p[i]);
+    }
+}
+
+US_API float us_lr_at(const us_train_config *tc, int step) {
+    float lr = tc->lr, floor_lr = tc->lr * tc->min_lr_frac;
+    if (step < tc->warmup) return lr * (float)(step + 1) / (float)tc->warmup;
+    if (tc->schedule == US_LR_CONSTANT || tc->steps <= tc->warmup) return lr;
+    {
+        double prog = (double)(step - tc->warmup) / (double)(tc->steps - tc->warmup);
+        if (prog > 1) prog = 1;
+        return floor_lr + (lr - floor_lr) * 0.5f * (float)(1.0 + cos(3.14159265358979323846 * prog));
+    }
+}
+
+US_API us_ops us_cpu_ops(int nthreads) {
+    us_ops o;
+    memset(&o, 0, sizeof o);
+    o.name = "cpu";
+    o.nthreads = nthreads;
+    o.alloc = us__cpu_alloc;         o.free = us__cpu_free;
+    o.zero = us__cpu_zero;           o.copy = us__cpu_copy;           o.sync = us__cpu_sync;
+    o.cast = us__cpu_cast;           o.gemm = us__cpu_gemm;
+    o.embedding_fwd = us__cpu_embedding_fwd;  o.embedding_bwd = us__cpu_embedding_bwd;
+    o.rmsnorm_fwd = us__cpu_rmsnorm_fwd;      o.rmsnorm_bwd = us__cpu_rmsnorm_bwd;
+    o.rope_fwd = us__cpu_rope_fwd;            o.rope_bwd = us__cpu_rope_bwd;
+    o.attention_fwd = us__cpu_attention_fwd;  o.attention_bwd = us__cpu_attention_bwd;
+    o.swiglu_fwd = us__cpu_swiglu_fwd;        o.swiglu_bwd = us__cpu_swiglu_bwd;
+    o.xent = us__cpu_xent;           o.adamw = us__cpu_adamw;         o.sumsq = us__cpu_sumsq;
+    return o;
+}
+
+/* ------------------------------------------------------------------------------------ */
+// >>model  Llama decoder: flat parameter buffers with Hugging Face names, init, forward, backward
+/* ------------------------------------------------------------------------------------ */
+US_API void us_rng_seed(us_rng *r, uint64_t seed) { r->s = seed; }
+US_API uint64_t us_rng_u64(us_rng *r) {   /* splitmix64: tiny, good enough, splittable by seed */
+    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+US_API float us_rng_uniform(us_rng *r) { return (float)(us_rng_u64(r) >> 40) * (1.0f / 16777216.0f); }
+US_API float us_rng_normal(us_rng *r) {
+    double u1 = ((double)(us_rng_u64(r) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
+    double u2 = (double)(us_rng_u64(r) >> 11) * (1.0 / 9007199254740992.0);
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+/* Parameter order (and so flat-buffer order). q/k/v are adjacent, so one GEMM against the
+   [QKV, C] block computes all three; gate/up likewise form one [2F, C] block. */
+enum { US__P_LN1, US__P_Q, US__P_K, US__P_V, US__P_O, US__P_LN2, US__P_GATE, US__P_UP, US__P_DOWN, US__P_PER_LAYER };
+#define US__PL(l, k) (1 + (l) * US__P_PER_LAYER + (k))       /* index of layer l's tensor k */
+#define US__P_NORM(L) (1 + (L) * US__P_PER_LAYER)
+#define US__P_HEAD(L) (2 + (L) * US__P_PER_LAYER)
+
+US_API int64_t us_param_count(const us_model_config *mc) {
+    int64_t C = mc->dim, HS = mc->dim / mc->n_heads, QKV = (int64_t)(mc->n_heads + 2 * mc->n_kv_heads) * HS;
+    int64_t layer = 2 * C + QKV * C + (int64_t)mc->n_heads * HS * C + 3 * C * mc->ffn_dim;
+    return mc->vocab * C * (mc->tie_embeddings ? 1 : 2) + mc->n_layers * layer + C;
+}
+
+static void us__add_param(us_model *m, const char *name, int64_t rows, int64_t cols, int64_t *off) {
+    us_param *p = &m->params[m->n_params_t++];
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->offset = *off;
+    p->ndim = cols ? 2 : 1;
+    p->shape[0] = rows; p->shape[1] = cols;
+    p->numel = rows * (cols ? cols : 1);
+    p->decay = cols != 0;
+    *off += p->numel;
+}
+static void us__build_params(us_model *m) {
+    const us_model_config *c = &m->cfg;
+    int64_t C = c->dim, HS = C / c->n_heads, off = 0;
+    int l;
+    char nm[80];
+    m->n_params_t = 0;
+    us__add_param(m, "model.embed_tokens.weight", c->vocab, C, &off);
+    for (l = 0; l < c->n_layers; l++) {
+#define US__LP(suffix, r, cc) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix), us__add_param(m, nm, r, cc, &off))
+        US__LP("input_layernorm.weight", C, 0);
+        US__LP("self_attn.q_proj.weight", (int64_t)c->n_heads * HS, C);
+        US__LP("self_attn.k_proj.weight", (int64_t)c->n_kv_heads * HS, C);
+        US__LP("self_attn.v_proj.weight", (int64_t)c->n_kv_heads * HS, C);
+        US__LP("self_attn.o_proj.weight", C, (int64_t)c->n_heads * HS);
+        US__LP("post_attention_layernorm.weight", C, 0);
+        US__LP("mlp.gate_proj.weight", c->ffn_dim, C);
+        US__LP("mlp.up_proj.weight", c->ffn_dim, C);
+        US__LP("mlp.down_proj.weight", C, c->ffn_dim);
+#undef US__LP
+    }
+    us__add_param(m, "model.norm.weight", C, 0, &off);
+    if (!c->tie_embeddings) us__add_param(m, "lm_head.weight", c->vocab, C, &off);
+    m->n_params = off;
+}
+
+US_API const us_param *us_model_find_param(const us_model *m, const char *name) {
+    int i;
+    for (i = 0; i < m->n_params_t; i++) if (!strcmp(m->params[i].name, name)) return &m->params[i];
+    return NULL;
+}
+
+/* Activations: pointers per layer. Depending on the recompute mode some point into one shared
+   layer-sized scratch that every layer overwrites in the forward and the backward refills. */
+struct us_layer_acts {
+    void  *x;      /* [N,C]   layer input: kept in every mode */
+    void  *ln1;    /* [N,C]   input_layernorm output */
+    float *rstd1;  /* [N]     */
+    void  *qkv;    /* [N,QKV] after RoPE */
+    void  *att;    /* [N,NH·HS] attention output */
+    float *lse;    /* [B,NH,T] log-sum-exp of each attention row */
+    void  *xmid;   /* [N,C]   residual after attention */
+    void  *ln2;    /* [N,C]   */
+    float *rstd2;  /* [N]     */
+    void  *gu;     /* [N,2F]  gate | up */
+    void  *h;      /* [N,F]   SwiGLU output */
+};
+/* named scratch in us_model.a[] */
+enum { US__A_XOUT, US__A_XF, US__A_RSTDF, US__A_LOGITS, US__A_LOSSES, US__A_ARGMAX, US__A_TOK, US__A_TGT,
+       US__A_DRES, US__A_DLN, US__A_DATT, US__A_DQKV, US__A_DH, US__A_DGU, US__A_COUNT };
+
+typedef struct us__arena { char *base; size_t used; } us__arena;
+static void *us__take(us__arena *a, size_t bytes) {
+    void *p = a->base ? a->base + a->used : NULL;
+    a->used += us__align(bytes);
+    return p;
+}
+/* Lays the arena out (or, with base NULL, only measures it). The estimator states the same
+   sizes as formulas; tests/test_model.c checks that the two agree. */
+static size_t us__layout_arena(us_model *m, char *base) {
+    const us_model_config *c = &m->cfg;
+    us__arena ar;
+    int64_t N = (int64_t)m->tc.batch * m->tc.seq, C = c->dim, HS = C / c->n_heads, F = c->ffn_dim, V = c->vocab;
+    int64_t QKV = (int64_t)(c->n_heads + 2 * c->n_kv_heads) * HS, AO = (int64_t)c->n_heads * HS;
+    size_t a = us_dtype_size(m->dt);
+    int mode = m->tc.recompute, l;
+    int keep_gemm = mode != US_RECOMPUTE_FULL, keep_cheap = mode == US_RECOMPUTE_NONE;
+    us_layer_acts shared;
+    ar.base = base; ar.used = 0;
+    /* the shared layer scratch (used by the recompute modes) */
+    memset(&shared, 0, sizeof shared);
+    if (!keep_cheap) {
+        shared.ln1 = us__take(&ar, N * C * a);  shared.rstd1 = (float *)us__take(&ar, N * 4);
+        shared.att = us__take(&ar, N * AO * a); shared.lse = (float *)us__take(&ar, N * c->n_heads * 4);
+        shared.ln2 = us__take(&ar, N * C * a);  shared.rstd2 = (float *)us__take(&ar, N * 4);
+        shared.h = us__take(&ar, N * F * a);
+    }
+    if (!keep_gemm) {
+        shared.qkv = us__take(&ar, N * QKV * a); shared.xmid = us__take(&ar, N * C * a);
+        shared.gu = us__take(&ar, N * 2 * F * a);
+    }
+    for (l = 0; l < c->n_layers; l++) {
+        us_layer_acts L = shared;
+        L.x = us__take(&ar, N * C * a);
+        if (keep_gemm) {
+            L.qkv = us__take(&ar, N * QKV * a); L.xmid = us__take(&ar, N * C * a);
+            L.gu = us__take(&ar, N * 2 * F * a);
+        }
+        if (keep_cheap) {
+            L.ln1 = us__take(&ar, N * C * a);  L.rstd1 = (float *)us__take(&ar, N * 4);
+            L.att = us__take(&ar, N * AO * a); L.lse = (float *)us__take(&ar, N * c->n_heads * 4);
+            L.ln2 = us__take(&ar, N * C * a);  L.rstd2 = (float *)us__take(&ar, N * 4);
+            L.h = us__take(&ar, N * F * a);
+        }
+        if (base) m->acts[l] = L;
+    }
+    {   /* head, loss and backward scratch */
+        size_t sz[US__A_COUNT];
+        int i;
+        sz[US__A_XOUT] = N * C * a;  sz[US__A_XF] = N * C * a;  sz[US__A_RSTDF] = N * 4;
+        sz[US__A_LOGITS] = N * V * a; sz[US__A_LOSSES] = N * 4; sz[US__A_ARGMAX] = N * 4;
+        sz[US__A_TOK] = N * 4; sz[US__A_TGT] = N * 4;
+        sz[US__A_DRES] = N * C * a;  sz[US__A_DLN] = N * C * a;  sz[US__A_DATT] = N * AO * a;
+        sz[US__A_DQKV] = N * QKV * a; sz[US__A_DH] = N * F * a; sz[US__A_DGU] = N * 2 * F * a;
+        for (i = 0; i < US__A_COUNT; i++) {
+            void *p = us__take(&ar, sz[i]);
+            if (base) m->a[i] = p;
+        }
+    }
+    return ar.used;
+}
+
+static void us__model_set_error(us_model *m, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m->err, sizeof m->err, fmt, ap);
+    va_end(ap);
+}
+US_API const char *us_model_error(const us_model *m) { return m->err; }
+
+static void us__init_weights(us_model *m) {
+    /* each tensor draws from its own stream seeded by (seed, index): the values do not depend
+       on the order tensors are visited, so sharded ranks can initialise their own parts */
+    int i;
+    float proj_std = m->cfg.init_std / sqrtf(2.0f * (float)m->cfg.n_layers);
+    for (i = 0; i < m->n_params_t; i++) {
+        const us_param *p = &m->params[i];
+        float *h = (float *)US_MALLOC((size_t)p->numel * 4);
+        int64_t j;
+        int k = (i - 1) % US__P_PER_LAYER;
+        int in_layer = i >= 1 && i < US__P_NORM(m->cfg.n_layers);
+        float std = in_layer && (k == US__P_O || k == US__P_DOWN) ? proj_std : m->cfg.init_std;
+        us_rng r;
+        us_rng_seed(&r, m->tc.seed * 0x100000001B3ull + (uint64_t)i * 0x9E3779B97F4A7C15ull);
+        for (j = 0; j < p->numel; j++) h[j] = p->ndim == 1 ? 1.0f : std * us_rng_normal(&r);
+        m->ops.copy(&m->ops, m->master + p->offset, h, (size_t)p->numel * 4, US_COPY_H2D);
+        US_FREE(h);
+    }
+    if ((void *)m->master != m->w) m->ops.cast(&m->ops, m->w, m->dt, m->master, US_F32, m->n_params);
+}
+
+US_API us_result us_model_init(us_model *m, const us_model_config *mc, const us_train_config *tc, const us_ops *ops) {
+    us_result r;
+    size_t n4;
+    memset(m, 0, sizeof *m);
+    m->cfg = *mc;
+    m->tc = *tc;
+    if ((r = us_config_validate(&m->cfg, &m->tc, m->err, sizeof m->err)) != US_OK) return r;
+    m->ops = ops ? *ops : us_cpu_ops(m->tc.threads);
+    m->dt = m->tc.precision == US_PRECISION_BF16 ? US_BF16 : US_F32;
+    m->params = (us_param *)US_MALLOC(sizeof(us_param) * (size_t)(3 + m->cfg.n_layers * US__P_PER_LAYER));
+    m->acts = (us_layer_acts *)US_MALLOC(sizeof(us_layer_acts) * (size_t)m->cfg.n_layers);
+    if (!m->params || !m->acts) { us_model_free(m); us__model_set_error(m, "out of host memory for the model tables"); return US_ERR_OOM; }
+    us__build_params(m);
+    n4 = (size_t)m->n_params * 4;
+    m->master = (float *)m->ops.alloc(&m->ops, n4);
+    m->w = m->dt == US_F32 ? (void *)m->master : m->ops.alloc(&m->ops, (size_t)m->n_params * us_dtype_size(m->dt));
+    m->grad = (float *)m->ops.alloc(&m->ops, n4);
+    m->adam_m = (float *)m->ops.alloc(&m->ops, n4);
+    m->adam_v = (float *)m->ops.alloc(&m->ops, n4);
+    m->mem.activations = us__layout_arena(m, NULL);
+    m->arena = (char *)m->ops.alloc(&m->ops, m->mem.activations);
+    if (!m->master || !m->w || !m->grad || !m->adam_m || !m->adam_v || !m->arena) {
+        size_t total = n4 * 4 + m->mem.activations;
+        us_model_free(m);
+        us__model_set_error(m, "out of memory allocating %.1f MiB for %lld parameters and the activation arena",
+                            (double)total / 1048576.0, (long long)us_param_count(mc));
+        return US_ERR_OOM;
+    }
+    us__layout_arena(m, m->arena);
+    m->mem.params = (size_t)m->n_params * us_dtype_size(m->dt);
+    m->mem.master = m->dt == US_F32 ? 0 : n4;
+    m->mem.grads = n4;
+    m->mem.optimizer = 2 * n4;
+    m->mem.total = m->mem.params + m->mem.master + m->mem.grads + m->mem.optimizer + m->mem.activations;
+    us__init_weights(m);
+    return US_OK;
+}
+
+US_API void us_model_free(us_model *m) {
+    us_ops *o = &m->ops;
+    if (o->free) {
+        if (m->w && m->w != (void *)m->master) o->free(o, m->w);
+        o->free(o, m->master); o->free(o, m->grad); o->free(o, m->adam_m); o->free(o, m->adam_v);
+        o->free(o, m->arena);
+    }
+    US_FREE(m->params); US_FREE(m->acts);
+    m->params = NULL; m->acts = NULL; m->w = NULL; m->master = m->grad = m->adam_m = m->adam_v = NULL; m->arena = NULL;
+}
+
+/* weight k of layer l (dtype dt) and its fp32 gradient */
+static void *us__W(us_model *m, int idx) { return us__at(m->w, m->dt, m->params[idx].offset); }
+static float *us__G(us_model *m, int idx) { return m->grad + m->params[idx].offset; }
+
+/* ------------------------------------------------------------------------------------ */
+// >>recompute  what the forward keeps and what the backward recomputes
+/* ------------------------------------------------------------------------------------ */
+/* One decoder layer forward. recompute=0 is the real forward; recompute=1 refills, before the
+   layer's backward, only what the mode did not keep: none keeps all; selective keeps the GEMM
+   outputs (qkv, xmid, gu) and recomputes norms, attention core and SwiGLU (the Playbook's
+   "selective": cheap to recompute, expensive to store); full keeps only the layer input. */
+static void us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int recompute) {
+    us_ops *o = &m->ops;
+    const us_model_config *c = &m->cfg;
+    us_layer_acts *A = &m->acts[l];
+    us_dtype dt = m->dt;
+    int NH = c->n_heads, NKV = c->n_kv_heads, HS = (int)(c->dim / NH);
+    int64_t N = B * T, C = c->dim, F = c->ffn_dim, QKV = (int64_t)(NH + 2 * NKV) * HS, AO = (int64_t)NH * HS;
+    int mode = m->tc.recompute;
+    int do_gemm = !recompute || mode == US_RECOMPUTE_FULL, do_cheap = !recompute || mode != US_RECOMPUTE_NONE;
+    size_t rowb = (size_t)C * us_dtype_size(dt);
+    void *xnext = l + 1 < c->n_layers ? m->acts[l + 1].x : m->a[US__A_XOUT];
+    if (do_cheap) o->rmsnorm_fwd(o, A->ln1, A->rstd1, A->x, us__W(m, US__PL(l, US__P_LN1)), N, C, c->norm_eps, dt);
+    if (do_gemm) {
+        o->gemm(o, 0, 1, N, QKV, C, 1.0f, A->ln1, dt, C, us__W(m, US__PL(l, US__P_Q)), dt, C, 0.0f, A->qkv, dt, QKV);
+        o->rope_fwd(o, A->qkv, B, T, NH, NKV, HS, c->rope_theta, dt);
+    }
+    if (do_cheap) o->attention_fwd(o, A->att, A->lse, A->qkv, B, T, NH, NKV, HS, dt);
+    if (do_gemm) {   /* xmid = x + att·Wo^T, rounded once */
+        o->copy(o, A->xmid, A->x, (size_t)N * rowb, US_COPY_D2D);
+        o->gemm(o, 0, 1, N, C, AO, 1.0f, A->att, dt, AO, us__W(m, US__PL(l, US__P_O)), dt, AO, 1.0f, A->xmid, dt, C);
+    }
+    if (do_cheap) o->rmsnorm_fwd(o, A->ln2, A->rstd2, A->xmid, us__W(m, US__PL(l, US__P_LN2)), N, C, c->norm_eps, dt);
+    if (do_gemm) o->gemm(o, 0, 1, N, 2 * F, C, 1.0f, A->ln2, dt, C, us__W(m, US__PL(l, US__P_GATE)), dt, C, 0.0f, A->gu, dt, 2 * F);
+    if (do_cheap) o->swiglu_fwd(o, A->h, A->gu, N, F, dt);
+    if (!recompute) {   /* x_{l+1} = xmid + h·Wdown^T: the next layer's input, never recomputed */
+        o->copy(o, xnext, A->xmid, (size_t)N * rowb, US_COPY_D2D);
+        o->gemm(o, 0, 1, N, C, F, 1.0f, A->h, dt, F, us__W(m, US__PL(l, US__P_DOWN)), dt, F, 1.0f, xnext, dt, C);
+    }
+}
+
+/* Backward of layer l. On entry dres holds ∂loss/∂x_{l+1}; on exit ∂loss/∂x_l. Weight
+   gradients accumulate (beta = 1) in fp32. */
+static void us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
+    us_ops *o = &m->ops;
+    const us_model_config *c = &m->cfg;
+    us_layer_acts *A = &m->acts[l];
+    us_dtype dt = m->dt;
+    int NH = c->n_heads, NKV = c->n_kv_heads, HS = (int)(c->dim / NH);
+    int64_t N = B * T, C = c->dim, F = c->ffn_dim, QKV = (int64_t)(NH + 2 * NKV) * HS, AO = (int64_t)NH * HS;
+    void *dres = m->a[US__A_DRES], *dln = m->a[US__A_DLN], *dh = m->a[US__A_DH], *dgu = m->a[US__A_DGU];
+    void *datt = m->a[US__A_DATT], *dqkv = m->a[US__A_DQKV];
+    /* MLP: x_{l+1} = xmid + swiglu(ln2·Wgu^T)·Wdown^T */
+    o->gemm(o, 0, 0, N, F, C, 1.0f, dres, dt, C, us__W(m, US__PL(l, US__P_DOWN)), dt, F, 0.0f, dh, dt, F);
+    o->gemm(o, 1, 0, C, F, N, 1.0f, dres, dt, C, A->h, dt, F, 1.0f, us__G(m, US__PL(l, US__P_DOWN)), US_F32, F);
+    o->swiglu_bwd(o, dgu, dh, A->gu, N, F, dt);
+    o->gemm(o, 0, 0, N, C, 2 * F, 1.0f, dgu, dt, 2 * F, us__W(m, US__PL(l, US__P_GATE)), dt, C, 0.0f, dln, dt, C);
+    o->gemm(o, 1, 0, 2 * F, C, N, 1.0f, dgu, dt, 2 * F, A->ln2, dt, C, 1.0f, us__G(m, US__PL(l, US__P_GATE)), US_F32, C);
+    o->rmsnorm_bwd(o, dres, us__G(m, US__PL(l, US__P_LN2)), dln, A->xmid, us__W(m, US__PL(l, US__P_LN2)), A->rstd2, N, C, dt);
+    /* attention: xmid = x + attention(rope(ln1·Wqkv^T))·Wo^T */
+    o->gemm(o, 0, 0, N, AO, C, 1.0f, dres, dt, C, us__W(m, US__PL(l, US__P_O)), dt, AO, 0.0f, datt, dt, AO);
+    o->gemm(o, 1, 0, C, AO, N, 1.0f, dres, dt, C, A->att, dt, AO, 1.0f, us__G(m, US__PL(l, US__P_O)), US_F32, AO);
+    o->attention_bwd(o, dqkv, datt, A->qkv, A->att, A->lse, B, T, NH, NKV, HS, dt);
+    o->rope_bwd(o, dqkv, B, T, NH, NKV, HS, c->rope_theta, dt);
+    o->gemm(o, 0, 0, N, C, QKV, 1.0f, dqkv, dt, QKV, us__W(m, US__PL(l, US__P_Q)), dt, C, 0.0f, dln, dt, C);
+    o->gemm(o, 1, 0, QKV, C, N, 1.0f, dqkv, dt, QKV, A->ln1, dt, C, 1.0f, us__G(m, US__PL(l, US__P_Q)), US_F32, C);
+    o->rmsnorm_bwd(o, dres, us__G(m, US__PL(l, US__P_LN1)), dln, A->x, us__W(m, US__PL(l, US__P_LN1)), A->rstd1, N, C, dt);
+}
+
+static int us__head_idx(const us_model *m) { return m->cfg.tie_embeddings ? 0 : US__P_HEAD(m->cfg.n_layers); }
+
+/* Checks host tokens against the vocabulary before they reach a kernel. */
+static us_result us__check_tokens(us_model *m, const int32_t *in, const int32_t *tgt, int64_t n) {
+    int64_t i;
+    for (i = 0; i < n; i++) {
+        if (in[i] < 0 || in[i] >= m->cfg.vocab) { us__model_set_error(m, "input token %d at position %lld is outside the vocabulary [0, %lld)", in[i], (long long)i, (long long)m->cfg.vocab); return US_ERR_INVALID; }
+        if (tgt && tgt[i] >= m->cfg.vocab) { us__model_set_error(m, "target token %d at position %lld is outside the vocabulary [0, %lld)", tgt[i], (long long)i, (long long)m->cfg.vocab); return US_ERR_INVALID; }
+    }
+    return US_OK;
+}
+
+/* Embedding → L layers → final norm → logits → fused cross-entropy (with its gradient when
+   dscale != 0). Sums the loss of the valid targets into *loss_sum. */
+static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *targets, int B, int T, float dscale, double *loss_sum) {
+    us_ops *o = &m->ops;
+    const us_model_config *c = &m->cfg;
+    int64_t N = (int64_t)B * T, C = c->dim, V = c->vocab, i;
+    int l;
+    us_result r;
+    float *losses;
+    if (B < 1 || T < 1 || B > m->tc.batch || T > m->tc.seq) {
+        us__model_set_error(m, "batch %d x seq %d does not fit the arena sized for batch %d x seq %d", B, T, m->tc.batch, m->tc.seq);
+        return US_ERR_INVALID;
+    }
+    if ((r = us__check_tokens(m, inputs, targets, N)) != US_OK) return r;
+    o->copy(o, m->a[US__A_TOK], inputs, (size_t)N * 4, US_COPY_H2D);
+    o->copy(o, m->a[US__A_TGT], targets, (size_t)N * 4, US_COPY_H2D);
+    o->embedding_fwd(o, m->acts[0].x, (const int32_t *)m->a[US__A_TOK], us__W(m, 0), N, C, m->dt);
+    for (l = 0; l < c->n_layers; l++) us__layer_fwd(m, l, B, T, 0);
+    o->rmsnorm_fwd(o, m->a[US__A_XF], (float *)m->a[US__A_RSTDF], m->a[US__A_XOUT], us__W(m, US__P_NORM(c->n_layers)), N, C, c->norm_eps, m->dt);
+    o->gemm(o, 0, 1, N, V, C, 1.0f, m->a[US__A_XF], m->dt, C, us__W(m, us__head_idx(m)), m->dt, C, 0.0f, m->a[US__A_LOGITS], m->dt, V);
+    o->xent(o, (float *)m->a[US__A_LOSSES], (int32_t *)m->a[US__A_ARGMAX], m->a[US__A_LOGITS], (const int32_t *)m->a[US__A_TGT], N, V, dscale, m->dt);
+    losses = (float *)US_MALLOC((size_t)N * 4);
+    if (!losses) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+    o->copy(o, losses, m->a[US__A_LOSSES], (size_t)N * 4, US_COPY_D2H);
+    *loss_sum = 0;
+    for (i = 0; i < N; i++) *loss_sum += losses[i];
+    US_FREE(losses);
+    if (!isfinite(*loss_sum)) { us__model_set_error(m, "the loss is not finite (%g)", *loss_sum); return US_ERR_NONFINITE; }
+    return US_OK;
+}
+
+static void us__backward(us_model *m, int B, int T) {
+    us_ops *o = &m->ops;
+    const us_model_config *c = &m->cfg;
+    int64_t N = (int64_t)B * T, C = c->dim, V = c->vocab;
+    int l, head = us__head_idx(m);
+    /* logits = xf·Whead^T, the logits buffer now holds dlogits */
+    o->gemm(o, 0, 0, N, C, V, 1.0f, m->a[US__A_LOGITS], m->dt, V, us__W(m, head), m->dt, C, 0.0f, m->a[US__A_DLN], m->dt, C);
+    o->gemm(o, 1, 0, V, C, N, 1.0f, m->a[US__A_LOGITS], m->dt, V, m->a[US__A_XF], m->dt, C, 1.0f, us__G(m, head), US_F32, C);
+    o->zero(o, m->a[US__A_DRES], (size_t)N * C * us_dtype_size(m->dt));
+    o->rmsnorm_bwd(o, m->a[US__A_DRES], us__G(m, US__P_NORM(c->n_layers)), m->a[US__A_DLN], m->a[US__A_XOUT],
+                   us__W(m, US__P_NORM(c->n_layers)), (float *)m->a[US__A_RSTDF], N, C, m->dt);
+    for (l = c->n_layers - 1; l >= 0; l--) {
+        if (m->tc.recompute != US_RECOMPUTE_NONE) us__layer_fwd(m, l, B, T, 1);
+        us__layer_bwd(m, l, B, T);
+    }
+    o->embedding_bwd(o, us__G(m, 0), m->a[US__A_DRES], (const int32_t *)m->a[US__A_TOK], N, C, m->dt);
+}
+
+/* ------------------------------------------------------------------------------------ */
+// >>train  gradient accumulation and the training step
+/* ------------------------------------------------------------------------------------ */
+US_API void us_model_zero_grad(us_model *m) { m->ops.zero(&m->ops, m->grad, (size_t)m->n_params * 4); }
+
+US_API us_result us_forward_backward(us_model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
+                                     float dscale, double *loss_sum) {
+    us_result r = us__forward(m, inputs, targets, B, T, dscale, loss_sum);
+    if (r != US_OK) return r;
+    us__backward(m, B, T);
+    return US_OK;
+}
+
+US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out) {
+    us_ops *o = &m->ops;
+    const us_train_config *tc = &m->tc;
+    double norm = sqrt(o->sumsq(o, m->grad, m->n_params));
+    float gscale = 1.0f, lr = us_lr_at(tc, m->step), wd = tc->weight_decay > 0 ? tc->weight_decay : 0.0f;
+    int i;
+    if (grad_norm) *grad_norm = (float)norm;
+    if (lr_out) *lr_out = lr;
+    if (!isfinite(norm)) { us__model_set_error(m, "the gradient norm is not finite at step %d; weights left unchanged", m->step + 1); return US_ERR_NONFINITE; }
+    if (tc->grad_clip > 0 && norm > tc->grad_clip) gscale = (float)(tc->grad_clip / norm);  /* clip by global norm */
+    m->step++;
+    for (i = 0; i < m->n_params_t; i++) {
+        const us_param *p = &m->params[i];
+        void *low = m->dt == US_F32 ? NULL : us__at(m->w, m->dt, p->offset);
+        o->adamw(o, m->master + p->offset, m->grad + p->offset, m->adam_m + p->offset, m->adam_v + p->offset, low, m->dt,
+                 p->numel, lr, tc->beta1, tc->beta2, tc->adam_eps, p->decay ? wd : 0.0f, gscale, m->step);
+    }
+    return US_OK;
+}
+
+US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t *targets, us_step_stats *st) {
+    const us_train_config *tc = &m->tc;
+    int64_t per = (int64_t)tc->batch * tc->seq, total = per * tc->grad_accum, valid = 0, i;
+    double loss = 0;
+    float gn = 0, lr = 0;
+    int k;
+    us_result r;
+    for (i = 0; i < total; i++) valid += targets[i] >= 0;
+    if (!valid) { us__model_set_error(m, "every target of the batch is ignored (< 0); nothing to learn from"); return US_ERR_INVALID; }
+    us_model_zero_grad(m);
+    for (k = 0; k < tc->grad_accum; k++) {   /* each micro-batch adds its share of the global mean */
+        double ls = 0;
+        r = us_forward_backward(m, inputs + k * per, targets + k * per, tc->batch, tc->seq, (float)(1.0 / (double)valid), &ls);
+        if (r != US_OK) return r;
+        loss += ls;
+    }
+    if ((r = us_optimizer_step(m, &gn, &lr)) != US_OK) return r;
+    if (st) {
+        st->step = m->step; st->loss = (float)(loss / (double)valid); st->lr = lr; st->grad_norm = gn;
+        st->tokens = total; st->valid = valid;
+    }
+    return US_OK;
+}
+
+US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
+                                 double *loss_sum, int64_t *correct, float *logits_out) {
+    us_ops *o = &m->ops;
+    int64_t N = (int64_t)B * T, V = m->cfg.vocab, i;
+    double ls = 0;
+    us_result r = us__forward(m, inputs, targets, B, T, 0.0f, &ls);
+    if (r != US_OK) return r;
+    if (loss_sum) *loss_sum = ls;
+    if (correct) {
+        int32_t *am = (int32_t *)US_MALLOC((size_t)N * 4);
+        if (!am) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+        o->copy(o, am, m->a[US__A_ARGMAX], (size_t)N * 4, US_COPY_D2H);
+        *correct = 0;
+        for (i = 0; i < N; i++) *correct += targets[i] >= 0 && am[i] == targets[i];
+        US_FREE(am);
+    }
+    if (logits_out) {
+        size_t rowb = (size_t)V * us_dtype_size(m->dt);
+        void *row = US_MALLOC(rowb);
+        int b;
+        if (!row) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+        for (b = 0; b < B; b++) {
+            o->copy(o, row, us__at(m->a[US__A_LOGITS], m->dt, ((int64_t)b * T + T - 1) * V), rowb, US_COPY_D2H);
+            us__load_f32(logits_out + (int64_t)b * V, row, m->dt, V);
+        }
+        US_FREE(row);
+    }
+    return US_OK;
+}
+
+/* ------------------------------------------------------------------------------------ */
+// >>data  byte tokenizer, raw text, llm.c token shards, the built-in sorting task
+/* ------------------------------------------------------------------------------------ */
+US_API size_t us_byte_encode(const char *text, int32_t *tokens, size_t cap) {
+    size_t i;
+    for (i = 0; text[i] && i < cap; i++) tokens[i] = (unsigned char)text[i];
+    return i;
+}
+US_API size_t us_byte_decode(const int32_t *tokens, size_t n, char *text, size_t cap) {
+    size_t i;
+    if (!cap) return 0;
+    for (i = 0; i < n && i + 1 < cap; i++) text[i] = tokens[i] >= 32 && tokens[i] < 127 ? (char)tokens[i] : tokens[i] == '\n' ? '\n' : '?';
+    text[i] = 0;
+    return i;
+}
+
+US_API void us_data_free(us_data *d) { US_FREE(d->tokens); d->tokens = NULL; d->n = 0; }
+
+static us_result us__read_file(const char *path, unsigned char **buf, int64_t *len, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    long sz;
+    *buf = NULL; *len = 0;
+    if (!f) { us__errf(err, errlen, "cannot open %s", path); return US_ERR_IO; }
+    if (fseek(f, 0, SEEK_END) != 0 || (sz = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        fclose(f); us__errf(err, errlen, "cannot determine the size of %s", path); return US_ERR_IO;
+    }
+    *buf = (unsigned char *)US_MALLOC((size_t)sz + 1);
+    if (!*buf) { fclose(f); us__errf(err, errlen, "out of memory reading %s (%ld bytes)", path, sz); return US_ERR_OOM; }
+    if (fread(*buf, 1, (size_t)sz, f) != (size_t)sz) {
+        fclose(f); US_FREE(*buf); *buf = NULL; us__errf(err, errlen, "cannot read %s", path); return US_ERR_IO;
+    }
+    fclose(f);
+    *len = sz;
+    return US_OK;
+}
+
+US_API us_result us_data_from_bytes(us_data *d, const void *bytes, int64_t n) {
+    int64_t i;
+    memset(d, 0, sizeof *d);
+    if (n <= 0) { us__errf(d->err, sizeof d->err, "the text is empty"); return US_ERR_FORMAT; }
+    d->tokens = (int32_t *)US_MALLOC((size_t)n * 4);
+    if (!d->tokens) { us__errf(d->err, sizeof d->err, "out of memory for %lld tokens", (long long)n); return US_ERR_OOM; }
+    for (i = 0; i < n; i++) {
+        d->tokens[i] = ((const unsigned char *)bytes)[i];
+        if (d->tokens[i] > d->max_token) d->max_token = d->tokens[i];
+    }
+    d->n = n;
+    return US_OK;
+}
+
+US_API us_result us_data_load_text(us_data *d, const char *path) {
+    unsigned char *buf;
+    int64_t len;
+    char err[256];
+    us_result r = us__read_file(path, &buf, &len, err, sizeof err);
+    if (r != US_OK) { memset(d, 0, sizeof *d); snprintf(d->err, sizeof d->err, "%s", err); return r; }
+    r = us_data_from_bytes(d, buf, len);
+    if (r != US_OK) snprintf(d->err, sizeof d->err, "%s is empty", path);
+    US_FREE(buf);
+    return r;
+}
+
+#define US__SHARD_HEADER 256
+US_API us_result us_data_load_shard(us_data *d, const char *path) {
+    unsigned char *buf;
+    int64_t len, ntok, i;
+    int32_t hdr[US__SHARD_HEADER];
+    int tsz;
+    char err[256];
+    us_result r = us__read_file(path, &buf, &len, err, sizeof err);
+    memset(d, 0, sizeof *d);
+    if (r != US_OK) { snprintf(d->err, sizeof d->err, "%s", err); return r; }
+#define US__FAIL(...) do { us__errf(d->err, sizeof d->err, __VA_ARGS__); US_FREE(buf); return US_ERR_FORMAT; } while (0)
+    if (len < (int64_t)sizeof hdr) US__FAIL("%s is truncated: %lld bytes, but a token shard's header alone is %d bytes", path, (long long)len, (int)sizeof hdr);
+    memcpy(hdr, buf, sizeof hdr);
+    if (hdr[0] == 20240520 && hdr[1] == 1) tsz = 2;
+    else if (hdr[0] == 20240801 && hdr[1] == 7) tsz = 4;
+    else if (hdr[0] == 20240520 || hdr[0] == 20240801) US__FAIL("%s: unsupported shard version %d for magic %d", path, hdr[1], hdr[0]);
+    else US__FAIL("%s is not an llm.c token shard (magic %d, expected 20240520 or 20240801)", path, hdr[0]);
+    ntok = hdr[2];
+    if (ntok <= 0) US__FAIL("%s: the header says %lld tokens", path, (long long)ntok);
+    if (len != (int64_t)sizeof hdr + ntok * tsz)
+        US__FAIL("%s: file is %lld bytes but the header promises %lld tokens of %d bytes (%lld bytes)", path, (long long)len,
+                 (long long)ntok, tsz, (long long)((int64_t)sizeof hdr + ntok * tsz));
+    d->tokens = (int32_t *)US_MALLOC((size_t)ntok * 4);
+    if (!d->tokens) { us__errf(d->err, sizeof d->err, "out of memory for %lld tokens", (long long)ntok); US_FREE(buf); return US_ERR_OOM; }
+    for (i = 0; i < ntok; i++) {
+        const unsigned char *p = buf + sizeof hdr + i * tsz;
+        uint32_t t = tsz == 2 ? (uint32_t)(p[0] | p[1] << 8) : (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+        if (t > 0x7fffffffu) { us_data_free(d); US__FAIL("%s: token %lld has the impossible value %u", path, (long long)i, t); }
+        d->tokens[i] = (int32_t)t;
+        if (d->tokens[i] > d->max_token) d->max_token = d->tokens[i];
+    }
+#undef US__FAIL
+    d->n = ntok;
+    US_FREE(buf);
+    return US_OK;
+}
+
+US_API us_result us_data_load(us_data *d, const char *path) {
+    FILE *f = fopen(path, "rb");
+    int32_t magic = 0;
+    size_t got;
+    if (!f) { memset(d, 0, sizeof *d); us__errf(d->err, sizeof d->err, "cannot open %s", path); return US_ERR_IO; }
+    got = fread(&magic, 1, 4, f);
+    fclose(f);
+    if (got == 4 && (magic == 20240520 || magic == 20240801)) return us_data_load_shard(d, path);
+    return us_data_load_text(d, path);
+}
+
+US_API us_result us_data_batch(us_data *d, us_rng *r, int nseq, int T, int32_t *inputs, int32_t *targets) {
+    int s;
+    if (d->n < (int64_t)T + 1) { us__errf(d->err, sizeof d->err, "the data has %lld tokens; a sequence of %d needs at least %d", (long long)d->n, T, T + 1); return US_ERR_INVALID; }
+    for (s = 0; s < nseq; s++) {
+        int64_t start = (int64_t)(us_rng_u64(r) % (uint64_t)(d->n - T));
+        memcpy(inputs + (int64_t)s * T, d->tokens + start, (size_t)T * 4);
+        memcpy(targets + (int64_t)s * T, d->tokens + start + 1, (size_t)T * 4);
+    }
+    return US_OK;
+}
+
+US_API void us_task_init(us_task *t, uint64_t seed) { us_rng_seed(&t->rng, seed ^ 0x5eedull); }
+
+/* one problem: digits, '=', sorted digits, '\n' into line[US_TASK_LINE] */
+static void us__task_line(us_task *t, int32_t *line) {
+    int cnt[10] = {0}, i, d, k = 0;
+    for (i = 0; i < US_TASK_DIGITS; i++) { d = (int)(us_rng_u64(&t->rng) % 10); line[i] = '0' + d; cnt[d]++; }
+    line[US_TASK_DIGITS] = '=';
+    for (d = 0; d < 10; d++) for (i = 0; i < cnt[d]; i++) line[US_TASK_DIGITS + 1 + k++] = '0' + d;
+    line[US_TASK_LINE - 1] = '\n';
+}
+
+US_API void us_task_batch(us_task *t, int nseq, int T, int32_t *inputs, int32_t *targets) {
+    int32_t *buf = (int32_t *)US_MALLOC(((size_t)T + 1) * 4);
+    char *scored = (char *)US_MALLOC((size_t)T + 1);
+    int s, i;
+    for (s = 0; s < nseq; s++) {
+        int pos = 0;
+        while (pos + US_TASK_LINE <= T + 1) {
+            us__task_line(t, buf + pos);
+            for (i = 0; i < US_TASK_LINE; i++) scored[pos + i] = i > US_TASK_DIGITS;   /* the answer and its newline */
+            pos += US_TASK_LINE;
+        }
+        for (; pos < T + 1; pos++) { buf[pos] = '\n'; scored[pos] = 0; }
+        for (i = 0; i < T; i++) {
+            inputs[(int64_t)s * T + i] = buf[i];
+            targets[(int64_t)s * T + i] = scored[i + 1] ? buf[i + 1] : -1;
+        }
+    }
+    US_FREE(buf); US_FREE(scored);
+}
+
+US_API us_result us_task_exact_match(us_model *m, us_task *t, int n, double *acc, char *buf, size_t buflen, int show) {
+    enum { P = US_TASK_DIGITS + 1, A = US_TASK_DIGITS + 1 };   /* prompt "digits=", answer "sorted\n" */
+    int B = m->tc.batch, done = 0, solved = 0, shown = 0, i;
+    int32_t *lines = (int32_t *)US_MALLOC((size_t)B * US_TASK_LINE * 4), *ctx = (int32_t *)US_MALLOC((size_t)B * US_TASK_LINE * 4);
+    int32_t *tg = (int32_t *)US_MALLOC((size_t)B * US_TASK_LINE * 4), *gen = (int32_t *)US_MALLOC((size_t)B * A * 4);
+    float *logits = (float *)US_MALLOC((size_t)B * m->cfg.vocab * 4);
+    size_t used = 0;
+    us_result r = US_OK;
+    if (m->tc.seq < US_TASK_LINE - 1) { us__model_set_error(m, "the task needs seq >= %d", US_TASK_LINE - 1); r = US_ERR_INVALID; goto out; }
+    if (!lines || !ctx || !tg || !gen || !logits) { us__model_set_error(m, "out of host memory"); r = US_ERR_OOM; goto out; }
+    if (buf && buflen) buf[0] = 0;
+    for (i = 0; i < B * US_TASK_LINE; i++) tg[i] = -1;
+    while (done < n) {
+        int nb = n - done < B ? n - done : B, b, k;
+        for (b = 0; b < nb; b++) us__task_line(t, lines + b * US_TASK_LINE);
+        /* greedy decoding of nb problems side by side: every prompt has the same length */
+        for (k = 0; k < A; k++) {
+            int len = P + k;
+            for (b = 0; b < nb; b++) {
+                memcpy(ctx + b * len, lines + b * US_TASK_LINE, (size_t)P * 4);
+                memcpy(ctx + b * len + P, gen + b * A, (size_t)k * 4);
+            }
+            if ((r = us_forward_eval(m, ctx, tg, nb, len, NULL, NULL, logits)) != US_OK) goto out;
+            for (b = 0; b < nb; b++) {
+                const float *lg = logits + (int64_t)b * m->cfg.vocab;
+                int64_t v, best = 0;
+                for (v = 1; v < m->cfg.vocab; v++) if (lg[v] > lg[best]) best = v;
+                gen[b * A + k] = (int32_t)best;
+            }
+        }
+        for (b = 0; b < nb; b++) {
+            int ok = 1;
+            for (i = 0; i < A; i++) ok &= gen[b * A + i] == lines[b * US_TASK_LINE + P + i];
+            solved += ok;
+            if (buf && shown < show && used + 64 < buflen) {
+                char q[US_TASK_LINE + 1], a[US_TASK_LINE + 1];
+                us_byte_decode(lines + b * US_TASK_LINE, (size_t)P, q, sizeof q);
+                us_byte_decode(gen + b * A, (size_t)A - 1, a, sizeof a);
+                used += (size_t)snprintf(buf + used, buflen - used, "  %s%s  %s\n", q, a, ok ? "ok" : "wrong");
+                shown++;
+            }
+        }
+        done += nb;
+    }
+    *acc = n > 0 ? (double)solved / (double)n : 0.0;
+out:
+    US_FREE(lines); US_FREE(ctx); US_FREE(tg); US_FREE(gen); US_FREE(logits);
+    return r;
+}
+
+/* ------------------------------------------------------------------------------------ */
+// >>sample  temperature / top-k sampling
+/* ------------------------------------------------------------------------------------ */
+US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int n_new, float temperature,
+                           int top_k, us_rng *r, int32_t *out) {
+    int64_t V = m->cfg.vocab, v;
+    int len, total = n_prompt + n_new;
+    float *lg = (float *)US_MALLOC((size_t)V * 4);
+    int32_t *tg = (int32_t *)US_MALLOC((size_t)(total > 0 ? total : 1) * 4);
+    us_result res = US_OK;
+    if (!lg || !tg) { US_FREE(lg); US_FREE(tg); us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+    if (n_prompt < 1 || n_new < 0 || total > m->tc.seq) {
+        us__model_set_error(m, "prompt %d + new %d tokens must be between 1 and seq=%d", n_prompt, n_new, m->tc.seq);
+        US_FREE(lg); US_FREE(tg); return US_ERR_INVALID;
+    }
+    memcpy(out, prompt, (size_t)n_prompt * 4);
+    for (len = 0; len < total; len++) tg[len] = -1;
+    for (len = n_prompt; len < total; len++) {
+        int64_t pick = 0;
+        if ((res = us_forward_eval(m, out, tg, 1, len, NULL, NULL, lg)) != US_OK) break;
+        if (temperature <= 0) {
+            for (v = 1; v < V; v++) if (lg[v] > lg[pick]) pick = v;
+        } else {
+            /* keep the top_k largest logits (ties by index), softmax at temperature, draw */
+            float kth = -INFINITY, mx = -INFINITY, u;
+            double sum = 0, c = 0;
+            if (top_k > 0 && top_k < V) {
+                float *tmp = (float *)US_MALLOC((size_t)V * 4);
+                int kk;
+                if (!tmp) { res = US_ERR_OOM; break; }
+                memcpy(tmp, lg, (size_t)V * 4);
+                for (kk = 0; kk < top_k; kk++) {   /* partial selection: top_k is small */
+                    int64_t best = -1;
+                    for (v = 0; v < V; v++) if (tmp[v] > -INFINITY && (best < 0 || tmp[v] > tmp[best])) best = v;
+                    if (best < 0) break;
+                    kth = tmp[best]; tmp[best] = -INFINITY;
+                }
+                US_FREE(tmp);
+            }
+            for (v = 0; v < V; v++) if (lg[v] >= kth && lg[v] > mx) mx = lg[v];
+            for (v = 0; v < V; v++) sum += lg[v] >= kth ? exp((double)(lg[v] - mx) / temperature) : 0.0;
+            u = us_rng_uniform(r);
+            pick = V - 1;
+            for (v = 0; v < V; v++) {
+                c += lg[v] >= kth ? exp((double)(lg[v] - mx) / temperature) / sum : 0.0;
+                if (lg[v] >= kth && c > u) { pick = v; break; }
+            }
+        }
+        out[len] = (int32_t)pick;
+    }
+    US_FREE(lg); US_FREE(tg);
+    return res;
+}
+
+/* ------------------------------------------------------------------------------------ */
+// >>estimate  memory estimator and FLOPs (the Playbook's formulas)
+/* ------------------------------------------------------------------------------------ */
+/* Parameters, gradients and optimizer state (Playbook "memory usage in transformers"):
+     fp32:  4N weights + 4N grads + 8N Adam (m, v)                   = 16N
+     bf16:  2N weights + 4N fp32 grads + 4N fp32 master + 8N Adam    = 18N
+   Activations: with flash attention no s² term is stored, so per layer the kept tensors are
+   linear in s·b: x, ln1, q/k/v, attention output, xmid, ln2, gate|up, h (+ fp32 rstd and lse);
+   selective drops the non-GEMM ones, full keeps only x; one layer's worth is then scratch. */
+US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train_config *tc_in, us_memory *out, char *err, size_t errlen) {
+    us_model_config mc = *mc_in;
+    us_train_config tc = *tc_in;
+    us_result r = us_config_validate(&mc, &tc, err, errlen);
+    int64_t P, N, C, HS, QKV, AO, F, V, L;
+    size_t a, x, rs, qkv, att, lse, gu, h, gemm_outs, cheap, per_layer, shared, head, bwd;
+    int mode;
+    if (r != US_OK) return r;
+    P = us_param_count(&mc);
+    a = tc.precision == US_PRECISION_BF16 ? 2 : 4;
+    N = (int64_t)tc.batch * tc.seq; C = mc.dim; HS = C / mc.n_heads; F = mc.ffn_dim; V = mc.vocab; L = mc.n_layers;
+    QKV = (int64_t)(mc.n_heads + 2 * mc.n_kv_heads) * HS; AO = (int64_t)mc.n_heads * HS;
+    mode = tc.recompute;
+    memset(out, 0, sizeof *out);
+    out->params = (size_t)P * a;
+    out->master = a == 4 ? 0 : (size_t)P * 4;
+    out->grads = (size_t)P * 4;
+    out->optimizer = (size_t)P * 8;
+    /* each activation tensor is rounded up to the arena alignment */
+    x = us__align(N * C * a); rs = us__align(N * 4); qkv = us__align(N * QKV * a); att = us__align(N * AO * a);
+    lse = us__align(N * mc.n_heads * 4); gu = us__align(N * 2 * F * a); h = us__align(N * F * a);
+    gemm_outs = qkv + x /* xmid */ + gu;
+    cheap = 2 * x /* ln1, ln2 */ + 2 * rs + att + lse + h;
+    per_layer = x + (mode != US_RECOMPUTE_FULL ? gemm_outs : 0) + (mode == US_RECOMPUTE_NONE ? cheap : 0);
+    shared = (mode != US_RECOMPUTE_NONE ? cheap : 0) + (mode == US_RECOMPUTE_FULL ? gemm_outs : 0);
+    head = 2 * x /* last layer output, final norm */ + rs + us__align(N * V * a) /* logits */ + 4 * rs /* losses, argmax, inputs, targets */;
+    bwd = 2 * x /* residual grad, norm grad */ + att + qkv + h + gu;
+    out->activations = (size_t)L * per_layer + shared + head + bwd;
+    out->total = out->params + out->master + out->grads + out->optimizer + out->activations;
+    return US_OK;
+}
+
+US_API double us_playbook_activation_bytes_per_layer(int64_t seq, int64_t batch, int64_t dim, int64_t heads) {
+    return (double)seq * batch * dim * (34.0 + 5.0 * (double)heads * seq / (double)dim);
+}
+
+US_API double us_flops_per_token(const us_model_config *mc, int64_t seq) {
+    return 6.0 * (double)us_param_count(mc) + 12.0 * mc->n_layers * (double)mc->dim * (double)seq;
+}
+
+#endif /* ULTRASCALE_IMPLEMENTATION_DONE */
+#endif /* ULTRASCALE_IMPLEMENTATION */
+
+/*
+MIT License
+
+Copyright (c) 2026 the ultrascale authors
+
+Permission is hereby granted, free of charge, to any person obtaining a copy of this software and
+associated documentation files (the "Software"), to deal in the Software without restriction,
+including without limitation the rights to use, copy, modify, merge, publish, distribute,
+sublicense, and/or sell copies of the Software, and to permit persons to whom the Software is
+furnished to do so, subject to the following conditions:
+
+The above copyright notice and this permission notice shall be included in all copies or
+substantial portions of the Software.
+
+THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR IMPLIED, INCLUDING BUT
+NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY, FITNESS FOR A PARTICULAR PURPOSE AND
+NONINFRINGEMENT. IN NO EVENT SHALL THE AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM,
+DAMAGES OR OTHER LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM, OUT
+OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE SOFTWARE.
+*/
