@@ -166,6 +166,28 @@ static void run_det(int ta, int tb, int64_t M, int64_t N, int64_t K, int dtA, in
     free(A); free(B); free(Cinit);
 }
 
+/* bf16 C must be exactly RNE(fp32 C) for the same inputs when beta == 0 (same
+   k order, same alpha scaling), in the vector and the scalar edge epilogues.
+   Some huge inputs make +-inf and NaN (inf - inf) results to test those too. */
+static void run_bf16_exact(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, int specials) {
+    const int64_t arows = ta ? K : M, acols = ta ? M : K, brows = tb ? N : K, bcols = tb ? K : N;
+    float *A = (float *)make(0, arows * acols, 0), *B = (float *)make(0, brows * bcols, 0);
+    float *Cf = (float *)make(0, M * N, 1);
+    uint16_t *Ch = (uint16_t *)make(1, M * N, 1);
+    int64_t i, bad = 0;
+    char msg[160];
+    if (specials)
+        for (i = 0; i < arows * acols; i += 7) A[i] = (i % 3 ? 3e38f : (float)INFINITY);
+    us__gemm(ta, tb, M, N, K, alpha, A, 0, acols, B, 0, bcols, 0.0f, Cf, 0, N, 0);
+    us__gemm(ta, tb, M, N, K, alpha, A, 0, acols, B, 0, bcols, 0.0f, Ch, 1, N, 0);
+    for (i = 0; i < M * N; i++)
+        if (Ch[i] != us__f32_to_bf16(Cf[i])) bad++;
+    snprintf(msg, sizeof msg, "bf16 C == RNE(fp32 C) ta=%d tb=%d M=%lld N=%lld K=%lld specials=%d: %lld bad", ta, tb,
+             (long long)M, (long long)N, (long long)K, specials, (long long)bad);
+    check(bad == 0, msg);
+    free(A); free(B); free(Cf); free(Ch);
+}
+
 int main(void) {
     static const int sizes[] = {1, 2, 3, 5, 6, 7, 8, 13, 15, 16, 17, 31, 32, 33, 47, 64, 97, 127, 128, 131, 191, 256, 257, 300};
     const int ns = (int)(sizeof sizes / sizeof sizes[0]);
@@ -207,6 +229,11 @@ int main(void) {
     run_case(0, 0, 13, 4200, 300, 1.0f, 1.0f, 0, 0, 0, 2);
     run_case(0, 1, 9, 4111, 33, 1.0f, 0.0f, 1, 1, 1, 2);
     run_case(0, 0, 4200, 4000, 9, 1.0f, 0.5f, 0, 0, 1, 2);
+
+    for (i = 0; i < 8; i++) {
+        run_bf16_exact(i & 1, (i >> 1) & 1, 67, 45, i < 4 ? 100 : 600, -1.25f, 0);
+        run_bf16_exact(i & 1, (i >> 1) & 1, 40, 33, 50, 1.0f, 1);
+    }
 
     /* bitwise determinism across thread counts */
     for (ta = 0; ta < 2; ta++)

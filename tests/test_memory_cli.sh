@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# test_memory_cli.sh — checks the memory estimator CLI (examples/memory.c) from the outside:
+# exit codes, the presets, the Llama-3.1-8B parameter count, the SVG chart and the errors.
+#   bash tests/test_memory_cli.sh build/memory
+set -u
+
+BIN=${1:-build/memory}
+PASS=0
+FAIL=0
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+
+check() {   # check NAME CONDITION-EXIT-CODE
+    if [ "$2" -eq 0 ]; then PASS=$((PASS + 1)); echo "  ok   $1"
+    else FAIL=$((FAIL + 1)); echo "  FAIL $1"; fi
+}
+
+# run ARGS...: sets RC, OUT (stdout) and ERR (stderr)
+run() {
+    "$BIN" "$@" >"$TMP/out" 2>"$TMP/err"
+    RC=$?
+    OUT=$(cat "$TMP/out")
+    ERR=$(cat "$TMP/err")
+}
+
+if [ ! -x "$BIN" ]; then
+    echo "  FAIL $BIN is not an executable (build it first)"
+    echo "test_memory_cli: 0 passed, 1 failed"
+    exit 1
+fi
+
+run --help
+check "--help exits 0 and prints usage" $([ "$RC" -eq 0 ] && [[ "$OUT" == usage:* ]]; echo $?)
+
+for m in tiny llama-1b llama-8b llama-70b; do
+    run --model "$m"
+    check "--model $m runs and prints a total" $([ "$RC" -eq 0 ] && grep -q '^  total ' "$TMP/out"; echo $?)
+done
+
+# Llama-3.1-8B has 8,030,261,248 parameters
+run --model llama-8b --precision bf16
+params=$(grep '^  parameters ' "$TMP/out" | awk '{gsub(",", "", $2); print $2}')
+check "llama-8b bf16 parameter count ${params:-?} within 1% of 8.03e9" \
+    $(awk -v p="${params:-0}" 'BEGIN { d = p / 8.03e9 - 1; exit !(d < 0.01 && d > -0.01) }'; echo $?)
+
+run --model llama-8b --recompute full --batch 2
+full=$(grep '^  activations ' "$TMP/out" | awk '{gsub(",", "", $4); print $4}')
+run --model llama-8b --recompute none --batch 2
+none=$(grep '^  activations ' "$TMP/out" | awk '{gsub(",", "", $4); print $4}')
+check "full recompute keeps fewer activation bytes than none (${full:-?} < ${none:-?})" \
+    $(awk -v a="${full:-0}" -v b="${none:-0}" 'BEGIN { exit !(a > 0 && a < b) }'; echo $?)
+
+svg="$TMP/memory.svg"
+run --model llama-1b --svg "$svg"
+check "--svg writes a file that starts with <svg and contains </svg>" \
+    $([ "$RC" -eq 0 ] && [ -s "$svg" ] && head -c 4 "$svg" | grep -q '^<svg' && grep -q '</svg>' "$svg"; echo $?)
+check "the chart has one total label per default sequence length (5)" \
+    $([ "$(grep -c 'font-weight="bold" fill="#222">[0-9]' "$svg")" -eq 5 ]; echo $?)
+
+run --model tiny --seqs 64,128 --svg "$TMP/two.svg"
+check "--seqs 64,128 draws two bars" \
+    $([ "$RC" -eq 0 ] && [ "$(grep -c 'font-weight="bold" fill="#222">[0-9]' "$TMP/two.svg")" -eq 2 ]; echo $?)
+
+run --model tiny --svg "$TMP/no/such/dir/x.svg"
+check "unwritable --svg path exits 1 with a message" $([ "$RC" -eq 1 ] && [[ "$ERR" == memory:*cannot\ write* ]]; echo $?)
+
+run --bogus
+check "unknown flag exits 2 with 'memory: ...' and usage" \
+    $([ "$RC" -eq 2 ] && [[ "$ERR" == memory:\ unknown\ flag* ]] && grep -q '^usage:' "$TMP/err"; echo $?)
+
+run --model llama-2b
+check "unknown preset exits 2" $([ "$RC" -eq 2 ] && [[ "$ERR" == memory:* ]]; echo $?)
+
+run --heads 3 --dim 64
+check "--heads 3 --dim 64 exits 2 with the validation sentence" \
+    $([ "$RC" -eq 2 ] && grep -q 'not divisible by heads=3' "$TMP/err"; echo $?)
+
+run --seq abc
+check "--seq abc exits 2" $([ "$RC" -eq 2 ] && [[ "$ERR" == memory:\ bad\ value* ]]; echo $?)
+
+for bad in "--seq 0" "--seq 12x" "--batch -1" "--layers 1e3" "--precision fp16" "--recompute some" "--seqs 1024,,2048" "--seq"; do
+    # shellcheck disable=SC2086
+    run $bad
+    check "'$bad' exits 2" $([ "$RC" -eq 2 ]; echo $?)
+done
+
+run --model llama-8b --vocab 1073741824 --batch 16777216 --seq 16777216
+check "an overflowing configuration is refused, exit 2" $([ "$RC" -eq 2 ]; echo $?)
+
+echo "test_memory_cli: $PASS passed, $FAIL failed"
+[ "$FAIL" -eq 0 ]
