@@ -592,7 +592,12 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
     if (tc->precision != US_PRECISION_FP32 && tc->precision != US_PRECISION_BF16) US__BAD("unknown precision %d", (int)tc->precision);
     if (tc->recompute < US_RECOMPUTE_NONE || tc->recompute > US_RECOMPUTE_FULL) US__BAD("unknown recompute mode %d", (int)tc->recompute);
     if (tc->threads < 0) US__BAD("threads=%d must not be negative", tc->threads);
-    if ((double)tc->batch * tc->seq * (double)mc->vocab > 9e15) US__BAD("batch·seq·vocab is too large");
+    {   /* sizes are int64 everywhere: refuse configurations whose byte counts could wrap */
+        double C = (double)mc->dim, F = (double)mc->ffn_dim, V = (double)mc->vocab, N = (double)tc->batch * tc->seq;
+        double P = V * C * 2 + mc->n_layers * (2 * C + 2 * C * C * 2 + 3 * C * F) + C;   /* at most, with MHA */
+        double act = N * (mc->n_layers + 2.0) * (12 * C + 6 * F + 4.0 * mc->n_heads) * 4 + N * V * 4;
+        if (P * 18 + act > 4e18) US__BAD("the configuration needs more than 4 EB of memory (%.3g bytes)", P * 18 + act);
+    }
 #undef US__BAD
     return US_OK;
 }
@@ -1079,9 +1084,12 @@ enum { US__P_LN1, US__P_Q, US__P_K, US__P_V, US__P_O, US__P_LN2, US__P_GATE, US_
 #define US__P_NORM(L) (1 + (L) * US__P_PER_LAYER)
 #define US__P_HEAD(L) (2 + (L) * US__P_PER_LAYER)
 
-US_API int64_t us_param_count(const us_model_config *mc) {
-    int64_t C = mc->dim, HS = mc->dim / mc->n_heads, QKV = (int64_t)(mc->n_heads + 2 * mc->n_kv_heads) * HS;
-    int64_t layer = 2 * C + QKV * C + (int64_t)mc->n_heads * HS * C + 3 * C * mc->ffn_dim;
+US_API int64_t us_param_count(const us_model_config *mc_in) {
+    us_model_config c = *mc_in, *mc = &c;
+    int64_t C, HS, QKV, layer;
+    us_model_config_defaults(mc);   /* zero means default here too */
+    C = mc->dim; HS = mc->dim / mc->n_heads; QKV = (int64_t)(mc->n_heads + 2 * mc->n_kv_heads) * HS;
+    layer = 2 * C + QKV * C + (int64_t)mc->n_heads * HS * C + 3 * C * mc->ffn_dim;
     return mc->vocab * C * (mc->tie_embeddings ? 1 : 2) + mc->n_layers * layer + C;
 }
 
@@ -1802,7 +1810,9 @@ US_API double us_playbook_activation_bytes_per_layer(int64_t seq, int64_t batch,
     return (double)seq * batch * dim * (34.0 + 5.0 * (double)heads * seq / (double)dim);
 }
 
-US_API double us_flops_per_token(const us_model_config *mc, int64_t seq) {
+US_API double us_flops_per_token(const us_model_config *mc_in, int64_t seq) {
+    us_model_config c = *mc_in, *mc = &c;
+    us_model_config_defaults(mc);
     return 6.0 * (double)us_param_count(mc) + 12.0 * mc->n_layers * (double)mc->dim * (double)seq;
 }
 

@@ -226,37 +226,57 @@ static void us__gemm_ukr(int64_t kc, const float *a, const float *b, const us__g
    mc zero-padded so the micro-kernel never branches on edges. */
 static void us__gemm_pack_a(int ta, const void *A, int dtA, int64_t lda, int64_t i0, int64_t mc,
                             int64_t p0, int64_t kc, float *dst) {
+    const int64_t sl = kc * US__GEMM_MR; /* floats per sliver */
     int64_t is, k;
-    for (is = 0; is < mc; is += US__GEMM_MR) {
-        const int mr = (int)(mc - is < US__GEMM_MR ? mc - is : US__GEMM_MR);
-        int i;
-        if (!ta) {
-            /* A is M x K row-major: MR rows, each contiguous along k. */
+    if (!ta) {
+        /* A is M x K row-major: per sliver, MR rows each contiguous along k. */
+        for (is = 0; is < mc; is += US__GEMM_MR) {
+            const int mr = (int)(mc - is < US__GEMM_MR ? mc - is : US__GEMM_MR);
+            float *d = dst + (is / US__GEMM_MR) * sl;
+            int i;
             if (dtA == 0) {
                 const float *src = (const float *)A + (i0 + is) * lda + p0;
                 for (i = 0; i < mr; i++)
-                    for (k = 0; k < kc; k++) dst[k * US__GEMM_MR + i] = src[i * lda + k];
+                    for (k = 0; k < kc; k++) d[k * US__GEMM_MR + i] = src[i * lda + k];
             } else {
                 const uint16_t *src = (const uint16_t *)A + (i0 + is) * lda + p0;
                 for (i = 0; i < mr; i++)
-                    for (k = 0; k < kc; k++) dst[k * US__GEMM_MR + i] = us__bf16_to_f32(src[i * lda + k]);
+                    for (k = 0; k < kc; k++) d[k * US__GEMM_MR + i] = us__bf16_to_f32(src[i * lda + k]);
             }
-        } else {
-            /* A stored K x M: row k of storage holds MR contiguous values. */
-            for (k = 0; k < kc; k++) {
-                const int64_t base = (p0 + k) * lda + i0 + is;
-                if (dtA == 0) {
-                    const float *src = (const float *)A + base;
-                    for (i = 0; i < mr; i++) dst[k * US__GEMM_MR + i] = src[i];
-                } else {
-                    const uint16_t *src = (const uint16_t *)A + base;
-                    for (i = 0; i < mr; i++) dst[k * US__GEMM_MR + i] = us__bf16_to_f32(src[i]);
-                }
-            }
+            for (i = mr; i < US__GEMM_MR; i++)
+                for (k = 0; k < kc; k++) d[k * US__GEMM_MR + i] = 0.0f;
         }
-        for (i = mr; i < US__GEMM_MR; i++)
-            for (k = 0; k < kc; k++) dst[k * US__GEMM_MR + i] = 0.0f;
-        dst += kc * US__GEMM_MR;
+    } else {
+        /* A stored K x M: walk storage rows k in order (sequential reads of mc
+           values) and scatter MR-wide pieces into the slivers. */
+        const int64_t full = mc / US__GEMM_MR * US__GEMM_MR, rem = mc - full;
+        for (k = 0; k < kc; k++) {
+            float *d = dst + k * US__GEMM_MR;
+            int64_t i;
+#if US__GEMM_AVX2
+            /* Rows are lda apart: the hardware prefetcher does not follow that
+               well, so request the row 8 steps ahead explicitly. */
+            if (k + 8 < kc) {
+                const char *pf = (const char *)A + ((p0 + k + 8) * lda + i0) * (dtA ? 2 : 4);
+                const int64_t bytes = mc * (dtA ? 2 : 4);
+                int64_t o;
+                for (o = 0; o < bytes + 63; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
+            }
+#endif
+            if (dtA == 0) {
+                const float *src = (const float *)A + (p0 + k) * lda + i0;
+                for (is = 0; is < full; is += US__GEMM_MR, d += sl)
+                    for (i = 0; i < US__GEMM_MR; i++) d[i] = src[is + i];
+                for (i = 0; i < rem; i++) d[i] = src[full + i];
+            } else {
+                const uint16_t *src = (const uint16_t *)A + (p0 + k) * lda + i0;
+                for (is = 0; is < full; is += US__GEMM_MR, d += sl)
+                    for (i = 0; i < US__GEMM_MR; i++) d[i] = us__bf16_to_f32(src[is + i]);
+                for (i = 0; i < rem; i++) d[i] = us__bf16_to_f32(src[full + i]);
+            }
+            if (rem)
+                for (i = rem; i < US__GEMM_MR; i++) d[i] = 0.0f;
+        }
     }
 }
 

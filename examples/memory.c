@@ -135,6 +135,14 @@ static void options_defaults(options *o) {
     memcpy(o->seqs, seqs, sizeof seqs);
 }
 
+static int takes_value(const char *flag) {
+    static const char *const flags[] = { "--model", "--layers", "--dim", "--heads", "--kv-heads", "--ffn", "--vocab",
+                                         "--precision", "--recompute", "--batch", "--seq", "--seqs", "--svg" };
+    size_t i;
+    for (i = 0; i < sizeof flags / sizeof flags[0]; i++) if (!strcmp(flag, flags[i])) return 1;
+    return 0;
+}
+
 /* Returns -1 to go on, else the exit code (0 after --help, 2 after a bad argument). */
 static int parse_args(int argc, char **argv, options *o) {
     int i;
@@ -145,6 +153,7 @@ static int parse_args(int argc, char **argv, options *o) {
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) { usage(stdout); return 0; }
         if (!strcmp(f, "--tied") || !strcmp(f, "--untied")) { o->tied = f[2] == 't'; o->modified = 1; continue; }
         if (strncmp(f, "--", 2)) return bad("unexpected argument", f);
+        if (!takes_value(f)) return bad("unknown flag", f);
         if (!v) return bad("missing value for", f);
         if (!strcmp(f, "--model")) {
             if (!find_preset(v)) return bad("unknown model preset (tiny, llama-1b, llama-8b, llama-70b):", v);
@@ -169,7 +178,7 @@ static int parse_args(int argc, char **argv, options *o) {
             else if (!strcmp(v, "selective")) o->recompute = US_RECOMPUTE_SELECTIVE;
             else if (!strcmp(v, "full")) o->recompute = US_RECOMPUTE_FULL;
             else return bad("--recompute must be none, selective or full, got", v);
-        } else return bad("unknown flag", f);
+        }
         if (!ok) {
             char msg[96];
             snprintf(msg, sizeof msg, "bad value for %s:", f);
@@ -271,7 +280,7 @@ static const char *model_label(const options *o) {
     static char buf[64];
     if (!o->modified) return o->model;
     if (!strcmp(o->model, "tiny")) return "custom";
-    snprintf(buf, sizeof buf, "%s (modified)", o->model);
+    snprintf(buf, sizeof buf, "%s, modified", o->model);
     return buf;
 }
 

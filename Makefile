@@ -1,0 +1,75 @@
+# ultrascale — build the examples, run the default task, run the tests.
+#   make            build the examples into build/
+#   make train      learn the built-in task (sorting digits) on the CPU
+#   make test       every test: kernels, model, errors, CLIs, compile checks, sanitizers
+#   make bench      CPU benchmarks side by side with OpenBLAS (installs libopenblas-dev)
+CC      ?= cc
+CXX     ?= c++
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
+ARCH    ?= -march=native
+OPENMP  ?= -fopenmp
+CFLAGS  ?= -std=c99 -Wall -Wextra -pedantic -O3 $(ARCH) $(OPENMP)
+LDLIBS  ?= -lm
+SANFLAGS = -std=c99 -Wall -Wextra -O1 -g $(ARCH) $(OPENMP) -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+B        = build
+HDR      = ultrascale.h
+
+EXAMPLES = $(B)/train $(B)/memory
+TESTS    = $(patsubst tests/%.c,$(B)/%,$(wildcard tests/test_*.c))
+SANTESTS = $(patsubst tests/%.c,$(B)/san/%,$(wildcard tests/test_*.c))
+
+all: $(EXAMPLES)
+
+$(B) $(B)/san:
+	mkdir -p $@
+
+$(B)/%: examples/%.c $(HDR) | $(B)
+	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
+
+$(B)/test_%: tests/test_%.c tests/us_test.h $(HDR) | $(B)
+	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
+
+$(B)/san/test_%: tests/test_%.c tests/us_test.h $(HDR) | $(B)/san
+	$(CC) $(SANFLAGS) $< -o $@ $(LDLIBS)
+
+train: $(B)/train
+	./$(B)/train
+
+# Compile checks: C99 pedantic with -Werror, C++, two translation units, ULTRASCALE_STATIC,
+# no OpenMP, and nvcc (the CUDA compiler sees the header as C++) when it is installed.
+CHECKS = \
+  "c99 -pedantic -Werror::$(CC) -std=c99 -Wall -Wextra -pedantic -Werror -O2 $(OPENMP) -DUS_COMPILE_SINGLE tests/compile_a.c -o $(B)/cc_c99 $(LDLIBS)" \
+  "c++ -Werror::$(CXX) -x c++ -std=c++11 -Wall -Wextra -Werror -O2 $(OPENMP) -DUS_COMPILE_SINGLE tests/compile_a.c -o $(B)/cc_cxx $(LDLIBS)" \
+  "two translation units::$(CC) -std=c99 -Wall -Wextra -pedantic -Werror -O2 tests/compile_a.c tests/compile_b.c -o $(B)/cc_2tu $(LDLIBS) && ./$(B)/cc_2tu" \
+  "ULTRASCALE_STATIC::$(CC) -std=c99 -Wall -Wextra -pedantic -Werror -O2 -DULTRASCALE_STATIC -DUS_COMPILE_SINGLE tests/compile_a.c -o $(B)/cc_static $(LDLIBS)" \
+  "without OpenMP::$(CC) -std=c99 -Wall -Wextra -pedantic -Werror -O2 -DUS_COMPILE_SINGLE tests/compile_a.c -o $(B)/cc_noomp $(LDLIBS)" \
+  "nvcc (header as C++)::if [ -x $(NVCC) ]; then $(NVCC) -x cu -std=c++17 -Xcompiler -Wall,-Wextra,-Werror -DUS_COMPILE_SINGLE -c tests/compile_a.c -o $(B)/cc_nvcc.o; else echo 'SKIP nvcc not installed'; fi"
+
+RUNS = \
+  "test_dtypes::./$(B)/test_dtypes" \
+  "test_ops::./$(B)/test_ops" \
+  "test_model::./$(B)/test_model" \
+  "test_errors::./$(B)/test_errors" \
+  "train CLI::bash tests/test_train_cli.sh $(B)/train" \
+  "memory CLI::bash tests/test_memory_cli.sh $(B)/memory" \
+  "asan+ubsan test_dtypes::./$(B)/san/test_dtypes" \
+  "asan+ubsan test_ops::./$(B)/san/test_ops" \
+  "asan+ubsan test_model::./$(B)/san/test_model --quick" \
+  "asan+ubsan test_errors::./$(B)/san/test_errors"
+
+test: $(EXAMPLES) $(TESTS) $(SANTESTS)
+	@bash tests/run_all.sh $(CHECKS) $(RUNS)
+
+# ---- benchmarks (not tests): need OpenBLAS for the side-by-side GEMM
+bench: $(B)/bench_cpu
+	./$(B)/bench_cpu
+
+$(B)/bench_cpu: bench/bench_cpu.c $(HDR) | $(B)
+	@[ -f /usr/include/x86_64-linux-gnu/cblas.h ] || [ -f /usr/include/cblas.h ] || \
+	  (apt-get update -qq && apt-get install -y -qq libopenblas-dev) || (echo "bench: install libopenblas-dev" && false)
+	$(CC) $(CFLAGS) $< -o $@ -lopenblas $(LDLIBS)
+
+clean:
+	rm -rf $(B)
+
+.PHONY: all train test bench clean

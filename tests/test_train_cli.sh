@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The trainer's command line: flags, errors (one line + usage, exit 2), the JSONL log keys.
+set -u
+BIN=${1:-build/train}
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+pass=0; fail=0
+ok()   { pass=$((pass + 1)); echo "  ok   $1"; }
+bad()  { fail=$((fail + 1)); echo "  FAIL $1"; }
+# expect CODE DESCRIPTION PATTERN -- ARGS...: exit code and a pattern in stdout+stderr
+expect() {
+    local code=$1 desc=$2 pat=$3; shift 4
+    out=$("$BIN" "$@" 2>&1); rc=$?
+    if [ "$rc" -eq "$code" ] && grep -qE -- "$pat" <<<"$out"; then ok "$desc"; else bad "$desc (exit $rc): $(head -c 300 <<<"$out")"; fi
+}
+small="--layers 1 --dim 32 --heads 2 --batch 2 --quiet"
+
+expect 0 "--help prints the usage" "usage: train" -- --help
+expect 2 "unknown flag" "unknown flag --bogus.*" -- --bogus 3
+expect 2 "unknown flag also prints usage" "usage: train" -- --bogus 3
+expect 2 "non-numeric value" "bad value for --steps: abc" -- --steps abc
+expect 2 "trailing garbage in a number" "bad value for --lr: 0.1x" -- --lr 0.1x
+expect 2 "negative batch" "bad value for --batch: -4" -- --batch -4
+expect 2 "missing value" "missing value for --seq" -- --seq
+expect 2 "bad precision" "--precision must be fp32 or bf16, got fp16" -- --precision fp16
+expect 2 "bad recompute mode" "--recompute must be none, selective or full" -- --recompute some
+expect 2 "heads not dividing dim" "dim=64 not divisible by heads=3" -- --heads 3
+expect 2 "kv-heads not dividing heads" "heads=4 not divisible by kv-heads=3" -- --kv-heads 3
+expect 2 "task needs a long enough sequence" "needs --seq of at least" -- --seq 8
+expect 1 "missing data file" "cannot open $T/none.txt" -- --data "$T/none.txt"
+
+# a short run with the JSONL log
+"$BIN" $small --steps 6 --eval-every 3 --log "$T/log.jsonl" > "$T/out.txt" 2>&1; rc=$?
+if [ "$rc" -eq 0 ] && [ "$(wc -l < "$T/log.jsonl")" -eq 6 ]; then ok "6 steps write 6 JSON lines"; else bad "short run (exit $rc) $(tail -3 "$T/out.txt")"; fi
+if command -v python3 >/dev/null 2>&1; then
+    if python3 - "$T/log.jsonl" <<'PY'
+import json, math, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+need = ["step", "loss", "lr", "grad_norm", "tok_s", "mfu", "mem_bytes"]
+assert all(all(k in r for k in need) for r in rows), "missing keys"
+assert [r["step"] for r in rows] == list(range(1, 7))
+assert all(math.isfinite(r["loss"]) and r["tok_s"] > 0 and r["mem_bytes"] > 0 for r in rows)
+assert "eval_acc" in rows[2] and "eval_acc" not in rows[0]
+PY
+    then ok "JSONL parses with keys step, loss, lr, grad_norm, tok_s, mfu, mem_bytes"; else bad "JSONL content"; fi
+else
+    if grep -q '"grad_norm"' "$T/log.jsonl" && grep -q '"mem_bytes"' "$T/log.jsonl"; then ok "JSONL keys present"; else bad "JSONL keys"; fi
+fi
+grep -q "sorting exact match" "$T/out.txt" && ok "the task reports exact-match accuracy" || bad "no exact-match line"
+
+# raw text data, with sampling, bf16 and recomputation
+head -c 3000 /dev/urandom | base64 > "$T/text.txt"
+expect 0 "raw text training with --sample" "sample \(" -- $small --steps 3 --seq 16 --data "$T/text.txt" --sample 8 --precision bf16 --recompute full
+# an llm.c shard whose tokens exceed the vocabulary
+python3 -c "
+import struct
+h = [0]*256; h[0] = 20240520; h[1] = 1; h[2] = 100
+open('$T/s.bin','wb').write(struct.pack('<256i', *h) + struct.pack('<100H', *[i*300 % 50000 for i in range(100)]))" 2>/dev/null
+if [ -f "$T/s.bin" ]; then
+    expect 2 "shard tokens beyond --vocab" "set --vocab" -- $small --steps 1 --seq 16 --data "$T/s.bin"
+    expect 0 "shard with a large enough vocabulary" "trained 1 steps" -- $small --steps 1 --seq 16 --vocab 50000 --data "$T/s.bin"
+fi
+head -c 1000 "$T/s.bin" > "$T/trunc.bin" 2>/dev/null && expect 1 "truncated shard" "truncated" -- $small --data "$T/trunc.bin"
+echo "test_train_cli: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
