@@ -403,6 +403,13 @@ US_API double    us_flops_per_token(const us_model_config *mc, int64_t seq);
 #ifndef US_ASSERT
 #define US_ASSERT(x) do { if (!(x)) { fprintf(stderr, "ultrascale: internal error: %s (%s:%d)\n", #x, __FILE__, __LINE__); abort(); } } while (0)
 #endif
+/* Kernel scratch: a kernel has no result code, so running out of host memory there is fatal
+   with a message (model-level allocations return US_ERR_OOM instead). */
+static void *us__scratch(size_t bytes) {
+    void *p = US_MALLOC(bytes ? bytes : 1);
+    if (!p) { fprintf(stderr, "ultrascale: out of memory for %zu bytes of kernel scratch\n", bytes); abort(); }
+    return p;
+}
 #define US__ALIGN 256   /* every arena tensor starts on a 256-byte boundary (CUDA-friendly) */
 
 static size_t us__align(size_t n) { return (n + US__ALIGN - 1) & ~(size_t)(US__ALIGN - 1); }
@@ -480,6 +487,7 @@ static uint8_t us__f32_to_fp8(float f, int mb, int bias, double maxv, int has_in
     if (x - fl > 0.5 || (x - fl == 0.5 && fmod(fl, 2.0) != 0.0)) fl += 1.0;
     r = fl * q;
     if (r > maxv) r = maxv;                     /* saturate (and ±inf in E4M3) */
+    if (r == 0) return sign;                    /* underflow to (signed) zero */
     (void)frexp(r, &e); e -= 1;
     if (e < emin) return (uint8_t)(sign | (uint8_t)(r / ldexp(1.0, emin - mb)));  /* subnormal */
     return (uint8_t)(sign | (uint8_t)((e + bias) << mb) | (uint8_t)(r / ldexp(1.0, e - mb) - ldexp(1.0, mb)));
@@ -642,7 +650,7 @@ static int us__threads(const us_ops *o) { (void)o; return 1; }
 
 static void *us__cpu_alloc(us_ops *o, size_t bytes) {
     /* over-allocate and stash the raw pointer just below the aligned block */
-    char *raw = (char *)US_MALLOC(bytes + 64 + sizeof(void *)), *p;
+    char *raw = (char *)us__scratch(bytes + 64 + sizeof(void *)), *p;
     (void)o;
     if (!raw) return NULL;
     p = (char *)(((uintptr_t)raw + sizeof(void *) + 63) & ~(uintptr_t)63);
@@ -665,7 +673,8 @@ static void us__cpu_cast(us_ops *o, void *dst, us_dtype ddt, const void *src, us
     US__PARALLEL_FOR
     for (i = 0; i < n; i++) {
         float v = sdt == US_F32 ? ((const float *)src)[i] : sdt == US_BF16 ? us__bf16_to_f32(((const uint16_t *)src)[i])
-                : sdt == US_E4M3 ? us_e4m3_to_f32(((const uint8_t *)src)[i]) : us_e5m2_to_f32(((const uint8_t *)src)[i]);
+                : sdt == US_E4M3 ? us_e4m3_to_f32(((const uint8_t *)src)[i]) : sdt == US_E5M2 ? us_e5m2_to_f32(((const uint8_t *)src)[i])
+                : (float)((const int32_t *)src)[i];
         switch (ddt) {
         case US_F32: ((float *)dst)[i] = v; break;
         case US_BF16: ((uint16_t *)dst)[i] = us__f32_to_bf16(v); break;
@@ -709,12 +718,12 @@ static void us__cpu_embedding_bwd(us_ops *o, float *dwte, const void *dout, cons
 /* RMSNorm: y = x · rstd · w, rstd = 1/sqrt(mean(x²) + eps). */
 static void us__cpu_rmsnorm_fwd(us_ops *o, void *out, float *rstd, const void *x, const void *w, int64_t N, int64_t C, float eps, us_dtype dt) {
     int us__nt = us__threads(o);
-    float *wf = (float *)US_MALLOC((size_t)C * 4);
+    float *wf = (float *)us__scratch((size_t)C * 4);
     int64_t n;
     us__load_f32(wf, w, dt, C);
     US__PARALLEL_FOR
     for (n = 0; n < N; n++) {
-        float *row = (float *)US_MALLOC((size_t)C * 4);
+        float *row = (float *)us__scratch((size_t)C * 4);
         double ss = 0;
         float r;
         int64_t c;
@@ -733,13 +742,13 @@ static void us__cpu_rmsnorm_fwd(us_ops *o, void *out, float *rstd, const void *x
    dx is row-parallel; dw is column-parallel so its sums run in row order on one thread. */
 static void us__cpu_rmsnorm_bwd(us_ops *o, void *dx, float *dw, const void *dout, const void *x, const void *w, const float *rstd, int64_t N, int64_t C, us_dtype dt) {
     int us__nt = us__threads(o);
-    float *wf = (float *)US_MALLOC((size_t)C * 4);
+    float *wf = (float *)us__scratch((size_t)C * 4);
     int64_t n, blk, nblk = (C + 63) / 64;
     us__load_f32(wf, w, dt, C);
     (void)us__nt;
     US__PARALLEL_FOR
     for (n = 0; n < N; n++) {
-        float *xr = (float *)US_MALLOC((size_t)C * 12), *dy = xr + C, *acc = dy + C;
+        float *xr = (float *)us__scratch((size_t)C * 12), *dy = xr + C, *acc = dy + C;
         double dot = 0;
         float r = rstd[n], mean;
         int64_t c;
@@ -767,7 +776,7 @@ static void us__cpu_rope(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int
     int us__nt = us__threads(o);
     int half = HS / 2, nrot = NH + NKV;   /* q heads then k heads are rotated; v is not */
     int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, bt;
-    float *cs = (float *)US_MALLOC((size_t)T * half * 2 * sizeof(float)), *sn = cs + T * half;
+    float *cs = (float *)us__scratch((size_t)T * half * 2 * sizeof(float)), *sn = cs + T * half;
     int64_t t;
     int j;
     for (t = 0; t < T; t++)
@@ -780,7 +789,7 @@ static void us__cpu_rope(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int
     US__PARALLEL_FOR
     for (bt = 0; bt < B * T; bt++) {
         int64_t tt = bt % T;
-        float *row = (float *)US_MALLOC((size_t)nrot * HS * 4);
+        float *row = (float *)us__scratch((size_t)nrot * HS * 4);
         int h, jj;
         us__load_f32(row, us__at(qkv, dt, bt * QKV), dt, (int64_t)nrot * HS);
         for (h = 0; h < nrot; h++) {
@@ -841,7 +850,7 @@ static void us__cpu_xent(us_ops *o, float *losses, int32_t *argmax, void *logits
     (void)us__nt;
     US__PARALLEL_FOR
     for (n = 0; n < N; n++) {
-        float *row = (float *)US_MALLOC((size_t)V * 4), mx = -INFINITY;
+        float *row = (float *)us__scratch((size_t)V * 4), mx = -INFINITY;
         double sum = 0;
         int64_t v, am = 0;
         us__load_f32(row, us__at(logits, dt, n * V), dt, V);
@@ -862,7 +871,7 @@ static double us__cpu_sumsq(us_ops *o, const float *x, int64_t n) {
     /* fixed 4096-element chunks summed in order: the same result for any thread count */
     int us__nt = us__threads(o);
     int64_t nch = (n + 4095) / 4096, ch;
-    double *part = (double *)US_MALLOC((size_t)(nch ? nch : 1) * sizeof(double)), s = 0;
+    double *part = (double *)us__scratch((size_t)(nch ? nch : 1) * sizeof(double)), s = 0;
     (void)us__nt;
     US__PARALLEL_FOR
     for (ch = 0; ch < nch; ch++) {
@@ -903,7 +912,7 @@ static void us__cpu_attention_fwd(us_ops *o, void *out, float *lse, const void *
     for (bh = 0; bh < B * NH; bh++) {
         int64_t b = bh / NH, t, j0, j;
         int h = (int)(bh % NH), g = h / (NH / NKV), d;
-        float *k = (float *)US_MALLOC(((size_t)2 * T * HS + 2 * HS + US__ATT_BLOCK) * 4);
+        float *k = (float *)us__scratch(((size_t)2 * T * HS + 2 * HS + US__ATT_BLOCK) * 4);
         float *v = k + T * HS, *q = v + T * HS, *acc = q + HS, *s = acc + HS;
         us__load_kv(k, v, qkv, b, g, T, NH, NKV, HS, dt);
         for (t = 0; t < T; t++) {
@@ -950,7 +959,7 @@ static void us__cpu_attention_bwd(us_ops *o, void *dqkv, const void *dout, const
     for (bg = 0; bg < B * NKV; bg++) {
         int64_t b = bg / NKV, t, j;
         int g = (int)(bg % NKV), h, d;
-        float *k = (float *)US_MALLOC(((size_t)4 * T * HS + 4 * HS) * 4);
+        float *k = (float *)us__scratch(((size_t)4 * T * HS + 4 * HS) * 4);
         float *v = k + T * HS, *dk = v + T * HS, *dv = dk + T * HS, *q = dv + T * HS, *ob = q + HS, *dob = ob + HS, *dq = dob + HS;
         us__load_kv(k, v, qkv, b, g, T, NH, NKV, HS, dt);
         memset(dk, 0, (size_t)2 * T * HS * 4);
@@ -987,7 +996,7 @@ static void us__cpu_attention_bwd(us_ops *o, void *dqkv, const void *dout, const
 
 US_API void us_attention_naive_fwd(float *out, const float *qkv, int64_t B, int64_t T, int NH, int NKV, int HS) {
     int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, b, i, j;
-    float *S = (float *)US_MALLOC((size_t)T * T * 4);
+    float *S = (float *)us__scratch((size_t)T * T * 4);
     int h, d;
     for (b = 0; b < B; b++)
         for (h = 0; h < NH; h++) {

@@ -28,6 +28,8 @@ static float *fdup(const float *x, int64_t n) { float *p = (float *)malloc((size
 static void round_bf16(float *x, int64_t n) { int64_t i; for (i = 0; i < n; i++) x[i] = us_bf16_to_f32(us_f32_to_bf16(x[i])); }
 static uint16_t *to_bf16(const float *x, int64_t n) { uint16_t *p = (uint16_t *)malloc((size_t)(n ? n : 1) * 2); int64_t i; for (i = 0; i < n; i++) p[i] = us_f32_to_bf16(x[i]); return p; }
 
+/* max that keeps a NaN (fmax would drop it and hide a NaN result) */
+static double nmax(double a, double b) { return (b != b || b > a) ? b : a; }
 /* max |a - ref| / (1 + |ref|) */
 static double max_rel(const float *a, const double *ref, int64_t n) {
     double m = 0; int64_t i;
@@ -274,7 +276,7 @@ static void test_rope(void) {
         for (j = 0; j < HS / 2; j++) {
             double ang = 5.0 * pow(10000.0, -2.0 * j / HS), a = x[row + j], b = x[row + j + HS / 2];
             double ya = a * cos(ang) - b * sin(ang), yb = a * sin(ang) + b * cos(ang);
-            worst = fmax(worst, fmax(fabs(y[row + j] - ya), fabs(y[row + j + HS / 2] - yb)));
+            worst = nmax(worst, nmax(fabs(y[row + j] - ya), fabs(y[row + j + HS / 2] - yb)));
         }
         CHECK(worst <= 1e-6, "rope rotates pair (j, j+HS/2) by t·theta^(-2j/HS): max err %.3g", worst);
     }
@@ -288,7 +290,7 @@ static void test_rope(void) {
     back = fdup(y, n);
     O0.rope_bwd(&O0, back, B, T, NH, NKV, HS, theta, US_F32);
     e = 0;
-    for (i = 0; i < n; i++) e = fmax(e, fabs(back[i] - x[i]));
+    for (i = 0; i < n; i++) e = nmax(e, fabs(back[i] - x[i]));
     CHECK(e <= 1e-6, "rope_bwd(rope_fwd(x)) == x: max err %.3g", e);
     O0.rope_bwd(&O0, g, B, T, NH, NKV, HS, theta, US_F32);
     gd = dvec_from(g, n);
@@ -332,7 +334,7 @@ static void test_attention(int64_t T, int full_fd) {
     e2 = max_rel(lse, lref, nl);
     CHECK(e2 <= 1e-5, "attention lse T=%lld vs double log-sum-exp: max err %.3g", (long long)T, e2);
     e = 0;
-    for (i = 0; i < no; i++) e = fmax(e, fabs(out[i] - naive[i]));
+    for (i = 0; i < no; i++) e = nmax(e, fabs(out[i] - naive[i]));
     CHECK(e <= 1e-5, "attention blockwise fwd T=%lld equals us_attention_naive_fwd: max err %.3g", (long long)T, e);
     O0.attention_bwd(&O0, dqkv, r, qkv, out, lse, B, T, NH, NKV, HS, US_F32);   /* overwrites the 123s */
     gd = dvec_from(dqkv, n);
@@ -360,7 +362,7 @@ static void test_attention(int64_t T, int full_fd) {
         CHECK(bf16_max_ulps(o16, out, no) <= 1, "attention fwd bf16 T=%lld within 1 ulp of rounded fp32 (max %lld ulps)",
               (long long)T, (long long)bf16_max_ulps(o16, out, no));
         e = 0;
-        for (i = 0; i < nl; i++) e = fmax(e, fabs(l16[i] - lse[i]));
+        for (i = 0; i < nl; i++) e = nmax(e, fabs(l16[i] - lse[i]));
         CHECK(e <= 1e-5, "attention lse bf16 T=%lld vs fp32 on the same inputs: max err %.3g", (long long)T, e);
         free(q16); free(o16); free(l16);
     }
@@ -433,7 +435,7 @@ static void test_gemm(void) {
                 O0.gemm(&O0, ta, tb, M, N, K, alpha, A, US_F32, lda, Bm, US_F32, ldb, beta, C, US_F32, ldc);
                 ref_gemm(Cref, ta, tb, M, N, K, alpha, Ad, lda, Bd, ldb, beta, C0d, ldc);
                 e = 0;
-                for (i = 0; i < M; i++) for (j = 0; j < N; j++) e = fmax(e, fabs(C[i * ldc + j] - Cref[i * ldc + j]) / (1 + fabs(Cref[i * ldc + j])));
+                for (i = 0; i < M; i++) for (j = 0; j < N; j++) e = nmax(e, fabs(C[i * ldc + j] - Cref[i * ldc + j]) / (1 + fabs(Cref[i * ldc + j])));
                 if (e != e) e = INFINITY;
                 CHECK(e <= 1e-6, "gemm ta=%d tb=%d beta=%g fwd vs double reference: max err %.3g", ta, tb, beta, e);
                 e = 0;
@@ -454,7 +456,7 @@ static void test_gemm(void) {
                 e2 = fd_check(gemm_loss, &cx, Bd, br * ldb, gB, ib, nb, &m2);
                 CHECK(FD_OK(e1, m1) && FD_OK(e2, m2), "gemm ta=%d tb=%d beta=%g backward GEMMs vs finite differences: dA err %.3g, dB err %.3g",
                       ta, tb, beta, e1, e2);
-                worst_fd = fmax(worst_fd, fmax(e1, e2));
+                worst_fd = nmax(worst_fd, nmax(e1, e2));
                 if (bi == 1) {   /* bf16 operands and output, beta 1 accumulating into a bf16 C */
                     uint16_t *A16, *B16, *C16;
                     float *Cf;
@@ -498,7 +500,7 @@ static void test_xent(void) {
     e = 0;
     for (n = 0; n < N; n++) {
         int64_t best = 0;
-        e = fmax(e, fabs(loss[n] - ref_xent_row(zd + n * V, V, tgt[n])) / (1 + ref_xent_row(zd + n * V, V, tgt[n])));
+        e = nmax(e, fabs(loss[n] - ref_xent_row(zd + n * V, V, tgt[n])) / (1 + ref_xent_row(zd + n * V, V, tgt[n])));
         for (v = 1; v < V; v++) if (zd[n * V + v] > zd[n * V + best]) best = v;
         if (am[n] != best) bad++;
         if (tgt[n] < 0 && loss[n] != 0) bad++;
@@ -524,7 +526,7 @@ static void test_xent(void) {
         O0.xent(&O0, loss, am, z32, tgt, N, V, dscale, US_F32);
         O0.xent(&O0, l16, am16, z16, tgt, N, V, dscale, US_BF16);
         e = 0;
-        for (n = 0; n < N; n++) e = fmax(e, fabs(l16[n] - loss[n]));
+        for (n = 0; n < N; n++) e = nmax(e, fabs(l16[n] - loss[n]));
         CHECK(e <= 1e-6 && memcmp(am, am16, sizeof am) == 0, "xent bf16 losses/argmax equal fp32 on the same logits (max err %.3g)", e);
         CHECK(bf16_max_ulps(z16, z32, N * V) <= 1, "xent bf16 dlogits within 1 ulp of rounded fp32 (max %lld ulps)", (long long)bf16_max_ulps(z16, z32, N * V));
         free(z16); free(l16); free(z32);
@@ -555,10 +557,10 @@ static void test_adamw(void) {
             pd[i] *= 1 - (double)lr * wd;
             pd[i] -= lr * (md[i] / bc1) / (sqrt(vd[i] / bc2) + eps);
             pn[i] -= lr * (md[i] / bc1) / (sqrt(vd[i] / bc2) + eps);
-            epn = fmax(epn, fabs(p2[i] - pn[i]) / (1 + fabs(pn[i])));
-            ep = fmax(ep, fabs(p[i] - pd[i]) / (1 + fabs(pd[i])));
-            em = fmax(em, fabs(m[i] - md[i]) / (1e-3 + fabs(md[i])));
-            ev = fmax(ev, fabs(v[i] - vd[i]) / (1e-6 + fabs(vd[i])));
+            epn = nmax(epn, fabs(p2[i] - pn[i]) / (1 + fabs(pn[i])));
+            ep = nmax(ep, fabs(p[i] - pd[i]) / (1 + fabs(pd[i])));
+            em = nmax(em, fabs(m[i] - md[i]) / (1e-3 + fabs(md[i])));
+            ev = nmax(ev, fabs(v[i] - vd[i]) / (1e-6 + fabs(vd[i])));
             if (low[i] != us_f32_to_bf16(p[i])) badlow++;
         }
     }
@@ -665,7 +667,7 @@ static void test_lr(void) {
         double worst = 0;
         for (s = 10; s <= 110; s++) {
             double want = 1e-4 + 0.5 * (1e-3 - 1e-4) * (1 + cos(3.14159265358979323846 * (s - 10) / 100.0));
-            worst = fmax(worst, fabs(us_lr_at(&tc, s) - want));
+            worst = nmax(worst, fabs(us_lr_at(&tc, s) - want));
         }
         CHECK(worst <= 1e-9, "cosine matches lr_min + (lr-lr_min)/2·(1+cos(pi·progress)): max err %.3g", worst);
     }
