@@ -47,6 +47,8 @@ CHECKS = \
 
 RUNS = \
   "test_dtypes::./$(B)/test_dtypes" \
+  "test_gemm::./$(B)/test_gemm" \
+  "test_gemm (portable, no AVX2)::$(CC) -std=c99 -Wall -Wextra -pedantic -Werror -O2 $(OPENMP) tests/test_gemm.c -o $(B)/test_gemm_portable $(LDLIBS) && ./$(B)/test_gemm_portable" \
   "test_ops::./$(B)/test_ops" \
   "test_model::./$(B)/test_model" \
   "test_errors::./$(B)/test_errors" \
@@ -54,6 +56,7 @@ RUNS = \
   "memory CLI::bash tests/test_memory_cli.sh $(B)/memory" \
   "asan+ubsan test_dtypes::./$(B)/san/test_dtypes" \
   "asan+ubsan test_ops::./$(B)/san/test_ops" \
+  "asan+ubsan test_gemm::./$(B)/san/test_gemm" \
   "asan+ubsan test_model::./$(B)/san/test_model --quick" \
   "asan+ubsan test_errors::./$(B)/san/test_errors"
 
@@ -67,7 +70,7 @@ bench: $(B)/bench_cpu
 $(B)/bench_cpu: bench/bench_cpu.c $(HDR) | $(B)
 	@[ -f /usr/include/x86_64-linux-gnu/cblas.h ] || [ -f /usr/include/cblas.h ] || \
 	  (apt-get update -qq && apt-get install -y -qq libopenblas-dev) || (echo "bench: install libopenblas-dev" && false)
-	$(CC) $(CFLAGS) $< -o $@ -lopenblas $(LDLIBS)
+	$(CC) $(CFLAGS) -I/usr/include/x86_64-linux-gnu $< -o $@ -lopenblas $(LDLIBS)
 
 clean:
 	rm -rf $(B)

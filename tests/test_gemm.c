@@ -1,19 +1,11 @@
-/* gemm_test.c - correctness + determinism tests for us__gemm (dev/gemm_impl.h).
-   Build & run (fast AVX2 path and portable path; also try -fsanitize=address,undefined):
-     gcc -std=c99 -O2 -march=native -fopenmp -Wall -Wextra -pedantic dev/gemm_test.c -lm -o /tmp/gt && /tmp/gt
-     gcc -std=c99 -O2 -mno-avx2 -mno-fma -fopenmp dev/gemm_test.c -lm -o /tmp/gt0 && /tmp/gt0
-     g++ -O2 -march=native -fopenmp -Wall -Wextra -x c++ dev/gemm_test.c -o /tmp/gtpp && /tmp/gtpp */
-#include <stdint.h>
-#include <stddef.h>
-#include <string.h>
-#include <stdlib.h>
-#include <math.h>
-#include <stdio.h>
+/* test_gemm.c — the packed CPU GEMM (us__gemm, section >>gemm) against a double-precision
+   reference: every transpose, odd shapes, strides, alpha/beta, beta = 0 never reading C, bf16
+   in and out (RNE of the fp32 result), and bitwise determinism across thread counts.
+   `make test` also builds it without AVX2 (the portable path) and under the sanitizers. */
+#define ULTRASCALE_IMPLEMENTATION
+#include "../ultrascale.h"
 #include <float.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-#include "gemm_impl.h"
+#include <stdio.h>
 
 static int n_pass = 0, n_fail = 0;
 
@@ -244,6 +236,6 @@ int main(void) {
             run_det(ta, tb, 64, 4200, 70, 0, 0, 0);
         }
 
-    printf("gemm_test: %d passed, %d failed\n", n_pass, n_fail);
+    printf("test_gemm: %d passed, %d failed\n", n_pass, n_fail);
     return n_fail != 0;
 }
