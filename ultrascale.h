@@ -1395,6 +1395,18 @@ static double us__cpu_sumsq(us_ops *o, const float *x, int64_t n) {
    q, k and the saved log-sum-exp (FlashAttention-2). Query head h reads kv head h/(NH/NKV). */
 #define US__ATT_BLOCK 64
 
+/* Σ a·b with eight independent partial sums, combined in a fixed order: the compiler can
+   vectorise it (a single running sum cannot be reordered without -ffast-math) and the result
+   does not depend on threads. */
+static inline float us__dot(const float *a, const float *b, int n) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int d = 0, u;
+    for (; d + 8 <= n; d += 8)
+        for (u = 0; u < 8; u++) acc[u] += a[d + u] * b[d + u];
+    for (; d < n; d++) acc[d & 7] += a[d] * b[d];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
 /* K and V of one (batch, kv head) as fp32 [T, HS] each */
 static void us__load_kv(float *k, float *v, const void *qkv, int64_t b, int g, int64_t T, int NH, int NKV, int HS, us_dtype dt) {
     int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, t;
@@ -1425,9 +1437,7 @@ static void us__cpu_attention_fwd(us_ops *o, void *out, float *lse, const void *
                 int64_t j1 = j0 + US__ATT_BLOCK <= t + 1 ? j0 + US__ATT_BLOCK : t + 1;
                 float bm = -INFINITY, mnew, corr;
                 for (j = j0; j < j1; j++) {
-                    float dot = 0;
-                    for (d = 0; d < HS; d++) dot += q[d] * k[j * HS + d];
-                    s[j - j0] = dot * scale;
+                    s[j - j0] = us__dot(q, k + j * HS, HS) * scale;
                     if (s[j - j0] > bm) bm = s[j - j0];
                 }
                 mnew = m > bm ? m : bm;
@@ -1472,10 +1482,10 @@ static void us__cpu_attention_bwd(us_ops *o, void *dqkv, const void *dout, const
                 us__load_f32(q, us__at(qkv, dt, (b * T + t) * QKV + (int64_t)h * HS), dt, HS);
                 us__load_f32(ob, us__at(out, dt, orow), dt, HS);
                 us__load_f32(dob, us__at(dout, dt, orow), dt, HS);
-                for (d = 0; d < HS; d++) { D += dob[d] * ob[d]; dq[d] = 0; }
+                D = us__dot(dob, ob, HS);
+                for (d = 0; d < HS; d++) dq[d] = 0;
                 for (j = 0; j <= t; j++) {
-                    float sdot = 0, dp = 0, p, ds;
-                    for (d = 0; d < HS; d++) { sdot += q[d] * k[j * HS + d]; dp += dob[d] * v[j * HS + d]; }
+                    float sdot = us__dot(q, k + j * HS, HS), dp = us__dot(dob, v + j * HS, HS), p, ds;
                     p = expf(sdot * scale - L);
                     ds = p * (dp - D) * scale;
                     for (d = 0; d < HS; d++) {

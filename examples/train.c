@@ -20,8 +20,8 @@ static void usage(FILE *f) {
     fprintf(f,
         "usage: train [flags]\n"
         "model:\n"
-        "  --layers N        decoder layers (default 4)\n"
-        "  --dim N           model width C (default 128)\n"
+        "  --layers N        decoder layers (default 4; 2 for the built-in task)\n"
+        "  --dim N           model width C (default 128; 64 for the built-in task)\n"
         "  --heads N         attention heads (default 4)\n"
         "  --kv-heads N      key/value heads, < heads for GQA (default = heads)\n"
         "  --ffn N           SwiGLU hidden size (default 8/3*dim rounded up to 32)\n"
@@ -29,12 +29,12 @@ static void usage(FILE *f) {
         "  --tied            tie lm_head to the token embedding\n"
         "  --rope-theta X    RoPE base (default 10000)\n"
         "training:\n"
-        "  --seq N           tokens per sequence T (default 64)\n"
-        "  --batch N         sequences per micro-batch B (default 8)\n"
+        "  --seq N           tokens per sequence T (default 64; 71 = four problems for the task)\n"
+        "  --batch N         sequences per micro-batch B (default 8; 16 for the task)\n"
         "  --grad-accum N    micro-batches per optimizer step (default 1)\n"
-        "  --steps N         optimizer steps (default 1000)\n"
-        "  --lr X            peak learning rate (default 3e-3)\n"
-        "  --warmup N        linear warmup steps (default 0)\n"
+        "  --steps N         optimizer steps (default 1000; 1500 for the built-in task)\n"
+        "  --lr X            peak learning rate (default 3e-3; 1e-2 for the task)\n"
+        "  --warmup N        linear warmup steps (default 0; 20 for the task)\n"
         "  --schedule S      cosine | constant (default cosine)\n"
         "  --min-lr-frac X   cosine floor as a fraction of lr (default 0.1)\n"
         "  --wd X            AdamW weight decay on 2-D weights (default 0.1)\n"
@@ -166,7 +166,7 @@ int main(int argc, char **argv) {
     if (!data_path) {   /* the built-in task: a small model, sequences of whole problems */
         if (!tc.seq) tc.seq = 4 * US_TASK_LINE - 1;
         if (!tc.batch) tc.batch = 16;
-        if (!tc.steps) tc.steps = 600;
+        if (!tc.steps) tc.steps = 1500;
         if (!mc.n_layers) mc.n_layers = 2;
         if (!mc.dim) mc.dim = 64;
         if (tc.lr == 0) tc.lr = 1e-2f;
