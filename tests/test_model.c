@@ -125,6 +125,34 @@ static void test_accumulation(void) {
     us_model_free(&a); us_model_free(&b);
 }
 
+/* ---- global-norm clipping: a clipped step equals an unclipped step on gradients scaled by clip/norm */
+static void test_clipping(void) {
+    us_model_config mc = tiny_model();
+    us_train_config ta = tiny_train(2, 9), tb;
+    us_model a, b;
+    int32_t in[18], tgt[18];
+    double ls, norm = 0, maxd = 0;
+    float gn = 0;
+    int64_t i, valid;
+    ta.grad_clip = 0.05f;
+    tb = ta; tb.grad_clip = -1;   /* off */
+    us_model_init(&a, &mc, &ta, NULL);
+    us_model_init(&b, &mc, &tb, NULL);
+    random_tokens(in, tgt, 18, 19, 77);
+    valid = count_valid(tgt, 18);
+    us_model_zero_grad(&a); us_forward_backward(&a, in, tgt, 2, 9, (float)(1.0 / valid), &ls);
+    us_model_zero_grad(&b); us_forward_backward(&b, in, tgt, 2, 9, (float)(1.0 / valid), &ls);
+    for (i = 0; i < b.n_params; i++) norm += (double)b.grad[i] * b.grad[i];
+    norm = sqrt(norm);
+    for (i = 0; i < b.n_params; i++) b.grad[i] *= (float)(0.05 / norm);
+    us_optimizer_step(&a, &gn, NULL);
+    us_optimizer_step(&b, NULL, NULL);
+    CHECK(fabs(gn - norm) <= 1e-5 * norm && norm > 0.05, "reported norm %.6f is the pre-clip global norm %.6f", gn, norm);
+    for (i = 0; i < a.n_params; i++) if (fabs(a.master[i] - b.master[i]) > maxd) maxd = fabs(a.master[i] - b.master[i]);
+    CHECK(maxd < 1e-6, "clipped step equals the step on gradients scaled to norm 0.05 (max diff %.2e)", maxd);
+    us_model_free(&a); us_model_free(&b);
+}
+
 /* ---- the estimator's formula equals what the model really allocated */
 static void test_estimator(void) {
     int prec, mode, tied;
@@ -269,6 +297,7 @@ int main(int argc, char **argv) {
     test_recompute(US_PRECISION_FP32);
     test_recompute(US_PRECISION_BF16);
     test_accumulation();
+    test_clipping();
     test_estimator();
     test_params_and_determinism();
     test_sampling();
