@@ -12,15 +12,6 @@ static float bitsf(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static uint32_t fbits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static int is_nan_f(float f) { return f != f; }
 
-/* a tiny independent PRNG (splitmix64) so the test does not depend on the library's */
-static uint64_t rs = 0x9E3779B97F4A7C15ull;
-static uint64_t rnd64(void) {
-    uint64_t z = (rs += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static double rnd01(void) { return (double)(rnd64() >> 11) * (1.0 / 9007199254740992.0); }
 
 static void test_bf16(void) {
     uint32_t h;
@@ -212,6 +203,7 @@ static void test_sizes_and_cast(void) {
 }
 
 int main(int argc, char **argv) {
+    us_test_rs = 0x9E3779B97F4A7C15ull;
     us_test_verbose = argc > 1 && strcmp(argv[1], "-v") == 0;
     test_bf16();
     test_e4m3();

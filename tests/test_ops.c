@@ -11,14 +11,6 @@
 #include <string.h>
 
 /* ------------------------------------------------------------------ helpers */
-static uint64_t rs = 12345;
-static uint64_t rnd64(void) {
-    uint64_t z = (rs += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static double rnd01(void) { return (double)(rnd64() >> 11) * (1.0 / 9007199254740992.0); }
 static float rndu(float a) { return (float)((rnd01() * 2 - 1) * a); }   /* uniform in [-a, a) */
 
 static float *fvec(int64_t n, float a) { float *p = (float *)malloc((size_t)(n ? n : 1) * 4); int64_t i; for (i = 0; i < n; i++) p[i] = rndu(a); return p; }
