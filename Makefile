@@ -1,6 +1,7 @@
 # ultrascale — build the examples, run the default task, run the tests.
 #   make            build the examples into build/
 #   make train      learn the built-in task (sorting digits) on the CPU
+#   make train-cuda the same trainer compiled by nvcc, on the GPU (also: make CUDA=1)
 #   make test       every test: kernels, model, errors, CLIs, compile checks, sanitizers
 #   make bench      CPU benchmarks side by side with OpenBLAS (installs libopenblas-dev)
 CC      ?= cc
@@ -10,11 +11,16 @@ ARCH    ?= -march=native
 OPENMP  ?= -fopenmp
 CFLAGS  ?= -std=c99 -Wall -Wextra -pedantic -O3 $(ARCH) $(OPENMP)
 LDLIBS  ?= -lm
+NVFLAGS ?= -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompiler -fopenmp,-Wall,-Wextra
+NVLIBS   = -lcublasLt
 SANFLAGS = -std=c99 -Wall -Wextra -O1 -g $(ARCH) $(OPENMP) -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 B        = build
 HDR      = ultrascale.h
 
 EXAMPLES = $(B)/train $(B)/memory
+ifeq ($(CUDA),1)
+EXAMPLES += $(B)/train_cuda
+endif
 TESTS    = $(patsubst tests/%.c,$(B)/%,$(wildcard tests/test_*.c))
 SANTESTS = $(patsubst tests/%.c,$(B)/san/%,$(wildcard tests/test_*.c))
 
@@ -35,6 +41,16 @@ $(B)/san/test_%: tests/test_%.c tests/us_test.h $(HDR) | $(B)/san
 train: $(B)/train
 	./$(B)/train
 
+# the same trainer, compiled by nvcc with the CUDA backend
+$(B)/train_cuda: examples/train.c $(HDR) ultrascale_cuda.cuh | $(B)
+	$(NVCC) $(NVFLAGS) -x cu -DUS_CUDA $< -o $@ $(NVLIBS)
+
+train-cuda: $(B)/train_cuda
+	./$(B)/train_cuda
+
+$(B)/test_cuda: tests/test_cuda.cu tests/us_test.h $(HDR) ultrascale_cuda.cuh | $(B)
+	$(NVCC) $(NVFLAGS) $< -o $@ $(NVLIBS)
+
 # Compile checks: C99 pedantic with -Werror, C++, two translation units, ULTRASCALE_STATIC,
 # no OpenMP, and nvcc (the CUDA compiler sees the header as C++) when it is installed.
 CHECKS = \
@@ -43,7 +59,9 @@ CHECKS = \
   "two translation units::$(CC) -std=c99 -Wall -Wextra -pedantic -Werror -O2 tests/compile_a.c tests/compile_b.c -o $(B)/cc_2tu $(LDLIBS) && ./$(B)/cc_2tu" \
   "ULTRASCALE_STATIC::$(CC) -std=c99 -Wall -Wextra -pedantic -Werror -O2 -DULTRASCALE_STATIC -DUS_COMPILE_SINGLE tests/compile_a.c -o $(B)/cc_static $(LDLIBS)" \
   "without OpenMP::$(CC) -std=c99 -Wall -Wextra -pedantic -Werror -O2 -DUS_COMPILE_SINGLE tests/compile_a.c -o $(B)/cc_noomp $(LDLIBS)" \
-  "nvcc (header as C++)::if [ -x $(NVCC) ]; then $(NVCC) -x cu -std=c++17 -Xcompiler -Wall,-Wextra,-Werror -DUS_COMPILE_SINGLE -c tests/compile_a.c -o $(B)/cc_nvcc.o; else echo 'SKIP nvcc not installed'; fi"
+  "nvcc (header as C++)::if [ -x $(NVCC) ]; then $(NVCC) -x cu -std=c++17 -Xcompiler -Wall,-Wextra,-Werror -DUS_COMPILE_SINGLE -c tests/compile_a.c -o $(B)/cc_nvcc.o; else echo 'SKIP nvcc not installed'; fi" \
+  "nvcc: trainer with CUDA backend::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/train_cuda; else echo 'SKIP nvcc not installed'; fi" \
+  "nvcc: test_cuda::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/test_cuda; else echo 'SKIP nvcc not installed'; fi"
 
 RUNS = \
   "test_dtypes::./$(B)/test_dtypes" \
@@ -54,6 +72,7 @@ RUNS = \
   "test_errors::./$(B)/test_errors" \
   "train CLI::bash tests/test_train_cli.sh $(B)/train" \
   "memory CLI::bash tests/test_memory_cli.sh $(B)/memory" \
+  "test_cuda (needs a GPU)::if [ -x $(B)/test_cuda ]; then ./$(B)/test_cuda; else echo 'SKIP not built'; fi" \
   "asan+ubsan test_dtypes::./$(B)/san/test_dtypes" \
   "asan+ubsan test_ops::./$(B)/san/test_ops" \
   "asan+ubsan test_gemm::./$(B)/san/test_gemm" \
@@ -75,4 +94,4 @@ $(B)/bench_cpu: bench/bench_cpu.c $(HDR) | $(B)
 clean:
 	rm -rf $(B)
 
-.PHONY: all train test bench clean
+.PHONY: all train train-cuda test bench clean

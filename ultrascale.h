@@ -227,6 +227,11 @@ struct us_ops {
                    float lr, float beta1, float beta2, float eps, float wd, float gscale, int step);
     /* host: Σ x² over f32[n], accumulated in double */
     double (*sumsq)(us_ops *o, const float *x, int64_t n);
+    /* NULL while all is well, else the first error the backend recorded (may itself be NULL
+       for backends that cannot fail, like the CPU one) */
+    const char *(*error)(us_ops *o);
+    /* bytes of backend memory held now and at most, over alloc/free (kept by the backend) */
+    size_t bytes_in_use, bytes_peak;
 };
 /* The CPU reference ops. nthreads 0 = all OpenMP threads. */
 US_API us_ops us_cpu_ops(int nthreads);
@@ -1151,16 +1156,22 @@ static int us__threads(const us_ops *o) { (void)o; return 1; }
 #endif
 
 static void *us__cpu_alloc(us_ops *o, size_t bytes) {
-    /* over-allocate and stash the raw pointer just below the aligned block */
-    char *raw = (char *)US_MALLOC(bytes + 64 + sizeof(void *)), *p;
-    (void)o;
+    /* over-allocate; stash the raw pointer and the size just below the aligned block */
+    char *raw = (char *)US_MALLOC(bytes + 64 + 2 * sizeof(void *)), *p;
     if (!raw) return NULL;
-    p = (char *)(((uintptr_t)raw + sizeof(void *) + 63) & ~(uintptr_t)63);
+    p = (char *)(((uintptr_t)raw + 2 * sizeof(void *) + 63) & ~(uintptr_t)63);
     ((void **)p)[-1] = raw;
+    ((size_t *)p)[-2] = bytes;
     memset(p, 0, bytes);
+    o->bytes_in_use += bytes;
+    if (o->bytes_in_use > o->bytes_peak) o->bytes_peak = o->bytes_in_use;
     return p;
 }
-static void us__cpu_free(us_ops *o, void *p) { (void)o; if (p) US_FREE(((void **)p)[-1]); }
+static void us__cpu_free(us_ops *o, void *p) {
+    if (!p) return;
+    o->bytes_in_use -= ((size_t *)p)[-2];
+    US_FREE(((void **)p)[-1]);
+}
 static void us__cpu_zero(us_ops *o, void *p, size_t bytes) { (void)o; memset(p, 0, bytes); }
 static void us__cpu_copy(us_ops *o, void *dst, const void *src, size_t bytes, us_copy_kind kind) {
     (void)o; (void)kind;
@@ -1743,6 +1754,14 @@ static void us__model_set_error(us_model *m, const char *fmt, ...) {
 }
 US_API const char *us_model_error(const us_model *m) { return m->err; }
 
+/* A backend that failed (a CUDA error, say) turns the next result into US_ERR_BACKEND. */
+static us_result us__backend_check(us_model *m) {
+    const char *e = m->ops.error ? m->ops.error(&m->ops) : NULL;
+    if (!e) return US_OK;
+    us__model_set_error(m, "%s backend: %s", m->ops.name, e);
+    return US_ERR_BACKEND;
+}
+
 static void us__init_weights(us_model *m) {
     /* each tensor draws from its own stream seeded by (seed, index): the values do not depend
        on the order tensors are visited, so sharded ranks can initialise their own parts */
@@ -1799,7 +1818,7 @@ US_API us_result us_model_init(us_model *m, const us_model_config *mc, const us_
     m->mem.optimizer = 2 * n4;
     m->mem.total = m->mem.params + m->mem.master + m->mem.grads + m->mem.optimizer + m->mem.activations;
     us__init_weights(m);
-    return US_OK;
+    return us__backend_check(m);
 }
 
 US_API void us_model_free(us_model *m) {
@@ -1918,6 +1937,7 @@ static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *
     losses = (float *)US_MALLOC((size_t)N * 4);
     if (!losses) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
     o->copy(o, losses, m->a[US__A_LOSSES], (size_t)N * 4, US_COPY_D2H);
+    if ((r = us__backend_check(m)) != US_OK) { US_FREE(losses); return r; }
     *loss_sum = 0;
     for (i = 0; i < N; i++) *loss_sum += losses[i];
     US_FREE(losses);
@@ -1973,7 +1993,7 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
         o->adamw(o, m->master + p->offset, m->grad + p->offset, m->adam_m + p->offset, m->adam_v + p->offset, low, m->dt,
                  p->numel, lr, tc->beta1, tc->beta2, tc->adam_eps, p->decay ? wd : 0.0f, gscale, m->step);
     }
-    return US_OK;
+    return us__backend_check(m);
 }
 
 US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t *targets, us_step_stats *st) {

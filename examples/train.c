@@ -5,10 +5,17 @@
    With --data FILE it trains on raw text (byte tokens) or an llm.c token shard:
        build/train --data input.txt --steps 2000 --seq 256 --dim 256 --layers 6
    Every step prints one line; --log FILE.jsonl writes one JSON object per step with the keys
-   step, loss, lr, grad_norm, tok_s, mfu, mem_bytes (+ eval_loss, eval_acc on eval steps). */
+   step, loss, lr, grad_norm, tok_s, mfu, mem_bytes (+ eval_loss, eval_acc on eval steps).
+   Compiled with nvcc and -DUS_CUDA (make train-cuda) it trains on the GPU by default. */
+#ifndef __cplusplus
 #define _POSIX_C_SOURCE 199309L
+#endif
 #define ULTRASCALE_IMPLEMENTATION
+#ifdef US_CUDA   /* the same file, compiled by nvcc: make train-cuda */
+#include "../ultrascale_cuda.cuh"
+#else
 #include "../ultrascale.h"
+#endif
 
 #include <errno.h>
 #include <stdio.h>
@@ -43,6 +50,8 @@ static void usage(FILE *f) {
         "  --recompute R     none | selective | full (default none)\n"
         "  --seed N          seed for init and data (default 1337)\n"
         "  --threads N       CPU threads (default: all)\n"
+        "  --device D        cpu | cuda (default: cuda in the CUDA build, else cpu)\n"
+        "  --gpu N           CUDA device index (default 0)\n"
         "data and output:\n"
         "  --data FILE       raw text (byte tokens) or llm.c .bin shard; default: the built-in sorting task\n"
         "  --log FILE.jsonl  one JSON object per step\n"
@@ -50,7 +59,8 @@ static void usage(FILE *f) {
         "  --sample N        after training, sample N tokens (default 0)\n"
         "  --temperature X   sampling temperature, 0 = greedy (default 0.8)\n"
         "  --top-k N         sample from the k most likely tokens, 0 = all (default 0)\n"
-        "  --peak-tflops X   peak used for MFU (default: 0.096 per CPU thread, AVX2 FMA at 3 GHz)\n"
+        "  --peak-tflops X   peak used for MFU (default: 989 on CUDA, the H100/H200 dense bf16 peak;\n"
+        "                    0.096 per CPU thread, AVX2 FMA at 3 GHz)\n"
         "  --quiet           print only the summary\n"
         "  --help            this text\n");
 }
@@ -91,7 +101,15 @@ int main(int argc, char **argv) {
     us_model_config mc;
     us_train_config tc;
     const char *data_path = NULL, *log_path = NULL;
-    int eval_every = 100, sample_n = 0, top_k = 0, quiet = 0, i, vocab = 0, dim = 0, ffn = 0;
+    int eval_every = 100, sample_n = 0, top_k = 0, quiet = 0, i, vocab = 0, dim = 0, ffn = 0, gpu = 0;
+#ifdef US_CUDA
+    int use_cuda = 1;
+    us_ops ops;
+#else
+    int use_cuda = 0;
+#endif
+    us_ops *opsp = NULL;
+    char devname[160] = "cpu";
     float temperature = 0.8f, peak_tflops = 0, clip = 1.0f;
     us_data data;
     us_task task, eval_task;
@@ -133,6 +151,18 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--clip")) ok = parse_float(v, 0, 1e30f, &clip);
         else if (!strcmp(f, "--seed")) { int s; ok = parse_int(v, 1, 0x7fffffff, &s); tc.seed = (uint64_t)s; }
         else if (!strcmp(f, "--threads")) ok = parse_int(v, 1, 4096, &tc.threads);
+        else if (!strcmp(f, "--gpu")) ok = parse_int(v, 0, 1023, &gpu);
+        else if (!strcmp(f, "--device")) {
+            if (!strcmp(v, "cpu")) use_cuda = 0;
+            else if (!strcmp(v, "cuda")) {
+#ifdef US_CUDA
+                use_cuda = 1;
+#else
+                fprintf(stderr, "train: this build has no CUDA backend; build it with make train-cuda\n");
+                return 2;
+#endif
+            } else return bad("--device must be cpu or cuda, got", v);
+        }
         else if (!strcmp(f, "--data")) data_path = v;
         else if (!strcmp(f, "--log")) log_path = v;
         else if (!strcmp(f, "--eval-every")) ok = parse_int(v, 0, 1 << 30, &eval_every);
@@ -194,7 +224,15 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if ((r = us_model_init(&m, &mc, &tc, NULL)) != US_OK) {
+#ifdef US_CUDA
+    if (use_cuda) {
+        if (us_cuda_ops(&ops, gpu, err, sizeof err) != US_OK) { fprintf(stderr, "train: %s\n", err); us_data_free(&data); return 1; }
+        us_cuda_describe(&ops, devname, sizeof devname);
+        opsp = &ops;
+    }
+#endif
+    (void)gpu;
+    if ((r = us_model_init(&m, &mc, &tc, opsp)) != US_OK) {
         fprintf(stderr, "train: %s\n", us_model_error(&m));
         us_data_free(&data);
         return 1;
@@ -204,6 +242,7 @@ int main(int argc, char **argv) {
         us_model_free(&m); us_data_free(&data);
         return 1;
     }
+    if (peak_tflops == 0 && use_cuda) peak_tflops = 989.0f;
     if (peak_tflops == 0) {
         int th = tc.threads;
 #ifdef _OPENMP
@@ -222,11 +261,11 @@ int main(int argc, char **argv) {
     us_rng_seed(&rng, tc.seed);
     flops_tok = us_flops_per_token(&m.cfg, tc.seq);
     if (!quiet)
-        printf("model: %lld params (L=%d C=%lld NH=%d NKV=%d F=%lld V=%lld%s) | %s | recompute %s | B=%d T=%d accum=%d | %s | memory %.2f MiB\n",
+        printf("model: %lld params (L=%d C=%lld NH=%d NKV=%d F=%lld V=%lld%s) | %s | recompute %s | B=%d T=%d accum=%d | %s | %s | memory %.2f MiB\n",
                (long long)m.n_params, m.cfg.n_layers, (long long)m.cfg.dim, m.cfg.n_heads, m.cfg.n_kv_heads,
                (long long)m.cfg.ffn_dim, (long long)m.cfg.vocab, m.cfg.tie_embeddings ? " tied" : "",
                us_precision_name(m.tc.precision), us_recompute_name(m.tc.recompute), tc.batch, tc.seq, tc.grad_accum,
-               data_path ? data_path : "task: sort 8 digits", (double)m.mem.total / 1048576.0);
+               data_path ? data_path : "task: sort 8 digits", devname, (double)m.mem.total / 1048576.0);
     t_start = now_s();
     for (i = 0; i < tc.steps; i++) {
         us_step_stats st;
@@ -255,13 +294,13 @@ int main(int argc, char **argv) {
         }
         if (!quiet) {
             printf("step %5d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% | mem %.2f MiB",
-                   st.step, st.loss, st.lr, st.grad_norm, tok_s, 100 * mfu, (double)m.mem.total / 1048576.0);
+                   st.step, st.loss, st.lr, st.grad_norm, tok_s, 100 * mfu, (double)m.ops.bytes_peak / 1048576.0);
             if (eval_loss >= 0) printf(" | eval loss %.4f acc %.3f", eval_loss, eval_acc);
             printf("\n");
         }
         if (logf) {
             fprintf(logf, "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"tok_s\": %.1f, \"mfu\": %.6f, \"mem_bytes\": %zu, \"time_s\": %.3f",
-                    st.step, st.loss, st.lr, st.grad_norm, tok_s, mfu, m.mem.total, now_s() - t_start);
+                    st.step, st.loss, st.lr, st.grad_norm, tok_s, mfu, m.ops.bytes_peak, now_s() - t_start);
             if (eval_loss >= 0) fprintf(logf, ", \"eval_loss\": %.6f, \"eval_acc\": %.6f", eval_loss, eval_acc);
             fprintf(logf, "}\n");
             fflush(logf);
@@ -292,6 +331,9 @@ int main(int argc, char **argv) {
     if (logf) fclose(logf);
     free(in); free(tgt);
     us_model_free(&m);
+#ifdef US_CUDA
+    if (opsp) us_cuda_ops_free(opsp);
+#endif
     us_data_free(&data);
     return r == US_OK ? 0 : 1;
 }

@@ -1,0 +1,253 @@
+/* test_cuda.cu — every CUDA op against the CPU reference, then whole-model training on the GPU
+   against the CPU run. Built by `make test` everywhere (so the CUDA code cannot rot); without a
+   GPU it prints SKIP and the runner counts it as skipped. */
+#define ULTRASCALE_IMPLEMENTATION
+#include "../ultrascale_cuda.cuh"
+#include "us_test.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static us_ops G, Ccpu;   /* the GPU ops and the CPU reference ops */
+
+static void *up(const void *h, size_t bytes) { void *d = G.alloc(&G, bytes); G.copy(&G, d, h, bytes, US_COPY_H2D); return d; }
+static void down(void *h, const void *d, size_t bytes) { G.copy(&G, h, d, bytes, US_COPY_D2H); }
+static float *rnd_f32(int64_t n, float a) { float *x = (float *)malloc((size_t)n * 4); int64_t i; for (i = 0; i < n; i++) x[i] = (float)((rnd01() * 2 - 1) * a); return x; }
+/* host buffer of dtype dt holding x (rounded when bf16) */
+static void *as_dt(const float *x, int64_t n, us_dtype dt) {
+    void *h = malloc((size_t)n * us_dtype_size(dt));
+    int64_t i;
+    for (i = 0; i < n; i++) { if (dt == US_F32) ((float *)h)[i] = x[i]; else ((uint16_t *)h)[i] = us_f32_to_bf16(x[i]); }
+    return h;
+}
+static double get(const void *h, us_dtype dt, int64_t i) { return dt == US_F32 ? ((const float *)h)[i] : us_bf16_to_f32(((const uint16_t *)h)[i]); }
+/* ‖gpu − cpu‖ / ‖cpu‖ over n elements of dtype dt (both host); NaN anywhere fails */
+static double relerr(const void *gpu, const void *cpu, us_dtype dt, int64_t n) {
+    double num = 0, den = 0;
+    int64_t i;
+    for (i = 0; i < n; i++) {
+        double a = get(gpu, dt, i), b = get(cpu, dt, i);
+        if (a != a || b != b) return INFINITY;
+        num += (a - b) * (a - b); den += b * b;
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+static double tol(us_dtype dt) { return dt == US_F32 ? 2e-5 : 1e-2; }
+
+/* Runs one op on both backends: host buffers in, compares the listed outputs. */
+typedef struct { void *h; size_t bytes; void *d; } buf;
+static buf mk(const void *h, size_t bytes) { buf b; b.h = malloc(bytes); memcpy(b.h, h, bytes); b.bytes = bytes; b.d = up(h, bytes); return b; }
+static void fin(buf *b) { G.free(&G, b->d); free(b->h); }
+static void cmp(const char *what, buf *b, us_dtype dt, int64_t n) {
+    void *g = malloc(b->bytes);
+    double e;
+    down(g, b->d, b->bytes);
+    e = relerr(g, b->h, dt, n);
+    CHECK(e <= tol(dt), "%-28s %s rel err %.2e", what, us_dtype_name(dt), e);
+    free(g);
+}
+
+static void test_ops(us_dtype dt) {
+    int64_t B = 2, T = 37, NH = 4, NKV = 2, HS = 16, C = NH * HS, N = B * T, F = 40, V = 300;
+    int64_t QKV = (NH + 2 * NKV) * HS, i;
+    size_t a = us_dtype_size(dt);
+    float *x = rnd_f32(N * C, 1), *w = rnd_f32(C, 1), *q = rnd_f32(N * QKV, 1), *dy = rnd_f32(N * C * 4, 1);
+    float *gu = rnd_f32(N * 2 * F, 2), *lg = rnd_f32(N * V, 3), *wt = rnd_f32(V * C, 1), *acc = rnd_f32(N * C, 1);
+    int32_t *tok = (int32_t *)malloc((size_t)N * 4), *tgt = (int32_t *)malloc((size_t)N * 4);
+    void *hx = as_dt(x, N * C, dt), *hw = as_dt(w, C, dt), *hq = as_dt(q, N * QKV, dt), *hdy = as_dt(dy, N * C * 4, dt);
+    void *hgu = as_dt(gu, N * 2 * F, dt), *hlg = as_dt(lg, N * V, dt), *hwt = as_dt(wt, V * C, dt), *hacc = as_dt(acc, N * C, dt);
+    for (i = 0; i < N; i++) { tok[i] = (int32_t)(rnd64() % V); tgt[i] = i % 7 == 3 ? -1 : (int32_t)(rnd64() % V); }
+    {   /* GEMM: the three shapes a linear layer uses, beta 0 and 1 */
+        float *A = rnd_f32(N * C, 1), *Bm = rnd_f32(3 * C * C, 1), *Cf = rnd_f32(N * 3 * C, 1);
+        void *hA = as_dt(A, N * C, dt), *hB = as_dt(Bm, 3 * C * C, dt), *hC = as_dt(Cf, N * 3 * C, dt);
+        buf bA = mk(hA, N * C * a), bB = mk(hB, 3 * C * C * a), bC = mk(hC, N * 3 * C * a), bW = mk(Cf, 3 * C * C * 4);
+        Ccpu.gemm(&Ccpu, 0, 1, N, 3 * C, C, 1, bA.h, dt, C, bB.h, dt, C, 0, bC.h, dt, 3 * C);
+        G.gemm(&G, 0, 1, N, 3 * C, C, 1, bA.d, dt, C, bB.d, dt, C, 0, bC.d, dt, 3 * C);
+        cmp("gemm y = x·Wᵀ", &bC, dt, N * 3 * C);
+        Ccpu.gemm(&Ccpu, 0, 0, N, C, 3 * C, 1, bC.h, dt, 3 * C, bB.h, dt, C, 1, bA.h, dt, C);
+        G.gemm(&G, 0, 0, N, C, 3 * C, 1, bC.d, dt, 3 * C, bB.d, dt, C, 1, bA.d, dt, C);
+        cmp("gemm dx += dy·W (beta 1)", &bA, dt, N * C);
+        Ccpu.gemm(&Ccpu, 1, 0, 3 * C, C, N, 1, bC.h, dt, 3 * C, bA.h, dt, C, 1, bW.h, US_F32, C);
+        G.gemm(&G, 1, 0, 3 * C, C, N, 1, bC.d, dt, 3 * C, bA.d, dt, C, 1, bW.d, US_F32, C);
+        cmp("gemm dW += dyᵀ·x (fp32 out)", &bW, US_F32, 3 * C * C);
+        fin(&bA); fin(&bB); fin(&bC); fin(&bW); free(A); free(Bm); free(Cf); free(hA); free(hB); free(hC);
+    }
+    {   /* embedding */
+        buf bt = mk(tok, N * 4), bw = mk(hwt, V * C * a), bo = mk(hx, N * C * a), bd = mk(wt, V * C * 4);
+        Ccpu.embedding_fwd(&Ccpu, bo.h, (int32_t *)bt.h, bw.h, N, C, dt);
+        G.embedding_fwd(&G, bo.d, (int32_t *)bt.d, bw.d, N, C, dt);
+        cmp("embedding fwd", &bo, dt, N * C);
+        Ccpu.embedding_bwd(&Ccpu, (float *)bd.h, hdy, (int32_t *)bt.h, N, C, dt);
+        {
+            buf bdy = mk(hdy, N * C * a);
+            G.embedding_bwd(&G, (float *)bd.d, bdy.d, (int32_t *)bt.d, N, C, dt);
+            cmp("embedding bwd (dwte +=)", &bd, US_F32, V * C);
+            fin(&bdy);
+        }
+        fin(&bt); fin(&bw); fin(&bo); fin(&bd);
+    }
+    {   /* RMSNorm */
+        float *rs = rnd_f32(N, 1), *dw0 = rnd_f32(C, 1);
+        buf bx = mk(hx, N * C * a), bw = mk(hw, C * a), bo = mk(hacc, N * C * a), br = mk(rs, N * 4), bdy = mk(hdy, N * C * a);
+        buf bdx = mk(hacc, N * C * a), bdw = mk(dw0, C * 4);
+        Ccpu.rmsnorm_fwd(&Ccpu, bo.h, (float *)br.h, bx.h, bw.h, N, C, 1e-5f, dt);
+        G.rmsnorm_fwd(&G, bo.d, (float *)br.d, bx.d, bw.d, N, C, 1e-5f, dt);
+        cmp("rmsnorm fwd", &bo, dt, N * C);
+        cmp("rmsnorm rstd", &br, US_F32, N);
+        Ccpu.rmsnorm_bwd(&Ccpu, bdx.h, (float *)bdw.h, bdy.h, bx.h, bw.h, (float *)br.h, N, C, dt);
+        G.rmsnorm_bwd(&G, bdx.d, (float *)bdw.d, bdy.d, bx.d, bw.d, (float *)br.d, N, C, dt);
+        cmp("rmsnorm bwd dx (+=)", &bdx, dt, N * C);
+        cmp("rmsnorm bwd dw (+=)", &bdw, US_F32, C);
+        fin(&bx); fin(&bw); fin(&bo); fin(&br); fin(&bdy); fin(&bdx); fin(&bdw); free(rs); free(dw0);
+    }
+    {   /* RoPE, attention */
+        buf bq = mk(hq, N * QKV * a), bo = mk(hx, N * C * a), bl = mk(x, B * NH * T * 4), bdo = mk(hdy, N * C * a), bdq = mk(hq, N * QKV * a);
+        Ccpu.rope_fwd(&Ccpu, bq.h, B, T, NH, NKV, HS, 10000.0f, dt);
+        G.rope_fwd(&G, bq.d, B, T, NH, NKV, HS, 10000.0f, dt);
+        cmp("rope fwd", &bq, dt, N * QKV);
+        Ccpu.attention_fwd(&Ccpu, bo.h, (float *)bl.h, bq.h, B, T, NH, NKV, HS, dt);
+        G.attention_fwd(&G, bo.d, (float *)bl.d, bq.d, B, T, NH, NKV, HS, dt);
+        cmp("attention fwd", &bo, dt, N * C);
+        cmp("attention lse", &bl, US_F32, B * NH * T);
+        Ccpu.attention_bwd(&Ccpu, bdq.h, bdo.h, bq.h, bo.h, (float *)bl.h, B, T, NH, NKV, HS, dt);
+        G.attention_bwd(&G, bdq.d, bdo.d, bq.d, bo.d, (float *)bl.d, B, T, NH, NKV, HS, dt);
+        cmp("attention bwd dqkv", &bdq, dt, N * QKV);
+        Ccpu.rope_bwd(&Ccpu, bdq.h, B, T, NH, NKV, HS, 10000.0f, dt);
+        G.rope_bwd(&G, bdq.d, B, T, NH, NKV, HS, 10000.0f, dt);
+        cmp("rope bwd", &bdq, dt, N * QKV);
+        fin(&bq); fin(&bo); fin(&bl); fin(&bdo); fin(&bdq);
+    }
+    {   /* SwiGLU */
+        buf bg = mk(hgu, N * 2 * F * a), bh = mk(hgu, N * F * a), bdh = mk(hdy, N * F * a), bdg = mk(hgu, N * 2 * F * a);
+        Ccpu.swiglu_fwd(&Ccpu, bh.h, bg.h, N, F, dt);
+        G.swiglu_fwd(&G, bh.d, bg.d, N, F, dt);
+        cmp("swiglu fwd", &bh, dt, N * F);
+        Ccpu.swiglu_bwd(&Ccpu, bdg.h, bdh.h, bg.h, N, F, dt);
+        G.swiglu_bwd(&G, bdg.d, bdh.d, bg.d, N, F, dt);
+        cmp("swiglu bwd", &bdg, dt, N * 2 * F);
+        fin(&bg); fin(&bh); fin(&bdh); fin(&bdg);
+    }
+    {   /* fused cross-entropy, with the argmax */
+        buf bl = mk(hlg, N * V * a), bt = mk(tgt, N * 4), bls = mk(x, N * 4), bam = mk(tok, N * 4);
+        int32_t *am = (int32_t *)malloc((size_t)N * 4);
+        int64_t same = 0;
+        Ccpu.xent(&Ccpu, (float *)bls.h, (int32_t *)bam.h, bl.h, (int32_t *)bt.h, N, V, 0.01f, dt);
+        G.xent(&G, (float *)bls.d, (int32_t *)bam.d, bl.d, (int32_t *)bt.d, N, V, 0.01f, dt);
+        cmp("xent losses", &bls, US_F32, N);
+        cmp("xent dlogits", &bl, dt, N * V);
+        down(am, bam.d, (size_t)N * 4);
+        for (i = 0; i < N; i++) same += am[i] == ((int32_t *)bam.h)[i];
+        CHECK(same == N, "xent argmax agrees on %lld of %lld rows", (long long)same, (long long)N);
+        fin(&bl); fin(&bt); fin(&bls); fin(&bam); free(am);
+    }
+    {   /* AdamW with a bf16 copy, Σx² */
+        int64_t n = 1000;
+        float *p = rnd_f32(n, 1), *g = rnd_f32(n, 1), *m = rnd_f32(n, 0.1f), *v = rnd_f32(n, 0.1f);
+        for (i = 0; i < n; i++) v[i] = fabsf(v[i]);
+        {
+            buf bp = mk(p, n * 4), bg = mk(g, n * 4), bm = mk(m, n * 4), bv = mk(v, n * 4), blow = mk(p, n * a);
+            double sc = Ccpu.sumsq(&Ccpu, g, n), sg = G.sumsq(&G, (float *)bg.d, n);
+            CHECK(fabs(sc - sg) <= 1e-12 * sc, "sumsq %.15g vs %.15g", sg, sc);
+            Ccpu.adamw(&Ccpu, (float *)bp.h, (float *)bg.h, (float *)bm.h, (float *)bv.h, blow.h, dt, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 3);
+            G.adamw(&G, (float *)bp.d, (float *)bg.d, (float *)bm.d, (float *)bv.d, blow.d, dt, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 3);
+            cmp("adamw params", &bp, US_F32, n);
+            cmp("adamw low-precision copy", &blow, dt, n);
+            fin(&bp); fin(&bg); fin(&bm); fin(&bv); fin(&blow);
+        }
+        free(p); free(g); free(m); free(v);
+    }
+    CHECK(G.error(&G) == NULL, "no CUDA error recorded (%s)", G.error(&G) ? G.error(&G) : "");
+    free(x); free(w); free(q); free(dy); free(gu); free(lg); free(wt); free(acc); free(tok); free(tgt);
+    free(hx); free(hw); free(hq); free(hdy); free(hgu); free(hlg); free(hwt); free(hacc);
+}
+
+/* Attention at the shapes flash attention handles (bf16, HS 64 and 128, several tile tails). */
+static void test_attention_shapes(void) {
+    int cases[][5] = {{1, 1, 4, 4, 64}, {2, 100, 8, 2, 64}, {1, 257, 4, 4, 128}, {2, 130, 8, 2, 128}, {1, 1024, 2, 1, 128}};
+    int k;
+    for (k = 0; k < 5; k++) {
+        int64_t B = cases[k][0], T = cases[k][1], NH = cases[k][2], NKV = cases[k][3], HS = cases[k][4];
+        int64_t QKV = (NH + 2 * NKV) * HS, N = B * T, C = NH * HS;
+        float *q = rnd_f32(N * QKV, 1), *dy = rnd_f32(N * C, 1);
+        void *hq = as_dt(q, N * QKV, US_BF16), *hdy = as_dt(dy, N * C, US_BF16);
+        buf bq = mk(hq, N * QKV * 2), bo = mk(hdy, N * C * 2), bl = mk(dy, B * NH * T * 4), bdo = mk(hdy, N * C * 2), bdq = mk(hq, N * QKV * 2);
+        char what[96];
+        Ccpu.attention_fwd(&Ccpu, bo.h, (float *)bl.h, bq.h, B, T, (int)NH, (int)NKV, (int)HS, US_BF16);
+        G.attention_fwd(&G, bo.d, (float *)bl.d, bq.d, B, T, (int)NH, (int)NKV, (int)HS, US_BF16);
+        snprintf(what, sizeof what, "attn B%lld T%lld %lld/%lld HS%lld fwd", (long long)B, (long long)T, (long long)NH, (long long)NKV, (long long)HS);
+        cmp(what, &bo, US_BF16, N * C);
+        cmp("   lse", &bl, US_F32, B * NH * T);
+        /* the backward from the CPU's forward output, so both see the same O and lse */
+        G.copy(&G, bo.d, bo.h, bo.bytes, US_COPY_H2D);
+        G.copy(&G, bl.d, bl.h, bl.bytes, US_COPY_H2D);
+        Ccpu.attention_bwd(&Ccpu, bdq.h, bdo.h, bq.h, bo.h, (float *)bl.h, B, T, (int)NH, (int)NKV, (int)HS, US_BF16);
+        G.attention_bwd(&G, bdq.d, bdo.d, bq.d, bo.d, (float *)bl.d, B, T, (int)NH, (int)NKV, (int)HS, US_BF16);
+        cmp("   bwd dqkv", &bdq, US_BF16, N * QKV);
+        fin(&bq); fin(&bo); fin(&bl); fin(&bdo); fin(&bdq);
+        free(q); free(dy); free(hq); free(hdy);
+    }
+}
+
+/* The same training run on the CPU and the GPU: losses agree step by step. */
+static void test_training(us_precision prec, us_recompute rc) {
+    us_model_config mc;
+    us_train_config tc;
+    us_model a, b;
+    us_task task;
+    int32_t *in, *tgt;
+    float worst = 0;
+    int s;
+    memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
+    mc.n_layers = 2; mc.dim = 128; mc.n_heads = 2; mc.n_kv_heads = 1;   /* HS 64: the flash path under bf16 */
+    tc.batch = 4; tc.seq = 71; tc.steps = 20; tc.lr = 3e-3f; tc.precision = prec; tc.recompute = rc;
+    CHECK(us_model_init(&a, &mc, &tc, NULL) == US_OK, "cpu model");
+    CHECK(us_model_init(&b, &mc, &tc, &G) == US_OK, "gpu model: %s", us_model_error(&b));
+    in = (int32_t *)malloc((size_t)tc.batch * tc.seq * 4); tgt = (int32_t *)malloc((size_t)tc.batch * tc.seq * 4);
+    us_task_init(&task, 5);
+    for (s = 0; s < 8; s++) {
+        us_step_stats sa, sb;
+        us_task_batch(&task, tc.batch, tc.seq, in, tgt);
+        us_train_step(&a, in, tgt, &sa);
+        if (us_train_step(&b, in, tgt, &sb) != US_OK) { CHECK(0, "gpu step: %s", us_model_error(&b)); break; }
+        if (fabsf(sa.loss - sb.loss) / sa.loss > worst) worst = fabsf(sa.loss - sb.loss) / sa.loss;
+    }
+    CHECK(worst < (prec == US_PRECISION_BF16 ? 2e-2f : 1e-4f), "%s recompute %s: GPU losses follow the CPU run over 8 steps (worst rel diff %.2e)",
+          us_precision_name(prec), us_recompute_name(rc), worst);
+    CHECK(b.ops.bytes_peak >= b.mem.total, "device peak %zu bytes covers the model's %zu", b.ops.bytes_peak, b.mem.total);
+    free(in); free(tgt);
+    us_model_free(&a); us_model_free(&b);
+}
+
+static void test_errors(void) {
+    us_ops o;
+    us_model_config mc;
+    us_train_config tc;
+    us_model m;
+    char err[256];
+    CHECK(us_cuda_ops(&o, 99, err, sizeof err) == US_ERR_INVALID && strstr(err, "does not exist"), "device 99: %s", err);
+    memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
+    mc.dim = 8192; mc.n_layers = 400; mc.n_heads = 64; mc.vocab = 256000;   /* ~330 B parameters: cannot fit */
+    CHECK(us_model_init(&m, &mc, &tc, &G) == US_ERR_OOM && strstr(us_model_error(&m), "out of memory"), "oversized model: %s", us_model_error(&m));
+    CHECK(G.error(&G) == NULL, "an out-of-memory model leaves the backend usable");
+}
+
+int main(int argc, char **argv) {
+    char err[256], desc[128];
+    int i;
+    for (i = 1; i < argc; i++) if (!strcmp(argv[i], "-v")) us_test_verbose = 1;
+    if (us_cuda_device_count() == 0) { printf("SKIP no CUDA device\n"); return 0; }
+    if (us_cuda_ops(&G, 0, err, sizeof err) != US_OK) { printf("cannot start CUDA: %s\n", err); return 1; }
+    Ccpu = us_cpu_ops(0);
+    us_cuda_describe(&G, desc, sizeof desc);
+    printf("device: %s\n", desc);
+    test_ops(US_F32);
+    test_ops(US_BF16);
+    test_attention_shapes();
+    test_training(US_PRECISION_FP32, US_RECOMPUTE_NONE);
+    test_training(US_PRECISION_BF16, US_RECOMPUTE_NONE);
+    test_training(US_PRECISION_BF16, US_RECOMPUTE_FULL);
+    test_errors();
+    us_cuda_ops_free(&G);
+    return us_test_done("test_cuda");
+}
