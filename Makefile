@@ -95,3 +95,7 @@ clean:
 	rm -rf $(B)
 
 .PHONY: all train train-cuda test bench clean
+
+# ---- GPU benchmarks (run on the GPU machine; see bench/run_gpu.sh)
+$(B)/bench_cuda: bench/bench_cuda.cu $(HDR) ultrascale_cuda.cuh | $(B)
+	$(NVCC) $(NVFLAGS) $< -o $@ $(NVLIBS)

@@ -22,11 +22,9 @@ PRESETS = {
 PEAK_FLOPS = 989e12               # H100/H200 SXM dense bf16, the Playbook's MFU denominator
 LLAMA_3_2_1B_PARAMS = 1_235_814_400
 
-
 def rotate_half(x):               # Hugging Face RoPE: pairs (j, j + HS/2), not interleaved
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
-
 
 class Attention(nn.Module):
     def __init__(s, c):
@@ -48,7 +46,6 @@ class Attention(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         return s.o_proj(y.transpose(1, 2).reshape(B, T, s.nh * s.hs))
 
-
 class MLP(nn.Module):
     def __init__(s, c):
         super().__init__()
@@ -58,7 +55,6 @@ class MLP(nn.Module):
 
     def forward(s, x):
         return s.down_proj(F.silu(s.gate_proj(x)) * s.up_proj(x))
-
 
 class Layer(nn.Module):
     def __init__(s, c):
@@ -71,7 +67,6 @@ class Layer(nn.Module):
     def forward(s, x, cos, sin):
         x = x + s.self_attn(s.input_layernorm(x), cos, sin)
         return x + s.mlp(s.post_attention_layernorm(x))
-
 
 class Llama(nn.Module):
     def __init__(s, c, theta=10000.0):
@@ -105,12 +100,10 @@ class Llama(nn.Module):
         logits = s.lm_head(s.model.norm(x))       # [B,T,V] bf16 under autocast
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), tgt.reshape(-1))
 
-
 def param_count(c):               # the formula of us_param_count (ultrascale.h)
     hs = c.dim // c.heads
     layer = 2 * c.dim + (c.heads + 2 * c.kv_heads) * hs * c.dim + c.heads * hs * c.dim + 3 * c.dim * c.ffn
     return c.vocab * c.dim * (1 if c.tied else 2) + c.layers * layer + c.dim
-
 
 def run(c, args):
     torch.manual_seed(0)
@@ -125,8 +118,7 @@ def run(c, args):
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=3e-4, betas=(0.9, 0.95), fused=True)
     fwd = torch.compile(model) if args.compile else model
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(1337)
+    gen = torch.Generator(device="cuda").manual_seed(1337)
 
     def step():
         tok = torch.randint(0, c.vocab, (c.batch, c.seq + 1), device="cuda", generator=gen)
@@ -159,7 +151,6 @@ def run(c, args):
                 flops_per_token=flops_tok, first_step_s=first_s,
                 compile_s=first_s if args.compile else None, final_loss=loss)
 
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", choices=sorted(PRESETS), help="model and batch shape; other flags override it")
@@ -174,9 +165,9 @@ def main():
     base = dict(PRESETS[args.preset or "200m"])
     overrides = {k: v for k, v in vars(args).items() if k in base and v is not None}
     c = argparse.Namespace(**{**base, **overrides})
-    c.kv_heads = c.kv_heads or c.heads
-    if c.dim % c.heads or c.heads % c.kv_heads or (c.dim // c.heads) % 2 or args.steps < 1:
-        sys.exit(f"bad shape: dim={c.dim} heads={c.heads} kv_heads={c.kv_heads} (need HS even, NKV | NH), steps={args.steps}")
+    if min(c.dim, c.layers, c.heads, c.kv_heads, c.ffn, c.vocab, c.seq, c.batch, args.steps) < 1 \
+            or c.dim % c.heads or c.heads % c.kv_heads or (c.dim // c.heads) % 2:
+        sys.exit(f"bad shape {vars(c)}, steps {args.steps}: need all >= 1, heads | dim, kv_heads | heads, dim/heads even")
     preset = (args.preset or "custom") + ("+custom" if args.preset and overrides else "")
     impl = "torch compile" if args.compile else "torch eager"
     if not torch.cuda.is_available():
@@ -185,12 +176,10 @@ def main():
                 torch=torch.__version__, device=torch.cuda.get_device_name(), peak_flops=PEAK_FLOPS)
     try:
         r = run(c, args)
-    except torch.cuda.OutOfMemoryError as e:
-        r = dict(oom=True, error=str(e).splitlines()[0])
-    except RuntimeError as e:     # e.g. an OOM surfacing through a compiled graph's wrapper
-        if "out of memory" not in str(e).lower():
+    except RuntimeError as e:     # torch.cuda.OutOfMemoryError, or one wrapped by a compiled graph
+        if not isinstance(e, torch.cuda.OutOfMemoryError) and "out of memory" not in str(e).lower():
             raise
-        r = dict(oom=True, error=str(e).splitlines()[0])
+        r = dict(oom=True, error=(str(e).splitlines() or ["out of memory"])[0])
     info.update(r)
     if args.json:
         with open(args.json, "w") as f:
@@ -201,7 +190,6 @@ def main():
     extra = f" | compile {r['compile_s']:.1f} s" if args.compile else ""
     print(f"{impl:<12} | {preset} | tok/s {r['tok_s']:.0f} | MFU {100 * r['mfu']:.1f}% | step {r['step_ms']:.1f} ms"
           f" | peak {r['peak_gib']:.1f} GiB | params {r['params'] / 1e9:.3f}B{extra} | loss {r['final_loss']:.3f}")
-
 
 if __name__ == "__main__":
     main()

@@ -39,6 +39,8 @@ static double tol(us_dtype dt) { return dt == US_F32 ? 2e-5 : 1e-2; }
 typedef struct { void *h; size_t bytes; void *d; } buf;
 static buf mk(const void *h, size_t bytes) { buf b; b.h = malloc(bytes); memcpy(b.h, h, bytes); b.bytes = bytes; b.d = up(h, bytes); return b; }
 static void fin(buf *b) { G.free(&G, b->d); free(b->h); }
+/* give the GPU the CPU's copy, so a chained op starts from the same bits on both sides */
+static void same_in(buf *b) { G.copy(&G, b->d, b->h, b->bytes, US_COPY_H2D); }
 static void cmp(const char *what, buf *b, us_dtype dt, int64_t n) {
     void *g = malloc(b->bytes);
     double e;
@@ -68,6 +70,7 @@ static void test_ops(us_dtype dt) {
         Ccpu.gemm(&Ccpu, 0, 0, N, C, 3 * C, 1, bC.h, dt, 3 * C, bB.h, dt, C, 1, bA.h, dt, C);
         G.gemm(&G, 0, 0, N, C, 3 * C, 1, bC.d, dt, 3 * C, bB.d, dt, C, 1, bA.d, dt, C);
         cmp("gemm dx += dy·W (beta 1)", &bA, dt, N * C);
+        same_in(&bA); same_in(&bC);
         Ccpu.gemm(&Ccpu, 1, 0, 3 * C, C, N, 1, bC.h, dt, 3 * C, bA.h, dt, C, 1, bW.h, US_F32, C);
         G.gemm(&G, 1, 0, 3 * C, C, N, 1, bC.d, dt, 3 * C, bA.d, dt, C, 1, bW.d, US_F32, C);
         cmp("gemm dW += dyᵀ·x (fp32 out)", &bW, US_F32, 3 * C * C);
