@@ -48,6 +48,12 @@ $(B)/train_cuda: examples/train.c $(HDR) ultrascale_cuda.cuh | $(B)
 train-cuda: $(B)/train_cuda
 	./$(B)/train_cuda
 
+$(B)/flash_test: tests/flash_test.cu $(HDR) ultrascale_cuda.cuh | $(B)
+	$(NVCC) $(NVFLAGS) $< -o $@ $(NVLIBS)
+
+$(B)/gemm_steps: examples/gemm_steps.cu | $(B)
+	$(NVCC) $(NVFLAGS) $< -o $@ $(NVLIBS)
+
 $(B)/test_cuda: tests/test_cuda.cu tests/us_test.h $(HDR) ultrascale_cuda.cuh | $(B)
 	$(NVCC) $(NVFLAGS) $< -o $@ $(NVLIBS)
 
@@ -61,7 +67,9 @@ CHECKS = \
   "without OpenMP::$(CC) -std=c99 -Wall -Wextra -pedantic -Werror -O2 -DUS_COMPILE_SINGLE tests/compile_a.c -o $(B)/cc_noomp $(LDLIBS)" \
   "nvcc (header as C++)::if [ -x $(NVCC) ]; then $(NVCC) -x cu -std=c++17 -Xcompiler -Wall,-Wextra,-Werror -DUS_COMPILE_SINGLE -c tests/compile_a.c -o $(B)/cc_nvcc.o; else echo 'SKIP nvcc not installed'; fi" \
   "nvcc: trainer with CUDA backend::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/train_cuda; else echo 'SKIP nvcc not installed'; fi" \
-  "nvcc: test_cuda::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/test_cuda; else echo 'SKIP nvcc not installed'; fi"
+  "nvcc: test_cuda::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/test_cuda; else echo 'SKIP nvcc not installed'; fi" \
+  "nvcc: flash_test::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/flash_test; else echo 'SKIP nvcc not installed'; fi" \
+  "nvcc: gemm_steps::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/gemm_steps; else echo 'SKIP nvcc not installed'; fi"
 
 RUNS = \
   "test_dtypes::./$(B)/test_dtypes" \
@@ -73,6 +81,7 @@ RUNS = \
   "train CLI::bash tests/test_train_cli.sh $(B)/train" \
   "memory CLI::bash tests/test_memory_cli.sh $(B)/memory" \
   "test_cuda (needs a GPU)::if [ -x $(B)/test_cuda ]; then ./$(B)/test_cuda; else echo 'SKIP not built'; fi" \
+  "flash_test (needs a GPU)::if [ -x $(B)/flash_test ]; then ./$(B)/flash_test; else echo 'SKIP not built'; fi" \
   "asan+ubsan test_dtypes::./$(B)/san/test_dtypes" \
   "asan+ubsan test_ops::./$(B)/san/test_ops" \
   "asan+ubsan test_gemm::./$(B)/san/test_gemm" \

@@ -27,6 +27,8 @@ expect 2 "bad recompute mode" "--recompute must be none, selective or full" -- -
 expect 2 "heads not dividing dim" "dim=64 not divisible by heads=3" -- --heads 3
 expect 2 "kv-heads not dividing heads" "heads=4 not divisible by kv-heads=3" -- --kv-heads 3
 expect 2 "task needs a long enough sequence" "needs --seq of at least" -- --seq 8
+expect 2 "bad --device" "--device must be cpu or cuda, got tpu" -- --device tpu
+if [ "$(basename "$BIN")" = train ]; then expect 2 "--device cuda in the CPU build" "no CUDA backend" -- --device cuda; fi
 expect 1 "missing data file" "cannot open $T/none.txt" -- --data "$T/none.txt"
 
 # a short run with the JSONL log

@@ -10,7 +10,8 @@
 #include <string.h>
 #include <vector>
 #include <algorithm>
-#include "us_flash.cuh"
+#define ULTRASCALE_IMPLEMENTATION
+#include "../ultrascale_cuda.cuh"
 
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); exit(1); } } while (0)
 
@@ -28,6 +29,15 @@ static void acc(errs &e, double x, double r) {
     e.num += (x - r) * (x - r); e.den += r * r;
 }
 static double rel(const errs &e) { return e.nonfinite ? INFINITY : sqrt(e.num / (e.den > 0 ? e.den : 1)); }
+
+/* forward tilings: 0 = MW 1 BC 64 (64×64), 1 = MW 2 BC 64 (128×64), 2 = MW 2 BC 32 (128×32) */
+static const char *variant_name[3] = {"64x64", "128x64", "128x32"};
+template <int HS>
+static void fwd_variant(int vi, const __nv_bfloat16 *qkv, __nv_bfloat16 *out, float *lse, int B, int T, int NH, int NKV) {
+    if (vi == 0) us__flash_fwd_hs<HS, 1, 64>(qkv, out, lse, B, T, NH, NKV, 0);
+    else if (vi == 1) us__flash_fwd_hs<HS, 2, 64>(qkv, out, lse, B, T, NH, NKV, 0);
+    else us__flash_fwd_hs<HS, 2, 32>(qkv, out, lse, B, T, NH, NKV, 0);
+}
 
 static int run_case(int B, int T, int NH, int NKV, int HS) {
     const int QKV = (NH + 2 * NKV) * HS, OC = NH * HS, grp = NH / NKV;
@@ -68,6 +78,17 @@ static int run_case(int B, int T, int NH, int NKV, int HS) {
     CK(cudaDeviceSynchronize());
     CK(cudaMemcpy(h2.data(), ddqkv, nqkv * 2, cudaMemcpyDeviceToHost));
     int determ = memcmp(h2.data(), hdqkv.data(), nqkv * 2) == 0;
+    /* the other forward tilings (benchmarked with --bench) must agree with the reference too */
+    std::vector<std::vector<uint16_t>> vout(3, std::vector<uint16_t>(nout));
+    std::vector<std::vector<float>> vlse(3, std::vector<float>(nlse));
+    for (int vi = 0; vi < 3; vi++) {
+        CK(cudaMemset(dout_, 0xFF, nout * 2)); CK(cudaMemset(dlse, 0xFF, nlse * 4));
+        if (HS == 64) fwd_variant<64>(vi, dqkv_in, dout_, dlse, B, T, NH, NKV);
+        else fwd_variant<128>(vi, dqkv_in, dout_, dlse, B, T, NH, NKV);
+        CK(cudaGetLastError());
+        CK(cudaMemcpy(vout[vi].data(), dout_, nout * 2, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(vlse[vi].data(), dlse, nlse * 4, cudaMemcpyDeviceToHost));
+    }
     cudaFree(dqkv_in); cudaFree(ddqkv); cudaFree(dout_); cudaFree(dout_grad); cudaFree(dlse); cudaFree(scratch);
 
     /* double-precision reference, one (b, h) per OpenMP thread; dk/dv per query head, summed
@@ -147,7 +168,18 @@ static int run_case(int B, int T, int NH, int NKV, int HS) {
                 }
         }
     double tol = 1e-2;
-    int ok = rel(eo) < tol && rel(eq) < tol && rel(ek) < tol && rel(ev) < tol && lse_nan == 0 && lse_err < 1e-3 && determ;
+    int vok = 1;
+    for (int vi = 0; vi < 3; vi++) {
+        errs ve;
+        double vl = 0;
+        for (size_t i = 0; i < nout; i++) acc(ve, bf2d(vout[vi][i]), rout[i]);
+        for (size_t i = 0; i < nlse; i++) vl = isfinite(vlse[vi][i]) ? std::max(vl, fabs(vlse[vi][i] - rlse[i])) : INFINITY;
+        if (!(rel(ve) < tol && vl < 1e-3)) {
+            vok = 0;
+            printf("  fwd variant %s: out %.2e lse %.1e FAIL\n", variant_name[vi], rel(ve), vl);
+        }
+    }
+    int ok = vok && rel(eo) < tol && rel(eq) < tol && rel(ek) < tol && rel(ev) < tol && lse_nan == 0 && lse_err < 1e-3 && determ;
     printf("B=%d T=%4d NH=%d NKV=%d HS=%3d  out %.2e  lse %.1e  dq %.2e  dk %.2e  dv %.2e  %s%s  %s\n", B, T, NH, NKV, HS,
            rel(eo), lse_nan ? INFINITY : lse_err, rel(eq), rel(ek), rel(ev), determ ? "det" : "NONDET",
            (eo.nonfinite + eq.nonfinite + ek.nonfinite + ev.nonfinite + lse_nan) ? " UNWRITTEN/NAN" : "", ok ? "ok" : "FAIL");
@@ -178,6 +210,20 @@ static void bench(void) {
             int T = Ts[ti], B = 16384 / T, NKV = NKVs[ni];
             double fl = 4.0 * B * NH * (double)T * T * HS / 2;
             std::vector<float> tf, tb;
+            for (int vi = 0; vi < 3; vi++) {
+                std::vector<float> tv;
+                for (int r = 0; r < reps + 3; r++) {
+                    float ms;
+                    cudaEventRecord(e0);
+                    fwd_variant<128>(vi, qkv, out, lse, B, T, NH, NKV);
+                    cudaEventRecord(e1);
+                    CK(cudaEventSynchronize(e1));
+                    cudaEventElapsedTime(&ms, e0, e1);
+                    if (r >= 3) tv.push_back(ms);
+                }
+                float mv = median(tv);
+                printf("fwd %-6s %5d %2d %3d %3d %4d | %9.3f %8.1f\n", variant_name[vi], T, B, NH, NKV, HS, mv, fl / mv / 1e9);
+            }
             for (int r = 0; r < reps + 3; r++) {
                 float ms;
                 cudaEventRecord(e0);
@@ -194,6 +240,48 @@ static void bench(void) {
                 if (r >= 3) tb.push_back(ms);
             }
             CK(cudaGetLastError());
+            for (int vi = 0; vi < 2; vi++) { /* dQ tilings: MW 1 BC 64 vs MW 2 BC 32 (whole backward timed) */
+                std::vector<float> tv;
+                for (int r = 0; r < reps + 3; r++) {
+                    float ms;
+                    cudaEventRecord(e0);
+                    if (vi == 0) us__flash_bwd_hs<128, 1, 64>(dout, qkv, out, lse, dqkv, (float *)scratch, B, T, NH, NKV, 0);
+                    else us__flash_bwd_hs<128, 2, 32>(dout, qkv, out, lse, dqkv, (float *)scratch, B, T, NH, NKV, 0);
+                    cudaEventRecord(e1);
+                    CK(cudaEventSynchronize(e1));
+                    cudaEventElapsedTime(&ms, e0, e1);
+                    if (r >= 3) tv.push_back(ms);
+                }
+                float mv = median(tv);
+                printf("bwd %-8s %5d %2d %3d %3d %4d | %9.3f %8.1f\n", vi ? "dq128x32" : "dq64x64", T, B, NH, NKV, HS, mv, 2.5 * fl / mv / 1e9);
+            }
+            { /* where the backward's time goes: the three launches of us__flash_bwd_hs, timed apart */
+                cudaEvent_t ev[4];
+                std::vector<float> part[3];
+                for (int i = 0; i < 4; i++) cudaEventCreate(&ev[i]);
+                float sc = 1.f / sqrtf((float)HS), sl2 = sc * 1.4426950408889634f;
+                int64_t rows = (int64_t)B * T * NH;
+                for (int r = 0; r < reps + 3; r++) {
+                    cudaEventRecord(ev[0]);
+                    us__flash_bwd_dot_kernel<128><<<(unsigned)((rows + 7) / 8), 256>>>(dout, out, (float *)scratch, rows, T, NH);
+                    cudaEventRecord(ev[1]);
+                    us__flash_bwd_dkdv_kernel<128><<<dim3((T + 63) / 64, NKV, B), 128, us__fa_dims<128>::dkdv_smem>>>(
+                        dout, qkv, lse, (float *)scratch, dqkv, T, NH, NKV, sc, sl2);
+                    cudaEventRecord(ev[2]);
+                    us__flash_bwd_dq_kernel<128, us__fa_dq_mw, us__fa_dq_bc><<<dim3((T + 64 * us__fa_dq_mw - 1) / (64 * us__fa_dq_mw), NH, B), 128,
+                        (2 * 64 * us__fa_dq_mw + 4 * us__fa_dq_bc) * us__fa_dims<128>::lds * 2>>>(dout, qkv, lse, (float *)scratch, dqkv, T, NH, NKV, sc, sl2);
+                    cudaEventRecord(ev[3]);
+                    CK(cudaEventSynchronize(ev[3]));
+                    for (int i = 0; i < 3; i++) {
+                        float ms;
+                        cudaEventElapsedTime(&ms, ev[i], ev[i + 1]);
+                        if (r >= 3) part[i].push_back(ms);
+                    }
+                }
+                CK(cudaGetLastError());
+                printf("bwd parts %5d %2d %3d %3d %4d | dot %.3f ms  dkdv %.3f ms  dq %.3f ms\n", T, B, NH, NKV, HS,
+                       median(part[0]), median(part[1]), median(part[2]));
+            }
             float mf = median(tf), mb = median(tb);
             printf("%-6s %5d %2d %3d %3d %4d | %9.3f %8.1f | %9.3f %8.1f\n", "us", T, B, NH, NKV, HS, mf, fl / mf / 1e9, mb,
                    2.5 * fl / mb / 1e9);
@@ -201,6 +289,7 @@ static void bench(void) {
 }
 
 int main(int argc, char **argv) {
+    if (us_cuda_device_count() == 0) { printf("SKIP no CUDA device\n"); return 0; }
     if (argc > 1 && !strcmp(argv[1], "--bench")) { bench(); return 0; }
     const int Bs[2] = {1, 2}, Ts[6] = {1, 17, 64, 100, 257, 1024}, HSs[2] = {64, 128};
     const int heads[2][2] = {{4, 4}, {8, 2}};

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Every GPU benchmark of issue 3, side by side in one run on the GPU machine:
+#   ultrascale vs PyTorch (eager, torch.compile) training steps on the 1B and 200M shapes,
+#   attention vs SDPA, in-library GEMM vs standalone cuBLASLt, the gemm_steps lesson.
+# Build the binaries first (here or there): make build/bench_cuda build/gemm_steps
+# Usage: bash bench/run_gpu.sh [quick]     logs go to $OUT (the device tool's folder) or bench_out/
+set -u
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+out=${OUT:-bench_out}; mkdir -p "$out"
+B=build
+steps=10; [ "${1:-}" = quick ] && steps=4
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$out/gpu.txt"
+for p in 1b 200m; do
+    $B/bench_cuda --preset $p --steps $steps --warmup 3 --profile --json "$out/us_$p.json" 2>&1 | tee "$out/us_$p.txt"
+    python3 bench/torch_llama.py --preset $p --steps $steps --warmup-steps 3 --json "$out/torch_eager_$p.json" 2>&1 | tee "$out/torch_eager_$p.txt"
+    python3 bench/torch_llama.py --preset $p --steps $steps --warmup-steps 3 --compile --json "$out/torch_compile_$p.json" 2>&1 | tee "$out/torch_compile_$p.txt"
+done
+$B/bench_cuda --gemm --attention 2>&1 | tee "$out/us_kernels.txt"
+python3 bench/sdpa_bench.py 2>&1 | tee "$out/sdpa.txt"
+[ -x $B/gemm_steps ] && $B/gemm_steps 2>&1 | tail -n 12 | tee "$out/gemm_steps.txt"
+echo; echo "=== summary"
+grep -h -E '^(ultrascale|torch)' "$out"/us_1b.txt "$out"/torch_*_1b.txt "$out"/us_200m.txt "$out"/torch_*_200m.txt
