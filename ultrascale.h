@@ -266,6 +266,7 @@ typedef struct us_model {
     int      n_params_t;      /* number of parameter tensors */
     us_param *params;         /* [n_params_t] views into the flat buffers */
     int64_t  n_params;        /* total elements */
+    void    *state;           /* the one allocation holding the five flat buffers below */
     void    *w;               /* flat weights the forward reads, dtype dt     [n_params] */
     float   *master;          /* fp32 master weights (== w under fp32)        [n_params] */
     float   *grad;            /* fp32 gradients                               [n_params] */
@@ -1797,14 +1798,21 @@ US_API us_result us_model_init(us_model *m, const us_model_config *mc, const us_
     if (!m->params || !m->acts) { us_model_free(m); us__model_set_error(m, "out of host memory for the model tables"); return US_ERR_OOM; }
     us__build_params(m);
     n4 = (size_t)m->n_params * 4;
-    m->master = (float *)m->ops.alloc(&m->ops, n4);
-    m->w = m->dt == US_F32 ? (void *)m->master : m->ops.alloc(&m->ops, (size_t)m->n_params * us_dtype_size(m->dt));
-    m->grad = (float *)m->ops.alloc(&m->ops, n4);
-    m->adam_m = (float *)m->ops.alloc(&m->ops, n4);
-    m->adam_v = (float *)m->ops.alloc(&m->ops, n4);
+    {   /* the model state is one allocation cut into flat buffers: master | grad | m | v | bf16 weights */
+        size_t a4 = us__align(n4), wbytes = m->dt == US_F32 ? 0 : (size_t)m->n_params * us_dtype_size(m->dt);
+        char *state = (char *)m->ops.alloc(&m->ops, 4 * a4 + wbytes);
+        m->state = state;
+        if (state) {
+            m->master = (float *)state;
+            m->grad = (float *)(state + a4);
+            m->adam_m = (float *)(state + 2 * a4);
+            m->adam_v = (float *)(state + 3 * a4);
+            m->w = m->dt == US_F32 ? (void *)m->master : (void *)(state + 4 * a4);
+        }
+    }
     m->mem.activations = us__layout_arena(m, NULL);
-    m->arena = (char *)m->ops.alloc(&m->ops, m->mem.activations);
-    if (!m->master || !m->w || !m->grad || !m->adam_m || !m->adam_v || !m->arena) {
+    m->arena = m->state ? (char *)m->ops.alloc(&m->ops, m->mem.activations) : NULL;
+    if (!m->state || !m->arena) {
         size_t total = n4 * 4 + m->mem.activations;
         us_model_free(m);
         us__model_set_error(m, "out of memory allocating %.1f MiB for %lld parameters and the activation arena",
@@ -1823,13 +1831,10 @@ US_API us_result us_model_init(us_model *m, const us_model_config *mc, const us_
 
 US_API void us_model_free(us_model *m) {
     us_ops *o = &m->ops;
-    if (o->free) {
-        if (m->w && m->w != (void *)m->master) o->free(o, m->w);
-        o->free(o, m->master); o->free(o, m->grad); o->free(o, m->adam_m); o->free(o, m->adam_v);
-        o->free(o, m->arena);
-    }
+    if (o->free) { o->free(o, m->state); o->free(o, m->arena); }
     US_FREE(m->params); US_FREE(m->acts);
-    m->params = NULL; m->acts = NULL; m->w = NULL; m->master = m->grad = m->adam_m = m->adam_v = NULL; m->arena = NULL;
+    m->params = NULL; m->acts = NULL; m->w = NULL; m->master = m->grad = m->adam_m = m->adam_v = NULL;
+    m->state = NULL; m->arena = NULL;
 }
 
 /* weight k of layer l (dtype dt) and its fp32 gradient */
