@@ -73,6 +73,11 @@ typedef struct us__cuda {
     us__gemm_plan plans[US__CUDA_PLANS];
     int nplans;
     void *scratch;          /* grows on demand: reductions, attention backward */
+    float *rope_tab;        /* RoPE cos|sin [T, HS/2] for (rope_T, rope_HS, rope_theta) */
+    size_t rope_bytes;
+    int64_t rope_T;
+    int rope_HS;
+    float rope_theta;
     size_t scratch_bytes;
     double *host_red;       /* pinned host slot for reduction results */
     struct { void *p; size_t n; } allocs[64];   /* sizes of live allocations, for accounting */
@@ -279,30 +284,65 @@ static void us__cuda_embedding_bwd(us_ops *o, float *dwte, const void *dout, con
     US__DISPATCH(o, dt, (us__k_embedding_bwd<T_><<<(unsigned)N, 256, 0, us__cu(o)->stream>>>(dwte, (const T_ *)dout, tok, C)));
 }
 
-/* RMSNorm: one block per row; sums in fp32 (the CPU reference sums in double: ≤ 1 ulp apart). */
+/* RMSNorm: one block per row; sums in fp32 (the CPU reference sums in double: ≤ 1 ulp apart).
+   Rows up to 256·US__ROW_VEC wide are read once into registers; wider rows are read twice. */
+#define US__ROW_VEC 16
 template <typename T>
 __global__ void us__k_rmsnorm_fwd(T *out, float *rstd, const T *x, const T *w, int64_t C, float eps) {
     __shared__ float sh[32];
     int64_t n = blockIdx.x, c;
-    float ss = 0, r;
-    for (c = threadIdx.x; c < C; c += blockDim.x) { float v = us__ld(x, n * C + c); ss += v * v; }
+    float v[US__ROW_VEC], ss = 0, r;
+    int k, cached = C <= (int64_t)blockDim.x * US__ROW_VEC;
+    if (cached) {
+#pragma unroll
+        for (k = 0; k < US__ROW_VEC; k++) {
+            c = threadIdx.x + (int64_t)k * blockDim.x;
+            v[k] = c < C ? us__ld(x, n * C + c) : 0.0f;
+            ss += v[k] * v[k];
+        }
+    } else
+        for (c = threadIdx.x; c < C; c += blockDim.x) { float a = us__ld(x, n * C + c); ss += a * a; }
     ss = us__block_sum(ss, sh);
     r = rsqrtf(ss / (float)C + eps);
     if (threadIdx.x == 0) rstd[n] = r;
-    for (c = threadIdx.x; c < C; c += blockDim.x) us__st(out, n * C + c, us__ld(x, n * C + c) * r * us__ld(w, c));
+    if (cached) {
+#pragma unroll
+        for (k = 0; k < US__ROW_VEC; k++) {
+            c = threadIdx.x + (int64_t)k * blockDim.x;
+            if (c < C) us__st(out, n * C + c, v[k] * r * us__ld(w, c));
+        }
+    } else
+        for (c = threadIdx.x; c < C; c += blockDim.x) us__st(out, n * C + c, us__ld(x, n * C + c) * r * us__ld(w, c));
 }
-/* dx += rstd·(dy·w − xhat·mean(dy·w·xhat)), one block per row */
+/* dx += rstd·(dy·w − xhat·mean(dy·w·xhat)), one block per row, the row in registers */
 template <typename T>
 __global__ void us__k_rmsnorm_bwd_dx(T *dx, const T *dout, const T *x, const T *w, const float *rstd, int64_t C) {
     __shared__ float sh[32];
     int64_t n = blockIdx.x, c;
-    float r = rstd[n], dot = 0, mean;
-    for (c = threadIdx.x; c < C; c += blockDim.x) dot += us__ld(dout, n * C + c) * us__ld(w, c) * us__ld(x, n * C + c) * r;
+    float r = rstd[n], dot = 0, mean, xv[US__ROW_VEC], gv[US__ROW_VEC];
+    int k, cached = C <= (int64_t)blockDim.x * US__ROW_VEC;
+    if (cached) {
+#pragma unroll
+        for (k = 0; k < US__ROW_VEC; k++) {
+            c = threadIdx.x + (int64_t)k * blockDim.x;
+            xv[k] = c < C ? us__ld(x, n * C + c) : 0.0f;
+            gv[k] = c < C ? us__ld(dout, n * C + c) * us__ld(w, c) : 0.0f;
+            dot += gv[k] * xv[k] * r;
+        }
+    } else
+        for (c = threadIdx.x; c < C; c += blockDim.x) dot += us__ld(dout, n * C + c) * us__ld(w, c) * us__ld(x, n * C + c) * r;
     mean = us__block_sum(dot, sh) / (float)C;
-    for (c = threadIdx.x; c < C; c += blockDim.x) {
-        int64_t i = n * C + c;
-        us__st(dx, i, us__ld(dx, i) + r * (us__ld(dout, i) * us__ld(w, c) - us__ld(x, i) * r * mean));
-    }
+    if (cached) {
+#pragma unroll
+        for (k = 0; k < US__ROW_VEC; k++) {
+            int64_t i = n * C + threadIdx.x + (int64_t)k * blockDim.x;
+            if (threadIdx.x + (int64_t)k * blockDim.x < C) us__st(dx, i, us__ld(dx, i) + r * (gv[k] - xv[k] * r * mean));
+        }
+    } else
+        for (c = threadIdx.x; c < C; c += blockDim.x) {
+            int64_t i = n * C + c;
+            us__st(dx, i, us__ld(dx, i) + r * (us__ld(dout, i) * us__ld(w, c) - us__ld(x, i) * r * mean));
+        }
 }
 /* dw = Σ_n dy·xhat in two passes — partial sums over fixed row chunks, then the chunks in
    order — so the result does not depend on scheduling */
@@ -338,28 +378,53 @@ static void us__cuda_rmsnorm_bwd(us_ops *o, void *dx, float *dw, const void *dou
     US__LAUNCHED(o);
 }
 
-/* RoPE (rotate-half), in place on the q and k heads of qkv[N, QKV]; one thread per pair.
-   The angle is formed in double, as in the CPU reference, so long sequences keep precision. */
-template <typename T>
-__global__ void us__k_rope(T *qkv, int64_t N, int64_t T_len, int NH, int NKV, int HS, float theta, float dir) {
-    int half = HS / 2, nrot = NH + NKV;
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, total = N * nrot * half;
-    int64_t QKV = (int64_t)(NH + 2 * NKV) * HS;
-    if (i >= total) return;
+/* RoPE (rotate-half), in place on the q and k heads of qkv[N, QKV]. The angles t·θ^(−2j/HS)
+   are formed once per (T, HS, θ) in double, like the CPU reference, into a table cos|sin
+   [T, HS/2]; the per-token kernel is then a pure stream over q and k. */
+__global__ void us__k_rope_table(float *tab, int64_t T_len, int HS, float theta) {
+    int half = HS / 2;
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= T_len * half) return;
     {
-        int j = (int)(i % half);
-        int64_t h = (i / half) % nrot, n = i / ((int64_t)half * nrot), t = n % T_len;
-        double ang = (double)t * pow((double)theta, -2.0 * j / HS);
-        float cs = (float)cos(ang), sn = (float)sin(ang) * dir;
-        T *v = qkv + n * QKV + h * HS;
+        double ang = (double)(i / half) * pow((double)theta, -2.0 * (double)(i % half) / HS);
+        tab[i] = (float)cos(ang);
+        tab[T_len * half + i] = (float)sin(ang);
+    }
+}
+/* grid: y over rows n (grid-stride), x·threads over the (head, j) pairs of a row */
+template <typename T>
+__global__ void us__k_rope(T *qkv, const float *tab, int64_t N, int64_t T_len, int NH, int NKV, int HS, float dir) {
+    int half = HS / 2, pairs = (NH + NKV) * half;
+    int p = blockIdx.x * blockDim.x + threadIdx.x;
+    int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, n;
+    if (p >= pairs) return;
+    for (n = blockIdx.y; n < N; n += gridDim.y) {
+        int h = p / half, j = p % half;
+        int64_t t = n % T_len;
+        float cs = tab[t * half + j], sn = tab[T_len * half + t * half + j] * dir;
+        T *v = qkv + n * QKV + (int64_t)h * HS;
         float a = us__ld(v, j), b = us__ld(v, j + half);
         us__st(v, j, a * cs - b * sn);
         us__st(v, j + half, b * cs + a * sn);
     }
 }
 static void us__cuda_rope(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS, float theta, us_dtype dt, float dir) {
-    int64_t total = B * T * (NH + NKV) * (HS / 2);
-    US__DISPATCH(o, dt, (us__k_rope<T_><<<us__blocks(total, 256), 256, 0, us__cu(o)->stream>>>((T_ *)qkv, B * T, T, NH, NKV, HS, theta, dir)));
+    us__cuda *c = us__cu(o);
+    int pairs = (NH + NKV) * (HS / 2);
+    dim3 g((unsigned)((pairs + 127) / 128), (unsigned)(B * T < 65535 ? B * T : 65535));
+    if (c->rope_T != T || c->rope_HS != HS || c->rope_theta != theta) {
+        size_t need = (size_t)T * HS * sizeof(float);   /* cos and sin, T·HS/2 each */
+        if (need > c->rope_bytes) {
+            if (c->rope_tab) us__cuda_free(o, c->rope_tab);
+            c->rope_tab = (float *)us__cuda_alloc(o, need);
+            c->rope_bytes = c->rope_tab ? need : 0;
+            if (!c->rope_tab) { us__cuda_fail(o, "rope table", "out of device memory", __FILE__, __LINE__); return; }
+        }
+        us__k_rope_table<<<us__blocks(T * (HS / 2), 256), 256, 0, c->stream>>>(c->rope_tab, T, HS, theta);
+        US__LAUNCHED(o);
+        c->rope_T = T; c->rope_HS = HS; c->rope_theta = theta;
+    }
+    US__DISPATCH(o, dt, (us__k_rope<T_><<<g, 128, 0, c->stream>>>((T_ *)qkv, c->rope_tab, B * T, T, NH, NKV, HS, dir)));
 }
 static void us__cuda_rope_fwd(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS, float theta, us_dtype dt) {
     us__cuda_rope(o, qkv, B, T, NH, NKV, HS, theta, dt, 1.0f);
@@ -368,61 +433,64 @@ static void us__cuda_rope_bwd(us_ops *o, void *dqkv, int64_t B, int64_t T, int N
     us__cuda_rope(o, dqkv, B, T, NH, NKV, HS, theta, dt, -1.0f);
 }
 
-/* SwiGLU on gu[N, 2F] = gate | up */
+/* SwiGLU on gu[N, 2F] = gate | up. Grid y walks the rows, x the columns, so no element pays
+   a 64-bit division to find its row. */
 template <typename T>
 __global__ void us__k_swiglu_fwd(T *h, const T *gu, int64_t N, int64_t F) {
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= N * F) return;
-    {
-        int64_t n = i / F, f = i % F;
+    int64_t f = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, n;
+    if (f >= F) return;
+    for (n = blockIdx.y; n < N; n += gridDim.y) {
         float g = us__ld(gu, n * 2 * F + f), u = us__ld(gu, n * 2 * F + F + f);
-        us__st(h, i, g / (1.0f + expf(-g)) * u);
+        us__st(h, n * F + f, g / (1.0f + __expf(-g)) * u);
     }
 }
 template <typename T>
 __global__ void us__k_swiglu_bwd(T *dgu, const T *dh, const T *gu, int64_t N, int64_t F) {
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= N * F) return;
-    {
-        int64_t n = i / F, f = i % F;
-        float g = us__ld(gu, n * 2 * F + f), u = us__ld(gu, n * 2 * F + F + f), d = us__ld(dh, i);
-        float sg = 1.0f / (1.0f + expf(-g));
+    int64_t f = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, n;
+    if (f >= F) return;
+    for (n = blockIdx.y; n < N; n += gridDim.y) {
+        float g = us__ld(gu, n * 2 * F + f), u = us__ld(gu, n * 2 * F + F + f), d = us__ld(dh, n * F + f);
+        float sg = 1.0f / (1.0f + __expf(-g));
         us__st(dgu, n * 2 * F + f, d * u * sg * (1.0f + g * (1.0f - sg)));
         us__st(dgu, n * 2 * F + F + f, d * g * sg);
     }
 }
+static dim3 us__rows_grid(int64_t N, int64_t F, int threads) { return dim3((unsigned)((F + threads - 1) / threads), (unsigned)(N < 65535 ? N : 65535)); }
 static void us__cuda_swiglu_fwd(us_ops *o, void *h, const void *gu, int64_t N, int64_t F, us_dtype dt) {
-    US__DISPATCH(o, dt, (us__k_swiglu_fwd<T_><<<us__blocks(N * F, 256), 256, 0, us__cu(o)->stream>>>((T_ *)h, (const T_ *)gu, N, F)));
+    US__DISPATCH(o, dt, (us__k_swiglu_fwd<T_><<<us__rows_grid(N, F, 256), 256, 0, us__cu(o)->stream>>>((T_ *)h, (const T_ *)gu, N, F)));
 }
 static void us__cuda_swiglu_bwd(us_ops *o, void *dgu, const void *dh, const void *gu, int64_t N, int64_t F, us_dtype dt) {
-    US__DISPATCH(o, dt, (us__k_swiglu_bwd<T_><<<us__blocks(N * F, 256), 256, 0, us__cu(o)->stream>>>((T_ *)dgu, (const T_ *)dh, (const T_ *)gu, N, F)));
+    US__DISPATCH(o, dt, (us__k_swiglu_bwd<T_><<<us__rows_grid(N, F, 256), 256, 0, us__cu(o)->stream>>>((T_ *)dgu, (const T_ *)dh, (const T_ *)gu, N, F)));
 }
 
-/* Fused softmax-cross-entropy: one block per row reads the logits twice (max+sum, then the
-   gradient written over them); probabilities never reach memory. */
+/* Fused softmax-cross-entropy: one block per row. Pass 1 keeps a running max and a rescaled
+   sum (online softmax) and the first argmax; pass 2 writes the gradient over the logits.
+   Probabilities never reach memory and the row is read twice, written once. */
 template <typename T>
 __global__ void us__k_xent(float *losses, int32_t *argmax, T *logits, const int32_t *tgt, int64_t V, float dscale) {
     __shared__ float sh[32];
     __shared__ int shi[32];
     int64_t n = blockIdx.x, v;
     T *row = logits + n * V;
-    float mx = -INFINITY, sum = 0, lse;
-    int am = 0, y = tgt[n];
-    for (v = threadIdx.x; v < V; v += blockDim.x) { float x = us__ld(row, v); if (x > mx) { mx = x; am = (int)v; } }
+    float mx = -INFINITY, sum = 0, lse, bm;
+    int am = 0x7fffffff, y = tgt[n], lane = threadIdx.x & 31, w = threadIdx.x >> 5, i;
+    for (v = threadIdx.x; v < V; v += blockDim.x) {
+        float x = us__ld(row, v);
+        if (x > mx) { sum = sum * __expf(mx - x) + 1.0f; mx = x; am = (int)v; }
+        else sum += __expf(x - mx);
+    }
+    bm = us__block_max(mx, sh);
+    sum = us__block_sum(mx == -INFINITY ? 0.0f : sum * __expf(mx - bm), sh);
     {   /* block argmax: the smallest index among the maxima, like the CPU's first-max scan */
-        float bm = us__block_max(mx, sh);
-        int cand = mx == bm ? am : 0x7fffffff, lane = threadIdx.x & 31, w = threadIdx.x >> 5, i;
+        int cand = mx == bm ? am : 0x7fffffff;
         for (i = 16; i > 0; i >>= 1) cand = min(cand, __shfl_xor_sync(0xffffffffu, cand, i));
         __syncthreads();
         if (lane == 0) shi[w] = cand;
         __syncthreads();
         am = 0x7fffffff;
         for (i = 0; i < (int)(blockDim.x >> 5); i++) am = min(am, shi[i]);
-        mx = bm;
     }
-    for (v = threadIdx.x; v < V; v += blockDim.x) sum += expf(us__ld(row, v) - mx);
-    sum = us__block_sum(sum, sh);
-    lse = logf(sum) + mx;
+    lse = logf(sum) + bm;
     if (threadIdx.x == 0) {
         losses[n] = y < 0 ? 0.0f : lse - us__ld(row, y);
         if (argmax) argmax[n] = am;
@@ -430,7 +498,7 @@ __global__ void us__k_xent(float *losses, int32_t *argmax, T *logits, const int3
     if (dscale != 0.0f) {
         __syncthreads();   /* row[y] was read above before it is overwritten below */
         for (v = threadIdx.x; v < V; v += blockDim.x)
-            us__st(row, v, y < 0 ? 0.0f : dscale * (expf(us__ld(row, v) - lse) - (v == y ? 1.0f : 0.0f)));
+            us__st(row, v, y < 0 ? 0.0f : dscale * (__expf(us__ld(row, v) - lse) - (v == y ? 1.0f : 0.0f)));
     }
 }
 static void us__cuda_xent(us_ops *o, float *losses, int32_t *argmax, void *logits, const int32_t *tgt, int64_t N, int64_t V, float dscale, us_dtype dt) {
@@ -541,18 +609,20 @@ __global__ void us__k_att_bwd_dkv(T *dqkv, const T *dout, const T *qkv, const T 
 
    Kernels (every CTA is 4 warps, 128 threads):
      us__flash_fwd_kernel       one CTA per (128-query block, head, batch); each warp owns 32
-                                query rows (two 16-row mma atoms) and streams 32-key K/V tiles
-                                through shared memory with an online softmax (running max m,
-                                sum l); the T×T scores never exist.
+                                query rows (two 16-row mma atoms) and streams 32-key (HS 128) or
+                                64-key (HS 64) K/V tiles through shared memory with an online
+                                softmax (running max m, sum l); the T×T scores never exist.
      us__flash_bwd_dot_kernel   D = rowsum(dO ∘ O), one warp per row (the FA2 preprocess).
-     us__flash_bwd_dkdv_kernel  one CTA per (64-key block, kv head, batch); each warp owns 16
-                                keys and loops over every query head of the group and every
-                                32-query block at or after the diagonal, recomputing P from q, k
-                                and lse: dV += Pᵀ·dO, dK += dSᵀ·Q. The group's sum happens in
-                                registers, so no atomics.
+     us__flash_bwd_dkdv_kernel  one CTA per (64-key block at HS 128, 128 at HS 64, kv head,
+                                batch); each warp owns 16 (32) keys and loops over every query
+                                head of the group and every 32-query block at or after the
+                                diagonal, recomputing P from q, k and lse: dV += Pᵀ·dO,
+                                dK += dSᵀ·Q. The group's sum happens in registers, no atomics.
      us__flash_bwd_dq_kernel    one CTA per (128-query block, head, batch), warps own 32 query
-                                rows like the forward and stream 32-key tiles: recomputes S, P,
-                                dP, dS and sums dQ += dS·K.
+                                rows like the forward and stream 32-key tiles: recomputes S,
+                                P, dP, dS and sums dQ += dS·K.
+   Tile sizes per head size: us__fa_cfg. Every grid puts the block index that sets the work
+   (query or key block) in z, so all heads' heaviest causal blocks start first.
    Determinism: the dQ kernel is separate instead of fp32 atomics from the dK/dV kernel (FA2's
    choice), so every sum runs in a fixed order and two runs give identical bits. It costs
    recomputing Q·Kᵀ and dO·Vᵀ once more (7 instead of 5 matrix products per tile pair).
@@ -561,24 +631,39 @@ __global__ void us__k_att_bwd_dkv(T *dqkv, const T *dout, const T *qkv, const T 
    stored in natural-log units like the CPU reference. Tiles past T are zero-filled by cp.async
    (src-size 0) and masked, so any T ≥ 1 works. */
 
-static constexpr int us__fa_bc = 64;       /* keys per tile of the dK/dV kernel */
 static constexpr int us__fa_threads = 128; /* 4 warps */
-static constexpr int us__fa_fwd_mw = 2;    /* forward: 16-row m-atoms per warp (BR = 64·MW) */
-static constexpr int us__fa_fwd_bc = 32;   /* forward: keys per tile (128×32 measured 4-5 % faster than 64×64
-                                              and 128×64 at HS 128, T 2k-8k on an H200) */
-static constexpr int us__fa_dq_mw = 2;     /* dQ kernel: m-atoms per warp */
-static constexpr int us__fa_dq_bc = 32;    /* dQ kernel: keys per tile */
-static constexpr int us__fa_br_dkdv = 32;  /* queries per tile in the dK/dV kernel: its warps hold dK
-                                              and dV (128 fp32 at HS 128), so Sᵀ and dPᵀ must be small */
+
+/* Tile sizes per head size (the template defaults of the launchers below):
+     fwd_mw, fwd_bc   forward: 16-row m-atoms per warp (BR = 64·MW queries per CTA), keys per tile
+     kv_kw, kv_br     dK/dV: 16-key m-atoms per warp (64·KW keys per CTA), queries per tile
+     dq_mw, dq_bc     dQ: m-atoms per warp (64·MW queries per CTA), keys per tile
+     *_minb           CTAs per SM that __launch_bounds__ asks for (caps registers per thread)
+   HS 128: 128×32 forward measured 4-5 % faster than 64×64 and 128×64 at T 2k-8k on an H200;
+   the dK/dV warps hold dK and dV (128 fp32 at HS 128), so one key atom and 32-query tiles.
+   HS 64: half the accumulator registers, so each warp takes twice the work per shared-memory
+   fragment (every ldmatrix feeds two mma instead of one). Picked by flash_test --bench64 (the
+   Llama-3.2-1B shape, H200): forward 128×64 264 TF/s vs 128×32 235, 64×64 219-240;
+   dK/dV 128 keys × 32 queries 1.81 ms vs 64×32 2.5, 64×64 2.2, 128×16 2.4, 64×32 at 3 CTAs/SM
+   2.1; dQ 128×32 1.27 ms vs 128×64 1.29 (spills), 64×64 1.44-1.5, 128×16 at 3 CTAs/SM 1.39.
+   Asking for 3 CTAs per SM (MINB 3, ≤ 168 registers) never paid for the smaller tiles it needs. */
+template <int HS> struct us__fa_cfg {
+    static constexpr int fwd_mw = 2, fwd_bc = 32, kv_kw = 1, kv_br = 32, dq_mw = 2, dq_bc = 32;
+    static constexpr int fwd_minb = 2, kv_minb = 2, dq_minb = 2;
+};
+template <> struct us__fa_cfg<64> {
+    static constexpr int fwd_mw = 2, fwd_bc = 64, kv_kw = 2, kv_br = 32, dq_mw = 2, dq_bc = 32;
+    static constexpr int fwd_minb = 2, kv_minb = 2, dq_minb = 2; /* 231, 254, 234 registers, no spills */
+};
 
 /* shared-memory rows are padded by 8 bf16 (16 bytes): the 8 rows one ldmatrix reads then
    start in 8 different 16-byte bank groups, so no bank conflicts without a swizzle */
 template <int HS> struct us__fa_dims {
-    static constexpr int lds = HS + 8;                         /* smem row stride (elements) */
-    static constexpr int tile = 64 * lds;                      /* one 64-row tile (elements) */
-    static constexpr size_t dkdv_smem = (size_t)2 * tile * 2 + (size_t)4 * us__fa_br_dkdv * lds * 2 +
-                                        4 * us__fa_br_dkdv * 4;   /* K, V, 2×Q, 2×dO, 2×lse, 2×D */
+    static constexpr int lds = HS + 8; /* smem row stride (elements) */
 };
+/* dK/dV kernel: K, V (64·KW rows each), 2×Q, 2×dO (BR rows), 2×lse, 2×D */
+template <int HS, int KW, int BR> static constexpr size_t us__fa_dkdv_smem(void) {
+    return (size_t)2 * 64 * KW * us__fa_dims<HS>::lds * 2 + (size_t)4 * BR * us__fa_dims<HS>::lds * 2 + 4 * BR * 4;
+}
 
 /* ---- PTX helpers ------------------------------------------------------------------- */
 static __device__ __forceinline__ uint32_t us__smem_u32(const void *p) {
@@ -669,8 +754,8 @@ static __device__ __forceinline__ void us__fa_load_tile(__nv_bfloat16 *s, const 
    fragment read from shared memory feeds two mma instead of one (FA2's 128×64 tile for
    HS 128): shared-memory bandwidth, not the tensor cores, bounds the MW = 1 kernel. Q then
    comes from shared memory each tile, since 32 rows of Q would not fit beside O in registers. */
-template <int HS, int MW, int BC>
-__global__ void __launch_bounds__(128, 2)
+template <int HS, int MW, int BC, int MINB>
+__global__ void __launch_bounds__(128, MINB) /* MINB CTAs per SM: registers ≤ 65536 / (128·MINB) */
 us__flash_fwd_kernel(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out, float *__restrict__ lse,
                      int T, int NH, int NKV, float sl2 /* scale·log2 e */) {
     constexpr int BR = 64 * MW, LDS = us__fa_dims<HS>::lds, TILE = BC * LDS;
@@ -679,8 +764,10 @@ us__flash_fwd_kernel(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__res
     __nv_bfloat16 *sK = sQ + BR * LDS;                 /* [2][BC][LDS] */
     __nv_bfloat16 *sV = sK + 2 * TILE;                 /* [2][BC][LDS] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int qb = gridDim.x - 1 - blockIdx.x; /* the longest (last) query blocks start first */
-    const int h = blockIdx.y, b = blockIdx.z, g = h / (NH / NKV);
+    /* grid (NH, B, query blocks): CTAs start in x, y, z order, so every head's longest (last)
+       query block starts before any shorter one and the short ones fill the tail */
+    const int qb = gridDim.z - 1 - blockIdx.z;
+    const int h = blockIdx.x, b = blockIdx.y, g = h / (NH / NKV);
     const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS;
     const __nv_bfloat16 *base = qkv + (int64_t)b * T * QKV;
     const __nv_bfloat16 *gk = base + (int64_t)(NH + g) * HS, *gv = base + (int64_t)(NH + NKV + g) * HS;
@@ -752,35 +839,37 @@ us__flash_fwd_kernel(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__res
             }
         }
 
-        /* causal mask only on tiles that cross this warp's diagonal */
+        /* causal mask only on tiles that cross this warp's diagonal. The max is taken over raw
+           scores and scaled once per row, so each score costs one FFMA (s·sl2 − m) before
+           exp2 instead of a multiply and a subtract (at HS 64 the softmax's FP32 work per mma
+           is twice that of HS 128, so it shows) */
         const bool diag = kb * BC + BC - 1 > q0 + wr0;
 #pragma unroll
         for (int a = 0; a < MW; a++) {
-            float mx[2] = {m[a][0], m[a][1]};
+            float mx[2] = {-INFINITY, -INFINITY}; /* raw (unscaled) max of this tile */
 #pragma unroll
             for (int j = 0; j < BC / 8; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    float v = s[a][j][e] * sl2;
-                    if (diag && kb * BC + j * 8 + 2 * (lane & 3) + (e & 1) > row0 + 16 * a + (e >> 1) * 8) v = -INFINITY;
-                    s[a][j][e] = v;
-                    mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                    if (diag && kb * BC + j * 8 + 2 * (lane & 3) + (e & 1) > row0 + 16 * a + (e >> 1) * 8) s[a][j][e] = -INFINITY;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], s[a][j][e]);
                 }
             /* online softmax: new max over the quad that shares a row, rescale what was summed */
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
                 mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                float mref = mx[r] == -INFINITY ? 0.f : mx[r]; /* a fully masked row stays 0, not NaN */
+                float mnew = fmaxf(m[a][r], mx[r] * sl2);          /* log2 domain (sl2 > 0) */
+                float mref = mnew == -INFINITY ? 0.f : mnew; /* a fully masked row stays 0, not NaN */
                 float corr = exp2f(m[a][r] - mref);
-                m[a][r] = mx[r];
+                m[a][r] = mnew;
                 l[a][r] *= corr;
 #pragma unroll
                 for (int i = 0; i < HS / 8; i++) o[a][i][2 * r] *= corr, o[a][i][2 * r + 1] *= corr;
 #pragma unroll
                 for (int j = 0; j < BC / 8; j++) {
-                    s[a][j][2 * r] = exp2f(s[a][j][2 * r] - mref);
-                    s[a][j][2 * r + 1] = exp2f(s[a][j][2 * r + 1] - mref);
+                    s[a][j][2 * r] = exp2f(fmaf(s[a][j][2 * r], sl2, -mref));
+                    s[a][j][2 * r + 1] = exp2f(fmaf(s[a][j][2 * r + 1], sl2, -mref));
                     l[a][r] += s[a][j][2 * r] + s[a][j][2 * r + 1];
                 }
             }
@@ -851,15 +940,17 @@ us__flash_bwd_dot_kernel(const __nv_bfloat16 *__restrict__ dout, const __nv_bflo
     }
 }
 
-/* dK, dV of 64 keys of one kv head. Per warp (16 keys k, 32 queries q of the current tile):
+/* dK, dV of 64·KW keys of one kv head. Per warp (16·KW keys k, BR queries q of the current tile):
      Sᵀ = K·Qᵀ, Pᵀ = exp2(Sᵀ·sl2 − lse2[q]), dPᵀ = V·dOᵀ, dSᵀ = Pᵀ ∘ (dPᵀ − D[q]),
-     dV += Pᵀ·dO, dK += dSᵀ·Q   (dK scaled by 1/sqrt(HS) once at the end) */
-template <int HS>
-__global__ void __launch_bounds__(128, 2)
+     dV += Pᵀ·dO, dK += dSᵀ·Q   (dK scaled by 1/sqrt(HS) once at the end)
+   Each Q/dO fragment read from shared memory feeds KW key atoms: KW = 2 halves the
+   shared-memory traffic per mma, affordable at HS 64 where dK and dV take 64 fp32 per atom. */
+template <int HS, int KW, int BR, int MINB>
+__global__ void __launch_bounds__(128, MINB)
 us__flash_bwd_dkdv_kernel(const __nv_bfloat16 *__restrict__ dout, const __nv_bfloat16 *__restrict__ qkv,
                           const float *__restrict__ lse, const float *__restrict__ Dg, __nv_bfloat16 *__restrict__ dqkv,
                           int T, int NH, int NKV, float scale, float sl2) {
-    constexpr int BR = us__fa_br_dkdv, BC = us__fa_bc, LDS = us__fa_dims<HS>::lds, TILE = us__fa_dims<HS>::tile;
+    constexpr int BC = 64 * KW, LDS = us__fa_dims<HS>::lds, TILE = BC * LDS;
     constexpr int QT = BR * LDS; /* one query tile */
     extern __shared__ __align__(16) unsigned char us__fa_smem[];
     __nv_bfloat16 *sK = (__nv_bfloat16 *)us__fa_smem; /* [BC][LDS] */
@@ -869,13 +960,16 @@ us__flash_bwd_dkdv_kernel(const __nv_bfloat16 *__restrict__ dout, const __nv_bfl
     float *sL = (float *)(sdO + 2 * QT);               /* [2][BR] lse·log2 e */
     float *sD = sL + 2 * BR;                           /* [2][BR] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int kb = blockIdx.x, g = blockIdx.y, b = blockIdx.z; /* low kb = most query blocks: start first */
+    /* grid (NKV, B, key blocks): low kb = most query blocks, and every kv head's kb starts
+       before any higher one (heaviest first, the light ones fill the tail) */
+    const int g = blockIdx.x, b = blockIdx.y, kb = blockIdx.z;
     const int grp = NH / NKV, k0 = kb * BC;
     const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, OC = (int64_t)NH * HS;
     const __nv_bfloat16 *base = qkv + (int64_t)b * T * QKV, *dbase = dout + (int64_t)b * T * OC;
     const int qb0 = k0 / BR;                   /* first query block that sees these keys */
     const int per = (T + BR - 1) / BR - qb0;   /* query blocks per head */
     const int nit = grp * per;                 /* iterations: every (query head of group, query block) */
+    const int wk0 = k0 + warp * 16 * KW;       /* this warp's first key */
 
     /* stage the tile of iteration it (query head g·grp + it/per, block qb0 + it%per) into buffer buf */
     auto issue = [&](int it, int buf) {
@@ -894,12 +988,14 @@ us__flash_bwd_dkdv_kernel(const __nv_bfloat16 *__restrict__ dout, const __nv_bfl
     issue(0, 0);
     us__cp_async_commit();
 
-    float dk[HS / 8][4], dv[HS / 8][4];
+    float dk[KW][HS / 8][4], dv[KW][HS / 8][4];
 #pragma unroll
-    for (int i = 0; i < HS / 8; i++)
+    for (int a = 0; a < KW; a++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) dk[i][e] = dv[i][e] = 0.f;
-    const int key0 = k0 + warp * 16 + (lane >> 2); /* this thread's keys: key0, key0 + 8 */
+        for (int i = 0; i < HS / 8; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) dk[a][i][e] = dv[a][i][e] = 0.f;
+    const int key0 = wk0 + (lane >> 2); /* this thread's keys: key0 + 16a + 8r */
 
     for (int it = 0; it < nit; it++) {
         const int buf = it & 1, q0 = (qb0 + it % per) * BR;
@@ -907,82 +1003,103 @@ us__flash_bwd_dkdv_kernel(const __nv_bfloat16 *__restrict__ dout, const __nv_bfl
         __syncthreads();
         if (it + 1 < nit) issue(it + 1, buf ^ 1); /* overlaps the next Q/dO tile with this one's math */
         us__cp_async_commit();
+        /* every key of this warp comes after every query of the tile: P = 0, nothing to add
+           (warp-uniform, and no barrier below, so the warp can just move on) */
+        if (wk0 > q0 + BR - 1) continue;
         const __nv_bfloat16 *sQb = sQ + buf * QT, *sdOb = sdO + buf * QT;
         const float *sLb = sL + buf * BR, *sDb = sD + buf * BR;
 
-        /* Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, [16 keys × BR queries] per warp */
-        float st[BR / 8][4], dpt[BR / 8][4];
+        /* Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, [16·KW keys × BR queries] per warp */
+        float st[KW][BR / 8][4], dpt[KW][BR / 8][4];
 #pragma unroll
-        for (int j = 0; j < BR / 8; j++)
+        for (int a = 0; a < KW; a++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) st[j][e] = dpt[j][e] = 0.f;
+            for (int j = 0; j < BR / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) st[a][j][e] = dpt[a][j][e] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < HS / 16; kk++) {
-            uint32_t ka[4], va[4];
-            us__ldsm_x4(ka, us__fa_a_addr<LDS>(sK, warp * 16, kk * 16, lane));
-            us__ldsm_x4(va, us__fa_a_addr<LDS>(sV, warp * 16, kk * 16, lane));
+            uint32_t ka[KW][4], va[KW][4];
+#pragma unroll
+            for (int a = 0; a < KW; a++) {
+                us__ldsm_x4(ka[a], us__fa_a_addr<LDS>(sK, warp * 16 * KW + 16 * a, kk * 16, lane));
+                us__ldsm_x4(va[a], us__fa_a_addr<LDS>(sV, warp * 16 * KW + 16 * a, kk * 16, lane));
+            }
 #pragma unroll
             for (int np = 0; np < BR / 16; np++) {
                 uint32_t qf[4], df[4];
                 us__ldsm_x4(qf, us__fa_bt_addr<LDS>(sQb, np * 16, kk * 16, lane));
                 us__ldsm_x4(df, us__fa_bt_addr<LDS>(sdOb, np * 16, kk * 16, lane));
-                us__mma_bf16(st[2 * np], ka, qf[0], qf[1]);
-                us__mma_bf16(st[2 * np + 1], ka, qf[2], qf[3]);
-                us__mma_bf16(dpt[2 * np], va, df[0], df[1]);
-                us__mma_bf16(dpt[2 * np + 1], va, df[2], df[3]);
+#pragma unroll
+                for (int a = 0; a < KW; a++) {
+                    us__mma_bf16(st[a][2 * np], ka[a], qf[0], qf[1]);
+                    us__mma_bf16(st[a][2 * np + 1], ka[a], qf[2], qf[3]);
+                    us__mma_bf16(dpt[a][2 * np], va[a], df[0], df[1]);
+                    us__mma_bf16(dpt[a][2 * np + 1], va[a], df[2], df[3]);
+                }
             }
         }
         /* recompute Pᵀ from the saved lse (no T×T matrix is ever stored), then dSᵀ */
-        const bool diag = k0 + warp * 16 + 15 > q0; /* some key of this warp is after some query */
+        const bool diag = wk0 + 16 * KW - 1 > q0; /* some key of this warp is after some query */
 #pragma unroll
-        for (int j = 0; j < BR / 8; j++)
+        for (int a = 0; a < KW; a++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int ql = j * 8 + 2 * (lane & 3) + (e & 1);
-                float p = exp2f(st[j][e] * sl2 - sLb[ql]);
-                if (diag && key0 + (e >> 1) * 8 > q0 + ql) p = 0.f;
-                st[j][e] = p;
-                dpt[j][e] = p * (dpt[j][e] - sDb[ql]);
-            }
+            for (int j = 0; j < BR / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int ql = j * 8 + 2 * (lane & 3) + (e & 1);
+                    float p = exp2f(st[a][j][e] * sl2 - sLb[ql]);
+                    if (diag && key0 + 16 * a + (e >> 1) * 8 > q0 + ql) p = 0.f;
+                    st[a][j][e] = p;
+                    dpt[a][j][e] = p * (dpt[a][j][e] - sDb[ql]);
+                }
         /* dV += Pᵀ·dO and dK += dSᵀ·Q; Pᵀ and dSᵀ are A fragments straight from registers */
 #pragma unroll
         for (int t = 0; t < BR / 16; t++) {
-            uint32_t pa[4], da[4];
-            us__acc_to_a(pa, st[2 * t], st[2 * t + 1]);
-            us__acc_to_a(da, dpt[2 * t], dpt[2 * t + 1]);
+            uint32_t pa[KW][4], da[KW][4];
+#pragma unroll
+            for (int a = 0; a < KW; a++) {
+                us__acc_to_a(pa[a], st[a][2 * t], st[a][2 * t + 1]);
+                us__acc_to_a(da[a], dpt[a][2 * t], dpt[a][2 * t + 1]);
+            }
 #pragma unroll
             for (int dp = 0; dp < HS / 16; dp++) {
                 uint32_t of[4], qf[4];
                 us__ldsm_x4_t(of, us__fa_b_addr<LDS>(sdOb, t * 16, dp * 16, lane));
                 us__ldsm_x4_t(qf, us__fa_b_addr<LDS>(sQb, t * 16, dp * 16, lane));
-                us__mma_bf16(dv[2 * dp], pa, of[0], of[1]);
-                us__mma_bf16(dv[2 * dp + 1], pa, of[2], of[3]);
-                us__mma_bf16(dk[2 * dp], da, qf[0], qf[1]);
-                us__mma_bf16(dk[2 * dp + 1], da, qf[2], qf[3]);
+#pragma unroll
+                for (int a = 0; a < KW; a++) {
+                    us__mma_bf16(dv[a][2 * dp], pa[a], of[0], of[1]);
+                    us__mma_bf16(dv[a][2 * dp + 1], pa[a], of[2], of[3]);
+                    us__mma_bf16(dk[a][2 * dp], da[a], qf[0], qf[1]);
+                    us__mma_bf16(dk[a][2 * dp + 1], da[a], qf[2], qf[3]);
+                }
             }
         }
     }
 
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        int key = key0 + r * 8;
-        if (key >= T) continue;
-        __nv_bfloat16 *row = dqkv + ((int64_t)b * T + key) * QKV + 2 * (lane & 3);
-        __nv_bfloat16 *dkr = row + (int64_t)(NH + g) * HS, *dvr = row + (int64_t)(NH + NKV + g) * HS;
+    for (int a = 0; a < KW; a++)
 #pragma unroll
-        for (int i = 0; i < HS / 8; i++) {
-            *reinterpret_cast<__nv_bfloat162 *>(dkr + i * 8) = __floats2bfloat162_rn(dk[i][2 * r] * scale, dk[i][2 * r + 1] * scale);
-            *reinterpret_cast<__nv_bfloat162 *>(dvr + i * 8) = __floats2bfloat162_rn(dv[i][2 * r], dv[i][2 * r + 1]);
+        for (int r = 0; r < 2; r++) {
+            int key = key0 + 16 * a + r * 8;
+            if (key >= T) continue;
+            __nv_bfloat16 *row = dqkv + ((int64_t)b * T + key) * QKV + 2 * (lane & 3);
+            __nv_bfloat16 *dkr = row + (int64_t)(NH + g) * HS, *dvr = row + (int64_t)(NH + NKV + g) * HS;
+#pragma unroll
+            for (int i = 0; i < HS / 8; i++) {
+                *reinterpret_cast<__nv_bfloat162 *>(dkr + i * 8) = __floats2bfloat162_rn(dk[a][i][2 * r] * scale, dk[a][i][2 * r + 1] * scale);
+                *reinterpret_cast<__nv_bfloat162 *>(dvr + i * 8) = __floats2bfloat162_rn(dv[a][i][2 * r], dv[a][i][2 * r + 1]);
+            }
         }
-    }
 }
 
 /* dQ of 64·MW queries of one head, keys 0..end in order (deterministic). Per warp (16·MW queries):
      S = Q·Kᵀ, P = exp2(S·sl2 − lse2), dP = dO·Vᵀ, dS = P ∘ (dP − D), dQ += dS·K
    MW = 2 with BC = 32 lets each K/V fragment feed two mma (see the forward) while S and dP stay
    small enough for dQ (128 fp32 at HS 128) to fit in registers. */
-template <int HS, int MW, int BC>
-__global__ void __launch_bounds__(128, 2)
+template <int HS, int MW, int BC, int MINB>
+__global__ void __launch_bounds__(128, MINB)
 us__flash_bwd_dq_kernel(const __nv_bfloat16 *__restrict__ dout, const __nv_bfloat16 *__restrict__ qkv,
                         const float *__restrict__ lse, const float *__restrict__ Dg, __nv_bfloat16 *__restrict__ dqkv,
                         int T, int NH, int NKV, float scale, float sl2) {
@@ -993,7 +1110,8 @@ us__flash_bwd_dq_kernel(const __nv_bfloat16 *__restrict__ dout, const __nv_bfloa
     __nv_bfloat16 *sK = sdO + BR * LDS;                /* [2][BC][LDS] */
     __nv_bfloat16 *sV = sK + 2 * TILE;                 /* [2][BC][LDS] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, g = h / (NH / NKV);
+    /* grid (NH, B, query blocks), heaviest blocks first as in the forward */
+    const int qb = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, g = h / (NH / NKV);
     const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, OC = (int64_t)NH * HS;
     const __nv_bfloat16 *base = qkv + (int64_t)b * T * QKV;
     const __nv_bfloat16 *gk = base + (int64_t)(NH + g) * HS, *gv = base + (int64_t)(NH + NKV + g) * HS;
@@ -1115,12 +1233,12 @@ static void us__flash_reject(cudaStream_t stream) {
     us__flash_bwd_dot_kernel<64><<<0, 256, 0, stream>>>(NULL, NULL, NULL, 0, 1, 1);
 }
 
-template <int HS, int MW = us__fa_fwd_mw, int BC = us__fa_fwd_bc>
+template <int HS, int MW = us__fa_cfg<HS>::fwd_mw, int BC = us__fa_cfg<HS>::fwd_bc, int MINB = us__fa_cfg<HS>::fwd_minb>
 static void us__flash_fwd_hs(const __nv_bfloat16 *qkv, __nv_bfloat16 *out, float *lse, int B, int T, int NH, int NKV, cudaStream_t stream) {
     size_t smem = (size_t)(64 * MW + 4 * BC) * us__fa_dims<HS>::lds * 2; /* Q (64·MW rows), 2×K, 2×V */
-    cudaFuncSetAttribute(us__flash_fwd_kernel<HS, MW, BC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    dim3 grid((T + 64 * MW - 1) / (64 * MW), NH, B);
-    us__flash_fwd_kernel<HS, MW, BC><<<grid, us__fa_threads, smem, stream>>>(qkv, out, lse, T, NH, NKV, 1.4426950408889634f / sqrtf((float)HS));
+    cudaFuncSetAttribute(us__flash_fwd_kernel<HS, MW, BC, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    dim3 grid(NH, B, (T + 64 * MW - 1) / (64 * MW));
+    us__flash_fwd_kernel<HS, MW, BC, MINB><<<grid, us__fa_threads, smem, stream>>>(qkv, out, lse, T, NH, NKV, 1.4426950408889634f / sqrtf((float)HS));
 }
 
 /* out[B,T,NH·HS] and lse[B,NH,T] from qkv[B,T,QKV]; errors via cudaGetLastError */
@@ -1140,18 +1258,37 @@ static size_t us__flash_bwd_scratch_bytes(int B, int T, int NH, int NKV, int HS)
     return (size_t)B * NH * T * sizeof(float);
 }
 
-template <int HS, int MW = us__fa_dq_mw, int BC = us__fa_dq_bc>
-static void us__flash_bwd_hs(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv, const __nv_bfloat16 *out, const float *lse,
-                             __nv_bfloat16 *dqkv, float *D, int B, int T, int NH, int NKV, cudaStream_t stream) {
-    float scale = 1.f / sqrtf((float)HS), sl2 = scale * 1.4426950408889634f;
+/* the three launches of the backward, apart so that flash_test can time and vary them */
+template <int HS>
+static void us__flash_bwd_dot(const __nv_bfloat16 *dout, const __nv_bfloat16 *out, float *D, int B, int T, int NH, cudaStream_t stream) {
     int64_t rows = (int64_t)B * T * NH;
     us__flash_bwd_dot_kernel<HS><<<(unsigned)((rows + 7) / 8), 256, 0, stream>>>(dout, out, D, rows, T, NH);
-    size_t s1 = us__fa_dims<HS>::dkdv_smem, s2 = (size_t)(2 * 64 * MW + 4 * BC) * us__fa_dims<HS>::lds * 2;
-    cudaFuncSetAttribute(us__flash_bwd_dkdv_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
-    cudaFuncSetAttribute(us__flash_bwd_dq_kernel<HS, MW, BC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2);
-    dim3 g1((T + us__fa_bc - 1) / us__fa_bc, NKV, B), g2((T + 64 * MW - 1) / (64 * MW), NH, B);
-    us__flash_bwd_dkdv_kernel<HS><<<g1, us__fa_threads, s1, stream>>>(dout, qkv, lse, D, dqkv, T, NH, NKV, scale, sl2);
-    us__flash_bwd_dq_kernel<HS, MW, BC><<<g2, us__fa_threads, s2, stream>>>(dout, qkv, lse, D, dqkv, T, NH, NKV, scale, sl2);
+}
+template <int HS, int KW = us__fa_cfg<HS>::kv_kw, int BR = us__fa_cfg<HS>::kv_br, int MINB = us__fa_cfg<HS>::kv_minb>
+static void us__flash_bwd_dkdv(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv, const float *lse, const float *D,
+                               __nv_bfloat16 *dqkv, int B, int T, int NH, int NKV, cudaStream_t stream) {
+    float scale = 1.f / sqrtf((float)HS), sl2 = scale * 1.4426950408889634f;
+    size_t smem = us__fa_dkdv_smem<HS, KW, BR>();
+    cudaFuncSetAttribute(us__flash_bwd_dkdv_kernel<HS, KW, BR, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    dim3 grid(NKV, B, (T + 64 * KW - 1) / (64 * KW));
+    us__flash_bwd_dkdv_kernel<HS, KW, BR, MINB><<<grid, us__fa_threads, smem, stream>>>(dout, qkv, lse, D, dqkv, T, NH, NKV, scale, sl2);
+}
+template <int HS, int MW = us__fa_cfg<HS>::dq_mw, int BC = us__fa_cfg<HS>::dq_bc, int MINB = us__fa_cfg<HS>::dq_minb>
+static void us__flash_bwd_dq(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv, const float *lse, const float *D,
+                             __nv_bfloat16 *dqkv, int B, int T, int NH, int NKV, cudaStream_t stream) {
+    float scale = 1.f / sqrtf((float)HS), sl2 = scale * 1.4426950408889634f;
+    size_t smem = (size_t)(2 * 64 * MW + 4 * BC) * us__fa_dims<HS>::lds * 2; /* Q, dO (64·MW rows), 2×K, 2×V */
+    cudaFuncSetAttribute(us__flash_bwd_dq_kernel<HS, MW, BC, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    dim3 grid(NH, B, (T + 64 * MW - 1) / (64 * MW));
+    us__flash_bwd_dq_kernel<HS, MW, BC, MINB><<<grid, us__fa_threads, smem, stream>>>(dout, qkv, lse, D, dqkv, T, NH, NKV, scale, sl2);
+}
+template <int HS, int KW = us__fa_cfg<HS>::kv_kw, int KBR = us__fa_cfg<HS>::kv_br,
+          int MW = us__fa_cfg<HS>::dq_mw, int BC = us__fa_cfg<HS>::dq_bc>
+static void us__flash_bwd_hs(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv, const __nv_bfloat16 *out, const float *lse,
+                             __nv_bfloat16 *dqkv, float *D, int B, int T, int NH, int NKV, cudaStream_t stream) {
+    us__flash_bwd_dot<HS>(dout, out, D, B, T, NH, stream);
+    us__flash_bwd_dkdv<HS, KW, KBR, us__fa_cfg<HS>::kv_minb>(dout, qkv, lse, D, dqkv, B, T, NH, NKV, stream);
+    us__flash_bwd_dq<HS, MW, BC, us__fa_cfg<HS>::dq_minb>(dout, qkv, lse, D, dqkv, B, T, NH, NKV, stream);
 }
 
 /* dqkv[B,T,QKV] (every element written) from dout[B,T,NH·HS], qkv, out and lse of the forward;
@@ -1312,6 +1449,7 @@ US_API void us_cuda_ops_free(us_ops *o) {
     }
     if (c->ws) cudaFree(c->ws);
     if (c->scratch) cudaFree(c->scratch);
+    if (c->rope_tab) cudaFree(c->rope_tab);
     if (c->lt) cublasLtDestroy(c->lt);
     if (c->host_red) cudaFreeHost(c->host_red);
     cudaStreamDestroy(c->stream);

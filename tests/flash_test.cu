@@ -1,5 +1,8 @@
 /* flash_test: checks us__flash_fwd / us__flash_bwd against double-precision attention on the
-   host, computed from the same bf16 inputs; --bench times them (TFLOP/s, causal FLOPs).
+   host, computed from the same bf16 inputs; --bench times them (TFLOP/s, causal FLOPs) at HS 128,
+   --bench64 at the Llama-3.2-1B shape (B 4, T 4096, NH 32, NKV 8, HS 64) with every tiling.
+   -DFLASH_ORIG builds only what the pre-tuning header had (correctness, default-tiling
+   --bench64), to measure the old kernels with the same benchmark.
    nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompiler -fopenmp -o flash_test cuda_dev/flash_test.cu */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -30,14 +33,51 @@ static void acc(errs &e, double x, double r) {
 }
 static double rel(const errs &e) { return e.nonfinite ? INFINITY : sqrt(e.num / (e.den > 0 ? e.den : 1)); }
 
-/* forward tilings: 0 = MW 1 BC 64 (64×64), 1 = MW 2 BC 64 (128×64), 2 = MW 2 BC 32 (128×32) */
-static const char *variant_name[3] = {"64x64", "128x64", "128x32"};
+/* forward tilings (queries × keys per CTA tile): MW 1 BC 64, MW 2 BC 64, MW 2 BC 32, MW 1 BC 128;
+   then (HS 64 only, /3 = __launch_bounds__ for 3 CTAs per SM) 64x64/3, 128x32/3 */
+#ifdef FLASH_ORIG
+#define NFV 4
+#else
+#define NFV 6
+#endif
+static const char *variant_name[6] = {"64x64", "128x64", "128x32", "64x128", "64x64/3", "128x32/3"};
 template <int HS>
 static void fwd_variant(int vi, const __nv_bfloat16 *qkv, __nv_bfloat16 *out, float *lse, int B, int T, int NH, int NKV) {
+#ifdef FLASH_ORIG
     if (vi == 0) us__flash_fwd_hs<HS, 1, 64>(qkv, out, lse, B, T, NH, NKV, 0);
     else if (vi == 1) us__flash_fwd_hs<HS, 2, 64>(qkv, out, lse, B, T, NH, NKV, 0);
-    else us__flash_fwd_hs<HS, 2, 32>(qkv, out, lse, B, T, NH, NKV, 0);
+    else if (vi == 2) us__flash_fwd_hs<HS, 2, 32>(qkv, out, lse, B, T, NH, NKV, 0);
+#else
+    if (vi == 0) us__flash_fwd_hs<HS, 1, 64, 2>(qkv, out, lse, B, T, NH, NKV, 0);
+    else if (vi == 1) us__flash_fwd_hs<HS, 2, 64, 2>(qkv, out, lse, B, T, NH, NKV, 0);
+    else if (vi == 2) us__flash_fwd_hs<HS, 2, 32, 2>(qkv, out, lse, B, T, NH, NKV, 0);
+#endif
+#ifdef FLASH_ORIG
+    else us__flash_fwd_hs<HS, 1, 128>(qkv, out, lse, B, T, NH, NKV, 0);
+#else
+    else if (vi == 3) us__flash_fwd_hs<HS, 1, 128, 2>(qkv, out, lse, B, T, NH, NKV, 0);
+    else if (vi == 4) us__flash_fwd_hs<HS, 1, 64, HS == 64 ? 3 : 2>(qkv, out, lse, B, T, NH, NKV, 0);
+    else us__flash_fwd_hs<HS, 2, 32, HS == 64 ? 3 : 2>(qkv, out, lse, B, T, NH, NKV, 0);
+#endif
 }
+
+#ifndef FLASH_ORIG
+/* HS 64 backward tilings, checked by run_case and timed by --bench64: the dK/dV kernel
+   (KW 16-key atoms per warp, BR queries per tile) and the dQ kernel (MW, BC as the forward) */
+typedef void (*bwd_part_fn)(const __nv_bfloat16 *, const __nv_bfloat16 *, const float *, const float *, __nv_bfloat16 *,
+                            int, int, int, int, cudaStream_t);
+static const struct { const char *name; bwd_part_fn fn; } kv64[] = {
+    {"kv64x32", us__flash_bwd_dkdv<64, 1, 32, 2>}, {"kv64x64", us__flash_bwd_dkdv<64, 1, 64, 2>},
+    {"kv128x16", us__flash_bwd_dkdv<64, 2, 16, 2>}, {"kv128x32", us__flash_bwd_dkdv<64, 2, 32, 2>},
+    {"kv64x32/3", us__flash_bwd_dkdv<64, 1, 32, 3>}, {"kv64x16/3", us__flash_bwd_dkdv<64, 1, 16, 3>}};
+static const struct { const char *name; bwd_part_fn fn; } dq64[] = {
+    {"dq128x32", us__flash_bwd_dq<64, 2, 32, 2>}, {"dq128x64", us__flash_bwd_dq<64, 2, 64, 2>},
+    {"dq64x64", us__flash_bwd_dq<64, 1, 64, 2>}, {"dq64x128", us__flash_bwd_dq<64, 1, 128, 2>},
+    {"dq64x64/3", us__flash_bwd_dq<64, 1, 64, 3>}, {"dq64x32/3", us__flash_bwd_dq<64, 1, 32, 3>},
+    {"dq128x16/3", us__flash_bwd_dq<64, 2, 16, 3>}};
+#define NKV64 (int)(sizeof kv64 / sizeof kv64[0])
+#define NDQ64 (int)(sizeof dq64 / sizeof dq64[0])
+#endif
 
 static int run_case(int B, int T, int NH, int NKV, int HS) {
     const int QKV = (NH + 2 * NKV) * HS, OC = NH * HS, grp = NH / NKV;
@@ -79,9 +119,9 @@ static int run_case(int B, int T, int NH, int NKV, int HS) {
     CK(cudaMemcpy(h2.data(), ddqkv, nqkv * 2, cudaMemcpyDeviceToHost));
     int determ = memcmp(h2.data(), hdqkv.data(), nqkv * 2) == 0;
     /* the other forward tilings (benchmarked with --bench) must agree with the reference too */
-    std::vector<std::vector<uint16_t>> vout(3, std::vector<uint16_t>(nout));
-    std::vector<std::vector<float>> vlse(3, std::vector<float>(nlse));
-    for (int vi = 0; vi < 3; vi++) {
+    std::vector<std::vector<uint16_t>> vout(NFV, std::vector<uint16_t>(nout));
+    std::vector<std::vector<float>> vlse(NFV, std::vector<float>(nlse));
+    for (int vi = 0; vi < NFV; vi++) {
         CK(cudaMemset(dout_, 0xFF, nout * 2)); CK(cudaMemset(dlse, 0xFF, nlse * 4));
         if (HS == 64) fwd_variant<64>(vi, dqkv_in, dout_, dlse, B, T, NH, NKV);
         else fwd_variant<128>(vi, dqkv_in, dout_, dlse, B, T, NH, NKV);
@@ -89,6 +129,21 @@ static int run_case(int B, int T, int NH, int NKV, int HS) {
         CK(cudaMemcpy(vout[vi].data(), dout_, nout * 2, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(vlse[vi].data(), dlse, nlse * 4, cudaMemcpyDeviceToHost));
     }
+    /* HS 64: every dK/dV tiling (with dQ tiling i) and every dQ tiling; out and lse are the
+       last forward variant's, which the check below holds to the same tolerance */
+    std::vector<std::vector<uint16_t>> vbwd;
+#ifndef FLASH_ORIG
+    if (HS == 64)
+        for (int i = 0; i < std::max(NKV64, NDQ64); i++) {
+            CK(cudaMemset(ddqkv, 0xFF, nqkv * 2));
+            us__flash_bwd_dot<64>(dout_grad, dout_, (float *)scratch, B, T, NH, 0);
+            kv64[i % NKV64].fn(dout_grad, dqkv_in, dlse, (float *)scratch, ddqkv, B, T, NH, NKV, 0);
+            dq64[i % NDQ64].fn(dout_grad, dqkv_in, dlse, (float *)scratch, ddqkv, B, T, NH, NKV, 0);
+            CK(cudaGetLastError());
+            vbwd.emplace_back(nqkv);
+            CK(cudaMemcpy(vbwd.back().data(), ddqkv, nqkv * 2, cudaMemcpyDeviceToHost));
+        }
+#endif
     cudaFree(dqkv_in); cudaFree(ddqkv); cudaFree(dout_); cudaFree(dout_grad); cudaFree(dlse); cudaFree(scratch);
 
     /* double-precision reference, one (b, h) per OpenMP thread; dk/dv per query head, summed
@@ -169,7 +224,7 @@ static int run_case(int B, int T, int NH, int NKV, int HS) {
         }
     double tol = 1e-2;
     int vok = 1;
-    for (int vi = 0; vi < 3; vi++) {
+    for (int vi = 0; vi < NFV; vi++) {
         errs ve;
         double vl = 0;
         for (size_t i = 0; i < nout; i++) acc(ve, bf2d(vout[vi][i]), rout[i]);
@@ -179,6 +234,32 @@ static int run_case(int B, int T, int NH, int NKV, int HS) {
             printf("  fwd variant %s: out %.2e lse %.1e FAIL\n", variant_name[vi], rel(ve), vl);
         }
     }
+#ifndef FLASH_ORIG
+    for (size_t vi = 0; vi < vbwd.size(); vi++) {
+        errs vq, vk, vv;
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++) {
+                size_t row = ((size_t)b * T + t) * QKV;
+                for (int h = 0; h < NH; h++)
+                    for (int d = 0; d < HS; d++) acc(vq, bf2d(vbwd[vi][row + h * HS + d]), rdq[((size_t)b * T + t) * OC + h * HS + d]);
+                for (int g = 0; g < NKV; g++)
+                    for (int d = 0; d < HS; d++) {
+                        double sk = 0, sv = 0;
+                        for (int h = g * grp; h < (g + 1) * grp; h++) {
+                            size_t o = (((size_t)b * NH + h) * T + t) * HS + d;
+                            sk += rdk[o]; sv += rdv[o];
+                        }
+                        acc(vk, bf2d(vbwd[vi][row + (NH + g) * HS + d]), sk);
+                        acc(vv, bf2d(vbwd[vi][row + (NH + NKV + g) * HS + d]), sv);
+                    }
+            }
+        if (!(rel(vq) < tol && rel(vk) < tol && rel(vv) < tol)) {
+            vok = 0;
+            printf("  bwd variant %s + %s: dq %.2e dk %.2e dv %.2e FAIL\n", kv64[vi % NKV64].name, dq64[vi % NDQ64].name,
+                   rel(vq), rel(vk), rel(vv));
+        }
+    }
+#endif
     int ok = vok && rel(eo) < tol && rel(eq) < tol && rel(ek) < tol && rel(ev) < tol && lse_nan == 0 && lse_err < 1e-3 && determ;
     printf("B=%d T=%4d NH=%d NKV=%d HS=%3d  out %.2e  lse %.1e  dq %.2e  dk %.2e  dv %.2e  %s%s  %s\n", B, T, NH, NKV, HS,
            rel(eo), lse_nan ? INFINITY : lse_err, rel(eq), rel(ek), rel(ev), determ ? "det" : "NONDET",
@@ -188,6 +269,66 @@ static int run_case(int B, int T, int NH, int NKV, int HS) {
 
 static float median(std::vector<float> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; }
 
+/* median milliseconds of f() over reps runs after 3 warmups, cudaEvents around each run */
+template <class F> static float time_ms(F f, int reps = 20) {
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0); cudaEventCreate(&e1);
+    std::vector<float> t;
+    for (int r = 0; r < reps + 3; r++) {
+        float ms;
+        cudaEventRecord(e0);
+        f();
+        cudaEventRecord(e1);
+        CK(cudaEventSynchronize(e1));
+        cudaEventElapsedTime(&ms, e0, e1);
+        if (r >= 3) t.push_back(ms);
+    }
+    CK(cudaGetLastError());
+    cudaEventDestroy(e0); cudaEventDestroy(e1);
+    return median(t);
+}
+
+/* the attention of one Llama-3.2-1B layer in training: B 4, T 4096, NH 32, NKV 8, HS 64.
+   Inputs are random in [-1, 1) (non-zero, so no fast paths); lse comes from a real forward. */
+static void bench64(void) {
+    const int B = 4, T = 4096, NH = 32, NKV = 8, HS = 64, QKV = (NH + 2 * NKV) * HS;
+    const size_t nqkv = (size_t)B * T * QKV, nout = (size_t)B * T * NH * HS;
+    const double fl = 4.0 * B * NH * (double)T * T * HS / 2, bfl = 2.5 * fl;
+    __nv_bfloat16 *qkv, *out, *dout, *dqkv;
+    float *lse, *D;
+    CK(cudaMalloc(&qkv, nqkv * 2)); CK(cudaMalloc(&dqkv, nqkv * 2));
+    CK(cudaMalloc(&out, nout * 2)); CK(cudaMalloc(&dout, nout * 2));
+    CK(cudaMalloc(&lse, (size_t)B * NH * T * 4)); CK(cudaMalloc(&D, us__flash_bwd_scratch_bytes(B, T, NH, NKV, HS)));
+    std::vector<uint16_t> h(nqkv);
+    for (size_t i = 0; i < nqkv; i++) h[i] = f2bf(frand());
+    CK(cudaMemcpy(qkv, h.data(), nqkv * 2, cudaMemcpyHostToDevice));
+    for (size_t i = 0; i < nout; i++) h[i] = f2bf(frand());
+    CK(cudaMemcpy(dout, h.data(), nout * 2, cudaMemcpyHostToDevice));
+    printf("bench64: B=%d T=%d NH=%d NKV=%d HS=%d (causal; bwd FLOPs = 2.5 x fwd)\n", B, T, NH, NKV, HS);
+    for (int vi = 0; vi < NFV; vi++) {
+        float ms = time_ms([&] { fwd_variant<64>(vi, qkv, out, lse, B, T, NH, NKV); });
+        printf("  fwd %-10s %8.3f ms %7.1f TF/s\n", variant_name[vi], ms, fl / ms / 1e9);
+    }
+    us__flash_fwd(qkv, out, lse, B, T, NH, NKV, HS, 0);
+#ifndef FLASH_ORIG
+    float dot = time_ms([&] { us__flash_bwd_dot<64>(dout, out, D, B, T, NH, 0); });
+    printf("  bwd dot        %8.3f ms\n", dot);
+    for (int i = 0; i < NKV64; i++) {
+        float ms = time_ms([&] { kv64[i].fn(dout, qkv, lse, D, dqkv, B, T, NH, NKV, 0); });
+        printf("  bwd %-10s %8.3f ms  (5 of the 7 products: %6.1f TF/s)\n", kv64[i].name, ms, bfl * 5 / 7 / ms / 1e9);
+    }
+    for (int i = 0; i < NDQ64; i++) {
+        float ms = time_ms([&] { dq64[i].fn(dout, qkv, lse, D, dqkv, B, T, NH, NKV, 0); });
+        printf("  bwd %-10s %8.3f ms  (3 of the 7 products: %6.1f TF/s)\n", dq64[i].name, ms, bfl * 3 / 7 / ms / 1e9);
+    }
+#endif
+    float mf = time_ms([&] { us__flash_fwd(qkv, out, lse, B, T, NH, NKV, HS, 0); });
+    float mb = time_ms([&] { us__flash_bwd(dout, qkv, out, lse, dqkv, D, B, T, NH, NKV, HS, 0); });
+    printf("us64 default  fwd %8.3f ms %7.1f TF/s | bwd %8.3f ms %7.1f TF/s\n", mf, fl / mf / 1e9, mb, bfl / mb / 1e9);
+    cudaFree(qkv); cudaFree(dqkv); cudaFree(out); cudaFree(dout); cudaFree(lse); cudaFree(D);
+}
+
+#ifndef FLASH_ORIG
 static void bench(void) {
     const int HS = 128, NH = 16, reps = 20;
     const int Ts[3] = {2048, 4096, 8192}, NKVs[2] = {16, 4};
@@ -210,7 +351,7 @@ static void bench(void) {
             int T = Ts[ti], B = 16384 / T, NKV = NKVs[ni];
             double fl = 4.0 * B * NH * (double)T * T * HS / 2;
             std::vector<float> tf, tb;
-            for (int vi = 0; vi < 3; vi++) {
+            for (int vi = 0; vi < NFV; vi++) {
                 std::vector<float> tv;
                 for (int r = 0; r < reps + 3; r++) {
                     float ms;
@@ -245,8 +386,8 @@ static void bench(void) {
                 for (int r = 0; r < reps + 3; r++) {
                     float ms;
                     cudaEventRecord(e0);
-                    if (vi == 0) us__flash_bwd_hs<128, 1, 64>(dout, qkv, out, lse, dqkv, (float *)scratch, B, T, NH, NKV, 0);
-                    else us__flash_bwd_hs<128, 2, 32>(dout, qkv, out, lse, dqkv, (float *)scratch, B, T, NH, NKV, 0);
+                    if (vi == 0) us__flash_bwd_hs<128, 1, 32, 1, 64>(dout, qkv, out, lse, dqkv, (float *)scratch, B, T, NH, NKV, 0);
+                    else us__flash_bwd_hs<128, 1, 32, 2, 32>(dout, qkv, out, lse, dqkv, (float *)scratch, B, T, NH, NKV, 0);
                     cudaEventRecord(e1);
                     CK(cudaEventSynchronize(e1));
                     cudaEventElapsedTime(&ms, e0, e1);
@@ -259,17 +400,13 @@ static void bench(void) {
                 cudaEvent_t ev[4];
                 std::vector<float> part[3];
                 for (int i = 0; i < 4; i++) cudaEventCreate(&ev[i]);
-                float sc = 1.f / sqrtf((float)HS), sl2 = sc * 1.4426950408889634f;
-                int64_t rows = (int64_t)B * T * NH;
                 for (int r = 0; r < reps + 3; r++) {
                     cudaEventRecord(ev[0]);
-                    us__flash_bwd_dot_kernel<128><<<(unsigned)((rows + 7) / 8), 256>>>(dout, out, (float *)scratch, rows, T, NH);
+                    us__flash_bwd_dot<128>(dout, out, (float *)scratch, B, T, NH, 0);
                     cudaEventRecord(ev[1]);
-                    us__flash_bwd_dkdv_kernel<128><<<dim3((T + 63) / 64, NKV, B), 128, us__fa_dims<128>::dkdv_smem>>>(
-                        dout, qkv, lse, (float *)scratch, dqkv, T, NH, NKV, sc, sl2);
+                    us__flash_bwd_dkdv<128>(dout, qkv, lse, (float *)scratch, dqkv, B, T, NH, NKV, 0);
                     cudaEventRecord(ev[2]);
-                    us__flash_bwd_dq_kernel<128, us__fa_dq_mw, us__fa_dq_bc><<<dim3((T + 64 * us__fa_dq_mw - 1) / (64 * us__fa_dq_mw), NH, B), 128,
-                        (2 * 64 * us__fa_dq_mw + 4 * us__fa_dq_bc) * us__fa_dims<128>::lds * 2>>>(dout, qkv, lse, (float *)scratch, dqkv, T, NH, NKV, sc, sl2);
+                    us__flash_bwd_dq<128>(dout, qkv, lse, (float *)scratch, dqkv, B, T, NH, NKV, 0);
                     cudaEventRecord(ev[3]);
                     CK(cudaEventSynchronize(ev[3]));
                     for (int i = 0; i < 3; i++) {
@@ -287,10 +424,14 @@ static void bench(void) {
                    2.5 * fl / mb / 1e9);
         }
 }
+#endif
 
 int main(int argc, char **argv) {
     if (us_cuda_device_count() == 0) { printf("SKIP no CUDA device\n"); return 0; }
+#ifndef FLASH_ORIG
     if (argc > 1 && !strcmp(argv[1], "--bench")) { bench(); return 0; }
+#endif
+    if (argc > 1 && !strcmp(argv[1], "--bench64")) { bench64(); return 0; }
     const int Bs[2] = {1, 2}, Ts[6] = {1, 17, 64, 100, 257, 1024}, HSs[2] = {64, 128};
     const int heads[2][2] = {{4, 4}, {8, 2}};
     int pass = 0, fail = 0;
