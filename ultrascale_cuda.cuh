@@ -248,6 +248,41 @@ static void us__cuda_gemm(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64
 /* ------------------------------------------------------------------------------------ */
 // >>cuda-kernels  elementwise and row kernels
 /* ------------------------------------------------------------------------------------ */
+/* 16-byte vector access: 8 bf16 or 4 fp32 per load/store, converted to/from fp32 registers.
+   The caller guarantees 16-byte alignment (checked on the host; scalar kernels otherwise). */
+template <typename T> struct us__vec { enum { W = 16 / (int)sizeof(T) }; };
+static __device__ __forceinline__ void us__ldv(const float *p, float *f) {
+    float4 u = *reinterpret_cast<const float4 *>(p);
+    f[0] = u.x; f[1] = u.y; f[2] = u.z; f[3] = u.w;
+}
+static __device__ __forceinline__ void us__ldv(const __nv_bfloat16 *p, float *f) {
+    uint4 u = *reinterpret_cast<const uint4 *>(p);
+    const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
+#pragma unroll
+    for (int k = 0; k < 4; k++) { float2 t = __bfloat1622float2(h[k]); f[2 * k] = t.x; f[2 * k + 1] = t.y; }
+}
+static __device__ __forceinline__ void us__stv(float *p, const float *f) {
+    *reinterpret_cast<float4 *>(p) = make_float4(f[0], f[1], f[2], f[3]);
+}
+static __device__ __forceinline__ void us__stv(__nv_bfloat16 *p, const float *f) {
+    uint4 u;
+    __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&u);
+#pragma unroll
+    for (int k = 0; k < 4; k++) h[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);   /* each rounds to nearest even */
+    *reinterpret_cast<uint4 *>(p) = u;
+}
+/* 4 values into a low-precision copy: one float4 (fp32) or one 8-byte store (bf16) */
+static __device__ __forceinline__ void us__st4(float *p, const float *f) { us__stv(p, f); }
+static __device__ __forceinline__ void us__st4(__nv_bfloat16 *p, const float *f) {
+    uint2 u;
+    __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&u);
+    h[0] = __floats2bfloat162_rn(f[0], f[1]);
+    h[1] = __floats2bfloat162_rn(f[2], f[3]);
+    *reinterpret_cast<uint2 *>(p) = u;
+}
+static int us__al(const void *p, unsigned bytes) { return ((uintptr_t)p & (uintptr_t)(bytes - 1)) == 0; }
+static int us__al16(const void *p) { return us__al(p, 16); }
+
 template <typename D, typename S>
 __global__ void us__k_cast(D *dst, const S *src, int64_t n) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, st = (int64_t)gridDim.x * blockDim.x;
@@ -344,6 +379,75 @@ __global__ void us__k_rmsnorm_bwd_dx(T *dx, const T *dout, const T *x, const T *
             us__st(dx, i, us__ld(dx, i) + r * (us__ld(dout, i) * us__ld(w, c) - us__ld(x, i) * r * mean));
         }
 }
+/* Vector path: 16-byte loads, each thread holds US__ROW_RV vectors of the row in registers; the
+   host picks blockDim = the row's vectors / US__ROW_RV rounded up to a warp (C = 2048 bf16: 128
+   threads), so rows up to 1024·US__ROW_RV vectors (16384 bf16, 8192 fp32) take this path. */
+#define US__ROW_RV 2
+template <typename T>
+__global__ void us__k_rmsnorm_fwd_vec(T *out, float *rstd, const T *x, const T *w, int64_t C, float eps) {
+    enum { W = us__vec<T>::W };
+    __shared__ float sh[32];
+    int64_t n = blockIdx.x;
+    int nv = (int)(C / W), k, i;
+    float v[US__ROW_RV][W], wv[US__ROW_RV][W], ss = 0, r;
+#pragma unroll
+    for (k = 0; k < US__ROW_RV; k++) {
+        int j = threadIdx.x + k * blockDim.x;
+        if (j < nv) { us__ldv(x + n * C + (int64_t)j * W, v[k]); us__ldv(w + (int64_t)j * W, wv[k]); }
+        else {
+#pragma unroll
+            for (i = 0; i < W; i++) v[k][i] = wv[k][i] = 0.0f;
+        }
+#pragma unroll
+        for (i = 0; i < W; i++) ss += v[k][i] * v[k][i];
+    }
+    ss = us__block_sum(ss, sh);
+    r = rsqrtf(ss / (float)C + eps);
+    if (threadIdx.x == 0) rstd[n] = r;
+#pragma unroll
+    for (k = 0; k < US__ROW_RV; k++) {
+        int j = threadIdx.x + k * blockDim.x;
+        if (j < nv) {
+            float o[W];
+#pragma unroll
+            for (i = 0; i < W; i++) o[i] = v[k][i] * r * wv[k][i];
+            us__stv(out + n * C + (int64_t)j * W, o);
+        }
+    }
+}
+template <typename T>
+__global__ void us__k_rmsnorm_bwd_dx_vec(T *dx, const T *dout, const T *x, const T *w, const float *rstd, int64_t C) {
+    enum { W = us__vec<T>::W };
+    __shared__ float sh[32];
+    int64_t n = blockIdx.x;
+    int nv = (int)(C / W), k, i;
+    float r = rstd[n], dot = 0, mean, xv[US__ROW_RV][W], gv[US__ROW_RV][W], av[US__ROW_RV][W];
+#pragma unroll
+    for (k = 0; k < US__ROW_RV; k++) {
+        int j = threadIdx.x + k * blockDim.x;
+        if (j < nv) {
+            float dv[W], wv[W];
+            int64_t e = n * C + (int64_t)j * W;
+            us__ldv(x + e, xv[k]); us__ldv(dout + e, dv); us__ldv(w + (int64_t)j * W, wv);
+            us__ldv(dx + e, av[k]);   /* read early: its latency hides behind the reduction */
+#pragma unroll
+            for (i = 0; i < W; i++) { gv[k][i] = dv[i] * wv[i]; dot += gv[k][i] * xv[k][i] * r; }
+        } else {
+#pragma unroll
+            for (i = 0; i < W; i++) xv[k][i] = gv[k][i] = av[k][i] = 0.0f;
+        }
+    }
+    mean = us__block_sum(dot, sh) / (float)C;
+#pragma unroll
+    for (k = 0; k < US__ROW_RV; k++) {
+        int j = threadIdx.x + k * blockDim.x;
+        if (j < nv) {
+#pragma unroll
+            for (i = 0; i < W; i++) av[k][i] = av[k][i] + r * (gv[k][i] - xv[k][i] * r * mean);
+            us__stv(dx + n * C + (int64_t)j * W, av[k]);
+        }
+    }
+}
 /* dw = Σ_n dy·xhat in two passes — partial sums over fixed row chunks, then the chunks in
    order — so the result does not depend on scheduling */
 #define US__RMS_ROWS 256
@@ -355,26 +459,90 @@ __global__ void us__k_rmsnorm_bwd_dw_part(float *part, const T *dout, const T *x
     for (r = r0; r < r0 + US__RMS_ROWS && r < N; r++) acc += us__ld(dout, r * C + c) * us__ld(x, r * C + c) * rstd[r];
     part[(int64_t)blockIdx.y * C + c] = acc;
 }
-__global__ void us__k_rmsnorm_bwd_dw_sum(float *dw, const float *part, int nchunks, int64_t C) {
-    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+/* the same partial sums with 16-byte loads: block (32, US__DW_TY); lane x owns one vector of W
+   columns, warp y the rows r0+y, r0+y+US__DW_TY, … of the chunk (in order); the warps' sums are
+   then added in order y = 0, 1, …: a fixed order, so the bits never depend on scheduling */
+#define US__DW_TY 8
+template <typename T>
+__global__ void __launch_bounds__(32 * US__DW_TY) us__k_rmsnorm_bwd_dw_part_vec(float *part, const T *dout, const T *x, const float *rstd, int64_t N, int64_t C) {
+    enum { W = us__vec<T>::W };
+    __shared__ float sh[US__DW_TY][W * 32];
+    int64_t j = (int64_t)blockIdx.x * 32 + threadIdx.x, r0 = (int64_t)blockIdx.y * US__RMS_ROWS, r1 = r0 + US__RMS_ROWS < N ? r0 + US__RMS_ROWS : N, r;
+    int nv = (int)(C / W), i, t = threadIdx.y * 32 + threadIdx.x;
+    float acc[W];
+#pragma unroll
+    for (i = 0; i < W; i++) acc[i] = 0.0f;
+    if (j < nv) {
+#pragma unroll 4
+        for (r = r0 + threadIdx.y; r < r1; r += US__DW_TY) {
+            float d[W], xv[W], rs = rstd[r];
+            us__ldv(dout + r * C + j * W, d); us__ldv(x + r * C + j * W, xv);
+#pragma unroll
+            for (i = 0; i < W; i++) acc[i] += d[i] * xv[i] * rs;
+        }
+    }
+#pragma unroll
+    for (i = 0; i < W; i++) sh[threadIdx.y][i * 32 + threadIdx.x] = acc[i];
+    __syncthreads();
+    if (t < 32 * W) {   /* thread t writes column blockIdx.x·32·W + t: coalesced */
+        int64_t c = (int64_t)blockIdx.x * 32 * W + t;
+        int lane = t / W, e = t % W, y;
+        float s = 0;
+        for (y = 0; y < US__DW_TY; y++) s += sh[y][e * 32 + lane];
+        if (c < C) part[(int64_t)blockIdx.y * C + c] = s;
+    }
+}
+/* dw += Σ_k part[k]: block (32, US__DW_TY), warp y sums chunks y, y+US__DW_TY, … in order, then the
+   warps' sums are added in order y = 0, 1, … (fixed, deterministic) */
+__global__ void __launch_bounds__(32 * US__DW_TY) us__k_rmsnorm_bwd_dw_sum(float *dw, const float *part, int nchunks, int64_t C) {
+    __shared__ float sh[US__DW_TY][32];
+    int64_t c = (int64_t)blockIdx.x * 32 + threadIdx.x;
     float acc = 0;
     int k;
-    if (c >= C) return;
-    for (k = 0; k < nchunks; k++) acc += part[(int64_t)k * C + c];
-    dw[c] += acc;
+    if (c < C) {
+#pragma unroll 4
+        for (k = threadIdx.y; k < nchunks; k += US__DW_TY) acc += part[(int64_t)k * C + c];
+    }
+    sh[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float s = 0;
+        for (k = 0; k < US__DW_TY; k++) s += sh[k][threadIdx.x];
+        dw[c] += s;
+    }
+}
+/* threads for the vector row kernels, or 0 when the row does not fit / is not vectorizable */
+static int us__row_threads(int64_t C, int W) {
+    int64_t nv = C / W, th;
+    if (C % W) return 0;
+    th = ((nv + US__ROW_RV - 1) / US__ROW_RV + 31) / 32 * 32;
+    return th <= 1024 ? (int)th : 0;
 }
 static void us__cuda_rmsnorm_fwd(us_ops *o, void *out, float *rstd, const void *x, const void *w, int64_t N, int64_t C, float eps, us_dtype dt) {
-    US__DISPATCH(o, dt, (us__k_rmsnorm_fwd<T_><<<(unsigned)N, 256, 0, us__cu(o)->stream>>>((T_ *)out, rstd, (const T_ *)x, (const T_ *)w, C, eps)));
+    int th = us__row_threads(C, 16 / (int)us_dtype_size(dt));
+    if (th && us__al16(out) && us__al16(x) && us__al16(w))
+        US__DISPATCH(o, dt, (us__k_rmsnorm_fwd_vec<T_><<<(unsigned)N, th, 0, us__cu(o)->stream>>>((T_ *)out, rstd, (const T_ *)x, (const T_ *)w, C, eps)));
+    else
+        US__DISPATCH(o, dt, (us__k_rmsnorm_fwd<T_><<<(unsigned)N, 256, 0, us__cu(o)->stream>>>((T_ *)out, rstd, (const T_ *)x, (const T_ *)w, C, eps)));
 }
 static void us__cuda_rmsnorm_bwd(us_ops *o, void *dx, float *dw, const void *dout, const void *x, const void *w, const float *rstd, int64_t N, int64_t C, us_dtype dt) {
     cudaStream_t s = us__cu(o)->stream;
-    int nch = (int)((N + US__RMS_ROWS - 1) / US__RMS_ROWS);
+    int nch = (int)((N + US__RMS_ROWS - 1) / US__RMS_ROWS), W = 16 / (int)us_dtype_size(dt), th = us__row_threads(C, W);
+    int vin = C % W == 0 && us__al16(dout) && us__al16(x);   /* dout and x rows can be read as vectors */
     float *part = (float *)us__cuda_scratch(o, (size_t)nch * C * 4);
-    dim3 g((unsigned)((C + 127) / 128), (unsigned)nch);
     if (!part) return;
-    US__DISPATCH(o, dt, (us__k_rmsnorm_bwd_dx<T_><<<(unsigned)N, 256, 0, s>>>((T_ *)dx, (const T_ *)dout, (const T_ *)x, (const T_ *)w, rstd, C)));
-    US__DISPATCH(o, dt, (us__k_rmsnorm_bwd_dw_part<T_><<<g, 128, 0, s>>>(part, (const T_ *)dout, (const T_ *)x, rstd, N, C)));
-    us__k_rmsnorm_bwd_dw_sum<<<(unsigned)((C + 255) / 256), 256, 0, s>>>(dw, part, nch, C);
+    if (th && vin && us__al16(dx) && us__al16(w))
+        US__DISPATCH(o, dt, (us__k_rmsnorm_bwd_dx_vec<T_><<<(unsigned)N, th, 0, s>>>((T_ *)dx, (const T_ *)dout, (const T_ *)x, (const T_ *)w, rstd, C)));
+    else
+        US__DISPATCH(o, dt, (us__k_rmsnorm_bwd_dx<T_><<<(unsigned)N, 256, 0, s>>>((T_ *)dx, (const T_ *)dout, (const T_ *)x, (const T_ *)w, rstd, C)));
+    if (vin) {
+        dim3 g((unsigned)((C / W + 31) / 32), (unsigned)nch);
+        US__DISPATCH(o, dt, (us__k_rmsnorm_bwd_dw_part_vec<T_><<<g, dim3(32, US__DW_TY), 0, s>>>(part, (const T_ *)dout, (const T_ *)x, rstd, N, C)));
+    } else {
+        dim3 g((unsigned)((C + 127) / 128), (unsigned)nch);
+        US__DISPATCH(o, dt, (us__k_rmsnorm_bwd_dw_part<T_><<<g, 128, 0, s>>>(part, (const T_ *)dout, (const T_ *)x, rstd, N, C)));
+    }
+    us__k_rmsnorm_bwd_dw_sum<<<(unsigned)((C + 31) / 32), dim3(32, US__DW_TY), 0, s>>>(dw, part, nch, C);
     US__LAUNCHED(o);
 }
 
@@ -455,12 +623,54 @@ __global__ void us__k_swiglu_bwd(T *dgu, const T *dh, const T *gu, int64_t N, in
         us__st(dgu, n * 2 * F + F + f, d * g * sg);
     }
 }
+/* Vector path (F a multiple of the vector width, 16-byte aligned buffers): each thread owns W
+   adjacent columns, so every access is one 16-byte load or store. */
+template <typename T>
+__global__ void us__k_swiglu_fwd_vec(T *h, const T *gu, int64_t N, int64_t F) {
+    enum { W = us__vec<T>::W };
+    int64_t f = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * W, n;
+    int i;
+    if (f >= F) return;
+    for (n = blockIdx.y; n < N; n += gridDim.y) {
+        float g[W], u[W], o[W];
+        us__ldv(gu + n * 2 * F + f, g); us__ldv(gu + n * 2 * F + F + f, u);
+#pragma unroll
+        for (i = 0; i < W; i++) o[i] = g[i] / (1.0f + __expf(-g[i])) * u[i];
+        us__stv(h + n * F + f, o);
+    }
+}
+template <typename T>
+__global__ void us__k_swiglu_bwd_vec(T *dgu, const T *dh, const T *gu, int64_t N, int64_t F) {
+    enum { W = us__vec<T>::W };
+    int64_t f = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * W, n;
+    int i;
+    if (f >= F) return;
+    for (n = blockIdx.y; n < N; n += gridDim.y) {
+        float g[W], u[W], d[W], dg[W], du[W];
+        us__ldv(gu + n * 2 * F + f, g); us__ldv(gu + n * 2 * F + F + f, u); us__ldv(dh + n * F + f, d);
+#pragma unroll
+        for (i = 0; i < W; i++) {
+            float sg = 1.0f / (1.0f + __expf(-g[i]));
+            dg[i] = d[i] * u[i] * sg * (1.0f + g[i] * (1.0f - sg));
+            du[i] = d[i] * g[i] * sg;
+        }
+        us__stv(dgu + n * 2 * F + f, dg); us__stv(dgu + n * 2 * F + F + f, du);
+    }
+}
 static dim3 us__rows_grid(int64_t N, int64_t F, int threads) { return dim3((unsigned)((F + threads - 1) / threads), (unsigned)(N < 65535 ? N : 65535)); }
 static void us__cuda_swiglu_fwd(us_ops *o, void *h, const void *gu, int64_t N, int64_t F, us_dtype dt) {
-    US__DISPATCH(o, dt, (us__k_swiglu_fwd<T_><<<us__rows_grid(N, F, 256), 256, 0, us__cu(o)->stream>>>((T_ *)h, (const T_ *)gu, N, F)));
+    int64_t W = 16 / (int64_t)us_dtype_size(dt);
+    if (F % W == 0 && us__al16(h) && us__al16(gu))
+        US__DISPATCH(o, dt, (us__k_swiglu_fwd_vec<T_><<<us__rows_grid(N, F / W, 256), 256, 0, us__cu(o)->stream>>>((T_ *)h, (const T_ *)gu, N, F)));
+    else
+        US__DISPATCH(o, dt, (us__k_swiglu_fwd<T_><<<us__rows_grid(N, F, 256), 256, 0, us__cu(o)->stream>>>((T_ *)h, (const T_ *)gu, N, F)));
 }
 static void us__cuda_swiglu_bwd(us_ops *o, void *dgu, const void *dh, const void *gu, int64_t N, int64_t F, us_dtype dt) {
-    US__DISPATCH(o, dt, (us__k_swiglu_bwd<T_><<<us__rows_grid(N, F, 256), 256, 0, us__cu(o)->stream>>>((T_ *)dgu, (const T_ *)dh, (const T_ *)gu, N, F)));
+    int64_t W = 16 / (int64_t)us_dtype_size(dt);
+    if (F % W == 0 && us__al16(dgu) && us__al16(dh) && us__al16(gu))
+        US__DISPATCH(o, dt, (us__k_swiglu_bwd_vec<T_><<<us__rows_grid(N, F / W, 256), 256, 0, us__cu(o)->stream>>>((T_ *)dgu, (const T_ *)dh, (const T_ *)gu, N, F)));
+    else
+        US__DISPATCH(o, dt, (us__k_swiglu_bwd<T_><<<us__rows_grid(N, F, 256), 256, 0, us__cu(o)->stream>>>((T_ *)dgu, (const T_ *)dh, (const T_ *)gu, N, F)));
 }
 
 /* Fused softmax-cross-entropy: one block per row. Pass 1 keeps a running max and a rescaled
@@ -501,8 +711,87 @@ __global__ void us__k_xent(float *losses, int32_t *argmax, T *logits, const int3
             us__st(row, v, y < 0 ? 0.0f : dscale * (__expf(us__ld(row, v) - lse) - (v == y ? 1.0f : 0.0f)));
     }
 }
+/* Vector path (V a multiple of the vector width, aligned logits): each thread reads W logits per
+   16-byte load, two loads in flight per iteration. Per vector: its first maximum, one rescale of
+   the running sum when that beats the running max, then W exponentials. A thread's vectors come in
+   increasing index order and only a strictly larger value moves the argmax, so each thread keeps
+   its first maximum and the block takes the smallest index among the maxima, as before. */
+#define US__XENT_THREADS 512
+template <typename T>
+static __device__ __forceinline__ void us__xent_acc(const float *x, int base, float &mx, float &sum, int &am) {
+    enum { W = us__vec<T>::W };
+    float m = x[0];
+    int a = 0, k;
+#pragma unroll
+    for (k = 1; k < W; k++) if (x[k] > m) { m = x[k]; a = k; }
+    if (m > mx) { sum *= __expf(mx - m); mx = m; am = base + a; }
+    if (mx != -INFINITY) {
+#pragma unroll
+        for (k = 0; k < W; k++) sum += __expf(x[k] - mx);
+    }
+}
+template <typename T>
+__global__ void __launch_bounds__(US__XENT_THREADS) us__k_xent_vec(float *losses, int32_t *argmax, T *logits, const int32_t *tgt, int64_t V, float dscale) {
+    enum { W = us__vec<T>::W };
+    __shared__ float sh[32];
+    __shared__ int shi[32];
+    int64_t n = blockIdx.x;
+    T *row = logits + n * V;
+    float mx = -INFINITY, sum = 0, lse, bm;
+    int am = 0x7fffffff, y = tgt[n], lane = threadIdx.x & 31, w = threadIdx.x >> 5, i, j, k, nv = (int)(V / W), bd = blockDim.x;
+    for (j = threadIdx.x; j < nv; j += 2 * bd) {
+        float x0[W], x1[W];
+        us__ldv(row + (int64_t)j * W, x0);
+        if (j + bd < nv) us__ldv(row + (int64_t)(j + bd) * W, x1);
+        us__xent_acc<T>(x0, j * W, mx, sum, am);
+        if (j + bd < nv) us__xent_acc<T>(x1, (j + bd) * W, mx, sum, am);
+    }
+    bm = us__block_max(mx, sh);
+    sum = us__block_sum(mx == -INFINITY ? 0.0f : sum * __expf(mx - bm), sh);
+    {   /* block argmax: the smallest index among the maxima, like the CPU's first-max scan */
+        int cand = mx == bm ? am : 0x7fffffff;
+        for (i = 16; i > 0; i >>= 1) cand = min(cand, __shfl_xor_sync(0xffffffffu, cand, i));
+        __syncthreads();
+        if (lane == 0) shi[w] = cand;
+        __syncthreads();
+        am = 0x7fffffff;
+        for (i = 0; i < (int)(blockDim.x >> 5); i++) am = min(am, shi[i]);
+    }
+    lse = logf(sum) + bm;
+    if (threadIdx.x == 0) {
+        losses[n] = y < 0 ? 0.0f : lse - us__ld(row, y);
+        if (argmax) argmax[n] = am;
+    }
+    if (dscale != 0.0f) {
+        __syncthreads();   /* row[y] was read above before it is overwritten below */
+        if (y < 0) {
+            float z[W];
+#pragma unroll
+            for (k = 0; k < W; k++) z[k] = 0.0f;
+            for (j = threadIdx.x; j < nv; j += bd) us__stv(row + (int64_t)j * W, z);
+        } else
+            for (j = threadIdx.x; j < nv; j += 2 * bd) {
+                float x0[W], x1[W];
+                int j1 = j + bd;
+                us__ldv(row + (int64_t)j * W, x0);
+                if (j1 < nv) us__ldv(row + (int64_t)j1 * W, x1);
+#pragma unroll
+                for (k = 0; k < W; k++) x0[k] = dscale * (__expf(x0[k] - lse) - (j * W + k == y ? 1.0f : 0.0f));
+                us__stv(row + (int64_t)j * W, x0);
+                if (j1 < nv) {
+#pragma unroll
+                    for (k = 0; k < W; k++) x1[k] = dscale * (__expf(x1[k] - lse) - (j1 * W + k == y ? 1.0f : 0.0f));
+                    us__stv(row + (int64_t)j1 * W, x1);
+                }
+            }
+    }
+}
 static void us__cuda_xent(us_ops *o, float *losses, int32_t *argmax, void *logits, const int32_t *tgt, int64_t N, int64_t V, float dscale, us_dtype dt) {
-    US__DISPATCH(o, dt, (us__k_xent<T_><<<(unsigned)N, 1024, 0, us__cu(o)->stream>>>(losses, argmax, (T_ *)logits, tgt, V, dscale)));
+    int64_t W = 16 / (int64_t)us_dtype_size(dt);
+    if (V % W == 0 && V < 0x7fffffff && us__al16(logits))
+        US__DISPATCH(o, dt, (us__k_xent_vec<T_><<<(unsigned)N, US__XENT_THREADS, 0, us__cu(o)->stream>>>(losses, argmax, (T_ *)logits, tgt, V, dscale)));
+    else
+        US__DISPATCH(o, dt, (us__k_xent<T_><<<(unsigned)N, 1024, 0, us__cu(o)->stream>>>(losses, argmax, (T_ *)logits, tgt, V, dscale)));
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -1349,13 +1638,56 @@ __global__ void us__k_adamw(float *p, const float *g, float *m, float *v, L *low
         if (low) us__st(low, i, pi);
     }
 }
+/* Vector path: float4 over the body [head, head + 4·nvec), where head (0–3 elements) brings p to a
+   16-byte boundary; the head and the tail (0–3 elements) are done by the first threads, one
+   element each. Same formula, element by element, as the scalar kernel. */
+static __device__ __forceinline__ void us__adamw1(float &p, float g, float &m, float &v, float lr, float b1, float b2,
+                                                  float eps, float wd, float gscale, float bc1, float bc2) {
+    float gi = g * gscale, mi = b1 * m + (1.0f - b1) * gi, vi = b2 * v + (1.0f - b2) * gi * gi;
+    float pi = p * (1.0f - lr * wd) - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+    m = mi; v = vi; p = pi;
+}
+template <typename L>
+__global__ void us__k_adamw_vec(float *p, const float *g, float *m, float *v, L *low, int64_t n, int64_t head, int64_t nvec,
+                                float lr, float b1, float b2, float eps, float wd, float gscale, float bc1, float bc2) {
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, st = (int64_t)gridDim.x * blockDim.x, i;
+    int64_t rest = n - head - 4 * nvec;   /* tail elements */
+    if (t < head + rest) {
+        int64_t e = t < head ? t : head + 4 * nvec + (t - head);
+        float pe = p[e], me = m[e], ve = v[e];
+        us__adamw1(pe, g[e], me, ve, lr, b1, b2, eps, wd, gscale, bc1, bc2);
+        m[e] = me; v[e] = ve; p[e] = pe;
+        if (low) us__st(low, e, pe);
+    }
+    for (i = t; i < nvec; i += st) {
+        int64_t e = head + 4 * i;
+        float pv[4], gv[4], mv[4], vv[4];
+        int k;
+        us__ldv(p + e, pv); us__ldv(g + e, gv); us__ldv(m + e, mv); us__ldv(v + e, vv);
+#pragma unroll
+        for (k = 0; k < 4; k++) us__adamw1(pv[k], gv[k], mv[k], vv[k], lr, b1, b2, eps, wd, gscale, bc1, bc2);
+        us__stv(m + e, mv); us__stv(v + e, vv); us__stv(p + e, pv);
+        if (low) us__st4(low + e, pv);
+    }
+}
 static void us__cuda_adamw(us_ops *o, float *p, const float *g, float *m, float *v, void *p_lowp, us_dtype lowdt, int64_t n,
                            float lr, float beta1, float beta2, float eps, float wd, float gscale, int step) {
     cudaStream_t s = us__cu(o)->stream;
     float bc1 = 1.0f - powf(beta1, (float)step), bc2 = 1.0f - powf(beta2, (float)step);
-    unsigned gr = us__blocks(n, 256);
-    if (!p_lowp || lowdt == US_F32) us__k_adamw<float><<<gr, 256, 0, s>>>(p, g, m, v, (float *)p_lowp, n, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
-    else us__k_adamw<__nv_bfloat16><<<gr, 256, 0, s>>>(p, g, m, v, (__nv_bfloat16 *)p_lowp, n, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
+    int lowbf = p_lowp && lowdt != US_F32;   /* which copy the kernels write: bf16, fp32 or none */
+    int64_t head = (int64_t)(((16 - ((uintptr_t)p & 15)) & 15) / 4), nvec = n > head ? (n - head) / 4 : 0;
+    int vec = us__al(p, 4) && nvec > 0 && us__al16(g + head) && us__al16(m + head) && us__al16(v + head) &&
+              (!p_lowp || (lowbf ? us__al((const __nv_bfloat16 *)p_lowp + head, 8) : us__al16((const float *)p_lowp + head)));
+    if (vec) {
+        int64_t rest = n - head - 4 * nvec;
+        unsigned gr = us__blocks(nvec > head + rest ? nvec : head + rest, 256);
+        if (!lowbf) us__k_adamw_vec<float><<<gr, 256, 0, s>>>(p, g, m, v, (float *)p_lowp, n, head, nvec, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
+        else us__k_adamw_vec<__nv_bfloat16><<<gr, 256, 0, s>>>(p, g, m, v, (__nv_bfloat16 *)p_lowp, n, head, nvec, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
+    } else {
+        unsigned gr = us__blocks(n, 256);
+        if (!lowbf) us__k_adamw<float><<<gr, 256, 0, s>>>(p, g, m, v, (float *)p_lowp, n, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
+        else us__k_adamw<__nv_bfloat16><<<gr, 256, 0, s>>>(p, g, m, v, (__nv_bfloat16 *)p_lowp, n, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
+    }
     US__LAUNCHED(o);
 }
 

@@ -50,8 +50,10 @@ static void cmp(const char *what, buf *b, us_dtype dt, int64_t n) {
     free(g);
 }
 
-static void test_ops(us_dtype dt) {
-    int64_t B = 2, T = 37, NH = 4, NKV = 2, HS = 16, C = NH * HS, N = B * T, F = 40, V = 300;
+/* Shapes pick the kernels' paths: multiples of 8 take the 16-byte vector kernels, odd sizes
+   the scalar fallbacks; adam_off misaligns the AdamW buffers to exercise its head and tail. */
+static void test_ops(us_dtype dt, int64_t NH, int64_t NKV, int64_t HS, int64_t F, int64_t V, int64_t adam_n, int64_t adam_off) {
+    int64_t B = 2, T = 37, C = NH * HS, N = B * T;
     int64_t QKV = (NH + 2 * NKV) * HS, i;
     size_t a = us_dtype_size(dt);
     float *x = rnd_f32(N * C, 1), *w = rnd_f32(C, 1), *q = rnd_f32(N * QKV, 1), *dy = rnd_f32(N * C * 4, 1);
@@ -145,15 +147,15 @@ static void test_ops(us_dtype dt) {
         fin(&bl); fin(&bt); fin(&bls); fin(&bam); free(am);
     }
     {   /* AdamW with a bf16 copy, Σx² */
-        int64_t n = 1000;
+        int64_t n = adam_n + adam_off, o = adam_off;
         float *p = rnd_f32(n, 1), *g = rnd_f32(n, 1), *m = rnd_f32(n, 0.1f), *v = rnd_f32(n, 0.1f);
         for (i = 0; i < n; i++) v[i] = fabsf(v[i]);
         {
             buf bp = mk(p, n * 4), bg = mk(g, n * 4), bm = mk(m, n * 4), bv = mk(v, n * 4), blow = mk(p, n * a);
             double sc = Ccpu.sumsq(&Ccpu, g, n), sg = G.sumsq(&G, (float *)bg.d, n);
             CHECK(fabs(sc - sg) <= 1e-12 * sc, "sumsq %.15g vs %.15g", sg, sc);
-            Ccpu.adamw(&Ccpu, (float *)bp.h, (float *)bg.h, (float *)bm.h, (float *)bv.h, blow.h, dt, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 3);
-            G.adamw(&G, (float *)bp.d, (float *)bg.d, (float *)bm.d, (float *)bv.d, blow.d, dt, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 3);
+            Ccpu.adamw(&Ccpu, (float *)bp.h + o, (float *)bg.h + o, (float *)bm.h + o, (float *)bv.h + o, (char *)blow.h + o * a, dt, adam_n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 3);
+            G.adamw(&G, (float *)bp.d + o, (float *)bg.d + o, (float *)bm.d + o, (float *)bv.d + o, (char *)blow.d + o * a, dt, adam_n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 3);
             cmp("adamw params", &bp, US_F32, n);
             cmp("adamw low-precision copy", &blow, dt, n);
             fin(&bp); fin(&bg); fin(&bm); fin(&bv); fin(&blow);
@@ -244,8 +246,10 @@ int main(int argc, char **argv) {
     Ccpu = us_cpu_ops(0);
     us_cuda_describe(&G, desc, sizeof desc);
     printf("device: %s\n", desc);
-    test_ops(US_F32);
-    test_ops(US_BF16);
+    test_ops(US_F32, 4, 2, 16, 40, 304, 1000, 0);    /* vector paths */
+    test_ops(US_BF16, 4, 2, 16, 40, 304, 1000, 0);
+    test_ops(US_F32, 3, 1, 10, 41, 301, 1003, 1);    /* scalar fallbacks, misaligned AdamW */
+    test_ops(US_BF16, 3, 1, 10, 41, 301, 1003, 3);
     test_attention_shapes();
     test_training(US_PRECISION_FP32, US_RECOMPUTE_NONE);
     test_training(US_PRECISION_BF16, US_RECOMPUTE_NONE);
