@@ -1024,6 +1024,30 @@ template <int LDS> static __device__ __forceinline__ const __nv_bfloat16 *us__fa
     return s + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + n0 + (lane >> 4) * 8;
 }
 
+/* acc[MW m-atoms][16×HS] += P[MW][16×BC] · V[BC×HS], the second product of both the forward
+   (O += P·V) and the dQ kernel (dQ += dS·K): P leaves its fp32 accumulators as bf16 A fragments
+   without touching shared memory (FA2), V comes from shared memory through ldmatrix.trans. */
+template <int MW, int BC, int HS, int LDS>
+static __device__ __forceinline__ void us__fa_acc_pv(float (&acc)[MW][HS / 8][4], float (&p)[MW][BC / 8][4],
+                                                     const __nv_bfloat16 *sV, int lane) {
+#pragma unroll
+    for (int t = 0; t < BC / 16; t++) {
+        uint32_t pa[MW][4];
+#pragma unroll
+        for (int a = 0; a < MW; a++) us__acc_to_a(pa[a], p[a][2 * t], p[a][2 * t + 1]);
+#pragma unroll
+        for (int d = 0; d < HS / 16; d++) {
+            uint32_t vf[4];
+            us__ldsm_x4_t(vf, us__fa_b_addr<LDS>(sV, t * 16, d * 16, lane));
+#pragma unroll
+            for (int a = 0; a < MW; a++) {
+                us__mma_bf16(acc[a][2 * d], pa[a], vf[0], vf[1]);
+                us__mma_bf16(acc[a][2 * d + 1], pa[a], vf[2], vf[3]);
+            }
+        }
+    }
+}
+
 /* rows×HS tile from global (row stride ld elements) to shared [rows][HS+8]; rows ≥ nvalid become
    zeros (g must point at a valid row 0) */
 template <int HS, int ROWS>
@@ -1164,23 +1188,8 @@ us__flash_fwd_kernel(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__res
             }
         }
 
-        /* O += P·V: P goes from accumulator to A fragment in registers, V via ldmatrix.trans */
-#pragma unroll
-        for (int t = 0; t < BC / 16; t++) {
-            uint32_t pa[MW][4];
-#pragma unroll
-            for (int a = 0; a < MW; a++) us__acc_to_a(pa[a], s[a][2 * t], s[a][2 * t + 1]);
-#pragma unroll
-            for (int dp = 0; dp < HS / 16; dp++) {
-                uint32_t vf[4];
-                us__ldsm_x4_t(vf, us__fa_b_addr<LDS>(sVb, t * 16, dp * 16, lane));
-#pragma unroll
-                for (int a = 0; a < MW; a++) {
-                    us__mma_bf16(o[a][2 * dp], pa[a], vf[0], vf[1]);
-                    us__mma_bf16(o[a][2 * dp + 1], pa[a], vf[2], vf[3]);
-                }
-            }
-        }
+        /* O += P·V */
+        us__fa_acc_pv<MW, BC, HS, LDS>(o, s, sVb, lane);
     }
 
     /* O / l and lse = m + log l (natural log) */
@@ -1482,23 +1491,8 @@ us__flash_bwd_dq_kernel(const __nv_bfloat16 *__restrict__ dout, const __nv_bfloa
                     if (diag && kb * BC + j * 8 + 2 * (lane & 3) + (e & 1) > row0 + 16 * a + (e >> 1) * 8) p = 0.f;
                     dp[a][j][e] = p * (dp[a][j][e] - Dr[a][e >> 1]);
                 }
-        /* dQ += dS·K, K through ldmatrix.trans */
-#pragma unroll
-        for (int t = 0; t < BC / 16; t++) {
-            uint32_t da[MW][4];
-#pragma unroll
-            for (int a = 0; a < MW; a++) us__acc_to_a(da[a], dp[a][2 * t], dp[a][2 * t + 1]);
-#pragma unroll
-            for (int d2 = 0; d2 < HS / 16; d2++) {
-                uint32_t kf[4];
-                us__ldsm_x4_t(kf, us__fa_b_addr<LDS>(sKb, t * 16, d2 * 16, lane));
-#pragma unroll
-                for (int a = 0; a < MW; a++) {
-                    us__mma_bf16(dq[a][2 * d2], da[a], kf[0], kf[1]);
-                    us__mma_bf16(dq[a][2 * d2 + 1], da[a], kf[2], kf[3]);
-                }
-            }
-        }
+        /* dQ += dS·K */
+        us__fa_acc_pv<MW, BC, HS, LDS>(dq, dp, sKb, lane);
     }
 
 #pragma unroll
