@@ -80,7 +80,7 @@ typedef struct us__cuda {
     float rope_theta;
     size_t scratch_bytes;
     double *host_red;       /* pinned host slot for reduction results */
-    struct { void *p; size_t n; } allocs[64];   /* sizes of live allocations, for accounting */
+    struct { void *p; size_t n; } allocs[256];  /* sizes of live allocations, for accounting (beyond 256 live ones, frees are not subtracted) */
     int failed;
     char err[256];
 } us__cuda;
@@ -106,7 +106,7 @@ static void *us__cuda_alloc(us_ops *o, size_t bytes) {
     int i;
     if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) { cudaGetLastError(); return NULL; }   /* OOM is a result, not a sticky error */
     US__CU(o, cudaMemsetAsync(p, 0, bytes, c->stream));
-    for (i = 0; i < 64; i++) if (!c->allocs[i].p) { c->allocs[i].p = p; c->allocs[i].n = bytes; break; }
+    for (i = 0; i < 256; i++) if (!c->allocs[i].p) { c->allocs[i].p = p; c->allocs[i].n = bytes; break; }
     o->bytes_in_use += bytes;
     if (o->bytes_in_use > o->bytes_peak) o->bytes_peak = o->bytes_in_use;
     return p;
@@ -115,7 +115,7 @@ static void us__cuda_free(us_ops *o, void *p) {
     us__cuda *c = us__cu(o);
     int i;
     if (!p) return;
-    for (i = 0; i < 64; i++) if (c->allocs[i].p == p) { o->bytes_in_use -= c->allocs[i].n; c->allocs[i].p = NULL; break; }
+    for (i = 0; i < 256; i++) if (c->allocs[i].p == p) { o->bytes_in_use -= c->allocs[i].n; c->allocs[i].p = NULL; break; }
     US__CU(o, cudaFree(p));
 }
 static void us__cuda_zero(us_ops *o, void *p, size_t bytes) { US__CU(o, cudaMemsetAsync(p, 0, bytes, us__cu(o)->stream)); }
