@@ -1150,11 +1150,17 @@ static void us__gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alph
 #define US__PARALLEL_FOR _Pragma("omp parallel for schedule(static) num_threads(us__nt)")
 #define US__PARALLEL_FOR_DYNAMIC _Pragma("omp parallel for schedule(dynamic, 1) num_threads(us__nt)")
 static int us__threads(const us_ops *o) { return o->nthreads > 0 ? o->nthreads : omp_get_max_threads(); }
+static int us__tid(void) { return omp_get_thread_num(); }
 #else
 #define US__PARALLEL_FOR
 #define US__PARALLEL_FOR_DYNAMIC
 static int us__threads(const us_ops *o) { (void)o; return 1; }
+static int us__tid(void) { return 0; }
 #endif
+/* Row kernels take one scratch block per thread up front, not one per row in the hot loop. */
+#define US__ROW_SCRATCH(type, name, per_thread) \
+    type *name##_all = (type *)us__scratch((size_t)us__nt * (size_t)(per_thread) * sizeof(type))
+#define US__MY_ROW(name, per_thread) (name##_all + (size_t)us__tid() * (size_t)(per_thread))
 
 static void *us__cpu_alloc(us_ops *o, size_t bytes) {
     /* over-allocate; stash the raw pointer and the size just below the aligned block */
@@ -1234,10 +1240,11 @@ static void us__cpu_rmsnorm_fwd(us_ops *o, void *out, float *rstd, const void *x
     int us__nt = us__threads(o);
     float *wf = (float *)us__scratch((size_t)C * 4);
     int64_t n;
+    US__ROW_SCRATCH(float, row, C);
     us__load_f32(wf, w, dt, C);
     US__PARALLEL_FOR
     for (n = 0; n < N; n++) {
-        float *row = (float *)us__scratch((size_t)C * 4);
+        float *row = US__MY_ROW(row, C);
         double ss = 0;
         float r;
         int64_t c;
@@ -1247,9 +1254,8 @@ static void us__cpu_rmsnorm_fwd(us_ops *o, void *out, float *rstd, const void *x
         rstd[n] = r;
         for (c = 0; c < C; c++) row[c] = row[c] * r * wf[c];
         us__store_f32(us__at(out, dt, n * C), dt, row, C);
-        US_FREE(row);
     }
-    (void)us__nt;
+    US_FREE(row_all);
     US_FREE(wf);
 }
 /* dx = rstd · (dxhat − xhat · mean(dxhat·xhat)) with dxhat = dy·w, xhat = x·rstd; dw = Σ_n dy·xhat.
@@ -1258,11 +1264,11 @@ static void us__cpu_rmsnorm_bwd(us_ops *o, void *dx, float *dw, const void *dout
     int us__nt = us__threads(o);
     float *wf = (float *)us__scratch((size_t)C * 4);
     int64_t n, blk, nblk = (C + 63) / 64;
+    US__ROW_SCRATCH(float, xr, 3 * C);
     us__load_f32(wf, w, dt, C);
-    (void)us__nt;
     US__PARALLEL_FOR
     for (n = 0; n < N; n++) {
-        float *xr = (float *)us__scratch((size_t)C * 12), *dy = xr + C, *acc = dy + C;
+        float *xr = US__MY_ROW(xr, 3 * C), *dy = xr + C, *acc = dy + C;
         double dot = 0;
         float r = rstd[n], mean;
         int64_t c;
@@ -1273,8 +1279,8 @@ static void us__cpu_rmsnorm_bwd(us_ops *o, void *dx, float *dw, const void *dout
         mean = (float)(dot / (double)C);
         for (c = 0; c < C; c++) acc[c] += r * (dy[c] * wf[c] - xr[c] * r * mean);
         us__store_f32(us__at(dx, dt, n * C), dt, acc, C);
-        US_FREE(xr);
     }
+    US_FREE(xr_all);
     US__PARALLEL_FOR
     for (blk = 0; blk < nblk; blk++) {
         int64_t c, c0 = blk * 64, c1 = c0 + 64 < C ? c0 + 64 : C, r;
@@ -1299,11 +1305,11 @@ static void us__cpu_rope(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int
             cs[t * half + j] = (float)cos(ang);
             sn[t * half + j] = (float)sin(ang) * (float)dir;
         }
-    (void)us__nt;
+    US__ROW_SCRATCH(float, row, (int64_t)nrot * HS);
     US__PARALLEL_FOR
     for (bt = 0; bt < B * T; bt++) {
         int64_t tt = bt % T;
-        float *row = (float *)us__scratch((size_t)nrot * HS * 4);
+        float *row = US__MY_ROW(row, (int64_t)nrot * HS);
         int h, jj;
         us__load_f32(row, us__at(qkv, dt, bt * QKV), dt, (int64_t)nrot * HS);
         for (h = 0; h < nrot; h++) {
@@ -1315,8 +1321,8 @@ static void us__cpu_rope(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int
             }
         }
         us__store_f32(us__at(qkv, dt, bt * QKV), dt, row, (int64_t)nrot * HS);
-        US_FREE(row);
     }
+    US_FREE(row_all);
     US_FREE(cs);
 }
 static void us__cpu_rope_fwd(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS, float theta, us_dtype dt) {
@@ -1361,10 +1367,10 @@ static void us__cpu_swiglu_bwd(us_ops *o, void *dgu, const void *dh, const void 
 static void us__cpu_xent(us_ops *o, float *losses, int32_t *argmax, void *logits, const int32_t *tgt, int64_t N, int64_t V, float dscale, us_dtype dt) {
     int us__nt = us__threads(o);
     int64_t n;
-    (void)us__nt;
+    US__ROW_SCRATCH(float, row, V);
     US__PARALLEL_FOR
     for (n = 0; n < N; n++) {
-        float *row = (float *)us__scratch((size_t)V * 4), mx = -INFINITY;
+        float *row = US__MY_ROW(row, V), mx = -INFINITY;
         double sum = 0;
         int64_t v, am = 0;
         us__load_f32(row, us__at(logits, dt, n * V), dt, V);
@@ -1377,8 +1383,8 @@ static void us__cpu_xent(us_ops *o, float *losses, int32_t *argmax, void *logits
             for (v = 0; v < V; v++) row[v] = tgt[n] < 0 ? 0.0f : dscale * (expf(row[v] - mx) * inv - (v == tgt[n]));
             us__store_f32(us__at(logits, dt, n * V), dt, row, V);
         }
-        US_FREE(row);
     }
+    US_FREE(row_all);
 }
 
 static double us__cpu_sumsq(us_ops *o, const float *x, int64_t n) {
