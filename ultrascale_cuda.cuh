@@ -673,6 +673,28 @@ static void us__cuda_swiglu_bwd(us_ops *o, void *dgu, const void *dh, const void
         US__DISPATCH(o, dt, (us__k_swiglu_bwd<T_><<<us__rows_grid(N, F, 256), 256, 0, us__cu(o)->stream>>>((T_ *)dgu, (const T_ *)dh, (const T_ *)gu, N, F)));
 }
 
+/* The end of pass 1 of both cross-entropy kernels: combine the threads' running (max, rescaled
+   sum, first argmax) into the row's log-sum-exp, write the loss and the argmax (the smallest
+   index among the maxima, like the CPU's first-max scan); returns lse to every thread. */
+template <typename T>
+__device__ float us__xent_combine(float mx, float sum, int am, const T *row, int y, float *loss, int32_t *argmax, float *sh, int *shi) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, i, cand;
+    float bm = us__block_max(mx, sh), lse;
+    sum = us__block_sum(mx == -INFINITY ? 0.0f : sum * __expf(mx - bm), sh);
+    cand = mx == bm ? am : 0x7fffffff;
+    for (i = 16; i > 0; i >>= 1) cand = min(cand, __shfl_xor_sync(0xffffffffu, cand, i));
+    __syncthreads();
+    if (lane == 0) shi[w] = cand;
+    __syncthreads();
+    am = 0x7fffffff;
+    for (i = 0; i < (int)(blockDim.x >> 5); i++) am = min(am, shi[i]);
+    lse = logf(sum) + bm;
+    if (threadIdx.x == 0) {
+        *loss = y < 0 ? 0.0f : lse - us__ld(row, y);
+        if (argmax) *argmax = am;
+    }
+    return lse;
+}
 /* Fused softmax-cross-entropy: one block per row. Pass 1 keeps a running max and a rescaled
    sum (online softmax) and the first argmax; pass 2 writes the gradient over the logits.
    Probabilities never reach memory and the row is read twice, written once. */
@@ -682,29 +704,14 @@ __global__ void us__k_xent(float *losses, int32_t *argmax, T *logits, const int3
     __shared__ int shi[32];
     int64_t n = blockIdx.x, v;
     T *row = logits + n * V;
-    float mx = -INFINITY, sum = 0, lse, bm;
-    int am = 0x7fffffff, y = tgt[n], lane = threadIdx.x & 31, w = threadIdx.x >> 5, i;
+    float mx = -INFINITY, sum = 0, lse;
+    int am = 0x7fffffff, y = tgt[n];
     for (v = threadIdx.x; v < V; v += blockDim.x) {
         float x = us__ld(row, v);
         if (x > mx) { sum = sum * __expf(mx - x) + 1.0f; mx = x; am = (int)v; }
         else sum += __expf(x - mx);
     }
-    bm = us__block_max(mx, sh);
-    sum = us__block_sum(mx == -INFINITY ? 0.0f : sum * __expf(mx - bm), sh);
-    {   /* block argmax: the smallest index among the maxima, like the CPU's first-max scan */
-        int cand = mx == bm ? am : 0x7fffffff;
-        for (i = 16; i > 0; i >>= 1) cand = min(cand, __shfl_xor_sync(0xffffffffu, cand, i));
-        __syncthreads();
-        if (lane == 0) shi[w] = cand;
-        __syncthreads();
-        am = 0x7fffffff;
-        for (i = 0; i < (int)(blockDim.x >> 5); i++) am = min(am, shi[i]);
-    }
-    lse = logf(sum) + bm;
-    if (threadIdx.x == 0) {
-        losses[n] = y < 0 ? 0.0f : lse - us__ld(row, y);
-        if (argmax) argmax[n] = am;
-    }
+    lse = us__xent_combine(mx, sum, am, row, y, losses + n, argmax ? argmax + n : NULL, sh, shi);
     if (dscale != 0.0f) {
         __syncthreads();   /* row[y] was read above before it is overwritten below */
         for (v = threadIdx.x; v < V; v += blockDim.x)
@@ -737,8 +744,8 @@ __global__ void __launch_bounds__(US__XENT_THREADS) us__k_xent_vec(float *losses
     __shared__ int shi[32];
     int64_t n = blockIdx.x;
     T *row = logits + n * V;
-    float mx = -INFINITY, sum = 0, lse, bm;
-    int am = 0x7fffffff, y = tgt[n], lane = threadIdx.x & 31, w = threadIdx.x >> 5, i, j, k, nv = (int)(V / W), bd = blockDim.x;
+    float mx = -INFINITY, sum = 0, lse;
+    int am = 0x7fffffff, y = tgt[n], j, k, nv = (int)(V / W), bd = blockDim.x;
     for (j = threadIdx.x; j < nv; j += 2 * bd) {
         float x0[W], x1[W];
         us__ldv(row + (int64_t)j * W, x0);
@@ -746,22 +753,7 @@ __global__ void __launch_bounds__(US__XENT_THREADS) us__k_xent_vec(float *losses
         us__xent_acc<T>(x0, j * W, mx, sum, am);
         if (j + bd < nv) us__xent_acc<T>(x1, (j + bd) * W, mx, sum, am);
     }
-    bm = us__block_max(mx, sh);
-    sum = us__block_sum(mx == -INFINITY ? 0.0f : sum * __expf(mx - bm), sh);
-    {   /* block argmax: the smallest index among the maxima, like the CPU's first-max scan */
-        int cand = mx == bm ? am : 0x7fffffff;
-        for (i = 16; i > 0; i >>= 1) cand = min(cand, __shfl_xor_sync(0xffffffffu, cand, i));
-        __syncthreads();
-        if (lane == 0) shi[w] = cand;
-        __syncthreads();
-        am = 0x7fffffff;
-        for (i = 0; i < (int)(blockDim.x >> 5); i++) am = min(am, shi[i]);
-    }
-    lse = logf(sum) + bm;
-    if (threadIdx.x == 0) {
-        losses[n] = y < 0 ? 0.0f : lse - us__ld(row, y);
-        if (argmax) argmax[n] = am;
-    }
+    lse = us__xent_combine(mx, sum, am, row, y, losses + n, argmax ? argmax + n : NULL, sh, shi);
     if (dscale != 0.0f) {
         __syncthreads();   /* row[y] was read above before it is overwritten below */
         if (y < 0) {
