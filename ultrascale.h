@@ -1435,6 +1435,10 @@ static void us__load_kv(float *k, float *v, const void *qkv, int64_t b, int g, i
     }
 }
 
+/* Queries are taken US__ATT_QBLOCK rows at a time so each key/value row, once loaded, serves
+   the whole block from L1. Per row the arithmetic is the unblocked algorithm's, in its order. */
+#define US__ATT_QBLOCK 16
+
 static void us__cpu_attention_fwd(us_ops *o, void *out, float *lse, const void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS, us_dtype dt) {
     int us__nt = us__threads(o);
     int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, bh;
@@ -1442,43 +1446,54 @@ static void us__cpu_attention_fwd(us_ops *o, void *out, float *lse, const void *
     (void)us__nt;
     US__PARALLEL_FOR_DYNAMIC
     for (bh = 0; bh < B * NH; bh++) {
-        int64_t b = bh / NH, t, j0, j;
-        int h = (int)(bh % NH), g = h / (NH / NKV), d;
-        float *k = (float *)us__scratch(((size_t)2 * T * HS + 2 * HS + US__ATT_BLOCK) * 4);
-        float *v = k + T * HS, *q = v + T * HS, *acc = q + HS, *s = acc + HS;
+        enum { QB = US__ATT_QBLOCK };
+        int64_t b = bh / NH, q0, j0, j;
+        int h = (int)(bh % NH), g = h / (NH / NKV), d, qi;
+        /* K, V [T,HS]; per query of the block: q [HS], acc [HS], scores [KB], running max m and sum l */
+        float *k = (float *)us__scratch(((size_t)2 * T * HS + (size_t)QB * (2 * HS + US__ATT_BLOCK + 2)) * 4);
+        float *v = k + T * HS, *q = v + T * HS, *acc = q + QB * HS, *s = acc + QB * HS, *m = s + QB * US__ATT_BLOCK, *l = m + QB;
         us__load_kv(k, v, qkv, b, g, T, NH, NKV, HS, dt);
-        for (t = 0; t < T; t++) {
-            float m = -INFINITY, l = 0;
-            us__load_f32(q, us__at(qkv, dt, (b * T + t) * QKV + (int64_t)h * HS), dt, HS);
-            for (d = 0; d < HS; d++) acc[d] = 0;
-            for (j0 = 0; j0 <= t; j0 += US__ATT_BLOCK) {
-                int64_t j1 = j0 + US__ATT_BLOCK <= t + 1 ? j0 + US__ATT_BLOCK : t + 1;
-                float bm = -INFINITY, mnew, corr;
-                for (j = j0; j < j1; j++) {
-                    s[j - j0] = us__dot(q, k + j * HS, HS) * scale;
-                    if (s[j - j0] > bm) bm = s[j - j0];
-                }
-                mnew = m > bm ? m : bm;
-                corr = expf(m - mnew);             /* rescale what was summed under the old max */
-                l *= corr;
-                for (d = 0; d < HS; d++) acc[d] *= corr;
-                for (j = j0; j < j1; j++) {
-                    float p = expf(s[j - j0] - mnew);
-                    l += p;
-                    for (d = 0; d < HS; d++) acc[d] += p * v[j * HS + d];
-                }
-                m = mnew;
+        for (q0 = 0; q0 < T; q0 += QB) {
+            int nq = (int)(T - q0 < QB ? T - q0 : QB);
+            for (qi = 0; qi < nq; qi++) {
+                us__load_f32(q + qi * HS, us__at(qkv, dt, (b * T + q0 + qi) * QKV + (int64_t)h * HS), dt, HS);
+                for (d = 0; d < HS; d++) acc[qi * HS + d] = 0;
+                m[qi] = -INFINITY; l[qi] = 0;
             }
-            for (d = 0; d < HS; d++) acc[d] /= l;
-            us__store_f32(us__at(out, dt, (b * T + t) * NH * HS + (int64_t)h * HS), dt, acc, HS);
-            lse[(b * NH + h) * T + t] = m + logf(l);
+            for (j0 = 0; j0 < q0 + nq; j0 += US__ATT_BLOCK)   /* key blocks up to the block's last query */
+                for (qi = 0; qi < nq; qi++) {
+                    int64_t t = q0 + qi, j1 = j0 + US__ATT_BLOCK <= t + 1 ? j0 + US__ATT_BLOCK : t + 1;
+                    float *qr = q + qi * HS, *ar = acc + qi * HS, *sr = s + qi * US__ATT_BLOCK, bm = -INFINITY, mnew, corr;
+                    if (j0 > t) continue;   /* causal: this block lies after the query */
+                    for (j = j0; j < j1; j++) {
+                        sr[j - j0] = us__dot(qr, k + j * HS, HS) * scale;
+                        if (sr[j - j0] > bm) bm = sr[j - j0];
+                    }
+                    mnew = m[qi] > bm ? m[qi] : bm;
+                    corr = expf(m[qi] - mnew);             /* rescale what was summed under the old max */
+                    l[qi] *= corr;
+                    for (d = 0; d < HS; d++) ar[d] *= corr;
+                    for (j = j0; j < j1; j++) {
+                        float p = expf(sr[j - j0] - mnew);
+                        l[qi] += p;
+                        for (d = 0; d < HS; d++) ar[d] += p * v[j * HS + d];
+                    }
+                    m[qi] = mnew;
+                }
+            for (qi = 0; qi < nq; qi++) {
+                int64_t t = q0 + qi;
+                for (d = 0; d < HS; d++) acc[qi * HS + d] /= l[qi];
+                us__store_f32(us__at(out, dt, (b * T + t) * NH * HS + (int64_t)h * HS), dt, acc + qi * HS, HS);
+                lse[(b * NH + h) * T + t] = m[qi] + logf(l[qi]);
+            }
         }
         US_FREE(k);
     }
 }
 
-/* One thread per (batch, kv head) owns dK and dV of that head, so the sums over the query
-   heads of the group and over queries run in a fixed order. */
+/* One thread per (batch, kv head) owns dK and dV of that head. For each query block, every key
+   row j is visited once and updated by the block's queries in order, so dK[j] and dV[j] still
+   sum over query heads, then queries, ascending — a fixed order for any thread count. */
 static void us__cpu_attention_bwd(us_ops *o, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse, int64_t B, int64_t T, int NH, int NKV, int HS, us_dtype dt) {
     int us__nt = us__threads(o);
     int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, bg;
@@ -1487,34 +1502,45 @@ static void us__cpu_attention_bwd(us_ops *o, void *dqkv, const void *dout, const
     (void)us__nt;
     US__PARALLEL_FOR_DYNAMIC
     for (bg = 0; bg < B * NKV; bg++) {
-        int64_t b = bg / NKV, t, j;
-        int g = (int)(bg % NKV), h, d;
-        float *k = (float *)us__scratch(((size_t)4 * T * HS + 4 * HS) * 4);
-        float *v = k + T * HS, *dk = v + T * HS, *dv = dk + T * HS, *q = dv + T * HS, *ob = q + HS, *dob = ob + HS, *dq = dob + HS;
+        enum { QB = US__ATT_QBLOCK };
+        int64_t b = bg / NKV, q0, t, j;
+        int g = (int)(bg % NKV), h, d, qi;
+        /* K, V, dK, dV [T,HS]; per query of the block: q, dO, dQ [HS], D and lse */
+        float *k = (float *)us__scratch(((size_t)4 * T * HS + (size_t)QB * (3 * HS + 2)) * 4);
+        float *v = k + T * HS, *dk = v + T * HS, *dv = dk + T * HS, *q = dv + T * HS, *dob = q + QB * HS, *dq = dob + QB * HS;
+        float *D = dq + QB * HS, *L = D + QB, *ob = dq;   /* O is only needed for D: it borrows dQ's rows */
         us__load_kv(k, v, qkv, b, g, T, NH, NKV, HS, dt);
         memset(dk, 0, (size_t)2 * T * HS * 4);
-        for (h = g * grp; h < (g + 1) * grp; h++) {
-            for (t = 0; t < T; t++) {
-                int64_t orow = (b * T + t) * NH * HS + (int64_t)h * HS;
-                float L = lse[(b * NH + h) * T + t], D = 0;
-                us__load_f32(q, us__at(qkv, dt, (b * T + t) * QKV + (int64_t)h * HS), dt, HS);
-                us__load_f32(ob, us__at(out, dt, orow), dt, HS);
-                us__load_f32(dob, us__at(dout, dt, orow), dt, HS);
-                D = us__dot(dob, ob, HS);
-                for (d = 0; d < HS; d++) dq[d] = 0;
-                for (j = 0; j <= t; j++) {
-                    float sdot = us__dot(q, k + j * HS, HS), dp = us__dot(dob, v + j * HS, HS), p, ds;
-                    p = expf(sdot * scale - L);
-                    ds = p * (dp - D) * scale;
-                    for (d = 0; d < HS; d++) {
-                        dq[d] += ds * k[j * HS + d];
-                        dk[j * HS + d] += ds * q[d];
-                        dv[j * HS + d] += p * dob[d];
+        for (h = g * grp; h < (g + 1) * grp; h++)
+            for (q0 = 0; q0 < T; q0 += QB) {
+                int nq = (int)(T - q0 < QB ? T - q0 : QB);
+                for (qi = 0; qi < nq; qi++) {
+                    int64_t orow = (b * T + q0 + qi) * NH * HS + (int64_t)h * HS;
+                    us__load_f32(q + qi * HS, us__at(qkv, dt, (b * T + q0 + qi) * QKV + (int64_t)h * HS), dt, HS);
+                    us__load_f32(ob + qi * HS, us__at(out, dt, orow), dt, HS);
+                    us__load_f32(dob + qi * HS, us__at(dout, dt, orow), dt, HS);
+                    D[qi] = us__dot(dob + qi * HS, ob + qi * HS, HS);
+                    L[qi] = lse[(b * NH + h) * T + q0 + qi];
+                }
+                for (qi = 0; qi < nq * HS; qi++) dq[qi] = 0;
+                for (j = 0; j < q0 + nq; j++) {
+                    const float *kj = k + j * HS, *vj = v + j * HS;
+                    float *dkj = dk + j * HS, *dvj = dv + j * HS;
+                    for (qi = (int)(j > q0 ? j - q0 : 0); qi < nq; qi++) {   /* queries t ≥ j */
+                        float *qr = q + qi * HS, *dor = dob + qi * HS, *dqr = dq + qi * HS;
+                        float sdot = us__dot(qr, kj, HS), dp = us__dot(dor, vj, HS), p, ds;
+                        p = expf(sdot * scale - L[qi]);
+                        ds = p * (dp - D[qi]) * scale;
+                        for (d = 0; d < HS; d++) {
+                            dqr[d] += ds * kj[d];
+                            dkj[d] += ds * qr[d];
+                            dvj[d] += p * dor[d];
+                        }
                     }
                 }
-                us__store_f32(us__at(dqkv, dt, (b * T + t) * QKV + (int64_t)h * HS), dt, dq, HS);
+                for (qi = 0; qi < nq; qi++)
+                    us__store_f32(us__at(dqkv, dt, (b * T + q0 + qi) * QKV + (int64_t)h * HS), dt, dq + qi * HS, HS);
             }
-        }
         for (t = 0; t < T; t++) {
             int64_t row = (b * T + t) * QKV;
             us__store_f32(us__at(dqkv, dt, row + (int64_t)(NH + g) * HS), dt, dk + t * HS, HS);
