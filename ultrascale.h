@@ -1446,7 +1446,7 @@ static void us__cpu_attention_fwd(us_ops *o, void *out, float *lse, const void *
     (void)us__nt;
     US__PARALLEL_FOR_DYNAMIC
     for (bh = 0; bh < B * NH; bh++) {
-        enum { QB = US__ATT_QBLOCK };
+        const int64_t QB = US__ATT_QBLOCK;
         int64_t b = bh / NH, q0, j0, j;
         int h = (int)(bh % NH), g = h / (NH / NKV), d, qi;
         /* K, V [T,HS]; per query of the block: q [HS], acc [HS], scores [KB], running max m and sum l */
@@ -1502,7 +1502,7 @@ static void us__cpu_attention_bwd(us_ops *o, void *dqkv, const void *dout, const
     (void)us__nt;
     US__PARALLEL_FOR_DYNAMIC
     for (bg = 0; bg < B * NKV; bg++) {
-        enum { QB = US__ATT_QBLOCK };
+        const int64_t QB = US__ATT_QBLOCK;
         int64_t b = bg / NKV, q0, t, j;
         int g = (int)(bg % NKV), h, d, qi;
         /* K, V, dK, dV [T,HS]; per query of the block: q, dO, dQ [HS], D and lse */
