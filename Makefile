@@ -78,6 +78,7 @@ RUNS = \
   "test_ops::./$(B)/test_ops" \
   "test_model::./$(B)/test_model" \
   "test_errors::./$(B)/test_errors" \
+  "test_comm::./$(B)/test_comm" \
   "train CLI::bash tests/test_train_cli.sh $(B)/train" \
   "memory CLI::bash tests/test_memory_cli.sh $(B)/memory" \
   "test_cuda (needs a GPU)::if [ -x $(B)/test_cuda ]; then ./$(B)/test_cuda; else echo 'SKIP not built'; fi" \
@@ -86,7 +87,8 @@ RUNS = \
   "asan+ubsan test_ops::./$(B)/san/test_ops" \
   "asan+ubsan test_gemm::./$(B)/san/test_gemm" \
   "asan+ubsan test_model::./$(B)/san/test_model --quick" \
-  "asan+ubsan test_errors::./$(B)/san/test_errors"
+  "asan+ubsan test_errors::./$(B)/san/test_errors" \
+  "asan+ubsan test_comm::./$(B)/san/test_comm"
 
 test: $(EXAMPLES) $(TESTS) $(SANTESTS)
 	@bash tests/run_all.sh $(CHECKS) $(RUNS)

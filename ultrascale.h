@@ -34,7 +34,9 @@
                    backend owns. The CPU implementation here is the reference; the CUDA one lives
                    in ultrascale_cuda.cuh. The model never dereferences parameter or activation
                    memory itself: it moves data only through ops->copy.
-   comm  (us_comm) collectives over groups of ranks; arrives with ultrascale_comm.h.
+   comm  (us_comm) collectives over groups of ranks, each also asynchronous (a handle to wait
+                   on). Defined here with the world of one rank; the threads and NCCL backends
+                   arrive with ultrascale_comm.h.
 
    SHAPE LEGEND used in every comment
    ----------------------------------
@@ -47,6 +49,7 @@
      results, dtypes and conversions ........ us_result, us_dtype, us_f32_to_bf16, ...
      configuration .......................... us_model_config, us_train_config
      ops table .............................. us_ops, us_cpu_ops
+     comm table ............................. us_comm, us_group, us_comm_self
      model and trainer ...................... us_model, us_train_step, us_forward_eval
      data ................................... us_data (raw text, llm.c shards), us_task
      estimator, FLOPs ....................... us_memory_estimate, us_flops_per_token
@@ -57,6 +60,7 @@
      // >>kernels     embedding, RMSNorm, RoPE, SwiGLU, cross-entropy, casts (CPU ops)
      // >>attention   causal GQA attention, blockwise online softmax (+ the naive reference)
      // >>optimizer   AdamW, global-norm clipping, LR schedules
+     // >>comm        the comm seam's world of one rank (threads and NCCL: ultrascale_comm.h)
      // >>model       parameters in flat buffers with Hugging Face names, init, forward, backward
      // >>recompute   activation recomputation none / selective / full
      // >>train       gradient accumulation and the training step
@@ -235,6 +239,51 @@ struct us_ops {
 };
 /* The CPU reference ops. nthreads 0 = all OpenMP threads. */
 US_API us_ops us_cpu_ops(int nthreads);
+
+/* ---------------------------------------------------------------- comm table (seam 2)
+   Collectives over a group of ranks, on backend memory (the ops table's). Each call is
+   synchronous when `w` is NULL; otherwise it starts the collective, stores a handle in *w and
+   returns at once: the caller computes and later calls wait(c, *w) — how data parallelism
+   overlaps gradient reduction with the backward pass. Counts are elements of dtype dt.
+   This header defines the seam and the world of one rank (us_comm_self); ultrascale_comm.h
+   brings the threads backend (ranks as threads, for CI) and NCCL (GPUs). */
+typedef enum us_reduce_op { US_REDUCE_SUM = 0, US_REDUCE_AVG, US_REDUCE_MAX } us_reduce_op;
+
+typedef struct us_group {
+    int   size;   /* ranks in the group */
+    int   rank;   /* this rank's index in it, 0..size-1 */
+    void *impl;   /* backend handle (a communicator, a thread barrier, ...) */
+} us_group;
+
+typedef struct us_work us_work;   /* an in-flight collective */
+typedef struct us_comm us_comm;
+struct us_comm {
+    const char *name;
+    void     *backend;
+    us_ops   *ops;      /* the memory the collectives read and write */
+    us_group  world;
+    /* buf[n] ← op over the group's buf[n] */
+    us_result (*all_reduce)(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt, us_reduce_op op, us_work **w);
+    /* dst[n] ← op over the group of src[rank·n .. rank·n+n)   (src holds size·n) */
+    us_result (*reduce_scatter)(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, us_reduce_op op, us_work **w);
+    /* dst[size·n] ← every rank's src[n], in rank order */
+    us_result (*all_gather)(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, us_work **w);
+    /* buf[n] ← root's buf[n] */
+    us_result (*broadcast)(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt, int root, us_work **w);
+    /* point to point, for pipeline stages; peer is a rank of the group */
+    us_result (*send)(us_comm *c, us_group *g, const void *buf, int64_t n, us_dtype dt, int peer, us_work **w);
+    us_result (*recv)(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt, int peer, us_work **w);
+    /* dst ← the block each peer sends this rank; counts and displacements in elements, [size] */
+    us_result (*all_to_all)(us_comm *c, us_group *g, void *dst, const int64_t *recv_counts, const int64_t *recv_displs,
+                            const void *src, const int64_t *send_counts, const int64_t *send_displs, us_dtype dt, us_work **w);
+    us_result (*barrier)(us_comm *c, us_group *g);
+    us_result (*wait)(us_comm *c, us_work *w);   /* w NULL is a no-op */
+    char err[256];
+};
+/* The world of one rank: reductions are the identity, gathers and scatters are copies, a
+   point-to-point message has nobody to go to (an error). The parallel strategies are written
+   against this table, so with us_comm_self they run unchanged on a single device. */
+US_API void us_comm_self(us_comm *c, us_ops *ops);
 
 /* ---------------------------------------------------------------- model and trainer */
 typedef struct us_param {
@@ -1623,6 +1672,78 @@ US_API us_ops us_cpu_ops(int nthreads) {
     o.swiglu_fwd = us__cpu_swiglu_fwd;        o.swiglu_bwd = us__cpu_swiglu_bwd;
     o.xent = us__cpu_xent;           o.adamw = us__cpu_adamw;         o.sumsq = us__cpu_sumsq;
     return o;
+}
+
+/* ------------------------------------------------------------------------------------ */
+// >>comm  the comm seam's world of one rank
+/* ------------------------------------------------------------------------------------ */
+static us_result us__self_group(us_comm *c, us_group *g) {
+    if (!g || g->size != 1 || g->rank != 0) { us__errf(c->err, sizeof c->err, "a world of one rank has only group {0}"); return US_ERR_INVALID; }
+    return US_OK;
+}
+static us_result us__self_copy(us_comm *c, void *dst, const void *src, int64_t n, us_dtype dt) {
+    if (n < 0) { us__errf(c->err, sizeof c->err, "negative element count %lld", (long long)n); return US_ERR_INVALID; }
+    if (dst != src && n > 0) c->ops->copy(c->ops, dst, src, (size_t)n * us_dtype_size(dt), US_COPY_D2D);
+    return US_OK;
+}
+static us_result us__self_all_reduce(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt, us_reduce_op op, us_work **w) {
+    (void)buf; (void)n; (void)dt; (void)op;
+    if (w) *w = NULL;
+    return us__self_group(c, g);   /* sum, mean or max over one rank is the value itself */
+}
+static us_result us__self_reduce_scatter(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, us_reduce_op op, us_work **w) {
+    us_result r = us__self_group(c, g);
+    (void)op;
+    if (w) *w = NULL;
+    return r != US_OK ? r : us__self_copy(c, dst, src, n, dt);
+}
+static us_result us__self_all_gather(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, us_work **w) {
+    us_result r = us__self_group(c, g);
+    if (w) *w = NULL;
+    return r != US_OK ? r : us__self_copy(c, dst, src, n, dt);
+}
+static us_result us__self_broadcast(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt, int root, us_work **w) {
+    (void)buf; (void)n; (void)dt;
+    if (w) *w = NULL;
+    if (root != 0) { us__errf(c->err, sizeof c->err, "broadcast root %d is not a rank of a one-rank group", root); return US_ERR_INVALID; }
+    return us__self_group(c, g);
+}
+static us_result us__self_p2p(us_comm *c, us_group *g, int peer, us_work **w, const char *what) {
+    (void)g;
+    if (w) *w = NULL;
+    us__errf(c->err, sizeof c->err, "%s peer %d: a world of one rank has no peers", what, peer);
+    return US_ERR_INVALID;
+}
+static us_result us__self_send(us_comm *c, us_group *g, const void *buf, int64_t n, us_dtype dt, int peer, us_work **w) {
+    (void)buf; (void)n; (void)dt;
+    return us__self_p2p(c, g, peer, w, "send to");
+}
+static us_result us__self_recv(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt, int peer, us_work **w) {
+    (void)buf; (void)n; (void)dt;
+    return us__self_p2p(c, g, peer, w, "recv from");
+}
+static us_result us__self_all_to_all(us_comm *c, us_group *g, void *dst, const int64_t *rc, const int64_t *rd,
+                                     const void *src, const int64_t *sc, const int64_t *sd, us_dtype dt, us_work **w) {
+    us_result r = us__self_group(c, g);
+    if (w) *w = NULL;
+    if (r != US_OK) return r;
+    if (rc[0] != sc[0]) { us__errf(c->err, sizeof c->err, "all-to-all sends %lld elements to itself but expects %lld", (long long)sc[0], (long long)rc[0]); return US_ERR_INVALID; }
+    return us__self_copy(c, us__at(dst, dt, rd[0]), us__at(src, dt, sd[0]), sc[0], dt);
+}
+static us_result us__self_barrier(us_comm *c, us_group *g) { return us__self_group(c, g); }
+static us_result us__self_wait(us_comm *c, us_work *w) { (void)c; (void)w; return US_OK; }
+
+US_API void us_comm_self(us_comm *c, us_ops *ops) {
+    memset(c, 0, sizeof *c);
+    c->name = "self";
+    c->ops = ops;
+    c->world.size = 1;
+    c->world.rank = 0;
+    c->all_reduce = us__self_all_reduce;        c->reduce_scatter = us__self_reduce_scatter;
+    c->all_gather = us__self_all_gather;        c->broadcast = us__self_broadcast;
+    c->send = us__self_send;                    c->recv = us__self_recv;
+    c->all_to_all = us__self_all_to_all;        c->barrier = us__self_barrier;
+    c->wait = us__self_wait;
 }
 
 /* ------------------------------------------------------------------------------------ */
