@@ -17,7 +17,7 @@ SANFLAGS = -std=c99 -Wall -Wextra -O1 -g $(ARCH) $(OPENMP) -fsanitize=address,un
 B        = build
 HDR      = ultrascale.h
 
-EXAMPLES = $(B)/train $(B)/memory
+EXAMPLES = $(B)/train $(B)/memory $(B)/quickstart
 ifeq ($(CUDA),1)
 EXAMPLES += $(B)/train_cuda
 endif

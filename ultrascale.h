@@ -1,5 +1,5 @@
 /* ultrascale.h — train Llama-style language models, from one CPU core to many GPUs.
-   An STB-style single-header library: public domain-style simplicity, MIT licence (see end).
+   An STB-style single-header library under the MIT licence (see the end of the file).
 
    Do this in exactly one C or C++ file, before the include:
        #define ULTRASCALE_IMPLEMENTATION
@@ -13,18 +13,21 @@
        us_train_config tc = {0};  tc.batch = 8; tc.seq = 64; tc.steps = 300;
        us_model m;
        if (us_model_init(&m, &mc, &tc, NULL) != US_OK) { puts(us_model_error(&m)); return 1; }
-       us_task task; us_task_init(&task, tc.seed);            // the built-in sorting task
-       int32_t *in = malloc(...), *tgt = malloc(...);         // [grad_accum][B][T] each
-       for (int s = 0; s < tc.steps; s++) {
-           us_task_batch(&task, tc.batch * tc.grad_accum, tc.seq, in, tgt);
+       us_train_config *t = &m.tc;                            // tc with every default filled in
+       us_task task; us_task_init(&task, t->seed);            // the built-in sorting task
+       size_t n = (size_t)t->grad_accum * t->batch * t->seq;  // inputs/targets: [grad_accum][B][T]
+       int32_t *in = malloc(n * 4), *tgt = malloc(n * 4);
+       for (int s = 0; s < t->steps; s++) {
+           us_task_batch(&task, t->batch * t->grad_accum, t->seq, in, tgt);
            us_step_stats st;
-           if (us_train_step(&m, in, tgt, &st) != US_OK) break;   // accumulate, clip, AdamW
-           printf("step %d loss %.4f\n", st.step, st.loss);
+           if (us_train_step(&m, in, tgt, &st) != US_OK) { puts(us_model_error(&m)); break; }
+           printf("step %d loss %.4f\n", st.step, st.loss);      // accumulated, clipped, AdamW
        }
        us_model_free(&m);
 
    Every configuration struct is "zero means default": fill only what you care about, then
-   us_*_defaults() fills the rest and us_*_validate() explains in one sentence what is wrong.
+   us_model_config_defaults() / us_train_config_defaults() fill the rest and
+   us_config_validate() explains in one sentence what is wrong.
    Functions return a us_result; the readable message is in us_model_error() (or the struct's
    own `err` field). Nothing in the library calls exit() or asserts on user input.
 
