@@ -80,6 +80,7 @@ RUNS = \
   "test_errors::./$(B)/test_errors" \
   "test_comm::./$(B)/test_comm" \
   "train CLI::bash tests/test_train_cli.sh $(B)/train" \
+  "quick start runs::./$(B)/quickstart | grep -q 'step 300 loss'" \
   "memory CLI::bash tests/test_memory_cli.sh $(B)/memory" \
   "test_cuda (needs a GPU)::if [ -x $(B)/test_cuda ]; then ./$(B)/test_cuda; else echo 'SKIP not built'; fi" \
   "flash_test (needs a GPU)::if [ -x $(B)/flash_test ]; then ./$(B)/flash_test; else echo 'SKIP not built'; fi" \
