@@ -716,11 +716,6 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
 #define US__GEMM_NC 4080 /* multiple of NR */
 #endif
 
-/* Load element idx of a float (dt 0) or bf16 (dt 1) array as fp32. */
-static inline float us__gemm_ld(const void *p, int dt, int64_t idx) {
-    return dt ? us__bf16_to_f32(((const uint16_t *)p)[idx]) : ((const float *)p)[idx];
-}
-
 /* C = a*x + y with a fused multiply-add where the hardware has one, so the
    scalar edge epilogue rounds like the vector one. */
 static inline float us__gemm_fma(float a, float x, float y) {
@@ -1094,7 +1089,7 @@ static void us__gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alph
     if (K <= 0 || alpha == 0.0f) {
         for (i = 0; i < M; i++)
             for (j = 0; j < N; j++) {
-                const float v = beta == 0.0f ? 0.0f : beta * us__gemm_ld(C, dtC, i * ldc + j);
+                const float v = beta == 0.0f ? 0.0f : beta * us__get(C, (us_dtype)dtC, i * ldc + j);
                 if (dtC) ((uint16_t *)C)[i * ldc + j] = us__f32_to_bf16(v);
                 else ((float *)C)[i * ldc + j] = v;
             }
@@ -1111,9 +1106,9 @@ static void us__gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alph
                 float acc = 0.0f, v;
                 int64_t k;
                 for (k = 0; k < K; k++)
-                    acc = us__gemm_fma(us__gemm_ld(A, dtA, i * sai + k * sak), us__gemm_ld(B, dtB, k * sbk + j * sbj), acc);
+                    acc = us__gemm_fma(us__get(A, (us_dtype)dtA, i * sai + k * sak), us__get(B, (us_dtype)dtB, k * sbk + j * sbj), acc);
                 v = alpha * acc;
-                if (beta != 0.0f) v = us__gemm_fma(beta, us__gemm_ld(C, dtC, i * ldc + j), v);
+                if (beta != 0.0f) v = us__gemm_fma(beta, us__get(C, (us_dtype)dtC, i * ldc + j), v);
                 if (dtC) ((uint16_t *)C)[i * ldc + j] = us__f32_to_bf16(v);
                 else ((float *)C)[i * ldc + j] = v;
             }
