@@ -111,7 +111,8 @@ typedef enum us_dtype {
     US_BF16,   /* 1 sign, 8 exponent, 7 mantissa bits: the upper half of an fp32 */
     US_E4M3,   /* FP8 (OCP "fn"): no infinities, NaN = S.1111.111, max ±448 */
     US_E5M2,   /* FP8: IEEE-like, ±inf and NaNs, max ±57344 */
-    US_I32
+    US_I32,
+    US_F64     /* host-side scalars in collectives (loss sums, norms) */
 } us_dtype;
 US_API size_t      us_dtype_size(us_dtype dt);
 US_API const char *us_dtype_name(us_dtype dt);
@@ -232,6 +233,8 @@ struct us_ops {
     /* AdamW on n fp32 master values p with grads g·gscale; also writes p_lowp (dtype lowdt) if not NULL */
     void  (*adamw)(us_ops *o, float *p, const float *g, float *m, float *v, void *p_lowp, us_dtype lowdt, int64_t n,
                    float lr, float beta1, float beta2, float eps, float wd, float gscale, int step);
+    /* y[n] += a·x[n], f32 (ZeRO-2/3 add each micro-batch's reduced gradient shard to the last) */
+    void  (*axpy)(us_ops *o, float *y, const float *x, float a, int64_t n);
     /* host: Σ x² over f32[n], accumulated in double */
     double (*sumsq)(us_ops *o, const float *x, int64_t n);
     /* NULL while all is well, else the first error the backend recorded (may itself be NULL
@@ -247,7 +250,10 @@ US_API us_ops us_cpu_ops(int nthreads);
    Collectives over a group of ranks, on backend memory (the ops table's). Each call is
    synchronous when `w` is NULL; otherwise it starts the collective, stores a handle in *w and
    returns at once: the caller computes and later calls wait(c, *w) — how data parallelism
-   overlaps gradient reduction with the backward pass. Counts are elements of dtype dt.
+   overlaps gradient reduction with the backward pass. Counts are elements of dtype dt
+   (US_F32, US_BF16, US_I32, US_F64; reductions accumulate in the dtype itself).
+   Every rank of a group must issue the group's collectives in the same order (as with MPI and
+   NCCL); collectives on different groups may be in flight at the same time.
    This header defines the seam and the world of one rank (us_comm_self); ultrascale_comm.h
    brings the threads backend (ranks as threads, for CI) and NCCL (GPUs). */
 typedef enum us_reduce_op { US_REDUCE_SUM = 0, US_REDUCE_AVG, US_REDUCE_MAX } us_reduce_op;
@@ -255,22 +261,30 @@ typedef enum us_reduce_op { US_REDUCE_SUM = 0, US_REDUCE_AVG, US_REDUCE_MAX } us
 typedef struct us_group {
     int   size;   /* ranks in the group */
     int   rank;   /* this rank's index in it, 0..size-1 */
-    void *impl;   /* backend handle (a communicator, a thread barrier, ...) */
+    void *impl;   /* backend handle (a communicator, shared state of the threads, ...) */
 } us_group;
 
+typedef struct us_trace us_trace;
 typedef struct us_work us_work;   /* an in-flight collective */
 typedef struct us_comm us_comm;
 struct us_comm {
     const char *name;
     void     *backend;
-    us_ops   *ops;      /* the memory the collectives read and write */
+    us_ops   *ops;      /* the memory the collectives read and write (may be NULL for host backends) */
     us_group  world;
     /* buf[n] ← op over the group's buf[n] */
     us_result (*all_reduce)(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt, us_reduce_op op, us_work **w);
-    /* dst[n] ← op over the group of src[rank·n .. rank·n+n)   (src holds size·n) */
+    /* root's dst[n] ← op over the group's src[n] (dst only read on the root; may equal src) */
+    us_result (*reduce)(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, us_reduce_op op, int root, us_work **w);
+    /* dst[n] ← op over the group of src[rank·n .. rank·n+n)   (src holds size·n; dst may be
+       src + rank·n, the in-place form) */
     us_result (*reduce_scatter)(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, us_reduce_op op, us_work **w);
-    /* dst[size·n] ← every rank's src[n], in rank order */
+    /* dst[size·n] ← every rank's src[n], in rank order (src may be dst + rank·n, in place) */
     us_result (*all_gather)(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, us_work **w);
+    /* root's dst[size·n] ← every rank's src[n], in rank order */
+    us_result (*gather)(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, int root, us_work **w);
+    /* dst[n] ← root's src[rank·n .. rank·n+n) */
+    us_result (*scatter)(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, int root, us_work **w);
     /* buf[n] ← root's buf[n] */
     us_result (*broadcast)(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt, int root, us_work **w);
     /* point to point, for pipeline stages; peer is a rank of the group */
@@ -280,13 +294,54 @@ struct us_comm {
     us_result (*all_to_all)(us_comm *c, us_group *g, void *dst, const int64_t *recv_counts, const int64_t *recv_displs,
                             const void *src, const int64_t *send_counts, const int64_t *send_displs, us_dtype dt, us_work **w);
     us_result (*barrier)(us_comm *c, us_group *g);
-    us_result (*wait)(us_comm *c, us_work *w);   /* w NULL is a no-op */
+    us_result (*wait)(us_comm *c, us_work *w);   /* w NULL is a no-op; frees the handle */
+    /* Collective over `parent`: ranks giving the same color form a new group, ordered by key
+       (ties by parent rank); MPI_Comm_split / ncclCommSplit. A negative color joins no group
+       (out gets size 0). */
+    us_result (*split)(us_comm *c, us_group *parent, int color, int key, us_group *out);
+    void      (*group_free)(us_comm *c, us_group *g);
+    double    timeout_s;   /* a collective that cannot finish within this many seconds fails; 0 = 300 */
+    int64_t   bytes_sent;  /* bytes this rank has sent to peers so far (the backend counts) */
+    us_trace *trace;       /* when set, the backend records each collective on the comm stream row */
     char err[256];
 };
 /* The world of one rank: reductions are the identity, gathers and scatters are copies, a
    point-to-point message has nobody to go to (an error). The parallel strategies are written
    against this table, so with us_comm_self they run unchanged on a single device. */
 US_API void us_comm_self(us_comm *c, us_ops *ops);
+
+/* The device mesh (Playbook "5D parallelism"): world = dp × pp × cp × tp, tp innermost, so
+   world rank = ((dp_rank·pp + pp_rank)·cp + cp_rank)·tp + tp_rank. Every rank has one group per
+   dimension and one for dp×cp (ZeRO and gradient reduction run over it). Built from any comm
+   backend with its split(); the one-rank world gives 1×1×1×1. */
+typedef struct us_mesh {
+    int dp, pp, cp, tp;                          /* sizes; product = world size */
+    int dp_rank, pp_rank, cp_rank, tp_rank;      /* this rank's coordinates */
+    us_group dp_g, pp_g, cp_g, tp_g, dpcp_g;     /* dpcp_g.rank = dp_rank·cp + cp_rank */
+} us_mesh;
+/* Collective over c->world. Sizes of 0 mean 1; their product must equal the world size. */
+US_API us_result us_mesh_init(us_mesh *mesh, us_comm *c, int dp, int pp, int cp, int tp);
+US_API void      us_mesh_free(us_mesh *mesh, us_comm *c);
+
+/* ---------------------------------------------------------------- tracer
+   Named regions per rank and per stream (0 = compute, 1 = communication), written as a
+   Chrome / Perfetto trace: one process row per rank, one thread row per stream. Each (rank,
+   stream) row has one writer thread, so recording takes no lock. Times are microseconds from
+   us_trace_now_us(), a monotonic clock shared by the threads of a process. */
+enum { US_STREAM_COMPUTE = 0, US_STREAM_COMM = 1, US_TRACE_STREAMS = 2 };
+typedef struct us_trace_event { char name[48]; const char *cat; double t0, t1; } us_trace_event;
+struct us_trace {
+    int rank;
+    us_trace_event *ev[US_TRACE_STREAMS];
+    int n[US_TRACE_STREAMS], cap[US_TRACE_STREAMS];
+};
+US_API double    us_trace_now_us(void);
+US_API void      us_trace_init(us_trace *t, int rank);
+US_API void      us_trace_free(us_trace *t);
+/* cat: "compute", "comm" or "wait" (a static string) */
+US_API void      us_trace_add(us_trace *t, int stream, const char *cat, const char *name, double t0_us, double t1_us);
+/* Writes the ranks' traces into one JSON file (traceEvents, "X" events, pid = rank, tid = stream). */
+US_API us_result us_trace_write(const char *path, us_trace *const *ranks, int nranks, char *err, size_t errlen);
 
 /* ---------------------------------------------------------------- model and trainer */
 typedef struct us_param {
@@ -449,6 +504,7 @@ US_API double    us_flops_per_token(const us_model_config *mc, int64_t seq);
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -499,6 +555,7 @@ US_API const char *us_result_description(us_result r) {
 US_API size_t us_dtype_size(us_dtype dt) {
     switch (dt) {
     case US_F32: case US_I32: return 4;
+    case US_F64: return 8;
     case US_BF16: return 2;
     case US_E4M3: case US_E5M2: return 1;
     }
@@ -511,6 +568,7 @@ US_API const char *us_dtype_name(us_dtype dt) {
     case US_E4M3: return "e4m3";
     case US_E5M2: return "e5m2";
     case US_I32: return "i32";
+    case US_F64: return "fp64";
     }
     return "?";
 }
@@ -1241,13 +1299,14 @@ static void us__cpu_cast(us_ops *o, void *dst, us_dtype ddt, const void *src, us
     for (i = 0; i < n; i++) {
         float v = sdt == US_F32 ? ((const float *)src)[i] : sdt == US_BF16 ? us__bf16_to_f32(((const uint16_t *)src)[i])
                 : sdt == US_E4M3 ? us_e4m3_to_f32(((const uint8_t *)src)[i]) : sdt == US_E5M2 ? us_e5m2_to_f32(((const uint8_t *)src)[i])
-                : (float)((const int32_t *)src)[i];
+                : sdt == US_F64 ? (float)((const double *)src)[i] : (float)((const int32_t *)src)[i];
         switch (ddt) {
         case US_F32: ((float *)dst)[i] = v; break;
         case US_BF16: ((uint16_t *)dst)[i] = us__f32_to_bf16(v); break;
         case US_E4M3: ((uint8_t *)dst)[i] = us_f32_to_e4m3(v); break;
         case US_E5M2: ((uint8_t *)dst)[i] = us_f32_to_e5m2(v); break;
         case US_I32: ((int32_t *)dst)[i] = (int32_t)v; break;
+        case US_F64: ((double *)dst)[i] = v; break;
         }
     }
 }
@@ -1434,6 +1493,11 @@ static void us__cpu_xent(us_ops *o, float *losses, int32_t *argmax, void *logits
     US_FREE(row_all);
 }
 
+static void us__cpu_axpy(us_ops *o, float *y, const float *x, float a, int64_t n) {
+    int64_t i;
+    (void)o;
+    for (i = 0; i < n; i++) y[i] += a * x[i];
+}
 static double us__cpu_sumsq(us_ops *o, const float *x, int64_t n) {
     /* fixed 4096-element chunks summed in order: the same result for any thread count */
     int us__nt = us__threads(o);
@@ -1669,6 +1733,7 @@ US_API us_ops us_cpu_ops(int nthreads) {
     o.attention_fwd = us__cpu_attention_fwd;  o.attention_bwd = us__cpu_attention_bwd;
     o.swiglu_fwd = us__cpu_swiglu_fwd;        o.swiglu_bwd = us__cpu_swiglu_bwd;
     o.xent = us__cpu_xent;           o.adamw = us__cpu_adamw;         o.sumsq = us__cpu_sumsq;
+    o.axpy = us__cpu_axpy;
     return o;
 }
 
@@ -1728,6 +1793,27 @@ static us_result us__self_all_to_all(us_comm *c, us_group *g, void *dst, const i
     if (rc[0] != sc[0]) { us__errf(c->err, sizeof c->err, "all-to-all sends %lld elements to itself but expects %lld", (long long)sc[0], (long long)rc[0]); return US_ERR_INVALID; }
     return us__self_copy(c, us__at(dst, dt, rd[0]), us__at(src, dt, sd[0]), sc[0], dt);
 }
+static us_result us__self_reduce(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, us_reduce_op op, int root, us_work **w) {
+    us_result r = us__self_group(c, g);
+    (void)op;
+    if (w) *w = NULL;
+    if (r == US_OK && root != 0) { us__errf(c->err, sizeof c->err, "reduce root %d is not a rank of a one-rank group", root); return US_ERR_INVALID; }
+    return r != US_OK ? r : us__self_copy(c, dst, src, n, dt);
+}
+static us_result us__self_gather(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, int root, us_work **w) {
+    return us__self_reduce(c, g, dst, src, n, dt, US_REDUCE_SUM, root, w);   /* one block: a copy */
+}
+static us_result us__self_scatter(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, int root, us_work **w) {
+    return us__self_reduce(c, g, dst, src, n, dt, US_REDUCE_SUM, root, w);
+}
+static us_result us__self_split(us_comm *c, us_group *parent, int color, int key, us_group *out) {
+    us_result r = us__self_group(c, parent);
+    (void)key;
+    if (r != US_OK) return r;
+    out->size = color < 0 ? 0 : 1; out->rank = 0; out->impl = NULL;
+    return US_OK;
+}
+static void us__self_group_free(us_comm *c, us_group *g) { (void)c; g->size = 0; }
 static us_result us__self_barrier(us_comm *c, us_group *g) { return us__self_group(c, g); }
 static us_result us__self_wait(us_comm *c, us_work *w) { (void)c; (void)w; return US_OK; }
 
@@ -1741,7 +1827,104 @@ US_API void us_comm_self(us_comm *c, us_ops *ops) {
     c->all_gather = us__self_all_gather;        c->broadcast = us__self_broadcast;
     c->send = us__self_send;                    c->recv = us__self_recv;
     c->all_to_all = us__self_all_to_all;        c->barrier = us__self_barrier;
-    c->wait = us__self_wait;
+    c->wait = us__self_wait;                    c->reduce = us__self_reduce;
+    c->gather = us__self_gather;                c->scatter = us__self_scatter;
+    c->split = us__self_split;                  c->group_free = us__self_group_free;
+}
+
+/* The mesh: tp innermost, then cp, pp, dp (Playbook "5D parallelism": TP groups stay inside a
+   node, where bandwidth is highest). Each group is a split of the world by the coordinates it
+   does not span. */
+US_API us_result us_mesh_init(us_mesh *mesh, us_comm *c, int dp, int pp, int cp, int tp) {
+    int r = c->world.rank;
+    us_result res;
+    memset(mesh, 0, sizeof *mesh);
+    mesh->dp = dp > 0 ? dp : 1; mesh->pp = pp > 0 ? pp : 1; mesh->cp = cp > 0 ? cp : 1; mesh->tp = tp > 0 ? tp : 1;
+    if ((int64_t)mesh->dp * mesh->pp * mesh->cp * mesh->tp != c->world.size) {
+        us__errf(c->err, sizeof c->err, "the mesh dp %d x pp %d x cp %d x tp %d = %lld ranks does not match the world of %d ranks",
+                 mesh->dp, mesh->pp, mesh->cp, mesh->tp, (long long)mesh->dp * mesh->pp * mesh->cp * mesh->tp, c->world.size);
+        return US_ERR_INVALID;
+    }
+    mesh->tp_rank = r % mesh->tp;
+    mesh->cp_rank = r / mesh->tp % mesh->cp;
+    mesh->pp_rank = r / (mesh->tp * mesh->cp) % mesh->pp;
+    mesh->dp_rank = r / (mesh->tp * mesh->cp * mesh->pp);
+    {   /* color = the coordinates a group does not span, flattened; key = the coordinate it does */
+        int d = mesh->dp_rank, p = mesh->pp_rank, x = mesh->cp_rank, t = mesh->tp_rank;
+        int P = mesh->pp, X = mesh->cp, T = mesh->tp;
+        if ((res = c->split(c, &c->world, (d * P + p) * X + x, t, &mesh->tp_g)) != US_OK) return res;
+        if ((res = c->split(c, &c->world, (d * P + p) * T + t, x, &mesh->cp_g)) != US_OK) return res;
+        if ((res = c->split(c, &c->world, (d * X + x) * T + t, p, &mesh->pp_g)) != US_OK) return res;
+        if ((res = c->split(c, &c->world, (p * X + x) * T + t, d, &mesh->dp_g)) != US_OK) return res;
+        if ((res = c->split(c, &c->world, p * T + t, d * X + x, &mesh->dpcp_g)) != US_OK) return res;
+    }
+    return US_OK;
+}
+US_API void us_mesh_free(us_mesh *mesh, us_comm *c) {
+    us_group *g[5];
+    int i;
+    g[0] = &mesh->tp_g; g[1] = &mesh->cp_g; g[2] = &mesh->pp_g; g[3] = &mesh->dp_g; g[4] = &mesh->dpcp_g;
+    for (i = 0; i < 5; i++) if (g[i]->size && c->group_free) c->group_free(c, g[i]);
+    memset(mesh, 0, sizeof *mesh);
+}
+
+/* ------------------------------------------------------------------------------------ */
+// >>trace  named regions per rank and stream, written as a Chrome / Perfetto trace
+/* ------------------------------------------------------------------------------------ */
+US_API double us_trace_now_us(void) {
+#ifdef CLOCK_MONOTONIC   /* POSIX clocks are visible (-D_POSIX_C_SOURCE=200809L or gnu99) */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+#else                    /* strict C99: processor time, coarse but monotonic */
+    return (double)clock() * (1e6 / (double)CLOCKS_PER_SEC);
+#endif
+}
+US_API void us_trace_init(us_trace *t, int rank) { memset(t, 0, sizeof *t); t->rank = rank; }
+US_API void us_trace_free(us_trace *t) {
+    int s;
+    for (s = 0; s < US_TRACE_STREAMS; s++) US_FREE(t->ev[s]);
+    memset(t, 0, sizeof *t);
+}
+US_API void us_trace_add(us_trace *t, int stream, const char *cat, const char *name, double t0, double t1) {
+    us_trace_event *e;
+    if (!t || stream < 0 || stream >= US_TRACE_STREAMS) return;
+    if (t->n[stream] == t->cap[stream]) {   /* a trace that cannot grow drops events, never the run */
+        int cap = t->cap[stream] ? 2 * t->cap[stream] : 1024;
+        us_trace_event *ne = (us_trace_event *)realloc(t->ev[stream], (size_t)cap * sizeof *ne);
+        if (!ne) return;
+        t->ev[stream] = ne; t->cap[stream] = cap;
+    }
+    e = &t->ev[stream][t->n[stream]++];
+    snprintf(e->name, sizeof e->name, "%s", name);
+    e->cat = cat; e->t0 = t0; e->t1 = t1;
+}
+US_API us_result us_trace_write(const char *path, us_trace *const *ranks, int nranks, char *err, size_t errlen) {
+    FILE *f = fopen(path, "w");
+    double base = 1e300;
+    int r, s, i, first = 1;
+    static const char *stream_names[US_TRACE_STREAMS] = {"compute", "communication"};
+    if (!f) { us__errf(err, errlen, "cannot write the trace %s", path); return US_ERR_IO; }
+    for (r = 0; r < nranks; r++)   /* times start at the earliest event of any rank */
+        for (s = 0; s < US_TRACE_STREAMS; s++)
+            for (i = 0; i < ranks[r]->n[s]; i++) if (ranks[r]->ev[s][i].t0 < base) base = ranks[r]->ev[s][i].t0;
+    fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
+    for (r = 0; r < nranks; r++) {
+        int pid = ranks[r]->rank;
+        fprintf(f, "%s{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}", first ? "" : ",\n", pid, pid);
+        first = 0;
+        for (s = 0; s < US_TRACE_STREAMS; s++) {
+            fprintf(f, ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}", pid, s, stream_names[s]);
+            for (i = 0; i < ranks[r]->n[s]; i++) {
+                const us_trace_event *e = &ranks[r]->ev[s][i];
+                fprintf(f, ",\n{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"cat\":\"%s\",\"name\":\"%s\",\"ts\":%.3f,\"dur\":%.3f}",
+                        pid, s, e->cat ? e->cat : "", e->name, e->t0 - base, e->t1 - e->t0);
+            }
+        }
+    }
+    fprintf(f, "\n]}\n");
+    if (fclose(f) != 0) { us__errf(err, errlen, "cannot finish writing the trace %s", path); return US_ERR_IO; }
+    return US_OK;
 }
 
 /* ------------------------------------------------------------------------------------ */

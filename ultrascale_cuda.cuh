@@ -40,6 +40,9 @@ US_API void      us_cuda_ops_free(us_ops *ops);
 US_API int       us_cuda_device_count(void);
 /* The device's name and memory, for logs. */
 US_API void      us_cuda_describe(const us_ops *ops, char *buf, size_t buflen);
+/* The compute stream every op of these ops runs on (a cudaStream_t), for the NCCL backend to
+   order its communication stream against. */
+US_API void     *us_cuda_stream(const us_ops *ops);
 #ifdef __cplusplus
 }
 #endif
@@ -1656,6 +1659,15 @@ __global__ void us__k_adamw_vec(float *p, const float *g, float *m, float *v, L 
         if (low) us__st4(low + e, pv);
     }
 }
+__global__ void us__k_axpy(float *y, const float *x, float a, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, stride = (int64_t)gridDim.x * blockDim.x;
+    for (; i < n; i += stride) y[i] += a * x[i];
+}
+static void us__cuda_axpy(us_ops *o, float *y, const float *x, float a, int64_t n) {
+    if (n <= 0) return;
+    us__k_axpy<<<us__blocks(n < (int64_t)1 << 24 ? n : (int64_t)1 << 24, 256), 256, 0, us__cu(o)->stream>>>(y, x, a, n);
+    US__CU(o, cudaGetLastError());
+}
 static void us__cuda_adamw(us_ops *o, float *p, const float *g, float *m, float *v, void *p_lowp, us_dtype lowdt, int64_t n,
                            float lr, float beta1, float beta2, float eps, float wd, float gscale, int step) {
     cudaStream_t s = us__cu(o)->stream;
@@ -1752,7 +1764,7 @@ US_API us_result us_cuda_ops(us_ops *o, int device, char *err, size_t errlen) {
     o->attention_fwd = us__cuda_attention_fwd;  o->attention_bwd = us__cuda_attention_bwd;
     o->swiglu_fwd = us__cuda_swiglu_fwd;        o->swiglu_bwd = us__cuda_swiglu_bwd;
     o->xent = us__cuda_xent;            o->adamw = us__cuda_adamw;         o->sumsq = us__cuda_sumsq;
-    o->error = us__cuda_error;
+    o->axpy = us__cuda_axpy;            o->error = us__cuda_error;
     return US_OK;
 }
 
@@ -1774,6 +1786,8 @@ US_API void us_cuda_ops_free(us_ops *o) {
     free(c);
     o->backend = NULL;
 }
+
+US_API void *us_cuda_stream(const us_ops *o) { return o->backend ? (void *)((const us__cuda *)o->backend)->stream : NULL; }
 
 US_API void us_cuda_describe(const us_ops *o, char *buf, size_t buflen) {
     struct cudaDeviceProp p;
