@@ -178,6 +178,11 @@ typedef struct us_train_config {
     us_recompute recompute;
     uint64_t seed;         /* default 1337 */
     int      threads;      /* CPU threads; default: all OpenMP threads */
+    /* data parallelism and ZeRO (// >>dp, // >>zero) */
+    int      dp;           /* data-parallel ranks; default 1. B above is each rank's micro-batch, so the
+                              global batch is batch × grad_accum × dp sequences */
+    int      zero;         /* ZeRO stage over dp: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters */
+    float    bucket_mb;    /* gradient bucket size in MiB of fp32 gradients (DP, ZeRO-1/2); default 25 */
 } us_train_config;
 
 US_API void      us_model_config_defaults(us_model_config *c);
@@ -383,6 +388,25 @@ typedef struct us_model {
     void    *a[24];           /* named scratch activations (implementation) */
     us_memory mem;            /* what was really allocated */
     int      step;            /* optimizer steps taken */
+    /* parallelism. The flat buffers are cut into units (// >>dp): gradient buckets, or under
+       ZeRO-3 one unit per layer; with ZeRO each unit is padded to split into dp equal pieces and
+       this rank keeps only its piece of the sharded buffers (// >>zero). */
+    us_comm *comm;            /* the caller's, or `self` for one rank */
+    us_comm  self;
+    us_mesh  mesh;
+    int      n_units;
+    struct us__unit *units;   /* [n_units] in flat-buffer order */
+    int     *unit_of;         /* [n_params_t] unit of each tensor */
+    int64_t  n_flat;          /* elements of an unsharded flat buffer, padding included */
+    int64_t  shard_n;         /* elements of this rank's shard (n_flat without ZeRO) */
+    int64_t  slot_n;          /* elements of one ZeRO-2/3 staging or gather slot (the largest unit) */
+    int      n_gslots, n_wslots;
+    float   *gslot[3];        /* ZeRO-2/3: full gradients of the units being produced / reduced */
+    void    *wslot[3];        /* ZeRO-3: gathered weights of the units in use / prefetched */
+    int      gslot_unit[3], wslot_unit[3];   /* which unit holds each slot, -1 free */
+    int      grad_sync;       /* reduce gradients in this backward (us_train_step sets it) */
+    int      synced;          /* reductions were launched and must be finished before the step */
+    us_trace *trace;          /* when set, compute and wait regions are recorded (comm->trace too) */
     char     err[256];
 } us_model;
 
@@ -398,23 +422,30 @@ typedef struct us_step_stats {
 /* Builds the model on `ops` (NULL = us_cpu_ops(tc->threads)): validates, allocates parameters,
    gradients, optimizer state and the activation arena, and initialises weights from tc->seed. */
 US_API us_result   us_model_init(us_model *m, const us_model_config *mc, const us_train_config *tc, const us_ops *ops);
+/* The same for one rank of a data-parallel group: every rank of comm's world calls it (it is a
+   collective), with tc->dp = the world size. Each rank gets the same initial weights; ZeRO
+   stages keep only this rank's shards. comm must outlive the model. */
+US_API us_result   us_model_init_dist(us_model *m, const us_model_config *mc, const us_train_config *tc, const us_ops *ops, us_comm *comm);
 US_API void        us_model_free(us_model *m);
 US_API const char *us_model_error(const us_model *m);
 US_API const us_param *us_model_find_param(const us_model *m, const char *name);
 
 /* One optimizer step over grad_accum micro-batches. inputs/targets are host arrays
-   [grad_accum][B][T]; a target < 0 is ignored. The loss is the mean over the global batch's
-   valid targets, so k micro-batches equal one batch k times larger. */
+   [grad_accum][B][T] (this rank's share of the global batch); a target < 0 is ignored. The loss
+   is the mean over the global batch's valid targets (all ranks), so k micro-batches, or k
+   data-parallel ranks, equal one batch k times larger. */
 US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t *targets, us_step_stats *st);
 
 /* The pieces of a step, for callers that drive their own loop (and for the parallel strategies). */
 US_API void      us_model_zero_grad(us_model *m);
 /* Forward and backward of one micro-batch (B ≤ tc.batch, T ≤ tc.seq, host tokens); gradients are
    accumulated with weight dscale per valid target (1/valid for a plain mean). Returns the summed
-   loss over valid targets in *loss_sum. */
+   loss over valid targets in *loss_sum. With dp > 1, set m->grad_sync = 1 before the last
+   micro-batch so its backward launches the gradient reductions (ZeRO-2/3 reduce every one). */
 US_API us_result us_forward_backward(us_model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                                      float dscale, double *loss_sum);
-/* Clips by global norm and applies AdamW with the scheduled lr; returns the pre-clip norm. */
+/* Finishes the gradient reductions, clips by global norm and applies AdamW with the scheduled lr
+   (ZeRO: to this rank's shard, then all-gathers the weights); returns the pre-clip norm. */
 US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr);
 US_API float     us_lr_at(const us_train_config *tc, int step);  /* step is 0-based */
 
@@ -674,6 +705,8 @@ US_API void us_train_config_defaults(us_train_config *c) {
     if (c->precision == US_PRECISION_DEFAULT) c->precision = US_PRECISION_FP32;
     if (c->recompute == US_RECOMPUTE_DEFAULT) c->recompute = US_RECOMPUTE_NONE;
     if (!c->seed) c->seed = 1337;
+    if (!c->dp) c->dp = 1;
+    if (c->bucket_mb == 0) c->bucket_mb = 25.0f;
 }
 US_API const char *us_precision_name(us_precision p) {
     return p == US_PRECISION_BF16 ? "bf16" : "fp32";
@@ -716,6 +749,9 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
     if (tc->precision != US_PRECISION_FP32 && tc->precision != US_PRECISION_BF16) US__BAD("unknown precision %d", (int)tc->precision);
     if (tc->recompute < US_RECOMPUTE_NONE || tc->recompute > US_RECOMPUTE_FULL) US__BAD("unknown recompute mode %d", (int)tc->recompute);
     if (tc->threads < 0) US__BAD("threads=%d must not be negative", tc->threads);
+    if (tc->dp < 1) US__BAD("dp=%d must be at least 1", tc->dp);
+    if (tc->zero < 0 || tc->zero > 3) US__BAD("zero=%d must be 0, 1, 2 or 3", tc->zero);
+    if (!(tc->bucket_mb > 0) || !isfinite(tc->bucket_mb)) US__BAD("bucket size %g MB must be a positive number", tc->bucket_mb);
     {   /* sizes are int64 everywhere: refuse configurations whose byte counts could wrap */
         double C = (double)mc->dim, F = (double)mc->ffn_dim, V = (double)mc->vocab, N = (double)tc->batch * tc->seq;
         double P = V * C * 2 + mc->n_layers * (2 * C + 2 * C * C * 2 + 3 * C * F) + C;   /* at most, with MHA */
@@ -1995,6 +2031,66 @@ static void us__build_params(us_model *m) {
     m->n_params = off;
 }
 
+/* A unit: a contiguous range of whole tensors in the flat buffers, the thing data parallelism
+   reduces in one collective and ZeRO shards (// >>dp, // >>zero). */
+typedef struct us__unit {
+    int      p0, p1;      /* parameter tensors [p0, p1) */
+    int64_t  off, n;      /* flat offset and length, padding included */
+    int64_t  piece;       /* n / dp under ZeRO (each rank owns one piece), else n */
+    int64_t  shard_off;   /* where a rank's piece sits in the shard buffers (off without ZeRO) */
+    int      pending;     /* tensors whose gradient this backward has not finished */
+    us_work *work;        /* in-flight gradient reduction */
+    us_work *gather;      /* ZeRO-3: in-flight all-gather of the weights */
+    int      gslot, wslot;/* ZeRO-2/3 gradient slot / ZeRO-3 weight slot holding the unit, -1 none */
+} us__unit;
+#define US__SHARD_PAD 16  /* a ZeRO piece is a multiple of 16 elements: 64-byte aligned in fp32 */
+
+/* Cuts the tensors into units and assigns every tensor its flat offset (the offsets of
+   us__build_params are replaced). Without ZeRO-3 the units are gradient buckets of about
+   bucket_mb, filled in backward order as PyTorch DDP does, so a bucket's last gradient is
+   produced early in the backward; ZeRO-3 uses one unit per layer (+ the embedding, + the final
+   norm with the head), what it gathers before the layer runs. Under ZeRO every unit is padded
+   to a multiple of dp·16 elements so it splits into dp equal pieces: the user never needs
+   divisibility. units may be NULL (count only). Returns the number of units. */
+static int us__plan_units(us_model *m, us__unit *units) {
+    const us_train_config *tc = &m->tc;
+    int np = m->n_params_t, L = m->cfg.n_layers, ns = 0, i, u, own = tc->zero ? tc->dp : 1;
+    int64_t bucket = (int64_t)((double)tc->bucket_mb * 1048576.0 / 4.0), acc = 0, off = 0, shard = 0;
+    int *start = (int *)US_MALLOC(sizeof(int) * (size_t)(np + 1));   /* first tensor of each unit */
+    if (tc->zero == 3) {   /* [embedding] [layer 0] ... [layer L-1] [final norm (+ lm_head)] */
+        start[ns++] = 0;
+        for (i = 0; i < L; i++) start[ns++] = US__PL(i, 0);
+        start[ns++] = US__P_NORM(L);
+    } else {               /* buckets filled from the last tensor backwards, closed at bucket_mb */
+        if (bucket < 1) bucket = 1;
+        for (i = np - 1; i > 0; i--) {
+            acc += m->params[i].numel;
+            if (acc >= bucket) { start[ns++] = i; acc = 0; }
+        }
+        start[ns++] = 0;
+        for (i = 0; i < ns / 2; i++) { int t = start[i]; start[i] = start[ns - 1 - i]; start[ns - 1 - i] = t; }
+    }
+    start[ns] = np;
+    for (u = 0; u < ns; u++) {
+        int64_t first = off, n, quantum = (int64_t)own * US__SHARD_PAD;
+        for (i = start[u]; i < start[u + 1]; i++) { m->params[i].offset = off; off += m->params[i].numel; }
+        n = off - first;
+        if (tc->zero) n = (n + quantum - 1) / quantum * quantum;
+        off = first + n;
+        if (units) {
+            us__unit *U = &units[u];
+            memset(U, 0, sizeof *U);
+            U->p0 = start[u]; U->p1 = start[u + 1]; U->off = first; U->n = n;
+            U->piece = tc->zero ? n / own : n;
+            U->shard_off = tc->zero ? shard : first;
+            U->gslot = U->wslot = -1;
+        }
+        shard += tc->zero ? n / own : n;
+    }
+    US_FREE(start);
+    return ns;
+}
+
 US_API const us_param *us_model_find_param(const us_model *m, const char *name) {
     int i;
     for (i = 0; i < m->n_params_t; i++) if (!strcmp(m->params[i].name, name)) return &m->params[i];
@@ -2018,7 +2114,7 @@ struct us_layer_acts {
 };
 /* named scratch in us_model.a[] */
 enum { US__A_XOUT, US__A_XF, US__A_RSTDF, US__A_LOGITS, US__A_LOSSES, US__A_ARGMAX, US__A_TOK, US__A_TGT,
-       US__A_DRES, US__A_DLN, US__A_DATT, US__A_DQKV, US__A_DH, US__A_DGU, US__A_COUNT };
+       US__A_DRES, US__A_DLN, US__A_DATT, US__A_DQKV, US__A_DH, US__A_DGU, US__A_SCAL, US__A_COUNT };
 
 typedef struct us__arena { char *base; size_t used; } us__arena;
 static void *us__take(us__arena *a, size_t bytes) {
@@ -2073,6 +2169,7 @@ static size_t us__layout_arena(us_model *m, char *base) {
         sz[US__A_TOK] = N * 4; sz[US__A_TGT] = N * 4;
         sz[US__A_DRES] = N * C * a;  sz[US__A_DLN] = N * C * a;  sz[US__A_DATT] = N * AO * a;
         sz[US__A_DQKV] = N * QKV * a; sz[US__A_DH] = N * F * a; sz[US__A_DGU] = N * 2 * F * a;
+        sz[US__A_SCAL] = 64;   /* scalars all-reduced over the ranks: valid targets, loss, norm² */
         for (i = 0; i < US__A_COUNT; i++) {
             void *p = us__take(&ar, sz[i]);
             if (base) m->a[i] = p;
@@ -2097,83 +2194,418 @@ static us_result us__backend_check(us_model *m) {
     return US_ERR_BACKEND;
 }
 
-static void us__init_weights(us_model *m) {
-    /* each tensor draws from its own stream seeded by (seed, index): the values do not depend
-       on the order tensors are visited, so sharded ranks can initialise their own parts */
-    int i;
-    float proj_std = m->cfg.init_std / sqrtf(2.0f * (float)m->cfg.n_layers);
-    for (i = 0; i < m->n_params_t; i++) {
-        const us_param *p = &m->params[i];
-        float *h = (float *)US_MALLOC((size_t)p->numel * 4);
-        int64_t j;
-        int k = (i - 1) % US__P_PER_LAYER;
-        int in_layer = i >= 1 && i < US__P_NORM(m->cfg.n_layers);
-        float std = in_layer && (k == US__P_O || k == US__P_DOWN) ? proj_std : m->cfg.init_std;
-        us_rng r;
-        us_rng_seed(&r, m->tc.seed * 0x100000001B3ull + (uint64_t)i * 0x9E3779B97F4A7C15ull);
-        for (j = 0; j < p->numel; j++) h[j] = p->ndim == 1 ? 1.0f : std * us_rng_normal(&r);
-        m->ops.copy(&m->ops, m->master + p->offset, h, (size_t)p->numel * 4, US_COPY_H2D);
-        US_FREE(h);
+/* Sizes of the parallel layout, shared by the model and the estimator. */
+typedef struct us__dist_sizes { int64_t n_flat, shard_n, slot_n; int n_gslots, n_wslots; } us__dist_sizes;
+static void us__dist_sizes_of(const us_model *m, us__dist_sizes *z) {
+    int u, Z = m->tc.zero, spare = m->cfg.tie_embeddings ? 3 : 2;
+    memset(z, 0, sizeof *z);
+    for (u = 0; u < m->n_units; u++) {
+        z->n_flat += m->units[u].n;
+        z->shard_n += m->units[u].piece;
+        if (m->units[u].n > z->slot_n) z->slot_n = m->units[u].n;
     }
-    if ((void *)m->master != m->w) m->ops.cast(&m->ops, m->w, m->dt, m->master, US_F32, m->n_params);
+    /* ZeRO-2/3 produce a unit's full gradient in a slot: one being written, one being reduced,
+       and (tied) the embedding's, written by the head first and by the embedding last. ZeRO-3's
+       weights likewise: the layer in use, the next one prefetched, and (tied) the embedding. */
+    z->n_gslots = Z >= 2 ? (m->n_units < spare ? m->n_units : spare) : 0;
+    z->n_wslots = Z == 3 ? (m->n_units < spare ? m->n_units : spare) : 0;
+    if (Z < 2) z->slot_n = 0;
 }
 
-US_API us_result us_model_init(us_model *m, const us_model_config *mc, const us_train_config *tc, const us_ops *ops) {
+static void us__init_weights(us_model *m) {
+    /* each tensor draws from its own stream seeded by (seed, index): the values do not depend
+       on the order tensors are visited or on how the buffers are sharded. A unit is built on
+       the host, then this rank stores what it keeps of it. */
+    int i, u, Z = m->tc.zero, R = m->mesh.dp_rank;
+    float proj_std = m->cfg.init_std / sqrtf(2.0f * (float)m->cfg.n_layers);
+    size_t a = us_dtype_size(m->dt);
+    float *h = (float *)US_MALLOC((size_t)(m->n_flat > 0 ? m->n_flat : 1) * 4);
+    uint16_t *hb = m->dt == US_BF16 ? (uint16_t *)US_MALLOC((size_t)m->n_flat * 2) : NULL;
+    us_ops *o = &m->ops;
+    (void)a;
+    for (u = 0; u < m->n_units; u++) {
+        const us__unit *U = &m->units[u];
+        float *hu = h + U->off;
+        int64_t j, own = U->off + (Z ? (int64_t)R * U->piece : 0);   /* flat index of this rank's piece */
+        memset(hu, 0, (size_t)U->n * 4);
+        for (i = U->p0; i < U->p1; i++) {
+            const us_param *p = &m->params[i];
+            int k = (i - 1) % US__P_PER_LAYER;
+            int in_layer = i >= 1 && i < US__P_NORM(m->cfg.n_layers);
+            float std = in_layer && (k == US__P_O || k == US__P_DOWN) ? proj_std : m->cfg.init_std;
+            us_rng r;
+            us_rng_seed(&r, m->tc.seed * 0x100000001B3ull + (uint64_t)i * 0x9E3779B97F4A7C15ull);
+            for (j = 0; j < p->numel; j++) h[p->offset + j] = p->ndim == 1 ? 1.0f : std * us_rng_normal(&r);
+        }
+        if (hb) for (j = 0; j < U->n; j++) hb[U->off + j] = us_f32_to_bf16(hu[j]);
+        /* weights the forward reads: all of them, or (ZeRO-3) this rank's piece */
+        if (Z < 3) o->copy(o, us__at(m->w, m->dt, U->off), hb ? (void *)(hb + U->off) : (void *)hu, (size_t)U->n * (hb ? 2 : 4), US_COPY_H2D);
+        else o->copy(o, us__at(m->w, m->dt, U->shard_off), hb ? (void *)(hb + own) : (void *)(h + own), (size_t)U->piece * (hb ? 2 : 4), US_COPY_H2D);
+        /* the separate fp32 master (bf16 policy): the whole unit, or this rank's piece */
+        if (hb) o->copy(o, m->master + U->shard_off, h + own, (size_t)U->piece * 4, US_COPY_H2D);
+    }
+    US_FREE(h); US_FREE(hb);
+}
+
+static us_result us__model_init(us_model *m, const us_model_config *mc, const us_train_config *tc, const us_ops *ops, us_comm *comm) {
     us_result r;
-    size_t n4;
+    us__dist_sizes z;
+    size_t a, wb, mb, gb, ob, gsb, wsb, off = 0;
+    int i, u;
+    char *state;
     memset(m, 0, sizeof *m);
     m->cfg = *mc;
     m->tc = *tc;
     if ((r = us_config_validate(&m->cfg, &m->tc, m->err, sizeof m->err)) != US_OK) return r;
     m->ops = ops ? *ops : us_cpu_ops(m->tc.threads);
     m->dt = m->tc.precision == US_PRECISION_BF16 ? US_BF16 : US_F32;
+    a = us_dtype_size(m->dt);
+    if (!comm) { us_comm_self(&m->self, &m->ops); comm = &m->self; }
+    m->comm = comm;
+    if (comm->world.size != m->tc.dp) {
+        us__model_set_error(m, "dp=%d but the communicator has %d ranks (data parallelism spans the whole world for now)", m->tc.dp, comm->world.size);
+        return US_ERR_INVALID;
+    }
+    if ((r = us_mesh_init(&m->mesh, comm, m->tc.dp, 1, 1, 1)) != US_OK) { us__model_set_error(m, "device mesh: %s", comm->err); return r; }
     m->params = (us_param *)US_MALLOC(sizeof(us_param) * (size_t)(3 + m->cfg.n_layers * US__P_PER_LAYER));
     m->acts = (us_layer_acts *)US_MALLOC(sizeof(us_layer_acts) * (size_t)m->cfg.n_layers);
-    if (!m->params || !m->acts) { us_model_free(m); us__model_set_error(m, "out of host memory for the model tables"); return US_ERR_OOM; }
+    m->unit_of = (int *)US_MALLOC(sizeof(int) * (size_t)(3 + m->cfg.n_layers * US__P_PER_LAYER));
+    if (!m->params || !m->acts || !m->unit_of) { us_model_free(m); us__model_set_error(m, "out of host memory for the model tables"); return US_ERR_OOM; }
     us__build_params(m);
-    n4 = (size_t)m->n_params * 4;
-    {   /* the model state is one allocation cut into flat buffers: master | grad | m | v | bf16 weights */
-        size_t a4 = us__align(n4), wbytes = m->dt == US_F32 ? 0 : (size_t)m->n_params * us_dtype_size(m->dt);
-        char *state = (char *)m->ops.alloc(&m->ops, 4 * a4 + wbytes);
-        m->state = state;
-        if (state) {
-            m->master = (float *)state;
-            m->grad = (float *)(state + a4);
-            m->adam_m = (float *)(state + 2 * a4);
-            m->adam_v = (float *)(state + 3 * a4);
-            m->w = m->dt == US_F32 ? (void *)m->master : (void *)(state + 4 * a4);
-        }
+    m->n_units = us__plan_units(m, NULL);
+    m->units = (us__unit *)US_MALLOC(sizeof(us__unit) * (size_t)m->n_units);
+    if (!m->units) { us_model_free(m); us__model_set_error(m, "out of host memory for the model tables"); return US_ERR_OOM; }
+    us__plan_units(m, m->units);
+    for (u = 0; u < m->n_units; u++) for (i = m->units[u].p0; i < m->units[u].p1; i++) m->unit_of[i] = u;
+    us__dist_sizes_of(m, &z);
+    m->n_flat = z.n_flat; m->shard_n = z.shard_n; m->slot_n = z.slot_n;
+    m->n_gslots = z.n_gslots; m->n_wslots = z.n_wslots;
+    /* the model state is one allocation cut into flat buffers:
+         w       weights the forward reads (dtype dt): all n_flat, or the shard under ZeRO-3
+         master  fp32 master weights under bf16: n_flat, or the shard under ZeRO ≥ 1
+                 (under fp32 the weights are their own master)
+         grad    fp32 gradients: n_flat, or the shard under ZeRO ≥ 2
+         m, v    AdamW moments: n_flat, or the shard under ZeRO ≥ 1
+         slots   ZeRO-2/3 gradient slots, ZeRO-3 weight slots */
+    wb = (size_t)(m->tc.zero == 3 ? z.shard_n : z.n_flat) * a;
+    mb = m->dt == US_F32 ? 0 : (size_t)(m->tc.zero ? z.shard_n : z.n_flat) * 4;
+    gb = (size_t)(m->tc.zero >= 2 ? z.shard_n : z.n_flat) * 4;
+    ob = (size_t)(m->tc.zero ? z.shard_n : z.n_flat) * 4;
+    gsb = (size_t)z.slot_n * 4; wsb = (size_t)z.slot_n * a;
+    state = (char *)m->ops.alloc(&m->ops, us__align(wb) + us__align(mb) + us__align(gb) + 2 * us__align(ob) +
+                                 (size_t)z.n_gslots * us__align(gsb) + (size_t)z.n_wslots * us__align(wsb));
+    m->state = state;
+    if (state) {
+        m->w = state;                              off += us__align(wb);
+        m->master = mb ? (float *)(state + off) : (m->tc.zero == 1 || m->tc.zero == 2) ? NULL : (float *)m->w;
+        off += us__align(mb);
+        m->grad = (float *)(state + off);          off += us__align(gb);
+        m->adam_m = (float *)(state + off);        off += us__align(ob);
+        m->adam_v = (float *)(state + off);        off += us__align(ob);
+        for (i = 0; i < z.n_gslots; i++) { m->gslot[i] = (float *)(state + off); off += us__align(gsb); m->gslot_unit[i] = -1; }
+        for (i = 0; i < z.n_wslots; i++) { m->wslot[i] = state + off; off += us__align(wsb); m->wslot_unit[i] = -1; }
     }
     m->mem.activations = us__layout_arena(m, NULL);
     m->arena = m->state ? (char *)m->ops.alloc(&m->ops, m->mem.activations) : NULL;
     if (!m->state || !m->arena) {
-        size_t total = n4 * 4 + m->mem.activations;
+        size_t total = wb + mb + gb + 2 * ob + m->mem.activations;
         us_model_free(m);
         us__model_set_error(m, "out of memory allocating %.1f MiB for %lld parameters and the activation arena",
                             (double)total / 1048576.0, (long long)us_param_count(mc));
         return US_ERR_OOM;
     }
     us__layout_arena(m, m->arena);
-    m->mem.params = (size_t)m->n_params * us_dtype_size(m->dt);
-    m->mem.master = m->dt == US_F32 ? 0 : n4;
-    m->mem.grads = n4;
-    m->mem.optimizer = 2 * n4;
+    m->mem.params = wb + (size_t)z.n_wslots * wsb;
+    m->mem.master = mb;
+    m->mem.grads = gb + (size_t)z.n_gslots * gsb;
+    m->mem.optimizer = 2 * ob;
     m->mem.total = m->mem.params + m->mem.master + m->mem.grads + m->mem.optimizer + m->mem.activations;
     us__init_weights(m);
     return us__backend_check(m);
 }
+US_API us_result us_model_init(us_model *m, const us_model_config *mc, const us_train_config *tc, const us_ops *ops) {
+    return us__model_init(m, mc, tc, ops, NULL);
+}
+US_API us_result us_model_init_dist(us_model *m, const us_model_config *mc, const us_train_config *tc, const us_ops *ops, us_comm *comm) {
+    if (!comm) { memset(m, 0, sizeof *m); us__model_set_error(m, "us_model_init_dist needs a communicator"); return US_ERR_INVALID; }
+    return us__model_init(m, mc, tc, ops, comm);
+}
 
 US_API void us_model_free(us_model *m) {
     us_ops *o = &m->ops;
+    int u;
+    if (m->units && m->comm)   /* never leave a collective in flight on memory about to be freed */
+        for (u = 0; u < m->n_units; u++) {
+            if (m->units[u].work) m->comm->wait(m->comm, m->units[u].work);
+            if (m->units[u].gather) m->comm->wait(m->comm, m->units[u].gather);
+        }
     if (o->free) { o->free(o, m->state); o->free(o, m->arena); }
-    US_FREE(m->params); US_FREE(m->acts);
-    m->params = NULL; m->acts = NULL; m->w = NULL; m->master = m->grad = m->adam_m = m->adam_v = NULL;
-    m->state = NULL; m->arena = NULL;
+    if (m->comm && m->mesh.dp_g.size) us_mesh_free(&m->mesh, m->comm);
+    US_FREE(m->params); US_FREE(m->acts); US_FREE(m->units); US_FREE(m->unit_of);
+    m->params = NULL; m->acts = NULL; m->units = NULL; m->unit_of = NULL; m->w = NULL;
+    m->master = m->grad = m->adam_m = m->adam_v = NULL;
+    m->state = NULL; m->arena = NULL; m->comm = NULL;
 }
 
-/* weight k of layer l (dtype dt) and its fp32 gradient */
-static void *us__W(us_model *m, int idx) { return us__at(m->w, m->dt, m->params[idx].offset); }
-static float *us__G(us_model *m, int idx) { return m->grad + m->params[idx].offset; }
+/* weight k of layer l (dtype dt) and its fp32 gradient. Under ZeRO-3 the weight lives in the
+   slot its unit was gathered into (// >>zero); under ZeRO-2/3 the gradient in its unit's slot. */
+static void *us__W(us_model *m, int idx) {
+    if (m->tc.zero == 3) {
+        const us__unit *U = &m->units[m->unit_of[idx]];
+        US_ASSERT(U->wslot >= 0);
+        return us__at(m->wslot[U->wslot], m->dt, m->params[idx].offset - U->off);
+    }
+    return us__at(m->w, m->dt, m->params[idx].offset);
+}
+static float *us__grad_slot(us_model *m, int u);
+static float *us__G(us_model *m, int idx) {
+    if (m->tc.zero >= 2) {
+        int u = m->unit_of[idx];
+        return us__grad_slot(m, u) + (m->params[idx].offset - m->units[u].off);
+    }
+    return m->grad + m->params[idx].offset;
+}
+
+/* ------------------------------------------------------------------------------------ */
+// >>dp  data parallelism: gradient buckets reduced while the backward runs
+/* ------------------------------------------------------------------------------------ */
+/* Playbook "Data parallelism": every rank holds the whole model, runs its share of the batch,
+   and the gradients are summed over the dp group before the optimizer step. The three
+   refinements, in the book's order:
+   1. overlap — a unit's (bucket's) reduction starts the moment the backward produces its last
+      gradient (us__grads_ready) and is waited for only before the optimizer step, so it runs
+      while the earlier layers' backward computes;
+   2. bucketing — one collective per ~25 MB of gradients (us__plan_units), not one per tensor
+      (latency-bound) nor one for the whole model (nothing to overlap with);
+   3. no_sync — under gradient accumulation only the last micro-batch's backward reduces.
+   Each rank scales its loss gradient by 1 / (valid targets of the global batch), so the SUM
+   over ranks is the global-batch mean: the number one rank would compute for the whole batch
+   (the book's average, without assuming every rank has the same number of valid targets). */
+static void us__trace(us_model *m, const char *cat, const char *name, double t0) {
+    if (m->trace) us_trace_add(m->trace, US_STREAM_COMPUTE, cat, name, t0, us_trace_now_us());
+}
+static us_result us__comm_fail(us_model *m, us_result r, const char *what) {
+    if (r != US_OK && !m->err[0]) us__model_set_error(m, "%s: %s", what, m->comm->err);
+    return r;
+}
+/* Sums host doubles over the dp group (through backend memory: NCCL reads device memory). */
+static us_result us__dp_sum(us_model *m, double *v, int n) {
+    us_ops *o = &m->ops;
+    us_result r;
+    if (m->mesh.dp <= 1) return US_OK;
+    o->copy(o, m->a[US__A_SCAL], v, (size_t)n * 8, US_COPY_H2D);
+    r = m->comm->all_reduce(m->comm, &m->mesh.dp_g, m->a[US__A_SCAL], n, US_F64, US_REDUCE_SUM, NULL);
+    if (r != US_OK) return us__comm_fail(m, r, "all-reduce of the step's scalars");
+    o->copy(o, v, m->a[US__A_SCAL], (size_t)n * 8, US_COPY_D2H);
+    return US_OK;
+}
+
+static int us__dp_needed(const us_model *m) { return m->mesh.dp > 1 || m->tc.zero; }
+
+/* Starts the reduction of a unit whose gradients are complete: an all-reduce without ZeRO, a
+   reduce-scatter with it (each rank keeps the sum of its own piece). Asynchronous. */
+static us_result us__unit_launch(us_model *m, int u) {
+    us__unit *U = &m->units[u];
+    us_comm *c = m->comm;
+    us_group *g = &m->mesh.dp_g;
+    int R = m->mesh.dp_rank;
+    us_result r;
+    double t0 = us_trace_now_us();
+    char nm[48];
+    if (m->tc.zero == 0) r = c->all_reduce(c, g, m->grad + U->off, U->n, US_F32, US_REDUCE_SUM, &U->work);
+    else if (m->tc.zero == 1) r = c->reduce_scatter(c, g, m->grad + U->off + R * U->piece, m->grad + U->off, U->piece, US_F32, US_REDUCE_SUM, &U->work);
+    else {   /* ZeRO-2/3: in place in the unit's slot; us__unit_finish adds the piece to the shard */
+        float *slot = m->gslot[U->gslot];
+        r = c->reduce_scatter(c, g, slot + R * U->piece, slot, U->piece, US_F32, US_REDUCE_SUM, &U->work);
+    }
+    snprintf(nm, sizeof nm, "launch unit %d", u);
+    us__trace(m, "comm", nm, t0);
+    return us__comm_fail(m, r, m->tc.zero ? "gradient reduce-scatter" : "gradient all-reduce");
+}
+/* Waits for a unit's reduction; ZeRO-2/3 then accumulate the reduced piece into the gradient
+   shard and give the slot back. */
+static us_result us__unit_finish(us_model *m, int u) {
+    us__unit *U = &m->units[u];
+    us_result r = US_OK;
+    double t0 = us_trace_now_us();
+    char nm[48];
+    if (!U->work) return US_OK;
+    r = m->comm->wait(m->comm, U->work);
+    U->work = NULL;
+    snprintf(nm, sizeof nm, "wait unit %d", u);
+    us__trace(m, "wait", nm, t0);
+    if (r != US_OK) return us__comm_fail(m, r, "gradient reduction");
+    if (m->tc.zero >= 2 && U->gslot >= 0) {
+        m->ops.axpy(&m->ops, m->grad + U->shard_off, m->gslot[U->gslot] + (int64_t)m->mesh.dp_rank * U->piece, 1.0f, U->piece);
+        m->gslot_unit[U->gslot] = -1;
+        U->gslot = -1;
+    }
+    return US_OK;
+}
+
+/* The backward hook: tensors [i0, i1) have their final gradient for this micro-batch. */
+static us_result us__grads_ready(us_model *m, int i0, int i1) {
+    int i;
+    if (!us__dp_needed(m)) return US_OK;
+    for (i = i0; i < i1; i++) {
+        int u = m->unit_of[i];
+        us__unit *U = &m->units[u];
+        if (--U->pending == 0 && (m->grad_sync || m->tc.zero >= 2)) {
+            us_result r = us__unit_launch(m, u);
+            if (r != US_OK) return r;
+            m->synced = 1;
+        }
+    }
+    return US_OK;
+}
+static void us__grads_begin(us_model *m) {   /* a backward starts: every tensor is pending */
+    int u;
+    for (u = 0; u < m->n_units; u++) m->units[u].pending = m->units[u].p1 - m->units[u].p0;
+}
+/* Before the optimizer step: every unit reduced and finished (a caller that never set
+   grad_sync gets its reductions here, without overlap). */
+static us_result us__grads_finish(us_model *m) {
+    int u;
+    us_result r;
+    if (!us__dp_needed(m)) return US_OK;
+    if (m->tc.zero < 2 && !m->synced)
+        for (u = 0; u < m->n_units; u++) if ((r = us__unit_launch(m, u)) != US_OK) return r;
+    for (u = 0; u < m->n_units; u++) if ((r = us__unit_finish(m, u)) != US_OK) return r;
+    m->synced = 0;
+    return US_OK;
+}
+
+/* ------------------------------------------------------------------------------------ */
+// >>zero  ZeRO-1/2/3: optimizer state, gradients and weights sharded over dp
+/* ------------------------------------------------------------------------------------ */
+/* Playbook "ZeRO": each of the dp ranks owns 1/dp of every unit (a "piece") and keeps only
+   what the stage shards:
+     ZeRO-1  AdamW moments (and the fp32 master under bf16): reduce-scatter the gradients, update
+             the own piece, all-gather the weights;
+     ZeRO-2  + gradients: each unit's gradient lives in a slot only while it is produced and
+             reduce-scattered, then the rank keeps its piece (summed over micro-batches);
+     ZeRO-3  + weights: a layer's weights are all-gathered into a slot just before the layer
+             runs, forward and again backward, and freed after; the next layer's gather is
+             issued first so it overlaps the current layer's compute (prefetch).
+   Memory per rank (Ψ parameters, dp = N_d; the book's mixed-precision formulas 2Ψ+2Ψ+12Ψ/N_d,
+   2Ψ+(2Ψ+12Ψ)/N_d, (2Ψ+2Ψ+12Ψ)/N_d, here with fp32 gradients): see us_memory_estimate. */
+
+/* ZeRO-2/3: the slot holding unit u's full gradient for this backward, taken (and zeroed) at
+   the unit's first gradient write. With every slot busy, the oldest reduction is finished. */
+static float *us__grad_slot(us_model *m, int u) {
+    us__unit *U = &m->units[u];
+    int s, oldest = -1;
+    if (U->gslot >= 0) return m->gslot[U->gslot];
+    for (;;) {
+        for (s = 0; s < m->n_gslots; s++) if (m->gslot_unit[s] < 0) break;
+        if (s < m->n_gslots) break;
+        for (s = 0; s < m->n_gslots; s++)   /* units are reduced in backward order: highest first */
+            if (m->units[m->gslot_unit[s]].work && (oldest < 0 || m->gslot_unit[s] > m->gslot_unit[oldest])) oldest = s;
+        US_ASSERT(oldest >= 0);
+        if (us__unit_finish(m, m->gslot_unit[oldest]) != US_OK) m->gslot_unit[oldest] = -1;  /* error kept in m->err */
+        oldest = -1;
+    }
+    m->gslot_unit[s] = u;
+    U->gslot = s;
+    m->ops.zero(&m->ops, m->gslot[s], (size_t)U->n * 4);
+    return m->gslot[s];
+}
+
+/* ZeRO-3's walk over the model: step 0 is the embedding, step 1+l layer l, step L+1 the final
+   norm and head. Returns the units step s reads. */
+static int us__z3_units(const us_model *m, int s, int out[2]) {
+    int L = m->cfg.n_layers, n = 0;
+    if (s == 0) out[n++] = m->unit_of[0];
+    else if (s <= L) out[n++] = m->unit_of[US__PL(s - 1, 0)];
+    else {
+        out[n++] = m->unit_of[US__P_NORM(L)];
+        if (m->cfg.tie_embeddings) out[n++] = m->unit_of[0];
+    }
+    return n;
+}
+static us_result us__z3_gather(us_model *m, int u) {   /* asynchronous; no-op if resident */
+    us__unit *U = &m->units[u];
+    us_result r;
+    int s;
+    if (U->wslot >= 0) return US_OK;
+    for (s = 0; s < m->n_wslots; s++) if (m->wslot_unit[s] < 0) break;
+    US_ASSERT(s < m->n_wslots);
+    m->wslot_unit[s] = u;
+    U->wslot = s;
+    r = m->comm->all_gather(m->comm, &m->mesh.dp_g, m->wslot[s], us__at(m->w, m->dt, U->shard_off), U->piece, m->dt, &U->gather);
+    return us__comm_fail(m, r, "ZeRO-3 weight all-gather");
+}
+static void us__z3_release(us_model *m, int u) {
+    us__unit *U = &m->units[u];
+    if (U->wslot < 0) return;
+    if (U->gather) { m->comm->wait(m->comm, U->gather); U->gather = NULL; }
+    m->wslot_unit[U->wslot] = -1;
+    U->wslot = -1;
+}
+static void us__z3_release_all(us_model *m) {
+    int u;
+    if (m->tc.zero == 3) for (u = 0; u < m->n_units; u++) us__z3_release(m, u);
+}
+/* Enter step s walking in direction dir (+1 forward, -1 backward): the step's weights must be
+   here; the previous step's that this one does not read are freed; the next step's gather is
+   issued now, so it runs while step s computes. */
+static us_result us__z3_enter(us_model *m, int s, int dir) {
+    int cur[2], prev[2], next[2], nc, np = 0, nn = 0, i, j, L = m->cfg.n_layers;
+    us_result r;
+    double t0;
+    if (m->tc.zero != 3) return US_OK;
+    nc = us__z3_units(m, s, cur);
+    if (s - dir >= 0 && s - dir <= L + 1) np = us__z3_units(m, s - dir, prev);
+    if (s + dir >= 0 && s + dir <= L + 1) nn = us__z3_units(m, s + dir, next);
+    t0 = us_trace_now_us();
+    for (i = 0; i < nc; i++) {
+        us__unit *U = &m->units[cur[i]];
+        if ((r = us__z3_gather(m, cur[i])) != US_OK) return r;
+        if (U->gather) {
+            r = m->comm->wait(m->comm, U->gather);
+            U->gather = NULL;
+            if (r != US_OK) return us__comm_fail(m, r, "ZeRO-3 weight all-gather");
+        }
+    }
+    us__trace(m, "wait", "wait weights", t0);
+    for (i = 0; i < np; i++) {
+        int keep = 0;
+        for (j = 0; j < nc; j++) keep |= prev[i] == cur[j];
+        if (!keep) us__z3_release(m, prev[i]);
+    }
+    for (i = 0; i < nn; i++) if ((r = us__z3_gather(m, next[i])) != US_OK) return r;
+    return US_OK;
+}
+
+/* AdamW over the flat range [lo, hi) of this rank's piece of unit U, one call per run of
+   neighbouring tensors with the same weight decay (padding is skipped: no tensor covers it). */
+static void us__adamw_piece(us_model *m, const us__unit *U, float lr, float gscale) {
+    us_ops *o = &m->ops;
+    const us_train_config *tc = &m->tc;
+    int Z = tc->zero, i, decay = -1;
+    int64_t lo = U->off + (Z ? (int64_t)m->mesh.dp_rank * U->piece : 0), hi = lo + U->piece, r0 = 0, r1 = 0;
+    float wd = tc->weight_decay > 0 ? tc->weight_decay : 0.0f;
+    /* where flat index lo lives in each buffer */
+    float *master = m->dt == US_F32 && Z < 3 ? (float *)m->w + lo : m->master + U->shard_off;
+    float *grad = Z < 2 ? m->grad + lo : m->grad + U->shard_off;
+    float *mm = m->adam_m + U->shard_off, *vv = m->adam_v + U->shard_off;
+    void *low = m->dt == US_F32 ? NULL : Z < 3 ? us__at(m->w, m->dt, lo) : us__at(m->w, m->dt, U->shard_off);
+    for (i = U->p0; i <= U->p1; i++) {
+        int64_t a = 0, b = 0;
+        if (i < U->p1) {
+            a = m->params[i].offset > lo ? m->params[i].offset : lo;
+            b = m->params[i].offset + m->params[i].numel < hi ? m->params[i].offset + m->params[i].numel : hi;
+        }
+        if (i == U->p1 || (a < b && (m->params[i].decay != decay || a != r1))) {
+            if (r1 > r0) {   /* flush the run [r0, r1) */
+                int64_t k = r0 - lo;
+                o->adamw(o, master + k, grad + k, mm + k, vv + k, low ? us__at(low, m->dt, k) : NULL, m->dt, r1 - r0,
+                         lr, tc->beta1, tc->beta2, tc->adam_eps, decay ? wd : 0.0f, gscale, m->step);
+            }
+            if (i < U->p1) { r0 = a; r1 = b; decay = m->params[i].decay; }
+        } else if (a < b) r1 = b;
+    }
+}
 
 /* ------------------------------------------------------------------------------------ */
 // >>recompute  what the forward keeps and what the backward recomputes
@@ -2214,7 +2646,7 @@ static void us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int recomput
 
 /* Backward of layer l. On entry dres holds ∂loss/∂x_{l+1}; on exit ∂loss/∂x_l. Weight
    gradients accumulate (beta = 1) in fp32. */
-static void us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
+static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
     us_ops *o = &m->ops;
     const us_model_config *c = &m->cfg;
     us_layer_acts *A = &m->acts[l];
@@ -2225,19 +2657,28 @@ static void us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
     void *datt = m->a[US__A_DATT], *dqkv = m->a[US__A_DQKV];
     /* MLP: x_{l+1} = xmid + swiglu(ln2·Wgu^T)·Wdown^T */
     o->gemm(o, 0, 0, N, F, C, 1.0f, dres, dt, C, us__W(m, US__PL(l, US__P_DOWN)), dt, F, 0.0f, dh, dt, F);
+    us_result r;
+    /* each weight gradient, once complete, is handed to data parallelism (us__grads_ready),
+       which may start reducing its bucket while the rest of the backward runs */
     o->gemm(o, 1, 0, C, F, N, 1.0f, dres, dt, C, A->h, dt, F, 1.0f, us__G(m, US__PL(l, US__P_DOWN)), US_F32, F);
+    if ((r = us__grads_ready(m, US__PL(l, US__P_DOWN), US__PL(l, US__P_DOWN) + 1)) != US_OK) return r;
     o->swiglu_bwd(o, dgu, dh, A->gu, N, F, dt);
     o->gemm(o, 0, 0, N, C, 2 * F, 1.0f, dgu, dt, 2 * F, us__W(m, US__PL(l, US__P_GATE)), dt, C, 0.0f, dln, dt, C);
     o->gemm(o, 1, 0, 2 * F, C, N, 1.0f, dgu, dt, 2 * F, A->ln2, dt, C, 1.0f, us__G(m, US__PL(l, US__P_GATE)), US_F32, C);
+    if ((r = us__grads_ready(m, US__PL(l, US__P_GATE), US__PL(l, US__P_UP) + 1)) != US_OK) return r;
     o->rmsnorm_bwd(o, dres, us__G(m, US__PL(l, US__P_LN2)), dln, A->xmid, us__W(m, US__PL(l, US__P_LN2)), A->rstd2, N, C, dt);
+    if ((r = us__grads_ready(m, US__PL(l, US__P_LN2), US__PL(l, US__P_LN2) + 1)) != US_OK) return r;
     /* attention: xmid = x + attention(rope(ln1·Wqkv^T))·Wo^T */
     o->gemm(o, 0, 0, N, AO, C, 1.0f, dres, dt, C, us__W(m, US__PL(l, US__P_O)), dt, AO, 0.0f, datt, dt, AO);
     o->gemm(o, 1, 0, C, AO, N, 1.0f, dres, dt, C, A->att, dt, AO, 1.0f, us__G(m, US__PL(l, US__P_O)), US_F32, AO);
+    if ((r = us__grads_ready(m, US__PL(l, US__P_O), US__PL(l, US__P_O) + 1)) != US_OK) return r;
     o->attention_bwd(o, dqkv, datt, A->qkv, A->att, A->lse, B, T, NH, NKV, HS, dt);
     o->rope_bwd(o, dqkv, B, T, NH, NKV, HS, c->rope_theta, dt);
     o->gemm(o, 0, 0, N, C, QKV, 1.0f, dqkv, dt, QKV, us__W(m, US__PL(l, US__P_Q)), dt, C, 0.0f, dln, dt, C);
     o->gemm(o, 1, 0, QKV, C, N, 1.0f, dqkv, dt, QKV, A->ln1, dt, C, 1.0f, us__G(m, US__PL(l, US__P_Q)), US_F32, C);
+    if ((r = us__grads_ready(m, US__PL(l, US__P_Q), US__PL(l, US__P_V) + 1)) != US_OK) return r;
     o->rmsnorm_bwd(o, dres, us__G(m, US__PL(l, US__P_LN1)), dln, A->x, us__W(m, US__PL(l, US__P_LN1)), A->rstd1, N, C, dt);
+    return us__grads_ready(m, US__PL(l, US__P_LN1), US__PL(l, US__P_LN1) + 1);
 }
 
 static int us__head_idx(const us_model *m) { return m->cfg.tie_embeddings ? 0 : US__P_HEAD(m->cfg.n_layers); }
@@ -2268,8 +2709,18 @@ static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *
     if ((r = us__check_tokens(m, inputs, targets, N)) != US_OK) return r;
     o->copy(o, m->a[US__A_TOK], inputs, (size_t)N * 4, US_COPY_H2D);
     o->copy(o, m->a[US__A_TGT], targets, (size_t)N * 4, US_COPY_H2D);
+    /* ZeRO-3 walks the model in steps: enter each one (its weights gathered, the next step's
+       gather issued) before computing it */
+    if ((r = us__z3_enter(m, 0, 1)) != US_OK) return r;
     o->embedding_fwd(o, m->acts[0].x, (const int32_t *)m->a[US__A_TOK], us__W(m, 0), N, C, m->dt);
-    for (l = 0; l < c->n_layers; l++) us__layer_fwd(m, l, B, T, 0);
+    for (l = 0; l < c->n_layers; l++) {
+        double t0 = us_trace_now_us();
+        char nm[40];
+        if ((r = us__z3_enter(m, 1 + l, 1)) != US_OK) return r;
+        us__layer_fwd(m, l, B, T, 0);
+        if (m->trace) { snprintf(nm, sizeof nm, "forward layer %d", l); us__trace(m, "compute", nm, t0); }
+    }
+    if ((r = us__z3_enter(m, c->n_layers + 1, 1)) != US_OK) return r;
     o->rmsnorm_fwd(o, m->a[US__A_XF], (float *)m->a[US__A_RSTDF], m->a[US__A_XOUT], us__W(m, US__P_NORM(c->n_layers)), N, C, c->norm_eps, m->dt);
     o->gemm(o, 0, 1, N, V, C, 1.0f, m->a[US__A_XF], m->dt, C, us__W(m, us__head_idx(m)), m->dt, C, 0.0f, m->a[US__A_LOGITS], m->dt, V);
     o->xent(o, (float *)m->a[US__A_LOSSES], (int32_t *)m->a[US__A_ARGMAX], m->a[US__A_LOGITS], (const int32_t *)m->a[US__A_TGT], N, V, dscale, m->dt);
@@ -2284,61 +2735,105 @@ static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *
     return US_OK;
 }
 
-static void us__backward(us_model *m, int B, int T) {
+static us_result us__backward(us_model *m, int B, int T) {
     us_ops *o = &m->ops;
     const us_model_config *c = &m->cfg;
     int64_t N = (int64_t)B * T, C = c->dim, V = c->vocab;
-    int l, head = us__head_idx(m);
+    int l, head = us__head_idx(m), L = c->n_layers;
+    us_result r;
+    double t0 = us_trace_now_us();
+    us__grads_begin(m);
+    if ((r = us__z3_enter(m, L + 1, -1)) != US_OK) return r;
     /* logits = xf·Whead^T, the logits buffer now holds dlogits */
     o->gemm(o, 0, 0, N, C, V, 1.0f, m->a[US__A_LOGITS], m->dt, V, us__W(m, head), m->dt, C, 0.0f, m->a[US__A_DLN], m->dt, C);
     o->gemm(o, 1, 0, V, C, N, 1.0f, m->a[US__A_LOGITS], m->dt, V, m->a[US__A_XF], m->dt, C, 1.0f, us__G(m, head), US_F32, C);
+    if (head && (r = us__grads_ready(m, head, head + 1)) != US_OK) return r;   /* tied: the embedding's gradient is not done yet */
     o->zero(o, m->a[US__A_DRES], (size_t)N * C * us_dtype_size(m->dt));
-    o->rmsnorm_bwd(o, m->a[US__A_DRES], us__G(m, US__P_NORM(c->n_layers)), m->a[US__A_DLN], m->a[US__A_XOUT],
-                   us__W(m, US__P_NORM(c->n_layers)), (float *)m->a[US__A_RSTDF], N, C, m->dt);
-    for (l = c->n_layers - 1; l >= 0; l--) {
+    o->rmsnorm_bwd(o, m->a[US__A_DRES], us__G(m, US__P_NORM(L)), m->a[US__A_DLN], m->a[US__A_XOUT],
+                   us__W(m, US__P_NORM(L)), (float *)m->a[US__A_RSTDF], N, C, m->dt);
+    if ((r = us__grads_ready(m, US__P_NORM(L), US__P_NORM(L) + 1)) != US_OK) return r;
+    us__trace(m, "compute", "backward head", t0);
+    for (l = L - 1; l >= 0; l--) {
+        char nm[40];
+        t0 = us_trace_now_us();
+        if ((r = us__z3_enter(m, 1 + l, -1)) != US_OK) return r;
         if (m->tc.recompute != US_RECOMPUTE_NONE) us__layer_fwd(m, l, B, T, 1);
-        us__layer_bwd(m, l, B, T);
+        if ((r = us__layer_bwd(m, l, B, T)) != US_OK) return r;
+        if (m->trace) { snprintf(nm, sizeof nm, "backward layer %d", l); us__trace(m, "compute", nm, t0); }
     }
+    if ((r = us__z3_enter(m, 0, -1)) != US_OK) return r;
     o->embedding_bwd(o, us__G(m, 0), m->a[US__A_DRES], (const int32_t *)m->a[US__A_TOK], N, C, m->dt);
+    if ((r = us__grads_ready(m, 0, 1)) != US_OK) return r;
+    us__z3_release_all(m);
+    return m->err[0] ? US_ERR_BACKEND : US_OK;   /* a slot's reduction may have failed inside us__G */
 }
 
 /* ------------------------------------------------------------------------------------ */
 // >>train  gradient accumulation and the training step
 /* ------------------------------------------------------------------------------------ */
-US_API void us_model_zero_grad(us_model *m) { m->ops.zero(&m->ops, m->grad, (size_t)m->n_params * 4); }
+US_API void us_model_zero_grad(us_model *m) {
+    m->ops.zero(&m->ops, m->grad, (size_t)(m->tc.zero >= 2 ? m->shard_n : m->n_flat) * 4);
+}
 
 US_API us_result us_forward_backward(us_model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                                      float dscale, double *loss_sum) {
-    us_result r = us__forward(m, inputs, targets, B, T, dscale, loss_sum);
+    us_result r;
+    m->err[0] = 0;
+    r = us__forward(m, inputs, targets, B, T, dscale, loss_sum);
     if (r != US_OK) return r;
-    us__backward(m, B, T);
-    return US_OK;
+    r = us__backward(m, B, T);
+    m->grad_sync = 0;
+    return r;
 }
 
 US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out) {
     us_ops *o = &m->ops;
     const us_train_config *tc = &m->tc;
-    double norm = sqrt(o->sumsq(o, m->grad, m->n_params));
-    float gscale = 1.0f, lr = us_lr_at(tc, m->step), wd = tc->weight_decay > 0 ? tc->weight_decay : 0.0f;
-    int i;
-    if (grad_norm) *grad_norm = (float)norm;
+    int Z = tc->zero, u;
+    double norm2 = 0, t0 = us_trace_now_us();
+    float gscale = 1.0f, lr = us_lr_at(tc, m->step);
+    us_result r;
+    if ((r = us__grads_finish(m)) != US_OK) return r;
+    /* the global gradient norm: every rank holds all of it without ZeRO; with ZeRO each holds the
+       sums of its pieces, and the squares are summed over dp */
+    if (Z == 0) norm2 = o->sumsq(o, m->grad, m->n_flat);
+    else {
+        for (u = 0; u < m->n_units; u++) {
+            const us__unit *U = &m->units[u];
+            norm2 += o->sumsq(o, Z == 1 ? m->grad + U->off + (int64_t)m->mesh.dp_rank * U->piece : m->grad + U->shard_off, U->piece);
+        }
+        if ((r = us__dp_sum(m, &norm2, 1)) != US_OK) return r;
+    }
+    if (grad_norm) *grad_norm = (float)sqrt(norm2);
     if (lr_out) *lr_out = lr;
-    if (!isfinite(norm)) { us__model_set_error(m, "the gradient norm is not finite at step %d; weights left unchanged", m->step + 1); return US_ERR_NONFINITE; }
-    if (tc->grad_clip > 0 && norm > tc->grad_clip) gscale = (float)(tc->grad_clip / norm);  /* clip by global norm */
+    if (!isfinite(norm2)) { us__model_set_error(m, "the gradient norm is not finite at step %d; weights left unchanged", m->step + 1); return US_ERR_NONFINITE; }
+    if (tc->grad_clip > 0 && sqrt(norm2) > tc->grad_clip) gscale = (float)(tc->grad_clip / sqrt(norm2));  /* clip by global norm */
     m->step++;
     /* The tensors tile the flat buffers, so each run of neighbours that share a weight-decay
        setting is one contiguous range: one AdamW call per run, not per tensor (a layer's
-       q|k|v|o and gate|up|down become two calls on a GPU instead of seven launches). */
-    for (i = 0; i < m->n_params_t;) {
-        const us_param *p = &m->params[i];
-        int64_t n = 0;
-        void *low = m->dt == US_F32 ? NULL : us__at(m->w, m->dt, p->offset);
-        int k = i;
-        while (k < m->n_params_t && m->params[k].decay == p->decay) n += m->params[k++].numel;
-        o->adamw(o, m->master + p->offset, m->grad + p->offset, m->adam_m + p->offset, m->adam_v + p->offset, low, m->dt,
-                 n, lr, tc->beta1, tc->beta2, tc->adam_eps, p->decay ? wd : 0.0f, gscale, m->step);
-        i = k;
+       q|k|v|o and gate|up|down become two calls on a GPU instead of seven launches). Without
+       ZeRO the whole buffer is one range; with it, each unit's own piece. */
+    if (Z == 0) {
+        us__unit all;
+        memset(&all, 0, sizeof all);
+        all.p0 = 0; all.p1 = m->n_params_t; all.n = all.piece = m->n_flat;
+        us__adamw_piece(m, &all, lr, gscale);
+    } else for (u = 0; u < m->n_units; u++) us__adamw_piece(m, &m->units[u], lr, gscale);
+    /* ZeRO-1/2: every rank updated its piece; all-gather the weights the forward reads */
+    if (Z == 1 || Z == 2) {
+        for (u = 0; u < m->n_units; u++) {
+            us__unit *U = &m->units[u];
+            r = m->comm->all_gather(m->comm, &m->mesh.dp_g, us__at(m->w, m->dt, U->off), us__at(m->w, m->dt, U->off + (int64_t)m->mesh.dp_rank * U->piece),
+                                    U->piece, m->dt, &U->gather);
+            if (r != US_OK) return us__comm_fail(m, r, "weight all-gather");
+        }
+        for (u = 0; u < m->n_units; u++) {
+            r = m->comm->wait(m->comm, m->units[u].gather);
+            m->units[u].gather = NULL;
+            if (r != US_OK) return us__comm_fail(m, r, "weight all-gather");
+        }
     }
+    us__trace(m, "compute", "optimizer step", t0);
     return us__backend_check(m);
 }
 
@@ -2349,19 +2844,26 @@ US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t
     float gn = 0, lr = 0;
     int k;
     us_result r;
+    double dvalid;
+    m->err[0] = 0;
     for (i = 0; i < total; i++) valid += targets[i] >= 0;
+    dvalid = (double)valid;
+    if ((r = us__dp_sum(m, &dvalid, 1)) != US_OK) return r;   /* valid targets of the global batch */
+    valid = (int64_t)dvalid;
     if (!valid) { us__model_set_error(m, "every target of the batch is ignored (< 0); nothing to learn from"); return US_ERR_INVALID; }
     us_model_zero_grad(m);
     for (k = 0; k < tc->grad_accum; k++) {   /* each micro-batch adds its share of the global mean */
         double ls = 0;
+        m->grad_sync = k == tc->grad_accum - 1;   /* no_sync until the last micro-batch */
         r = us_forward_backward(m, inputs + k * per, targets + k * per, tc->batch, tc->seq, (float)(1.0 / (double)valid), &ls);
         if (r != US_OK) return r;
         loss += ls;
     }
     if ((r = us_optimizer_step(m, &gn, &lr)) != US_OK) return r;
+    if ((r = us__dp_sum(m, &loss, 1)) != US_OK) return r;
     if (st) {
         st->step = m->step; st->loss = (float)(loss / (double)valid); st->lr = lr; st->grad_norm = gn;
-        st->tokens = total; st->valid = valid;
+        st->tokens = total * m->mesh.dp; st->valid = valid;
     }
     return US_OK;
 }
@@ -2372,6 +2874,7 @@ US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32
     int64_t N = (int64_t)B * T, V = m->cfg.vocab, i;
     double ls = 0;
     us_result r = us__forward(m, inputs, targets, B, T, 0.0f, &ls);
+    us__z3_release_all(m);
     if (r != US_OK) return r;
     if (loss_sum) *loss_sum = ls;
     if (correct) {
@@ -2686,7 +3189,8 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
     cheap = 2 * x /* ln1, ln2 */ + 2 * rs + att + lse + h;
     per_layer = x + (mode != US_RECOMPUTE_FULL ? gemm_outs : 0) + (mode == US_RECOMPUTE_NONE ? cheap : 0);
     shared = (mode != US_RECOMPUTE_NONE ? cheap : 0) + (mode == US_RECOMPUTE_FULL ? gemm_outs : 0);
-    head = 2 * x /* last layer output, final norm */ + rs + us__align(N * V * a) /* logits */ + 4 * rs /* losses, argmax, inputs, targets */;
+    head = 2 * x /* last layer output, final norm */ + rs + us__align(N * V * a) /* logits */ + 4 * rs /* losses, argmax, inputs, targets */
+         + us__align(64) /* scalars for the all-reduces */;
     bwd = 2 * x /* residual grad, norm grad */ + att + qkv + h + gu;
     out->activations = (size_t)L * per_layer + shared + head + bwd;
     out->total = out->params + out->master + out->grads + out->optimizer + out->activations;
