@@ -448,6 +448,9 @@ US_API us_result us_forward_backward(us_model *m, const int32_t *inputs, const i
    (ZeRO: to this rank's shard, then all-gathers the weights); returns the pre-clip norm. */
 US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr);
 US_API float     us_lr_at(const us_train_config *tc, int step);  /* step is 0-based */
+/* Sums n host doubles over the model's data-parallel group (every rank calls it): eval losses,
+   counts. A no-op on one rank. */
+US_API us_result us_dp_sum(us_model *m, double *v, int n);
 
 /* Forward only. Returns the summed loss over valid targets and how many predictions were right
    (argmax == target) in *correct (may be NULL). logits_out (host, may be NULL) receives the
@@ -2400,6 +2403,8 @@ static us_result us__dp_sum(us_model *m, double *v, int n) {
     return US_OK;
 }
 
+US_API us_result us_dp_sum(us_model *m, double *v, int n) { return us__dp_sum(m, v, n); }
+
 static int us__dp_needed(const us_model *m) { return m->mesh.dp > 1 || m->tc.zero; }
 
 /* Starts the reduction of a unit whose gradients are complete: an all-reduce without ZeRO, a
@@ -3159,8 +3164,15 @@ US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int
 // >>estimate  memory estimator and FLOPs (the Playbook's formulas)
 /* ------------------------------------------------------------------------------------ */
 /* Parameters, gradients and optimizer state (Playbook "memory usage in transformers"):
-     fp32:  4N weights + 4N grads + 8N Adam (m, v)                   = 16N
-     bf16:  2N weights + 4N fp32 grads + 4N fp32 master + 8N Adam    = 18N
+     fp32:  4Ψ weights + 4Ψ grads + 8Ψ Adam (m, v)                   = 16Ψ
+     bf16:  2Ψ weights + 4Ψ fp32 grads + 4Ψ fp32 master + 8Ψ Adam    = 18Ψ
+   and with ZeRO over N_d = dp ranks (Playbook "ZeRO"), per rank, k = 4 (fp32 master) + 8 (Adam):
+     ZeRO-1:  2Ψ + 4Ψ + kΨ/N_d          optimizer state (and master) sharded
+     ZeRO-2:  2Ψ + (4Ψ + kΨ)/N_d        + gradients
+     ZeRO-3:  (2Ψ + 4Ψ + kΨ)/N_d        + weights
+   where Ψ counts the flat buffers as laid out (each unit padded to a multiple of 16·N_d so it
+   splits evenly), plus the transient slots ZeRO-2/3 need: 2 (3 with tied embeddings) units'
+   full gradients and, under ZeRO-3, as many units' gathered weights (a unit is a layer).
    Activations: with flash attention no s² term is stored, so per layer the kept tensors are
    linear in s·b: x, ln1, q/k/v, attention output, xmid, ln2, gate|up, h (+ fp32 rstd and lse);
    selective drops the non-GEMM ones, full keeps only x; one layer's worth is then scratch. */
@@ -3168,20 +3180,36 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
     us_model_config mc = *mc_in;
     us_train_config tc = *tc_in;
     us_result r = us_config_validate(&mc, &tc, err, errlen);
-    int64_t P, N, C, HS, QKV, AO, F, V, L;
+    int64_t N, C, HS, QKV, AO, F, V, L, psi, shard, unit;
     size_t a, x, rs, qkv, att, lse, gu, h, gemm_outs, cheap, per_layer, shared, head, bwd;
-    int mode;
+    int mode, Z, slots;
     if (r != US_OK) return r;
-    P = us_param_count(&mc);
     a = tc.precision == US_PRECISION_BF16 ? 2 : 4;
+    Z = tc.zero;
+    {   /* Ψ as laid out: the same cut into units the model makes (us__plan_units), no allocation */
+        us_model tmp;
+        us__dist_sizes z;
+        memset(&tmp, 0, sizeof tmp);
+        tmp.cfg = mc; tmp.tc = tc;
+        tmp.params = (us_param *)US_MALLOC(sizeof(us_param) * (size_t)(3 + mc.n_layers * US__P_PER_LAYER));
+        if (!tmp.params) { us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
+        us__build_params(&tmp);
+        tmp.n_units = us__plan_units(&tmp, NULL);
+        tmp.units = (us__unit *)US_MALLOC(sizeof(us__unit) * (size_t)tmp.n_units);
+        if (!tmp.units) { US_FREE(tmp.params); us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
+        us__plan_units(&tmp, tmp.units);
+        us__dist_sizes_of(&tmp, &z);
+        psi = z.n_flat; shard = z.shard_n; unit = z.slot_n; slots = z.n_gslots;
+        US_FREE(tmp.params); US_FREE(tmp.units);
+    }
     N = (int64_t)tc.batch * tc.seq; C = mc.dim; HS = C / mc.n_heads; F = mc.ffn_dim; V = mc.vocab; L = mc.n_layers;
     QKV = (int64_t)(mc.n_heads + 2 * mc.n_kv_heads) * HS; AO = (int64_t)mc.n_heads * HS;
     mode = tc.recompute;
     memset(out, 0, sizeof *out);
-    out->params = (size_t)P * a;
-    out->master = a == 4 ? 0 : (size_t)P * 4;
-    out->grads = (size_t)P * 4;
-    out->optimizer = (size_t)P * 8;
+    out->params = (size_t)(Z == 3 ? shard + slots * unit : psi) * a;
+    out->master = a == 4 ? 0 : (size_t)(Z ? shard : psi) * 4;
+    out->grads = (size_t)(Z >= 2 ? shard + slots * unit : psi) * 4;
+    out->optimizer = (size_t)(Z ? shard : psi) * 8;
     /* each activation tensor is rounded up to the arena alignment */
     x = us__align(N * C * a); rs = us__align(N * 4); qkv = us__align(N * QKV * a); att = us__align(N * AO * a);
     lse = us__align(N * mc.n_heads * 4); gu = us__align(N * 2 * F * a); h = us__align(N * F * a);

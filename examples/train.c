@@ -6,9 +6,15 @@
        build/train --data input.txt --steps 2000 --seq 256 --dim 256 --layers 6
    Every step prints one line; --log FILE.jsonl writes one JSON object per step with the keys
    step, loss, lr, grad_norm, tok_s, mfu, mem_bytes (+ eval_loss, eval_acc on eval steps).
-   Compiled with nvcc and -DUS_CUDA (make train-cuda) it trains on the GPU by default. */
+   Compiled with nvcc and -DUS_CUDA (make train-cuda) it trains on the GPU by default.
+
+   Data parallelism: --dp N runs N ranks — threads of this process on the CPU, one process per
+   GPU with CUDA (--nproc N starts them, or torchrun / mpirun / srun do). --batch stays the
+   micro-batch of the whole group: each rank takes batch/dp of its sequences, so the global
+   batch (micro-batch × grad-accum × dp) and the loss curve are those of --dp 1. --zero 1|2|3
+   shards optimizer state, gradients, weights; --trace FILE.json writes a Perfetto trace. */
 #ifndef __cplusplus
-#define _POSIX_C_SOURCE 199309L
+#define _POSIX_C_SOURCE 200809L
 #endif
 #define ULTRASCALE_IMPLEMENTATION
 #ifdef US_CUDA   /* the same file, compiled by nvcc: make train-cuda */
@@ -16,6 +22,7 @@
 #else
 #include "../ultrascale.h"
 #endif
+#include "../ultrascale_comm.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -51,7 +58,15 @@ static void usage(FILE *f) {
         "  --seed N          seed for init and data (default 1337)\n"
         "  --threads N       CPU threads (default: all)\n"
         "  --device D        cpu | cuda (default: cuda in the CUDA build, else cpu)\n"
-        "  --gpu N           CUDA device index (default 0)\n"
+        "  --gpu N           CUDA device index (default 0; the local rank under --nproc)\n"
+        "parallelism:\n"
+        "  --dp N            data-parallel ranks (default 1): CPU threads, or GPU processes; each rank\n"
+        "                    takes batch/dp sequences of every micro-batch (the global batch is kept)\n"
+        "  --zero K          ZeRO stage 0 | 1 | 2 | 3 over dp (default 0)\n"
+        "  --bucket-mb X     gradient bucket size in MiB (default 25)\n"
+        "  --nproc N         CUDA: start N processes on this node, one per GPU (sets --dp N)\n"
+        "  --comm-timeout S  a collective that cannot finish in S seconds fails the run (default 300)\n"
+        "  --trace FILE.json Chrome / Perfetto trace: one row per rank and stream\n"
         "data and output:\n"
         "  --data FILE       raw text (byte tokens) or llm.c .bin shard; default: the built-in sorting task\n"
         "  --log FILE.jsonl  one JSON object per step\n"
@@ -97,40 +112,251 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-int main(int argc, char **argv) {
+typedef struct opts {
     us_model_config mc;
-    us_train_config tc;
-    const char *data_path = NULL, *log_path = NULL;
-    int eval_every = 100, sample_n = 0, top_k = 0, quiet = 0, i, vocab = 0, dim = 0, ffn = 0, gpu = 0;
-#ifdef US_CUDA
-    int use_cuda = 1;
-    us_ops ops;
-#else
-    int use_cuda = 0;
-#endif
-    us_ops *opsp = NULL;
-    char devname[160] = "cpu";
-    float temperature = 0.8f, peak_tflops = 0, clip = 1.0f;
+    us_train_config tc;      /* tc.batch: the group's micro-batch; each rank runs batch/dp */
+    const char *data_path, *log_path, *trace_path;
+    int eval_every, sample_n, top_k, quiet, gpu, gpu_set, use_cuda, nproc;
+    float temperature, peak_tflops, comm_timeout;
+    int world, rank;         /* CUDA multi-process: this process's place (from the environment) */
     us_data data;
+    us_trace *traces;        /* [dp] when tracing */
+} opts;
+
+/* One rank of the run (the only one without --dp). Rank 0 prints and logs. */
+static us_result run_rank(us_comm *comm, void *arg) {
+    opts *o = (opts *)arg;
+    us_model_config mc = o->mc;
+    us_train_config tc = o->tc;
+    int rank = comm ? comm->world.rank : o->rank, dp = tc.dp, i, loud = rank == 0 && !o->quiet;
+    int Bg = tc.batch;                       /* the group's micro-batch */
+    us_ops *opsp = NULL;
+#ifdef US_CUDA
+    us_ops ops;
+#endif
+    char devname[160] = "cpu", err[256];
     us_task task, eval_task;
     us_rng rng;
     us_model m;
     FILE *logf = NULL;
-    int32_t *in = NULL, *tgt = NULL;
-    char err[256];
+    int32_t *gin = NULL, *gtgt = NULL, *in = NULL, *tgt = NULL;
     double t_start, flops_tok;
-    int64_t per_step;
+    float peak_tflops = o->peak_tflops;
+    us_result r = US_OK;
+    tc.batch = Bg / dp;
+    if (dp > 1 && !tc.threads && !o->use_cuda) {   /* the machine's threads shared among the ranks */
+#ifdef _OPENMP
+        tc.threads = omp_get_max_threads() / dp > 0 ? omp_get_max_threads() / dp : 1;
+#endif
+    }
+#ifdef US_CUDA
+#ifdef ULTRASCALE_NCCL
+    us_comm nccl;
+    int have_nccl = 0;
+#endif
+    if (o->use_cuda) {
+        if (us_cuda_ops(&ops, o->gpu, err, sizeof err) != US_OK) { fprintf(stderr, "train: rank %d: %s\n", o->rank, err); return US_ERR_BACKEND; }
+        us_cuda_describe(&ops, devname, sizeof devname);
+        opsp = &ops;
+#ifdef ULTRASCALE_NCCL
+        if (o->world > 1) {   /* one process per GPU: NCCL over the world, ordered against the ops' stream */
+            if (us_nccl_init(&nccl, &ops, us_cuda_stream(&ops), o->rank, o->world, NULL, o->comm_timeout, err, sizeof err) != US_OK) {
+                fprintf(stderr, "train: rank %d: %s\n", o->rank, err);
+                us_cuda_ops_free(&ops);
+                return US_ERR_BACKEND;
+            }
+            have_nccl = 1;
+            comm = &nccl;
+            rank = o->rank;
+            loud = rank == 0 && !o->quiet;
+        }
+#endif
+    }
+#endif
+    (void)err;
+    if ((r = dp > 1 ? us_model_init_dist(&m, &mc, &tc, opsp, comm) : us_model_init(&m, &mc, &tc, opsp)) != US_OK) {
+        fprintf(stderr, "train: rank %d: %s\n", rank, us_model_error(&m));
+        goto done_ops;
+    }
+    if (o->traces) { us_trace_init(&o->traces[rank], rank); m.trace = &o->traces[rank]; if (comm) comm->trace = m.trace; }
+    if (rank == 0 && o->log_path && !(logf = fopen(o->log_path, "w"))) {
+        fprintf(stderr, "train: cannot open log file %s\n", o->log_path);
+        r = US_ERR_IO;   /* the other ranks stop at their next collective, naming this one */
+        goto done_model;
+    }
+    if (peak_tflops == 0 && o->use_cuda) peak_tflops = 989.0f;
+    if (peak_tflops == 0) {
+        int th = tc.threads;
+#ifdef _OPENMP
+        if (!th) th = omp_get_max_threads();
+#else
+        th = 1;
+#endif
+        peak_tflops = 0.096f * (float)th;
+    }
+    peak_tflops *= (float)dp;   /* MFU over the whole group */
+    gin = (int32_t *)malloc((size_t)Bg * tc.seq * tc.grad_accum * 4);
+    gtgt = (int32_t *)malloc((size_t)Bg * tc.seq * tc.grad_accum * 4);
+    in = (int32_t *)malloc((size_t)tc.batch * tc.seq * tc.grad_accum * 4);
+    tgt = (int32_t *)malloc((size_t)tc.batch * tc.seq * tc.grad_accum * 4);
+    if (!gin || !gtgt || !in || !tgt) { fprintf(stderr, "train: out of memory\n"); r = US_ERR_OOM; goto done_model; }
+    us_task_init(&task, tc.seed);
+    us_task_init(&eval_task, tc.seed + 7777);   /* a different stream: problems not trained on */
+    us_rng_seed(&rng, tc.seed);
+    flops_tok = us_flops_per_token(&m.cfg, tc.seq);
+    if (loud)
+        printf("model: %lld params (L=%d C=%lld NH=%d NKV=%d F=%lld V=%lld%s) | %s | recompute %s | B=%d T=%d accum=%d dp=%d zero=%d | %s | %s | memory %.2f MiB/rank\n",
+               (long long)m.n_params, m.cfg.n_layers, (long long)m.cfg.dim, m.cfg.n_heads, m.cfg.n_kv_heads,
+               (long long)m.cfg.ffn_dim, (long long)m.cfg.vocab, m.cfg.tie_embeddings ? " tied" : "",
+               us_precision_name(m.tc.precision), us_recompute_name(m.tc.recompute), Bg, tc.seq, tc.grad_accum, dp, tc.zero,
+               o->data_path ? o->data_path : "task: sort 8 digits", devname, (double)m.mem.total / 1048576.0);
+    t_start = now_s();
+    for (i = 0; i < tc.steps; i++) {
+        us_step_stats st;
+        double t0 = now_s(), dt, tok_s, mfu, eval_loss = -1, eval_acc = -1;
+        int k;
+        /* every rank draws the whole global batch (same seed) and keeps its rows of each micro-batch */
+        if (o->data_path) us_data_batch(&o->data, &rng, Bg * tc.grad_accum, tc.seq, gin, gtgt);
+        else us_task_batch(&task, Bg * tc.grad_accum, tc.seq, gin, gtgt);
+        for (k = 0; k < tc.grad_accum; k++) {
+            size_t rows = (size_t)tc.batch * tc.seq, src = ((size_t)k * Bg + (size_t)rank * tc.batch) * tc.seq;
+            memcpy(in + k * rows, gin + src, rows * 4);
+            memcpy(tgt + k * rows, gtgt + src, rows * 4);
+        }
+        if ((r = us_train_step(&m, in, tgt, &st)) != US_OK) {
+            fprintf(stderr, "train: rank %d: step %d: %s\n", rank, i + 1, us_model_error(&m));
+            break;
+        }
+        dt = now_s() - t0;
+        tok_s = (double)st.tokens / dt;
+        mfu = flops_tok * tok_s / (peak_tflops * 1e12);
+        if ((o->eval_every && st.step % o->eval_every == 0) || st.step == tc.steps) {
+            /* held-out loss and next-token accuracy on the scored targets, summed over the ranks */
+            double v[3] = {0, 0, 0};
+            int64_t c = 0, j;
+            if (o->data_path) us_data_batch(&o->data, &rng, Bg, tc.seq, gin, gtgt);
+            else us_task_batch(&eval_task, Bg, tc.seq, gin, gtgt);
+            memcpy(in, gin + (size_t)rank * tc.batch * tc.seq, (size_t)tc.batch * tc.seq * 4);
+            memcpy(tgt, gtgt + (size_t)rank * tc.batch * tc.seq, (size_t)tc.batch * tc.seq * 4);
+            for (j = 0; j < (int64_t)tc.batch * tc.seq; j++) v[2] += tgt[j] >= 0;
+            if (us_forward_eval(&m, in, tgt, tc.batch, tc.seq, &v[0], &c, NULL) == US_OK) {
+                v[1] = (double)c;
+                if (us_dp_sum(&m, v, 3) == US_OK && v[2] > 0) { eval_loss = v[0] / v[2]; eval_acc = v[1] / v[2]; }
+            }
+        }
+        if (loud) {
+            printf("step %5d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% | mem %.2f MiB",
+                   st.step, st.loss, st.lr, st.grad_norm, tok_s, 100 * mfu, (double)m.ops.bytes_peak / 1048576.0);
+            if (eval_loss >= 0) printf(" | eval loss %.4f acc %.3f", eval_loss, eval_acc);
+            printf("\n");
+        }
+        if (logf) {
+            fprintf(logf, "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"tok_s\": %.1f, \"mfu\": %.6f, \"mem_bytes\": %zu, \"time_s\": %.3f",
+                    st.step, st.loss, st.lr, st.grad_norm, tok_s, mfu, m.ops.bytes_peak, now_s() - t_start);
+            if (eval_loss >= 0) fprintf(logf, ", \"eval_loss\": %.6f, \"eval_acc\": %.6f", eval_loss, eval_acc);
+            fprintf(logf, "}\n");
+            fflush(logf);
+        }
+    }
+    if (rank == 0) printf("trained %d steps in %.1f s\n", m.step, now_s() - t_start);
+    if (r == US_OK && !o->data_path) {   /* every rank decodes (ZeRO-3 gathers need them all) */
+        char buf[2048];
+        double acc = 0;
+        if (us_task_exact_match(&m, &eval_task, 200, &acc, buf, sizeof buf, 5) == US_OK && rank == 0)
+            printf("sorting exact match on 200 held-out problems: %.1f%%\n%s", 100 * acc, buf);
+    }
+    if (r == US_OK && o->sample_n > 0) {
+        int32_t prompt[US_TASK_DIGITS + 1], *out;
+        int np = 0, n_new;
+        char *text;
+        if (o->data_path) { np = tc.seq < 8 ? 1 : 8; memcpy(prompt, o->data.tokens, (size_t)np * 4); }
+        else { np = (int)us_byte_encode("31415926=", prompt, US_TASK_DIGITS + 1); }
+        n_new = o->sample_n < tc.seq - np ? o->sample_n : tc.seq - np;
+        out = (int32_t *)malloc((size_t)(np + n_new) * 4);
+        text = (char *)malloc((size_t)(np + n_new) + 1);
+        if (out && text && us_sample(&m, prompt, np, n_new, o->temperature, o->top_k, &rng, out) == US_OK && rank == 0) {
+            us_byte_decode(out, (size_t)(np + n_new), text, (size_t)(np + n_new) + 1);
+            printf("sample (%d tokens, temperature %.2f%s):\n%s\n", n_new, o->temperature, n_new < o->sample_n ? ", capped at seq" : "", text);
+        }
+        free(out); free(text);
+    }
+done_model:
+    if (logf) fclose(logf);
+    free(gin); free(gtgt); free(in); free(tgt);
+    if (comm) comm->trace = NULL;
+    us_model_free(&m);
+done_ops:
+#ifdef US_CUDA
+#ifdef ULTRASCALE_NCCL
+    if (have_nccl) us_nccl_free(&nccl);
+#endif
+    if (opsp) us_cuda_ops_free(opsp);
+#endif
+    return r;
+}
+
+#ifdef US_CUDA
+/* CUDA: one rank in this process, or --nproc N processes (this program again, with RANK,
+   WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT set), or a rank started by torchrun / mpirun / srun. */
+static us_result run_cuda(opts *o, int argc, char **argv) {
+    char err[256];
+    us_dist_env env;
+    (void)argc;
+    if (o->nproc > 1 && !getenv("RANK")) {
+        int rc = us_launch_procs(o->nproc, argv, 10.0, err, sizeof err);
+        if (rc) fprintf(stderr, "train: %s\n", err);
+        return rc ? US_ERR_BACKEND : US_OK;
+    }
+    if (us_dist_env_read(&env, err, sizeof err) != US_OK) { fprintf(stderr, "train: %s\n", err); return US_ERR_INVALID; }
+    o->world = env.world_size; o->rank = env.rank;
+    if (!o->gpu_set) o->gpu = env.local_rank;
+    if (env.world_size > 1) {
+#ifdef ULTRASCALE_NCCL
+        if (o->tc.dp != env.world_size) {
+            fprintf(stderr, "train: the launcher started %d processes but --dp is %d\n", env.world_size, o->tc.dp);
+            return US_ERR_INVALID;
+        }
+        if (o->trace_path) {   /* each process writes its own rows */
+            static char path[1024];
+            snprintf(path, sizeof path, "%s.rank%d.json", o->trace_path, env.rank);
+            o->trace_path = path;
+        }
+#else
+        fprintf(stderr, "train: %d processes but this build has no NCCL (compile with -DULTRASCALE_NCCL)\n", env.world_size);
+        return US_ERR_INVALID;
+#endif
+    } else if (o->tc.dp > 1) {
+        fprintf(stderr, "train: --dp %d on CUDA needs one process per GPU: add --nproc %d (or start it with torchrun)\n", o->tc.dp, o->tc.dp);
+        return US_ERR_INVALID;
+    }
+    return run_rank(NULL, o);
+}
+#else
+static us_result run_cuda(opts *o, int argc, char **argv) { (void)o; (void)argc; (void)argv; return US_ERR_INVALID; }
+#endif
+
+int main(int argc, char **argv) {
+    us_model_config mc;
+    us_train_config tc;
+    opts o;
+    int i, vocab = 0, dim = 0, ffn = 0;
+    float clip = 1.0f;
+    char err[256];
     us_result r;
 
     memset(&mc, 0, sizeof mc);
     memset(&tc, 0, sizeof tc);
-    memset(&data, 0, sizeof data);
+    memset(&o, 0, sizeof o);
+    o.eval_every = 100; o.temperature = 0.8f;
+#ifdef US_CUDA
+    o.use_cuda = 1;
+#endif
     for (i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int ok = 1, takes = 1;
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) { usage(stdout); return 0; }
         else if (!strcmp(f, "--tied")) { mc.tie_embeddings = 1; takes = 0; }
-        else if (!strcmp(f, "--quiet")) { quiet = 1; takes = 0; }
+        else if (!strcmp(f, "--quiet")) { o.quiet = 1; takes = 0; }
         else if (strncmp(f, "--", 2)) return bad("unexpected argument", f);
         else if (!v) return bad("missing value for", f);
         else if (!strcmp(f, "--layers")) ok = parse_int(v, 1, 1 << 16, &mc.n_layers);
@@ -151,25 +377,31 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--clip")) ok = parse_float(v, 0, 1e30f, &clip);
         else if (!strcmp(f, "--seed")) { int s; ok = parse_int(v, 1, 0x7fffffff, &s); tc.seed = (uint64_t)s; }
         else if (!strcmp(f, "--threads")) ok = parse_int(v, 1, 4096, &tc.threads);
-        else if (!strcmp(f, "--gpu")) ok = parse_int(v, 0, 1023, &gpu);
+        else if (!strcmp(f, "--gpu")) { ok = parse_int(v, 0, 1023, &o.gpu); o.gpu_set = 1; }
+        else if (!strcmp(f, "--dp")) ok = parse_int(v, 1, 4096, &tc.dp);
+        else if (!strcmp(f, "--zero")) ok = parse_int(v, 0, 3, &tc.zero);
+        else if (!strcmp(f, "--bucket-mb")) ok = parse_float(v, 1e-6f, 1e6f, &tc.bucket_mb);
+        else if (!strcmp(f, "--nproc")) ok = parse_int(v, 1, 1024, &o.nproc);
+        else if (!strcmp(f, "--comm-timeout")) ok = parse_float(v, 1e-3f, 1e7f, &o.comm_timeout);
+        else if (!strcmp(f, "--trace")) o.trace_path = v;
         else if (!strcmp(f, "--device")) {
-            if (!strcmp(v, "cpu")) use_cuda = 0;
+            if (!strcmp(v, "cpu")) o.use_cuda = 0;
             else if (!strcmp(v, "cuda")) {
 #ifdef US_CUDA
-                use_cuda = 1;
+                o.use_cuda = 1;
 #else
                 fprintf(stderr, "train: this build has no CUDA backend; build it with make train-cuda\n");
                 return 2;
 #endif
             } else return bad("--device must be cpu or cuda, got", v);
         }
-        else if (!strcmp(f, "--data")) data_path = v;
-        else if (!strcmp(f, "--log")) log_path = v;
-        else if (!strcmp(f, "--eval-every")) ok = parse_int(v, 0, 1 << 30, &eval_every);
-        else if (!strcmp(f, "--sample")) ok = parse_int(v, 0, 1 << 24, &sample_n);
-        else if (!strcmp(f, "--temperature")) ok = parse_float(v, 0, 100, &temperature);
-        else if (!strcmp(f, "--top-k")) ok = parse_int(v, 0, 1 << 30, &top_k);
-        else if (!strcmp(f, "--peak-tflops")) ok = parse_float(v, 1e-6f, 1e9f, &peak_tflops);
+        else if (!strcmp(f, "--data")) o.data_path = v;
+        else if (!strcmp(f, "--log")) o.log_path = v;
+        else if (!strcmp(f, "--eval-every")) ok = parse_int(v, 0, 1 << 30, &o.eval_every);
+        else if (!strcmp(f, "--sample")) ok = parse_int(v, 0, 1 << 24, &o.sample_n);
+        else if (!strcmp(f, "--temperature")) ok = parse_float(v, 0, 100, &o.temperature);
+        else if (!strcmp(f, "--top-k")) ok = parse_int(v, 0, 1 << 30, &o.top_k);
+        else if (!strcmp(f, "--peak-tflops")) ok = parse_float(v, 1e-6f, 1e9f, &o.peak_tflops);
         else if (!strcmp(f, "--schedule")) {
             if (!strcmp(v, "cosine")) tc.schedule = US_LR_COSINE;
             else if (!strcmp(v, "constant")) tc.schedule = US_LR_CONSTANT;
@@ -193,7 +425,7 @@ int main(int argc, char **argv) {
     }
     mc.vocab = vocab; mc.dim = dim; mc.ffn_dim = ffn;
     tc.grad_clip = clip > 0 ? clip : -1.0f;
-    if (!data_path) {   /* the built-in task: a small model, sequences of whole problems */
+    if (!o.data_path) {   /* the built-in task: a small model, sequences of whole problems */
         if (!tc.seq) tc.seq = 4 * US_TASK_LINE - 1;
         if (!tc.batch) tc.batch = 16;
         if (!tc.steps) tc.steps = 1500;
@@ -206,134 +438,57 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    if (o.nproc && !o.use_cuda) { fprintf(stderr, "train: --nproc starts one process per GPU; on the CPU use --dp N (threads)\n"); return 2; }
+    if (o.nproc) {
+        if (tc.dp && tc.dp != o.nproc) { fprintf(stderr, "train: --dp %d and --nproc %d disagree (each process is one data-parallel rank)\n", tc.dp, o.nproc); return 2; }
+        tc.dp = o.nproc;
+    }
     if (us_config_validate(&mc, &tc, err, sizeof err) != US_OK) {
         fprintf(stderr, "train: %s\n", err);
         return 2;
     }
-    if (data_path) {
-        if (us_data_load(&data, data_path) != US_OK) { fprintf(stderr, "train: %s\n", data.err); return 1; }
-        if (data.max_token >= mc.vocab) {
-            fprintf(stderr, "train: %s contains token %lld but the vocabulary is %lld (set --vocab)\n", data_path,
-                    (long long)data.max_token, (long long)mc.vocab);
-            us_data_free(&data);
+    if (tc.batch % tc.dp) {
+        fprintf(stderr, "train: --batch %d is not divisible by --dp %d (each rank takes batch/dp sequences of every micro-batch)\n", tc.batch, tc.dp);
+        return 2;
+    }
+    o.mc = mc; o.tc = tc;
+    if (o.data_path) {
+        if (us_data_load(&o.data, o.data_path) != US_OK) { fprintf(stderr, "train: %s\n", o.data.err); return 1; }
+        if (o.data.max_token >= mc.vocab) {
+            fprintf(stderr, "train: %s contains token %lld but the vocabulary is %lld (set --vocab)\n", o.data_path,
+                    (long long)o.data.max_token, (long long)mc.vocab);
+            us_data_free(&o.data);
             return 2;
         }
-        if (data.n < (int64_t)tc.seq + 1) {
-            fprintf(stderr, "train: %s has %lld tokens, fewer than seq+1 = %d\n", data_path, (long long)data.n, tc.seq + 1);
-            us_data_free(&data);
+        if (o.data.n < (int64_t)tc.seq + 1) {
+            fprintf(stderr, "train: %s has %lld tokens, fewer than seq+1 = %d\n", o.data_path, (long long)o.data.n, tc.seq + 1);
+            us_data_free(&o.data);
             return 2;
         }
     }
-#ifdef US_CUDA
-    if (use_cuda) {
-        if (us_cuda_ops(&ops, gpu, err, sizeof err) != US_OK) { fprintf(stderr, "train: %s\n", err); us_data_free(&data); return 1; }
-        us_cuda_describe(&ops, devname, sizeof devname);
-        opsp = &ops;
+    if (o.trace_path) {
+        o.traces = (us_trace *)calloc((size_t)tc.dp, sizeof(us_trace));
+        if (!o.traces) { fprintf(stderr, "train: out of memory\n"); return 1; }
     }
-#endif
-    (void)gpu;
-    if ((r = us_model_init(&m, &mc, &tc, opsp)) != US_OK) {
-        fprintf(stderr, "train: %s\n", us_model_error(&m));
-        us_data_free(&data);
-        return 1;
-    }
-    if (log_path && !(logf = fopen(log_path, "w"))) {
-        fprintf(stderr, "train: cannot open log file %s\n", log_path);
-        us_model_free(&m); us_data_free(&data);
-        return 1;
-    }
-    if (peak_tflops == 0 && use_cuda) peak_tflops = 989.0f;
-    if (peak_tflops == 0) {
-        int th = tc.threads;
-#ifdef _OPENMP
-        if (!th) th = omp_get_max_threads();
-#else
-        th = 1;
-#endif
-        peak_tflops = 0.096f * (float)th;
-    }
-    per_step = (int64_t)tc.batch * tc.seq * tc.grad_accum;
-    in = (int32_t *)malloc((size_t)per_step * 4);
-    tgt = (int32_t *)malloc((size_t)per_step * 4);
-    if (!in || !tgt) { fprintf(stderr, "train: out of memory\n"); return 1; }
-    us_task_init(&task, tc.seed);
-    us_task_init(&eval_task, tc.seed + 7777);   /* a different stream: problems not trained on */
-    us_rng_seed(&rng, tc.seed);
-    flops_tok = us_flops_per_token(&m.cfg, tc.seq);
-    if (!quiet)
-        printf("model: %lld params (L=%d C=%lld NH=%d NKV=%d F=%lld V=%lld%s) | %s | recompute %s | B=%d T=%d accum=%d | %s | %s | memory %.2f MiB\n",
-               (long long)m.n_params, m.cfg.n_layers, (long long)m.cfg.dim, m.cfg.n_heads, m.cfg.n_kv_heads,
-               (long long)m.cfg.ffn_dim, (long long)m.cfg.vocab, m.cfg.tie_embeddings ? " tied" : "",
-               us_precision_name(m.tc.precision), us_recompute_name(m.tc.recompute), tc.batch, tc.seq, tc.grad_accum,
-               data_path ? data_path : "task: sort 8 digits", devname, (double)m.mem.total / 1048576.0);
-    t_start = now_s();
-    for (i = 0; i < tc.steps; i++) {
-        us_step_stats st;
-        double t0 = now_s(), dt, tok_s, mfu, eval_loss = -1, eval_acc = -1;
-        if (data_path) us_data_batch(&data, &rng, tc.batch * tc.grad_accum, tc.seq, in, tgt);
-        else us_task_batch(&task, tc.batch * tc.grad_accum, tc.seq, in, tgt);
-        if ((r = us_train_step(&m, in, tgt, &st)) != US_OK) {
-            fprintf(stderr, "train: step %d: %s\n", i + 1, us_model_error(&m));
-            break;
+    if (o.use_cuda) r = run_cuda(&o, argc, argv);
+    else if (tc.dp > 1) {   /* CPU: the ranks are threads of this process */
+        us_launch_config lc;
+        memset(&lc, 0, sizeof lc);
+        lc.timeout_s = o.comm_timeout;
+        r = us_launch_ex(tc.dp, run_rank, &o, &lc, NULL, err, sizeof err);
+        if (r != US_OK) fprintf(stderr, "train: %s\n", err);
+    } else r = run_rank(NULL, &o);
+    if (o.traces) {
+        if (!(o.use_cuda && o.nproc > 1 && o.world == 0)) {   /* not the --nproc parent: it ran no rank */
+            us_trace *ptr[4096];
+            int n = 0;
+            for (i = 0; i < tc.dp; i++) if (o.traces[i].n[0] || o.traces[i].n[1]) ptr[n++] = &o.traces[i];
+            if (us_trace_write(o.trace_path, ptr, n, err, sizeof err) != US_OK) { fprintf(stderr, "train: %s\n", err); if (r == US_OK) r = US_ERR_IO; }
+            else if (!o.quiet && o.rank == 0) printf("trace: %s (%d rank%s; open in ui.perfetto.dev)\n", o.trace_path, n, n > 1 ? "s" : "");
         }
-        dt = now_s() - t0;
-        tok_s = (double)st.tokens / dt;
-        mfu = flops_tok * tok_s / (peak_tflops * 1e12);
-        if ((eval_every && st.step % eval_every == 0) || st.step == tc.steps) {
-            /* held-out loss and next-token accuracy on the scored targets */
-            double ls = 0, valid = 0;
-            int64_t correct = 0, c, k;
-            if (data_path) us_data_batch(&data, &rng, tc.batch, tc.seq, in, tgt);
-            else us_task_batch(&eval_task, tc.batch, tc.seq, in, tgt);
-            for (k = 0; k < (int64_t)tc.batch * tc.seq; k++) valid += tgt[k] >= 0;
-            if (us_forward_eval(&m, in, tgt, tc.batch, tc.seq, &ls, &c, NULL) == US_OK && valid > 0) {
-                eval_loss = ls / valid;
-                correct = c;
-                eval_acc = (double)correct / valid;
-            }
-        }
-        if (!quiet) {
-            printf("step %5d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% | mem %.2f MiB",
-                   st.step, st.loss, st.lr, st.grad_norm, tok_s, 100 * mfu, (double)m.ops.bytes_peak / 1048576.0);
-            if (eval_loss >= 0) printf(" | eval loss %.4f acc %.3f", eval_loss, eval_acc);
-            printf("\n");
-        }
-        if (logf) {
-            fprintf(logf, "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"tok_s\": %.1f, \"mfu\": %.6f, \"mem_bytes\": %zu, \"time_s\": %.3f",
-                    st.step, st.loss, st.lr, st.grad_norm, tok_s, mfu, m.ops.bytes_peak, now_s() - t_start);
-            if (eval_loss >= 0) fprintf(logf, ", \"eval_loss\": %.6f, \"eval_acc\": %.6f", eval_loss, eval_acc);
-            fprintf(logf, "}\n");
-            fflush(logf);
-        }
+        for (i = 0; i < tc.dp; i++) us_trace_free(&o.traces[i]);
+        free(o.traces);
     }
-    printf("trained %d steps in %.1f s\n", m.step, now_s() - t_start);
-    if (r == US_OK && !data_path) {
-        char buf[2048];
-        double acc = 0;
-        if (us_task_exact_match(&m, &eval_task, 200, &acc, buf, sizeof buf, 5) == US_OK)
-            printf("sorting exact match on 200 held-out problems: %.1f%%\n%s", 100 * acc, buf);
-    }
-    if (r == US_OK && sample_n > 0) {
-        int32_t prompt[US_TASK_DIGITS + 1], *out;
-        int np = 0, n_new;
-        char *text;
-        if (data_path) { np = tc.seq < 8 ? 1 : 8; memcpy(prompt, data.tokens, (size_t)np * 4); }
-        else { np = (int)us_byte_encode("31415926=", prompt, US_TASK_DIGITS + 1); }
-        n_new = sample_n < tc.seq - np ? sample_n : tc.seq - np;
-        out = (int32_t *)malloc((size_t)(np + n_new) * 4);
-        text = (char *)malloc((size_t)(np + n_new) + 1);
-        if (out && text && us_sample(&m, prompt, np, n_new, temperature, top_k, &rng, out) == US_OK) {
-            us_byte_decode(out, (size_t)(np + n_new), text, (size_t)(np + n_new) + 1);
-            printf("sample (%d tokens, temperature %.2f%s):\n%s\n", n_new, temperature, n_new < sample_n ? ", capped at seq" : "", text);
-        }
-        free(out); free(text);
-    }
-    if (logf) fclose(logf);
-    free(in); free(tgt);
-    us_model_free(&m);
-#ifdef US_CUDA
-    if (opsp) us_cuda_ops_free(opsp);
-#endif
-    us_data_free(&data);
+    us_data_free(&o.data);
     return r == US_OK ? 0 : 1;
 }
