@@ -2067,8 +2067,10 @@ static int us__plan_units(us_model *m, us__unit *units) {
     } else {               /* buckets filled from the last tensor backwards, closed at bucket_mb */
         if (bucket < 1) bucket = 1;
         for (i = np - 1; i > 0; i--) {
+            int k = (i - 1) % US__P_PER_LAYER, fused = i < US__P_NORM(L) && (k == US__P_K || k == US__P_V || k == US__P_UP);
             acc += m->params[i].numel;
-            if (acc >= bucket) { start[ns++] = i; acc = 0; }
+            /* q|k|v and gate|up are one GEMM each, writing one gradient block: never split them */
+            if (acc >= bucket && !fused) { start[ns++] = i; acc = 0; }
         }
         start[ns++] = 0;
         for (i = 0; i < ns / 2; i++) { int t = start[i]; start[i] = start[ns - 1 - i]; start[ns - 1 - i] = t; }
@@ -2500,7 +2502,8 @@ static us_result us__grads_finish(us_model *m) {
 static float *us__grad_slot(us_model *m, int u) {
     us__unit *U = &m->units[u];
     int s, oldest = -1;
-    if (U->gslot >= 0) return m->gslot[U->gslot];
+    if (U->gslot >= 0 && !U->work) return m->gslot[U->gslot];   /* being written in this backward */
+    if (U->work) us__unit_finish(m, u);   /* the previous micro-batch's reduction: done first */
     for (;;) {
         for (s = 0; s < m->n_gslots; s++) if (m->gslot_unit[s] < 0) break;
         if (s < m->n_gslots) break;

@@ -1,0 +1,270 @@
+/* test_dp.c — data parallelism and ZeRO, on CPU threads (the threads backend of
+   ultrascale_comm.h): every configuration must reproduce the single-rank run with the same
+   global batch. Also: per-rank memory equals the estimator, bucket reductions overlap the
+   backward, no_sync under accumulation, and a failing rank fails them all cleanly.
+
+   Tolerance (fp32): the ranks sum gradients in a different order than one rank's GEMMs do, so
+   results agree to rounding, not bit for bit: losses within 2e-5 relative and final weights
+   within 2e-5 absolute after STEPS AdamW steps (printed with -v: the observed maxima). */
+#define _POSIX_C_SOURCE 200809L
+#define ULTRASCALE_IMPLEMENTATION
+#include "../ultrascale.h"
+#include "../ultrascale_comm.h"
+#include "us_test.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define STEPS 4
+#define GB 8    /* global micro-batch (sequences) */
+#define T 16
+
+typedef struct run {
+    us_model_config mc;
+    us_train_config tc;       /* tc.batch = the global micro-batch; ranks take GB/dp each */
+    int32_t *in, *tgt;        /* [STEPS][accum][GB][T] */
+    float loss[STEPS];
+    float *weights;           /* the final fp32 weights by tensor, reference order (n_params) */
+    us_memory mem[8], est[8];
+    size_t backend_bytes[8];
+    int fail_rank;            /* this rank returns an error at step 2 (-1 none) */
+    us_result rank_result[8];
+    us_trace trace[8];
+    int tracing;
+    double max_loss_rel, max_w_abs;
+} run;
+
+/* This rank's final weights, written into run->weights by tensor (fp32 policies only: the
+   weights are their own master; ZeRO-3 ranks each hold one piece of every unit). */
+static void collect_weights(run *R, us_model *m) {
+    int i, u;
+    for (u = 0; u < m->n_units; u++) {
+        const us__unit *U = &m->units[u];
+        int64_t lo = U->off + (m->tc.zero ? (int64_t)m->mesh.dp_rank * U->piece : 0), hi = lo + U->piece;
+        const float *src = m->tc.zero == 3 ? (const float *)m->w + U->shard_off : (const float *)m->w + lo;
+        int64_t ref = 0;
+        for (i = 0; i < m->n_params_t; i++) {
+            const us_param *p = &m->params[i];
+            int64_t a = p->offset > lo ? p->offset : lo, b = p->offset + p->numel < hi ? p->offset + p->numel : hi, j;
+            if (i >= U->p0 && i < U->p1) for (j = a; j < b; j++) R->weights[ref + (j - p->offset)] = src[j - lo];
+            ref += p->numel;
+        }
+    }
+}
+
+static us_result rank_fn(us_comm *c, void *arg) {
+    run *R = (run *)arg;
+    us_model m;
+    us_train_config tc = R->tc;
+    int rank = c ? c->world.rank : 0, dp = tc.dp, s, k;
+    int B = GB / dp;
+    size_t per = (size_t)B * T;
+    int32_t *in = (int32_t *)malloc(per * tc.grad_accum * 4), *tgt = (int32_t *)malloc(per * tc.grad_accum * 4);
+    us_result r;
+    tc.batch = B;
+    r = dp > 1 ? us_model_init_dist(&m, &R->mc, &tc, NULL, c) : us_model_init(&m, &R->mc, &tc, NULL);
+    if (r != US_OK) { printf("  rank %d init: %s\n", rank, m.err); free(in); free(tgt); return r; }
+    us_memory_estimate(&R->mc, &tc, &R->est[rank], NULL, 0);
+    R->mem[rank] = m.mem;
+    R->backend_bytes[rank] = m.ops.bytes_in_use;
+    if (R->tracing) { us_trace_init(&R->trace[rank], rank); m.trace = &R->trace[rank]; if (c) c->trace = m.trace; }
+    for (s = 0; s < STEPS && r == US_OK; s++) {
+        us_step_stats st;
+        for (k = 0; k < tc.grad_accum; k++) {   /* this rank's rows of every micro-batch */
+            size_t src = (((size_t)s * tc.grad_accum + k) * GB + (size_t)rank * B) * T;
+            memcpy(in + k * per, R->in + src, per * 4);
+            memcpy(tgt + k * per, R->tgt + src, per * 4);
+        }
+        if (R->fail_rank == rank && s == 2) { r = US_ERR_INVALID; snprintf(c->err, sizeof c->err, "rank %d gives up on purpose", rank); break; }
+        r = us_train_step(&m, in, tgt, &st);
+        if (r != US_OK) { if (R->fail_rank < 0) printf("  rank %d step %d: %s\n", rank, s, m.err); break; }
+        if (rank == 0) R->loss[s] = st.loss;
+    }
+    if (r == US_OK && m.dt == US_F32 && R->weights) collect_weights(R, &m);
+    if (c) c->trace = NULL;
+    us_model_free(&m);
+    free(in); free(tgt);
+    return r;
+}
+
+static us_result launch(run *R) {
+    char err[256];
+    us_launch_config lc;
+    memset(&lc, 0, sizeof lc);
+    lc.timeout_s = 20;
+    if (R->tc.dp == 1) return rank_fn(NULL, R);
+    return us_launch_ex(R->tc.dp, rank_fn, R, &lc, R->rank_result, err, sizeof err);
+}
+
+static void setup(run *R, int dp, int zero, int accum, int tied, float bucket_mb) {
+    memset(R, 0, sizeof *R);
+    R->mc.n_layers = 2; R->mc.dim = 32; R->mc.n_heads = 4; R->mc.n_kv_heads = 2; R->mc.vocab = 61; R->mc.ffn_dim = 40;
+    R->mc.tie_embeddings = tied;
+    R->tc.batch = GB; R->tc.seq = T; R->tc.grad_accum = accum; R->tc.steps = STEPS; R->tc.lr = 1e-2f; R->tc.threads = 1;
+    R->tc.dp = dp; R->tc.zero = zero; R->tc.bucket_mb = bucket_mb; R->tc.seed = 99;
+    R->fail_rank = -1;
+}
+
+static void make_data(run *R, uint64_t seed) {
+    size_t n = (size_t)STEPS * R->tc.grad_accum * GB * T, i;
+    R->in = (int32_t *)malloc(n * 4); R->tgt = (int32_t *)malloc(n * 4);
+    us_test_rs = seed;
+    for (i = 0; i < n; i++) { R->in[i] = (int32_t)(rnd64() % 61); R->tgt[i] = rnd01() < 0.1 ? -1 : (int32_t)(rnd64() % 61); }
+}
+
+int main(int argc, char **argv) {
+    static const int dps[] = {2, 4}, accums[] = {1, 2};
+    int di, zi, ai, tied, s;
+    double worst_loss = 0, worst_w = 0;
+    us_test_verbose = argc > 1 && !strcmp(argv[1], "-v");
+
+    /* ---- equivalence with one rank: dp 2 and 4 × ZeRO 0..3 × accumulation 1, 2 × tied or not */
+    for (tied = 0; tied <= 1; tied++)
+        for (ai = 0; ai < 2; ai++) {
+            run ref;
+            int64_t np;
+            setup(&ref, 1, 0, accums[ai], tied, 25);
+            make_data(&ref, 7 + ai);
+            {   /* the single-rank reference: one rank, the whole global batch */
+                us_model tmp;
+                us_train_config tc = ref.tc;
+                us_model_init(&tmp, &ref.mc, &tc, NULL);
+                np = tmp.n_params;
+                us_model_free(&tmp);
+            }
+            ref.weights = (float *)malloc((size_t)np * 4);
+            CHECK(launch(&ref) == US_OK, "reference run (accum %d, tied %d)", accums[ai], tied);
+            for (di = 0; di < 2; di++)
+                for (zi = 0; zi <= 3; zi++) {
+                    run R;
+                    double ml = 0, mw = 0;
+                    int64_t j;
+                    /* small buckets: several units, so reductions really interleave with the backward */
+                    setup(&R, dps[di], zi, accums[ai], tied, zi == 3 ? 25 : 0.004f);
+                    R.in = ref.in; R.tgt = ref.tgt;
+                    R.weights = (float *)calloc((size_t)np, 4);
+                    if (launch(&R) != US_OK) { CHECK(0, "dp %d zero %d accum %d tied %d ran", dps[di], zi, accums[ai], tied); free(R.weights); continue; }
+                    for (s = 0; s < STEPS; s++) { double d = fabs(R.loss[s] - ref.loss[s]) / fabs(ref.loss[s]); if (d > ml) ml = d; }
+                    for (j = 0; j < np; j++) { double d = fabs(R.weights[j] - ref.weights[j]); if (d > mw) mw = d; }
+                    if (ml > worst_loss) worst_loss = ml;
+                    if (mw > worst_w) worst_w = mw;
+                    CHECK(ml < 2e-5 && mw < 2e-5, "dp %d zero %d accum %d %s: %d steps equal one rank (loss rel %.1e, weights abs %.1e)",
+                          dps[di], zi, accums[ai], tied ? "tied" : "untied", STEPS, ml, mw);
+                    free(R.weights);
+                }
+            free(ref.weights); free(ref.in); free(ref.tgt);
+        }
+    printf("  observed: losses within %.2e relative, final weights within %.2e absolute of one rank\n", worst_loss, worst_w);
+
+    /* ---- memory: what each rank allocated is the estimator's prediction, and ZeRO saves it */
+    {
+        for (zi = 0; zi <= 3; zi++) {
+            run R;
+            int ok = 1, r;
+            setup(&R, 4, zi, 1, zi == 2, 0.004f);
+            R.tc.precision = US_PRECISION_BF16;
+            make_data(&R, 3);
+            launch(&R);
+            for (r = 0; r < 4; r++) {
+                ok &= !memcmp(&R.mem[r], &R.est[r], sizeof(us_memory));
+                /* the backend really holds it: the categories plus at most 256 bytes of alignment per buffer */
+                ok &= R.backend_bytes[r] >= R.mem[r].total && R.backend_bytes[r] <= R.mem[r].total + 16 * 256 + 2 * 64;
+            }
+            CHECK(ok, "ZeRO-%d bf16 dp 4 %s: every rank's memory equals the estimate (params %zu, master %zu, grads %zu, optimizer %zu bytes; backend %zu of %zu)",
+                  zi, zi == 2 ? "tied" : "untied", R.mem[0].params, R.mem[0].master, R.mem[0].grads, R.mem[0].optimizer, R.backend_bytes[0], R.mem[0].total);
+            free(R.in); free(R.tgt);
+        }
+        {   /* the book's ratio: ZeRO-1 optimizer state (Adam + master, 12 bytes/param) is 1/dp */
+            us_model_config mc; us_train_config tc; us_memory m0, m1;
+            memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
+            mc.n_layers = 8; mc.dim = 512; tc.precision = US_PRECISION_BF16; tc.dp = 8;
+            us_memory_estimate(&mc, &tc, &m0, NULL, 0);
+            tc.zero = 1;
+            us_memory_estimate(&mc, &tc, &m1, NULL, 0);
+            CHECK(fabs((double)(m1.optimizer + m1.master) * 8 / (double)(m0.optimizer + m0.master) - 1) < 1e-3,
+                  "ZeRO-1 over 8 ranks: optimizer + master = 1/8 of unsharded (%zu vs %zu bytes)", m1.optimizer + m1.master, m0.optimizer + m0.master);
+            {   /* each stage keeps less model state per rank than the one before */
+                size_t prev = m0.params + m0.master + m0.grads + m0.optimizer, cur;
+                for (zi = 1; zi <= 3; zi++) {
+                    tc.zero = zi;
+                    us_memory_estimate(&mc, &tc, &m1, NULL, 0);
+                    cur = m1.params + m1.master + m1.grads + m1.optimizer;
+                    CHECK(cur < prev, "8 layers, dim 512, dp 8: ZeRO-%d model state %.2f MiB < ZeRO-%d %.2f MiB", zi, cur / 1048576.0, zi - 1, prev / 1048576.0);
+                    prev = cur;
+                }
+            }
+        }
+    }
+
+    /* ---- overlap: the first bucket's reduction starts before the backward ends; no_sync */
+    {
+        run R;
+        int r, ok = 1, launches = 0, units = 0;
+        setup(&R, 2, 0, 2, 0, 0.004f);
+        make_data(&R, 5);
+        R.tracing = 1;
+        CHECK(launch(&R) == US_OK, "traced dp 2 run");
+        for (r = 0; r < 2; r++) {
+            us_trace *t = &R.trace[r];
+            int i, bwd_seen = 0;
+            double first_comm = 1e300, bwd_end = 0;
+            /* the first step: comm events start before "backward layer 0" of its last micro-batch ends */
+            for (i = 0; i < t->n[US_STREAM_COMPUTE]; i++) {
+                const us_trace_event *e = &t->ev[US_STREAM_COMPUTE][i];
+                if (!strcmp(e->name, "backward layer 0") && ++bwd_seen == 2) bwd_end = e->t1;   /* micro-batch 2 of step 1 */
+                if (!strncmp(e->name, "launch unit", 11)) launches++;
+            }
+            for (i = 0; i < t->n[US_STREAM_COMM]; i++) if (t->ev[US_STREAM_COMM][i].t0 < first_comm) first_comm = t->ev[US_STREAM_COMM][i].t0;
+            ok &= t->n[US_STREAM_COMM] > 0 && first_comm < bwd_end;
+            if (r == 0) printf("  rank 0: first reduction starts %.0f us before the backward ends\n", bwd_end - first_comm);
+        }
+        {   /* how many units the model has: one launch per unit per step (no_sync), never per micro-batch */
+            us_model m;
+            us_train_config tc = R.tc;
+            tc.dp = 1; tc.batch = GB / 2;
+            us_model_init(&m, &R.mc, &tc, NULL);
+            units = m.n_units;
+            us_model_free(&m);
+        }
+        CHECK(ok, "the first bucket's reduction starts before the backward ends, on both ranks");
+        CHECK(units > 2 && launches == 2 * STEPS * units, "no_sync: %d launches = ranks x steps x %d units (accumulation 2 reduces once per step)", launches, units);
+        for (r = 0; r < 2; r++) us_trace_free(&R.trace[r]);
+        free(R.in); free(R.tgt);
+    }
+
+    /* ---- failure: one rank errors mid-run → every rank returns an error, the process goes on */
+    for (zi = 0; zi <= 3; zi += 3) {
+        run R;
+        us_result res;
+        int r, all = 1;
+        setup(&R, 4, zi, 1, 0, 0.004f);
+        make_data(&R, 9);
+        R.fail_rank = 2;
+        R.weights = NULL;
+        res = launch(&R);
+        for (r = 0; r < 4; r++) all &= R.rank_result[r] != US_OK;
+        CHECK(res != US_OK && all, "ZeRO-%d: rank 2 fails at step 3 -> all 4 ranks return an error, no hang", zi);
+        free(R.in); free(R.tgt);
+    }
+    {   /* and the process is fine: a clean run afterwards */
+        run R;
+        setup(&R, 2, 1, 1, 0, 25);
+        make_data(&R, 11);
+        R.weights = (float *)calloc(100000, 4);
+        CHECK(launch(&R) == US_OK && isfinite(R.loss[STEPS - 1]), "a run after the failures succeeds");
+        free(R.weights); free(R.in); free(R.tgt);
+    }
+    {   /* a mismatched communicator is a clear error */
+        us_model m;
+        us_model_config mc; us_train_config tc;
+        us_comm self; us_ops o = us_cpu_ops(1);
+        memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
+        tc.dp = 2;
+        us_comm_self(&self, &o);
+        CHECK(us_model_init_dist(&m, &mc, &tc, NULL, &self) == US_ERR_INVALID && strstr(m.err, "dp=2"), "dp 2 on a one-rank communicator: %s", m.err);
+        tc.dp = 1; tc.zero = 4;
+        CHECK(us_model_init(&m, &mc, &tc, NULL) == US_ERR_INVALID && strstr(m.err, "zero=4"), "zero 4: %s", m.err);
+    }
+    return us_test_done("test_dp");
+}
