@@ -9,13 +9,13 @@ CXX     ?= c++
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
 ARCH    ?= -march=native
 OPENMP  ?= -fopenmp
-CFLAGS  ?= -std=c99 -Wall -Wextra -pedantic -O3 $(ARCH) $(OPENMP)
+CFLAGS  ?= -std=c99 -Wall -Wextra -pedantic -O3 $(ARCH) $(OPENMP) -D_POSIX_C_SOURCE=200809L -pthread
 LDLIBS  ?= -lm
 NVFLAGS ?= -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompiler -fopenmp,-Wall,-Wextra
 NVLIBS   = -lcublasLt
-SANFLAGS = -std=c99 -Wall -Wextra -O1 -g $(ARCH) $(OPENMP) -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+SANFLAGS = -std=c99 -Wall -Wextra -O1 -g $(ARCH) $(OPENMP) -D_POSIX_C_SOURCE=200809L -pthread -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 B        = build
-HDR      = ultrascale.h
+HDR      = ultrascale.h ultrascale_comm.h
 
 EXAMPLES = $(B)/train $(B)/memory $(B)/quickstart
 ifeq ($(CUDA),1)
@@ -79,6 +79,7 @@ RUNS = \
   "test_model::./$(B)/test_model" \
   "test_errors::./$(B)/test_errors" \
   "test_comm::./$(B)/test_comm" \
+  "test_dp::./$(B)/test_dp" \
   "train CLI::bash tests/test_train_cli.sh $(B)/train" \
   "quick start runs::./$(B)/quickstart | grep -q 'step 300 loss'" \
   "memory CLI::bash tests/test_memory_cli.sh $(B)/memory" \
@@ -89,7 +90,8 @@ RUNS = \
   "asan+ubsan test_gemm::./$(B)/san/test_gemm" \
   "asan+ubsan test_model::./$(B)/san/test_model --quick" \
   "asan+ubsan test_errors::./$(B)/san/test_errors" \
-  "asan+ubsan test_comm::./$(B)/san/test_comm"
+  "asan+ubsan test_comm::./$(B)/san/test_comm" \
+  "asan+ubsan test_dp::./$(B)/san/test_dp"
 
 test: $(EXAMPLES) $(TESTS) $(SANTESTS)
 	@bash tests/run_all.sh $(CHECKS) $(RUNS)

@@ -63,5 +63,32 @@ if [ -f "$T/s.bin" ]; then
     expect 0 "shard with a large enough vocabulary" "trained 1 steps" -- $small --steps 1 --seq 16 --vocab 50000 --data "$T/s.bin"
 fi
 head -c 1000 "$T/s.bin" > "$T/trunc.bin" 2>/dev/null && expect 1 "truncated shard" "truncated" -- $small --data "$T/trunc.bin"
+
+# data parallelism on CPU threads: flags, errors, and the loss curve of --dp 1
+expect 2 "batch not divisible by dp" "--batch 16 is not divisible by --dp 3" -- --dp 3
+expect 2 "bad ZeRO stage" "bad value for --zero: 4" -- --zero 4
+expect 2 "--nproc is for GPUs" "--nproc starts one process per GPU" -- --nproc 2
+expect 2 "bad bucket size" "bad value for --bucket-mb: 0" -- --bucket-mb 0
+"$BIN" --steps 40 --eval-every 0 --quiet --log "$T/dp1.jsonl" > /dev/null 2>&1
+"$BIN" --steps 40 --eval-every 0 --quiet --dp 4 --zero 3 --log "$T/dp4.jsonl" --trace "$T/trace.json" > "$T/dp4.txt" 2>&1; rc=$?
+if [ "$rc" -eq 0 ] && python3 - "$T/dp1.jsonl" "$T/dp4.jsonl" <<'PY'
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+assert len(a) == len(b) == 40, (len(a), len(b))
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+print("  --dp 4 --zero 3 vs --dp 1: 40 losses within %.1e relative" % worst)
+assert worst < 1e-4, worst
+PY
+then ok "--dp 4 --zero 3 trains the task to the loss curve of --dp 1"; else bad "--dp 4 --zero 3 curve (exit $rc) $(tail -3 "$T/dp4.txt")"; fi
+if python3 - "$T/trace.json" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))["traceEvents"]
+pids = {e["pid"] for e in t if e["ph"] == "X"}
+rows = {(e["pid"], e["tid"]) for e in t if e["ph"] == "X"}
+assert pids == {0, 1, 2, 3}, pids
+assert all((p, 1) in rows and (p, 0) in rows for p in pids)
+PY
+then ok "--trace writes one process row per rank with compute and comm rows"; else bad "--trace file"; fi
 echo "test_train_cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
