@@ -6,13 +6,14 @@
 #   make bench      CPU benchmarks side by side with OpenBLAS (installs libopenblas-dev)
 CC      ?= cc
 CXX     ?= c++
+CUDA_HOME ?= /usr/local/cuda
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
 ARCH    ?= -march=native
 OPENMP  ?= -fopenmp
 CFLAGS  ?= -std=c99 -Wall -Wextra -pedantic -O3 $(ARCH) $(OPENMP) -D_POSIX_C_SOURCE=200809L -pthread
 LDLIBS  ?= -lm
 NVFLAGS ?= -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompiler -fopenmp,-Wall,-Wextra
-NVLIBS   = -lcublasLt
+NVLIBS   = -lcublasLt -lnccl
 SANFLAGS = -std=c99 -Wall -Wextra -O1 -g $(ARCH) $(OPENMP) -D_POSIX_C_SOURCE=200809L -pthread -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 B        = build
 HDR      = ultrascale.h ultrascale_comm.h
@@ -43,7 +44,11 @@ train: $(B)/train
 
 # the same trainer, compiled by nvcc with the CUDA backend
 $(B)/train_cuda: examples/train.c $(HDR) ultrascale_cuda.cuh | $(B)
-	$(NVCC) $(NVFLAGS) -x cu -DUS_CUDA $< -o $@ $(NVLIBS)
+	$(NVCC) $(NVFLAGS) -x cu -DUS_CUDA -DULTRASCALE_NCCL $< -o $@ $(NVLIBS)
+
+# the NCCL backend against host references, on 2 GPUs (prints SKIP with fewer)
+$(B)/test_nccl: tests/test_nccl.cu tests/us_test.h $(HDR) ultrascale_cuda.cuh | $(B)
+	$(NVCC) $(NVFLAGS) -DULTRASCALE_NCCL $< -o $@ $(NVLIBS)
 
 train-cuda: $(B)/train_cuda
 	./$(B)/train_cuda
@@ -69,7 +74,9 @@ CHECKS = \
   "nvcc: trainer with CUDA backend::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/train_cuda; else echo 'SKIP nvcc not installed'; fi" \
   "nvcc: test_cuda::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/test_cuda; else echo 'SKIP nvcc not installed'; fi" \
   "nvcc: flash_test::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/flash_test; else echo 'SKIP nvcc not installed'; fi" \
-  "nvcc: gemm_steps::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/gemm_steps; else echo 'SKIP nvcc not installed'; fi"
+  "nvcc: gemm_steps::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/gemm_steps; else echo 'SKIP nvcc not installed'; fi" \
+  "nvcc: test_nccl::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/test_nccl; else echo 'SKIP nvcc not installed'; fi" \
+  "c99 -pedantic: NCCL backend compiles::if [ -f /usr/include/nccl.h ] || [ -f $(CUDA_HOME)/include/nccl.h ]; then $(CC) -std=c99 -Wall -Wextra -pedantic -Werror -O2 -D_POSIX_C_SOURCE=200809L -DULTRASCALE_NCCL -isystem $(CUDA_HOME)/include -c tests/compile_nccl.c -o $(B)/cc_nccl.o; else echo 'SKIP nccl.h not installed'; fi"
 
 RUNS = \
   "test_dtypes::./$(B)/test_dtypes" \
@@ -80,6 +87,9 @@ RUNS = \
   "test_errors::./$(B)/test_errors" \
   "test_comm::./$(B)/test_comm" \
   "test_dp::./$(B)/test_dp" \
+  "test_comm_threads::./$(B)/test_comm_threads" \
+  "test_bootstrap::./$(B)/test_bootstrap" \
+  "test_nccl (needs 2 GPUs)::if [ -x $(B)/test_nccl ]; then ./$(B)/test_nccl; else echo 'SKIP not built'; fi" \
   "train CLI::bash tests/test_train_cli.sh $(B)/train" \
   "quick start runs::./$(B)/quickstart | grep -q 'step 300 loss'" \
   "memory CLI::bash tests/test_memory_cli.sh $(B)/memory" \
@@ -91,7 +101,9 @@ RUNS = \
   "asan+ubsan test_model::./$(B)/san/test_model --quick" \
   "asan+ubsan test_errors::./$(B)/san/test_errors" \
   "asan+ubsan test_comm::./$(B)/san/test_comm" \
-  "asan+ubsan test_dp::./$(B)/san/test_dp"
+  "asan+ubsan test_dp::./$(B)/san/test_dp" \
+  "asan+ubsan test_comm_threads::./$(B)/san/test_comm_threads" \
+  "asan+ubsan test_bootstrap::./$(B)/san/test_bootstrap"
 
 test: $(EXAMPLES) $(TESTS) $(SANTESTS)
 	@bash tests/run_all.sh $(CHECKS) $(RUNS)
