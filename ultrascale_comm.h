@@ -2033,7 +2033,7 @@ release:
 /* ---- the collectives */
 static us_result us__nccl_all_reduce(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt, us_reduce_op op, us_work **w) {
     us__nccl *nb = (us__nccl *)c->backend;
-    us__nccl_group *ng; us__nccl_work *wk; ncclDataType_t t; ncclRedOp_t o;
+    us__nccl_group *ng = NULL; us__nccl_work *wk = NULL; ncclDataType_t t = ncclFloat32; ncclRedOp_t o;
     double S = (double)n * (double)us_dtype_size(dt);
     us_result r = us__nccl_begin(c, g, n, dt, "all_reduce", &ng, &t);
     if (w) *w = NULL;
@@ -2045,7 +2045,7 @@ static us_result us__nccl_all_reduce(us_comm *c, us_group *g, void *buf, int64_t
 }
 static us_result us__nccl_reduce(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, us_reduce_op op, int root, us_work **w) {
     us__nccl *nb = (us__nccl *)c->backend;
-    us__nccl_group *ng; us__nccl_work *wk; ncclDataType_t t; ncclRedOp_t o;
+    us__nccl_group *ng = NULL; us__nccl_work *wk = NULL; ncclDataType_t t = ncclFloat32; ncclRedOp_t o;
     double S = (double)n * (double)us_dtype_size(dt);
     us_result r = us__nccl_begin(c, g, n, dt, "reduce", &ng, &t);
     if (w) *w = NULL;
@@ -2057,7 +2057,7 @@ static us_result us__nccl_reduce(us_comm *c, us_group *g, void *dst, const void 
 }
 static us_result us__nccl_reduce_scatter(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, us_reduce_op op, us_work **w) {
     us__nccl *nb = (us__nccl *)c->backend;
-    us__nccl_group *ng; us__nccl_work *wk; ncclDataType_t t; ncclRedOp_t o;
+    us__nccl_group *ng = NULL; us__nccl_work *wk = NULL; ncclDataType_t t = ncclFloat32; ncclRedOp_t o;
     double S;
     us_result r = us__nccl_begin(c, g, n, dt, "reduce_scatter", &ng, &t);
     if (w) *w = NULL;
@@ -2071,7 +2071,7 @@ static us_result us__nccl_reduce_scatter(us_comm *c, us_group *g, void *dst, con
 }
 static us_result us__nccl_all_gather(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, us_work **w) {
     us__nccl *nb = (us__nccl *)c->backend;
-    us__nccl_group *ng; us__nccl_work *wk; ncclDataType_t t;
+    us__nccl_group *ng = NULL; us__nccl_work *wk = NULL; ncclDataType_t t = ncclFloat32;
     double S;
     us_result r = us__nccl_begin(c, g, n, dt, "all_gather", &ng, &t);
     if (w) *w = NULL;
@@ -2087,7 +2087,7 @@ static us_result us__nccl_gather_scatter(us_comm *c, us_group *g, void *dst, con
                                          int scatter, us_work **w) {
     us__nccl *nb = (us__nccl *)c->backend;
     const char *op = scatter ? "scatter" : "gather";
-    us__nccl_group *ng; us__nccl_work *wk; ncclDataType_t t;
+    us__nccl_group *ng = NULL; us__nccl_work *wk = NULL; ncclDataType_t t = ncclFloat32;
     size_t es = us_dtype_size(dt), blk = (size_t)(n > 0 ? n : 0) * es;
     double S;
     int p;
@@ -2126,7 +2126,7 @@ static us_result us__nccl_scatter(us_comm *c, us_group *g, void *dst, const void
 }
 static us_result us__nccl_broadcast(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt, int root, us_work **w) {
     us__nccl *nb = (us__nccl *)c->backend;
-    us__nccl_group *ng; us__nccl_work *wk; ncclDataType_t t;
+    us__nccl_group *ng = NULL; us__nccl_work *wk = NULL; ncclDataType_t t = ncclFloat32;
     double S = (double)n * (double)us_dtype_size(dt);
     us_result r = us__nccl_begin(c, g, n, dt, "broadcast", &ng, &t);
     if (w) *w = NULL;
@@ -2138,7 +2138,7 @@ static us_result us__nccl_broadcast(us_comm *c, us_group *g, void *buf, int64_t 
 static us_result us__nccl_p2p(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt, int peer, int sending, us_work **w) {
     us__nccl *nb = (us__nccl *)c->backend;
     const char *op = sending ? "send" : "recv";
-    us__nccl_group *ng; us__nccl_work *wk; ncclDataType_t t;
+    us__nccl_group *ng = NULL; us__nccl_work *wk = NULL; ncclDataType_t t = ncclFloat32;
     double S = (double)n * (double)us_dtype_size(dt);
     us_result r = us__nccl_begin(c, g, n, dt, op, &ng, &t);
     if (w) *w = NULL;
@@ -2159,7 +2159,7 @@ static us_result us__nccl_recv(us_comm *c, us_group *g, void *buf, int64_t n, us
 static us_result us__nccl_all_to_all(us_comm *c, us_group *g, void *dst, const int64_t *rc, const int64_t *rd,
                                      const void *src, const int64_t *sc, const int64_t *sd, us_dtype dt, us_work **w) {
     us__nccl *nb = (us__nccl *)c->backend;
-    us__nccl_group *ng; us__nccl_work *wk; ncclDataType_t t;
+    us__nccl_group *ng = NULL; us__nccl_work *wk = NULL; ncclDataType_t t = ncclFloat32;
     size_t es = us_dtype_size(dt);
     double S = 0, sent = 0;
     int p, me;
