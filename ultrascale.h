@@ -347,6 +347,9 @@ US_API void      us_trace_free(us_trace *t);
 US_API void      us_trace_add(us_trace *t, int stream, const char *cat, const char *name, double t0_us, double t1_us);
 /* Writes the ranks' traces into one JSON file (traceEvents, "X" events, pid = rank, tid = stream). */
 US_API us_result us_trace_write(const char *path, us_trace *const *ranks, int nranks, char *err, size_t errlen);
+/* The same with times measured from base_us instead of the earliest event; base_us = 0 keeps the
+   clock's own times, so the files of several processes on one node line up (CLOCK_MONOTONIC). */
+US_API us_result us_trace_write_at(const char *path, us_trace *const *ranks, int nranks, double base_us, char *err, size_t errlen);
 
 /* ---------------------------------------------------------------- model and trainer */
 typedef struct us_param {
@@ -1939,14 +1942,18 @@ US_API void us_trace_add(us_trace *t, int stream, const char *cat, const char *n
     e->cat = cat; e->t0 = t0; e->t1 = t1;
 }
 US_API us_result us_trace_write(const char *path, us_trace *const *ranks, int nranks, char *err, size_t errlen) {
-    FILE *f = fopen(path, "w");
     double base = 1e300;
-    int r, s, i, first = 1;
-    static const char *stream_names[US_TRACE_STREAMS] = {"compute", "communication"};
-    if (!f) { us__errf(err, errlen, "cannot write the trace %s", path); return US_ERR_IO; }
+    int r, s, i;
     for (r = 0; r < nranks; r++)   /* times start at the earliest event of any rank */
         for (s = 0; s < US_TRACE_STREAMS; s++)
             for (i = 0; i < ranks[r]->n[s]; i++) if (ranks[r]->ev[s][i].t0 < base) base = ranks[r]->ev[s][i].t0;
+    return us_trace_write_at(path, ranks, nranks, base < 1e300 ? base : 0, err, errlen);
+}
+US_API us_result us_trace_write_at(const char *path, us_trace *const *ranks, int nranks, double base, char *err, size_t errlen) {
+    FILE *f = fopen(path, "w");
+    int r, s, i, first = 1;
+    static const char *stream_names[US_TRACE_STREAMS] = {"compute", "communication"};
+    if (!f) { us__errf(err, errlen, "cannot write the trace %s", path); return US_ERR_IO; }
     fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
     for (r = 0; r < nranks; r++) {
         int pid = ranks[r]->rank;

@@ -1993,10 +1993,10 @@ static us_result us__nccl_wait(us_comm *c, us_work *w) {
     us_result r = US_OK;
     if (!wk) return US_OK;
     if (nb->failed) { snprintf(c->err, sizeof c->err, "%s", nb->first_err); r = US_ERR_BACKEND; goto release; }
-    /* the device side: compute waits for the collective without the host in the loop */
-    { cudaError_t e = cudaStreamWaitEvent(nb->compute, wk->done, 0);
-      if (e != cudaSuccess) { r = us__nccl_fail(c, "cudaStreamWaitEvent failed after %s: %s", wk->what, cudaGetErrorString(e)); goto release; } }
-    /* the host side: a watchdog, so a dead peer becomes an error instead of a hang */
+    /* the host side first: a watchdog, so a dead peer becomes an error instead of a hang. The
+       compute stream is made to wait only once the collective is known to have finished: a
+       stream waiting on a collective that never ends would hang every later synchronisation
+       (freeing memory, copying a loss back) with no chance to report anything. */
     t_start = us__boot_now();
     for (;;) {
         ncclResult_t ar = ncclSuccess, qr;
@@ -2019,6 +2019,8 @@ static us_result us__nccl_wait(us_comm *c, us_work *w) {
         us__boot_sleep(nap);   /* 5 µs, growing to 1 ms: short collectives return fast, long ones cost no CPU */
         if (nap < 1e-3) nap *= 1.25;
     }
+    { cudaError_t e = cudaStreamWaitEvent(nb->compute, wk->done, 0);   /* order compute after it */
+      if (e != cudaSuccess) { r = us__nccl_fail(c, "cudaStreamWaitEvent failed after %s: %s", wk->what, cudaGetErrorString(e)); goto release; } }
     if (wk->timed && c->trace) {   /* GPU times → host microseconds through the reference pair */
         float ms0 = 0, ms1 = 0;
         if (cudaEventElapsedTime(&ms0, nb->ref, wk->t0) == cudaSuccess && cudaEventElapsedTime(&ms1, nb->ref, wk->t1) == cudaSuccess)

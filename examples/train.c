@@ -112,6 +112,80 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+#ifdef ULTRASCALE_NCCL
+/* The last line of defence of a multi-process run: every collective already fails after
+   --comm-timeout, but a process can also stall where no timeout reaches (a CUDA call waiting on
+   a GPU an aborted communicator still occupies). If no training step completes within twice
+   the timeout, this thread says so and ends the process, as PyTorch's NCCL watchdog does. */
+#include <pthread.h>
+typedef struct watchdog {
+    pthread_mutex_t mu;
+    pthread_t th;
+    double last, limit;
+    int rank, stop, started;
+} watchdog;
+static void *watchdog_main(void *arg) {
+    watchdog *w = (watchdog *)arg;
+    for (;;) {
+        struct timespec nap = {0, 200000000};
+        double idle;
+        int stop;
+        nanosleep(&nap, NULL);
+        pthread_mutex_lock(&w->mu);
+        stop = w->stop; idle = now_s() - w->last;
+        pthread_mutex_unlock(&w->mu);
+        if (stop) return NULL;
+        if (idle > w->limit) {
+            fprintf(stderr, "train: rank %d: no training step finished in %.0f s (twice --comm-timeout): a peer may have died or a collective hung; exiting\n", w->rank, idle);
+            fflush(stdout); fflush(stderr);
+            _Exit(1);
+        }
+    }
+}
+static void watchdog_beat(watchdog *w) {
+    if (!w->started) return;
+    pthread_mutex_lock(&w->mu); w->last = now_s(); pthread_mutex_unlock(&w->mu);
+}
+static void watchdog_start(watchdog *w, int rank, double timeout_s) {
+    pthread_mutex_init(&w->mu, NULL);
+    w->rank = rank; w->limit = 2 * (timeout_s > 0 ? timeout_s : 300); w->last = now_s(); w->stop = 0;
+    w->started = pthread_create(&w->th, NULL, watchdog_main, w) == 0;
+}
+static void watchdog_stop(watchdog *w) {
+    if (!w->started) return;
+    pthread_mutex_lock(&w->mu); w->stop = 1; pthread_mutex_unlock(&w->mu);
+    pthread_join(w->th, NULL);
+    w->started = 0;
+}
+#endif
+
+/* Multi-process tracing: each rank writes PATH.rank<r> in the clock's own time, and rank 0
+   joins them into PATH (the event lines between each file's first and last line). */
+static int trace_merge(const char *path, int nranks) {
+    FILE *out = fopen(path, "w");
+    int r, first = 1;
+    char part[1100], line[1024];
+    if (!out) return 0;
+    fprintf(out, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
+    for (r = 0; r < nranks; r++) {
+        FILE *in;
+        snprintf(part, sizeof part, "%s.rank%d", path, r);
+        if (!(in = fopen(part, "r"))) { fclose(out); return 0; }
+        if (!fgets(line, sizeof line, in)) line[0] = 0;          /* the header */
+        while (fgets(line, sizeof line, in)) {
+            size_t n = strlen(line);
+            while (n && (line[n - 1] == '\n' || line[n - 1] == ',')) line[--n] = 0;
+            if (!n || line[0] != '{') continue;                     /* the closing "]}" */
+            fprintf(out, "%s%s", first ? "" : ",\n", line);
+            first = 0;
+        }
+        fclose(in);
+        remove(part);
+    }
+    fprintf(out, "\n]}\n");
+    return fclose(out) == 0;
+}
+
 typedef struct opts {
     us_model_config mc;
     us_train_config tc;      /* tc.batch: the group's micro-batch; each rank runs batch/dp */
@@ -153,6 +227,8 @@ static us_result run_rank(us_comm *comm, void *arg) {
 #ifdef ULTRASCALE_NCCL
     us_comm nccl;
     int have_nccl = 0;
+    watchdog wd;
+    memset(&wd, 0, sizeof wd);
 #endif
     if (o->use_cuda) {
         if (us_cuda_ops(&ops, o->gpu, err, sizeof err) != US_OK) { fprintf(stderr, "train: rank %d: %s\n", o->rank, err); return US_ERR_BACKEND; }
@@ -211,6 +287,9 @@ static us_result run_rank(us_comm *comm, void *arg) {
                us_precision_name(m.tc.precision), us_recompute_name(m.tc.recompute), Bg, tc.seq, tc.grad_accum, dp, tc.zero,
                o->data_path ? o->data_path : "task: sort 8 digits", devname, (double)m.mem.total / 1048576.0);
     t_start = now_s();
+#ifdef ULTRASCALE_NCCL
+    if (have_nccl) watchdog_start(&wd, rank, o->comm_timeout);
+#endif
     for (i = 0; i < tc.steps; i++) {
         us_step_stats st;
         double t0 = now_s(), dt, tok_s, mfu, eval_loss = -1, eval_acc = -1;
@@ -227,6 +306,9 @@ static us_result run_rank(us_comm *comm, void *arg) {
             fprintf(stderr, "train: rank %d: step %d: %s\n", rank, i + 1, us_model_error(&m));
             break;
         }
+#ifdef ULTRASCALE_NCCL
+        watchdog_beat(&wd);
+#endif
         dt = now_s() - t0;
         tok_s = (double)st.tokens / dt;
         mfu = flops_tok * tok_s / (peak_tflops * 1e12);
@@ -258,6 +340,9 @@ static us_result run_rank(us_comm *comm, void *arg) {
             fflush(logf);
         }
     }
+#ifdef ULTRASCALE_NCCL
+    if (r == US_OK) watchdog_stop(&wd);   /* after a failure it stays: the exit below may stall */
+#endif
     if (rank == 0) printf("trained %d steps in %.1f s\n", m.step, now_s() - t_start);
     if (r == US_OK && !o->data_path) {   /* every rank decodes (ZeRO-3 gathers need them all) */
         char buf[2048];
@@ -280,8 +365,28 @@ static us_result run_rank(us_comm *comm, void *arg) {
         }
         free(out); free(text);
     }
+    if (o->traces && o->world > 1 && comm) {   /* one file for the processes: parts, then rank 0 joins */
+        us_trace *mine = &o->traces[rank];
+        char part[1100];
+        snprintf(part, sizeof part, "%s.rank%d", o->trace_path, rank);
+        if (us_trace_write_at(part, &mine, 1, 0, err, sizeof err) != US_OK) fprintf(stderr, "train: %s\n", err);
+        if (comm->barrier(comm, &comm->world) == US_OK && rank == 0) {
+            if (trace_merge(o->trace_path, o->world)) printf("trace: %s (%d ranks; open in ui.perfetto.dev)\n", o->trace_path, o->world);
+            else fprintf(stderr, "train: could not join the trace parts into %s\n", o->trace_path);
+        }
+    }
 done_model:
     if (logf) fclose(logf);
+#ifdef ULTRASCALE_NCCL
+    if (r != US_OK && have_nccl) {
+        /* a peer died or NCCL failed: kernels of the aborted communicator may still occupy this
+           GPU, and freeing device memory would wait for them forever. Leave now; the driver
+           reclaims the GPU when the process ends. */
+        fprintf(stderr, "train: rank %d: exiting after the communication failure\n", rank);
+        fflush(stdout); fflush(stderr);
+        _Exit(1);
+    }
+#endif
     free(gin); free(gtgt); free(in); free(tgt);
     if (comm) comm->trace = NULL;
     us_model_free(&m);
@@ -315,11 +420,6 @@ static us_result run_cuda(opts *o, int argc, char **argv) {
         if (o->tc.dp != env.world_size) {
             fprintf(stderr, "train: the launcher started %d processes but --dp is %d\n", env.world_size, o->tc.dp);
             return US_ERR_INVALID;
-        }
-        if (o->trace_path) {   /* each process writes its own rows */
-            static char path[1024];
-            snprintf(path, sizeof path, "%s.rank%d.json", o->trace_path, env.rank);
-            o->trace_path = path;
         }
 #else
         fprintf(stderr, "train: %d processes but this build has no NCCL (compile with -DULTRASCALE_NCCL)\n", env.world_size);
@@ -479,7 +579,7 @@ int main(int argc, char **argv) {
         if (r != US_OK) fprintf(stderr, "train: %s\n", err);
     } else r = run_rank(NULL, &o);
     if (o.traces) {
-        if (!(o.use_cuda && o.nproc > 1 && o.world == 0)) {   /* not the --nproc parent: it ran no rank */
+        if (!o.use_cuda || (o.world <= 1 && o.nproc <= 1)) {   /* multi-process runs wrote theirs in run_rank */
             us_trace *ptr[4096];
             int n = 0;
             for (i = 0; i < tc.dp; i++) if (o.traces[i].n[0] || o.traces[i].n[1]) ptr[n++] = &o.traces[i];
