@@ -1869,13 +1869,46 @@ typedef struct us__nccl {
     us__nccl_group *world_g;
     us__nccl_work *free_list, *all;
     int failed;
+    int abort_stuck;              /* an abort thread never returned: leave its groups alone */
     char first_err[256];
 } us__nccl;
 
-static void us__nccl_abort_all(us__nccl *nb) {
+/* ncclCommAbort releases kernels stuck on a dead peer, but it can itself block: recent NCCL
+   versions synchronise the ranks of a node while reclaiming resources, and a killed rank never
+   arrives (NVIDIA/nccl#863). So the aborts run on a helper thread and the caller waits for them
+   at most US__NCCL_ABORT_WAIT seconds: a failure is always reported, even if the abort cannot
+   finish (the process is then expected to exit; the driver reclaims the GPU). */
+#define US__NCCL_ABORT_WAIT 5.0
+typedef struct us__nccl_abort { us__nccl_group *groups; pthread_mutex_t mu; int done; } us__nccl_abort;
+static void *us__nccl_abort_main(void *arg) {
+    us__nccl_abort *a = (us__nccl_abort *)arg;
     us__nccl_group *g;
-    for (g = nb->groups; g; g = g->next)
-        if (g->comm && !g->aborted) { ncclCommAbort(g->comm); g->aborted = 1; }
+    for (g = a->groups; g; g = g->next)   /* newest first: split children before their parents */
+        if (g->comm) ncclCommAbort(g->comm);
+    pthread_mutex_lock(&a->mu); a->done = 1; pthread_mutex_unlock(&a->mu);
+    return NULL;
+}
+static int us__nccl_abort_all(us__nccl *nb) {   /* 1 when every abort returned in time */
+    us__nccl_abort *a = (us__nccl_abort *)calloc(1, sizeof *a);   /* the thread's; leaked if it stays stuck */
+    us__nccl_group *g;
+    pthread_t th;
+    double t0 = us__boot_now();
+    int done = 0;
+    for (g = nb->groups; g; g = g->next) g->aborted = 1;
+    if (!a) {   /* no memory for the helper: abort inline and hope */
+        for (g = nb->groups; g; g = g->next) if (g->comm) ncclCommAbort(g->comm);
+        return 1;
+    }
+    a->groups = nb->groups;
+    pthread_mutex_init(&a->mu, NULL);
+    if (pthread_create(&th, NULL, us__nccl_abort_main, a) != 0) { us__nccl_abort_main(a); free(a); return 1; }
+    while (!done && us__boot_now() - t0 < US__NCCL_ABORT_WAIT) {
+        us__boot_sleep(1e-3);
+        pthread_mutex_lock(&a->mu); done = a->done; pthread_mutex_unlock(&a->mu);
+    }
+    if (done) { pthread_join(th, NULL); pthread_mutex_destroy(&a->mu); free(a); }
+    else pthread_detach(th);
+    return done;
 }
 /* The backend is broken: abort every communicator (a peer may wait on any of them), keep the
    first sentence for every later call. */
@@ -1888,7 +1921,11 @@ static us_result us__nccl_fail(us_comm *c, const char *fmt, ...) {
         vsnprintf(nb->first_err + n, sizeof nb->first_err - (size_t)n, fmt, ap);
         va_end(ap);
         nb->failed = 1;
-        us__nccl_abort_all(nb);
+        if (!us__nccl_abort_all(nb)) {
+            size_t k = strlen(nb->first_err);
+            nb->abort_stuck = 1;
+            snprintf(nb->first_err + k, sizeof nb->first_err - k, " (ncclCommAbort still running after %g s)", US__NCCL_ABORT_WAIT);
+        }
     }
     snprintf(c->err, sizeof c->err, "%s", nb->first_err);
     return US_ERR_BACKEND;
@@ -2249,6 +2286,8 @@ static void us__nccl_destroy(us__nccl *nb) {
     us__nccl_group *g, *gn;
     us__nccl_work *wk, *wn;
     int healthy = !nb->failed;
+    if (nb->abort_stuck) return;   /* the stuck abort still reads the groups, and the GPU would
+                                      block every free: leave it all to the process's exit */
     if (healthy && nb->stream) healthy = cudaStreamSynchronize(nb->stream) == cudaSuccess;
     for (g = nb->groups; g; g = gn) {   /* newest first: groups before the world */
         gn = g->next;
