@@ -214,9 +214,10 @@ struct us_ops {
     void  (*gemm)(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                   const void *A, us_dtype adt, int64_t lda, const void *B, us_dtype bdt, int64_t ldb,
                   float beta, void *C, us_dtype cdt, int64_t ldc);
-    /* out[N,C] = wte[tok[n], :]                      tok i32[N] */
+    /* out[N,C] = wte[tok[n], :]                      tok i32[N]; a negative token gives a zero row
+       (tensor parallelism: the token lives in another rank's slice of the vocabulary) */
     void  (*embedding_fwd)(us_ops *o, void *out, const int32_t *tok, const void *wte, int64_t N, int64_t C, us_dtype dt);
-    /* dwte f32[V,C] += scatter of dout[N,C] */
+    /* dwte f32[V,C] += scatter of dout[N,C] (negative tokens skipped) */
     void  (*embedding_bwd)(us_ops *o, float *dwte, const void *dout, const int32_t *tok, int64_t N, int64_t C, us_dtype dt);
     /* out[N,C] = x / rms(x) · w;  rstd f32[N] */
     void  (*rmsnorm_fwd)(us_ops *o, void *out, float *rstd, const void *x, const void *w, int64_t N, int64_t C, float eps, us_dtype dt);
@@ -235,6 +236,17 @@ struct us_ops {
     /* fused softmax-cross-entropy over logits[N,V]: losses f32[N] (0 where tgt<0), argmax i32[N] (may be
        NULL); if dscale != 0 the logits are overwritten with dscale·(softmax − onehot) (0 rows where tgt<0) */
     void  (*xent)(us_ops *o, float *losses, int32_t *argmax, void *logits, const int32_t *tgt, int64_t N, int64_t V, float dscale, us_dtype dt);
+    /* Vocabulary-parallel cross-entropy (TP): logits[N,V] hold this rank's V columns of the
+       vocabulary; tgt is local: the column, -1 for a target in another rank's slice, -2 ignored.
+       Pass 1 (sumexp NULL): mx f32[N] = each row's max, amax i32[N] (may be NULL) its column.
+       Pass 2, given mx = the max over all ranks: sumexp f64[N] = Σ exp(logit − mx) and tlogit
+       f32[N] = the target's logit where 0 ≤ tgt < V, else 0 (both summed over ranks after). */
+    void  (*xent_stats)(us_ops *o, float *mx, int32_t *amax, double *sumexp, float *tlogit, const void *logits,
+                        const int32_t *tgt, int64_t N, int64_t V, us_dtype dt);
+    /* losses f32[N] = log(sumexp) + mx − tlogit (0 where tgt = −2); if dscale != 0 the logits are
+       overwritten with dscale·(softmax − onehot) over this rank's columns (0 rows where tgt = −2) */
+    void  (*xent_finish)(us_ops *o, float *losses, void *logits, const int32_t *tgt, const float *mx, const double *sumexp,
+                         const float *tlogit, int64_t N, int64_t V, float dscale, us_dtype dt);
     /* AdamW on n fp32 master values p with grads g·gscale; also writes p_lowp (dtype lowdt) if not NULL */
     void  (*adamw)(us_ops *o, float *p, const float *g, float *m, float *v, void *p_lowp, us_dtype lowdt, int64_t n,
                    float lr, float beta1, float beta2, float eps, float wd, float gscale, int step);
@@ -1367,7 +1379,10 @@ static void us__cpu_embedding_fwd(us_ops *o, void *out, const int32_t *tok, cons
     int us__nt = us__threads(o);
     (void)us__nt;
     US__PARALLEL_FOR
-    for (n = 0; n < N; n++) memcpy((char *)out + n * row, (const char *)wte + (size_t)tok[n] * row, row);
+    for (n = 0; n < N; n++) {
+        if (tok[n] >= 0) memcpy((char *)out + n * row, (const char *)wte + (size_t)tok[n] * row, row);
+        else memset((char *)out + n * row, 0, row);
+    }
 }
 static void us__cpu_embedding_bwd(us_ops *o, float *dwte, const void *dout, const int32_t *tok, int64_t N, int64_t C, us_dtype dt) {
     int64_t blk, nblk = (C + 63) / 64;
@@ -1378,6 +1393,7 @@ static void us__cpu_embedding_bwd(us_ops *o, float *dwte, const void *dout, cons
         int64_t n, c, c0 = blk * 64, c1 = c0 + 64 < C ? c0 + 64 : C;
         for (n = 0; n < N; n++) {
             float *d = dwte + (int64_t)tok[n] * C;
+            if (tok[n] < 0) continue;
             for (c = c0; c < c1; c++) d[c] += us__get(dout, dt, n * C + c);
         }
     }
@@ -1529,6 +1545,50 @@ static void us__cpu_xent(us_ops *o, float *losses, int32_t *argmax, void *logits
         if (dscale != 0) {
             float inv = (float)(1.0 / sum);
             for (v = 0; v < V; v++) row[v] = tgt[n] < 0 ? 0.0f : dscale * (expf(row[v] - mx) * inv - (v == tgt[n]));
+            us__store_f32(us__at(logits, dt, n * V), dt, row, V);
+        }
+    }
+    US_FREE(row_all);
+}
+
+static void us__cpu_xent_stats(us_ops *o, float *mx, int32_t *amax, double *sumexp, float *tlogit, const void *logits,
+                               const int32_t *tgt, int64_t N, int64_t V, us_dtype dt) {
+    int us__nt = us__threads(o);
+    int64_t n;
+    US__ROW_SCRATCH(float, row, V);
+    US__PARALLEL_FOR
+    for (n = 0; n < N; n++) {
+        float *row = US__MY_ROW(row, V);
+        int64_t v, am = 0;
+        us__load_f32(row, us__at(logits, dt, n * V), dt, V);
+        if (!sumexp) {
+            float m = -INFINITY;
+            for (v = 0; v < V; v++) if (row[v] > m) { m = row[v]; am = v; }
+            mx[n] = m;
+            if (amax) amax[n] = (int32_t)am;
+        } else {
+            double sum = 0;
+            for (v = 0; v < V; v++) sum += exp((double)(row[v] - mx[n]));
+            sumexp[n] = sum;
+            tlogit[n] = tgt[n] >= 0 ? row[tgt[n]] : 0.0f;
+        }
+    }
+    US_FREE(row_all);
+}
+static void us__cpu_xent_finish(us_ops *o, float *losses, void *logits, const int32_t *tgt, const float *mx, const double *sumexp,
+                                const float *tlogit, int64_t N, int64_t V, float dscale, us_dtype dt) {
+    int us__nt = us__threads(o);
+    int64_t n;
+    US__ROW_SCRATCH(float, row, V);
+    US__PARALLEL_FOR
+    for (n = 0; n < N; n++) {
+        float *row = US__MY_ROW(row, V);
+        int64_t v;
+        losses[n] = tgt[n] == -2 ? 0.0f : (float)(log(sumexp[n]) + mx[n] - tlogit[n]);
+        if (dscale != 0) {
+            float inv = (float)(1.0 / sumexp[n]);
+            us__load_f32(row, us__at(logits, dt, n * V), dt, V);
+            for (v = 0; v < V; v++) row[v] = tgt[n] == -2 ? 0.0f : dscale * (expf(row[v] - mx[n]) * inv - (v == tgt[n]));
             us__store_f32(us__at(logits, dt, n * V), dt, row, V);
         }
     }
@@ -1775,7 +1835,7 @@ US_API us_ops us_cpu_ops(int nthreads) {
     o.attention_fwd = us__cpu_attention_fwd;  o.attention_bwd = us__cpu_attention_bwd;
     o.swiglu_fwd = us__cpu_swiglu_fwd;        o.swiglu_bwd = us__cpu_swiglu_bwd;
     o.xent = us__cpu_xent;           o.adamw = us__cpu_adamw;         o.sumsq = us__cpu_sumsq;
-    o.axpy = us__cpu_axpy;
+    o.axpy = us__cpu_axpy;           o.xent_stats = us__cpu_xent_stats; o.xent_finish = us__cpu_xent_finish;
     return o;
 }
 

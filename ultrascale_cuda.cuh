@@ -306,13 +306,15 @@ static void us__cuda_cast(us_ops *o, void *dst, us_dtype ddt, const void *src, u
 template <typename T>
 __global__ void us__k_embedding_fwd(T *out, const int32_t *tok, const T *wte, int64_t C) {
     int64_t n = blockIdx.x, c;
-    const T *row = wte + (int64_t)tok[n] * C;
+    const T *row = wte + (int64_t)(tok[n] < 0 ? 0 : tok[n]) * C;
+    if (tok[n] < 0) { for (c = threadIdx.x; c < C; c += blockDim.x) us__st(out, n * C + c, 0.0f); return; }   /* another rank's token */
     for (c = threadIdx.x; c < C; c += blockDim.x) out[n * C + c] = row[c];
 }
 template <typename T>
 __global__ void us__k_embedding_bwd(float *dwte, const T *dout, const int32_t *tok, int64_t C) {
     int64_t n = blockIdx.x, c;
     float *row = dwte + (int64_t)tok[n] * C;
+    if (tok[n] < 0) return;
     for (c = threadIdx.x; c < C; c += blockDim.x) atomicAdd(row + c, us__ld(dout, n * C + c));
 }
 static void us__cuda_embedding_fwd(us_ops *o, void *out, const int32_t *tok, const void *wte, int64_t N, int64_t C, us_dtype dt) {
@@ -781,6 +783,57 @@ __global__ void __launch_bounds__(US__XENT_THREADS) us__k_xent_vec(float *losses
             }
     }
 }
+/* Vocabulary-parallel cross-entropy (TP): one block per row, plain block reductions. */
+template <typename T>
+__global__ void us__k_xent_stats(float *mx, int32_t *amax, double *sumexp, float *tlogit, const T *logits, const int32_t *tgt, int64_t V) {
+    __shared__ float sm[256];
+    __shared__ int si[256];
+    __shared__ double sd[256];
+    int64_t n = blockIdx.x, v;
+    const T *row = logits + n * V;
+    int t = threadIdx.x, k;
+    if (!sumexp) {
+        float m = -INFINITY; int am = 0;
+        for (v = t; v < V; v += blockDim.x) { float x = us__ld(row, v); if (x > m) { m = x; am = (int)v; } }
+        sm[t] = m; si[t] = am;
+        __syncthreads();
+        for (k = blockDim.x / 2; k > 0; k >>= 1) {
+            if (t < k && (sm[t + k] > sm[t] || (sm[t + k] == sm[t] && si[t + k] < si[t]))) { sm[t] = sm[t + k]; si[t] = si[t + k]; }
+            __syncthreads();
+        }
+        if (t == 0) { mx[n] = sm[0]; if (amax) amax[n] = si[0]; }
+    } else {
+        double a = 0;
+        float m = mx[n];
+        for (v = t; v < V; v += blockDim.x) a += exp((double)(us__ld(row, v) - m));
+        sd[t] = a;
+        __syncthreads();
+        for (k = blockDim.x / 2; k > 0; k >>= 1) { if (t < k) sd[t] += sd[t + k]; __syncthreads(); }
+        if (t == 0) { sumexp[n] = sd[0]; tlogit[n] = tgt[n] >= 0 ? us__ld(row, tgt[n]) : 0.0f; }
+    }
+}
+template <typename T>
+__global__ void us__k_xent_finish(float *losses, T *logits, const int32_t *tgt, const float *mx, const double *sumexp, const float *tlogit,
+                                  int64_t V, float dscale) {
+    int64_t n = blockIdx.x, v;
+    int g = tgt[n];
+    float inv = (float)(1.0 / sumexp[n]), m = mx[n];
+    if (threadIdx.x == 0) losses[n] = g == -2 ? 0.0f : (float)(log(sumexp[n]) + m - tlogit[n]);
+    if (dscale != 0)
+        for (v = threadIdx.x; v < V; v += blockDim.x)
+            us__st(logits, n * V + v, g == -2 ? 0.0f : dscale * (expf(us__ld(logits, n * V + v) - m) * inv - (float)(v == g)));
+}
+static void us__cuda_xent_stats(us_ops *o, float *mx, int32_t *amax, double *sumexp, float *tlogit, const void *logits,
+                                const int32_t *tgt, int64_t N, int64_t V, us_dtype dt) {
+    if (N <= 0) return;
+    US__DISPATCH(o, dt, (us__k_xent_stats<T_><<<(unsigned)N, 256, 0, us__cu(o)->stream>>>(mx, amax, sumexp, tlogit, (const T_ *)logits, tgt, V)));
+}
+static void us__cuda_xent_finish(us_ops *o, float *losses, void *logits, const int32_t *tgt, const float *mx, const double *sumexp,
+                                 const float *tlogit, int64_t N, int64_t V, float dscale, us_dtype dt) {
+    if (N <= 0) return;
+    US__DISPATCH(o, dt, (us__k_xent_finish<T_><<<(unsigned)N, 256, 0, us__cu(o)->stream>>>(losses, (T_ *)logits, tgt, mx, sumexp, tlogit, V, dscale)));
+}
+
 static void us__cuda_xent(us_ops *o, float *losses, int32_t *argmax, void *logits, const int32_t *tgt, int64_t N, int64_t V, float dscale, us_dtype dt) {
     int64_t W = 16 / (int64_t)us_dtype_size(dt);
     if (V % W == 0 && V < 0x7fffffff && us__al16(logits))
@@ -1765,6 +1818,7 @@ US_API us_result us_cuda_ops(us_ops *o, int device, char *err, size_t errlen) {
     o->swiglu_fwd = us__cuda_swiglu_fwd;        o->swiglu_bwd = us__cuda_swiglu_bwd;
     o->xent = us__cuda_xent;            o->adamw = us__cuda_adamw;         o->sumsq = us__cuda_sumsq;
     o->axpy = us__cuda_axpy;            o->error = us__cuda_error;
+    o->xent_stats = us__cuda_xent_stats; o->xent_finish = us__cuda_xent_finish;
     return US_OK;
 }
 
