@@ -183,6 +183,8 @@ typedef struct us_train_config {
                               global batch is batch × grad_accum × dp sequences */
     int      zero;         /* ZeRO stage over dp: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters */
     float    bucket_mb;    /* gradient bucket size in MiB of fp32 gradients (DP, ZeRO-1/2); default 25 */
+    /* tensor parallelism (// >>tp): heads, FFN columns and the vocabulary split over tp ranks */
+    int      tp;           /* default 1; must divide heads, kv-heads, ffn and vocab */
 } us_train_config;
 
 US_API void      us_model_config_defaults(us_model_config *c);
@@ -371,6 +373,7 @@ typedef struct us_param {
     int     ndim;
     int64_t shape[2];
     int     decay;         /* weight decay applies (2-D weights) */
+    int     tp_split;      /* tensor parallelism: 0 replicated, 1 rows split over tp, 2 columns split */
 } us_param;
 
 /* Bytes by category: filled from a formula by us_memory_estimate, from real allocations by the model. */
@@ -422,6 +425,10 @@ typedef struct us_model {
     int      grad_sync;       /* reduce gradients in this backward (us_train_step sets it) */
     int      synced;          /* reductions were launched and must be finished before the step */
     us_trace *trace;          /* when set, compute and wait regions are recorded (comm->trace too) */
+    /* this rank's share under tensor parallelism (the whole model at tp 1) */
+    int      nh_l, nkv_l;     /* heads, kv heads */
+    int64_t  ffn_l, vocab_l;  /* FFN columns, vocabulary rows */
+    int64_t  vocab_off;       /* first vocabulary row of this rank */
     char     err[256];
 } us_model;
 
@@ -724,6 +731,7 @@ US_API void us_train_config_defaults(us_train_config *c) {
     if (c->recompute == US_RECOMPUTE_DEFAULT) c->recompute = US_RECOMPUTE_NONE;
     if (!c->seed) c->seed = 1337;
     if (!c->dp) c->dp = 1;
+    if (!c->tp) c->tp = 1;
     if (c->bucket_mb == 0) c->bucket_mb = 25.0f;
 }
 US_API const char *us_precision_name(us_precision p) {
@@ -770,6 +778,11 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
     if (tc->dp < 1) US__BAD("dp=%d must be at least 1", tc->dp);
     if (tc->zero < 0 || tc->zero > 3) US__BAD("zero=%d must be 0, 1, 2 or 3", tc->zero);
     if (!(tc->bucket_mb > 0) || !isfinite(tc->bucket_mb)) US__BAD("bucket size %g MB must be a positive number", tc->bucket_mb);
+    if (tc->tp < 1) US__BAD("tp=%d must be at least 1", tc->tp);
+    if (mc->n_heads % tc->tp) US__BAD("tp=%d must divide heads=%d (each rank computes whole heads)", tc->tp, mc->n_heads);
+    if (mc->n_kv_heads % tc->tp) US__BAD("tp=%d must divide kv-heads=%d: K/V heads are split over the tp ranks, not replicated", tc->tp, mc->n_kv_heads);
+    if (mc->ffn_dim % tc->tp) US__BAD("tp=%d must divide ffn=%lld (the SwiGLU columns are split)", tc->tp, (long long)mc->ffn_dim);
+    if (mc->vocab % tc->tp) US__BAD("tp=%d must divide vocab=%lld (the embedding and the head are split by vocabulary rows)", tc->tp, (long long)mc->vocab);
     {   /* sizes are int64 everywhere: refuse configurations whose byte counts could wrap */
         double C = (double)mc->dim, F = (double)mc->ffn_dim, V = (double)mc->vocab, N = (double)tc->batch * tc->seq;
         double P = V * C * 2 + mc->n_layers * (2 * C + 2 * C * C * 2 + 3 * C * F) + C;   /* at most, with MHA */
@@ -2068,6 +2081,7 @@ US_API int64_t us_param_count(const us_model_config *mc_in) {
 
 static void us__add_param(us_model *m, const char *name, int64_t rows, int64_t cols, int64_t *off) {
     us_param *p = &m->params[m->n_params_t++];
+    p->tp_split = 0;
     snprintf(p->name, sizeof p->name, "%s", name);
     p->offset = *off;
     p->ndim = cols ? 2 : 1;
@@ -2079,25 +2093,31 @@ static void us__add_param(us_model *m, const char *name, int64_t rows, int64_t c
 static void us__build_params(us_model *m) {
     const us_model_config *c = &m->cfg;
     int64_t C = c->dim, HS = C / c->n_heads, off = 0;
-    int l;
+    int l, tp = m->tc.tp > 0 ? m->tc.tp : 1;
     char nm[80];
+    /* tensor parallelism (Playbook "Tensor parallelism"): q/k/v and gate/up are column-parallel
+       (this rank's output rows of the weight), o and down row-parallel (its input columns); the
+       embedding and the head hold this rank's slice of the vocabulary; norms are replicated */
+    m->nh_l = c->n_heads / tp; m->nkv_l = c->n_kv_heads / tp; m->ffn_l = c->ffn_dim / tp; m->vocab_l = c->vocab / tp;
     m->n_params_t = 0;
-    us__add_param(m, "model.embed_tokens.weight", c->vocab, C, &off);
+    us__add_param(m, "model.embed_tokens.weight", m->vocab_l, C, &off);
+    m->params[0].tp_split = tp > 1;
     for (l = 0; l < c->n_layers; l++) {
-#define US__LP(suffix, r, cc) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix), us__add_param(m, nm, r, cc, &off))
-        US__LP("input_layernorm.weight", C, 0);
-        US__LP("self_attn.q_proj.weight", (int64_t)c->n_heads * HS, C);
-        US__LP("self_attn.k_proj.weight", (int64_t)c->n_kv_heads * HS, C);
-        US__LP("self_attn.v_proj.weight", (int64_t)c->n_kv_heads * HS, C);
-        US__LP("self_attn.o_proj.weight", C, (int64_t)c->n_heads * HS);
-        US__LP("post_attention_layernorm.weight", C, 0);
-        US__LP("mlp.gate_proj.weight", c->ffn_dim, C);
-        US__LP("mlp.up_proj.weight", c->ffn_dim, C);
-        US__LP("mlp.down_proj.weight", C, c->ffn_dim);
+#define US__LP(suffix, r, cc, split) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix), us__add_param(m, nm, r, cc, &off), \
+                                      m->params[m->n_params_t - 1].tp_split = tp > 1 ? split : 0)
+        US__LP("input_layernorm.weight", C, 0, 0);
+        US__LP("self_attn.q_proj.weight", (int64_t)m->nh_l * HS, C, 1);
+        US__LP("self_attn.k_proj.weight", (int64_t)m->nkv_l * HS, C, 1);
+        US__LP("self_attn.v_proj.weight", (int64_t)m->nkv_l * HS, C, 1);
+        US__LP("self_attn.o_proj.weight", C, (int64_t)m->nh_l * HS, 2);
+        US__LP("post_attention_layernorm.weight", C, 0, 0);
+        US__LP("mlp.gate_proj.weight", m->ffn_l, C, 1);
+        US__LP("mlp.up_proj.weight", m->ffn_l, C, 1);
+        US__LP("mlp.down_proj.weight", C, m->ffn_l, 2);
 #undef US__LP
     }
     us__add_param(m, "model.norm.weight", C, 0, &off);
-    if (!c->tie_embeddings) us__add_param(m, "lm_head.weight", c->vocab, C, &off);
+    if (!c->tie_embeddings) { us__add_param(m, "lm_head.weight", m->vocab_l, C, &off); m->params[m->n_params_t - 1].tp_split = tp > 1; }
     m->n_params = off;
 }
 
@@ -2186,7 +2206,7 @@ struct us_layer_acts {
 };
 /* named scratch in us_model.a[] */
 enum { US__A_XOUT, US__A_XF, US__A_RSTDF, US__A_LOGITS, US__A_LOSSES, US__A_ARGMAX, US__A_TOK, US__A_TGT,
-       US__A_DRES, US__A_DLN, US__A_DATT, US__A_DQKV, US__A_DH, US__A_DGU, US__A_SCAL, US__A_COUNT };
+       US__A_DRES, US__A_DLN, US__A_DATT, US__A_DQKV, US__A_DH, US__A_DGU, US__A_SCAL, US__A_VP, US__A_COUNT };
 
 typedef struct us__arena { char *base; size_t used; } us__arena;
 static void *us__take(us__arena *a, size_t bytes) {
@@ -2199,8 +2219,8 @@ static void *us__take(us__arena *a, size_t bytes) {
 static size_t us__layout_arena(us_model *m, char *base) {
     const us_model_config *c = &m->cfg;
     us__arena ar;
-    int64_t N = (int64_t)m->tc.batch * m->tc.seq, C = c->dim, HS = C / c->n_heads, F = c->ffn_dim, V = c->vocab;
-    int64_t QKV = (int64_t)(c->n_heads + 2 * c->n_kv_heads) * HS, AO = (int64_t)c->n_heads * HS;
+    int64_t N = (int64_t)m->tc.batch * m->tc.seq, C = c->dim, HS = C / c->n_heads, F = m->ffn_l, V = m->vocab_l;
+    int64_t QKV = (int64_t)(m->nh_l + 2 * m->nkv_l) * HS, AO = (int64_t)m->nh_l * HS;
     size_t a = us_dtype_size(m->dt);
     int mode = m->tc.recompute, l;
     int keep_gemm = mode != US_RECOMPUTE_FULL, keep_cheap = mode == US_RECOMPUTE_NONE;
@@ -2210,7 +2230,7 @@ static size_t us__layout_arena(us_model *m, char *base) {
     memset(&shared, 0, sizeof shared);
     if (!keep_cheap) {
         shared.ln1 = us__take(&ar, N * C * a);  shared.rstd1 = (float *)us__take(&ar, N * 4);
-        shared.att = us__take(&ar, N * AO * a); shared.lse = (float *)us__take(&ar, N * c->n_heads * 4);
+        shared.att = us__take(&ar, N * AO * a); shared.lse = (float *)us__take(&ar, N * m->nh_l * 4);
         shared.ln2 = us__take(&ar, N * C * a);  shared.rstd2 = (float *)us__take(&ar, N * 4);
         shared.h = us__take(&ar, N * F * a);
     }
@@ -2227,7 +2247,7 @@ static size_t us__layout_arena(us_model *m, char *base) {
         }
         if (keep_cheap) {
             L.ln1 = us__take(&ar, N * C * a);  L.rstd1 = (float *)us__take(&ar, N * 4);
-            L.att = us__take(&ar, N * AO * a); L.lse = (float *)us__take(&ar, N * c->n_heads * 4);
+            L.att = us__take(&ar, N * AO * a); L.lse = (float *)us__take(&ar, N * m->nh_l * 4);
             L.ln2 = us__take(&ar, N * C * a);  L.rstd2 = (float *)us__take(&ar, N * 4);
             L.h = us__take(&ar, N * F * a);
         }
@@ -2242,6 +2262,8 @@ static size_t us__layout_arena(us_model *m, char *base) {
         sz[US__A_DRES] = N * C * a;  sz[US__A_DLN] = N * C * a;  sz[US__A_DATT] = N * AO * a;
         sz[US__A_DQKV] = N * QKV * a; sz[US__A_DH] = N * F * a; sz[US__A_DGU] = N * 2 * F * a;
         sz[US__A_SCAL] = 64;   /* scalars all-reduced over the ranks: valid targets, loss, norm² */
+        /* tensor parallelism's vocabulary-parallel loss: mx, tlogit f32, sumexp f64, argmax i32 */
+        sz[US__A_VP] = m->tc.tp > 1 ? N * (4 + 4 + 8 + 4) + 8 : 0;
         for (i = 0; i < US__A_COUNT; i++) {
             void *p = us__take(&ar, sz[i]);
             if (base) m->a[i] = p;
@@ -2307,7 +2329,17 @@ static void us__init_weights(us_model *m) {
             float std = in_layer && (k == US__P_O || k == US__P_DOWN) ? proj_std : m->cfg.init_std;
             us_rng r;
             us_rng_seed(&r, m->tc.seed * 0x100000001B3ull + (uint64_t)i * 0x9E3779B97F4A7C15ull);
-            for (j = 0; j < p->numel; j++) h[p->offset + j] = p->ndim == 1 ? 1.0f : std * us_rng_normal(&r);
+            if (!p->tp_split) for (j = 0; j < p->numel; j++) h[p->offset + j] = p->ndim == 1 ? 1.0f : std * us_rng_normal(&r);
+            else {   /* draw the whole tensor, keep this rank's rows (split 1) or columns (split 2) */
+                int64_t tp = m->tc.tp, t = m->mesh.tp_rank, rows = p->shape[0], cols = p->shape[1];
+                int64_t fcols = p->tp_split == 2 ? cols * tp : cols, fn = p->numel * tp, f;
+                for (f = 0; f < fn; f++) {
+                    float v = std * us_rng_normal(&r);
+                    int64_t fr = f / fcols, fc = f % fcols;
+                    if (p->tp_split == 1 && fr / rows == t) h[p->offset + (fr - t * rows) * cols + fc] = v;
+                    if (p->tp_split == 2 && fc / cols == t) h[p->offset + fr * cols + (fc - t * cols)] = v;
+                }
+            }
         }
         if (hb) for (j = 0; j < U->n; j++) hb[U->off + j] = us_f32_to_bf16(hu[j]);
         /* weights the forward reads: all of them, or (ZeRO-3) this rank's piece */
@@ -2334,16 +2366,17 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
     a = us_dtype_size(m->dt);
     if (!comm) { us_comm_self(&m->self, &m->ops); comm = &m->self; }
     m->comm = comm;
-    if (comm->world.size != m->tc.dp) {
-        us__model_set_error(m, "dp=%d but the communicator has %d ranks (data parallelism spans the whole world for now)", m->tc.dp, comm->world.size);
+    if (comm->world.size != m->tc.dp * m->tc.tp) {
+        us__model_set_error(m, "dp=%d x tp=%d = %d ranks but the communicator has %d", m->tc.dp, m->tc.tp, m->tc.dp * m->tc.tp, comm->world.size);
         return US_ERR_INVALID;
     }
-    if ((r = us_mesh_init(&m->mesh, comm, m->tc.dp, 1, 1, 1)) != US_OK) { us__model_set_error(m, "device mesh: %s", comm->err); return r; }
+    if ((r = us_mesh_init(&m->mesh, comm, m->tc.dp, 1, 1, m->tc.tp)) != US_OK) { us__model_set_error(m, "device mesh: %s", comm->err); return r; }
     m->params = (us_param *)US_MALLOC(sizeof(us_param) * (size_t)(3 + m->cfg.n_layers * US__P_PER_LAYER));
     m->acts = (us_layer_acts *)US_MALLOC(sizeof(us_layer_acts) * (size_t)m->cfg.n_layers);
     m->unit_of = (int *)US_MALLOC(sizeof(int) * (size_t)(3 + m->cfg.n_layers * US__P_PER_LAYER));
     if (!m->params || !m->acts || !m->unit_of) { us_model_free(m); us__model_set_error(m, "out of host memory for the model tables"); return US_ERR_OOM; }
     us__build_params(m);
+    m->vocab_off = (int64_t)m->mesh.tp_rank * m->vocab_l;
     m->n_units = us__plan_units(m, NULL);
     m->units = (us__unit *)US_MALLOC(sizeof(us__unit) * (size_t)m->n_units);
     if (!m->units) { us_model_free(m); us__model_set_error(m, "out of host memory for the model tables"); return US_ERR_OOM; }
@@ -2461,16 +2494,17 @@ static us_result us__comm_fail(us_model *m, us_result r, const char *what) {
     return r;
 }
 /* Sums host doubles over the dp group (through backend memory: NCCL reads device memory). */
-static us_result us__dp_sum(us_model *m, double *v, int n) {
+static us_result us__group_sum(us_model *m, us_group *g, double *v, int n) {
     us_ops *o = &m->ops;
     us_result r;
-    if (m->mesh.dp <= 1) return US_OK;
+    if (g->size <= 1) return US_OK;
     o->copy(o, m->a[US__A_SCAL], v, (size_t)n * 8, US_COPY_H2D);
-    r = m->comm->all_reduce(m->comm, &m->mesh.dp_g, m->a[US__A_SCAL], n, US_F64, US_REDUCE_SUM, NULL);
+    r = m->comm->all_reduce(m->comm, g, m->a[US__A_SCAL], n, US_F64, US_REDUCE_SUM, NULL);
     if (r != US_OK) return us__comm_fail(m, r, "all-reduce of the step's scalars");
     o->copy(o, v, m->a[US__A_SCAL], (size_t)n * 8, US_COPY_D2H);
     return US_OK;
 }
+static us_result us__dp_sum(us_model *m, double *v, int n) { return us__group_sum(m, &m->mesh.dp_g, v, n); }
 
 US_API us_result us_dp_sum(us_model *m, double *v, int n) { return us__dp_sum(m, v, n); }
 
@@ -2683,22 +2717,88 @@ static void us__adamw_piece(us_model *m, const us__unit *U, float lr, float gsca
 }
 
 /* ------------------------------------------------------------------------------------ */
+// >>tp  tensor parallelism: heads, FFN columns and the vocabulary split over the tp ranks
+/* ------------------------------------------------------------------------------------ */
+/* Playbook "Tensor parallelism" (Megatron-LM): in each block a column-parallel GEMM (q|k|v,
+   gate|up: each rank computes its heads / FFN columns from the replicated input) is followed
+   by a row-parallel one (o, down: each rank's partial product of the full output), so one
+   all-reduce per block finishes the forward (the book's f̄; its conjugate f is the identity),
+   and in the backward one all-reduce of the input gradient (f) is needed where the
+   column-parallel GEMM meets the replicated norm. The embedding and the head split the
+   vocabulary: a token outside this rank's rows embeds to zero and the all-reduce adds the one
+   rank that has it; the loss is computed from this rank's logit columns with the row max and
+   the softmax denominator all-reduced (us__tp_xent), so no rank holds the full logits. */
+static us_result us__tp_sum(us_model *m, void *buf, int64_t n, us_dtype dt) {   /* over tp, in place */
+    us_result r;
+    if (m->tc.tp <= 1) return US_OK;
+    r = m->comm->all_reduce(m->comm, &m->mesh.tp_g, buf, n, dt, US_REDUCE_SUM, NULL);
+    return us__comm_fail(m, r, "tensor-parallel all-reduce");
+}
+static us_result us__tp_max(us_model *m, void *buf, int64_t n, us_dtype dt) {
+    us_result r = m->comm->all_reduce(m->comm, &m->mesh.tp_g, buf, n, dt, US_REDUCE_MAX, NULL);
+    return us__comm_fail(m, r, "tensor-parallel all-reduce (max)");
+}
+/* The start of a row-parallel output: the residual on tp rank 0, zeros elsewhere, so that the
+   sum over ranks of (start + partial GEMM) is residual + the full product. */
+static void us__tp_residual(us_model *m, void *dst, const void *res, int64_t n) {
+    us_ops *o = &m->ops;
+    size_t bytes = (size_t)n * us_dtype_size(m->dt);
+    if (m->tc.tp <= 1 || m->mesh.tp_rank == 0) o->copy(o, dst, res, bytes, US_COPY_D2D);
+    else o->zero(o, dst, bytes);
+}
+/* Vocabulary-parallel softmax cross-entropy over logits [N, V/tp] with local targets (the
+   column, -1 on another rank, -2 ignored). argmax (host, may be NULL) gets the global argmax,
+   lowest index on ties like the one-rank kernel. */
+static us_result us__tp_xent(us_model *m, const int32_t *tgt_l, int64_t N, float dscale, int want_argmax) {
+    us_ops *o = &m->ops;
+    char *vp = (char *)m->a[US__A_VP];
+    double *se = (double *)vp;
+    float *mx = (float *)(vp + N * 8), *tl = mx + N;
+    int32_t *am = (int32_t *)(tl + N);
+    void *logits = m->a[US__A_LOGITS];
+    int64_t V = m->vocab_l, i;
+    us_result r;
+    o->xent_stats(o, mx, am, NULL, NULL, logits, tgt_l, N, V, m->dt);
+    if (want_argmax) {   /* each rank offers its best column where it holds the global max; MAX of -index picks the first */
+        float *lm = (float *)US_MALLOC((size_t)N * 8);
+        int32_t *la = (int32_t *)US_MALLOC((size_t)N * 4);
+        if (!lm || !la) { US_FREE(lm); US_FREE(la); us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+        o->copy(o, lm, mx, (size_t)N * 4, US_COPY_D2H);
+        o->copy(o, la, am, (size_t)N * 4, US_COPY_D2H);
+        if ((r = us__tp_max(m, mx, N, US_F32)) != US_OK) { US_FREE(lm); US_FREE(la); return r; }
+        o->copy(o, lm + N, mx, (size_t)N * 4, US_COPY_D2H);
+        for (i = 0; i < N; i++) la[i] = lm[i] == lm[N + i] ? -(int32_t)(m->vocab_off + la[i]) : INT32_MIN;
+        o->copy(o, am, la, (size_t)N * 4, US_COPY_H2D);
+        if ((r = us__tp_max(m, am, N, US_I32)) != US_OK) { US_FREE(lm); US_FREE(la); return r; }
+        o->copy(o, la, am, (size_t)N * 4, US_COPY_D2H);
+        for (i = 0; i < N; i++) la[i] = -la[i];
+        o->copy(o, m->a[US__A_ARGMAX], la, (size_t)N * 4, US_COPY_H2D);
+        US_FREE(lm); US_FREE(la);
+    } else if ((r = us__tp_max(m, mx, N, US_F32)) != US_OK) return r;
+    o->xent_stats(o, mx, NULL, se, tl, logits, tgt_l, N, V, m->dt);
+    if ((r = us__tp_sum(m, se, N, US_F64)) != US_OK) return r;
+    if ((r = us__tp_sum(m, tl, N, US_F32)) != US_OK) return r;
+    o->xent_finish(o, (float *)m->a[US__A_LOSSES], logits, tgt_l, mx, se, tl, N, V, dscale, m->dt);
+    return US_OK;
+}
+
+/* ------------------------------------------------------------------------------------ */
 // >>recompute  what the forward keeps and what the backward recomputes
 /* ------------------------------------------------------------------------------------ */
 /* One decoder layer forward. recompute=0 is the real forward; recompute=1 refills, before the
    layer's backward, only what the mode did not keep: none keeps all; selective keeps the GEMM
    outputs (qkv, xmid, gu) and recomputes norms, attention core and SwiGLU (the Playbook's
    "selective": cheap to recompute, expensive to store); full keeps only the layer input. */
-static void us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int recompute) {
+static us_result us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int recompute) {
     us_ops *o = &m->ops;
     const us_model_config *c = &m->cfg;
     us_layer_acts *A = &m->acts[l];
     us_dtype dt = m->dt;
-    int NH = c->n_heads, NKV = c->n_kv_heads, HS = (int)(c->dim / NH);
-    int64_t N = B * T, C = c->dim, F = c->ffn_dim, QKV = (int64_t)(NH + 2 * NKV) * HS, AO = (int64_t)NH * HS;
+    int NH = m->nh_l, NKV = m->nkv_l, HS = (int)(c->dim / c->n_heads);   /* this rank's heads (// >>tp) */
+    int64_t N = B * T, C = c->dim, F = m->ffn_l, QKV = (int64_t)(NH + 2 * NKV) * HS, AO = (int64_t)NH * HS;
+    us_result r = US_OK;
     int mode = m->tc.recompute;
     int do_gemm = !recompute || mode == US_RECOMPUTE_FULL, do_cheap = !recompute || mode != US_RECOMPUTE_NONE;
-    size_t rowb = (size_t)C * us_dtype_size(dt);
     void *xnext = l + 1 < c->n_layers ? m->acts[l + 1].x : m->a[US__A_XOUT];
     if (do_cheap) o->rmsnorm_fwd(o, A->ln1, A->rstd1, A->x, us__W(m, US__PL(l, US__P_LN1)), N, C, c->norm_eps, dt);
     if (do_gemm) {
@@ -2706,17 +2806,20 @@ static void us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int recomput
         o->rope_fwd(o, A->qkv, B, T, NH, NKV, HS, c->rope_theta, dt);
     }
     if (do_cheap) o->attention_fwd(o, A->att, A->lse, A->qkv, B, T, NH, NKV, HS, dt);
-    if (do_gemm) {   /* xmid = x + att·Wo^T, rounded once */
-        o->copy(o, A->xmid, A->x, (size_t)N * rowb, US_COPY_D2D);
+    if (do_gemm) {   /* xmid = x + att·Wo^T, rounded once (under tp: summed over the ranks' partial products) */
+        us__tp_residual(m, A->xmid, A->x, N * C);
         o->gemm(o, 0, 1, N, C, AO, 1.0f, A->att, dt, AO, us__W(m, US__PL(l, US__P_O)), dt, AO, 1.0f, A->xmid, dt, C);
+        if ((r = us__tp_sum(m, A->xmid, N * C, dt)) != US_OK) return r;
     }
     if (do_cheap) o->rmsnorm_fwd(o, A->ln2, A->rstd2, A->xmid, us__W(m, US__PL(l, US__P_LN2)), N, C, c->norm_eps, dt);
     if (do_gemm) o->gemm(o, 0, 1, N, 2 * F, C, 1.0f, A->ln2, dt, C, us__W(m, US__PL(l, US__P_GATE)), dt, C, 0.0f, A->gu, dt, 2 * F);
     if (do_cheap) o->swiglu_fwd(o, A->h, A->gu, N, F, dt);
     if (!recompute) {   /* x_{l+1} = xmid + h·Wdown^T: the next layer's input, never recomputed */
-        o->copy(o, xnext, A->xmid, (size_t)N * rowb, US_COPY_D2D);
+        us__tp_residual(m, xnext, A->xmid, N * C);
         o->gemm(o, 0, 1, N, C, F, 1.0f, A->h, dt, F, us__W(m, US__PL(l, US__P_DOWN)), dt, F, 1.0f, xnext, dt, C);
+        r = us__tp_sum(m, xnext, N * C, dt);
     }
+    return r;
 }
 
 /* Backward of layer l. On entry dres holds ∂loss/∂x_{l+1}; on exit ∂loss/∂x_l. Weight
@@ -2726,8 +2829,8 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
     const us_model_config *c = &m->cfg;
     us_layer_acts *A = &m->acts[l];
     us_dtype dt = m->dt;
-    int NH = c->n_heads, NKV = c->n_kv_heads, HS = (int)(c->dim / NH);
-    int64_t N = B * T, C = c->dim, F = c->ffn_dim, QKV = (int64_t)(NH + 2 * NKV) * HS, AO = (int64_t)NH * HS;
+    int NH = m->nh_l, NKV = m->nkv_l, HS = (int)(c->dim / c->n_heads);
+    int64_t N = B * T, C = c->dim, F = m->ffn_l, QKV = (int64_t)(NH + 2 * NKV) * HS, AO = (int64_t)NH * HS;
     void *dres = m->a[US__A_DRES], *dln = m->a[US__A_DLN], *dh = m->a[US__A_DH], *dgu = m->a[US__A_DGU];
     void *datt = m->a[US__A_DATT], *dqkv = m->a[US__A_DQKV];
     /* MLP: x_{l+1} = xmid + swiglu(ln2·Wgu^T)·Wdown^T */
@@ -2741,6 +2844,7 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
     o->gemm(o, 0, 0, N, C, 2 * F, 1.0f, dgu, dt, 2 * F, us__W(m, US__PL(l, US__P_GATE)), dt, C, 0.0f, dln, dt, C);
     o->gemm(o, 1, 0, 2 * F, C, N, 1.0f, dgu, dt, 2 * F, A->ln2, dt, C, 1.0f, us__G(m, US__PL(l, US__P_GATE)), US_F32, C);
     if ((r = us__grads_ready(m, US__PL(l, US__P_GATE), US__PL(l, US__P_UP) + 1)) != US_OK) return r;
+    if ((r = us__tp_sum(m, dln, N * C, dt)) != US_OK) return r;   /* f: the column-parallel input's gradient */
     o->rmsnorm_bwd(o, dres, us__G(m, US__PL(l, US__P_LN2)), dln, A->xmid, us__W(m, US__PL(l, US__P_LN2)), A->rstd2, N, C, dt);
     if ((r = us__grads_ready(m, US__PL(l, US__P_LN2), US__PL(l, US__P_LN2) + 1)) != US_OK) return r;
     /* attention: xmid = x + attention(rope(ln1·Wqkv^T))·Wo^T */
@@ -2752,6 +2856,7 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
     o->gemm(o, 0, 0, N, C, QKV, 1.0f, dqkv, dt, QKV, us__W(m, US__PL(l, US__P_Q)), dt, C, 0.0f, dln, dt, C);
     o->gemm(o, 1, 0, QKV, C, N, 1.0f, dqkv, dt, QKV, A->ln1, dt, C, 1.0f, us__G(m, US__PL(l, US__P_Q)), US_F32, C);
     if ((r = us__grads_ready(m, US__PL(l, US__P_Q), US__PL(l, US__P_V) + 1)) != US_OK) return r;
+    if ((r = us__tp_sum(m, dln, N * C, dt)) != US_OK) return r;
     o->rmsnorm_bwd(o, dres, us__G(m, US__PL(l, US__P_LN1)), dln, A->x, us__W(m, US__PL(l, US__P_LN1)), A->rstd1, N, C, dt);
     return us__grads_ready(m, US__PL(l, US__P_LN1), US__PL(l, US__P_LN1) + 1);
 }
@@ -2773,7 +2878,7 @@ static us_result us__check_tokens(us_model *m, const int32_t *in, const int32_t 
 static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *targets, int B, int T, float dscale, double *loss_sum) {
     us_ops *o = &m->ops;
     const us_model_config *c = &m->cfg;
-    int64_t N = (int64_t)B * T, C = c->dim, V = c->vocab, i;
+    int64_t N = (int64_t)B * T, C = c->dim, V = m->vocab_l, i;
     int l;
     us_result r;
     float *losses;
@@ -2782,23 +2887,38 @@ static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *
         return US_ERR_INVALID;
     }
     if ((r = us__check_tokens(m, inputs, targets, N)) != US_OK) return r;
-    o->copy(o, m->a[US__A_TOK], inputs, (size_t)N * 4, US_COPY_H2D);
-    o->copy(o, m->a[US__A_TGT], targets, (size_t)N * 4, US_COPY_H2D);
+    if (m->tc.tp > 1) {   /* tokens and targets in this rank's vocabulary rows (// >>tp) */
+        int32_t *tl = (int32_t *)US_MALLOC((size_t)N * 8);
+        if (!tl) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+        for (i = 0; i < N; i++) {
+            int64_t a = inputs[i] - m->vocab_off, b = targets[i] - m->vocab_off;
+            tl[i] = a >= 0 && a < m->vocab_l ? (int32_t)a : -1;
+            tl[N + i] = targets[i] < 0 ? -2 : b >= 0 && b < m->vocab_l ? (int32_t)b : -1;
+        }
+        o->copy(o, m->a[US__A_TOK], tl, (size_t)N * 4, US_COPY_H2D);
+        o->copy(o, m->a[US__A_TGT], tl + N, (size_t)N * 4, US_COPY_H2D);
+        US_FREE(tl);
+    } else {
+        o->copy(o, m->a[US__A_TOK], inputs, (size_t)N * 4, US_COPY_H2D);
+        o->copy(o, m->a[US__A_TGT], targets, (size_t)N * 4, US_COPY_H2D);
+    }
     /* ZeRO-3 walks the model in steps: enter each one (its weights gathered, the next step's
        gather issued) before computing it */
     if ((r = us__z3_enter(m, 0, 1)) != US_OK) return r;
     o->embedding_fwd(o, m->acts[0].x, (const int32_t *)m->a[US__A_TOK], us__W(m, 0), N, C, m->dt);
+    if ((r = us__tp_sum(m, m->acts[0].x, N * C, m->dt)) != US_OK) return r;   /* one rank holds each token's row */
     for (l = 0; l < c->n_layers; l++) {
         double t0 = us_trace_now_us();
         char nm[40];
         if ((r = us__z3_enter(m, 1 + l, 1)) != US_OK) return r;
-        us__layer_fwd(m, l, B, T, 0);
+        if ((r = us__layer_fwd(m, l, B, T, 0)) != US_OK) return r;
         if (m->trace) { snprintf(nm, sizeof nm, "forward layer %d", l); us__trace(m, "compute", nm, t0); }
     }
     if ((r = us__z3_enter(m, c->n_layers + 1, 1)) != US_OK) return r;
     o->rmsnorm_fwd(o, m->a[US__A_XF], (float *)m->a[US__A_RSTDF], m->a[US__A_XOUT], us__W(m, US__P_NORM(c->n_layers)), N, C, c->norm_eps, m->dt);
     o->gemm(o, 0, 1, N, V, C, 1.0f, m->a[US__A_XF], m->dt, C, us__W(m, us__head_idx(m)), m->dt, C, 0.0f, m->a[US__A_LOGITS], m->dt, V);
-    o->xent(o, (float *)m->a[US__A_LOSSES], (int32_t *)m->a[US__A_ARGMAX], m->a[US__A_LOGITS], (const int32_t *)m->a[US__A_TGT], N, V, dscale, m->dt);
+    if (m->tc.tp > 1) { if ((r = us__tp_xent(m, (const int32_t *)m->a[US__A_TGT], N, dscale, dscale == 0)) != US_OK) return r; }
+    else o->xent(o, (float *)m->a[US__A_LOSSES], (int32_t *)m->a[US__A_ARGMAX], m->a[US__A_LOGITS], (const int32_t *)m->a[US__A_TGT], N, V, dscale, m->dt);
     losses = (float *)US_MALLOC((size_t)N * 4);
     if (!losses) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
     o->copy(o, losses, m->a[US__A_LOSSES], (size_t)N * 4, US_COPY_D2H);
@@ -2813,7 +2933,7 @@ static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *
 static us_result us__backward(us_model *m, int B, int T) {
     us_ops *o = &m->ops;
     const us_model_config *c = &m->cfg;
-    int64_t N = (int64_t)B * T, C = c->dim, V = c->vocab;
+    int64_t N = (int64_t)B * T, C = c->dim, V = m->vocab_l;
     int l, head = us__head_idx(m), L = c->n_layers;
     us_result r;
     double t0 = us_trace_now_us();
@@ -2823,6 +2943,7 @@ static us_result us__backward(us_model *m, int B, int T) {
     o->gemm(o, 0, 0, N, C, V, 1.0f, m->a[US__A_LOGITS], m->dt, V, us__W(m, head), m->dt, C, 0.0f, m->a[US__A_DLN], m->dt, C);
     o->gemm(o, 1, 0, V, C, N, 1.0f, m->a[US__A_LOGITS], m->dt, V, m->a[US__A_XF], m->dt, C, 1.0f, us__G(m, head), US_F32, C);
     if (head && (r = us__grads_ready(m, head, head + 1)) != US_OK) return r;   /* tied: the embedding's gradient is not done yet */
+    if ((r = us__tp_sum(m, m->a[US__A_DLN], N * C, m->dt)) != US_OK) return r;   /* the vocabulary slices' parts */
     o->zero(o, m->a[US__A_DRES], (size_t)N * C * us_dtype_size(m->dt));
     o->rmsnorm_bwd(o, m->a[US__A_DRES], us__G(m, US__P_NORM(L)), m->a[US__A_DLN], m->a[US__A_XOUT],
                    us__W(m, US__P_NORM(L)), (float *)m->a[US__A_RSTDF], N, C, m->dt);
@@ -2832,7 +2953,7 @@ static us_result us__backward(us_model *m, int B, int T) {
         char nm[40];
         t0 = us_trace_now_us();
         if ((r = us__z3_enter(m, 1 + l, -1)) != US_OK) return r;
-        if (m->tc.recompute != US_RECOMPUTE_NONE) us__layer_fwd(m, l, B, T, 1);
+        if (m->tc.recompute != US_RECOMPUTE_NONE && (r = us__layer_fwd(m, l, B, T, 1)) != US_OK) return r;
         if ((r = us__layer_bwd(m, l, B, T)) != US_OK) return r;
         if (m->trace) { snprintf(nm, sizeof nm, "backward layer %d", l); us__trace(m, "compute", nm, t0); }
     }
@@ -2871,13 +2992,20 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
     if ((r = us__grads_finish(m)) != US_OK) return r;
     /* the global gradient norm: every rank holds all of it without ZeRO; with ZeRO each holds the
        sums of its pieces, and the squares are summed over dp */
-    if (Z == 0) norm2 = o->sumsq(o, m->grad, m->n_flat);
-    else {
+    if (Z == 0 && m->tc.tp <= 1) norm2 = o->sumsq(o, m->grad, m->n_flat);
+    else {   /* tensor parallelism: split tensors are summed over tp, replicated ones counted once */
+        int i;
         for (u = 0; u < m->n_units; u++) {
             const us__unit *U = &m->units[u];
-            norm2 += o->sumsq(o, Z == 1 ? m->grad + U->off + (int64_t)m->mesh.dp_rank * U->piece : m->grad + U->shard_off, U->piece);
+            int64_t lo = U->off + (Z ? (int64_t)m->mesh.dp_rank * U->piece : 0), hi = lo + U->piece;
+            const float *gp = Z < 2 ? m->grad + lo : m->grad + U->shard_off;   /* flat index lo */
+            for (i = U->p0; i < U->p1; i++) {
+                const us_param *p = &m->params[i];
+                int64_t a = p->offset > lo ? p->offset : lo, b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
+                if (a < b && (p->tp_split || m->mesh.tp_rank == 0)) norm2 += o->sumsq(o, gp + (a - lo), b - a);
+            }
         }
-        if ((r = us__dp_sum(m, &norm2, 1)) != US_OK) return r;
+        if ((r = us__group_sum(m, Z ? &m->comm->world : &m->mesh.tp_g, &norm2, 1)) != US_OK) return r;
     }
     if (grad_norm) *grad_norm = (float)sqrt(norm2);
     if (lr_out) *lr_out = lr;
@@ -2946,7 +3074,7 @@ US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t
 US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                                  double *loss_sum, int64_t *correct, float *logits_out) {
     us_ops *o = &m->ops;
-    int64_t N = (int64_t)B * T, V = m->cfg.vocab, i;
+    int64_t N = (int64_t)B * T, i;
     double ls = 0;
     us_result r = us__forward(m, inputs, targets, B, T, 0.0f, &ls);
     us__z3_release_all(m);
@@ -2960,16 +3088,25 @@ US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32
         for (i = 0; i < N; i++) *correct += targets[i] >= 0 && am[i] == targets[i];
         US_FREE(am);
     }
-    if (logits_out) {
-        size_t rowb = (size_t)V * us_dtype_size(m->dt);
-        void *row = US_MALLOC(rowb);
+    if (logits_out) {   /* each sequence's last row; under tp the ranks' vocabulary slices are gathered */
+        int64_t Vl = m->vocab_l, tp = m->tc.tp, t, rk = m->mesh.tp_rank;
+        size_t rowb = (size_t)Vl * us_dtype_size(m->dt);
+        char *rows = (char *)US_MALLOC(rowb * (size_t)(B * tp));   /* [tp][B][Vl] */
         int b;
-        if (!row) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
-        for (b = 0; b < B; b++) {
-            o->copy(o, row, us__at(m->a[US__A_LOGITS], m->dt, ((int64_t)b * T + T - 1) * V), rowb, US_COPY_D2H);
-            us__load_f32(logits_out + (int64_t)b * V, row, m->dt, V);
+        if (!rows) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+        for (b = 0; b < B; b++)
+            o->copy(o, rows + (rk * B + b) * rowb, us__at(m->a[US__A_LOGITS], m->dt, ((int64_t)b * T + T - 1) * Vl), rowb, US_COPY_D2H);
+        if (tp > 1) {   /* through the logits buffer, which holds B·T ≥ tp·B rows */
+            void *lg = m->a[US__A_LOGITS];
+            if (tp > T) { US_FREE(rows); us__model_set_error(m, "gathering logits under tp=%d needs seq >= tp (got %d)", (int)tp, T); return US_ERR_INVALID; }
+            o->copy(o, us__at(lg, m->dt, rk * B * Vl), rows + rk * B * rowb, (size_t)B * rowb, US_COPY_H2D);
+            r = m->comm->all_gather(m->comm, &m->mesh.tp_g, lg, us__at(lg, m->dt, rk * B * Vl), B * Vl, m->dt, NULL);
+            if (r != US_OK) { US_FREE(rows); return us__comm_fail(m, r, "tensor-parallel logits all-gather"); }
+            o->copy(o, rows, lg, (size_t)(B * tp) * rowb, US_COPY_D2H);
         }
-        US_FREE(row);
+        for (b = 0; b < B; b++)
+            for (t = 0; t < tp; t++) us__load_f32(logits_out + (int64_t)b * m->cfg.vocab + t * Vl, rows + (t * B + b) * rowb, m->dt, Vl);
+        US_FREE(rows);
     }
     return US_OK;
 }
@@ -3272,8 +3409,9 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
         psi = z.n_flat; shard = z.shard_n; unit = z.slot_n; slots = z.n_gslots;
         US_FREE(tmp.params); US_FREE(tmp.units);
     }
-    N = (int64_t)tc.batch * tc.seq; C = mc.dim; HS = C / mc.n_heads; F = mc.ffn_dim; V = mc.vocab; L = mc.n_layers;
-    QKV = (int64_t)(mc.n_heads + 2 * mc.n_kv_heads) * HS; AO = (int64_t)mc.n_heads * HS;
+    /* tensor parallelism: each rank holds its heads, FFN columns and vocabulary rows */
+    N = (int64_t)tc.batch * tc.seq; C = mc.dim; HS = C / mc.n_heads; F = mc.ffn_dim / tc.tp; V = mc.vocab / tc.tp; L = mc.n_layers;
+    QKV = (int64_t)(mc.n_heads + 2 * mc.n_kv_heads) / tc.tp * HS; AO = (int64_t)mc.n_heads / tc.tp * HS;
     mode = tc.recompute;
     memset(out, 0, sizeof *out);
     out->params = (size_t)(Z == 3 ? shard + slots * unit : psi) * a;
@@ -3282,13 +3420,14 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
     out->optimizer = (size_t)(Z ? shard : psi) * 8;
     /* each activation tensor is rounded up to the arena alignment */
     x = us__align(N * C * a); rs = us__align(N * 4); qkv = us__align(N * QKV * a); att = us__align(N * AO * a);
-    lse = us__align(N * mc.n_heads * 4); gu = us__align(N * 2 * F * a); h = us__align(N * F * a);
+    lse = us__align(N * (mc.n_heads / tc.tp) * 4); gu = us__align(N * 2 * F * a); h = us__align(N * F * a);
     gemm_outs = qkv + x /* xmid */ + gu;
     cheap = 2 * x /* ln1, ln2 */ + 2 * rs + att + lse + h;
     per_layer = x + (mode != US_RECOMPUTE_FULL ? gemm_outs : 0) + (mode == US_RECOMPUTE_NONE ? cheap : 0);
     shared = (mode != US_RECOMPUTE_NONE ? cheap : 0) + (mode == US_RECOMPUTE_FULL ? gemm_outs : 0);
     head = 2 * x /* last layer output, final norm */ + rs + us__align(N * V * a) /* logits */ + 4 * rs /* losses, argmax, inputs, targets */
-         + us__align(64) /* scalars for the all-reduces */;
+         + us__align(64) /* scalars for the all-reduces */
+         + (tc.tp > 1 ? us__align(N * 20 + 8) : 0) /* the vocabulary-parallel loss's row statistics */;
     bwd = 2 * x /* residual grad, norm grad */ + att + qkv + h + gu;
     out->activations = (size_t)L * per_layer + shared + head + bwd;
     out->total = out->params + out->master + out->grads + out->optimizer + out->activations;
