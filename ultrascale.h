@@ -185,6 +185,7 @@ typedef struct us_train_config {
     float    bucket_mb;    /* gradient bucket size in MiB of fp32 gradients (DP, ZeRO-1/2); default 25 */
     /* tensor parallelism (// >>tp): heads, FFN columns and the vocabulary split over tp ranks */
     int      tp;           /* default 1; must divide heads, kv-heads, ffn and vocab */
+    int      sp;           /* 1: sequence parallelism: norms and the residual stream split over tp by tokens */
 } us_train_config;
 
 US_API void      us_model_config_defaults(us_model_config *c);
@@ -779,6 +780,8 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
     if (tc->zero < 0 || tc->zero > 3) US__BAD("zero=%d must be 0, 1, 2 or 3", tc->zero);
     if (!(tc->bucket_mb > 0) || !isfinite(tc->bucket_mb)) US__BAD("bucket size %g MB must be a positive number", tc->bucket_mb);
     if (tc->tp < 1) US__BAD("tp=%d must be at least 1", tc->tp);
+    if (tc->sp != 0 && tc->sp != 1) US__BAD("sp=%d must be 0 or 1", tc->sp);
+    if (tc->sp && tc->tp < 2) US__BAD("sequence parallelism splits the tensor-parallel group's tokens: it needs tp > 1");
     if (mc->n_heads % tc->tp) US__BAD("tp=%d must divide heads=%d (each rank computes whole heads)", tc->tp, mc->n_heads);
     if (mc->n_kv_heads % tc->tp) US__BAD("tp=%d must divide kv-heads=%d: K/V heads are split over the tp ranks, not replicated", tc->tp, mc->n_kv_heads);
     if (mc->ffn_dim % tc->tp) US__BAD("tp=%d must divide ffn=%lld (the SwiGLU columns are split)", tc->tp, (long long)mc->ffn_dim);
@@ -2206,7 +2209,7 @@ struct us_layer_acts {
 };
 /* named scratch in us_model.a[] */
 enum { US__A_XOUT, US__A_XF, US__A_RSTDF, US__A_LOGITS, US__A_LOSSES, US__A_ARGMAX, US__A_TOK, US__A_TGT,
-       US__A_DRES, US__A_DLN, US__A_DATT, US__A_DQKV, US__A_DH, US__A_DGU, US__A_SCAL, US__A_VP, US__A_COUNT };
+       US__A_DRES, US__A_DLN, US__A_DATT, US__A_DQKV, US__A_DH, US__A_DGU, US__A_SCAL, US__A_VP, US__A_SPG, US__A_NW, US__A_COUNT };
 
 typedef struct us__arena { char *base; size_t used; } us__arena;
 static void *us__take(us__arena *a, size_t bytes) {
@@ -2219,7 +2222,11 @@ static void *us__take(us__arena *a, size_t bytes) {
 static size_t us__layout_arena(us_model *m, char *base) {
     const us_model_config *c = &m->cfg;
     us__arena ar;
-    int64_t N = (int64_t)m->tc.batch * m->tc.seq, C = c->dim, HS = C / c->n_heads, F = m->ffn_l, V = m->vocab_l;
+    /* Nf rows for tensors every rank holds whole (padded to a multiple of tp under sequence
+       parallelism); Ns rows for the residual stream and the norms, which SP splits over tp */
+    int sp = m->tc.sp && m->tc.tp > 1;
+    int64_t N = (int64_t)m->tc.batch * m->tc.seq, Nf = sp ? (N + m->tc.tp - 1) / m->tc.tp * m->tc.tp : N, Ns = sp ? Nf / m->tc.tp : N;
+    int64_t C = c->dim, HS = C / c->n_heads, F = m->ffn_l, V = m->vocab_l;
     int64_t QKV = (int64_t)(m->nh_l + 2 * m->nkv_l) * HS, AO = (int64_t)m->nh_l * HS;
     size_t a = us_dtype_size(m->dt);
     int mode = m->tc.recompute, l;
@@ -2229,41 +2236,46 @@ static size_t us__layout_arena(us_model *m, char *base) {
     /* the shared layer scratch (used by the recompute modes) */
     memset(&shared, 0, sizeof shared);
     if (!keep_cheap) {
-        shared.ln1 = us__take(&ar, N * C * a);  shared.rstd1 = (float *)us__take(&ar, N * 4);
-        shared.att = us__take(&ar, N * AO * a); shared.lse = (float *)us__take(&ar, N * m->nh_l * 4);
-        shared.ln2 = us__take(&ar, N * C * a);  shared.rstd2 = (float *)us__take(&ar, N * 4);
-        shared.h = us__take(&ar, N * F * a);
+        shared.ln1 = us__take(&ar, Ns * C * a);  shared.rstd1 = (float *)us__take(&ar, Ns * 4);
+        shared.att = us__take(&ar, Nf * AO * a); shared.lse = (float *)us__take(&ar, N * m->nh_l * 4);
+        shared.ln2 = us__take(&ar, Ns * C * a);  shared.rstd2 = (float *)us__take(&ar, Ns * 4);
+        shared.h = us__take(&ar, Nf * F * a);
     }
     if (!keep_gemm) {
-        shared.qkv = us__take(&ar, N * QKV * a); shared.xmid = us__take(&ar, N * C * a);
-        shared.gu = us__take(&ar, N * 2 * F * a);
+        shared.qkv = us__take(&ar, Nf * QKV * a); shared.xmid = us__take(&ar, Ns * C * a);
+        shared.gu = us__take(&ar, Nf * 2 * F * a);
     }
     for (l = 0; l < c->n_layers; l++) {
         us_layer_acts L = shared;
-        L.x = us__take(&ar, N * C * a);
+        L.x = us__take(&ar, Ns * C * a);
         if (keep_gemm) {
-            L.qkv = us__take(&ar, N * QKV * a); L.xmid = us__take(&ar, N * C * a);
-            L.gu = us__take(&ar, N * 2 * F * a);
+            L.qkv = us__take(&ar, Nf * QKV * a); L.xmid = us__take(&ar, Ns * C * a);
+            L.gu = us__take(&ar, Nf * 2 * F * a);
         }
         if (keep_cheap) {
-            L.ln1 = us__take(&ar, N * C * a);  L.rstd1 = (float *)us__take(&ar, N * 4);
-            L.att = us__take(&ar, N * AO * a); L.lse = (float *)us__take(&ar, N * m->nh_l * 4);
-            L.ln2 = us__take(&ar, N * C * a);  L.rstd2 = (float *)us__take(&ar, N * 4);
-            L.h = us__take(&ar, N * F * a);
+            L.ln1 = us__take(&ar, Ns * C * a);  L.rstd1 = (float *)us__take(&ar, Ns * 4);
+            L.att = us__take(&ar, Nf * AO * a); L.lse = (float *)us__take(&ar, N * m->nh_l * 4);
+            L.ln2 = us__take(&ar, Ns * C * a);  L.rstd2 = (float *)us__take(&ar, Ns * 4);
+            L.h = us__take(&ar, Nf * F * a);
         }
         if (base) m->acts[l] = L;
     }
     {   /* head, loss and backward scratch */
         size_t sz[US__A_COUNT];
         int i;
-        sz[US__A_XOUT] = N * C * a;  sz[US__A_XF] = N * C * a;  sz[US__A_RSTDF] = N * 4;
-        sz[US__A_LOGITS] = N * V * a; sz[US__A_LOSSES] = N * 4; sz[US__A_ARGMAX] = N * 4;
-        sz[US__A_TOK] = N * 4; sz[US__A_TGT] = N * 4;
-        sz[US__A_DRES] = N * C * a;  sz[US__A_DLN] = N * C * a;  sz[US__A_DATT] = N * AO * a;
-        sz[US__A_DQKV] = N * QKV * a; sz[US__A_DH] = N * F * a; sz[US__A_DGU] = N * 2 * F * a;
+        sz[US__A_XOUT] = Ns * C * a;  sz[US__A_XF] = Nf * C * a;  sz[US__A_RSTDF] = Ns * 4;
+        sz[US__A_LOGITS] = Nf * V * a; sz[US__A_LOSSES] = Nf * 4; sz[US__A_ARGMAX] = Nf * 4;
+        sz[US__A_TOK] = Nf * 4; sz[US__A_TGT] = Nf * 4;
+        sz[US__A_DRES] = Nf * C * a;  sz[US__A_DLN] = Nf * C * a;  sz[US__A_DATT] = Nf * AO * a;
+        sz[US__A_DQKV] = Nf * QKV * a; sz[US__A_DH] = Nf * F * a; sz[US__A_DGU] = Nf * 2 * F * a;
         sz[US__A_SCAL] = 64;   /* scalars all-reduced over the ranks: valid targets, loss, norm² */
         /* tensor parallelism's vocabulary-parallel loss: mx, tlogit f32, sumexp f64, argmax i32 */
-        sz[US__A_VP] = m->tc.tp > 1 ? N * (4 + 4 + 8 + 4) + 8 : 0;
+        sz[US__A_VP] = m->tc.tp > 1 ? Nf * (4 + 4 + 8 + 4) + 8 : 0;
+        /* sequence parallelism: a whole-sequence [Nf, C] buffer for the all-gathered norm outputs,
+           the partial products before their reduce-scatter and the gathered residual gradient;
+           and a norm weight's partial gradient, summed over tp before it is accumulated */
+        sz[US__A_SPG] = sp ? Nf * C * a : 0;
+        sz[US__A_NW] = sp ? C * 4 : 0;
         for (i = 0; i < US__A_COUNT; i++) {
             void *p = us__take(&ar, sz[i]);
             if (base) m->a[i] = p;
@@ -2782,6 +2794,48 @@ static us_result us__tp_xent(us_model *m, const int32_t *tgt_l, int64_t N, float
     return US_OK;
 }
 
+/* Sequence parallelism (Playbook "Sequence parallelism", Korthikanti et al.): the norms and the
+   residual stream, which TP leaves replicated, are split by tokens — each tp rank keeps Ns = Np/tp
+   rows (Np = B·T padded to a multiple of tp; padding rows are zero tokens with ignored targets).
+   Entering a column-parallel GEMM, g all-gathers the norm output; leaving a row-parallel one, ḡ
+   reduce-scatters the partial products instead of all-reducing them. In the backward the two
+   swap. The same bytes move as TP's all-reduce (reduce-scatter + all-gather), but no rank stores
+   or normalises the whole sequence. */
+static int us__sp(const us_model *m) { return m->tc.sp && m->tc.tp > 1; }
+static void us__rows(const us_model *m, int64_t N, int64_t *Np, int64_t *Ns) {
+    *Np = us__sp(m) ? (N + m->tc.tp - 1) / m->tc.tp * m->tc.tp : N;
+    *Ns = us__sp(m) ? *Np / m->tc.tp : N;
+}
+static us_result us__sp_gather(us_model *m, void *full, const void *shard, int64_t Ns) {   /* g */
+    us_result r = m->comm->all_gather(m->comm, &m->mesh.tp_g, full, shard, Ns * m->cfg.dim, m->dt, NULL);
+    return us__comm_fail(m, r, "sequence-parallel all-gather");
+}
+static us_result us__sp_scatter(us_model *m, void *shard, const void *full, int64_t Ns) {  /* ḡ */
+    us_result r = m->comm->reduce_scatter(m->comm, &m->mesh.tp_g, shard, full, Ns * m->cfg.dim, m->dt, US_REDUCE_SUM, NULL);
+    return us__comm_fail(m, r, "sequence-parallel reduce-scatter");
+}
+/* A row-parallel output under SP starts as zeros with this rank's residual rows in their place:
+   the reduce-scatter then gives each rank residual + the full product for its rows. */
+static void us__sp_residual(us_model *m, void *full, const void *res, int64_t Np, int64_t Ns) {
+    us_ops *o = &m->ops;
+    size_t rowb = (size_t)m->cfg.dim * us_dtype_size(m->dt);
+    o->zero(o, full, (size_t)Np * rowb);
+    o->copy(o, (char *)full + (size_t)(m->mesh.tp_rank * Ns) * rowb, res, (size_t)Ns * rowb, US_COPY_D2D);
+}
+/* RMSNorm backward; under SP each rank has only its tokens' part of the weight's gradient, so it
+   is summed over tp (in a scratch, so earlier micro-batches' sums are not summed again). */
+static us_result us__norm_bwd(us_model *m, void *dres, int widx, const void *dln, const void *x, const float *rstd, int64_t rows) {
+    us_ops *o = &m->ops;
+    int64_t C = m->cfg.dim;
+    us_result r;
+    if (!us__sp(m)) { o->rmsnorm_bwd(o, dres, us__G(m, widx), dln, x, us__W(m, widx), rstd, rows, C, m->dt); return US_OK; }
+    o->zero(o, m->a[US__A_NW], (size_t)C * 4);
+    o->rmsnorm_bwd(o, dres, (float *)m->a[US__A_NW], dln, x, us__W(m, widx), rstd, rows, C, m->dt);
+    if ((r = us__tp_sum(m, m->a[US__A_NW], C, US_F32)) != US_OK) return r;
+    o->axpy(o, us__G(m, widx), (const float *)m->a[US__A_NW], 1.0f, C);
+    return US_OK;
+}
+
 /* ------------------------------------------------------------------------------------ */
 // >>recompute  what the forward keeps and what the backward recomputes
 /* ------------------------------------------------------------------------------------ */
@@ -2795,69 +2849,99 @@ static us_result us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int rec
     us_layer_acts *A = &m->acts[l];
     us_dtype dt = m->dt;
     int NH = m->nh_l, NKV = m->nkv_l, HS = (int)(c->dim / c->n_heads);   /* this rank's heads (// >>tp) */
-    int64_t N = B * T, C = c->dim, F = m->ffn_l, QKV = (int64_t)(NH + 2 * NKV) * HS, AO = (int64_t)NH * HS;
+    int64_t N = B * T, C = c->dim, F = m->ffn_l, QKV = (int64_t)(NH + 2 * NKV) * HS, AO = (int64_t)NH * HS, Np, Ns;
     us_result r = US_OK;
-    int mode = m->tc.recompute;
+    int mode = m->tc.recompute, sp = us__sp(m);
     int do_gemm = !recompute || mode == US_RECOMPUTE_FULL, do_cheap = !recompute || mode != US_RECOMPUTE_NONE;
-    void *xnext = l + 1 < c->n_layers ? m->acts[l + 1].x : m->a[US__A_XOUT];
-    if (do_cheap) o->rmsnorm_fwd(o, A->ln1, A->rstd1, A->x, us__W(m, US__PL(l, US__P_LN1)), N, C, c->norm_eps, dt);
+    void *xnext = l + 1 < c->n_layers ? m->acts[l + 1].x : m->a[US__A_XOUT], *G = m->a[US__A_SPG];
+    us__rows(m, N, &Np, &Ns);   /* GEMMs run on Np rows; norms and the residual on Ns (both N without SP) */
+    if (do_cheap) o->rmsnorm_fwd(o, A->ln1, A->rstd1, A->x, us__W(m, US__PL(l, US__P_LN1)), Ns, C, c->norm_eps, dt);
     if (do_gemm) {
-        o->gemm(o, 0, 1, N, QKV, C, 1.0f, A->ln1, dt, C, us__W(m, US__PL(l, US__P_Q)), dt, C, 0.0f, A->qkv, dt, QKV);
+        if (sp && (r = us__sp_gather(m, G, A->ln1, Ns)) != US_OK) return r;   /* g */
+        o->gemm(o, 0, 1, Np, QKV, C, 1.0f, sp ? G : A->ln1, dt, C, us__W(m, US__PL(l, US__P_Q)), dt, C, 0.0f, A->qkv, dt, QKV);
         o->rope_fwd(o, A->qkv, B, T, NH, NKV, HS, c->rope_theta, dt);
     }
-    if (do_cheap) o->attention_fwd(o, A->att, A->lse, A->qkv, B, T, NH, NKV, HS, dt);
-    if (do_gemm) {   /* xmid = x + att·Wo^T, rounded once (under tp: summed over the ranks' partial products) */
-        us__tp_residual(m, A->xmid, A->x, N * C);
-        o->gemm(o, 0, 1, N, C, AO, 1.0f, A->att, dt, AO, us__W(m, US__PL(l, US__P_O)), dt, AO, 1.0f, A->xmid, dt, C);
-        if ((r = us__tp_sum(m, A->xmid, N * C, dt)) != US_OK) return r;
+    if (do_cheap) {
+        o->attention_fwd(o, A->att, A->lse, A->qkv, B, T, NH, NKV, HS, dt);
+        if (Np > N) o->zero(o, us__at(A->att, dt, N * AO), (size_t)((Np - N) * AO) * us_dtype_size(dt));   /* padding rows stay zero */
     }
-    if (do_cheap) o->rmsnorm_fwd(o, A->ln2, A->rstd2, A->xmid, us__W(m, US__PL(l, US__P_LN2)), N, C, c->norm_eps, dt);
-    if (do_gemm) o->gemm(o, 0, 1, N, 2 * F, C, 1.0f, A->ln2, dt, C, us__W(m, US__PL(l, US__P_GATE)), dt, C, 0.0f, A->gu, dt, 2 * F);
-    if (do_cheap) o->swiglu_fwd(o, A->h, A->gu, N, F, dt);
+    if (do_gemm) {   /* xmid = x + att·Wo^T, rounded once (under tp: summed over the ranks' partial products) */
+        if (sp) {
+            us__sp_residual(m, G, A->x, Np, Ns);
+            o->gemm(o, 0, 1, Np, C, AO, 1.0f, A->att, dt, AO, us__W(m, US__PL(l, US__P_O)), dt, AO, 1.0f, G, dt, C);
+            if ((r = us__sp_scatter(m, A->xmid, G, Ns)) != US_OK) return r;   /* ḡ */
+        } else {
+            us__tp_residual(m, A->xmid, A->x, N * C);
+            o->gemm(o, 0, 1, N, C, AO, 1.0f, A->att, dt, AO, us__W(m, US__PL(l, US__P_O)), dt, AO, 1.0f, A->xmid, dt, C);
+            if ((r = us__tp_sum(m, A->xmid, N * C, dt)) != US_OK) return r;
+        }
+    }
+    if (do_cheap) o->rmsnorm_fwd(o, A->ln2, A->rstd2, A->xmid, us__W(m, US__PL(l, US__P_LN2)), Ns, C, c->norm_eps, dt);
+    if (do_gemm) {
+        if (sp && (r = us__sp_gather(m, G, A->ln2, Ns)) != US_OK) return r;
+        o->gemm(o, 0, 1, Np, 2 * F, C, 1.0f, sp ? G : A->ln2, dt, C, us__W(m, US__PL(l, US__P_GATE)), dt, C, 0.0f, A->gu, dt, 2 * F);
+    }
+    if (do_cheap) o->swiglu_fwd(o, A->h, A->gu, Np, F, dt);
     if (!recompute) {   /* x_{l+1} = xmid + h·Wdown^T: the next layer's input, never recomputed */
-        us__tp_residual(m, xnext, A->xmid, N * C);
-        o->gemm(o, 0, 1, N, C, F, 1.0f, A->h, dt, F, us__W(m, US__PL(l, US__P_DOWN)), dt, F, 1.0f, xnext, dt, C);
-        r = us__tp_sum(m, xnext, N * C, dt);
+        if (sp) {
+            us__sp_residual(m, G, A->xmid, Np, Ns);
+            o->gemm(o, 0, 1, Np, C, F, 1.0f, A->h, dt, F, us__W(m, US__PL(l, US__P_DOWN)), dt, F, 1.0f, G, dt, C);
+            r = us__sp_scatter(m, xnext, G, Ns);
+        } else {
+            us__tp_residual(m, xnext, A->xmid, N * C);
+            o->gemm(o, 0, 1, N, C, F, 1.0f, A->h, dt, F, us__W(m, US__PL(l, US__P_DOWN)), dt, F, 1.0f, xnext, dt, C);
+            r = us__tp_sum(m, xnext, N * C, dt);
+        }
     }
     return r;
 }
 
-/* Backward of layer l. On entry dres holds ∂loss/∂x_{l+1}; on exit ∂loss/∂x_l. Weight
-   gradients accumulate (beta = 1) in fp32. */
+/* Backward of layer l. On entry dres holds ∂loss/∂x_{l+1}; on exit ∂loss/∂x_l (under SP: this
+   rank's Ns rows). Weight gradients accumulate (beta = 1) in fp32. */
 static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
     us_ops *o = &m->ops;
     const us_model_config *c = &m->cfg;
     us_layer_acts *A = &m->acts[l];
     us_dtype dt = m->dt;
-    int NH = m->nh_l, NKV = m->nkv_l, HS = (int)(c->dim / c->n_heads);
-    int64_t N = B * T, C = c->dim, F = m->ffn_l, QKV = (int64_t)(NH + 2 * NKV) * HS, AO = (int64_t)NH * HS;
+    int NH = m->nh_l, NKV = m->nkv_l, HS = (int)(c->dim / c->n_heads), sp = us__sp(m);
+    int64_t N = B * T, C = c->dim, F = m->ffn_l, QKV = (int64_t)(NH + 2 * NKV) * HS, AO = (int64_t)NH * HS, Np, Ns;
     void *dres = m->a[US__A_DRES], *dln = m->a[US__A_DLN], *dh = m->a[US__A_DH], *dgu = m->a[US__A_DGU];
-    void *datt = m->a[US__A_DATT], *dqkv = m->a[US__A_DQKV];
-    /* MLP: x_{l+1} = xmid + swiglu(ln2·Wgu^T)·Wdown^T */
-    o->gemm(o, 0, 0, N, F, C, 1.0f, dres, dt, C, us__W(m, US__PL(l, US__P_DOWN)), dt, F, 0.0f, dh, dt, F);
+    void *datt = m->a[US__A_DATT], *dqkv = m->a[US__A_DQKV], *G = m->a[US__A_SPG];
+    void *dresF = sp ? G : dres;   /* the whole residual gradient the GEMMs read */
+    void *dlnp;
     us_result r;
-    /* each weight gradient, once complete, is handed to data parallelism (us__grads_ready),
-       which may start reducing its bucket while the rest of the backward runs */
-    o->gemm(o, 1, 0, C, F, N, 1.0f, dres, dt, C, A->h, dt, F, 1.0f, us__G(m, US__PL(l, US__P_DOWN)), US_F32, F);
+    us__rows(m, N, &Np, &Ns);
+    dlnp = sp ? us__at(dln, dt, (int64_t)m->mesh.tp_rank * Ns * C) : dln;   /* where this rank's rows of dln land */
+    /* MLP: x_{l+1} = xmid + swiglu(ln2·Wgu^T)·Wdown^T. Each weight gradient, once complete, is
+       handed to data parallelism (us__grads_ready), which may start reducing its bucket while
+       the rest of the backward runs. */
+    if (sp && (r = us__sp_gather(m, G, dres, Ns)) != US_OK) return r;   /* ḡ's conjugate */
+    o->gemm(o, 0, 0, Np, F, C, 1.0f, dresF, dt, C, us__W(m, US__PL(l, US__P_DOWN)), dt, F, 0.0f, dh, dt, F);
+    o->gemm(o, 1, 0, C, F, Np, 1.0f, dresF, dt, C, A->h, dt, F, 1.0f, us__G(m, US__PL(l, US__P_DOWN)), US_F32, F);
     if ((r = us__grads_ready(m, US__PL(l, US__P_DOWN), US__PL(l, US__P_DOWN) + 1)) != US_OK) return r;
-    o->swiglu_bwd(o, dgu, dh, A->gu, N, F, dt);
-    o->gemm(o, 0, 0, N, C, 2 * F, 1.0f, dgu, dt, 2 * F, us__W(m, US__PL(l, US__P_GATE)), dt, C, 0.0f, dln, dt, C);
-    o->gemm(o, 1, 0, 2 * F, C, N, 1.0f, dgu, dt, 2 * F, A->ln2, dt, C, 1.0f, us__G(m, US__PL(l, US__P_GATE)), US_F32, C);
+    o->swiglu_bwd(o, dgu, dh, A->gu, Np, F, dt);
+    o->gemm(o, 0, 0, Np, C, 2 * F, 1.0f, dgu, dt, 2 * F, us__W(m, US__PL(l, US__P_GATE)), dt, C, 0.0f, dln, dt, C);
+    if (sp && (r = us__sp_gather(m, G, A->ln2, Ns)) != US_OK) return r;   /* the GEMM's input again */
+    o->gemm(o, 1, 0, 2 * F, C, Np, 1.0f, dgu, dt, 2 * F, sp ? G : A->ln2, dt, C, 1.0f, us__G(m, US__PL(l, US__P_GATE)), US_F32, C);
     if ((r = us__grads_ready(m, US__PL(l, US__P_GATE), US__PL(l, US__P_UP) + 1)) != US_OK) return r;
-    if ((r = us__tp_sum(m, dln, N * C, dt)) != US_OK) return r;   /* f: the column-parallel input's gradient */
-    o->rmsnorm_bwd(o, dres, us__G(m, US__PL(l, US__P_LN2)), dln, A->xmid, us__W(m, US__PL(l, US__P_LN2)), A->rstd2, N, C, dt);
+    /* f (TP: all-reduce) or g's conjugate (SP: reduce-scatter): the column-parallel input's gradient */
+    if ((r = sp ? us__sp_scatter(m, dlnp, dln, Ns) : us__tp_sum(m, dln, N * C, dt)) != US_OK) return r;
+    if ((r = us__norm_bwd(m, dres, US__PL(l, US__P_LN2), dlnp, A->xmid, A->rstd2, Ns)) != US_OK) return r;
     if ((r = us__grads_ready(m, US__PL(l, US__P_LN2), US__PL(l, US__P_LN2) + 1)) != US_OK) return r;
     /* attention: xmid = x + attention(rope(ln1·Wqkv^T))·Wo^T */
-    o->gemm(o, 0, 0, N, AO, C, 1.0f, dres, dt, C, us__W(m, US__PL(l, US__P_O)), dt, AO, 0.0f, datt, dt, AO);
-    o->gemm(o, 1, 0, C, AO, N, 1.0f, dres, dt, C, A->att, dt, AO, 1.0f, us__G(m, US__PL(l, US__P_O)), US_F32, AO);
+    if (sp && (r = us__sp_gather(m, G, dres, Ns)) != US_OK) return r;
+    o->gemm(o, 0, 0, Np, AO, C, 1.0f, dresF, dt, C, us__W(m, US__PL(l, US__P_O)), dt, AO, 0.0f, datt, dt, AO);
+    o->gemm(o, 1, 0, C, AO, Np, 1.0f, dresF, dt, C, A->att, dt, AO, 1.0f, us__G(m, US__PL(l, US__P_O)), US_F32, AO);
     if ((r = us__grads_ready(m, US__PL(l, US__P_O), US__PL(l, US__P_O) + 1)) != US_OK) return r;
     o->attention_bwd(o, dqkv, datt, A->qkv, A->att, A->lse, B, T, NH, NKV, HS, dt);
     o->rope_bwd(o, dqkv, B, T, NH, NKV, HS, c->rope_theta, dt);
-    o->gemm(o, 0, 0, N, C, QKV, 1.0f, dqkv, dt, QKV, us__W(m, US__PL(l, US__P_Q)), dt, C, 0.0f, dln, dt, C);
-    o->gemm(o, 1, 0, QKV, C, N, 1.0f, dqkv, dt, QKV, A->ln1, dt, C, 1.0f, us__G(m, US__PL(l, US__P_Q)), US_F32, C);
+    if (Np > N) o->zero(o, us__at(dqkv, dt, N * QKV), (size_t)((Np - N) * QKV) * us_dtype_size(dt));
+    o->gemm(o, 0, 0, Np, C, QKV, 1.0f, dqkv, dt, QKV, us__W(m, US__PL(l, US__P_Q)), dt, C, 0.0f, dln, dt, C);
+    if (sp && (r = us__sp_gather(m, G, A->ln1, Ns)) != US_OK) return r;
+    o->gemm(o, 1, 0, QKV, C, Np, 1.0f, dqkv, dt, QKV, sp ? G : A->ln1, dt, C, 1.0f, us__G(m, US__PL(l, US__P_Q)), US_F32, C);
     if ((r = us__grads_ready(m, US__PL(l, US__P_Q), US__PL(l, US__P_V) + 1)) != US_OK) return r;
-    if ((r = us__tp_sum(m, dln, N * C, dt)) != US_OK) return r;
-    o->rmsnorm_bwd(o, dres, us__G(m, US__PL(l, US__P_LN1)), dln, A->x, us__W(m, US__PL(l, US__P_LN1)), A->rstd1, N, C, dt);
+    if ((r = sp ? us__sp_scatter(m, dlnp, dln, Ns) : us__tp_sum(m, dln, N * C, dt)) != US_OK) return r;
+    if ((r = us__norm_bwd(m, dres, US__PL(l, US__P_LN1), dlnp, A->x, A->rstd1, Ns)) != US_OK) return r;
     return us__grads_ready(m, US__PL(l, US__P_LN1), US__PL(l, US__P_LN1) + 1);
 }
 
@@ -2878,25 +2962,26 @@ static us_result us__check_tokens(us_model *m, const int32_t *in, const int32_t 
 static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *targets, int B, int T, float dscale, double *loss_sum) {
     us_ops *o = &m->ops;
     const us_model_config *c = &m->cfg;
-    int64_t N = (int64_t)B * T, C = c->dim, V = m->vocab_l, i;
-    int l;
+    int64_t N = (int64_t)B * T, C = c->dim, V = m->vocab_l, i, Np, Ns;
+    int l, sp = us__sp(m);
     us_result r;
     float *losses;
+    us__rows(m, N, &Np, &Ns);
     if (B < 1 || T < 1 || B > m->tc.batch || T > m->tc.seq) {
         us__model_set_error(m, "batch %d x seq %d does not fit the arena sized for batch %d x seq %d", B, T, m->tc.batch, m->tc.seq);
         return US_ERR_INVALID;
     }
     if ((r = us__check_tokens(m, inputs, targets, N)) != US_OK) return r;
-    if (m->tc.tp > 1) {   /* tokens and targets in this rank's vocabulary rows (// >>tp) */
-        int32_t *tl = (int32_t *)US_MALLOC((size_t)N * 8);
+    if (m->tc.tp > 1) {   /* tokens and targets in this rank's vocabulary rows (// >>tp); SP's padding rows last */
+        int32_t *tl = (int32_t *)US_MALLOC((size_t)Np * 8);
         if (!tl) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
-        for (i = 0; i < N; i++) {
-            int64_t a = inputs[i] - m->vocab_off, b = targets[i] - m->vocab_off;
+        for (i = 0; i < Np; i++) {
+            int64_t a = i < N ? inputs[i] - m->vocab_off : -1, b = i < N ? targets[i] - m->vocab_off : -1;
             tl[i] = a >= 0 && a < m->vocab_l ? (int32_t)a : -1;
-            tl[N + i] = targets[i] < 0 ? -2 : b >= 0 && b < m->vocab_l ? (int32_t)b : -1;
+            tl[Np + i] = i >= N || targets[i] < 0 ? -2 : b >= 0 && b < m->vocab_l ? (int32_t)b : -1;
         }
-        o->copy(o, m->a[US__A_TOK], tl, (size_t)N * 4, US_COPY_H2D);
-        o->copy(o, m->a[US__A_TGT], tl + N, (size_t)N * 4, US_COPY_H2D);
+        o->copy(o, m->a[US__A_TOK], tl, (size_t)Np * 4, US_COPY_H2D);
+        o->copy(o, m->a[US__A_TGT], tl + Np, (size_t)Np * 4, US_COPY_H2D);
         US_FREE(tl);
     } else {
         o->copy(o, m->a[US__A_TOK], inputs, (size_t)N * 4, US_COPY_H2D);
@@ -2905,8 +2990,13 @@ static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *
     /* ZeRO-3 walks the model in steps: enter each one (its weights gathered, the next step's
        gather issued) before computing it */
     if ((r = us__z3_enter(m, 0, 1)) != US_OK) return r;
-    o->embedding_fwd(o, m->acts[0].x, (const int32_t *)m->a[US__A_TOK], us__W(m, 0), N, C, m->dt);
-    if ((r = us__tp_sum(m, m->acts[0].x, N * C, m->dt)) != US_OK) return r;   /* one rank holds each token's row */
+    if (sp) {   /* each token's row comes from the rank holding it, and goes to the rank holding the token */
+        o->embedding_fwd(o, m->a[US__A_SPG], (const int32_t *)m->a[US__A_TOK], us__W(m, 0), Np, C, m->dt);
+        if ((r = us__sp_scatter(m, m->acts[0].x, m->a[US__A_SPG], Ns)) != US_OK) return r;
+    } else {
+        o->embedding_fwd(o, m->acts[0].x, (const int32_t *)m->a[US__A_TOK], us__W(m, 0), N, C, m->dt);
+        if ((r = us__tp_sum(m, m->acts[0].x, N * C, m->dt)) != US_OK) return r;   /* one rank holds each token's row */
+    }
     for (l = 0; l < c->n_layers; l++) {
         double t0 = us_trace_now_us();
         char nm[40];
@@ -2915,9 +3005,13 @@ static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *
         if (m->trace) { snprintf(nm, sizeof nm, "forward layer %d", l); us__trace(m, "compute", nm, t0); }
     }
     if ((r = us__z3_enter(m, c->n_layers + 1, 1)) != US_OK) return r;
-    o->rmsnorm_fwd(o, m->a[US__A_XF], (float *)m->a[US__A_RSTDF], m->a[US__A_XOUT], us__W(m, US__P_NORM(c->n_layers)), N, C, c->norm_eps, m->dt);
-    o->gemm(o, 0, 1, N, V, C, 1.0f, m->a[US__A_XF], m->dt, C, us__W(m, us__head_idx(m)), m->dt, C, 0.0f, m->a[US__A_LOGITS], m->dt, V);
-    if (m->tc.tp > 1) { if ((r = us__tp_xent(m, (const int32_t *)m->a[US__A_TGT], N, dscale, dscale == 0)) != US_OK) return r; }
+    {   /* the final norm on this rank's rows, then (SP) the whole sequence for the head */
+        void *xf_mine = us__at(m->a[US__A_XF], m->dt, sp ? (int64_t)m->mesh.tp_rank * Ns * C : 0);
+        o->rmsnorm_fwd(o, xf_mine, (float *)m->a[US__A_RSTDF], m->a[US__A_XOUT], us__W(m, US__P_NORM(c->n_layers)), Ns, C, c->norm_eps, m->dt);
+        if (sp && (r = us__sp_gather(m, m->a[US__A_XF], xf_mine, Ns)) != US_OK) return r;
+    }
+    o->gemm(o, 0, 1, Np, V, C, 1.0f, m->a[US__A_XF], m->dt, C, us__W(m, us__head_idx(m)), m->dt, C, 0.0f, m->a[US__A_LOGITS], m->dt, V);
+    if (m->tc.tp > 1) { if ((r = us__tp_xent(m, (const int32_t *)m->a[US__A_TGT], Np, dscale, dscale == 0)) != US_OK) return r; }
     else o->xent(o, (float *)m->a[US__A_LOSSES], (int32_t *)m->a[US__A_ARGMAX], m->a[US__A_LOGITS], (const int32_t *)m->a[US__A_TGT], N, V, dscale, m->dt);
     losses = (float *)US_MALLOC((size_t)N * 4);
     if (!losses) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
@@ -2933,20 +3027,23 @@ static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *
 static us_result us__backward(us_model *m, int B, int T) {
     us_ops *o = &m->ops;
     const us_model_config *c = &m->cfg;
-    int64_t N = (int64_t)B * T, C = c->dim, V = m->vocab_l;
-    int l, head = us__head_idx(m), L = c->n_layers;
+    int64_t N = (int64_t)B * T, C = c->dim, V = m->vocab_l, Np, Ns;
+    int l, head = us__head_idx(m), L = c->n_layers, sp = us__sp(m);
     us_result r;
     double t0 = us_trace_now_us();
+    void *dlnp;
+    us__rows(m, N, &Np, &Ns);
+    dlnp = us__at(m->a[US__A_DLN], m->dt, sp ? (int64_t)m->mesh.tp_rank * Ns * C : 0);
     us__grads_begin(m);
     if ((r = us__z3_enter(m, L + 1, -1)) != US_OK) return r;
     /* logits = xf·Whead^T, the logits buffer now holds dlogits */
-    o->gemm(o, 0, 0, N, C, V, 1.0f, m->a[US__A_LOGITS], m->dt, V, us__W(m, head), m->dt, C, 0.0f, m->a[US__A_DLN], m->dt, C);
-    o->gemm(o, 1, 0, V, C, N, 1.0f, m->a[US__A_LOGITS], m->dt, V, m->a[US__A_XF], m->dt, C, 1.0f, us__G(m, head), US_F32, C);
+    o->gemm(o, 0, 0, Np, C, V, 1.0f, m->a[US__A_LOGITS], m->dt, V, us__W(m, head), m->dt, C, 0.0f, m->a[US__A_DLN], m->dt, C);
+    o->gemm(o, 1, 0, V, C, Np, 1.0f, m->a[US__A_LOGITS], m->dt, V, m->a[US__A_XF], m->dt, C, 1.0f, us__G(m, head), US_F32, C);
     if (head && (r = us__grads_ready(m, head, head + 1)) != US_OK) return r;   /* tied: the embedding's gradient is not done yet */
-    if ((r = us__tp_sum(m, m->a[US__A_DLN], N * C, m->dt)) != US_OK) return r;   /* the vocabulary slices' parts */
-    o->zero(o, m->a[US__A_DRES], (size_t)N * C * us_dtype_size(m->dt));
-    o->rmsnorm_bwd(o, m->a[US__A_DRES], us__G(m, US__P_NORM(L)), m->a[US__A_DLN], m->a[US__A_XOUT],
-                   us__W(m, US__P_NORM(L)), (float *)m->a[US__A_RSTDF], N, C, m->dt);
+    /* the vocabulary slices' parts: summed (TP), or summed and split by tokens (SP) */
+    if ((r = sp ? us__sp_scatter(m, dlnp, m->a[US__A_DLN], Ns) : us__tp_sum(m, m->a[US__A_DLN], N * C, m->dt)) != US_OK) return r;
+    o->zero(o, m->a[US__A_DRES], (size_t)Ns * C * us_dtype_size(m->dt));
+    if ((r = us__norm_bwd(m, m->a[US__A_DRES], US__P_NORM(L), dlnp, m->a[US__A_XOUT], (float *)m->a[US__A_RSTDF], Ns)) != US_OK) return r;
     if ((r = us__grads_ready(m, US__P_NORM(L), US__P_NORM(L) + 1)) != US_OK) return r;
     us__trace(m, "compute", "backward head", t0);
     for (l = L - 1; l >= 0; l--) {
@@ -2958,7 +3055,10 @@ static us_result us__backward(us_model *m, int B, int T) {
         if (m->trace) { snprintf(nm, sizeof nm, "backward layer %d", l); us__trace(m, "compute", nm, t0); }
     }
     if ((r = us__z3_enter(m, 0, -1)) != US_OK) return r;
-    o->embedding_bwd(o, us__G(m, 0), m->a[US__A_DRES], (const int32_t *)m->a[US__A_TOK], N, C, m->dt);
+    if (sp) {   /* every rank needs every token's gradient: its vocabulary rows may be anywhere */
+        if ((r = us__sp_gather(m, m->a[US__A_SPG], m->a[US__A_DRES], Ns)) != US_OK) return r;
+        o->embedding_bwd(o, us__G(m, 0), m->a[US__A_SPG], (const int32_t *)m->a[US__A_TOK], Np, C, m->dt);
+    } else o->embedding_bwd(o, us__G(m, 0), m->a[US__A_DRES], (const int32_t *)m->a[US__A_TOK], N, C, m->dt);
     if ((r = us__grads_ready(m, 0, 1)) != US_OK) return r;
     us__z3_release_all(m);
     return m->err[0] ? US_ERR_BACKEND : US_OK;   /* a slot's reduction may have failed inside us__G */
@@ -3387,9 +3487,9 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
     us_model_config mc = *mc_in;
     us_train_config tc = *tc_in;
     us_result r = us_config_validate(&mc, &tc, err, errlen);
-    int64_t N, C, HS, QKV, AO, F, V, L, psi, shard, unit;
-    size_t a, x, rs, qkv, att, lse, gu, h, gemm_outs, cheap, per_layer, shared, head, bwd;
-    int mode, Z, slots;
+    int64_t N, C, HS, QKV, AO, F, V, L, psi, shard, unit, Nf, Ns;
+    size_t a, x, rs, qkv, att, lse, gu, h, xf, rf, gemm_outs, cheap, per_layer, shared, head, bwd;
+    int mode, Z, slots, sp;
     if (r != US_OK) return r;
     a = tc.precision == US_PRECISION_BF16 ? 2 : 4;
     Z = tc.zero;
@@ -3418,17 +3518,23 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
     out->master = a == 4 ? 0 : (size_t)(Z ? shard : psi) * 4;
     out->grads = (size_t)(Z >= 2 ? shard + slots * unit : psi) * 4;
     out->optimizer = (size_t)(Z ? shard : psi) * 8;
-    /* each activation tensor is rounded up to the arena alignment */
-    x = us__align(N * C * a); rs = us__align(N * 4); qkv = us__align(N * QKV * a); att = us__align(N * AO * a);
-    lse = us__align(N * (mc.n_heads / tc.tp) * 4); gu = us__align(N * 2 * F * a); h = us__align(N * F * a);
+    /* each activation tensor is rounded up to the arena alignment. Sequence parallelism keeps the
+       residual stream and the norms (x, xmid, ln1, ln2, rstd) at Ns = Nf/tp rows, the Playbook's
+       "activations / tp" for the parts TP alone leaves whole; Nf is N padded to a multiple of tp */
+    sp = tc.sp && tc.tp > 1;
+    Nf = sp ? (N + tc.tp - 1) / tc.tp * tc.tp : N; Ns = sp ? Nf / tc.tp : N;
+    x = us__align(Ns * C * a); rs = us__align(Ns * 4); qkv = us__align(Nf * QKV * a); att = us__align(Nf * AO * a);
+    lse = us__align(N * (mc.n_heads / tc.tp) * 4); gu = us__align(Nf * 2 * F * a); h = us__align(Nf * F * a);
+    xf = us__align(Nf * C * a); rf = us__align(Nf * 4);
     gemm_outs = qkv + x /* xmid */ + gu;
     cheap = 2 * x /* ln1, ln2 */ + 2 * rs + att + lse + h;
     per_layer = x + (mode != US_RECOMPUTE_FULL ? gemm_outs : 0) + (mode == US_RECOMPUTE_NONE ? cheap : 0);
     shared = (mode != US_RECOMPUTE_NONE ? cheap : 0) + (mode == US_RECOMPUTE_FULL ? gemm_outs : 0);
-    head = 2 * x /* last layer output, final norm */ + rs + us__align(N * V * a) /* logits */ + 4 * rs /* losses, argmax, inputs, targets */
-         + us__align(64) /* scalars for the all-reduces */
-         + (tc.tp > 1 ? us__align(N * 20 + 8) : 0) /* the vocabulary-parallel loss's row statistics */;
-    bwd = 2 * x /* residual grad, norm grad */ + att + qkv + h + gu;
+    head = x /* last layer output */ + xf /* final norm, whole sequence */ + rs + us__align(Nf * V * a) /* logits */
+         + 4 * rf /* losses, argmax, inputs, targets */ + us__align(64) /* scalars for the all-reduces */
+         + (tc.tp > 1 ? us__align(Nf * 20 + 8) : 0) /* the vocabulary-parallel loss's row statistics */
+         + (sp ? xf + us__align(C * 4) : 0) /* SP's whole-sequence buffer, a norm weight's partial gradient */;
+    bwd = 2 * xf /* residual grad, norm grad */ + att + qkv + h + gu;
     out->activations = (size_t)L * per_layer + shared + head + bwd;
     out->total = out->params + out->master + out->grads + out->optimizer + out->activations;
     return US_OK;

@@ -65,6 +65,7 @@ static void usage(FILE *f) {
         "  --zero K          ZeRO stage 0 | 1 | 2 | 3 over dp (default 0)\n"
         "  --tp N            tensor-parallel ranks (default 1): heads, FFN and vocabulary split; the\n"
         "                    world is dp x tp ranks (tp innermost)\n"
+        "  --sp              sequence parallelism: norms and the residual stream split over tp by tokens\n"
         "  --bucket-mb X     gradient bucket size in MiB (default 25)\n"
         "  --nproc N         CUDA: start N processes on this node, one per GPU (sets --dp N)\n"
         "  --comm-timeout S  a collective that cannot finish in S seconds fails the run (default 300)\n"
@@ -460,6 +461,7 @@ int main(int argc, char **argv) {
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) { usage(stdout); return 0; }
         else if (!strcmp(f, "--tied")) { mc.tie_embeddings = 1; takes = 0; }
         else if (!strcmp(f, "--quiet")) { o.quiet = 1; takes = 0; }
+        else if (!strcmp(f, "--sp")) { tc.sp = 1; takes = 0; }
         else if (strncmp(f, "--", 2)) return bad("unexpected argument", f);
         else if (!v) return bad("missing value for", f);
         else if (!strcmp(f, "--layers")) ok = parse_int(v, 1, 1 << 16, &mc.n_layers);

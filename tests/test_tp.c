@@ -30,6 +30,9 @@ typedef struct run {
     int32_t *in, *tgt;        /* [STEPS][accum][GB][T] */
     float loss[STEPS], gnorm[STEPS];
     float *weights;           /* final fp32 weights by tensor in one-rank order (n_params) */
+    float eval_logits[64];    /* the last position's logits of a 1 x 7 evaluation (N not a multiple of tp) */
+    double eval_loss;
+    int64_t eval_correct;
     us_memory mem[8], est[8];
 } run;
 
@@ -85,6 +88,14 @@ static us_result rank_fn(us_comm *c, void *arg) {
         if (rank == 0) { R->loss[s] = st.loss; R->gnorm[s] = st.grad_norm; }
     }
     if (r == US_OK && R->weights) collect(R, &m);
+    if (r == US_OK) {   /* an evaluation whose 7 tokens do not split evenly over tp (SP pads them) */
+        float lg[64];
+        double ls = 0;
+        int64_t cor = 0;
+        r = us_forward_eval(&m, R->in, R->tgt, 1, 7, &ls, &cor, lg);
+        if (r != US_OK) printf("  rank %d eval: %s\n", rank, m.err);
+        else if (rank == 0) { memcpy(R->eval_logits, lg, sizeof lg); R->eval_loss = ls; R->eval_correct = cor; }
+    }
     us_model_free(&m);
     free(in); free(tgt);
     return r;
@@ -101,16 +112,18 @@ static us_result launch(run *R) {
     return US_OK;
 }
 
-static void setup(run *R, int dp, int tp, int zero, int accum, int tied, us_recompute rc) {
+static void setup(run *R, int dp, int tp, int zero, int accum, int tied, us_recompute rc, int sp) {
     memset(R, 0, sizeof *R);
     R->mc.n_layers = 2; R->mc.dim = 32; R->mc.n_heads = 4; R->mc.n_kv_heads = 4; R->mc.vocab = 64; R->mc.ffn_dim = 48;
     R->mc.tie_embeddings = tied;
     R->tc.batch = GB; R->tc.seq = T; R->tc.grad_accum = accum; R->tc.steps = STEPS; R->tc.lr = 1e-2f; R->tc.threads = 1;
-    R->tc.dp = dp; R->tc.tp = tp; R->tc.zero = zero; R->tc.seed = 5; R->tc.recompute = rc; R->tc.bucket_mb = 0.004f;
+    R->tc.dp = dp; R->tc.tp = tp; R->tc.zero = zero; R->tc.seed = 5; R->tc.recompute = rc; R->tc.bucket_mb = 0.004f; R->tc.sp = sp;
 }
 
 int main(int argc, char **argv) {
-    static const int cfg[][3] = {{1, 2, 0}, {1, 4, 0}, {2, 2, 0}, {2, 2, 1}, {2, 2, 3}};   /* dp, tp, zero */
+    static const int cfg[][4] = {{1, 2, 0, 0}, {1, 4, 0, 0}, {2, 2, 0, 0}, {2, 2, 1, 0}, {2, 2, 3, 0},   /* dp, tp, zero, sp */
+                                 {1, 2, 0, 1}, {1, 4, 0, 1}, {2, 2, 1, 1}, {2, 2, 3, 1}};
+    const int ncfg = (int)(sizeof cfg / sizeof cfg[0]);
     int ci, tied, ai, s;
     double worst_l = 0, worst_w = 0;
     us_test_verbose = argc > 1 && !strcmp(argv[1], "-v");
@@ -119,7 +132,7 @@ int main(int argc, char **argv) {
             run ref;
             int64_t np = 0, n, i;
             us_recompute rc = ai == 2 ? US_RECOMPUTE_FULL : US_RECOMPUTE_NONE;
-            setup(&ref, 1, 1, 0, ai, tied, rc);
+            setup(&ref, 1, 1, 0, ai, tied, rc, 0);
             n = (int64_t)STEPS * ai * GB * T;
             ref.in = (int32_t *)malloc((size_t)n * 4); ref.tgt = (int32_t *)malloc((size_t)n * 4);
             us_test_rs = 17 + ai + 10 * tied;
@@ -127,29 +140,35 @@ int main(int argc, char **argv) {
             np = us_param_count(&ref.mc);
             ref.weights = (float *)malloc((size_t)np * 4);
             CHECK(launch(&ref) == US_OK, "reference: one rank (accum %d, tied %d)", ai, tied);
-            for (ci = 0; ci < 5; ci++) {
+            for (ci = 0; ci < ncfg; ci++) {
                 run R;
                 double ml = 0, mw = 0;
                 int64_t j;
-                setup(&R, cfg[ci][0], cfg[ci][1], cfg[ci][2], ai, tied, rc);
+                setup(&R, cfg[ci][0], cfg[ci][1], cfg[ci][2], ai, tied, rc, cfg[ci][3]);
                 R.in = ref.in; R.tgt = ref.tgt;
                 R.weights = (float *)calloc((size_t)np, 4);
-                if (launch(&R) != US_OK) { CHECK(0, "dp %d tp %d zero %d ran", cfg[ci][0], cfg[ci][1], cfg[ci][2]); free(R.weights); continue; }
+                if (launch(&R) != US_OK) { CHECK(0, "dp %d tp %d zero %d sp %d ran", cfg[ci][0], cfg[ci][1], cfg[ci][2], cfg[ci][3]); free(R.weights); continue; }
                 for (s = 0; s < STEPS; s++) {
                     double d = fabs(R.loss[s] - ref.loss[s]) / ref.loss[s], g = fabs(R.gnorm[s] - ref.gnorm[s]) / ref.gnorm[s];
                     if (d > ml) ml = d;
                     if (g > ml) ml = g;
                 }
                 for (j = 0; j < np; j++) { double d = fabs(R.weights[j] - ref.weights[j]); if (d > mw) mw = d; }
+                {   /* the padded evaluation: loss, accuracy and the gathered logits */
+                    double el = fabs(R.eval_loss - ref.eval_loss) / ref.eval_loss, eg = 0;
+                    for (j = 0; j < 64; j++) if (fabs(R.eval_logits[j] - ref.eval_logits[j]) > eg) eg = fabs(R.eval_logits[j] - ref.eval_logits[j]);
+                    CHECK(el < 1e-4 && eg < 1e-3 && R.eval_correct == ref.eval_correct, "dp %d x tp %d%s: a 1 x 7 evaluation matches (loss rel %.1e, logits abs %.1e, %lld = %lld correct)",
+                          cfg[ci][0], cfg[ci][1], cfg[ci][3] ? " + sp" : "", el, eg, (long long)R.eval_correct, (long long)ref.eval_correct);
+                }
                 if (ml > worst_l) worst_l = ml;
                 if (mw > worst_w) worst_w = mw;
-                CHECK(ml < 2e-5 && mw < 1e-4, "dp %d x tp %d zero %d, accum %d%s, %s: %d steps equal one rank (loss/norm rel %.1e, weights abs %.1e)",
-                      cfg[ci][0], cfg[ci][1], cfg[ci][2], ai, ai == 2 ? " + full recompute" : "", tied ? "tied" : "untied", STEPS, ml, mw);
+                CHECK(ml < 2e-5 && mw < 1e-4, "dp %d x tp %d%s zero %d, accum %d%s, %s: %d steps equal one rank (loss/norm rel %.1e, weights abs %.1e)",
+                      cfg[ci][0], cfg[ci][1], cfg[ci][3] ? " + sp" : "", cfg[ci][2], ai, ai == 2 ? " + full recompute" : "", tied ? "tied" : "untied", STEPS, ml, mw);
                 if (ai == 1 && !tied) {
                     int r, ok = 1;
                     for (r = 0; r < cfg[ci][0] * cfg[ci][1]; r++) ok &= !memcmp(&R.mem[r], &R.est[r], sizeof(us_memory));
-                    CHECK(ok, "dp %d x tp %d zero %d: every rank's memory equals the estimate (params %zu, activations %zu bytes)",
-                          cfg[ci][0], cfg[ci][1], cfg[ci][2], R.mem[0].params, R.mem[0].activations);
+                    CHECK(ok, "dp %d x tp %d%s zero %d: every rank's memory equals the estimate (params %zu, activations %zu bytes)",
+                          cfg[ci][0], cfg[ci][1], cfg[ci][3] ? " + sp" : "", cfg[ci][2], R.mem[0].params, R.mem[0].activations);
                 }
                 free(R.weights);
             }
@@ -165,6 +184,14 @@ int main(int argc, char **argv) {
         us_memory_estimate(&mc, &tc, &b, NULL, 0);
         CHECK(b.params < a.params / 3 && b.activations < a.activations, "tp 4 holds %.2f of the weights and %.2f of the activations of tp 1 (norms and the residual stream are replicated)",
               (double)b.params / a.params, (double)b.activations / a.activations);
+        {   /* SP: the per-layer activations shrink further (the Playbook's table: TP+SP divides all of them by tp) */
+            us_memory c1, c2;
+            tc.tp = 4; tc.recompute = US_RECOMPUTE_NONE; tc.batch = 8; tc.seq = 512;
+            us_memory_estimate(&mc, &tc, &c1, NULL, 0);
+            tc.sp = 1;
+            us_memory_estimate(&mc, &tc, &c2, NULL, 0);
+            CHECK(c2.activations < c1.activations, "tp 4 + sp: activations %.1f MiB < tp 4 alone %.1f MiB", c2.activations / 1048576.0, c1.activations / 1048576.0);
+        }
     }
     {   /* invalid sizes: one sentence each */
         us_model_config mc; us_train_config tc; char err[200];
@@ -177,6 +204,9 @@ int main(int argc, char **argv) {
         memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
         mc.n_heads = 4; tc.tp = 3;
         CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID && strstr(err, "heads=4"), "tp 3 with 4 heads: %s", err);
+        memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
+        tc.sp = 1;
+        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID && strstr(err, "tp > 1"), "sp without tp: %s", err);
     }
     return us_test_done("test_tp");
 }

@@ -93,16 +93,17 @@ then ok "--trace writes one process row per rank with compute and comm rows"; el
 
 # tensor parallelism: flags, errors, and the loss curve of one rank
 expect 2 "tp must divide the heads" "tp=3 must divide heads=4" -- --tp 3
-"$BIN" --steps 40 --eval-every 0 --quiet --dp 2 --tp 2 --zero 1 --log "$T/tp.jsonl" > "$T/tp.txt" 2>&1; rc=$?
+expect 2 "sp needs tp" "it needs tp > 1" -- --sp
+"$BIN" --steps 40 --eval-every 0 --quiet --dp 2 --tp 2 --sp --zero 1 --log "$T/tp.jsonl" > "$T/tp.txt" 2>&1; rc=$?
 if [ "$rc" -eq 0 ] && python3 - "$T/dp1.jsonl" "$T/tp.jsonl" <<'PY'
 import json, sys
 a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
 b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
 assert len(a) == len(b) == 40
 worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
-print("  --dp 2 --tp 2 --zero 1 vs one rank: 40 losses within %.1e relative" % worst)
+print("  --dp 2 --tp 2 --sp --zero 1 vs one rank: 40 losses within %.1e relative" % worst)
 assert worst < 1e-4, worst
 PY
-then ok "--dp 2 --tp 2 --zero 1 trains the task to the loss curve of one rank"; else bad "--dp 2 --tp 2 curve (exit $rc) $(tail -3 "$T/tp.txt")"; fi
+then ok "--dp 2 --tp 2 --sp --zero 1 trains the task to the loss curve of one rank"; else bad "--dp 2 --tp 2 curve (exit $rc) $(tail -3 "$T/tp.txt")"; fi
 echo "test_train_cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
