@@ -146,6 +146,52 @@ static void test_ops(us_dtype dt, int64_t NH, int64_t NKV, int64_t HS, int64_t F
         CHECK(same == N, "xent argmax agrees on %lld of %lld rows", (long long)same, (long long)N);
         fin(&bl); fin(&bt); fin(&bls); fin(&bam); free(am);
     }
+    {   /* tensor parallelism's vocabulary-parallel cross-entropy (one rank's view: targets local,
+           -1 elsewhere, -2 ignored; the stats would be all-reduced between the passes) and the
+           embedding of tokens held by another rank (zero rows, skipped in the backward) */
+        int32_t *tl = (int32_t *)malloc((size_t)N * 4), *tk = (int32_t *)malloc((size_t)N * 4);
+        for (i = 0; i < N; i++) { tl[i] = tgt[i] < 0 ? -2 : i % 5 == 1 ? -1 : tgt[i]; tk[i] = i % 3 == 0 ? -1 : tok[i]; }
+        {
+            buf bl = mk(hlg, N * V * a), bt = mk(tl, N * 4), bmx = mk(x, N * 4), bam = mk(tok, N * 4), bse = mk(x, N * 8), btl = mk(x, N * 4), bls = mk(x, N * 4);
+            int32_t *am = (int32_t *)malloc((size_t)N * 4);
+            int64_t same = 0;
+            Ccpu.xent_stats(&Ccpu, (float *)bmx.h, (int32_t *)bam.h, NULL, NULL, bl.h, (int32_t *)bt.h, N, V, dt);
+            G.xent_stats(&G, (float *)bmx.d, (int32_t *)bam.d, NULL, NULL, bl.d, (int32_t *)bt.d, N, V, dt);
+            cmp("vocab-parallel xent row max", &bmx, US_F32, N);
+            down(am, bam.d, (size_t)N * 4);
+            for (i = 0; i < N; i++) same += am[i] == ((int32_t *)bam.h)[i];
+            CHECK(same == N, "vocab-parallel xent argmax agrees on %lld of %lld rows", (long long)same, (long long)N);
+            same_in(&bmx);
+            Ccpu.xent_stats(&Ccpu, (float *)bmx.h, NULL, (double *)bse.h, (float *)btl.h, bl.h, (int32_t *)bt.h, N, V, dt);
+            G.xent_stats(&G, (float *)bmx.d, NULL, (double *)bse.d, (float *)btl.d, bl.d, (int32_t *)bt.d, N, V, dt);
+            {   /* f64 sums: compare as relative errors by hand */
+                double *gs = (double *)malloc((size_t)N * 8), e = 0;
+                down(gs, bse.d, (size_t)N * 8);
+                for (i = 0; i < N; i++) { double d = fabs(gs[i] - ((double *)bse.h)[i]) / ((double *)bse.h)[i]; if (d > e) e = d; }
+                CHECK(e < 1e-6, "vocab-parallel xent Σexp rel err %.2e", e);
+                free(gs);
+            }
+            cmp("vocab-parallel xent target logit", &btl, US_F32, N);
+            same_in(&bse); same_in(&btl);
+            Ccpu.xent_finish(&Ccpu, (float *)bls.h, bl.h, (int32_t *)bt.h, (float *)bmx.h, (double *)bse.h, (float *)btl.h, N, V, 0.01f, dt);
+            G.xent_finish(&G, (float *)bls.d, bl.d, (int32_t *)bt.d, (float *)bmx.d, (double *)bse.d, (float *)btl.d, N, V, 0.01f, dt);
+            cmp("vocab-parallel xent losses", &bls, US_F32, N);
+            cmp("vocab-parallel xent dlogits", &bl, dt, N * V);
+            fin(&bl); fin(&bt); fin(&bmx); fin(&bam); fin(&bse); fin(&btl); fin(&bls); free(am);
+        }
+        {
+            buf bk = mk(tk, N * 4), bwt = mk(hwt, V * C * a), bo = mk(hx, N * C * a), bdw = mk(wt, V * C * 4);
+            Ccpu.embedding_fwd(&Ccpu, bo.h, (int32_t *)bk.h, bwt.h, N, C, dt);
+            G.embedding_fwd(&G, bo.d, (int32_t *)bk.d, bwt.d, N, C, dt);
+            cmp("embedding fwd, other ranks' tokens", &bo, dt, N * C);
+            same_in(&bo);
+            Ccpu.embedding_bwd(&Ccpu, (float *)bdw.h, bo.h, (int32_t *)bk.h, N, C, dt);
+            G.embedding_bwd(&G, (float *)bdw.d, bo.d, (int32_t *)bk.d, N, C, dt);
+            cmp("embedding bwd, other ranks' tokens", &bdw, US_F32, V * C);
+            fin(&bk); fin(&bwt); fin(&bo); fin(&bdw);
+        }
+        free(tl); free(tk);
+    }
     {   /* AdamW with a bf16 copy, Σx² */
         int64_t n = adam_n + adam_off, o = adam_off;
         float *p = rnd_f32(n, 1), *g = rnd_f32(n, 1), *m = rnd_f32(n, 0.1f), *v = rnd_f32(n, 0.1f);

@@ -33,6 +33,7 @@ typedef struct run {
     float eval_logits[64];    /* the last position's logits of a 1 x 7 evaluation (N not a multiple of tp) */
     double eval_loss;
     int64_t eval_correct;
+    us_trace *trace;          /* [ranks] when set: each rank's trace */
     us_memory mem[8], est[8];
 } run;
 
@@ -75,6 +76,7 @@ static us_result rank_fn(us_comm *c, void *arg) {
     if (r != US_OK) { printf("  rank %d init: %s\n", rank, m.err); free(in); free(tgt); return r; }
     us_memory_estimate(&R->mc, &tc, &R->est[rank], NULL, 0);
     R->mem[rank] = m.mem;
+    if (R->trace && c) { us_trace_init(&R->trace[rank], rank); m.trace = &R->trace[rank]; c->trace = m.trace; }
     dr = m.mesh.dp_rank;
     for (s = 0; s < STEPS && r == US_OK; s++) {
         us_step_stats st;
@@ -88,6 +90,7 @@ static us_result rank_fn(us_comm *c, void *arg) {
         if (rank == 0) { R->loss[s] = st.loss; R->gnorm[s] = st.grad_norm; }
     }
     if (r == US_OK && R->weights) collect(R, &m);
+    if (c) c->trace = NULL;
     if (r == US_OK) {   /* an evaluation whose 7 tokens do not split evenly over tp (SP pads them) */
         float lg[64];
         double ls = 0;
@@ -175,6 +178,34 @@ int main(int argc, char **argv) {
             free(ref.weights); free(ref.in); free(ref.tgt);
         }
     printf("  observed: losses and gradient norms within %.2e relative, final weights within %.2e absolute of one rank\n", worst_l, worst_w);
+    {   /* the trace of a tp 2 + sp step: the TP collectives are on the comm rows, and nothing
+           of the forward can run ahead of them (each is waited before the next GEMM) */
+        us_trace tr[2];
+        int r, ag = 0, rs = 0, ar = 0;
+        us_test_rs = 3;
+        memset(tr, 0, sizeof tr);
+        {
+            run R;
+            int64_t n = (int64_t)STEPS * GB * T, i;
+            setup(&R, 1, 2, 0, 1, 0, US_RECOMPUTE_NONE, 1);
+            R.in = (int32_t *)malloc((size_t)n * 4); R.tgt = (int32_t *)malloc((size_t)n * 4);
+            for (i = 0; i < n; i++) { R.in[i] = (int32_t)(rnd64() % 64); R.tgt[i] = (int32_t)(rnd64() % 64); }
+            R.trace = tr;
+            CHECK(launch(&R) == US_OK, "traced tp 2 + sp run");
+            free(R.in); free(R.tgt);
+        }
+        for (r = 0; r < 2; r++) {
+            int i;
+            for (i = 0; i < tr[r].n[US_STREAM_COMM]; i++) {
+                const char *nm = tr[r].ev[US_STREAM_COMM][i].name;
+                ag += !strncmp(nm, "all_gather", 10); rs += !strncmp(nm, "reduce_scatter", 14); ar += !strncmp(nm, "all_reduce", 10);
+            }
+            us_trace_free(&tr[r]);
+        }
+        /* per step and rank: 2 layers x (2 g in the forward + 4 in the backward) + the head's 1 + the embedding's 1 */
+        CHECK(ag >= 2 * STEPS * (2 * 6 + 2) && rs >= 2 * STEPS * (2 * 4 + 2) && ar > 0,
+              "the trace shows SP's all-gathers (%d) and reduce-scatters (%d) and the loss's all-reduces (%d) on the comm rows", ag, rs, ar);
+    }
     {   /* tp shrinks what each rank holds: the estimator over tp 1, 2, 4 */
         us_model_config mc; us_train_config tc; us_memory a, b;
         memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
