@@ -22,8 +22,8 @@
 static void usage(FILE *f) {
     fprintf(f,
         "usage: memory [flags]\n"
-        "Training memory for one rank (no parallelism): parameters, gradients, master weights,\n"
-        "AdamW state and activations, from the Playbook's formulas applied to ultrascale's layout.\n"
+        "Training memory for one rank: parameters, gradients, master weights, AdamW state and\n"
+        "activations, from the Playbook's formulas applied to ultrascale's layout (ZeRO, TP, SP).\n"
         "model:\n"
         "  --model NAME      preset: tiny | llama-1b | llama-8b | llama-70b (default tiny,\n"
         "                    the library defaults); the flags below override its fields\n"
@@ -45,6 +45,11 @@ static void usage(FILE *f) {
         "  --recompute R     none | selective | full (default none)\n"
         "  --batch N         sequences per micro-batch B (default 1)\n"
         "  --seq N           tokens per sequence T for the table (default 4096)\n"
+        "parallelism (the rank's share):\n"
+        "  --dp N            data-parallel ranks (default 1); --zero K shards over them\n"
+        "  --zero K          ZeRO stage 0 | 1 | 2 | 3 (default 0)\n"
+        "  --tp N            tensor-parallel ranks (default 1)\n"
+        "  --sp              sequence parallelism over the tp ranks\n"
         "output:\n"
         "  --svg FILE        also write a stacked bar chart of memory over sequence length\n"
         "  --seqs LIST       the chart's sequence lengths, comma-separated\n"
@@ -83,7 +88,7 @@ typedef struct options {
     int64_t layers, dim, heads, kv_heads, ffn, vocab, tied;
     us_precision precision;
     us_recompute recompute;
-    int64_t batch, seq;
+    int64_t batch, seq, dp, zero, tp, sp;
     const char *svg;
     int64_t seqs[MAX_SEQS];
     int n_seqs;
@@ -131,13 +136,15 @@ static void options_defaults(options *o) {
     o->recompute = US_RECOMPUTE_NONE;
     o->batch = 1;
     o->seq = 4096;
+    o->dp = o->tp = 1;
     o->n_seqs = (int)(sizeof seqs / sizeof seqs[0]);
     memcpy(o->seqs, seqs, sizeof seqs);
 }
 
 static int takes_value(const char *flag) {
     static const char *const flags[] = { "--model", "--layers", "--dim", "--heads", "--kv-heads", "--ffn", "--vocab",
-                                         "--precision", "--recompute", "--batch", "--seq", "--seqs", "--svg" };
+                                         "--precision", "--recompute", "--batch", "--seq", "--seqs", "--svg",
+                                         "--dp", "--zero", "--tp" };
     size_t i;
     for (i = 0; i < sizeof flags / sizeof flags[0]; i++) if (!strcmp(flag, flags[i])) return 1;
     return 0;
@@ -152,6 +159,7 @@ static int parse_args(int argc, char **argv, options *o) {
         int ok = 1;
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) { usage(stdout); return 0; }
         if (!strcmp(f, "--tied") || !strcmp(f, "--untied")) { o->tied = f[2] == 't'; o->modified = 1; continue; }
+        if (!strcmp(f, "--sp")) { o->sp = 1; continue; }
         if (strncmp(f, "--", 2)) return bad("unexpected argument", f);
         if (!takes_value(f)) return bad("unknown flag", f);
         if (!v) return bad("missing value for", f);
@@ -168,6 +176,9 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(f, "--batch"))    ok = parse_i64(v, 1, 1 << 24, &o->batch);
         else if (!strcmp(f, "--seq"))      ok = parse_i64(v, 1, 1 << 24, &o->seq);
         else if (!strcmp(f, "--seqs"))     ok = parse_seqs(v, o);
+        else if (!strcmp(f, "--dp"))       ok = parse_i64(v, 1, 1 << 20, &o->dp);
+        else if (!strcmp(f, "--zero"))     ok = parse_i64(v, 0, 3, &o->zero);
+        else if (!strcmp(f, "--tp"))       ok = parse_i64(v, 1, 1 << 16, &o->tp);
         else if (!strcmp(f, "--svg"))      o->svg = v;
         else if (!strcmp(f, "--precision")) {
             if (!strcmp(v, "fp32")) o->precision = US_PRECISION_FP32;
@@ -207,6 +218,7 @@ static void build_configs(const options *o, us_model_config *mc, us_train_config
     tc->recompute = o->recompute;
     tc->batch = (int)o->batch;
     tc->seq = (int)o->seq;
+    tc->dp = (int)o->dp; tc->zero = (int)o->zero; tc->tp = (int)o->tp; tc->sp = (int)o->sp;
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -302,8 +314,9 @@ static void print_table(const options *o, const us_model_config *mc, const us_tr
     int64_t P = us_param_count(mc);
     describe_model(mc, buf, sizeof buf);
     printf("memory: %s (%s)\n", model_label(o), buf);
-    printf("        precision %s, recompute %s, batch %d x seq %d, one rank\n\n", us_precision_name(tc->precision),
-           us_recompute_name(tc->recompute), tc->batch, tc->seq);
+    printf("        precision %s, recompute %s, batch %d x seq %d, per rank of dp %d (ZeRO-%d) x tp %d%s\n\n",
+           us_precision_name(tc->precision), us_recompute_name(tc->recompute), tc->batch, tc->seq, tc->dp, tc->zero, tc->tp,
+           tc->sp ? " + sp" : "");
     short_count(P, buf, sizeof buf);
     printf("  %-34s %22s  (%s)\n\n", "parameters", commas((uint64_t)P, cnt, sizeof cnt), buf);
     printf("  %-34s %22s %10s %7s\n", "category", "bytes", "GiB", "share");

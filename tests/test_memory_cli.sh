@@ -93,5 +93,15 @@ done
 run --model llama-8b --vocab 2 --batch 16777216 --seq 16777216
 check "an overflowing configuration is refused, exit 2" $([ "$RC" -eq 2 ] && [[ "$ERR" == memory:* ]]; echo $?)
 
+# parallelism: the rank's share shrinks stage by stage, and bad sizes are refused
+total() { "$BIN" --model llama-8b "$@" | awk '/^  total/ { gsub(",", "", $2); print $2 }'; }
+t0=$(total); t1=$(total --dp 8 --zero 1); t2=$(total --dp 8 --zero 2); t3=$(total --dp 8 --zero 3); tt=$(total --tp 8 --sp)
+check "ZeRO-1/2/3 over 8 ranks: each stage smaller ($t0 > $t1 > $t2 > $t3)" $([ "$t0" -gt "$t1" ] && [ "$t1" -gt "$t2" ] && [ "$t2" -gt "$t3" ]; echo $?)
+check "tp 8 + sp: under a fifth of one rank ($tt)" $([ $((tt * 5)) -lt "$t0" ]; echo $?)
+run --tp 3
+check "--tp 3 with 4 heads exits 2 naming them" $([ "$RC" -eq 2 ] && [[ "$ERR" == *"heads=4"* ]]; echo $?)
+run --zero 4
+check "--zero 4 exits 2" $([ "$RC" -eq 2 ]; echo $?)
+
 echo "test_memory_cli: $PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]
