@@ -233,6 +233,22 @@ struct us_ops {
     void  (*attention_fwd)(us_ops *o, void *out, float *lse, const void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS, us_dtype dt);
     /* dqkv[B,T,QKV] = (overwrites) gradient from dout[B,T,NH·HS] */
     void  (*attention_bwd)(us_ops *o, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse, int64_t B, int64_t T, int NH, int NKV, int HS, us_dtype dt);
+    /* Attention by key blocks with global positions — the building block of context parallelism
+       (ring attention visits the blocks one by one, the all-gather variant once). Queries are
+       the q heads of qkv[B,Tq,QKV]; a block's keys and values are kv[B,Tk,2·NKV·HS] (k heads,
+       then v heads); qpos i32[Tq], kpos i32[Tk] are global positions (a key is seen by a query
+       when kpos ≤ qpos). The online-softmax state f32 acc[B,NH,Tq,HS], m and l [B,NH,Tq] carries
+       over blocks (init = 1 on the first); finish writes out[B,Tq,NH·HS] = acc/l and
+       lse[B,NH,Tq] = m + log l (a row that saw no key gets 0 and -inf). */
+    void  (*attn_block_fwd)(us_ops *o, float *acc, float *m, float *l, const void *qkv, const void *kv, const int32_t *qpos,
+                            const int32_t *kpos, int64_t B, int64_t Tq, int64_t Tk, int NH, int NKV, int HS, int init, us_dtype dt);
+    void  (*attn_block_finish)(us_ops *o, void *out, float *lse, const float *acc, const float *m, const float *l,
+                               int64_t B, int64_t Tq, int NH, int HS, us_dtype dt);
+    /* Its backward for one block, from the final out and lse: dq f32[B,Tq,NH·HS] += and
+       dkv f32[B,Tk,2·NKV·HS] += (the block's keys' and values' gradients). */
+    void  (*attn_block_bwd)(us_ops *o, float *dq, float *dkv, const void *dout, const void *qkv, const void *out, const float *lse,
+                            const void *kv, const int32_t *qpos, const int32_t *kpos, int64_t B, int64_t Tq, int64_t Tk,
+                            int NH, int NKV, int HS, us_dtype dt);
     /* h[N,F] = silu(gu[:, :F]) · gu[:, F:];  bwd overwrites dgu[N,2F] */
     void  (*swiglu_fwd)(us_ops *o, void *h, const void *gu, int64_t N, int64_t F, us_dtype dt);
     void  (*swiglu_bwd)(us_ops *o, void *dgu, const void *dh, const void *gu, int64_t N, int64_t F, us_dtype dt);
@@ -1779,6 +1795,112 @@ static void us__cpu_attention_bwd(us_ops *o, void *dqkv, const void *dout, const
     }
 }
 
+/* Attention by key blocks with positions (context parallelism's building block): one thread per
+   (batch, query head) runs the online softmax of the existing kernel over the block's visible
+   keys, continuing the state (acc, m, l) of earlier blocks. */
+static void us__cpu_attn_block_fwd(us_ops *o, float *acc, float *m, float *l, const void *qkv, const void *kv, const int32_t *qpos,
+                                   const int32_t *kpos, int64_t B, int64_t Tq, int64_t Tk, int NH, int NKV, int HS, int init, us_dtype dt) {
+    int us__nt = us__threads(o);
+    int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, KV = (int64_t)2 * NKV * HS, bh;
+    float scale = 1.0f / sqrtf((float)HS);
+    (void)us__nt;
+    US__PARALLEL_FOR_DYNAMIC
+    for (bh = 0; bh < B * NH; bh++) {
+        int64_t b = bh / NH, i, j0, j;
+        int h = (int)(bh % NH), g = h / (NH / NKV), d;
+        float *k = (float *)us__scratch(((size_t)2 * Tk * HS + HS + US__ATT_BLOCK) * 4), *v = k + Tk * HS, *q = v + Tk * HS, *s = q + HS;
+        for (j = 0; j < Tk; j++) {
+            us__load_f32(k + j * HS, us__at(kv, dt, (b * Tk + j) * KV + (int64_t)g * HS), dt, HS);
+            us__load_f32(v + j * HS, us__at(kv, dt, (b * Tk + j) * KV + (int64_t)(NKV + g) * HS), dt, HS);
+        }
+        for (i = 0; i < Tq; i++) {
+            int64_t r = (b * NH + h) * Tq + i;
+            float *ar = acc + r * HS;
+            if (init) { m[r] = -INFINITY; l[r] = 0; for (d = 0; d < HS; d++) ar[d] = 0; }
+            us__load_f32(q, us__at(qkv, dt, (b * Tq + i) * QKV + (int64_t)h * HS), dt, HS);
+            for (j0 = 0; j0 < Tk; j0 += US__ATT_BLOCK) {
+                int64_t j1 = j0 + US__ATT_BLOCK < Tk ? j0 + US__ATT_BLOCK : Tk;
+                float bm = -INFINITY, mnew, corr;
+                for (j = j0; j < j1; j++) {
+                    s[j - j0] = kpos[j] <= qpos[i] ? us__dot(q, k + j * HS, HS) * scale : -INFINITY;
+                    if (s[j - j0] > bm) bm = s[j - j0];
+                }
+                if (bm == -INFINITY) continue;   /* nothing visible in this block */
+                mnew = m[r] > bm ? m[r] : bm;
+                corr = expf(m[r] - mnew);
+                l[r] *= corr;
+                for (d = 0; d < HS; d++) ar[d] *= corr;
+                for (j = j0; j < j1; j++) {
+                    float p;
+                    if (s[j - j0] == -INFINITY) continue;
+                    p = expf(s[j - j0] - mnew);
+                    l[r] += p;
+                    for (d = 0; d < HS; d++) ar[d] += p * v[j * HS + d];
+                }
+                m[r] = mnew;
+            }
+        }
+        US_FREE(k);
+    }
+}
+static void us__cpu_attn_block_finish(us_ops *o, void *out, float *lse, const float *acc, const float *m, const float *l,
+                                      int64_t B, int64_t Tq, int NH, int HS, us_dtype dt) {
+    int64_t r;
+    float *row = (float *)us__scratch((size_t)HS * 4);
+    int d;
+    (void)o;
+    for (r = 0; r < B * NH * Tq; r++) {
+        int64_t b = r / (NH * Tq), h = r / Tq % NH, i = r % Tq;
+        for (d = 0; d < HS; d++) row[d] = l[r] > 0 ? acc[r * HS + d] / l[r] : 0.0f;
+        us__store_f32(us__at(out, dt, (b * Tq + i) * NH * HS + h * HS), dt, row, HS);
+        lse[r] = l[r] > 0 ? m[r] + logf(l[r]) : -INFINITY;
+    }
+    US_FREE(row);
+}
+/* One thread per (batch, kv head): it owns that head's dK, dV of the block and dQ of its query
+   heads, so every sum has one order whatever the thread count. */
+static void us__cpu_attn_block_bwd(us_ops *o, float *dq, float *dkv, const void *dout, const void *qkv, const void *out, const float *lse,
+                                   const void *kv, const int32_t *qpos, const int32_t *kpos, int64_t B, int64_t Tq, int64_t Tk,
+                                   int NH, int NKV, int HS, us_dtype dt) {
+    int us__nt = us__threads(o);
+    int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, KV = (int64_t)2 * NKV * HS, bg;
+    int grp = NH / NKV;
+    float scale = 1.0f / sqrtf((float)HS);
+    (void)us__nt;
+    US__PARALLEL_FOR_DYNAMIC
+    for (bg = 0; bg < B * NKV; bg++) {
+        int64_t b = bg / NKV, i, j;
+        int g = (int)(bg % NKV), h, d;
+        float *k = (float *)us__scratch(((size_t)2 * Tk * HS + 3 * (size_t)HS) * 4), *v = k + Tk * HS, *q = v + Tk * HS, *dob = q + HS, *ob = dob + HS;
+        for (j = 0; j < Tk; j++) {
+            us__load_f32(k + j * HS, us__at(kv, dt, (b * Tk + j) * KV + (int64_t)g * HS), dt, HS);
+            us__load_f32(v + j * HS, us__at(kv, dt, (b * Tk + j) * KV + (int64_t)(NKV + g) * HS), dt, HS);
+        }
+        for (h = g * grp; h < (g + 1) * grp; h++)
+            for (i = 0; i < Tq; i++) {
+                int64_t orow = (b * Tq + i) * NH * HS + (int64_t)h * HS;
+                float L = lse[(b * NH + h) * Tq + i], D, *dqr = dq + orow;
+                if (L == -INFINITY) continue;
+                us__load_f32(q, us__at(qkv, dt, (b * Tq + i) * QKV + (int64_t)h * HS), dt, HS);
+                us__load_f32(ob, us__at(out, dt, orow), dt, HS);
+                us__load_f32(dob, us__at(dout, dt, orow), dt, HS);
+                D = us__dot(dob, ob, HS);
+                for (j = 0; j < Tk; j++) {
+                    float p, ds, *dk = dkv + (b * Tk + j) * KV + (int64_t)g * HS, *dv = dkv + (b * Tk + j) * KV + (int64_t)(NKV + g) * HS;
+                    if (kpos[j] > qpos[i]) continue;
+                    p = expf(us__dot(q, k + j * HS, HS) * scale - L);
+                    ds = p * (us__dot(dob, v + j * HS, HS) - D) * scale;
+                    for (d = 0; d < HS; d++) {
+                        dqr[d] += ds * k[j * HS + d];
+                        dk[d] += ds * q[d];
+                        dv[d] += p * dob[d];
+                    }
+                }
+            }
+        US_FREE(k);
+    }
+}
+
 US_API void us_attention_naive_fwd(float *out, const float *qkv, int64_t B, int64_t T, int NH, int NKV, int HS) {
     int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, b, i, j;
     float *S = (float *)us__scratch((size_t)T * T * 4);
@@ -1849,6 +1971,7 @@ US_API us_ops us_cpu_ops(int nthreads) {
     o.rmsnorm_fwd = us__cpu_rmsnorm_fwd;      o.rmsnorm_bwd = us__cpu_rmsnorm_bwd;
     o.rope_fwd = us__cpu_rope_fwd;            o.rope_bwd = us__cpu_rope_bwd;
     o.attention_fwd = us__cpu_attention_fwd;  o.attention_bwd = us__cpu_attention_bwd;
+    o.attn_block_fwd = us__cpu_attn_block_fwd; o.attn_block_finish = us__cpu_attn_block_finish; o.attn_block_bwd = us__cpu_attn_block_bwd;
     o.swiglu_fwd = us__cpu_swiglu_fwd;        o.swiglu_bwd = us__cpu_swiglu_bwd;
     o.xent = us__cpu_xent;           o.adamw = us__cpu_adamw;         o.sumsq = us__cpu_sumsq;
     o.axpy = us__cpu_axpy;           o.xent_stats = us__cpu_xent_stats; o.xent_finish = us__cpu_xent_finish;

@@ -783,6 +783,121 @@ __global__ void __launch_bounds__(US__XENT_THREADS) us__k_xent_vec(float *losses
             }
     }
 }
+/* Attention by key blocks with positions (context parallelism): plain kernels, one thread per
+   query row (forward, dQ) or per key row (dK, dV), so every sum has one order and no atomics.
+   Correct and simple; a tiled version belongs with flash attention. */
+template <typename T>
+__global__ void us__k_attn_block_fwd(float *acc, float *m, float *l, const T *qkv, const T *kv, const int32_t *qpos, const int32_t *kpos,
+                                     int64_t B, int64_t Tq, int64_t Tk, int NH, int NKV, int HS, int init, float scale) {
+    int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, j;
+    int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, KV = (int64_t)2 * NKV * HS;
+    if (r >= B * NH * Tq) return;
+    int64_t b = r / (NH * Tq), i = r % Tq;
+    int h = (int)(r / Tq % NH), g = h / (NH / NKV), d;
+    float *ar = acc + r * HS, mr = init ? -INFINITY : m[r], lr = init ? 0.0f : l[r];
+    const T *q = qkv + (b * Tq + i) * QKV + (int64_t)h * HS;
+    if (init) for (d = 0; d < HS; d++) ar[d] = 0;
+    for (j = 0; j < Tk; j++) {
+        const T *k = kv + (b * Tk + j) * KV + (int64_t)g * HS, *v = kv + (b * Tk + j) * KV + (int64_t)(NKV + g) * HS;
+        float sc = 0, p;
+        if (kpos[j] > qpos[i]) continue;
+        for (d = 0; d < HS; d++) sc += us__ld(q, d) * us__ld(k, d);
+        sc *= scale;
+        if (sc > mr) {   /* a new maximum: rescale what was summed */
+            float corr = expf(mr - sc);
+            lr *= corr;
+            for (d = 0; d < HS; d++) ar[d] *= corr;
+            mr = sc;
+        }
+        p = expf(sc - mr);
+        lr += p;
+        for (d = 0; d < HS; d++) ar[d] += p * us__ld(v, d);
+    }
+    m[r] = mr; l[r] = lr;
+}
+template <typename T>
+__global__ void us__k_attn_block_finish(T *out, float *lse, const float *acc, const float *m, const float *l, int64_t B, int64_t Tq, int NH, int HS) {
+    int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= B * NH * Tq) return;
+    int64_t b = r / (NH * Tq), h = r / Tq % NH, i = r % Tq;
+    int d;
+    for (d = 0; d < HS; d++) us__st(out, (b * Tq + i) * NH * HS + h * HS + d, l[r] > 0 ? acc[r * HS + d] / l[r] : 0.0f);
+    lse[r] = l[r] > 0 ? m[r] + logf(l[r]) : -INFINITY;
+}
+template <typename T>
+__global__ void us__k_attn_block_dq(float *dq, const T *dout, const T *qkv, const T *out, const float *lse, const T *kv,
+                                    const int32_t *qpos, const int32_t *kpos, int64_t B, int64_t Tq, int64_t Tk, int NH, int NKV, int HS, float scale) {
+    int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, j;
+    int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, KV = (int64_t)2 * NKV * HS;
+    if (r >= B * NH * Tq) return;
+    int64_t b = r / (NH * Tq), i = r % Tq;
+    int h = (int)(r / Tq % NH), g = h / (NH / NKV), d;
+    int64_t orow = (b * Tq + i) * NH * HS + (int64_t)h * HS;
+    const T *q = qkv + (b * Tq + i) * QKV + (int64_t)h * HS;
+    float L = lse[r], D = 0;
+    if (L == -INFINITY) return;
+    for (d = 0; d < HS; d++) D += us__ld(dout, orow + d) * us__ld(out, orow + d);
+    for (j = 0; j < Tk; j++) {
+        const T *k = kv + (b * Tk + j) * KV + (int64_t)g * HS, *v = kv + (b * Tk + j) * KV + (int64_t)(NKV + g) * HS;
+        float sc = 0, dp = 0, p, ds;
+        if (kpos[j] > qpos[i]) continue;
+        for (d = 0; d < HS; d++) { sc += us__ld(q, d) * us__ld(k, d); dp += us__ld(dout, orow + d) * us__ld(v, d); }
+        p = expf(sc * scale - L);
+        ds = p * (dp - D) * scale;
+        for (d = 0; d < HS; d++) dq[orow + d] += ds * us__ld(k, d);
+    }
+}
+template <typename T>
+__global__ void us__k_attn_block_dkv(float *dkv, const T *dout, const T *qkv, const T *out, const float *lse, const T *kv,
+                                     const int32_t *qpos, const int32_t *kpos, int64_t B, int64_t Tq, int64_t Tk, int NH, int NKV, int HS, float scale) {
+    int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, i;   /* r = (b, g, j) */
+    int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, KV = (int64_t)2 * NKV * HS;
+    if (r >= B * NKV * Tk) return;
+    int64_t b = r / (NKV * Tk), j = r % Tk;
+    int g = (int)(r / Tk % NKV), grp = NH / NKV, h, d;
+    const T *k = kv + (b * Tk + j) * KV + (int64_t)g * HS, *v = kv + (b * Tk + j) * KV + (int64_t)(NKV + g) * HS;
+    float *dk = dkv + (b * Tk + j) * KV + (int64_t)g * HS, *dv = dkv + (b * Tk + j) * KV + (int64_t)(NKV + g) * HS;
+    for (h = g * grp; h < (g + 1) * grp; h++)
+        for (i = 0; i < Tq; i++) {
+            int64_t orow = (b * Tq + i) * NH * HS + (int64_t)h * HS;
+            const T *q = qkv + (b * Tq + i) * QKV + (int64_t)h * HS;
+            float L = lse[(b * NH + h) * Tq + i], D = 0, sc = 0, dp = 0, p, ds;
+            if (kpos[j] > qpos[i] || L == -INFINITY) continue;
+            for (d = 0; d < HS; d++) {
+                D += us__ld(dout, orow + d) * us__ld(out, orow + d);
+                sc += us__ld(q, d) * us__ld(k, d);
+                dp += us__ld(dout, orow + d) * us__ld(v, d);
+            }
+            p = expf(sc * scale - L);
+            ds = p * (dp - D) * scale;
+            for (d = 0; d < HS; d++) { dk[d] += ds * us__ld(q, d); dv[d] += p * us__ld(dout, orow + d); }
+        }
+}
+static void us__cuda_attn_block_fwd(us_ops *o, float *acc, float *m, float *l, const void *qkv, const void *kv, const int32_t *qpos,
+                                    const int32_t *kpos, int64_t B, int64_t Tq, int64_t Tk, int NH, int NKV, int HS, int init, us_dtype dt) {
+    int64_t n = B * NH * Tq;
+    if (n <= 0) return;
+    US__DISPATCH(o, dt, (us__k_attn_block_fwd<T_><<<us__blocks(n, 128), 128, 0, us__cu(o)->stream>>>(acc, m, l, (const T_ *)qkv, (const T_ *)kv,
+                 qpos, kpos, B, Tq, Tk, NH, NKV, HS, init, 1.0f / sqrtf((float)HS))));
+}
+static void us__cuda_attn_block_finish(us_ops *o, void *out, float *lse, const float *acc, const float *m, const float *l,
+                                       int64_t B, int64_t Tq, int NH, int HS, us_dtype dt) {
+    int64_t n = B * NH * Tq;
+    if (n <= 0) return;
+    US__DISPATCH(o, dt, (us__k_attn_block_finish<T_><<<us__blocks(n, 128), 128, 0, us__cu(o)->stream>>>((T_ *)out, lse, acc, m, l, B, Tq, NH, HS)));
+}
+static void us__cuda_attn_block_bwd(us_ops *o, float *dq, float *dkv, const void *dout, const void *qkv, const void *out, const float *lse,
+                                    const void *kv, const int32_t *qpos, const int32_t *kpos, int64_t B, int64_t Tq, int64_t Tk,
+                                    int NH, int NKV, int HS, us_dtype dt) {
+    float scale = 1.0f / sqrtf((float)HS);
+    if (B * NH * Tq > 0)
+        US__DISPATCH(o, dt, (us__k_attn_block_dq<T_><<<us__blocks(B * NH * Tq, 128), 128, 0, us__cu(o)->stream>>>(dq, (const T_ *)dout, (const T_ *)qkv,
+                     (const T_ *)out, lse, (const T_ *)kv, qpos, kpos, B, Tq, Tk, NH, NKV, HS, scale)));
+    if (B * NKV * Tk > 0)
+        US__DISPATCH(o, dt, (us__k_attn_block_dkv<T_><<<us__blocks(B * NKV * Tk, 128), 128, 0, us__cu(o)->stream>>>(dkv, (const T_ *)dout, (const T_ *)qkv,
+                     (const T_ *)out, lse, (const T_ *)kv, qpos, kpos, B, Tq, Tk, NH, NKV, HS, scale)));
+}
+
 /* Vocabulary-parallel cross-entropy (TP): one block per row, plain block reductions. */
 template <typename T>
 __global__ void us__k_xent_stats(float *mx, int32_t *amax, double *sumexp, float *tlogit, const T *logits, const int32_t *tgt, int64_t V) {
@@ -1819,6 +1934,7 @@ US_API us_result us_cuda_ops(us_ops *o, int device, char *err, size_t errlen) {
     o->xent = us__cuda_xent;            o->adamw = us__cuda_adamw;         o->sumsq = us__cuda_sumsq;
     o->axpy = us__cuda_axpy;            o->error = us__cuda_error;
     o->xent_stats = us__cuda_xent_stats; o->xent_finish = us__cuda_xent_finish;
+    o->attn_block_fwd = us__cuda_attn_block_fwd; o->attn_block_finish = us__cuda_attn_block_finish; o->attn_block_bwd = us__cuda_attn_block_bwd;
     return US_OK;
 }
 

@@ -192,6 +192,37 @@ static void test_ops(us_dtype dt, int64_t NH, int64_t NKV, int64_t HS, int64_t F
         }
         free(tl); free(tk);
     }
+    {   /* context parallelism's attention by key blocks with positions: two blocks, then the backward */
+        int64_t Tk = 20, KVW = 2 * NKV * HS;
+        float *kvf = rnd_f32(B * Tk * KVW, 1);
+        void *hkv = as_dt(kvf, B * Tk * KVW, dt);
+        int32_t *qp = (int32_t *)malloc((size_t)T * 4), *kp = (int32_t *)malloc((size_t)Tk * 4), *kp2 = (int32_t *)malloc((size_t)Tk * 4);
+        for (i = 0; i < T; i++) qp[i] = (int32_t)(i + 10);
+        for (i = 0; i < Tk; i++) { kp[i] = (int32_t)(2 * i); kp2[i] = (int32_t)(i + 30); }
+        {
+            buf bq = mk(hq, N * QKV * a), bkv = mk(hkv, B * Tk * KVW * a), bqp = mk(qp, T * 4), bkp = mk(kp, Tk * 4), bkp2 = mk(kp2, Tk * 4);
+            buf bacc = mk(q, B * NH * T * HS * 4), bm = mk(x, B * NH * T * 4), bl = mk(x, B * NH * T * 4);
+            buf bo = mk(hx, N * NH * HS * a), bls = mk(x, B * NH * T * 4), bdo = mk(hdy, N * NH * HS * a);
+            float *zq = (float *)calloc((size_t)N * NH * HS, 4), *zkv = (float *)calloc((size_t)B * Tk * KVW, 4);
+            buf bdq = mk(zq, N * NH * HS * 4), bdkv = mk(zkv, B * Tk * KVW * 4);
+            Ccpu.attn_block_fwd(&Ccpu, (float *)bacc.h, (float *)bm.h, (float *)bl.h, bq.h, bkv.h, (int32_t *)bqp.h, (int32_t *)bkp.h, B, T, Tk, (int)NH, (int)NKV, (int)HS, 1, dt);
+            G.attn_block_fwd(&G, (float *)bacc.d, (float *)bm.d, (float *)bl.d, bq.d, bkv.d, (int32_t *)bqp.d, (int32_t *)bkp.d, B, T, Tk, (int)NH, (int)NKV, (int)HS, 1, dt);
+            Ccpu.attn_block_fwd(&Ccpu, (float *)bacc.h, (float *)bm.h, (float *)bl.h, bq.h, bkv.h, (int32_t *)bqp.h, (int32_t *)bkp2.h, B, T, Tk, (int)NH, (int)NKV, (int)HS, 0, dt);
+            G.attn_block_fwd(&G, (float *)bacc.d, (float *)bm.d, (float *)bl.d, bq.d, bkv.d, (int32_t *)bqp.d, (int32_t *)bkp2.d, B, T, Tk, (int)NH, (int)NKV, (int)HS, 0, dt);
+            Ccpu.attn_block_finish(&Ccpu, bo.h, (float *)bls.h, (float *)bacc.h, (float *)bm.h, (float *)bl.h, B, T, (int)NH, (int)HS, dt);
+            G.attn_block_finish(&G, bo.d, (float *)bls.d, (float *)bacc.d, (float *)bm.d, (float *)bl.d, B, T, (int)NH, (int)HS, dt);
+            cmp("attention by blocks, out", &bo, dt, N * NH * HS);
+            cmp("attention by blocks, lse", &bls, US_F32, B * NH * T);
+            same_in(&bo); same_in(&bls);
+            Ccpu.attn_block_bwd(&Ccpu, (float *)bdq.h, (float *)bdkv.h, bdo.h, bq.h, bo.h, (float *)bls.h, bkv.h, (int32_t *)bqp.h, (int32_t *)bkp.h, B, T, Tk, (int)NH, (int)NKV, (int)HS, dt);
+            G.attn_block_bwd(&G, (float *)bdq.d, (float *)bdkv.d, bdo.d, bq.d, bo.d, (float *)bls.d, bkv.d, (int32_t *)bqp.d, (int32_t *)bkp.d, B, T, Tk, (int)NH, (int)NKV, (int)HS, dt);
+            cmp("attention by blocks, dQ", &bdq, US_F32, N * NH * HS);
+            cmp("attention by blocks, dK|dV", &bdkv, US_F32, B * Tk * KVW);
+            fin(&bq); fin(&bkv); fin(&bqp); fin(&bkp); fin(&bkp2); fin(&bacc); fin(&bm); fin(&bl); fin(&bo); fin(&bls); fin(&bdo); fin(&bdq); fin(&bdkv);
+            free(zq); free(zkv);
+        }
+        free(kvf); free(hkv); free(qp); free(kp); free(kp2);
+    }
     {   /* AdamW with a bf16 copy, Σx² */
         int64_t n = adam_n + adam_off, o = adam_off;
         float *p = rnd_f32(n, 1), *g = rnd_f32(n, 1), *m = rnd_f32(n, 0.1f), *v = rnd_f32(n, 0.1f);
