@@ -226,6 +226,12 @@ struct us_ops {
     void  (*rmsnorm_fwd)(us_ops *o, void *out, float *rstd, const void *x, const void *w, int64_t N, int64_t C, float eps, us_dtype dt);
     /* dx[N,C] += ∂/∂x;  dw f32[C] += ∂/∂w */
     void  (*rmsnorm_bwd)(us_ops *o, void *dx, float *dw, const void *dout, const void *x, const void *w, const float *rstd, int64_t N, int64_t C, us_dtype dt);
+    /* dst[rows, cols] (row stride dld) = src[rows, cols] (row stride sld), elements of dt */
+    void  (*copy2d)(us_ops *o, void *dst, int64_t dld, const void *src, int64_t sld, int64_t rows, int64_t cols, us_dtype dt);
+    /* RoPE at given positions: row t of each sequence rotates by pos[t] (i32[T], all < T_total);
+       dir +1 forward, -1 backward. Context parallelism's tokens are not at positions 0..T-1. */
+    void  (*rope_at)(us_ops *o, void *qkv, const int32_t *pos, int64_t B, int64_t T, int64_t T_total, int NH, int NKV, int HS,
+                     float theta, float dir, us_dtype dt);
     /* in place on the q and k heads of qkv[B,T,QKV] (rotate-half); bwd applies the inverse rotation */
     void  (*rope_fwd)(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS, float theta, us_dtype dt);
     void  (*rope_bwd)(us_ops *o, void *dqkv, int64_t B, int64_t T, int NH, int NKV, int HS, float theta, us_dtype dt);
@@ -1488,7 +1494,7 @@ static void us__cpu_rmsnorm_bwd(us_ops *o, void *dx, float *dw, const void *dout
 
 /* RoPE, Hugging Face "rotate-half": pairs (j, j+HS/2) rotate by pos·theta^(−2j/HS).
    dir = +1 forward, −1 backward (the transpose of a rotation is the inverse rotation). */
-static void us__cpu_rope(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS, float theta, us_dtype dt, int dir) {
+static void us__cpu_rope_pos(us_ops *o, void *qkv, const int32_t *pos, int64_t B, int64_t T, int NH, int NKV, int HS, float theta, us_dtype dt, int dir) {
     int us__nt = us__threads(o);
     int half = HS / 2, nrot = NH + NKV;   /* q heads then k heads are rotated; v is not */
     int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, bt;
@@ -1497,7 +1503,7 @@ static void us__cpu_rope(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int
     int j;
     for (t = 0; t < T; t++)
         for (j = 0; j < half; j++) {
-            double ang = (double)t * pow((double)theta, -2.0 * j / HS);
+            double ang = (double)(pos ? pos[t] : t) * pow((double)theta, -2.0 * j / HS);
             cs[t * half + j] = (float)cos(ang);
             sn[t * half + j] = (float)sin(ang) * (float)dir;
         }
@@ -1522,10 +1528,21 @@ static void us__cpu_rope(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int
     US_FREE(cs);
 }
 static void us__cpu_rope_fwd(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS, float theta, us_dtype dt) {
-    us__cpu_rope(o, qkv, B, T, NH, NKV, HS, theta, dt, 1);
+    us__cpu_rope_pos(o, qkv, NULL, B, T, NH, NKV, HS, theta, dt, 1);
 }
 static void us__cpu_rope_bwd(us_ops *o, void *dqkv, int64_t B, int64_t T, int NH, int NKV, int HS, float theta, us_dtype dt) {
-    us__cpu_rope(o, dqkv, B, T, NH, NKV, HS, theta, dt, -1);
+    us__cpu_rope_pos(o, dqkv, NULL, B, T, NH, NKV, HS, theta, dt, -1);
+}
+static void us__cpu_rope_at(us_ops *o, void *qkv, const int32_t *pos, int64_t B, int64_t T, int64_t T_total, int NH, int NKV, int HS,
+                            float theta, float dir, us_dtype dt) {
+    (void)T_total;
+    us__cpu_rope_pos(o, qkv, pos, B, T, NH, NKV, HS, theta, dt, dir > 0 ? 1 : -1);
+}
+static void us__cpu_copy2d(us_ops *o, void *dst, int64_t dld, const void *src, int64_t sld, int64_t rows, int64_t cols, us_dtype dt) {
+    size_t a = us_dtype_size(dt);
+    int64_t r;
+    (void)o;
+    for (r = 0; r < rows; r++) memcpy((char *)dst + (size_t)(r * dld) * a, (const char *)src + (size_t)(r * sld) * a, (size_t)cols * a);
 }
 
 /* SwiGLU: h = silu(g)·u with g = gu[:, :F], u = gu[:, F:] (gate_proj and up_proj fused in one GEMM). */
@@ -1971,6 +1988,7 @@ US_API us_ops us_cpu_ops(int nthreads) {
     o.rmsnorm_fwd = us__cpu_rmsnorm_fwd;      o.rmsnorm_bwd = us__cpu_rmsnorm_bwd;
     o.rope_fwd = us__cpu_rope_fwd;            o.rope_bwd = us__cpu_rope_bwd;
     o.attention_fwd = us__cpu_attention_fwd;  o.attention_bwd = us__cpu_attention_bwd;
+    o.copy2d = us__cpu_copy2d;          o.rope_at = us__cpu_rope_at;
     o.attn_block_fwd = us__cpu_attn_block_fwd; o.attn_block_finish = us__cpu_attn_block_finish; o.attn_block_bwd = us__cpu_attn_block_bwd;
     o.swiglu_fwd = us__cpu_swiglu_fwd;        o.swiglu_bwd = us__cpu_swiglu_bwd;
     o.xent = us__cpu_xent;           o.adamw = us__cpu_adamw;         o.sumsq = us__cpu_sumsq;

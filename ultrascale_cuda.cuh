@@ -599,6 +599,48 @@ static void us__cuda_rope(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, in
     }
     US__DISPATCH(o, dt, (us__k_rope<T_><<<g, 128, 0, c->stream>>>((T_ *)qkv, c->rope_tab, B * T, T, NH, NKV, HS, dir)));
 }
+/* RoPE at given positions (context parallelism): the table for T_total positions, indexed by pos */
+template <typename T>
+__global__ void us__k_rope_at(T *qkv, const float *tab, const int32_t *pos, int64_t N, int64_t T_len, int64_t T_total, int NH, int NKV, int HS, float dir) {
+    int half = HS / 2, pairs = (NH + NKV) * half;
+    int p = blockIdx.x * blockDim.x + threadIdx.x;
+    int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, n;
+    if (p >= pairs) return;
+    for (n = blockIdx.y; n < N; n += gridDim.y) {
+        int h = p / half, j = p % half;
+        int64_t t = pos[n % T_len];
+        float cs = tab[t * half + j], sn = tab[T_total * half + t * half + j] * dir;
+        T *v = qkv + n * QKV + (int64_t)h * HS;
+        float a = us__ld(v, j), b = us__ld(v, j + half);
+        us__st(v, j, a * cs - b * sn);
+        us__st(v, j + half, b * cs + a * sn);
+    }
+}
+static void us__cuda_rope_at(us_ops *o, void *qkv, const int32_t *pos, int64_t B, int64_t T, int64_t T_total, int NH, int NKV, int HS,
+                             float theta, float dir, us_dtype dt) {
+    us__cuda *c = us__cu(o);
+    int pairs = (NH + NKV) * (HS / 2);
+    dim3 g((unsigned)((pairs + 127) / 128), (unsigned)(B * T < 65535 ? B * T : 65535));
+    if (B * T <= 0) return;
+    if (c->rope_T != T_total || c->rope_HS != HS || c->rope_theta != theta) {   /* as us__cuda_rope's table */
+        size_t need = (size_t)T_total * HS * sizeof(float);
+        if (need > c->rope_bytes) {
+            if (c->rope_tab) us__cuda_free(o, c->rope_tab);
+            c->rope_tab = (float *)us__cuda_alloc(o, need);
+            c->rope_bytes = c->rope_tab ? need : 0;
+            if (!c->rope_tab) { us__cuda_fail(o, "rope table", "out of device memory", __FILE__, __LINE__); return; }
+        }
+        us__k_rope_table<<<us__blocks(T_total * (HS / 2), 256), 256, 0, c->stream>>>(c->rope_tab, T_total, HS, theta);
+        US__LAUNCHED(o);
+        c->rope_T = T_total; c->rope_HS = HS; c->rope_theta = theta;
+    }
+    US__DISPATCH(o, dt, (us__k_rope_at<T_><<<g, 128, 0, c->stream>>>((T_ *)qkv, c->rope_tab, pos, B * T, T, T_total, NH, NKV, HS, dir)));
+}
+static void us__cuda_copy2d(us_ops *o, void *dst, int64_t dld, const void *src, int64_t sld, int64_t rows, int64_t cols, us_dtype dt) {
+    size_t a = us_dtype_size(dt);
+    if (rows <= 0 || cols <= 0) return;
+    US__CU(o, cudaMemcpy2DAsync(dst, (size_t)dld * a, src, (size_t)sld * a, (size_t)cols * a, (size_t)rows, cudaMemcpyDeviceToDevice, us__cu(o)->stream));
+}
 static void us__cuda_rope_fwd(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS, float theta, us_dtype dt) {
     us__cuda_rope(o, qkv, B, T, NH, NKV, HS, theta, dt, 1.0f);
 }
@@ -1934,6 +1976,7 @@ US_API us_result us_cuda_ops(us_ops *o, int device, char *err, size_t errlen) {
     o->xent = us__cuda_xent;            o->adamw = us__cuda_adamw;         o->sumsq = us__cuda_sumsq;
     o->axpy = us__cuda_axpy;            o->error = us__cuda_error;
     o->xent_stats = us__cuda_xent_stats; o->xent_finish = us__cuda_xent_finish;
+    o->copy2d = us__cuda_copy2d;        o->rope_at = us__cuda_rope_at;
     o->attn_block_fwd = us__cuda_attn_block_fwd; o->attn_block_finish = us__cuda_attn_block_finish; o->attn_block_bwd = us__cuda_attn_block_bwd;
     return US_OK;
 }
