@@ -161,6 +161,13 @@ typedef enum us_lr_schedule {
     US_LR_CONSTANT            /* linear warmup, then constant */
 } us_lr_schedule;
 
+typedef enum us_cp_mode {
+    US_CP_DEFAULT = 0,        /* zigzag */
+    US_CP_RING,               /* contiguous chunks, K/V passed around the ring (the naive split) */
+    US_CP_ZIGZAG,             /* chunks r and 2·cp−1−r (causal work balanced), ring */
+    US_CP_ALLGATHER           /* zig-zag chunks, all K/V gathered, then attention */
+} us_cp_mode;
+
 typedef struct us_train_config {
     int      batch;        /* B, sequences per micro-batch; default 8 */
     int      seq;          /* T, tokens per sequence; default 64 */
@@ -186,6 +193,10 @@ typedef struct us_train_config {
     /* tensor parallelism (// >>tp): heads, FFN columns and the vocabulary split over tp ranks */
     int      tp;           /* default 1; must divide heads, kv-heads, ffn and vocab */
     int      sp;           /* 1: sequence parallelism: norms and the residual stream split over tp by tokens */
+    /* context parallelism (// >>cp): every sequence split over cp ranks for the whole model;
+       inputs to us_train_step are then this rank's seq/cp tokens of each sequence */
+    int      cp;           /* default 1; seq must split into cp (ring) or 2·cp (zigzag, allgather) chunks */
+    us_cp_mode cp_mode;
 } us_train_config;
 
 US_API void      us_model_config_defaults(us_model_config *c);
@@ -194,6 +205,7 @@ US_API void      us_train_config_defaults(us_train_config *c);
 US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, char *err, size_t errlen);
 US_API const char *us_precision_name(us_precision p);
 US_API const char *us_recompute_name(us_recompute r);
+US_API const char *us_cp_mode_name(us_cp_mode m);
 
 /* ---------------------------------------------------------------- ops table (seam 1)
    Every pointer argument below is backend memory (host for the CPU ops, device for CUDA) except
@@ -426,7 +438,7 @@ typedef struct us_model {
     float   *adam_m, *adam_v; /* fp32 moments                                 [n_params] */
     char    *arena;           /* activation arena                             [mem.activations] */
     us_layer_acts *acts;      /* [L] */
-    void    *a[24];           /* named scratch activations (implementation) */
+    void    *a[32];           /* named scratch activations (implementation) */
     us_memory mem;            /* what was really allocated */
     int      step;            /* optimizer steps taken */
     /* parallelism. The flat buffers are cut into units (// >>dp): gradient buckets, or under
@@ -476,7 +488,8 @@ US_API const char *us_model_error(const us_model *m);
 US_API const us_param *us_model_find_param(const us_model *m, const char *name);
 
 /* One optimizer step over grad_accum micro-batches. inputs/targets are host arrays
-   [grad_accum][B][T] (this rank's share of the global batch); a target < 0 is ignored. The loss
+   [grad_accum][B][T] (this rank's share of the global batch; T = seq/cp, the tokens at
+   us_cp_positions, under context parallelism); a target < 0 is ignored. The loss
    is the mean over the global batch's valid targets (all ranks), so k micro-batches, or k
    data-parallel ranks, equal one batch k times larger. */
 US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t *targets, us_step_stats *st);
@@ -493,9 +506,13 @@ US_API us_result us_forward_backward(us_model *m, const int32_t *inputs, const i
    (ZeRO: to this rank's shard, then all-gathers the weights); returns the pre-clip norm. */
 US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr);
 US_API float     us_lr_at(const us_train_config *tc, int step);  /* step is 0-based */
-/* Sums n host doubles over the model's data-parallel group (every rank calls it): eval losses,
-   counts. A no-op on one rank. */
+/* Sums n host doubles over the model's data-parallel group, dp×cp (every rank calls it): eval
+   losses, counts. A no-op on one rank. */
 US_API us_result us_dp_sum(us_model *m, double *v, int n);
+/* Context parallelism: the global positions pos[seq/cp] of cp rank r's tokens within each
+   sequence (contiguous chunk, or zig-zag halves r and 2·cp−1−r); a rank's inputs and targets
+   are the sequences' tokens at these positions. tc must have passed us_config_validate. */
+US_API void      us_cp_positions(const us_train_config *tc, int r, int32_t *pos);
 
 /* Forward only. Returns the summed loss over valid targets and how many predictions were right
    (argmax == target) in *correct (may be NULL). logits_out (host, may be NULL) receives the
@@ -755,10 +772,15 @@ US_API void us_train_config_defaults(us_train_config *c) {
     if (!c->seed) c->seed = 1337;
     if (!c->dp) c->dp = 1;
     if (!c->tp) c->tp = 1;
+    if (!c->cp) c->cp = 1;
+    if (c->cp_mode == US_CP_DEFAULT) c->cp_mode = US_CP_ZIGZAG;
     if (c->bucket_mb == 0) c->bucket_mb = 25.0f;
 }
 US_API const char *us_precision_name(us_precision p) {
     return p == US_PRECISION_BF16 ? "bf16" : "fp32";
+}
+US_API const char *us_cp_mode_name(us_cp_mode m) {
+    return m == US_CP_RING ? "ring" : m == US_CP_ALLGATHER ? "allgather" : "zigzag";
 }
 US_API const char *us_recompute_name(us_recompute r) {
     return r == US_RECOMPUTE_SELECTIVE ? "selective" : r == US_RECOMPUTE_FULL ? "full" : "none";
@@ -802,6 +824,11 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
     if (tc->zero < 0 || tc->zero > 3) US__BAD("zero=%d must be 0, 1, 2 or 3", tc->zero);
     if (!(tc->bucket_mb > 0) || !isfinite(tc->bucket_mb)) US__BAD("bucket size %g MB must be a positive number", tc->bucket_mb);
     if (tc->tp < 1) US__BAD("tp=%d must be at least 1", tc->tp);
+    if (tc->cp < 1) US__BAD("cp=%d must be at least 1", tc->cp);
+    if (tc->cp_mode < US_CP_RING || tc->cp_mode > US_CP_ALLGATHER) US__BAD("unknown cp mode %d", (int)tc->cp_mode);
+    if (tc->cp > 1 && tc->seq % (tc->cp_mode == US_CP_RING ? tc->cp : 2 * tc->cp))
+        US__BAD("seq=%d must split into %d equal chunks for cp=%d (%s)", tc->seq, tc->cp_mode == US_CP_RING ? tc->cp : 2 * tc->cp, tc->cp,
+                tc->cp_mode == US_CP_RING ? "one per rank" : "two per rank, zig-zag");
     if (tc->sp != 0 && tc->sp != 1) US__BAD("sp=%d must be 0 or 1", tc->sp);
     if (tc->sp && tc->tp < 2) US__BAD("sequence parallelism splits the tensor-parallel group's tokens: it needs tp > 1");
     if (mc->n_heads % tc->tp) US__BAD("tp=%d must divide heads=%d (each rank computes whole heads)", tc->tp, mc->n_heads);
@@ -2288,7 +2315,7 @@ typedef struct us__unit {
    divisibility. units may be NULL (count only). Returns the number of units. */
 static int us__plan_units(us_model *m, us__unit *units) {
     const us_train_config *tc = &m->tc;
-    int np = m->n_params_t, L = m->cfg.n_layers, ns = 0, i, u, own = tc->zero ? tc->dp : 1;
+    int np = m->n_params_t, L = m->cfg.n_layers, ns = 0, i, u, own = tc->zero ? tc->dp * (tc->cp > 0 ? tc->cp : 1) : 1;
     int64_t bucket = (int64_t)((double)tc->bucket_mb * 1048576.0 / 4.0), acc = 0, off = 0, shard = 0;
     int *start = (int *)US_MALLOC(sizeof(int) * (size_t)(np + 1));   /* first tensor of each unit */
     if (tc->zero == 3) {   /* [embedding] [layer 0] ... [layer L-1] [final norm (+ lm_head)] */
@@ -2350,7 +2377,8 @@ struct us_layer_acts {
 };
 /* named scratch in us_model.a[] */
 enum { US__A_XOUT, US__A_XF, US__A_RSTDF, US__A_LOGITS, US__A_LOSSES, US__A_ARGMAX, US__A_TOK, US__A_TGT,
-       US__A_DRES, US__A_DLN, US__A_DATT, US__A_DQKV, US__A_DH, US__A_DGU, US__A_SCAL, US__A_VP, US__A_SPG, US__A_NW, US__A_COUNT };
+       US__A_DRES, US__A_DLN, US__A_DATT, US__A_DQKV, US__A_DH, US__A_DGU, US__A_SCAL, US__A_VP, US__A_SPG, US__A_NW,
+       US__A_CPPOS, US__A_CPKV, US__A_CPDKV, US__A_CPACC, US__A_CPM, US__A_CPL, US__A_CPDQ, US__A_CPTMP, US__A_COUNT };
 
 typedef struct us__arena { char *base; size_t used; } us__arena;
 static void *us__take(us__arena *a, size_t bytes) {
@@ -2365,8 +2393,8 @@ static size_t us__layout_arena(us_model *m, char *base) {
     us__arena ar;
     /* Nf rows for tensors every rank holds whole (padded to a multiple of tp under sequence
        parallelism); Ns rows for the residual stream and the norms, which SP splits over tp */
-    int sp = m->tc.sp && m->tc.tp > 1;
-    int64_t N = (int64_t)m->tc.batch * m->tc.seq, Nf = sp ? (N + m->tc.tp - 1) / m->tc.tp * m->tc.tp : N, Ns = sp ? Nf / m->tc.tp : N;
+    int sp = m->tc.sp && m->tc.tp > 1, cp = m->tc.cp > 1 ? m->tc.cp : 1;
+    int64_t N = (int64_t)m->tc.batch * (m->tc.seq / cp), Nf = sp ? (N + m->tc.tp - 1) / m->tc.tp * m->tc.tp : N, Ns = sp ? Nf / m->tc.tp : N;
     int64_t C = c->dim, HS = C / c->n_heads, F = m->ffn_l, V = m->vocab_l;
     int64_t QKV = (int64_t)(m->nh_l + 2 * m->nkv_l) * HS, AO = (int64_t)m->nh_l * HS;
     size_t a = us_dtype_size(m->dt);
@@ -2417,6 +2445,18 @@ static size_t us__layout_arena(us_model *m, char *base) {
            and a norm weight's partial gradient, summed over tp before it is accumulated */
         sz[US__A_SPG] = sp ? Nf * C * a : 0;
         sz[US__A_NW] = sp ? C * 4 : 0;
+        {   /* context parallelism (// >>cp): positions, the K/V blocks in flight (two for the ring,
+               all cp for the all-gather variant) with their gradients, the online-softmax state,
+               dQ and a cast buffer */
+            int64_t KVW = (int64_t)2 * m->nkv_l * HS, nb = m->tc.cp_mode == US_CP_ALLGATHER ? cp : 2, on = cp > 1;
+            sz[US__A_CPPOS] = on ? (size_t)(cp * (m->tc.seq / cp)) * 4 : 0;
+            sz[US__A_CPKV] = on ? nb * N * KVW * a : 0;
+            sz[US__A_CPDKV] = on ? nb * N * KVW * 4 : 0;
+            sz[US__A_CPACC] = on ? N * AO * 4 : 0;
+            sz[US__A_CPM] = sz[US__A_CPL] = on ? N * m->nh_l * 4 : 0;
+            sz[US__A_CPDQ] = on ? N * AO * 4 : 0;
+            sz[US__A_CPTMP] = on ? N * (AO > KVW ? AO : KVW) * a : 0;
+        }
         for (i = 0; i < US__A_COUNT; i++) {
             void *p = us__take(&ar, sz[i]);
             if (base) m->a[i] = p;
@@ -2463,7 +2503,7 @@ static void us__init_weights(us_model *m) {
     /* each tensor draws from its own stream seeded by (seed, index): the values do not depend
        on the order tensors are visited or on how the buffers are sharded. A unit is built on
        the host, then this rank stores what it keeps of it. */
-    int i, u, Z = m->tc.zero, R = m->mesh.dp_rank;
+    int i, u, Z = m->tc.zero, R = m->mesh.dpcp_g.rank;
     float proj_std = m->cfg.init_std / sqrtf(2.0f * (float)m->cfg.n_layers);
     size_t a = us_dtype_size(m->dt);
     float *h = (float *)US_MALLOC((size_t)(m->n_flat > 0 ? m->n_flat : 1) * 4);
@@ -2504,6 +2544,7 @@ static void us__init_weights(us_model *m) {
     US_FREE(h); US_FREE(hb);
 }
 
+static int us__cp_pos(const us_train_config *tc, int r, int t);   /* // >>cp */
 static us_result us__model_init(us_model *m, const us_model_config *mc, const us_train_config *tc, const us_ops *ops, us_comm *comm) {
     us_result r;
     us__dist_sizes z;
@@ -2519,11 +2560,12 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
     a = us_dtype_size(m->dt);
     if (!comm) { us_comm_self(&m->self, &m->ops); comm = &m->self; }
     m->comm = comm;
-    if (comm->world.size != m->tc.dp * m->tc.tp) {
-        us__model_set_error(m, "dp=%d x tp=%d = %d ranks but the communicator has %d", m->tc.dp, m->tc.tp, m->tc.dp * m->tc.tp, comm->world.size);
+    if (comm->world.size != m->tc.dp * m->tc.cp * m->tc.tp) {
+        us__model_set_error(m, "dp=%d x cp=%d x tp=%d = %d ranks but the communicator has %d", m->tc.dp, m->tc.cp, m->tc.tp,
+                            m->tc.dp * m->tc.cp * m->tc.tp, comm->world.size);
         return US_ERR_INVALID;
     }
-    if ((r = us_mesh_init(&m->mesh, comm, m->tc.dp, 1, 1, m->tc.tp)) != US_OK) { us__model_set_error(m, "device mesh: %s", comm->err); return r; }
+    if ((r = us_mesh_init(&m->mesh, comm, m->tc.dp, 1, m->tc.cp, m->tc.tp)) != US_OK) { us__model_set_error(m, "device mesh: %s", comm->err); return r; }
     m->params = (us_param *)US_MALLOC(sizeof(us_param) * (size_t)(3 + m->cfg.n_layers * US__P_PER_LAYER));
     m->acts = (us_layer_acts *)US_MALLOC(sizeof(us_layer_acts) * (size_t)m->cfg.n_layers);
     m->unit_of = (int *)US_MALLOC(sizeof(int) * (size_t)(3 + m->cfg.n_layers * US__P_PER_LAYER));
@@ -2573,6 +2615,14 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
         return US_ERR_OOM;
     }
     us__layout_arena(m, m->arena);
+    if (m->tc.cp > 1) {   /* every rank's token positions, [cp][seq/cp] (// >>cp) */
+        int Tl = m->tc.seq / m->tc.cp, rr, t;
+        int32_t *pos = (int32_t *)US_MALLOC((size_t)(m->tc.cp * Tl) * 4);
+        if (!pos) { us_model_free(m); us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+        for (rr = 0; rr < m->tc.cp; rr++) for (t = 0; t < Tl; t++) pos[rr * Tl + t] = us__cp_pos(&m->tc, rr, t);
+        m->ops.copy(&m->ops, m->a[US__A_CPPOS], pos, (size_t)(m->tc.cp * Tl) * 4, US_COPY_H2D);
+        US_FREE(pos);
+    }
     m->mem.params = wb + (size_t)z.n_wslots * wsb;
     m->mem.master = mb;
     m->mem.grads = gb + (size_t)z.n_gslots * gsb;
@@ -2598,7 +2648,7 @@ US_API void us_model_free(us_model *m) {
             if (m->units[u].gather) m->comm->wait(m->comm, m->units[u].gather);
         }
     if (o->free) { o->free(o, m->state); o->free(o, m->arena); }
-    if (m->comm && m->mesh.dp_g.size) us_mesh_free(&m->mesh, m->comm);
+    if (m->comm && m->mesh.dpcp_g.size) us_mesh_free(&m->mesh, m->comm);
     US_FREE(m->params); US_FREE(m->acts); US_FREE(m->units); US_FREE(m->unit_of);
     m->params = NULL; m->acts = NULL; m->units = NULL; m->unit_of = NULL; m->w = NULL;
     m->master = m->grad = m->adam_m = m->adam_v = NULL;
@@ -2657,19 +2707,23 @@ static us_result us__group_sum(us_model *m, us_group *g, double *v, int n) {
     o->copy(o, v, m->a[US__A_SCAL], (size_t)n * 8, US_COPY_D2H);
     return US_OK;
 }
-static us_result us__dp_sum(us_model *m, double *v, int n) { return us__group_sum(m, &m->mesh.dp_g, v, n); }
+static us_result us__dp_sum(us_model *m, double *v, int n) { return us__group_sum(m, &m->mesh.dpcp_g, v, n); }
 
 US_API us_result us_dp_sum(us_model *m, double *v, int n) { return us__dp_sum(m, v, n); }
+US_API void us_cp_positions(const us_train_config *tc, int r, int32_t *pos) {
+    int t;
+    for (t = 0; t < tc->seq / tc->cp; t++) pos[t] = us__cp_pos(tc, r, t);
+}
 
-static int us__dp_needed(const us_model *m) { return m->mesh.dp > 1 || m->tc.zero; }
+static int us__dp_needed(const us_model *m) { return m->mesh.dpcp_g.size > 1 || m->tc.zero; }
 
 /* Starts the reduction of a unit whose gradients are complete: an all-reduce without ZeRO, a
    reduce-scatter with it (each rank keeps the sum of its own piece). Asynchronous. */
 static us_result us__unit_launch(us_model *m, int u) {
     us__unit *U = &m->units[u];
     us_comm *c = m->comm;
-    us_group *g = &m->mesh.dp_g;
-    int R = m->mesh.dp_rank;
+    us_group *g = &m->mesh.dpcp_g;
+    int R = m->mesh.dpcp_g.rank;
     us_result r;
     double t0 = us_trace_now_us();
     char nm[48];
@@ -2697,7 +2751,7 @@ static us_result us__unit_finish(us_model *m, int u) {
     us__trace(m, "wait", nm, t0);
     if (r != US_OK) return us__comm_fail(m, r, "gradient reduction");
     if (m->tc.zero >= 2 && U->gslot >= 0) {
-        m->ops.axpy(&m->ops, m->grad + U->shard_off, m->gslot[U->gslot] + (int64_t)m->mesh.dp_rank * U->piece, 1.0f, U->piece);
+        m->ops.axpy(&m->ops, m->grad + U->shard_off, m->gslot[U->gslot] + (int64_t)m->mesh.dpcp_g.rank * U->piece, 1.0f, U->piece);
         m->gslot_unit[U->gslot] = -1;
         U->gslot = -1;
     }
@@ -2794,7 +2848,7 @@ static us_result us__z3_gather(us_model *m, int u) {   /* asynchronous; no-op if
     US_ASSERT(s < m->n_wslots);
     m->wslot_unit[s] = u;
     U->wslot = s;
-    r = m->comm->all_gather(m->comm, &m->mesh.dp_g, m->wslot[s], us__at(m->w, m->dt, U->shard_off), U->piece, m->dt, &U->gather);
+    r = m->comm->all_gather(m->comm, &m->mesh.dpcp_g, m->wslot[s], us__at(m->w, m->dt, U->shard_off), U->piece, m->dt, &U->gather);
     return us__comm_fail(m, r, "ZeRO-3 weight all-gather");
 }
 static void us__z3_release(us_model *m, int u) {
@@ -2845,7 +2899,7 @@ static void us__adamw_piece(us_model *m, const us__unit *U, float lr, float gsca
     us_ops *o = &m->ops;
     const us_train_config *tc = &m->tc;
     int Z = tc->zero, i, decay = -1;
-    int64_t lo = U->off + (Z ? (int64_t)m->mesh.dp_rank * U->piece : 0), hi = lo + U->piece, r0 = 0, r1 = 0;
+    int64_t lo = U->off + (Z ? (int64_t)m->mesh.dpcp_g.rank * U->piece : 0), hi = lo + U->piece, r0 = 0, r1 = 0;
     float wd = tc->weight_decay > 0 ? tc->weight_decay : 0.0f;
     /* where flat index lo lives in each buffer */
     float *master = m->dt == US_F32 && Z < 3 ? (float *)m->w + lo : m->master + U->shard_off;
@@ -2978,6 +3032,111 @@ static us_result us__norm_bwd(us_model *m, void *dres, int widx, const void *dln
 }
 
 /* ------------------------------------------------------------------------------------ */
+// >>cp  context parallelism: the sequence split over cp ranks, ring attention, zig-zag
+/* ------------------------------------------------------------------------------------ */
+/* Playbook "Context parallelism": every sequence is split over the cp ranks for the whole
+   model; all token-wise work (norms, MLP, GEMMs) is local, and only attention needs other
+   ranks' keys and values. Ring attention passes the K/V blocks around the ring (an all-to-all
+   whose only non-empty parts go to the next rank) while the block in hand is attended to, and
+   merges the partial results with the online-softmax rule (the state acc, m, l carried over
+   blocks); the backward passes each block's dK/dV along with it until they are home. Zig-zag
+   sharding gives rank r chunks r and 2·cp−1−r, so every rank has the same causal work; the
+   all-gather variant gathers every block first (simpler, more memory). Gradients are then
+   reduced over dp×cp (// >>dp), each rank holding the same weights. */
+static int us__cp_pos(const us_train_config *tc, int r, int t) {   /* global position of rank r's token t */
+    int cp = tc->cp, Tl = tc->seq / cp, half = Tl / 2;
+    if (tc->cp_mode == US_CP_RING) return r * Tl + t;
+    return t < half ? r * half + t : (2 * cp - 1 - r) * half + (t - half);
+}
+/* Moves this rank's block to the next rank and receives the previous rank's, as one all-to-all. */
+static us_result us__cp_shift(us_model *m, void *dst, const void *src, int64_t n, us_dtype dt, us_work **w) {
+    int cp = m->mesh.cp, r = m->mesh.cp_rank, i;
+    int64_t sc[64], sd[64], rc[64], rd[64];
+    us_result res;
+    for (i = 0; i < cp; i++) sc[i] = sd[i] = rc[i] = rd[i] = 0;
+    sc[(r + 1) % cp] = n; rc[(r - 1 + cp) % cp] = n;
+    res = m->comm->all_to_all(m->comm, &m->mesh.cp_g, dst, rc, rd, src, sc, sd, dt, w);
+    return us__comm_fail(m, res, "context-parallel ring exchange");
+}
+static us_result us__cp_attention_fwd(us_model *m, us_layer_acts *A, int64_t B, int64_t T) {
+    us_ops *o = &m->ops;
+    us_dtype dt = m->dt;
+    int NH = m->nh_l, NKV = m->nkv_l, HS = (int)(m->cfg.dim / m->cfg.n_heads), cp = m->mesh.cp, r = m->mesh.cp_rank, s;
+    int64_t N = B * T, QKV = (int64_t)(NH + 2 * NKV) * HS, KVW = (int64_t)2 * NKV * HS;
+    const int32_t *pos = (const int32_t *)m->a[US__A_CPPOS];
+    char *kv = (char *)m->a[US__A_CPKV];
+    size_t blk = (size_t)(N * KVW) * us_dtype_size(dt);
+    float *acc = (float *)m->a[US__A_CPACC], *mm = (float *)m->a[US__A_CPM], *ll = (float *)m->a[US__A_CPL];
+    us_result res;
+    if (m->tc.cp_mode == US_CP_ALLGATHER) {   /* every block gathered, then attended to in turn */
+        o->copy2d(o, kv + (size_t)r * blk, KVW, us__at(A->qkv, dt, (int64_t)NH * HS), QKV, N, KVW, dt);
+        res = m->comm->all_gather(m->comm, &m->mesh.cp_g, kv, kv + (size_t)r * blk, N * KVW, dt, NULL);
+        if (res != US_OK) return us__comm_fail(m, res, "context-parallel all-gather");
+        for (s = 0; s < cp; s++)
+            o->attn_block_fwd(o, acc, mm, ll, A->qkv, kv + (size_t)s * blk, pos + r * T, pos + s * T, B, T, T, NH, NKV, HS, s == 0, dt);
+    } else {   /* the ring: attend to the block in hand while the next one travels */
+        char *cur = kv, *nxt = kv + blk, *t;
+        o->copy2d(o, cur, KVW, us__at(A->qkv, dt, (int64_t)NH * HS), QKV, N, KVW, dt);
+        for (s = 0; s < cp; s++) {
+            us_work *w = NULL;
+            int src = (r - s + cp) % cp;
+            if (s < cp - 1 && (res = us__cp_shift(m, nxt, cur, N * KVW, dt, &w)) != US_OK) return res;
+            o->attn_block_fwd(o, acc, mm, ll, A->qkv, cur, pos + r * T, pos + src * T, B, T, T, NH, NKV, HS, s == 0, dt);
+            if (w && (res = m->comm->wait(m->comm, w)) != US_OK) return us__comm_fail(m, res, "context-parallel ring exchange");
+            t = cur; cur = nxt; nxt = t;
+        }
+    }
+    o->attn_block_finish(o, A->att, A->lse, acc, mm, ll, B, T, NH, HS, dt);
+    return US_OK;
+}
+/* dqkv (overwritten): dQ from every block this rank's queries saw; dK, dV of this rank's block
+   from every rank's queries (summed around the ring, or reduce-scattered after the all-gather). */
+static us_result us__cp_attention_bwd(us_model *m, us_layer_acts *A, void *dqkv, const void *dout, int64_t B, int64_t T) {
+    us_ops *o = &m->ops;
+    us_dtype dt = m->dt;
+    int NH = m->nh_l, NKV = m->nkv_l, HS = (int)(m->cfg.dim / m->cfg.n_heads), cp = m->mesh.cp, r = m->mesh.cp_rank, s;
+    int64_t N = B * T, QKV = (int64_t)(NH + 2 * NKV) * HS, KVW = (int64_t)2 * NKV * HS, AO = (int64_t)NH * HS;
+    const int32_t *pos = (const int32_t *)m->a[US__A_CPPOS];
+    char *kv = (char *)m->a[US__A_CPKV];
+    float *dkv = (float *)m->a[US__A_CPDKV], *dq = (float *)m->a[US__A_CPDQ], *home;
+    void *tmp = m->a[US__A_CPTMP];
+    size_t blk = (size_t)(N * KVW) * us_dtype_size(dt);
+    us_result res;
+    o->zero(o, dq, (size_t)(N * AO) * 4);
+    if (m->tc.cp_mode == US_CP_ALLGATHER) {
+        o->copy2d(o, kv + (size_t)r * blk, KVW, us__at(A->qkv, dt, (int64_t)NH * HS), QKV, N, KVW, dt);
+        res = m->comm->all_gather(m->comm, &m->mesh.cp_g, kv, kv + (size_t)r * blk, N * KVW, dt, NULL);
+        if (res != US_OK) return us__comm_fail(m, res, "context-parallel all-gather");
+        o->zero(o, dkv, (size_t)(cp * N * KVW) * 4);
+        for (s = 0; s < cp; s++)
+            o->attn_block_bwd(o, dq, dkv + (int64_t)s * N * KVW, dout, A->qkv, A->att, A->lse, kv + (size_t)s * blk, pos + r * T, pos + s * T,
+                              B, T, T, NH, NKV, HS, dt);
+        home = dkv + (int64_t)r * N * KVW;   /* in place: this rank's block gets every rank's part */
+        res = m->comm->reduce_scatter(m->comm, &m->mesh.cp_g, home, dkv, N * KVW, US_F32, US_REDUCE_SUM, NULL);
+        if (res != US_OK) return us__comm_fail(m, res, "context-parallel reduce-scatter");
+    } else {   /* K/V and their gradient accumulators travel together; after cp shifts dK/dV are home */
+        char *cur = kv, *nxt = kv + blk, *t;
+        float *dcur = dkv, *dnxt = dkv + N * KVW, *dt2;
+        o->copy2d(o, cur, KVW, us__at(A->qkv, dt, (int64_t)NH * HS), QKV, N, KVW, dt);
+        o->zero(o, dcur, (size_t)(N * KVW) * 4);
+        for (s = 0; s < cp; s++) {
+            int src = (r - s + cp) % cp;
+            o->attn_block_bwd(o, dq, dcur, dout, A->qkv, A->att, A->lse, cur, pos + r * T, pos + src * T, B, T, T, NH, NKV, HS, dt);
+            if (s < cp - 1 && (res = us__cp_shift(m, nxt, cur, N * KVW, dt, NULL)) != US_OK) return res;
+            if ((res = us__cp_shift(m, dnxt, dcur, N * KVW, US_F32, NULL)) != US_OK) return res;
+            t = cur; cur = nxt; nxt = t;
+            dt2 = dcur; dcur = dnxt; dnxt = dt2;
+        }
+        home = dcur;
+    }
+    o->cast(o, tmp, dt, dq, US_F32, N * AO);                  /* dQ into the q columns of dqkv */
+    o->copy2d(o, dqkv, QKV, tmp, AO, N, AO, dt);
+    o->cast(o, tmp, dt, home, US_F32, N * KVW);               /* dK | dV into the k and v columns */
+    o->copy2d(o, us__at(dqkv, dt, AO), QKV, tmp, KVW, N, KVW, dt);
+    return US_OK;
+}
+
+/* ------------------------------------------------------------------------------------ */
 // >>recompute  what the forward keeps and what the backward recomputes
 /* ------------------------------------------------------------------------------------ */
 /* One decoder layer forward. recompute=0 is the real forward; recompute=1 refills, before the
@@ -3000,10 +3159,12 @@ static us_result us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int rec
     if (do_gemm) {
         if (sp && (r = us__sp_gather(m, G, A->ln1, Ns)) != US_OK) return r;   /* g */
         o->gemm(o, 0, 1, Np, QKV, C, 1.0f, sp ? G : A->ln1, dt, C, us__W(m, US__PL(l, US__P_Q)), dt, C, 0.0f, A->qkv, dt, QKV);
-        o->rope_fwd(o, A->qkv, B, T, NH, NKV, HS, c->rope_theta, dt);
+        if (m->mesh.cp > 1) o->rope_at(o, A->qkv, (const int32_t *)m->a[US__A_CPPOS] + m->mesh.cp_rank * T, B, T, m->tc.seq, NH, NKV, HS, c->rope_theta, 1.0f, dt);
+        else o->rope_fwd(o, A->qkv, B, T, NH, NKV, HS, c->rope_theta, dt);
     }
     if (do_cheap) {
-        o->attention_fwd(o, A->att, A->lse, A->qkv, B, T, NH, NKV, HS, dt);
+        if (m->mesh.cp > 1) { if ((r = us__cp_attention_fwd(m, A, B, T)) != US_OK) return r; }   /* // >>cp */
+        else o->attention_fwd(o, A->att, A->lse, A->qkv, B, T, NH, NKV, HS, dt);
         if (Np > N) o->zero(o, us__at(A->att, dt, N * AO), (size_t)((Np - N) * AO) * us_dtype_size(dt));   /* padding rows stay zero */
     }
     if (do_gemm) {   /* xmid = x + att·Wo^T, rounded once (under tp: summed over the ranks' partial products) */
@@ -3074,8 +3235,13 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
     o->gemm(o, 0, 0, Np, AO, C, 1.0f, dresF, dt, C, us__W(m, US__PL(l, US__P_O)), dt, AO, 0.0f, datt, dt, AO);
     o->gemm(o, 1, 0, C, AO, Np, 1.0f, dresF, dt, C, A->att, dt, AO, 1.0f, us__G(m, US__PL(l, US__P_O)), US_F32, AO);
     if ((r = us__grads_ready(m, US__PL(l, US__P_O), US__PL(l, US__P_O) + 1)) != US_OK) return r;
-    o->attention_bwd(o, dqkv, datt, A->qkv, A->att, A->lse, B, T, NH, NKV, HS, dt);
-    o->rope_bwd(o, dqkv, B, T, NH, NKV, HS, c->rope_theta, dt);
+    if (m->mesh.cp > 1) {
+        if ((r = us__cp_attention_bwd(m, A, dqkv, datt, B, T)) != US_OK) return r;
+        o->rope_at(o, dqkv, (const int32_t *)m->a[US__A_CPPOS] + m->mesh.cp_rank * T, B, T, m->tc.seq, NH, NKV, HS, c->rope_theta, -1.0f, dt);
+    } else {
+        o->attention_bwd(o, dqkv, datt, A->qkv, A->att, A->lse, B, T, NH, NKV, HS, dt);
+        o->rope_bwd(o, dqkv, B, T, NH, NKV, HS, c->rope_theta, dt);
+    }
     if (Np > N) o->zero(o, us__at(dqkv, dt, N * QKV), (size_t)((Np - N) * QKV) * us_dtype_size(dt));
     o->gemm(o, 0, 0, Np, C, QKV, 1.0f, dqkv, dt, QKV, us__W(m, US__PL(l, US__P_Q)), dt, C, 0.0f, dln, dt, C);
     if (sp && (r = us__sp_gather(m, G, A->ln1, Ns)) != US_OK) return r;
@@ -3108,8 +3274,13 @@ static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *
     us_result r;
     float *losses;
     us__rows(m, N, &Np, &Ns);
-    if (B < 1 || T < 1 || B > m->tc.batch || T > m->tc.seq) {
-        us__model_set_error(m, "batch %d x seq %d does not fit the arena sized for batch %d x seq %d", B, T, m->tc.batch, m->tc.seq);
+    if (B < 1 || T < 1 || B > m->tc.batch || T > m->tc.seq / m->mesh.cp) {
+        us__model_set_error(m, "batch %d x seq %d does not fit the arena sized for batch %d x seq %d", B, T, m->tc.batch, m->tc.seq / m->mesh.cp);
+        return US_ERR_INVALID;
+    }
+    if (m->mesh.cp > 1 && T != m->tc.seq / m->mesh.cp) {   /* positions are fixed by the sharding */
+        us__model_set_error(m, "under context parallelism every call runs this rank's whole share: seq %d / cp %d = %d tokens, not %d",
+                            m->tc.seq, m->mesh.cp, m->tc.seq / m->mesh.cp, T);
         return US_ERR_INVALID;
     }
     if ((r = us__check_tokens(m, inputs, targets, N)) != US_OK) return r;
@@ -3238,7 +3409,7 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
         int i;
         for (u = 0; u < m->n_units; u++) {
             const us__unit *U = &m->units[u];
-            int64_t lo = U->off + (Z ? (int64_t)m->mesh.dp_rank * U->piece : 0), hi = lo + U->piece;
+            int64_t lo = U->off + (Z ? (int64_t)m->mesh.dpcp_g.rank * U->piece : 0), hi = lo + U->piece;
             const float *gp = Z < 2 ? m->grad + lo : m->grad + U->shard_off;   /* flat index lo */
             for (i = U->p0; i < U->p1; i++) {
                 const us_param *p = &m->params[i];
@@ -3267,7 +3438,7 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
     if (Z == 1 || Z == 2) {
         for (u = 0; u < m->n_units; u++) {
             us__unit *U = &m->units[u];
-            r = m->comm->all_gather(m->comm, &m->mesh.dp_g, us__at(m->w, m->dt, U->off), us__at(m->w, m->dt, U->off + (int64_t)m->mesh.dp_rank * U->piece),
+            r = m->comm->all_gather(m->comm, &m->mesh.dpcp_g, us__at(m->w, m->dt, U->off), us__at(m->w, m->dt, U->off + (int64_t)m->mesh.dpcp_g.rank * U->piece),
                                     U->piece, m->dt, &U->gather);
             if (r != US_OK) return us__comm_fail(m, r, "weight all-gather");
         }
@@ -3283,7 +3454,8 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
 
 US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t *targets, us_step_stats *st) {
     const us_train_config *tc = &m->tc;
-    int64_t per = (int64_t)tc->batch * tc->seq, total = per * tc->grad_accum, valid = 0, i;
+    int Tl = tc->seq / tc->cp;   /* under context parallelism, this rank's share of each sequence */
+    int64_t per = (int64_t)tc->batch * Tl, total = per * tc->grad_accum, valid = 0, i;
     double loss = 0;
     float gn = 0, lr = 0;
     int k;
@@ -3299,7 +3471,7 @@ US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t
     for (k = 0; k < tc->grad_accum; k++) {   /* each micro-batch adds its share of the global mean */
         double ls = 0;
         m->grad_sync = k == tc->grad_accum - 1;   /* no_sync until the last micro-batch */
-        r = us_forward_backward(m, inputs + k * per, targets + k * per, tc->batch, tc->seq, (float)(1.0 / (double)valid), &ls);
+        r = us_forward_backward(m, inputs + k * per, targets + k * per, tc->batch, Tl, (float)(1.0 / (double)valid), &ls);
         if (r != US_OK) return r;
         loss += ls;
     }
@@ -3307,7 +3479,7 @@ US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t
     if ((r = us__dp_sum(m, &loss, 1)) != US_OK) return r;
     if (st) {
         st->step = m->step; st->loss = (float)(loss / (double)valid); st->lr = lr; st->grad_norm = gn;
-        st->tokens = total * m->mesh.dp; st->valid = valid;
+        st->tokens = total * m->mesh.dp * m->mesh.cp; st->valid = valid;
     }
     return US_OK;
 }

@@ -66,6 +66,8 @@ static void usage(FILE *f) {
         "  --tp N            tensor-parallel ranks (default 1): heads, FFN and vocabulary split; the\n"
         "                    world is dp x tp ranks (tp innermost)\n"
         "  --sp              sequence parallelism: norms and the residual stream split over tp by tokens\n"
+        "  --cp N            context-parallel ranks (default 1): every sequence split over N ranks\n"
+        "  --cp-mode M       ring (contiguous chunks) | zigzag (balanced chunks, default) | allgather\n"
         "  --bucket-mb X     gradient bucket size in MiB (default 25)\n"
         "  --nproc N         CUDA: start N processes on this node, one per GPU (sets --dp N)\n"
         "  --comm-timeout S  a collective that cannot finish in S seconds fails the run (default 300)\n"
@@ -205,7 +207,8 @@ static us_result run_rank(us_comm *comm, void *arg) {
     opts *o = (opts *)arg;
     us_model_config mc = o->mc;
     us_train_config tc = o->tc;
-    int rank = comm ? comm->world.rank : o->rank, dp = tc.dp, i, loud = rank == 0 && !o->quiet, drank;
+    int rank = comm ? comm->world.rank : o->rank, dp = tc.dp, i, loud = rank == 0 && !o->quiet, drank, Tl = tc.seq / tc.cp;
+    int32_t *cpos = NULL;   /* this rank's token positions in each sequence (context parallelism) */
     int Bg = tc.batch;                       /* the group's micro-batch */
     us_ops *opsp = NULL;
 #ifdef US_CUDA
@@ -221,9 +224,9 @@ static us_result run_rank(us_comm *comm, void *arg) {
     float peak_tflops = o->peak_tflops;
     us_result r = US_OK;
     tc.batch = Bg / dp;
-    if (dp * tc.tp > 1 && !tc.threads && !o->use_cuda) {   /* the machine's threads shared among the ranks */
+    if (dp * tc.cp * tc.tp > 1 && !tc.threads && !o->use_cuda) {   /* the machine's threads shared among the ranks */
 #ifdef _OPENMP
-        tc.threads = omp_get_max_threads() / (dp * tc.tp) > 0 ? omp_get_max_threads() / (dp * tc.tp) : 1;
+        tc.threads = omp_get_max_threads() / (dp * tc.cp * tc.tp) > 0 ? omp_get_max_threads() / (dp * tc.cp * tc.tp) : 1;
 #endif
     }
 #ifdef US_CUDA
@@ -253,11 +256,14 @@ static us_result run_rank(us_comm *comm, void *arg) {
     }
 #endif
     (void)err;
-    if ((r = dp * tc.tp > 1 ? us_model_init_dist(&m, &mc, &tc, opsp, comm) : us_model_init(&m, &mc, &tc, opsp)) != US_OK) {
+    if ((r = dp * tc.cp * tc.tp > 1 ? us_model_init_dist(&m, &mc, &tc, opsp, comm) : us_model_init(&m, &mc, &tc, opsp)) != US_OK) {
         fprintf(stderr, "train: rank %d: %s\n", rank, us_model_error(&m));
         goto done_ops;
     }
-    drank = m.mesh.dp_rank;   /* the batch rows are split over dp; tp ranks share them */
+    drank = m.mesh.dp_rank;   /* the batch rows are split over dp; tp ranks share them; cp splits each sequence */
+    cpos = (int32_t *)malloc((size_t)Tl * 4);
+    if (!cpos) { r = US_ERR_OOM; goto done_model; }
+    if (tc.cp > 1) us_cp_positions(&m.tc, m.mesh.cp_rank, cpos); else for (i = 0; i < Tl; i++) cpos[i] = i;
     if (o->traces) { us_trace_init(&o->traces[rank], rank); m.trace = &o->traces[rank]; if (comm) comm->trace = m.trace; }
     if (rank == 0 && o->log_path && !(logf = fopen(o->log_path, "w"))) {
         fprintf(stderr, "train: cannot open log file %s\n", o->log_path);
@@ -274,7 +280,7 @@ static us_result run_rank(us_comm *comm, void *arg) {
 #endif
         peak_tflops = 0.096f * (float)th;
     }
-    peak_tflops *= (float)(dp * tc.tp);   /* MFU over the whole group */
+    peak_tflops *= (float)(dp * tc.cp * tc.tp);   /* MFU over the whole group */
     gin = (int32_t *)malloc((size_t)Bg * tc.seq * tc.grad_accum * 4);
     gtgt = (int32_t *)malloc((size_t)Bg * tc.seq * tc.grad_accum * 4);
     in = (int32_t *)malloc((size_t)tc.batch * tc.seq * tc.grad_accum * 4);
@@ -285,10 +291,10 @@ static us_result run_rank(us_comm *comm, void *arg) {
     us_rng_seed(&rng, tc.seed);
     flops_tok = us_flops_per_token(&m.cfg, tc.seq);
     if (loud)
-        printf("model: %lld params (L=%d C=%lld NH=%d NKV=%d F=%lld V=%lld%s) | %s | recompute %s | B=%d T=%d accum=%d dp=%d tp=%d zero=%d | %s | %s | memory %.2f MiB/rank\n",
+        printf("model: %lld params (L=%d C=%lld NH=%d NKV=%d F=%lld V=%lld%s) | %s | recompute %s | B=%d T=%d accum=%d dp=%d cp=%d tp=%d zero=%d | %s | %s | memory %.2f MiB/rank\n",
                (long long)m.n_params, m.cfg.n_layers, (long long)m.cfg.dim, m.cfg.n_heads, m.cfg.n_kv_heads,
                (long long)m.cfg.ffn_dim, (long long)m.cfg.vocab, m.cfg.tie_embeddings ? " tied" : "",
-               us_precision_name(m.tc.precision), us_recompute_name(m.tc.recompute), Bg, tc.seq, tc.grad_accum, dp, tc.tp, tc.zero,
+               us_precision_name(m.tc.precision), us_recompute_name(m.tc.recompute), Bg, tc.seq, tc.grad_accum, dp, tc.cp, tc.tp, tc.zero,
                o->data_path ? o->data_path : "task: sort 8 digits", devname, (double)m.mem.total / 1048576.0);
     t_start = now_s();
 #ifdef ULTRASCALE_NCCL
@@ -302,9 +308,13 @@ static us_result run_rank(us_comm *comm, void *arg) {
         if (o->data_path) us_data_batch(&o->data, &rng, Bg * tc.grad_accum, tc.seq, gin, gtgt);
         else us_task_batch(&task, Bg * tc.grad_accum, tc.seq, gin, gtgt);
         for (k = 0; k < tc.grad_accum; k++) {
-            size_t rows = (size_t)tc.batch * tc.seq, src = ((size_t)k * Bg + (size_t)drank * tc.batch) * tc.seq;
-            memcpy(in + k * rows, gin + src, rows * 4);
-            memcpy(tgt + k * rows, gtgt + src, rows * 4);
+            int bb, t;
+            for (bb = 0; bb < tc.batch; bb++)
+                for (t = 0; t < Tl; t++) {
+                    size_t src = ((size_t)k * Bg + (size_t)drank * tc.batch + bb) * tc.seq + cpos[t];
+                    in[((size_t)k * tc.batch + bb) * Tl + t] = gin[src];
+                    tgt[((size_t)k * tc.batch + bb) * Tl + t] = gtgt[src];
+                }
         }
         if ((r = us_train_step(&m, in, tgt, &st)) != US_OK) {
             fprintf(stderr, "train: rank %d: step %d: %s\n", rank, i + 1, us_model_error(&m));
@@ -322,10 +332,12 @@ static us_result run_rank(us_comm *comm, void *arg) {
             int64_t c = 0, j;
             if (o->data_path) us_data_batch(&o->data, &rng, Bg, tc.seq, gin, gtgt);
             else us_task_batch(&eval_task, Bg, tc.seq, gin, gtgt);
-            memcpy(in, gin + (size_t)drank * tc.batch * tc.seq, (size_t)tc.batch * tc.seq * 4);
-            memcpy(tgt, gtgt + (size_t)drank * tc.batch * tc.seq, (size_t)tc.batch * tc.seq * 4);
-            for (j = 0; j < (int64_t)tc.batch * tc.seq; j++) v[2] += tgt[j] >= 0;
-            if (us_forward_eval(&m, in, tgt, tc.batch, tc.seq, &v[0], &c, NULL) == US_OK) {
+            for (j = 0; j < (int64_t)tc.batch * Tl; j++) {
+                size_t src = ((size_t)drank * tc.batch + (size_t)(j / Tl)) * tc.seq + cpos[j % Tl];
+                in[j] = gin[src]; tgt[j] = gtgt[src];
+                v[2] += tgt[j] >= 0;
+            }
+            if (us_forward_eval(&m, in, tgt, tc.batch, Tl, &v[0], &c, NULL) == US_OK) {
                 v[1] = (double)c;
                 if (us_dp_sum(&m, v, 3) == US_OK && v[2] > 0) { eval_loss = v[0] / v[2]; eval_acc = v[1] / v[2]; }
             }
@@ -348,13 +360,15 @@ static us_result run_rank(us_comm *comm, void *arg) {
     if (r == US_OK) watchdog_stop(&wd);   /* after a failure it stays: the exit below may stall */
 #endif
     if (rank == 0) printf("trained %d steps in %.1f s\n", m.step, now_s() - t_start);
-    if (r == US_OK && !o->data_path) {   /* every rank decodes (ZeRO-3 gathers need them all) */
+    if (r == US_OK && tc.cp > 1 && (!o->data_path || o->sample_n > 0) && rank == 0)
+        printf("(decoding is not implemented under context parallelism: no exact match or samples)\n");
+    if (r == US_OK && !o->data_path && tc.cp == 1) {   /* every rank decodes (ZeRO-3 gathers need them all) */
         char buf[2048];
         double acc = 0;
         if (us_task_exact_match(&m, &eval_task, 200, &acc, buf, sizeof buf, 5) == US_OK && rank == 0)
             printf("sorting exact match on 200 held-out problems: %.1f%%\n%s", 100 * acc, buf);
     }
-    if (r == US_OK && o->sample_n > 0) {
+    if (r == US_OK && o->sample_n > 0 && tc.cp == 1) {
         int32_t prompt[US_TASK_DIGITS + 1], *out;
         int np = 0, n_new;
         char *text;
@@ -391,7 +405,7 @@ done_model:
         _Exit(1);
     }
 #endif
-    free(gin); free(gtgt); free(in); free(tgt);
+    free(gin); free(gtgt); free(in); free(tgt); free(cpos);
     if (comm) comm->trace = NULL;
     us_model_free(&m);
 done_ops:
@@ -421,15 +435,15 @@ static us_result run_cuda(opts *o, int argc, char **argv) {
     if (!o->gpu_set) o->gpu = env.local_rank;
     if (env.world_size > 1) {
 #ifdef ULTRASCALE_NCCL
-        if (o->tc.dp * o->tc.tp != env.world_size) {
-            fprintf(stderr, "train: the launcher started %d processes but --dp %d x --tp %d = %d\n", env.world_size, o->tc.dp, o->tc.tp, o->tc.dp * o->tc.tp);
+        if (o->tc.dp * o->tc.cp * o->tc.tp != env.world_size) {
+            fprintf(stderr, "train: the launcher started %d processes but --dp %d x --cp %d x --tp %d = %d\n", env.world_size, o->tc.dp, o->tc.cp, o->tc.tp, o->tc.dp * o->tc.cp * o->tc.tp);
             return US_ERR_INVALID;
         }
 #else
         fprintf(stderr, "train: %d processes but this build has no NCCL (compile with -DULTRASCALE_NCCL)\n", env.world_size);
         return US_ERR_INVALID;
 #endif
-    } else if (o->tc.dp * o->tc.tp > 1) {
+    } else if (o->tc.dp * o->tc.cp * o->tc.tp > 1) {
         fprintf(stderr, "train: --dp %d on CUDA needs one process per GPU: add --nproc %d (or start it with torchrun)\n", o->tc.dp, o->tc.dp);
         return US_ERR_INVALID;
     }
@@ -485,6 +499,13 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--gpu")) { ok = parse_int(v, 0, 1023, &o.gpu); o.gpu_set = 1; }
         else if (!strcmp(f, "--dp")) ok = parse_int(v, 1, 4096, &tc.dp);
         else if (!strcmp(f, "--tp")) ok = parse_int(v, 1, 4096, &tc.tp);
+        else if (!strcmp(f, "--cp")) ok = parse_int(v, 1, 4096, &tc.cp);
+        else if (!strcmp(f, "--cp-mode")) {
+            if (!strcmp(v, "ring")) tc.cp_mode = US_CP_RING;
+            else if (!strcmp(v, "zigzag")) tc.cp_mode = US_CP_ZIGZAG;
+            else if (!strcmp(v, "allgather")) tc.cp_mode = US_CP_ALLGATHER;
+            else return bad("--cp-mode must be ring, zigzag or allgather, got", v);
+        }
         else if (!strcmp(f, "--zero")) ok = parse_int(v, 0, 3, &tc.zero);
         else if (!strcmp(f, "--bucket-mb")) ok = parse_float(v, 1e-6f, 1e6f, &tc.bucket_mb);
         else if (!strcmp(f, "--nproc")) ok = parse_int(v, 1, 1024, &o.nproc);
@@ -545,11 +566,11 @@ int main(int argc, char **argv) {
         }
     }
     if (o.nproc && !o.use_cuda) { fprintf(stderr, "train: --nproc starts one process per GPU; on the CPU use --dp N (threads)\n"); return 2; }
-    if (o.nproc) {   /* each process is one rank of the dp x tp mesh */
-        int tpn = tc.tp ? tc.tp : 1;
-        if (o.nproc % tpn) { fprintf(stderr, "train: --nproc %d is not a multiple of --tp %d\n", o.nproc, tpn); return 2; }
-        if (tc.dp && tc.dp * tpn != o.nproc) { fprintf(stderr, "train: --dp %d x --tp %d does not match --nproc %d\n", tc.dp, tpn, o.nproc); return 2; }
-        tc.dp = o.nproc / tpn;
+    if (o.nproc) {   /* each process is one rank of the dp x cp x tp mesh */
+        int tpn = tc.tp ? tc.tp : 1, cpn = tc.cp ? tc.cp : 1;
+        if (o.nproc % (tpn * cpn)) { fprintf(stderr, "train: --nproc %d is not a multiple of --cp %d x --tp %d\n", o.nproc, cpn, tpn); return 2; }
+        if (tc.dp && tc.dp * tpn * cpn != o.nproc) { fprintf(stderr, "train: --dp %d x --cp %d x --tp %d does not match --nproc %d\n", tc.dp, cpn, tpn, o.nproc); return 2; }
+        tc.dp = o.nproc / (tpn * cpn);
     }
     if (us_config_validate(&mc, &tc, err, sizeof err) != US_OK) {
         fprintf(stderr, "train: %s\n", err);
@@ -575,26 +596,26 @@ int main(int argc, char **argv) {
         }
     }
     if (o.trace_path) {
-        o.traces = (us_trace *)calloc((size_t)(tc.dp * tc.tp), sizeof(us_trace));
+        o.traces = (us_trace *)calloc((size_t)(tc.dp * tc.cp * tc.tp), sizeof(us_trace));
         if (!o.traces) { fprintf(stderr, "train: out of memory\n"); return 1; }
     }
     if (o.use_cuda) r = run_cuda(&o, argc, argv);
-    else if (tc.dp * tc.tp > 1) {   /* CPU: the ranks are threads of this process */
+    else if (tc.dp * tc.cp * tc.tp > 1) {   /* CPU: the ranks are threads of this process */
         us_launch_config lc;
         memset(&lc, 0, sizeof lc);
         lc.timeout_s = o.comm_timeout;
-        r = us_launch_ex(tc.dp * tc.tp, run_rank, &o, &lc, NULL, err, sizeof err);
+        r = us_launch_ex(tc.dp * tc.cp * tc.tp, run_rank, &o, &lc, NULL, err, sizeof err);
         if (r != US_OK) fprintf(stderr, "train: %s\n", err);
     } else r = run_rank(NULL, &o);
     if (o.traces) {
         if (!o.use_cuda || (o.world <= 1 && o.nproc <= 1)) {   /* multi-process runs wrote theirs in run_rank */
             us_trace *ptr[4096];
             int n = 0;
-            for (i = 0; i < tc.dp * tc.tp; i++) if (o.traces[i].n[0] || o.traces[i].n[1]) ptr[n++] = &o.traces[i];
+            for (i = 0; i < tc.dp * tc.cp * tc.tp; i++) if (o.traces[i].n[0] || o.traces[i].n[1]) ptr[n++] = &o.traces[i];
             if (us_trace_write(o.trace_path, ptr, n, err, sizeof err) != US_OK) { fprintf(stderr, "train: %s\n", err); if (r == US_OK) r = US_ERR_IO; }
             else if (!o.quiet && o.rank == 0) printf("trace: %s (%d rank%s; open in ui.perfetto.dev)\n", o.trace_path, n, n > 1 ? "s" : "");
         }
-        for (i = 0; i < tc.dp * tc.tp; i++) us_trace_free(&o.traces[i]);
+        for (i = 0; i < tc.dp * tc.cp * tc.tp; i++) us_trace_free(&o.traces[i]);
         free(o.traces);
     }
     us_data_free(&o.data);
