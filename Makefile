@@ -89,6 +89,7 @@ RUNS = \
   "test_dp::./$(B)/test_dp" \
   "test_tp::./$(B)/test_tp" \
   "test_cp_ops::./$(B)/test_cp_ops" \
+  "test_cp::./$(B)/test_cp" \
   "test_comm_threads::./$(B)/test_comm_threads" \
   "test_bootstrap::./$(B)/test_bootstrap" \
   "test_nccl (needs 2 GPUs)::if [ -x $(B)/test_nccl ]; then ./$(B)/test_nccl; else echo 'SKIP not built'; fi" \
@@ -107,6 +108,7 @@ RUNS = \
   "asan+ubsan test_dp::./$(B)/san/test_dp" \
   "asan+ubsan test_tp::./$(B)/san/test_tp" \
   "asan+ubsan test_cp_ops::./$(B)/san/test_cp_ops" \
+  "asan+ubsan test_cp::./$(B)/san/test_cp" \
   "asan+ubsan test_comm_threads::./$(B)/san/test_comm_threads" \
   "asan+ubsan test_bootstrap::./$(B)/san/test_bootstrap"
 

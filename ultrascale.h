@@ -3823,7 +3823,7 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
         US_FREE(tmp.params); US_FREE(tmp.units);
     }
     /* tensor parallelism: each rank holds its heads, FFN columns and vocabulary rows */
-    N = (int64_t)tc.batch * tc.seq; C = mc.dim; HS = C / mc.n_heads; F = mc.ffn_dim / tc.tp; V = mc.vocab / tc.tp; L = mc.n_layers;
+    N = (int64_t)tc.batch * (tc.seq / tc.cp); C = mc.dim; HS = C / mc.n_heads; F = mc.ffn_dim / tc.tp; V = mc.vocab / tc.tp; L = mc.n_layers;
     QKV = (int64_t)(mc.n_heads + 2 * mc.n_kv_heads) / tc.tp * HS; AO = (int64_t)mc.n_heads / tc.tp * HS;
     mode = tc.recompute;
     memset(out, 0, sizeof *out);
@@ -3847,6 +3847,12 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
          + 4 * rf /* losses, argmax, inputs, targets */ + us__align(64) /* scalars for the all-reduces */
          + (tc.tp > 1 ? us__align(Nf * 20 + 8) : 0) /* the vocabulary-parallel loss's row statistics */
          + (sp ? xf + us__align(C * 4) : 0) /* SP's whole-sequence buffer, a norm weight's partial gradient */;
+    if (tc.cp > 1) {   /* context parallelism: positions, K/V blocks in flight (2 for the ring, cp for the
+                          all-gather) and their fp32 gradients, the online-softmax state, dQ, a cast buffer */
+        int64_t KVW = (int64_t)2 * (mc.n_kv_heads / tc.tp) * HS, nb = tc.cp_mode == US_CP_ALLGATHER ? tc.cp : 2;
+        head += us__align((size_t)tc.cp * (tc.seq / tc.cp) * 4) + us__align(nb * N * KVW * a) + us__align(nb * N * KVW * 4)
+              + 2 * us__align(N * AO * 4) + 2 * us__align(N * (mc.n_heads / tc.tp) * 4) + us__align(N * (AO > KVW ? AO : KVW) * a);
+    }
     bwd = 2 * xf /* residual grad, norm grad */ + att + qkv + h + gu;
     out->activations = (size_t)L * per_layer + shared + head + bwd;
     out->total = out->params + out->master + out->grads + out->optimizer + out->activations;
