@@ -18,7 +18,7 @@ SANFLAGS = -std=c99 -Wall -Wextra -O1 -g $(ARCH) $(OPENMP) -D_POSIX_C_SOURCE=200
 B        = build
 HDR      = ultrascale.h ultrascale_comm.h
 
-EXAMPLES = $(B)/train $(B)/memory $(B)/quickstart $(B)/dp_quickstart
+EXAMPLES = $(B)/train $(B)/memory $(B)/quickstart $(B)/dp_quickstart $(B)/cp_memory
 ifeq ($(CUDA),1)
 EXAMPLES += $(B)/train_cuda
 endif
@@ -96,6 +96,7 @@ RUNS = \
   "train CLI::bash tests/test_train_cli.sh $(B)/train" \
   "quick start runs::./$(B)/quickstart | grep -q 'step 300 loss'" \
   "dp quick start runs (4 threads, ZeRO-2)::./$(B)/dp_quickstart | grep -q 'step 100 loss'" \
+  "cp_memory prints the table::./$(B)/cp_memory | grep -q '^  131072'" \
   "memory CLI::bash tests/test_memory_cli.sh $(B)/memory" \
   "test_cuda (needs a GPU)::if [ -x $(B)/test_cuda ]; then ./$(B)/test_cuda; else echo 'SKIP not built'; fi" \
   "flash_test (needs a GPU)::if [ -x $(B)/flash_test ]; then ./$(B)/flash_test; else echo 'SKIP not built'; fi" \

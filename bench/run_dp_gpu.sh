@@ -6,7 +6,7 @@
 #   3. the multi-node path: two processes started by hand with torchrun's variables (TCP rendezvous)
 #   4. a fault: rank 1 killed mid-training, rank 0 must exit with an error within --comm-timeout
 #   5. throughput of one training step, dp 1 vs dp 2 x ZeRO 0-3, and a trace
-#   (2b. tensor parallelism: tp 2 and tp 2 + sp against one GPU)
+#   (2b. tensor parallelism: tp 2 and tp 2 + sp against one GPU; 2c. context parallelism, cp 2)
 # Logs go to $OUT (default /tmp/dp_gpu); the last lines printed are a summary table.
 set -u
 export NCCL_NVLS_ENABLE=0            # NVLink multicast is not allowed on this machine
@@ -28,7 +28,7 @@ n = min(len(a), len(b))
 print("%d steps, max rel diff %.2e, final %.4f vs %.4f" % (n, max(abs(x - y) / abs(x) for x, y in zip(a[:n], b[:n])), a[n-1], b[n-1]) if n else "no steps")
 PY
 }
-run() { case " ${SECTIONS:-nccl equiv tp tcp fault tput} " in *" $1 "*) return 0;; *) return 1;; esac; }
+run() { case " ${SECTIONS:-nccl equiv tp cp tcp fault tput} " in *" $1 "*) return 0;; *) return 1;; esac; }
 # 2. equivalence on a 6-layer, dim-512 model, Shakespeare, 4 MB buckets (many in flight), 20 steps.
 #    The one-GPU reference runs the same GEMM shapes as a rank (2 micro-batches of 8 sequences;
 #    a rank of dp 2 runs 1 of 8 and the group 16): what differs is only the order in which the
@@ -50,6 +50,14 @@ if run tp; then for p in fp32 bf16; do
     for x in "" "--sp"; do
         $T $M --batch 16 --nproc 2 --tp 2 $x --precision $p --log "$OUT/tp2${x}_$p.jsonl" > "$OUT/tp2${x}_$p.txt" 2>&1
         say "shakespeare $p tp2 $x vs 1 GPU: $(compare "$OUT/tp_ref_$p.jsonl" "$OUT/tp2${x}_$p.jsonl")"
+    done
+done; fi
+
+# 2c. context parallelism (issue 6): cp 2 in each mode against one GPU, same model, seq 256
+if run cp; then for p in fp32 bf16; do
+    for x in ring zigzag allgather; do
+        $T $M --batch 16 --nproc 2 --cp 2 --cp-mode $x --precision $p --log "$OUT/cp2_${x}_$p.jsonl" > "$OUT/cp2_${x}_$p.txt" 2>&1
+        say "shakespeare $p cp2 $x vs 1 GPU: $(compare "$OUT/tp_ref_$p.jsonl" "$OUT/cp2_${x}_$p.jsonl")"
     done
 done; fi
 

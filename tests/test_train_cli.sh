@@ -105,5 +105,21 @@ print("  --dp 2 --tp 2 --sp --zero 1 vs one rank: 40 losses within %.1e relative
 assert worst < 1e-4, worst
 PY
 then ok "--dp 2 --tp 2 --sp --zero 1 trains the task to the loss curve of one rank"; else bad "--dp 2 --tp 2 curve (exit $rc) $(tail -3 "$T/tp.txt")"; fi
+
+# context parallelism
+expect 2 "cp needs the sequence to split" "must split into 8 equal chunks for cp=4" -- --cp 4 --seq 36
+expect 2 "bad cp mode" "--cp-mode must be ring, zigzag or allgather, got spiral" -- --cp-mode spiral
+"$BIN" --steps 40 --eval-every 0 --quiet --seq 72 --log "$T/cp1.jsonl" > /dev/null 2>&1
+"$BIN" --steps 40 --eval-every 0 --quiet --seq 72 --cp 2 --dp 2 --zero 1 --log "$T/cp.jsonl" > "$T/cp.txt" 2>&1; rc=$?
+if [ "$rc" -eq 0 ] && python3 - "$T/cp1.jsonl" "$T/cp.jsonl" <<'PY'
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+assert len(a) == len(b) == 40
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+print("  --cp 2 --dp 2 --zero 1 vs one rank: 40 losses within %.1e relative" % worst)
+assert worst < 1e-4, worst
+PY
+then ok "--cp 2 --dp 2 --zero 1 trains the task to the loss curve of one rank"; else bad "--cp 2 curve (exit $rc) $(tail -3 "$T/cp.txt")"; fi
 echo "test_train_cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
