@@ -55,6 +55,7 @@ done; fi
 
 # 2c. context parallelism (issue 6): cp 2 in each mode against one GPU, same model, seq 256
 if run cp; then for p in fp32 bf16; do
+    [ -f "$OUT/tp_ref_$p.jsonl" ] || $T $M --batch 16 --precision $p --log "$OUT/tp_ref_$p.jsonl" > "$OUT/tp_ref_$p.txt" 2>&1
     for x in ring zigzag allgather; do
         $T $M --batch 16 --nproc 2 --cp 2 --cp-mode $x --precision $p --log "$OUT/cp2_${x}_$p.jsonl" > "$OUT/cp2_${x}_$p.txt" 2>&1
         say "shakespeare $p cp2 $x vs 1 GPU: $(compare "$OUT/tp_ref_$p.jsonl" "$OUT/cp2_${x}_$p.jsonl")"
