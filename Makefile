@@ -18,7 +18,7 @@ SANFLAGS = -std=c99 -Wall -Wextra -O1 -g $(ARCH) $(OPENMP) -D_POSIX_C_SOURCE=200
 B        = build
 HDR      = ultrascale.h ultrascale_comm.h
 
-EXAMPLES = $(B)/train $(B)/memory $(B)/quickstart $(B)/dp_quickstart $(B)/cp_memory
+EXAMPLES = $(B)/train $(B)/memory $(B)/quickstart $(B)/dp_quickstart $(B)/cp_memory $(B)/schedule
 ifeq ($(CUDA),1)
 EXAMPLES += $(B)/train_cuda
 endif
@@ -90,6 +90,8 @@ RUNS = \
   "test_tp::./$(B)/test_tp" \
   "test_cp_ops::./$(B)/test_cp_ops" \
   "test_cp::./$(B)/test_cp" \
+  "test_pp_sched::./$(B)/test_pp_sched" \
+  "schedule CLI: table and SVG::./$(B)/schedule | grep -q zb1 && ./$(B)/schedule --schedule interleaved --svg $(B)/il.svg | grep -q wrote && grep -q '<svg' $(B)/il.svg && ! ./$(B)/schedule --pp 0 2>/dev/null" \
   "test_comm_threads::./$(B)/test_comm_threads" \
   "test_bootstrap::./$(B)/test_bootstrap" \
   "test_nccl (needs 2 GPUs)::if [ -x $(B)/test_nccl ]; then ./$(B)/test_nccl; else echo 'SKIP not built'; fi" \
@@ -110,6 +112,7 @@ RUNS = \
   "asan+ubsan test_tp::./$(B)/san/test_tp" \
   "asan+ubsan test_cp_ops::./$(B)/san/test_cp_ops" \
   "asan+ubsan test_cp::./$(B)/san/test_cp" \
+  "asan+ubsan test_pp_sched::./$(B)/san/test_pp_sched" \
   "asan+ubsan test_comm_threads::./$(B)/san/test_comm_threads" \
   "asan+ubsan test_bootstrap::./$(B)/san/test_bootstrap"
 

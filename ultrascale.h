@@ -571,6 +571,50 @@ US_API us_result us_task_exact_match(us_model *m, us_task *t, int n, double *acc
 US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int n_new, float temperature,
                            int top_k, us_rng *r, int32_t *out);
 
+/* ---------------------------------------------------------------- pipeline schedules (// >>pp)
+   Schedules are data (DESIGN.md): a pure function lists, for every pipeline rank, the ordered
+   actions it runs — forward F, full backward BW, or the zero-bubble split into B (input
+   gradient) and W (weight gradient) — each for one micro-batch and one model chunk (a rank holds
+   v chunks; chunk c of rank r is stage c·pp + r, or for the V-shaped schedules r then
+   2·pp−1−r). Sends and receives follow from the stages. One checker validates any list
+   (every action exactly once, dependencies, no deadlock), one simulator times it from per-action
+   costs, one renderer draws it; the executor (a later step) runs any list. */
+typedef enum us_pp_kind {
+    US_PP_DEFAULT = 0,        /* 1f1b */
+    US_PP_AFAB,               /* all forwards, then all backwards (GPipe) */
+    US_PP_1F1B,               /* one forward, one backward in the steady state (PipeDream-flush) */
+    US_PP_INTERLEAVED,        /* 1F1B over v chunks per rank, depth-first (Megatron) */
+    US_PP_INTERLEAVED_BF,     /* the same, breadth-first (all micro-batches of a chunk in turn; Llama 3) */
+    US_PP_ZB1                 /* ZB-H1: 1F1B with B/W split, weight gradients deferred into the cooldown */
+} us_pp_kind;
+typedef enum us_pp_op { US_PP_F = 0, US_PP_B, US_PP_W, US_PP_BW } us_pp_op;
+typedef struct us_pp_action { us_pp_op op; int mb, chunk; } us_pp_action;
+typedef struct us_pp_schedule {
+    us_pp_kind kind;
+    int pp, m, v;             /* ranks, micro-batches, chunks per rank */
+    int vshape;               /* stages run down and back up (ZB-V, DualPipe-V) */
+    int *n;                   /* [pp] actions per rank */
+    us_pp_action **a;         /* [pp][n[r]] */
+} us_pp_schedule;
+typedef struct us_pp_sim {
+    double makespan;          /* time from the first action's start to the last one's end */
+    double bubble;            /* idle fraction: 1 − Σ busy / (pp · makespan) */
+    int    peak_act[64];      /* per rank: most micro-batch chunks whose activations are held at once */
+    int    peak_max;
+} us_pp_sim;
+US_API const char *us_pp_kind_name(us_pp_kind k);
+/* Builds the lists; writes a sentence into err if pp, m, v do not suit the schedule. */
+US_API us_result us_pp_schedule_build(us_pp_schedule *s, us_pp_kind kind, int pp, int m, int v, char *err, size_t errlen);
+US_API void      us_pp_schedule_free(us_pp_schedule *s);
+/* The stage chunk c of rank r runs (0 .. pp·v−1, embedding first). */
+US_API int       us_pp_stage(const us_pp_schedule *s, int r, int c);
+/* Times the lists with action costs tF, tB, tW (BW costs tB + tW) and zero-cost transfers, as
+   soon as each action's inputs exist; fails with a sentence on a missing, repeated or
+   impossible action, or a deadlock. The checker is this simulation with unit costs. */
+US_API us_result us_pp_simulate(const us_pp_schedule *s, double tF, double tB, double tW, us_pp_sim *out, char *err, size_t errlen);
+/* An SVG timeline (one row per rank, F/B/W boxes numbered by micro-batch, like the Playbook's). */
+US_API us_result us_pp_svg(const us_pp_schedule *s, double tF, double tB, double tW, const char *path, char *err, size_t errlen);
+
 /* ---------------------------------------------------------------- estimator and FLOPs */
 /* Memory by category for one rank, from the Playbook's formulas applied to this library's layout
    (no allocation). Equals us_model.mem after us_model_init with the same configs. */
@@ -3724,6 +3768,264 @@ US_API us_result us_task_exact_match(us_model *m, us_task *t, int n, double *acc
 out:
     US_FREE(lines); US_FREE(ctx); US_FREE(tg); US_FREE(gen); US_FREE(logits);
     return r;
+}
+
+/* ------------------------------------------------------------------------------------ */
+// >>pp  pipeline schedules as data: generation, checking, simulation, pictures
+/* ------------------------------------------------------------------------------------ */
+US_API const char *us_pp_kind_name(us_pp_kind k) {
+    switch (k) {
+    case US_PP_AFAB: return "afab";
+    case US_PP_INTERLEAVED: return "interleaved";
+    case US_PP_INTERLEAVED_BF: return "interleaved-bf";
+    case US_PP_ZB1: return "zb1";
+    default: return "1f1b";
+    }
+}
+US_API int us_pp_stage(const us_pp_schedule *s, int r, int c) {
+    if (s->vshape) return c == 0 ? r : 2 * s->pp - 1 - r;
+    return c * s->pp + r;
+}
+static void us__pp_push(us_pp_schedule *s, int r, us_pp_op op, int mb, int chunk) {
+    us_pp_action *x = &s->a[r][s->n[r]++];
+    x->op = op; x->mb = mb; x->chunk = chunk;
+}
+/* The virtual-stage order of the interleaved schedules: the k-th forward (or backward) of a rank
+   works on micro-batch mb of chunk c. Depth-first takes micro-batches in groups of pp through
+   every chunk (Megatron); breadth-first runs all m micro-batches through a chunk before the next. */
+static void us__pp_virtual(const us_pp_schedule *s, int k, int backward, int *mb, int *chunk) {
+    int grp = s->kind == US_PP_INTERLEAVED_BF ? s->m : s->pp, v = s->v;
+    int c = (k / grp) % v;
+    *chunk = backward ? v - 1 - c : c;
+    *mb = (k / (grp * v)) * grp + k % grp;
+}
+/* ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism"): the backward split into B (input
+   gradient, on the critical path: the previous stage waits for it) and W (weight gradient, needed
+   by nobody until the optimizer). The lists come from playing the pipeline with unit costs and a
+   greedy rule per rank — B when its gradient has arrived, else F while the rank holds fewer than
+   pp−r micro-batches (1F1B's memory: the "H1"), else a pending W — so W's fill what would be
+   1F1B's idle time. */
+static us_result us__pp_zb1(us_pp_schedule *s, char *err, size_t errlen) {
+    int pp = s->pp, m = s->m, r, t, done = 0;
+    int *fd = (int *)malloc(sizeof(int) * (size_t)(pp * m)), *bd = (int *)malloc(sizeof(int) * (size_t)(pp * m));
+    int *nf = (int *)calloc((size_t)pp, sizeof(int)), *nw = (int *)calloc((size_t)pp, sizeof(int)), *busy = (int *)calloc((size_t)pp, sizeof(int));
+    int *bq = (int *)calloc((size_t)pp, sizeof(int));   /* next micro-batch to run B on (in order) */
+    if (!fd || !bd || !nf || !nw || !busy || !bq) { free(fd); free(bd); free(nf); free(nw); free(busy); free(bq); us_pp_schedule_free(s); us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
+    for (r = 0; r < pp * m; r++) fd[r] = bd[r] = -1;   /* the time F / B of (stage, micro-batch) ended */
+    for (t = 0; done < pp && t < 8 * (m + pp) + 16; t++)
+        for (r = 0; r < pp; r++) {
+            int b = bq[r], f = nf[r];
+            if (busy[r] > t || (b == m && nw[r] == m)) continue;
+            if (b < m && fd[r * m + b] >= 0 && fd[r * m + b] <= t && (r == pp - 1 || (bd[(r + 1) * m + b] >= 0 && bd[(r + 1) * m + b] <= t))) {
+                us__pp_push(s, r, US_PP_B, b, 0); bd[r * m + b] = t + 1; bq[r]++;
+            } else if (f < m && f - nw[r] < pp - r && (r == 0 || (fd[(r - 1) * m + f] >= 0 && fd[(r - 1) * m + f] <= t))) {
+                us__pp_push(s, r, US_PP_F, f, 0); fd[r * m + f] = t + 1; nf[r]++;
+            } else if (nw[r] < bq[r]) {
+                us__pp_push(s, r, US_PP_W, nw[r], 0); nw[r]++;
+            } else continue;
+            busy[r] = t + 1;
+            if (bq[r] == m && nw[r] == m) done++;
+        }
+    free(fd); free(bd); free(nf); free(nw); free(busy); free(bq);
+    if (done < pp) { us_pp_schedule_free(s); us__errf(err, errlen, "internal: the ZB-H1 construction did not finish"); return US_ERR_INVALID; }
+    return US_OK;
+}
+
+US_API us_result us_pp_schedule_build(us_pp_schedule *s, us_pp_kind kind, int pp, int m, int v, char *err, size_t errlen) {
+    int r, k;
+    memset(s, 0, sizeof *s);
+    if (kind == US_PP_DEFAULT) kind = US_PP_1F1B;
+    if (pp < 1 || pp > 64) { us__errf(err, errlen, "pp=%d must be in 1..64", pp); return US_ERR_INVALID; }
+    if (m < 1) { us__errf(err, errlen, "micro-batches=%d must be at least 1", m); return US_ERR_INVALID; }
+    if (kind != US_PP_INTERLEAVED && kind != US_PP_INTERLEAVED_BF) v = 1;
+    else {
+        if (v < 2) { us__errf(err, errlen, "the interleaved schedule needs at least 2 chunks per rank (got %d)", v); return US_ERR_INVALID; }
+        if (kind == US_PP_INTERLEAVED && m % pp) { us__errf(err, errlen, "interleaved 1F1B takes micro-batches in groups of pp: micro-batches=%d is not a multiple of pp=%d", m, pp); return US_ERR_INVALID; }
+    }
+    if (kind < US_PP_AFAB || kind > US_PP_ZB1) { us__errf(err, errlen, "unknown pipeline schedule %d", (int)kind); return US_ERR_INVALID; }
+    s->kind = kind; s->pp = pp; s->m = m; s->v = v;
+    s->n = (int *)calloc((size_t)pp, sizeof(int));
+    s->a = (us_pp_action **)calloc((size_t)pp, sizeof(us_pp_action *));
+    if (!s->n || !s->a) { us_pp_schedule_free(s); us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
+    for (r = 0; r < pp; r++) {
+        s->a[r] = (us_pp_action *)malloc(sizeof(us_pp_action) * (size_t)(3 * m * v));
+        if (!s->a[r]) { us_pp_schedule_free(s); us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
+    }
+    if (kind == US_PP_ZB1) return us__pp_zb1(s, err, errlen);
+    for (r = 0; r < pp; r++) {
+        if (kind == US_PP_AFAB) {   /* GPipe: every forward, then every backward */
+            for (k = 0; k < m; k++) us__pp_push(s, r, US_PP_F, k, 0);
+            for (k = 0; k < m; k++) us__pp_push(s, r, US_PP_BW, k, 0);
+        } else if (kind == US_PP_1F1B) {
+            /* warm up with pp−r−1 forwards (the rank's distance from the end), then alternate
+               F and B, then drain the backwards */
+            int warm = pp - r - 1 < m ? pp - r - 1 : m, f = 0, b = 0;
+            for (; f < warm; f++) us__pp_push(s, r, US_PP_F, f, 0);
+            for (; b < m; b++) {
+                if (f < m) { us__pp_push(s, r, US_PP_F, f, 0); f++; }
+                us__pp_push(s, r, US_PP_BW, b, 0);
+            }
+        } else {   /* interleaved: 1F1B over the m·v virtual micro-batches of the rank's chunks */
+            int total = m * v, grp = kind == US_PP_INTERLEAVED_BF ? m : pp;
+            int warm = (pp - r - 1) * 2 + (v - 1) * grp, f = 0, b = 0, mb, c;
+            if (warm > total) warm = total;
+            for (; f < warm; f++) { us__pp_virtual(s, f, 0, &mb, &c); us__pp_push(s, r, US_PP_F, mb, c); }
+            while (b < total) {
+                if (f < total) { us__pp_virtual(s, f, 0, &mb, &c); us__pp_push(s, r, US_PP_F, mb, c); f++; }
+                us__pp_virtual(s, b, 1, &mb, &c); us__pp_push(s, r, US_PP_BW, mb, c);
+                b++;
+            }
+        }
+    }
+    return US_OK;
+}
+US_API void us_pp_schedule_free(us_pp_schedule *s) {
+    int r;
+    if (s->a) for (r = 0; r < s->pp; r++) free(s->a[r]);
+    free(s->a); free(s->n);
+    memset(s, 0, sizeof *s);
+}
+
+/* Simulation: each action starts when its rank is free and its inputs exist —
+     F(mb, stage)  after F(mb, stage−1)                       (the activation arrives)
+     B(mb, stage)  after F(mb, stage) and B(mb, stage+1)      (the output gradient arrives; the
+                   last stage's after its own F)
+     W(mb, stage)  after B(mb, stage)
+   with BW = B then W at once. Every rank's list is walked in order; any rank whose next action
+   is ready advances. If none can and lists remain, the schedule deadlocks. */
+typedef struct us__pp_ev { double f, b, w; } us__pp_ev;   /* end times, -1 = not yet */
+US_API us_result us_pp_simulate(const us_pp_schedule *s, double tF, double tB, double tW, us_pp_sim *out, char *err, size_t errlen) {
+    int S = s->pp * s->v, m = s->m, r, i, progress, left;
+    us__pp_ev *e = (us__pp_ev *)malloc(sizeof(us__pp_ev) * (size_t)(S * m));
+    int *pc = (int *)calloc((size_t)s->pp, sizeof(int)), *held = (int *)calloc((size_t)s->pp, sizeof(int));
+    double *busy = (double *)calloc((size_t)s->pp, sizeof(double)), *clock = (double *)calloc((size_t)s->pp, sizeof(double)), end = 0;
+    us_result res = US_OK;
+    if (!e || !pc || !held || !busy || !clock) { res = US_ERR_OOM; us__errf(err, errlen, "out of host memory"); goto done; }
+    memset(out, 0, sizeof *out);
+    for (i = 0; i < S * m; i++) e[i].f = e[i].b = e[i].w = -1;
+    for (r = 0; r < s->pp; r++)   /* every (micro-batch, chunk) of the rank exactly once per kind */
+        for (i = 0; i < s->n[r]; i++) {
+            const us_pp_action *x = &s->a[r][i];
+            int j, nf = 0, nb = 0, nw = 0;
+            if (x->mb < 0 || x->mb >= m || x->chunk < 0 || x->chunk >= s->v) {
+                us__errf(err, errlen, "rank %d action %d names micro-batch %d chunk %d, outside %d x %d", r, i, x->mb, x->chunk, m, s->v);
+                res = US_ERR_INVALID; goto done;
+            }
+            for (j = 0; j < s->n[r]; j++) {
+                const us_pp_action *y = &s->a[r][j];
+                if (y->mb != x->mb || y->chunk != x->chunk) continue;
+                nf += y->op == US_PP_F; nb += y->op == US_PP_B || y->op == US_PP_BW; nw += y->op == US_PP_W || y->op == US_PP_BW;
+            }
+            if (nf != 1 || nb != 1 || nw != 1) {
+                us__errf(err, errlen, "rank %d: micro-batch %d chunk %d has %d forwards, %d input and %d weight backwards (want 1 each)",
+                         r, x->mb, x->chunk, nf, nb, nw);
+                res = US_ERR_INVALID; goto done;
+            }
+        }
+    do {
+        progress = 0; left = 0;
+        for (r = 0; r < s->pp; r++) {
+            while (pc[r] < s->n[r]) {
+                const us_pp_action *x = &s->a[r][pc[r]];
+                int st = us_pp_stage(s, r, x->chunk);
+                us__pp_ev *me = &e[st * m + x->mb];
+                double ready = clock[r], cost;
+                if (x->op == US_PP_F) {
+                    if (st > 0) { if (e[(st - 1) * m + x->mb].f < 0) break; if (e[(st - 1) * m + x->mb].f > ready) ready = e[(st - 1) * m + x->mb].f; }
+                    cost = tF;
+                } else if (x->op == US_PP_B || x->op == US_PP_BW) {
+                    if (me->f < 0) break;
+                    if (me->f > ready) ready = me->f;
+                    if (st < S - 1) { if (e[(st + 1) * m + x->mb].b < 0) break; if (e[(st + 1) * m + x->mb].b > ready) ready = e[(st + 1) * m + x->mb].b; }
+                    cost = x->op == US_PP_BW ? tB + tW : tB;
+                } else {
+                    if (me->b < 0) break;
+                    if (me->b > ready) ready = me->b;
+                    cost = tW;
+                }
+                clock[r] = ready + cost;
+                busy[r] += cost;
+                if (x->op == US_PP_F) { me->f = clock[r]; if (++held[r] > out->peak_act[r]) out->peak_act[r] = held[r]; }
+                if (x->op == US_PP_B || x->op == US_PP_BW) me->b = clock[r];   /* the input gradient leaves when the action ends */
+                if (x->op == US_PP_W || x->op == US_PP_BW) { me->w = clock[r]; held[r]--; }   /* activations freed with the weight gradient */
+                if (clock[r] > end) end = clock[r];
+                pc[r]++;
+                progress = 1;
+            }
+            left += s->n[r] - pc[r];
+        }
+    } while (progress && left);
+    if (left) {
+        for (r = 0; r < s->pp && pc[r] == s->n[r]; r++) {}
+        us__errf(err, errlen, "the schedule deadlocks: rank %d waits at action %d (%s of micro-batch %d, chunk %d) for an input no rank will produce",
+                 r, pc[r], s->a[r][pc[r]].op == US_PP_F ? "F" : s->a[r][pc[r]].op == US_PP_W ? "W" : "B", s->a[r][pc[r]].mb, s->a[r][pc[r]].chunk);
+        res = US_ERR_INVALID; goto done;
+    }
+    out->makespan = end;
+    {
+        double b = 0;
+        for (r = 0; r < s->pp; r++) { b += busy[r]; if (out->peak_act[r] > out->peak_max) out->peak_max = out->peak_act[r]; }
+        out->bubble = end > 0 ? 1.0 - b / ((double)s->pp * end) : 0;
+    }
+done:
+    free(e); free(pc); free(held); free(busy); free(clock);
+    return res;
+}
+
+US_API us_result us_pp_svg(const us_pp_schedule *s, double tF, double tB, double tW, const char *path, char *err, size_t errlen) {
+    /* re-run the simulation, recording each action's start */
+    us_pp_sim sim;
+    us_result r = us_pp_simulate(s, tF, tB, tW, &sim, err, errlen);
+    FILE *f;
+    double scale, rowh = 28, x0 = 70, width = 1100;
+    int rk, i, S = s->pp * s->v;
+    double *clock, *fe, *be;
+    if (r != US_OK) return r;
+    if (!(f = fopen(path, "w"))) { us__errf(err, errlen, "cannot write %s", path); return US_ERR_IO; }
+    scale = (width - x0 - 10) / sim.makespan;
+    clock = (double *)calloc((size_t)s->pp, sizeof(double));
+    fe = (double *)malloc(sizeof(double) * (size_t)(S * s->m)); be = (double *)malloc(sizeof(double) * (size_t)(S * s->m));
+    if (!clock || !fe || !be) { fclose(f); free(clock); free(fe); free(be); us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
+    for (i = 0; i < S * s->m; i++) fe[i] = be[i] = -1;
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" font-size=\"11\">\n",
+            width, rowh * s->pp + 60);
+    fprintf(f, "<text x=\"8\" y=\"16\" font-size=\"13\">%s, pp=%d, m=%d, v=%d: bubble %.1f%%, peak activations %d micro-batch chunks</text>\n",
+            us_pp_kind_name(s->kind), s->pp, s->m, s->v, 100 * sim.bubble, sim.peak_max);
+    {   /* the same walk as the simulator, drawing as it goes */
+        int *pc = (int *)calloc((size_t)s->pp, sizeof(int)), progress, left;
+        do {
+            progress = 0; left = 0;
+            for (rk = 0; rk < s->pp; rk++) {
+                while (pc[rk] < s->n[rk]) {
+                    const us_pp_action *x = &s->a[rk][pc[rk]];
+                    int st = us_pp_stage(s, rk, x->chunk);
+                    double ready = clock[rk], cost;
+                    const char *col;
+                    if (x->op == US_PP_F) { if (st > 0 && fe[(st - 1) * s->m + x->mb] < 0) break; if (st > 0 && fe[(st - 1) * s->m + x->mb] > ready) ready = fe[(st - 1) * s->m + x->mb]; cost = tF; col = x->chunk ? "#6fa8dc" : "#3d85c6"; }
+                    else if (x->op == US_PP_W) { cost = tW; col = "#b4a7d6"; if (be[st * s->m + x->mb] > ready) ready = be[st * s->m + x->mb]; }
+                    else {
+                        if (fe[st * s->m + x->mb] > ready) ready = fe[st * s->m + x->mb];
+                        if (st < S - 1) { if (be[(st + 1) * s->m + x->mb] < 0) break; if (be[(st + 1) * s->m + x->mb] > ready) ready = be[(st + 1) * s->m + x->mb]; }
+                        cost = x->op == US_PP_BW ? tB + tW : tB; col = x->chunk ? "#93c47d" : "#6aa84f";
+                    }
+                    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\" stroke=\"white\"/>"
+                               "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"white\">%d</text>\n",
+                            x0 + ready * scale, 30 + rk * rowh, cost * scale, rowh - 4, col, x0 + (ready + cost / 2) * scale, 30 + rk * rowh + 17, x->mb + 1);
+                    clock[rk] = ready + cost;
+                    if (x->op == US_PP_F) fe[st * s->m + x->mb] = clock[rk];
+                    if (x->op == US_PP_B || x->op == US_PP_BW) be[st * s->m + x->mb] = clock[rk];
+                    pc[rk]++; progress = 1;
+                }
+                left += s->n[rk] - pc[rk];
+            }
+        } while (progress && left);
+        free(pc);
+    }
+    for (rk = 0; rk < s->pp; rk++) fprintf(f, "<text x=\"8\" y=\"%.1f\">rank %d</text>\n", 30 + rk * rowh + 17, rk);
+    fprintf(f, "<text x=\"%.0f\" y=\"%.0f\">F forward  B/BW backward  W weight gradient (lighter: second chunk)</text>\n</svg>\n", x0, rowh * s->pp + 50);
+    free(clock); free(fe); free(be);
+    if (fclose(f) != 0) { us__errf(err, errlen, "cannot finish writing %s", path); return US_ERR_IO; }
+    return US_OK;
 }
 
 /* ------------------------------------------------------------------------------------ */
