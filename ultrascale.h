@@ -197,6 +197,10 @@ typedef struct us_train_config {
        inputs to us_train_step are then this rank's seq/cp tokens of each sequence */
     int      cp;           /* default 1; seq must split into cp (ring) or 2·cp (zigzag, allgather) chunks */
     us_cp_mode cp_mode;
+    /* pipeline parallelism (// >>pp): layers split over pp ranks, grad_accum micro-batches per
+       step run by a schedule; every stage receives the step's inputs and targets */
+    int      pp;           /* default 1 */
+    int      pp_schedule;  /* a us_pp_kind the executor runs: afab or 1f1b (default) */
 } us_train_config;
 
 US_API void      us_model_config_defaults(us_model_config *c);
@@ -464,6 +468,12 @@ typedef struct us_model {
     int      nh_l, nkv_l;     /* heads, kv heads */
     int64_t  ffn_l, vocab_l;  /* FFN columns, vocabulary rows */
     int64_t  vocab_off;       /* first vocabulary row of this rank */
+    /* pipeline parallelism: this rank's stage (cfg.n_layers is then the stage's layer count) */
+    int      pp_first, pp_last, layer0, n_layers_global;
+    int      slots;           /* micro-batches whose activations the schedule holds at once (1 without pp) */
+    us_layer_acts *slot_acts; /* [slots][L] */
+    void   *(*slot_a)[32];    /* [slots] each slot's named scratch */
+    struct us_pp_schedule *pp_sched;   /* the step's schedule (pp > 1) */
     char     err[256];
 } us_model;
 
@@ -817,6 +827,8 @@ US_API void us_train_config_defaults(us_train_config *c) {
     if (!c->dp) c->dp = 1;
     if (!c->tp) c->tp = 1;
     if (!c->cp) c->cp = 1;
+    if (!c->pp) c->pp = 1;
+    if (!c->pp_schedule) c->pp_schedule = 2; /* US_PP_1F1B (declared below) */
     if (c->cp_mode == US_CP_DEFAULT) c->cp_mode = US_CP_ZIGZAG;
     if (c->bucket_mb == 0) c->bucket_mb = 25.0f;
 }
@@ -869,6 +881,12 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
     if (!(tc->bucket_mb > 0) || !isfinite(tc->bucket_mb)) US__BAD("bucket size %g MB must be a positive number", tc->bucket_mb);
     if (tc->tp < 1) US__BAD("tp=%d must be at least 1", tc->tp);
     if (tc->cp < 1) US__BAD("cp=%d must be at least 1", tc->cp);
+    if (tc->pp < 1) US__BAD("pp=%d must be at least 1", tc->pp);
+    if (tc->pp > mc->n_layers) US__BAD("pp=%d exceeds layers=%d: every pipeline stage needs a layer", tc->pp, mc->n_layers);
+    if (tc->pp > 1 && mc->tie_embeddings) US__BAD("tied embeddings live on the first and last pipeline stages: untie them for pp > 1");
+    if (tc->pp > 1 && tc->zero == 3) US__BAD("ZeRO-3 with pipeline parallelism is not supported (each stage would gather its weights every micro-batch); use zero 1 or 2");
+    if (tc->pp > 1 && tc->cp > 1) US__BAD("pipeline with context parallelism is not supported yet");
+    if (tc->pp_schedule != 1 && tc->pp_schedule != 2) US__BAD("the pipeline executor runs the afab and 1f1b schedules (got schedule %d)", tc->pp_schedule);
     if (tc->cp_mode < US_CP_RING || tc->cp_mode > US_CP_ALLGATHER) US__BAD("unknown cp mode %d", (int)tc->cp_mode);
     if (tc->cp > 1 && tc->seq % (tc->cp_mode == US_CP_RING ? tc->cp : 2 * tc->cp))
         US__BAD("seq=%d must split into %d equal chunks for cp=%d (%s)", tc->seq, tc->cp_mode == US_CP_RING ? tc->cp : 2 * tc->cp, tc->cp,
@@ -2315,10 +2333,12 @@ static void us__build_params(us_model *m) {
        embedding and the head hold this rank's slice of the vocabulary; norms are replicated */
     m->nh_l = c->n_heads / tp; m->nkv_l = c->n_kv_heads / tp; m->ffn_l = c->ffn_dim / tp; m->vocab_l = c->vocab / tp;
     m->n_params_t = 0;
-    us__add_param(m, "model.embed_tokens.weight", m->vocab_l, C, &off);
+    /* pipeline stages hold their own layers; the embedding (first stage) and the final norm and
+       head (last stage) exist on every stage with zero rows elsewhere, so tensor indices stay fixed */
+    us__add_param(m, "model.embed_tokens.weight", m->pp_first ? m->vocab_l : 0, C, &off);
     m->params[0].tp_split = tp > 1;
     for (l = 0; l < c->n_layers; l++) {
-#define US__LP(suffix, r, cc, split) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix), us__add_param(m, nm, r, cc, &off), \
+#define US__LP(suffix, r, cc, split) (snprintf(nm, sizeof nm, "model.layers.%d.%s", m->layer0 + l, suffix), us__add_param(m, nm, r, cc, &off), \
                                       m->params[m->n_params_t - 1].tp_split = tp > 1 ? split : 0)
         US__LP("input_layernorm.weight", C, 0, 0);
         US__LP("self_attn.q_proj.weight", (int64_t)m->nh_l * HS, C, 1);
@@ -2331,8 +2351,8 @@ static void us__build_params(us_model *m) {
         US__LP("mlp.down_proj.weight", C, m->ffn_l, 2);
 #undef US__LP
     }
-    us__add_param(m, "model.norm.weight", C, 0, &off);
-    if (!c->tie_embeddings) { us__add_param(m, "lm_head.weight", m->vocab_l, C, &off); m->params[m->n_params_t - 1].tp_split = tp > 1; }
+    us__add_param(m, "model.norm.weight", m->pp_last ? C : 0, 0, &off);
+    if (!c->tie_embeddings) { us__add_param(m, "lm_head.weight", m->pp_last ? m->vocab_l : 0, C, &off); m->params[m->n_params_t - 1].tp_split = tp > 1; }
     m->n_params = off;
 }
 
@@ -2547,8 +2567,8 @@ static void us__init_weights(us_model *m) {
     /* each tensor draws from its own stream seeded by (seed, index): the values do not depend
        on the order tensors are visited or on how the buffers are sharded. A unit is built on
        the host, then this rank stores what it keeps of it. */
-    int i, u, Z = m->tc.zero, R = m->mesh.dpcp_g.rank;
-    float proj_std = m->cfg.init_std / sqrtf(2.0f * (float)m->cfg.n_layers);
+    int i, u, Z = m->tc.zero, R = m->mesh.dpcp_g.rank, L = m->cfg.n_layers, LG = m->n_layers_global;
+    float proj_std = m->cfg.init_std / sqrtf(2.0f * (float)LG);
     size_t a = us_dtype_size(m->dt);
     float *h = (float *)US_MALLOC((size_t)(m->n_flat > 0 ? m->n_flat : 1) * 4);
     uint16_t *hb = m->dt == US_BF16 ? (uint16_t *)US_MALLOC((size_t)m->n_flat * 2) : NULL;
@@ -2562,10 +2582,12 @@ static void us__init_weights(us_model *m) {
         for (i = U->p0; i < U->p1; i++) {
             const us_param *p = &m->params[i];
             int k = (i - 1) % US__P_PER_LAYER;
-            int in_layer = i >= 1 && i < US__P_NORM(m->cfg.n_layers);
+            int in_layer = i >= 1 && i < US__P_NORM(L);
+            /* the tensor's index in the whole model (a pipeline stage holds a slice of the layers) */
+            int gi = in_layer ? i + m->layer0 * US__P_PER_LAYER : i == 0 ? 0 : i - US__P_NORM(L) + US__P_NORM(LG);
             float std = in_layer && (k == US__P_O || k == US__P_DOWN) ? proj_std : m->cfg.init_std;
             us_rng r;
-            us_rng_seed(&r, m->tc.seed * 0x100000001B3ull + (uint64_t)i * 0x9E3779B97F4A7C15ull);
+            us_rng_seed(&r, m->tc.seed * 0x100000001B3ull + (uint64_t)gi * 0x9E3779B97F4A7C15ull);
             if (!p->tp_split) for (j = 0; j < p->numel; j++) h[p->offset + j] = p->ndim == 1 ? 1.0f : std * us_rng_normal(&r);
             else {   /* draw the whole tensor, keep this rank's rows (split 1) or columns (split 2) */
                 int64_t tp = m->tc.tp, t = m->mesh.tp_rank, rows = p->shape[0], cols = p->shape[1];
@@ -2604,16 +2626,22 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
     a = us_dtype_size(m->dt);
     if (!comm) { us_comm_self(&m->self, &m->ops); comm = &m->self; }
     m->comm = comm;
-    if (comm->world.size != m->tc.dp * m->tc.cp * m->tc.tp) {
-        us__model_set_error(m, "dp=%d x cp=%d x tp=%d = %d ranks but the communicator has %d", m->tc.dp, m->tc.cp, m->tc.tp,
-                            m->tc.dp * m->tc.cp * m->tc.tp, comm->world.size);
+    if (comm->world.size != m->tc.dp * m->tc.pp * m->tc.cp * m->tc.tp) {
+        us__model_set_error(m, "dp=%d x pp=%d x cp=%d x tp=%d = %d ranks but the communicator has %d", m->tc.dp, m->tc.pp, m->tc.cp, m->tc.tp,
+                            m->tc.dp * m->tc.pp * m->tc.cp * m->tc.tp, comm->world.size);
         return US_ERR_INVALID;
     }
-    if ((r = us_mesh_init(&m->mesh, comm, m->tc.dp, 1, m->tc.cp, m->tc.tp)) != US_OK) { us__model_set_error(m, "device mesh: %s", comm->err); return r; }
+    if ((r = us_mesh_init(&m->mesh, comm, m->tc.dp, m->tc.pp, m->tc.cp, m->tc.tp)) != US_OK) { us__model_set_error(m, "device mesh: %s", comm->err); return r; }
+    {   /* pipeline stage: layers split as evenly as possible, the first stages taking the remainder */
+        int P = m->tc.pp, q = m->mesh.pp_rank, LG = m->cfg.n_layers, base = LG / P, extra = LG % P;
+        m->n_layers_global = LG;
+        m->layer0 = q * base + (q < extra ? q : extra);
+        m->cfg.n_layers = base + (q < extra);
+        m->pp_first = q == 0; m->pp_last = q == P - 1;
+    }
     m->params = (us_param *)US_MALLOC(sizeof(us_param) * (size_t)(3 + m->cfg.n_layers * US__P_PER_LAYER));
-    m->acts = (us_layer_acts *)US_MALLOC(sizeof(us_layer_acts) * (size_t)m->cfg.n_layers);
     m->unit_of = (int *)US_MALLOC(sizeof(int) * (size_t)(3 + m->cfg.n_layers * US__P_PER_LAYER));
-    if (!m->params || !m->acts || !m->unit_of) { us_model_free(m); us__model_set_error(m, "out of host memory for the model tables"); return US_ERR_OOM; }
+    if (!m->params || !m->unit_of) { us_model_free(m); us__model_set_error(m, "out of host memory for the model tables"); return US_ERR_OOM; }
     us__build_params(m);
     m->vocab_off = (int64_t)m->mesh.tp_rank * m->vocab_l;
     m->n_units = us__plan_units(m, NULL);
@@ -2649,7 +2677,23 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
         for (i = 0; i < z.n_gslots; i++) { m->gslot[i] = (float *)(state + off); off += us__align(gsb); m->gslot_unit[i] = -1; }
         for (i = 0; i < z.n_wslots; i++) { m->wslot[i] = state + off; off += us__align(wsb); m->wslot_unit[i] = -1; }
     }
-    m->mem.activations = us__layout_arena(m, NULL);
+    /* pipeline parallelism keeps one activation arena per micro-batch in flight: the schedule's
+       simulated peak for this rank (1F1B: pp − rank; AFAB: all micro-batches) */
+    m->slots = 1;
+    if (m->tc.pp > 1) {
+        us_pp_sim sim;
+        char e2[200];
+        m->pp_sched = (us_pp_schedule *)calloc(1, sizeof(us_pp_schedule));
+        if (!m->pp_sched || us_pp_schedule_build(m->pp_sched, (us_pp_kind)m->tc.pp_schedule, m->tc.pp, m->tc.grad_accum, 1, e2, sizeof e2) != US_OK ||
+            us_pp_simulate(m->pp_sched, 1, 2, 0, &sim, e2, sizeof e2) != US_OK) {
+            us_model_free(m); us__model_set_error(m, "pipeline schedule: %s", e2); return US_ERR_INVALID;
+        }
+        m->slots = sim.peak_act[m->mesh.pp_rank];
+    }
+    m->slot_acts = (us_layer_acts *)US_MALLOC(sizeof(us_layer_acts) * (size_t)(m->slots * m->cfg.n_layers));
+    m->slot_a = (void *(*)[32])US_MALLOC(sizeof(void *[32]) * (size_t)m->slots);
+    if (!m->slot_acts || !m->slot_a) { us_model_free(m); us__model_set_error(m, "out of host memory for the model tables"); return US_ERR_OOM; }
+    m->mem.activations = us__layout_arena(m, NULL) * (size_t)m->slots;
     m->arena = m->state ? (char *)m->ops.alloc(&m->ops, m->mem.activations) : NULL;
     if (!m->state || !m->arena) {
         size_t total = wb + mb + gb + 2 * ob + m->mem.activations;
@@ -2658,7 +2702,15 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
                             (double)total / 1048576.0, (long long)us_param_count(mc));
         return US_ERR_OOM;
     }
-    us__layout_arena(m, m->arena);
+    {
+        int k;
+        size_t one = m->mem.activations / (size_t)m->slots;
+        for (k = m->slots - 1; k >= 0; k--) {   /* slot 0 last: it is the one selected */
+            m->acts = m->slot_acts + (size_t)k * m->cfg.n_layers;
+            us__layout_arena(m, m->arena + (size_t)k * one);
+            memcpy(m->slot_a[k], m->a, sizeof m->a);
+        }
+    }
     if (m->tc.cp > 1) {   /* every rank's token positions, [cp][seq/cp] (// >>cp) */
         int Tl = m->tc.seq / m->tc.cp, rr, t;
         int32_t *pos = (int32_t *)US_MALLOC((size_t)(m->tc.cp * Tl) * 4);
@@ -2693,7 +2745,11 @@ US_API void us_model_free(us_model *m) {
         }
     if (o->free) { o->free(o, m->state); o->free(o, m->arena); }
     if (m->comm && m->mesh.dpcp_g.size) us_mesh_free(&m->mesh, m->comm);
-    US_FREE(m->params); US_FREE(m->acts); US_FREE(m->units); US_FREE(m->unit_of);
+    US_FREE(m->slot_acts);   /* acts points into it */
+    US_FREE(m->slot_a);
+    if (m->pp_sched) { us_pp_schedule_free(m->pp_sched); free(m->pp_sched); }
+    m->slot_acts = NULL; m->slot_a = NULL; m->pp_sched = NULL;
+    US_FREE(m->params); US_FREE(m->units); US_FREE(m->unit_of);
     m->params = NULL; m->acts = NULL; m->units = NULL; m->unit_of = NULL; m->w = NULL;
     m->master = m->grad = m->adam_m = m->adam_v = NULL;
     m->state = NULL; m->arena = NULL; m->comm = NULL;
@@ -4113,6 +4169,10 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
         us__dist_sizes z;
         memset(&tmp, 0, sizeof tmp);
         tmp.cfg = mc; tmp.tc = tc;
+        /* under pipeline parallelism: the first stage (its layers and the embedding) */
+        tmp.n_layers_global = mc.n_layers;
+        tmp.cfg.n_layers = mc.n_layers / tc.pp + (mc.n_layers % tc.pp > 0);
+        tmp.pp_first = 1; tmp.pp_last = tc.pp == 1;
         tmp.params = (us_param *)US_MALLOC(sizeof(us_param) * (size_t)(3 + mc.n_layers * US__P_PER_LAYER));
         if (!tmp.params) { us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
         us__build_params(&tmp);
@@ -4156,7 +4216,16 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
               + 2 * us__align(N * AO * 4) + 2 * us__align(N * (mc.n_heads / tc.tp) * 4) + us__align(N * (AO > KVW ? AO : KVW) * a);
     }
     bwd = 2 * xf /* residual grad, norm grad */ + att + qkv + h + gu;
-    out->activations = (size_t)L * per_layer + shared + head + bwd;
+    if (tc.pp > 1) {   /* the first pipeline stage: its layers, one arena per micro-batch it holds at once */
+        us_pp_schedule ps;
+        us_pp_sim sim;
+        L = mc.n_layers / tc.pp + (mc.n_layers % tc.pp > 0);
+        if (us_pp_schedule_build(&ps, (us_pp_kind)tc.pp_schedule, tc.pp, tc.grad_accum, 1, err, errlen) != US_OK) return US_ERR_INVALID;
+        r = us_pp_simulate(&ps, 1, 2, 0, &sim, err, errlen);
+        us_pp_schedule_free(&ps);
+        if (r != US_OK) return r;
+        out->activations = ((size_t)L * per_layer + shared + head + bwd) * (size_t)sim.peak_act[0];
+    } else out->activations = (size_t)L * per_layer + shared + head + bwd;
     out->total = out->params + out->master + out->grads + out->optimizer + out->activations;
     return US_OK;
 }
