@@ -474,6 +474,7 @@ typedef struct us_model {
     us_layer_acts *slot_acts; /* [slots][L] */
     void   *(*slot_a)[32];    /* [slots] each slot's named scratch */
     struct us_pp_schedule *pp_sched;   /* the step's schedule (pp > 1) */
+    int      pp_peak;         /* most micro-batches whose activations the executor held at once */
     char     err[256];
 } us_model;
 
@@ -3402,7 +3403,8 @@ static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *
     /* ZeRO-3 walks the model in steps: enter each one (its weights gathered, the next step's
        gather issued) before computing it */
     if ((r = us__z3_enter(m, 0, 1)) != US_OK) return r;
-    if (sp) {   /* each token's row comes from the rank holding it, and goes to the rank holding the token */
+    if (!m->pp_first) {}   /* a later pipeline stage: acts[0].x holds the activation received (// >>pp) */
+    else if (sp) {   /* each token's row comes from the rank holding it, and goes to the rank holding the token */
         o->embedding_fwd(o, m->a[US__A_SPG], (const int32_t *)m->a[US__A_TOK], us__W(m, 0), Np, C, m->dt);
         if ((r = us__sp_scatter(m, m->acts[0].x, m->a[US__A_SPG], Ns)) != US_OK) return r;
     } else {
@@ -3416,6 +3418,7 @@ static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *
         if ((r = us__layer_fwd(m, l, B, T, 0)) != US_OK) return r;
         if (m->trace) { snprintf(nm, sizeof nm, "forward layer %d", l); us__trace(m, "compute", nm, t0); }
     }
+    if (!m->pp_last) { *loss_sum = 0; return us__backend_check(m); }   /* XOUT goes to the next stage */
     if ((r = us__z3_enter(m, c->n_layers + 1, 1)) != US_OK) return r;
     {   /* the final norm on this rank's rows, then (SP) the whole sequence for the head */
         void *xf_mine = us__at(m->a[US__A_XF], m->dt, sp ? (int64_t)m->mesh.tp_rank * Ns * C : 0);
@@ -3447,6 +3450,11 @@ static us_result us__backward(us_model *m, int B, int T) {
     us__rows(m, N, &Np, &Ns);
     dlnp = us__at(m->a[US__A_DLN], m->dt, sp ? (int64_t)m->mesh.tp_rank * Ns * C : 0);
     us__grads_begin(m);
+    if (!m->pp_first && (r = us__grads_ready(m, 0, 1)) != US_OK) return r;   /* absent on this stage: done */
+    if (!m->pp_last) {   /* a pipeline stage before the last: DRES holds the gradient received */
+        if ((r = us__grads_ready(m, US__P_NORM(L), m->n_params_t)) != US_OK) return r;
+        goto layers;
+    }
     if ((r = us__z3_enter(m, L + 1, -1)) != US_OK) return r;
     /* logits = xf·Whead^T, the logits buffer now holds dlogits */
     o->gemm(o, 0, 0, Np, C, V, 1.0f, m->a[US__A_LOGITS], m->dt, V, us__W(m, head), m->dt, C, 0.0f, m->a[US__A_DLN], m->dt, C);
@@ -3458,6 +3466,7 @@ static us_result us__backward(us_model *m, int B, int T) {
     if ((r = us__norm_bwd(m, m->a[US__A_DRES], US__P_NORM(L), dlnp, m->a[US__A_XOUT], (float *)m->a[US__A_RSTDF], Ns)) != US_OK) return r;
     if ((r = us__grads_ready(m, US__P_NORM(L), US__P_NORM(L) + 1)) != US_OK) return r;
     us__trace(m, "compute", "backward head", t0);
+layers:
     for (l = L - 1; l >= 0; l--) {
         char nm[40];
         t0 = us_trace_now_us();
@@ -3467,11 +3476,12 @@ static us_result us__backward(us_model *m, int B, int T) {
         if (m->trace) { snprintf(nm, sizeof nm, "backward layer %d", l); us__trace(m, "compute", nm, t0); }
     }
     if ((r = us__z3_enter(m, 0, -1)) != US_OK) return r;
-    if (sp) {   /* every rank needs every token's gradient: its vocabulary rows may be anywhere */
+    if (!m->pp_first) {}   /* DRES is the gradient of this stage's input: the executor sends it back */
+    else if (sp) {   /* every rank needs every token's gradient: its vocabulary rows may be anywhere */
         if ((r = us__sp_gather(m, m->a[US__A_SPG], m->a[US__A_DRES], Ns)) != US_OK) return r;
         o->embedding_bwd(o, us__G(m, 0), m->a[US__A_SPG], (const int32_t *)m->a[US__A_TOK], Np, C, m->dt);
     } else o->embedding_bwd(o, us__G(m, 0), m->a[US__A_DRES], (const int32_t *)m->a[US__A_TOK], N, C, m->dt);
-    if ((r = us__grads_ready(m, 0, 1)) != US_OK) return r;
+    if (m->pp_first && (r = us__grads_ready(m, 0, 1)) != US_OK) return r;
     us__z3_release_all(m);
     return m->err[0] ? US_ERR_BACKEND : US_OK;   /* a slot's reduction may have failed inside us__G */
 }
@@ -3504,8 +3514,8 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
     if ((r = us__grads_finish(m)) != US_OK) return r;
     /* the global gradient norm: every rank holds all of it without ZeRO; with ZeRO each holds the
        sums of its pieces, and the squares are summed over dp */
-    if (Z == 0 && m->tc.tp <= 1) norm2 = o->sumsq(o, m->grad, m->n_flat);
-    else {   /* tensor parallelism: split tensors are summed over tp, replicated ones counted once */
+    if (Z == 0 && m->tc.tp <= 1 && m->tc.pp <= 1) norm2 = o->sumsq(o, m->grad, m->n_flat);
+    else {   /* tp: split tensors summed over tp, replicated ones counted once; pp: every stage's own */
         int i;
         for (u = 0; u < m->n_units; u++) {
             const us__unit *U = &m->units[u];
@@ -3514,10 +3524,10 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
             for (i = U->p0; i < U->p1; i++) {
                 const us_param *p = &m->params[i];
                 int64_t a = p->offset > lo ? p->offset : lo, b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
-                if (a < b && (p->tp_split || m->mesh.tp_rank == 0)) norm2 += o->sumsq(o, gp + (a - lo), b - a);
+                if (a < b && (p->tp_split || m->mesh.tp_rank == 0) && (Z || m->mesh.dpcp_g.rank == 0)) norm2 += o->sumsq(o, gp + (a - lo), b - a);
             }
         }
-        if ((r = us__group_sum(m, Z ? &m->comm->world : &m->mesh.tp_g, &norm2, 1)) != US_OK) return r;
+        if ((r = us__group_sum(m, &m->comm->world, &norm2, 1)) != US_OK) return r;   /* each part counted on one rank */
     }
     if (grad_norm) *grad_norm = (float)sqrt(norm2);
     if (lr_out) *lr_out = lr;
@@ -3552,6 +3562,56 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
     return us__backend_check(m);
 }
 
+/* The pipeline executor (// >>pp): runs this rank's list of the schedule. A forward takes a free
+   activation slot, receives its input from the previous stage (or embeds the tokens), and sends
+   its output on (or computes the loss); a backward receives the output's gradient from the next
+   stage (or starts from the loss), and sends its input's gradient back, freeing the slot. The
+   last backward of the step launches the data-parallel reductions (no_sync before it). */
+static void us__slot(us_model *m, int k) {
+    m->acts = m->slot_acts + (size_t)k * m->cfg.n_layers;
+    memcpy(m->a, m->slot_a[k], sizeof m->a);
+}
+static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *targets, int64_t per, int T, float dscale, double *loss) {
+    const us_pp_schedule *s = m->pp_sched;
+    us_comm *c = m->comm;
+    us_group *g = &m->mesh.pp_g;
+    int q = m->mesh.pp_rank, i, last_bw = -1, M = s->m, *slot_of, *free_slot, nfree = 0, B = m->tc.batch;
+    int64_t Np, Ns, C = m->cfg.dim, n;
+    us_result r = US_OK;
+    us__rows(m, (int64_t)B * T, &Np, &Ns);
+    n = Ns * C;   /* the residual stream between stages: this rank's rows under SP */
+    slot_of = (int *)US_MALLOC(sizeof(int) * (size_t)(M + m->slots));
+    if (!slot_of) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+    free_slot = slot_of + M;
+    for (i = 0; i < m->slots; i++) free_slot[nfree++] = m->slots - 1 - i;
+    for (i = 0; i < s->n[q]; i++) if (s->a[q][i].op != US_PP_F) last_bw = i;
+    for (i = 0; i < s->n[q] && r == US_OK; i++) {
+        const us_pp_action *x = &s->a[q][i];
+        if (x->op == US_PP_F) {
+            double ls = 0;
+            if (!nfree) { us__model_set_error(m, "internal: pipeline slots exhausted"); r = US_ERR_BACKEND; break; }
+            slot_of[x->mb] = free_slot[--nfree];
+            if (m->slots - nfree > m->pp_peak) m->pp_peak = m->slots - nfree;
+            us__slot(m, slot_of[x->mb]);
+            if (!m->pp_first && (r = us__comm_fail(m, c->recv(c, g, m->acts[0].x, n, m->dt, q - 1, NULL), "pipeline receive")) != US_OK) break;
+            if ((r = us__forward(m, inputs + x->mb * per, targets + x->mb * per, B, T, dscale, &ls)) != US_OK) break;
+            *loss += ls;
+            if (!m->pp_last) r = us__comm_fail(m, c->send(c, g, m->a[US__A_XOUT], n, m->dt, q + 1, NULL), "pipeline send");
+        } else {
+            us__slot(m, slot_of[x->mb]);
+            if (!m->pp_last && (r = us__comm_fail(m, c->recv(c, g, m->a[US__A_DRES], n, m->dt, q + 1, NULL), "pipeline receive")) != US_OK) break;
+            m->grad_sync = i == last_bw;
+            if ((r = us__backward(m, B, T)) != US_OK) break;
+            if (!m->pp_first) r = us__comm_fail(m, c->send(c, g, m->a[US__A_DRES], n, m->dt, q - 1, NULL), "pipeline send");
+            free_slot[nfree++] = slot_of[x->mb];
+        }
+    }
+    m->grad_sync = 0;
+    us__slot(m, 0);
+    US_FREE(slot_of);
+    return r;
+}
+
 US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t *targets, us_step_stats *st) {
     const us_train_config *tc = &m->tc;
     int Tl = tc->seq / tc->cp;   /* under context parallelism, this rank's share of each sequence */
@@ -3568,14 +3628,18 @@ US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t
     valid = (int64_t)dvalid;
     if (!valid) { us__model_set_error(m, "every target of the batch is ignored (< 0); nothing to learn from"); return US_ERR_INVALID; }
     us_model_zero_grad(m);
-    for (k = 0; k < tc->grad_accum; k++) {   /* each micro-batch adds its share of the global mean */
-        double ls = 0;
-        m->grad_sync = k == tc->grad_accum - 1;   /* no_sync until the last micro-batch */
-        r = us_forward_backward(m, inputs + k * per, targets + k * per, tc->batch, Tl, (float)(1.0 / (double)valid), &ls);
-        if (r != US_OK) return r;
-        loss += ls;
-    }
+    if (tc->pp > 1) {   /* the micro-batches run by the pipeline schedule (// >>pp) */
+        if ((r = us__pp_run(m, inputs, targets, per, Tl, (float)(1.0 / (double)valid), &loss)) != US_OK) return r;
+    } else
+        for (k = 0; k < tc->grad_accum; k++) {   /* each micro-batch adds its share of the global mean */
+            double ls = 0;
+            m->grad_sync = k == tc->grad_accum - 1;   /* no_sync until the last micro-batch */
+            r = us_forward_backward(m, inputs + k * per, targets + k * per, tc->batch, Tl, (float)(1.0 / (double)valid), &ls);
+            if (r != US_OK) return r;
+            loss += ls;
+        }
     if ((r = us_optimizer_step(m, &gn, &lr)) != US_OK) return r;
+    if ((r = us__group_sum(m, &m->mesh.pp_g, &loss, 1)) != US_OK) return r;   /* the last stage computed it */
     if ((r = us__dp_sum(m, &loss, 1)) != US_OK) return r;
     if (st) {
         st->step = m->step; st->loss = (float)(loss / (double)valid); st->lr = lr; st->grad_norm = gn;
@@ -3589,7 +3653,9 @@ US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32
     us_ops *o = &m->ops;
     int64_t N = (int64_t)B * T, i;
     double ls = 0;
-    us_result r = us__forward(m, inputs, targets, B, T, 0.0f, &ls);
+    us_result r;
+    if (m->tc.pp > 1) { us__model_set_error(m, "evaluation under pipeline parallelism is not implemented yet"); return US_ERR_INVALID; }
+    r = us__forward(m, inputs, targets, B, T, 0.0f, &ls);
     us__z3_release_all(m);
     if (r != US_OK) return r;
     if (loss_sum) *loss_sum = ls;

@@ -68,6 +68,9 @@ static void usage(FILE *f) {
         "  --sp              sequence parallelism: norms and the residual stream split over tp by tokens\n"
         "  --cp N            context-parallel ranks (default 1): every sequence split over N ranks\n"
         "  --cp-mode M       ring (contiguous chunks) | zigzag (balanced chunks, default) | allgather\n"
+        "  --pp N            pipeline stages (default 1): layers split over N ranks; --grad-accum sets\n"
+        "                    the micro-batches the schedule runs per step\n"
+        "  --pp-schedule S   afab | 1f1b (default; build/schedule draws interleaved and zb1 too)\n"
         "  --bucket-mb X     gradient bucket size in MiB (default 25)\n"
         "  --nproc N         CUDA: start N processes on this node, one per GPU (sets --dp N)\n"
         "  --comm-timeout S  a collective that cannot finish in S seconds fails the run (default 300)\n"
@@ -224,9 +227,9 @@ static us_result run_rank(us_comm *comm, void *arg) {
     float peak_tflops = o->peak_tflops;
     us_result r = US_OK;
     tc.batch = Bg / dp;
-    if (dp * tc.cp * tc.tp > 1 && !tc.threads && !o->use_cuda) {   /* the machine's threads shared among the ranks */
+    if (dp * tc.pp * tc.cp * tc.tp > 1 && !tc.threads && !o->use_cuda) {   /* the machine's threads shared among the ranks */
 #ifdef _OPENMP
-        tc.threads = omp_get_max_threads() / (dp * tc.cp * tc.tp) > 0 ? omp_get_max_threads() / (dp * tc.cp * tc.tp) : 1;
+        tc.threads = omp_get_max_threads() / (dp * tc.pp * tc.cp * tc.tp) > 0 ? omp_get_max_threads() / (dp * tc.pp * tc.cp * tc.tp) : 1;
 #endif
     }
 #ifdef US_CUDA
@@ -256,7 +259,7 @@ static us_result run_rank(us_comm *comm, void *arg) {
     }
 #endif
     (void)err;
-    if ((r = dp * tc.cp * tc.tp > 1 ? us_model_init_dist(&m, &mc, &tc, opsp, comm) : us_model_init(&m, &mc, &tc, opsp)) != US_OK) {
+    if ((r = dp * tc.pp * tc.cp * tc.tp > 1 ? us_model_init_dist(&m, &mc, &tc, opsp, comm) : us_model_init(&m, &mc, &tc, opsp)) != US_OK) {
         fprintf(stderr, "train: rank %d: %s\n", rank, us_model_error(&m));
         goto done_ops;
     }
@@ -280,7 +283,7 @@ static us_result run_rank(us_comm *comm, void *arg) {
 #endif
         peak_tflops = 0.096f * (float)th;
     }
-    peak_tflops *= (float)(dp * tc.cp * tc.tp);   /* MFU over the whole group */
+    peak_tflops *= (float)(dp * tc.pp * tc.cp * tc.tp);   /* MFU over the whole group */
     gin = (int32_t *)malloc((size_t)Bg * tc.seq * tc.grad_accum * 4);
     gtgt = (int32_t *)malloc((size_t)Bg * tc.seq * tc.grad_accum * 4);
     in = (int32_t *)malloc((size_t)tc.batch * tc.seq * tc.grad_accum * 4);
@@ -289,7 +292,7 @@ static us_result run_rank(us_comm *comm, void *arg) {
     us_task_init(&task, tc.seed);
     us_task_init(&eval_task, tc.seed + 7777);   /* a different stream: problems not trained on */
     us_rng_seed(&rng, tc.seed);
-    flops_tok = us_flops_per_token(&m.cfg, tc.seq);
+    flops_tok = us_flops_per_token(&mc, tc.seq);   /* the whole model (a pipeline stage holds a part) */
     if (loud)
         printf("model: %lld params (L=%d C=%lld NH=%d NKV=%d F=%lld V=%lld%s) | %s | recompute %s | B=%d T=%d accum=%d dp=%d cp=%d tp=%d zero=%d | %s | %s | memory %.2f MiB/rank\n",
                (long long)m.n_params, m.cfg.n_layers, (long long)m.cfg.dim, m.cfg.n_heads, m.cfg.n_kv_heads,
@@ -326,7 +329,7 @@ static us_result run_rank(us_comm *comm, void *arg) {
         dt = now_s() - t0;
         tok_s = (double)st.tokens / dt;
         mfu = flops_tok * tok_s / (peak_tflops * 1e12);
-        if ((o->eval_every && st.step % o->eval_every == 0) || st.step == tc.steps) {
+        if (((o->eval_every && st.step % o->eval_every == 0) || st.step == tc.steps) && tc.pp == 1) {
             /* held-out loss and next-token accuracy on the scored targets, summed over the ranks */
             double v[3] = {0, 0, 0};
             int64_t c = 0, j;
@@ -360,15 +363,15 @@ static us_result run_rank(us_comm *comm, void *arg) {
     if (r == US_OK) watchdog_stop(&wd);   /* after a failure it stays: the exit below may stall */
 #endif
     if (rank == 0) printf("trained %d steps in %.1f s\n", m.step, now_s() - t_start);
-    if (r == US_OK && tc.cp > 1 && (!o->data_path || o->sample_n > 0) && rank == 0)
-        printf("(decoding is not implemented under context parallelism: no exact match or samples)\n");
-    if (r == US_OK && !o->data_path && tc.cp == 1) {   /* every rank decodes (ZeRO-3 gathers need them all) */
+    if (r == US_OK && (tc.cp > 1 || tc.pp > 1) && (!o->data_path || o->sample_n > 0) && rank == 0)
+        printf("(decoding is not implemented under context or pipeline parallelism: no exact match or samples)\n");
+    if (r == US_OK && !o->data_path && tc.cp == 1 && tc.pp == 1) {   /* every rank decodes (ZeRO-3 gathers need them all) */
         char buf[2048];
         double acc = 0;
         if (us_task_exact_match(&m, &eval_task, 200, &acc, buf, sizeof buf, 5) == US_OK && rank == 0)
             printf("sorting exact match on 200 held-out problems: %.1f%%\n%s", 100 * acc, buf);
     }
-    if (r == US_OK && o->sample_n > 0 && tc.cp == 1) {
+    if (r == US_OK && o->sample_n > 0 && tc.cp == 1 && tc.pp == 1) {
         int32_t prompt[US_TASK_DIGITS + 1], *out;
         int np = 0, n_new;
         char *text;
@@ -435,15 +438,15 @@ static us_result run_cuda(opts *o, int argc, char **argv) {
     if (!o->gpu_set) o->gpu = env.local_rank;
     if (env.world_size > 1) {
 #ifdef ULTRASCALE_NCCL
-        if (o->tc.dp * o->tc.cp * o->tc.tp != env.world_size) {
-            fprintf(stderr, "train: the launcher started %d processes but --dp %d x --cp %d x --tp %d = %d\n", env.world_size, o->tc.dp, o->tc.cp, o->tc.tp, o->tc.dp * o->tc.cp * o->tc.tp);
+        if (o->tc.dp * o->tc.pp * o->tc.cp * o->tc.tp != env.world_size) {
+            fprintf(stderr, "train: the launcher started %d processes but --dp %d x --cp %d x --tp %d = %d\n", env.world_size, o->tc.dp, o->tc.cp, o->tc.tp, o->tc.dp * o->tc.pp * o->tc.cp * o->tc.tp);
             return US_ERR_INVALID;
         }
 #else
         fprintf(stderr, "train: %d processes but this build has no NCCL (compile with -DULTRASCALE_NCCL)\n", env.world_size);
         return US_ERR_INVALID;
 #endif
-    } else if (o->tc.dp * o->tc.cp * o->tc.tp > 1) {
+    } else if (o->tc.dp * o->tc.pp * o->tc.cp * o->tc.tp > 1) {
         fprintf(stderr, "train: --dp %d on CUDA needs one process per GPU: add --nproc %d (or start it with torchrun)\n", o->tc.dp, o->tc.dp);
         return US_ERR_INVALID;
     }
@@ -500,6 +503,15 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--dp")) ok = parse_int(v, 1, 4096, &tc.dp);
         else if (!strcmp(f, "--tp")) ok = parse_int(v, 1, 4096, &tc.tp);
         else if (!strcmp(f, "--cp")) ok = parse_int(v, 1, 4096, &tc.cp);
+        else if (!strcmp(f, "--pp")) ok = parse_int(v, 1, 4096, &tc.pp);
+        else if (!strcmp(f, "--pp-schedule")) {
+            if (!strcmp(v, "afab")) tc.pp_schedule = US_PP_AFAB;
+            else if (!strcmp(v, "1f1b")) tc.pp_schedule = US_PP_1F1B;
+            else if (!strcmp(v, "interleaved") || !strcmp(v, "zb1") || !strcmp(v, "zbv") || !strcmp(v, "dualpipev")) {
+                fprintf(stderr, "train: --pp-schedule %s is drawn by build/schedule but the executor runs afab and 1f1b so far\n", v);
+                return 2;
+            } else return bad("--pp-schedule must be afab, 1f1b, interleaved, zb1, zbv or dualpipev, got", v);
+        }
         else if (!strcmp(f, "--cp-mode")) {
             if (!strcmp(v, "ring")) tc.cp_mode = US_CP_RING;
             else if (!strcmp(v, "zigzag")) tc.cp_mode = US_CP_ZIGZAG;
@@ -566,8 +578,8 @@ int main(int argc, char **argv) {
         }
     }
     if (o.nproc && !o.use_cuda) { fprintf(stderr, "train: --nproc starts one process per GPU; on the CPU use --dp N (threads)\n"); return 2; }
-    if (o.nproc) {   /* each process is one rank of the dp x cp x tp mesh */
-        int tpn = tc.tp ? tc.tp : 1, cpn = tc.cp ? tc.cp : 1;
+    if (o.nproc) {   /* each process is one rank of the dp x pp x cp x tp mesh */
+        int tpn = (tc.tp ? tc.tp : 1) * (tc.pp ? tc.pp : 1), cpn = tc.cp ? tc.cp : 1;
         if (o.nproc % (tpn * cpn)) { fprintf(stderr, "train: --nproc %d is not a multiple of --cp %d x --tp %d\n", o.nproc, cpn, tpn); return 2; }
         if (tc.dp && tc.dp * tpn * cpn != o.nproc) { fprintf(stderr, "train: --dp %d x --cp %d x --tp %d does not match --nproc %d\n", tc.dp, cpn, tpn, o.nproc); return 2; }
         tc.dp = o.nproc / (tpn * cpn);
@@ -596,26 +608,26 @@ int main(int argc, char **argv) {
         }
     }
     if (o.trace_path) {
-        o.traces = (us_trace *)calloc((size_t)(tc.dp * tc.cp * tc.tp), sizeof(us_trace));
+        o.traces = (us_trace *)calloc((size_t)(tc.dp * tc.pp * tc.cp * tc.tp), sizeof(us_trace));
         if (!o.traces) { fprintf(stderr, "train: out of memory\n"); return 1; }
     }
     if (o.use_cuda) r = run_cuda(&o, argc, argv);
-    else if (tc.dp * tc.cp * tc.tp > 1) {   /* CPU: the ranks are threads of this process */
+    else if (tc.dp * tc.pp * tc.cp * tc.tp > 1) {   /* CPU: the ranks are threads of this process */
         us_launch_config lc;
         memset(&lc, 0, sizeof lc);
         lc.timeout_s = o.comm_timeout;
-        r = us_launch_ex(tc.dp * tc.cp * tc.tp, run_rank, &o, &lc, NULL, err, sizeof err);
+        r = us_launch_ex(tc.dp * tc.pp * tc.cp * tc.tp, run_rank, &o, &lc, NULL, err, sizeof err);
         if (r != US_OK) fprintf(stderr, "train: %s\n", err);
     } else r = run_rank(NULL, &o);
     if (o.traces) {
         if (!o.use_cuda || (o.world <= 1 && o.nproc <= 1)) {   /* multi-process runs wrote theirs in run_rank */
             us_trace *ptr[4096];
             int n = 0;
-            for (i = 0; i < tc.dp * tc.cp * tc.tp; i++) if (o.traces[i].n[0] || o.traces[i].n[1]) ptr[n++] = &o.traces[i];
+            for (i = 0; i < tc.dp * tc.pp * tc.cp * tc.tp; i++) if (o.traces[i].n[0] || o.traces[i].n[1]) ptr[n++] = &o.traces[i];
             if (us_trace_write(o.trace_path, ptr, n, err, sizeof err) != US_OK) { fprintf(stderr, "train: %s\n", err); if (r == US_OK) r = US_ERR_IO; }
             else if (!o.quiet && o.rank == 0) printf("trace: %s (%d rank%s; open in ui.perfetto.dev)\n", o.trace_path, n, n > 1 ? "s" : "");
         }
-        for (i = 0; i < tc.dp * tc.cp * tc.tp; i++) us_trace_free(&o.traces[i]);
+        for (i = 0; i < tc.dp * tc.pp * tc.cp * tc.tp; i++) us_trace_free(&o.traces[i]);
         free(o.traces);
     }
     us_data_free(&o.data);

@@ -121,5 +121,21 @@ print("  --cp 2 --dp 2 --zero 1 vs one rank: 40 losses within %.1e relative" % w
 assert worst < 1e-4, worst
 PY
 then ok "--cp 2 --dp 2 --zero 1 trains the task to the loss curve of one rank"; else bad "--cp 2 curve (exit $rc) $(tail -3 "$T/cp.txt")"; fi
+
+# pipeline parallelism
+expect 2 "pp needs a layer per stage" "pp=3 exceeds layers=2" -- --pp 3
+expect 2 "schedules the executor does not run yet" "executor runs afab and 1f1b" -- --pp 2 --pp-schedule zb1
+"$BIN" --steps 40 --eval-every 0 --quiet --grad-accum 4 --log "$T/pp1.jsonl" > /dev/null 2>&1
+"$BIN" --steps 40 --eval-every 0 --quiet --grad-accum 4 --pp 2 --dp 2 --log "$T/pp.jsonl" > "$T/pp.txt" 2>&1; rc=$?
+if [ "$rc" -eq 0 ] && python3 - "$T/pp1.jsonl" "$T/pp.jsonl" <<'PY'
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+assert len(a) == len(b) == 40
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+print("  --pp 2 --dp 2 (1F1B, 4 micro-batches) vs one rank: 40 losses within %.1e relative" % worst)
+assert worst < 1e-4, worst
+PY
+then ok "--pp 2 --dp 2 trains the task to the loss curve of one rank"; else bad "--pp 2 curve (exit $rc) $(tail -3 "$T/pp.txt")"; fi
 echo "test_train_cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

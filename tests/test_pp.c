@@ -1,0 +1,168 @@
+/* test_pp.c — pipeline parallelism on CPU threads: the executor runs AFAB and 1F1B over pp 2 and
+   4 stages with several micro-batch counts, alone and with dp 2 (ZeRO-1) or tp 2, and must
+   reproduce one rank with gradient accumulation over the same micro-batches: losses, gradient
+   norms and final weights. The activations it actually held at once are measured: 1F1B keeps
+   p − rank micro-batches (p on the first stage), AFAB all m. Unsupported combinations are
+   refused with a sentence.
+
+   Tolerance (fp32): stages compute what one rank computes, in the same order, except the
+   gradient norm's sum over stages: losses within 2e-5 relative, weights within 1e-4. */
+#define _POSIX_C_SOURCE 200809L
+#define ULTRASCALE_IMPLEMENTATION
+#include "../ultrascale.h"
+#include "../ultrascale_comm.h"
+#include "us_test.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define STEPS 3
+#define B 2
+#define T 16
+
+typedef struct run {
+    us_model_config mc;
+    us_train_config tc;       /* tc.batch = B per micro-batch, tc.grad_accum = m micro-batches */
+    int32_t *in, *tgt;        /* [STEPS][m][dp·B][T] */
+    float loss[STEPS], gnorm[STEPS];
+    float *w;                 /* final weights by tensor, one-rank order, from the pp stages (tp 1) */
+    int peak[8];              /* per pp rank: activations held at once */
+} run;
+
+static us_result rank_fn(us_comm *c, void *arg) {
+    run *R = (run *)arg;
+    us_model m;
+    us_train_config tc = R->tc;
+    int rank = c ? c->world.rank : 0, s, k, M = tc.grad_accum, dpn = tc.dp;
+    size_t per = (size_t)B * T;
+    int32_t *in = (int32_t *)malloc(per * M * 4), *tgt = (int32_t *)malloc(per * M * 4);
+    us_result r;
+    r = c ? us_model_init_dist(&m, &R->mc, &tc, NULL, c) : us_model_init(&m, &R->mc, &tc, NULL);
+    if (r != US_OK) { printf("  rank %d init: %s\n", rank, m.err); free(in); free(tgt); return r; }
+    for (s = 0; s < STEPS && r == US_OK; s++) {
+        us_step_stats st;
+        for (k = 0; k < M; k++) {   /* micro-batch k: this dp rank's B sequences of the dp·B */
+            size_t src = (((size_t)s * M + k) * dpn + (size_t)m.mesh.dp_rank) * per;
+            memcpy(in + k * per, R->in + src, per * 4);
+            memcpy(tgt + k * per, R->tgt + src, per * 4);
+        }
+        r = us_train_step(&m, in, tgt, &st);
+        if (r != US_OK) { printf("  rank %d step %d: %s\n", rank, s, m.err); break; }
+        if (rank == 0) { R->loss[s] = st.loss; R->gnorm[s] = st.grad_norm; }
+    }
+    if (r == US_OK && R->w && m.mesh.dp_rank == 0 && m.tc.tp == 1) {   /* each stage writes its tensors */
+        int i, l;
+        int64_t base = 0;
+        /* one-rank order: embedding, layers 0..L-1 (9 tensors each), norm, head */
+        for (i = 0; i < m.n_params_t; i++) {
+            const us_param *p = &m.params[i];
+            int64_t dst;
+            if (!p->numel) continue;
+            if (i == 0) dst = 0;
+            else if (i < 1 + m.cfg.n_layers * 9) {
+                int64_t per_layer = 0, k2;
+                l = (i - 1) / 9;
+                for (k2 = 1; k2 <= 9; k2++) per_layer += m.params[k2].numel;
+                dst = (int64_t)m.cfg.vocab * m.cfg.dim + (int64_t)(m.layer0 + l) * per_layer;
+                for (k2 = 1 + l * 9; k2 < i; k2++) dst += m.params[k2].numel;
+            } else {
+                int64_t per_layer = 0, k2;
+                for (k2 = 1; k2 <= 9; k2++) per_layer += m.params[k2].numel;
+                dst = (int64_t)m.cfg.vocab * m.cfg.dim + (int64_t)m.n_layers_global * per_layer + (i == 1 + m.cfg.n_layers * 9 ? 0 : m.cfg.dim);
+            }
+            memcpy(R->w + dst, (float *)m.w + p->offset, (size_t)p->numel * 4);
+            (void)base;
+        }
+    }
+    if (m.tc.pp > 1 && m.mesh.dp_rank == 0 && m.mesh.tp_rank == 0) R->peak[m.mesh.pp_rank] = m.pp_peak;
+    us_model_free(&m);
+    free(in); free(tgt);
+    return r;
+}
+
+static us_result launch(run *R) {
+    char err[256];
+    us_launch_config lc;
+    int n = R->tc.dp * R->tc.pp * R->tc.tp;
+    memset(&lc, 0, sizeof lc);
+    lc.timeout_s = 20;
+    if (n == 1) return rank_fn(NULL, R);
+    if (us_launch_ex(n, rank_fn, R, &lc, NULL, err, sizeof err) != US_OK) { printf("  %s\n", err); return US_ERR_BACKEND; }
+    return US_OK;
+}
+
+static void setup(run *R, int dp, int pp, int tp, int sched, int M, int zero) {
+    memset(R, 0, sizeof *R);
+    R->mc.n_layers = 4; R->mc.dim = 32; R->mc.n_heads = 4; R->mc.n_kv_heads = 2; R->mc.vocab = 64; R->mc.ffn_dim = 48;
+    R->tc.batch = B; R->tc.seq = T; R->tc.grad_accum = M; R->tc.steps = STEPS; R->tc.lr = 1e-2f; R->tc.threads = 1; R->tc.seed = 4;
+    R->tc.dp = dp; R->tc.pp = pp; R->tc.tp = tp; R->tc.pp_schedule = sched; R->tc.zero = zero;
+}
+
+int main(int argc, char **argv) {
+    static const int cfg[][6] = {   /* dp, pp, tp, schedule, m, zero */
+        {1, 2, 1, US_PP_1F1B, 1, 0}, {1, 2, 1, US_PP_1F1B, 4, 0}, {1, 2, 1, US_PP_AFAB, 4, 0}, {1, 4, 1, US_PP_1F1B, 2, 0},
+        {1, 4, 1, US_PP_1F1B, 8, 0}, {1, 4, 1, US_PP_AFAB, 8, 0}, {2, 2, 1, US_PP_1F1B, 4, 1}, {1, 2, 2, US_PP_1F1B, 4, 0}};
+    int ci, s;
+    double worst_l = 0, worst_w = 0;
+    us_test_verbose = argc > 1 && !strcmp(argv[1], "-v");
+    for (ci = 0; ci < (int)(sizeof cfg / sizeof cfg[0]); ci++) {
+        run ref, R;
+        int dp = cfg[ci][0], pp = cfg[ci][1], tp = cfg[ci][2], M = cfg[ci][4], q;
+        int64_t n = (int64_t)STEPS * M * dp * B * T, i, np;
+        double ml = 0, mw = 0;
+        /* the reference: one rank, micro-batches of dp·B sequences (so the global batch matches) */
+        setup(&ref, 1, 1, 1, US_PP_1F1B, M, 0);
+        ref.tc.batch = dp * B;
+        ref.in = (int32_t *)malloc((size_t)n * 4); ref.tgt = (int32_t *)malloc((size_t)n * 4);
+        us_test_rs = 50 + ci;
+        for (i = 0; i < n; i++) { ref.in[i] = (int32_t)(rnd64() % 64); ref.tgt[i] = rnd01() < 0.1 ? -1 : (int32_t)(rnd64() % 64); }
+        np = us_param_count(&ref.mc);
+        ref.w = (float *)malloc((size_t)np * 4);
+        {   /* one rank reads [STEPS][M][dp·B][T] as micro-batches of dp·B */
+            us_model m;
+            us_train_config tc = ref.tc;
+            int k;
+            us_model_init(&m, &ref.mc, &tc, NULL);
+            for (s = 0; s < STEPS; s++) {
+                us_step_stats st;
+                us_train_step(&m, ref.in + (size_t)s * M * dp * B * T, ref.tgt + (size_t)s * M * dp * B * T, &st);
+                ref.loss[s] = st.loss; ref.gnorm[s] = st.grad_norm;
+            }
+            for (k = 0, i = 0; k < m.n_params_t; k++) { memcpy(ref.w + i, (float *)m.w + m.params[k].offset, (size_t)m.params[k].numel * 4); i += m.params[k].numel; }
+            us_model_free(&m);
+        }
+        setup(&R, dp, pp, tp, cfg[ci][3], M, cfg[ci][5]);
+        R.in = ref.in; R.tgt = ref.tgt;
+        R.w = tp == 1 ? (float *)calloc((size_t)np, 4) : NULL;
+        if (launch(&R) != US_OK) { CHECK(0, "cfg %d ran", ci); free(R.w); free(ref.w); free(ref.in); free(ref.tgt); continue; }
+        for (s = 0; s < STEPS; s++) {
+            double d = fabs(R.loss[s] - ref.loss[s]) / ref.loss[s], g = fabs(R.gnorm[s] - ref.gnorm[s]) / ref.gnorm[s];
+            if (d > ml) ml = d;
+            if (g > ml) ml = g;
+        }
+        if (R.w) for (i = 0; i < np; i++) { double d = fabs(R.w[i] - ref.w[i]); if (d > mw) mw = d; }
+        if (ml > worst_l) worst_l = ml;
+        if (mw > worst_w) worst_w = mw;
+        CHECK(ml < 2e-5 && mw < 1e-4, "%s pp %d x dp %d x tp %d, m %d, ZeRO-%d: %d steps equal one rank (loss/norm rel %.1e, weights %s %.1e)",
+              us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, dp, tp, M, cfg[ci][5], STEPS, ml, R.w ? "abs" : "(tp-split, not compared)", mw);
+        for (q = 0; q < pp && dp == 1 && tp == 1; q++) {
+            int want = cfg[ci][3] == US_PP_AFAB ? M : (pp - q < M ? pp - q : M);
+            CHECK(R.peak[q] == want, "%s pp %d m %d: stage %d held %d micro-batches' activations at once (want %d)",
+                  us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, M, q, R.peak[q], want);
+        }
+        free(R.w); free(ref.w); free(ref.in); free(ref.tgt);
+    }
+    printf("  observed: losses and gradient norms within %.2e relative, weights within %.2e absolute of one rank\n", worst_l, worst_w);
+    {
+        us_model_config mc; us_train_config tc; char err[200];
+        memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
+        mc.n_layers = 2; tc.pp = 3;
+        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID && strstr(err, "layers=2"), "pp 3 with 2 layers: %s", err);
+        mc.n_layers = 4; tc.pp = 2; mc.tie_embeddings = 1;
+        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID && strstr(err, "untie"), "pp with tied embeddings: %s", err);
+        mc.tie_embeddings = 0; tc.zero = 3;
+        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID && strstr(err, "ZeRO-3"), "pp with ZeRO-3: %s", err);
+    }
+    return us_test_done("test_pp");
+}
