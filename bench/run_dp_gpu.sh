@@ -28,7 +28,7 @@ n = min(len(a), len(b))
 print("%d steps, max rel diff %.2e, final %.4f vs %.4f" % (n, max(abs(x - y) / abs(x) for x, y in zip(a[:n], b[:n])), a[n-1], b[n-1]) if n else "no steps")
 PY
 }
-run() { case " ${SECTIONS:-nccl equiv tp cp tcp fault tput} " in *" $1 "*) return 0;; *) return 1;; esac; }
+run() { case " ${SECTIONS:-nccl equiv tp cp pp tcp fault tput} " in *" $1 "*) return 0;; *) return 1;; esac; }
 # 2. equivalence on a 6-layer, dim-512 model, Shakespeare, 4 MB buckets (many in flight), 20 steps.
 #    The one-GPU reference runs the same GEMM shapes as a rank (2 micro-batches of 8 sequences;
 #    a rank of dp 2 runs 1 of 8 and the group 16): what differs is only the order in which the
@@ -59,6 +59,17 @@ if run cp; then for p in fp32 bf16; do
     for x in ring zigzag allgather; do
         $T $M --batch 16 --nproc 2 --cp 2 --cp-mode $x --precision $p --log "$OUT/cp2_${x}_$p.jsonl" > "$OUT/cp2_${x}_$p.txt" 2>&1
         say "shakespeare $p cp2 $x vs 1 GPU: $(compare "$OUT/tp_ref_$p.jsonl" "$OUT/cp2_${x}_$p.jsonl")"
+    done
+done; fi
+
+# 2d. pipeline parallelism (issue 7): pp 2 with 1F1B and AFAB over 4 micro-batches against one GPU
+#     accumulating the same 4 micro-batches of 4 sequences. NCCL send/recv on one stream: 1F1B's
+#     steady state has both neighbours sending at once, so this is where a deadlock would show.
+if run pp; then for p in fp32 bf16; do
+    $T $M --batch 4 --grad-accum 4 --precision $p --log "$OUT/pp_ref_$p.jsonl" > "$OUT/pp_ref_$p.txt" 2>&1
+    for x in 1f1b afab; do
+        $T $M --batch 4 --grad-accum 4 --nproc 2 --pp 2 --pp-schedule $x --precision $p --log "$OUT/pp2_${x}_$p.jsonl" > "$OUT/pp2_${x}_$p.txt" 2>&1
+        say "shakespeare $p pp2 $x vs 1 GPU: $(compare "$OUT/pp_ref_$p.jsonl" "$OUT/pp2_${x}_$p.jsonl") $(grep -m1 'train:' "$OUT/pp2_${x}_$p.txt" | head -c 200)"
     done
 done; fi
 
