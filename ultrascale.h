@@ -348,6 +348,10 @@ struct us_comm {
     /* point to point, for pipeline stages; peer is a rank of the group */
     us_result (*send)(us_comm *c, us_group *g, const void *buf, int64_t n, us_dtype dt, int peer, us_work **w);
     us_result (*recv)(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt, int peer, us_work **w);
+    /* send to one peer and receive from another (or the same) as one operation, so two
+       neighbours that both send first cannot deadlock (pipeline parallelism's exchanges) */
+    us_result (*sendrecv)(us_comm *c, us_group *g, const void *sbuf, int64_t sn, int speer, void *rbuf, int64_t rn, int rpeer,
+                          us_dtype dt, us_work **w);
     /* dst ← the block each peer sends this rank; counts and displacements in elements, [size] */
     us_result (*all_to_all)(us_comm *c, us_group *g, void *dst, const int64_t *recv_counts, const int64_t *recv_displs,
                             const void *src, const int64_t *send_counts, const int64_t *send_displs, us_dtype dt, us_work **w);
@@ -2163,6 +2167,11 @@ static us_result us__self_split(us_comm *c, us_group *parent, int color, int key
     return US_OK;
 }
 static void us__self_group_free(us_comm *c, us_group *g) { (void)c; g->size = 0; }
+static us_result us__self_sendrecv(us_comm *c, us_group *g, const void *sbuf, int64_t sn, int speer, void *rbuf, int64_t rn, int rpeer,
+                                   us_dtype dt, us_work **w) {
+    (void)sbuf; (void)sn; (void)rbuf; (void)rn; (void)rpeer; (void)dt;
+    return us__self_p2p(c, g, speer, w, "sendrecv to");
+}
 static us_result us__self_barrier(us_comm *c, us_group *g) { return us__self_group(c, g); }
 static us_result us__self_wait(us_comm *c, us_work *w) { (void)c; (void)w; return US_OK; }
 
@@ -2179,6 +2188,7 @@ US_API void us_comm_self(us_comm *c, us_ops *ops) {
     c->wait = us__self_wait;                    c->reduce = us__self_reduce;
     c->gather = us__self_gather;                c->scatter = us__self_scatter;
     c->split = us__self_split;                  c->group_free = us__self_group_free;
+    c->sendrecv = us__self_sendrecv;
 }
 
 /* The mesh: tp innermost, then cp, pp, dp (Playbook "5D parallelism": TP groups stay inside a
@@ -3575,7 +3585,7 @@ static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *t
     const us_pp_schedule *s = m->pp_sched;
     us_comm *c = m->comm;
     us_group *g = &m->mesh.pp_g;
-    int q = m->mesh.pp_rank, i, last_bw = -1, M = s->m, *slot_of, *free_slot, nfree = 0, B = m->tc.batch;
+    int q = m->mesh.pp_rank, i, last_bw = -1, M = s->m, *slot_of, *free_slot, nfree = 0, B = m->tc.batch, received = 0;
     int64_t Np, Ns, C = m->cfg.dim, n;
     us_result r = US_OK;
     us__rows(m, (int64_t)B * T, &Np, &Ns);
@@ -3585,25 +3595,43 @@ static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *t
     free_slot = slot_of + M;
     for (i = 0; i < m->slots; i++) free_slot[nfree++] = m->slots - 1 - i;
     for (i = 0; i < s->n[q]; i++) if (s->a[q][i].op != US_PP_F) last_bw = i;
+    /* An action's send and the next action's receive go out as one sendrecv (Megatron's
+       send_forward_recv_backward): in 1F1B's steady state both neighbours send at once, and two
+       blocking sends would wait for each other forever. `received` marks the next action's input
+       as already here. */
     for (i = 0; i < s->n[q] && r == US_OK; i++) {
-        const us_pp_action *x = &s->a[q][i];
+        const us_pp_action *x = &s->a[q][i], *nx = i + 1 < s->n[q] ? &s->a[q][i + 1] : NULL;
+        const void *sbuf = NULL;
+        int speer = -1;
         if (x->op == US_PP_F) {
             double ls = 0;
             if (!nfree) { us__model_set_error(m, "internal: pipeline slots exhausted"); r = US_ERR_BACKEND; break; }
             slot_of[x->mb] = free_slot[--nfree];
             if (m->slots - nfree > m->pp_peak) m->pp_peak = m->slots - nfree;
             us__slot(m, slot_of[x->mb]);
-            if (!m->pp_first && (r = us__comm_fail(m, c->recv(c, g, m->acts[0].x, n, m->dt, q - 1, NULL), "pipeline receive")) != US_OK) break;
+            if (!m->pp_first && !received && (r = us__comm_fail(m, c->recv(c, g, m->acts[0].x, n, m->dt, q - 1, NULL), "pipeline receive")) != US_OK) break;
             if ((r = us__forward(m, inputs + x->mb * per, targets + x->mb * per, B, T, dscale, &ls)) != US_OK) break;
             *loss += ls;
-            if (!m->pp_last) r = us__comm_fail(m, c->send(c, g, m->a[US__A_XOUT], n, m->dt, q + 1, NULL), "pipeline send");
+            if (!m->pp_last) { sbuf = m->a[US__A_XOUT]; speer = q + 1; }
         } else {
             us__slot(m, slot_of[x->mb]);
-            if (!m->pp_last && (r = us__comm_fail(m, c->recv(c, g, m->a[US__A_DRES], n, m->dt, q + 1, NULL), "pipeline receive")) != US_OK) break;
+            if (!m->pp_last && !received && (r = us__comm_fail(m, c->recv(c, g, m->a[US__A_DRES], n, m->dt, q + 1, NULL), "pipeline receive")) != US_OK) break;
             m->grad_sync = i == last_bw;
             if ((r = us__backward(m, B, T)) != US_OK) break;
-            if (!m->pp_first) r = us__comm_fail(m, c->send(c, g, m->a[US__A_DRES], n, m->dt, q - 1, NULL), "pipeline send");
+            if (!m->pp_first) { sbuf = m->a[US__A_DRES]; speer = q - 1; }
             free_slot[nfree++] = slot_of[x->mb];
+        }
+        received = 0;
+        if (sbuf) {   /* the next action's input, if it comes from a neighbour, travels in the same operation */
+            void *rbuf = NULL;
+            int rpeer = -1;
+            if (nx && nx->op == US_PP_F && !m->pp_first && nfree) {
+                rbuf = m->slot_acts[(size_t)free_slot[nfree - 1] * m->cfg.n_layers].x; rpeer = q - 1;
+            } else if (nx && nx->op != US_PP_F && !m->pp_last) {
+                rbuf = m->slot_a[slot_of[nx->mb]][US__A_DRES]; rpeer = q + 1;
+            }
+            if (rbuf) { r = us__comm_fail(m, c->sendrecv(c, g, sbuf, n, speer, rbuf, n, rpeer, m->dt, NULL), "pipeline exchange"); received = 1; }
+            else r = us__comm_fail(m, c->send(c, g, sbuf, n, m->dt, speer, NULL), "pipeline send");
         }
     }
     m->grad_sync = 0;

@@ -1082,6 +1082,15 @@ static us_result us__thr_send(us_comm *c, us_group *g, const void *buf, int64_t 
     o->payload = o->bytes = n * (int64_t)us__thr_dsize(dt);
     return us__thr_submit(c, o, w);
 }
+/* Sends are eager here (the message is copied into the receiver's queue), so a send then a
+   receive can never wait on each other: sendrecv is just the two in order. */
+static us_result us__thr_recv(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt, int peer, us_work **w);
+static us_result us__thr_sendrecv(us_comm *c, us_group *g, const void *sbuf, int64_t sn, int speer, void *rbuf, int64_t rn, int rpeer,
+                                  us_dtype dt, us_work **w) {
+    us_result r = us__thr_send(c, g, sbuf, sn, dt, speer, NULL);
+    if (w) *w = NULL;
+    return r != US_OK ? r : us__thr_recv(c, g, rbuf, rn, dt, rpeer, w);
+}
 static us_result us__thr_recv(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt, int peer, us_work **w) {
     US__THR_BEGIN(US__THR_RECV, g);
     if (us__thr_check_args(c, name_, n, dt, 0, US_REDUCE_SUM) != US_OK || us__thr_check_rank(c, name_, "peer", peer, g) != US_OK) return US_ERR_INVALID;
@@ -1205,6 +1214,7 @@ US_API us_result us_launch_ex(int nranks, us_rank_fn fn, void *arg, const us_lau
         c->gather = us__thr_gather;                 c->scatter = us__thr_scatter;
         c->broadcast = us__thr_broadcast;           c->send = us__thr_send;
         c->recv = us__thr_recv;                     c->all_to_all = us__thr_all_to_all;
+        c->sendrecv = us__thr_sendrecv;
         c->barrier = us__thr_barrier;               c->wait = us__thr_wait;
         c->split = us__thr_split;                   c->group_free = us__thr_group_free;
         c->timeout_s = timeout;
@@ -2194,6 +2204,27 @@ static us_result us__nccl_send(us_comm *c, us_group *g, const void *buf, int64_t
 static us_result us__nccl_recv(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt, int peer, us_work **w) {
     return us__nccl_p2p(c, g, buf, n, dt, peer, 0, w);
 }
+/* A send and a receive in one NCCL group: neighbours exchanging at the same time (pipeline
+   stages) cannot deadlock on each other's blocking send. */
+static us_result us__nccl_sendrecv(us_comm *c, us_group *g, const void *sbuf, int64_t sn, int speer, void *rbuf, int64_t rn, int rpeer,
+                                   us_dtype dt, us_work **w) {
+    us__nccl *nb = (us__nccl *)c->backend;
+    us__nccl_group *ng = NULL; us__nccl_work *wk = NULL; ncclDataType_t t = ncclFloat32;
+    double S = (double)(sn + rn) * (double)us_dtype_size(dt);
+    ncclResult_t nr;
+    us_result r = us__nccl_begin(c, g, sn, dt, "sendrecv", &ng, &t);
+    if (w) *w = NULL;
+    if (r != US_OK || (r = us__nccl_rank_ok(c, ng, speer, "sendrecv", "send peer")) != US_OK ||
+        (r = us__nccl_rank_ok(c, ng, rpeer, "sendrecv", "receive peer")) != US_OK) return r;
+    if (rn < 0) return us__nccl_invalid(c, "sendrecv: negative receive count %lld", (long long)rn);
+    if ((r = us__nccl_start(c, ng, "sendrecv", S, &wk)) != US_OK) return r;
+    US__NCCL_CALL(c, ncclGroupStart());
+    nr = ncclSend(sbuf, (size_t)sn, t, speer, ng->comm, nb->stream);
+    if (nr == ncclSuccess) nr = ncclRecv(rbuf, (size_t)rn, t, rpeer, ng->comm, nb->stream);
+    { ncclResult_t ne = ncclGroupEnd(); if (nr == ncclSuccess) nr = ne; }
+    US__NCCL_CALL(c, nr);
+    return us__nccl_finish(c, wk, (double)sn * (double)us_dtype_size(dt), w);
+}
 /* EP dispatch/combine: one NCCL group of sends and receives with per-peer counts */
 static us_result us__nccl_all_to_all(us_comm *c, us_group *g, void *dst, const int64_t *rc, const int64_t *rd,
                                      const void *src, const int64_t *sc, const int64_t *sd, us_dtype dt, us_work **w) {
@@ -2398,6 +2429,7 @@ US_API us_result us_nccl_init(us_comm *c, us_ops *ops, void *compute_stream, int
     c->gather = us__nccl_gather;                 c->scatter = us__nccl_scatter;
     c->broadcast = us__nccl_broadcast;           c->send = us__nccl_send;
     c->recv = us__nccl_recv;                     c->all_to_all = us__nccl_all_to_all;
+    c->sendrecv = us__nccl_sendrecv;
     c->barrier = us__nccl_barrier;               c->wait = us__nccl_wait;
     c->split = us__nccl_split;                   c->group_free = us__nccl_group_free;
     return US_OK;
