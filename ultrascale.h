@@ -3682,7 +3682,30 @@ US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32
     int64_t N = (int64_t)B * T, i;
     double ls = 0;
     us_result r;
-    if (m->tc.pp > 1) { us__model_set_error(m, "evaluation under pipeline parallelism is not implemented yet"); return US_ERR_INVALID; }
+    if (m->tc.pp > 1) {   /* the forward through the stages; the last one scores, the sums reach every stage */
+        us_comm *c = m->comm;
+        int q = m->mesh.pp_rank;
+        int64_t Np, Ns, n;
+        double v[2] = {0, 0};
+        if (logits_out) { us__model_set_error(m, "logits for sampling under pipeline parallelism are not implemented yet"); return US_ERR_INVALID; }
+        us__rows(m, N, &Np, &Ns);
+        n = Ns * m->cfg.dim;
+        if (!m->pp_first && (r = us__comm_fail(m, c->recv(c, &m->mesh.pp_g, m->acts[0].x, n, m->dt, q - 1, NULL), "pipeline receive")) != US_OK) return r;
+        if ((r = us__forward(m, inputs, targets, B, T, 0.0f, &ls)) != US_OK) return r;
+        if (!m->pp_last) r = us__comm_fail(m, c->send(c, &m->mesh.pp_g, m->a[US__A_XOUT], n, m->dt, q + 1, NULL), "pipeline send");
+        else {
+            int32_t *am = (int32_t *)US_MALLOC((size_t)N * 4);
+            if (!am) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+            o->copy(o, am, m->a[US__A_ARGMAX], (size_t)N * 4, US_COPY_D2H);
+            for (i = 0; i < N; i++) v[1] += targets[i] >= 0 && am[i] == targets[i];
+            US_FREE(am);
+            v[0] = ls;
+        }
+        if (r != US_OK || (r = us__group_sum(m, &m->mesh.pp_g, v, 2)) != US_OK) return r;
+        if (loss_sum) *loss_sum = v[0];
+        if (correct) *correct = (int64_t)v[1];
+        return US_OK;
+    }
     r = us__forward(m, inputs, targets, B, T, 0.0f, &ls);
     us__z3_release_all(m);
     if (r != US_OK) return r;

@@ -329,7 +329,7 @@ static us_result run_rank(us_comm *comm, void *arg) {
         dt = now_s() - t0;
         tok_s = (double)st.tokens / dt;
         mfu = flops_tok * tok_s / (peak_tflops * 1e12);
-        if (((o->eval_every && st.step % o->eval_every == 0) || st.step == tc.steps) && tc.pp == 1) {
+        if ((o->eval_every && st.step % o->eval_every == 0) || st.step == tc.steps) {
             /* held-out loss and next-token accuracy on the scored targets, summed over the ranks */
             double v[3] = {0, 0, 0};
             int64_t c = 0, j;

@@ -27,6 +27,8 @@ typedef struct run {
     int32_t *in, *tgt;        /* [STEPS][m][dp·B][T] */
     float loss[STEPS], gnorm[STEPS];
     float *w;                 /* final weights by tensor, one-rank order, from the pp stages (tp 1) */
+    double eval_loss;         /* after training: the loss of the first micro-batch through the pipeline */
+    int64_t eval_correct;
     int peak[8];              /* per pp rank: activations held at once */
 } run;
 
@@ -76,6 +78,13 @@ static us_result rank_fn(us_comm *c, void *arg) {
         }
     }
     if (m.tc.pp > 1 && m.mesh.dp_rank == 0 && m.mesh.tp_rank == 0) R->peak[m.mesh.pp_rank] = m.pp_peak;
+    if (r == US_OK) {   /* evaluation through the stages: this dp rank's sequences of the first micro-batch */
+        double ls = 0;
+        int64_t cor = 0;
+        r = us_forward_eval(&m, in, tgt, B, T, &ls, &cor, NULL);
+        if (r != US_OK) printf("  rank %d eval: %s\n", rank, m.err);
+        else if (rank == 0) { R->eval_loss = ls; R->eval_correct = cor; }
+    }
     us_model_free(&m);
     free(in); free(tgt);
     return r;
@@ -130,6 +139,8 @@ int main(int argc, char **argv) {
                 ref.loss[s] = st.loss; ref.gnorm[s] = st.grad_norm;
             }
             for (k = 0, i = 0; k < m.n_params_t; k++) { memcpy(ref.w + i, (float *)m.w + m.params[k].offset, (size_t)m.params[k].numel * 4); i += m.params[k].numel; }
+            /* the same evaluation as dp rank 0's: its B sequences of the last step's first micro-batch */
+            us_forward_eval(&m, ref.in + (size_t)(STEPS - 1) * M * dp * B * T, ref.tgt + (size_t)(STEPS - 1) * M * dp * B * T, B, T, &ref.eval_loss, &ref.eval_correct, NULL);
             us_model_free(&m);
         }
         setup(&R, dp, pp, tp, cfg[ci][3], M, cfg[ci][5]);
@@ -144,6 +155,9 @@ int main(int argc, char **argv) {
         if (R.w) for (i = 0; i < np; i++) { double d = fabs(R.w[i] - ref.w[i]); if (d > mw) mw = d; }
         if (ml > worst_l) worst_l = ml;
         if (mw > worst_w) worst_w = mw;
+        CHECK(fabs(R.eval_loss - ref.eval_loss) <= 1e-4 * fabs(ref.eval_loss) && R.eval_correct == ref.eval_correct,
+              "%s pp %d x dp %d x tp %d: evaluation through the stages (loss %.5f vs %.5f, %lld = %lld correct)", us_pp_kind_name((us_pp_kind)cfg[ci][3]),
+              pp, dp, tp, R.eval_loss, ref.eval_loss, (long long)R.eval_correct, (long long)ref.eval_correct);
         CHECK(ml < 2e-5 && mw < 1e-4, "%s pp %d x dp %d x tp %d, m %d, ZeRO-%d: %d steps equal one rank (loss/norm rel %.1e, weights %s %.1e)",
               us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, dp, tp, M, cfg[ci][5], STEPS, ml, R.w ? "abs" : "(tp-split, not compared)", mw);
         for (q = 0; q < pp && dp == 1 && tp == 1; q++) {
