@@ -3676,49 +3676,12 @@ US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t
     return US_OK;
 }
 
-US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
-                                 double *loss_sum, int64_t *correct, float *logits_out) {
+/* Each sequence's last-position logits into host logits_out [B][V]; under tp the ranks'
+   vocabulary slices are gathered. */
+static us_result us__last_logits(us_model *m, int B, int T, float *logits_out) {
     us_ops *o = &m->ops;
-    int64_t N = (int64_t)B * T, i;
-    double ls = 0;
     us_result r;
-    if (m->tc.pp > 1) {   /* the forward through the stages; the last one scores, the sums reach every stage */
-        us_comm *c = m->comm;
-        int q = m->mesh.pp_rank;
-        int64_t Np, Ns, n;
-        double v[2] = {0, 0};
-        if (logits_out) { us__model_set_error(m, "logits for sampling under pipeline parallelism are not implemented yet"); return US_ERR_INVALID; }
-        us__rows(m, N, &Np, &Ns);
-        n = Ns * m->cfg.dim;
-        if (!m->pp_first && (r = us__comm_fail(m, c->recv(c, &m->mesh.pp_g, m->acts[0].x, n, m->dt, q - 1, NULL), "pipeline receive")) != US_OK) return r;
-        if ((r = us__forward(m, inputs, targets, B, T, 0.0f, &ls)) != US_OK) return r;
-        if (!m->pp_last) r = us__comm_fail(m, c->send(c, &m->mesh.pp_g, m->a[US__A_XOUT], n, m->dt, q + 1, NULL), "pipeline send");
-        else {
-            int32_t *am = (int32_t *)US_MALLOC((size_t)N * 4);
-            if (!am) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
-            o->copy(o, am, m->a[US__A_ARGMAX], (size_t)N * 4, US_COPY_D2H);
-            for (i = 0; i < N; i++) v[1] += targets[i] >= 0 && am[i] == targets[i];
-            US_FREE(am);
-            v[0] = ls;
-        }
-        if (r != US_OK || (r = us__group_sum(m, &m->mesh.pp_g, v, 2)) != US_OK) return r;
-        if (loss_sum) *loss_sum = v[0];
-        if (correct) *correct = (int64_t)v[1];
-        return US_OK;
-    }
-    r = us__forward(m, inputs, targets, B, T, 0.0f, &ls);
-    us__z3_release_all(m);
-    if (r != US_OK) return r;
-    if (loss_sum) *loss_sum = ls;
-    if (correct) {
-        int32_t *am = (int32_t *)US_MALLOC((size_t)N * 4);
-        if (!am) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
-        o->copy(o, am, m->a[US__A_ARGMAX], (size_t)N * 4, US_COPY_D2H);
-        *correct = 0;
-        for (i = 0; i < N; i++) *correct += targets[i] >= 0 && am[i] == targets[i];
-        US_FREE(am);
-    }
-    if (logits_out) {   /* each sequence's last row; under tp the ranks' vocabulary slices are gathered */
+    {
         int64_t Vl = m->vocab_l, tp = m->tc.tp, t, rk = m->mesh.tp_rank;
         size_t rowb = (size_t)Vl * us_dtype_size(m->dt);
         char *rows = (char *)US_MALLOC(rowb * (size_t)(B * tp));   /* [tp][B][Vl] */
@@ -3738,6 +3701,62 @@ US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32
             for (t = 0; t < tp; t++) us__load_f32(logits_out + (int64_t)b * m->cfg.vocab + t * Vl, rows + (t * B + b) * rowb, m->dt, Vl);
         US_FREE(rows);
     }
+    return US_OK;
+}
+
+US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
+                                 double *loss_sum, int64_t *correct, float *logits_out) {
+    us_ops *o = &m->ops;
+    int64_t N = (int64_t)B * T, i;
+    double ls = 0;
+    us_result r;
+    if (m->tc.pp > 1) {   /* the forward through the stages; the last one scores, the sums reach every stage */
+        us_comm *c = m->comm;
+        int q = m->mesh.pp_rank;
+        int64_t Np, Ns, n;
+        double v[2] = {0, 0};
+        us__rows(m, N, &Np, &Ns);
+        n = Ns * m->cfg.dim;
+        if (!m->pp_first && (r = us__comm_fail(m, c->recv(c, &m->mesh.pp_g, m->acts[0].x, n, m->dt, q - 1, NULL), "pipeline receive")) != US_OK) return r;
+        if ((r = us__forward(m, inputs, targets, B, T, 0.0f, &ls)) != US_OK) return r;
+        if (!m->pp_last) r = us__comm_fail(m, c->send(c, &m->mesh.pp_g, m->a[US__A_XOUT], n, m->dt, q + 1, NULL), "pipeline send");
+        else {
+            int32_t *am = (int32_t *)US_MALLOC((size_t)N * 4);
+            if (!am) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+            o->copy(o, am, m->a[US__A_ARGMAX], (size_t)N * 4, US_COPY_D2H);
+            for (i = 0; i < N; i++) v[1] += targets[i] >= 0 && am[i] == targets[i];
+            US_FREE(am);
+            v[0] = ls;
+        }
+        if (r != US_OK || (r = us__group_sum(m, &m->mesh.pp_g, v, 2)) != US_OK) return r;
+        if (loss_sum) *loss_sum = v[0];
+        if (correct) *correct = (int64_t)v[1];
+        if (logits_out) {   /* the last stage's last-position logits, broadcast to every stage (for sampling) */
+            size_t bytes = (size_t)B * m->cfg.vocab * 4;
+            void *d = o->alloc(o, bytes);
+            if (!d) { us__model_set_error(m, "out of memory for %zu bytes of logits", bytes); return US_ERR_OOM; }
+            if (m->pp_last && (r = us__last_logits(m, B, T, logits_out)) != US_OK) { o->free(o, d); return r; }
+            if (m->pp_last) o->copy(o, d, logits_out, bytes, US_COPY_H2D);
+            r = us__comm_fail(m, c->broadcast(c, &m->mesh.pp_g, d, B * m->cfg.vocab, US_F32, m->tc.pp - 1, NULL), "pipeline logits broadcast");
+            if (r == US_OK && !m->pp_last) o->copy(o, logits_out, d, bytes, US_COPY_D2H);
+            o->free(o, d);
+            return r;
+        }
+        return US_OK;
+    }
+    r = us__forward(m, inputs, targets, B, T, 0.0f, &ls);
+    us__z3_release_all(m);
+    if (r != US_OK) return r;
+    if (loss_sum) *loss_sum = ls;
+    if (correct) {
+        int32_t *am = (int32_t *)US_MALLOC((size_t)N * 4);
+        if (!am) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+        o->copy(o, am, m->a[US__A_ARGMAX], (size_t)N * 4, US_COPY_D2H);
+        *correct = 0;
+        for (i = 0; i < N; i++) *correct += targets[i] >= 0 && am[i] == targets[i];
+        US_FREE(am);
+    }
+    if (logits_out) return us__last_logits(m, B, T, logits_out);
     return US_OK;
 }
 

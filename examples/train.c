@@ -363,15 +363,15 @@ static us_result run_rank(us_comm *comm, void *arg) {
     if (r == US_OK) watchdog_stop(&wd);   /* after a failure it stays: the exit below may stall */
 #endif
     if (rank == 0) printf("trained %d steps in %.1f s\n", m.step, now_s() - t_start);
-    if (r == US_OK && (tc.cp > 1 || tc.pp > 1) && (!o->data_path || o->sample_n > 0) && rank == 0)
-        printf("(decoding is not implemented under context or pipeline parallelism: no exact match or samples)\n");
-    if (r == US_OK && !o->data_path && tc.cp == 1 && tc.pp == 1) {   /* every rank decodes (ZeRO-3 gathers need them all) */
+    if (r == US_OK && tc.cp > 1 && (!o->data_path || o->sample_n > 0) && rank == 0)
+        printf("(decoding is not implemented under context parallelism: no exact match or samples)\n");
+    if (r == US_OK && !o->data_path && tc.cp == 1) {   /* every rank decodes (ZeRO-3 gathers need them all) */
         char buf[2048];
         double acc = 0;
         if (us_task_exact_match(&m, &eval_task, 200, &acc, buf, sizeof buf, 5) == US_OK && rank == 0)
             printf("sorting exact match on 200 held-out problems: %.1f%%\n%s", 100 * acc, buf);
     }
-    if (r == US_OK && o->sample_n > 0 && tc.cp == 1 && tc.pp == 1) {
+    if (r == US_OK && o->sample_n > 0 && tc.cp == 1) {
         int32_t prompt[US_TASK_DIGITS + 1], *out;
         int np = 0, n_new;
         char *text;
