@@ -29,6 +29,7 @@ typedef struct run {
     float *w;                 /* final weights by tensor, one-rank order, from the pp stages (tp 1) */
     double eval_loss;         /* after training: the loss of the first micro-batch through the pipeline */
     int64_t eval_correct;
+    float logits[8][B * 64];  /* per pp rank: the last-position logits every stage receives */
     int peak[8];              /* per pp rank: activations held at once */
 } run;
 
@@ -81,9 +82,13 @@ static us_result rank_fn(us_comm *c, void *arg) {
     if (r == US_OK) {   /* evaluation through the stages: this dp rank's sequences of the first micro-batch */
         double ls = 0;
         int64_t cor = 0;
-        r = us_forward_eval(&m, in, tgt, B, T, &ls, &cor, NULL);
+        float lg[B * 64];
+        r = us_forward_eval(&m, in, tgt, B, T, &ls, &cor, lg);
         if (r != US_OK) printf("  rank %d eval: %s\n", rank, m.err);
-        else if (rank == 0) { R->eval_loss = ls; R->eval_correct = cor; }
+        else {
+            if (rank == 0) { R->eval_loss = ls; R->eval_correct = cor; }
+            if (m.mesh.dp_rank == 0 && m.mesh.tp_rank == 0) memcpy(R->logits[m.mesh.pp_rank], lg, sizeof lg);
+        }
     }
     us_model_free(&m);
     free(in); free(tgt);
@@ -140,7 +145,7 @@ int main(int argc, char **argv) {
             }
             for (k = 0, i = 0; k < m.n_params_t; k++) { memcpy(ref.w + i, (float *)m.w + m.params[k].offset, (size_t)m.params[k].numel * 4); i += m.params[k].numel; }
             /* the same evaluation as dp rank 0's: its B sequences of the last step's first micro-batch */
-            us_forward_eval(&m, ref.in + (size_t)(STEPS - 1) * M * dp * B * T, ref.tgt + (size_t)(STEPS - 1) * M * dp * B * T, B, T, &ref.eval_loss, &ref.eval_correct, NULL);
+            us_forward_eval(&m, ref.in + (size_t)(STEPS - 1) * M * dp * B * T, ref.tgt + (size_t)(STEPS - 1) * M * dp * B * T, B, T, &ref.eval_loss, &ref.eval_correct, ref.logits[0]);
             us_model_free(&m);
         }
         setup(&R, dp, pp, tp, cfg[ci][3], M, cfg[ci][5]);
@@ -160,6 +165,13 @@ int main(int argc, char **argv) {
               pp, dp, tp, R.eval_loss, ref.eval_loss, (long long)R.eval_correct, (long long)ref.eval_correct);
         CHECK(ml < 2e-5 && mw < 1e-4, "%s pp %d x dp %d x tp %d, m %d, ZeRO-%d: %d steps equal one rank (loss/norm rel %.1e, weights %s %.1e)",
               us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, dp, tp, M, cfg[ci][5], STEPS, ml, R.w ? "abs" : "(tp-split, not compared)", mw);
+        {   /* every stage holds the last stage's logits (what sampling reads) */
+            double e = 0;
+            int j;
+            for (q = 0; q < pp; q++) for (j = 0; j < B * 64; j++) if (fabs(R.logits[q][j] - ref.logits[0][j]) > e) e = fabs(R.logits[q][j] - ref.logits[0][j]);
+            CHECK(e < 1e-4, "%s pp %d x dp %d x tp %d: every stage receives the logits for sampling (max abs diff %.1e)",
+                  us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, dp, tp, e);
+        }
         for (q = 0; q < pp && dp == 1 && tp == 1; q++) {
             int want = cfg[ci][3] == US_PP_AFAB ? M : (pp - q < M ? pp - q : M);
             CHECK(R.peak[q] == want, "%s pp %d m %d: stage %d held %d micro-batches' activations at once (want %d)",
