@@ -4086,7 +4086,10 @@ US_API void us_pp_schedule_free(us_pp_schedule *s) {
    with BW = B then W at once. Every rank's list is walked in order; any rank whose next action
    is ready advances. If none can and lists remain, the schedule deadlocks. */
 typedef struct us__pp_ev { double f, b, w; } us__pp_ev;   /* end times, -1 = not yet */
-US_API us_result us_pp_simulate(const us_pp_schedule *s, double tF, double tB, double tW, us_pp_sim *out, char *err, size_t errlen) {
+/* The walk itself; start (may be NULL) receives every action's start time, [pp][nmax] where
+   nmax is the longest rank list: what the renderer draws. */
+static us_result us__pp_play(const us_pp_schedule *s, double tF, double tB, double tW, us_pp_sim *out, double *start, int nmax,
+                             char *err, size_t errlen) {
     int S = s->pp * s->v, m = s->m, r, i, progress, left;
     us__pp_ev *e = (us__pp_ev *)malloc(sizeof(us__pp_ev) * (size_t)(S * m));
     int *pc = (int *)calloc((size_t)s->pp, sizeof(int)), *held = (int *)calloc((size_t)s->pp, sizeof(int));
@@ -4135,6 +4138,7 @@ US_API us_result us_pp_simulate(const us_pp_schedule *s, double tF, double tB, d
                     if (me->b > ready) ready = me->b;
                     cost = tW;
                 }
+                if (start) start[(size_t)r * nmax + pc[r]] = ready;
                 clock[r] = ready + cost;
                 busy[r] += cost;
                 if (x->op == US_PP_F) { me->f = clock[r]; if (++held[r] > out->peak_act[r]) out->peak_act[r] = held[r]; }
@@ -4164,58 +4168,38 @@ done:
     return res;
 }
 
+US_API us_result us_pp_simulate(const us_pp_schedule *s, double tF, double tB, double tW, us_pp_sim *out, char *err, size_t errlen) {
+    return us__pp_play(s, tF, tB, tW, out, NULL, 0, err, errlen);
+}
+
 US_API us_result us_pp_svg(const us_pp_schedule *s, double tF, double tB, double tW, const char *path, char *err, size_t errlen) {
-    /* re-run the simulation, recording each action's start */
     us_pp_sim sim;
-    us_result r = us_pp_simulate(s, tF, tB, tW, &sim, err, errlen);
     FILE *f;
-    double scale, rowh = 28, x0 = 70, width = 1100;
-    int rk, i, S = s->pp * s->v;
-    double *clock, *fe, *be;
-    if (r != US_OK) return r;
-    if (!(f = fopen(path, "w"))) { us__errf(err, errlen, "cannot write %s", path); return US_ERR_IO; }
+    double scale, rowh = 28, x0 = 70, width = 1100, *start;
+    int rk, i, nmax = 0;
+    us_result r;
+    for (rk = 0; rk < s->pp; rk++) if (s->n[rk] > nmax) nmax = s->n[rk];
+    start = (double *)malloc(sizeof(double) * (size_t)(s->pp * (nmax ? nmax : 1)));
+    if (!start) { us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
+    if ((r = us__pp_play(s, tF, tB, tW, &sim, start, nmax, err, errlen)) != US_OK) { free(start); return r; }
+    if (!(f = fopen(path, "w"))) { free(start); us__errf(err, errlen, "cannot write %s", path); return US_ERR_IO; }
     scale = (width - x0 - 10) / sim.makespan;
-    clock = (double *)calloc((size_t)s->pp, sizeof(double));
-    fe = (double *)malloc(sizeof(double) * (size_t)(S * s->m)); be = (double *)malloc(sizeof(double) * (size_t)(S * s->m));
-    if (!clock || !fe || !be) { fclose(f); free(clock); free(fe); free(be); us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
-    for (i = 0; i < S * s->m; i++) fe[i] = be[i] = -1;
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" font-size=\"11\">\n",
             width, rowh * s->pp + 60);
     fprintf(f, "<text x=\"8\" y=\"16\" font-size=\"13\">%s, pp=%d, m=%d, v=%d: bubble %.1f%%, peak activations %d micro-batch chunks</text>\n",
             us_pp_kind_name(s->kind), s->pp, s->m, s->v, 100 * sim.bubble, sim.peak_max);
-    {   /* the same walk as the simulator, drawing as it goes */
-        int *pc = (int *)calloc((size_t)s->pp, sizeof(int)), progress, left;
-        do {
-            progress = 0; left = 0;
-            for (rk = 0; rk < s->pp; rk++) {
-                while (pc[rk] < s->n[rk]) {
-                    const us_pp_action *x = &s->a[rk][pc[rk]];
-                    int st = us_pp_stage(s, rk, x->chunk);
-                    double ready = clock[rk], cost;
-                    const char *col;
-                    if (x->op == US_PP_F) { if (st > 0 && fe[(st - 1) * s->m + x->mb] < 0) break; if (st > 0 && fe[(st - 1) * s->m + x->mb] > ready) ready = fe[(st - 1) * s->m + x->mb]; cost = tF; col = x->chunk ? "#6fa8dc" : "#3d85c6"; }
-                    else if (x->op == US_PP_W) { cost = tW; col = "#b4a7d6"; if (be[st * s->m + x->mb] > ready) ready = be[st * s->m + x->mb]; }
-                    else {
-                        if (fe[st * s->m + x->mb] > ready) ready = fe[st * s->m + x->mb];
-                        if (st < S - 1) { if (be[(st + 1) * s->m + x->mb] < 0) break; if (be[(st + 1) * s->m + x->mb] > ready) ready = be[(st + 1) * s->m + x->mb]; }
-                        cost = x->op == US_PP_BW ? tB + tW : tB; col = x->chunk ? "#93c47d" : "#6aa84f";
-                    }
-                    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\" stroke=\"white\"/>"
-                               "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"white\">%d</text>\n",
-                            x0 + ready * scale, 30 + rk * rowh, cost * scale, rowh - 4, col, x0 + (ready + cost / 2) * scale, 30 + rk * rowh + 17, x->mb + 1);
-                    clock[rk] = ready + cost;
-                    if (x->op == US_PP_F) fe[st * s->m + x->mb] = clock[rk];
-                    if (x->op == US_PP_B || x->op == US_PP_BW) be[st * s->m + x->mb] = clock[rk];
-                    pc[rk]++; progress = 1;
-                }
-                left += s->n[rk] - pc[rk];
-            }
-        } while (progress && left);
-        free(pc);
-    }
+    for (rk = 0; rk < s->pp; rk++)
+        for (i = 0; i < s->n[rk]; i++) {   /* one box per action, where the simulation placed it */
+            const us_pp_action *x = &s->a[rk][i];
+            double t0 = start[(size_t)rk * nmax + i], cost = x->op == US_PP_F ? tF : x->op == US_PP_W ? tW : x->op == US_PP_BW ? tB + tW : tB;
+            const char *col = x->op == US_PP_F ? (x->chunk ? "#6fa8dc" : "#3d85c6") : x->op == US_PP_W ? "#b4a7d6" : (x->chunk ? "#93c47d" : "#6aa84f");
+            fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\" stroke=\"white\"/>"
+                       "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"white\">%d</text>\n",
+                    x0 + t0 * scale, 30 + rk * rowh, cost * scale, rowh - 4, col, x0 + (t0 + cost / 2) * scale, 30 + rk * rowh + 17, x->mb + 1);
+        }
     for (rk = 0; rk < s->pp; rk++) fprintf(f, "<text x=\"8\" y=\"%.1f\">rank %d</text>\n", 30 + rk * rowh + 17, rk);
     fprintf(f, "<text x=\"%.0f\" y=\"%.0f\">F forward  B/BW backward  W weight gradient (lighter: second chunk)</text>\n</svg>\n", x0, rowh * s->pp + 50);
-    free(clock); free(fe); free(be);
+    free(start);
     if (fclose(f) != 0) { us__errf(err, errlen, "cannot finish writing %s", path); return US_ERR_IO; }
     return US_OK;
 }
