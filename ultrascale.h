@@ -352,7 +352,8 @@ struct us_comm {
        neighbours that both send first cannot deadlock (pipeline parallelism's exchanges) */
     us_result (*sendrecv)(us_comm *c, us_group *g, const void *sbuf, int64_t sn, int speer, void *rbuf, int64_t rn, int rpeer,
                           us_dtype dt, us_work **w);
-    /* dst ← the block each peer sends this rank; counts and displacements in elements, [size] */
+    /* dst ← the block each peer sends this rank; counts and displacements in elements, [size]
+       (read during the call: they need not outlive it, even when it is asynchronous) */
     us_result (*all_to_all)(us_comm *c, us_group *g, void *dst, const int64_t *recv_counts, const int64_t *recv_displs,
                             const void *src, const int64_t *send_counts, const int64_t *send_displs, us_dtype dt, us_work **w);
     us_result (*barrier)(us_comm *c, us_group *g);
@@ -3161,12 +3162,13 @@ static int us__cp_pos(const us_train_config *tc, int r, int t) {   /* global pos
 }
 /* Moves this rank's block to the next rank and receives the previous rank's, as one all-to-all. */
 static us_result us__cp_shift(us_model *m, void *dst, const void *src, int64_t n, us_dtype dt, us_work **w) {
-    int cp = m->mesh.cp, r = m->mesh.cp_rank, i;
-    int64_t sc[64], sd[64], rc[64], rd[64];
+    int cp = m->mesh.cp, r = m->mesh.cp_rank;
+    int64_t *sc = (int64_t *)calloc((size_t)(4 * cp), sizeof(int64_t)), *sd = sc + cp, *rc = sd + cp, *rd = rc + cp;   /* any cp */
     us_result res;
-    for (i = 0; i < cp; i++) sc[i] = sd[i] = rc[i] = rd[i] = 0;
+    if (!sc) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
     sc[(r + 1) % cp] = n; rc[(r - 1 + cp) % cp] = n;
     res = m->comm->all_to_all(m->comm, &m->mesh.cp_g, dst, rc, rd, src, sc, sd, dt, w);
+    free(sc);
     return us__comm_fail(m, res, "context-parallel ring exchange");
 }
 static us_result us__cp_attention_fwd(us_model *m, us_layer_acts *A, int64_t B, int64_t T) {
