@@ -33,10 +33,10 @@ $(B) $(B)/san:
 $(B)/%: examples/%.c $(HDR) | $(B)
 	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
 
-$(B)/test_%: tests/test_%.c tests/us_test.h $(HDR) | $(B)
+$(B)/test_%: tests/test_%.c tests/us_test.h tests/us_test_ranks.h $(HDR) | $(B)
 	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
 
-$(B)/san/test_%: tests/test_%.c tests/us_test.h $(HDR) | $(B)/san
+$(B)/san/test_%: tests/test_%.c tests/us_test.h tests/us_test_ranks.h $(HDR) | $(B)/san
 	$(CC) $(SANFLAGS) $< -o $@ $(LDLIBS)
 
 train: $(B)/train

@@ -11,6 +11,7 @@
 #include "../ultrascale.h"
 #include "../ultrascale_comm.h"
 #include "us_test.h"
+#include "us_test_ranks.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -88,14 +89,7 @@ static us_result rank_fn(us_comm *c, void *arg) {
     return r;
 }
 
-static us_result launch(run *R) {
-    char err[256];
-    us_launch_config lc;
-    memset(&lc, 0, sizeof lc);
-    lc.timeout_s = 20;
-    if (R->tc.dp == 1) return rank_fn(NULL, R);
-    return us_launch_ex(R->tc.dp, rank_fn, R, &lc, R->rank_result, err, sizeof err);
-}
+static us_result launch(run *R) { return us_test_launch(R->tc.dp, rank_fn, R, R->rank_result, 1); }
 
 static void setup(run *R, int dp, int zero, int accum, int tied, float bucket_mb) {
     memset(R, 0, sizeof *R);

@@ -12,6 +12,7 @@
 #include "../ultrascale.h"
 #include "../ultrascale_comm.h"
 #include "us_test.h"
+#include "us_test_ranks.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -95,16 +96,7 @@ static us_result rank_fn(us_comm *c, void *arg) {
     return r;
 }
 
-static us_result launch(run *R) {
-    char err[256];
-    us_launch_config lc;
-    int n = R->tc.dp * R->tc.pp * R->tc.tp;
-    memset(&lc, 0, sizeof lc);
-    lc.timeout_s = 20;
-    if (n == 1) return rank_fn(NULL, R);
-    if (us_launch_ex(n, rank_fn, R, &lc, NULL, err, sizeof err) != US_OK) { printf("  %s\n", err); return US_ERR_BACKEND; }
-    return US_OK;
-}
+static us_result launch(run *R) { return us_test_launch(R->tc.dp * R->tc.pp * R->tc.tp, rank_fn, R, NULL, 0); }
 
 static void setup(run *R, int dp, int pp, int tp, int sched, int M, int zero) {
     memset(R, 0, sizeof *R);
