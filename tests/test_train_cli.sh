@@ -15,6 +15,23 @@ expect() {
 }
 small="--layers 1 --dim 32 --heads 2 --batch 2 --quiet"
 
+# same_curve DESC REF NAME -- ARGS...: trains 40 steps with ARGS (logging to NAME.jsonl) and
+# checks each loss against the run REF.jsonl within 1e-4 relative
+same_curve() {
+    local desc=$1 ref=$2 name=$3 rc; shift 4
+    "$BIN" --steps 40 --eval-every 0 --quiet --log "$T/$name.jsonl" "$@" > "$T/$name.txt" 2>&1; rc=$?
+    if [ "$rc" -eq 0 ] && python3 - "$T/$ref.jsonl" "$T/$name.jsonl" "$desc" <<'PY'
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+assert len(a) == len(b) == 40, (len(a), len(b))
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+print("  %s: 40 losses within %.1e relative" % (sys.argv[3], worst))
+assert worst < 1e-4, worst
+PY
+    then ok "$desc"; else bad "$desc (exit $rc) $(tail -3 "$T/$name.txt")"; fi
+}
+
 expect 0 "--help prints the usage" "usage: train" -- --help
 expect 2 "unknown flag" "unknown flag --bogus.*" -- --bogus 3
 expect 2 "unknown flag also prints usage" "usage: train" -- --bogus 3
@@ -70,17 +87,7 @@ expect 2 "bad ZeRO stage" "bad value for --zero: 4" -- --zero 4
 expect 2 "--nproc is for GPUs" "--nproc starts one process per GPU" -- --nproc 2
 expect 2 "bad bucket size" "bad value for --bucket-mb: 0" -- --bucket-mb 0
 "$BIN" --steps 40 --eval-every 0 --quiet --log "$T/dp1.jsonl" > /dev/null 2>&1
-"$BIN" --steps 40 --eval-every 0 --quiet --dp 4 --zero 3 --log "$T/dp4.jsonl" --trace "$T/trace.json" > "$T/dp4.txt" 2>&1; rc=$?
-if [ "$rc" -eq 0 ] && python3 - "$T/dp1.jsonl" "$T/dp4.jsonl" <<'PY'
-import json, sys
-a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
-assert len(a) == len(b) == 40, (len(a), len(b))
-worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
-print("  --dp 4 --zero 3 vs --dp 1: 40 losses within %.1e relative" % worst)
-assert worst < 1e-4, worst
-PY
-then ok "--dp 4 --zero 3 trains the task to the loss curve of --dp 1"; else bad "--dp 4 --zero 3 curve (exit $rc) $(tail -3 "$T/dp4.txt")"; fi
+same_curve "--dp 4 --zero 3 trains the task to the loss curve of --dp 1" dp1 dp4 -- --dp 4 --zero 3 --trace "$T/trace.json"
 if python3 - "$T/trace.json" <<'PY'
 import json, sys
 t = json.load(open(sys.argv[1]))["traceEvents"]
@@ -94,48 +101,18 @@ then ok "--trace writes one process row per rank with compute and comm rows"; el
 # tensor parallelism: flags, errors, and the loss curve of one rank
 expect 2 "tp must divide the heads" "tp=3 must divide heads=4" -- --tp 3
 expect 2 "sp needs tp" "it needs tp > 1" -- --sp
-"$BIN" --steps 40 --eval-every 0 --quiet --dp 2 --tp 2 --sp --zero 1 --log "$T/tp.jsonl" > "$T/tp.txt" 2>&1; rc=$?
-if [ "$rc" -eq 0 ] && python3 - "$T/dp1.jsonl" "$T/tp.jsonl" <<'PY'
-import json, sys
-a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
-assert len(a) == len(b) == 40
-worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
-print("  --dp 2 --tp 2 --sp --zero 1 vs one rank: 40 losses within %.1e relative" % worst)
-assert worst < 1e-4, worst
-PY
-then ok "--dp 2 --tp 2 --sp --zero 1 trains the task to the loss curve of one rank"; else bad "--dp 2 --tp 2 curve (exit $rc) $(tail -3 "$T/tp.txt")"; fi
+same_curve "--dp 2 --tp 2 --sp --zero 1 trains the task to the loss curve of one rank" dp1 tp -- --dp 2 --tp 2 --sp --zero 1
 
 # context parallelism
 expect 2 "cp needs the sequence to split" "must split into 8 equal chunks for cp=4" -- --cp 4 --seq 36
 expect 2 "bad cp mode" "--cp-mode must be ring, zigzag or allgather, got spiral" -- --cp-mode spiral
 "$BIN" --steps 40 --eval-every 0 --quiet --seq 72 --log "$T/cp1.jsonl" > /dev/null 2>&1
-"$BIN" --steps 40 --eval-every 0 --quiet --seq 72 --cp 2 --dp 2 --zero 1 --log "$T/cp.jsonl" > "$T/cp.txt" 2>&1; rc=$?
-if [ "$rc" -eq 0 ] && python3 - "$T/cp1.jsonl" "$T/cp.jsonl" <<'PY'
-import json, sys
-a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
-assert len(a) == len(b) == 40
-worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
-print("  --cp 2 --dp 2 --zero 1 vs one rank: 40 losses within %.1e relative" % worst)
-assert worst < 1e-4, worst
-PY
-then ok "--cp 2 --dp 2 --zero 1 trains the task to the loss curve of one rank"; else bad "--cp 2 curve (exit $rc) $(tail -3 "$T/cp.txt")"; fi
+same_curve "--cp 2 --dp 2 --zero 1 trains the task to the loss curve of one rank" cp1 cp -- --seq 72 --cp 2 --dp 2 --zero 1
 
 # pipeline parallelism
 expect 2 "pp needs a layer per stage" "pp=3 exceeds layers=2" -- --pp 3
 expect 2 "schedules the executor does not run yet" "executor runs afab and 1f1b" -- --pp 2 --pp-schedule zb1
 "$BIN" --steps 40 --eval-every 0 --quiet --grad-accum 4 --log "$T/pp1.jsonl" > /dev/null 2>&1
-"$BIN" --steps 40 --eval-every 0 --quiet --grad-accum 4 --pp 2 --dp 2 --log "$T/pp.jsonl" > "$T/pp.txt" 2>&1; rc=$?
-if [ "$rc" -eq 0 ] && python3 - "$T/pp1.jsonl" "$T/pp.jsonl" <<'PY'
-import json, sys
-a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
-assert len(a) == len(b) == 40
-worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
-print("  --pp 2 --dp 2 (1F1B, 4 micro-batches) vs one rank: 40 losses within %.1e relative" % worst)
-assert worst < 1e-4, worst
-PY
-then ok "--pp 2 --dp 2 trains the task to the loss curve of one rank"; else bad "--pp 2 curve (exit $rc) $(tail -3 "$T/pp.txt")"; fi
+same_curve "--pp 2 --dp 2 (1F1B, 4 micro-batches) trains the task to the loss curve of one rank" pp1 pp -- --grad-accum 4 --pp 2 --dp 2
 echo "test_train_cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
