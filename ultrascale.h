@@ -2623,6 +2623,7 @@ static void us__init_weights(us_model *m) {
 }
 
 static int us__cp_pos(const us_train_config *tc, int r, int t);   /* // >>cp */
+static us_result us__pp_connect(us_model *m);
 static us_result us__model_init(us_model *m, const us_model_config *mc, const us_train_config *tc, const us_ops *ops, us_comm *comm) {
     us_result r;
     us__dist_sizes z;
@@ -2730,6 +2731,10 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
         for (rr = 0; rr < m->tc.cp; rr++) for (t = 0; t < Tl; t++) pos[rr * Tl + t] = us__cp_pos(&m->tc, rr, t);
         m->ops.copy(&m->ops, m->a[US__A_CPPOS], pos, (size_t)(m->tc.cp * Tl) * 4, US_COPY_H2D);
         US_FREE(pos);
+    }
+    if (m->tc.pp > 1 && m->comm) {   /* connect the pipeline's neighbours both ways (// >>pp) */
+        us_result r = us__pp_connect(m);
+        if (r != US_OK) { char e2[256]; snprintf(e2, sizeof e2, "%s", m->err); us_model_free(m); us__model_set_error(m, "%s", e2); return r; }
     }
     m->mem.params = wb + (size_t)z.n_wslots * wsb;
     m->mem.master = mb;
@@ -3582,6 +3587,24 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
 static void us__slot(us_model *m, int k) {
     m->acts = m->slot_acts + (size_t)k * m->cfg.n_layers;
     memcpy(m->a, m->slot_a[k], sizeof m->a);
+}
+/* NCCL connects two ranks lazily: inside their first send or receive, on the host, with the
+   peer connecting at the same time. A pipeline's first message in a direction can meet a lone
+   receive on one side while the other side is inside a grouped send+receive (AFAB's last
+   forward sends on and receives the first gradient): each then waits for the other forever.
+   So at setup every pair of neighbours exchanges one element both ways; even stages pair with
+   their successor first, odd ones with their predecessor, so the pairs never wait in a ring. */
+static us_result us__pp_connect(us_model *m) {
+    us_group *g = &m->mesh.pp_g;
+    int q = m->mesh.pp_rank, k;
+    for (k = 0; k < 2; k++) {
+        int peer = (q % 2 == 0) == (k == 0) ? q + 1 : q - 1;
+        us_result r;
+        if (peer < 0 || peer >= g->size) continue;
+        r = m->comm->sendrecv(m->comm, g, m->a[US__A_XOUT], 1, peer, m->acts[0].x, 1, peer, m->dt, NULL);
+        if ((r = us__comm_fail(m, r, "pipeline connection")) != US_OK) return r;
+    }
+    return US_OK;
 }
 static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *targets, int64_t per, int T, float dscale, double *loss) {
     const us_pp_schedule *s = m->pp_sched;

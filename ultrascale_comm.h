@@ -56,7 +56,13 @@
                      direct copies from the peers' published buffers
      send / recv     eager: send copies the message into a per-(sender, receiver) FIFO of the
                      group and completes without waiting for the receiver; recv takes the
-                     oldest message from that peer (its count and dtype must match)
+                     oldest message from that peer (its count and dtype must match).
+                     With us_launch_config.p2p_rendezvous, a send completes only once its
+                     receiver has taken the message, as NCCL's do for large messages: an
+                     order of sends and receives that deadlocks on GPUs then deadlocks (and
+                     times out, naming the rank) on CPU threads too.
+     sendrecv        one operation: the message is posted, the receive runs, then (rendezvous)
+                     the send's completion is awaited, like NCCL's grouped send and receive
 
    Reduction order (fixed, so results are the same run to run, whatever the threads' timing):
      all_reduce, reduce_scatter: chunk c of a group of N is combined in ring order starting at
@@ -137,6 +143,8 @@ typedef us_result (*us_rank_fn)(us_comm *comm, void *arg);
 
 typedef struct us_launch_config {
     double timeout_s;   /* a collective that cannot complete within this fails; 0 = 300 s */
+    int p2p_rendezvous; /* 1: a send waits until its receiver has taken the message (NCCL's
+                           behaviour for large messages); 0: eager, a send never waits */
 } us_launch_config;
 
 /* Runs fn on nranks threads of this process, each with its own us_comm (name "threads",
@@ -246,7 +254,8 @@ US_API int us_launch_procs(int nproc, char *const argv[], double grace_s, char *
                      "tcp://MASTER_ADDR:MASTER_PORT" from us_dist_env_read (MASTER_PORT + 1
                      under torchrun, whose agent store holds MASTER_PORT). Not used for a world
                      of one.
-     timeout_s       for the rendezvous (0 = 300); collectives use c->timeout_s.
+     timeout_s       for the rendezvous and, stored in c->timeout_s, for every collective
+                     (0 = 300 s); set c->timeout_s afterwards to bound the collectives apart.
    Return value: US_OK, US_ERR_INVALID, US_ERR_IO (the rendezvous) or US_ERR_BACKEND, with a
    sentence in err and in c->err.
    Thread safety: one us_comm per thread; call its functions with the same device current. */
@@ -293,11 +302,11 @@ US_API void      us_nccl_free(us_comm *c);
 enum {
     US__THR_ALL_REDUCE, US__THR_REDUCE, US__THR_REDUCE_SCATTER, US__THR_ALL_GATHER, US__THR_GATHER,
     US__THR_SCATTER, US__THR_BROADCAST, US__THR_SEND, US__THR_RECV, US__THR_ALL_TO_ALL,
-    US__THR_BARRIER, US__THR_SPLIT
+    US__THR_BARRIER, US__THR_SPLIT, US__THR_SENDRECV
 };
 static const char *const us__thr_names[] = {
     "all_reduce", "reduce", "reduce_scatter", "all_gather", "gather",
-    "scatter", "broadcast", "send", "recv", "all_to_all", "barrier", "split"
+    "scatter", "broadcast", "send", "recv", "all_to_all", "barrier", "split", "sendrecv"
 };
 #define US__THR_SLICE_S 0.02   /* every wait re-checks the abort flag and the deadline this often */
 
@@ -319,6 +328,7 @@ typedef struct us__thr_msg {
     struct us__thr_msg *next;
     int from, to;            /* group ranks */
     int64_t n; us_dtype dt;
+    int taken, abandoned;    /* rendezvous: the receiver copied it; the sender stopped waiting */
     double align_;           /* keeps the payload 8-byte aligned */
 } us__thr_msg;
 
@@ -345,6 +355,7 @@ typedef struct us__thr_op {
     int64_t *counts;                     /* all_to_all: a copy of the four [size] arrays */
     int color, key; us_group *out;       /* split */
     us_trace *trace; int64_t bytes, payload; double timeout_s;
+    int64_t rn; int rpeer;               /* sendrecv: the receive (dst, rn elements from rpeer) */
     int done; us_result result;
     char err[256];
 } us__thr_op;
@@ -369,6 +380,7 @@ struct us__thr_launch {
     int nranks;
     us_rank_fn fn; void *arg;
     double timeout_s;
+    int rendezvous;                      /* us_launch_config.p2p_rendezvous */
     us__thr_rank *ranks;                 /* [nranks] */
     us__thr_group *groups, *world;
     int aborted; char cause[256];        /* the first failure, naming the rank at fault */
@@ -732,10 +744,12 @@ static us_result us__thr_run_all_to_all(us__thr_x *x, us__thr_op *o) {
     }
     return us__thr_finish(x, r);
 }
-/* send: eager, into the group's FIFO; never waits for the receiver. */
-static us_result us__thr_run_send(us__thr_x *x, us__thr_op *o) {
-    size_t blk = (size_t)o->n * us__thr_dsize(o->dt);
+/* send: posts the message into the group's FIFO (eager: done); under rendezvous the sender
+   then waits until the receiver has taken it, and frees it. */
+static us_result us__thr_post(us__thr_x *x, const void *src, int64_t n, us_dtype dt, int peer, us__thr_msg **out) {
+    size_t blk = (size_t)n * us__thr_dsize(dt);
     us__thr_msg *m = (us__thr_msg *)US_MALLOC(sizeof *m + blk), **tail;
+    *out = NULL;
     pthread_mutex_lock(&x->L->mu);
     if (x->L->aborted) {
         us__thr_aborted(x->err, x->errlen, x->name, x->L->cause);
@@ -749,37 +763,74 @@ static us_result us__thr_run_send(us__thr_x *x, us__thr_op *o) {
         pthread_mutex_unlock(&x->L->mu);
         return US_ERR_OOM;
     }
-    m->next = NULL; m->from = x->me; m->to = o->root; m->n = o->n; m->dt = o->dt;
-    if (blk) memcpy(m + 1, o->src, blk);
+    memset(m, 0, sizeof *m);
+    m->from = x->me; m->to = peer; m->n = n; m->dt = dt;
+    if (blk) memcpy(m + 1, src, blk);
     for (tail = &x->g->msgs; *tail; tail = &(*tail)->next) {}
     *tail = m;
+    if (x->L->rendezvous) *out = m;   /* the sender's to wait on */
     pthread_cond_broadcast(&x->g->cv);
     pthread_mutex_unlock(&x->L->mu);
     return US_OK;
 }
-/* recv: takes the oldest message from the peer, waiting for it like a barrier waits. */
-static us_result us__thr_run_recv(us__thr_x *x, us__thr_op *o) {
+static us_result us__thr_await_taken(us__thr_x *x, us__thr_msg *m) {
+    us_result r = US_OK;
+    if (!m) return US_OK;
+    pthread_mutex_lock(&x->L->mu);
+    while (!m->taken) {
+        if ((r = us__thr_check_wait(x, m->to, "receiving the message")) != US_OK) break;
+        us__thr_wait_slice(&x->g->cv, &x->L->mu, x->deadline - us__thr_now());
+    }
+    if (m->taken) US_FREE(m);
+    else m->abandoned = 1;   /* still queued: the receiver (or the group's end) frees it */
+    pthread_mutex_unlock(&x->L->mu);
+    return r;
+}
+static us_result us__thr_run_send(us__thr_x *x, us__thr_op *o) {
+    us__thr_msg *m;
+    us_result r = us__thr_post(x, o->src, o->n, o->dt, o->root, &m);
+    return r != US_OK ? r : us__thr_await_taken(x, m);
+}
+/* recv: takes the oldest message from the peer, waiting for it like a barrier waits. Under
+   rendezvous the sender frees the message once it is marked taken. */
+static us_result us__thr_recv_from(us__thr_x *x, void *dst, int64_t n, us_dtype dt, int peer) {
     us__thr_msg *m = NULL, **pp;
     us_result r = US_OK;
+    int keep;
     pthread_mutex_lock(&x->L->mu);
     for (;;) {
         for (pp = &x->g->msgs; *pp; pp = &(*pp)->next)
-            if ((*pp)->from == o->root && (*pp)->to == x->me) break;
+            if ((*pp)->from == peer && (*pp)->to == x->me) break;
         if (*pp && !x->L->aborted) { m = *pp; *pp = m->next; break; }
-        if ((r = us__thr_check_wait(x, o->root, "sending the message")) != US_OK) break;
+        if ((r = us__thr_check_wait(x, peer, "sending the message")) != US_OK) break;
         us__thr_wait_slice(&x->g->cv, &x->L->mu, x->deadline - us__thr_now());
     }
     pthread_mutex_unlock(&x->L->mu);
     if (!m) return r;
-    if (m->n != o->n || m->dt != o->dt) {
+    if (m->n != n || m->dt != dt) {
         us__thr_errf(x->err, x->errlen, "%s: rank %d sent %lld %s elements but rank %d receives %lld %s", x->name,
-                     x->g->members[o->root], (long long)m->n, us_dtype_name(m->dt), x->rk->rank, (long long)o->n, us_dtype_name(o->dt));
+                     x->g->members[peer], (long long)m->n, us_dtype_name(m->dt), x->rk->rank, (long long)n, us_dtype_name(dt));
         r = US_ERR_INVALID;
-    } else if (o->n > 0) {
-        memcpy(o->dst, m + 1, (size_t)o->n * us__thr_dsize(o->dt));
+    } else if (n > 0) {
+        memcpy(dst, m + 1, (size_t)n * us__thr_dsize(dt));
     }
-    US_FREE(m);
+    pthread_mutex_lock(&x->L->mu);
+    keep = x->L->rendezvous && !m->abandoned;   /* the sender waits for it and frees it */
+    m->taken = 1;
+    pthread_cond_broadcast(&x->g->cv);
+    pthread_mutex_unlock(&x->L->mu);
+    if (!keep) US_FREE(m);
     return r;
+}
+static us_result us__thr_run_recv(us__thr_x *x, us__thr_op *o) { return us__thr_recv_from(x, o->dst, o->n, o->dt, o->root); }
+/* sendrecv: post, receive, then wait for the posted message to be taken. */
+static us_result us__thr_run_sendrecv(us__thr_x *x, us__thr_op *o) {
+    us__thr_msg *m;
+    us_result r = us__thr_post(x, o->src, o->n, o->dt, o->root, &m), r2;
+    if (r != US_OK) return r;
+    r = us__thr_recv_from(x, o->dst, o->rn, o->dt, o->rpeer);
+    r2 = us__thr_await_taken(x, m);
+    return r != US_OK ? r : r2;
 }
 /* split: publish (color, key); the first member of each new group (in key order) creates it
    and publishes it; the others pick it up. */
@@ -844,6 +895,7 @@ static void us__thr_execute(us__thr_rank *rk, us__thr_op *o) {
     case US__THR_ALL_TO_ALL:     o->result = us__thr_run_all_to_all(&x, o); break;
     case US__THR_SEND:           o->result = us__thr_run_send(&x, o); break;
     case US__THR_RECV:           o->result = us__thr_run_recv(&x, o); break;
+    case US__THR_SENDRECV:       o->result = us__thr_run_sendrecv(&x, o); break;
     case US__THR_BARRIER:        o->result = us__thr_sync(&x); break;
     case US__THR_SPLIT:          o->result = us__thr_run_split(&x, o); break;
     default:                     o->result = US_ERR_BACKEND; break;
@@ -1082,14 +1134,20 @@ static us_result us__thr_send(us_comm *c, us_group *g, const void *buf, int64_t 
     o->payload = o->bytes = n * (int64_t)us__thr_dsize(dt);
     return us__thr_submit(c, o, w);
 }
-/* Sends are eager here (the message is copied into the receiver's queue), so a send then a
-   receive can never wait on each other: sendrecv is just the two in order. */
-static us_result us__thr_recv(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt, int peer, us_work **w);
+/* One operation, so that under rendezvous two neighbours exchanging at once both post before
+   either waits (NCCL's grouped send and receive). */
 static us_result us__thr_sendrecv(us_comm *c, us_group *g, const void *sbuf, int64_t sn, int speer, void *rbuf, int64_t rn, int rpeer,
                                   us_dtype dt, us_work **w) {
-    us_result r = us__thr_send(c, g, sbuf, sn, dt, speer, NULL);
-    if (w) *w = NULL;
-    return r != US_OK ? r : us__thr_recv(c, g, rbuf, rn, dt, rpeer, w);
+    US__THR_BEGIN(US__THR_SENDRECV, g);
+    if (us__thr_check_args(c, name_, sn, dt, 0, US_REDUCE_SUM) != US_OK || us__thr_check_rank(c, name_, "send peer", speer, g) != US_OK ||
+        us__thr_check_rank(c, name_, "receive peer", rpeer, g) != US_OK) return US_ERR_INVALID;
+    if (rn < 0) return us__thr_invalid(c, "%s: negative receive count %lld", name_, (long long)rn);
+    if ((sn > 0 && !sbuf) || (rn > 0 && !rbuf)) return us__thr_invalid(c, "%s: NULL buffer", name_);
+    US__THR_NEW(US__THR_SENDRECV, g);
+    o->src = sbuf; o->n = sn; o->dt = dt; o->root = speer;
+    o->dst = rbuf; o->rn = rn; o->rpeer = rpeer;
+    o->payload = o->bytes = sn * (int64_t)us__thr_dsize(dt);
+    return us__thr_submit(c, o, w);
 }
 static us_result us__thr_recv(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt, int peer, us_work **w) {
     US__THR_BEGIN(US__THR_RECV, g);
@@ -1199,6 +1257,7 @@ US_API us_result us_launch_ex(int nranks, us_rank_fn fn, void *arg, const us_lau
     }
     memset(L->ranks, 0, (size_t)nranks * sizeof(us__thr_rank));
     L->nranks = nranks; L->fn = fn; L->arg = arg; L->timeout_s = timeout; L->first_fail = -1;
+    L->rendezvous = cfg ? cfg->p2p_rendezvous != 0 : 0;
     for (r = 0; r < nranks; r++) {
         us__thr_rank *rk = &L->ranks[r];
         us_comm *c = &rk->comm;
@@ -2352,6 +2411,7 @@ US_API us_result us_nccl_init(us_comm *c, us_ops *ops, void *compute_stream, int
     msg[0] = '\0';
     if (!c) { us__boot_errf(err, errlen, "us_nccl_init: c is NULL"); return US_ERR_INVALID; }
     memset(c, 0, sizeof *c);
+    c->timeout_s = timeout_s;   /* the collectives' bound too (the trainer's --comm-timeout) */
     if (world_size < 1 || rank < 0 || rank >= world_size) {
         snprintf(msg, sizeof msg, "us_nccl_init: rank %d is not a rank of a world of %d", rank, world_size);
         r = US_ERR_INVALID;

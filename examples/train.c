@@ -616,6 +616,7 @@ int main(int argc, char **argv) {
         us_launch_config lc;
         memset(&lc, 0, sizeof lc);
         lc.timeout_s = o.comm_timeout;
+        lc.p2p_rendezvous = 1;   /* sends wait for their receiver, as NCCL's do: a pipeline runs here as on GPUs */
         r = us_launch_ex(tc.dp * tc.pp * tc.cp * tc.tp, run_rank, &o, &lc, NULL, err, sizeof err);
         if (r != US_OK) fprintf(stderr, "train: %s\n", err);
     } else r = run_rank(NULL, &o);
