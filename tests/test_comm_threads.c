@@ -488,6 +488,44 @@ static us_result rank_invalid(us_comm *c, void *arg) {
     return US_OK;
 }
 
+/* Rendezvous sends (NCCL's behaviour): mode 0, ranks 0 and 1 exchange with sendrecv; mode 1,
+   both send first and then receive, which must deadlock and time out; mode 2, the eager default
+   lets the same order through. */
+typedef struct p2p_t { int mode; float got[2][3]; us_result res[2]; double t[2]; } p2p_t;
+static us_result rank_p2p(us_comm *c, void *arg) {
+    p2p_t *P = (p2p_t *)arg;
+    int r = c->world.rank, peer = 1 - r;
+    float mine[3] = {(float)r + 1, (float)r + 2, (float)r + 3};
+    double t0 = now_s();
+    us_result res;
+    if (P->mode == 0) res = c->sendrecv(c, &c->world, mine, 3, peer, P->got[r], 3, peer, US_F32, NULL);
+    else {
+        res = c->send(c, &c->world, mine, 3, US_F32, peer, NULL);
+        if (res == US_OK) res = c->recv(c, &c->world, P->got[r], 3, US_F32, peer, NULL);
+    }
+    P->res[r] = res; P->t[r] = now_s() - t0;
+    return res;
+}
+static void check_p2p(void) {
+    us_launch_config lc;
+    p2p_t P;
+    char err[256];
+    us_result lr;
+    int mode;
+    for (mode = 0; mode < 3; mode++) {
+        memset(&P, 0, sizeof P);
+        memset(&lc, 0, sizeof lc);
+        P.mode = mode; lc.timeout_s = 0.3; lc.p2p_rendezvous = mode < 2;
+        lr = us_launch_ex(2, rank_p2p, &P, &lc, NULL, err, sizeof err);
+        if (mode == 1)
+            CHECK(lr == US_ERR_BACKEND && P.res[0] == US_ERR_BACKEND && P.res[1] == US_ERR_BACKEND && strstr(err, "timed out") && P.t[0] < 1.5,
+                  "rendezvous: both ranks sending first deadlock and time out in %.2f s, as on NCCL: \"%s\"", P.t[0], err);
+        else
+            CHECK(lr == US_OK && P.got[0][0] == 2 && P.got[0][2] == 4 && P.got[1][0] == 1 && P.got[1][2] == 3,
+                  "%s: the exchange completes with each other's values", mode == 0 ? "rendezvous sendrecv" : "eager send then recv");
+    }
+}
+
 int main(int argc, char **argv) {
     static const int sizes[] = {1, 2, 3, 4, 5, 8};
     static const int64_t counts[] = {1, 7, 1003};
@@ -549,6 +587,7 @@ int main(int argc, char **argv) {
               (long long)D1.K, N, (long long)D1.bytes[0]);
         for (r = 0; r < N; r++) { free(D1.out[r]); free(D2.out[r]); }
     }
+    check_p2p();
     /* failures: never a hang, never a crash, the culprit named */
     check_failure(F_ERROR, "a rank returns an error", 2, "failed", 1.0);
     check_failure(F_SLEEP, "a rank sleeps past timeout_s = 0.3", 3, "timed out", 0.3);
