@@ -200,7 +200,7 @@ typedef struct us_train_config {
     /* pipeline parallelism (// >>pp): layers split over pp ranks, grad_accum micro-batches per
        step run by a schedule; every stage receives the step's inputs and targets */
     int      pp;           /* default 1 */
-    int      pp_schedule;  /* a us_pp_kind the executor runs: afab or 1f1b (default) */
+    int      pp_schedule;  /* a us_pp_kind the executor runs: afab, 1f1b (default) or zb1 */
 } us_train_config;
 
 US_API void      us_model_config_defaults(us_model_config *c);
@@ -480,6 +480,9 @@ typedef struct us_model {
     void   *(*slot_a)[32];    /* [slots] each slot's named scratch */
     struct us_pp_schedule *pp_sched;   /* the step's schedule (pp > 1) */
     int      pp_peak;         /* most micro-batches whose activations the executor held at once */
+    int      pp_wsplit;       /* the schedule runs B and W apart: layers keep their output gradients */
+    int      pp_bonly;        /* inside a B action: the layers skip their weight gradients */
+    double   pp_busy_s, pp_wall_s;   /* the last step's time computing, and in the executor */
     char     err[256];
 } us_model;
 
@@ -490,6 +493,7 @@ typedef struct us_step_stats {
     float  grad_norm;  /* before clipping */
     int64_t tokens;    /* tokens processed (B·T·grad_accum) */
     int64_t valid;     /* targets that counted toward the loss */
+    float  pp_bubble;  /* pipeline: the ranks' mean idle fraction of the schedule's wall time (0 without pp) */
 } us_step_stats;
 
 /* Builds the model on `ops` (NULL = us_cpu_ops(tc->threads)): validates, allocates parameters,
@@ -892,7 +896,12 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
     if (tc->pp > 1 && mc->tie_embeddings) US__BAD("tied embeddings live on the first and last pipeline stages: untie them for pp > 1");
     if (tc->pp > 1 && tc->zero == 3) US__BAD("ZeRO-3 with pipeline parallelism is not supported (each stage would gather its weights every micro-batch); use zero 1 or 2");
     if (tc->pp > 1 && tc->cp > 1) US__BAD("pipeline with context parallelism is not supported yet");
-    if (tc->pp_schedule != 1 && tc->pp_schedule != 2) US__BAD("the pipeline executor runs the afab and 1f1b schedules (got schedule %d)", tc->pp_schedule);
+    if (tc->pp_schedule != US_PP_AFAB && tc->pp_schedule != US_PP_1F1B && tc->pp_schedule != US_PP_ZB1)
+        US__BAD("the pipeline executor runs the afab, 1f1b and zb1 schedules (got schedule %d)", tc->pp_schedule);
+    if (tc->pp > 1 && tc->pp_schedule == US_PP_ZB1 && tc->recompute != US_RECOMPUTE_NONE)
+        US__BAD("zb1 keeps every layer's activations from B until W: it does not combine with recompute (use --recompute none)");
+    if (tc->pp > 1 && tc->pp_schedule == US_PP_ZB1 && tc->zero >= 2)
+        US__BAD("ZeRO-2 reduces each micro-batch's gradients as its backward ends, and zb1 defers weight gradients across micro-batches: use zero 0 or 1");
     if (tc->cp_mode < US_CP_RING || tc->cp_mode > US_CP_ALLGATHER) US__BAD("unknown cp mode %d", (int)tc->cp_mode);
     if (tc->cp > 1 && tc->seq % (tc->cp_mode == US_CP_RING ? tc->cp : 2 * tc->cp))
         US__BAD("seq=%d must split into %d equal chunks for cp=%d (%s)", tc->seq, tc->cp_mode == US_CP_RING ? tc->cp : 2 * tc->cp, tc->cp,
@@ -2450,6 +2459,12 @@ struct us_layer_acts {
     float *rstd2;  /* [N]     */
     void  *gu;     /* [N,2F]  gate | up */
     void  *h;      /* [N,F]   SwiGLU output */
+    /* zero-bubble schedules (B and W apart): the output gradients the weight GEMMs read, kept
+       from B until W; NULL otherwise */
+    void  *g_down; /* [N,C]   the residual gradient entering the MLP (down-projection output) */
+    void  *g_gu;   /* [N,2F]  gate | up output gradient */
+    void  *g_o;    /* [N,C]   the residual gradient entering attention (o-projection output) */
+    void  *g_qkv;  /* [N,QKV] q | k | v output gradient (after RoPE's backward) */
 };
 /* named scratch in us_model.a[] */
 enum { US__A_XOUT, US__A_XF, US__A_RSTDF, US__A_LOGITS, US__A_LOSSES, US__A_ARGMAX, US__A_TOK, US__A_TGT,
@@ -2502,6 +2517,10 @@ static size_t us__layout_arena(us_model *m, char *base) {
             L.att = us__take(&ar, Nf * AO * a); L.lse = (float *)us__take(&ar, N * m->nh_l * 4);
             L.ln2 = us__take(&ar, Ns * C * a);  L.rstd2 = (float *)us__take(&ar, Ns * 4);
             L.h = us__take(&ar, Nf * F * a);
+        }
+        if (m->pp_wsplit) {   /* B/W apart: the weight GEMMs' other operand, from B until W */
+            L.g_down = us__take(&ar, Nf * C * a); L.g_gu = us__take(&ar, Nf * 2 * F * a);
+            L.g_o = us__take(&ar, Nf * C * a);    L.g_qkv = us__take(&ar, Nf * QKV * a);
         }
         if (base) m->acts[l] = L;
     }
@@ -2702,6 +2721,10 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
             us_model_free(m); us__model_set_error(m, "pipeline schedule: %s", e2); return US_ERR_INVALID;
         }
         m->slots = sim.peak_act[m->mesh.pp_rank];
+        for (i = 0; i < m->pp_sched->n[m->mesh.pp_rank]; i++) if (m->pp_sched->a[m->mesh.pp_rank][i].op == US_PP_W) m->pp_wsplit = 1;
+        /* B/W apart: a forward's input may arrive while every slot still waits for its W, so one
+           more slot to receive into */
+        m->slots += m->pp_wsplit;
     }
     m->slot_acts = (us_layer_acts *)US_MALLOC(sizeof(us_layer_acts) * (size_t)(m->slots * m->cfg.n_layers));
     m->slot_a = (void *(*)[32])US_MALLOC(sizeof(void *[32]) * (size_t)m->slots);
@@ -3325,25 +3348,33 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
     us_dtype dt = m->dt;
     int NH = m->nh_l, NKV = m->nkv_l, HS = (int)(c->dim / c->n_heads), sp = us__sp(m);
     int64_t N = B * T, C = c->dim, F = m->ffn_l, QKV = (int64_t)(NH + 2 * NKV) * HS, AO = (int64_t)NH * HS, Np, Ns;
-    void *dres = m->a[US__A_DRES], *dln = m->a[US__A_DLN], *dh = m->a[US__A_DH], *dgu = m->a[US__A_DGU];
-    void *datt = m->a[US__A_DATT], *dqkv = m->a[US__A_DQKV], *G = m->a[US__A_SPG];
+    int split = m->pp_bonly;   /* a zero-bubble B: weight gradients wait for W (us__layer_w) */
+    void *dres = m->a[US__A_DRES], *dln = m->a[US__A_DLN], *dh = m->a[US__A_DH], *dgu = split ? A->g_gu : m->a[US__A_DGU];
+    void *datt = m->a[US__A_DATT], *dqkv = split ? A->g_qkv : m->a[US__A_DQKV], *G = m->a[US__A_SPG];
     void *dresF = sp ? G : dres;   /* the whole residual gradient the GEMMs read */
+    size_t rowb;
     void *dlnp;
     us_result r;
     us__rows(m, N, &Np, &Ns);
+    rowb = (size_t)Np * (size_t)C * us_dtype_size(dt);
     dlnp = sp ? us__at(dln, dt, (int64_t)m->mesh.tp_rank * Ns * C) : dln;   /* where this rank's rows of dln land */
     /* MLP: x_{l+1} = xmid + swiglu(ln2·Wgu^T)·Wdown^T. Each weight gradient, once complete, is
        handed to data parallelism (us__grads_ready), which may start reducing its bucket while
        the rest of the backward runs. */
     if (sp && (r = us__sp_gather(m, G, dres, Ns)) != US_OK) return r;   /* ḡ's conjugate */
     o->gemm(o, 0, 0, Np, F, C, 1.0f, dresF, dt, C, us__W(m, US__PL(l, US__P_DOWN)), dt, F, 0.0f, dh, dt, F);
-    o->gemm(o, 1, 0, C, F, Np, 1.0f, dresF, dt, C, A->h, dt, F, 1.0f, us__G(m, US__PL(l, US__P_DOWN)), US_F32, F);
-    if ((r = us__grads_ready(m, US__PL(l, US__P_DOWN), US__PL(l, US__P_DOWN) + 1)) != US_OK) return r;
+    if (split) o->copy(o, A->g_down, dresF, rowb, US_COPY_D2D);
+    else {
+        o->gemm(o, 1, 0, C, F, Np, 1.0f, dresF, dt, C, A->h, dt, F, 1.0f, us__G(m, US__PL(l, US__P_DOWN)), US_F32, F);
+        if ((r = us__grads_ready(m, US__PL(l, US__P_DOWN), US__PL(l, US__P_DOWN) + 1)) != US_OK) return r;
+    }
     o->swiglu_bwd(o, dgu, dh, A->gu, Np, F, dt);
     o->gemm(o, 0, 0, Np, C, 2 * F, 1.0f, dgu, dt, 2 * F, us__W(m, US__PL(l, US__P_GATE)), dt, C, 0.0f, dln, dt, C);
-    if (sp && (r = us__sp_gather(m, G, A->ln2, Ns)) != US_OK) return r;   /* the GEMM's input again */
-    o->gemm(o, 1, 0, 2 * F, C, Np, 1.0f, dgu, dt, 2 * F, sp ? G : A->ln2, dt, C, 1.0f, us__G(m, US__PL(l, US__P_GATE)), US_F32, C);
-    if ((r = us__grads_ready(m, US__PL(l, US__P_GATE), US__PL(l, US__P_UP) + 1)) != US_OK) return r;
+    if (!split) {
+        if (sp && (r = us__sp_gather(m, G, A->ln2, Ns)) != US_OK) return r;   /* the GEMM's input again */
+        o->gemm(o, 1, 0, 2 * F, C, Np, 1.0f, dgu, dt, 2 * F, sp ? G : A->ln2, dt, C, 1.0f, us__G(m, US__PL(l, US__P_GATE)), US_F32, C);
+        if ((r = us__grads_ready(m, US__PL(l, US__P_GATE), US__PL(l, US__P_UP) + 1)) != US_OK) return r;
+    }
     /* f (TP: all-reduce) or g's conjugate (SP: reduce-scatter): the column-parallel input's gradient */
     if ((r = sp ? us__sp_scatter(m, dlnp, dln, Ns) : us__tp_sum(m, dln, N * C, dt)) != US_OK) return r;
     if ((r = us__norm_bwd(m, dres, US__PL(l, US__P_LN2), dlnp, A->xmid, A->rstd2, Ns)) != US_OK) return r;
@@ -3351,8 +3382,11 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
     /* attention: xmid = x + attention(rope(ln1·Wqkv^T))·Wo^T */
     if (sp && (r = us__sp_gather(m, G, dres, Ns)) != US_OK) return r;
     o->gemm(o, 0, 0, Np, AO, C, 1.0f, dresF, dt, C, us__W(m, US__PL(l, US__P_O)), dt, AO, 0.0f, datt, dt, AO);
-    o->gemm(o, 1, 0, C, AO, Np, 1.0f, dresF, dt, C, A->att, dt, AO, 1.0f, us__G(m, US__PL(l, US__P_O)), US_F32, AO);
-    if ((r = us__grads_ready(m, US__PL(l, US__P_O), US__PL(l, US__P_O) + 1)) != US_OK) return r;
+    if (split) o->copy(o, A->g_o, dresF, rowb, US_COPY_D2D);
+    else {
+        o->gemm(o, 1, 0, C, AO, Np, 1.0f, dresF, dt, C, A->att, dt, AO, 1.0f, us__G(m, US__PL(l, US__P_O)), US_F32, AO);
+        if ((r = us__grads_ready(m, US__PL(l, US__P_O), US__PL(l, US__P_O) + 1)) != US_OK) return r;
+    }
     if (m->mesh.cp > 1) {
         if ((r = us__cp_attention_bwd(m, A, dqkv, datt, B, T)) != US_OK) return r;
         o->rope_at(o, dqkv, (const int32_t *)m->a[US__A_CPPOS] + m->mesh.cp_rank * T, B, T, m->tc.seq, NH, NKV, HS, c->rope_theta, -1.0f, dt);
@@ -3362,12 +3396,40 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
     }
     if (Np > N) o->zero(o, us__at(dqkv, dt, N * QKV), (size_t)((Np - N) * QKV) * us_dtype_size(dt));
     o->gemm(o, 0, 0, Np, C, QKV, 1.0f, dqkv, dt, QKV, us__W(m, US__PL(l, US__P_Q)), dt, C, 0.0f, dln, dt, C);
-    if (sp && (r = us__sp_gather(m, G, A->ln1, Ns)) != US_OK) return r;
-    o->gemm(o, 1, 0, QKV, C, Np, 1.0f, dqkv, dt, QKV, sp ? G : A->ln1, dt, C, 1.0f, us__G(m, US__PL(l, US__P_Q)), US_F32, C);
-    if ((r = us__grads_ready(m, US__PL(l, US__P_Q), US__PL(l, US__P_V) + 1)) != US_OK) return r;
+    if (!split) {
+        if (sp && (r = us__sp_gather(m, G, A->ln1, Ns)) != US_OK) return r;
+        o->gemm(o, 1, 0, QKV, C, Np, 1.0f, dqkv, dt, QKV, sp ? G : A->ln1, dt, C, 1.0f, us__G(m, US__PL(l, US__P_Q)), US_F32, C);
+        if ((r = us__grads_ready(m, US__PL(l, US__P_Q), US__PL(l, US__P_V) + 1)) != US_OK) return r;
+    }
     if ((r = sp ? us__sp_scatter(m, dlnp, dln, Ns) : us__tp_sum(m, dln, N * C, dt)) != US_OK) return r;
     if ((r = us__norm_bwd(m, dres, US__PL(l, US__P_LN1), dlnp, A->x, A->rstd1, Ns)) != US_OK) return r;
     return us__grads_ready(m, US__PL(l, US__P_LN1), US__PL(l, US__P_LN1) + 1);
+}
+
+/* The W half of a zero-bubble backward (Qi et al.): the layer's four weight-gradient GEMMs, from
+   the output gradients B kept (g_*) and the inputs the forward kept. Nothing downstream waits
+   for these, so the schedule runs them where the pipeline would otherwise idle. Under sequence
+   parallelism the normed inputs are gathered again, as the full backward does. */
+static us_result us__layer_w(us_model *m, int l, int64_t B, int64_t T) {
+    us_ops *o = &m->ops;
+    const us_model_config *c = &m->cfg;
+    us_layer_acts *A = &m->acts[l];
+    us_dtype dt = m->dt;
+    int NH = m->nh_l, NKV = m->nkv_l, HS = (int)(c->dim / c->n_heads), sp = us__sp(m);
+    int64_t C = c->dim, F = m->ffn_l, QKV = (int64_t)(NH + 2 * NKV) * HS, AO = (int64_t)NH * HS, Np, Ns;
+    void *G = m->a[US__A_SPG];
+    us_result r;
+    us__rows(m, B * T, &Np, &Ns);
+    o->gemm(o, 1, 0, C, F, Np, 1.0f, A->g_down, dt, C, A->h, dt, F, 1.0f, us__G(m, US__PL(l, US__P_DOWN)), US_F32, F);
+    if ((r = us__grads_ready(m, US__PL(l, US__P_DOWN), US__PL(l, US__P_DOWN) + 1)) != US_OK) return r;
+    if (sp && (r = us__sp_gather(m, G, A->ln2, Ns)) != US_OK) return r;
+    o->gemm(o, 1, 0, 2 * F, C, Np, 1.0f, A->g_gu, dt, 2 * F, sp ? G : A->ln2, dt, C, 1.0f, us__G(m, US__PL(l, US__P_GATE)), US_F32, C);
+    if ((r = us__grads_ready(m, US__PL(l, US__P_GATE), US__PL(l, US__P_UP) + 1)) != US_OK) return r;
+    o->gemm(o, 1, 0, C, AO, Np, 1.0f, A->g_o, dt, C, A->att, dt, AO, 1.0f, us__G(m, US__PL(l, US__P_O)), US_F32, AO);
+    if ((r = us__grads_ready(m, US__PL(l, US__P_O), US__PL(l, US__P_O) + 1)) != US_OK) return r;
+    if (sp && (r = us__sp_gather(m, G, A->ln1, Ns)) != US_OK) return r;
+    o->gemm(o, 1, 0, QKV, C, Np, 1.0f, A->g_qkv, dt, QKV, sp ? G : A->ln1, dt, C, 1.0f, us__G(m, US__PL(l, US__P_Q)), US_F32, C);
+    return us__grads_ready(m, US__PL(l, US__P_Q), US__PL(l, US__P_V) + 1);
 }
 
 static int us__head_idx(const us_model *m) { return m->cfg.tie_embeddings ? 0 : US__P_HEAD(m->cfg.n_layers); }
@@ -3579,15 +3641,6 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
     return us__backend_check(m);
 }
 
-/* The pipeline executor (// >>pp): runs this rank's list of the schedule. A forward takes a free
-   activation slot, receives its input from the previous stage (or embeds the tokens), and sends
-   its output on (or computes the loss); a backward receives the output's gradient from the next
-   stage (or starts from the loss), and sends its input's gradient back, freeing the slot. The
-   last backward of the step launches the data-parallel reductions (no_sync before it). */
-static void us__slot(us_model *m, int k) {
-    m->acts = m->slot_acts + (size_t)k * m->cfg.n_layers;
-    memcpy(m->a, m->slot_a[k], sizeof m->a);
-}
 /* NCCL connects two ranks lazily: inside their first send or receive, on the host, with the
    peer connecting at the same time. A pipeline's first message in a direction can meet a lone
    receive on one side while the other side is inside a grouped send+receive (AFAB's last
@@ -3606,12 +3659,31 @@ static us_result us__pp_connect(us_model *m) {
     }
     return US_OK;
 }
+/* The pipeline executor (// >>pp): runs this rank's list of the schedule. A forward takes an
+   activation slot, receives its input from the previous stage (or embeds the tokens), and sends
+   its output on (or computes the loss); a backward receives the output's gradient from the next
+   stage (or starts from the loss) and sends its input's gradient back. A full backward (BW)
+   frees the slot; under the zero-bubble schedules B does the input gradients only and W, later,
+   the weight gradients (us__layer_w), which frees the slot. The last backward of the step
+   launches the data-parallel reductions (no_sync before it); with B and W apart they are
+   launched before the optimizer step instead, without overlap. */
+static void us__slot(us_model *m, int k) {
+    m->acts = m->slot_acts + (size_t)k * m->cfg.n_layers;
+    memcpy(m->a, m->slot_a[k], sizeof m->a);
+}
+static us_result us__pp_wpass(us_model *m, int B, int T) {   /* every layer's W, last layer first */
+    int l;
+    us_result r;
+    for (l = m->cfg.n_layers - 1; l >= 0; l--) if ((r = us__layer_w(m, l, B, T)) != US_OK) return r;
+    return us__backend_check(m);
+}
 static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *targets, int64_t per, int T, float dscale, double *loss) {
     const us_pp_schedule *s = m->pp_sched;
     us_comm *c = m->comm;
     us_group *g = &m->mesh.pp_g;
-    int q = m->mesh.pp_rank, i, last_bw = -1, M = s->m, *slot_of, *free_slot, nfree = 0, B = m->tc.batch, received = 0;
+    int q = m->mesh.pp_rank, i, j, last_bw = -1, M = s->m, *slot_of, *free_slot, nfree = 0, B = m->tc.batch, pre = -1, pre_slot = -1;
     int64_t Np, Ns, C = m->cfg.dim, n;
+    double t_begin = us_trace_now_us();
     us_result r = US_OK;
     us__rows(m, (int64_t)B * T, &Np, &Ns);
     n = Ns * C;   /* the residual stream between stages: this rank's rows under SP */
@@ -3619,47 +3691,69 @@ static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *t
     if (!slot_of) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
     free_slot = slot_of + M;
     for (i = 0; i < m->slots; i++) free_slot[nfree++] = m->slots - 1 - i;
-    for (i = 0; i < s->n[q]; i++) if (s->a[q][i].op != US_PP_F) last_bw = i;
-    /* An action's send and the next action's receive go out as one sendrecv (Megatron's
-       send_forward_recv_backward): in 1F1B's steady state both neighbours send at once, and two
-       blocking sends would wait for each other forever. `received` marks the next action's input
-       as already here. */
+    if (!m->pp_wsplit) for (i = 0; i < s->n[q]; i++) if (s->a[q][i].op != US_PP_F) last_bw = i;
+    m->pp_busy_s = 0;
+    /* An action's send goes out together with the receive of the next action that needs one
+       (W's receive nothing) as one sendrecv (Megatron's send_forward_recv_backward): in 1F1B's
+       steady state both neighbours send at once, and two blocking sends would wait for each
+       other forever. `pre` is the action whose input is already here; a forward received early
+       gets its slot then (`pre_slot`). */
     for (i = 0; i < s->n[q] && r == US_OK; i++) {
-        const us_pp_action *x = &s->a[q][i], *nx = i + 1 < s->n[q] ? &s->a[q][i + 1] : NULL;
+        const us_pp_action *x = &s->a[q][i], *nx;
         const void *sbuf = NULL;
-        int speer = -1;
+        int speer = -1, received = pre == i;
+        double t0;
         if (x->op == US_PP_F) {
             double ls = 0;
-            if (!nfree) { us__model_set_error(m, "internal: pipeline slots exhausted"); r = US_ERR_BACKEND; break; }
-            slot_of[x->mb] = free_slot[--nfree];
+            if (received) slot_of[x->mb] = pre_slot;
+            else if (!nfree) { us__model_set_error(m, "internal: pipeline slots exhausted"); r = US_ERR_BACKEND; break; }
+            else slot_of[x->mb] = free_slot[--nfree];
             if (m->slots - nfree > m->pp_peak) m->pp_peak = m->slots - nfree;
             us__slot(m, slot_of[x->mb]);
             if (!m->pp_first && !received && (r = us__comm_fail(m, c->recv(c, g, m->acts[0].x, n, m->dt, q - 1, NULL), "pipeline receive")) != US_OK) break;
+            t0 = us_trace_now_us();
             if ((r = us__forward(m, inputs + x->mb * per, targets + x->mb * per, B, T, dscale, &ls)) != US_OK) break;
+            m->pp_busy_s += 1e-6 * (us_trace_now_us() - t0);
             *loss += ls;
             if (!m->pp_last) { sbuf = m->a[US__A_XOUT]; speer = q + 1; }
-        } else {
+        } else if (x->op == US_PP_W) {
+            us__slot(m, slot_of[x->mb]);
+            t0 = us_trace_now_us();
+            if ((r = us__pp_wpass(m, B, T)) != US_OK) break;
+            m->pp_busy_s += 1e-6 * (us_trace_now_us() - t0);
+            free_slot[nfree++] = slot_of[x->mb];
+        } else {   /* B or BW */
             us__slot(m, slot_of[x->mb]);
             if (!m->pp_last && !received && (r = us__comm_fail(m, c->recv(c, g, m->a[US__A_DRES], n, m->dt, q + 1, NULL), "pipeline receive")) != US_OK) break;
             m->grad_sync = i == last_bw;
-            if ((r = us__backward(m, B, T)) != US_OK) break;
+            m->pp_bonly = x->op == US_PP_B;
+            t0 = us_trace_now_us();
+            r = us__backward(m, B, T);
+            m->pp_bonly = 0;
+            if (r != US_OK) break;
+            m->pp_busy_s += 1e-6 * (us_trace_now_us() - t0);
             if (!m->pp_first) { sbuf = m->a[US__A_DRES]; speer = q - 1; }
-            free_slot[nfree++] = slot_of[x->mb];
+            if (x->op == US_PP_BW) free_slot[nfree++] = slot_of[x->mb];
         }
-        received = 0;
-        if (sbuf) {   /* the next action's input, if it comes from a neighbour, travels in the same operation */
+        if (!sbuf) continue;
+        for (j = i + 1; j < s->n[q] && s->a[q][j].op == US_PP_W; j++) {}   /* the next action that may receive */
+        nx = j < s->n[q] ? &s->a[q][j] : NULL;
+        {
             void *rbuf = NULL;
             int rpeer = -1;
-            if (nx && nx->op == US_PP_F && !m->pp_first && nfree) {
-                rbuf = m->slot_acts[(size_t)free_slot[nfree - 1] * m->cfg.n_layers].x; rpeer = q - 1;
+            if (nx && nx->op == US_PP_F && !m->pp_first) {
+                if (!nfree) { us__model_set_error(m, "internal: no free pipeline slot to receive into"); r = US_ERR_BACKEND; break; }
+                pre_slot = free_slot[--nfree];
+                rbuf = m->slot_acts[(size_t)pre_slot * m->cfg.n_layers].x; rpeer = q - 1;
             } else if (nx && nx->op != US_PP_F && !m->pp_last) {
                 rbuf = m->slot_a[slot_of[nx->mb]][US__A_DRES]; rpeer = q + 1;
             }
-            if (rbuf) { r = us__comm_fail(m, c->sendrecv(c, g, sbuf, n, speer, rbuf, n, rpeer, m->dt, NULL), "pipeline exchange"); received = 1; }
+            if (rbuf) { r = us__comm_fail(m, c->sendrecv(c, g, sbuf, n, speer, rbuf, n, rpeer, m->dt, NULL), "pipeline exchange"); pre = j; }
             else r = us__comm_fail(m, c->send(c, g, sbuf, n, m->dt, speer, NULL), "pipeline send");
         }
     }
     m->grad_sync = 0;
+    m->pp_wall_s = 1e-6 * (us_trace_now_us() - t_begin);
     us__slot(m, 0);
     US_FREE(slot_of);
     return r;
@@ -3669,7 +3763,7 @@ US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t
     const us_train_config *tc = &m->tc;
     int Tl = tc->seq / tc->cp;   /* under context parallelism, this rank's share of each sequence */
     int64_t per = (int64_t)tc->batch * Tl, total = per * tc->grad_accum, valid = 0, i;
-    double loss = 0;
+    double loss = 0, bubble = 0;
     float gn = 0, lr = 0;
     int k;
     us_result r;
@@ -3694,9 +3788,14 @@ US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t
     if ((r = us_optimizer_step(m, &gn, &lr)) != US_OK) return r;
     if ((r = us__group_sum(m, &m->mesh.pp_g, &loss, 1)) != US_OK) return r;   /* the last stage computed it */
     if ((r = us__dp_sum(m, &loss, 1)) != US_OK) return r;
+    if (tc->pp > 1) {   /* the measured bubble: each rank's idle share of the schedule's time, averaged */
+        bubble = m->pp_wall_s > 0 ? 1.0 - m->pp_busy_s / m->pp_wall_s : 0;
+        if ((r = us__group_sum(m, &m->comm->world, &bubble, 1)) != US_OK) return r;
+        bubble /= m->comm->world.size;
+    }
     if (st) {
         st->step = m->step; st->loss = (float)(loss / (double)valid); st->lr = lr; st->grad_norm = gn;
-        st->tokens = total * m->mesh.dp * m->mesh.cp; st->valid = valid;
+        st->tokens = total * m->mesh.dp * m->mesh.cp; st->valid = valid; st->pp_bubble = (float)bubble;
     }
     return US_OK;
 }
@@ -4369,7 +4468,9 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
         r = us_pp_simulate(&ps, 1, 2, 0, &sim, err, errlen);
         us_pp_schedule_free(&ps);
         if (r != US_OK) return r;
-        out->activations = ((size_t)L * per_layer + shared + head + bwd) * (size_t)sim.peak_act[0];
+        if (tc.pp_schedule == US_PP_ZB1)   /* B/W apart: each layer keeps its output gradients for W, and one spare slot */
+            out->activations = ((size_t)L * (per_layer + 2 * xf + qkv + gu) + shared + head + bwd) * (size_t)(sim.peak_act[0] + 1);
+        else out->activations = ((size_t)L * per_layer + shared + head + bwd) * (size_t)sim.peak_act[0];
     } else out->activations = (size_t)L * per_layer + shared + head + bwd;
     out->total = out->params + out->master + out->grads + out->optimizer + out->activations;
     return US_OK;

@@ -68,9 +68,10 @@ static void usage(FILE *f) {
         "  --sp              sequence parallelism: norms and the residual stream split over tp by tokens\n"
         "  --cp N            context-parallel ranks (default 1): every sequence split over N ranks\n"
         "  --cp-mode M       ring (contiguous chunks) | zigzag (balanced chunks, default) | allgather\n"
-        "  --pp N            pipeline stages (default 1): layers split over N ranks; --grad-accum sets\n"
-        "                    the micro-batches the schedule runs per step\n"
-        "  --pp-schedule S   afab | 1f1b (default; build/schedule draws interleaved and zb1 too)\n"
+        "  --pp N            pipeline stages (default 1): layers split over N ranks\n"
+        "  --micro-batches M the micro-batches a pipeline schedule runs per step (= --grad-accum)\n"
+        "  --pp-schedule S   afab | 1f1b (default) | zb1 (zero bubble: B and W apart); build/schedule\n"
+        "                    draws the interleaved ones too. The log gains pp_bubble (measured idle share)\n"
         "  --bucket-mb X     gradient bucket size in MiB (default 25)\n"
         "  --nproc N         CUDA: start N processes on this node, one per GPU (sets --dp N)\n"
         "  --comm-timeout S  a collective that cannot finish in S seconds fails the run (default 300)\n"
@@ -348,12 +349,14 @@ static us_result run_rank(us_comm *comm, void *arg) {
         if (loud) {
             printf("step %5d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% | mem %.2f MiB",
                    st.step, st.loss, st.lr, st.grad_norm, tok_s, 100 * mfu, (double)m.ops.bytes_peak / 1048576.0);
+            if (tc.pp > 1) printf(" | bubble %.1f%%", 100 * st.pp_bubble);
             if (eval_loss >= 0) printf(" | eval loss %.4f acc %.3f", eval_loss, eval_acc);
             printf("\n");
         }
         if (logf) {
             fprintf(logf, "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"tok_s\": %.1f, \"mfu\": %.6f, \"mem_bytes\": %zu, \"time_s\": %.3f",
                     st.step, st.loss, st.lr, st.grad_norm, tok_s, mfu, m.ops.bytes_peak, now_s() - t_start);
+            if (tc.pp > 1) fprintf(logf, ", \"pp_bubble\": %.4f", st.pp_bubble);
             if (eval_loss >= 0) fprintf(logf, ", \"eval_loss\": %.6f, \"eval_acc\": %.6f", eval_loss, eval_acc);
             fprintf(logf, "}\n");
             fflush(logf);
@@ -490,7 +493,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--rope-theta")) ok = parse_float(v, 1e-3f, 1e12f, &mc.rope_theta);
         else if (!strcmp(f, "--seq")) ok = parse_int(v, 1, 1 << 24, &tc.seq);
         else if (!strcmp(f, "--batch")) ok = parse_int(v, 1, 1 << 24, &tc.batch);
-        else if (!strcmp(f, "--grad-accum")) ok = parse_int(v, 1, 1 << 20, &tc.grad_accum);
+        else if (!strcmp(f, "--grad-accum") || !strcmp(f, "--micro-batches")) ok = parse_int(v, 1, 1 << 20, &tc.grad_accum);
         else if (!strcmp(f, "--steps")) ok = parse_int(v, 1, 1 << 30, &tc.steps);
         else if (!strcmp(f, "--lr")) ok = parse_float(v, 1e-12f, 1e3f, &tc.lr);
         else if (!strcmp(f, "--warmup")) ok = parse_int(v, 0, 1 << 30, &tc.warmup);
@@ -507,8 +510,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--pp-schedule")) {
             if (!strcmp(v, "afab")) tc.pp_schedule = US_PP_AFAB;
             else if (!strcmp(v, "1f1b")) tc.pp_schedule = US_PP_1F1B;
-            else if (!strcmp(v, "interleaved") || !strcmp(v, "zb1") || !strcmp(v, "zbv") || !strcmp(v, "dualpipev")) {
-                fprintf(stderr, "train: --pp-schedule %s is drawn by build/schedule but the executor runs afab and 1f1b so far\n", v);
+            else if (!strcmp(v, "zb1")) tc.pp_schedule = US_PP_ZB1;
+            else if (!strcmp(v, "interleaved") || !strcmp(v, "zbv") || !strcmp(v, "dualpipev")) {
+                fprintf(stderr, "train: --pp-schedule %s is drawn by build/schedule but the executor runs afab, 1f1b and zb1 so far\n", v);
                 return 2;
             } else return bad("--pp-schedule must be afab, 1f1b, interleaved, zb1, zbv or dualpipev, got", v);
         }

@@ -32,6 +32,8 @@ typedef struct run {
     int64_t eval_correct;
     float logits[8][B * 64];  /* per pp rank: the last-position logits every stage receives */
     int peak[8];              /* per pp rank: activations held at once */
+    size_t act_bytes, act_est; /* stage 0's activation arena, and the estimator's figure for it */
+    float bubble;             /* the last step's measured pipeline bubble */
 } run;
 
 static us_result rank_fn(us_comm *c, void *arg) {
@@ -53,7 +55,7 @@ static us_result rank_fn(us_comm *c, void *arg) {
         }
         r = us_train_step(&m, in, tgt, &st);
         if (r != US_OK) { printf("  rank %d step %d: %s\n", rank, s, m.err); break; }
-        if (rank == 0) { R->loss[s] = st.loss; R->gnorm[s] = st.grad_norm; }
+        if (rank == 0) { R->loss[s] = st.loss; R->gnorm[s] = st.grad_norm; R->bubble = st.pp_bubble; }
     }
     if (r == US_OK && R->w && m.mesh.dp_rank == 0 && m.tc.tp == 1) {   /* each stage writes its tensors */
         int i, l;
@@ -80,6 +82,11 @@ static us_result rank_fn(us_comm *c, void *arg) {
         }
     }
     if (m.tc.pp > 1 && m.mesh.dp_rank == 0 && m.mesh.tp_rank == 0) R->peak[m.mesh.pp_rank] = m.pp_peak;
+    if (rank == 0) {   /* the estimator describes the first stage */
+        us_memory est;
+        R->act_bytes = m.mem.activations;
+        R->act_est = us_memory_estimate(&R->mc, &tc, &est, NULL, 0) == US_OK ? est.activations : 0;
+    }
     if (r == US_OK) {   /* evaluation through the stages: this dp rank's sequences of the first micro-batch */
         double ls = 0;
         int64_t cor = 0;
@@ -108,7 +115,9 @@ static void setup(run *R, int dp, int pp, int tp, int sched, int M, int zero) {
 int main(int argc, char **argv) {
     static const int cfg[][6] = {   /* dp, pp, tp, schedule, m, zero */
         {1, 2, 1, US_PP_1F1B, 1, 0}, {1, 2, 1, US_PP_1F1B, 4, 0}, {1, 2, 1, US_PP_AFAB, 4, 0}, {1, 4, 1, US_PP_1F1B, 2, 0},
-        {1, 4, 1, US_PP_1F1B, 8, 0}, {1, 4, 1, US_PP_AFAB, 8, 0}, {2, 2, 1, US_PP_1F1B, 4, 1}, {1, 2, 2, US_PP_1F1B, 4, 0}};
+        {1, 4, 1, US_PP_1F1B, 8, 0}, {1, 4, 1, US_PP_AFAB, 8, 0}, {2, 2, 1, US_PP_1F1B, 4, 1}, {1, 2, 2, US_PP_1F1B, 4, 0},
+        /* zero bubble: B and W apart (weight gradients deferred), alone and with dp (ZeRO-1), tp */
+        {1, 2, 1, US_PP_ZB1, 4, 0}, {1, 4, 1, US_PP_ZB1, 8, 0}, {1, 4, 1, US_PP_ZB1, 3, 0}, {2, 2, 1, US_PP_ZB1, 4, 1}, {1, 2, 2, US_PP_ZB1, 4, 0}};
     int ci, s;
     double worst_l = 0, worst_w = 0;
     us_test_verbose = argc > 1 && !strcmp(argv[1], "-v");
@@ -169,6 +178,9 @@ int main(int argc, char **argv) {
             CHECK(R.peak[q] == want, "%s pp %d m %d: stage %d held %d micro-batches' activations at once (want %d)",
                   us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, M, q, R.peak[q], want);
         }
+        CHECK(R.act_bytes == R.act_est && R.act_bytes > 0, "%s pp %d m %d: stage 0's activation arena %zu B = the estimator's %zu B",
+              us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, M, R.act_bytes, R.act_est);
+        CHECK(R.bubble >= 0 && R.bubble < 1, "%s pp %d m %d: the measured bubble %.3f is a fraction", us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, M, R.bubble);
         free(R.w); free(ref.w); free(ref.in); free(ref.tgt);
     }
     printf("  observed: losses and gradient norms within %.2e relative, weights within %.2e absolute of one rank\n", worst_l, worst_w);
@@ -181,6 +193,12 @@ int main(int argc, char **argv) {
         CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID && strstr(err, "untie"), "pp with tied embeddings: %s", err);
         mc.tie_embeddings = 0; tc.zero = 3;
         CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID && strstr(err, "ZeRO-3"), "pp with ZeRO-3: %s", err);
+        tc.zero = 2; tc.pp_schedule = US_PP_ZB1;
+        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID && strstr(err, "zero 0 or 1"), "zb1 with ZeRO-2: %s", err);
+        tc.zero = 1; tc.recompute = US_RECOMPUTE_SELECTIVE;
+        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID && strstr(err, "recompute"), "zb1 with recompute: %s", err);
+        tc.recompute = US_RECOMPUTE_NONE;
+        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_OK, "zb1 with ZeRO-1 and no recompute is accepted");
     }
     return us_test_done("test_pp");
 }
