@@ -70,7 +70,7 @@ done; fi
 #     steady state has both neighbours sending at once, so this is where a deadlock would show.
 if run pp; then for p in fp32 bf16; do
     $T $M --batch 4 --grad-accum 4 --precision $p --log "$OUT/pp_ref_$p.jsonl" > "$OUT/pp_ref_$p.txt" 2>&1
-    for x in 1f1b afab; do
+    for x in 1f1b afab zb1; do
         $T $M --batch 4 --grad-accum 4 --nproc 2 --pp 2 --pp-schedule $x --precision $p --log "$OUT/pp2_${x}_$p.jsonl" > "$OUT/pp2_${x}_$p.txt" 2>&1
         say "shakespeare $p pp2 $x vs 1 GPU: $(compare "$OUT/pp_ref_$p.jsonl" "$OUT/pp2_${x}_$p.jsonl") $(grep -m1 'train:' "$OUT/pp2_${x}_$p.txt" | head -c 200)"
     done
