@@ -200,7 +200,8 @@ typedef struct us_train_config {
     /* pipeline parallelism (// >>pp): layers split over pp ranks, grad_accum micro-batches per
        step run by a schedule; every stage receives the step's inputs and targets */
     int      pp;           /* default 1 */
-    int      pp_schedule;  /* a us_pp_kind the executor runs: afab, 1f1b (default) or zb1 */
+    int      pp_schedule;  /* a us_pp_kind the executor runs: afab, 1f1b (default), interleaved(-bf) or zb1 */
+    int      pp_chunks;    /* model chunks per pp rank: interleaved default 2, others 1 */
 } us_train_config;
 
 US_API void      us_model_config_defaults(us_model_config *c);
@@ -474,7 +475,15 @@ typedef struct us_model {
     int64_t  ffn_l, vocab_l;  /* FFN columns, vocabulary rows */
     int64_t  vocab_off;       /* first vocabulary row of this rank */
     /* pipeline parallelism: this rank's stage (cfg.n_layers is then the stage's layer count) */
-    int      pp_first, pp_last, layer0, n_layers_global;
+    int      pp_first, pp_last, layer0, n_layers_global;   /* holds the embedding; the head; first local layer's index */
+    int      pp_v;            /* model chunks on this rank (interleaved schedules: tc.pp_chunks; else 1) */
+    int      *layer_g;        /* [cfg.n_layers] each local layer's index in the whole model (chunk-major) */
+    int      chunk_lo[16], chunk_hi[16];   /* each chunk's local layers [lo, hi) */
+    int      l_lo, l_hi, c_first, c_last;  /* what a forward/backward runs now: layers [l_lo, l_hi);
+                                              it embeds the tokens; it ends with the head and loss */
+    int      pp_head_rank;    /* the pp rank that holds the last stage (the head) */
+    struct us__pp_msg *pp_msgs; int pp_nmsg;   /* this rank's messages, in the order it exchanges them */
+    double   *pp_start;       /* [actions of this rank] each action's start on the schedule's clock */
     int      slots;           /* micro-batches whose activations the schedule holds at once (1 without pp) */
     us_layer_acts *slot_acts; /* [slots][L] */
     void   *(*slot_a)[32];    /* [slots] each slot's named scratch */
@@ -839,6 +848,7 @@ US_API void us_train_config_defaults(us_train_config *c) {
     if (!c->cp) c->cp = 1;
     if (!c->pp) c->pp = 1;
     if (!c->pp_schedule) c->pp_schedule = 2; /* US_PP_1F1B (declared below) */
+    if (!c->pp_chunks) c->pp_chunks = c->pp_schedule == 3 || c->pp_schedule == 4 ? 2 : 1;   /* interleaved(-bf): 2 */
     if (c->cp_mode == US_CP_DEFAULT) c->cp_mode = US_CP_ZIGZAG;
     if (c->bucket_mb == 0) c->bucket_mb = 25.0f;
 }
@@ -896,12 +906,20 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
     if (tc->pp > 1 && mc->tie_embeddings) US__BAD("tied embeddings live on the first and last pipeline stages: untie them for pp > 1");
     if (tc->pp > 1 && tc->zero == 3) US__BAD("ZeRO-3 with pipeline parallelism is not supported (each stage would gather its weights every micro-batch); use zero 1 or 2");
     if (tc->pp > 1 && tc->cp > 1) US__BAD("pipeline with context parallelism is not supported yet");
-    if (tc->pp_schedule != US_PP_AFAB && tc->pp_schedule != US_PP_1F1B && tc->pp_schedule != US_PP_ZB1)
-        US__BAD("the pipeline executor runs the afab, 1f1b and zb1 schedules (got schedule %d)", tc->pp_schedule);
+    if (tc->pp_schedule < US_PP_AFAB || tc->pp_schedule > US_PP_ZB1)
+        US__BAD("the pipeline executor runs the afab, 1f1b, interleaved, interleaved-bf and zb1 schedules (got schedule %d)", tc->pp_schedule);
+    if (tc->pp_chunks < 1 || tc->pp_chunks > 16) US__BAD("pp_chunks=%d must be in 1..16", tc->pp_chunks);
+    if ((tc->pp_schedule == US_PP_INTERLEAVED || tc->pp_schedule == US_PP_INTERLEAVED_BF) && tc->pp_chunks < 2)
+        US__BAD("the interleaved schedules need at least 2 model chunks per rank (pp_chunks=%d)", tc->pp_chunks);
+    if (tc->pp_schedule != US_PP_INTERLEAVED && tc->pp_schedule != US_PP_INTERLEAVED_BF && tc->pp_chunks != 1)
+        US__BAD("pp_chunks=%d applies to the interleaved schedules only (%s runs one chunk per rank)", tc->pp_chunks, us_pp_kind_name((us_pp_kind)tc->pp_schedule));
+    if (tc->pp > 1 && tc->pp * tc->pp_chunks > mc->n_layers)
+        US__BAD("pp=%d x %d chunks = %d pipeline stages exceed layers=%d: every stage needs a layer", tc->pp, tc->pp_chunks, tc->pp * tc->pp_chunks, mc->n_layers);
     if (tc->pp > 1 && tc->pp_schedule == US_PP_ZB1 && tc->recompute != US_RECOMPUTE_NONE)
         US__BAD("zb1 keeps every layer's activations from B until W: it does not combine with recompute (use --recompute none)");
-    if (tc->pp > 1 && tc->pp_schedule == US_PP_ZB1 && tc->zero >= 2)
-        US__BAD("ZeRO-2 reduces each micro-batch's gradients as its backward ends, and zb1 defers weight gradients across micro-batches: use zero 0 or 1");
+    if (tc->pp > 1 && (tc->pp_schedule == US_PP_ZB1 || tc->pp_schedule == US_PP_INTERLEAVED || tc->pp_schedule == US_PP_INTERLEAVED_BF) && tc->zero >= 2)
+        US__BAD("ZeRO-2 reduces each micro-batch's gradients as its backward ends, and %s completes a weight's gradient across several actions: use zero 0 or 1",
+                us_pp_kind_name((us_pp_kind)tc->pp_schedule));
     if (tc->cp_mode < US_CP_RING || tc->cp_mode > US_CP_ALLGATHER) US__BAD("unknown cp mode %d", (int)tc->cp_mode);
     if (tc->cp > 1 && tc->seq % (tc->cp_mode == US_CP_RING ? tc->cp : 2 * tc->cp))
         US__BAD("seq=%d must split into %d equal chunks for cp=%d (%s)", tc->seq, tc->cp_mode == US_CP_RING ? tc->cp : 2 * tc->cp, tc->cp,
@@ -2359,7 +2377,7 @@ static void us__build_params(us_model *m) {
     us__add_param(m, "model.embed_tokens.weight", m->pp_first ? m->vocab_l : 0, C, &off);
     m->params[0].tp_split = tp > 1;
     for (l = 0; l < c->n_layers; l++) {
-#define US__LP(suffix, r, cc, split) (snprintf(nm, sizeof nm, "model.layers.%d.%s", m->layer0 + l, suffix), us__add_param(m, nm, r, cc, &off), \
+#define US__LP(suffix, r, cc, split) (snprintf(nm, sizeof nm, "model.layers.%d.%s", m->layer_g[l], suffix), us__add_param(m, nm, r, cc, &off), \
                                       m->params[m->n_params_t - 1].tp_split = tp > 1 ? split : 0)
         US__LP("input_layernorm.weight", C, 0, 0);
         US__LP("self_attn.q_proj.weight", (int64_t)m->nh_l * HS, C, 1);
@@ -2615,7 +2633,7 @@ static void us__init_weights(us_model *m) {
             int k = (i - 1) % US__P_PER_LAYER;
             int in_layer = i >= 1 && i < US__P_NORM(L);
             /* the tensor's index in the whole model (a pipeline stage holds a slice of the layers) */
-            int gi = in_layer ? i + m->layer0 * US__P_PER_LAYER : i == 0 ? 0 : i - US__P_NORM(L) + US__P_NORM(LG);
+            int gi = in_layer ? 1 + m->layer_g[(i - 1) / US__P_PER_LAYER] * US__P_PER_LAYER + k : i == 0 ? 0 : i - US__P_NORM(L) + US__P_NORM(LG);
             float std = in_layer && (k == US__P_O || k == US__P_DOWN) ? proj_std : m->cfg.init_std;
             us_rng r;
             us_rng_seed(&r, m->tc.seed * 0x100000001B3ull + (uint64_t)gi * 0x9E3779B97F4A7C15ull);
@@ -2643,6 +2661,7 @@ static void us__init_weights(us_model *m) {
 
 static int us__cp_pos(const us_train_config *tc, int r, int t);   /* // >>cp */
 static us_result us__pp_connect(us_model *m);
+static us_result us__pp_plan(us_model *m);
 static us_result us__model_init(us_model *m, const us_model_config *mc, const us_train_config *tc, const us_ops *ops, us_comm *comm) {
     us_result r;
     us__dist_sizes z;
@@ -2664,12 +2683,24 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
         return US_ERR_INVALID;
     }
     if ((r = us_mesh_init(&m->mesh, comm, m->tc.dp, m->tc.pp, m->tc.cp, m->tc.tp)) != US_OK) { us__model_set_error(m, "device mesh: %s", comm->err); return r; }
-    {   /* pipeline stage: layers split as evenly as possible, the first stages taking the remainder */
-        int P = m->tc.pp, q = m->mesh.pp_rank, LG = m->cfg.n_layers, base = LG / P, extra = LG % P;
+    {   /* pipeline stages: the layers split as evenly as possible over pp·v stages, the first
+           stages taking the remainder; this rank runs v of them (chunk c is stage c·pp + q) */
+        int P = m->tc.pp, q = m->mesh.pp_rank, LG = m->cfg.n_layers, v = P > 1 ? m->tc.pp_chunks : 1, S = P * v;
+        int base = LG / S, extra = LG % S, c, l, n = 0;
         m->n_layers_global = LG;
-        m->layer0 = q * base + (q < extra ? q : extra);
-        m->cfg.n_layers = base + (q < extra);
-        m->pp_first = q == 0; m->pp_last = q == P - 1;
+        m->pp_v = v;
+        m->layer_g = (int *)US_MALLOC(sizeof(int) * (size_t)LG);
+        if (!m->layer_g) { us__model_set_error(m, "out of host memory for the model tables"); us_mesh_free(&m->mesh, comm); return US_ERR_OOM; }
+        for (c = 0; c < v; c++) {
+            int st = c * P + q, g0 = st * base + (st < extra ? st : extra), nl = base + (st < extra);
+            m->chunk_lo[c] = n;
+            for (l = 0; l < nl; l++) m->layer_g[n++] = g0 + l;
+            m->chunk_hi[c] = n;
+        }
+        m->layer0 = m->layer_g[0];
+        m->cfg.n_layers = n;
+        m->pp_first = q == 0; m->pp_last = q == P - 1; m->pp_head_rank = P - 1;
+        m->l_lo = 0; m->l_hi = n; m->c_first = m->pp_first; m->c_last = m->pp_last;
     }
     m->params = (us_param *)US_MALLOC(sizeof(us_param) * (size_t)(3 + m->cfg.n_layers * US__P_PER_LAYER));
     m->unit_of = (int *)US_MALLOC(sizeof(int) * (size_t)(3 + m->cfg.n_layers * US__P_PER_LAYER));
@@ -2716,15 +2747,13 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
         us_pp_sim sim;
         char e2[200];
         m->pp_sched = (us_pp_schedule *)calloc(1, sizeof(us_pp_schedule));
-        if (!m->pp_sched || us_pp_schedule_build(m->pp_sched, (us_pp_kind)m->tc.pp_schedule, m->tc.pp, m->tc.grad_accum, 1, e2, sizeof e2) != US_OK ||
+        if (!m->pp_sched || us_pp_schedule_build(m->pp_sched, (us_pp_kind)m->tc.pp_schedule, m->tc.pp, m->tc.grad_accum, m->pp_v, e2, sizeof e2) != US_OK ||
             us_pp_simulate(m->pp_sched, 1, 2, 0, &sim, e2, sizeof e2) != US_OK) {
             us_model_free(m); us__model_set_error(m, "pipeline schedule: %s", e2); return US_ERR_INVALID;
         }
         m->slots = sim.peak_act[m->mesh.pp_rank];
         for (i = 0; i < m->pp_sched->n[m->mesh.pp_rank]; i++) if (m->pp_sched->a[m->mesh.pp_rank][i].op == US_PP_W) m->pp_wsplit = 1;
-        /* B/W apart: a forward's input may arrive while every slot still waits for its W, so one
-           more slot to receive into */
-        m->slots += m->pp_wsplit;
+        if ((r = us__pp_plan(m)) != US_OK) { char e3[256]; snprintf(e3, sizeof e3, "%s", m->err); us_model_free(m); us__model_set_error(m, "%s", e3); return r; }
     }
     m->slot_acts = (us_layer_acts *)US_MALLOC(sizeof(us_layer_acts) * (size_t)(m->slots * m->cfg.n_layers));
     m->slot_a = (void *(*)[32])US_MALLOC(sizeof(void *[32]) * (size_t)m->slots);
@@ -2788,9 +2817,10 @@ US_API void us_model_free(us_model *m) {
     US_FREE(m->slot_acts);   /* acts points into it */
     US_FREE(m->slot_a);
     if (m->pp_sched) { us_pp_schedule_free(m->pp_sched); free(m->pp_sched); }
-    m->slot_acts = NULL; m->slot_a = NULL; m->pp_sched = NULL;
-    US_FREE(m->params); US_FREE(m->units); US_FREE(m->unit_of);
-    m->params = NULL; m->acts = NULL; m->units = NULL; m->unit_of = NULL; m->w = NULL;
+    US_FREE(m->pp_msgs); US_FREE(m->pp_start);
+    m->slot_acts = NULL; m->slot_a = NULL; m->pp_sched = NULL; m->pp_msgs = NULL; m->pp_start = NULL;
+    US_FREE(m->params); US_FREE(m->units); US_FREE(m->unit_of); US_FREE(m->layer_g);
+    m->params = NULL; m->acts = NULL; m->units = NULL; m->unit_of = NULL; m->w = NULL; m->layer_g = NULL;
     m->master = m->grad = m->adam_m = m->adam_v = NULL;
     m->state = NULL; m->arena = NULL; m->comm = NULL;
 }
@@ -3294,7 +3324,7 @@ static us_result us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int rec
     us_result r = US_OK;
     int mode = m->tc.recompute, sp = us__sp(m);
     int do_gemm = !recompute || mode == US_RECOMPUTE_FULL, do_cheap = !recompute || mode != US_RECOMPUTE_NONE;
-    void *xnext = l + 1 < c->n_layers ? m->acts[l + 1].x : m->a[US__A_XOUT], *G = m->a[US__A_SPG];
+    void *xnext = l + 1 < m->l_hi ? m->acts[l + 1].x : m->a[US__A_XOUT], *G = m->a[US__A_SPG];   /* a chunk's last layer: XOUT */
     us__rows(m, N, &Np, &Ns);   /* GEMMs run on Np rows; norms and the residual on Ns (both N without SP) */
     if (do_cheap) o->rmsnorm_fwd(o, A->ln1, A->rstd1, A->x, us__W(m, US__PL(l, US__P_LN1)), Ns, C, c->norm_eps, dt);
     if (do_gemm) {
@@ -3482,7 +3512,8 @@ static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *
     /* ZeRO-3 walks the model in steps: enter each one (its weights gathered, the next step's
        gather issued) before computing it */
     if ((r = us__z3_enter(m, 0, 1)) != US_OK) return r;
-    if (!m->pp_first) {}   /* a later pipeline stage: acts[0].x holds the activation received (// >>pp) */
+    /* a pipeline chunk runs layers [l_lo, l_hi): a later stage's acts[l_lo].x holds the activation received (// >>pp) */
+    if (!m->c_first) {}
     else if (sp) {   /* each token's row comes from the rank holding it, and goes to the rank holding the token */
         o->embedding_fwd(o, m->a[US__A_SPG], (const int32_t *)m->a[US__A_TOK], us__W(m, 0), Np, C, m->dt);
         if ((r = us__sp_scatter(m, m->acts[0].x, m->a[US__A_SPG], Ns)) != US_OK) return r;
@@ -3490,14 +3521,14 @@ static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *
         o->embedding_fwd(o, m->acts[0].x, (const int32_t *)m->a[US__A_TOK], us__W(m, 0), N, C, m->dt);
         if ((r = us__tp_sum(m, m->acts[0].x, N * C, m->dt)) != US_OK) return r;   /* one rank holds each token's row */
     }
-    for (l = 0; l < c->n_layers; l++) {
+    for (l = m->l_lo; l < m->l_hi; l++) {
         double t0 = us_trace_now_us();
         char nm[40];
         if ((r = us__z3_enter(m, 1 + l, 1)) != US_OK) return r;
         if ((r = us__layer_fwd(m, l, B, T, 0)) != US_OK) return r;
         if (m->trace) { snprintf(nm, sizeof nm, "forward layer %d", l); us__trace(m, "compute", nm, t0); }
     }
-    if (!m->pp_last) { *loss_sum = 0; return us__backend_check(m); }   /* XOUT goes to the next stage */
+    if (!m->c_last) { *loss_sum = 0; return us__backend_check(m); }   /* XOUT goes to the next stage */
     if ((r = us__z3_enter(m, c->n_layers + 1, 1)) != US_OK) return r;
     {   /* the final norm on this rank's rows, then (SP) the whole sequence for the head */
         void *xf_mine = us__at(m->a[US__A_XF], m->dt, sp ? (int64_t)m->mesh.tp_rank * Ns * C : 0);
@@ -3529,8 +3560,8 @@ static us_result us__backward(us_model *m, int B, int T) {
     us__rows(m, N, &Np, &Ns);
     dlnp = us__at(m->a[US__A_DLN], m->dt, sp ? (int64_t)m->mesh.tp_rank * Ns * C : 0);
     us__grads_begin(m);
-    if (!m->pp_first && (r = us__grads_ready(m, 0, 1)) != US_OK) return r;   /* absent on this stage: done */
-    if (!m->pp_last) {   /* a pipeline stage before the last: DRES holds the gradient received */
+    if (!m->c_first && (r = us__grads_ready(m, 0, 1)) != US_OK) return r;   /* absent on this stage: done */
+    if (!m->c_last) {   /* a pipeline stage before the last: DRES holds the gradient received */
         if ((r = us__grads_ready(m, US__P_NORM(L), m->n_params_t)) != US_OK) return r;
         goto layers;
     }
@@ -3546,7 +3577,7 @@ static us_result us__backward(us_model *m, int B, int T) {
     if ((r = us__grads_ready(m, US__P_NORM(L), US__P_NORM(L) + 1)) != US_OK) return r;
     us__trace(m, "compute", "backward head", t0);
 layers:
-    for (l = L - 1; l >= 0; l--) {
+    for (l = m->l_hi - 1; l >= m->l_lo; l--) {
         char nm[40];
         t0 = us_trace_now_us();
         if ((r = us__z3_enter(m, 1 + l, -1)) != US_OK) return r;
@@ -3555,12 +3586,12 @@ layers:
         if (m->trace) { snprintf(nm, sizeof nm, "backward layer %d", l); us__trace(m, "compute", nm, t0); }
     }
     if ((r = us__z3_enter(m, 0, -1)) != US_OK) return r;
-    if (!m->pp_first) {}   /* DRES is the gradient of this stage's input: the executor sends it back */
+    if (!m->c_first) {}   /* DRES is the gradient of this stage's input: the executor sends it back */
     else if (sp) {   /* every rank needs every token's gradient: its vocabulary rows may be anywhere */
         if ((r = us__sp_gather(m, m->a[US__A_SPG], m->a[US__A_DRES], Ns)) != US_OK) return r;
         o->embedding_bwd(o, us__G(m, 0), m->a[US__A_SPG], (const int32_t *)m->a[US__A_TOK], Np, C, m->dt);
     } else o->embedding_bwd(o, us__G(m, 0), m->a[US__A_DRES], (const int32_t *)m->a[US__A_TOK], N, C, m->dt);
-    if (m->pp_first && (r = us__grads_ready(m, 0, 1)) != US_OK) return r;
+    if (m->c_first && (r = us__grads_ready(m, 0, 1)) != US_OK) return r;
     us__z3_release_all(m);
     return m->err[0] ? US_ERR_BACKEND : US_OK;   /* a slot's reduction may have failed inside us__G */
 }
@@ -3649,11 +3680,12 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
    their successor first, odd ones with their predecessor, so the pairs never wait in a ring. */
 static us_result us__pp_connect(us_model *m) {
     us_group *g = &m->mesh.pp_g;
-    int q = m->mesh.pp_rank, k;
+    int q = m->mesh.pp_rank, k, P = g->size, ring = m->pp_v > 1 && !m->pp_sched->vshape;   /* interleaved: the last stage of a chunk feeds rank 0 */
     for (k = 0; k < 2; k++) {
         int peer = (q % 2 == 0) == (k == 0) ? q + 1 : q - 1;
         us_result r;
-        if (peer < 0 || peer >= g->size) continue;
+        if (ring) peer = (peer + P) % P;
+        if (peer < 0 || peer >= P || peer == q || (k == 1 && P == 2 && ring)) continue;   /* pp 2: one pair */
         r = m->comm->sendrecv(m->comm, g, m->a[US__A_XOUT], 1, peer, m->acts[0].x, 1, peer, m->dt, NULL);
         if ((r = us__comm_fail(m, r, "pipeline connection")) != US_OK) return r;
     }
@@ -3671,60 +3703,199 @@ static void us__slot(us_model *m, int k) {
     m->acts = m->slot_acts + (size_t)k * m->cfg.n_layers;
     memcpy(m->a, m->slot_a[k], sizeof m->a);
 }
-static us_result us__pp_wpass(us_model *m, int B, int T) {   /* every layer's W, last layer first */
+/* The pp rank that runs stage st, and the chunk of rank q that is stage st (-1: none). */
+static int us__pp_rank_of(const us_pp_schedule *s, int st) {
+    if (s->vshape) return st < s->pp ? st : 2 * s->pp - 1 - st;
+    return st % s->pp;
+}
+static int us__pp_chunk_of(const us_pp_schedule *s, int q, int st) {
+    int c;
+    for (c = 0; c < s->v; c++) if (us_pp_stage(s, q, c) == st) return c;
+    return -1;
+}
+/* Points the forward and backward at one chunk (no argument: the whole rank, one chunk). */
+static void us__pp_use_chunk(us_model *m, int chunk) {
+    const us_pp_schedule *s = m->pp_sched;
+    int st = us_pp_stage(s, m->mesh.pp_rank, chunk);
+    m->l_lo = m->chunk_lo[chunk]; m->l_hi = m->chunk_hi[chunk];
+    m->c_first = st == 0; m->c_last = st == s->pp * s->v - 1;
+}
+static void us__pp_use_all(us_model *m) {
+    m->l_lo = 0; m->l_hi = m->cfg.n_layers; m->c_first = m->pp_first; m->c_last = m->pp_last;
+}
+static us_result us__pp_wpass(us_model *m, int B, int T) {   /* the chunk's W, last layer first */
     int l;
     us_result r;
-    for (l = m->cfg.n_layers - 1; l >= 0; l--) if ((r = us__layer_w(m, l, B, T)) != US_OK) return r;
+    for (l = m->l_hi - 1; l >= m->l_lo; l--) if ((r = us__layer_w(m, l, B, T)) != US_OK) return r;
     return us__backend_check(m);
 }
+/* When messages travel (// >>pp). Sends complete only when received (NCCL's, and the threads
+   backend's under rendezvous), so two ranks that each send before receiving wait for each other
+   forever, and a rank that receives too early can block its neighbour's progress. The executor
+   therefore exchanges every message at one agreed time on the schedule's own clock — the
+   checker's unit-cost play (tF = tB = tW = 1), which every rank computes alike:
+     an activation  at its consumer's start (the receiver takes a slot only then: no more
+                    activations held than the schedule says; the sender still holds it, since
+                    its backward comes after the consumer's);
+     a gradient     at its producer's end (the receiver's slot exists: its forward ran earlier).
+   Before starting an action, a rank makes every exchange timed at or before that action's
+   start, in time order; messages of the same time go to the successor first on even ranks and
+   to the predecessor first on odd ones, and the two directions between a pair travel as one
+   sendrecv. By induction on the clock no rank ever waits for a message its peer cannot yet
+   send: whatever an exchange at time t carries was produced by an action that started before t. */
+static us_result us__pp_play(const us_pp_schedule *s, double tF, double tB, double tW, us_pp_sim *out, double *start, int nmax,
+                             char *err, size_t errlen);
+typedef struct us__pp_msg {
+    double t;      /* the agreed time */
+    int grad;      /* 0: an activation (forward output), 1: a gradient (backward output) */
+    int peer;      /* pp rank of the other end */
+    int send;      /* 1: this rank sends (act = the producing action), 0: receives (act = the consumer) */
+    int act;       /* index into this rank's list */
+    int order;     /* tie-break at equal times: successor before predecessor on even ranks */
+} us__pp_msg;
+static int us__pp_msg_cmp(const void *a, const void *b) {
+    const us__pp_msg *x = (const us__pp_msg *)a, *y = (const us__pp_msg *)b;
+    if (x->t != y->t) return x->t < y->t ? -1 : 1;
+    if (x->grad != y->grad) return x->grad - y->grad;
+    if (x->order != y->order) return x->order - y->order;
+    return x->send - y->send;
+}
+static us_result us__pp_plan(us_model *m) {
+    const us_pp_schedule *s = m->pp_sched;
+    int P = s->pp, S = P * s->v, M = s->m, q = m->mesh.pp_rank, nmax = 0, r, i, k, nm = 0;
+    double *start = NULL;
+    int *where = NULL;
+    us_pp_sim sim;
+    char e2[200];
+    us_result res = US_ERR_OOM;
+    for (r = 0; r < P; r++) if (s->n[r] > nmax) nmax = s->n[r];
+    start = (double *)US_MALLOC(sizeof(double) * (size_t)(P * nmax));
+    where = (int *)US_MALLOC(sizeof(int) * (size_t)(2 * S * M));           /* [F|B][stage][mb] → r·nmax + i */
+    m->pp_msgs = (us__pp_msg *)US_MALLOC(sizeof(us__pp_msg) * (size_t)(2 * s->n[q] + 1));
+    m->pp_start = (double *)US_MALLOC(sizeof(double) * (size_t)(s->n[q] + 1));
+    if (!start || !where || !m->pp_msgs || !m->pp_start) { us__model_set_error(m, "out of host memory"); goto done; }
+    if (us__pp_play(s, 1, 1, 1, &sim, start, nmax, e2, sizeof e2) != US_OK) { us__model_set_error(m, "pipeline schedule: %s", e2); res = US_ERR_INVALID; goto done; }
+    for (i = 0; i < 2 * S * M; i++) where[i] = -1;
+    for (r = 0; r < P; r++)
+        for (i = 0; i < s->n[r]; i++) {
+            const us_pp_action *x = &s->a[r][i];
+            if (x->op != US_PP_W) where[(x->op != US_PP_F) * S * M + us_pp_stage(s, r, x->chunk) * M + x->mb] = r * nmax + i;
+        }
+    for (k = 0; k < 2 * S * M; k++) {   /* every message that leaves or reaches this rank */
+        int grad = k >= S * M, st = k / M % S, mb = k % M, prod = where[k], cons, ra, rb;
+        us__pp_msg *x = &m->pp_msgs[nm];
+        if (prod < 0 || (!grad && st == S - 1) || (grad && st == 0)) continue;
+        cons = where[grad * S * M + (grad ? st - 1 : st + 1) * M + mb];
+        ra = prod / nmax; rb = cons / nmax;
+        if (ra == rb || (ra != q && rb != q)) continue;   /* handed over on one rank, or not ours */
+        x->grad = grad; x->send = ra == q; x->peer = x->send ? rb : ra; x->act = (x->send ? prod : cons) % nmax;
+        x->t = grad ? start[prod] + (s->a[ra][prod % nmax].op == US_PP_BW ? 2 : 1) : start[cons];
+        x->order = (x->peer == (q + 1) % P) == (q % 2 == 0) ? 0 : 1;
+        nm++;
+    }
+    qsort(m->pp_msgs, (size_t)nm, sizeof(us__pp_msg), us__pp_msg_cmp);
+    m->pp_nmsg = nm;
+    for (i = 0; i < s->n[q]; i++) m->pp_start[i] = start[q * nmax + i];
+    res = US_OK;
+done:
+    US_FREE(start); US_FREE(where);
+    return res;
+}
+/* Makes the exchanges timed at or before `until`, from *e on. Sends read the producer's slot; a
+   received activation takes a free slot (the consumer's), a received gradient lands in the
+   consumer's slot. */
+static us_result us__pp_exchange(us_model *m, int *e, double until, int *slot_of, int *free_slot, int *nfree, int64_t n) {
+    const us_pp_schedule *s = m->pp_sched;
+    int q = m->mesh.pp_rank, M = s->m;
+    us_comm *c = m->comm;
+    while (*e < m->pp_nmsg && m->pp_msgs[*e].t <= until) {
+        const us__pp_msg *x = &m->pp_msgs[*e], *snd = NULL, *rcv = NULL;
+        const void *sbuf = NULL;
+        void *rbuf = NULL;
+        us_result r;
+        int j;
+        for (j = *e; j < m->pp_nmsg && m->pp_msgs[j].t == x->t && m->pp_msgs[j].grad == x->grad && m->pp_msgs[j].peer == x->peer; j++) {
+            if (m->pp_msgs[j].send) snd = &m->pp_msgs[j]; else rcv = &m->pp_msgs[j];
+        }
+        *e = j;
+        if (snd) {
+            const us_pp_action *y = &s->a[q][snd->act];
+            sbuf = m->slot_a[slot_of[y->chunk * M + y->mb]][x->grad ? US__A_DRES : US__A_XOUT];
+        }
+        if (rcv) {
+            const us_pp_action *y = &s->a[q][rcv->act];
+            int key = y->chunk * M + y->mb;
+            if (!x->grad) {   /* the consumer forward's slot, taken now */
+                if (!*nfree) { us__model_set_error(m, "internal: no free pipeline slot to receive into"); return US_ERR_BACKEND; }
+                slot_of[key] = free_slot[--*nfree];
+                if (m->slots - *nfree > m->pp_peak) m->pp_peak = m->slots - *nfree;
+                rbuf = m->slot_acts[(size_t)slot_of[key] * m->cfg.n_layers + m->chunk_lo[y->chunk]].x;
+            } else rbuf = m->slot_a[slot_of[key]][US__A_DRES];
+        }
+        if (sbuf && rbuf) r = us__comm_fail(m, c->sendrecv(c, &m->mesh.pp_g, sbuf, n, x->peer, rbuf, n, x->peer, m->dt, NULL), "pipeline exchange");
+        else if (sbuf) r = us__comm_fail(m, c->send(c, &m->mesh.pp_g, sbuf, n, m->dt, x->peer, NULL), "pipeline send");
+        else r = us__comm_fail(m, c->recv(c, &m->mesh.pp_g, rbuf, n, m->dt, x->peer, NULL), "pipeline receive");
+        if (r != US_OK) return r;
+    }
+    return US_OK;
+}
+/* The pipeline executor (// >>pp): runs this rank's list of the schedule, one chunk of layers per
+   action, with the messages exchanged as us__pp_plan timed them. A forward takes an activation
+   slot (the one its input arrived in, if it came from another rank) and embeds the tokens or
+   copies its input from this rank's slot of the stage before; a backward starts from the loss,
+   or from the gradient that arrived, or hands its input's gradient to this rank's earlier stage.
+   A full backward (BW) frees the slot; under the zero-bubble schedules B does the input
+   gradients only and W, later, the weight gradients (us__layer_w), then frees it. The last
+   backward of the step launches the data-parallel reductions (no_sync before it); with several
+   chunks or B and W apart a tensor's gradient is complete only at the end, so the reductions
+   start before the optimizer step instead. */
 static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *targets, int64_t per, int T, float dscale, double *loss) {
     const us_pp_schedule *s = m->pp_sched;
-    us_comm *c = m->comm;
-    us_group *g = &m->mesh.pp_g;
-    int q = m->mesh.pp_rank, i, j, last_bw = -1, M = s->m, *slot_of, *free_slot, nfree = 0, B = m->tc.batch, pre = -1, pre_slot = -1;
+    int q = m->mesh.pp_rank, i, e = 0, last_bw = -1, M = s->m, *slot_of, *free_slot, nfree = 0, B = m->tc.batch;
     int64_t Np, Ns, C = m->cfg.dim, n;
+    size_t nb;
     double t_begin = us_trace_now_us();
     us_result r = US_OK;
     us__rows(m, (int64_t)B * T, &Np, &Ns);
     n = Ns * C;   /* the residual stream between stages: this rank's rows under SP */
-    slot_of = (int *)US_MALLOC(sizeof(int) * (size_t)(M + m->slots));
+    nb = (size_t)n * us_dtype_size(m->dt);
+    slot_of = (int *)US_MALLOC(sizeof(int) * (size_t)(M * s->v + m->slots));
     if (!slot_of) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
-    free_slot = slot_of + M;
+    free_slot = slot_of + M * s->v;
     for (i = 0; i < m->slots; i++) free_slot[nfree++] = m->slots - 1 - i;
-    if (!m->pp_wsplit) for (i = 0; i < s->n[q]; i++) if (s->a[q][i].op != US_PP_F) last_bw = i;
+    for (i = 0; i < M * s->v; i++) slot_of[i] = -1;
+    if (!m->pp_wsplit && s->v == 1) for (i = 0; i < s->n[q]; i++) if (s->a[q][i].op != US_PP_F) last_bw = i;
     m->pp_busy_s = 0;
-    /* An action's send goes out together with the receive of the next action that needs one
-       (W's receive nothing) as one sendrecv (Megatron's send_forward_recv_backward): in 1F1B's
-       steady state both neighbours send at once, and two blocking sends would wait for each
-       other forever. `pre` is the action whose input is already here; a forward received early
-       gets its slot then (`pre_slot`). */
     for (i = 0; i < s->n[q] && r == US_OK; i++) {
-        const us_pp_action *x = &s->a[q][i], *nx;
-        const void *sbuf = NULL;
-        int speer = -1, received = pre == i;
+        const us_pp_action *x = &s->a[q][i];
+        int st = us_pp_stage(s, q, x->chunk), key = x->chunk * M + x->mb;
         double t0;
+        if ((r = us__pp_exchange(m, &e, m->pp_start[i], slot_of, free_slot, &nfree, n)) != US_OK) break;
         if (x->op == US_PP_F) {
             double ls = 0;
-            if (received) slot_of[x->mb] = pre_slot;
-            else if (!nfree) { us__model_set_error(m, "internal: pipeline slots exhausted"); r = US_ERR_BACKEND; break; }
-            else slot_of[x->mb] = free_slot[--nfree];
-            if (m->slots - nfree > m->pp_peak) m->pp_peak = m->slots - nfree;
-            us__slot(m, slot_of[x->mb]);
-            if (!m->pp_first && !received && (r = us__comm_fail(m, c->recv(c, g, m->acts[0].x, n, m->dt, q - 1, NULL), "pipeline receive")) != US_OK) break;
+            if (slot_of[key] < 0) {   /* not received into one: the first stage, or handed over here */
+                if (!nfree) { us__model_set_error(m, "internal: pipeline slots exhausted"); r = US_ERR_BACKEND; break; }
+                slot_of[key] = free_slot[--nfree];
+                if (m->slots - nfree > m->pp_peak) m->pp_peak = m->slots - nfree;
+            }
+            us__slot(m, slot_of[key]);
+            us__pp_use_chunk(m, x->chunk);
+            if (st > 0 && us__pp_rank_of(s, st - 1) == q)   /* the stage before is this rank's: its output */
+                m->ops.copy(&m->ops, m->acts[m->l_lo].x, m->slot_a[slot_of[us__pp_chunk_of(s, q, st - 1) * M + x->mb]][US__A_XOUT], nb, US_COPY_D2D);
             t0 = us_trace_now_us();
             if ((r = us__forward(m, inputs + x->mb * per, targets + x->mb * per, B, T, dscale, &ls)) != US_OK) break;
             m->pp_busy_s += 1e-6 * (us_trace_now_us() - t0);
             *loss += ls;
-            if (!m->pp_last) { sbuf = m->a[US__A_XOUT]; speer = q + 1; }
         } else if (x->op == US_PP_W) {
-            us__slot(m, slot_of[x->mb]);
+            us__slot(m, slot_of[key]);
+            us__pp_use_chunk(m, x->chunk);
             t0 = us_trace_now_us();
             if ((r = us__pp_wpass(m, B, T)) != US_OK) break;
             m->pp_busy_s += 1e-6 * (us_trace_now_us() - t0);
-            free_slot[nfree++] = slot_of[x->mb];
+            free_slot[nfree++] = slot_of[key];
         } else {   /* B or BW */
-            us__slot(m, slot_of[x->mb]);
-            if (!m->pp_last && !received && (r = us__comm_fail(m, c->recv(c, g, m->a[US__A_DRES], n, m->dt, q + 1, NULL), "pipeline receive")) != US_OK) break;
+            us__slot(m, slot_of[key]);
+            us__pp_use_chunk(m, x->chunk);
             m->grad_sync = i == last_bw;
             m->pp_bonly = x->op == US_PP_B;
             t0 = us_trace_now_us();
@@ -3732,29 +3903,16 @@ static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *t
             m->pp_bonly = 0;
             if (r != US_OK) break;
             m->pp_busy_s += 1e-6 * (us_trace_now_us() - t0);
-            if (!m->pp_first) { sbuf = m->a[US__A_DRES]; speer = q - 1; }
-            if (x->op == US_PP_BW) free_slot[nfree++] = slot_of[x->mb];
-        }
-        if (!sbuf) continue;
-        for (j = i + 1; j < s->n[q] && s->a[q][j].op == US_PP_W; j++) {}   /* the next action that may receive */
-        nx = j < s->n[q] ? &s->a[q][j] : NULL;
-        {
-            void *rbuf = NULL;
-            int rpeer = -1;
-            if (nx && nx->op == US_PP_F && !m->pp_first) {
-                if (!nfree) { us__model_set_error(m, "internal: no free pipeline slot to receive into"); r = US_ERR_BACKEND; break; }
-                pre_slot = free_slot[--nfree];
-                rbuf = m->slot_acts[(size_t)pre_slot * m->cfg.n_layers].x; rpeer = q - 1;
-            } else if (nx && nx->op != US_PP_F && !m->pp_last) {
-                rbuf = m->slot_a[slot_of[nx->mb]][US__A_DRES]; rpeer = q + 1;
-            }
-            if (rbuf) { r = us__comm_fail(m, c->sendrecv(c, g, sbuf, n, speer, rbuf, n, rpeer, m->dt, NULL), "pipeline exchange"); pre = j; }
-            else r = us__comm_fail(m, c->send(c, g, sbuf, n, m->dt, speer, NULL), "pipeline send");
+            if (st > 0 && us__pp_rank_of(s, st - 1) == q)   /* hand the input's gradient to this rank's earlier stage */
+                m->ops.copy(&m->ops, m->slot_a[slot_of[us__pp_chunk_of(s, q, st - 1) * M + x->mb]][US__A_DRES], m->a[US__A_DRES], nb, US_COPY_D2D);
+            if (x->op == US_PP_BW) free_slot[nfree++] = slot_of[key];   /* its gradient, if sent, leaves before the slot is reused */
         }
     }
+    if (r == US_OK) r = us__pp_exchange(m, &e, INFINITY, slot_of, free_slot, &nfree, n);   /* the last gradients out */
     m->grad_sync = 0;
     m->pp_wall_s = 1e-6 * (us_trace_now_us() - t_begin);
     us__slot(m, 0);
+    us__pp_use_all(m);
     US_FREE(slot_of);
     return r;
 }
@@ -3839,12 +3997,27 @@ US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32
         int q = m->mesh.pp_rank;
         int64_t Np, Ns, n;
         double v[2] = {0, 0};
+        const us_pp_schedule *s = m->pp_sched;
+        int k, S = s->pp * s->v;
         us__rows(m, N, &Np, &Ns);
         n = Ns * m->cfg.dim;
-        if (!m->pp_first && (r = us__comm_fail(m, c->recv(c, &m->mesh.pp_g, m->acts[0].x, n, m->dt, q - 1, NULL), "pipeline receive")) != US_OK) return r;
-        if ((r = us__forward(m, inputs, targets, B, T, 0.0f, &ls)) != US_OK) return r;
-        if (!m->pp_last) r = us__comm_fail(m, c->send(c, &m->mesh.pp_g, m->a[US__A_XOUT], n, m->dt, q + 1, NULL), "pipeline send");
-        else {
+        r = US_OK;
+        for (k = 0; k < s->v && r == US_OK; k++) {   /* this rank's chunks in stage order */
+            int ch = k, st = us_pp_stage(s, q, ch);   /* chunk order is stage order, V shape too */
+            double l1 = 0;
+            us__pp_use_chunk(m, ch);
+            if (st > 0 && us__pp_rank_of(s, st - 1) != q)
+                r = us__comm_fail(m, c->recv(c, &m->mesh.pp_g, m->acts[m->l_lo].x, n, m->dt, us__pp_rank_of(s, st - 1), NULL), "pipeline receive");
+            else if (st > 0)   /* the stage before is this rank's: its output is still in XOUT */
+                o->copy(o, m->acts[m->l_lo].x, m->a[US__A_XOUT], (size_t)n * us_dtype_size(m->dt), US_COPY_D2D);
+            if (r == US_OK) r = us__forward(m, inputs, targets, B, T, 0.0f, &l1);
+            ls += l1;
+            if (r == US_OK && st < S - 1 && us__pp_rank_of(s, st + 1) != q)
+                r = us__comm_fail(m, c->send(c, &m->mesh.pp_g, m->a[US__A_XOUT], n, m->dt, us__pp_rank_of(s, st + 1), NULL), "pipeline send");
+        }
+        us__pp_use_all(m);
+        if (r != US_OK) return r;
+        if (m->pp_last) {
             int32_t *am = (int32_t *)US_MALLOC((size_t)N * 4);
             if (!am) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
             o->copy(o, am, m->a[US__A_ARGMAX], (size_t)N * 4, US_COPY_D2H);
@@ -3861,7 +4034,7 @@ US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32
             if (!d) { us__model_set_error(m, "out of memory for %zu bytes of logits", bytes); return US_ERR_OOM; }
             if (m->pp_last && (r = us__last_logits(m, B, T, logits_out)) != US_OK) { o->free(o, d); return r; }
             if (m->pp_last) o->copy(o, d, logits_out, bytes, US_COPY_H2D);
-            r = us__comm_fail(m, c->broadcast(c, &m->mesh.pp_g, d, B * m->cfg.vocab, US_F32, m->tc.pp - 1, NULL), "pipeline logits broadcast");
+            r = us__comm_fail(m, c->broadcast(c, &m->mesh.pp_g, d, B * m->cfg.vocab, US_F32, m->pp_head_rank, NULL), "pipeline logits broadcast");
             if (r == US_OK && !m->pp_last) o->copy(o, logits_out, d, bytes, US_COPY_D2H);
             o->free(o, d);
             return r;
@@ -4398,6 +4571,13 @@ US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int
    Activations: with flash attention no s² term is stored, so per layer the kept tensors are
    linear in s·b: x, ln1, q/k/v, attention output, xmid, ln2, gate|up, h (+ fp32 rstd and lse);
    selective drops the non-GEMM ones, full keeps only x; one layer's worth is then scratch. */
+/* Layers on pipeline rank 0: its chunks are stages 0, pp, 2·pp, ... of the even split (the model
+   init's rule), each with L/S layers and one more for the first L%S stages. */
+static int us__pp_rank0_layers(const us_model_config *mc, const us_train_config *tc) {
+    int v = tc->pp > 1 ? tc->pp_chunks : 1, S = tc->pp * v, c, n = 0;
+    for (c = 0; c < v; c++) n += mc->n_layers / S + (c * tc->pp < mc->n_layers % S);
+    return n;
+}
 US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train_config *tc_in, us_memory *out, char *err, size_t errlen) {
     us_model_config mc = *mc_in;
     us_train_config tc = *tc_in;
@@ -4413,13 +4593,17 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
         us__dist_sizes z;
         memset(&tmp, 0, sizeof tmp);
         tmp.cfg = mc; tmp.tc = tc;
-        /* under pipeline parallelism: the first stage (its layers and the embedding) */
+        /* under pipeline parallelism: the first rank (its chunks' layers and the embedding) */
+        int l;
         tmp.n_layers_global = mc.n_layers;
-        tmp.cfg.n_layers = mc.n_layers / tc.pp + (mc.n_layers % tc.pp > 0);
+        tmp.cfg.n_layers = us__pp_rank0_layers(&mc, &tc);
         tmp.pp_first = 1; tmp.pp_last = tc.pp == 1;
         tmp.params = (us_param *)US_MALLOC(sizeof(us_param) * (size_t)(3 + mc.n_layers * US__P_PER_LAYER));
-        if (!tmp.params) { us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
+        tmp.layer_g = (int *)US_MALLOC(sizeof(int) * (size_t)mc.n_layers);
+        if (!tmp.params || !tmp.layer_g) { US_FREE(tmp.params); US_FREE(tmp.layer_g); us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
+        for (l = 0; l < mc.n_layers; l++) tmp.layer_g[l] = l;   /* names only: sizes do not depend on them */
         us__build_params(&tmp);
+        US_FREE(tmp.layer_g);
         tmp.n_units = us__plan_units(&tmp, NULL);
         tmp.units = (us__unit *)US_MALLOC(sizeof(us__unit) * (size_t)tmp.n_units);
         if (!tmp.units) { US_FREE(tmp.params); us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
@@ -4463,13 +4647,13 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
     if (tc.pp > 1) {   /* the first pipeline stage: its layers, one arena per micro-batch it holds at once */
         us_pp_schedule ps;
         us_pp_sim sim;
-        L = mc.n_layers / tc.pp + (mc.n_layers % tc.pp > 0);
-        if (us_pp_schedule_build(&ps, (us_pp_kind)tc.pp_schedule, tc.pp, tc.grad_accum, 1, err, errlen) != US_OK) return US_ERR_INVALID;
+        L = us__pp_rank0_layers(&mc, &tc);
+        if (us_pp_schedule_build(&ps, (us_pp_kind)tc.pp_schedule, tc.pp, tc.grad_accum, tc.pp_chunks, err, errlen) != US_OK) return US_ERR_INVALID;
         r = us_pp_simulate(&ps, 1, 2, 0, &sim, err, errlen);
         us_pp_schedule_free(&ps);
         if (r != US_OK) return r;
-        if (tc.pp_schedule == US_PP_ZB1)   /* B/W apart: each layer keeps its output gradients for W, and one spare slot */
-            out->activations = ((size_t)L * (per_layer + 2 * xf + qkv + gu) + shared + head + bwd) * (size_t)(sim.peak_act[0] + 1);
+        if (tc.pp_schedule == US_PP_ZB1)   /* B/W apart: each layer keeps its output gradients for W */
+            out->activations = ((size_t)L * (per_layer + 2 * xf + qkv + gu) + shared + head + bwd) * (size_t)sim.peak_act[0];
         else out->activations = ((size_t)L * per_layer + shared + head + bwd) * (size_t)sim.peak_act[0];
     } else out->activations = (size_t)L * per_layer + shared + head + bwd;
     out->total = out->params + out->master + out->grads + out->optimizer + out->activations;

@@ -70,8 +70,10 @@ static void usage(FILE *f) {
         "  --cp-mode M       ring (contiguous chunks) | zigzag (balanced chunks, default) | allgather\n"
         "  --pp N            pipeline stages (default 1): layers split over N ranks\n"
         "  --micro-batches M the micro-batches a pipeline schedule runs per step (= --grad-accum)\n"
-        "  --pp-schedule S   afab | 1f1b (default) | zb1 (zero bubble: B and W apart); build/schedule\n"
-        "                    draws the interleaved ones too. The log gains pp_bubble (measured idle share)\n"
+        "  --pp-schedule S   afab | 1f1b (default) | interleaved (depth-first, Megatron) | interleaved-bf\n"
+        "                    (breadth-first, Llama 3) | zb1 (zero bubble: B and W apart). The log gains\n"
+        "                    pp_bubble (the measured idle share of the schedule)\n"
+        "  --pp-chunks V     model chunks per rank for the interleaved schedules (default 2)\n"
         "  --bucket-mb X     gradient bucket size in MiB (default 25)\n"
         "  --nproc N         CUDA: start N processes on this node, one per GPU (sets --dp N)\n"
         "  --comm-timeout S  a collective that cannot finish in S seconds fails the run (default 300)\n"
@@ -511,11 +513,14 @@ int main(int argc, char **argv) {
             if (!strcmp(v, "afab")) tc.pp_schedule = US_PP_AFAB;
             else if (!strcmp(v, "1f1b")) tc.pp_schedule = US_PP_1F1B;
             else if (!strcmp(v, "zb1")) tc.pp_schedule = US_PP_ZB1;
-            else if (!strcmp(v, "interleaved") || !strcmp(v, "zbv") || !strcmp(v, "dualpipev")) {
-                fprintf(stderr, "train: --pp-schedule %s is drawn by build/schedule but the executor runs afab, 1f1b and zb1 so far\n", v);
+            else if (!strcmp(v, "interleaved")) tc.pp_schedule = US_PP_INTERLEAVED;
+            else if (!strcmp(v, "interleaved-bf")) tc.pp_schedule = US_PP_INTERLEAVED_BF;
+            else if (!strcmp(v, "zbv") || !strcmp(v, "dualpipev")) {
+                fprintf(stderr, "train: --pp-schedule %s is drawn by build/schedule but the executor runs afab, 1f1b, interleaved(-bf) and zb1 so far\n", v);
                 return 2;
-            } else return bad("--pp-schedule must be afab, 1f1b, interleaved, zb1, zbv or dualpipev, got", v);
+            } else return bad("--pp-schedule must be afab, 1f1b, interleaved, interleaved-bf, zb1, zbv or dualpipev, got", v);
         }
+        else if (!strcmp(f, "--pp-chunks")) ok = parse_int(v, 1, 16, &tc.pp_chunks);
         else if (!strcmp(f, "--cp-mode")) {
             if (!strcmp(v, "ring")) tc.cp_mode = US_CP_RING;
             else if (!strcmp(v, "zigzag")) tc.cp_mode = US_CP_ZIGZAG;

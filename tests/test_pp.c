@@ -70,7 +70,7 @@ static us_result rank_fn(us_comm *c, void *arg) {
                 int64_t per_layer = 0, k2;
                 l = (i - 1) / 9;
                 for (k2 = 1; k2 <= 9; k2++) per_layer += m.params[k2].numel;
-                dst = (int64_t)m.cfg.vocab * m.cfg.dim + (int64_t)(m.layer0 + l) * per_layer;
+                dst = (int64_t)m.cfg.vocab * m.cfg.dim + (int64_t)m.layer_g[l] * per_layer;   /* chunks: not contiguous */
                 for (k2 = 1 + l * 9; k2 < i; k2++) dst += m.params[k2].numel;
             } else {
                 int64_t per_layer = 0, k2;
@@ -107,7 +107,7 @@ static us_result launch(run *R) { return us_test_launch(R->tc.dp * R->tc.pp * R-
 
 static void setup(run *R, int dp, int pp, int tp, int sched, int M, int zero) {
     memset(R, 0, sizeof *R);
-    R->mc.n_layers = 4; R->mc.dim = 32; R->mc.n_heads = 4; R->mc.n_kv_heads = 2; R->mc.vocab = 64; R->mc.ffn_dim = 48;
+    R->mc.n_layers = sched == US_PP_INTERLEAVED || sched == US_PP_INTERLEAVED_BF ? 8 : 4; R->mc.dim = 32; R->mc.n_heads = 4; R->mc.n_kv_heads = 2; R->mc.vocab = 64; R->mc.ffn_dim = 48;
     R->tc.batch = B; R->tc.seq = T; R->tc.grad_accum = M; R->tc.steps = STEPS; R->tc.lr = 1e-2f; R->tc.threads = 1; R->tc.seed = 4;
     R->tc.dp = dp; R->tc.pp = pp; R->tc.tp = tp; R->tc.pp_schedule = sched; R->tc.zero = zero;
 }
@@ -117,7 +117,10 @@ int main(int argc, char **argv) {
         {1, 2, 1, US_PP_1F1B, 1, 0}, {1, 2, 1, US_PP_1F1B, 4, 0}, {1, 2, 1, US_PP_AFAB, 4, 0}, {1, 4, 1, US_PP_1F1B, 2, 0},
         {1, 4, 1, US_PP_1F1B, 8, 0}, {1, 4, 1, US_PP_AFAB, 8, 0}, {2, 2, 1, US_PP_1F1B, 4, 1}, {1, 2, 2, US_PP_1F1B, 4, 0},
         /* zero bubble: B and W apart (weight gradients deferred), alone and with dp (ZeRO-1), tp */
-        {1, 2, 1, US_PP_ZB1, 4, 0}, {1, 4, 1, US_PP_ZB1, 8, 0}, {1, 4, 1, US_PP_ZB1, 3, 0}, {2, 2, 1, US_PP_ZB1, 4, 1}, {1, 2, 2, US_PP_ZB1, 4, 0}};
+        {1, 2, 1, US_PP_ZB1, 4, 0}, {1, 4, 1, US_PP_ZB1, 8, 0}, {1, 4, 1, US_PP_ZB1, 3, 0}, {2, 2, 1, US_PP_ZB1, 4, 1}, {1, 2, 2, US_PP_ZB1, 4, 0},
+        /* interleaved: two chunks per rank (8 layers over 4 stages at pp 2, over 8 at pp 4), depth- and breadth-first */
+        {1, 2, 1, US_PP_INTERLEAVED, 4, 0}, {1, 4, 1, US_PP_INTERLEAVED, 8, 0}, {1, 2, 1, US_PP_INTERLEAVED_BF, 4, 0}, {1, 4, 1, US_PP_INTERLEAVED_BF, 5, 0},
+        {2, 2, 1, US_PP_INTERLEAVED, 4, 1}, {1, 2, 2, US_PP_INTERLEAVED, 2, 0}};
     int ci, s;
     double worst_l = 0, worst_w = 0;
     us_test_verbose = argc > 1 && !strcmp(argv[1], "-v");
@@ -127,7 +130,8 @@ int main(int argc, char **argv) {
         int64_t n = (int64_t)STEPS * M * dp * B * T, i, np;
         double ml = 0, mw = 0;
         /* the reference: one rank, micro-batches of dp·B sequences (so the global batch matches) */
-        setup(&ref, 1, 1, 1, US_PP_1F1B, M, 0);
+        setup(&ref, 1, 1, 1, cfg[ci][3], M, 0);   /* the same model */
+        ref.tc.pp_schedule = US_PP_1F1B;
         ref.tc.batch = dp * B;
         ref.in = (int32_t *)malloc((size_t)n * 4); ref.tgt = (int32_t *)malloc((size_t)n * 4);
         us_test_rs = 50 + ci;
@@ -175,6 +179,13 @@ int main(int argc, char **argv) {
         }
         for (q = 0; q < pp && dp == 1 && tp == 1; q++) {
             int want = cfg[ci][3] == US_PP_AFAB ? M : (pp - q < M ? pp - q : M);
+            if (cfg[ci][3] == US_PP_INTERLEAVED || cfg[ci][3] == US_PP_INTERLEAVED_BF) {   /* the simulator's count of chunk activations */
+                us_pp_schedule ps; us_pp_sim sim;
+                us_pp_schedule_build(&ps, (us_pp_kind)cfg[ci][3], pp, M, 2, NULL, 0);
+                us_pp_simulate(&ps, 1, 2, 0, &sim, NULL, 0);
+                want = sim.peak_act[q];
+                us_pp_schedule_free(&ps);
+            }
             CHECK(R.peak[q] == want, "%s pp %d m %d: stage %d held %d micro-batches' activations at once (want %d)",
                   us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, M, q, R.peak[q], want);
         }
