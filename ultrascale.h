@@ -202,6 +202,9 @@ typedef struct us_train_config {
     int      pp;           /* default 1 */
     int      pp_schedule;  /* a us_pp_kind the executor runs: afab, 1f1b (default), interleaved(-bf) or zb1 */
     int      pp_chunks;    /* model chunks per pp rank: interleaved default 2, others 1 */
+    const int *pp_layers;  /* NULL: layers split evenly over the pp·chunks stages (the first ones take
+                              the remainder); else [pp·chunks] layers per stage, each ≥ 1, summing to
+                              n_layers (e.g. fewer on the last stage, which also runs the head) */
 } us_train_config;
 
 US_API void      us_model_config_defaults(us_model_config *c);
@@ -915,6 +918,14 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
         US__BAD("pp_chunks=%d applies to the interleaved schedules only (%s runs one chunk per rank)", tc->pp_chunks, us_pp_kind_name((us_pp_kind)tc->pp_schedule));
     if (tc->pp > 1 && tc->pp * tc->pp_chunks > mc->n_layers)
         US__BAD("pp=%d x %d chunks = %d pipeline stages exceed layers=%d: every stage needs a layer", tc->pp, tc->pp_chunks, tc->pp * tc->pp_chunks, mc->n_layers);
+    if (tc->pp_layers && tc->pp > 1) {
+        int st, sum = 0, S = tc->pp * tc->pp_chunks;
+        for (st = 0; st < S; st++) {
+            if (tc->pp_layers[st] < 1) US__BAD("pipeline stage %d is given %d layers: every stage needs at least one", st, tc->pp_layers[st]);
+            sum += tc->pp_layers[st];
+        }
+        if (sum != mc->n_layers) US__BAD("the per-stage layer counts sum to %d but the model has %d layers", sum, mc->n_layers);
+    }
     if (tc->pp > 1 && tc->pp_schedule == US_PP_ZB1 && tc->recompute != US_RECOMPUTE_NONE)
         US__BAD("zb1 keeps every layer's activations from B until W: it does not combine with recompute (use --recompute none)");
     if (tc->pp > 1 && (tc->pp_schedule == US_PP_ZB1 || tc->pp_schedule == US_PP_INTERLEAVED || tc->pp_schedule == US_PP_INTERLEAVED_BF) && tc->zero >= 2)
@@ -2692,7 +2703,8 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
         m->layer_g = (int *)US_MALLOC(sizeof(int) * (size_t)LG);
         if (!m->layer_g) { us__model_set_error(m, "out of host memory for the model tables"); us_mesh_free(&m->mesh, comm); return US_ERR_OOM; }
         for (c = 0; c < v; c++) {
-            int st = c * P + q, g0 = st * base + (st < extra ? st : extra), nl = base + (st < extra);
+            int st = c * P + q, g0 = st * base + (st < extra ? st : extra), nl = base + (st < extra), k;
+            if (m->tc.pp_layers && P > 1) { for (g0 = 0, k = 0; k < st; k++) g0 += m->tc.pp_layers[k]; nl = m->tc.pp_layers[st]; }
             m->chunk_lo[c] = n;
             for (l = 0; l < nl; l++) m->layer_g[n++] = g0 + l;
             m->chunk_hi[c] = n;
@@ -4575,7 +4587,7 @@ US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int
    init's rule), each with L/S layers and one more for the first L%S stages. */
 static int us__pp_rank0_layers(const us_model_config *mc, const us_train_config *tc) {
     int v = tc->pp > 1 ? tc->pp_chunks : 1, S = tc->pp * v, c, n = 0;
-    for (c = 0; c < v; c++) n += mc->n_layers / S + (c * tc->pp < mc->n_layers % S);
+    for (c = 0; c < v; c++) n += tc->pp_layers && tc->pp > 1 ? tc->pp_layers[c * tc->pp] : mc->n_layers / S + (c * tc->pp < mc->n_layers % S);
     return n;
 }
 US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train_config *tc_in, us_memory *out, char *err, size_t errlen) {

@@ -74,6 +74,7 @@ static void usage(FILE *f) {
         "                    (breadth-first, Llama 3) | zb1 (zero bubble: B and W apart). The log gains\n"
         "                    pp_bubble (the measured idle share of the schedule)\n"
         "  --pp-chunks V     model chunks per rank for the interleaved schedules (default 2)\n"
+        "  --pp-layers A,B,.. layers per pipeline stage (pp x chunks counts; default: an even split)\n"
         "  --bucket-mb X     gradient bucket size in MiB (default 25)\n"
         "  --nproc N         CUDA: start N processes on this node, one per GPU (sets --dp N)\n"
         "  --comm-timeout S  a collective that cannot finish in S seconds fails the run (default 300)\n"
@@ -202,6 +203,7 @@ typedef struct opts {
     us_train_config tc;      /* tc.batch: the group's micro-batch; each rank runs batch/dp */
     const char *data_path, *log_path, *trace_path;
     int eval_every, sample_n, top_k, quiet, gpu, gpu_set, use_cuda, nproc;
+    int pp_layers_n;         /* how many counts --pp-layers gave */
     float temperature, peak_tflops, comm_timeout;
     int world, rank;         /* CUDA multi-process: this process's place (from the environment) */
     us_data data;
@@ -521,6 +523,22 @@ int main(int argc, char **argv) {
             } else return bad("--pp-schedule must be afab, 1f1b, interleaved, interleaved-bf, zb1, zbv or dualpipev, got", v);
         }
         else if (!strcmp(f, "--pp-chunks")) ok = parse_int(v, 1, 16, &tc.pp_chunks);
+        else if (!strcmp(f, "--pp-layers")) {   /* a comma-separated count per stage */
+            static int counts[1024];
+            int k = 0;
+            const char *p = v;
+            for (;;) {
+                char *end;
+                long x = strtol(p, &end, 10);
+                if (end == p || x < 1 || x > 1 << 20 || k == 1024) return bad("--pp-layers takes positive layer counts separated by commas, got", v);
+                counts[k++] = (int)x;
+                if (*end == 0) break;
+                if (*end != ',') return bad("--pp-layers takes positive layer counts separated by commas, got", v);
+                p = end + 1;
+            }
+            tc.pp_layers = counts;
+            o.pp_layers_n = k;
+        }
         else if (!strcmp(f, "--cp-mode")) {
             if (!strcmp(v, "ring")) tc.cp_mode = US_CP_RING;
             else if (!strcmp(v, "zigzag")) tc.cp_mode = US_CP_ZIGZAG;
@@ -592,6 +610,13 @@ int main(int argc, char **argv) {
         if (o.nproc % (tpn * cpn)) { fprintf(stderr, "train: --nproc %d is not a multiple of --cp %d x --tp %d\n", o.nproc, cpn, tpn); return 2; }
         if (tc.dp && tc.dp * tpn * cpn != o.nproc) { fprintf(stderr, "train: --dp %d x --cp %d x --tp %d does not match --nproc %d\n", tc.dp, cpn, tpn, o.nproc); return 2; }
         tc.dp = o.nproc / (tpn * cpn);
+    }
+    if (tc.pp_layers) {   /* one count per stage: pp x chunks (the chunks' default follows the schedule) */
+        int v = tc.pp_chunks ? tc.pp_chunks : tc.pp_schedule == US_PP_INTERLEAVED || tc.pp_schedule == US_PP_INTERLEAVED_BF ? 2 : 1;
+        if (o.pp_layers_n != tc.pp * v) {
+            fprintf(stderr, "train: --pp-layers gives %d counts but there are pp %d x %d chunks = %d pipeline stages\n", o.pp_layers_n, tc.pp, v, tc.pp * v);
+            return 2;
+        }
     }
     if (us_config_validate(&mc, &tc, err, sizeof err) != US_OK) {
         fprintf(stderr, "train: %s\n", err);

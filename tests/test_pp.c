@@ -120,7 +120,10 @@ int main(int argc, char **argv) {
         {1, 2, 1, US_PP_ZB1, 4, 0}, {1, 4, 1, US_PP_ZB1, 8, 0}, {1, 4, 1, US_PP_ZB1, 3, 0}, {2, 2, 1, US_PP_ZB1, 4, 1}, {1, 2, 2, US_PP_ZB1, 4, 0},
         /* interleaved: two chunks per rank (8 layers over 4 stages at pp 2, over 8 at pp 4), depth- and breadth-first */
         {1, 2, 1, US_PP_INTERLEAVED, 4, 0}, {1, 4, 1, US_PP_INTERLEAVED, 8, 0}, {1, 2, 1, US_PP_INTERLEAVED_BF, 4, 0}, {1, 4, 1, US_PP_INTERLEAVED_BF, 5, 0},
-        {2, 2, 1, US_PP_INTERLEAVED, 4, 1}, {1, 2, 2, US_PP_INTERLEAVED, 2, 0}};
+        {2, 2, 1, US_PP_INTERLEAVED, 4, 1}, {1, 2, 2, US_PP_INTERLEAVED, 2, 0},
+        /* an explicit per-stage layer count (tc.pp_layers): 1 layer on stage 0, 3 on stage 1 */
+        {1, 2, 1, US_PP_1F1B, 4, -1}};
+    static const int uneven[2] = {1, 3};
     int ci, s;
     double worst_l = 0, worst_w = 0;
     us_test_verbose = argc > 1 && !strcmp(argv[1], "-v");
@@ -153,7 +156,8 @@ int main(int argc, char **argv) {
             us_forward_eval(&m, ref.in + (size_t)(STEPS - 1) * M * dp * B * T, ref.tgt + (size_t)(STEPS - 1) * M * dp * B * T, B, T, &ref.eval_loss, &ref.eval_correct, ref.logits[0]);
             us_model_free(&m);
         }
-        setup(&R, dp, pp, tp, cfg[ci][3], M, cfg[ci][5]);
+        setup(&R, dp, pp, tp, cfg[ci][3], M, cfg[ci][5] < 0 ? 0 : cfg[ci][5]);
+        if (cfg[ci][5] < 0) R.tc.pp_layers = uneven;
         R.in = ref.in; R.tgt = ref.tgt;
         R.w = tp == 1 ? (float *)calloc((size_t)np, 4) : NULL;
         if (launch(&R) != US_OK) { CHECK(0, "cfg %d ran", ci); free(R.w); free(ref.w); free(ref.in); free(ref.tgt); continue; }
@@ -169,7 +173,8 @@ int main(int argc, char **argv) {
               "%s pp %d x dp %d x tp %d: evaluation through the stages (loss %.5f vs %.5f, %lld = %lld correct)", us_pp_kind_name((us_pp_kind)cfg[ci][3]),
               pp, dp, tp, R.eval_loss, ref.eval_loss, (long long)R.eval_correct, (long long)ref.eval_correct);
         CHECK(ml < 2e-5 && mw < 1e-4, "%s pp %d x dp %d x tp %d, m %d, ZeRO-%d: %d steps equal one rank (loss/norm rel %.1e, weights %s %.1e)",
-              us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, dp, tp, M, cfg[ci][5], STEPS, ml, R.w ? "abs" : "(tp-split, not compared)", mw);
+              us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, dp, tp, M, cfg[ci][5] < 0 ? 0 : cfg[ci][5], STEPS, ml, R.w ? "abs" : "(tp-split, not compared)", mw);
+        if (cfg[ci][5] < 0) CHECK(ml < 2e-5 && mw < 1e-4, "stages of 1 and 3 layers (pp_layers) train like one rank");
         {   /* every stage holds the last stage's logits (what sampling reads) */
             double e = 0;
             int j;
@@ -210,6 +215,14 @@ int main(int argc, char **argv) {
         CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID && strstr(err, "recompute"), "zb1 with recompute: %s", err);
         tc.recompute = US_RECOMPUTE_NONE;
         CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_OK, "zb1 with ZeRO-1 and no recompute is accepted");
+        {
+            static const int bad_sum[2] = {1, 2}, bad_zero[2] = {0, 4};
+            tc.pp_layers = bad_sum;
+            CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID && strstr(err, "sum to 3"), "per-stage layers that do not add up: %s", err);
+            tc.pp_layers = bad_zero;
+            CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID && strstr(err, "at least one"), "a stage without layers: %s", err);
+            tc.pp_layers = NULL;
+        }
     }
     return us_test_done("test_pp");
 }
