@@ -3302,11 +3302,13 @@ static us_result us__cp_attention_bwd(us_model *m, us_layer_acts *A, void *dqkv,
         float *dcur = dkv, *dnxt = dkv + N * KVW, *dt2;
         o->copy2d(o, cur, KVW, us__at(A->qkv, dt, (int64_t)NH * HS), QKV, N, KVW, dt);
         o->zero(o, dcur, (size_t)(N * KVW) * 4);
-        for (s = 0; s < cp; s++) {
+        for (s = 0; s < cp; s++) {   /* the next K/V block travels while this one's gradients are computed */
             int src = (r - s + cp) % cp;
+            us_work *w = NULL;
+            if (s < cp - 1 && (res = us__cp_shift(m, nxt, cur, N * KVW, dt, &w)) != US_OK) return res;
             o->attn_block_bwd(o, dq, dcur, dout, A->qkv, A->att, A->lse, cur, pos + r * T, pos + src * T, B, T, T, NH, NKV, HS, dt);
-            if (s < cp - 1 && (res = us__cp_shift(m, nxt, cur, N * KVW, dt, NULL)) != US_OK) return res;
-            if ((res = us__cp_shift(m, dnxt, dcur, N * KVW, US_F32, NULL)) != US_OK) return res;
+            if (w && (res = m->comm->wait(m->comm, w)) != US_OK) return us__comm_fail(m, res, "context-parallel ring exchange");
+            if ((res = us__cp_shift(m, dnxt, dcur, N * KVW, US_F32, NULL)) != US_OK) return res;   /* dK, dV follow their block */
             t = cur; cur = nxt; nxt = t;
             dt2 = dcur; dcur = dnxt; dnxt = dt2;
         }
