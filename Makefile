@@ -92,7 +92,7 @@ RUNS = \
   "test_cp::./$(B)/test_cp" \
   "test_pp_sched::./$(B)/test_pp_sched" \
   "test_pp::./$(B)/test_pp" \
-  "schedule CLI: table and SVG::./$(B)/schedule | grep -q zb1 && ./$(B)/schedule --schedule interleaved --svg $(B)/il.svg | grep -q wrote && grep -q '<svg' $(B)/il.svg && ! ./$(B)/schedule --pp 0 2>/dev/null" \
+  "schedule CLI: table and SVG::./$(B)/schedule | grep -q dualpipev && ./$(B)/schedule --schedule interleaved --svg $(B)/il.svg | grep -q wrote && grep -q '<svg' $(B)/il.svg && ./$(B)/schedule --schedule dualpipev --svg $(B)/dpv.svg | grep -q wrote && grep -q 'stroke=\"black\"' $(B)/dpv.svg && ! ./$(B)/schedule --pp 0 2>/dev/null && ! ./$(B)/schedule --schedule dualpipev --m 6 2>/dev/null" \
   "test_comm_threads::./$(B)/test_comm_threads" \
   "test_bootstrap::./$(B)/test_bootstrap" \
   "test_nccl (needs 2 GPUs)::if [ -x $(B)/test_nccl ]; then ./$(B)/test_nccl; else echo 'SKIP not built'; fi" \

@@ -610,17 +610,22 @@ US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int
    v chunks; chunk c of rank r is stage c·pp + r, or for the V-shaped schedules r then
    2·pp−1−r). Sends and receives follow from the stages. One checker validates any list
    (every action exactly once, dependencies, no deadlock), one simulator times it from per-action
-   costs, one renderer draws it; the executor (a later step) runs any list. */
+   costs, one renderer draws it; the executor runs any list. */
 typedef enum us_pp_kind {
     US_PP_DEFAULT = 0,        /* 1f1b */
     US_PP_AFAB,               /* all forwards, then all backwards (GPipe) */
     US_PP_1F1B,               /* one forward, one backward in the steady state (PipeDream-flush) */
     US_PP_INTERLEAVED,        /* 1F1B over v chunks per rank, depth-first (Megatron) */
     US_PP_INTERLEAVED_BF,     /* the same, breadth-first (all micro-batches of a chunk in turn; Llama 3) */
-    US_PP_ZB1                 /* ZB-H1: 1F1B with B/W split, weight gradients deferred into the cooldown */
+    US_PP_ZB1,                /* ZB-H1: 1F1B with B/W split, rank r defers its W's by r micro-batches (1F1B's peak) */
+    US_PP_ZBV,                /* ZB-V: 2 chunks per rank in a V, B/W split; 1F1B's memory, near-zero bubble */
+    US_PP_DUALPIPEV           /* DualPipe-V (DeepSeek): the V with forward & backward pairs overlapped */
 } us_pp_kind;
 typedef enum us_pp_op { US_PP_F = 0, US_PP_B, US_PP_W, US_PP_BW } us_pp_op;
-typedef struct us_pp_action { us_pp_op op; int mb, chunk; } us_pp_action;
+/* overlap = 1 marks a forward that runs together with the backward (B or BW, another
+   micro-batch) right after it in the list: DualPipe's "F&B" pair, where each one's communication
+   hides under the other's compute. An executor may run the pair as F then the backward. */
+typedef struct us_pp_action { us_pp_op op; int mb, chunk, overlap; } us_pp_action;
 typedef struct us_pp_schedule {
     us_pp_kind kind;
     int pp, m, v;             /* ranks, micro-batches, chunks per rank */
@@ -631,18 +636,23 @@ typedef struct us_pp_schedule {
 typedef struct us_pp_sim {
     double makespan;          /* time from the first action's start to the last one's end */
     double bubble;            /* idle fraction: 1 − Σ busy / (pp · makespan) */
-    int    peak_act[64];      /* per rank: most micro-batch chunks whose activations are held at once */
+    int    peak_act[64];      /* per rank: most micro-batch chunks whose activations are held at once
+                                 (from F until W; one chunk holds 1/v of the rank's layers) */
     int    peak_max;
 } us_pp_sim;
 US_API const char *us_pp_kind_name(us_pp_kind k);
-/* Builds the lists; writes a sentence into err if pp, m, v do not suit the schedule. */
+/* Builds the lists; writes a sentence into err if pp, m, v do not suit the schedule. v counts
+   chunks per rank for the interleaved schedules (at least 2); the V-shaped ones always hold 2
+   (pass 0 or 2); the others hold 1 and ignore it. */
 US_API us_result us_pp_schedule_build(us_pp_schedule *s, us_pp_kind kind, int pp, int m, int v, char *err, size_t errlen);
 US_API void      us_pp_schedule_free(us_pp_schedule *s);
 /* The stage chunk c of rank r runs (0 .. pp·v−1, embedding first). */
 US_API int       us_pp_stage(const us_pp_schedule *s, int r, int c);
 /* Times the lists with action costs tF, tB, tW (BW costs tB + tW) and zero-cost transfers, as
    soon as each action's inputs exist; fails with a sentence on a missing, repeated or
-   impossible action, or a deadlock. The checker is this simulation with unit costs. */
+   impossible action, or a deadlock. The checker is this simulation with unit costs. An
+   overlapped F&B pair starts when both inputs exist and costs the sum of its two actions (see
+   // >>pp: overlap hides communication, which is free here, not compute). */
 US_API us_result us_pp_simulate(const us_pp_schedule *s, double tF, double tB, double tW, us_pp_sim *out, char *err, size_t errlen);
 /* An SVG timeline (one row per rank, F/B/W boxes numbered by micro-batch, like the Playbook's). */
 US_API us_result us_pp_svg(const us_pp_schedule *s, double tF, double tB, double tW, const char *path, char *err, size_t errlen);
@@ -4282,6 +4292,8 @@ US_API const char *us_pp_kind_name(us_pp_kind k) {
     case US_PP_INTERLEAVED: return "interleaved";
     case US_PP_INTERLEAVED_BF: return "interleaved-bf";
     case US_PP_ZB1: return "zb1";
+    case US_PP_ZBV: return "zbv";
+    case US_PP_DUALPIPEV: return "dualpipev";
     default: return "1f1b";
     }
 }
@@ -4291,7 +4303,7 @@ US_API int us_pp_stage(const us_pp_schedule *s, int r, int c) {
 }
 static void us__pp_push(us_pp_schedule *s, int r, us_pp_op op, int mb, int chunk) {
     us_pp_action *x = &s->a[r][s->n[r]++];
-    x->op = op; x->mb = mb; x->chunk = chunk;
+    x->op = op; x->mb = mb; x->chunk = chunk; x->overlap = 0;
 }
 /* The virtual-stage order of the interleaved schedules: the k-th forward (or backward) of a rank
    works on micro-batch mb of chunk c. Depth-first takes micro-batches in groups of pp through
@@ -4302,51 +4314,141 @@ static void us__pp_virtual(const us_pp_schedule *s, int k, int backward, int *mb
     *chunk = backward ? v - 1 - c : c;
     *mb = (k / (grp * v)) * grp + k % grp;
 }
-/* ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism"): the backward split into B (input
-   gradient, on the critical path: the previous stage waits for it) and W (weight gradient, needed
-   by nobody until the optimizer). The lists come from playing the pipeline with unit costs and a
-   greedy rule per rank — B when its gradient has arrived, else F while the rank holds fewer than
-   pp−r micro-batches (1F1B's memory: the "H1"), else a pending W — so W's fill what would be
-   1F1B's idle time. */
-static us_result us__pp_zb1(us_pp_schedule *s, char *err, size_t errlen) {
-    int pp = s->pp, m = s->m, r, t, done = 0;
-    int *fd = (int *)malloc(sizeof(int) * (size_t)(pp * m)), *bd = (int *)malloc(sizeof(int) * (size_t)(pp * m));
-    int *nf = (int *)calloc((size_t)pp, sizeof(int)), *nw = (int *)calloc((size_t)pp, sizeof(int)), *busy = (int *)calloc((size_t)pp, sizeof(int));
-    int *bq = (int *)calloc((size_t)pp, sizeof(int));   /* next micro-batch to run B on (in order) */
-    if (!fd || !bd || !nf || !nw || !busy || !bq) { free(fd); free(bd); free(nf); free(nw); free(busy); free(bq); us_pp_schedule_free(s); us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
-    for (r = 0; r < pp * m; r++) fd[r] = bd[r] = -1;   /* the time F / B of (stage, micro-batch) ended */
-    for (t = 0; done < pp && t < 8 * (m + pp) + 16; t++)
-        for (r = 0; r < pp; r++) {
-            int b = bq[r], f = nf[r];
-            if (busy[r] > t || (b == m && nw[r] == m)) continue;
-            if (b < m && fd[r * m + b] >= 0 && fd[r * m + b] <= t && (r == pp - 1 || (bd[(r + 1) * m + b] >= 0 && bd[(r + 1) * m + b] <= t))) {
-                us__pp_push(s, r, US_PP_B, b, 0); bd[r * m + b] = t + 1; bq[r]++;
-            } else if (f < m && f - nw[r] < pp - r && (r == 0 || (fd[(r - 1) * m + f] >= 0 && fd[(r - 1) * m + f] <= t))) {
-                us__pp_push(s, r, US_PP_F, f, 0); fd[r * m + f] = t + 1; nf[r]++;
-            } else if (nw[r] < bq[r]) {
-                us__pp_push(s, r, US_PP_W, nw[r], 0); nw[r]++;
-            } else continue;
-            busy[r] = t + 1;
-            if (bq[r] == m && nw[r] == m) done++;
-        }
-    free(fd); free(bd); free(nf); free(nw); free(busy); free(bq);
-    if (done < pp) { us_pp_schedule_free(s); us__errf(err, errlen, "internal: the ZB-H1 construction did not finish"); return US_ERR_INVALID; }
+
+/* The zero-bubble schedules are written phase by phase, the way the papers draw them, through a
+   cursor on one rank's list: it numbers each chunk's micro-batches in order and remembers the
+   weight gradients owed by split backwards (B now, W later), oldest first. A step whose
+   micro-batch does not exist (few micro-batches) is skipped. */
+typedef struct us__pp_cur {
+    us_pp_schedule *s;
+    int r, f[2], b[2];        /* forwards and backwards (B or BW) listed, per chunk */
+    int *owed, head, tail;    /* [2·m] micro-batch·2 + chunk of each W still to list, oldest first */
+} us__pp_cur;
+static void us__pp_f(us__pp_cur *q, int c) {
+    if (q->f[c] < q->s->m) us__pp_push(q->s, q->r, US_PP_F, q->f[c]++, c);
+}
+static void us__pp_b(us__pp_cur *q, int c, int split) {   /* B with its W owed, or the full BW */
+    if (q->b[c] >= q->f[c]) return;
+    if (split) q->owed[q->tail++] = 2 * q->b[c] + c;
+    us__pp_push(q->s, q->r, split ? US_PP_B : US_PP_BW, q->b[c]++, c);
+}
+static void us__pp_w(us__pp_cur *q) {   /* the oldest owed weight gradient */
+    if (q->head < q->tail) { int k = q->owed[q->head++]; us__pp_push(q->s, q->r, US_PP_W, k / 2, k % 2); }
+}
+/* DualPipe's F&B: a forward of chunk cf overlapped with a full backward of chunk cb (another,
+   older micro-batch); either alone when the other has run out. */
+static void us__pp_fb(us__pp_cur *q, int cf, int cb) {
+    int n = q->s->n[q->r];
+    us__pp_f(q, cf);
+    if (q->s->n[q->r] > n && q->b[cb] < q->f[cb]) q->s->a[q->r][n].overlap = 1;
+    us__pp_b(q, cb, 0);
+}
+
+/* ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", §2.1): 1F1B's order of forwards and
+   input-gradient backwards B, so every B leaves as early as in 1F1B; the weight gradient W of a
+   micro-batch waits on rank r until r more B's have run. Every rank then holds pp micro-batches
+   (from F to W), the most 1F1B holds on its first rank; the deferred W's fill the cooldown, where
+   1F1B idles, and the bubble is (pp−1)(tF+tB−tW) per rank instead of (pp−1)(tF+tB+tW). */
+static void us__pp_zb1(us__pp_cur *q) {
+    int pp = q->s->pp, m = q->s->m, r = q->r, i;
+    for (i = 0; i < pp - r - 1; i++) us__pp_f(q, 0);   /* 1F1B's warm-up */
+    for (i = 0; i < m; i++) {
+        us__pp_f(q, 0);
+        us__pp_b(q, 0, 1);
+        if (q->tail - q->head > r) us__pp_w(q);
+    }
+    while (q->head < q->tail) us__pp_w(q);
+}
+
+/* ZB-V (Qi et al., "Pipeline Parallelism with Controllable Memory"; ZB paper §6): rank r holds
+   stage r (chunk 0) and stage 2·pp−1−r (chunk 1), so a micro-batch runs down the ranks and back
+   up, and its gradient down and back up again; the first and last stage share rank 0. With unit
+   costs rank r's first chunk-1 activation comes back 2(pp−r)−1 steps after its first forward,
+   so it warms up with that many chunk-0 forwards; r pairs of a chunk-1 and a chunk-0 forward
+   then bring its first chunk-1 gradient, and it runs F B W on chunk 1 pp−r times. In the steady
+   state it runs F B W on each chunk in turn: 2·pp micro-batch chunks held at most, each half of
+   the rank's layers — 1F1B's pp micro-batches of memory — and no idle time when tF = tB = tW,
+   so a rank idles only while the pipeline fills. The cooldown runs the backwards as they come,
+   the owed W's in the gaps. With fewer than 2·pp−1 micro-batches the phases run short: still a
+   valid schedule, with more idle time than the fill. */
+static void us__pp_zbv(us__pp_cur *q) {
+    int pp = q->s->pp, m = q->s->m, r = q->r, i;
+    for (i = 0; i < 2 * (pp - r) - 1; i++) us__pp_f(q, 0);
+    for (i = 0; i < r; i++) { us__pp_f(q, 1); us__pp_f(q, 0); }
+    for (i = 0; i < pp - r; i++) { us__pp_f(q, 1); us__pp_b(q, 1, 1); us__pp_w(q); }
+    while (q->f[1] < m) {
+        us__pp_f(q, 0); us__pp_b(q, 0, 1); us__pp_w(q);
+        us__pp_f(q, 1); us__pp_b(q, 1, 1); us__pp_w(q);
+    }
+    for (i = 0; i < r; i++) { us__pp_b(q, 0, 1); us__pp_b(q, 1, 1); }
+    for (i = 0; i < pp - r; i++) { us__pp_b(q, 0, 1); us__pp_w(q); }
+    while (q->b[1] < m) us__pp_b(q, 1, 1);
+    while (q->b[0] < m) us__pp_b(q, 0, 1);
+    while (q->head < q->tail) us__pp_w(q);
+}
+
+/* DualPipe-V (DeepSeek's DualPipe cut in half, the DualPipe repository's DualPipeV; the
+   Playbook's zero-bubble and DualPipe section): the same V as ZB-V, in eight phases on rank r.
+   Warm-up: 2(pp−r−1) chunk-0 forwards, then r+1 pairs of a chunk-0 and a chunk-1 forward, then
+   pp−r−1 rounds of B W F on chunk 1. Steady state: a chunk-0 forward overlapped with a chunk-1
+   backward, then a chunk-1 forward overlapped with a chunk-0 backward — DualPipe's F&B pairs,
+   where one micro-batch's all-to-all and pipeline transfers hide under the other's compute (the
+   last rank runs its first pair apart: its chunk-0 forward feeds its own chunk 1). Cooldown:
+   pp−r−1 rounds of a chunk-1 backward and an F&B pair use up the forwards; 2(r+1) backwards
+   alternate between the chunks, the second half split; pp−r−1 rounds of an owed W and a split
+   chunk-0 backward follow, and the last W's fill the tail. Needs m ≥ 2·pp. */
+static void us__pp_dualpipev(us__pp_cur *q) {
+    int pp = q->s->pp, m = q->s->m, r = q->r, i;
+    for (i = 0; i < 2 * (pp - r - 1); i++) us__pp_f(q, 0);
+    for (i = 0; i < r + 1; i++) { us__pp_f(q, 0); us__pp_f(q, 1); }
+    for (i = 0; i < pp - r - 1; i++) { us__pp_b(q, 1, 1); us__pp_w(q); us__pp_f(q, 1); }
+    for (i = 0; i < m - 2 * pp + r + 1; i++) {
+        if (i == 0 && r == pp - 1) { us__pp_f(q, 0); us__pp_b(q, 1, 0); }
+        else us__pp_fb(q, 0, 1);
+        us__pp_fb(q, 1, 0);
+    }
+    for (i = 0; i < pp - r - 1; i++) { us__pp_b(q, 1, 0); us__pp_fb(q, 1, 0); }
+    for (i = 0; i < 2 * (r + 1); i++) us__pp_b(q, 1 - i % 2, i >= r + 1);
+    for (i = 0; i < pp - r - 1; i++) { us__pp_w(q); us__pp_b(q, 0, 1); }
+    while (q->head < q->tail) us__pp_w(q);
+}
+
+/* The split-backward schedules: each rank's list from its phases, through one cursor. */
+static us_result us__pp_zero_bubble(us_pp_schedule *s, char *err, size_t errlen) {
+    us__pp_cur q;
+    int r;
+    memset(&q, 0, sizeof q);
+    q.s = s;
+    q.owed = (int *)malloc(sizeof(int) * (size_t)(2 * s->m));
+    if (!q.owed) { us_pp_schedule_free(s); us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
+    for (r = 0; r < s->pp; r++) {
+        q.r = r; q.f[0] = q.f[1] = q.b[0] = q.b[1] = q.head = q.tail = 0;
+        if (s->kind == US_PP_ZB1) us__pp_zb1(&q);
+        else if (s->kind == US_PP_ZBV) us__pp_zbv(&q);
+        else us__pp_dualpipev(&q);
+    }
+    free(q.owed);
     return US_OK;
 }
 
 US_API us_result us_pp_schedule_build(us_pp_schedule *s, us_pp_kind kind, int pp, int m, int v, char *err, size_t errlen) {
-    int r, k;
+    int r, k, il, vs;
     memset(s, 0, sizeof *s);
     if (kind == US_PP_DEFAULT) kind = US_PP_1F1B;
+    il = kind == US_PP_INTERLEAVED || kind == US_PP_INTERLEAVED_BF;
+    vs = kind == US_PP_ZBV || kind == US_PP_DUALPIPEV;
+    if (kind < US_PP_AFAB || kind > US_PP_DUALPIPEV) { us__errf(err, errlen, "unknown pipeline schedule %d", (int)kind); return US_ERR_INVALID; }
     if (pp < 1 || pp > 64) { us__errf(err, errlen, "pp=%d must be in 1..64", pp); return US_ERR_INVALID; }
     if (m < 1) { us__errf(err, errlen, "micro-batches=%d must be at least 1", m); return US_ERR_INVALID; }
-    if (kind != US_PP_INTERLEAVED && kind != US_PP_INTERLEAVED_BF) v = 1;
-    else {
+    if (il) {
         if (v < 2) { us__errf(err, errlen, "the interleaved schedule needs at least 2 chunks per rank (got %d)", v); return US_ERR_INVALID; }
         if (kind == US_PP_INTERLEAVED && m % pp) { us__errf(err, errlen, "interleaved 1F1B takes micro-batches in groups of pp: micro-batches=%d is not a multiple of pp=%d", m, pp); return US_ERR_INVALID; }
-    }
-    if (kind < US_PP_AFAB || kind > US_PP_ZB1) { us__errf(err, errlen, "unknown pipeline schedule %d", (int)kind); return US_ERR_INVALID; }
-    s->kind = kind; s->pp = pp; s->m = m; s->v = v;
+    } else if (vs) {
+        if (v != 0 && v != 2) { us__errf(err, errlen, "%s runs exactly 2 chunks per rank in a V (got v=%d; pass 0 or 2)", us_pp_kind_name(kind), v); return US_ERR_INVALID; }
+        if (kind == US_PP_DUALPIPEV && m < 2 * pp) { us__errf(err, errlen, "DualPipe-V needs micro-batches >= 2*pp to reach its overlapped steady state (got micro-batches=%d, pp=%d)", m, pp); return US_ERR_INVALID; }
+        v = 2;
+    } else v = 1;
+    s->kind = kind; s->pp = pp; s->m = m; s->v = v; s->vshape = vs;
     s->n = (int *)calloc((size_t)pp, sizeof(int));
     s->a = (us_pp_action **)calloc((size_t)pp, sizeof(us_pp_action *));
     if (!s->n || !s->a) { us_pp_schedule_free(s); us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
@@ -4354,7 +4456,7 @@ US_API us_result us_pp_schedule_build(us_pp_schedule *s, us_pp_kind kind, int pp
         s->a[r] = (us_pp_action *)malloc(sizeof(us_pp_action) * (size_t)(3 * m * v));
         if (!s->a[r]) { us_pp_schedule_free(s); us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
     }
-    if (kind == US_PP_ZB1) return us__pp_zb1(s, err, errlen);
+    if (kind == US_PP_ZB1 || vs) return us__pp_zero_bubble(s, err, errlen);
     for (r = 0; r < pp; r++) {
         if (kind == US_PP_AFAB) {   /* GPipe: every forward, then every backward */
             for (k = 0; k < m; k++) us__pp_push(s, r, US_PP_F, k, 0);
@@ -4395,10 +4497,61 @@ US_API void us_pp_schedule_free(us_pp_schedule *s) {
                    last stage's after its own F)
      W(mb, stage)  after B(mb, stage)
    with BW = B then W at once. Every rank's list is walked in order; any rank whose next action
-   is ready advances. If none can and lists remain, the schedule deadlocks. */
+   is ready advances. If none can and lists remain, the schedule deadlocks.
+   An F&B pair (overlap) starts when both its inputs exist, and both its outputs leave when it
+   ends, as DualPipe's overlapped_forward_backward sends them. It costs the SUM of its two
+   actions: the two computations share one device, so overlap does not shorten the compute; what
+   it buys is hiding each one's communication (pipeline sends, expert-parallel all-to-all) under
+   the other's compute, and transfers are free here. So this simulator shows DualPipe-V's
+   schedule, not its communication advantage. */
 typedef struct us__pp_ev { double f, b, w; } us__pp_ev;   /* end times, -1 = not yet */
+static double us__pp_cost(const us_pp_action *x, double tF, double tB, double tW) {
+    return x->op == US_PP_F ? tF : x->op == US_PP_B ? tB : x->op == US_PP_W ? tW : tB + tW;
+}
+/* When action x of rank r may start as far as its inputs go; -1 while one is not produced. */
+static double us__pp_ready(const us_pp_schedule *s, const us__pp_ev *e, int r, const us_pp_action *x) {
+    int m = s->m, st = us_pp_stage(s, r, x->chunk);
+    const us__pp_ev *me = &e[st * m + x->mb];
+    double g;
+    if (x->op == US_PP_F) return st > 0 ? e[(st - 1) * m + x->mb].f : 0;
+    if (x->op == US_PP_W) return me->b;
+    if (st == s->pp * s->v - 1 || me->f < 0) return me->f;   /* the last stage starts from its own loss */
+    g = e[(st + 1) * m + x->mb].b;
+    return g < 0 ? -1 : g > me->f ? g : me->f;
+}
+/* The checker's static half: every (micro-batch, chunk) of a rank has exactly one forward, one
+   input-gradient and one weight-gradient backward (BW counts as both); overlapped pairs are a
+   forward and a backward. */
+static us_result us__pp_check_lists(const us_pp_schedule *s, char *err, size_t errlen) {
+    int r, i, j;
+    for (r = 0; r < s->pp; r++)
+        for (i = 0; i < s->n[r]; i++) {
+            const us_pp_action *x = &s->a[r][i];
+            int nf = 0, nb = 0, nw = 0;
+            if (x->mb < 0 || x->mb >= s->m || x->chunk < 0 || x->chunk >= s->v) {
+                us__errf(err, errlen, "rank %d action %d names micro-batch %d chunk %d, outside %d x %d", r, i, x->mb, x->chunk, s->m, s->v);
+                return US_ERR_INVALID;
+            }
+            if (x->overlap && (x->op != US_PP_F || i + 1 == s->n[r] || (s->a[r][i + 1].op != US_PP_B && s->a[r][i + 1].op != US_PP_BW))) {
+                us__errf(err, errlen, "rank %d action %d: an overlapped pair is a forward followed by a backward", r, i);
+                return US_ERR_INVALID;
+            }
+            for (j = 0; j < s->n[r]; j++) {
+                const us_pp_action *y = &s->a[r][j];
+                if (y->mb != x->mb || y->chunk != x->chunk) continue;
+                nf += y->op == US_PP_F; nb += y->op == US_PP_B || y->op == US_PP_BW; nw += y->op == US_PP_W || y->op == US_PP_BW;
+            }
+            if (nf != 1 || nb != 1 || nw != 1) {
+                us__errf(err, errlen, "rank %d: micro-batch %d chunk %d has %d forwards, %d input and %d weight backwards (want 1 each)",
+                         r, x->mb, x->chunk, nf, nb, nw);
+                return US_ERR_INVALID;
+            }
+        }
+    return US_OK;
+}
 /* The walk itself; start (may be NULL) receives every action's start time, [pp][nmax] where
-   nmax is the longest rank list: what the renderer draws. */
+   nmax is the longest rank list: what the renderer draws (a pair's backward starts where its
+   forward's share ends). */
 static us_result us__pp_play(const us_pp_schedule *s, double tF, double tB, double tW, us_pp_sim *out, double *start, int nmax,
                              char *err, size_t errlen) {
     int S = s->pp * s->v, m = s->m, r, i, progress, left;
@@ -4409,63 +4562,44 @@ static us_result us__pp_play(const us_pp_schedule *s, double tF, double tB, doub
     if (!e || !pc || !held || !busy || !clock) { res = US_ERR_OOM; us__errf(err, errlen, "out of host memory"); goto done; }
     memset(out, 0, sizeof *out);
     for (i = 0; i < S * m; i++) e[i].f = e[i].b = e[i].w = -1;
-    for (r = 0; r < s->pp; r++)   /* every (micro-batch, chunk) of the rank exactly once per kind */
-        for (i = 0; i < s->n[r]; i++) {
-            const us_pp_action *x = &s->a[r][i];
-            int j, nf = 0, nb = 0, nw = 0;
-            if (x->mb < 0 || x->mb >= m || x->chunk < 0 || x->chunk >= s->v) {
-                us__errf(err, errlen, "rank %d action %d names micro-batch %d chunk %d, outside %d x %d", r, i, x->mb, x->chunk, m, s->v);
-                res = US_ERR_INVALID; goto done;
-            }
-            for (j = 0; j < s->n[r]; j++) {
-                const us_pp_action *y = &s->a[r][j];
-                if (y->mb != x->mb || y->chunk != x->chunk) continue;
-                nf += y->op == US_PP_F; nb += y->op == US_PP_B || y->op == US_PP_BW; nw += y->op == US_PP_W || y->op == US_PP_BW;
-            }
-            if (nf != 1 || nb != 1 || nw != 1) {
-                us__errf(err, errlen, "rank %d: micro-batch %d chunk %d has %d forwards, %d input and %d weight backwards (want 1 each)",
-                         r, x->mb, x->chunk, nf, nb, nw);
-                res = US_ERR_INVALID; goto done;
-            }
-        }
+    if ((res = us__pp_check_lists(s, err, errlen)) != US_OK) goto done;
     do {
         progress = 0; left = 0;
         for (r = 0; r < s->pp; r++) {
             while (pc[r] < s->n[r]) {
                 const us_pp_action *x = &s->a[r][pc[r]];
-                int st = us_pp_stage(s, r, x->chunk);
-                us__pp_ev *me = &e[st * m + x->mb];
-                double ready = clock[r], cost;
-                if (x->op == US_PP_F) {
-                    if (st > 0) { if (e[(st - 1) * m + x->mb].f < 0) break; if (e[(st - 1) * m + x->mb].f > ready) ready = e[(st - 1) * m + x->mb].f; }
-                    cost = tF;
-                } else if (x->op == US_PP_B || x->op == US_PP_BW) {
-                    if (me->f < 0) break;
-                    if (me->f > ready) ready = me->f;
-                    if (st < S - 1) { if (e[(st + 1) * m + x->mb].b < 0) break; if (e[(st + 1) * m + x->mb].b > ready) ready = e[(st + 1) * m + x->mb].b; }
-                    cost = x->op == US_PP_BW ? tB + tW : tB;
-                } else {
-                    if (me->b < 0) break;
-                    if (me->b > ready) ready = me->b;
-                    cost = tW;
+                int k, n = x->overlap ? 2 : 1;   /* the action, or the F&B pair it starts */
+                double t0 = clock[r], ready;
+                for (k = 0; k < n; k++) {
+                    if ((ready = us__pp_ready(s, e, r, x + k)) < 0) break;
+                    if (ready > t0) t0 = ready;
                 }
-                if (start) start[(size_t)r * nmax + pc[r]] = ready;
-                clock[r] = ready + cost;
-                busy[r] += cost;
-                if (x->op == US_PP_F) { me->f = clock[r]; if (++held[r] > out->peak_act[r]) out->peak_act[r] = held[r]; }
-                if (x->op == US_PP_B || x->op == US_PP_BW) me->b = clock[r];   /* the input gradient leaves when the action ends */
-                if (x->op == US_PP_W || x->op == US_PP_BW) { me->w = clock[r]; held[r]--; }   /* activations freed with the weight gradient */
-                if (clock[r] > end) end = clock[r];
-                pc[r]++;
+                if (k < n) break;
+                for (k = 0; k < n; k++) {
+                    double cost = us__pp_cost(x + k, tF, tB, tW);
+                    if (start) start[(size_t)r * nmax + pc[r] + k] = t0;
+                    t0 += cost;
+                    busy[r] += cost;
+                }
+                clock[r] = t0;
+                for (k = 0; k < n; k++) {   /* a pair's outputs leave together, when it ends */
+                    us__pp_ev *me = &e[us_pp_stage(s, r, x[k].chunk) * m + x[k].mb];
+                    if (x[k].op == US_PP_F) { me->f = t0; if (++held[r] > out->peak_act[r]) out->peak_act[r] = held[r]; }
+                    if (x[k].op == US_PP_B || x[k].op == US_PP_BW) me->b = t0;   /* the input gradient leaves when the action ends */
+                    if (x[k].op == US_PP_W || x[k].op == US_PP_BW) { me->w = t0; held[r]--; }   /* activations freed with the weight gradient */
+                }
+                if (t0 > end) end = t0;
+                pc[r] += n;
                 progress = 1;
             }
             left += s->n[r] - pc[r];
         }
     } while (progress && left);
     if (left) {
+        static const char *name[] = {"F", "B", "W", "BW"};
         for (r = 0; r < s->pp && pc[r] == s->n[r]; r++) {}
         us__errf(err, errlen, "the schedule deadlocks: rank %d waits at action %d (%s of micro-batch %d, chunk %d) for an input no rank will produce",
-                 r, pc[r], s->a[r][pc[r]].op == US_PP_F ? "F" : s->a[r][pc[r]].op == US_PP_W ? "W" : "B", s->a[r][pc[r]].mb, s->a[r][pc[r]].chunk);
+                 r, pc[r], name[s->a[r][pc[r]].op], s->a[r][pc[r]].mb, s->a[r][pc[r]].chunk);
         res = US_ERR_INVALID; goto done;
     }
     out->makespan = end;
@@ -4502,14 +4636,18 @@ US_API us_result us_pp_svg(const us_pp_schedule *s, double tF, double tB, double
     for (rk = 0; rk < s->pp; rk++)
         for (i = 0; i < s->n[rk]; i++) {   /* one box per action, where the simulation placed it */
             const us_pp_action *x = &s->a[rk][i];
-            double t0 = start[(size_t)rk * nmax + i], cost = x->op == US_PP_F ? tF : x->op == US_PP_W ? tW : x->op == US_PP_BW ? tB + tW : tB;
-            const char *col = x->op == US_PP_F ? (x->chunk ? "#6fa8dc" : "#3d85c6") : x->op == US_PP_W ? "#b4a7d6" : (x->chunk ? "#93c47d" : "#6aa84f");
+            double t0 = start[(size_t)rk * nmax + i], cost = us__pp_cost(x, tF, tB, tW), y = 30 + rk * rowh;
+            const char *col = x->op == US_PP_F ? (x->chunk ? "#6fa8dc" : "#3d85c6") : x->op == US_PP_W ? (x->chunk ? "#b4a7d6" : "#8e7cc3") : (x->chunk ? "#93c47d" : "#6aa84f");
             fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\" stroke=\"white\"/>"
                        "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"white\">%d</text>\n",
-                    x0 + t0 * scale, 30 + rk * rowh, cost * scale, rowh - 4, col, x0 + (t0 + cost / 2) * scale, 30 + rk * rowh + 17, x->mb + 1);
+                    x0 + t0 * scale, y, cost * scale, rowh - 4, col, x0 + (t0 + cost / 2) * scale, y + 17, x->mb + 1);
+            if (x->overlap)   /* an F&B pair: one black frame around both, as DualPipe draws it */
+                fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"black\" stroke-width=\"1.5\"/>\n",
+                        x0 + t0 * scale, y, (cost + us__pp_cost(x + 1, tF, tB, tW)) * scale, rowh - 4);
         }
     for (rk = 0; rk < s->pp; rk++) fprintf(f, "<text x=\"8\" y=\"%.1f\">rank %d</text>\n", 30 + rk * rowh + 17, rk);
-    fprintf(f, "<text x=\"%.0f\" y=\"%.0f\">F forward  B/BW backward  W weight gradient (lighter: second chunk)</text>\n</svg>\n", x0, rowh * s->pp + 50);
+    fprintf(f, "<text x=\"%.0f\" y=\"%.0f\">F forward  B/BW backward  W weight gradient (lighter: second chunk%s)</text>\n</svg>\n", x0, rowh * s->pp + 50,
+            s->kind == US_PP_DUALPIPEV ? "; framed: an overlapped F&amp;B pair" : "");
     free(start);
     if (fclose(f) != 0) { us__errf(err, errlen, "cannot finish writing %s", path); return US_ERR_IO; }
     return US_OK;
