@@ -861,7 +861,7 @@ US_API void us_train_config_defaults(us_train_config *c) {
     if (!c->cp) c->cp = 1;
     if (!c->pp) c->pp = 1;
     if (!c->pp_schedule) c->pp_schedule = 2; /* US_PP_1F1B (declared below) */
-    if (!c->pp_chunks) c->pp_chunks = c->pp_schedule == 3 || c->pp_schedule == 4 ? 2 : 1;   /* interleaved(-bf): 2 */
+    if (!c->pp_chunks) c->pp_chunks = c->pp_schedule >= 3 && c->pp_schedule != 5 ? 2 : 1;   /* interleaved(-bf), ZB-V, DualPipe-V: 2 */
     if (c->cp_mode == US_CP_DEFAULT) c->cp_mode = US_CP_ZIGZAG;
     if (c->bucket_mb == 0) c->bucket_mb = 25.0f;
 }
@@ -919,13 +919,15 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
     if (tc->pp > 1 && mc->tie_embeddings) US__BAD("tied embeddings live on the first and last pipeline stages: untie them for pp > 1");
     if (tc->pp > 1 && tc->zero == 3) US__BAD("ZeRO-3 with pipeline parallelism is not supported (each stage would gather its weights every micro-batch); use zero 1 or 2");
     if (tc->pp > 1 && tc->cp > 1) US__BAD("pipeline with context parallelism is not supported yet");
-    if (tc->pp_schedule < US_PP_AFAB || tc->pp_schedule > US_PP_ZB1)
-        US__BAD("the pipeline executor runs the afab, 1f1b, interleaved, interleaved-bf and zb1 schedules (got schedule %d)", tc->pp_schedule);
+    if (tc->pp_schedule < US_PP_AFAB || tc->pp_schedule > US_PP_DUALPIPEV) US__BAD("unknown pipeline schedule %d", tc->pp_schedule);
     if (tc->pp_chunks < 1 || tc->pp_chunks > 16) US__BAD("pp_chunks=%d must be in 1..16", tc->pp_chunks);
     if ((tc->pp_schedule == US_PP_INTERLEAVED || tc->pp_schedule == US_PP_INTERLEAVED_BF) && tc->pp_chunks < 2)
         US__BAD("the interleaved schedules need at least 2 model chunks per rank (pp_chunks=%d)", tc->pp_chunks);
-    if (tc->pp_schedule != US_PP_INTERLEAVED && tc->pp_schedule != US_PP_INTERLEAVED_BF && tc->pp_chunks != 1)
-        US__BAD("pp_chunks=%d applies to the interleaved schedules only (%s runs one chunk per rank)", tc->pp_chunks, us_pp_kind_name((us_pp_kind)tc->pp_schedule));
+    if ((tc->pp_schedule == US_PP_ZBV || tc->pp_schedule == US_PP_DUALPIPEV) && tc->pp_chunks != 2)
+        US__BAD("%s runs exactly 2 chunks per rank, in a V (pp_chunks=%d)", us_pp_kind_name((us_pp_kind)tc->pp_schedule), tc->pp_chunks);
+    if (tc->pp_schedule <= US_PP_1F1B && tc->pp_chunks != 1)
+        US__BAD("pp_chunks=%d applies to the interleaved and V-shaped schedules only (%s runs one chunk per rank)", tc->pp_chunks, us_pp_kind_name((us_pp_kind)tc->pp_schedule));
+    if (tc->pp_schedule == US_PP_ZB1 && tc->pp_chunks != 1) US__BAD("zb1 runs one chunk per rank (pp_chunks=%d)", tc->pp_chunks);
     if (tc->pp > 1 && tc->pp * tc->pp_chunks > mc->n_layers)
         US__BAD("pp=%d x %d chunks = %d pipeline stages exceed layers=%d: every stage needs a layer", tc->pp, tc->pp_chunks, tc->pp * tc->pp_chunks, mc->n_layers);
     if (tc->pp_layers && tc->pp > 1) {
@@ -936,9 +938,9 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
         }
         if (sum != mc->n_layers) US__BAD("the per-stage layer counts sum to %d but the model has %d layers", sum, mc->n_layers);
     }
-    if (tc->pp > 1 && tc->pp_schedule == US_PP_ZB1 && tc->recompute != US_RECOMPUTE_NONE)
-        US__BAD("zb1 keeps every layer's activations from B until W: it does not combine with recompute (use --recompute none)");
-    if (tc->pp > 1 && (tc->pp_schedule == US_PP_ZB1 || tc->pp_schedule == US_PP_INTERLEAVED || tc->pp_schedule == US_PP_INTERLEAVED_BF) && tc->zero >= 2)
+    if (tc->pp > 1 && (tc->pp_schedule == US_PP_ZB1 || tc->pp_schedule == US_PP_ZBV || tc->pp_schedule == US_PP_DUALPIPEV) && tc->recompute != US_RECOMPUTE_NONE)
+        US__BAD("%s keeps every layer's activations from B until W: it does not combine with recompute (use --recompute none)", us_pp_kind_name((us_pp_kind)tc->pp_schedule));
+    if (tc->pp > 1 && tc->pp_schedule >= US_PP_INTERLEAVED && tc->zero >= 2)
         US__BAD("ZeRO-2 reduces each micro-batch's gradients as its backward ends, and %s completes a weight's gradient across several actions: use zero 0 or 1",
                 us_pp_kind_name((us_pp_kind)tc->pp_schedule));
     if (tc->cp_mode < US_CP_RING || tc->cp_mode > US_CP_ALLGATHER) US__BAD("unknown cp mode %d", (int)tc->cp_mode);
@@ -2683,6 +2685,16 @@ static void us__init_weights(us_model *m) {
 static int us__cp_pos(const us_train_config *tc, int r, int t);   /* // >>cp */
 static us_result us__pp_connect(us_model *m);
 static us_result us__pp_plan(us_model *m);
+static int us__pp_rank_of(const us_pp_schedule *s, int st);
+/* Stage st's first layer and layer count among S stages: tc.pp_layers, or an even split with
+   the first stages taking the remainder. */
+static void us__pp_stage_layers(const us_model_config *mc, const us_train_config *tc, int S, int st, int *first, int *count) {
+    int k, base = mc->n_layers / S, extra = mc->n_layers % S;
+    if (tc->pp_layers && tc->pp > 1) {
+        for (*first = 0, k = 0; k < st; k++) *first += tc->pp_layers[k];
+        *count = tc->pp_layers[st];
+    } else { *first = st * base + (st < extra ? st : extra); *count = base + (st < extra); }
+}
 static us_result us__model_init(us_model *m, const us_model_config *mc, const us_train_config *tc, const us_ops *ops, us_comm *comm) {
     us_result r;
     us__dist_sizes z;
@@ -2704,24 +2716,31 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
         return US_ERR_INVALID;
     }
     if ((r = us_mesh_init(&m->mesh, comm, m->tc.dp, m->tc.pp, m->tc.cp, m->tc.tp)) != US_OK) { us__model_set_error(m, "device mesh: %s", comm->err); return r; }
-    {   /* pipeline stages: the layers split as evenly as possible over pp·v stages, the first
-           stages taking the remainder; this rank runs v of them (chunk c is stage c·pp + q) */
-        int P = m->tc.pp, q = m->mesh.pp_rank, LG = m->cfg.n_layers, v = P > 1 ? m->tc.pp_chunks : 1, S = P * v;
-        int base = LG / S, extra = LG % S, c, l, n = 0;
+    if (m->tc.pp > 1) {   /* the step's schedule (// >>pp): which stages this rank runs, in which order */
+        char e2[200];
+        m->pp_sched = (us_pp_schedule *)calloc(1, sizeof(us_pp_schedule));
+        if (!m->pp_sched || us_pp_schedule_build(m->pp_sched, (us_pp_kind)m->tc.pp_schedule, m->tc.pp, m->tc.grad_accum, m->tc.pp_chunks, e2, sizeof e2) != US_OK) {
+            us_model_free(m); us__model_set_error(m, "pipeline schedule: %s", e2); return US_ERR_INVALID;
+        }
+    }
+    {   /* pipeline stages: the layers split over pp·v stages (us__pp_stage_layers); this rank runs
+           v of them, chunk c being stage us_pp_stage(c) (c·pp + q; the V shapes: q, then 2·pp−1−q) */
+        int P = m->tc.pp, q = m->mesh.pp_rank, LG = m->cfg.n_layers, v = m->pp_sched ? m->pp_sched->v : 1, S = P * v, c, l, n = 0;
         m->n_layers_global = LG;
         m->pp_v = v;
         m->layer_g = (int *)US_MALLOC(sizeof(int) * (size_t)LG);
-        if (!m->layer_g) { us__model_set_error(m, "out of host memory for the model tables"); us_mesh_free(&m->mesh, comm); return US_ERR_OOM; }
+        if (!m->layer_g) { us_model_free(m); us__model_set_error(m, "out of host memory for the model tables"); return US_ERR_OOM; }
         for (c = 0; c < v; c++) {
-            int st = c * P + q, g0 = st * base + (st < extra ? st : extra), nl = base + (st < extra), k;
-            if (m->tc.pp_layers && P > 1) { for (g0 = 0, k = 0; k < st; k++) g0 += m->tc.pp_layers[k]; nl = m->tc.pp_layers[st]; }
+            int st = m->pp_sched ? us_pp_stage(m->pp_sched, q, c) : 0, g0, nl;
+            us__pp_stage_layers(&m->cfg, &m->tc, S, st, &g0, &nl);
             m->chunk_lo[c] = n;
             for (l = 0; l < nl; l++) m->layer_g[n++] = g0 + l;
             m->chunk_hi[c] = n;
         }
         m->layer0 = m->layer_g[0];
         m->cfg.n_layers = n;
-        m->pp_first = q == 0; m->pp_last = q == P - 1; m->pp_head_rank = P - 1;
+        m->pp_head_rank = m->pp_sched ? us__pp_rank_of(m->pp_sched, S - 1) : 0;
+        m->pp_first = q == 0; m->pp_last = q == m->pp_head_rank;
         m->l_lo = 0; m->l_hi = n; m->c_first = m->pp_first; m->c_last = m->pp_last;
     }
     m->params = (us_param *)US_MALLOC(sizeof(us_param) * (size_t)(3 + m->cfg.n_layers * US__P_PER_LAYER));
@@ -2768,9 +2787,7 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
     if (m->tc.pp > 1) {
         us_pp_sim sim;
         char e2[200];
-        m->pp_sched = (us_pp_schedule *)calloc(1, sizeof(us_pp_schedule));
-        if (!m->pp_sched || us_pp_schedule_build(m->pp_sched, (us_pp_kind)m->tc.pp_schedule, m->tc.pp, m->tc.grad_accum, m->pp_v, e2, sizeof e2) != US_OK ||
-            us_pp_simulate(m->pp_sched, 1, 2, 0, &sim, e2, sizeof e2) != US_OK) {
+        if (us_pp_simulate(m->pp_sched, 1, 2, 0, &sim, e2, sizeof e2) != US_OK) {
             us_model_free(m); us__model_set_error(m, "pipeline schedule: %s", e2); return US_ERR_INVALID;
         }
         m->slots = sim.peak_act[m->mesh.pp_rank];
@@ -4725,9 +4742,9 @@ US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int
    selective drops the non-GEMM ones, full keeps only x; one layer's worth is then scratch. */
 /* Layers on pipeline rank 0: its chunks are stages 0, pp, 2·pp, ... of the even split (the model
    init's rule), each with L/S layers and one more for the first L%S stages. */
-static int us__pp_rank0_layers(const us_model_config *mc, const us_train_config *tc) {
-    int v = tc->pp > 1 ? tc->pp_chunks : 1, S = tc->pp * v, c, n = 0;
-    for (c = 0; c < v; c++) n += tc->pp_layers && tc->pp > 1 ? tc->pp_layers[c * tc->pp] : mc->n_layers / S + (c * tc->pp < mc->n_layers % S);
+static int us__pp_rank0_layers(const us_model_config *mc, const us_train_config *tc, const us_pp_schedule *s) {
+    int v = s ? s->v : 1, S = tc->pp * v, c, n = 0, first, count;
+    for (c = 0; c < v; c++) { us__pp_stage_layers(mc, tc, S, s ? us_pp_stage(s, 0, c) : 0, &first, &count); n += count; }
     return n;
 }
 US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train_config *tc_in, us_memory *out, char *err, size_t errlen) {
@@ -4736,29 +4753,41 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
     us_result r = us_config_validate(&mc, &tc, err, errlen);
     int64_t N, C, HS, QKV, AO, F, V, L, psi, shard, unit, Nf, Ns;
     size_t a, x, rs, qkv, att, lse, gu, h, xf, rf, gemm_outs, cheap, per_layer, shared, head, bwd;
-    int mode, Z, slots, sp;
+    int mode, Z, slots, sp, peak = 1;
+    us_pp_schedule ps, *psp = NULL;
     if (r != US_OK) return r;
+    if (tc.pp > 1) {   /* the first pipeline rank: its stages, and the activations its schedule holds */
+        us_pp_sim sim;
+        if (us_pp_schedule_build(&ps, (us_pp_kind)tc.pp_schedule, tc.pp, tc.grad_accum, tc.pp_chunks, err, errlen) != US_OK) return US_ERR_INVALID;
+        r = us_pp_simulate(&ps, 1, 2, 0, &sim, err, errlen);
+        if (r != US_OK) { us_pp_schedule_free(&ps); return r; }
+        peak = sim.peak_act[0];
+        psp = &ps;
+    }
     a = tc.precision == US_PRECISION_BF16 ? 2 : 4;
     Z = tc.zero;
     {   /* Ψ as laid out: the same cut into units the model makes (us__plan_units), no allocation */
         us_model tmp;
         us__dist_sizes z;
+        int l;
         memset(&tmp, 0, sizeof tmp);
         tmp.cfg = mc; tmp.tc = tc;
         /* under pipeline parallelism: the first rank (its chunks' layers and the embedding) */
-        int l;
         tmp.n_layers_global = mc.n_layers;
-        tmp.cfg.n_layers = us__pp_rank0_layers(&mc, &tc);
-        tmp.pp_first = 1; tmp.pp_last = tc.pp == 1;
+        tmp.cfg.n_layers = us__pp_rank0_layers(&mc, &tc, psp);
+        tmp.pp_first = 1; tmp.pp_last = !psp || us__pp_rank_of(psp, tc.pp * psp->v - 1) == 0;   /* the V shapes end on rank 0 */
         tmp.params = (us_param *)US_MALLOC(sizeof(us_param) * (size_t)(3 + mc.n_layers * US__P_PER_LAYER));
         tmp.layer_g = (int *)US_MALLOC(sizeof(int) * (size_t)mc.n_layers);
-        if (!tmp.params || !tmp.layer_g) { US_FREE(tmp.params); US_FREE(tmp.layer_g); us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
+        if (!tmp.params || !tmp.layer_g) {
+            US_FREE(tmp.params); US_FREE(tmp.layer_g); if (psp) us_pp_schedule_free(psp);
+            us__errf(err, errlen, "out of host memory"); return US_ERR_OOM;
+        }
         for (l = 0; l < mc.n_layers; l++) tmp.layer_g[l] = l;   /* names only: sizes do not depend on them */
         us__build_params(&tmp);
         US_FREE(tmp.layer_g);
         tmp.n_units = us__plan_units(&tmp, NULL);
         tmp.units = (us__unit *)US_MALLOC(sizeof(us__unit) * (size_t)tmp.n_units);
-        if (!tmp.units) { US_FREE(tmp.params); us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
+        if (!tmp.units) { US_FREE(tmp.params); if (psp) us_pp_schedule_free(psp); us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
         us__plan_units(&tmp, tmp.units);
         us__dist_sizes_of(&tmp, &z);
         psi = z.n_flat; shard = z.shard_n; unit = z.slot_n; slots = z.n_gslots;
@@ -4796,17 +4825,13 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
               + 2 * us__align(N * AO * 4) + 2 * us__align(N * (mc.n_heads / tc.tp) * 4) + us__align(N * (AO > KVW ? AO : KVW) * a);
     }
     bwd = 2 * xf /* residual grad, norm grad */ + att + qkv + h + gu;
-    if (tc.pp > 1) {   /* the first pipeline stage: its layers, one arena per micro-batch it holds at once */
-        us_pp_schedule ps;
-        us_pp_sim sim;
-        L = us__pp_rank0_layers(&mc, &tc);
-        if (us_pp_schedule_build(&ps, (us_pp_kind)tc.pp_schedule, tc.pp, tc.grad_accum, tc.pp_chunks, err, errlen) != US_OK) return US_ERR_INVALID;
-        r = us_pp_simulate(&ps, 1, 2, 0, &sim, err, errlen);
-        us_pp_schedule_free(&ps);
-        if (r != US_OK) return r;
-        if (tc.pp_schedule == US_PP_ZB1)   /* B/W apart: each layer keeps its output gradients for W */
-            out->activations = ((size_t)L * (per_layer + 2 * xf + qkv + gu) + shared + head + bwd) * (size_t)sim.peak_act[0];
-        else out->activations = ((size_t)L * per_layer + shared + head + bwd) * (size_t)sim.peak_act[0];
+    if (psp) {   /* the first pipeline rank: its layers, one arena per micro-batch chunk it holds at once */
+        int i, wsplit = 0;
+        for (i = 0; i < psp->n[0]; i++) wsplit |= psp->a[0][i].op == US_PP_W;
+        L = us__pp_rank0_layers(&mc, &tc, psp);
+        if (wsplit) per_layer += 2 * xf + qkv + gu;   /* B/W apart: each layer keeps its output gradients for W */
+        out->activations = ((size_t)L * per_layer + shared + head + bwd) * (size_t)peak;
+        us_pp_schedule_free(psp);
     } else out->activations = (size_t)L * per_layer + shared + head + bwd;
     out->total = out->params + out->master + out->grads + out->optimizer + out->activations;
     return US_OK;

@@ -71,8 +71,9 @@ static void usage(FILE *f) {
         "  --pp N            pipeline stages (default 1): layers split over N ranks\n"
         "  --micro-batches M the micro-batches a pipeline schedule runs per step (= --grad-accum)\n"
         "  --pp-schedule S   afab | 1f1b (default) | interleaved (depth-first, Megatron) | interleaved-bf\n"
-        "                    (breadth-first, Llama 3) | zb1 (zero bubble: B and W apart). The log gains\n"
-        "                    pp_bubble (the measured idle share of the schedule)\n"
+        "                    (breadth-first, Llama 3) | zb1 (zero bubble: B and W apart) | zbv (zero\n"
+        "                    bubble, 2 chunks in a V) | dualpipev (DeepSeek's DualPipe cut in half). The\n"
+        "                    log gains pp_bubble (the measured idle share of the schedule)\n"
         "  --pp-chunks V     model chunks per rank for the interleaved schedules (default 2)\n"
         "  --pp-layers A,B,.. layers per pipeline stage (pp x chunks counts; default: an even split)\n"
         "  --bucket-mb X     gradient bucket size in MiB (default 25)\n"
@@ -517,10 +518,9 @@ int main(int argc, char **argv) {
             else if (!strcmp(v, "zb1")) tc.pp_schedule = US_PP_ZB1;
             else if (!strcmp(v, "interleaved")) tc.pp_schedule = US_PP_INTERLEAVED;
             else if (!strcmp(v, "interleaved-bf")) tc.pp_schedule = US_PP_INTERLEAVED_BF;
-            else if (!strcmp(v, "zbv") || !strcmp(v, "dualpipev")) {
-                fprintf(stderr, "train: --pp-schedule %s is drawn by build/schedule but the executor runs afab, 1f1b, interleaved(-bf) and zb1 so far\n", v);
-                return 2;
-            } else return bad("--pp-schedule must be afab, 1f1b, interleaved, interleaved-bf, zb1, zbv or dualpipev, got", v);
+            else if (!strcmp(v, "zbv")) tc.pp_schedule = US_PP_ZBV;
+            else if (!strcmp(v, "dualpipev")) tc.pp_schedule = US_PP_DUALPIPEV;
+            else return bad("--pp-schedule must be afab, 1f1b, interleaved, interleaved-bf, zb1, zbv or dualpipev, got", v);
         }
         else if (!strcmp(f, "--pp-chunks")) ok = parse_int(v, 1, 16, &tc.pp_chunks);
         else if (!strcmp(f, "--pp-layers")) {   /* a comma-separated count per stage */

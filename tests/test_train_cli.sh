@@ -111,9 +111,9 @@ same_curve "--cp 2 --dp 2 --zero 1 trains the task to the loss curve of one rank
 
 # pipeline parallelism
 expect 2 "pp needs a layer per stage" "pp=3 exceeds layers=2" -- --pp 3
-expect 2 "schedules the executor does not run yet" "executor runs afab, 1f1b, interleaved\(-bf\) and zb1" -- --pp 2 --pp-schedule dualpipev
+expect 2 "unknown schedule" "must be afab, 1f1b, interleaved, interleaved-bf, zb1, zbv or dualpipev, got gpipe" -- --pp 2 --pp-schedule gpipe
 expect 2 "interleaved needs a layer per stage" "pp=2 x 2 chunks = 4 pipeline stages exceed layers=2" -- --pp 2 --pp-schedule interleaved
-expect 2 "chunks only for interleaved" "applies to the interleaved schedules only" -- --pp 2 --pp-chunks 2
+expect 2 "chunks only for interleaved" "applies to the interleaved and V-shaped schedules only" -- --pp 2 --pp-chunks 2
 expect 2 "zb1 without recompute" "does not combine with recompute" -- --pp 2 --pp-schedule zb1 --recompute full
 "$BIN" --steps 40 --eval-every 0 --quiet --grad-accum 4 --log "$T/pp1.jsonl" > /dev/null 2>&1
 same_curve "--pp 2 --dp 2 (1F1B, 4 micro-batches) trains the task to the loss curve of one rank" pp1 pp -- --grad-accum 4 --pp 2 --dp 2
