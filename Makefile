@@ -62,6 +62,14 @@ $(B)/gemm_steps: examples/gemm_steps.cu | $(B)
 $(B)/test_cuda: tests/test_cuda.cu tests/us_test.h $(HDR) ultrascale_cuda.cuh | $(B)
 	$(NVCC) $(NVFLAGS) $< -o $@ $(NVLIBS)
 
+# the flash kernels on the CPU through a small CUDA emulator, against the CPU reference: kernel
+# logic can be checked on a machine without a GPU (needs the CUDA headers only; ~4 minutes under ASan)
+$(B)/flash_emu: tests/emu/flash_emu.cpp tests/emu/us_cuda_emu.h tests/emu/extract_flash.py tests/us_test.h $(HDR) ultrascale_cuda.cuh | $(B)
+	python3 tests/emu/extract_flash.py ultrascale_cuda.cuh $(B)/flash_kernels_emu.h
+	$(CXX) -std=c++17 -O1 -g -fsanitize=address -fno-omit-frame-pointer $(OPENMP) -w -I$(CUDA_HOME)/include -I$(B) $< -o $@ $(LDLIBS)
+flash-emu: $(B)/flash_emu
+	ASAN_OPTIONS=detect_stack_use_after_return=0 ./$(B)/flash_emu
+
 # Compile checks: C99 pedantic with -Werror, C++, two translation units, ULTRASCALE_STATIC,
 # no OpenMP, and nvcc (the CUDA compiler sees the header as C++) when it is installed.
 CHECKS = \
@@ -133,7 +141,7 @@ $(B)/bench_cpu: bench/bench_cpu.c $(HDR) | $(B)
 clean:
 	rm -rf $(B)
 
-.PHONY: all train train-cuda test bench clean
+.PHONY: all train train-cuda test bench clean flash-emu
 
 # ---- GPU benchmarks (run on the GPU machine; see bench/run_gpu.sh)
 $(B)/bench_cuda: bench/bench_cuda.cu $(HDR) ultrascale_cuda.cuh | $(B)

@@ -19,6 +19,7 @@
      // >>cuda-kernels    embedding, RMSNorm, RoPE, SwiGLU, fused softmax-cross-entropy, casts
      // >>cuda-attention  portable attention (any dtype/head size)
      // >>cuda-flash      flash attention: bf16, HS 64/128, mma.sync tensor cores, deterministic backward
+     // >>cuda-cp-flash   the same by key blocks with positions (ring attention's blocks), state in fp32
      // >>cuda-optimizer  AdamW on flat buffers, Σx² for the global norm
    Every kernel computes in fp32 and rounds once on store, like the CPU reference, and is
    checked against it by tests/test_cuda.cu. CUDA and cuBLASLt errors never exit: the first one
@@ -52,6 +53,7 @@ US_API void     *us_cuda_stream(const us_ops *ops);
 #ifndef ULTRASCALE_CUDA_IMPLEMENTATION_DONE
 #define ULTRASCALE_CUDA_IMPLEMENTATION_DONE
 
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -825,9 +827,9 @@ __global__ void __launch_bounds__(US__XENT_THREADS) us__k_xent_vec(float *losses
             }
     }
 }
-/* Attention by key blocks with positions (context parallelism): plain kernels, one thread per
-   query row (forward, dQ) or per key row (dK, dV), so every sum has one order and no atomics.
-   Correct and simple; a tiled version belongs with flash attention. */
+/* Attention by key blocks with positions (context parallelism), the portable kernels: one thread
+   per query row (forward, dQ) or per key row (dK, dV), so every sum has one order and no atomics.
+   Correct and simple, and slow; bf16 at HS 64/128 runs the flash kernels of // >>cuda-cp-flash. */
 template <typename T>
 __global__ void us__k_attn_block_fwd(float *acc, float *m, float *l, const T *qkv, const T *kv, const int32_t *qpos, const int32_t *kpos,
                                      int64_t B, int64_t Tq, int64_t Tk, int NH, int NKV, int HS, int init, float scale) {
@@ -857,14 +859,19 @@ __global__ void us__k_attn_block_fwd(float *acc, float *m, float *l, const T *qk
     }
     m[r] = mr; l[r] = lr;
 }
+/* out = acc / l and lse = m + log l: one warp per row of acc [B,NH,Tq,HS], its lanes along HS,
+   so both the fp32 reads and the out[B,Tq,NH·HS] writes are coalesced (the op moves ~6 bytes
+   per element and does nothing else; any dtype and head size) */
 template <typename T>
 __global__ void us__k_attn_block_finish(T *out, float *lse, const float *acc, const float *m, const float *l, int64_t B, int64_t Tq, int NH, int HS) {
-    int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= B * NH * Tq) return;
-    int64_t b = r / (NH * Tq), h = r / Tq % NH, i = r % Tq;
-    int d;
-    for (d = 0; d < HS; d++) us__st(out, (b * Tq + i) * NH * HS + h * HS + d, l[r] > 0 ? acc[r * HS + d] / l[r] : 0.0f);
-    lse[r] = l[r] > 0 ? m[r] + logf(l[r]) : -INFINITY;
+    const int lane = threadIdx.x & 31;
+    for (int64_t r = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < B * NH * Tq; r += (int64_t)gridDim.x * (blockDim.x >> 5)) {
+        int64_t b = r / (NH * Tq), h = r / Tq % NH, i = r % Tq;
+        float lr = l[r], inv = lr > 0 ? 1.0f / lr : 0.0f;
+        T *orow = out + (b * Tq + i) * NH * HS + h * HS;
+        for (int d = lane; d < HS; d += 32) us__st(orow, d, acc[r * HS + d] * inv);
+        if (lane == 0) lse[r] = lr > 0 ? m[r] + logf(lr) : -INFINITY;
+    }
 }
 template <typename T>
 __global__ void us__k_attn_block_dq(float *dq, const T *dout, const T *qkv, const T *out, const float *lse, const T *kv,
@@ -915,8 +922,10 @@ __global__ void us__k_attn_block_dkv(float *dkv, const T *dout, const T *qkv, co
             for (d = 0; d < HS; d++) { dk[d] += ds * us__ld(q, d); dv[d] += p * us__ld(dout, orow + d); }
         }
 }
-static void us__cuda_attn_block_fwd(us_ops *o, float *acc, float *m, float *l, const void *qkv, const void *kv, const int32_t *qpos,
-                                    const int32_t *kpos, int64_t B, int64_t Tq, int64_t Tk, int NH, int NKV, int HS, int init, us_dtype dt) {
+/* The portable path of the ops (fp32, head sizes other than 64/128); bf16 at HS 64/128 takes
+   the flash kernels of // >>cuda-cp-flash, which fall back to these. */
+static void us__attn_block_fwd_naive(us_ops *o, float *acc, float *m, float *l, const void *qkv, const void *kv, const int32_t *qpos,
+                                     const int32_t *kpos, int64_t B, int64_t Tq, int64_t Tk, int NH, int NKV, int HS, int init, us_dtype dt) {
     int64_t n = B * NH * Tq;
     if (n <= 0) return;
     US__DISPATCH(o, dt, (us__k_attn_block_fwd<T_><<<us__blocks(n, 128), 128, 0, us__cu(o)->stream>>>(acc, m, l, (const T_ *)qkv, (const T_ *)kv,
@@ -926,11 +935,11 @@ static void us__cuda_attn_block_finish(us_ops *o, void *out, float *lse, const f
                                        int64_t B, int64_t Tq, int NH, int HS, us_dtype dt) {
     int64_t n = B * NH * Tq;
     if (n <= 0) return;
-    US__DISPATCH(o, dt, (us__k_attn_block_finish<T_><<<us__blocks(n, 128), 128, 0, us__cu(o)->stream>>>((T_ *)out, lse, acc, m, l, B, Tq, NH, HS)));
+    US__DISPATCH(o, dt, (us__k_attn_block_finish<T_><<<us__blocks(n, 8), 256, 0, us__cu(o)->stream>>>((T_ *)out, lse, acc, m, l, B, Tq, NH, HS)));
 }
-static void us__cuda_attn_block_bwd(us_ops *o, float *dq, float *dkv, const void *dout, const void *qkv, const void *out, const float *lse,
-                                    const void *kv, const int32_t *qpos, const int32_t *kpos, int64_t B, int64_t Tq, int64_t Tk,
-                                    int NH, int NKV, int HS, us_dtype dt) {
+static void us__attn_block_bwd_naive(us_ops *o, float *dq, float *dkv, const void *dout, const void *qkv, const void *out, const float *lse,
+                                     const void *kv, const int32_t *qpos, const int32_t *kpos, int64_t B, int64_t Tq, int64_t Tk,
+                                     int NH, int NKV, int HS, us_dtype dt) {
     float scale = 1.0f / sqrtf((float)HS);
     if (B * NH * Tq > 0)
         US__DISPATCH(o, dt, (us__k_attn_block_dq<T_><<<us__blocks(B * NH * Tq, 128), 128, 0, us__cu(o)->stream>>>(dq, (const T_ *)dout, (const T_ *)qkv,
@@ -1171,6 +1180,14 @@ static __device__ __forceinline__ void us__cp_async16(void *s, const void *g, in
     (void)s; (void)g; (void)bytes; __trap();   /* flash needs sm_80+: never launched on older GPUs */
 #endif
 }
+/* 4-byte global→shared copy (positions, lse, D of a tile) */
+static __device__ __forceinline__ void us__cp_async4(void *s, const void *g) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(us__smem_u32(s)), "l"(g) : "memory");
+#else
+    (void)s; (void)g; __trap();
+#endif
+}
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 static __device__ __forceinline__ void us__cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 static __device__ __forceinline__ void us__cp_async_wait_all(void) { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
@@ -1267,6 +1284,264 @@ static __device__ __forceinline__ void us__fa_load_tile(__nv_bfloat16 *s, const 
     }
 }
 
+/* ---- the per-tile math, shared by the causal kernels and the block kernels (// >>cuda-cp-flash)
+   Each helper is one warp's part of one tile; masked(a, j, e) says whether element e of n-tile j
+   of m-atom a (row (lane/4) + 8·(e/2), column 8·j + 2·(lane%4) + e%2 of the atom) is hidden,
+   and is only asked where need is set (tiles that cross the mask's edge). PASS picks how: false
+   folds the test into the pass over the scores (the causal kernels' index arithmetic, free
+   there), true gives it a pass of its own behind one branch, so that a mask reading positions
+   from shared memory loads each of them once (the block kernels). */
+
+/* x = v where masked (the PASS = true form) */
+template <int MW, int N, typename Mask>
+static __device__ __forceinline__ void us__fa_mask(float (&x)[MW][N][4], float v, Mask masked) {
+#pragma unroll
+    for (int a = 0; a < MW; a++)
+#pragma unroll
+        for (int j = 0; j < N; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (masked(a, j, e)) x[a][j][e] = v;
+}
+
+/* S[MW][16×BC] = Q·Kᵀ for the warp's 16·MW query rows (wr0.. of sQ, or qf registers when MW = 1)
+   against a [BC][LDS] key tile */
+template <int MW, int BC, int HS, int LDS>
+static __device__ __forceinline__ void us__fa_qk(float (&s)[MW][BC / 8][4], const uint32_t (&qf)[MW == 1 ? HS / 16 : 1][4],
+                                                 const __nv_bfloat16 *sQ, int wr0, const __nv_bfloat16 *sK, int lane) {
+#pragma unroll
+    for (int a = 0; a < MW; a++)
+#pragma unroll
+        for (int j = 0; j < BC / 8; j++) s[a][j][0] = s[a][j][1] = s[a][j][2] = s[a][j][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++) {
+        uint32_t qa[MW][4];
+        if constexpr (MW == 1) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) qa[0][e] = qf[kk][e];
+        } else {
+#pragma unroll
+            for (int a = 0; a < MW; a++) us__ldsm_x4(qa[a], us__fa_a_addr<LDS>(sQ, wr0 + 16 * a, kk * 16, lane));
+        }
+#pragma unroll
+        for (int np = 0; np < BC / 16; np++) {
+            uint32_t kf[4];
+            us__ldsm_x4(kf, us__fa_bt_addr<LDS>(sK, np * 16, kk * 16, lane));
+#pragma unroll
+            for (int a = 0; a < MW; a++) {
+                us__mma_bf16(s[a][2 * np], qa[a], kf[0], kf[1]);
+                us__mma_bf16(s[a][2 * np + 1], qa[a], kf[2], kf[3]);
+            }
+        }
+    }
+}
+
+/* One tile of the online softmax: hide masked scores, take the new row max over the quad that
+   shares a row, rescale O and l by exp2(m_old − m_new), and turn S into P = exp2(S·sl2 − m) in
+   place. m is in the log2 domain; l is this thread's part of the row sum (quad-reduced by the
+   caller). The max is taken over raw scores and scaled once per row, so each score costs one
+   FFMA (s·sl2 − m) before exp2 instead of a multiply and a subtract (at HS 64 the softmax's FP32
+   work per mma is twice that of HS 128, so it shows). A row with nothing visible yet keeps
+   m = −inf, l = 0, O = 0 (never NaN). */
+template <int MW, int BC, int HS, bool PASS, typename Mask>
+static __device__ __forceinline__ void us__fa_softmax(float (&s)[MW][BC / 8][4], float (&o)[MW][HS / 8][4], float (&m)[MW][2],
+                                                      float (&l)[MW][2], float sl2, bool need, Mask masked) {
+    if constexpr (PASS) {
+        if (need) us__fa_mask<MW, BC / 8>(s, -INFINITY, masked);
+    }
+#pragma unroll
+    for (int a = 0; a < MW; a++) {
+        float mx[2] = {-INFINITY, -INFINITY}; /* raw (unscaled) max of this tile */
+#pragma unroll
+        for (int j = 0; j < BC / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                if (!PASS && need && masked(a, j, e)) s[a][j][e] = -INFINITY;
+                mx[e >> 1] = fmaxf(mx[e >> 1], s[a][j][e]);
+            }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            float mnew = fmaxf(m[a][r], mx[r] * sl2);    /* log2 domain (sl2 > 0) */
+            float mref = mnew == -INFINITY ? 0.f : mnew; /* a fully masked row stays 0, not NaN */
+            float corr = exp2f(m[a][r] - mref);
+            m[a][r] = mnew;
+            l[a][r] *= corr;
+#pragma unroll
+            for (int i = 0; i < HS / 8; i++) o[a][i][2 * r] *= corr, o[a][i][2 * r + 1] *= corr;
+#pragma unroll
+            for (int j = 0; j < BC / 8; j++) {
+                s[a][j][2 * r] = exp2f(fmaf(s[a][j][2 * r], sl2, -mref));
+                s[a][j][2 * r + 1] = exp2f(fmaf(s[a][j][2 * r + 1], sl2, -mref));
+                l[a][r] += s[a][j][2 * r] + s[a][j][2 * r + 1];
+            }
+        }
+    }
+}
+
+/* One key tile of the dQ kernels, per warp (16·MW queries from wr0 of sQ and sdO):
+     S = Q·Kᵀ, dP = dO·Vᵀ, P = exp2(S·sl2 − lse2) (0 where masked), dS = P ∘ (dP − D), dQ += dS·K
+   Q and dO A fragments are re-read from shared memory (in registers they would leave no room
+   for dQ); dQ is scaled by 1/sqrt(HS) once, by the caller. L2(a, r) and Dr(a, r) give lse2 and D
+   of half r of atom a's rows. */
+template <int MW, int BC, int HS, int LDS, bool PASS, typename Rows, typename Rows2, typename Mask>
+static __device__ __forceinline__ void us__fa_dq_tile(float (&dq)[MW][HS / 8][4], const __nv_bfloat16 *sQ, const __nv_bfloat16 *sdO, int wr0,
+                                                      const __nv_bfloat16 *sK, const __nv_bfloat16 *sV, Rows L2, Rows2 Dr,
+                                                      float sl2, bool need, Mask masked, int lane) {
+    float s[MW][BC / 8][4], dp[MW][BC / 8][4];
+#pragma unroll
+    for (int a = 0; a < MW; a++)
+#pragma unroll
+        for (int j = 0; j < BC / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[a][j][e] = dp[a][j][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++) {
+        uint32_t qa[MW][4], da[MW][4];
+#pragma unroll
+        for (int a = 0; a < MW; a++) {
+            us__ldsm_x4(qa[a], us__fa_a_addr<LDS>(sQ, wr0 + 16 * a, kk * 16, lane));
+            us__ldsm_x4(da[a], us__fa_a_addr<LDS>(sdO, wr0 + 16 * a, kk * 16, lane));
+        }
+#pragma unroll
+        for (int np = 0; np < BC / 16; np++) {
+            uint32_t kf[4], vf[4];
+            us__ldsm_x4(kf, us__fa_bt_addr<LDS>(sK, np * 16, kk * 16, lane));
+            us__ldsm_x4(vf, us__fa_bt_addr<LDS>(sV, np * 16, kk * 16, lane));
+#pragma unroll
+            for (int a = 0; a < MW; a++) {
+                us__mma_bf16(s[a][2 * np], qa[a], kf[0], kf[1]);
+                us__mma_bf16(s[a][2 * np + 1], qa[a], kf[2], kf[3]);
+                us__mma_bf16(dp[a][2 * np], da[a], vf[0], vf[1]);
+                us__mma_bf16(dp[a][2 * np + 1], da[a], vf[2], vf[3]);
+            }
+        }
+    }
+    if constexpr (PASS) {
+#pragma unroll
+        for (int a = 0; a < MW; a++)
+#pragma unroll
+            for (int j = 0; j < BC / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[a][j][e] = exp2f(s[a][j][e] * sl2 - L2(a, e >> 1));
+        if (need) us__fa_mask<MW, BC / 8>(s, 0.f, masked);
+#pragma unroll
+        for (int a = 0; a < MW; a++)
+#pragma unroll
+            for (int j = 0; j < BC / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) dp[a][j][e] = s[a][j][e] * (dp[a][j][e] - Dr(a, e >> 1));
+    } else {
+#pragma unroll
+        for (int a = 0; a < MW; a++)
+#pragma unroll
+            for (int j = 0; j < BC / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float p = exp2f(s[a][j][e] * sl2 - L2(a, e >> 1));
+                    if (need && masked(a, j, e)) p = 0.f;
+                    dp[a][j][e] = p * (dp[a][j][e] - Dr(a, e >> 1));
+                }
+    }
+    us__fa_acc_pv<MW, BC, HS, LDS>(dq, dp, sK, lane); /* dQ += dS·K */
+}
+
+/* One query tile of the dK/dV kernels, per warp (16·KW keys from row wk of sK and sV, BR
+   queries of sQ, sdO with lse2 sL and D sD):
+     Sᵀ = K·Qᵀ, Pᵀ = exp2(Sᵀ·sl2 − lse2[q]) (0 where masked), dPᵀ = V·dOᵀ, dSᵀ = Pᵀ ∘ (dPᵀ − D[q]),
+     dV += Pᵀ·dO, dK += dSᵀ·Q   (dK scaled by 1/sqrt(HS) once, by the caller)
+   Here the atoms are keys and the n-tiles queries: masked(a, j, e) asks about key row
+   (lane/4) + 16a + 8·(e/2) of the warp and query 8j + 2·(lane%4) + e%2 of the tile. Each
+   Q/dO fragment read from shared memory feeds KW key atoms. */
+template <int KW, int BR, int HS, int LDS, bool PASS, typename Mask>
+static __device__ __forceinline__ void us__fa_dkdv_tile(float (&dk)[KW][HS / 8][4], float (&dv)[KW][HS / 8][4], const __nv_bfloat16 *sK,
+                                                        const __nv_bfloat16 *sV, int wk, const __nv_bfloat16 *sQ, const __nv_bfloat16 *sdO,
+                                                        const float *sL, const float *sD, float sl2, bool need, Mask masked, int lane) {
+    /* Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, [16·KW keys × BR queries] per warp */
+    float st[KW][BR / 8][4], dpt[KW][BR / 8][4];
+#pragma unroll
+    for (int a = 0; a < KW; a++)
+#pragma unroll
+        for (int j = 0; j < BR / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) st[a][j][e] = dpt[a][j][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++) {
+        uint32_t ka[KW][4], va[KW][4];
+#pragma unroll
+        for (int a = 0; a < KW; a++) {
+            us__ldsm_x4(ka[a], us__fa_a_addr<LDS>(sK, wk + 16 * a, kk * 16, lane));
+            us__ldsm_x4(va[a], us__fa_a_addr<LDS>(sV, wk + 16 * a, kk * 16, lane));
+        }
+#pragma unroll
+        for (int np = 0; np < BR / 16; np++) {
+            uint32_t qf[4], df[4];
+            us__ldsm_x4(qf, us__fa_bt_addr<LDS>(sQ, np * 16, kk * 16, lane));
+            us__ldsm_x4(df, us__fa_bt_addr<LDS>(sdO, np * 16, kk * 16, lane));
+#pragma unroll
+            for (int a = 0; a < KW; a++) {
+                us__mma_bf16(st[a][2 * np], ka[a], qf[0], qf[1]);
+                us__mma_bf16(st[a][2 * np + 1], ka[a], qf[2], qf[3]);
+                us__mma_bf16(dpt[a][2 * np], va[a], df[0], df[1]);
+                us__mma_bf16(dpt[a][2 * np + 1], va[a], df[2], df[3]);
+            }
+        }
+    }
+    /* recompute Pᵀ from the saved lse (no T×T matrix is ever stored), then dSᵀ */
+    if constexpr (PASS) {
+#pragma unroll
+        for (int a = 0; a < KW; a++)
+#pragma unroll
+            for (int j = 0; j < BR / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) st[a][j][e] = exp2f(st[a][j][e] * sl2 - sL[j * 8 + 2 * (lane & 3) + (e & 1)]);
+        if (need) us__fa_mask<KW, BR / 8>(st, 0.f, masked);
+#pragma unroll
+        for (int a = 0; a < KW; a++)
+#pragma unroll
+            for (int j = 0; j < BR / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) dpt[a][j][e] = st[a][j][e] * (dpt[a][j][e] - sD[j * 8 + 2 * (lane & 3) + (e & 1)]);
+    } else {
+#pragma unroll
+        for (int a = 0; a < KW; a++)
+#pragma unroll
+            for (int j = 0; j < BR / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int ql = j * 8 + 2 * (lane & 3) + (e & 1);
+                    float p = exp2f(st[a][j][e] * sl2 - sL[ql]);
+                    if (need && masked(a, j, e)) p = 0.f;
+                    st[a][j][e] = p;
+                    dpt[a][j][e] = p * (dpt[a][j][e] - sD[ql]);
+                }
+    }
+    /* dV += Pᵀ·dO and dK += dSᵀ·Q; Pᵀ and dSᵀ are A fragments straight from registers */
+#pragma unroll
+    for (int t = 0; t < BR / 16; t++) {
+        uint32_t pa[KW][4], da[KW][4];
+#pragma unroll
+        for (int a = 0; a < KW; a++) {
+            us__acc_to_a(pa[a], st[a][2 * t], st[a][2 * t + 1]);
+            us__acc_to_a(da[a], dpt[a][2 * t], dpt[a][2 * t + 1]);
+        }
+#pragma unroll
+        for (int dp = 0; dp < HS / 16; dp++) {
+            uint32_t of[4], qf[4];
+            us__ldsm_x4_t(of, us__fa_b_addr<LDS>(sdO, t * 16, dp * 16, lane));
+            us__ldsm_x4_t(qf, us__fa_b_addr<LDS>(sQ, t * 16, dp * 16, lane));
+#pragma unroll
+            for (int a = 0; a < KW; a++) {
+                us__mma_bf16(dv[a][2 * dp], pa[a], of[0], of[1]);
+                us__mma_bf16(dv[a][2 * dp + 1], pa[a], of[2], of[3]);
+                us__mma_bf16(dk[a][2 * dp], da[a], qf[0], qf[1]);
+                us__mma_bf16(dk[a][2 * dp + 1], da[a], qf[2], qf[3]);
+            }
+        }
+    }
+}
+
 /* ---- forward ------------------------------------------------------------------------ */
 /* MW = 16-row m-atoms per warp, so BR = 64·MW queries per CTA. With MW = 2 every K and V
    fragment read from shared memory feeds two mma instead of one (FA2's 128×64 tile for
@@ -1329,71 +1604,14 @@ us__flash_fwd_kernel(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__res
         }
         us__cp_async_commit();
 
-        /* S = Q·Kᵀ  [16·MW × BC] per warp */
+        /* S = Q·Kᵀ [16·MW × BC] per warp; the causal mask only on tiles that cross this warp's
+           diagonal; online softmax; O += P·V */
         float s[MW][BC / 8][4];
-#pragma unroll
-        for (int a = 0; a < MW; a++)
-#pragma unroll
-            for (int j = 0; j < BC / 8; j++) s[a][j][0] = s[a][j][1] = s[a][j][2] = s[a][j][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < HS / 16; kk++) {
-            uint32_t qa[MW][4];
-            if constexpr (MW == 1) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) qa[0][e] = qf[kk][e];
-            } else {
-#pragma unroll
-                for (int a = 0; a < MW; a++) us__ldsm_x4(qa[a], us__fa_a_addr<LDS>(sQ, wr0 + 16 * a, kk * 16, lane));
-            }
-#pragma unroll
-            for (int np = 0; np < BC / 16; np++) {
-                uint32_t kf[4];
-                us__ldsm_x4(kf, us__fa_bt_addr<LDS>(sKb, np * 16, kk * 16, lane));
-#pragma unroll
-                for (int a = 0; a < MW; a++) {
-                    us__mma_bf16(s[a][2 * np], qa[a], kf[0], kf[1]);
-                    us__mma_bf16(s[a][2 * np + 1], qa[a], kf[2], kf[3]);
-                }
-            }
-        }
-
-        /* causal mask only on tiles that cross this warp's diagonal. The max is taken over raw
-           scores and scaled once per row, so each score costs one FFMA (s·sl2 − m) before
-           exp2 instead of a multiply and a subtract (at HS 64 the softmax's FP32 work per mma
-           is twice that of HS 128, so it shows) */
+        us__fa_qk<MW, BC, HS, LDS>(s, qf, sQ, wr0, sKb, lane);
         const bool diag = kb * BC + BC - 1 > q0 + wr0;
-#pragma unroll
-        for (int a = 0; a < MW; a++) {
-            float mx[2] = {-INFINITY, -INFINITY}; /* raw (unscaled) max of this tile */
-#pragma unroll
-            for (int j = 0; j < BC / 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    if (diag && kb * BC + j * 8 + 2 * (lane & 3) + (e & 1) > row0 + 16 * a + (e >> 1) * 8) s[a][j][e] = -INFINITY;
-                    mx[e >> 1] = fmaxf(mx[e >> 1], s[a][j][e]);
-                }
-            /* online softmax: new max over the quad that shares a row, rescale what was summed */
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                float mnew = fmaxf(m[a][r], mx[r] * sl2);          /* log2 domain (sl2 > 0) */
-                float mref = mnew == -INFINITY ? 0.f : mnew; /* a fully masked row stays 0, not NaN */
-                float corr = exp2f(m[a][r] - mref);
-                m[a][r] = mnew;
-                l[a][r] *= corr;
-#pragma unroll
-                for (int i = 0; i < HS / 8; i++) o[a][i][2 * r] *= corr, o[a][i][2 * r + 1] *= corr;
-#pragma unroll
-                for (int j = 0; j < BC / 8; j++) {
-                    s[a][j][2 * r] = exp2f(fmaf(s[a][j][2 * r], sl2, -mref));
-                    s[a][j][2 * r + 1] = exp2f(fmaf(s[a][j][2 * r + 1], sl2, -mref));
-                    l[a][r] += s[a][j][2 * r] + s[a][j][2 * r + 1];
-                }
-            }
-        }
-
-        /* O += P·V */
+        us__fa_softmax<MW, BC, HS, false>(s, o, m, l, sl2, diag, [&](int a, int j, int e) {
+            return kb * BC + j * 8 + 2 * (lane & 3) + (e & 1) > row0 + 16 * a + (e >> 1) * 8;
+        });
         us__fa_acc_pv<MW, BC, HS, LDS>(o, s, sVb, lane);
     }
 
@@ -1418,11 +1636,13 @@ us__flash_fwd_kernel(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__res
 }
 
 /* ---- backward ----------------------------------------------------------------------- */
-/* D[b, h, t] = Σ_d dO·O  (fp32), one warp per row of [B·T·NH] */
+/* D[b, h, t] = Σ_d dO·O  (fp32), one warp per row of [B·T·NH]. With L2, also lse·log2 e there
+   (+inf for a row that saw no key, so that its P = exp2(s − L2) is 0): the block kernels
+   (// >>cuda-cp-flash) then copy both straight into shared memory. */
 template <int HS>
 __global__ void __launch_bounds__(256)
 us__flash_bwd_dot_kernel(const __nv_bfloat16 *__restrict__ dout, const __nv_bfloat16 *__restrict__ out, float *__restrict__ D,
-                         int64_t rows, int T, int NH) {
+                         int64_t rows, int T, int NH, const float *__restrict__ lse = nullptr, float *__restrict__ L2 = nullptr) {
     int64_t row = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5); /* row = (b·T + t)·NH + h */
     int lane = threadIdx.x & 31;
     if (row >= rows) return;
@@ -1440,6 +1660,10 @@ us__flash_bwd_dot_kernel(const __nv_bfloat16 *__restrict__ dout, const __nv_bflo
         int64_t bt = row / NH, bb = bt / T;
         int h = (int)(row % NH), t = (int)(bt % T);
         D[(bb * NH + h) * T + t] = acc;
+        if (L2) {
+            float L = lse[(bb * NH + h) * T + t];
+            L2[(bb * NH + h) * T + t] = L == -INFINITY ? INFINITY : L * 1.4426950408889634f;
+        }
     }
 }
 
@@ -1509,76 +1733,9 @@ us__flash_bwd_dkdv_kernel(const __nv_bfloat16 *__restrict__ dout, const __nv_bfl
         /* every key of this warp comes after every query of the tile: P = 0, nothing to add
            (warp-uniform, and no barrier below, so the warp can just move on) */
         if (wk0 > q0 + BR - 1) continue;
-        const __nv_bfloat16 *sQb = sQ + buf * QT, *sdOb = sdO + buf * QT;
-        const float *sLb = sL + buf * BR, *sDb = sD + buf * BR;
-
-        /* Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, [16·KW keys × BR queries] per warp */
-        float st[KW][BR / 8][4], dpt[KW][BR / 8][4];
-#pragma unroll
-        for (int a = 0; a < KW; a++)
-#pragma unroll
-            for (int j = 0; j < BR / 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) st[a][j][e] = dpt[a][j][e] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < HS / 16; kk++) {
-            uint32_t ka[KW][4], va[KW][4];
-#pragma unroll
-            for (int a = 0; a < KW; a++) {
-                us__ldsm_x4(ka[a], us__fa_a_addr<LDS>(sK, warp * 16 * KW + 16 * a, kk * 16, lane));
-                us__ldsm_x4(va[a], us__fa_a_addr<LDS>(sV, warp * 16 * KW + 16 * a, kk * 16, lane));
-            }
-#pragma unroll
-            for (int np = 0; np < BR / 16; np++) {
-                uint32_t qf[4], df[4];
-                us__ldsm_x4(qf, us__fa_bt_addr<LDS>(sQb, np * 16, kk * 16, lane));
-                us__ldsm_x4(df, us__fa_bt_addr<LDS>(sdOb, np * 16, kk * 16, lane));
-#pragma unroll
-                for (int a = 0; a < KW; a++) {
-                    us__mma_bf16(st[a][2 * np], ka[a], qf[0], qf[1]);
-                    us__mma_bf16(st[a][2 * np + 1], ka[a], qf[2], qf[3]);
-                    us__mma_bf16(dpt[a][2 * np], va[a], df[0], df[1]);
-                    us__mma_bf16(dpt[a][2 * np + 1], va[a], df[2], df[3]);
-                }
-            }
-        }
-        /* recompute Pᵀ from the saved lse (no T×T matrix is ever stored), then dSᵀ */
         const bool diag = wk0 + 16 * KW - 1 > q0; /* some key of this warp is after some query */
-#pragma unroll
-        for (int a = 0; a < KW; a++)
-#pragma unroll
-            for (int j = 0; j < BR / 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int ql = j * 8 + 2 * (lane & 3) + (e & 1);
-                    float p = exp2f(st[a][j][e] * sl2 - sLb[ql]);
-                    if (diag && key0 + 16 * a + (e >> 1) * 8 > q0 + ql) p = 0.f;
-                    st[a][j][e] = p;
-                    dpt[a][j][e] = p * (dpt[a][j][e] - sDb[ql]);
-                }
-        /* dV += Pᵀ·dO and dK += dSᵀ·Q; Pᵀ and dSᵀ are A fragments straight from registers */
-#pragma unroll
-        for (int t = 0; t < BR / 16; t++) {
-            uint32_t pa[KW][4], da[KW][4];
-#pragma unroll
-            for (int a = 0; a < KW; a++) {
-                us__acc_to_a(pa[a], st[a][2 * t], st[a][2 * t + 1]);
-                us__acc_to_a(da[a], dpt[a][2 * t], dpt[a][2 * t + 1]);
-            }
-#pragma unroll
-            for (int dp = 0; dp < HS / 16; dp++) {
-                uint32_t of[4], qf[4];
-                us__ldsm_x4_t(of, us__fa_b_addr<LDS>(sdOb, t * 16, dp * 16, lane));
-                us__ldsm_x4_t(qf, us__fa_b_addr<LDS>(sQb, t * 16, dp * 16, lane));
-#pragma unroll
-                for (int a = 0; a < KW; a++) {
-                    us__mma_bf16(dv[a][2 * dp], pa[a], of[0], of[1]);
-                    us__mma_bf16(dv[a][2 * dp + 1], pa[a], of[2], of[3]);
-                    us__mma_bf16(dk[a][2 * dp], da[a], qf[0], qf[1]);
-                    us__mma_bf16(dk[a][2 * dp + 1], da[a], qf[2], qf[3]);
-                }
-            }
-        }
+        us__fa_dkdv_tile<KW, BR, HS, LDS, false>(dk, dv, sK, sV, warp * 16 * KW, sQ + buf * QT, sdO + buf * QT, sL + buf * BR, sD + buf * BR, sl2, diag,
+                                          [&](int a, int j, int e) { return key0 + 16 * a + (e >> 1) * 8 > q0 + j * 8 + 2 * (lane & 3) + (e & 1); }, lane);
     }
 
 #pragma unroll
@@ -1654,50 +1811,11 @@ us__flash_bwd_dq_kernel(const __nv_bfloat16 *__restrict__ dout, const __nv_bfloa
         }
         us__cp_async_commit();
 
-        /* S = Q·Kᵀ, dP = dO·Vᵀ  [16·MW × BC] per warp; Q and dO A fragments are re-read from
-           shared memory (in registers they would leave no room for dQ) */
-        float s[MW][BC / 8][4], dp[MW][BC / 8][4];
-#pragma unroll
-        for (int a = 0; a < MW; a++)
-#pragma unroll
-            for (int j = 0; j < BC / 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) s[a][j][e] = dp[a][j][e] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < HS / 16; kk++) {
-            uint32_t qa[MW][4], da[MW][4];
-#pragma unroll
-            for (int a = 0; a < MW; a++) {
-                us__ldsm_x4(qa[a], us__fa_a_addr<LDS>(sQ, wr0 + 16 * a, kk * 16, lane));
-                us__ldsm_x4(da[a], us__fa_a_addr<LDS>(sdO, wr0 + 16 * a, kk * 16, lane));
-            }
-#pragma unroll
-            for (int np = 0; np < BC / 16; np++) {
-                uint32_t kf[4], vf[4];
-                us__ldsm_x4(kf, us__fa_bt_addr<LDS>(sKb, np * 16, kk * 16, lane));
-                us__ldsm_x4(vf, us__fa_bt_addr<LDS>(sVb, np * 16, kk * 16, lane));
-#pragma unroll
-                for (int a = 0; a < MW; a++) {
-                    us__mma_bf16(s[a][2 * np], qa[a], kf[0], kf[1]);
-                    us__mma_bf16(s[a][2 * np + 1], qa[a], kf[2], kf[3]);
-                    us__mma_bf16(dp[a][2 * np], da[a], vf[0], vf[1]);
-                    us__mma_bf16(dp[a][2 * np + 1], da[a], vf[2], vf[3]);
-                }
-            }
-        }
         const bool diag = kb * BC + BC - 1 > q0 + wr0;
-#pragma unroll
-        for (int a = 0; a < MW; a++)
-#pragma unroll
-            for (int j = 0; j < BC / 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float p = exp2f(s[a][j][e] * sl2 - L2[a][e >> 1]);
-                    if (diag && kb * BC + j * 8 + 2 * (lane & 3) + (e & 1) > row0 + 16 * a + (e >> 1) * 8) p = 0.f;
-                    dp[a][j][e] = p * (dp[a][j][e] - Dr[a][e >> 1]);
-                }
-        /* dQ += dS·K */
-        us__fa_acc_pv<MW, BC, HS, LDS>(dq, dp, sKb, lane);
+        us__fa_dq_tile<MW, BC, HS, LDS, false>(dq, sQ, sdO, wr0, sKb, sVb, [&](int a, int r) { return L2[a][r]; }, [&](int a, int r) { return Dr[a][r]; },
+                                        sl2, diag, [&](int a, int j, int e) {
+            return kb * BC + j * 8 + 2 * (lane & 3) + (e & 1) > row0 + 16 * a + (e >> 1) * 8;
+        }, lane);
     }
 
 #pragma unroll
@@ -1748,9 +1866,10 @@ static size_t us__flash_bwd_scratch_bytes(int B, int T, int NH, int NKV, int HS)
 
 /* the three launches of the backward, apart so that flash_test can time and vary them */
 template <int HS>
-static void us__flash_bwd_dot(const __nv_bfloat16 *dout, const __nv_bfloat16 *out, float *D, int B, int T, int NH, cudaStream_t stream) {
+static void us__flash_bwd_dot(const __nv_bfloat16 *dout, const __nv_bfloat16 *out, float *D, int B, int T, int NH, cudaStream_t stream,
+                              const float *lse = nullptr, float *L2 = nullptr) {
     int64_t rows = (int64_t)B * T * NH;
-    us__flash_bwd_dot_kernel<HS><<<(unsigned)((rows + 7) / 8), 256, 0, stream>>>(dout, out, D, rows, T, NH);
+    us__flash_bwd_dot_kernel<HS><<<(unsigned)((rows + 7) / 8), 256, 0, stream>>>(dout, out, D, rows, T, NH, lse, L2);
 }
 template <int HS, int KW = us__fa_cfg<HS>::kv_kw, int BR = us__fa_cfg<HS>::kv_br, int MINB = us__fa_cfg<HS>::kv_minb>
 static void us__flash_bwd_dkdv(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv, const float *lse, const float *D,
@@ -1821,6 +1940,520 @@ static void us__cuda_attention_bwd(us_ops *o, void *dqkv, const void *dout, cons
     if (HS > US__ATT_MAX_HS) { us__cuda_fail(o, "attention", "head size above 256", __FILE__, __LINE__); return; }
     US__DISPATCH(o, dt, (us__k_att_bwd_dq<T_><<<us__blocks(B * NH * T, 128), 128, 0, s>>>((T_ *)dqkv, (const T_ *)dout, (const T_ *)qkv, (const T_ *)out, lse, B, T, NH, NKV, HS)));
     US__DISPATCH(o, dt, (us__k_att_bwd_dkv<T_><<<us__blocks(B * NKV * T, 128), 128, 0, s>>>((T_ *)dqkv, (const T_ *)dout, (const T_ *)qkv, (const T_ *)out, lse, B, T, NH, NKV, HS)));
+}
+
+/* ------------------------------------------------------------------------------------ */
+// >>cuda-cp-flash  attention by key blocks with positions, on tensor cores (context parallelism)
+/* ------------------------------------------------------------------------------------
+   Ring attention (// >>cp in ultrascale.h) calls attn_block_fwd once for each K/V block that
+   passes through the rank, carrying the online-softmax state (acc, m, l) from block to block,
+   and attn_block_bwd once per block with the final out and lse. These kernels are the flash
+   kernels above (same tiles, fragments and per-tile helpers) with three changes:
+     - keys and values come from the block's own buffer kv, not from qkv, and Tq ≠ Tk;
+     - the mask is by global position (query i sees key j when kpos[j] ≤ qpos[i]), not by
+       index. Causal block skipping becomes a bitmask, built by each CTA, of the tiles that hold
+       a key (or query) it can see: tiles without one are never loaded, and a CTA that sees
+       nothing of the block exits at once (ring attention without zig-zag hands half the
+       blocks to ranks that cannot see any of them). Inside a loaded tile, a warp skips the math
+       when no pair of its rows is visible and masks only when some pair is hidden. Nothing
+       assumes the positions are sorted;
+     - the forward starts from the state in memory (or fresh when init) and writes it back,
+       unnormalised, in fp32; the backward adds (+=) fp32 dQ and dK|dV into the caller's sums.
+   Legend: B batch, Tq queries, Tk keys of the block, NH query heads, NKV kv heads, HS 64 or 128.
+     qkv  bf16 [B, Tq, QKV]          only the q heads are read
+     kv   bf16 [B, Tk, 2·NKV·HS]     k head g at g·HS, v head g at (NKV+g)·HS
+     qpos i32 [Tq], kpos i32 [Tk]    global positions
+     acc  f32  [B, NH, Tq, HS]; m, l f32 [B, NH, Tq]   m in natural-log units (the CPU reference's)
+     out, dout bf16 [B, Tq, NH·HS]; lse f32 [B, NH, Tq] (−inf: the row saw no key at all)
+     dq   f32  [B, Tq, NH·HS] +=;  dkv f32 [B, Tk, 2·NKV·HS] +=
+   Kernels (4 warps; tile sizes from us__fa_cfg, as the causal kernels):
+     us__flash_block_fwd_kernel   one CTA per (query tile, head, batch); visible key tiles in order
+     us__flash_block_dkdv_kernel  one CTA per (key tile, kv head, batch); every query head of the
+                                  group × visible query tile, dK and dV summed in registers
+     us__flash_block_dq_kernel    one CTA per (query tile, head, batch); visible key tiles in order
+   D = rowsum(dO ∘ O) comes from us__flash_bwd_dot_kernel. Every output element belongs to one
+   thread of one CTA and is summed in a fixed order, then added once: deterministic, no atomics.
+   A tile's positions (and in the backward lse·log2 e and D, which the dot kernel writes next to
+   D) travel by 4-byte cp.async with the tile, so no plain load stalls the loop. */
+
+/* min / max over a warp: one redux.sync on sm_80+, shuffles elsewhere (where it must compile) */
+static __device__ __forceinline__ int us__warp_min(int v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    return __reduce_min_sync(0xffffffffu, v);
+#else
+    for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+#endif
+}
+static __device__ __forceinline__ int us__warp_max(int v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    return __reduce_max_sync(0xffffffffu, v);
+#else
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+#endif
+}
+
+/* Bit t of vis (word t/32) says that tile t (positions pos[t·TILE ..], n in all) has something
+   the CTA can see: KEYS, a key position ≤ bound (the CTA's largest query position); otherwise
+   a query position ≥ bound (the CTA's smallest key position). One thread per tile; the
+   positions stay in L1/L2, every CTA of the grid reads the same ones. Ends with a barrier. */
+template <int TILE, bool KEYS>
+static __device__ void us__fa_tile_mask(unsigned *vis, const int32_t *__restrict__ pos, int n, int bound) {
+    const int nt = (n + TILE - 1) / TILE, nw = (nt + 31) / 32;
+    for (int t0 = 0; t0 < nt; t0 += us__fa_threads) {
+        const int t = t0 + (int)threadIdx.x;
+        bool hit = false;
+        if (t < nt) {
+            const int32_t *p = pos + (int64_t)t * TILE;
+            const int cnt = min(TILE, n - t * TILE);
+#pragma unroll 8
+            for (int j = 0; j < cnt; j++) hit |= KEYS ? p[j] <= bound : p[j] >= bound;
+        }
+        const unsigned bits = __ballot_sync(0xffffffffu, hit);
+        const int w = (t0 >> 5) + (int)(threadIdx.x >> 5);
+        if ((threadIdx.x & 31) == 0 && w < nw) vis[w] = bits;
+    }
+    __syncthreads();
+}
+/* the first tile after t with its bit set (t = −1: the first of all); nt when there is none */
+static __device__ __forceinline__ int us__fa_next_tile(const unsigned *vis, int t, int nt) {
+    for (int w = (t + 1) >> 5; w * 32 < nt; w++) {
+        unsigned bits = vis[w];
+        if (w == (t + 1) >> 5) bits &= ~0u << ((t + 1) & 31);
+        if (bits) return w * 32 + __ffs((int)bits) - 1;
+    }
+    return nt;
+}
+/* dst[c], dst[c+1] += x[i][2r], x[i][2r+1] · scale for the thread's columns c = 8i + 2·(lane%4):
+   half r of an m-atom's accumulator added into one fp32 row (8-byte aligned) */
+template <int HS>
+static __device__ __forceinline__ void us__fa_add_row(float *dst, const float (&x)[HS / 8][4], int r, float scale, int lane) {
+    dst += 2 * (lane & 3);
+#pragma unroll
+    for (int i = 0; i < HS / 8; i++) {
+        float2 *p = reinterpret_cast<float2 *>(dst + i * 8), v = *p;
+        v.x += x[i][2 * r] * scale;
+        v.y += x[i][2 * r + 1] * scale;
+        *p = v;
+    }
+}
+/* dst[c] = src[i0 + c] for the N entries of a tile (cp.async; 4-byte values: positions, lse, D),
+   past n the value pad (written directly: it is what makes a tail key or query invisible) */
+template <int N, typename V>
+static __device__ __forceinline__ void us__fa_load_pos(V *dst, const V *__restrict__ src, int i0, int n, V pad) {
+    static_assert(N <= us__fa_threads && sizeof(V) == 4, "one 4-byte value per thread");
+    const int c = threadIdx.x;
+    if (c < N) {
+        if (i0 + c < n) us__cp_async4(dst + c, src + i0 + c);
+        else dst[c] = pad;
+    }
+}
+/* The prologue of the two kernels with a CTA per query tile: the tile's query positions into
+   sQp (INT_MIN past Tq), this warp's smallest and largest (wqmin, wqmax), and the bitmask of the
+   key tiles that hold a key some query of the CTA sees. */
+template <int MW, int BC>
+static __device__ __forceinline__ void us__fa_query_side(int *sQp, unsigned *sVis, int *sRed, const int32_t *__restrict__ qpos,
+                                                         const int32_t *__restrict__ kpos, int q0, int Tq, int Tk, int &wqmin, int &wqmax) {
+    constexpr int BR = 64 * MW;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nq = min(BR, Tq - q0);
+    for (int r = threadIdx.x; r < BR; r += us__fa_threads) sQp[r] = r < nq ? qpos[q0 + r] : INT_MIN;
+    __syncthreads();
+    wqmin = INT_MAX; wqmax = INT_MIN;
+    for (int r = lane; r < 16 * MW; r += 32) { int p = sQp[warp * 16 * MW + r]; wqmin = min(wqmin, p); wqmax = max(wqmax, p); }
+    wqmin = us__warp_min(wqmin);
+    wqmax = us__warp_max(wqmax);
+    if (lane == 0) sRed[warp] = wqmax;
+    __syncthreads();
+    us__fa_tile_mask<BC, true>(sVis, kpos, Tk, max(max(sRed[0], sRed[1]), max(sRed[2], sRed[3])));
+}
+
+/* ---- forward: one CTA per (64·MW queries, head, batch) ------------------------------ */
+template <int HS, int MW, int BC, int MINB>
+__global__ void __launch_bounds__(128, MINB)
+us__flash_block_fwd_kernel(float *__restrict__ acc, float *__restrict__ mst, float *__restrict__ lst, const __nv_bfloat16 *__restrict__ qkv,
+                           const __nv_bfloat16 *__restrict__ kv, const int32_t *__restrict__ qpos, const int32_t *__restrict__ kpos,
+                           int Tq, int Tk, int NH, int NKV, int init, float sl2 /* scale·log2 e */) {
+    constexpr int BR = 64 * MW, LDS = us__fa_dims<HS>::lds, TILE = BC * LDS;
+    extern __shared__ __align__(16) unsigned char us__fa_smem[];
+    __nv_bfloat16 *sQ = (__nv_bfloat16 *)us__fa_smem; /* [BR][LDS] */
+    __nv_bfloat16 *sK = sQ + BR * LDS;                 /* [2][BC][LDS] */
+    __nv_bfloat16 *sV = sK + 2 * TILE;                 /* [2][BC][LDS] */
+    int *sQp = (int *)(sV + 2 * TILE);                 /* [BR] query positions */
+    int *sKp = sQp + BR;                               /* [2][BC] key positions (INT_MAX past Tk) */
+    unsigned *sVis = (unsigned *)(sKp + 2 * BC);       /* [⌈key tiles / 32⌉] */
+    __shared__ int sRed[4];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    /* grid (NH, B, query tiles), last tiles first: with sorted positions they see the most keys */
+    const int qb = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, g = h / (NH / NKV);
+    const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, KVW = (int64_t)2 * NKV * HS;
+    const int q0 = qb * BR, nkt = (Tk + BC - 1) / BC;
+    const int wr0 = warp * 16 * MW, row0 = q0 + wr0 + (lane >> 2); /* atom a, half r: row0 + 16a + 8r */
+    const __nv_bfloat16 *gk = kv + (int64_t)b * Tk * KVW + (int64_t)g * HS, *gv = gk + (int64_t)NKV * HS;
+
+    int wqmin, wqmax;
+    us__fa_query_side<MW, BC>(sQp, sVis, sRed, qpos, kpos, q0, Tq, Tk, wqmin, wqmax);
+    int kt = us__fa_next_tile(sVis, -1, nkt);
+    if (kt >= nkt && !init) return; /* nothing of this block is visible here: the state stays */
+    if (kt < nkt) {
+        us__fa_load_tile<HS, BR>(sQ, qkv + ((int64_t)b * Tq + q0) * QKV + (int64_t)h * HS, QKV, min(BR, Tq - q0));
+        us__fa_load_tile<HS, BC>(sK, gk + (int64_t)kt * BC * KVW, KVW, min(BC, Tk - kt * BC));
+        us__fa_load_tile<HS, BC>(sV, gv + (int64_t)kt * BC * KVW, KVW, min(BC, Tk - kt * BC));
+        us__fa_load_pos<BC>(sKp, kpos, kt * BC, Tk, INT_MAX);
+        us__cp_async_commit();
+        us__cp_async_wait_all();
+        __syncthreads();
+    }
+    uint32_t qf[MW == 1 ? HS / 16 : 1][4]; /* MW = 1: the warp's 16 query rows stay in registers */
+    if constexpr (MW == 1) {
+        if (kt < nkt) {
+#pragma unroll
+            for (int kk = 0; kk < HS / 16; kk++) us__ldsm_x4(qf[kk], us__fa_a_addr<LDS>(sQ, wr0, kk * 16, lane));
+        }
+    }
+
+    /* the state of the earlier blocks (log2 domain for m; l goes to one lane of the quad, the
+       quad's sum is the row's), or a fresh one */
+    float o[MW][HS / 8][4], m[MW][2], l[MW][2];
+#pragma unroll
+    for (int a = 0; a < MW; a++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int row = row0 + 16 * a + 8 * r;
+            const int64_t i = ((int64_t)b * NH + h) * Tq + row;
+            const bool fresh = init || row >= Tq;
+            m[a][r] = fresh ? -INFINITY : mst[i] * 1.4426950408889634f;
+            l[a][r] = fresh || (lane & 3) ? 0.f : lst[i];
+            const float *ar = acc + i * HS + 2 * (lane & 3);
+#pragma unroll
+            for (int ii = 0; ii < HS / 8; ii++) {
+                float2 v = fresh ? make_float2(0.f, 0.f) : *reinterpret_cast<const float2 *>(ar + ii * 8);
+                o[a][ii][2 * r] = v.x;
+                o[a][ii][2 * r + 1] = v.y;
+            }
+        }
+
+    for (int it = 0; kt < nkt; it++) {
+        const int buf = it & 1;
+        const __nv_bfloat16 *sKb = sK + buf * TILE, *sVb = sV + buf * TILE;
+        const int *kp = sKp + buf * BC;
+        us__cp_async_wait_all(); /* tile kt has landed ... */
+        __syncthreads();         /* ... for every thread, and everyone is done with the one before */
+        const int nx = us__fa_next_tile(sVis, kt, nkt);
+        if (nx < nkt) { /* prefetch the next visible tile into the other buffer */
+            const int k1 = nx * BC;
+            us__fa_load_tile<HS, BC>(sK + (buf ^ 1) * TILE, gk + (int64_t)k1 * KVW, KVW, min(BC, Tk - k1));
+            us__fa_load_tile<HS, BC>(sV + (buf ^ 1) * TILE, gv + (int64_t)k1 * KVW, KVW, min(BC, Tk - k1));
+            us__fa_load_pos<BC>(sKp + (buf ^ 1) * BC, kpos, k1, Tk, INT_MAX);
+        }
+        us__cp_async_commit();
+
+        /* this tile against the warp's rows: nothing visible (skip), everything (no mask), or a mix */
+        int kmin = INT_MAX, kmax = INT_MIN;
+        for (int c = lane; c < BC; c += 32) { kmin = min(kmin, kp[c]); kmax = max(kmax, kp[c]); }
+        kmin = us__warp_min(kmin);
+        kmax = us__warp_max(kmax);
+        if (kmin <= wqmax) {
+            float s[MW][BC / 8][4];
+            us__fa_qk<MW, BC, HS, LDS>(s, qf, sQ, wr0, sKb, lane);
+            us__fa_softmax<MW, BC, HS, true>(s, o, m, l, sl2, kmax > wqmin, [&](int a, int j, int e) {
+                return kp[j * 8 + 2 * (lane & 3) + (e & 1)] > sQp[wr0 + 16 * a + (lane >> 2) + (e >> 1) * 8];
+            });
+            us__fa_acc_pv<MW, BC, HS, LDS>(o, s, sVb, lane);
+        }
+        kt = nx;
+    }
+
+    /* the state back: acc unnormalised, m in natural-log units, l summed over the quad */
+#pragma unroll
+    for (int a = 0; a < MW; a++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            l[a][r] += __shfl_xor_sync(0xffffffffu, l[a][r], 1);
+            l[a][r] += __shfl_xor_sync(0xffffffffu, l[a][r], 2);
+            const int row = row0 + 16 * a + 8 * r;
+            if (row >= Tq) continue;
+            const int64_t i = ((int64_t)b * NH + h) * Tq + row;
+            if ((lane & 3) == 0) { mst[i] = m[a][r] * 0.69314718055994531f; lst[i] = l[a][r]; }
+            float *ar = acc + i * HS + 2 * (lane & 3);
+#pragma unroll
+            for (int ii = 0; ii < HS / 8; ii++) *reinterpret_cast<float2 *>(ar + ii * 8) = make_float2(o[a][ii][2 * r], o[a][ii][2 * r + 1]);
+        }
+}
+
+/* ---- backward ----------------------------------------------------------------------- */
+/* dK, dV of 64·KW keys of one kv head for this block: every query head of the group, every
+   query tile with a query that sees one of the keys, in order (us__fa_dkdv_tile has the math) */
+template <int HS, int KW, int BR, int MINB>
+__global__ void __launch_bounds__(128, MINB)
+us__flash_block_dkdv_kernel(float *__restrict__ dkv, const __nv_bfloat16 *__restrict__ dout, const __nv_bfloat16 *__restrict__ qkv,
+                            const float *__restrict__ L2g, const float *__restrict__ Dg, const __nv_bfloat16 *__restrict__ kv,
+                            const int32_t *__restrict__ qpos, const int32_t *__restrict__ kpos, int Tq, int Tk, int NH, int NKV,
+                            float scale, float sl2) {
+    constexpr int BC = 64 * KW, LDS = us__fa_dims<HS>::lds, TILE = BC * LDS, QT = BR * LDS;
+    extern __shared__ __align__(16) unsigned char us__fa_smem[];
+    __nv_bfloat16 *sK = (__nv_bfloat16 *)us__fa_smem; /* [BC][LDS] */
+    __nv_bfloat16 *sV = sK + TILE;                     /* [BC][LDS] */
+    __nv_bfloat16 *sQ = sV + TILE;                     /* [2][BR][LDS] */
+    __nv_bfloat16 *sdO = sQ + 2 * QT;                  /* [2][BR][LDS] */
+    float *sL = (float *)(sdO + 2 * QT);               /* [2][BR] lse·log2 e (+inf: P = 0) */
+    float *sD = sL + 2 * BR;                           /* [2][BR] */
+    int *sQp = (int *)(sD + 2 * BR);                   /* [2][BR] query positions (INT_MIN past Tq) */
+    int *sKp = sQp + 2 * BR;                           /* [BC] key positions (INT_MAX past Tk) */
+    unsigned *sVis = (unsigned *)(sKp + BC);           /* [⌈query tiles / 32⌉] */
+    __shared__ int sRed[4];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = blockIdx.x, b = blockIdx.y, grp = NH / NKV, k0 = blockIdx.z * BC, nqt = (Tq + BR - 1) / BR;
+    const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, OC = (int64_t)NH * HS, KVW = (int64_t)2 * NKV * HS;
+    const int wk0 = warp * 16 * KW, key0 = k0 + wk0 + (lane >> 2); /* this thread's keys: key0 + 16a + 8r */
+
+    /* the key positions (INT_MAX past Tk: seen by nobody), this warp's range, the CTA's
+       smallest, and the query tiles that can see any of them */
+    for (int c = tid; c < BC; c += us__fa_threads) sKp[c] = k0 + c < Tk ? kpos[k0 + c] : INT_MAX;
+    __syncthreads();
+    int wkmin = INT_MAX, wkmax = INT_MIN;
+    for (int c = lane; c < 16 * KW; c += 32) { wkmin = min(wkmin, sKp[wk0 + c]); wkmax = max(wkmax, sKp[wk0 + c]); }
+    wkmin = us__warp_min(wkmin);
+    wkmax = us__warp_max(wkmax);
+    if (lane == 0) sRed[warp] = wkmin;
+    __syncthreads();
+    us__fa_tile_mask<BR, false>(sVis, qpos, Tq, min(min(sRed[0], sRed[1]), min(sRed[2], sRed[3])));
+    const int first = us__fa_next_tile(sVis, -1, nqt);
+    if (first >= nqt) return; /* no query sees these keys: nothing to add */
+
+    auto issue = [&](int hi, int qt, int buf) { /* Q and dO of query head g·grp + hi, tile qt */
+        const int h = g * grp + hi, q0 = qt * BR, nv = min(BR, Tq - q0);
+        us__fa_load_tile<HS, BR>(sQ + buf * QT, qkv + ((int64_t)b * Tq + q0) * QKV + (int64_t)h * HS, QKV, nv);
+        us__fa_load_tile<HS, BR>(sdO + buf * QT, dout + ((int64_t)b * Tq + q0) * OC + (int64_t)h * HS, OC, nv);
+    };
+    auto issue_pos = [&](int hi, int qt, int buf) { /* their positions, lse·log2 e and D (past Tq: P = 0) */
+        const int q0 = qt * BR;
+        const int64_t i0 = ((int64_t)b * NH + g * grp + hi) * Tq;
+        us__fa_load_pos<BR>(sQp + buf * BR, qpos, q0, Tq, INT_MIN);
+        us__fa_load_pos<BR>(sL + buf * BR, L2g + i0, q0, Tq, INFINITY);
+        us__fa_load_pos<BR>(sD + buf * BR, Dg + i0, q0, Tq, 0.f);
+    };
+    {
+        const __nv_bfloat16 *gk = kv + ((int64_t)b * Tk + k0) * KVW + (int64_t)g * HS;
+        us__fa_load_tile<HS, BC>(sK, gk, KVW, min(BC, Tk - k0));
+        us__fa_load_tile<HS, BC>(sV, gk + (int64_t)NKV * HS, KVW, min(BC, Tk - k0));
+    }
+    issue(0, first, 0);
+    issue_pos(0, first, 0);
+    us__cp_async_commit();
+
+    float dk[KW][HS / 8][4], dv[KW][HS / 8][4];
+#pragma unroll
+    for (int a = 0; a < KW; a++)
+#pragma unroll
+        for (int i = 0; i < HS / 8; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) dk[a][i][e] = dv[a][i][e] = 0.f;
+
+    for (int it = 0, hi = 0, qt = first;; it++) {
+        const int buf = it & 1;
+        us__cp_async_wait_all();
+        __syncthreads();
+        int nh = hi, nq = us__fa_next_tile(sVis, qt, nqt); /* the next (head, visible tile) */
+        if (nq >= nqt) { nh++; nq = first; }
+        const bool more = nh < grp;
+        if (more) { issue(nh, nq, buf ^ 1); issue_pos(nh, nq, buf ^ 1); }
+        us__cp_async_commit();
+
+        const int *qp = sQp + buf * BR;
+        int qmin = INT_MAX, qmax = INT_MIN;
+        for (int c = lane; c < BR; c += 32) { qmin = min(qmin, qp[c]); qmax = max(qmax, qp[c]); }
+        qmin = us__warp_min(qmin);
+        qmax = us__warp_max(qmax);
+        if (qmax >= wkmin) /* some query of the tile sees some key of the warp; mask if some does not */
+            us__fa_dkdv_tile<KW, BR, HS, LDS, true>(dk, dv, sK, sV, wk0, sQ + buf * QT, sdO + buf * QT, sL + buf * BR, sD + buf * BR, sl2,
+                                              wkmax > qmin, [&](int a, int j, int e) {
+                                                  return sKp[wk0 + (lane >> 2) + 16 * a + 8 * (e >> 1)] > qp[j * 8 + 2 * (lane & 3) + (e & 1)];
+                                              }, lane);
+        if (!more) break;
+        hi = nh;
+        qt = nq;
+    }
+
+#pragma unroll
+    for (int a = 0; a < KW; a++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int key = key0 + 16 * a + 8 * r;
+            if (key >= Tk) continue;
+            float *row = dkv + ((int64_t)b * Tk + key) * KVW;
+            us__fa_add_row<HS>(row + (int64_t)g * HS, dk[a], r, scale, lane);
+            us__fa_add_row<HS>(row + (int64_t)(NKV + g) * HS, dv[a], r, 1.f, lane);
+        }
+}
+
+/* dQ of 64·MW queries of one head for this block: the visible key tiles in order (us__fa_dq_tile) */
+template <int HS, int MW, int BC, int MINB>
+__global__ void __launch_bounds__(128, MINB)
+us__flash_block_dq_kernel(float *__restrict__ dq, const __nv_bfloat16 *__restrict__ dout, const __nv_bfloat16 *__restrict__ qkv,
+                          const float *__restrict__ L2g, const float *__restrict__ Dg, const __nv_bfloat16 *__restrict__ kv,
+                          const int32_t *__restrict__ qpos, const int32_t *__restrict__ kpos, int Tq, int Tk, int NH, int NKV,
+                          float scale, float sl2) {
+    constexpr int BR = 64 * MW, LDS = us__fa_dims<HS>::lds, TILE = BC * LDS;
+    extern __shared__ __align__(16) unsigned char us__fa_smem[];
+    __nv_bfloat16 *sQ = (__nv_bfloat16 *)us__fa_smem; /* [BR][LDS] */
+    __nv_bfloat16 *sdO = sQ + BR * LDS;                /* [BR][LDS] */
+    __nv_bfloat16 *sK = sdO + BR * LDS;                /* [2][BC][LDS] */
+    __nv_bfloat16 *sV = sK + 2 * TILE;                 /* [2][BC][LDS] */
+    int *sQp = (int *)(sV + 2 * TILE);                 /* [BR] */
+    int *sKp = sQp + BR;                               /* [2][BC] */
+    float *sL = (float *)(sKp + 2 * BC);               /* [BR] lse·log2 e (+inf: no key ever seen, or past Tq: P = 0) */
+    float *sD = sL + BR;                               /* [BR] */
+    unsigned *sVis = (unsigned *)(sD + BR);            /* [⌈key tiles / 32⌉] */
+    __shared__ int sRed[4];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int qb = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, g = h / (NH / NKV);
+    const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, OC = (int64_t)NH * HS, KVW = (int64_t)2 * NKV * HS;
+    const int q0 = qb * BR, nkt = (Tk + BC - 1) / BC;
+    const int wr0 = warp * 16 * MW, row0 = q0 + wr0 + (lane >> 2);
+    const __nv_bfloat16 *gk = kv + (int64_t)b * Tk * KVW + (int64_t)g * HS, *gv = gk + (int64_t)NKV * HS;
+
+    int wqmin, wqmax;
+    us__fa_query_side<MW, BC>(sQp, sVis, sRed, qpos, kpos, q0, Tq, Tk, wqmin, wqmax);
+    int kt = us__fa_next_tile(sVis, -1, nkt);
+    if (kt >= nkt) return; /* no key of this block is seen here: nothing to add */
+    us__fa_load_tile<HS, BR>(sQ, qkv + ((int64_t)b * Tq + q0) * QKV + (int64_t)h * HS, QKV, min(BR, Tq - q0));
+    us__fa_load_tile<HS, BR>(sdO, dout + ((int64_t)b * Tq + q0) * OC + (int64_t)h * HS, OC, min(BR, Tq - q0));
+    us__fa_load_tile<HS, BC>(sK, gk + (int64_t)kt * BC * KVW, KVW, min(BC, Tk - kt * BC));
+    us__fa_load_tile<HS, BC>(sV, gv + (int64_t)kt * BC * KVW, KVW, min(BC, Tk - kt * BC));
+    us__fa_load_pos<BC>(sKp, kpos, kt * BC, Tk, INT_MAX);
+    us__fa_load_pos<BR>(sL, L2g + ((int64_t)b * NH + h) * Tq, q0, Tq, INFINITY); /* in shared memory, not registers: */
+    us__fa_load_pos<BR>(sD, Dg + ((int64_t)b * NH + h) * Tq, q0, Tq, 0.f);       /* dQ takes 128 of them at HS 128 */
+    us__cp_async_commit();
+
+    float dqa[MW][HS / 8][4];
+#pragma unroll
+    for (int a = 0; a < MW; a++)
+#pragma unroll
+        for (int i = 0; i < HS / 8; i++) dqa[a][i][0] = dqa[a][i][1] = dqa[a][i][2] = dqa[a][i][3] = 0.f;
+    const int *myp = sQp + wr0 + (lane >> 2); /* this thread's rows: + 16a + 8r */
+    const float *myl = sL + wr0 + (lane >> 2), *myd = sD + wr0 + (lane >> 2);
+
+    for (int it = 0; kt < nkt; it++) {
+        const int buf = it & 1;
+        const __nv_bfloat16 *sKb = sK + buf * TILE, *sVb = sV + buf * TILE;
+        const int *kp = sKp + buf * BC;
+        us__cp_async_wait_all();
+        __syncthreads();
+        const int nx = us__fa_next_tile(sVis, kt, nkt);
+        if (nx < nkt) {
+            const int k1 = nx * BC;
+            us__fa_load_tile<HS, BC>(sK + (buf ^ 1) * TILE, gk + (int64_t)k1 * KVW, KVW, min(BC, Tk - k1));
+            us__fa_load_tile<HS, BC>(sV + (buf ^ 1) * TILE, gv + (int64_t)k1 * KVW, KVW, min(BC, Tk - k1));
+            us__fa_load_pos<BC>(sKp + (buf ^ 1) * BC, kpos, k1, Tk, INT_MAX);
+        }
+        us__cp_async_commit();
+
+        int kmin = INT_MAX, kmax = INT_MIN;
+        for (int c = lane; c < BC; c += 32) { kmin = min(kmin, kp[c]); kmax = max(kmax, kp[c]); }
+        kmin = us__warp_min(kmin);
+        kmax = us__warp_max(kmax);
+        if (kmin <= wqmax)
+            us__fa_dq_tile<MW, BC, HS, LDS, true>(dqa, sQ, sdO, wr0, sKb, sVb, [&](int a, int r) { return myl[16 * a + 8 * r]; },
+                                            [&](int a, int r) { return myd[16 * a + 8 * r]; }, sl2, kmax > wqmin, [&](int a, int j, int e) {
+                return kp[j * 8 + 2 * (lane & 3) + (e & 1)] > myp[16 * a + (e >> 1) * 8];
+            }, lane);
+        kt = nx;
+    }
+
+#pragma unroll
+    for (int a = 0; a < MW; a++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int row = row0 + 16 * a + 8 * r;
+            if (row < Tq) us__fa_add_row<HS>(dq + ((int64_t)b * Tq + row) * OC + (int64_t)h * HS, dqa[a], r, scale, lane);
+        }
+}
+
+/* ---- host side ------------------------------------------------------------------------ */
+template <int HS, int MW = us__fa_cfg<HS>::fwd_mw, int BC = us__fa_cfg<HS>::fwd_bc, int MINB = us__fa_cfg<HS>::fwd_minb>
+static void us__flash_block_fwd_hs(float *acc, float *m, float *l, const __nv_bfloat16 *qkv, const __nv_bfloat16 *kv, const int32_t *qpos,
+                                   const int32_t *kpos, int B, int Tq, int Tk, int NH, int NKV, int init, cudaStream_t stream) {
+    constexpr int BR = 64 * MW;
+    const int nkt = (Tk + BC - 1) / BC;
+    size_t smem = (size_t)(BR + 4 * BC) * us__fa_dims<HS>::lds * 2 + (size_t)(BR + 2 * BC) * 4 + (size_t)((nkt + 31) / 32) * 4;
+    cudaFuncSetAttribute(us__flash_block_fwd_kernel<HS, MW, BC, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    dim3 grid(NH, B, (Tq + BR - 1) / BR);
+    us__flash_block_fwd_kernel<HS, MW, BC, MINB><<<grid, us__fa_threads, smem, stream>>>(acc, m, l, qkv, kv, qpos, kpos, Tq, Tk, NH, NKV, init,
+                                                                                       1.4426950408889634f / sqrtf((float)HS));
+}
+template <int HS, int KW = us__fa_cfg<HS>::kv_kw, int BR = us__fa_cfg<HS>::kv_br, int MINB = us__fa_cfg<HS>::kv_minb>
+static void us__flash_block_dkdv(float *dkv, const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv, const float *L2, const float *D,
+                                 const __nv_bfloat16 *kv, const int32_t *qpos, const int32_t *kpos, int B, int Tq, int Tk, int NH, int NKV,
+                                 cudaStream_t stream) {
+    const float scale = 1.f / sqrtf((float)HS);
+    const int nqt = (Tq + BR - 1) / BR;
+    size_t smem = us__fa_dkdv_smem<HS, KW, BR>() + (size_t)(2 * BR + 64 * KW) * 4 + (size_t)((nqt + 31) / 32) * 4; /* + positions, bitmask */
+    cudaFuncSetAttribute(us__flash_block_dkdv_kernel<HS, KW, BR, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    dim3 grid(NKV, B, (Tk + 64 * KW - 1) / (64 * KW));
+    us__flash_block_dkdv_kernel<HS, KW, BR, MINB><<<grid, us__fa_threads, smem, stream>>>(dkv, dout, qkv, L2, D, kv, qpos, kpos, Tq, Tk, NH, NKV,
+                                                                                        scale, scale * 1.4426950408889634f);
+}
+template <int HS, int MW = us__fa_cfg<HS>::dq_mw, int BC = us__fa_cfg<HS>::dq_bc, int MINB = us__fa_cfg<HS>::dq_minb>
+static void us__flash_block_dq(float *dq, const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv, const float *L2, const float *D,
+                               const __nv_bfloat16 *kv, const int32_t *qpos, const int32_t *kpos, int B, int Tq, int Tk, int NH, int NKV,
+                               cudaStream_t stream) {
+    constexpr int BR = 64 * MW;
+    const float scale = 1.f / sqrtf((float)HS);
+    const int nkt = (Tk + BC - 1) / BC;
+    size_t smem = (size_t)(2 * BR + 4 * BC) * us__fa_dims<HS>::lds * 2 + (size_t)(3 * BR + 2 * BC) * 4 + (size_t)((nkt + 31) / 32) * 4;
+    cudaFuncSetAttribute(us__flash_block_dq_kernel<HS, MW, BC, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    dim3 grid(NH, B, (Tq + BR - 1) / BR);
+    us__flash_block_dq_kernel<HS, MW, BC, MINB><<<grid, us__fa_threads, smem, stream>>>(dq, dout, qkv, L2, D, kv, qpos, kpos, Tq, Tk, NH, NKV,
+                                                                                      scale, scale * 1.4426950408889634f);
+}
+/* the backward of one block: D = rowsum(dO ∘ O) and lse·log2 e into scratch f32 [2][B, NH, Tq],
+   then dK|dV, then dQ */
+template <int HS>
+static void us__flash_block_bwd_hs(float *dq, float *dkv, const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv, const __nv_bfloat16 *out,
+                                   const float *lse, const __nv_bfloat16 *kv, const int32_t *qpos, const int32_t *kpos, float *D,
+                                   int B, int Tq, int Tk, int NH, int NKV, cudaStream_t stream) {
+    float *L2 = D + (size_t)B * NH * Tq;
+    us__flash_bwd_dot<HS>(dout, out, D, B, Tq, NH, stream, lse, L2);
+    us__flash_block_dkdv<HS>(dkv, dout, qkv, L2, D, kv, qpos, kpos, B, Tq, Tk, NH, NKV, stream);
+    us__flash_block_dq<HS>(dq, dout, qkv, L2, D, kv, qpos, kpos, B, Tq, Tk, NH, NKV, stream);
+}
+
+/* The ops: bf16 at HS 64/128 on sm_80+, with 16-byte aligned bf16 tensors (cp.async) and
+   8-byte aligned fp32 ones (float2), takes the flash kernels; anything else the portable ones. */
+static int us__aligned(const void *p, size_t a) { return ((uintptr_t)p & (a - 1)) == 0; }
+static int us__flash_block_ok(us_ops *o, us_dtype dt, int HS, int NH, int NKV, int64_t B, int64_t Tq, int64_t Tk) {
+    return us__flash_ok(o, dt, HS) && NKV > 0 && NH % NKV == 0 && B < 65536 && Tq <= INT_MAX / 2 && Tk <= INT_MAX / 2;
+}
+static void us__cuda_attn_block_fwd(us_ops *o, float *acc, float *m, float *l, const void *qkv, const void *kv, const int32_t *qpos,
+                                    const int32_t *kpos, int64_t B, int64_t Tq, int64_t Tk, int NH, int NKV, int HS, int init, us_dtype dt) {
+    cudaStream_t st = us__cu(o)->stream;
+    if (B * NH * Tq <= 0) return;
+    if (us__flash_block_ok(o, dt, HS, NH, NKV, B, Tq, Tk) && us__aligned(qkv, 16) && us__aligned(kv, 16) && us__aligned(acc, 8)) {
+        const __nv_bfloat16 *q = (const __nv_bfloat16 *)qkv, *k = (const __nv_bfloat16 *)kv;
+        if (HS == 64) us__flash_block_fwd_hs<64>(acc, m, l, q, k, qpos, kpos, (int)B, (int)Tq, (int)Tk, NH, NKV, init, st);
+        else us__flash_block_fwd_hs<128>(acc, m, l, q, k, qpos, kpos, (int)B, (int)Tq, (int)Tk, NH, NKV, init, st);
+        US__LAUNCHED(o);
+        return;
+    }
+    us__attn_block_fwd_naive(o, acc, m, l, qkv, kv, qpos, kpos, B, Tq, Tk, NH, NKV, HS, init, dt);
+}
+static void us__cuda_attn_block_bwd(us_ops *o, float *dq, float *dkv, const void *dout, const void *qkv, const void *out, const float *lse,
+                                    const void *kv, const int32_t *qpos, const int32_t *kpos, int64_t B, int64_t Tq, int64_t Tk,
+                                    int NH, int NKV, int HS, us_dtype dt) {
+    cudaStream_t st = us__cu(o)->stream;
+    if (B * NH * Tq <= 0 || Tk <= 0) return;
+    if (us__flash_block_ok(o, dt, HS, NH, NKV, B, Tq, Tk) && us__aligned(dout, 16) && us__aligned(qkv, 16) && us__aligned(out, 16) &&
+        us__aligned(kv, 16) && us__aligned(dq, 8) && us__aligned(dkv, 8)) {
+        float *D = (float *)us__cuda_scratch(o, (size_t)2 * B * NH * Tq * sizeof(float));
+        const __nv_bfloat16 *d = (const __nv_bfloat16 *)dout, *q = (const __nv_bfloat16 *)qkv, *ou = (const __nv_bfloat16 *)out, *k = (const __nv_bfloat16 *)kv;
+        if (!D) { us__cuda_fail(o, "attn_block_bwd", "out of device memory for its scratch", __FILE__, __LINE__); return; }
+        if (HS == 64) us__flash_block_bwd_hs<64>(dq, dkv, d, q, ou, lse, k, qpos, kpos, D, (int)B, (int)Tq, (int)Tk, NH, NKV, st);
+        else us__flash_block_bwd_hs<128>(dq, dkv, d, q, ou, lse, k, qpos, kpos, D, (int)B, (int)Tq, (int)Tk, NH, NKV, st);
+        US__LAUNCHED(o);
+        return;
+    }
+    us__attn_block_bwd_naive(o, dq, dkv, dout, qkv, out, lse, kv, qpos, kpos, B, Tq, Tk, NH, NKV, HS, dt);
 }
 
 /* ------------------------------------------------------------------------------------ */

@@ -4,6 +4,9 @@
      --profile          also time each op class with CUDA events (where a step's time goes)
      --gemm             in-library GEMM (ops->gemm, cached plan) vs a standalone cuBLASLt call
      --attention        attention forward / backward TFLOP/s, causal, HS 128
+     --cp               one layer's ring attention at cp 2 and 4 (flash blocks, zig-zag and ring, and
+                        the portable block kernels) against causal flash on the whole sequence
+     --cp-flash-only    the same without the portable kernels (they take seconds)
    Build: make build/bench_cuda (nvcc, -lcublasLt). */
 #define ULTRASCALE_IMPLEMENTATION
 #include "../ultrascale_cuda.cuh"
@@ -234,10 +237,177 @@ static void bench_attention(void) {
     if (inner.error(&inner)) printf("CUDA error: %s\n", inner.error(&inner));
 }
 
+/* ---- context parallelism: one layer's attention as ring attention does it, on one GPU.
+   Every rank's work of one layer (its queries against the K/V blocks of all cp ranks, in ring
+   order: cp attn_block_fwd + finish, then cp attn_block_bwd) runs here one rank after the
+   other, so "all ranks" is the total work and "slowest rank" the layer's critical path on cp
+   GPUs (communication left out: ring attention overlaps it with the blocks). The reference is
+   causal flash attention on the whole sequence (cp = 1); every rank's rows of out, dQ and
+   dK|dV (summed over the ranks' blocks) must match it: the last column is their relative
+   error against it (both sides bf16-rounded, so ~1e-3 is agreement).
+   The portable block kernels (one thread per row, the state in global memory) are timed on a
+   4× shorter sequence only: at T 4096 one layer would take them minutes. */
+static void gather_rows(void *dst, int64_t dld, const void *src, int64_t sld, const int32_t *pos, int B, int T, int Tl, int64_t cols) {
+    /* dst[b, t, :cols] = src[b, pos[t], :cols] (bf16), one copy per run of consecutive positions */
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < Tl;) {
+            int n = 1;
+            while (t + n < Tl && pos[t + n] == pos[t] + n) n++;
+            inner.copy2d(&inner, (char *)dst + ((int64_t)b * Tl + t) * dld * 2, dld, (const char *)src + ((int64_t)b * T + pos[t]) * sld * 2, sld, n, cols, US_BF16);
+            t += n;
+        }
+}
+static void bench_cp_shape(int B, int T, int NH, int NKV, int HS, int ring, int naive) {
+    const int reps = 5;
+    const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, KVW = (int64_t)2 * NKV * HS, AO = (int64_t)NH * HS, N = (int64_t)B * T;
+    const double flop = 4.0 * B * NH * (double)T * T * HS / 2 * (1 + 2.5); /* causal fwd + bwd (bwd = 2.5 fwd), the useful work */
+    us__cuda *c = (us__cuda *)inner.backend;
+    cudaEvent_t e0, e1;
+    void *qkv = inner.alloc(&inner, (size_t)N * QKV * 2), *out = inner.alloc(&inner, (size_t)N * AO * 2);
+    void *dout = inner.alloc(&inner, (size_t)N * AO * 2), *dqkv = inner.alloc(&inner, (size_t)N * QKV * 2);
+    float *lse = (float *)inner.alloc(&inner, (size_t)B * NH * T * 4);
+    std::vector<uint16_t> h_out((size_t)N * AO), h_dqkv((size_t)N * QKV);
+    double tf, tb;
+    CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+    {   /* random q, k, v and dO */
+        std::vector<float> h((size_t)N * QKV);
+        float *tmp;
+        us_rng rg;
+        us_rng_seed(&rg, 11);
+        for (size_t i = 0; i < h.size(); i++) h[i] = us_rng_normal(&rg);
+        CK(cudaMalloc(&tmp, h.size() * 4));
+        CK(cudaMemcpy(tmp, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+        inner.cast(&inner, qkv, US_BF16, tmp, US_F32, N * QKV);
+        inner.cast(&inner, dout, US_BF16, tmp + 7, US_F32, N * AO);
+        inner.sync(&inner);
+        cudaFree(tmp);
+    }
+    auto timed = [&](auto fn) {
+        float ms;
+        cudaEventRecord(e0, c->stream);
+        fn();
+        cudaEventRecord(e1, c->stream);
+        cudaEventSynchronize(e1);
+        cudaEventElapsedTime(&ms, e0, e1);
+        return (double)ms;
+    };
+    {   /* cp = 1: causal flash on the whole sequence */
+        std::vector<double> f, b;
+        for (int r = 0; r <= reps; r++) {
+            double x = timed([&] { inner.attention_fwd(&inner, out, lse, qkv, B, T, NH, NKV, HS, US_BF16); });
+            double y = timed([&] { inner.attention_bwd(&inner, dqkv, dout, qkv, out, lse, B, T, NH, NKV, HS, US_BF16); });
+            if (r) { f.push_back(x); b.push_back(y); }
+        }
+        tf = median(f); tb = median(b);
+        inner.copy(&inner, h_out.data(), out, h_out.size() * 2, US_COPY_D2H);
+        inner.copy(&inner, h_dqkv.data(), dqkv, h_dqkv.size() * 2, US_COPY_D2H);
+    }
+    printf("\n| one layer's attention, B=%d T=%d NH=%d NKV=%d HS=%d bf16 | fwd ms | bwd ms | fwd+bwd ms | TFLOP/s | slowest rank fwd+bwd ms | rel err out / dQ / dK|dV |\n"
+           "|---|---|---|---|---|---|---|\n", B, T, NH, NKV, HS);
+    printf("| causal flash, whole sequence (cp=1) | %.3f | %.3f | %.3f | %.0f | %.3f | reference |\n", tf, tb, tf + tb, flop / ((tf + tb) * 1e-3) * 1e-12, tf + tb);
+    fflush(stdout);
+    for (int cp = 2; cp <= 4; cp += 2)
+        for (int variant = 0; variant < 3; variant++) { /* zig-zag flash blocks, ring flash blocks, zig-zag portable blocks */
+            const int zig = variant != 1, flash = variant != 2, Tl = T / cp, half = Tl / 2, R = flash ? reps + 1 : 1;
+            if ((variant == 1 && !ring) || (variant == 2 && !naive)) continue;
+            const int64_t nl = (int64_t)B * Tl;
+            std::vector<int32_t> pos((size_t)cp * Tl);
+            std::vector<void *> q(cp), kv(cp), o(cp), dO(cp);
+            std::vector<float *> ls(cp), dq(cp), dkv(cp);
+            std::vector<std::vector<double>> f(cp), b(cp);
+            double err[3] = {0, 0, 0}, all_f = 0, all_b = 0, worst = 0;
+            for (int r = 0; r < cp; r++) /* // >>cp's positions: ring, chunk r; zig-zag, chunks r and 2·cp−1−r */
+                for (int t = 0; t < Tl; t++) pos[(size_t)r * Tl + t] = !zig ? r * Tl + t : t < half ? r * half + t : (2 * cp - 1 - r) * half + (t - half);
+            int32_t *dpos = (int32_t *)inner.alloc(&inner, pos.size() * 4);
+            float *acc = (float *)inner.alloc(&inner, (size_t)nl * AO * 4), *m = (float *)inner.alloc(&inner, (size_t)nl * NH * 4);
+            float *l = (float *)inner.alloc(&inner, (size_t)nl * NH * 4);
+            inner.copy(&inner, dpos, pos.data(), pos.size() * 4, US_COPY_H2D);
+            for (int r = 0; r < cp; r++) { /* rank r's rows of qkv and dO, its K/V block, its outputs */
+                q[r] = inner.alloc(&inner, (size_t)nl * QKV * 2); kv[r] = inner.alloc(&inner, (size_t)nl * KVW * 2);
+                o[r] = inner.alloc(&inner, (size_t)nl * AO * 2); dO[r] = inner.alloc(&inner, (size_t)nl * AO * 2);
+                ls[r] = (float *)inner.alloc(&inner, (size_t)nl * NH * 4);
+                dq[r] = (float *)inner.alloc(&inner, (size_t)nl * AO * 4); dkv[r] = (float *)inner.alloc(&inner, (size_t)nl * KVW * 4);
+                gather_rows(q[r], QKV, qkv, QKV, &pos[(size_t)r * Tl], B, T, Tl, QKV);
+                gather_rows(dO[r], AO, dout, AO, &pos[(size_t)r * Tl], B, T, Tl, AO);
+                inner.copy2d(&inner, kv[r], KVW, (char *)q[r] + AO * 2, QKV, nl, KVW, US_BF16);
+            }
+            for (int rep = 0; rep < R; rep++) { /* flash: the first run warms up (and is the one checked) */
+                for (int r = 0; r < cp; r++) { inner.zero(&inner, dq[r], (size_t)nl * AO * 4); inner.zero(&inner, dkv[r], (size_t)nl * KVW * 4); }
+                for (int r = 0; r < cp; r++) {
+                    const int32_t *qp = dpos + (size_t)r * Tl;
+                    double x = timed([&] {
+                        for (int s = 0; s < cp; s++) {
+                            const int src = (r - s + cp) % cp;
+                            if (flash) inner.attn_block_fwd(&inner, acc, m, l, q[r], kv[src], qp, dpos + (size_t)src * Tl, B, Tl, Tl, NH, NKV, HS, s == 0, US_BF16);
+                            else us__attn_block_fwd_naive(&inner, acc, m, l, q[r], kv[src], qp, dpos + (size_t)src * Tl, B, Tl, Tl, NH, NKV, HS, s == 0, US_BF16);
+                        }
+                        inner.attn_block_finish(&inner, o[r], ls[r], acc, m, l, B, Tl, NH, HS, US_BF16);
+                    });
+                    double y = timed([&] {
+                        for (int s = 0; s < cp; s++) {
+                            const int src = (r - s + cp) % cp;
+                            if (flash) inner.attn_block_bwd(&inner, dq[r], dkv[src], dO[r], q[r], o[r], ls[r], kv[src], qp, dpos + (size_t)src * Tl, B, Tl, Tl, NH, NKV, HS, US_BF16);
+                            else us__attn_block_bwd_naive(&inner, dq[r], dkv[src], dO[r], q[r], o[r], ls[r], kv[src], qp, dpos + (size_t)src * Tl, B, Tl, Tl, NH, NKV, HS, US_BF16);
+                        }
+                    });
+                    if (rep > 0 || !flash) { f[r].push_back(x); b[r].push_back(y); }
+                }
+                if (rep == 0) { /* every rank's rows against the whole-sequence reference */
+                    std::vector<uint16_t> ho((size_t)nl * AO);
+                    std::vector<float> hq((size_t)nl * AO), hk((size_t)nl * KVW);
+                    double nd[3][2] = {{0, 0}, {0, 0}, {0, 0}};
+                    for (int r = 0; r < cp; r++) {
+                        inner.copy(&inner, ho.data(), o[r], ho.size() * 2, US_COPY_D2H);
+                        inner.copy(&inner, hq.data(), dq[r], hq.size() * 4, US_COPY_D2H);
+                        inner.copy(&inner, hk.data(), dkv[r], hk.size() * 4, US_COPY_D2H);
+                        for (int bb = 0; bb < B; bb++)
+                            for (int t = 0; t < Tl; t++) {
+                                const int64_t lr = (int64_t)bb * Tl + t, gr = (int64_t)bb * T + pos[(size_t)r * Tl + t];
+                                for (int64_t j = 0; j < AO; j++) {
+                                    double ref = us_bf16_to_f32(h_out[gr * AO + j]), got = us_bf16_to_f32(ho[lr * AO + j]);
+                                    nd[0][0] += (got - ref) * (got - ref); nd[0][1] += ref * ref;
+                                    ref = us_bf16_to_f32(h_dqkv[gr * QKV + j]); got = hq[lr * AO + j];
+                                    nd[1][0] += (got - ref) * (got - ref); nd[1][1] += ref * ref;
+                                }
+                                for (int64_t j = 0; j < KVW; j++) {
+                                    double ref = us_bf16_to_f32(h_dqkv[gr * QKV + AO + j]), got = hk[lr * KVW + j];
+                                    nd[2][0] += (got - ref) * (got - ref); nd[2][1] += ref * ref;
+                                }
+                            }
+                    }
+                    for (int k = 0; k < 3; k++) err[k] = sqrt(nd[k][0] / (nd[k][1] > 0 ? nd[k][1] : 1));
+                }
+            }
+            for (int r = 0; r < cp; r++) {
+                double x = median(f[r]), y = median(b[r]);
+                all_f += x; all_b += y;
+                worst = std::max(worst, x + y);
+            }
+            printf("| cp=%d %s, %s blocks, all ranks | %.3f | %.3f | %.3f | %.0f | %.3f | %.1e / %.1e / %.1e |\n", cp, zig ? "zig-zag" : "ring",
+                   flash ? "flash" : "portable", all_f, all_b, all_f + all_b, flop / ((all_f + all_b) * 1e-3) * 1e-12, worst, err[0], err[1], err[2]);
+            fflush(stdout);
+            for (int r = 0; r < cp; r++) {
+                inner.free(&inner, q[r]); inner.free(&inner, kv[r]); inner.free(&inner, o[r]); inner.free(&inner, dO[r]);
+                inner.free(&inner, ls[r]); inner.free(&inner, dq[r]); inner.free(&inner, dkv[r]);
+            }
+            inner.free(&inner, dpos); inner.free(&inner, acc); inner.free(&inner, m); inner.free(&inner, l);
+        }
+    if (inner.error(&inner)) printf("CUDA error: %s\n", inner.error(&inner));
+    inner.free(&inner, qkv); inner.free(&inner, out); inner.free(&inner, dout); inner.free(&inner, dqkv); inner.free(&inner, lse);
+}
+static void bench_cp(int naive) {
+    printf("\nRing attention's work for one layer on one GPU. all ranks: every rank's blocks one rank after the other (the total\n"
+           "work; TFLOP/s counts the causal FLOPs, 3.5 x 4·B·NH·T²·HS/2); slowest rank: the layer's critical path on cp GPUs.\n");
+    bench_cp_shape(4, 4096, 16, 8, 128, 1, 0);   /* HS 128, GQA 2 */
+    bench_cp_shape(4, 4096, 16, 16, 128, 0, 0);  /* no GQA */
+    bench_cp_shape(4, 4096, 32, 8, 64, 1, 0);    /* HS 64, GQA 4 (the Llama-3.2-1B heads) */
+    if (naive) bench_cp_shape(4, 1024, 16, 8, 128, 0, 1);
+}
+
 int main(int argc, char **argv) {
     char err[256];
     const char *preset = NULL, *json = NULL;
-    int steps = 10, warm = 3, profile = 0, do_gemm = 0, do_att = 0, i;
+    int steps = 10, warm = 3, profile = 0, do_gemm = 0, do_att = 0, do_cp = 0, i;
     us_recompute rc = US_RECOMPUTE_NONE;
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
@@ -248,12 +418,15 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--profile")) profile = 1;
         else if (!strcmp(argv[i], "--gemm")) do_gemm = 1;
         else if (!strcmp(argv[i], "--attention")) do_att = 1;
-        else { fprintf(stderr, "usage: bench_cuda [--preset 1b|200m [--steps N] [--warmup N] [--recompute M] [--profile] [--json F]] [--gemm] [--attention]\n"); return 2; }
+        else if (!strcmp(argv[i], "--cp")) do_cp = 2;
+        else if (!strcmp(argv[i], "--cp-flash-only")) do_cp = 1;
+        else { fprintf(stderr, "usage: bench_cuda [--preset 1b|200m [--steps N] [--warmup N] [--recompute M] [--profile] [--json F]] [--gemm] [--attention] [--cp | --cp-flash-only]\n"); return 2; }
     }
     if (us_cuda_ops(&inner, 0, err, sizeof err) != US_OK) { fprintf(stderr, "bench_cuda: %s\n", err); return 1; }
     if (preset && bench_train(preset, steps, warm, rc, profile, json)) return 1;
     if (do_gemm) bench_gemm();
     if (do_att) bench_attention();
+    if (do_cp) bench_cp(do_cp == 2);
     us_cuda_ops_free(&inner);
     return 0;
 }

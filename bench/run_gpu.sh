@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU benchmark of issue 3, side by side in one run on the GPU machine:
 #   ultrascale vs PyTorch (eager, torch.compile) training steps on the 1B and 200M shapes,
-#   attention vs SDPA, in-library GEMM vs standalone cuBLASLt, the gemm_steps lesson.
+#   attention vs SDPA, in-library GEMM vs standalone cuBLASLt, the gemm_steps lesson,
+#   ring attention's block kernels (context parallelism) against causal flash attention.
 # Build the binaries first (here or there): make build/bench_cuda build/gemm_steps
 # Usage: bash bench/run_gpu.sh [quick]     logs go to $OUT (the device tool's folder) or bench_out/
 set -u
@@ -17,6 +18,7 @@ for p in 1b 200m; do
     python3 bench/torch_llama.py --preset $p --steps $steps --warmup-steps 3 --compile --json "$out/torch_compile_$p.json" 2>&1 | tee "$out/torch_compile_$p.txt"
 done
 $B/bench_cuda --gemm --attention 2>&1 | tee "$out/us_kernels.txt"
+$B/bench_cuda --cp 2>&1 | tee "$out/us_cp.txt"
 python3 bench/sdpa_bench.py 2>&1 | tee "$out/sdpa.txt"
 [ -x $B/gemm_steps ] && $B/gemm_steps 2>&1 | tail -n 12 | tee "$out/gemm_steps.txt"
 echo; echo "=== summary"

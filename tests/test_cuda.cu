@@ -271,6 +271,131 @@ static void test_attention_shapes(void) {
     }
 }
 
+/* Context parallelism's attention by key blocks on the flash path (bf16, HS 64 and 128): one
+   rank's queries against a chain of K/V blocks (init on the first), finish, then the backward
+   of every block, all against the CPU reference. qpos[Tq] and kpos[nb][Tk] set the case. The
+   GPU state starts as garbage, so init must not read it; dQ and dK|dV start non-zero, so the
+   backward must add. The backward runs twice and must give the same bits (no atomics). */
+/* ‖a − b‖ / ‖b‖ over f32 that may hold −inf (equal infinities count as agreeing; a NaN or one
+   infinity against a finite value fails) */
+static double relerr_inf(const float *a, const float *b, int64_t n) {
+    double num = 0, den = 0;
+    int64_t i;
+    for (i = 0; i < n; i++) {
+        if (a[i] != a[i] || b[i] != b[i]) return INFINITY;
+        if (isinf(a[i]) || isinf(b[i])) { if (a[i] != b[i]) return INFINITY; continue; }
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]); den += (double)b[i] * b[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+static void cmp_f32(const char *what, const char *tag, buf *bf, int64_t n, double tl) {
+    float *g = (float *)malloc(bf->bytes);
+    double e;
+    down(g, bf->d, bf->bytes);
+    e = relerr_inf(g, (const float *)bf->h, n);
+    CHECK(e <= tl, "%-34s %s rel err %.2e", what, tag, e);
+    free(g);
+}
+static void block_chain(const char *name, int HS, int NH, int NKV, int B, int Tq, int Tk, int nb, const int32_t *qpos, const int32_t *kpos) {
+    int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, KVW = (int64_t)2 * NKV * HS, AO = (int64_t)NH * HS;
+    int64_t nq = (int64_t)B * Tq, rows = (int64_t)B * NH * Tq;
+    float *q = rnd_f32(nq * QKV, 1), *kvf = rnd_f32((int64_t)nb * B * Tk * KVW, 1), *dy = rnd_f32(nq * AO, 1);
+    float *st = rnd_f32(rows * HS, 100), *dq0 = rnd_f32(nq * AO, 0.1f), *dkv0 = rnd_f32((int64_t)nb * B * Tk * KVW, 0.1f);
+    void *hq = as_dt(q, nq * QKV, US_BF16), *hkv = as_dt(kvf, (int64_t)nb * B * Tk * KVW, US_BF16), *hdy = as_dt(dy, nq * AO, US_BF16);
+    size_t kvb = (size_t)B * Tk * KVW * 2;
+    buf bq = mk(hq, nq * QKV * 2), bkv = mk(hkv, nb * kvb), bdo = mk(hdy, nq * AO * 2), bqp = mk(qpos, (size_t)Tq * 4), bkp = mk(kpos, (size_t)nb * Tk * 4);
+    buf bacc = mk(st, rows * HS * 4), bm = mk(st, rows * 4), bl = mk(st + rows, rows * 4);
+    buf bo = mk(hdy, nq * AO * 2), bls = mk(st, rows * 4);
+    buf bdq = mk(dq0, nq * AO * 4), bdkv = mk(dkv0, (size_t)nb * B * Tk * KVW * 4), bdq2 = mk(dq0, nq * AO * 4), bdkv2 = mk(dkv0, (size_t)nb * B * Tk * KVW * 4);
+    char what[96];
+    int s;
+    for (s = 0; s < nb; s++) {
+        const char *hk = (const char *)bkv.h + s * kvb, *dk = (const char *)bkv.d + s * kvb;
+        Ccpu.attn_block_fwd(&Ccpu, (float *)bacc.h, (float *)bm.h, (float *)bl.h, bq.h, hk, (int32_t *)bqp.h, (int32_t *)bkp.h + s * Tk, B, Tq, Tk, NH, NKV, HS, s == 0, US_BF16);
+        G.attn_block_fwd(&G, (float *)bacc.d, (float *)bm.d, (float *)bl.d, bq.d, dk, (int32_t *)bqp.d, (int32_t *)bkp.d + s * Tk, B, Tq, Tk, NH, NKV, HS, s == 0, US_BF16);
+    }
+    snprintf(what, sizeof what, "block %s HS%d %d/%d Tq%d Tk%d x%d", name, HS, NH, NKV, Tq, Tk, nb);
+    cmp_f32(what, "state m", &bm, rows, 1e-2);
+    cmp_f32("", "state l", &bl, rows, 1e-2);
+    cmp_f32("", "state acc", &bacc, rows * HS, 1e-2);
+    Ccpu.attn_block_finish(&Ccpu, bo.h, (float *)bls.h, (float *)bacc.h, (float *)bm.h, (float *)bl.h, B, Tq, NH, HS, US_BF16);
+    G.attn_block_finish(&G, bo.d, (float *)bls.d, (float *)bacc.d, (float *)bm.d, (float *)bl.d, B, Tq, NH, HS, US_BF16);
+    cmp("   out", &bo, US_BF16, nq * AO);
+    cmp_f32("", "lse", &bls, rows, 1e-2);
+    same_in(&bo); same_in(&bls);   /* the backward from the same final out and lse on both sides */
+    for (s = 0; s < nb; s++) {
+        const char *hk = (const char *)bkv.h + s * kvb, *dk = (const char *)bkv.d + s * kvb;
+        int64_t ko = (int64_t)s * B * Tk * KVW;
+        Ccpu.attn_block_bwd(&Ccpu, (float *)bdq.h, (float *)bdkv.h + ko, bdo.h, bq.h, bo.h, (float *)bls.h, hk, (int32_t *)bqp.h, (int32_t *)bkp.h + s * Tk,
+                            B, Tq, Tk, NH, NKV, HS, US_BF16);
+        G.attn_block_bwd(&G, (float *)bdq.d, (float *)bdkv.d + ko, bdo.d, bq.d, bo.d, (float *)bls.d, dk, (int32_t *)bqp.d, (int32_t *)bkp.d + s * Tk,
+                         B, Tq, Tk, NH, NKV, HS, US_BF16);
+        G.attn_block_bwd(&G, (float *)bdq2.d, (float *)bdkv2.d + ko, bdo.d, bq.d, bo.d, (float *)bls.d, dk, (int32_t *)bqp.d, (int32_t *)bkp.d + s * Tk,
+                         B, Tq, Tk, NH, NKV, HS, US_BF16);
+    }
+    cmp_f32("", "dQ (+=)", &bdq, nq * AO, 1e-2);
+    cmp_f32("", "dK|dV (+=)", &bdkv, (int64_t)nb * B * Tk * KVW, 1e-2);
+    {   /* deterministic: the second run gives the same bits */
+        float *a1 = (float *)malloc(bdq.bytes), *a2 = (float *)malloc(bdq.bytes), *k1 = (float *)malloc(bdkv.bytes), *k2 = (float *)malloc(bdkv.bytes);
+        down(a1, bdq.d, bdq.bytes); down(a2, bdq2.d, bdq.bytes); down(k1, bdkv.d, bdkv.bytes); down(k2, bdkv2.d, bdkv.bytes);
+        CHECK(!memcmp(a1, a2, bdq.bytes) && !memcmp(k1, k2, bdkv.bytes), "   backward twice: identical bits");
+        free(a1); free(a2); free(k1); free(k2);
+    }
+    CHECK(G.error(&G) == NULL, "   no CUDA error (%s)", G.error(&G) ? G.error(&G) : "");
+    fin(&bq); fin(&bkv); fin(&bdo); fin(&bqp); fin(&bkp); fin(&bacc); fin(&bm); fin(&bl); fin(&bo); fin(&bls);
+    fin(&bdq); fin(&bdkv); fin(&bdq2); fin(&bdkv2);
+    free(q); free(kvf); free(dy); free(st); free(dq0); free(dkv0); free(hq); free(hkv); free(hdy);
+}
+/* Rank r's chain of ring attention over cp ranks: its own block first, then the one from r−1,
+   r−2, ... (ring order), with the positions of // >>cp (ring: contiguous chunk r; zig-zag:
+   chunks r and 2·cp−1−r of length c). */
+static void ring_case(int HS, int NH, int NKV, int B, int cp, int c, int zigzag, int r) {
+    int T = zigzag ? 2 * c : c, s, t;
+    int32_t *qp = (int32_t *)malloc((size_t)T * 4), *kp = (int32_t *)malloc((size_t)cp * T * 4);
+    char name[64];
+    for (s = 0; s < cp; s++) {
+        int src = (r - s + cp) % cp;
+        for (t = 0; t < T; t++) {
+            int p = !zigzag ? src * c + t : t < c ? src * c + t : (2 * cp - 1 - src) * c + (t - c);
+            kp[s * T + t] = p;
+            if (src == r) qp[t] = p;
+        }
+    }
+    snprintf(name, sizeof name, "%s cp%d r%d", zigzag ? "zig-zag" : "ring", cp, r);
+    block_chain(name, HS, NH, NKV, B, T, T, cp, qp, kp);
+    free(qp); free(kp);
+}
+static void test_attn_blocks(void) {
+    int HS, k;
+    for (HS = 64; HS <= 128; HS += 64) {
+        /* ring, cp 3, chunks of 70: rank 1 sees its own block (the diagonal), all of rank 0's, none of rank 2's */
+        ring_case(HS, 4, 2, 2, 3, 70, 0, 1);
+        /* ring rank 0: after its own block, only blocks it cannot see (the CTAs must keep the state) */
+        ring_case(HS, 4, 2, 1, 3, 45, 0, 0);
+        /* zig-zag, cp 2, chunks of 101: both ranks (two query tiles, key tiles with tails) */
+        ring_case(HS, 4, 2, 2, 2, 101, 1, 0);
+        ring_case(HS, 4, 2, 1, 2, 101, 1, 1);
+    }
+    {   /* zig-zag cp 4, a longer chain, no GQA */
+        ring_case(128, 2, 2, 1, 4, 67, 1, 2);
+    }
+    for (k = 0; k < 2; k++) {   /* any positions: unsorted and repeated, Tq ≠ Tk; the first block (init) is
+                                   invisible to all, the last visible to all; NKV 1 (four heads per kv head) */
+        int HSk = k ? 128 : 64, Tq = 150, Tk = 77, nb = 4, i;
+        int32_t *qp = (int32_t *)malloc((size_t)Tq * 4), *kp = (int32_t *)malloc((size_t)nb * Tk * 4);
+        for (i = 0; i < Tq; i++) qp[i] = (int32_t)(rnd64() % 300);
+        qp[7] = -5;   /* a query that sees no key at all: out 0, lse −inf, no gradient */
+        for (i = 0; i < Tk; i++) {
+            kp[i] = 1000 + i;                          /* after every query */
+            kp[Tk + i] = (int32_t)(rnd64() % 300);     /* random */
+            kp[2 * Tk + i] = (int32_t)(rnd64() % 300);
+            kp[3 * Tk + i] = (int32_t)(rnd64() % 5) - 4;   /* all ≤ 0: every query but qp[7] sees them */
+        }
+        block_chain("any positions", HSk, 4, 1, 2, Tq, Tk, nb, qp, kp);
+        free(qp); free(kp);
+    }
+}
+
 /* The same training run on the CPU and the GPU: losses agree step by step. */
 static void test_training(us_precision prec, us_recompute rc) {
     us_model_config mc;
@@ -328,6 +453,7 @@ int main(int argc, char **argv) {
     test_ops(US_F32, 3, 1, 10, 41, 301, 1003, 1);    /* scalar fallbacks, misaligned AdamW */
     test_ops(US_BF16, 3, 1, 10, 41, 301, 1003, 3);
     test_attention_shapes();
+    test_attn_blocks();
     test_training(US_PRECISION_FP32, US_RECOMPUTE_NONE);
     test_training(US_PRECISION_BF16, US_RECOMPUTE_NONE);
     test_training(US_PRECISION_BF16, US_RECOMPUTE_FULL);
