@@ -3780,9 +3780,11 @@ static us_result us__pp_wpass(us_model *m, int B, int T) {   /* the chunk's W, l
                     its backward comes after the consumer's);
      a gradient     at its producer's end (the receiver's slot exists: its forward ran earlier).
    Before starting an action, a rank makes every exchange timed at or before that action's
-   start, in time order; messages of the same time go to the successor first on even ranks and
-   to the predecessor first on odd ones, and the two directions between a pair travel as one
-   sendrecv. By induction on the clock no rank ever waits for a message its peer cannot yet
+   start, in time order; at equal times gradients go first (a full backward frees its slot as
+   its gradient leaves, and an activation arriving at that moment may take the same slot), then
+   the successor on even ranks and the predecessor on odd ones; the two directions between a
+   pair travel as one sendrecv. Sends are not waited for — the rank computes on while its
+   neighbour takes them — except before their slot is written again. By induction on the clock no rank ever waits for a message its peer cannot yet
    send: whatever an exchange at time t carries was produced by an action that started before t. */
 static us_result us__pp_play(const us_pp_schedule *s, double tF, double tB, double tW, us_pp_sim *out, double *start, int nmax,
                              char *err, size_t errlen);
@@ -3797,7 +3799,7 @@ typedef struct us__pp_msg {
 static int us__pp_msg_cmp(const void *a, const void *b) {
     const us__pp_msg *x = (const us__pp_msg *)a, *y = (const us__pp_msg *)b;
     if (x->t != y->t) return x->t < y->t ? -1 : 1;
-    if (x->grad != y->grad) return x->grad - y->grad;
+    if (x->grad != y->grad) return y->grad - x->grad;   /* a gradient leaves its slot before the slot can be taken again */
     if (x->order != y->order) return x->order - y->order;
     return x->send - y->send;
 }
@@ -3842,12 +3844,31 @@ done:
     US_FREE(start); US_FREE(where);
     return res;
 }
-/* Makes the exchanges timed at or before `until`, from *e on. Sends read the producer's slot; a
-   received activation takes a free slot (the consumer's), a received gradient lands in the
-   consumer's slot. */
-static us_result us__pp_exchange(us_model *m, int *e, double until, int *slot_of, int *free_slot, int *nfree, int64_t n) {
+/* A send the rank does not wait for: it completes when its receiver takes it, while this rank
+   computes on; its slot may be reused (written) only after it has. pend[2·slot + k] holds the
+   slot's outstanding sends (an activation's and a gradient's). */
+static us_result us__pp_settle(us_model *m, us_work **pend, int slot) {
+    int k;
+    for (k = 0; k < 2; k++)
+        if (pend[2 * slot + k]) {
+            us_result r = m->comm->wait(m->comm, pend[2 * slot + k]);
+            pend[2 * slot + k] = NULL;
+            if (r != US_OK) return us__comm_fail(m, r, "pipeline send");
+        }
+    return US_OK;
+}
+static int us__pp_take_slot(us_model *m, us_work **pend, int *free_slot, int *nfree, int *slot) {
+    if (!*nfree) { us__model_set_error(m, "internal: pipeline slots exhausted"); return US_ERR_BACKEND; }
+    *slot = free_slot[--*nfree];
+    if (m->slots - *nfree > m->pp_peak) m->pp_peak = m->slots - *nfree;
+    return us__pp_settle(m, pend, *slot);
+}
+/* Makes the exchanges timed at or before `until`, from *e on. Sends read the producer's slot
+   and are not waited for (pend); a received activation takes a free slot (the consumer's), a
+   received gradient lands in the consumer's slot; receives are waited for. */
+static us_result us__pp_exchange(us_model *m, int *e, double until, int *slot_of, int *free_slot, int *nfree, us_work **pend, int64_t n) {
     const us_pp_schedule *s = m->pp_sched;
-    int q = m->mesh.pp_rank, M = s->m;
+    int q = m->mesh.pp_rank, M = s->m, sslot = -1;
     us_comm *c = m->comm;
     while (*e < m->pp_nmsg && m->pp_msgs[*e].t <= until) {
         const us__pp_msg *x = &m->pp_msgs[*e], *snd = NULL, *rcv = NULL;
@@ -3861,21 +3882,23 @@ static us_result us__pp_exchange(us_model *m, int *e, double until, int *slot_of
         *e = j;
         if (snd) {
             const us_pp_action *y = &s->a[q][snd->act];
-            sbuf = m->slot_a[slot_of[y->chunk * M + y->mb]][x->grad ? US__A_DRES : US__A_XOUT];
+            sslot = slot_of[y->chunk * M + y->mb];
+            sbuf = m->slot_a[sslot][x->grad ? US__A_DRES : US__A_XOUT];
         }
         if (rcv) {
             const us_pp_action *y = &s->a[q][rcv->act];
             int key = y->chunk * M + y->mb;
             if (!x->grad) {   /* the consumer forward's slot, taken now */
-                if (!*nfree) { us__model_set_error(m, "internal: no free pipeline slot to receive into"); return US_ERR_BACKEND; }
-                slot_of[key] = free_slot[--*nfree];
-                if (m->slots - *nfree > m->pp_peak) m->pp_peak = m->slots - *nfree;
+                if ((r = us__pp_take_slot(m, pend, free_slot, nfree, &slot_of[key])) != US_OK) return r;
                 rbuf = m->slot_acts[(size_t)slot_of[key] * m->cfg.n_layers + m->chunk_lo[y->chunk]].x;
             } else rbuf = m->slot_a[slot_of[key]][US__A_DRES];
         }
         if (sbuf && rbuf) r = us__comm_fail(m, c->sendrecv(c, &m->mesh.pp_g, sbuf, n, x->peer, rbuf, n, x->peer, m->dt, NULL), "pipeline exchange");
-        else if (sbuf) r = us__comm_fail(m, c->send(c, &m->mesh.pp_g, sbuf, n, m->dt, x->peer, NULL), "pipeline send");
-        else r = us__comm_fail(m, c->recv(c, &m->mesh.pp_g, rbuf, n, m->dt, x->peer, NULL), "pipeline receive");
+        else if (sbuf) {
+            us_work **w = &pend[2 * sslot + x->grad];
+            if ((r = us__pp_settle(m, pend, sslot)) != US_OK) return r;   /* at most one of each kind per slot */
+            r = us__comm_fail(m, c->send(c, &m->mesh.pp_g, sbuf, n, m->dt, x->peer, w), "pipeline send");
+        } else r = us__comm_fail(m, c->recv(c, &m->mesh.pp_g, rbuf, n, m->dt, x->peer, NULL), "pipeline receive");
         if (r != US_OK) return r;
     }
     return US_OK;
@@ -3893,6 +3916,7 @@ static us_result us__pp_exchange(us_model *m, int *e, double until, int *slot_of
 static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *targets, int64_t per, int T, float dscale, double *loss) {
     const us_pp_schedule *s = m->pp_sched;
     int q = m->mesh.pp_rank, i, e = 0, last_bw = -1, M = s->m, *slot_of, *free_slot, nfree = 0, B = m->tc.batch;
+    us_work **pend;
     int64_t Np, Ns, C = m->cfg.dim, n;
     size_t nb;
     double t_begin = us_trace_now_us();
@@ -3901,7 +3925,8 @@ static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *t
     n = Ns * C;   /* the residual stream between stages: this rank's rows under SP */
     nb = (size_t)n * us_dtype_size(m->dt);
     slot_of = (int *)US_MALLOC(sizeof(int) * (size_t)(M * s->v + m->slots));
-    if (!slot_of) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+    pend = (us_work **)calloc((size_t)(2 * m->slots), sizeof(us_work *));
+    if (!slot_of || !pend) { US_FREE(slot_of); free(pend); us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
     free_slot = slot_of + M * s->v;
     for (i = 0; i < m->slots; i++) free_slot[nfree++] = m->slots - 1 - i;
     for (i = 0; i < M * s->v; i++) slot_of[i] = -1;
@@ -3911,14 +3936,11 @@ static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *t
         const us_pp_action *x = &s->a[q][i];
         int st = us_pp_stage(s, q, x->chunk), key = x->chunk * M + x->mb;
         double t0;
-        if ((r = us__pp_exchange(m, &e, m->pp_start[i], slot_of, free_slot, &nfree, n)) != US_OK) break;
+        if ((r = us__pp_exchange(m, &e, m->pp_start[i], slot_of, free_slot, &nfree, pend, n)) != US_OK) break;
         if (x->op == US_PP_F) {
             double ls = 0;
-            if (slot_of[key] < 0) {   /* not received into one: the first stage, or handed over here */
-                if (!nfree) { us__model_set_error(m, "internal: pipeline slots exhausted"); r = US_ERR_BACKEND; break; }
-                slot_of[key] = free_slot[--nfree];
-                if (m->slots - nfree > m->pp_peak) m->pp_peak = m->slots - nfree;
-            }
+            /* not received into one: the first stage, or handed over here */
+            if (slot_of[key] < 0 && (r = us__pp_take_slot(m, pend, free_slot, &nfree, &slot_of[key])) != US_OK) break;
             us__slot(m, slot_of[key]);
             us__pp_use_chunk(m, x->chunk);
             if (st > 0 && us__pp_rank_of(s, st - 1) == q)   /* the stage before is this rank's: its output */
@@ -3949,7 +3971,12 @@ static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *t
             if (x->op == US_PP_BW) free_slot[nfree++] = slot_of[key];   /* its gradient, if sent, leaves before the slot is reused */
         }
     }
-    if (r == US_OK) r = us__pp_exchange(m, &e, INFINITY, slot_of, free_slot, &nfree, n);   /* the last gradients out */
+    if (r == US_OK) r = us__pp_exchange(m, &e, INFINITY, slot_of, free_slot, &nfree, pend, n);   /* the last gradients out */
+    for (i = 0; i < m->slots; i++) {   /* every send complete (after a failure too: no transfer outlives its buffer) */
+        us_result r2 = us__pp_settle(m, pend, i);
+        if (r == US_OK) r = r2;
+    }
+    free(pend);
     m->grad_sync = 0;
     m->pp_wall_s = 1e-6 * (us_trace_now_us() - t_begin);
     us__slot(m, 0);
