@@ -3857,7 +3857,7 @@ static us_result us__pp_settle(us_model *m, us_work **pend, int slot) {
         }
     return US_OK;
 }
-static int us__pp_take_slot(us_model *m, us_work **pend, int *free_slot, int *nfree, int *slot) {
+static us_result us__pp_take_slot(us_model *m, us_work **pend, int *free_slot, int *nfree, int *slot) {
     if (!*nfree) { us__model_set_error(m, "internal: pipeline slots exhausted"); return US_ERR_BACKEND; }
     *slot = free_slot[--*nfree];
     if (m->slots - *nfree > m->pp_peak) m->pp_peak = m->slots - *nfree;

@@ -65,12 +65,12 @@ if run cp; then for p in fp32 bf16; do
     done
 done; fi
 
-# 2d. pipeline parallelism (issue 7): pp 2 with 1F1B, AFAB, ZB-H1 and interleaved (2 chunks) over 4 micro-batches against one GPU
+# 2d. pipeline parallelism (issue 7): pp 2 with every schedule (PP_SCHEDULES) over 4 micro-batches against one GPU
 #     accumulating the same 4 micro-batches of 4 sequences. NCCL send/recv on one stream: 1F1B's
 #     steady state has both neighbours sending at once, so this is where a deadlock would show.
 if run pp; then for p in fp32 bf16; do
     $T $M --batch 4 --grad-accum 4 --precision $p --log "$OUT/pp_ref_$p.jsonl" > "$OUT/pp_ref_$p.txt" 2>&1
-    for x in 1f1b afab zb1 interleaved; do
+    for x in ${PP_SCHEDULES:-1f1b afab zb1 interleaved zbv dualpipev}; do
         $T $M --batch 4 --grad-accum 4 --nproc 2 --pp 2 --pp-schedule $x --precision $p --log "$OUT/pp2_${x}_$p.jsonl" > "$OUT/pp2_${x}_$p.txt" 2>&1
         say "shakespeare $p pp2 $x vs 1 GPU: $(compare "$OUT/pp_ref_$p.jsonl" "$OUT/pp2_${x}_$p.jsonl") $(grep -m1 'train:' "$OUT/pp2_${x}_$p.txt" | head -c 200)"
     done
