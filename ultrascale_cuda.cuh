@@ -1380,6 +1380,42 @@ static __device__ __forceinline__ void us__fa_softmax(float (&s)[MW][BC / 8][4],
     }
 }
 
+/* The two products every backward tile starts from, X·Yᵀ and Z·Wᵀ over the head dimension, for
+   W 16-row atoms of X and Z (rows r0 + 16a of shared tiles) against N rows of Y and W: S = Q·Kᵀ
+   with dP = dO·Vᵀ (the dQ side), or Sᵀ = K·Qᵀ with dPᵀ = V·dOᵀ (the dK/dV side). Each fragment of
+   Y and W read from shared memory feeds all W atoms. */
+template <int W, int N, int HS, int LDS>
+static __device__ __forceinline__ void us__fa_two_mm(float (&xy)[W][N / 8][4], float (&zw)[W][N / 8][4], const __nv_bfloat16 *sX,
+                                                     const __nv_bfloat16 *sZ, int r0, const __nv_bfloat16 *sY, const __nv_bfloat16 *sW, int lane) {
+#pragma unroll
+    for (int a = 0; a < W; a++)
+#pragma unroll
+        for (int j = 0; j < N / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) xy[a][j][e] = zw[a][j][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++) {
+        uint32_t xa[W][4], za[W][4];
+#pragma unroll
+        for (int a = 0; a < W; a++) {
+            us__ldsm_x4(xa[a], us__fa_a_addr<LDS>(sX, r0 + 16 * a, kk * 16, lane));
+            us__ldsm_x4(za[a], us__fa_a_addr<LDS>(sZ, r0 + 16 * a, kk * 16, lane));
+        }
+#pragma unroll
+        for (int np = 0; np < N / 16; np++) {
+            uint32_t yf[4], wf[4];
+            us__ldsm_x4(yf, us__fa_bt_addr<LDS>(sY, np * 16, kk * 16, lane));
+            us__ldsm_x4(wf, us__fa_bt_addr<LDS>(sW, np * 16, kk * 16, lane));
+#pragma unroll
+            for (int a = 0; a < W; a++) {
+                us__mma_bf16(xy[a][2 * np], xa[a], yf[0], yf[1]);
+                us__mma_bf16(xy[a][2 * np + 1], xa[a], yf[2], yf[3]);
+                us__mma_bf16(zw[a][2 * np], za[a], wf[0], wf[1]);
+                us__mma_bf16(zw[a][2 * np + 1], za[a], wf[2], wf[3]);
+            }
+        }
+    }
+}
 /* One key tile of the dQ kernels, per warp (16·MW queries from wr0 of sQ and sdO):
      S = Q·Kᵀ, dP = dO·Vᵀ, P = exp2(S·sl2 − lse2) (0 where masked), dS = P ∘ (dP − D), dQ += dS·K
    Q and dO A fragments are re-read from shared memory (in registers they would leave no room
@@ -1390,34 +1426,7 @@ static __device__ __forceinline__ void us__fa_dq_tile(float (&dq)[MW][HS / 8][4]
                                                       const __nv_bfloat16 *sK, const __nv_bfloat16 *sV, Rows L2, Rows2 Dr,
                                                       float sl2, bool need, Mask masked, int lane) {
     float s[MW][BC / 8][4], dp[MW][BC / 8][4];
-#pragma unroll
-    for (int a = 0; a < MW; a++)
-#pragma unroll
-        for (int j = 0; j < BC / 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[a][j][e] = dp[a][j][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < HS / 16; kk++) {
-        uint32_t qa[MW][4], da[MW][4];
-#pragma unroll
-        for (int a = 0; a < MW; a++) {
-            us__ldsm_x4(qa[a], us__fa_a_addr<LDS>(sQ, wr0 + 16 * a, kk * 16, lane));
-            us__ldsm_x4(da[a], us__fa_a_addr<LDS>(sdO, wr0 + 16 * a, kk * 16, lane));
-        }
-#pragma unroll
-        for (int np = 0; np < BC / 16; np++) {
-            uint32_t kf[4], vf[4];
-            us__ldsm_x4(kf, us__fa_bt_addr<LDS>(sK, np * 16, kk * 16, lane));
-            us__ldsm_x4(vf, us__fa_bt_addr<LDS>(sV, np * 16, kk * 16, lane));
-#pragma unroll
-            for (int a = 0; a < MW; a++) {
-                us__mma_bf16(s[a][2 * np], qa[a], kf[0], kf[1]);
-                us__mma_bf16(s[a][2 * np + 1], qa[a], kf[2], kf[3]);
-                us__mma_bf16(dp[a][2 * np], da[a], vf[0], vf[1]);
-                us__mma_bf16(dp[a][2 * np + 1], da[a], vf[2], vf[3]);
-            }
-        }
-    }
+    us__fa_two_mm<MW, BC, HS, LDS>(s, dp, sQ, sdO, wr0, sK, sV, lane);   /* S = Q·Kᵀ, dP = dO·Vᵀ */
     if constexpr (PASS) {
 #pragma unroll
         for (int a = 0; a < MW; a++)
@@ -1460,34 +1469,7 @@ static __device__ __forceinline__ void us__fa_dkdv_tile(float (&dk)[KW][HS / 8][
                                                         const float *sL, const float *sD, float sl2, bool need, Mask masked, int lane) {
     /* Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, [16·KW keys × BR queries] per warp */
     float st[KW][BR / 8][4], dpt[KW][BR / 8][4];
-#pragma unroll
-    for (int a = 0; a < KW; a++)
-#pragma unroll
-        for (int j = 0; j < BR / 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) st[a][j][e] = dpt[a][j][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < HS / 16; kk++) {
-        uint32_t ka[KW][4], va[KW][4];
-#pragma unroll
-        for (int a = 0; a < KW; a++) {
-            us__ldsm_x4(ka[a], us__fa_a_addr<LDS>(sK, wk + 16 * a, kk * 16, lane));
-            us__ldsm_x4(va[a], us__fa_a_addr<LDS>(sV, wk + 16 * a, kk * 16, lane));
-        }
-#pragma unroll
-        for (int np = 0; np < BR / 16; np++) {
-            uint32_t qf[4], df[4];
-            us__ldsm_x4(qf, us__fa_bt_addr<LDS>(sQ, np * 16, kk * 16, lane));
-            us__ldsm_x4(df, us__fa_bt_addr<LDS>(sdO, np * 16, kk * 16, lane));
-#pragma unroll
-            for (int a = 0; a < KW; a++) {
-                us__mma_bf16(st[a][2 * np], ka[a], qf[0], qf[1]);
-                us__mma_bf16(st[a][2 * np + 1], ka[a], qf[2], qf[3]);
-                us__mma_bf16(dpt[a][2 * np], va[a], df[0], df[1]);
-                us__mma_bf16(dpt[a][2 * np + 1], va[a], df[2], df[3]);
-            }
-        }
-    }
+    us__fa_two_mm<KW, BR, HS, LDS>(st, dpt, sK, sV, wk, sQ, sdO, lane);
     /* recompute Pᵀ from the saved lse (no T×T matrix is ever stored), then dSᵀ */
     if constexpr (PASS) {
 #pragma unroll
