@@ -2050,6 +2050,35 @@ static __device__ __forceinline__ void us__fa_query_side(int *sQp, unsigned *sVi
     us__fa_tile_mask<BC, true>(sVis, kpos, Tk, max(max(sRed[0], sRed[1]), max(sRed[2], sRed[3])));
 }
 
+/* The loop step of the kernels that walk key tiles (forward, dQ): wait until tile kt (in buffer
+   buf) has landed for every thread and everyone is done with the one before, then start loading
+   the next visible tile — K, V and their positions — into the other buffer. Returns that tile
+   (nkt: none left). */
+template <int HS, int BC, int LDS>
+static __device__ __forceinline__ int us__fa_kv_advance(__nv_bfloat16 *sK, __nv_bfloat16 *sV, int *sKp, int buf, const unsigned *sVis, int kt, int nkt,
+                                                        const __nv_bfloat16 *gk, const __nv_bfloat16 *gv, int64_t KVW, const int32_t *kpos, int Tk) {
+    constexpr int TILE = BC * LDS;
+    us__cp_async_wait_all();
+    __syncthreads();
+    const int nx = us__fa_next_tile(sVis, kt, nkt);
+    if (nx < nkt) {
+        const int k1 = nx * BC;
+        us__fa_load_tile<HS, BC>(sK + (buf ^ 1) * TILE, gk + (int64_t)k1 * KVW, KVW, min(BC, Tk - k1));
+        us__fa_load_tile<HS, BC>(sV + (buf ^ 1) * TILE, gv + (int64_t)k1 * KVW, KVW, min(BC, Tk - k1));
+        us__fa_load_pos<BC>(sKp + (buf ^ 1) * BC, kpos, k1, Tk, INT_MAX);
+    }
+    us__cp_async_commit();
+    return nx;
+}
+/* the smallest and largest key position of a tile, the same in every lane of the warp */
+template <int BC>
+static __device__ __forceinline__ void us__fa_tile_range(const int *kp, int lane, int &kmin, int &kmax) {
+    kmin = INT_MAX; kmax = INT_MIN;
+    for (int c = lane; c < BC; c += 32) { kmin = min(kmin, kp[c]); kmax = max(kmax, kp[c]); }
+    kmin = us__warp_min(kmin);
+    kmax = us__warp_max(kmax);
+}
+
 /* ---- forward: one CTA per (64·MW queries, head, batch) ------------------------------ */
 template <int HS, int MW, int BC, int MINB>
 __global__ void __launch_bounds__(128, MINB)
@@ -2119,22 +2148,10 @@ us__flash_block_fwd_kernel(float *__restrict__ acc, float *__restrict__ mst, flo
         const int buf = it & 1;
         const __nv_bfloat16 *sKb = sK + buf * TILE, *sVb = sV + buf * TILE;
         const int *kp = sKp + buf * BC;
-        us__cp_async_wait_all(); /* tile kt has landed ... */
-        __syncthreads();         /* ... for every thread, and everyone is done with the one before */
-        const int nx = us__fa_next_tile(sVis, kt, nkt);
-        if (nx < nkt) { /* prefetch the next visible tile into the other buffer */
-            const int k1 = nx * BC;
-            us__fa_load_tile<HS, BC>(sK + (buf ^ 1) * TILE, gk + (int64_t)k1 * KVW, KVW, min(BC, Tk - k1));
-            us__fa_load_tile<HS, BC>(sV + (buf ^ 1) * TILE, gv + (int64_t)k1 * KVW, KVW, min(BC, Tk - k1));
-            us__fa_load_pos<BC>(sKp + (buf ^ 1) * BC, kpos, k1, Tk, INT_MAX);
-        }
-        us__cp_async_commit();
-
+        const int nx = us__fa_kv_advance<HS, BC, LDS>(sK, sV, sKp, buf, sVis, kt, nkt, gk, gv, KVW, kpos, Tk);
         /* this tile against the warp's rows: nothing visible (skip), everything (no mask), or a mix */
-        int kmin = INT_MAX, kmax = INT_MIN;
-        for (int c = lane; c < BC; c += 32) { kmin = min(kmin, kp[c]); kmax = max(kmax, kp[c]); }
-        kmin = us__warp_min(kmin);
-        kmax = us__warp_max(kmax);
+        int kmin, kmax;
+        us__fa_tile_range<BC>(kp, lane, kmin, kmax);
         if (kmin <= wqmax) {
             float s[MW][BC / 8][4];
             us__fa_qk<MW, BC, HS, LDS>(s, qf, sQ, wr0, sKb, lane);
@@ -2320,21 +2337,9 @@ us__flash_block_dq_kernel(float *__restrict__ dq, const __nv_bfloat16 *__restric
         const int buf = it & 1;
         const __nv_bfloat16 *sKb = sK + buf * TILE, *sVb = sV + buf * TILE;
         const int *kp = sKp + buf * BC;
-        us__cp_async_wait_all();
-        __syncthreads();
-        const int nx = us__fa_next_tile(sVis, kt, nkt);
-        if (nx < nkt) {
-            const int k1 = nx * BC;
-            us__fa_load_tile<HS, BC>(sK + (buf ^ 1) * TILE, gk + (int64_t)k1 * KVW, KVW, min(BC, Tk - k1));
-            us__fa_load_tile<HS, BC>(sV + (buf ^ 1) * TILE, gv + (int64_t)k1 * KVW, KVW, min(BC, Tk - k1));
-            us__fa_load_pos<BC>(sKp + (buf ^ 1) * BC, kpos, k1, Tk, INT_MAX);
-        }
-        us__cp_async_commit();
-
-        int kmin = INT_MAX, kmax = INT_MIN;
-        for (int c = lane; c < BC; c += 32) { kmin = min(kmin, kp[c]); kmax = max(kmax, kp[c]); }
-        kmin = us__warp_min(kmin);
-        kmax = us__warp_max(kmax);
+        const int nx = us__fa_kv_advance<HS, BC, LDS>(sK, sV, sKp, buf, sVis, kt, nkt, gk, gv, KVW, kpos, Tk);
+        int kmin, kmax;
+        us__fa_tile_range<BC>(kp, lane, kmin, kmax);
         if (kmin <= wqmax)
             us__fa_dq_tile<MW, BC, HS, LDS, true>(dqa, sQ, sdO, wr0, sKb, sVb, [&](int a, int r) { return myl[16 * a + 8 * r]; },
                                             [&](int a, int r) { return myd[16 * a + 8 * r]; }, sl2, kmax > wqmin, [&](int a, int j, int e) {
