@@ -488,7 +488,9 @@ typedef struct us_model {
     struct us__pp_msg *pp_msgs; int pp_nmsg;   /* this rank's messages, in the order it exchanges them */
     double   *pp_start;       /* [actions of this rank] each action's start on the schedule's clock */
     int      slots;           /* micro-batches whose activations the schedule holds at once (1 without pp) */
-    us_layer_acts *slot_acts; /* [slots][L] */
+    us_layer_acts *slot_acts; /* [slots][pp_lc]: a slot holds one chunk's layers */
+    us_layer_acts *acts_work; /* [cfg.n_layers] what acts points to: the selected slot's layers at their chunk's place */
+    int      pp_lc;           /* layers of the largest chunk on this rank (all of them without chunks) */
     void   *(*slot_a)[32];    /* [slots] each slot's named scratch */
     struct us_pp_schedule *pp_sched;   /* the step's schedule (pp > 1) */
     int      pp_peak;         /* most micro-batches whose activations the executor held at once */
@@ -2520,7 +2522,17 @@ static void *us__take(us__arena *a, size_t bytes) {
 }
 /* Lays the arena out (or, with base NULL, only measures it). The estimator states the same
    sizes as formulas; tests/test_model.c checks that the two agree. */
-static size_t us__layout_arena(us_model *m, char *base) {
+/* Which named scratch a pipeline slot owns: what lives from a micro-batch chunk's forward to its
+   backward (or travels), and on the rank of the head the head's inputs and the logits, which
+   hold the loss gradient from forward to backward. The rest is scratch of one action, shared by
+   the slots. */
+static int us__a_per_slot(int i) {
+    return i == US__A_XOUT || i == US__A_DRES || i == US__A_RSTDF || i == US__A_LOSSES || i == US__A_ARGMAX || i == US__A_TOK ||
+           i == US__A_TGT || i == US__A_SCAL || i == US__A_XF || i == US__A_LOGITS || i == US__A_VP;
+}
+/* Lays out one pipeline slot (part 0: a chunk's layers and the slot's scratch) or the scratch
+   the slots share (part 1); without pipeline parallelism the arena is one of each. */
+static size_t us__layout_arena(us_model *m, char *base, int part) {
     const us_model_config *c = &m->cfg;
     us__arena ar;
     /* Nf rows for tensors every rank holds whole (padded to a multiple of tp under sequence
@@ -2536,17 +2548,17 @@ static size_t us__layout_arena(us_model *m, char *base) {
     ar.base = base; ar.used = 0;
     /* the shared layer scratch (used by the recompute modes) */
     memset(&shared, 0, sizeof shared);
-    if (!keep_cheap) {
+    if (part == 0 && !keep_cheap) {
         shared.ln1 = us__take(&ar, Ns * C * a);  shared.rstd1 = (float *)us__take(&ar, Ns * 4);
         shared.att = us__take(&ar, Nf * AO * a); shared.lse = (float *)us__take(&ar, N * m->nh_l * 4);
         shared.ln2 = us__take(&ar, Ns * C * a);  shared.rstd2 = (float *)us__take(&ar, Ns * 4);
         shared.h = us__take(&ar, Nf * F * a);
     }
-    if (!keep_gemm) {
+    if (part == 0 && !keep_gemm) {
         shared.qkv = us__take(&ar, Nf * QKV * a); shared.xmid = us__take(&ar, Ns * C * a);
         shared.gu = us__take(&ar, Nf * 2 * F * a);
     }
-    for (l = 0; l < c->n_layers; l++) {
+    for (l = 0; part == 0 && l < (m->pp_lc ? m->pp_lc : c->n_layers); l++) {   /* one chunk's layers per slot (// >>pp) */
         us_layer_acts L = shared;
         L.x = us__take(&ar, Ns * C * a);
         if (keep_gemm) {
@@ -2568,14 +2580,15 @@ static size_t us__layout_arena(us_model *m, char *base) {
     {   /* head, loss and backward scratch */
         size_t sz[US__A_COUNT];
         int i;
-        sz[US__A_XOUT] = Ns * C * a;  sz[US__A_XF] = Nf * C * a;  sz[US__A_RSTDF] = Ns * 4;
-        sz[US__A_LOGITS] = Nf * V * a; sz[US__A_LOSSES] = Nf * 4; sz[US__A_ARGMAX] = Nf * 4;
+        int head = m->pp_last;   /* the final norm's output and the logits: on the rank of the head only */
+        sz[US__A_XOUT] = Ns * C * a;  sz[US__A_XF] = head ? Nf * C * a : 0;  sz[US__A_RSTDF] = Ns * 4;
+        sz[US__A_LOGITS] = head ? Nf * V * a : 0; sz[US__A_LOSSES] = Nf * 4; sz[US__A_ARGMAX] = Nf * 4;
         sz[US__A_TOK] = Nf * 4; sz[US__A_TGT] = Nf * 4;
         sz[US__A_DRES] = Nf * C * a;  sz[US__A_DLN] = Nf * C * a;  sz[US__A_DATT] = Nf * AO * a;
         sz[US__A_DQKV] = Nf * QKV * a; sz[US__A_DH] = Nf * F * a; sz[US__A_DGU] = Nf * 2 * F * a;
         sz[US__A_SCAL] = 64;   /* scalars all-reduced over the ranks: valid targets, loss, norm² */
         /* tensor parallelism's vocabulary-parallel loss: mx, tlogit f32, sumexp f64, argmax i32 */
-        sz[US__A_VP] = m->tc.tp > 1 ? Nf * (4 + 4 + 8 + 4) + 8 : 0;
+        sz[US__A_VP] = m->tc.tp > 1 && head ? Nf * (4 + 4 + 8 + 4) + 8 : 0;
         /* sequence parallelism: a whole-sequence [Nf, C] buffer for the all-gathered norm outputs,
            the partial products before their reduce-scatter and the gathered residual gradient;
            and a norm weight's partial gradient, summed over tp before it is accumulated */
@@ -2594,7 +2607,9 @@ static size_t us__layout_arena(us_model *m, char *base) {
             sz[US__A_CPTMP] = on ? N * (AO > KVW ? AO : KVW) * a : 0;
         }
         for (i = 0; i < US__A_COUNT; i++) {
-            void *p = us__take(&ar, sz[i]);
+            void *p;
+            if (us__a_per_slot(i) != (part == 0)) continue;
+            p = us__take(&ar, sz[i]);
             if (base) m->a[i] = p;
         }
     }
@@ -2686,6 +2701,7 @@ static int us__cp_pos(const us_train_config *tc, int r, int t);   /* // >>cp */
 static us_result us__pp_connect(us_model *m);
 static us_result us__pp_plan(us_model *m);
 static int us__pp_rank_of(const us_pp_schedule *s, int st);
+static void us__slot(us_model *m, int k, int c);
 /* Stage st's first layer and layer count among S stages: tc.pp_layers, or an even split with
    the first stages taking the remainder. */
 static void us__pp_stage_layers(const us_model_config *mc, const us_train_config *tc, int S, int st, int *first, int *count) {
@@ -2794,10 +2810,12 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
         for (i = 0; i < m->pp_sched->n[m->mesh.pp_rank]; i++) if (m->pp_sched->a[m->mesh.pp_rank][i].op == US_PP_W) m->pp_wsplit = 1;
         if ((r = us__pp_plan(m)) != US_OK) { char e3[256]; snprintf(e3, sizeof e3, "%s", m->err); us_model_free(m); us__model_set_error(m, "%s", e3); return r; }
     }
-    m->slot_acts = (us_layer_acts *)US_MALLOC(sizeof(us_layer_acts) * (size_t)(m->slots * m->cfg.n_layers));
+    for (i = 0; i < m->pp_v; i++) if (m->chunk_hi[i] - m->chunk_lo[i] > m->pp_lc) m->pp_lc = m->chunk_hi[i] - m->chunk_lo[i];
+    m->slot_acts = (us_layer_acts *)US_MALLOC(sizeof(us_layer_acts) * (size_t)(m->slots * m->pp_lc));
+    m->acts_work = (us_layer_acts *)calloc((size_t)m->cfg.n_layers, sizeof(us_layer_acts));
     m->slot_a = (void *(*)[32])US_MALLOC(sizeof(void *[32]) * (size_t)m->slots);
-    if (!m->slot_acts || !m->slot_a) { us_model_free(m); us__model_set_error(m, "out of host memory for the model tables"); return US_ERR_OOM; }
-    m->mem.activations = us__layout_arena(m, NULL) * (size_t)m->slots;
+    if (!m->slot_acts || !m->slot_a || !m->acts_work) { us_model_free(m); us__model_set_error(m, "out of host memory for the model tables"); return US_ERR_OOM; }
+    m->mem.activations = us__layout_arena(m, NULL, 0) * (size_t)m->slots + us__layout_arena(m, NULL, 1);
     m->arena = m->state ? (char *)m->ops.alloc(&m->ops, m->mem.activations) : NULL;
     if (!m->state || !m->arena) {
         size_t total = wb + mb + gb + 2 * ob + m->mem.activations;
@@ -2806,14 +2824,17 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
                             (double)total / 1048576.0, (long long)us_param_count(mc));
         return US_ERR_OOM;
     }
-    {
-        int k;
-        size_t one = m->mem.activations / (size_t)m->slots;
-        for (k = m->slots - 1; k >= 0; k--) {   /* slot 0 last: it is the one selected */
-            m->acts = m->slot_acts + (size_t)k * m->cfg.n_layers;
-            us__layout_arena(m, m->arena + (size_t)k * one);
+    {   /* the slots, then the scratch they share (pointed to from every slot's table) */
+        int k, j;
+        size_t one = us__layout_arena(m, NULL, 0);
+        us__layout_arena(m, m->arena + (size_t)m->slots * one, 1);
+        for (k = m->slots - 1; k >= 0; k--) {
+            m->acts = m->slot_acts + (size_t)k * m->pp_lc;
+            us__layout_arena(m, m->arena + (size_t)k * one, 0);
             memcpy(m->slot_a[k], m->a, sizeof m->a);
         }
+        for (k = 0; k < m->slots; k++) for (j = 0; j < US__A_COUNT; j++) if (!us__a_per_slot(j)) m->slot_a[k][j] = m->a[j];
+        us__slot(m, 0, 0);   /* without chunks: every layer */
     }
     if (m->tc.cp > 1) {   /* every rank's token positions, [cp][seq/cp] (// >>cp) */
         int Tl = m->tc.seq / m->tc.cp, rr, t;
@@ -2853,7 +2874,8 @@ US_API void us_model_free(us_model *m) {
         }
     if (o->free) { o->free(o, m->state); o->free(o, m->arena); }
     if (m->comm && m->mesh.dpcp_g.size) us_mesh_free(&m->mesh, m->comm);
-    US_FREE(m->slot_acts);   /* acts points into it */
+    US_FREE(m->slot_acts); free(m->acts_work);   /* acts points into them */
+    m->acts_work = NULL;
     US_FREE(m->slot_a);
     if (m->pp_sched) { us_pp_schedule_free(m->pp_sched); free(m->pp_sched); }
     US_FREE(m->pp_msgs); US_FREE(m->pp_start);
@@ -3740,8 +3762,13 @@ static us_result us__pp_connect(us_model *m) {
    the weight gradients (us__layer_w), which frees the slot. The last backward of the step
    launches the data-parallel reductions (no_sync before it); with B and W apart they are
    launched before the optimizer step instead, without overlap. */
-static void us__slot(us_model *m, int k) {
-    m->acts = m->slot_acts + (size_t)k * m->cfg.n_layers;
+/* Selects slot k for chunk c: the slot's layers stand at the chunk's place in acts (a slot holds
+   one chunk's activations, so interleaved and V-shaped schedules store 1/v of the rank's layers
+   per micro-batch chunk in flight), its scratch in a. */
+static void us__slot(us_model *m, int k, int c) {
+    int lo = m->chunk_lo[c], n = m->chunk_hi[c] - lo;
+    memcpy(m->acts_work + lo, m->slot_acts + (size_t)k * m->pp_lc, sizeof(us_layer_acts) * (size_t)n);
+    m->acts = m->acts_work;
     memcpy(m->a, m->slot_a[k], sizeof m->a);
 }
 /* The pp rank that runs stage st, and the chunk of rank q that is stage st (-1: none). */
@@ -3890,7 +3917,7 @@ static us_result us__pp_exchange(us_model *m, int *e, double until, int *slot_of
             int key = y->chunk * M + y->mb;
             if (!x->grad) {   /* the consumer forward's slot, taken now */
                 if ((r = us__pp_take_slot(m, pend, free_slot, nfree, &slot_of[key])) != US_OK) return r;
-                rbuf = m->slot_acts[(size_t)slot_of[key] * m->cfg.n_layers + m->chunk_lo[y->chunk]].x;
+                rbuf = m->slot_acts[(size_t)slot_of[key] * m->pp_lc].x;   /* the chunk's first layer input */
             } else rbuf = m->slot_a[slot_of[key]][US__A_DRES];
         }
         if (sbuf && rbuf) r = us__comm_fail(m, c->sendrecv(c, &m->mesh.pp_g, sbuf, n, x->peer, rbuf, n, x->peer, m->dt, NULL), "pipeline exchange");
@@ -3941,7 +3968,7 @@ static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *t
             double ls = 0;
             /* not received into one: the first stage, or handed over here */
             if (slot_of[key] < 0 && (r = us__pp_take_slot(m, pend, free_slot, &nfree, &slot_of[key])) != US_OK) break;
-            us__slot(m, slot_of[key]);
+            us__slot(m, slot_of[key], x->chunk);
             us__pp_use_chunk(m, x->chunk);
             if (st > 0 && us__pp_rank_of(s, st - 1) == q)   /* the stage before is this rank's: its output */
                 m->ops.copy(&m->ops, m->acts[m->l_lo].x, m->slot_a[slot_of[us__pp_chunk_of(s, q, st - 1) * M + x->mb]][US__A_XOUT], nb, US_COPY_D2D);
@@ -3950,14 +3977,14 @@ static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *t
             m->pp_busy_s += 1e-6 * (us_trace_now_us() - t0);
             *loss += ls;
         } else if (x->op == US_PP_W) {
-            us__slot(m, slot_of[key]);
+            us__slot(m, slot_of[key], x->chunk);
             us__pp_use_chunk(m, x->chunk);
             t0 = us_trace_now_us();
             if ((r = us__pp_wpass(m, B, T)) != US_OK) break;
             m->pp_busy_s += 1e-6 * (us_trace_now_us() - t0);
             free_slot[nfree++] = slot_of[key];
         } else {   /* B or BW */
-            us__slot(m, slot_of[key]);
+            us__slot(m, slot_of[key], x->chunk);
             us__pp_use_chunk(m, x->chunk);
             m->grad_sync = i == last_bw;
             m->pp_bonly = x->op == US_PP_B;
@@ -3979,7 +4006,7 @@ static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *t
     free(pend);
     m->grad_sync = 0;
     m->pp_wall_s = 1e-6 * (us_trace_now_us() - t_begin);
-    us__slot(m, 0);
+    us__slot(m, 0, 0);
     us__pp_use_all(m);
     US_FREE(slot_of);
     return r;
@@ -4073,6 +4100,7 @@ US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32
         for (k = 0; k < s->v && r == US_OK; k++) {   /* this rank's chunks in stage order */
             int ch = k, st = us_pp_stage(s, q, ch);   /* chunk order is stage order, V shape too */
             double l1 = 0;
+            us__slot(m, 0, ch);   /* one slot for every chunk in turn: XOUT carries over to the next */
             us__pp_use_chunk(m, ch);
             if (st > 0 && us__pp_rank_of(s, st - 1) != q)
                 r = us__comm_fail(m, c->recv(c, &m->mesh.pp_g, m->acts[m->l_lo].x, n, m->dt, us__pp_rank_of(s, st - 1), NULL), "pipeline receive");
@@ -4083,6 +4111,7 @@ US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32
             if (r == US_OK && st < S - 1 && us__pp_rank_of(s, st + 1) != q)
                 r = us__comm_fail(m, c->send(c, &m->mesh.pp_g, m->a[US__A_XOUT], n, m->dt, us__pp_rank_of(s, st + 1), NULL), "pipeline send");
         }
+        us__slot(m, 0, 0);
         us__pp_use_all(m);
         if (r != US_OK) return r;
         if (m->pp_last) {
@@ -4769,9 +4798,14 @@ US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int
    selective drops the non-GEMM ones, full keeps only x; one layer's worth is then scratch. */
 /* Layers on pipeline rank 0: its chunks are stages 0, pp, 2·pp, ... of the even split (the model
    init's rule), each with L/S layers and one more for the first L%S stages. */
-static int us__pp_rank0_layers(const us_model_config *mc, const us_train_config *tc, const us_pp_schedule *s) {
+static int us__pp_rank0_layers(const us_model_config *mc, const us_train_config *tc, const us_pp_schedule *s, int *largest) {
     int v = s ? s->v : 1, S = tc->pp * v, c, n = 0, first, count;
-    for (c = 0; c < v; c++) { us__pp_stage_layers(mc, tc, S, s ? us_pp_stage(s, 0, c) : 0, &first, &count); n += count; }
+    *largest = 0;
+    for (c = 0; c < v; c++) {
+        us__pp_stage_layers(mc, tc, S, s ? us_pp_stage(s, 0, c) : 0, &first, &count);
+        n += count;
+        if (count > *largest) *largest = count;
+    }
     return n;
 }
 US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train_config *tc_in, us_memory *out, char *err, size_t errlen) {
@@ -4801,7 +4835,7 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
         tmp.cfg = mc; tmp.tc = tc;
         /* under pipeline parallelism: the first rank (its chunks' layers and the embedding) */
         tmp.n_layers_global = mc.n_layers;
-        tmp.cfg.n_layers = us__pp_rank0_layers(&mc, &tc, psp);
+        tmp.cfg.n_layers = us__pp_rank0_layers(&mc, &tc, psp, &l);
         tmp.pp_first = 1; tmp.pp_last = !psp || us__pp_rank_of(psp, tc.pp * psp->v - 1) == 0;   /* the V shapes end on rank 0 */
         tmp.params = (us_param *)US_MALLOC(sizeof(us_param) * (size_t)(3 + mc.n_layers * US__P_PER_LAYER));
         tmp.layer_g = (int *)US_MALLOC(sizeof(int) * (size_t)mc.n_layers);
@@ -4841,23 +4875,32 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
     cheap = 2 * x /* ln1, ln2 */ + 2 * rs + att + lse + h;
     per_layer = x + (mode != US_RECOMPUTE_FULL ? gemm_outs : 0) + (mode == US_RECOMPUTE_NONE ? cheap : 0);
     shared = (mode != US_RECOMPUTE_NONE ? cheap : 0) + (mode == US_RECOMPUTE_FULL ? gemm_outs : 0);
-    head = x /* last layer output */ + xf /* final norm, whole sequence */ + rs + us__align(Nf * V * a) /* logits */
-         + 4 * rf /* losses, argmax, inputs, targets */ + us__align(64) /* scalars for the all-reduces */
-         + (tc.tp > 1 ? us__align(Nf * 20 + 8) : 0) /* the vocabulary-parallel loss's row statistics */
-         + (sp ? xf + us__align(C * 4) : 0) /* SP's whole-sequence buffer, a norm weight's partial gradient */;
-    if (tc.cp > 1) {   /* context parallelism: positions, K/V blocks in flight (2 for the ring, cp for the
-                          all-gather) and their fp32 gradients, the online-softmax state, dQ, a cast buffer */
-        int64_t KVW = (int64_t)2 * (mc.n_kv_heads / tc.tp) * HS, nb = tc.cp_mode == US_CP_ALLGATHER ? tc.cp : 2;
-        head += us__align((size_t)tc.cp * (tc.seq / tc.cp) * 4) + us__align(nb * N * KVW * a) + us__align(nb * N * KVW * 4)
-              + 2 * us__align(N * AO * 4) + 2 * us__align(N * (mc.n_heads / tc.tp) * 4) + us__align(N * (AO > KVW ? AO : KVW) * a);
+    /* what a (pipeline) slot holds besides its layers: the chunk's output and input gradient, the
+       norm statistics, losses, argmax, inputs, targets, the scalars for the all-reduces; on the
+       rank of the head (the first rank without pp, or under a V) the final norm's output, the
+       logits and the vocabulary-parallel loss's row statistics */
+    {
+        int head0 = !psp || us__pp_rank_of(psp, tc.pp * psp->v - 1) == 0;
+        head = x + xf /* residual gradient */ + rs + 4 * rf + us__align(64)
+             + (head0 ? xf + us__align(Nf * V * a) + (tc.tp > 1 ? us__align(Nf * 20 + 8) : 0) : 0);
     }
-    bwd = 2 * xf /* residual grad, norm grad */ + att + qkv + h + gu;
-    if (psp) {   /* the first pipeline rank: its layers, one arena per micro-batch chunk it holds at once */
+    /* the scratch of one action, shared by the slots: the backward's gradients, SP's whole-sequence
+       buffer and a norm weight's partial gradient, context parallelism's positions, K/V blocks in
+       flight (2 for the ring, cp for the all-gather) and their fp32 gradients, the online-softmax
+       state, dQ, a cast buffer */
+    bwd = xf /* norm grad */ + att + qkv + h + gu + (sp ? xf + us__align(C * 4) : 0);
+    if (tc.cp > 1) {
+        int64_t KVW = (int64_t)2 * (mc.n_kv_heads / tc.tp) * HS, nb = tc.cp_mode == US_CP_ALLGATHER ? tc.cp : 2;
+        bwd += us__align((size_t)tc.cp * (tc.seq / tc.cp) * 4) + us__align(nb * N * KVW * a) + us__align(nb * N * KVW * 4)
+             + 2 * us__align(N * AO * 4) + 2 * us__align(N * (mc.n_heads / tc.tp) * 4) + us__align(N * (AO > KVW ? AO : KVW) * a);
+    }
+    if (psp) {   /* the first pipeline rank: one arena (its largest chunk's layers) per micro-batch chunk it holds at once */
         int i, wsplit = 0;
         for (i = 0; i < psp->n[0]; i++) wsplit |= psp->a[0][i].op == US_PP_W;
-        L = us__pp_rank0_layers(&mc, &tc, psp);
+        us__pp_rank0_layers(&mc, &tc, psp, &i);
+        L = i;   /* a slot holds one chunk: the largest */
         if (wsplit) per_layer += 2 * xf + qkv + gu;   /* B/W apart: each layer keeps its output gradients for W */
-        out->activations = ((size_t)L * per_layer + shared + head + bwd) * (size_t)peak;
+        out->activations = ((size_t)L * per_layer + shared + head) * (size_t)peak + bwd;
         us_pp_schedule_free(psp);
     } else out->activations = (size_t)L * per_layer + shared + head + bwd;
     out->total = out->params + out->master + out->grads + out->optimizer + out->activations;
