@@ -478,7 +478,7 @@ typedef struct us_model {
     int64_t  ffn_l, vocab_l;  /* FFN columns, vocabulary rows */
     int64_t  vocab_off;       /* first vocabulary row of this rank */
     /* pipeline parallelism: this rank's stage (cfg.n_layers is then the stage's layer count) */
-    int      pp_first, pp_last, layer0, n_layers_global;   /* holds the embedding; the head; first local layer's index */
+    int      pp_first, pp_last, n_layers_global;   /* this rank holds the embedding; the head; the model's layers */
     int      pp_v;            /* model chunks on this rank (interleaved schedules: tc.pp_chunks; else 1) */
     int      *layer_g;        /* [cfg.n_layers] each local layer's index in the whole model (chunk-major) */
     int      chunk_lo[16], chunk_hi[16];   /* each chunk's local layers [lo, hi) */
@@ -2753,7 +2753,6 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
             for (l = 0; l < nl; l++) m->layer_g[n++] = g0 + l;
             m->chunk_hi[c] = n;
         }
-        m->layer0 = m->layer_g[0];
         m->cfg.n_layers = n;
         m->pp_head_rank = m->pp_sched ? us__pp_rank_of(m->pp_sched, S - 1) : 0;
         m->pp_first = q == 0; m->pp_last = q == m->pp_head_rank;
@@ -3781,14 +3780,17 @@ static int us__pp_chunk_of(const us_pp_schedule *s, int q, int st) {
     for (c = 0; c < s->v; c++) if (us_pp_stage(s, q, c) == st) return c;
     return -1;
 }
-/* Points the forward and backward at one chunk (no argument: the whole rank, one chunk). */
-static void us__pp_use_chunk(us_model *m, int chunk) {
+/* Points the forward and backward at one chunk, its activations in slot k; us__pp_select_all
+   gives back the whole rank (slot 0), what every call outside the executor sees. */
+static void us__pp_select(us_model *m, int k, int chunk) {
     const us_pp_schedule *s = m->pp_sched;
     int st = us_pp_stage(s, m->mesh.pp_rank, chunk);
+    us__slot(m, k, chunk);
     m->l_lo = m->chunk_lo[chunk]; m->l_hi = m->chunk_hi[chunk];
     m->c_first = st == 0; m->c_last = st == s->pp * s->v - 1;
 }
-static void us__pp_use_all(us_model *m) {
+static void us__pp_select_all(us_model *m) {
+    us__slot(m, 0, 0);
     m->l_lo = 0; m->l_hi = m->cfg.n_layers; m->c_first = m->pp_first; m->c_last = m->pp_last;
 }
 static us_result us__pp_wpass(us_model *m, int B, int T) {   /* the chunk's W, last layer first */
@@ -3815,6 +3817,7 @@ static us_result us__pp_wpass(us_model *m, int B, int T) {   /* the chunk's W, l
    send: whatever an exchange at time t carries was produced by an action that started before t. */
 static us_result us__pp_play(const us_pp_schedule *s, double tF, double tB, double tW, us_pp_sim *out, double *start, int nmax,
                              char *err, size_t errlen);
+static double us__pp_cost(const us_pp_action *x, double tF, double tB, double tW);
 typedef struct us__pp_msg {
     double t;      /* the agreed time */
     int grad;      /* 0: an activation (forward output), 1: a gradient (backward output) */
@@ -3859,7 +3862,7 @@ static us_result us__pp_plan(us_model *m) {
         ra = prod / nmax; rb = cons / nmax;
         if (ra == rb || (ra != q && rb != q)) continue;   /* handed over on one rank, or not ours */
         x->grad = grad; x->send = ra == q; x->peer = x->send ? rb : ra; x->act = (x->send ? prod : cons) % nmax;
-        x->t = grad ? start[prod] + (s->a[ra][prod % nmax].op == US_PP_BW ? 2 : 1) : start[cons];
+        x->t = grad ? start[prod] + us__pp_cost(&s->a[ra][prod % nmax], 1, 1, 1) : start[cons];
         x->order = (x->peer == (q + 1) % P) == (q % 2 == 0) ? 0 : 1;
         nm++;
     }
@@ -3968,8 +3971,7 @@ static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *t
             double ls = 0;
             /* not received into one: the first stage, or handed over here */
             if (slot_of[key] < 0 && (r = us__pp_take_slot(m, pend, free_slot, &nfree, &slot_of[key])) != US_OK) break;
-            us__slot(m, slot_of[key], x->chunk);
-            us__pp_use_chunk(m, x->chunk);
+            us__pp_select(m, slot_of[key], x->chunk);
             if (st > 0 && us__pp_rank_of(s, st - 1) == q)   /* the stage before is this rank's: its output */
                 m->ops.copy(&m->ops, m->acts[m->l_lo].x, m->slot_a[slot_of[us__pp_chunk_of(s, q, st - 1) * M + x->mb]][US__A_XOUT], nb, US_COPY_D2D);
             t0 = us_trace_now_us();
@@ -3977,15 +3979,13 @@ static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *t
             m->pp_busy_s += 1e-6 * (us_trace_now_us() - t0);
             *loss += ls;
         } else if (x->op == US_PP_W) {
-            us__slot(m, slot_of[key], x->chunk);
-            us__pp_use_chunk(m, x->chunk);
+            us__pp_select(m, slot_of[key], x->chunk);
             t0 = us_trace_now_us();
             if ((r = us__pp_wpass(m, B, T)) != US_OK) break;
             m->pp_busy_s += 1e-6 * (us_trace_now_us() - t0);
             free_slot[nfree++] = slot_of[key];
         } else {   /* B or BW */
-            us__slot(m, slot_of[key], x->chunk);
-            us__pp_use_chunk(m, x->chunk);
+            us__pp_select(m, slot_of[key], x->chunk);
             m->grad_sync = i == last_bw;
             m->pp_bonly = x->op == US_PP_B;
             t0 = us_trace_now_us();
@@ -4006,8 +4006,7 @@ static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *t
     free(pend);
     m->grad_sync = 0;
     m->pp_wall_s = 1e-6 * (us_trace_now_us() - t_begin);
-    us__slot(m, 0, 0);
-    us__pp_use_all(m);
+    us__pp_select_all(m);
     US_FREE(slot_of);
     return r;
 }
@@ -4098,10 +4097,9 @@ US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32
         n = Ns * m->cfg.dim;
         r = US_OK;
         for (k = 0; k < s->v && r == US_OK; k++) {   /* this rank's chunks in stage order */
-            int ch = k, st = us_pp_stage(s, q, ch);   /* chunk order is stage order, V shape too */
+            int st = us_pp_stage(s, q, k);   /* chunk order is stage order, V shape too */
             double l1 = 0;
-            us__slot(m, 0, ch);   /* one slot for every chunk in turn: XOUT carries over to the next */
-            us__pp_use_chunk(m, ch);
+            us__pp_select(m, 0, k);   /* one slot for every chunk in turn: XOUT carries over to the next */
             if (st > 0 && us__pp_rank_of(s, st - 1) != q)
                 r = us__comm_fail(m, c->recv(c, &m->mesh.pp_g, m->acts[m->l_lo].x, n, m->dt, us__pp_rank_of(s, st - 1), NULL), "pipeline receive");
             else if (st > 0)   /* the stage before is this rank's: its output is still in XOUT */
@@ -4111,8 +4109,7 @@ US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32
             if (r == US_OK && st < S - 1 && us__pp_rank_of(s, st + 1) != q)
                 r = us__comm_fail(m, c->send(c, &m->mesh.pp_g, m->a[US__A_XOUT], n, m->dt, us__pp_rank_of(s, st + 1), NULL), "pipeline send");
         }
-        us__slot(m, 0, 0);
-        us__pp_use_all(m);
+        us__pp_select_all(m);
         if (r != US_OK) return r;
         if (m->pp_last) {
             int32_t *am = (int32_t *)US_MALLOC((size_t)N * 4);
@@ -4830,12 +4827,12 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
     {   /* Ψ as laid out: the same cut into units the model makes (us__plan_units), no allocation */
         us_model tmp;
         us__dist_sizes z;
-        int l;
+        int l, largest;
         memset(&tmp, 0, sizeof tmp);
         tmp.cfg = mc; tmp.tc = tc;
         /* under pipeline parallelism: the first rank (its chunks' layers and the embedding) */
         tmp.n_layers_global = mc.n_layers;
-        tmp.cfg.n_layers = us__pp_rank0_layers(&mc, &tc, psp, &l);
+        tmp.cfg.n_layers = us__pp_rank0_layers(&mc, &tc, psp, &largest);
         tmp.pp_first = 1; tmp.pp_last = !psp || us__pp_rank_of(psp, tc.pp * psp->v - 1) == 0;   /* the V shapes end on rank 0 */
         tmp.params = (us_param *)US_MALLOC(sizeof(us_param) * (size_t)(3 + mc.n_layers * US__P_PER_LAYER));
         tmp.layer_g = (int *)US_MALLOC(sizeof(int) * (size_t)mc.n_layers);
@@ -4895,10 +4892,10 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
              + 2 * us__align(N * AO * 4) + 2 * us__align(N * (mc.n_heads / tc.tp) * 4) + us__align(N * (AO > KVW ? AO : KVW) * a);
     }
     if (psp) {   /* the first pipeline rank: one arena (its largest chunk's layers) per micro-batch chunk it holds at once */
-        int i, wsplit = 0;
+        int i, wsplit = 0, largest;
         for (i = 0; i < psp->n[0]; i++) wsplit |= psp->a[0][i].op == US_PP_W;
-        us__pp_rank0_layers(&mc, &tc, psp, &i);
-        L = i;   /* a slot holds one chunk: the largest */
+        us__pp_rank0_layers(&mc, &tc, psp, &largest);
+        L = largest;   /* a slot holds one chunk: the largest */
         if (wsplit) per_layer += 2 * xf + qkv + gu;   /* B/W apart: each layer keeps its output gradients for W */
         out->activations = ((size_t)L * per_layer + shared + head) * (size_t)peak + bwd;
         us_pp_schedule_free(psp);
