@@ -312,6 +312,7 @@ static const char *const us__thr_names[] = {
 
 typedef struct us__thr_launch us__thr_launch;
 typedef struct us__thr_rank   us__thr_rank;
+typedef struct us__thr_lane   us__thr_lane;
 
 /* What a member publishes for the collective in progress; read by the others between the
    first and the last barrier of that collective only. */
@@ -341,6 +342,7 @@ typedef struct us__thr_group {
     int *released;           /* [size] the member has called group_free (memory kept to the launch's end) */
     us__thr_slot *slot;      /* [size] */
     us__thr_msg *msgs;       /* send/recv FIFO, oldest first */
+    us__thr_lane **lanes;    /* [size] a dup's: each member's own progress thread (NULL: the rank's) */
     pthread_cond_t cv;       /* signalled on every arrival and message */
 } us__thr_group;
 
@@ -349,6 +351,7 @@ typedef struct us__thr_op {
     struct us__thr_op *qnext;            /* the progress thread's FIFO */
     struct us__thr_op *prev, *next;      /* the rank's handles not yet waited */
     us__thr_rank *owner;
+    us__thr_lane *lane;                  /* the progress thread that runs it */
     int kind;
     us__thr_group *g; int me;            /* the group and this rank's index in it */
     void *dst; const void *src; int64_t n; us_dtype dt; us_reduce_op op; int root;   /* root or peer */
@@ -360,19 +363,30 @@ typedef struct us__thr_op {
     char err[256];
 } us__thr_op;
 
+/* A progress thread and its queue. Every rank has one; a group made by dup gives each member
+   another, so the dup's operations never wait behind the rank's other work (nor it behind them). */
+struct us__thr_lane {
+    us__thr_rank *rk;
+    us__thr_lane *next;                  /* the rank's dup lanes */
+    pthread_t worker;
+    int worker_started;
+    pthread_cond_t cv;                   /* work queued, or shutdown */
+    us__thr_op *qhead, *qtail;
+    int busy, shutdown;
+    char *scratch; size_t scratch_cap;   /* reduce_scatter's scratch */
+};
 struct us__thr_rank {
     us_comm comm;
     us__thr_launch *L;
     int rank;
-    pthread_t thread, worker;
-    int thread_started, worker_started;
-    pthread_cond_t cv;                   /* work queued, or shutdown */
+    pthread_t thread;
+    int thread_started;
+    us__thr_lane lane;                   /* the progress thread of every group but dups */
+    us__thr_lane *lanes;                 /* the dups' progress threads */
     pthread_cond_t done_cv;              /* an op of this rank finished */
-    us__thr_op *qhead, *qtail;
     us__thr_op *live;                    /* handles not yet waited (freed by us_launch otherwise) */
-    int busy, returned, shutdown;
+    int returned;
     us_result result;
-    char *scratch; size_t scratch_cap;   /* the progress thread's reduce_scatter scratch */
 };
 
 struct us__thr_launch {
@@ -467,7 +481,12 @@ static void us__thr_wake_all(us__thr_launch *L) {
     us__thr_group *g;
     int r;
     for (g = L->groups; g; g = g->next) pthread_cond_broadcast(&g->cv);
-    for (r = 0; r < L->nranks; r++) { pthread_cond_broadcast(&L->ranks[r].cv); pthread_cond_broadcast(&L->ranks[r].done_cv); }
+    for (r = 0; r < L->nranks; r++) {
+        us__thr_lane *ln;
+        pthread_cond_broadcast(&L->ranks[r].lane.cv);
+        for (ln = L->ranks[r].lanes; ln; ln = ln->next) pthread_cond_broadcast(&ln->cv);
+        pthread_cond_broadcast(&L->ranks[r].done_cv);
+    }
 }
 static void us__thr_abort(us__thr_launch *L, const char *fmt, ...) {
     if (!L->aborted) {
@@ -479,9 +498,14 @@ static void us__thr_abort(us__thr_launch *L, const char *fmt, ...) {
     }
     us__thr_wake_all(L);
 }
-/* A rank is gone when its fn has returned and its progress thread has nothing left to run:
+/* A rank is gone when its fn has returned and its progress threads have nothing left to run:
    it will never join another collective. */
-static int us__thr_gone(const us__thr_rank *rk) { return rk->returned && !rk->busy && !rk->qhead; }
+static int us__thr_gone(const us__thr_rank *rk) {
+    const us__thr_lane *ln;
+    if (!rk->returned || rk->lane.busy || rk->lane.qhead) return 0;
+    for (ln = rk->lanes; ln; ln = ln->next) if (ln->busy || ln->qhead) return 0;
+    return 1;
+}
 
 /* "<op>: <cause>", without repeating the op when the cause starts with it */
 static void us__thr_aborted(char *err, size_t errlen, const char *name, const char *cause) {
@@ -509,6 +533,7 @@ static us__thr_group *us__thr_group_new(us__thr_launch *L, int size, const int *
 }
 static void us__thr_group_destroy(us__thr_group *g) {
     while (g->msgs) { us__thr_msg *m = g->msgs; g->msgs = m->next; US_FREE(m); }
+    US_FREE(g->lanes);
     pthread_cond_destroy(&g->cv);
     US_FREE(g);
 }
@@ -517,6 +542,7 @@ static void us__thr_group_destroy(us__thr_group *g) {
 typedef struct us__thr_x {
     us__thr_launch *L;
     us__thr_rank *rk;
+    us__thr_lane *lane;
     us__thr_group *g;
     int me, N;
     const char *name;
@@ -632,8 +658,9 @@ static us_result us__thr_run_reduce_scatter(us__thr_x *x, us__thr_op *o) {
     int N = x->N, me = x->me, s;
     size_t es = us__thr_dsize(o->dt), blk = (size_t)o->n * es;
     us__thr_rank *rk = x->rk;
+    us__thr_lane *ln = x->lane;
     us_result r;
-    if (N > 1 && rk->scratch_cap < 2 * blk) {
+    if (N > 1 && ln->scratch_cap < 2 * blk) {
         char *p = (char *)US_MALLOC(2 * blk);
         if (!p) {
             us__thr_errf(x->err, x->errlen, "%s: rank %d is out of memory for %zu bytes of scratch", x->name, rk->rank, 2 * blk);
@@ -642,11 +669,11 @@ static us_result us__thr_run_reduce_scatter(us__thr_x *x, us__thr_op *o) {
             pthread_mutex_unlock(&x->L->mu);
             return US_ERR_OOM;
         }
-        US_FREE(rk->scratch);
-        rk->scratch = p;
-        rk->scratch_cap = 2 * blk;
+        US_FREE(ln->scratch);
+        ln->scratch = p;
+        ln->scratch_cap = 2 * blk;
     }
-    x->g->slot[me].scratch = rk->scratch;
+    x->g->slot[me].scratch = ln->scratch;
     r = us__thr_publish(x, o, 1);
     if (r == US_OK && N == 1) { if (o->dst != o->src && blk) memmove(o->dst, o->src, blk); }
     else if (r == US_OK && blk) {
@@ -655,7 +682,7 @@ static us_result us__thr_run_reduce_scatter(us__thr_x *x, us__thr_op *o) {
         for (s = 0; s < N - 1 && r == US_OK; s++) {
             int c = us__thr_mod(me - s - 2, N);
             const char *in = s == 0 ? (const char *)pred->src + (size_t)c * blk : (const char *)pred->scratch + (size_t)((s - 1) & 1) * blk;
-            char *out = s == N - 2 ? (char *)o->dst : rk->scratch + (size_t)(s & 1) * blk;
+            char *out = s == N - 2 ? (char *)o->dst : ln->scratch + (size_t)(s & 1) * blk;
             us__thr_reduce3(out, in, src + (size_t)c * blk, o->n, o->dt, o->op);
             if (s == N - 2 && o->op == US_REDUCE_AVG) us__thr_divide(out, o->n, o->dt, N);
             r = us__thr_sync(x);
@@ -872,11 +899,12 @@ static us_result us__thr_run_split(us__thr_x *x, us__thr_op *o) {
     return us__thr_finish(x, res);
 }
 
-static void us__thr_execute(us__thr_rank *rk, us__thr_op *o) {
+static void us__thr_execute(us__thr_lane *ln, us__thr_op *o) {
     us__thr_x x;
+    us__thr_rank *rk = ln->rk;
     us__thr_launch *L = rk->L;
     double t0 = o->trace ? us_trace_now_us() : 0.0;
-    x.L = L; x.rk = rk; x.g = o->g; x.me = o->me; x.N = o->g->size; x.name = us__thr_names[o->kind];
+    x.L = L; x.rk = rk; x.lane = ln; x.g = o->g; x.me = o->me; x.N = o->g->size; x.name = us__thr_names[o->kind];
     x.timeout_s = o->timeout_s; x.deadline = us__thr_now() + o->timeout_s; x.err = o->err; x.errlen = sizeof o->err;
     pthread_mutex_lock(&L->mu);
     if (L->aborted) {   /* fail fast after an abort */
@@ -911,23 +939,24 @@ static void us__thr_execute(us__thr_rank *rk, us__thr_op *o) {
     }
 }
 
-/* The progress thread: runs this rank's collectives in issue order until the launch ends. */
+/* A progress thread: runs its lane's collectives in issue order until the launch ends. */
 static void *us__thr_worker_main(void *p) {
-    us__thr_rank *rk = (us__thr_rank *)p;
+    us__thr_lane *ln = (us__thr_lane *)p;
+    us__thr_rank *rk = ln->rk;
     us__thr_launch *L = rk->L;
     pthread_mutex_lock(&L->mu);
     for (;;) {
         us__thr_op *o;
-        while (!rk->qhead && !rk->shutdown) pthread_cond_wait(&rk->cv, &L->mu);
-        if (!rk->qhead) break;
-        o = rk->qhead;
-        rk->qhead = o->qnext;
-        if (!rk->qhead) rk->qtail = NULL;
-        rk->busy = 1;
+        while (!ln->qhead && !ln->shutdown) pthread_cond_wait(&ln->cv, &L->mu);
+        if (!ln->qhead) break;
+        o = ln->qhead;
+        ln->qhead = o->qnext;
+        if (!ln->qhead) ln->qtail = NULL;
+        ln->busy = 1;
         pthread_mutex_unlock(&L->mu);
-        us__thr_execute(rk, o);
+        us__thr_execute(ln, o);
         pthread_mutex_lock(&L->mu);
-        rk->busy = 0;
+        ln->busy = 0;
         o->done = 1;
         pthread_cond_broadcast(&rk->done_cv);
         if (us__thr_gone(rk)) us__thr_wake_all(L);   /* peers waiting for this rank can stop */
@@ -1006,11 +1035,15 @@ static us__thr_op *us__thr_op_new(us_comm *c, int kind, us__thr_group *tg, const
     return o;
 }
 static us_result us__thr_wait(us_comm *c, us_work *w);
-/* Queues o on this rank's progress thread; returns the handle in *w or waits for it. */
+/* Queues o on its group's progress thread for this rank (a dup's own, else the rank's); returns
+   the handle in *w or waits for it. */
 static us_result us__thr_submit(us_comm *c, us__thr_op *o, us_work **w) {
     us__thr_rank *rk = us__thr_self(c);
     us__thr_launch *L = rk->L;
+    us__thr_lane *ln;
     pthread_mutex_lock(&L->mu);
+    ln = o->g->lanes && o->g->lanes[o->me] ? o->g->lanes[o->me] : &rk->lane;
+    o->lane = ln;
     if (L->aborted) {   /* fail fast */
         us__thr_aborted(c->err, sizeof c->err, us__thr_names[o->kind], L->cause);
         pthread_mutex_unlock(&L->mu);
@@ -1018,12 +1051,12 @@ static us_result us__thr_submit(us_comm *c, us__thr_op *o, us_work **w) {
         US_FREE(o);
         return US_ERR_BACKEND;
     }
-    if (rk->qtail) rk->qtail->qnext = o; else rk->qhead = o;
-    rk->qtail = o;
+    if (ln->qtail) ln->qtail->qnext = o; else ln->qhead = o;
+    ln->qtail = o;
     o->next = rk->live;
     if (rk->live) rk->live->prev = o;
     rk->live = o;
-    pthread_cond_signal(&rk->cv);
+    pthread_cond_signal(&ln->cv);
     pthread_mutex_unlock(&L->mu);
     if (w) { *w = (us_work *)o; return US_OK; }
     return us__thr_wait(c, (us_work *)o);
@@ -1216,6 +1249,35 @@ static void us__thr_group_free(us_comm *c, us_group *g) {
     memcpy(c->err, keep, sizeof keep);
     g->size = 0; g->rank = -1; g->impl = NULL;
 }
+/* dup: a split with one color, then a progress thread of this rank's own for the new group. */
+static us_result us__thr_dup(us_comm *c, us_group *g, us_group *out) {
+    us__thr_rank *rk = us__thr_self(c);
+    us__thr_launch *L = rk->L;
+    us__thr_group *ng;
+    us__thr_lane *ln;
+    us_result r;
+    if (!out) return us__thr_invalid(c, "dup: NULL output group");
+    if ((r = us__thr_split(c, g, 0, g ? g->rank : 0, out)) != US_OK) return r;
+    ng = (us__thr_group *)out->impl;
+    ln = (us__thr_lane *)US_MALLOC(sizeof *ln);
+    if (ln) memset(ln, 0, sizeof *ln);
+    if (!ln || pthread_cond_init(&ln->cv, NULL) != 0) {
+        US_FREE(ln);
+        return us__thr_invalid(c, "dup: out of memory for a progress thread"), US_ERR_OOM;
+    }
+    ln->rk = rk;
+    pthread_mutex_lock(&L->mu);
+    if (!ng->lanes) ng->lanes = (us__thr_lane **)calloc((size_t)ng->size, sizeof(us__thr_lane *));
+    if (ng->lanes && pthread_create(&ln->worker, NULL, us__thr_worker_main, ln) == 0) {
+        ln->worker_started = 1;
+        ng->lanes[out->rank] = ln;
+    }
+    ln->next = rk->lanes;   /* kept to the launch's end either way (us__thr_launch_free) */
+    rk->lanes = ln;
+    pthread_mutex_unlock(&L->mu);
+    if (!ln->worker_started) return us__thr_invalid(c, "dup: could not start a progress thread"), US_ERR_BACKEND;
+    return US_OK;
+}
 #undef US__THR_BEGIN
 #undef US__THR_NEW
 
@@ -1225,8 +1287,15 @@ static void us__thr_launch_free(us__thr_launch *L) {
     for (r = 0; r < L->nranks; r++) {
         us__thr_rank *rk = &L->ranks[r];
         while (rk->live) { us__thr_op *o = rk->live; rk->live = o->next; US_FREE(o->counts); US_FREE(o); }
-        US_FREE(rk->scratch);
-        pthread_cond_destroy(&rk->cv);
+        while (rk->lanes) {
+            us__thr_lane *ln = rk->lanes;
+            rk->lanes = ln->next;
+            US_FREE(ln->scratch);
+            pthread_cond_destroy(&ln->cv);
+            US_FREE(ln);
+        }
+        US_FREE(rk->lane.scratch);
+        pthread_cond_destroy(&rk->lane.cv);
         pthread_cond_destroy(&rk->done_cv);
     }
     while (L->groups) { us__thr_group *g = L->groups; L->groups = g->next; us__thr_group_destroy(g); }
@@ -1262,10 +1331,10 @@ US_API us_result us_launch_ex(int nranks, us_rank_fn fn, void *arg, const us_lau
         us__thr_rank *rk = &L->ranks[r];
         us_comm *c = &rk->comm;
         world[r] = r;
-        if (pthread_cond_init(&rk->cv, NULL) != 0) break;
-        if (pthread_cond_init(&rk->done_cv, NULL) != 0) { pthread_cond_destroy(&rk->cv); break; }
+        if (pthread_cond_init(&rk->lane.cv, NULL) != 0) break;
+        if (pthread_cond_init(&rk->done_cv, NULL) != 0) { pthread_cond_destroy(&rk->lane.cv); break; }
         conds++;
-        rk->L = L; rk->rank = r; rk->result = US_ERR_BACKEND;
+        rk->L = L; rk->rank = r; rk->result = US_ERR_BACKEND; rk->lane.rk = rk;
         c->name = "threads"; c->backend = rk; c->ops = NULL;
         c->world.size = nranks; c->world.rank = r;
         c->all_reduce = us__thr_all_reduce;         c->reduce = us__thr_reduce;
@@ -1276,6 +1345,7 @@ US_API us_result us_launch_ex(int nranks, us_rank_fn fn, void *arg, const us_lau
         c->sendrecv = us__thr_sendrecv;
         c->barrier = us__thr_barrier;               c->wait = us__thr_wait;
         c->split = us__thr_split;                   c->group_free = us__thr_group_free;
+        c->dup = us__thr_dup;
         c->timeout_s = timeout;
     }
     pthread_mutex_lock(&L->mu);
@@ -1293,8 +1363,8 @@ US_API us_result us_launch_ex(int nranks, us_rank_fn fn, void *arg, const us_lau
 
     /* progress threads first, so a rank never queues work nobody will run */
     for (r = 0; r < nranks; r++) {
-        if (pthread_create(&L->ranks[r].worker, NULL, us__thr_worker_main, &L->ranks[r]) != 0) break;
-        L->ranks[r].worker_started = 1;
+        if (pthread_create(&L->ranks[r].lane.worker, NULL, us__thr_worker_main, &L->ranks[r].lane) != 0) break;
+        L->ranks[r].lane.worker_started = 1;
     }
     start = r == nranks;
     for (r = 0; r < nranks && start; r++) {
@@ -1305,14 +1375,23 @@ US_API us_result us_launch_ex(int nranks, us_rank_fn fn, void *arg, const us_lau
         int k;
         pthread_mutex_lock(&L->mu);
         for (k = r; k < nranks; k++) L->ranks[k].returned = 1;
-        us__thr_abort(L, "could not start the %s of rank %d", L->ranks[r].worker_started ? "thread" : "progress thread", r);
+        us__thr_abort(L, "could not start the %s of rank %d", L->ranks[r].lane.worker_started ? "thread" : "progress thread", r);
         pthread_mutex_unlock(&L->mu);
     }
     for (r = 0; r < nranks; r++) if (L->ranks[r].thread_started) pthread_join(L->ranks[r].thread, NULL);
     pthread_mutex_lock(&L->mu);
-    for (r = 0; r < nranks; r++) { L->ranks[r].shutdown = 1; pthread_cond_broadcast(&L->ranks[r].cv); }
+    for (r = 0; r < nranks; r++) {
+        us__thr_lane *ln;
+        L->ranks[r].lane.shutdown = 1;
+        pthread_cond_broadcast(&L->ranks[r].lane.cv);
+        for (ln = L->ranks[r].lanes; ln; ln = ln->next) { ln->shutdown = 1; pthread_cond_broadcast(&ln->cv); }
+    }
     pthread_mutex_unlock(&L->mu);
-    for (r = 0; r < nranks; r++) if (L->ranks[r].worker_started) pthread_join(L->ranks[r].worker, NULL);
+    for (r = 0; r < nranks; r++) {
+        us__thr_lane *ln;
+        if (L->ranks[r].lane.worker_started) pthread_join(L->ranks[r].lane.worker, NULL);
+        for (ln = L->ranks[r].lanes; ln; ln = ln->next) if (ln->worker_started) pthread_join(ln->worker, NULL);
+    }
 
     for (r = 0; r < nranks; r++) if (rank_results) rank_results[r] = L->ranks[r].result;
     if (L->first_fail >= 0) { res = L->ranks[L->first_fail].result; us__thr_errf(err, errlen, "%s", L->fail_msg); }
@@ -1914,6 +1993,8 @@ done:
 
 typedef struct us__nccl_group {   /* us_group.impl: one communicator */
     ncclComm_t comm;
+    cudaStream_t stream;          /* where its calls run: the backend's comm stream, or a dup's own */
+    int own_stream;
     int size, rank, aborted;
     struct us__nccl_group *next;
 } us__nccl_group;
@@ -2072,11 +2153,11 @@ static us_result us__nccl_start(us_comm *c, us__nccl_group *ng, const char *op, 
     else snprintf(wk->what, sizeof wk->what, "%s %.1f MB", op, payload / 1048576);
     *out = wk;
     US__NCCL_CUDA(c, cudaEventRecord(nb->ready, nb->compute));
-    US__NCCL_CUDA(c, cudaStreamWaitEvent(nb->stream, nb->ready, 0));
+    US__NCCL_CUDA(c, cudaStreamWaitEvent(ng->stream, nb->ready, 0));
     if (c->trace) {
         if (!wk->t0) US__NCCL_CUDA(c, cudaEventCreate(&wk->t0));
         if (!wk->t1) US__NCCL_CUDA(c, cudaEventCreate(&wk->t1));
-        US__NCCL_CUDA(c, cudaEventRecord(wk->t0, nb->stream));
+        US__NCCL_CUDA(c, cudaEventRecord(wk->t0, ng->stream));
         wk->timed = 1;
     }
     return US_OK;
@@ -2084,9 +2165,8 @@ static us_result us__nccl_start(us_comm *c, us__nccl_group *ng, const char *op, 
 static us_result us__nccl_wait(us_comm *c, us_work *w);
 /* After the NCCL call: end and done events, the byte count, then a handle or a wait. */
 static us_result us__nccl_finish(us_comm *c, us__nccl_work *wk, double bus_bytes, us_work **w) {
-    us__nccl *nb = (us__nccl *)c->backend;
-    if (wk->timed) US__NCCL_CUDA(c, cudaEventRecord(wk->t1, nb->stream));
-    US__NCCL_CUDA(c, cudaEventRecord(wk->done, nb->stream));
+    if (wk->timed) US__NCCL_CUDA(c, cudaEventRecord(wk->t1, wk->g->stream));
+    US__NCCL_CUDA(c, cudaEventRecord(wk->done, wk->g->stream));
     c->bytes_sent += (int64_t)bus_bytes;
     if (w) { *w = (us_work *)wk; return US_OK; }
     return us__nccl_wait(c, (us_work *)wk);
@@ -2140,7 +2220,6 @@ release:
 
 /* ---- the collectives */
 static us_result us__nccl_all_reduce(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt, us_reduce_op op, us_work **w) {
-    us__nccl *nb = (us__nccl *)c->backend;
     us__nccl_group *ng = NULL; us__nccl_work *wk = NULL; ncclDataType_t t = ncclFloat32; ncclRedOp_t o;
     double S = (double)n * (double)us_dtype_size(dt);
     us_result r = us__nccl_begin(c, g, n, dt, "all_reduce", &ng, &t);
@@ -2148,11 +2227,10 @@ static us_result us__nccl_all_reduce(us_comm *c, us_group *g, void *buf, int64_t
     if (r != US_OK) return r;
     if (!us__nccl_op(op, &o)) return us__nccl_invalid(c, "all_reduce: unknown reduce op %d", (int)op);
     if ((r = us__nccl_start(c, ng, "all_reduce", S, &wk)) != US_OK) return r;
-    US__NCCL_CALL(c, ncclAllReduce(buf, buf, (size_t)n, t, o, ng->comm, nb->stream));
+    US__NCCL_CALL(c, ncclAllReduce(buf, buf, (size_t)n, t, o, ng->comm, ng->stream));
     return us__nccl_finish(c, wk, 2.0 * (ng->size - 1) / ng->size * S, w);
 }
 static us_result us__nccl_reduce(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, us_reduce_op op, int root, us_work **w) {
-    us__nccl *nb = (us__nccl *)c->backend;
     us__nccl_group *ng = NULL; us__nccl_work *wk = NULL; ncclDataType_t t = ncclFloat32; ncclRedOp_t o;
     double S = (double)n * (double)us_dtype_size(dt);
     us_result r = us__nccl_begin(c, g, n, dt, "reduce", &ng, &t);
@@ -2160,11 +2238,10 @@ static us_result us__nccl_reduce(us_comm *c, us_group *g, void *dst, const void 
     if (r != US_OK || (r = us__nccl_rank_ok(c, ng, root, "reduce", "root")) != US_OK) return r;
     if (!us__nccl_op(op, &o)) return us__nccl_invalid(c, "reduce: unknown reduce op %d", (int)op);
     if ((r = us__nccl_start(c, ng, "reduce", S, &wk)) != US_OK) return r;
-    US__NCCL_CALL(c, ncclReduce(src, dst, (size_t)n, t, o, root, ng->comm, nb->stream));
+    US__NCCL_CALL(c, ncclReduce(src, dst, (size_t)n, t, o, root, ng->comm, ng->stream));
     return us__nccl_finish(c, wk, ng->size > 1 ? S : 0, w);
 }
 static us_result us__nccl_reduce_scatter(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, us_reduce_op op, us_work **w) {
-    us__nccl *nb = (us__nccl *)c->backend;
     us__nccl_group *ng = NULL; us__nccl_work *wk = NULL; ncclDataType_t t = ncclFloat32; ncclRedOp_t o;
     double S;
     us_result r = us__nccl_begin(c, g, n, dt, "reduce_scatter", &ng, &t);
@@ -2174,11 +2251,10 @@ static us_result us__nccl_reduce_scatter(us_comm *c, us_group *g, void *dst, con
     S = (double)n * ng->size * (double)us_dtype_size(dt);
     if ((r = us__nccl_start(c, ng, "reduce_scatter", S, &wk)) != US_OK) return r;
     /* in place when dst == src + rank·n: NCCL's own in-place form */
-    US__NCCL_CALL(c, ncclReduceScatter(src, dst, (size_t)n, t, o, ng->comm, nb->stream));
+    US__NCCL_CALL(c, ncclReduceScatter(src, dst, (size_t)n, t, o, ng->comm, ng->stream));
     return us__nccl_finish(c, wk, (double)(ng->size - 1) / ng->size * S, w);
 }
 static us_result us__nccl_all_gather(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, us_work **w) {
-    us__nccl *nb = (us__nccl *)c->backend;
     us__nccl_group *ng = NULL; us__nccl_work *wk = NULL; ncclDataType_t t = ncclFloat32;
     double S;
     us_result r = us__nccl_begin(c, g, n, dt, "all_gather", &ng, &t);
@@ -2187,13 +2263,12 @@ static us_result us__nccl_all_gather(us_comm *c, us_group *g, void *dst, const v
     S = (double)n * ng->size * (double)us_dtype_size(dt);
     if ((r = us__nccl_start(c, ng, "all_gather", S, &wk)) != US_OK) return r;
     /* in place when src == dst + rank·n */
-    US__NCCL_CALL(c, ncclAllGather(src, dst, (size_t)n, t, ng->comm, nb->stream));
+    US__NCCL_CALL(c, ncclAllGather(src, dst, (size_t)n, t, ng->comm, ng->stream));
     return us__nccl_finish(c, wk, (double)(ng->size - 1) / ng->size * S, w);
 }
 /* gather and scatter: point-to-point in one NCCL group; the root's own block is a copy */
 static us_result us__nccl_gather_scatter(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, int root,
                                          int scatter, us_work **w) {
-    us__nccl *nb = (us__nccl *)c->backend;
     const char *op = scatter ? "scatter" : "gather";
     us__nccl_group *ng = NULL; us__nccl_work *wk = NULL; ncclDataType_t t = ncclFloat32;
     size_t es = us_dtype_size(dt), blk = (size_t)(n > 0 ? n : 0) * es;
@@ -2208,18 +2283,18 @@ static us_result us__nccl_gather_scatter(us_comm *c, us_group *g, void *dst, con
     if (ng->rank == root && blk) {
         void *to = scatter ? dst : (char *)dst + (size_t)root * blk;
         const void *from = scatter ? (const char *)src + (size_t)root * blk : src;
-        if (to != from) US__NCCL_CUDA(c, cudaMemcpyAsync(to, from, blk, cudaMemcpyDeviceToDevice, nb->stream));
+        if (to != from) US__NCCL_CUDA(c, cudaMemcpyAsync(to, from, blk, cudaMemcpyDeviceToDevice, ng->stream));
     }
     if (n > 0 && ng->size > 1) {
         US__NCCL_CALL(c, ncclGroupStart());
         if (ng->rank == root) {
             for (p = 0; p < ng->size && nr == ncclSuccess; p++) {
                 if (p == root) continue;
-                nr = scatter ? ncclSend((const char *)src + (size_t)p * blk, (size_t)n, t, p, ng->comm, nb->stream)
-                             : ncclRecv((char *)dst + (size_t)p * blk, (size_t)n, t, p, ng->comm, nb->stream);
+                nr = scatter ? ncclSend((const char *)src + (size_t)p * blk, (size_t)n, t, p, ng->comm, ng->stream)
+                             : ncclRecv((char *)dst + (size_t)p * blk, (size_t)n, t, p, ng->comm, ng->stream);
             }
         } else {
-            nr = scatter ? ncclRecv(dst, (size_t)n, t, root, ng->comm, nb->stream) : ncclSend(src, (size_t)n, t, root, ng->comm, nb->stream);
+            nr = scatter ? ncclRecv(dst, (size_t)n, t, root, ng->comm, ng->stream) : ncclSend(src, (size_t)n, t, root, ng->comm, ng->stream);
         }
         { ncclResult_t er = ncclGroupEnd(); if (nr == ncclSuccess) nr = er; }   /* always close the group */
         US__NCCL_CALL(c, nr);
@@ -2233,18 +2308,16 @@ static us_result us__nccl_scatter(us_comm *c, us_group *g, void *dst, const void
     return us__nccl_gather_scatter(c, g, dst, src, n, dt, root, 1, w);
 }
 static us_result us__nccl_broadcast(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt, int root, us_work **w) {
-    us__nccl *nb = (us__nccl *)c->backend;
     us__nccl_group *ng = NULL; us__nccl_work *wk = NULL; ncclDataType_t t = ncclFloat32;
     double S = (double)n * (double)us_dtype_size(dt);
     us_result r = us__nccl_begin(c, g, n, dt, "broadcast", &ng, &t);
     if (w) *w = NULL;
     if (r != US_OK || (r = us__nccl_rank_ok(c, ng, root, "broadcast", "root")) != US_OK) return r;
     if ((r = us__nccl_start(c, ng, "broadcast", S, &wk)) != US_OK) return r;
-    US__NCCL_CALL(c, ncclBroadcast(buf, buf, (size_t)n, t, root, ng->comm, nb->stream));
+    US__NCCL_CALL(c, ncclBroadcast(buf, buf, (size_t)n, t, root, ng->comm, ng->stream));
     return us__nccl_finish(c, wk, ng->size > 1 ? S : 0, w);
 }
 static us_result us__nccl_p2p(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt, int peer, int sending, us_work **w) {
-    us__nccl *nb = (us__nccl *)c->backend;
     const char *op = sending ? "send" : "recv";
     us__nccl_group *ng = NULL; us__nccl_work *wk = NULL; ncclDataType_t t = ncclFloat32;
     double S = (double)n * (double)us_dtype_size(dt);
@@ -2253,8 +2326,8 @@ static us_result us__nccl_p2p(us_comm *c, us_group *g, void *buf, int64_t n, us_
     if (r != US_OK || (r = us__nccl_rank_ok(c, ng, peer, op, "peer")) != US_OK) return r;
     if (peer == ng->rank) return us__nccl_invalid(c, "%s: peer %d is this rank itself", op, peer);
     if ((r = us__nccl_start(c, ng, op, S, &wk)) != US_OK) return r;
-    if (sending) US__NCCL_CALL(c, ncclSend(buf, (size_t)n, t, peer, ng->comm, nb->stream));
-    else         US__NCCL_CALL(c, ncclRecv(buf, (size_t)n, t, peer, ng->comm, nb->stream));
+    if (sending) US__NCCL_CALL(c, ncclSend(buf, (size_t)n, t, peer, ng->comm, ng->stream));
+    else         US__NCCL_CALL(c, ncclRecv(buf, (size_t)n, t, peer, ng->comm, ng->stream));
     return us__nccl_finish(c, wk, sending ? S : 0, w);
 }
 static us_result us__nccl_send(us_comm *c, us_group *g, const void *buf, int64_t n, us_dtype dt, int peer, us_work **w) {
@@ -2267,7 +2340,6 @@ static us_result us__nccl_recv(us_comm *c, us_group *g, void *buf, int64_t n, us
    stages) cannot deadlock on each other's blocking send. */
 static us_result us__nccl_sendrecv(us_comm *c, us_group *g, const void *sbuf, int64_t sn, int speer, void *rbuf, int64_t rn, int rpeer,
                                    us_dtype dt, us_work **w) {
-    us__nccl *nb = (us__nccl *)c->backend;
     us__nccl_group *ng = NULL; us__nccl_work *wk = NULL; ncclDataType_t t = ncclFloat32;
     double S = (double)(sn + rn) * (double)us_dtype_size(dt);
     ncclResult_t nr;
@@ -2278,8 +2350,8 @@ static us_result us__nccl_sendrecv(us_comm *c, us_group *g, const void *sbuf, in
     if (rn < 0) return us__nccl_invalid(c, "sendrecv: negative receive count %lld", (long long)rn);
     if ((r = us__nccl_start(c, ng, "sendrecv", S, &wk)) != US_OK) return r;
     US__NCCL_CALL(c, ncclGroupStart());
-    nr = ncclSend(sbuf, (size_t)sn, t, speer, ng->comm, nb->stream);
-    if (nr == ncclSuccess) nr = ncclRecv(rbuf, (size_t)rn, t, rpeer, ng->comm, nb->stream);
+    nr = ncclSend(sbuf, (size_t)sn, t, speer, ng->comm, ng->stream);
+    if (nr == ncclSuccess) nr = ncclRecv(rbuf, (size_t)rn, t, rpeer, ng->comm, ng->stream);
     { ncclResult_t ne = ncclGroupEnd(); if (nr == ncclSuccess) nr = ne; }
     US__NCCL_CALL(c, nr);
     return us__nccl_finish(c, wk, (double)sn * (double)us_dtype_size(dt), w);
@@ -2287,7 +2359,6 @@ static us_result us__nccl_sendrecv(us_comm *c, us_group *g, const void *sbuf, in
 /* EP dispatch/combine: one NCCL group of sends and receives with per-peer counts */
 static us_result us__nccl_all_to_all(us_comm *c, us_group *g, void *dst, const int64_t *rc, const int64_t *rd,
                                      const void *src, const int64_t *sc, const int64_t *sd, us_dtype dt, us_work **w) {
-    us__nccl *nb = (us__nccl *)c->backend;
     us__nccl_group *ng = NULL; us__nccl_work *wk = NULL; ncclDataType_t t = ncclFloat32;
     size_t es = us_dtype_size(dt);
     double S = 0, sent = 0;
@@ -2309,13 +2380,13 @@ static us_result us__nccl_all_to_all(us_comm *c, us_group *g, void *dst, const i
     if ((r = us__nccl_start(c, ng, "all_to_all", S, &wk)) != US_OK) return r;
     if (sc[me] > 0 && (char *)dst + (size_t)rd[me] * es != (const char *)src + (size_t)sd[me] * es)
         US__NCCL_CUDA(c, cudaMemcpyAsync((char *)dst + (size_t)rd[me] * es, (const char *)src + (size_t)sd[me] * es,
-                                         (size_t)sc[me] * es, cudaMemcpyDeviceToDevice, nb->stream));
+                                         (size_t)sc[me] * es, cudaMemcpyDeviceToDevice, ng->stream));
     if (ng->size > 1) {
         US__NCCL_CALL(c, ncclGroupStart());
         for (p = 0; p < ng->size && nr == ncclSuccess; p++) {
             if (p == me) continue;
-            if (sc[p] > 0) nr = ncclSend((const char *)src + (size_t)sd[p] * es, (size_t)sc[p], t, p, ng->comm, nb->stream);
-            if (nr == ncclSuccess && rc[p] > 0) nr = ncclRecv((char *)dst + (size_t)rd[p] * es, (size_t)rc[p], t, p, ng->comm, nb->stream);
+            if (sc[p] > 0) nr = ncclSend((const char *)src + (size_t)sd[p] * es, (size_t)sc[p], t, p, ng->comm, ng->stream);
+            if (nr == ncclSuccess && rc[p] > 0) nr = ncclRecv((char *)dst + (size_t)rd[p] * es, (size_t)rc[p], t, p, ng->comm, ng->stream);
         }
         { ncclResult_t er = ncclGroupEnd(); if (nr == ncclSuccess) nr = er; }
         US__NCCL_CALL(c, nr);
@@ -2349,6 +2420,7 @@ static us_result us__nccl_split(us_comm *c, us_group *parent, int color, int key
     ng = (us__nccl_group *)calloc(1, sizeof *ng);
     if (!ng) { ncclCommDestroy(nc); return us__nccl_invalid(c, "split: out of host memory"), US_ERR_OOM; }
     ng->comm = nc;
+    ng->stream = nb->stream;
     ng->next = nb->groups;
     nb->groups = ng;
     US__NCCL_CALL(c, ncclCommCount(nc, &ng->size));
@@ -2356,6 +2428,18 @@ static us_result us__nccl_split(us_comm *c, us_group *parent, int color, int key
     out->size = ng->size;
     out->rank = ng->rank;
     out->impl = ng;
+    return US_OK;
+}
+/* A split with one color, given a stream of its own: its calls queue apart from the others'. */
+static us_result us__nccl_dup(us_comm *c, us_group *g, us_group *out) {
+    us__nccl_group *ng;
+    int lo = 0, hi = 0;
+    us_result r = us__nccl_split(c, g, 0, g ? g->rank : 0, out);
+    if (r != US_OK) return r;
+    ng = (us__nccl_group *)out->impl;
+    US__NCCL_CUDA(c, cudaDeviceGetStreamPriorityRange(&lo, &hi));
+    US__NCCL_CUDA(c, cudaStreamCreateWithPriority(&ng->stream, cudaStreamNonBlocking, hi));
+    ng->own_stream = 1;
     return US_OK;
 }
 static void us__nccl_group_free(us_comm *c, us_group *g) {
@@ -2367,6 +2451,7 @@ static void us__nccl_group_free(us_comm *c, us_group *g) {
     for (pp = &nb->groups; *pp && *pp != ng; pp = &(*pp)->next) {}
     if (*pp) *pp = ng->next;
     if (!ng->aborted && ng->comm) ncclCommDestroy(ng->comm);
+    if (ng->own_stream) { cudaStreamSynchronize(ng->stream); cudaStreamDestroy(ng->stream); }
     free(ng);
     memset(g, 0, sizeof *g);
 }
@@ -2379,9 +2464,11 @@ static void us__nccl_destroy(us__nccl *nb) {
     if (nb->abort_stuck) return;   /* the stuck abort still reads the groups, and the GPU would
                                       block every free: leave it all to the process's exit */
     if (healthy && nb->stream) healthy = cudaStreamSynchronize(nb->stream) == cudaSuccess;
+    for (g = nb->groups; g && healthy; g = g->next) if (g->own_stream) healthy = cudaStreamSynchronize(g->stream) == cudaSuccess;
     for (g = nb->groups; g; g = gn) {   /* newest first: groups before the world */
         gn = g->next;
         if (g->comm && !g->aborted) { if (healthy) ncclCommDestroy(g->comm); else ncclCommAbort(g->comm); }
+        if (g->own_stream) cudaStreamDestroy(g->stream);
         free(g);
     }
     for (wk = nb->all; wk; wk = wn) {
@@ -2454,6 +2541,7 @@ US_API us_result us_nccl_init(us_comm *c, us_ops *ops, void *compute_stream, int
        so collectives are not starved by a queue of compute kernels */
     US__NCCL_INIT_CU(cudaDeviceGetStreamPriorityRange(&lo, &hi));
     US__NCCL_INIT_CU(cudaStreamCreateWithPriority(&nb->stream, cudaStreamNonBlocking, hi));
+    nb->world_g->stream = nb->stream;
     US__NCCL_INIT_CU(cudaEventCreateWithFlags(&nb->ready, cudaEventDisableTiming));
     US__NCCL_INIT_CU(cudaMalloc(&nb->scratch, 16));
     US__NCCL_INIT_CU(cudaMemsetAsync(nb->scratch, 0, 16, nb->stream));
@@ -2492,6 +2580,7 @@ US_API us_result us_nccl_init(us_comm *c, us_ops *ops, void *compute_stream, int
     c->sendrecv = us__nccl_sendrecv;
     c->barrier = us__nccl_barrier;               c->wait = us__nccl_wait;
     c->split = us__nccl_split;                   c->group_free = us__nccl_group_free;
+    c->dup = us__nccl_dup;
     return US_OK;
 fail:
     if (probe) cudaEventDestroy(probe);

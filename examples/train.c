@@ -73,7 +73,10 @@ static void usage(FILE *f) {
         "  --pp-schedule S   afab | 1f1b (default) | interleaved (depth-first, Megatron) | interleaved-bf\n"
         "                    (breadth-first, Llama 3) | zb1 (zero bubble: B and W apart) | zbv (zero\n"
         "                    bubble, 2 chunks in a V) | dualpipev (DeepSeek's DualPipe cut in half). The\n"
-        "                    log gains pp_bubble (the measured idle share of the schedule)\n"
+        "                    log gains pp_bubble (the measured idle share of the schedule) and\n"
+        "                    pp_tf_ms, pp_tb_ms, pp_tw_ms (measured F, B, W per micro-batch and rank)\n"
+    );
+    fprintf(f,   /* two strings: C99 compilers need only take 4095 characters in one */
         "  --pp-chunks V     model chunks per rank for the interleaved schedules (default 2)\n"
         "  --pp-layers A,B,.. layers per pipeline stage (pp x chunks counts; default: an even split)\n"
         "  --bucket-mb X     gradient bucket size in MiB (default 25)\n"
@@ -361,7 +364,8 @@ static us_result run_rank(us_comm *comm, void *arg) {
         if (logf) {
             fprintf(logf, "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"tok_s\": %.1f, \"mfu\": %.6f, \"mem_bytes\": %zu, \"time_s\": %.3f",
                     st.step, st.loss, st.lr, st.grad_norm, tok_s, mfu, m.ops.bytes_peak, now_s() - t_start);
-            if (tc.pp > 1) fprintf(logf, ", \"pp_bubble\": %.4f", st.pp_bubble);
+            if (tc.pp > 1) fprintf(logf, ", \"pp_bubble\": %.4f, \"pp_tf_ms\": %.3f, \"pp_tb_ms\": %.3f, \"pp_tw_ms\": %.3f",
+                                   st.pp_bubble, st.pp_cost_ms[0], st.pp_cost_ms[1], st.pp_cost_ms[2]);
             if (eval_loss >= 0) fprintf(logf, ", \"eval_loss\": %.6f, \"eval_acc\": %.6f", eval_loss, eval_acc);
             fprintf(logf, "}\n");
             fflush(logf);

@@ -490,8 +490,11 @@ static us_result rank_invalid(us_comm *c, void *arg) {
 
 /* Rendezvous sends (NCCL's behaviour): mode 0, ranks 0 and 1 exchange with sendrecv; mode 1,
    both send first and then receive, which must deadlock and time out; mode 2, the eager default
-   lets the same order through. */
-typedef struct p2p_t { int mode; float got[2][3]; us_result res[2]; double t[2]; } p2p_t;
+   lets the same order through. Mode 3: a send that is not waited for still holds up the rank's
+   later receive on the same group (one progress thread, as one NCCL stream), so the same order
+   deadlocks again. Mode 4: on channels (dup) it goes through; and rank 0 sends two messages on
+   two channels that rank 1 receives in the other order, each from its own channel. */
+typedef struct p2p_t { int mode; float got[2][3], got2[3]; us_result res[2]; double t[2]; } p2p_t;
 static us_result rank_p2p(us_comm *c, void *arg) {
     p2p_t *P = (p2p_t *)arg;
     int r = c->world.rank, peer = 1 - r;
@@ -499,7 +502,31 @@ static us_result rank_p2p(us_comm *c, void *arg) {
     double t0 = now_s();
     us_result res;
     if (P->mode == 0) res = c->sendrecv(c, &c->world, mine, 3, peer, P->got[r], 3, peer, US_F32, NULL);
-    else {
+    else if (P->mode == 3) {
+        us_work *w = NULL;
+        res = c->send(c, &c->world, mine, 3, US_F32, peer, &w);
+        if (res == US_OK) res = c->recv(c, &c->world, P->got[r], 3, US_F32, peer, NULL);
+        if (w) { us_result r2 = c->wait(c, w); if (res == US_OK) res = r2; }
+    } else if (P->mode == 4) {
+        us_group ch[2];
+        us_work *w[2] = {NULL, NULL};
+        float other[3] = {(float)r + 11, (float)r + 12, (float)r + 13};
+        int k;
+        res = c->dup(c, &c->world, &ch[0]);
+        if (res == US_OK) res = c->dup(c, &c->world, &ch[1]);
+        if (res != US_OK) { P->res[r] = res; return res; }
+        if (r == 0) {   /* both sends in flight at once, on two channels */
+            res = c->send(c, &ch[0], mine, 3, US_F32, peer, &w[0]);
+            if (res == US_OK) res = c->send(c, &ch[1], other, 3, US_F32, peer, &w[1]);
+            if (res == US_OK) res = c->recv(c, &ch[0], P->got[r], 3, US_F32, peer, NULL);
+        } else {        /* the second channel first: its message, not the older one */
+            res = c->recv(c, &ch[1], P->got[r], 3, US_F32, peer, NULL);
+            if (res == US_OK) res = c->recv(c, &ch[0], P->got2, 3, US_F32, peer, NULL);
+            if (res == US_OK) res = c->send(c, &ch[0], mine, 3, US_F32, peer, &w[0]);
+        }
+        for (k = 0; k < 2; k++) if (w[k]) { us_result r2 = c->wait(c, w[k]); if (res == US_OK) res = r2; }
+        c->group_free(c, &ch[0]); c->group_free(c, &ch[1]);
+    } else {
         res = c->send(c, &c->world, mine, 3, US_F32, peer, NULL);
         if (res == US_OK) res = c->recv(c, &c->world, P->got[r], 3, US_F32, peer, NULL);
     }
@@ -512,14 +539,19 @@ static void check_p2p(void) {
     char err[256];
     us_result lr;
     int mode;
-    for (mode = 0; mode < 3; mode++) {
+    for (mode = 0; mode < 5; mode++) {
         memset(&P, 0, sizeof P);
         memset(&lc, 0, sizeof lc);
-        P.mode = mode; lc.timeout_s = 0.3; lc.p2p_rendezvous = mode < 2;
+        P.mode = mode; lc.timeout_s = 0.3; lc.p2p_rendezvous = mode != 2;
         lr = us_launch_ex(2, rank_p2p, &P, &lc, NULL, err, sizeof err);
-        if (mode == 1)
+        if (mode == 1 || mode == 3)
             CHECK(lr == US_ERR_BACKEND && P.res[0] == US_ERR_BACKEND && P.res[1] == US_ERR_BACKEND && strstr(err, "timed out") && P.t[0] < 1.5,
-                  "rendezvous: both ranks sending first deadlock and time out in %.2f s, as on NCCL: \"%s\"", P.t[0], err);
+                  "rendezvous: both ranks sending first%s deadlock and time out in %.2f s, as on NCCL: \"%s\"",
+                  mode == 3 ? " (without waiting for the send)" : "", P.t[0], err);
+        else if (mode == 4)
+            CHECK(lr == US_OK && P.got[1][0] == 11 && P.got[1][2] == 13 && P.got2[0] == 1 && P.got2[2] == 3 && P.got[0][0] == 2 && P.got[0][2] == 4,
+                  "channels (dup): a send in flight does not hold up a receive on another channel, and each channel matches its own "
+                  "messages (rank 1 got %g then %g): %s", P.got[1][0], P.got2[0], lr == US_OK ? "ok" : err);
         else
             CHECK(lr == US_OK && P.got[0][0] == 2 && P.got[0][2] == 4 && P.got[1][0] == 1 && P.got[1][2] == 3,
                   "%s: the exchange completes with each other's values", mode == 0 ? "rendezvous sendrecv" : "eager send then recv");

@@ -219,6 +219,46 @@ static void test_p2p(us_comm *c) {
     CU(cudaFree(ds)); CU(cudaFree(dr)); free(h);
 }
 
+/* Channels (dup): each rank sends 16 MB on its own channel and then receives on the other's,
+   both in flight at once. On one stream both sends would come first and wait for each other;
+   each channel's stream lets them pass. Then rank 0 sends on two channels that rank 1 receives
+   in the other order: each receive gets its own channel's message. */
+static void test_channels(us_comm *c) {
+    const int64_t n = 4 << 20;
+    us_group ch[2];
+    us_work *w[2] = {NULL, NULL};
+    int32_t *h = (int32_t *)malloc(n * 4), *ds = (int32_t *)dalloc(n * 4), *dr = (int32_t *)dalloc(n * 4);
+    int64_t i, bad = 0;
+    int peer = 1 - R;
+    if (N != 2) { free(h); CU(cudaFree(ds)); CU(cudaFree(dr)); return; }
+    CHECK(c->dup(c, &c->world, &ch[0]) == US_OK && c->dup(c, &c->world, &ch[1]) == US_OK && ch[1].size == 2 && ch[1].rank == R,
+          "rank %d: dup twice: %s", R, c->err);
+    for (i = 0; i < n; i++) h[i] = R * 1000 + (int32_t)(i % 997);
+    h2d(ds, h, n * 4);
+    CHECK(c->send(c, &ch[R], ds, n, US_I32, peer, &w[0]) == US_OK && c->recv(c, &ch[peer], dr, n, US_I32, peer, &w[1]) == US_OK &&
+          c->wait(c, w[1]) == US_OK && c->wait(c, w[0]) == US_OK, "rank %d: send on one channel, receive on the other, both in flight: %s", R, c->err);
+    d2h(h, dr, n * 4);
+    for (i = 0; i < n; i++) bad += h[i] != peer * 1000 + (int32_t)(i % 997);
+    CHECK(bad == 0, "rank %d: 16 MB over a channel (%lld wrong)", R, (long long)bad);
+    if (R == 0) {
+        int32_t *ds2 = (int32_t *)dalloc(n * 4);
+        for (i = 0; i < n; i++) h[i] = 7;
+        h2d(ds2, h, n * 4);
+        CHECK(c->send(c, &ch[0], ds, n, US_I32, 1, &w[0]) == US_OK && c->send(c, &ch[1], ds2, n, US_I32, 1, &w[1]) == US_OK &&
+              c->wait(c, w[1]) == US_OK && c->wait(c, w[0]) == US_OK, "rank 0: two sends on two channels: %s", c->err);
+        CU(cudaFree(ds2));
+    } else {
+        int32_t got[2];
+        CHECK(c->recv(c, &ch[1], dr, n, US_I32, 0, NULL) == US_OK, "rank 1: the second channel first: %s", c->err);
+        d2h(&got[1], dr, 4);
+        CHECK(c->recv(c, &ch[0], dr, n, US_I32, 0, NULL) == US_OK, "rank 1: then the first: %s", c->err);
+        d2h(&got[0], dr, 4);
+        CHECK(got[1] == 7 && got[0] == 0, "rank 1: each channel delivered its own message (%d, %d)", got[1], got[0]);
+    }
+    c->group_free(c, &ch[0]); c->group_free(c, &ch[1]);
+    CU(cudaFree(ds)); CU(cudaFree(dr)); free(h);
+}
+
 static int64_t a2a_count(int s, int d) { return ((s * 3 + d * 5) % 4) * 50 + (s == d ? 7 : 0); }   /* some zero */
 static void test_all_to_all(us_comm *c) {
     int64_t *sc = (int64_t *)calloc(N, 8), *sd = (int64_t *)calloc(N, 8), *rc = (int64_t *)calloc(N, 8), *rd = (int64_t *)calloc(N, 8);
@@ -406,6 +446,7 @@ static int run_rank(int rank, int world, int device, int fault, const char *outd
             test_all_reduce(&c);
             test_reduce_family(&c);
             test_p2p(&c);
+            test_channels(&c);
             test_all_to_all(&c);
             test_async(&c);
             test_split(&c);
