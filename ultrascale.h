@@ -202,6 +202,8 @@ typedef struct us_train_config {
     int      pp;           /* default 1 */
     int      pp_schedule;  /* a us_pp_kind the executor runs: afab, 1f1b (default), interleaved(-bf) or zb1 */
     int      pp_chunks;    /* model chunks per pp rank: interleaved default 2, others 1 */
+    int      pp_clock;     /* 1: time the pipeline's messages on the schedule's clock even where the backend
+                              could send them as they are ready (us_comm.p2p_early; // >>pp) */
     const int *pp_layers;  /* NULL: layers split evenly over the pp·chunks stages (the first ones take
                               the remainder); else [pp·chunks] layers per stage, each ≥ 1, summing to
                               n_layers (e.g. fewer on the last stage, which also runs the head) */
@@ -374,6 +376,9 @@ struct us_comm {
        gradients on another, so an early send on one never holds up a receive on the other. */
     us_result (*dup)(us_comm *c, us_group *g, us_group *out);
     double    timeout_s;   /* a collective that cannot finish within this many seconds fails; 0 = 300 */
+    int       p2p_early;   /* point-to-point calls may be posted long before their peer's at no cost (host
+                              backends: a queued call waits on a thread). 0 for NCCL, whose waiting calls
+                              are kernels on the GPU: the pipeline then times its messages (// >>pp) */
     int64_t   bytes_sent;  /* bytes this rank has sent to peers so far (the backend counts) */
     us_trace *trace;       /* when set, the backend records each collective on the comm stream row */
     char err[256];
@@ -491,7 +496,9 @@ typedef struct us_model {
     int      l_lo, l_hi, c_first, c_last;  /* what a forward/backward runs now: layers [l_lo, l_hi);
                                               it embeds the tokens; it ends with the head and loss */
     int      pp_head_rank;    /* the pp rank that holds the last stage (the head) */
-    us_group *pp_ch;          /* [2·stages] the channels of each boundary between ranks (us__pp_connect) */
+    us_group *pp_ch;          /* [2·stages] the channels of each boundary between ranks (us__pp_connect), or NULL: */
+    struct us__pp_msg *pp_msgs; int pp_nmsg;   /* the timed messages of this rank, in the order it exchanges them */
+    double   *pp_start;       /* [actions of this rank] each action's start on the schedule's clock */
     int      slots;           /* micro-batches whose activations the schedule holds at once (1 without pp) */
     us_layer_acts *slot_acts; /* [slots][pp_lc]: a slot holds one chunk's layers */
     us_layer_acts *acts_work; /* [cfg.n_layers] what acts points to: the selected slot's layers at their chunk's place */
@@ -2251,6 +2258,7 @@ US_API void us_comm_self(us_comm *c, us_ops *ops) {
     c->gather = us__self_gather;                c->scatter = us__self_scatter;
     c->split = us__self_split;                  c->group_free = us__self_group_free;
     c->dup = us__self_dup;
+    c->p2p_early = 1;
     c->sendrecv = us__self_sendrecv;
 }
 
@@ -2889,7 +2897,8 @@ US_API void us_model_free(us_model *m) {
     m->acts_work = NULL;
     US_FREE(m->slot_a);
     if (m->pp_sched) { us_pp_schedule_free(m->pp_sched); free(m->pp_sched); }
-    m->slot_acts = NULL; m->slot_a = NULL; m->pp_sched = NULL;
+    US_FREE(m->pp_msgs); US_FREE(m->pp_start);
+    m->slot_acts = NULL; m->slot_a = NULL; m->pp_sched = NULL; m->pp_msgs = NULL; m->pp_start = NULL;
     US_FREE(m->params); US_FREE(m->units); US_FREE(m->unit_of); US_FREE(m->layer_g);
     m->params = NULL; m->acts = NULL; m->units = NULL; m->unit_of = NULL; m->w = NULL; m->layer_g = NULL;
     m->master = m->grad = m->adam_m = m->adam_v = NULL;
@@ -3784,25 +3793,110 @@ static us_result us__pp_wpass(us_model *m, int B, int T) {   /* the chunk's W, l
     return us__backend_check(m);
 }
 
-/* How messages travel (// >>pp). Every boundary between two stages on different ranks has two
-   channels (us_comm.dup): one carries the activations forward, the other the gradients back.
-   A channel matches its messages in order and runs apart from every other channel, so:
-     a forward's output is sent the moment it is computed, and not waited for;
-     its gradient's receive is posted at the same moment, into the slot that will need it;
-     a forward receives its input, a backward waits for its gradient, only when it starts.
-   A rank thus waits only for data it needs now, never for an exchange the schedule has not
-   reached. Sends complete only when received (NCCL's, and the threads backend's under
-   rendezvous); a slot is reused only after its sends completed, and that never waits on the
-   peer's progress: an activation was consumed before its gradient came back (the slot is
-   freed after its backward), and a gradient's receive was posted at its forward. A channel
-   carries micro-batches in one order on both ends, which us__pp_plan checks for the schedule
-   (a sender's order of producing = its receiver's order of receiving, or of posting). */
+/* How messages travel (// >>pp). Sends complete only when received (NCCL's, and the threads
+   backend's under rendezvous), so the order in which ranks post them decides whether they wait
+   for each other forever. Two plans, by what a waiting call costs the backend (us_comm.p2p_early):
+
+   Channels (host backends). Every boundary between two stages on different ranks has two
+   channels (us_comm.dup): one carries the activations forward, the other the gradients back. A
+   channel matches its messages in order and runs apart from the others, so a forward's output
+   is sent the moment it is computed, its gradient's receive is posted at the same moment into
+   the slot that will need it, and a rank waits only for data it needs now: a forward for its
+   input, a backward for its gradient. A slot is reused only after its sends completed, which
+   never waits on the peer's progress: an activation was consumed before its gradient came back
+   (the slot is freed after its backward), and a gradient's receive was posted at its forward.
+   A channel carries micro-batches in one order on both ends, which us__pp_plan checks.
+
+   The clock (NCCL). Its waiting calls are kernels spinning on the GPU, and on 2 H200s the
+   channel plan hung for interleaved, ZB-V and DualPipe-V (bench/RESULTS.md): so every message is
+   exchanged at one agreed time on the schedule's own clock — the checker's unit-cost play
+   (tF = tB = tW = 1), which every rank computes alike:
+     an activation  at its consumer's start (the receiver takes a slot only then: no more
+                    activations held than the schedule says; the sender still holds it, since
+                    its backward comes after the consumer's);
+     a gradient     at its producer's end (the receiver's slot exists: its forward ran earlier).
+   Before starting an action, a rank makes every exchange timed at or before that action's
+   start, in time order; at equal times gradients go first (a full backward frees its slot as
+   its gradient leaves, and an activation arriving at that moment may take the same slot), then
+   the successor on even ranks and the predecessor on odd ones; the two directions between a
+   pair travel as one sendrecv on the pp group. Sends are not waited for except before their
+   slot is written again. By induction on the clock no rank ever waits for a message its peer
+   cannot yet send: whatever an exchange at time t carries was produced by an action that
+   started before t. The price: a message waits for its time even when its data is ready, and
+   a receive can wait while a later action could run (bench/pp_bubble.sh measures both plans). */
 static int us__pp_channel(int b, int grad) { return 2 * b + grad; }   /* boundary b: stages b → b+1 */
+static int us__pp_early(const us_model *m) { return m->comm && m->comm->p2p_early && !m->tc.pp_clock; }
+static us_result us__pp_play(const us_pp_schedule *s, double tF, double tB, double tW, us_pp_sim *out, double *start, int nmax,
+                             char *err, size_t errlen);
+static double us__pp_cost(const us_pp_action *x, double tF, double tB, double tW);
+typedef struct us__pp_msg {
+    double t;      /* the agreed time */
+    int grad;      /* 0: an activation (forward output), 1: a gradient (backward output) */
+    int peer;      /* pp rank of the other end */
+    int send;      /* 1: this rank sends (act = the producing action), 0: receives (act = the consumer) */
+    int act;       /* index into this rank's list */
+    int order;     /* tie-break at equal times: successor before predecessor on even ranks */
+} us__pp_msg;
+static int us__pp_msg_cmp(const void *a, const void *b) {
+    const us__pp_msg *x = (const us__pp_msg *)a, *y = (const us__pp_msg *)b;
+    if (x->t != y->t) return x->t < y->t ? -1 : 1;
+    if (x->grad != y->grad) return y->grad - x->grad;   /* a gradient leaves its slot before the slot can be taken again */
+    if (x->order != y->order) return x->order - y->order;
+    return x->send - y->send;
+}
+/* The clock plan: this rank's messages with their agreed times, in exchange order. */
+static us_result us__pp_plan_clock(us_model *m) {
+    const us_pp_schedule *s = m->pp_sched;
+    int P = s->pp, S = P * s->v, M = s->m, q = m->mesh.pp_rank, nmax = 0, r, i, k, nm = 0;
+    double *start = NULL;
+    int *where = NULL;
+    us_pp_sim sim;
+    char e2[200];
+    us_result res = US_ERR_OOM;
+    for (r = 0; r < P; r++) if (s->n[r] > nmax) nmax = s->n[r];
+    start = (double *)US_MALLOC(sizeof(double) * (size_t)(P * nmax));
+    where = (int *)US_MALLOC(sizeof(int) * (size_t)(2 * S * M));           /* [F|B][stage][mb] → r·nmax + i */
+    m->pp_msgs = (us__pp_msg *)US_MALLOC(sizeof(us__pp_msg) * (size_t)(2 * s->n[q] + 1));
+    m->pp_start = (double *)US_MALLOC(sizeof(double) * (size_t)(s->n[q] + 1));
+    if (!start || !where || !m->pp_msgs || !m->pp_start) { us__model_set_error(m, "out of host memory"); goto done; }
+    if (us__pp_play(s, 1, 1, 1, &sim, start, nmax, e2, sizeof e2) != US_OK) { us__model_set_error(m, "pipeline schedule: %s", e2); res = US_ERR_INVALID; goto done; }
+    for (i = 0; i < 2 * S * M; i++) where[i] = -1;
+    for (r = 0; r < P; r++)
+        for (i = 0; i < s->n[r]; i++) {
+            const us_pp_action *x = &s->a[r][i];
+            if (x->op != US_PP_W) where[(x->op != US_PP_F) * S * M + us_pp_stage(s, r, x->chunk) * M + x->mb] = r * nmax + i;
+        }
+    for (k = 0; k < 2 * S * M; k++) {   /* every message that leaves or reaches this rank */
+        int grad = k >= S * M, st = k / M % S, mb = k % M, prod = where[k], cons, ra, rb;
+        us__pp_msg *x = &m->pp_msgs[nm];
+        if (prod < 0 || (!grad && st == S - 1) || (grad && st == 0)) continue;
+        cons = where[grad * S * M + (grad ? st - 1 : st + 1) * M + mb];
+        ra = prod / nmax; rb = cons / nmax;
+        if (ra == rb || (ra != q && rb != q)) continue;   /* handed over on one rank, or not ours */
+        x->grad = grad; x->send = ra == q; x->peer = x->send ? rb : ra; x->act = (x->send ? prod : cons) % nmax;
+        x->t = grad ? start[prod] + us__pp_cost(&s->a[ra][prod % nmax], 1, 1, 1) : start[cons];
+        x->order = (x->peer == (q + 1) % P) == (q % 2 == 0) ? 0 : 1;
+        nm++;
+    }
+    qsort(m->pp_msgs, (size_t)nm, sizeof(us__pp_msg), us__pp_msg_cmp);
+    m->pp_nmsg = nm;
+    for (i = 0; i < s->n[q]; i++) m->pp_start[i] = start[q * nmax + i];
+    res = US_OK;
+done:
+    US_FREE(start); US_FREE(where);
+    return res;
+}
+/* The channel plan needs no times; it checks that each channel carries its micro-batches in
+   one order on both ends: the sender's order of producing = the receiver's of receiving (an
+   activation, at its forward) or of posting (a gradient, at the forward it belongs to). */
 static us_result us__pp_plan(us_model *m) {
     const us_pp_schedule *s = m->pp_sched;
     int P = s->pp, S = P * s->v, M = s->m, b, k, r, i;
-    int *seq = (int *)US_MALLOC(sizeof(int) * (size_t)(2 * M + 2)), *got = seq + M + 1;
+    int *seq, *got;
+    if (!us__pp_early(m)) return us__pp_plan_clock(m);
+    seq = (int *)US_MALLOC(sizeof(int) * (size_t)(2 * M + 2));
     if (!seq) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+    got = seq + M + 1;
     for (b = 0; b + 1 < S; b++) {
         int lo = us__pp_rank_of(s, b), hi = us__pp_rank_of(s, b + 1);
         if (lo == hi) continue;   /* handed over on one rank */
@@ -3828,15 +3922,32 @@ static us_result us__pp_plan(us_model *m) {
     US_FREE(seq);
     return US_OK;
 }
-/* Opens the channels (collective over the pp group: every rank dups for every boundary that
-   crosses ranks, in boundary order) and sends one element over each: NCCL connects two ranks
-   lazily, inside their first send or receive, and a first message should not pay for it. The
-   connections go in channel order, each a blocking pair, so they cannot wait in a cycle. */
+/* Connects the pipeline's ranks before the first step. Channels: opened (collective over the pp
+   group: every rank dups for every boundary that crosses ranks, in boundary order), and one
+   element sent over each, in channel order, each a blocking pair, so they cannot wait in a
+   cycle. The clock: NCCL connects two ranks lazily, on the host, inside their first send or
+   receive, with the peer connecting at the same time; a pipeline's first message in a direction
+   can meet a lone receive on one side while the other side is inside a grouped send+receive
+   (AFAB's last forward sends on and receives the first gradient): each then waits for the other
+   forever. So every pair of neighbours exchanges one element both ways on the pp group; even
+   stages pair with their successor first, odd ones with their predecessor, so the pairs never
+   wait in a ring. */
 static us_result us__pp_connect(us_model *m) {
     const us_pp_schedule *s = m->pp_sched;
     us_group *g = &m->mesh.pp_g;
-    int q = m->mesh.pp_rank, S = s->pp * s->v, b, k;
+    int q = m->mesh.pp_rank, S = s->pp * s->v, P = g->size, b, k;
     us_result r;
+    if (!us__pp_early(m)) {
+        int ring = m->pp_v > 1 && !s->vshape;   /* interleaved: the last stage of a chunk feeds rank 0 */
+        for (k = 0; k < 2; k++) {
+            int peer = (q % 2 == 0) == (k == 0) ? q + 1 : q - 1;
+            if (ring) peer = (peer + P) % P;
+            if (peer < 0 || peer >= P || peer == q || (k == 1 && P == 2 && ring)) continue;   /* pp 2: one pair */
+            r = m->comm->sendrecv(m->comm, g, m->a[US__A_XOUT], 1, peer, m->acts[0].x, 1, peer, m->dt, NULL);
+            if ((r = us__comm_fail(m, r, "pipeline connection")) != US_OK) return r;
+        }
+        return US_OK;
+    }
     m->pp_ch = (us_group *)calloc((size_t)(2 * S), sizeof(us_group));
     if (!m->pp_ch) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
     for (b = 0; b + 1 < S; b++)
@@ -3865,27 +3976,71 @@ static us_result us__pp_wait(us_model *m, us_work **w, const char *what) {
 }
 /* A slot is written again only after its sends completed: pend[2·slot] its activation's,
    pend[2·slot + 1] its gradient's. */
+static us_result us__pp_settle(us_model *m, us_work **pend, int slot) {
+    us_result r = us__pp_wait(m, &pend[2 * slot], "pipeline send");
+    return r != US_OK ? r : us__pp_wait(m, &pend[2 * slot + 1], "pipeline send");
+}
 static us_result us__pp_take_slot(us_model *m, us_work **pend, int *free_slot, int *nfree, int *slot) {
-    us_result r;
     if (!*nfree) { us__model_set_error(m, "internal: pipeline slots exhausted"); return US_ERR_BACKEND; }
     *slot = free_slot[--*nfree];
     if (m->slots - *nfree > m->pp_peak) m->pp_peak = m->slots - *nfree;
-    if ((r = us__pp_wait(m, &pend[2 * *slot], "pipeline send")) != US_OK) return r;
-    return us__pp_wait(m, &pend[2 * *slot + 1], "pipeline send");
+    return us__pp_settle(m, pend, *slot);
+}
+/* The clock plan's exchanges timed at or before `until`, from *e on. Sends read the producer's
+   slot and are not waited for (pend); a received activation takes a free slot (the consumer's),
+   a received gradient lands in the consumer's slot; receives are waited for. */
+static us_result us__pp_exchange(us_model *m, int *e, double until, int *slot_of, int *free_slot, int *nfree, us_work **pend, int64_t n) {
+    const us_pp_schedule *s = m->pp_sched;
+    int q = m->mesh.pp_rank, M = s->m, sslot = -1;
+    us_comm *c = m->comm;
+    while (*e < m->pp_nmsg && m->pp_msgs[*e].t <= until) {
+        const us__pp_msg *x = &m->pp_msgs[*e], *snd = NULL, *rcv = NULL;
+        const void *sbuf = NULL;
+        void *rbuf = NULL;
+        us_result r;
+        int j;
+        for (j = *e; j < m->pp_nmsg && m->pp_msgs[j].t == x->t && m->pp_msgs[j].grad == x->grad && m->pp_msgs[j].peer == x->peer; j++) {
+            if (m->pp_msgs[j].send) snd = &m->pp_msgs[j]; else rcv = &m->pp_msgs[j];
+        }
+        *e = j;
+        if (snd) {
+            const us_pp_action *y = &s->a[q][snd->act];
+            sslot = slot_of[y->chunk * M + y->mb];
+            sbuf = m->slot_a[sslot][x->grad ? US__A_DRES : US__A_XOUT];
+        }
+        if (rcv) {
+            const us_pp_action *y = &s->a[q][rcv->act];
+            int key = y->chunk * M + y->mb;
+            if (!x->grad) {   /* the consumer forward's slot, taken now */
+                if ((r = us__pp_take_slot(m, pend, free_slot, nfree, &slot_of[key])) != US_OK) return r;
+                rbuf = m->slot_acts[(size_t)slot_of[key] * m->pp_lc].x;   /* the chunk's first layer input */
+            } else rbuf = m->slot_a[slot_of[key]][US__A_DRES];
+        }
+        if (sbuf && rbuf) r = us__comm_fail(m, c->sendrecv(c, &m->mesh.pp_g, sbuf, n, x->peer, rbuf, n, x->peer, m->dt, NULL), "pipeline exchange");
+        else if (sbuf) {
+            if ((r = us__pp_settle(m, pend, sslot)) != US_OK) return r;   /* at most one of each kind per slot */
+            r = us__comm_fail(m, c->send(c, &m->mesh.pp_g, sbuf, n, m->dt, x->peer, &pend[2 * sslot + x->grad]), "pipeline send");
+        } else r = us__comm_fail(m, c->recv(c, &m->mesh.pp_g, rbuf, n, m->dt, x->peer, NULL), "pipeline receive");
+        if (r != US_OK) return r;
+    }
+    return US_OK;
 }
 /* The pipeline executor (// >>pp): runs this rank's list of the schedule, one chunk of layers per
    action. A forward takes an activation slot and receives its input from the stage before, or
    copies it from this rank's slot of that stage, or embeds the tokens; it sends its output on
-   (or computes the loss) and posts the receive of the gradient that will come back for it. A
-   backward waits for that gradient (or starts from the loss) and sends its input's gradient
-   back, or hands it to this rank's earlier stage. A full backward (BW) frees the slot; under the
-   zero-bubble schedules B does the input gradients only and W, later, the weight gradients
-   (us__layer_w), then frees it. The last backward of the step launches the data-parallel
-   reductions (no_sync before it); with several chunks or B and W apart a tensor's gradient is
-   complete only at the end, so the reductions start before the optimizer step instead. */
+   (or computes the loss) and, on channels, posts the receive of the gradient that will come
+   back for it. A backward waits for that gradient (or starts from the loss) and sends its
+   input's gradient back, or hands it to this rank's earlier stage. Under the clock plan the
+   sends and receives happen between actions instead, as us__pp_plan_clock timed them. A full
+   backward (BW) frees the slot; under the zero-bubble schedules B does the input gradients only
+   and W, later, the weight gradients (us__layer_w), then frees it. The last backward of the
+   step launches the data-parallel reductions (no_sync before it); with several chunks or B and
+   W apart a tensor's gradient is complete only at the end, so the reductions start before the
+   optimizer step instead. */
 static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *targets, int64_t per, int T, float dscale, double *loss) {
     const us_pp_schedule *s = m->pp_sched;
-    int q = m->mesh.pp_rank, i, last_bw = -1, M = s->m, S = s->pp * s->v, *slot_of, *free_slot, nfree = 0, B = m->tc.batch;
+    int q = m->mesh.pp_rank, i, e = 0, last_bw = -1, M = s->m, S = s->pp * s->v, *slot_of, *free_slot, nfree = 0, B = m->tc.batch;
+    int chan = m->pp_ch != NULL;
     us_work **pend, **precv;
     us_comm *c = m->comm;
     int64_t Np, Ns, C = m->cfg.dim, n;
@@ -3898,35 +4053,34 @@ static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *t
     slot_of = (int *)US_MALLOC(sizeof(int) * (size_t)(M * s->v + m->slots));
     pend = (us_work **)calloc((size_t)(2 * m->slots + M * s->v), sizeof(us_work *));
     if (!slot_of || !pend) { US_FREE(slot_of); free(pend); us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
-    precv = pend + 2 * m->slots;   /* [chunk·M + mb] the gradient receive posted at its forward */
+    precv = pend + 2 * m->slots;   /* channels: [chunk·M + mb] the gradient receive posted at its forward */
     free_slot = slot_of + M * s->v;
     for (i = 0; i < m->slots; i++) free_slot[nfree++] = m->slots - 1 - i;
     for (i = 0; i < M * s->v; i++) slot_of[i] = -1;
     if (!m->pp_wsplit && s->v == 1) for (i = 0; i < s->n[q]; i++) if (s->a[q][i].op != US_PP_F) last_bw = i;
-    m->pp_busy_s = 0;
     m->pp_t_s[0] = m->pp_t_s[1] = m->pp_t_s[2] = 0;
     for (i = 0; i < s->n[q] && r == US_OK; i++) {
         const us_pp_action *x = &s->a[q][i];
         int st = us_pp_stage(s, q, x->chunk), key = x->chunk * M + x->mb;
         int prev = st > 0 ? us__pp_rank_of(s, st - 1) : -1, next = st + 1 < S ? us__pp_rank_of(s, st + 1) : -1;
         double t0;
+        if (!chan && (r = us__pp_exchange(m, &e, m->pp_start[i], slot_of, free_slot, &nfree, pend, n)) != US_OK) break;
         if (x->op == US_PP_F) {
             double ls = 0;
-            int k;
-            if ((r = us__pp_take_slot(m, pend, free_slot, &nfree, &k)) != US_OK) break;
-            slot_of[key] = k;
-            us__pp_select(m, k, x->chunk);
+            /* its slot, unless its input arrived into one (the clock plan) */
+            if (slot_of[key] < 0 && (r = us__pp_take_slot(m, pend, free_slot, &nfree, &slot_of[key])) != US_OK) break;
+            us__pp_select(m, slot_of[key], x->chunk);
             if (prev == q)   /* the stage before is this rank's: its output */
                 m->ops.copy(&m->ops, m->acts[m->l_lo].x, m->slot_a[slot_of[us__pp_chunk_of(s, q, st - 1) * M + x->mb]][US__A_XOUT], nb, US_COPY_D2D);
-            else if (prev >= 0 && (r = us__comm_fail(m, c->recv(c, &m->pp_ch[us__pp_channel(st - 1, 0)], m->acts[m->l_lo].x, n, m->dt, prev, NULL),
-                                                     "pipeline receive")) != US_OK) break;
+            else if (chan && prev >= 0 && (r = us__comm_fail(m, c->recv(c, &m->pp_ch[us__pp_channel(st - 1, 0)], m->acts[m->l_lo].x, n, m->dt, prev, NULL),
+                                                             "pipeline receive")) != US_OK) break;
             t0 = us_trace_now_us();
             if ((r = us__forward(m, inputs + x->mb * per, targets + x->mb * per, B, T, dscale, &ls)) != US_OK) break;
             m->pp_t_s[0] += 1e-6 * (us_trace_now_us() - t0);
             *loss += ls;
-            if (next >= 0 && next != q) {   /* the output on, and the gradient's receive posted */
+            if (chan && next >= 0 && next != q) {   /* the output on, and the gradient's receive posted */
                 us_group *ch = &m->pp_ch[us__pp_channel(st, 0)];
-                if ((r = us__comm_fail(m, c->send(c, ch, m->a[US__A_XOUT], n, m->dt, next, &pend[2 * k]), "pipeline send")) != US_OK) break;
+                if ((r = us__comm_fail(m, c->send(c, ch, m->a[US__A_XOUT], n, m->dt, next, &pend[2 * slot_of[key]]), "pipeline send")) != US_OK) break;
                 r = us__comm_fail(m, c->recv(c, ch + 1, m->a[US__A_DRES], n, m->dt, next, &precv[key]), "pipeline receive");
             }
         } else if (x->op == US_PP_W) {
@@ -3938,7 +4092,7 @@ static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *t
         } else {   /* B or BW */
             int k = slot_of[key];
             us__pp_select(m, k, x->chunk);
-            if ((r = us__pp_wait(m, &precv[key], "pipeline receive")) != US_OK) break;   /* the output's gradient */
+            if ((r = us__pp_wait(m, &precv[key], "pipeline receive")) != US_OK) break;   /* channels: the output's gradient */
             m->grad_sync = i == last_bw;
             m->pp_bonly = x->op == US_PP_B;
             t0 = us_trace_now_us();
@@ -3948,11 +4102,12 @@ static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *t
             m->pp_t_s[1] += 1e-6 * (us_trace_now_us() - t0);
             if (prev == q)   /* hand the input's gradient to this rank's earlier stage */
                 m->ops.copy(&m->ops, m->slot_a[slot_of[us__pp_chunk_of(s, q, st - 1) * M + x->mb]][US__A_DRES], m->a[US__A_DRES], nb, US_COPY_D2D);
-            else if (prev >= 0 && (r = us__comm_fail(m, c->send(c, &m->pp_ch[us__pp_channel(st - 1, 1)], m->a[US__A_DRES], n, m->dt, prev, &pend[2 * k + 1]),
-                                                     "pipeline send")) != US_OK) break;
+            else if (chan && prev >= 0 && (r = us__comm_fail(m, c->send(c, &m->pp_ch[us__pp_channel(st - 1, 1)], m->a[US__A_DRES], n, m->dt, prev, &pend[2 * k + 1]),
+                                                             "pipeline send")) != US_OK) break;
             if (x->op == US_PP_BW) free_slot[nfree++] = k;   /* its gradient, if sent, leaves before the slot is reused */
         }
     }
+    if (r == US_OK && !chan) r = us__pp_exchange(m, &e, INFINITY, slot_of, free_slot, &nfree, pend, n);   /* the last gradients out */
     for (i = 0; i < 2 * m->slots + M * s->v; i++) {   /* every transfer complete (after a failure too: none outlives its buffer) */
         us_result r2 = us__pp_wait(m, &pend[i], "pipeline exchange");
         if (r == US_OK) r = r2;

@@ -1345,7 +1345,7 @@ US_API us_result us_launch_ex(int nranks, us_rank_fn fn, void *arg, const us_lau
         c->sendrecv = us__thr_sendrecv;
         c->barrier = us__thr_barrier;               c->wait = us__thr_wait;
         c->split = us__thr_split;                   c->group_free = us__thr_group_free;
-        c->dup = us__thr_dup;
+        c->dup = us__thr_dup;                       c->p2p_early = 1;   /* a queued call waits on a thread */
         c->timeout_s = timeout;
     }
     pthread_mutex_lock(&L->mu);

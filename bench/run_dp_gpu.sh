@@ -11,13 +11,13 @@
 set -u
 export NCCL_NVLS_ENABLE=0            # NVLink multicast is not allowed on this machine
 OUT=${OUT:-/tmp/dp_gpu}; mkdir -p "$OUT"
-T="timeout 150 build/train_cuda"   # no single run may eat the session
+T="timeout ${RUN_TIMEOUT:-150} build/train_cuda"   # no single run may eat the session
 DATA=${DATA:-build/tinyshakespeare.txt}
 summary="$OUT/summary.txt"; : > "$summary"
 say() { echo "$*" | tee -a "$summary"; }
 
 [ "${SECTIONS:-nccl}" != "${SECTIONS#*nccl}" ] || true
-if [ -z "${SECTIONS:-}" ] || [[ " $SECTIONS " == *" nccl "* ]]; then ./build/test_nccl > "$OUT/test_nccl.txt" 2>&1; say "test_nccl: exit $? | $(grep -E 'passed, [0-9]+ failed' "$OUT/test_nccl.txt" | tail -1)"; fi
+if [ -z "${SECTIONS:-}" ] || [[ " $SECTIONS " == *" nccl "* ]]; then timeout 120 stdbuf -oL ./build/test_nccl > "$OUT/test_nccl.txt" 2>&1; say "test_nccl: exit $? | $(grep -E 'passed, [0-9]+ failed' "$OUT/test_nccl.txt" | tail -1)"; fi
 
 compare() {   # compare A.jsonl B.jsonl -> max relative loss difference
     python3 - "$1" "$2" <<'PY'
@@ -31,7 +31,7 @@ d = [abs(x - y) / abs(x) for x, y in zip(a[:n], b[:n])]
 print("%d steps, rel diff step 1 %.1e, steps 1-5 %.1e, all %.1e, final %.4f vs %.4f" % (n, d[0], max(d[:5]), max(d), a[n-1], b[n-1]) if n else "no steps")
 PY
 }
-run() { case " ${SECTIONS:-nccl equiv tp cp pp tcp fault tput} " in *" $1 "*) return 0;; *) return 1;; esac; }
+run() { case " ${SECTIONS:-nccl equiv tp cp pp pptput tcp fault tput} " in *" $1 "*) return 0;; *) return 1;; esac; }
 # 2. equivalence on a 6-layer, dim-512 model, Shakespeare, 4 MB buckets (many in flight), 20 steps.
 #    The one-GPU reference runs the same GEMM shapes as a rank (2 micro-batches of 8 sequences;
 #    a rank of dp 2 runs 1 of 8 and the group 16): what differs is only the order in which the
@@ -66,8 +66,8 @@ if run cp; then for p in fp32 bf16; do
 done; fi
 
 # 2d. pipeline parallelism (issue 7): pp 2 with every schedule (PP_SCHEDULES) over 4 micro-batches against one GPU
-#     accumulating the same 4 micro-batches of 4 sequences. NCCL send/recv on one stream: 1F1B's
-#     steady state has both neighbours sending at once, so this is where a deadlock would show.
+#     accumulating the same 4 micro-batches of 4 sequences. Activations and gradients travel on
+#     channels (a communicator and stream each), sends posted as produced: a deadlock would show here.
 if run pp; then for p in fp32 bf16; do
     $T $M --batch 4 --grad-accum 4 --precision $p --log "$OUT/pp_ref_$p.jsonl" > "$OUT/pp_ref_$p.txt" 2>&1
     for x in ${PP_SCHEDULES:-1f1b afab zb1 interleaved zbv dualpipev}; do
@@ -75,6 +75,26 @@ if run pp; then for p in fp32 bf16; do
         say "shakespeare $p pp2 $x vs 1 GPU: $(compare "$OUT/pp_ref_$p.jsonl" "$OUT/pp2_${x}_$p.jsonl") $(grep -m1 'train:' "$OUT/pp2_${x}_$p.txt" | head -c 200)"
     done
 done; fi
+
+# 2e. pipeline throughput: 8 layers, dim 1024, T 512, 8 micro-batches of 8, bf16; one GPU
+#     accumulating the same micro-batches, then pp 2 with each schedule (median of steps 3-6)
+if run pptput; then
+Q="--data $DATA --layers 8 --dim 1024 --heads 16 --seq 512 --batch 8 --grad-accum 8 --steps 6 --eval-every 0 --precision bf16 --lr 3e-4 --quiet"
+$T $Q --log "$OUT/pptput_ref.jsonl" > "$OUT/pptput_ref.txt" 2>&1
+for x in ${PP_SCHEDULES:-1f1b afab zb1 interleaved zbv dualpipev}; do
+    $T $Q --nproc 2 --pp 2 --pp-schedule $x --log "$OUT/pptput_$x.jsonl" > "$OUT/pptput_$x.txt" 2>&1
+done
+python3 - "$OUT" ${PP_SCHEDULES:-1f1b afab zb1 interleaved zbv dualpipev} <<'PY' | tee -a "$summary"
+import json, sys, statistics, os
+out = sys.argv[1]
+for name in ["ref"] + sys.argv[2:]:
+    f = "%s/pptput_%s.jsonl" % (out, name)
+    r = [json.loads(l) for l in open(f)] if os.path.exists(f) else []
+    if len(r) < 4: print("pp throughput %-12s | %d steps logged" % (name, len(r))); continue
+    print("pp throughput %-12s | %9.0f tok/s | loss@%d %.4f" % ("1 GPU" if name == "ref" else "pp2 " + name,
+          statistics.median(x["tok_s"] for x in r[2:]), r[-1]["step"], r[-1]["loss"]))
+PY
+fi
 
 # 3. two processes started by hand, as a launcher on two nodes would (TCP rendezvous on localhost)
 if run tcp; then

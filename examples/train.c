@@ -77,6 +77,8 @@ static void usage(FILE *f) {
         "                    pp_tf_ms, pp_tb_ms, pp_tw_ms (measured F, B, W per micro-batch and rank)\n"
     );
     fprintf(f,   /* two strings: C99 compilers need only take 4095 characters in one */
+        "  --pp-clock        time pipeline messages on the schedule's unit-cost clock (what NCCL uses)\n"
+        "                    instead of sending them as they are ready on channels (CPU threads)\n"
         "  --pp-chunks V     model chunks per rank for the interleaved schedules (default 2)\n"
         "  --pp-layers A,B,.. layers per pipeline stage (pp x chunks counts; default: an even split)\n"
         "  --bucket-mb X     gradient bucket size in MiB (default 25)\n"
@@ -491,6 +493,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--tied")) { mc.tie_embeddings = 1; takes = 0; }
         else if (!strcmp(f, "--quiet")) { o.quiet = 1; takes = 0; }
         else if (!strcmp(f, "--sp")) { tc.sp = 1; takes = 0; }
+        else if (!strcmp(f, "--pp-clock")) { tc.pp_clock = 1; takes = 0; }
         else if (strncmp(f, "--", 2)) return bad("unexpected argument", f);
         else if (!v) return bad("missing value for", f);
         else if (!strcmp(f, "--layers")) ok = parse_int(v, 1, 1 << 16, &mc.n_layers);

@@ -233,6 +233,11 @@ static void test_channels(us_comm *c) {
     if (N != 2) { free(h); CU(cudaFree(ds)); CU(cudaFree(dr)); return; }
     CHECK(c->dup(c, &c->world, &ch[0]) == US_OK && c->dup(c, &c->world, &ch[1]) == US_OK && ch[1].size == 2 && ch[1].rank == R,
           "rank %d: dup twice: %s", R, c->err);
+    /* NCCL connects a pair on the host inside its first send or receive, the peer connecting at
+       the same time: one element over each channel in one order (what us__pp_connect does) */
+    CHECK(R == 0 ? c->send(c, &ch[0], ds, 1, US_I32, 1, NULL) == US_OK && c->recv(c, &ch[1], dr, 1, US_I32, 1, NULL) == US_OK
+                 : c->recv(c, &ch[0], dr, 1, US_I32, 0, NULL) == US_OK && c->send(c, &ch[1], ds, 1, US_I32, 0, NULL) == US_OK,
+          "rank %d: connect the channels: %s", R, c->err);
     for (i = 0; i < n; i++) h[i] = R * 1000 + (int32_t)(i % 997);
     h2d(ds, h, n * 4);
     CHECK(c->send(c, &ch[R], ds, n, US_I32, peer, &w[0]) == US_OK && c->recv(c, &ch[peer], dr, n, US_I32, peer, &w[1]) == US_OK &&

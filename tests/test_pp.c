@@ -127,7 +127,7 @@ int main(int argc, char **argv) {
         {1, 2, 1, US_PP_ZBV, 4, 0}, {1, 4, 1, US_PP_ZBV, 8, 0}, {1, 2, 1, US_PP_DUALPIPEV, 4, 0}, {1, 4, 1, US_PP_DUALPIPEV, 8, 0},
         {2, 2, 1, US_PP_ZBV, 4, 1}, {1, 2, 2, US_PP_DUALPIPEV, 4, 0}};
     static const int uneven[2] = {1, 3};
-    int ci, s;
+    int ci, s, plan;
     double worst_l = 0, worst_w = 0;
     us_test_verbose = argc > 1 && !strcmp(argv[1], "-v");
     for (ci = 0; ci < (int)(sizeof cfg / sizeof cfg[0]); ci++) {
@@ -159,51 +159,55 @@ int main(int argc, char **argv) {
             us_forward_eval(&m, ref.in + (size_t)(STEPS - 1) * M * dp * B * T, ref.tgt + (size_t)(STEPS - 1) * M * dp * B * T, B, T, &ref.eval_loss, &ref.eval_correct, ref.logits[0]);
             us_model_free(&m);
         }
-        setup(&R, dp, pp, tp, cfg[ci][3], M, cfg[ci][5] < 0 ? 0 : cfg[ci][5]);
-        if (cfg[ci][5] < 0) R.tc.pp_layers = uneven;
-        R.in = ref.in; R.tgt = ref.tgt;
-        R.w = tp == 1 ? (float *)calloc((size_t)np, 4) : NULL;
-        if (launch(&R) != US_OK) { CHECK(0, "cfg %d ran", ci); free(R.w); free(ref.w); free(ref.in); free(ref.tgt); continue; }
-        for (s = 0; s < STEPS; s++) {
-            double d = fabs(R.loss[s] - ref.loss[s]) / ref.loss[s], g = fabs(R.gnorm[s] - ref.gnorm[s]) / ref.gnorm[s];
-            if (d > ml) ml = d;
-            if (g > ml) ml = g;
-        }
-        if (R.w) for (i = 0; i < np; i++) { double d = fabs(R.w[i] - ref.w[i]); if (d > mw) mw = d; }
-        if (ml > worst_l) worst_l = ml;
-        if (mw > worst_w) worst_w = mw;
-        CHECK(fabs(R.eval_loss - ref.eval_loss) <= 1e-4 * fabs(ref.eval_loss) && R.eval_correct == ref.eval_correct,
-              "%s pp %d x dp %d x tp %d: evaluation through the stages (loss %.5f vs %.5f, %lld = %lld correct)", us_pp_kind_name((us_pp_kind)cfg[ci][3]),
-              pp, dp, tp, R.eval_loss, ref.eval_loss, (long long)R.eval_correct, (long long)ref.eval_correct);
-        /* tp sums the row-parallel products in another order than one rank: rounding-level
-           differences, which AdamW amplifies where a gradient is near zero (m/√v), reach 1e-4
-           over the 3 steps at lr 1e-2 for some data; without tp the order is the same */
-        CHECK(ml < (tp > 1 ? 3e-4 : 2e-5) && mw < 1e-4, "%s pp %d x dp %d x tp %d, m %d, ZeRO-%d: %d steps equal one rank (loss/norm rel %.1e, weights %s %.1e)",
-              us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, dp, tp, M, cfg[ci][5] < 0 ? 0 : cfg[ci][5], STEPS, ml, R.w ? "abs" : "(tp-split, not compared)", mw);
-        if (cfg[ci][5] < 0) CHECK(ml < 2e-5 && mw < 1e-4, "stages of 1 and 3 layers (pp_layers) train like one rank");
-        {   /* every stage holds the last stage's logits (what sampling reads) */
-            double e = 0;
-            int j;
-            for (q = 0; q < pp; q++) for (j = 0; j < B * 64; j++) if (fabs(R.logits[q][j] - ref.logits[0][j]) > e) e = fabs(R.logits[q][j] - ref.logits[0][j]);
-            CHECK(e < 1e-4, "%s pp %d x dp %d x tp %d: every stage receives the logits for sampling (max abs diff %.1e)",
-                  us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, dp, tp, e);
-        }
-        for (q = 0; q < pp && dp == 1 && tp == 1; q++) {
-            int want = cfg[ci][3] == US_PP_AFAB ? M : (pp - q < M ? pp - q : M);
-            if (cfg[ci][3] >= US_PP_INTERLEAVED) {   /* the simulator's count of chunk activations (ZB-H1: pp on every rank) */
-                us_pp_schedule ps; us_pp_sim sim;
-                us_pp_schedule_build(&ps, (us_pp_kind)cfg[ci][3], pp, M, cfg[ci][3] == US_PP_ZB1 ? 1 : 2, NULL, 0);
-                us_pp_simulate(&ps, 1, 2, 0, &sim, NULL, 0);
-                want = sim.peak_act[q];
-                us_pp_schedule_free(&ps);
+        for (plan = 0; plan < 2; plan++) {   /* messages on channels, then timed on the clock (NCCL's plan) */
+            setup(&R, dp, pp, tp, cfg[ci][3], M, cfg[ci][5] < 0 ? 0 : cfg[ci][5]);
+            R.tc.pp_clock = plan;
+            if (cfg[ci][5] < 0) R.tc.pp_layers = uneven;
+            R.in = ref.in; R.tgt = ref.tgt;
+            R.w = tp == 1 ? (float *)calloc((size_t)np, 4) : NULL;
+            if (launch(&R) != US_OK) { CHECK(0, "cfg %d (%s) ran", ci, plan ? "clock" : "channels"); free(R.w); continue; }
+            for (s = 0; s < STEPS; s++) {
+                double d = fabs(R.loss[s] - ref.loss[s]) / ref.loss[s], g = fabs(R.gnorm[s] - ref.gnorm[s]) / ref.gnorm[s];
+                if (d > ml) ml = d;
+                if (g > ml) ml = g;
             }
-            CHECK(R.peak[q] == want, "%s pp %d m %d: stage %d held %d micro-batches' activations at once (want %d)",
-                  us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, M, q, R.peak[q], want);
+            if (R.w) for (i = 0; i < np; i++) { double d = fabs(R.w[i] - ref.w[i]); if (d > mw) mw = d; }
+            if (ml > worst_l) worst_l = ml;
+            if (mw > worst_w) worst_w = mw;
+            CHECK(fabs(R.eval_loss - ref.eval_loss) <= 1e-4 * fabs(ref.eval_loss) && R.eval_correct == ref.eval_correct,
+                  "%s pp %d x dp %d x tp %d: evaluation through the stages (loss %.5f vs %.5f, %lld = %lld correct)", us_pp_kind_name((us_pp_kind)cfg[ci][3]),
+                  pp, dp, tp, R.eval_loss, ref.eval_loss, (long long)R.eval_correct, (long long)ref.eval_correct);
+            /* tp sums the row-parallel products in another order than one rank: rounding-level
+               differences, which AdamW amplifies where a gradient is near zero (m/√v), reach 1e-4
+               over the 3 steps at lr 1e-2 for some data; without tp the order is the same */
+            CHECK(ml < (tp > 1 ? 3e-4 : 2e-5) && mw < 1e-4, "%s pp %d x dp %d x tp %d, m %d, ZeRO-%d, messages %s: %d steps equal one rank (loss/norm rel %.1e, weights %s %.1e)",
+                  us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, dp, tp, M, cfg[ci][5] < 0 ? 0 : cfg[ci][5], plan ? "on the clock" : "on channels", STEPS, ml, R.w ? "abs" : "(tp-split, not compared)", mw);
+            if (cfg[ci][5] < 0) CHECK(ml < 2e-5 && mw < 1e-4, "stages of 1 and 3 layers (pp_layers) train like one rank");
+            {   /* every stage holds the last stage's logits (what sampling reads) */
+                double e = 0;
+                int j;
+                for (q = 0; q < pp; q++) for (j = 0; j < B * 64; j++) if (fabs(R.logits[q][j] - ref.logits[0][j]) > e) e = fabs(R.logits[q][j] - ref.logits[0][j]);
+                CHECK(e < 1e-4, "%s pp %d x dp %d x tp %d: every stage receives the logits for sampling (max abs diff %.1e)",
+                      us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, dp, tp, e);
+            }
+            for (q = 0; q < pp && dp == 1 && tp == 1; q++) {
+                int want = cfg[ci][3] == US_PP_AFAB ? M : (pp - q < M ? pp - q : M);
+                if (cfg[ci][3] >= US_PP_INTERLEAVED) {   /* the simulator's count of chunk activations (ZB-H1: pp on every rank) */
+                    us_pp_schedule ps; us_pp_sim sim;
+                    us_pp_schedule_build(&ps, (us_pp_kind)cfg[ci][3], pp, M, cfg[ci][3] == US_PP_ZB1 ? 1 : 2, NULL, 0);
+                    us_pp_simulate(&ps, 1, 2, 0, &sim, NULL, 0);
+                    want = sim.peak_act[q];
+                    us_pp_schedule_free(&ps);
+                }
+                CHECK(R.peak[q] == want, "%s pp %d m %d: stage %d held %d micro-batches' activations at once (want %d)",
+                      us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, M, q, R.peak[q], want);
+            }
+            CHECK(R.act_bytes == R.act_est && R.act_bytes > 0, "%s pp %d m %d: stage 0's activation arena %zu B = the estimator's %zu B",
+                  us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, M, R.act_bytes, R.act_est);
+            CHECK(R.bubble >= 0 && R.bubble < 1, "%s pp %d m %d: the measured bubble %.3f is a fraction", us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, M, R.bubble);
+            free(R.w);
         }
-        CHECK(R.act_bytes == R.act_est && R.act_bytes > 0, "%s pp %d m %d: stage 0's activation arena %zu B = the estimator's %zu B",
-              us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, M, R.act_bytes, R.act_est);
-        CHECK(R.bubble >= 0 && R.bubble < 1, "%s pp %d m %d: the measured bubble %.3f is a fraction", us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, M, R.bubble);
-        free(R.w); free(ref.w); free(ref.in); free(ref.tgt);
+        free(ref.w); free(ref.in); free(ref.tgt);
     }
     printf("  observed: losses and gradient norms within %.2e relative, weights within %.2e absolute of one rank\n", worst_l, worst_w);
     {
