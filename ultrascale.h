@@ -44,7 +44,8 @@
    SHAPE LEGEND used in every comment
    ----------------------------------
    B batch (micro-batch), T sequence, N = B·T tokens, C model dim, NH heads, NKV kv heads,
-   HS head size (C/NH), QKV = (NH+2·NKV)·HS, F FFN dim, V vocab, L layers.
+   HS head size (C/NH), QKV = (NH+2·NKV)·HS, F FFN dim, V vocab, L layers; mixture of experts:
+   E experts, K experts per token, Fe an expert's FFN dim, R rows of the permuted tokens (N·K).
 
    TABLE OF CONTENTS (grep for the tag)
    -----------------
@@ -55,7 +56,7 @@
      comm table ............................. us_comm, us_group, us_comm_self
      model and trainer ...................... us_model, us_train_step, us_forward_eval
      data ................................... us_data (raw text, llm.c shards), us_task
-     estimator, FLOPs ....................... us_memory_estimate, us_flops_per_token
+     estimator, FLOPs ....................... us_memory_estimate, us_flops_per_token, us_param_count_active
    implementation
      // >>dtypes      bf16 / FP8 E4M3 / E5M2 conversions, bit-exact round-to-nearest-even
      // >>config      defaults and validation
@@ -65,6 +66,7 @@
      // >>optimizer   AdamW, global-norm clipping, LR schedules
      // >>comm        the comm seam's world of one rank (threads and NCCL: ultrascale_comm.h)
      // >>model       parameters in flat buffers with Hugging Face names, init, forward, backward
+     // >>moe         mixture of experts: router, permute, experts, combine; bias / aux balancing
      // >>recompute   activation recomputation none / selective / full
      // >>train       gradient accumulation and the training step
      // >>data        byte tokenizer, text loader, llm.c token shards, the built-in task
