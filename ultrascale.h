@@ -3859,20 +3859,24 @@ static us_result us__moe_init(us_model *m) {
     if (!m->n_moe) return US_OK;
     m->moe_rows = us__moe_rows(c, (int64_t)m->tc.batch * m->tc.seq);
     nb = (size_t)m->n_moe * (size_t)E;
-    m->moe_bias_h = (float *)calloc(nb, sizeof(float));
-    m->moe_load = (int64_t *)calloc(nb, sizeof(int64_t));
-    m->moe_load_last = (int64_t *)calloc(nb, sizeof(int64_t));
-    m->moe_counts_h = (int32_t *)calloc((size_t)c->n_layers * 2 * (size_t)E, sizeof(int32_t));
+    m->moe_bias_h = (float *)US_MALLOC(nb * sizeof(float));
+    m->moe_load = (int64_t *)US_MALLOC(nb * sizeof(int64_t));
+    m->moe_load_last = (int64_t *)US_MALLOC(nb * sizeof(int64_t));
+    m->moe_counts_h = (int32_t *)US_MALLOC((size_t)c->n_layers * 2 * (size_t)E * sizeof(int32_t));
     m->moe_bias = (float *)m->ops.alloc(&m->ops, nb * sizeof(float));   /* zero-filled: no bias at the start */
     if (!m->moe_bias_h || !m->moe_load || !m->moe_load_last || !m->moe_counts_h || !m->moe_bias) {
         us__model_set_error(m, "out of memory for the MoE router state");
         return US_ERR_OOM;
     }
+    memset(m->moe_bias_h, 0, nb * sizeof(float));
+    memset(m->moe_load, 0, nb * sizeof(int64_t));
+    memset(m->moe_load_last, 0, nb * sizeof(int64_t));
+    memset(m->moe_counts_h, 0, (size_t)c->n_layers * 2 * (size_t)E * sizeof(int32_t));
     return US_OK;
 }
 static void us__moe_free(us_model *m) {
     if (m->moe_bias && m->ops.free) m->ops.free(&m->ops, m->moe_bias);
-    free(m->moe_bias_h); free(m->moe_load); free(m->moe_load_last); free(m->moe_counts_h); US_FREE(m->moe_idx);
+    US_FREE(m->moe_bias_h); US_FREE(m->moe_load); US_FREE(m->moe_load_last); US_FREE(m->moe_counts_h); US_FREE(m->moe_idx);
     m->moe_bias = m->moe_bias_h = NULL; m->moe_load = m->moe_load_last = NULL; m->moe_counts_h = NULL; m->moe_idx = NULL;
 }
 static size_t us__moe_bias_bytes(const us_model *m) { return (size_t)m->n_moe * (size_t)m->cfg.moe_experts * sizeof(float); }
