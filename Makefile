@@ -92,6 +92,7 @@ RUNS = \
   "test_gemm (portable, no AVX2)::$(CC) -std=c99 -Wall -Wextra -pedantic -Werror -O2 $(OPENMP) tests/test_gemm.c -o $(B)/test_gemm_portable $(LDLIBS) && ./$(B)/test_gemm_portable" \
   "test_ops::./$(B)/test_ops" \
   "test_model::./$(B)/test_model" \
+  "test_moe::./$(B)/test_moe" \
   "test_errors::./$(B)/test_errors" \
   "test_comm::./$(B)/test_comm" \
   "test_dp::./$(B)/test_dp" \
@@ -115,6 +116,7 @@ RUNS = \
   "asan+ubsan test_ops::./$(B)/san/test_ops" \
   "asan+ubsan test_gemm::./$(B)/san/test_gemm" \
   "asan+ubsan test_model::./$(B)/san/test_model --quick" \
+  "asan+ubsan test_moe::./$(B)/san/test_moe" \
   "asan+ubsan test_errors::./$(B)/san/test_errors" \
   "asan+ubsan test_comm::./$(B)/san/test_comm" \
   "asan+ubsan test_dp::./$(B)/san/test_dp" \

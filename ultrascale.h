@@ -44,7 +44,8 @@
    SHAPE LEGEND used in every comment
    ----------------------------------
    B batch (micro-batch), T sequence, N = B·T tokens, C model dim, NH heads, NKV kv heads,
-   HS head size (C/NH), QKV = (NH+2·NKV)·HS, F FFN dim, V vocab, L layers.
+   HS head size (C/NH), QKV = (NH+2·NKV)·HS, F FFN dim, V vocab, L layers; mixture of experts:
+   E experts, K experts per token, Fe an expert's FFN dim, R rows of the permuted tokens (N·K).
 
    TABLE OF CONTENTS (grep for the tag)
    -----------------
@@ -55,7 +56,7 @@
      comm table ............................. us_comm, us_group, us_comm_self
      model and trainer ...................... us_model, us_train_step, us_forward_eval
      data ................................... us_data (raw text, llm.c shards), us_task
-     estimator, FLOPs ....................... us_memory_estimate, us_flops_per_token
+     estimator, FLOPs ....................... us_memory_estimate, us_flops_per_token, us_param_count_active
    implementation
      // >>dtypes      bf16 / FP8 E4M3 / E5M2 conversions, bit-exact round-to-nearest-even
      // >>config      defaults and validation
@@ -65,6 +66,7 @@
      // >>optimizer   AdamW, global-norm clipping, LR schedules
      // >>comm        the comm seam's world of one rank (threads and NCCL: ultrascale_comm.h)
      // >>model       parameters in flat buffers with Hugging Face names, init, forward, backward
+     // >>moe         mixture of experts: router, permute, experts, combine; bias / aux balancing
      // >>recompute   activation recomputation none / selective / full
      // >>train       gradient accumulation and the training step
      // >>data        byte tokenizer, text loader, llm.c token shards, the built-in task
@@ -129,6 +131,18 @@ US_API uint8_t  us_f32_to_e5m2(float f);
 US_API float    us_e5m2_to_f32(uint8_t b);
 
 /* ---------------------------------------------------------------- configuration */
+typedef enum us_moe_gate {
+    US_MOE_GATE_DEFAULT = 0,  /* softmax */
+    US_MOE_SOFTMAX,           /* gates = the chosen experts' softmax probabilities (Switch, GShard, DeepSeek-V2) */
+    US_MOE_SIGMOID            /* gates = the chosen sigmoid scores renormalised to sum to 1 (DeepSeek-V3) */
+} us_moe_gate;
+typedef enum us_moe_balance {
+    US_MOE_BALANCE_DEFAULT = 0, /* bias */
+    US_MOE_BALANCE_BIAS,      /* auxiliary-loss-free (DeepSeek-V3): a router bias, not trained, steers the choice */
+    US_MOE_BALANCE_AUX,       /* the classic auxiliary loss α·Σ_e f_e·P_e added to the objective */
+    US_MOE_BALANCE_NONE
+} us_moe_balance;
+
 typedef struct us_model_config {
     int64_t vocab;        /* V; default 256 (the byte tokenizer) */
     int64_t dim;          /* C; default 128 */
@@ -140,6 +154,24 @@ typedef struct us_model_config {
     float   rope_theta;   /* default 10000 */
     float   norm_eps;     /* RMSNorm epsilon; default 1e-5 */
     float   init_std;     /* default 0.02; o_proj and down_proj get init_std/sqrt(2L) */
+    /* mixture of experts (// >>moe): moe_experts > 0 replaces the dense MLP of the chosen layers
+       by E SwiGLU experts behind a top-k router. Every other moe_ field is then zero-means-default;
+       with moe_experts = 0 (the default, a dense model) they must stay 0. */
+    int     moe_experts;      /* E; default 0 (dense); at most 1024 */
+    int     moe_top_k;        /* K experts per token; default 2 (1 when E = 1) */
+    int     moe_first_dense;  /* the first layers keep the dense MLP (DeepSeek's first_k_dense_replace); default 0 */
+    int     moe_every;        /* after those, every moe_every-th layer is MoE; default 1 (all of them) */
+    int64_t moe_ffn_dim;      /* Fe, each expert's hidden size; default ffn_dim/(K + shared) rounded up to a
+                                 multiple of 8, so a token's active FFN is about the dense one's */
+    int     moe_shared;       /* 1: a shared expert of size Fe that every token passes through; default 0 */
+    us_moe_gate moe_gate;
+    us_moe_balance moe_balance;
+    float   moe_bias_rate;    /* γ of the bias rule b_e += γ·sign(mean load − load_e) after each step; default 1e-3 */
+    float   moe_aux_coef;     /* α of the auxiliary loss (balance aux); default 1e-2 */
+    float   moe_capacity;     /* capacity factor cf: an expert takes at most ceil(cf·N·K/E) of a micro-batch's N
+                                 tokens, later tokens are dropped (pass by the residual); default 0 = drop nothing */
+    int     moe_groups;       /* G expert groups for group-limited routing; default 1 (no limit); at most 64 */
+    int     moe_top_groups;   /* M: each token's experts come from its M best groups (DeepSeek-V3's node limit); default G */
 } us_model_config;
 
 typedef enum us_precision {
@@ -280,6 +312,33 @@ struct us_ops {
     /* h[N,F] = silu(gu[:, :F]) · gu[:, F:];  bwd overwrites dgu[N,2F] */
     void  (*swiglu_fwd)(us_ops *o, void *h, const void *gu, int64_t N, int64_t F, us_dtype dt);
     void  (*swiglu_bwd)(us_ops *o, void *dgu, const void *dh, const void *gu, int64_t N, int64_t F, us_dtype dt);
+    /* Mixture of experts (// >>moe): route, permute into per-expert groups, run the experts (GEMMs,
+       SwiGLU), combine. R = rows of the permuted buffers. Router: from logits f32[N,E], probs
+       f32[N,E] = softmax or sigmoid (gate: a us_moe_gate, never DEFAULT); each token's K experts
+       topk i32[N,K] are those with the largest probs + bias (bias f32[E], may be NULL: it steers the
+       choice only, not the gates), taken from the token's top_groups best of n_groups equal groups
+       (a group's score: the sum of its two best biased scores); ties go to the lower index. gates
+       f32[N,K] = the chosen probs (softmax) or the chosen probs over their sum (sigmoid). psum
+       f32[E] (may be NULL) = Σ_n probs[n,e] / Σ_e' probs[n,e'], for the auxiliary loss. */
+    void  (*moe_route)(us_ops *o, int32_t *topk, float *gates, float *probs, float *psum, const float *logits, const float *bias,
+                       int64_t N, int E, int K, int gate, int n_groups, int top_groups);
+    /* dlogits f32[N,E] (overwrites) = the gradient through the gates from dgates f32[N,K], plus
+       through the normalised probs p' = probs / Σ probs from aux f32[E] = ∂loss/∂p'[n,e] (the same
+       for every token; may be NULL) */
+    void  (*moe_route_bwd)(us_ops *o, float *dlogits, const float *dgates, const float *probs, const int32_t *topk, const float *aux,
+                           int64_t N, int E, int K, int gate);
+    /* Counting sort of the N·K choices by expert, stable in token order. routed i32[E] = choices of
+       each expert; kept i32[E] = min(routed, cap) (cap ≤ 0: no limit), the first ones in token order;
+       rows are grouped per expert, experts in order; slot_row i32[N·K] = the row of choice n·K+k, -1
+       if dropped; row_slot i32[R] = the choice n·K+k each row holds, -1 for rows past the kept total */
+    void  (*moe_permute)(us_ops *o, int32_t *slot_row, int32_t *row_slot, int32_t *routed, int32_t *kept, const int32_t *topk,
+                         int64_t N, int E, int K, int64_t cap, int64_t R);
+    /* dst[R,C] = scale[s]·src[s / K] with s = row_slot[r] (zero rows where s < 0); scale f32[N·K] may be NULL (1) */
+    void  (*moe_gather)(us_ops *o, void *dst, const void *src, const int32_t *row_slot, const float *scale, int64_t R, int K, int64_t C, us_dtype dt);
+    /* dst[N,C] += Σ_k scale[n·K+k]·src[slot_row[n·K+k]] over the kept choices, rounded once; scale may be NULL (1) */
+    void  (*moe_scatter)(us_ops *o, void *dst, const void *src, const int32_t *slot_row, const float *scale, int64_t N, int K, int64_t C, us_dtype dt);
+    /* dgates f32[N·K] = dout[n,:] · src[slot_row[n·K+k], :] (0 for a dropped choice) */
+    void  (*moe_gate_grad)(us_ops *o, float *dgates, const void *dout, const void *src, const int32_t *slot_row, int64_t N, int K, int64_t C, us_dtype dt);
     /* fused softmax-cross-entropy over logits[N,V]: losses f32[N] (0 where tgt<0), argmax i32[N] (may be
        NULL); if dscale != 0 the logits are overwritten with dscale·(softmax − onehot) (0 rows where tgt<0) */
     void  (*xent)(us_ops *o, float *losses, int32_t *argmax, void *logits, const int32_t *tgt, int64_t N, int64_t V, float dscale, us_dtype dt);
@@ -510,6 +569,23 @@ typedef struct us_model {
     int      pp_bonly;        /* inside a B action: the layers skip their weight gradients */
     double   pp_busy_s, pp_wall_s;   /* the last step's time computing, and in the executor */
     double   pp_t_s[3];       /* the last step's compute in forwards, backwards (B or BW), W passes */
+    /* the layers' tensors: layer l's are [layer_p[l], layer_p[l+1]); layer_p[n_layers] is the final
+       norm. A dense layer has 9 tensors, a MoE layer 7 + 3·(E + shared) (// >>moe) */
+    int      *layer_p;        /* [cfg.n_layers + 1] */
+    /* mixture of experts (// >>moe) */
+    int      *moe_idx;        /* [cfg.n_layers] the layer's index among the MoE layers, -1 for a dense one */
+    int      n_moe;           /* MoE layers */
+    int64_t  moe_rows;        /* R: rows of the permuted buffers for a full micro-batch */
+    float    *moe_bias;       /* [n_moe][E] router bias (backend memory): no gradient, no AdamW, the sign rule */
+    float    *moe_bias_h;     /* [n_moe][E] its host copy */
+    int32_t  *moe_counts_h;   /* [cfg.n_layers][2E] host: the last forward's routed and kept tokens per expert */
+    int64_t  *moe_load;       /* [n_moe][E] host: tokens routed this step so far */
+    int64_t  *moe_load_last;  /* [n_moe][E] host: the last step's (us_step_stats.moe_load) */
+    int64_t  moe_choices, moe_dropped;   /* this step so far: token→expert choices, and those dropped */
+    double   moe_aux;         /* this step so far: the auxiliary loss, as weighted in the objective */
+    double   moe_aux_last;    /* the last forward's auxiliary loss (weighted), for tests */
+    int      moe_train;       /* the forward running is a training one: count its routing */
+    float    moe_stat[3];     /* the last step's imbalance, aux loss, dropped fraction */
     char     err[256];
 } us_model;
 
@@ -523,6 +599,11 @@ typedef struct us_step_stats {
     float  pp_bubble;  /* pipeline: the ranks' mean idle fraction of the schedule's wall time (0 without pp) */
     float  pp_cost_ms[3];   /* pipeline: measured F, B (a full backward BW when unsplit) and W per micro-batch
                                and rank, ranks' mean: the simulator's tF, tB, tW for this model */
+    /* mixture of experts (zeros for a dense model): the step's routing over its micro-batches */
+    float  moe_imbalance;  /* the most loaded expert's tokens over the mean, averaged over MoE layers (1 = balanced) */
+    float  moe_aux_loss;   /* balance aux: the auxiliary loss added to the objective (not part of `loss`) */
+    float  moe_drop_frac;  /* fraction of the token→expert choices the capacity limit dropped */
+    const int64_t *moe_load;  /* [MoE layers][E] tokens routed to each expert (the model's; valid until the next step) */
 } us_step_stats;
 
 /* Builds the model on `ops` (NULL = us_cpu_ops(tc->threads)): validates, allocates parameters,
@@ -682,7 +763,11 @@ US_API us_result us_memory_estimate(const us_model_config *mc, const us_train_co
    for mixed precision: s*b*h*(34 + 5*a*s/h). For comparison with what flash attention saves. */
 US_API double    us_playbook_activation_bytes_per_layer(int64_t seq, int64_t batch, int64_t dim, int64_t heads);
 US_API int64_t   us_param_count(const us_model_config *mc);
-/* Training FLOPs per token (Playbook): 6*N + 12*L*C*T (the attention term 12*L*h*s^2 per sequence). */
+/* Parameters one token's forward uses: a MoE layer counts its router, K routed experts and the
+   shared one, not all E (us_param_count counts every expert). Equal to us_param_count when dense. */
+US_API int64_t   us_param_count_active(const us_model_config *mc);
+/* Training FLOPs per token (Playbook): 6*N + 12*L*C*T (the attention term 12*L*h*s^2 per sequence),
+   with N the active parameters (us_param_count_active): a token runs only its K experts. */
 US_API double    us_flops_per_token(const us_model_config *mc, int64_t seq);
 
 #ifdef __cplusplus
@@ -856,6 +941,18 @@ US_API void us_model_config_defaults(us_model_config *c) {
     if (c->rope_theta == 0) c->rope_theta = 10000.0f;
     if (c->norm_eps == 0) c->norm_eps = 1e-5f;
     if (c->init_std == 0) c->init_std = 0.02f;
+    if (c->moe_experts > 0) {   /* a dense model leaves the moe_ fields at 0 (validation checks) */
+        if (!c->moe_top_k) c->moe_top_k = c->moe_experts < 2 ? 1 : 2;
+        if (!c->moe_every) c->moe_every = 1;
+        if (!c->moe_ffn_dim && c->moe_top_k > 0 && c->moe_shared >= 0)
+            c->moe_ffn_dim = ((c->ffn_dim + c->moe_top_k + c->moe_shared - 1) / (c->moe_top_k + c->moe_shared) + 7) / 8 * 8;
+        if (c->moe_gate == US_MOE_GATE_DEFAULT) c->moe_gate = US_MOE_SOFTMAX;
+        if (c->moe_balance == US_MOE_BALANCE_DEFAULT) c->moe_balance = US_MOE_BALANCE_BIAS;
+        if (c->moe_bias_rate == 0) c->moe_bias_rate = 1e-3f;
+        if (c->moe_aux_coef == 0) c->moe_aux_coef = 1e-2f;
+        if (!c->moe_groups) c->moe_groups = 1;
+        if (!c->moe_top_groups) c->moe_top_groups = c->moe_groups;
+    }
 }
 US_API void us_train_config_defaults(us_train_config *c) {
     if (!c->batch) c->batch = 8;
@@ -910,6 +1007,30 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
     if (!(mc->rope_theta > 0)) US__BAD("rope theta=%g must be positive", mc->rope_theta);
     if (!(mc->norm_eps > 0)) US__BAD("norm eps=%g must be positive", mc->norm_eps);
     if (!(mc->init_std > 0)) US__BAD("init std=%g must be positive", mc->init_std);
+    if (mc->moe_experts < 0 || mc->moe_experts > 1024) US__BAD("experts=%d must be in 0..1024", mc->moe_experts);
+    if (!mc->moe_experts && (mc->moe_top_k || mc->moe_first_dense || mc->moe_every || mc->moe_ffn_dim || mc->moe_shared || mc->moe_gate ||
+                             mc->moe_balance || mc->moe_bias_rate != 0 || mc->moe_aux_coef != 0 || mc->moe_capacity != 0 || mc->moe_groups || mc->moe_top_groups))
+        US__BAD("the MoE settings (top-k, shared expert, gating, balancing, capacity, groups, ...) need experts > 0");
+    if (mc->moe_experts) {
+        int E = mc->moe_experts, G = mc->moe_groups;
+        if (mc->moe_top_k < 1 || mc->moe_top_k > E) US__BAD("moe top-k=%d must be in 1..experts=%d", mc->moe_top_k, E);
+        if (mc->moe_first_dense < 0 || mc->moe_first_dense >= mc->n_layers)
+            US__BAD("moe first-dense=%d must leave a MoE layer among layers=%d", mc->moe_first_dense, mc->n_layers);
+        if (mc->moe_every < 1) US__BAD("moe every=%d must be at least 1", mc->moe_every);
+        if (mc->moe_ffn_dim < 1) US__BAD("moe ffn=%lld must be at least 1", (long long)mc->moe_ffn_dim);
+        if (mc->moe_shared != 0 && mc->moe_shared != 1) US__BAD("moe shared=%d must be 0 or 1", mc->moe_shared);
+        if (mc->moe_gate != US_MOE_SOFTMAX && mc->moe_gate != US_MOE_SIGMOID) US__BAD("unknown moe gate %d", (int)mc->moe_gate);
+        if (mc->moe_balance < US_MOE_BALANCE_BIAS || mc->moe_balance > US_MOE_BALANCE_NONE) US__BAD("unknown moe balance mode %d", (int)mc->moe_balance);
+        if (!(mc->moe_bias_rate >= 0) || !isfinite(mc->moe_bias_rate)) US__BAD("moe bias rate=%g must be a number >= 0", mc->moe_bias_rate);
+        if (!(mc->moe_aux_coef >= 0) || !isfinite(mc->moe_aux_coef)) US__BAD("moe aux coefficient=%g must be a number >= 0", mc->moe_aux_coef);
+        if (!(mc->moe_capacity >= 0) || !isfinite(mc->moe_capacity)) US__BAD("capacity factor=%g must be a number >= 0 (0 = no dropping)", mc->moe_capacity);
+        if (G < 1 || G > 64 || E % G) US__BAD("moe groups=%d must divide experts=%d and be in 1..64", G, E);
+        if (mc->moe_top_groups < 1 || mc->moe_top_groups > G) US__BAD("moe top-groups=%d must be in 1..groups=%d", mc->moe_top_groups, G);
+        if (mc->moe_top_k > mc->moe_top_groups * (E / G))
+            US__BAD("top-k=%d experts do not fit in top-groups=%d groups of %d experts", mc->moe_top_k, mc->moe_top_groups, E / G);
+        if (tc->dp > 1 || tc->tp > 1 || tc->cp > 1 || tc->pp > 1 || tc->zero)
+            US__BAD("the MoE layer runs on one rank for now: dp, tp, cp and pp must be 1 and zero 0 (expert parallelism is not implemented yet)");
+    }
     if (tc->batch < 1) US__BAD("batch=%d must be at least 1", tc->batch);
     if (tc->seq < 1) US__BAD("seq=%d must be at least 1", tc->seq);
     if (tc->grad_accum < 1) US__BAD("grad-accum=%d must be at least 1", tc->grad_accum);
@@ -1829,6 +1950,177 @@ static double us__cpu_sumsq(us_ops *o, const float *x, int64_t n) {
     return s;
 }
 
+/* Mixture-of-experts ops (// >>moe has the layer built from them). The router works per token:
+   scores, the allowed groups, then top-k by repeated argmax (K is small), lower index on ties. */
+static void us__moe_route_row(int32_t *topk, float *gates, float *probs, const float *lg, const float *bias, int E, int K, int gate,
+                              int G, int M) {
+    int e, k, g, S = E / G;
+    uint64_t allowed = ~(uint64_t)0;
+    float sum = 0;
+    if (gate == US_MOE_SIGMOID) for (e = 0; e < E; e++) probs[e] = 1.0f / (1.0f + expf(-lg[e]));
+    else {
+        float mx = -INFINITY;
+        double z = 0;
+        for (e = 0; e < E; e++) if (lg[e] > mx) mx = lg[e];
+        for (e = 0; e < E; e++) z += exp((double)(lg[e] - mx));
+        for (e = 0; e < E; e++) probs[e] = (float)(exp((double)(lg[e] - mx)) / z);
+    }
+    if (M < G) {   /* group-limited routing: keep the M groups whose two best biased scores sum highest */
+        allowed = 0;
+        for (k = 0; k < M; k++) {
+            int best = -1;
+            float bs = 0;
+            for (g = 0; g < G; g++) {
+                float a = -INFINITY, b = -INFINITY, sc;
+                if (allowed >> g & 1) continue;
+                for (e = g * S; e < (g + 1) * S; e++) {
+                    float v = probs[e] + (bias ? bias[e] : 0.0f);
+                    if (v > a) { b = a; a = v; } else if (v > b) b = v;
+                }
+                sc = S > 1 ? a + b : a;
+                if (best < 0 || sc > bs) { best = g; bs = sc; }
+            }
+            allowed |= (uint64_t)1 << best;
+        }
+    }
+    for (k = 0; k < K; k++) {
+        int best = -1, j;
+        float bs = 0;
+        for (e = 0; e < E; e++) {
+            float v = probs[e] + (bias ? bias[e] : 0.0f);
+            int taken = !(allowed >> (e / S) & 1);
+            for (j = 0; j < k && !taken; j++) taken = topk[j] == e;
+            if (!taken && (best < 0 || v > bs)) { best = e; bs = v; }
+        }
+        topk[k] = best;
+    }
+    for (k = 0; k < K; k++) { gates[k] = probs[topk[k]]; sum += gates[k]; }
+    if (gate == US_MOE_SIGMOID) for (k = 0; k < K; k++) gates[k] /= sum + 1e-20f;   /* DeepSeek-V3's top-k renormalisation */
+}
+static void us__cpu_moe_route(us_ops *o, int32_t *topk, float *gates, float *probs, float *psum, const float *logits, const float *bias,
+                              int64_t N, int E, int K, int gate, int n_groups, int top_groups) {
+    int us__nt = us__threads(o);
+    int64_t n;
+    (void)us__nt;
+    US__PARALLEL_FOR
+    for (n = 0; n < N; n++)
+        us__moe_route_row(topk + n * K, gates + n * K, probs + n * E, logits + n * E, bias, E, K, gate, n_groups, top_groups);
+    if (psum) {   /* in token order: deterministic */
+        int e;
+        for (e = 0; e < E; e++) psum[e] = 0;
+        for (n = 0; n < N; n++) {
+            double t = 0;
+            for (e = 0; e < E; e++) t += probs[n * E + e];
+            for (e = 0; e < E; e++) psum[e] += (float)(probs[n * E + e] / t);
+        }
+    }
+}
+/* Softmax gates g_k = p[s_k]: ∂p = Σ_k dg_k·onehot(s_k). Sigmoid gates g_k = p[s_k]/S with
+   S = Σ_j p[s_j]: ∂p[s_j] = (dg_j − Σ_k dg_k·g_k)/S. The aux term's p' = p/Σp likewise. Then
+   through the score function: softmax p⊙(∂p − ⟨∂p, p⟩), sigmoid ∂p·p·(1 − p). */
+static void us__cpu_moe_route_bwd(us_ops *o, float *dlogits, const float *dgates, const float *probs, const int32_t *topk, const float *aux,
+                                  int64_t N, int E, int K, int gate) {
+    int us__nt = us__threads(o);
+    int64_t n;
+    US__ROW_SCRATCH(double, dp, E);
+    US__PARALLEL_FOR
+    for (n = 0; n < N; n++) {
+        double *dp = US__MY_ROW(dp, E), S = 1e-20, dot = 0;
+        const float *p = probs + n * E, *dg = dgates + n * K;
+        const int32_t *s = topk + n * K;
+        int e, k;
+        for (e = 0; e < E; e++) dp[e] = 0;
+        if (gate == US_MOE_SIGMOID) {
+            float Sf = 0;
+            for (k = 0; k < K; k++) Sf += p[s[k]];
+            S = (double)(Sf + 1e-20f);   /* the forward's fp32 sum */
+            for (k = 0; k < K; k++) dot += (double)dg[k] * p[s[k]] / S;
+            for (k = 0; k < K; k++) dp[s[k]] += ((double)dg[k] - dot) / S;
+        } else for (k = 0; k < K; k++) dp[s[k]] += dg[k];
+        if (aux) {
+            double T = 0, adot = 0;
+            for (e = 0; e < E; e++) T += p[e];
+            for (e = 0; e < E; e++) adot += (double)aux[e] * p[e] / T;
+            for (e = 0; e < E; e++) dp[e] += ((double)aux[e] - adot) / T;
+        }
+        if (gate == US_MOE_SIGMOID) for (e = 0; e < E; e++) dlogits[n * E + e] = (float)(dp[e] * p[e] * (1.0 - p[e]));
+        else {
+            double pd = 0;
+            for (e = 0; e < E; e++) pd += dp[e] * p[e];
+            for (e = 0; e < E; e++) dlogits[n * E + e] = (float)(p[e] * (dp[e] - pd));
+        }
+    }
+    US_FREE(dp_all);
+}
+static void us__cpu_moe_permute(us_ops *o, int32_t *slot_row, int32_t *row_slot, int32_t *routed, int32_t *kept, const int32_t *topk,
+                                int64_t N, int E, int K, int64_t cap, int64_t R) {
+    int64_t *off = (int64_t *)us__scratch((size_t)E * 2 * sizeof(int64_t)), *fill = off + E, i, r = 0;
+    int e;
+    (void)o;
+    for (e = 0; e < E; e++) routed[e] = 0;
+    for (i = 0; i < N * K; i++) routed[topk[i]]++;
+    for (e = 0; e < E; e++) {
+        kept[e] = cap > 0 && routed[e] > cap ? (int32_t)cap : routed[e];
+        off[e] = r; fill[e] = 0; r += kept[e];
+    }
+    for (i = 0; i < N * K; i++) {   /* token order: an expert over capacity drops its later tokens */
+        e = topk[i];
+        if (fill[e] < kept[e]) { slot_row[i] = (int32_t)(off[e] + fill[e]); row_slot[off[e] + fill[e]] = (int32_t)i; fill[e]++; }
+        else slot_row[i] = -1;
+    }
+    for (; r < R; r++) row_slot[r] = -1;
+    US_FREE(off);
+}
+static void us__cpu_moe_gather(us_ops *o, void *dst, const void *src, const int32_t *row_slot, const float *scale, int64_t R, int K, int64_t C, us_dtype dt) {
+    int us__nt = us__threads(o);
+    int64_t r;
+    US__ROW_SCRATCH(float, row, C);
+    US__PARALLEL_FOR
+    for (r = 0; r < R; r++) {
+        float *row = US__MY_ROW(row, C), sc;
+        int64_t c, s = row_slot[r];
+        if (s < 0) { memset(us__at(dst, dt, r * C), 0, (size_t)C * us_dtype_size(dt)); continue; }
+        sc = scale ? scale[s] : 1.0f;
+        us__load_f32(row, us__at(src, dt, s / K * C), dt, C);
+        for (c = 0; c < C; c++) row[c] *= sc;
+        us__store_f32(us__at(dst, dt, r * C), dt, row, C);
+    }
+    US_FREE(row_all);
+}
+static void us__cpu_moe_scatter(us_ops *o, void *dst, const void *src, const int32_t *slot_row, const float *scale, int64_t N, int K, int64_t C, us_dtype dt) {
+    int us__nt = us__threads(o);
+    int64_t n;
+    US__ROW_SCRATCH(float, row, 2 * C);
+    US__PARALLEL_FOR
+    for (n = 0; n < N; n++) {   /* each token sums its own K rows: deterministic */
+        float *acc = US__MY_ROW(row, 2 * C), *y = acc + C;
+        int64_t c;
+        int k;
+        us__load_f32(acc, us__at(dst, dt, n * C), dt, C);
+        for (k = 0; k < K; k++) {
+            int64_t r = slot_row[n * K + k];
+            float sc = scale ? scale[n * K + k] : 1.0f;
+            if (r < 0) continue;
+            us__load_f32(y, us__at(src, dt, r * C), dt, C);
+            for (c = 0; c < C; c++) acc[c] += sc * y[c];
+        }
+        us__store_f32(us__at(dst, dt, n * C), dt, acc, C);
+    }
+    US_FREE(row_all);
+}
+static void us__cpu_moe_gate_grad(us_ops *o, float *dgates, const void *dout, const void *src, const int32_t *slot_row, int64_t N, int K, int64_t C, us_dtype dt) {
+    int us__nt = us__threads(o);
+    int64_t i;
+    (void)us__nt;
+    US__PARALLEL_FOR
+    for (i = 0; i < N * K; i++) {
+        int64_t c, r = slot_row[i];
+        double d = 0;
+        if (r >= 0) for (c = 0; c < C; c++) d += (double)us__get(dout, dt, i / K * C + c) * us__get(src, dt, r * C + c);
+        dgates[i] = (float)d;
+    }
+}
+
 /* ------------------------------------------------------------------------------------ */
 // >>attention  causal grouped-query attention, FlashAttention-style on the CPU
 /* ------------------------------------------------------------------------------------ */
@@ -2155,6 +2447,8 @@ US_API us_ops us_cpu_ops(int nthreads) {
     o.swiglu_fwd = us__cpu_swiglu_fwd;        o.swiglu_bwd = us__cpu_swiglu_bwd;
     o.xent = us__cpu_xent;           o.adamw = us__cpu_adamw;         o.sumsq = us__cpu_sumsq;
     o.axpy = us__cpu_axpy;           o.xent_stats = us__cpu_xent_stats; o.xent_finish = us__cpu_xent_finish;
+    o.moe_route = us__cpu_moe_route;     o.moe_route_bwd = us__cpu_moe_route_bwd;  o.moe_permute = us__cpu_moe_permute;
+    o.moe_gather = us__cpu_moe_gather;   o.moe_scatter = us__cpu_moe_scatter;      o.moe_gate_grad = us__cpu_moe_gate_grad;
     return o;
 }
 
@@ -2379,20 +2673,57 @@ US_API float us_rng_normal(us_rng *r) {
 }
 
 /* Parameter order (and so flat-buffer order). q/k/v are adjacent, so one GEMM against the
-   [QKV, C] block computes all three; gate/up likewise form one [2F, C] block. */
+   [QKV, C] block computes all three; gate/up likewise form one [2F, C] block. A MoE layer
+   (// >>moe) has the router at US__P_GATE, then gate|up|down triples: the shared expert's, then
+   each routed expert's. Layers differ in length, so layer l's tensors start at m->layer_p[l]
+   (the macros read the `m` in scope: every caller is a function of the model). */
 enum { US__P_LN1, US__P_Q, US__P_K, US__P_V, US__P_O, US__P_LN2, US__P_GATE, US__P_UP, US__P_DOWN, US__P_PER_LAYER };
-#define US__PL(l, k) (1 + (l) * US__P_PER_LAYER + (k))       /* index of layer l's tensor k */
-#define US__P_NORM(L) (1 + (L) * US__P_PER_LAYER)
-#define US__P_HEAD(L) (2 + (L) * US__P_PER_LAYER)
+enum { US__P_ROUTER = US__P_GATE, US__P_EXPERTS = US__P_GATE + 1 };   /* a MoE layer's router and first triple */
+#define US__PL(l, k) (m->layer_p[l] + (k))       /* index of layer l's tensor k */
+#define US__P_NORM(L) (m->layer_p[L])
+#define US__P_HEAD(L) (m->layer_p[L] + 1)
 
-US_API int64_t us_param_count(const us_model_config *mc_in) {
+/* Whether global layer lg is a MoE layer: E > 0, past the first dense ones, every moe_every-th. */
+static int us__is_moe(const us_model_config *c, int lg) {
+    return c->moe_experts > 0 && lg >= c->moe_first_dense && (lg - c->moe_first_dense) % c->moe_every == 0;
+}
+static int us__layer_tensors(const us_model_config *c, int lg) {
+    return us__is_moe(c, lg) ? US__P_EXPERTS + 3 * (c->moe_experts + c->moe_shared) : US__P_PER_LAYER;
+}
+/* Parameters of the model (active = 0) or those one token uses (active = 1: K routed experts). */
+static int64_t us__param_count(const us_model_config *mc_in, int active) {
     us_model_config c = *mc_in, *mc = &c;
-    int64_t C, HS, QKV, layer;
+    int64_t C, HS, QKV, attn, n;
+    int l;
     us_model_config_defaults(mc);   /* zero means default here too */
     C = mc->dim; HS = mc->dim / mc->n_heads; QKV = (int64_t)(mc->n_heads + 2 * mc->n_kv_heads) * HS;
-    layer = 2 * C + QKV * C + (int64_t)mc->n_heads * HS * C + 3 * C * mc->ffn_dim;
-    return mc->vocab * C * (mc->tie_embeddings ? 1 : 2) + mc->n_layers * layer + C;
+    attn = 2 * C + QKV * C + (int64_t)mc->n_heads * HS * C;
+    n = mc->vocab * C * (mc->tie_embeddings ? 1 : 2) + C;
+    for (l = 0; l < mc->n_layers; l++) {
+        if (!us__is_moe(mc, l)) { n += attn + 3 * C * mc->ffn_dim; continue; }
+        n += attn + (int64_t)mc->moe_experts * C
+           + (int64_t)((active ? mc->moe_top_k : mc->moe_experts) + mc->moe_shared) * 3 * C * mc->moe_ffn_dim;
+    }
+    return n;
 }
+US_API int64_t us_param_count(const us_model_config *mc) { return us__param_count(mc, 0); }
+/* Tensor i's place: its layer (-1: the embedding, final norm or head) and index k in the layer;
+   the role of k: 1 the second or third part of a fused GEMM block (k, v, up), 2 a residual
+   output projection (o, down: the smaller init), 0 else. */
+static int us__tensor_role(const us_model *m, int i, int *layer, int *kk) {
+    int l, k, moe;
+    *layer = -1; *kk = 0;
+    if (i < 1 || i >= m->layer_p[m->cfg.n_layers]) return 0;
+    for (l = 0; m->layer_p[l + 1] <= i; l++) {}
+    k = i - m->layer_p[l];
+    *layer = l; *kk = k;
+    moe = us__is_moe(&m->cfg, m->layer_g[l]);
+    if (k == US__P_K || k == US__P_V) return 1;
+    if (k == US__P_O) return 2;
+    if (!moe) return k == US__P_UP ? 1 : k == US__P_DOWN ? 2 : 0;
+    return k < US__P_EXPERTS ? 0 : (k - US__P_EXPERTS) % 3 == 1 ? 1 : (k - US__P_EXPERTS) % 3 == 2 ? 2 : 0;
+}
+US_API int64_t us_param_count_active(const us_model_config *mc) { return us__param_count(mc, 1); }
 
 static void us__add_param(us_model *m, const char *name, int64_t rows, int64_t cols, int64_t *off) {
     us_param *p = &m->params[m->n_params_t++];
@@ -2408,7 +2739,7 @@ static void us__add_param(us_model *m, const char *name, int64_t rows, int64_t c
 static void us__build_params(us_model *m) {
     const us_model_config *c = &m->cfg;
     int64_t C = c->dim, HS = C / c->n_heads, off = 0;
-    int l, tp = m->tc.tp > 0 ? m->tc.tp : 1;
+    int l, e, tp = m->tc.tp > 0 ? m->tc.tp : 1;
     char nm[80];
     /* tensor parallelism (Playbook "Tensor parallelism"): q/k/v and gate/up are column-parallel
        (this rank's output rows of the weight), o and down row-parallel (its input columns); the
@@ -2422,17 +2753,35 @@ static void us__build_params(us_model *m) {
     for (l = 0; l < c->n_layers; l++) {
 #define US__LP(suffix, r, cc, split) (snprintf(nm, sizeof nm, "model.layers.%d.%s", m->layer_g[l], suffix), us__add_param(m, nm, r, cc, &off), \
                                       m->params[m->n_params_t - 1].tp_split = tp > 1 ? split : 0)
+        m->layer_p[l] = m->n_params_t;
         US__LP("input_layernorm.weight", C, 0, 0);
         US__LP("self_attn.q_proj.weight", (int64_t)m->nh_l * HS, C, 1);
         US__LP("self_attn.k_proj.weight", (int64_t)m->nkv_l * HS, C, 1);
         US__LP("self_attn.v_proj.weight", (int64_t)m->nkv_l * HS, C, 1);
         US__LP("self_attn.o_proj.weight", C, (int64_t)m->nh_l * HS, 2);
         US__LP("post_attention_layernorm.weight", C, 0, 0);
-        US__LP("mlp.gate_proj.weight", m->ffn_l, C, 1);
-        US__LP("mlp.up_proj.weight", m->ffn_l, C, 1);
-        US__LP("mlp.down_proj.weight", C, m->ffn_l, 2);
+        if (us__is_moe(c, m->layer_g[l])) {   /* DeepSeek-MoE names (// >>moe); the router bias is not a parameter */
+            int64_t Fe = c->moe_ffn_dim;
+            char sfx[64];
+            US__LP("mlp.gate.weight", c->moe_experts, C, 0);
+            if (c->moe_shared) {
+                US__LP("mlp.shared_experts.gate_proj.weight", Fe, C, 0);
+                US__LP("mlp.shared_experts.up_proj.weight", Fe, C, 0);
+                US__LP("mlp.shared_experts.down_proj.weight", C, Fe, 0);
+            }
+            for (e = 0; e < c->moe_experts; e++) {
+                snprintf(sfx, sizeof sfx, "mlp.experts.%d.gate_proj.weight", e); US__LP(sfx, Fe, C, 0);
+                snprintf(sfx, sizeof sfx, "mlp.experts.%d.up_proj.weight", e);   US__LP(sfx, Fe, C, 0);
+                snprintf(sfx, sizeof sfx, "mlp.experts.%d.down_proj.weight", e); US__LP(sfx, C, Fe, 0);
+            }
+        } else {
+            US__LP("mlp.gate_proj.weight", m->ffn_l, C, 1);
+            US__LP("mlp.up_proj.weight", m->ffn_l, C, 1);
+            US__LP("mlp.down_proj.weight", C, m->ffn_l, 2);
+        }
 #undef US__LP
     }
+    m->layer_p[c->n_layers] = m->n_params_t;
     us__add_param(m, "model.norm.weight", m->pp_last ? C : 0, 0, &off);
     if (!c->tie_embeddings) { us__add_param(m, "lm_head.weight", m->pp_last ? m->vocab_l : 0, C, &off); m->params[m->n_params_t - 1].tp_split = tp > 1; }
     m->n_params = off;
@@ -2471,7 +2820,7 @@ static int us__plan_units(us_model *m, us__unit *units) {
     } else {               /* buckets filled from the last tensor backwards, closed at bucket_mb */
         if (bucket < 1) bucket = 1;
         for (i = np - 1; i > 0; i--) {
-            int k = (i - 1) % US__P_PER_LAYER, fused = i < US__P_NORM(L) && (k == US__P_K || k == US__P_V || k == US__P_UP);
+            int l, k, fused = us__tensor_role(m, i, &l, &k) == 1;
             acc += m->params[i].numel;
             /* q|k|v and gate|up are one GEMM each, writing one gradient block: never split them */
             if (acc >= bucket && !fused) { start[ns++] = i; acc = 0; }
@@ -2526,11 +2875,28 @@ struct us_layer_acts {
     void  *g_gu;   /* [N,2F]  gate | up output gradient */
     void  *g_o;    /* [N,C]   the residual gradient entering attention (o-projection output) */
     void  *g_qkv;  /* [N,QKV] q | k | v output gradient (after RoPE's backward) */
+    /* a MoE layer (// >>moe; NULL in a dense one, which has gu and h instead). R rows of the
+       permuted buffers: N·K, fewer under a capacity limit; Fe the expert size. The routing and
+       the permutation are explicit tensors, so expert parallelism can send each expert's rows
+       (counts, then the rows) to the rank that holds it between permute and experts, and back. */
+    float   *logits;   /* [N,E]   f32 router logits */
+    float   *probs;    /* [N,E]   f32 softmax or sigmoid scores */
+    int32_t *topk;     /* [N,K]   each token's experts */
+    float   *gates;    /* [N,K]   f32 their combine weights */
+    int32_t *slot_row; /* [N,K]   the row each choice went to, -1 dropped */
+    int32_t *row_slot; /* [R]     the choice n·K+k each row holds, -1 unused */
+    int32_t *counts;   /* [2E]    tokens routed to each expert, then those kept (host copy: m->moe_counts_h) */
+    void    *xe;       /* [R,C]   the normed tokens, grouped by expert */
+    void    *gu_e;     /* [R,2Fe] each row's expert's gate | up */
+    void    *h_e;      /* [R,Fe]  SwiGLU */
+    void    *ye;       /* [R,C]   expert outputs (before the gates) */
+    void    *sgu;      /* [N,2Fe] shared expert gate | up (moe_shared) */
+    void    *sh;       /* [N,Fe]  shared expert SwiGLU */
 };
 /* named scratch in us_model.a[] */
 enum { US__A_XOUT, US__A_XF, US__A_RSTDF, US__A_LOGITS, US__A_LOSSES, US__A_ARGMAX, US__A_TOK, US__A_TGT,
        US__A_DRES, US__A_DLN, US__A_DATT, US__A_DQKV, US__A_DH, US__A_DGU, US__A_SCAL, US__A_VP, US__A_SPG, US__A_NW,
-       US__A_CPPOS, US__A_CPKV, US__A_CPDKV, US__A_CPACC, US__A_CPM, US__A_CPL, US__A_CPDQ, US__A_CPTMP, US__A_COUNT };
+       US__A_CPPOS, US__A_CPKV, US__A_CPDKV, US__A_CPACC, US__A_CPM, US__A_CPL, US__A_CPDQ, US__A_CPTMP, US__A_MOE, US__A_COUNT };
 
 typedef struct us__arena { char *base; size_t used; } us__arena;
 static void *us__take(us__arena *a, size_t bytes) {
@@ -2538,6 +2904,13 @@ static void *us__take(us__arena *a, size_t bytes) {
     a->used += us__align(bytes);
     return p;
 }
+/* the MoE layer's storage (// >>moe) */
+static us_result us__moe_init(us_model *m);
+static void      us__moe_free(us_model *m);
+static void      us__moe_take(const us_model *m, us__arena *ar, us_layer_acts *L, int cheap, int gemm);
+typedef struct us__moe_grads us__moe_grads;
+static size_t    us__moe_scratch(const us_model *m, us__moe_grads *g);
+static size_t    us__moe_bias_bytes(const us_model *m);
 /* Lays the arena out (or, with base NULL, only measures it). The estimator states the same
    sizes as formulas; tests/test_model.c checks that the two agree. */
 /* Which named scratch a pipeline slot owns: what lives from a micro-batch chunk's forward to its
@@ -2560,35 +2933,39 @@ static size_t us__layout_arena(us_model *m, char *base, int part) {
     int64_t C = c->dim, HS = C / c->n_heads, F = m->ffn_l, V = m->vocab_l;
     int64_t QKV = (int64_t)(m->nh_l + 2 * m->nkv_l) * HS, AO = (int64_t)m->nh_l * HS;
     size_t a = us_dtype_size(m->dt);
-    int mode = m->tc.recompute, l;
+    int mode = m->tc.recompute, l, nl = m->pp_lc ? m->pp_lc : c->n_layers, any_dense = 0;
     int keep_gemm = mode != US_RECOMPUTE_FULL, keep_cheap = mode == US_RECOMPUTE_NONE;
     us_layer_acts shared;
     ar.base = base; ar.used = 0;
-    /* the shared layer scratch (used by the recompute modes) */
+    for (l = 0; l < nl; l++) any_dense |= !m->moe_idx || m->moe_idx[l] < 0;
+    /* the shared layer scratch (used by the recompute modes); a MoE layer's in us__moe_take */
     memset(&shared, 0, sizeof shared);
     if (part == 0 && !keep_cheap) {
         shared.ln1 = us__take(&ar, Ns * C * a);  shared.rstd1 = (float *)us__take(&ar, Ns * 4);
         shared.att = us__take(&ar, Nf * AO * a); shared.lse = (float *)us__take(&ar, N * m->nh_l * 4);
         shared.ln2 = us__take(&ar, Ns * C * a);  shared.rstd2 = (float *)us__take(&ar, Ns * 4);
-        shared.h = us__take(&ar, Nf * F * a);
+        if (any_dense) shared.h = us__take(&ar, Nf * F * a);
     }
     if (part == 0 && !keep_gemm) {
         shared.qkv = us__take(&ar, Nf * QKV * a); shared.xmid = us__take(&ar, Ns * C * a);
-        shared.gu = us__take(&ar, Nf * 2 * F * a);
+        if (any_dense) shared.gu = us__take(&ar, Nf * 2 * F * a);
     }
-    for (l = 0; part == 0 && l < (m->pp_lc ? m->pp_lc : c->n_layers); l++) {   /* one chunk's layers per slot (// >>pp) */
+    if (part == 0 && m->n_moe) us__moe_take(m, &ar, &shared, !keep_cheap, !keep_gemm);
+    for (l = 0; part == 0 && l < nl; l++) {   /* one chunk's layers per slot (// >>pp) */
         us_layer_acts L = shared;
+        int moe = m->moe_idx && m->moe_idx[l] >= 0;
         L.x = us__take(&ar, Ns * C * a);
         if (keep_gemm) {
             L.qkv = us__take(&ar, Nf * QKV * a); L.xmid = us__take(&ar, Ns * C * a);
-            L.gu = us__take(&ar, Nf * 2 * F * a);
+            if (!moe) L.gu = us__take(&ar, Nf * 2 * F * a);
         }
         if (keep_cheap) {
             L.ln1 = us__take(&ar, Ns * C * a);  L.rstd1 = (float *)us__take(&ar, Ns * 4);
             L.att = us__take(&ar, Nf * AO * a); L.lse = (float *)us__take(&ar, N * m->nh_l * 4);
             L.ln2 = us__take(&ar, Ns * C * a);  L.rstd2 = (float *)us__take(&ar, Ns * 4);
-            L.h = us__take(&ar, Nf * F * a);
+            if (!moe) L.h = us__take(&ar, Nf * F * a);
         }
+        if (moe) us__moe_take(m, &ar, &L, keep_cheap, keep_gemm);
         if (m->pp_wsplit) {   /* B/W apart: the weight GEMMs' other operand, from B until W */
             L.g_down = us__take(&ar, Nf * C * a); L.g_gu = us__take(&ar, Nf * 2 * F * a);
             L.g_o = us__take(&ar, Nf * C * a);    L.g_qkv = us__take(&ar, Nf * QKV * a);
@@ -2605,6 +2982,7 @@ static size_t us__layout_arena(us_model *m, char *base, int part) {
         sz[US__A_DRES] = Nf * C * a;  sz[US__A_DLN] = Nf * C * a;  sz[US__A_DATT] = Nf * AO * a;
         sz[US__A_DQKV] = Nf * QKV * a; sz[US__A_DH] = Nf * F * a; sz[US__A_DGU] = Nf * 2 * F * a;
         sz[US__A_SCAL] = 64;   /* scalars all-reduced over the ranks: valid targets, loss, norm² */
+        sz[US__A_MOE] = us__moe_scratch(m, NULL);   /* the MoE backward's gradients (// >>moe) */
         /* tensor parallelism's vocabulary-parallel loss: mx, tlogit f32, sumexp f64, argmax i32 */
         sz[US__A_VP] = m->tc.tp > 1 && head ? Nf * (4 + 4 + 8 + 4) + 8 : 0;
         /* sequence parallelism: a whole-sequence [Nf, C] buffer for the all-gathered norm outputs,
@@ -2686,13 +3064,15 @@ static void us__init_weights(us_model *m) {
         memset(hu, 0, (size_t)U->n * 4);
         for (i = U->p0; i < U->p1; i++) {
             const us_param *p = &m->params[i];
-            int k = (i - 1) % US__P_PER_LAYER;
-            int in_layer = i >= 1 && i < US__P_NORM(L);
-            /* the tensor's index in the whole model (a pipeline stage holds a slice of the layers) */
-            int gi = in_layer ? 1 + m->layer_g[(i - 1) / US__P_PER_LAYER] * US__P_PER_LAYER + k : i == 0 ? 0 : i - US__P_NORM(L) + US__P_NORM(LG);
-            float std = in_layer && (k == US__P_O || k == US__P_DOWN) ? proj_std : m->cfg.init_std;
+            int l, k, role = us__tensor_role(m, i, &l, &k);
+            /* the tensor's stream (a pipeline stage holds a slice of the layers): 1 + 9·layer + k in
+               the whole model's dense numbering; a MoE layer's tensors past the norms from their own range */
+            uint64_t gi = l < 0 ? (i == 0 ? 0 : (uint64_t)(i - US__P_NORM(L)) + 1 + (uint64_t)LG * US__P_PER_LAYER)
+                        : k >= US__P_GATE && us__is_moe(&m->cfg, m->layer_g[l]) ? ((uint64_t)1 << 40) + ((uint64_t)m->layer_g[l] << 20) + (uint64_t)k
+                        : 1 + (uint64_t)m->layer_g[l] * US__P_PER_LAYER + (uint64_t)k;
+            float std = role == 2 ? proj_std : m->cfg.init_std;
             us_rng r;
-            us_rng_seed(&r, m->tc.seed * 0x100000001B3ull + (uint64_t)gi * 0x9E3779B97F4A7C15ull);
+            us_rng_seed(&r, m->tc.seed * 0x100000001B3ull + gi * 0x9E3779B97F4A7C15ull);
             if (!p->tp_split) for (j = 0; j < p->numel; j++) h[p->offset + j] = p->ndim == 1 ? 1.0f : std * us_rng_normal(&r);
             else {   /* draw the whole tensor, keep this rank's rows (split 1) or columns (split 2) */
                 int64_t tp = m->tc.tp, t = m->mesh.tp_rank, rows = p->shape[0], cols = p->shape[1];
@@ -2777,10 +3157,16 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
         m->pp_first = q == 0; m->pp_last = q == m->pp_head_rank;
         m->l_lo = 0; m->l_hi = n; m->c_first = m->pp_first; m->c_last = m->pp_last;
     }
-    m->params = (us_param *)US_MALLOC(sizeof(us_param) * (size_t)(3 + m->cfg.n_layers * US__P_PER_LAYER));
-    m->unit_of = (int *)US_MALLOC(sizeof(int) * (size_t)(3 + m->cfg.n_layers * US__P_PER_LAYER));
-    if (!m->params || !m->unit_of) { us_model_free(m); us__model_set_error(m, "out of host memory for the model tables"); return US_ERR_OOM; }
+    {
+        int nt = 3;
+        for (i = 0; i < m->cfg.n_layers; i++) nt += us__layer_tensors(&m->cfg, m->layer_g[i]);
+        m->params = (us_param *)US_MALLOC(sizeof(us_param) * (size_t)nt);
+        m->unit_of = (int *)US_MALLOC(sizeof(int) * (size_t)nt);
+        m->layer_p = (int *)US_MALLOC(sizeof(int) * (size_t)(m->cfg.n_layers + 1));
+    }
+    if (!m->params || !m->unit_of || !m->layer_p) { us_model_free(m); us__model_set_error(m, "out of host memory for the model tables"); return US_ERR_OOM; }
     us__build_params(m);
+    if ((r = us__moe_init(m)) != US_OK) { char e2[256]; snprintf(e2, sizeof e2, "%s", m->err); us_model_free(m); us__model_set_error(m, "%s", e2); return r; }
     m->vocab_off = (int64_t)m->mesh.tp_rank * m->vocab_l;
     m->n_units = us__plan_units(m, NULL);
     m->units = (us__unit *)US_MALLOC(sizeof(us__unit) * (size_t)m->n_units);
@@ -2866,7 +3252,7 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
         us_result r = us__pp_connect(m);
         if (r != US_OK) { char e2[256]; snprintf(e2, sizeof e2, "%s", m->err); us_model_free(m); us__model_set_error(m, "%s", e2); return r; }
     }
-    m->mem.params = wb + (size_t)z.n_wslots * wsb;
+    m->mem.params = wb + (size_t)z.n_wslots * wsb + us__moe_bias_bytes(m);   /* + the fp32 router biases (// >>moe) */
     m->mem.master = mb;
     m->mem.grads = gb + (size_t)z.n_gslots * gsb;
     m->mem.optimizer = 2 * ob;
@@ -2899,8 +3285,9 @@ US_API void us_model_free(us_model *m) {
     if (m->pp_sched) { us_pp_schedule_free(m->pp_sched); free(m->pp_sched); }
     US_FREE(m->pp_msgs); US_FREE(m->pp_start);
     m->slot_acts = NULL; m->slot_a = NULL; m->pp_sched = NULL; m->pp_msgs = NULL; m->pp_start = NULL;
-    US_FREE(m->params); US_FREE(m->units); US_FREE(m->unit_of); US_FREE(m->layer_g);
-    m->params = NULL; m->acts = NULL; m->units = NULL; m->unit_of = NULL; m->w = NULL; m->layer_g = NULL;
+    US_FREE(m->params); US_FREE(m->units); US_FREE(m->unit_of); US_FREE(m->layer_g); US_FREE(m->layer_p);
+    m->params = NULL; m->acts = NULL; m->units = NULL; m->unit_of = NULL; m->w = NULL; m->layer_g = NULL; m->layer_p = NULL;
+    us__moe_free(m);
     m->master = m->grad = m->adam_m = m->adam_v = NULL;
     m->state = NULL; m->arena = NULL; m->comm = NULL;
 }
@@ -3390,6 +3777,283 @@ static us_result us__cp_attention_bwd(us_model *m, us_layer_acts *A, void *dqkv,
 }
 
 /* ------------------------------------------------------------------------------------ */
+// >>moe  mixture of experts: route, permute, experts, combine (one rank)
+/* ------------------------------------------------------------------------------------ */
+/* A MoE layer (Shazeer et al.; Mixtral; DeepSeek-V3) replaces the dense MLP: a router picks K of
+   E SwiGLU experts per token, and the token's output is the gate-weighted sum of theirs (plus,
+   optionally, a shared expert every token uses). Per layer, with u = ln2(xmid):
+       route    logits[N,E] = u·Wr^T;  probs = softmax | sigmoid;  topk = K best of probs + bias
+       permute  counting sort of the N·K choices by expert: rows [R] grouped per expert
+       experts  for each expert e, its rows: y_e = swiglu(x_e·Wgu_e^T)·Wd_e^T   (two GEMMs)
+       combine  x_{l+1} = xmid + shared(u) + Σ_k gate[n,k]·y[row of (n,k)]
+   Only K experts run per token, so compute follows the active parameters while memory holds all
+   E. Expert parallelism will put an all-to-all between permute and experts (each expert's rows to
+   the rank holding it, the counts first) and another before combine; the counts and the two
+   index maps below are what it sends.
+   Load balancing. Left alone, a router collapses onto a few experts. The classic remedy is an
+   auxiliary loss α·Σ_e f_e·P_e (f_e = E/(K·N)·tokens routed to e, P_e = mean normalised
+   probability of e), which pulls the router toward uniform at some cost in quality. DeepSeek-V3
+   instead adds a bias b_e to the scores used for *selection only* and, after each step, moves it
+   by b_e += γ·sign(mean load − load_e): no gradient interferes with the language-model loss.
+   Capacity. With a capacity factor cf each expert takes at most ceil(cf·N·K/E) tokens of a
+   micro-batch, in token order; a dropped choice contributes nothing (its token keeps the
+   residual and its other experts). cf = 0, the default, drops nothing.
+   Group-limited routing (DeepSeek-V3's node limit): the E experts form G groups, a token first
+   keeps its M best groups, then picks its K experts inside them. */
+struct us__moe_grads {   /* the backward's scratch, one action's (m->a[US__A_MOE]) */
+    void  *dye;      /* [R,C]   ∂ expert outputs */
+    void  *dxe;      /* [R,C]   ∂ expert inputs */
+    void  *dh;       /* [max(R,N·shared),Fe]   ∂ SwiGLU outputs (routed, then shared) */
+    void  *dgu;      /* [max(R,N·shared),2Fe]  ∂ gate | up */
+    void  *dlg;      /* [N,E]   ∂ logits in dt, for the router's GEMMs */
+    float *dgates;   /* [N,K]   */
+    float *dlogits;  /* [N,E]   */
+    float *vec;      /* [E]     the auxiliary loss's Σ_n p' (forward), its coefficients (backward) */
+};
+/* an expert takes at most cap tokens of a micro-batch of N (0: no limit); R rows hold them all */
+static int64_t us__moe_cap(const us_model_config *c, int64_t N) {
+    return c->moe_capacity > 0 ? (int64_t)ceil((double)c->moe_capacity * (double)N * c->moe_top_k / c->moe_experts) : 0;
+}
+static int64_t us__moe_rows(const us_model_config *c, int64_t N) {
+    int64_t cap = us__moe_cap(c, N), nk = N * c->moe_top_k;
+    return cap > 0 && cap * c->moe_experts < nk ? cap * c->moe_experts : nk;
+}
+/* Bytes of one MoE layer's activations (us__moe_take's order) and of the backward's scratch
+   (us__moe_scratch's): the estimator uses the same pieces. */
+static void us__moe_bytes(const us_model_config *c, int64_t N, size_t a, size_t *gemm, size_t *cheap, size_t *scratch) {
+    int64_t E = c->moe_experts, K = c->moe_top_k, Fe = c->moe_ffn_dim, R = us__moe_rows(c, N), C = c->dim, S = c->moe_shared;
+    int64_t hN = R > N * S ? R : N * S;
+    *gemm = us__align(N * E * 4) + us__align(R * 2 * Fe * a) + us__align(R * C * a) + (S ? us__align(N * 2 * Fe * a) : 0);
+    *cheap = us__align(N * E * 4) + 3 * us__align(N * K * 4) + us__align(R * 4) + us__align(2 * E * 4) + us__align(R * C * a)
+           + us__align(R * Fe * a) + (S ? us__align(N * Fe * a) : 0);
+    *scratch = 2 * us__align(R * C * a) + us__align(hN * Fe * a) + us__align(hN * 2 * Fe * a) + us__align(N * E * a)
+             + us__align(N * K * 4) + us__align(N * E * 4) + us__align(E * 4);
+}
+static void us__moe_take(const us_model *m, us__arena *ar, us_layer_acts *L, int cheap, int gemm) {
+    const us_model_config *c = &m->cfg;
+    int64_t N = (int64_t)m->tc.batch * m->tc.seq, E = c->moe_experts, K = c->moe_top_k, Fe = c->moe_ffn_dim, R = m->moe_rows, C = c->dim;
+    size_t a = us_dtype_size(m->dt);
+    if (gemm) {   /* GEMM outputs: kept unless recompute is full */
+        L->logits = (float *)us__take(ar, N * E * 4);
+        L->gu_e = us__take(ar, R * 2 * Fe * a);
+        L->ye = us__take(ar, R * C * a);
+        if (c->moe_shared) L->sgu = us__take(ar, N * 2 * Fe * a);
+    }
+    if (cheap) {  /* cheap to recompute from them: routing, permutation, SwiGLU */
+        L->probs = (float *)us__take(ar, N * E * 4);
+        L->topk = (int32_t *)us__take(ar, N * K * 4);
+        L->gates = (float *)us__take(ar, N * K * 4);
+        L->slot_row = (int32_t *)us__take(ar, N * K * 4);
+        L->row_slot = (int32_t *)us__take(ar, R * 4);
+        L->counts = (int32_t *)us__take(ar, 2 * E * 4);
+        L->xe = us__take(ar, R * C * a);
+        L->h_e = us__take(ar, R * Fe * a);
+        if (c->moe_shared) L->sh = us__take(ar, N * Fe * a);
+    }
+}
+static size_t us__moe_scratch(const us_model *m, us__moe_grads *g) {
+    const us_model_config *c = &m->cfg;
+    int64_t N = (int64_t)m->tc.batch * m->tc.seq, E = c->moe_experts, K = c->moe_top_k, Fe = c->moe_ffn_dim, R = m->moe_rows, C = c->dim;
+    int64_t hN = R > N * c->moe_shared ? R : N * c->moe_shared;
+    size_t a = us_dtype_size(m->dt);
+    us__arena ar;
+    if (!m->n_moe) return 0;
+    ar.base = g ? (char *)m->a[US__A_MOE] : NULL; ar.used = 0;
+    {
+        void *dye = us__take(&ar, R * C * a), *dxe = us__take(&ar, R * C * a), *dh = us__take(&ar, hN * Fe * a);
+        void *dgu = us__take(&ar, hN * 2 * Fe * a), *dlg = us__take(&ar, N * E * a);
+        float *dgates = (float *)us__take(&ar, N * K * 4), *dlogits = (float *)us__take(&ar, N * E * 4), *vec = (float *)us__take(&ar, E * 4);
+        if (g) { g->dye = dye; g->dxe = dxe; g->dh = dh; g->dgu = dgu; g->dlg = dlg; g->dgates = dgates; g->dlogits = dlogits; g->vec = vec; }
+    }
+    return ar.used;
+}
+
+static us_result us__moe_init(us_model *m) {
+    const us_model_config *c = &m->cfg;
+    int l, E = c->moe_experts;
+    size_t nb;
+    m->moe_idx = (int *)US_MALLOC(sizeof(int) * (size_t)(c->n_layers > 0 ? c->n_layers : 1));
+    if (!m->moe_idx) { us__model_set_error(m, "out of host memory for the model tables"); return US_ERR_OOM; }
+    m->n_moe = 0;
+    for (l = 0; l < c->n_layers; l++) m->moe_idx[l] = us__is_moe(c, m->layer_g[l]) ? m->n_moe++ : -1;
+    if (!m->n_moe) return US_OK;
+    m->moe_rows = us__moe_rows(c, (int64_t)m->tc.batch * m->tc.seq);
+    nb = (size_t)m->n_moe * (size_t)E;
+    m->moe_bias_h = (float *)US_MALLOC(nb * sizeof(float));
+    m->moe_load = (int64_t *)US_MALLOC(nb * sizeof(int64_t));
+    m->moe_load_last = (int64_t *)US_MALLOC(nb * sizeof(int64_t));
+    m->moe_counts_h = (int32_t *)US_MALLOC((size_t)c->n_layers * 2 * (size_t)E * sizeof(int32_t));
+    m->moe_bias = (float *)m->ops.alloc(&m->ops, nb * sizeof(float));   /* zero-filled: no bias at the start */
+    if (!m->moe_bias_h || !m->moe_load || !m->moe_load_last || !m->moe_counts_h || !m->moe_bias) {
+        us__model_set_error(m, "out of memory for the MoE router state");
+        return US_ERR_OOM;
+    }
+    memset(m->moe_bias_h, 0, nb * sizeof(float));
+    memset(m->moe_load, 0, nb * sizeof(int64_t));
+    memset(m->moe_load_last, 0, nb * sizeof(int64_t));
+    memset(m->moe_counts_h, 0, (size_t)c->n_layers * 2 * (size_t)E * sizeof(int32_t));
+    return US_OK;
+}
+static void us__moe_free(us_model *m) {
+    if (m->moe_bias && m->ops.free) m->ops.free(&m->ops, m->moe_bias);
+    US_FREE(m->moe_bias_h); US_FREE(m->moe_load); US_FREE(m->moe_load_last); US_FREE(m->moe_counts_h); US_FREE(m->moe_idx);
+    m->moe_bias = m->moe_bias_h = NULL; m->moe_load = m->moe_load_last = NULL; m->moe_counts_h = NULL; m->moe_idx = NULL;
+}
+static size_t us__moe_bias_bytes(const us_model *m) { return (size_t)m->n_moe * (size_t)m->cfg.moe_experts * sizeof(float); }
+
+/* The auxiliary loss's weight per micro-batch: the step's objective averages it over the
+   micro-batches (and ranks), as the language-model loss is a mean over the global batch. */
+static double us__moe_aux_weight(const us_model *m) { return 1.0 / ((double)m->tc.grad_accum * m->tc.dp * m->tc.cp); }
+
+/* MoE layer l's forward from A->ln2, with recompute as in us__layer_fwd: GEMM outputs (logits,
+   gate | up, expert outputs) are kept unless recompute is full; routing, permutation and SwiGLU
+   are refilled by selective. A real forward (recompute = 0) writes x_{l+1} and counts the routing. */
+static us_result us__moe_fwd(us_model *m, int l, int64_t N, int recompute, void *xnext) {
+    us_ops *o = &m->ops;
+    const us_model_config *c = &m->cfg;
+    us_layer_acts *A = &m->acts[l];
+    us_dtype dt = m->dt;
+    int E = c->moe_experts, K = c->moe_top_k, e, mi = m->moe_idx[l], mode = m->tc.recompute, aux = c->moe_balance == US_MOE_BALANCE_AUX;
+    int do_gemm = !recompute || mode == US_RECOMPUTE_FULL, do_cheap = !recompute || mode != US_RECOMPUTE_NONE;
+    int64_t C = c->dim, Fe = c->moe_ffn_dim, R = us__moe_rows(c, N), off;
+    int32_t *cnt = m->moe_counts_h + (size_t)l * 2 * E, *kept = cnt + E;   /* host: routed [E], kept [E] */
+    int ex = US__PL(l, US__P_EXPERTS) + 3 * c->moe_shared;                 /* expert 0's gate_proj */
+    us__moe_grads g;
+    us__moe_scratch(m, &g);
+    /* route */
+    if (do_gemm) o->gemm(o, 0, 1, N, E, C, 1.0f, A->ln2, dt, C, us__W(m, US__PL(l, US__P_ROUTER)), dt, C, 0.0f, A->logits, US_F32, E);
+    if (do_cheap) {
+        const float *bias = c->moe_balance == US_MOE_BALANCE_BIAS ? m->moe_bias + (size_t)mi * E : NULL;
+        o->moe_route(o, A->topk, A->gates, A->probs, aux && !recompute ? g.vec : NULL, A->logits, bias, N, E, K, (int)c->moe_gate,
+                     c->moe_groups, c->moe_top_groups);
+        /* permute: the counts come to the host, where they size each expert's GEMMs */
+        o->moe_permute(o, A->slot_row, A->row_slot, A->counts, A->counts + E, A->topk, N, E, K, us__moe_cap(c, N), R);
+        o->copy(o, cnt, A->counts, (size_t)(2 * E) * 4, US_COPY_D2H);
+        o->moe_gather(o, A->xe, A->ln2, A->row_slot, NULL, R, K, C, dt);
+    }
+    /* experts, each on its contiguous rows [off, off + kept[e]) */
+    for (e = 0, off = 0; do_gemm && e < E; off += kept[e], e++)
+        if (kept[e]) o->gemm(o, 0, 1, kept[e], 2 * Fe, C, 1.0f, us__at(A->xe, dt, off * C), dt, C, us__W(m, ex + 3 * e), dt, C,
+                             0.0f, us__at(A->gu_e, dt, off * 2 * Fe), dt, 2 * Fe);
+    for (e = 0, off = 0; e < E; e++) off += kept[e];
+    if (do_cheap) o->swiglu_fwd(o, A->h_e, A->gu_e, off, Fe, dt);
+    for (e = 0, off = 0; do_gemm && e < E; off += kept[e], e++)
+        if (kept[e]) o->gemm(o, 0, 1, kept[e], C, Fe, 1.0f, us__at(A->h_e, dt, off * Fe), dt, Fe, us__W(m, ex + 3 * e + 2), dt, Fe,
+                             0.0f, us__at(A->ye, dt, off * C), dt, C);
+    if (c->moe_shared) {   /* the shared expert: a dense SwiGLU MLP of size Fe on every token */
+        if (do_gemm) o->gemm(o, 0, 1, N, 2 * Fe, C, 1.0f, A->ln2, dt, C, us__W(m, US__PL(l, US__P_EXPERTS)), dt, C, 0.0f, A->sgu, dt, 2 * Fe);
+        if (do_cheap) o->swiglu_fwd(o, A->sh, A->sgu, N, Fe, dt);
+    }
+    if (recompute) return US_OK;
+    /* combine: x_{l+1} = xmid + shared + Σ_k gate·y */
+    o->copy(o, xnext, A->xmid, (size_t)(N * C) * us_dtype_size(dt), US_COPY_D2D);
+    if (c->moe_shared) o->gemm(o, 0, 1, N, C, Fe, 1.0f, A->sh, dt, Fe, us__W(m, US__PL(l, US__P_EXPERTS) + 2), dt, Fe, 1.0f, xnext, dt, C);
+    o->moe_scatter(o, xnext, A->ye, A->slot_row, A->gates, N, K, C, dt);
+    {   /* the routing statistics, and the auxiliary loss α·Σ_e f_e·P_e */
+        double lossv = 0;
+        if (aux) {
+            float *ps = (float *)US_MALLOC((size_t)E * 4);
+            if (!ps) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+            o->copy(o, ps, g.vec, (size_t)E * 4, US_COPY_D2H);
+            for (e = 0; e < E; e++) lossv += (double)E * cnt[e] / ((double)K * N) * (ps[e] / (double)N);
+            lossv *= c->moe_aux_coef * us__moe_aux_weight(m);
+            US_FREE(ps);
+        }
+        m->moe_aux_last += lossv;
+        if (m->moe_train) {
+            for (e = 0; e < E; e++) { m->moe_load[(size_t)mi * E + e] += cnt[e]; m->moe_dropped += cnt[e] - kept[e]; }
+            m->moe_choices += N * K;
+            m->moe_aux += lossv;
+        }
+    }
+    return US_OK;
+}
+
+/* Its backward. On entry dres = ∂loss/∂x_{l+1}; leaves ∂loss/∂u in DLN (u = ln2's output),
+   accumulated from the experts (un-permuted), the shared expert and the router. */
+static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
+    us_ops *o = &m->ops;
+    const us_model_config *c = &m->cfg;
+    us_layer_acts *A = &m->acts[l];
+    us_dtype dt = m->dt;
+    int E = c->moe_experts, K = c->moe_top_k, e, aux = c->moe_balance == US_MOE_BALANCE_AUX;
+    int64_t C = c->dim, Fe = c->moe_ffn_dim, off, rows;
+    int32_t *cnt = m->moe_counts_h + (size_t)l * 2 * E, *kept = cnt + E;
+    int ex = US__PL(l, US__P_EXPERTS) + 3 * c->moe_shared, rt = US__PL(l, US__P_ROUTER);
+    void *dres = m->a[US__A_DRES], *dln = m->a[US__A_DLN];
+    us__moe_grads g;
+    US_ASSERT(!m->pp_bonly && !us__sp(m));   /* validation keeps pipelines and tp away */
+    us__moe_scratch(m, &g);
+    for (e = 0, rows = 0; e < E; e++) rows += kept[e];
+    /* combine: ∂gate[n,k] = dres[n]·y[row], ∂y[row] = gate[n,k]·dres[n] */
+    o->moe_gate_grad(o, g.dgates, dres, A->ye, A->slot_row, N, K, C, dt);
+    o->moe_gather(o, g.dye, dres, A->row_slot, A->gates, rows, K, C, dt);
+    /* experts: the dense MLP's backward, each on its rows */
+    for (e = 0, off = 0; e < E; off += kept[e], e++) {
+        if (!kept[e]) continue;
+        o->gemm(o, 0, 0, kept[e], Fe, C, 1.0f, us__at(g.dye, dt, off * C), dt, C, us__W(m, ex + 3 * e + 2), dt, Fe, 0.0f, us__at(g.dh, dt, off * Fe), dt, Fe);
+        o->gemm(o, 1, 0, C, Fe, kept[e], 1.0f, us__at(g.dye, dt, off * C), dt, C, us__at(A->h_e, dt, off * Fe), dt, Fe, 1.0f, us__G(m, ex + 3 * e + 2), US_F32, Fe);
+    }
+    o->swiglu_bwd(o, g.dgu, g.dh, A->gu_e, rows, Fe, dt);
+    for (e = 0, off = 0; e < E; off += kept[e], e++) {
+        if (!kept[e]) continue;
+        o->gemm(o, 0, 0, kept[e], C, 2 * Fe, 1.0f, us__at(g.dgu, dt, off * 2 * Fe), dt, 2 * Fe, us__W(m, ex + 3 * e), dt, C, 0.0f, us__at(g.dxe, dt, off * C), dt, C);
+        o->gemm(o, 1, 0, 2 * Fe, C, kept[e], 1.0f, us__at(g.dgu, dt, off * 2 * Fe), dt, 2 * Fe, us__at(A->xe, dt, off * C), dt, C, 1.0f, us__G(m, ex + 3 * e), US_F32, C);
+    }
+    /* un-permute: each token sums the gradients of its rows */
+    o->zero(o, dln, (size_t)(N * C) * us_dtype_size(dt));
+    o->moe_scatter(o, dln, g.dxe, A->slot_row, NULL, N, K, C, dt);
+    if (c->moe_shared) {
+        int sx = US__PL(l, US__P_EXPERTS);
+        o->gemm(o, 0, 0, N, Fe, C, 1.0f, dres, dt, C, us__W(m, sx + 2), dt, Fe, 0.0f, g.dh, dt, Fe);
+        o->gemm(o, 1, 0, C, Fe, N, 1.0f, dres, dt, C, A->sh, dt, Fe, 1.0f, us__G(m, sx + 2), US_F32, Fe);
+        o->swiglu_bwd(o, g.dgu, g.dh, A->sgu, N, Fe, dt);
+        o->gemm(o, 0, 0, N, C, 2 * Fe, 1.0f, g.dgu, dt, 2 * Fe, us__W(m, sx), dt, C, 1.0f, dln, dt, C);
+        o->gemm(o, 1, 0, 2 * Fe, C, N, 1.0f, g.dgu, dt, 2 * Fe, A->ln2, dt, C, 1.0f, us__G(m, sx), US_F32, C);
+    }
+    /* router: through the gates, and (aux) through P_e: ∂loss/∂p'[n,e] = w·α·f_e/N */
+    if (aux) {
+        float *v = (float *)US_MALLOC((size_t)E * 4);
+        if (!v) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+        for (e = 0; e < E; e++) v[e] = (float)(c->moe_aux_coef * us__moe_aux_weight(m) * (double)E * cnt[e] / ((double)K * N) / (double)N);
+        o->copy(o, g.vec, v, (size_t)E * 4, US_COPY_H2D);
+        US_FREE(v);
+    }
+    o->moe_route_bwd(o, g.dlogits, g.dgates, A->probs, A->topk, aux ? g.vec : NULL, N, E, K, (int)c->moe_gate);
+    o->cast(o, g.dlg, dt, g.dlogits, US_F32, N * E);
+    o->gemm(o, 0, 0, N, C, E, 1.0f, g.dlg, dt, E, us__W(m, rt), dt, C, 1.0f, dln, dt, C);
+    o->gemm(o, 1, 0, E, C, N, 1.0f, g.dlg, dt, E, A->ln2, dt, C, 1.0f, us__G(m, rt), US_F32, C);
+    return us__grads_ready(m, rt, m->layer_p[l + 1]);
+}
+
+/* After the optimizer step: the step's routing statistics, then DeepSeek-V3's bias rule
+   b_e += γ·sign(mean load − load_e) per MoE layer (overloaded experts become less attractive). */
+static void us__moe_step_end(us_model *m) {
+    const us_model_config *c = &m->cfg;
+    int i, e, E = c->moe_experts;
+    double imb = 0;
+    if (!m->n_moe) return;
+    for (i = 0; i < m->n_moe; i++) {
+        int64_t *ld = m->moe_load + (size_t)i * E, mx = 0, sum = 0;
+        for (e = 0; e < E; e++) { sum += ld[e]; if (ld[e] > mx) mx = ld[e]; }
+        imb += sum ? (double)mx * E / (double)sum : 1.0;
+        if (c->moe_balance == US_MOE_BALANCE_BIAS && sum)
+            for (e = 0; e < E; e++) {
+                double d = (double)sum / E - (double)ld[e];
+                m->moe_bias_h[(size_t)i * E + e] += d > 0 ? c->moe_bias_rate : d < 0 ? -c->moe_bias_rate : 0.0f;
+            }
+    }
+    if (c->moe_balance == US_MOE_BALANCE_BIAS) m->ops.copy(&m->ops, m->moe_bias, m->moe_bias_h, us__moe_bias_bytes(m), US_COPY_H2D);
+    m->moe_stat[0] = (float)(imb / m->n_moe);
+    m->moe_stat[1] = (float)m->moe_aux;
+    m->moe_stat[2] = m->moe_choices ? (float)((double)m->moe_dropped / (double)m->moe_choices) : 0.0f;
+    memcpy(m->moe_load_last, m->moe_load, sizeof(int64_t) * (size_t)m->n_moe * (size_t)E);
+    memset(m->moe_load, 0, sizeof(int64_t) * (size_t)m->n_moe * (size_t)E);
+    m->moe_choices = m->moe_dropped = 0;
+    m->moe_aux = 0;
+}
+
+/* ------------------------------------------------------------------------------------ */
 // >>recompute  what the forward keeps and what the backward recomputes
 /* ------------------------------------------------------------------------------------ */
 /* One decoder layer forward. recompute=0 is the real forward; recompute=1 refills, before the
@@ -3432,6 +4096,7 @@ static us_result us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int rec
         }
     }
     if (do_cheap) o->rmsnorm_fwd(o, A->ln2, A->rstd2, A->xmid, us__W(m, US__PL(l, US__P_LN2)), Ns, C, c->norm_eps, dt);
+    if (m->moe_idx[l] >= 0) return us__moe_fwd(m, l, N, recompute, xnext);   /* a MoE layer (// >>moe) */
     if (do_gemm) {
         if (sp && (r = us__sp_gather(m, G, A->ln2, Ns)) != US_OK) return r;
         o->gemm(o, 0, 1, Np, 2 * F, C, 1.0f, sp ? G : A->ln2, dt, C, us__W(m, US__PL(l, US__P_GATE)), dt, C, 0.0f, A->gu, dt, 2 * F);
@@ -3473,19 +4138,23 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
     /* MLP: x_{l+1} = xmid + swiglu(ln2·Wgu^T)·Wdown^T. Each weight gradient, once complete, is
        handed to data parallelism (us__grads_ready), which may start reducing its bucket while
        the rest of the backward runs. */
-    if (sp && (r = us__sp_gather(m, G, dres, Ns)) != US_OK) return r;   /* ḡ's conjugate */
-    o->gemm(o, 0, 0, Np, F, C, 1.0f, dresF, dt, C, us__W(m, US__PL(l, US__P_DOWN)), dt, F, 0.0f, dh, dt, F);
-    if (split) o->copy(o, A->g_down, dresF, rowb, US_COPY_D2D);
-    else {
-        o->gemm(o, 1, 0, C, F, Np, 1.0f, dresF, dt, C, A->h, dt, F, 1.0f, us__G(m, US__PL(l, US__P_DOWN)), US_F32, F);
-        if ((r = us__grads_ready(m, US__PL(l, US__P_DOWN), US__PL(l, US__P_DOWN) + 1)) != US_OK) return r;
-    }
-    o->swiglu_bwd(o, dgu, dh, A->gu, Np, F, dt);
-    o->gemm(o, 0, 0, Np, C, 2 * F, 1.0f, dgu, dt, 2 * F, us__W(m, US__PL(l, US__P_GATE)), dt, C, 0.0f, dln, dt, C);
-    if (!split) {
-        if (sp && (r = us__sp_gather(m, G, A->ln2, Ns)) != US_OK) return r;   /* the GEMM's input again */
-        o->gemm(o, 1, 0, 2 * F, C, Np, 1.0f, dgu, dt, 2 * F, sp ? G : A->ln2, dt, C, 1.0f, us__G(m, US__PL(l, US__P_GATE)), US_F32, C);
-        if ((r = us__grads_ready(m, US__PL(l, US__P_GATE), US__PL(l, US__P_UP) + 1)) != US_OK) return r;
+    if (m->moe_idx[l] >= 0) {   /* a MoE layer (// >>moe): experts, shared expert, router */
+        if ((r = us__moe_bwd(m, l, N)) != US_OK) return r;
+    } else {
+        if (sp && (r = us__sp_gather(m, G, dres, Ns)) != US_OK) return r;   /* ḡ's conjugate */
+        o->gemm(o, 0, 0, Np, F, C, 1.0f, dresF, dt, C, us__W(m, US__PL(l, US__P_DOWN)), dt, F, 0.0f, dh, dt, F);
+        if (split) o->copy(o, A->g_down, dresF, rowb, US_COPY_D2D);
+        else {
+            o->gemm(o, 1, 0, C, F, Np, 1.0f, dresF, dt, C, A->h, dt, F, 1.0f, us__G(m, US__PL(l, US__P_DOWN)), US_F32, F);
+            if ((r = us__grads_ready(m, US__PL(l, US__P_DOWN), US__PL(l, US__P_DOWN) + 1)) != US_OK) return r;
+        }
+        o->swiglu_bwd(o, dgu, dh, A->gu, Np, F, dt);
+        o->gemm(o, 0, 0, Np, C, 2 * F, 1.0f, dgu, dt, 2 * F, us__W(m, US__PL(l, US__P_GATE)), dt, C, 0.0f, dln, dt, C);
+        if (!split) {
+            if (sp && (r = us__sp_gather(m, G, A->ln2, Ns)) != US_OK) return r;   /* the GEMM's input again */
+            o->gemm(o, 1, 0, 2 * F, C, Np, 1.0f, dgu, dt, 2 * F, sp ? G : A->ln2, dt, C, 1.0f, us__G(m, US__PL(l, US__P_GATE)), US_F32, C);
+            if ((r = us__grads_ready(m, US__PL(l, US__P_GATE), US__PL(l, US__P_UP) + 1)) != US_OK) return r;
+        }
     }
     /* f (TP: all-reduce) or g's conjugate (SP: reduce-scatter): the column-parallel input's gradient */
     if ((r = sp ? us__sp_scatter(m, dlnp, dln, Ns) : us__tp_sum(m, dln, N * C, dt)) != US_OK) return r;
@@ -3576,6 +4245,8 @@ static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *
         return US_ERR_INVALID;
     }
     if ((r = us__check_tokens(m, inputs, targets, N)) != US_OK) return r;
+    m->moe_train = dscale != 0;   /* a training forward: its routing counts toward the step (// >>moe) */
+    m->moe_aux_last = 0;
     if (m->tc.tp > 1) {   /* tokens and targets in this rank's vocabulary rows (// >>tp); SP's padding rows last */
         int32_t *tl = (int32_t *)US_MALLOC((size_t)Np * 8);
         if (!tl) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
@@ -3750,6 +4421,7 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
             if (r != US_OK) return us__comm_fail(m, r, "weight all-gather");
         }
     }
+    us__moe_step_end(m);   /* routing statistics, the router bias rule (// >>moe) */
     us__trace(m, "compute", "optimizer step", t0);
     return us__backend_check(m);
 }
@@ -4160,6 +4832,8 @@ US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t
         st->step = m->step; st->loss = (float)(loss / (double)valid); st->lr = lr; st->grad_norm = gn;
         st->tokens = total * m->mesh.dp * m->mesh.cp; st->valid = valid; st->pp_bubble = (float)bubble[0];
         for (k = 0; k < 3; k++) st->pp_cost_ms[k] = (float)bubble[1 + k];
+        st->moe_imbalance = m->moe_stat[0]; st->moe_aux_loss = m->moe_stat[1]; st->moe_drop_frac = m->moe_stat[2];
+        st->moe_load = m->n_moe ? m->moe_load_last : NULL;
     }
     return US_OK;
 }
@@ -4923,7 +5597,8 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
     us_result r = us_config_validate(&mc, &tc, err, errlen);
     int64_t N, C, HS, QKV, AO, F, V, L, psi, shard, unit, Nf, Ns;
     size_t a, x, rs, qkv, att, lse, gu, h, xf, rf, gemm_outs, cheap, per_layer, shared, head, bwd;
-    int mode, Z, slots, sp, peak = 1;
+    int mode, Z, slots, sp, peak = 1, l, n_moe;
+    size_t moe_gemm = 0, moe_cheap = 0, moe_scr = 0, attn_cheap;
     us_pp_schedule ps, *psp = NULL;
     if (r != US_OK) return r;
     if (tc.pp > 1) {   /* the first pipeline rank: its stages, and the activations its schedule holds */
@@ -4939,36 +5614,42 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
     {   /* Ψ as laid out: the same cut into units the model makes (us__plan_units), no allocation */
         us_model tmp;
         us__dist_sizes z;
-        int l, largest;
+        int largest;
         memset(&tmp, 0, sizeof tmp);
         tmp.cfg = mc; tmp.tc = tc;
         /* under pipeline parallelism: the first rank (its chunks' layers and the embedding) */
         tmp.n_layers_global = mc.n_layers;
         tmp.cfg.n_layers = us__pp_rank0_layers(&mc, &tc, psp, &largest);
         tmp.pp_first = 1; tmp.pp_last = !psp || us__pp_rank_of(psp, tc.pp * psp->v - 1) == 0;   /* the V shapes end on rank 0 */
-        tmp.params = (us_param *)US_MALLOC(sizeof(us_param) * (size_t)(3 + mc.n_layers * US__P_PER_LAYER));
+        {
+            int nt = 3;
+            for (l = 0; l < mc.n_layers; l++) nt += us__layer_tensors(&mc, l);
+            tmp.params = (us_param *)US_MALLOC(sizeof(us_param) * (size_t)nt);
+        }
         tmp.layer_g = (int *)US_MALLOC(sizeof(int) * (size_t)mc.n_layers);
-        if (!tmp.params || !tmp.layer_g) {
-            US_FREE(tmp.params); US_FREE(tmp.layer_g); if (psp) us_pp_schedule_free(psp);
+        tmp.layer_p = (int *)US_MALLOC(sizeof(int) * (size_t)(mc.n_layers + 1));
+        if (!tmp.params || !tmp.layer_g || !tmp.layer_p) {
+            US_FREE(tmp.params); US_FREE(tmp.layer_g); US_FREE(tmp.layer_p); if (psp) us_pp_schedule_free(psp);
             us__errf(err, errlen, "out of host memory"); return US_ERR_OOM;
         }
-        for (l = 0; l < mc.n_layers; l++) tmp.layer_g[l] = l;   /* names only: sizes do not depend on them */
+        for (l = 0; l < mc.n_layers; l++) tmp.layer_g[l] = l;   /* the MoE layers, and names: sizes do not depend on them */
         us__build_params(&tmp);
-        US_FREE(tmp.layer_g);
         tmp.n_units = us__plan_units(&tmp, NULL);
         tmp.units = (us__unit *)US_MALLOC(sizeof(us__unit) * (size_t)tmp.n_units);
-        if (!tmp.units) { US_FREE(tmp.params); if (psp) us_pp_schedule_free(psp); us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
+        if (!tmp.units) { US_FREE(tmp.params); US_FREE(tmp.layer_g); US_FREE(tmp.layer_p); if (psp) us_pp_schedule_free(psp); us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
         us__plan_units(&tmp, tmp.units);
         us__dist_sizes_of(&tmp, &z);
         psi = z.n_flat; shard = z.shard_n; unit = z.slot_n; slots = z.n_gslots;
-        US_FREE(tmp.params); US_FREE(tmp.units);
+        US_FREE(tmp.params); US_FREE(tmp.units); US_FREE(tmp.layer_g); US_FREE(tmp.layer_p);
     }
     /* tensor parallelism: each rank holds its heads, FFN columns and vocabulary rows */
     N = (int64_t)tc.batch * (tc.seq / tc.cp); C = mc.dim; HS = C / mc.n_heads; F = mc.ffn_dim / tc.tp; V = mc.vocab / tc.tp; L = mc.n_layers;
     QKV = (int64_t)(mc.n_heads + 2 * mc.n_kv_heads) / tc.tp * HS; AO = (int64_t)mc.n_heads / tc.tp * HS;
     mode = tc.recompute;
     memset(out, 0, sizeof *out);
-    out->params = (size_t)(Z == 3 ? shard + slots * unit : psi) * a;
+    for (l = 0, n_moe = 0; l < mc.n_layers; l++) n_moe += us__is_moe(&mc, l);
+    /* + the fp32 router biases of the MoE layers (// >>moe) */
+    out->params = (size_t)(Z == 3 ? shard + slots * unit : psi) * a + (size_t)n_moe * (size_t)mc.moe_experts * 4;
     out->master = a == 4 ? 0 : (size_t)(Z ? shard : psi) * 4;
     out->grads = (size_t)(Z >= 2 ? shard + slots * unit : psi) * 4;
     out->optimizer = (size_t)(Z ? shard : psi) * 8;
@@ -4981,9 +5662,15 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
     lse = us__align(N * (mc.n_heads / tc.tp) * 4); gu = us__align(Nf * 2 * F * a); h = us__align(Nf * F * a);
     xf = us__align(Nf * C * a); rf = us__align(Nf * 4);
     gemm_outs = qkv + x /* xmid */ + gu;
-    cheap = 2 * x /* ln1, ln2 */ + 2 * rs + att + lse + h;
+    attn_cheap = 2 * x /* ln1, ln2 */ + 2 * rs + att + lse;
+    cheap = attn_cheap + h;
     per_layer = x + (mode != US_RECOMPUTE_FULL ? gemm_outs : 0) + (mode == US_RECOMPUTE_NONE ? cheap : 0);
     shared = (mode != US_RECOMPUTE_NONE ? cheap : 0) + (mode == US_RECOMPUTE_FULL ? gemm_outs : 0);
+    if (n_moe) {   /* MoE layers (// >>moe; one rank, no pp) keep router, permutation and expert tensors instead of gu, h */
+        us__moe_bytes(&mc, N, a, &moe_gemm, &moe_cheap, &moe_scr);
+        shared = (mode != US_RECOMPUTE_NONE ? attn_cheap + (n_moe < L ? h : 0) + moe_cheap : 0)
+               + (mode == US_RECOMPUTE_FULL ? qkv + x + (n_moe < L ? gu : 0) + moe_gemm : 0);
+    }
     /* what a (pipeline) slot holds besides its layers: the chunk's output and input gradient, the
        norm statistics, losses, argmax, inputs, targets, the scalars for the all-reduces; on the
        rank of the head (the first rank without pp, or under a V) the final norm's output, the
@@ -5011,6 +5698,9 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
         if (wsplit) per_layer += 2 * xf + qkv + gu;   /* B/W apart: each layer keeps its output gradients for W */
         out->activations = ((size_t)L * per_layer + shared + head) * (size_t)peak + bwd;
         us_pp_schedule_free(psp);
+    } else if (n_moe) {
+        size_t moe_layer = x + (mode != US_RECOMPUTE_FULL ? qkv + x + moe_gemm : 0) + (mode == US_RECOMPUTE_NONE ? attn_cheap + moe_cheap : 0);
+        out->activations = (size_t)(L - n_moe) * per_layer + (size_t)n_moe * moe_layer + shared + head + bwd + moe_scr;
     } else out->activations = (size_t)L * per_layer + shared + head + bwd;
     out->total = out->params + out->master + out->grads + out->optimizer + out->activations;
     return US_OK;
@@ -5023,7 +5713,7 @@ US_API double us_playbook_activation_bytes_per_layer(int64_t seq, int64_t batch,
 US_API double us_flops_per_token(const us_model_config *mc_in, int64_t seq) {
     us_model_config c = *mc_in, *mc = &c;
     us_model_config_defaults(mc);
-    return 6.0 * (double)us_param_count(mc) + 12.0 * mc->n_layers * (double)mc->dim * (double)seq;
+    return 6.0 * (double)us_param_count_active(mc) + 12.0 * mc->n_layers * (double)mc->dim * (double)seq;
 }
 
 #endif /* ULTRASCALE_IMPLEMENTATION_DONE */

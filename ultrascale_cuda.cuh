@@ -20,6 +20,7 @@
      // >>cuda-attention  portable attention (any dtype/head size)
      // >>cuda-flash      flash attention: bf16, HS 64/128, mma.sync tensor cores, deterministic backward
      // >>cuda-cp-flash   the same by key blocks with positions (ring attention's blocks), state in fp32
+     // >>cuda-moe        mixture of experts: router (+ backward), counting-sort permute, row gather / scatter-add, gate gradient
      // >>cuda-optimizer  AdamW on flat buffers, Σx² for the global norm
    Every kernel computes in fp32 and rounds once on store, like the CPU reference, and is
    checked against it by tests/test_cuda.cu. CUDA and cuBLASLt errors never exit: the first one
@@ -2444,6 +2445,194 @@ static void us__cuda_attn_block_bwd(us_ops *o, float *dq, float *dkv, const void
 }
 
 /* ------------------------------------------------------------------------------------ */
+// >>cuda-moe  mixture-of-experts routing and row movement (simple kernels, the CPU's rules)
+/* ------------------------------------------------------------------------------------ */
+/* Router: one thread per token, the CPU reference's algorithm step for step (scores, the M best
+   groups as a bit mask, top-k by repeated argmax, lower index on ties). probs doubles as the
+   token's score row; rowsum (may be NULL) receives Σ_e probs for the aux loss's psum. */
+__global__ void us__k_moe_route(int32_t *topk, float *gates, float *probs, float *rowsum, const float *logits, const float *bias,
+                                int64_t N, int E, int K, int gate, int G, int M) {
+    int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const float *lg;
+    float *p, sum = 0;
+    int32_t *tk;
+    int e, k, g, S = E / G;
+    unsigned long long allowed = ~0ull;
+    if (n >= N) return;
+    lg = logits + n * E; p = probs + n * E; tk = topk + n * K;
+    if (gate == US_MOE_SIGMOID) for (e = 0; e < E; e++) p[e] = 1.0f / (1.0f + expf(-lg[e]));
+    else {
+        float mx = -INFINITY;
+        double z = 0;
+        for (e = 0; e < E; e++) mx = fmaxf(mx, lg[e]);
+        for (e = 0; e < E; e++) z += exp((double)(lg[e] - mx));
+        for (e = 0; e < E; e++) p[e] = (float)(exp((double)(lg[e] - mx)) / z);
+    }
+    if (M < G) {
+        allowed = 0;
+        for (k = 0; k < M; k++) {
+            int best = -1;
+            float bs = 0;
+            for (g = 0; g < G; g++) {
+                float a = -INFINITY, b = -INFINITY, sc;
+                if (allowed >> g & 1) continue;
+                for (e = g * S; e < (g + 1) * S; e++) {
+                    float v = p[e] + (bias ? bias[e] : 0.0f);
+                    if (v > a) { b = a; a = v; } else if (v > b) b = v;
+                }
+                sc = S > 1 ? a + b : a;
+                if (best < 0 || sc > bs) { best = g; bs = sc; }
+            }
+            allowed |= 1ull << best;
+        }
+    }
+    for (k = 0; k < K; k++) {
+        int best = -1, j;
+        float bs = 0;
+        for (e = 0; e < E; e++) {
+            float v = p[e] + (bias ? bias[e] : 0.0f);
+            int taken = !(allowed >> (e / S) & 1);
+            for (j = 0; j < k && !taken; j++) taken = tk[j] == e;
+            if (!taken && (best < 0 || v > bs)) { best = e; bs = v; }
+        }
+        tk[k] = best;
+    }
+    for (k = 0; k < K; k++) { gates[n * K + k] = p[tk[k]]; sum += p[tk[k]]; }
+    if (gate == US_MOE_SIGMOID) for (k = 0; k < K; k++) gates[n * K + k] /= sum + 1e-20f;
+    if (rowsum) { double t = 0; for (e = 0; e < E; e++) t += p[e]; rowsum[n] = (float)t; }
+}
+/* psum[e] = Σ_n probs[n,e] / rowsum[n]: one block per expert, a fixed order (deterministic) */
+__global__ void us__k_moe_psum(float *psum, const float *probs, const float *rowsum, int64_t N, int E) {
+    __shared__ double sh[32];
+    int e = blockIdx.x;
+    int64_t n;
+    double acc = 0;
+    for (n = threadIdx.x; n < N; n += blockDim.x) acc += (double)probs[n * E + e] / rowsum[n];
+    acc = us__block_sum(acc, sh);
+    if (threadIdx.x == 0) psum[e] = (float)acc;
+}
+static void us__cuda_moe_route(us_ops *o, int32_t *topk, float *gates, float *probs, float *psum, const float *logits, const float *bias,
+                               int64_t N, int E, int K, int gate, int n_groups, int top_groups) {
+    cudaStream_t s = us__cu(o)->stream;
+    float *rowsum = psum ? (float *)us__cuda_scratch(o, (size_t)N * sizeof(float)) : NULL;
+    us__k_moe_route<<<us__blocks(N, 128), 128, 0, s>>>(topk, gates, probs, rowsum, logits, bias, N, E, K, gate, n_groups, top_groups);
+    US__LAUNCHED(o);
+    if (psum) { us__k_moe_psum<<<(unsigned)E, 256, 0, s>>>(psum, probs, rowsum, N, E); US__LAUNCHED(o); }
+}
+/* The router's backward, one thread per token, without a per-token array: ∂p_e is rebuilt on
+   the fly from the K choices and the aux vector (see the CPU reference for the formulas). */
+__device__ double us__moe_dp(int e, const float *p, const int32_t *tk, const float *dg, const float *aux, int K, int gate, double S, double dot,
+                             double T, double adot) {
+    double d = 0;
+    int k;
+    for (k = 0; k < K; k++) if (tk[k] == e) d += gate == US_MOE_SIGMOID ? ((double)dg[k] - dot) / S : (double)dg[k];
+    if (aux) d += ((double)aux[e] - adot) / T;
+    return d;
+}
+__global__ void us__k_moe_route_bwd(float *dlogits, const float *dgates, const float *probs, const int32_t *topk, const float *aux,
+                                    int64_t N, int E, int K, int gate) {
+    int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const float *p, *dg;
+    const int32_t *tk;
+    double S = 1, dot = 0, T = 1, adot = 0, pd = 0;
+    int e, k;
+    if (n >= N) return;
+    p = probs + n * E; dg = dgates + n * K; tk = topk + n * K;
+    if (gate == US_MOE_SIGMOID) {
+        float Sf = 0;
+        for (k = 0; k < K; k++) Sf += p[tk[k]];
+        S = (double)(Sf + 1e-20f);
+        for (k = 0; k < K; k++) dot += (double)dg[k] * p[tk[k]] / S;
+    }
+    if (aux) {
+        T = 0;
+        for (e = 0; e < E; e++) T += p[e];
+        for (e = 0; e < E; e++) adot += (double)aux[e] * p[e] / T;
+    }
+    if (gate == US_MOE_SIGMOID) {
+        for (e = 0; e < E; e++) dlogits[n * E + e] = (float)(us__moe_dp(e, p, tk, dg, aux, K, gate, S, dot, T, adot) * p[e] * (1.0 - p[e]));
+        return;
+    }
+    for (e = 0; e < E; e++) pd += us__moe_dp(e, p, tk, dg, aux, K, gate, S, dot, T, adot) * p[e];
+    for (e = 0; e < E; e++) dlogits[n * E + e] = (float)(p[e] * (us__moe_dp(e, p, tk, dg, aux, K, gate, S, dot, T, adot) - pd));
+}
+static void us__cuda_moe_route_bwd(us_ops *o, float *dlogits, const float *dgates, const float *probs, const int32_t *topk, const float *aux,
+                                   int64_t N, int E, int K, int gate) {
+    us__k_moe_route_bwd<<<us__blocks(N, 128), 128, 0, us__cu(o)->stream>>>(dlogits, dgates, probs, topk, aux, N, E, K, gate);
+    US__LAUNCHED(o);
+}
+/* Counting sort in one block: thread e scans every choice in token order for its own expert
+   (E ≤ 1024 threads), then thread 0 lays out the expert groups. Simple, serial in N·K. */
+__global__ void us__k_moe_permute(int32_t *slot_row, int32_t *row_slot, int32_t *routed, int32_t *kept, const int32_t *topk,
+                                  int64_t NK, int E, int64_t cap, int64_t R) {
+    __shared__ int64_t off[1025];
+    int e = threadIdx.x;
+    int64_t i, cnt = 0, fill = 0, r;
+    if (e < E) {
+        for (i = 0; i < NK; i++) cnt += topk[i] == e;
+        routed[e] = (int32_t)cnt;
+        kept[e] = (int32_t)(cap > 0 && cnt > cap ? cap : cnt);
+    }
+    __syncthreads();
+    if (e == 0) { off[0] = 0; for (r = 0; r < E; r++) off[r + 1] = off[r] + kept[r]; }
+    __syncthreads();
+    if (e < E)
+        for (i = 0; i < NK; i++) {
+            if (topk[i] != e) continue;
+            if (fill < kept[e]) { slot_row[i] = (int32_t)(off[e] + fill); row_slot[off[e] + fill] = (int32_t)i; fill++; }
+            else slot_row[i] = -1;
+        }
+    for (r = off[E] + threadIdx.x; r < R; r += blockDim.x) row_slot[r] = -1;
+}
+static void us__cuda_moe_permute(us_ops *o, int32_t *slot_row, int32_t *row_slot, int32_t *routed, int32_t *kept, const int32_t *topk,
+                                 int64_t N, int E, int K, int64_t cap, int64_t R) {
+    int threads = E < 32 ? 32 : (E + 31) / 32 * 32;
+    us__k_moe_permute<<<1, threads, 0, us__cu(o)->stream>>>(slot_row, row_slot, routed, kept, topk, N * K, E, cap, R);
+    US__LAUNCHED(o);
+}
+/* Row movement: a block per destination row. */
+template <typename T>
+__global__ void us__k_moe_gather(T *dst, const T *src, const int32_t *row_slot, const float *scale, int K, int64_t C) {
+    int64_t r = blockIdx.x, s = row_slot[r], c;
+    float sc = s >= 0 && scale ? scale[s] : 1.0f;
+    for (c = threadIdx.x; c < C; c += blockDim.x) us__st(dst, r * C + c, s < 0 ? 0.0f : sc * us__ld(src, s / K * C + c));
+}
+template <typename T>
+__global__ void us__k_moe_scatter(T *dst, const T *src, const int32_t *slot_row, const float *scale, int K, int64_t C) {
+    int64_t n = blockIdx.x, c;
+    int k;
+    for (c = threadIdx.x; c < C; c += blockDim.x) {
+        float acc = us__ld(dst, n * C + c);
+        for (k = 0; k < K; k++) {
+            int64_t r = slot_row[n * K + k];
+            if (r >= 0) acc += (scale ? scale[n * K + k] : 1.0f) * us__ld(src, r * C + c);
+        }
+        us__st(dst, n * C + c, acc);
+    }
+}
+template <typename T>
+__global__ void us__k_moe_gate_grad(float *dgates, const T *dout, const T *src, const int32_t *slot_row, int K, int64_t C) {
+    __shared__ double sh[32];
+    int64_t i = blockIdx.x, r = slot_row[i], c;
+    double d = 0;
+    if (r >= 0) for (c = threadIdx.x; c < C; c += blockDim.x) d += (double)us__ld(dout, i / K * C + c) * us__ld(src, r * C + c);
+    d = us__block_sum(d, sh);
+    if (threadIdx.x == 0) dgates[i] = (float)d;
+}
+static void us__cuda_moe_gather(us_ops *o, void *dst, const void *src, const int32_t *row_slot, const float *scale, int64_t R, int K, int64_t C, us_dtype dt) {
+    if (R <= 0) return;
+    US__DISPATCH(o, dt, (us__k_moe_gather<T_><<<(unsigned)R, 256, 0, us__cu(o)->stream>>>((T_ *)dst, (const T_ *)src, row_slot, scale, K, C)));
+}
+static void us__cuda_moe_scatter(us_ops *o, void *dst, const void *src, const int32_t *slot_row, const float *scale, int64_t N, int K, int64_t C, us_dtype dt) {
+    if (N <= 0) return;
+    US__DISPATCH(o, dt, (us__k_moe_scatter<T_><<<(unsigned)N, 256, 0, us__cu(o)->stream>>>((T_ *)dst, (const T_ *)src, slot_row, scale, K, C)));
+}
+static void us__cuda_moe_gate_grad(us_ops *o, float *dgates, const void *dout, const void *src, const int32_t *slot_row, int64_t N, int K, int64_t C, us_dtype dt) {
+    if (N <= 0) return;
+    US__DISPATCH(o, dt, (us__k_moe_gate_grad<T_><<<(unsigned)(N * K), 128, 0, us__cu(o)->stream>>>(dgates, (const T_ *)dout, (const T_ *)src, slot_row, K, C)));
+}
+
+/* ------------------------------------------------------------------------------------ */
 // >>cuda-optimizer  AdamW over flat fp32 buffers, Σx² for the global norm
 /* ------------------------------------------------------------------------------------ */
 template <typename L>
@@ -2598,6 +2787,8 @@ US_API us_result us_cuda_ops(us_ops *o, int device, char *err, size_t errlen) {
     o->xent_stats = us__cuda_xent_stats; o->xent_finish = us__cuda_xent_finish;
     o->copy2d = us__cuda_copy2d;        o->rope_at = us__cuda_rope_at;
     o->attn_block_fwd = us__cuda_attn_block_fwd; o->attn_block_finish = us__cuda_attn_block_finish; o->attn_block_bwd = us__cuda_attn_block_bwd;
+    o->moe_route = us__cuda_moe_route;    o->moe_route_bwd = us__cuda_moe_route_bwd;  o->moe_permute = us__cuda_moe_permute;
+    o->moe_gather = us__cuda_moe_gather;  o->moe_scatter = us__cuda_moe_scatter;      o->moe_gate_grad = us__cuda_moe_gate_grad;
     return US_OK;
 }
 

@@ -25,11 +25,12 @@ static void usage(FILE *f) {
         "Training memory for one rank: parameters, gradients, master weights, AdamW state and\n"
         "activations, from the Playbook's formulas applied to ultrascale's layout (ZeRO, TP, SP).\n"
         "model:\n"
-        "  --model NAME      preset: tiny | llama-1b | llama-8b | llama-70b (default tiny,\n"
+        "  --model NAME      preset: tiny | llama-1b | llama-8b | llama-70b | mixtral-8x7b (default tiny,\n"
         "                    the library defaults); the flags below override its fields\n"
         "                      llama-1b   Llama-3.2-1B: L=16 C=2048 NH=32 NKV=8 F=8192 V=128256, tied\n"
         "                      llama-8b   Llama-3.1-8B: L=32 C=4096 NH=32 NKV=8 F=14336 V=128256\n"
         "                      llama-70b  Llama-3.1-70B: L=80 C=8192 NH=64 NKV=8 F=28672 V=128256\n"
+        "                      mixtral-8x7b  Mixtral-8x7B: L=32 C=4096 NH=32 NKV=8 V=32000, 8 experts of F=14336, top-2\n"
         "                      tiny       L=4 C=128 NH=4 F=352 V=256 (ultrascale's defaults)\n"
         "  --layers N        decoder layers\n"
         "  --dim N           model width C\n"
@@ -39,6 +40,11 @@ static void usage(FILE *f) {
         "  --vocab N         vocabulary size\n"
         "  --tied            tie lm_head to the token embedding\n"
         "  --untied          give lm_head its own weights\n"
+        "  --experts E       mixture of experts: E experts per layer (0 = dense)\n"
+        "  --top-k K         experts per token (default 2)\n"
+        "  --moe-ffn N       each expert's hidden size (default ffn/(K + shared))\n"
+        "  --shared-expert   one shared expert per MoE layer\n"
+        "  --capacity-factor X  the permuted rows per expert are capped (0 = none)\n"
         "training:\n"
         "  --precision P     fp32 | bf16 (default bf16: bf16 weights and activations, fp32 master,\n"
         "                    grads and Adam moments)\n"
@@ -63,13 +69,15 @@ typedef struct preset {
     const char *name;
     int64_t dim, ffn, vocab;
     int layers, heads, kv_heads, tied;
+    int experts, top_k;          /* mixture of experts (0: dense); an expert's size is ffn */
 } preset;
 
 static const preset presets[] = {
-    { "tiny",      0,    0,     0,      0,  0,  0, 0 },   /* zero = the library default */
-    { "llama-1b",  2048, 8192,  128256, 16, 32, 8, 1 },
-    { "llama-8b",  4096, 14336, 128256, 32, 32, 8, 0 },
-    { "llama-70b", 8192, 28672, 128256, 80, 64, 8, 0 },
+    { "tiny",      0,    0,     0,      0,  0,  0, 0, 0, 0 },   /* zero = the library default */
+    { "llama-1b",  2048, 8192,  128256, 16, 32, 8, 1, 0, 0 },
+    { "llama-8b",  4096, 14336, 128256, 32, 32, 8, 0, 0, 0 },
+    { "llama-70b", 8192, 28672, 128256, 80, 64, 8, 0, 0, 0 },
+    { "mixtral-8x7b", 4096, 14336, 32000, 32, 32, 8, 0, 8, 2 },
 };
 
 static const preset *find_preset(const char *name) {
@@ -86,6 +94,8 @@ typedef struct options {
     int modified;                /* an explicit model flag overrode the preset */
     /* explicit model flags, -1 = not given: applied over the preset whatever the flag order */
     int64_t layers, dim, heads, kv_heads, ffn, vocab, tied;
+    int64_t experts, top_k, moe_ffn, shared;   /* mixture of experts, -1 = not given */
+    float capacity;
     us_precision precision;
     us_recompute recompute;
     int64_t batch, seq, dp, zero, tp, sp;
@@ -132,6 +142,7 @@ static void options_defaults(options *o) {
     memset(o, 0, sizeof *o);
     o->model = "tiny";
     o->layers = o->dim = o->heads = o->kv_heads = o->ffn = o->vocab = o->tied = -1;
+    o->experts = o->top_k = o->moe_ffn = o->shared = -1;
     o->precision = US_PRECISION_BF16;
     o->recompute = US_RECOMPUTE_NONE;
     o->batch = 1;
@@ -144,7 +155,7 @@ static void options_defaults(options *o) {
 static int takes_value(const char *flag) {
     static const char *const flags[] = { "--model", "--layers", "--dim", "--heads", "--kv-heads", "--ffn", "--vocab",
                                          "--precision", "--recompute", "--batch", "--seq", "--seqs", "--svg",
-                                         "--dp", "--zero", "--tp" };
+                                         "--dp", "--zero", "--tp", "--experts", "--top-k", "--moe-ffn", "--capacity-factor" };
     size_t i;
     for (i = 0; i < sizeof flags / sizeof flags[0]; i++) if (!strcmp(flag, flags[i])) return 1;
     return 0;
@@ -160,11 +171,12 @@ static int parse_args(int argc, char **argv, options *o) {
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) { usage(stdout); return 0; }
         if (!strcmp(f, "--tied") || !strcmp(f, "--untied")) { o->tied = f[2] == 't'; o->modified = 1; continue; }
         if (!strcmp(f, "--sp")) { o->sp = 1; continue; }
+        if (!strcmp(f, "--shared-expert")) { o->shared = 1; o->modified = 1; continue; }
         if (strncmp(f, "--", 2)) return bad("unexpected argument", f);
         if (!takes_value(f)) return bad("unknown flag", f);
         if (!v) return bad("missing value for", f);
         if (!strcmp(f, "--model")) {
-            if (!find_preset(v)) return bad("unknown model preset (tiny, llama-1b, llama-8b, llama-70b):", v);
+            if (!find_preset(v)) return bad("unknown model preset (tiny, llama-1b, llama-8b, llama-70b, mixtral-8x7b):", v);
             o->model = v;
         }
         else if (!strcmp(f, "--layers"))   ok = parse_i64(v, 1, 1 << 16, &o->layers);
@@ -179,6 +191,10 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(f, "--dp"))       ok = parse_i64(v, 1, 1 << 20, &o->dp);
         else if (!strcmp(f, "--zero"))     ok = parse_i64(v, 0, 3, &o->zero);
         else if (!strcmp(f, "--tp"))       ok = parse_i64(v, 1, 1 << 16, &o->tp);
+        else if (!strcmp(f, "--experts"))  { ok = parse_i64(v, 0, 1024, &o->experts); o->modified = 1; }
+        else if (!strcmp(f, "--top-k"))    { ok = parse_i64(v, 1, 1024, &o->top_k); o->modified = 1; }
+        else if (!strcmp(f, "--moe-ffn"))  { ok = parse_i64(v, 1, 1 << 24, &o->moe_ffn); o->modified = 1; }
+        else if (!strcmp(f, "--capacity-factor")) { double x; char *end; x = strtod(v, &end); ok = end != v && !*end && x >= 0 && x < 1e6; o->capacity = (float)x; }
         else if (!strcmp(f, "--svg"))      o->svg = v;
         else if (!strcmp(f, "--precision")) {
             if (!strcmp(v, "fp32")) o->precision = US_PRECISION_FP32;
@@ -214,6 +230,13 @@ static void build_configs(const options *o, us_model_config *mc, us_train_config
     mc->n_heads = (int)(o->heads >= 0 ? o->heads : p->heads);
     mc->n_kv_heads = (int)(o->kv_heads >= 0 ? o->kv_heads : p->kv_heads);
     mc->tie_embeddings = (int)(o->tied >= 0 ? o->tied : p->tied);
+    mc->moe_experts = (int)(o->experts >= 0 ? o->experts : p->experts);
+    if (mc->moe_experts) {   /* zero fields: the library's defaults */
+        mc->moe_top_k = (int)(o->top_k >= 0 ? o->top_k : p->top_k);
+        mc->moe_ffn_dim = o->moe_ffn >= 0 ? o->moe_ffn : p->experts ? p->ffn : 0;
+        mc->moe_shared = o->shared > 0;
+        mc->moe_capacity = o->capacity;
+    }
     tc->precision = o->precision;
     tc->recompute = o->recompute;
     tc->batch = (int)o->batch;
@@ -229,7 +252,7 @@ static void build_configs(const options *o, us_model_config *mc, us_train_config
 static int too_large(const us_model_config *mc, const us_train_config *tc) {
     double C = (double)mc->dim, HS = C / mc->n_heads, F = (double)mc->ffn_dim, V = (double)mc->vocab;
     double QKV = (mc->n_heads + 2.0 * mc->n_kv_heads) * HS, N = (double)tc->batch * tc->seq;
-    double per_layer = 2 * C + QKV * C + C * C + 3 * C * F;
+    double per_layer = 2 * C + QKV * C + C * C + 3 * C * F + (double)mc->moe_experts * (C + 3 * C * (double)mc->moe_ffn_dim);
     double params = 2 * V * C + mc->n_layers * per_layer + C;
     double acts = 4.0 * N * ((mc->n_layers + 4.0) * (6 * C + QKV + 3 * F + mc->n_heads + 8) + V);
     return 18 * params + acts > 4e18;
@@ -318,7 +341,21 @@ static void print_table(const options *o, const us_model_config *mc, const us_tr
            us_precision_name(tc->precision), us_recompute_name(tc->recompute), tc->batch, tc->seq, tc->dp, tc->zero, tc->tp,
            tc->sp ? " + sp" : "");
     short_count(P, buf, sizeof buf);
-    printf("  %-34s %22s  (%s)\n\n", "parameters", commas((uint64_t)P, cnt, sizeof cnt), buf);
+    printf("  %-34s %22s  (%s)\n%s", "parameters", commas((uint64_t)P, cnt, sizeof cnt), buf, mc->moe_experts ? "" : "\n");
+    if (mc->moe_experts) {   /* a token runs K experts; memory holds all E (and their grads, master, moments) */
+        us_model_config dense = *mc;   /* the same model with dense MLPs: what is not the MoE feed-forward */
+        int64_t A = us_param_count_active(mc), moe;
+        dense.moe_experts = 0; dense.moe_top_k = 0; dense.moe_ffn_dim = 0; dense.moe_shared = 0; dense.moe_capacity = 0;
+        dense.moe_gate = US_MOE_GATE_DEFAULT; dense.moe_balance = US_MOE_BALANCE_DEFAULT; dense.moe_bias_rate = 0; dense.moe_aux_coef = 0;
+        dense.moe_groups = 0; dense.moe_top_groups = 0; dense.moe_every = 0; dense.moe_first_dense = 0;
+        moe = P - (us_param_count(&dense) - (int64_t)mc->n_layers * 3 * mc->dim * mc->ffn_dim);
+        short_count(A, buf, sizeof buf);
+        printf("  %-34s %22s  (%s; FLOPs and MFU count these)\n", "active per token", commas((uint64_t)A, cnt, sizeof cnt), buf);
+        short_count(moe, buf, sizeof buf);
+        printf("  %-34s %22s  (%s: %d experts of F=%lld%s + router, x %d layers, top-%d)\n\n", "MoE feed-forward, all experts",
+               commas((uint64_t)moe, cnt, sizeof cnt), buf, mc->moe_experts, (long long)mc->moe_ffn_dim, mc->moe_shared ? " + shared" : "",
+               mc->n_layers, mc->moe_top_k);
+    }
     printf("  %-34s %22s %10s %7s\n", "category", "bytes", "GiB", "share");
     print_row(bf16 ? "params (bf16)" : "params (fp32)", m->params, m->total);
     print_row("grads (fp32)", m->grads, m->total);

@@ -5,7 +5,8 @@
    With --data FILE it trains on raw text (byte tokens) or an llm.c token shard:
        build/train --data input.txt --steps 2000 --seq 256 --dim 256 --layers 6
    Every step prints one line; --log FILE.jsonl writes one JSON object per step with the keys
-   step, loss, lr, grad_norm, tok_s, mfu, mem_bytes (+ eval_loss, eval_acc on eval steps).
+   step, loss, lr, grad_norm, tok_s, mfu, mem_bytes (+ eval_loss, eval_acc on eval steps; + moe_imbalance,
+   moe_aux_loss, moe_drop_frac, moe_load with --experts).
    Compiled with nvcc and -DUS_CUDA (make train-cuda) it trains on the GPU by default.
 
    Data parallelism: --dp N runs N ranks — threads of this process on the CPU, one process per
@@ -42,6 +43,24 @@ static void usage(FILE *f) {
         "  --vocab N         vocabulary size (default 256, the byte tokenizer)\n"
         "  --tied            tie lm_head to the token embedding\n"
         "  --rope-theta X    RoPE base (default 10000)\n"
+        );
+    fprintf(f,   /* (several strings: C99 compilers need only take 4095 characters in one) */
+        "mixture of experts (a MoE feed-forward layer instead of the dense MLP):\n"
+        "  --experts E       routed experts per MoE layer (default 0: dense)\n"
+        "  --top-k K         experts per token (default 2)\n"
+        "  --moe-ffn N       each expert's SwiGLU hidden size (default ffn/(K + shared), rounded up to 8)\n"
+        "  --shared-expert   add a shared expert every token passes through\n"
+        "  --moe-gate G      softmax (default) | sigmoid (top-k renormalised, DeepSeek-V3)\n"
+        "  --moe-balance B   bias (default: auxiliary-loss-free router bias) | aux (auxiliary loss) | none\n"
+        "  --moe-bias-rate X the bias update rate (default 1e-3)\n"
+        "  --moe-aux-coef X  the auxiliary loss coefficient (default 1e-2)\n"
+        "  --capacity-factor X  an expert takes at most ceil(X*tokens*K/E) tokens; 0 = no dropping (default)\n"
+        "  --moe-groups G    expert groups for group-limited routing (default 1)\n"
+        "  --moe-top-groups M  groups a token may use (default all)\n"
+        "  --moe-first-dense N  the first N layers stay dense (default 0)\n"
+        "  --moe-every N     every N-th layer after those is MoE (default 1)\n"
+        "                    The log gains moe_imbalance (max/mean tokens per expert), moe_aux_loss,\n"
+        "                    moe_drop_frac and moe_load (tokens per expert, summed over MoE layers)\n"
         "training:\n"
         "  --seq N           tokens per sequence T (default 64; 71 = four problems for the task)\n"
         "  --batch N         sequences per micro-batch B (default 8; 16 for the task)\n"
@@ -59,6 +78,8 @@ static void usage(FILE *f) {
         "  --threads N       CPU threads (default: all)\n"
         "  --device D        cpu | cuda (default: cuda in the CUDA build, else cpu)\n"
         "  --gpu N           CUDA device index (default 0; the local rank under --nproc)\n"
+        );
+    fprintf(f,
         "parallelism:\n"
         "  --dp N            data-parallel ranks (default 1): CPU threads, or GPU processes; each rank\n"
         "                    takes batch/dp sequences of every micro-batch (the global batch is kept)\n"
@@ -91,7 +112,7 @@ static void usage(FILE *f) {
         "  --eval-every N    evaluate every N steps, 0 = only at the end (default 100)\n"
         "  --sample N        after training, sample N tokens (default 0)\n"
         "  --temperature X   sampling temperature, 0 = greedy (default 0.8)\n"
-        "  --top-k N         sample from the k most likely tokens, 0 = all (default 0)\n"
+        "  --sample-top-k N  sample from the k most likely tokens, 0 = all (default 0)\n"
         "  --peak-tflops X   peak used for MFU (default: 989 on CUDA, the H100/H200 dense bf16 peak;\n"
         "                    0.096 per CPU thread, AVX2 FMA at 3 GHz)\n"
         "  --quiet           print only the summary\n"
@@ -310,6 +331,12 @@ static us_result run_rank(us_comm *comm, void *arg) {
                (long long)m.cfg.ffn_dim, (long long)m.cfg.vocab, m.cfg.tie_embeddings ? " tied" : "",
                us_precision_name(m.tc.precision), us_recompute_name(m.tc.recompute), Bg, tc.seq, tc.grad_accum, dp, tc.cp, tc.tp, tc.zero,
                o->data_path ? o->data_path : "task: sort 8 digits", devname, (double)m.mem.total / 1048576.0);
+    if (loud && m.n_moe)
+        printf("moe: %d of %d layers, E=%d top-%d Fe=%lld%s, %s gates, balance %s%s | %lld active params per token of %lld\n",
+               m.n_moe, m.cfg.n_layers, m.cfg.moe_experts, m.cfg.moe_top_k, (long long)m.cfg.moe_ffn_dim, m.cfg.moe_shared ? " + shared" : "",
+               m.cfg.moe_gate == US_MOE_SIGMOID ? "sigmoid" : "softmax",
+               m.cfg.moe_balance == US_MOE_BALANCE_BIAS ? "bias" : m.cfg.moe_balance == US_MOE_BALANCE_AUX ? "aux" : "none",
+               m.cfg.moe_groups > 1 ? " | group-limited" : "", (long long)us_param_count_active(&mc), (long long)m.n_params);
     t_start = now_s();
 #ifdef ULTRASCALE_NCCL
     if (have_nccl) watchdog_start(&wd, rank, o->comm_timeout);
@@ -360,6 +387,11 @@ static us_result run_rank(us_comm *comm, void *arg) {
             printf("step %5d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% | mem %.2f MiB",
                    st.step, st.loss, st.lr, st.grad_norm, tok_s, 100 * mfu, (double)m.ops.bytes_peak / 1048576.0);
             if (tc.pp > 1) printf(" | bubble %.1f%%", 100 * st.pp_bubble);
+            if (m.n_moe) {   /* the router: how uneven the experts' loads are, the aux loss, the dropped share */
+                printf(" | moe imbalance %.2f", st.moe_imbalance);
+                if (mc.moe_balance == US_MOE_BALANCE_AUX) printf(" aux %.4f", st.moe_aux_loss);
+                if (mc.moe_capacity > 0) printf(" dropped %.1f%%", 100 * st.moe_drop_frac);
+            }
             if (eval_loss >= 0) printf(" | eval loss %.4f acc %.3f", eval_loss, eval_acc);
             printf("\n");
         }
@@ -368,6 +400,17 @@ static us_result run_rank(us_comm *comm, void *arg) {
                     st.step, st.loss, st.lr, st.grad_norm, tok_s, mfu, m.ops.bytes_peak, now_s() - t_start);
             if (tc.pp > 1) fprintf(logf, ", \"pp_bubble\": %.4f, \"pp_tf_ms\": %.3f, \"pp_tb_ms\": %.3f, \"pp_tw_ms\": %.3f",
                                    st.pp_bubble, st.pp_cost_ms[0], st.pp_cost_ms[1], st.pp_cost_ms[2]);
+            if (m.n_moe) {
+                int e, l2;
+                fprintf(logf, ", \"moe_imbalance\": %.4f, \"moe_aux_loss\": %.6g, \"moe_drop_frac\": %.6f, \"moe_load\": [",
+                        st.moe_imbalance, st.moe_aux_loss, st.moe_drop_frac);
+                for (e = 0; e < m.cfg.moe_experts; e++) {   /* tokens per expert, summed over the MoE layers */
+                    int64_t t = 0;
+                    for (l2 = 0; l2 < m.n_moe; l2++) t += st.moe_load[(size_t)l2 * m.cfg.moe_experts + e];
+                    fprintf(logf, "%s%lld", e ? ", " : "", (long long)t);
+                }
+                fprintf(logf, "]");
+            }
             if (eval_loss >= 0) fprintf(logf, ", \"eval_loss\": %.6f, \"eval_acc\": %.6f", eval_loss, eval_acc);
             fprintf(logf, "}\n");
             fflush(logf);
@@ -494,6 +537,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--quiet")) { o.quiet = 1; takes = 0; }
         else if (!strcmp(f, "--sp")) { tc.sp = 1; takes = 0; }
         else if (!strcmp(f, "--pp-clock")) { tc.pp_clock = 1; takes = 0; }
+        else if (!strcmp(f, "--shared-expert")) { mc.moe_shared = 1; takes = 0; }
         else if (strncmp(f, "--", 2)) return bad("unexpected argument", f);
         else if (!v) return bad("missing value for", f);
         else if (!strcmp(f, "--layers")) ok = parse_int(v, 1, 1 << 16, &mc.n_layers);
@@ -573,7 +617,27 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--eval-every")) ok = parse_int(v, 0, 1 << 30, &o.eval_every);
         else if (!strcmp(f, "--sample")) ok = parse_int(v, 0, 1 << 24, &o.sample_n);
         else if (!strcmp(f, "--temperature")) ok = parse_float(v, 0, 100, &o.temperature);
-        else if (!strcmp(f, "--top-k")) ok = parse_int(v, 0, 1 << 30, &o.top_k);
+        else if (!strcmp(f, "--sample-top-k")) ok = parse_int(v, 0, 1 << 30, &o.top_k);
+        else if (!strcmp(f, "--experts")) ok = parse_int(v, 0, 1 << 20, &mc.moe_experts);
+        else if (!strcmp(f, "--top-k")) ok = parse_int(v, 1, 1 << 20, &mc.moe_top_k);
+        else if (!strcmp(f, "--moe-ffn")) { int x; ok = parse_int(v, 1, 1 << 24, &x); mc.moe_ffn_dim = x; }
+        else if (!strcmp(f, "--moe-bias-rate")) { ok = parse_float(v, 0, 1e3f, &mc.moe_bias_rate); if (ok && mc.moe_bias_rate == 0) return bad("--moe-bias-rate must be positive (use --moe-balance none to turn balancing off), got", v); }
+        else if (!strcmp(f, "--moe-aux-coef")) { ok = parse_float(v, 0, 1e3f, &mc.moe_aux_coef); if (ok && mc.moe_aux_coef == 0) return bad("--moe-aux-coef must be positive (use --moe-balance none to turn balancing off), got", v); }
+        else if (!strcmp(f, "--capacity-factor")) ok = parse_float(v, 0, 1e6f, &mc.moe_capacity);
+        else if (!strcmp(f, "--moe-groups")) ok = parse_int(v, 1, 64, &mc.moe_groups);
+        else if (!strcmp(f, "--moe-top-groups")) ok = parse_int(v, 1, 64, &mc.moe_top_groups);
+        else if (!strcmp(f, "--moe-first-dense")) ok = parse_int(v, 0, 1 << 16, &mc.moe_first_dense);
+        else if (!strcmp(f, "--moe-every")) ok = parse_int(v, 1, 1 << 16, &mc.moe_every);
+        else if (!strcmp(f, "--moe-gate")) {
+            if (!strcmp(v, "softmax")) mc.moe_gate = US_MOE_SOFTMAX;
+            else if (!strcmp(v, "sigmoid")) mc.moe_gate = US_MOE_SIGMOID;
+            else return bad("--moe-gate must be softmax or sigmoid, got", v);
+        } else if (!strcmp(f, "--moe-balance")) {
+            if (!strcmp(v, "bias")) mc.moe_balance = US_MOE_BALANCE_BIAS;
+            else if (!strcmp(v, "aux")) mc.moe_balance = US_MOE_BALANCE_AUX;
+            else if (!strcmp(v, "none")) mc.moe_balance = US_MOE_BALANCE_NONE;
+            else return bad("--moe-balance must be bias, aux or none, got", v);
+        }
         else if (!strcmp(f, "--peak-tflops")) ok = parse_float(v, 1e-6f, 1e9f, &o.peak_tflops);
         else if (!strcmp(f, "--schedule")) {
             if (!strcmp(v, "cosine")) tc.schedule = US_LR_COSINE;
@@ -597,6 +661,11 @@ int main(int argc, char **argv) {
         i += takes;
     }
     mc.vocab = vocab; mc.dim = dim; mc.ffn_dim = ffn;
+    if (!mc.moe_experts && (mc.moe_top_k || mc.moe_shared || mc.moe_ffn_dim || mc.moe_gate || mc.moe_balance || mc.moe_bias_rate != 0 ||
+                            mc.moe_aux_coef != 0 || mc.moe_capacity != 0 || mc.moe_groups || mc.moe_top_groups || mc.moe_first_dense || mc.moe_every)) {
+        fprintf(stderr, "train: --top-k and the other --moe flags configure a mixture of experts and need --experts E (sampling's top-k is --sample-top-k)\n");
+        return 2;
+    }
     tc.grad_clip = clip > 0 ? clip : -1.0f;
     if (!o.data_path) {   /* the built-in task: a small model, sequences of whole problems */
         if (!tc.seq) tc.seq = 4 * US_TASK_LINE - 1;

@@ -103,5 +103,11 @@ check "--tp 3 with 4 heads exits 2 naming them" $([ "$RC" -eq 2 ] && [[ "$ERR" =
 run --zero 4
 check "--zero 4 exits 2" $([ "$RC" -eq 2 ]; echo $?)
 
+# mixture of experts: Mixtral-8x7B's published 46.7 B total and 12.9 B active parameters
+run --model mixtral-8x7b
+check "mixtral-8x7b: 46,702,792,704 parameters, 12,879,925,248 active per token" \
+    $([ "$RC" -eq 0 ] && [[ "$OUT" == *"46,702,792,704"* ]] && [[ "$OUT" == *"12,879,925,248"* ]]; echo $?)
+run --experts 4 --top-k 5
+check "--experts 4 --top-k 5 exits 2 in one sentence" $([ "$RC" -eq 2 ] && [[ "$ERR" == *"top-k=5 must be in 1..experts=4"* ]]; echo $?)
 echo "test_memory_cli: $PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]

@@ -119,5 +119,34 @@ expect 2 "zb1 without recompute" "does not combine with recompute" -- --pp 2 --p
 same_curve "--pp 2 --dp 2 (1F1B, 4 micro-batches) trains the task to the loss curve of one rank" pp1 pp -- --grad-accum 4 --pp 2 --dp 2
 same_curve "--pp 2 --pp-schedule zb1 --micro-batches 4 trains the task to the loss curve of one rank" pp1 zb -- --micro-batches 4 --pp 2 --pp-schedule zb1
 if grep -q '"pp_bubble": 0\.[0-9]' "$T/zb.jsonl" 2>/dev/null; then ok "the pipeline log has pp_bubble"; else bad "the pipeline log has pp_bubble"; fi
+# mixture of experts: flags, errors, a MoE run that learns, the router statistics in the log
+expect 2 "--top-k needs --experts" "need --experts E \(sampling's top-k is --sample-top-k\)" -- --top-k 2
+expect 2 "bad --moe-gate" "--moe-gate must be softmax or sigmoid, got relu" -- --experts 4 --moe-gate relu
+expect 2 "bad --moe-balance" "--moe-balance must be bias, aux or none, got lossy" -- --experts 4 --moe-balance lossy
+expect 2 "top-k above the experts" "moe top-k=5 must be in 1..experts=4" -- --experts 4 --top-k 5
+expect 2 "groups must divide the experts" "moe groups=4 must divide experts=6" -- --experts 6 --moe-groups 4
+expect 2 "MoE refuses data parallelism for now" "the MoE layer runs on one rank for now" -- --experts 4 --dp 2
+expect 2 "bad capacity factor" "bad value for --capacity-factor: -1" -- --experts 4 --capacity-factor -1
+"$BIN" --experts 4 --top-k 2 --threads 1 --steps 60 --eval-every 0 --quiet --log "$T/moe.jsonl" > "$T/moe.txt" 2>&1; rc=$?
+if [ "$rc" -eq 0 ] && python3 - "$T/moe.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 60
+assert all(k in r for r in rows for k in ("moe_imbalance", "moe_aux_loss", "moe_drop_frac", "moe_load"))
+assert all(sum(r["moe_load"]) == 16 * 71 * 2 * 2 for r in rows), "tokens x top-k x MoE layers"
+assert all(r["moe_imbalance"] >= 1 for r in rows)
+first, last = rows[0]["loss"], sum(r["loss"] for r in rows[-5:]) / 5
+print("  MoE loss %.3f -> %.3f" % (first, last))
+assert first > 5 and last < 0.6 * first, (first, last)
+PY
+then ok "--experts 4 --top-k 2 learns the task (loss falls), the log has moe_imbalance, moe_load, ..."; else bad "MoE training run (exit $rc) $(tail -3 "$T/moe.txt")"; fi
+"$BIN" --experts 4 --top-k 2 --shared-expert --moe-gate sigmoid --moe-balance aux --moe-aux-coef 0.1 --capacity-factor 1 --moe-groups 2 --moe-top-groups 1 \
+      --moe-first-dense 1 --layers 3 --threads 1 --steps 3 --eval-every 0 --log "$T/moe2.jsonl" > "$T/moe2.txt" 2>&1; rc=$?
+if [ "$rc" -eq 0 ] && grep -q "moe: 2 of 3 layers, E=4 top-2 Fe=64 + shared, sigmoid gates, balance aux | group-limited" "$T/moe2.txt" && python3 - "$T/moe2.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 3 and all(r["moe_aux_loss"] > 0 and 0 <= r["moe_drop_frac"] < 1 for r in rows)
+PY
+then ok "shared expert, sigmoid gates, aux loss, capacity, group-limited routing, first layer dense: a run and its log"; else bad "MoE options run (exit $rc) $(tail -3 "$T/moe2.txt")"; fi
 echo "test_train_cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
