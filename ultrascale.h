@@ -1951,8 +1951,14 @@ static double us__cpu_sumsq(us_ops *o, const float *x, int64_t n) {
 }
 
 /* Mixture-of-experts ops (// >>moe has the layer built from them). The router works per token:
-   scores, the allowed groups, then top-k by repeated argmax (K is small), lower index on ties. */
-static void us__moe_route_row(int32_t *topk, float *gates, float *probs, const float *lg, const float *bias, int E, int K, int gate,
+   scores, the allowed groups, then top-k by repeated argmax (K is small), lower index on ties.
+   One function for both backends: the CUDA router's thread per token calls it too. */
+#ifdef __CUDACC__
+#define US__HD __host__ __device__
+#else
+#define US__HD
+#endif
+static US__HD void us__moe_route_row(int32_t *topk, float *gates, float *probs, const float *lg, const float *bias, int E, int K, int gate,
                               int G, int M) {
     int e, k, g, S = E / G;
     uint64_t allowed = ~(uint64_t)0;

@@ -2447,59 +2447,16 @@ static void us__cuda_attn_block_bwd(us_ops *o, float *dq, float *dkv, const void
 /* ------------------------------------------------------------------------------------ */
 // >>cuda-moe  mixture-of-experts routing and row movement (simple kernels, the CPU's rules)
 /* ------------------------------------------------------------------------------------ */
-/* Router: one thread per token, the CPU reference's algorithm step for step (scores, the M best
-   groups as a bit mask, top-k by repeated argmax, lower index on ties). probs doubles as the
-   token's score row; rowsum (may be NULL) receives Σ_e probs for the aux loss's psum. */
+/* Router: one thread per token, running the CPU reference's own us__moe_route_row (scores, the
+   M best groups as a bit mask, top-k by repeated argmax, lower index on ties); rowsum (may be
+   NULL) receives Σ_e probs for the aux loss's psum. */
 __global__ void us__k_moe_route(int32_t *topk, float *gates, float *probs, float *rowsum, const float *logits, const float *bias,
                                 int64_t N, int E, int K, int gate, int G, int M) {
     int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const float *lg;
-    float *p, sum = 0;
-    int32_t *tk;
-    int e, k, g, S = E / G;
-    unsigned long long allowed = ~0ull;
+    int e;
     if (n >= N) return;
-    lg = logits + n * E; p = probs + n * E; tk = topk + n * K;
-    if (gate == US_MOE_SIGMOID) for (e = 0; e < E; e++) p[e] = 1.0f / (1.0f + expf(-lg[e]));
-    else {
-        float mx = -INFINITY;
-        double z = 0;
-        for (e = 0; e < E; e++) mx = fmaxf(mx, lg[e]);
-        for (e = 0; e < E; e++) z += exp((double)(lg[e] - mx));
-        for (e = 0; e < E; e++) p[e] = (float)(exp((double)(lg[e] - mx)) / z);
-    }
-    if (M < G) {
-        allowed = 0;
-        for (k = 0; k < M; k++) {
-            int best = -1;
-            float bs = 0;
-            for (g = 0; g < G; g++) {
-                float a = -INFINITY, b = -INFINITY, sc;
-                if (allowed >> g & 1) continue;
-                for (e = g * S; e < (g + 1) * S; e++) {
-                    float v = p[e] + (bias ? bias[e] : 0.0f);
-                    if (v > a) { b = a; a = v; } else if (v > b) b = v;
-                }
-                sc = S > 1 ? a + b : a;
-                if (best < 0 || sc > bs) { best = g; bs = sc; }
-            }
-            allowed |= 1ull << best;
-        }
-    }
-    for (k = 0; k < K; k++) {
-        int best = -1, j;
-        float bs = 0;
-        for (e = 0; e < E; e++) {
-            float v = p[e] + (bias ? bias[e] : 0.0f);
-            int taken = !(allowed >> (e / S) & 1);
-            for (j = 0; j < k && !taken; j++) taken = tk[j] == e;
-            if (!taken && (best < 0 || v > bs)) { best = e; bs = v; }
-        }
-        tk[k] = best;
-    }
-    for (k = 0; k < K; k++) { gates[n * K + k] = p[tk[k]]; sum += p[tk[k]]; }
-    if (gate == US_MOE_SIGMOID) for (k = 0; k < K; k++) gates[n * K + k] /= sum + 1e-20f;
-    if (rowsum) { double t = 0; for (e = 0; e < E; e++) t += p[e]; rowsum[n] = (float)t; }
+    us__moe_route_row(topk + n * K, gates + n * K, probs + n * E, logits + n * E, bias, E, K, gate, G, M);
+    if (rowsum) { double t = 0; for (e = 0; e < E; e++) t += probs[n * E + e]; rowsum[n] = (float)t; }
 }
 /* psum[e] = Σ_n probs[n,e] / rowsum[n]: one block per expert, a fixed order (deterministic) */
 __global__ void us__k_moe_psum(float *psum, const float *probs, const float *rowsum, int64_t N, int E) {
