@@ -545,7 +545,7 @@ static void test_estimator_and_config(void) {
             {"must be in 1..experts", 4, 5, 0, 0, 1, 0},
             {"must divide experts", 6, 2, 4, 0, 1, 0},
             {"do not fit in top-groups", 8, 4, 4, 1, 1, 0},
-            {"runs on one rank for now", 4, 2, 0, 0, 2, 0},
+            {"does not combine with tp, cp or pp yet", 4, 2, 0, 0, 2, 0},
             {"capacity factor", 4, 2, 0, 0, 1, -1},
             {"need experts > 0", 0, 2, 0, 0, 1, 0},
         };
