@@ -1045,6 +1045,8 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
             US__BAD("the MoE layer does not combine with tp, cp or pp yet (tp=%d, cp=%d, pp=%d): use dp and ep", tc->tp, tc->cp, tc->pp);
         if (tc->ep > 1 && tc->zero)
             US__BAD("ZeRO with expert parallelism is not supported (expert gradients are reduced over the expert-data-parallel group, not dp): use zero 0");
+        if (tc->zero == 2)
+            US__BAD("ZeRO-2 with MoE layers is not supported (a layer's expert gradients are all written before any is reduced, more than its two gradient slots hold): use zero 1 or 3");
     }
     if (tc->ep < 1) US__BAD("ep=%d must be at least 1", tc->ep);
     if (tc->ep > 1 && !mc->moe_experts) US__BAD("expert parallelism (ep=%d) needs a MoE model: set experts > 0", tc->ep);
