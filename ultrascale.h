@@ -1041,8 +1041,9 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
         if (mc->moe_top_groups < 1 || mc->moe_top_groups > G) US__BAD("moe top-groups=%d must be in 1..groups=%d", mc->moe_top_groups, G);
         if (mc->moe_top_k > mc->moe_top_groups * (E / G))
             US__BAD("top-k=%d experts do not fit in top-groups=%d groups of %d experts", mc->moe_top_k, mc->moe_top_groups, E / G);
-        if (tc->tp > 1 || tc->cp > 1 || tc->pp > 1)
-            US__BAD("the MoE layer does not combine with tp, cp or pp yet (tp=%d, cp=%d, pp=%d): use dp and ep", tc->tp, tc->cp, tc->pp);
+        if (tc->cp > 1 || tc->pp > 1)
+            US__BAD("the MoE layer does not combine with cp or pp yet (cp=%d, pp=%d): use dp, ep and tp", tc->cp, tc->pp);
+        if (tc->sp) US__BAD("sequence parallelism with MoE layers is not supported yet (the MoE layer runs on every tp rank's whole sequence): drop sp");
         if (tc->ep > 1 && tc->zero)
             US__BAD("ZeRO with expert parallelism is not supported (expert gradients are reduced over the expert-data-parallel group, not dp): use zero 0");
         if (tc->zero == 2)
@@ -4193,6 +4194,9 @@ static us_result us__moe_step_end(us_model *m) {
    summed over dp×cp. Each rank's loss gradient is already scaled by the global batch, and every
    token's contribution to an expert reaches the expert's rank, so both sums are the global
    gradient. The router bias and the routing statistics are summed over dp×cp (us__moe_step_end).
+   Tensor parallelism does not split a MoE layer: every tp rank runs it whole on the same tokens
+   (the experts are replicated over tp, the compute repeated), so its input gradient needs no
+   all-reduce; each tp index has its own dp×cp group, hence its own ep and expert-dp groups.
    Buffers: without a capacity limit nothing bounds how many rows a rank receives below every
    row of every peer, so the expert-side tensors hold ep·R rows (us__moe_bytes). */
 static us_result us__ep_init(us_model *m) {
@@ -4369,8 +4373,9 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
             if ((r = us__grads_ready(m, US__PL(l, US__P_GATE), US__PL(l, US__P_UP) + 1)) != US_OK) return r;
         }
     }
-    /* f (TP: all-reduce) or g's conjugate (SP: reduce-scatter): the column-parallel input's gradient */
-    if ((r = sp ? us__sp_scatter(m, dlnp, dln, Ns) : us__tp_sum(m, dln, N * C, dt)) != US_OK) return r;
+    /* f (TP: all-reduce) or g's conjugate (SP: reduce-scatter): the column-parallel input's gradient.
+       A MoE layer is not split over tp (each tp rank runs it whole, // >>moe): its gradient is complete */
+    if (m->moe_idx[l] < 0 && (r = sp ? us__sp_scatter(m, dlnp, dln, Ns) : us__tp_sum(m, dln, N * C, dt)) != US_OK) return r;
     if ((r = us__norm_bwd(m, dres, US__PL(l, US__P_LN2), dlnp, A->xmid, A->rstd2, Ns)) != US_OK) return r;
     if ((r = us__grads_ready(m, US__PL(l, US__P_LN2), US__PL(l, US__P_LN2) + 1)) != US_OK) return r;
     /* attention: xmid = x + attention(rope(ln1·Wqkv^T))·Wo^T */

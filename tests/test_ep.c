@@ -5,8 +5,9 @@
    be the same on every rank. Configurations: ep 2 and 4 (= dp), dp 4 × ep 2 (each expert on two
    ranks, its gradient reduced over them), data parallelism without ep, the shared expert with
    sigmoid gates, the auxiliary loss with a capacity limit (uneven and empty per-peer counts),
-   recomputation with accumulation. Per-rank memory equals the estimator; bad ep settings are
-   refused in one sentence.
+   recomputation with accumulation, ZeRO-1/3 without ep, and tensor parallelism (tp 2, dp 2 ×
+   tp 2 × ep 2, dp 4 × tp 2 × ep 2: the MoE layer runs whole on each tp rank, the ep groups are
+   per tp index). Per-rank memory equals the estimator; bad settings are refused in one sentence.
 
    The reference is one rank running each data-parallel rank's micro-batch as a micro-batch of
    its own (grad_accum × dp of them): the auxiliary loss and the capacity limit are statistics
@@ -79,13 +80,21 @@ static us_result rank_fn(us_comm *c, void *arg) {
         if (rank == 0) { R->loss[s] = st.loss; R->gnorm[s] = st.grad_norm; R->imb[s] = st.moe_imbalance; R->aux[s] = st.moe_aux_loss; }
     }
     if (r == US_OK) {
-        /* the weights: replicated tensors from rank 0, each expert from the first rank holding it */
-        int owner = m.ep > 1 ? m.edp_g.rank == 0 : rank == 0;
+        /* the weights: replicated tensors from dp rank 0, each expert from the first rank holding it,
+           tensor-parallel slices from every tp rank into their place in the full tensor */
+        int tp = m.tc.tp, t = m.mesh.tp_rank;
         for (i = 0; i < m.n_params_t; i++) {
             const us_param *p = &m.params[i];
-            int j = ref_index(R, p->name);
+            int j = ref_index(R, p->name), first = p->expert && m.ep > 1 ? m.edp_g.rank == 0 : m.mesh.dp_rank == 0;
+            int64_t e;
             if (j < 0) { printf("  rank %d: tensor %s is not in the reference\n", rank, p->name); r = US_ERR_INVALID; break; }
-            if (p->expert ? owner : rank == 0) memcpy(R->weights + R->refoff[j], (const float *)m.w + p->offset, (size_t)p->numel * 4);
+            if (!first || (!p->tp_split && t != 0)) continue;
+            for (e = 0; e < p->numel; e++) {
+                int64_t rr = p->ndim == 2 ? e / p->shape[1] : e, cc = p->ndim == 2 ? e % p->shape[1] : 0, f = e;
+                if (p->tp_split == 1) f = (t * p->shape[0] + rr) * p->shape[1] + cc;
+                if (p->tp_split == 2) f = rr * p->shape[1] * tp + t * p->shape[1] + cc;
+                R->weights[R->refoff[j] + f] = ((const float *)m.w)[p->offset + e];
+            }
         }
         if (m.n_moe) {
             size_t nb = (size_t)m.n_moe * m.cfg.moe_experts, e;
@@ -103,7 +112,7 @@ static us_result rank_fn(us_comm *c, void *arg) {
 static us_model_config moe_model(int E, int K) {
     us_model_config mc;
     memset(&mc, 0, sizeof mc);
-    mc.vocab = 19; mc.dim = 16; mc.n_layers = 2; mc.n_heads = 4; mc.n_kv_heads = 2; mc.ffn_dim = 24;
+    mc.vocab = 20;   /* divisible by tp 2 */ mc.dim = 16; mc.n_layers = 2; mc.n_heads = 4; mc.n_kv_heads = 2; mc.ffn_dim = 24;
     mc.init_std = 0.3f;
     mc.moe_experts = E; mc.moe_top_k = K; mc.moe_ffn_dim = 12;
     mc.moe_bias_rate = 1e-2f;   /* large enough that the bias visibly moves in a few steps */
@@ -115,6 +124,7 @@ typedef struct variant {
     int dp, ep, E, K, accum, shared, sigmoid, aux, zero;
     float cap;
     us_recompute rc;
+    int tp;
 } variant;
 
 static void setup(run *R, const variant *v, int ranks) {
@@ -126,7 +136,7 @@ static void setup(run *R, const variant *v, int ranks) {
     R->mc.moe_capacity = v->cap;
     R->tc.batch = GB / v->dp; R->tc.seq = T; R->tc.steps = STEPS; R->tc.lr = 1e-2f; R->tc.threads = 1; R->tc.seed = 11;
     R->tc.recompute = v->rc; R->tc.bucket_mb = 0.002f;   /* small buckets: several units of each kind */
-    if (ranks > 1) { R->tc.dp = v->dp; R->tc.ep = v->ep; R->tc.zero = v->zero; R->tc.grad_accum = v->accum; }
+    if (ranks > 1) { R->tc.dp = v->dp; R->tc.ep = v->ep; R->tc.zero = v->zero; R->tc.grad_accum = v->accum; R->tc.tp = v->tp > 1 ? v->tp : 1; }
     else R->tc.grad_accum = v->accum * v->dp;   /* one rank: each rank's micro-batch in turn */
 }
 
@@ -151,11 +161,11 @@ static void run_variant(const variant *v) {
     ref.weights = (float *)calloc((size_t)ref.n_ref, 4);
     CHECK(us_test_launch(1, rank_fn, &ref, NULL, 0) == US_OK, "%s: the reference ran", v->what);
 
-    setup(&R, v, v->dp);
+    setup(&R, v, v->dp * (v->tp > 1 ? v->tp : 1));
     R.in = ref.in; R.tgt = ref.tgt; R.np_t = ref.np_t; R.names = ref.names; R.refoff = ref.refoff; R.n_ref = ref.n_ref;
     R.weights = (float *)calloc((size_t)ref.n_ref, 4);
     R.ref_bias = ref.bias;
-    if (us_test_launch(v->dp, rank_fn, &R, R.res, 0) != US_OK) CHECK(0, "%s: ran on %d ranks", v->what, v->dp);
+    if (us_test_launch(v->dp * R.tc.tp, rank_fn, &R, R.res, 0) != US_OK) CHECK(0, "%s: ran on %d ranks", v->what, v->dp * R.tc.tp);
     else {
         for (s = 0; s < STEPS; s++) {
             double dl = fabs(R.loss[s] - ref.loss[s]) / fabs(ref.loss[s]), dg = fabs(R.gnorm[s] - ref.gnorm[s]) / fabs(ref.gnorm[s]);
@@ -164,12 +174,12 @@ static void run_variant(const variant *v) {
             dl = fabs(R.imb[s] - ref.imb[s]) + fabs(R.aux[s] - ref.aux[s]) / (fabs(ref.aux[s]) + 1e-30);
             if (dl > ms) ms = dl;
         }
-        for (i = 0; i < v->dp; i++) shard_ok &= R.n_expert_t[i] == 3 * (v->E / v->ep) * R.mc.n_layers;
+        for (i = 0; i < v->dp * R.tc.tp; i++) shard_ok &= R.n_expert_t[i] == 3 * (v->E / v->ep) * R.mc.n_layers;
         for (i = 0; i < v->E * R.mc.n_layers; i++) if (fabs(ref.bias[i]) > bmax) bmax = fabs(ref.bias[i]);
         /* (ZeRO-3 ranks hold pieces of the flat buffers: there the losses and norms of every step speak) */
         for (i = 0; i < ref.n_ref && v->zero < 3; i++) { double d = fabs(R.weights[i] - ref.weights[i]); if (d > mw) mw = d; }
-        for (i = 0; i < v->dp; i++) if (R.bias_diff[i] > mb) mb = R.bias_diff[i];
-        for (i = 0; i < v->dp; i++) mem_ok &= R.mem[i].total == R.est[i].total && R.mem[i].activations == R.est[i].activations && R.mem[i].params == R.est[i].params;
+        for (i = 0; i < v->dp * R.tc.tp; i++) if (R.bias_diff[i] > mb) mb = R.bias_diff[i];
+        for (i = 0; i < v->dp * R.tc.tp; i++) mem_ok &= R.mem[i].total == R.est[i].total && R.mem[i].activations == R.est[i].activations && R.mem[i].params == R.est[i].params;
         CHECK(ml < 1e-5 && mg < 1e-5 && mw < 1e-4, "%s: %d steps equal one rank (loss rel %.1e, grad norm rel %.1e, weights abs %.1e)",
               v->what, STEPS, ml, mg, mw);
         CHECK(mb < 1e-6 && (v->aux || bmax > 0), "%s: the router bias is the reference's on every rank (max diff %.1e; max |bias| %.2f)", v->what, mb, bmax);
@@ -182,14 +192,15 @@ static void run_variant(const variant *v) {
 }
 
 static void test_refusals(void) {
-    struct { const char *msg; int E, dp, ep, zero, tp; } bad[] = {
-        {"must divide dp x cp", 4, 4, 3, 0, 1},
-        {"must divide experts", 6, 4, 4, 0, 1},
-        {"needs a MoE model", 0, 2, 2, 0, 1},
-        {"ZeRO with expert parallelism", 4, 2, 2, 1, 1},
-        {"ZeRO-2 with MoE layers", 4, 2, 1, 2, 1},
-        {"does not combine with tp", 4, 2, 2, 0, 2},
-        {"ep=-1 must be at least 1", 4, 2, -1, 0, 1},
+    struct { const char *msg; int E, dp, ep, zero, tp, sp, cp; } bad[] = {
+        {"must divide dp x cp", 4, 4, 3, 0, 1, 0, 1},
+        {"must divide experts", 6, 4, 4, 0, 1, 0, 1},
+        {"needs a MoE model", 0, 2, 2, 0, 1, 0, 1},
+        {"ZeRO with expert parallelism", 4, 2, 2, 1, 1, 0, 1},
+        {"ZeRO-2 with MoE layers", 4, 2, 1, 2, 1, 0, 1},
+        {"sequence parallelism with MoE layers", 4, 2, 2, 0, 2, 1, 1},
+        {"does not combine with cp or pp", 4, 1, 2, 0, 1, 0, 2},
+        {"ep=-1 must be at least 1", 4, 2, -1, 0, 1, 0, 1},
     };
     int i;
     for (i = 0; i < (int)(sizeof bad / sizeof bad[0]); i++) {
@@ -198,7 +209,7 @@ static void test_refusals(void) {
         char err[256] = "";
         us_result r;
         memset(&tc, 0, sizeof tc);
-        tc.dp = bad[i].dp; tc.ep = bad[i].ep; tc.zero = bad[i].zero; tc.tp = bad[i].tp;
+        tc.dp = bad[i].dp; tc.ep = bad[i].ep; tc.zero = bad[i].zero; tc.tp = bad[i].tp; tc.sp = bad[i].sp; tc.cp = bad[i].cp;
         if (!bad[i].E) { mc.moe_ffn_dim = 0; mc.moe_top_k = 0; mc.moe_bias_rate = 0; }
         r = us_config_validate(&mc, &tc, err, sizeof err);
         CHECK(r == US_ERR_INVALID && strstr(err, bad[i].msg) && !strchr(err, '\n'), "refused in one sentence: %s", err);
@@ -207,17 +218,21 @@ static void test_refusals(void) {
 
 int main(int argc, char **argv) {
     static const variant vs[] = {
-        /* what                                        dp ep E  K  acc sh sig aux z  cap  recompute */
-        {"ep 2 (dp 2)",                                2, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE},
-        {"ep 4 (dp 4)",                                4, 4, 8, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE},
-        {"dp 4 x ep 2 (experts on 2 ranks each)",      4, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE},
-        {"dp 2 without ep",                            2, 1, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE},
-        {"ep 2, shared expert, sigmoid gates",         2, 2, 4, 2, 1, 1, 1, 0, 0, 0, US_RECOMPUTE_NONE},
-        {"ep 4, top-1, aux loss, capacity 0.5",        4, 4, 8, 1, 1, 0, 0, 1, 0, 0.5f, US_RECOMPUTE_NONE},
-        {"dp 4 x ep 2, accum 2, selective recompute",  4, 2, 4, 2, 2, 1, 0, 0, 0, 0, US_RECOMPUTE_SELECTIVE},
-        {"ep 2, accum 2, full recompute",              2, 2, 4, 2, 2, 0, 1, 0, 0, 0, US_RECOMPUTE_FULL},
-        {"dp 2 without ep, ZeRO-1",                    2, 1, 4, 2, 1, 0, 0, 0, 1, 0, US_RECOMPUTE_NONE},
-        {"dp 2 without ep, ZeRO-3",                    2, 1, 4, 2, 1, 0, 0, 0, 3, 0, US_RECOMPUTE_NONE},
+        /* what                                        dp ep E  K  acc sh sig aux z  cap  recompute  tp */
+        {"ep 2 (dp 2)",                                2, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1},
+        {"ep 4 (dp 4)",                                4, 4, 8, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1},
+        {"dp 4 x ep 2 (experts on 2 ranks each)",      4, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1},
+        {"dp 2 without ep",                            2, 1, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1},
+        {"ep 2, shared expert, sigmoid gates",         2, 2, 4, 2, 1, 1, 1, 0, 0, 0, US_RECOMPUTE_NONE, 1},
+        {"ep 4, top-1, aux loss, capacity 0.5",        4, 4, 8, 1, 1, 0, 0, 1, 0, 0.5f, US_RECOMPUTE_NONE, 1},
+        {"dp 4 x ep 2, accum 2, selective recompute",  4, 2, 4, 2, 2, 1, 0, 0, 0, 0, US_RECOMPUTE_SELECTIVE, 1},
+        {"ep 2, accum 2, full recompute",              2, 2, 4, 2, 2, 0, 1, 0, 0, 0, US_RECOMPUTE_FULL, 1},
+        {"dp 2 without ep, ZeRO-1",                    2, 1, 4, 2, 1, 0, 0, 0, 1, 0, US_RECOMPUTE_NONE, 1},
+        {"dp 2 without ep, ZeRO-3",                    2, 1, 4, 2, 1, 0, 0, 0, 3, 0, US_RECOMPUTE_NONE, 1},
+        {"tp 2 (MoE whole on each tp rank)",           1, 1, 4, 2, 1, 1, 0, 0, 0, 0, US_RECOMPUTE_NONE, 2},
+        {"dp 2 x tp 2 x ep 2",                         2, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 2},
+        {"dp 2 x tp 2 x ep 2, shared, sigmoid, full recompute", 2, 2, 4, 2, 2, 1, 1, 0, 0, 0, US_RECOMPUTE_FULL, 2},
+        {"dp 4 x tp 2 x ep 2, aux loss",               4, 2, 4, 2, 1, 0, 0, 1, 0, 0, US_RECOMPUTE_NONE, 2},
     };
     int i;
     us_test_verbose = argc > 1 && !strcmp(argv[1], "-v");
