@@ -46,6 +46,7 @@ typedef struct run {
     double bias_diff[MAXR];   /* each rank's largest difference from ref_bias */
     us_memory mem[MAXR], est[MAXR];
     us_result res[MAXR];
+    int skew;                 /* see variant */
 } run;
 
 static int ref_index(const run *R, const char *name) {
@@ -66,6 +67,11 @@ static us_result rank_fn(us_comm *c, void *arg) {
     if (r != US_OK) { printf("  rank %d init: %s\n", rank, m.err); free(in); free(tgt); return r; }
     us_memory_estimate(&R->mc, &tc, &R->est[rank], NULL, 0);
     R->mem[rank] = m.mem;
+    if (R->skew) {   /* the router bias steers the choice: experts 0..K-1 win every token */
+        size_t e, E = (size_t)m.cfg.moe_experts;
+        for (e = 0; e < (size_t)m.n_moe * E; e++) m.moe_bias_h[e] = (int)(e % E) < m.cfg.moe_top_k ? 100.0f : 0.0f;
+        m.ops.copy(&m.ops, m.moe_bias, m.moe_bias_h, (size_t)m.n_moe * E * 4, US_COPY_H2D);
+    }
     dr = m.mesh.dp_rank;
     for (i = 0; i < m.n_params_t; i++) R->n_expert_t[rank] += m.params[i].expert;
     for (s = 0; s < STEPS && r == US_OK; s++) {
@@ -125,6 +131,7 @@ typedef struct variant {
     float cap;
     us_recompute rc;
     int tp;
+    int skew;                 /* a large router bias sends every token to experts 0..K-1: the other ranks' experts get nothing */
 } variant;
 
 static void setup(run *R, const variant *v, int ranks) {
@@ -135,6 +142,7 @@ static void setup(run *R, const variant *v, int ranks) {
     if (v->aux) R->mc.moe_balance = US_MOE_BALANCE_AUX;
     R->mc.moe_capacity = v->cap;
     R->tc.batch = GB / v->dp; R->tc.seq = T; R->tc.steps = STEPS; R->tc.lr = 1e-2f; R->tc.threads = 1; R->tc.seed = 11;
+    R->skew = v->skew;
     R->tc.recompute = v->rc; R->tc.bucket_mb = 0.002f;   /* small buckets: several units of each kind */
     if (ranks > 1) { R->tc.dp = v->dp; R->tc.ep = v->ep; R->tc.zero = v->zero; R->tc.grad_accum = v->accum; R->tc.tp = v->tp > 1 ? v->tp : 1; }
     else R->tc.grad_accum = v->accum * v->dp;   /* one rank: each rank's micro-batch in turn */
@@ -219,20 +227,21 @@ static void test_refusals(void) {
 int main(int argc, char **argv) {
     static const variant vs[] = {
         /* what                                        dp ep E  K  acc sh sig aux z  cap  recompute  tp */
-        {"ep 2 (dp 2)",                                2, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1},
-        {"ep 4 (dp 4)",                                4, 4, 8, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1},
-        {"dp 4 x ep 2 (experts on 2 ranks each)",      4, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1},
-        {"dp 2 without ep",                            2, 1, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1},
-        {"ep 2, shared expert, sigmoid gates",         2, 2, 4, 2, 1, 1, 1, 0, 0, 0, US_RECOMPUTE_NONE, 1},
-        {"ep 4, top-1, aux loss, capacity 0.5",        4, 4, 8, 1, 1, 0, 0, 1, 0, 0.5f, US_RECOMPUTE_NONE, 1},
-        {"dp 4 x ep 2, accum 2, selective recompute",  4, 2, 4, 2, 2, 1, 0, 0, 0, 0, US_RECOMPUTE_SELECTIVE, 1},
-        {"ep 2, accum 2, full recompute",              2, 2, 4, 2, 2, 0, 1, 0, 0, 0, US_RECOMPUTE_FULL, 1},
-        {"dp 2 without ep, ZeRO-1",                    2, 1, 4, 2, 1, 0, 0, 0, 1, 0, US_RECOMPUTE_NONE, 1},
-        {"dp 2 without ep, ZeRO-3",                    2, 1, 4, 2, 1, 0, 0, 0, 3, 0, US_RECOMPUTE_NONE, 1},
-        {"tp 2 (MoE whole on each tp rank)",           1, 1, 4, 2, 1, 1, 0, 0, 0, 0, US_RECOMPUTE_NONE, 2},
-        {"dp 2 x tp 2 x ep 2",                         2, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 2},
-        {"dp 2 x tp 2 x ep 2, shared, sigmoid, full recompute", 2, 2, 4, 2, 2, 1, 1, 0, 0, 0, US_RECOMPUTE_FULL, 2},
-        {"dp 4 x tp 2 x ep 2, aux loss",               4, 2, 4, 2, 1, 0, 0, 1, 0, 0, US_RECOMPUTE_NONE, 2},
+        {"ep 2 (dp 2)",                                2, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0},
+        {"ep 4 (dp 4)",                                4, 4, 8, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0},
+        {"dp 4 x ep 2 (experts on 2 ranks each)",      4, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0},
+        {"dp 2 without ep",                            2, 1, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0},
+        {"ep 2, shared expert, sigmoid gates",         2, 2, 4, 2, 1, 1, 1, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0},
+        {"ep 4, top-1, aux loss, capacity 0.5",        4, 4, 8, 1, 1, 0, 0, 1, 0, 0.5f, US_RECOMPUTE_NONE, 1, 0},
+        {"dp 4 x ep 2, accum 2, selective recompute",  4, 2, 4, 2, 2, 1, 0, 0, 0, 0, US_RECOMPUTE_SELECTIVE, 1, 0},
+        {"ep 2, accum 2, full recompute",              2, 2, 4, 2, 2, 0, 1, 0, 0, 0, US_RECOMPUTE_FULL, 1, 0},
+        {"dp 2 without ep, ZeRO-1",                    2, 1, 4, 2, 1, 0, 0, 0, 1, 0, US_RECOMPUTE_NONE, 1, 0},
+        {"dp 2 without ep, ZeRO-3",                    2, 1, 4, 2, 1, 0, 0, 0, 3, 0, US_RECOMPUTE_NONE, 1, 0},
+        {"tp 2 (MoE whole on each tp rank)",           1, 1, 4, 2, 1, 1, 0, 0, 0, 0, US_RECOMPUTE_NONE, 2, 0},
+        {"dp 2 x tp 2 x ep 2",                         2, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 2, 0},
+        {"dp 2 x tp 2 x ep 2, shared, sigmoid, full recompute", 2, 2, 4, 2, 2, 1, 1, 0, 0, 0, US_RECOMPUTE_FULL, 2, 0},
+        {"dp 4 x tp 2 x ep 2, aux loss",               4, 2, 4, 2, 1, 0, 0, 1, 0, 0, US_RECOMPUTE_NONE, 2, 0},
+        {"ep 4, every token to rank 0's experts",      4, 4, 8, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 1},
     };
     int i;
     us_test_verbose = argc > 1 && !strcmp(argv[1], "-v");
