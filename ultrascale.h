@@ -596,7 +596,7 @@ typedef struct us_model {
     int      ep, ep_rank;     /* the ep group's size (1: off) and this rank's place in it */
     us_group ep_g;            /* the ranks of dp×cp that share the tokens' experts: consecutive dp×cp ranks */
     us_group edp_g;           /* expert data parallelism: the dp×cp ranks holding the same experts (their gradients' group) */
-    int64_t  moe_rx;          /* rows this rank's experts may receive: ep·R (every peer's every row) */
+    int64_t  moe_rx;          /* rows this rank's experts may receive: ep·R (every peer's every row), less under a capacity limit */
     int32_t  *ep_counts_h;    /* [cfg.n_layers][ep][E] host: the last forward's kept tokens per expert of every ep peer */
     char     err[256];
 } us_model;
@@ -3861,16 +3861,22 @@ static int64_t us__moe_rows(const us_model_config *c, int64_t N) {
     int64_t cap = us__moe_cap(c, N), nk = N * c->moe_top_k;
     return cap > 0 && cap * c->moe_experts < nk ? cap * c->moe_experts : nk;
 }
+/* Rows a rank's experts may run on (// >>ep): its own R on one rank; under expert parallelism
+   every peer may send it all its rows, ep·R, unless a capacity limit bounds each of its E/ep
+   experts to cap rows per peer: then ep·min(R, E/ep·cap) ≈ cf·N·K, whatever ep is. */
+static int64_t us__moe_rx(const us_model_config *c, const us_train_config *tc, int64_t N) {
+    int64_t ep = us__ep_of(tc), R = us__moe_rows(c, N), cap = us__moe_cap(c, N), lim = cap * (c->moe_experts / ep);
+    return ep * (cap > 0 && lim < R ? lim : R);
+}
 /* Bytes of one MoE layer's activations (us__moe_take's order) and of the backward's scratch
    (us__moe_scratch's): the estimator uses the same pieces. Under expert parallelism the rows a
    rank's experts run on (xe, gate|up, SwiGLU and their gradients) are sized for the worst case,
-   Rx = ep·R: every peer sends all its rows here (no capacity limit bounds them lower), plus a
-   transit buffer of Rx rows and the count table (// >>ep); n_moe MoE layers' routing counts are
-   summed over dp×cp in a small scratch. */
+   Rx (us__moe_rx), plus a transit buffer of Rx rows and the count table (// >>ep); n_moe MoE
+   layers' routing counts are summed over dp×cp in a small scratch. */
 static void us__moe_bytes(const us_model_config *c, const us_train_config *tc, int n_moe, int64_t N, size_t a, size_t *gemm, size_t *cheap,
                           size_t *scratch) {
     int64_t E = c->moe_experts, K = c->moe_top_k, Fe = c->moe_ffn_dim, R = us__moe_rows(c, N), C = c->dim, S = c->moe_shared;
-    int64_t ep = us__ep_of(tc), Rx = ep * R, hN = Rx > N * S ? Rx : N * S, nsum = tc->dp * tc->cp > 1 ? (int64_t)n_moe * E + 3 : 0;
+    int64_t ep = us__ep_of(tc), Rx = us__moe_rx(c, tc, N), hN = Rx > N * S ? Rx : N * S, nsum = tc->dp * tc->cp > 1 ? (int64_t)n_moe * E + 3 : 0;
     *gemm = us__align(N * E * 4) + us__align(Rx * 2 * Fe * a) + us__align(R * C * a) + (S ? us__align(N * 2 * Fe * a) : 0);
     *cheap = us__align(N * E * 4) + 3 * us__align(N * K * 4) + us__align(R * 4) + us__align(2 * E * 4) + us__align(Rx * C * a)
            + us__align(Rx * Fe * a) + (S ? us__align(N * Fe * a) : 0);
@@ -3935,7 +3941,7 @@ static us_result us__moe_init(us_model *m) {
     for (l = 0; l < c->n_layers; l++) m->moe_idx[l] = us__is_moe(c, m->layer_g[l]) ? m->n_moe++ : -1;
     if (!m->n_moe) return US_OK;
     m->moe_rows = us__moe_rows(c, (int64_t)m->tc.batch * m->tc.seq);
-    m->moe_rx = (int64_t)us__ep_of(&m->tc) * m->moe_rows;
+    m->moe_rx = us__moe_rx(c, &m->tc, (int64_t)m->tc.batch * m->tc.seq);
     nb = (size_t)m->n_moe * (size_t)E;
     if (m->ep > 1) {
         m->ep_counts_h = (int32_t *)US_MALLOC((size_t)c->n_layers * (size_t)m->ep * (size_t)E * sizeof(int32_t));
@@ -4198,7 +4204,10 @@ static us_result us__moe_step_end(us_model *m) {
    (the experts are replicated over tp, the compute repeated), so its input gradient needs no
    all-reduce; each tp index has its own dp×cp group, hence its own ep and expert-dp groups.
    Buffers: without a capacity limit nothing bounds how many rows a rank receives below every
-   row of every peer, so the expert-side tensors hold ep·R rows (us__moe_bytes). */
+   row of every peer, so the expert-side tensors hold ep·R rows; with one, each peer sends at most
+   cap rows per expert, E/ep·cap per rank (us__moe_rx, us__moe_bytes). Memory per rank then stays
+   near one rank's (cf·N·K rows) instead of growing with ep: a capacity factor is what keeps
+   expert parallelism's activation memory bounded. */
 static us_result us__ep_init(us_model *m) {
     us_result r;
     int R = m->mesh.dpcp_g.rank, ep = us__ep_of(&m->tc);
