@@ -3849,7 +3849,7 @@ struct us__moe_grads {   /* the backward's scratch, one action's (m->a[US__A_MOE
     float *dgates;   /* [N,K]   */
     float *dlogits;  /* [N,E]   */
     float *vec;      /* [E]     the auxiliary loss's Σ_n p' (forward), its coefficients (backward) */
-    void    *ept;    /* [ep·R,C] ep > 1: the all-to-all's rows in transit, by source rank (// >>ep) */
+    void    *ept;    /* [Rx,C]  ep > 1: the all-to-all's rows in transit, by source rank (// >>ep) */
     int32_t *epc;    /* [ep,E]  ep > 1: every ep peer's kept tokens per expert */
     double  *sum;    /* [MoE layers·E + 3] dp·cp > 1: the step's routing counts, summed over dp×cp */
 };
