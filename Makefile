@@ -93,6 +93,7 @@ RUNS = \
   "test_ops::./$(B)/test_ops" \
   "test_model::./$(B)/test_model" \
   "test_moe::./$(B)/test_moe" \
+  "test_ep::./$(B)/test_ep" \
   "test_errors::./$(B)/test_errors" \
   "test_comm::./$(B)/test_comm" \
   "test_dp::./$(B)/test_dp" \
@@ -117,6 +118,7 @@ RUNS = \
   "asan+ubsan test_gemm::./$(B)/san/test_gemm" \
   "asan+ubsan test_model::./$(B)/san/test_model --quick" \
   "asan+ubsan test_moe::./$(B)/san/test_moe" \
+  "asan+ubsan test_ep::./$(B)/san/test_ep" \
   "asan+ubsan test_errors::./$(B)/san/test_errors" \
   "asan+ubsan test_comm::./$(B)/san/test_comm" \
   "asan+ubsan test_dp::./$(B)/san/test_dp" \

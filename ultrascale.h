@@ -67,6 +67,7 @@
      // >>comm        the comm seam's world of one rank (threads and NCCL: ultrascale_comm.h)
      // >>model       parameters in flat buffers with Hugging Face names, init, forward, backward
      // >>moe         mixture of experts: router, permute, experts, combine; bias / aux balancing
+     // >>ep          expert parallelism: experts over the ep group, all-to-all dispatch and combine
      // >>recompute   activation recomputation none / selective / full
      // >>train       gradient accumulation and the training step
      // >>data        byte tokenizer, text loader, llm.c token shards, the built-in task
@@ -239,6 +240,10 @@ typedef struct us_train_config {
     const int *pp_layers;  /* NULL: layers split evenly over the pp·chunks stages (the first ones take
                               the remainder); else [pp·chunks] layers per stage, each ≥ 1, summing to
                               n_layers (e.g. fewer on the last stage, which also runs the head) */
+    /* expert parallelism (// >>ep): each MoE layer's routed experts split over ep consecutive ranks
+       of the dp×cp group (folded over data parallelism, as in Megatron); tokens travel to their
+       experts' rank and back by all-to-all */
+    int      ep;           /* default 1; must divide dp·cp and the experts */
 } us_train_config;
 
 US_API void      us_model_config_defaults(us_model_config *c);
@@ -492,6 +497,7 @@ typedef struct us_param {
     int64_t shape[2];
     int     decay;         /* weight decay applies (2-D weights) */
     int     tp_split;      /* tensor parallelism: 0 replicated, 1 rows split over tp, 2 columns split */
+    int     expert;        /* expert parallelism: a routed expert's weight, held by one rank of the ep group (// >>ep) */
 } us_param;
 
 /* Bytes by category: filled from a formula by us_memory_estimate, from real allocations by the model. */
@@ -586,6 +592,12 @@ typedef struct us_model {
     double   moe_aux_last;    /* the last forward's auxiliary loss (weighted), for tests */
     int      moe_train;       /* the forward running is a training one: count its routing */
     float    moe_stat[3];     /* the last step's imbalance, aux loss, dropped fraction */
+    /* expert parallelism (// >>ep): this rank holds routed experts [ep_rank·E/ep, (ep_rank+1)·E/ep) */
+    int      ep, ep_rank;     /* the ep group's size (1: off) and this rank's place in it */
+    us_group ep_g;            /* the ranks of dp×cp that share the tokens' experts: consecutive dp×cp ranks */
+    us_group edp_g;           /* expert data parallelism: the dp×cp ranks holding the same experts (their gradients' group) */
+    int64_t  moe_rx;          /* rows this rank's experts may receive: ep·R (every peer's every row), less under a capacity limit */
+    int32_t  *ep_counts_h;    /* [cfg.n_layers][ep][E] host: the last forward's kept tokens per expert of every ep peer */
     char     err[256];
 } us_model;
 
@@ -974,6 +986,7 @@ US_API void us_train_config_defaults(us_train_config *c) {
     if (!c->tp) c->tp = 1;
     if (!c->cp) c->cp = 1;
     if (!c->pp) c->pp = 1;
+    if (!c->ep) c->ep = 1;
     if (!c->pp_schedule) c->pp_schedule = 2; /* US_PP_1F1B (declared below) */
     if (!c->pp_chunks) c->pp_chunks = c->pp_schedule >= 3 && c->pp_schedule != 5 ? 2 : 1;   /* interleaved(-bf), ZB-V, DualPipe-V: 2 */
     if (c->cp_mode == US_CP_DEFAULT) c->cp_mode = US_CP_ZIGZAG;
@@ -1028,9 +1041,19 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
         if (mc->moe_top_groups < 1 || mc->moe_top_groups > G) US__BAD("moe top-groups=%d must be in 1..groups=%d", mc->moe_top_groups, G);
         if (mc->moe_top_k > mc->moe_top_groups * (E / G))
             US__BAD("top-k=%d experts do not fit in top-groups=%d groups of %d experts", mc->moe_top_k, mc->moe_top_groups, E / G);
-        if (tc->dp > 1 || tc->tp > 1 || tc->cp > 1 || tc->pp > 1 || tc->zero)
-            US__BAD("the MoE layer runs on one rank for now: dp, tp, cp and pp must be 1 and zero 0 (expert parallelism is not implemented yet)");
+        if (tc->cp > 1 || tc->pp > 1)
+            US__BAD("the MoE layer does not combine with cp or pp yet (cp=%d, pp=%d): use dp, ep and tp", tc->cp, tc->pp);
+        if (tc->sp) US__BAD("sequence parallelism with MoE layers is not supported yet (the MoE layer runs on every tp rank's whole sequence): drop sp");
+        if (tc->ep > 1 && tc->zero)
+            US__BAD("ZeRO with expert parallelism is not supported (expert gradients are reduced over the expert-data-parallel group, not dp): use zero 0");
+        if (tc->zero == 2)
+            US__BAD("ZeRO-2 with MoE layers is not supported (a layer's expert gradients are all written before any is reduced, more than its two gradient slots hold): use zero 1 or 3");
     }
+    if (tc->ep < 1) US__BAD("ep=%d must be at least 1", tc->ep);
+    if (tc->ep > 1 && !mc->moe_experts) US__BAD("expert parallelism (ep=%d) needs a MoE model: set experts > 0", tc->ep);
+    if (tc->ep > 1 && (tc->dp * tc->cp) % tc->ep)
+        US__BAD("ep=%d must divide dp x cp = %d (the expert-parallel group folds over the data-parallel ranks)", tc->ep, tc->dp * tc->cp);
+    if (tc->ep > 1 && mc->moe_experts % tc->ep) US__BAD("ep=%d must divide experts=%d (each rank holds experts/ep of them)", tc->ep, mc->moe_experts);
     if (tc->batch < 1) US__BAD("batch=%d must be at least 1", tc->batch);
     if (tc->seq < 1) US__BAD("seq=%d must be at least 1", tc->seq);
     if (tc->grad_accum < 1) US__BAD("grad-accum=%d must be at least 1", tc->grad_accum);
@@ -2693,8 +2716,11 @@ enum { US__P_ROUTER = US__P_GATE, US__P_EXPERTS = US__P_GATE + 1 };   /* a MoE l
 static int us__is_moe(const us_model_config *c, int lg) {
     return c->moe_experts > 0 && lg >= c->moe_first_dense && (lg - c->moe_first_dense) % c->moe_every == 0;
 }
-static int us__layer_tensors(const us_model_config *c, int lg) {
-    return us__is_moe(c, lg) ? US__P_EXPERTS + 3 * (c->moe_experts + c->moe_shared) : US__P_PER_LAYER;
+/* expert parallelism's size (// >>ep): 1 when off */
+static int us__ep_of(const us_train_config *tc) { return tc->ep > 1 ? tc->ep : 1; }
+/* Tensors of global layer lg on a rank of an ep group of size ep: the E/ep local experts. */
+static int us__layer_tensors(const us_model_config *c, int ep, int lg) {
+    return us__is_moe(c, lg) ? US__P_EXPERTS + 3 * (c->moe_experts / ep + c->moe_shared) : US__P_PER_LAYER;
 }
 /* Parameters of the model (active = 0) or those one token uses (active = 1: K routed experts). */
 static int64_t us__param_count(const us_model_config *mc_in, int active) {
@@ -2734,6 +2760,7 @@ US_API int64_t us_param_count_active(const us_model_config *mc) { return us__par
 static void us__add_param(us_model *m, const char *name, int64_t rows, int64_t cols, int64_t *off) {
     us_param *p = &m->params[m->n_params_t++];
     p->tp_split = 0;
+    p->expert = 0;
     snprintf(p->name, sizeof p->name, "%s", name);
     p->offset = *off;
     p->ndim = cols ? 2 : 1;
@@ -2745,7 +2772,7 @@ static void us__add_param(us_model *m, const char *name, int64_t rows, int64_t c
 static void us__build_params(us_model *m) {
     const us_model_config *c = &m->cfg;
     int64_t C = c->dim, HS = C / c->n_heads, off = 0;
-    int l, e, tp = m->tc.tp > 0 ? m->tc.tp : 1;
+    int l, e, tp = m->tc.tp > 0 ? m->tc.tp : 1, El = c->moe_experts / us__ep_of(&m->tc);
     char nm[80];
     /* tensor parallelism (Playbook "Tensor parallelism"): q/k/v and gate/up are column-parallel
        (this rank's output rows of the weight), o and down row-parallel (its input columns); the
@@ -2775,10 +2802,11 @@ static void us__build_params(us_model *m) {
                 US__LP("mlp.shared_experts.up_proj.weight", Fe, C, 0);
                 US__LP("mlp.shared_experts.down_proj.weight", C, Fe, 0);
             }
-            for (e = 0; e < c->moe_experts; e++) {
-                snprintf(sfx, sizeof sfx, "mlp.experts.%d.gate_proj.weight", e); US__LP(sfx, Fe, C, 0);
-                snprintf(sfx, sizeof sfx, "mlp.experts.%d.up_proj.weight", e);   US__LP(sfx, Fe, C, 0);
-                snprintf(sfx, sizeof sfx, "mlp.experts.%d.down_proj.weight", e); US__LP(sfx, C, Fe, 0);
+            /* expert parallelism (// >>ep): this rank's E/ep experts, under their global numbers */
+            for (e = m->ep_rank * El; e < (m->ep_rank + 1) * El; e++) {
+                snprintf(sfx, sizeof sfx, "mlp.experts.%d.gate_proj.weight", e); US__LP(sfx, Fe, C, 0); m->params[m->n_params_t - 1].expert = 1;
+                snprintf(sfx, sizeof sfx, "mlp.experts.%d.up_proj.weight", e);   US__LP(sfx, Fe, C, 0); m->params[m->n_params_t - 1].expert = 1;
+                snprintf(sfx, sizeof sfx, "mlp.experts.%d.down_proj.weight", e); US__LP(sfx, C, Fe, 0); m->params[m->n_params_t - 1].expert = 1;
             }
         } else {
             US__LP("mlp.gate_proj.weight", m->ffn_l, C, 1);
@@ -2804,6 +2832,7 @@ typedef struct us__unit {
     us_work *work;        /* in-flight gradient reduction */
     us_work *gather;      /* ZeRO-3: in-flight all-gather of the weights */
     int      gslot, wslot;/* ZeRO-2/3 gradient slot / ZeRO-3 weight slot holding the unit, -1 none */
+    int      expert;      /* routed experts' weights under ep > 1: reduced over the expert-data-parallel group (// >>ep) */
 } us__unit;
 #define US__SHARD_PAD 16  /* a ZeRO piece is a multiple of 16 elements: 64-byte aligned in fp32 */
 
@@ -2827,9 +2856,12 @@ static int us__plan_units(us_model *m, us__unit *units) {
         if (bucket < 1) bucket = 1;
         for (i = np - 1; i > 0; i--) {
             int l, k, fused = us__tensor_role(m, i, &l, &k) == 1;
+            /* under expert parallelism routed experts and the rest never share a unit: their gradients
+               are reduced over different groups (// >>ep) */
+            int border = us__ep_of(tc) > 1 && m->params[i].expert != m->params[i - 1].expert;
             acc += m->params[i].numel;
             /* q|k|v and gate|up are one GEMM each, writing one gradient block: never split them */
-            if (acc >= bucket && !fused) { start[ns++] = i; acc = 0; }
+            if ((acc >= bucket || border) && !fused) { start[ns++] = i; acc = 0; }
         }
         start[ns++] = 0;
         for (i = 0; i < ns / 2; i++) { int t = start[i]; start[i] = start[ns - 1 - i]; start[ns - 1 - i] = t; }
@@ -2848,6 +2880,7 @@ static int us__plan_units(us_model *m, us__unit *units) {
             U->piece = tc->zero ? n / own : n;
             U->shard_off = tc->zero ? shard : first;
             U->gslot = U->wslot = -1;
+            U->expert = us__ep_of(tc) > 1 && m->params[U->p0].expert;
         }
         shard += tc->zero ? n / own : n;
     }
@@ -2917,6 +2950,8 @@ static void      us__moe_take(const us_model *m, us__arena *ar, us_layer_acts *L
 typedef struct us__moe_grads us__moe_grads;
 static size_t    us__moe_scratch(const us_model *m, us__moe_grads *g);
 static size_t    us__moe_bias_bytes(const us_model *m);
+static us_result us__ep_init(us_model *m);   /* the expert-parallel groups (// >>ep) */
+static void      us__ep_free(us_model *m);
 /* Lays the arena out (or, with base NULL, only measures it). The estimator states the same
    sizes as formulas; tests/test_model.c checks that the two agree. */
 /* Which named scratch a pipeline slot owns: what lives from a micro-batch chunk's forward to its
@@ -3073,8 +3108,10 @@ static void us__init_weights(us_model *m) {
             int l, k, role = us__tensor_role(m, i, &l, &k);
             /* the tensor's stream (a pipeline stage holds a slice of the layers): 1 + 9·layer + k in
                the whole model's dense numbering; a MoE layer's tensors past the norms from their own range */
+            /* (a routed expert's k counts the experts by their global number, // >>ep) */
+            int kg = p->expert ? k + 3 * m->ep_rank * (m->cfg.moe_experts / us__ep_of(&m->tc)) : k;
             uint64_t gi = l < 0 ? (i == 0 ? 0 : (uint64_t)(i - US__P_NORM(L)) + 1 + (uint64_t)LG * US__P_PER_LAYER)
-                        : k >= US__P_GATE && us__is_moe(&m->cfg, m->layer_g[l]) ? ((uint64_t)1 << 40) + ((uint64_t)m->layer_g[l] << 20) + (uint64_t)k
+                        : k >= US__P_GATE && us__is_moe(&m->cfg, m->layer_g[l]) ? ((uint64_t)1 << 40) + ((uint64_t)m->layer_g[l] << 20) + (uint64_t)kg
                         : 1 + (uint64_t)m->layer_g[l] * US__P_PER_LAYER + (uint64_t)k;
             float std = role == 2 ? proj_std : m->cfg.init_std;
             us_rng r;
@@ -3137,6 +3174,7 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
         return US_ERR_INVALID;
     }
     if ((r = us_mesh_init(&m->mesh, comm, m->tc.dp, m->tc.pp, m->tc.cp, m->tc.tp)) != US_OK) { us__model_set_error(m, "device mesh: %s", comm->err); return r; }
+    if ((r = us__ep_init(m)) != US_OK) { char e2[256]; snprintf(e2, sizeof e2, "%s", m->err); us_model_free(m); us__model_set_error(m, "%s", e2); return r; }   /* // >>ep */
     if (m->tc.pp > 1) {   /* the step's schedule (// >>pp): which stages this rank runs, in which order */
         char e2[200];
         m->pp_sched = (us_pp_schedule *)calloc(1, sizeof(us_pp_schedule));
@@ -3165,7 +3203,7 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
     }
     {
         int nt = 3;
-        for (i = 0; i < m->cfg.n_layers; i++) nt += us__layer_tensors(&m->cfg, m->layer_g[i]);
+        for (i = 0; i < m->cfg.n_layers; i++) nt += us__layer_tensors(&m->cfg, us__ep_of(&m->tc), m->layer_g[i]);
         m->params = (us_param *)US_MALLOC(sizeof(us_param) * (size_t)nt);
         m->unit_of = (int *)US_MALLOC(sizeof(int) * (size_t)nt);
         m->layer_p = (int *)US_MALLOC(sizeof(int) * (size_t)(m->cfg.n_layers + 1));
@@ -3284,6 +3322,7 @@ US_API void us_model_free(us_model *m) {
         }
     if (o->free) { o->free(o, m->state); o->free(o, m->arena); }
     us__pp_disconnect(m);
+    us__ep_free(m);
     if (m->comm && m->mesh.dpcp_g.size) us_mesh_free(&m->mesh, m->comm);
     US_FREE(m->slot_acts); free(m->acts_work);   /* acts points into them */
     m->acts_work = NULL;
@@ -3365,11 +3404,12 @@ static int us__dp_needed(const us_model *m) { return m->mesh.dpcp_g.size > 1 || 
 static us_result us__unit_launch(us_model *m, int u) {
     us__unit *U = &m->units[u];
     us_comm *c = m->comm;
-    us_group *g = &m->mesh.dpcp_g;
+    us_group *g = U->expert ? &m->edp_g : &m->mesh.dpcp_g;   /* experts: over their replicas only (// >>ep) */
     int R = m->mesh.dpcp_g.rank;
     us_result r;
     double t0 = us_trace_now_us();
     char nm[48];
+    if (g->size <= 1) return US_OK;   /* ep = dp·cp: each expert lives on one rank, nothing to reduce */
     if (m->tc.zero == 0) r = c->all_reduce(c, g, m->grad + U->off, U->n, US_F32, US_REDUCE_SUM, &U->work);
     else if (m->tc.zero == 1) r = c->reduce_scatter(c, g, m->grad + U->off + R * U->piece, m->grad + U->off, U->piece, US_F32, US_REDUCE_SUM, &U->work);
     else {   /* ZeRO-2/3: in place in the unit's slot; us__unit_finish adds the piece to the shard */
@@ -3793,9 +3833,9 @@ static us_result us__cp_attention_bwd(us_model *m, us_layer_acts *A, void *dqkv,
        experts  for each expert e, its rows: y_e = swiglu(x_e·Wgu_e^T)·Wd_e^T   (two GEMMs)
        combine  x_{l+1} = xmid + shared(u) + Σ_k gate[n,k]·y[row of (n,k)]
    Only K experts run per token, so compute follows the active parameters while memory holds all
-   E. Expert parallelism will put an all-to-all between permute and experts (each expert's rows to
-   the rank holding it, the counts first) and another before combine; the counts and the two
-   index maps below are what it sends.
+   E. Expert parallelism (// >>ep) puts an all-to-all between permute and experts (each expert's
+   rows to the rank holding it, the counts first) and another before combine; a rank then runs
+   its E/ep experts on the rows it received.
    Load balancing. Left alone, a router collapses onto a few experts. The classic remedy is an
    auxiliary loss α·Σ_e f_e·P_e (f_e = E/(K·N)·tokens routed to e, P_e = mean normalised
    probability of e), which pulls the router toward uniform at some cost in quality. DeepSeek-V3
@@ -3815,6 +3855,9 @@ struct us__moe_grads {   /* the backward's scratch, one action's (m->a[US__A_MOE
     float *dgates;   /* [N,K]   */
     float *dlogits;  /* [N,E]   */
     float *vec;      /* [E]     the auxiliary loss's Σ_n p' (forward), its coefficients (backward) */
+    void    *ept;    /* [Rx,C]  ep > 1: the all-to-all's rows in transit, by source rank (// >>ep) */
+    int32_t *epc;    /* [ep,E]  ep > 1: every ep peer's kept tokens per expert */
+    double  *sum;    /* [MoE layers·E + 3] dp·cp > 1: the step's routing counts, summed over dp×cp */
 };
 /* an expert takes at most cap tokens of a micro-batch of N (0: no limit); R rows hold them all */
 static int64_t us__moe_cap(const us_model_config *c, int64_t N) {
@@ -3824,24 +3867,37 @@ static int64_t us__moe_rows(const us_model_config *c, int64_t N) {
     int64_t cap = us__moe_cap(c, N), nk = N * c->moe_top_k;
     return cap > 0 && cap * c->moe_experts < nk ? cap * c->moe_experts : nk;
 }
+/* Rows a rank's experts may run on (// >>ep): its own R on one rank; under expert parallelism
+   every peer may send it all its rows, ep·R, unless a capacity limit bounds each of its E/ep
+   experts to cap rows per peer: then ep·min(R, E/ep·cap) ≈ cf·N·K, whatever ep is. */
+static int64_t us__moe_rx(const us_model_config *c, const us_train_config *tc, int64_t N) {
+    int64_t ep = us__ep_of(tc), R = us__moe_rows(c, N), cap = us__moe_cap(c, N), lim = cap * (c->moe_experts / ep);
+    return ep * (cap > 0 && lim < R ? lim : R);
+}
 /* Bytes of one MoE layer's activations (us__moe_take's order) and of the backward's scratch
-   (us__moe_scratch's): the estimator uses the same pieces. */
-static void us__moe_bytes(const us_model_config *c, int64_t N, size_t a, size_t *gemm, size_t *cheap, size_t *scratch) {
+   (us__moe_scratch's): the estimator uses the same pieces. Under expert parallelism the rows a
+   rank's experts run on (xe, gate|up, SwiGLU and their gradients) are sized for the worst case,
+   Rx (us__moe_rx), plus a transit buffer of Rx rows and the count table (// >>ep); n_moe MoE
+   layers' routing counts are summed over dp×cp in a small scratch. */
+static void us__moe_bytes(const us_model_config *c, const us_train_config *tc, int n_moe, int64_t N, size_t a, size_t *gemm, size_t *cheap,
+                          size_t *scratch) {
     int64_t E = c->moe_experts, K = c->moe_top_k, Fe = c->moe_ffn_dim, R = us__moe_rows(c, N), C = c->dim, S = c->moe_shared;
-    int64_t hN = R > N * S ? R : N * S;
-    *gemm = us__align(N * E * 4) + us__align(R * 2 * Fe * a) + us__align(R * C * a) + (S ? us__align(N * 2 * Fe * a) : 0);
-    *cheap = us__align(N * E * 4) + 3 * us__align(N * K * 4) + us__align(R * 4) + us__align(2 * E * 4) + us__align(R * C * a)
-           + us__align(R * Fe * a) + (S ? us__align(N * Fe * a) : 0);
-    *scratch = 2 * us__align(R * C * a) + us__align(hN * Fe * a) + us__align(hN * 2 * Fe * a) + us__align(N * E * a)
-             + us__align(N * K * 4) + us__align(N * E * 4) + us__align(E * 4);
+    int64_t ep = us__ep_of(tc), Rx = us__moe_rx(c, tc, N), hN = Rx > N * S ? Rx : N * S, nsum = tc->dp * tc->cp > 1 ? (int64_t)n_moe * E + 3 : 0;
+    *gemm = us__align(N * E * 4) + us__align(Rx * 2 * Fe * a) + us__align(R * C * a) + (S ? us__align(N * 2 * Fe * a) : 0);
+    *cheap = us__align(N * E * 4) + 3 * us__align(N * K * 4) + us__align(R * 4) + us__align(2 * E * 4) + us__align(Rx * C * a)
+           + us__align(Rx * Fe * a) + (S ? us__align(N * Fe * a) : 0);
+    *scratch = 2 * us__align(Rx * C * a) + us__align(hN * Fe * a) + us__align(hN * 2 * Fe * a) + us__align(N * E * a)
+             + us__align(N * K * 4) + us__align(N * E * 4) + us__align(E * 4)
+             + (ep > 1 ? us__align(Rx * C * a) + us__align(ep * E * 4) : 0) + (nsum ? us__align(nsum * 8) : 0);
 }
 static void us__moe_take(const us_model *m, us__arena *ar, us_layer_acts *L, int cheap, int gemm) {
     const us_model_config *c = &m->cfg;
     int64_t N = (int64_t)m->tc.batch * m->tc.seq, E = c->moe_experts, K = c->moe_top_k, Fe = c->moe_ffn_dim, R = m->moe_rows, C = c->dim;
+    int64_t Rx = m->moe_rx;   /* rows this rank's experts run on (ep·R under expert parallelism) */
     size_t a = us_dtype_size(m->dt);
     if (gemm) {   /* GEMM outputs: kept unless recompute is full */
         L->logits = (float *)us__take(ar, N * E * 4);
-        L->gu_e = us__take(ar, R * 2 * Fe * a);
+        L->gu_e = us__take(ar, Rx * 2 * Fe * a);
         L->ye = us__take(ar, R * C * a);
         if (c->moe_shared) L->sgu = us__take(ar, N * 2 * Fe * a);
     }
@@ -3852,24 +3908,31 @@ static void us__moe_take(const us_model *m, us__arena *ar, us_layer_acts *L, int
         L->slot_row = (int32_t *)us__take(ar, N * K * 4);
         L->row_slot = (int32_t *)us__take(ar, R * 4);
         L->counts = (int32_t *)us__take(ar, 2 * E * 4);
-        L->xe = us__take(ar, R * C * a);
-        L->h_e = us__take(ar, R * Fe * a);
+        L->xe = us__take(ar, Rx * C * a);
+        L->h_e = us__take(ar, Rx * Fe * a);
         if (c->moe_shared) L->sh = us__take(ar, N * Fe * a);
     }
 }
 static size_t us__moe_scratch(const us_model *m, us__moe_grads *g) {
     const us_model_config *c = &m->cfg;
-    int64_t N = (int64_t)m->tc.batch * m->tc.seq, E = c->moe_experts, K = c->moe_top_k, Fe = c->moe_ffn_dim, R = m->moe_rows, C = c->dim;
-    int64_t hN = R > N * c->moe_shared ? R : N * c->moe_shared;
+    int64_t N = (int64_t)m->tc.batch * m->tc.seq, E = c->moe_experts, K = c->moe_top_k, Fe = c->moe_ffn_dim, C = c->dim;
+    int64_t Rx = m->moe_rx, hN = Rx > N * c->moe_shared ? Rx : N * c->moe_shared, ep = us__ep_of(&m->tc);
+    int64_t nsum = m->tc.dp * m->tc.cp > 1 ? (int64_t)m->n_moe * E + 3 : 0;
     size_t a = us_dtype_size(m->dt);
     us__arena ar;
     if (!m->n_moe) return 0;
     ar.base = g ? (char *)m->a[US__A_MOE] : NULL; ar.used = 0;
     {
-        void *dye = us__take(&ar, R * C * a), *dxe = us__take(&ar, R * C * a), *dh = us__take(&ar, hN * Fe * a);
+        void *dye = us__take(&ar, Rx * C * a), *dxe = us__take(&ar, Rx * C * a), *dh = us__take(&ar, hN * Fe * a);
         void *dgu = us__take(&ar, hN * 2 * Fe * a), *dlg = us__take(&ar, N * E * a);
         float *dgates = (float *)us__take(&ar, N * K * 4), *dlogits = (float *)us__take(&ar, N * E * 4), *vec = (float *)us__take(&ar, E * 4);
-        if (g) { g->dye = dye; g->dxe = dxe; g->dh = dh; g->dgu = dgu; g->dlg = dlg; g->dgates = dgates; g->dlogits = dlogits; g->vec = vec; }
+        void *ept = ep > 1 ? us__take(&ar, Rx * C * a) : NULL;
+        int32_t *epc = ep > 1 ? (int32_t *)us__take(&ar, ep * E * 4) : NULL;
+        double *sum = nsum ? (double *)us__take(&ar, nsum * 8) : NULL;
+        if (g) {
+            g->dye = dye; g->dxe = dxe; g->dh = dh; g->dgu = dgu; g->dlg = dlg; g->dgates = dgates; g->dlogits = dlogits; g->vec = vec;
+            g->ept = ept; g->epc = epc; g->sum = sum;
+        }
     }
     return ar.used;
 }
@@ -3884,7 +3947,13 @@ static us_result us__moe_init(us_model *m) {
     for (l = 0; l < c->n_layers; l++) m->moe_idx[l] = us__is_moe(c, m->layer_g[l]) ? m->n_moe++ : -1;
     if (!m->n_moe) return US_OK;
     m->moe_rows = us__moe_rows(c, (int64_t)m->tc.batch * m->tc.seq);
+    m->moe_rx = us__moe_rx(c, &m->tc, (int64_t)m->tc.batch * m->tc.seq);
     nb = (size_t)m->n_moe * (size_t)E;
+    if (m->ep > 1) {
+        m->ep_counts_h = (int32_t *)US_MALLOC((size_t)c->n_layers * (size_t)m->ep * (size_t)E * sizeof(int32_t));
+        if (!m->ep_counts_h) { us__model_set_error(m, "out of host memory for the expert-parallel count table"); return US_ERR_OOM; }
+        memset(m->ep_counts_h, 0, (size_t)c->n_layers * (size_t)m->ep * (size_t)E * sizeof(int32_t));
+    }
     m->moe_bias_h = (float *)US_MALLOC(nb * sizeof(float));
     m->moe_load = (int64_t *)US_MALLOC(nb * sizeof(int64_t));
     m->moe_load_last = (int64_t *)US_MALLOC(nb * sizeof(int64_t));
@@ -3903,9 +3972,23 @@ static us_result us__moe_init(us_model *m) {
 static void us__moe_free(us_model *m) {
     if (m->moe_bias && m->ops.free) m->ops.free(&m->ops, m->moe_bias);
     US_FREE(m->moe_bias_h); US_FREE(m->moe_load); US_FREE(m->moe_load_last); US_FREE(m->moe_counts_h); US_FREE(m->moe_idx);
+    US_FREE(m->ep_counts_h); m->ep_counts_h = NULL;
     m->moe_bias = m->moe_bias_h = NULL; m->moe_load = m->moe_load_last = NULL; m->moe_counts_h = NULL; m->moe_idx = NULL;
 }
 static size_t us__moe_bias_bytes(const us_model *m) { return (size_t)m->n_moe * (size_t)m->cfg.moe_experts * sizeof(float); }
+
+/* expert parallelism (// >>ep) */
+static us_result us__ep_counts(us_model *m, int l, const int32_t *kept, int32_t *scratch);
+static us_result us__ep_move(us_model *m, int l, int dir, void *dst, const void *src, void *transit);
+/* Rows local expert j of MoE layer l ran on in the last forward: its kept tokens, or under
+   expert parallelism those every ep peer sent it. */
+static int64_t us__moe_local_rows(const us_model *m, int l, int j) {
+    int E = m->cfg.moe_experts, s;
+    int64_t n = 0;
+    if (m->ep <= 1) return m->moe_counts_h[(size_t)l * 2 * E + E + j];
+    for (s = 0; s < m->ep; s++) n += m->ep_counts_h[((size_t)l * m->ep + s) * E + (size_t)m->ep_rank * (E / m->ep) + j];
+    return n;
+}
 
 /* The auxiliary loss's weight per micro-batch: the step's objective averages it over the
    micro-batches (and ranks), as the language-model loss is a mean over the global batch. */
@@ -3921,11 +4004,15 @@ static us_result us__moe_fwd(us_model *m, int l, int64_t N, int recompute, void 
     us_dtype dt = m->dt;
     int E = c->moe_experts, K = c->moe_top_k, e, mi = m->moe_idx[l], mode = m->tc.recompute, aux = c->moe_balance == US_MOE_BALANCE_AUX;
     int do_gemm = !recompute || mode == US_RECOMPUTE_FULL, do_cheap = !recompute || mode != US_RECOMPUTE_NONE;
-    int64_t C = c->dim, Fe = c->moe_ffn_dim, R = us__moe_rows(c, N), off;
+    int El = E / m->ep;                                                    /* this rank's experts (// >>ep) */
+    int64_t C = c->dim, Fe = c->moe_ffn_dim, R = us__moe_rows(c, N), off, n;
     int32_t *cnt = m->moe_counts_h + (size_t)l * 2 * E, *kept = cnt + E;   /* host: routed [E], kept [E] */
-    int ex = US__PL(l, US__P_EXPERTS) + 3 * c->moe_shared;                 /* expert 0's gate_proj */
+    int ex = US__PL(l, US__P_EXPERTS) + 3 * c->moe_shared;                 /* local expert 0's gate_proj */
+    void *ye;   /* the experts' outputs, expert-major: A->ye itself on one rank, else a scratch sent home after */
+    us_result r;
     us__moe_grads g;
     us__moe_scratch(m, &g);
+    ye = m->ep > 1 ? g.dxe : A->ye;
     /* route */
     if (do_gemm) o->gemm(o, 0, 1, N, E, C, 1.0f, A->ln2, dt, C, us__W(m, US__PL(l, US__P_ROUTER)), dt, C, 0.0f, A->logits, US_F32, E);
     if (do_cheap) {
@@ -3935,17 +4022,22 @@ static us_result us__moe_fwd(us_model *m, int l, int64_t N, int recompute, void 
         /* permute: the counts come to the host, where they size each expert's GEMMs */
         o->moe_permute(o, A->slot_row, A->row_slot, A->counts, A->counts + E, A->topk, N, E, K, us__moe_cap(c, N), R);
         o->copy(o, cnt, A->counts, (size_t)(2 * E) * 4, US_COPY_D2H);
-        o->moe_gather(o, A->xe, A->ln2, A->row_slot, NULL, R, K, C, dt);
+        if (m->ep > 1) {   /* expert parallelism: the counts, then each row to its expert's rank (// >>ep) */
+            if ((r = us__ep_counts(m, l, A->counts + E, g.epc)) != US_OK) return r;
+            o->moe_gather(o, g.dye, A->ln2, A->row_slot, NULL, R, K, C, dt);
+            if ((r = us__ep_move(m, l, 0, A->xe, g.dye, g.ept)) != US_OK) return r;
+        } else o->moe_gather(o, A->xe, A->ln2, A->row_slot, NULL, R, K, C, dt);
     }
-    /* experts, each on its contiguous rows [off, off + kept[e]) */
-    for (e = 0, off = 0; do_gemm && e < E; off += kept[e], e++)
-        if (kept[e]) o->gemm(o, 0, 1, kept[e], 2 * Fe, C, 1.0f, us__at(A->xe, dt, off * C), dt, C, us__W(m, ex + 3 * e), dt, C,
-                             0.0f, us__at(A->gu_e, dt, off * 2 * Fe), dt, 2 * Fe);
-    for (e = 0, off = 0; e < E; e++) off += kept[e];
+    /* this rank's experts, each on its contiguous rows [off, off + n) */
+    for (e = 0, off = 0; do_gemm && e < El; off += n, e++)
+        if ((n = us__moe_local_rows(m, l, e))) o->gemm(o, 0, 1, n, 2 * Fe, C, 1.0f, us__at(A->xe, dt, off * C), dt, C, us__W(m, ex + 3 * e), dt, C,
+                                                      0.0f, us__at(A->gu_e, dt, off * 2 * Fe), dt, 2 * Fe);
+    for (e = 0, off = 0; e < El; e++) off += us__moe_local_rows(m, l, e);
     if (do_cheap) o->swiglu_fwd(o, A->h_e, A->gu_e, off, Fe, dt);
-    for (e = 0, off = 0; do_gemm && e < E; off += kept[e], e++)
-        if (kept[e]) o->gemm(o, 0, 1, kept[e], C, Fe, 1.0f, us__at(A->h_e, dt, off * Fe), dt, Fe, us__W(m, ex + 3 * e + 2), dt, Fe,
-                             0.0f, us__at(A->ye, dt, off * C), dt, C);
+    for (e = 0, off = 0; do_gemm && e < El; off += n, e++)
+        if ((n = us__moe_local_rows(m, l, e))) o->gemm(o, 0, 1, n, C, Fe, 1.0f, us__at(A->h_e, dt, off * Fe), dt, Fe, us__W(m, ex + 3 * e + 2), dt, Fe,
+                                                      0.0f, us__at(ye, dt, off * C), dt, C);
+    if (do_gemm && m->ep > 1 && (r = us__ep_move(m, l, 1, A->ye, ye, g.ept)) != US_OK) return r;   /* the outputs come home (// >>ep) */
     if (c->moe_shared) {   /* the shared expert: a dense SwiGLU MLP of size Fe on every token */
         if (do_gemm) o->gemm(o, 0, 1, N, 2 * Fe, C, 1.0f, A->ln2, dt, C, us__W(m, US__PL(l, US__P_EXPERTS)), dt, C, 0.0f, A->sgu, dt, 2 * Fe);
         if (do_cheap) o->swiglu_fwd(o, A->sh, A->sgu, N, Fe, dt);
@@ -3982,33 +4074,43 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
     const us_model_config *c = &m->cfg;
     us_layer_acts *A = &m->acts[l];
     us_dtype dt = m->dt;
-    int E = c->moe_experts, K = c->moe_top_k, e, aux = c->moe_balance == US_MOE_BALANCE_AUX;
-    int64_t C = c->dim, Fe = c->moe_ffn_dim, off, rows;
+    int E = c->moe_experts, K = c->moe_top_k, e, aux = c->moe_balance == US_MOE_BALANCE_AUX, El = E / m->ep;
+    int64_t C = c->dim, Fe = c->moe_ffn_dim, off, rows, nperm, n;
     int32_t *cnt = m->moe_counts_h + (size_t)l * 2 * E, *kept = cnt + E;
     int ex = US__PL(l, US__P_EXPERTS) + 3 * c->moe_shared, rt = US__PL(l, US__P_ROUTER);
-    void *dres = m->a[US__A_DRES], *dln = m->a[US__A_DLN];
+    void *dres = m->a[US__A_DRES], *dln = m->a[US__A_DLN], *dxp;
+    us_result r;
     us__moe_grads g;
     US_ASSERT(!m->pp_bonly && !us__sp(m));   /* validation keeps pipelines and tp away */
     us__moe_scratch(m, &g);
-    for (e = 0, rows = 0; e < E; e++) rows += kept[e];
+    for (e = 0, nperm = 0; e < E; e++) nperm += kept[e];              /* this rank's tokens' rows */
+    for (e = 0, rows = 0; e < El; e++) rows += us__moe_local_rows(m, l, e);   /* the rows its experts ran */
     /* combine: ∂gate[n,k] = dres[n]·y[row], ∂y[row] = gate[n,k]·dres[n] */
     o->moe_gate_grad(o, g.dgates, dres, A->ye, A->slot_row, N, K, C, dt);
-    o->moe_gather(o, g.dye, dres, A->row_slot, A->gates, rows, K, C, dt);
+    if (m->ep > 1) {   /* the output gradients travel like the dispatch (// >>ep) */
+        o->moe_gather(o, g.dxe, dres, A->row_slot, A->gates, nperm, K, C, dt);
+        if ((r = us__ep_move(m, l, 0, g.dye, g.dxe, g.ept)) != US_OK) return r;
+    } else o->moe_gather(o, g.dye, dres, A->row_slot, A->gates, rows, K, C, dt);
     /* experts: the dense MLP's backward, each on its rows */
-    for (e = 0, off = 0; e < E; off += kept[e], e++) {
-        if (!kept[e]) continue;
-        o->gemm(o, 0, 0, kept[e], Fe, C, 1.0f, us__at(g.dye, dt, off * C), dt, C, us__W(m, ex + 3 * e + 2), dt, Fe, 0.0f, us__at(g.dh, dt, off * Fe), dt, Fe);
-        o->gemm(o, 1, 0, C, Fe, kept[e], 1.0f, us__at(g.dye, dt, off * C), dt, C, us__at(A->h_e, dt, off * Fe), dt, Fe, 1.0f, us__G(m, ex + 3 * e + 2), US_F32, Fe);
+    for (e = 0, off = 0; e < El; off += n, e++) {
+        if (!(n = us__moe_local_rows(m, l, e))) continue;
+        o->gemm(o, 0, 0, n, Fe, C, 1.0f, us__at(g.dye, dt, off * C), dt, C, us__W(m, ex + 3 * e + 2), dt, Fe, 0.0f, us__at(g.dh, dt, off * Fe), dt, Fe);
+        o->gemm(o, 1, 0, C, Fe, n, 1.0f, us__at(g.dye, dt, off * C), dt, C, us__at(A->h_e, dt, off * Fe), dt, Fe, 1.0f, us__G(m, ex + 3 * e + 2), US_F32, Fe);
     }
     o->swiglu_bwd(o, g.dgu, g.dh, A->gu_e, rows, Fe, dt);
-    for (e = 0, off = 0; e < E; off += kept[e], e++) {
-        if (!kept[e]) continue;
-        o->gemm(o, 0, 0, kept[e], C, 2 * Fe, 1.0f, us__at(g.dgu, dt, off * 2 * Fe), dt, 2 * Fe, us__W(m, ex + 3 * e), dt, C, 0.0f, us__at(g.dxe, dt, off * C), dt, C);
-        o->gemm(o, 1, 0, 2 * Fe, C, kept[e], 1.0f, us__at(g.dgu, dt, off * 2 * Fe), dt, 2 * Fe, us__at(A->xe, dt, off * C), dt, C, 1.0f, us__G(m, ex + 3 * e), US_F32, C);
+    for (e = 0, off = 0; e < El; off += n, e++) {
+        if (!(n = us__moe_local_rows(m, l, e))) continue;
+        o->gemm(o, 0, 0, n, C, 2 * Fe, 1.0f, us__at(g.dgu, dt, off * 2 * Fe), dt, 2 * Fe, us__W(m, ex + 3 * e), dt, C, 0.0f, us__at(g.dxe, dt, off * C), dt, C);
+        o->gemm(o, 1, 0, 2 * Fe, C, n, 1.0f, us__at(g.dgu, dt, off * 2 * Fe), dt, 2 * Fe, us__at(A->xe, dt, off * C), dt, C, 1.0f, us__G(m, ex + 3 * e), US_F32, C);
+    }
+    dxp = g.dxe;
+    if (m->ep > 1) {   /* the input gradients come back like the combine (// >>ep) */
+        if ((r = us__ep_move(m, l, 1, g.dye, g.dxe, g.ept)) != US_OK) return r;
+        dxp = g.dye;
     }
     /* un-permute: each token sums the gradients of its rows */
     o->zero(o, dln, (size_t)(N * C) * us_dtype_size(dt));
-    o->moe_scatter(o, dln, g.dxe, A->slot_row, NULL, N, K, C, dt);
+    o->moe_scatter(o, dln, dxp, A->slot_row, NULL, N, K, C, dt);
     if (c->moe_shared) {
         int sx = US__PL(l, US__P_EXPERTS);
         o->gemm(o, 0, 0, N, Fe, C, 1.0f, dres, dt, C, us__W(m, sx + 2), dt, Fe, 0.0f, g.dh, dt, Fe);
@@ -4033,12 +4135,31 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
 }
 
 /* After the optimizer step: the step's routing statistics, then DeepSeek-V3's bias rule
-   b_e += γ·sign(mean load − load_e) per MoE layer (overloaded experts become less attractive). */
-static void us__moe_step_end(us_model *m) {
+   b_e += γ·sign(mean load − load_e) per MoE layer (overloaded experts become less attractive).
+   With several data-parallel ranks the loads (and the statistics) are first summed over dp×cp:
+   every rank then moves the replicated bias alike, as one rank with the global batch would. */
+static us_result us__moe_step_end(us_model *m) {
     const us_model_config *c = &m->cfg;
     int i, e, E = c->moe_experts;
     double imb = 0;
-    if (!m->n_moe) return;
+    if (!m->n_moe) return US_OK;
+    if (m->mesh.dpcp_g.size > 1) {
+        size_t n = (size_t)m->n_moe * (size_t)E, j;
+        double *h = (double *)US_MALLOC((n + 3) * sizeof(double));
+        us__moe_grads g;
+        us_result r;
+        if (!h) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+        us__moe_scratch(m, &g);
+        for (j = 0; j < n; j++) h[j] = (double)m->moe_load[j];
+        h[n] = (double)m->moe_choices; h[n + 1] = (double)m->moe_dropped; h[n + 2] = m->moe_aux;
+        m->ops.copy(&m->ops, g.sum, h, (n + 3) * sizeof(double), US_COPY_H2D);
+        r = m->comm->all_reduce(m->comm, &m->mesh.dpcp_g, g.sum, (int64_t)(n + 3), US_F64, US_REDUCE_SUM, NULL);
+        if (r != US_OK) { US_FREE(h); return us__comm_fail(m, r, "all-reduce of the routing counts"); }
+        m->ops.copy(&m->ops, h, g.sum, (n + 3) * sizeof(double), US_COPY_D2H);
+        for (j = 0; j < n; j++) m->moe_load[j] = (int64_t)h[j];   /* exact: counts below 2^53 */
+        m->moe_choices = (int64_t)h[n]; m->moe_dropped = (int64_t)h[n + 1]; m->moe_aux = h[n + 2];
+        US_FREE(h);
+    }
     for (i = 0; i < m->n_moe; i++) {
         int64_t *ld = m->moe_load + (size_t)i * E, mx = 0, sum = 0;
         for (e = 0; e < E; e++) { sum += ld[e]; if (ld[e] > mx) mx = ld[e]; }
@@ -4057,6 +4178,111 @@ static void us__moe_step_end(us_model *m) {
     memset(m->moe_load, 0, sizeof(int64_t) * (size_t)m->n_moe * (size_t)E);
     m->moe_choices = m->moe_dropped = 0;
     m->moe_aux = 0;
+    return US_OK;
+}
+
+/* ------------------------------------------------------------------------------------ */
+// >>ep  expert parallelism: experts over the ep group, all-to-all dispatch and combine
+/* ------------------------------------------------------------------------------------ */
+/* Playbook "Expert parallelism" (GShard, Switch Transformer, DeepSeek-V3): a MoE layer's E routed
+   experts are split over the ep ranks of a group, each holding E/ep of them, while everything
+   else (attention, norms, the router, the shared expert) stays replicated as under data
+   parallelism. Each rank routes and permutes its own tokens as one rank would (rows grouped by
+   global expert, // >>moe), then
+     counts    an all-gather of every peer's kept tokens per expert, so each rank knows how many
+               rows it gets from every peer for each of its experts (and how many it sends);
+     dispatch  an all-to-all with those uneven counts: peer p receives the rows of its experts
+               [p·E/ep, (p+1)·E/ep), one contiguous run since rows are grouped by expert. The rows
+               arrive by source rank and are rearranged expert-major, so each local expert's rows
+               are one GEMM;
+     experts   as on one rank, on the E/ep local experts;
+     combine   the reverse rearrangement and the reverse all-to-all bring every output row home,
+               where the gates combine them as before.
+   The backward mirrors it: the expert outputs' gradients travel like the dispatch, the expert
+   inputs' gradients come back like the combine.
+   Groups (Megatron's folding of ep over data parallelism): the ep group is ep consecutive ranks
+   of dp×cp; the ranks holding the same experts — dp·cp/ep of them, the expert-data-parallel
+   group — sum their expert gradients (units of their own, // >>dp), every other gradient is
+   summed over dp×cp. Each rank's loss gradient is already scaled by the global batch, and every
+   token's contribution to an expert reaches the expert's rank, so both sums are the global
+   gradient. The router bias and the routing statistics are summed over dp×cp (us__moe_step_end).
+   Tensor parallelism does not split a MoE layer: every tp rank runs it whole on the same tokens
+   (the experts are replicated over tp, the compute repeated), so its input gradient needs no
+   all-reduce; each tp index has its own dp×cp group, hence its own ep and expert-dp groups.
+   Buffers: without a capacity limit nothing bounds how many rows a rank receives below every
+   row of every peer, so the expert-side tensors hold ep·R rows; with one, each peer sends at most
+   cap rows per expert, E/ep·cap per rank (us__moe_rx, us__moe_bytes). Memory per rank then stays
+   near one rank's (cf·N·K rows) instead of growing with ep: a capacity factor is what keeps
+   expert parallelism's activation memory bounded. */
+static us_result us__ep_init(us_model *m) {
+    us_result r;
+    int R = m->mesh.dpcp_g.rank, ep = us__ep_of(&m->tc);
+    m->ep = ep; m->ep_rank = 0;
+    if (ep <= 1) return US_OK;
+    if ((r = m->comm->split(m->comm, &m->mesh.dpcp_g, R / ep, R, &m->ep_g)) != US_OK) return us__comm_fail(m, r, "the expert-parallel group");
+    if ((r = m->comm->split(m->comm, &m->mesh.dpcp_g, R % ep, R, &m->edp_g)) != US_OK) return us__comm_fail(m, r, "the expert-data-parallel group");
+    m->ep_rank = m->ep_g.rank;
+    return US_OK;
+}
+static void us__ep_free(us_model *m) {
+    if (m->comm && m->comm->group_free) {
+        if (m->ep_g.size) m->comm->group_free(m->comm, &m->ep_g);
+        if (m->edp_g.size) m->comm->group_free(m->comm, &m->edp_g);
+    }
+    memset(&m->ep_g, 0, sizeof m->ep_g);
+    memset(&m->edp_g, 0, sizeof m->edp_g);
+}
+/* Every ep peer's kept tokens per expert, kept i32[E] (backend) → host ep_counts_h[l] [ep][E]. */
+static us_result us__ep_counts(us_model *m, int l, const int32_t *kept, int32_t *scratch) {
+    int E = m->cfg.moe_experts;
+    us_result r = m->comm->all_gather(m->comm, &m->ep_g, scratch, kept, E, US_I32, NULL);
+    if (r != US_OK) return us__comm_fail(m, r, "expert-parallel count exchange");
+    m->ops.copy(&m->ops, m->ep_counts_h + (size_t)l * m->ep * E, scratch, (size_t)m->ep * E * 4, US_COPY_D2H);
+    return US_OK;
+}
+/* Moves rows of C elements between this rank's tokens and its experts, by layer l's counts.
+   dir 0 (dispatch): src [rows, C], this rank's kept rows grouped by global expert → dst, the
+   rows of this rank's experts, expert-major (within an expert by source rank).
+   dir 1 (combine): the reverse. transit [ep·R, C] holds the rows by source rank. */
+static us_result us__ep_move(us_model *m, int l, int dir, void *dst, const void *src, void *transit) {
+    us_ops *o = &m->ops;
+    us_dtype dt = m->dt;
+    int E = m->cfg.moe_experts, ep = m->ep, El = E / ep, me = m->ep_rank, s, j, e;
+    int64_t C = m->cfg.dim, *a = (int64_t *)US_MALLOC(sizeof(int64_t) * 4 * (size_t)ep), *sc = a, *sd = a + ep, *rc = a + 2 * ep, *rd = a + 3 * ep;
+    int64_t so, eo, n, *lo;
+    const int32_t *cnt = m->ep_counts_h + (size_t)l * ep * E;   /* [ep][E] kept rows per (source, expert) */
+    size_t rowb = (size_t)C * us_dtype_size(dt);
+    us_result r;
+    if (!a) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+    /* sc/sd: what this rank's tokens send to each peer; rc/rd: what its experts get from each */
+    for (s = 0, so = 0, eo = 0; s < ep; s++) {
+        for (e = s * El, n = 0; e < (s + 1) * El; e++) n += cnt[(size_t)me * E + e];
+        sc[s] = n * C; sd[s] = so; so += n * C;
+        for (j = 0, n = 0; j < El; j++) n += cnt[(size_t)s * E + me * El + j];
+        rc[s] = n * C; rd[s] = eo; eo += n * C;
+    }
+    US_ASSERT(eo <= m->moe_rx * C);
+    lo = (int64_t *)US_MALLOC(sizeof(int64_t) * (size_t)El);   /* where each local expert's rows start, expert-major */
+    if (!lo) { US_FREE(a); us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+    for (j = 0, n = 0; j < El; j++) { lo[j] = n; for (s = 0; s < ep; s++) n += cnt[(size_t)s * E + me * El + j]; }
+    if (dir == 0) {
+        r = m->comm->all_to_all(m->comm, &m->ep_g, transit, rc, rd, src, sc, sd, dt, NULL);
+        if (r != US_OK) { US_FREE(a); US_FREE(lo); return us__comm_fail(m, r, "expert-parallel dispatch all-to-all"); }
+    }
+    for (s = 0; s < ep; s++)   /* block (source s, expert j): at rd[s] + its earlier experts by source, at lo[j] + earlier sources expert-major */
+        for (j = 0, so = rd[s] / C; j < El; j++) {
+            int64_t k = cnt[(size_t)s * E + me * El + j], t;
+            for (t = 0, eo = lo[j]; t < s; t++) eo += cnt[(size_t)t * E + me * El + j];
+            if (k && dir == 0) o->copy(o, (char *)dst + (size_t)eo * rowb, (const char *)transit + (size_t)so * rowb, (size_t)k * rowb, US_COPY_D2D);
+            if (k && dir == 1) o->copy(o, (char *)transit + (size_t)so * rowb, (const char *)src + (size_t)eo * rowb, (size_t)k * rowb, US_COPY_D2D);
+            so += k;
+        }
+    if (dir == 1) {
+        r = m->comm->all_to_all(m->comm, &m->ep_g, dst, sc, sd, transit, rc, rd, dt, NULL);
+        if (r != US_OK) { US_FREE(a); US_FREE(lo); return us__comm_fail(m, r, "expert-parallel combine all-to-all"); }
+    }
+    US_FREE(a); US_FREE(lo);
+    return US_OK;
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -4162,8 +4388,9 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
             if ((r = us__grads_ready(m, US__PL(l, US__P_GATE), US__PL(l, US__P_UP) + 1)) != US_OK) return r;
         }
     }
-    /* f (TP: all-reduce) or g's conjugate (SP: reduce-scatter): the column-parallel input's gradient */
-    if ((r = sp ? us__sp_scatter(m, dlnp, dln, Ns) : us__tp_sum(m, dln, N * C, dt)) != US_OK) return r;
+    /* f (TP: all-reduce) or g's conjugate (SP: reduce-scatter): the column-parallel input's gradient.
+       A MoE layer is not split over tp (each tp rank runs it whole, // >>moe): its gradient is complete */
+    if (m->moe_idx[l] < 0 && (r = sp ? us__sp_scatter(m, dlnp, dln, Ns) : us__tp_sum(m, dln, N * C, dt)) != US_OK) return r;
     if ((r = us__norm_bwd(m, dres, US__PL(l, US__P_LN2), dlnp, A->xmid, A->rstd2, Ns)) != US_OK) return r;
     if ((r = us__grads_ready(m, US__PL(l, US__P_LN2), US__PL(l, US__P_LN2) + 1)) != US_OK) return r;
     /* attention: xmid = x + attention(rope(ln1·Wqkv^T))·Wo^T */
@@ -4383,8 +4610,9 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
     if ((r = us__grads_finish(m)) != US_OK) return r;
     /* the global gradient norm: every rank holds all of it without ZeRO; with ZeRO each holds the
        sums of its pieces, and the squares are summed over dp */
-    if (Z == 0 && m->tc.tp <= 1 && m->tc.pp <= 1) norm2 = o->sumsq(o, m->grad, m->n_flat);
-    else {   /* tp: split tensors summed over tp, replicated ones counted once; pp: every stage's own */
+    if (Z == 0 && m->tc.tp <= 1 && m->tc.pp <= 1 && m->ep <= 1) norm2 = o->sumsq(o, m->grad, m->n_flat);
+    else {   /* tp: split tensors summed over tp, replicated ones counted once; pp: every stage's own;
+                ep: every rank's experts, counted on the first of their replicas (// >>ep) */
         int i;
         for (u = 0; u < m->n_units; u++) {
             const us__unit *U = &m->units[u];
@@ -4393,7 +4621,8 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
             for (i = U->p0; i < U->p1; i++) {
                 const us_param *p = &m->params[i];
                 int64_t a = p->offset > lo ? p->offset : lo, b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
-                if (a < b && (p->tp_split || m->mesh.tp_rank == 0) && (Z || m->mesh.dpcp_g.rank == 0)) norm2 += o->sumsq(o, gp + (a - lo), b - a);
+                int first = p->expert && m->ep > 1 ? m->edp_g.rank == 0 : m->mesh.dpcp_g.rank == 0;
+                if (a < b && (p->tp_split || m->mesh.tp_rank == 0) && (Z || first)) norm2 += o->sumsq(o, gp + (a - lo), b - a);
             }
         }
         if ((r = us__group_sum(m, &m->comm->world, &norm2, 1)) != US_OK) return r;   /* each part counted on one rank */
@@ -4427,7 +4656,7 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
             if (r != US_OK) return us__comm_fail(m, r, "weight all-gather");
         }
     }
-    us__moe_step_end(m);   /* routing statistics, the router bias rule (// >>moe) */
+    if ((r = us__moe_step_end(m)) != US_OK) return r;   /* routing statistics, the router bias rule (// >>moe) */
     us__trace(m, "compute", "optimizer step", t0);
     return us__backend_check(m);
 }
@@ -5629,7 +5858,7 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
         tmp.pp_first = 1; tmp.pp_last = !psp || us__pp_rank_of(psp, tc.pp * psp->v - 1) == 0;   /* the V shapes end on rank 0 */
         {
             int nt = 3;
-            for (l = 0; l < mc.n_layers; l++) nt += us__layer_tensors(&mc, l);
+            for (l = 0; l < mc.n_layers; l++) nt += us__layer_tensors(&mc, us__ep_of(&tc), l);
             tmp.params = (us_param *)US_MALLOC(sizeof(us_param) * (size_t)nt);
         }
         tmp.layer_g = (int *)US_MALLOC(sizeof(int) * (size_t)mc.n_layers);
@@ -5673,7 +5902,7 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
     per_layer = x + (mode != US_RECOMPUTE_FULL ? gemm_outs : 0) + (mode == US_RECOMPUTE_NONE ? cheap : 0);
     shared = (mode != US_RECOMPUTE_NONE ? cheap : 0) + (mode == US_RECOMPUTE_FULL ? gemm_outs : 0);
     if (n_moe) {   /* MoE layers (// >>moe; one rank, no pp) keep router, permutation and expert tensors instead of gu, h */
-        us__moe_bytes(&mc, N, a, &moe_gemm, &moe_cheap, &moe_scr);
+        us__moe_bytes(&mc, &tc, n_moe, N, a, &moe_gemm, &moe_cheap, &moe_scr);
         shared = (mode != US_RECOMPUTE_NONE ? attn_cheap + (n_moe < L ? h : 0) + moe_cheap : 0)
                + (mode == US_RECOMPUTE_FULL ? qkv + x + (n_moe < L ? gu : 0) + moe_gemm : 0);
     }

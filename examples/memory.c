@@ -56,6 +56,8 @@ static void usage(FILE *f) {
         "  --zero K          ZeRO stage 0 | 1 | 2 | 3 (default 0)\n"
         "  --tp N            tensor-parallel ranks (default 1)\n"
         "  --sp              sequence parallelism over the tp ranks\n"
+        "  --ep N            expert-parallel ranks (default 1): each rank holds experts/N of each MoE\n"
+        "                    layer's experts and room for every ep peer's routed rows\n"
         "output:\n"
         "  --svg FILE        also write a stacked bar chart of memory over sequence length\n"
         "  --seqs LIST       the chart's sequence lengths, comma-separated\n"
@@ -98,7 +100,7 @@ typedef struct options {
     float capacity;
     us_precision precision;
     us_recompute recompute;
-    int64_t batch, seq, dp, zero, tp, sp;
+    int64_t batch, seq, dp, zero, tp, sp, ep;
     const char *svg;
     int64_t seqs[MAX_SEQS];
     int n_seqs;
@@ -147,7 +149,7 @@ static void options_defaults(options *o) {
     o->recompute = US_RECOMPUTE_NONE;
     o->batch = 1;
     o->seq = 4096;
-    o->dp = o->tp = 1;
+    o->dp = o->tp = o->ep = 1;
     o->n_seqs = (int)(sizeof seqs / sizeof seqs[0]);
     memcpy(o->seqs, seqs, sizeof seqs);
 }
@@ -155,7 +157,7 @@ static void options_defaults(options *o) {
 static int takes_value(const char *flag) {
     static const char *const flags[] = { "--model", "--layers", "--dim", "--heads", "--kv-heads", "--ffn", "--vocab",
                                          "--precision", "--recompute", "--batch", "--seq", "--seqs", "--svg",
-                                         "--dp", "--zero", "--tp", "--experts", "--top-k", "--moe-ffn", "--capacity-factor" };
+                                         "--dp", "--zero", "--tp", "--ep", "--experts", "--top-k", "--moe-ffn", "--capacity-factor" };
     size_t i;
     for (i = 0; i < sizeof flags / sizeof flags[0]; i++) if (!strcmp(flag, flags[i])) return 1;
     return 0;
@@ -191,6 +193,7 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(f, "--dp"))       ok = parse_i64(v, 1, 1 << 20, &o->dp);
         else if (!strcmp(f, "--zero"))     ok = parse_i64(v, 0, 3, &o->zero);
         else if (!strcmp(f, "--tp"))       ok = parse_i64(v, 1, 1 << 16, &o->tp);
+        else if (!strcmp(f, "--ep"))       ok = parse_i64(v, 1, 1 << 16, &o->ep);
         else if (!strcmp(f, "--experts"))  { ok = parse_i64(v, 0, 1024, &o->experts); o->modified = 1; }
         else if (!strcmp(f, "--top-k"))    { ok = parse_i64(v, 1, 1024, &o->top_k); o->modified = 1; }
         else if (!strcmp(f, "--moe-ffn"))  { ok = parse_i64(v, 1, 1 << 24, &o->moe_ffn); o->modified = 1; }
@@ -241,7 +244,7 @@ static void build_configs(const options *o, us_model_config *mc, us_train_config
     tc->recompute = o->recompute;
     tc->batch = (int)o->batch;
     tc->seq = (int)o->seq;
-    tc->dp = (int)o->dp; tc->zero = (int)o->zero; tc->tp = (int)o->tp; tc->sp = (int)o->sp;
+    tc->dp = (int)o->dp; tc->zero = (int)o->zero; tc->tp = (int)o->tp; tc->sp = (int)o->sp; tc->ep = (int)o->ep;
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -337,9 +340,9 @@ static void print_table(const options *o, const us_model_config *mc, const us_tr
     int64_t P = us_param_count(mc);
     describe_model(mc, buf, sizeof buf);
     printf("memory: %s (%s)\n", model_label(o), buf);
-    printf("        precision %s, recompute %s, batch %d x seq %d, per rank of dp %d (ZeRO-%d) x tp %d%s\n\n",
+    printf("        precision %s, recompute %s, batch %d x seq %d, per rank of dp %d (ZeRO-%d) x tp %d%s%s\n\n",
            us_precision_name(tc->precision), us_recompute_name(tc->recompute), tc->batch, tc->seq, tc->dp, tc->zero, tc->tp,
-           tc->sp ? " + sp" : "");
+           tc->sp ? " + sp" : "", tc->ep > 1 ? " (experts over ep ranks)" : "");
     short_count(P, buf, sizeof buf);
     printf("  %-34s %22s  (%s)\n%s", "parameters", commas((uint64_t)P, cnt, sizeof cnt), buf, mc->moe_experts ? "" : "\n");
     if (mc->moe_experts) {   /* a token runs K experts; memory holds all E (and their grads, master, moments) */

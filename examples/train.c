@@ -88,6 +88,9 @@ static void usage(FILE *f) {
         "                    world is dp x tp ranks (tp innermost)\n"
         "  --sp              sequence parallelism: norms and the residual stream split over tp by tokens\n"
         "  --cp N            context-parallel ranks (default 1): every sequence split over N ranks\n"
+        "  --ep N            expert-parallel ranks (default 1, needs --experts): each MoE layer's experts\n"
+        "                    split over N of the dp x cp ranks, tokens sent to them by all-to-all; N\n"
+        "                    must divide dp x cp and the experts (the world stays dp x pp x cp x tp)\n"
         "  --cp-mode M       ring (contiguous chunks) | zigzag (balanced chunks, default) | allgather\n"
         "  --pp N            pipeline stages (default 1): layers split over N ranks\n"
         "  --micro-batches M the micro-batches a pipeline schedule runs per step (= --grad-accum)\n"
@@ -332,11 +335,11 @@ static us_result run_rank(us_comm *comm, void *arg) {
                us_precision_name(m.tc.precision), us_recompute_name(m.tc.recompute), Bg, tc.seq, tc.grad_accum, dp, tc.cp, tc.tp, tc.zero,
                o->data_path ? o->data_path : "task: sort 8 digits", devname, (double)m.mem.total / 1048576.0);
     if (loud && m.n_moe)
-        printf("moe: %d of %d layers, E=%d top-%d Fe=%lld%s, %s gates, balance %s%s | %lld active params per token of %lld\n",
+        printf("moe: %d of %d layers, E=%d top-%d Fe=%lld%s, %s gates, balance %s%s | ep=%d (%d experts per rank) | %lld active params per token of %lld\n",
                m.n_moe, m.cfg.n_layers, m.cfg.moe_experts, m.cfg.moe_top_k, (long long)m.cfg.moe_ffn_dim, m.cfg.moe_shared ? " + shared" : "",
                m.cfg.moe_gate == US_MOE_SIGMOID ? "sigmoid" : "softmax",
                m.cfg.moe_balance == US_MOE_BALANCE_BIAS ? "bias" : m.cfg.moe_balance == US_MOE_BALANCE_AUX ? "aux" : "none",
-               m.cfg.moe_groups > 1 ? " | group-limited" : "", (long long)us_param_count_active(&mc), (long long)m.n_params);
+               m.cfg.moe_groups > 1 ? " | group-limited" : "", m.ep, m.cfg.moe_experts / m.ep, (long long)us_param_count_active(&mc), (long long)us_param_count(&mc));
     t_start = now_s();
 #ifdef ULTRASCALE_NCCL
     if (have_nccl) watchdog_start(&wd, rank, o->comm_timeout);
@@ -562,6 +565,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--dp")) ok = parse_int(v, 1, 4096, &tc.dp);
         else if (!strcmp(f, "--tp")) ok = parse_int(v, 1, 4096, &tc.tp);
         else if (!strcmp(f, "--cp")) ok = parse_int(v, 1, 4096, &tc.cp);
+        else if (!strcmp(f, "--ep")) ok = parse_int(v, 1, 4096, &tc.ep);
         else if (!strcmp(f, "--pp")) ok = parse_int(v, 1, 4096, &tc.pp);
         else if (!strcmp(f, "--pp-schedule")) {
             if (!strcmp(v, "afab")) tc.pp_schedule = US_PP_AFAB;

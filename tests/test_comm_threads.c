@@ -558,6 +558,34 @@ static void check_p2p(void) {
     }
 }
 
+/* all_to_all as expert parallelism uses it (// >>ep): uneven counts, a rank that sends nothing,
+   a rank that receives nothing, on the world and on groups split from it (pairs of ranks) */
+static int64_t a2a_sparse_count(int from, int to) { return from == 1 || to == 2 ? 0 : 1 + from + 2 * to; }
+static us_result rank_a2a_sparse(us_comm *c, void *arg) {
+    int *bad = (int *)arg, r = c->world.rank, pass, j;
+    us_group pair;
+    if (c->split(c, &c->world, r / 2, r, &pair) != US_OK) { bad[r] = 1; return US_OK; }
+    for (pass = 0; pass < 2; pass++) {
+        us_group *g = pass ? &pair : &c->world;
+        int me = g->rank, N = g->size;
+        int64_t sc[8], sd[8], rc[8], rd[8], s = 0, d = 0, i;
+        float a[256], b[256];
+        for (j = 0; j < N; j++) {
+            sc[j] = a2a_sparse_count(me, j); sd[j] = s; s += sc[j];
+            rc[j] = a2a_sparse_count(j, me); rd[j] = d + 1; d += rc[j] + 1;   /* a gap before each block */
+        }
+        for (j = 0; j < N; j++) for (i = 0; i < sc[j]; i++) a[sd[j] + i] = (float)(1000 * me + 100 * j + i);
+        for (i = 0; i < 256; i++) b[i] = -1.0f;
+        if (c->all_to_all(c, g, b, rc, rd, a, sc, sd, US_F32, NULL) != US_OK) { bad[r] = 1; break; }
+        for (j = 0; j < N; j++) {
+            for (i = 0; i < rc[j]; i++) if (b[rd[j] + i] != (float)(1000 * j + 100 * me + i)) bad[r] = 1;
+            if (b[rd[j] - 1] != -1.0f) bad[r] = 1;   /* the gaps (and a rank's whole buffer when it gets nothing) untouched */
+        }
+    }
+    c->group_free(c, &pair);
+    return US_OK;
+}
+
 int main(int argc, char **argv) {
     static const int sizes[] = {1, 2, 3, 4, 5, 8};
     static const int64_t counts[] = {1, 7, 1003};
@@ -567,6 +595,12 @@ int main(int argc, char **argv) {
     char err[256];
     us_result lr;
     us_test_verbose = argc > 1 && !strcmp(argv[1], "-v");
+
+    {   /* all_to_all with empty senders and receivers, on the world and on split pairs */
+        int bad[4] = {0, 0, 0, 0};
+        CHECK(us_launch(4, rank_a2a_sparse, bad) == US_OK && !bad[0] && !bad[1] && !bad[2] && !bad[3],
+              "all_to_all where rank 1 sends nothing and rank 2 receives nothing (4 ranks, and pairs split from them)");
+    }
 
     /* every collective against its serial reference */
     for (si = 0; si < 6; si++)

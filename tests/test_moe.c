@@ -541,11 +541,11 @@ static void test_estimator_and_config(void) {
         us_model_free(&m);
     }
     {
-        struct { const char *msg; int E, K, G, M, tp, cap; } bad[] = {
+        struct { const char *msg; int E, K, G, M, cp, cap; } bad[] = {
             {"must be in 1..experts", 4, 5, 0, 0, 1, 0},
             {"must divide experts", 6, 2, 4, 0, 1, 0},
             {"do not fit in top-groups", 8, 4, 4, 1, 1, 0},
-            {"runs on one rank for now", 4, 2, 0, 0, 2, 0},
+            {"does not combine with cp or pp yet", 4, 2, 0, 0, 2, 0},
             {"capacity factor", 4, 2, 0, 0, 1, -1},
             {"need experts > 0", 0, 2, 0, 0, 1, 0},
         };
@@ -555,7 +555,7 @@ static void test_estimator_and_config(void) {
             us_train_config tc = tiny_train(2, 8);
             char err[256] = "";
             us_result r;
-            mc.moe_groups = bad[i].G; mc.moe_top_groups = bad[i].M; mc.moe_capacity = (float)bad[i].cap; tc.tp = bad[i].tp;
+            mc.moe_groups = bad[i].G; mc.moe_top_groups = bad[i].M; mc.moe_capacity = (float)bad[i].cap; tc.cp = bad[i].cp;
             if (!bad[i].E) mc.moe_ffn_dim = 0;
             r = us_config_validate(&mc, &tc, err, sizeof err);
             CHECK(r == US_ERR_INVALID && strstr(err, bad[i].msg) && !strchr(err, '\n'), "refused in one sentence: %s", err);
