@@ -6,7 +6,8 @@
 #   3. the multi-node path: two processes started by hand with torchrun's variables (TCP rendezvous)
 #   4. a fault: rank 1 killed mid-training, rank 0 must exit with an error within --comm-timeout
 #   5. throughput of one training step, dp 1 vs dp 2 x ZeRO 0-3, and a trace
-#   (2b. tensor parallelism: tp 2 and tp 2 + sp against one GPU; 2c. context parallelism, cp 2)
+#   (2b. tensor parallelism: tp 2 and tp 2 + sp against one GPU; 2c. context parallelism, cp 2;
+#    2d/2e. pipeline equivalence and throughput; 2f. expert parallelism, ep 2)
 # Logs go to $OUT (default /tmp/dp_gpu); the last lines printed are a summary table.
 set -u
 export NCCL_NVLS_ENABLE=0            # NVLink multicast is not allowed on this machine
@@ -31,7 +32,7 @@ d = [abs(x - y) / abs(x) for x, y in zip(a[:n], b[:n])]
 print("%d steps, rel diff step 1 %.1e, steps 1-5 %.1e, all %.1e, final %.4f vs %.4f" % (n, d[0], max(d[:5]), max(d), a[n-1], b[n-1]) if n else "no steps")
 PY
 }
-run() { case " ${SECTIONS:-nccl equiv tp cp pp pptput tcp fault tput} " in *" $1 "*) return 0;; *) return 1;; esac; }
+run() { case " ${SECTIONS:-nccl equiv tp cp pp pptput ep tcp fault tput} " in *" $1 "*) return 0;; *) return 1;; esac; }
 # 2. equivalence on a 6-layer, dim-512 model, Shakespeare, 4 MB buckets (many in flight), 20 steps.
 #    The one-GPU reference runs the same GEMM shapes as a rank (2 micro-batches of 8 sequences;
 #    a rank of dp 2 runs 1 of 8 and the group 16): what differs is only the order in which the
@@ -74,6 +75,15 @@ if run pp; then for p in fp32 bf16; do
         $T $M --batch 4 --grad-accum 4 --nproc 2 --pp 2 --pp-schedule $x --precision $p --log "$OUT/pp2_${x}_$p.jsonl" > "$OUT/pp2_${x}_$p.txt" 2>&1
         say "shakespeare $p pp2 $x vs 1 GPU: $(compare "$OUT/pp_ref_$p.jsonl" "$OUT/pp2_${x}_$p.jsonl") $(grep -m1 'train:' "$OUT/pp2_${x}_$p.txt" | head -c 200)"
     done
+done; fi
+
+# 2f. expert parallelism (issue 8): a MoE variant (4 experts, top-2, 2 per rank) with ep 2 over
+#     dp 2 against one GPU running each rank's micro-batch as its own (--grad-accum 2): routing
+#     statistics (aux loss, capacity) are per micro-batch, so this is the run ep must reproduce
+if run ep; then for p in fp32 bf16; do
+    $T $M --batch 8 --grad-accum 2 --experts 4 --top-k 2 --precision $p --log "$OUT/ep_ref_$p.jsonl" > "$OUT/ep_ref_$p.txt" 2>&1
+    $T $M --batch 16 --nproc 2 --ep 2 --experts 4 --top-k 2 --precision $p --log "$OUT/ep2_$p.jsonl" > "$OUT/ep2_$p.txt" 2>&1
+    say "shakespeare $p moe ep2 vs 1 GPU: $(compare "$OUT/ep_ref_$p.jsonl" "$OUT/ep2_$p.jsonl") $(grep -m1 'train:' "$OUT/ep2_$p.txt" | head -c 200)"
 done; fi
 
 # 2e. pipeline throughput: 8 layers, dim 1024, T 512, 8 micro-batches of 8, bf16; one GPU
