@@ -150,7 +150,9 @@ US_API float    us_e5m2_to_f32(uint8_t b);
               it is the TN operand as it stands.
      BLOCK128 128×128 blocks (weights; cuBLASLt BLK128x128_32F): q [M][K], s [MB][KBp] with the
               block row padded to KBp = KB rounded up to a multiple of 4: s[mb·KBp + kb]; the
-              padding entries are written as 1
+              padding entries are written as 1. A block's amax does not change under
+              transposition, so BLOCK128 of Wᵀ is BLOCK128 of W transposed, q and s alike: the
+              Dgrad GEMM may transpose a quantised weight (unlike a ROW128 tensor)
      TENSOR   one scale for the whole tensor (per-tensor "current scaling", for comparison):
               q [M][K], s [1]
    The future us_ops entries (fp8_quantize on device memory, and fp8_gemm through cuBLASLt) will

@@ -179,6 +179,20 @@ static void test_layouts(void) {
         same = memcmp(q1, q2, (size_t)(M * K)) == 0 && memcmp(s1, s2, (size_t)ns * 4) == 0;
         CHECK(same, "%s: bf16 input quantises like the same values in fp32", tname(t));
     }
+    {   /* Dgrad needs Wᵀ in 128×128 blocks: a block's amax does not change under transposition, so
+           the blocks of Wᵀ are W's blocks transposed, q and s alike (for 1×128 tiles this is false,
+           hence COL128) */
+        int64_t KBp = ((K + 127) / 128 + 3) / 4 * 4, MBp = ((M + 127) / 128 + 3) / 4 * 4, bad = 0, mb, kb;
+        float *sw = falloc(us_fp8_scales_size(US_FP8_BLOCK128, M, K)), *swt = falloc(us_fp8_scales_size(US_FP8_BLOCK128, K, M));
+        for (i = 0; i < M * K; i++) x[i] = us_bf16_to_f32(xb[i]);
+        for (m = 0; m < M; m++) for (k = 0; k < K; k++) xt[k * M + m] = x[m * K + k];
+        us_fp8_quantize(q1, sw, x, US_F32, M, K, US_FP8_BLOCK128, 0, NULL, 0);
+        us_fp8_quantize(q2, swt, xt, US_F32, K, M, US_FP8_BLOCK128, 0, NULL, 0);
+        for (m = 0; m < M; m++) for (k = 0; k < K; k++) bad += q1[m * K + k] != q2[k * M + m];
+        for (mb = 0; mb * 128 < M; mb++) for (kb = 0; kb * 128 < K; kb++) bad += fbits(sw[mb * KBp + kb]) != fbits(swt[kb * MBp + mb]);
+        CHECK(bad == 0, "BLOCK128 of Wᵀ = BLOCK128 of W transposed (q and s): %lld differ", (long long)bad);
+        free(sw); free(swt);
+    }
     /* bad arguments: a result and a sentence, nothing written past the checks */
     CHECK(us_fp8_quantize(q1, s1, x, US_I32, M, K, US_FP8_ROW128, 0, err, sizeof err) == US_ERR_INVALID && strstr(err, "fp32 or bf16"), "i32 input refused: %s", err);
     CHECK(us_fp8_quantize(q1, s1, x, US_F32, -2, K, US_FP8_ROW128, 0, err, sizeof err) == US_ERR_INVALID && strstr(err, ">= 0"), "negative M refused: %s", err);
