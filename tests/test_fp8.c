@@ -1,10 +1,11 @@
 /* test_fp8.c — FP8 E4M3 tile quantisation (// >>fp8): hand-checked bit patterns and scales, the
    scale rule (zero tiles, power-of-two scales, NaN), quantise→dequantise within E4M3's half ulp
    element by element for every tiling and partial tiles, each tile's largest element at ±448,
-   COL128 = ROW128 of the transpose byte for byte, bf16 input, bad arguments; the emulated FP8
-   GEMM against a double triple loop over the dequantised operands and against a scalar
-   recomputation of its documented order (bit for bit, any thread count); and tile vs per-tensor
-   scaling on inputs with outlier channels and outlier tokens, with the errors printed. */
+   COL128 = ROW128 of the transpose byte for byte, BLOCK128 of Wᵀ = BLOCK128 of W transposed,
+   bf16 input, bad arguments; the emulated FP8 GEMM against a double triple loop over the
+   dequantised operands and against a scalar recomputation of its documented order (bit for bit,
+   any thread count); and tile vs per-tensor scaling on inputs with outlier channels and outlier
+   tokens, with the errors printed. */
 #define ULTRASCALE_IMPLEMENTATION
 #include "../ultrascale.h"
 #include "us_test.h"
