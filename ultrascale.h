@@ -51,6 +51,7 @@
    -----------------
    public API
      results, dtypes and conversions ........ us_result, us_dtype, us_f32_to_bf16, ...
+     FP8 tile quantisation .................. us_fp8_quantize, us_fp8_dequantize, us_fp8_gemm
      configuration .......................... us_model_config, us_train_config
      ops table .............................. us_ops, us_cpu_ops
      comm table ............................. us_comm, us_group, us_comm_self
@@ -62,6 +63,7 @@
      // >>config      defaults and validation
      // >>gemm        cache-blocked, packed, OpenMP fp32 GEMM with bf16 operands
      // >>kernels     embedding, RMSNorm, RoPE, SwiGLU, cross-entropy, casts (CPU ops)
+     // >>fp8         FP8 E4M3 tile quantisation (1×128, 128×1, 128×128, per tensor), the emulated FP8 GEMM
      // >>attention   causal GQA attention, blockwise online softmax (+ the naive reference)
      // >>optimizer   AdamW, global-norm clipping, LR schedules
      // >>comm        the comm seam's world of one rank (threads and NCCL: ultrascale_comm.h)
@@ -130,6 +132,68 @@ US_API uint8_t  us_f32_to_e4m3(float f);
 US_API float    us_e4m3_to_f32(uint8_t b);
 US_API uint8_t  us_f32_to_e5m2(float f);
 US_API float    us_e5m2_to_f32(uint8_t b);
+
+/* ---------------------------------------------------------------- FP8 tile quantisation (// >>fp8)
+   DeepSeek-V3's fine-grained scaling: a tensor X[M][K] whose GEMM reduces along K is stored as
+   E4M3 bytes q and fp32 scales s with X ≈ q·s, one s per tile. s = amax(tile)/448, optionally
+   rounded up to a power of two (then q·s loses nothing to the scale's own rounding); a tile whose
+   s would be 0 (all zeros, or amax/448 underflows) gets s = 1; a tile holding a NaN or an inf
+   gets s = NaN, so the non-finite value reaches the GEMM and the loss check. q = e4m3(x / s):
+   one IEEE fp32 division, then round-to-nearest-even to E4M3 with saturation (us_f32_to_e4m3).
+   Partial tiles (M or K not a multiple of 128) take their amax over the elements present.
+   Scale layouts, fp32, chosen so that cuBLASLt can read them as they are (DESIGN.md, measured
+   on the H200; kb = k/128, mb = m/128, KB = ceil(K/128), MB = ceil(M/128)):
+     ROW128   1×128 tiles along K (activations, output gradients; cuBLASLt VEC128_32F):
+              q [M][K], s [KB][M] — token fastest: s[kb·M + m]
+     COL128   128×1 tiles along M, for the backward GEMM that reduces over M (Wgrad over tokens).
+              Quantised straight from X, never from a quantised X, and written transposed:
+              q [K][M], s [MB][K]: s[mb·K + k]. This is exactly ROW128 of Xᵀ, byte for byte, so
+              it is the TN operand as it stands.
+     BLOCK128 128×128 blocks (weights; cuBLASLt BLK128x128_32F): q [M][K], s [MB][KBp] with the
+              block row padded to KBp = KB rounded up to a multiple of 4: s[mb·KBp + kb]; the
+              padding entries are written as 1. A block's amax does not change under
+              transposition, so BLOCK128 of Wᵀ is BLOCK128 of W transposed, q and s alike: the
+              Dgrad GEMM may transpose a quantised weight (unlike a ROW128 tensor)
+     TENSOR   one scale for the whole tensor (per-tensor "current scaling", for comparison):
+              q [M][K], s [1]
+   The future us_ops entries (fp8_quantize on device memory, and fp8_gemm through cuBLASLt) will
+   produce and consume exactly these buffers; these host functions are their reference. */
+typedef enum us_fp8_tiling {
+    US_FP8_TILING_DEFAULT = 0, /* row128 */
+    US_FP8_ROW128,
+    US_FP8_COL128,
+    US_FP8_BLOCK128,
+    US_FP8_TENSOR
+} us_fp8_tiling;
+#define US_FP8_TILE 128
+#define US_E4M3_MAX 448.0f
+/* The scale rule above for one tile's amax (|x| maximum); pow2 != 0 rounds it up to 2^e. */
+US_API float     us_fp8_scale(float amax, int pow2);
+/* Number of fp32 scales tiling t writes for X[M][K] (BLOCK128 counts its padding); -1 if invalid. */
+US_API int64_t   us_fp8_scales_size(us_fp8_tiling t, int64_t M, int64_t K);
+/* x[M][K] fp32 or bf16 (dt) → q (bytes of E4M3; [M][K], or [K][M] for COL128) and s (layout above).
+   Returns US_ERR_INVALID with a sentence in err (may be NULL) for a bad dtype, tiling or size. */
+US_API us_result us_fp8_quantize(uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M, int64_t K,
+                                 us_fp8_tiling t, int pow2, char *err, size_t errlen);
+/* The inverse: x[M][K] fp32 = e4m3_to_f32(q)·s (one fp32 multiply), in X's orientation for every
+   tiling (COL128 reads q [K][M] and writes x [M][K]). */
+US_API us_result us_fp8_dequantize(float *x, const uint8_t *q, const float *s, int64_t M, int64_t K,
+                                   us_fp8_tiling t, char *err, size_t errlen);
+/* The FP8 GEMM, TN as cuBLASLt runs it, emulated on the CPU: c[M][N] fp32 = deq(a)·deq(b)ᵀ with
+   a [M][K] and b [N][K] (K contiguous in both) scaled by tilings ta and tb (each ROW128,
+   BLOCK128 or TENSOR over its own [rows][K]; COL128 output is a ROW128 operand of the transpose
+   and is accepted as such). Accumulation (DeepSeek-V3's promotion every 128 elements), for each
+   c[m][n], deterministic and independent of the thread count:
+       acc = 0
+       for kb = 0, 1, ... KB-1:
+           p = 0;  for k in block kb, in order:  p = p + e4m3(a[m][k])·e4m3(b[n][k])   (fp32; each
+                                                  product is exact, so fma or not gives the same p)
+           acc = fmaf(p, sa·sb, acc)              (sa·sb rounded to fp32 first; sa = a's scale of
+                                                  (m, kb), sb = b's of (n, kb))
+       c[m][n] = acc */
+US_API us_result us_fp8_gemm(float *c, const uint8_t *a, const float *sa, us_fp8_tiling ta,
+                             const uint8_t *b, const float *sb, us_fp8_tiling tb,
+                             int64_t M, int64_t N, int64_t K, char *err, size_t errlen);
 
 /* ---------------------------------------------------------------- configuration */
 typedef enum us_moe_gate {
@@ -2148,6 +2212,185 @@ static void us__cpu_moe_gate_grad(us_ops *o, float *dgates, const void *dout, co
         if (r >= 0) for (c = 0; c < C; c++) d += (double)us__get(dout, dt, i / K * C + c) * us__get(src, dt, r * C + c);
         dgates[i] = (float)d;
     }
+}
+
+/* ------------------------------------------------------------------------------------ */
+// >>fp8  FP8 E4M3 tile quantisation and the emulated FP8 GEMM (DeepSeek-V3 fine-grained scaling)
+/* ------------------------------------------------------------------------------------ */
+/* Why tiles: E4M3 keeps 3 mantissa bits over ~18 binades. One scale per tensor lets a few outlier
+   channels set it, pushing everything else toward the subnormals; one per 1×128 tile (128×128
+   block for weights) confines an outlier to its own tile. The backward GEMM that reduces over
+   tokens needs tiles along the other axis, so X is quantised a second time (COL128) from the
+   high-precision values, never by re-tiling a quantised X (that would round twice).
+   Host reference of the future ops; layouts and the scale rule in the declarations above. */
+static US__HD float us__fp8_scale(float amax, int pow2) {
+    float s, m;
+    int e;
+    if (!(amax <= FLT_MAX)) return NAN;   /* a NaN or an inf in the tile */
+    s = amax / US_E4M3_MAX;
+    if (s == 0.0f) return 1.0f;           /* a zero tile, or amax/448 underflowed */
+    if (pow2) {
+        m = frexpf(s, &e);                /* s = m·2^e, m in [0.5, 1) */
+        if (m != 0.5f) s = ldexpf(1.0f, e);
+    }
+    return s;
+}
+US_API float us_fp8_scale(float amax, int pow2) { return us__fp8_scale(amax, pow2); }
+
+static int64_t us__fp8_kbp(int64_t K) { return ((K + US_FP8_TILE - 1) / US_FP8_TILE + 3) / 4 * 4; }
+
+US_API int64_t us_fp8_scales_size(us_fp8_tiling t, int64_t M, int64_t K) {
+    int64_t MB = (M + US_FP8_TILE - 1) / US_FP8_TILE, KB = (K + US_FP8_TILE - 1) / US_FP8_TILE;
+    if (M < 0 || K < 0) return -1;
+    switch (t) {
+    case US_FP8_TILING_DEFAULT: case US_FP8_ROW128: return KB * M;
+    case US_FP8_COL128: return MB * K;
+    case US_FP8_BLOCK128: return MB * us__fp8_kbp(K);
+    case US_FP8_TENSOR: return 1;
+    }
+    return -1;
+}
+
+static us_result us__fp8_check(const char *fn, us_fp8_tiling t, int64_t M, int64_t K, char *err, size_t errlen) {
+    if ((int)t < (int)US_FP8_TILING_DEFAULT || (int)t > (int)US_FP8_TENSOR) {
+        us__errf(err, errlen, "%s: tiling %d is not a us_fp8_tiling", fn, (int)t);
+        return US_ERR_INVALID;
+    }
+    if (M < 0 || K < 0) {
+        us__errf(err, errlen, "%s: the matrix is %lld x %lld; sizes must be >= 0", fn, (long long)M, (long long)K);
+        return US_ERR_INVALID;
+    }
+    return US_OK;
+}
+
+/* Quantise the rectangle [m0,m1)×[k0,k1) of x[·][K] with one scale; q element (m,k) at
+   q[m·qrs + k·qcs] (qrs = K, qcs = 1 in place; qrs = 1, qcs = M transposed). Returns the scale. */
+static float us__fp8_quant_rect(uint8_t *q, int64_t qrs, int64_t qcs, const void *x, us_dtype dt, int64_t K,
+                                int64_t m0, int64_t m1, int64_t k0, int64_t k1, int pow2) {
+    float amax = 0.0f, sc, a;
+    int64_t m, k;
+    for (m = m0; m < m1; m++)
+        for (k = k0; k < k1; k++) {
+            a = fabsf(us__get(x, dt, m * K + k));
+            if (a > amax || a != a) amax = a;   /* a NaN sticks */
+        }
+    sc = us__fp8_scale(amax, pow2);
+    for (m = m0; m < m1; m++)
+        for (k = k0; k < k1; k++) q[m * qrs + k * qcs] = us_f32_to_e4m3(us__get(x, dt, m * K + k) / sc);
+    return sc;
+}
+
+US_API us_result us_fp8_quantize(uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M, int64_t K,
+                                 us_fp8_tiling t, int pow2, char *err, size_t errlen) {
+    const int64_t T = US_FP8_TILE;
+    int64_t MB = (M + T - 1) / T, KB = (K + T - 1) / T, KBp = us__fp8_kbp(K), i, j;
+    us_result r = us__fp8_check("us_fp8_quantize", t, M, K, err, errlen);
+    if (r != US_OK) return r;
+    if (dt != US_F32 && dt != US_BF16) {
+        us__errf(err, errlen, "us_fp8_quantize: x must be fp32 or bf16, not %s", us_dtype_name(dt));
+        return US_ERR_INVALID;
+    }
+    if (!s || ((!q || !x) && M * K > 0)) {
+        us__errf(err, errlen, "us_fp8_quantize: q, s and x must not be NULL");
+        return US_ERR_INVALID;
+    }
+    switch (t) {
+    case US_FP8_TILING_DEFAULT: case US_FP8_ROW128:     /* s [KB][M] */
+        for (i = 0; i < M; i++)
+            for (j = 0; j < KB; j++)
+                s[j * M + i] = us__fp8_quant_rect(q, K, 1, x, dt, K, i, i + 1, j * T, j * T + T < K ? j * T + T : K, pow2);
+        break;
+    case US_FP8_COL128:                                 /* q [K][M], s [MB][K] */
+        for (i = 0; i < MB; i++)
+            for (j = 0; j < K; j++)
+                s[i * K + j] = us__fp8_quant_rect(q, 1, M, x, dt, K, i * T, i * T + T < M ? i * T + T : M, j, j + 1, pow2);
+        break;
+    case US_FP8_BLOCK128:                               /* s [MB][KBp] */
+        for (i = 0; i < MB; i++)
+            for (j = 0; j < KBp; j++)
+                s[i * KBp + j] = j >= KB ? 1.0f
+                    : us__fp8_quant_rect(q, K, 1, x, dt, K, i * T, i * T + T < M ? i * T + T : M, j * T, j * T + T < K ? j * T + T : K, pow2);
+        break;
+    case US_FP8_TENSOR:
+        s[0] = us__fp8_quant_rect(q, K, 1, x, dt, K, 0, M, 0, K, pow2);
+        break;
+    }
+    return US_OK;
+}
+
+/* The scale of X's element (m, k) under tiling t (X[M][K] in its own orientation). */
+static float us__fp8_scale_of(const float *s, us_fp8_tiling t, int64_t M, int64_t K, int64_t m, int64_t k) {
+    switch (t) {
+    case US_FP8_TILING_DEFAULT: case US_FP8_ROW128: return s[k / US_FP8_TILE * M + m];
+    case US_FP8_COL128: return s[m / US_FP8_TILE * K + k];
+    case US_FP8_BLOCK128: return s[m / US_FP8_TILE * us__fp8_kbp(K) + k / US_FP8_TILE];
+    case US_FP8_TENSOR: return s[0];
+    }
+    return NAN;
+}
+
+US_API us_result us_fp8_dequantize(float *x, const uint8_t *q, const float *s, int64_t M, int64_t K,
+                                   us_fp8_tiling t, char *err, size_t errlen) {
+    float lut[256];
+    int64_t m, k;
+    int i;
+    us_result r = us__fp8_check("us_fp8_dequantize", t, M, K, err, errlen);
+    if (r != US_OK) return r;
+    if (M * K == 0) return US_OK;
+    if (!x || !q || !s) {
+        us__errf(err, errlen, "us_fp8_dequantize: x, q and s must not be NULL");
+        return US_ERR_INVALID;
+    }
+    for (i = 0; i < 256; i++) lut[i] = us_e4m3_to_f32((uint8_t)i);
+    for (m = 0; m < M; m++)
+        for (k = 0; k < K; k++)
+            x[m * K + k] = lut[q[t == US_FP8_COL128 ? k * M + m : m * K + k]] * us__fp8_scale_of(s, t, M, K, m, k);
+    return US_OK;
+}
+
+US_API us_result us_fp8_gemm(float *c, const uint8_t *a, const float *sa, us_fp8_tiling ta,
+                             const uint8_t *b, const float *sb, us_fp8_tiling tb,
+                             int64_t M, int64_t N, int64_t K, char *err, size_t errlen) {
+    const int64_t T = US_FP8_TILE;
+    int64_t KB = (K + T - 1) / T, m, i;
+    float lut[256], *af, *bf;
+    us_result r;
+    /* a GEMM operand is stored [rows][K]: COL128's output is ROW128 of the transpose */
+    if (ta == US_FP8_COL128) ta = US_FP8_ROW128;
+    if (tb == US_FP8_COL128) tb = US_FP8_ROW128;
+    if ((r = us__fp8_check("us_fp8_gemm (a)", ta, M, K, err, errlen)) != US_OK) return r;
+    if ((r = us__fp8_check("us_fp8_gemm (b)", tb, N, K, err, errlen)) != US_OK) return r;
+    if (M * N == 0) return US_OK;
+    if (!c || ((!a || !sa || !b || !sb) && K > 0)) {
+        us__errf(err, errlen, "us_fp8_gemm: c, a, sa, b and sb must not be NULL");
+        return US_ERR_INVALID;
+    }
+    af = (float *)US_MALLOC((size_t)((M + N) * K + 1) * sizeof(float));
+    if (!af) { us__errf(err, errlen, "us_fp8_gemm: out of memory for %lld decoded elements", (long long)((M + N) * K)); return US_ERR_OOM; }
+    bf = af + M * K;
+    for (i = 0; i < 256; i++) lut[i] = us_e4m3_to_f32((uint8_t)i);
+    for (i = 0; i < M * K; i++) af[i] = lut[a[i]];   /* exact: every E4M3 value is an fp32 */
+    for (i = 0; i < N * K; i++) bf[i] = lut[b[i]];
+    /* one thread owns each row of c and sums it in the documented order: deterministic */
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (m = 0; m < M; m++) {
+        int64_t n, kb, k, k1;
+        for (n = 0; n < N; n++) {
+            const float *ar = af + m * K, *br = bf + n * K;
+            float acc = 0.0f, p;
+            for (kb = 0; kb < KB; kb++) {
+                k1 = (kb + 1) * T < K ? (kb + 1) * T : K;
+                p = 0.0f;
+                for (k = kb * T; k < k1; k++) p += ar[k] * br[k];
+                acc = fmaf(p, us__fp8_scale_of(sa, ta, M, K, m, kb * T) * us__fp8_scale_of(sb, tb, N, K, n, kb * T), acc);
+            }
+            c[m * N + n] = acc;
+        }
+    }
+    US_FREE(af);
+    return US_OK;
 }
 
 /* ------------------------------------------------------------------------------------ */
