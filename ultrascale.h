@@ -637,8 +637,8 @@ typedef struct us_model {
     int      pp_peak;         /* most micro-batches whose activations the executor held at once */
     int      pp_wsplit;       /* the schedule runs B and W apart: layers keep their output gradients */
     int      pp_bonly;        /* inside a B action: the layers skip their weight gradients */
-    double   pp_busy_s, pp_wall_s;   /* the last step's time computing, and in the executor */
-    double   pp_t_s[3];       /* the last step's compute in forwards, backwards (B or BW), W passes */
+    double   pp_wall_s;       /* the last step's time in the executor */
+    double   pp_t_s[3];       /* the last step's compute in it: forwards, backwards (B or BW), W passes */
     /* the layers' tensors: layer l's are [layer_p[l], layer_p[l+1]); layer_p[n_layers] is the final
        norm. A dense layer has 9 tensors, a MoE layer 7 + 3·(E + shared) (// >>moe) */
     int      *layer_p;        /* [cfg.n_layers + 1] */
@@ -5264,7 +5264,6 @@ static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *t
     }
     free(pend);
     m->grad_sync = 0;
-    m->pp_busy_s = m->pp_t_s[0] + m->pp_t_s[1] + m->pp_t_s[2];
     m->pp_wall_s = 1e-6 * (us_trace_now_us() - t_begin);
     us__pp_select_all(m);
     US_FREE(slot_of);
@@ -5275,7 +5274,7 @@ US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t
     const us_train_config *tc = &m->tc;
     int Tl = tc->seq / tc->cp;   /* under context parallelism, this rank's share of each sequence */
     int64_t per = (int64_t)tc->batch * Tl, total = per * tc->grad_accum, valid = 0, i;
-    double loss = 0, bubble[4] = {0, 0, 0, 0};
+    double loss = 0, pp_stat[4] = {0, 0, 0, 0};   /* pipeline: the bubble, then F, B, W ms per micro-batch */
     float gn = 0, lr = 0;
     int k;
     us_result r;
@@ -5300,16 +5299,16 @@ US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t
     if ((r = us_optimizer_step(m, &gn, &lr)) != US_OK) return r;
     if ((r = us__group_sum(m, &m->mesh.pp_g, &loss, 1)) != US_OK) return r;   /* the last stage computed it */
     if ((r = us__dp_sum(m, &loss, 1)) != US_OK) return r;
-    if (tc->pp > 1) {   /* the measured bubble: each rank's idle share of the schedule's time, and its costs, averaged */
-        bubble[0] = m->pp_wall_s > 0 ? 1.0 - m->pp_busy_s / m->pp_wall_s : 0;
-        for (k = 0; k < 3; k++) bubble[1 + k] = 1e3 * m->pp_t_s[k] / tc->grad_accum;
-        if ((r = us__group_sum(m, &m->comm->world, bubble, 4)) != US_OK) return r;
-        for (k = 0; k < 4; k++) bubble[k] /= m->comm->world.size;
+    if (tc->pp > 1) {   /* the measured pp_stat: each rank's idle share of the schedule's time, and its costs, averaged */
+        pp_stat[0] = m->pp_wall_s > 0 ? 1.0 - (m->pp_t_s[0] + m->pp_t_s[1] + m->pp_t_s[2]) / m->pp_wall_s : 0;
+        for (k = 0; k < 3; k++) pp_stat[1 + k] = 1e3 * m->pp_t_s[k] / tc->grad_accum;
+        if ((r = us__group_sum(m, &m->comm->world, pp_stat, 4)) != US_OK) return r;
+        for (k = 0; k < 4; k++) pp_stat[k] /= m->comm->world.size;
     }
     if (st) {
         st->step = m->step; st->loss = (float)(loss / (double)valid); st->lr = lr; st->grad_norm = gn;
-        st->tokens = total * m->mesh.dp * m->mesh.cp; st->valid = valid; st->pp_bubble = (float)bubble[0];
-        for (k = 0; k < 3; k++) st->pp_cost_ms[k] = (float)bubble[1 + k];
+        st->tokens = total * m->mesh.dp * m->mesh.cp; st->valid = valid; st->pp_bubble = (float)pp_stat[0];
+        for (k = 0; k < 3; k++) st->pp_cost_ms[k] = (float)pp_stat[1 + k];
         st->moe_imbalance = m->moe_stat[0]; st->moe_aux_loss = m->moe_stat[1]; st->moe_drop_frac = m->moe_stat[2];
         st->moe_load = m->n_moe ? m->moe_load_last : NULL;
     }

@@ -1267,7 +1267,8 @@ static us_result us__thr_dup(us_comm *c, us_group *g, us_group *out) {
     }
     ln->rk = rk;
     pthread_mutex_lock(&L->mu);
-    if (!ng->lanes) ng->lanes = (us__thr_lane **)calloc((size_t)ng->size, sizeof(us__thr_lane *));
+    if (!ng->lanes && (ng->lanes = (us__thr_lane **)US_MALLOC((size_t)ng->size * sizeof(us__thr_lane *))) != NULL)
+        memset(ng->lanes, 0, (size_t)ng->size * sizeof(us__thr_lane *));   /* freed by us__thr_group_destroy */
     if (ng->lanes && pthread_create(&ln->worker, NULL, us__thr_worker_main, ln) == 0) {
         ln->worker_started = 1;
         ng->lanes[out->rank] = ln;
@@ -2581,6 +2582,7 @@ US_API us_result us_nccl_init(us_comm *c, us_ops *ops, void *compute_stream, int
     c->barrier = us__nccl_barrier;               c->wait = us__nccl_wait;
     c->split = us__nccl_split;                   c->group_free = us__nccl_group_free;
     c->dup = us__nccl_dup;
+    c->p2p_early = 0;   /* a waiting call is a kernel on the GPU: the pipeline times its messages (// >>pp) */
     return US_OK;
 fail:
     if (probe) cudaEventDestroy(probe);
