@@ -709,6 +709,7 @@ __global__ void us__k_swiglu_bwd_vec(T *dgu, const T *dh, const T *gu, int64_t N
 }
 static dim3 us__rows_grid(int64_t N, int64_t F, int threads) { return dim3((unsigned)((F + threads - 1) / threads), (unsigned)(N < 65535 ? N : 65535)); }
 static void us__cuda_swiglu_fwd(us_ops *o, void *h, const void *gu, int64_t N, int64_t F, us_dtype dt) {
+    if (N <= 0 || F <= 0) return;   /* an expert, or a whole rank under // >>ep, may get no rows: a 0-sized grid is an error */
     int64_t W = 16 / (int64_t)us_dtype_size(dt);
     if (F % W == 0 && us__al16(h) && us__al16(gu))
         US__DISPATCH(o, dt, (us__k_swiglu_fwd_vec<T_><<<us__rows_grid(N, F / W, 256), 256, 0, us__cu(o)->stream>>>((T_ *)h, (const T_ *)gu, N, F)));
@@ -716,6 +717,7 @@ static void us__cuda_swiglu_fwd(us_ops *o, void *h, const void *gu, int64_t N, i
         US__DISPATCH(o, dt, (us__k_swiglu_fwd<T_><<<us__rows_grid(N, F, 256), 256, 0, us__cu(o)->stream>>>((T_ *)h, (const T_ *)gu, N, F)));
 }
 static void us__cuda_swiglu_bwd(us_ops *o, void *dgu, const void *dh, const void *gu, int64_t N, int64_t F, us_dtype dt) {
+    if (N <= 0 || F <= 0) return;   /* an expert, or a whole rank under // >>ep, may get no rows: a 0-sized grid is an error */
     int64_t W = 16 / (int64_t)us_dtype_size(dt);
     if (F % W == 0 && us__al16(dgu) && us__al16(dh) && us__al16(gu))
         US__DISPATCH(o, dt, (us__k_swiglu_bwd_vec<T_><<<us__rows_grid(N, F / W, 256), 256, 0, us__cu(o)->stream>>>((T_ *)dgu, (const T_ *)dh, (const T_ *)gu, N, F)));

@@ -84,7 +84,16 @@ if run ep; then for p in fp32 bf16; do
     $T $M --batch 8 --grad-accum 2 --experts 4 --top-k 2 --precision $p --log "$OUT/ep_ref_$p.jsonl" > "$OUT/ep_ref_$p.txt" 2>&1
     $T $M --batch 16 --nproc 2 --ep 2 --experts 4 --top-k 2 --precision $p --log "$OUT/ep2_$p.jsonl" > "$OUT/ep2_$p.txt" 2>&1
     say "shakespeare $p moe ep2 vs 1 GPU: $(compare "$OUT/ep_ref_$p.jsonl" "$OUT/ep2_$p.jsonl") $(grep -m1 'train:' "$OUT/ep2_$p.txt" | head -c 200)"
-done; fi
+    # dp 2 with every expert on both ranks: expert gradients reduced over the expert-dp group
+    $T $M --batch 16 --nproc 2 --experts 4 --top-k 2 --precision $p --log "$OUT/ep1dp2_$p.jsonl" > "$OUT/ep1dp2_$p.txt" 2>&1
+    say "shakespeare $p moe dp2 (ep 1) vs 1 GPU: $(compare "$OUT/ep_ref_$p.jsonl" "$OUT/ep1dp2_$p.jsonl")"
+done
+# the DeepSeek-V3 router on the GPU: sigmoid gates, a shared expert, 8 experts in 4 groups (2 per token), bias balancing
+R="--experts 8 --top-k 2 --moe-gate sigmoid --shared-expert --moe-groups 4 --moe-top-groups 2 --precision fp32"
+$T $M --batch 8 --grad-accum 2 $R --log "$OUT/ep_dsv3_ref.jsonl" > "$OUT/ep_dsv3_ref.txt" 2>&1
+$T $M --batch 16 --nproc 2 --ep 2 $R --log "$OUT/ep_dsv3.jsonl" > "$OUT/ep_dsv3.txt" 2>&1
+say "shakespeare fp32 moe ep2 sigmoid+shared+groups vs 1 GPU: $(compare "$OUT/ep_dsv3_ref.jsonl" "$OUT/ep_dsv3.jsonl")"
+fi
 
 # 2e. pipeline throughput: 8 layers, dim 1024, T 512, 8 micro-batches of 8, bf16; one GPU
 #     accumulating the same micro-batches, then pp 2 with each schedule (median of steps 3-6)

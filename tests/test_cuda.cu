@@ -396,6 +396,21 @@ static void test_attn_blocks(void) {
     }
 }
 
+/* Empty inputs: under expert parallelism an expert, or a whole rank, can receive no rows in a
+   step (a collapsed router sends every token to the other rank's experts). Every per-row op the
+   MoE path calls must then be a no-op, as it is on the CPU, not a launch with a 0-sized grid. */
+static void test_empty_rows(us_dtype dt) {
+    void *a = G.alloc(&G, 4096), *b = G.alloc(&G, 4096);
+    int32_t *ix = (int32_t *)G.alloc(&G, 4096);
+    G.swiglu_fwd(&G, a, b, 0, 64, dt);
+    G.swiglu_bwd(&G, a, b, a, 0, 64, dt);
+    G.moe_gather(&G, a, b, ix, NULL, 0, 2, 64, dt);
+    G.moe_scatter(&G, a, b, ix, NULL, 0, 2, 64, dt);
+    G.sync(&G);
+    CHECK(G.error(&G) == NULL, "per-row ops on 0 rows (%s) are no-ops: %s", us_dtype_name(dt), G.error(&G) ? G.error(&G) : "ok");
+    G.free(&G, a); G.free(&G, b); G.free(&G, ix);
+}
+
 /* The same training run on the CPU and the GPU: losses agree step by step. */
 /* The mixture-of-experts ops (// >>moe): the router's choices and the permutation must equal the
    CPU's exactly (integers), the values to fp32 / bf16 rounding. */
@@ -507,6 +522,8 @@ int main(int argc, char **argv) {
     test_training(US_PRECISION_BF16, US_RECOMPUTE_FULL);
     test_moe_ops(US_F32);
     test_moe_ops(US_BF16);
+    test_empty_rows(US_F32);
+    test_empty_rows(US_BF16);
     test_training(US_PRECISION_FP32, US_RECOMPUTE_SELECTIVE);   /* a MoE model (see test_training) */
     test_training(US_PRECISION_BF16, US_RECOMPUTE_SELECTIVE);
     test_errors();
