@@ -84,6 +84,7 @@ CHECKS = \
   "nvcc: flash_test::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/flash_test; else echo 'SKIP nvcc not installed'; fi" \
   "nvcc: gemm_steps::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/gemm_steps; else echo 'SKIP nvcc not installed'; fi" \
   "nvcc: test_nccl::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/test_nccl; else echo 'SKIP nvcc not installed'; fi" \
+  "nvcc: comm_bw benchmark::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/comm_bw; else echo 'SKIP nvcc not installed'; fi" \
   "c99 -pedantic: NCCL backend compiles::if [ -f /usr/include/nccl.h ] || [ -f $(CUDA_HOME)/include/nccl.h ]; then $(CC) -std=c99 -Wall -Wextra -pedantic -Werror -O2 -D_POSIX_C_SOURCE=200809L -DULTRASCALE_NCCL -isystem $(CUDA_HOME)/include -c tests/compile_nccl.c -o $(B)/cc_nccl.o; else echo 'SKIP nccl.h not installed'; fi"
 
 RUNS = \
@@ -152,3 +153,7 @@ clean:
 # ---- GPU benchmarks (run on the GPU machine; see bench/run_gpu.sh)
 $(B)/bench_cuda: bench/bench_cuda.cu $(HDR) ultrascale_cuda.cuh | $(B)
 	$(NVCC) $(NVFLAGS) $< -o $@ $(NVLIBS)
+
+# the comm seam's NCCL backend against raw NCCL, bus bandwidth 1 MB - 1 GB (2+ GPUs; issue 9)
+$(B)/comm_bw: bench/comm_bw.cu $(HDR) | $(B)
+	$(NVCC) $(NVFLAGS) -DULTRASCALE_NCCL $< -o $@ $(NVLIBS)

@@ -432,6 +432,14 @@ struct us_ops {
     /* NULL while all is well, else the first error the backend recorded (may itself be NULL
        for backends that cannot fail, like the CPU one) */
     const char *(*error)(us_ops *o);
+    /* Trace marks, for backends whose ops return before the work is done (NULL on the CPU, whose
+       ops finish first, so the host clock times them). mark() records the point the work issued
+       so far has reached on the compute stream and returns its id (-1 when no more fit);
+       mark_us(id), once that work has finished (after sync), is the moment it was reached on
+       us_trace_now_us's clock; mark_reset() frees every id. The model's traces use them. */
+    int    (*mark)(us_ops *o);
+    double (*mark_us)(us_ops *o, int id);
+    void   (*mark_reset)(us_ops *o);
     /* bytes of backend memory held now and at most, over alloc/free (kept by the backend) */
     size_t bytes_in_use, bytes_peak;
 };
@@ -530,11 +538,14 @@ US_API us_result us_mesh_init(us_mesh *mesh, us_comm *c, int dp, int pp, int cp,
 US_API void      us_mesh_free(us_mesh *mesh, us_comm *c);
 
 /* ---------------------------------------------------------------- tracer
-   Named regions per rank and per stream (0 = compute, 1 = communication), written as a
-   Chrome / Perfetto trace: one process row per rank, one thread row per stream. Each (rank,
+   Named regions per rank and per stream (0 = compute, 1 = communication, 2 = host), written as
+   a Chrome / Perfetto trace: one process row per rank, one thread row per stream. Each (rank,
    stream) row has one writer thread, so recording takes no lock. Times are microseconds from
-   us_trace_now_us(), a monotonic clock shared by the threads of a process. */
-enum { US_STREAM_COMPUTE = 0, US_STREAM_COMM = 1, US_TRACE_STREAMS = 2 };
+   us_trace_now_us(), a monotonic clock shared by the threads of a process. On a GPU the compute
+   and communication rows hold the times the GPU ran the work (us_ops.mark, events on the comm
+   stream); what the host did meanwhile — launching a reduction, waiting for one — is on the host
+   row. On the CPU the host does the compute, and those regions sit on the compute row. */
+enum { US_STREAM_COMPUTE = 0, US_STREAM_COMM = 1, US_STREAM_HOST = 2, US_TRACE_STREAMS = 3 };
 typedef struct us_trace_event { char name[48]; const char *cat; double t0, t1; } us_trace_event;
 struct us_trace {
     int rank;
@@ -613,6 +624,8 @@ typedef struct us_model {
     int      grad_sync;       /* reduce gradients in this backward (us_train_step sets it) */
     int      synced;          /* reductions were launched and must be finished before the step */
     us_trace *trace;          /* when set, compute and wait regions are recorded (comm->trace too) */
+    struct us__tpend *tpend;  /* GPU-timed regions whose marks are resolved at the step's end (// >>trace) */
+    int      n_tpend, cap_tpend;
     /* this rank's share under tensor parallelism (the whole model at tp 1) */
     int      nh_l, nkv_l;     /* heads, kv heads */
     int64_t  ffn_l, vocab_l;  /* FFN columns, vocabulary rows */
@@ -2906,7 +2919,7 @@ US_API us_result us_trace_write(const char *path, us_trace *const *ranks, int nr
 US_API us_result us_trace_write_at(const char *path, us_trace *const *ranks, int nranks, double base, char *err, size_t errlen) {
     FILE *f = fopen(path, "w");
     int r, s, i, first = 1;
-    static const char *stream_names[US_TRACE_STREAMS] = {"compute", "communication"};
+    static const char *stream_names[US_TRACE_STREAMS] = {"compute", "communication", "host"};
     if (!f) { us__errf(err, errlen, "cannot write the trace %s", path); return US_ERR_IO; }
     fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
     for (r = 0; r < nranks; r++) {
@@ -3576,6 +3589,8 @@ US_API void us_model_free(us_model *m) {
     US_FREE(m->params); US_FREE(m->units); US_FREE(m->unit_of); US_FREE(m->layer_g); US_FREE(m->layer_p);
     m->params = NULL; m->acts = NULL; m->units = NULL; m->unit_of = NULL; m->w = NULL; m->layer_g = NULL; m->layer_p = NULL;
     us__moe_free(m);
+    free(m->tpend);   /* grown by realloc, like the trace's own rows */
+    m->tpend = NULL; m->n_tpend = m->cap_tpend = 0;
     m->master = m->grad = m->adam_m = m->adam_v = NULL;
     m->state = NULL; m->arena = NULL; m->comm = NULL;
 }
@@ -3614,8 +3629,48 @@ static float *us__G(us_model *m, int idx) {
    Each rank scales its loss gradient by 1 / (valid targets of the global batch), so the SUM
    over ranks is the global-batch mean: the number one rank would compute for the whole batch
    (the book's average, without assuming every rank has the same number of valid targets). */
-static void us__trace(us_model *m, const char *cat, const char *name, double t0) {
-    if (m->trace) us_trace_add(m->trace, US_STREAM_COMPUTE, cat, name, t0, us_trace_now_us());
+/* Tracing the step. A compute region starts with us__tstart and ends with us__trace: on the CPU
+   both read the host clock; on a GPU (us_ops.mark) both drop a mark into the compute stream, and
+   the region's GPU times are read at the end of the step (us__trace_flush), so the trace shows when
+   the GPU computed, not when the host issued. Host activities (launching and waiting for
+   collectives) are timed by the host clock: us__trace_host, on the host row on a GPU. */
+typedef struct us__tm { double t; int id; } us__tm;
+struct us__tpend { const char *cat; char name[48]; int id0, id1; };
+static us__tm us__tstart(us_model *m) {
+    us__tm t;
+    t.t = us_trace_now_us();
+    t.id = m->trace && m->ops.mark ? m->ops.mark(&m->ops) : -1;
+    return t;
+}
+static void us__trace(us_model *m, const char *cat, const char *name, us__tm t0) {
+    struct us__tpend *p;
+    int id1;
+    if (!m->trace) return;
+    if (!m->ops.mark) { us_trace_add(m->trace, US_STREAM_COMPUTE, cat, name, t0.t, us_trace_now_us()); return; }
+    if (t0.id < 0 || (id1 = m->ops.mark(&m->ops)) < 0) return;   /* out of marks: the region is left out */
+    if (m->n_tpend == m->cap_tpend) {
+        int cap = m->cap_tpend ? 2 * m->cap_tpend : 256;
+        struct us__tpend *np = (struct us__tpend *)realloc(m->tpend, (size_t)cap * sizeof *np);
+        if (!np) return;
+        m->tpend = np; m->cap_tpend = cap;
+    }
+    p = &m->tpend[m->n_tpend++];
+    p->cat = cat; p->id0 = t0.id; p->id1 = id1;
+    snprintf(p->name, sizeof p->name, "%s", name);
+}
+static void us__trace_host(us_model *m, const char *cat, const char *name, double t0) {
+    if (m->trace) us_trace_add(m->trace, m->ops.mark ? US_STREAM_HOST : US_STREAM_COMPUTE, cat, name, t0, us_trace_now_us());
+}
+/* The step's GPU-timed regions into the trace (one sync; only when tracing a GPU). */
+static void us__trace_flush(us_model *m) {
+    int i;
+    if (!m->n_tpend) return;
+    m->ops.sync(&m->ops);
+    for (i = 0; i < m->n_tpend; i++)
+        us_trace_add(m->trace, US_STREAM_COMPUTE, m->tpend[i].cat, m->tpend[i].name,
+                     m->ops.mark_us(&m->ops, m->tpend[i].id0), m->ops.mark_us(&m->ops, m->tpend[i].id1));
+    m->n_tpend = 0;
+    m->ops.mark_reset(&m->ops);
 }
 static us_result us__comm_fail(us_model *m, us_result r, const char *what) {
     if (r != US_OK && !m->err[0]) us__model_set_error(m, "%s: %s", what, m->comm->err);
@@ -3660,7 +3715,7 @@ static us_result us__unit_launch(us_model *m, int u) {
         r = c->reduce_scatter(c, g, slot + R * U->piece, slot, U->piece, US_F32, US_REDUCE_SUM, &U->work);
     }
     snprintf(nm, sizeof nm, "launch unit %d", u);
-    us__trace(m, "comm", nm, t0);
+    us__trace_host(m, "comm", nm, t0);
     return us__comm_fail(m, r, m->tc.zero ? "gradient reduce-scatter" : "gradient all-reduce");
 }
 /* Waits for a unit's reduction; ZeRO-2/3 then accumulate the reduced piece into the gradient
@@ -3674,7 +3729,7 @@ static us_result us__unit_finish(us_model *m, int u) {
     r = m->comm->wait(m->comm, U->work);
     U->work = NULL;
     snprintf(nm, sizeof nm, "wait unit %d", u);
-    us__trace(m, "wait", nm, t0);
+    us__trace_host(m, "wait", nm, t0);
     if (r != US_OK) return us__comm_fail(m, r, "gradient reduction");
     if (m->tc.zero >= 2 && U->gslot >= 0) {
         m->ops.axpy(&m->ops, m->grad + U->shard_off, m->gslot[U->gslot] + (int64_t)m->mesh.dpcp_g.rank * U->piece, 1.0f, U->piece);
@@ -3809,7 +3864,7 @@ static us_result us__z3_enter(us_model *m, int s, int dir) {
             if (r != US_OK) return us__comm_fail(m, r, "ZeRO-3 weight all-gather");
         }
     }
-    us__trace(m, "wait", "wait weights", t0);
+    us__trace_host(m, "wait", "wait weights", t0);
     for (i = 0; i < np; i++) {
         int keep = 0;
         for (j = 0; j < nc; j++) keep |= prev[i] == cur[j];
@@ -4751,9 +4806,10 @@ static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *
         if ((r = us__tp_sum(m, m->acts[0].x, N * C, m->dt)) != US_OK) return r;   /* one rank holds each token's row */
     }
     for (l = m->l_lo; l < m->l_hi; l++) {
-        double t0 = us_trace_now_us();
+        us__tm t0;
         char nm[40];
-        if ((r = us__z3_enter(m, 1 + l, 1)) != US_OK) return r;
+        if ((r = us__z3_enter(m, 1 + l, 1)) != US_OK) return r;   /* the weights' wait is a host region of its own */
+        t0 = us__tstart(m);
         if ((r = us__layer_fwd(m, l, B, T, 0)) != US_OK) return r;
         if (m->trace) { snprintf(nm, sizeof nm, "forward layer %d", l); us__trace(m, "compute", nm, t0); }
     }
@@ -4784,7 +4840,7 @@ static us_result us__backward(us_model *m, int B, int T) {
     int64_t N = (int64_t)B * T, C = c->dim, V = m->vocab_l, Np, Ns;
     int l, head = us__head_idx(m), L = c->n_layers, sp = us__sp(m);
     us_result r;
-    double t0 = us_trace_now_us();
+    us__tm t0 = us__tstart(m);
     void *dlnp;
     us__rows(m, N, &Np, &Ns);
     dlnp = us__at(m->a[US__A_DLN], m->dt, sp ? (int64_t)m->mesh.tp_rank * Ns * C : 0);
@@ -4808,8 +4864,8 @@ static us_result us__backward(us_model *m, int B, int T) {
 layers:
     for (l = m->l_hi - 1; l >= m->l_lo; l--) {
         char nm[40];
-        t0 = us_trace_now_us();
         if ((r = us__z3_enter(m, 1 + l, -1)) != US_OK) return r;
+        t0 = us__tstart(m);
         if (m->tc.recompute != US_RECOMPUTE_NONE && (r = us__layer_fwd(m, l, B, T, 1)) != US_OK) return r;
         if ((r = us__layer_bwd(m, l, B, T)) != US_OK) return r;
         if (m->trace) { snprintf(nm, sizeof nm, "backward layer %d", l); us__trace(m, "compute", nm, t0); }
@@ -4847,10 +4903,12 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
     us_ops *o = &m->ops;
     const us_train_config *tc = &m->tc;
     int Z = tc->zero, u;
-    double norm2 = 0, t0 = us_trace_now_us();
+    double norm2 = 0;
     float gscale = 1.0f, lr = us_lr_at(tc, m->step);
     us_result r;
-    if ((r = us__grads_finish(m)) != US_OK) return r;
+    us__tm t0;
+    if ((r = us__grads_finish(m)) != US_OK) return r;   /* the last reductions' waits: host regions of their own */
+    t0 = us__tstart(m);
     /* the global gradient norm: every rank holds all of it without ZeRO; with ZeRO each holds the
        sums of its pieces, and the squares are summed over dp */
     if (Z == 0 && m->tc.tp <= 1 && m->tc.pp <= 1 && m->ep <= 1) norm2 = o->sumsq(o, m->grad, m->n_flat);
@@ -5305,6 +5363,7 @@ US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t
         if ((r = us__group_sum(m, &m->comm->world, pp_stat, 4)) != US_OK) return r;
         for (k = 0; k < 4; k++) pp_stat[k] /= m->comm->world.size;
     }
+    us__trace_flush(m);   /* a GPU's regions, timed by its marks (// >>trace) */
     if (st) {
         st->step = m->step; st->loss = (float)(loss / (double)valid); st->lr = lr; st->grad_norm = gn;
         st->tokens = total * m->mesh.dp * m->mesh.cp; st->valid = valid; st->pp_bubble = (float)pp_stat[0];

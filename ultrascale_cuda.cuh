@@ -70,6 +70,7 @@ typedef struct us__gemm_plan {
     cublasLtMatmulAlgo_t algo;
 } us__gemm_plan;
 
+#define US__CUDA_MARKS 8192   /* trace marks per step: two per traced region */
 typedef struct us__cuda {
     int device, cc_major;
     cudaStream_t stream;
@@ -87,6 +88,10 @@ typedef struct us__cuda {
     size_t scratch_bytes;
     double *host_red;       /* pinned host slot for reduction results */
     struct { void *p; size_t n; } allocs[256];  /* sizes of live allocations, for accounting (beyond 256 live ones, frees are not subtracted) */
+    cudaEvent_t marks[US__CUDA_MARKS];  /* trace marks on the stream (us_ops.mark), created on first use */
+    int nmarks;                         /* marks in use since the last mark_reset */
+    cudaEvent_t mark_ref;               /* a mark whose host time is known: the others are timed from it */
+    double mark_ref_us;
     int failed;
     char err[256];
 } us__cuda;
@@ -133,6 +138,30 @@ static void us__cuda_copy(us_ops *o, void *dst, const void *src, size_t bytes, u
     if (kind != US_COPY_D2D) US__CU(o, cudaStreamSynchronize(c->stream));   /* host memory is usable on return */
 }
 static void us__cuda_sync(us_ops *o) { US__CU(o, cudaStreamSynchronize(us__cu(o)->stream)); }
+
+/* Trace marks (// >>trace): an event recorded on the stream per mark. The first mark ever also
+   pins the GPU clock to the host's: one event recorded, waited for, and the host time read at
+   once (a few microseconds late at most); every later mark is timed from it. */
+static int us__cuda_mark(us_ops *o) {
+    us__cuda *c = us__cu(o);
+    if (!c->mark_ref) {
+        if (cudaEventCreate(&c->mark_ref) != cudaSuccess) { cudaGetLastError(); c->mark_ref = NULL; return -1; }
+        US__CU(o, cudaEventRecord(c->mark_ref, c->stream));
+        US__CU(o, cudaEventSynchronize(c->mark_ref));
+        c->mark_ref_us = us_trace_now_us();
+    }
+    if (c->nmarks == US__CUDA_MARKS) return -1;
+    if (!c->marks[c->nmarks] && cudaEventCreate(&c->marks[c->nmarks]) != cudaSuccess) { cudaGetLastError(); c->marks[c->nmarks] = NULL; return -1; }
+    US__CU(o, cudaEventRecord(c->marks[c->nmarks], c->stream));
+    return c->nmarks++;
+}
+static double us__cuda_mark_us(us_ops *o, int id) {
+    us__cuda *c = us__cu(o);
+    float ms = 0;
+    if (id < 0 || id >= c->nmarks || cudaEventElapsedTime(&ms, c->mark_ref, c->marks[id]) != cudaSuccess) { cudaGetLastError(); return 0; }
+    return c->mark_ref_us + 1e3 * (double)ms;
+}
+static void us__cuda_mark_reset(us_ops *o) { us__cu(o)->nmarks = 0; }
 
 /* Scratch grows (never shrinks) to the largest request; ops use it within one call. */
 static void *us__cuda_scratch(us_ops *o, size_t bytes) {
@@ -2743,6 +2772,7 @@ US_API us_result us_cuda_ops(us_ops *o, int device, char *err, size_t errlen) {
     o->swiglu_fwd = us__cuda_swiglu_fwd;        o->swiglu_bwd = us__cuda_swiglu_bwd;
     o->xent = us__cuda_xent;            o->adamw = us__cuda_adamw;         o->sumsq = us__cuda_sumsq;
     o->axpy = us__cuda_axpy;            o->error = us__cuda_error;
+    o->mark = us__cuda_mark;            o->mark_us = us__cuda_mark_us;     o->mark_reset = us__cuda_mark_reset;
     o->xent_stats = us__cuda_xent_stats; o->xent_finish = us__cuda_xent_finish;
     o->copy2d = us__cuda_copy2d;        o->rope_at = us__cuda_rope_at;
     o->attn_block_fwd = us__cuda_attn_block_fwd; o->attn_block_finish = us__cuda_attn_block_finish; o->attn_block_bwd = us__cuda_attn_block_bwd;
@@ -2765,6 +2795,8 @@ US_API void us_cuda_ops_free(us_ops *o) {
     if (c->rope_tab) cudaFree(c->rope_tab);
     if (c->lt) cublasLtDestroy(c->lt);
     if (c->host_red) cudaFreeHost(c->host_red);
+    for (i = 0; i < US__CUDA_MARKS && c->marks[i]; i++) cudaEventDestroy(c->marks[i]);
+    if (c->mark_ref) cudaEventDestroy(c->mark_ref);
     cudaStreamDestroy(c->stream);
     free(c);
     o->backend = NULL;
