@@ -301,9 +301,9 @@ typedef struct us_train_config {
     int      pp_chunks;    /* model chunks per pp rank: interleaved default 2, others 1 */
     int      pp_clock;     /* 1: time the pipeline's messages on the schedule's clock even where the backend
                               could send them as they are ready (us_comm.p2p_early; // >>pp) */
-    const int *pp_layers;  /* NULL: layers split evenly over the pp·chunks stages (the first ones take
-                              the remainder); else [pp·chunks] layers per stage, each ≥ 1, summing to
-                              n_layers (e.g. fewer on the last stage, which also runs the head) */
+    const int *pp_layers;  /* NULL: layers split over the pp·chunks stages to balance their FLOPs (the
+                              last stage, which also runs the head, takes fewer; the first ones take
+                              the remainder); else [pp·chunks] layers per stage, each ≥ 1, summing to n_layers */
     /* expert parallelism (// >>ep): each MoE layer's routed experts split over ep consecutive ranks
        of the dp×cp group (folded over data parallelism, as in Megatron); tokens travel to their
        experts' rank and back by all-to-all */
@@ -3400,14 +3400,40 @@ static us_result us__pp_plan(us_model *m);
 static void us__pp_disconnect(us_model *m);
 static int us__pp_rank_of(const us_pp_schedule *s, int st);
 static void us__slot(us_model *m, int k, int c);
-/* Stage st's first layer and layer count among S stages: tc.pp_layers, or an even split with
-   the first stages taking the remainder. */
+/* Stage st's first layer and layer count among S stages: tc.pp_layers, or a split that balances
+   the stages' work. The last stage also runs the head, whose GEMMs cost 6·V·C FLOPs per token
+   against a layer's 6·(its parameters) + 12·C·T: at Llama-3.2-1B's shape the head weighs as much
+   as 2.6 layers, and an even split leaves the first stage idle a third of the time. So the last
+   stage takes as many layers as bring it nearest the mean stage cost (at least one), and the
+   others share the rest evenly, the first ones taking the remainder. */
 static void us__pp_stage_layers(const us_model_config *mc, const us_train_config *tc, int S, int st, int *first, int *count) {
-    int k, base = mc->n_layers / S, extra = mc->n_layers % S;
+    int k, L = mc->n_layers, last, base, extra;
     if (tc->pp_layers && tc->pp > 1) {
         for (*first = 0, k = 0; k < st; k++) *first += tc->pp_layers[k];
         *count = tc->pp_layers[st];
-    } else { *first = st * base + (st < extra ? st : extra); *count = base + (st < extra); }
+        return;
+    }
+    last = L / S;
+    if (S > 1 && L > 0) {
+        double C = (double)mc->dim, V = (double)mc->vocab, head = 6.0 * V * C;
+        double layer = (6.0 * (double)(us_param_count_active(mc) - (int64_t)(mc->vocab * mc->dim * (mc->tie_embeddings ? 1 : 2) + mc->dim)) / L
+                        + 12.0 * C * (double)(tc->seq > 0 ? tc->seq : 1));
+        double want = layer > 0 ? ((L * layer + head) / S - head) / layer : (double)last;
+        int lo = (int)want, c, best = -1;
+        double best_cost = 0;
+        for (c = lo; c <= lo + 1; c++) {   /* the whole count below or above: the one whose slowest stage is faster */
+            int n = c < 1 ? 1 : c > L / S ? L / S : c;   /* at least one, never more than an even share */
+            double cost;
+            if (n < 1) n = 1;
+            cost = n * layer + head > ((L - n + S - 2) / (S - 1)) * layer ? n * layer + head : ((L - n + S - 2) / (S - 1)) * layer;
+            if (best < 0 || cost < best_cost) { best = n; best_cost = cost; }
+        }
+        last = best;
+    }
+    base = (L - last) / (S > 1 ? S - 1 : 1); extra = (L - last) % (S > 1 ? S - 1 : 1);
+    if (S == 1) { *first = 0; *count = L; }
+    else if (st == S - 1) { *first = L - last; *count = last; }
+    else { *first = st * base + (st < extra ? st : extra); *count = base + (st < extra); }
 }
 static us_result us__model_init(us_model *m, const us_model_config *mc, const us_train_config *tc, const us_ops *ops, us_comm *comm) {
     us_result r;

@@ -4,8 +4,10 @@
 # here (make build/train_cuda build/comm_bw; cp <tinyshakespeare.txt> build/).
 #   comm    the comm seam's bus bandwidth against raw NCCL, 1 MB - 1 GB (build/comm_bw)
 #   dp      Llama-3.2-1B shape, T 4096, 4 sequences per GPU: one GPU, dp 2, dp 2 + ZeRO-3
+#   ctas    dp 2 with NCCL's thread blocks capped (NCCL_MAX_CTAS in CTAS, default "4 8")
 #   tp      tp 2 + sp on 8 sequences (each rank does one GPU's work of 4 sequences)
-#   pp      untied 1B, 16 micro-batches of one sequence: one GPU accumulating, pp 2 1F1B
+#   pp      untied 1B, 16 micro-batches of one sequence: one GPU accumulating, pp 2 1F1B with the
+#           default (FLOP-balanced) split, the even split 8,8, and 9,7
 #   cp      1B at T 32768, one sequence, selective recompute: one GPU, cp 2 zig-zag
 #   ep      1B with 8 fine-grained experts (top-2, ffn 2048) per layer, 2 sequences per GPU:
 #           one GPU accumulating two micro-batches, ep 2 over dp 2
@@ -18,7 +20,7 @@ OUT=${OUT:-/tmp/scale_gpu}; mkdir -p "$OUT"
 T="timeout -k 5 ${RUN_TIMEOUT:-150} build/train_cuda"
 DATA=${DATA:-build/tinyshakespeare.txt}
 STEPS=${STEPS:-8}
-run() { case " ${SECTIONS:-comm dp tp pp cp ep} " in *" $1 "*) return 0;; *) return 1;; esac; }
+run() { case " ${SECTIONS:-comm dp ctas tp pp cp ep} " in *" $1 "*) return 0;; *) return 1;; esac; }
 L1B="--data $DATA --layers 16 --dim 2048 --heads 32 --kv-heads 8 --ffn 8192 --vocab 128256 --precision bf16 --eval-every 0 --quiet --steps $STEPS --lr 3e-4"
 go() {   # go NAME ARGS... : one run, its log, its JSONL (and trace when 2 GPUs)
     local name=$1; shift
@@ -32,13 +34,19 @@ if run dp; then
     go dp2 --seq 4096 --batch 8 --nproc 2 --tied
     go dp2_z3 --seq 4096 --batch 8 --nproc 2 --zero 3 --tied
 fi
+if run ctas; then   # NCCL's thread blocks take SMs from the backward it overlaps: cap them (NCCL_MAX_CTAS)
+    [ -f "$OUT/ref_dp.jsonl" ] || go ref_dp --seq 4096 --batch 4 --tied
+    for c in ${CTAS:-4 8}; do NCCL_MAX_CTAS=$c go dp2_ctas$c --seq 4096 --batch 8 --nproc 2 --tied; done
+fi
 if run tp; then
     [ -f "$OUT/ref_dp.jsonl" ] || go ref_dp --seq 4096 --batch 4 --tied
     go tp2_sp --seq 4096 --batch 8 --nproc 2 --tp 2 --sp --tied
 fi
 if run pp; then
     go ref_pp --seq 4096 --batch 1 --grad-accum 16
-    go pp2_1f1b --seq 4096 --batch 1 --grad-accum 16 --nproc 2 --pp 2 --pp-schedule 1f1b
+    go pp2_1f1b --seq 4096 --batch 1 --grad-accum 16 --nproc 2 --pp 2 --pp-schedule 1f1b           # default split: FLOP-balanced (10,6)
+    go pp2_1f1b_8_8 --seq 4096 --batch 1 --grad-accum 16 --nproc 2 --pp 2 --pp-schedule 1f1b --pp-layers 8,8
+    go pp2_1f1b_9_7 --seq 4096 --batch 1 --grad-accum 16 --nproc 2 --pp 2 --pp-schedule 1f1b --pp-layers 9,7
 fi
 if run cp; then
     go ref_cp --seq 32768 --batch 1 --recompute selective --tied
@@ -58,11 +66,12 @@ def tok(name):
     if len(r) < 3: return None, None, None
     return statistics.median(x["tok_s"] for x in r[2:]), statistics.median(x["mfu"] for x in r[2:]), r[-1]["mem_bytes"] / 2**30
 print("%-12s %-12s %12s %12s %7s %10s %11s" % ("run", "vs", "tok/s", "ref tok/s", "MFU", "efficiency", "GiB/GPU"))
-for name, ref in [("dp2", "ref_dp"), ("dp2_z3", "ref_dp"), ("tp2_sp", "ref_dp"), ("pp2_1f1b", "ref_pp"), ("cp2_zigzag", "ref_cp"), ("ep2", "ref_ep")]:
+for name, ref in [("dp2", "ref_dp"), ("dp2_ctas4", "ref_dp"), ("dp2_ctas8", "ref_dp"), ("dp2_z3", "ref_dp"), ("tp2_sp", "ref_dp"), ("pp2_1f1b", "ref_pp"),
+                  ("pp2_1f1b_8_8", "ref_pp"), ("pp2_1f1b_9_7", "ref_pp"), ("cp2_zigzag", "ref_cp"), ("ep2", "ref_ep")]:
     t, mfu, mem = tok(name); tr, _, _ = tok(ref)
     if t is None or tr is None: print("%-12s %-12s missing (see runs.txt)" % (name, ref)); continue
     print("%-12s %-12s %12.0f %12.0f %6.1f%% %9.1f%% %11.1f" % (name, ref, t, tr, 100 * mfu, 100 * t / (2 * tr), mem))
-for name in ["ref_dp", "dp2", "dp2_z3", "tp2_sp", "ref_pp", "pp2_1f1b", "ref_cp", "cp2_zigzag", "ref_ep", "ep2"]:
+for name in ["ref_dp", "dp2", "dp2_ctas4", "dp2_ctas8", "dp2_z3", "tp2_sp", "ref_pp", "pp2_1f1b", "pp2_1f1b_8_8", "pp2_1f1b_9_7", "ref_cp", "cp2_zigzag", "ref_ep", "ep2"]:
     f = "%s/%s.json" % (out, name)
     if os.path.exists(f):
         print(subprocess.run([sys.executable, "bench/trace_stats.py", f, "--label", name], capture_output=True, text=True).stdout.rstrip())
