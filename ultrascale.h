@@ -3343,6 +3343,34 @@ static void us__dist_sizes_of(const us_model *m, us__dist_sizes *z) {
     if (Z < 2) z->slot_n = 0;
 }
 
+/* Value f of a tensor's normal stream seeded s: std·N(0,1) from the stream's draws 2f+1 and 2f+2.
+   splitmix64 moves its state by a constant per draw, so any position is reached directly, and
+   the threads can each fill a chunk with exactly the values one thread drawing in order would
+   (a 1B model drew for half a minute on one core). Tensor-parallel ranks draw the whole tensor
+   and keep their rows (split 1) or columns (split 2) of the [rows·tp or rows, cols·tp or cols]
+   tensor, ldo being their slice's row length. */
+static void us__init_fill(float *dst, int64_t fn, int ones, float std, uint64_t s, int split, int64_t tp, int64_t t,
+                          int64_t rows, int64_t cols) {
+    const int64_t chunk = 1 << 16;
+    int64_t nc = (fn + chunk - 1) / chunk, c;
+    int64_t fcols = split == 2 ? cols * tp : cols;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (c = 0; c < nc; c++) {
+        us_rng r;
+        int64_t f, f1 = (c + 1) * chunk < fn ? (c + 1) * chunk : fn;
+        r.s = s + (uint64_t)(2 * c * chunk) * 0x9E3779B97F4A7C15ull;
+        for (f = c * chunk; f < f1; f++) {
+            float v = ones ? 1.0f : std * us_rng_normal(&r);
+            int64_t fr, fc;
+            if (!split) { dst[f] = v; continue; }
+            fr = f / fcols; fc = f % fcols;
+            if (split == 1 && fr / rows == t) dst[(fr - t * rows) * cols + fc] = v;
+            if (split == 2 && fc / cols == t) dst[fr * cols + (fc - t * cols)] = v;
+        }
+    }
+}
 static void us__init_weights(us_model *m) {
     /* each tensor draws from its own stream seeded by (seed, index): the values do not depend
        on the order tensors are visited or on how the buffers are sharded. A unit is built on
@@ -3372,17 +3400,9 @@ static void us__init_weights(us_model *m) {
             float std = role == 2 ? proj_std : m->cfg.init_std;
             us_rng r;
             us_rng_seed(&r, m->tc.seed * 0x100000001B3ull + gi * 0x9E3779B97F4A7C15ull);
-            if (!p->tp_split) for (j = 0; j < p->numel; j++) h[p->offset + j] = p->ndim == 1 ? 1.0f : std * us_rng_normal(&r);
-            else {   /* draw the whole tensor, keep this rank's rows (split 1) or columns (split 2) */
-                int64_t tp = m->tc.tp, t = m->mesh.tp_rank, rows = p->shape[0], cols = p->shape[1];
-                int64_t fcols = p->tp_split == 2 ? cols * tp : cols, fn = p->numel * tp, f;
-                for (f = 0; f < fn; f++) {
-                    float v = std * us_rng_normal(&r);
-                    int64_t fr = f / fcols, fc = f % fcols;
-                    if (p->tp_split == 1 && fr / rows == t) h[p->offset + (fr - t * rows) * cols + fc] = v;
-                    if (p->tp_split == 2 && fc / cols == t) h[p->offset + fr * cols + (fc - t * cols)] = v;
-                }
-            }
+            if (!p->tp_split) us__init_fill(h + p->offset, p->numel, p->ndim == 1, std, r.s, 0, 1, 0, 0, 0);
+            else   /* draw the whole tensor, keep this rank's rows (split 1) or columns (split 2) */
+                us__init_fill(h + p->offset, p->numel * m->tc.tp, 0, std, r.s, p->tp_split, m->tc.tp, m->mesh.tp_rank, p->shape[0], p->shape[1]);
         }
         if (hb) for (j = 0; j < U->n; j++) hb[U->off + j] = us_f32_to_bf16(hu[j]);
         /* weights the forward reads: all of them, or (ZeRO-3) this rank's piece */

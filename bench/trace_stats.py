@@ -16,8 +16,8 @@ sequence, context and expert parallelism) counts as hidden even where the comput
 for it. Those strategies' cost shows instead as longer layer regions than one GPU's with the same
 work per rank, which is why fwd/bwd are printed: compare them across runs.
 
-    python3 bench/trace_stats.py run.json [--label NAME] [--json]"""
-import json, sys, collections
+    python3 bench/trace_stats.py run.json[.gz] [--label NAME] [--json]"""
+import collections, gzip, json, sys
 
 
 def union(iv):
@@ -53,7 +53,7 @@ def clip(iv, lo, hi):
 
 
 def stats(path):
-    ev = json.load(open(path))["traceEvents"]
+    ev = json.load(gzip.open(path, "rt") if path.endswith(".gz") else open(path))["traceEvents"]
     ranks = collections.defaultdict(lambda: collections.defaultdict(list))
     for e in ev:
         if e.get("ph") == "X":
