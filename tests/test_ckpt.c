@@ -212,18 +212,19 @@ static void test_roundtrip(us_precision prec, int64_t shard) {
     const char *dir = path(prec == US_PRECISION_BF16 ? (shard ? "rt_bf16_sh" : "rt_bf16") : (shard ? "rt_f32_sh" : "rt_f32"));
     int s;
     size_t n;
+    float *cs;
     base(&A, 1, 1, 1, 0, prec); A.steps = 6; A.save = dir; A.save_at = 3; A.so.shard_bytes = shard;
     CHECK(go(&A) == US_OK, "%s: train 6 steps, save after 3: %s", us_precision_name(prec), A.err);
     base(&B, 1, 1, 1, 0, prec); B.steps = 3; n = 4 * 200000; B.state = (float *)calloc(n, 4);
     CHECK(go(&B) == US_OK, "train 3 steps: %s", B.err);
-    base(&C, 1, 1, 1, 0, prec); C.steps = 0; C.load = dir; C.state = (float *)calloc(n, 4);
+    base(&C, 1, 1, 1, 0, prec); C.steps = 0; C.load = dir; C.state = cs = (float *)calloc(n, 4);
     CHECK(go(&C) == US_OK, "load: %s", C.err);
     CHECK(C.n_state == B.n_state && C.n_state > 0 && !memcmp(B.state, C.state, (size_t)(4 * B.n_state) * 4),
           "%s%s: weights, master, exp_avg, exp_avg_sq after load equal the saved model's bit for bit", us_precision_name(prec), shard ? " (sharded files)" : "");
     base(&C, 1, 1, 1, 0, prec); C.steps = 3; C.load = dir;
     CHECK(go(&C) == US_OK && C.first == 3, "resume: %s", C.err);
     for (s = 3; s < 6; s++) CHECK(!memcmp(&A.loss[s], &C.loss[s], 4), "%s: resumed step %d loss %.9g == uninterrupted %.9g (bitwise)", us_precision_name(prec), s + 1, C.loss[s], A.loss[s]);
-    free(B.state); free(C.state);
+    free(B.state); free(cs);
     if (shard) {
         char p[600];
         struct stat sb;
