@@ -6842,7 +6842,7 @@ US_API us_result us_ckpt_save(us_model *m, const char *dir, const us_ckpt_state 
             for (l = 0; l < m->cfg.n_layers && r == US_OK; l++) {
                 char nm[96];
                 int t, fi;
-                uint64_t off;
+                uint64_t off = 0;
                 if (m->moe_idx[l] < 0) continue;
                 snprintf(nm, sizeof nm, "model.layers.%d.mlp.gate.e_score_correction_bias", m->layer_g[l]);
                 for (fi = 0; fi < nf; fi++) {
@@ -7337,12 +7337,12 @@ US_API us_result us_ckpt_prune(const char *dir, int keep, char *err, size_t errl
         size_t L = strlen(e->d_name);
         if (s < 0 && L > 4 && L < 60 && !strcmp(e->d_name + L - 4, ".tmp")) {   /* a stale half-written one */
             char base[64];
-            snprintf(base, sizeof base, "%.*s", (int)(L - 4), e->d_name);
-            if (us__ckpt_stepname(base) >= 0) { snprintf(names[n], sizeof names[n], "%s", e->d_name); steps[n++] = -2; }
+            snprintf(base, sizeof base, "%.*s", (int)(L - 4 < 63 ? L - 4 : 63), e->d_name);
+            if (us__ckpt_stepname(base) >= 0) { snprintf(names[n], sizeof names[n], "%.63s", e->d_name); steps[n++] = -2; }
             continue;
         }
         if (s < 0 || L >= 60) continue;
-        snprintf(names[n], sizeof names[n], "%s", e->d_name); steps[n++] = s;
+        snprintf(names[n], sizeof names[n], "%.63s", e->d_name); steps[n++] = s;
     }
     closedir(d);
     for (i = 0; i < n; i++) {
