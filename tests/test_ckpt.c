@@ -269,6 +269,43 @@ static void test_layouts(void) {
           "pp2 bf16 → dp2×tp2 zero3 bf16: next-step loss %.6f vs %.6f (bf16 activations: 1e-3 absolute)", C.loss[3], A.loss[3]);
 }
 
+/* MoE (DeepSeek names, the router bias as e_score_correction_bias): resume under dp2×ep2 is
+   bitwise; the checkpoint loads under one rank with the same next-step loss */
+static void test_moe(void) {
+    job A, C;
+    const char *d = path("moe");
+    int s;
+    base(&A, 2, 1, 1, 0, US_PRECISION_FP32); A.tc.ep = 2; A.mc.moe_experts = 4; A.mc.moe_top_k = 2; A.mc.moe_shared = 1;
+    A.steps = 5; A.save = d; A.save_at = 3;
+    CHECK(go(&A) == US_OK, "MoE dp2×ep2: train 5, save after 3: %s", A.err);
+    base(&C, 2, 1, 1, 0, US_PRECISION_FP32); C.tc.ep = 2; C.mc.moe_experts = 4; C.mc.moe_top_k = 2; C.mc.moe_shared = 1;
+    C.steps = 2; C.load = d;
+    CHECK(go(&C) == US_OK, "MoE dp2×ep2 resume: %s", C.err);
+    for (s = 3; s < 5; s++) CHECK(!memcmp(&A.loss[s], &C.loss[s], 4), "MoE dp2×ep2: resumed step %d loss bitwise equal (%.9g)", s + 1, C.loss[s]);
+    base(&C, 1, 1, 1, 0, US_PRECISION_FP32); C.mc.moe_experts = 4; C.mc.moe_top_k = 2; C.mc.moe_shared = 1;
+    C.steps = 1; C.load = d;
+    CHECK(go(&C) == US_OK && fabs((double)C.loss[3] - A.loss[3]) < 2e-5 * fabs((double)A.loss[3]), "MoE dp2×ep2 → one rank: next-step loss %.7f vs %.7f: %s", C.loss[3], A.loss[3], C.err);
+    {   /* the router bias went into the file (it has moved from 0 after 3 steps of the bias rule) */
+        char p[600];
+        FILE *f;
+        static unsigned char buf[1 << 16];
+        size_t n;
+        us_safetensors st;
+        char err[256];
+        const us_st_tensor *t;
+        snprintf(p, sizeof p, "%s/model.safetensors", d);
+        f = fopen(p, "rb");
+        n = f ? fread(buf, 1, sizeof buf, f) : 0;
+        if (f) { fseek(f, 0, SEEK_END); }
+        CHECK(f && us_safetensors_parse(&st, buf, n, (uint64_t)ftell(f), err, sizeof err) == US_OK, "parse the MoE file header: %s", err);
+        t = f ? us_safetensors_find(&st, "model.layers.1.mlp.gate.e_score_correction_bias") : NULL;
+        CHECK(t && t->shape[0] == 4 && !strcmp(t->dtype, "F32"), "model.layers.1.mlp.gate.e_score_correction_bias [4] F32 is in the file");
+        CHECK(f && us_safetensors_find(&st, "model.layers.0.mlp.experts.3.down_proj.weight") && us_safetensors_find(&st, "model.layers.0.mlp.shared_experts.up_proj.weight"),
+              "every expert (ep 2 ranks wrote theirs) and the shared expert are in the file");
+        if (f) { us_safetensors_free(&st); fclose(f); }
+    }
+}
+
 /* the model config decides: a mismatched shape, a truncated file, a missing tensor are errors */
 static void test_validation(void) {
     job A, C;
@@ -352,7 +389,7 @@ static void test_crash(void) {
 /* `--py DIR`: ckpt_fixture.py wrote DIR/fixture.safetensors (values i·0.25 − 3 in F32, F16, BF16-
    representable F32), and DIR/hf (a tiny Llama in HF names, sharded, F16 and F32) with raw copies */
 static int check_py(const char *dir) {
-    char p[600], err[256];
+    char p[1024], err[256];
     FILE *f;
     unsigned char *buf;
     long n;
@@ -401,7 +438,7 @@ static int check_py(const char *dir) {
         for (i = 0; i < m.n_params_t; i++) {   /* DIR/hf_raw/<name>.f32 holds each tensor as Python saw it */
             const us_param *pr = &m.params[i];
             int64_t k;
-            snprintf(p, sizeof p, "%s/hf_raw/%s.f32", dir, pr->name);
+            snprintf(p, sizeof p, "%.600s/hf_raw/%.200s.f32", dir, pr->name);
             f = fopen(p, "rb");
             if (!f) { bad++; continue; }
             ref = (float *)malloc((size_t)pr->numel * 4);
@@ -418,7 +455,7 @@ static int check_py(const char *dir) {
 }
 
 int main(int argc, char **argv) {
-    char cmd[400];
+    char cmd[600];
     if (argc == 3 && !strcmp(argv[1], "--py")) return check_py(argv[2]);
     snprintf(g_root, sizeof g_root, "/tmp/us_test_ckpt_%d", (int)getpid());
     snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s", g_root, g_root);
@@ -428,6 +465,7 @@ int main(int argc, char **argv) {
     test_roundtrip(US_PRECISION_BF16, 0);
     test_roundtrip(US_PRECISION_FP32, 3000);
     test_layouts();
+    test_moe();
     test_validation();
     test_crash();
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_root);
