@@ -7265,6 +7265,19 @@ US_API us_result us_ckpt_read_config(const char *dir, us_model_config *mc, char 
                 memcpy(fld, &x, sizeof(int));
             }
         }
+        {   /* what this model cannot represent is refused rather than silently dropped */
+            int k2, b2;
+            char act[32];
+            if (r == US_OK && (k2 = us__jget(&j, 0, "rope_scaling")) >= 0 && !(j.t[k2].type == US__J_LIT && j.s[j.t[k2].start] == 'n')) {
+                us__errf(err, errlen, "%s: rope_scaling is set, and this library has plain RoPE only", p); r = US_ERR_FORMAT;
+            }
+            if (r == US_OK && ((us__jbool(&j, us__jget(&j, 0, "attention_bias"), &b2) && b2) || (us__jbool(&j, us__jget(&j, 0, "mlp_bias"), &b2) && b2))) {
+                us__errf(err, errlen, "%s: attention_bias / mlp_bias is true, and this library's linear layers have no bias", p); r = US_ERR_FORMAT;
+            }
+            if (r == US_OK && us__jstr(&j, us__jget(&j, 0, "hidden_act"), act, sizeof act) && strcmp(act, "silu")) {
+                us__errf(err, errlen, "%s: hidden_act is %s; this library's MLP is SwiGLU (silu)", p, act); r = US_ERR_FORMAT;
+            }
+        }
         {   /* DeepSeek's scoring function; head_dim must be hidden/heads here */
             char sf[32];
             int64_t hd;

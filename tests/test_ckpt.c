@@ -338,6 +338,19 @@ static void test_validation(void) {
               "config.json gives dim 32, 2 layers, ffn 64, vocab 256: %s", err);
         memset(&mc, 0, sizeof mc); mc.dim = 48;
         CHECK(us_ckpt_read_config(d, &mc, err, sizeof err) == US_ERR_INVALID && strstr(err, "hidden_size"), "a contradicting width: %s", err);
+        {   /* a Llama 3.1 config with rope_scaling is refused, not silently misread */
+            char cdir[600], cp[700];
+            FILE *cf;
+            snprintf(cdir, sizeof cdir, "%s", path("cfg_rs"));
+            mkdir(cdir, 0755);
+            snprintf(cp, sizeof cp, "%s/config.json", cdir);
+            if ((cf = fopen(cp, "w"))) { fputs("{\"hidden_size\": 32, \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}}", cf); fclose(cf); }
+            memset(&mc, 0, sizeof mc);
+            CHECK(us_ckpt_read_config(cdir, &mc, err, sizeof err) == US_ERR_FORMAT && strstr(err, "rope_scaling"), "rope_scaling is refused: %s", err);
+            if ((cf = fopen(cp, "w"))) { fputs("{\"hidden_size\": 32, \"num_hidden_layers\": 2.5}", cf); fclose(cf); }
+            memset(&mc, 0, sizeof mc);
+            CHECK(us_ckpt_read_config(cdir, &mc, err, sizeof err) == US_ERR_FORMAT && strstr(err, "num_hidden_layers"), "a fractional layer count is refused: %s", err);
+        }
     }
 }
 
