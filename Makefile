@@ -50,6 +50,10 @@ $(B)/train_cuda: examples/train.c $(HDR) ultrascale_cuda.cuh | $(B)
 $(B)/test_nccl: tests/test_nccl.cu tests/us_test.h $(HDR) ultrascale_cuda.cuh | $(B)
 	$(NVCC) $(NVFLAGS) -DULTRASCALE_NCCL $< -o $@ $(NVLIBS)
 
+# a checkpoint's logits computed on the GPU (bench/hf_logits.sh uses it where nvcc and a GPU exist)
+$(B)/hf_logits_cuda: examples/hf_logits.c $(HDR) ultrascale_cuda.cuh | $(B)
+	$(NVCC) $(NVFLAGS) -x cu -DUS_CUDA $< -o $@ $(NVLIBS)
+
 train-cuda: $(B)/train_cuda
 	./$(B)/train_cuda
 
@@ -84,6 +88,7 @@ CHECKS = \
   "nvcc: flash_test::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/flash_test; else echo 'SKIP nvcc not installed'; fi" \
   "nvcc: gemm_steps::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/gemm_steps; else echo 'SKIP nvcc not installed'; fi" \
   "nvcc: test_nccl::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/test_nccl; else echo 'SKIP nvcc not installed'; fi" \
+  "nvcc: hf_logits_cuda::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/hf_logits_cuda; else echo 'SKIP nvcc not installed'; fi" \
   "c99 -pedantic: NCCL backend compiles::if [ -f /usr/include/nccl.h ] || [ -f $(CUDA_HOME)/include/nccl.h ]; then $(CC) -std=c99 -Wall -Wextra -pedantic -Werror -O2 -D_POSIX_C_SOURCE=200809L -DULTRASCALE_NCCL -isystem $(CUDA_HOME)/include -c tests/compile_nccl.c -o $(B)/cc_nccl.o; else echo 'SKIP nccl.h not installed'; fi"
 
 RUNS = \
