@@ -18,7 +18,7 @@ SANFLAGS = -std=c99 -Wall -Wextra -O1 -g $(ARCH) $(OPENMP) -D_POSIX_C_SOURCE=200
 B        = build
 HDR      = ultrascale.h ultrascale_comm.h
 
-EXAMPLES = $(B)/train $(B)/memory $(B)/quickstart $(B)/dp_quickstart $(B)/cp_memory $(B)/schedule
+EXAMPLES = $(B)/train $(B)/memory $(B)/quickstart $(B)/dp_quickstart $(B)/cp_memory $(B)/schedule $(B)/hf_logits
 ifeq ($(CUDA),1)
 EXAMPLES += $(B)/train_cuda
 endif
@@ -49,6 +49,10 @@ $(B)/train_cuda: examples/train.c $(HDR) ultrascale_cuda.cuh | $(B)
 # the NCCL backend against host references, on 2 GPUs (prints SKIP with fewer)
 $(B)/test_nccl: tests/test_nccl.cu tests/us_test.h $(HDR) ultrascale_cuda.cuh | $(B)
 	$(NVCC) $(NVFLAGS) -DULTRASCALE_NCCL $< -o $@ $(NVLIBS)
+
+# a checkpoint's logits computed on the GPU (bench/hf_logits.sh uses it where nvcc and a GPU exist)
+$(B)/hf_logits_cuda: examples/hf_logits.c $(HDR) ultrascale_cuda.cuh | $(B)
+	$(NVCC) $(NVFLAGS) -x cu -DUS_CUDA $< -o $@ $(NVLIBS)
 
 train-cuda: $(B)/train_cuda
 	./$(B)/train_cuda
@@ -85,6 +89,7 @@ CHECKS = \
   "nvcc: gemm_steps::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/gemm_steps; else echo 'SKIP nvcc not installed'; fi" \
   "nvcc: test_nccl::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/test_nccl; else echo 'SKIP nvcc not installed'; fi" \
   "nvcc: comm_bw benchmark::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/comm_bw; else echo 'SKIP nvcc not installed'; fi" \
+  "nvcc: hf_logits_cuda::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/hf_logits_cuda; else echo 'SKIP nvcc not installed'; fi" \
   "c99 -pedantic: NCCL backend compiles::if [ -f /usr/include/nccl.h ] || [ -f $(CUDA_HOME)/include/nccl.h ]; then $(CC) -std=c99 -Wall -Wextra -pedantic -Werror -O2 -D_POSIX_C_SOURCE=200809L -DULTRASCALE_NCCL -isystem $(CUDA_HOME)/include -c tests/compile_nccl.c -o $(B)/cc_nccl.o; else echo 'SKIP nccl.h not installed'; fi"
 
 RUNS = \
@@ -104,6 +109,9 @@ RUNS = \
   "test_cp::./$(B)/test_cp" \
   "test_pp_sched::./$(B)/test_pp_sched" \
   "test_pp::./$(B)/test_pp" \
+  "test_ckpt::./$(B)/test_ckpt" \
+  "test_ckpt_py (files from Python's safetensors)::bash tests/test_ckpt_py.sh $(B)/test_ckpt" \
+  "fuzz corpus replay (asan+ubsan)::./$(B)/fuzz_replay tests/fuzz_corpus/*" \
   "schedule CLI: table and SVG::./$(B)/schedule | grep -q dualpipev && ./$(B)/schedule --schedule interleaved --svg $(B)/il.svg | grep -q wrote && grep -q '<svg' $(B)/il.svg && ./$(B)/schedule --schedule dualpipev --svg $(B)/dpv.svg | grep -q wrote && grep -q 'stroke=\"black\"' $(B)/dpv.svg && ! ./$(B)/schedule --pp 0 2>/dev/null && ! ./$(B)/schedule --schedule dualpipev --m 6 2>/dev/null" \
   "test_comm_threads::./$(B)/test_comm_threads" \
   "test_bootstrap::./$(B)/test_bootstrap" \
@@ -130,10 +138,24 @@ RUNS = \
   "asan+ubsan test_cp::./$(B)/san/test_cp" \
   "asan+ubsan test_pp_sched::./$(B)/san/test_pp_sched" \
   "asan+ubsan test_pp::./$(B)/san/test_pp" \
+  "asan+ubsan test_ckpt::./$(B)/san/test_ckpt" \
   "asan+ubsan test_comm_threads::./$(B)/san/test_comm_threads" \
   "asan+ubsan test_bootstrap::./$(B)/san/test_bootstrap"
 
-test: $(EXAMPLES) $(TESTS) $(SANTESTS)
+# the checkpoint readers' fuzz target without an engine: replays tests/fuzz_corpus (make test)
+$(B)/fuzz_replay: tests/fuzz_safetensors.c $(HDR) | $(B)
+	$(CC) $(SANFLAGS) $< -o $@ $(LDLIBS)
+
+# libFuzzer + ASan/UBSan (clang): at least 10^6 executions over the corpus; new finds go to
+# $(B)/fuzz_corpus_new (copy small interesting ones into tests/fuzz_corpus). Not part of make test.
+FUZZ_RUNS ?= 1000000
+$(B)/fuzz_safetensors: tests/fuzz_safetensors.c $(HDR) | $(B)
+	clang -g -O1 -fsanitize=fuzzer,address,undefined -DUS_FUZZ_ENGINE -D_POSIX_C_SOURCE=200809L $< -o $@ $(LDLIBS)
+fuzz: $(B)/fuzz_safetensors
+	mkdir -p $(B)/fuzz_corpus_new
+	./$(B)/fuzz_safetensors -runs=$(FUZZ_RUNS) -max_len=4096 $(B)/fuzz_corpus_new tests/fuzz_corpus
+
+test: $(EXAMPLES) $(TESTS) $(SANTESTS) $(B)/fuzz_replay
 	@bash tests/run_all.sh $(CHECKS) $(RUNS)
 
 # ---- benchmarks (not tests): need OpenBLAS for the side-by-side GEMM
@@ -148,7 +170,7 @@ $(B)/bench_cpu: bench/bench_cpu.c $(HDR) | $(B)
 clean:
 	rm -rf $(B)
 
-.PHONY: all train train-cuda test bench clean flash-emu
+.PHONY: all train train-cuda test bench clean flash-emu fuzz
 
 # ---- GPU benchmarks (run on the GPU machine; see bench/run_gpu.sh)
 $(B)/bench_cuda: bench/bench_cuda.cu $(HDR) ultrascale_cuda.cuh | $(B)

@@ -57,6 +57,7 @@
      comm table ............................. us_comm, us_group, us_comm_self
      model and trainer ...................... us_model, us_train_step, us_forward_eval
      data ................................... us_data (raw text, llm.c shards), us_task
+     checkpoints ............................ us_ckpt_save, us_ckpt_load, us_safetensors_parse
      estimator, FLOPs ....................... us_memory_estimate, us_flops_per_token, us_param_count_active
    implementation
      // >>dtypes      bf16 / FP8 E4M3 / E5M2 conversions, bit-exact round-to-nearest-even
@@ -74,6 +75,7 @@
      // >>train       gradient accumulation and the training step
      // >>data        byte tokenizer, text loader, llm.c token shards, the built-in task
      // >>sample      temperature / top-k sampling
+     // >>checkpoint  safetensors with Hugging Face names, config.json, training state, resharding, crash-safe saves
      // >>estimate    memory estimator and FLOP/MFU counting (the Playbook formulas)
 */
 #ifndef ULTRASCALE_H
@@ -843,6 +845,81 @@ US_API int       us_pp_stage(const us_pp_schedule *s, int r, int c);
 US_API us_result us_pp_simulate(const us_pp_schedule *s, double tF, double tB, double tW, us_pp_sim *out, char *err, size_t errlen);
 /* An SVG timeline (one row per rank, F/B/W boxes numbered by micro-batch, like the Playbook's). */
 US_API us_result us_pp_svg(const us_pp_schedule *s, double tF, double tB, double tW, const char *path, char *err, size_t errlen);
+
+/* ---------------------------------------------------------------- checkpoints (// >>checkpoint)
+   Weights are written as safetensors with Hugging Face Llama names and full (unsharded) tensor
+   shapes, so a directory loads in `transformers` (LlamaForCausalLM.from_pretrained) and a Hugging
+   Face Llama directory loads here. A checkpoint directory holds:
+     config.json                 LlamaConfig fields (+ DeepSeek-style MoE fields for a MoE model)
+     model.safetensors           weights in the model's dtype (F32, or BF16 under bf16), or
+     model-0000i-of-0000n.safetensors + model.safetensors.index.json (shard_bytes > 0)
+     optimizer.safetensors       training state, fp32: optimizer.exp_avg.<name>,
+                                 optimizer.exp_avg_sq.<name>, master.<name> (bf16 policy only)
+     trainer_state.json          step, the caller's RNG states and data position, the layout
+   Files are layout-free: on save every rank pwrites the elements it owns (its tp/pp/ep slice,
+   its ZeRO piece; one replica of dp/cp) into pre-sized files; on load every rank preads only the
+   byte ranges of the slices it holds. So a checkpoint written under any dp/zero/tp/pp/cp/ep loads
+   under any other. Loading under the same layout continues bit for bit; under another layout the
+   weights and moments are the same numbers, and the next steps differ by the fp32 rounding of
+   the new reduction order.
+   Crash safety: a save writes DIR.tmp, fsyncs every file, renames it to DIR and fsyncs the parent;
+   a half-written DIR.tmp is never read (us_ckpt_latest skips it) and never replaces a good DIR.
+   Reading validates everything: header length (≤ US_ST_MAX_HEADER and inside the file), the JSON
+   (a bounded parser), dtypes, shapes against the model config, data offsets inside the file and
+   not overlapping; every failure is US_ERR_FORMAT or US_ERR_IO with one sentence. POSIX file calls
+   (pread, pwrite, fsync, mkdir) are used where _POSIX_C_SOURCE ≥ 200809L; elsewhere save and load
+   return US_ERR_IO saying so (the parser works everywhere). */
+#define US_ST_MAX_HEADER  ((uint64_t)100 << 20)   /* header bytes accepted, the safetensors package's limit */
+#define US_ST_MAX_DIMS    8
+typedef struct us_st_tensor {
+    char     name[256];
+    char     dtype[12];          /* as the file writes it: F32, BF16, F16, F64, I32, ... */
+    int      ndim;
+    int64_t  shape[US_ST_MAX_DIMS];
+    uint64_t begin, end;         /* byte offsets into the data section */
+} us_st_tensor;
+typedef struct us_safetensors {
+    int           n;             /* tensors */
+    us_st_tensor *t;             /* [n] in header order */
+    uint64_t      data_start;    /* 8 + header length: where the data section begins */
+    uint64_t      data_size;     /* file size − data_start */
+} us_safetensors;
+/* Parses a safetensors header from the file's first n bytes (n ≥ 8 + header length; file_size
+   bounds the data offsets). Returns US_ERR_FORMAT with one sentence in err for anything wrong. */
+US_API us_result us_safetensors_parse(us_safetensors *st, const void *bytes, size_t n, uint64_t file_size, char *err, size_t errlen);
+US_API void      us_safetensors_free(us_safetensors *st);
+US_API const us_st_tensor *us_safetensors_find(const us_safetensors *st, const char *name);
+/* Parses a model.safetensors.index.json text: the shard file names, deduplicated in *files
+   (each [256]), and how many. Fails with US_ERR_FORMAT on a bad document or file name (a shard
+   must be a plain name inside the directory: no '/', no "..") */
+US_API us_result us_safetensors_index_parse(const char *json, size_t n, char (*files)[256], int max_files, int *n_files, char *err, size_t errlen);
+
+typedef struct us_ckpt_state {   /* what the caller's loop needs besides the model */
+    int64_t  step;               /* optimizer steps taken: saved from m->step, restored into it */
+    int64_t  data_pos;           /* the caller's data position (e.g. batches drawn) */
+    int      n_rng;              /* RNG states kept (at most 8) */
+    uint64_t rng[8];
+} us_ckpt_state;
+typedef struct us_ckpt_opts {    /* zero means default */
+    int      weights_only;       /* 1: model weights and config.json only (an export) */
+    int64_t  shard_bytes;        /* > 0: model weights in files of about this size plus an index */
+    int64_t  crash_after;        /* tests only: the process kills itself (SIGKILL) after writing this many data bytes */
+} us_ckpt_opts;
+/* Collective over the model's world: every rank calls it. Writes dir (via dir.tmp and rename;
+   an existing dir is replaced only after the new one is complete). st may be NULL. */
+US_API us_result us_ckpt_save(us_model *m, const char *dir, const us_ckpt_state *st, const us_ckpt_opts *opts);
+/* Collective. resume = 0: weights only (fine-tuning from a Hugging Face or ultrascale directory;
+   moments stay zero, step 0). resume = 1: weights, fp32 master weights, moments, step, and
+   *st (may be NULL) from trainer_state.json. Accepts model.safetensors or an index with shards. */
+US_API us_result us_ckpt_load(us_model *m, const char *dir, int resume, us_ckpt_state *st);
+/* Reads dir/config.json (LlamaConfig) into mc: fields mc leaves 0 are taken from the file; a field
+   mc sets to another value is an error naming both. */
+US_API us_result us_ckpt_read_config(const char *dir, us_model_config *mc, char *err, size_t errlen);
+/* A checkpoint directory (has trainer_state.json) is itself; else the complete dir/step_N with the
+   largest N. US_ERR_IO when there is none. */
+US_API us_result us_ckpt_latest(const char *dir, char *out, size_t outlen, char *err, size_t errlen);
+/* Removes all but the `keep` newest dir/step_N checkpoints (and stale dir/step_N.tmp). */
+US_API us_result us_ckpt_prune(const char *dir, int keep, char *err, size_t errlen);
 
 /* ---------------------------------------------------------------- estimator and FLOPs */
 /* Memory by category for one rank, from the Playbook's formulas applied to this library's layout
@@ -6143,6 +6220,1256 @@ US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int
     }
     US_FREE(lg); US_FREE(tg);
     return res;
+}
+
+/* ------------------------------------------------------------------------------------ */
+// >>checkpoint  safetensors with Hugging Face names, resharding by byte ranges, crash-safe saves
+/* ------------------------------------------------------------------------------------ */
+/* A small bounded JSON reader: one pass builds a flat token list (pre-order; each token knows
+   where its subtree ends), depth and token count limited, every byte checked. Enough for the
+   safetensors header, the shard index, config.json and trainer_state.json. */
+enum { US__J_OBJ = 1, US__J_ARR, US__J_STR, US__J_NUM, US__J_LIT };
+typedef struct us__jtok { int type, size, next; size_t start, end; } us__jtok;   /* [start, end) raw text; strings without quotes */
+typedef struct us__json {
+    const char *s; size_t n, i;
+    us__jtok *t; int nt, cap;
+    char err[160];
+} us__json;
+#define US__J_MAX_DEPTH 32
+static void us__jws(us__json *j) { while (j->i < j->n && (j->s[j->i] == ' ' || j->s[j->i] == '\t' || j->s[j->i] == '\n' || j->s[j->i] == '\r')) j->i++; }
+static int us__jfail(us__json *j, const char *what) {
+    if (!j->err[0]) snprintf(j->err, sizeof j->err, "%s at byte %lu", what, (unsigned long)j->i);
+    return -1;
+}
+static int us__jnew(us__json *j, int type, size_t start) {
+    if (j->nt >= j->cap) return us__jfail(j, "too many JSON values");
+    j->t[j->nt].type = type; j->t[j->nt].size = 0; j->t[j->nt].start = start; j->t[j->nt].end = start; j->t[j->nt].next = j->nt + 1;
+    return j->nt++;
+}
+static int us__jhex(char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1; }
+static int us__jstring(us__json *j) {   /* at the opening quote */
+    int k = us__jnew(j, US__J_STR, ++j->i);
+    if (k < 0) return -1;
+    while (j->i < j->n && j->s[j->i] != '"') {
+        unsigned char c = (unsigned char)j->s[j->i];
+        if (c < 0x20) return us__jfail(j, "control character in a JSON string");
+        if (c == '\\') {
+            char e;
+            if (++j->i >= j->n) break;
+            e = j->s[j->i];
+            if (e == 'u') {
+                int q;
+                for (q = 1; q <= 4; q++) if (j->i + q >= j->n || us__jhex(j->s[j->i + q]) < 0) return us__jfail(j, "bad \\u escape in a JSON string");
+                j->i += 4;
+            } else if (!strchr("\"\\/bfnrt", e) || !e) return us__jfail(j, "bad escape in a JSON string");
+        }
+        j->i++;
+    }
+    if (j->i >= j->n) return us__jfail(j, "unterminated JSON string");
+    j->t[k].end = j->i++;
+    return k;
+}
+static int us__jvalue(us__json *j, int depth);
+static int us__jcontainer(us__json *j, int depth, int obj) {
+    int k = us__jnew(j, obj ? US__J_OBJ : US__J_ARR, j->i);
+    if (k < 0) return -1;
+    if (depth > US__J_MAX_DEPTH) return us__jfail(j, "JSON nested too deeply");
+    j->i++;
+    us__jws(j);
+    if (j->i < j->n && j->s[j->i] == (obj ? '}' : ']')) { j->i++; j->t[k].end = j->i; j->t[k].next = j->nt; return k; }
+    for (;;) {
+        us__jws(j);
+        if (obj) {
+            if (j->i >= j->n || j->s[j->i] != '"') return us__jfail(j, "expected a string key in a JSON object");
+            if (us__jstring(j) < 0) return -1;
+            us__jws(j);
+            if (j->i >= j->n || j->s[j->i] != ':') return us__jfail(j, "expected ':' in a JSON object");
+            j->i++;
+        }
+        if (us__jvalue(j, depth + 1) < 0) return -1;
+        j->t[k].size++;
+        us__jws(j);
+        if (j->i < j->n && j->s[j->i] == ',') { j->i++; continue; }
+        if (j->i < j->n && j->s[j->i] == (obj ? '}' : ']')) { j->i++; break; }
+        return us__jfail(j, obj ? "expected ',' or '}' in a JSON object" : "expected ',' or ']' in a JSON array");
+    }
+    j->t[k].end = j->i; j->t[k].next = j->nt;
+    return k;
+}
+static int us__jvalue(us__json *j, int depth) {
+    char c;
+    us__jws(j);
+    if (j->i >= j->n) return us__jfail(j, "unexpected end of JSON");
+    c = j->s[j->i];
+    if (c == '{' || c == '[') return us__jcontainer(j, depth, c == '{');
+    if (c == '"') return us__jstring(j);
+    if (c == '-' || (c >= '0' && c <= '9')) {   /* -?(0|[1-9]d*)(.d+)?([eE][+-]?d+)? */
+        int k = us__jnew(j, US__J_NUM, j->i), digits = 0;
+        if (k < 0) return -1;
+        if (j->s[j->i] == '-') j->i++;
+        while (j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9') { j->i++; digits++; }
+        if (!digits) return us__jfail(j, "bad JSON number");
+        if (j->i < j->n && j->s[j->i] == '.') {
+            j->i++; digits = 0;
+            while (j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9') { j->i++; digits++; }
+            if (!digits) return us__jfail(j, "bad JSON number");
+        }
+        if (j->i < j->n && (j->s[j->i] == 'e' || j->s[j->i] == 'E')) {
+            j->i++; digits = 0;
+            if (j->i < j->n && (j->s[j->i] == '+' || j->s[j->i] == '-')) j->i++;
+            while (j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9') { j->i++; digits++; }
+            if (!digits) return us__jfail(j, "bad JSON number");
+        }
+        j->t[k].end = j->i;
+        return k;
+    }
+    {
+        static const char *lit[3] = {"true", "false", "null"};
+        int q;
+        for (q = 0; q < 3; q++) {
+            size_t L = strlen(lit[q]);
+            if (j->n - j->i >= L && !memcmp(j->s + j->i, lit[q], L)) {
+                int k = us__jnew(j, US__J_LIT, j->i);
+                if (k < 0) return -1;
+                j->i += L; j->t[k].end = j->i;
+                return k;
+            }
+        }
+    }
+    return us__jfail(j, "unexpected character in JSON");
+}
+/* Parses s[n] as one JSON value; max_tokens bounds the work. 0 on success. */
+static int us__json_parse(us__json *j, const char *s, size_t n, int max_tokens) {
+    memset(j, 0, sizeof *j);
+    j->s = s; j->n = n; j->cap = max_tokens;
+    j->t = (us__jtok *)US_MALLOC(sizeof(us__jtok) * (size_t)(max_tokens > 0 ? max_tokens : 1));
+    if (!j->t) { snprintf(j->err, sizeof j->err, "out of memory for the JSON tokens"); return -1; }
+    if (us__jvalue(j, 0) < 0) return -1;
+    us__jws(j);
+    if (j->i != j->n) return us__jfail(j, "trailing bytes after the JSON value");
+    return 0;
+}
+static void us__json_free(us__json *j) { US_FREE(j->t); j->t = NULL; }
+/* A string token unescaped into out (UTF-8); 0 if it does not fit or is not a string. */
+static int us__jstr(const us__json *j, int k, char *out, size_t cap) {
+    size_t i, o = 0;
+    if (k < 0 || j->t[k].type != US__J_STR || !cap) return 0;
+    for (i = j->t[k].start; i < j->t[k].end; i++) {
+        unsigned cp = (unsigned char)j->s[i];
+        if (cp == '\\') {
+            char e = j->s[++i];
+            if (e == 'u') {
+                cp = (unsigned)(us__jhex(j->s[i + 1]) << 12 | us__jhex(j->s[i + 2]) << 8 | us__jhex(j->s[i + 3]) << 4 | us__jhex(j->s[i + 4]));
+                i += 4;
+                if (cp >= 0xD800 && cp < 0xDC00 && i + 6 < j->t[k].end && j->s[i + 1] == '\\' && j->s[i + 2] == 'u') {
+                    unsigned lo = (unsigned)(us__jhex(j->s[i + 3]) << 12 | us__jhex(j->s[i + 4]) << 8 | us__jhex(j->s[i + 5]) << 4 | us__jhex(j->s[i + 6]));
+                    if (lo >= 0xDC00 && lo < 0xE000) { cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00); i += 6; }
+                }
+                if (cp == 0) return 0;   /* an embedded NUL would cut a C string short */
+                if (cp < 0x80) { if (o + 1 >= cap) return 0; out[o++] = (char)cp; }
+                else if (cp < 0x800) { if (o + 2 >= cap) return 0; out[o++] = (char)(0xC0 | cp >> 6); out[o++] = (char)(0x80 | (cp & 63)); }
+                else if (cp < 0x10000) { if (o + 3 >= cap) return 0; out[o++] = (char)(0xE0 | cp >> 12); out[o++] = (char)(0x80 | (cp >> 6 & 63)); out[o++] = (char)(0x80 | (cp & 63)); }
+                else { if (o + 4 >= cap) return 0; out[o++] = (char)(0xF0 | cp >> 18); out[o++] = (char)(0x80 | (cp >> 12 & 63)); out[o++] = (char)(0x80 | (cp >> 6 & 63)); out[o++] = (char)(0x80 | (cp & 63)); }
+                continue;
+            }
+            cp = e == 'b' ? '\b' : e == 'f' ? '\f' : e == 'n' ? '\n' : e == 'r' ? '\r' : e == 't' ? '\t' : (unsigned char)e;
+        }
+        if (o + 1 >= cap) return 0;
+        out[o++] = (char)cp;
+    }
+    out[o] = 0;
+    return 1;
+}
+/* The value of key in object token k, or -1. */
+static int us__jget(const us__json *j, int k, const char *key) {
+    int c, q;
+    char buf[256];
+    if (k < 0 || j->t[k].type != US__J_OBJ) return -1;
+    for (c = k + 1, q = 0; q < j->t[k].size; q++) {
+        int v = c + 1;
+        if (us__jstr(j, c, buf, sizeof buf) && !strcmp(buf, key)) return v;
+        c = j->t[v].next;
+    }
+    return -1;
+}
+/* An integer token (no fraction or exponent) into *v; 0 if not one or out of int64 range. */
+static int us__jint(const us__json *j, int k, int64_t *v) {
+    size_t i;
+    int neg = 0;
+    uint64_t x = 0;
+    if (k < 0 || j->t[k].type != US__J_NUM) return 0;
+    i = j->t[k].start;
+    if (j->s[i] == '-') { neg = 1; i++; }
+    for (; i < j->t[k].end; i++) {
+        char c = j->s[i];
+        if (c < '0' || c > '9') return 0;
+        if (x > (UINT64_MAX - (uint64_t)(c - '0')) / 10) return 0;
+        x = x * 10 + (uint64_t)(c - '0');
+    }
+    if (x > (uint64_t)INT64_MAX) return 0;
+    *v = neg ? -(int64_t)x : (int64_t)x;
+    return 1;
+}
+static int us__jnum(const us__json *j, int k, double *v) {
+    char buf[64];
+    size_t L;
+    if (k < 0 || j->t[k].type != US__J_NUM) return 0;
+    L = j->t[k].end - j->t[k].start;
+    if (L >= sizeof buf) return 0;
+    memcpy(buf, j->s + j->t[k].start, L); buf[L] = 0;
+    *v = strtod(buf, NULL);
+    return 1;
+}
+static int us__jbool(const us__json *j, int k, int *v) {
+    if (k < 0 || j->t[k].type != US__J_LIT) return 0;
+    if (j->s[j->t[k].start] == 'n') return 0;
+    *v = j->s[j->t[k].start] == 't';
+    return 1;
+}
+
+/* ---- safetensors: 8-byte little-endian header length, a JSON header, the data section */
+static const struct { const char *name; int size; } us__st_dtypes[] = {
+    {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4}, {"I16", 2}, {"I8", 1}, {"U64", 8}, {"U32", 4},
+    {"U16", 2}, {"U8", 1}, {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
+static int us__st_dtype_size(const char *d) {
+    size_t i;
+    for (i = 0; i < sizeof us__st_dtypes / sizeof us__st_dtypes[0]; i++) if (!strcmp(us__st_dtypes[i].name, d)) return us__st_dtypes[i].size;
+    return 0;
+}
+static int us__st_cmp_begin(const void *a, const void *b) {
+    const us_st_tensor *x = *(const us_st_tensor *const *)a, *y = *(const us_st_tensor *const *)b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : x->end < y->end ? -1 : x->end > y->end;
+}
+static int us__st_cmp_name(const void *a, const void *b) { return strcmp(((const us_st_tensor *)a)->name, ((const us_st_tensor *)b)->name); }
+US_API void us_safetensors_free(us_safetensors *st) { if (st) { US_FREE(st->t); memset(st, 0, sizeof *st); } }
+US_API us_result us_safetensors_parse(us_safetensors *st, const void *bytes, size_t n, uint64_t file_size, char *err, size_t errlen) {
+    const unsigned char *b = (const unsigned char *)bytes;
+    uint64_t hlen = 0;
+    us__json j;
+    int i, k, c, ntok;
+    us_st_tensor **order = NULL;
+    us_result r = US_ERR_FORMAT;
+    memset(st, 0, sizeof *st);
+    if (n < 8 || file_size < 8) { us__errf(err, errlen, "safetensors: %llu bytes is too short for the 8-byte header length", (unsigned long long)(n < file_size ? n : file_size)); return US_ERR_FORMAT; }
+    for (i = 7; i >= 0; i--) hlen = hlen << 8 | b[i];
+    if (hlen < 2 || hlen > US_ST_MAX_HEADER) { us__errf(err, errlen, "safetensors: header length %llu is outside 2..%llu bytes", (unsigned long long)hlen, (unsigned long long)US_ST_MAX_HEADER); return US_ERR_FORMAT; }
+    if (hlen > file_size - 8) { us__errf(err, errlen, "safetensors: header length %llu runs past the end of the %llu-byte file", (unsigned long long)hlen, (unsigned long long)file_size); return US_ERR_FORMAT; }
+    if (hlen > n - 8) { us__errf(err, errlen, "safetensors: only %llu of the header's %llu bytes were given", (unsigned long long)(n - 8), (unsigned long long)hlen); return US_ERR_FORMAT; }
+    if (b[8] != '{') { us__errf(err, errlen, "safetensors: the header does not start with '{'"); return US_ERR_FORMAT; }
+    st->data_start = 8 + hlen; st->data_size = file_size - st->data_start;
+    /* a tensor entry needs at least ~40 header bytes and 8 JSON values: this bounds the tokens */
+    ntok = (int)(hlen / 2 + 16 < 4000000 ? hlen / 2 + 16 : 4000000);
+    if (us__json_parse(&j, (const char *)b + 8, (size_t)hlen, ntok) != 0) {
+        us__errf(err, errlen, "safetensors: bad JSON header: %s", j.err);
+        us__json_free(&j);
+        return US_ERR_FORMAT;
+    }
+    if (j.t[0].type != US__J_OBJ) { us__errf(err, errlen, "safetensors: the header is not a JSON object"); goto out; }
+    st->t = (us_st_tensor *)calloc((size_t)(j.t[0].size > 0 ? j.t[0].size : 1), sizeof(us_st_tensor));
+    if (!st->t) { us__errf(err, errlen, "safetensors: out of memory for %d tensor entries", j.t[0].size); r = US_ERR_OOM; goto out; }
+    for (c = 1, k = 0; k < j.t[0].size; k++, c = j.t[c + 1].next) {
+        us_st_tensor *t = &st->t[st->n];
+        int v = c + 1, d, sh, off, q;
+        uint64_t bytes_need;
+        int64_t x, y;
+        if (!us__jstr(&j, c, t->name, sizeof t->name) || !t->name[0]) { us__errf(err, errlen, "safetensors: tensor %d has an empty or too long (> 255 bytes) name", k); goto out; }
+        if (!strcmp(t->name, "__metadata__")) {   /* string → string */
+            int mm, mc;
+            if (j.t[v].type != US__J_OBJ) { us__errf(err, errlen, "safetensors: __metadata__ is not an object"); goto out; }
+            for (mc = v + 1, mm = 0; mm < j.t[v].size; mm++, mc = j.t[mc + 1].next)
+                if (j.t[mc + 1].type != US__J_STR) { us__errf(err, errlen, "safetensors: __metadata__ values must be strings"); goto out; }
+            continue;
+        }
+        if (j.t[v].type != US__J_OBJ) { us__errf(err, errlen, "safetensors: tensor %s is not described by an object", t->name); goto out; }
+        d = us__jget(&j, v, "dtype"); sh = us__jget(&j, v, "shape"); off = us__jget(&j, v, "data_offsets");
+        if (d < 0 || sh < 0 || off < 0) { us__errf(err, errlen, "safetensors: tensor %s lacks dtype, shape or data_offsets", t->name); goto out; }
+        if (!us__jstr(&j, d, t->dtype, sizeof t->dtype) || !us__st_dtype_size(t->dtype)) { us__errf(err, errlen, "safetensors: tensor %s has an unknown dtype", t->name); goto out; }
+        if (j.t[sh].type != US__J_ARR || j.t[sh].size > US_ST_MAX_DIMS) { us__errf(err, errlen, "safetensors: tensor %s: shape must be an array of at most %d sizes", t->name, US_ST_MAX_DIMS); goto out; }
+        bytes_need = (uint64_t)us__st_dtype_size(t->dtype);
+        for (q = 0, x = 0; q < j.t[sh].size; q++) {
+            int e = sh + 1 + q;   /* the elements are numbers: one token each */
+            if (!us__jint(&j, e, &x) || x < 0 || x > ((int64_t)1 << 48)) { us__errf(err, errlen, "safetensors: tensor %s: shape entry %d is not a size in 0..2^48", t->name, q); goto out; }
+            t->shape[q] = x;
+            if (x && bytes_need > UINT64_MAX / (uint64_t)x) { us__errf(err, errlen, "safetensors: tensor %s: its size overflows", t->name); goto out; }
+            bytes_need *= (uint64_t)x;
+        }
+        t->ndim = j.t[sh].size;
+        if (j.t[off].type != US__J_ARR || j.t[off].size != 2 || !us__jint(&j, off + 1, &x) || !us__jint(&j, off + 2, &y) || x < 0 || y < x) {
+            us__errf(err, errlen, "safetensors: tensor %s: data_offsets must be [begin, end] with 0 <= begin <= end", t->name); goto out;
+        }
+        t->begin = (uint64_t)x; t->end = (uint64_t)y;
+        if (t->end > st->data_size) { us__errf(err, errlen, "safetensors: tensor %s: data_offsets end %llu is past the data section's %llu bytes", t->name, (unsigned long long)t->end, (unsigned long long)st->data_size); goto out; }
+        if (t->end - t->begin != bytes_need) { us__errf(err, errlen, "safetensors: tensor %s: %llu data bytes but dtype %s and its shape need %llu", t->name, (unsigned long long)(t->end - t->begin), t->dtype, (unsigned long long)bytes_need); goto out; }
+        st->n++;
+    }
+    /* no two tensors share bytes, no two share a name */
+    order = (us_st_tensor **)US_MALLOC(sizeof(us_st_tensor *) * (size_t)(st->n ? st->n : 1));
+    if (!order) { us__errf(err, errlen, "safetensors: out of memory"); r = US_ERR_OOM; goto out; }
+    for (i = 0; i < st->n; i++) order[i] = &st->t[i];
+    qsort(order, (size_t)st->n, sizeof *order, us__st_cmp_begin);
+    for (i = 1; i < st->n; i++)
+        if (order[i]->begin < order[i - 1]->end) { us__errf(err, errlen, "safetensors: tensors %s and %s overlap in the data section", order[i - 1]->name, order[i]->name); goto out; }
+    {
+        us_st_tensor *sorted = (us_st_tensor *)US_MALLOC(sizeof(us_st_tensor) * (size_t)(st->n ? st->n : 1));
+        if (!sorted) { us__errf(err, errlen, "safetensors: out of memory"); r = US_ERR_OOM; goto out; }
+        memcpy(sorted, st->t, sizeof(us_st_tensor) * (size_t)st->n);
+        qsort(sorted, (size_t)st->n, sizeof *sorted, us__st_cmp_name);
+        for (i = 1; i < st->n; i++)
+            if (!strcmp(sorted[i].name, sorted[i - 1].name)) { us__errf(err, errlen, "safetensors: tensor %s appears twice", sorted[i].name); US_FREE(sorted); goto out; }
+        US_FREE(sorted);
+    }
+    r = US_OK;
+out:
+    US_FREE(order);
+    us__json_free(&j);
+    if (r != US_OK) us_safetensors_free(st);
+    return r;
+}
+US_API const us_st_tensor *us_safetensors_find(const us_safetensors *st, const char *name) {
+    int i;
+    for (i = 0; i < st->n; i++) if (!strcmp(st->t[i].name, name)) return &st->t[i];
+    return NULL;
+}
+US_API us_result us_safetensors_index_parse(const char *json, size_t n, char (*files)[256], int max_files, int *n_files, char *err, size_t errlen) {
+    us__json j;
+    int wm, c, q, k;
+    char name[256];
+    *n_files = 0;
+    if (n > US_ST_MAX_HEADER) { us__errf(err, errlen, "safetensors index: %llu bytes is larger than the %llu allowed", (unsigned long long)n, (unsigned long long)US_ST_MAX_HEADER); return US_ERR_FORMAT; }
+    if (us__json_parse(&j, json, n, (int)(n / 2 + 16)) != 0) { us__errf(err, errlen, "safetensors index: bad JSON: %s", j.err); us__json_free(&j); return US_ERR_FORMAT; }
+    wm = us__jget(&j, 0, "weight_map");
+    if (wm < 0 || j.t[wm].type != US__J_OBJ) { us__errf(err, errlen, "safetensors index: no \"weight_map\" object"); us__json_free(&j); return US_ERR_FORMAT; }
+    for (c = wm + 1, q = 0; q < j.t[wm].size; q++, c = j.t[c + 1].next) {
+        if (!us__jstr(&j, c + 1, name, sizeof name) || !name[0] || strchr(name, '/') || strchr(name, '\\') || !strcmp(name, ".") || !strcmp(name, "..")) {
+            us__errf(err, errlen, "safetensors index: weight_map entry %d is not a plain file name inside the directory", q);
+            us__json_free(&j); return US_ERR_FORMAT;
+        }
+        for (k = 0; k < *n_files; k++) if (!strcmp(files[k], name)) break;
+        if (k < *n_files) continue;
+        if (*n_files >= max_files) { us__errf(err, errlen, "safetensors index: more than %d shard files", max_files); us__json_free(&j); return US_ERR_FORMAT; }
+        memcpy(files[(*n_files)++], name, sizeof name);
+    }
+    us__json_free(&j);
+    return US_OK;
+}
+
+#if defined(_POSIX_C_SOURCE) && _POSIX_C_SOURCE >= 200809L
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#define US__CKPT_POSIX 1
+#else
+#define US__CKPT_POSIX 0
+#endif
+#if US__CKPT_POSIX
+/* ---- the model's tensors in the file: full shapes, Hugging Face names, layout-free */
+typedef struct us__ck_t { char name[96]; int64_t rows, cols; } us__ck_t;   /* cols 0: 1-D */
+/* Every tensor of the whole model in file order (dense or MoE; each MoE layer's router bias as
+   DeepSeek-V3's e_score_correction_bias when balancing by bias). out may be NULL (count only). */
+static int us__ckpt_tensors(const us_model *m, us__ck_t *out) {
+    const us_model_config *c = &m->cfg;
+    int64_t C = c->dim, HS = C / c->n_heads, Fe = c->moe_ffn_dim;
+    int l, e, n = 0;
+#define US__CT(r, cc, ...) do { if (out) { snprintf(out[n].name, sizeof out[n].name, __VA_ARGS__); out[n].rows = (r); out[n].cols = (cc); } n++; } while (0)
+    US__CT(c->vocab, C, "model.embed_tokens.weight");
+    for (l = 0; l < m->n_layers_global; l++) {
+        US__CT(C, 0, "model.layers.%d.input_layernorm.weight", l);
+        US__CT((int64_t)c->n_heads * HS, C, "model.layers.%d.self_attn.q_proj.weight", l);
+        US__CT((int64_t)c->n_kv_heads * HS, C, "model.layers.%d.self_attn.k_proj.weight", l);
+        US__CT((int64_t)c->n_kv_heads * HS, C, "model.layers.%d.self_attn.v_proj.weight", l);
+        US__CT(C, (int64_t)c->n_heads * HS, "model.layers.%d.self_attn.o_proj.weight", l);
+        US__CT(C, 0, "model.layers.%d.post_attention_layernorm.weight", l);
+        if (us__is_moe(c, l)) {
+            US__CT(c->moe_experts, C, "model.layers.%d.mlp.gate.weight", l);
+            if (c->moe_balance == US_MOE_BALANCE_BIAS) US__CT(c->moe_experts, 0, "model.layers.%d.mlp.gate.e_score_correction_bias", l);
+            if (c->moe_shared) {
+                US__CT(Fe, C, "model.layers.%d.mlp.shared_experts.gate_proj.weight", l);
+                US__CT(Fe, C, "model.layers.%d.mlp.shared_experts.up_proj.weight", l);
+                US__CT(C, Fe, "model.layers.%d.mlp.shared_experts.down_proj.weight", l);
+            }
+            for (e = 0; e < c->moe_experts; e++) {
+                US__CT(Fe, C, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
+                US__CT(Fe, C, "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
+                US__CT(C, Fe, "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
+            }
+        } else {
+            US__CT(c->ffn_dim, C, "model.layers.%d.mlp.gate_proj.weight", l);
+            US__CT(c->ffn_dim, C, "model.layers.%d.mlp.up_proj.weight", l);
+            US__CT(C, c->ffn_dim, "model.layers.%d.mlp.down_proj.weight", l);
+        }
+    }
+    US__CT(C, 0, "model.norm.weight");
+    if (!c->tie_embeddings) US__CT(c->vocab, C, "lm_head.weight");
+#undef US__CT
+    return n;
+}
+/* Tensor parallelism's slice of a local tensor in the full one: element j of the local tensor is
+   element g of the full one, and the run of local elements from j that stay contiguous there. */
+static int64_t us__ckpt_global(const us_model *m, const us_param *p, int64_t j, int64_t *run) {
+    int64_t t = m->mesh.tp_rank, tp = m->tc.tp > 1 ? m->tc.tp : 1;
+    if (p->tp_split == 2) {   /* columns split: row r of the slice is a piece of full row r */
+        int64_t cols = p->shape[1], r = j / cols, cc = j % cols;
+        *run = cols - cc;
+        return r * cols * tp + t * cols + cc;
+    }
+    *run = p->numel - j;
+    return p->tp_split == 1 ? j + t * p->numel : j;   /* rows split: a contiguous block */
+}
+/* The flat range [lo, hi) of unit U whose elements this rank writes (owned = 1) or needs to
+   read. ZeRO: this rank's piece; else the whole unit, written by one replica (dp×cp rank 0,
+   or for routed experts under ep the expert-data-parallel rank 0). weights = 1: the range of the
+   weights the forward reads (whole units unless ZeRO-3). */
+static void us__ckpt_range(const us_model *m, const us__unit *U, int owned, int weights, int64_t *lo, int64_t *hi) {
+    int Z = m->tc.zero, R = m->mesh.dpcp_g.rank;
+    if (Z && (owned || !weights || Z == 3)) { *lo = U->off + (int64_t)R * U->piece; *hi = *lo + U->piece; return; }
+    if (owned && (U->expert ? m->edp_g.rank : R) != 0) { *lo = *hi = U->off; return; }
+    *lo = U->off; *hi = U->off + U->n;
+}
+
+
+#endif
+/* Every rank learns whether any rank failed (a sum over the world: also a barrier). */
+static us_result us__ckpt_agree(us_model *m, us_result mine) {
+    double v = mine != US_OK;
+    us_result r = us__group_sum(m, &m->comm->world, &v, 1);
+    if (r != US_OK) return r;
+    if (v > 0 && mine == US_OK) { us__model_set_error(m, "checkpoint: another rank failed (its own message says why)"); return US_ERR_IO; }
+    return mine;
+}
+#if US__CKPT_POSIX
+static void us__ckpt_cvt_out(void *dst, const char *fdt, const float *src, int64_t n) {   /* fp32 → the file's dtype */
+    int64_t i;
+    if (!strcmp(fdt, "F32")) memcpy(dst, src, (size_t)n * 4);
+    else for (i = 0; i < n; i++) ((uint16_t *)dst)[i] = us_f32_to_bf16(src[i]);
+}
+static float us__f16_to_f32(uint16_t h) {
+    int e = h >> 10 & 31, mnt = h & 1023;
+    float v = e == 0 ? ldexpf((float)mnt, -24) : e == 31 ? (mnt ? NAN : INFINITY) : ldexpf((float)(mnt | 1024), e - 25);
+    return h & 0x8000 ? -v : v;
+}
+static void us__ckpt_cvt_in(float *dst, const char *fdt, const void *src, int64_t n) {   /* F32 / BF16 / F16 → fp32 */
+    int64_t i;
+    if (!strcmp(fdt, "F32")) memcpy(dst, src, (size_t)n * 4);
+    else if (!strcmp(fdt, "BF16")) for (i = 0; i < n; i++) dst[i] = us_bf16_to_f32(((const uint16_t *)src)[i]);
+    else for (i = 0; i < n; i++) dst[i] = us__f16_to_f32(((const uint16_t *)src)[i]);
+}
+
+static int us__pwrite_all(int fd, const void *buf, size_t n, uint64_t off) {
+    const char *p = (const char *)buf;
+    while (n) {
+        ssize_t w = pwrite(fd, p, n, (off_t)off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return -1;
+        p += w; n -= (size_t)w; off += (uint64_t)w;
+    }
+    return 0;
+}
+static int us__pread_all(int fd, void *buf, size_t n, uint64_t off) {
+    char *p = (char *)buf;
+    while (n) {
+        ssize_t r = pread(fd, p, n, (off_t)off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return -1;
+        p += r; n -= (size_t)r; off += (uint64_t)r;
+    }
+    return 0;
+}
+static int us__fsync_path(const char *path) {
+    int fd = open(path, O_RDONLY), rc;
+    if (fd < 0) return -1;
+    rc = fsync(fd);
+    close(fd);
+    return rc;
+}
+static void us__rm_tree(const char *dir) {   /* a checkpoint directory: files only, one level */
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char p[4096];
+    if (d) {
+        while ((e = readdir(d)) != NULL) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            unlink(p);
+        }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+static void us__parent_dir(const char *path, char *out, size_t cap) {
+    const char *s = strrchr(path, '/');
+    if (!s) snprintf(out, cap, ".");
+    else if (s == path) snprintf(out, cap, "/");
+    else snprintf(out, cap, "%.*s", (int)(s - path), path);
+}
+
+/* One safetensors file being written: its tensors (index into the global list), dtype and offsets. */
+typedef struct us__ckf { char path[4096]; int fd; int t0, t1; uint64_t data_start, size; } us__ckf;
+/* The JSON header for tensors [t0, t1) of list (names prefixed), padded with spaces to 8 bytes. */
+static char *us__st_header(const us__ck_t *list, int t0, int t1, const char *prefix, const char *dt, uint64_t *hlen, uint64_t *data) {
+    size_t cap = 256 + (size_t)(t1 - t0) * 256, len;
+    char *h = (char *)US_MALLOC(cap);
+    int i, esz = us__st_dtype_size(dt);
+    uint64_t off = 0;
+    if (!h) return NULL;
+    len = (size_t)snprintf(h, cap, "{\"__metadata__\":{\"format\":\"pt\"}");
+    for (i = t0; i < t1; i++) {
+        uint64_t nb = (uint64_t)list[i].rows * (uint64_t)(list[i].cols ? list[i].cols : 1) * (uint64_t)esz;
+        if (list[i].cols) len += (size_t)snprintf(h + len, cap - len, ",\"%s%s\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld],\"data_offsets\":[%llu,%llu]}", prefix, list[i].name, dt,
+                                                  (long long)list[i].rows, (long long)list[i].cols, (unsigned long long)off, (unsigned long long)(off + nb));
+        else len += (size_t)snprintf(h + len, cap - len, ",\"%s%s\":{\"dtype\":\"%s\",\"shape\":[%lld],\"data_offsets\":[%llu,%llu]}", prefix, list[i].name, dt,
+                                     (long long)list[i].rows, (unsigned long long)off, (unsigned long long)(off + nb));
+        off += nb;
+    }
+    len += (size_t)snprintf(h + len, cap - len, "}");
+    while (len % 8) h[len++] = ' ';
+    h[len] = 0;
+    *hlen = len; *data = off;
+    return h;
+}
+/* Rank 0: creates the file with its header and its full size (holes until the ranks write). */
+static us_result us__ckf_create(us_model *m, us__ckf *f, const us__ck_t *list, const char *prefix, const char *dt) {
+    uint64_t hlen, data;
+    unsigned char len8[8];
+    int i, fd;
+    char *h = us__st_header(list, f->t0, f->t1, prefix, dt, &hlen, &data);
+    if (!h) { us__model_set_error(m, "checkpoint: out of host memory for a header"); return US_ERR_OOM; }
+    for (i = 0; i < 8; i++) len8[i] = (unsigned char)(hlen >> (8 * i));
+    fd = open(f->path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || us__pwrite_all(fd, len8, 8, 0) || us__pwrite_all(fd, h, (size_t)hlen, 8) || ftruncate(fd, (off_t)(8 + hlen + data)) || fsync(fd)) {
+        us__model_set_error(m, "checkpoint: cannot write %s: %s", f->path, strerror(errno));
+        if (fd >= 0) close(fd);
+        US_FREE(h);
+        return US_ERR_IO;
+    }
+    close(fd);
+    US_FREE(h);
+    return US_OK;
+}
+
+/* Host copies of this rank's state buffers (what the device holds), fp32 except w in dt. */
+typedef struct us__ckhost { void *w; float *master, *m, *v; int64_t wn, on; } us__ckhost;
+static void us__ckhost_free(us__ckhost *h) { US_FREE(h->w); US_FREE(h->master); US_FREE(h->m); US_FREE(h->v); memset(h, 0, sizeof *h); }
+/* Where flat element f of unit U lives in the weights (which = 0) or the sharded fp32 buffers. */
+static int64_t us__ckpt_index(const us_model *m, const us__unit *U, int which, int64_t f) {
+    int Z = m->tc.zero;
+    if ((which == 0 && Z == 3) || (which && Z)) return U->shard_off + f - (U->off + (int64_t)m->mesh.dpcp_g.rank * U->piece);
+    return f;
+}
+
+/* Writes this rank's owned elements of buffer `which` (0 weights, 1 master, 2 exp_avg, 3
+   exp_avg_sq) into the files f[0..nf) holding the global list; crash_after counts bytes. */
+static us_result us__ckpt_write_buf(us_model *m, us__ckf *f, int nf, const us__ck_t *list, int nlist, int which, const us__ckhost *h,
+                                    const char *prefix, const char *fdt, int64_t *written, int64_t crash_after) {
+    int u, i, k, esz = us__st_dtype_size(fdt);
+    char full[160];
+    float *tmp32 = NULL;
+    void *tmpo = NULL;
+    int64_t cap = 0;
+    us_result r = US_OK;
+    (void)nlist; (void)prefix;
+    for (u = 0; u < m->n_units && r == US_OK; u++) {
+        const us__unit *U = &m->units[u];
+        int64_t lo, hi;
+        us__ckpt_range(m, U, 1, which == 0, &lo, &hi);
+        for (i = U->p0; i < U->p1 && r == US_OK; i++) {
+            const us_param *p = &m->params[i];
+            int64_t a = p->offset > lo ? p->offset : lo, b = p->offset + p->numel < hi ? p->offset + p->numel : hi, fpos, run;
+            int fi = -1, ti = -1;
+            uint64_t toff = 0;
+            if (a >= b) continue;
+            snprintf(full, sizeof full, "%s", p->name);
+            for (k = 0; k < nf && ti < 0; k++) {   /* which file and where in it */
+                int t;
+                uint64_t off = 0;
+                for (t = f[k].t0; t < f[k].t1; t++) {
+                    if (!strcmp(list[t].name, full)) { fi = k; ti = t; toff = off; break; }
+                    off += (uint64_t)list[t].rows * (uint64_t)(list[t].cols ? list[t].cols : 1) * (uint64_t)esz;
+                }
+            }
+            if (ti < 0) { us__model_set_error(m, "checkpoint: internal: %s is not in the file list", full); return US_ERR_INVALID; }
+            for (fpos = a; fpos < b; fpos += run) {
+                int64_t g = us__ckpt_global(m, p, fpos - p->offset, &run), idx = us__ckpt_index(m, U, which, fpos), e;
+                if (run > b - fpos) run = b - fpos;
+                if (run > cap) {
+                    US_FREE(tmp32); US_FREE(tmpo);
+                    cap = run; tmp32 = (float *)US_MALLOC((size_t)cap * 4); tmpo = US_MALLOC((size_t)cap * 4);
+                    if (!tmp32 || !tmpo) { us__model_set_error(m, "checkpoint: out of host memory"); r = US_ERR_OOM; break; }
+                }
+                if (which == 0 && m->dt == US_BF16) memcpy(tmpo, (const uint16_t *)h->w + idx, (size_t)run * 2);   /* bf16 as it is */
+                else {
+                    const float *src = which == 0 ? (const float *)h->w : which == 1 ? h->master : which == 2 ? h->m : h->v;
+                    for (e = 0; e < run; e++) tmp32[e] = src[idx + e];
+                    us__ckpt_cvt_out(tmpo, fdt, tmp32, run);
+                }
+                if (crash_after > 0 && *written + run * esz >= crash_after) {   /* the crash test: die mid-write */
+                    int64_t part = (crash_after - *written) / esz;
+                    if (part > 0) us__pwrite_all(f[fi].fd, tmpo, (size_t)(part * esz), f[fi].data_start + toff + (uint64_t)g * (uint64_t)esz);
+                    raise(SIGKILL);
+                }
+                if (us__pwrite_all(f[fi].fd, tmpo, (size_t)(run * esz), f[fi].data_start + toff + (uint64_t)g * (uint64_t)esz)) {
+                    us__model_set_error(m, "checkpoint: cannot write %s: %s", f[fi].path, strerror(errno)); r = US_ERR_IO; break;
+                }
+                *written += run * esz;
+            }
+        }
+    }
+    US_FREE(tmp32); US_FREE(tmpo);
+    return r;
+}
+static int us__write_text(const char *path, const char *text) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644), rc;
+    if (fd < 0) return -1;
+    rc = us__pwrite_all(fd, text, strlen(text), 0) || fsync(fd);
+    close(fd);
+    return rc;
+}
+#endif
+
+US_API us_result us_ckpt_save(us_model *m, const char *dir, const us_ckpt_state *st, const us_ckpt_opts *opts_in) {
+#if !US__CKPT_POSIX
+    (void)dir; (void)st; (void)opts_in;
+    us__model_set_error(m, "checkpoint: this build has no POSIX file calls (compile with -D_POSIX_C_SOURCE=200809L)");
+    return US_ERR_IO;
+#else
+    us_ckpt_opts opts;
+    us_ops *o = &m->ops;
+    int rank = m->comm->world.rank, nlist, nf = 0, k, bf = m->dt == US_BF16, Z = m->tc.zero, has_master = m->dt == US_BF16 && m->master;
+    us__ck_t *list = NULL;
+    us__ckf *files = NULL, opt;
+    char tmp[4096], parent[4096], old[4096];
+    us__ckhost h;
+    us_result r = US_OK;
+    int64_t written = 0;
+    memset(&opts, 0, sizeof opts);
+    if (opts_in) opts = *opts_in;
+    memset(&h, 0, sizeof h);
+    memset(&opt, 0, sizeof opt);
+    opt.fd = -1;
+    if (strlen(dir) + 64 > sizeof tmp) { us__model_set_error(m, "checkpoint: the path %.64s... is too long", dir); return US_ERR_INVALID; }
+    snprintf(tmp, sizeof tmp, "%s.tmp", dir);
+    nlist = us__ckpt_tensors(m, NULL);
+    list = (us__ck_t *)US_MALLOC(sizeof(us__ck_t) * (size_t)nlist);
+    files = (us__ckf *)calloc((size_t)nlist, sizeof(us__ckf));
+    if (!list || !files) { US_FREE(list); US_FREE(files); us__model_set_error(m, "checkpoint: out of host memory"); return US_ERR_OOM; }
+    us__ckpt_tensors(m, list);
+    {   /* the model files: one, or shards of about shard_bytes */
+        int t = 0;
+        uint64_t esz = bf ? 2 : 4;
+        while (t < nlist) {
+            uint64_t acc = 0;
+            files[nf].t0 = t;
+            do { acc += (uint64_t)list[t].rows * (uint64_t)(list[t].cols ? list[t].cols : 1) * (list[t].cols == 0 && strstr(list[t].name, "e_score") ? 4 : esz); t++; }
+            while (t < nlist && (opts.shard_bytes <= 0 || acc + (uint64_t)list[t].rows * (uint64_t)(list[t].cols ? list[t].cols : 1) * esz <= (uint64_t)opts.shard_bytes));
+            files[nf].t1 = t; files[nf].fd = -1; nf++;
+        }
+        for (k = 0; k < nf; k++) {
+            if (nf == 1) snprintf(files[k].path, sizeof files[k].path, "%.4000s/model.safetensors", tmp);
+            else snprintf(files[k].path, sizeof files[k].path, "%.4000s/model-%05d-of-%05d.safetensors", tmp, k + 1, nf % 100000);
+        }
+        snprintf(opt.path, sizeof opt.path, "%.4000s/optimizer.safetensors", tmp);
+        opt.t0 = 0; opt.t1 = nlist;
+    }
+    /* the router biases are fp32 whatever the policy: they go in the model file as F32 beside
+       weights of dt, so a file mixes dtypes only for MoE models balanced by bias. Keep it simple:
+       such a model writes its weights in F32 too. */
+    if (m->n_moe && m->cfg.moe_balance == US_MOE_BALANCE_BIAS) bf = 0;
+    /* 1. rank 0 makes dir.tmp and the pre-sized files */
+    if (rank == 0) {
+        us__rm_tree(tmp);   /* a crashed earlier save */
+        if (mkdir(tmp, 0755) != 0) { us__model_set_error(m, "checkpoint: cannot create %s: %s", tmp, strerror(errno)); r = US_ERR_IO; }
+        for (k = 0; k < nf && r == US_OK; k++) r = us__ckf_create(m, &files[k], list, "", bf ? "BF16" : "F32");
+        if (r == US_OK && !opts.weights_only) {   /* exp_avg, exp_avg_sq (and master) per tensor: three lists in one file */
+            us__ck_t *l3 = (us__ck_t *)US_MALLOC(sizeof(us__ck_t) * (size_t)nlist * 3);
+            int q, n3 = 0;
+            static const char *pre[3] = {"optimizer.exp_avg.", "optimizer.exp_avg_sq.", "master."};
+            if (!l3) { us__model_set_error(m, "checkpoint: out of host memory"); r = US_ERR_OOM; }
+            for (q = 0; l3 && q < (has_master ? 3 : 2); q++)
+                for (k = 0; k < nlist; k++) {
+                    if (list[k].cols == 0 && strstr(list[k].name, "e_score")) continue;   /* not trained */
+                    l3[n3] = list[k];
+                    snprintf(l3[n3].name, sizeof l3[n3].name, "%s%s", pre[q], list[k].name);
+                    n3++;
+                }
+            if (l3) { opt.t0 = 0; opt.t1 = n3; r = us__ckf_create(m, &opt, l3, "", "F32"); }
+            US_FREE(l3);
+        }
+    }
+    r = us__ckpt_agree(m, r);
+    /* 2. every rank writes the elements it owns */
+    if (r == US_OK) {
+        int64_t wn = Z == 3 ? m->shard_n : m->n_flat, on = Z ? m->shard_n : m->n_flat;
+        h.w = US_MALLOC((size_t)(wn > 0 ? wn : 1) * us_dtype_size(m->dt));
+        h.m = (float *)US_MALLOC((size_t)(on > 0 ? on : 1) * 4);
+        h.v = (float *)US_MALLOC((size_t)(on > 0 ? on : 1) * 4);
+        if (has_master) h.master = (float *)US_MALLOC((size_t)(on > 0 ? on : 1) * 4);
+        if (!h.w || !h.m || !h.v || (has_master && !h.master)) { us__model_set_error(m, "checkpoint: out of host memory"); r = US_ERR_OOM; }
+        else {
+            o->sync(o);
+            o->copy(o, h.w, m->w, (size_t)wn * us_dtype_size(m->dt), US_COPY_D2H);
+            o->copy(o, h.m, m->adam_m, (size_t)on * 4, US_COPY_D2H);
+            o->copy(o, h.v, m->adam_v, (size_t)on * 4, US_COPY_D2H);
+            if (h.master) o->copy(o, h.master, m->master, (size_t)on * 4, US_COPY_D2H);
+            if (m->dt == US_BF16 && !bf) {   /* an F32 file from bf16 weights: widen exactly */
+                float *w32 = (float *)US_MALLOC((size_t)(wn > 0 ? wn : 1) * 4);
+                int64_t e;
+                if (!w32) { us__model_set_error(m, "checkpoint: out of host memory"); r = US_ERR_OOM; }
+                else { for (e = 0; e < wn; e++) w32[e] = us_bf16_to_f32(((uint16_t *)h.w)[e]); US_FREE(h.w); h.w = w32; }
+            }
+        }
+        for (k = 0; k < nf && r == US_OK; k++) {
+            files[k].fd = open(files[k].path, O_WRONLY);
+            if (files[k].fd < 0) { us__model_set_error(m, "checkpoint: cannot open %s: %s", files[k].path, strerror(errno)); r = US_ERR_IO; }
+        }
+        {
+            uint64_t hl;
+            unsigned char len8[8];
+            int q;
+            for (k = 0; k < nf && r == US_OK; k++) {   /* each file's data section: after its header */
+                int fd = open(files[k].path, O_RDONLY);
+                if (fd < 0 || us__pread_all(fd, len8, 8, 0)) { us__model_set_error(m, "checkpoint: cannot read back %s", files[k].path); r = US_ERR_IO; }
+                if (fd >= 0) close(fd);
+                for (hl = 0, q = 7; q >= 0; q--) hl = hl << 8 | len8[q];
+                files[k].data_start = 8 + hl;
+            }
+        }
+        if (r == US_OK) {
+            us_dtype save_dt = m->dt;
+            if (m->dt == US_BF16 && !bf) m->dt = US_F32;   /* h.w was widened above */
+            r = us__ckpt_write_buf(m, files, nf, list, nlist, 0, &h, "", bf ? "BF16" : "F32", &written, opts.crash_after);
+            m->dt = save_dt;
+        }
+        /* the MoE router biases (not parameters): one writer per layer, dp×cp and tp rank 0 */
+        if (r == US_OK && m->n_moe && m->cfg.moe_balance == US_MOE_BALANCE_BIAS && m->mesh.dpcp_g.rank == 0 && m->mesh.tp_rank == 0) {
+            int l, E = m->cfg.moe_experts;
+            for (l = 0; l < m->cfg.n_layers && r == US_OK; l++) {
+                char nm[96];
+                int t, fi;
+                uint64_t off = 0;
+                if (m->moe_idx[l] < 0) continue;
+                snprintf(nm, sizeof nm, "model.layers.%d.mlp.gate.e_score_correction_bias", m->layer_g[l]);
+                for (fi = 0; fi < nf; fi++) {
+                    for (off = 0, t = files[fi].t0; t < files[fi].t1 && strcmp(list[t].name, nm); t++)
+                        off += (uint64_t)list[t].rows * (uint64_t)(list[t].cols ? list[t].cols : 1) * 4;
+                    if (t < files[fi].t1) break;
+                }
+                if (fi == nf || us__pwrite_all(files[fi].fd, m->moe_bias_h + (size_t)m->moe_idx[l] * E, (size_t)E * 4, files[fi].data_start + off)) {
+                    us__model_set_error(m, "checkpoint: cannot write the router bias of layer %d", m->layer_g[l]); r = US_ERR_IO;
+                }
+            }
+        }
+        if (r == US_OK && !opts.weights_only) {
+            us__ck_t *l3 = (us__ck_t *)US_MALLOC(sizeof(us__ck_t) * (size_t)nlist * 3);
+            int q, n3 = 0;
+            static const char *pre[3] = {"optimizer.exp_avg.", "optimizer.exp_avg_sq.", "master."};
+            unsigned char len8[8];
+            uint64_t hl = 0;
+            opt.fd = open(opt.path, O_RDWR);
+            if (!l3 || opt.fd < 0 || us__pread_all(opt.fd, len8, 8, 0)) { us__model_set_error(m, "checkpoint: cannot open %s", opt.path); r = US_ERR_IO; }
+            for (k = 7; k >= 0; k--) hl = hl << 8 | len8[k];
+            opt.data_start = 8 + hl;
+            for (q = 0; r == US_OK && q < (has_master ? 3 : 2); q++) {
+                int n0 = n3;
+                for (k = 0; k < nlist; k++) {
+                    if (list[k].cols == 0 && strstr(list[k].name, "e_score")) continue;
+                    l3[n3] = list[k]; n3++;
+                }
+                /* each third of the file is one buffer: write it as its own "file" view */
+                {
+                    us__ckf view = opt;
+                    uint64_t before = 0;
+                    int t;
+                    for (t = 0; t < n0; t++) before += (uint64_t)l3[t].rows * (uint64_t)(l3[t].cols ? l3[t].cols : 1) * 4;
+                    view.t0 = n0; view.t1 = n3; view.data_start = opt.data_start + before;
+                    r = us__ckpt_write_buf(m, &view, 1, l3, n3, q == 0 ? 2 : q == 1 ? 3 : 1, &h, pre[q], "F32", &written, opts.crash_after);
+                }
+            }
+            US_FREE(l3);
+        }
+        for (k = 0; k < nf; k++) if (files[k].fd >= 0) { if (r == US_OK && fsync(files[k].fd)) { us__model_set_error(m, "checkpoint: fsync %s failed", files[k].path); r = US_ERR_IO; } close(files[k].fd); }
+        if (opt.fd >= 0) { if (r == US_OK && fsync(opt.fd)) { us__model_set_error(m, "checkpoint: fsync %s failed", opt.path); r = US_ERR_IO; } close(opt.fd); }
+    }
+    r = us__ckpt_agree(m, r);
+    /* 3. rank 0: config.json, the index, trainer_state.json; then the rename */
+    if (r == US_OK && rank == 0) {
+        const us_model_config *c = &m->cfg;
+        size_t cap = 4096 + (size_t)nlist * 160, len = 0;
+        char *t = (char *)US_MALLOC(cap), path[4200];
+        if (!t) { us__model_set_error(m, "checkpoint: out of host memory"); r = US_ERR_OOM; }
+        if (r == US_OK) {
+            len = (size_t)snprintf(t, cap,
+                "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n  \"hidden_size\": %lld,\n  \"intermediate_size\": %lld,\n"
+                "  \"num_hidden_layers\": %d,\n  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"head_dim\": %lld,\n  \"vocab_size\": %lld,\n"
+                "  \"max_position_embeddings\": %d,\n  \"rms_norm_eps\": %.9g,\n  \"rope_theta\": %.9g,\n  \"tie_word_embeddings\": %s,\n"
+                "  \"hidden_act\": \"silu\",\n  \"attention_bias\": false,\n  \"mlp_bias\": false,\n  \"torch_dtype\": \"%s\",\n  \"ultrascale_version\": \"%s\"",
+                (long long)c->dim, (long long)c->ffn_dim, m->n_layers_global, c->n_heads, c->n_kv_heads, (long long)(c->dim / c->n_heads), (long long)c->vocab,
+                m->tc.seq > 2048 ? m->tc.seq : 2048, (double)c->norm_eps, (double)c->rope_theta, c->tie_embeddings ? "true" : "false",
+                bf ? "bfloat16" : "float32", US_VERSION);
+            if (c->moe_experts)   /* DeepSeek-V3's names for the MoE fields */
+                len += (size_t)snprintf(t + len, cap - len, ",\n  \"n_routed_experts\": %d,\n  \"num_experts_per_tok\": %d,\n  \"moe_intermediate_size\": %lld,\n"
+                    "  \"n_shared_experts\": %d,\n  \"first_k_dense_replace\": %d,\n  \"moe_layer_freq\": %d,\n  \"n_group\": %d,\n  \"topk_group\": %d,\n"
+                    "  \"scoring_func\": \"%s\",\n  \"ultrascale_moe_balance\": %d",
+                    c->moe_experts, c->moe_top_k, (long long)c->moe_ffn_dim, c->moe_shared, c->moe_first_dense, c->moe_every, c->moe_groups, c->moe_top_groups,
+                    c->moe_gate == US_MOE_SIGMOID ? "sigmoid" : "softmax", (int)c->moe_balance);
+            snprintf(t + len, cap - len, "\n}\n");
+            snprintf(path, sizeof path, "%s/config.json", tmp);
+            if (us__write_text(path, t)) { us__model_set_error(m, "checkpoint: cannot write %s", path); r = US_ERR_IO; }
+        }
+        if (r == US_OK && nf > 1) {   /* model.safetensors.index.json */
+            uint64_t total = 0;
+            int q;
+            len = (size_t)snprintf(t, cap, "{\n  \"metadata\": {\"total_size\": TOTAL__________________},\n  \"weight_map\": {");
+            for (k = 0; k < nf; k++)
+                for (q = files[k].t0; q < files[k].t1; q++) {
+                    total += (uint64_t)list[q].rows * (uint64_t)(list[q].cols ? list[q].cols : 1) * (bf ? 2 : 4);
+                    len += (size_t)snprintf(t + len, cap - len, "%s\n    \"%s\": \"model-%05d-of-%05d.safetensors\"", k + q ? "," : "", list[q].name, k + 1, nf);
+                }
+            snprintf(t + len, cap - len, "\n  }\n}\n");
+            {
+                char tot[32], *at = strstr(t, "TOTAL__________________");
+                int tl = snprintf(tot, sizeof tot, "%llu", (unsigned long long)total);
+                memset(at, ' ', 23);
+                memcpy(at, tot, (size_t)tl);
+            }
+            snprintf(path, sizeof path, "%s/model.safetensors.index.json", tmp);
+            if (us__write_text(path, t)) { us__model_set_error(m, "checkpoint: cannot write %s", path); r = US_ERR_IO; }
+        }
+        if (r == US_OK && !opts.weights_only) {
+            int q;
+            len = (size_t)snprintf(t, cap, "{\n  \"format\": \"ultrascale-trainer-state\",\n  \"version\": 1,\n  \"step\": %d,\n  \"data_position\": %lld,\n  \"rng\": [",
+                                   m->step, (long long)(st ? st->data_pos : 0));
+            for (q = 0; st && q < st->n_rng && q < 8; q++) len += (size_t)snprintf(t + len, cap - len, "%s\"%llu\"", q ? ", " : "", (unsigned long long)st->rng[q]);
+            snprintf(t + len, cap - len, "],\n  \"precision\": \"%s\",\n  \"seed\": %llu,\n  \"layout\": {\"dp\": %d, \"zero\": %d, \"tp\": %d, \"sp\": %d, \"pp\": %d, \"cp\": %d, \"ep\": %d}\n}\n",
+                     us_precision_name(m->tc.precision), (unsigned long long)m->tc.seed, m->tc.dp, m->tc.zero, m->tc.tp, m->tc.sp, m->tc.pp, m->tc.cp, m->tc.ep);
+            snprintf(path, sizeof path, "%s/trainer_state.json", tmp);
+            if (us__write_text(path, t)) { us__model_set_error(m, "checkpoint: cannot write %s", path); r = US_ERR_IO; }
+        }
+        US_FREE(t);
+        /* the commit: fsync the directory, move any old dir aside, rename, fsync the parent */
+        if (r == US_OK) {
+            struct stat sb;
+            us__parent_dir(dir, parent, sizeof parent);
+            snprintf(old, sizeof old, "%s.old", dir);
+            if (us__fsync_path(tmp)) { us__model_set_error(m, "checkpoint: fsync %s failed", tmp); r = US_ERR_IO; }
+            else if (stat(dir, &sb) == 0) {
+                us__rm_tree(old);
+                if (rename(dir, old)) { us__model_set_error(m, "checkpoint: cannot move the old %s aside: %s", dir, strerror(errno)); r = US_ERR_IO; }
+            }
+            if (r == US_OK && rename(tmp, dir)) { us__model_set_error(m, "checkpoint: cannot rename %s to %s: %s", tmp, dir, strerror(errno)); r = US_ERR_IO; }
+            if (r == US_OK) { us__fsync_path(parent); us__rm_tree(old); }
+        }
+    }
+    r = us__ckpt_agree(m, r);
+    us__ckhost_free(&h);
+    US_FREE(list); US_FREE(files);
+    return r;
+#endif
+}
+
+#if US__CKPT_POSIX
+/* The directory's model files, opened and their headers parsed. */
+typedef struct us__ckin { int n; int fd[64]; us_safetensors st[64]; char path[64][4200]; } us__ckin;
+static void us__ckin_close(us__ckin *in) { int k; for (k = 0; k < in->n; k++) { if (in->fd[k] >= 0) close(in->fd[k]); us_safetensors_free(&in->st[k]); } in->n = 0; }
+static us_result us__ckin_open1(us_model *m, us__ckin *in, const char *path) {
+    int k = in->n, fd;
+    struct stat sb;
+    unsigned char len8[8];
+    uint64_t hl = 0;
+    char *head, e[240];
+    us_result r;
+    if (k >= 64) { us__model_set_error(m, "checkpoint: more than 64 shard files"); return US_ERR_FORMAT; }
+    snprintf(in->path[k], sizeof in->path[k], "%s", path);
+    fd = open(path, O_RDONLY);
+    if (fd < 0 || fstat(fd, &sb)) { us__model_set_error(m, "checkpoint: cannot open %s: %s", path, strerror(errno)); if (fd >= 0) close(fd); return US_ERR_IO; }
+    if (sb.st_size < 8 || us__pread_all(fd, len8, 8, 0)) { us__model_set_error(m, "checkpoint: %s: %lld bytes is too short for a safetensors file", path, (long long)sb.st_size); close(fd); return US_ERR_FORMAT; }
+    for (k = 7; k >= 0; k--) hl = hl << 8 | len8[k];
+    k = in->n;
+    if (hl > US_ST_MAX_HEADER || hl > (uint64_t)sb.st_size - 8) {   /* let the parser say which */
+        r = us_safetensors_parse(&in->st[k], len8, 8, (uint64_t)sb.st_size, e, sizeof e);
+        us__model_set_error(m, "checkpoint: %s: %s", path, e); close(fd); return US_ERR_FORMAT;
+    }
+    head = (char *)US_MALLOC((size_t)hl + 8);
+    if (!head) { us__model_set_error(m, "checkpoint: out of host memory for the header of %s", path); close(fd); return US_ERR_OOM; }
+    if (us__pread_all(fd, head, (size_t)hl + 8, 0)) { us__model_set_error(m, "checkpoint: cannot read the header of %s", path); US_FREE(head); close(fd); return US_ERR_IO; }
+    r = us_safetensors_parse(&in->st[k], head, (size_t)hl + 8, (uint64_t)sb.st_size, e, sizeof e);
+    US_FREE(head);
+    if (r != US_OK) { us__model_set_error(m, "checkpoint: %s: %s", path, e); close(fd); return r; }
+    in->fd[k] = fd; in->n++;
+    return US_OK;
+}
+static us_result us__ckin_open_model(us_model *m, us__ckin *in, const char *dir) {
+    char p[4200];
+    struct stat sb;
+    memset(in, 0, sizeof *in);
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    if (stat(p, &sb) == 0) {
+        char (*files)[256] = (char (*)[256])US_MALLOC(sizeof(char[256]) * 64), e[240], *txt;
+        int nfiles = 0, fd, k;
+        us_result r = US_OK;
+        if (sb.st_size > (off_t)US_ST_MAX_HEADER) { us__model_set_error(m, "checkpoint: %s is larger than %llu bytes", p, (unsigned long long)US_ST_MAX_HEADER); US_FREE(files); return US_ERR_FORMAT; }
+        txt = (char *)US_MALLOC((size_t)sb.st_size + 1);
+        fd = open(p, O_RDONLY);
+        if (!files || !txt || fd < 0 || us__pread_all(fd, txt, (size_t)sb.st_size, 0)) { us__model_set_error(m, "checkpoint: cannot read %s", p); r = US_ERR_IO; }
+        if (fd >= 0) close(fd);
+        if (r == US_OK && us_safetensors_index_parse(txt, (size_t)sb.st_size, files, 64, &nfiles, e, sizeof e) != US_OK) { us__model_set_error(m, "checkpoint: %s: %s", p, e); r = US_ERR_FORMAT; }
+        for (k = 0; k < nfiles && r == US_OK; k++) { snprintf(p, sizeof p, "%s/%s", dir, files[k]); r = us__ckin_open1(m, in, p); }
+        US_FREE(files); US_FREE(txt);
+        return r;
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    return us__ckin_open1(m, in, p);
+}
+static const us_st_tensor *us__ckin_find(const us__ckin *in, const char *name, int *which) {
+    int k;
+    for (k = 0; k < in->n; k++) { const us_st_tensor *t = us_safetensors_find(&in->st[k], name); if (t) { *which = k; return t; } }
+    return NULL;
+}
+/* Checks tensor `name` of the file against the expected full shape and a readable dtype. */
+static const us_st_tensor *us__ckin_check(us_model *m, const us__ckin *in, const char *name, const us__ck_t *want, int *which, int optional) {
+    const us_st_tensor *t = us__ckin_find(in, name, which);
+    int64_t r0 = want->rows, c0 = want->cols;
+    if (!t) { if (!optional) us__model_set_error(m, "checkpoint: %s has no tensor %s", in->n ? in->path[0] : "?", name); return NULL; }
+    if (strcmp(t->dtype, "F32") && strcmp(t->dtype, "BF16") && strcmp(t->dtype, "F16")) {
+        us__model_set_error(m, "checkpoint: tensor %s has dtype %s; only F32, BF16 and F16 load", name, t->dtype); return NULL;
+    }
+    if (t->ndim != (c0 ? 2 : 1) || t->shape[0] != r0 || (c0 && t->shape[1] != c0)) {
+        us__model_set_error(m, "checkpoint: tensor %s has shape [%lld%s%lld] but the model config expects [%lld%s%lld]", name, (long long)t->shape[0],
+                            t->ndim > 1 ? ", " : "", (long long)(t->ndim > 1 ? t->shape[1] : 0), (long long)r0, c0 ? ", " : "", (long long)c0);
+        return NULL;
+    }
+    return t;
+}
+/* Reads into hf (fp32, flat indices) the elements of every local tensor that this rank needs
+   (weights: which = 0; else the sharded fp32 buffers' ranges), only those byte ranges. */
+static us_result us__ckpt_read_buf(us_model *m, const us__ckin *in, const us__ck_t *list, int nlist, const char *prefix, int which, float *hf) {
+    int u, i, k;
+    char full[200];
+    void *tmp = NULL;
+    int64_t cap = 0;
+    for (u = 0; u < m->n_units; u++) {
+        const us__unit *U = &m->units[u];
+        int64_t lo, hi;
+        us__ckpt_range(m, U, 0, which == 0, &lo, &hi);
+        for (i = U->p0; i < U->p1; i++) {
+            const us_param *p = &m->params[i];
+            int64_t a = p->offset > lo ? p->offset : lo, b = p->offset + p->numel < hi ? p->offset + p->numel : hi, fpos, run;
+            const us_st_tensor *t;
+            int fi = 0, esz;
+            if (a >= b) continue;
+            for (k = 0; k < nlist && strcmp(list[k].name, p->name); k++) {}
+            if (k == nlist) { us__model_set_error(m, "checkpoint: internal: %s has no full shape", p->name); US_FREE(tmp); return US_ERR_INVALID; }
+            snprintf(full, sizeof full, "%s%s", prefix, p->name);
+            if (!(t = us__ckin_check(m, in, full, &list[k], &fi, 0))) { US_FREE(tmp); return US_ERR_FORMAT; }
+            esz = us__st_dtype_size(t->dtype);
+            for (fpos = a; fpos < b; fpos += run) {
+                int64_t g = us__ckpt_global(m, p, fpos - p->offset, &run);
+                if (run > b - fpos) run = b - fpos;
+                if (run > cap) { US_FREE(tmp); cap = run; tmp = US_MALLOC((size_t)cap * 4); if (!tmp) { us__model_set_error(m, "checkpoint: out of host memory"); return US_ERR_OOM; } }
+                if (us__pread_all(in->fd[fi], tmp, (size_t)(run * esz), in->st[fi].data_start + t->begin + (uint64_t)g * (uint64_t)esz)) {
+                    us__model_set_error(m, "checkpoint: cannot read tensor %s from %s", full, in->path[fi]); US_FREE(tmp); return US_ERR_IO;
+                }
+                us__ckpt_cvt_in(hf + fpos, t->dtype, tmp, run);
+            }
+        }
+    }
+    US_FREE(tmp);
+    return US_OK;
+}
+/* Copies the fp32 flat values hf into buffer `which` on the device (this rank's ranges). */
+static us_result us__ckpt_upload(us_model *m, int which, const float *hf) {
+    us_ops *o = &m->ops;
+    int u;
+    int64_t e;
+    for (u = 0; u < m->n_units; u++) {
+        const us__unit *U = &m->units[u];
+        int64_t lo, hi, dst;
+        us__ckpt_range(m, U, 0, which == 0, &lo, &hi);
+        if (hi <= lo) continue;
+        dst = us__ckpt_index(m, U, which, lo);
+        if (which == 0 && m->dt == US_BF16) {
+            uint16_t *b = (uint16_t *)US_MALLOC((size_t)(hi - lo) * 2);
+            if (!b) { us__model_set_error(m, "checkpoint: out of host memory"); return US_ERR_OOM; }
+            for (e = lo; e < hi; e++) b[e - lo] = us_f32_to_bf16(hf[e]);
+            o->copy(o, (uint16_t *)m->w + dst, b, (size_t)(hi - lo) * 2, US_COPY_H2D);
+            o->sync(o);
+            US_FREE(b);
+        } else {
+            float *d = which == 0 ? (float *)m->w : which == 1 ? m->master : which == 2 ? m->adam_m : m->adam_v;
+            o->copy(o, d + dst, hf + lo, (size_t)(hi - lo) * 4, US_COPY_H2D);
+        }
+    }
+    o->sync(o);
+    return US_OK;
+}
+static us_result us__ckpt_load_local(us_model *m, const char *dir, int resume, us_ckpt_state *st) {
+    us__ckin in, opt;
+    int nlist = us__ckpt_tensors(m, NULL), k, have_master = 0;
+    us__ck_t *list = (us__ck_t *)US_MALLOC(sizeof(us__ck_t) * (size_t)nlist);
+    float *hf = (float *)calloc((size_t)(m->n_flat > 0 ? m->n_flat : 1), 4);
+    us_result r;
+    char p[4200];
+    memset(&opt, 0, sizeof opt);
+    if (!list || !hf) { US_FREE(list); US_FREE(hf); us__model_set_error(m, "checkpoint: out of host memory"); return US_ERR_OOM; }
+    us__ckpt_tensors(m, list);
+    if ((r = us__ckin_open_model(m, &in, dir)) != US_OK) { us__ckin_close(&in); US_FREE(list); US_FREE(hf); return r; }
+    r = us__ckpt_read_buf(m, &in, list, nlist, "", 0, hf);
+    if (r == US_OK) r = us__ckpt_upload(m, 0, hf);
+    if (r == US_OK && m->dt == US_BF16 && m->master) {   /* master weights: from the training state, else the file's values */
+        if (resume) {
+            snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
+            if ((r = us__ckin_open1(m, &opt, p)) == US_OK) have_master = us_safetensors_find(&opt.st[0], "master.model.norm.weight") != NULL ||
+                                                                         us_safetensors_find(&opt.st[0], "master.model.embed_tokens.weight") != NULL;
+        }
+        /* else hf still holds the file's weights, a superset of this rank's master range */
+        if (r == US_OK && have_master) { memset(hf, 0, (size_t)m->n_flat * 4); r = us__ckpt_read_buf(m, &opt, list, nlist, "master.", 1, hf); }
+        if (r == US_OK) r = us__ckpt_upload(m, 1, hf);
+    }
+    if (r == US_OK && m->n_moe && m->cfg.moe_balance == US_MOE_BALANCE_BIAS) {   /* the router biases, where the file has them */
+        int l, E = m->cfg.moe_experts;
+        for (l = 0; l < m->cfg.n_layers && r == US_OK; l++) {
+            us__ck_t want;
+            const us_st_tensor *t;
+            int fi = 0;
+            if (m->moe_idx[l] < 0) continue;
+            snprintf(want.name, sizeof want.name, "model.layers.%d.mlp.gate.e_score_correction_bias", m->layer_g[l]);
+            want.rows = E; want.cols = 0;
+            t = us__ckin_check(m, &in, want.name, &want, &fi, 1);
+            if (!t) { if (us__ckin_find(&in, want.name, &fi)) r = US_ERR_FORMAT; continue; }
+            if (strcmp(t->dtype, "F32") || us__pread_all(in.fd[fi], m->moe_bias_h + (size_t)m->moe_idx[l] * E, (size_t)E * 4, in.st[fi].data_start + t->begin)) {
+                us__model_set_error(m, "checkpoint: cannot read %s (it must be F32)", want.name); r = US_ERR_FORMAT;
+            }
+        }
+        if (r == US_OK) m->ops.copy(&m->ops, m->moe_bias, m->moe_bias_h, us__moe_bias_bytes(m), US_COPY_H2D);
+    }
+    if (r == US_OK && resume) {   /* moments */
+        if (!opt.n) { snprintf(p, sizeof p, "%s/optimizer.safetensors", dir); r = us__ckin_open1(m, &opt, p); }
+        for (k = 2; k <= 3 && r == US_OK; k++) {
+            memset(hf, 0, (size_t)m->n_flat * 4);
+            r = us__ckpt_read_buf(m, &opt, list, nlist, k == 2 ? "optimizer.exp_avg." : "optimizer.exp_avg_sq.", k, hf);
+            if (r == US_OK) r = us__ckpt_upload(m, k, hf);
+        }
+    } else if (r == US_OK) {
+        m->ops.zero(&m->ops, m->adam_m, (size_t)(m->tc.zero ? m->shard_n : m->n_flat) * 4);
+        m->ops.zero(&m->ops, m->adam_v, (size_t)(m->tc.zero ? m->shard_n : m->n_flat) * 4);
+    }
+    if (r == US_OK && resume) {   /* trainer_state.json */
+        struct stat sb;
+        us__json j;
+        char *txt = NULL;
+        int fd;
+        snprintf(p, sizeof p, "%s/trainer_state.json", dir);
+        fd = open(p, O_RDONLY);
+        if (fd < 0 || fstat(fd, &sb) || sb.st_size > 65536) { us__model_set_error(m, "checkpoint: cannot read %s (missing, or over 64 KiB)", p); r = US_ERR_IO; }
+        else if (!(txt = (char *)US_MALLOC((size_t)sb.st_size + 1)) || us__pread_all(fd, txt, (size_t)sb.st_size, 0)) { us__model_set_error(m, "checkpoint: cannot read %s", p); r = US_ERR_IO; }
+        if (fd >= 0) close(fd);
+        if (r == US_OK) {
+            char fmt[64], num[32];
+            int64_t step = 0, pos = 0;
+            int rn, q;
+            if (us__json_parse(&j, txt, (size_t)sb.st_size, 4096) != 0) { us__model_set_error(m, "checkpoint: %s: %s", p, j.err); r = US_ERR_FORMAT; }
+            else if (!us__jstr(&j, us__jget(&j, 0, "format"), fmt, sizeof fmt) || strcmp(fmt, "ultrascale-trainer-state") ||
+                     !us__jint(&j, us__jget(&j, 0, "version"), &step) || step != 1) { us__model_set_error(m, "checkpoint: %s is not an ultrascale trainer state of version 1", p); r = US_ERR_FORMAT; }
+            else if (!us__jint(&j, us__jget(&j, 0, "step"), &step) || step < 0 || step > 0x7fffffff || !us__jint(&j, us__jget(&j, 0, "data_position"), &pos) ||
+                     (rn = us__jget(&j, 0, "rng")) < 0 || j.t[rn].type != US__J_ARR || j.t[rn].size > 8) {
+                us__model_set_error(m, "checkpoint: %s needs step, data_position and rng (at most 8)", p); r = US_ERR_FORMAT;
+            } else {
+                m->step = (int)step;
+                if (st) {
+                    memset(st, 0, sizeof *st);
+                    st->step = step; st->data_pos = pos; st->n_rng = j.t[rn].size;
+                    for (q = 0; q < st->n_rng && r == US_OK; q++) {
+                        char *end;
+                        if (!us__jstr(&j, rn + 1 + q, num, sizeof num) || !num[0]) { us__model_set_error(m, "checkpoint: %s: rng entries must be decimal strings", p); r = US_ERR_FORMAT; break; }
+                        errno = 0;
+                        st->rng[q] = strtoull(num, &end, 10);
+                        if (*end || errno) { us__model_set_error(m, "checkpoint: %s: rng entry %d is not a 64-bit number", p, q); r = US_ERR_FORMAT; }
+                    }
+                }
+            }
+            us__json_free(&j);
+        }
+        US_FREE(txt);
+    } else if (r == US_OK) m->step = 0;
+    /* ZeRO-3's gathered weights are stale now */
+    for (k = 0; k < m->n_wslots; k++) m->wslot_unit[k] = -1;
+    for (k = 0; k < m->n_units; k++) m->units[k].wslot = -1;
+    us__ckin_close(&in); us__ckin_close(&opt);
+    US_FREE(list); US_FREE(hf);
+    return r;
+}
+#endif
+
+US_API us_result us_ckpt_load(us_model *m, const char *dir, int resume, us_ckpt_state *st) {
+#if !US__CKPT_POSIX
+    (void)dir; (void)resume; (void)st;
+    us__model_set_error(m, "checkpoint: this build has no POSIX file calls (compile with -D_POSIX_C_SOURCE=200809L)");
+    return us__ckpt_agree(m, US_ERR_IO);
+#else
+    return us__ckpt_agree(m, us__ckpt_load_local(m, dir, resume, st));
+#endif
+}
+
+US_API us_result us_ckpt_read_config(const char *dir, us_model_config *mc, char *err, size_t errlen) {
+#if !US__CKPT_POSIX
+    (void)dir; (void)mc; (void)us__jnum; (void)us__jbool;
+    us__errf(err, errlen, "checkpoint: this build has no POSIX file calls");
+    return US_ERR_IO;
+#else
+    char p[4200], *txt;
+    struct stat sb;
+    us__json j;
+    int fd, q;
+    us_result r = US_OK;
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    fd = open(p, O_RDONLY);
+    if (fd < 0 || fstat(fd, &sb) || sb.st_size > (1 << 20)) { us__errf(err, errlen, "cannot read %s (missing, or over 1 MiB)", p); if (fd >= 0) close(fd); return US_ERR_IO; }
+    txt = (char *)US_MALLOC((size_t)sb.st_size + 1);
+    if (!txt || us__pread_all(fd, txt, (size_t)sb.st_size, 0)) { us__errf(err, errlen, "cannot read %s", p); close(fd); US_FREE(txt); return US_ERR_IO; }
+    close(fd);
+    if (us__json_parse(&j, txt, (size_t)sb.st_size, 100000) != 0 || j.t[0].type != US__J_OBJ) {
+        us__errf(err, errlen, "%s: %s", p, j.err[0] ? j.err : "not a JSON object");
+        us__json_free(&j); US_FREE(txt); return US_ERR_FORMAT;
+    }
+    {
+        static const struct { const char *key; int kind; size_t off; int64_t lo, hi; } F[] = {   /* kind 0 int, 1 int64, 2 float, 3 bool */
+            {"vocab_size", 1, offsetof(us_model_config, vocab), 1, (int64_t)1 << 31}, {"hidden_size", 1, offsetof(us_model_config, dim), 1, (int64_t)1 << 20},
+            {"num_hidden_layers", 0, offsetof(us_model_config, n_layers), 1, 1 << 16}, {"num_attention_heads", 0, offsetof(us_model_config, n_heads), 1, 1 << 16},
+            {"num_key_value_heads", 0, offsetof(us_model_config, n_kv_heads), 1, 1 << 16}, {"intermediate_size", 1, offsetof(us_model_config, ffn_dim), 1, (int64_t)1 << 24},
+            {"tie_word_embeddings", 3, offsetof(us_model_config, tie_embeddings), 0, 1}, {"rope_theta", 2, offsetof(us_model_config, rope_theta), 0, 0},
+            {"rms_norm_eps", 2, offsetof(us_model_config, norm_eps), 0, 0}, {"n_routed_experts", 0, offsetof(us_model_config, moe_experts), 0, 1024},
+            {"num_experts_per_tok", 0, offsetof(us_model_config, moe_top_k), 0, 1024}, {"moe_intermediate_size", 1, offsetof(us_model_config, moe_ffn_dim), 0, (int64_t)1 << 24},
+            {"n_shared_experts", 0, offsetof(us_model_config, moe_shared), 0, 1}, {"first_k_dense_replace", 0, offsetof(us_model_config, moe_first_dense), 0, 1 << 16},
+            {"moe_layer_freq", 0, offsetof(us_model_config, moe_every), 0, 1 << 16}, {"n_group", 0, offsetof(us_model_config, moe_groups), 0, 64},
+            {"topk_group", 0, offsetof(us_model_config, moe_top_groups), 0, 64}, {"ultrascale_moe_balance", 0, offsetof(us_model_config, moe_balance), 0, 3}};
+        for (q = 0; q < (int)(sizeof F / sizeof F[0]) && r == US_OK; q++) {
+            int k = us__jget(&j, 0, F[q].key), b;
+            int64_t v = 0;
+            double d = 0;
+            char *fld = (char *)mc + F[q].off;
+            if (k < 0 || (j.t[k].type == US__J_LIT && j.s[j.t[k].start] == 'n')) continue;   /* absent or null: the default */
+            if (F[q].kind == 2) {
+                float cur, x;
+                if (!us__jnum(&j, k, &d) || !(d > 0) || d > 1e30) { us__errf(err, errlen, "%s: %s must be a positive number", p, F[q].key); r = US_ERR_FORMAT; break; }
+                memcpy(&cur, fld, 4); x = (float)d;
+                if (cur != 0 && cur != x) { us__errf(err, errlen, "%s says %s = %g but the model config sets %g", p, F[q].key, (double)x, (double)cur); r = US_ERR_INVALID; break; }
+                memcpy(fld, &x, 4);
+                continue;
+            }
+            if (F[q].kind == 3) { if (!us__jbool(&j, k, &b)) { us__errf(err, errlen, "%s: %s must be true or false", p, F[q].key); r = US_ERR_FORMAT; break; } v = b; }
+            else if (!us__jint(&j, k, &v) || v < F[q].lo || v > F[q].hi) { us__errf(err, errlen, "%s: %s must be an integer in %lld..%lld", p, F[q].key, (long long)F[q].lo, (long long)F[q].hi); r = US_ERR_FORMAT; break; }
+            if (F[q].kind == 1) {
+                int64_t cur; memcpy(&cur, fld, 8);
+                if (cur != 0 && cur != v) { us__errf(err, errlen, "%s says %s = %lld but the model config sets %lld", p, F[q].key, (long long)v, (long long)cur); r = US_ERR_INVALID; break; }
+                memcpy(fld, &v, 8);
+            } else {
+                int cur, x = (int)v; memcpy(&cur, fld, sizeof(int));
+                if (F[q].kind == 3 && x == 0) continue;   /* untied: the default */
+                if (cur != 0 && cur != x) { us__errf(err, errlen, "%s says %s = %d but the model config sets %d", p, F[q].key, x, cur); r = US_ERR_INVALID; break; }
+                memcpy(fld, &x, sizeof(int));
+            }
+        }
+        {   /* what this model cannot represent is refused rather than silently dropped */
+            int k2, b2;
+            char act[32];
+            if (r == US_OK && (k2 = us__jget(&j, 0, "rope_scaling")) >= 0 && !(j.t[k2].type == US__J_LIT && j.s[j.t[k2].start] == 'n')) {
+                us__errf(err, errlen, "%s: rope_scaling is set, and this library has plain RoPE only", p); r = US_ERR_FORMAT;
+            }
+            if (r == US_OK && ((us__jbool(&j, us__jget(&j, 0, "attention_bias"), &b2) && b2) || (us__jbool(&j, us__jget(&j, 0, "mlp_bias"), &b2) && b2))) {
+                us__errf(err, errlen, "%s: attention_bias / mlp_bias is true, and this library's linear layers have no bias", p); r = US_ERR_FORMAT;
+            }
+            if (r == US_OK && us__jstr(&j, us__jget(&j, 0, "hidden_act"), act, sizeof act) && strcmp(act, "silu")) {
+                us__errf(err, errlen, "%s: hidden_act is %s; this library's MLP is SwiGLU (silu)", p, act); r = US_ERR_FORMAT;
+            }
+        }
+        {   /* DeepSeek's scoring function; head_dim must be hidden/heads here */
+            char sf[32];
+            int64_t hd;
+            if (r == US_OK && us__jstr(&j, us__jget(&j, 0, "scoring_func"), sf, sizeof sf) && !mc->moe_gate) mc->moe_gate = !strcmp(sf, "sigmoid") ? US_MOE_SIGMOID : US_MOE_SOFTMAX;
+            if (r == US_OK && us__jint(&j, us__jget(&j, 0, "head_dim"), &hd) && mc->n_heads > 0 && hd * mc->n_heads != mc->dim) {
+                us__errf(err, errlen, "%s: head_dim %lld is not hidden_size/num_attention_heads = %lld, which this library assumes", p, (long long)hd, (long long)(mc->dim / mc->n_heads));
+                r = US_ERR_FORMAT;
+            }
+        }
+    }
+    us__json_free(&j);
+    US_FREE(txt);
+    return r;
+#endif
+}
+
+#if US__CKPT_POSIX
+/* The step number of a name "step_N" (complete: no suffix), or -1. */
+static long long us__ckpt_stepname(const char *s) {
+    long long v = 0;
+    if (strncmp(s, "step_", 5)) return -1;
+    s += 5;
+    if (!*s) return -1;
+    for (; *s; s++) { if (*s < '0' || *s > '9' || v > 100000000000LL) return -1; v = v * 10 + (*s - '0'); }
+    return v;
+}
+#endif
+US_API us_result us_ckpt_latest(const char *dir, char *out, size_t outlen, char *err, size_t errlen) {
+#if !US__CKPT_POSIX
+    (void)dir; (void)out; (void)outlen;
+    us__errf(err, errlen, "checkpoint: this build has no POSIX file calls");
+    return US_ERR_IO;
+#else
+    char p[4200];
+    struct stat sb;
+    DIR *d;
+    struct dirent *e;
+    long long best = -1;
+    char bestname[256] = "";
+    snprintf(p, sizeof p, "%s/trainer_state.json", dir);
+    if (stat(p, &sb) == 0) { snprintf(out, outlen, "%s", dir); return US_OK; }
+    if (!(d = opendir(dir))) { us__errf(err, errlen, "cannot open checkpoint directory %s: %s", dir, strerror(errno)); return US_ERR_IO; }
+    while ((e = readdir(d)) != NULL) {
+        long long s = us__ckpt_stepname(e->d_name);
+        if (s <= best) continue;
+        snprintf(p, sizeof p, "%s/%s/trainer_state.json", dir, e->d_name);
+        if (stat(p, &sb) == 0) { best = s; snprintf(bestname, sizeof bestname, "%s", e->d_name); }
+    }
+    closedir(d);
+    if (best < 0) { us__errf(err, errlen, "%s holds no complete checkpoint (no trainer_state.json, no step_N directory with one)", dir); return US_ERR_IO; }
+    snprintf(out, outlen, "%s/%s", dir, bestname);
+    return US_OK;
+#endif
+}
+US_API us_result us_ckpt_prune(const char *dir, int keep, char *err, size_t errlen) {
+#if !US__CKPT_POSIX
+    (void)dir; (void)keep;
+    us__errf(err, errlen, "checkpoint: this build has no POSIX file calls");
+    return US_ERR_IO;
+#else
+    DIR *d;
+    struct dirent *e;
+    long long steps[1024];
+    char names[1024][64], p[4200];
+    int n = 0, i, j;
+    if (keep < 1) return US_OK;
+    if (!(d = opendir(dir))) { us__errf(err, errlen, "cannot open checkpoint directory %s: %s", dir, strerror(errno)); return US_ERR_IO; }
+    while ((e = readdir(d)) != NULL && n < 1024) {
+        long long s = us__ckpt_stepname(e->d_name);
+        size_t L = strlen(e->d_name);
+        if (s < 0 && L > 4 && L < 60 && !strcmp(e->d_name + L - 4, ".tmp")) {   /* a stale half-written one */
+            char base[64];
+            snprintf(base, sizeof base, "%.*s", (int)(L - 4 < 63 ? L - 4 : 63), e->d_name);
+            if (us__ckpt_stepname(base) >= 0) { snprintf(names[n], sizeof names[n], "%.63s", e->d_name); steps[n++] = -2; }
+            continue;
+        }
+        if (s < 0 || L >= 60) continue;
+        snprintf(names[n], sizeof names[n], "%.63s", e->d_name); steps[n++] = s;
+    }
+    closedir(d);
+    for (i = 0; i < n; i++) {
+        int newer = 0;
+        for (j = 0; j < n; j++) newer += steps[j] > steps[i];
+        if (steps[i] == -2 || newer >= keep) { snprintf(p, sizeof p, "%.4000s/%.63s", dir, names[i]); us__rm_tree(p); }
+    }
+    return US_OK;
+#endif
 }
 
 /* ------------------------------------------------------------------------------------ */

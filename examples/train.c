@@ -26,6 +26,7 @@
 #include "../ultrascale_comm.h"
 
 #include <errno.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,6 +111,14 @@ static void usage(FILE *f) {
         "  --comm-timeout S  a collective that cannot finish in S seconds fails the run (default 300)\n"
         "  --trace FILE.json Chrome / Perfetto trace: one row per rank and stream\n"
         "data and output:\n"
+        "  --save DIR        write checkpoints into DIR/step_N (safetensors with Hugging Face names,\n"
+        "                    config.json, optimizer state); at the end, and every --save-every N steps\n"
+        "  --save-every N    checkpoint every N steps (default 0: only at the end)\n"
+        "  --keep K          keep the K newest checkpoints in --save DIR (default 3; 0 = all)\n"
+        "  --resume DIR      continue a run from DIR (a checkpoint, or the newest DIR/step_N): weights,\n"
+        "                    optimizer moments, step, data position; the model shape comes from config.json\n"
+        "  --init-from DIR   start from the weights of DIR (ours or a Hugging Face Llama directory with\n"
+        "                    config.json and model.safetensors or shards + index): fine-tuning\n"
         "  --data FILE       raw text (byte tokens) or llm.c .bin shard; default: the built-in sorting task\n"
         "  --log FILE.jsonl  one JSON object per step\n"
         "  --eval-every N    evaluate every N steps, 0 = only at the end (default 100)\n"
@@ -232,6 +241,9 @@ typedef struct opts {
     us_model_config mc;
     us_train_config tc;      /* tc.batch: the group's micro-batch; each rank runs batch/dp */
     const char *data_path, *log_path, *trace_path;
+    const char *save_dir, *resume_dir, *init_dir;   /* checkpoints (// >>checkpoint) */
+    int save_every, keep;
+    char ckpt_from[4096];    /* the checkpoint --resume or --init-from resolved to */
     int eval_every, sample_n, top_k, quiet, gpu, gpu_set, use_cuda, nproc;
     int pp_layers_n;         /* how many counts --pp-layers gave */
     float temperature, peak_tflops, comm_timeout;
@@ -327,6 +339,19 @@ static us_result run_rank(us_comm *comm, void *arg) {
     us_task_init(&task, tc.seed);
     us_task_init(&eval_task, tc.seed + 7777);   /* a different stream: problems not trained on */
     us_rng_seed(&rng, tc.seed);
+    if (o->ckpt_from[0]) {   /* --resume: everything, and the data streams where they were; --init-from: weights */
+        us_ckpt_state cs;
+        memset(&cs, 0, sizeof cs);
+        if ((r = us_ckpt_load(&m, o->ckpt_from, o->resume_dir != NULL, &cs)) != US_OK) {
+            fprintf(stderr, "train: rank %d: %s\n", rank, us_model_error(&m));
+            goto done_model;
+        }
+        if (o->resume_dir) {
+            if (cs.n_rng != 3) { fprintf(stderr, "train: %s has %d RNG states, not the trainer's 3\n", o->ckpt_from, cs.n_rng); r = US_ERR_FORMAT; goto done_model; }
+            task.rng.s = cs.rng[0]; eval_task.rng.s = cs.rng[1]; rng.s = cs.rng[2];
+        }
+        if (loud) printf("checkpoint: %s %s at step %d\n", o->resume_dir ? "resumed from" : "initialised from", o->ckpt_from, m.step);
+    }
     flops_tok = us_flops_per_token(&mc, tc.seq);   /* the whole model (a pipeline stage holds a part) */
     if (loud)
         printf("model: %lld params (L=%d C=%lld NH=%d NKV=%d F=%lld V=%lld%s) | %s | recompute %s | B=%d T=%d accum=%d dp=%d cp=%d tp=%d zero=%d | %s | %s | memory %.2f MiB/rank\n",
@@ -344,7 +369,7 @@ static us_result run_rank(us_comm *comm, void *arg) {
 #ifdef ULTRASCALE_NCCL
     if (have_nccl) watchdog_start(&wd, rank, o->comm_timeout);
 #endif
-    for (i = 0; i < tc.steps; i++) {
+    for (i = m.step; i < tc.steps; i++) {
         us_step_stats st;
         double t0 = now_s(), dt, tok_s, mfu, eval_loss = -1, eval_acc = -1;
         int k;
@@ -417,6 +442,18 @@ static us_result run_rank(us_comm *comm, void *arg) {
             if (eval_loss >= 0) fprintf(logf, ", \"eval_loss\": %.6f, \"eval_acc\": %.6f", eval_loss, eval_acc);
             fprintf(logf, "}\n");
             fflush(logf);
+        }
+        if (o->save_dir && ((o->save_every && st.step % o->save_every == 0) || st.step == tc.steps)) {
+            /* every rank writes its slices into one layout-free checkpoint (a collective) */
+            us_ckpt_state cs;
+            char dir[4200];
+            double t1 = now_s();
+            memset(&cs, 0, sizeof cs);
+            cs.n_rng = 3; cs.rng[0] = task.rng.s; cs.rng[1] = eval_task.rng.s; cs.rng[2] = rng.s; cs.data_pos = st.step;
+            snprintf(dir, sizeof dir, "%s/step_%08d", o->save_dir, st.step);
+            if ((r = us_ckpt_save(&m, dir, &cs, NULL)) != US_OK) { fprintf(stderr, "train: rank %d: %s\n", rank, us_model_error(&m)); break; }
+            if (rank == 0 && us_ckpt_prune(o->save_dir, o->keep, err, sizeof err) != US_OK) fprintf(stderr, "train: %s\n", err);
+            if (loud) printf("checkpoint: saved %s in %.2f s\n", dir, now_s() - t1);
         }
     }
 #ifdef ULTRASCALE_NCCL
@@ -528,7 +565,7 @@ int main(int argc, char **argv) {
     memset(&mc, 0, sizeof mc);
     memset(&tc, 0, sizeof tc);
     memset(&o, 0, sizeof o);
-    o.eval_every = 100; o.temperature = 0.8f;
+    o.eval_every = 100; o.temperature = 0.8f; o.keep = 3;
 #ifdef US_CUDA
     o.use_cuda = 1;
 #endif
@@ -617,6 +654,11 @@ int main(int argc, char **argv) {
             } else return bad("--device must be cpu or cuda, got", v);
         }
         else if (!strcmp(f, "--data")) o.data_path = v;
+        else if (!strcmp(f, "--save")) o.save_dir = v;
+        else if (!strcmp(f, "--save-every")) ok = parse_int(v, 1, 1 << 30, &o.save_every);
+        else if (!strcmp(f, "--keep")) ok = parse_int(v, 0, 1 << 20, &o.keep);
+        else if (!strcmp(f, "--resume")) o.resume_dir = v;
+        else if (!strcmp(f, "--init-from")) o.init_dir = v;
         else if (!strcmp(f, "--log")) o.log_path = v;
         else if (!strcmp(f, "--eval-every")) ok = parse_int(v, 0, 1 << 30, &o.eval_every);
         else if (!strcmp(f, "--sample")) ok = parse_int(v, 0, 1 << 24, &o.sample_n);
@@ -671,6 +713,16 @@ int main(int argc, char **argv) {
         return 2;
     }
     tc.grad_clip = clip > 0 ? clip : -1.0f;
+    if (o.save_every && !o.save_dir) { fprintf(stderr, "train: --save-every needs --save DIR\n"); return 2; }
+    if (o.resume_dir && o.init_dir) { fprintf(stderr, "train: --resume continues a run and --init-from starts a new one from weights: give one of them\n"); return 2; }
+    if (o.resume_dir || o.init_dir) {   /* the model's shape comes from the checkpoint's config.json */
+        const char *from = o.resume_dir ? o.resume_dir : o.init_dir;
+        if (o.resume_dir) {
+            if (us_ckpt_latest(from, o.ckpt_from, sizeof o.ckpt_from, err, sizeof err) != US_OK) { fprintf(stderr, "train: --resume: %s\n", err); return 2; }
+        } else snprintf(o.ckpt_from, sizeof o.ckpt_from, "%s", from);
+        if (us_ckpt_read_config(o.ckpt_from, &mc, err, sizeof err) != US_OK) { fprintf(stderr, "train: %s\n", err); return 2; }
+    }
+    if (o.save_dir && mkdir(o.save_dir, 0755) != 0 && errno != EEXIST) { fprintf(stderr, "train: cannot create --save directory %s: %s\n", o.save_dir, strerror(errno)); return 2; }
     if (!o.data_path) {   /* the built-in task: a small model, sequences of whole problems */
         if (!tc.seq) tc.seq = 4 * US_TASK_LINE - 1;
         if (!tc.batch) tc.batch = 16;
