@@ -18,7 +18,7 @@ SANFLAGS = -std=c99 -Wall -Wextra -O1 -g $(ARCH) $(OPENMP) -D_POSIX_C_SOURCE=200
 B        = build
 HDR      = ultrascale.h ultrascale_comm.h
 
-EXAMPLES = $(B)/train $(B)/memory $(B)/quickstart $(B)/dp_quickstart $(B)/cp_memory $(B)/schedule
+EXAMPLES = $(B)/train $(B)/memory $(B)/quickstart $(B)/dp_quickstart $(B)/cp_memory $(B)/schedule $(B)/plan $(B)/figures
 ifeq ($(CUDA),1)
 EXAMPLES += $(B)/train_cuda
 endif

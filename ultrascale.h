@@ -6148,7 +6148,13 @@ static int us__pp_rank0_layers(const us_model_config *mc, const us_train_config 
     }
     return n;
 }
+static us_result us__memory_estimate(const us_model_config *mc_in, const us_train_config *tc_in, us_memory *out, int *peak_io, char *err, size_t errlen);
 US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train_config *tc_in, us_memory *out, char *err, size_t errlen) {
+    return us__memory_estimate(mc_in, tc_in, out, NULL, err, errlen);
+}
+/* peak_io (the planner's cache): if > 0, the first pipeline rank's peak of held micro-batch chunks,
+   known from an earlier call with the same schedule, pp, micro-batches and chunks; if 0, set here */
+static us_result us__memory_estimate(const us_model_config *mc_in, const us_train_config *tc_in, us_memory *out, int *peak_io, char *err, size_t errlen) {
     us_model_config mc = *mc_in;
     us_train_config tc = *tc_in;
     us_result r = us_config_validate(&mc, &tc, err, errlen);
@@ -6161,9 +6167,13 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
     if (tc.pp > 1) {   /* the first pipeline rank: its stages, and the activations its schedule holds */
         us_pp_sim sim;
         if (us_pp_schedule_build(&ps, (us_pp_kind)tc.pp_schedule, tc.pp, tc.grad_accum, tc.pp_chunks, err, errlen) != US_OK) return US_ERR_INVALID;
-        r = us_pp_simulate(&ps, 1, 2, 0, &sim, err, errlen);
-        if (r != US_OK) { us_pp_schedule_free(&ps); return r; }
-        peak = sim.peak_act[0];
+        if (peak_io && *peak_io > 0) peak = *peak_io;
+        else {
+            r = us_pp_simulate(&ps, 1, 2, 0, &sim, err, errlen);
+            if (r != US_OK) { us_pp_schedule_free(&ps); return r; }
+            peak = sim.peak_act[0];
+            if (peak_io) *peak_io = peak;
+        }
         psp = &ps;
     }
     a = tc.precision == US_PRECISION_BF16 ? 2 : 4;
@@ -6406,7 +6416,27 @@ static double us__dp_exposed(double t_comm, double window, double bytes, double 
     return (t_comm > window ? t_comm - window : 0) + last;
 }
 
+/* The search's memo of what depends on the schedule's shape alone (kind, pp, micro-batches,
+   chunks): the first rank's activation peak, and the makespan at unit forward cost for the
+   backward/forward and weight/forward ratios last seen (makespan scales with the costs). */
+typedef struct us__plan_memo { int kind, pp, m, v, peak; double rb, rw, span1; } us__plan_memo;
+static us_result us__plan_cost(const us_model_config *mc_in, const us_train_config *tc_in, const us_plan_cluster *cl_in, us_plan *out,
+                               us__plan_memo *memo, char *err, size_t errlen);
 US_API us_result us_plan_cost(const us_model_config *mc_in, const us_train_config *tc_in, const us_plan_cluster *cl_in, us_plan *out, char *err, size_t errlen) {
+    return us__plan_cost(mc_in, tc_in, cl_in, out, NULL, err, errlen);
+}
+static us__plan_memo *us__plan_memo_of(us__plan_memo *memo, int n, const us_train_config *tc) {
+    int h = (int)(((unsigned)tc->pp_schedule * 131u + (unsigned)tc->pp * 31u + (unsigned)tc->grad_accum * 7u + (unsigned)tc->pp_chunks) % (unsigned)n);
+    us__plan_memo *e = &memo[h];
+    if (e->kind != tc->pp_schedule || e->pp != tc->pp || e->m != tc->grad_accum || e->v != tc->pp_chunks) {
+        memset(e, 0, sizeof *e);
+        e->kind = tc->pp_schedule; e->pp = tc->pp; e->m = tc->grad_accum; e->v = tc->pp_chunks;
+    }
+    return e;
+}
+#define US__PLAN_MEMO 4096
+static us_result us__plan_cost(const us_model_config *mc_in, const us_train_config *tc_in, const us_plan_cluster *cl_in, us_plan *out,
+                               us__plan_memo *memo, char *err, size_t errlen) {
     us_model_config mc = *mc_in;
     us_train_config tc = *tc_in;
     us_plan_cluster cl = *cl_in;
@@ -6431,7 +6461,10 @@ US_API us_result us_plan_cost(const us_model_config *mc_in, const us_train_confi
     }
     memset(out, 0, sizeof *out);
     out->tc = tc;
-    if ((r = us_memory_estimate(&mc, &tc, &out->mem, err, errlen)) != US_OK) return r;
+    {
+        us__plan_memo *e = memo && tc.pp > 1 ? us__plan_memo_of(memo, US__PLAN_MEMO, &tc) : NULL;
+        if ((r = us__memory_estimate(&mc, &tc, &out->mem, e ? &e->peak : NULL, err, errlen)) != US_OK) return r;
+    }
     out->fits = (double)out->mem.total + cl.reserve_gib * 1073741824.0 <= cl.gpu_mem_gib * 1073741824.0;
 
     tp = tc.tp; cp = tc.cp; pp = tc.pp; dp = tc.dp; Z = tc.zero; m = tc.grad_accum; v = pp > 1 ? tc.pp_chunks : 1;
@@ -6515,11 +6548,18 @@ US_API us_result us_plan_cost(const us_model_config *mc_in, const us_train_confi
         us_pp_schedule s;
         us_pp_sim sim;
         double tF = cF + (kTP + kCP + kEP) * (1.0 / 3), tB = cB + cR + (kTP + kCP + kEP) * (2.0 / 3), tW = cW;
-        if ((r = us_pp_schedule_build(&s, (us_pp_kind)tc.pp_schedule, pp, m, v, err, errlen)) != US_OK) return r;
-        r = us_pp_simulate(&s, tF, tB, tW, &sim, err, errlen);
-        us_pp_schedule_free(&s);
-        if (r != US_OK) return r;
-        out->t_bubble = sim.makespan - (double)m * v * (tF + tB + tW);
+        us__plan_memo *e = memo ? us__plan_memo_of(memo, US__PLAN_MEMO, &tc) : NULL;
+        double span;
+        if (e && e->span1 > 0 && e->rb == tB / tF && e->rw == tW / tF) span = e->span1 * tF;
+        else {
+            if ((r = us_pp_schedule_build(&s, (us_pp_kind)tc.pp_schedule, pp, m, v, err, errlen)) != US_OK) return r;
+            r = us_pp_simulate(&s, tF, tB, tW, &sim, err, errlen);
+            us_pp_schedule_free(&s);
+            if (r != US_OK) return r;
+            span = sim.makespan;
+            if (e) { e->rb = tB / tF; e->rw = tW / tF; e->span1 = span / tF; }
+        }
+        out->t_bubble = span - (double)m * v * (tF + tB + tW);
         if (out->t_bubble < 0) out->t_bubble = 0;
         t_msg = us__coll_s(US__P2P, n * C * 2, 2, w_pp, lat);
         out->t_p2p = 2.0 * (S - 1) * t_msg;
@@ -6542,6 +6582,17 @@ US_API us_result us_plan_cost(const us_model_config *mc_in, const us_train_confi
     return US_OK;
 }
 
+/* A lower bound of us_memory_estimate's weights, gradients, master and AdamW bytes, without
+   building anything: the first pipeline rank holds at least floor(L/(pp·v))·v layers, each at
+   least its attention (dense: and MLP) weights over tp, sharded by ZeRO over dp·cp. The search
+   skips the estimate (and the schedule simulation inside it) where even this cannot fit. */
+static double us__plan_state_bound(const us_model_config *mc, const us_train_config *tc) {
+    double C = (double)mc->dim, HS = C / mc->n_heads, g = (double)tc->dp * tc->cp;
+    double Pl = C * (mc->n_heads + 2.0 * mc->n_kv_heads) * HS + C * mc->n_heads * HS + (mc->moe_experts ? 0 : 3.0 * C * mc->ffn_dim);
+    int v = tc->pp > 1 ? (tc->pp_chunks ? tc->pp_chunks : 1) : 1, S = tc->pp * v;
+    double psi = (double)(mc->n_layers / S) * v * Pl / tc->tp, Z = tc->zero;
+    return psi * (2.0 / (Z == 3 ? g : 1) + 4.0 / (Z >= 2 ? g : 1) + 12.0 / (Z >= 1 ? g : 1));
+}
 static int us__plan_cmp(const void *a, const void *b) {
     const us_plan *p = (const us_plan *)a, *q = (const us_plan *)b;   /* faster first; at equal time, less memory */
     if (p->t_step != q->t_step) return p->t_step < q->t_step ? -1 : 1;
@@ -6555,6 +6606,7 @@ US_API us_result us_plan_enumerate(const us_model_config *mc_in, const us_plan_c
     us_plan_cluster cl = *cl_in;
     us_plan_request q = *q_in;
     us_plan p;
+    us__plan_memo *memo;
     int64_t world, Gs, nv = 0, nf = 0;
     int tp, cp, pp, dp, ep, z, sp, mb, rc, k, nk, kept = 0, worst = -1;
     char e2[256];
@@ -6574,6 +6626,8 @@ US_API us_result us_plan_enumerate(const us_model_config *mc_in, const us_plan_c
     if (q.top < 1 || q.max_micro_batch < 1) { us__errf(err, errlen, "top=%d and max micro-batch=%d must be at least 1", q.top, q.max_micro_batch); return US_ERR_INVALID; }
     world = (int64_t)cl.gpus_per_node * cl.nodes;
     Gs = q.global_tokens / q.seq;   /* sequences per step = dp · micro-batch · grad-accum */
+    if (!(memo = (us__plan_memo *)US_MALLOC(US__PLAN_MEMO * sizeof *memo))) { us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
+    memset(memo, 0, US__PLAN_MEMO * sizeof *memo);
     for (tp = 1; tp <= world; tp++) { if (world % tp) continue;
     for (cp = 1; cp <= world / tp; cp++) { if ((world / tp) % cp) continue;
     for (pp = 1; pp <= world / tp / cp; pp++) { if ((world / tp / cp) % pp) continue;
@@ -6596,9 +6650,10 @@ US_API us_result us_plan_enumerate(const us_model_config *mc_in, const us_plan_c
                 tc.batch = mb; tc.grad_accum = (int)(Gs / dp / mb); tc.seq = q.seq;
                 tc.recompute = (us_recompute)rc; tc.precision = US_PRECISION_BF16;
                 if (pp > 1) { tc.pp_schedule = kinds[k]; tc.pp_chunks = kinds[k] == US_PP_INTERLEAVED || kinds[k] == US_PP_ZBV ? 2 : 1; }
-                if (us_plan_cost(&mc, &tc, &cl, &p, e2, sizeof e2) != US_OK) continue;   /* not a valid configuration */
+                { us_model_config m2 = mc; us_train_config t2 = tc; if (us_config_validate(&m2, &t2, e2, sizeof e2) != US_OK) continue; }
                 nv++;
-                if (!p.fits) continue;
+                if (us__plan_state_bound(&mc, &tc) + cl.reserve_gib * 1073741824.0 > cl.gpu_mem_gib * 1073741824.0) continue;   /* cannot fit */
+                if (us__plan_cost(&mc, &tc, &cl, &p, memo, e2, sizeof e2) != US_OK || !p.fits) continue;
                 nf++;
                 if (kept < q.top) { out[kept++] = p; worst = -1; }
                 else {
@@ -6609,6 +6664,7 @@ US_API us_result us_plan_enumerate(const us_model_config *mc_in, const us_plan_c
             }
         }}}}}
     }}}
+    US_FREE(memo);
     qsort(out, (size_t)kept, sizeof *out, us__plan_cmp);
     *n_out = kept;
     if (n_valid) *n_valid = nv;
