@@ -152,3 +152,7 @@ clean:
 # ---- GPU benchmarks (run on the GPU machine; see bench/run_gpu.sh)
 $(B)/bench_cuda: bench/bench_cuda.cu $(HDR) ultrascale_cuda.cuh | $(B)
 	$(NVCC) $(NVFLAGS) $< -o $@ $(NVLIBS)
+
+# the planner's rates measured on this machine (GEMM, attention, HBM, NCCL on 2 GPUs): bench/calibrate.cu
+$(B)/calibrate: bench/calibrate.cu $(HDR) ultrascale_cuda.cuh | $(B)
+	$(NVCC) $(NVFLAGS) $< -o $@ $(NVLIBS)
