@@ -112,6 +112,7 @@ RUNS = \
   "dp quick start runs (4 threads, ZeRO-2)::./$(B)/dp_quickstart | grep -q 'step 100 loss'" \
   "cp_memory prints the table::./$(B)/cp_memory | grep -q '^  131072'" \
   "memory CLI::bash tests/test_memory_cli.sh $(B)/memory" \
+  "plan CLI::bash tests/test_plan_cli.sh $(B)/plan $(B)/train" \
   "test_cuda (needs a GPU)::if [ -x $(B)/test_cuda ]; then ./$(B)/test_cuda; else echo 'SKIP not built'; fi" \
   "flash_test (needs a GPU)::if [ -x $(B)/flash_test ]; then ./$(B)/flash_test; else echo 'SKIP not built'; fi" \
   "asan+ubsan test_dtypes::./$(B)/san/test_dtypes" \

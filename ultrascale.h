@@ -6638,7 +6638,7 @@ US_API us_result us_plan_enumerate(const us_model_config *mc_in, const us_plan_c
         probe.tp = tp; probe.cp = cp; probe.pp = pp; probe.dp = dp; probe.seq = q.seq;
         { us_model_config m2 = mc; if (us_config_validate(&m2, &probe, e2, sizeof e2) != US_OK) continue; }
         for (ep = 1; ep <= dp * cp; ep++) { if ((dp * cp) % ep || (ep > 1 && (!mc.moe_experts || mc.moe_experts % ep))) continue;
-        for (z = 0; z <= 3; z++) {
+        for (z = 0; z <= (dp * cp > 1 ? 3 : 0); z++) {   /* ZeRO shards over dp·cp: one rank has nothing to shard */
         for (sp = 0; sp <= (tp > 1); sp++) {
         for (mb = 1; mb <= q.max_micro_batch && mb <= Gs / dp; mb++) { if ((Gs / dp) % mb) continue;
         for (rc = US_RECOMPUTE_NONE; rc <= US_RECOMPUTE_FULL; rc++) {

@@ -41,7 +41,8 @@ static void usage(FILE *f) {
         "model:\n"
         "  --model NAME      llama-1b | llama-3b | llama-8b | llama-70b | llama-405b | mixtral-8x7b (default llama-1b)\n"
         "  --layers N --dim N --heads N --kv-heads N --ffn N --vocab N --tied --experts N --top-k N\n"
-        "                    override the preset's dimensions (--experts makes a MoE model, experts of --ffn)\n"
+        "                    override the preset's dimensions (without --model: the library's defaults\n"
+        "                    and untied embeddings under them); --experts makes a MoE model, experts of --ffn\n"
         "cluster:\n"
         "  --gpus-per-node N default 8          --nodes N          default 1\n"
         "  --gpu-mem GIB     default 80         --reserve GIB      memory left free, default 3\n"
@@ -80,6 +81,15 @@ static int num_d(const char *s, double lo, double hi, double *out) {
     *out = v; return 1;
 }
 
+static int is_value_flag(const char *f) {
+    static const char *const v[] = {"--model", "--layers", "--dim", "--heads", "--kv-heads", "--ffn", "--vocab", "--experts", "--top-k",
+        "--gpus-per-node", "--nodes", "--global-batch", "--seq", "--max-micro-batch", "--top", "--random", "--seed", "--gpu-mem", "--reserve",
+        "--gemm-tflops", "--attn-fwd-tflops", "--attn-bwd-tflops", "--hbm-gbps", "--intra-gbps", "--inter-gbps", "--latency-us", "--peak-tflops",
+        "--cp-attn-eff", "--rates", "--tsv", "--svg"};
+    size_t i;
+    for (i = 0; i < sizeof v / sizeof v[0]; i++) if (!strcmp(f, v[i])) return 1;
+    return 0;
+}
 static void cfg_name(const us_plan *p, char *b, size_t n) {
     const us_train_config *t = &p->tc;
     int k = snprintf(b, n, "dp%d tp%d pp%d cp%d", t->dp, t->tp, t->pp, t->cp);
@@ -119,6 +129,7 @@ static void explain(const us_plan *best, const us_plan *o, const char *family) {
 /* the sweep: the Playbook's benchmark heatmap (T 4096, 1M tokens), predicted */
 static int sweep(us_plan_cluster cl0, const char *svg) {
     static const char *const models[] = {"llama-1b", "llama-3b", "llama-8b", "llama-70b", "llama-405b"};
+    static const char *const labels[] = {"1B", "3B", "8B", "70B", "405B"};
     static const int nodes[] = {1, 2, 4, 8, 16, 32, 64};
     enum { NM = 5, NN = 7 };
     double mfu[NM][NN];
@@ -168,7 +179,7 @@ static int sweep(us_plan_cluster cl0, const char *svg) {
         for (j = 0; j < NN; j++) fprintf(f, "<text x=\"%d\" y=\"72\" font-size=\"12\" text-anchor=\"middle\">%d node%s</text>\n", 130 + j * 120 + 60, nodes[j], nodes[j] > 1 ? "s" : "");
         for (i = 0; i < NM; i++) {
             int y = 82 + i * 60;
-            fprintf(f, "<text x=\"120\" y=\"%d\" font-size=\"13\" text-anchor=\"end\">%s</text>\n", y + 34, models[i] + 6);
+            fprintf(f, "<text x=\"120\" y=\"%d\" font-size=\"13\" text-anchor=\"end\">%s</text>\n", y + 34, labels[i]);
             for (j = 0; j < NN; j++) {
                 int x = 130 + j * 120;
                 if (mfu[i][j] < 0) {
@@ -202,8 +213,15 @@ int main(int argc, char **argv) {
     int do_sweep = 0, i;
     char err[256];
     memset(&cl, 0, sizeof cl); memset(&q, 0, sizeof q); memset(&given, 0, sizeof given);
-    apply_preset(&presets[0], &mc);
-    /* the preset first, whatever the flag order */
+    /* the preset first, whatever the flag order; without --model, llama-1b unless dimensions are
+       given (then the library's defaults fill what is not, untied) */
+    {
+        int dims = 0;
+        for (i = 1; i < argc; i++)
+            if (!strcmp(argv[i], "--layers") || !strcmp(argv[i], "--dim") || !strcmp(argv[i], "--heads") || !strcmp(argv[i], "--kv-heads") ||
+                !strcmp(argv[i], "--ffn") || !strcmp(argv[i], "--vocab")) dims = 1;
+        if (dims) memset(&mc, 0, sizeof mc); else apply_preset(&presets[0], &mc);
+    }
     for (i = 1; i < argc; i++) if (!strcmp(argv[i], "--model") && i + 1 < argc) {
         const preset *p = find_preset(argv[i + 1]);
         if (!p) return bad("unknown --model (llama-1b, llama-3b, llama-8b, llama-70b, llama-405b, mixtral-8x7b):", argv[i + 1]);
@@ -216,6 +234,7 @@ int main(int argc, char **argv) {
         if (!strcmp(f, "--tied")) { mc.tie_embeddings = 1; continue; }
         if (!strcmp(f, "--sweep")) { do_sweep = 1; continue; }
         if (strncmp(f, "--", 2)) return bad("unexpected argument", f);
+        if (!is_value_flag(f)) return bad("unknown flag", f);
         if (!a) return bad("missing value after", f);
         i++;
 #define INT_FLAG(name, lo, hi, dst) else if (!strcmp(f, name)) { if (!num_i(a, lo, hi, &v)) return bad(name " needs an integer in " #lo ".." #hi ", got", a); dst = v; }
@@ -251,7 +270,6 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--rates")) rates_path = a;
         else if (!strcmp(f, "--tsv")) tsv_path = a;
         else if (!strcmp(f, "--svg")) svg = a;
-        else return bad("unknown flag", f);
     }
     if (mc.moe_experts && !mc.moe_ffn_dim) mc.moe_ffn_dim = mc.ffn_dim;
     if (!mc.moe_experts) mc.moe_top_k = 0;
