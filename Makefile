@@ -102,6 +102,8 @@ RUNS = \
   "test_cp_ops::./$(B)/test_cp_ops" \
   "test_cp::./$(B)/test_cp" \
   "test_pp_sched::./$(B)/test_pp_sched" \
+  "test_plan::./$(B)/test_plan" \
+  "figures writes the four SVGs::./$(B)/figures $(B) | grep -c 'svg:' | grep -qx 4 && grep -q '</svg>' $(B)/fig_tp_tradeoff.svg" \
   "test_pp::./$(B)/test_pp" \
   "schedule CLI: table and SVG::./$(B)/schedule | grep -q dualpipev && ./$(B)/schedule --schedule interleaved --svg $(B)/il.svg | grep -q wrote && grep -q '<svg' $(B)/il.svg && ./$(B)/schedule --schedule dualpipev --svg $(B)/dpv.svg | grep -q wrote && grep -q 'stroke=\"black\"' $(B)/dpv.svg && ! ./$(B)/schedule --pp 0 2>/dev/null && ! ./$(B)/schedule --schedule dualpipev --m 6 2>/dev/null" \
   "test_comm_threads::./$(B)/test_comm_threads" \
@@ -129,6 +131,7 @@ RUNS = \
   "asan+ubsan test_cp_ops::./$(B)/san/test_cp_ops" \
   "asan+ubsan test_cp::./$(B)/san/test_cp" \
   "asan+ubsan test_pp_sched::./$(B)/san/test_pp_sched" \
+  "asan+ubsan test_plan::./$(B)/san/test_plan" \
   "asan+ubsan test_pp::./$(B)/san/test_pp" \
   "asan+ubsan test_comm_threads::./$(B)/san/test_comm_threads" \
   "asan+ubsan test_bootstrap::./$(B)/san/test_bootstrap"

@@ -857,7 +857,8 @@ US_API double    us_flops_per_token(const us_model_config *mc, int64_t seq);
    Every rate is zero-means-default; the defaults are this project's measurements on one H200
    (bench/RESULTS.md) and, for what one machine cannot measure, stated assumptions. */
 typedef struct us_plan_rates {
-    double gemm_tflops;      /* bf16 GEMM at the model's shapes; default 736 (the 1B step's GEMMs, H200) */
+    double gemm_tflops;      /* bf16 GEMM at the model's shapes with 16384 rows (tokens); default 736 (the
+                                1B step's GEMMs, H200) */
     double attn_fwd_tflops;  /* causal flash attention forward, counted as 2·T²·C FLOPs per sequence and
                                 layer; default 228 (H200, HS 64) */
     double attn_bwd_tflops;  /* its backward, 2.5× the forward's FLOPs; default 180 */
@@ -869,6 +870,9 @@ typedef struct us_plan_rates {
                                 400 Gb/s InfiniBand NIC per GPU: an assumption, not measured here) */
     double latency_us;       /* fixed cost of one collective or message; default 15 */
     double peak_tflops;      /* the MFU denominator; default 989 (H100/H200 dense bf16) */
+    double gemm_m_half;      /* rows (tokens) at which a GEMM runs at half its large-M rate: a GEMM of M
+                                rows runs at gemm_tflops · f(M)/f(16384), f(M) = M/(M + gemm_m_half);
+                                default 256 (an assumption until bench/calibrate measures it) */
     double cp_attn_eff;      /* attention under context parallelism runs at this fraction of the rates
                                 above (smaller zig-zag blocks); default 0.86 (cp 2 on the H200: one
                                 GPU's 4.30 ms of T=4096 attention took 4.985 ms over both ranks) */
@@ -6329,6 +6333,7 @@ US_API void us_plan_rates_defaults(us_plan_rates *r) {
     if (r->latency_us == 0) r->latency_us = 15;
     if (r->peak_tflops == 0) r->peak_tflops = 989;
     if (r->cp_attn_eff == 0) r->cp_attn_eff = 0.86;
+    if (r->gemm_m_half == 0) r->gemm_m_half = 256;
 }
 US_API void us_plan_cluster_defaults(us_plan_cluster *c) {
     if (c->gpus_per_node == 0) c->gpus_per_node = 8;
@@ -6345,12 +6350,12 @@ US_API void us_plan_request_defaults(us_plan_request *q) {
 }
 
 /* the rates file's keys, in the struct's order */
-static const char *const us__rate_keys[] = {"gemm_tflops", "attn_fwd_tflops", "attn_bwd_tflops", "hbm_gbps", "intra_gbps", "inter_gbps", "latency_us", "peak_tflops", "cp_attn_eff"};
-#define US__NRATES 9
+static const char *const us__rate_keys[] = {"gemm_tflops", "attn_fwd_tflops", "attn_bwd_tflops", "hbm_gbps", "intra_gbps", "inter_gbps", "latency_us", "peak_tflops", "cp_attn_eff", "gemm_m_half"};
+#define US__NRATES 10
 static double *us__rate_field(us_plan_rates *r, int i) {
     double *f[US__NRATES];
     f[0] = &r->gemm_tflops; f[1] = &r->attn_fwd_tflops; f[2] = &r->attn_bwd_tflops; f[3] = &r->hbm_gbps;
-    f[4] = &r->intra_gbps; f[5] = &r->inter_gbps; f[6] = &r->latency_us; f[7] = &r->peak_tflops; f[8] = &r->cp_attn_eff;
+    f[4] = &r->intra_gbps; f[5] = &r->inter_gbps; f[6] = &r->latency_us; f[7] = &r->peak_tflops; f[8] = &r->cp_attn_eff; f[9] = &r->gemm_m_half;
     return f[i];
 }
 static us_result us__plan_check_rates(const us_plan_rates *r, char *err, size_t errlen) {
@@ -6471,9 +6476,10 @@ static us_result us__plan_cost(const us_model_config *mc_in, const us_train_conf
     C = mc.dim; T = tc.seq; V = mc.vocab; L = mc.n_layers; NH = mc.n_heads; NKV = mc.n_kv_heads; HS = C / NH;
     K = mc.moe_experts ? mc.moe_top_k : 0;
     for (l = 0; l < L; l++) n_moe += us__is_moe(&mc, (int)l);
-    n = (double)tc.batch * T / cp;                    /* tokens of one micro-batch on this rank */
     G = R->gemm_tflops * 1e12; Af = R->attn_fwd_tflops * 1e12; Ab = R->attn_bwd_tflops * 1e12; H = R->hbm_gbps * 1e9; lat = R->latency_us;
     if (cp > 1) { Af *= R->cp_attn_eff; Ab *= R->cp_attn_eff; }
+    n = (double)tc.batch * T / cp;                    /* tokens of one micro-batch on this rank: the GEMMs' M */
+    G *= (n / (n + R->gemm_m_half)) / (16384.0 / (16384.0 + R->gemm_m_half));   /* smaller GEMMs run slower */
     /* a layer's active parameters (the embedding is a lookup, the head a GEMM of its own) and the
        FFN width a token passes through: what is left after attention and the norms, over 3·C */
     Pact = (double)us_param_count_active(&mc);

@@ -1,11 +1,12 @@
 /* calibrate.cu — this machine's rates for the planner (// >>plan), written as a rates file:
        build/calibrate [--out FILE]        (default bench/rates_h200.txt)
    GEMM: the library's ops->gemm (cuBLASLt) at the Llama-3.2-1B step's shapes, total FLOPs over
-   total time; attention: the library's flash kernels, causal bf16, the 1B shape (HS 64, GQA 32/8,
-   T 4096), FLOPs 2·T²·C forward and 2.5× that backward; HBM: a device-to-device copy (read +
-   write bytes, an upper bound of what the elementwise kernels reach); with 2 or more GPUs, NCCL
-   in this one process (ncclCommInitAll over 2 GPUs, 1 GiB): all-reduce bus bandwidth →
-   intra_gbps, and all-gather, reduce-scatter, all-to-all, send/recv as comments. The file is
+   total time, with 16384 rows (gemm_tflops) and with 2048 (which gives gemm_m_half); attention:
+   the library's flash kernels, causal bf16, the 1B shape (HS 64, GQA 32/8, T 4096), FLOPs
+   2·T²·C forward and 2.5× that backward; HBM: a device-to-device copy (read + write bytes, an
+   upper bound of what the elementwise kernels reach); with 2 or more GPUs, NCCL in this one
+   process (ncclCommInitAll over 2 GPUs, 1 GiB): all-reduce bus bandwidth → intra_gbps, and
+   all-gather, reduce-scatter, all-to-all, send/recv as comments. The file is
    "ultrascale-rates 1" then key = value lines (us_plan_rates_read). */
 #define ULTRASCALE_IMPLEMENTATION
 #include "../ultrascale_cuda.cuh"
@@ -34,12 +35,13 @@ static void *rand_bf16(int64_t n, uint64_t seed) {
     return d;
 }
 
-static double gemm_tflops(void) {
+static double gemm_tflops(int64_t M) {   /* the 1B step's GEMMs with M rows */
     static const int64_t sh[][3] = {{16384, 3072, 2048}, {16384, 2048, 2048}, {16384, 16384, 2048}, {16384, 2048, 8192}, {16384, 128256, 2048}};
     double fl = 0, t = 0;
     cudaEvent_t a, b; CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
     for (auto &s : sh) {
-        int64_t M = s[0], N = s[1], K = s[2];
+        int64_t N = s[1], K = s[2];
+        (void)s[0];
         void *A = rand_bf16(M * K, 1), *B = rand_bf16(N * K, 2), *C = o.alloc(&o, (size_t)M * N * 2);
         std::vector<double> ts;
         for (int r = 0; r < 15; r++) {
@@ -143,7 +145,7 @@ int main(int argc, char **argv) {
     const char *out = "bench/rates_h200.txt";
     char err[256];
     int ng = 0;
-    double g, af, ab, h;
+    double g, af, ab, h, mh;
     FILE *f;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
@@ -152,11 +154,15 @@ int main(int argc, char **argv) {
     CK(cudaGetDeviceCount(&ng));
     if (us_cuda_ops(&o, 0, err, sizeof err) != US_OK) { fprintf(stderr, "calibrate: %s\n", err); return 1; }
     if (!(f = fopen(out, "w"))) { fprintf(stderr, "calibrate: cannot write %s\n", out); return 1; }
-    g = gemm_tflops();
+    g = gemm_tflops(16384);
+    {   /* the rows at which a GEMM runs at half speed, from the rate at 2048 rows: r = f(2048)/f(16384), f(M) = M/(M+h) */
+        double r = gemm_tflops(2048) / g;
+        mh = r < 1 && 16384 * r > 2048 ? 2048.0 * 16384 * (1 - r) / (16384 * r - 2048) : 1;
+    }
     attention(&af, &ab);
     h = hbm_gbps();
     fprintf(f, "ultrascale-rates 1\n# bench/calibrate on %d GPU(s)\n", ng);
-    fprintf(f, "gemm_tflops = %.1f\nattn_fwd_tflops = %.1f\nattn_bwd_tflops = %.1f\n", g, af, ab);
+    fprintf(f, "gemm_tflops = %.1f\ngemm_m_half = %.0f\nattn_fwd_tflops = %.1f\nattn_bwd_tflops = %.1f\n", g, mh, af, ab);
     fprintf(f, "# device-to-device copy: an upper bound of the elementwise kernels' rate\nhbm_gbps = %.0f\n", h);
     printf("gemm %.1f TFLOP/s, attention %.1f / %.1f TFLOP/s, copy %.0f GB/s\n", g, af, ab, h);
     if (ng >= 2) fprintf(f, "intra_gbps = %.1f\n", nccl_rates(f));

@@ -58,7 +58,7 @@ static int fig_memory(const char *dir) {
     double xs[5] = {1024, 2048, 4096, 8192, 16384}, ys[4][5];
     char path[512], err[256];
     us_model_config mc;
-    chart c = {"Llama-3.1-8B, one sequence, bf16 + fp32 AdamW: memory per GPU", "sequence length", "GiB", 1024, 16384, 0, 200, 1};
+    chart c = {"Llama-3.1-8B, one sequence, bf16 + fp32 AdamW: memory per GPU", "sequence length", "GiB", 1024, 16384, 0, 250, 1};
     FILE *f;
     int i, k;
     llama8b(&mc);
@@ -71,7 +71,7 @@ static int fig_memory(const char *dir) {
         ys[3][i] = (m.params + m.grads + m.master + m.optimizer) / GIB;
     }
     snprintf(path, sizeof path, "%s/fig_memory_recompute.svg", dir);
-    if (!(f = chart_open(path, &c, xs, 5, 25))) { fprintf(stderr, "figures: cannot write %s\n", path); return 1; }
+    if (!(f = chart_open(path, &c, xs, 5, 50))) { fprintf(stderr, "figures: cannot write %s\n", path); return 1; }
     for (k = 0; k < 3; k++) series(f, &c, xs, ys[k], 5, k, us_recompute_name(modes[k]), 0);
     series(f, &c, xs, ys[3], 5, 3, "weights+grads+Adam", 1);
     fprintf(f, "</svg>\n");

@@ -48,7 +48,7 @@ static void usage(FILE *f) {
         "  --gpu-mem GIB     default 80         --reserve GIB      memory left free, default 3\n"
         "  --rates FILE      measured rates (bench/calibrate writes it: \"ultrascale-rates 1\", key = value)\n"
         "  --gemm-tflops X --attn-fwd-tflops X --attn-bwd-tflops X --hbm-gbps X --intra-gbps X\n"
-        "  --inter-gbps X --latency-us X --peak-tflops X --cp-attn-eff X\n"
+        "  --inter-gbps X --latency-us X --peak-tflops X --cp-attn-eff X --gemm-m-half X\n"
         "                    one rate each (after --rates); defaults: H200 measurements (us_plan_rates)\n"
         "batch:\n"
         "  --global-batch N  tokens per optimizer step (default 1048576)\n"
@@ -85,7 +85,7 @@ static int is_value_flag(const char *f) {
     static const char *const v[] = {"--model", "--layers", "--dim", "--heads", "--kv-heads", "--ffn", "--vocab", "--experts", "--top-k",
         "--gpus-per-node", "--nodes", "--global-batch", "--seq", "--max-micro-batch", "--top", "--random", "--seed", "--gpu-mem", "--reserve",
         "--gemm-tflops", "--attn-fwd-tflops", "--attn-bwd-tflops", "--hbm-gbps", "--intra-gbps", "--inter-gbps", "--latency-us", "--peak-tflops",
-        "--cp-attn-eff", "--rates", "--tsv", "--svg"};
+        "--cp-attn-eff", "--gemm-m-half", "--rates", "--tsv", "--svg"};
     size_t i;
     for (i = 0; i < sizeof v / sizeof v[0]; i++) if (!strcmp(f, v[i])) return 1;
     return 0;
@@ -267,6 +267,7 @@ int main(int argc, char **argv) {
         DBL_FLAG("--latency-us", given.latency_us)
         DBL_FLAG("--peak-tflops", given.peak_tflops)
         DBL_FLAG("--cp-attn-eff", given.cp_attn_eff)
+        DBL_FLAG("--gemm-m-half", given.gemm_m_half)
         else if (!strcmp(f, "--rates")) rates_path = a;
         else if (!strcmp(f, "--tsv")) tsv_path = a;
         else if (!strcmp(f, "--svg")) svg = a;
