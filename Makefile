@@ -115,6 +115,7 @@ RUNS = \
   "cp_memory prints the table::./$(B)/cp_memory | grep -q '^  131072'" \
   "memory CLI::bash tests/test_memory_cli.sh $(B)/memory" \
   "plan CLI::bash tests/test_plan_cli.sh $(B)/plan $(B)/train" \
+  "calibrate_cpu writes a rates file plan reads::./$(B)/calibrate_cpu --quick --out $(B)/rates_cpu.txt | grep -q wrote && ./$(B)/plan --rates $(B)/rates_cpu.txt --model llama-1b --top 1 | grep -q '^top'" \
   "test_cuda (needs a GPU)::if [ -x $(B)/test_cuda ]; then ./$(B)/test_cuda; else echo 'SKIP not built'; fi" \
   "flash_test (needs a GPU)::if [ -x $(B)/flash_test ]; then ./$(B)/flash_test; else echo 'SKIP not built'; fi" \
   "asan+ubsan test_dtypes::./$(B)/san/test_dtypes" \
@@ -136,7 +137,7 @@ RUNS = \
   "asan+ubsan test_comm_threads::./$(B)/san/test_comm_threads" \
   "asan+ubsan test_bootstrap::./$(B)/san/test_bootstrap"
 
-test: $(EXAMPLES) $(TESTS) $(SANTESTS)
+test: $(EXAMPLES) $(TESTS) $(SANTESTS) $(B)/calibrate_cpu
 	@bash tests/run_all.sh $(CHECKS) $(RUNS)
 
 # ---- benchmarks (not tests): need OpenBLAS for the side-by-side GEMM
@@ -156,6 +157,10 @@ clean:
 # ---- GPU benchmarks (run on the GPU machine; see bench/run_gpu.sh)
 $(B)/bench_cuda: bench/bench_cuda.cu $(HDR) ultrascale_cuda.cuh | $(B)
 	$(NVCC) $(NVFLAGS) $< -o $@ $(NVLIBS)
+
+# the same rates file from the CPU ops and the threads backend (CI reads it back through build/plan)
+$(B)/calibrate_cpu: bench/calibrate_cpu.c $(HDR) | $(B)
+	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
 
 # the planner's rates measured on this machine (GEMM, attention, HBM, NCCL on 2 GPUs): bench/calibrate.cu
 $(B)/calibrate: bench/calibrate.cu $(HDR) ultrascale_cuda.cuh | $(B)

@@ -305,7 +305,7 @@ int main(int argc, char **argv) {
         printf("model: %d layers, dim %lld, %d/%d heads, ffn %lld, vocab %lld%s, %.3f B parameters (%.3f B active)\n", mc.n_layers, (long long)mc.dim,
                mc.n_heads, mc.n_kv_heads, (long long)mc.ffn_dim, (long long)mc.vocab, mc.moe_experts ? " (MoE)" : "",
                us_param_count(&mc) / 1e9, us_param_count_active(&mc) / 1e9);
-        printf("cluster: %d node(s) x %d GPUs, %.0f GiB each (%.0f reserved); rates: gemm %.0f, attention %.0f/%.0f TFLOP/s, HBM %.0f, intra %.0f, inter %.0f GB/s\n",
+        printf("cluster: %d node(s) x %d GPUs, %.0f GiB each (%.0f reserved); rates: gemm %.4g, attention %.4g/%.4g TFLOP/s, HBM %.4g, intra %.4g, inter %.4g GB/s\n",
                cl.nodes, cl.gpus_per_node, cl.gpu_mem_gib, cl.reserve_gib, cl.rates.gemm_tflops, cl.rates.attn_fwd_tflops, cl.rates.attn_bwd_tflops,
                cl.rates.hbm_gbps, cl.rates.intra_gbps, cl.rates.inter_gbps);
         printf("batch: %lld tokens per step, seq %d: %lld valid configurations, %lld fit in memory\n", (long long)q.global_tokens, q.seq, (long long)nv, (long long)nf);
