@@ -73,7 +73,7 @@ static int fig_memory(const char *dir) {
     snprintf(path, sizeof path, "%s/fig_memory_recompute.svg", dir);
     if (!(f = chart_open(path, &c, xs, 5, 50))) { fprintf(stderr, "figures: cannot write %s\n", path); return 1; }
     for (k = 0; k < 3; k++) series(f, &c, xs, ys[k], 5, k, us_recompute_name(modes[k]), 0);
-    series(f, &c, xs, ys[3], 5, 3, "weights+grads+Adam", 1);
+    series(f, &c, xs, ys[3], 5, 3, "model states", 1);
     fprintf(f, "</svg>\n");
     fclose(f);
     printf("%s: recompute none %.1f -> %.1f GiB, selective %.1f -> %.1f, full %.1f -> %.1f (T 1024 -> 16384)\n", path, ys[0][0], ys[0][4], ys[1][0], ys[1][4], ys[2][0], ys[2][4]);
@@ -169,13 +169,13 @@ static int fig_tp(const char *dir) {
     snprintf(path, sizeof path, "%s/fig_tp_tradeoff.svg", dir);
     if (!(f = fopen(path, "w"))) { fprintf(stderr, "figures: cannot write %s\n", path); return 1; }
     {
-        chart c = {"Llama-3.1-8B on 8 GPUs, ZeRO-1, T 4096: TP trades throughput for memory (predicted)", "memory per GPU (GiB)", "thousand tokens/s per GPU", 0, 140, 0, 12, 0};
+        chart c = {"Llama-3.1-8B, 8 GPUs, ZeRO-1, T 4096: TP throughput vs memory (predicted)", "memory per GPU (GiB)", "thousand tokens/s per GPU", 0, 140, 0, 12, 0};
         double xt[8] = {0, 20, 40, 60, 80, 100, 120, 140};
         fclose(f);
         if (!(f = chart_open(path, &c, xt, 8, 2))) { fprintf(stderr, "figures: cannot write %s\n", path); return 1; }
         for (sp = 0; sp < 2; sp++) {
             series(f, &c, mem[sp], tok[sp], 4, sp, sp ? "TP + SP" : "TP", sp);
-            for (i = 0; i < 4; i++) fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\">tp%d</text>\n", cx(&c, mem[sp][i]) + 5, cy(&c, tok[sp][i]) - 6 + 14 * sp, 1 << i);
+            for (i = 0; i < 4; i++) fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\">tp%d</text>\n", cx(&c, mem[sp][i]) + 5, cy(&c, tok[sp][i]) + (sp ? -6 : 14), 1 << i);
         }
         fprintf(f, "<text x=\"310\" y=\"48\" text-anchor=\"middle\" font-size=\"10\" fill=\"#555\">planner cost model with the H200 defaults; the measured version needs bench/plan_validate.sh's TP runs</text>\n");
         fprintf(f, "</svg>\n");
