@@ -18,7 +18,7 @@ SANFLAGS = -std=c99 -Wall -Wextra -O1 -g $(ARCH) $(OPENMP) -D_POSIX_C_SOURCE=200
 B        = build
 HDR      = ultrascale.h ultrascale_comm.h
 
-EXAMPLES = $(B)/train $(B)/memory $(B)/quickstart $(B)/dp_quickstart $(B)/cp_memory $(B)/schedule $(B)/hf_logits
+EXAMPLES = $(B)/train $(B)/memory $(B)/quickstart $(B)/dp_quickstart $(B)/cp_memory $(B)/schedule $(B)/hf_logits $(B)/plan $(B)/figures
 ifeq ($(CUDA),1)
 EXAMPLES += $(B)/train_cuda
 endif
@@ -108,6 +108,8 @@ RUNS = \
   "test_cp_ops::./$(B)/test_cp_ops" \
   "test_cp::./$(B)/test_cp" \
   "test_pp_sched::./$(B)/test_pp_sched" \
+  "test_plan::./$(B)/test_plan" \
+  "figures writes the four SVGs::./$(B)/figures $(B) | grep -c 'svg:' | grep -qx 4 && grep -q '</svg>' $(B)/fig_tp_tradeoff.svg" \
   "test_pp::./$(B)/test_pp" \
   "test_ckpt::./$(B)/test_ckpt" \
   "test_ckpt_py (files from Python's safetensors)::bash tests/test_ckpt_py.sh $(B)/test_ckpt" \
@@ -121,6 +123,8 @@ RUNS = \
   "dp quick start runs (4 threads, ZeRO-2)::./$(B)/dp_quickstart | grep -q 'step 100 loss'" \
   "cp_memory prints the table::./$(B)/cp_memory | grep -q '^  131072'" \
   "memory CLI::bash tests/test_memory_cli.sh $(B)/memory" \
+  "plan CLI::bash tests/test_plan_cli.sh $(B)/plan $(B)/train" \
+  "calibrate_cpu writes a rates file plan reads::./$(B)/calibrate_cpu --quick --out $(B)/rates_cpu.txt | grep -q wrote && ./$(B)/plan --rates $(B)/rates_cpu.txt --model llama-1b --top 1 | grep -q '^top'" \
   "test_cuda (needs a GPU)::if [ -x $(B)/test_cuda ]; then ./$(B)/test_cuda; else echo 'SKIP not built'; fi" \
   "flash_test (needs a GPU)::if [ -x $(B)/flash_test ]; then ./$(B)/flash_test; else echo 'SKIP not built'; fi" \
   "asan+ubsan test_dtypes::./$(B)/san/test_dtypes" \
@@ -137,6 +141,7 @@ RUNS = \
   "asan+ubsan test_cp_ops::./$(B)/san/test_cp_ops" \
   "asan+ubsan test_cp::./$(B)/san/test_cp" \
   "asan+ubsan test_pp_sched::./$(B)/san/test_pp_sched" \
+  "asan+ubsan test_plan::./$(B)/san/test_plan" \
   "asan+ubsan test_pp::./$(B)/san/test_pp" \
   "asan+ubsan test_ckpt::./$(B)/san/test_ckpt" \
   "asan+ubsan test_comm_threads::./$(B)/san/test_comm_threads" \
@@ -155,7 +160,7 @@ fuzz: $(B)/fuzz_safetensors
 	mkdir -p $(B)/fuzz_corpus_new
 	./$(B)/fuzz_safetensors -runs=$(FUZZ_RUNS) -max_len=4096 $(B)/fuzz_corpus_new tests/fuzz_corpus
 
-test: $(EXAMPLES) $(TESTS) $(SANTESTS) $(B)/fuzz_replay
+test: $(EXAMPLES) $(TESTS) $(SANTESTS) $(B)/fuzz_replay $(B)/calibrate_cpu
 	@bash tests/run_all.sh $(CHECKS) $(RUNS)
 
 # ---- benchmarks (not tests): need OpenBLAS for the side-by-side GEMM
@@ -179,3 +184,11 @@ $(B)/bench_cuda: bench/bench_cuda.cu $(HDR) ultrascale_cuda.cuh | $(B)
 # the comm seam's NCCL backend against raw NCCL, bus bandwidth 1 MB - 1 GB (2+ GPUs; issue 9)
 $(B)/comm_bw: bench/comm_bw.cu $(HDR) | $(B)
 	$(NVCC) $(NVFLAGS) -DULTRASCALE_NCCL $< -o $@ $(NVLIBS)
+
+# the same rates file from the CPU ops and the threads backend (CI reads it back through build/plan)
+$(B)/calibrate_cpu: bench/calibrate_cpu.c $(HDR) | $(B)
+	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
+
+# the planner's rates measured on this machine (GEMM, attention, HBM, NCCL on 2 GPUs): bench/calibrate.cu
+$(B)/calibrate: bench/calibrate.cu $(HDR) ultrascale_cuda.cuh | $(B)
+	$(NVCC) $(NVFLAGS) $< -o $@ $(NVLIBS)

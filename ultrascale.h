@@ -59,6 +59,7 @@
      data ................................... us_data (raw text, llm.c shards), us_task
      checkpoints ............................ us_ckpt_save, us_ckpt_load, us_safetensors_parse
      estimator, FLOPs ....................... us_memory_estimate, us_flops_per_token, us_param_count_active
+     planner ................................ us_plan_enumerate, us_plan_cost, us_plan_rates_read
    implementation
      // >>dtypes      bf16 / FP8 E4M3 / E5M2 conversions, bit-exact round-to-nearest-even
      // >>config      defaults and validation
@@ -77,6 +78,7 @@
      // >>sample      temperature / top-k sampling
      // >>checkpoint  safetensors with Hugging Face names, config.json, training state, resharding, crash-safe saves
      // >>estimate    memory estimator and FLOP/MFU counting (the Playbook formulas)
+     // >>plan        the planner: every valid configuration, ranked by a cost model (Playbook A3)
 */
 #ifndef ULTRASCALE_H
 #define ULTRASCALE_H
@@ -936,6 +938,87 @@ US_API int64_t   us_param_count_active(const us_model_config *mc);
    with N the active parameters (us_param_count_active): a token runs only its K experts. */
 US_API double    us_flops_per_token(const us_model_config *mc, int64_t seq);
 
+/* ---------------------------------------------------------------- planner (// >>plan)
+   Which parallel configuration trains a model fastest on a cluster? The Playbook's answer, as a
+   search: enumerate every (dp, tp, pp, cp, ep, zero, sp, micro-batch, grad-accum, recompute, pp
+   schedule) that passes us_config_validate and uses every GPU, drop what us_memory_estimate
+   says does not fit, and rank the rest by a cost model built from the book's formulas and the
+   measured rates below (appendix A3 for what overlaps; the pipeline simulator for the bubble).
+   Every rate is zero-means-default; the defaults are this project's measurements on one H200
+   (bench/RESULTS.md) and, for what one machine cannot measure, stated assumptions. */
+typedef struct us_plan_rates {
+    double gemm_tflops;      /* bf16 GEMM at the model's shapes with 16384 rows (tokens); default 736 (the
+                                1B step's GEMMs, H200) */
+    double attn_fwd_tflops;  /* causal flash attention forward, counted as 2·T²·C FLOPs per sequence and
+                                layer; default 228 (H200, HS 64) */
+    double attn_bwd_tflops;  /* its backward, 2.5× the forward's FLOPs; default 180 */
+    double hbm_gbps;         /* effective bandwidth of the elementwise ops and AdamW; default 3500
+                                (the 1B profile: AdamW 3.2 TB/s, norms/SwiGLU/RoPE ≈ 3.9) */
+    double intra_gbps;       /* bus bandwidth (NCCL's busbw) of a collective inside a node; default 333
+                                (all-reduce of 1 GiB on 2 H200s) */
+    double inter_gbps;       /* bus bandwidth per GPU of a collective spanning nodes; default 45 (one
+                                400 Gb/s InfiniBand NIC per GPU: an assumption, not measured here) */
+    double latency_us;       /* fixed cost of one collective or message; default 15 */
+    double peak_tflops;      /* the MFU denominator; default 989 (H100/H200 dense bf16) */
+    double gemm_m_half;      /* rows (tokens) at which a GEMM runs at half its large-M rate: a GEMM of M
+                                rows runs at gemm_tflops · f(M)/f(16384), f(M) = M/(M + gemm_m_half);
+                                default 256 (an assumption until bench/calibrate measures it) */
+    double cp_attn_eff;      /* attention under context parallelism runs at this fraction of the rates
+                                above (smaller zig-zag blocks); default 0.86 (cp 2 on the H200: one
+                                GPU's 4.30 ms of T=4096 attention took 4.985 ms over both ranks) */
+} us_plan_rates;
+typedef struct us_plan_cluster {
+    int    gpus_per_node;    /* default 8 */
+    int    nodes;            /* default 1 */
+    double gpu_mem_gib;      /* default 80 */
+    double reserve_gib;      /* left free: CUDA context, NCCL buffers, cuBLASLt workspace,
+                                fragmentation; default 3 */
+    us_plan_rates rates;
+} us_plan_cluster;
+typedef struct us_plan_request {
+    int64_t global_tokens;   /* tokens per optimizer step; default 1048576 (the Playbook's 1M) */
+    int     seq;             /* T; default 4096 */
+    int     max_micro_batch; /* largest per-rank micro-batch tried, in sequences; default 64 */
+    int     top;             /* plans us_plan_enumerate keeps, best first; default 10 */
+} us_plan_request;
+/* One configuration and what the cost model predicts for it, all times in seconds per step. */
+typedef struct us_plan {
+    us_train_config tc;      /* dp tp pp cp ep zero sp, batch (each rank's micro-batch), grad_accum,
+                                recompute, pp_schedule, pp_chunks, seq; bf16 */
+    us_memory mem;           /* per GPU (the first pipeline rank's), from us_memory_estimate */
+    int    fits;             /* mem.total + reserve ≤ GPU memory */
+    double t_step;           /* the sum of the terms below */
+    double t_compute;        /* GEMM, attention, elementwise; forward and backward, every micro-batch */
+    double t_recompute;      /* the forward work recomputation repeats */
+    double t_tp, t_cp, t_ep; /* exposed communication of TP (critical path), CP (ring beyond its
+                                compute), EP (all-to-alls) */
+    double t_bubble;         /* pipeline idle: the simulator's makespan minus one rank's work */
+    double t_p2p;            /* pipeline messages on the fill and drain path */
+    double t_dp;             /* exposed gradient reduction, and ZeRO-1/2's weight all-gather */
+    double t_zero3;          /* exposed ZeRO-3 weight gathers and gradient scatters */
+    double t_optimizer;      /* AdamW over the rank's (sharded) parameters */
+    double tokens_per_s, mfu;
+} us_plan;
+US_API void      us_plan_rates_defaults(us_plan_rates *r);
+US_API void      us_plan_cluster_defaults(us_plan_cluster *c);   /* and its rates */
+US_API void      us_plan_request_defaults(us_plan_request *q);
+/* Reads a rates file (bench/calibrate writes one): first line "ultrascale-rates 1", then
+   "key = value" lines with the us_plan_rates field names; '#' starts a comment; keys not given
+   keep r's values. Unknown keys, bad numbers and a wrong header fail with a sentence. */
+US_API us_result us_plan_rates_read(const char *path, us_plan_rates *r, char *err, size_t errlen);
+/* The cost model for one configuration (tc.dp·tp·pp·cp must equal the cluster's GPUs; tc.batch is
+   each rank's micro-batch). Fails with a sentence when the configuration does not validate. */
+US_API us_result us_plan_cost(const us_model_config *mc, const us_train_config *tc, const us_plan_cluster *cl, us_plan *out, char *err, size_t errlen);
+/* Every valid configuration of the request on the cluster; the q.top (default 10) fastest that fit
+   go to out[0..*n_out) (out holds at least q.top), best first. *n_valid counts the configurations
+   that validate, *n_fit those that fit (either may be NULL). No configuration fitting is not an
+   error: *n_out is then 0. */
+US_API us_result us_plan_enumerate(const us_model_config *mc, const us_plan_cluster *cl, const us_plan_request *q, us_plan *out, int *n_out,
+                                   int64_t *n_valid, int64_t *n_fit, char *err, size_t errlen);
+/* A train_cuda command line for a plan (model flags from mc): --nproc, --batch (the group's
+   micro-batch, batch·dp), --grad-accum, --seq, --tp ... Returns the characters written. */
+US_API int       us_plan_command(const us_model_config *mc, const us_plan *p, char *buf, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif
@@ -948,6 +1031,7 @@ US_API double    us_flops_per_token(const us_model_config *mc, int64_t seq);
 #ifndef ULTRASCALE_IMPLEMENTATION_DONE
 #define ULTRASCALE_IMPLEMENTATION_DONE
 
+#include <errno.h>
 #include <float.h>
 #include <math.h>
 #include <stdarg.h>
@@ -7500,7 +7584,13 @@ static int us__pp_rank0_layers(const us_model_config *mc, const us_train_config 
     }
     return n;
 }
+static us_result us__memory_estimate(const us_model_config *mc_in, const us_train_config *tc_in, us_memory *out, int *peak_io, char *err, size_t errlen);
 US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train_config *tc_in, us_memory *out, char *err, size_t errlen) {
+    return us__memory_estimate(mc_in, tc_in, out, NULL, err, errlen);
+}
+/* peak_io (the planner's cache): if > 0, the first pipeline rank's peak of held micro-batch chunks,
+   known from an earlier call with the same schedule, pp, micro-batches and chunks; if 0, set here */
+static us_result us__memory_estimate(const us_model_config *mc_in, const us_train_config *tc_in, us_memory *out, int *peak_io, char *err, size_t errlen) {
     us_model_config mc = *mc_in;
     us_train_config tc = *tc_in;
     us_result r = us_config_validate(&mc, &tc, err, errlen);
@@ -7513,9 +7603,13 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
     if (tc.pp > 1) {   /* the first pipeline rank: its stages, and the activations its schedule holds */
         us_pp_sim sim;
         if (us_pp_schedule_build(&ps, (us_pp_kind)tc.pp_schedule, tc.pp, tc.grad_accum, tc.pp_chunks, err, errlen) != US_OK) return US_ERR_INVALID;
-        r = us_pp_simulate(&ps, 1, 2, 0, &sim, err, errlen);
-        if (r != US_OK) { us_pp_schedule_free(&ps); return r; }
-        peak = sim.peak_act[0];
+        if (peak_io && *peak_io > 0) peak = *peak_io;
+        else {
+            r = us_pp_simulate(&ps, 1, 2, 0, &sim, err, errlen);
+            if (r != US_OK) { us_pp_schedule_free(&ps); return r; }
+            peak = sim.peak_act[0];
+            if (peak_io) *peak_io = peak;
+        }
         psp = &ps;
     }
     a = tc.precision == US_PRECISION_BF16 ? 2 : 4;
@@ -7623,6 +7717,428 @@ US_API double us_flops_per_token(const us_model_config *mc_in, int64_t seq) {
     us_model_config c = *mc_in, *mc = &c;
     us_model_config_defaults(mc);
     return 6.0 * (double)us_param_count_active(mc) + 12.0 * mc->n_layers * (double)mc->dim * (double)seq;
+}
+
+/* ------------------------------------------------------------------------------------ */
+// >>plan  the planner: every valid configuration, ranked by a cost model (Playbook A3)
+/* ------------------------------------------------------------------------------------ */
+/* The Playbook's recipe (chapter "Finding the best training configuration"): first fit the model
+   in memory, then reach the target global batch, then maximise throughput. Here all three are
+   one search. Step 1 is us_memory_estimate; step 2 fixes dp·micro-batch·grad-accum = global
+   sequences; step 3 is the cost model below, one term per idea of the book:
+     compute     FLOPs over measured rates: GEMMs 6·N_active per token (2 forward, 2 input
+                 gradient B, 2 weight gradient W), causal attention 2·T·C per token and layer
+                 forward and 2.5× that backward, elementwise ops (norms, RoPE, SwiGLU, residual,
+                 cross-entropy) as bytes over the HBM rate; TP divides all of it by tp, SP also
+                 the norms and the residual stream
+     recompute   selective repeats the attention core and the elementwise forward in the
+                 backward; full repeats the whole layer forward (with its TP collectives)
+     TP          2 all-reduces of the activations (N·C) per layer forward and 2 backward (under SP
+                 an all-gather and a reduce-scatter each, the same bytes): on the critical path
+                 (A3: TP communication is not overlapped unless the implementation does so)
+     CP          the ring passes K/V cp−1 times per layer (K/V and their gradients backward),
+                 each step overlapping one block's attention: exposed only beyond it (A3)
+     EP          dispatch and combine all-to-alls of N·K·C per MoE layer, twice forward and
+                 twice backward, exposed
+     PP          the per-micro-batch costs go to the schedule simulator (us_pp_simulate) with
+                 the slowest stage's costs: the bubble is the makespan minus one rank's work
+                 ((p−1)/m of the work for 1F1B, the simulator's number for every schedule); the
+                 activation messages of the fill and the drain are exposed
+     DP          the gradient reduction (fp32, over dp·cp) overlaps the last micro-batch's
+                 backward bucket by bucket (A3: hidden when t_compute ≥ t_comm; the last
+                 bucket never is); ZeRO-1 reduce-scatters instead and all-gathers the bf16
+                 weights after the update (exposed); ZeRO-2 reduce-scatters every micro-batch;
+                 ZeRO-3 gathers each layer's weights forward and backward, prefetched under the
+                 previous layer's compute (A3: exposed only where the gather outlasts it)
+     optimizer   AdamW reads and writes 30 bytes per parameter of the rank's shard
+   Collectives cost latency + f·bytes/busbw, f = 2(n−1)/n for all-reduce, (n−1)/n for all-gather,
+   reduce-scatter and all-to-all, 1 for a message: NCCL's bus bandwidth convention, so a
+   measured busbw plugs in as it is. Ranks are laid out tp fastest, then cp, pp, dp
+   (us_mesh_init): a group runs at the node's rate when its span fits in a node. */
+US_API void us_plan_rates_defaults(us_plan_rates *r) {
+    if (r->gemm_tflops == 0) r->gemm_tflops = 736;
+    if (r->attn_fwd_tflops == 0) r->attn_fwd_tflops = 228;
+    if (r->attn_bwd_tflops == 0) r->attn_bwd_tflops = 180;
+    if (r->hbm_gbps == 0) r->hbm_gbps = 3500;
+    if (r->intra_gbps == 0) r->intra_gbps = 333;
+    if (r->inter_gbps == 0) r->inter_gbps = 45;
+    if (r->latency_us == 0) r->latency_us = 15;
+    if (r->peak_tflops == 0) r->peak_tflops = 989;
+    if (r->cp_attn_eff == 0) r->cp_attn_eff = 0.86;
+    if (r->gemm_m_half == 0) r->gemm_m_half = 256;
+}
+US_API void us_plan_cluster_defaults(us_plan_cluster *c) {
+    if (c->gpus_per_node == 0) c->gpus_per_node = 8;
+    if (c->nodes == 0) c->nodes = 1;
+    if (c->gpu_mem_gib == 0) c->gpu_mem_gib = 80;
+    if (c->reserve_gib == 0) c->reserve_gib = 3;
+    us_plan_rates_defaults(&c->rates);
+}
+US_API void us_plan_request_defaults(us_plan_request *q) {
+    if (q->global_tokens == 0) q->global_tokens = (int64_t)1 << 20;
+    if (q->seq == 0) q->seq = 4096;
+    if (q->max_micro_batch == 0) q->max_micro_batch = 64;
+    if (q->top == 0) q->top = 10;
+}
+
+/* the rates file's keys, in the struct's order */
+static const char *const us__rate_keys[] = {"gemm_tflops", "attn_fwd_tflops", "attn_bwd_tflops", "hbm_gbps", "intra_gbps", "inter_gbps", "latency_us", "peak_tflops", "cp_attn_eff", "gemm_m_half"};
+#define US__NRATES 10
+static double *us__rate_field(us_plan_rates *r, int i) {
+    double *f[US__NRATES];
+    f[0] = &r->gemm_tflops; f[1] = &r->attn_fwd_tflops; f[2] = &r->attn_bwd_tflops; f[3] = &r->hbm_gbps;
+    f[4] = &r->intra_gbps; f[5] = &r->inter_gbps; f[6] = &r->latency_us; f[7] = &r->peak_tflops; f[8] = &r->cp_attn_eff; f[9] = &r->gemm_m_half;
+    return f[i];
+}
+static us_result us__plan_check_rates(const us_plan_rates *r, char *err, size_t errlen) {
+    int i;
+    for (i = 0; i < US__NRATES; i++) {
+        double v = *us__rate_field((us_plan_rates *)r, i);
+        if (!(v > 0) || !isfinite(v)) { us__errf(err, errlen, "rate %s=%g must be a positive number", us__rate_keys[i], v); return US_ERR_INVALID; }
+    }
+    return US_OK;
+}
+US_API us_result us_plan_rates_read(const char *path, us_plan_rates *r, char *err, size_t errlen) {
+    FILE *f = fopen(path, "r");
+    char line[512];
+    int ln = 0;
+    us_plan_rates tmp = *r;
+    if (!f) { us__errf(err, errlen, "cannot open rates file %s", path); return US_ERR_IO; }
+    while (fgets(line, sizeof line, f)) {
+        char *p = line, *eq, *end, *k, *ke;
+        int i;
+        double v;
+        ln++;
+        if (strchr(line, '#')) *strchr(line, '#') = 0;
+        while (*p == ' ' || *p == '\t') p++;
+        for (end = p + strlen(p); end > p && (end[-1] == '\n' || end[-1] == '\r' || end[-1] == ' ' || end[-1] == '\t'); ) *--end = 0;
+        if (ln == 1) {
+            if (strcmp(p, "ultrascale-rates 1")) { fclose(f); us__errf(err, errlen, "%s is not a rates file: its first line must be \"ultrascale-rates 1\"", path); return US_ERR_FORMAT; }
+            continue;
+        }
+        if (!*p) continue;
+        if (!(eq = strchr(p, '='))) { fclose(f); us__errf(err, errlen, "%s line %d: expected key = value", path, ln); return US_ERR_FORMAT; }
+        for (k = p, ke = eq; ke > k && (ke[-1] == ' ' || ke[-1] == '\t'); ke--) ;
+        *ke = 0;
+        for (i = 0; i < US__NRATES; i++) if (!strcmp(k, us__rate_keys[i])) break;
+        if (i == US__NRATES) { fclose(f); us__errf(err, errlen, "%s line %d: unknown key \"%s\"", path, ln, k); return US_ERR_FORMAT; }
+        errno = 0;
+        v = strtod(eq + 1, &end);
+        while (*end == ' ' || *end == '\t') end++;
+        if (errno || end == eq + 1 || *end || !(v > 0) || !isfinite(v)) { fclose(f); us__errf(err, errlen, "%s line %d: %s must be a positive number", path, ln, k); return US_ERR_FORMAT; }
+        *us__rate_field(&tmp, i) = v;
+    }
+    fclose(f);
+    if (ln == 0) { us__errf(err, errlen, "%s is empty: a rates file starts with \"ultrascale-rates 1\"", path); return US_ERR_FORMAT; }
+    *r = tmp;
+    return US_OK;
+}
+
+typedef enum us__coll { US__AR = 0, US__AG, US__RS, US__A2A, US__P2P } us__coll;
+/* seconds for one collective of `bytes` (the whole tensor) over n ranks at bus bandwidth gbps */
+static double us__coll_s(us__coll k, double bytes, int n, double gbps, double lat_us) {
+    double f;
+    if (n <= 1 || bytes <= 0) return 0;
+    f = k == US__AR ? 2.0 * (n - 1) / n : k == US__P2P ? 1.0 : (double)(n - 1) / n;
+    return lat_us * 1e-6 + f * bytes / (gbps * 1e9);
+}
+/* a group whose ranks span `span` consecutive ranks stays inside a node when span ≤ GPUs per node */
+static double us__span_gbps(const us_plan_cluster *cl, int64_t span) {
+    return span <= cl->gpus_per_node ? cl->rates.intra_gbps : cl->rates.inter_gbps;
+}
+/* A3's overlap of a reduction with the backward, bucket by bucket: whatever outlasts the backward
+   window is exposed, and so is the last bucket, issued when the backward ends. */
+static double us__dp_exposed(double t_comm, double window, double bytes, double bucket_bytes) {
+    double last = bytes > 0 ? t_comm * (bucket_bytes < bytes ? bucket_bytes / bytes : 1.0) : 0;
+    return (t_comm > window ? t_comm - window : 0) + last;
+}
+
+/* The search's memo of what depends on the schedule's shape alone (kind, pp, micro-batches,
+   chunks): the first rank's activation peak, and the makespan at unit forward cost for the
+   backward/forward and weight/forward ratios last seen (makespan scales with the costs). */
+typedef struct us__plan_memo { int kind, pp, m, v, peak; double rb, rw, span1; } us__plan_memo;
+static us_result us__plan_cost(const us_model_config *mc_in, const us_train_config *tc_in, const us_plan_cluster *cl_in, us_plan *out,
+                               us__plan_memo *memo, char *err, size_t errlen);
+US_API us_result us_plan_cost(const us_model_config *mc_in, const us_train_config *tc_in, const us_plan_cluster *cl_in, us_plan *out, char *err, size_t errlen) {
+    return us__plan_cost(mc_in, tc_in, cl_in, out, NULL, err, errlen);
+}
+static us__plan_memo *us__plan_memo_of(us__plan_memo *memo, int n, const us_train_config *tc) {
+    int h = (int)(((unsigned)tc->pp_schedule * 131u + (unsigned)tc->pp * 31u + (unsigned)tc->grad_accum * 7u + (unsigned)tc->pp_chunks) % (unsigned)n);
+    us__plan_memo *e = &memo[h];
+    if (e->kind != tc->pp_schedule || e->pp != tc->pp || e->m != tc->grad_accum || e->v != tc->pp_chunks) {
+        memset(e, 0, sizeof *e);
+        e->kind = tc->pp_schedule; e->pp = tc->pp; e->m = tc->grad_accum; e->v = tc->pp_chunks;
+    }
+    return e;
+}
+#define US__PLAN_MEMO 4096
+static us_result us__plan_cost(const us_model_config *mc_in, const us_train_config *tc_in, const us_plan_cluster *cl_in, us_plan *out,
+                               us__plan_memo *memo, char *err, size_t errlen) {
+    us_model_config mc = *mc_in;
+    us_train_config tc = *tc_in;
+    us_plan_cluster cl = *cl_in;
+    const us_plan_rates *R;
+    us_result r;
+    int64_t world, C, T, V, HS, NH, NKV, L, n_moe = 0, l, S, st;
+    int tp, cp, pp, dp, v, m, Z, K;
+    double n, Pact, Pl, Fact, G, Af, Ab, H, gemm_f, attn_f, ef, ef_C, head_f, head_e, lat, psi, psi_l;
+    double tf_l, tb_l, tw_l, re_l, tp_l, cp_f, cp_b, ep_l, w_tp, w_dp, w_pp, w_ep, w_cp, t_msg;
+    double cF, cB, cW, cR, kTP, kCP, kEP, zF, zB;   /* one micro-batch on the slowest chunk: compute, comm */
+    int Lc = 0, Mc = 0, headc = 0;
+    us_plan_cluster_defaults(&cl);
+    R = &cl.rates;
+    if (cl.gpus_per_node < 1 || cl.nodes < 1) { us__errf(err, errlen, "the cluster needs at least one node of at least one GPU (gpus per node %d, nodes %d)", cl.gpus_per_node, cl.nodes); return US_ERR_INVALID; }
+    if (!(cl.gpu_mem_gib > 0) || !(cl.reserve_gib > 0) || !isfinite(cl.gpu_mem_gib) || !isfinite(cl.reserve_gib)) { us__errf(err, errlen, "GPU memory %g GiB and reserve %g GiB must be positive numbers", cl.gpu_mem_gib, cl.reserve_gib); return US_ERR_INVALID; }
+    if ((r = us__plan_check_rates(R, err, errlen)) != US_OK) return r;
+    if ((r = us_config_validate(&mc, &tc, err, errlen)) != US_OK) return r;
+    world = (int64_t)tc.dp * tc.tp * tc.pp * tc.cp;
+    if (world != (int64_t)cl.gpus_per_node * cl.nodes) {
+        us__errf(err, errlen, "dp %d x tp %d x pp %d x cp %d = %lld GPUs, but the cluster has %lld", tc.dp, tc.tp, tc.pp, tc.cp, (long long)world, (long long)cl.gpus_per_node * cl.nodes);
+        return US_ERR_INVALID;
+    }
+    memset(out, 0, sizeof *out);
+    out->tc = tc;
+    {
+        us__plan_memo *e = memo && tc.pp > 1 ? us__plan_memo_of(memo, US__PLAN_MEMO, &tc) : NULL;
+        if ((r = us__memory_estimate(&mc, &tc, &out->mem, e ? &e->peak : NULL, err, errlen)) != US_OK) return r;
+    }
+    out->fits = (double)out->mem.total + cl.reserve_gib * 1073741824.0 <= cl.gpu_mem_gib * 1073741824.0;
+
+    tp = tc.tp; cp = tc.cp; pp = tc.pp; dp = tc.dp; Z = tc.zero; m = tc.grad_accum; v = pp > 1 ? tc.pp_chunks : 1;
+    C = mc.dim; T = tc.seq; V = mc.vocab; L = mc.n_layers; NH = mc.n_heads; NKV = mc.n_kv_heads; HS = C / NH;
+    K = mc.moe_experts ? mc.moe_top_k : 0;
+    for (l = 0; l < L; l++) n_moe += us__is_moe(&mc, (int)l);
+    G = R->gemm_tflops * 1e12; Af = R->attn_fwd_tflops * 1e12; Ab = R->attn_bwd_tflops * 1e12; H = R->hbm_gbps * 1e9; lat = R->latency_us;
+    if (cp > 1) { Af *= R->cp_attn_eff; Ab *= R->cp_attn_eff; }
+    n = (double)tc.batch * T / cp;                    /* tokens of one micro-batch on this rank: the GEMMs' M */
+    G *= (n / (n + R->gemm_m_half)) / (16384.0 / (16384.0 + R->gemm_m_half));   /* smaller GEMMs run slower */
+    /* a layer's active parameters (the embedding is a lookup, the head a GEMM of its own) and the
+       FFN width a token passes through: what is left after attention and the norms, over 3·C */
+    Pact = (double)us_param_count_active(&mc);
+    Pl = (Pact - (double)V * C * (mc.tie_embeddings ? 1 : 2) - (double)C) / (double)L;
+    Fact = (Pl - (double)C * (NH + 2 * NKV) * HS - (double)C * NH * HS - 2.0 * C) / (3.0 * C);
+    /* per token and layer on one tp rank: FLOPs of the GEMMs (forward; B and W each the same) and
+       of attention forward (2·T·C: QKᵀ and PV over the causal half), bytes of the elementwise
+       forward: two norms, two residual adds (10·C, split by tp only under SP), RoPE on q and k,
+       SwiGLU (3·F), all bf16; the backward moves about twice the forward's bytes */
+    gemm_f = 2.0 * Pl / tp;
+    attn_f = 2.0 * T * C / tp;
+    ef_C = 2.0 * 10 * C / (tc.sp ? tp : 1);
+    ef = ef_C + 2.0 * (2.0 * (NH + NKV) * HS + 3.0 * Fact) / tp;
+    head_f = 2.0 * V * C / tp;                          /* the head GEMM forward */
+    head_e = 2.0 * 3 * V / tp + 2.0 * 4 * C;            /* cross-entropy over the logits, the final norm */
+    tf_l = gemm_f / G + attn_f / Af + ef / H;
+    tb_l = gemm_f / G + 2.5 * attn_f / Ab + 2 * ef / H; /* B: input gradients (attention's whole backward) */
+    tw_l = gemm_f / G;                                   /* W: weight gradients */
+    re_l = tc.recompute == US_RECOMPUTE_FULL ? tf_l : tc.recompute == US_RECOMPUTE_SELECTIVE ? attn_f / Af + ef / H : 0;
+    /* communication per layer and micro-batch */
+    w_tp = us__span_gbps(&cl, tp);
+    w_cp = us__span_gbps(&cl, (int64_t)tp * cp);
+    w_pp = us__span_gbps(&cl, (int64_t)tp * cp * pp);
+    w_dp = us__span_gbps(&cl, dp > 1 ? world : (int64_t)tp * cp);
+    w_ep = us__span_gbps(&cl, tc.ep <= cp ? (int64_t)tp * tc.ep : (int64_t)tp * cp * pp * (tc.ep / cp));
+    tp_l = 2 * us__coll_s(US__AR, n * C * 2, tp, w_tp, lat);   /* per pass: forward, or backward */
+    {   /* CP's ring: cp−1 steps, each one K/V block (and backward its gradients) against one block's attention */
+        double kv = n * 2.0 * (NKV / tp) * HS * 2, blk_f = n * attn_f / Af / cp, blk_b = n * 2.5 * attn_f / Ab / cp;
+        double sf = us__coll_s(US__P2P, kv, cp, w_cp, lat), sb = us__coll_s(US__P2P, 2 * kv, cp, w_cp, lat);
+        cp_f = (cp - 1) * (sf > blk_f ? sf - blk_f : 0);
+        cp_b = (cp - 1) * (sb > blk_b ? sb - blk_b : 0);
+    }
+    ep_l = 2 * us__coll_s(US__A2A, n * K * C * 2, tc.ep, w_ep, lat);   /* dispatch + combine, per pass */
+    /* the slowest pipeline chunk (layers by the model's even split; the head on the last stage) */
+    S = (int64_t)pp * v;
+    {
+        double worst = -1;
+        for (st = 0; st < S; st++) {
+            int first, count, mo = 0, k2;
+            double c;
+            us__pp_stage_layers(&mc, &tc, (int)S, (int)st, &first, &count);
+            for (k2 = first; k2 < first + count; k2++) mo += us__is_moe(&mc, k2);
+            c = count * (tf_l + tb_l + tw_l) + (st == S - 1 ? (3 * head_f) / G + 2 * head_e / H : 0);
+            if (c > worst) { worst = c; Lc = count; Mc = mo; headc = st == S - 1; }
+        }
+    }
+    cF = n * (Lc * tf_l + (headc ? head_f / G + head_e / H : 0));
+    cB = n * (Lc * tb_l + (headc ? head_f / G + head_e / H : 0));
+    cW = n * (Lc * tw_l + (headc ? head_f / G : 0));
+    cR = n * Lc * re_l;
+    kTP = Lc * tp_l * (tc.recompute == US_RECOMPUTE_FULL ? 3 : 2);   /* forward, backward (+ the recomputed forward) */
+    kCP = Lc * (cp_f + cp_b + (tc.recompute == US_RECOMPUTE_FULL ? cp_f : 0));
+    kEP = Mc * ep_l * (tc.recompute == US_RECOMPUTE_FULL ? 3 : 2);
+    /* ZeRO-3 (pp = 1): each layer's weights gathered before its forward and its backward, the
+       gradient scattered after; the next layer's gather overlaps this layer's compute */
+    psi = (double)out->mem.optimizer / 8 * (Z ? dp * cp : 1);   /* the rank's parameters (tp, pp, ep shares) */
+    psi_l = psi / (L + 2.0);
+    zF = zB = 0;
+    if (Z == 3 && dp * cp > 1) {   /* ZeRO shards over the dp·cp ranks that hold the same weights */
+        double ag = us__coll_s(US__AG, 2 * psi_l, dp * cp, w_dp, lat), rs = us__coll_s(US__RS, 4 * psi_l, dp * cp, w_dp, lat);
+        double lf = n * tf_l, lb = n * (tb_l + tw_l + re_l);
+        zF = L * (ag > lf ? ag - lf : 0) + ag;          /* + the first layer's gather, nothing to hide under */
+        zB = L * (ag + rs > lb ? ag + rs - lb : 0) + rs;
+    }
+    out->t_compute = (double)m * v * (cF + cB + cW);
+    out->t_recompute = (double)m * v * cR;
+    out->t_tp = (double)m * v * kTP;
+    out->t_cp = (double)m * v * kCP;
+    out->t_ep = (double)m * v * kEP;
+    out->t_zero3 = (double)m * (zF + zB);
+    if (pp > 1) {   /* the schedule's makespan with these per-chunk costs; the bubble is what it adds to the work */
+        us_pp_schedule s;
+        us_pp_sim sim;
+        double tF = cF + (kTP + kCP + kEP) * (1.0 / 3), tB = cB + cR + (kTP + kCP + kEP) * (2.0 / 3), tW = cW;
+        us__plan_memo *e = memo ? us__plan_memo_of(memo, US__PLAN_MEMO, &tc) : NULL;
+        double span;
+        if (e && e->span1 > 0 && e->rb == tB / tF && e->rw == tW / tF) span = e->span1 * tF;
+        else {
+            if ((r = us_pp_schedule_build(&s, (us_pp_kind)tc.pp_schedule, pp, m, v, err, errlen)) != US_OK) return r;
+            r = us_pp_simulate(&s, tF, tB, tW, &sim, err, errlen);
+            us_pp_schedule_free(&s);
+            if (r != US_OK) return r;
+            span = sim.makespan;
+            if (e) { e->rb = tB / tF; e->rw = tW / tF; e->span1 = span / tF; }
+        }
+        out->t_bubble = span - (double)m * v * (tF + tB + tW);
+        if (out->t_bubble < 0) out->t_bubble = 0;
+        t_msg = us__coll_s(US__P2P, n * C * 2, 2, w_pp, lat);
+        out->t_p2p = 2.0 * (S - 1) * t_msg;
+    }
+    {   /* data parallelism: fp32 gradients over dp·cp, overlapped with the last micro-batch's backward */
+        int g = dp * cp;
+        double gb = 4 * psi, window = v * (cB + cW + cR), bucket = (double)tc.bucket_mb * 1048576.0;
+        double ag = us__coll_s(US__AG, 2 * psi, g, w_dp, lat);   /* ZeRO-1/2: the updated bf16 weights */
+        if (Z == 0) out->t_dp = us__dp_exposed(us__coll_s(US__AR, gb, g, w_dp, lat), window, gb, bucket);
+        else if (Z == 1) out->t_dp = us__dp_exposed(us__coll_s(US__RS, gb, g, w_dp, lat), window, gb, bucket) + ag;
+        else if (Z == 2) out->t_dp = m * us__dp_exposed(us__coll_s(US__RS, gb, g, w_dp, lat), window, gb, bucket) + ag;
+        out->t_optimizer = 30.0 * (Z ? psi / g : psi) / H;
+    }
+    out->t_step = out->t_compute + out->t_recompute + out->t_tp + out->t_cp + out->t_ep + out->t_bubble + out->t_p2p + out->t_dp + out->t_zero3 + out->t_optimizer;
+    {
+        double tokens = (double)tc.batch * tc.grad_accum * dp * T;
+        out->tokens_per_s = tokens / out->t_step;
+        out->mfu = us_flops_per_token(&mc, T) * out->tokens_per_s / ((double)world * R->peak_tflops * 1e12);
+    }
+    return US_OK;
+}
+
+/* A lower bound of us_memory_estimate's weights, gradients, master and AdamW bytes, without
+   building anything: the first pipeline rank holds at least floor(L/(pp·v))·v layers, each at
+   least its attention (dense: and MLP) weights over tp, sharded by ZeRO over dp·cp. The search
+   skips the estimate (and the schedule simulation inside it) where even this cannot fit. */
+static double us__plan_state_bound(const us_model_config *mc, const us_train_config *tc) {
+    double C = (double)mc->dim, HS = C / mc->n_heads, g = (double)tc->dp * tc->cp;
+    double Pl = C * (mc->n_heads + 2.0 * mc->n_kv_heads) * HS + C * mc->n_heads * HS + (mc->moe_experts ? 0 : 3.0 * C * mc->ffn_dim);
+    int v = tc->pp > 1 ? (tc->pp_chunks ? tc->pp_chunks : 1) : 1, S = tc->pp * v;
+    double psi = (double)(mc->n_layers / S) * v * Pl / tc->tp, Z = tc->zero;
+    return psi * (2.0 / (Z == 3 ? g : 1) + 4.0 / (Z >= 2 ? g : 1) + 12.0 / (Z >= 1 ? g : 1));
+}
+static int us__plan_cmp(const void *a, const void *b) {
+    const us_plan *p = (const us_plan *)a, *q = (const us_plan *)b;   /* faster first; at equal time, less memory */
+    if (p->t_step != q->t_step) return p->t_step < q->t_step ? -1 : 1;
+    return p->mem.total < q->mem.total ? -1 : p->mem.total > q->mem.total;
+}
+US_API us_result us_plan_enumerate(const us_model_config *mc_in, const us_plan_cluster *cl_in, const us_plan_request *q_in, us_plan *out, int *n_out,
+                                   int64_t *n_valid, int64_t *n_fit, char *err, size_t errlen) {
+    static const int kinds[] = {US_PP_AFAB, US_PP_1F1B, US_PP_INTERLEAVED, US_PP_ZB1, US_PP_ZBV};
+    us_model_config mc = *mc_in;
+    us_train_config probe;
+    us_plan_cluster cl = *cl_in;
+    us_plan_request q = *q_in;
+    us_plan p;
+    us__plan_memo *memo;
+    int64_t world, Gs, nv = 0, nf = 0;
+    int tp, cp, pp, dp, ep, z, sp, mb, rc, k, nk, kept = 0, worst = -1;
+    char e2[256];
+    us_result r;
+    us_plan_cluster_defaults(&cl);
+    us_plan_request_defaults(&q);
+    *n_out = 0;
+    if (n_valid) *n_valid = 0;
+    if (n_fit) *n_fit = 0;
+    memset(&probe, 0, sizeof probe);
+    if ((r = us_config_validate(&mc, &probe, err, errlen)) != US_OK) return r;
+    if ((r = us__plan_check_rates(&cl.rates, err, errlen)) != US_OK) return r;
+    if (cl.gpus_per_node < 1 || cl.nodes < 1) { us__errf(err, errlen, "the cluster needs at least one node of at least one GPU (gpus per node %d, nodes %d)", cl.gpus_per_node, cl.nodes); return US_ERR_INVALID; }
+    if (q.seq < 1 || q.global_tokens < 1 || q.global_tokens % q.seq) {
+        us__errf(err, errlen, "the global batch of %lld tokens must be a positive multiple of seq=%d", (long long)q.global_tokens, q.seq); return US_ERR_INVALID;
+    }
+    if (q.top < 1 || q.max_micro_batch < 1) { us__errf(err, errlen, "top=%d and max micro-batch=%d must be at least 1", q.top, q.max_micro_batch); return US_ERR_INVALID; }
+    world = (int64_t)cl.gpus_per_node * cl.nodes;
+    Gs = q.global_tokens / q.seq;   /* sequences per step = dp · micro-batch · grad-accum */
+    if (!(memo = (us__plan_memo *)US_MALLOC(US__PLAN_MEMO * sizeof *memo))) { us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
+    memset(memo, 0, US__PLAN_MEMO * sizeof *memo);
+    for (tp = 1; tp <= world; tp++) { if (world % tp) continue;
+    for (cp = 1; cp <= world / tp; cp++) { if ((world / tp) % cp) continue;
+    for (pp = 1; pp <= world / tp / cp; pp++) { if ((world / tp / cp) % pp) continue;
+        dp = (int)(world / tp / cp / pp);
+        if (Gs % dp) continue;
+        /* the cheap checks first: whether tp, cp, pp suit the model at all */
+        memset(&probe, 0, sizeof probe);
+        probe.tp = tp; probe.cp = cp; probe.pp = pp; probe.dp = dp; probe.seq = q.seq;
+        { us_model_config m2 = mc; if (us_config_validate(&m2, &probe, e2, sizeof e2) != US_OK) continue; }
+        for (ep = 1; ep <= dp * cp; ep++) { if ((dp * cp) % ep || (ep > 1 && (!mc.moe_experts || mc.moe_experts % ep))) continue;
+        for (z = 0; z <= (dp * cp > 1 ? 3 : 0); z++) {   /* ZeRO shards over dp·cp: one rank has nothing to shard */
+        for (sp = 0; sp <= (tp > 1); sp++) {
+        for (mb = 1; mb <= q.max_micro_batch && mb <= Gs / dp; mb++) { if ((Gs / dp) % mb) continue;
+        for (rc = US_RECOMPUTE_NONE; rc <= US_RECOMPUTE_FULL; rc++) {
+            nk = pp > 1 ? (int)(sizeof kinds / sizeof kinds[0]) : 1;
+            for (k = 0; k < nk; k++) {
+                us_train_config tc;
+                memset(&tc, 0, sizeof tc);
+                tc.dp = dp; tc.tp = tp; tc.cp = cp; tc.pp = pp; tc.ep = ep; tc.zero = z; tc.sp = sp;
+                tc.batch = mb; tc.grad_accum = (int)(Gs / dp / mb); tc.seq = q.seq;
+                tc.recompute = (us_recompute)rc; tc.precision = US_PRECISION_BF16;
+                if (pp > 1) { tc.pp_schedule = kinds[k]; tc.pp_chunks = kinds[k] == US_PP_INTERLEAVED || kinds[k] == US_PP_ZBV ? 2 : 1; }
+                { us_model_config m2 = mc; us_train_config t2 = tc; if (us_config_validate(&m2, &t2, e2, sizeof e2) != US_OK) continue; }
+                nv++;
+                if (us__plan_state_bound(&mc, &tc) + cl.reserve_gib * 1073741824.0 > cl.gpu_mem_gib * 1073741824.0) continue;   /* cannot fit */
+                if (us__plan_cost(&mc, &tc, &cl, &p, memo, e2, sizeof e2) != US_OK || !p.fits) continue;
+                nf++;
+                if (kept < q.top) { out[kept++] = p; worst = -1; }
+                else {
+                    int i;
+                    if (worst < 0) for (worst = 0, i = 1; i < kept; i++) if (us__plan_cmp(&out[i], &out[worst]) > 0) worst = i;
+                    if (us__plan_cmp(&p, &out[worst]) < 0) { out[worst] = p; worst = -1; }
+                }
+            }
+        }}}}}
+    }}}
+    US_FREE(memo);
+    qsort(out, (size_t)kept, sizeof *out, us__plan_cmp);
+    *n_out = kept;
+    if (n_valid) *n_valid = nv;
+    if (n_fit) *n_fit = nf;
+    return US_OK;
+}
+
+static void us__cat(char *buf, size_t cap, size_t *k, const char *fmt, ...) {
+    va_list ap;
+    int n;
+    if (*k >= cap) return;
+    va_start(ap, fmt);
+    n = vsnprintf(buf + *k, cap - *k, fmt, ap);
+    va_end(ap);
+    if (n > 0) *k += (size_t)n;
+}
+US_API int us_plan_command(const us_model_config *mc_in, const us_plan *p, char *buf, size_t cap) {
+    us_model_config mc = *mc_in;
+    const us_train_config *t = &p->tc;
+    int w = t->dp * t->tp * t->pp * t->cp;
+    size_t k = 0;
+    us_model_config_defaults(&mc);
+    if (cap) buf[0] = 0;
+    us__cat(buf, cap, &k, "build/train_cuda --layers %d --dim %lld --heads %d --kv-heads %d --ffn %lld --vocab %lld%s",
+            mc.n_layers, (long long)mc.dim, mc.n_heads, mc.n_kv_heads, (long long)mc.ffn_dim, (long long)mc.vocab, mc.tie_embeddings ? " --tied" : "");
+    if (mc.moe_experts)
+        us__cat(buf, cap, &k, " --experts %d --top-k %d --moe-ffn %lld%s", mc.moe_experts, mc.moe_top_k, (long long)mc.moe_ffn_dim, mc.moe_shared ? " --shared-expert" : "");
+    /* train's --batch is the whole dp group's micro-batch: each rank takes batch/dp of it */
+    us__cat(buf, cap, &k, " --precision bf16 --seq %d --batch %d --grad-accum %d", t->seq, t->batch * t->dp, t->grad_accum);
+    if (w > 1) us__cat(buf, cap, &k, " --nproc %d", w);
+    if (t->tp > 1) us__cat(buf, cap, &k, " --tp %d%s", t->tp, t->sp ? " --sp" : "");
+    if (t->cp > 1) us__cat(buf, cap, &k, " --cp %d", t->cp);
+    if (t->ep > 1) us__cat(buf, cap, &k, " --ep %d", t->ep);
+    if (t->pp > 1) us__cat(buf, cap, &k, " --pp %d --pp-schedule %s --pp-chunks %d", t->pp, us_pp_kind_name((us_pp_kind)t->pp_schedule), t->pp_chunks);
+    us__cat(buf, cap, &k, " --zero %d --recompute %s", t->zero, us_recompute_name(t->recompute));
+    return (int)k;
 }
 
 #endif /* ULTRASCALE_IMPLEMENTATION_DONE */
