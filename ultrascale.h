@@ -59,7 +59,7 @@
      data ................................... us_data (raw text, llm.c shards), us_task
      estimator, FLOPs ....................... us_memory_estimate, us_flops_per_token, us_param_count_active
    implementation
-     // >>dtypes      bf16 / FP8 E4M3 / E5M2 conversions, bit-exact round-to-nearest-even
+     // >>dtypes      bf16 / fp16 / FP8 E4M3 / E5M2 conversions, bit-exact round-to-nearest-even
      // >>config      defaults and validation
      // >>gemm        cache-blocked, packed, OpenMP fp32 GEMM with bf16 operands
      // >>kernels     embedding, RMSNorm, RoPE, SwiGLU, cross-entropy, casts (CPU ops)
@@ -117,7 +117,8 @@ typedef enum us_dtype {
     US_E4M3,   /* FP8 (OCP "fn"): no infinities, NaN = S.1111.111, max ±448 */
     US_E5M2,   /* FP8: IEEE-like, ±inf and NaNs, max ±57344 */
     US_I32,
-    US_F64     /* host-side scalars in collectives (loss sums, norms) */
+    US_F64,    /* host-side scalars in collectives (loss sums, norms) */
+    US_F16     /* IEEE binary16: 1 sign, 5 exponent, 10 mantissa bits, max ±65504, subnormals to 2^-24 */
 } us_dtype;
 US_API size_t      us_dtype_size(us_dtype dt);
 US_API const char *us_dtype_name(us_dtype dt);
@@ -125,9 +126,12 @@ US_API const char *us_dtype_name(us_dtype dt);
 /* Round-to-nearest-even. NaN stays NaN. Finite values beyond the format's range saturate to its
    largest finite value; ±inf stays ±inf where the format has it (bf16, E5M2) and saturates to ±448
    in E4M3, which has none (the "satfinite" convention of NVIDIA's cvt instructions). bf16 is the
-   exception for finite overflow: like IEEE rounding it rounds to ±inf. */
+   exception for finite overflow: like IEEE rounding it rounds to ±inf; so is fp16 (IEEE binary16:
+   |x| ≥ 65520, halfway past 65504, rounds to ±inf; subnormals rounded on their own 2^-24 grid). */
 US_API uint16_t us_f32_to_bf16(float f);
 US_API float    us_bf16_to_f32(uint16_t h);
+US_API uint16_t us_f32_to_f16(float f);
+US_API float    us_f16_to_f32(uint16_t h);
 US_API uint8_t  us_f32_to_e4m3(float f);
 US_API float    us_e4m3_to_f32(uint8_t b);
 US_API uint8_t  us_f32_to_e5m2(float f);
@@ -321,7 +325,7 @@ US_API const char *us_cp_mode_name(us_cp_mode m);
 /* ---------------------------------------------------------------- ops table (seam 1)
    Every pointer argument below is backend memory (host for the CPU ops, device for CUDA) except
    where a comment says "host". `dt` is the dtype of activations and low-precision weights
-   (US_F32 or US_BF16); tensors marked f32 are always fp32. "+=" means the op accumulates. */
+   (US_F32, US_BF16 or US_F16); tensors marked f32 are always fp32. "+=" means the op accumulates. */
 typedef enum us_copy_kind { US_COPY_H2D = 0, US_COPY_D2H, US_COPY_D2D } us_copy_kind;
 
 typedef struct us_ops us_ops;
@@ -443,7 +447,7 @@ US_API us_ops us_cpu_ops(int nthreads);
    synchronous when `w` is NULL; otherwise it starts the collective, stores a handle in *w and
    returns at once: the caller computes and later calls wait(c, *w) — how data parallelism
    overlaps gradient reduction with the backward pass. Counts are elements of dtype dt
-   (US_F32, US_BF16, US_I32, US_F64; reductions accumulate in the dtype itself).
+   (US_F32, US_BF16, US_F16, US_I32, US_F64; reductions accumulate in the dtype itself).
    Every rank of a group must issue the group's collectives in the same order (as with MPI and
    NCCL); collectives on different groups may be in flight at the same time.
    This header defines the seam and the world of one rank (us_comm_self); ultrascale_comm.h
@@ -910,13 +914,13 @@ US_API const char *us_result_description(us_result r) {
 }
 
 /* ------------------------------------------------------------------------------------ */
-// >>dtypes  bf16 and FP8 conversions, bit-exact round-to-nearest-even
+// >>dtypes  bf16, fp16 and FP8 conversions, bit-exact round-to-nearest-even
 /* ------------------------------------------------------------------------------------ */
 US_API size_t us_dtype_size(us_dtype dt) {
     switch (dt) {
     case US_F32: case US_I32: return 4;
     case US_F64: return 8;
-    case US_BF16: return 2;
+    case US_BF16: case US_F16: return 2;
     case US_E4M3: case US_E5M2: return 1;
     }
     return 0;
@@ -925,6 +929,7 @@ US_API const char *us_dtype_name(us_dtype dt) {
     switch (dt) {
     case US_F32: return "fp32";
     case US_BF16: return "bf16";
+    case US_F16: return "fp16";
     case US_E4M3: return "e4m3";
     case US_E5M2: return "e5m2";
     case US_I32: return "i32";
@@ -946,6 +951,39 @@ static inline uint16_t us__f32_to_bf16(float f) {
 }
 US_API uint16_t us_f32_to_bf16(float f) { return us__f32_to_bf16(f); }
 US_API float    us_bf16_to_f32(uint16_t h) { return us__bf16_to_f32(h); }
+
+/* IEEE binary16 (fp16): exponent bias 15, normals 2^-14 .. 65504, subnormals m·2^-24. fp16 → fp32
+   is exact (the exponent is re-biased by 127-15 = 112, the mantissa shifted up 13 bits). */
+static inline float us__f16_to_f32(uint16_t h) {
+    uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1f) return us__bits_f32(s | 0x7f800000u | (m << 13));         /* ±inf, NaN (payload kept) */
+    if (e == 0) {                                                                /* ±0 and subnormals */
+        float f = (float)m * 5.9604644775390625e-8f;                             /* m · 2^-24, exact */
+        return s ? -f : f;
+    }
+    return us__bits_f32(s | ((e + 112u) << 23) | (m << 13));
+}
+/* fp32 → fp16, round to nearest, ties to even, in integers (independent of the FPU's mode). */
+static inline uint16_t us__f32_to_f16(float f) {
+    uint32_t u = us__f32_bits(f), s = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(s | 0x7e00u | ((a >> 13) & 0x3ffu));  /* quiet NaN, sign kept */
+    if (a >= 0x477ff000u) return (uint16_t)(s | 0x7c00u);    /* ≥ 65520 (the tie above 65504) and inf → inf */
+    if (a < 0x38800000u) {                                   /* below 2^-14: an fp16 subnormal or zero */
+        uint32_t e = a >> 23, man = (a & 0x7fffffu) | 0x800000u, sh, r, rem, half;
+        if (e < 102) return (uint16_t)s;                     /* below 2^-25 (half the smallest subnormal) */
+        sh = 126 - e;                                        /* |x| / 2^-24 = man · 2^(e-126), sh in 14..24 */
+        r = man >> sh; rem = man & ((1u << sh) - 1); half = 1u << (sh - 1);
+        if (rem > half || (rem == half && (r & 1u))) r++;    /* may carry into the smallest normal 0x0400 */
+        return (uint16_t)(s | r);
+    }
+    a += 0x0fffu + ((a >> 13) & 1u);                         /* RNE on the 13 dropped bits */
+    return (uint16_t)(s | ((a - 0x38000000u) >> 13));        /* re-bias 127 → 15; a carry may reach inf */
+}
+US_API uint16_t us_f32_to_f16(float f) { return us__f32_to_f16(f); }
+US_API float    us_f16_to_f32(uint16_t h) { return us__f16_to_f32(h); }
+/* one element of a 16-bit tensor (bf16 or fp16) */
+static inline float us__h16_to_f32(uint16_t h, us_dtype dt) { return dt == US_F16 ? us__f16_to_f32(h) : us__bf16_to_f32(h); }
+static inline uint16_t us__f32_to_h16(float f, us_dtype dt) { return dt == US_F16 ? us__f32_to_f16(f) : us__f32_to_bf16(f); }
 
 /* FP8 with `mb` mantissa bits, exponent bias `bias`, largest finite value `maxv`. The value is
    rounded to the format's grid in double (exact: scaling by powers of two), ties to even. */
@@ -988,18 +1026,20 @@ US_API float   us_e5m2_to_f32(uint8_t b) { return us__fp8_to_f32(b, 2, 15, 1); }
 static void us__load_f32(float *dst, const void *src, us_dtype dt, int64_t n) {
     int64_t i;
     if (dt == US_F32) { memcpy(dst, src, (size_t)n * 4); return; }
+    if (dt == US_F16) { for (i = 0; i < n; i++) dst[i] = us__f16_to_f32(((const uint16_t *)src)[i]); return; }
     for (i = 0; i < n; i++) dst[i] = us__bf16_to_f32(((const uint16_t *)src)[i]);
 }
 static void us__store_f32(void *dst, us_dtype dt, const float *src, int64_t n) {
     int64_t i;
     if (dt == US_F32) { memcpy(dst, src, (size_t)n * 4); return; }
+    if (dt == US_F16) { for (i = 0; i < n; i++) ((uint16_t *)dst)[i] = us__f32_to_f16(src[i]); return; }
     for (i = 0; i < n; i++) ((uint16_t *)dst)[i] = us__f32_to_bf16(src[i]);
 }
 static float us__get(const void *p, us_dtype dt, int64_t i) {
-    return dt == US_F32 ? ((const float *)p)[i] : us__bf16_to_f32(((const uint16_t *)p)[i]);
+    return dt == US_F32 ? ((const float *)p)[i] : us__h16_to_f32(((const uint16_t *)p)[i], dt);
 }
 static void us__set(void *p, us_dtype dt, int64_t i, float v) {
-    if (dt == US_F32) ((float *)p)[i] = v; else ((uint16_t *)p)[i] = us__f32_to_bf16(v);
+    if (dt == US_F32) ((float *)p)[i] = v; else ((uint16_t *)p)[i] = us__f32_to_h16(v, dt);
 }
 /* element i of a tensor of dtype dt, as a byte pointer */
 static void *us__at(const void *p, us_dtype dt, int64_t i) { return (char *)p + (size_t)i * us_dtype_size(dt); }
@@ -1248,8 +1288,8 @@ static inline float us__gemm_fma(float a, float x, float y) {
 
 /* Where a micro-tile's result goes. Always v = alpha*acc + beta*c (beta==0
    never reads c). If cb is NULL, v is stored to the fp32 tile c. Otherwise this
-   is the last K pass of a bf16 C: v += betab*cb (betab==0 never reads cb) and
-   v is rounded once to bf16 into cb; c is then only read, never written. */
+   is the last K pass of a 16-bit C (bf16, or fp16 when cf16): v += betab*cb (betab==0 never
+   reads cb) and v is rounded once into cb; c is then only read, never written. */
 typedef struct {
     float *c;
     int64_t ldc;
@@ -1257,6 +1297,7 @@ typedef struct {
     uint16_t *cb;
     int64_t ldcb;
     float betab;
+    int cf16;
 } us__gemm_out;
 
 /* Scalar epilogue for edge tiles (and the portable build). */
@@ -1271,8 +1312,8 @@ static void us__gemm_store_tile(const float *acc /* [MR][NR] */, const us__gemm_
                 o->c[i * o->ldc + j] = v;
             } else {
                 uint16_t *d = o->cb + i * o->ldcb + j;
-                if (o->betab != 0.0f) v = us__gemm_fma(o->betab, us__bf16_to_f32(*d), v);
-                *d = us__f32_to_bf16(v);
+                if (o->betab != 0.0f) v = us__gemm_fma(o->betab, o->cf16 ? us__f16_to_f32(*d) : us__bf16_to_f32(*d), v);
+                *d = o->cf16 ? us__f32_to_f16(v) : us__f32_to_bf16(v);
             }
         }
     }
@@ -1285,6 +1326,17 @@ static inline void us__gemm_store8(__m256 acc, const us__gemm_out *o, int64_t of
     if (o->beta != 0.0f) v = _mm256_fmadd_ps(_mm256_set1_ps(o->beta), _mm256_loadu_ps(o->c + off_c), v);
     if (!o->cb) {
         _mm256_storeu_ps(o->c + off_c, v);
+    } else if (o->cf16) {
+        /* fp16 C: the scalar RNE conversion (the CPU fp16 path is for checking, not speed) */
+        float t[8];
+        uint16_t *d = o->cb + off_cb;
+        int j;
+        if (o->betab != 0.0f) {
+            for (j = 0; j < 8; j++) t[j] = us__f16_to_f32(d[j]);
+            v = _mm256_fmadd_ps(_mm256_set1_ps(o->betab), _mm256_loadu_ps(t), v);
+        }
+        _mm256_storeu_ps(t, v);
+        for (j = 0; j < 8; j++) d[j] = us__f32_to_f16(t[j]);
     } else {
         uint16_t *d = o->cb + off_cb;
         __m256i u, r, nan, h;
@@ -1410,7 +1462,7 @@ static void us__gemm_pack_a(int ta, const void *A, int dtA, int64_t lda, int64_t
             } else {
                 const uint16_t *src = (const uint16_t *)A + (i0 + is) * lda + p0;
                 for (i = 0; i < mr; i++)
-                    for (k = 0; k < kc; k++) d[k * US__GEMM_MR + i] = us__bf16_to_f32(src[i * lda + k]);
+                    for (k = 0; k < kc; k++) d[k * US__GEMM_MR + i] = us__h16_to_f32(src[i * lda + k], (us_dtype)dtA);
             }
             for (i = mr; i < US__GEMM_MR; i++)
                 for (k = 0; k < kc; k++) d[k * US__GEMM_MR + i] = 0.0f;
@@ -1440,8 +1492,8 @@ static void us__gemm_pack_a(int ta, const void *A, int dtA, int64_t lda, int64_t
             } else {
                 const uint16_t *src = (const uint16_t *)A + (p0 + k) * lda + i0;
                 for (is = 0; is < full; is += US__GEMM_MR, d += sl)
-                    for (i = 0; i < US__GEMM_MR; i++) d[i] = us__bf16_to_f32(src[is + i]);
-                for (i = 0; i < rem; i++) d[i] = us__bf16_to_f32(src[full + i]);
+                    for (i = 0; i < US__GEMM_MR; i++) d[i] = us__h16_to_f32(src[is + i], (us_dtype)dtA);
+                for (i = 0; i < rem; i++) d[i] = us__h16_to_f32(src[full + i], (us_dtype)dtA);
             }
             if (rem)
                 for (i = rem; i < US__GEMM_MR; i++) d[i] = 0.0f;
@@ -1473,7 +1525,7 @@ static void us__gemm_pack_b_sliver(int tb, const void *B, int dtB, int64_t ldb, 
             } else {
                 const uint16_t *src = (const uint16_t *)B + base;
 #if US__GEMM_AVX2
-                if (nr == US__GEMM_NR) {
+                if (nr == US__GEMM_NR && dtB == US_BF16) {
                     /* bf16 -> f32: zero-extend to 32 bits, shift into the high half. */
                     __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)src));
                     __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + 8)));
@@ -1482,7 +1534,7 @@ static void us__gemm_pack_b_sliver(int tb, const void *B, int dtB, int64_t ldb, 
                     continue;
                 }
 #endif
-                for (j = 0; j < nr; j++) d[j] = us__bf16_to_f32(src[j]);
+                for (j = 0; j < nr; j++) d[j] = us__h16_to_f32(src[j], (us_dtype)dtB);
             }
             for (j = nr; j < US__GEMM_NR; j++) d[j] = 0.0f;
         }
@@ -1497,7 +1549,7 @@ static void us__gemm_pack_b_sliver(int tb, const void *B, int dtB, int64_t ldb, 
                 for (k = 0; k < kc; k++) dst[k * US__GEMM_NR + j] = src[k];
             } else {
                 const uint16_t *src = (const uint16_t *)B + base;
-                for (k = 0; k < kc; k++) dst[k * US__GEMM_NR + j] = us__bf16_to_f32(src[k]);
+                for (k = 0; k < kc; k++) dst[k * US__GEMM_NR + j] = us__h16_to_f32(src[k], (us_dtype)dtB);
             }
         }
         for (j = nr; j < US__GEMM_NR; j++)
@@ -1574,6 +1626,7 @@ static void us__gemm_worker(const us__gemm_ctx *g, int tid, int nt) {
                         const int mr = (int)(mc - ir < MR ? mc - ir : MR);
                         o.c = cf ? cf + (ic + ir) * ldcf + j0 : NULL;
                         o.cb = (g->dtC && last) ? (uint16_t *)g->C + (ic + ir) * g->ldc + jc + j0 : NULL;
+                        o.cf16 = g->dtC == US_F16;
                         us__gemm_ukr(kc, apack + ir * kc, bs, &o, mr, nr);
                     }
                 }
@@ -1594,8 +1647,8 @@ static float *us__gemm_align64(void *p) {
 /* C[M,N] = alpha * op(A)[M,K] . op(B)[K,N] + beta * C, all row-major.
    op(A) = A (M x K, stride lda) if ta==0, else A^T (A stored K x M, stride lda).
    op(B) = B (K x N, stride ldb) if tb==0, else B^T (B stored N x K, stride ldb).
-   dtA/dtB/dtC: 0 = fp32, 1 = bf16 (uint16_t). fp32 accumulation; bf16 C is
-   rounded once (RNE). beta==0 never reads C. K==0 (or alpha==0, as in BLAS)
+   dtA/dtB/dtC: a us_dtype, US_F32 (0), US_BF16 (1) or US_F16 (uint16_t). fp32 accumulation; a
+   16-bit C is rounded once (RNE). beta==0 never reads C. K==0 (or alpha==0, as in BLAS)
    gives C = beta*C without touching A/B. nthreads: 0 = all OpenMP threads.
    Bitwise deterministic for any nthreads. */
 static void us__gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
@@ -1610,7 +1663,7 @@ static void us__gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alph
         for (i = 0; i < M; i++)
             for (j = 0; j < N; j++) {
                 const float v = beta == 0.0f ? 0.0f : beta * us__get(C, (us_dtype)dtC, i * ldc + j);
-                if (dtC) ((uint16_t *)C)[i * ldc + j] = us__f32_to_bf16(v);
+                if (dtC) ((uint16_t *)C)[i * ldc + j] = us__f32_to_h16(v, (us_dtype)dtC);
                 else ((float *)C)[i * ldc + j] = v;
             }
         return;
@@ -1629,7 +1682,7 @@ static void us__gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alph
                     acc = us__gemm_fma(us__get(A, (us_dtype)dtA, i * sai + k * sak), us__get(B, (us_dtype)dtB, k * sbk + j * sbj), acc);
                 v = alpha * acc;
                 if (beta != 0.0f) v = us__gemm_fma(beta, us__get(C, (us_dtype)dtC, i * ldc + j), v);
-                if (dtC) ((uint16_t *)C)[i * ldc + j] = us__f32_to_bf16(v);
+                if (dtC) ((uint16_t *)C)[i * ldc + j] = us__f32_to_h16(v, (us_dtype)dtC);
                 else ((float *)C)[i * ldc + j] = v;
             }
         return;
@@ -1760,11 +1813,13 @@ static void us__cpu_cast(us_ops *o, void *dst, us_dtype ddt, const void *src, us
     US__PARALLEL_FOR
     for (i = 0; i < n; i++) {
         float v = sdt == US_F32 ? ((const float *)src)[i] : sdt == US_BF16 ? us__bf16_to_f32(((const uint16_t *)src)[i])
+                : sdt == US_F16 ? us__f16_to_f32(((const uint16_t *)src)[i])
                 : sdt == US_E4M3 ? us_e4m3_to_f32(((const uint8_t *)src)[i]) : sdt == US_E5M2 ? us_e5m2_to_f32(((const uint8_t *)src)[i])
                 : sdt == US_F64 ? (float)((const double *)src)[i] : (float)((const int32_t *)src)[i];
         switch (ddt) {
         case US_F32: ((float *)dst)[i] = v; break;
         case US_BF16: ((uint16_t *)dst)[i] = us__f32_to_bf16(v); break;
+        case US_F16: ((uint16_t *)dst)[i] = us__f32_to_f16(v); break;
         case US_E4M3: ((uint8_t *)dst)[i] = us_f32_to_e4m3(v); break;
         case US_E5M2: ((uint8_t *)dst)[i] = us_f32_to_e5m2(v); break;
         case US_I32: ((int32_t *)dst)[i] = (int32_t)v; break;
@@ -1776,7 +1831,7 @@ static void us__cpu_cast(us_ops *o, void *dst, us_dtype ddt, const void *src, us
 static void us__cpu_gemm(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                          const void *A, us_dtype adt, int64_t lda, const void *B, us_dtype bdt, int64_t ldb,
                          float beta, void *C, us_dtype cdt, int64_t ldc) {
-    us__gemm(ta, tb, M, N, K, alpha, A, adt == US_BF16, lda, B, bdt == US_BF16, ldb, beta, C, cdt == US_BF16, ldc, us__threads(o));
+    us__gemm(ta, tb, M, N, K, alpha, A, (int)adt, lda, B, (int)bdt, ldb, beta, C, (int)cdt, ldc, us__threads(o));
 }
 
 /* Embedding: a row gather. Backward scatters by column blocks, so every dwte element is summed
@@ -2286,8 +2341,8 @@ US_API us_result us_fp8_quantize(uint8_t *q, float *s, const void *x, us_dtype d
     int64_t MB = (M + T - 1) / T, KB = (K + T - 1) / T, KBp = us__fp8_kbp(K), i, j;
     us_result r = us__fp8_check("us_fp8_quantize", t, M, K, err, errlen);
     if (r != US_OK) return r;
-    if (dt != US_F32 && dt != US_BF16) {
-        us__errf(err, errlen, "us_fp8_quantize: x must be fp32 or bf16, not %s", us_dtype_name(dt));
+    if (dt != US_F32 && dt != US_BF16 && dt != US_F16) {
+        us__errf(err, errlen, "us_fp8_quantize: x must be fp32, bf16 or fp16, not %s", us_dtype_name(dt));
         return US_ERR_INVALID;
     }
     if (!s || ((!q || !x) && M * K > 0)) {
