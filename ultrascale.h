@@ -71,6 +71,7 @@
      // >>moe         mixture of experts: router, permute, experts, combine; bias / aux balancing
      // >>ep          expert parallelism: experts over the ep group, all-to-all dispatch and combine
      // >>recompute   activation recomputation none / selective / full
+     // >>lossscale   fp16 mixed precision: dynamic loss scaling, overflow detection, step skipping
      // >>train       gradient accumulation and the training step
      // >>data        byte tokenizer, text loader, llm.c token shards, the built-in task
      // >>sample      temperature / top-k sampling
@@ -246,7 +247,9 @@ typedef struct us_model_config {
 typedef enum us_precision {
     US_PRECISION_DEFAULT = 0, /* fp32 */
     US_PRECISION_FP32,        /* everything fp32: the reference */
-    US_PRECISION_BF16         /* bf16 params and activations, fp32 master weights, moments, grads */
+    US_PRECISION_BF16,        /* bf16 params and activations, fp32 master weights, moments, grads */
+    US_PRECISION_FP16         /* fp16 params and activations, fp32 master weights, moments, grads, and
+                                 dynamic loss scaling (// >>lossscale) */
 } us_precision;
 
 typedef enum us_recompute {
@@ -283,6 +286,11 @@ typedef struct us_train_config {
     float    adam_eps;     /* default 1e-8 */
     float    grad_clip;    /* global-norm clip; default 1.0; negative = off */
     us_precision precision;
+    /* loss scaling (// >>lossscale): the loss's gradient seed is multiplied by S and the gradients
+       divided by S before clipping and AdamW; a step whose gradients hold an inf or a NaN is skipped */
+    float    loss_scale;   /* 0: dynamic under fp16 (S starts at 2^16, halves on an overflow, doubles after
+                              loss_scale_window clean steps), none under fp32/bf16; > 0: a static S (any precision) */
+    int      loss_scale_window;   /* clean steps before S doubles; default 2000 (PyTorch GradScaler's growth_interval) */
     us_recompute recompute;
     uint64_t seed;         /* default 1337 */
     int      threads;      /* CPU threads; default: all OpenMP threads */
@@ -597,7 +605,14 @@ typedef struct us_model {
     us_layer_acts *acts;      /* [L] */
     void    *a[32];           /* named scratch activations (implementation) */
     us_memory mem;            /* what was really allocated */
-    int      step;            /* optimizer steps taken */
+    int      step;            /* optimizer steps taken (a step skipped by the loss scaler does not count) */
+    /* loss scaling (// >>lossscale) */
+    float    loss_scale;      /* S the next step's gradients carry (1: none); callers of us_forward_backward
+                                 multiply their dscale by it, us_optimizer_step divides it out */
+    int      ls_dynamic;      /* S adapts: halves on an overflow, doubles after loss_scale_window clean steps */
+    int      ls_good;         /* clean steps since S last changed */
+    int      ls_skipped;      /* the last us_optimizer_step found an overflow and skipped the update */
+    int64_t  ls_skipped_total;   /* steps skipped so far */
     /* parallelism. The flat buffers are cut into units (// >>dp): gradient buckets, or under
        ZeRO-3 one unit per layer; with ZeRO each unit is padded to split into dp equal pieces and
        this rank keeps only its piece of the sharded buffers (// >>zero). */
@@ -673,7 +688,10 @@ typedef struct us_step_stats {
     int    step;       /* 1-based index of the step just taken */
     float  loss;       /* mean loss over the valid targets of the global batch */
     float  lr;
-    float  grad_norm;  /* before clipping */
+    float  grad_norm;  /* before clipping (unscaled; inf or NaN on a step the loss scaler skipped) */
+    float  loss_scale; /* S this step's gradients carried (1 without loss scaling) */
+    int    skipped;    /* 1: the gradients overflowed, the update was skipped (step did not advance) */
+    int64_t skipped_total;   /* skipped steps so far */
     int64_t tokens;    /* tokens processed (B·T·grad_accum) */
     int64_t valid;     /* targets that counted toward the loss */
     float  pp_bubble;  /* pipeline: the ranks' mean idle fraction of the schedule's wall time (0 without pp) */
@@ -707,13 +725,16 @@ US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t
 /* The pieces of a step, for callers that drive their own loop (and for the parallel strategies). */
 US_API void      us_model_zero_grad(us_model *m);
 /* Forward and backward of one micro-batch (B ≤ tc.batch, T ≤ tc.seq, host tokens); gradients are
-   accumulated with weight dscale per valid target (1/valid for a plain mean). Returns the summed
+   accumulated with weight dscale per valid target (1/valid for a plain mean; times m->loss_scale
+   under loss scaling, // >>lossscale). Returns the summed
    loss over valid targets in *loss_sum. With dp > 1, set m->grad_sync = 1 before the last
    micro-batch so its backward launches the gradient reductions (ZeRO-2/3 reduce every one). */
 US_API us_result us_forward_backward(us_model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                                      float dscale, double *loss_sum);
-/* Finishes the gradient reductions, clips by global norm and applies AdamW with the scheduled lr
-   (ZeRO: to this rank's shard, then all-gathers the weights); returns the pre-clip norm. */
+/* Finishes the gradient reductions, divides them by m->loss_scale, clips by global norm and applies
+   AdamW with the scheduled lr (ZeRO: to this rank's shard, then all-gathers the weights); returns
+   the pre-clip norm. Under loss scaling a non-finite norm skips the update (m->ls_skipped = 1, the
+   step count stays) and returns US_OK; without it, US_ERR_NONFINITE. */
 US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr);
 US_API float     us_lr_at(const us_train_config *tc, int step);  /* step is 0-based */
 /* Sums n host doubles over the model's data-parallel group, dp×cp (every rank calls it): eval
@@ -1095,9 +1116,10 @@ US_API void us_train_config_defaults(us_train_config *c) {
     if (!c->pp_chunks) c->pp_chunks = c->pp_schedule >= 3 && c->pp_schedule != 5 ? 2 : 1;   /* interleaved(-bf), ZB-V, DualPipe-V: 2 */
     if (c->cp_mode == US_CP_DEFAULT) c->cp_mode = US_CP_ZIGZAG;
     if (c->bucket_mb == 0) c->bucket_mb = 25.0f;
+    if (c->loss_scale_window == 0) c->loss_scale_window = 2000;
 }
 US_API const char *us_precision_name(us_precision p) {
-    return p == US_PRECISION_BF16 ? "bf16" : "fp32";
+    return p == US_PRECISION_BF16 ? "bf16" : p == US_PRECISION_FP16 ? "fp16" : "fp32";
 }
 US_API const char *us_cp_mode_name(us_cp_mode m) {
     return m == US_CP_RING ? "ring" : m == US_CP_ALLGATHER ? "allgather" : "zigzag";
@@ -1171,7 +1193,10 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
     if (!(tc->adam_eps > 0)) US__BAD("adam eps=%g must be positive", tc->adam_eps);
     if (isnan(tc->weight_decay)) US__BAD("weight decay must be a number");
     if (isnan(tc->grad_clip)) US__BAD("grad clip must be a number");
-    if (tc->precision != US_PRECISION_FP32 && tc->precision != US_PRECISION_BF16) US__BAD("unknown precision %d", (int)tc->precision);
+    if (tc->precision != US_PRECISION_FP32 && tc->precision != US_PRECISION_BF16 && tc->precision != US_PRECISION_FP16)
+        US__BAD("unknown precision %d", (int)tc->precision);
+    if (!(tc->loss_scale >= 0) || !isfinite(tc->loss_scale)) US__BAD("loss scale=%g must be a finite number >= 0 (0 = dynamic under fp16)", tc->loss_scale);
+    if (tc->loss_scale_window < 1) US__BAD("loss scale window=%d must be at least 1", tc->loss_scale_window);
     if (tc->recompute < US_RECOMPUTE_NONE || tc->recompute > US_RECOMPUTE_FULL) US__BAD("unknown recompute mode %d", (int)tc->recompute);
     if (tc->threads < 0) US__BAD("threads=%d must not be negative", tc->threads);
     if (tc->dp < 1) US__BAD("dp=%d must be at least 1", tc->dp);
@@ -3393,7 +3418,7 @@ static void us__init_weights(us_model *m) {
     float proj_std = m->cfg.init_std / sqrtf(2.0f * (float)LG);
     size_t a = us_dtype_size(m->dt);
     float *h = (float *)US_MALLOC((size_t)(m->n_flat > 0 ? m->n_flat : 1) * 4);
-    uint16_t *hb = m->dt == US_BF16 ? (uint16_t *)US_MALLOC((size_t)m->n_flat * 2) : NULL;
+    uint16_t *hb = m->dt != US_F32 ? (uint16_t *)US_MALLOC((size_t)m->n_flat * 2) : NULL;
     us_ops *o = &m->ops;
     (void)a;
     for (u = 0; u < m->n_units; u++) {
@@ -3426,17 +3451,18 @@ static void us__init_weights(us_model *m) {
                 }
             }
         }
-        if (hb) for (j = 0; j < U->n; j++) hb[U->off + j] = us_f32_to_bf16(hu[j]);
+        if (hb) for (j = 0; j < U->n; j++) hb[U->off + j] = us__f32_to_h16(hu[j], m->dt);
         /* weights the forward reads: all of them, or (ZeRO-3) this rank's piece */
         if (Z < 3) o->copy(o, us__at(m->w, m->dt, U->off), hb ? (void *)(hb + U->off) : (void *)hu, (size_t)U->n * (hb ? 2 : 4), US_COPY_H2D);
         else o->copy(o, us__at(m->w, m->dt, U->shard_off), hb ? (void *)(hb + own) : (void *)(h + own), (size_t)U->piece * (hb ? 2 : 4), US_COPY_H2D);
-        /* the separate fp32 master (bf16 policy): the whole unit, or this rank's piece */
+        /* the separate fp32 master (bf16 / fp16 policy): the whole unit, or this rank's piece */
         if (hb) o->copy(o, m->master + U->shard_off, h + own, (size_t)U->piece * 4, US_COPY_H2D);
     }
     US_FREE(h); US_FREE(hb);
 }
 
 static int us__cp_pos(const us_train_config *tc, int r, int t);   /* // >>cp */
+static void us__ls_init(us_model *m);                              /* // >>lossscale */
 static us_result us__pp_connect(us_model *m);
 static us_result us__pp_plan(us_model *m);
 static void us__pp_disconnect(us_model *m);
@@ -3462,7 +3488,8 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
     m->tc = *tc;
     if ((r = us_config_validate(&m->cfg, &m->tc, m->err, sizeof m->err)) != US_OK) return r;
     m->ops = ops ? *ops : us_cpu_ops(m->tc.threads);
-    m->dt = m->tc.precision == US_PRECISION_BF16 ? US_BF16 : US_F32;
+    m->dt = m->tc.precision == US_PRECISION_BF16 ? US_BF16 : m->tc.precision == US_PRECISION_FP16 ? US_F16 : US_F32;
+    us__ls_init(m);   /* // >>lossscale */
     a = us_dtype_size(m->dt);
     if (!comm) { us_comm_self(&m->self, &m->ops); comm = &m->self; }
     m->comm = comm;
@@ -4421,7 +4448,8 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
     if (aux) {
         float *v = (float *)US_MALLOC((size_t)E * 4);
         if (!v) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
-        for (e = 0; e < E; e++) v[e] = (float)(c->moe_aux_coef * us__moe_aux_weight(m) * (double)E * cnt[e] / ((double)K * N) / (double)N);
+        for (e = 0; e < E; e++) v[e] = (float)(c->moe_aux_coef * us__moe_aux_weight(m) * (double)E * cnt[e] / ((double)K * N) / (double)N)
+                                       * m->loss_scale;   /* scaled like the main loss's seed (// >>lossscale) */
         o->copy(o, g.vec, v, (size_t)E * 4, US_COPY_H2D);
         US_FREE(v);
     }
@@ -4881,6 +4909,54 @@ layers:
 }
 
 /* ------------------------------------------------------------------------------------ */
+// >>lossscale  fp16 mixed precision: dynamic loss scaling, overflow detection, step skipping
+/* ------------------------------------------------------------------------------------ */
+/* Playbook "Mixed precision training", FP16. fp16's 5 exponent bits span only 2^-24 .. 65504:
+   activations fit, but small gradients underflow to zero in an fp16 backward. The recipe:
+   (1) forward and backward on fp16 weights and activations, computed in fp32 and rounded once on
+       store: GEMMs accumulate in fp32, RMSNorm's statistics, the softmax and the loss are fp32;
+   (2) an fp32 master copy of the weights takes the updates; gradients accumulate in fp32 and
+       AdamW's moments are fp32 (as under bf16);
+   (3) loss scaling: the loss is multiplied by S before the backward — here its gradient seed,
+       dscale·S — lifting the gradients into fp16's range; the fp32 gradients are divided by S
+       before clipping and AdamW (folded into AdamW's gradient factor, g·clip/S: no extra pass);
+   (4) overflow: an inf or a NaN anywhere in the gradients makes the global gradient norm not
+       finite — the norm every rank already agrees on (summed over dp, tp, pp, ep) — so S was too
+       large: the step is skipped (no weight, moment or step-count change) and S halves;
+   (5) after loss_scale_window clean steps S doubles, probing again for the largest S that fits.
+   A power-of-two S is exact: scaling and unscaling change no bits unless a value underflows or
+   overflows, so a static S = 2^k trains bit for bit like no scaling wherever nothing does. */
+#define US__LS_INIT 65536.0f      /* 2^16, the dynamic scaler's first S (PyTorch GradScaler's init_scale) */
+#define US__LS_MAX  16777216.0f   /* 2^24: S grows no further (apex's max_loss_scale) */
+static void us__ls_init(us_model *m) {
+    m->ls_dynamic = m->tc.loss_scale == 0 && m->tc.precision == US_PRECISION_FP16;
+    m->loss_scale = m->tc.loss_scale > 0 ? m->tc.loss_scale : m->ls_dynamic ? US__LS_INIT : 1.0f;
+    m->ls_good = m->ls_skipped = 0;
+    m->ls_skipped_total = 0;
+}
+static int us__ls_on(const us_model *m) { return m->ls_dynamic || m->tc.loss_scale > 0; }
+/* After the step's gradient norm; overflow: it is not finite. Moves S for the next step. */
+static us_result us__ls_update(us_model *m, int overflow) {
+    m->ls_skipped = overflow;
+    if (!overflow) {
+        if (m->ls_dynamic && ++m->ls_good >= m->tc.loss_scale_window) {
+            m->ls_good = 0;
+            if (m->loss_scale * 2.0f <= US__LS_MAX) m->loss_scale *= 2.0f;
+        }
+        return US_OK;
+    }
+    m->ls_skipped_total++;
+    m->ls_good = 0;
+    if (!m->ls_dynamic) return US_OK;   /* a static S: skip, keep S */
+    if (m->loss_scale <= 1.0f) {        /* Megatron's min_loss_scale: below 1 scaling no longer helps */
+        us__model_set_error(m, "the gradients overflow even at loss scale 1 (step %d); weights left unchanged", m->step + 1);
+        return US_ERR_NONFINITE;
+    }
+    m->loss_scale *= 0.5f;
+    return US_OK;
+}
+
+/* ------------------------------------------------------------------------------------ */
 // >>train  gradient accumulation and the training step
 /* ------------------------------------------------------------------------------------ */
 US_API void us_model_zero_grad(us_model *m) {
@@ -4902,9 +4978,10 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
     us_ops *o = &m->ops;
     const us_train_config *tc = &m->tc;
     int Z = tc->zero, u;
-    double norm2 = 0, t0 = us_trace_now_us();
-    float gscale = 1.0f, lr = us_lr_at(tc, m->step);
+    double norm2 = 0, gnorm, t0 = us_trace_now_us();
+    float gscale = 1.0f, lr = us_lr_at(tc, m->step), inv_s = 1.0f / m->loss_scale;   /* exact for S = 2^k */
     us_result r;
+    m->ls_skipped = 0;
     if ((r = us__grads_finish(m)) != US_OK) return r;
     /* the global gradient norm: every rank holds all of it without ZeRO; with ZeRO each holds the
        sums of its pieces, and the squares are summed over dp */
@@ -4925,10 +5002,19 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
         }
         if ((r = us__group_sum(m, &m->comm->world, &norm2, 1)) != US_OK) return r;   /* each part counted on one rank */
     }
-    if (grad_norm) *grad_norm = (float)sqrt(norm2);
+    gnorm = sqrt(norm2) / m->loss_scale;   /* unscaled (// >>lossscale) */
+    if (grad_norm) *grad_norm = (float)gnorm;
     if (lr_out) *lr_out = lr;
-    if (!isfinite(norm2)) { us__model_set_error(m, "the gradient norm is not finite at step %d; weights left unchanged", m->step + 1); return US_ERR_NONFINITE; }
-    if (tc->grad_clip > 0 && sqrt(norm2) > tc->grad_clip) gscale = (float)(tc->grad_clip / sqrt(norm2));  /* clip by global norm */
+    if (!isfinite(gnorm) && us__ls_on(m)) {   /* an overflow under loss scaling: skip the update */
+        if ((r = us__ls_update(m, 1)) != US_OK) return r;
+        if ((r = us__moe_step_end(m)) != US_OK) return r;   /* the step's routing statistics still close */
+        us__trace(m, "compute", "optimizer step (skipped)", t0);
+        return us__backend_check(m);
+    }
+    if (!isfinite(gnorm)) { us__model_set_error(m, "the gradient norm is not finite at step %d; weights left unchanged", m->step + 1); return US_ERR_NONFINITE; }
+    if (tc->grad_clip > 0 && gnorm > tc->grad_clip) gscale = (float)(tc->grad_clip / gnorm);  /* clip by global norm */
+    gscale *= inv_s;   /* and unscale, in the same factor */
+    if ((r = us__ls_update(m, 0)) != US_OK) return r;
     m->step++;
     /* The tensors tile the flat buffers, so each run of neighbours that share a weight-decay
        setting is one contiguous range: one AdamW call per run, not per tensor (a layer's
@@ -5330,7 +5416,7 @@ US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t
     int Tl = tc->seq / tc->cp;   /* under context parallelism, this rank's share of each sequence */
     int64_t per = (int64_t)tc->batch * Tl, total = per * tc->grad_accum, valid = 0, i;
     double loss = 0, pp_stat[4] = {0, 0, 0, 0};   /* pipeline: the bubble, then F, B, W ms per micro-batch */
-    float gn = 0, lr = 0;
+    float gn = 0, lr = 0, S, dscale;
     int k;
     us_result r;
     double dvalid;
@@ -5341,17 +5427,19 @@ US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t
     valid = (int64_t)dvalid;
     if (!valid) { us__model_set_error(m, "every target of the batch is ignored (< 0); nothing to learn from"); return US_ERR_INVALID; }
     us_model_zero_grad(m);
+    S = m->loss_scale;
+    dscale = (float)(1.0 / (double)valid) * S;   /* the loss's gradient seed, times S (// >>lossscale) */
     if (tc->pp > 1) {   /* the micro-batches run by the pipeline schedule (// >>pp) */
-        if ((r = us__pp_run(m, inputs, targets, per, Tl, (float)(1.0 / (double)valid), &loss)) != US_OK) return r;
+        if ((r = us__pp_run(m, inputs, targets, per, Tl, dscale, &loss)) != US_OK) return r;
     } else
         for (k = 0; k < tc->grad_accum; k++) {   /* each micro-batch adds its share of the global mean */
             double ls = 0;
             m->grad_sync = k == tc->grad_accum - 1;   /* no_sync until the last micro-batch */
-            r = us_forward_backward(m, inputs + k * per, targets + k * per, tc->batch, Tl, (float)(1.0 / (double)valid), &ls);
-            if (r != US_OK) return r;
+            r = us_forward_backward(m, inputs + k * per, targets + k * per, tc->batch, Tl, dscale, &ls);
+                if (r != US_OK) return r;
             loss += ls;
         }
-    if ((r = us_optimizer_step(m, &gn, &lr)) != US_OK) return r;
+    if ((r = us_optimizer_step(m, &gn, &lr)) != US_OK) return r;   /* unscales; may skip (// >>lossscale) */
     if ((r = us__group_sum(m, &m->mesh.pp_g, &loss, 1)) != US_OK) return r;   /* the last stage computed it */
     if ((r = us__dp_sum(m, &loss, 1)) != US_OK) return r;
     if (tc->pp > 1) {   /* the measured pp_stat: each rank's idle share of the schedule's time, and its costs, averaged */
@@ -5362,6 +5450,7 @@ US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t
     }
     if (st) {
         st->step = m->step; st->loss = (float)(loss / (double)valid); st->lr = lr; st->grad_norm = gn;
+        st->loss_scale = S; st->skipped = m->ls_skipped; st->skipped_total = m->ls_skipped_total;
         st->tokens = total * m->mesh.dp * m->mesh.cp; st->valid = valid; st->pp_bubble = (float)pp_stat[0];
         for (k = 0; k < 3; k++) st->pp_cost_ms[k] = (float)pp_stat[1 + k];
         st->moe_imbalance = m->moe_stat[0]; st->moe_aux_loss = m->moe_stat[1]; st->moe_drop_frac = m->moe_stat[2];
@@ -6141,7 +6230,7 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
         peak = sim.peak_act[0];
         psp = &ps;
     }
-    a = tc.precision == US_PRECISION_BF16 ? 2 : 4;
+    a = tc.precision == US_PRECISION_BF16 || tc.precision == US_PRECISION_FP16 ? 2 : 4;
     Z = tc.zero;
     {   /* Ψ as laid out: the same cut into units the model makes (us__plan_units), no allocation */
         us_model tmp;
