@@ -407,9 +407,11 @@ static us_result run_rank(us_comm *comm, void *arg) {
             printf("\n");
         }
         if (logf) {
-            fprintf(logf, "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"tok_s\": %.1f, \"mfu\": %.6f, \"mem_bytes\": %zu, \"time_s\": %.3f",
-                    st.step, st.loss, st.lr, st.grad_norm, tok_s, mfu, m.ops.bytes_peak, now_s() - t_start);
-            if (scaled) fprintf(logf, ", \"loss_scale\": %.9g, \"skipped\": %d, \"skipped_total\": %lld", st.loss_scale, st.skipped, (long long)st.skipped_total);
+            fprintf(logf, "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, ", st.step, st.loss, st.lr);
+            if (isfinite(st.grad_norm)) fprintf(logf, "\"grad_norm\": %.6f", st.grad_norm);
+            else fprintf(logf, "\"grad_norm\": null");   /* a step the loss scaler skipped: JSON has no inf / NaN */
+            fprintf(logf, ", \"tok_s\": %.1f, \"mfu\": %.6f, \"mem_bytes\": %zu, \"time_s\": %.3f", tok_s, mfu, m.ops.bytes_peak, now_s() - t_start);
+            if (scaled) fprintf(logf, ", \"loss_scale\": %.17g, \"skipped\": %d, \"skipped_total\": %lld", st.loss_scale, st.skipped, (long long)st.skipped_total);
             if (tc.pp > 1) fprintf(logf, ", \"pp_bubble\": %.4f, \"pp_tf_ms\": %.3f, \"pp_tb_ms\": %.3f, \"pp_tw_ms\": %.3f",
                                    st.pp_bubble, st.pp_cost_ms[0], st.pp_cost_ms[1], st.pp_cost_ms[2]);
             if (m.n_moe) {
