@@ -3,10 +3,14 @@
    weight and moment bitwise unchanged and halves S until training proceeds; the dynamic scale
    follows its rule (halve on overflow, double after `window` clean steps); a power-of-two static
    scale is neutral: fp32 and bf16 runs with S = 2^10 end bit for bit where S = 1 runs do;
-   the CPU fp16 GEMM equals an fp64 reference rounded once; bad loss-scale settings are refused. */
+   the CPU fp16 GEMM equals an fp64 reference rounded once; data-parallel ranks (ZeRO-1, ZeRO-2)
+   agree on every skip with each other and with one rank; bad loss-scale settings are refused. */
+#define _POSIX_C_SOURCE 200809L
 #define ULTRASCALE_IMPLEMENTATION
 #include "../ultrascale.h"
+#include "../ultrascale_comm.h"
 #include "us_test.h"
+#include "us_test_ranks.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -214,6 +218,56 @@ static void test_gemm_f16(void) {
     free(A); free(B); free(C);
 }
 
+/* data parallelism: each rank sees only its gradients' shard (ZeRO-2) but the overflow decision is
+   the global norm's, so every rank skips the same steps, as one rank with the whole batch does */
+#define DP_STEPS 24
+typedef struct { us_train_config tc; int skipped[2][DP_STEPS]; float S[2][DP_STEPS], loss[2][DP_STEPS]; } dp_run;
+static us_result dp_rank(us_comm *c, void *arg) {
+    dp_run *R = (dp_run *)arg;
+    us_model_config mc = task_model();
+    us_train_config tc = R->tc;
+    us_model m;
+    us_task task;
+    int rank = c ? c->world.rank : 0, dp = tc.dp, s;
+    size_t per = (size_t)(tc.batch / dp) * tc.seq, all = (size_t)tc.batch * tc.seq;
+    int32_t *in = (int32_t *)malloc(all * 4), *tgt = (int32_t *)malloc(all * 4);
+    us_result r;
+    tc.batch /= dp;
+    r = dp > 1 ? us_model_init_dist(&m, &mc, &tc, NULL, c) : us_model_init(&m, &mc, &tc, NULL);
+    if (r != US_OK) { printf("  rank %d init: %s\n", rank, m.err); free(in); free(tgt); return r; }
+    m.loss_scale = ldexpf(1, 40);
+    us_task_init(&task, 3);
+    for (s = 0; s < DP_STEPS && r == US_OK; s++) {
+        us_step_stats st;
+        us_task_batch(&task, tc.batch * dp, tc.seq, in, tgt);   /* the global batch; this rank's rows */
+        if ((r = us_train_step(&m, in + rank * per, tgt + rank * per, &st)) != US_OK) { printf("  rank %d: %s\n", rank, m.err); break; }
+        R->skipped[rank][s] = st.skipped; R->S[rank][s] = st.loss_scale; R->loss[rank][s] = st.loss;
+    }
+    us_model_free(&m);
+    free(in); free(tgt);
+    return r;
+}
+static void test_dp_agree(int zero) {
+    dp_run one, two;
+    int s, same = 1, nskip = 0;
+    float worst = 0;
+    memset(&one, 0, sizeof one);
+    one.tc = task_train(US_PRECISION_FP16, DP_STEPS);
+    one.tc.dp = 1;
+    two = one;
+    two.tc.dp = 2; two.tc.zero = zero;
+    CHECK(us_test_launch(1, dp_rank, &one, NULL, 0) == US_OK, "one rank");
+    CHECK(us_test_launch(2, dp_rank, &two, NULL, 0) == US_OK, "dp=2 zero=%d", zero);
+    for (s = 0; s < DP_STEPS; s++) {
+        if (two.skipped[0][s] != one.skipped[0][s] || two.skipped[1][s] != one.skipped[0][s] ||
+            two.S[0][s] != one.S[0][s] || two.S[1][s] != one.S[0][s]) same = 0;
+        nskip += one.skipped[0][s];
+        if (fabsf(two.loss[0][s] - one.loss[0][s]) / one.loss[0][s] > worst) worst = fabsf(two.loss[0][s] - one.loss[0][s]) / one.loss[0][s];
+    }
+    CHECK(same && nskip >= 10, "dp=2 ZeRO-%d, S = 2^40: both ranks skip one rank's %d steps and follow its S", zero, nskip);
+    CHECK(worst < 1e-2f, "dp=2 ZeRO-%d fp16: losses within 1e-2 relative of one rank's (worst %.2e)", zero, worst);
+}
+
 static void test_validation(void) {
     us_model_config mc = task_model();
     us_train_config tc = task_train(US_PRECISION_FP16, 10);
@@ -239,6 +293,8 @@ int main(int argc, char **argv) {
     test_neutral(US_PRECISION_BF16);
     test_growth();
     test_overflow_skips();
+    test_dp_agree(1);
+    test_dp_agree(2);
     if (!quick) test_converges();
     return us_test_done("test_fp16");
 }
