@@ -265,7 +265,7 @@ static void test_dp_agree(int zero) {
         if (fabsf(two.loss[0][s] - one.loss[0][s]) / one.loss[0][s] > worst) worst = fabsf(two.loss[0][s] - one.loss[0][s]) / one.loss[0][s];
     }
     CHECK(same && nskip >= 10, "dp=2 ZeRO-%d, S = 2^40: both ranks skip one rank's %d steps and follow its S", zero, nskip);
-    CHECK(worst < 1e-2f, "dp=2 ZeRO-%d fp16: losses within 1e-2 relative of one rank's (worst %.2e)", zero, worst);
+    CHECK(worst < 1e-3f, "dp=2 ZeRO-%d fp16: losses within 1e-3 relative of one rank's (worst %.2e)", zero, worst);
 }
 
 static void test_validation(void) {
