@@ -2366,8 +2366,8 @@ US_API us_result us_fp8_quantize(uint8_t *q, float *s, const void *x, us_dtype d
     int64_t MB = (M + T - 1) / T, KB = (K + T - 1) / T, KBp = us__fp8_kbp(K), i, j;
     us_result r = us__fp8_check("us_fp8_quantize", t, M, K, err, errlen);
     if (r != US_OK) return r;
-    if (dt != US_F32 && dt != US_BF16 && dt != US_F16) {
-        us__errf(err, errlen, "us_fp8_quantize: x must be fp32, bf16 or fp16, not %s", us_dtype_name(dt));
+    if (dt != US_F32 && dt != US_BF16) {
+        us__errf(err, errlen, "us_fp8_quantize: x must be fp32 or bf16, not %s", us_dtype_name(dt));
         return US_ERR_INVALID;
     }
     if (!s || ((!q || !x) && M * K > 0)) {
