@@ -61,7 +61,7 @@
      estimator, FLOPs ....................... us_memory_estimate, us_flops_per_token, us_param_count_active
      planner ................................ us_plan_enumerate, us_plan_cost, us_plan_rates_read
    implementation
-     // >>dtypes      bf16 / FP8 E4M3 / E5M2 conversions, bit-exact round-to-nearest-even
+     // >>dtypes      bf16 / fp16 / FP8 E4M3 / E5M2 conversions, bit-exact round-to-nearest-even
      // >>config      defaults and validation
      // >>gemm        cache-blocked, packed, OpenMP fp32 GEMM with bf16 operands
      // >>kernels     embedding, RMSNorm, RoPE, SwiGLU, cross-entropy, casts (CPU ops)
@@ -73,6 +73,7 @@
      // >>moe         mixture of experts: router, permute, experts, combine; bias / aux balancing
      // >>ep          expert parallelism: experts over the ep group, all-to-all dispatch and combine
      // >>recompute   activation recomputation none / selective / full
+     // >>lossscale   fp16 mixed precision: dynamic loss scaling, overflow detection, step skipping
      // >>train       gradient accumulation and the training step
      // >>data        byte tokenizer, text loader, llm.c token shards, the built-in task
      // >>sample      temperature / top-k sampling
@@ -121,7 +122,8 @@ typedef enum us_dtype {
     US_E4M3,   /* FP8 (OCP "fn"): no infinities, NaN = S.1111.111, max ±448 */
     US_E5M2,   /* FP8: IEEE-like, ±inf and NaNs, max ±57344 */
     US_I32,
-    US_F64     /* host-side scalars in collectives (loss sums, norms) */
+    US_F64,    /* host-side scalars in collectives (loss sums, norms) */
+    US_F16     /* IEEE binary16: 1 sign, 5 exponent, 10 mantissa bits, max ±65504, subnormals to 2^-24 */
 } us_dtype;
 US_API size_t      us_dtype_size(us_dtype dt);
 US_API const char *us_dtype_name(us_dtype dt);
@@ -129,9 +131,12 @@ US_API const char *us_dtype_name(us_dtype dt);
 /* Round-to-nearest-even. NaN stays NaN. Finite values beyond the format's range saturate to its
    largest finite value; ±inf stays ±inf where the format has it (bf16, E5M2) and saturates to ±448
    in E4M3, which has none (the "satfinite" convention of NVIDIA's cvt instructions). bf16 is the
-   exception for finite overflow: like IEEE rounding it rounds to ±inf. */
+   exception for finite overflow: like IEEE rounding it rounds to ±inf; so is fp16 (IEEE binary16:
+   |x| ≥ 65520, halfway past 65504, rounds to ±inf; subnormals rounded on their own 2^-24 grid). */
 US_API uint16_t us_f32_to_bf16(float f);
 US_API float    us_bf16_to_f32(uint16_t h);
+US_API uint16_t us_f32_to_f16(float f);
+US_API float    us_f16_to_f32(uint16_t h);
 US_API uint8_t  us_f32_to_e4m3(float f);
 US_API float    us_e4m3_to_f32(uint8_t b);
 US_API uint8_t  us_f32_to_e5m2(float f);
@@ -246,7 +251,9 @@ typedef struct us_model_config {
 typedef enum us_precision {
     US_PRECISION_DEFAULT = 0, /* fp32 */
     US_PRECISION_FP32,        /* everything fp32: the reference */
-    US_PRECISION_BF16         /* bf16 params and activations, fp32 master weights, moments, grads */
+    US_PRECISION_BF16,        /* bf16 params and activations, fp32 master weights, moments, grads */
+    US_PRECISION_FP16         /* fp16 params and activations, fp32 master weights, moments, grads, and
+                                 dynamic loss scaling (// >>lossscale) */
 } us_precision;
 
 typedef enum us_recompute {
@@ -283,6 +290,11 @@ typedef struct us_train_config {
     float    adam_eps;     /* default 1e-8 */
     float    grad_clip;    /* global-norm clip; default 1.0; negative = off */
     us_precision precision;
+    /* loss scaling (// >>lossscale): the loss's gradient seed is multiplied by S and the gradients
+       divided by S before clipping and AdamW; a step whose gradients hold an inf or a NaN is skipped */
+    float    loss_scale;   /* 0: dynamic under fp16 (S starts at 2^16, halves on an overflow, doubles after
+                              loss_scale_window clean steps), none under fp32/bf16; > 0: a static S (any precision) */
+    int      loss_scale_window;   /* clean steps before S doubles; default 2000 (PyTorch GradScaler's growth_interval) */
     us_recompute recompute;
     uint64_t seed;         /* default 1337 */
     int      threads;      /* CPU threads; default: all OpenMP threads */
@@ -325,7 +337,7 @@ US_API const char *us_cp_mode_name(us_cp_mode m);
 /* ---------------------------------------------------------------- ops table (seam 1)
    Every pointer argument below is backend memory (host for the CPU ops, device for CUDA) except
    where a comment says "host". `dt` is the dtype of activations and low-precision weights
-   (US_F32 or US_BF16); tensors marked f32 are always fp32. "+=" means the op accumulates. */
+   (US_F32, US_BF16 or US_F16); tensors marked f32 are always fp32. "+=" means the op accumulates. */
 typedef enum us_copy_kind { US_COPY_H2D = 0, US_COPY_D2H, US_COPY_D2D } us_copy_kind;
 
 typedef struct us_ops us_ops;
@@ -455,7 +467,7 @@ US_API us_ops us_cpu_ops(int nthreads);
    synchronous when `w` is NULL; otherwise it starts the collective, stores a handle in *w and
    returns at once: the caller computes and later calls wait(c, *w) — how data parallelism
    overlaps gradient reduction with the backward pass. Counts are elements of dtype dt
-   (US_F32, US_BF16, US_I32, US_F64; reductions accumulate in the dtype itself).
+   (US_F32, US_BF16, US_F16, US_I32, US_F64; reductions accumulate in the dtype itself).
    Every rank of a group must issue the group's collectives in the same order (as with MPI and
    NCCL); collectives on different groups may be in flight at the same time.
    This header defines the seam and the world of one rank (us_comm_self); ultrascale_comm.h
@@ -608,7 +620,14 @@ typedef struct us_model {
     us_layer_acts *acts;      /* [L] */
     void    *a[32];           /* named scratch activations (implementation) */
     us_memory mem;            /* what was really allocated */
-    int      step;            /* optimizer steps taken */
+    int      step;            /* optimizer steps taken (a step skipped by the loss scaler does not count) */
+    /* loss scaling (// >>lossscale) */
+    float    loss_scale;      /* S the next step's gradients carry (1: none); callers of us_forward_backward
+                                 multiply their dscale by it, us_optimizer_step divides it out */
+    int      ls_dynamic;      /* S adapts: halves on an overflow, doubles after loss_scale_window clean steps */
+    int      ls_good;         /* clean steps since S last changed */
+    int      ls_skipped;      /* the last us_optimizer_step found an overflow and skipped the update */
+    int64_t  ls_skipped_total;   /* steps skipped so far */
     /* parallelism. The flat buffers are cut into units (// >>dp): gradient buckets, or under
        ZeRO-3 one unit per layer; with ZeRO each unit is padded to split into dp equal pieces and
        this rank keeps only its piece of the sharded buffers (// >>zero). */
@@ -686,7 +705,10 @@ typedef struct us_step_stats {
     int    step;       /* 1-based index of the step just taken */
     float  loss;       /* mean loss over the valid targets of the global batch */
     float  lr;
-    float  grad_norm;  /* before clipping */
+    float  grad_norm;  /* before clipping (unscaled; inf or NaN on a step the loss scaler skipped) */
+    float  loss_scale; /* S this step's gradients carried (1 without loss scaling) */
+    int    skipped;    /* 1: the gradients overflowed, the update was skipped (step did not advance) */
+    int64_t skipped_total;   /* skipped steps so far */
     int64_t tokens;    /* tokens processed (B·T·grad_accum) */
     int64_t valid;     /* targets that counted toward the loss */
     float  pp_bubble;  /* pipeline: the ranks' mean idle fraction of the schedule's wall time (0 without pp) */
@@ -720,13 +742,16 @@ US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t
 /* The pieces of a step, for callers that drive their own loop (and for the parallel strategies). */
 US_API void      us_model_zero_grad(us_model *m);
 /* Forward and backward of one micro-batch (B ≤ tc.batch, T ≤ tc.seq, host tokens); gradients are
-   accumulated with weight dscale per valid target (1/valid for a plain mean). Returns the summed
+   accumulated with weight dscale per valid target (1/valid for a plain mean; times m->loss_scale
+   under loss scaling, // >>lossscale). Returns the summed
    loss over valid targets in *loss_sum. With dp > 1, set m->grad_sync = 1 before the last
    micro-batch so its backward launches the gradient reductions (ZeRO-2/3 reduce every one). */
 US_API us_result us_forward_backward(us_model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                                      float dscale, double *loss_sum);
-/* Finishes the gradient reductions, clips by global norm and applies AdamW with the scheduled lr
-   (ZeRO: to this rank's shard, then all-gathers the weights); returns the pre-clip norm. */
+/* Finishes the gradient reductions, divides them by m->loss_scale, clips by global norm and applies
+   AdamW with the scheduled lr (ZeRO: to this rank's shard, then all-gathers the weights); returns
+   the pre-clip norm. Under loss scaling a non-finite norm skips the update (m->ls_skipped = 1, the
+   step count stays) and returns US_OK; without it, US_ERR_NONFINITE. */
 US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr);
 US_API float     us_lr_at(const us_train_config *tc, int step);  /* step is 0-based */
 /* Sums n host doubles over the model's data-parallel group, dp×cp (every rank calls it): eval
@@ -1084,13 +1109,13 @@ US_API const char *us_result_description(us_result r) {
 }
 
 /* ------------------------------------------------------------------------------------ */
-// >>dtypes  bf16 and FP8 conversions, bit-exact round-to-nearest-even
+// >>dtypes  bf16, fp16 and FP8 conversions, bit-exact round-to-nearest-even
 /* ------------------------------------------------------------------------------------ */
 US_API size_t us_dtype_size(us_dtype dt) {
     switch (dt) {
     case US_F32: case US_I32: return 4;
     case US_F64: return 8;
-    case US_BF16: return 2;
+    case US_BF16: case US_F16: return 2;
     case US_E4M3: case US_E5M2: return 1;
     }
     return 0;
@@ -1099,6 +1124,7 @@ US_API const char *us_dtype_name(us_dtype dt) {
     switch (dt) {
     case US_F32: return "fp32";
     case US_BF16: return "bf16";
+    case US_F16: return "fp16";
     case US_E4M3: return "e4m3";
     case US_E5M2: return "e5m2";
     case US_I32: return "i32";
@@ -1120,6 +1146,39 @@ static inline uint16_t us__f32_to_bf16(float f) {
 }
 US_API uint16_t us_f32_to_bf16(float f) { return us__f32_to_bf16(f); }
 US_API float    us_bf16_to_f32(uint16_t h) { return us__bf16_to_f32(h); }
+
+/* IEEE binary16 (fp16): exponent bias 15, normals 2^-14 .. 65504, subnormals m·2^-24. fp16 → fp32
+   is exact (the exponent is re-biased by 127-15 = 112, the mantissa shifted up 13 bits). */
+static inline float us__f16_to_f32(uint16_t h) {
+    uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1f) return us__bits_f32(s | 0x7f800000u | (m << 13));         /* ±inf, NaN (payload kept) */
+    if (e == 0) {                                                                /* ±0 and subnormals */
+        float f = (float)m * 5.9604644775390625e-8f;                             /* m · 2^-24, exact */
+        return s ? -f : f;
+    }
+    return us__bits_f32(s | ((e + 112u) << 23) | (m << 13));
+}
+/* fp32 → fp16, round to nearest, ties to even, in integers (independent of the FPU's mode). */
+static inline uint16_t us__f32_to_f16(float f) {
+    uint32_t u = us__f32_bits(f), s = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(s | 0x7e00u | ((a >> 13) & 0x3ffu));  /* quiet NaN, sign kept */
+    if (a >= 0x477ff000u) return (uint16_t)(s | 0x7c00u);    /* ≥ 65520 (the tie above 65504) and inf → inf */
+    if (a < 0x38800000u) {                                   /* below 2^-14: an fp16 subnormal or zero */
+        uint32_t e = a >> 23, man = (a & 0x7fffffu) | 0x800000u, sh, r, rem, half;
+        if (e < 102) return (uint16_t)s;                     /* below 2^-25 (half the smallest subnormal) */
+        sh = 126 - e;                                        /* |x| / 2^-24 = man · 2^(e-126), sh in 14..24 */
+        r = man >> sh; rem = man & ((1u << sh) - 1); half = 1u << (sh - 1);
+        if (rem > half || (rem == half && (r & 1u))) r++;    /* may carry into the smallest normal 0x0400 */
+        return (uint16_t)(s | r);
+    }
+    a += 0x0fffu + ((a >> 13) & 1u);                         /* RNE on the 13 dropped bits */
+    return (uint16_t)(s | ((a - 0x38000000u) >> 13));        /* re-bias 127 → 15; a carry may reach inf */
+}
+US_API uint16_t us_f32_to_f16(float f) { return us__f32_to_f16(f); }
+US_API float    us_f16_to_f32(uint16_t h) { return us__f16_to_f32(h); }
+/* one element of a 16-bit tensor (bf16 or fp16) */
+static inline float us__h16_to_f32(uint16_t h, us_dtype dt) { return dt == US_F16 ? us__f16_to_f32(h) : us__bf16_to_f32(h); }
+static inline uint16_t us__f32_to_h16(float f, us_dtype dt) { return dt == US_F16 ? us__f32_to_f16(f) : us__f32_to_bf16(f); }
 
 /* FP8 with `mb` mantissa bits, exponent bias `bias`, largest finite value `maxv`. The value is
    rounded to the format's grid in double (exact: scaling by powers of two), ties to even. */
@@ -1162,18 +1221,20 @@ US_API float   us_e5m2_to_f32(uint8_t b) { return us__fp8_to_f32(b, 2, 15, 1); }
 static void us__load_f32(float *dst, const void *src, us_dtype dt, int64_t n) {
     int64_t i;
     if (dt == US_F32) { memcpy(dst, src, (size_t)n * 4); return; }
+    if (dt == US_F16) { for (i = 0; i < n; i++) dst[i] = us__f16_to_f32(((const uint16_t *)src)[i]); return; }
     for (i = 0; i < n; i++) dst[i] = us__bf16_to_f32(((const uint16_t *)src)[i]);
 }
 static void us__store_f32(void *dst, us_dtype dt, const float *src, int64_t n) {
     int64_t i;
     if (dt == US_F32) { memcpy(dst, src, (size_t)n * 4); return; }
+    if (dt == US_F16) { for (i = 0; i < n; i++) ((uint16_t *)dst)[i] = us__f32_to_f16(src[i]); return; }
     for (i = 0; i < n; i++) ((uint16_t *)dst)[i] = us__f32_to_bf16(src[i]);
 }
 static float us__get(const void *p, us_dtype dt, int64_t i) {
-    return dt == US_F32 ? ((const float *)p)[i] : us__bf16_to_f32(((const uint16_t *)p)[i]);
+    return dt == US_F32 ? ((const float *)p)[i] : us__h16_to_f32(((const uint16_t *)p)[i], dt);
 }
 static void us__set(void *p, us_dtype dt, int64_t i, float v) {
-    if (dt == US_F32) ((float *)p)[i] = v; else ((uint16_t *)p)[i] = us__f32_to_bf16(v);
+    if (dt == US_F32) ((float *)p)[i] = v; else ((uint16_t *)p)[i] = us__f32_to_h16(v, dt);
 }
 /* element i of a tensor of dtype dt, as a byte pointer */
 static void *us__at(const void *p, us_dtype dt, int64_t i) { return (char *)p + (size_t)i * us_dtype_size(dt); }
@@ -1229,9 +1290,10 @@ US_API void us_train_config_defaults(us_train_config *c) {
     if (!c->pp_chunks) c->pp_chunks = c->pp_schedule >= 3 && c->pp_schedule != 5 ? 2 : 1;   /* interleaved(-bf), ZB-V, DualPipe-V: 2 */
     if (c->cp_mode == US_CP_DEFAULT) c->cp_mode = US_CP_ZIGZAG;
     if (c->bucket_mb == 0) c->bucket_mb = 25.0f;
+    if (c->loss_scale_window == 0) c->loss_scale_window = 2000;
 }
 US_API const char *us_precision_name(us_precision p) {
-    return p == US_PRECISION_BF16 ? "bf16" : "fp32";
+    return p == US_PRECISION_BF16 ? "bf16" : p == US_PRECISION_FP16 ? "fp16" : "fp32";
 }
 US_API const char *us_cp_mode_name(us_cp_mode m) {
     return m == US_CP_RING ? "ring" : m == US_CP_ALLGATHER ? "allgather" : "zigzag";
@@ -1305,7 +1367,10 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
     if (!(tc->adam_eps > 0)) US__BAD("adam eps=%g must be positive", tc->adam_eps);
     if (isnan(tc->weight_decay)) US__BAD("weight decay must be a number");
     if (isnan(tc->grad_clip)) US__BAD("grad clip must be a number");
-    if (tc->precision != US_PRECISION_FP32 && tc->precision != US_PRECISION_BF16) US__BAD("unknown precision %d", (int)tc->precision);
+    if (tc->precision != US_PRECISION_FP32 && tc->precision != US_PRECISION_BF16 && tc->precision != US_PRECISION_FP16)
+        US__BAD("unknown precision %d", (int)tc->precision);
+    if (!(tc->loss_scale >= 0) || !isfinite(tc->loss_scale)) US__BAD("loss scale=%g must be a finite number >= 0 (0 = dynamic under fp16)", tc->loss_scale);
+    if (tc->loss_scale_window < 1) US__BAD("loss scale window=%d must be at least 1", tc->loss_scale_window);
     if (tc->recompute < US_RECOMPUTE_NONE || tc->recompute > US_RECOMPUTE_FULL) US__BAD("unknown recompute mode %d", (int)tc->recompute);
     if (tc->threads < 0) US__BAD("threads=%d must not be negative", tc->threads);
     if (tc->dp < 1) US__BAD("dp=%d must be at least 1", tc->dp);
@@ -1422,8 +1487,8 @@ static inline float us__gemm_fma(float a, float x, float y) {
 
 /* Where a micro-tile's result goes. Always v = alpha*acc + beta*c (beta==0
    never reads c). If cb is NULL, v is stored to the fp32 tile c. Otherwise this
-   is the last K pass of a bf16 C: v += betab*cb (betab==0 never reads cb) and
-   v is rounded once to bf16 into cb; c is then only read, never written. */
+   is the last K pass of a 16-bit C (bf16, or fp16 when cf16): v += betab*cb (betab==0 never
+   reads cb) and v is rounded once into cb; c is then only read, never written. */
 typedef struct {
     float *c;
     int64_t ldc;
@@ -1431,6 +1496,7 @@ typedef struct {
     uint16_t *cb;
     int64_t ldcb;
     float betab;
+    int cf16;
 } us__gemm_out;
 
 /* Scalar epilogue for edge tiles (and the portable build). */
@@ -1445,8 +1511,8 @@ static void us__gemm_store_tile(const float *acc /* [MR][NR] */, const us__gemm_
                 o->c[i * o->ldc + j] = v;
             } else {
                 uint16_t *d = o->cb + i * o->ldcb + j;
-                if (o->betab != 0.0f) v = us__gemm_fma(o->betab, us__bf16_to_f32(*d), v);
-                *d = us__f32_to_bf16(v);
+                if (o->betab != 0.0f) v = us__gemm_fma(o->betab, o->cf16 ? us__f16_to_f32(*d) : us__bf16_to_f32(*d), v);
+                *d = o->cf16 ? us__f32_to_f16(v) : us__f32_to_bf16(v);
             }
         }
     }
@@ -1459,6 +1525,17 @@ static inline void us__gemm_store8(__m256 acc, const us__gemm_out *o, int64_t of
     if (o->beta != 0.0f) v = _mm256_fmadd_ps(_mm256_set1_ps(o->beta), _mm256_loadu_ps(o->c + off_c), v);
     if (!o->cb) {
         _mm256_storeu_ps(o->c + off_c, v);
+    } else if (o->cf16) {
+        /* fp16 C: the scalar RNE conversion (the CPU fp16 path is for checking, not speed) */
+        float t[8];
+        uint16_t *d = o->cb + off_cb;
+        int j;
+        if (o->betab != 0.0f) {
+            for (j = 0; j < 8; j++) t[j] = us__f16_to_f32(d[j]);
+            v = _mm256_fmadd_ps(_mm256_set1_ps(o->betab), _mm256_loadu_ps(t), v);
+        }
+        _mm256_storeu_ps(t, v);
+        for (j = 0; j < 8; j++) d[j] = us__f32_to_f16(t[j]);
     } else {
         uint16_t *d = o->cb + off_cb;
         __m256i u, r, nan, h;
@@ -1584,7 +1661,7 @@ static void us__gemm_pack_a(int ta, const void *A, int dtA, int64_t lda, int64_t
             } else {
                 const uint16_t *src = (const uint16_t *)A + (i0 + is) * lda + p0;
                 for (i = 0; i < mr; i++)
-                    for (k = 0; k < kc; k++) d[k * US__GEMM_MR + i] = us__bf16_to_f32(src[i * lda + k]);
+                    for (k = 0; k < kc; k++) d[k * US__GEMM_MR + i] = us__h16_to_f32(src[i * lda + k], (us_dtype)dtA);
             }
             for (i = mr; i < US__GEMM_MR; i++)
                 for (k = 0; k < kc; k++) d[k * US__GEMM_MR + i] = 0.0f;
@@ -1614,8 +1691,8 @@ static void us__gemm_pack_a(int ta, const void *A, int dtA, int64_t lda, int64_t
             } else {
                 const uint16_t *src = (const uint16_t *)A + (p0 + k) * lda + i0;
                 for (is = 0; is < full; is += US__GEMM_MR, d += sl)
-                    for (i = 0; i < US__GEMM_MR; i++) d[i] = us__bf16_to_f32(src[is + i]);
-                for (i = 0; i < rem; i++) d[i] = us__bf16_to_f32(src[full + i]);
+                    for (i = 0; i < US__GEMM_MR; i++) d[i] = us__h16_to_f32(src[is + i], (us_dtype)dtA);
+                for (i = 0; i < rem; i++) d[i] = us__h16_to_f32(src[full + i], (us_dtype)dtA);
             }
             if (rem)
                 for (i = rem; i < US__GEMM_MR; i++) d[i] = 0.0f;
@@ -1647,7 +1724,7 @@ static void us__gemm_pack_b_sliver(int tb, const void *B, int dtB, int64_t ldb, 
             } else {
                 const uint16_t *src = (const uint16_t *)B + base;
 #if US__GEMM_AVX2
-                if (nr == US__GEMM_NR) {
+                if (nr == US__GEMM_NR && dtB == US_BF16) {
                     /* bf16 -> f32: zero-extend to 32 bits, shift into the high half. */
                     __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)src));
                     __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + 8)));
@@ -1656,7 +1733,7 @@ static void us__gemm_pack_b_sliver(int tb, const void *B, int dtB, int64_t ldb, 
                     continue;
                 }
 #endif
-                for (j = 0; j < nr; j++) d[j] = us__bf16_to_f32(src[j]);
+                for (j = 0; j < nr; j++) d[j] = us__h16_to_f32(src[j], (us_dtype)dtB);
             }
             for (j = nr; j < US__GEMM_NR; j++) d[j] = 0.0f;
         }
@@ -1671,7 +1748,7 @@ static void us__gemm_pack_b_sliver(int tb, const void *B, int dtB, int64_t ldb, 
                 for (k = 0; k < kc; k++) dst[k * US__GEMM_NR + j] = src[k];
             } else {
                 const uint16_t *src = (const uint16_t *)B + base;
-                for (k = 0; k < kc; k++) dst[k * US__GEMM_NR + j] = us__bf16_to_f32(src[k]);
+                for (k = 0; k < kc; k++) dst[k * US__GEMM_NR + j] = us__h16_to_f32(src[k], (us_dtype)dtB);
             }
         }
         for (j = nr; j < US__GEMM_NR; j++)
@@ -1748,6 +1825,7 @@ static void us__gemm_worker(const us__gemm_ctx *g, int tid, int nt) {
                         const int mr = (int)(mc - ir < MR ? mc - ir : MR);
                         o.c = cf ? cf + (ic + ir) * ldcf + j0 : NULL;
                         o.cb = (g->dtC && last) ? (uint16_t *)g->C + (ic + ir) * g->ldc + jc + j0 : NULL;
+                        o.cf16 = g->dtC == US_F16;
                         us__gemm_ukr(kc, apack + ir * kc, bs, &o, mr, nr);
                     }
                 }
@@ -1768,8 +1846,8 @@ static float *us__gemm_align64(void *p) {
 /* C[M,N] = alpha * op(A)[M,K] . op(B)[K,N] + beta * C, all row-major.
    op(A) = A (M x K, stride lda) if ta==0, else A^T (A stored K x M, stride lda).
    op(B) = B (K x N, stride ldb) if tb==0, else B^T (B stored N x K, stride ldb).
-   dtA/dtB/dtC: 0 = fp32, 1 = bf16 (uint16_t). fp32 accumulation; bf16 C is
-   rounded once (RNE). beta==0 never reads C. K==0 (or alpha==0, as in BLAS)
+   dtA/dtB/dtC: a us_dtype, US_F32 (0), US_BF16 (1) or US_F16 (uint16_t). fp32 accumulation; a
+   16-bit C is rounded once (RNE). beta==0 never reads C. K==0 (or alpha==0, as in BLAS)
    gives C = beta*C without touching A/B. nthreads: 0 = all OpenMP threads.
    Bitwise deterministic for any nthreads. */
 static void us__gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
@@ -1784,7 +1862,7 @@ static void us__gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alph
         for (i = 0; i < M; i++)
             for (j = 0; j < N; j++) {
                 const float v = beta == 0.0f ? 0.0f : beta * us__get(C, (us_dtype)dtC, i * ldc + j);
-                if (dtC) ((uint16_t *)C)[i * ldc + j] = us__f32_to_bf16(v);
+                if (dtC) ((uint16_t *)C)[i * ldc + j] = us__f32_to_h16(v, (us_dtype)dtC);
                 else ((float *)C)[i * ldc + j] = v;
             }
         return;
@@ -1803,7 +1881,7 @@ static void us__gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alph
                     acc = us__gemm_fma(us__get(A, (us_dtype)dtA, i * sai + k * sak), us__get(B, (us_dtype)dtB, k * sbk + j * sbj), acc);
                 v = alpha * acc;
                 if (beta != 0.0f) v = us__gemm_fma(beta, us__get(C, (us_dtype)dtC, i * ldc + j), v);
-                if (dtC) ((uint16_t *)C)[i * ldc + j] = us__f32_to_bf16(v);
+                if (dtC) ((uint16_t *)C)[i * ldc + j] = us__f32_to_h16(v, (us_dtype)dtC);
                 else ((float *)C)[i * ldc + j] = v;
             }
         return;
@@ -1934,11 +2012,13 @@ static void us__cpu_cast(us_ops *o, void *dst, us_dtype ddt, const void *src, us
     US__PARALLEL_FOR
     for (i = 0; i < n; i++) {
         float v = sdt == US_F32 ? ((const float *)src)[i] : sdt == US_BF16 ? us__bf16_to_f32(((const uint16_t *)src)[i])
+                : sdt == US_F16 ? us__f16_to_f32(((const uint16_t *)src)[i])
                 : sdt == US_E4M3 ? us_e4m3_to_f32(((const uint8_t *)src)[i]) : sdt == US_E5M2 ? us_e5m2_to_f32(((const uint8_t *)src)[i])
                 : sdt == US_F64 ? (float)((const double *)src)[i] : (float)((const int32_t *)src)[i];
         switch (ddt) {
         case US_F32: ((float *)dst)[i] = v; break;
         case US_BF16: ((uint16_t *)dst)[i] = us__f32_to_bf16(v); break;
+        case US_F16: ((uint16_t *)dst)[i] = us__f32_to_f16(v); break;
         case US_E4M3: ((uint8_t *)dst)[i] = us_f32_to_e4m3(v); break;
         case US_E5M2: ((uint8_t *)dst)[i] = us_f32_to_e5m2(v); break;
         case US_I32: ((int32_t *)dst)[i] = (int32_t)v; break;
@@ -1950,7 +2030,7 @@ static void us__cpu_cast(us_ops *o, void *dst, us_dtype ddt, const void *src, us
 static void us__cpu_gemm(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                          const void *A, us_dtype adt, int64_t lda, const void *B, us_dtype bdt, int64_t ldb,
                          float beta, void *C, us_dtype cdt, int64_t ldc) {
-    us__gemm(ta, tb, M, N, K, alpha, A, adt == US_BF16, lda, B, bdt == US_BF16, ldb, beta, C, cdt == US_BF16, ldc, us__threads(o));
+    us__gemm(ta, tb, M, N, K, alpha, A, (int)adt, lda, B, (int)bdt, ldb, beta, C, (int)cdt, ldc, us__threads(o));
 }
 
 /* Embedding: a row gather. Backward scatters by column blocks, so every dwte element is summed
@@ -3540,7 +3620,7 @@ static void us__init_weights(us_model *m) {
     float proj_std = m->cfg.init_std / sqrtf(2.0f * (float)LG);
     size_t a = us_dtype_size(m->dt);
     float *h = (float *)US_MALLOC((size_t)(m->n_flat > 0 ? m->n_flat : 1) * 4);
-    uint16_t *hb = m->dt == US_BF16 ? (uint16_t *)US_MALLOC((size_t)m->n_flat * 2) : NULL;
+    uint16_t *hb = m->dt != US_F32 ? (uint16_t *)US_MALLOC((size_t)m->n_flat * 2) : NULL;
     us_ops *o = &m->ops;
     (void)a;
     for (u = 0; u < m->n_units; u++) {
@@ -3565,17 +3645,18 @@ static void us__init_weights(us_model *m) {
             else   /* draw the whole tensor, keep this rank's rows (split 1) or columns (split 2) */
                 us__init_fill(h + p->offset, p->numel * m->tc.tp, 0, std, r.s, p->tp_split, m->tc.tp, m->mesh.tp_rank, p->shape[0], p->shape[1]);
         }
-        if (hb) for (j = 0; j < U->n; j++) hb[U->off + j] = us_f32_to_bf16(hu[j]);
+        if (hb) for (j = 0; j < U->n; j++) hb[U->off + j] = us__f32_to_h16(hu[j], m->dt);
         /* weights the forward reads: all of them, or (ZeRO-3) this rank's piece */
         if (Z < 3) o->copy(o, us__at(m->w, m->dt, U->off), hb ? (void *)(hb + U->off) : (void *)hu, (size_t)U->n * (hb ? 2 : 4), US_COPY_H2D);
         else o->copy(o, us__at(m->w, m->dt, U->shard_off), hb ? (void *)(hb + own) : (void *)(h + own), (size_t)U->piece * (hb ? 2 : 4), US_COPY_H2D);
-        /* the separate fp32 master (bf16 policy): the whole unit, or this rank's piece */
+        /* the separate fp32 master (bf16 / fp16 policy): the whole unit, or this rank's piece */
         if (hb) o->copy(o, m->master + U->shard_off, h + own, (size_t)U->piece * 4, US_COPY_H2D);
     }
     US_FREE(h); US_FREE(hb);
 }
 
 static int us__cp_pos(const us_train_config *tc, int r, int t);   /* // >>cp */
+static void us__ls_init(us_model *m);                              /* // >>lossscale */
 static us_result us__pp_connect(us_model *m);
 static us_result us__pp_plan(us_model *m);
 static void us__pp_disconnect(us_model *m);
@@ -3627,7 +3708,8 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
     m->tc = *tc;
     if ((r = us_config_validate(&m->cfg, &m->tc, m->err, sizeof m->err)) != US_OK) return r;
     m->ops = ops ? *ops : us_cpu_ops(m->tc.threads);
-    m->dt = m->tc.precision == US_PRECISION_BF16 ? US_BF16 : US_F32;
+    m->dt = m->tc.precision == US_PRECISION_BF16 ? US_BF16 : m->tc.precision == US_PRECISION_FP16 ? US_F16 : US_F32;
+    us__ls_init(m);   /* // >>lossscale */
     a = us_dtype_size(m->dt);
     if (!comm) { us_comm_self(&m->self, &m->ops); comm = &m->self; }
     m->comm = comm;
@@ -4628,7 +4710,8 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
     if (aux) {
         float *v = (float *)US_MALLOC((size_t)E * 4);
         if (!v) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
-        for (e = 0; e < E; e++) v[e] = (float)(c->moe_aux_coef * us__moe_aux_weight(m) * (double)E * cnt[e] / ((double)K * N) / (double)N);
+        for (e = 0; e < E; e++) v[e] = (float)(c->moe_aux_coef * us__moe_aux_weight(m) * (double)E * cnt[e] / ((double)K * N) / (double)N)
+                                       * m->loss_scale;   /* scaled like the main loss's seed (// >>lossscale) */
         o->copy(o, g.vec, v, (size_t)E * 4, US_COPY_H2D);
         US_FREE(v);
     }
@@ -5089,6 +5172,54 @@ layers:
 }
 
 /* ------------------------------------------------------------------------------------ */
+// >>lossscale  fp16 mixed precision: dynamic loss scaling, overflow detection, step skipping
+/* ------------------------------------------------------------------------------------ */
+/* Playbook "Mixed precision training", FP16. fp16's 5 exponent bits span only 2^-24 .. 65504:
+   activations fit, but small gradients underflow to zero in an fp16 backward. The recipe:
+   (1) forward and backward on fp16 weights and activations, computed in fp32 and rounded once on
+       store: GEMMs accumulate in fp32, RMSNorm's statistics, the softmax and the loss are fp32;
+   (2) an fp32 master copy of the weights takes the updates; gradients accumulate in fp32 and
+       AdamW's moments are fp32 (as under bf16);
+   (3) loss scaling: the loss is multiplied by S before the backward — here its gradient seed,
+       dscale·S — lifting the gradients into fp16's range; the fp32 gradients are divided by S
+       before clipping and AdamW (folded into AdamW's gradient factor, g·clip/S: no extra pass);
+   (4) overflow: an inf or a NaN anywhere in the gradients makes the global gradient norm not
+       finite — the norm every rank already agrees on (summed over dp, tp, pp, ep) — so S was too
+       large: the step is skipped (no weight, moment or step-count change) and S halves;
+   (5) after loss_scale_window clean steps S doubles, probing again for the largest S that fits.
+   A power-of-two S is exact: scaling and unscaling change no bits unless a value underflows or
+   overflows, so a static S = 2^k trains bit for bit like no scaling wherever nothing does. */
+#define US__LS_INIT 65536.0f      /* 2^16, the dynamic scaler's first S (PyTorch GradScaler's init_scale) */
+#define US__LS_MAX  16777216.0f   /* 2^24: S grows no further (apex's max_loss_scale) */
+static void us__ls_init(us_model *m) {
+    m->ls_dynamic = m->tc.loss_scale == 0 && m->tc.precision == US_PRECISION_FP16;
+    m->loss_scale = m->tc.loss_scale > 0 ? m->tc.loss_scale : m->ls_dynamic ? US__LS_INIT : 1.0f;
+    m->ls_good = m->ls_skipped = 0;
+    m->ls_skipped_total = 0;
+}
+static int us__ls_on(const us_model *m) { return m->ls_dynamic || m->tc.loss_scale > 0; }
+/* After the step's gradient norm; overflow: it is not finite. Moves S for the next step. */
+static us_result us__ls_update(us_model *m, int overflow) {
+    m->ls_skipped = overflow;
+    if (!overflow) {
+        if (m->ls_dynamic && ++m->ls_good >= m->tc.loss_scale_window) {
+            m->ls_good = 0;
+            if (m->loss_scale * 2.0f <= US__LS_MAX) m->loss_scale *= 2.0f;
+        }
+        return US_OK;
+    }
+    m->ls_skipped_total++;
+    m->ls_good = 0;
+    if (!m->ls_dynamic) return US_OK;   /* a static S: skip, keep S */
+    if (m->loss_scale <= 1.0f) {        /* Megatron's min_loss_scale: below 1 scaling no longer helps */
+        us__model_set_error(m, "the gradients overflow even at loss scale 1 (step %d); weights left unchanged", m->step + 1);
+        return US_ERR_NONFINITE;
+    }
+    m->loss_scale *= 0.5f;
+    return US_OK;
+}
+
+/* ------------------------------------------------------------------------------------ */
 // >>train  gradient accumulation and the training step
 /* ------------------------------------------------------------------------------------ */
 US_API void us_model_zero_grad(us_model *m) {
@@ -5110,10 +5241,11 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
     us_ops *o = &m->ops;
     const us_train_config *tc = &m->tc;
     int Z = tc->zero, u;
-    double norm2 = 0;
-    float gscale = 1.0f, lr = us_lr_at(tc, m->step);
+    double norm2 = 0, gnorm;
+    float gscale = 1.0f, lr = us_lr_at(tc, m->step), inv_s = 1.0f / m->loss_scale;   /* exact for S = 2^k */
     us_result r;
     us__tm t0;
+    m->ls_skipped = 0;
     if ((r = us__grads_finish(m)) != US_OK) return r;   /* the last reductions' waits: host regions of their own */
     t0 = us__tstart(m);
     /* the global gradient norm: every rank holds all of it without ZeRO; with ZeRO each holds the
@@ -5135,10 +5267,19 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
         }
         if ((r = us__group_sum(m, &m->comm->world, &norm2, 1)) != US_OK) return r;   /* each part counted on one rank */
     }
-    if (grad_norm) *grad_norm = (float)sqrt(norm2);
+    gnorm = sqrt(norm2) / m->loss_scale;   /* unscaled (// >>lossscale) */
+    if (grad_norm) *grad_norm = (float)gnorm;
     if (lr_out) *lr_out = lr;
-    if (!isfinite(norm2)) { us__model_set_error(m, "the gradient norm is not finite at step %d; weights left unchanged", m->step + 1); return US_ERR_NONFINITE; }
-    if (tc->grad_clip > 0 && sqrt(norm2) > tc->grad_clip) gscale = (float)(tc->grad_clip / sqrt(norm2));  /* clip by global norm */
+    if (!isfinite(gnorm) && us__ls_on(m)) {   /* an overflow under loss scaling: skip the update */
+        if ((r = us__ls_update(m, 1)) != US_OK) return r;
+        if ((r = us__moe_step_end(m)) != US_OK) return r;   /* the step's routing statistics still close */
+        us__trace(m, "compute", "optimizer step (skipped)", t0);
+        return us__backend_check(m);
+    }
+    if (!isfinite(gnorm)) { us__model_set_error(m, "the gradient norm is not finite at step %d; weights left unchanged", m->step + 1); return US_ERR_NONFINITE; }
+    if (tc->grad_clip > 0 && gnorm > tc->grad_clip) gscale = (float)(tc->grad_clip / gnorm);  /* clip by global norm */
+    gscale *= inv_s;   /* and unscale, in the same factor */
+    if ((r = us__ls_update(m, 0)) != US_OK) return r;
     m->step++;
     /* The tensors tile the flat buffers, so each run of neighbours that share a weight-decay
        setting is one contiguous range: one AdamW call per run, not per tensor (a layer's
@@ -5540,7 +5681,7 @@ US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t
     int Tl = tc->seq / tc->cp;   /* under context parallelism, this rank's share of each sequence */
     int64_t per = (int64_t)tc->batch * Tl, total = per * tc->grad_accum, valid = 0, i;
     double loss = 0, pp_stat[4] = {0, 0, 0, 0};   /* pipeline: the bubble, then F, B, W ms per micro-batch */
-    float gn = 0, lr = 0;
+    float gn = 0, lr = 0, S, dscale;
     int k;
     us_result r;
     double dvalid;
@@ -5551,17 +5692,19 @@ US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t
     valid = (int64_t)dvalid;
     if (!valid) { us__model_set_error(m, "every target of the batch is ignored (< 0); nothing to learn from"); return US_ERR_INVALID; }
     us_model_zero_grad(m);
+    S = m->loss_scale;
+    dscale = (float)(1.0 / (double)valid) * S;   /* the loss's gradient seed, times S (// >>lossscale) */
     if (tc->pp > 1) {   /* the micro-batches run by the pipeline schedule (// >>pp) */
-        if ((r = us__pp_run(m, inputs, targets, per, Tl, (float)(1.0 / (double)valid), &loss)) != US_OK) return r;
+        if ((r = us__pp_run(m, inputs, targets, per, Tl, dscale, &loss)) != US_OK) return r;
     } else
         for (k = 0; k < tc->grad_accum; k++) {   /* each micro-batch adds its share of the global mean */
             double ls = 0;
             m->grad_sync = k == tc->grad_accum - 1;   /* no_sync until the last micro-batch */
-            r = us_forward_backward(m, inputs + k * per, targets + k * per, tc->batch, Tl, (float)(1.0 / (double)valid), &ls);
-            if (r != US_OK) return r;
+            r = us_forward_backward(m, inputs + k * per, targets + k * per, tc->batch, Tl, dscale, &ls);
+                if (r != US_OK) return r;
             loss += ls;
         }
-    if ((r = us_optimizer_step(m, &gn, &lr)) != US_OK) return r;
+    if ((r = us_optimizer_step(m, &gn, &lr)) != US_OK) return r;   /* unscales; may skip (// >>lossscale) */
     if ((r = us__group_sum(m, &m->mesh.pp_g, &loss, 1)) != US_OK) return r;   /* the last stage computed it */
     if ((r = us__dp_sum(m, &loss, 1)) != US_OK) return r;
     if (tc->pp > 1) {   /* the measured pp_stat: each rank's idle share of the schedule's time, and its costs, averaged */
@@ -5573,6 +5716,7 @@ US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t
     us__trace_flush(m);   /* a GPU's regions, timed by its marks (// >>trace) */
     if (st) {
         st->step = m->step; st->loss = (float)(loss / (double)valid); st->lr = lr; st->grad_norm = gn;
+        st->loss_scale = S; st->skipped = m->ls_skipped; st->skipped_total = m->ls_skipped_total;
         st->tokens = total * m->mesh.dp * m->mesh.cp; st->valid = valid; st->pp_bubble = (float)pp_stat[0];
         for (k = 0; k < 3; k++) st->pp_cost_ms[k] = (float)pp_stat[1 + k];
         st->moe_imbalance = m->moe_stat[0]; st->moe_aux_loss = m->moe_stat[1]; st->moe_drop_frac = m->moe_stat[2];
@@ -7612,7 +7756,7 @@ static us_result us__memory_estimate(const us_model_config *mc_in, const us_trai
         }
         psp = &ps;
     }
-    a = tc.precision == US_PRECISION_BF16 ? 2 : 4;
+    a = tc.precision == US_PRECISION_BF16 || tc.precision == US_PRECISION_FP16 ? 2 : 4;
     Z = tc.zero;
     {   /* Ψ as laid out: the same cut into units the model makes (us__plan_units), no allocation */
         us_model tmp;

@@ -71,9 +71,10 @@
        reproduces the result bit for bit.
      reduce: starting at the root:  ((x[root] ⊕ x[root+1]) ⊕ ...) ⊕ x[root-1].
      ⊕ is + for SUM and AVG, max for MAX (a NaN wins). AVG divides the sum by N once at the end
-     (I32: C integer division). US_BF16 buffers hold bf16 bit patterns (uint16_t); each ⊕ adds
-     in fp32 and rounds to bf16 once (us_f32_to_bf16), like a bf16 NCCL reduction. I32 sums
-     wrap. Reductions take US_F32, US_F64, US_I32 and US_BF16; copies take any dtype.
+     (I32: C integer division). US_BF16 / US_F16 buffers hold 16-bit patterns (uint16_t); each ⊕
+     adds in fp32 and rounds once (us_f32_to_bf16 / us_f32_to_f16), like a bf16 / fp16 NCCL
+     reduction. I32 sums wrap. Reductions take US_F32, US_F64, US_I32, US_BF16 and US_F16; copies
+     take any dtype.
 
    bytes_sent (what this rank's peers read from it; counted when wait() sees success):
      all_reduce      (2K - len(rank) - len(rank+1))·size  (len(i) = chunk i's elements), i.e.
@@ -461,6 +462,15 @@ static void us__thr_reduce3(void *out, const void *a, const void *b, int64_t n, 
         }
         break;
     }
+    case US_F16: {    /* the same for fp16 */
+        uint16_t *o = (uint16_t *)out; const uint16_t *x = (const uint16_t *)a, *y = (const uint16_t *)b;
+        for (i = 0; i < n; i++) {
+            float u = us_f16_to_f32(x[i]), v = us_f16_to_f32(y[i]);
+            if (mx) o[i] = (u > v || u != u) ? x[i] : y[i];
+            else    o[i] = us_f32_to_f16(u + v);
+        }
+        break;
+    }
     default: break;   /* refused at issue */
     }
 }
@@ -472,6 +482,7 @@ static void us__thr_divide(void *buf, int64_t n, us_dtype dt, int N) {
     case US_F64: { double *p = (double *)buf; for (i = 0; i < n; i++) p[i] = p[i] / (double)N; break; }
     case US_I32: { int32_t *p = (int32_t *)buf; for (i = 0; i < n; i++) p[i] = p[i] / N; break; }
     case US_BF16: { uint16_t *p = (uint16_t *)buf; for (i = 0; i < n; i++) p[i] = us_f32_to_bf16(us_bf16_to_f32(p[i]) / (float)N); break; }
+    case US_F16: { uint16_t *p = (uint16_t *)buf; for (i = 0; i < n; i++) p[i] = us_f32_to_f16(us_f16_to_f32(p[i]) / (float)N); break; }
     default: break;
     }
 }
@@ -1014,9 +1025,9 @@ static us_result us__thr_check_group(us_comm *c, const us_group *g, const char *
 }
 static us_result us__thr_check_args(us_comm *c, const char *name, int64_t n, us_dtype dt, int reduce, us_reduce_op op) {
     if (n < 0) return us__thr_invalid(c, "%s: negative element count %lld", name, (long long)n);
-    if ((int)dt < 0 || (int)dt > (int)US_F64) return us__thr_invalid(c, "%s: unknown dtype %d", name, (int)dt);
-    if (reduce && dt != US_F32 && dt != US_F64 && dt != US_I32 && dt != US_BF16)
-        return us__thr_invalid(c, "%s: cannot reduce %s (only f32, f64, i32 and bf16)", name, us_dtype_name(dt));
+    if ((int)dt < 0 || (int)dt > (int)US_F16) return us__thr_invalid(c, "%s: unknown dtype %d", name, (int)dt);
+    if (reduce && dt != US_F32 && dt != US_F64 && dt != US_I32 && dt != US_BF16 && dt != US_F16)
+        return us__thr_invalid(c, "%s: cannot reduce %s (only f32, f64, i32, bf16 and fp16)", name, us_dtype_name(dt));
     if (reduce && ((int)op < 0 || (int)op > (int)US_REDUCE_MAX)) return us__thr_invalid(c, "%s: unknown reduce op %d", name, (int)op);
     return US_OK;
 }
@@ -2103,6 +2114,7 @@ static int us__nccl_type(us_dtype dt, ncclDataType_t *t) {
     switch (dt) {
     case US_F32: *t = ncclFloat32; return 1;
     case US_BF16: *t = ncclBfloat16; return 1;
+    case US_F16: *t = ncclFloat16; return 1;
     case US_I32: *t = ncclInt32; return 1;
     case US_F64: *t = ncclFloat64; return 1;
     default: return 0;
@@ -2125,7 +2137,7 @@ static us_result us__nccl_begin(us_comm *c, us_group *g, int64_t n, us_dtype dt,
     if (!g || !g->impl || g->size <= 0) return us__nccl_invalid(c, "%s on a group this rank is not part of", op);
     *ng = (us__nccl_group *)g->impl;
     if (n < 0) return us__nccl_invalid(c, "%s with a negative element count %lld", op, (long long)n);
-    if (!us__nccl_type(dt, t)) return us__nccl_invalid(c, "%s does not support dtype %s (f32, bf16, i32 and f64 only)", op, us_dtype_name(dt));
+    if (!us__nccl_type(dt, t)) return us__nccl_invalid(c, "%s does not support dtype %s (f32, bf16, fp16, i32 and f64 only)", op, us_dtype_name(dt));
     return US_OK;
 }
 static us_result us__nccl_rank_ok(us_comm *c, us__nccl_group *ng, int r, const char *op, const char *role) {

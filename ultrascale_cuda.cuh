@@ -15,7 +15,7 @@
 
    What is here (the Playbook's "going deeper into the GPU"):
      // >>cuda-core       device memory, one stream, error recording, memory accounting
-     // >>cuda-gemm       cuBLASLt GEMMs (bf16 or fp32 operands, fp32 accumulate), plans cached per shape
+     // >>cuda-gemm       cuBLASLt GEMMs (bf16, fp16 or fp32 operands, fp32 accumulate), plans cached per shape
      // >>cuda-kernels    embedding, RMSNorm, RoPE, SwiGLU, fused softmax-cross-entropy, casts
      // >>cuda-attention  portable attention (any dtype/head size)
      // >>cuda-flash      flash attention: bf16, HS 64/128, mma.sync tensor cores, deterministic backward
@@ -31,6 +31,7 @@
 #include "ultrascale.h"
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cublasLt.h>
 
 #ifdef __cplusplus
@@ -174,18 +175,22 @@ static void *us__cuda_scratch(us_ops *o, size_t bytes) {
     return c->scratch;
 }
 
-/* fp32 in registers, the tensor's dtype in memory; __float2bfloat16_rn rounds to nearest even */
+/* fp32 in registers, the tensor's dtype in memory; __float2bfloat16_rn and __float2half_rn round
+   to nearest even (fp16: overflow to ±inf, subnormals kept, as us_f32_to_f16) */
 __device__ __forceinline__ float us__ld(const float *p, int64_t i) { return p[i]; }
 __device__ __forceinline__ float us__ld(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ float us__ld(const __half *p, int64_t i) { return __half2float(p[i]); }
 __device__ __forceinline__ void us__st(float *p, int64_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void us__st(__nv_bfloat16 *p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void us__st(__half *p, int64_t i, float v) { p[i] = __float2half_rn(v); }
 
-/* Calls KERNEL<float> or KERNEL<__nv_bfloat16> by the runtime dtype. */
+/* Calls KERNEL<float>, KERNEL<__nv_bfloat16> or KERNEL<__half> by the runtime dtype. */
 #define US__DISPATCH(o, dt, LAUNCH)                                                          \
     do {                                                                                     \
         if ((dt) == US_F32) { typedef float T_; LAUNCH; }                                    \
         else if ((dt) == US_BF16) { typedef __nv_bfloat16 T_; LAUNCH; }                      \
-        else us__cuda_fail(o, "dtype", "only fp32 and bf16 tensors are supported here", __FILE__, __LINE__); \
+        else if ((dt) == US_F16) { typedef __half T_; LAUNCH; }                              \
+        else us__cuda_fail(o, "dtype", "only fp32, bf16 and fp16 tensors are supported here", __FILE__, __LINE__); \
         US__LAUNCHED(o);                                                                     \
     } while (0)
 
@@ -220,7 +225,7 @@ __device__ float us__block_max(float v, float *sh) {
 /* Row-major C[M,N] = op(A)·op(B) is column-major Cᵀ[N,M] = op(B)ᵀ·op(A)ᵀ: cuBLASLt gets B as
    its first operand and A as its second, with the transposes swapped into place. A plan
    (descriptors + the heuristic's best algorithm) is built once per shape and reused. */
-static cudaDataType_t us__cuda_type(us_dtype dt) { return dt == US_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
+static cudaDataType_t us__cuda_type(us_dtype dt) { return dt == US_BF16 ? CUDA_R_16BF : dt == US_F16 ? CUDA_R_16F : CUDA_R_32F; }
 
 static us__gemm_plan *us__gemm_plan_get(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64_t K, us_dtype adt,
                                         int64_t lda, us_dtype bdt, int64_t ldb, us_dtype cdt, int64_t ldc, int beta0) {
@@ -296,6 +301,12 @@ static __device__ __forceinline__ void us__ldv(const __nv_bfloat16 *p, float *f)
 #pragma unroll
     for (int k = 0; k < 4; k++) { float2 t = __bfloat1622float2(h[k]); f[2 * k] = t.x; f[2 * k + 1] = t.y; }
 }
+static __device__ __forceinline__ void us__ldv(const __half *p, float *f) {
+    uint4 u = *reinterpret_cast<const uint4 *>(p);
+    const __half2 *h = reinterpret_cast<const __half2 *>(&u);
+#pragma unroll
+    for (int k = 0; k < 4; k++) { float2 t = __half22float2(h[k]); f[2 * k] = t.x; f[2 * k + 1] = t.y; }
+}
 static __device__ __forceinline__ void us__stv(float *p, const float *f) {
     *reinterpret_cast<float4 *>(p) = make_float4(f[0], f[1], f[2], f[3]);
 }
@@ -306,13 +317,27 @@ static __device__ __forceinline__ void us__stv(__nv_bfloat16 *p, const float *f)
     for (int k = 0; k < 4; k++) h[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);   /* each rounds to nearest even */
     *reinterpret_cast<uint4 *>(p) = u;
 }
-/* 4 values into a low-precision copy: one float4 (fp32) or one 8-byte store (bf16) */
+static __device__ __forceinline__ void us__stv(__half *p, const float *f) {
+    uint4 u;
+    __half2 *h = reinterpret_cast<__half2 *>(&u);
+#pragma unroll
+    for (int k = 0; k < 4; k++) h[k] = __floats2half2_rn(f[2 * k], f[2 * k + 1]);
+    *reinterpret_cast<uint4 *>(p) = u;
+}
+/* 4 values into a low-precision copy: one float4 (fp32) or one 8-byte store (bf16, fp16) */
 static __device__ __forceinline__ void us__st4(float *p, const float *f) { us__stv(p, f); }
 static __device__ __forceinline__ void us__st4(__nv_bfloat16 *p, const float *f) {
     uint2 u;
     __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&u);
     h[0] = __floats2bfloat162_rn(f[0], f[1]);
     h[1] = __floats2bfloat162_rn(f[2], f[3]);
+    *reinterpret_cast<uint2 *>(p) = u;
+}
+static __device__ __forceinline__ void us__st4(__half *p, const float *f) {
+    uint2 u;
+    __half2 *h = reinterpret_cast<__half2 *>(&u);
+    h[0] = __floats2half2_rn(f[0], f[1]);
+    h[1] = __floats2half2_rn(f[2], f[3]);
     *reinterpret_cast<uint2 *>(p) = u;
 }
 static int us__al(const void *p, unsigned bytes) { return ((uintptr_t)p & (uintptr_t)(bytes - 1)) == 0; }
@@ -326,10 +351,12 @@ __global__ void us__k_cast(D *dst, const S *src, int64_t n) {
 static void us__cuda_cast(us_ops *o, void *dst, us_dtype ddt, const void *src, us_dtype sdt, int64_t n) {
     cudaStream_t s = us__cu(o)->stream;
     unsigned g = us__blocks(n, 256);
-    if (sdt == US_F32 && ddt == US_BF16) us__k_cast<<<g, 256, 0, s>>>((__nv_bfloat16 *)dst, (const float *)src, n);
+    if (sdt == ddt) US__CU(o, cudaMemcpyAsync(dst, src, (size_t)n * us_dtype_size(sdt), cudaMemcpyDeviceToDevice, s));
+    else if (sdt == US_F32 && ddt == US_BF16) us__k_cast<<<g, 256, 0, s>>>((__nv_bfloat16 *)dst, (const float *)src, n);
     else if (sdt == US_BF16 && ddt == US_F32) us__k_cast<<<g, 256, 0, s>>>((float *)dst, (const __nv_bfloat16 *)src, n);
-    else if (sdt == ddt) US__CU(o, cudaMemcpyAsync(dst, src, (size_t)n * us_dtype_size(sdt), cudaMemcpyDeviceToDevice, s));
-    else us__cuda_fail(o, "cast", "only fp32 <-> bf16 casts are implemented on CUDA", __FILE__, __LINE__);
+    else if (sdt == US_F32 && ddt == US_F16) us__k_cast<<<g, 256, 0, s>>>((__half *)dst, (const float *)src, n);
+    else if (sdt == US_F16 && ddt == US_F32) us__k_cast<<<g, 256, 0, s>>>((float *)dst, (const __half *)src, n);
+    else us__cuda_fail(o, "cast", "only fp32 <-> bf16 and fp32 <-> fp16 casts are implemented on CUDA", __FILE__, __LINE__);
     US__LAUNCHED(o);
 }
 
@@ -2679,7 +2706,7 @@ static void us__cuda_adamw(us_ops *o, float *p, const float *g, float *m, float 
                            float lr, float beta1, float beta2, float eps, float wd, float gscale, int step) {
     cudaStream_t s = us__cu(o)->stream;
     float bc1 = 1.0f - powf(beta1, (float)step), bc2 = 1.0f - powf(beta2, (float)step);
-    int lowbf = p_lowp && lowdt != US_F32;   /* which copy the kernels write: bf16, fp32 or none */
+    int lowbf = p_lowp && lowdt != US_F32;   /* which copy the kernels write: bf16 / fp16, fp32 or none */
     int64_t head = (int64_t)(((16 - ((uintptr_t)p & 15)) & 15) / 4), nvec = n > head ? (n - head) / 4 : 0;
     int vec = us__al(p, 4) && nvec > 0 && us__al16(g + head) && us__al16(m + head) && us__al16(v + head) &&
               (!p_lowp || (lowbf ? us__al((const __nv_bfloat16 *)p_lowp + head, 8) : us__al16((const float *)p_lowp + head)));
@@ -2687,10 +2714,12 @@ static void us__cuda_adamw(us_ops *o, float *p, const float *g, float *m, float 
         int64_t rest = n - head - 4 * nvec;
         unsigned gr = us__blocks(nvec > head + rest ? nvec : head + rest, 256);
         if (!lowbf) us__k_adamw_vec<float><<<gr, 256, 0, s>>>(p, g, m, v, (float *)p_lowp, n, head, nvec, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
+        else if (lowdt == US_F16) us__k_adamw_vec<__half><<<gr, 256, 0, s>>>(p, g, m, v, (__half *)p_lowp, n, head, nvec, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
         else us__k_adamw_vec<__nv_bfloat16><<<gr, 256, 0, s>>>(p, g, m, v, (__nv_bfloat16 *)p_lowp, n, head, nvec, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
     } else {
         unsigned gr = us__blocks(n, 256);
         if (!lowbf) us__k_adamw<float><<<gr, 256, 0, s>>>(p, g, m, v, (float *)p_lowp, n, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
+        else if (lowdt == US_F16) us__k_adamw<__half><<<gr, 256, 0, s>>>(p, g, m, v, (__half *)p_lowp, n, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
         else us__k_adamw<__nv_bfloat16><<<gr, 256, 0, s>>>(p, g, m, v, (__nv_bfloat16 *)p_lowp, n, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
     }
     US__LAUNCHED(o);

@@ -6,7 +6,8 @@
        build/train --data input.txt --steps 2000 --seq 256 --dim 256 --layers 6
    Every step prints one line; --log FILE.jsonl writes one JSON object per step with the keys
    step, loss, lr, grad_norm, tok_s, mfu, mem_bytes (+ eval_loss, eval_acc on eval steps; + moe_imbalance,
-   moe_aux_loss, moe_drop_frac, moe_load with --experts).
+   moe_aux_loss, moe_drop_frac, moe_load with --experts; + loss_scale, skipped, skipped_total under loss
+   scaling: --precision fp16, or --loss-scale S > 0).
    Compiled with nvcc and -DUS_CUDA (make train-cuda) it trains on the GPU by default.
 
    Data parallelism: --dp N runs N ranks — threads of this process on the CPU, one process per
@@ -73,7 +74,10 @@ static void usage(FILE *f) {
         "  --min-lr-frac X   cosine floor as a fraction of lr (default 0.1)\n"
         "  --wd X            AdamW weight decay on 2-D weights (default 0.1)\n"
         "  --clip X          global-norm gradient clip, 0 = off (default 1.0)\n"
-        "  --precision P     fp32 | bf16 (default fp32)\n"
+        "  --precision P     fp32 | bf16 | fp16 (default fp32); fp16 scales the loss dynamically\n"
+        "  --loss-scale S    static loss scale S > 0 (any precision), 0 = dynamic under fp16: starts at\n"
+        "                    2^16, halves and skips the step on an inf/NaN gradient (default 0)\n"
+        "  --loss-scale-window N  clean steps before a dynamic scale doubles (default 2000)\n"
         "  --recompute R     none | selective | full (default none)\n"
         "  --seed N          seed for init and data (default 1337)\n"
         "  --threads N       CPU threads (default: all)\n"
@@ -271,6 +275,7 @@ static us_result run_rank(us_comm *comm, void *arg) {
     FILE *logf = NULL;
     int32_t *gin = NULL, *gtgt = NULL, *in = NULL, *tgt = NULL;
     double t_start, flops_tok;
+    int scaled;
     float peak_tflops = o->peak_tflops;
     us_result r = US_OK;
     tc.batch = Bg / dp;
@@ -369,6 +374,7 @@ static us_result run_rank(us_comm *comm, void *arg) {
 #ifdef ULTRASCALE_NCCL
     if (have_nccl) watchdog_start(&wd, rank, o->comm_timeout);
 #endif
+    scaled = m.ls_dynamic || m.tc.loss_scale > 0;   /* the loss scaler is on (// >>lossscale) */
     for (i = m.step; i < tc.steps; i++) {
         us_step_stats st;
         double t0 = now_s(), dt, tok_s, mfu, eval_loss = -1, eval_acc = -1;
@@ -395,7 +401,8 @@ static us_result run_rank(us_comm *comm, void *arg) {
         dt = now_s() - t0;
         tok_s = (double)st.tokens / dt;
         mfu = flops_tok * tok_s / (peak_tflops * 1e12);
-        if ((o->eval_every && st.step % o->eval_every == 0) || st.step == tc.steps) {
+        /* (a step the loss scaler skipped did not advance st.step: no second eval at its number) */
+        if ((o->eval_every && !st.skipped && st.step % o->eval_every == 0) || i == tc.steps - 1) {
             /* held-out loss and next-token accuracy on the scored targets, summed over the ranks */
             double v[3] = {0, 0, 0};
             int64_t c = 0, j;
@@ -415,6 +422,7 @@ static us_result run_rank(us_comm *comm, void *arg) {
             printf("step %5d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% | mem %.2f MiB",
                    st.step, st.loss, st.lr, st.grad_norm, tok_s, 100 * mfu, (double)m.ops.bytes_peak / 1048576.0);
             if (tc.pp > 1) printf(" | bubble %.1f%%", 100 * st.pp_bubble);
+            if (scaled) printf(" | loss scale %g | skipped %d/%lld", st.loss_scale, st.skipped, (long long)st.skipped_total);
             if (m.n_moe) {   /* the router: how uneven the experts' loads are, the aux loss, the dropped share */
                 printf(" | moe imbalance %.2f", st.moe_imbalance);
                 if (mc.moe_balance == US_MOE_BALANCE_AUX) printf(" aux %.4f", st.moe_aux_loss);
@@ -424,8 +432,11 @@ static us_result run_rank(us_comm *comm, void *arg) {
             printf("\n");
         }
         if (logf) {
-            fprintf(logf, "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"tok_s\": %.1f, \"mfu\": %.6f, \"mem_bytes\": %zu, \"time_s\": %.3f",
-                    st.step, st.loss, st.lr, st.grad_norm, tok_s, mfu, m.ops.bytes_peak, now_s() - t_start);
+            fprintf(logf, "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, ", st.step, st.loss, st.lr);
+            if (isfinite(st.grad_norm)) fprintf(logf, "\"grad_norm\": %.6f", st.grad_norm);
+            else fprintf(logf, "\"grad_norm\": null");   /* a step the loss scaler skipped: JSON has no inf / NaN */
+            fprintf(logf, ", \"tok_s\": %.1f, \"mfu\": %.6f, \"mem_bytes\": %zu, \"time_s\": %.3f", tok_s, mfu, m.ops.bytes_peak, now_s() - t_start);
+            if (scaled) fprintf(logf, ", \"loss_scale\": %.17g, \"skipped\": %d, \"skipped_total\": %lld", st.loss_scale, st.skipped, (long long)st.skipped_total);
             if (tc.pp > 1) fprintf(logf, ", \"pp_bubble\": %.4f, \"pp_tf_ms\": %.3f, \"pp_tb_ms\": %.3f, \"pp_tw_ms\": %.3f",
                                    st.pp_bubble, st.pp_cost_ms[0], st.pp_cost_ms[1], st.pp_cost_ms[2]);
             if (m.n_moe) {
@@ -684,6 +695,8 @@ int main(int argc, char **argv) {
             else if (!strcmp(v, "none")) mc.moe_balance = US_MOE_BALANCE_NONE;
             else return bad("--moe-balance must be bias, aux or none, got", v);
         }
+        else if (!strcmp(f, "--loss-scale")) ok = parse_float(v, 0, 3e38f, &tc.loss_scale);
+        else if (!strcmp(f, "--loss-scale-window")) ok = parse_int(v, 1, 1 << 30, &tc.loss_scale_window);
         else if (!strcmp(f, "--peak-tflops")) ok = parse_float(v, 1e-6f, 1e9f, &o.peak_tflops);
         else if (!strcmp(f, "--schedule")) {
             if (!strcmp(v, "cosine")) tc.schedule = US_LR_COSINE;
@@ -692,7 +705,8 @@ int main(int argc, char **argv) {
         } else if (!strcmp(f, "--precision")) {
             if (!strcmp(v, "fp32")) tc.precision = US_PRECISION_FP32;
             else if (!strcmp(v, "bf16")) tc.precision = US_PRECISION_BF16;
-            else return bad("--precision must be fp32 or bf16, got", v);
+            else if (!strcmp(v, "fp16")) tc.precision = US_PRECISION_FP16;
+            else return bad("--precision must be fp32, bf16 or fp16, got", v);
         } else if (!strcmp(f, "--recompute")) {
             if (!strcmp(v, "none")) tc.recompute = US_RECOMPUTE_NONE;
             else if (!strcmp(v, "selective")) tc.recompute = US_RECOMPUTE_SELECTIVE;

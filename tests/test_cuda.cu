@@ -14,14 +14,19 @@ static us_ops G, Ccpu;   /* the GPU ops and the CPU reference ops */
 static void *up(const void *h, size_t bytes) { void *d = G.alloc(&G, bytes); G.copy(&G, d, h, bytes, US_COPY_H2D); return d; }
 static void down(void *h, const void *d, size_t bytes) { G.copy(&G, h, d, bytes, US_COPY_D2H); }
 static float *rnd_f32(int64_t n, float a) { float *x = (float *)malloc((size_t)n * 4); int64_t i; for (i = 0; i < n; i++) x[i] = (float)((rnd01() * 2 - 1) * a); return x; }
-/* host buffer of dtype dt holding x (rounded when bf16) */
+/* host buffer of dtype dt holding x (rounded when bf16 or fp16) */
 static void *as_dt(const float *x, int64_t n, us_dtype dt) {
     void *h = malloc((size_t)n * us_dtype_size(dt));
     int64_t i;
-    for (i = 0; i < n; i++) { if (dt == US_F32) ((float *)h)[i] = x[i]; else ((uint16_t *)h)[i] = us_f32_to_bf16(x[i]); }
+    for (i = 0; i < n; i++) {
+        if (dt == US_F32) ((float *)h)[i] = x[i];
+        else ((uint16_t *)h)[i] = dt == US_F16 ? us_f32_to_f16(x[i]) : us_f32_to_bf16(x[i]);
+    }
     return h;
 }
-static double get(const void *h, us_dtype dt, int64_t i) { return dt == US_F32 ? ((const float *)h)[i] : us_bf16_to_f32(((const uint16_t *)h)[i]); }
+static double get(const void *h, us_dtype dt, int64_t i) {
+    return dt == US_F32 ? ((const float *)h)[i] : dt == US_F16 ? us_f16_to_f32(((const uint16_t *)h)[i]) : us_bf16_to_f32(((const uint16_t *)h)[i]);
+}
 /* ‖gpu − cpu‖ / ‖cpu‖ over n elements of dtype dt (both host); NaN anywhere fails */
 static double relerr(const void *gpu, const void *cpu, us_dtype dt, int64_t n) {
     double num = 0, den = 0;
@@ -482,9 +487,42 @@ static void test_training(us_precision prec, us_recompute rc) {
         if (fabsf(sa.loss - sb.loss) / sa.loss > worst) worst = fabsf(sa.loss - sb.loss) / sa.loss;
     }
     /* MoE: a near-tie in the router can pick another expert on the GPU, so its fp32 bound is looser */
-    CHECK(worst < (prec == US_PRECISION_BF16 ? 2e-2f : mc.moe_experts ? 1e-3f : 1e-4f), "%s recompute %s%s: GPU losses follow the CPU run over 8 steps (worst rel diff %.2e)",
+    CHECK(worst < (prec != US_PRECISION_FP32 ? 2e-2f : mc.moe_experts ? 1e-3f : 1e-4f), "%s recompute %s%s: GPU losses follow the CPU run over 8 steps (worst rel diff %.2e)",
           us_precision_name(prec), us_recompute_name(rc), mc.moe_experts ? " MoE E=4 top-2 + shared" : "", worst);
     CHECK(b.ops.bytes_peak >= b.mem.total, "device peak %zu bytes covers the model's %zu", b.ops.bytes_peak, b.mem.total);
+    free(in); free(tgt);
+    us_model_free(&a); us_model_free(&b);
+}
+
+/* fp16 with a first loss scale of 2^40: CPU and GPU skip the same steps (the overflow is found
+   by the gradient norm on each backend), halve S alike, then train alike (// >>lossscale) */
+static void test_fp16_overflow(void) {
+    us_model_config mc;
+    us_train_config tc;
+    us_model a, b;
+    us_task task;
+    int32_t *in, *tgt;
+    int s, same = 1, skipped = 0;
+    float worst = 0;
+    memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
+    mc.n_layers = 2; mc.dim = 128; mc.n_heads = 2; mc.n_kv_heads = 1;
+    tc.batch = 4; tc.seq = 71; tc.steps = 40; tc.lr = 3e-3f; tc.precision = US_PRECISION_FP16;
+    CHECK(us_model_init(&a, &mc, &tc, NULL) == US_OK, "cpu model");
+    CHECK(us_model_init(&b, &mc, &tc, &G) == US_OK, "gpu model: %s", us_model_error(&b));
+    a.loss_scale = b.loss_scale = ldexpf(1, 40);
+    in = (int32_t *)malloc((size_t)tc.batch * tc.seq * 4); tgt = (int32_t *)malloc((size_t)tc.batch * tc.seq * 4);
+    us_task_init(&task, 5);
+    for (s = 0; s < 30; s++) {
+        us_step_stats sa, sb;
+        us_task_batch(&task, tc.batch, tc.seq, in, tgt);
+        us_train_step(&a, in, tgt, &sa);
+        if (us_train_step(&b, in, tgt, &sb) != US_OK) { CHECK(0, "gpu step: %s", us_model_error(&b)); break; }
+        if (sa.skipped != sb.skipped || sa.loss_scale != sb.loss_scale) same = 0;
+        skipped += sb.skipped;
+        if (fabsf(sa.loss - sb.loss) / sa.loss > worst) worst = fabsf(sa.loss - sb.loss) / sa.loss;
+    }
+    CHECK(same && skipped >= 10 && a.step == b.step, "fp16, S = 2^40: the GPU skips the CPU's steps (%d skipped, %d taken on both: %d)", skipped, b.step, same);
+    CHECK(worst < 2e-2f, "fp16 after the skips: GPU losses follow the CPU's (worst rel diff %.2e)", worst);
     free(in); free(tgt);
     us_model_free(&a); us_model_free(&b);
 }
@@ -515,17 +553,25 @@ int main(int argc, char **argv) {
     test_ops(US_BF16, 4, 2, 16, 40, 304, 1000, 0);
     test_ops(US_F32, 3, 1, 10, 41, 301, 1003, 1);    /* scalar fallbacks, misaligned AdamW */
     test_ops(US_BF16, 3, 1, 10, 41, 301, 1003, 3);
+    test_ops(US_F16, 4, 2, 16, 40, 304, 1000, 0);
+    test_ops(US_F16, 3, 1, 10, 41, 301, 1003, 3);
     test_attention_shapes();
     test_attn_blocks();
     test_training(US_PRECISION_FP32, US_RECOMPUTE_NONE);
     test_training(US_PRECISION_BF16, US_RECOMPUTE_NONE);
     test_training(US_PRECISION_BF16, US_RECOMPUTE_FULL);
+    test_training(US_PRECISION_FP16, US_RECOMPUTE_NONE);
+    test_training(US_PRECISION_FP16, US_RECOMPUTE_FULL);
+    test_fp16_overflow();
     test_moe_ops(US_F32);
     test_moe_ops(US_BF16);
+    test_moe_ops(US_F16);
     test_empty_rows(US_F32);
     test_empty_rows(US_BF16);
+    test_empty_rows(US_F16);
     test_training(US_PRECISION_FP32, US_RECOMPUTE_SELECTIVE);   /* a MoE model (see test_training) */
     test_training(US_PRECISION_BF16, US_RECOMPUTE_SELECTIVE);
+    test_training(US_PRECISION_FP16, US_RECOMPUTE_SELECTIVE);
     test_errors();
     us_cuda_ops_free(&G);
     return us_test_done("test_cuda");

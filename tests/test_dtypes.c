@@ -1,4 +1,4 @@
-/* test_dtypes.c — bf16 / FP8 E4M3 / E5M2 conversions against known bit patterns, exhaustive
+/* test_dtypes.c — bf16 / fp16 / FP8 E4M3 / E5M2 conversions against known bit patterns, exhaustive
    round-trips, nearest-value checks on random floats, us_dtype_size and the cast op. */
 #define ULTRASCALE_IMPLEMENTATION
 #include "../ultrascale.h"
@@ -169,6 +169,105 @@ static void test_e5m2(void) {
     check_nearest("e5m2", us_f32_to_e5m2, us_e5m2_to_f32, 57344.0, 0x7B, -14, 10000);
 }
 
+/* fp16 (IEEE binary16) value of a pattern, from the format's definition, in double */
+static double f16_value(uint32_t h) {
+    int e = (int)(h >> 10) & 31, m = (int)(h & 0x3FF);
+    double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(1024 + m, e - 25);
+    return (h & 0x8000) ? -v : v;
+}
+
+static void test_f16(void) {
+    uint32_t h, u;
+    int bad = 0, first_bad = -1, badtie = 0, first_tie = -1;
+    CHECK(us_f32_to_f16(1.0f) == 0x3C00, "fp16(1.0) = 0x%04x, want 0x3C00", us_f32_to_f16(1.0f));
+    CHECK(us_f32_to_f16(-2.0f) == 0xC000, "fp16(-2.0) = 0x%04x, want 0xC000", us_f32_to_f16(-2.0f));
+    CHECK(us_f32_to_f16(65504.0f) == 0x7BFF, "fp16(65504) = 0x%04x, want 0x7BFF (max)", us_f32_to_f16(65504.0f));
+    CHECK(us_f32_to_f16(65519.996f) == 0x7BFF, "fp16(65519.996) = 0x%04x, want 0x7BFF", us_f32_to_f16(65519.996f));
+    CHECK(us_f32_to_f16(65520.0f) == 0x7C00, "fp16(65520, tie above max) = 0x%04x, want 0x7C00 (inf)", us_f32_to_f16(65520.0f));
+    CHECK(us_f32_to_f16(-1e6f) == 0xFC00, "fp16(-1e6) = 0x%04x, want 0xFC00 (-inf)", us_f32_to_f16(-1e6f));
+    CHECK(us_f32_to_f16(FLT_MAX) == 0x7C00, "fp16(FLT_MAX) = 0x%04x, want 0x7C00", us_f32_to_f16(FLT_MAX));
+    CHECK(us_f32_to_f16(INFINITY) == 0x7C00 && us_f32_to_f16(-INFINITY) == 0xFC00, "fp16(±inf) = 0x%04x 0x%04x",
+          us_f32_to_f16(INFINITY), us_f32_to_f16(-INFINITY));
+    CHECK(us_f32_to_f16(ldexpf(1, -14)) == 0x0400, "fp16(2^-14) = 0x%04x, want 0x0400 (smallest normal)", us_f32_to_f16(ldexpf(1, -14)));
+    CHECK(us_f32_to_f16(ldexpf(1, -24)) == 0x0001, "fp16(2^-24) = 0x%04x, want 0x0001", us_f32_to_f16(ldexpf(1, -24)));
+    CHECK(us_f32_to_f16(ldexpf(1, -25)) == 0x0000, "fp16(2^-25, tie) = 0x%04x, want 0 (even)", us_f32_to_f16(ldexpf(1, -25)));
+    CHECK(us_f32_to_f16(nextafterf(ldexpf(1, -25), 1)) == 0x0001, "fp16(just above 2^-25) = 0x%04x, want 0x0001",
+          us_f32_to_f16(nextafterf(ldexpf(1, -25), 1)));
+    CHECK(us_f32_to_f16(3 * ldexpf(1, -25)) == 0x0002, "fp16(3·2^-25, tie) = 0x%04x, want 0x0002", us_f32_to_f16(3 * ldexpf(1, -25)));
+    CHECK(us_f32_to_f16(ldexpf(1, -14) - ldexpf(1, -25)) == 0x0400, "fp16(2^-14 - 2^-25, tie) = 0x%04x, want 0x0400 (carry to normal)",
+          us_f32_to_f16(ldexpf(1, -14) - ldexpf(1, -25)));
+    CHECK(us_f32_to_f16(1e-30f) == 0x0000 && us_f32_to_f16(-1e-30f) == 0x8000, "fp16(±1e-30) = 0x%04x 0x%04x, want ±0",
+          us_f32_to_f16(1e-30f), us_f32_to_f16(-1e-30f));
+    CHECK(us_f32_to_f16(bitsf(0x00000001u)) == 0x0000, "fp16(smallest f32 subnormal) = 0x%04x", us_f32_to_f16(bitsf(0x00000001u)));
+    CHECK(us_f32_to_f16(-0.0f) == 0x8000, "fp16(-0) = 0x%04x", us_f32_to_f16(-0.0f));
+    {
+        uint32_t nans[4] = { 0x7FC00000u, 0x7F800001u, 0xFF800001u, 0x7FFFFFFFu };
+        int i;
+        for (i = 0; i < 4; i++) {
+            uint16_t r = us_f32_to_f16(bitsf(nans[i]));
+            CHECK((r & 0x7C00) == 0x7C00 && (r & 0x03FF) != 0, "fp16(NaN 0x%08x) = 0x%04x is not a NaN", (unsigned)nans[i], r);
+            CHECK((r & 0x8000) == (nans[i] >> 16 & 0x8000), "fp16(NaN 0x%08x) = 0x%04x lost the sign", (unsigned)nans[i], r);
+        }
+    }
+    /* every fp16 pattern: decodes to the value the format defines, and encodes back to itself */
+    for (h = 0; h < 65536; h++) {
+        float f = us_f16_to_f32((uint16_t)h);
+        double want = f16_value(h);
+        int isnan_pat = (h & 0x7C00) == 0x7C00 && (h & 0x3FF);
+        int ok = isnan_pat ? is_nan_f(f) && is_nan_f(us_f16_to_f32(us_f32_to_f16(f))) && (us_f32_to_f16(f) & 0x8000) == (h & 0x8000)
+                           : (double)f == want && !signbit(f) == !signbit(want) && us_f32_to_f16(f) == h;
+        if (!ok) { bad++; if (first_bad < 0) first_bad = (int)h; }
+    }
+    CHECK(bad == 0, "fp16 decode + round trip over all 65536 patterns: %d bad (first 0x%04x)", bad, first_bad);
+    /* the tie table, from first principles: between consecutive fp16 magnitudes a < b (b = 65536
+       past the max, which rounds to inf = 0x7C00), the midpoint goes to the even pattern, one fp32
+       ulp below it to a, one above to b; same for negatives */
+    for (h = 0; h < 0x7C00; h++) {
+        double a = f16_value(h), b = h + 1 == 0x7C00 ? 65536.0 : f16_value(h + 1);
+        float mid = (float)((a + b) / 2);   /* exact: 12 significant bits */
+        uint16_t even = (h & 1) ? (uint16_t)(h + 1) : (uint16_t)h, s;
+        int ok = (double)mid == (a + b) / 2;
+        for (s = 0; s <= 0x8000 && ok; s = (uint16_t)(s + 0x8000)) {
+            float sg = s ? -1.0f : 1.0f;
+            ok = us_f32_to_f16(sg * mid) == (even | s) && us_f32_to_f16(sg * nextafterf(mid, 0)) == (h | s) &&
+                 us_f32_to_f16(sg * nextafterf(mid, INFINITY)) == ((h + 1) | s);
+            if (s) break;
+        }
+        if (!ok) { badtie++; if (first_tie < 0) first_tie = (int)h; }
+    }
+    CHECK(badtie == 0, "fp16 midpoints (ties to even, ±1 fp32 ulp) over all 31744 gaps: %d bad (first 0x%04x)", badtie, first_tie);
+#ifdef __FLT16_MAX__
+    /* an independent reference: the compiler's own _Float16 conversion (F16C's vcvtps2ph or
+       libgcc's __truncsfhf2), on every 61st fp32 pattern plus the 2^16 patterns u<<16 | 0x1000 */
+    {
+        int badc = 0;
+        uint32_t first = 0;
+        for (u = 0;; u += 61) {
+            float f = bitsf(u);
+            __extension__ _Float16 r = (_Float16)f;
+            uint16_t rb, mine = us_f32_to_f16(f);
+            memcpy(&rb, &r, 2);
+            if (rb != mine && !(is_nan_f(f) && (mine & 0x7C00) == 0x7C00 && (mine & 0x3FF) && (rb & 0x7FFF) > 0x7C00)) {
+                if (!badc) first = u;
+                badc++;
+            }
+            if (u > 0xFFFFFFFFu - 61) break;
+        }
+        for (u = 0; u < 65536; u++) {
+            float f = bitsf(u << 16 | 0x1000u);
+            __extension__ _Float16 r = (_Float16)f;
+            uint16_t rb;
+            memcpy(&rb, &r, 2);
+            if (!is_nan_f(f) && rb != us_f32_to_f16(f)) { if (!badc) first = u << 16 | 0x1000u; badc++; }
+        }
+        CHECK(badc == 0, "fp32 -> fp16 equals the compiler's _Float16 cast on 70M fp32 patterns: %d differ (first 0x%08x)", badc, (unsigned)first);
+    }
+#else
+    (void)u;
+    printf("  note: this compiler has no _Float16; the _Float16 cross-check is skipped\n");
+#endif
+}
+
 static void test_sizes_and_cast(void) {
     us_ops o = us_cpu_ops(1);
     enum { n = 4096 };
@@ -200,6 +299,16 @@ static void test_sizes_and_cast(void) {
     o.cast(&o, back, US_F32, f8, US_E5M2, n);
     for (i = 0; i < n; i++) if (fbits(back[i]) != fbits(us_e5m2_to_f32(us_f32_to_e5m2(src[i])))) bad5++;
     CHECK(bad5 == 0, "cast f32<->e5m2 equals the scalar conversions: %d bad", bad5);
+    {
+        int badh = 0;
+        CHECK(us_dtype_size(US_F16) == 2 && strcmp(us_dtype_name(US_F16), "fp16") == 0, "us_dtype_size/name(US_F16) = %d %s",
+              (int)us_dtype_size(US_F16), us_dtype_name(US_F16));
+        o.cast(&o, b16, US_F16, src, US_F32, n);
+        for (i = 0; i < n; i++) if (b16[i] != us_f32_to_f16(src[i])) badh++;
+        o.cast(&o, back, US_F32, b16, US_F16, n);
+        for (i = 0; i < n; i++) if (fbits(back[i]) != fbits(us_f16_to_f32(us_f32_to_f16(src[i])))) badh++;
+        CHECK(badh == 0, "cast f32<->fp16 equals the scalar conversions: %d bad", badh);
+    }
 }
 
 int main(int argc, char **argv) {
@@ -208,6 +317,7 @@ int main(int argc, char **argv) {
     test_bf16();
     test_e4m3();
     test_e5m2();
+    test_f16();
     test_sizes_and_cast();
     return us_test_done("test_dtypes");
 }

@@ -39,7 +39,9 @@ expect 2 "non-numeric value" "bad value for --steps: abc" -- --steps abc
 expect 2 "trailing garbage in a number" "bad value for --lr: 0.1x" -- --lr 0.1x
 expect 2 "negative batch" "bad value for --batch: -4" -- --batch -4
 expect 2 "missing value" "missing value for --seq" -- --seq
-expect 2 "bad precision" "--precision must be fp32 or bf16, got fp16" -- --precision fp16
+expect 2 "bad precision" "--precision must be fp32, bf16 or fp16, got fp12" -- --precision fp12
+expect 2 "negative loss scale" "bad value for --loss-scale: -1" -- --loss-scale -1
+expect 2 "zero loss-scale window" "bad value for --loss-scale-window: 0" -- --loss-scale-window 0
 expect 2 "bad recompute mode" "--recompute must be none, selective or full" -- --recompute some
 expect 2 "heads not dividing dim" "dim=64 not divisible by heads=3" -- --heads 3
 expect 2 "kv-heads not dividing heads" "heads=4 not divisible by kv-heads=3" -- --kv-heads 3
@@ -66,6 +68,23 @@ else
     if grep -q '"grad_norm"' "$T/log.jsonl" && grep -q '"mem_bytes"' "$T/log.jsonl"; then ok "JSONL keys present"; else bad "JSONL keys"; fi
 fi
 grep -q "sorting exact match" "$T/out.txt" && ok "the task reports exact-match accuracy" || bad "no exact-match line"
+
+# fp16 with dynamic loss scaling: the log's loss_scale / skipped keys; a static scale too large
+# for fp16 skips every step (S stays) and updates nothing
+"$BIN" --layers 1 --dim 32 --heads 2 --batch 2 --steps 4 --eval-every 0 --precision fp16 --log "$T/fp16.jsonl" > "$T/fp16.txt" 2>&1; rc=$?
+"$BIN" $small --steps 3 --eval-every 0 --precision fp16 --loss-scale 1099511627776 --log "$T/fp16s.jsonl" > "$T/fp16s.txt" 2>&1; rc2=$?
+if [ "$rc" -eq 0 ] && [ "$rc2" -eq 0 ] && grep -q "loss scale 65536 | skipped 0/0" "$T/fp16.txt" && grep -q "trained 0 steps" "$T/fp16s.txt" && python3 - "$T/fp16.jsonl" "$T/fp16s.jsonl" "$T/log.jsonl" <<'PY'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+c = [json.loads(l) for l in open(sys.argv[3])]
+assert len(a) == 4 and all(r["loss_scale"] == 65536 and r["skipped"] == 0 and r["skipped_total"] == 0 for r in a)
+assert [r["step"] for r in a] == [1, 2, 3, 4]
+assert [(r["skipped"], r["skipped_total"], r["loss_scale"]) for r in b] == [(1, 1, 2**40), (1, 2, 2**40), (1, 3, 2**40)], b
+assert all(r["step"] == 0 and r["grad_norm"] is None for r in b)
+assert all("loss_scale" not in r for r in c), "no loss scaling keys under fp32"
+PY
+then ok "--precision fp16: loss_scale 65536, skipped 0/0; a static --loss-scale 2^40 skips every step (skipped 1, skipped_total 1..3, grad_norm null)"; else bad "fp16 runs (exit $rc $rc2) $(tail -2 "$T/fp16.txt") $(tail -2 "$T/fp16s.txt")"; fi
 
 # raw text data, with sampling, bf16 and recomputation
 head -c 3000 /dev/urandom | base64 > "$T/text.txt"
