@@ -1764,11 +1764,13 @@ static void us__gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alph
 #define US__PARALLEL_FOR _Pragma("omp parallel for schedule(static) num_threads(us__nt)")
 #define US__PARALLEL_FOR_DYNAMIC _Pragma("omp parallel for schedule(dynamic, 1) num_threads(us__nt)")
 static int us__threads(const us_ops *o) { return o->nthreads > 0 ? o->nthreads : omp_get_max_threads(); }
+static int us__omp_max(void) { return omp_get_max_threads(); }
 static int us__tid(void) { return omp_get_thread_num(); }
 #else
 #define US__PARALLEL_FOR
 #define US__PARALLEL_FOR_DYNAMIC
 static int us__threads(const us_ops *o) { (void)o; return 1; }
+static int us__omp_max(void) { return 1; }
 static int us__tid(void) { return 0; }
 #endif
 /* Row kernels take one scratch block per thread up front, not one per row in the hot loop. */
@@ -2327,12 +2329,14 @@ static float us__fp8_quant_rect(uint8_t *q, int64_t qrs, int64_t qcs, const void
     return sc;
 }
 
-US_API us_result us_fp8_quantize(uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M, int64_t K,
-                                 us_fp8_tiling t, int pow2, char *err, size_t errlen) {
+/* nt: OpenMP threads (the CPU ops pass theirs; the public functions all of them) */
+static us_result us__fp8_quantize_nt(uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M, int64_t K,
+                                     us_fp8_tiling t, int pow2, char *err, size_t errlen, int nt) {
     const int64_t T = US_FP8_TILE;
     int64_t MB = (M + T - 1) / T, KB = (K + T - 1) / T, KBp = us__fp8_kbp(K), i, j;
     us_result r = us__fp8_check("us_fp8_quantize", t, M, K, err, errlen);
     if (r != US_OK) return r;
+    (void)nt;
     if (dt != US_F32 && dt != US_BF16) {
         us__errf(err, errlen, "us_fp8_quantize: x must be fp32 or bf16, not %s", us_dtype_name(dt));
         return US_ERR_INVALID;
@@ -2344,7 +2348,7 @@ US_API us_result us_fp8_quantize(uint8_t *q, float *s, const void *x, us_dtype d
     switch (t) {
     case US_FP8_TILING_DEFAULT: case US_FP8_ROW128:     /* s [KB][M] */
 #ifdef _OPENMP
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
 #endif
         for (i = 0; i < M; i++)
             for (j = 0; j < KB; j++)
@@ -2352,7 +2356,7 @@ US_API us_result us_fp8_quantize(uint8_t *q, float *s, const void *x, us_dtype d
         break;
     case US_FP8_COL128:                                 /* q [K][M], s [MB][K] */
 #ifdef _OPENMP
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
 #endif
         for (i = 0; i < MB; i++)
             for (j = 0; j < K; j++)
@@ -2360,7 +2364,7 @@ US_API us_result us_fp8_quantize(uint8_t *q, float *s, const void *x, us_dtype d
         break;
     case US_FP8_BLOCK128:                               /* s [MB][KBp] */
 #ifdef _OPENMP
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
 #endif
         for (i = 0; i < MB; i++)
             for (j = 0; j < KBp; j++)
@@ -2372,6 +2376,11 @@ US_API us_result us_fp8_quantize(uint8_t *q, float *s, const void *x, us_dtype d
         break;
     }
     return US_OK;
+}
+
+US_API us_result us_fp8_quantize(uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M, int64_t K,
+                                 us_fp8_tiling t, int pow2, char *err, size_t errlen) {
+    return us__fp8_quantize_nt(q, s, x, dt, M, K, t, pow2, err, errlen, us__omp_max());
 }
 
 /* The scale of X's element (m, k) under tiling t (X[M][K] in its own orientation). */
@@ -2404,9 +2413,9 @@ US_API us_result us_fp8_dequantize(float *x, const uint8_t *q, const float *s, i
     return US_OK;
 }
 
-US_API us_result us_fp8_gemm(float *c, const uint8_t *a, const float *sa, us_fp8_tiling ta,
-                             const uint8_t *b, const float *sb, us_fp8_tiling tb,
-                             int64_t M, int64_t N, int64_t K, char *err, size_t errlen) {
+static us_result us__fp8_gemm_nt(float *c, const uint8_t *a, const float *sa, us_fp8_tiling ta,
+                                 const uint8_t *b, const float *sb, us_fp8_tiling tb,
+                                 int64_t M, int64_t N, int64_t K, char *err, size_t errlen, int nt) {
     const int64_t T = US_FP8_TILE;
     int64_t KB = (K + T - 1) / T, m, i;
     float lut[256], *af, *bf;
@@ -2414,6 +2423,7 @@ US_API us_result us_fp8_gemm(float *c, const uint8_t *a, const float *sa, us_fp8
     /* a GEMM operand is stored [rows][K]: COL128's output is ROW128 of the transpose */
     if (ta == US_FP8_COL128) ta = US_FP8_ROW128;
     if (tb == US_FP8_COL128) tb = US_FP8_ROW128;
+    (void)nt;
     if ((r = us__fp8_check("us_fp8_gemm (a)", ta, M, K, err, errlen)) != US_OK) return r;
     if ((r = us__fp8_check("us_fp8_gemm (b)", tb, N, K, err, errlen)) != US_OK) return r;
     if (M * N == 0) return US_OK;
@@ -2427,13 +2437,13 @@ US_API us_result us_fp8_gemm(float *c, const uint8_t *a, const float *sa, us_fp8
     for (i = 0; i < 256; i++) lut[i] = us_e4m3_to_f32((uint8_t)i);
     for (i = 0; i < M * K; i++) af[i] = lut[a[i]];   /* exact: every E4M3 value is an fp32 */
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(nt)
 #endif
     for (i = 0; i < N * K; i++) bf[(i % K) * N + i / K] = lut[b[i]];
     /* one thread owns each row of c and sums every element in the documented order (k ascending
        within a block, blocks ascending), n by n in lock step: deterministic, thread-independent */
 #ifdef _OPENMP
-#pragma omp parallel
+#pragma omp parallel num_threads(nt)
 #endif
     {
         float *p = (float *)US_MALLOC((size_t)(2 * N) * sizeof(float)), *acc = p ? p + N : NULL;
@@ -2468,6 +2478,11 @@ US_API us_result us_fp8_gemm(float *c, const uint8_t *a, const float *sa, us_fp8
     US_FREE(af);
     return US_OK;
 }
+US_API us_result us_fp8_gemm(float *c, const uint8_t *a, const float *sa, us_fp8_tiling ta,
+                             const uint8_t *b, const float *sb, us_fp8_tiling tb,
+                             int64_t M, int64_t N, int64_t K, char *err, size_t errlen) {
+    return us__fp8_gemm_nt(c, a, sa, ta, b, sb, tb, M, N, K, err, errlen, us__omp_max());
+}
 
 /* The FP8 ops of the CPU backend (us_ops.fp8_quantize, fp8_gemm): the host functions above on
    operands padded to whole 128-element tiles along the reduction. The padding is zeros, which
@@ -2496,7 +2511,7 @@ static void us__cpu_fp8_quantize(us_ops *o, uint8_t *q, float *s, const void *x,
     }
     if (Lp != L && R * L > 0) qd = (uint8_t *)US_MALLOC((size_t)(R * L));
     if (qd) {
-        us_fp8_quantize(qd, s, src, dt, R, L, (us_fp8_tiling)t, pow2, NULL, 0);
+        us__fp8_quantize_nt(qd, s, src, dt, R, L, (us_fp8_tiling)t, pow2, NULL, 0, us__nt);
         if (qd != q) {
             US__PARALLEL_FOR
             for (r = 0; r < R; r++) { memcpy(q + r * Lp, qd + r * L, (size_t)L); memset(q + r * Lp + L, 0, (size_t)(Lp - L)); }
@@ -2515,7 +2530,7 @@ static void us__cpu_fp8_gemm(us_ops *o, int64_t M, int64_t N, int64_t K, float a
     if (M <= 0 || N <= 0) return;
     c = (float *)US_MALLOC((size_t)(M * N) * sizeof(float));
     if (!c) return;
-    if (K > 0) us_fp8_gemm(c, a, sa, (us_fp8_tiling)ta, b, sb, (us_fp8_tiling)tb, M, N, us__fp8_lp(K), NULL, 0);
+    if (K > 0) us__fp8_gemm_nt(c, a, sa, (us_fp8_tiling)ta, b, sb, (us_fp8_tiling)tb, M, N, us__fp8_lp(K), NULL, 0, us__nt);
     else memset(c, 0, (size_t)(M * N) * sizeof(float));
     US__PARALLEL_FOR
     for (i = 0; i < M; i++) {
