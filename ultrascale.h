@@ -157,8 +157,9 @@ US_API float    us_e5m2_to_f32(uint8_t b);
               Dgrad GEMM may transpose a quantised weight (unlike a ROW128 tensor)
      TENSOR   one scale for the whole tensor (per-tensor "current scaling", for comparison):
               q [M][K], s [1]
-   The future us_ops entries (fp8_quantize on device memory, and fp8_gemm through cuBLASLt) will
-   produce and consume exactly these buffers; these host functions are their reference. */
+   The ops us_ops.fp8_quantize and fp8_gemm (CPU: these functions; CUDA: fused kernels and
+   cuBLASLt) produce and consume these buffers, each row padded with zeros to whole 128-element
+   tiles; these host functions are their reference. */
 typedef enum us_fp8_tiling {
     US_FP8_TILING_DEFAULT = 0, /* row128 */
     US_FP8_ROW128,
