@@ -99,6 +99,7 @@ RUNS = \
   "test_ops::./$(B)/test_ops" \
   "test_fp8::./$(B)/test_fp8" \
   "test_fp16::./$(B)/test_fp16" \
+  "test_fp8_train::./$(B)/test_fp8_train" \
   "test_model::./$(B)/test_model" \
   "test_moe::./$(B)/test_moe" \
   "test_ep::./$(B)/test_ep" \
@@ -132,6 +133,7 @@ RUNS = \
   "asan+ubsan test_ops::./$(B)/san/test_ops" \
   "asan+ubsan test_fp8::./$(B)/san/test_fp8" \
   "asan+ubsan test_fp16::./$(B)/san/test_fp16 --quick" \
+  "asan+ubsan test_fp8_train::./$(B)/san/test_fp8_train --quick" \
   "asan+ubsan test_gemm::./$(B)/san/test_gemm" \
   "asan+ubsan test_model::./$(B)/san/test_model --quick" \
   "asan+ubsan test_moe::./$(B)/san/test_moe" \

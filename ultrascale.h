@@ -72,6 +72,7 @@
      // >>model       parameters in flat buffers with Hugging Face names, init, forward, backward
      // >>moe         mixture of experts: router, permute, experts, combine; bias / aux balancing
      // >>ep          expert parallelism: experts over the ep group, all-to-all dispatch and combine
+     // >>fp8-linear  FP8 training: the linear layers' Fprop, Dgrad, Wgrad GEMMs in E4M3 (tile or per-tensor scales)
      // >>recompute   activation recomputation none / selective / full
      // >>lossscale   fp16 mixed precision: dynamic loss scaling, overflow detection, step skipping
      // >>train       gradient accumulation and the training step
@@ -165,8 +166,9 @@ US_API float    us_e5m2_to_f32(uint8_t b);
               Dgrad GEMM may transpose a quantised weight (unlike a ROW128 tensor)
      TENSOR   one scale for the whole tensor (per-tensor "current scaling", for comparison):
               q [M][K], s [1]
-   The future us_ops entries (fp8_quantize on device memory, and fp8_gemm through cuBLASLt) will
-   produce and consume exactly these buffers; these host functions are their reference. */
+   The ops us_ops.fp8_quantize and fp8_gemm (CPU: these functions; CUDA: fused kernels and
+   cuBLASLt) produce and consume these buffers, each row padded with zeros to whole 128-element
+   tiles; these host functions are their reference. */
 typedef enum us_fp8_tiling {
     US_FP8_TILING_DEFAULT = 0, /* row128 */
     US_FP8_ROW128,
@@ -252,6 +254,9 @@ typedef enum us_precision {
     US_PRECISION_DEFAULT = 0, /* fp32 */
     US_PRECISION_FP32,        /* everything fp32: the reference */
     US_PRECISION_BF16,        /* bf16 params and activations, fp32 master weights, moments, grads */
+    US_PRECISION_FP8,         /* bf16 policy, and every linear layer's Fprop, Dgrad and Wgrad GEMMs in FP8 E4M3 with
+                                 online fine-grained scales: 1×128 activation tiles, 128×128 weight blocks (// >>fp8-linear) */
+    US_PRECISION_FP8_TENSOR,  /* the same GEMMs with one scale per tensor ("current scaling"), for comparison */
     US_PRECISION_FP16         /* fp16 params and activations, fp32 master weights, moments, grads, and
                                  dynamic loss scaling (// >>lossscale) */
 } us_precision;
@@ -324,6 +329,8 @@ typedef struct us_train_config {
        of the dp×cp group (folded over data parallelism, as in Megatron); tokens travel to their
        experts' rank and back by all-to-all */
     int      ep;           /* default 1; must divide dp·cp and the experts */
+    /* FP8 (// >>fp8-linear) */
+    int      fp8_pow2;     /* 1: FP8 scales rounded up to powers of two (fp8 and fp8-tensor precision only) */
 } us_train_config;
 
 US_API void      us_model_config_defaults(us_model_config *c);
@@ -356,6 +363,22 @@ struct us_ops {
     void  (*gemm)(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                   const void *A, us_dtype adt, int64_t lda, const void *B, us_dtype bdt, int64_t ldb,
                   float beta, void *C, us_dtype cdt, int64_t ldc);
+    /* FP8 (// >>fp8). An FP8 GEMM operand is a matrix P[R][L] whose GEMM reduces along L, stored as
+       E4M3 bytes q [R][Lp] (Lp = L rounded up to a multiple of 128, the padding columns 0) and fp32
+       scales s laid out by tiling t over P[R][L] exactly as us_fp8_quantize writes them (ROW128
+       [LB][R], BLOCK128 [RB][LBp], TENSOR [1]; LB = ceil(L/128)). Quantise x[M][K] (dt f32 or
+       bf16) into such an operand: P = x (R = M, L = K) or, with trans, P = xᵀ (R = K, L = M),
+       read from x as it is stored: one pass per tile, amax, scale, cast (ROW128 of xᵀ is COL128
+       of x: the backward's second quantisation from the high-precision x). t is ROW128, BLOCK128
+       or TENSOR; pow2 rounds the scales up to powers of two. */
+    void  (*fp8_quantize)(us_ops *o, uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M, int64_t K,
+                          int t, int trans, int pow2);
+    /* C[M,N] = alpha·deq(a)[M,K]·deq(b)[N,K]ᵀ + beta·C (cdt f32 or bf16, row stride ldc; beta 0
+       never reads C): the TN FP8 GEMM of us_fp8_gemm on two operands as fp8_quantize writes them
+       (a ROW128 or TENSOR: the activation operand; b ROW128, BLOCK128 or TENSOR: the weight
+       operand; both TENSOR or neither), fp32 accumulation */
+    void  (*fp8_gemm)(us_ops *o, int64_t M, int64_t N, int64_t K, float alpha, const uint8_t *a, const float *sa, int ta,
+                      const uint8_t *b, const float *sb, int tb, float beta, void *C, us_dtype cdt, int64_t ldc);
     /* out[N,C] = wte[tok[n], :]                      tok i32[N]; a negative token gives a zero row
        (tensor parallelism: the token lives in another rank's slice of the vocabulary) */
     void  (*embedding_fwd)(us_ops *o, void *out, const int32_t *tok, const void *wte, int64_t N, int64_t C, us_dtype dt);
@@ -698,6 +721,10 @@ typedef struct us_model {
     us_group edp_g;           /* expert data parallelism: the dp×cp ranks holding the same experts (their gradients' group) */
     int64_t  moe_rx;          /* rows this rank's experts may receive: ep·R (every peer's every row), less under a capacity limit */
     int32_t  *ep_counts_h;    /* [cfg.n_layers][ep][E] host: the last forward's kept tokens per expert of every ep peer */
+    /* FP8 training (// >>fp8-linear) */
+    int      fp8;             /* 0 off; 1 tile scaling (precision fp8); 2 one scale per tensor (fp8-tensor) */
+    int      fp8_linear, fp8_linear_all;   /* dense linear layers of this rank whose GEMMs run in FP8, of all */
+    size_t   fp8_off[3];      /* offsets of sa, qb, sb in the FP8 scratch (qa at 0) */
     char     err[256];
 } us_model;
 
@@ -1212,6 +1239,24 @@ static float us__fp8_to_f32(uint8_t b, int mb, int bias, int has_inf) {
     return (float)(sgn ? -v : v);
 }
 US_API uint8_t us_f32_to_e4m3(float f) { return us__f32_to_fp8(f, 3, 7, 448.0, 0, 0x7f); }
+/* The same rounding as us_f32_to_e4m3 by bit arithmetic, for the quantiser's hot loop (the
+   reference above reads as the definition; tests/test_fp8.c checks that the two agree). Normal
+   range: round the fp32 mantissa to 3 bits, nearest-even, letting the carry enter the exponent;
+   below 2^-6 the E4M3 grid is the multiples of 2^-9, rounded with the 2^23 trick. */
+static uint8_t us__e4m3_fast(float f) {
+    uint32_t b = us__f32_bits(f), sign = (b >> 24) & 0x80u, a = b & 0x7fffffffu, code;
+    float x;
+    if (a > 0x7f800000u) return (uint8_t)(sign | 0x7fu);           /* NaN */
+    if (a >= 0x43e80000u) return (uint8_t)(sign | 0x7eu);          /* ≥ 464 and inf: saturate to 448 */
+    if (a >= 0x3c800000u) {                                        /* ≥ 2^-6: normal */
+        a += 0x7ffffu + ((a >> 20) & 1u);
+        code = (a >> 20) - (120u << 3);                            /* fp32 exponent bias 127 → E4M3's 7 */
+        return (uint8_t)(sign | (code > 0x7eu ? 0x7eu : code));
+    }
+    x = us__bits_f32(a) * 512.0f;                                  /* exact; < 8 */
+    x = (x + 8388608.0f) - 8388608.0f;                             /* round to an integer, nearest-even */
+    return (uint8_t)(sign | (uint32_t)x);
+}
 US_API float   us_e4m3_to_f32(uint8_t b) { return us__fp8_to_f32(b, 3, 7, 0); }
 /* E5M2: has_inf carries the inf code 0x7c */
 US_API uint8_t us_f32_to_e5m2(float f) { return us__f32_to_fp8(f, 2, 15, 57344.0, 0x7c, 0x7e); }
@@ -1293,7 +1338,7 @@ US_API void us_train_config_defaults(us_train_config *c) {
     if (c->loss_scale_window == 0) c->loss_scale_window = 2000;
 }
 US_API const char *us_precision_name(us_precision p) {
-    return p == US_PRECISION_BF16 ? "bf16" : p == US_PRECISION_FP16 ? "fp16" : "fp32";
+    return p == US_PRECISION_BF16 ? "bf16" : p == US_PRECISION_FP16 ? "fp16" : p == US_PRECISION_FP8 ? "fp8" : p == US_PRECISION_FP8_TENSOR ? "fp8-tensor" : "fp32";
 }
 US_API const char *us_cp_mode_name(us_cp_mode m) {
     return m == US_CP_RING ? "ring" : m == US_CP_ALLGATHER ? "allgather" : "zigzag";
@@ -1367,10 +1412,12 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
     if (!(tc->adam_eps > 0)) US__BAD("adam eps=%g must be positive", tc->adam_eps);
     if (isnan(tc->weight_decay)) US__BAD("weight decay must be a number");
     if (isnan(tc->grad_clip)) US__BAD("grad clip must be a number");
-    if (tc->precision != US_PRECISION_FP32 && tc->precision != US_PRECISION_BF16 && tc->precision != US_PRECISION_FP16)
-        US__BAD("unknown precision %d", (int)tc->precision);
+    if (tc->precision != US_PRECISION_FP32 && tc->precision != US_PRECISION_BF16 && tc->precision != US_PRECISION_FP16 &&
+        tc->precision != US_PRECISION_FP8 && tc->precision != US_PRECISION_FP8_TENSOR) US__BAD("unknown precision %d", (int)tc->precision);
     if (!(tc->loss_scale >= 0) || !isfinite(tc->loss_scale)) US__BAD("loss scale=%g must be a finite number >= 0 (0 = dynamic under fp16)", tc->loss_scale);
     if (tc->loss_scale_window < 1) US__BAD("loss scale window=%d must be at least 1", tc->loss_scale_window);
+    if (tc->fp8_pow2 && tc->precision != US_PRECISION_FP8 && tc->precision != US_PRECISION_FP8_TENSOR)
+        US__BAD("fp8_pow2 applies to the fp8 and fp8-tensor precisions only, not %s", us_precision_name(tc->precision));
     if (tc->recompute < US_RECOMPUTE_NONE || tc->recompute > US_RECOMPUTE_FULL) US__BAD("unknown recompute mode %d", (int)tc->recompute);
     if (tc->threads < 0) US__BAD("threads=%d must not be negative", tc->threads);
     if (tc->dp < 1) US__BAD("dp=%d must be at least 1", tc->dp);
@@ -1969,11 +2016,13 @@ static void us__gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alph
 #define US__PARALLEL_FOR _Pragma("omp parallel for schedule(static) num_threads(us__nt)")
 #define US__PARALLEL_FOR_DYNAMIC _Pragma("omp parallel for schedule(dynamic, 1) num_threads(us__nt)")
 static int us__threads(const us_ops *o) { return o->nthreads > 0 ? o->nthreads : omp_get_max_threads(); }
+static int us__omp_max(void) { return omp_get_max_threads(); }
 static int us__tid(void) { return omp_get_thread_num(); }
 #else
 #define US__PARALLEL_FOR
 #define US__PARALLEL_FOR_DYNAMIC
 static int us__threads(const us_ops *o) { (void)o; return 1; }
+static int us__omp_max(void) { return 1; }
 static int us__tid(void) { return 0; }
 #endif
 /* Row kernels take one scratch block per thread up front, not one per row in the hot loop. */
@@ -2530,16 +2579,18 @@ static float us__fp8_quant_rect(uint8_t *q, int64_t qrs, int64_t qcs, const void
         }
     sc = us__fp8_scale(amax, pow2);
     for (m = m0; m < m1; m++)
-        for (k = k0; k < k1; k++) q[m * qrs + k * qcs] = us_f32_to_e4m3(us__get(x, dt, m * K + k) / sc);
+        for (k = k0; k < k1; k++) q[m * qrs + k * qcs] = us__e4m3_fast(us__get(x, dt, m * K + k) / sc);
     return sc;
 }
 
-US_API us_result us_fp8_quantize(uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M, int64_t K,
-                                 us_fp8_tiling t, int pow2, char *err, size_t errlen) {
+/* nt: OpenMP threads (the CPU ops pass theirs; the public functions all of them) */
+static us_result us__fp8_quantize_nt(uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M, int64_t K,
+                                     us_fp8_tiling t, int pow2, char *err, size_t errlen, int nt) {
     const int64_t T = US_FP8_TILE;
     int64_t MB = (M + T - 1) / T, KB = (K + T - 1) / T, KBp = us__fp8_kbp(K), i, j;
     us_result r = us__fp8_check("us_fp8_quantize", t, M, K, err, errlen);
     if (r != US_OK) return r;
+    (void)nt;
     if (dt != US_F32 && dt != US_BF16) {
         us__errf(err, errlen, "us_fp8_quantize: x must be fp32 or bf16, not %s", us_dtype_name(dt));
         return US_ERR_INVALID;
@@ -2550,16 +2601,25 @@ US_API us_result us_fp8_quantize(uint8_t *q, float *s, const void *x, us_dtype d
     }
     switch (t) {
     case US_FP8_TILING_DEFAULT: case US_FP8_ROW128:     /* s [KB][M] */
+#ifdef _OPENMP
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+#endif
         for (i = 0; i < M; i++)
             for (j = 0; j < KB; j++)
                 s[j * M + i] = us__fp8_quant_rect(q, K, 1, x, dt, K, i, i + 1, j * T, j * T + T < K ? j * T + T : K, pow2);
         break;
     case US_FP8_COL128:                                 /* q [K][M], s [MB][K] */
+#ifdef _OPENMP
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+#endif
         for (i = 0; i < MB; i++)
             for (j = 0; j < K; j++)
                 s[i * K + j] = us__fp8_quant_rect(q, 1, M, x, dt, K, i * T, i * T + T < M ? i * T + T : M, j, j + 1, pow2);
         break;
     case US_FP8_BLOCK128:                               /* s [MB][KBp] */
+#ifdef _OPENMP
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
+#endif
         for (i = 0; i < MB; i++)
             for (j = 0; j < KBp; j++)
                 s[i * KBp + j] = j >= KB ? 1.0f
@@ -2570,6 +2630,11 @@ US_API us_result us_fp8_quantize(uint8_t *q, float *s, const void *x, us_dtype d
         break;
     }
     return US_OK;
+}
+
+US_API us_result us_fp8_quantize(uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M, int64_t K,
+                                 us_fp8_tiling t, int pow2, char *err, size_t errlen) {
+    return us__fp8_quantize_nt(q, s, x, dt, M, K, t, pow2, err, errlen, us__omp_max());
 }
 
 /* The scale of X's element (m, k) under tiling t (X[M][K] in its own orientation). */
@@ -2602,9 +2667,9 @@ US_API us_result us_fp8_dequantize(float *x, const uint8_t *q, const float *s, i
     return US_OK;
 }
 
-US_API us_result us_fp8_gemm(float *c, const uint8_t *a, const float *sa, us_fp8_tiling ta,
-                             const uint8_t *b, const float *sb, us_fp8_tiling tb,
-                             int64_t M, int64_t N, int64_t K, char *err, size_t errlen) {
+static us_result us__fp8_gemm_nt(float *c, const uint8_t *a, const float *sa, us_fp8_tiling ta,
+                                 const uint8_t *b, const float *sb, us_fp8_tiling tb,
+                                 int64_t M, int64_t N, int64_t K, char *err, size_t errlen, int nt) {
     const int64_t T = US_FP8_TILE;
     int64_t KB = (K + T - 1) / T, m, i;
     float lut[256], *af, *bf;
@@ -2612,6 +2677,7 @@ US_API us_result us_fp8_gemm(float *c, const uint8_t *a, const float *sa, us_fp8
     /* a GEMM operand is stored [rows][K]: COL128's output is ROW128 of the transpose */
     if (ta == US_FP8_COL128) ta = US_FP8_ROW128;
     if (tb == US_FP8_COL128) tb = US_FP8_ROW128;
+    (void)nt;
     if ((r = us__fp8_check("us_fp8_gemm (a)", ta, M, K, err, errlen)) != US_OK) return r;
     if ((r = us__fp8_check("us_fp8_gemm (b)", tb, N, K, err, errlen)) != US_OK) return r;
     if (M * N == 0) return US_OK;
@@ -2621,30 +2687,112 @@ US_API us_result us_fp8_gemm(float *c, const uint8_t *a, const float *sa, us_fp8
     }
     af = (float *)US_MALLOC((size_t)((M + N) * K + 1) * sizeof(float));
     if (!af) { us__errf(err, errlen, "us_fp8_gemm: out of memory for %lld decoded elements", (long long)((M + N) * K)); return US_ERR_OOM; }
-    bf = af + M * K;
+    bf = af + M * K;   /* b decoded and transposed, [K][N]: the n loop below is unit-stride */
     for (i = 0; i < 256; i++) lut[i] = us_e4m3_to_f32((uint8_t)i);
     for (i = 0; i < M * K; i++) af[i] = lut[a[i]];   /* exact: every E4M3 value is an fp32 */
-    for (i = 0; i < N * K; i++) bf[i] = lut[b[i]];
-    /* one thread owns each row of c and sums it in the documented order: deterministic */
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(nt)
 #endif
-    for (m = 0; m < M; m++) {
+    for (i = 0; i < N * K; i++) bf[(i % K) * N + i / K] = lut[b[i]];
+    /* one thread owns each row of c and sums every element in the documented order (k ascending
+       within a block, blocks ascending), n by n in lock step: deterministic, thread-independent */
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt)
+#endif
+    {
+        float *p = (float *)US_MALLOC((size_t)(2 * N) * sizeof(float)), *acc = p ? p + N : NULL;
         int64_t n, kb, k, k1;
-        for (n = 0; n < N; n++) {
-            const float *ar = af + m * K, *br = bf + n * K;
-            float acc = 0.0f, p;
-            for (kb = 0; kb < KB; kb++) {
-                k1 = (kb + 1) * T < K ? (kb + 1) * T : K;
-                p = 0.0f;
-                for (k = kb * T; k < k1; k++) p += ar[k] * br[k];
-                acc = fmaf(p, us__fp8_scale_of(sa, ta, M, K, m, kb * T) * us__fp8_scale_of(sb, tb, N, K, n, kb * T), acc);
+        if (p) {
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+            for (m = 0; m < M; m++) {
+                const float *ar = af + m * K;
+                for (n = 0; n < N; n++) acc[n] = 0.0f;
+                for (kb = 0; kb < KB; kb++) {
+                    float s_a = us__fp8_scale_of(sa, ta, M, K, m, kb * T);
+                    k1 = (kb + 1) * T < K ? (kb + 1) * T : K;
+                    for (n = 0; n < N; n++) p[n] = 0.0f;
+                    for (k = kb * T; k < k1; k++) {
+                        const float ak = ar[k], *bk = bf + k * N;
+                        for (n = 0; n < N; n++) p[n] += ak * bk[n];   /* exact products: fma or not, the same p */
+                    }
+                    for (n = 0; n < N; n++) acc[n] = fmaf(p[n], s_a * us__fp8_scale_of(sb, tb, N, K, n, kb * T), acc[n]);
+                }
+                for (n = 0; n < N; n++) c[m * N + n] = acc[n];
             }
-            c[m * N + n] = acc;
+            US_FREE(p);
+        } else {
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+            for (m = 0; m < M; m++) for (n = 0; n < N; n++) c[m * N + n] = NAN;   /* out of memory: poison, never wrong numbers */
         }
     }
     US_FREE(af);
     return US_OK;
+}
+US_API us_result us_fp8_gemm(float *c, const uint8_t *a, const float *sa, us_fp8_tiling ta,
+                             const uint8_t *b, const float *sb, us_fp8_tiling tb,
+                             int64_t M, int64_t N, int64_t K, char *err, size_t errlen) {
+    return us__fp8_gemm_nt(c, a, sa, ta, b, sb, tb, M, N, K, err, errlen, us__omp_max());
+}
+
+/* The FP8 ops of the CPU backend (us_ops.fp8_quantize, fp8_gemm): the host functions above on
+   operands padded to whole 128-element tiles along the reduction. The padding is zeros, which
+   change neither an amax nor a sum, so the results are those of the unpadded tensors; the GPU
+   needs it (cuBLASLt's block-scaled FP8 reduces over whole tiles). */
+static int64_t us__fp8_lp(int64_t L) { return (L + US_FP8_TILE - 1) / US_FP8_TILE * US_FP8_TILE; }
+
+static void us__cpu_fp8_quantize(us_ops *o, uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M, int64_t K,
+                                 int t, int trans, int pow2) {
+    int64_t R = trans ? K : M, L = trans ? M : K, Lp = us__fp8_lp(L), r;
+    size_t es = us_dtype_size(dt);
+    int us__nt = us__threads(o);
+    char *xt = NULL;
+    uint8_t *qd = q;
+    const void *src = x;
+    (void)us__nt;
+    if (trans && R * L > 0) {   /* P = xᵀ, materialised: the reference quantises it as it stands */
+        xt = (char *)US_MALLOC((size_t)(R * L) * es);
+        if (!xt) return;
+        US__PARALLEL_FOR
+        for (r = 0; r < R; r++) {
+            int64_t l;
+            for (l = 0; l < L; l++) memcpy(xt + (size_t)(r * L + l) * es, (const char *)x + (size_t)(l * K + r) * es, es);
+        }
+        src = xt;
+    }
+    if (Lp != L && R * L > 0) qd = (uint8_t *)US_MALLOC((size_t)(R * L));
+    if (qd) {
+        us__fp8_quantize_nt(qd, s, src, dt, R, L, (us_fp8_tiling)t, pow2, NULL, 0, us__nt);
+        if (qd != q) {
+            US__PARALLEL_FOR
+            for (r = 0; r < R; r++) { memcpy(q + r * Lp, qd + r * L, (size_t)L); memset(q + r * Lp + L, 0, (size_t)(Lp - L)); }
+        }
+    }
+    if (qd != q) US_FREE(qd);
+    US_FREE(xt);
+}
+
+static void us__cpu_fp8_gemm(us_ops *o, int64_t M, int64_t N, int64_t K, float alpha, const uint8_t *a, const float *sa, int ta,
+                             const uint8_t *b, const float *sb, int tb, float beta, void *C, us_dtype cdt, int64_t ldc) {
+    float *c;
+    int64_t i;
+    int us__nt = us__threads(o);
+    (void)us__nt;
+    if (M <= 0 || N <= 0) return;
+    c = (float *)US_MALLOC((size_t)(M * N) * sizeof(float));
+    if (!c) return;
+    if (K > 0) us__fp8_gemm_nt(c, a, sa, (us_fp8_tiling)ta, b, sb, (us_fp8_tiling)tb, M, N, us__fp8_lp(K), NULL, 0, us__nt);
+    else memset(c, 0, (size_t)(M * N) * sizeof(float));
+    US__PARALLEL_FOR
+    for (i = 0; i < M; i++) {
+        int64_t j;
+        for (j = 0; j < N; j++)
+            us__set(C, cdt, i * ldc + j, beta == 0 ? alpha * c[i * N + j] : alpha * c[i * N + j] + beta * us__get(C, cdt, i * ldc + j));
+    }
+    US_FREE(c);
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -2975,6 +3123,7 @@ US_API us_ops us_cpu_ops(int nthreads) {
     o.axpy = us__cpu_axpy;           o.xent_stats = us__cpu_xent_stats; o.xent_finish = us__cpu_xent_finish;
     o.moe_route = us__cpu_moe_route;     o.moe_route_bwd = us__cpu_moe_route_bwd;  o.moe_permute = us__cpu_moe_permute;
     o.moe_gather = us__cpu_moe_gather;   o.moe_scatter = us__cpu_moe_scatter;      o.moe_gate_grad = us__cpu_moe_gate_grad;
+    o.fp8_quantize = us__cpu_fp8_quantize; o.fp8_gemm = us__cpu_fp8_gemm;
     return o;
 }
 
@@ -3432,13 +3581,46 @@ struct us_layer_acts {
 /* named scratch in us_model.a[] */
 enum { US__A_XOUT, US__A_XF, US__A_RSTDF, US__A_LOGITS, US__A_LOSSES, US__A_ARGMAX, US__A_TOK, US__A_TGT,
        US__A_DRES, US__A_DLN, US__A_DATT, US__A_DQKV, US__A_DH, US__A_DGU, US__A_SCAL, US__A_VP, US__A_SPG, US__A_NW,
-       US__A_CPPOS, US__A_CPKV, US__A_CPDKV, US__A_CPACC, US__A_CPM, US__A_CPL, US__A_CPDQ, US__A_CPTMP, US__A_MOE, US__A_COUNT };
+       US__A_CPPOS, US__A_CPKV, US__A_CPDKV, US__A_CPACC, US__A_CPM, US__A_CPL, US__A_CPDQ, US__A_CPTMP, US__A_MOE, US__A_FP8, US__A_COUNT };
 
 typedef struct us__arena { char *base; size_t used; } us__arena;
 static void *us__take(us__arena *a, size_t bytes) {
     void *p = a->base ? a->base + a->used : NULL;
     a->used += us__align(bytes);
     return p;
+}
+/* FP8 (// >>fp8-linear): an operand P[R][L] as fp8_quantize writes it: R·Lp bytes, and the
+   larger of the ROW128 and BLOCK128 scale tensors */
+static size_t us__fp8_operand(int64_t R, int64_t L, size_t *sbytes) {
+    int64_t LB = (L + US_FP8_TILE - 1) / US_FP8_TILE, RB = (R + US_FP8_TILE - 1) / US_FP8_TILE, LBp = (LB + 3) / 4 * 4;
+    int64_t ns = LB * R > RB * LBp ? LB * R : RB * LBp;
+    *sbytes = (size_t)(ns > 1 ? ns : 1) * 4;
+    return (size_t)(R * LB * US_FP8_TILE);
+}
+/* The scratch of the quantised copies: the largest a (activation side) and b (weight side)
+   operand over the three GEMMs of the dense layers' four linears (N tokens; per-rank dims), laid
+   out qa | sa | qb | sb; off gets the offsets of sa, qb, sb. The estimator counts the same. */
+static size_t us__fp8_scratch(int64_t N, int64_t C, int64_t QKV, int64_t AO, int64_t F, size_t off[3]) {
+    int64_t io[4][2];
+    size_t qa = 0, sa = 0, qb = 0, sb = 0, q, sz;
+    int i, j;
+    io[0][0] = C; io[0][1] = QKV; io[1][0] = AO; io[1][1] = C; io[2][0] = C; io[2][1] = 2 * F; io[3][0] = F; io[3][1] = C;
+    for (i = 0; i < 4; i++) {
+        int64_t In = io[i][0], Out = io[i][1], a[3][2], b[3][2];
+        a[0][0] = N; a[0][1] = In;  a[1][0] = N; a[1][1] = Out; a[2][0] = Out; a[2][1] = N;   /* Fprop x, Dgrad dy, Wgrad dyᵀ */
+        b[0][0] = Out; b[0][1] = In; b[1][0] = In; b[1][1] = Out; b[2][0] = In; b[2][1] = N;  /* W, Wᵀ, xᵀ */
+        for (j = 0; j < 3; j++) {
+            q = us__fp8_operand(a[j][0], a[j][1], &sz); if (q > qa) qa = q; if (sz > sa) sa = sz;
+            q = us__fp8_operand(b[j][0], b[j][1], &sz); if (q > qb) qb = q; if (sz > sb) sb = sz;
+        }
+    }
+    off[0] = us__align(qa); off[1] = off[0] + us__align(sa); off[2] = off[1] + us__align(qb);
+    return off[2] + us__align(sb);
+}
+/* A linear GEMM of N tokens, In → Out runs in FP8 when the policy says so and all three sizes are
+   multiples of 16 (FP8 tensor cores' alignment); otherwise in bf16. */
+static int us__fp8_on(const us_model *m, int64_t N, int64_t In, int64_t Out) {
+    return m->fp8 && N > 0 && N % 16 == 0 && In % 16 == 0 && Out % 16 == 0;
 }
 /* the MoE layer's storage (// >>moe) */
 static us_result us__moe_init(us_model *m);
@@ -3521,6 +3703,22 @@ static size_t us__layout_arena(us_model *m, char *base, int part) {
         sz[US__A_DQKV] = Nf * QKV * a; sz[US__A_DH] = Nf * F * a; sz[US__A_DGU] = Nf * 2 * F * a;
         sz[US__A_SCAL] = 64;   /* scalars all-reduced over the ranks: valid targets, loss, norm² */
         sz[US__A_MOE] = us__moe_scratch(m, NULL);   /* the MoE backward's gradients (// >>moe) */
+        {   /* the linear GEMMs' quantised operands (// >>fp8-linear) */
+            size_t off[3] = {0, 0, 0};
+            sz[US__A_FP8] = m->fp8 ? us__fp8_scratch(Nf, C, QKV, AO, F, off) : 0;
+            if (base) memcpy(m->fp8_off, off, sizeof off);
+            if (base && part == 1) {   /* which dense linears run in FP8, for the model line */
+                int64_t io[4][2];
+                io[0][0] = C; io[0][1] = QKV; io[1][0] = AO; io[1][1] = C; io[2][0] = C; io[2][1] = 2 * F; io[3][0] = F; io[3][1] = C;
+                m->fp8_linear = m->fp8_linear_all = 0;
+                for (l = 0; l < c->n_layers; l++)
+                    for (i = 0; i < 4; i++) {
+                        if (i >= 2 && m->moe_idx && m->moe_idx[l] >= 0) continue;   /* a MoE layer's experts stay bf16 */
+                        m->fp8_linear_all++;
+                        m->fp8_linear += us__fp8_on(m, Nf, io[i][0], io[i][1]);
+                    }
+            }
+        }
         /* tensor parallelism's vocabulary-parallel loss: mx, tlogit f32, sumexp f64, argmax i32 */
         sz[US__A_VP] = m->tc.tp > 1 && head ? Nf * (4 + 4 + 8 + 4) + 8 : 0;
         /* sequence parallelism: a whole-sequence [Nf, C] buffer for the all-gathered norm outputs,
@@ -3708,8 +3906,13 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
     m->tc = *tc;
     if ((r = us_config_validate(&m->cfg, &m->tc, m->err, sizeof m->err)) != US_OK) return r;
     m->ops = ops ? *ops : us_cpu_ops(m->tc.threads);
-    m->dt = m->tc.precision == US_PRECISION_BF16 ? US_BF16 : m->tc.precision == US_PRECISION_FP16 ? US_F16 : US_F32;
+    m->dt = m->tc.precision == US_PRECISION_FP32 ? US_F32 : m->tc.precision == US_PRECISION_FP16 ? US_F16 : US_BF16;   /* fp8: bf16 everywhere but the linear GEMMs */
     us__ls_init(m);   /* // >>lossscale */
+    m->fp8 = m->tc.precision == US_PRECISION_FP8 ? 1 : m->tc.precision == US_PRECISION_FP8_TENSOR ? 2 : 0;
+    if (m->fp8 && (!m->ops.fp8_quantize || !m->ops.fp8_gemm)) {
+        us__model_set_error(m, "precision %s needs FP8 ops, which the %s backend does not have", us_precision_name(m->tc.precision), m->ops.name);
+        return US_ERR_INVALID;
+    }
     a = us_dtype_size(m->dt);
     if (!comm) { us_comm_self(&m->self, &m->ops); comm = &m->self; }
     m->comm = comm;
@@ -4874,6 +5077,70 @@ static us_result us__ep_move(us_model *m, int l, int dir, void *dst, const void 
 }
 
 /* ------------------------------------------------------------------------------------ */
+// >>fp8-linear  FP8 training: a linear layer's Fprop, Dgrad and Wgrad GEMMs in E4M3
+/* ------------------------------------------------------------------------------------ */
+/* The Playbook's FP8 recipe as DeepSeek-V3 trains with it, for y = x·Wᵀ, x [N][In], W [Out][In]:
+       GEMM    computes        a (activation side)                 b (weight side)
+       Fprop   y   = x·Wᵀ      x   1×128 tiles along In            W   128×128 blocks
+       Dgrad   dx  = dy·W      dy  1×128 tiles along Out           Wᵀ  128×128 blocks
+       Wgrad   dW += dyᵀ·x     dyᵀ 128×1 tiles of dy (over tokens) xᵀ  128×1 tiles of x
+   Every operand is quantised online (amax of this very tensor, no history) from the bf16 tensor
+   the bf16 policy would use, into the FP8 scratch, just before its GEMM; the backward GEMMs that
+   reduce over the other dimension quantise a second time from bf16 (dy, x along tokens; W
+   transposed), never by transposing an already quantised tensor. The GEMMs accumulate in fp32
+   (promotion every 128) and write bf16 activations or add into the fp32 weight gradients.
+   Embedding, LM head, norms, attention, the MoE router and experts stay bf16; master weights
+   and moments fp32. fp8-tensor (US_PRECISION_FP8_TENSOR) uses one scale per tensor instead: the
+   simpler recipe, which one outlier channel can ruin. tc.fp8_pow2 rounds scales up to 2^e.
+   Sizes: tiles cut at the tensor's edge are padded with zeros (partial tiles), so any size
+   works; a GEMM whose N, In or Out is not a multiple of 16 falls back to bf16 (the model line
+   reports how many linears run in FP8). */
+static void us__fp8_bufs(us_model *m, uint8_t **qa, float **sa, uint8_t **qb, float **sb) {
+    char *base = (char *)m->a[US__A_FP8];
+    *qa = (uint8_t *)base; *sa = (float *)(base + m->fp8_off[0]);
+    *qb = (uint8_t *)(base + m->fp8_off[1]); *sb = (float *)(base + m->fp8_off[2]);
+}
+
+/* Fprop: y[N][Out] = x[N][In]·Wᵀ + beta·y */
+static void us__linear_fwd(us_model *m, int64_t N, int64_t In, int64_t Out, const void *x, const void *W, float beta, void *y) {
+    us_ops *o = &m->ops;
+    int ta = m->fp8 == 2 ? US_FP8_TENSOR : US_FP8_ROW128, tb = m->fp8 == 2 ? US_FP8_TENSOR : US_FP8_BLOCK128;
+    uint8_t *qa, *qb;
+    float *sa, *sb;
+    if (!us__fp8_on(m, N, In, Out)) { o->gemm(o, 0, 1, N, Out, In, 1.0f, x, m->dt, In, W, m->dt, In, beta, y, m->dt, Out); return; }
+    us__fp8_bufs(m, &qa, &sa, &qb, &sb);
+    o->fp8_quantize(o, qa, sa, x, m->dt, N, In, ta, 0, m->tc.fp8_pow2);
+    o->fp8_quantize(o, qb, sb, W, m->dt, Out, In, tb, 0, m->tc.fp8_pow2);
+    o->fp8_gemm(o, N, Out, In, 1.0f, qa, sa, ta, qb, sb, tb, beta, y, m->dt, Out);
+}
+
+/* Dgrad: dx[N][In] = dy[N][Out]·W + beta·dx */
+static void us__linear_dgrad(us_model *m, int64_t N, int64_t In, int64_t Out, const void *dy, const void *W, float beta, void *dx) {
+    us_ops *o = &m->ops;
+    int ta = m->fp8 == 2 ? US_FP8_TENSOR : US_FP8_ROW128, tb = m->fp8 == 2 ? US_FP8_TENSOR : US_FP8_BLOCK128;
+    uint8_t *qa, *qb;
+    float *sa, *sb;
+    if (!us__fp8_on(m, N, In, Out)) { o->gemm(o, 0, 0, N, In, Out, 1.0f, dy, m->dt, Out, W, m->dt, In, beta, dx, m->dt, In); return; }
+    us__fp8_bufs(m, &qa, &sa, &qb, &sb);
+    o->fp8_quantize(o, qa, sa, dy, m->dt, N, Out, ta, 0, m->tc.fp8_pow2);
+    o->fp8_quantize(o, qb, sb, W, m->dt, Out, In, tb, 1, m->tc.fp8_pow2);   /* Wᵀ [In][Out], from bf16 W */
+    o->fp8_gemm(o, N, In, Out, 1.0f, qa, sa, ta, qb, sb, tb, beta, dx, m->dt, In);
+}
+
+/* Wgrad: dW f32[Out][In] += dy[N][Out]ᵀ·x[N][In], reducing over the N tokens */
+static void us__linear_wgrad(us_model *m, int64_t N, int64_t In, int64_t Out, const void *dy, const void *x, float *dW) {
+    us_ops *o = &m->ops;
+    int t = m->fp8 == 2 ? US_FP8_TENSOR : US_FP8_ROW128;
+    uint8_t *qa, *qb;
+    float *sa, *sb;
+    if (!us__fp8_on(m, N, In, Out)) { o->gemm(o, 1, 0, Out, In, N, 1.0f, dy, m->dt, Out, x, m->dt, In, 1.0f, dW, US_F32, In); return; }
+    us__fp8_bufs(m, &qa, &sa, &qb, &sb);
+    o->fp8_quantize(o, qa, sa, dy, m->dt, N, Out, t, 1, m->tc.fp8_pow2);   /* dyᵀ [Out][N]: 128×1 tiles of dy */
+    o->fp8_quantize(o, qb, sb, x, m->dt, N, In, t, 1, m->tc.fp8_pow2);     /* xᵀ [In][N] */
+    o->fp8_gemm(o, Out, In, N, 1.0f, qa, sa, t, qb, sb, t, 1.0f, dW, US_F32, In);
+}
+
+/* ------------------------------------------------------------------------------------ */
 // >>recompute  what the forward keeps and what the backward recomputes
 /* ------------------------------------------------------------------------------------ */
 /* One decoder layer forward. recompute=0 is the real forward; recompute=1 refills, before the
@@ -4895,7 +5162,7 @@ static us_result us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int rec
     if (do_cheap) o->rmsnorm_fwd(o, A->ln1, A->rstd1, A->x, us__W(m, US__PL(l, US__P_LN1)), Ns, C, c->norm_eps, dt);
     if (do_gemm) {
         if (sp && (r = us__sp_gather(m, G, A->ln1, Ns)) != US_OK) return r;   /* g */
-        o->gemm(o, 0, 1, Np, QKV, C, 1.0f, sp ? G : A->ln1, dt, C, us__W(m, US__PL(l, US__P_Q)), dt, C, 0.0f, A->qkv, dt, QKV);
+        us__linear_fwd(m, Np, C, QKV, sp ? G : A->ln1, us__W(m, US__PL(l, US__P_Q)), 0.0f, A->qkv);
         if (m->mesh.cp > 1) o->rope_at(o, A->qkv, (const int32_t *)m->a[US__A_CPPOS] + m->mesh.cp_rank * T, B, T, m->tc.seq, NH, NKV, HS, c->rope_theta, 1.0f, dt);
         else o->rope_fwd(o, A->qkv, B, T, NH, NKV, HS, c->rope_theta, dt);
     }
@@ -4907,11 +5174,11 @@ static us_result us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int rec
     if (do_gemm) {   /* xmid = x + att·Wo^T, rounded once (under tp: summed over the ranks' partial products) */
         if (sp) {
             us__sp_residual(m, G, A->x, Np, Ns);
-            o->gemm(o, 0, 1, Np, C, AO, 1.0f, A->att, dt, AO, us__W(m, US__PL(l, US__P_O)), dt, AO, 1.0f, G, dt, C);
+            us__linear_fwd(m, Np, AO, C, A->att, us__W(m, US__PL(l, US__P_O)), 1.0f, G);
             if ((r = us__sp_scatter(m, A->xmid, G, Ns)) != US_OK) return r;   /* ḡ */
         } else {
             us__tp_residual(m, A->xmid, A->x, N * C);
-            o->gemm(o, 0, 1, N, C, AO, 1.0f, A->att, dt, AO, us__W(m, US__PL(l, US__P_O)), dt, AO, 1.0f, A->xmid, dt, C);
+            us__linear_fwd(m, N, AO, C, A->att, us__W(m, US__PL(l, US__P_O)), 1.0f, A->xmid);
             if ((r = us__tp_sum(m, A->xmid, N * C, dt)) != US_OK) return r;
         }
     }
@@ -4919,17 +5186,17 @@ static us_result us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int rec
     if (m->moe_idx[l] >= 0) return us__moe_fwd(m, l, N, recompute, xnext);   /* a MoE layer (// >>moe) */
     if (do_gemm) {
         if (sp && (r = us__sp_gather(m, G, A->ln2, Ns)) != US_OK) return r;
-        o->gemm(o, 0, 1, Np, 2 * F, C, 1.0f, sp ? G : A->ln2, dt, C, us__W(m, US__PL(l, US__P_GATE)), dt, C, 0.0f, A->gu, dt, 2 * F);
+        us__linear_fwd(m, Np, C, 2 * F, sp ? G : A->ln2, us__W(m, US__PL(l, US__P_GATE)), 0.0f, A->gu);
     }
     if (do_cheap) o->swiglu_fwd(o, A->h, A->gu, Np, F, dt);
     if (!recompute) {   /* x_{l+1} = xmid + h·Wdown^T: the next layer's input, never recomputed */
         if (sp) {
             us__sp_residual(m, G, A->xmid, Np, Ns);
-            o->gemm(o, 0, 1, Np, C, F, 1.0f, A->h, dt, F, us__W(m, US__PL(l, US__P_DOWN)), dt, F, 1.0f, G, dt, C);
+            us__linear_fwd(m, Np, F, C, A->h, us__W(m, US__PL(l, US__P_DOWN)), 1.0f, G);
             r = us__sp_scatter(m, xnext, G, Ns);
         } else {
             us__tp_residual(m, xnext, A->xmid, N * C);
-            o->gemm(o, 0, 1, N, C, F, 1.0f, A->h, dt, F, us__W(m, US__PL(l, US__P_DOWN)), dt, F, 1.0f, xnext, dt, C);
+            us__linear_fwd(m, N, F, C, A->h, us__W(m, US__PL(l, US__P_DOWN)), 1.0f, xnext);
             r = us__tp_sum(m, xnext, N * C, dt);
         }
     }
@@ -4962,17 +5229,17 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
         if ((r = us__moe_bwd(m, l, N)) != US_OK) return r;
     } else {
         if (sp && (r = us__sp_gather(m, G, dres, Ns)) != US_OK) return r;   /* ḡ's conjugate */
-        o->gemm(o, 0, 0, Np, F, C, 1.0f, dresF, dt, C, us__W(m, US__PL(l, US__P_DOWN)), dt, F, 0.0f, dh, dt, F);
+        us__linear_dgrad(m, Np, F, C, dresF, us__W(m, US__PL(l, US__P_DOWN)), 0.0f, dh);
         if (split) o->copy(o, A->g_down, dresF, rowb, US_COPY_D2D);
         else {
-            o->gemm(o, 1, 0, C, F, Np, 1.0f, dresF, dt, C, A->h, dt, F, 1.0f, us__G(m, US__PL(l, US__P_DOWN)), US_F32, F);
+            us__linear_wgrad(m, Np, F, C, dresF, A->h, us__G(m, US__PL(l, US__P_DOWN)));
             if ((r = us__grads_ready(m, US__PL(l, US__P_DOWN), US__PL(l, US__P_DOWN) + 1)) != US_OK) return r;
         }
         o->swiglu_bwd(o, dgu, dh, A->gu, Np, F, dt);
-        o->gemm(o, 0, 0, Np, C, 2 * F, 1.0f, dgu, dt, 2 * F, us__W(m, US__PL(l, US__P_GATE)), dt, C, 0.0f, dln, dt, C);
+        us__linear_dgrad(m, Np, C, 2 * F, dgu, us__W(m, US__PL(l, US__P_GATE)), 0.0f, dln);
         if (!split) {
             if (sp && (r = us__sp_gather(m, G, A->ln2, Ns)) != US_OK) return r;   /* the GEMM's input again */
-            o->gemm(o, 1, 0, 2 * F, C, Np, 1.0f, dgu, dt, 2 * F, sp ? G : A->ln2, dt, C, 1.0f, us__G(m, US__PL(l, US__P_GATE)), US_F32, C);
+            us__linear_wgrad(m, Np, C, 2 * F, dgu, sp ? G : A->ln2, us__G(m, US__PL(l, US__P_GATE)));
             if ((r = us__grads_ready(m, US__PL(l, US__P_GATE), US__PL(l, US__P_UP) + 1)) != US_OK) return r;
         }
     }
@@ -4983,10 +5250,10 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
     if ((r = us__grads_ready(m, US__PL(l, US__P_LN2), US__PL(l, US__P_LN2) + 1)) != US_OK) return r;
     /* attention: xmid = x + attention(rope(ln1·Wqkv^T))·Wo^T */
     if (sp && (r = us__sp_gather(m, G, dres, Ns)) != US_OK) return r;
-    o->gemm(o, 0, 0, Np, AO, C, 1.0f, dresF, dt, C, us__W(m, US__PL(l, US__P_O)), dt, AO, 0.0f, datt, dt, AO);
+    us__linear_dgrad(m, Np, AO, C, dresF, us__W(m, US__PL(l, US__P_O)), 0.0f, datt);
     if (split) o->copy(o, A->g_o, dresF, rowb, US_COPY_D2D);
     else {
-        o->gemm(o, 1, 0, C, AO, Np, 1.0f, dresF, dt, C, A->att, dt, AO, 1.0f, us__G(m, US__PL(l, US__P_O)), US_F32, AO);
+        us__linear_wgrad(m, Np, AO, C, dresF, A->att, us__G(m, US__PL(l, US__P_O)));
         if ((r = us__grads_ready(m, US__PL(l, US__P_O), US__PL(l, US__P_O) + 1)) != US_OK) return r;
     }
     if (m->mesh.cp > 1) {
@@ -4997,10 +5264,10 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
         o->rope_bwd(o, dqkv, B, T, NH, NKV, HS, c->rope_theta, dt);
     }
     if (Np > N) o->zero(o, us__at(dqkv, dt, N * QKV), (size_t)((Np - N) * QKV) * us_dtype_size(dt));
-    o->gemm(o, 0, 0, Np, C, QKV, 1.0f, dqkv, dt, QKV, us__W(m, US__PL(l, US__P_Q)), dt, C, 0.0f, dln, dt, C);
+    us__linear_dgrad(m, Np, C, QKV, dqkv, us__W(m, US__PL(l, US__P_Q)), 0.0f, dln);
     if (!split) {
         if (sp && (r = us__sp_gather(m, G, A->ln1, Ns)) != US_OK) return r;
-        o->gemm(o, 1, 0, QKV, C, Np, 1.0f, dqkv, dt, QKV, sp ? G : A->ln1, dt, C, 1.0f, us__G(m, US__PL(l, US__P_Q)), US_F32, C);
+        us__linear_wgrad(m, Np, C, QKV, dqkv, sp ? G : A->ln1, us__G(m, US__PL(l, US__P_Q)));
         if ((r = us__grads_ready(m, US__PL(l, US__P_Q), US__PL(l, US__P_V) + 1)) != US_OK) return r;
     }
     if ((r = sp ? us__sp_scatter(m, dlnp, dln, Ns) : us__tp_sum(m, dln, N * C, dt)) != US_OK) return r;
@@ -5013,24 +5280,22 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
    for these, so the schedule runs them where the pipeline would otherwise idle. Under sequence
    parallelism the normed inputs are gathered again, as the full backward does. */
 static us_result us__layer_w(us_model *m, int l, int64_t B, int64_t T) {
-    us_ops *o = &m->ops;
     const us_model_config *c = &m->cfg;
     us_layer_acts *A = &m->acts[l];
-    us_dtype dt = m->dt;
     int NH = m->nh_l, NKV = m->nkv_l, HS = (int)(c->dim / c->n_heads), sp = us__sp(m);
     int64_t C = c->dim, F = m->ffn_l, QKV = (int64_t)(NH + 2 * NKV) * HS, AO = (int64_t)NH * HS, Np, Ns;
     void *G = m->a[US__A_SPG];
     us_result r;
     us__rows(m, B * T, &Np, &Ns);
-    o->gemm(o, 1, 0, C, F, Np, 1.0f, A->g_down, dt, C, A->h, dt, F, 1.0f, us__G(m, US__PL(l, US__P_DOWN)), US_F32, F);
+    us__linear_wgrad(m, Np, F, C, A->g_down, A->h, us__G(m, US__PL(l, US__P_DOWN)));
     if ((r = us__grads_ready(m, US__PL(l, US__P_DOWN), US__PL(l, US__P_DOWN) + 1)) != US_OK) return r;
     if (sp && (r = us__sp_gather(m, G, A->ln2, Ns)) != US_OK) return r;
-    o->gemm(o, 1, 0, 2 * F, C, Np, 1.0f, A->g_gu, dt, 2 * F, sp ? G : A->ln2, dt, C, 1.0f, us__G(m, US__PL(l, US__P_GATE)), US_F32, C);
+    us__linear_wgrad(m, Np, C, 2 * F, A->g_gu, sp ? G : A->ln2, us__G(m, US__PL(l, US__P_GATE)));
     if ((r = us__grads_ready(m, US__PL(l, US__P_GATE), US__PL(l, US__P_UP) + 1)) != US_OK) return r;
-    o->gemm(o, 1, 0, C, AO, Np, 1.0f, A->g_o, dt, C, A->att, dt, AO, 1.0f, us__G(m, US__PL(l, US__P_O)), US_F32, AO);
+    us__linear_wgrad(m, Np, AO, C, A->g_o, A->att, us__G(m, US__PL(l, US__P_O)));
     if ((r = us__grads_ready(m, US__PL(l, US__P_O), US__PL(l, US__P_O) + 1)) != US_OK) return r;
     if (sp && (r = us__sp_gather(m, G, A->ln1, Ns)) != US_OK) return r;
-    o->gemm(o, 1, 0, QKV, C, Np, 1.0f, A->g_qkv, dt, QKV, sp ? G : A->ln1, dt, C, 1.0f, us__G(m, US__PL(l, US__P_Q)), US_F32, C);
+    us__linear_wgrad(m, Np, C, QKV, A->g_qkv, sp ? G : A->ln1, us__G(m, US__PL(l, US__P_Q)));
     return us__grads_ready(m, US__PL(l, US__P_Q), US__PL(l, US__P_V) + 1);
 }
 
@@ -7756,7 +8021,7 @@ static us_result us__memory_estimate(const us_model_config *mc_in, const us_trai
         }
         psp = &ps;
     }
-    a = tc.precision == US_PRECISION_BF16 || tc.precision == US_PRECISION_FP16 ? 2 : 4;
+    a = tc.precision == US_PRECISION_FP32 ? 4 : 2;
     Z = tc.zero;
     {   /* Ψ as laid out: the same cut into units the model makes (us__plan_units), no allocation */
         us_model tmp;
@@ -7832,6 +8097,10 @@ static us_result us__memory_estimate(const us_model_config *mc_in, const us_trai
        flight (2 for the ring, cp for the all-gather) and their fp32 gradients, the online-softmax
        state, dQ, a cast buffer */
     bwd = xf /* norm grad */ + att + qkv + h + gu + (sp ? xf + us__align(C * 4) : 0);
+    if (tc.precision == US_PRECISION_FP8 || tc.precision == US_PRECISION_FP8_TENSOR) {   /* the quantised GEMM operands (// >>fp8-linear) */
+        size_t off[3];
+        bwd += us__fp8_scratch(Nf, C, QKV, AO, F, off);
+    }
     if (tc.cp > 1) {
         int64_t KVW = (int64_t)2 * (mc.n_kv_heads / tc.tp) * HS, nb = tc.cp_mode == US_CP_ALLGATHER ? tc.cp : 2;
         bwd += us__align((size_t)tc.cp * (tc.seq / tc.cp) * 4) + us__align(nb * N * KVW * a) + us__align(nb * N * KVW * 4)

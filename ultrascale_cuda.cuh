@@ -22,6 +22,7 @@
      // >>cuda-cp-flash   the same by key blocks with positions (ring attention's blocks), state in fp32
      // >>cuda-moe        mixture of experts: router (+ backward), counting-sort permute, row gather / scatter-add, gate gradient
      // >>cuda-optimizer  AdamW on flat buffers, Σx² for the global norm
+     // >>cuda-fp8        FP8 training: fused tile quantisation (amax, scale, E4M3 cast in one pass), block-scaled cuBLASLt FP8 GEMMs
    Every kernel computes in fp32 and rounds once on store, like the CPU reference, and is
    checked against it by tests/test_cuda.cu. CUDA and cuBLASLt errors never exit: the first one
    is recorded and surfaces as US_ERR_BACKEND from the next library call. */
@@ -33,6 +34,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cublasLt.h>
+#include <cuda_fp8.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -80,6 +82,9 @@ typedef struct us__cuda {
     size_t ws_bytes;
     us__gemm_plan plans[US__CUDA_PLANS];
     int nplans;
+    us__gemm_plan fp8_plans[64];   /* FP8 GEMM plans (// >>cuda-fp8); adt/bdt hold the two tilings */
+    int nfp8;
+    unsigned *fp8_amax;     /* per-tensor amax slot (// >>cuda-fp8) */
     void *scratch;          /* grows on demand: reductions, attention backward */
     float *rope_tab;        /* RoPE cos|sin [T, HS/2] for (rope_T, rope_HS, rope_theta) */
     size_t rope_bytes;
@@ -2757,6 +2762,201 @@ static double us__cuda_sumsq(us_ops *o, const float *x, int64_t n) {
 }
 
 /* ------------------------------------------------------------------------------------ */
+// >>cuda-fp8  FP8 training: fused tile quantisation, block-scaled cuBLASLt FP8 GEMMs
+/* ------------------------------------------------------------------------------------ */
+/* The operand layout and the scale rule are the CPU's (us_ops.fp8_quantize, // >>fp8), bit for
+   bit: amax of a tile, s = us__fp8_scale(amax) (the same function), q = RNE-satfinite E4M3 of
+   x / s (an IEEE division: nvcc's default -prec-div=true), zero padding to whole 128-element
+   tiles along the reduction. One pass over x per tile: it is read (amax), then read again from
+   L1/L2 or shared memory, scaled, cast and written; the scales land in the layout cuBLASLt's
+   VEC128_32F / BLK128x128_32F modes read (DESIGN.md "Performance"). */
+static __device__ __forceinline__ uint8_t us__e4m3(float v) { return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3); }
+static __device__ __forceinline__ float us__amax2(float a, float v) { v = fabsf(v); return (v > a || v != v) ? v : a; }   /* a NaN sticks */
+static __device__ __forceinline__ float us__warp_amax(float a) {
+    int i;
+    for (i = 16; i > 0; i >>= 1) a = us__amax2(a, __shfl_xor_sync(0xffffffffu, a, i));
+    return a;
+}
+
+/* ROW128 of P = x [R][L]: one warp per 1×128 tile, lane j holds elements j, j+32, j+64, j+96 */
+template <typename T>
+__global__ void us__k_fp8_row(uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int pow2) {
+    int64_t LB = Lp / 128, tile = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), r, l0;
+    int lane = threadIdx.x & 31, j;
+    float v[4], a = 0.0f, sc;
+    if (tile >= R * LB) return;
+    r = tile / LB; l0 = tile % LB * 128;
+    for (j = 0; j < 4; j++) { int64_t l = l0 + lane + 32 * j; v[j] = l < L ? us__ld(x, r * L + l) : 0.0f; a = us__amax2(a, v[j]); }
+    sc = us__fp8_scale(us__warp_amax(a), pow2);
+    for (j = 0; j < 4; j++) q[r * Lp + l0 + lane + 32 * j] = us__e4m3(v[j] / sc);
+    if (lane == 0) s[l0 / 128 * R + r] = sc;
+}
+
+/* ROW128 of P = xᵀ (x [L][R] as stored): the 128×1 tiles of x that Wgrad reduces over. A block
+   stages a 128 (l) × 32 (r) patch of x in shared memory, read along x's rows (coalesced); each
+   warp then owns four columns r and writes their tiles along l (coalesced). */
+template <typename T>
+__global__ void us__k_fp8_row_t(uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int pow2) {
+    __shared__ float sm[128][33];
+    int64_t r0 = (int64_t)blockIdx.x * 32, l0 = (int64_t)blockIdx.y * 128;
+    int t = threadIdx.x, lane = t & 31, w = t >> 5, i, c, j;
+    for (i = t >> 5; i < 128; i += 8) {   /* 256 threads: 8 rows of 32 per pass */
+        int64_t l = l0 + i, r = r0 + lane;
+        sm[i][lane] = l < L && r < R ? us__ld(x, l * R + r) : 0.0f;
+    }
+    __syncthreads();
+    for (c = w * 4; c < w * 4 + 4; c++) {
+        int64_t r = r0 + c;
+        float v[4], a = 0.0f, sc;
+        for (j = 0; j < 4; j++) { v[j] = sm[lane + 32 * j][c]; a = us__amax2(a, v[j]); }
+        sc = us__fp8_scale(us__warp_amax(a), pow2);
+        if (r >= R) continue;
+        for (j = 0; j < 4; j++) q[r * Lp + l0 + lane + 32 * j] = us__e4m3(v[j] / sc);
+        if (lane == 0) s[l0 / 128 * R + r] = sc;
+    }
+}
+
+/* BLOCK128 of P = x (trans 0) or xᵀ (trans 1): one block of 256 threads per 128×128 block; the
+   amax pass reads x along its rows, the cast pass writes P along its rows. Scales [RB][LBp], the
+   padding columns 1. */
+template <typename T>
+__global__ void us__k_fp8_block(uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int trans, int pow2) {
+    __shared__ float red[32];
+    int64_t rb = blockIdx.y, lb = blockIdx.x, LB = Lp / 128, LBp = (LB + 3) / 4 * 4, xc = trans ? R : L;
+    int t = threadIdx.x, i;
+    float a = 0.0f, sc;
+    for (i = t; i < 128 * 128; i += blockDim.x) {   /* x's element (xr, xc) in its own orientation */
+        int64_t u = i >> 7, v = i & 127, pr = trans ? rb * 128 + v : rb * 128 + u, pl = trans ? lb * 128 + u : lb * 128 + v;
+        if (pr < R && pl < L) a = us__amax2(a, us__ld(x, trans ? pl * xc + pr : pr * xc + pl));
+    }
+    a = us__warp_amax(a);
+    if ((t & 31) == 0) red[t >> 5] = a;
+    __syncthreads();
+    if (t < 32) {
+        a = t < (int)(blockDim.x >> 5) ? red[t] : 0.0f;
+        a = us__warp_amax(a);
+        if (t == 0) red[0] = a;
+    }
+    __syncthreads();
+    sc = us__fp8_scale(red[0], pow2);
+    for (i = t; i < 128 * 128; i += blockDim.x) {   /* P's element (pr, pl), row by row */
+        int64_t pr = rb * 128 + (i >> 7), pl = lb * 128 + (i & 127);
+        if (pr < R) q[pr * Lp + pl] = pl < L ? us__e4m3(us__ld(x, trans ? pl * xc + pr : pr * xc + pl) / sc) : 0;
+    }
+    if (t == 0) {
+        s[rb * LBp + lb] = sc;
+        if (lb == LB - 1) for (i = (int)LB; i < (int)LBp; i++) s[rb * LBp + i] = 1.0f;
+    }
+}
+
+/* TENSOR: the amax of |x| as the maximum of its bit patterns (for non-negative floats the
+   integer order is the numeric order, and NaN patterns sort above inf: a NaN wins), then one scale */
+template <typename T>
+__global__ void us__k_fp8_amax(unsigned *amax, const T *x, int64_t n) {
+    __shared__ float red[32];
+    int64_t i;
+    float a = 0.0f;
+    for (i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) a = us__amax2(a, us__ld(x, i));
+    a = us__warp_amax(a);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = a;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int k;
+        for (k = 1; k < (int)(blockDim.x >> 5); k++) a = us__amax2(a, red[k]);
+        atomicMax(amax, __float_as_uint(fabsf(a)) | (a != a ? 0x7fc00000u : 0u));
+    }
+}
+template <typename T>
+__global__ void us__k_fp8_tensor(uint8_t *q, float *s, const unsigned *amax, const T *x, int64_t R, int64_t L, int64_t Lp, int trans, int pow2) {
+    float sc = us__fp8_scale(__uint_as_float(*amax), pow2);
+    int64_t i, xc = trans ? R : L;
+    for (i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < R * Lp; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t pr = i / Lp, pl = i % Lp;
+        q[i] = pl < L ? us__e4m3(us__ld(x, trans ? pl * xc + pr : pr * xc + pl) / sc) : 0;
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) s[0] = sc;
+}
+
+static void us__cuda_fp8_quantize(us_ops *o, uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M, int64_t K,
+                                  int t, int trans, int pow2) {
+    us__cuda *c = us__cu(o);
+    int64_t R = trans ? K : M, L = trans ? M : K, Lp = (L + 127) / 128 * 128;
+    if (R <= 0 || L <= 0) return;
+    if (t == US_FP8_TENSOR) {
+        if (!c->fp8_amax && !(c->fp8_amax = (unsigned *)us__cuda_alloc(o, 64))) { us__cuda_fail(o, "fp8 amax slot", "out of device memory", __FILE__, __LINE__); return; }
+        US__CU(o, cudaMemsetAsync(c->fp8_amax, 0, 4, c->stream));
+        US__DISPATCH(o, dt, (us__k_fp8_amax<T_><<<us__blocks(M * K, 256) < 1024 ? us__blocks(M * K, 256) : 1024, 256, 0, c->stream>>>(c->fp8_amax, (const T_ *)x, M * K)));
+        US__DISPATCH(o, dt, (us__k_fp8_tensor<T_><<<us__blocks(R * Lp, 256) < 4096 ? us__blocks(R * Lp, 256) : 4096, 256, 0, c->stream>>>(q, s, c->fp8_amax, (const T_ *)x, R, L, Lp, trans, pow2)));
+    } else if (t == US_FP8_BLOCK128) {
+        dim3 grid((unsigned)(Lp / 128), (unsigned)((R + 127) / 128));
+        US__DISPATCH(o, dt, (us__k_fp8_block<T_><<<grid, 256, 0, c->stream>>>(q, s, (const T_ *)x, R, L, Lp, trans, pow2)));
+    } else if (trans) {
+        dim3 grid((unsigned)((R + 31) / 32), (unsigned)(Lp / 128));
+        US__DISPATCH(o, dt, (us__k_fp8_row_t<T_><<<grid, 256, 0, c->stream>>>(q, s, (const T_ *)x, R, L, Lp, pow2)));
+    } else {
+        int64_t tiles = R * (Lp / 128);
+        US__DISPATCH(o, dt, (us__k_fp8_row<T_><<<(unsigned)((tiles + 7) / 8), 256, 0, c->stream>>>(q, s, (const T_ *)x, R, L, Lp, pow2)));
+    }
+}
+
+/* The FP8 GEMM on cuBLASLt, TN: row-major C[M,N] = a·bᵀ is column-major Cᵀ[N,M] = b·aᵀ, so b (the
+   weight side) is cuBLASLt's A, transposed, and a (the activation side) its B. Scale modes:
+   BLOCK128 → BLK128x128_32F, ROW128 → VEC128_32F, TENSOR → SCALAR_32F (per-tensor FP8). */
+static cublasLtMatmulMatrixScale_t us__fp8_mode(int t) {
+    return t == US_FP8_BLOCK128 ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+         : t == US_FP8_TENSOR ? CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+}
+static void us__cuda_fp8_gemm(us_ops *o, int64_t M, int64_t N, int64_t K, float alpha, const uint8_t *a, const float *sa, int ta,
+                              const uint8_t *b, const float *sb, int tb, float beta, void *C, us_dtype cdt, int64_t ldc) {
+    us__cuda *c = us__cu(o);
+    us__gemm_plan *p = NULL;
+    int64_t Kp = (K + 127) / 128 * 128;
+    int i, found = 0, beta0 = beta == 0;
+    if (M <= 0 || N <= 0 || K <= 0) return;
+    for (i = 0; i < c->nfp8; i++) {
+        us__gemm_plan *x = &c->fp8_plans[i];
+        if (x->M == M && x->N == N && x->K == Kp && x->adt == ta && x->bdt == tb && x->cdt == (int)cdt && x->ldc == ldc && x->beta0 == beta0) { p = x; break; }
+    }
+    if (!p) {
+        cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
+        cublasLtMatmulMatrixScale_t ma = us__fp8_mode(tb), mb = us__fp8_mode(ta);
+        cublasLtMatmulPreference_t pref;
+        cublasLtMatmulHeuristicResult_t heur;
+        if (c->nfp8 == 64) {   /* full: recycle the oldest */
+            p = &c->fp8_plans[0];
+            cublasLtMatmulDescDestroy(p->desc); cublasLtMatrixLayoutDestroy(p->la); cublasLtMatrixLayoutDestroy(p->lb); cublasLtMatrixLayoutDestroy(p->lc);
+            memmove(c->fp8_plans, c->fp8_plans + 1, sizeof(us__gemm_plan) * 63);
+            c->nfp8--;
+        }
+        p = &c->fp8_plans[c->nfp8];
+        memset(p, 0, sizeof *p);
+        p->M = M; p->N = N; p->K = Kp; p->adt = ta; p->bdt = tb; p->cdt = (int)cdt; p->ldc = ldc; p->beta0 = beta0;
+        US__LT(o, cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof opT));
+        US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof opN));
+        US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma));
+        US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb));
+        US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sb, sizeof sb));
+        US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sa, sizeof sa));
+        US__LT(o, cublasLtMatrixLayoutCreate(&p->la, CUDA_R_8F_E4M3, Kp, N, Kp));   /* b [N][Kp] row-major = Kp×N column-major */
+        US__LT(o, cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_8F_E4M3, Kp, M, Kp));   /* a [M][Kp] */
+        US__LT(o, cublasLtMatrixLayoutCreate(&p->lc, us__cuda_type(cdt), N, M, ldc));
+        US__LT(o, cublasLtMatmulPreferenceCreate(&pref));
+        US__LT(o, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &c->ws_bytes, sizeof c->ws_bytes));
+        if (!c->failed && cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &heur, &found) == CUBLAS_STATUS_SUCCESS && found)
+            p->algo = heur.algo;
+        else us__cuda_fail(o, "cublasLtMatmulAlgoGetHeuristic", "no FP8 algorithm for this GEMM shape, scaling and output type", __FILE__, __LINE__);
+        cublasLtMatmulPreferenceDestroy(pref);
+        c->nfp8++;
+    }
+    if (c->failed) return;
+    /* this call's scale tensors */
+    US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sb, sizeof sb));
+    US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sa, sizeof sa));
+    US__LT(o, cublasLtMatmul(c->lt, p->desc, &alpha, b, p->la, a, p->lb, &beta, C, p->lc, C, p->lc, &p->algo, c->ws, c->ws_bytes, c->stream));
+}
+
+/* ------------------------------------------------------------------------------------ */
 // >>cuda-core  the ops table
 /* ------------------------------------------------------------------------------------ */
 US_API int us_cuda_device_count(void) {
@@ -2807,6 +3007,7 @@ US_API us_result us_cuda_ops(us_ops *o, int device, char *err, size_t errlen) {
     o->attn_block_fwd = us__cuda_attn_block_fwd; o->attn_block_finish = us__cuda_attn_block_finish; o->attn_block_bwd = us__cuda_attn_block_bwd;
     o->moe_route = us__cuda_moe_route;    o->moe_route_bwd = us__cuda_moe_route_bwd;  o->moe_permute = us__cuda_moe_permute;
     o->moe_gather = us__cuda_moe_gather;  o->moe_scatter = us__cuda_moe_scatter;      o->moe_gate_grad = us__cuda_moe_gate_grad;
+    o->fp8_quantize = us__cuda_fp8_quantize; o->fp8_gemm = us__cuda_fp8_gemm;
     return US_OK;
 }
 
@@ -2819,6 +3020,11 @@ US_API void us_cuda_ops_free(us_ops *o) {
         cublasLtMatmulDescDestroy(c->plans[i].desc); cublasLtMatrixLayoutDestroy(c->plans[i].la);
         cublasLtMatrixLayoutDestroy(c->plans[i].lb); cublasLtMatrixLayoutDestroy(c->plans[i].lc);
     }
+    for (i = 0; i < c->nfp8; i++) {
+        cublasLtMatmulDescDestroy(c->fp8_plans[i].desc); cublasLtMatrixLayoutDestroy(c->fp8_plans[i].la);
+        cublasLtMatrixLayoutDestroy(c->fp8_plans[i].lb); cublasLtMatrixLayoutDestroy(c->fp8_plans[i].lc);
+    }
+    if (c->fp8_amax) cudaFree(c->fp8_amax);
     if (c->ws) cudaFree(c->ws);
     if (c->scratch) cudaFree(c->scratch);
     if (c->rope_tab) cudaFree(c->rope_tab);

@@ -1,6 +1,8 @@
 /* bench_cuda.cu — GPU benchmarks of the library, printed in the same format as the PyTorch
    peers (bench/torch_llama.py, cuda_dev/sdpa_bench.py) so bench/run_gpu.sh can put them side by side.
      --preset 1b|200m   training step of the Llama-3.2-1B / ~200M shape (bf16, fp32 master)
+     --precision P      the training step's precision: bf16 (default), fp8, fp8-tensor
+     --fp8-gemm         FP8 GEMMs (block-scaled, per-tensor) vs bf16 at LLM shapes, and the quantiser
      --profile          also time each op class with CUDA events (where a step's time goes)
      --gemm             in-library GEMM (ops->gemm, cached plan) vs a standalone cuBLASLt call
      --attention        attention forward / backward TFLOP/s, causal, HS 128
@@ -78,6 +80,8 @@ static us_ops profiled(void) {
     return o;
 }
 
+static us_precision bench_prec = US_PRECISION_BF16;   /* --precision: bf16 (default), fp8, fp8-tensor */
+
 /* ---- training throughput */
 static int bench_train(const char *preset, int steps, int warm, us_recompute rc, int profile, const char *json) {
     us_model_config mc;
@@ -91,7 +95,7 @@ static int bench_train(const char *preset, int steps, int warm, us_recompute rc,
     if (!strcmp(preset, "1b")) { mc.dim = 2048; mc.n_layers = 16; mc.n_heads = 32; mc.n_kv_heads = 8; mc.ffn_dim = 8192; mc.vocab = 128256; mc.tie_embeddings = 1; tc.seq = 4096; tc.batch = 4; }
     else if (!strcmp(preset, "200m")) { mc.dim = 1024; mc.n_layers = 12; mc.n_heads = 16; mc.n_kv_heads = 4; mc.ffn_dim = 4096; mc.vocab = 32768; tc.seq = 2048; tc.batch = 16; }
     else { fprintf(stderr, "bench_cuda: unknown preset %s\n", preset); return 2; }
-    tc.precision = US_PRECISION_BF16; tc.recompute = rc; tc.steps = 1000; tc.lr = 3e-4f; tc.warmup = 0;
+    tc.precision = bench_prec; tc.recompute = rc; tc.steps = 1000; tc.lr = 3e-4f; tc.warmup = 0;
     prof_on = 0;
     o = profiled();
     if (us_model_init(&m, &mc, &tc, &o) != US_OK) { printf("ultrascale   | %s | init failed: %s\n", preset, us_model_error(&m)); return 3; }
@@ -115,11 +119,11 @@ static int bench_train(const char *preset, int steps, int warm, us_recompute rc,
     {
         double t = median(times), tok_s = (double)n / t, mfu = us_flops_per_token(&m.cfg, tc.seq) * tok_s / 989e12;
         double peak_gib = (double)m.ops.bytes_peak / 1073741824.0;
-        printf("ultrascale   | %-4s | tok/s %8.0f | MFU %5.1f%% | step %7.1f ms | peak %6.1f GiB | params %.3fB | recompute %s\n", preset, tok_s,
-               100 * mfu, 1e3 * t, peak_gib, (double)m.n_params / 1e9, us_recompute_name(rc));
+        printf("ultrascale   | %-4s | tok/s %8.0f | MFU %5.1f%% | step %7.1f ms | peak %6.1f GiB | params %.3fB | recompute %s | %s\n", preset, tok_s,
+               100 * mfu, 1e3 * t, peak_gib, (double)m.n_params / 1e9, us_recompute_name(rc), us_precision_name(bench_prec));
         if (json) {
             FILE *f = fopen(json, "w");
-            if (f) { fprintf(f, "{\"impl\": \"ultrascale\", \"preset\": \"%s\", \"tok_s\": %.1f, \"mfu\": %.4f, \"step_ms\": %.2f, \"peak_gib\": %.2f, \"params\": %lld}\n", preset, tok_s, mfu, 1e3 * t, peak_gib, (long long)m.n_params); fclose(f); }
+            if (f) { fprintf(f, "{\"impl\": \"ultrascale\", \"preset\": \"%s\", \"precision\": \"%s\", \"tok_s\": %.1f, \"mfu\": %.4f, \"step_ms\": %.2f, \"peak_gib\": %.2f, \"params\": %lld}\n", preset, us_precision_name(bench_prec), tok_s, mfu, 1e3 * t, peak_gib, (long long)m.n_params); fclose(f); }
         }
         if (profile) {
             double tot = 0;
@@ -131,6 +135,57 @@ static int bench_train(const char *preset, int steps, int warm, us_recompute rc,
     }
     us_model_free(&m);
     return 0;
+}
+
+/* ---- FP8 GEMMs (// >>cuda-fp8) against bf16 at the 1B shape's linear layers: y = x·Wᵀ with
+   x [M][K], W [N][K]; block-scaled (1×128 x 128×128: Fprop/Dgrad; 1×128 x 1×128: Wgrad) and
+   per-tensor, plus the fused quantisation kernels' bandwidth */
+static void bench_fp8_gemm(void) {
+    int64_t shapes[][3] = {{8192, 8192, 8192}, {16384, 3072, 2048}, {16384, 2048, 2048}, {16384, 16384, 2048}, {16384, 2048, 8192}, {2048, 8192, 16384}};
+    us__cuda *c = (us__cuda *)inner.backend;
+    cudaEvent_t a, b;
+    int k, r, v;
+    CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
+    printf("\n| GEMM (M x N x K) | bf16 TFLOP/s | fp8 1x128·128x128 | fp8 1x128·1x128 | fp8 per-tensor | speed-up (block) | quantise x (GB/s) |\n|---|---|---|---|---|---|---|\n");
+    for (k = 0; k < 6; k++) {
+        int64_t M = shapes[k][0], N = shapes[k][1], K = shapes[k][2];
+        void *X = inner.alloc(&inner, (size_t)M * K * 2), *W = inner.alloc(&inner, (size_t)N * K * 2), *Y = inner.alloc(&inner, (size_t)M * N * 2);
+        uint8_t *qx = (uint8_t *)inner.alloc(&inner, (size_t)M * K), *qw = (uint8_t *)inner.alloc(&inner, (size_t)N * K);
+        float *sx = (float *)inner.alloc(&inner, (size_t)us_fp8_scales_size(US_FP8_ROW128, M, K) * 4);
+        float *sw = (float *)inner.alloc(&inner, (size_t)std::max(us_fp8_scales_size(US_FP8_BLOCK128, N, K), us_fp8_scales_size(US_FP8_ROW128, N, K)) * 4);
+        float *tmp;
+        double fl = 2.0 * M * N * K, res[5];
+        CK(cudaMalloc(&tmp, (size_t)std::max(M, N) * K * 4));
+        {
+            std::vector<float> h((size_t)std::max(M, N) * K);
+            us_rng rg;
+            us_rng_seed(&rg, 11 + k);
+            for (size_t i = 0; i < h.size(); i++) h[i] = us_rng_uniform(&rg) - 0.5f;
+            CK(cudaMemcpy(tmp, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+            inner.cast(&inner, X, US_BF16, tmp, US_F32, M * K); inner.cast(&inner, W, US_BF16, tmp, US_F32, N * K);
+        }
+        for (v = 0; v < 5; v++) {   /* bf16, fp8 block, fp8 row x row, fp8 tensor, quantise */
+            std::vector<double> ts;
+            int ta = v == 3 ? US_FP8_TENSOR : US_FP8_ROW128, tb = v == 1 ? US_FP8_BLOCK128 : v == 2 ? US_FP8_ROW128 : US_FP8_TENSOR;
+            if (v >= 1 && v <= 3) { inner.fp8_quantize(&inner, qx, sx, X, US_BF16, M, K, ta, 0, 0); inner.fp8_quantize(&inner, qw, sw, W, US_BF16, N, K, tb, 0, 0); }
+            for (r = 0; r < 15; r++) {
+                float ms;
+                cudaEventRecord(a, c->stream);
+                if (v == 0) inner.gemm(&inner, 0, 1, M, N, K, 1.0f, X, US_BF16, K, W, US_BF16, K, 0.0f, Y, US_BF16, N);
+                else if (v < 4) inner.fp8_gemm(&inner, M, N, K, 1.0f, qx, sx, ta, qw, sw, tb, 0.0f, Y, US_BF16, N);
+                else inner.fp8_quantize(&inner, qx, sx, X, US_BF16, M, K, US_FP8_ROW128, 0, 0);
+                cudaEventRecord(b, c->stream); cudaEventSynchronize(b); cudaEventElapsedTime(&ms, a, b);
+                if (r >= 5) ts.push_back(ms * 1e-3);
+            }
+            res[v] = v < 4 ? fl / median(ts) / 1e12 : (double)M * K * 3 / median(ts) / 1e9;
+        }
+        if (inner.error(&inner)) { printf("| %lld x %lld x %lld | error: %s |\n", (long long)M, (long long)N, (long long)K, inner.error(&inner)); break; }
+        printf("| %lld x %lld x %lld | %.0f | %.0f | %.0f | %.0f | %.2fx | %.0f |\n", (long long)M, (long long)N, (long long)K,
+               res[0], res[1], res[2], res[3], res[1] / res[0], res[4]);
+        inner.free(&inner, X); inner.free(&inner, W); inner.free(&inner, Y); inner.free(&inner, qx); inner.free(&inner, qw);
+        inner.free(&inner, sx); inner.free(&inner, sw); cudaFree(tmp);
+    }
+    cudaEventDestroy(a); cudaEventDestroy(b);
 }
 
 /* ---- GEMM: in the library vs a standalone cuBLASLt call (fresh handle, own heuristic) */
@@ -407,7 +462,7 @@ static void bench_cp(int naive) {
 int main(int argc, char **argv) {
     char err[256];
     const char *preset = NULL, *json = NULL;
-    int steps = 10, warm = 3, profile = 0, do_gemm = 0, do_att = 0, do_cp = 0, i;
+    int steps = 10, warm = 3, profile = 0, do_gemm = 0, do_att = 0, do_cp = 0, do_fp8 = 0, i;
     us_recompute rc = US_RECOMPUTE_NONE;
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
@@ -417,14 +472,23 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--recompute") && i + 1 < argc) { i++; rc = !strcmp(argv[i], "full") ? US_RECOMPUTE_FULL : !strcmp(argv[i], "selective") ? US_RECOMPUTE_SELECTIVE : US_RECOMPUTE_NONE; }
         else if (!strcmp(argv[i], "--profile")) profile = 1;
         else if (!strcmp(argv[i], "--gemm")) do_gemm = 1;
+        else if (!strcmp(argv[i], "--fp8-gemm")) do_fp8 = 1;
+        else if (!strcmp(argv[i], "--precision") && i + 1 < argc) {
+            i++;
+            if (!strcmp(argv[i], "bf16")) bench_prec = US_PRECISION_BF16;
+            else if (!strcmp(argv[i], "fp8")) bench_prec = US_PRECISION_FP8;
+            else if (!strcmp(argv[i], "fp8-tensor")) bench_prec = US_PRECISION_FP8_TENSOR;
+            else { fprintf(stderr, "bench_cuda: --precision must be bf16, fp8 or fp8-tensor, got %s\n", argv[i]); return 2; }
+        }
         else if (!strcmp(argv[i], "--attention")) do_att = 1;
         else if (!strcmp(argv[i], "--cp")) do_cp = 2;
         else if (!strcmp(argv[i], "--cp-flash-only")) do_cp = 1;
-        else { fprintf(stderr, "usage: bench_cuda [--preset 1b|200m [--steps N] [--warmup N] [--recompute M] [--profile] [--json F]] [--gemm] [--attention] [--cp | --cp-flash-only]\n"); return 2; }
+        else { fprintf(stderr, "usage: bench_cuda [--preset 1b|200m [--steps N] [--warmup N] [--recompute M] [--precision bf16|fp8|fp8-tensor] [--profile] [--json F]] [--gemm] [--fp8-gemm] [--attention] [--cp | --cp-flash-only]\n"); return 2; }
     }
     if (us_cuda_ops(&inner, 0, err, sizeof err) != US_OK) { fprintf(stderr, "bench_cuda: %s\n", err); return 1; }
     if (preset && bench_train(preset, steps, warm, rc, profile, json)) return 1;
     if (do_gemm) bench_gemm();
+    if (do_fp8) bench_fp8_gemm();
     if (do_att) bench_attention();
     if (do_cp) bench_cp(do_cp == 2);
     us_cuda_ops_free(&inner);

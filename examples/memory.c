@@ -46,7 +46,7 @@ static void usage(FILE *f) {
         "  --shared-expert   one shared expert per MoE layer\n"
         "  --capacity-factor X  the permuted rows per expert are capped (0 = none)\n"
         "training:\n"
-        "  --precision P     fp32 | bf16 (default bf16: bf16 weights and activations, fp32 master,\n"
+        "  --precision P     fp32 | bf16 | fp8 | fp8-tensor (default bf16: bf16 weights and activations, fp32 master,\n"
         "                    grads and Adam moments)\n"
         "  --recompute R     none | selective | full (default none)\n"
         "  --batch N         sequences per micro-batch B (default 1)\n"
@@ -202,7 +202,9 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(f, "--precision")) {
             if (!strcmp(v, "fp32")) o->precision = US_PRECISION_FP32;
             else if (!strcmp(v, "bf16")) o->precision = US_PRECISION_BF16;
-            else return bad("--precision must be fp32 or bf16, got", v);
+            else if (!strcmp(v, "fp8")) o->precision = US_PRECISION_FP8;
+            else if (!strcmp(v, "fp8-tensor")) o->precision = US_PRECISION_FP8_TENSOR;
+            else return bad("--precision must be fp32, bf16, fp8 or fp8-tensor, got", v);
         } else if (!strcmp(f, "--recompute")) {
             if (!strcmp(v, "none")) o->recompute = US_RECOMPUTE_NONE;
             else if (!strcmp(v, "selective")) o->recompute = US_RECOMPUTE_SELECTIVE;
@@ -335,7 +337,7 @@ static void print_row(const char *name, size_t bytes, size_t total) {
 }
 
 static void print_table(const options *o, const us_model_config *mc, const us_train_config *tc, const us_memory *m) {
-    int bf16 = tc->precision == US_PRECISION_BF16;
+    int bf16 = tc->precision != US_PRECISION_FP32;
     char buf[160], cnt[32];
     int64_t P = us_param_count(mc);
     describe_model(mc, buf, sizeof buf);
@@ -495,7 +497,7 @@ static int write_svg(const char *path, const options *o, const us_model_config *
         mem_parts(&mems[i], gib);
         svg_bar(f, PLOT_X + slot * (i + 0.5), slot * 0.62, top, gib, seqs[i]);
     }
-    svg_legend(f, tc->precision == US_PRECISION_BF16);
+    svg_legend(f, tc->precision != US_PRECISION_FP32);
     fprintf(f, "</svg>\n");
     ok = !ferror(f);
     if (fclose(f) != 0) ok = 0;

@@ -74,10 +74,13 @@ static void usage(FILE *f) {
         "  --min-lr-frac X   cosine floor as a fraction of lr (default 0.1)\n"
         "  --wd X            AdamW weight decay on 2-D weights (default 0.1)\n"
         "  --clip X          global-norm gradient clip, 0 = off (default 1.0)\n"
-        "  --precision P     fp32 | bf16 | fp16 (default fp32); fp16 scales the loss dynamically\n"
+        "  --precision P     fp32 | bf16 | fp16 | fp8 | fp8-tensor (default fp32); fp16 scales the loss dynamically;\n"
+        "                    fp8: bf16 plus FP8 E4M3 GEMMs in every linear layer (1x128 / 128x128 tile scales);\n"
+        "                    fp8-tensor: one scale per tensor\n"
         "  --loss-scale S    static loss scale S > 0 (any precision), 0 = dynamic under fp16: starts at\n"
         "                    2^16, halves and skips the step on an inf/NaN gradient (default 0)\n"
         "  --loss-scale-window N  clean steps before a dynamic scale doubles (default 2000)\n"
+        "  --fp8-pow2        FP8 scales rounded up to powers of two\n"
         "  --recompute R     none | selective | full (default none)\n"
         "  --seed N          seed for init and data (default 1337)\n"
         "  --threads N       CPU threads (default: all)\n"
@@ -364,6 +367,9 @@ static us_result run_rank(us_comm *comm, void *arg) {
                (long long)m.cfg.ffn_dim, (long long)m.cfg.vocab, m.cfg.tie_embeddings ? " tied" : "",
                us_precision_name(m.tc.precision), us_recompute_name(m.tc.recompute), Bg, tc.seq, tc.grad_accum, dp, tc.cp, tc.tp, tc.zero,
                o->data_path ? o->data_path : "task: sort 8 digits", devname, (double)m.mem.total / 1048576.0);
+    if (loud && m.fp8)
+        printf("fp8: %d of %d linear layers in FP8 E4M3 (%s scales%s; the rest bf16: a size not a multiple of 16, or MoE experts)\n",
+               m.fp8_linear, m.fp8_linear_all, m.fp8 == 2 ? "per-tensor" : "1x128 activation / 128x128 weight", tc.fp8_pow2 ? ", powers of two" : "");
     if (loud && m.n_moe)
         printf("moe: %d of %d layers, E=%d top-%d Fe=%lld%s, %s gates, balance %s%s | ep=%d (%d experts per rank) | %lld active params per token of %lld\n",
                m.n_moe, m.cfg.n_layers, m.cfg.moe_experts, m.cfg.moe_top_k, (long long)m.cfg.moe_ffn_dim, m.cfg.moe_shared ? " + shared" : "",
@@ -588,6 +594,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--quiet")) { o.quiet = 1; takes = 0; }
         else if (!strcmp(f, "--sp")) { tc.sp = 1; takes = 0; }
         else if (!strcmp(f, "--pp-clock")) { tc.pp_clock = 1; takes = 0; }
+        else if (!strcmp(f, "--fp8-pow2")) { tc.fp8_pow2 = 1; takes = 0; }
         else if (!strcmp(f, "--shared-expert")) { mc.moe_shared = 1; takes = 0; }
         else if (strncmp(f, "--", 2)) return bad("unexpected argument", f);
         else if (!v) return bad("missing value for", f);
@@ -706,7 +713,9 @@ int main(int argc, char **argv) {
             if (!strcmp(v, "fp32")) tc.precision = US_PRECISION_FP32;
             else if (!strcmp(v, "bf16")) tc.precision = US_PRECISION_BF16;
             else if (!strcmp(v, "fp16")) tc.precision = US_PRECISION_FP16;
-            else return bad("--precision must be fp32, bf16 or fp16, got", v);
+            else if (!strcmp(v, "fp8")) tc.precision = US_PRECISION_FP8;
+            else if (!strcmp(v, "fp8-tensor")) tc.precision = US_PRECISION_FP8_TENSOR;
+            else return bad("--precision must be fp32, bf16, fp16, fp8 or fp8-tensor, got", v);
         } else if (!strcmp(f, "--recompute")) {
             if (!strcmp(v, "none")) tc.recompute = US_RECOMPUTE_NONE;
             else if (!strcmp(v, "selective")) tc.recompute = US_RECOMPUTE_SELECTIVE;

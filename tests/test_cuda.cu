@@ -527,6 +527,124 @@ static void test_fp16_overflow(void) {
     us_model_free(&a); us_model_free(&b);
 }
 
+/* FP8 (// >>cuda-fp8): the fused quantisation equals the CPU's bit for bit (bytes, scales,
+   padding) for every tiling, trans, pow2 and dtype, partial tiles included; the cuBLASLt FP8
+   GEMM equals the CPU emulation on the same operands within 1e-5 of the output's largest
+   magnitude (fp32 out: only the summation order inside a 128-block differs) and within one bf16 ulp
+   plus that (bf16 out, beta 1). */
+static void test_fp8_ops(void) {
+    int64_t shapes[][2] = {{256, 384}, {200, 300}, {48, 1136}, {130, 64}};
+    us_fp8_tiling tl[3] = {US_FP8_ROW128, US_FP8_BLOCK128, US_FP8_TENSOR};
+    int si, t, trans, pow2, d;
+    for (si = 0; si < 4; si++)
+        for (d = 0; d < 2; d++) {
+            us_dtype dt = d ? US_BF16 : US_F32;
+            int64_t M = shapes[si][0], K = shapes[si][1];
+            float *x = rnd_f32(M * K, 3);
+            void *xh;
+            void *xd;
+            int64_t i;
+            for (i = 0; i < M * K; i += 37) x[i] *= 500.0f;   /* outliers: tiles with different scales */
+            xh = as_dt(x, M * K, dt);
+            xd = up(xh, (size_t)(M * K) * us_dtype_size(dt));
+            for (t = 0; t < 3; t++)
+                for (trans = 0; trans < 2; trans++)
+                    for (pow2 = 0; pow2 < 2; pow2++) {
+                        int64_t R = trans ? K : M, L = trans ? M : K, Lp = (L + 127) / 128 * 128, ns = us_fp8_scales_size(tl[t], R, L);
+                        uint8_t *qc = (uint8_t *)malloc((size_t)(R * Lp)), *qg = (uint8_t *)malloc((size_t)(R * Lp));
+                        float *sc = (float *)malloc((size_t)ns * 4), *sg = (float *)malloc((size_t)ns * 4);
+                        uint8_t *qd = (uint8_t *)G.alloc(&G, (size_t)(R * Lp));
+                        float *sd = (float *)G.alloc(&G, (size_t)ns * 4);
+                        memset(qc, 0x5A, (size_t)(R * Lp));
+                        Ccpu.fp8_quantize(&Ccpu, qc, sc, xh, dt, M, K, tl[t], trans, pow2);
+                        G.fp8_quantize(&G, qd, sd, xd, dt, M, K, tl[t], trans, pow2);
+                        down(qg, qd, (size_t)(R * Lp)); down(sg, sd, (size_t)ns * 4);
+                        CHECK(!memcmp(qg, qc, (size_t)(R * Lp)) && !memcmp(sg, sc, (size_t)ns * 4) && G.error(&G) == NULL,
+                              "fp8_quantize %s %s %lldx%lld trans=%d pow2=%d: GPU bytes and scales = CPU", us_dtype_name(dt),
+                              tl[t] == US_FP8_ROW128 ? "row128" : tl[t] == US_FP8_BLOCK128 ? "block128" : "tensor", (long long)M, (long long)K, trans, pow2);
+                        G.free(&G, qd); G.free(&G, sd);
+                        free(qc); free(qg); free(sc); free(sg);
+                    }
+            G.free(&G, xd); free(xh); free(x);
+        }
+    {   /* the GEMM: Fprop-like (row128 x block128), Wgrad-like (row128 x row128), per tensor; K = 512 and K = 200 (padded) */
+        int64_t Ms[2] = {256, 128}, Ns[2] = {384, 160}, Ks[2] = {512, 200};
+        int pair, sh;
+        for (sh = 0; sh < 2; sh++)
+            for (pair = 0; pair < 3; pair++) {
+                int64_t M = Ms[sh], N = Ns[sh], K = Ks[sh], Kp = (K + 127) / 128 * 128, i;
+                int ta = pair == 2 ? US_FP8_TENSOR : US_FP8_ROW128, tb = pair == 0 ? US_FP8_BLOCK128 : pair == 1 ? US_FP8_ROW128 : US_FP8_TENSOR;
+                float *a = rnd_f32(M * K, 2), *b = rnd_f32(N * K, 0.1f), *c = (float *)malloc((size_t)(M * N) * 4), *cg = (float *)malloc((size_t)(M * N) * 4);
+                uint16_t *c16 = (uint16_t *)malloc((size_t)(M * N) * 2), *g16 = (uint16_t *)malloc((size_t)(M * N) * 2);
+                int64_t nsa = us_fp8_scales_size((us_fp8_tiling)ta, M, K), nsb = us_fp8_scales_size((us_fp8_tiling)tb, N, K);
+                uint8_t *qa = (uint8_t *)malloc((size_t)(M * Kp)), *qb = (uint8_t *)malloc((size_t)(N * Kp));
+                float *sa = (float *)malloc((size_t)nsa * 4), *sb = (float *)malloc((size_t)nsb * 4);
+                void *dqa, *dqb, *dsa, *dsb, *dc, *dc16;
+                double mx = 0, worst = 0, worst16 = 0;
+                for (i = 0; i < M * K; i += 53) a[i] *= 300.0f;
+                Ccpu.fp8_quantize(&Ccpu, qa, sa, a, US_F32, M, K, ta, 0, 0);
+                Ccpu.fp8_quantize(&Ccpu, qb, sb, b, US_F32, N, K, tb, 0, 0);
+                dqa = up(qa, (size_t)(M * Kp)); dqb = up(qb, (size_t)(N * Kp)); dsa = up(sa, (size_t)nsa * 4); dsb = up(sb, (size_t)nsb * 4);
+                Ccpu.fp8_gemm(&Ccpu, M, N, K, 1.0f, qa, sa, ta, qb, sb, tb, 0.0f, c, US_F32, N);
+                dc = G.alloc(&G, (size_t)(M * N) * 4);
+                G.fp8_gemm(&G, M, N, K, 1.0f, (const uint8_t *)dqa, (const float *)dsa, ta, (const uint8_t *)dqb, (const float *)dsb, tb, 0.0f, dc, US_F32, N);
+                down(cg, dc, (size_t)(M * N) * 4);
+                for (i = 0; i < M * N; i++) if (fabs(c[i]) > mx) mx = fabs(c[i]);
+                for (i = 0; i < M * N; i++) { double e = fabs((double)cg[i] - c[i]); if (!(e <= worst)) worst = e; }
+                /* beta 1 into bf16 (Fprop's residual add) */
+                for (i = 0; i < M * N; i++) c16[i] = us_f32_to_bf16((float)((rnd01() * 2 - 1) * mx));
+                dc16 = up(c16, (size_t)(M * N) * 2);
+                Ccpu.fp8_gemm(&Ccpu, M, N, K, 1.0f, qa, sa, ta, qb, sb, tb, 1.0f, c16, US_BF16, N);
+                G.fp8_gemm(&G, M, N, K, 1.0f, (const uint8_t *)dqa, (const float *)dsa, ta, (const uint8_t *)dqb, (const float *)dsb, tb, 1.0f, dc16, US_BF16, N);
+                down(g16, dc16, (size_t)(M * N) * 2);
+                for (i = 0; i < M * N; i++) {
+                    double gv = us_bf16_to_f32(g16[i]), cv = us_bf16_to_f32(c16[i]), e = fabs(gv - cv) - 0x1p-7 * fabs(cv);   /* one bf16 ulp at most */
+                    if (!(e <= worst16)) worst16 = e;
+                }
+                CHECK(G.error(&G) == NULL && worst <= 1e-5 * mx && worst16 <= 1e-5 * 2 * mx,
+                      "fp8_gemm %lldx%lldx%lld a %s b %s: cuBLASLt = CPU emulation (fp32: max diff %.2e <= 1e-5 x %.2e; bf16 beta 1: beyond bf16 rounding %.2e) %s",
+                      (long long)M, (long long)N, (long long)K, ta == US_FP8_ROW128 ? "row128" : "tensor",
+                      tb == US_FP8_BLOCK128 ? "block128" : tb == US_FP8_ROW128 ? "row128" : "tensor", worst, mx, worst16, G.error(&G) ? G.error(&G) : "");
+                G.free(&G, dqa); G.free(&G, dqb); G.free(&G, dsa); G.free(&G, dsb); G.free(&G, dc); G.free(&G, dc16);
+                free(a); free(b); free(c); free(cg); free(c16); free(g16); free(qa); free(qb); free(sa); free(sb);
+            }
+    }
+}
+
+/* fp8 and fp8-tensor training on the GPU follow the CPU's emulated run (every size a multiple of
+   16, so all 8 linears run in FP8 on both): the operands are quantised bit-identically, the
+   activations differ by bf16 kernels' rounding, so the bound is bf16's */
+static void test_training_fp8(us_precision prec) {
+    us_model_config mc;
+    us_train_config tc;
+    us_model a, b;
+    us_task task;
+    int32_t *in, *tgt;
+    float worst = 0, first = 0, last = 0;
+    int s;
+    memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
+    mc.n_layers = 2; mc.dim = 128; mc.n_heads = 2; mc.n_kv_heads = 1;   /* F 352, QKV 256 */
+    tc.batch = 4; tc.seq = 64; tc.steps = 20; tc.lr = 3e-3f; tc.precision = prec;
+    CHECK(us_model_init(&a, &mc, &tc, NULL) == US_OK, "cpu model");
+    CHECK(us_model_init(&b, &mc, &tc, &G) == US_OK, "gpu model: %s", us_model_error(&b));
+    CHECK(b.fp8_linear == 8 && a.fp8_linear == 8, "%s: all 8 linears in FP8 (cpu %d, gpu %d)", us_precision_name(prec), a.fp8_linear, b.fp8_linear);
+    in = (int32_t *)malloc((size_t)tc.batch * tc.seq * 4); tgt = (int32_t *)malloc((size_t)tc.batch * tc.seq * 4);
+    us_task_init(&task, 5);
+    for (s = 0; s < 8; s++) {
+        us_step_stats sa, sb;
+        us_task_batch(&task, tc.batch, tc.seq, in, tgt);
+        us_train_step(&a, in, tgt, &sa);
+        if (us_train_step(&b, in, tgt, &sb) != US_OK) { CHECK(0, "gpu step: %s", us_model_error(&b)); break; }
+        if (fabsf(sa.loss - sb.loss) / sa.loss > worst) worst = fabsf(sa.loss - sb.loss) / sa.loss;
+        if (s == 0) first = sb.loss;
+        last = sb.loss;
+    }
+    CHECK(worst < 2e-2f && last < first, "%s: GPU losses follow the CPU emulation over 8 steps (worst rel diff %.2e; GPU %.3f -> %.3f)",
+          us_precision_name(prec), worst, first, last);
+    free(in); free(tgt);
+    us_model_free(&a); us_model_free(&b);
+}
+
 static void test_errors(void) {
     us_ops o;
     us_model_config mc;
@@ -572,6 +690,9 @@ int main(int argc, char **argv) {
     test_training(US_PRECISION_FP32, US_RECOMPUTE_SELECTIVE);   /* a MoE model (see test_training) */
     test_training(US_PRECISION_BF16, US_RECOMPUTE_SELECTIVE);
     test_training(US_PRECISION_FP16, US_RECOMPUTE_SELECTIVE);
+    test_fp8_ops();
+    test_training_fp8(US_PRECISION_FP8);
+    test_training_fp8(US_PRECISION_FP8_TENSOR);
     test_errors();
     us_cuda_ops_free(&G);
     return us_test_done("test_cuda");

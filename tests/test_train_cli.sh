@@ -39,9 +39,12 @@ expect 2 "non-numeric value" "bad value for --steps: abc" -- --steps abc
 expect 2 "trailing garbage in a number" "bad value for --lr: 0.1x" -- --lr 0.1x
 expect 2 "negative batch" "bad value for --batch: -4" -- --batch -4
 expect 2 "missing value" "missing value for --seq" -- --seq
-expect 2 "bad precision" "--precision must be fp32, bf16 or fp16, got fp12" -- --precision fp12
+expect 2 "bad precision" "--precision must be fp32, bf16, fp16, fp8 or fp8-tensor, got fp12" -- --precision fp12
 expect 2 "negative loss scale" "bad value for --loss-scale: -1" -- --loss-scale -1
 expect 2 "zero loss-scale window" "bad value for --loss-scale-window: 0" -- --loss-scale-window 0
+expect 2 "--fp8-pow2 without fp8" "fp8_pow2 applies to the fp8 and fp8-tensor precisions only" -- --fp8-pow2
+expect 0 "--precision fp8 --fp8-pow2 runs, reports the FP8 linears" "fp8: 4 of 4 linear layers in FP8 E4M3 .*powers of two" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 --sample 0 --precision fp8 --fp8-pow2
+expect 0 "--precision fp8-tensor runs" "fp8: 4 of 4 linear layers in FP8 E4M3 \\(per-tensor" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 --sample 0 --precision fp8-tensor
 expect 2 "bad recompute mode" "--recompute must be none, selective or full" -- --recompute some
 expect 2 "heads not dividing dim" "dim=64 not divisible by heads=3" -- --heads 3
 expect 2 "kv-heads not dividing heads" "heads=4 not divisible by kv-heads=3" -- --kv-heads 3

@@ -1,0 +1,315 @@
+/* test_fp8_train.c — FP8 training (// >>fp8-linear, the fp8 ops of // >>fp8): the fast E4M3
+   rounding equals the reference us_f32_to_e4m3 on every bf16 pattern and on random fp32 bits;
+   the CPU ops fp8_quantize / fp8_gemm equal the host functions us_fp8_quantize / us_fp8_gemm bit
+   for bit on operands transposed by the test itself (every tiling, trans, pow2, partial tiles,
+   bf16 and fp32 inputs, beta and bf16 output); an FP8 linear layer's Fprop, Dgrad and Wgrad
+   against the exact (fp64) products of the same bf16 inputs, within stated bounds, and tile vs
+   per-tensor scaling on activations with outlier channels; bf16, fp8 and fp8-tensor training of
+   a small model on the sorting task (loss falls well below the start, fp8 within a stated gap of
+   bf16); the memory estimator counts the FP8 scratch; bad configurations. */
+#define ULTRASCALE_IMPLEMENTATION
+#include "../ultrascale.h"
+#include "us_test.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static double gauss(void) { double u = rnd01(), v = rnd01(); return sqrt(-2.0 * log(u + 1e-300)) * cos(6.283185307179586 * v); }
+static uint32_t fbits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static float bitsf(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+/* ------------------------------------------------------------------ the fast rounding */
+static void test_fast_e4m3(void) {
+    int64_t i, bad = 0;
+    uint32_t u;
+    float special[] = {0.0f, -0.0f, 448.0f, 463.99997f, 464.0f, 464.00003f, 1e30f, -1e30f, INFINITY, -INFINITY, NAN,
+                       0x1p-6f, 0x1p-7f, 0x1p-9f, 0x1p-10f, 0x1.000002p-10f, 0x1.8p-9f, 0x1.fffffep-7f, 0x1.1p0f, 0x1.3p0f, 0x1.5p-3f};
+    for (i = 0; i < 65536; i++) {   /* every bf16 value: all exponents, the upper mantissa bits */
+        float f = bitsf((uint32_t)i << 16);
+        bad += us__e4m3_fast(f) != us_f32_to_e4m3(f);
+    }
+    CHECK(bad == 0, "fast E4M3 rounding = us_f32_to_e4m3 on all 65536 bf16 patterns (%lld differ)", (long long)bad);
+    bad = 0;
+    for (i = 0; i < 2000000; i++) {   /* random fp32 bits, and random values in E4M3's range (ties included by luck of the low bits) */
+        u = (uint32_t)rnd64();
+        if (i & 1) u = fbits((float)((rnd01() - 0.5) * 1000.0 * pow(2.0, -(double)(rnd64() % 20))));
+        bad += us__e4m3_fast(bitsf(u)) != us_f32_to_e4m3(bitsf(u));
+    }
+    CHECK(bad == 0, "fast E4M3 rounding = us_f32_to_e4m3 on 2,000,000 random fp32 values (%lld differ)", (long long)bad);
+    bad = 0;
+    for (i = 0; i < (int64_t)(sizeof special / sizeof special[0]); i++) bad += us__e4m3_fast(special[i]) != us_f32_to_e4m3(special[i]);
+    CHECK(bad == 0, "fast E4M3 rounding = us_f32_to_e4m3 on ties, subnormal edges, 448/464, inf, NaN (%lld differ)", (long long)bad);
+}
+
+/* ------------------------------------------------------------------ ops vs host functions */
+static void fill(void *x, us_dtype dt, int64_t n, double outlier) {
+    int64_t i;
+    for (i = 0; i < n; i++) {
+        float v = (float)(gauss() * (i % 37 == 3 ? outlier : 1.0));
+        if (dt == US_F32) ((float *)x)[i] = v; else ((uint16_t *)x)[i] = us_f32_to_bf16(v);
+    }
+}
+
+static void test_ops_equal_host(void) {
+    us_ops o = us_cpu_ops(2);
+    int64_t shapes[][2] = {{256, 384}, {200, 300}, {48, 1136}, {130, 64}, {1, 129}};
+    int si, t, trans, pow2, d;
+    us_fp8_tiling tilings[3] = {US_FP8_ROW128, US_FP8_BLOCK128, US_FP8_TENSOR};
+    for (si = 0; si < 5; si++)
+        for (d = 0; d < 2; d++) {
+            us_dtype dt = d ? US_BF16 : US_F32;
+            int64_t M = shapes[si][0], K = shapes[si][1], es = (int64_t)us_dtype_size(dt);
+            char *x = (char *)malloc((size_t)(M * K * es)), *xt = (char *)malloc((size_t)(M * K * es));
+            int64_t i, j;
+            fill(x, dt, M * K, 20.0);
+            for (i = 0; i < M; i++) for (j = 0; j < K; j++) memcpy(xt + (j * M + i) * es, x + (i * K + j) * es, (size_t)es);
+            for (t = 0; t < 3; t++)
+                for (trans = 0; trans < 2; trans++)
+                    for (pow2 = 0; pow2 < 2; pow2++) {
+                        int64_t R = trans ? K : M, L = trans ? M : K, Lp = (L + 127) / 128 * 128, ns = us_fp8_scales_size(tilings[t], R, L);
+                        uint8_t *q = (uint8_t *)malloc((size_t)(R * Lp)), *qr = (uint8_t *)malloc((size_t)(R * L));
+                        float *s = (float *)malloc((size_t)ns * 4), *sr = (float *)malloc((size_t)ns * 4);
+                        int okq = 1, oks, okpad = 1;
+                        memset(q, 0xAB, (size_t)(R * Lp));
+                        o.fp8_quantize(&o, q, s, x, dt, M, K, tilings[t], trans, pow2);
+                        us_fp8_quantize(qr, sr, trans ? xt : x, dt, R, L, tilings[t], pow2, NULL, 0);
+                        for (i = 0; i < R; i++) {
+                            okq &= !memcmp(q + i * Lp, qr + i * L, (size_t)L);
+                            for (j = L; j < Lp; j++) okpad &= q[i * Lp + j] == 0;
+                        }
+                        oks = !memcmp(s, sr, (size_t)ns * 4);
+                        CHECK(okq && oks && okpad, "fp8_quantize op %s %s %lldx%lld trans=%d pow2=%d = us_fp8_quantize of the %s (bytes %d, scales %d, zero padding %d)",
+                              us_dtype_name(dt), tilings[t] == US_FP8_ROW128 ? "row128" : tilings[t] == US_FP8_BLOCK128 ? "block128" : "tensor",
+                              (long long)M, (long long)K, trans, pow2, trans ? "transpose" : "input", okq, oks, okpad);
+                        if (trans && tilings[t] == US_FP8_ROW128) {   /* the backward's second quantisation: COL128 of x */
+                            float *sc = (float *)malloc((size_t)us_fp8_scales_size(US_FP8_COL128, M, K) * 4);
+                            uint8_t *qc = (uint8_t *)malloc((size_t)(M * K));
+                            us_fp8_quantize(qc, sc, x, dt, M, K, US_FP8_COL128, pow2, NULL, 0);
+                            CHECK(!memcmp(qc, qr, (size_t)(M * K)) && !memcmp(sc, s, (size_t)ns * 4),
+                                  "row128 of the transpose = col128 (128x1 tiles) of x, bytes and scales (%lldx%lld %s)", (long long)M, (long long)K, us_dtype_name(dt));
+                            free(sc); free(qc);
+                        }
+                        free(q); free(qr); free(s); free(sr);
+                    }
+            free(x); free(xt);
+        }
+    {   /* fp8_gemm: beta 0 fp32 = us_fp8_gemm; beta 1 into bf16 and fp32 = alpha·c + beta·C rounded once */
+        int64_t M = 144, N = 80, K = 200, Kp = 256, i, j;
+        int pair;
+        for (pair = 0; pair < 3; pair++) {
+            us_fp8_tiling ta = pair == 2 ? US_FP8_TENSOR : US_FP8_ROW128, tb = pair == 0 ? US_FP8_BLOCK128 : pair == 1 ? US_FP8_ROW128 : US_FP8_TENSOR;
+            float *a = (float *)malloc((size_t)(M * K) * 4), *b = (float *)malloc((size_t)(N * K) * 4);
+            float *sa = (float *)malloc((size_t)us_fp8_scales_size(ta, M, K) * 4), *sb = (float *)malloc((size_t)us_fp8_scales_size(tb, N, K) * 4);
+            uint8_t *qa = (uint8_t *)malloc((size_t)(M * Kp)), *qb = (uint8_t *)malloc((size_t)(N * Kp));
+            uint8_t *ra = (uint8_t *)malloc((size_t)(M * K)), *rb = (uint8_t *)malloc((size_t)(N * K));
+            float *c = (float *)malloc((size_t)(M * N) * 4), *ref = (float *)malloc((size_t)(M * N) * 4), *c0 = (float *)malloc((size_t)(M * N) * 4);
+            uint16_t *cb = (uint16_t *)malloc((size_t)(M * N) * 2), *cb0 = (uint16_t *)malloc((size_t)(M * N) * 2);
+            int ok0, ok1 = 1, ok2 = 1;
+            fill(a, US_F32, M * K, 30.0); fill(b, US_F32, N * K, 1.0);
+            o.fp8_quantize(&o, qa, sa, a, US_F32, M, K, ta, 0, 0);
+            o.fp8_quantize(&o, qb, sb, b, US_F32, N, K, tb, 0, 0);
+            for (i = 0; i < M; i++) memcpy(ra + i * K, qa + i * Kp, (size_t)K);
+            for (i = 0; i < N; i++) memcpy(rb + i * K, qb + i * Kp, (size_t)K);
+            us_fp8_gemm(ref, ra, sa, ta, rb, sb, tb, M, N, K, NULL, 0);
+            o.fp8_gemm(&o, M, N, K, 1.0f, qa, sa, ta, qb, sb, tb, 0.0f, c, US_F32, N);
+            ok0 = !memcmp(c, ref, (size_t)(M * N) * 4);
+            fill(c0, US_F32, M * N, 1.0); memcpy(c, c0, (size_t)(M * N) * 4);
+            fill(cb0, US_BF16, M * N, 1.0); memcpy(cb, cb0, (size_t)(M * N) * 2);
+            o.fp8_gemm(&o, M, N, K, 0.5f, qa, sa, ta, qb, sb, tb, 1.0f, c, US_F32, N);
+            o.fp8_gemm(&o, M, N, K, 1.0f, qa, sa, ta, qb, sb, tb, 1.0f, cb, US_BF16, N);
+            for (i = 0; i < M; i++)
+                for (j = 0; j < N; j++) {
+                    ok1 &= fbits(c[i * N + j]) == fbits(0.5f * ref[i * N + j] + c0[i * N + j]);
+                    ok2 &= cb[i * N + j] == us_f32_to_bf16(ref[i * N + j] + us_bf16_to_f32(cb0[i * N + j]));
+                }
+            CHECK(ok0 && ok1 && ok2, "fp8_gemm op (a %s, b %s, K=200 padded to 256) = us_fp8_gemm bit for bit (beta 0: %d; alpha 0.5, beta 1 fp32: %d; beta 1 into bf16: %d)",
+                  ta == US_FP8_ROW128 ? "row128" : "tensor", tb == US_FP8_BLOCK128 ? "block128" : tb == US_FP8_ROW128 ? "row128" : "tensor", ok0, ok1, ok2);
+            free(a); free(b); free(sa); free(sb); free(qa); free(qb); free(ra); free(rb); free(c); free(ref); free(c0); free(cb); free(cb0);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ one linear layer */
+/* a model holding only what the // >>fp8-linear functions read */
+static void fake_model(us_model *m, us_ops *o, int fp8, int64_t N, int64_t In, int64_t Out) {
+    size_t off[3], bytes;
+    memset(m, 0, sizeof *m);
+    m->ops = *o; m->fp8 = fp8; m->dt = US_BF16;
+    bytes = us__fp8_scratch(N, In, Out, In, Out > In ? Out : In, off);   /* covers (In, Out) and (Out, In) */
+    memcpy(m->fp8_off, off, sizeof off);
+    m->a[US__A_FP8] = calloc(bytes, 1);
+}
+
+/* ‖got − ref‖ / ‖ref‖ */
+static double rel_err_bf16(const uint16_t *got, const double *ref, int64_t n) {
+    double e = 0, r = 0;
+    int64_t i;
+    for (i = 0; i < n; i++) { double d = us_bf16_to_f32(got[i]) - ref[i]; e += d * d; r += ref[i] * ref[i]; }
+    return sqrt(e / r);
+}
+static double rel_err_f32(const float *got, const double *ref, int64_t n) {
+    double e = 0, r = 0;
+    int64_t i;
+    for (i = 0; i < n; i++) { double d = got[i] - ref[i]; e += d * d; r += ref[i] * ref[i]; }
+    return sqrt(e / r);
+}
+
+/* Fprop, Dgrad, Wgrad of y = x·Wᵀ (x [N][In], W [Out][In]) in policy fp8 (1 tile, 2 tensor) or
+   bf16 (0); errors against the fp64 products of the same bf16 inputs in err[3] */
+static void linear_errors(int fp8, int64_t N, int64_t In, int64_t Out, double outlier, double err[4]) {
+    us_ops o = us_cpu_ops(2);
+    us_model m;
+    uint16_t *x = (uint16_t *)malloc((size_t)(N * In) * 2), *w = (uint16_t *)malloc((size_t)(Out * In) * 2), *dy = (uint16_t *)malloc((size_t)(N * Out) * 2);
+    uint16_t *y = (uint16_t *)calloc((size_t)(N * Out), 2), *dx = (uint16_t *)calloc((size_t)(N * In), 2);
+    float *dw = (float *)calloc((size_t)(Out * In), 4);
+    double *ry = (double *)calloc((size_t)(N * Out), 8), *rdx = (double *)calloc((size_t)(N * In), 8), *rdw = (double *)calloc((size_t)(Out * In), 8);
+    int64_t n, i, j;
+    for (n = 0; n < N; n++) for (i = 0; i < In; i++) x[n * In + i] = us_f32_to_bf16((float)(gauss() * (i % 61 == 5 ? outlier : 1.0)));
+    fill(w, US_BF16, Out * In, 1.0);
+    for (j = 0; j < Out * In; j++) w[j] = us_f32_to_bf16(0.05f * us_bf16_to_f32(w[j]));
+    fill(dy, US_BF16, N * Out, 1.0);
+    for (n = 0; n < N; n++)
+        for (j = 0; j < Out; j++) {
+            double s = 0;
+            for (i = 0; i < In; i++) s += (double)us_bf16_to_f32(x[n * In + i]) * us_bf16_to_f32(w[j * In + i]);
+            ry[n * Out + j] = s;
+            for (i = 0; i < In; i++) rdx[n * In + i] += (double)us_bf16_to_f32(dy[n * Out + j]) * us_bf16_to_f32(w[j * In + i]);
+            for (i = 0; i < In; i++) rdw[j * In + i] += (double)us_bf16_to_f32(dy[n * Out + j]) * us_bf16_to_f32(x[n * In + i]);
+        }
+    fake_model(&m, &o, fp8, N, In, Out);
+    us__linear_fwd(&m, N, In, Out, x, w, 0.0f, y);
+    us__linear_dgrad(&m, N, In, Out, dy, w, 0.0f, dx);
+    us__linear_wgrad(&m, N, In, Out, dy, x, dw);
+    err[0] = rel_err_bf16(y, ry, N * Out); err[1] = rel_err_bf16(dx, rdx, N * In); err[2] = rel_err_f32(dw, rdw, Out * In);
+    {   /* Wgrad on the ordinary input features only (outliers sit at i % 61 == 5) */
+        double e = 0, r = 0;
+        for (j = 0; j < Out; j++)
+            for (i = 0; i < In; i++) if (i % 61 != 5) { double d = dw[j * In + i] - rdw[j * In + i]; e += d * d; r += rdw[j * In + i] * rdw[j * In + i]; }
+        err[3] = sqrt(e / r);
+    }
+    free(m.a[US__A_FP8]);
+    free(x); free(w); free(dy); free(y); free(dx); free(dw); free(ry); free(rdx); free(rdw);
+}
+
+static void test_linear(void) {
+    double e16[4], e8[4], et[4], o8[4], ot[4];
+    const char *g[3] = {"Fprop", "Dgrad", "Wgrad"};
+    int k;
+    /* 256 tokens, 192 → 320: partial tiles on both feature sizes (192 = 128 + 64, 320 = 2·128 + 64) */
+    linear_errors(0, 256, 192, 320, 1.0, e16);
+    linear_errors(1, 256, 192, 320, 1.0, e8);
+    linear_errors(2, 256, 192, 320, 1.0, et);
+    for (k = 0; k < 3; k++) {
+        /* E4M3 rounds each operand to within 2^-4 relative (half an ulp of 3 mantissa bits); over a
+           random-sign sum the output's relative error is about 2^-4·sqrt(2/3) ≈ 0.05 at most, and
+           bf16's (2^-8 on the output) is about 16 times smaller */
+        CHECK(e8[k] < 0.06 && e8[k] > e16[k], "%s fp8 (tiles) vs exact: rel err %.4f < 0.06 (bf16: %.4f)", g[k], e8[k], e16[k]);
+        CHECK(et[k] < 0.06, "%s fp8-tensor vs exact, no outliers: rel err %.4f < 0.06", g[k], et[k]);
+        CHECK(e16[k] < 0.006, "%s bf16 vs exact: rel err %.4f < 0.006", g[k], e16[k]);
+    }
+    /* activations with outlier channels (×10^5 on every 61st input feature, as LLM activations
+       grow them): one scale for x pushes the ordinary channels (~1, now ~10^-3 after scaling)
+       into E4M3's subnormals, where 2^-9 steps leave them one or two bits; Wgrad's 128×1 tiles
+       of x (one feature, 128 tokens) keep an outlier feature to its own tiles. Measured on the
+       ordinary features' weight gradients. (Fprop's 1×128 tiles run along the features, so every
+       tile here holds an outlier: the tile recipe does not rescue Fprop from this pattern.) */
+    linear_errors(1, 256, 192, 320, 1e5, o8);
+    linear_errors(2, 256, 192, 320, 1e5, ot);
+    printf("  outlier channels x1e5, rel err tile / tensor: Fprop %.4f / %.4f, Wgrad of the ordinary features %.4f / %.4f\n",
+           o8[0], ot[0], o8[3], ot[3]);
+    CHECK(o8[3] < 0.06 && ot[3] > 4 * o8[3], "Wgrad of ordinary features beside outlier channels: tiles %.4f < 0.06, per-tensor %.4f more than 4 times worse", o8[3], ot[3]);
+}
+
+/* ------------------------------------------------------------------ training */
+static float train(us_precision prec, int pow2, int steps, float *first, int *fp8_on, int *fp8_all) {
+    us_model_config mc;
+    us_train_config tc;
+    us_model m;
+    us_task task;
+    us_step_stats st;
+    int32_t *in, *tgt;
+    int s;
+    float last = NAN;
+    memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
+    mc.n_layers = 2; mc.dim = 48; mc.n_heads = 4;              /* F = 128, QKV = 144 */
+    tc.batch = 8; tc.seq = 32; tc.steps = steps; tc.lr = 1e-2f; tc.warmup = 10;   /* N = 256 */
+    tc.precision = prec; tc.fp8_pow2 = pow2; tc.threads = 1;
+    if (us_model_init(&m, &mc, &tc, NULL) != US_OK) { printf("  init: %s\n", us_model_error(&m)); return NAN; }
+    *fp8_on = m.fp8_linear; *fp8_all = m.fp8_linear_all;
+    us_task_init(&task, 1);
+    in = (int32_t *)malloc((size_t)tc.batch * tc.seq * 4); tgt = (int32_t *)malloc((size_t)tc.batch * tc.seq * 4);
+    for (s = 0; s < steps; s++) {
+        us_task_batch(&task, tc.batch, tc.seq, in, tgt);
+        if (us_train_step(&m, in, tgt, &st) != US_OK) { printf("  step: %s\n", us_model_error(&m)); break; }
+        if (s == 0) *first = st.loss;
+        last = st.loss;
+    }
+    free(in); free(tgt);
+    us_model_free(&m);
+    return last;
+}
+
+static void test_training(void) {
+    int steps = 60, on, all;
+    float f16, f8, ft, fp, l16, l8, lt, lp;
+    l16 = train(US_PRECISION_BF16, 0, steps, &f16, &on, &all);
+    l8 = train(US_PRECISION_FP8, 0, steps, &f8, &on, &all);
+    CHECK(on == all && all == 8, "fp8: all %d of %d dense linear layers run in FP8 (sizes multiples of 16)", on, all);
+    lt = train(US_PRECISION_FP8_TENSOR, 0, steps, &ft, &on, &all);
+    lp = train(US_PRECISION_FP8, 1, steps, &fp, &on, &all);
+    printf("  sorting task, %d steps: loss bf16 %.4f -> %.4f | fp8 %.4f -> %.4f | fp8 pow2 %.4f -> %.4f | fp8-tensor %.4f -> %.4f\n",
+           steps, f16, l16, f8, l8, fp, lp, ft, lt);
+    CHECK(f8 > 4.0f && l8 < 0.4f * f8, "fp8 training: loss %.3f -> %.3f, below 40%% of the start", f8, l8);
+    CHECK(fp > 4.0f && lp < 0.4f * fp, "fp8 training with power-of-two scales: loss %.3f -> %.3f, below 40%% of the start", fp, lp);
+    CHECK(ft > 4.0f && lt < 0.4f * ft, "fp8-tensor training: loss %.3f -> %.3f, below 40%% of the start", ft, lt);
+    /* the gap: within 10 % of bf16's final loss (measured: see the printed line) */
+    CHECK(fabsf(l8 - l16) < 0.1f * l16 && fabsf(lp - l16) < 0.1f * l16 && fabsf(lt - l16) < 0.1f * l16,
+          "fp8 / fp8 pow2 / fp8-tensor final losses %.4f / %.4f / %.4f within 10%% of bf16's %.4f", l8, lp, lt, l16);
+    CHECK(fabsf(f8 - f16) < 0.01f * f16, "the first step's loss (before any update) agrees with bf16 within 1%% (%.4f vs %.4f)", f8, f16);
+}
+
+/* ------------------------------------------------------------------ estimator, sizes, errors */
+static void test_config(void) {
+    us_model_config mc;
+    us_train_config tc;
+    us_memory est;
+    us_model m;
+    char err[256];
+    int p;
+    for (p = 0; p < 2; p++) {
+        memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
+        mc.n_layers = 2; mc.dim = 64; mc.n_heads = 4; tc.batch = 4; tc.seq = 32; tc.threads = 1;
+        tc.precision = p ? US_PRECISION_FP8_TENSOR : US_PRECISION_FP8;
+        tc.recompute = p ? US_RECOMPUTE_FULL : US_RECOMPUTE_NONE;
+        CHECK(us_memory_estimate(&mc, &tc, &est, err, sizeof err) == US_OK, "estimate: %s", err);
+        CHECK(us_model_init(&m, &mc, &tc, NULL) == US_OK, "%s init: %s", us_precision_name(tc.precision), us_model_error(&m));
+        CHECK(est.total == m.mem.total && est.activations == m.mem.activations && m.dt == US_BF16 && m.mem.master == 2 * m.mem.params,
+              "%s: estimated %zu = allocated %zu bytes (activations %zu vs %zu, FP8 scratch included); bf16 weights, fp32 master",
+              us_precision_name(tc.precision), est.total, m.mem.total, est.activations, m.mem.activations);
+        us_model_free(&m);
+    }
+    memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
+    tc.precision = US_PRECISION_BF16; tc.fp8_pow2 = 1;
+    CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID && strstr(err, "fp8_pow2"), "fp8_pow2 under bf16 is refused: %s", err);
+    tc.precision = (us_precision)99; tc.fp8_pow2 = 0;
+    CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID, "an unknown precision is refused: %s", err);
+    {   /* a backend without FP8 ops */
+        us_ops o = us_cpu_ops(1);
+        o.fp8_gemm = NULL;
+        memset(&tc, 0, sizeof tc); tc.precision = US_PRECISION_FP8;
+        CHECK(us_model_init(&m, &mc, &tc, &o) == US_ERR_INVALID && strstr(us_model_error(&m), "FP8 ops"), "fp8 on a backend without FP8 ops: %s", us_model_error(&m));
+    }
+    CHECK(!strcmp(us_precision_name(US_PRECISION_FP8), "fp8") && !strcmp(us_precision_name(US_PRECISION_FP8_TENSOR), "fp8-tensor"), "precision names");
+}
+
+int main(int argc, char **argv) {
+    int i, quick = 0;   /* --quick (the sanitizer build): no training runs */
+    for (i = 1; i < argc; i++) { if (!strcmp(argv[i], "-v")) us_test_verbose = 1; if (!strcmp(argv[i], "--quick")) quick = 1; }
+    test_fast_e4m3();
+    test_ops_equal_host();
+    test_linear();
+    test_config();
+    if (!quick) test_training();
+    return us_test_done("test_fp8_train");
+}
