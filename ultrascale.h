@@ -306,7 +306,8 @@ typedef struct us_train_config {
     /* data parallelism and ZeRO (// >>dp, // >>zero) */
     int      dp;           /* data-parallel ranks; default 1. B above is each rank's micro-batch, so the
                               global batch is batch × grad_accum × dp sequences */
-    int      zero;         /* ZeRO stage over dp: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters */
+    int      zero;         /* ZeRO stage over dp: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters
+                              (with dp×cp = 1 nothing is sharded: the defaults make it 0) */
     float    bucket_mb;    /* gradient bucket size in MiB of fp32 gradients (DP, ZeRO-1/2); default 25 */
     /* tensor parallelism (// >>tp): heads, FFN columns and the vocabulary split over tp ranks */
     int      tp;           /* default 1; must divide heads, kv-heads, ffn and vocab */
@@ -1336,6 +1337,9 @@ US_API void us_train_config_defaults(us_train_config *c) {
     if (c->cp_mode == US_CP_DEFAULT) c->cp_mode = US_CP_ZIGZAG;
     if (c->bucket_mb == 0) c->bucket_mb = 25.0f;
     if (c->loss_scale_window == 0) c->loss_scale_window = 2000;
+    /* ZeRO shards over the dp×cp ranks: with one there is nothing to shard, and stages 1-3 are
+       stage 0 (ZeRO-2/3's gradient slots are released by the reductions, which one rank skips) */
+    if (c->dp * c->cp == 1 && c->zero >= 1 && c->zero <= 3) c->zero = 0;
 }
 US_API const char *us_precision_name(us_precision p) {
     return p == US_PRECISION_BF16 ? "bf16" : p == US_PRECISION_FP16 ? "fp16" : p == US_PRECISION_FP8 ? "fp8" : p == US_PRECISION_FP8_TENSOR ? "fp8-tensor" : "fp32";
@@ -3789,12 +3793,15 @@ static void us__dist_sizes_of(const us_model *m, us__dist_sizes *z) {
    and keep their rows (split 1) or columns (split 2) of the [rows·tp or rows, cols·tp or cols]
    tensor, ldo being their slice's row length. */
 static void us__init_fill(float *dst, int64_t fn, int ones, float std, uint64_t s, int split, int64_t tp, int64_t t,
-                          int64_t rows, int64_t cols) {
+                          int64_t rows, int64_t cols, int nt) {
     const int64_t chunk = 1 << 16;
     int64_t nc = (fn + chunk - 1) / chunk, c;
     int64_t fcols = split == 2 ? cols * tp : cols;
+    (void)nt;
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static)
+    /* nt: the ops' thread count (us__threads), as every CPU op uses; one thread opens no team, so a
+       process forked after OpenMP ran (whose child has no pool threads) can still build a model */
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && nc > 1)
 #endif
     for (c = 0; c < nc; c++) {
         us_rng r;
@@ -3816,6 +3823,7 @@ static void us__init_weights(us_model *m) {
        the host, then this rank stores what it keeps of it. */
     int i, u, Z = m->tc.zero, R = m->mesh.dpcp_g.rank, L = m->cfg.n_layers, LG = m->n_layers_global;
     float proj_std = m->cfg.init_std / sqrtf(2.0f * (float)LG);
+    int nt = us__threads(&m->ops);   /* a GPU backend's ops say 0: every host thread */
     size_t a = us_dtype_size(m->dt);
     float *h = (float *)US_MALLOC((size_t)(m->n_flat > 0 ? m->n_flat : 1) * 4);
     uint16_t *hb = m->dt != US_F32 ? (uint16_t *)US_MALLOC((size_t)m->n_flat * 2) : NULL;
@@ -3839,9 +3847,9 @@ static void us__init_weights(us_model *m) {
             float std = role == 2 ? proj_std : m->cfg.init_std;
             us_rng r;
             us_rng_seed(&r, m->tc.seed * 0x100000001B3ull + gi * 0x9E3779B97F4A7C15ull);
-            if (!p->tp_split) us__init_fill(h + p->offset, p->numel, p->ndim == 1, std, r.s, 0, 1, 0, 0, 0);
+            if (!p->tp_split) us__init_fill(h + p->offset, p->numel, p->ndim == 1, std, r.s, 0, 1, 0, 0, 0, nt);
             else   /* draw the whole tensor, keep this rank's rows (split 1) or columns (split 2) */
-                us__init_fill(h + p->offset, p->numel * m->tc.tp, 0, std, r.s, p->tp_split, m->tc.tp, m->mesh.tp_rank, p->shape[0], p->shape[1]);
+                us__init_fill(h + p->offset, p->numel * m->tc.tp, 0, std, r.s, p->tp_split, m->tc.tp, m->mesh.tp_rank, p->shape[0], p->shape[1], nt);
         }
         if (hb) for (j = 0; j < U->n; j++) hb[U->off + j] = us__f32_to_h16(hu[j], m->dt);
         /* weights the forward reads: all of them, or (ZeRO-3) this rank's piece */
@@ -7138,16 +7146,11 @@ static void us__ckpt_cvt_out(void *dst, const char *fdt, const float *src, int64
     if (!strcmp(fdt, "F32")) memcpy(dst, src, (size_t)n * 4);
     else for (i = 0; i < n; i++) ((uint16_t *)dst)[i] = us_f32_to_bf16(src[i]);
 }
-static float us__f16_to_f32(uint16_t h) {
-    int e = h >> 10 & 31, mnt = h & 1023;
-    float v = e == 0 ? ldexpf((float)mnt, -24) : e == 31 ? (mnt ? NAN : INFINITY) : ldexpf((float)(mnt | 1024), e - 25);
-    return h & 0x8000 ? -v : v;
-}
 static void us__ckpt_cvt_in(float *dst, const char *fdt, const void *src, int64_t n) {   /* F32 / BF16 / F16 → fp32 */
     int64_t i;
     if (!strcmp(fdt, "F32")) memcpy(dst, src, (size_t)n * 4);
     else if (!strcmp(fdt, "BF16")) for (i = 0; i < n; i++) dst[i] = us_bf16_to_f32(((const uint16_t *)src)[i]);
-    else for (i = 0; i < n; i++) dst[i] = us__f16_to_f32(((const uint16_t *)src)[i]);
+    else for (i = 0; i < n; i++) dst[i] = us__f16_to_f32(((const uint16_t *)src)[i]);   /* // >>dtypes */
 }
 
 static int us__pwrite_all(int fd, const void *buf, size_t n, uint64_t off) {
@@ -7329,7 +7332,7 @@ US_API us_result us_ckpt_save(us_model *m, const char *dir, const us_ckpt_state 
 #else
     us_ckpt_opts opts;
     us_ops *o = &m->ops;
-    int rank = m->comm->world.rank, nlist, nf = 0, k, bf = m->dt == US_BF16, Z = m->tc.zero, has_master = m->dt == US_BF16 && m->master;
+    int rank = m->comm->world.rank, nlist, nf = 0, k, bf = m->dt == US_BF16, Z = m->tc.zero, has_master = m->dt != US_F32 && m->master;   /* fp16: an F32 file, exact */
     us__ck_t *list = NULL;
     us__ckf *files = NULL, opt;
     char tmp[4096], parent[4096], old[4096];
@@ -7405,11 +7408,10 @@ US_API us_result us_ckpt_save(us_model *m, const char *dir, const us_ckpt_state 
             o->copy(o, h.m, m->adam_m, (size_t)on * 4, US_COPY_D2H);
             o->copy(o, h.v, m->adam_v, (size_t)on * 4, US_COPY_D2H);
             if (h.master) o->copy(o, h.master, m->master, (size_t)on * 4, US_COPY_D2H);
-            if (m->dt == US_BF16 && !bf) {   /* an F32 file from bf16 weights: widen exactly */
+            if (m->dt != US_F32 && !bf) {   /* an F32 file from bf16 or fp16 weights: widen exactly */
                 float *w32 = (float *)US_MALLOC((size_t)(wn > 0 ? wn : 1) * 4);
-                int64_t e;
                 if (!w32) { us__model_set_error(m, "checkpoint: out of host memory"); r = US_ERR_OOM; }
-                else { for (e = 0; e < wn; e++) w32[e] = us_bf16_to_f32(((uint16_t *)h.w)[e]); US_FREE(h.w); h.w = w32; }
+                else { us__load_f32(w32, h.w, m->dt, wn); US_FREE(h.w); h.w = w32; }
             }
         }
         for (k = 0; k < nf && r == US_OK; k++) {
@@ -7430,7 +7432,7 @@ US_API us_result us_ckpt_save(us_model *m, const char *dir, const us_ckpt_state 
         }
         if (r == US_OK) {
             us_dtype save_dt = m->dt;
-            if (m->dt == US_BF16 && !bf) m->dt = US_F32;   /* h.w was widened above */
+            if (m->dt != US_F32 && !bf) m->dt = US_F32;   /* h.w was widened above */
             r = us__ckpt_write_buf(m, files, nf, list, nlist, 0, &h, "", bf ? "BF16" : "F32", &written, opts.crash_after);
             m->dt = save_dt;
         }
@@ -7534,8 +7536,11 @@ US_API us_result us_ckpt_save(us_model *m, const char *dir, const us_ckpt_state 
             len = (size_t)snprintf(t, cap, "{\n  \"format\": \"ultrascale-trainer-state\",\n  \"version\": 1,\n  \"step\": %d,\n  \"data_position\": %lld,\n  \"rng\": [",
                                    m->step, (long long)(st ? st->data_pos : 0));
             for (q = 0; st && q < st->n_rng && q < 8; q++) len += (size_t)snprintf(t + len, cap - len, "%s\"%llu\"", q ? ", " : "", (unsigned long long)st->rng[q]);
-            snprintf(t + len, cap - len, "],\n  \"precision\": \"%s\",\n  \"seed\": %llu,\n  \"layout\": {\"dp\": %d, \"zero\": %d, \"tp\": %d, \"sp\": %d, \"pp\": %d, \"cp\": %d, \"ep\": %d}\n}\n",
-                     us_precision_name(m->tc.precision), (unsigned long long)m->tc.seed, m->tc.dp, m->tc.zero, m->tc.tp, m->tc.sp, m->tc.pp, m->tc.cp, m->tc.ep);
+            /* the loss scaler (// >>lossscale): S and its clean steps, so an fp16 run resumes where it was */
+            snprintf(t + len, cap - len, "],\n  \"precision\": \"%s\",\n  \"seed\": %llu,\n  \"loss_scale\": %.9g,\n  \"loss_scale_good_steps\": %d,\n"
+                     "  \"layout\": {\"dp\": %d, \"zero\": %d, \"tp\": %d, \"sp\": %d, \"pp\": %d, \"cp\": %d, \"ep\": %d}\n}\n",
+                     us_precision_name(m->tc.precision), (unsigned long long)m->tc.seed, (double)m->loss_scale, m->ls_good,
+                     m->tc.dp, m->tc.zero, m->tc.tp, m->tc.sp, m->tc.pp, m->tc.cp, m->tc.ep);
             snprintf(path, sizeof path, "%s/trainer_state.json", tmp);
             if (us__write_text(path, t)) { us__model_set_error(m, "checkpoint: cannot write %s", path); r = US_ERR_IO; }
         }
@@ -7681,10 +7686,10 @@ static us_result us__ckpt_upload(us_model *m, int which, const float *hf) {
         us__ckpt_range(m, U, 0, which == 0, &lo, &hi);
         if (hi <= lo) continue;
         dst = us__ckpt_index(m, U, which, lo);
-        if (which == 0 && m->dt == US_BF16) {
+        if (which == 0 && m->dt != US_F32) {   /* bf16 or fp16 weights, rounded once */
             uint16_t *b = (uint16_t *)US_MALLOC((size_t)(hi - lo) * 2);
             if (!b) { us__model_set_error(m, "checkpoint: out of host memory"); return US_ERR_OOM; }
-            for (e = lo; e < hi; e++) b[e - lo] = us_f32_to_bf16(hf[e]);
+            for (e = lo; e < hi; e++) b[e - lo] = us__f32_to_h16(hf[e], m->dt);
             o->copy(o, (uint16_t *)m->w + dst, b, (size_t)(hi - lo) * 2, US_COPY_H2D);
             o->sync(o);
             US_FREE(b);
@@ -7709,7 +7714,7 @@ static us_result us__ckpt_load_local(us_model *m, const char *dir, int resume, u
     if ((r = us__ckin_open_model(m, &in, dir)) != US_OK) { us__ckin_close(&in); US_FREE(list); US_FREE(hf); return r; }
     r = us__ckpt_read_buf(m, &in, list, nlist, "", 0, hf);
     if (r == US_OK) r = us__ckpt_upload(m, 0, hf);
-    if (r == US_OK && m->dt == US_BF16 && m->master) {   /* master weights: from the training state, else the file's values */
+    if (r == US_OK && m->dt != US_F32 && m->master) {   /* master weights: from the training state, else the file's values */
         if (resume) {
             snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
             if ((r = us__ckin_open1(m, &opt, p)) == US_OK) have_master = us_safetensors_find(&opt.st[0], "master.model.norm.weight") != NULL ||
@@ -7768,7 +7773,15 @@ static us_result us__ckpt_load_local(us_model *m, const char *dir, int resume, u
                      (rn = us__jget(&j, 0, "rng")) < 0 || j.t[rn].type != US__J_ARR || j.t[rn].size > 8) {
                 us__model_set_error(m, "checkpoint: %s needs step, data_position and rng (at most 8)", p); r = US_ERR_FORMAT;
             } else {
+                double ls;
+                int64_t good;
                 m->step = (int)step;
+                /* the loss scaler's state, when the file has it and this run scales dynamically
+                   (a static --loss-scale stays as given; older files have none) */
+                if (m->ls_dynamic && us__jnum(&j, us__jget(&j, 0, "loss_scale"), &ls) && ls >= 1 && ls <= 16777216.0 &&
+                    us__jint(&j, us__jget(&j, 0, "loss_scale_good_steps"), &good) && good >= 0 && good < 0x7fffffff) {
+                    m->loss_scale = (float)ls; m->ls_good = (int)good;
+                }
                 if (st) {
                     memset(st, 0, sizeof *st);
                     st->step = step; st->data_pos = pos; st->n_rng = j.t[rn].size;

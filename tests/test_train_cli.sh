@@ -206,5 +206,19 @@ PY
 then ok "a one-rank checkpoint resumes under --dp 2 --tp 2 (resharding)"; else bad "resume under dp2 tp2 (exit $rc): $(tail -2 "$T/ck_d.txt")"; fi
 expect 0 "--init-from DIR fine-tunes from the weights (step 0, the shape from config.json)" "initialised from .*step_00000012 at step 0" -- --init-from "$T/ck/step_00000012" --steps 2 --threads 1 --eval-every 0
 expect 2 "--init-from with a contradicting --dim names both" "hidden_size = 64 but the model config sets 32" -- --init-from "$T/ck/step_00000012" --dim 32 --steps 2
+# fp16: the loss scaler's state travels in trainer_state.json. A window of 3 doubles S every 3
+# clean steps, so a resume that lost S or its count would log another loss_scale and loss
+"$BIN" --steps 12 --precision fp16 --loss-scale-window 3 --save "$T/ck16" --save-every 8 --threads 1 --eval-every 0 --quiet --log "$T/ck16_a.jsonl" > /dev/null 2>&1
+"$BIN" --steps 12 --precision fp16 --loss-scale-window 3 --resume "$T/ck16/step_00000008" --threads 1 --eval-every 0 --quiet --log "$T/ck16_b.jsonl" > "$T/ck16_b.txt" 2>&1; rc=$?
+if [ "$rc" -eq 0 ] && python3 - "$T/ck16_a.jsonl" "$T/ck16_b.jsonl" <<'PY'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])][-4:]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert len(b) == 4 and [(x["step"], x["loss"], x["loss_scale"]) for x in a] == [(x["step"], x["loss"], x["loss_scale"]) for x in b], (a, b)
+assert a[0]["loss_scale"] != 65536, "S never moved: the test would not see a lost scaler state"
+PY
+then ok "fp16 --resume continues with the same losses and loss scale (the scaler's state is in the checkpoint)"; else bad "fp16 resume (exit $rc): $(tail -2 "$T/ck16_b.txt")"; fi
+# ZeRO with one dp×cp rank shards nothing: it runs as stage 0 (stage 3 used to abort)
+expect 0 "--zero 3 on one rank runs" "trained 3 steps" -- $small --zero 3 --steps 3 --eval-every 0 --sample 0
 echo "test_train_cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
