@@ -306,8 +306,7 @@ typedef struct us_train_config {
     /* data parallelism and ZeRO (// >>dp, // >>zero) */
     int      dp;           /* data-parallel ranks; default 1. B above is each rank's micro-batch, so the
                               global batch is batch × grad_accum × dp sequences */
-    int      zero;         /* ZeRO stage over dp: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters
-                              (with dp×cp = 1 nothing is sharded: the defaults make it 0) */
+    int      zero;         /* ZeRO stage over dp: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters */
     float    bucket_mb;    /* gradient bucket size in MiB of fp32 gradients (DP, ZeRO-1/2); default 25 */
     /* tensor parallelism (// >>tp): heads, FFN columns and the vocabulary split over tp ranks */
     int      tp;           /* default 1; must divide heads, kv-heads, ffn and vocab */
@@ -1337,9 +1336,6 @@ US_API void us_train_config_defaults(us_train_config *c) {
     if (c->cp_mode == US_CP_DEFAULT) c->cp_mode = US_CP_ZIGZAG;
     if (c->bucket_mb == 0) c->bucket_mb = 25.0f;
     if (c->loss_scale_window == 0) c->loss_scale_window = 2000;
-    /* ZeRO shards over the dp×cp ranks: with one there is nothing to shard, and stages 1-3 are
-       stage 0 (ZeRO-2/3's gradient slots are released by the reductions, which one rank skips) */
-    if (c->dp * c->cp == 1 && c->zero >= 1 && c->zero <= 3) c->zero = 0;
 }
 US_API const char *us_precision_name(us_precision p) {
     return p == US_PRECISION_BF16 ? "bf16" : p == US_PRECISION_FP16 ? "fp16" : p == US_PRECISION_FP8 ? "fp8" : p == US_PRECISION_FP8_TENSOR ? "fp8-tensor" : "fp32";
@@ -4207,7 +4203,14 @@ static us_result us__unit_launch(us_model *m, int u) {
     us_result r;
     double t0 = us_trace_now_us();
     char nm[48];
-    if (g->size <= 1) return US_OK;   /* ep = dp·cp: each expert lives on one rank, nothing to reduce */
+    if (g->size <= 1) {   /* one dp×cp rank, or ep = dp·cp (each expert on one rank): nothing to reduce */
+        if (m->tc.zero >= 2 && U->gslot >= 0) {   /* but ZeRO-2/3's slot still goes into the shard, as us__unit_finish does */
+            m->ops.axpy(&m->ops, m->grad + U->shard_off, m->gslot[U->gslot], 1.0f, U->piece);
+            m->gslot_unit[U->gslot] = -1;
+            U->gslot = -1;
+        }
+        return US_OK;
+    }
     if (m->tc.zero == 0) r = c->all_reduce(c, g, m->grad + U->off, U->n, US_F32, US_REDUCE_SUM, &U->work);
     else if (m->tc.zero == 1) r = c->reduce_scatter(c, g, m->grad + U->off + R * U->piece, m->grad + U->off, U->piece, US_F32, US_REDUCE_SUM, &U->work);
     else {   /* ZeRO-2/3: in place in the unit's slot; us__unit_finish adds the piece to the shard */
