@@ -3887,9 +3887,11 @@ static void us__pp_stage_layers(const us_model_config *mc, const us_train_config
         double best_cost = 0;
         for (c = lo; c <= lo + 1; c++) {   /* the whole count below or above: the one whose slowest stage is faster */
             int n = c < 1 ? 1 : c > L / S ? L / S : c;   /* at least one, never more than an even share */
-            double cost;
+            double cost, other;   /* the slowest stage: the last one, or the fullest other (the rest, rounded up) */
             if (n < 1) n = 1;
-            cost = n * layer + head > ((L - n + S - 2) / (S - 1)) * layer ? n * layer + head : ((L - n + S - 2) / (S - 1)) * layer;
+            cost = n * layer + head;
+            other = ((L - n + S - 2) / (S - 1)) * layer;
+            if (other > cost) cost = other;
             if (best < 0 || cost < best_cost) { best = n; best_cost = cost; }
         }
         last = best;
@@ -4195,6 +4197,15 @@ static int us__dp_needed(const us_model *m) { return m->mesh.dpcp_g.size > 1 || 
 
 /* Starts the reduction of a unit whose gradients are complete: an all-reduce without ZeRO, a
    reduce-scatter with it (each rank keeps the sum of its own piece). Asynchronous. */
+/* ZeRO-2/3: a unit's gradient slot, reduced (or alone on one rank), adds this rank's piece into
+   the gradient shard and is given back. No-op otherwise. */
+static void us__slot_to_shard(us_model *m, int u) {
+    us__unit *U = &m->units[u];
+    if (m->tc.zero < 2 || U->gslot < 0) return;
+    m->ops.axpy(&m->ops, m->grad + U->shard_off, m->gslot[U->gslot] + (int64_t)m->mesh.dpcp_g.rank * U->piece, 1.0f, U->piece);
+    m->gslot_unit[U->gslot] = -1;
+    U->gslot = -1;
+}
 static us_result us__unit_launch(us_model *m, int u) {
     us__unit *U = &m->units[u];
     us_comm *c = m->comm;
@@ -4203,12 +4214,8 @@ static us_result us__unit_launch(us_model *m, int u) {
     us_result r;
     double t0 = us_trace_now_us();
     char nm[48];
-    if (g->size <= 1) {   /* one dp×cp rank, or ep = dp·cp (each expert on one rank): nothing to reduce */
-        if (m->tc.zero >= 2 && U->gslot >= 0) {   /* but ZeRO-2/3's slot still goes into the shard, as us__unit_finish does */
-            m->ops.axpy(&m->ops, m->grad + U->shard_off, m->gslot[U->gslot], 1.0f, U->piece);
-            m->gslot_unit[U->gslot] = -1;
-            U->gslot = -1;
-        }
+    if (g->size <= 1) {   /* one dp×cp rank, or ep = dp·cp (each expert on one rank): nothing to reduce, */
+        us__slot_to_shard(m, u);   /* but ZeRO-2/3's slot still goes into the shard */
         return US_OK;
     }
     if (m->tc.zero == 0) r = c->all_reduce(c, g, m->grad + U->off, U->n, US_F32, US_REDUCE_SUM, &U->work);
@@ -4234,11 +4241,7 @@ static us_result us__unit_finish(us_model *m, int u) {
     snprintf(nm, sizeof nm, "wait unit %d", u);
     us__trace_host(m, "wait", nm, t0);
     if (r != US_OK) return us__comm_fail(m, r, "gradient reduction");
-    if (m->tc.zero >= 2 && U->gslot >= 0) {
-        m->ops.axpy(&m->ops, m->grad + U->shard_off, m->gslot[U->gslot] + (int64_t)m->mesh.dpcp_g.rank * U->piece, 1.0f, U->piece);
-        m->gslot_unit[U->gslot] = -1;
-        U->gslot = -1;
-    }
+    us__slot_to_shard(m, u);
     return US_OK;
 }
 

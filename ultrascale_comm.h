@@ -453,21 +453,15 @@ static void us__thr_reduce3(void *out, const void *a, const void *b, int64_t n, 
         if (mx) US__THR_LOOP(int32_t, u > v ? u : v);
         else    US__THR_LOOP(int32_t, (int32_t)((uint32_t)u + (uint32_t)v));
         break;
-    case US_BF16: {   /* add in fp32, round once per step */
+    case US_BF16:
+    case US_F16: {   /* 16-bit floats: add in fp32, round once per step */
         uint16_t *o = (uint16_t *)out; const uint16_t *x = (const uint16_t *)a, *y = (const uint16_t *)b;
+        float (*dec)(uint16_t) = dt == US_BF16 ? us_bf16_to_f32 : us_f16_to_f32;
+        uint16_t (*enc)(float) = dt == US_BF16 ? us_f32_to_bf16 : us_f32_to_f16;
         for (i = 0; i < n; i++) {
-            float u = us_bf16_to_f32(x[i]), v = us_bf16_to_f32(y[i]);
+            float u = dec(x[i]), v = dec(y[i]);
             if (mx) o[i] = (u > v || u != u) ? x[i] : y[i];
-            else    o[i] = us_f32_to_bf16(u + v);
-        }
-        break;
-    }
-    case US_F16: {    /* the same for fp16 */
-        uint16_t *o = (uint16_t *)out; const uint16_t *x = (const uint16_t *)a, *y = (const uint16_t *)b;
-        for (i = 0; i < n; i++) {
-            float u = us_f16_to_f32(x[i]), v = us_f16_to_f32(y[i]);
-            if (mx) o[i] = (u > v || u != u) ? x[i] : y[i];
-            else    o[i] = us_f32_to_f16(u + v);
+            else    o[i] = enc(u + v);
         }
         break;
     }
