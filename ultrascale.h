@@ -148,8 +148,11 @@ US_API float    us_e5m2_to_f32(uint8_t b);
    E4M3 bytes q and fp32 scales s with X ≈ q·s, one s per tile. s = amax(tile)/448, optionally
    rounded up to a power of two (then q·s loses nothing to the scale's own rounding); a tile whose
    s would be 0 (all zeros, or amax/448 underflows) gets s = 1; a tile holding a NaN or an inf
-   gets s = NaN, so the non-finite value reaches the GEMM and the loss check. q = e4m3(x / s):
-   one IEEE fp32 division, then round-to-nearest-even to E4M3 with saturation (us_f32_to_e4m3).
+   gets s = NaN, so the non-finite value reaches the GEMM and the loss check; an s below fp32's
+   smallest normal (2^-126) is raised to it, so that 1/s is finite. q = e4m3(x · r) with
+   r = 1/s, one IEEE fp32 division per tile and one fp32 multiply per element (as the GPU
+   kernels do it: a division per element would make them compute-bound), then round-to-nearest-
+   even to E4M3 with saturation (us_f32_to_e4m3).
    Partial tiles (M or K not a multiple of 128) take their amax over the elements present.
    Scale layouts, fp32, chosen so that cuBLASLt can read them as they are (DESIGN.md, measured
    on the H200; kb = k/128, mb = m/128, KB = ceil(K/128), MB = ceil(M/128)):
@@ -2532,6 +2535,7 @@ static US__HD float us__fp8_scale(float amax, int pow2) {
     if (!(amax <= FLT_MAX)) return NAN;   /* a NaN or an inf in the tile */
     s = amax / US_E4M3_MAX;
     if (s == 0.0f) return 1.0f;           /* a zero tile, or amax/448 underflowed */
+    if (s < FLT_MIN) s = FLT_MIN;         /* subnormal: 1/s must stay finite */
     if (pow2) {
         m = frexpf(s, &e);                /* s = m·2^e, m in [0.5, 1) */
         if (m != 0.5f) s = ldexpf(1.0f, e);
@@ -2570,7 +2574,7 @@ static us_result us__fp8_check(const char *fn, us_fp8_tiling t, int64_t M, int64
    q[m·qrs + k·qcs] (qrs = K, qcs = 1 in place; qrs = 1, qcs = M transposed). Returns the scale. */
 static float us__fp8_quant_rect(uint8_t *q, int64_t qrs, int64_t qcs, const void *x, us_dtype dt, int64_t K,
                                 int64_t m0, int64_t m1, int64_t k0, int64_t k1, int pow2) {
-    float amax = 0.0f, sc, a;
+    float amax = 0.0f, sc, a, r;
     int64_t m, k;
     for (m = m0; m < m1; m++)
         for (k = k0; k < k1; k++) {
@@ -2578,8 +2582,9 @@ static float us__fp8_quant_rect(uint8_t *q, int64_t qrs, int64_t qcs, const void
             if (a > amax || a != a) amax = a;   /* a NaN sticks */
         }
     sc = us__fp8_scale(amax, pow2);
+    r = 1.0f / sc;
     for (m = m0; m < m1; m++)
-        for (k = k0; k < k1; k++) q[m * qrs + k * qcs] = us__e4m3_fast(us__get(x, dt, m * K + k) / sc);
+        for (k = k0; k < k1; k++) q[m * qrs + k * qcs] = us__e4m3_fast(us__get(x, dt, m * K + k) * r);
     return sc;
 }
 

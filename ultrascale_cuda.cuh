@@ -2766,136 +2766,221 @@ static double us__cuda_sumsq(us_ops *o, const float *x, int64_t n) {
 /* ------------------------------------------------------------------------------------ */
 /* The operand layout and the scale rule are the CPU's (us_ops.fp8_quantize, // >>fp8), bit for
    bit: amax of a tile, s = us__fp8_scale(amax) (the same function), q = RNE-satfinite E4M3 of
-   x / s (an IEEE division: nvcc's default -prec-div=true), zero padding to whole 128-element
+   x · (1/s) (one IEEE division per tile: nvcc's default -prec-div=true), zero padding to whole 128-element
    tiles along the reduction. One pass over x per tile: it is read (amax), then read again from
    L1/L2 or shared memory, scaled, cast and written; the scales land in the layout cuBLASLt's
    VEC128_32F / BLK128x128_32F modes read (DESIGN.md "Performance"). */
 static __device__ __forceinline__ uint8_t us__e4m3(float v) { return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3); }
-static __device__ __forceinline__ float us__amax2(float a, float v) { v = fabsf(v); return (v > a || v != v) ? v : a; }   /* a NaN sticks */
-static __device__ __forceinline__ float us__warp_amax(float a) {
-    int i;
-    for (i = 16; i > 0; i >>= 1) a = us__amax2(a, __shfl_xor_sync(0xffffffffu, a, i));
-    return a;
-}
+static __device__ __forceinline__ uint32_t us__e4m3x2(float a, float b) { return (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3); }
+/* |v| as bits: for non-negative floats the unsigned order is the numeric order and NaN patterns
+   sort above inf, so an integer max is the NaN-sticky amax in two instructions */
+static __device__ __forceinline__ unsigned us__abits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
 
-/* ROW128 of P = x [R][L]: one warp per 1×128 tile, lane j holds elements j, j+32, j+64, j+96 */
+/* 2 or 4 consecutive elements in one load (8/16-byte fp32, 4/8-byte bf16/fp16); the caller
+   guarantees the alignment (vec bit 1, checked on the host) */
+static __device__ __forceinline__ void us__ld4(const float *p, float *f) { float4 u = *reinterpret_cast<const float4 *>(p); f[0] = u.x; f[1] = u.y; f[2] = u.z; f[3] = u.w; }
+static __device__ __forceinline__ void us__ld4(const __nv_bfloat16 *p, float *f) {
+    uint2 u = *reinterpret_cast<const uint2 *>(p);
+    float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.x)), y = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.y));
+    f[0] = x.x; f[1] = x.y; f[2] = y.x; f[3] = y.y;
+}
+static __device__ __forceinline__ void us__ld4(const __half *p, float *f) {
+    uint2 u = *reinterpret_cast<const uint2 *>(p);
+    float2 x = __half22float2(*reinterpret_cast<const __half2 *>(&u.x)), y = __half22float2(*reinterpret_cast<const __half2 *>(&u.y));
+    f[0] = x.x; f[1] = x.y; f[2] = y.x; f[3] = y.y;
+}
+static __device__ __forceinline__ void us__ld2(const float *p, float *f) { float2 u = *reinterpret_cast<const float2 *>(p); f[0] = u.x; f[1] = u.y; }
+static __device__ __forceinline__ void us__ld2(const __nv_bfloat16 *p, float *f) { float2 u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(p)); f[0] = u.x; f[1] = u.y; }
+static __device__ __forceinline__ void us__ld2(const __half *p, float *f) { float2 u = __half22float2(*reinterpret_cast<const __half2 *>(p)); f[0] = u.x; f[1] = u.y; }
+/* four E4M3 bytes of v/sc, little-endian: P's elements l..l+3 as one 4-byte store */
+static __device__ __forceinline__ uint32_t us__e4m3x4(const float *v, float r) {   /* r = 1/s */
+    return us__e4m3x2(v[0] * r, v[1] * r) | us__e4m3x2(v[2] * r, v[3] * r) << 16;
+}
+static __device__ __forceinline__ void us__st_q4(uint8_t *q, uint32_t w, int vec) {
+    if (vec & 2) *reinterpret_cast<uint32_t *>(q) = w;
+    else { q[0] = (uint8_t)w; q[1] = (uint8_t)(w >> 8); q[2] = (uint8_t)(w >> 16); q[3] = (uint8_t)(w >> 24); }
+}
+static __device__ __forceinline__ unsigned us__oct_umax(unsigned a) {   /* over the 8 lanes of a tile */
+    a = max(a, __shfl_xor_sync(0xffffffffu, a, 4));
+    a = max(a, __shfl_xor_sync(0xffffffffu, a, 2));
+    return max(a, __shfl_xor_sync(0xffffffffu, a, 1));
+}
+/* vec bits: 1 = x may be read 8 (row), 4 (block) or 2 (transposed row) elements at a time, 2 = q
+   is 16-byte aligned (4- to 16-byte stores). gamax non-NULL: one scale from the whole tensor's
+   amax (TENSOR). These kernels are instruction-bound before they are memory-bound (a tile's
+   scale costs two divisions), so each thread quantises as many elements per scale as it can. */
+
+/* ROW128 of P = x [R][L]: 8 lanes per 1×128 tile, lane j of them holding elements 16j..16j+15
+   (two 16-byte loads of bf16, one 16-byte store); a warp takes 4 tiles per round and 2 rounds,
+   all loads issued before the first reduction */
+#define US__ROW_ROUNDS 2
 template <typename T>
-__global__ void us__k_fp8_row(uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int pow2) {
-    int64_t LB = Lp / 128, tile = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), r, l0;
-    int lane = threadIdx.x & 31, j;
-    float v[4], a = 0.0f, sc;
-    if (tile >= R * LB) return;
-    r = tile / LB; l0 = tile % LB * 128;
-    for (j = 0; j < 4; j++) { int64_t l = l0 + lane + 32 * j; v[j] = l < L ? us__ld(x, r * L + l) : 0.0f; a = us__amax2(a, v[j]); }
-    sc = us__fp8_scale(us__warp_amax(a), pow2);
-    for (j = 0; j < 4; j++) q[r * Lp + l0 + lane + 32 * j] = us__e4m3(v[j] / sc);
-    if (lane == 0) s[l0 / 128 * R + r] = sc;
+__global__ void us__k_fp8_row(uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int pow2, int vec, const unsigned *gamax) {
+    /* tile numbers fit 32 bits (2^32 tiles would be 512 GB of q), and 32-bit division is far cheaper */
+    uint32_t LB = (uint32_t)(Lp / 128), nt = (uint32_t)(R * LB), t0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * (4 * US__ROW_ROUNDS), rr[US__ROW_ROUNDS];
+    int lane = threadIdx.x & 7, sub = (threadIdx.x >> 3) & 3, u, j;
+    int64_t ll[US__ROW_ROUNDS];
+    float v[US__ROW_ROUNDS][16], g = gamax ? __uint_as_float(*gamax) : 0.0f;
+#pragma unroll
+    for (u = 0; u < US__ROW_ROUNDS; u++) {
+        uint32_t tile = t0 + 4 * u + sub;
+        int64_t r = rr[u] = tile / LB, l = ll[u] = (int64_t)(tile % LB) * 128 + 16 * lane;
+        if (tile < nt && (vec & 1) && l < L) {   /* vec: L % 16 == 0 */
+#pragma unroll
+            for (j = 0; j < 16; j += 4) us__ld4(x + r * L + l + j, v[u] + j);
+        } else for (j = 0; j < 16; j++) v[u][j] = tile < nt && l + j < L ? us__ld(x, r * L + l + j) : 0.0f;
+    }
+#pragma unroll
+    for (u = 0; u < US__ROW_ROUNDS; u++) {
+        uint32_t tile = t0 + 4 * u + sub;
+        int64_t r = rr[u], l0 = ll[u] - 16 * lane;
+        unsigned a = 0;
+        float sc, rc;
+        uint8_t *p = q + r * Lp + l0 + 16 * lane;
+        for (j = 0; j < 16; j++) a = max(a, us__abits(v[u][j]));
+        sc = us__fp8_scale(gamax ? g : __uint_as_float(us__oct_umax(a)), pow2);
+        rc = 1.0f / sc;
+        if (tile >= nt) continue;
+        if (vec & 2) *reinterpret_cast<uint4 *>(p) = make_uint4(us__e4m3x4(v[u], rc), us__e4m3x4(v[u] + 4, rc), us__e4m3x4(v[u] + 8, rc), us__e4m3x4(v[u] + 12, rc));
+        else for (j = 0; j < 16; j += 4) us__st_q4(p + j, us__e4m3x4(v[u] + j, rc), 0);
+        if (lane == 0 && (!gamax || tile == 0)) s[gamax ? 0 : l0 / 128 * R + r] = sc;
+    }
 }
 
 /* ROW128 of P = xᵀ (x [L][R] as stored): the 128×1 tiles of x that Wgrad reduces over. A block
-   stages a 128 (l) × 32 (r) patch of x in shared memory, read along x's rows (coalesced); each
-   warp then owns four columns r and writes their tiles along l (coalesced). */
+   stages a 128 (l) × 64 (r) patch of x in shared memory, each warp reading 16 of x's rows two
+   elements per lane (coalesced, all 16 loads in flight at once); each warp then quantises 8 of
+   the patch's columns (lane j holds l = j, j+32, j+64, j+96: no bank conflicts), parks the
+   bytes in shared memory, and the block writes P's rows 4 bytes per lane. (A thread per column
+   quarter, with 16-byte stores, measured slower on the H200.) */
 template <typename T>
-__global__ void us__k_fp8_row_t(uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int pow2) {
-    __shared__ float sm[128][33];
-    int64_t r0 = (int64_t)blockIdx.x * 32, l0 = (int64_t)blockIdx.y * 128;
+__global__ void us__k_fp8_row_t(uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int pow2, int vec, const unsigned *gamax) {
+    __shared__ float sm[128][65];
+    __shared__ uint32_t qs[64][33];   /* the patch's 64 rows of P, 128 bytes each (+1 word against bank conflicts) */
+    int64_t r0 = (int64_t)blockIdx.x * 64, l0 = (int64_t)blockIdx.y * 128, r = r0 + 2 * (threadIdx.x & 31);
     int t = threadIdx.x, lane = t & 31, w = t >> 5, i, c, j;
-    for (i = t >> 5; i < 128; i += 8) {   /* 256 threads: 8 rows of 32 per pass */
-        int64_t l = l0 + i, r = r0 + lane;
-        sm[i][lane] = l < L && r < R ? us__ld(x, l * R + r) : 0.0f;
+    float sc = 0.0f, f[16][2];
+#pragma unroll
+    for (i = 0; i < 16; i++) {   /* 256 threads: x's rows w, w+8, ..., 64 elements each */
+        int64_t l = l0 + w + 8 * i;
+        if (l < L && (vec & 1) && r < R) us__ld2(x + l * R + r, f[i]);   /* vec: R even */
+        else for (j = 0; j < 2; j++) f[i][j] = l < L && r + j < R ? us__ld(x, l * R + r + j) : 0.0f;
+    }
+#pragma unroll
+    for (i = 0; i < 16; i++) { sm[w + 8 * i][2 * lane] = f[i][0]; sm[w + 8 * i][2 * lane + 1] = f[i][1]; }
+    __syncthreads();
+    for (c = w * 8; c < w * 8 + 8; c++) {
+        float v[4], rc;
+        unsigned a = 0;
+        for (j = 0; j < 4; j++) { v[j] = sm[lane + 32 * j][c]; a = max(a, us__abits(v[j])); }
+        sc = us__fp8_scale(__uint_as_float(gamax ? *gamax : __reduce_max_sync(0xffffffffu, a)), pow2);
+        rc = 1.0f / sc;
+        for (j = 0; j < 4; j++) reinterpret_cast<uint8_t *>(qs[c])[lane + 32 * j] = us__e4m3(v[j] * rc);
+        if (lane == 0 && !gamax && r0 + c < R) s[l0 / 128 * R + r0 + c] = sc;
     }
     __syncthreads();
-    for (c = w * 4; c < w * 4 + 4; c++) {
-        int64_t r = r0 + c;
-        float v[4], a = 0.0f, sc;
-        for (j = 0; j < 4; j++) { v[j] = sm[lane + 32 * j][c]; a = us__amax2(a, v[j]); }
-        sc = us__fp8_scale(us__warp_amax(a), pow2);
-        if (r >= R) continue;
-        for (j = 0; j < 4; j++) q[r * Lp + l0 + lane + 32 * j] = us__e4m3(v[j] / sc);
-        if (lane == 0) s[l0 / 128 * R + r] = sc;
-    }
+    for (i = w; i < 64; i += 8)
+        if (r0 + i < R) us__st_q4(q + (r0 + i) * Lp + l0 + 4 * lane, qs[i][lane], vec);
+    if (gamax && blockIdx.x == 0 && blockIdx.y == 0 && t == 0) s[0] = sc;
 }
 
-/* BLOCK128 of P = x (trans 0) or xᵀ (trans 1): one block of 256 threads per 128×128 block; the
-   amax pass reads x along its rows, the cast pass writes P along its rows. Scales [RB][LBp], the
-   padding columns 1. */
+/* BLOCK128 of P = x (trans 0) or xᵀ (trans 1): one block of 512 threads per 128×128 block. Each
+   thread keeps 32 of the block's elements in registers, read along x's rows 4 at a time (all 8
+   loads in flight); the block's amax gives the one scale; the bytes go straight to P's rows
+   (trans 0) or through shared memory, transposed (trans 1). Scales [RB][LBp], the padding
+   columns 1. */
 template <typename T>
-__global__ void us__k_fp8_block(uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int trans, int pow2) {
-    __shared__ float red[32];
-    int64_t rb = blockIdx.y, lb = blockIdx.x, LB = Lp / 128, LBp = (LB + 3) / 4 * 4, xc = trans ? R : L;
-    int t = threadIdx.x, i;
-    float a = 0.0f, sc;
-    for (i = t; i < 128 * 128; i += blockDim.x) {   /* x's element (xr, xc) in its own orientation */
-        int64_t u = i >> 7, v = i & 127, pr = trans ? rb * 128 + v : rb * 128 + u, pl = trans ? lb * 128 + u : lb * 128 + v;
-        if (pr < R && pl < L) a = us__amax2(a, us__ld(x, trans ? pl * xc + pr : pr * xc + pl));
+__global__ void __launch_bounds__(512) us__k_fp8_block(uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int trans, int pow2, int vec) {
+    __shared__ unsigned red[16];
+    __shared__ uint32_t qs[128][33];
+    int64_t rb = blockIdx.y, lb = blockIdx.x, LB = Lp / 128, LBp = (LB + 3) / 4 * 4;
+    int64_t XR = trans ? L : R, XC = trans ? R : L, xr0 = (trans ? lb : rb) * 128, xc0 = (trans ? rb : lb) * 128 + 4 * (threadIdx.x & 31);
+    int t = threadIdx.x, lane = t & 31, w = t >> 5, it, k;
+    float v[8][4], sc, rc;
+    unsigned a = 0;
+#pragma unroll
+    for (it = 0; it < 8; it++) {   /* x's row xr0 + 16·it + w, columns xc0..xc0+3 */
+        int64_t xr = xr0 + it * 16 + w;
+        if ((vec & 1) && xr < XR && xc0 < XC) us__ld4(x + xr * XC + xc0, v[it]);   /* vec: XC % 4 == 0 */
+        else for (k = 0; k < 4; k++) v[it][k] = xr < XR && xc0 + k < XC ? us__ld(x, xr * XC + xc0 + k) : 0.0f;
     }
-    a = us__warp_amax(a);
-    if ((t & 31) == 0) red[t >> 5] = a;
+#pragma unroll
+    for (it = 0; it < 8; it++) for (k = 0; k < 4; k++) a = max(a, us__abits(v[it][k]));
+    a = __reduce_max_sync(0xffffffffu, a);
+    if (lane == 0) red[w] = a;
     __syncthreads();
-    if (t < 32) {
-        a = t < (int)(blockDim.x >> 5) ? red[t] : 0.0f;
-        a = us__warp_amax(a);
-        if (t == 0) red[0] = a;
+    for (k = 0; k < 16; k++) a = max(a, red[k]);
+    sc = us__fp8_scale(__uint_as_float(a), pow2);
+    rc = 1.0f / sc;
+#pragma unroll
+    for (it = 0; it < 8; it++) {
+        int u = it * 16 + w;
+        if (!trans) { if (rb * 128 + u < R) us__st_q4(q + (rb * 128 + u) * Lp + lb * 128 + 4 * lane, us__e4m3x4(v[it], rc), vec); }
+        else for (k = 0; k < 4; k++) reinterpret_cast<uint8_t *>(qs[4 * lane + k])[u] = us__e4m3(v[it][k] * rc);
     }
-    __syncthreads();
-    sc = us__fp8_scale(red[0], pow2);
-    for (i = t; i < 128 * 128; i += blockDim.x) {   /* P's element (pr, pl), row by row */
-        int64_t pr = rb * 128 + (i >> 7), pl = lb * 128 + (i & 127);
-        if (pr < R) q[pr * Lp + pl] = pl < L ? us__e4m3(us__ld(x, trans ? pl * xc + pr : pr * xc + pl) / sc) : 0;
+    if (trans) {
+        __syncthreads();
+        for (it = w; it < 128; it += 16)
+            if (rb * 128 + it < R) us__st_q4(q + (rb * 128 + it) * Lp + lb * 128 + 4 * lane, qs[it][lane], vec);
     }
     if (t == 0) {
         s[rb * LBp + lb] = sc;
-        if (lb == LB - 1) for (i = (int)LB; i < (int)LBp; i++) s[rb * LBp + i] = 1.0f;
+        if (lb == LB - 1) for (k = (int)LB; k < (int)LBp; k++) s[rb * LBp + k] = 1.0f;
     }
 }
 
 /* TENSOR: the amax of |x| as the maximum of its bit patterns (for non-negative floats the
-   integer order is the numeric order, and NaN patterns sort above inf: a NaN wins), then one scale */
+   integer order is the numeric order, and NaN patterns sort above inf: a NaN wins); the row
+   kernels then cast with that one scale */
 template <typename T>
-__global__ void us__k_fp8_amax(unsigned *amax, const T *x, int64_t n) {
-    __shared__ float red[32];
-    int64_t i;
-    float a = 0.0f;
-    for (i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) a = us__amax2(a, us__ld(x, i));
-    a = us__warp_amax(a);
+__global__ void us__k_fp8_amax(unsigned *amax, const T *x, int64_t n, int vec) {
+    __shared__ unsigned red[32];
+    int64_t i, st = (int64_t)gridDim.x * blockDim.x;
+    unsigned a = 0;
+    if (vec & 1) {   /* n % 4 == 0 */
+        for (i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n / 4; i += st) {
+            float v[4];
+            us__ld4(x + 4 * i, v);
+            a = max(max(a, us__abits(v[0])), max(max(us__abits(v[1]), us__abits(v[2])), us__abits(v[3])));
+        }
+    } else
+        for (i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += st) a = max(a, us__abits(us__ld(x, i)));
+    a = __reduce_max_sync(0xffffffffu, a);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = a;
     __syncthreads();
     if (threadIdx.x == 0) {
         int k;
-        for (k = 1; k < (int)(blockDim.x >> 5); k++) a = us__amax2(a, red[k]);
-        atomicMax(amax, __float_as_uint(fabsf(a)) | (a != a ? 0x7fc00000u : 0u));
+        for (k = 1; k < (int)(blockDim.x >> 5); k++) a = max(a, red[k]);
+        atomicMax(amax, a);
     }
-}
-template <typename T>
-__global__ void us__k_fp8_tensor(uint8_t *q, float *s, const unsigned *amax, const T *x, int64_t R, int64_t L, int64_t Lp, int trans, int pow2) {
-    float sc = us__fp8_scale(__uint_as_float(*amax), pow2);
-    int64_t i, xc = trans ? R : L;
-    for (i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < R * Lp; i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t pr = i / Lp, pl = i % Lp;
-        q[i] = pl < L ? us__e4m3(us__ld(x, trans ? pl * xc + pr : pr * xc + pl) / sc) : 0;
-    }
-    if (blockIdx.x == 0 && threadIdx.x == 0) s[0] = sc;
 }
 
 static void us__cuda_fp8_quantize(us_ops *o, uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M, int64_t K,
                                   int t, int trans, int pow2) {
     us__cuda *c = us__cu(o);
     int64_t R = trans ? K : M, L = trans ? M : K, Lp = (L + 127) / 128 * 128;
+    unsigned es = (unsigned)us_dtype_size(dt), *gamax = NULL;
+    int qv = us__al(q, 16) ? 2 : 0;
     if (R <= 0 || L <= 0) return;
     if (t == US_FP8_TENSOR) {
         if (!c->fp8_amax && !(c->fp8_amax = (unsigned *)us__cuda_alloc(o, 64))) { us__cuda_fail(o, "fp8 amax slot", "out of device memory", __FILE__, __LINE__); return; }
-        US__CU(o, cudaMemsetAsync(c->fp8_amax, 0, 4, c->stream));
-        US__DISPATCH(o, dt, (us__k_fp8_amax<T_><<<us__blocks(M * K, 256) < 1024 ? us__blocks(M * K, 256) : 1024, 256, 0, c->stream>>>(c->fp8_amax, (const T_ *)x, M * K)));
-        US__DISPATCH(o, dt, (us__k_fp8_tensor<T_><<<us__blocks(R * Lp, 256) < 4096 ? us__blocks(R * Lp, 256) : 4096, 256, 0, c->stream>>>(q, s, c->fp8_amax, (const T_ *)x, R, L, Lp, trans, pow2)));
-    } else if (t == US_FP8_BLOCK128) {
+        gamax = c->fp8_amax;
+        US__CU(o, cudaMemsetAsync(gamax, 0, 4, c->stream));
+        US__DISPATCH(o, dt, (us__k_fp8_amax<T_><<<us__blocks(M * K / 4 + 1, 256) < 2048 ? us__blocks(M * K / 4 + 1, 256) : 2048, 256, 0, c->stream>>>(
+                                 gamax, (const T_ *)x, M * K, (M * K) % 4 == 0 && us__al(x, 4 * es))));
+    }
+    if (t == US_FP8_BLOCK128) {
         dim3 grid((unsigned)(Lp / 128), (unsigned)((R + 127) / 128));
-        US__DISPATCH(o, dt, (us__k_fp8_block<T_><<<grid, 256, 0, c->stream>>>(q, s, (const T_ *)x, R, L, Lp, trans, pow2)));
+        int vec = qv | (K % 4 == 0 && us__al(x, 4 * es));   /* x [M][K] is read along K either way */
+        US__DISPATCH(o, dt, (us__k_fp8_block<T_><<<grid, 512, 0, c->stream>>>(q, s, (const T_ *)x, R, L, Lp, trans, pow2, vec)));
     } else if (trans) {
-        dim3 grid((unsigned)((R + 31) / 32), (unsigned)(Lp / 128));
-        US__DISPATCH(o, dt, (us__k_fp8_row_t<T_><<<grid, 256, 0, c->stream>>>(q, s, (const T_ *)x, R, L, Lp, pow2)));
+        dim3 grid((unsigned)((R + 63) / 64), (unsigned)(Lp / 128));
+        int vec = qv | (R % 2 == 0 && us__al(x, 2 * es));
+        US__DISPATCH(o, dt, (us__k_fp8_row_t<T_><<<grid, 256, 0, c->stream>>>(q, s, (const T_ *)x, R, L, Lp, pow2, vec, gamax)));
     } else {
-        int64_t tiles = R * (Lp / 128);
-        US__DISPATCH(o, dt, (us__k_fp8_row<T_><<<(unsigned)((tiles + 7) / 8), 256, 0, c->stream>>>(q, s, (const T_ *)x, R, L, Lp, pow2)));
+        int64_t tiles = R * (Lp / 128), per = 8 * 4 * US__ROW_ROUNDS;   /* 8 warps of 4·rounds tiles */
+        int vec = qv | (L % 16 == 0 && us__al(x, 16 * es));
+        US__DISPATCH(o, dt, (us__k_fp8_row<T_><<<(unsigned)((tiles + per - 1) / per), 256, 0, c->stream>>>(q, s, (const T_ *)x, R, L, Lp, pow2, vec, gamax)));
     }
 }
 

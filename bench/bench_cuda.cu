@@ -29,8 +29,8 @@ static double median(std::vector<double> v) { std::sort(v.begin(), v.end()); ret
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_)); exit(1); } } while (0)
 
 /* ---- a profiling wrapper around the ops table: CUDA events around every call, by op class */
-enum { P_GEMM, P_ATT_F, P_ATT_B, P_NORM, P_ROPE, P_SWIGLU, P_XENT, P_EMB, P_ADAMW, P_COPY, P_OTHER, P_N };
-static const char *pname[P_N] = {"gemm (cuBLASLt)", "attention fwd", "attention bwd", "rmsnorm", "rope", "swiglu", "cross-entropy", "embedding", "adamw + norm", "copies", "other"};
+enum { P_GEMM, P_FP8G, P_FP8Q_ROW, P_FP8Q_COL, P_FP8Q_W, P_ATT_F, P_ATT_B, P_NORM, P_ROPE, P_SWIGLU, P_XENT, P_EMB, P_ADAMW, P_COPY, P_OTHER, P_N };
+static const char *pname[P_N] = {"gemm (cuBLASLt)", "fp8 gemm", "fp8 quantise 1x128", "fp8 quantise 128x1", "fp8 quantise W", "attention fwd", "attention bwd", "rmsnorm", "rope", "swiglu", "cross-entropy", "embedding", "adamw + norm", "copies", "other"};
 static us_ops inner;
 static cudaEvent_t ev0[P_N], ev1[P_N];
 static double pms[P_N];
@@ -48,6 +48,12 @@ static void pend(int k) {
 #define WRAP(k, call) do { pbeg(k); call; pend(k); } while (0)
 static void w_gemm(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64_t K, float al, const void *A, us_dtype ad, int64_t lda, const void *B, us_dtype bd, int64_t ldb, float be, void *C, us_dtype cd, int64_t ldc) {
     (void)o; WRAP(P_GEMM, inner.gemm(&inner, ta, tb, M, N, K, al, A, ad, lda, B, bd, ldb, be, C, cd, ldc));
+}
+static void w_fq(us_ops *o, uint8_t *q, float *sc, const void *x, us_dtype dt, int64_t M, int64_t K, int t, int trans, int pow2) {
+    (void)o; WRAP(t == US_FP8_BLOCK128 ? P_FP8Q_W : trans ? P_FP8Q_COL : P_FP8Q_ROW, inner.fp8_quantize(&inner, q, sc, x, dt, M, K, t, trans, pow2));
+}
+static void w_fg(us_ops *o, int64_t M, int64_t N, int64_t K, float al, const uint8_t *a, const float *sa, int ta, const uint8_t *b, const float *sb, int tb, float be, void *C, us_dtype cd, int64_t ldc) {
+    (void)o; WRAP(P_FP8G, inner.fp8_gemm(&inner, M, N, K, al, a, sa, ta, b, sb, tb, be, C, cd, ldc));
 }
 static void w_attf(us_ops *o, void *out, float *lse, const void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS, us_dtype dt) { (void)o; WRAP(P_ATT_F, inner.attention_fwd(&inner, out, lse, qkv, B, T, NH, NKV, HS, dt)); }
 static void w_attb(us_ops *o, void *dq, const void *dout, const void *qkv, const void *out, const float *lse, int64_t B, int64_t T, int NH, int NKV, int HS, us_dtype dt) { (void)o; WRAP(P_ATT_B, inner.attention_bwd(&inner, dq, dout, qkv, out, lse, B, T, NH, NKV, HS, dt)); }
@@ -76,7 +82,7 @@ static us_ops profiled(void) {
     o.gemm = w_gemm; o.attention_fwd = w_attf; o.attention_bwd = w_attb; o.rmsnorm_fwd = w_nf; o.rmsnorm_bwd = w_nb;
     o.rope_fwd = w_rf; o.rope_bwd = w_rb; o.swiglu_fwd = w_sf; o.swiglu_bwd = w_sb; o.xent = w_x; o.embedding_fwd = w_ef;
     o.embedding_bwd = w_eb; o.adamw = w_ad; o.sumsq = w_ss; o.copy = w_cp; o.zero = w_z; o.alloc = w_alloc; o.free = w_free;
-    o.cast = w_cast; o.sync = w_sync; o.error = w_err;
+    o.cast = w_cast; o.sync = w_sync; o.error = w_err; o.fp8_quantize = w_fq; o.fp8_gemm = w_fg;
     return o;
 }
 
@@ -146,7 +152,7 @@ static void bench_fp8_gemm(void) {
     cudaEvent_t a, b;
     int k, r, v;
     CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
-    printf("\n| GEMM (M x N x K) | bf16 TFLOP/s | fp8 1x128·128x128 | fp8 1x128·1x128 | fp8 per-tensor | speed-up (block) | quantise x (GB/s) |\n|---|---|---|---|---|---|---|\n");
+    printf("\n| GEMM (M x N x K) | bf16 TFLOP/s | fp8 1x128·128x128 | fp8 1x128·1x128 | fp8 per-tensor | speed-up (block) | quantise x 1x128 / x^T 128x1 / W 128x128 (GB/s) |\n|---|---|---|---|---|---|---|\n");
     for (k = 0; k < 6; k++) {
         int64_t M = shapes[k][0], N = shapes[k][1], K = shapes[k][2];
         void *X = inner.alloc(&inner, (size_t)M * K * 2), *W = inner.alloc(&inner, (size_t)N * K * 2), *Y = inner.alloc(&inner, (size_t)M * N * 2);
@@ -154,7 +160,7 @@ static void bench_fp8_gemm(void) {
         float *sx = (float *)inner.alloc(&inner, (size_t)us_fp8_scales_size(US_FP8_ROW128, M, K) * 4);
         float *sw = (float *)inner.alloc(&inner, (size_t)std::max(us_fp8_scales_size(US_FP8_BLOCK128, N, K), us_fp8_scales_size(US_FP8_ROW128, N, K)) * 4);
         float *tmp;
-        double fl = 2.0 * M * N * K, res[5];
+        double fl = 2.0 * M * N * K, res[7];
         CK(cudaMalloc(&tmp, (size_t)std::max(M, N) * K * 4));
         {
             std::vector<float> h((size_t)std::max(M, N) * K);
@@ -164,7 +170,7 @@ static void bench_fp8_gemm(void) {
             CK(cudaMemcpy(tmp, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
             inner.cast(&inner, X, US_BF16, tmp, US_F32, M * K); inner.cast(&inner, W, US_BF16, tmp, US_F32, N * K);
         }
-        for (v = 0; v < 5; v++) {   /* bf16, fp8 block, fp8 row x row, fp8 tensor, quantise */
+        for (v = 0; v < 7; v++) {   /* bf16, fp8 block, fp8 row x row, fp8 tensor, quantise x, x^T, W */
             std::vector<double> ts;
             int ta = v == 3 ? US_FP8_TENSOR : US_FP8_ROW128, tb = v == 1 ? US_FP8_BLOCK128 : v == 2 ? US_FP8_ROW128 : US_FP8_TENSOR;
             if (v >= 1 && v <= 3) { inner.fp8_quantize(&inner, qx, sx, X, US_BF16, M, K, ta, 0, 0); inner.fp8_quantize(&inner, qw, sw, W, US_BF16, N, K, tb, 0, 0); }
@@ -173,15 +179,17 @@ static void bench_fp8_gemm(void) {
                 cudaEventRecord(a, c->stream);
                 if (v == 0) inner.gemm(&inner, 0, 1, M, N, K, 1.0f, X, US_BF16, K, W, US_BF16, K, 0.0f, Y, US_BF16, N);
                 else if (v < 4) inner.fp8_gemm(&inner, M, N, K, 1.0f, qx, sx, ta, qw, sw, tb, 0.0f, Y, US_BF16, N);
-                else inner.fp8_quantize(&inner, qx, sx, X, US_BF16, M, K, US_FP8_ROW128, 0, 0);
+                else if (v == 4) inner.fp8_quantize(&inner, qx, sx, X, US_BF16, M, K, US_FP8_ROW128, 0, 0);
+                else if (v == 5) inner.fp8_quantize(&inner, qx, sx, X, US_BF16, M, K, US_FP8_ROW128, 1, 0);   /* Wgrad's 128x1 tiles */
+                else inner.fp8_quantize(&inner, qw, sw, W, US_BF16, N, K, US_FP8_BLOCK128, 0, 0);
                 cudaEventRecord(b, c->stream); cudaEventSynchronize(b); cudaEventElapsedTime(&ms, a, b);
                 if (r >= 5) ts.push_back(ms * 1e-3);
             }
-            res[v] = v < 4 ? fl / median(ts) / 1e12 : (double)M * K * 3 / median(ts) / 1e9;
+            res[v] = v < 4 ? fl / median(ts) / 1e12 : (double)(v == 6 ? N : M) * K * 3 / median(ts) / 1e9;   /* bytes: 2 read + 1 written */
         }
         if (inner.error(&inner)) { printf("| %lld x %lld x %lld | error: %s |\n", (long long)M, (long long)N, (long long)K, inner.error(&inner)); break; }
-        printf("| %lld x %lld x %lld | %.0f | %.0f | %.0f | %.0f | %.2fx | %.0f |\n", (long long)M, (long long)N, (long long)K,
-               res[0], res[1], res[2], res[3], res[1] / res[0], res[4]);
+        printf("| %lld x %lld x %lld | %.0f | %.0f | %.0f | %.0f | %.2fx | %.0f / %.0f / %.0f |\n", (long long)M, (long long)N, (long long)K,
+               res[0], res[1], res[2], res[3], res[1] / res[0], res[4], res[5], res[6]);
         inner.free(&inner, X); inner.free(&inner, W); inner.free(&inner, Y); inner.free(&inner, qx); inner.free(&inner, qw);
         inner.free(&inner, sx); inner.free(&inner, sw); cudaFree(tmp);
     }

@@ -7,6 +7,7 @@
 #   throughput and the memory error.
 # Needs: make build/plan build/train_cuda (and, for measured rates, build/calibrate run first:
 #   build/calibrate --out bench/rates_h200.txt). Logs go to $OUT (default /tmp/plan_validate).
+#   GPUS (default "1 2") picks the GPU counts; STEPS (6) and RUN_TIMEOUT (60 s) bound each run.
 set -u
 export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/plan_validate}; mkdir -p "$OUT"
@@ -15,7 +16,7 @@ RATES=${RATES:-bench/rates_h200.txt}
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
 MODEL="--model llama-1b --seq 2048 --global-batch 65536 --gpu-mem 139 --max-micro-batch 16"
 [ -f "$RATES" ] && MODEL="$MODEL --rates $RATES"
-for g in 1 2; do
+for g in ${GPUS:-1 2}; do
     [ "$g" -gt "$ngpu" ] && { echo "skip $g GPUs: this machine has $ngpu"; continue; }
     build/plan $MODEL --gpus-per-node $g --top 5 --random 5 --seed 7 --tsv "$OUT/plan_$g.tsv" > "$OUT/plan_$g.txt" 2>&1 || { echo "plan failed: $(tail -1 "$OUT/plan_$g.txt")"; continue; }
     i=0

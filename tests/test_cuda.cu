@@ -233,7 +233,9 @@ static void test_ops(us_dtype dt, int64_t NH, int64_t NKV, int64_t HS, int64_t F
         float *p = rnd_f32(n, 1), *g = rnd_f32(n, 1), *m = rnd_f32(n, 0.1f), *v = rnd_f32(n, 0.1f);
         for (i = 0; i < n; i++) v[i] = fabsf(v[i]);
         {
-            buf bp = mk(p, n * 4), bg = mk(g, n * 4), bm = mk(m, n * 4), bv = mk(v, n * 4), blow = mk(p, n * a);
+            void *plow = as_dt(p, n, dt);   /* the copy starts as p's values (its head, before adam_off, is never written) */
+            buf bp = mk(p, n * 4), bg = mk(g, n * 4), bm = mk(m, n * 4), bv = mk(v, n * 4), blow = mk(plow, n * a);
+            free(plow);
             double sc = Ccpu.sumsq(&Ccpu, g, n), sg = G.sumsq(&G, (float *)bg.d, n);
             CHECK(fabs(sc - sg) <= 1e-12 * sc, "sumsq %.15g vs %.15g", sg, sc);
             Ccpu.adamw(&Ccpu, (float *)bp.h + o, (float *)bg.h + o, (float *)bm.h + o, (float *)bv.h + o, (char *)blow.h + o * a, dt, adam_n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 3);
@@ -533,10 +535,11 @@ static void test_fp16_overflow(void) {
    magnitude (fp32 out: only the summation order inside a 128-block differs) and within one bf16 ulp
    plus that (bf16 out, beta 1). */
 static void test_fp8_ops(void) {
-    int64_t shapes[][2] = {{256, 384}, {200, 300}, {48, 1136}, {130, 64}};
+    /* {131, 203}: odd sizes take the kernels' scalar loads and stores */
+    int64_t shapes[][2] = {{256, 384}, {200, 300}, {48, 1136}, {130, 64}, {131, 203}};
     us_fp8_tiling tl[3] = {US_FP8_ROW128, US_FP8_BLOCK128, US_FP8_TENSOR};
     int si, t, trans, pow2, d;
-    for (si = 0; si < 4; si++)
+    for (si = 0; si < 5; si++)
         for (d = 0; d < 2; d++) {
             us_dtype dt = d ? US_BF16 : US_F32;
             int64_t M = shapes[si][0], K = shapes[si][1];
@@ -580,7 +583,7 @@ static void test_fp8_ops(void) {
                 uint8_t *qa = (uint8_t *)malloc((size_t)(M * Kp)), *qb = (uint8_t *)malloc((size_t)(N * Kp));
                 float *sa = (float *)malloc((size_t)nsa * 4), *sb = (float *)malloc((size_t)nsb * 4);
                 void *dqa, *dqb, *dsa, *dsb, *dc, *dc16;
-                double mx = 0, worst = 0, worst16 = 0;
+                double *sum = (double *)malloc((size_t)(M * N) * 8), mx = 0, worst = 0, worst16 = 0;
                 for (i = 0; i < M * K; i += 53) a[i] *= 300.0f;
                 Ccpu.fp8_quantize(&Ccpu, qa, sa, a, US_F32, M, K, ta, 0, 0);
                 Ccpu.fp8_quantize(&Ccpu, qb, sb, b, US_F32, N, K, tb, 0, 0);
@@ -589,38 +592,54 @@ static void test_fp8_ops(void) {
                 dc = G.alloc(&G, (size_t)(M * N) * 4);
                 G.fp8_gemm(&G, M, N, K, 1.0f, (const uint8_t *)dqa, (const float *)dsa, ta, (const uint8_t *)dqb, (const float *)dsb, tb, 0.0f, dc, US_F32, N);
                 down(cg, dc, (size_t)(M * N) * 4);
+                /* Hopper's FP8 tensor cores keep about 14 bits while they sum a 128-element block
+                   (DeepSeek-V3 §3.3.2; cuBLASLt promotes to fp32 between blocks), so the GPU is not
+                   the fp32 emulation bit for bit: the bound is 2^-8 of Σ_k |a_k·b_k| per element
+                   (the sum of the products' magnitudes, where any accumulation error lives). A
+                   wrong scale, tile or layout misses by a sizeable part of |c| itself, which for
+                   these random operands is ≥ 1/√K of that sum. */
+                for (i = 0; i < M * N; i++) {   /* from the unquantised operands: within 2^-4 of the quantised sum */
+                    int64_t m = i / N, n = i % N, k;
+                    double S = 0;
+                    for (k = 0; k < K; k++) S += fabs((double)a[m * K + k] * b[n * K + k]);
+                    sum[i] = S;
+                }
+                for (i = 0; i < M * N; i++) { double e = fabs((double)cg[i] - c[i]) / (sum[i] > 0 ? sum[i] : 1); if (!(e <= worst)) worst = e; }
+                /* beta 1 into bf16 (Fprop's residual add): the same bound plus one bf16 rounding */
                 for (i = 0; i < M * N; i++) if (fabs(c[i]) > mx) mx = fabs(c[i]);
-                for (i = 0; i < M * N; i++) { double e = fabs((double)cg[i] - c[i]); if (!(e <= worst)) worst = e; }
-                /* beta 1 into bf16 (Fprop's residual add) */
                 for (i = 0; i < M * N; i++) c16[i] = us_f32_to_bf16((float)((rnd01() * 2 - 1) * mx));
                 dc16 = up(c16, (size_t)(M * N) * 2);
                 Ccpu.fp8_gemm(&Ccpu, M, N, K, 1.0f, qa, sa, ta, qb, sb, tb, 1.0f, c16, US_BF16, N);
                 G.fp8_gemm(&G, M, N, K, 1.0f, (const uint8_t *)dqa, (const float *)dsa, ta, (const uint8_t *)dqb, (const float *)dsb, tb, 1.0f, dc16, US_BF16, N);
                 down(g16, dc16, (size_t)(M * N) * 2);
                 for (i = 0; i < M * N; i++) {
-                    double gv = us_bf16_to_f32(g16[i]), cv = us_bf16_to_f32(c16[i]), e = fabs(gv - cv) - 0x1p-7 * fabs(cv);   /* one bf16 ulp at most */
+                    double gv = us_bf16_to_f32(g16[i]), cv = us_bf16_to_f32(c16[i]), e = (fabs(gv - cv) - 0x1p-7 * fabs(cv)) / (sum[i] > 0 ? sum[i] : 1);   /* one bf16 ulp at most */
                     if (!(e <= worst16)) worst16 = e;
                 }
-                CHECK(G.error(&G) == NULL && worst <= 1e-5 * mx && worst16 <= 1e-5 * 2 * mx,
-                      "fp8_gemm %lldx%lldx%lld a %s b %s: cuBLASLt = CPU emulation (fp32: max diff %.2e <= 1e-5 x %.2e; bf16 beta 1: beyond bf16 rounding %.2e) %s",
+                CHECK(G.error(&G) == NULL && worst <= 0x1p-8 && worst16 <= 0x1p-8,
+                      "fp8_gemm %lldx%lldx%lld a %s b %s: cuBLASLt = CPU emulation within Hopper's FP8 accumulation (fp32: max |diff| / Σ|a·b| %.2e <= 2^-8; bf16 beta 1, beyond bf16 rounding: %.2e) %s",
                       (long long)M, (long long)N, (long long)K, ta == US_FP8_ROW128 ? "row128" : "tensor",
-                      tb == US_FP8_BLOCK128 ? "block128" : tb == US_FP8_ROW128 ? "row128" : "tensor", worst, mx, worst16, G.error(&G) ? G.error(&G) : "");
+                      tb == US_FP8_BLOCK128 ? "block128" : tb == US_FP8_ROW128 ? "row128" : "tensor", worst, worst16, G.error(&G) ? G.error(&G) : "");
+                printf("  fp8_gemm %lldx%lldx%lld %s x %s: worst |GPU - emulation| / sum|a.b| = %.2e (fp32 out), %.2e (bf16 out)\n", (long long)M, (long long)N, (long long)K,
+                       ta == US_FP8_ROW128 ? "row128" : "tensor", tb == US_FP8_BLOCK128 ? "block128" : tb == US_FP8_ROW128 ? "row128" : "tensor", worst, worst16);
                 G.free(&G, dqa); G.free(&G, dqb); G.free(&G, dsa); G.free(&G, dsb); G.free(&G, dc); G.free(&G, dc16);
-                free(a); free(b); free(c); free(cg); free(c16); free(g16); free(qa); free(qb); free(sa); free(sb);
+                free(a); free(b); free(c); free(cg); free(c16); free(g16); free(qa); free(qb); free(sa); free(sb); free(sum);
             }
     }
 }
 
 /* fp8 and fp8-tensor training on the GPU follow the CPU's emulated run (every size a multiple of
-   16, so all 8 linears run in FP8 on both): the operands are quantised bit-identically, the
-   activations differ by bf16 kernels' rounding, so the bound is bf16's */
+   16, so all 8 linears run in FP8 on both): the operands are quantised bit-identically, but the
+   activations differ by bf16 kernels' rounding and the GEMMs by Hopper's ~14-bit accumulation
+   inside a 128-block (see the GEMM check above), so the first loss (same weights) agrees to
+   2e-3 and the trajectories, falling steeply, may part by up to 5% over 8 steps */
 static void test_training_fp8(us_precision prec) {
     us_model_config mc;
     us_train_config tc;
     us_model a, b;
     us_task task;
     int32_t *in, *tgt;
-    float worst = 0, first = 0, last = 0;
+    float worst = 0, first = 0, last = 0, d0 = 0, lc[8] = {0}, lg[8] = {0};
     int s;
     memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
     mc.n_layers = 2; mc.dim = 128; mc.n_heads = 2; mc.n_kv_heads = 1;   /* F 352, QKV 256 */
@@ -636,11 +655,14 @@ static void test_training_fp8(us_precision prec) {
         us_train_step(&a, in, tgt, &sa);
         if (us_train_step(&b, in, tgt, &sb) != US_OK) { CHECK(0, "gpu step: %s", us_model_error(&b)); break; }
         if (fabsf(sa.loss - sb.loss) / sa.loss > worst) worst = fabsf(sa.loss - sb.loss) / sa.loss;
-        if (s == 0) first = sb.loss;
-        last = sb.loss;
+        if (s == 0) { first = sb.loss; d0 = fabsf(sa.loss - sb.loss) / sa.loss; }
+        last = sb.loss; lc[s] = sa.loss; lg[s] = sb.loss;
     }
-    CHECK(worst < 2e-2f && last < first, "%s: GPU losses follow the CPU emulation over 8 steps (worst rel diff %.2e; GPU %.3f -> %.3f)",
-          us_precision_name(prec), worst, first, last);
+    CHECK(d0 <= 2e-3f && worst < 5e-2f && last < first, "%s: GPU losses follow the CPU emulation over 8 steps (step 1 rel diff %.2e, worst %.2e; GPU %.3f -> %.3f)",
+          us_precision_name(prec), d0, worst, first, last);
+    printf("  %s losses, CPU emulation / GPU:", us_precision_name(prec));
+    for (s = 0; s < 8; s++) printf(" %.4f/%.4f", lc[s], lg[s]);
+    printf("\n");
     free(in); free(tgt);
     us_model_free(&a); us_model_free(&b);
 }

@@ -10,6 +10,7 @@
 #include "../ultrascale.h"
 #include "us_test.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,7 @@ static void test_scale_and_patterns(void) {
     CHECK(us_fp8_scale(448.0f, 0) == 1.0f && us_fp8_scale(448.0f, 1) == 1.0f, "amax 448 -> 1");
     CHECK(us_fp8_scale(3.5f, 0) == 0x1p-7f, "amax 3.5 -> 2^-7 (got %a)", us_fp8_scale(3.5f, 0));
     CHECK(us_fp8_scale(1.0f, 0) == 1.0f / 448.0f, "amax 1 -> 1/448");
+    CHECK(us_fp8_scale(1e-37f, 0) == FLT_MIN && isfinite(1.0f / us_fp8_scale(1e-37f, 0)), "amax 1e-37 (/448 is subnormal) -> the smallest normal, 1/s finite (got %a)", us_fp8_scale(1e-37f, 0));
     CHECK(us_fp8_scale(1.0f, 1) == 0x1p-8f, "amax 1, pow2 -> 2^-8 (1/448 rounded up; got %a)", us_fp8_scale(1.0f, 1));
     CHECK(us_fp8_scale(56.0f, 1) == 0.125f, "amax 56 = 448/8, pow2 -> exactly 1/8 (got %a)", us_fp8_scale(56.0f, 1));
     CHECK(us_fp8_scale(1e30f, 1) == 0x1p91f, "amax 1e30 (1e30/448 = 2^90.85), pow2 -> 2^91 (got %a)", us_fp8_scale(1e30f, 1));
