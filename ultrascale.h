@@ -1021,6 +1021,13 @@ typedef struct us_plan_rates {
     double cp_attn_eff;      /* attention under context parallelism runs at this fraction of the rates
                                 above (smaller zig-zag blocks); default 0.86 (cp 2 on the H200: one
                                 GPU's 4.30 ms of T=4096 attention took 4.985 ms over both ranks) */
+    double overlap_tax;      /* what the compute loses to communication hidden under it (NCCL's kernels
+                                share the SMs and HBM), as a fraction of that communication's time
+                                at the node's bus bandwidth: the work is per byte, so a slow
+                                inter-node collective costs its bytes, not its duration. Default 1:
+                                on 2 H200s a layer's backward ran 0.80 ms slower under its 0.74 ms
+                                gradient all-reduce (bench/RESULTS.md, issue 9); 1e-9 gives the
+                                textbook's free overlap */
 } us_plan_rates;
 typedef struct us_plan_cluster {
     int    gpus_per_node;    /* default 8 */
@@ -1052,6 +1059,8 @@ typedef struct us_plan {
     double t_dp;             /* exposed gradient reduction, and ZeRO-1/2's weight all-gather */
     double t_zero3;          /* exposed ZeRO-3 weight gathers and gradient scatters */
     double t_optimizer;      /* AdamW over the rank's (sharded) parameters */
+    double t_overlap;        /* the compute slowed by the communication hidden under it (DP, ZeRO,
+                                the CP ring): overlap_tax × the hidden time */
     double tokens_per_s, mfu;
 } us_plan;
 US_API void      us_plan_rates_defaults(us_plan_rates *r);
@@ -8187,6 +8196,11 @@ US_API double us_flops_per_token(const us_model_config *mc_in, int64_t seq) {
                  weights after the update (exposed); ZeRO-2 reduce-scatters every micro-batch;
                  ZeRO-3 gathers each layer's weights forward and backward, prefetched under the
                  previous layer's compute (A3: exposed only where the gather outlasts it)
+     overlap     hidden is not free: NCCL's kernels take SMs and HBM from the compute they hide
+                 under. overlap_tax × the hidden collectives' time at the node's rate (measured
+                 on 2 H200s: a layer's backward lost about the whole time of the all-reduce
+                 under it); without this term the planner ranked ZeRO-3 first on 2 GPUs and
+                 measured it third (bench/RESULTS.md)
      optimizer   AdamW reads and writes 30 bytes per parameter of the rank's shard
    Collectives cost latency + f·bytes/busbw, f = 2(n−1)/n for all-reduce, (n−1)/n for all-gather,
    reduce-scatter and all-to-all, 1 for a message: NCCL's bus bandwidth convention, so a
@@ -8202,6 +8216,7 @@ US_API void us_plan_rates_defaults(us_plan_rates *r) {
     if (r->latency_us == 0) r->latency_us = 15;
     if (r->peak_tflops == 0) r->peak_tflops = 989;
     if (r->cp_attn_eff == 0) r->cp_attn_eff = 0.86;
+    if (r->overlap_tax == 0) r->overlap_tax = 1;
     if (r->gemm_m_half == 0) r->gemm_m_half = 256;
 }
 US_API void us_plan_cluster_defaults(us_plan_cluster *c) {
@@ -8219,12 +8234,12 @@ US_API void us_plan_request_defaults(us_plan_request *q) {
 }
 
 /* the rates file's keys, in the struct's order */
-static const char *const us__rate_keys[] = {"gemm_tflops", "attn_fwd_tflops", "attn_bwd_tflops", "hbm_gbps", "intra_gbps", "inter_gbps", "latency_us", "peak_tflops", "cp_attn_eff", "gemm_m_half"};
-#define US__NRATES 10
+static const char *const us__rate_keys[] = {"gemm_tflops", "attn_fwd_tflops", "attn_bwd_tflops", "hbm_gbps", "intra_gbps", "inter_gbps", "latency_us", "peak_tflops", "cp_attn_eff", "gemm_m_half", "overlap_tax"};
+#define US__NRATES 11
 static double *us__rate_field(us_plan_rates *r, int i) {
     double *f[US__NRATES];
     f[0] = &r->gemm_tflops; f[1] = &r->attn_fwd_tflops; f[2] = &r->attn_bwd_tflops; f[3] = &r->hbm_gbps;
-    f[4] = &r->intra_gbps; f[5] = &r->inter_gbps; f[6] = &r->latency_us; f[7] = &r->peak_tflops; f[8] = &r->cp_attn_eff; f[9] = &r->gemm_m_half;
+    f[4] = &r->intra_gbps; f[5] = &r->inter_gbps; f[6] = &r->latency_us; f[7] = &r->peak_tflops; f[8] = &r->cp_attn_eff; f[9] = &r->gemm_m_half; f[10] = &r->overlap_tax;
     return f[i];
 }
 static us_result us__plan_check_rates(const us_plan_rates *r, char *err, size_t errlen) {
@@ -8319,7 +8334,7 @@ static us_result us__plan_cost(const us_model_config *mc_in, const us_train_conf
     int64_t world, C, T, V, HS, NH, NKV, L, n_moe = 0, l, S, st;
     int tp, cp, pp, dp, v, m, Z, K;
     double n, Pact, Pl, Fact, G, Af, Ab, H, gemm_f, attn_f, ef, ef_C, head_f, head_e, lat, psi, psi_l;
-    double tf_l, tb_l, tw_l, re_l, tp_l, cp_f, cp_b, ep_l, w_tp, w_dp, w_pp, w_ep, w_cp, t_msg;
+    double tf_l, tb_l, tw_l, re_l, tp_l, cp_f, cp_b, cp_h = 0, ep_l, w_tp, w_dp, w_pp, w_ep, w_cp, t_msg, hidden = 0;
     double cF, cB, cW, cR, kTP, kCP, kEP, zF, zB;   /* one micro-batch on the slowest chunk: compute, comm */
     int Lc = 0, Mc = 0, headc = 0;
     us_plan_cluster_defaults(&cl);
@@ -8380,6 +8395,7 @@ static us_result us__plan_cost(const us_model_config *mc_in, const us_train_conf
         double sf = us__coll_s(US__P2P, kv, cp, w_cp, lat), sb = us__coll_s(US__P2P, 2 * kv, cp, w_cp, lat);
         cp_f = (cp - 1) * (sf > blk_f ? sf - blk_f : 0);
         cp_b = (cp - 1) * (sb > blk_b ? sb - blk_b : 0);
+        cp_h = (cp - 1) * ((sf < blk_f ? sf : blk_f) + (sb < blk_b ? sb : blk_b));   /* hidden under the blocks */
     }
     ep_l = 2 * us__coll_s(US__A2A, n * K * C * 2, tc.ep, w_ep, lat);   /* dispatch + combine, per pass */
     /* the slowest pipeline chunk (layers by the model's even split; the head on the last stage) */
@@ -8412,7 +8428,9 @@ static us_result us__plan_cost(const us_model_config *mc_in, const us_train_conf
         double lf = n * tf_l, lb = n * (tb_l + tw_l + re_l);
         zF = L * (ag > lf ? ag - lf : 0) + ag;          /* + the first layer's gather, nothing to hide under */
         zB = L * (ag + rs > lb ? ag + rs - lb : 0) + rs;
+        hidden += (double)m * L * ((ag < lf ? ag : lf) + (ag + rs < lb ? ag + rs : lb)) * w_dp / R->intra_gbps;
     }
+    hidden += (double)m * v * Lc * cp_h * (tc.recompute == US_RECOMPUTE_FULL ? 1.5 : 1) * w_cp / R->intra_gbps;
     out->t_compute = (double)m * v * (cF + cB + cW);
     out->t_recompute = (double)m * v * cR;
     out->t_tp = (double)m * v * kTP;
@@ -8443,12 +8461,15 @@ static us_result us__plan_cost(const us_model_config *mc_in, const us_train_conf
         int g = dp * cp;
         double gb = 4 * psi, window = v * (cB + cW + cR), bucket = (double)tc.bucket_mb * 1048576.0;
         double ag = us__coll_s(US__AG, 2 * psi, g, w_dp, lat);   /* ZeRO-1/2: the updated bf16 weights */
-        if (Z == 0) out->t_dp = us__dp_exposed(us__coll_s(US__AR, gb, g, w_dp, lat), window, gb, bucket);
-        else if (Z == 1) out->t_dp = us__dp_exposed(us__coll_s(US__RS, gb, g, w_dp, lat), window, gb, bucket) + ag;
-        else if (Z == 2) out->t_dp = m * us__dp_exposed(us__coll_s(US__RS, gb, g, w_dp, lat), window, gb, bucket) + ag;
+        double red = g > 1 && Z < 3 ? us__coll_s(Z == 0 ? US__AR : US__RS, gb, g, w_dp, lat) : 0, ex = g > 1 && Z < 3 ? us__dp_exposed(red, window, gb, bucket) : 0;
+        if (Z == 0) out->t_dp = ex;
+        else if (Z == 1) out->t_dp = ex + ag;
+        else if (Z == 2) out->t_dp = m * ex + ag;
+        hidden += (Z == 2 ? m : 1) * (red > ex ? red - ex : 0) * w_dp / R->intra_gbps;
         out->t_optimizer = 30.0 * (Z ? psi / g : psi) / H;
     }
-    out->t_step = out->t_compute + out->t_recompute + out->t_tp + out->t_cp + out->t_ep + out->t_bubble + out->t_p2p + out->t_dp + out->t_zero3 + out->t_optimizer;
+    out->t_overlap = R->overlap_tax * hidden;   /* hidden: each collective's hidden time at the node's rate (its bytes' SM and HBM work) */
+    out->t_step = out->t_compute + out->t_recompute + out->t_tp + out->t_cp + out->t_ep + out->t_bubble + out->t_p2p + out->t_dp + out->t_zero3 + out->t_optimizer + out->t_overlap;
     {
         double tokens = (double)tc.batch * tc.grad_accum * dp * T;
         out->tokens_per_s = tokens / out->t_step;

@@ -48,7 +48,7 @@ static void usage(FILE *f) {
         "  --gpu-mem GIB     default 80         --reserve GIB      memory left free, default 3\n"
         "  --rates FILE      measured rates (bench/calibrate writes it: \"ultrascale-rates 1\", key = value)\n"
         "  --gemm-tflops X --attn-fwd-tflops X --attn-bwd-tflops X --hbm-gbps X --intra-gbps X\n"
-        "  --inter-gbps X --latency-us X --peak-tflops X --cp-attn-eff X --gemm-m-half X\n"
+        "  --inter-gbps X --latency-us X --peak-tflops X --cp-attn-eff X --gemm-m-half X --overlap-tax X\n"
         "                    one rate each (after --rates); defaults: H200 measurements (us_plan_rates)\n"
         "batch:\n"
         "  --global-batch N  tokens per optimizer step (default 1048576)\n"
@@ -85,7 +85,7 @@ static int is_value_flag(const char *f) {
     static const char *const v[] = {"--model", "--layers", "--dim", "--heads", "--kv-heads", "--ffn", "--vocab", "--experts", "--top-k",
         "--gpus-per-node", "--nodes", "--global-batch", "--seq", "--max-micro-batch", "--top", "--random", "--seed", "--gpu-mem", "--reserve",
         "--gemm-tflops", "--attn-fwd-tflops", "--attn-bwd-tflops", "--hbm-gbps", "--intra-gbps", "--inter-gbps", "--latency-us", "--peak-tflops",
-        "--cp-attn-eff", "--gemm-m-half", "--rates", "--tsv", "--svg"};
+        "--cp-attn-eff", "--gemm-m-half", "--overlap-tax", "--rates", "--tsv", "--svg"};
     size_t i;
     for (i = 0; i < sizeof v / sizeof v[0]; i++) if (!strcmp(f, v[i])) return 1;
     return 0;
@@ -103,24 +103,24 @@ static void print_plan(const us_model_config *mc, const char *kind, int i, const
     us_plan_command(mc, p, cmd, sizeof cmd);
     printf("%-6s %2d  %-52s %9.1f ms %10.0f tok/s  MFU %5.1f%%  %6.2f GiB/GPU\n", kind, i, name, 1e3 * p->t_step, p->tokens_per_s, 100 * p->mfu,
            p->mem.total / 1073741824.0);
-    printf("           compute %.1f  recompute %.1f  tp %.1f  cp %.1f  ep %.1f  bubble %.1f  p2p %.1f  dp %.1f  zero3 %.1f  optimizer %.1f ms\n",
+    printf("           compute %.1f  recompute %.1f  tp %.1f  cp %.1f  ep %.1f  bubble %.1f  p2p %.1f  dp %.1f  zero3 %.1f  optimizer %.1f  overlap %.1f ms\n",
            1e3 * p->t_compute, 1e3 * p->t_recompute, 1e3 * p->t_tp, 1e3 * p->t_cp, 1e3 * p->t_ep, 1e3 * p->t_bubble, 1e3 * p->t_p2p, 1e3 * p->t_dp,
-           1e3 * p->t_zero3, 1e3 * p->t_optimizer);
+           1e3 * p->t_zero3, 1e3 * p->t_optimizer, 1e3 * p->t_overlap);
     printf("           %s\n", cmd);
     if (tsv) fprintf(tsv, "%s\t%d\t%.1f\t%zu\t%s\n", kind, i, p->tokens_per_s, p->mem.total, cmd);
 }
 /* why the best wins: the terms where the best of another family spends more */
 static void explain(const us_plan *best, const us_plan *o, const char *family) {
     const char *nm[] = {"compute", "recompute", "TP communication", "CP ring", "EP all-to-all", "pipeline bubble", "pipeline messages",
-                        "exposed DP reduction", "ZeRO-3 gathers", "optimizer"};
-    double a[10] = {best->t_compute, best->t_recompute, best->t_tp, best->t_cp, best->t_ep, best->t_bubble, best->t_p2p, best->t_dp, best->t_zero3, best->t_optimizer};
-    double b[10] = {o->t_compute, o->t_recompute, o->t_tp, o->t_cp, o->t_ep, o->t_bubble, o->t_p2p, o->t_dp, o->t_zero3, o->t_optimizer};
+                        "exposed DP reduction", "ZeRO-3 gathers", "optimizer", "compute slowed by overlapped communication"};
+    double a[11] = {best->t_compute, best->t_recompute, best->t_tp, best->t_cp, best->t_ep, best->t_bubble, best->t_p2p, best->t_dp, best->t_zero3, best->t_optimizer, best->t_overlap};
+    double b[11] = {o->t_compute, o->t_recompute, o->t_tp, o->t_cp, o->t_ep, o->t_bubble, o->t_p2p, o->t_dp, o->t_zero3, o->t_optimizer, o->t_overlap};
     char name[160];
     int i, k = 0;
     cfg_name(o, name, sizeof name);
     printf("  vs the best %s (%s, %.1f ms, +%.1f%%):", family, name, 1e3 * o->t_step, 100 * (o->t_step / best->t_step - 1));
-    for (i = 0; i < 10; i++) if (b[i] - a[i] > 0.002 * best->t_step) { printf("%s +%.1f ms %s", k++ ? "," : "", 1e3 * (b[i] - a[i]), nm[i]); }
-    for (i = 0; i < 10; i++) if (a[i] - b[i] > 0.002 * best->t_step) { printf("%s -%.1f ms %s", k++ ? "," : "", 1e3 * (a[i] - b[i]), nm[i]); }
+    for (i = 0; i < 11; i++) if (b[i] - a[i] > 0.002 * best->t_step) { printf("%s +%.1f ms %s", k++ ? "," : "", 1e3 * (b[i] - a[i]), nm[i]); }
+    for (i = 0; i < 11; i++) if (a[i] - b[i] > 0.002 * best->t_step) { printf("%s -%.1f ms %s", k++ ? "," : "", 1e3 * (a[i] - b[i]), nm[i]); }
     if (!k) printf(" within 0.2%% in every term");
     printf("\n");
 }
@@ -268,6 +268,7 @@ int main(int argc, char **argv) {
         DBL_FLAG("--peak-tflops", given.peak_tflops)
         DBL_FLAG("--cp-attn-eff", given.cp_attn_eff)
         DBL_FLAG("--gemm-m-half", given.gemm_m_half)
+        DBL_FLAG("--overlap-tax", given.overlap_tax)
         else if (!strcmp(f, "--rates")) rates_path = a;
         else if (!strcmp(f, "--tsv")) tsv_path = a;
         else if (!strcmp(f, "--svg")) svg = a;

@@ -80,7 +80,12 @@ int main(void) {
             }
         }
         CHECK(best_z[0] > 0 && best_z[1] > 0 && best_z[2] > 0 && best_z[3] > 0, "1B: pure DP with micro-batch 4 fits under every ZeRO stage");
-        for (i = 1; i < 4; i++) CHECK(fabs(best_z[i] / best_z[0] - 1) < 0.01, "1B pure DP: ZeRO-%d's step %.1f ms within 1%% of ZeRO-0's %.1f", i, 1e3 * best_z[i], 1e3 * best_z[0]);
+        /* ZeRO-1 moves the bytes of ZeRO-0; ZeRO-2 reduce-scatters every micro-batch and ZeRO-3
+           also gathers the weights twice, so with the overlap tax (hidden traffic still slows
+           the compute) they cost more, but under 10 % here */
+        CHECK(fabs(best_z[1] / best_z[0] - 1) < 0.01, "1B pure DP: ZeRO-1's step %.1f ms within 1%% of ZeRO-0's %.1f", 1e3 * best_z[1], 1e3 * best_z[0]);
+        CHECK(best_z[1] < best_z[2] && best_z[2] < best_z[3] && best_z[3] < 1.1 * best_z[0], "1B pure DP: ZeRO-1 %.1f < ZeRO-2 %.1f < ZeRO-3 %.1f ms < 1.1 x ZeRO-0's %.1f",
+              1e3 * best_z[1], 1e3 * best_z[2], 1e3 * best_z[3], 1e3 * best_z[0]);
         CHECK(mem_z[0] > mem_z[1] && mem_z[1] > mem_z[2] && mem_z[2] > mem_z[3], "1B: the ZeRO ladder, memory %.1f > %.1f > %.1f > %.1f GiB",
               mem_z[0] / 1073741824.0, mem_z[1] / 1073741824.0, mem_z[2] / 1073741824.0, mem_z[3] / 1073741824.0);
     }
@@ -124,7 +129,7 @@ int main(void) {
             c2 = cl; c2.rates.gemm_tflops *= 1.5;
             us_plan_cost(&mc, &tc, &c2, &p2, err, sizeof err);
             if (p2.t_step > p.t_step) slower_gemm++;
-            CHECK(fabs(p.t_step - (p.t_compute + p.t_recompute + p.t_tp + p.t_cp + p.t_ep + p.t_bubble + p.t_p2p + p.t_dp + p.t_zero3 + p.t_optimizer)) < 1e-9 * p.t_step,
+            CHECK(fabs(p.t_step - (p.t_compute + p.t_recompute + p.t_tp + p.t_cp + p.t_ep + p.t_bubble + p.t_p2p + p.t_dp + p.t_zero3 + p.t_optimizer + p.t_overlap)) < 1e-9 * p.t_step,
                   "8B config %d: the step is the sum of its terms", k);
             CHECK(p.mfu > 0 && p.mfu < 1, "8B config %d: MFU %.3f in (0, 1)", k, p.mfu);
         }
