@@ -1441,7 +1441,7 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
     if (tc->pp > mc->n_layers) US__BAD("pp=%d exceeds layers=%d: every pipeline stage needs a layer", tc->pp, mc->n_layers);
     if (tc->pp > 1 && mc->tie_embeddings) US__BAD("tied embeddings live on the first and last pipeline stages: untie them for pp > 1");
     if (tc->pp > 1 && tc->zero == 3) US__BAD("ZeRO-3 with pipeline parallelism is not supported (each stage would gather its weights every micro-batch); use zero 1 or 2");
-    if (tc->pp > 1 && tc->cp > 1) US__BAD("pipeline with context parallelism is not supported yet");
+    /* pipeline × context parallelism: each stage's cp ranks run the ring within the stage (tests/test_cp.c) */
     if (tc->pp_schedule < US_PP_AFAB || tc->pp_schedule > US_PP_DUALPIPEV) US__BAD("unknown pipeline schedule %d", tc->pp_schedule);
     if (tc->pp_chunks < 1 || tc->pp_chunks > 16) US__BAD("pp_chunks=%d must be in 1..16", tc->pp_chunks);
     if ((tc->pp_schedule == US_PP_INTERLEAVED || tc->pp_schedule == US_PP_INTERLEAVED_BF) && tc->pp_chunks < 2)

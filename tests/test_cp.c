@@ -1,6 +1,8 @@
 /* test_cp.c — context parallelism on CPU threads: cp 2 and 4 in each mode (ring over contiguous
-   chunks, zig-zag ring, all-gather), dp 2 × cp 2 with ZeRO-1 and tp 2 × cp 2 (+ sp) must
-   reproduce the single-rank run over STEPS steps: losses, gradient norms and final weights;
+   chunks, zig-zag ring, all-gather), dp 2 × cp 2 with ZeRO-1 and tp 2 × cp 2 (+ sp), and with
+   pipeline parallelism (cp 2 × pp 2 under 1F1B, ZB-H1, interleaved, DualPipe-V; tp 2 × pp 2 ×
+   cp 2 and dp 2 × pp 2 × cp 2 on 8 threads) must reproduce the single-rank run over STEPS
+   steps: losses, gradient norms and (without tp or pp, which shard them) final weights;
    per-rank memory equals the estimator; the all-gather variant's memory is the larger; bad
    sequence lengths are refused with a sentence.
 
@@ -37,10 +39,10 @@ static us_result rank_fn(us_comm *c, void *arg) {
     us_model m;
     us_train_config tc = R->tc;
     int rank = c ? c->world.rank : 0, s, b, t, Tl = T / tc.cp;
-    int B = GB / tc.dp;
+    int B = GB / tc.dp, M = tc.grad_accum > 1 ? tc.grad_accum : 1;
     int32_t *in = (int32_t *)malloc((size_t)B * Tl * 4), *tgt = (int32_t *)malloc((size_t)B * Tl * 4), pos[T];
     us_result r;
-    tc.batch = B;
+    tc.batch = B / M;   /* [M][B/M][Tl]: the rank's B sequences in order, as M micro-batches */
     r = c ? us_model_init_dist(&m, &R->mc, &tc, NULL, c) : us_model_init(&m, &R->mc, &tc, NULL);
     if (r != US_OK) { printf("  rank %d init: %s\n", rank, m.err); free(in); free(tgt); return r; }
     us_memory_estimate(&R->mc, &tc, &R->est[rank], NULL, 0);
@@ -57,7 +59,7 @@ static us_result rank_fn(us_comm *c, void *arg) {
         if (r != US_OK) { printf("  rank %d step %d: %s\n", rank, s, m.err); break; }
         if (rank == 0) { R->loss[s] = st.loss; R->gnorm[s] = st.grad_norm; }
     }
-    if (r == US_OK && rank == 0 && R->w && m.tc.zero < 3 && m.tc.tp == 1) {   /* whole weights, by tensor */
+    if (r == US_OK && rank == 0 && R->w && m.tc.zero < 3 && m.tc.tp == 1 && m.tc.pp <= 1) {   /* whole weights, by tensor */
         int i;
         int64_t k = 0;
         for (i = 0; i < m.n_params_t; i++) { memcpy(R->w + k, (float *)m.w + m.params[i].offset, (size_t)m.params[i].numel * 4); k += m.params[i].numel; }
@@ -67,21 +69,24 @@ static us_result rank_fn(us_comm *c, void *arg) {
     return r;
 }
 
-static us_result launch(run *R) { return us_test_launch(R->tc.dp * R->tc.cp * R->tc.tp, rank_fn, R, NULL, 0); }
+static us_result launch(run *R) { return us_test_launch(R->tc.dp * R->tc.cp * R->tc.tp * (R->tc.pp > 1 ? R->tc.pp : 1), rank_fn, R, NULL, 0); }
 
 static void setup(run *R, int dp, int cp, int tp, us_cp_mode mode, int zero, int sp, int tied) {
     memset(R, 0, sizeof *R);
-    R->mc.n_layers = 2; R->mc.dim = 32; R->mc.n_heads = 4; R->mc.n_kv_heads = 2; R->mc.vocab = 64; R->mc.ffn_dim = 48;
+    R->mc.n_layers = 4; R->mc.dim = 32;   /* 4: the interleaved and V pipelines put 2 chunks on each of 2 ranks */ R->mc.n_heads = 4; R->mc.n_kv_heads = 2; R->mc.vocab = 64; R->mc.ffn_dim = 48;
     R->mc.tie_embeddings = tied;
     R->tc.batch = GB; R->tc.seq = T; R->tc.steps = STEPS; R->tc.lr = 1e-2f; R->tc.threads = 1; R->tc.seed = 9;
     R->tc.dp = dp; R->tc.cp = cp; R->tc.tp = tp; R->tc.cp_mode = mode; R->tc.zero = zero; R->tc.sp = sp;
 }
 
 int main(int argc, char **argv) {
-    static const int cfg[][7] = {   /* dp, cp, tp, mode, zero, sp, recompute */
-        {1, 2, 1, US_CP_RING, 0, 0, 0}, {1, 2, 1, US_CP_ZIGZAG, 0, 0, 0}, {1, 2, 1, US_CP_ALLGATHER, 0, 0, 0},
-        {1, 4, 1, US_CP_RING, 0, 0, 0}, {1, 4, 1, US_CP_ZIGZAG, 0, 0, 2}, {1, 4, 1, US_CP_ALLGATHER, 0, 0, 1},
-        {2, 2, 1, US_CP_ZIGZAG, 1, 0, 0}, {2, 2, 1, US_CP_RING, 3, 0, 0}, {1, 2, 2, US_CP_ZIGZAG, 0, 0, 0}, {1, 2, 2, US_CP_ALLGATHER, 0, 1, 0}};
+    static const int cfg[][9] = {   /* dp, cp, tp, mode, zero, sp, recompute, pp, schedule (pp: 2 micro-batches) */
+        {1, 2, 1, US_CP_RING, 0, 0, 0, 1, 0}, {1, 2, 1, US_CP_ZIGZAG, 0, 0, 0, 1, 0}, {1, 2, 1, US_CP_ALLGATHER, 0, 0, 0, 1, 0},
+        {1, 4, 1, US_CP_RING, 0, 0, 0, 1, 0}, {1, 4, 1, US_CP_ZIGZAG, 0, 0, 2, 1, 0}, {1, 4, 1, US_CP_ALLGATHER, 0, 0, 1, 1, 0},
+        {2, 2, 1, US_CP_ZIGZAG, 1, 0, 0, 1, 0}, {2, 2, 1, US_CP_RING, 3, 0, 0, 1, 0}, {1, 2, 2, US_CP_ZIGZAG, 0, 0, 0, 1, 0}, {1, 2, 2, US_CP_ALLGATHER, 0, 1, 0, 1, 0},
+        /* with pipeline parallelism (issue 13's tp 2 × pp 2 × cp 2 among them) */
+        {1, 2, 1, US_CP_ZIGZAG, 0, 0, 0, 2, US_PP_1F1B}, {1, 2, 2, US_CP_ZIGZAG, 0, 0, 0, 2, US_PP_1F1B}, {1, 2, 2, US_CP_RING, 0, 1, 0, 2, US_PP_ZB1},
+        {2, 2, 1, US_CP_ZIGZAG, 1, 0, 0, 2, US_PP_INTERLEAVED}, {1, 2, 1, US_CP_ALLGATHER, 0, 0, 0, 2, US_PP_DUALPIPEV}, {1, 2, 1, US_CP_ZIGZAG, 0, 0, 2, 2, US_PP_1F1B}};
     static const char *mode[] = {"", "ring", "zigzag", "allgather"};
     int ci, tied, s;
     double worst_l = 0, worst_w = 0;
@@ -100,8 +105,10 @@ int main(int argc, char **argv) {
             run R;
             double ml = 0, mw = 0;
             int64_t j;
+            if (cfg[ci][7] > 1 && tied) continue;   /* a pipeline unties: its first and last stages hold the two tables */
             setup(&R, cfg[ci][0], cfg[ci][1], cfg[ci][2], (us_cp_mode)cfg[ci][3], cfg[ci][4], cfg[ci][5], tied);
             R.tc.recompute = cfg[ci][6] == 2 ? US_RECOMPUTE_FULL : cfg[ci][6] == 1 ? US_RECOMPUTE_SELECTIVE : US_RECOMPUTE_NONE;
+            if (cfg[ci][7] > 1) { R.tc.pp = cfg[ci][7]; R.tc.pp_schedule = cfg[ci][8]; R.tc.grad_accum = cfg[ci][8] == US_PP_DUALPIPEV ? 4 : 2; }   /* micro-batches of GB/dp/M */
             R.in = ref.in; R.tgt = ref.tgt; R.nw = ref.nw;
             R.w = (float *)calloc((size_t)ref.nw, 4);
             if (launch(&R) != US_OK) { CHECK(0, "cfg %d ran", ci); free(R.w); continue; }
@@ -110,17 +117,19 @@ int main(int argc, char **argv) {
                 if (d > ml) ml = d;
                 if (g > ml) ml = g;
             }
-            if (cfg[ci][4] < 3 && cfg[ci][2] == 1) for (j = 0; j < ref.nw; j++) { double d = fabs(R.w[j] - ref.w[j]); if (d > mw) mw = d; }
+            if (cfg[ci][4] < 3 && cfg[ci][2] == 1 && cfg[ci][7] == 1) for (j = 0; j < ref.nw; j++) { double d = fabs(R.w[j] - ref.w[j]); if (d > mw) mw = d; }
             if (ml > worst_l) worst_l = ml;
             if (mw > worst_w) worst_w = mw;
-            CHECK(ml < 2e-5 && mw < 1e-4, "dp %d x cp %d (%s) x tp %d%s, ZeRO-%d, recompute %s, %s: %d steps equal one rank (loss/norm rel %.1e, weights %s %.1e)",
-                  cfg[ci][0], cfg[ci][1], mode[cfg[ci][3]], cfg[ci][2], cfg[ci][5] ? " + sp" : "", cfg[ci][4], us_recompute_name(R.tc.recompute),
-                  tied ? "tied" : "untied", STEPS, ml, cfg[ci][4] < 3 && cfg[ci][2] == 1 ? "abs" : "(sharded, not compared here; test_dp/test_tp do)", mw);
+            CHECK(ml < 2e-5 && mw < 1e-4, "dp %d x cp %d (%s) x tp %d%s x pp %d%s%s, ZeRO-%d, recompute %s, %s: %d steps equal one rank (loss/norm rel %.1e, weights %s %.1e)",
+                  cfg[ci][0], cfg[ci][1], mode[cfg[ci][3]], cfg[ci][2], cfg[ci][5] ? " + sp" : "", cfg[ci][7], cfg[ci][7] > 1 ? " " : "",
+                  cfg[ci][7] > 1 ? us_pp_kind_name((us_pp_kind)cfg[ci][8]) : "", cfg[ci][4], us_recompute_name(R.tc.recompute),
+                  tied ? "tied" : "untied", STEPS, ml, cfg[ci][4] < 3 && cfg[ci][2] == 1 && cfg[ci][7] == 1 ? "abs" : "(sharded, not compared here; test_dp/test_tp/test_pp do)", mw);
             if (!tied) {
                 int r, ok = 1;
-                for (r = 0; r < cfg[ci][0] * cfg[ci][1] * cfg[ci][2]; r++) ok &= !memcmp(&R.mem[r], &R.est[r], sizeof(us_memory));
-                CHECK(ok, "dp %d x cp %d (%s) x tp %d: every rank's memory equals the estimate (activations %zu bytes)",
-                      cfg[ci][0], cfg[ci][1], mode[cfg[ci][3]], cfg[ci][2], R.mem[0].activations);
+                /* the estimate is the first pipeline stage's: under pp, rank 0 (stage 0, cp rank 0) */
+                for (r = 0; r < (cfg[ci][7] > 1 ? 1 : cfg[ci][0] * cfg[ci][1] * cfg[ci][2]); r++) ok &= !memcmp(&R.mem[r], &R.est[r], sizeof(us_memory));
+                CHECK(ok, "dp %d x cp %d (%s) x tp %d x pp %d: every rank's memory equals the estimate (rank 0 activations %zu, estimate %zu bytes)",
+                      cfg[ci][0], cfg[ci][1], mode[cfg[ci][3]], cfg[ci][2], cfg[ci][7], R.mem[0].activations, R.est[0].activations);
             }
             free(R.w);
         }

@@ -141,6 +141,9 @@ expect 2 "zb1 without recompute" "does not combine with recompute" -- --pp 2 --p
 same_curve "--pp 2 --dp 2 (1F1B, 4 micro-batches) trains the task to the loss curve of one rank" pp1 pp -- --grad-accum 4 --pp 2 --dp 2
 same_curve "--pp 2 --pp-schedule zb1 --micro-batches 4 trains the task to the loss curve of one rank" pp1 zb -- --micro-batches 4 --pp 2 --pp-schedule zb1
 if grep -q '"pp_bubble": 0\.[0-9]' "$T/zb.jsonl" 2>/dev/null; then ok "the pipeline log has pp_bubble"; else bad "the pipeline log has pp_bubble"; fi
+# all four dimensions at once on 16 threads (issue 13's 5D mesh, less ep): dp 2 x pp 2 x cp 2 x tp 2
+"$BIN" --steps 40 --eval-every 0 --quiet --grad-accum 2 --seq 64 --layers 4 --log "$T/m1.jsonl" > /dev/null 2>&1
+same_curve "--dp 2 --pp 2 --cp 2 --tp 2 (16 threads) trains the task to the loss curve of one rank" m1 mesh4 -- --grad-accum 2 --seq 64 --layers 4 --dp 2 --pp 2 --cp 2 --tp 2
 # mixture of experts: flags, errors, a MoE run that learns, the router statistics in the log
 expect 2 "--top-k needs --experts" "need --experts E \(sampling's top-k is --sample-top-k\)" -- --top-k 2
 expect 2 "bad --moe-gate" "--moe-gate must be softmax or sigmoid, got relu" -- --experts 4 --moe-gate relu
