@@ -84,6 +84,7 @@ int main(int argc, char **argv) {
         {1, 2, 1, US_CP_RING, 0, 0, 0, 1, 0}, {1, 2, 1, US_CP_ZIGZAG, 0, 0, 0, 1, 0}, {1, 2, 1, US_CP_ALLGATHER, 0, 0, 0, 1, 0},
         {1, 4, 1, US_CP_RING, 0, 0, 0, 1, 0}, {1, 4, 1, US_CP_ZIGZAG, 0, 0, 2, 1, 0}, {1, 4, 1, US_CP_ALLGATHER, 0, 0, 1, 1, 0},
         {2, 2, 1, US_CP_ZIGZAG, 1, 0, 0, 1, 0}, {2, 2, 1, US_CP_RING, 3, 0, 0, 1, 0}, {1, 2, 2, US_CP_ZIGZAG, 0, 0, 0, 1, 0}, {1, 2, 2, US_CP_ALLGATHER, 0, 1, 0, 1, 0},
+        {2, 2, 2, US_CP_ZIGZAG, 1, 0, 0, 1, 0},   /* dp 2 × cp 2 × tp 2 on 8 threads (issue 13), ZeRO-1 */
         /* with pipeline parallelism (issue 13's tp 2 × pp 2 × cp 2 among them) */
         {1, 2, 1, US_CP_ZIGZAG, 0, 0, 0, 2, US_PP_1F1B}, {1, 2, 2, US_CP_ZIGZAG, 0, 0, 0, 2, US_PP_1F1B}, {1, 2, 2, US_CP_RING, 0, 1, 0, 2, US_PP_ZB1},
         {2, 2, 1, US_CP_ZIGZAG, 1, 0, 0, 2, US_PP_INTERLEAVED}, {1, 2, 1, US_CP_ALLGATHER, 0, 0, 0, 2, US_PP_DUALPIPEV}, {1, 2, 1, US_CP_ZIGZAG, 0, 0, 2, 2, US_PP_1F1B}};

@@ -125,7 +125,9 @@ int main(int argc, char **argv) {
         {1, 2, 1, US_PP_1F1B, 4, -1},
         /* the V shapes: 2 chunks per rank, stage q then 2·pp−1−q (the last stage on rank 0) */
         {1, 2, 1, US_PP_ZBV, 4, 0}, {1, 4, 1, US_PP_ZBV, 8, 0}, {1, 2, 1, US_PP_DUALPIPEV, 4, 0}, {1, 4, 1, US_PP_DUALPIPEV, 8, 0},
-        {2, 2, 1, US_PP_ZBV, 4, 1}, {1, 2, 2, US_PP_DUALPIPEV, 4, 0}};
+        {2, 2, 1, US_PP_ZBV, 4, 1}, {1, 2, 2, US_PP_DUALPIPEV, 4, 0},
+        /* dp 2 × pp 2 × tp 2 on 8 threads (issue 13's first mesh), ZeRO-1 */
+        {2, 2, 2, US_PP_1F1B, 4, 1}};
     static const int uneven[2] = {1, 3};
     int ci, s, plan;
     double worst_l = 0, worst_w = 0;
