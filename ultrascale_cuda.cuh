@@ -2849,17 +2849,20 @@ __global__ void us__k_fp8_row(uint8_t *q, float *s, const T *x, int64_t R, int64
 
 /* ROW128 of P = xᵀ (x [L][R] as stored): the 128×1 tiles of x that Wgrad reduces over. A block
    stages a 128 (l) × 64 (r) patch of x in shared memory, each warp reading 16 of x's rows two
-   elements per lane (coalesced, all 16 loads in flight at once); each warp then quantises 8 of
-   the patch's columns (lane j holds l = j, j+32, j+64, j+96: no bank conflicts), parks the
-   bytes in shared memory, and the block writes P's rows 4 bytes per lane. (A thread per column
-   quarter, with 16-byte stores, measured slower on the H200.) */
+   elements per lane (coalesced, all 16 loads in flight at once). Then lane j of warp w takes
+   column c = 32·(w & 1) + j over the 32 rows of quarter h = w >> 1: the amax runs down the
+   column in registers (a warp reads 32 columns of one row: no bank conflicts, no shuffles), the
+   four quarters meet in shared memory, and the bytes are parked there transposed, so that the
+   block writes P's rows 4 bytes per lane. */
 template <typename T>
 __global__ void us__k_fp8_row_t(uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int pow2, int vec, const unsigned *gamax) {
     __shared__ float sm[128][65];
     __shared__ uint32_t qs[64][33];   /* the patch's 64 rows of P, 128 bytes each (+1 word against bank conflicts) */
+    __shared__ unsigned red[4][64];
     int64_t r0 = (int64_t)blockIdx.x * 64, l0 = (int64_t)blockIdx.y * 128, r = r0 + 2 * (threadIdx.x & 31);
-    int t = threadIdx.x, lane = t & 31, w = t >> 5, i, c, j;
-    float sc = 0.0f, f[16][2];
+    int t = threadIdx.x, lane = t & 31, w = t >> 5, c = 32 * (w & 1) + lane, h = w >> 1, i, j;
+    float sc, rc, f[16][2];
+    unsigned a = 0;
 #pragma unroll
     for (i = 0; i < 16; i++) {   /* 256 threads: x's rows w, w+8, ..., 64 elements each */
         int64_t l = l0 + w + 8 * i;
@@ -2869,19 +2872,18 @@ __global__ void us__k_fp8_row_t(uint8_t *q, float *s, const T *x, int64_t R, int
 #pragma unroll
     for (i = 0; i < 16; i++) { sm[w + 8 * i][2 * lane] = f[i][0]; sm[w + 8 * i][2 * lane + 1] = f[i][1]; }
     __syncthreads();
-    for (c = w * 8; c < w * 8 + 8; c++) {
-        float v[4], rc;
-        unsigned a = 0;
-        for (j = 0; j < 4; j++) { v[j] = sm[lane + 32 * j][c]; a = max(a, us__abits(v[j])); }
-        sc = us__fp8_scale(__uint_as_float(gamax ? *gamax : __reduce_max_sync(0xffffffffu, a)), pow2);
-        rc = 1.0f / sc;
-        for (j = 0; j < 4; j++) reinterpret_cast<uint8_t *>(qs[c])[lane + 32 * j] = us__e4m3(v[j] * rc);
-        if (lane == 0 && !gamax && r0 + c < R) s[l0 / 128 * R + r0 + c] = sc;
-    }
+#pragma unroll 8
+    for (i = 0; i < 32; i++) a = max(a, us__abits(sm[32 * h + i][c]));
+    red[h][c] = a;
+    __syncthreads();
+    sc = us__fp8_scale(__uint_as_float(gamax ? *gamax : max(max(red[0][c], red[1][c]), max(red[2][c], red[3][c]))), pow2);
+    rc = 1.0f / sc;
+#pragma unroll 8
+    for (i = 0; i < 32; i++) reinterpret_cast<uint8_t *>(qs[c])[32 * h + i] = us__e4m3(sm[32 * h + i][c] * rc);
+    if (h == 0 && r0 + c < R && (!gamax || (blockIdx.x == 0 && blockIdx.y == 0 && c == 0))) s[gamax ? 0 : l0 / 128 * R + r0 + c] = sc;
     __syncthreads();
     for (i = w; i < 64; i += 8)
         if (r0 + i < R) us__st_q4(q + (r0 + i) * Lp + l0 + 4 * lane, qs[i][lane], vec);
-    if (gamax && blockIdx.x == 0 && blockIdx.y == 0 && t == 0) s[0] = sc;
 }
 
 /* BLOCK128 of P = x (trans 0) or xᵀ (trans 1): one block of 512 threads per 128×128 block. Each
