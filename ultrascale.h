@@ -379,7 +379,9 @@ struct us_ops {
     /* C[M,N] = alpha·deq(a)[M,K]·deq(b)[N,K]ᵀ + beta·C (cdt f32 or bf16, row stride ldc; beta 0
        never reads C): the TN FP8 GEMM of us_fp8_gemm on two operands as fp8_quantize writes them
        (a ROW128 or TENSOR: the activation operand; b ROW128, BLOCK128 or TENSOR: the weight
-       operand; both TENSOR or neither), fp32 accumulation */
+       operand; both TENSOR or neither), fp32 accumulation (on Hopper's tensor cores about 14 bits
+       inside each 128-element block, promoted to fp32 between blocks: ~1e-3 of Σ|a·b| from the
+       CPU's exact emulation, as cuBLASLt does for PyTorch too; tests/test_cuda.cu) */
     void  (*fp8_gemm)(us_ops *o, int64_t M, int64_t N, int64_t K, float alpha, const uint8_t *a, const float *sa, int ta,
                       const uint8_t *b, const float *sb, int tb, float beta, void *C, us_dtype cdt, int64_t ldc);
     /* out[N,C] = wte[tok[n], :]                      tok i32[N]; a negative token gives a zero row
