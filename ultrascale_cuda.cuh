@@ -2766,10 +2766,10 @@ static double us__cuda_sumsq(us_ops *o, const float *x, int64_t n) {
 /* ------------------------------------------------------------------------------------ */
 /* The operand layout and the scale rule are the CPU's (us_ops.fp8_quantize, // >>fp8), bit for
    bit: amax of a tile, s = us__fp8_scale(amax) (the same function), q = RNE-satfinite E4M3 of
-   x · (1/s) (one IEEE division per tile: nvcc's default -prec-div=true), zero padding to whole 128-element
-   tiles along the reduction. One pass over x per tile: it is read (amax), then read again from
-   L1/L2 or shared memory, scaled, cast and written; the scales land in the layout cuBLASLt's
-   VEC128_32F / BLK128x128_32F modes read (DESIGN.md "Performance"). */
+   x · (1/s) (one IEEE division per tile: nvcc's default -prec-div=true), zero padding to whole
+   128-element tiles along the reduction. One read of x: a tile's elements stay in registers (or
+   shared memory, for the transposed tiles) from the amax to the cast; the scales land in the
+   layout cuBLASLt's VEC128_32F / BLK128x128_32F modes read (DESIGN.md "Performance"). */
 static __device__ __forceinline__ uint8_t us__e4m3(float v) { return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3); }
 static __device__ __forceinline__ uint32_t us__e4m3x2(float a, float b) { return (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3); }
 /* |v| as bits: for non-negative floats the unsigned order is the numeric order and NaN patterns
@@ -2792,7 +2792,7 @@ static __device__ __forceinline__ void us__ld4(const __half *p, float *f) {
 static __device__ __forceinline__ void us__ld2(const float *p, float *f) { float2 u = *reinterpret_cast<const float2 *>(p); f[0] = u.x; f[1] = u.y; }
 static __device__ __forceinline__ void us__ld2(const __nv_bfloat16 *p, float *f) { float2 u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(p)); f[0] = u.x; f[1] = u.y; }
 static __device__ __forceinline__ void us__ld2(const __half *p, float *f) { float2 u = __half22float2(*reinterpret_cast<const __half2 *>(p)); f[0] = u.x; f[1] = u.y; }
-/* four E4M3 bytes of v/sc, little-endian: P's elements l..l+3 as one 4-byte store */
+/* four E4M3 bytes of v·r, little-endian: P's elements l..l+3 as one 4-byte store */
 static __device__ __forceinline__ uint32_t us__e4m3x4(const float *v, float r) {   /* r = 1/s */
     return us__e4m3x2(v[0] * r, v[1] * r) | us__e4m3x2(v[2] * r, v[3] * r) << 16;
 }
@@ -2805,7 +2805,7 @@ static __device__ __forceinline__ unsigned us__oct_umax(unsigned a) {   /* over 
     a = max(a, __shfl_xor_sync(0xffffffffu, a, 2));
     return max(a, __shfl_xor_sync(0xffffffffu, a, 1));
 }
-/* vec bits: 1 = x may be read 8 (row), 4 (block) or 2 (transposed row) elements at a time, 2 = q
+/* vec bits: 1 = x may be read 16 (row), 4 (block) or 2 (transposed row) elements at a time, 2 = q
    is 16-byte aligned (4- to 16-byte stores). gamax non-NULL: one scale from the whole tensor's
    amax (TENSOR). These kernels are instruction-bound before they are memory-bound (a tile's
    scale costs two divisions), so each thread quantises as many elements per scale as it can. */
@@ -2981,6 +2981,7 @@ static void us__cuda_fp8_quantize(us_ops *o, uint8_t *q, float *s, const void *x
         US__DISPATCH(o, dt, (us__k_fp8_row_t<T_><<<grid, 256, 0, c->stream>>>(q, s, (const T_ *)x, R, L, Lp, pow2, vec, gamax)));
     } else {
         int64_t tiles = R * (Lp / 128), per = 8 * 4 * US__ROW_ROUNDS;   /* 8 warps of 4·rounds tiles */
+        if (tiles >= ((int64_t)1 << 32)) { us__cuda_fail(o, "fp8_quantize", "more than 2^32 tiles of 128 (the kernel counts them in 32 bits)", __FILE__, __LINE__); return; }
         int vec = qv | (L % 16 == 0 && us__al(x, 16 * es));
         US__DISPATCH(o, dt, (us__k_fp8_row<T_><<<(unsigned)((tiles + per - 1) / per), 256, 0, c->stream>>>(q, s, (const T_ *)x, R, L, Lp, pow2, vec, gamax)));
     }
