@@ -5125,49 +5125,44 @@ static us_result us__ep_move(us_model *m, int l, int dir, void *dst, const void 
    Sizes: tiles cut at the tensor's edge are padded with zeros (partial tiles), so any size
    works; a GEMM whose N, In or Out is not a multiple of 16 falls back to bf16 (the model line
    reports how many linears run in FP8). */
-static void us__fp8_bufs(us_model *m, uint8_t **qa, float **sa, uint8_t **qb, float **sb) {
+/* C[M][N] = a·bᵀ + beta·C in FP8: a is the stored tensor xa [ar][ac] (or its transpose, atr),
+   quantised with tiling at; b likewise; K is the shared dimension. Both go through the model's
+   FP8 scratch (two operands at a time), then one fp8_gemm with row stride N. */
+static void us__fp8_mm(us_model *m, const void *xa, int64_t ar, int64_t ac, int at, int atr,
+                       const void *xb, int64_t br, int64_t bc, int bt, int btr, float beta, void *C, us_dtype cdt) {
+    us_ops *o = &m->ops;
     char *base = (char *)m->a[US__A_FP8];
-    *qa = (uint8_t *)base; *sa = (float *)(base + m->fp8_off[0]);
-    *qb = (uint8_t *)(base + m->fp8_off[1]); *sb = (float *)(base + m->fp8_off[2]);
+    uint8_t *qa = (uint8_t *)base, *qb = (uint8_t *)(base + m->fp8_off[1]);
+    float *sa = (float *)(base + m->fp8_off[0]), *sb = (float *)(base + m->fp8_off[2]);
+    int64_t M = atr ? ac : ar, K = atr ? ar : ac, N = btr ? bc : br;
+    o->fp8_quantize(o, qa, sa, xa, m->dt, ar, ac, at, atr, m->tc.fp8_pow2);
+    o->fp8_quantize(o, qb, sb, xb, m->dt, br, bc, bt, btr, m->tc.fp8_pow2);
+    o->fp8_gemm(o, M, N, K, 1.0f, qa, sa, at, qb, sb, bt, beta, C, cdt, N);
 }
+/* the activation side's tiling and the weight side's (fp8-tensor: one scale per tensor for both) */
+static int us__fp8_act(const us_model *m) { return m->fp8 == 2 ? US_FP8_TENSOR : US_FP8_ROW128; }
+static int us__fp8_wt(const us_model *m) { return m->fp8 == 2 ? US_FP8_TENSOR : US_FP8_BLOCK128; }
 
 /* Fprop: y[N][Out] = x[N][In]·Wᵀ + beta·y */
 static void us__linear_fwd(us_model *m, int64_t N, int64_t In, int64_t Out, const void *x, const void *W, float beta, void *y) {
     us_ops *o = &m->ops;
-    int ta = m->fp8 == 2 ? US_FP8_TENSOR : US_FP8_ROW128, tb = m->fp8 == 2 ? US_FP8_TENSOR : US_FP8_BLOCK128;
-    uint8_t *qa, *qb;
-    float *sa, *sb;
     if (!us__fp8_on(m, N, In, Out)) { o->gemm(o, 0, 1, N, Out, In, 1.0f, x, m->dt, In, W, m->dt, In, beta, y, m->dt, Out); return; }
-    us__fp8_bufs(m, &qa, &sa, &qb, &sb);
-    o->fp8_quantize(o, qa, sa, x, m->dt, N, In, ta, 0, m->tc.fp8_pow2);
-    o->fp8_quantize(o, qb, sb, W, m->dt, Out, In, tb, 0, m->tc.fp8_pow2);
-    o->fp8_gemm(o, N, Out, In, 1.0f, qa, sa, ta, qb, sb, tb, beta, y, m->dt, Out);
+    us__fp8_mm(m, x, N, In, us__fp8_act(m), 0, W, Out, In, us__fp8_wt(m), 0, beta, y, m->dt);
 }
 
 /* Dgrad: dx[N][In] = dy[N][Out]·W + beta·dx */
 static void us__linear_dgrad(us_model *m, int64_t N, int64_t In, int64_t Out, const void *dy, const void *W, float beta, void *dx) {
     us_ops *o = &m->ops;
-    int ta = m->fp8 == 2 ? US_FP8_TENSOR : US_FP8_ROW128, tb = m->fp8 == 2 ? US_FP8_TENSOR : US_FP8_BLOCK128;
-    uint8_t *qa, *qb;
-    float *sa, *sb;
     if (!us__fp8_on(m, N, In, Out)) { o->gemm(o, 0, 0, N, In, Out, 1.0f, dy, m->dt, Out, W, m->dt, In, beta, dx, m->dt, In); return; }
-    us__fp8_bufs(m, &qa, &sa, &qb, &sb);
-    o->fp8_quantize(o, qa, sa, dy, m->dt, N, Out, ta, 0, m->tc.fp8_pow2);
-    o->fp8_quantize(o, qb, sb, W, m->dt, Out, In, tb, 1, m->tc.fp8_pow2);   /* Wᵀ [In][Out], from bf16 W */
-    o->fp8_gemm(o, N, In, Out, 1.0f, qa, sa, ta, qb, sb, tb, beta, dx, m->dt, In);
+    us__fp8_mm(m, dy, N, Out, us__fp8_act(m), 0, W, Out, In, us__fp8_wt(m), 1, beta, dx, m->dt);   /* Wᵀ [In][Out], from bf16 W */
 }
 
 /* Wgrad: dW f32[Out][In] += dy[N][Out]ᵀ·x[N][In], reducing over the N tokens */
 static void us__linear_wgrad(us_model *m, int64_t N, int64_t In, int64_t Out, const void *dy, const void *x, float *dW) {
     us_ops *o = &m->ops;
-    int t = m->fp8 == 2 ? US_FP8_TENSOR : US_FP8_ROW128;
-    uint8_t *qa, *qb;
-    float *sa, *sb;
     if (!us__fp8_on(m, N, In, Out)) { o->gemm(o, 1, 0, Out, In, N, 1.0f, dy, m->dt, Out, x, m->dt, In, 1.0f, dW, US_F32, In); return; }
-    us__fp8_bufs(m, &qa, &sa, &qb, &sb);
-    o->fp8_quantize(o, qa, sa, dy, m->dt, N, Out, t, 1, m->tc.fp8_pow2);   /* dyᵀ [Out][N]: 128×1 tiles of dy */
-    o->fp8_quantize(o, qb, sb, x, m->dt, N, In, t, 1, m->tc.fp8_pow2);     /* xᵀ [In][N] */
-    o->fp8_gemm(o, Out, In, N, 1.0f, qa, sa, t, qb, sb, t, 1.0f, dW, US_F32, In);
+    /* dyᵀ [Out][N] and xᵀ [In][N]: 128×1 tiles of dy and x, activation tiling on both sides */
+    us__fp8_mm(m, dy, N, Out, us__fp8_act(m), 1, x, N, In, us__fp8_act(m), 1, 1.0f, dW, US_F32);
 }
 
 /* ------------------------------------------------------------------------------------ */
