@@ -311,9 +311,15 @@ typedef struct us_train_config {
                               global batch is batch × grad_accum × dp sequences */
     int      zero;         /* ZeRO stage over dp: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters */
     float    bucket_mb;    /* gradient bucket size in MiB of fp32 gradients (DP, ZeRO-1/2); default 25 */
+    int      dense_emb_grad;   /* 1: reduce the whole embedding gradient at the end of the backward like any
+                                  bucket. Default 0: where it pays, only the rows the batch touched, the rest
+                                  reduced early (us__emb_sparse, // >>dp) */
     /* tensor parallelism (// >>tp): heads, FFN columns and the vocabulary split over tp ranks */
     int      tp;           /* default 1; must divide heads, kv-heads, ffn and vocab */
     int      sp;           /* 1: sequence parallelism: norms and the residual stream split over tp by tokens */
+    int      tp_no_overlap;   /* 1: every tp collective waited for where it is issued (for comparison). Default
+                                 0: the backward's reductions and gathers travel under the weight-gradient GEMMs,
+                                 and SP's gathers under the GEMMs they feed (us__sp_gather_ring, // >>tp) */
     /* context parallelism (// >>cp): every sequence split over cp ranks for the whole model;
        inputs to us_train_step are then this rank's seq/cp tokens of each sequence */
     int      cp;           /* default 1; seq must split into cp (ring) or 2·cp (zigzag, allgather) chunks */
@@ -674,6 +680,13 @@ typedef struct us_model {
     int      gslot_unit[3], wslot_unit[3];   /* which unit holds each slot, -1 free */
     int      grad_sync;       /* reduce gradients in this backward (us_train_step sets it) */
     int      synced;          /* reductions were launched and must be finished before the step */
+    /* the embedding's gradient by its touched rows (us__emb_sparse, // >>dp) */
+    int      emb_sparse;      /* this model reduces the last micro-batch's lookup gradient by rows */
+    int      emb_on;          /* this backward does: emb_nu rows gathered at its start */
+    int      emb_dirty;       /* the embedding's gradient may hold something not yet reduced */
+    int64_t  emb_nu;          /* rows touched by the dp×cp ranks' tokens this micro-batch */
+    int32_t *emb_map;         /* [vocab_l] host: a row's place among them, -1 for none */
+    int32_t *emb_ids;         /* [dp·cp·Nf + Nf] host: every rank's token rows, then this rank's as places */
     us_trace *trace;          /* when set, compute and wait regions are recorded (comm->trace too) */
     struct us__tpend *tpend;  /* GPU-timed regions whose marks are resolved at the step's end (// >>trace) */
     int      n_tpend, cap_tpend;
@@ -1437,6 +1450,8 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
     if (tc->dp < 1) US__BAD("dp=%d must be at least 1", tc->dp);
     if (tc->zero < 0 || tc->zero > 3) US__BAD("zero=%d must be 0, 1, 2 or 3", tc->zero);
     if (!(tc->bucket_mb > 0) || !isfinite(tc->bucket_mb)) US__BAD("bucket size %g MB must be a positive number", tc->bucket_mb);
+    if (tc->dense_emb_grad != 0 && tc->dense_emb_grad != 1) US__BAD("dense_emb_grad=%d must be 0 or 1", tc->dense_emb_grad);
+    if (tc->tp_no_overlap != 0 && tc->tp_no_overlap != 1) US__BAD("tp_no_overlap=%d must be 0 or 1", tc->tp_no_overlap);
     if (tc->tp < 1) US__BAD("tp=%d must be at least 1", tc->tp);
     if (tc->cp < 1) US__BAD("cp=%d must be at least 1", tc->cp);
     if (tc->pp < 1) US__BAD("pp=%d must be at least 1", tc->pp);
@@ -3505,6 +3520,17 @@ typedef struct us__unit {
    norm with the head), what it gathers before the layer runs. Under ZeRO every unit is padded
    to a multiple of dp·16 elements so it splits into dp equal pieces: the user never needs
    divisibility. units may be NULL (count only). Returns the number of units. */
+/* Whether the embedding's gradient is reduced by its touched rows (// >>dp, us__emb_rows_*): data
+   parallelism without sharded gradients, one pipeline stage, and the scratch fits — the logits
+   buffer [Nf, V/tp] must hold the packed rows [≤ dp·cp·Nf, C] fp32 with their indices, and the
+   residual gradient [Nf, C] every rank's token rows. Decided from the configs alone, so the
+   memory estimate cuts the same units. */
+static int us__emb_sparse(const us_model_config *mc, const us_train_config *tc) {
+    int64_t n = (int64_t)(tc->dp > 1 ? tc->dp : 1) * (tc->cp > 1 ? tc->cp : 1), C = mc->dim;
+    int64_t a = tc->precision == US_PRECISION_FP32 ? 4 : 2, V = mc->vocab / (tc->tp > 1 ? tc->tp : 1);
+    if (tc->dense_emb_grad || n <= 1 || tc->zero >= 2 || tc->pp > 1) return 0;
+    return n * (C * 4 + 4) + 4 <= V * a && n * 4 <= C * a;
+}
 static int us__plan_units(us_model *m, us__unit *units) {
     const us_train_config *tc = &m->tc;
     int np = m->n_params_t, L = m->cfg.n_layers, ns = 0, i, u, own = tc->zero ? tc->dp * (tc->cp > 0 ? tc->cp : 1) : 1;
@@ -3525,6 +3551,8 @@ static int us__plan_units(us_model *m, us__unit *units) {
             /* q|k|v and gate|up are one GEMM each, writing one gradient block: never split them */
             if ((acc >= bucket || border) && !fused) { start[ns++] = i; acc = 0; }
         }
+        /* the embedding alone when its gradient is reduced early and by rows (us__emb_sparse) */
+        if (np > 1 && (ns == 0 || start[ns - 1] != 1) && us__emb_sparse(&m->cfg, tc)) start[ns++] = 1;
         start[ns++] = 0;
         for (i = 0; i < ns / 2; i++) { int t = start[i]; start[i] = start[ns - 1 - i]; start[ns - 1 - i] = t; }
     }
@@ -3987,6 +4015,14 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
     if (!m->units) { us_model_free(m); us__model_set_error(m, "out of host memory for the model tables"); return US_ERR_OOM; }
     us__plan_units(m, m->units);
     for (u = 0; u < m->n_units; u++) for (i = m->units[u].p0; i < m->units[u].p1; i++) m->unit_of[i] = u;
+    if ((m->emb_sparse = us__emb_sparse(&m->cfg, &m->tc) && m->c_first)) {   /* its host tables (// >>dp) */
+        int64_t Nr = (int64_t)m->tc.batch * (m->tc.seq / m->mesh.cp), k;
+        if (m->tc.sp && m->tc.tp > 1) Nr = (Nr + m->tc.tp - 1) / m->tc.tp * m->tc.tp;
+        m->emb_map = (int32_t *)US_MALLOC((size_t)m->vocab_l * 4);
+        m->emb_ids = (int32_t *)US_MALLOC((size_t)(m->mesh.dpcp_g.size + 1) * (size_t)Nr * 4);
+        if (!m->emb_map || !m->emb_ids) { us_model_free(m); us__model_set_error(m, "out of host memory for the model tables"); return US_ERR_OOM; }
+        for (k = 0; k < m->vocab_l; k++) m->emb_map[k] = -1;
+    }
     us__dist_sizes_of(m, &z);
     m->n_flat = z.n_flat; m->shard_n = z.shard_n; m->slot_n = z.slot_n;
     m->n_gslots = z.n_gslots; m->n_wslots = z.n_wslots;
@@ -4101,6 +4137,8 @@ US_API void us_model_free(us_model *m) {
     US_FREE(m->pp_msgs); US_FREE(m->pp_start);
     m->slot_acts = NULL; m->slot_a = NULL; m->pp_sched = NULL; m->pp_msgs = NULL; m->pp_start = NULL;
     US_FREE(m->params); US_FREE(m->units); US_FREE(m->unit_of); US_FREE(m->layer_g); US_FREE(m->layer_p);
+    US_FREE(m->emb_map); US_FREE(m->emb_ids);
+    m->emb_map = m->emb_ids = NULL;
     m->params = NULL; m->acts = NULL; m->units = NULL; m->unit_of = NULL; m->w = NULL; m->layer_g = NULL; m->layer_p = NULL;
     us__moe_free(m);
     free(m->tpend);   /* grown by realloc, like the trace's own rows */
@@ -4290,6 +4328,73 @@ static us_result us__grads_finish(us_model *m) {
         for (u = 0; u < m->n_units; u++) if ((r = us__unit_launch(m, u)) != US_OK) return r;
     for (u = 0; u < m->n_units; u++) if ((r = us__unit_finish(m, u)) != US_OK) return r;
     m->synced = 0;
+    return US_OK;
+}
+
+/* 4. The embedding's gradient by its touched rows. Issue 9's trace showed the last bucket
+   exposed: the embedding's gradient is finished by the lookup's backward, the step's last op,
+   and at a 128k vocabulary it is 1 GB of fp32 with nothing left to hide under. But the lookup's
+   backward touches only the rows of the tokens seen. So, in the micro-batch that reduces:
+     - the embedding's bucket (a unit of its own) is reduced early, hidden under the layers: at
+       the start of the backward, or after the head when tied (the head's part is in it too), or
+       not at all while it holds nothing (untied, one micro-batch);
+     - the ranks' tokens are gathered at the start of the backward, and every rank numbers the
+       union U of the rows they touch in the same order (first seen, in rank order);
+     - the lookup's gradient goes into those rows packed, [|U|, C] fp32, which are all-reduced
+       alone (1B on Shakespeare's bytes: 65 rows, 0.5 MB instead of 1 GB), then added into the
+       reduced gradient, each row once: every rank adds the same numbers in the same order, and
+       the replicas stay equal to the bit.
+   The sums are the dense reduction's, in another order. dense_emb_grad = 1 turns it off. */
+static us_result us__emb_rows_begin(us_model *m, int64_t R) {   /* R token rows of this rank */
+    us_ops *o = &m->ops;
+    us_group *g = &m->mesh.dpcp_g;
+    int64_t n = g->size, i, nu = 0;
+    int32_t *all = m->emb_ids, *mine = m->emb_ids + n * R, *map = m->emb_map;
+    us_result r;
+    m->emb_on = 0;
+    if (!m->emb_sparse || !m->grad_sync || !m->c_first) return US_OK;
+    /* every rank's rows (-1: another tp rank's), through the residual gradient's buffer, free until the head */
+    r = m->comm->all_gather(m->comm, g, m->a[US__A_DRES], m->a[US__A_TOK], R, US_I32, NULL);
+    if (r != US_OK) return us__comm_fail(m, r, "all-gather of the embedding's rows");
+    o->copy(o, all, m->a[US__A_DRES], (size_t)(n * R) * 4, US_COPY_D2H);
+    if ((r = us__backend_check(m)) != US_OK) return r;
+    memcpy(mine, all + g->rank * R, (size_t)R * 4);
+    for (i = 0; i < n * R; i++) {   /* U, in first-seen order, over the front of `all` (nu ≤ i) */
+        int32_t v = all[i];
+        if (v >= 0 && map[v] < 0) { map[v] = (int32_t)nu; all[nu++] = v; }
+    }
+    for (i = 0; i < R; i++) mine[i] = mine[i] >= 0 ? map[mine[i]] : -1;   /* this rank's rows as places in U */
+    for (i = 0; i < nu; i++) map[all[i]] = -1;
+    m->emb_nu = nu;
+    m->emb_on = 1;
+    return US_OK;
+}
+static us_result us__emb_rows_early(us_model *m) {   /* the embedding's bucket: reduced now, or known empty */
+    if (!m->emb_on) return US_OK;
+    if (m->emb_dirty) return us__grads_ready(m, 0, 1);
+    m->units[m->unit_of[0]].pending = 0;   /* zeros on every rank: their sum is here already */
+    return US_OK;
+}
+/* The lookup's backward from dx [R, C] (dtype dt), by rows, into the embedding's reduced gradient. */
+static us_result us__emb_rows_finish(us_model *m, const void *dx, int64_t R) {
+    us_ops *o = &m->ops;
+    int64_t C = m->cfg.dim, nu = m->emb_nu, n = m->mesh.dpcp_g.size;
+    float *P = (float *)m->a[US__A_LOGITS];   /* [nu, C], then U and this rank's places: the logits are spent */
+    int32_t *ix = (int32_t *)(P + nu * C), *tk = ix + nu;
+    us_result r = US_OK;
+    us__tm t0 = us__tstart(m);
+    m->emb_on = 0;
+    if (nu > 0) {
+        o->copy(o, ix, m->emb_ids, (size_t)nu * 4, US_COPY_H2D);
+        o->copy(o, tk, m->emb_ids + n * R, (size_t)R * 4, US_COPY_H2D);
+        o->zero(o, P, (size_t)(nu * C) * 4);
+        o->embedding_bwd(o, P, dx, tk, R, C, m->dt);
+        r = m->comm->all_reduce(m->comm, &m->mesh.dpcp_g, P, nu * C, US_F32, US_REDUCE_SUM, NULL);
+        if (r != US_OK) return us__comm_fail(m, r, "all-reduce of the embedding's rows");
+    }
+    if ((r = us__unit_finish(m, m->unit_of[0])) != US_OK) return r;   /* the early part, reduced */
+    if (nu > 0) o->embedding_bwd(o, us__G(m, 0), P, ix, nu, C, US_F32);   /* distinct rows: no two adds meet */
+    us__trace(m, "compute", "embedding rows", t0);
     return US_OK;
 }
 
@@ -4504,13 +4609,132 @@ static void us__rows(const us_model *m, int64_t N, int64_t *Np, int64_t *Ns) {
     *Np = us__sp(m) ? (N + m->tc.tp - 1) / m->tc.tp * m->tc.tp : N;
     *Ns = us__sp(m) ? *Np / m->tc.tp : N;
 }
-static us_result us__sp_gather(us_model *m, void *full, const void *shard, int64_t Ns) {   /* g */
-    us_result r = m->comm->all_gather(m->comm, &m->mesh.tp_g, full, shard, Ns * m->cfg.dim, m->dt, NULL);
+static us_result us__sp_gather_w(us_model *m, void *full, const void *shard, int64_t Ns, us_work **w) {   /* g */
+    us_result r = m->comm->all_gather(m->comm, &m->mesh.tp_g, full, shard, Ns * m->cfg.dim, m->dt, w);
     return us__comm_fail(m, r, "sequence-parallel all-gather");
 }
-static us_result us__sp_scatter(us_model *m, void *shard, const void *full, int64_t Ns) {  /* ḡ */
-    us_result r = m->comm->reduce_scatter(m->comm, &m->mesh.tp_g, shard, full, Ns * m->cfg.dim, m->dt, US_REDUCE_SUM, NULL);
+static us_result us__sp_scatter_w(us_model *m, void *shard, const void *full, int64_t Ns, us_work **w) {  /* ḡ */
+    us_result r = m->comm->reduce_scatter(m->comm, &m->mesh.tp_g, shard, full, Ns * m->cfg.dim, m->dt, US_REDUCE_SUM, w);
     return us__comm_fail(m, r, "sequence-parallel reduce-scatter");
+}
+static us_result us__sp_gather(us_model *m, void *full, const void *shard, int64_t Ns) { return us__sp_gather_w(m, full, shard, Ns, NULL); }
+static us_result us__sp_scatter(us_model *m, void *shard, const void *full, int64_t Ns) { return us__sp_scatter_w(m, shard, full, Ns, NULL); }
+/* The backward's overlap (Megatron-LM's asynchronous TP communication): a column-parallel GEMM's
+   backward needs its input gradient reduced over tp (f's conjugate: all-reduce, or SP's
+   reduce-scatter) and, under SP, its input gathered again for the weight gradient. Neither
+   depends on the weight-gradient GEMM, so the gather is started before the input-gradient GEMMs
+   and the reduction before the weight-gradient GEMM, and both travel while those compute.
+   Starts the reduction of dln [Np, C] into this rank's rows (dlnp) or in place: */
+static us_result us__tp_dgrad_start(us_model *m, void *dlnp, void *dln, int64_t N, int64_t Ns, us_work **w) {
+    us_result r;
+    us_work **wa = m->tc.tp_no_overlap ? NULL : w;   /* (no overlap: finished here) */
+    *w = NULL;
+    if (m->tc.tp <= 1) return US_OK;
+    if (us__sp(m)) return us__sp_scatter_w(m, dlnp, dln, Ns, wa);
+    r = m->comm->all_reduce(m->comm, &m->mesh.tp_g, dln, N * m->cfg.dim, m->dt, US_REDUCE_SUM, wa);
+    return us__comm_fail(m, r, "tensor-parallel all-reduce");
+}
+static us_result us__tp_wait(us_model *m, us_work **w) {   /* a started collective, finished (NULL: none) */
+    us_result r;
+    if (!*w) return US_OK;
+    r = m->comm->wait(m->comm, *w);
+    *w = NULL;
+    return us__comm_fail(m, r, "tensor-parallel communication");
+}
+static us_result us__sp_gather_early(us_model *m, void *full, const void *shard, int64_t Ns, us_work **w) {   /* started, or done */
+    return us__sp_gather_w(m, full, shard, Ns, m->tc.tp_no_overlap ? NULL : w);
+}
+static void us__linear_fwd(us_model *m, int64_t N, int64_t In, int64_t Out, const void *x, const void *W, float beta, void *y);
+static void us__linear_dgrad(us_model *m, int64_t N, int64_t In, int64_t Out, const void *dy, const void *W, float beta, void *dx);
+/* g with its GEMM: the collective matmul (Wang et al. 2023; Megatron-LM's and PyTorch's async
+   TP). Gathering the whole input before the GEMM leaves the GPU idle while it travels. Instead
+   the row blocks go round the tp ranks as a ring: at step s each rank multiplies the block it
+   holds, (rank − s) mod tp, while passing it to the next rank and taking the one before. Every
+   transfer but none of the GEMMs' work is hidden; the first block's GEMM waits for nothing.
+   G [Np, C] ends holding the whole gathered input, as us__sp_gather leaves it (the weight
+   gradient reads it again). The GEMM is one of the two a gathered input feeds: */
+typedef struct us__ring_gemm {
+    int     dgrad;    /* 0: y = x·Wᵀ (us__linear_fwd), 1: y = x·W (us__linear_dgrad) */
+    int64_t In, Out;  /* x [rows, In] (dgrad: x is dy [rows, Out], y dx [rows, In]) */
+    const void *W;
+    void   *y;
+} us__ring_gemm;
+static void us__ring_gemm_rows(us_model *m, const us__ring_gemm *g, const void *G, int64_t row0, int64_t rows) {
+    size_t a = us_dtype_size(m->dt);
+    if (!g->dgrad) us__linear_fwd(m, rows, g->In, g->Out, (const char *)G + (size_t)(row0 * g->In) * a, g->W, 0.0f, (char *)g->y + (size_t)(row0 * g->Out) * a);
+    else us__linear_dgrad(m, rows, g->In, g->Out, (const char *)G + (size_t)(row0 * g->Out) * a, g->W, 0.0f, (char *)g->y + (size_t)(row0 * g->In) * a);
+}
+/* ḡ with its GEMM, the other half of the collective matmul: the row-parallel GEMM's partial
+   products are made in k row chunks of every rank's block, laid out [k][tp][Ns/k] in G, and each
+   chunk's reduce-scatter travels while the next chunk multiplies; only the last chunk's waits.
+   The numbers are those of one GEMM and one reduce-scatter: each element is the same partial
+   product (the residual added on its own rank first) summed the same way. dst [Ns, C] gets this
+   rank's rows; x [Np, In] is the GEMM's input, W [C, In]. */
+static int us__tp_ring(const us_model *m);
+static int64_t us__sp_chunk_rows = 4096;   /* (tests lower it, so small models chunk too) */
+static void us__sp_residual(us_model *m, void *full, const void *res, int64_t Np, int64_t Ns);
+static us_result us__sp_gemm_scatter(us_model *m, void *dst, const void *res, const void *x, int64_t In, const void *W, int64_t Ns) {
+    us_ops *o = &m->ops;
+    int tp = m->tc.tp, t = m->mesh.tp_rank, k, j, q;
+    int64_t C = m->cfg.dim, off = 0;
+    size_t a = us_dtype_size(m->dt);
+    char *G = (char *)m->a[US__A_SPG];
+    us_work *w[4] = {NULL, NULL, NULL, NULL};
+    us_result r = US_OK;
+    if (!us__tp_ring(m)) {
+        us__sp_residual(m, G, res, Ns * tp, Ns);
+        us__linear_fwd(m, Ns * tp, In, C, x, W, 1.0f, G);
+        return us__sp_scatter(m, dst, G, Ns);
+    }
+    k = (int)(Ns / us__sp_chunk_rows);   /* chunks of at least 4096 rows per rank block: GEMMs still large */
+    if (k < 1) k = 1;
+    if (k > 4) k = 4;
+    for (j = 0; j < k && r == US_OK; j++) {
+        int64_t lo = Ns * j / k, n = Ns * (j + 1) / k - lo;
+        char *base = G + (size_t)(off * C) * a;   /* [tp][n][C] */
+        for (q = 0; q < tp; q++) {
+            char *out = base + (size_t)(q * n * C) * a;
+            if (q == t) o->copy(o, out, (const char *)res + (size_t)(lo * C) * a, (size_t)(n * C) * a, US_COPY_D2D);
+            us__linear_fwd(m, n, In, C, (const char *)x + (size_t)((q * Ns + lo) * In) * a, W, q == t ? 1.0f : 0.0f, out);
+        }
+        r = us__sp_scatter_w(m, (char *)dst + (size_t)(lo * C) * a, base, n, &w[j]);
+        off += tp * n;
+    }
+    for (j = 0; j < k; j++) {   /* all of them waited for, after a failure too: none outlives its buffer */
+        us_result r2 = us__tp_wait(m, &w[j]);
+        if (r == US_OK) r = r2;
+    }
+    return r;
+}
+/* Row blocks are independent GEMMs only where scaling is per row or per tile: per-tensor FP8
+   would scale each block by its own amax, so it (and, to keep FP8's GEMM count, the tile mode)
+   gathers first. */
+static int us__tp_ring(const us_model *m) {
+    return us__sp(m) && !m->tc.tp_no_overlap && m->tc.precision != US_PRECISION_FP8 && m->tc.precision != US_PRECISION_FP8_TENSOR;
+}
+static us_result us__sp_gather_gemm(us_model *m, void *G, const void *shard, int64_t Ns, const us__ring_gemm *g) {
+    us_ops *o = &m->ops;
+    int tp = m->tc.tp, t = m->mesh.tp_rank, s;
+    size_t blk = (size_t)(Ns * m->cfg.dim) * us_dtype_size(m->dt);
+    us_result r;
+    if (!us__tp_ring(m)) {
+        if ((r = us__sp_gather(m, G, shard, Ns)) != US_OK) return r;
+        us__ring_gemm_rows(m, g, G, 0, Ns * tp);
+        return US_OK;
+    }
+    if ((const char *)G + t * blk != (const char *)shard) o->copy(o, (char *)G + t * blk, shard, blk, US_COPY_D2D);
+    for (s = 0; s < tp; s++) {
+        int have = (t - s + tp) % tp, take = (t - s - 1 + 2 * tp) % tp;
+        us_work *w = NULL;
+        if (s < tp - 1) {   /* pass on the block held, take the one before it */
+            r = m->comm->sendrecv(m->comm, &m->mesh.tp_g, (char *)G + have * blk, Ns * m->cfg.dim, (t + 1) % tp,
+                                  (char *)G + take * blk, Ns * m->cfg.dim, (t - 1 + tp) % tp, m->dt, &w);
+            if (r != US_OK) return us__comm_fail(m, r, "sequence-parallel ring exchange");
+        }
+        us__ring_gemm_rows(m, g, G, have * Ns, Ns);
+        if ((r = us__tp_wait(m, &w)) != US_OK) return r;
+    }
+    return US_OK;
 }
 /* A row-parallel output under SP starts as zeros with this rank's residual rows in their place:
    the reduce-scatter then gives each rank residual + the full product for its rows. */
@@ -5186,8 +5410,10 @@ static us_result us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int rec
     us__rows(m, N, &Np, &Ns);   /* GEMMs run on Np rows; norms and the residual on Ns (both N without SP) */
     if (do_cheap) o->rmsnorm_fwd(o, A->ln1, A->rstd1, A->x, us__W(m, US__PL(l, US__P_LN1)), Ns, C, c->norm_eps, dt);
     if (do_gemm) {
-        if (sp && (r = us__sp_gather(m, G, A->ln1, Ns)) != US_OK) return r;   /* g */
-        us__linear_fwd(m, Np, C, QKV, sp ? G : A->ln1, us__W(m, US__PL(l, US__P_Q)), 0.0f, A->qkv);
+        if (sp) {   /* g, travelling under the GEMM */
+            us__ring_gemm g = {0, C, QKV, us__W(m, US__PL(l, US__P_Q)), A->qkv};
+            if ((r = us__sp_gather_gemm(m, G, A->ln1, Ns, &g)) != US_OK) return r;
+        } else us__linear_fwd(m, Np, C, QKV, A->ln1, us__W(m, US__PL(l, US__P_Q)), 0.0f, A->qkv);
         if (m->mesh.cp > 1) o->rope_at(o, A->qkv, (const int32_t *)m->a[US__A_CPPOS] + m->mesh.cp_rank * T, B, T, m->tc.seq, NH, NKV, HS, c->rope_theta, 1.0f, dt);
         else o->rope_fwd(o, A->qkv, B, T, NH, NKV, HS, c->rope_theta, dt);
     }
@@ -5197,11 +5423,8 @@ static us_result us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int rec
         if (Np > N) o->zero(o, us__at(A->att, dt, N * AO), (size_t)((Np - N) * AO) * us_dtype_size(dt));   /* padding rows stay zero */
     }
     if (do_gemm) {   /* xmid = x + att·Wo^T, rounded once (under tp: summed over the ranks' partial products) */
-        if (sp) {
-            us__sp_residual(m, G, A->x, Np, Ns);
-            us__linear_fwd(m, Np, AO, C, A->att, us__W(m, US__PL(l, US__P_O)), 1.0f, G);
-            if ((r = us__sp_scatter(m, A->xmid, G, Ns)) != US_OK) return r;   /* ḡ */
-        } else {
+        if (sp) { if ((r = us__sp_gemm_scatter(m, A->xmid, A->x, A->att, AO, us__W(m, US__PL(l, US__P_O)), Ns)) != US_OK) return r; }   /* ḡ */
+        else {
             us__tp_residual(m, A->xmid, A->x, N * C);
             us__linear_fwd(m, N, AO, C, A->att, us__W(m, US__PL(l, US__P_O)), 1.0f, A->xmid);
             if ((r = us__tp_sum(m, A->xmid, N * C, dt)) != US_OK) return r;
@@ -5210,16 +5433,15 @@ static us_result us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int rec
     if (do_cheap) o->rmsnorm_fwd(o, A->ln2, A->rstd2, A->xmid, us__W(m, US__PL(l, US__P_LN2)), Ns, C, c->norm_eps, dt);
     if (m->moe_idx[l] >= 0) return us__moe_fwd(m, l, N, recompute, xnext);   /* a MoE layer (// >>moe) */
     if (do_gemm) {
-        if (sp && (r = us__sp_gather(m, G, A->ln2, Ns)) != US_OK) return r;
-        us__linear_fwd(m, Np, C, 2 * F, sp ? G : A->ln2, us__W(m, US__PL(l, US__P_GATE)), 0.0f, A->gu);
+        if (sp) {
+            us__ring_gemm g = {0, C, 2 * F, us__W(m, US__PL(l, US__P_GATE)), A->gu};
+            if ((r = us__sp_gather_gemm(m, G, A->ln2, Ns, &g)) != US_OK) return r;
+        } else us__linear_fwd(m, Np, C, 2 * F, A->ln2, us__W(m, US__PL(l, US__P_GATE)), 0.0f, A->gu);
     }
     if (do_cheap) o->swiglu_fwd(o, A->h, A->gu, Np, F, dt);
     if (!recompute) {   /* x_{l+1} = xmid + h·Wdown^T: the next layer's input, never recomputed */
-        if (sp) {
-            us__sp_residual(m, G, A->xmid, Np, Ns);
-            us__linear_fwd(m, Np, F, C, A->h, us__W(m, US__PL(l, US__P_DOWN)), 1.0f, G);
-            r = us__sp_scatter(m, xnext, G, Ns);
-        } else {
+        if (sp) r = us__sp_gemm_scatter(m, xnext, A->xmid, A->h, F, us__W(m, US__PL(l, US__P_DOWN)), Ns);
+        else {
             us__tp_residual(m, xnext, A->xmid, N * C);
             us__linear_fwd(m, N, F, C, A->h, us__W(m, US__PL(l, US__P_DOWN)), 1.0f, xnext);
             r = us__tp_sum(m, xnext, N * C, dt);
@@ -5241,6 +5463,7 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
     void *dres = m->a[US__A_DRES], *dln = m->a[US__A_DLN], *dh = m->a[US__A_DH], *dgu = split ? A->g_gu : m->a[US__A_DGU];
     void *datt = m->a[US__A_DATT], *dqkv = split ? A->g_qkv : m->a[US__A_DQKV], *G = m->a[US__A_SPG];
     void *dresF = sp ? G : dres;   /* the whole residual gradient the GEMMs read */
+    us_work *wg = NULL, *wd = NULL;   /* SP's gather of a GEMM input, the input gradient's reduction, in flight */
     size_t rowb;
     void *dlnp;
     us_result r;
@@ -5253,33 +5476,43 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
     if (m->moe_idx[l] >= 0) {   /* a MoE layer (// >>moe): experts, shared expert, router */
         if ((r = us__moe_bwd(m, l, N)) != US_OK) return r;
     } else {
-        if (sp && (r = us__sp_gather(m, G, dres, Ns)) != US_OK) return r;   /* ḡ's conjugate */
-        us__linear_dgrad(m, Np, F, C, dresF, us__W(m, US__PL(l, US__P_DOWN)), 0.0f, dh);
+        if (sp) {   /* ḡ's conjugate, travelling under the GEMM */
+            us__ring_gemm g = {1, F, C, us__W(m, US__PL(l, US__P_DOWN)), dh};
+            if ((r = us__sp_gather_gemm(m, G, dres, Ns, &g)) != US_OK) return r;
+        } else us__linear_dgrad(m, Np, F, C, dres, us__W(m, US__PL(l, US__P_DOWN)), 0.0f, dh);
         if (split) o->copy(o, A->g_down, dresF, rowb, US_COPY_D2D);
         else {
             us__linear_wgrad(m, Np, F, C, dresF, A->h, us__G(m, US__PL(l, US__P_DOWN)));
             if ((r = us__grads_ready(m, US__PL(l, US__P_DOWN), US__PL(l, US__P_DOWN) + 1)) != US_OK) return r;
+            /* G is free: the gate|up GEMM's input again, travelling under the next two kernels */
+            if (sp && (r = us__sp_gather_early(m, G, A->ln2, Ns, &wg)) != US_OK) return r;
         }
         o->swiglu_bwd(o, dgu, dh, A->gu, Np, F, dt);
         us__linear_dgrad(m, Np, C, 2 * F, dgu, us__W(m, US__PL(l, US__P_GATE)), 0.0f, dln);
+        /* f (TP: all-reduce) or g's conjugate (SP: reduce-scatter): the column-parallel input's
+           gradient, travelling under the weight-gradient GEMM */
+        if ((r = us__tp_dgrad_start(m, dlnp, dln, N, Ns, &wd)) != US_OK) return r;
         if (!split) {
-            if (sp && (r = us__sp_gather(m, G, A->ln2, Ns)) != US_OK) return r;   /* the GEMM's input again */
+            if ((r = us__tp_wait(m, &wg)) != US_OK) return r;
             us__linear_wgrad(m, Np, C, 2 * F, dgu, sp ? G : A->ln2, us__G(m, US__PL(l, US__P_GATE)));
             if ((r = us__grads_ready(m, US__PL(l, US__P_GATE), US__PL(l, US__P_UP) + 1)) != US_OK) return r;
         }
+        if ((r = us__tp_wait(m, &wd)) != US_OK) return r;
     }
-    /* f (TP: all-reduce) or g's conjugate (SP: reduce-scatter): the column-parallel input's gradient.
-       A MoE layer is not split over tp (each tp rank runs it whole, // >>moe): its gradient is complete */
-    if (m->moe_idx[l] < 0 && (r = sp ? us__sp_scatter(m, dlnp, dln, Ns) : us__tp_sum(m, dln, N * C, dt)) != US_OK) return r;
+    /* (a MoE layer is not split over tp: each tp rank runs it whole, // >>moe, and its input's
+       gradient is complete) */
     if ((r = us__norm_bwd(m, dres, US__PL(l, US__P_LN2), dlnp, A->xmid, A->rstd2, Ns)) != US_OK) return r;
     if ((r = us__grads_ready(m, US__PL(l, US__P_LN2), US__PL(l, US__P_LN2) + 1)) != US_OK) return r;
     /* attention: xmid = x + attention(rope(ln1·Wqkv^T))·Wo^T */
-    if (sp && (r = us__sp_gather(m, G, dres, Ns)) != US_OK) return r;
-    us__linear_dgrad(m, Np, AO, C, dresF, us__W(m, US__PL(l, US__P_O)), 0.0f, datt);
+    if (sp) {
+        us__ring_gemm g = {1, AO, C, us__W(m, US__PL(l, US__P_O)), datt};
+        if ((r = us__sp_gather_gemm(m, G, dres, Ns, &g)) != US_OK) return r;
+    } else us__linear_dgrad(m, Np, AO, C, dres, us__W(m, US__PL(l, US__P_O)), 0.0f, datt);
     if (split) o->copy(o, A->g_o, dresF, rowb, US_COPY_D2D);
     else {
         us__linear_wgrad(m, Np, AO, C, dresF, A->att, us__G(m, US__PL(l, US__P_O)));
         if ((r = us__grads_ready(m, US__PL(l, US__P_O), US__PL(l, US__P_O) + 1)) != US_OK) return r;
+        if (sp && (r = us__sp_gather_early(m, G, A->ln1, Ns, &wg)) != US_OK) return r;   /* under the attention's backward */
     }
     if (m->mesh.cp > 1) {
         if ((r = us__cp_attention_bwd(m, A, dqkv, datt, B, T)) != US_OK) return r;
@@ -5290,12 +5523,13 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
     }
     if (Np > N) o->zero(o, us__at(dqkv, dt, N * QKV), (size_t)((Np - N) * QKV) * us_dtype_size(dt));
     us__linear_dgrad(m, Np, C, QKV, dqkv, us__W(m, US__PL(l, US__P_Q)), 0.0f, dln);
+    if ((r = us__tp_dgrad_start(m, dlnp, dln, N, Ns, &wd)) != US_OK) return r;
     if (!split) {
-        if (sp && (r = us__sp_gather(m, G, A->ln1, Ns)) != US_OK) return r;
+        if ((r = us__tp_wait(m, &wg)) != US_OK) return r;
         us__linear_wgrad(m, Np, C, QKV, dqkv, sp ? G : A->ln1, us__G(m, US__PL(l, US__P_Q)));
         if ((r = us__grads_ready(m, US__PL(l, US__P_Q), US__PL(l, US__P_V) + 1)) != US_OK) return r;
     }
-    if ((r = sp ? us__sp_scatter(m, dlnp, dln, Ns) : us__tp_sum(m, dln, N * C, dt)) != US_OK) return r;
+    if ((r = us__tp_wait(m, &wd)) != US_OK) return r;
     if ((r = us__norm_bwd(m, dres, US__PL(l, US__P_LN1), dlnp, A->x, A->rstd1, Ns)) != US_OK) return r;
     return us__grads_ready(m, US__PL(l, US__P_LN1), US__PL(l, US__P_LN1) + 1);
 }
@@ -5426,6 +5660,8 @@ static us_result us__backward(us_model *m, int B, int T) {
     dlnp = us__at(m->a[US__A_DLN], m->dt, sp ? (int64_t)m->mesh.tp_rank * Ns * C : 0);
     us__grads_begin(m);
     if (!m->c_first && (r = us__grads_ready(m, 0, 1)) != US_OK) return r;   /* absent on this stage: done */
+    if ((r = us__emb_rows_begin(m, sp ? Np : N)) != US_OK) return r;   /* the embedding's gradient by rows (// >>dp) */
+    if (head && (r = us__emb_rows_early(m)) != US_OK) return r;   /* untied: the bucket now */
     if (!m->c_last) {   /* a pipeline stage before the last: DRES holds the gradient received */
         if ((r = us__grads_ready(m, US__P_NORM(L), m->n_params_t)) != US_OK) return r;
         goto layers;
@@ -5434,7 +5670,11 @@ static us_result us__backward(us_model *m, int B, int T) {
     /* logits = xf·Whead^T, the logits buffer now holds dlogits */
     o->gemm(o, 0, 0, Np, C, V, 1.0f, m->a[US__A_LOGITS], m->dt, V, us__W(m, head), m->dt, C, 0.0f, m->a[US__A_DLN], m->dt, C);
     o->gemm(o, 1, 0, V, C, Np, 1.0f, m->a[US__A_LOGITS], m->dt, V, m->a[US__A_XF], m->dt, C, 1.0f, us__G(m, head), US_F32, C);
-    if (head && (r = us__grads_ready(m, head, head + 1)) != US_OK) return r;   /* tied: the embedding's gradient is not done yet */
+    if (head && (r = us__grads_ready(m, head, head + 1)) != US_OK) return r;   /* tied: the embedding's gradient is not done yet, */
+    if (!head) {   /* unless only its rows remain (us__emb_sparse) */
+        m->emb_dirty = 1;
+        if ((r = us__emb_rows_early(m)) != US_OK) return r;
+    }
     /* the vocabulary slices' parts: summed (TP), or summed and split by tokens (SP) */
     if ((r = sp ? us__sp_scatter(m, dlnp, m->a[US__A_DLN], Ns) : us__tp_sum(m, m->a[US__A_DLN], N * C, m->dt)) != US_OK) return r;
     o->zero(o, m->a[US__A_DRES], (size_t)Ns * C * us_dtype_size(m->dt));
@@ -5451,12 +5691,18 @@ layers:
         if (m->trace) { snprintf(nm, sizeof nm, "backward layer %d", l); us__trace(m, "compute", nm, t0); }
     }
     if ((r = us__z3_enter(m, 0, -1)) != US_OK) return r;
-    if (!m->c_first) {}   /* DRES is the gradient of this stage's input: the executor sends it back */
-    else if (sp) {   /* every rank needs every token's gradient: its vocabulary rows may be anywhere */
-        if ((r = us__sp_gather(m, m->a[US__A_SPG], m->a[US__A_DRES], Ns)) != US_OK) return r;
-        o->embedding_bwd(o, us__G(m, 0), m->a[US__A_SPG], (const int32_t *)m->a[US__A_TOK], Np, C, m->dt);
-    } else o->embedding_bwd(o, us__G(m, 0), m->a[US__A_DRES], (const int32_t *)m->a[US__A_TOK], N, C, m->dt);
-    if (m->c_first && (r = us__grads_ready(m, 0, 1)) != US_OK) return r;
+    if (m->c_first) {   /* (else DRES is the gradient of this stage's input: the executor sends it back) */
+        /* every rank needs every token's gradient under SP: its vocabulary rows may be anywhere */
+        const void *dx = sp ? m->a[US__A_SPG] : m->a[US__A_DRES];
+        int64_t R = sp ? Np : N;
+        if (sp && (r = us__sp_gather(m, m->a[US__A_SPG], m->a[US__A_DRES], Ns)) != US_OK) return r;
+        if (m->emb_on) { if ((r = us__emb_rows_finish(m, dx, R)) != US_OK) return r; }
+        else {
+            o->embedding_bwd(o, us__G(m, 0), dx, (const int32_t *)m->a[US__A_TOK], R, C, m->dt);
+            m->emb_dirty = 1;
+            if ((r = us__grads_ready(m, 0, 1)) != US_OK) return r;
+        }
+    }
     us__z3_release_all(m);
     return m->err[0] ? US_ERR_BACKEND : US_OK;   /* a slot's reduction may have failed inside us__G */
 }
@@ -5514,6 +5760,7 @@ static us_result us__ls_update(us_model *m, int overflow) {
 /* ------------------------------------------------------------------------------------ */
 US_API void us_model_zero_grad(us_model *m) {
     m->ops.zero(&m->ops, m->grad, (size_t)(m->tc.zero >= 2 ? m->shard_n : m->n_flat) * 4);
+    m->emb_dirty = 0;
 }
 
 US_API us_result us_forward_backward(us_model *m, const int32_t *inputs, const int32_t *targets, int B, int T,

@@ -1996,6 +1996,7 @@ done:
 /* ------------------------------------------------------------------------------------ */
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+#include <sched.h>
 
 typedef struct us__nccl_group {   /* us_group.impl: one communicator */
     ncclComm_t comm;
@@ -2194,6 +2195,7 @@ static us_result us__nccl_wait(us_comm *c, us_work *w) {
     for (;;) {
         ncclResult_t ar = ncclSuccess, qr;
         cudaError_t e = cudaEventQuery(wk->done);
+        double waited;
         if (e == cudaSuccess) break;
         if (e != cudaErrorNotReady) {
             r = us__nccl_fail(c, "%s failed on the GPU: %s; communicator aborted", wk->what, cudaGetErrorString(e));
@@ -2205,12 +2207,19 @@ static us_result us__nccl_wait(us_comm *c, us_work *w) {
                               ncclGetErrorString(qr != ncclSuccess ? qr : ar), ncclGetLastError(wk->g->comm));
             goto release;
         }
-        if (us__boot_now() - t_start > timeout) {
+        if ((waited = us__boot_now() - t_start) > timeout) {
             r = us__nccl_fail(c, "%s did not complete within %g s; a peer may have died; communicator aborted", wk->what, timeout);
             goto release;
         }
-        us__boot_sleep(nap);   /* 5 µs, growing to 1 ms: short collectives return fast, long ones cost no CPU */
-        if (nap < 1e-3) nap *= 1.25;
+        /* Spin for the first 20 ms, then sleep 5 µs growing to 1 ms. A sleep overshoots (the
+           kernel's timer slack is 50 µs) and the GPU idles meanwhile: a collective on the critical
+           path (tensor and sequence parallelism wait ~10 per layer) would lose that every time.
+           Only long waits, where a millisecond is noise, are left to sleep. */
+        if (waited < 0.02) sched_yield();
+        else {
+            us__boot_sleep(nap);
+            if (nap < 1e-3) nap *= 1.25;
+        }
     }
     { cudaError_t e = cudaStreamWaitEvent(nb->compute, wk->done, 0);   /* order compute after it */
       if (e != cudaSuccess) { r = us__nccl_fail(c, "cudaStreamWaitEvent failed after %s: %s", wk->what, cudaGetErrorString(e)); goto release; } }

@@ -3,14 +3,17 @@
 # nvidia-h200-x2 machine with build/train_cuda, build/comm_bw and build/tinyshakespeare.txt built
 # here (make build/train_cuda build/comm_bw; cp <tinyshakespeare.txt> build/).
 #   comm    the comm seam's bus bandwidth against raw NCCL, 1 MB - 1 GB (build/comm_bw)
-#   dp      Llama-3.2-1B shape, T 4096, 4 sequences per GPU: one GPU, dp 2, dp 2 + ZeRO-3
+#   dp      Llama-3.2-1B shape, T 4096, 4 sequences per GPU: one GPU, dp 2, dp 2 with the
+#           embedding's gradient reduced whole at the end (--dense-emb-grad), dp 2 + ZeRO-3
 #   ctas    dp 2 with NCCL's thread blocks capped (NCCL_MAX_CTAS in CTAS, default "4 8")
-#   tp      tp 2 + sp on 8 sequences (each rank does one GPU's work of 4 sequences)
+#   tp      tp 2 + sp on 8 sequences (each rank does one GPU's work of 4 sequences), overlapped
+#           (the default) and serial (--tp-no-overlap)
 #   pp      untied 1B, 16 micro-batches of one sequence: one GPU accumulating, pp 2 1F1B with the
 #           default (FLOP-balanced) split, the even split 8,8, and 9,7
 #   cp      1B at T 32768, one sequence, selective recompute: one GPU, cp 2 zig-zag
 #   ep      1B with 8 fine-grained experts (top-2, ffn 2048) per layer, 2 sequences per GPU:
-#           one GPU accumulating two micro-batches, ep 2 over dp 2
+#           one GPU accumulating two micro-batches, ep 2 over dp 2; EP_BIAS sets --moe-bias-rate
+#           for both (Shakespeare's bytes collapse the router at the default 1e-3)
 # Every run writes a trace; bench/trace_stats.py says where its time goes. Efficiency is
 # tokens/s on 2 GPUs over twice one GPU's (median of the steps after the first two).
 # SECTIONS picks sections (default all); logs in $OUT (default /tmp/scale_gpu); a table last.
@@ -32,6 +35,7 @@ if run comm; then timeout -k 5 240 build/comm_bw --nproc 2 > "$OUT/comm_bw.txt" 
 if run dp; then
     go ref_dp --seq 4096 --batch 4 --tied
     go dp2 --seq 4096 --batch 8 --nproc 2 --tied
+    go dp2_dense --seq 4096 --batch 8 --nproc 2 --tied --dense-emb-grad   # the embedding reduced whole, last
     go dp2_z3 --seq 4096 --batch 8 --nproc 2 --zero 3 --tied
 fi
 if run ctas; then   # NCCL's thread blocks take SMs from the backward it overlaps: cap them (NCCL_MAX_CTAS)
@@ -41,6 +45,7 @@ fi
 if run tp; then
     [ -f "$OUT/ref_dp.jsonl" ] || go ref_dp --seq 4096 --batch 4 --tied
     go tp2_sp --seq 4096 --batch 8 --nproc 2 --tp 2 --sp --tied
+    go tp2_sp_serial --seq 4096 --batch 8 --nproc 2 --tp 2 --sp --tied --tp-no-overlap   # every collective waited where issued
 fi
 if run pp; then
     go ref_pp --seq 4096 --batch 1 --grad-accum 16
@@ -53,7 +58,7 @@ if run cp; then
     go cp2_zigzag --seq 32768 --batch 1 --nproc 2 --cp 2 --cp-mode zigzag --recompute selective --tied
 fi
 if run ep; then
-    MOE="--experts 8 --top-k 2 --moe-ffn 2048 --tied"
+    MOE="--experts 8 --top-k 2 --moe-ffn 2048 --tied ${EP_BIAS:+--moe-bias-rate $EP_BIAS}"
     go ref_ep --seq 4096 --batch 2 --grad-accum 2 $MOE
     go ep2 --seq 4096 --batch 4 --nproc 2 --ep 2 $MOE
 fi
@@ -66,12 +71,16 @@ def tok(name):
     if len(r) < 3: return None, None, None
     return statistics.median(x["tok_s"] for x in r[2:]), statistics.median(x["mfu"] for x in r[2:]), r[-1]["mem_bytes"] / 2**30
 print("%-12s %-12s %12s %12s %7s %10s %11s" % ("run", "vs", "tok/s", "ref tok/s", "MFU", "efficiency", "GiB/GPU"))
-for name, ref in [("dp2", "ref_dp"), ("dp2_ctas4", "ref_dp"), ("dp2_ctas8", "ref_dp"), ("dp2_z3", "ref_dp"), ("tp2_sp", "ref_dp"), ("pp2_1f1b", "ref_pp"),
+for name, ref in [("dp2", "ref_dp"), ("dp2_dense", "ref_dp"), ("dp2_ctas4", "ref_dp"), ("dp2_ctas8", "ref_dp"), ("dp2_z3", "ref_dp"), ("tp2_sp", "ref_dp"), ("tp2_sp_serial", "ref_dp"), ("pp2_1f1b", "ref_pp"),
                   ("pp2_1f1b_8_8", "ref_pp"), ("pp2_1f1b_9_7", "ref_pp"), ("cp2_zigzag", "ref_cp"), ("ep2", "ref_ep")]:
     t, mfu, mem = tok(name); tr, _, _ = tok(ref)
     if t is None or tr is None: print("%-12s %-12s missing (see runs.txt)" % (name, ref)); continue
     print("%-12s %-12s %12.0f %12.0f %6.1f%% %9.1f%% %11.1f" % (name, ref, t, tr, 100 * mfu, 100 * t / (2 * tr), mem))
-for name in ["ref_dp", "dp2", "dp2_ctas4", "dp2_ctas8", "dp2_z3", "tp2_sp", "ref_pp", "pp2_1f1b", "pp2_1f1b_8_8", "pp2_1f1b_9_7", "ref_cp", "cp2_zigzag", "ref_ep", "ep2"]:
+for name in ["ref_ep", "ep2"]:   # how balanced the routing was: max/mean tokens per expert
+    f = "%s/%s.jsonl" % (out, name)
+    r = [json.loads(l) for l in open(f)] if os.path.exists(f) else []
+    if r and "moe_imbalance" in r[0]: print("%s moe_imbalance by step: %s" % (name, " ".join("%.2f" % x["moe_imbalance"] for x in r)))
+for name in ["ref_dp", "dp2", "dp2_dense", "dp2_ctas4", "dp2_ctas8", "dp2_z3", "tp2_sp", "tp2_sp_serial", "ref_pp", "pp2_1f1b", "pp2_1f1b_8_8", "pp2_1f1b_9_7", "ref_cp", "cp2_zigzag", "ref_ep", "ep2"]:
     f = "%s/%s.json" % (out, name)
     if os.path.exists(f):
         print(subprocess.run([sys.executable, "bench/trace_stats.py", f, "--label", name], capture_output=True, text=True).stdout.rstrip())

@@ -95,6 +95,9 @@ static void usage(FILE *f) {
         "  --tp N            tensor-parallel ranks (default 1): heads, FFN and vocabulary split; the\n"
         "                    world is dp x tp ranks (tp innermost)\n"
         "  --sp              sequence parallelism: norms and the residual stream split over tp by tokens\n"
+        "  --tp-no-overlap   wait for every tp collective where it is issued (default: the backward's\n"
+        "                    reductions travel under the weight-gradient GEMMs, SP's gathers under\n"
+        "                    the GEMMs they feed)\n"
         "  --cp N            context-parallel ranks (default 1): every sequence split over N ranks\n"
         "  --ep N            expert-parallel ranks (default 1, needs --experts): each MoE layer's experts\n"
         "                    split over N of the dp x cp ranks, tokens sent to them by all-to-all; N\n"
@@ -114,6 +117,8 @@ static void usage(FILE *f) {
         "  --pp-chunks V     model chunks per rank for the interleaved schedules (default 2)\n"
         "  --pp-layers A,B,.. layers per pipeline stage (pp x chunks counts; default: an even split)\n"
         "  --bucket-mb X     gradient bucket size in MiB (default 25)\n"
+        "  --dense-emb-grad  reduce the whole embedding gradient at the end of the backward\n"
+        "                    (default: only the rows the batch touched, the rest earlier)\n"
         "  --nproc N         CUDA: start N processes on this node, one per GPU (sets --dp N)\n"
         "  --comm-timeout S  a collective that cannot finish in S seconds fails the run (default 300)\n"
         "  --trace FILE.json Chrome / Perfetto trace: one row per rank and stream\n"
@@ -591,6 +596,8 @@ int main(int argc, char **argv) {
         int ok = 1, takes = 1;
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) { usage(stdout); return 0; }
         else if (!strcmp(f, "--tied")) { mc.tie_embeddings = 1; takes = 0; }
+        else if (!strcmp(f, "--dense-emb-grad")) { tc.dense_emb_grad = 1; takes = 0; }
+        else if (!strcmp(f, "--tp-no-overlap")) { tc.tp_no_overlap = 1; takes = 0; }
         else if (!strcmp(f, "--quiet")) { o.quiet = 1; takes = 0; }
         else if (!strcmp(f, "--sp")) { tc.sp = 1; takes = 0; }
         else if (!strcmp(f, "--pp-clock")) { tc.pp_clock = 1; takes = 0; }

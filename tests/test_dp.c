@@ -34,6 +34,10 @@ typedef struct run {
     us_trace trace[8];
     int tracing;
     double max_loss_rel, max_w_abs;
+    int emb_sparse[8];        /* the model reduced the embedding's gradient by rows */
+    int64_t sent[8];          /* bytes each rank sent */
+    float *wr[8];             /* when set: each rank's whole flat weights (fp32, ZeRO < 3) */
+    int vocab_used;           /* the data's tokens are < this (0: the whole vocabulary) */
 } run;
 
 /* This rank's final weights, written into run->weights by tensor (fp32 policies only: the
@@ -83,6 +87,9 @@ static us_result rank_fn(us_comm *c, void *arg) {
         if (rank == 0) R->loss[s] = st.loss;
     }
     if (r == US_OK && m.dt == US_F32 && R->weights) collect_weights(R, &m);
+    if (r == US_OK && R->wr[rank]) memcpy(R->wr[rank], m.w, (size_t)m.n_flat * 4);
+    R->emb_sparse[rank] = m.emb_sparse;
+    R->sent[rank] = c ? c->bytes_sent : 0;
     if (c) c->trace = NULL;
     us_model_free(&m);
     free(in); free(tgt);
@@ -104,7 +111,8 @@ static void make_data(run *R, uint64_t seed) {
     size_t n = (size_t)STEPS * R->tc.grad_accum * GB * T, i;
     R->in = (int32_t *)malloc(n * 4); R->tgt = (int32_t *)malloc(n * 4);
     us_test_rs = seed;
-    for (i = 0; i < n; i++) { R->in[i] = (int32_t)(rnd64() % 61); R->tgt[i] = rnd01() < 0.1 ? -1 : (int32_t)(rnd64() % 61); }
+    int64_t v = R->vocab_used ? R->vocab_used : R->mc.vocab;
+    for (i = 0; i < n; i++) { R->in[i] = (int32_t)(rnd64() % v); R->tgt[i] = rnd01() < 0.1 ? -1 : (int32_t)(rnd64() % v); }
 }
 
 int main(int argc, char **argv) {
@@ -150,6 +158,74 @@ int main(int argc, char **argv) {
             free(ref.weights); free(ref.in); free(ref.tgt);
         }
     printf("  observed: losses within %.2e relative, final weights within %.2e absolute of one rank\n", worst_loss, worst_w);
+
+    /* ---- the embedding's gradient by its touched rows (us__emb_sparse): a vocabulary of 256 of which
+       the data uses 40, dim 16 — the condition holds, so the default reduces the last micro-batch's
+       lookup gradient as packed rows and the rest of the bucket early. Against one rank and against
+       the dense reduction; the replicas stay bitwise equal; the bytes sent shrink. */
+    for (tied = 0; tied <= 1; tied++)
+        for (ai = 0; ai < 2; ai++) {
+            run ref;
+            int64_t np;
+            setup(&ref, 1, 0, accums[ai], tied, 0.004f);
+            ref.mc.vocab = 256; ref.mc.dim = 16; ref.mc.n_heads = 2; ref.mc.n_kv_heads = 1; ref.vocab_used = 40;
+            make_data(&ref, 21 + ai);
+            {
+                us_model tmp;
+                us_train_config tc = ref.tc;
+                us_model_init(&tmp, &ref.mc, &tc, NULL);
+                np = tmp.n_params;
+                us_model_free(&tmp);
+            }
+            ref.weights = (float *)malloc((size_t)np * 4);
+            CHECK(launch(&ref) == US_OK, "embedding rows: reference run (accum %d, tied %d)", accums[ai], tied);
+            for (di = 0; di < 2; di++)
+                for (zi = 0; zi <= 1; zi++) {
+                    run R[2];   /* by rows (the default), dense */
+                    int v, r, same = 1;
+                    double ml[2] = {0, 0}, mw[2] = {0, 0};
+                    int64_t j, sent[2] = {0, 0};
+                    for (v = 0; v < 2; v++) {
+                        setup(&R[v], dps[di], zi, accums[ai], tied, 0.004f);
+                        R[v].mc = ref.mc;
+                        R[v].tc.dense_emb_grad = v;
+                        R[v].in = ref.in; R[v].tgt = ref.tgt;
+                        R[v].weights = (float *)calloc((size_t)np, 4);
+                        for (r = 0; r < dps[di]; r++) R[v].wr[r] = (float *)calloc((size_t)np + 4096, 4);
+                        if (launch(&R[v]) != US_OK) CHECK(0, "embedding rows: dp %d zero %d ran", dps[di], zi);
+                        for (s = 0; s < STEPS; s++) { double d = fabs(R[v].loss[s] - ref.loss[s]) / fabs(ref.loss[s]); if (d > ml[v]) ml[v] = d; }
+                        for (j = 0; j < np; j++) { double d = fabs(R[v].weights[j] - ref.weights[j]); if (d > mw[v]) mw[v] = d; }
+                        for (r = 0; r < dps[di]; r++) sent[v] += R[v].sent[r];
+                    }
+                    for (r = 1; r < dps[di]; r++) same &= !memcmp(R[0].wr[0], R[0].wr[r], (size_t)np * 4);
+                    CHECK(R[0].emb_sparse[0] && !R[1].emb_sparse[0] && ml[0] < 2e-5 && mw[0] < 2e-5 && ml[1] < 2e-5 && mw[1] < 2e-5,
+                          "embedding by rows, dp %d zero %d accum %d %s: equals one rank (loss rel %.1e, weights %.1e; dense %.1e, %.1e)",
+                          dps[di], zi, accums[ai], tied ? "tied" : "untied", ml[0], mw[0], ml[1], mw[1]);
+                    CHECK(same, "embedding by rows, dp %d zero %d accum %d %s: every rank's weights equal rank 0's to the bit",
+                          dps[di], zi, accums[ai], tied ? "tied" : "untied");
+                    if (!tied && accums[ai] == 1 && zi == 0) {   /* nothing to reduce early: only the packed rows travel */
+                        int64_t table = (int64_t)ref.mc.vocab * ref.mc.dim * 4, rows = (int64_t)40 * ref.mc.dim * 4;
+                        int64_t per_rank_min = STEPS * (2 * (dps[di] - 1) * (table - rows) / dps[di] - GB * T * 4);
+                        CHECK(sent[1] - sent[0] >= dps[di] * per_rank_min,
+                              "embedding by rows, dp %d untied: %lld bytes sent instead of %lld (at least %lld fewer: the table's all-reduce less 40 rows and the tokens)",
+                              dps[di], (long long)sent[0], (long long)sent[1], (long long)(dps[di] * per_rank_min));
+                    }
+                    for (v = 0; v < 2; v++) { free(R[v].weights); for (r = 0; r < dps[di]; r++) free(R[v].wr[r]); }
+                }
+            free(ref.weights); free(ref.in); free(ref.tgt);
+        }
+    {   /* where it would not pay or fit, the default stays dense: ZeRO-2, and the vocabulary of 61 above */
+        us_model_config mc; us_train_config tc;
+        memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
+        mc.vocab = 256; mc.dim = 16; tc.dp = 2;
+        CHECK(us__emb_sparse(&mc, &tc), "vocab 256, dim 16, dp 2: by rows");
+        tc.zero = 2;
+        CHECK(!us__emb_sparse(&mc, &tc), "... not under ZeRO-2 (the gradient lives in slots)");
+        tc.zero = 0; tc.pp = 2;
+        CHECK(!us__emb_sparse(&mc, &tc), "... not under pp 2");
+        tc.pp = 0; mc.vocab = 61; mc.dim = 32; tc.precision = US_PRECISION_FP32;
+        CHECK(!us__emb_sparse(&mc, &tc), "vocab 61, dim 32, fp32, dp 2: dense (the packed rows would not fit the logits)");
+    }
 
     /* ---- memory: what each rank allocated is the estimator's prediction, and ZeRO saves it */
     {

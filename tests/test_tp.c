@@ -31,7 +31,7 @@ typedef struct run {
     int32_t *in, *tgt;        /* [STEPS][accum][GB][T] */
     float loss[STEPS], gnorm[STEPS];
     float *weights;           /* final fp32 weights by tensor in one-rank order (n_params) */
-    float eval_logits[64];    /* the last position's logits of a 1 x 7 evaluation (N not a multiple of tp) */
+    float eval_logits[256];    /* the last position's logits of a 1 x 7 evaluation (N not a multiple of tp) */
     double eval_loss;
     int64_t eval_correct;
     us_trace *trace;          /* [ranks] when set: each rank's trace */
@@ -93,7 +93,7 @@ static us_result rank_fn(us_comm *c, void *arg) {
     if (r == US_OK && R->weights) collect(R, &m);
     if (c) c->trace = NULL;
     if (r == US_OK) {   /* an evaluation whose 7 tokens do not split evenly over tp (SP pads them) */
-        float lg[64];
+        float lg[256];
         double ls = 0;
         int64_t cor = 0;
         r = us_forward_eval(&m, R->in, R->tgt, 1, 7, &ls, &cor, lg);
@@ -109,7 +109,7 @@ static us_result launch(run *R) { return us_test_launch(R->tc.dp * R->tc.tp, ran
 
 static void setup(run *R, int dp, int tp, int zero, int accum, int tied, us_recompute rc, int sp) {
     memset(R, 0, sizeof *R);
-    R->mc.n_layers = 2; R->mc.dim = 32; R->mc.n_heads = 4; R->mc.n_kv_heads = 4; R->mc.vocab = 64; R->mc.ffn_dim = 48;
+    R->mc.n_layers = 2; R->mc.dim = 32; R->mc.n_heads = 4; R->mc.n_kv_heads = 4; R->mc.vocab = 256; R->mc.ffn_dim = 48;   /* dp ranks reduce the embedding by rows (us__emb_sparse) */
     R->mc.tie_embeddings = tied;
     R->tc.batch = GB; R->tc.seq = T; R->tc.grad_accum = accum; R->tc.steps = STEPS; R->tc.lr = 1e-2f; R->tc.threads = 1;
     R->tc.dp = dp; R->tc.tp = tp; R->tc.zero = zero; R->tc.seed = 5; R->tc.recompute = rc; R->tc.bucket_mb = 0.004f; R->tc.sp = sp;
@@ -122,6 +122,7 @@ int main(int argc, char **argv) {
     int ci, tied, ai, s;
     double worst_l = 0, worst_w = 0;
     us_test_verbose = argc > 1 && !strcmp(argv[1], "-v");
+    us__sp_chunk_rows = 16;   /* SP's reduce-scatters in chunks even here: 2 to 4 per GEMM (us__sp_gemm_scatter) */
     for (tied = 0; tied <= 1; tied++)
         for (ai = 1; ai <= 2; ai++) {
             run ref;
@@ -131,7 +132,7 @@ int main(int argc, char **argv) {
             n = (int64_t)STEPS * ai * GB * T;
             ref.in = (int32_t *)malloc((size_t)n * 4); ref.tgt = (int32_t *)malloc((size_t)n * 4);
             us_test_rs = 17 + ai + 10 * tied;
-            for (i = 0; i < n; i++) { ref.in[i] = (int32_t)(rnd64() % 64); ref.tgt[i] = rnd01() < 0.1 ? -1 : (int32_t)(rnd64() % 64); }
+            for (i = 0; i < n; i++) { ref.in[i] = (int32_t)(rnd64() % 256); ref.tgt[i] = rnd01() < 0.1 ? -1 : (int32_t)(rnd64() % 256); }
             np = us_param_count(&ref.mc);
             ref.weights = (float *)malloc((size_t)np * 4);
             CHECK(launch(&ref) == US_OK, "reference: one rank (accum %d, tied %d)", ai, tied);
@@ -151,7 +152,7 @@ int main(int argc, char **argv) {
                 for (j = 0; j < np; j++) { double d = fabs(R.weights[j] - ref.weights[j]); if (d > mw) mw = d; }
                 {   /* the padded evaluation: loss, accuracy and the gathered logits */
                     double el = fabs(R.eval_loss - ref.eval_loss) / ref.eval_loss, eg = 0;
-                    for (j = 0; j < 64; j++) if (fabs(R.eval_logits[j] - ref.eval_logits[j]) > eg) eg = fabs(R.eval_logits[j] - ref.eval_logits[j]);
+                    for (j = 0; j < 256; j++) if (fabs(R.eval_logits[j] - ref.eval_logits[j]) > eg) eg = fabs(R.eval_logits[j] - ref.eval_logits[j]);
                     CHECK(el < 1e-4 && eg < 1e-3 && R.eval_correct == ref.eval_correct, "dp %d x tp %d%s: a 1 x 7 evaluation matches (loss rel %.1e, logits abs %.1e, %lld = %lld correct)",
                           cfg[ci][0], cfg[ci][1], cfg[ci][3] ? " + sp" : "", el, eg, (long long)R.eval_correct, (long long)ref.eval_correct);
                 }
@@ -170,33 +171,49 @@ int main(int argc, char **argv) {
             free(ref.weights); free(ref.in); free(ref.tgt);
         }
     printf("  observed: losses and gradient norms within %.2e relative, final weights within %.2e absolute of one rank\n", worst_l, worst_w);
-    {   /* the trace of a tp 2 + sp step: the TP collectives are on the comm rows, and nothing
-           of the forward can run ahead of them (each is waited before the next GEMM) */
-        us_trace tr[2];
-        int r, ag = 0, rs = 0, ar = 0;
-        us_test_rs = 3;
-        memset(tr, 0, sizeof tr);
-        {
-            run R;
-            int64_t n = (int64_t)STEPS * GB * T, i;
-            setup(&R, 1, 2, 0, 1, 0, US_RECOMPUTE_NONE, 1);
-            R.in = (int32_t *)malloc((size_t)n * 4); R.tgt = (int32_t *)malloc((size_t)n * 4);
-            for (i = 0; i < n; i++) { R.in[i] = (int32_t)(rnd64() % 64); R.tgt[i] = (int32_t)(rnd64() % 64); }
-            R.trace = tr;
-            CHECK(launch(&R) == US_OK, "traced tp 2 + sp run");
-            free(R.in); free(R.tgt);
-        }
-        for (r = 0; r < 2; r++) {
-            int i;
-            for (i = 0; i < tr[r].n[US_STREAM_COMM]; i++) {
-                const char *nm = tr[r].ev[US_STREAM_COMM][i].name;
-                ag += !strncmp(nm, "all_gather", 10); rs += !strncmp(nm, "reduce_scatter", 14); ar += !strncmp(nm, "all_reduce", 10);
+    {   /* the trace of a tp 2 + sp step, serial (tp_no_overlap) and overlapped (the default): the TP
+           collectives are on the comm rows; overlapped, each forward g and the backward's gathers of
+           the residual gradient are ring exchanges instead (us__sp_gather_gemm), the forward's ḡ four
+           reduce-scatters of 16-row chunks (us__sp_gemm_scatter), and the results are
+           the serial run's to the bit (the CPU GEMM's rows do not depend on the rows beside them) */
+        float loss[2][STEPS];
+        int v;
+        for (v = 0; v < 2; v++) {
+            us_trace tr[2];
+            int r, ag = 0, rs = 0, ar = 0, sr = 0;
+            us_test_rs = 3;
+            memset(tr, 0, sizeof tr);
+            {
+                run R;
+                int64_t n = (int64_t)STEPS * GB * T, i;
+                setup(&R, 1, 2, 0, 1, 0, US_RECOMPUTE_NONE, 1);
+                R.tc.tp_no_overlap = !v;
+                R.in = (int32_t *)malloc((size_t)n * 4); R.tgt = (int32_t *)malloc((size_t)n * 4);
+                for (i = 0; i < n; i++) { R.in[i] = (int32_t)(rnd64() % 256); R.tgt[i] = (int32_t)(rnd64() % 256); }
+                R.trace = tr;
+                CHECK(launch(&R) == US_OK, "traced tp 2 + sp run (%s)", v ? "overlapped" : "serial");
+                memcpy(loss[v], R.loss, sizeof R.loss);
+                free(R.in); free(R.tgt);
             }
-            us_trace_free(&tr[r]);
+            for (r = 0; r < 2; r++) {
+                int i;
+                for (i = 0; i < tr[r].n[US_STREAM_COMM]; i++) {
+                    const char *nm = tr[r].ev[US_STREAM_COMM][i].name;
+                    ag += !strncmp(nm, "all_gather", 10); rs += !strncmp(nm, "reduce_scatter", 14); ar += !strncmp(nm, "all_reduce", 10);
+                    sr += !strncmp(nm, "sendrecv", 8);
+                }
+                us_trace_free(&tr[r]);
+            }
+            /* per step and rank: 2 layers x (2 g in the forward + 4 in the backward) + the head's 1 + the embedding's 1;
+               overlapped, 2 layers x 4 of them are ring exchanges (2 forward, 2 of the backward) */
+            if (!v) CHECK(ag >= 2 * STEPS * (2 * 6 + 2) && sr == 0 && rs >= 2 * STEPS * (2 * 4 + 2) && ar > 0,
+                          "serial: the trace shows SP's all-gathers (%d) and reduce-scatters (%d) and the loss's all-reduces (%d) on the comm rows", ag, rs, ar);
+            else CHECK(sr == 2 * STEPS * 2 * 4 && ag >= 2 * STEPS * (2 * 2 + 2) && ag < 2 * STEPS * (2 * 6 + 2) && rs == 2 * STEPS * (2 * (2 * 4 + 2) + 2),
+                       "overlapped: %d ring exchanges (= 2 ranks x %d steps x 2 layers x 4), %d all-gathers, %d reduce-scatters (the forward's in 4 chunks of 16 rows)",
+                       sr, STEPS, ag, rs);
         }
-        /* per step and rank: 2 layers x (2 g in the forward + 4 in the backward) + the head's 1 + the embedding's 1 */
-        CHECK(ag >= 2 * STEPS * (2 * 6 + 2) && rs >= 2 * STEPS * (2 * 4 + 2) && ar > 0,
-              "the trace shows SP's all-gathers (%d) and reduce-scatters (%d) and the loss's all-reduces (%d) on the comm rows", ag, rs, ar);
+        CHECK(!memcmp(loss[0], loss[1], sizeof loss[0]), "overlapped tp 2 + sp: every step's loss equals the serial run's to the bit (%.9g vs %.9g at the last)",
+              loss[1][STEPS - 1], loss[0][STEPS - 1]);
     }
     {   /* bf16: the partial products are rounded to bf16 before they are summed (as Megatron's bf16
            all-reduce does), so the tolerance is bf16's: losses within 1% over STEPS steps */
@@ -207,7 +224,7 @@ int main(int argc, char **argv) {
         ref.tc.precision = US_PRECISION_BF16;
         ref.in = (int32_t *)malloc((size_t)n * 4); ref.tgt = (int32_t *)malloc((size_t)n * 4);
         us_test_rs = 77;
-        for (i = 0; i < n; i++) { ref.in[i] = (int32_t)(rnd64() % 64); ref.tgt[i] = (int32_t)(rnd64() % 64); }
+        for (i = 0; i < n; i++) { ref.in[i] = (int32_t)(rnd64() % 256); ref.tgt[i] = (int32_t)(rnd64() % 256); }
         setup(&R, 2, 2, 1, 1, 1, US_RECOMPUTE_NONE, 1);
         R.tc.precision = US_PRECISION_BF16;
         R.in = ref.in; R.tgt = ref.tgt;
