@@ -319,7 +319,9 @@ typedef struct us_train_config {
     int      sp;           /* 1: sequence parallelism: norms and the residual stream split over tp by tokens */
     int      tp_no_overlap;   /* 1: every tp collective waited for where it is issued (for comparison). Default
                                  0: the backward's reductions and gathers travel under the weight-gradient GEMMs,
-                                 and SP's gathers under the GEMMs they feed (us__sp_gather_ring, // >>tp) */
+                                 and SP's gathers under the GEMMs they feed (us__sp_gather_gemm, // >>tp) */
+    int      overlap_sms;     /* SMs the GEMMs running beside an overlapped tp collective leave to it
+                                 (us_ops.sm_margin); default 0: 16; -1: none */
     /* context parallelism (// >>cp): every sequence split over cp ranks for the whole model;
        inputs to us_train_step are then this rank's seq/cp tokens of each sequence */
     int      cp;           /* default 1; seq must split into cp (ring) or 2·cp (zigzag, allgather) chunks */
@@ -360,6 +362,8 @@ typedef struct us_ops us_ops;
 struct us_ops {
     const char *name;
     int   nthreads;   /* CPU threads for the CPU ops; 0 = all */
+    int   sm_margin;  /* GPU backends: SMs a GEMM leaves free for communication running beside it (the
+                         model sets it around an overlapped collective, // >>tp); 0 = the GEMM takes all */
     void *backend;    /* backend-private state */
     void *(*alloc)(us_ops *o, size_t bytes);                      /* zero-filled, 64-byte aligned */
     void  (*free)(us_ops *o, void *p);
@@ -680,6 +684,7 @@ typedef struct us_model {
     int      gslot_unit[3], wslot_unit[3];   /* which unit holds each slot, -1 free */
     int      grad_sync;       /* reduce gradients in this backward (us_train_step sets it) */
     int      synced;          /* reductions were launched and must be finished before the step */
+    int      tp_inflight;     /* tp collectives started and not yet waited for (// >>tp) */
     /* the embedding's gradient by its touched rows (us__emb_sparse, // >>dp) */
     int      emb_sparse;      /* this model reduces the last micro-batch's lookup gradient by rows */
     int      emb_on;          /* this backward does: emb_nu rows gathered at its start */
@@ -1452,6 +1457,7 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
     if (!(tc->bucket_mb > 0) || !isfinite(tc->bucket_mb)) US__BAD("bucket size %g MB must be a positive number", tc->bucket_mb);
     if (tc->dense_emb_grad != 0 && tc->dense_emb_grad != 1) US__BAD("dense_emb_grad=%d must be 0 or 1", tc->dense_emb_grad);
     if (tc->tp_no_overlap != 0 && tc->tp_no_overlap != 1) US__BAD("tp_no_overlap=%d must be 0 or 1", tc->tp_no_overlap);
+    if (tc->overlap_sms < -1 || tc->overlap_sms > 4096) US__BAD("overlap_sms=%d must be -1 (none), 0 (the default) or a count of SMs", tc->overlap_sms);
     if (tc->tp < 1) US__BAD("tp=%d must be at least 1", tc->tp);
     if (tc->cp < 1) US__BAD("cp=%d must be at least 1", tc->cp);
     if (tc->pp < 1) US__BAD("pp=%d must be at least 1", tc->pp);
@@ -4625,24 +4631,36 @@ static us_result us__sp_scatter(us_model *m, void *shard, const void *full, int6
    depends on the weight-gradient GEMM, so the gather is started before the input-gradient GEMMs
    and the reduction before the weight-gradient GEMM, and both travel while those compute.
    Starts the reduction of dln [Np, C] into this rank's rows (dlnp) or in place: */
-static us_result us__tp_dgrad_start(us_model *m, void *dlnp, void *dln, int64_t N, int64_t Ns, us_work **w) {
-    us_result r;
-    us_work **wa = m->tc.tp_no_overlap ? NULL : w;   /* (no overlap: finished here) */
-    *w = NULL;
-    if (m->tc.tp <= 1) return US_OK;
-    if (us__sp(m)) return us__sp_scatter_w(m, dlnp, dln, Ns, wa);
-    r = m->comm->all_reduce(m->comm, &m->mesh.tp_g, dln, N * m->cfg.dim, m->dt, US_REDUCE_SUM, wa);
-    return us__comm_fail(m, r, "tensor-parallel all-reduce");
+/* While a tp collective travels, the GEMMs beside it leave it overlap_sms SMs (us_ops.sm_margin):
+   measured on two H200s, a reduce-scatter sharing the SMs with a weight-gradient GEMM took 1.8 ms
+   instead of 0.3. Started collectives are counted; the margin holds until the last is waited for. */
+static void us__tp_started(us_model *m, us_work *w) {
+    if (!w) return;
+    m->tp_inflight++;
+    m->ops.sm_margin = m->tc.overlap_sms < 0 ? 0 : m->tc.overlap_sms ? m->tc.overlap_sms : 16;
 }
 static us_result us__tp_wait(us_model *m, us_work **w) {   /* a started collective, finished (NULL: none) */
     us_result r;
     if (!*w) return US_OK;
     r = m->comm->wait(m->comm, *w);
     *w = NULL;
+    if (--m->tp_inflight <= 0) { m->tp_inflight = 0; m->ops.sm_margin = 0; }
     return us__comm_fail(m, r, "tensor-parallel communication");
 }
+static us_result us__tp_dgrad_start(us_model *m, void *dlnp, void *dln, int64_t N, int64_t Ns, us_work **w) {
+    us_result r;
+    us_work **wa = m->tc.tp_no_overlap ? NULL : w;   /* (no overlap: finished here) */
+    *w = NULL;
+    if (m->tc.tp <= 1) return US_OK;
+    if (us__sp(m)) r = us__sp_scatter_w(m, dlnp, dln, Ns, wa);
+    else r = us__comm_fail(m, m->comm->all_reduce(m->comm, &m->mesh.tp_g, dln, N * m->cfg.dim, m->dt, US_REDUCE_SUM, wa), "tensor-parallel all-reduce");
+    if (r == US_OK) us__tp_started(m, *w);
+    return r;
+}
 static us_result us__sp_gather_early(us_model *m, void *full, const void *shard, int64_t Ns, us_work **w) {   /* started, or done */
-    return us__sp_gather_w(m, full, shard, Ns, m->tc.tp_no_overlap ? NULL : w);
+    us_result r = us__sp_gather_w(m, full, shard, Ns, m->tc.tp_no_overlap ? NULL : w);
+    if (r == US_OK) us__tp_started(m, *w);
+    return r;
 }
 static void us__linear_fwd(us_model *m, int64_t N, int64_t In, int64_t Out, const void *x, const void *W, float beta, void *y);
 static void us__linear_dgrad(us_model *m, int64_t N, int64_t In, int64_t Out, const void *dy, const void *W, float beta, void *dx);
@@ -4698,6 +4716,7 @@ static us_result us__sp_gemm_scatter(us_model *m, void *dst, const void *res, co
             us__linear_fwd(m, n, In, C, (const char *)x + (size_t)((q * Ns + lo) * In) * a, W, q == t ? 1.0f : 0.0f, out);
         }
         r = us__sp_scatter_w(m, (char *)dst + (size_t)(lo * C) * a, base, n, &w[j]);
+        if (r == US_OK) us__tp_started(m, w[j]);
         off += tp * n;
     }
     for (j = 0; j < k; j++) {   /* all of them waited for, after a failure too: none outlives its buffer */
@@ -4730,6 +4749,7 @@ static us_result us__sp_gather_gemm(us_model *m, void *G, const void *shard, int
             r = m->comm->sendrecv(m->comm, &m->mesh.tp_g, (char *)G + have * blk, Ns * m->cfg.dim, (t + 1) % tp,
                                   (char *)G + take * blk, Ns * m->cfg.dim, (t - 1 + tp) % tp, m->dt, &w);
             if (r != US_OK) return us__comm_fail(m, r, "sequence-parallel ring exchange");
+            us__tp_started(m, w);
         }
         us__ring_gemm_rows(m, g, G, have * Ns, Ns);
         if ((r = us__tp_wait(m, &w)) != US_OK) return r;
@@ -5767,6 +5787,7 @@ US_API us_result us_forward_backward(us_model *m, const int32_t *inputs, const i
                                      float dscale, double *loss_sum) {
     us_result r;
     m->err[0] = 0;
+    m->tp_inflight = 0; m->ops.sm_margin = 0;   /* (a failed step may have left a tp collective counted) */
     r = us__forward(m, inputs, targets, B, T, dscale, loss_sum);
     if (r != US_OK) return r;
     r = us__backward(m, B, T);
@@ -5827,23 +5848,28 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
         memset(&all, 0, sizeof all);
         all.p0 = 0; all.p1 = m->n_params_t; all.n = all.piece = m->n_flat;
         us__adamw_piece(m, &all, lr, gscale);
-    } else for (u = 0; u < m->n_units; u++) us__adamw_piece(m, &m->units[u], lr, gscale);
-    /* ZeRO-1/2: every rank updated its piece; all-gather the weights the forward reads */
+    } else for (u = 0; u < m->n_units; u++) {
+        us__unit *U = &m->units[u];
+        us__adamw_piece(m, U, lr, gscale);
+        /* ZeRO-1/2: this rank updated its piece of the unit; the weights the forward reads are
+           all-gathered at once, while the next units' pieces update (Playbook "ZeRO-1": the
+           all-gather overlaps the optimizer step) */
+        if (Z != 1 && Z != 2) continue;
+        r = m->comm->all_gather(m->comm, &m->mesh.dpcp_g, us__at(m->w, m->dt, U->off), us__at(m->w, m->dt, U->off + (int64_t)m->mesh.dpcp_g.rank * U->piece),
+                                U->piece, m->dt, &U->gather);
+        if (r != US_OK) return us__comm_fail(m, r, "weight all-gather");
+    }
+    us__trace(m, "compute", "optimizer step", t0);
     if (Z == 1 || Z == 2) {
-        for (u = 0; u < m->n_units; u++) {
-            us__unit *U = &m->units[u];
-            r = m->comm->all_gather(m->comm, &m->mesh.dpcp_g, us__at(m->w, m->dt, U->off), us__at(m->w, m->dt, U->off + (int64_t)m->mesh.dpcp_g.rank * U->piece),
-                                    U->piece, m->dt, &U->gather);
-            if (r != US_OK) return us__comm_fail(m, r, "weight all-gather");
-        }
+        double tw = us_trace_now_us();
         for (u = 0; u < m->n_units; u++) {
             r = m->comm->wait(m->comm, m->units[u].gather);
             m->units[u].gather = NULL;
             if (r != US_OK) return us__comm_fail(m, r, "weight all-gather");
         }
+        us__trace_host(m, "wait", "wait weights", tw);
     }
     if ((r = us__moe_step_end(m)) != US_OK) return r;   /* routing statistics, the router bias rule (// >>moe) */
-    us__trace(m, "compute", "optimizer step", t0);
     return us__backend_check(m);
 }
 

@@ -66,7 +66,7 @@ US_API void     *us_cuda_stream(const us_ops *ops);
 /* ------------------------------------------------------------------------------------ */
 #define US__CUDA_PLANS 256
 typedef struct us__gemm_plan {
-    int ta, tb, adt, bdt, cdt, beta0;
+    int ta, tb, adt, bdt, cdt, beta0, sms;   /* sms: the SM count the heuristic targeted (0: all) */
     int64_t M, N, K, lda, ldb, ldc;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;
@@ -75,7 +75,7 @@ typedef struct us__gemm_plan {
 
 #define US__CUDA_MARKS 8192   /* trace marks per step: two per traced region */
 typedef struct us__cuda {
-    int device, cc_major;
+    int device, cc_major, n_sm;
     cudaStream_t stream;
     cublasLtHandle_t lt;
     void *ws;               /* cuBLASLt workspace */
@@ -229,7 +229,10 @@ __device__ float us__block_max(float v, float *sh) {
 /* ------------------------------------------------------------------------------------ */
 /* Row-major C[M,N] = op(A)·op(B) is column-major Cᵀ[N,M] = op(B)ᵀ·op(A)ᵀ: cuBLASLt gets B as
    its first operand and A as its second, with the transposes swapped into place. A plan
-   (descriptors + the heuristic's best algorithm) is built once per shape and reused. */
+   (descriptors + the heuristic's best algorithm) is built once per shape and reused. With
+   o->sm_margin set, the plan targets that many SMs fewer (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET),
+   leaving them to a collective running beside the GEMM: NCCL's thread blocks otherwise share SMs
+   with the GEMM's and both slow down (issue 9 measured a reduce-scatter 6x slower under one). */
 static cudaDataType_t us__cuda_type(us_dtype dt) { return dt == US_BF16 ? CUDA_R_16BF : dt == US_F16 ? CUDA_R_16F : CUDA_R_32F; }
 
 static us__gemm_plan *us__gemm_plan_get(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64_t K, us_dtype adt,
@@ -239,11 +242,11 @@ static us__gemm_plan *us__gemm_plan_get(us_ops *o, int ta, int tb, int64_t M, in
     cublasOperation_t opx = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opy = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasLtMatmulPreference_t pref;
     cublasLtMatmulHeuristicResult_t heur;
-    int i, found = 0;
+    int i, found = 0, sms = o->sm_margin > 0 && o->sm_margin < c->n_sm ? c->n_sm - o->sm_margin : 0;
     for (i = 0; i < c->nplans; i++) {
         p = &c->plans[i];
         if (p->ta == ta && p->tb == tb && p->M == M && p->N == N && p->K == K && p->lda == lda && p->ldb == ldb &&
-            p->ldc == ldc && p->adt == (int)adt && p->bdt == (int)bdt && p->cdt == (int)cdt && p->beta0 == beta0)
+            p->ldc == ldc && p->adt == (int)adt && p->bdt == (int)bdt && p->cdt == (int)cdt && p->beta0 == beta0 && p->sms == sms)
             return p;
     }
     if (c->nplans == US__CUDA_PLANS) {   /* full: recycle the oldest slot */
@@ -256,10 +259,11 @@ static us__gemm_plan *us__gemm_plan_get(us_ops *o, int ta, int tb, int64_t M, in
     p = &c->plans[c->nplans];
     memset(p, 0, sizeof *p);
     p->ta = ta; p->tb = tb; p->M = M; p->N = N; p->K = K; p->lda = lda; p->ldb = ldb; p->ldc = ldc;
-    p->adt = (int)adt; p->bdt = (int)bdt; p->cdt = (int)cdt; p->beta0 = beta0;
+    p->adt = (int)adt; p->bdt = (int)bdt; p->cdt = (int)cdt; p->beta0 = beta0; p->sms = sms;
     US__LT(o, cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opx, sizeof opx));
     US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opy, sizeof opy));
+    if (sms) US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof sms));
     /* first operand: B as stored, column-major view [tb ? K x N : N x K] */
     US__LT(o, cublasLtMatrixLayoutCreate(&p->la, us__cuda_type(bdt), tb ? K : N, tb ? N : K, ldb));
     /* second operand: A as stored, column-major view [ta ? M x K : K x M] */
@@ -3066,7 +3070,7 @@ US_API us_result us_cuda_ops(us_ops *o, int device, char *err, size_t errlen) {
     c->device = device;
     {
         struct cudaDeviceProp prop;
-        if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) c->cc_major = prop.major;
+        if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) { c->cc_major = prop.major; c->n_sm = prop.multiProcessorCount; }
     }
     o->name = "cuda";
     o->backend = c;

@@ -81,6 +81,14 @@ static void test_ops(us_dtype dt, int64_t NH, int64_t NKV, int64_t HS, int64_t F
         Ccpu.gemm(&Ccpu, 1, 0, 3 * C, C, N, 1, bC.h, dt, 3 * C, bA.h, dt, C, 1, bW.h, US_F32, C);
         G.gemm(&G, 1, 0, 3 * C, C, N, 1, bC.d, dt, 3 * C, bA.d, dt, C, 1, bW.d, US_F32, C);
         cmp("gemm dW += dyᵀ·x (fp32 out)", &bW, US_F32, 3 * C * C);
+        /* a GEMM that leaves SMs to a collective beside it (us_ops.sm_margin: cuBLASLt's SM-count
+           target) is another plan for the same product */
+        same_in(&bC);
+        G.sm_margin = 16;
+        Ccpu.gemm(&Ccpu, 0, 1, N, 3 * C, C, 1, bA.h, dt, C, bB.h, dt, C, 0, bC.h, dt, 3 * C);
+        G.gemm(&G, 0, 1, N, 3 * C, C, 1, bA.d, dt, C, bB.d, dt, C, 0, bC.d, dt, 3 * C);
+        G.sm_margin = 0;
+        cmp("gemm y = x·Wᵀ with 16 SMs left to communication", &bC, dt, N * 3 * C);
         fin(&bA); fin(&bB); fin(&bC); fin(&bW); free(A); free(Bm); free(Cf); free(hA); free(hB); free(hC);
     }
     {   /* embedding */

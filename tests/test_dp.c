@@ -38,7 +38,27 @@ typedef struct run {
     int64_t sent[8];          /* bytes each rank sent */
     float *wr[8];             /* when set: each rank's whole flat weights (fp32, ZeRO < 3) */
     int vocab_used;           /* the data's tokens are < this (0: the whole vocabulary) */
+    int log_order;            /* log each rank's AdamW pieces and all-gathers in oplog */
 } run;
+
+/* The call log of the ZeRO-1 overlap check: the wrappers find their rank through the comm (the
+   gathers) or the model's ops table registered for it (AdamW). */
+static char oplog[8][1 << 14];
+static int oplen[8];
+static us_ops *op_of_rank[8];
+static void (*adamw_real)(us_ops *, float *, const float *, float *, float *, void *, us_dtype, int64_t, float, float, float, float, float, float, int);
+static us_result (*all_gather_real)(us_comm *, us_group *, void *, const void *, int64_t, us_dtype, us_work **);
+static void oplog_add(int r, char ch) { if (r >= 0 && oplen[r] < (int)sizeof oplog[r] - 1) oplog[r][oplen[r]++] = ch; }
+static void adamw_logged(us_ops *o, float *p, const float *g, float *m, float *v, void *pl, us_dtype ld, int64_t n,
+                         float lr, float b1, float b2, float eps, float wd, float gs, int t) {
+    int r;
+    for (r = 0; r < 8; r++) if (op_of_rank[r] == o) oplog_add(r, 'A');
+    adamw_real(o, p, g, m, v, pl, ld, n, lr, b1, b2, eps, wd, gs, t);
+}
+static us_result all_gather_logged(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, us_work **w) {
+    oplog_add(c->world.rank, 'G');
+    return all_gather_real(c, g, dst, src, n, dt, w);
+}
 
 /* This rank's final weights, written into run->weights by tensor (fp32 policies only: the
    weights are their own master; ZeRO-3 ranks each hold one piece of every unit). */
@@ -73,6 +93,10 @@ static us_result rank_fn(us_comm *c, void *arg) {
     us_memory_estimate(&R->mc, &tc, &R->est[rank], NULL, 0);
     R->mem[rank] = m.mem;
     R->backend_bytes[rank] = m.ops.bytes_in_use;
+    if (R->log_order && c) {   /* (every rank's tables hold the same functions) */
+        adamw_real = m.ops.adamw; m.ops.adamw = adamw_logged; op_of_rank[rank] = &m.ops;
+        if (c->all_gather != all_gather_logged) { all_gather_real = c->all_gather; c->all_gather = all_gather_logged; }
+    }
     if (R->tracing) { us_trace_init(&R->trace[rank], rank); m.trace = &R->trace[rank]; if (c) c->trace = m.trace; }
     for (s = 0; s < STEPS && r == US_OK; s++) {
         us_step_stats st;
@@ -82,6 +106,7 @@ static us_result rank_fn(us_comm *c, void *arg) {
             memcpy(tgt + k * per, R->tgt + src, per * 4);
         }
         if (R->fail_rank == rank && s == 2) { r = US_ERR_INVALID; snprintf(c->err, sizeof c->err, "rank %d gives up on purpose", rank); break; }
+        if (R->log_order) oplog_add(rank, '|');
         r = us_train_step(&m, in, tgt, &st);
         if (r != US_OK) { if (R->fail_rank < 0) printf("  rank %d step %d: %s\n", rank, s, m.err); break; }
         if (rank == 0) R->loss[s] = st.loss;
@@ -91,6 +116,7 @@ static us_result rank_fn(us_comm *c, void *arg) {
     R->emb_sparse[rank] = m.emb_sparse;
     R->sent[rank] = c ? c->bytes_sent : 0;
     if (c) c->trace = NULL;
+    if (R->log_order && c) { c->all_gather = all_gather_real; op_of_rank[rank] = NULL; }
     us_model_free(&m);
     free(in); free(tgt);
     return r;
@@ -300,6 +326,37 @@ int main(int argc, char **argv) {
         CHECK(ok, "the first bucket's reduction starts before the backward ends, on both ranks");
         CHECK(units > 2 && launches == 2 * STEPS * units, "no_sync: %d launches = ranks x steps x %d units (accumulation 2 reduces once per step)", launches, units);
         for (r = 0; r < 2; r++) us_trace_free(&R.trace[r]);
+        free(R.in); free(R.tgt);
+    }
+
+    /* ---- ZeRO-1's weight all-gather overlaps the optimizer step: each unit's gather is issued as
+       soon as its piece is updated, not after every piece. The order of the calls says it without
+       a clock: wrappers log each AdamW piece ('A') and each all-gather ('G') per rank, and in every
+       step a G must come before the last A. */
+    {
+        run R;
+        int r, k, steps_ok = 0, steps = 0;
+        setup(&R, 2, 1, 1, 0, 0.004f);
+        make_data(&R, 13);
+        R.log_order = 1;
+        memset(oplen, 0, sizeof oplen);
+        CHECK(launch(&R) == US_OK, "dp 2 ZeRO-1 run with its calls logged");
+        for (r = 0; r < 2; r++) {
+            const char *p = oplog[r];
+            for (k = 0; k < STEPS; k++) {   /* a step: '|', then its A's and G's */
+                int lastA = -1, firstG = -1, i;
+                if (*p != '|') break;
+                for (i = 1; p[i] && p[i] != '|'; i++) {
+                    if (p[i] == 'A') lastA = i;
+                    else if (p[i] == 'G' && firstG < 0) firstG = i;
+                }
+                steps++;
+                steps_ok += firstG >= 0 && firstG < lastA;
+                p += i;
+            }
+        }
+        CHECK(steps == 2 * STEPS && steps_ok == steps, "ZeRO-1: in %d of %d rank-steps a weight all-gather is issued before the last AdamW piece (%.40s...)",
+              steps_ok, steps, oplog[0]);
         free(R.in); free(R.tgt);
     }
 

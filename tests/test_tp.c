@@ -36,7 +36,20 @@ typedef struct run {
     int64_t eval_correct;
     us_trace *trace;          /* [ranks] when set: each rank's trace */
     us_memory mem[8], est[8];
+    int gemms[8], gemms_margin[8], margin_after[8];   /* GEMMs run, those with an SM margin set; the margin after the run */
 } run;
+
+/* Counts the GEMMs that run while the model has set an SM margin (a tp collective travelling). */
+static void (*gemm_real)(us_ops *, int, int, int64_t, int64_t, int64_t, float, const void *, us_dtype, int64_t,
+                         const void *, us_dtype, int64_t, float, void *, us_dtype, int64_t);
+static us_ops *gemm_ops[8];
+static int gemm_n[8], gemm_nm[8];
+static void gemm_counted(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64_t K, float al, const void *A, us_dtype adt, int64_t lda,
+                         const void *B, us_dtype bdt, int64_t ldb, float be, void *C, us_dtype cdt, int64_t ldc) {
+    int r;
+    for (r = 0; r < 8; r++) if (gemm_ops[r] == o) { gemm_n[r]++; gemm_nm[r] += o->sm_margin > 0; }
+    gemm_real(o, ta, tb, M, N, K, al, A, adt, lda, B, bdt, ldb, be, C, cdt, ldc);
+}
 
 /* This rank's final weights, written into the full tensors (ZeRO-1 keeps full weights per rank;
    ZeRO-3 ranks hold pieces, so each writes the pieces it owns). */
@@ -79,6 +92,7 @@ static us_result rank_fn(us_comm *c, void *arg) {
     R->mem[rank] = m.mem;
     if (R->trace && c) { us_trace_init(&R->trace[rank], rank); m.trace = &R->trace[rank]; c->trace = m.trace; }
     dr = m.mesh.dp_rank;
+    if (R->trace && c) { gemm_real = m.ops.gemm; m.ops.gemm = gemm_counted; gemm_ops[rank] = &m.ops; gemm_n[rank] = gemm_nm[rank] = 0; }
     for (s = 0; s < STEPS && r == US_OK; s++) {
         us_step_stats st;
         for (k = 0; k < tc.grad_accum; k++) {
@@ -92,6 +106,7 @@ static us_result rank_fn(us_comm *c, void *arg) {
     }
     if (r == US_OK && R->weights) collect(R, &m);
     if (c) c->trace = NULL;
+    if (R->trace && c) { R->gemms[rank] = gemm_n[rank]; R->gemms_margin[rank] = gemm_nm[rank]; R->margin_after[rank] = m.ops.sm_margin; gemm_ops[rank] = NULL; }
     if (r == US_OK) {   /* an evaluation whose 7 tokens do not split evenly over tp (SP pads them) */
         float lg[256];
         double ls = 0;
@@ -177,7 +192,7 @@ int main(int argc, char **argv) {
            reduce-scatters of 16-row chunks (us__sp_gemm_scatter), and the results are
            the serial run's to the bit (the CPU GEMM's rows do not depend on the rows beside them) */
         float loss[2][STEPS];
-        int v;
+        int v, gm[2] = {0, 0}, gn[2] = {0, 0}, after = 0;
         for (v = 0; v < 2; v++) {
             us_trace tr[2];
             int r, ag = 0, rs = 0, ar = 0, sr = 0;
@@ -193,6 +208,7 @@ int main(int argc, char **argv) {
                 R.trace = tr;
                 CHECK(launch(&R) == US_OK, "traced tp 2 + sp run (%s)", v ? "overlapped" : "serial");
                 memcpy(loss[v], R.loss, sizeof R.loss);
+                gm[v] = R.gemms_margin[0] + R.gemms_margin[1]; gn[v] = R.gemms[0] + R.gemms[1]; after += R.margin_after[0] + R.margin_after[1];
                 free(R.in); free(R.tgt);
             }
             for (r = 0; r < 2; r++) {
@@ -214,6 +230,10 @@ int main(int argc, char **argv) {
         }
         CHECK(!memcmp(loss[0], loss[1], sizeof loss[0]), "overlapped tp 2 + sp: every step's loss equals the serial run's to the bit (%.9g vs %.9g at the last)",
               loss[1][STEPS - 1], loss[0][STEPS - 1]);
+        /* the GEMMs beside a travelling collective are asked to leave it SMs (us_ops.sm_margin); none
+           when nothing travels, and the margin is cleared once the last collective is waited for */
+        CHECK(gm[0] == 0 && gm[1] > 0 && gm[1] < gn[1] && after == 0,
+              "SM margin: %d of %d GEMMs overlapped ran with one, 0 of %d serial; none left set after the runs", gm[1], gn[1], gn[0]);
     }
     {   /* bf16: the partial products are rounded to bf16 before they are summed (as Megatron's bf16
            all-reduce does), so the tolerance is bf16's: losses within 1% over STEPS steps */
