@@ -99,7 +99,7 @@ static void usage(FILE *f) {
         "                    reductions travel under the weight-gradient GEMMs, SP's gathers under\n"
         "                    the GEMMs they feed)\n"
         "  --overlap-sms N   SMs a GEMM leaves to the tp collective travelling beside it (GPU;\n"
-        "                    default 16, -1 none)\n"
+        "                    default 0: none)\n"
         "  --cp N            context-parallel ranks (default 1): every sequence split over N ranks\n"
         "  --ep N            expert-parallel ranks (default 1, needs --experts): each MoE layer's experts\n"
         "                    split over N of the dp x cp ranks, tokens sent to them by all-to-all; N\n"
@@ -600,7 +600,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--tied")) { mc.tie_embeddings = 1; takes = 0; }
         else if (!strcmp(f, "--dense-emb-grad")) { tc.dense_emb_grad = 1; takes = 0; }
         else if (!strcmp(f, "--tp-no-overlap")) { tc.tp_no_overlap = 1; takes = 0; }
-        else if (!strcmp(f, "--overlap-sms")) ok = parse_int(v, -1, 4096, &tc.overlap_sms);
+        else if (!strcmp(f, "--overlap-sms")) ok = parse_int(v, 0, 4096, &tc.overlap_sms);
         else if (!strcmp(f, "--quiet")) { o.quiet = 1; takes = 0; }
         else if (!strcmp(f, "--sp")) { tc.sp = 1; takes = 0; }
         else if (!strcmp(f, "--pp-clock")) { tc.pp_clock = 1; takes = 0; }

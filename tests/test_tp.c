@@ -203,6 +203,7 @@ int main(int argc, char **argv) {
                 int64_t n = (int64_t)STEPS * GB * T, i;
                 setup(&R, 1, 2, 0, 1, 0, US_RECOMPUTE_NONE, 1);
                 R.tc.tp_no_overlap = !v;
+                R.tc.overlap_sms = 16;   /* (the default, 0, leaves none) */
                 R.in = (int32_t *)malloc((size_t)n * 4); R.tgt = (int32_t *)malloc((size_t)n * 4);
                 for (i = 0; i < n; i++) { R.in[i] = (int32_t)(rnd64() % 256); R.tgt[i] = (int32_t)(rnd64() % 256); }
                 R.trace = tr;
@@ -230,7 +231,7 @@ int main(int argc, char **argv) {
         }
         CHECK(!memcmp(loss[0], loss[1], sizeof loss[0]), "overlapped tp 2 + sp: every step's loss equals the serial run's to the bit (%.9g vs %.9g at the last)",
               loss[1][STEPS - 1], loss[0][STEPS - 1]);
-        /* the GEMMs beside a travelling collective are asked to leave it SMs (us_ops.sm_margin); none
+        /* with overlap_sms, the GEMMs beside a travelling collective are asked to leave it SMs (us_ops.sm_margin); none
            when nothing travels, and the margin is cleared once the last collective is waited for */
         CHECK(gm[0] == 0 && gm[1] > 0 && gm[1] < gn[1] && after == 0,
               "SM margin: %d of %d GEMMs overlapped ran with one, 0 of %d serial; none left set after the runs", gm[1], gn[1], gn[0]);
