@@ -690,8 +690,9 @@ typedef struct us_model {
     int      emb_on;          /* this backward does: emb_nu rows gathered at its start */
     int      emb_dirty;       /* the embedding's gradient may hold something not yet reduced */
     int64_t  emb_nu;          /* rows touched by the dp×cp ranks' tokens this micro-batch */
+    int64_t  emb_nf;          /* token rows a micro-batch may have (the arena's) */
     int32_t *emb_map;         /* [vocab_l] host: a row's place among them, -1 for none */
-    int32_t *emb_ids;         /* [dp·cp·Nf + Nf] host: every rank's token rows, then this rank's as places */
+    int32_t *emb_ids;         /* [dp·cp·(Nf + 1) + Nf] host: every rank's count and token rows, then this rank's as places */
     us_trace *trace;          /* when set, compute and wait regions are recorded (comm->trace too) */
     struct us__tpend *tpend;  /* GPU-timed regions whose marks are resolved at the step's end (// >>trace) */
     int      n_tpend, cap_tpend;
@@ -3529,13 +3530,13 @@ typedef struct us__unit {
 /* Whether the embedding's gradient is reduced by its touched rows (// >>dp, us__emb_rows_*): data
    parallelism without sharded gradients, one pipeline stage, and the scratch fits — the logits
    buffer [Nf, V/tp] must hold the packed rows [≤ dp·cp·Nf, C] fp32 with their indices, and the
-   residual gradient [Nf, C] every rank's token rows. Decided from the configs alone, so the
-   memory estimate cuts the same units. */
+   residual gradient [Nf, C] every rank's count and token rows. Decided from the configs alone, so
+   the memory estimate cuts the same units. */
 static int us__emb_sparse(const us_model_config *mc, const us_train_config *tc) {
     int64_t n = (int64_t)(tc->dp > 1 ? tc->dp : 1) * (tc->cp > 1 ? tc->cp : 1), C = mc->dim;
     int64_t a = tc->precision == US_PRECISION_FP32 ? 4 : 2, V = mc->vocab / (tc->tp > 1 ? tc->tp : 1);
     if (tc->dense_emb_grad || n <= 1 || tc->zero >= 2 || tc->pp > 1) return 0;
-    return n * (C * 4 + 4) + 4 <= V * a && n * 4 <= C * a;
+    return n * (C * 4 + 4) + 4 <= V * a && (n + 1) * 8 <= C * a;
 }
 static int us__plan_units(us_model *m, us__unit *units) {
     const us_train_config *tc = &m->tc;
@@ -4025,7 +4026,8 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
         int64_t Nr = (int64_t)m->tc.batch * (m->tc.seq / m->mesh.cp), k;
         if (m->tc.sp && m->tc.tp > 1) Nr = (Nr + m->tc.tp - 1) / m->tc.tp * m->tc.tp;
         m->emb_map = (int32_t *)US_MALLOC((size_t)m->vocab_l * 4);
-        m->emb_ids = (int32_t *)US_MALLOC((size_t)(m->mesh.dpcp_g.size + 1) * (size_t)Nr * 4);
+        m->emb_nf = Nr;
+        m->emb_ids = (int32_t *)US_MALLOC((size_t)(m->mesh.dpcp_g.size + 1) * (size_t)(Nr + 1) * 4);
         if (!m->emb_map || !m->emb_ids) { us_model_free(m); us__model_set_error(m, "out of host memory for the model tables"); return US_ERR_OOM; }
         for (k = 0; k < m->vocab_l; k++) m->emb_map[k] = -1;
     }
@@ -4354,21 +4356,27 @@ static us_result us__grads_finish(us_model *m) {
 static us_result us__emb_rows_begin(us_model *m, int64_t R) {   /* R token rows of this rank */
     us_ops *o = &m->ops;
     us_group *g = &m->mesh.dpcp_g;
-    int64_t n = g->size, i, nu = 0;
-    int32_t *all = m->emb_ids, *mine = m->emb_ids + n * R, *map = m->emb_map;
+    int64_t n = g->size, i, k, nu = 0, W = m->emb_nf + 1;   /* a rank's record: its count, then its rows */
+    int32_t *all = m->emb_ids, *mine = m->emb_ids + n * W, *map = m->emb_map, *dev = (int32_t *)m->a[US__A_DRES], R32 = (int32_t)R;
     us_result r;
     m->emb_on = 0;
     if (!m->emb_sparse || !m->grad_sync || !m->c_first) return US_OK;
-    /* every rank's rows (-1: another tp rank's), through the residual gradient's buffer, free until the head */
-    r = m->comm->all_gather(m->comm, g, m->a[US__A_DRES], m->a[US__A_TOK], R, US_I32, NULL);
+    /* every rank's rows (-1: another tp rank's), through the residual gradient's buffer (free
+       until the head's backward): [count, rows..., padding] per rank, so ranks whose micro-batches
+       differ in size still make one collective of one size */
+    o->copy(o, dev + n * W, &R32, 4, US_COPY_H2D);
+    o->copy(o, dev + n * W + 1, m->a[US__A_TOK], (size_t)R * 4, US_COPY_D2D);
+    r = m->comm->all_gather(m->comm, g, dev, dev + n * W, W, US_I32, NULL);
     if (r != US_OK) return us__comm_fail(m, r, "all-gather of the embedding's rows");
-    o->copy(o, all, m->a[US__A_DRES], (size_t)(n * R) * 4, US_COPY_D2H);
+    o->copy(o, all, dev, (size_t)(n * W) * 4, US_COPY_D2H);
     if ((r = us__backend_check(m)) != US_OK) return r;
-    memcpy(mine, all + g->rank * R, (size_t)R * 4);
-    for (i = 0; i < n * R; i++) {   /* U, in first-seen order, over the front of `all` (nu ≤ i) */
-        int32_t v = all[i];
-        if (v >= 0 && map[v] < 0) { map[v] = (int32_t)nu; all[nu++] = v; }
-    }
+    for (k = 0; k < n; k++) if (all[k * W] != R32) return US_OK;   /* unequal micro-batches: reduce the whole gradient */
+    memcpy(mine, all + g->rank * W + 1, (size_t)R * 4);
+    for (k = 0; k < n; k++)   /* U, in first-seen order, over the front of `all` (nu stays behind the reading) */
+        for (i = 0; i < R; i++) {
+            int32_t v = all[k * W + 1 + i];
+            if (v >= 0 && map[v] < 0) { map[v] = (int32_t)nu; all[nu++] = v; }
+        }
     for (i = 0; i < R; i++) mine[i] = mine[i] >= 0 ? map[mine[i]] : -1;   /* this rank's rows as places in U */
     for (i = 0; i < nu; i++) map[all[i]] = -1;
     m->emb_nu = nu;
@@ -4384,7 +4392,7 @@ static us_result us__emb_rows_early(us_model *m) {   /* the embedding's bucket: 
 /* The lookup's backward from dx [R, C] (dtype dt), by rows, into the embedding's reduced gradient. */
 static us_result us__emb_rows_finish(us_model *m, const void *dx, int64_t R) {
     us_ops *o = &m->ops;
-    int64_t C = m->cfg.dim, nu = m->emb_nu, n = m->mesh.dpcp_g.size;
+    int64_t C = m->cfg.dim, nu = m->emb_nu, n = m->mesh.dpcp_g.size, W = m->emb_nf + 1;
     float *P = (float *)m->a[US__A_LOGITS];   /* [nu, C], then U and this rank's places: the logits are spent */
     int32_t *ix = (int32_t *)(P + nu * C), *tk = ix + nu;
     us_result r = US_OK;
@@ -4392,7 +4400,7 @@ static us_result us__emb_rows_finish(us_model *m, const void *dx, int64_t R) {
     m->emb_on = 0;
     if (nu > 0) {
         o->copy(o, ix, m->emb_ids, (size_t)nu * 4, US_COPY_H2D);
-        o->copy(o, tk, m->emb_ids + n * R, (size_t)R * 4, US_COPY_H2D);
+        o->copy(o, tk, m->emb_ids + n * W, (size_t)R * 4, US_COPY_H2D);
         o->zero(o, P, (size_t)(nu * C) * 4);
         o->embedding_bwd(o, P, dx, tk, R, C, m->dt);
         r = m->comm->all_reduce(m->comm, &m->mesh.dpcp_g, P, nu * C, US_F32, US_REDUCE_SUM, NULL);

@@ -141,6 +141,34 @@ static void make_data(run *R, uint64_t seed) {
     for (i = 0; i < n; i++) { R->in[i] = (int32_t)(rnd64() % v); R->tgt[i] = rnd01() < 0.1 ? -1 : (int32_t)(rnd64() % v); }
 }
 
+/* ranks with micro-batches of different sizes, straight through us_forward_backward */
+typedef struct un_run {
+    us_model_config mc;
+    us_train_config tc;
+    int32_t in[3 * T], tgt[3 * T];   /* rank 0: sequences 0-1, rank 1: sequence 2 */
+    float *w;                        /* rank 0's weights after the step */
+    int sparse;
+    us_result res[2];
+} un_run;
+static us_result unequal_rank(us_comm *c, void *arg) {
+    un_run *U = (un_run *)arg;
+    us_model m;
+    us_train_config tc = U->tc;
+    int rank = c->world.rank, B = rank == 0 ? 2 : 1;
+    double ls;
+    float gn, lr;
+    us_result r = us_model_init_dist(&m, &U->mc, &tc, NULL, c);
+    if (r != US_OK) return r;
+    if (rank == 0) U->sparse = m.emb_sparse;
+    us_model_zero_grad(&m);
+    m.grad_sync = 1;
+    r = us_forward_backward(&m, U->in + (rank == 0 ? 0 : 2 * T), U->tgt + (rank == 0 ? 0 : 2 * T), B, T, 1.0f / (3 * T), &ls);
+    if (r == US_OK) r = us_optimizer_step(&m, &gn, &lr);
+    if (r == US_OK && rank == 0) memcpy(U->w, m.w, (size_t)m.n_flat * 4);
+    us_model_free(&m);
+    return r;
+}
+
 int main(int argc, char **argv) {
     static const int dps[] = {2, 4}, accums[] = {1, 2};
     int di, zi, ai, tied, s;
@@ -240,6 +268,35 @@ int main(int argc, char **argv) {
                 }
             free(ref.weights); free(ref.in); free(ref.tgt);
         }
+    {   /* ranks whose micro-batches differ in size (rank 0 two sequences, rank 1 one, through
+           us_forward_backward): the rows' exchange sees the counts differ and every rank reduces the
+           whole gradient instead; one step equals one rank running both micro-batches */
+        un_run U;
+        us_model ref;
+        us_train_config tc;
+        double ls;
+        int64_t j, np;
+        double mw = 0;
+        memset(&U, 0, sizeof U);
+        U.mc.n_layers = 2; U.mc.dim = 16; U.mc.n_heads = 2; U.mc.n_kv_heads = 1; U.mc.vocab = 256; U.mc.ffn_dim = 40;
+        memset(&tc, 0, sizeof tc);
+        tc.batch = 2; tc.seq = T; tc.steps = 1; tc.lr = 1e-2f; tc.threads = 1; tc.seed = 99;
+        us_test_rs = 31;
+        for (j = 0; j < 3 * T; j++) { U.in[j] = (int32_t)(rnd64() % 40); U.tgt[j] = (int32_t)(rnd64() % 40); }
+        CHECK(us_model_init(&ref, &U.mc, &tc, NULL) == US_OK, "unequal micro-batches: the one-rank reference");
+        np = ref.n_flat;
+        us_model_zero_grad(&ref);
+        us_forward_backward(&ref, U.in, U.tgt, 2, T, 1.0f / (3 * T), &ls);
+        us_forward_backward(&ref, U.in + 2 * T, U.tgt + 2 * T, 1, T, 1.0f / (3 * T), &ls);
+        { float gn, lr; CHECK(us_optimizer_step(&ref, &gn, &lr) == US_OK, "reference step"); }
+        U.tc = tc; U.tc.dp = 2;
+        U.w = (float *)calloc((size_t)np, 4);
+        CHECK(us_test_launch(2, unequal_rank, &U, U.res, 1) == US_OK && U.sparse, "unequal micro-batches: dp 2 ran (the model reduces by rows when it can)");
+        for (j = 0; j < np; j++) { double d = fabs(U.w[j] - ((float *)ref.w)[j]); if (d > mw) mw = d; }
+        CHECK(mw < 2e-5, "unequal micro-batches (2 and 1 sequences): rank 0's weights equal one rank's after a step (max |diff| %.1e)", mw);
+        free(U.w);
+        us_model_free(&ref);
+    }
     {   /* where it would not pay or fit, the default stays dense: ZeRO-2, and the vocabulary of 61 above */
         us_model_config mc; us_train_config tc;
         memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
