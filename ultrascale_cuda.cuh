@@ -2852,42 +2852,74 @@ __global__ void us__k_fp8_row(uint8_t *q, float *s, const T *x, int64_t R, int64
 }
 
 /* ROW128 of P = xᵀ (x [L][R] as stored): the 128×1 tiles of x that Wgrad reduces over. A block
-   stages a 128 (l) × 64 (r) patch of x in shared memory, each warp reading 16 of x's rows two
-   elements per lane (coalesced, all 16 loads in flight at once). Then lane j of warp w takes
-   column c = 32·(w & 1) + j over the 32 rows of quarter h = w >> 1: the amax runs down the
-   column in registers (a warp reads 32 columns of one row: no bank conflicts, no shuffles), the
-   four quarters meet in shared memory, and the bytes are parked there transposed, so that the
-   block writes P's rows 4 bytes per lane. */
+   stages a 128 (l) × 128 (r) patch of x in shared memory, as x's own type: each warp reads 16 of
+   x's rows, 4 elements (8 bytes of bf16) per lane, all 16 loads in flight before the first store.
+   Nsight Compute showed the earlier 128 × 64 patch, read 2 elements per lane, latency-bound on
+   those loads (56 % of the stalls; DRAM 24 % busy): this one has twice the bytes in flight per SM
+   and 256-byte row segments. Then thread t takes column c = t mod 128 over the 64 rows of half
+   h = t / 128: the amax runs down the column (a warp reads 32 neighbouring columns of one row:
+   no bank conflicts), the two halves meet in shared memory, and the bytes are parked transposed,
+   4 at a time, so that the block writes P's rows 4 bytes per lane. */
+template <typename T> struct us__raw4;   /* 4 elements of T as one load */
+template <> struct us__raw4<float> { typedef float4 t; };
+template <> struct us__raw4<__nv_bfloat16> { typedef uint2 t; };
+template <> struct us__raw4<__half> { typedef uint2 t; };
 template <typename T>
-__global__ void us__k_fp8_row_t(uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int pow2, int vec, const unsigned *gamax) {
-    __shared__ float sm[128][65];
-    __shared__ uint32_t qs[64][33];   /* the patch's 64 rows of P, 128 bytes each (+1 word against bank conflicts) */
-    __shared__ unsigned red[4][64];
-    int64_t r0 = (int64_t)blockIdx.x * 64, l0 = (int64_t)blockIdx.y * 128, r = r0 + 2 * (threadIdx.x & 31);
-    int t = threadIdx.x, lane = t & 31, w = t >> 5, c = 32 * (w & 1) + lane, h = w >> 1, i, j;
-    float sc, rc, f[16][2];
+__global__ void __launch_bounds__(256) us__k_fp8_row_t(uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int pow2, int vec, const unsigned *gamax) {
+    typedef typename us__raw4<T>::t V;
+    extern __shared__ __align__(16) unsigned char us__rowt_smem[];   /* us__fp8_row_t_smem<T>() bytes: */
+    T (*sm)[132] = reinterpret_cast<T (*)[132]>(us__rowt_smem);   /* [128][132]: +4 keeps rows 8/16-byte aligned and spreads columns over the banks */
+    uint32_t (*qs)[33] = reinterpret_cast<uint32_t (*)[33]>(us__rowt_smem + sizeof(T) * 128 * 132);   /* the patch's 128 rows of P, 128 bytes each (+1 word against bank conflicts) */
+    unsigned (*red)[128] = reinterpret_cast<unsigned (*)[128]>(us__rowt_smem + sizeof(T) * 128 * 132 + 4 * 128 * 33);
+    int64_t r0 = (int64_t)blockIdx.x * 128, l0 = (int64_t)blockIdx.y * 128, r = r0 + 4 * (threadIdx.x & 31);
+    int t = threadIdx.x, lane = t & 31, w = t >> 5, c = t & 127, h = t >> 7, i, j;
+    float sc, rc, f[4];
     unsigned a = 0;
+    if (vec & 1) {   /* vec: R % 4 == 0 and x 4-element aligned, so a lane's 4 are in or out together */
+        V v[16];
 #pragma unroll
-    for (i = 0; i < 16; i++) {   /* 256 threads: x's rows w, w+8, ..., 64 elements each */
-        int64_t l = l0 + w + 8 * i;
-        if (l < L && (vec & 1) && r < R) us__ld2(x + l * R + r, f[i]);   /* vec: R even */
-        else for (j = 0; j < 2; j++) f[i][j] = l < L && r + j < R ? us__ld(x, l * R + r + j) : 0.0f;
+        for (i = 0; i < 16; i++) {
+            int64_t l = l0 + w + 8 * i;
+            v[i] = l < L && r < R ? *reinterpret_cast<const V *>(x + l * R + r) : V();
+        }
+#pragma unroll
+        for (i = 0; i < 16; i++) *reinterpret_cast<V *>(&sm[w + 8 * i][4 * lane]) = v[i];
+    } else {
+#pragma unroll 4
+        for (i = 0; i < 16; i++) {
+            int64_t l = l0 + w + 8 * i;
+            for (j = 0; j < 4; j++) us__st(sm[w + 8 * i], 4 * lane + j, l < L && r + j < R ? us__ld(x, l * R + r + j) : 0.0f);
+        }
     }
-#pragma unroll
-    for (i = 0; i < 16; i++) { sm[w + 8 * i][2 * lane] = f[i][0]; sm[w + 8 * i][2 * lane + 1] = f[i][1]; }
     __syncthreads();
 #pragma unroll 8
-    for (i = 0; i < 32; i++) a = max(a, us__abits(sm[32 * h + i][c]));
+    for (i = 0; i < 64; i++) a = max(a, us__abits(us__ld(sm[64 * h + i], c)));
     red[h][c] = a;
     __syncthreads();
-    sc = us__fp8_scale(__uint_as_float(gamax ? *gamax : max(max(red[0][c], red[1][c]), max(red[2][c], red[3][c]))), pow2);
+    sc = us__fp8_scale(__uint_as_float(gamax ? *gamax : max(red[0][c], red[1][c])), pow2);
     rc = 1.0f / sc;
-#pragma unroll 8
-    for (i = 0; i < 32; i++) reinterpret_cast<uint8_t *>(qs[c])[32 * h + i] = us__e4m3(sm[32 * h + i][c] * rc);
+#pragma unroll 4
+    for (i = 0; i < 64; i += 4) {   /* P[c][64h + i .. + 3]: four E4M3 bytes as one word */
+        for (j = 0; j < 4; j++) f[j] = us__ld(sm[64 * h + i + j], c);
+        qs[c][16 * h + i / 4] = us__e4m3x4(f, rc);
+    }
     if (h == 0 && r0 + c < R && (!gamax || (blockIdx.x == 0 && blockIdx.y == 0 && c == 0))) s[gamax ? 0 : l0 / 128 * R + r0 + c] = sc;
     __syncthreads();
-    for (i = w; i < 64; i += 8)
+    for (i = w; i < 128; i += 8)
         if (r0 + i < R) us__st_q4(q + (r0 + i) * Lp + l0 + 4 * lane, qs[i][lane], vec);
+}
+/* Its shared memory is more than the 48 KB a block gets without asking (52 KB for bf16). */
+template <typename T> static size_t us__fp8_row_t_smem(void) { return sizeof(T) * 128 * 132 + 4 * 128 * 33 + 4 * 2 * 128; }
+template <typename T>
+static void us__fp8_row_t_launch(dim3 grid, cudaStream_t st, uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int pow2, int vec, const unsigned *gamax) {
+    static unsigned long long asked;   /* the devices it was raised on, per element type */
+    int d = 0;
+    cudaGetDevice(&d);
+    if (d >= 64 || !(asked >> d & 1)) {
+        cudaFuncSetAttribute(us__k_fp8_row_t<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)us__fp8_row_t_smem<T>());
+        if (d < 64) asked |= 1ull << d;
+    }
+    us__k_fp8_row_t<T><<<grid, 256, us__fp8_row_t_smem<T>(), st>>>(q, s, x, R, L, Lp, pow2, vec, gamax);
 }
 
 /* BLOCK128 of P = x (trans 0) or xᵀ (trans 1): one block of 512 threads per 128×128 block. Each
@@ -2980,9 +3012,9 @@ static void us__cuda_fp8_quantize(us_ops *o, uint8_t *q, float *s, const void *x
         int vec = qv | (K % 4 == 0 && us__al(x, 4 * es));   /* x [M][K] is read along K either way */
         US__DISPATCH(o, dt, (us__k_fp8_block<T_><<<grid, 512, 0, c->stream>>>(q, s, (const T_ *)x, R, L, Lp, trans, pow2, vec)));
     } else if (trans) {
-        dim3 grid((unsigned)((R + 63) / 64), (unsigned)(Lp / 128));
-        int vec = qv | (R % 2 == 0 && us__al(x, 2 * es));
-        US__DISPATCH(o, dt, (us__k_fp8_row_t<T_><<<grid, 256, 0, c->stream>>>(q, s, (const T_ *)x, R, L, Lp, pow2, vec, gamax)));
+        dim3 grid((unsigned)((R + 127) / 128), (unsigned)(Lp / 128));
+        int vec = qv | (R % 4 == 0 && us__al(x, 4 * es));
+        US__DISPATCH(o, dt, (us__fp8_row_t_launch<T_>(grid, c->stream, q, s, (const T_ *)x, R, L, Lp, pow2, vec, gamax)));
     } else {
         int64_t tiles = R * (Lp / 128), per = 8 * 4 * US__ROW_ROUNDS;   /* 8 warps of 4·rounds tiles */
         if (tiles >= ((int64_t)1 << 32)) { us__cuda_fail(o, "fp8_quantize", "more than 2^32 tiles of 128 (the kernel counts them in 32 bits)", __FILE__, __LINE__); return; }
