@@ -133,6 +133,29 @@ static void setup(run *R, int dp, int zero, int accum, int tied, float bucket_mb
     R->fail_rank = -1;
 }
 
+/* The single-rank reference of a setup (one rank, the whole global batch), its final weights
+   kept; returns the parameter count. */
+static int64_t reference(run *ref) {
+    us_model tmp;
+    us_train_config tc = ref->tc;
+    int64_t np;
+    us_model_init(&tmp, &ref->mc, &tc, NULL);
+    np = tmp.n_params;
+    us_model_free(&tmp);
+    ref->weights = (float *)malloc((size_t)np * 4);
+    launch(ref);
+    return np;
+}
+/* R against the reference: the largest relative loss difference over the steps and the largest
+   absolute difference of the final weights. */
+static void differences(const run *R, const run *ref, int64_t np, double *ml, double *mw) {
+    int64_t j;
+    int s;
+    *ml = *mw = 0;
+    for (s = 0; s < STEPS; s++) { double d = fabs(R->loss[s] - ref->loss[s]) / fabs(ref->loss[s]); if (d > *ml) *ml = d; }
+    for (j = 0; j < np; j++) { double d = fabs(R->weights[j] - ref->weights[j]); if (d > *mw) *mw = d; }
+}
+
 static void make_data(run *R, uint64_t seed) {
     size_t n = (size_t)STEPS * R->tc.grad_accum * GB * T, i;
     R->in = (int32_t *)malloc(n * 4); R->tgt = (int32_t *)malloc(n * 4);
@@ -171,7 +194,7 @@ static us_result unequal_rank(us_comm *c, void *arg) {
 
 int main(int argc, char **argv) {
     static const int dps[] = {2, 4}, accums[] = {1, 2};
-    int di, zi, ai, tied, s;
+    int di, zi, ai, tied;
     double worst_loss = 0, worst_w = 0;
     us_test_verbose = argc > 1 && !strcmp(argv[1], "-v");
 
@@ -182,27 +205,18 @@ int main(int argc, char **argv) {
             int64_t np;
             setup(&ref, 1, 0, accums[ai], tied, 25);
             make_data(&ref, 7 + ai);
-            {   /* the single-rank reference: one rank, the whole global batch */
-                us_model tmp;
-                us_train_config tc = ref.tc;
-                us_model_init(&tmp, &ref.mc, &tc, NULL);
-                np = tmp.n_params;
-                us_model_free(&tmp);
-            }
-            ref.weights = (float *)malloc((size_t)np * 4);
-            CHECK(launch(&ref) == US_OK, "reference run (accum %d, tied %d)", accums[ai], tied);
+            np = reference(&ref);
+            CHECK(ref.rank_result[0] == US_OK, "reference run (accum %d, tied %d)", accums[ai], tied);
             for (di = 0; di < 2; di++)
                 for (zi = 0; zi <= 3; zi++) {
                     run R;
                     double ml = 0, mw = 0;
-                    int64_t j;
                     /* small buckets: several units, so reductions really interleave with the backward */
                     setup(&R, dps[di], zi, accums[ai], tied, zi == 3 ? 25 : 0.004f);
                     R.in = ref.in; R.tgt = ref.tgt;
                     R.weights = (float *)calloc((size_t)np, 4);
                     if (launch(&R) != US_OK) { CHECK(0, "dp %d zero %d accum %d tied %d ran", dps[di], zi, accums[ai], tied); free(R.weights); continue; }
-                    for (s = 0; s < STEPS; s++) { double d = fabs(R.loss[s] - ref.loss[s]) / fabs(ref.loss[s]); if (d > ml) ml = d; }
-                    for (j = 0; j < np; j++) { double d = fabs(R.weights[j] - ref.weights[j]); if (d > mw) mw = d; }
+                    differences(&R, &ref, np, &ml, &mw);
                     if (ml > worst_loss) worst_loss = ml;
                     if (mw > worst_w) worst_w = mw;
                     CHECK(ml < 2e-5 && mw < 2e-5, "dp %d zero %d accum %d %s: %d steps equal one rank (loss rel %.1e, weights abs %.1e)",
@@ -224,21 +238,14 @@ int main(int argc, char **argv) {
             setup(&ref, 1, 0, accums[ai], tied, 0.004f);
             ref.mc.vocab = 256; ref.mc.dim = 16; ref.mc.n_heads = 2; ref.mc.n_kv_heads = 1; ref.vocab_used = 40;
             make_data(&ref, 21 + ai);
-            {
-                us_model tmp;
-                us_train_config tc = ref.tc;
-                us_model_init(&tmp, &ref.mc, &tc, NULL);
-                np = tmp.n_params;
-                us_model_free(&tmp);
-            }
-            ref.weights = (float *)malloc((size_t)np * 4);
-            CHECK(launch(&ref) == US_OK, "embedding rows: reference run (accum %d, tied %d)", accums[ai], tied);
+            np = reference(&ref);
+            CHECK(ref.rank_result[0] == US_OK, "embedding rows: reference run (accum %d, tied %d)", accums[ai], tied);
             for (di = 0; di < 2; di++)
                 for (zi = 0; zi <= 1; zi++) {
                     run R[2];   /* by rows (the default), dense */
                     int v, r, same = 1;
                     double ml[2] = {0, 0}, mw[2] = {0, 0};
-                    int64_t j, sent[2] = {0, 0};
+                    int64_t sent[2] = {0, 0};
                     for (v = 0; v < 2; v++) {
                         setup(&R[v], dps[di], zi, accums[ai], tied, 0.004f);
                         R[v].mc = ref.mc;
@@ -247,8 +254,7 @@ int main(int argc, char **argv) {
                         R[v].weights = (float *)calloc((size_t)np, 4);
                         for (r = 0; r < dps[di]; r++) R[v].wr[r] = (float *)calloc((size_t)np + 4096, 4);
                         if (launch(&R[v]) != US_OK) CHECK(0, "embedding rows: dp %d zero %d ran", dps[di], zi);
-                        for (s = 0; s < STEPS; s++) { double d = fabs(R[v].loss[s] - ref.loss[s]) / fabs(ref.loss[s]); if (d > ml[v]) ml[v] = d; }
-                        for (j = 0; j < np; j++) { double d = fabs(R[v].weights[j] - ref.weights[j]); if (d > mw[v]) mw[v] = d; }
+                        differences(&R[v], &ref, np, &ml[v], &mw[v]);
                         for (r = 0; r < dps[di]; r++) sent[v] += R[v].sent[r];
                     }
                     for (r = 1; r < dps[di]; r++) same &= !memcmp(R[0].wr[0], R[0].wr[r], (size_t)np * 4);
