@@ -6,7 +6,8 @@
 #   3. the multi-node path: two processes started by hand with torchrun's variables (TCP rendezvous)
 #   4. a fault: rank 1 killed mid-training, rank 0 must exit with an error within --comm-timeout
 #   5. throughput of one training step, dp 1 vs dp 2 x ZeRO 0-3, and a trace
-#   (2b. tensor parallelism: tp 2 and tp 2 + sp against one GPU; 2c. context parallelism, cp 2;
+#   (2a'. dp 2 with the embedding's gradient by rows; 2b'. tp 2 + sp with chunked reduce-scatters;
+#    2b. tensor parallelism: tp 2 and tp 2 + sp against one GPU; 2c. context parallelism, cp 2;
 #    2d/2e. pipeline equivalence and throughput; 2f. expert parallelism, ep 2)
 # Logs go to $OUT (default /tmp/dp_gpu); the last lines printed are a summary table.
 set -u
@@ -46,6 +47,26 @@ if run equiv; then for p in fp32 bf16; do
         say "shakespeare $p dp2 zero$z vs 1 GPU: $(compare "$OUT/ts_dp1_$p.jsonl" "$OUT/ts_dp2_z${z}_$p.jsonl")"
     done
 done; fi
+
+# 2a'. the embedding's gradient by touched rows (issue 9): a 32768-row vocabulary over Shakespeare's
+#      bytes makes dp 2 reduce the last micro-batch's lookup gradient as packed rows; against one GPU,
+#      and against the dense reduction (--dense-emb-grad).
+if run embrows; then
+    $T $M --vocab 32768 --batch 8 --grad-accum 2 --log "$OUT/er_dp1.jsonl" > "$OUT/er_dp1.txt" 2>&1
+    for x in "" "--dense-emb-grad"; do
+        $T $M --vocab 32768 --batch 16 --nproc 2 $x --log "$OUT/er_dp2$x.jsonl" > "$OUT/er_dp2$x.txt" 2>&1
+        say "shakespeare fp32 vocab 32768 dp2 $x vs 1 GPU: $(compare "$OUT/er_dp1.jsonl" "$OUT/er_dp2$x.jsonl")"
+    done
+fi
+# 2b'. tp 2 + sp at T 1024 (issue 9): 8192 rows per rank, so the forward's reduce-scatters go in
+#      two chunks under their GEMMs; against one GPU, fp32, and the serial path (--tp-no-overlap).
+if run tpchunk; then
+    $T $M --seq 1024 --batch 16 --log "$OUT/tc_ref.jsonl" > "$OUT/tc_ref.txt" 2>&1
+    for x in "" "--tp-no-overlap"; do
+        $T $M --seq 1024 --batch 16 --nproc 2 --tp 2 --sp $x --log "$OUT/tc_tp2$x.jsonl" > "$OUT/tc_tp2$x.txt" 2>&1
+        say "shakespeare fp32 T 1024 tp2 sp $x vs 1 GPU: $(compare "$OUT/tc_ref.jsonl" "$OUT/tc_tp2$x.jsonl")"
+    done
+fi
 
 # 2b. tensor parallelism (issue 5): tp 2 and tp 2 + sp against one GPU on the same model, 20 steps.
 #     The reference runs the whole micro-batch of 16 (a TP rank runs all 16 sequences too).
