@@ -4633,12 +4633,6 @@ static us_result us__sp_scatter_w(us_model *m, void *shard, const void *full, in
 }
 static us_result us__sp_gather(us_model *m, void *full, const void *shard, int64_t Ns) { return us__sp_gather_w(m, full, shard, Ns, NULL); }
 static us_result us__sp_scatter(us_model *m, void *shard, const void *full, int64_t Ns) { return us__sp_scatter_w(m, shard, full, Ns, NULL); }
-/* The backward's overlap (Megatron-LM's asynchronous TP communication): a column-parallel GEMM's
-   backward needs its input gradient reduced over tp (f's conjugate: all-reduce, or SP's
-   reduce-scatter) and, under SP, its input gathered again for the weight gradient. Neither
-   depends on the weight-gradient GEMM, so the gather is started before the input-gradient GEMMs
-   and the reduction before the weight-gradient GEMM, and both travel while those compute.
-   Starts the reduction of dln [Np, C] into this rank's rows (dlnp) or in place: */
 /* While a tp collective travels, the GEMMs beside it may leave it overlap_sms SMs (us_ops.sm_margin).
    On two H200s a reduce-scatter sharing the SMs with a weight-gradient GEMM took 1.8 ms instead of
    0.3; leaving it 8, 16 or 32 SMs sped the collectives up and slowed the GEMMs as much (tp 2 + sp:
@@ -4657,6 +4651,12 @@ static us_result us__tp_wait(us_model *m, us_work **w) {   /* a started collecti
     if (--m->tp_inflight <= 0) { m->tp_inflight = 0; m->ops.sm_margin = 0; }
     return us__comm_fail(m, r, "tensor-parallel communication");
 }
+/* The backward's overlap (Megatron-LM's asynchronous TP communication): a column-parallel GEMM's
+   backward needs its input gradient reduced over tp (f's conjugate: all-reduce, or SP's
+   reduce-scatter) and, under SP, its input gathered again for the weight gradient. Neither
+   depends on the weight-gradient GEMM, so the gather is started before the input-gradient GEMMs
+   and the reduction before the weight-gradient GEMM, and both travel while those compute.
+   Starts the reduction of dln [Np, C] into this rank's rows (dlnp) or in place: */
 static us_result us__tp_dgrad_start(us_model *m, void *dlnp, void *dln, int64_t N, int64_t Ns, us_work **w) {
     us_result r;
     us_work **wa = m->tc.tp_no_overlap ? NULL : w;   /* (no overlap: finished here) */
@@ -4677,8 +4677,8 @@ static void us__linear_dgrad(us_model *m, int64_t N, int64_t In, int64_t Out, co
 /* g with its GEMM: the collective matmul (Wang et al. 2023; Megatron-LM's and PyTorch's async
    TP). Gathering the whole input before the GEMM leaves the GPU idle while it travels. Instead
    the row blocks go round the tp ranks as a ring: at step s each rank multiplies the block it
-   holds, (rank − s) mod tp, while passing it to the next rank and taking the one before. Every
-   transfer but none of the GEMMs' work is hidden; the first block's GEMM waits for nothing.
+   holds, (rank − s) mod tp, while passing it to the next rank and taking the one before: each
+   transfer travels under a block's GEMM, and the first block's GEMM waits for nothing.
    G [Np, C] ends holding the whole gathered input, as us__sp_gather leaves it (the weight
    gradient reads it again). The GEMM is one of the two a gathered input feeds: */
 typedef struct us__ring_gemm {
@@ -4735,9 +4735,9 @@ static us_result us__sp_gemm_scatter(us_model *m, void *dst, const void *res, co
     }
     return r;
 }
-/* Row blocks are independent GEMMs only where scaling is per row or per tile: per-tensor FP8
-   would scale each block by its own amax, so it (and, to keep FP8's GEMM count, the tile mode)
-   gathers first. */
+/* Row blocks are independent GEMMs only where nothing is shared between rows: per-tensor FP8
+   would scale each block by its own amax, and the tile mode would quantise the weight once per
+   block, so FP8 gathers first. */
 static int us__tp_ring(const us_model *m) {
     return us__sp(m) && !m->tc.tp_no_overlap && m->tc.precision != US_PRECISION_FP8 && m->tc.precision != US_PRECISION_FP8_TENSOR;
 }
