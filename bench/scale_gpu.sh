@@ -96,7 +96,7 @@ def tok(name):
     if len(r) < 3: return None, None, None
     return statistics.median(x["tok_s"] for x in r[2:]), statistics.median(x["mfu"] for x in r[2:]), r[-1]["mem_bytes"] / 2**30
 print("%-12s %-12s %12s %12s %7s %10s %11s" % ("run", "vs", "tok/s", "ref tok/s", "MFU", "efficiency", "GiB/GPU"))
-for name, ref in [("ref_dp_after", "ref_dp"), ("dp2", "ref_dp"), ("dp2_dense", "ref_dp"), ("dp2_z1", "ref_dp"), ("dp2_ctas4", "ref_dp"), ("dp2_ctas8", "ref_dp"), ("dp2_z3", "ref_dp"), ("tp2_sp", "ref_dp"), ("tp2_sp_serial", "ref_dp"), ("tp2_sp_sms8", "ref_dp"), ("tp2_sp_sms32", "ref_dp"), ("tp2_sp_sms-1", "ref_dp"), ("tp2_sp_ctas8", "ref_dp"), ("tp2_sp_ce", "ref_dp"), ("pp2_1f1b", "ref_pp"),
+for name, ref in [("ref_dp_after", "ref_dp"), ("dp2", "ref_dp"), ("dp2_dense", "ref_dp"), ("dp2_z1", "ref_dp"), ("dp2_ctas4", "ref_dp"), ("dp2_ctas8", "ref_dp"), ("dp2_z3", "ref_dp"), ("tp2_sp", "ref_dp"), ("tp2_sp_serial", "ref_dp"), ("tp2_sp_sms8", "ref_dp"), ("tp2_sp_sms32", "ref_dp"), ("tp2_sp_sms-1", "ref_dp"), ("tp2_sp_ctas8", "ref_dp"), ("pp2_1f1b", "ref_pp"),
                   ("pp2_1f1b_8_8", "ref_pp"), ("pp2_1f1b_9_7", "ref_pp"), ("cp2_zigzag", "ref_cp"), ("ep2", "ref_ep")]:
     t, mfu, mem = tok(name); tr, _, _ = tok(ref)
     if t is None or tr is None: print("%-12s %-12s missing (see runs.txt)" % (name, ref)); continue
@@ -106,7 +106,7 @@ for name in ["ref_ep", "ep2"]:   # how balanced the routing was: max/mean tokens
     f = "%s/%s.jsonl" % (out, name)
     r = [json.loads(l) for l in open(f)] if os.path.exists(f) else []
     if r and "moe_imbalance" in r[0]: print("%s moe_imbalance by step: %s; dropped: %s" % (name, " ".join("%.2f" % x["moe_imbalance"] for x in r), " ".join("%.3f" % x.get("moe_drop_frac", 0) for x in r)))
-for name in ["ref_dp", "ref_dp_after", "dp2", "dp2_dense", "dp2_z1", "dp2_ctas4", "dp2_ctas8", "dp2_z3", "tp2_sp", "tp2_sp_serial", "tp2_sp_sms8", "tp2_sp_sms32", "tp2_sp_sms-1", "tp2_sp_ctas8", "tp2_sp_ce", "ref_pp", "pp2_1f1b", "pp2_1f1b_8_8", "pp2_1f1b_9_7", "ref_cp", "cp2_zigzag", "ref_ep", "ep2"]:
+for name in ["ref_dp", "ref_dp_after", "dp2", "dp2_dense", "dp2_z1", "dp2_ctas4", "dp2_ctas8", "dp2_z3", "tp2_sp", "tp2_sp_serial", "tp2_sp_sms8", "tp2_sp_sms32", "tp2_sp_sms-1", "tp2_sp_ctas8", "ref_pp", "pp2_1f1b", "pp2_1f1b_8_8", "pp2_1f1b_9_7", "ref_cp", "cp2_zigzag", "ref_ep", "ep2"]:
     f = "%s/%s.json" % (out, name)
     if os.path.exists(f):
         print(subprocess.run([sys.executable, "bench/trace_stats.py", f, "--label", name], capture_output=True, text=True).stdout.rstrip())
