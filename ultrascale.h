@@ -3532,6 +3532,7 @@ typedef struct us__unit {
    buffer [Nf, V/tp] must hold the packed rows [≤ dp·cp·Nf, C] fp32 with their indices, and the
    residual gradient [Nf, C] every rank's count and token rows. Decided from the configs alone, so
    the memory estimate cuts the same units. */
+static void us__rows(const us_model *m, int64_t N, int64_t *Np, int64_t *Ns);   /* (// >>tp) */
 static int us__emb_sparse(const us_model_config *mc, const us_train_config *tc) {
     int64_t n = (int64_t)(tc->dp > 1 ? tc->dp : 1) * (tc->cp > 1 ? tc->cp : 1), C = mc->dim;
     int64_t a = tc->precision == US_PRECISION_FP32 ? 4 : 2, V = mc->vocab / (tc->tp > 1 ? tc->tp : 1);
@@ -4023,8 +4024,8 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
     us__plan_units(m, m->units);
     for (u = 0; u < m->n_units; u++) for (i = m->units[u].p0; i < m->units[u].p1; i++) m->unit_of[i] = u;
     if ((m->emb_sparse = us__emb_sparse(&m->cfg, &m->tc) && m->c_first)) {   /* its host tables (// >>dp) */
-        int64_t Nr = (int64_t)m->tc.batch * (m->tc.seq / m->mesh.cp), k;
-        if (m->tc.sp && m->tc.tp > 1) Nr = (Nr + m->tc.tp - 1) / m->tc.tp * m->tc.tp;
+        int64_t Nr, Ns, k;
+        us__rows(m, (int64_t)m->tc.batch * (m->tc.seq / m->mesh.cp), &Nr, &Ns);   /* the arena's rows */
         m->emb_map = (int32_t *)US_MALLOC((size_t)m->vocab_l * 4);
         m->emb_nf = Nr;
         m->emb_ids = (int32_t *)US_MALLOC((size_t)(m->mesh.dpcp_g.size + 1) * (size_t)(Nr + 1) * 4);
@@ -4557,12 +4558,13 @@ static void us__adamw_piece(us_model *m, const us__unit *U, float lr, float gsca
    vocabulary: a token outside this rank's rows embeds to zero and the all-reduce adds the one
    rank that has it; the loss is computed from this rank's logit columns with the row max and
    the softmax denominator all-reduced (us__tp_xent), so no rank holds the full logits. */
-static us_result us__tp_sum(us_model *m, void *buf, int64_t n, us_dtype dt) {   /* over tp, in place */
+static us_result us__tp_sum_w(us_model *m, void *buf, int64_t n, us_dtype dt, us_work **w) {   /* over tp, in place */
     us_result r;
     if (m->tc.tp <= 1) return US_OK;
-    r = m->comm->all_reduce(m->comm, &m->mesh.tp_g, buf, n, dt, US_REDUCE_SUM, NULL);
+    r = m->comm->all_reduce(m->comm, &m->mesh.tp_g, buf, n, dt, US_REDUCE_SUM, w);
     return us__comm_fail(m, r, "tensor-parallel all-reduce");
 }
+static us_result us__tp_sum(us_model *m, void *buf, int64_t n, us_dtype dt) { return us__tp_sum_w(m, buf, n, dt, NULL); }
 static us_result us__tp_max(us_model *m, void *buf, int64_t n, us_dtype dt) {
     us_result r = m->comm->all_reduce(m->comm, &m->mesh.tp_g, buf, n, dt, US_REDUCE_MAX, NULL);
     return us__comm_fail(m, r, "tensor-parallel all-reduce (max)");
@@ -4662,8 +4664,7 @@ static us_result us__tp_dgrad_start(us_model *m, void *dlnp, void *dln, int64_t 
     us_work **wa = m->tc.tp_no_overlap ? NULL : w;   /* (no overlap: finished here) */
     *w = NULL;
     if (m->tc.tp <= 1) return US_OK;
-    if (us__sp(m)) r = us__sp_scatter_w(m, dlnp, dln, Ns, wa);
-    else r = us__comm_fail(m, m->comm->all_reduce(m->comm, &m->mesh.tp_g, dln, N * m->cfg.dim, m->dt, US_REDUCE_SUM, wa), "tensor-parallel all-reduce");
+    r = us__sp(m) ? us__sp_scatter_w(m, dlnp, dln, Ns, wa) : us__tp_sum_w(m, dln, N * m->cfg.dim, m->dt, wa);
     if (r == US_OK) us__tp_started(m, *w);
     return r;
 }

@@ -2780,8 +2780,8 @@ static __device__ __forceinline__ uint32_t us__e4m3x2(float a, float b) { return
    sort above inf, so an integer max is the NaN-sticky amax in two instructions */
 static __device__ __forceinline__ unsigned us__abits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
 
-/* 2 or 4 consecutive elements in one load (8/16-byte fp32, 4/8-byte bf16/fp16); the caller
-   guarantees the alignment (vec bit 1, checked on the host) */
+/* 4 consecutive elements in one load (16-byte fp32, 8-byte bf16/fp16); the caller guarantees
+   the alignment (vec bit 1, checked on the host) */
 static __device__ __forceinline__ void us__ld4(const float *p, float *f) { float4 u = *reinterpret_cast<const float4 *>(p); f[0] = u.x; f[1] = u.y; f[2] = u.z; f[3] = u.w; }
 static __device__ __forceinline__ void us__ld4(const __nv_bfloat16 *p, float *f) {
     uint2 u = *reinterpret_cast<const uint2 *>(p);
@@ -2793,9 +2793,6 @@ static __device__ __forceinline__ void us__ld4(const __half *p, float *f) {
     float2 x = __half22float2(*reinterpret_cast<const __half2 *>(&u.x)), y = __half22float2(*reinterpret_cast<const __half2 *>(&u.y));
     f[0] = x.x; f[1] = x.y; f[2] = y.x; f[3] = y.y;
 }
-static __device__ __forceinline__ void us__ld2(const float *p, float *f) { float2 u = *reinterpret_cast<const float2 *>(p); f[0] = u.x; f[1] = u.y; }
-static __device__ __forceinline__ void us__ld2(const __nv_bfloat16 *p, float *f) { float2 u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(p)); f[0] = u.x; f[1] = u.y; }
-static __device__ __forceinline__ void us__ld2(const __half *p, float *f) { float2 u = __half22float2(*reinterpret_cast<const __half2 *>(p)); f[0] = u.x; f[1] = u.y; }
 /* four E4M3 bytes of v·r, little-endian: P's elements l..l+3 as one 4-byte store */
 static __device__ __forceinline__ uint32_t us__e4m3x4(const float *v, float r) {   /* r = 1/s */
     return us__e4m3x2(v[0] * r, v[1] * r) | us__e4m3x2(v[2] * r, v[3] * r) << 16;
@@ -2809,7 +2806,7 @@ static __device__ __forceinline__ unsigned us__oct_umax(unsigned a) {   /* over 
     a = max(a, __shfl_xor_sync(0xffffffffu, a, 2));
     return max(a, __shfl_xor_sync(0xffffffffu, a, 1));
 }
-/* vec bits: 1 = x may be read 16 (row), 4 (block) or 2 (transposed row) elements at a time, 2 = q
+/* vec bits: 1 = x may be read 16 (row) or 4 (block, transposed row) elements at a time, 2 = q
    is 16-byte aligned (4- to 16-byte stores). gamax non-NULL: one scale from the whole tensor's
    amax (TENSOR). These kernels are instruction-bound before they are memory-bound (a tile's
    scale costs two divisions), so each thread quantises as many elements per scale as it can. */
