@@ -386,6 +386,12 @@ struct us_ops {
        or TENSOR; pow2 rounds the scales up to powers of two. */
     void  (*fp8_quantize)(us_ops *o, uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M, int64_t K,
                           int t, int trans, int pow2);
+    /* Both operands of x at once: (q, s) as fp8_quantize with trans 0 and (qt, st) as with trans 1,
+       byte for byte, from one read of x (t ROW128 or TENSOR). The backward quantises an output
+       gradient dy so: 1×128 tiles for Dgrad, 128×1 for the Wgrad that follows. Optional: NULL
+       means two fp8_quantize calls. */
+    void  (*fp8_quantize_both)(us_ops *o, uint8_t *q, float *s, uint8_t *qt, float *st, const void *x, us_dtype dt,
+                               int64_t M, int64_t K, int t, int pow2);
     /* C[M,N] = alpha·deq(a)[M,K]·deq(b)[N,K]ᵀ + beta·C (cdt f32 or bf16, row stride ldc; beta 0
        never reads C): the TN FP8 GEMM of us_fp8_gemm on two operands as fp8_quantize writes them
        (a ROW128 or TENSOR: the activation operand; b ROW128, BLOCK128 or TENSOR: the weight
@@ -748,7 +754,9 @@ typedef struct us_model {
     /* FP8 training (// >>fp8-linear) */
     int      fp8;             /* 0 off; 1 tile scaling (precision fp8); 2 one scale per tensor (fp8-tensor) */
     int      fp8_linear, fp8_linear_all;   /* dense linear layers of this rank whose GEMMs run in FP8, of all */
-    size_t   fp8_off[3];      /* offsets of sa, qb, sb in the FP8 scratch (qa at 0) */
+    size_t   fp8_off[5];      /* offsets of sa, qb, sb, qk, sk in the FP8 scratch (qa at 0) */
+    const void *fp8_kept;     /* the output gradient whose 128×1 copy (qk, sk) Dgrad left for Wgrad, or NULL */
+    int64_t  fp8_kept_n, fp8_kept_c;   /* its rows and columns */
     char     err[256];
 } us_model;
 
@@ -2813,6 +2821,13 @@ static void us__cpu_fp8_quantize(us_ops *o, uint8_t *q, float *s, const void *x,
     US_FREE(xt);
 }
 
+/* the definition of fp8_quantize_both: the two quantisations, one after the other */
+static void us__cpu_fp8_quantize_both(us_ops *o, uint8_t *q, float *s, uint8_t *qt, float *st, const void *x, us_dtype dt,
+                                      int64_t M, int64_t K, int t, int pow2) {
+    us__cpu_fp8_quantize(o, q, s, x, dt, M, K, t, 0, pow2);
+    us__cpu_fp8_quantize(o, qt, st, x, dt, M, K, t, 1, pow2);
+}
+
 static void us__cpu_fp8_gemm(us_ops *o, int64_t M, int64_t N, int64_t K, float alpha, const uint8_t *a, const float *sa, int ta,
                              const uint8_t *b, const float *sb, int tb, float beta, void *C, us_dtype cdt, int64_t ldc) {
     float *c;
@@ -3161,7 +3176,7 @@ US_API us_ops us_cpu_ops(int nthreads) {
     o.axpy = us__cpu_axpy;           o.xent_stats = us__cpu_xent_stats; o.xent_finish = us__cpu_xent_finish;
     o.moe_route = us__cpu_moe_route;     o.moe_route_bwd = us__cpu_moe_route_bwd;  o.moe_permute = us__cpu_moe_permute;
     o.moe_gather = us__cpu_moe_gather;   o.moe_scatter = us__cpu_moe_scatter;      o.moe_gate_grad = us__cpu_moe_gate_grad;
-    o.fp8_quantize = us__cpu_fp8_quantize; o.fp8_gemm = us__cpu_fp8_gemm;
+    o.fp8_quantize = us__cpu_fp8_quantize; o.fp8_gemm = us__cpu_fp8_gemm; o.fp8_quantize_both = us__cpu_fp8_quantize_both;
     return o;
 }
 
@@ -3650,11 +3665,12 @@ static size_t us__fp8_operand(int64_t R, int64_t L, size_t *sbytes) {
     return (size_t)(R * LB * US_FP8_TILE);
 }
 /* The scratch of the quantised copies: the largest a (activation side) and b (weight side)
-   operand over the three GEMMs of the dense layers' four linears (N tokens; per-rank dims), laid
-   out qa | sa | qb | sb; off gets the offsets of sa, qb, sb. The estimator counts the same. */
-static size_t us__fp8_scratch(int64_t N, int64_t C, int64_t QKV, int64_t AO, int64_t F, size_t off[3]) {
+   operand over the three GEMMs of the dense layers' four linears (N tokens; per-rank dims), and
+   the largest dyᵀ that Dgrad keeps for Wgrad (k), laid out qa | sa | qb | sb | qk | sk; off gets
+   the offsets of sa, qb, sb, qk, sk. The estimator counts the same. */
+static size_t us__fp8_scratch(int64_t N, int64_t C, int64_t QKV, int64_t AO, int64_t F, size_t off[5]) {
     int64_t io[4][2];
-    size_t qa = 0, sa = 0, qb = 0, sb = 0, q, sz;
+    size_t qa = 0, sa = 0, qb = 0, sb = 0, qk = 0, sk = 0, q, sz;
     int i, j;
     io[0][0] = C; io[0][1] = QKV; io[1][0] = AO; io[1][1] = C; io[2][0] = C; io[2][1] = 2 * F; io[3][0] = F; io[3][1] = C;
     for (i = 0; i < 4; i++) {
@@ -3665,9 +3681,11 @@ static size_t us__fp8_scratch(int64_t N, int64_t C, int64_t QKV, int64_t AO, int
             q = us__fp8_operand(a[j][0], a[j][1], &sz); if (q > qa) qa = q; if (sz > sa) sa = sz;
             q = us__fp8_operand(b[j][0], b[j][1], &sz); if (q > qb) qb = q; if (sz > sb) sb = sz;
         }
+        q = us__fp8_operand(a[2][0], a[2][1], &sz); if (q > qk) qk = q; if (sz > sk) sk = sz;
     }
     off[0] = us__align(qa); off[1] = off[0] + us__align(sa); off[2] = off[1] + us__align(qb);
-    return off[2] + us__align(sb);
+    off[3] = off[2] + us__align(sb); off[4] = off[3] + us__align(qk);
+    return off[4] + us__align(sk);
 }
 /* A linear GEMM of N tokens, In → Out runs in FP8 when the policy says so and all three sizes are
    multiples of 16 (FP8 tensor cores' alignment); otherwise in bf16. */
@@ -3756,7 +3774,7 @@ static size_t us__layout_arena(us_model *m, char *base, int part) {
         sz[US__A_SCAL] = 64;   /* scalars all-reduced over the ranks: valid targets, loss, norm² */
         sz[US__A_MOE] = us__moe_scratch(m, NULL);   /* the MoE backward's gradients (// >>moe) */
         {   /* the linear GEMMs' quantised operands (// >>fp8-linear) */
-            size_t off[3] = {0, 0, 0};
+            size_t off[5] = {0, 0, 0, 0, 0};
             sz[US__A_FP8] = m->fp8 ? us__fp8_scratch(Nf, C, QKV, AO, F, off) : 0;
             if (base) memcpy(m->fp8_off, off, sizeof off);
             if (base && part == 1) {   /* which dense linears run in FP8, for the model line */
@@ -4674,7 +4692,7 @@ static us_result us__sp_gather_early(us_model *m, void *full, const void *shard,
     return r;
 }
 static void us__linear_fwd(us_model *m, int64_t N, int64_t In, int64_t Out, const void *x, const void *W, float beta, void *y);
-static void us__linear_dgrad(us_model *m, int64_t N, int64_t In, int64_t Out, const void *dy, const void *W, float beta, void *dx);
+static void us__linear_dgrad(us_model *m, int64_t N, int64_t In, int64_t Out, const void *dy, const void *W, float beta, void *dx, int keep);
 /* g with its GEMM: the collective matmul (Wang et al. 2023; Megatron-LM's and PyTorch's async
    TP). Gathering the whole input before the GEMM leaves the GPU idle while it travels. Instead
    the row blocks go round the tp ranks as a ring: at step s each rank multiplies the block it
@@ -4691,7 +4709,7 @@ typedef struct us__ring_gemm {
 static void us__ring_gemm_rows(us_model *m, const us__ring_gemm *g, const void *G, int64_t row0, int64_t rows) {
     size_t a = us_dtype_size(m->dt);
     if (!g->dgrad) us__linear_fwd(m, rows, g->In, g->Out, (const char *)G + (size_t)(row0 * g->In) * a, g->W, 0.0f, (char *)g->y + (size_t)(row0 * g->Out) * a);
-    else us__linear_dgrad(m, rows, g->In, g->Out, (const char *)G + (size_t)(row0 * g->Out) * a, g->W, 0.0f, (char *)g->y + (size_t)(row0 * g->In) * a);
+    else us__linear_dgrad(m, rows, g->In, g->Out, (const char *)G + (size_t)(row0 * g->Out) * a, g->W, 0.0f, (char *)g->y + (size_t)(row0 * g->In) * a, 0);
 }
 /* ḡ with its GEMM, the other half of the collective matmul: the row-parallel GEMM's partial
    products are made in k row chunks of every rank's block, laid out [k][tp][Ns/k] in G, and each
@@ -5372,7 +5390,9 @@ static us_result us__ep_move(us_model *m, int l, int dir, void *dst, const void 
    Every operand is quantised online (amax of this very tensor, no history) from the bf16 tensor
    the bf16 policy would use, into the FP8 scratch, just before its GEMM; the backward GEMMs that
    reduce over the other dimension quantise a second time from bf16 (dy, x along tokens; W
-   transposed), never by transposing an already quantised tensor. The GEMMs accumulate in fp32
+   transposed), never by transposing an already quantised tensor. dy's two copies come from one
+   read (us_ops.fp8_quantize_both): Dgrad writes the 128×1 copy beside its own operand and leaves
+   it in the scratch (qk, sk) for the Wgrad of the same dy, which follows. The GEMMs accumulate in fp32
    (promotion every 128) and write bf16 activations or add into the fp32 weight gradients.
    Embedding, LM head, norms, attention, the MoE router and experts stay bf16; master weights
    and moments fp32. fp8-tensor (US_PRECISION_FP8_TENSOR) uses one scale per tensor instead: the
@@ -5382,15 +5402,19 @@ static us_result us__ep_move(us_model *m, int l, int dir, void *dst, const void 
    reports how many linears run in FP8). */
 /* C[M][N] = a·bᵀ + beta·C in FP8: a is the stored tensor xa [ar][ac] (or its transpose, atr),
    quantised with tiling at; b likewise; K is the shared dimension. Both go through the model's
-   FP8 scratch (two operands at a time), then one fp8_gemm with row stride N. */
+   FP8 scratch (two operands at a time), then one fp8_gemm with row stride N. keep (a Dgrad's dy):
+   also write aᵀ's operand into qk, sk for the Wgrad; kept (that Wgrad): a is already there. */
+enum { US__FP8_FRESH, US__FP8_KEEP, US__FP8_KEPT };
 static void us__fp8_mm(us_model *m, const void *xa, int64_t ar, int64_t ac, int at, int atr,
-                       const void *xb, int64_t br, int64_t bc, int bt, int btr, float beta, void *C, us_dtype cdt) {
+                       const void *xb, int64_t br, int64_t bc, int bt, int btr, float beta, void *C, us_dtype cdt, int keep) {
     us_ops *o = &m->ops;
     char *base = (char *)m->a[US__A_FP8];
-    uint8_t *qa = (uint8_t *)base, *qb = (uint8_t *)(base + m->fp8_off[1]);
-    float *sa = (float *)(base + m->fp8_off[0]), *sb = (float *)(base + m->fp8_off[2]);
+    uint8_t *qa = (uint8_t *)base, *qb = (uint8_t *)(base + m->fp8_off[1]), *qk = (uint8_t *)(base + m->fp8_off[3]);
+    float *sa = (float *)(base + m->fp8_off[0]), *sb = (float *)(base + m->fp8_off[2]), *sk = (float *)(base + m->fp8_off[4]);
     int64_t M = atr ? ac : ar, K = atr ? ar : ac, N = btr ? bc : br;
-    o->fp8_quantize(o, qa, sa, xa, m->dt, ar, ac, at, atr, m->tc.fp8_pow2);
+    if (keep == US__FP8_KEPT) { qa = qk; sa = sk; }
+    else if (keep == US__FP8_KEEP) o->fp8_quantize_both(o, qa, sa, qk, sk, xa, m->dt, ar, ac, at, m->tc.fp8_pow2);
+    else o->fp8_quantize(o, qa, sa, xa, m->dt, ar, ac, at, atr, m->tc.fp8_pow2);
     o->fp8_quantize(o, qb, sb, xb, m->dt, br, bc, bt, btr, m->tc.fp8_pow2);
     o->fp8_gemm(o, M, N, K, 1.0f, qa, sa, at, qb, sb, bt, beta, C, cdt, N);
 }
@@ -5402,22 +5426,29 @@ static int us__fp8_wt(const us_model *m) { return m->fp8 == 2 ? US_FP8_TENSOR : 
 static void us__linear_fwd(us_model *m, int64_t N, int64_t In, int64_t Out, const void *x, const void *W, float beta, void *y) {
     us_ops *o = &m->ops;
     if (!us__fp8_on(m, N, In, Out)) { o->gemm(o, 0, 1, N, Out, In, 1.0f, x, m->dt, In, W, m->dt, In, beta, y, m->dt, Out); return; }
-    us__fp8_mm(m, x, N, In, us__fp8_act(m), 0, W, Out, In, us__fp8_wt(m), 0, beta, y, m->dt);
+    us__fp8_mm(m, x, N, In, us__fp8_act(m), 0, W, Out, In, us__fp8_wt(m), 0, beta, y, m->dt, US__FP8_FRESH);
 }
 
-/* Dgrad: dx[N][In] = dy[N][Out]·W + beta·dx */
-static void us__linear_dgrad(us_model *m, int64_t N, int64_t In, int64_t Out, const void *dy, const void *W, float beta, void *dx) {
+/* Dgrad: dx[N][In] = dy[N][Out]·W + beta·dx. keep: the Wgrad of this same dy comes next (nothing
+   writes dy in between), so dy's 128×1 copy is made now, from the same read. */
+static void us__linear_dgrad(us_model *m, int64_t N, int64_t In, int64_t Out, const void *dy, const void *W, float beta, void *dx, int keep) {
     us_ops *o = &m->ops;
     if (!us__fp8_on(m, N, In, Out)) { o->gemm(o, 0, 0, N, In, Out, 1.0f, dy, m->dt, Out, W, m->dt, In, beta, dx, m->dt, In); return; }
-    us__fp8_mm(m, dy, N, Out, us__fp8_act(m), 0, W, Out, In, us__fp8_wt(m), 1, beta, dx, m->dt);   /* Wᵀ [In][Out], from bf16 W */
+    keep = keep && o->fp8_quantize_both;
+    us__fp8_mm(m, dy, N, Out, us__fp8_act(m), 0, W, Out, In, us__fp8_wt(m), 1, beta, dx, m->dt,   /* Wᵀ [In][Out], from bf16 W */
+               keep ? US__FP8_KEEP : US__FP8_FRESH);
+    m->fp8_kept = keep ? dy : NULL; m->fp8_kept_n = N; m->fp8_kept_c = Out;
 }
 
 /* Wgrad: dW f32[Out][In] += dy[N][Out]ᵀ·x[N][In], reducing over the N tokens */
 static void us__linear_wgrad(us_model *m, int64_t N, int64_t In, int64_t Out, const void *dy, const void *x, float *dW) {
     us_ops *o = &m->ops;
     if (!us__fp8_on(m, N, In, Out)) { o->gemm(o, 1, 0, Out, In, N, 1.0f, dy, m->dt, Out, x, m->dt, In, 1.0f, dW, US_F32, In); return; }
-    /* dyᵀ [Out][N] and xᵀ [In][N]: 128×1 tiles of dy and x, activation tiling on both sides */
-    us__fp8_mm(m, dy, N, Out, us__fp8_act(m), 1, x, N, In, us__fp8_act(m), 1, 1.0f, dW, US_F32);
+    /* dyᵀ [Out][N] and xᵀ [In][N]: 128×1 tiles of dy and x, activation tiling on both sides;
+       dyᵀ's as Dgrad left it, when it did */
+    int kept = m->fp8_kept == dy && m->fp8_kept_n == N && m->fp8_kept_c == Out;
+    m->fp8_kept = NULL;
+    us__fp8_mm(m, dy, N, Out, us__fp8_act(m), 1, x, N, In, us__fp8_act(m), 1, 1.0f, dW, US_F32, kept ? US__FP8_KEPT : US__FP8_FRESH);
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -5510,7 +5541,7 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
         if (sp) {   /* ḡ's conjugate, travelling under the GEMM */
             us__ring_gemm g = {1, F, C, us__W(m, US__PL(l, US__P_DOWN)), dh};
             if ((r = us__sp_gather_gemm(m, G, dres, Ns, &g)) != US_OK) return r;
-        } else us__linear_dgrad(m, Np, F, C, dres, us__W(m, US__PL(l, US__P_DOWN)), 0.0f, dh);
+        } else us__linear_dgrad(m, Np, F, C, dres, us__W(m, US__PL(l, US__P_DOWN)), 0.0f, dh, !split);
         if (split) o->copy(o, A->g_down, dresF, rowb, US_COPY_D2D);
         else {
             us__linear_wgrad(m, Np, F, C, dresF, A->h, us__G(m, US__PL(l, US__P_DOWN)));
@@ -5519,7 +5550,7 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
             if (sp && (r = us__sp_gather_early(m, G, A->ln2, Ns, &wg)) != US_OK) return r;
         }
         o->swiglu_bwd(o, dgu, dh, A->gu, Np, F, dt);
-        us__linear_dgrad(m, Np, C, 2 * F, dgu, us__W(m, US__PL(l, US__P_GATE)), 0.0f, dln);
+        us__linear_dgrad(m, Np, C, 2 * F, dgu, us__W(m, US__PL(l, US__P_GATE)), 0.0f, dln, !split);
         /* f (TP: all-reduce) or g's conjugate (SP: reduce-scatter): the column-parallel input's
            gradient, travelling under the weight-gradient GEMM */
         if ((r = us__tp_dgrad_start(m, dlnp, dln, N, Ns, &wd)) != US_OK) return r;
@@ -5538,7 +5569,7 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
     if (sp) {
         us__ring_gemm g = {1, AO, C, us__W(m, US__PL(l, US__P_O)), datt};
         if ((r = us__sp_gather_gemm(m, G, dres, Ns, &g)) != US_OK) return r;
-    } else us__linear_dgrad(m, Np, AO, C, dres, us__W(m, US__PL(l, US__P_O)), 0.0f, datt);
+    } else us__linear_dgrad(m, Np, AO, C, dres, us__W(m, US__PL(l, US__P_O)), 0.0f, datt, !split);
     if (split) o->copy(o, A->g_o, dresF, rowb, US_COPY_D2D);
     else {
         us__linear_wgrad(m, Np, AO, C, dresF, A->att, us__G(m, US__PL(l, US__P_O)));
@@ -5553,7 +5584,7 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
         o->rope_bwd(o, dqkv, B, T, NH, NKV, HS, c->rope_theta, dt);
     }
     if (Np > N) o->zero(o, us__at(dqkv, dt, N * QKV), (size_t)((Np - N) * QKV) * us_dtype_size(dt));
-    us__linear_dgrad(m, Np, C, QKV, dqkv, us__W(m, US__PL(l, US__P_Q)), 0.0f, dln);
+    us__linear_dgrad(m, Np, C, QKV, dqkv, us__W(m, US__PL(l, US__P_Q)), 0.0f, dln, !split);
     if ((r = us__tp_dgrad_start(m, dlnp, dln, N, Ns, &wd)) != US_OK) return r;
     if (!split) {
         if ((r = us__tp_wait(m, &wg)) != US_OK) return r;
@@ -8412,7 +8443,7 @@ static us_result us__memory_estimate(const us_model_config *mc_in, const us_trai
        state, dQ, a cast buffer */
     bwd = xf /* norm grad */ + att + qkv + h + gu + (sp ? xf + us__align(C * 4) : 0);
     if (tc.precision == US_PRECISION_FP8 || tc.precision == US_PRECISION_FP8_TENSOR) {   /* the quantised GEMM operands (// >>fp8-linear) */
-        size_t off[3];
+        size_t off[5];
         bwd += us__fp8_scratch(Nf, C, QKV, AO, F, off);
     }
     if (tc.cp > 1) {

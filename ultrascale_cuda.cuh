@@ -2853,21 +2853,39 @@ __global__ void us__k_fp8_row(uint8_t *q, float *s, const T *x, int64_t R, int64
    x's rows, 4 elements (8 bytes of bf16) per lane, all 16 loads in flight before the first store.
    Nsight Compute showed the earlier 128 × 64 patch, read 2 elements per lane, latency-bound on
    those loads (56 % of the stalls; DRAM 24 % busy): this one has twice the bytes in flight per SM
-   and 256-byte row segments. Then thread t takes column c = t mod 128 over the 64 rows of half
-   h = t / 128: the amax runs down the column (a warp reads 32 neighbouring columns of one row:
-   no bank conflicts), the two halves meet in shared memory, and the bytes are parked transposed,
-   4 at a time, so that the block writes P's rows 4 bytes per lane. */
+   and 256-byte row segments. Then the columns: for 16-bit x, thread t takes the two neighbouring
+   columns 2·(t mod 64) and +1 as one 4-byte word per row, over the 32 rows of quarter t / 64 (a
+   warp reads 32 neighbouring words of one row: no bank conflicts; both amaxes in one packed
+   max); for fp32, column t mod 128 over the 64 rows of half t / 128. The parts meet in shared
+   memory, each column's scale is computed once, and the bytes are parked transposed, 4 at a
+   time, so that the block writes P's rows 4 bytes per lane. Nsight Compute had this kernel
+   issue-bound (77 % of issue slots with the row pass below, ALU first): the packed words halve
+   the column loads and their amax instructions.
+   q2 non-NULL (fp8_quantize_both): the patch's rows are also x's own 1×128 tiles along R, so the
+   same staged patch gives ROW128 of x [L][R] too (q2 [L][Rp], s2 [RB][L]): warp w takes rows
+   w + 8j (j < 16), a lane 4 neighbouring elements of each, and a warp-wide max gives each row's
+   amax. Lane j then computes row j's scale (the divisions, once per tile, not once per lane)
+   and hands 1/s to the others with a shuffle. x is read once for both copies. */
+/* a 16-bit |x| pattern (sign cleared) as the bits of the same |x| in fp32, which orders alike */
+template <typename T> __device__ __forceinline__ unsigned us__abits16(unsigned b);
+template <> __device__ __forceinline__ unsigned us__abits16<__nv_bfloat16>(unsigned b) { return b << 16; }
+template <> __device__ __forceinline__ unsigned us__abits16<__half>(unsigned b) { return us__abits(__half2float(__ushort_as_half((unsigned short)b))); }
+/* two 16-bit elements of one 4-byte word as floats (little-endian: the lower address is lo) */
+static __device__ __forceinline__ void us__unpack2(const __nv_bfloat16 *, uint32_t u, float &lo, float &hi) { lo = __uint_as_float(u << 16); hi = __uint_as_float(u & 0xffff0000u); }
+static __device__ __forceinline__ void us__unpack2(const __half *, uint32_t u, float &lo, float &hi) { float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&u)); lo = f.x; hi = f.y; }
 template <typename T> struct us__raw4;   /* 4 elements of T as one load */
 template <> struct us__raw4<float> { typedef float4 t; };
 template <> struct us__raw4<__nv_bfloat16> { typedef uint2 t; };
 template <> struct us__raw4<__half> { typedef uint2 t; };
 template <typename T>
-__global__ void __launch_bounds__(256) us__k_fp8_row_t(uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int pow2, int vec, const unsigned *gamax) {
+__global__ void __launch_bounds__(256) us__k_fp8_row_t(uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int pow2, int vec, const unsigned *gamax,
+                                                       uint8_t *q2, float *s2) {
     typedef typename us__raw4<T>::t V;
     extern __shared__ __align__(16) unsigned char us__rowt_smem[];   /* us__fp8_row_t_smem<T>() bytes: */
     T (*sm)[132] = reinterpret_cast<T (*)[132]>(us__rowt_smem);   /* [128][132]: +4 keeps rows 8/16-byte aligned and spreads columns over the banks */
     uint32_t (*qs)[33] = reinterpret_cast<uint32_t (*)[33]>(us__rowt_smem + sizeof(T) * 128 * 132);   /* the patch's 128 rows of P, 128 bytes each (+1 word against bank conflicts) */
-    unsigned (*red)[128] = reinterpret_cast<unsigned (*)[128]>(us__rowt_smem + sizeof(T) * 128 * 132 + 4 * 128 * 33);
+    unsigned (*red)[128] = reinterpret_cast<unsigned (*)[128]>(us__rowt_smem + sizeof(T) * 128 * 132 + 4 * 128 * 33);   /* [4][128] column amax parts */
+    float *rcs = reinterpret_cast<float *>(us__rowt_smem + sizeof(T) * 128 * 132 + 4 * 128 * 33 + 4 * 4 * 128);   /* [128] each column's 1/s */
     int64_t r0 = (int64_t)blockIdx.x * 128, l0 = (int64_t)blockIdx.y * 128, r = r0 + 4 * (threadIdx.x & 31);
     int t = threadIdx.x, lane = t & 31, w = t >> 5, c = t & 127, h = t >> 7, i, j;
     float sc, rc, f[4];
@@ -2889,26 +2907,73 @@ __global__ void __launch_bounds__(256) us__k_fp8_row_t(uint8_t *q, float *s, con
         }
     }
     __syncthreads();
-#pragma unroll 8
-    for (i = 0; i < 64; i++) a = max(a, us__abits(us__ld(sm[64 * h + i], c)));
-    red[h][c] = a;
-    __syncthreads();
-    sc = us__fp8_scale(__uint_as_float(gamax ? *gamax : max(red[0][c], red[1][c])), pow2);
-    rc = 1.0f / sc;
+    if (q2) {   /* ROW128 of x itself: row l0 + i of the patch is the tile (l0 + i, r0 / 128) */
+        int64_t Rp = (R + 127) / 128 * 128;
+        unsigned mine = 0;   /* lane j < 16: the amax of row w + 8j */
+#pragma unroll
+        for (j = 0; j < 16; j++) {
+            unsigned b = 0;
+            us__ld4(&sm[w + 8 * j][4 * lane], f);   /* 8 (bf16) or 16 (fp32) aligned bytes: the rows are 132 elements */
+            b = max(max(us__abits(f[0]), us__abits(f[1])), max(us__abits(f[2]), us__abits(f[3])));
+            b = __reduce_max_sync(0xffffffffu, b);
+            mine = lane == j ? b : mine;
+        }
+        sc = us__fp8_scale(__uint_as_float(gamax ? *gamax : mine), pow2);
+        rc = 1.0f / sc;
+        if (lane < 16 && l0 + w + 8 * lane < L && (!gamax || (blockIdx.x == 0 && blockIdx.y == 0 && w == 0 && lane == 0)))
+            s2[gamax ? 0 : r0 / 128 * L + l0 + w + 8 * lane] = sc;
 #pragma unroll 4
-    for (i = 0; i < 64; i += 4) {   /* P[c][64h + i .. + 3]: four E4M3 bytes as one word */
-        for (j = 0; j < 4; j++) f[j] = us__ld(sm[64 * h + i + j], c);
-        qs[c][16 * h + i / 4] = us__e4m3x4(f, rc);
+        for (j = 0; j < 16; j++) {
+            float r2 = __shfl_sync(0xffffffffu, rc, j);
+            us__ld4(&sm[w + 8 * j][4 * lane], f);
+            if (l0 + w + 8 * j < L) us__st_q4(q2 + (l0 + w + 8 * j) * Rp + r0 + 4 * lane, us__e4m3x4(f, r2), 2);   /* Rp % 128 == 0: 4-byte aligned */
+        }
     }
-    if (h == 0 && r0 + c < R && (!gamax || (blockIdx.x == 0 && blockIdx.y == 0 && c == 0))) s[gamax ? 0 : l0 / 128 * R + r0 + c] = sc;
+    if constexpr (sizeof(T) == 2) {   /* columns 2cp, 2cp + 1 over rows 32qt .. 32qt + 31 */
+        int cp = t & 63, qt = t >> 6;
+        const uint32_t *wp = reinterpret_cast<const uint32_t *>(&sm[32 * qt][2 * cp]);   /* rows are 66 words apart */
+        uint32_t m2 = 0;
+        float r0c, r1c, hi[4];
+#pragma unroll 8
+        for (i = 0; i < 32; i++) m2 = __vmaxu2(m2, wp[66 * i] & 0x7fff7fffu);
+        red[qt][2 * cp] = us__abits16<T>(m2 & 0xffffu); red[qt][2 * cp + 1] = us__abits16<T>(m2 >> 16);
+        __syncthreads();
+        if (t < 128) {   /* column t's scale, once */
+            sc = us__fp8_scale(__uint_as_float(gamax ? *gamax : max(max(red[0][t], red[1][t]), max(red[2][t], red[3][t]))), pow2);
+            rcs[t] = 1.0f / sc;
+            if (r0 + t < R && (!gamax || (blockIdx.x == 0 && blockIdx.y == 0 && t == 0))) s[gamax ? 0 : l0 / 128 * R + r0 + t] = sc;
+        }
+        __syncthreads();
+        r0c = rcs[2 * cp]; r1c = rcs[2 * cp + 1];
+#pragma unroll 2
+        for (i = 0; i < 32; i += 4) {   /* P[2cp (+1)][32qt + i .. + 3]: four E4M3 bytes as one word each */
+            for (j = 0; j < 4; j++) us__unpack2((const T *)0, wp[66 * (i + j)], f[j], hi[j]);
+            qs[2 * cp][8 * qt + i / 4] = us__e4m3x4(f, r0c);
+            qs[2 * cp + 1][8 * qt + i / 4] = us__e4m3x4(hi, r1c);
+        }
+    } else {   /* fp32: column c over rows 64h .. 64h + 63 */
+#pragma unroll 8
+        for (i = 0; i < 64; i++) a = max(a, us__abits(us__ld(sm[64 * h + i], c)));
+        red[h][c] = a;
+        __syncthreads();
+        sc = us__fp8_scale(__uint_as_float(gamax ? *gamax : max(red[0][c], red[1][c])), pow2);
+        rc = 1.0f / sc;
+#pragma unroll 4
+        for (i = 0; i < 64; i += 4) {   /* P[c][64h + i .. + 3]: four E4M3 bytes as one word */
+            for (j = 0; j < 4; j++) f[j] = us__ld(sm[64 * h + i + j], c);
+            qs[c][16 * h + i / 4] = us__e4m3x4(f, rc);
+        }
+        if (h == 0 && r0 + c < R && (!gamax || (blockIdx.x == 0 && blockIdx.y == 0 && c == 0))) s[gamax ? 0 : l0 / 128 * R + r0 + c] = sc;
+    }
     __syncthreads();
     for (i = w; i < 128; i += 8)
         if (r0 + i < R) us__st_q4(q + (r0 + i) * Lp + l0 + 4 * lane, qs[i][lane], vec);
 }
 /* Its shared memory is more than the 48 KB a block gets without asking (52 KB for bf16). */
-template <typename T> static size_t us__fp8_row_t_smem(void) { return sizeof(T) * 128 * 132 + 4 * 128 * 33 + 4 * 2 * 128; }
+template <typename T> static size_t us__fp8_row_t_smem(void) { return sizeof(T) * 128 * 132 + 4 * 128 * 33 + 4 * 4 * 128 + 4 * 128; }
 template <typename T>
-static void us__fp8_row_t_launch(dim3 grid, cudaStream_t st, uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int pow2, int vec, const unsigned *gamax) {
+static void us__fp8_row_t_launch(dim3 grid, cudaStream_t st, uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int pow2, int vec, const unsigned *gamax,
+                                 uint8_t *q2 = NULL, float *s2 = NULL) {
     static unsigned long long asked;   /* the devices it was raised on, per element type */
     int d = 0;
     cudaGetDevice(&d);
@@ -2916,7 +2981,7 @@ static void us__fp8_row_t_launch(dim3 grid, cudaStream_t st, uint8_t *q, float *
         cudaFuncSetAttribute(us__k_fp8_row_t<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)us__fp8_row_t_smem<T>());
         if (d < 64) asked |= 1ull << d;
     }
-    us__k_fp8_row_t<T><<<grid, 256, us__fp8_row_t_smem<T>(), st>>>(q, s, x, R, L, Lp, pow2, vec, gamax);
+    us__k_fp8_row_t<T><<<grid, 256, us__fp8_row_t_smem<T>(), st>>>(q, s, x, R, L, Lp, pow2, vec, gamax, q2, s2);
 }
 
 /* BLOCK128 of P = x (trans 0) or xᵀ (trans 1): one block of 512 threads per 128×128 block. Each
@@ -2990,6 +3055,18 @@ __global__ void us__k_fp8_amax(unsigned *amax, const T *x, int64_t n, int vec) {
     }
 }
 
+/* TENSOR's one amax, of all n elements of x, into the backend's slot; NULL (and the error set) if
+   the slot cannot be had */
+static unsigned *us__fp8_gamax(us_ops *o, const void *x, us_dtype dt, int64_t n) {
+    us__cuda *c = us__cu(o);
+    unsigned es = (unsigned)us_dtype_size(dt);
+    if (!c->fp8_amax && !(c->fp8_amax = (unsigned *)us__cuda_alloc(o, 64))) { us__cuda_fail(o, "fp8 amax slot", "out of device memory", __FILE__, __LINE__); return NULL; }
+    US__CU(o, cudaMemsetAsync(c->fp8_amax, 0, 4, c->stream));
+    US__DISPATCH(o, dt, (us__k_fp8_amax<T_><<<us__blocks(n / 4 + 1, 256) < 2048 ? us__blocks(n / 4 + 1, 256) : 2048, 256, 0, c->stream>>>(
+                             c->fp8_amax, (const T_ *)x, n, n % 4 == 0 && us__al(x, 4 * es))));
+    return c->fp8_amax;
+}
+
 static void us__cuda_fp8_quantize(us_ops *o, uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M, int64_t K,
                                   int t, int trans, int pow2) {
     us__cuda *c = us__cu(o);
@@ -2997,13 +3074,7 @@ static void us__cuda_fp8_quantize(us_ops *o, uint8_t *q, float *s, const void *x
     unsigned es = (unsigned)us_dtype_size(dt), *gamax = NULL;
     int qv = us__al(q, 16) ? 2 : 0;
     if (R <= 0 || L <= 0) return;
-    if (t == US_FP8_TENSOR) {
-        if (!c->fp8_amax && !(c->fp8_amax = (unsigned *)us__cuda_alloc(o, 64))) { us__cuda_fail(o, "fp8 amax slot", "out of device memory", __FILE__, __LINE__); return; }
-        gamax = c->fp8_amax;
-        US__CU(o, cudaMemsetAsync(gamax, 0, 4, c->stream));
-        US__DISPATCH(o, dt, (us__k_fp8_amax<T_><<<us__blocks(M * K / 4 + 1, 256) < 2048 ? us__blocks(M * K / 4 + 1, 256) : 2048, 256, 0, c->stream>>>(
-                                 gamax, (const T_ *)x, M * K, (M * K) % 4 == 0 && us__al(x, 4 * es))));
-    }
+    if (t == US_FP8_TENSOR && !(gamax = us__fp8_gamax(o, x, dt, M * K))) return;
     if (t == US_FP8_BLOCK128) {
         dim3 grid((unsigned)(Lp / 128), (unsigned)((R + 127) / 128));
         int vec = qv | (K % 4 == 0 && us__al(x, 4 * es));   /* x [M][K] is read along K either way */
@@ -3017,6 +3088,28 @@ static void us__cuda_fp8_quantize(us_ops *o, uint8_t *q, float *s, const void *x
         if (tiles >= ((int64_t)1 << 32)) { us__cuda_fail(o, "fp8_quantize", "more than 2^32 tiles of 128 (the kernel counts them in 32 bits)", __FILE__, __LINE__); return; }
         int vec = qv | (L % 16 == 0 && us__al(x, 16 * es));
         US__DISPATCH(o, dt, (us__k_fp8_row<T_><<<(unsigned)((tiles + per - 1) / per), 256, 0, c->stream>>>(q, s, (const T_ *)x, R, L, Lp, pow2, vec, gamax)));
+    }
+}
+
+/* Both activation operands of x [M][K] from one read (us_ops.fp8_quantize_both): the transposed
+   kernel's patches give (qt, st), and their rows give (q, s). Anything else (BLOCK128, a q not
+   4-byte aligned) is the two quantisations one after the other. */
+static void us__cuda_fp8_quantize_both(us_ops *o, uint8_t *q, float *s, uint8_t *qt, float *st, const void *x, us_dtype dt,
+                                       int64_t M, int64_t K, int t, int pow2) {
+    us__cuda *c = us__cu(o);
+    int64_t R = K, L = M, Lp = (L + 127) / 128 * 128;
+    unsigned es = (unsigned)us_dtype_size(dt), *gamax = NULL;
+    if (R <= 0 || L <= 0) return;
+    if ((t != US_FP8_ROW128 && t != US_FP8_TENSOR) || !us__al(q, 4)) {
+        us__cuda_fp8_quantize(o, q, s, x, dt, M, K, t, 0, pow2);
+        us__cuda_fp8_quantize(o, qt, st, x, dt, M, K, t, 1, pow2);
+        return;
+    }
+    if (t == US_FP8_TENSOR && !(gamax = us__fp8_gamax(o, x, dt, M * K))) return;
+    {
+        dim3 grid((unsigned)((R + 127) / 128), (unsigned)(Lp / 128));
+        int vec = (us__al(qt, 16) ? 2 : 0) | (R % 4 == 0 && us__al(x, 4 * es));
+        US__DISPATCH(o, dt, (us__fp8_row_t_launch<T_>(grid, c->stream, qt, st, (const T_ *)x, R, L, Lp, pow2, vec, gamax, q, s)));
     }
 }
 
@@ -3128,7 +3221,7 @@ US_API us_result us_cuda_ops(us_ops *o, int device, char *err, size_t errlen) {
     o->attn_block_fwd = us__cuda_attn_block_fwd; o->attn_block_finish = us__cuda_attn_block_finish; o->attn_block_bwd = us__cuda_attn_block_bwd;
     o->moe_route = us__cuda_moe_route;    o->moe_route_bwd = us__cuda_moe_route_bwd;  o->moe_permute = us__cuda_moe_permute;
     o->moe_gather = us__cuda_moe_gather;  o->moe_scatter = us__cuda_moe_scatter;      o->moe_gate_grad = us__cuda_moe_gate_grad;
-    o->fp8_quantize = us__cuda_fp8_quantize; o->fp8_gemm = us__cuda_fp8_gemm;
+    o->fp8_quantize = us__cuda_fp8_quantize; o->fp8_gemm = us__cuda_fp8_gemm; o->fp8_quantize_both = us__cuda_fp8_quantize_both;
     return US_OK;
 }
 

@@ -3,9 +3,14 @@
      --preset 1b|8b8|200m  training step of the Llama-3.2-1B shape / Llama-3-8B's width with 8 layers /
                         a ~200M shape (bf16, fp32 master)
      --precision P      the training step's precision: bf16 (default), fp8, fp8-tensor
+     --fp8-free-quant   (fp8 only) skip every FP8 quantisation in the timed steps: the GEMMs read
+                        the operands the warm-up steps left behind. Wrong numbers, fast: it measures
+                        the step FP8 would give if quantising cost nothing (the recipe's ceiling)
      --fp8-gemm         FP8 GEMMs (block-scaled, per-tensor) vs bf16 at LLM shapes, and the quantiser
      --profile          also time each op class with CUDA events (where a step's time goes)
      --gemm             in-library GEMM (ops->gemm, cached plan) vs a standalone cuBLASLt call
+     --gemm-algos       cuBLASLt's first heuristic algorithm against the best of 16, timed, bf16 and
+                        FP8, at the 1B step's linear GEMMs
      --attention        attention forward / backward TFLOP/s, causal, HS 128
      --cp               one layer's ring attention at cp 2 and 4 (flash blocks, zig-zag and ring, and
                         the portable block kernels) against causal flash on the whole sequence
@@ -30,12 +35,13 @@ static double median(std::vector<double> v) { std::sort(v.begin(), v.end()); ret
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_)); exit(1); } } while (0)
 
 /* ---- a profiling wrapper around the ops table: CUDA events around every call, by op class */
-enum { P_GEMM, P_FP8G, P_FP8Q_ROW, P_FP8Q_COL, P_FP8Q_W, P_ATT_F, P_ATT_B, P_NORM, P_ROPE, P_SWIGLU, P_XENT, P_EMB, P_ADAMW, P_COPY, P_OTHER, P_N };
-static const char *pname[P_N] = {"gemm (cuBLASLt)", "fp8 gemm", "fp8 quantise 1x128", "fp8 quantise 128x1", "fp8 quantise W", "attention fwd", "attention bwd", "rmsnorm", "rope", "swiglu", "cross-entropy", "embedding", "adamw + norm", "copies", "other"};
+enum { P_GEMM, P_FP8G, P_FP8Q_ROW, P_FP8Q_COL, P_FP8Q_BOTH, P_FP8Q_W, P_ATT_F, P_ATT_B, P_NORM, P_ROPE, P_SWIGLU, P_XENT, P_EMB, P_ADAMW, P_COPY, P_OTHER, P_N };
+static const char *pname[P_N] = {"gemm (cuBLASLt)", "fp8 gemm", "fp8 quantise 1x128", "fp8 quantise 128x1", "fp8 quantise both", "fp8 quantise W", "attention fwd", "attention bwd", "rmsnorm", "rope", "swiglu", "cross-entropy", "embedding", "adamw + norm", "copies", "other"};
 static us_ops inner;
 static cudaEvent_t ev0[P_N], ev1[P_N];
 static double pms[P_N];
 static int prof_on;
+static int free_q, skip_q;   /* --fp8-free-quant; set during the timed steps */
 static cudaStream_t st_of(void) { return ((us__cuda *)inner.backend)->stream; }
 static void pbeg(int k) { if (prof_on) cudaEventRecord(ev0[k], st_of()); }
 static void pend(int k) {
@@ -51,7 +57,12 @@ static void w_gemm(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64_t K, f
     (void)o; WRAP(P_GEMM, inner.gemm(&inner, ta, tb, M, N, K, al, A, ad, lda, B, bd, ldb, be, C, cd, ldc));
 }
 static void w_fq(us_ops *o, uint8_t *q, float *sc, const void *x, us_dtype dt, int64_t M, int64_t K, int t, int trans, int pow2) {
-    (void)o; WRAP(t == US_FP8_BLOCK128 ? P_FP8Q_W : trans ? P_FP8Q_COL : P_FP8Q_ROW, inner.fp8_quantize(&inner, q, sc, x, dt, M, K, t, trans, pow2));
+    (void)o; if (skip_q) return;
+    WRAP(t == US_FP8_BLOCK128 ? P_FP8Q_W : trans ? P_FP8Q_COL : P_FP8Q_ROW, inner.fp8_quantize(&inner, q, sc, x, dt, M, K, t, trans, pow2));
+}
+static void w_fqb(us_ops *o, uint8_t *q, float *sc, uint8_t *qt, float *st, const void *x, us_dtype dt, int64_t M, int64_t K, int t, int pow2) {
+    (void)o; if (skip_q) return;
+    WRAP(P_FP8Q_BOTH, inner.fp8_quantize_both(&inner, q, sc, qt, st, x, dt, M, K, t, pow2));
 }
 static void w_fg(us_ops *o, int64_t M, int64_t N, int64_t K, float al, const uint8_t *a, const float *sa, int ta, const uint8_t *b, const float *sb, int tb, float be, void *C, us_dtype cd, int64_t ldc) {
     (void)o; WRAP(P_FP8G, inner.fp8_gemm(&inner, M, N, K, al, a, sa, ta, b, sb, tb, be, C, cd, ldc));
@@ -84,6 +95,7 @@ static us_ops profiled(void) {
     o.rope_fwd = w_rf; o.rope_bwd = w_rb; o.swiglu_fwd = w_sf; o.swiglu_bwd = w_sb; o.xent = w_x; o.embedding_fwd = w_ef;
     o.embedding_bwd = w_eb; o.adamw = w_ad; o.sumsq = w_ss; o.copy = w_cp; o.zero = w_z; o.alloc = w_alloc; o.free = w_free;
     o.cast = w_cast; o.sync = w_sync; o.error = w_err; o.fp8_quantize = w_fq; o.fp8_gemm = w_fg;
+    o.fp8_quantize_both = inner.fp8_quantize_both ? w_fqb : NULL;
     return o;
 }
 
@@ -119,6 +131,7 @@ static int bench_train(const char *preset, int steps, int warm, us_recompute rc,
             double t0;
             for (i = 0; i < n; i++) { in[i] = (int32_t)(us_rng_u64(&r) % (uint64_t)mc.vocab); tgt[i] = (int32_t)(us_rng_u64(&r) % (uint64_t)mc.vocab); }
             if (profile && s == warm + steps - 1) { prof_on = 1; memset(pms, 0, sizeof pms); }
+            skip_q = free_q && s >= warm;
             m.ops.sync(&m.ops);
             t0 = now_s();
             if (us_train_step(&m, in.data(), tgt.data(), NULL) != US_OK) { printf("ultrascale   | %s | step failed: %s\n", preset, us_model_error(&m)); return 3; }
@@ -132,9 +145,10 @@ static int bench_train(const char *preset, int steps, int warm, us_recompute rc,
         double peak_gib = (double)m.ops.bytes_peak / 1073741824.0;
         printf("ultrascale   | %-4s | tok/s %8.0f | MFU %5.1f%% | step %7.1f ms | peak %6.1f GiB | params %.3fB | recompute %s | %s\n", preset, tok_s,
                100 * mfu, 1e3 * t, peak_gib, (double)m.n_params / 1e9, us_recompute_name(rc), us_precision_name(bench_prec));
+        if (free_q) printf("  (--fp8-free-quant: no quantisation in the timed steps; the losses are meaningless)\n");
         if (json) {
             FILE *f = fopen(json, "w");
-            if (f) { fprintf(f, "{\"impl\": \"ultrascale\", \"preset\": \"%s\", \"precision\": \"%s\", \"tok_s\": %.1f, \"mfu\": %.4f, \"step_ms\": %.2f, \"peak_gib\": %.2f, \"params\": %lld}\n", preset, us_precision_name(bench_prec), tok_s, mfu, 1e3 * t, peak_gib, (long long)m.n_params); fclose(f); }
+            if (f) { fprintf(f, "{\"impl\": \"ultrascale\", \"preset\": \"%s\", \"precision\": \"%s%s\", \"tok_s\": %.1f, \"mfu\": %.4f, \"step_ms\": %.2f, \"peak_gib\": %.2f, \"params\": %lld}\n", preset, us_precision_name(bench_prec), free_q ? " free-quant" : "", tok_s, mfu, 1e3 * t, peak_gib, (long long)m.n_params); fclose(f); }
         }
         if (profile) {
             double tot = 0;
@@ -157,15 +171,16 @@ static void bench_fp8_gemm(void) {
     cudaEvent_t a, b;
     int k, r, v;
     CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
-    printf("\n| GEMM (M x N x K) | bf16 TFLOP/s | fp8 1x128·128x128 | fp8 1x128·1x128 | fp8 per-tensor | speed-up (block) | quantise x 1x128 / x^T 128x1 / W 128x128 (GB/s) |\n|---|---|---|---|---|---|---|\n");
+    printf("\n| GEMM (M x N x K) | bf16 TFLOP/s | fp8 1x128·128x128 | fp8 1x128·1x128 | fp8 per-tensor | speed-up (block) | quantise x 1x128 / x^T 128x1 / W 128x128 / x both (GB/s) |\n|---|---|---|---|---|---|---|\n");
     for (k = 0; k < 6; k++) {
         int64_t M = shapes[k][0], N = shapes[k][1], K = shapes[k][2];
         void *X = inner.alloc(&inner, (size_t)M * K * 2), *W = inner.alloc(&inner, (size_t)N * K * 2), *Y = inner.alloc(&inner, (size_t)M * N * 2);
-        uint8_t *qx = (uint8_t *)inner.alloc(&inner, (size_t)M * K), *qw = (uint8_t *)inner.alloc(&inner, (size_t)N * K);
+        uint8_t *qx = (uint8_t *)inner.alloc(&inner, (size_t)M * K), *qw = (uint8_t *)inner.alloc(&inner, (size_t)N * K), *qt = (uint8_t *)inner.alloc(&inner, (size_t)M * K);
         float *sx = (float *)inner.alloc(&inner, (size_t)us_fp8_scales_size(US_FP8_ROW128, M, K) * 4);
         float *sw = (float *)inner.alloc(&inner, (size_t)std::max(us_fp8_scales_size(US_FP8_BLOCK128, N, K), us_fp8_scales_size(US_FP8_ROW128, N, K)) * 4);
+        float *st = (float *)inner.alloc(&inner, (size_t)us_fp8_scales_size(US_FP8_ROW128, K, M) * 4);
         float *tmp;
-        double fl = 2.0 * M * N * K, res[7];
+        double fl = 2.0 * M * N * K, res[8];
         CK(cudaMalloc(&tmp, (size_t)std::max(M, N) * K * 4));
         {
             std::vector<float> h((size_t)std::max(M, N) * K);
@@ -175,7 +190,7 @@ static void bench_fp8_gemm(void) {
             CK(cudaMemcpy(tmp, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
             inner.cast(&inner, X, US_BF16, tmp, US_F32, M * K); inner.cast(&inner, W, US_BF16, tmp, US_F32, N * K);
         }
-        for (v = 0; v < 7; v++) {   /* bf16, fp8 block, fp8 row x row, fp8 tensor, quantise x, x^T, W */
+        for (v = 0; v < 8; v++) {   /* bf16, fp8 block, fp8 row x row, fp8 tensor, quantise x, x^T, W, x both ways */
             std::vector<double> ts;
             int ta = v == 3 ? US_FP8_TENSOR : US_FP8_ROW128, tb = v == 1 ? US_FP8_BLOCK128 : v == 2 ? US_FP8_ROW128 : US_FP8_TENSOR;
             if (v >= 1 && v <= 3) { inner.fp8_quantize(&inner, qx, sx, X, US_BF16, M, K, ta, 0, 0); inner.fp8_quantize(&inner, qw, sw, W, US_BF16, N, K, tb, 0, 0); }
@@ -186,19 +201,117 @@ static void bench_fp8_gemm(void) {
                 else if (v < 4) inner.fp8_gemm(&inner, M, N, K, 1.0f, qx, sx, ta, qw, sw, tb, 0.0f, Y, US_BF16, N);
                 else if (v == 4) inner.fp8_quantize(&inner, qx, sx, X, US_BF16, M, K, US_FP8_ROW128, 0, 0);
                 else if (v == 5) inner.fp8_quantize(&inner, qx, sx, X, US_BF16, M, K, US_FP8_ROW128, 1, 0);   /* Wgrad's 128x1 tiles */
-                else inner.fp8_quantize(&inner, qw, sw, W, US_BF16, N, K, US_FP8_BLOCK128, 0, 0);
+                else if (v == 6) inner.fp8_quantize(&inner, qw, sw, W, US_BF16, N, K, US_FP8_BLOCK128, 0, 0);
+                else inner.fp8_quantize_both(&inner, qx, sx, qt, st, X, US_BF16, M, K, US_FP8_ROW128, 0);   /* Dgrad's and Wgrad's dy */
                 cudaEventRecord(b, c->stream); cudaEventSynchronize(b); cudaEventElapsedTime(&ms, a, b);
                 if (r >= 5) ts.push_back(ms * 1e-3);
             }
-            res[v] = v < 4 ? fl / median(ts) / 1e12 : (double)(v == 6 ? N : M) * K * 3 / median(ts) / 1e9;   /* bytes: 2 read + 1 written */
+            res[v] = v < 4 ? fl / median(ts) / 1e12 : (double)(v == 6 ? N : M) * K * (v == 7 ? 4 : 3) / median(ts) / 1e9;   /* bytes: 2 read + 1 (both: 2) written */
         }
         if (inner.error(&inner)) { printf("| %lld x %lld x %lld | error: %s |\n", (long long)M, (long long)N, (long long)K, inner.error(&inner)); break; }
-        printf("| %lld x %lld x %lld | %.0f | %.0f | %.0f | %.0f | %.2fx | %.0f / %.0f / %.0f |\n", (long long)M, (long long)N, (long long)K,
-               res[0], res[1], res[2], res[3], res[1] / res[0], res[4], res[5], res[6]);
+        printf("| %lld x %lld x %lld | %.0f | %.0f | %.0f | %.0f | %.2fx | %.0f / %.0f / %.0f / %.0f |\n", (long long)M, (long long)N, (long long)K,
+               res[0], res[1], res[2], res[3], res[1] / res[0], res[4], res[5], res[6], res[7]);
         inner.free(&inner, X); inner.free(&inner, W); inner.free(&inner, Y); inner.free(&inner, qx); inner.free(&inner, qw);
-        inner.free(&inner, sx); inner.free(&inner, sw); cudaFree(tmp);
+        inner.free(&inner, sx); inner.free(&inner, sw); inner.free(&inner, qt); inner.free(&inner, st); cudaFree(tmp);
     }
     cudaEventDestroy(a); cudaEventDestroy(b);
+}
+
+/* ---- cuBLASLt's heuristic: its first algorithm (what the library runs) against the best of its
+   first 16, timed, for the 1B step's twelve linear GEMMs (Fprop, Dgrad, Wgrad of the four
+   linears at 16384 tokens), bf16 and FP8 block-scaled alike (TN, as the FP8 path runs them).
+   Says whether timing the candidates when a plan is made would pay. */
+static double time_lt(cublasLtHandle_t lt, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc,
+                      const cublasLtMatmulAlgo_t *al, const void *B, const void *A, void *C, void *ws, size_t wsb, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1) {
+    std::vector<double> ts;
+    float one = 1, zero = 0, ms;
+    int r;
+    for (r = 0; r < 13; r++) {
+        cudaEventRecord(e0, st);
+        if (cublasLtMatmul(lt, d, &one, B, la, A, lb, &zero, C, lc, C, lc, al, ws, wsb, st) != CUBLAS_STATUS_SUCCESS) return 0;
+        cudaEventRecord(e1, st); cudaEventSynchronize(e1); cudaEventElapsedTime(&ms, e0, e1);
+        if (r >= 3) ts.push_back(ms * 1e-3);
+    }
+    return median(ts);
+}
+static void bench_gemm_algos(void) {
+    const int64_t T = 16384, io[4][2] = {{2048, 3072}, {2048, 2048}, {2048, 16384}, {8192, 2048}};   /* (In, Out) of qkv, o, gate|up, down */
+    const char *gname[3] = {"Fprop", "Dgrad", "Wgrad"}, *lname[4] = {"qkv", "o", "gate|up", "down"};
+    us__cuda *c = (us__cuda *)inner.backend;
+    cublasLtHandle_t lt;
+    void *ws;
+    size_t wsb = c->ws_bytes;
+    cudaEvent_t e0, e1;
+    double tot[2][2] = {{0, 0}, {0, 0}};   /* [bf16, fp8][first, best] seconds */
+    int li, g, p;
+    CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+    cublasLtCreate(&lt);
+    CK(cudaMalloc(&ws, wsb));
+    printf("\n| GEMM | M x N x K | bf16 first / best of n (TFLOP/s) | fp8 first / best of n |\n|---|---|---|---|\n");
+    for (li = 0; li < 4; li++)
+        for (g = 0; g < 3; g++) {
+            int64_t In = io[li][0], Out = io[li][1];
+            int64_t M = g == 2 ? Out : T, N = g == 0 ? Out : In, K = g == 0 ? In : g == 1 ? Out : T;
+            double fl = 2.0 * M * N * K, res[2][2];
+            int nres[2];
+            void *X = inner.alloc(&inner, (size_t)(M * K * 2)), *W = inner.alloc(&inner, (size_t)(N * K * 2)), *Y = inner.alloc(&inner, (size_t)(M * N * 2));
+            uint8_t *qx = (uint8_t *)inner.alloc(&inner, (size_t)(M * K)), *qw = (uint8_t *)inner.alloc(&inner, (size_t)(N * K));
+            float *sx = (float *)inner.alloc(&inner, (size_t)us_fp8_scales_size(US_FP8_ROW128, M, K) * 4);
+            float *sw = (float *)inner.alloc(&inner, (size_t)std::max(us_fp8_scales_size(US_FP8_BLOCK128, N, K), us_fp8_scales_size(US_FP8_ROW128, N, K)) * 4);
+            float *tmp;
+            int tb = g == 2 ? US_FP8_ROW128 : US_FP8_BLOCK128;
+            CK(cudaMalloc(&tmp, (size_t)std::max(M, N) * K * 4));
+            {
+                std::vector<float> h((size_t)std::max(M, N) * K);
+                us_rng rg;
+                us_rng_seed(&rg, 5 + li * 3 + g);
+                for (size_t i = 0; i < h.size(); i++) h[i] = us_rng_uniform(&rg) - 0.5f;
+                CK(cudaMemcpy(tmp, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+                inner.cast(&inner, X, US_BF16, tmp, US_F32, M * K); inner.cast(&inner, W, US_BF16, tmp, US_F32, N * K);
+            }
+            inner.fp8_quantize(&inner, qx, sx, X, US_BF16, M, K, US_FP8_ROW128, 0, 0);
+            inner.fp8_quantize(&inner, qw, sw, W, US_BF16, N, K, tb, 0, 0);
+            inner.sync(&inner);
+            for (p = 0; p < 2; p++) {
+                cublasLtMatmulDesc_t d; cublasLtMatrixLayout_t la, lb, lc; cublasLtMatmulPreference_t pr;
+                cublasLtMatmulHeuristicResult_t h[16];
+                cublasOperation_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N;
+                int found = 0, i;
+                cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+                cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof tA);
+                cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof tB);
+                if (p) {
+                    cublasLtMatmulMatrixScale_t ma = us__fp8_mode(tb), mb = us__fp8_mode(US_FP8_ROW128);
+                    cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma);
+                    cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb);
+                    cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw);
+                    cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof sx);
+                }
+                cublasLtMatrixLayoutCreate(&la, p ? CUDA_R_8F_E4M3 : CUDA_R_16BF, K, N, K);
+                cublasLtMatrixLayoutCreate(&lb, p ? CUDA_R_8F_E4M3 : CUDA_R_16BF, K, M, K);
+                cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, N, M, N);
+                cublasLtMatmulPreferenceCreate(&pr);
+                cublasLtMatmulPreferenceSetAttribute(pr, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
+                cublasLtMatmulAlgoGetHeuristic(lt, d, la, lb, lc, lc, pr, 16, h, &found);
+                res[p][0] = res[p][1] = 0; nres[p] = found;
+                for (i = 0; i < found; i++) {
+                    double t = time_lt(lt, d, la, lb, lc, &h[i].algo, p ? (const void *)qw : W, p ? (const void *)qx : X, Y, ws, wsb, c->stream, e0, e1);
+                    if (t <= 0) continue;
+                    if (i == 0) res[p][0] = t;
+                    if (res[p][1] == 0 || t < res[p][1]) res[p][1] = t;
+                }
+                if (res[p][0] > 0) { tot[p][0] += res[p][0]; tot[p][1] += res[p][1]; }
+                cublasLtMatmulPreferenceDestroy(pr); cublasLtMatrixLayoutDestroy(la); cublasLtMatrixLayoutDestroy(lb);
+                cublasLtMatrixLayoutDestroy(lc); cublasLtMatmulDescDestroy(d);
+            }
+            printf("| %s %s | %lld x %lld x %lld | %.0f / %.0f of %d | %.0f / %.0f of %d |\n", gname[g], lname[li], (long long)M, (long long)N, (long long)K,
+                   res[0][0] > 0 ? fl / res[0][0] * 1e-12 : 0.0, res[0][1] > 0 ? fl / res[0][1] * 1e-12 : 0.0, nres[0],
+                   res[1][0] > 0 ? fl / res[1][0] * 1e-12 : 0.0, res[1][1] > 0 ? fl / res[1][1] * 1e-12 : 0.0, nres[1]);
+            inner.free(&inner, X); inner.free(&inner, W); inner.free(&inner, Y); inner.free(&inner, qx); inner.free(&inner, qw);
+            inner.free(&inner, sx); inner.free(&inner, sw); cudaFree(tmp);
+        }
+    printf("| all twelve, one layer | | %.3f ms first / %.3f ms best | %.3f ms first / %.3f ms best |\n", 1e3 * tot[0][0], 1e3 * tot[0][1], 1e3 * tot[1][0], 1e3 * tot[1][1]);
+    cudaFree(ws); cublasLtDestroy(lt); cudaEventDestroy(e0); cudaEventDestroy(e1);
 }
 
 /* ---- GEMM: in the library vs a standalone cuBLASLt call (fresh handle, own heuristic) */
@@ -475,7 +588,7 @@ static void bench_cp(int naive) {
 int main(int argc, char **argv) {
     char err[256];
     const char *preset = NULL, *json = NULL;
-    int steps = 10, warm = 3, profile = 0, do_gemm = 0, do_att = 0, do_cp = 0, do_fp8 = 0, i;
+    int steps = 10, warm = 3, profile = 0, do_gemm = 0, do_att = 0, do_cp = 0, do_fp8 = 0, do_algos = 0, i;
     us_recompute rc = US_RECOMPUTE_NONE;
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
@@ -486,6 +599,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--profile")) profile = 1;
         else if (!strcmp(argv[i], "--gemm")) do_gemm = 1;
         else if (!strcmp(argv[i], "--fp8-gemm")) do_fp8 = 1;
+        else if (!strcmp(argv[i], "--fp8-free-quant")) free_q = 1;
+        else if (!strcmp(argv[i], "--gemm-algos")) do_algos = 1;
         else if (!strcmp(argv[i], "--precision") && i + 1 < argc) {
             i++;
             if (!strcmp(argv[i], "bf16")) bench_prec = US_PRECISION_BF16;
@@ -496,12 +611,15 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--attention")) do_att = 1;
         else if (!strcmp(argv[i], "--cp")) do_cp = 2;
         else if (!strcmp(argv[i], "--cp-flash-only")) do_cp = 1;
-        else { fprintf(stderr, "usage: bench_cuda [--preset 1b|8b8|200m [--steps N] [--warmup N] [--recompute M] [--precision bf16|fp8|fp8-tensor] [--profile] [--json F]] [--gemm] [--fp8-gemm] [--attention] [--cp | --cp-flash-only]\n"); return 2; }
+        else { fprintf(stderr, "usage: bench_cuda [--preset 1b|8b8|200m [--steps N] [--warmup N] [--recompute M] [--precision bf16|fp8|fp8-tensor [--fp8-free-quant]] [--profile] [--json F]] [--gemm] [--fp8-gemm] [--gemm-algos] [--attention] [--cp | --cp-flash-only]\n"); return 2; }
     }
+    if (free_q && bench_prec != US_PRECISION_FP8 && bench_prec != US_PRECISION_FP8_TENSOR) { fprintf(stderr, "bench_cuda: --fp8-free-quant needs --precision fp8 or fp8-tensor\n"); return 2; }
+    if (free_q && warm < 1) { fprintf(stderr, "bench_cuda: --fp8-free-quant needs at least one warm-up step (it leaves the operands the timed steps read)\n"); return 2; }
     if (us_cuda_ops(&inner, 0, err, sizeof err) != US_OK) { fprintf(stderr, "bench_cuda: %s\n", err); return 1; }
     if (preset && bench_train(preset, steps, warm, rc, profile, json)) return 1;
     if (do_gemm) bench_gemm();
     if (do_fp8) bench_fp8_gemm();
+    if (do_algos) bench_gemm_algos();
     if (do_att) bench_attention();
     if (do_cp) bench_cp(do_cp == 2);
     us_cuda_ops_free(&inner);

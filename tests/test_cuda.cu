@@ -580,6 +580,25 @@ static void test_fp8_ops(void) {
                         G.free(&G, qd); G.free(&G, sd);
                         free(qc); free(qg); free(sc); free(sg);
                     }
+            for (t = 0; t < 3; t += 2)   /* fp8_quantize_both (row128, tensor): both operands from one read = the CPU's two */
+                for (pow2 = 0; pow2 < 2; pow2++) {
+                    int64_t Kp = (K + 127) / 128 * 128, Mp = (M + 127) / 128 * 128, ns = us_fp8_scales_size(tl[t], M, K), nt = us_fp8_scales_size(tl[t], K, M);
+                    uint8_t *qc = (uint8_t *)malloc((size_t)(M * Kp)), *qg = (uint8_t *)malloc((size_t)(M * Kp));
+                    uint8_t *qtc = (uint8_t *)malloc((size_t)(K * Mp)), *qtg = (uint8_t *)malloc((size_t)(K * Mp));
+                    float *sc = (float *)malloc((size_t)ns * 4), *sg = (float *)malloc((size_t)ns * 4), *stc = (float *)malloc((size_t)nt * 4), *stg = (float *)malloc((size_t)nt * 4);
+                    uint8_t *qd = (uint8_t *)G.alloc(&G, (size_t)(M * Kp)), *qtd = (uint8_t *)G.alloc(&G, (size_t)(K * Mp));
+                    float *sd = (float *)G.alloc(&G, (size_t)ns * 4), *std_ = (float *)G.alloc(&G, (size_t)nt * 4);
+                    Ccpu.fp8_quantize(&Ccpu, qc, sc, xh, dt, M, K, tl[t], 0, pow2);
+                    Ccpu.fp8_quantize(&Ccpu, qtc, stc, xh, dt, M, K, tl[t], 1, pow2);
+                    G.fp8_quantize_both(&G, qd, sd, qtd, std_, xd, dt, M, K, tl[t], pow2);
+                    down(qg, qd, (size_t)(M * Kp)); down(sg, sd, (size_t)ns * 4); down(qtg, qtd, (size_t)(K * Mp)); down(stg, std_, (size_t)nt * 4);
+                    CHECK(!memcmp(qg, qc, (size_t)(M * Kp)) && !memcmp(sg, sc, (size_t)ns * 4) && !memcmp(qtg, qtc, (size_t)(K * Mp)) &&
+                          !memcmp(stg, stc, (size_t)nt * 4) && G.error(&G) == NULL,
+                          "fp8_quantize_both %s %s %lldx%lld pow2=%d: GPU x and xᵀ operands (bytes, scales) = the CPU's two quantisations", us_dtype_name(dt),
+                          t ? "tensor" : "row128", (long long)M, (long long)K, pow2);
+                    G.free(&G, qd); G.free(&G, sd); G.free(&G, qtd); G.free(&G, std_);
+                    free(qc); free(qg); free(qtc); free(qtg); free(sc); free(sg); free(stc); free(stg);
+                }
             G.free(&G, xd); free(xh); free(x);
         }
     {   /* the GEMM: Fprop-like (row128 x block128), Wgrad-like (row128 x row128), per tensor; K = 512 and K = 200 (padded) */

@@ -133,7 +133,7 @@ static void test_ops_equal_host(void) {
 /* ------------------------------------------------------------------ one linear layer */
 /* a model holding only what the // >>fp8-linear functions read */
 static void fake_model(us_model *m, us_ops *o, int fp8, int64_t N, int64_t In, int64_t Out) {
-    size_t off[3], bytes;
+    size_t off[5], bytes;
     memset(m, 0, sizeof *m);
     m->ops = *o; m->fp8 = fp8; m->dt = US_BF16;
     bytes = us__fp8_scratch(N, In, Out, In, Out > In ? Out : In, off);   /* covers (In, Out) and (Out, In) */
@@ -179,7 +179,7 @@ static void linear_errors(int fp8, int64_t N, int64_t In, int64_t Out, double ou
         }
     fake_model(&m, &o, fp8, N, In, Out);
     us__linear_fwd(&m, N, In, Out, x, w, 0.0f, y);
-    us__linear_dgrad(&m, N, In, Out, dy, w, 0.0f, dx);
+    us__linear_dgrad(&m, N, In, Out, dy, w, 0.0f, dx, 1);
     us__linear_wgrad(&m, N, In, Out, dy, x, dw);
     err[0] = rel_err_bf16(y, ry, N * Out); err[1] = rel_err_bf16(dx, rdx, N * In); err[2] = rel_err_f32(dw, rdw, Out * In);
     {   /* Wgrad on the ordinary input features only (outliers sit at i % 61 == 5) */
@@ -222,7 +222,18 @@ static void test_linear(void) {
 }
 
 /* ------------------------------------------------------------------ training */
-static float train(us_precision prec, int pow2, int steps, float *first, int *fp8_on, int *fp8_all) {
+/* the CPU ops, counting their quantisations (the dual path's check below) */
+static us_ops g_cpu;
+static long g_nq, g_nboth;
+static void count_q(us_ops *o, uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M, int64_t K, int t, int trans, int pow2) {
+    g_nq++; g_cpu.fp8_quantize(o, q, s, x, dt, M, K, t, trans, pow2);
+}
+static void count_both(us_ops *o, uint8_t *q, float *s, uint8_t *qt, float *st, const void *x, us_dtype dt, int64_t M, int64_t K, int t, int pow2) {
+    g_nboth++; g_cpu.fp8_quantize_both(o, q, s, qt, st, x, dt, M, K, t, pow2);
+}
+
+/* steps of the sorting task; losses[] (if not NULL) gets every step's loss; ops NULL: the CPU's */
+static float train_ops(us_precision prec, int pow2, int steps, float *first, int *fp8_on, int *fp8_all, const us_ops *ops, float *losses) {
     us_model_config mc;
     us_train_config tc;
     us_model m;
@@ -235,7 +246,7 @@ static float train(us_precision prec, int pow2, int steps, float *first, int *fp
     mc.n_layers = 2; mc.dim = 48; mc.n_heads = 4;              /* F = 128, QKV = 144 */
     tc.batch = 8; tc.seq = 32; tc.steps = steps; tc.lr = 1e-2f; tc.warmup = 10;   /* N = 256 */
     tc.precision = prec; tc.fp8_pow2 = pow2; tc.threads = 1;
-    if (us_model_init(&m, &mc, &tc, NULL) != US_OK) { printf("  init: %s\n", us_model_error(&m)); return NAN; }
+    if (us_model_init(&m, &mc, &tc, ops) != US_OK) { printf("  init: %s\n", us_model_error(&m)); return NAN; }
     *fp8_on = m.fp8_linear; *fp8_all = m.fp8_linear_all;
     us_task_init(&task, 1);
     in = (int32_t *)malloc((size_t)tc.batch * tc.seq * 4); tgt = (int32_t *)malloc((size_t)tc.batch * tc.seq * 4);
@@ -243,11 +254,43 @@ static float train(us_precision prec, int pow2, int steps, float *first, int *fp
         us_task_batch(&task, tc.batch, tc.seq, in, tgt);
         if (us_train_step(&m, in, tgt, &st) != US_OK) { printf("  step: %s\n", us_model_error(&m)); break; }
         if (s == 0) *first = st.loss;
+        if (losses) losses[s] = st.loss;
         last = st.loss;
     }
     free(in); free(tgt);
     us_model_free(&m);
     return last;
+}
+static float train(us_precision prec, int pow2, int steps, float *first, int *fp8_on, int *fp8_all) {
+    return train_ops(prec, pow2, steps, first, fp8_on, fp8_all, NULL, NULL);
+}
+
+/* Dgrad quantises dy both ways in one call and leaves dyᵀ for the Wgrad of the same dy. With the
+   op taken away the model quantises twice: the two runs must agree bit for bit, step by step,
+   and the dual path must really have been taken (2 layers × 4 linears per step, 4 fewer
+   quantisations each time). A Wgrad reading another dy's kept copy would show here. */
+static void test_dual_quantisation(void) {
+    enum { STEPS = 12 };
+    us_ops o = us_cpu_ops(1);
+    float a[STEPS], b[STEPS], f;
+    long nq[2], nboth[2];
+    int on, all, k, p, same;
+    for (p = 0; p < 2; p++) {   /* fp8, fp8-tensor */
+        us_precision prec = p ? US_PRECISION_FP8_TENSOR : US_PRECISION_FP8;
+        g_cpu = us_cpu_ops(1);
+        for (k = 0; k < 2; k++) {
+            o = g_cpu;
+            o.fp8_quantize = count_q;
+            o.fp8_quantize_both = k ? NULL : count_both;
+            g_nq = g_nboth = 0;
+            train_ops(prec, 0, STEPS, &f, &on, &all, &o, k ? b : a);
+            nq[k] = g_nq; nboth[k] = g_nboth;
+        }
+        for (same = 1, k = 0; k < STEPS; k++) same &= fbits(a[k]) == fbits(b[k]);
+        CHECK(same && nboth[0] == 8 * STEPS && nboth[1] == 0 && nq[1] - nq[0] == 16 * STEPS,
+              "%s: dy quantised both ways in one call (%ld calls, %ld fewer single ones) trains bit for bit as two calls (losses %.6f .. %.6f)",
+              us_precision_name(prec), nboth[0], nq[1] - nq[0], a[0], a[STEPS - 1]);
+    }
 }
 
 static void test_training(void) {
@@ -310,6 +353,6 @@ int main(int argc, char **argv) {
     test_ops_equal_host();
     test_linear();
     test_config();
-    if (!quick) test_training();
+    if (!quick) { test_training(); test_dual_quantisation(); }
     return us_test_done("test_fp8_train");
 }
