@@ -342,6 +342,10 @@ typedef struct us_train_config {
     int      ep;           /* default 1; must divide dp·cp and the experts */
     /* FP8 (// >>fp8-linear) */
     int      fp8_pow2;     /* 1: FP8 scales rounded up to powers of two (fp8 and fp8-tensor precision only) */
+    int      fp8_no_wcache; /* 1: quantise the weights at every GEMM instead of once per step (fp8 and fp8-tensor
+                              only; by default every linear's W and Wᵀ are quantised at their first use after the
+                              weights change and kept, 2 bytes per weight; ZeRO-3, whose weights are not resident,
+                              never keeps them) */
 } us_train_config;
 
 US_API void      us_model_config_defaults(us_model_config *c);
@@ -387,9 +391,9 @@ struct us_ops {
     void  (*fp8_quantize)(us_ops *o, uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M, int64_t K,
                           int t, int trans, int pow2);
     /* Both operands of x at once: (q, s) as fp8_quantize with trans 0 and (qt, st) as with trans 1,
-       byte for byte, from one read of x (t ROW128 or TENSOR). The backward quantises an output
-       gradient dy so: 1×128 tiles for Dgrad, 128×1 for the Wgrad that follows. Optional: NULL
-       means two fp8_quantize calls. */
+       byte for byte, from one read of x (t ROW128, BLOCK128 or TENSOR). The backward quantises an
+       output gradient dy so (1×128 tiles for Dgrad, 128×1 for the Wgrad that follows), and the
+       weight cache a weight (W for Fprop, Wᵀ for Dgrad). Optional: NULL means two fp8_quantize calls. */
     void  (*fp8_quantize_both)(us_ops *o, uint8_t *q, float *s, uint8_t *qt, float *st, const void *x, us_dtype dt,
                                int64_t M, int64_t K, int t, int pow2);
     /* C[M,N] = alpha·deq(a)[M,K]·deq(b)[N,K]ᵀ + beta·C (cdt f32 or bf16, row stride ldc; beta 0
@@ -637,7 +641,8 @@ typedef struct us_param {
 
 /* Bytes by category: filled from a formula by us_memory_estimate, from real allocations by the model. */
 typedef struct us_memory {
-    size_t params;       /* weights the forward reads (bf16 under bf16, fp32 under fp32) */
+    size_t params;       /* weights the forward reads (bf16 under bf16, fp32 under fp32; under fp8 with their
+                            quantised copies, tc.fp8_no_wcache) */
     size_t grads;        /* fp32 gradients */
     size_t master;       /* fp32 master weights (0 under fp32, where params are the master) */
     size_t optimizer;    /* AdamW m and v, fp32 */
@@ -757,6 +762,12 @@ typedef struct us_model {
     size_t   fp8_off[5];      /* offsets of sa, qb, sb, qk, sk in the FP8 scratch (qa at 0) */
     const void *fp8_kept;     /* the output gradient whose 128×1 copy (qk, sk) Dgrad left for Wgrad, or NULL */
     int64_t  fp8_kept_n, fp8_kept_c;   /* its rows and columns */
+    char     *fp8_wc;         /* the weight cache: W's and Wᵀ's operands of each FP8 linear of this rank, per layer
+                                 (NULL: none; us__fp8_wcache) */
+    const void **fp8_wkey;    /* [4·cfg.n_layers] the weight each entry is made from */
+    unsigned char *fp8_wok;   /* [4·cfg.n_layers] made since the weights last changed */
+    size_t   fp8_wlayer, fp8_woff[4][4];   /* bytes per layer; linear i's q, s, qᵀ, sᵀ offsets in it */
+    int64_t  fp8_wdim[4][2];  /* linear i's (Out, In); (0, 0) when it never runs in FP8 */
     char     err[256];
 } us_model;
 
@@ -812,6 +823,11 @@ US_API us_result us_forward_backward(us_model *m, const int32_t *inputs, const i
    the pre-clip norm. Under loss scaling a non-finite norm skips the update (m->ls_skipped = 1, the
    step count stays) and returns US_OK; without it, US_ERR_NONFINITE. */
 US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr);
+/* Says that the weights were written from outside the library's own paths (the optimizer, the
+   checkpoint loader). Under fp8 the linears' quantised weights are made at their first use after
+   us_optimizer_step, us_model_zero_grad, us_ckpt_load, us_forward_eval or us_sample and kept
+   until the next (tc.fp8_no_wcache): a loop that writes weights between micro-batches calls this. */
+US_API void      us_model_weights_changed(us_model *m);
 US_API float     us_lr_at(const us_train_config *tc, int step);  /* step is 0-based */
 /* Sums n host doubles over the model's data-parallel group, dp×cp (every rank calls it): eval
    losses, counts. A no-op on one rank. */
@@ -1459,6 +1475,8 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
     if (tc->loss_scale_window < 1) US__BAD("loss scale window=%d must be at least 1", tc->loss_scale_window);
     if (tc->fp8_pow2 && tc->precision != US_PRECISION_FP8 && tc->precision != US_PRECISION_FP8_TENSOR)
         US__BAD("fp8_pow2 applies to the fp8 and fp8-tensor precisions only, not %s", us_precision_name(tc->precision));
+    if (tc->fp8_no_wcache && tc->precision != US_PRECISION_FP8 && tc->precision != US_PRECISION_FP8_TENSOR)
+        US__BAD("fp8_no_wcache applies to the fp8 and fp8-tensor precisions only, not %s", us_precision_name(tc->precision));
     if (tc->recompute < US_RECOMPUTE_NONE || tc->recompute > US_RECOMPUTE_FULL) US__BAD("unknown recompute mode %d", (int)tc->recompute);
     if (tc->threads < 0) US__BAD("threads=%d must not be negative", tc->threads);
     if (tc->dp < 1) US__BAD("dp=%d must be at least 1", tc->dp);
@@ -3687,6 +3705,29 @@ static size_t us__fp8_scratch(int64_t N, int64_t C, int64_t QKV, int64_t AO, int
     off[3] = off[2] + us__align(sb); off[4] = off[3] + us__align(qk);
     return off[4] + us__align(sk);
 }
+/* The weight cache (// >>fp8-linear): one layer's part, for its four linears (qkv, o, gate|up,
+   down; In → Out per rank): the operands of W [Out][In] and of Wᵀ [In][Out] as fp8_quantize
+   writes them, laid out q | s | qᵀ | sᵀ per linear; off[i] gets linear i's four offsets. A linear
+   whose sizes are not multiples of 16 never runs in FP8 and takes no room. The estimator counts
+   the same. */
+static size_t us__fp8_wcache_layer(int64_t C, int64_t QKV, int64_t AO, int64_t F, size_t off[4][4]) {
+    int64_t io[4][2];
+    size_t at = 0, sb, q;
+    int i;
+    io[0][0] = C; io[0][1] = QKV; io[1][0] = AO; io[1][1] = C; io[2][0] = C; io[2][1] = 2 * F; io[3][0] = F; io[3][1] = C;
+    for (i = 0; i < 4; i++) {
+        int64_t In = io[i][0], Out = io[i][1];
+        off[i][0] = off[i][1] = off[i][2] = off[i][3] = at;
+        if (In % 16 || Out % 16) continue;
+        q = us__fp8_operand(Out, In, &sb); off[i][1] = at += us__align(q); off[i][2] = at += us__align(sb);
+        q = us__fp8_operand(In, Out, &sb); off[i][3] = at += us__align(q); at += us__align(sb);
+    }
+    return at;
+}
+/* whether the model keeps the weight cache: fp8 (either), not asked off, the weights resident */
+static int us__fp8_wcache_on(const us_train_config *tc) {
+    return (tc->precision == US_PRECISION_FP8 || tc->precision == US_PRECISION_FP8_TENSOR) && !tc->fp8_no_wcache && tc->zero < 3;
+}
 /* A linear GEMM of N tokens, In → Out runs in FP8 when the policy says so and all three sizes are
    multiples of 16 (FP8 tensor cores' alignment); otherwise in bf16. */
 static int us__fp8_on(const us_model *m, int64_t N, int64_t In, int64_t Out) {
@@ -3699,6 +3740,7 @@ static void      us__moe_take(const us_model *m, us__arena *ar, us_layer_acts *L
 typedef struct us__moe_grads us__moe_grads;
 static size_t    us__moe_scratch(const us_model *m, us__moe_grads *g);
 static size_t    us__moe_bias_bytes(const us_model *m);
+static void     *us__W(us_model *m, int idx);   /* weight idx as the forward reads it (// >>zero) */
 static us_result us__ep_init(us_model *m);   /* the expert-parallel groups (// >>ep) */
 static void      us__ep_free(us_model *m);
 /* Lays the arena out (or, with base NULL, only measures it). The estimator states the same
@@ -4129,7 +4171,25 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
         us_result r = us__pp_connect(m);
         if (r != US_OK) { char e2[256]; snprintf(e2, sizeof e2, "%s", m->err); us_model_free(m); us__model_set_error(m, "%s", e2); return r; }
     }
-    m->mem.params = wb + (size_t)z.n_wslots * wsb + us__moe_bias_bytes(m);   /* + the fp32 router biases (// >>moe) */
+    if (us__fp8_wcache_on(&m->tc)) {   /* the weight cache (// >>fp8-linear) */
+        int HS = (int)(m->cfg.dim / m->cfg.n_heads), nl = m->cfg.n_layers, li, k;
+        int64_t QKV = (int64_t)(m->nh_l + 2 * m->nkv_l) * HS, AO = (int64_t)m->nh_l * HS;
+        int pk[4] = {US__P_Q, US__P_O, US__P_GATE, US__P_DOWN};
+        int64_t io[4][2] = {{QKV, m->cfg.dim}, {m->cfg.dim, AO}, {2 * m->ffn_l, m->cfg.dim}, {m->cfg.dim, m->ffn_l}};
+        m->fp8_wlayer = us__fp8_wcache_layer(m->cfg.dim, QKV, AO, m->ffn_l, m->fp8_woff);
+        for (k = 0; k < 4; k++)
+            if (io[k][0] % 16 == 0 && io[k][1] % 16 == 0) { m->fp8_wdim[k][0] = io[k][0]; m->fp8_wdim[k][1] = io[k][1]; }
+        m->fp8_wc = (char *)m->ops.alloc(&m->ops, m->fp8_wlayer * (size_t)nl);
+        m->fp8_wkey = (const void **)calloc((size_t)(4 * nl), sizeof(void *));
+        m->fp8_wok = (unsigned char *)calloc((size_t)(4 * nl), 1);
+        if (!m->fp8_wc || !m->fp8_wkey || !m->fp8_wok) {
+            us_model_free(m); us__model_set_error(m, "out of memory for the FP8 weight cache (%.1f MiB; tc.fp8_no_wcache does without)", (double)m->fp8_wlayer * nl / 1048576.0);
+            return US_ERR_OOM;
+        }
+        for (li = 0; li < nl; li++)
+            for (k = 0; k < 4; k++) m->fp8_wkey[4 * li + k] = us__W(m, US__PL(li, pk[k]));
+    }
+    m->mem.params = wb + (size_t)z.n_wslots * wsb + us__moe_bias_bytes(m) + m->fp8_wlayer * (size_t)m->cfg.n_layers;   /* + the fp32 router biases (// >>moe), the FP8 weight cache */
     m->mem.master = mb;
     m->mem.grads = gb + (size_t)z.n_gslots * gsb;
     m->mem.optimizer = 2 * ob;
@@ -4168,6 +4228,9 @@ US_API void us_model_free(us_model *m) {
     m->emb_map = m->emb_ids = NULL;
     m->params = NULL; m->acts = NULL; m->units = NULL; m->unit_of = NULL; m->w = NULL; m->layer_g = NULL; m->layer_p = NULL;
     us__moe_free(m);
+    if (m->fp8_wc) m->ops.free(&m->ops, m->fp8_wc);
+    free(m->fp8_wkey); free(m->fp8_wok);
+    m->fp8_wc = NULL; m->fp8_wkey = NULL; m->fp8_wok = NULL; m->fp8_wlayer = 0;
     free(m->tpend);   /* grown by realloc, like the trace's own rows */
     m->tpend = NULL; m->n_tpend = m->cap_tpend = 0;
     m->master = m->grad = m->adam_m = m->adam_v = NULL;
@@ -5403,10 +5466,13 @@ static us_result us__ep_move(us_model *m, int l, int dir, void *dst, const void 
 /* C[M][N] = a·bᵀ + beta·C in FP8: a is the stored tensor xa [ar][ac] (or its transpose, atr),
    quantised with tiling at; b likewise; K is the shared dimension. Both go through the model's
    FP8 scratch (two operands at a time), then one fp8_gemm with row stride N. keep (a Dgrad's dy):
-   also write aᵀ's operand into qk, sk for the Wgrad; kept (that Wgrad): a is already there. */
+   also write aᵀ's operand into qk, sk for the Wgrad; kept (that Wgrad): a is already there.
+   wc (a weight's Fprop or Dgrad) non-NULL: b is already quantised there, in the weight cache. */
 enum { US__FP8_FRESH, US__FP8_KEEP, US__FP8_KEPT };
+typedef struct us__fp8_opnd { const uint8_t *q; const float *s; } us__fp8_opnd;
 static void us__fp8_mm(us_model *m, const void *xa, int64_t ar, int64_t ac, int at, int atr,
-                       const void *xb, int64_t br, int64_t bc, int bt, int btr, float beta, void *C, us_dtype cdt, int keep) {
+                       const void *xb, int64_t br, int64_t bc, int bt, int btr, float beta, void *C, us_dtype cdt, int keep,
+                       const us__fp8_opnd *wc) {
     us_ops *o = &m->ops;
     char *base = (char *)m->a[US__A_FP8];
     uint8_t *qa = (uint8_t *)base, *qb = (uint8_t *)(base + m->fp8_off[1]), *qk = (uint8_t *)(base + m->fp8_off[3]);
@@ -5415,18 +5481,55 @@ static void us__fp8_mm(us_model *m, const void *xa, int64_t ar, int64_t ac, int 
     if (keep == US__FP8_KEPT) { qa = qk; sa = sk; }
     else if (keep == US__FP8_KEEP) o->fp8_quantize_both(o, qa, sa, qk, sk, xa, m->dt, ar, ac, at, m->tc.fp8_pow2);
     else o->fp8_quantize(o, qa, sa, xa, m->dt, ar, ac, at, atr, m->tc.fp8_pow2);
-    o->fp8_quantize(o, qb, sb, xb, m->dt, br, bc, bt, btr, m->tc.fp8_pow2);
+    if (wc) { qb = (uint8_t *)wc->q; sb = (float *)wc->s; }
+    else o->fp8_quantize(o, qb, sb, xb, m->dt, br, bc, bt, btr, m->tc.fp8_pow2);
     o->fp8_gemm(o, M, N, K, 1.0f, qa, sa, at, qb, sb, bt, beta, C, cdt, N);
 }
 /* the activation side's tiling and the weight side's (fp8-tensor: one scale per tensor for both) */
 static int us__fp8_act(const us_model *m) { return m->fp8 == 2 ? US_FP8_TENSOR : US_FP8_ROW128; }
 static int us__fp8_wt(const us_model *m) { return m->fp8 == 2 ? US_FP8_TENSOR : US_FP8_BLOCK128; }
 
+/* The weight cache: W's operand (trans 0, Fprop) or Wᵀ's (trans 1, Dgrad) of the weight W
+   [Out][In], from the cache, made (both at once) at its first use since the weights last
+   changed; 0 if W has no entry (no cache, or not a dense linear's weight of these sizes: then
+   the caller quantises into the scratch, as without a cache). Both operands come from the bf16
+   W as it is at that first use, so they equal what quantising at every GEMM gives while W stays
+   the same, which it does between optimizer steps (us_model_weights_changed has the rules). */
+static int us__fp8_wcache(us_model *m, const void *W, int64_t Out, int64_t In, int trans, us__fp8_opnd *op) {
+    int e, n = 4 * m->cfg.n_layers;
+    const size_t *off;
+    char *base;
+    if (!m->fp8_wc) return 0;
+    for (e = 0; e < n && m->fp8_wkey[e] != W; e++) {}
+    if (e == n || m->fp8_wdim[e % 4][0] != Out || m->fp8_wdim[e % 4][1] != In) return 0;
+    off = m->fp8_woff[e % 4];
+    base = m->fp8_wc + (size_t)(e / 4) * m->fp8_wlayer;
+    if (!m->fp8_wok[e]) {
+        us_ops *o = &m->ops;
+        uint8_t *q = (uint8_t *)(base + off[0]), *qt = (uint8_t *)(base + off[2]);
+        float *s = (float *)(base + off[1]), *st = (float *)(base + off[3]);
+        if (o->fp8_quantize_both) o->fp8_quantize_both(o, q, s, qt, st, W, m->dt, Out, In, us__fp8_wt(m), m->tc.fp8_pow2);
+        else {
+            o->fp8_quantize(o, q, s, W, m->dt, Out, In, us__fp8_wt(m), 0, m->tc.fp8_pow2);
+            o->fp8_quantize(o, qt, st, W, m->dt, Out, In, us__fp8_wt(m), 1, m->tc.fp8_pow2);
+        }
+        m->fp8_wok[e] = 1;
+    }
+    op->q = (const uint8_t *)(base + off[trans ? 2 : 0]);
+    op->s = (const float *)(base + off[trans ? 3 : 1]);
+    return 1;
+}
+/* the weights changed: the cache is made again at each weight's next use */
+static void us__fp8_wcache_drop(us_model *m) { if (m->fp8_wok) memset(m->fp8_wok, 0, (size_t)(4 * m->cfg.n_layers)); }
+US_API void us_model_weights_changed(us_model *m) { us__fp8_wcache_drop(m); }
+
 /* Fprop: y[N][Out] = x[N][In]·Wᵀ + beta·y */
 static void us__linear_fwd(us_model *m, int64_t N, int64_t In, int64_t Out, const void *x, const void *W, float beta, void *y) {
     us_ops *o = &m->ops;
     if (!us__fp8_on(m, N, In, Out)) { o->gemm(o, 0, 1, N, Out, In, 1.0f, x, m->dt, In, W, m->dt, In, beta, y, m->dt, Out); return; }
-    us__fp8_mm(m, x, N, In, us__fp8_act(m), 0, W, Out, In, us__fp8_wt(m), 0, beta, y, m->dt, US__FP8_FRESH);
+    us__fp8_opnd wc;
+    int cached = us__fp8_wcache(m, W, Out, In, 0, &wc);
+    us__fp8_mm(m, x, N, In, us__fp8_act(m), 0, W, Out, In, us__fp8_wt(m), 0, beta, y, m->dt, US__FP8_FRESH, cached ? &wc : NULL);
 }
 
 /* Dgrad: dx[N][In] = dy[N][Out]·W + beta·dx. keep: the Wgrad of this same dy comes next (nothing
@@ -5434,9 +5537,11 @@ static void us__linear_fwd(us_model *m, int64_t N, int64_t In, int64_t Out, cons
 static void us__linear_dgrad(us_model *m, int64_t N, int64_t In, int64_t Out, const void *dy, const void *W, float beta, void *dx, int keep) {
     us_ops *o = &m->ops;
     if (!us__fp8_on(m, N, In, Out)) { o->gemm(o, 0, 0, N, In, Out, 1.0f, dy, m->dt, Out, W, m->dt, In, beta, dx, m->dt, In); return; }
+    us__fp8_opnd wc;
+    int cached = us__fp8_wcache(m, W, Out, In, 1, &wc);
     keep = keep && o->fp8_quantize_both;
     us__fp8_mm(m, dy, N, Out, us__fp8_act(m), 0, W, Out, In, us__fp8_wt(m), 1, beta, dx, m->dt,   /* Wᵀ [In][Out], from bf16 W */
-               keep ? US__FP8_KEEP : US__FP8_FRESH);
+               keep ? US__FP8_KEEP : US__FP8_FRESH, cached ? &wc : NULL);
     m->fp8_kept = keep ? dy : NULL; m->fp8_kept_n = N; m->fp8_kept_c = Out;
 }
 
@@ -5448,7 +5553,7 @@ static void us__linear_wgrad(us_model *m, int64_t N, int64_t In, int64_t Out, co
        dyᵀ's as Dgrad left it, when it did */
     int kept = m->fp8_kept == dy && m->fp8_kept_n == N && m->fp8_kept_c == Out;
     m->fp8_kept = NULL;
-    us__fp8_mm(m, dy, N, Out, us__fp8_act(m), 1, x, N, In, us__fp8_act(m), 1, 1.0f, dW, US_F32, kept ? US__FP8_KEPT : US__FP8_FRESH);
+    us__fp8_mm(m, dy, N, Out, us__fp8_act(m), 1, x, N, In, us__fp8_act(m), 1, 1.0f, dW, US_F32, kept ? US__FP8_KEPT : US__FP8_FRESH, NULL);
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -5823,6 +5928,7 @@ static us_result us__ls_update(us_model *m, int overflow) {
 US_API void us_model_zero_grad(us_model *m) {
     m->ops.zero(&m->ops, m->grad, (size_t)(m->tc.zero >= 2 ? m->shard_n : m->n_flat) * 4);
     m->emb_dirty = 0;
+    us__fp8_wcache_drop(m);   /* a new step: the weights may have been written since the last */
 }
 
 US_API us_result us_forward_backward(us_model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
@@ -5846,6 +5952,7 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
     us_result r;
     us__tm t0;
     m->ls_skipped = 0;
+    us__fp8_wcache_drop(m);   /* the weights are about to change */
     if ((r = us__grads_finish(m)) != US_OK) return r;   /* the last reductions' waits: host regions of their own */
     t0 = us__tstart(m);
     /* the global gradient norm: every rank holds all of it without ZeRO; with ZeRO each holds the
@@ -6364,6 +6471,7 @@ US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32
     int64_t N = (int64_t)B * T, i;
     double ls = 0;
     us_result r;
+    us__fp8_wcache_drop(m);   /* evaluation comes between steps, where a caller may have written weights */
     if (m->tc.pp > 1) {   /* the forward through the stages; the last one scores, the sums reach every stage */
         us_comm *c = m->comm;
         int q = m->mesh.pp_rank;
@@ -7011,6 +7119,7 @@ US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int
     float *lg = (float *)US_MALLOC((size_t)V * 4);
     int32_t *tg = (int32_t *)US_MALLOC((size_t)(total > 0 ? total : 1) * 4);
     us_result res = US_OK;
+    us__fp8_wcache_drop(m);   /* as us_forward_eval */
     if (!lg || !tg) { US_FREE(lg); US_FREE(tg); us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
     if (n_prompt < 1 || n_new < 0 || total > m->tc.seq) {
         us__model_set_error(m, "prompt %d + new %d tokens must be between 1 and seq=%d", n_prompt, n_new, m->tc.seq);
@@ -8145,6 +8254,7 @@ US_API us_result us_ckpt_load(us_model *m, const char *dir, int resume, us_ckpt_
     us__model_set_error(m, "checkpoint: this build has no POSIX file calls (compile with -D_POSIX_C_SOURCE=200809L)");
     return us__ckpt_agree(m, US_ERR_IO);
 #else
+    us__fp8_wcache_drop(m);   /* new weights */
     return us__ckpt_agree(m, us__ckpt_load_local(m, dir, resume, st));
 #endif
 }
@@ -8350,7 +8460,7 @@ static us_result us__memory_estimate(const us_model_config *mc_in, const us_trai
     us_result r = us_config_validate(&mc, &tc, err, errlen);
     int64_t N, C, HS, QKV, AO, F, V, L, psi, shard, unit, Nf, Ns;
     size_t a, x, rs, qkv, att, lse, gu, h, xf, rf, gemm_outs, cheap, per_layer, shared, head, bwd;
-    int mode, Z, slots, sp, peak = 1, l, n_moe;
+    int mode, Z, slots, sp, peak = 1, l, n_moe, rank_layers;
     size_t moe_gemm = 0, moe_cheap = 0, moe_scr = 0, attn_cheap;
     us_pp_schedule ps, *psp = NULL;
     if (r != US_OK) return r;
@@ -8376,7 +8486,7 @@ static us_result us__memory_estimate(const us_model_config *mc_in, const us_trai
         tmp.cfg = mc; tmp.tc = tc;
         /* under pipeline parallelism: the first rank (its chunks' layers and the embedding) */
         tmp.n_layers_global = mc.n_layers;
-        tmp.cfg.n_layers = us__pp_rank0_layers(&mc, &tc, psp, &largest);
+        tmp.cfg.n_layers = rank_layers = us__pp_rank0_layers(&mc, &tc, psp, &largest);
         tmp.pp_first = 1; tmp.pp_last = !psp || us__pp_rank_of(psp, tc.pp * psp->v - 1) == 0;   /* the V shapes end on rank 0 */
         {
             int nt = 3;
@@ -8407,6 +8517,10 @@ static us_result us__memory_estimate(const us_model_config *mc_in, const us_trai
     for (l = 0, n_moe = 0; l < mc.n_layers; l++) n_moe += us__is_moe(&mc, l);
     /* + the fp32 router biases of the MoE layers (// >>moe) */
     out->params = (size_t)(Z == 3 ? shard + slots * unit : psi) * a + (size_t)n_moe * (size_t)mc.moe_experts * 4;
+    if (us__fp8_wcache_on(&tc)) {   /* the FP8 weight cache (// >>fp8-linear) */
+        size_t woff[4][4];
+        out->params += us__fp8_wcache_layer(C, QKV, AO, F, woff) * (size_t)rank_layers;
+    }
     out->master = a == 4 ? 0 : (size_t)(Z ? shard : psi) * 4;
     out->grads = (size_t)(Z >= 2 ? shard + slots * unit : psi) * 4;
     out->optimizer = (size_t)(Z ? shard : psi) * 8;

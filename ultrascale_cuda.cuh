@@ -2813,10 +2813,11 @@ static __device__ __forceinline__ unsigned us__oct_umax(unsigned a) {   /* over 
 
 /* ROW128 of P = x [R][L]: 8 lanes per 1×128 tile, lane j of them holding elements 16j..16j+15
    (two 16-byte loads of bf16, one 16-byte store); a warp takes 4 tiles per round and 2 rounds,
-   all loads issued before the first reduction */
+   all loads issued before the first reduction. Four blocks per SM (64 registers, no spills):
+   at 65 registers it ran three, latency-bound, 10-18 % slower (bench_cuda --fp8-gemm, H200). */
 #define US__ROW_ROUNDS 2
 template <typename T>
-__global__ void us__k_fp8_row(uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int pow2, int vec, const unsigned *gamax) {
+__global__ void __launch_bounds__(256, 4) us__k_fp8_row(uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int pow2, int vec, const unsigned *gamax) {
     /* tile numbers fit 32 bits (2^32 tiles would be 512 GB of q), and 32-bit division is far cheaper */
     uint32_t LB = (uint32_t)(Lp / 128), nt = (uint32_t)(R * LB), t0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * (4 * US__ROW_ROUNDS), rr[US__ROW_ROUNDS];
     int lane = threadIdx.x & 7, sub = (threadIdx.x >> 3) & 3, u, j;
@@ -2988,9 +2989,11 @@ static void us__fp8_row_t_launch(dim3 grid, cudaStream_t st, uint8_t *q, float *
    thread keeps 32 of the block's elements in registers, read along x's rows 4 at a time (all 8
    loads in flight); the block's amax gives the one scale; the bytes go straight to P's rows
    (trans 0) or through shared memory, transposed (trans 1). Scales [RB][LBp], the padding
-   columns 1. */
+   columns 1. qt non-NULL (trans 0 only; fp8_quantize_both): also BLOCK128 of xᵀ into qt, st
+   (q [L][Rp], s [LB][RBp]) from the same registers: the weight cache's W and Wᵀ in one read. */
 template <typename T>
-__global__ void __launch_bounds__(512) us__k_fp8_block(uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int trans, int pow2, int vec) {
+__global__ void __launch_bounds__(512) us__k_fp8_block(uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int trans, int pow2, int vec,
+                                                       uint8_t *qt = NULL, float *st = NULL) {
     __shared__ unsigned red[16];
     __shared__ uint32_t qs[128][33];
     int64_t rb = blockIdx.y, lb = blockIdx.x, LB = Lp / 128, LBp = (LB + 3) / 4 * 4;
@@ -3016,16 +3019,23 @@ __global__ void __launch_bounds__(512) us__k_fp8_block(uint8_t *q, float *s, con
     for (it = 0; it < 8; it++) {
         int u = it * 16 + w;
         if (!trans) { if (rb * 128 + u < R) us__st_q4(q + (rb * 128 + u) * Lp + lb * 128 + 4 * lane, us__e4m3x4(v[it], rc), vec); }
-        else for (k = 0; k < 4; k++) reinterpret_cast<uint8_t *>(qs[4 * lane + k])[u] = us__e4m3(v[it][k] * rc);
+        if (trans || qt) for (k = 0; k < 4; k++) reinterpret_cast<uint8_t *>(qs[4 * lane + k])[u] = us__e4m3(v[it][k] * rc);
     }
-    if (trans) {
+    if (trans || qt) {   /* P's rows through shared memory: into q (trans) or qt (both) */
+        int64_t TR = trans ? R : L, TLp = trans ? Lp : (R + 127) / 128 * 128, tr0 = trans ? rb : lb, tc0 = trans ? lb : rb;
+        uint8_t *dst = trans ? q : qt;
         __syncthreads();
         for (it = w; it < 128; it += 16)
-            if (rb * 128 + it < R) us__st_q4(q + (rb * 128 + it) * Lp + lb * 128 + 4 * lane, qs[it][lane], vec);
+            if (tr0 * 128 + it < TR) us__st_q4(dst + (tr0 * 128 + it) * TLp + tc0 * 128 + 4 * lane, qs[it][lane], trans ? vec : 2);
     }
     if (t == 0) {
         s[rb * LBp + lb] = sc;
         if (lb == LB - 1) for (k = (int)LB; k < (int)LBp; k++) s[rb * LBp + k] = 1.0f;
+        if (qt) {   /* xᵀ's block (lb, rb), the same scale */
+            int64_t RB = (R + 127) / 128, RBp = (RB + 3) / 4 * 4;
+            st[lb * RBp + rb] = sc;
+            if (rb == RB - 1) for (k = (int)RB; k < (int)RBp; k++) st[lb * RBp + k] = 1.0f;
+        }
     }
 }
 
@@ -3091,15 +3101,21 @@ static void us__cuda_fp8_quantize(us_ops *o, uint8_t *q, float *s, const void *x
     }
 }
 
-/* Both activation operands of x [M][K] from one read (us_ops.fp8_quantize_both): the transposed
-   kernel's patches give (qt, st), and their rows give (q, s). Anything else (BLOCK128, a q not
-   4-byte aligned) is the two quantisations one after the other. */
+/* Both operands of x [M][K] from one read (us_ops.fp8_quantize_both): for ROW128 and TENSOR the
+   transposed kernel's patches give (qt, st), and their rows give (q, s); for BLOCK128 the block
+   kernel writes both. A q or qt not 4-byte aligned takes the two quantisations one after the other. */
 static void us__cuda_fp8_quantize_both(us_ops *o, uint8_t *q, float *s, uint8_t *qt, float *st, const void *x, us_dtype dt,
                                        int64_t M, int64_t K, int t, int pow2) {
     us__cuda *c = us__cu(o);
     int64_t R = K, L = M, Lp = (L + 127) / 128 * 128;
     unsigned es = (unsigned)us_dtype_size(dt), *gamax = NULL;
     if (R <= 0 || L <= 0) return;
+    if (t == US_FP8_BLOCK128 && us__al(qt, 4)) {   /* one read of x for W and Wᵀ (the weight cache) */
+        dim3 grid((unsigned)((K + 127) / 128), (unsigned)((M + 127) / 128));
+        int vec = (us__al(q, 16) ? 2 : 0) | (K % 4 == 0 && us__al(x, 4 * es));
+        US__DISPATCH(o, dt, (us__k_fp8_block<T_><<<grid, 512, 0, c->stream>>>(q, s, (const T_ *)x, M, K, (K + 127) / 128 * 128, 0, pow2, vec, qt, st)));
+        return;
+    }
     if ((t != US_FP8_ROW128 && t != US_FP8_TENSOR) || !us__al(q, 4)) {
         us__cuda_fp8_quantize(o, q, s, x, dt, M, K, t, 0, pow2);
         us__cuda_fp8_quantize(o, qt, st, x, dt, M, K, t, 1, pow2);

@@ -3,6 +3,8 @@
      --preset 1b|8b8|200m  training step of the Llama-3.2-1B shape / Llama-3-8B's width with 8 layers /
                         a ~200M shape (bf16, fp32 master)
      --precision P      the training step's precision: bf16 (default), fp8, fp8-tensor
+     --accum K          K micro-batches of the preset's batch per optimizer step (default 1)
+     --fp8-no-weight-cache  (fp8) quantise the weights at every GEMM instead of once per step
      --fp8-free-quant   (fp8 only) skip every FP8 quantisation in the timed steps: the GEMMs read
                         the operands the warm-up steps left behind. Wrong numbers, fast: it measures
                         the step FP8 would give if quantising cost nothing (the recipe's ceiling)
@@ -100,6 +102,7 @@ static us_ops profiled(void) {
 }
 
 static us_precision bench_prec = US_PRECISION_BF16;   /* --precision: bf16 (default), fp8, fp8-tensor */
+static int bench_accum = 1, bench_nowc;                /* --accum, --fp8-no-weight-cache */
 
 /* ---- training throughput */
 static int bench_train(const char *preset, int steps, int warm, us_recompute rc, int profile, const char *json) {
@@ -119,10 +122,11 @@ static int bench_train(const char *preset, int steps, int warm, us_recompute rc,
     else if (!strcmp(preset, "200m")) { mc.dim = 1024; mc.n_layers = 12; mc.n_heads = 16; mc.n_kv_heads = 4; mc.ffn_dim = 4096; mc.vocab = 32768; tc.seq = 2048; tc.batch = 16; }
     else { fprintf(stderr, "bench_cuda: unknown preset %s\n", preset); return 2; }
     tc.precision = bench_prec; tc.recompute = rc; tc.steps = 1000; tc.lr = 3e-4f; tc.warmup = 0;
+    tc.grad_accum = bench_accum; tc.fp8_no_wcache = bench_nowc;
     prof_on = 0;
     o = profiled();
     if (us_model_init(&m, &mc, &tc, &o) != US_OK) { printf("ultrascale   | %s | init failed: %s\n", preset, us_model_error(&m)); return 3; }
-    n = (int64_t)tc.batch * tc.seq;
+    n = (int64_t)tc.grad_accum * tc.batch * tc.seq;
     {
         std::vector<int32_t> in(n), tgt(n);
         us_rng r;
@@ -143,12 +147,13 @@ static int bench_train(const char *preset, int steps, int warm, us_recompute rc,
     {
         double t = median(times), tok_s = (double)n / t, mfu = us_flops_per_token(&m.cfg, tc.seq) * tok_s / 989e12;
         double peak_gib = (double)m.ops.bytes_peak / 1073741824.0;
-        printf("ultrascale   | %-4s | tok/s %8.0f | MFU %5.1f%% | step %7.1f ms | peak %6.1f GiB | params %.3fB | recompute %s | %s\n", preset, tok_s,
-               100 * mfu, 1e3 * t, peak_gib, (double)m.n_params / 1e9, us_recompute_name(rc), us_precision_name(bench_prec));
+        printf("ultrascale   | %-4s | tok/s %8.0f | MFU %5.1f%% | step %7.1f ms | peak %6.1f GiB | params %.3fB | recompute %s | %s%s | accum %d\n", preset, tok_s,
+               100 * mfu, 1e3 * t, peak_gib, (double)m.n_params / 1e9, us_recompute_name(rc), us_precision_name(bench_prec),
+               m.fp8 && !m.fp8_wc ? " (no weight cache)" : "", tc.grad_accum);
         if (free_q) printf("  (--fp8-free-quant: no quantisation in the timed steps; the losses are meaningless)\n");
         if (json) {
             FILE *f = fopen(json, "w");
-            if (f) { fprintf(f, "{\"impl\": \"ultrascale\", \"preset\": \"%s\", \"precision\": \"%s%s\", \"tok_s\": %.1f, \"mfu\": %.4f, \"step_ms\": %.2f, \"peak_gib\": %.2f, \"params\": %lld}\n", preset, us_precision_name(bench_prec), free_q ? " free-quant" : "", tok_s, mfu, 1e3 * t, peak_gib, (long long)m.n_params); fclose(f); }
+            if (f) { fprintf(f, "{\"impl\": \"ultrascale\", \"preset\": \"%s\", \"precision\": \"%s%s\", \"tok_s\": %.1f, \"mfu\": %.4f, \"step_ms\": %.2f, \"peak_gib\": %.2f, \"params\": %lld, \"accum\": %d, \"wcache\": %d}\n", preset, us_precision_name(bench_prec), free_q ? " free-quant" : "", tok_s, mfu, 1e3 * t, peak_gib, (long long)m.n_params, tc.grad_accum, m.fp8_wc != NULL); fclose(f); }
         }
         if (profile) {
             double tot = 0;
@@ -600,6 +605,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--gemm")) do_gemm = 1;
         else if (!strcmp(argv[i], "--fp8-gemm")) do_fp8 = 1;
         else if (!strcmp(argv[i], "--fp8-free-quant")) free_q = 1;
+        else if (!strcmp(argv[i], "--fp8-no-weight-cache")) bench_nowc = 1;
+        else if (!strcmp(argv[i], "--accum") && i + 1 < argc) { bench_accum = atoi(argv[++i]); if (bench_accum < 1) { fprintf(stderr, "bench_cuda: --accum must be at least 1\n"); return 2; } }
         else if (!strcmp(argv[i], "--gemm-algos")) do_algos = 1;
         else if (!strcmp(argv[i], "--precision") && i + 1 < argc) {
             i++;
@@ -611,7 +618,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--attention")) do_att = 1;
         else if (!strcmp(argv[i], "--cp")) do_cp = 2;
         else if (!strcmp(argv[i], "--cp-flash-only")) do_cp = 1;
-        else { fprintf(stderr, "usage: bench_cuda [--preset 1b|8b8|200m [--steps N] [--warmup N] [--recompute M] [--precision bf16|fp8|fp8-tensor [--fp8-free-quant]] [--profile] [--json F]] [--gemm] [--fp8-gemm] [--gemm-algos] [--attention] [--cp | --cp-flash-only]\n"); return 2; }
+        else { fprintf(stderr, "usage: bench_cuda [--preset 1b|8b8|200m [--steps N] [--warmup N] [--recompute M] [--accum K] [--precision bf16|fp8|fp8-tensor [--fp8-free-quant] [--fp8-no-weight-cache]] [--profile] [--json F]] [--gemm] [--fp8-gemm] [--gemm-algos] [--attention] [--cp | --cp-flash-only]\n"); return 2; }
     }
     if (free_q && bench_prec != US_PRECISION_FP8 && bench_prec != US_PRECISION_FP8_TENSOR) { fprintf(stderr, "bench_cuda: --fp8-free-quant needs --precision fp8 or fp8-tensor\n"); return 2; }
     if (free_q && warm < 1) { fprintf(stderr, "bench_cuda: --fp8-free-quant needs at least one warm-up step (it leaves the operands the timed steps read)\n"); return 2; }

@@ -580,7 +580,7 @@ static void test_fp8_ops(void) {
                         G.free(&G, qd); G.free(&G, sd);
                         free(qc); free(qg); free(sc); free(sg);
                     }
-            for (t = 0; t < 3; t += 2)   /* fp8_quantize_both (row128, tensor): both operands from one read = the CPU's two */
+            for (t = 0; t < 3; t++)   /* fp8_quantize_both: both operands from one read = the CPU's two */
                 for (pow2 = 0; pow2 < 2; pow2++) {
                     int64_t Kp = (K + 127) / 128 * 128, Mp = (M + 127) / 128 * 128, ns = us_fp8_scales_size(tl[t], M, K), nt = us_fp8_scales_size(tl[t], K, M);
                     uint8_t *qc = (uint8_t *)malloc((size_t)(M * Kp)), *qg = (uint8_t *)malloc((size_t)(M * Kp));
@@ -595,7 +595,7 @@ static void test_fp8_ops(void) {
                     CHECK(!memcmp(qg, qc, (size_t)(M * Kp)) && !memcmp(sg, sc, (size_t)ns * 4) && !memcmp(qtg, qtc, (size_t)(K * Mp)) &&
                           !memcmp(stg, stc, (size_t)nt * 4) && G.error(&G) == NULL,
                           "fp8_quantize_both %s %s %lldx%lld pow2=%d: GPU x and xᵀ operands (bytes, scales) = the CPU's two quantisations", us_dtype_name(dt),
-                          t ? "tensor" : "row128", (long long)M, (long long)K, pow2);
+                          t == 2 ? "tensor" : t ? "block128" : "row128", (long long)M, (long long)K, pow2);
                     G.free(&G, qd); G.free(&G, sd); G.free(&G, qtd); G.free(&G, std_);
                     free(qc); free(qg); free(qtc); free(qtg); free(sc); free(sg); free(stc); free(stg);
                 }

@@ -265,10 +265,113 @@ static float train(us_precision prec, int pow2, int steps, float *first, int *fp
     return train_ops(prec, pow2, steps, first, fp8_on, fp8_all, NULL, NULL);
 }
 
-/* Dgrad quantises dy both ways in one call and leaves dyᵀ for the Wgrad of the same dy. With the
-   op taken away the model quantises twice: the two runs must agree bit for bit, step by step,
-   and the dual path must really have been taken (2 layers × 4 linears per step, 4 fewer
-   quantisations each time). A Wgrad reading another dy's kept copy would show here. */
+/* The weight cache: W and Wᵀ quantised once per optimizer step (at their first use), against
+   quantising at every GEMM. Two micro-batches per step, so the second reuses the first's copies:
+   the runs must agree bit for bit and the cached one must quantise 16 weight operands fewer per
+   step (2 layers × 4 linears × W and Wᵀ). Then the rules for weights written from outside: an
+   evaluation drops the cache (so it sees the new weights), and between micro-batches the
+   caller says so with us_model_weights_changed; without that call the cached model keeps the
+   copies of the old weights, which shows the copies are really reused. */
+static us_result one_step(us_model *m, us_task *task, int accum) {
+    int n = accum * m->tc.batch * m->tc.seq;
+    int32_t *in = (int32_t *)malloc((size_t)n * 4), *tgt = (int32_t *)malloc((size_t)n * 4);
+    us_step_stats st;
+    us_result r;
+    us_task_batch(task, accum * m->tc.batch, m->tc.seq, in, tgt);
+    r = us_train_step(m, in, tgt, &st);
+    free(in); free(tgt);
+    return r;
+}
+static double fb_loss(us_model *m, us_task *task) {   /* one micro-batch's forward and backward, its summed loss */
+    int n = m->tc.batch * m->tc.seq;
+    int32_t *in = (int32_t *)malloc((size_t)n * 4), *tgt = (int32_t *)malloc((size_t)n * 4);
+    double ls = NAN;
+    us_task_batch(task, m->tc.batch, m->tc.seq, in, tgt);
+    if (us_forward_backward(m, in, tgt, m->tc.batch, m->tc.seq, 1.0f, &ls) != US_OK) ls = NAN;
+    free(in); free(tgt);
+    return ls;
+}
+static void halve_weights(us_model *m) {   /* every bf16 weight times 0.5 (exact), behind the library's back */
+    uint16_t *w = (uint16_t *)m->w;
+    int64_t i;
+    for (i = 0; i < m->n_params; i++) w[i] = us_f32_to_bf16(0.5f * us_bf16_to_f32(w[i]));
+}
+static void test_weight_cache(void) {
+    enum { STEPS = 6 };
+    us_model_config mc;
+    us_train_config tc;
+    us_model m[2];
+    us_task task[2];
+    long nq[2];
+    int p, k, s, same = 1;   /* nq: quantised operands (a fp8_quantize_both call makes two) */
+    for (p = 0; p < 2; p++) {
+        us_precision prec = p ? US_PRECISION_FP8_TENSOR : US_PRECISION_FP8;
+        double ev[2], lb[2], la[2], lc[2];
+        memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
+        mc.n_layers = 2; mc.dim = 48; mc.n_heads = 4;
+        tc.batch = 8; tc.seq = 32; tc.grad_accum = 2; tc.steps = STEPS; tc.lr = 1e-2f; tc.warmup = 2; tc.precision = prec; tc.threads = 1;
+        g_cpu = us_cpu_ops(1);
+        for (k = 0; k < 2; k++) {   /* k = 0: the cache (default); 1: none */
+            us_ops o = g_cpu;
+            o.fp8_quantize = count_q; o.fp8_quantize_both = count_both;
+            tc.fp8_no_wcache = k;
+            CHECK(us_model_init(&m[k], &mc, &tc, &o) == US_OK && (m[k].fp8_wc != NULL) == !k, "%s init, weight cache %s", us_precision_name(prec), k ? "off" : "on");
+            us_task_init(&task[k], 3);
+            g_nq = g_nboth = 0;
+            for (s = 0; s < STEPS; s++) if (one_step(&m[k], &task[k], 2) != US_OK) break;
+            nq[k] = g_nq + 2 * g_nboth;
+        }
+        for (s = 0; s < 2; s++) {   /* the weights themselves, bit for bit */
+            size_t b = (size_t)m[0].n_params * 2;
+            same &= !memcmp(m[0].w, m[1].w, b) && !memcmp(m[0].master, m[1].master, (size_t)m[0].n_params * 4);
+        }
+        CHECK(same && nq[1] - nq[0] == 16 * STEPS, "%s: weights quantised once per step (2 micro-batches): %ld quantised operands against %ld, "
+              "the same weights after %d steps, bit for bit", us_precision_name(prec), nq[0], nq[1], STEPS);
+        /* written from outside, then evaluated: both models see the new weights */
+        for (k = 0; k < 2; k++) {
+            int32_t in[8 * 32], tgt[8 * 32];
+            us_task t2;
+            us_task_init(&t2, 9);
+            halve_weights(&m[k]);
+            us_task_batch(&t2, 8, 32, in, tgt);
+            ev[k] = NAN;
+            us_forward_eval(&m[k], in, tgt, 8, 32, &ev[k], NULL, NULL);
+        }
+        CHECK(ev[0] == ev[1] && isfinite(ev[0]), "%s: weights written from outside reach an evaluation with the cache (%.6f) as without (%.6f)",
+              us_precision_name(prec), ev[0], ev[1]);
+        /* between micro-batches: with us_model_weights_changed the two agree; without it the cache keeps the old copies */
+        for (k = 0; k < 2; k++) {
+            us_task t3;
+            us_model_zero_grad(&m[k]);
+            us_task_init(&t3, 5); lb[k] = fb_loss(&m[k], &t3);
+            halve_weights(&m[k]);
+            us_task_init(&t3, 5); la[k] = fb_loss(&m[k], &t3);   /* k = 0 still computes with the copies of the old weights */
+            halve_weights(&m[k]);
+            us_model_weights_changed(&m[k]);
+            us_task_init(&t3, 5); lc[k] = fb_loss(&m[k], &t3);
+        }
+        CHECK(lb[0] == lb[1] && lc[0] == lc[1] && la[0] != la[1],
+              "%s: us_model_weights_changed between micro-batches: losses %.6f = %.6f after it; without it the linears keep the cached "
+              "copies of the old weights (%.6f, against %.6f without a cache)", us_precision_name(prec), lc[0], lc[1], la[0], la[1]);
+        us_model_free(&m[0]); us_model_free(&m[1]);
+    }
+    memset(&tc, 0, sizeof tc);
+    tc.precision = US_PRECISION_BF16; tc.fp8_no_wcache = 1;
+    {
+        char err[256];
+        memset(&mc, 0, sizeof mc);
+        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID && strstr(err, "fp8_no_wcache"), "fp8_no_wcache under bf16 is refused: %s", err);
+        tc.precision = US_PRECISION_FP8; tc.fp8_no_wcache = 0; tc.zero = 3; tc.dp = 1;
+        CHECK(us_model_init(&m[0], &mc, &tc, NULL) == US_OK && m[0].fp8_wc == NULL, "no weight cache under ZeRO-3 (the weights are not resident)");
+        us_model_free(&m[0]);
+    }
+}
+
+/* Dgrad quantises dy both ways in one call and leaves dyᵀ for the Wgrad of the same dy; the
+   weight cache makes W and Wᵀ in one call. With the op taken away the model quantises twice:
+   the two runs must agree bit for bit, step by step, and the dual path must really have been
+   taken: per step 2 layers × 4 linears × (dy, and the weight once), so 16 calls and 32 fewer
+   single quantisations. A Wgrad reading another dy's kept copy would show here. */
 static void test_dual_quantisation(void) {
     enum { STEPS = 12 };
     us_ops o = us_cpu_ops(1);
@@ -287,8 +390,8 @@ static void test_dual_quantisation(void) {
             nq[k] = g_nq; nboth[k] = g_nboth;
         }
         for (same = 1, k = 0; k < STEPS; k++) same &= fbits(a[k]) == fbits(b[k]);
-        CHECK(same && nboth[0] == 8 * STEPS && nboth[1] == 0 && nq[1] - nq[0] == 16 * STEPS,
-              "%s: dy quantised both ways in one call (%ld calls, %ld fewer single ones) trains bit for bit as two calls (losses %.6f .. %.6f)",
+        CHECK(same && nboth[0] == 16 * STEPS && nboth[1] == 0 && nq[1] - nq[0] == 32 * STEPS,
+              "%s: dy and the weights quantised both ways in one call (%ld calls, %ld fewer single ones) train bit for bit as two calls (losses %.6f .. %.6f)",
               us_precision_name(prec), nboth[0], nq[1] - nq[0], a[0], a[STEPS - 1]);
     }
 }
@@ -327,9 +430,24 @@ static void test_config(void) {
         tc.recompute = p ? US_RECOMPUTE_FULL : US_RECOMPUTE_NONE;
         CHECK(us_memory_estimate(&mc, &tc, &est, err, sizeof err) == US_OK, "estimate: %s", err);
         CHECK(us_model_init(&m, &mc, &tc, NULL) == US_OK, "%s init: %s", us_precision_name(tc.precision), us_model_error(&m));
-        CHECK(est.total == m.mem.total && est.activations == m.mem.activations && m.dt == US_BF16 && m.mem.master == 2 * m.mem.params,
-              "%s: estimated %zu = allocated %zu bytes (activations %zu vs %zu, FP8 scratch included); bf16 weights, fp32 master",
-              us_precision_name(tc.precision), est.total, m.mem.total, est.activations, m.mem.activations);
+        {   /* the weight cache: W and Wᵀ in E4M3 for the 4 linears of each layer, plus scales */
+            size_t wc = m.fp8_wlayer * (size_t)m.cfg.n_layers, HS = (size_t)(m.cfg.dim / m.cfg.n_heads), C = (size_t)m.cfg.dim;
+            size_t QKV = (size_t)(m.nh_l + 2 * m.nkv_l) * HS, AO = (size_t)m.nh_l * HS, F = (size_t)m.ffn_l;
+            size_t lin = (size_t)m.cfg.n_layers * (QKV * C + C * AO + 2 * F * C + C * F);
+            /* E4M3 bytes: W [Out][In] and Wᵀ, each row padded to whole 128-element tiles */
+            size_t io[4][2] = {{C, QKV}, {AO, C}, {C, 2 * F}, {F, C}}, qbytes = 0, k;
+            size_t slack = 0;   /* the scales (at most one per 128 bytes of a row) and 256-byte alignment */
+            for (k = 0; k < 4; k++) {
+                qbytes += io[k][1] * ((io[k][0] + 127) / 128 * 128) + io[k][0] * ((io[k][1] + 127) / 128 * 128);
+                slack += 4 * (io[k][1] * ((io[k][0] + 127) / 128) + io[k][0] * ((io[k][1] + 127) / 128)) + 4 * US__ALIGN;
+            }
+            qbytes *= (size_t)m.cfg.n_layers; slack *= (size_t)m.cfg.n_layers;
+            CHECK(est.total == m.mem.total && est.activations == m.mem.activations && est.params == m.mem.params && m.dt == US_BF16 &&
+                  m.mem.master == 2 * (m.mem.params - wc) && m.fp8_wc && wc >= qbytes && wc <= qbytes + slack,
+                  "%s: estimated %zu = allocated %zu bytes (activations %zu vs %zu, FP8 scratch included; weights %zu vs %zu with a %zu-byte "
+                  "weight cache, %zu of them E4M3 bytes, for %zu linear weights); bf16 weights, fp32 master",
+                  us_precision_name(tc.precision), est.total, m.mem.total, est.activations, m.mem.activations, est.params, m.mem.params, wc, qbytes, lin);
+        }
         us_model_free(&m);
     }
     memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
@@ -353,6 +471,6 @@ int main(int argc, char **argv) {
     test_ops_equal_host();
     test_linear();
     test_config();
-    if (!quick) { test_training(); test_dual_quantisation(); }
+    if (!quick) { test_training(); test_dual_quantisation(); test_weight_cache(); }
     return us_test_done("test_fp8_train");
 }

@@ -45,6 +45,9 @@ expect 2 "zero loss-scale window" "bad value for --loss-scale-window: 0" -- --lo
 expect 2 "--fp8-pow2 without fp8" "fp8_pow2 applies to the fp8 and fp8-tensor precisions only" -- --fp8-pow2
 expect 0 "--precision fp8 --fp8-pow2 runs, reports the FP8 linears" "fp8: 4 of 4 linear layers in FP8 E4M3 .*powers of two" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 --sample 0 --precision fp8 --fp8-pow2
 expect 0 "--precision fp8-tensor runs" "fp8: 4 of 4 linear layers in FP8 E4M3 \\(per-tensor" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 --sample 0 --precision fp8-tensor
+expect 0 "fp8 keeps the quantised weights for the step" "weights quantised once per step \\(cache" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 --sample 0 --precision fp8
+expect 0 "--fp8-no-weight-cache quantises at every GEMM" "weights quantised at every GEMM" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 --sample 0 --precision fp8 --fp8-no-weight-cache
+expect 2 "--fp8-no-weight-cache without fp8" "fp8_no_wcache applies to the fp8 and fp8-tensor precisions only" -- --fp8-no-weight-cache
 expect 2 "bad recompute mode" "--recompute must be none, selective or full" -- --recompute some
 expect 2 "heads not dividing dim" "dim=64 not divisible by heads=3" -- --heads 3
 expect 2 "kv-heads not dividing heads" "heads=4 not divisible by kv-heads=3" -- --kv-heads 3
