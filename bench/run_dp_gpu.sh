@@ -8,7 +8,7 @@
 #   5. throughput of one training step, dp 1 vs dp 2 x ZeRO 0-3, and a trace
 #   (2a'. dp 2 with the embedding's gradient by rows; 2b'. tp 2 + sp with chunked reduce-scatters;
 #    2b. tensor parallelism: tp 2 and tp 2 + sp against one GPU; 2c. context parallelism, cp 2;
-#    2d/2e. pipeline equivalence and throughput; 2f. expert parallelism, ep 2)
+#    2d/2e. pipeline equivalence and throughput; 2f. expert parallelism, ep 2; 2g. FP8 under tp and dp)
 # Logs go to $OUT (default /tmp/dp_gpu); the last lines printed are a summary table.
 set -u
 export NCCL_NVLS_ENABLE=0            # NVLink multicast is not allowed on this machine
@@ -58,6 +58,21 @@ if run embrows; then
         say "shakespeare fp32 vocab 32768 dp2 $x vs 1 GPU: $(compare "$OUT/er_dp1.jsonl" "$OUT/er_dp2$x.jsonl")"
     done
 fi
+# 2g. FP8 (issue 10) on NCCL: tp 2 + sp and dp 2 against one GPU (dim 512 with 8 heads of 64: the
+#     per-rank slices are whole 128-tiles, so the ranks quantise the tiles one GPU does), and tp 2 +
+#     sp with the weight cache off, which must give the cached run's losses to the bit.
+if run fp8; then
+    $T $M --batch 16 --precision fp8 --log "$OUT/f8_ref.jsonl" > "$OUT/f8_ref.txt" 2>&1
+    for x in "" "--fp8-no-weight-cache"; do
+        $T $M --batch 16 --nproc 2 --tp 2 --sp --precision fp8 $x --log "$OUT/f8_tp2$x.jsonl" > "$OUT/f8_tp2$x.txt" 2>&1
+    done
+    say "shakespeare fp8 tp2 sp vs 1 GPU: $(compare "$OUT/f8_ref.jsonl" "$OUT/f8_tp2.jsonl")"
+    say "shakespeare fp8 tp2 sp, weight cache off vs on: $(compare "$OUT/f8_tp2.jsonl" "$OUT/f8_tp2--fp8-no-weight-cache.jsonl")"
+    $T $M --batch 8 --grad-accum 2 --precision fp8 --log "$OUT/f8_dp1.jsonl" > "$OUT/f8_dp1.txt" 2>&1
+    $T $M --batch 16 --nproc 2 --precision fp8 --log "$OUT/f8_dp2.jsonl" > "$OUT/f8_dp2.txt" 2>&1
+    say "shakespeare fp8 dp2 vs 1 GPU (2 micro-batches): $(compare "$OUT/f8_dp1.jsonl" "$OUT/f8_dp2.jsonl")"
+fi
+
 # 2b'. tp 2 + sp at T 1024 (issue 9): 8192 rows per rank, so the forward's reduce-scatters go in
 #      two chunks under their GEMMs; against one GPU, fp32, and the serial path (--tp-no-overlap).
 if run tpchunk; then
