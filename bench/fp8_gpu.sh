@@ -2,7 +2,9 @@
 # FP8 training on one H200 (issue 10), about 8 minutes:
 #   (a) GEMM-only rates: FP8 block-scaled (1x128 x 128x128, 1x128 x 1x128) and per-tensor vs bf16
 #       at the 1B shape's linear layers, and the fused quantiser's bandwidth   (bench_cuda --fp8-gemm)
-#   (b) tokens/s of the Llama-3.2-1B training step, bf16 vs fp8 vs fp8-tensor, in this one run
+#   (b) tokens/s of the Llama-3.2-1B training step, bf16 vs fp8 vs fp8-tensor, in this one run, and
+#       the recipe's ceiling (--fp8-free-quant: every quantisation skipped); then 4 micro-batches per
+#       step (the weight cache on and off), and Llama-3-8B's width with 8 layers (--preset 8b8)
 #   (c) convergence: a ~85M model (12 x 768) on tinyshakespeare, bf16 vs fp8, ~3 minutes each,
 #       JSONL logs, an SVG of both curves and the relative gap of the final losses
 # Build first: make build/bench_cuda build/train_cuda
@@ -22,9 +24,15 @@ echo "=== (a) GEMM-only"
 timeout 150 $B/bench_cuda --fp8-gemm 2>&1 | tee "$out/fp8_gemm.txt"
 
 echo "=== (b) Llama-3.2-1B step (T=4096, B=4)"
-for p in bf16 fp8 fp8-tensor; do
-    timeout 120 $B/bench_cuda --preset 1b --precision $p --steps 6 --warmup 2 --json "$out/tok_1b_$p.json" 2>&1 | tee "$out/tok_1b_$p.txt"
-done
+tok() { n=$1; shift; timeout 200 $B/bench_cuda "$@" --steps 6 --warmup 2 --json "$out/tok_$n.json" 2>&1 | tee "$out/tok_$n.txt" | grep -E "^ultrascale|failed"; }
+for p in bf16 fp8 fp8-tensor; do tok 1b_$p --preset 1b --precision $p; done
+tok 1b_free --preset 1b --precision fp8 --fp8-free-quant
+tok 1b4_bf16 --preset 1b --precision bf16 --accum 4
+tok 1b4_fp8 --preset 1b --precision fp8 --accum 4
+tok 1b4_fp8nowc --preset 1b --precision fp8 --accum 4 --fp8-no-weight-cache
+tok 8b8_bf16 --preset 8b8 --precision bf16
+tok 8b8_fp8 --preset 8b8 --precision fp8
+tok 8b8_free --preset 8b8 --precision fp8 --fp8-free-quant
 
 echo "=== (c) convergence on $DATA: 12 layers x 768, T=1024, B=16"
 for p in bf16 fp8; do
@@ -39,16 +47,19 @@ echo; echo "=== summary"
 python3 - "$out" <<'PY'
 import json, os, sys
 out = sys.argv[1]
-r = {}
-for p in ("bf16", "fp8", "fp8-tensor"):
-    try: r[p] = json.load(open(os.path.join(out, "tok_1b_%s.json" % p)))
-    except Exception: r[p] = None
-print("| 1B step | tok/s | MFU | step ms | peak GiB | vs bf16 |\n|---|---|---|---|---|---|")
-for p, j in r.items():
-    if not j: print("| %s | failed (see tok_1b_%s.txt) | | | | |" % (p, p)); continue
-    rel = j["tok_s"] / r["bf16"]["tok_s"] if r.get("bf16") else float("nan")
-    print("| %s | %.0f | %.1f%% | %.1f | %.1f | %.2fx%s |" % (p, j["tok_s"], 100 * j["mfu"], j["step_ms"], j["peak_gib"], rel,
-          " (goal 1.4x: %s)" % ("met" if rel >= 1.4 else "not met") if p == "fp8" else ""))
+def load(n):
+    try: return json.load(open(os.path.join(out, "tok_%s.json" % n)))
+    except Exception: return None
+print("| step | tok/s | MFU | step ms | peak GiB | vs bf16 of its row group |\n|---|---|---|---|---|---|")
+for group, names in (("1b", ("1b_bf16", "1b_fp8", "1b_fp8-tensor", "1b_free")), ("1b accum 4", ("1b4_bf16", "1b4_fp8", "1b4_fp8nowc")),
+                     ("8b8", ("8b8_bf16", "8b8_fp8", "8b8_free"))):
+    ref = load(names[0])
+    for n in names:
+        j = load(n)
+        if not j: print("| %s | failed (see tok_%s.txt) | | | | |" % (n, n)); continue
+        rel = j["tok_s"] / ref["tok_s"] if ref else float("nan")
+        print("| %s (%s) | %.0f | %.1f%% | %.1f | %.1f | %.3fx%s |" % (n, j["precision"], j["tok_s"], 100 * j["mfu"], j["step_ms"], j["peak_gib"], rel,
+              " (goal 1.4x: %s)" % ("met" if rel >= 1.4 else "not met") if n == "1b_fp8" else ""))
 PY
 grep -E "^\| [0-9]" "$out/fp8_gemm.txt"
 cat "$out/curves.txt"
