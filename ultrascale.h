@@ -825,8 +825,9 @@ US_API us_result us_forward_backward(us_model *m, const int32_t *inputs, const i
 US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr);
 /* Says that the weights were written from outside the library's own paths (the optimizer, the
    checkpoint loader). Under fp8 the linears' quantised weights are made at their first use after
-   us_optimizer_step, us_model_zero_grad, us_ckpt_load, us_forward_eval or us_sample and kept
-   until the next (tc.fp8_no_wcache): a loop that writes weights between micro-batches calls this. */
+   us_optimizer_step, us_model_zero_grad, us_ckpt_load, us_forward_eval, us_sample or
+   us_task_exact_match and kept until the next (tc.fp8_no_wcache): a loop that writes weights
+   between micro-batches calls this. */
 US_API void      us_model_weights_changed(us_model *m);
 US_API float     us_lr_at(const us_train_config *tc, int step);  /* step is 0-based */
 /* Sums n host doubles over the model's data-parallel group, dp×cp (every rank calls it): eval
@@ -5519,7 +5520,8 @@ static int us__fp8_wcache(us_model *m, const void *W, int64_t Out, int64_t In, i
     op->s = (const float *)(base + off[trans ? 3 : 1]);
     return 1;
 }
-/* the weights changed: the cache is made again at each weight's next use */
+/* the weights changed: the cache is made again at each weight's next use. (A MoE layer's two FFN
+   entries stay unused: its experts run in bf16.) */
 static void us__fp8_wcache_drop(us_model *m) { if (m->fp8_wok) memset(m->fp8_wok, 0, (size_t)(4 * m->cfg.n_layers)); }
 US_API void us_model_weights_changed(us_model *m) { us__fp8_wcache_drop(m); }
 
@@ -6465,13 +6467,19 @@ static us_result us__last_logits(us_model *m, int B, int T, float *logits_out) {
     return US_OK;
 }
 
+static us_result us__forward_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
+                                  double *loss_sum, int64_t *correct, float *logits_out);
 US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                                  double *loss_sum, int64_t *correct, float *logits_out) {
+    us__fp8_wcache_drop(m);   /* evaluation comes between steps, where a caller may have written weights */
+    return us__forward_eval(m, inputs, targets, B, T, loss_sum, correct, logits_out);
+}
+static us_result us__forward_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
+                                  double *loss_sum, int64_t *correct, float *logits_out) {
     us_ops *o = &m->ops;
     int64_t N = (int64_t)B * T, i;
     double ls = 0;
     us_result r;
-    us__fp8_wcache_drop(m);   /* evaluation comes between steps, where a caller may have written weights */
     if (m->tc.pp > 1) {   /* the forward through the stages; the last one scores, the sums reach every stage */
         us_comm *c = m->comm;
         int q = m->mesh.pp_rank;
@@ -6700,6 +6708,7 @@ US_API us_result us_task_exact_match(us_model *m, us_task *t, int n, double *acc
     if (m->tc.seq < US_TASK_LINE - 1) { us__model_set_error(m, "the task needs seq >= %d", US_TASK_LINE - 1); r = US_ERR_INVALID; goto out; }
     if (!lines || !ctx || !tg || !gen || !logits) { us__model_set_error(m, "out of host memory"); r = US_ERR_OOM; goto out; }
     if (buf && buflen) buf[0] = 0;
+    us__fp8_wcache_drop(m);   /* as us_sample */
     for (i = 0; i < B * US_TASK_LINE; i++) tg[i] = -1;
     while (done < n) {
         int nb = n - done < B ? n - done : B, b, k;
@@ -6711,7 +6720,7 @@ US_API us_result us_task_exact_match(us_model *m, us_task *t, int n, double *acc
                 memcpy(ctx + b * len, lines + b * US_TASK_LINE, (size_t)P * 4);
                 memcpy(ctx + b * len + P, gen + b * A, (size_t)k * 4);
             }
-            if ((r = us_forward_eval(m, ctx, tg, nb, len, NULL, NULL, logits)) != US_OK) goto out;
+            if ((r = us__forward_eval(m, ctx, tg, nb, len, NULL, NULL, logits)) != US_OK) goto out;
             for (b = 0; b < nb; b++) {
                 const float *lg = logits + (int64_t)b * m->cfg.vocab;
                 int64_t v, best = 0;
@@ -7119,7 +7128,7 @@ US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int
     float *lg = (float *)US_MALLOC((size_t)V * 4);
     int32_t *tg = (int32_t *)US_MALLOC((size_t)(total > 0 ? total : 1) * 4);
     us_result res = US_OK;
-    us__fp8_wcache_drop(m);   /* as us_forward_eval */
+    us__fp8_wcache_drop(m);   /* as us_forward_eval, once: the tokens' forwards share the quantised weights */
     if (!lg || !tg) { US_FREE(lg); US_FREE(tg); us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
     if (n_prompt < 1 || n_new < 0 || total > m->tc.seq) {
         us__model_set_error(m, "prompt %d + new %d tokens must be between 1 and seq=%d", n_prompt, n_new, m->tc.seq);
@@ -7129,7 +7138,7 @@ US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int
     for (len = 0; len < total; len++) tg[len] = -1;
     for (len = n_prompt; len < total; len++) {
         int64_t pick = 0;
-        if ((res = us_forward_eval(m, out, tg, 1, len, NULL, NULL, lg)) != US_OK) break;
+        if ((res = us__forward_eval(m, out, tg, 1, len, NULL, NULL, lg)) != US_OK) break;
         if (temperature <= 0) {
             for (v = 1; v < V; v++) if (lg[v] > lg[pick]) pick = v;
         } else {
