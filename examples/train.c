@@ -138,6 +138,8 @@ static void usage(FILE *f) {
         "  --data FILE       raw text (byte tokens) or llm.c .bin shard; default: the built-in sorting task\n"
         "  --log FILE.jsonl  one JSON object per step\n"
         "  --eval-every N    evaluate every N steps, 0 = only at the end (default 100)\n"
+        "  --val-frac F      with --data: the last fraction F of the tokens is held out, never trained\n"
+        "                    on, and the evaluations read it (default 0.1; 0 = evaluate on training data)\n"
         "  --sample N        after training, sample N tokens (default 0)\n"
         "  --temperature X   sampling temperature, 0 = greedy (default 0.8)\n"
         "  --sample-top-k N  sample from the k most likely tokens, 0 = all (default 0)\n"
@@ -264,7 +266,9 @@ typedef struct opts {
     int pp_layers_n;         /* how many counts --pp-layers gave */
     float temperature, peak_tflops, comm_timeout;
     int world, rank;         /* CUDA multi-process: this process's place (from the environment) */
-    us_data data;
+    us_data data;            /* the training tokens (--data), less the held-out tail */
+    us_data val;             /* the held-out tail (a view into data's tokens; n = 0: none) */
+    float val_frac;          /* --val-frac; < 0: not given (default 0.1, none if the file is too small) */
     us_trace *traces;        /* [dp] when tracing */
 } opts;
 
@@ -376,6 +380,10 @@ static us_result run_rank(us_comm *comm, void *arg) {
                (long long)m.cfg.ffn_dim, (long long)m.cfg.vocab, m.cfg.tie_embeddings ? " tied" : "",
                us_precision_name(m.tc.precision), us_recompute_name(m.tc.recompute), Bg, tc.seq, tc.grad_accum, dp, tc.cp, tc.tp, tc.zero,
                o->data_path ? o->data_path : "task: sort 8 digits", devname, (double)m.mem.total / 1048576.0);
+    if (loud && o->data_path) {
+        if (o->val.n) printf("data: %lld tokens to train on, the last %lld held out for the evaluations\n", (long long)o->data.n, (long long)o->val.n);
+        else printf("data: %lld tokens to train on, the evaluations read them too (--val-frac 0, or too few to hold any out)\n", (long long)o->data.n);
+    }
     if (loud && m.fp8) {
         char wq[64] = "at every GEMM";
         if (m.fp8_wc) snprintf(wq, sizeof wq, "once per step (cache %.1f MiB)", (double)m.fp8_wlayer * m.cfg.n_layers / 1048576.0);
@@ -424,7 +432,7 @@ static us_result run_rank(us_comm *comm, void *arg) {
             /* held-out loss and next-token accuracy on the scored targets, summed over the ranks */
             double v[3] = {0, 0, 0};
             int64_t c = 0, j;
-            if (o->data_path) us_data_batch(&o->data, &rng, Bg, tc.seq, gin, gtgt);
+            if (o->data_path) us_data_batch(o->val.n ? &o->val : &o->data, &eval_task.rng, Bg, tc.seq, gin, gtgt);   /* its own stream */
             else us_task_batch(&eval_task, Bg, tc.seq, gin, gtgt);
             for (j = 0; j < (int64_t)tc.batch * Tl; j++) {
                 size_t src = ((size_t)drank * tc.batch + (size_t)(j / Tl)) * tc.seq + cpos[j % Tl];
@@ -594,7 +602,7 @@ int main(int argc, char **argv) {
     memset(&mc, 0, sizeof mc);
     memset(&tc, 0, sizeof tc);
     memset(&o, 0, sizeof o);
-    o.eval_every = 100; o.temperature = 0.8f; o.keep = 3;
+    o.eval_every = 100; o.temperature = 0.8f; o.keep = 3; o.val_frac = -1;
 #ifdef US_CUDA
     o.use_cuda = 1;
 #endif
@@ -695,6 +703,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--init-from")) o.init_dir = v;
         else if (!strcmp(f, "--log")) o.log_path = v;
         else if (!strcmp(f, "--eval-every")) ok = parse_int(v, 0, 1 << 30, &o.eval_every);
+        else if (!strcmp(f, "--val-frac")) ok = parse_float(v, 0.0f, 0.99f, &o.val_frac);
         else if (!strcmp(f, "--sample")) ok = parse_int(v, 0, 1 << 24, &o.sample_n);
         else if (!strcmp(f, "--temperature")) ok = parse_float(v, 0, 100, &o.temperature);
         else if (!strcmp(f, "--sample-top-k")) ok = parse_int(v, 0, 1 << 30, &o.top_k);
@@ -810,6 +819,20 @@ int main(int argc, char **argv) {
             fprintf(stderr, "train: %s has %lld tokens, fewer than seq+1 = %d\n", o.data_path, (long long)o.data.n, tc.seq + 1);
             us_data_free(&o.data);
             return 2;
+        }
+        {   /* the held-out tail */
+            int64_t nv = (int64_t)((double)o.data.n * (o.val_frac < 0 ? 0.1 : o.val_frac));
+            if (nv > 0 && (nv < (int64_t)tc.seq + 1 || o.data.n - nv < (int64_t)tc.seq + 1)) {
+                if (o.val_frac >= 0) {
+                    fprintf(stderr, "train: --val-frac %g of %lld tokens leaves %lld held out and %lld to train on; each needs seq+1 = %d\n",
+                            o.val_frac, (long long)o.data.n, (long long)nv, (long long)(o.data.n - nv), tc.seq + 1);
+                    us_data_free(&o.data);
+                    return 2;
+                }
+                nv = 0;   /* the default on a file too small to split: evaluate on the training tokens (said below) */
+            }
+            memset(&o.val, 0, sizeof o.val);
+            if (nv > 0) { o.val.tokens = o.data.tokens + (o.data.n - nv); o.val.n = nv; o.val.max_token = o.data.max_token; o.data.n -= nv; }
         }
     }
     if (o.trace_path) {

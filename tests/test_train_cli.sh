@@ -95,6 +95,9 @@ then ok "--precision fp16: loss_scale 65536, skipped 0/0; a static --loss-scale 
 # raw text data, with sampling, bf16 and recomputation
 head -c 3000 /dev/urandom | base64 > "$T/text.txt"
 expect 0 "raw text training with --sample" "sample \(" -- $small --steps 3 --seq 16 --data "$T/text.txt" --sample 8 --precision bf16 --recompute full
+expect 0 "raw text: the last 10% held out for the evaluations by default" "data: [0-9]+ tokens to train on, the last [0-9]+ held out" -- --layers 1 --dim 32 --heads 2 --batch 2 --steps 2 --seq 16 --data "$T/text.txt"
+expect 0 "--val-frac 0 evaluates on the training tokens" "data: [0-9]+ tokens to train on, the evaluations read them too" -- --layers 1 --dim 32 --heads 2 --batch 2 --steps 2 --seq 16 --data "$T/text.txt" --val-frac 0
+expect 2 "--val-frac leaving too few tokens to train on" "each needs seq\+1 = 1025" -- $small --steps 1 --seq 1024 --data "$T/text.txt" --val-frac 0.9
 # an llm.c shard whose tokens exceed the vocabulary
 python3 -c "
 import struct
