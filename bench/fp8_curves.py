@@ -42,25 +42,27 @@ def main():
     sa, sb = smooth(a, 20), smooth(b, 20)
     xmax = max(a[-1][0], b[-1][0])
     ys = [l for _, l in sa + sb]
-    ymin, ymax = min(ys), min(max(ys), 2 * sorted(ys)[len(ys) // 2] + 0.5)
+    ev = [l for _, l in ea + eb]
+    ymin, ymax = min(ys + ev), min(max(ys + ev), max([2 * sorted(ys)[len(ys) // 2] + 0.5] + ev))
     X = lambda s: L + (W - L - R) * s / xmax
     Y = lambda l: T + (H - T - Bm) * (1 - (min(l, ymax) - ymin) / ((ymax - ymin) or 1))
     svg = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">' % (W, H),
            '<rect width="100%" height="100%" fill="white"/>',
-           '<text x="%d" y="18">training loss (20-step mean): %s vs %s</text>' % (L, names[0], names[1])]
+           '<text x="%d" y="18">training loss (20-step mean)%s: %s vs %s</text>' % (L, ", held-out loss dashed" if ea and eb else "", names[0], names[1])]
     for i in range(6):
         v = ymin + (ymax - ymin) * i / 5
         svg.append('<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#ddd"/><text x="5" y="%.1f">%.2f</text>' % (L, W - R, Y(v), Y(v), Y(v) + 4, v))
         s = xmax * i / 5
         svg.append('<text x="%.1f" y="%d" text-anchor="middle">%d</text>' % (X(s), H - Bm + 18, s))
     svg.append('<text x="%d" y="%d" text-anchor="middle">step</text>' % ((W + L) // 2, H - 10))
+    LX, LY = L + (W - L - R) * 0.55, T + (H - T - Bm) * 0.45   # the legend: right of the middle, between the curves
     for pts, col, name, k in ((sa, "#1f77b4", names[0], 0), (sb, "#d62728", names[1], 1)):
         svg.append('<polyline fill="none" stroke="%s" stroke-width="1.5" points="%s"/>' % (col, " ".join("%.1f,%.1f" % (X(s), Y(l)) for s, l in pts)))
-        svg.append('<text x="%d" y="%d" fill="%s">%s</text>' % (W - R - 200, T + 20 + 16 * k, col, name))
+        svg.append('<text x="%d" y="%d" fill="%s">%s</text>' % (LX, LY + 16 * k, col, name))
     for pts, col, k in ((ea, "#1f77b4", 0), (eb, "#d62728", 1)):
         if pts:
             svg.append('<polyline fill="none" stroke="%s" stroke-width="1.5" stroke-dasharray="5,3" points="%s"/>' % (col, " ".join("%.1f,%.1f" % (X(s), Y(l)) for s, l in pts)))
-            svg.append('<text x="%d" y="%d" fill="%s">%s held-out (dashed)</text>' % (W - R - 200, T + 52 + 16 * k, col, names[k]))
+            svg.append('<text x="%d" y="%d" fill="%s">%s held-out (dashed)</text>' % (LX, LY + 32 + 16 * k, col, names[k]))
     svg.append("</svg>")
     open(sys.argv[3], "w").write("\n".join(svg) + "\n")
     print("wrote %s" % sys.argv[3])
