@@ -3683,6 +3683,10 @@ static size_t us__fp8_operand(int64_t R, int64_t L, size_t *sbytes) {
     *sbytes = (size_t)(ns > 1 ? ns : 1) * 4;
     return (size_t)(R * LB * US_FP8_TILE);
 }
+/* A dense layer's four linears, qkv, o, gate|up, down, as (In, Out) per rank */
+static void us__fp8_linears(int64_t io[4][2], int64_t C, int64_t QKV, int64_t AO, int64_t F) {
+    io[0][0] = C; io[0][1] = QKV; io[1][0] = AO; io[1][1] = C; io[2][0] = C; io[2][1] = 2 * F; io[3][0] = F; io[3][1] = C;
+}
 /* The scratch of the quantised copies: the largest a (activation side) and b (weight side)
    operand over the three GEMMs of the dense layers' four linears (N tokens; per-rank dims), and
    the largest dyᵀ that Dgrad keeps for Wgrad (k), laid out qa | sa | qb | sb | qk | sk; off gets
@@ -3691,7 +3695,7 @@ static size_t us__fp8_scratch(int64_t N, int64_t C, int64_t QKV, int64_t AO, int
     int64_t io[4][2];
     size_t qa = 0, sa = 0, qb = 0, sb = 0, qk = 0, sk = 0, q, sz;
     int i, j;
-    io[0][0] = C; io[0][1] = QKV; io[1][0] = AO; io[1][1] = C; io[2][0] = C; io[2][1] = 2 * F; io[3][0] = F; io[3][1] = C;
+    us__fp8_linears(io, C, QKV, AO, F);
     for (i = 0; i < 4; i++) {
         int64_t In = io[i][0], Out = io[i][1], a[3][2], b[3][2];
         a[0][0] = N; a[0][1] = In;  a[1][0] = N; a[1][1] = Out; a[2][0] = Out; a[2][1] = N;   /* Fprop x, Dgrad dy, Wgrad dyᵀ */
@@ -3708,18 +3712,20 @@ static size_t us__fp8_scratch(int64_t N, int64_t C, int64_t QKV, int64_t AO, int
 }
 /* The weight cache (// >>fp8-linear): one layer's part, for its four linears (qkv, o, gate|up,
    down; In → Out per rank): the operands of W [Out][In] and of Wᵀ [In][Out] as fp8_quantize
-   writes them, laid out q | s | qᵀ | sᵀ per linear; off[i] gets linear i's four offsets. A linear
-   whose sizes are not multiples of 16 never runs in FP8 and takes no room. The estimator counts
-   the same. */
-static size_t us__fp8_wcache_layer(int64_t C, int64_t QKV, int64_t AO, int64_t F, size_t off[4][4]) {
+   writes them, laid out q | s | qᵀ | sᵀ per linear; off[i] gets linear i's four offsets and
+   dim[i] its (Out, In). A linear whose sizes are not multiples of 16 never runs in FP8 and takes
+   no room: its dim stays (0, 0). The estimator counts the same. */
+static size_t us__fp8_wcache_layer(int64_t C, int64_t QKV, int64_t AO, int64_t F, size_t off[4][4], int64_t dim[4][2]) {
     int64_t io[4][2];
     size_t at = 0, sb, q;
     int i;
-    io[0][0] = C; io[0][1] = QKV; io[1][0] = AO; io[1][1] = C; io[2][0] = C; io[2][1] = 2 * F; io[3][0] = F; io[3][1] = C;
+    us__fp8_linears(io, C, QKV, AO, F);
     for (i = 0; i < 4; i++) {
         int64_t In = io[i][0], Out = io[i][1];
         off[i][0] = off[i][1] = off[i][2] = off[i][3] = at;
+        dim[i][0] = dim[i][1] = 0;
         if (In % 16 || Out % 16) continue;
+        dim[i][0] = Out; dim[i][1] = In;
         q = us__fp8_operand(Out, In, &sb); off[i][1] = at += us__align(q); off[i][2] = at += us__align(sb);
         q = us__fp8_operand(In, Out, &sb); off[i][3] = at += us__align(q); at += us__align(sb);
     }
@@ -3822,7 +3828,7 @@ static size_t us__layout_arena(us_model *m, char *base, int part) {
             if (base) memcpy(m->fp8_off, off, sizeof off);
             if (base && part == 1) {   /* which dense linears run in FP8, for the model line */
                 int64_t io[4][2];
-                io[0][0] = C; io[0][1] = QKV; io[1][0] = AO; io[1][1] = C; io[2][0] = C; io[2][1] = 2 * F; io[3][0] = F; io[3][1] = C;
+                us__fp8_linears(io, C, QKV, AO, F);
                 m->fp8_linear = m->fp8_linear_all = 0;
                 for (l = 0; l < c->n_layers; l++)
                     for (i = 0; i < 4; i++) {
@@ -4176,10 +4182,7 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
         int HS = (int)(m->cfg.dim / m->cfg.n_heads), nl = m->cfg.n_layers, li, k;
         int64_t QKV = (int64_t)(m->nh_l + 2 * m->nkv_l) * HS, AO = (int64_t)m->nh_l * HS;
         int pk[4] = {US__P_Q, US__P_O, US__P_GATE, US__P_DOWN};
-        int64_t io[4][2] = {{QKV, m->cfg.dim}, {m->cfg.dim, AO}, {2 * m->ffn_l, m->cfg.dim}, {m->cfg.dim, m->ffn_l}};
-        m->fp8_wlayer = us__fp8_wcache_layer(m->cfg.dim, QKV, AO, m->ffn_l, m->fp8_woff);
-        for (k = 0; k < 4; k++)
-            if (io[k][0] % 16 == 0 && io[k][1] % 16 == 0) { m->fp8_wdim[k][0] = io[k][0]; m->fp8_wdim[k][1] = io[k][1]; }
+        m->fp8_wlayer = us__fp8_wcache_layer(m->cfg.dim, QKV, AO, m->ffn_l, m->fp8_woff, m->fp8_wdim);
         m->fp8_wc = (char *)m->ops.alloc(&m->ops, m->fp8_wlayer * (size_t)nl);
         m->fp8_wkey = (const void **)calloc((size_t)(4 * nl), sizeof(void *));
         m->fp8_wok = (unsigned char *)calloc((size_t)(4 * nl), 1);
@@ -4769,11 +4772,13 @@ typedef struct us__ring_gemm {
     int64_t In, Out;  /* x [rows, In] (dgrad: x is dy [rows, Out], y dx [rows, In]) */
     const void *W;
     void   *y;
+    int     keep;     /* dgrad: the Wgrad of the whole gathered dy comes next (us__linear_dgrad's keep;
+                         it applies when the rows are multiplied at once, not block by block) */
 } us__ring_gemm;
-static void us__ring_gemm_rows(us_model *m, const us__ring_gemm *g, const void *G, int64_t row0, int64_t rows) {
+static void us__ring_gemm_rows(us_model *m, const us__ring_gemm *g, const void *G, int64_t row0, int64_t rows, int keep) {
     size_t a = us_dtype_size(m->dt);
     if (!g->dgrad) us__linear_fwd(m, rows, g->In, g->Out, (const char *)G + (size_t)(row0 * g->In) * a, g->W, 0.0f, (char *)g->y + (size_t)(row0 * g->Out) * a);
-    else us__linear_dgrad(m, rows, g->In, g->Out, (const char *)G + (size_t)(row0 * g->Out) * a, g->W, 0.0f, (char *)g->y + (size_t)(row0 * g->In) * a, 0);
+    else us__linear_dgrad(m, rows, g->In, g->Out, (const char *)G + (size_t)(row0 * g->Out) * a, g->W, 0.0f, (char *)g->y + (size_t)(row0 * g->In) * a, keep);
 }
 /* ḡ with its GEMM, the other half of the collective matmul: the row-parallel GEMM's partial
    products are made in k row chunks of every rank's block, laid out [k][tp][Ns/k] in G, and each
@@ -4831,7 +4836,7 @@ static us_result us__sp_gather_gemm(us_model *m, void *G, const void *shard, int
     us_result r;
     if (!us__tp_ring(m)) {
         if ((r = us__sp_gather(m, G, shard, Ns)) != US_OK) return r;
-        us__ring_gemm_rows(m, g, G, 0, Ns * tp);
+        us__ring_gemm_rows(m, g, G, 0, Ns * tp, g->keep);
         return US_OK;
     }
     if ((const char *)G + t * blk != (const char *)shard) o->copy(o, (char *)G + t * blk, shard, blk, US_COPY_D2D);
@@ -4844,7 +4849,7 @@ static us_result us__sp_gather_gemm(us_model *m, void *G, const void *shard, int
             if (r != US_OK) return us__comm_fail(m, r, "sequence-parallel ring exchange");
             us__tp_started(m, w);
         }
-        us__ring_gemm_rows(m, g, G, have * Ns, Ns);
+        us__ring_gemm_rows(m, g, G, have * Ns, Ns, 0);
         if ((r = us__tp_wait(m, &w)) != US_OK) return r;
     }
     return US_OK;
@@ -5580,7 +5585,7 @@ static us_result us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int rec
     if (do_cheap) o->rmsnorm_fwd(o, A->ln1, A->rstd1, A->x, us__W(m, US__PL(l, US__P_LN1)), Ns, C, c->norm_eps, dt);
     if (do_gemm) {
         if (sp) {   /* g, travelling under the GEMM */
-            us__ring_gemm g = {0, C, QKV, us__W(m, US__PL(l, US__P_Q)), A->qkv};
+            us__ring_gemm g = {0, C, QKV, us__W(m, US__PL(l, US__P_Q)), A->qkv, 0};
             if ((r = us__sp_gather_gemm(m, G, A->ln1, Ns, &g)) != US_OK) return r;
         } else us__linear_fwd(m, Np, C, QKV, A->ln1, us__W(m, US__PL(l, US__P_Q)), 0.0f, A->qkv);
         if (m->mesh.cp > 1) o->rope_at(o, A->qkv, (const int32_t *)m->a[US__A_CPPOS] + m->mesh.cp_rank * T, B, T, m->tc.seq, NH, NKV, HS, c->rope_theta, 1.0f, dt);
@@ -5603,7 +5608,7 @@ static us_result us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int rec
     if (m->moe_idx[l] >= 0) return us__moe_fwd(m, l, N, recompute, xnext);   /* a MoE layer (// >>moe) */
     if (do_gemm) {
         if (sp) {
-            us__ring_gemm g = {0, C, 2 * F, us__W(m, US__PL(l, US__P_GATE)), A->gu};
+            us__ring_gemm g = {0, C, 2 * F, us__W(m, US__PL(l, US__P_GATE)), A->gu, 0};
             if ((r = us__sp_gather_gemm(m, G, A->ln2, Ns, &g)) != US_OK) return r;
         } else us__linear_fwd(m, Np, C, 2 * F, A->ln2, us__W(m, US__PL(l, US__P_GATE)), 0.0f, A->gu);
     }
@@ -5646,7 +5651,7 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
         if ((r = us__moe_bwd(m, l, N)) != US_OK) return r;
     } else {
         if (sp) {   /* ḡ's conjugate, travelling under the GEMM */
-            us__ring_gemm g = {1, F, C, us__W(m, US__PL(l, US__P_DOWN)), dh};
+            us__ring_gemm g = {1, F, C, us__W(m, US__PL(l, US__P_DOWN)), dh, !split};
             if ((r = us__sp_gather_gemm(m, G, dres, Ns, &g)) != US_OK) return r;
         } else us__linear_dgrad(m, Np, F, C, dres, us__W(m, US__PL(l, US__P_DOWN)), 0.0f, dh, !split);
         if (split) o->copy(o, A->g_down, dresF, rowb, US_COPY_D2D);
@@ -5674,7 +5679,7 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
     if ((r = us__grads_ready(m, US__PL(l, US__P_LN2), US__PL(l, US__P_LN2) + 1)) != US_OK) return r;
     /* attention: xmid = x + attention(rope(ln1·Wqkv^T))·Wo^T */
     if (sp) {
-        us__ring_gemm g = {1, AO, C, us__W(m, US__PL(l, US__P_O)), datt};
+        us__ring_gemm g = {1, AO, C, us__W(m, US__PL(l, US__P_O)), datt, !split};
         if ((r = us__sp_gather_gemm(m, G, dres, Ns, &g)) != US_OK) return r;
     } else us__linear_dgrad(m, Np, AO, C, dres, us__W(m, US__PL(l, US__P_O)), 0.0f, datt, !split);
     if (split) o->copy(o, A->g_o, dresF, rowb, US_COPY_D2D);
@@ -8528,7 +8533,8 @@ static us_result us__memory_estimate(const us_model_config *mc_in, const us_trai
     out->params = (size_t)(Z == 3 ? shard + slots * unit : psi) * a + (size_t)n_moe * (size_t)mc.moe_experts * 4;
     if (us__fp8_wcache_on(&tc)) {   /* the FP8 weight cache (// >>fp8-linear) */
         size_t woff[4][4];
-        out->params += us__fp8_wcache_layer(C, QKV, AO, F, woff) * (size_t)rank_layers;
+        int64_t wdim[4][2];
+        out->params += us__fp8_wcache_layer(C, QKV, AO, F, woff, wdim) * (size_t)rank_layers;
     }
     out->master = a == 4 ? 0 : (size_t)(Z ? shard : psi) * 4;
     out->grads = (size_t)(Z >= 2 ? shard + slots * unit : psi) * 4;

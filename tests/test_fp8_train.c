@@ -6,10 +6,14 @@
    against the exact (fp64) products of the same bf16 inputs, within stated bounds, and tile vs
    per-tensor scaling on activations with outlier channels; bf16, fp8 and fp8-tensor training of
    a small model on the sorting task (loss falls well below the start, fp8 within a stated gap of
-   bf16); the memory estimator counts the FP8 scratch; bad configurations. */
+   bf16); dy and the weights quantised both ways in one call (fp8_quantize_both, one rank and
+   tp 2 + sp) and the weight cache train bit for bit like the plain path; the memory estimator
+   counts the FP8 scratch and the cache; bad configurations. */
 #define ULTRASCALE_IMPLEMENTATION
 #include "../ultrascale.h"
+#include "../ultrascale_comm.h"
 #include "us_test.h"
+#include "us_test_ranks.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -226,10 +230,12 @@ static void test_linear(void) {
 static us_ops g_cpu;
 static long g_nq, g_nboth;
 static void count_q(us_ops *o, uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M, int64_t K, int t, int trans, int pow2) {
-    g_nq++; g_cpu.fp8_quantize(o, q, s, x, dt, M, K, t, trans, pow2);
+    __atomic_add_fetch(&g_nq, 1, __ATOMIC_RELAXED);   /* (ranks may be threads) */
+    g_cpu.fp8_quantize(o, q, s, x, dt, M, K, t, trans, pow2);
 }
 static void count_both(us_ops *o, uint8_t *q, float *s, uint8_t *qt, float *st, const void *x, us_dtype dt, int64_t M, int64_t K, int t, int pow2) {
-    g_nboth++; g_cpu.fp8_quantize_both(o, q, s, qt, st, x, dt, M, K, t, pow2);
+    __atomic_add_fetch(&g_nboth, 1, __ATOMIC_RELAXED);
+    g_cpu.fp8_quantize_both(o, q, s, qt, st, x, dt, M, K, t, pow2);
 }
 
 /* steps of the sorting task; losses[] (if not NULL) gets every step's loss; ops NULL: the CPU's */
@@ -372,6 +378,32 @@ static void test_weight_cache(void) {
    the two runs must agree bit for bit, step by step, and the dual path must really have been
    taken: per step 2 layers × 4 linears × (dy, and the weight once), so 16 calls and 32 fewer
    single quantisations. A Wgrad reading another dy's kept copy would show here. */
+/* the same under tp 2 + sp, whose backward gathers dy for the o and down projections (FP8 runs
+   the gathered rows at once, so their Dgrad keeps dy too): one layer, 3 steps, rank 0's losses */
+typedef struct tp_run { us_ops ops; float loss[3]; } tp_run;
+static us_result tp_rank(us_comm *c, void *arg) {
+    tp_run *R = (tp_run *)arg;
+    us_model_config mc;
+    us_train_config tc;
+    us_model m;
+    us_task task;
+    us_step_stats st;
+    int32_t in[4 * 32], tgt[4 * 32];
+    int s;
+    us_result r;
+    memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
+    mc.n_layers = 1; mc.dim = 256; mc.n_heads = 4; mc.ffn_dim = 512;
+    tc.batch = 4; tc.seq = 32; tc.tp = 2; tc.sp = 1; tc.precision = US_PRECISION_FP8; tc.threads = 1; tc.lr = 1e-2f;
+    if ((r = us_model_init_dist(&m, &mc, &tc, &R->ops, c)) != US_OK) { printf("  tp rank init: %s\n", us_model_error(&m)); return r; }
+    us_task_init(&task, 4);
+    for (s = 0; s < 3 && r == US_OK; s++) {
+        us_task_batch(&task, 4, 32, in, tgt);
+        if ((r = us_train_step(&m, in, tgt, &st)) == US_OK && c->world.rank == 0) R->loss[s] = st.loss;
+    }
+    us_model_free(&m);
+    return r;
+}
+
 static void test_dual_quantisation(void) {
     enum { STEPS = 12 };
     us_ops o = us_cpu_ops(1);
@@ -393,6 +425,23 @@ static void test_dual_quantisation(void) {
         CHECK(same && nboth[0] == 16 * STEPS && nboth[1] == 0 && nq[1] - nq[0] == 32 * STEPS,
               "%s: dy and the weights quantised both ways in one call (%ld calls, %ld fewer single ones) train bit for bit as two calls (losses %.6f .. %.6f)",
               us_precision_name(prec), nboth[0], nq[1] - nq[0], a[0], a[STEPS - 1]);
+    }
+    {   /* tp 2 + sp: 2 ranks × 1 layer × (4 dy + 4 weights) per step */
+        tp_run R[2];
+        int ok = 1;
+        g_cpu = us_cpu_ops(1);
+        for (k = 0; k < 2; k++) {
+            R[k].ops = g_cpu;
+            R[k].ops.fp8_quantize = count_q;
+            R[k].ops.fp8_quantize_both = k ? NULL : count_both;
+            g_nq = g_nboth = 0;
+            ok &= us_test_launch(2, tp_rank, &R[k], NULL, 0) == US_OK;
+            nq[k] = g_nq; nboth[k] = g_nboth;
+        }
+        for (same = 1, k = 0; k < 3; k++) same &= fbits(R[0].loss[k]) == fbits(R[1].loss[k]);
+        CHECK(ok && same && nboth[0] == 16 * 3 && nq[1] - nq[0] == 32 * 3,
+              "fp8 tp 2 + sp: dy of all four Dgrads (the gathered ones too) and the weights quantised both ways in one call "
+              "(%ld calls, %ld fewer single ones), bit for bit as two calls (losses %.6f .. %.6f)", nboth[0], nq[1] - nq[0], R[0].loss[0], R[0].loss[2]);
     }
 }
 
