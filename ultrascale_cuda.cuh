@@ -3016,10 +3016,11 @@ __global__ void __launch_bounds__(512) us__k_fp8_block(uint8_t *q, float *s, con
     sc = us__fp8_scale(__uint_as_float(a), pow2);
     rc = 1.0f / sc;
 #pragma unroll
-    for (it = 0; it < 8; it++) {
+    for (it = 0; it < 8; it++) {   /* x's row u, columns 4·lane .. + 3: one word of four bytes */
         int u = it * 16 + w;
-        if (!trans) { if (rb * 128 + u < R) us__st_q4(q + (rb * 128 + u) * Lp + lb * 128 + 4 * lane, us__e4m3x4(v[it], rc), vec); }
-        if (trans || qt) for (k = 0; k < 4; k++) reinterpret_cast<uint8_t *>(qs[4 * lane + k])[u] = us__e4m3(v[it][k] * rc);
+        uint32_t b4 = us__e4m3x4(v[it], rc);
+        if (!trans && rb * 128 + u < R) us__st_q4(q + (rb * 128 + u) * Lp + lb * 128 + 4 * lane, b4, vec);
+        if (trans || qt) for (k = 0; k < 4; k++) reinterpret_cast<uint8_t *>(qs[4 * lane + k])[u] = (uint8_t)(b4 >> 8 * k);
     }
     if (trans || qt) {   /* P's rows through shared memory: into q (trans) or qt (both) */
         int64_t TR = trans ? R : L, TLp = trans ? Lp : (R + 127) / 128 * 128, tr0 = trans ? rb : lb, tc0 = trans ? lb : rb;
@@ -3077,8 +3078,12 @@ static unsigned *us__fp8_gamax(us_ops *o, const void *x, us_dtype dt, int64_t n)
     return c->fp8_amax;
 }
 
-static void us__cuda_fp8_quantize(us_ops *o, uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M, int64_t K,
-                                  int t, int trans, int pow2) {
+/* One quantisation launch. q2, s2 (fp8_quantize_both; 4-byte aligned, the caller checks) are the
+   other orientation from the same read: for BLOCK128 with trans 0, Wᵀ's operand (the block kernel
+   writes both); for ROW128 and TENSOR with trans 1, x's own ROW128 operand (the transposed
+   kernel's patch rows). NULL: the one operand. */
+static void us__cuda_fp8_launch(us_ops *o, uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M, int64_t K,
+                                int t, int trans, int pow2, uint8_t *q2, float *s2) {
     us__cuda *c = us__cu(o);
     int64_t R = trans ? K : M, L = trans ? M : K, Lp = (L + 127) / 128 * 128;
     unsigned es = (unsigned)us_dtype_size(dt), *gamax = NULL;
@@ -3088,11 +3093,11 @@ static void us__cuda_fp8_quantize(us_ops *o, uint8_t *q, float *s, const void *x
     if (t == US_FP8_BLOCK128) {
         dim3 grid((unsigned)(Lp / 128), (unsigned)((R + 127) / 128));
         int vec = qv | (K % 4 == 0 && us__al(x, 4 * es));   /* x [M][K] is read along K either way */
-        US__DISPATCH(o, dt, (us__k_fp8_block<T_><<<grid, 512, 0, c->stream>>>(q, s, (const T_ *)x, R, L, Lp, trans, pow2, vec)));
+        US__DISPATCH(o, dt, (us__k_fp8_block<T_><<<grid, 512, 0, c->stream>>>(q, s, (const T_ *)x, R, L, Lp, trans, pow2, vec, q2, s2)));
     } else if (trans) {
         dim3 grid((unsigned)((R + 127) / 128), (unsigned)(Lp / 128));
         int vec = qv | (R % 4 == 0 && us__al(x, 4 * es));
-        US__DISPATCH(o, dt, (us__fp8_row_t_launch<T_>(grid, c->stream, q, s, (const T_ *)x, R, L, Lp, pow2, vec, gamax)));
+        US__DISPATCH(o, dt, (us__fp8_row_t_launch<T_>(grid, c->stream, q, s, (const T_ *)x, R, L, Lp, pow2, vec, gamax, q2, s2)));
     } else {
         int64_t tiles = R * (Lp / 128), per = 8 * 4 * US__ROW_ROUNDS;   /* 8 warps of 4·rounds tiles */
         if (tiles >= ((int64_t)1 << 32)) { us__cuda_fail(o, "fp8_quantize", "more than 2^32 tiles of 128 (the kernel counts them in 32 bits)", __FILE__, __LINE__); return; }
@@ -3100,32 +3105,19 @@ static void us__cuda_fp8_quantize(us_ops *o, uint8_t *q, float *s, const void *x
         US__DISPATCH(o, dt, (us__k_fp8_row<T_><<<(unsigned)((tiles + per - 1) / per), 256, 0, c->stream>>>(q, s, (const T_ *)x, R, L, Lp, pow2, vec, gamax)));
     }
 }
-
-/* Both operands of x [M][K] from one read (us_ops.fp8_quantize_both): for ROW128 and TENSOR the
-   transposed kernel's patches give (qt, st), and their rows give (q, s); for BLOCK128 the block
-   kernel writes both. A q or qt not 4-byte aligned takes the two quantisations one after the other. */
+static void us__cuda_fp8_quantize(us_ops *o, uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M, int64_t K,
+                                  int t, int trans, int pow2) {
+    us__cuda_fp8_launch(o, q, s, x, dt, M, K, t, trans, pow2, NULL, NULL);
+}
+/* Both operands of x [M][K] from one read (us_ops.fp8_quantize_both); a q or qt not 4-byte
+   aligned takes the two quantisations one after the other. */
 static void us__cuda_fp8_quantize_both(us_ops *o, uint8_t *q, float *s, uint8_t *qt, float *st, const void *x, us_dtype dt,
                                        int64_t M, int64_t K, int t, int pow2) {
-    us__cuda *c = us__cu(o);
-    int64_t R = K, L = M, Lp = (L + 127) / 128 * 128;
-    unsigned es = (unsigned)us_dtype_size(dt), *gamax = NULL;
-    if (R <= 0 || L <= 0) return;
-    if (t == US_FP8_BLOCK128 && us__al(qt, 4)) {   /* one read of x for W and Wᵀ (the weight cache) */
-        dim3 grid((unsigned)((K + 127) / 128), (unsigned)((M + 127) / 128));
-        int vec = (us__al(q, 16) ? 2 : 0) | (K % 4 == 0 && us__al(x, 4 * es));
-        US__DISPATCH(o, dt, (us__k_fp8_block<T_><<<grid, 512, 0, c->stream>>>(q, s, (const T_ *)x, M, K, (K + 127) / 128 * 128, 0, pow2, vec, qt, st)));
-        return;
-    }
-    if ((t != US_FP8_ROW128 && t != US_FP8_TENSOR) || !us__al(q, 4)) {
-        us__cuda_fp8_quantize(o, q, s, x, dt, M, K, t, 0, pow2);
-        us__cuda_fp8_quantize(o, qt, st, x, dt, M, K, t, 1, pow2);
-        return;
-    }
-    if (t == US_FP8_TENSOR && !(gamax = us__fp8_gamax(o, x, dt, M * K))) return;
-    {
-        dim3 grid((unsigned)((R + 127) / 128), (unsigned)(Lp / 128));
-        int vec = (us__al(qt, 16) ? 2 : 0) | (R % 4 == 0 && us__al(x, 4 * es));
-        US__DISPATCH(o, dt, (us__fp8_row_t_launch<T_>(grid, c->stream, qt, st, (const T_ *)x, R, L, Lp, pow2, vec, gamax, q, s)));
+    if (t == US_FP8_BLOCK128 && us__al(qt, 4)) us__cuda_fp8_launch(o, q, s, x, dt, M, K, t, 0, pow2, qt, st);   /* the weight cache's W and Wᵀ */
+    else if (t != US_FP8_BLOCK128 && us__al(q, 4)) us__cuda_fp8_launch(o, qt, st, x, dt, M, K, t, 1, pow2, q, s);   /* dy's two tilings */
+    else {
+        us__cuda_fp8_launch(o, q, s, x, dt, M, K, t, 0, pow2, NULL, NULL);
+        us__cuda_fp8_launch(o, qt, st, x, dt, M, K, t, 1, pow2, NULL, NULL);
     }
 }
 

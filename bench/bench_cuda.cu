@@ -167,6 +167,21 @@ static int bench_train(const char *preset, int steps, int warm, us_recompute rc,
     return 0;
 }
 
+/* X [nx] and W [nw] bf16 from one stream of uniform noise in [-0.5, 0.5) (not zeros: a GEMM's
+   power, and so its clock, depends on the data), cast on the device */
+static void rand_bf16_pair(void *X, int64_t nx, void *W, int64_t nw, uint64_t seed) {
+    std::vector<float> h((size_t)std::max(nx, nw));
+    us_rng rg;
+    float *tmp;
+    us_rng_seed(&rg, seed);
+    for (size_t i = 0; i < h.size(); i++) h[i] = us_rng_uniform(&rg) - 0.5f;
+    CK(cudaMalloc(&tmp, h.size() * 4));
+    CK(cudaMemcpy(tmp, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+    inner.cast(&inner, X, US_BF16, tmp, US_F32, nx); inner.cast(&inner, W, US_BF16, tmp, US_F32, nw);
+    inner.sync(&inner);
+    cudaFree(tmp);
+}
+
 /* ---- FP8 GEMMs (// >>cuda-fp8) against bf16 at the 1B shape's linear layers: y = x·Wᵀ with
    x [M][K], W [N][K]; block-scaled (1×128 x 128×128: Fprop/Dgrad; 1×128 x 1×128: Wgrad) and
    per-tensor, plus the fused quantisation kernels' bandwidth */
@@ -184,17 +199,8 @@ static void bench_fp8_gemm(void) {
         float *sx = (float *)inner.alloc(&inner, (size_t)us_fp8_scales_size(US_FP8_ROW128, M, K) * 4);
         float *sw = (float *)inner.alloc(&inner, (size_t)std::max(us_fp8_scales_size(US_FP8_BLOCK128, N, K), us_fp8_scales_size(US_FP8_ROW128, N, K)) * 4);
         float *st = (float *)inner.alloc(&inner, (size_t)us_fp8_scales_size(US_FP8_ROW128, K, M) * 4);
-        float *tmp;
         double fl = 2.0 * M * N * K, res[8];
-        CK(cudaMalloc(&tmp, (size_t)std::max(M, N) * K * 4));
-        {
-            std::vector<float> h((size_t)std::max(M, N) * K);
-            us_rng rg;
-            us_rng_seed(&rg, 11 + k);
-            for (size_t i = 0; i < h.size(); i++) h[i] = us_rng_uniform(&rg) - 0.5f;
-            CK(cudaMemcpy(tmp, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
-            inner.cast(&inner, X, US_BF16, tmp, US_F32, M * K); inner.cast(&inner, W, US_BF16, tmp, US_F32, N * K);
-        }
+        rand_bf16_pair(X, M * K, W, N * K, 11 + k);
         for (v = 0; v < 8; v++) {   /* bf16, fp8 block, fp8 row x row, fp8 tensor, quantise x, x^T, W, x both ways */
             std::vector<double> ts;
             int ta = v == 3 ? US_FP8_TENSOR : US_FP8_ROW128, tb = v == 1 ? US_FP8_BLOCK128 : v == 2 ? US_FP8_ROW128 : US_FP8_TENSOR;
@@ -217,7 +223,7 @@ static void bench_fp8_gemm(void) {
         printf("| %lld x %lld x %lld | %.0f | %.0f | %.0f | %.0f | %.2fx | %.0f / %.0f / %.0f / %.0f |\n", (long long)M, (long long)N, (long long)K,
                res[0], res[1], res[2], res[3], res[1] / res[0], res[4], res[5], res[6], res[7]);
         inner.free(&inner, X); inner.free(&inner, W); inner.free(&inner, Y); inner.free(&inner, qx); inner.free(&inner, qw);
-        inner.free(&inner, sx); inner.free(&inner, sw); inner.free(&inner, qt); inner.free(&inner, st); cudaFree(tmp);
+        inner.free(&inner, sx); inner.free(&inner, sw); inner.free(&inner, qt); inner.free(&inner, st);
     }
     cudaEventDestroy(a); cudaEventDestroy(b);
 }
@@ -263,17 +269,8 @@ static void bench_gemm_algos(void) {
             uint8_t *qx = (uint8_t *)inner.alloc(&inner, (size_t)(M * K)), *qw = (uint8_t *)inner.alloc(&inner, (size_t)(N * K));
             float *sx = (float *)inner.alloc(&inner, (size_t)us_fp8_scales_size(US_FP8_ROW128, M, K) * 4);
             float *sw = (float *)inner.alloc(&inner, (size_t)std::max(us_fp8_scales_size(US_FP8_BLOCK128, N, K), us_fp8_scales_size(US_FP8_ROW128, N, K)) * 4);
-            float *tmp;
             int tb = g == 2 ? US_FP8_ROW128 : US_FP8_BLOCK128;
-            CK(cudaMalloc(&tmp, (size_t)std::max(M, N) * K * 4));
-            {
-                std::vector<float> h((size_t)std::max(M, N) * K);
-                us_rng rg;
-                us_rng_seed(&rg, 5 + li * 3 + g);
-                for (size_t i = 0; i < h.size(); i++) h[i] = us_rng_uniform(&rg) - 0.5f;
-                CK(cudaMemcpy(tmp, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
-                inner.cast(&inner, X, US_BF16, tmp, US_F32, M * K); inner.cast(&inner, W, US_BF16, tmp, US_F32, N * K);
-            }
+            rand_bf16_pair(X, M * K, W, N * K, 5 + li * 3 + g);
             inner.fp8_quantize(&inner, qx, sx, X, US_BF16, M, K, US_FP8_ROW128, 0, 0);
             inner.fp8_quantize(&inner, qw, sw, W, US_BF16, N, K, tb, 0, 0);
             inner.sync(&inner);
@@ -313,7 +310,7 @@ static void bench_gemm_algos(void) {
                    res[0][0] > 0 ? fl / res[0][0] * 1e-12 : 0.0, res[0][1] > 0 ? fl / res[0][1] * 1e-12 : 0.0, nres[0],
                    res[1][0] > 0 ? fl / res[1][0] * 1e-12 : 0.0, res[1][1] > 0 ? fl / res[1][1] * 1e-12 : 0.0, nres[1]);
             inner.free(&inner, X); inner.free(&inner, W); inner.free(&inner, Y); inner.free(&inner, qx); inner.free(&inner, qw);
-            inner.free(&inner, sx); inner.free(&inner, sw); cudaFree(tmp);
+            inner.free(&inner, sx); inner.free(&inner, sw);
         }
     printf("| all twelve, one layer | | %.3f ms first / %.3f ms best | %.3f ms first / %.3f ms best |\n", 1e3 * tot[0][0], 1e3 * tot[0][1], 1e3 * tot[1][0], 1e3 * tot[1][1]);
     cudaFree(ws); cublasLtDestroy(lt); cudaEventDestroy(e0); cudaEventDestroy(e1);
@@ -336,19 +333,9 @@ static void bench_gemm(void) {
         int64_t M = shapes[k][0], N = shapes[k][1], K = shapes[k][2];
         size_t bytesA = (size_t)M * K * 2, bytesB = (size_t)N * K * 2, bytesC = (size_t)M * N * 2;
         void *A = inner.alloc(&inner, bytesA), *B = inner.alloc(&inner, bytesB), *C = inner.alloc(&inner, bytesC);
-        float *tmp;
         std::vector<double> tl, ts;
         double fl = 2.0 * M * N * K;
-        /* random data (not zeros): fp32 noise cast to bf16 on the device */
-        CK(cudaMalloc(&tmp, std::max(bytesA, bytesB) * 2));
-        {
-            std::vector<float> h(std::max(M * K, N * K));
-            us_rng rg;
-            us_rng_seed(&rg, 7 + k);
-            for (size_t i = 0; i < h.size(); i++) h[i] = us_rng_uniform(&rg) - 0.5f;
-            CK(cudaMemcpy(tmp, h.data(), (size_t)M * K * 4, cudaMemcpyHostToDevice)); inner.cast(&inner, A, US_BF16, tmp, US_F32, M * K);
-            CK(cudaMemcpy(tmp, h.data(), (size_t)N * K * 4, cudaMemcpyHostToDevice)); inner.cast(&inner, B, US_BF16, tmp, US_F32, N * K);
-        }
+        rand_bf16_pair(A, M * K, B, N * K, 7 + k);
         for (r = 0; r < 25; r++) {   /* alternate the two, 5 warm-ups */
             float ms;
             cudaEventRecord(a, c->stream);
@@ -378,7 +365,7 @@ static void bench_gemm(void) {
         }
         printf("| %5lld x %6lld x %5lld | %7.1f | %7.1f | %5.3f |\n", (long long)M, (long long)N, (long long)K, fl / median(tl) * 1e-12,
                fl / median(ts) * 1e-12, median(ts) / median(tl));
-        inner.free(&inner, A); inner.free(&inner, B); inner.free(&inner, C); cudaFree(tmp);
+        inner.free(&inner, A); inner.free(&inner, B); inner.free(&inner, C);
     }
     cudaFree(ws); cublasLtDestroy(lt);
 }
