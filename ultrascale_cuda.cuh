@@ -76,6 +76,7 @@ typedef struct us__gemm_plan {
 #define US__CUDA_MARKS 8192   /* trace marks per step: two per traced region */
 typedef struct us__cuda {
     int device, cc_major, n_sm;
+    int hop_off;            /* 1: attention skips // >>cuda-hopper (tests and benchmarks of the older paths) */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     void *ws;               /* cuBLASLt workspace */
@@ -1960,6 +1961,1049 @@ static void us__flash_bwd(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv, c
     else us__flash_reject(stream);
 }
 
+/* ------------------------------------------------------------------------------------ */
+// >>cuda-hopper  FlashAttention-3 on Hopper (sm_90a): wgmma, TMA, warp specialisation
+/* ------------------------------------------------------------------------------------
+   The same algorithm as // >>cuda-flash (tiles of Q against tiles of K and V, an online softmax,
+   the T×T scores never in memory, a backward that recomputes P from lse), rebuilt for what
+   Hopper adds (Shah et al., FlashAttention-3, 2024). On an H200 the mma.sync kernels above
+   reach about half of the tensor cores' rate; the three changes below are what closes the gap.
+
+   1. wgmma: a warpgroup (4 consecutive warps, 128 threads) multiplies a 64×N tile by an N×16
+      one in a single asynchronous instruction. B is read straight from shared memory through a
+      64-bit descriptor (no ldmatrix, no register copy of the operand); A comes from shared
+      memory too, or from registers. A 64-row warpgroup tile has the same per-warp fragment as
+      mma.sync's m16n8 (warp w owns rows 16w..16w+15), so the softmax helpers of // >>cuda-flash
+      run unchanged on its accumulators, and P goes from the fp32 accumulators of S = Q·Kᵀ into
+      the A registers of O += P·V without touching shared memory (the "RS" form).
+   2. TMA: one thread asks the copy engine for a whole tile (cp.async.bulk.tensor) and goes on;
+      the engine writes it into shared memory already swizzled the way wgmma reads it, zero-fills
+      rows past T, and signals an mbarrier with the bytes it delivered. Nobody computes an
+      address per element.
+   3. Warp specialisation: a producer warpgroup only issues copies, two consumer warpgroups only
+      compute. They meet at two barriers per stage of a ring of shared-memory buffers: "full"
+      (the copy landed; the consumers wait on it) and "empty" (both consumers are done with the
+      stage; the producer waits on it before refilling). setmaxnreg moves registers from the
+      producer (40 each) to the consumers (232 each), who hold S, P and O. With two consumers
+      per SM, one warpgroup's softmax (exp2, max, sum: the slow FP32 and MUFU units) runs while
+      the other's GEMMs keep the tensor cores busy.
+   Shared-memory tiles are rows × 64-element column blocks, each block 128 bytes per row with the
+   128-byte swizzle (the 16-byte chunk c of row r sits at chunk c ⊕ (r mod 8)), so 8 consecutive
+   rows of one column hit all 32 banks. A head of HS elements takes ⌈HS/64⌉ blocks; HS 80 and 96
+   leave part of the last block unused, which the GEMMs never read.
+   Kernels (B batch, T seq, NH query heads, NKV kv heads; layouts exactly as // >>cuda-flash):
+     us__hop_fwd_kernel    one CTA per (128 queries, head, batch): consumer c owns queries
+                           64c..64c+63; the producer streams K and V tiles of BC keys through a
+                           2-stage ring, stopping at the diagonal (causal tiles past it are never
+                           loaded). S = Q·Kᵀ (both operands in shared memory), online softmax,
+                           O += P·V (P in registers, V read transposed by the descriptor).
+     us__hop_dot_kernel    D = rowsum(dO ∘ O) and lse·log2 e per query row (the preprocess).
+     us__hop_dkdv_kernel   one CTA per (64·NWG keys, kv head, batch): every query head of the
+                           group × every 64-query tile at or after the diagonal streams by;
+                           Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, Pᵀ, dSᵀ, then dV += Pᵀ·dO, dK += dSᵀ·Q. Each key
+                           has one owner, so dK and dV are summed in registers, no atomics.
+     us__hop_dq_kernel     one CTA per (64·NWG queries, head, batch): key tiles up to the
+                           diagonal; S, dP, dS again, dQ += dS·K. A kernel of its own instead of
+                           fp32 atomics from the dK/dV kernel: every sum runs in a fixed order,
+                           so two runs give the same bits. It costs recomputing Q·Kᵀ and dO·Vᵀ.
+   HS ≤ 128 use two consumer warpgroups (NWG 2); HS 192 and 256 one in the backward (the
+   accumulators dK + dV of a 64-key tile would not fit in registers twice over), and there the
+   dK/dV kernel runs twice, once for dV and once for dK, each holding one accumulator.
+   Any HS that is a multiple of 16 up to 256 fits the scheme; the ones real models use (64, 80,
+   96, 128, 192, 256) are compiled, in bf16 and fp16. */
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+/* the kernels below are real only in an sm_90a pass of nvcc; elsewhere they trap, and the host
+   side never launches them (us__hop_ok probes the device code once) */
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define US__HOP_DEV 1
+#else
+#define US__HOP_DEV 0
+#endif
+
+template <typename E> struct us__is_half {
+    static constexpr bool value = false;
+};
+template <> struct us__is_half<__half> {
+    static constexpr bool value = true;
+};
+
+/* two fp32 → one 32-bit register of two 16-bit values of type E (low half first) */
+template <typename E> static __device__ __forceinline__ uint32_t us__hop_pack(float lo, float hi) {
+    if constexpr (us__is_half<E>::value) {
+        __half2 v = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&v);
+    } else {
+        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&v);
+    }
+}
+
+/* ---- wgmma, one instruction per shape ---------------------------------------------------
+   d[N/2] fp32 accumulators per thread: d[4j + e] is row 16w + lane/4 + 8·(e/2), column
+   8j + 2·(lane%4) + e%2 of the 64×N tile (w the warp in the warpgroup): mma.sync's layout.
+   acc = 0 makes the instruction overwrite d instead of adding. ss: A and B from shared memory
+   (descriptors); rs: A from registers (the m16n8k16 A fragment of the warp's 16 rows). TB = 1
+   reads B transposed (MN-major: its N index is the contiguous one, as V's head dimension). */
+#if US__HOP_DEV
+#define US__WG_R64 \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, " \
+    "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+    "%24, %25, %26, %27, %28, %29, %30, %31}"
+#define US__WG_D64(d) \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), \
+    "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), \
+    "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), \
+    "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), \
+    "+f"(d[30]), "+f"(d[31])
+#define US__WG_R80 \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, " \
+    "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+    "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
+    "%36, %37, %38, %39}"
+#define US__WG_D80(d) \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), \
+    "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), \
+    "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), \
+    "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), \
+    "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), \
+    "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
+#define US__WG_R96 \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, " \
+    "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+    "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
+    "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}"
+#define US__WG_D96(d) \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), \
+    "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), \
+    "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), \
+    "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), \
+    "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), \
+    "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
+    "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+#define US__WG_R128 \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, " \
+    "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+    "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
+    "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, " \
+    "%60, %61, %62, %63}"
+#define US__WG_D128(d) \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), \
+    "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), \
+    "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), \
+    "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), \
+    "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), \
+    "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
+    "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), \
+    "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), \
+    "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define US__WG_R192 \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, " \
+    "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+    "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
+    "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, " \
+    "%60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, " \
+    "%72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, " \
+    "%84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}"
+#define US__WG_D192(d) \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), \
+    "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), \
+    "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), \
+    "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), \
+    "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), \
+    "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
+    "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), \
+    "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), \
+    "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), \
+    "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
+    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), \
+    "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), \
+    "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), \
+    "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+#define US__WG_R256 \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, " \
+    "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+    "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
+    "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, " \
+    "%60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, " \
+    "%72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, " \
+    "%84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, " \
+    "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, " \
+    "%120, %121, %122, %123, %124, %125, %126, %127}"
+#define US__WG_D256(d) \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), \
+    "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), \
+    "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), \
+    "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), \
+    "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), \
+    "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
+    "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), \
+    "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), \
+    "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), \
+    "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
+    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), \
+    "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), \
+    "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), \
+    "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
+    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), \
+    "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), \
+    "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), \
+    "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
+    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), \
+    "+f"(d[126]), "+f"(d[127])
+template <typename E, int TB>
+static __device__ __forceinline__ void us__wg_ss64(float *d, uint64_t a, uint64_t b, int acc) {
+    if constexpr (us__is_half<E>::value)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+                     US__WG_R64 ", %32, %33, p, 1, 1, 0, %35;\n}\n"
+                     : US__WG_D64(d)
+                     : "l"(a), "l"(b), "r"(acc), "n"(TB));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                     US__WG_R64 ", %32, %33, p, 1, 1, 0, %35;\n}\n"
+                     : US__WG_D64(d)
+                     : "l"(a), "l"(b), "r"(acc), "n"(TB));
+}
+template <typename E, int TB>
+static __device__ __forceinline__ void us__wg_rs64(float *d, const uint32_t (&a)[4], uint64_t b,
+                                                int acc) {
+    if constexpr (us__is_half<E>::value)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+                     US__WG_R64 ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+                     : US__WG_D64(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                     US__WG_R64 ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+                     : US__WG_D64(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
+}
+template <typename E, int TB>
+static __device__ __forceinline__ void us__wg_rs80(float *d, const uint32_t (&a)[4], uint64_t b,
+                                                int acc) {
+    if constexpr (us__is_half<E>::value)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16 "
+                     US__WG_R80 ", {%40, %41, %42, %43}, %44, p, 1, 1, %46;\n}\n"
+                     : US__WG_D80(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 "
+                     US__WG_R80 ", {%40, %41, %42, %43}, %44, p, 1, 1, %46;\n}\n"
+                     : US__WG_D80(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
+}
+template <typename E, int TB>
+static __device__ __forceinline__ void us__wg_rs96(float *d, const uint32_t (&a)[4], uint64_t b,
+                                                int acc) {
+    if constexpr (us__is_half<E>::value)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 "
+                     US__WG_R96 ", {%48, %49, %50, %51}, %52, p, 1, 1, %54;\n}\n"
+                     : US__WG_D96(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 "
+                     US__WG_R96 ", {%48, %49, %50, %51}, %52, p, 1, 1, %54;\n}\n"
+                     : US__WG_D96(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
+}
+template <typename E, int TB>
+static __device__ __forceinline__ void us__wg_ss128(float *d, uint64_t a, uint64_t b, int acc) {
+    if constexpr (us__is_half<E>::value)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+                     US__WG_R128 ", %64, %65, p, 1, 1, 0, %67;\n}\n"
+                     : US__WG_D128(d)
+                     : "l"(a), "l"(b), "r"(acc), "n"(TB));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                     US__WG_R128 ", %64, %65, p, 1, 1, 0, %67;\n}\n"
+                     : US__WG_D128(d)
+                     : "l"(a), "l"(b), "r"(acc), "n"(TB));
+}
+template <typename E, int TB>
+static __device__ __forceinline__ void us__wg_rs128(float *d, const uint32_t (&a)[4], uint64_t b,
+                                                int acc) {
+    if constexpr (us__is_half<E>::value)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+                     US__WG_R128 ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+                     : US__WG_D128(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                     US__WG_R128 ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+                     : US__WG_D128(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
+}
+template <typename E, int TB>
+static __device__ __forceinline__ void us__wg_rs192(float *d, const uint32_t (&a)[4], uint64_t b,
+                                                int acc) {
+    if constexpr (us__is_half<E>::value)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %101, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16 "
+                     US__WG_R192 ", {%96, %97, %98, %99}, %100, p, 1, 1, %102;\n}\n"
+                     : US__WG_D192(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %101, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 "
+                     US__WG_R192 ", {%96, %97, %98, %99}, %100, p, 1, 1, %102;\n}\n"
+                     : US__WG_D192(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
+}
+template <typename E, int TB>
+static __device__ __forceinline__ void us__wg_rs256(float *d, const uint32_t (&a)[4], uint64_t b,
+                                                int acc) {
+    if constexpr (us__is_half<E>::value)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
+                     US__WG_R256 ", {%128, %129, %130, %131}, %132, p, 1, 1, %134;\n}\n"
+                     : US__WG_D256(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+                     US__WG_R256 ", {%128, %129, %130, %131}, %132, p, 1, 1, %134;\n}\n"
+                     : US__WG_D256(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
+}
+#endif
+template <int N, typename E, int TB>
+static __device__ __forceinline__ void us__wg_ss(float *d, uint64_t a, uint64_t b, int acc) {
+#if US__HOP_DEV
+    static_assert(N == 64 || N == 128, "no wgmma wrapper of this N");
+    if constexpr (N == 64) us__wg_ss64<E, TB>(d, a, b, acc);
+    else us__wg_ss128<E, TB>(d, a, b, acc);
+#else
+    (void)d, (void)a, (void)b, (void)acc;
+#endif
+}
+template <int N, typename E, int TB>
+static __device__ __forceinline__ void us__wg_rs(float *d, const uint32_t (&a)[4], uint64_t b, int acc) {
+#if US__HOP_DEV
+    if constexpr (N == 64) us__wg_rs64<E, TB>(d, a, b, acc);
+    else if constexpr (N == 80) us__wg_rs80<E, TB>(d, a, b, acc);
+    else if constexpr (N == 96) us__wg_rs96<E, TB>(d, a, b, acc);
+    else if constexpr (N == 128) us__wg_rs128<E, TB>(d, a, b, acc);
+    else if constexpr (N == 192) us__wg_rs192<E, TB>(d, a, b, acc);
+    else {
+        static_assert(N == 256, "no wgmma wrapper of this N");
+        us__wg_rs256<E, TB>(d, a, b, acc);
+    }
+#else
+    (void)d, (void)a, (void)b, (void)acc;
+#endif
+}
+
+/* wgmma ordering: fence before a batch (registers written by ordinary code are ready), commit
+   the batch as a group, wait until no group is pending. The empty asm that names each
+   accumulator keeps the compiler from moving reads of d above the wait. */
+static __device__ __forceinline__ void us__wg_fence(void) {
+#if US__HOP_DEV
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void us__wg_commit(void) {
+#if US__HOP_DEV
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int NREG> static __device__ __forceinline__ void us__wg_wait(float *d) {
+#if US__HOP_DEV
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+#pragma unroll
+    for (int i = 0; i < NREG; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* Shared-memory matrix descriptor of a 128-byte-swizzled tile (PTX "matrix descriptor"):
+   start address, leading and stride byte offsets (all in 16-byte units), swizzle mode 1.
+   K-major (rows hold the reduction index, as Q and K for S = Q·Kᵀ): sbo 1024 steps 8 rows;
+   a step of 16 along k inside a 64-column block adds 32 bytes to the start.
+   MN-major (rows are the reduction index, as V for O = P·V): sbo 1024 steps 8 rows of k,
+   lbo steps one 64-column block of n. */
+static __device__ __forceinline__ uint64_t us__wg_desc(const void *s, uint32_t lbo, uint32_t sbo) {
+    uint32_t a = us__smem_u32(s);
+    return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32 |
+           1ull << 62;
+}
+/* K-major operand: k-step kk (16 elements) of a tile of ROWS rows, from row r0 */
+template <int ROWS>
+static __device__ __forceinline__ uint64_t us__wg_kmaj(const unsigned char *tile, int r0, int kk) {
+    return us__wg_desc(tile + (kk >> 2) * ROWS * 128 + r0 * 128 + (kk & 3) * 32, 16, 1024);
+}
+/* MN-major operand: k-step t (rows 16t..16t+15) of a tile of ROWS rows, every column block */
+template <int ROWS>
+static __device__ __forceinline__ uint64_t us__wg_mnmaj(const unsigned char *tile, int t) {
+    return us__wg_desc(tile + t * 16 * 128, ROWS * 128, 1024);
+}
+
+/* ---- mbarriers and the copy engine --------------------------------------------------- */
+static __device__ __forceinline__ void us__mb_init(uint64_t *bar, int count) {
+#if US__HOP_DEV
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(us__smem_u32(bar)), "r"(count));
+#endif
+}
+/* one arrival that also announces bytes the copy engine will deliver to this phase */
+static __device__ __forceinline__ void us__mb_expect(uint64_t *bar, uint32_t bytes) {
+#if US__HOP_DEV
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(us__smem_u32(bar)),
+                 "r"(bytes)
+                 : "memory");
+#endif
+}
+static __device__ __forceinline__ void us__mb_arrive(uint64_t *bar) {
+#if US__HOP_DEV
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(us__smem_u32(bar)) : "memory");
+#endif
+}
+/* spin until the phase of the given parity has completed */
+static __device__ __forceinline__ void us__mb_wait(uint64_t *bar, int parity) {
+#if US__HOP_DEV
+    asm volatile("{\n.reg .pred p;\nUS_MB_WAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra US_MB_WAIT_%=;\n}\n" ::"r"(us__smem_u32(bar)),
+                 "r"(parity)
+                 : "memory");
+#endif
+}
+/* box {64 columns, rows, 1} at (column c0, row c1, batch c2) of a 3-D tensor map into dst */
+static __device__ __forceinline__ void us__tma_load(void *dst, const CUtensorMap *map, int c0, int c1, int c2,
+                                                    uint64_t *bar) {
+#if US__HOP_DEV
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(us__smem_u32(dst)),
+                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(us__smem_u32(bar))
+                 : "memory");
+#endif
+}
+/* rows × HS of head columns col.. (every 64-column block) into a swizzled tile */
+template <int HS, int ROWS>
+static __device__ __forceinline__ void us__tma_tile(unsigned char *tile, const CUtensorMap *map, int col, int row,
+                                                    int b, uint64_t *bar) {
+#pragma unroll
+    for (int cb = 0; cb < (HS + 63) / 64; cb++) us__tma_load(tile + cb * ROWS * 128, map, col + cb * 64, row, b, bar);
+}
+template <int NREG> static __device__ __forceinline__ void us__hop_regs_dec(void) {
+#if US__HOP_DEV
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(NREG));
+#endif
+}
+template <int NREG> static __device__ __forceinline__ void us__hop_regs_inc(void) {
+#if US__HOP_DEV
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(NREG));
+#endif
+}
+
+/* the fp32 accumulators of k-step t (columns 16t..16t+15) of a warpgroup tile, as an A fragment */
+template <typename E, int N>
+static __device__ __forceinline__ void us__hop_to_a(uint32_t (&a)[4], const float (&x)[N / 8][4], int t) {
+    a[0] = us__hop_pack<E>(x[2 * t][0], x[2 * t][1]);
+    a[1] = us__hop_pack<E>(x[2 * t][2], x[2 * t][3]);
+    a[2] = us__hop_pack<E>(x[2 * t + 1][0], x[2 * t + 1][1]);
+    a[3] = us__hop_pack<E>(x[2 * t + 1][2], x[2 * t + 1][3]);
+}
+
+/* the warpgroup of this thread, through a shuffle so that the compiler knows it is the same in
+   every lane: wgmma behind a branch it thinks divergent gets serialised (ptxas warning C7520) */
+static __device__ __forceinline__ int us__hop_wg(void) { return __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0); }
+
+/* Tile sizes and shared memory of one head size. HSP: HS rounded up to whole column blocks.
+   BC keys per forward tile (128 up to HS 128: S is then 64 fp32 per thread; 64 above, where
+   O takes 96-128). NWG consumer warpgroups of the backward. */
+template <int HS> struct us__hop_cfg {
+    static constexpr int HSP = (HS + 63) / 64 * 64;
+    static constexpr int BC = HS <= 128 ? 128 : 64;
+    static constexpr int NWG = HS <= 128 ? 2 : 1;
+    static constexpr int STAGES = 2;
+    static constexpr int BQ = 64; /* queries per tile of the dK/dV kernel, keys per tile of dQ */
+    /* forward: Q [128][HSP], K and V [STAGES][BC][HSP]; the barriers after them */
+    static constexpr int fwd_bytes = 128 * HSP * 2 + 2 * STAGES * BC * HSP * 2;
+    /* dK/dV: K, V [64·NWG][HSP]; per stage Q, dO [BQ][HSP] and lse·log2 e, D [BQ] fp32 */
+    static constexpr int dkdv_bytes = 2 * 64 * NWG * HSP * 2 + STAGES * (2 * BQ * HSP * 2 + 2 * BQ * 4);
+    /* dQ: Q, dO [64·NWG][HSP]; per stage K, V [BQ][HSP] */
+    static constexpr int dq_bytes = 2 * 64 * NWG * HSP * 2 + STAGES * 2 * BQ * HSP * 2;
+};
+/* dynamic shared memory: 1 KB of slack to align the tiles to the swizzle's 1024 bytes, the
+   tiles, then room for 16 barriers */
+static constexpr size_t us__hop_smem(int bytes) { return (size_t)bytes + 1024 + 16 * 8; }
+static __device__ __forceinline__ unsigned char *us__hop_smem_base(unsigned char *raw) {
+    return (unsigned char *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
+}
+
+/* ---- forward --------------------------------------------------------------------------- */
+template <typename E, int HS>
+__global__ void __launch_bounds__(384, 1)
+us__hop_fwd_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mkv, E *__restrict__ out,
+                   float *__restrict__ lse, int T, int NH, int NKV, float sl2 /* scale·log2 e */) {
+#if US__HOP_DEV
+    using C = us__hop_cfg<HS>;
+    constexpr int BR = 128, BC = C::BC, S = C::STAGES, QB = BR * C::HSP * 2, KVB = BC * C::HSP * 2;
+    extern __shared__ __align__(1024) unsigned char us__hop_raw[];
+    unsigned char *sQ = us__hop_smem_base(us__hop_raw); /* [BR][HSP] */
+    unsigned char *sK = sQ + QB;                        /* [S][BC][HSP] */
+    unsigned char *sV = sK + S * KVB;                   /* [S][BC][HSP] */
+    uint64_t *barQ = (uint64_t *)(sV + S * KVB), *fullK = barQ + 1, *fullV = fullK + S, *empty = fullV + S;
+    const int qb = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, g = h / (NH / NKV);
+    const int q0 = qb * BR, nkb = (min(q0 + BR, T) - 1) / BC + 1; /* causal: no tile past the diagonal */
+    const int wg = us__hop_wg(), tid = threadIdx.x & 127;
+    if (threadIdx.x == 0) {
+        us__mb_init(barQ, 1);
+        for (int s = 0; s < S; s++) {
+            us__mb_init(fullK + s, 1);
+            us__mb_init(fullV + s, 1);
+            us__mb_init(empty + s, 256); /* every consumer thread arrives */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) { /* producer: one thread issues every copy */
+        us__hop_regs_dec<40>();
+        if (tid == 0) {
+            us__mb_expect(barQ, QB);
+            us__tma_tile<HS, BR>(sQ, &mq, h * HS, q0, b, barQ);
+            for (int kb = 0; kb < nkb; kb++) {
+                const int s = kb % S;
+                if (kb >= S) us__mb_wait(empty + s, ((kb / S) - 1) & 1); /* both consumers done with it */
+                us__mb_expect(fullK + s, KVB);
+                us__tma_tile<HS, BC>(sK + s * KVB, &mkv, (NH + g) * HS, kb * BC, b, fullK + s);
+                us__mb_expect(fullV + s, KVB);
+                us__tma_tile<HS, BC>(sV + s * KVB, &mkv, (NH + NKV + g) * HS, kb * BC, b, fullV + s);
+            }
+        }
+        return;
+    }
+    us__hop_regs_inc<232>();
+    const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
+    const int r0 = q0 + 64 * c;                                      /* this warpgroup's first query */
+    const int nkb_c = r0 < T ? (min(r0 + 64, T) - 1) / BC + 1 : 0; /* the tiles it needs */
+    const int row0 = r0 + 16 * warp + (lane >> 2);                   /* half r of the thread's rows: row0 + 8r */
+    float o[1][HS / 8][4], m[1][2] = {{-INFINITY, -INFINITY}}, l[1][2] = {{0.f, 0.f}};
+#pragma unroll
+    for (int i = 0; i < HS / 8; i++) o[0][i][0] = o[0][i][1] = o[0][i][2] = o[0][i][3] = 0.f;
+    us__mb_wait(barQ, 0);
+
+    for (int kb = 0; kb < nkb; kb++) {
+        const int s = kb % S, ph = (kb / S) & 1;
+        us__mb_wait(fullK + s, ph);
+        if (kb < nkb_c) {
+            /* S = Q·Kᵀ [64 × BC] */
+            float sc[1][BC / 8][4];
+            us__wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < HS / 16; kk++)
+                us__wg_ss<BC, E, 0>(&sc[0][0][0], us__wg_kmaj<BR>(sQ, 64 * c, kk), us__wg_kmaj<BC>(sK + s * KVB, 0, kk),
+                                    kk > 0);
+            us__wg_commit();
+            us__wg_wait<BC / 2>(&sc[0][0][0]);
+            /* online softmax, the causal mask only on tiles that cross the warpgroup's diagonal */
+            const bool diag = kb * BC + BC - 1 > r0;
+            us__fa_softmax<1, BC, HS, false>(sc, o, m, l, sl2, diag, [&](int, int j, int e) {
+                return kb * BC + j * 8 + 2 * (lane & 3) + (e & 1) > row0 + (e >> 1) * 8;
+            });
+            /* O += P·V, P straight from the accumulators (all converted before the first
+               wgmma: registers written between them would make ptxas serialise the batch) */
+            uint32_t pa[BC / 16][4];
+#pragma unroll
+            for (int t = 0; t < BC / 16; t++) us__hop_to_a<E, BC>(pa[t], sc[0], t);
+            us__mb_wait(fullV + s, ph);
+            us__wg_fence();
+#pragma unroll
+            for (int t = 0; t < BC / 16; t++) us__wg_rs<HS, E, 1>(&o[0][0][0], pa[t], us__wg_mnmaj<BC>(sV + s * KVB, t), 1);
+            us__wg_commit();
+            us__wg_wait<HS / 2>(&o[0][0][0]);
+        }
+        us__mb_arrive(empty + s);
+    }
+
+    /* O / l and lse = m + log l (natural log) */
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[0][r] += __shfl_xor_sync(0xffffffffu, l[0][r], 1);
+        l[0][r] += __shfl_xor_sync(0xffffffffu, l[0][r], 2);
+        const int row = row0 + r * 8;
+        if (row < T) {
+            const float inv = 1.f / l[0][r];
+            E *orow = out + ((int64_t)b * T + row) * NH * HS + (int64_t)h * HS + 2 * (lane & 3);
+#pragma unroll
+            for (int i = 0; i < HS / 8; i++)
+                *reinterpret_cast<uint32_t *>(orow + i * 8) = us__hop_pack<E>(o[0][i][2 * r] * inv, o[0][i][2 * r + 1] * inv);
+            if ((lane & 3) == 0) lse[((int64_t)b * NH + h) * T + row] = (m[0][r] + log2f(l[0][r])) * 0.69314718055994531f;
+        }
+    }
+#else
+    (void)mq, (void)mkv, (void)out, (void)lse, (void)T, (void)NH, (void)NKV, (void)sl2;
+    __trap();
+#endif
+}
+
+/* ---- backward ------------------------------------------------------------------------ */
+/* D[b,h,t] = Σ_d dO·O and L2[b,h,t] = lse·log2 e (+inf for a row that saw no key, so that its
+   P = exp2(s − L2) is 0); one warp per row of [B·T·NH] */
+template <typename E>
+__global__ void __launch_bounds__(256)
+us__hop_dot_kernel(const E *__restrict__ dout, const E *__restrict__ out, const float *__restrict__ lse, float *__restrict__ D,
+                   float *__restrict__ L2, int64_t rows, int T, int NH, int HS) {
+    const int64_t row = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5); /* (b·T + t)·NH + h */
+    const int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    float acc = 0.f;
+    for (int i = lane; i < HS; i += 32) acc += (float)dout[row * HS + i] * (float)out[row * HS + i];
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (lane == 0) {
+        const int64_t bt = row / NH, bb = bt / T;
+        const int h = (int)(row % NH), t = (int)(bt % T);
+        const int64_t i = (bb * NH + h) * T + t;
+        D[i] = acc;
+        L2[i] = lse[i] == -INFINITY ? INFINITY : lse[i] * 1.4426950408889634f;
+    }
+}
+
+/* dK, dV of 64·NWG keys of kv head g. PART 0 computes both, 1 only dV, 2 only dK (HS > 128:
+   two launches, one accumulator each). Consumer c owns keys k0 + 64c ..; per query tile:
+     Sᵀ = K·Qᵀ, Pᵀ = exp2(Sᵀ·sl2 − L2[q]) (0 where key > query), dPᵀ = V·dOᵀ,
+     dSᵀ = Pᵀ ∘ (dPᵀ − D[q]), dV += Pᵀ·dO, dK += dSᵀ·Q   (dK scaled by 1/sqrt(HS) at the end)
+   The producer's warp 0 issues the copies, its warp 1 stages L2 and D of the tile's queries. */
+template <typename E, int HS, int PART>
+__global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
+us__hop_dkdv_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mdo,
+                    const __grid_constant__ CUtensorMap mkv, const float *__restrict__ L2g, const float *__restrict__ Dg,
+                    E *__restrict__ dqkv, int T, int NH, int NKV, float scale, float sl2) {
+#if US__HOP_DEV
+    using C = us__hop_cfg<HS>;
+    constexpr int NWG = C::NWG, BK = 64 * NWG, BQ = C::BQ, S = C::STAGES;
+    constexpr int KB = BK * C::HSP * 2, QB = BQ * C::HSP * 2;
+    constexpr bool DV = PART != 2, DK = PART != 1;
+    extern __shared__ __align__(1024) unsigned char us__hop_raw[];
+    unsigned char *sK = us__hop_smem_base(us__hop_raw); /* [BK][HSP] */
+    unsigned char *sV = sK + KB;                        /* [BK][HSP] */
+    unsigned char *sQ = sV + KB;                        /* [S][BQ][HSP] */
+    unsigned char *sdO = sQ + S * QB;                   /* [S][BQ][HSP] */
+    float *sL = (float *)(sdO + S * QB);                /* [S][BQ] */
+    float *sD = sL + S * BQ;                            /* [S][BQ] */
+    uint64_t *barKV = (uint64_t *)(sD + S * BQ), *full = barKV + 1, *empty = full + S;
+    const int g = blockIdx.x, b = blockIdx.y, k0 = blockIdx.z * BK, grp = NH / NKV;
+    const int qb0 = k0 / BQ, per = (T + BQ - 1) / BQ - qb0, nit = grp * per;
+    const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, OC = (int64_t)NH * HS;
+    const int wg = us__hop_wg(), tid = threadIdx.x & 127;
+    if (threadIdx.x == 0) {
+        us__mb_init(barKV, 1);
+        for (int s = 0; s < S; s++) {
+            us__mb_init(full + s, 1 + 32); /* the copy thread, and warp 1's lanes with L2 and D */
+            us__mb_init(empty + s, 128 * NWG);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        if constexpr (NWG == 2) us__hop_regs_dec<40>();
+        const int warp = tid >> 5, lane = tid & 31;
+        if (warp == 0 && lane == 0) {
+            us__mb_expect(barKV, 2 * KB);
+            us__tma_tile<HS, BK>(sK, &mkv, (NH + g) * HS, k0, b, barKV);
+            us__tma_tile<HS, BK>(sV, &mkv, (NH + NKV + g) * HS, k0, b, barKV);
+            for (int it = 0; it < nit; it++) {
+                const int s = it % S, h = g * grp + it / per, q0 = (qb0 + it % per) * BQ;
+                if (it >= S) us__mb_wait(empty + s, ((it / S) - 1) & 1);
+                us__mb_expect(full + s, 2 * QB);
+                us__tma_tile<HS, BQ>(sQ + s * QB, &mq, h * HS, q0, b, full + s);
+                us__tma_tile<HS, BQ>(sdO + s * QB, &mdo, h * HS, q0, b, full + s);
+            }
+        } else if (warp == 1) {
+            for (int it = 0; it < nit; it++) {
+                const int s = it % S, h = g * grp + it / per, q0 = (qb0 + it % per) * BQ;
+                if (it >= S) us__mb_wait(empty + s, ((it / S) - 1) & 1);
+                for (int i = lane; i < BQ; i += 32) { /* queries past T: L2 = +inf makes P 0 */
+                    const int q = q0 + i;
+                    const int64_t x = ((int64_t)b * NH + h) * T + q;
+                    sL[s * BQ + i] = q < T ? L2g[x] : INFINITY;
+                    sD[s * BQ + i] = q < T ? Dg[x] : 0.f;
+                }
+                us__mb_arrive(full + s); /* release: the stores above are visible to the waiters */
+            }
+        }
+        return;
+    }
+    if constexpr (NWG == 2) us__hop_regs_inc<232>();
+    const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
+    const int kc = k0 + 64 * c;                    /* this warpgroup's first key */
+    const int key0 = kc + 16 * warp + (lane >> 2); /* the thread's keys: key0 + 8r */
+    float dk[DK ? HS / 8 : 1][4], dv[DV ? HS / 8 : 1][4];
+#pragma unroll
+    for (int i = 0; i < (DK ? HS / 8 : 1); i++) dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.f;
+#pragma unroll
+    for (int i = 0; i < (DV ? HS / 8 : 1); i++) dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
+    us__mb_wait(barKV, 0);
+
+    for (int it = 0; it < nit; it++) {
+        const int s = it % S, ph = (it / S) & 1, q0 = (qb0 + it % per) * BQ;
+        us__mb_wait(full + s, ph);
+        if (kc <= q0 + BQ - 1 && kc < T) { /* else every key here is after every query: P = 0 */
+            const unsigned char *tQ = sQ + s * QB, *tdO = sdO + s * QB;
+            const float *tL = sL + s * BQ, *tD = sD + s * BQ;
+            float st[BQ / 8][4], dpt[DK ? BQ / 8 : 1][4];
+            us__wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < HS / 16; kk++) {
+                us__wg_ss<BQ, E, 0>(&st[0][0], us__wg_kmaj<BK>(sK, 64 * c, kk), us__wg_kmaj<BQ>(tQ, 0, kk), kk > 0);
+                if constexpr (DK)
+                    us__wg_ss<BQ, E, 0>(&dpt[0][0], us__wg_kmaj<BK>(sV, 64 * c, kk), us__wg_kmaj<BQ>(tdO, 0, kk), kk > 0);
+            }
+            us__wg_commit();
+            us__wg_wait<BQ / 2>(&st[0][0]);
+            if constexpr (DK) us__wg_wait<BQ / 2>(&dpt[0][0]);
+            const bool diag = kc + 63 > q0; /* some key of the warpgroup comes after some query */
+#pragma unroll
+            for (int j = 0; j < BQ / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int ql = j * 8 + 2 * (lane & 3) + (e & 1);
+                    float p = exp2f(st[j][e] * sl2 - tL[ql]);
+                    if (diag && key0 + (e >> 1) * 8 > q0 + ql) p = 0.f;
+                    st[j][e] = p;
+                    if constexpr (DK) dpt[j][e] = p * (dpt[j][e] - tD[ql]);
+                }
+            uint32_t pa[DV ? BQ / 16 : 1][4], da[DK ? BQ / 16 : 1][4];
+#pragma unroll
+            for (int t = 0; t < BQ / 16; t++) {
+                if constexpr (DV) us__hop_to_a<E, BQ>(pa[t], st, t);
+                if constexpr (DK) us__hop_to_a<E, BQ>(da[t], dpt, t);
+            }
+            us__wg_fence();
+#pragma unroll
+            for (int t = 0; t < BQ / 16; t++) {
+                if constexpr (DV) us__wg_rs<HS, E, 1>(&dv[0][0], pa[t], us__wg_mnmaj<BQ>(tdO, t), 1);
+                if constexpr (DK) us__wg_rs<HS, E, 1>(&dk[0][0], da[t], us__wg_mnmaj<BQ>(tQ, t), 1);
+            }
+            us__wg_commit();
+            if constexpr (DV) us__wg_wait<HS / 2>(&dv[0][0]);
+            if constexpr (DK) us__wg_wait<HS / 2>(&dk[0][0]);
+        }
+        us__mb_arrive(empty + s);
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int key = key0 + r * 8;
+        if (key >= T) continue;
+        E *row = dqkv + ((int64_t)b * T + key) * QKV + 2 * (lane & 3);
+        E *dkr = row + (int64_t)(NH + g) * HS, *dvr = row + (int64_t)(NH + NKV + g) * HS;
+#pragma unroll
+        for (int i = 0; i < HS / 8; i++) {
+            if constexpr (DK)
+                *reinterpret_cast<uint32_t *>(dkr + i * 8) = us__hop_pack<E>(dk[i][2 * r] * scale, dk[i][2 * r + 1] * scale);
+            if constexpr (DV)
+                *reinterpret_cast<uint32_t *>(dvr + i * 8) = us__hop_pack<E>(dv[i][2 * r], dv[i][2 * r + 1]);
+        }
+    }
+    (void)OC;
+#else
+    (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dqkv, (void)T, (void)NH, (void)NKV, (void)scale, (void)sl2;
+    __trap();
+#endif
+}
+
+/* dQ of 64·NWG queries of head h, key tiles 0.. up to the diagonal in order (deterministic).
+   Consumer c owns queries q0 + 64c ..; per key tile of BQ keys:
+     S = Q·Kᵀ, dP = dO·Vᵀ, P = exp2(S·sl2 − L2) (0 where key > query), dS = P ∘ (dP − D),
+     dQ += dS·K   (scaled by 1/sqrt(HS) at the end) */
+template <typename E, int HS>
+__global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
+us__hop_dq_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mdo,
+                  const __grid_constant__ CUtensorMap mkv, const float *__restrict__ L2g, const float *__restrict__ Dg,
+                  E *__restrict__ dqkv, int T, int NH, int NKV, float scale, float sl2) {
+#if US__HOP_DEV
+    using C = us__hop_cfg<HS>;
+    constexpr int NWG = C::NWG, BR = 64 * NWG, BK = C::BQ, S = C::STAGES;
+    constexpr int QB = BR * C::HSP * 2, KB = BK * C::HSP * 2;
+    extern __shared__ __align__(1024) unsigned char us__hop_raw[];
+    unsigned char *sQ = us__hop_smem_base(us__hop_raw); /* [BR][HSP] */
+    unsigned char *sdO = sQ + QB;                       /* [BR][HSP] */
+    unsigned char *sK = sdO + QB;                       /* [S][BK][HSP] */
+    unsigned char *sV = sK + S * KB;                    /* [S][BK][HSP] */
+    uint64_t *barQ = (uint64_t *)(sV + S * KB), *full = barQ + 1, *empty = full + S;
+    const int qb = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, g = h / (NH / NKV);
+    const int q0 = qb * BR, nkb = (min(q0 + BR, T) - 1) / BK + 1;
+    const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS;
+    const int wg = us__hop_wg(), tid = threadIdx.x & 127;
+    if (threadIdx.x == 0) {
+        us__mb_init(barQ, 1);
+        for (int s = 0; s < S; s++) {
+            us__mb_init(full + s, 1);
+            us__mb_init(empty + s, 128 * NWG);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        if constexpr (NWG == 2) us__hop_regs_dec<40>();
+        if (tid == 0) {
+            us__mb_expect(barQ, 2 * QB);
+            us__tma_tile<HS, BR>(sQ, &mq, h * HS, q0, b, barQ);
+            us__tma_tile<HS, BR>(sdO, &mdo, h * HS, q0, b, barQ);
+            for (int kb = 0; kb < nkb; kb++) {
+                const int s = kb % S;
+                if (kb >= S) us__mb_wait(empty + s, ((kb / S) - 1) & 1);
+                us__mb_expect(full + s, 2 * KB);
+                us__tma_tile<HS, BK>(sK + s * KB, &mkv, (NH + g) * HS, kb * BK, b, full + s);
+                us__tma_tile<HS, BK>(sV + s * KB, &mkv, (NH + NKV + g) * HS, kb * BK, b, full + s);
+            }
+        }
+        return;
+    }
+    if constexpr (NWG == 2) us__hop_regs_inc<232>();
+    const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
+    const int r0 = q0 + 64 * c;
+    const int nkb_c = r0 < T ? (min(r0 + 64, T) - 1) / BK + 1 : 0;
+    const int row0 = r0 + 16 * warp + (lane >> 2); /* the thread's rows: row0 + 8r */
+    float L2[2], Dr[2], dq[HS / 8][4];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row0 + 8 * r;
+        const int64_t i = ((int64_t)b * NH + h) * T + row;
+        L2[r] = row < T ? L2g[i] : INFINITY;
+        Dr[r] = row < T ? Dg[i] : 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < HS / 8; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
+    us__mb_wait(barQ, 0);
+
+    for (int kb = 0; kb < nkb; kb++) {
+        const int s = kb % S, ph = (kb / S) & 1;
+        us__mb_wait(full + s, ph);
+        if (kb < nkb_c) {
+            const unsigned char *tK = sK + s * KB, *tV = sV + s * KB;
+            float sc[BK / 8][4], dp[BK / 8][4];
+            us__wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < HS / 16; kk++) {
+                us__wg_ss<BK, E, 0>(&sc[0][0], us__wg_kmaj<BR>(sQ, 64 * c, kk), us__wg_kmaj<BK>(tK, 0, kk), kk > 0);
+                us__wg_ss<BK, E, 0>(&dp[0][0], us__wg_kmaj<BR>(sdO, 64 * c, kk), us__wg_kmaj<BK>(tV, 0, kk), kk > 0);
+            }
+            us__wg_commit();
+            us__wg_wait<BK / 2>(&sc[0][0]);
+            us__wg_wait<BK / 2>(&dp[0][0]);
+            const bool diag = kb * BK + BK - 1 > r0;
+#pragma unroll
+            for (int j = 0; j < BK / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float p = exp2f(sc[j][e] * sl2 - L2[e >> 1]);
+                    if (diag && kb * BK + j * 8 + 2 * (lane & 3) + (e & 1) > row0 + (e >> 1) * 8) p = 0.f;
+                    dp[j][e] = p * (dp[j][e] - Dr[e >> 1]);
+                }
+            uint32_t da[BK / 16][4];
+#pragma unroll
+            for (int t = 0; t < BK / 16; t++) us__hop_to_a<E, BK>(da[t], dp, t);
+            us__wg_fence();
+#pragma unroll
+            for (int t = 0; t < BK / 16; t++) us__wg_rs<HS, E, 1>(&dq[0][0], da[t], us__wg_mnmaj<BK>(tK, t), 1);
+            us__wg_commit();
+            us__wg_wait<HS / 2>(&dq[0][0]);
+        }
+        us__mb_arrive(empty + s);
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row0 + 8 * r;
+        if (row >= T) continue;
+        E *dqr = dqkv + ((int64_t)b * T + row) * QKV + (int64_t)h * HS + 2 * (lane & 3);
+#pragma unroll
+        for (int i = 0; i < HS / 8; i++)
+            *reinterpret_cast<uint32_t *>(dqr + i * 8) = us__hop_pack<E>(dq[i][2 * r] * scale, dq[i][2 * r + 1] * scale);
+    }
+#else
+    (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dqkv, (void)T, (void)NH, (void)NKV, (void)scale, (void)sl2;
+    __trap();
+#endif
+}
+
+/* ---- host side ----------------------------------------------------------------------- */
+/* cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda) */
+static PFN_cuTensorMapEncodeTiled_v12000 us__hop_encoder(void) {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
+    static int tried = 0;
+    if (!tried) {
+        void *p = NULL;
+        cudaDriverEntryPointQueryResult q;
+        tried = 1;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
+    }
+    return fn;
+}
+/* a [B][T][W] tensor of 16-bit elements read in boxes of {64 columns, rows}: rows past T come
+   back as zeros, columns past W too */
+static int us__hop_map(CUtensorMap *map, const void *base, us_dtype dt, int64_t W, int64_t T, int64_t B, int rows) {
+    PFN_cuTensorMapEncodeTiled_v12000 enc = us__hop_encoder();
+    cuuint64_t dims[3] = {(cuuint64_t)W, (cuuint64_t)T, (cuuint64_t)B};
+    cuuint64_t strides[2] = {(cuuint64_t)W * 2, (cuuint64_t)(W * T) * 2};
+    cuuint32_t box[3] = {64, (cuuint32_t)rows, 1}, step[3] = {1, 1, 1};
+    if (!enc) return 0;
+    return enc(map, dt == US_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)base, dims,
+               strides, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* Whether this binary holds the sm_90a kernels (an nvcc pass with compute_90a): the probe writes
+   1 only there. Asked once per process, on the current device. */
+__global__ void us__hop_probe_kernel(int *flag) {
+#if US__HOP_DEV
+    *flag = 1;
+#else
+    *flag = 0;
+#endif
+}
+static int us__hop_compiled(void) {
+    static int known = -1;
+    if (known < 0) {
+        int *d = NULL, h = 0;
+        known = 0;
+        if (cudaMalloc(&d, sizeof(int)) == cudaSuccess) {
+            us__hop_probe_kernel<<<1, 1>>>(d);
+            if (cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess) known = h == 1;
+            cudaFree(d);
+        }
+        cudaGetLastError(); /* a binary without any code for this GPU: the probe fails, no Hopper path */
+    }
+    return known;
+}
+
+template <typename E, int HS>
+static void us__hop_fwd_hs(const CUtensorMap &mq, const CUtensorMap &mkv, void *out, float *lse, int B, int T, int NH, int NKV,
+                           cudaStream_t st) {
+    const size_t smem = us__hop_smem(us__hop_cfg<HS>::fwd_bytes);
+    cudaFuncSetAttribute(us__hop_fwd_kernel<E, HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    dim3 grid(NH, B, (T + 127) / 128);
+    us__hop_fwd_kernel<E, HS><<<grid, 384, smem, st>>>(mq, mkv, (E *)out, lse, T, NH, NKV, 1.4426950408889634f / sqrtf((float)HS));
+}
+template <typename E, int HS>
+static void us__hop_bwd_hs(const CUtensorMap *maps, const float *L2, const float *D, void *dqkv, int B, int T, int NH, int NKV,
+                           cudaStream_t st) {
+    using C = us__hop_cfg<HS>;
+    const float scale = 1.f / sqrtf((float)HS), sl2 = scale * 1.4426950408889634f;
+    const size_t s1 = us__hop_smem(C::dkdv_bytes), s2 = us__hop_smem(C::dq_bytes);
+    const int nthr = 128 * (1 + C::NWG);
+    dim3 g1(NKV, B, (T + 64 * C::NWG - 1) / (64 * C::NWG)), g2(NH, B, (T + 64 * C::NWG - 1) / (64 * C::NWG));
+    /* maps: 0 Q by BQ rows, 1 dO by BQ rows, 2 K/V by 64·NWG rows, 3 Q by 64·NWG, 4 dO by 64·NWG, 5 K/V by BQ */
+    if constexpr (C::NWG == 2) {
+        cudaFuncSetAttribute(us__hop_dkdv_kernel<E, HS, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
+        us__hop_dkdv_kernel<E, HS, 0><<<g1, nthr, s1, st>>>(maps[0], maps[1], maps[2], L2, D, (E *)dqkv, T, NH, NKV, scale, sl2);
+    } else {
+        cudaFuncSetAttribute(us__hop_dkdv_kernel<E, HS, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
+        cudaFuncSetAttribute(us__hop_dkdv_kernel<E, HS, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
+        us__hop_dkdv_kernel<E, HS, 1><<<g1, nthr, s1, st>>>(maps[0], maps[1], maps[2], L2, D, (E *)dqkv, T, NH, NKV, scale, sl2);
+        us__hop_dkdv_kernel<E, HS, 2><<<g1, nthr, s1, st>>>(maps[0], maps[1], maps[2], L2, D, (E *)dqkv, T, NH, NKV, scale, sl2);
+    }
+    cudaFuncSetAttribute(us__hop_dq_kernel<E, HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2);
+    us__hop_dq_kernel<E, HS><<<g2, nthr, s2, st>>>(maps[3], maps[4], maps[5], L2, D, (E *)dqkv, T, NH, NKV, scale, sl2);
+}
+
+/* the head sizes compiled, each for bf16 and fp16 */
+#define US__HOP_HEADS(X) X(64) X(80) X(96) X(128) X(192) X(256)
+
+/* Hopper attention for this call? bf16 or fp16, a compiled head size, an sm_90a binary on a
+   compute-capability-9 GPU, and layouts the copy engine can address (16-byte aligned rows) */
+static int us__hop_ok(us_ops *o, us_dtype dt, int HS) {
+    us__cuda *c = us__cu(o);
+    int hs_ok = 0;
+#define US__HOP_IS(H) hs_ok |= HS == H;
+    US__HOP_HEADS(US__HOP_IS)
+#undef US__HOP_IS
+    return (dt == US_BF16 || dt == US_F16) && hs_ok && !c->hop_off && c->cc_major == 9 && us__hop_encoder() &&
+           us__hop_compiled();
+}
+static int us__hop_aligned(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+/* out[B,T,NH·HS], lse[B,NH,T] from qkv[B,T,QKV]; 0 when this path cannot take the call */
+static int us__hop_attention_fwd(us_ops *o, void *out, float *lse, const void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS,
+                                 us_dtype dt) {
+    CUtensorMap mq, mkv;
+    const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS;
+    cudaStream_t st = us__cu(o)->stream;
+    if (!us__hop_ok(o, dt, HS) || !us__hop_aligned(qkv) || NKV <= 0 || NH % NKV || B >= 65536 || T > INT_MAX / 2) return 0;
+    if (B <= 0 || T <= 0 || NH <= 0) return 1;
+#define US__HOP_FWD(H)                                                                                  \
+    if (HS == H) {                                                                                      \
+        if (!us__hop_map(&mq, qkv, dt, QKV, T, B, 128) ||                                               \
+            !us__hop_map(&mkv, qkv, dt, QKV, T, B, us__hop_cfg<H>::BC))                                 \
+            return 0;                                                                                   \
+        if (dt == US_F16) us__hop_fwd_hs<__half, H>(mq, mkv, out, lse, (int)B, (int)T, NH, NKV, st);     \
+        else us__hop_fwd_hs<__nv_bfloat16, H>(mq, mkv, out, lse, (int)B, (int)T, NH, NKV, st);          \
+    }
+    US__HOP_HEADS(US__HOP_FWD)
+#undef US__HOP_FWD
+    US__LAUNCHED(o);
+    return 1;
+}
+/* dqkv[B,T,QKV] (every element written); 0 when this path cannot take the call */
+static int us__hop_attention_bwd(us_ops *o, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
+                                 int64_t B, int64_t T, int NH, int NKV, int HS, us_dtype dt) {
+    CUtensorMap maps[6];
+    const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, OC = (int64_t)NH * HS, rows = B * T * NH;
+    cudaStream_t st = us__cu(o)->stream;
+    float *D, *L2;
+    if (!us__hop_ok(o, dt, HS) || !us__hop_aligned(qkv) || !us__hop_aligned(dout) || NKV <= 0 || NH % NKV || B >= 65536 ||
+        T > INT_MAX / 2)
+        return 0;
+    if (B <= 0 || T <= 0 || NH <= 0) return 1;
+    D = (float *)us__cuda_scratch(o, (size_t)2 * rows * sizeof(float));
+    if (!D) return 1; /* the failure is recorded */
+    L2 = D + rows;
+    if (dt == US_F16)
+        us__hop_dot_kernel<__half><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>((const __half *)dout, (const __half *)out, lse, D, L2,
+                                                                                 rows, (int)T, NH, HS);
+    else
+        us__hop_dot_kernel<__nv_bfloat16><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(
+            (const __nv_bfloat16 *)dout, (const __nv_bfloat16 *)out, lse, D, L2, rows, (int)T, NH, HS);
+#define US__HOP_BWD(H)                                                                                   \
+    if (HS == H) {                                                                                       \
+        const int bq = us__hop_cfg<H>::BQ, bk = 64 * us__hop_cfg<H>::NWG;                                \
+        if (!us__hop_map(maps + 0, qkv, dt, QKV, T, B, bq) || !us__hop_map(maps + 1, dout, dt, OC, T, B, bq) || \
+            !us__hop_map(maps + 2, qkv, dt, QKV, T, B, bk) || !us__hop_map(maps + 3, qkv, dt, QKV, T, B, bk) || \
+            !us__hop_map(maps + 4, dout, dt, OC, T, B, bk) || !us__hop_map(maps + 5, qkv, dt, QKV, T, B, bq))  \
+            return 0;                                                                                    \
+        if (dt == US_F16) us__hop_bwd_hs<__half, H>(maps, L2, D, dqkv, (int)B, (int)T, NH, NKV, st);      \
+        else us__hop_bwd_hs<__nv_bfloat16, H>(maps, L2, D, dqkv, (int)B, (int)T, NH, NKV, st);           \
+    }
+    US__HOP_HEADS(US__HOP_BWD)
+#undef US__HOP_BWD
+    US__LAUNCHED(o);
+    return 1;
+}
+
+/* ---- the ops table's attention: Hopper kernels, else flash (mma.sync), else portable ------ */
 /* The ops-table side of flash attention: bf16 with HS 64 or 128 on sm_80+; everything else
    takes the portable kernels above. */
 static int us__flash_ok(us_ops *o, us_dtype dt, int HS) {
@@ -1980,12 +3024,14 @@ static void us__flash_bwd_any(us_ops *o, void *dqkv, const void *dout, const voi
 }
 
 static void us__cuda_attention_fwd(us_ops *o, void *out, float *lse, const void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS, us_dtype dt) {
+    if (us__hop_attention_fwd(o, out, lse, qkv, B, T, NH, NKV, HS, dt)) return;
     if (us__flash_ok(o, dt, HS)) { us__flash_fwd_any(o, out, lse, qkv, B, T, NH, NKV, HS); return; }
     if (HS > US__ATT_MAX_HS) { us__cuda_fail(o, "attention", "head size above 256", __FILE__, __LINE__); return; }
     US__DISPATCH(o, dt, (us__k_att_fwd<T_><<<us__blocks(B * NH * T, 128), 128, 0, us__cu(o)->stream>>>((T_ *)out, lse, (const T_ *)qkv, B, T, NH, NKV, HS)));
 }
 static void us__cuda_attention_bwd(us_ops *o, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse, int64_t B, int64_t T, int NH, int NKV, int HS, us_dtype dt) {
     cudaStream_t s = us__cu(o)->stream;
+    if (us__hop_attention_bwd(o, dqkv, dout, qkv, out, lse, B, T, NH, NKV, HS, dt)) return;
     if (us__flash_ok(o, dt, HS)) { us__flash_bwd_any(o, dqkv, dout, qkv, out, lse, B, T, NH, NKV, HS); return; }
     if (HS > US__ATT_MAX_HS) { us__cuda_fail(o, "attention", "head size above 256", __FILE__, __LINE__); return; }
     US__DISPATCH(o, dt, (us__k_att_bwd_dq<T_><<<us__blocks(B * NH * T, 128), 128, 0, s>>>((T_ *)dqkv, (const T_ *)dout, (const T_ *)qkv, (const T_ *)out, lse, B, T, NH, NKV, HS)));

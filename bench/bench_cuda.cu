@@ -370,43 +370,55 @@ static void bench_gemm(void) {
     cudaFree(ws); cublasLtDestroy(lt);
 }
 
-/* ---- attention TFLOP/s (causal: half the square), same table as sdpa_bench.py */
+/* ---- attention TFLOP/s (causal: half the square), the same rows as sdpa_bench.py: HS 128 with
+   NH 16 and NKV 16 or 4, and the 1B shape's HS 64, NH 32, NKV 8; B·T = 16384 tokens. Each row
+   times the Hopper kernels (// >>cuda-hopper) and the mma.sync ones (// >>cuda-flash) in turn,
+   on the same buffers; FLOPs counted as causal, fwd 4·B·NH·T²·HS/2, bwd 2.5× that. */
 static void bench_attention(void) {
-    int Ts[3] = {2048, 4096, 8192}, k, r;
+    static const int shapes[][3] = {{16, 16, 128}, {16, 4, 128}, {32, 8, 64}}; /* NH, NKV, HS */
+    int Ts[3] = {2048, 4096, 8192}, k, sh, r, path;
     us__cuda *c = (us__cuda *)inner.backend;
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
-    printf("\n| attention (ultrascale) causal bf16 HS=128 | fwd TFLOP/s | bwd TFLOP/s |\n|---|---|---|\n");
-    for (k = 0; k < 3; k++) {
-        int T = Ts[k], B = 16384 / T, NH = 16, NKV = 16, HS = 128;
-        int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, N = (int64_t)B * T;
-        void *qkv = inner.alloc(&inner, (size_t)N * QKV * 2), *out = inner.alloc(&inner, (size_t)N * NH * HS * 2);
-        void *dout = inner.alloc(&inner, (size_t)N * NH * HS * 2), *dqkv = inner.alloc(&inner, (size_t)N * QKV * 2);
-        float *lse = (float *)inner.alloc(&inner, (size_t)B * NH * T * 4), *tmp;
-        std::vector<double> tf, tb;
-        double fl = 4.0 * B * NH * (double)T * T * HS / 2;
-        std::vector<float> h((size_t)N * QKV);
-        us_rng rg;
-        us_rng_seed(&rg, 3);
-        for (size_t i = 0; i < h.size(); i++) h[i] = us_rng_normal(&rg);
-        CK(cudaMalloc(&tmp, h.size() * 4));
-        CK(cudaMemcpy(tmp, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
-        inner.cast(&inner, qkv, US_BF16, tmp, US_F32, N * QKV);
-        inner.cast(&inner, dout, US_BF16, tmp, US_F32, N * NH * HS);
-        for (r = 0; r < 13; r++) {
-            float ms;
-            cudaEventRecord(a, c->stream);
-            inner.attention_fwd(&inner, out, lse, qkv, B, T, NH, NKV, HS, US_BF16);
-            cudaEventRecord(b, c->stream); cudaEventSynchronize(b); cudaEventElapsedTime(&ms, a, b);
-            if (r >= 3) tf.push_back(ms * 1e-3);
-            cudaEventRecord(a, c->stream);
-            inner.attention_bwd(&inner, dqkv, dout, qkv, out, lse, B, T, NH, NKV, HS, US_BF16);
-            cudaEventRecord(b, c->stream); cudaEventSynchronize(b); cudaEventElapsedTime(&ms, a, b);
-            if (r >= 3) tb.push_back(ms * 1e-3);
+    printf("\n%-8s %5s %2s %3s %3s %4s | %9s %8s | %9s %8s\n", "impl", "T", "B", "NH", "NKV", "HS", "fwd ms", "fwd TF/s", "bwd ms",
+           "bwd TF/s");
+    for (sh = 0; sh < 3; sh++)
+        for (k = 0; k < 3; k++) {
+            int T = Ts[k], B = 16384 / T, NH = shapes[sh][0], NKV = shapes[sh][1], HS = shapes[sh][2];
+            int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, N = (int64_t)B * T;
+            void *qkv = inner.alloc(&inner, (size_t)N * QKV * 2), *out = inner.alloc(&inner, (size_t)N * NH * HS * 2);
+            void *dout = inner.alloc(&inner, (size_t)N * NH * HS * 2), *dqkv = inner.alloc(&inner, (size_t)N * QKV * 2);
+            float *lse = (float *)inner.alloc(&inner, (size_t)B * NH * T * 4), *tmp;
+            double fl = 4.0 * B * NH * (double)T * T * HS / 2;
+            std::vector<float> h((size_t)N * QKV);
+            us_rng rg;
+            us_rng_seed(&rg, 3);
+            for (size_t i = 0; i < h.size(); i++) h[i] = us_rng_normal(&rg);
+            CK(cudaMalloc(&tmp, h.size() * 4));
+            CK(cudaMemcpy(tmp, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+            inner.cast(&inner, qkv, US_BF16, tmp, US_F32, N * QKV);
+            inner.cast(&inner, dout, US_BF16, tmp, US_F32, N * NH * HS);
+            for (path = 0; path < 2; path++) {
+                std::vector<double> tf, tb;
+                c->hop_off = path;
+                for (r = 0; r < 23; r++) {
+                    float ms;
+                    cudaEventRecord(a, c->stream);
+                    inner.attention_fwd(&inner, out, lse, qkv, B, T, NH, NKV, HS, US_BF16);
+                    cudaEventRecord(b, c->stream); cudaEventSynchronize(b); cudaEventElapsedTime(&ms, a, b);
+                    if (r >= 3) tf.push_back(ms * 1e-3);
+                    cudaEventRecord(a, c->stream);
+                    inner.attention_bwd(&inner, dqkv, dout, qkv, out, lse, B, T, NH, NKV, HS, US_BF16);
+                    cudaEventRecord(b, c->stream); cudaEventSynchronize(b); cudaEventElapsedTime(&ms, a, b);
+                    if (r >= 3) tb.push_back(ms * 1e-3);
+                }
+                printf("%-8s %5d %2d %3d %3d %4d | %9.3f %8.1f | %9.3f %8.1f\n", path ? "us-mma" : "us-hop", T, B, NH, NKV, HS,
+                       median(tf) * 1e3, fl / median(tf) * 1e-12, median(tb) * 1e3, 2.5 * fl / median(tb) * 1e-12);
+            }
+            c->hop_off = 0;
+            inner.free(&inner, qkv); inner.free(&inner, out); inner.free(&inner, dout); inner.free(&inner, dqkv);
+            inner.free(&inner, lse); cudaFree(tmp);
         }
-        printf("| B=%d T=%d NH=%d | %7.1f | %7.1f |\n", B, T, NH, fl / median(tf) * 1e-12, 2.5 * fl / median(tb) * 1e-12);
-        inner.free(&inner, qkv); inner.free(&inner, out); inner.free(&inner, dout); inner.free(&inner, dqkv); inner.free(&inner, lse); cudaFree(tmp);
-    }
     if (inner.error(&inner)) printf("CUDA error: %s\n", inner.error(&inner));
 }
 

@@ -1,11 +1,12 @@
-"""Times torch scaled_dot_product_attention (causal, bf16) at the shapes of `flash_test --bench`
+"""Times torch scaled_dot_product_attention (causal, bf16) at the shapes of `bench_cuda --attention`
 and prints the same table. FLOPs counted as causal: fwd 4·B·NH·T²·HS/2, bwd 2.5× that; the
 backward time is median(fwd+bwd) − median(fwd)."""
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel, SDPBackend
 
-HS, NH, REPS = 128, 16, 20
+REPS = 20
+SHAPES = ((16, 16, 128), (16, 4, 128), (32, 8, 64))  # NH, NKV, HS: bench_cuda --attention's rows
 
 
 def median_ms(fn):
@@ -23,7 +24,7 @@ def median_ms(fn):
 
 
 def run(name, backends):
-    for NKV in (16, 4):
+    for NH, NKV, HS in SHAPES:
         for T in (2048, 4096, 8192):
             B = 16384 // T
             q = torch.randn(B, NH, T, HS, device="cuda", dtype=torch.bfloat16, requires_grad=True)

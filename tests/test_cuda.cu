@@ -259,31 +259,61 @@ static void test_ops(us_dtype dt, int64_t NH, int64_t NKV, int64_t HS, int64_t F
     free(hx); free(hw); free(hq); free(hdy); free(hgu); free(hlg); free(hwt); free(hacc);
 }
 
-/* Attention at the shapes flash attention handles (bf16, HS 64 and 128, several tile tails). */
+/* One attention case against the CPU reference: forward (out, lse), then the backward from the
+   CPU's forward output, twice, which must give the same bits (no atomics anywhere). */
+static void attn_case(us_dtype dt, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, const char *path) {
+    int64_t QKV = (NH + 2 * NKV) * HS, N = B * T, C = NH * HS;
+    size_t a = us_dtype_size(dt);
+    float *q = rnd_f32(N * QKV, 1), *dy = rnd_f32(N * C, 1);
+    void *hq = as_dt(q, N * QKV, dt), *hdy = as_dt(dy, N * C, dt);
+    buf bq = mk(hq, N * QKV * a), bo = mk(hdy, N * C * a), bl = mk(dy, B * NH * T * 4), bdo = mk(hdy, N * C * a);
+    buf bdq = mk(hq, N * QKV * a);
+    void *d2 = G.alloc(&G, N * QKV * a), *g1 = malloc(N * QKV * a), *g2 = malloc(N * QKV * a);
+    char what[112];
+    Ccpu.attention_fwd(&Ccpu, bo.h, (float *)bl.h, bq.h, B, T, (int)NH, (int)NKV, (int)HS, dt);
+    G.attention_fwd(&G, bo.d, (float *)bl.d, bq.d, B, T, (int)NH, (int)NKV, (int)HS, dt);
+    snprintf(what, sizeof what, "attn %s B%lld T%lld %lld/%lld HS%lld fwd", path, (long long)B, (long long)T, (long long)NH,
+             (long long)NKV, (long long)HS);
+    cmp(what, &bo, dt, N * C);
+    cmp("   lse", &bl, US_F32, B * NH * T);
+    same_in(&bo);
+    same_in(&bl);
+    Ccpu.attention_bwd(&Ccpu, bdq.h, bdo.h, bq.h, bo.h, (float *)bl.h, B, T, (int)NH, (int)NKV, (int)HS, dt);
+    G.attention_bwd(&G, bdq.d, bdo.d, bq.d, bo.d, (float *)bl.d, B, T, (int)NH, (int)NKV, (int)HS, dt);
+    G.attention_bwd(&G, d2, bdo.d, bq.d, bo.d, (float *)bl.d, B, T, (int)NH, (int)NKV, (int)HS, dt);
+    cmp("   bwd dqkv", &bdq, dt, N * QKV);
+    down(g1, bdq.d, N * QKV * a);
+    down(g2, d2, N * QKV * a);
+    CHECK(!memcmp(g1, g2, N * QKV * a), "   bwd twice: identical bits");
+    CHECK(G.error(&G) == NULL, "   no CUDA error (%s)", G.error(&G) ? G.error(&G) : "");
+    G.free(&G, d2);
+    free(g1);
+    free(g2);
+    fin(&bq); fin(&bo); fin(&bl); fin(&bdo); fin(&bdq);
+    free(q); free(dy); free(hq); free(hdy);
+}
+/* Attention at the shapes the fast paths take: every head size real models use, bf16 and fp16,
+   NH/NKV ratios 1, 2, 4, 8, T = 1 and T off every tile size, many B × NH. On an H200 these run
+   the Hopper kernels (// >>cuda-hopper); then the same bf16 HS 64/128 cases again with those
+   switched off, so that the mma.sync kernels (// >>cuda-flash) are checked on every GPU. */
 static void test_attention_shapes(void) {
-    int cases[][5] = {{1, 1, 4, 4, 64}, {2, 100, 8, 2, 64}, {1, 257, 4, 4, 128}, {2, 130, 8, 2, 128}, {1, 1024, 2, 1, 128}};
-    int k;
-    for (k = 0; k < 5; k++) {
-        int64_t B = cases[k][0], T = cases[k][1], NH = cases[k][2], NKV = cases[k][3], HS = cases[k][4];
-        int64_t QKV = (NH + 2 * NKV) * HS, N = B * T, C = NH * HS;
-        float *q = rnd_f32(N * QKV, 1), *dy = rnd_f32(N * C, 1);
-        void *hq = as_dt(q, N * QKV, US_BF16), *hdy = as_dt(dy, N * C, US_BF16);
-        buf bq = mk(hq, N * QKV * 2), bo = mk(hdy, N * C * 2), bl = mk(dy, B * NH * T * 4), bdo = mk(hdy, N * C * 2), bdq = mk(hq, N * QKV * 2);
-        char what[96];
-        Ccpu.attention_fwd(&Ccpu, bo.h, (float *)bl.h, bq.h, B, T, (int)NH, (int)NKV, (int)HS, US_BF16);
-        G.attention_fwd(&G, bo.d, (float *)bl.d, bq.d, B, T, (int)NH, (int)NKV, (int)HS, US_BF16);
-        snprintf(what, sizeof what, "attn B%lld T%lld %lld/%lld HS%lld fwd", (long long)B, (long long)T, (long long)NH, (long long)NKV, (long long)HS);
-        cmp(what, &bo, US_BF16, N * C);
-        cmp("   lse", &bl, US_F32, B * NH * T);
-        /* the backward from the CPU's forward output, so both see the same O and lse */
-        G.copy(&G, bo.d, bo.h, bo.bytes, US_COPY_H2D);
-        G.copy(&G, bl.d, bl.h, bl.bytes, US_COPY_H2D);
-        Ccpu.attention_bwd(&Ccpu, bdq.h, bdo.h, bq.h, bo.h, (float *)bl.h, B, T, (int)NH, (int)NKV, (int)HS, US_BF16);
-        G.attention_bwd(&G, bdq.d, bdo.d, bq.d, bo.d, (float *)bl.d, B, T, (int)NH, (int)NKV, (int)HS, US_BF16);
-        cmp("   bwd dqkv", &bdq, US_BF16, N * QKV);
-        fin(&bq); fin(&bo); fin(&bl); fin(&bdo); fin(&bdq);
-        free(q); free(dy); free(hq); free(hdy);
-    }
+    static const int cases[][5] = {
+        /* B, T, NH, NKV, HS */
+        {1, 1, 4, 4, 64},    {2, 100, 8, 2, 64},   {1, 257, 4, 4, 128}, {2, 130, 8, 2, 128}, {1, 1024, 2, 1, 128},
+        {1, 333, 8, 1, 64},  {8, 64, 32, 8, 64},   {2, 200, 4, 1, 80},  {3, 65, 16, 4, 80},  {1, 301, 8, 2, 96},
+        {1, 77, 8, 8, 96},   {1, 190, 2, 1, 192},  {2, 513, 4, 2, 192}, {1, 1, 2, 1, 256},   {1, 129, 2, 2, 256},
+        {1, 300, 8, 1, 256},
+    };
+    const int n = (int)(sizeof cases / sizeof cases[0]);
+    int k, d;
+    for (d = 0; d < 2; d++)
+        for (k = 0; k < n; k++)
+            attn_case(d ? US_F16 : US_BF16, cases[k][0], cases[k][1], cases[k][2], cases[k][3], cases[k][4], "best");
+    us__cu(&G)->hop_off = 1;
+    for (k = 0; k < n; k++)
+        if (cases[k][4] == 64 || cases[k][4] == 128)
+            attn_case(US_BF16, cases[k][0], cases[k][1], cases[k][2], cases[k][3], cases[k][4], "mma.sync");
+    us__cu(&G)->hop_off = 0;
 }
 
 /* Context parallelism's attention by key blocks on the flash path (bf16, HS 64 and 128): one
@@ -722,6 +752,10 @@ int main(int argc, char **argv) {
     test_ops(US_F16, 4, 2, 16, 40, 304, 1000, 0);
     test_ops(US_F16, 3, 1, 10, 41, 301, 1003, 3);
     test_attention_shapes();
+    if (argc > 1 && !strcmp(argv[argc - 1], "--attention")) { /* the attention cases alone */
+        us_cuda_ops_free(&G);
+        return us_test_done("test_cuda --attention");
+    }
     test_attn_blocks();
     test_training(US_PRECISION_FP32, US_RECOMPUTE_NONE);
     test_training(US_PRECISION_BF16, US_RECOMPUTE_NONE);
