@@ -2341,6 +2341,22 @@ template <int NREG> static __device__ __forceinline__ void us__wg_wait(float *d)
     for (int i = 0; i < NREG; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+template <int PENDING, int NREG> static __device__ __forceinline__ void us__wg_wait_n(float *d) {
+#if US__HOP_DEV
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
+#endif
+#pragma unroll
+    for (int i = 0; i < NREG; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+/* Named barriers 1 and 2 between the two consumer warpgroups (256 threads: one side syncs, the
+   other arrives): the ping-pong of who issues GEMMs next. Barrier 0 is __syncthreads'. */
+static __device__ __forceinline__ void us__hop_bar_sync(int id) {
+    asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
+}
+static __device__ __forceinline__ void us__hop_bar_arrive(int id) {
+    asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
+}
+
 /* Shared-memory matrix descriptor of a 128-byte-swizzled tile (PTX "matrix descriptor"):
    start address, leading and stride byte offsets (all in 16-byte units), swizzle mode 1.
    K-major (rows hold the reduction index, as Q and K for S = Q·Kᵀ): sbo 1024 steps 8 rows;
@@ -2441,13 +2457,16 @@ template <int HS> struct us__hop_cfg {
     static constexpr int BC = HS <= 128 ? 128 : 64;
     static constexpr int NWG = HS <= 128 ? 2 : 1;
     static constexpr int STAGES = 2;
-    static constexpr int BQ = 64; /* queries per tile of the dK/dV kernel, keys per tile of dQ */
+    /* queries per tile of the dK/dV kernel, keys per tile of dQ: 128 where the registers allow,
+       since a 64-wide wgmma reading both operands from shared memory is bound by its bandwidth */
+    static constexpr int BQ = HS <= 64 ? 128 : 64;
+    static constexpr int BKQ = HS <= 128 ? 128 : 64;
     /* forward: Q [128][HSP], K and V [STAGES][BC][HSP]; the barriers after them */
     static constexpr int fwd_bytes = 128 * HSP * 2 + 2 * STAGES * BC * HSP * 2;
     /* dK/dV: K, V [64·NWG][HSP]; per stage Q, dO [BQ][HSP] and lse·log2 e, D [BQ] fp32 */
     static constexpr int dkdv_bytes = 2 * 64 * NWG * HSP * 2 + STAGES * (2 * BQ * HSP * 2 + 2 * BQ * 4);
-    /* dQ: Q, dO [64·NWG][HSP]; per stage K, V [BQ][HSP] */
-    static constexpr int dq_bytes = 2 * 64 * NWG * HSP * 2 + STAGES * 2 * BQ * HSP * 2;
+    /* dQ: Q, dO [64·NWG][HSP]; per stage K, V [BKQ][HSP] */
+    static constexpr int dq_bytes = 2 * 64 * NWG * HSP * 2 + STAGES * 2 * BKQ * HSP * 2;
 };
 /* dynamic shared memory: 1 KB of slack to align the tiles to the swizzle's 1024 bytes, the
    tiles, then room for 16 barriers */
@@ -2457,6 +2476,53 @@ static __device__ __forceinline__ unsigned char *us__hop_smem_base(unsigned char
 }
 
 /* ---- forward --------------------------------------------------------------------------- */
+/* One tile of the online softmax on a warpgroup's S (the thread's two rows): hide masked scores,
+   new row max over the quad that shares a row, corr = exp2(m_old − m_new) for the caller to
+   rescale O with once its P·V has landed, l rescaled and grown, S turned into P in place.
+   As us__fa_softmax: log2 domain, one FFMA per score, a row with nothing visible stays 0. */
+template <int BC, typename Mask>
+static __device__ __forceinline__ void us__hop_softmax(float (&s)[BC / 8][4], float (&m)[2], float (&l)[2], float (&corr)[2],
+                                                       float sl2, bool need, Mask masked) {
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < BC / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            if (need && masked(j, e)) s[j][e] = -INFINITY;
+            mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
+        }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float mnew = fmaxf(m[r], mx[r] * sl2);
+        const float mref = mnew == -INFINITY ? 0.f : mnew;
+        corr[r] = exp2f(m[r] - mref);
+        m[r] = mnew;
+        l[r] *= corr[r];
+#pragma unroll
+        for (int j = 0; j < BC / 8; j++) {
+            s[j][2 * r] = exp2f(fmaf(s[j][2 * r], sl2, -mref));
+            s[j][2 * r + 1] = exp2f(fmaf(s[j][2 * r + 1], sl2, -mref));
+            l[r] += s[j][2 * r] + s[j][2 * r + 1];
+        }
+    }
+}
+/* O's rows times their correction; the empty asm after it keeps the multiplies before the next
+   wgmma.fence, so that no register of the coming P·V is written inside its batch */
+template <int HS> static __device__ __forceinline__ void us__hop_scale_o(float (&o)[HS / 8][4], const float (&corr)[2]) {
+#pragma unroll
+    for (int i = 0; i < HS / 8; i++) {
+        o[i][0] *= corr[0];
+        o[i][1] *= corr[0];
+        o[i][2] *= corr[1];
+        o[i][3] *= corr[1];
+    }
+#pragma unroll
+    for (int i = 0; i < HS / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(o[i][e])::"memory");
+}
 template <typename E, int HS>
 __global__ void __launch_bounds__(384, 1)
 us__hop_fwd_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mkv, E *__restrict__ out,
@@ -2468,7 +2534,8 @@ us__hop_fwd_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant
     unsigned char *sQ = us__hop_smem_base(us__hop_raw); /* [BR][HSP] */
     unsigned char *sK = sQ + QB;                        /* [S][BC][HSP] */
     unsigned char *sV = sK + S * KVB;                   /* [S][BC][HSP] */
-    uint64_t *barQ = (uint64_t *)(sV + S * KVB), *fullK = barQ + 1, *fullV = fullK + S, *empty = fullV + S;
+    uint64_t *barQ = (uint64_t *)(sV + S * KVB), *fullK = barQ + 1, *fullV = fullK + S, *emptyK = fullV + S;
+    uint64_t *emptyV = emptyK + S;
     const int qb = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, g = h / (NH / NKV);
     const int q0 = qb * BR, nkb = (min(q0 + BR, T) - 1) / BC + 1; /* causal: no tile past the diagonal */
     const int wg = us__hop_wg(), tid = threadIdx.x & 127;
@@ -2477,7 +2544,8 @@ us__hop_fwd_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant
         for (int s = 0; s < S; s++) {
             us__mb_init(fullK + s, 1);
             us__mb_init(fullV + s, 1);
-            us__mb_init(empty + s, 256); /* every consumer thread arrives */
+            us__mb_init(emptyK + s, 256); /* every consumer thread arrives */
+            us__mb_init(emptyV + s, 256);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -2490,9 +2558,10 @@ us__hop_fwd_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant
             us__tma_tile<HS, BR>(sQ, &mq, h * HS, q0, b, barQ);
             for (int kb = 0; kb < nkb; kb++) {
                 const int s = kb % S;
-                if (kb >= S) us__mb_wait(empty + s, ((kb / S) - 1) & 1); /* both consumers done with it */
+                if (kb >= S) us__mb_wait(emptyK + s, ((kb / S) - 1) & 1); /* both consumers done with it */
                 us__mb_expect(fullK + s, KVB);
                 us__tma_tile<HS, BC>(sK + s * KVB, &mkv, (NH + g) * HS, kb * BC, b, fullK + s);
+                if (kb >= S) us__mb_wait(emptyV + s, ((kb / S) - 1) & 1);
                 us__mb_expect(fullV + s, KVB);
                 us__tma_tile<HS, BC>(sV + s * KVB, &mkv, (NH + NKV + g) * HS, kb * BC, b, fullV + s);
             }
@@ -2502,44 +2571,87 @@ us__hop_fwd_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant
     us__hop_regs_inc<232>();
     const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
     const int r0 = q0 + 64 * c;                                      /* this warpgroup's first query */
-    const int nkb_c = r0 < T ? (min(r0 + 64, T) - 1) / BC + 1 : 0; /* the tiles it needs */
+    const int nkb_c = r0 < T ? (min(r0 + 64, T) - 1) / BC + 1 : 0; /* the tiles it needs (a prefix) */
     const int row0 = r0 + 16 * warp + (lane >> 2);                   /* half r of the thread's rows: row0 + 8r */
     float o[1][HS / 8][4], m[1][2] = {{-INFINITY, -INFINITY}}, l[1][2] = {{0.f, 0.f}};
+    uint32_t pa[BC / 16][4]; /* P of the tile before, as A fragments of O += P·V */
 #pragma unroll
     for (int i = 0; i < HS / 8; i++) o[0][i][0] = o[0][i][1] = o[0][i][2] = o[0][i][3] = 0.f;
+    if (c == 1) us__hop_bar_arrive(1); /* consumer 0 takes the tensor cores first */
     us__mb_wait(barQ, 0);
 
-    for (int kb = 0; kb < nkb; kb++) {
-        const int s = kb % S, ph = (kb / S) & 1;
-        us__mb_wait(fullK + s, ph);
-        if (kb < nkb_c) {
-            /* S = Q·Kᵀ [64 × BC] */
-            float sc[1][BC / 8][4];
-            us__wg_fence();
+    /* Tile kb: issue S = Q·K_kbᵀ and, behind it, O += P·V of tile kb−1 (intra-warpgroup
+       overlap: the softmax of tile kb runs while that second GEMM does). O lags one tile: it is
+       rescaled by tile kb−1's correction before the batch that adds P·V of tile kb−1. The two
+       consumers take turns issuing (ping-pong), so one's softmax meets the other's GEMMs. The
+       first tile and the last P·V are peeled off, so that every wait in the loop is
+       unconditional (ptxas serialises wgmma it cannot prove waited for on every path). */
+    float corr[2] = {1.f, 1.f};
+    const auto qk = [&](float (&sc)[1][BC / 8][4], int s) {
+        us__wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < HS / 16; kk++)
-                us__wg_ss<BC, E, 0>(&sc[0][0][0], us__wg_kmaj<BR>(sQ, 64 * c, kk), us__wg_kmaj<BC>(sK + s * KVB, 0, kk),
-                                    kk > 0);
-            us__wg_commit();
-            us__wg_wait<BC / 2>(&sc[0][0][0]);
-            /* online softmax, the causal mask only on tiles that cross the warpgroup's diagonal */
-            const bool diag = kb * BC + BC - 1 > r0;
-            us__fa_softmax<1, BC, HS, false>(sc, o, m, l, sl2, diag, [&](int, int j, int e) {
-                return kb * BC + j * 8 + 2 * (lane & 3) + (e & 1) > row0 + (e >> 1) * 8;
-            });
-            /* O += P·V, P straight from the accumulators (all converted before the first
-               wgmma: registers written between them would make ptxas serialise the batch) */
-            uint32_t pa[BC / 16][4];
+        for (int kk = 0; kk < HS / 16; kk++)
+            us__wg_ss<BC, E, 0>(&sc[0][0][0], us__wg_kmaj<BR>(sQ, 64 * c, kk), us__wg_kmaj<BC>(sK + s * KVB, 0, kk), kk > 0);
+        us__wg_commit();
+    };
+    const auto pv = [&](int s, int ph) { /* O was rescaled before the batch's first fence */
+        us__mb_wait(fullV + s, ph);
 #pragma unroll
-            for (int t = 0; t < BC / 16; t++) us__hop_to_a<E, BC>(pa[t], sc[0], t);
-            us__mb_wait(fullV + s, ph);
-            us__wg_fence();
+        for (int t = 0; t < BC / 16; t++) us__wg_rs<HS, E, 1>(&o[0][0][0], pa[t], us__wg_mnmaj<BC>(sV + s * KVB, t), 1);
+        us__wg_commit();
+    };
+    const auto softmax = [&](float (&sc)[1][BC / 8][4], int kb) { /* masked only across the diagonal */
+        us__hop_softmax<BC>(sc[0], m[0], l[0], corr, sl2, kb * BC + BC - 1 > r0, [&](int j, int e) {
+            return kb * BC + j * 8 + 2 * (lane & 3) + (e & 1) > row0 + (e >> 1) * 8;
+        });
+    };
+    /* P into the A registers, only once the P·V that reads the old ones has finished */
+    const auto to_a = [&](float (&sc)[1][BC / 8][4]) {
 #pragma unroll
-            for (int t = 0; t < BC / 16; t++) us__wg_rs<HS, E, 1>(&o[0][0][0], pa[t], us__wg_mnmaj<BC>(sV + s * KVB, t), 1);
-            us__wg_commit();
+        for (int t = 0; t < BC / 16; t++) us__hop_to_a<E, BC>(pa[t], sc[0], t);
+    };
+    const auto turn_done = [&](int kb) { /* the other consumer's turn (none after the last) */
+        if (c == 0 || kb + 1 < nkb) us__hop_bar_arrive(2 - c);
+    };
+    int kb = 0;
+    if (nkb_c > 0) {
+        float sc[1][BC / 8][4];
+        us__mb_wait(fullK, 0);
+        us__hop_bar_sync(1 + c);
+        qk(sc, 0);
+        turn_done(0);
+        us__wg_wait<BC / 2>(&sc[0][0][0]);
+        us__mb_arrive(emptyK);
+        softmax(sc, 0);
+        to_a(sc);
+        for (kb = 1; kb < nkb_c; kb++) {
+            const int s = kb % S, sp = (kb - 1) % S;
+            us__mb_wait(fullK + s, (kb / S) & 1);
+            us__hop_bar_sync(1 + c); /* this consumer's turn at the tensor cores */
+            us__hop_scale_o<HS>(o[0], corr);
+            qk(sc, s);
+            pv(sp, ((kb - 1) / S) & 1);
+            turn_done(kb);
+            us__wg_wait_n<1, BC / 2>(&sc[0][0][0]); /* S has landed, P·V may still run */
+            us__mb_arrive(emptyK + s);              /* K of tile kb is read */
+            softmax(sc, kb);
             us__wg_wait<HS / 2>(&o[0][0][0]);
+            us__mb_arrive(emptyV + sp); /* V of tile kb−1 is read */
+            to_a(sc);
         }
-        us__mb_arrive(empty + s);
+        us__hop_scale_o<HS>(o[0], corr);
+        us__wg_fence();
+        pv((kb - 1) % S, ((kb - 1) / S) & 1); /* O += P·V of the last tile */
+        us__wg_wait<HS / 2>(&o[0][0][0]);
+        us__mb_arrive(emptyV + (kb - 1) % S);
+    }
+    for (; kb < nkb; kb++) { /* tiles wholly after this warpgroup's queries: only their turns and stages */
+        const int s = kb % S;
+        us__mb_wait(fullK + s, (kb / S) & 1);
+        us__hop_bar_sync(1 + c);
+        turn_done(kb);
+        us__mb_arrive(emptyK + s);
+        us__mb_arrive(emptyV + s);
     }
 
     /* O / l and lse = m + log l (natural log) */
@@ -2732,7 +2844,7 @@ us__hop_dkdv_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constan
 }
 
 /* dQ of 64·NWG queries of head h, key tiles 0.. up to the diagonal in order (deterministic).
-   Consumer c owns queries q0 + 64c ..; per key tile of BQ keys:
+   Consumer c owns queries q0 + 64c ..; per key tile of BKQ keys:
      S = Q·Kᵀ, dP = dO·Vᵀ, P = exp2(S·sl2 − L2) (0 where key > query), dS = P ∘ (dP − D),
      dQ += dS·K   (scaled by 1/sqrt(HS) at the end) */
 template <typename E, int HS>
@@ -2742,7 +2854,7 @@ us__hop_dq_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant_
                   E *__restrict__ dqkv, int T, int NH, int NKV, float scale, float sl2) {
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
-    constexpr int NWG = C::NWG, BR = 64 * NWG, BK = C::BQ, S = C::STAGES;
+    constexpr int NWG = C::NWG, BR = 64 * NWG, BK = C::BKQ, S = C::STAGES;
     constexpr int QB = BR * C::HSP * 2, KB = BK * C::HSP * 2;
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
     unsigned char *sQ = us__hop_smem_base(us__hop_raw); /* [BR][HSP] */
@@ -2916,7 +3028,7 @@ static void us__hop_bwd_hs(const CUtensorMap *maps, const float *L2, const float
     const size_t s1 = us__hop_smem(C::dkdv_bytes), s2 = us__hop_smem(C::dq_bytes);
     const int nthr = 128 * (1 + C::NWG);
     dim3 g1(NKV, B, (T + 64 * C::NWG - 1) / (64 * C::NWG)), g2(NH, B, (T + 64 * C::NWG - 1) / (64 * C::NWG));
-    /* maps: 0 Q by BQ rows, 1 dO by BQ rows, 2 K/V by 64·NWG rows, 3 Q by 64·NWG, 4 dO by 64·NWG, 5 K/V by BQ */
+    /* maps: 0 Q by BQ rows, 1 dO by BQ rows, 2 K/V by 64·NWG rows, 3 Q by 64·NWG, 4 dO by 64·NWG, 5 K/V by BKQ */
     if constexpr (C::NWG == 2) {
         cudaFuncSetAttribute(us__hop_dkdv_kernel<E, HS, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
         us__hop_dkdv_kernel<E, HS, 0><<<g1, nthr, s1, st>>>(maps[0], maps[1], maps[2], L2, D, (E *)dqkv, T, NH, NKV, scale, sl2);
@@ -2989,10 +3101,10 @@ static int us__hop_attention_bwd(us_ops *o, void *dqkv, const void *dout, const 
             (const __nv_bfloat16 *)dout, (const __nv_bfloat16 *)out, lse, D, L2, rows, (int)T, NH, HS);
 #define US__HOP_BWD(H)                                                                                   \
     if (HS == H) {                                                                                       \
-        const int bq = us__hop_cfg<H>::BQ, bk = 64 * us__hop_cfg<H>::NWG;                                \
+        const int bq = us__hop_cfg<H>::BQ, bk = 64 * us__hop_cfg<H>::NWG, bkq = us__hop_cfg<H>::BKQ;     \
         if (!us__hop_map(maps + 0, qkv, dt, QKV, T, B, bq) || !us__hop_map(maps + 1, dout, dt, OC, T, B, bq) || \
             !us__hop_map(maps + 2, qkv, dt, QKV, T, B, bk) || !us__hop_map(maps + 3, qkv, dt, QKV, T, B, bk) || \
-            !us__hop_map(maps + 4, dout, dt, OC, T, B, bk) || !us__hop_map(maps + 5, qkv, dt, QKV, T, B, bq))  \
+            !us__hop_map(maps + 4, dout, dt, OC, T, B, bk) || !us__hop_map(maps + 5, qkv, dt, QKV, T, B, bkq)) \
             return 0;                                                                                    \
         if (dt == US_F16) us__hop_bwd_hs<__half, H>(maps, L2, D, dqkv, (int)B, (int)T, NH, NKV, st);      \
         else us__hop_bwd_hs<__nv_bfloat16, H>(maps, L2, D, dqkv, (int)B, (int)T, NH, NKV, st);           \
