@@ -2456,21 +2456,29 @@ template <int HS> struct us__hop_cfg {
     static constexpr int HSP = (HS + 63) / 64 * 64;
     static constexpr int BC = HS <= 128 ? 128 : 64;
     static constexpr int NWG = HS <= 128 ? 2 : 1;
-    static constexpr int STAGES = 2;
+    /* stages of each kernel's ring (forward, dK/dV, dQ): 3 and 4 measured no faster on an H200
+       (bench/RESULTS.md) */
+    static constexpr int FS = 2, BS = 2, QS = 2;
     /* queries per tile of the dK/dV kernel, keys per tile of dQ: 128 where the registers allow,
        since a 64-wide wgmma reading both operands from shared memory is bound by its bandwidth */
     static constexpr int BQ = HS <= 64 ? 128 : 64;
     static constexpr int BKQ = HS <= 128 ? 128 : 64;
     /* forward: Q [128][HSP], K and V [STAGES][BC][HSP]; the barriers after them */
-    static constexpr int fwd_bytes = 128 * HSP * 2 + 2 * STAGES * BC * HSP * 2;
+    static constexpr int fwd_bytes = 128 * HSP * 2 + 2 * FS * BC * HSP * 2;
     /* dK/dV: K, V [64·NWG][HSP]; per stage Q, dO [BQ][HSP] and lse·log2 e, D [BQ] fp32 */
-    static constexpr int dkdv_bytes = 2 * 64 * NWG * HSP * 2 + STAGES * (2 * BQ * HSP * 2 + 2 * BQ * 4);
+    static constexpr int dkdv_bytes = 2 * 64 * NWG * HSP * 2 + BS * (2 * BQ * HSP * 2 + 2 * BQ * 4);
     /* dQ: Q, dO [64·NWG][HSP]; per stage K, V [BKQ][HSP] */
-    static constexpr int dq_bytes = 2 * 64 * NWG * HSP * 2 + STAGES * 2 * BKQ * HSP * 2;
+    static constexpr int dq_bytes = 2 * 64 * NWG * HSP * 2 + QS * 2 * BKQ * HSP * 2;
 };
 /* dynamic shared memory: 1 KB of slack to align the tiles to the swizzle's 1024 bytes, the
-   tiles, then room for 16 barriers */
-static constexpr size_t us__hop_smem(int bytes) { return (size_t)bytes + 1024 + 16 * 8; }
+   tiles, then room for 32 barriers */
+static constexpr size_t us__hop_smem(int bytes) { return (size_t)bytes + 1024 + 32 * 8; }
+/* every kernel's tiles fit in the 227 KB a block may have */
+template <int H> static constexpr bool us__hop_fits(void) {
+    using C = us__hop_cfg<H>;
+    return us__hop_smem(C::fwd_bytes) <= 232448 && us__hop_smem(C::dkdv_bytes) <= 232448 &&
+           us__hop_smem(C::dq_bytes) <= 232448;
+}
 static __device__ __forceinline__ unsigned char *us__hop_smem_base(unsigned char *raw) {
     return (unsigned char *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
 }
@@ -2529,7 +2537,7 @@ us__hop_fwd_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant
                    float *__restrict__ lse, int T, int NH, int NKV, float sl2 /* scale·log2 e */) {
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
-    constexpr int BR = 128, BC = C::BC, S = C::STAGES, QB = BR * C::HSP * 2, KVB = BC * C::HSP * 2;
+    constexpr int BR = 128, BC = C::BC, S = C::FS, QB = BR * C::HSP * 2, KVB = BC * C::HSP * 2;
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
     unsigned char *sQ = us__hop_smem_base(us__hop_raw); /* [BR][HSP] */
     unsigned char *sK = sQ + QB;                        /* [S][BC][HSP] */
@@ -2710,7 +2718,7 @@ us__hop_dkdv_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constan
                     E *__restrict__ dqkv, int T, int NH, int NKV, float scale, float sl2) {
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
-    constexpr int NWG = C::NWG, BK = 64 * NWG, BQ = C::BQ, S = C::STAGES;
+    constexpr int NWG = C::NWG, BK = 64 * NWG, BQ = C::BQ, S = C::BS;
     constexpr int KB = BK * C::HSP * 2, QB = BQ * C::HSP * 2;
     constexpr bool DV = PART != 2, DK = PART != 1;
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
@@ -2775,13 +2783,32 @@ us__hop_dkdv_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constan
     for (int i = 0; i < (DV ? HS / 8 : 1); i++) dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
     us__mb_wait(barKV, 0);
 
+    /* ping-pong (NWG 2): the consumers take turns issuing each of their two GEMM batches, so that
+       one's exp2 and products meet the other's GEMMs; a skipped tile still takes its turns */
+    const auto turn = [&]() {
+        if constexpr (NWG == 2) us__hop_bar_sync(1 + c);
+    };
+    const auto turn_done = [&](bool last) {
+        if constexpr (NWG == 2) {
+            if (c == 0 || !last) us__hop_bar_arrive(2 - c);
+        }
+    };
+    if constexpr (NWG == 2) {
+        if (c == 1) us__hop_bar_arrive(1);
+    }
     for (int it = 0; it < nit; it++) {
         const int s = it % S, ph = (it / S) & 1, q0 = (qb0 + it % per) * BQ;
         us__mb_wait(full + s, ph);
-        if (kc <= q0 + BQ - 1 && kc < T) { /* else every key here is after every query: P = 0 */
+        if (!(kc <= q0 + BQ - 1 && kc < T)) { /* every key here is after every query: P = 0 */
+            turn();
+            turn_done(false);
+            turn();
+            turn_done(it + 1 == nit);
+        } else {
             const unsigned char *tQ = sQ + s * QB, *tdO = sdO + s * QB;
             const float *tL = sL + s * BQ, *tD = sD + s * BQ;
             float st[BQ / 8][4], dpt[DK ? BQ / 8 : 1][4];
+            turn();
             us__wg_fence();
 #pragma unroll
             for (int kk = 0; kk < HS / 16; kk++) {
@@ -2790,6 +2817,7 @@ us__hop_dkdv_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constan
                     us__wg_ss<BQ, E, 0>(&dpt[0][0], us__wg_kmaj<BK>(sV, 64 * c, kk), us__wg_kmaj<BQ>(tdO, 0, kk), kk > 0);
             }
             us__wg_commit();
+            turn_done(false);
             us__wg_wait<BQ / 2>(&st[0][0]);
             if constexpr (DK) us__wg_wait<BQ / 2>(&dpt[0][0]);
             const bool diag = kc + 63 > q0; /* some key of the warpgroup comes after some query */
@@ -2809,6 +2837,7 @@ us__hop_dkdv_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constan
                 if constexpr (DV) us__hop_to_a<E, BQ>(pa[t], st, t);
                 if constexpr (DK) us__hop_to_a<E, BQ>(da[t], dpt, t);
             }
+            turn();
             us__wg_fence();
 #pragma unroll
             for (int t = 0; t < BQ / 16; t++) {
@@ -2816,6 +2845,7 @@ us__hop_dkdv_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constan
                 if constexpr (DK) us__wg_rs<HS, E, 1>(&dk[0][0], da[t], us__wg_mnmaj<BQ>(tQ, t), 1);
             }
             us__wg_commit();
+            turn_done(it + 1 == nit);
             if constexpr (DV) us__wg_wait<HS / 2>(&dv[0][0]);
             if constexpr (DK) us__wg_wait<HS / 2>(&dk[0][0]);
         }
@@ -2854,7 +2884,7 @@ us__hop_dq_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant_
                   E *__restrict__ dqkv, int T, int NH, int NKV, float scale, float sl2) {
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
-    constexpr int NWG = C::NWG, BR = 64 * NWG, BK = C::BKQ, S = C::STAGES;
+    constexpr int NWG = C::NWG, BR = 64 * NWG, BK = C::BKQ, S = C::QS;
     constexpr int QB = BR * C::HSP * 2, KB = BK * C::HSP * 2;
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
     unsigned char *sQ = us__hop_smem_base(us__hop_raw); /* [BR][HSP] */
@@ -2909,12 +2939,30 @@ us__hop_dq_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant_
     for (int i = 0; i < HS / 8; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
     us__mb_wait(barQ, 0);
 
+    /* ping-pong of the two consumers' GEMM batches, as in the dK/dV kernel */
+    const auto turn = [&]() {
+        if constexpr (NWG == 2) us__hop_bar_sync(1 + c);
+    };
+    const auto turn_done = [&](bool last) {
+        if constexpr (NWG == 2) {
+            if (c == 0 || !last) us__hop_bar_arrive(2 - c);
+        }
+    };
+    if constexpr (NWG == 2) {
+        if (c == 1) us__hop_bar_arrive(1);
+    }
     for (int kb = 0; kb < nkb; kb++) {
         const int s = kb % S, ph = (kb / S) & 1;
         us__mb_wait(full + s, ph);
-        if (kb < nkb_c) {
+        if (kb >= nkb_c) { /* keys wholly after this warpgroup's queries */
+            turn();
+            turn_done(false);
+            turn();
+            turn_done(kb + 1 == nkb);
+        } else {
             const unsigned char *tK = sK + s * KB, *tV = sV + s * KB;
             float sc[BK / 8][4], dp[BK / 8][4];
+            turn();
             us__wg_fence();
 #pragma unroll
             for (int kk = 0; kk < HS / 16; kk++) {
@@ -2922,6 +2970,7 @@ us__hop_dq_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant_
                 us__wg_ss<BK, E, 0>(&dp[0][0], us__wg_kmaj<BR>(sdO, 64 * c, kk), us__wg_kmaj<BK>(tV, 0, kk), kk > 0);
             }
             us__wg_commit();
+            turn_done(false);
             us__wg_wait<BK / 2>(&sc[0][0]);
             us__wg_wait<BK / 2>(&dp[0][0]);
             const bool diag = kb * BK + BK - 1 > r0;
@@ -2936,10 +2985,12 @@ us__hop_dq_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant_
             uint32_t da[BK / 16][4];
 #pragma unroll
             for (int t = 0; t < BK / 16; t++) us__hop_to_a<E, BK>(da[t], dp, t);
+            turn();
             us__wg_fence();
 #pragma unroll
             for (int t = 0; t < BK / 16; t++) us__wg_rs<HS, E, 1>(&dq[0][0], da[t], us__wg_mnmaj<BK>(tK, t), 1);
             us__wg_commit();
+            turn_done(kb + 1 == nkb);
             us__wg_wait<HS / 2>(&dq[0][0]);
         }
         us__mb_arrive(empty + s);
@@ -3044,6 +3095,9 @@ static void us__hop_bwd_hs(const CUtensorMap *maps, const float *L2, const float
 
 /* the head sizes compiled, each for bf16 and fp16 */
 #define US__HOP_HEADS(X) X(64) X(80) X(96) X(128) X(192) X(256)
+#define US__HOP_FITS(H) static_assert(us__hop_fits<H>(), "tiles of HS " #H " exceed 227 KB of shared memory");
+US__HOP_HEADS(US__HOP_FITS)
+#undef US__HOP_FITS
 
 /* Hopper attention for this call? bf16 or fp16, a compiled head size, an sm_90a binary on a
    compute-capability-9 GPU, and layouts the copy engine can address (16-byte aligned rows) */
