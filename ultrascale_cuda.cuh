@@ -45,6 +45,11 @@ US_API void      us_cuda_ops_free(us_ops *ops);
 US_API int       us_cuda_device_count(void);
 /* The device's name and memory, for logs. */
 US_API void      us_cuda_describe(const us_ops *ops, char *buf, size_t buflen);
+/* Which kernels attention runs for activations of type dt and head size head_size (by key blocks
+   with positions when by_blocks, as context parallelism runs it): "hopper" (wgmma, sm_90a),
+   "flash" (mma.sync, sm_80+) or "portable" (one thread per query row: correct, and about a
+   hundred times slower). Trainers say so at start when it is "portable". */
+US_API const char *us_cuda_attention_path(us_ops *ops, us_dtype dt, int head_size, int by_blocks);
 /* The compute stream every op of these ops runs on (a cudaStream_t), for the NCCL backend to
    order its communication stream against. */
 US_API void     *us_cuda_stream(const us_ops *ops);
@@ -4472,6 +4477,12 @@ US_API void us_cuda_ops_free(us_ops *o) {
 }
 
 US_API void *us_cuda_stream(const us_ops *o) { return o->backend ? (void *)((const us__cuda *)o->backend)->stream : NULL; }
+
+US_API const char *us_cuda_attention_path(us_ops *o, us_dtype dt, int HS, int by_blocks) {
+    if (!o->backend) return "portable";
+    if (by_blocks) return us__flash_ok(o, dt, HS) ? "flash" : "portable";
+    return us__hop_ok(o, dt, HS) ? "hopper" : us__flash_ok(o, dt, HS) ? "flash" : "portable";
+}
 
 US_API void us_cuda_describe(const us_ops *o, char *buf, size_t buflen) {
     struct cudaDeviceProp p;

@@ -380,6 +380,20 @@ static us_result run_rank(us_comm *comm, void *arg) {
                (long long)m.cfg.ffn_dim, (long long)m.cfg.vocab, m.cfg.tie_embeddings ? " tied" : "",
                us_precision_name(m.tc.precision), us_recompute_name(m.tc.recompute), Bg, tc.seq, tc.grad_accum, dp, tc.cp, tc.tp, tc.zero,
                o->data_path ? o->data_path : "task: sort 8 digits", devname, (double)m.mem.total / 1048576.0);
+#ifdef US_CUDA
+    if (loud && o->use_cuda) { /* the attention kernels this shape gets: no silent hundredfold cliff */
+        const int hs = (int)(m.cfg.dim / m.cfg.n_heads);
+        const char *ap = us_cuda_attention_path(&ops, m.dt, hs, tc.cp > 1);
+        if (!strcmp(ap, "portable"))
+            printf("warning: attention runs the portable kernel (%s, head size %d%s), about 100x slower than flash attention, "
+                   "which takes bf16 and fp16 at head sizes 64, 80, 96, 128, 192, 256 on Hopper (bf16 at 64 and 128 under --cp "
+                   "and on other GPUs)\n",
+                   us_dtype_name(m.dt), hs, tc.cp > 1 ? ", by blocks for --cp" : "");
+        else
+            printf("attention: %s kernels (%s, head size %d)\n", !strcmp(ap, "hopper") ? "Hopper wgmma" : "flash mma.sync",
+                   us_dtype_name(m.dt), hs);
+    }
+#endif
     if (loud && o->data_path) {
         if (o->val.n) printf("data: %lld tokens to train on, the last %lld held out for the evaluations\n", (long long)o->data.n, (long long)o->val.n);
         else printf("data: %lld tokens to train on, the evaluations read them too (--val-frac 0, or too few to hold any out)\n", (long long)o->data.n);
