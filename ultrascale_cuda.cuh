@@ -2461,6 +2461,9 @@ template <int HS> struct us__hop_cfg {
     static constexpr int HSP = (HS + 63) / 64 * 64;
     static constexpr int BC = HS <= 128 ? 128 : 64;
     static constexpr int NWG = HS <= 128 ? 2 : 1;
+    /* consumer warpgroups of the forward: 3 at HS 64, where the softmax costs as much as the GEMMs
+       and a third warpgroup gives the tensor cores more work to switch to (FA3's 192 × 128) */
+    static constexpr int NWF = HS <= 64 ? 3 : 2;
     /* stages of each kernel's ring (forward, dK/dV, dQ): 3 and 4 measured no faster on an H200
        (bench/RESULTS.md) */
     static constexpr int FS = 2, BS = 2, QS = 2;
@@ -2468,8 +2471,8 @@ template <int HS> struct us__hop_cfg {
        since a 64-wide wgmma reading both operands from shared memory is bound by its bandwidth */
     static constexpr int BQ = HS <= 64 ? 128 : 64;
     static constexpr int BKQ = HS <= 128 ? 128 : 64;
-    /* forward: Q [128][HSP], K and V [STAGES][BC][HSP]; the barriers after them */
-    static constexpr int fwd_bytes = 128 * HSP * 2 + 2 * FS * BC * HSP * 2;
+    /* forward: Q [64·NWF][HSP], K and V [FS][BC][HSP]; the barriers after them */
+    static constexpr int fwd_bytes = 64 * NWF * HSP * 2 + 2 * FS * BC * HSP * 2;
     /* dK/dV: K, V [64·NWG][HSP]; per stage Q, dO [BQ][HSP] and lse·log2 e, D [BQ] fp32 */
     static constexpr int dkdv_bytes = 2 * 64 * NWG * HSP * 2 + BS * (2 * BQ * HSP * 2 + 2 * BQ * 4);
     /* dQ: Q, dO [64·NWG][HSP]; per stage K, V [BKQ][HSP] */
@@ -2537,12 +2540,12 @@ template <int HS> static __device__ __forceinline__ void us__hop_scale_o(float (
         for (int e = 0; e < 4; e++) asm volatile("" : "+f"(o[i][e])::"memory");
 }
 template <typename E, int HS>
-__global__ void __launch_bounds__(384, 1)
+__global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
 us__hop_fwd_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mkv, E *__restrict__ out,
                    float *__restrict__ lse, int T, int NH, int NKV, float sl2 /* scale·log2 e */) {
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
-    constexpr int BR = 128, BC = C::BC, S = C::FS, QB = BR * C::HSP * 2, KVB = BC * C::HSP * 2;
+    constexpr int NW = C::NWF, BR = 64 * NW, BC = C::BC, S = C::FS, QB = BR * C::HSP * 2, KVB = BC * C::HSP * 2;
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
     unsigned char *sQ = us__hop_smem_base(us__hop_raw); /* [BR][HSP] */
     unsigned char *sK = sQ + QB;                        /* [S][BC][HSP] */
@@ -2557,21 +2560,22 @@ us__hop_fwd_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant
         for (int s = 0; s < S; s++) {
             us__mb_init(fullK + s, 1);
             us__mb_init(fullV + s, 1);
-            us__mb_init(emptyK + s, 256); /* every consumer thread arrives */
-            us__mb_init(emptyV + s, 256);
+            us__mb_init(emptyK + s, 128 * NW); /* every consumer thread arrives */
+            us__mb_init(emptyV + s, 128 * NW);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
 
     if (wg == 0) { /* producer: one thread issues every copy */
-        us__hop_regs_dec<40>();
+        if constexpr (NW == 3) us__hop_regs_dec<24>();
+        else us__hop_regs_dec<40>();
         if (tid == 0) {
             us__mb_expect(barQ, QB);
             us__tma_tile<HS, BR>(sQ, &mq, h * HS, q0, b, barQ);
             for (int kb = 0; kb < nkb; kb++) {
                 const int s = kb % S;
-                if (kb >= S) us__mb_wait(emptyK + s, ((kb / S) - 1) & 1); /* both consumers done with it */
+                if (kb >= S) us__mb_wait(emptyK + s, ((kb / S) - 1) & 1); /* every consumer is done with it */
                 us__mb_expect(fullK + s, KVB);
                 us__tma_tile<HS, BC>(sK + s * KVB, &mkv, (NH + g) * HS, kb * BC, b, fullK + s);
                 if (kb >= S) us__mb_wait(emptyV + s, ((kb / S) - 1) & 1);
@@ -2581,7 +2585,8 @@ us__hop_fwd_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant
         }
         return;
     }
-    us__hop_regs_inc<232>();
+    if constexpr (NW == 3) us__hop_regs_inc<160>();
+    else us__hop_regs_inc<232>();
     const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
     const int r0 = q0 + 64 * c;                                      /* this warpgroup's first query */
     const int nkb_c = r0 < T ? (min(r0 + 64, T) - 1) / BC + 1 : 0; /* the tiles it needs (a prefix) */
@@ -2590,15 +2595,15 @@ us__hop_fwd_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant
     uint32_t pa[BC / 16][4]; /* P of the tile before, as A fragments of O += P·V */
 #pragma unroll
     for (int i = 0; i < HS / 8; i++) o[0][i][0] = o[0][i][1] = o[0][i][2] = o[0][i][3] = 0.f;
-    if (c == 1) us__hop_bar_arrive(1); /* consumer 0 takes the tensor cores first */
+    if (c == NW - 1) us__hop_bar_arrive(1); /* consumer 0 takes the tensor cores first */
     us__mb_wait(barQ, 0);
 
     /* Tile kb: issue S = Q·K_kbᵀ and, behind it, O += P·V of tile kb−1 (intra-warpgroup
        overlap: the softmax of tile kb runs while that second GEMM does). O lags one tile: it is
-       rescaled by tile kb−1's correction before the batch that adds P·V of tile kb−1. The two
-       consumers take turns issuing (ping-pong), so one's softmax meets the other's GEMMs. The
-       first tile and the last P·V are peeled off, so that every wait in the loop is
-       unconditional (ptxas serialises wgmma it cannot prove waited for on every path). */
+       rescaled by tile kb−1's correction before the batch that adds P·V of tile kb−1. The
+       consumers take turns issuing (ping-pong, round robin over NW), so one's softmax meets the
+       others' GEMMs. The first tile and the last P·V are peeled off, so that every wait in the
+       loop is unconditional (ptxas serialises wgmma it cannot prove waited for on every path). */
     float corr[2] = {1.f, 1.f};
     const auto qk = [&](float (&sc)[1][BC / 8][4], int s) {
         us__wg_fence();
@@ -2623,8 +2628,8 @@ us__hop_fwd_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant
 #pragma unroll
         for (int t = 0; t < BC / 16; t++) us__hop_to_a<E, BC>(pa[t], sc[0], t);
     };
-    const auto turn_done = [&](int kb) { /* the other consumer's turn (none after the last) */
-        if (c == 0 || kb + 1 < nkb) us__hop_bar_arrive(2 - c);
+    const auto turn_done = [&](int kb) { /* the next consumer's turn (none after the last) */
+        if (c != NW - 1 || kb + 1 < nkb) us__hop_bar_arrive(1 + (c + 1) % NW);
     };
     int kb = 0;
     if (nkb_c > 0) {
@@ -3073,8 +3078,9 @@ static void us__hop_fwd_hs(const CUtensorMap &mq, const CUtensorMap &mkv, void *
                            cudaStream_t st) {
     const size_t smem = us__hop_smem(us__hop_cfg<HS>::fwd_bytes);
     cudaFuncSetAttribute(us__hop_fwd_kernel<E, HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    dim3 grid(NH, B, (T + 127) / 128);
-    us__hop_fwd_kernel<E, HS><<<grid, 384, smem, st>>>(mq, mkv, (E *)out, lse, T, NH, NKV, 1.4426950408889634f / sqrtf((float)HS));
+    constexpr int BR = 64 * us__hop_cfg<HS>::NWF;
+    dim3 grid(NH, B, (T + BR - 1) / BR);
+    us__hop_fwd_kernel<E, HS><<<grid, 128 * (1 + us__hop_cfg<HS>::NWF), smem, st>>>(mq, mkv, (E *)out, lse, T, NH, NKV, 1.4426950408889634f / sqrtf((float)HS));
 }
 template <typename E, int HS>
 static void us__hop_bwd_hs(const CUtensorMap *maps, const float *L2, const float *D, void *dqkv, int B, int T, int NH, int NKV,
@@ -3127,7 +3133,7 @@ static int us__hop_attention_fwd(us_ops *o, void *out, float *lse, const void *q
     if (B <= 0 || T <= 0 || NH <= 0) return 1;
 #define US__HOP_FWD(H)                                                                                  \
     if (HS == H) {                                                                                      \
-        if (!us__hop_map(&mq, qkv, dt, QKV, T, B, 128) ||                                               \
+        if (!us__hop_map(&mq, qkv, dt, QKV, T, B, 64 * us__hop_cfg<H>::NWF) ||                          \
             !us__hop_map(&mkv, qkv, dt, QKV, T, B, us__hop_cfg<H>::BC))                                 \
             return 0;                                                                                   \
         if (dt == US_F16) us__hop_fwd_hs<__half, H>(mq, mkv, out, lse, (int)B, (int)T, NH, NKV, st);     \
