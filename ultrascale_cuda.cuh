@@ -10,8 +10,9 @@
        ...
        us_model_free(&m); us_cuda_ops_free(&ops);
    Build: nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a file.cu -lcublasLt
-   (other architectures compile too; the flash-attention kernels need sm_80 or newer and fall
-   back to the portable kernel elsewhere).
+   (other architectures compile too: the Hopper attention kernels need an sm_90a pass, the
+   mma.sync ones sm_80 or newer; elsewhere attention falls back to the portable kernel, and
+   us_cuda_attention_path says which one a shape gets).
 
    What is here (the Playbook's "going deeper into the GPU"):
      // >>cuda-core       device memory, one stream, error recording, memory accounting
@@ -19,6 +20,7 @@
      // >>cuda-kernels    embedding, RMSNorm, RoPE, SwiGLU, fused softmax-cross-entropy, casts
      // >>cuda-attention  portable attention (any dtype/head size)
      // >>cuda-flash      flash attention: bf16, HS 64/128, mma.sync tensor cores, deterministic backward
+     // >>cuda-hopper     FlashAttention-3 on Hopper: wgmma, TMA, warp specialisation; bf16/fp16, HS 64-256
      // >>cuda-cp-flash   the same by key blocks with positions (ring attention's blocks), state in fp32
      // >>cuda-moe        mixture of experts: router (+ backward), counting-sort permute, row gather / scatter-add, gate gradient
      // >>cuda-optimizer  AdamW on flat buffers, Σx² for the global norm
@@ -2028,15 +2030,18 @@ static void us__flash_bwd(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv, c
 #define US__HOP_DEV 0
 #endif
 
-template <typename E> struct us__is_half {
+template <typename E>
+struct us__is_half {
     static constexpr bool value = false;
 };
-template <> struct us__is_half<__half> {
+template <>
+struct us__is_half<__half> {
     static constexpr bool value = true;
 };
 
 /* two fp32 → one 32-bit register of two 16-bit values of type E (low half first) */
-template <typename E> static __device__ __forceinline__ uint32_t us__hop_pack(float lo, float hi) {
+template <typename E>
+static __device__ __forceinline__ uint32_t us__hop_pack(float lo, float hi) {
     if constexpr (us__is_half<E>::value) {
         __half2 v = __floats2half2_rn(lo, hi);
         return *reinterpret_cast<uint32_t *>(&v);
@@ -2053,65 +2058,61 @@ template <typename E> static __device__ __forceinline__ uint32_t us__hop_pack(fl
    (descriptors); rs: A from registers (the m16n8k16 A fragment of the warp's 16 rows). TB = 1
    reads B transposed (MN-major: its N index is the contiguous one, as V's head dimension). */
 #if US__HOP_DEV
-#define US__WG_R64 \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, " \
+#define US__WG_R64                                                 \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "          \
     "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
     "%24, %25, %26, %27, %28, %29, %30, %31}"
-#define US__WG_D64(d) \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), \
-    "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), \
-    "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), \
-    "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), \
-    "+f"(d[30]), "+f"(d[31])
-#define US__WG_R80 \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, " \
+#define US__WG_D64(d)                                                                              \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),            \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define US__WG_R80                                                 \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "          \
     "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
     "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
     "%36, %37, %38, %39}"
-#define US__WG_D80(d) \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), \
-    "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), \
-    "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), \
-    "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), \
-    "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), \
-    "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
-#define US__WG_R96 \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, " \
+#define US__WG_D80(d)                                                                              \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),            \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), \
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
+#define US__WG_R96                                                 \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "          \
     "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
     "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
     "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}"
-#define US__WG_D96(d) \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), \
-    "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), \
-    "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), \
-    "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), \
-    "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), \
-    "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
-    "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
-#define US__WG_R128 \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, " \
+#define US__WG_D96(d)                                                                              \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),            \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), \
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+#define US__WG_R128                                                \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "          \
     "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
     "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
     "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, " \
     "%60, %61, %62, %63}"
-#define US__WG_D128(d) \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), \
-    "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), \
-    "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), \
-    "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), \
-    "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), \
-    "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
-    "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), \
-    "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), \
-    "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#define US__WG_R192 \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, " \
+#define US__WG_D128(d)                                                                             \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),            \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), \
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), \
+        "+f"(d[63])
+#define US__WG_R192                                                \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "          \
     "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
     "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
     "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
@@ -2119,118 +2120,113 @@ template <typename E> static __device__ __forceinline__ uint32_t us__hop_pack(fl
     "%60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, " \
     "%72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, " \
     "%84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}"
-#define US__WG_D192(d) \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), \
-    "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), \
-    "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), \
-    "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), \
-    "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), \
-    "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
-    "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), \
-    "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), \
-    "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), \
-    "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
-    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), \
-    "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), \
-    "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), \
-    "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
-#define US__WG_R256 \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, " \
-    "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
-    "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
-    "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, " \
-    "%60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, " \
-    "%72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, " \
-    "%84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
-    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, " \
+#define US__WG_D192(d)                                                                             \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),            \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), \
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), \
+        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), \
+        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), \
+        "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), \
+        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), \
+        "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+#define US__WG_R256                                                            \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "                      \
+    "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "             \
+    "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "             \
+    "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "             \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, "             \
+    "%60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, "             \
+    "%72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, "             \
+    "%84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "             \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, "     \
     "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, " \
     "%120, %121, %122, %123, %124, %125, %126, %127}"
-#define US__WG_D256(d) \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), \
-    "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), \
-    "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), \
-    "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), \
-    "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), \
-    "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
-    "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), \
-    "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), \
-    "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), \
-    "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
-    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), \
-    "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), \
-    "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), \
-    "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
-    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), \
-    "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), \
-    "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), \
-    "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
-    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), \
-    "+f"(d[126]), "+f"(d[127])
+#define US__WG_D256(d)                                                                             \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),            \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), \
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), \
+        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), \
+        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), \
+        "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), \
+        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), \
+        "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), \
+        "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),          \
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),        \
+        "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),        \
+        "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),        \
+        "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
 template <typename E, int TB>
 static __device__ __forceinline__ void us__wg_ss64(float *d, uint64_t a, uint64_t b, int acc) {
     if constexpr (us__is_half<E>::value)
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-                     US__WG_R64 ", %32, %33, p, 1, 1, 0, %35;\n}\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " US__WG_R64
+                     ", %32, %33, p, 1, 1, 0, %35;\n}\n"
                      : US__WG_D64(d)
                      : "l"(a), "l"(b), "r"(acc), "n"(TB));
     else
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                     US__WG_R64 ", %32, %33, p, 1, 1, 0, %35;\n}\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " US__WG_R64
+                     ", %32, %33, p, 1, 1, 0, %35;\n}\n"
                      : US__WG_D64(d)
                      : "l"(a), "l"(b), "r"(acc), "n"(TB));
 }
 template <typename E, int TB>
 static __device__ __forceinline__ void us__wg_rs64(float *d, const uint32_t (&a)[4], uint64_t b,
-                                                int acc) {
+                                                   int acc) {
     if constexpr (us__is_half<E>::value)
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-                     US__WG_R64 ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " US__WG_R64
+                     ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
                      : US__WG_D64(d)
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
     else
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                     US__WG_R64 ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " US__WG_R64
+                     ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
                      : US__WG_D64(d)
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
 }
 template <typename E, int TB>
 static __device__ __forceinline__ void us__wg_rs80(float *d, const uint32_t (&a)[4], uint64_t b,
-                                                int acc) {
+                                                   int acc) {
     if constexpr (us__is_half<E>::value)
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16 "
-                     US__WG_R80 ", {%40, %41, %42, %43}, %44, p, 1, 1, %46;\n}\n"
+                     "wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16 " US__WG_R80
+                     ", {%40, %41, %42, %43}, %44, p, 1, 1, %46;\n}\n"
                      : US__WG_D80(d)
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
     else
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 "
-                     US__WG_R80 ", {%40, %41, %42, %43}, %44, p, 1, 1, %46;\n}\n"
+                     "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 " US__WG_R80
+                     ", {%40, %41, %42, %43}, %44, p, 1, 1, %46;\n}\n"
                      : US__WG_D80(d)
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
 }
 template <typename E, int TB>
 static __device__ __forceinline__ void us__wg_rs96(float *d, const uint32_t (&a)[4], uint64_t b,
-                                                int acc) {
+                                                   int acc) {
     if constexpr (us__is_half<E>::value)
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 "
-                     US__WG_R96 ", {%48, %49, %50, %51}, %52, p, 1, 1, %54;\n}\n"
+                     "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 " US__WG_R96
+                     ", {%48, %49, %50, %51}, %52, p, 1, 1, %54;\n}\n"
                      : US__WG_D96(d)
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
     else
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 "
-                     US__WG_R96 ", {%48, %49, %50, %51}, %52, p, 1, 1, %54;\n}\n"
+                     "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 " US__WG_R96
+                     ", {%48, %49, %50, %51}, %52, p, 1, 1, %54;\n}\n"
                      : US__WG_D96(d)
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
 }
@@ -2238,62 +2234,62 @@ template <typename E, int TB>
 static __device__ __forceinline__ void us__wg_ss128(float *d, uint64_t a, uint64_t b, int acc) {
     if constexpr (us__is_half<E>::value)
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-                     US__WG_R128 ", %64, %65, p, 1, 1, 0, %67;\n}\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " US__WG_R128
+                     ", %64, %65, p, 1, 1, 0, %67;\n}\n"
                      : US__WG_D128(d)
                      : "l"(a), "l"(b), "r"(acc), "n"(TB));
     else
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                     US__WG_R128 ", %64, %65, p, 1, 1, 0, %67;\n}\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " US__WG_R128
+                     ", %64, %65, p, 1, 1, 0, %67;\n}\n"
                      : US__WG_D128(d)
                      : "l"(a), "l"(b), "r"(acc), "n"(TB));
 }
 template <typename E, int TB>
 static __device__ __forceinline__ void us__wg_rs128(float *d, const uint32_t (&a)[4], uint64_t b,
-                                                int acc) {
+                                                    int acc) {
     if constexpr (us__is_half<E>::value)
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-                     US__WG_R128 ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " US__WG_R128
+                     ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
                      : US__WG_D128(d)
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
     else
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                     US__WG_R128 ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " US__WG_R128
+                     ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
                      : US__WG_D128(d)
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
 }
 template <typename E, int TB>
 static __device__ __forceinline__ void us__wg_rs192(float *d, const uint32_t (&a)[4], uint64_t b,
-                                                int acc) {
+                                                    int acc) {
     if constexpr (us__is_half<E>::value)
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %101, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16 "
-                     US__WG_R192 ", {%96, %97, %98, %99}, %100, p, 1, 1, %102;\n}\n"
+                     "wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16 " US__WG_R192
+                     ", {%96, %97, %98, %99}, %100, p, 1, 1, %102;\n}\n"
                      : US__WG_D192(d)
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
     else
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %101, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 "
-                     US__WG_R192 ", {%96, %97, %98, %99}, %100, p, 1, 1, %102;\n}\n"
+                     "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 " US__WG_R192
+                     ", {%96, %97, %98, %99}, %100, p, 1, 1, %102;\n}\n"
                      : US__WG_D192(d)
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
 }
 template <typename E, int TB>
 static __device__ __forceinline__ void us__wg_rs256(float *d, const uint32_t (&a)[4], uint64_t b,
-                                                int acc) {
+                                                    int acc) {
     if constexpr (us__is_half<E>::value)
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
-                     US__WG_R256 ", {%128, %129, %130, %131}, %132, p, 1, 1, %134;\n}\n"
+                     "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 " US__WG_R256
+                     ", {%128, %129, %130, %131}, %132, p, 1, 1, %134;\n}\n"
                      : US__WG_D256(d)
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
     else
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-                     US__WG_R256 ", {%128, %129, %130, %131}, %132, p, 1, 1, %134;\n}\n"
+                     "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " US__WG_R256
+                     ", {%128, %129, %130, %131}, %132, p, 1, 1, %134;\n}\n"
                      : US__WG_D256(d)
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
 }
@@ -2302,20 +2298,28 @@ template <int N, typename E, int TB>
 static __device__ __forceinline__ void us__wg_ss(float *d, uint64_t a, uint64_t b, int acc) {
 #if US__HOP_DEV
     static_assert(N == 64 || N == 128, "no wgmma wrapper of this N");
-    if constexpr (N == 64) us__wg_ss64<E, TB>(d, a, b, acc);
-    else us__wg_ss128<E, TB>(d, a, b, acc);
+    if constexpr (N == 64)
+        us__wg_ss64<E, TB>(d, a, b, acc);
+    else
+        us__wg_ss128<E, TB>(d, a, b, acc);
 #else
     (void)d, (void)a, (void)b, (void)acc;
 #endif
 }
 template <int N, typename E, int TB>
-static __device__ __forceinline__ void us__wg_rs(float *d, const uint32_t (&a)[4], uint64_t b, int acc) {
+static __device__ __forceinline__ void us__wg_rs(float *d, const uint32_t (&a)[4], uint64_t b,
+                                                 int acc) {
 #if US__HOP_DEV
-    if constexpr (N == 64) us__wg_rs64<E, TB>(d, a, b, acc);
-    else if constexpr (N == 80) us__wg_rs80<E, TB>(d, a, b, acc);
-    else if constexpr (N == 96) us__wg_rs96<E, TB>(d, a, b, acc);
-    else if constexpr (N == 128) us__wg_rs128<E, TB>(d, a, b, acc);
-    else if constexpr (N == 192) us__wg_rs192<E, TB>(d, a, b, acc);
+    if constexpr (N == 64)
+        us__wg_rs64<E, TB>(d, a, b, acc);
+    else if constexpr (N == 80)
+        us__wg_rs80<E, TB>(d, a, b, acc);
+    else if constexpr (N == 96)
+        us__wg_rs96<E, TB>(d, a, b, acc);
+    else if constexpr (N == 128)
+        us__wg_rs128<E, TB>(d, a, b, acc);
+    else if constexpr (N == 192)
+        us__wg_rs192<E, TB>(d, a, b, acc);
     else {
         static_assert(N == 256, "no wgmma wrapper of this N");
         us__wg_rs256<E, TB>(d, a, b, acc);
@@ -2338,7 +2342,8 @@ static __device__ __forceinline__ void us__wg_commit(void) {
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 #endif
 }
-template <int NREG> static __device__ __forceinline__ void us__wg_wait(float *d) {
+template <int NREG>
+static __device__ __forceinline__ void us__wg_wait(float *d) {
 #if US__HOP_DEV
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #endif
@@ -2346,7 +2351,8 @@ template <int NREG> static __device__ __forceinline__ void us__wg_wait(float *d)
     for (int i = 0; i < NREG; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-template <int PENDING, int NREG> static __device__ __forceinline__ void us__wg_wait_n(float *d) {
+template <int PENDING, int NREG>
+static __device__ __forceinline__ void us__wg_wait_n(float *d) {
 #if US__HOP_DEV
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
 #endif
@@ -2370,8 +2376,8 @@ static __device__ __forceinline__ void us__hop_bar_arrive(int id) {
    lbo steps one 64-column block of n. */
 static __device__ __forceinline__ uint64_t us__wg_desc(const void *s, uint32_t lbo, uint32_t sbo) {
     uint32_t a = us__smem_u32(s);
-    return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32 |
-           1ull << 62;
+    return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)(lbo >> 4) << 16 |
+           (uint64_t)(sbo >> 4) << 32 | 1ull << 62;
 }
 /* K-major operand: k-step kk (16 elements) of a tile of ROWS rows, from row r0 */
 template <int ROWS>
@@ -2393,9 +2399,10 @@ static __device__ __forceinline__ void us__mb_init(uint64_t *bar, int count) {
 /* one arrival that also announces bytes the copy engine will deliver to this phase */
 static __device__ __forceinline__ void us__mb_expect(uint64_t *bar, uint32_t bytes) {
 #if US__HOP_DEV
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(us__smem_u32(bar)),
-                 "r"(bytes)
-                 : "memory");
+    asm volatile(
+        "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(us__smem_u32(bar)),
+        "r"(bytes)
+        : "memory");
 #endif
 }
 static __device__ __forceinline__ void us__mb_arrive(uint64_t *bar) {
@@ -2414,8 +2421,8 @@ static __device__ __forceinline__ void us__mb_wait(uint64_t *bar, int parity) {
 #endif
 }
 /* box {64 columns, rows, 1} at (column c0, row c1, batch c2) of a 3-D tensor map into dst */
-static __device__ __forceinline__ void us__tma_load(void *dst, const CUtensorMap *map, int c0, int c1, int c2,
-                                                    uint64_t *bar) {
+static __device__ __forceinline__ void us__tma_load(void *dst, const CUtensorMap *map, int c0,
+                                                    int c1, int c2, uint64_t *bar) {
 #if US__HOP_DEV
     asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
                  " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(us__smem_u32(dst)),
@@ -2425,17 +2432,20 @@ static __device__ __forceinline__ void us__tma_load(void *dst, const CUtensorMap
 }
 /* rows × HS of head columns col.. (every 64-column block) into a swizzled tile */
 template <int HS, int ROWS>
-static __device__ __forceinline__ void us__tma_tile(unsigned char *tile, const CUtensorMap *map, int col, int row,
-                                                    int b, uint64_t *bar) {
+static __device__ __forceinline__ void us__tma_tile(unsigned char *tile, const CUtensorMap *map,
+                                                    int col, int row, int b, uint64_t *bar) {
 #pragma unroll
-    for (int cb = 0; cb < (HS + 63) / 64; cb++) us__tma_load(tile + cb * ROWS * 128, map, col + cb * 64, row, b, bar);
+    for (int cb = 0; cb < (HS + 63) / 64; cb++)
+        us__tma_load(tile + cb * ROWS * 128, map, col + cb * 64, row, b, bar);
 }
-template <int NREG> static __device__ __forceinline__ void us__hop_regs_dec(void) {
+template <int NREG>
+static __device__ __forceinline__ void us__hop_regs_dec(void) {
 #if US__HOP_DEV
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(NREG));
 #endif
 }
-template <int NREG> static __device__ __forceinline__ void us__hop_regs_inc(void) {
+template <int NREG>
+static __device__ __forceinline__ void us__hop_regs_inc(void) {
 #if US__HOP_DEV
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(NREG));
 #endif
@@ -2443,7 +2453,8 @@ template <int NREG> static __device__ __forceinline__ void us__hop_regs_inc(void
 
 /* the fp32 accumulators of k-step t (columns 16t..16t+15) of a warpgroup tile, as an A fragment */
 template <typename E, int N>
-static __device__ __forceinline__ void us__hop_to_a(uint32_t (&a)[4], const float (&x)[N / 8][4], int t) {
+static __device__ __forceinline__ void us__hop_to_a(uint32_t (&a)[4], const float (&x)[N / 8][4],
+                                                    int t) {
     a[0] = us__hop_pack<E>(x[2 * t][0], x[2 * t][1]);
     a[1] = us__hop_pack<E>(x[2 * t][2], x[2 * t][3]);
     a[2] = us__hop_pack<E>(x[2 * t + 1][0], x[2 * t + 1][1]);
@@ -2452,12 +2463,15 @@ static __device__ __forceinline__ void us__hop_to_a(uint32_t (&a)[4], const floa
 
 /* the warpgroup of this thread, through a shuffle so that the compiler knows it is the same in
    every lane: wgmma behind a branch it thinks divergent gets serialised (ptxas warning C7520) */
-static __device__ __forceinline__ int us__hop_wg(void) { return __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0); }
+static __device__ __forceinline__ int us__hop_wg(void) {
+    return __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0);
+}
 
 /* Tile sizes and shared memory of one head size. HSP: HS rounded up to whole column blocks.
    BC keys per forward tile (128 up to HS 128: S is then 64 fp32 per thread; 64 above, where
    O takes 96-128). NWG consumer warpgroups of the backward. */
-template <int HS> struct us__hop_cfg {
+template <int HS>
+struct us__hop_cfg {
     static constexpr int HSP = (HS + 63) / 64 * 64;
     static constexpr int BC = HS <= 128 ? 128 : 64;
     static constexpr int NWG = HS <= 128 ? 2 : 1;
@@ -2480,9 +2494,12 @@ template <int HS> struct us__hop_cfg {
 };
 /* dynamic shared memory: 1 KB of slack to align the tiles to the swizzle's 1024 bytes, the
    tiles, then room for 32 barriers */
-static constexpr size_t us__hop_smem(int bytes) { return (size_t)bytes + 1024 + 32 * 8; }
+static constexpr size_t us__hop_smem(int bytes) {
+    return (size_t)bytes + 1024 + 32 * 8;
+}
 /* every kernel's tiles fit in the 227 KB a block may have */
-template <int H> static constexpr bool us__hop_fits(void) {
+template <int H>
+static constexpr bool us__hop_fits(void) {
     using C = us__hop_cfg<H>;
     return us__hop_smem(C::fwd_bytes) <= 232448 && us__hop_smem(C::dkdv_bytes) <= 232448 &&
            us__hop_smem(C::dq_bytes) <= 232448;
@@ -2497,8 +2514,9 @@ static __device__ __forceinline__ unsigned char *us__hop_smem_base(unsigned char
    rescale O with once its P·V has landed, l rescaled and grown, S turned into P in place.
    As us__fa_softmax: log2 domain, one FFMA per score, a row with nothing visible stays 0. */
 template <int BC, typename Mask>
-static __device__ __forceinline__ void us__hop_softmax(float (&s)[BC / 8][4], float (&m)[2], float (&l)[2], float (&corr)[2],
-                                                       float sl2, bool need, Mask masked) {
+static __device__ __forceinline__ void us__hop_softmax(float (&s)[BC / 8][4], float (&m)[2],
+                                                       float (&l)[2], float (&corr)[2], float sl2,
+                                                       bool need, Mask masked) {
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < BC / 8; j++)
@@ -2526,7 +2544,9 @@ static __device__ __forceinline__ void us__hop_softmax(float (&s)[BC / 8][4], fl
 }
 /* O's rows times their correction; the empty asm after it keeps the multiplies before the next
    wgmma.fence, so that no register of the coming P·V is written inside its batch */
-template <int HS> static __device__ __forceinline__ void us__hop_scale_o(float (&o)[HS / 8][4], const float (&corr)[2]) {
+template <int HS>
+static __device__ __forceinline__ void us__hop_scale_o(float (&o)[HS / 8][4],
+                                                       const float (&corr)[2]) {
 #pragma unroll
     for (int i = 0; i < HS / 8; i++) {
         o[i][0] *= corr[0];
@@ -2541,19 +2561,24 @@ template <int HS> static __device__ __forceinline__ void us__hop_scale_o(float (
 }
 template <typename E, int HS>
 __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
-us__hop_fwd_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mkv, E *__restrict__ out,
-                   float *__restrict__ lse, int T, int NH, int NKV, float sl2 /* scale·log2 e */) {
+    us__hop_fwd_kernel(const __grid_constant__ CUtensorMap mq,
+                       const __grid_constant__ CUtensorMap mkv, E *__restrict__ out,
+                       float *__restrict__ lse, int T, int NH, int NKV,
+                       float sl2 /* scale·log2 e */) {
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
-    constexpr int NW = C::NWF, BR = 64 * NW, BC = C::BC, S = C::FS, QB = BR * C::HSP * 2, KVB = BC * C::HSP * 2;
+    constexpr int NW = C::NWF, BR = 64 * NW, BC = C::BC, S = C::FS, QB = BR * C::HSP * 2,
+                  KVB = BC * C::HSP * 2;
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
     unsigned char *sQ = us__hop_smem_base(us__hop_raw); /* [BR][HSP] */
     unsigned char *sK = sQ + QB;                        /* [S][BC][HSP] */
     unsigned char *sV = sK + S * KVB;                   /* [S][BC][HSP] */
-    uint64_t *barQ = (uint64_t *)(sV + S * KVB), *fullK = barQ + 1, *fullV = fullK + S, *emptyK = fullV + S;
+    uint64_t *barQ = (uint64_t *)(sV + S * KVB), *fullK = barQ + 1, *fullV = fullK + S,
+             *emptyK = fullV + S;
     uint64_t *emptyV = emptyK + S;
     const int qb = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, g = h / (NH / NKV);
-    const int q0 = qb * BR, nkb = (min(q0 + BR, T) - 1) / BC + 1; /* causal: no tile past the diagonal */
+    const int q0 = qb * BR,
+              nkb = (min(q0 + BR, T) - 1) / BC + 1; /* causal: no tile past the diagonal */
     const int wg = us__hop_wg(), tid = threadIdx.x & 127;
     if (threadIdx.x == 0) {
         us__mb_init(barQ, 1);
@@ -2568,29 +2593,37 @@ us__hop_fwd_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant
     __syncthreads();
 
     if (wg == 0) { /* producer: one thread issues every copy */
-        if constexpr (NW == 3) us__hop_regs_dec<24>();
-        else us__hop_regs_dec<40>();
+        if constexpr (NW == 3)
+            us__hop_regs_dec<24>();
+        else
+            us__hop_regs_dec<40>();
         if (tid == 0) {
             us__mb_expect(barQ, QB);
             us__tma_tile<HS, BR>(sQ, &mq, h * HS, q0, b, barQ);
             for (int kb = 0; kb < nkb; kb++) {
                 const int s = kb % S;
-                if (kb >= S) us__mb_wait(emptyK + s, ((kb / S) - 1) & 1); /* every consumer is done with it */
+                if (kb >= S)
+                    us__mb_wait(emptyK + s,
+                                ((kb / S) - 1) & 1); /* every consumer is done with it */
                 us__mb_expect(fullK + s, KVB);
                 us__tma_tile<HS, BC>(sK + s * KVB, &mkv, (NH + g) * HS, kb * BC, b, fullK + s);
                 if (kb >= S) us__mb_wait(emptyV + s, ((kb / S) - 1) & 1);
                 us__mb_expect(fullV + s, KVB);
-                us__tma_tile<HS, BC>(sV + s * KVB, &mkv, (NH + NKV + g) * HS, kb * BC, b, fullV + s);
+                us__tma_tile<HS, BC>(sV + s * KVB, &mkv, (NH + NKV + g) * HS, kb * BC, b,
+                                     fullV + s);
             }
         }
         return;
     }
-    if constexpr (NW == 3) us__hop_regs_inc<160>();
-    else us__hop_regs_inc<232>();
+    if constexpr (NW == 3)
+        us__hop_regs_inc<160>();
+    else
+        us__hop_regs_inc<232>();
     const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
-    const int r0 = q0 + 64 * c;                                      /* this warpgroup's first query */
-    const int nkb_c = r0 < T ? (min(r0 + 64, T) - 1) / BC + 1 : 0; /* the tiles it needs (a prefix) */
-    const int row0 = r0 + 16 * warp + (lane >> 2);                   /* half r of the thread's rows: row0 + 8r */
+    const int r0 = q0 + 64 * c; /* this warpgroup's first query */
+    const int nkb_c =
+        r0 < T ? (min(r0 + 64, T) - 1) / BC + 1 : 0; /* the tiles it needs (a prefix) */
+    const int row0 = r0 + 16 * warp + (lane >> 2);   /* half r of the thread's rows: row0 + 8r */
     float o[1][HS / 8][4], m[1][2] = {{-INFINITY, -INFINITY}}, l[1][2] = {{0.f, 0.f}};
     uint32_t pa[BC / 16][4]; /* P of the tile before, as A fragments of O += P·V */
 #pragma unroll
@@ -2605,31 +2638,40 @@ us__hop_fwd_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant
        others' GEMMs. The first tile and the last P·V are peeled off, so that every wait in the
        loop is unconditional (ptxas serialises wgmma it cannot prove waited for on every path). */
     float corr[2] = {1.f, 1.f};
-    const auto qk = [&](float (&sc)[1][BC / 8][4], int s) {
+    const auto qk = [&](float(&sc)[1][BC / 8][4], int s) {
         us__wg_fence();
 #pragma unroll
         for (int kk = 0; kk < HS / 16; kk++)
-            us__wg_ss<BC, E, 0>(&sc[0][0][0], us__wg_kmaj<BR>(sQ, 64 * c, kk), us__wg_kmaj<BC>(sK + s * KVB, 0, kk), kk > 0);
+            us__wg_ss<BC, E, 0>(&sc[0][0][0], us__wg_kmaj<BR>(sQ, 64 * c, kk),
+                                us__wg_kmaj<BC>(sK + s * KVB, 0, kk), kk > 0);
         us__wg_commit();
     };
     const auto pv = [&](int s, int ph) { /* O was rescaled before the batch's first fence */
-        us__mb_wait(fullV + s, ph);
+                                         us__mb_wait(fullV + s, ph);
 #pragma unroll
-        for (int t = 0; t < BC / 16; t++) us__wg_rs<HS, E, 1>(&o[0][0][0], pa[t], us__wg_mnmaj<BC>(sV + s * KVB, t), 1);
-        us__wg_commit();
+                                         for (int t = 0; t < BC / 16; t++)
+                                             us__wg_rs<HS, E, 1>(&o[0][0][0], pa[t],
+                                                                 us__wg_mnmaj<BC>(sV + s * KVB, t),
+                                                                 1);
+                                         us__wg_commit();
     };
-    const auto softmax = [&](float (&sc)[1][BC / 8][4], int kb) { /* masked only across the diagonal */
-        us__hop_softmax<BC>(sc[0], m[0], l[0], corr, sl2, kb * BC + BC - 1 > r0, [&](int j, int e) {
-            return kb * BC + j * 8 + 2 * (lane & 3) + (e & 1) > row0 + (e >> 1) * 8;
-        });
-    };
+    const auto softmax =
+        [&](float(&sc)[1][BC / 8][4],
+            int kb) { /* masked only across the diagonal */
+                      us__hop_softmax<BC>(sc[0], m[0], l[0], corr, sl2, kb * BC + BC - 1 > r0,
+                                          [&](int j, int e) {
+                                              return kb * BC + j * 8 + 2 * (lane & 3) + (e & 1) >
+                                                     row0 + (e >> 1) * 8;
+                                          });
+        };
     /* P into the A registers, only once the P·V that reads the old ones has finished */
-    const auto to_a = [&](float (&sc)[1][BC / 8][4]) {
+    const auto to_a = [&](float(&sc)[1][BC / 8][4]) {
 #pragma unroll
         for (int t = 0; t < BC / 16; t++) us__hop_to_a<E, BC>(pa[t], sc[0], t);
     };
     const auto turn_done = [&](int kb) { /* the next consumer's turn (none after the last) */
-        if (c != NW - 1 || kb + 1 < nkb) us__hop_bar_arrive(1 + (c + 1) % NW);
+                                         if (c != NW - 1 || kb + 1 < nkb)
+                                             us__hop_bar_arrive(1 + (c + 1) % NW);
     };
     int kb = 0;
     if (nkb_c > 0) {
@@ -2663,7 +2705,8 @@ us__hop_fwd_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant
         us__wg_wait<HS / 2>(&o[0][0][0]);
         us__mb_arrive(emptyV + (kb - 1) % S);
     }
-    for (; kb < nkb; kb++) { /* tiles wholly after this warpgroup's queries: only their turns and stages */
+    for (; kb < nkb;
+         kb++) { /* tiles wholly after this warpgroup's queries: only their turns and stages */
         const int s = kb % S;
         us__mb_wait(fullK + s, (kb / S) & 1);
         us__hop_bar_sync(1 + c);
@@ -2683,8 +2726,11 @@ us__hop_fwd_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant
             E *orow = out + ((int64_t)b * T + row) * NH * HS + (int64_t)h * HS + 2 * (lane & 3);
 #pragma unroll
             for (int i = 0; i < HS / 8; i++)
-                *reinterpret_cast<uint32_t *>(orow + i * 8) = us__hop_pack<E>(o[0][i][2 * r] * inv, o[0][i][2 * r + 1] * inv);
-            if ((lane & 3) == 0) lse[((int64_t)b * NH + h) * T + row] = (m[0][r] + log2f(l[0][r])) * 0.69314718055994531f;
+                *reinterpret_cast<uint32_t *>(orow + i * 8) =
+                    us__hop_pack<E>(o[0][i][2 * r] * inv, o[0][i][2 * r + 1] * inv);
+            if ((lane & 3) == 0)
+                lse[((int64_t)b * NH + h) * T + row] =
+                    (m[0][r] + log2f(l[0][r])) * 0.69314718055994531f;
         }
     }
 #else
@@ -2698,8 +2744,9 @@ us__hop_fwd_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant
    P = exp2(s − L2) is 0); one warp per row of [B·T·NH] */
 template <typename E>
 __global__ void __launch_bounds__(256)
-us__hop_dot_kernel(const E *__restrict__ dout, const E *__restrict__ out, const float *__restrict__ lse, float *__restrict__ D,
-                   float *__restrict__ L2, int64_t rows, int T, int NH, int HS) {
+    us__hop_dot_kernel(const E *__restrict__ dout, const E *__restrict__ out,
+                       const float *__restrict__ lse, float *__restrict__ D, float *__restrict__ L2,
+                       int64_t rows, int T, int NH, int HS) {
     const int64_t row = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5); /* (b·T + t)·NH + h */
     const int lane = threadIdx.x & 31;
     if (row >= rows) return;
@@ -2723,9 +2770,11 @@ us__hop_dot_kernel(const E *__restrict__ dout, const E *__restrict__ out, const 
    The producer's warp 0 issues the copies, its warp 1 stages L2 and D of the tile's queries. */
 template <typename E, int HS, int PART>
 __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
-us__hop_dkdv_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mdo,
-                    const __grid_constant__ CUtensorMap mkv, const float *__restrict__ L2g, const float *__restrict__ Dg,
-                    E *__restrict__ dqkv, int T, int NH, int NKV, float scale, float sl2) {
+    us__hop_dkdv_kernel(const __grid_constant__ CUtensorMap mq,
+                        const __grid_constant__ CUtensorMap mdo,
+                        const __grid_constant__ CUtensorMap mkv, const float *__restrict__ L2g,
+                        const float *__restrict__ Dg, E *__restrict__ dqkv, int T, int NH, int NKV,
+                        float scale, float sl2) {
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
     constexpr int NWG = C::NWG, BK = 64 * NWG, BQ = C::BQ, S = C::BS;
@@ -2822,9 +2871,11 @@ us__hop_dkdv_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constan
             us__wg_fence();
 #pragma unroll
             for (int kk = 0; kk < HS / 16; kk++) {
-                us__wg_ss<BQ, E, 0>(&st[0][0], us__wg_kmaj<BK>(sK, 64 * c, kk), us__wg_kmaj<BQ>(tQ, 0, kk), kk > 0);
+                us__wg_ss<BQ, E, 0>(&st[0][0], us__wg_kmaj<BK>(sK, 64 * c, kk),
+                                    us__wg_kmaj<BQ>(tQ, 0, kk), kk > 0);
                 if constexpr (DK)
-                    us__wg_ss<BQ, E, 0>(&dpt[0][0], us__wg_kmaj<BK>(sV, 64 * c, kk), us__wg_kmaj<BQ>(tdO, 0, kk), kk > 0);
+                    us__wg_ss<BQ, E, 0>(&dpt[0][0], us__wg_kmaj<BK>(sV, 64 * c, kk),
+                                        us__wg_kmaj<BQ>(tdO, 0, kk), kk > 0);
             }
             us__wg_commit();
             turn_done(false);
@@ -2851,7 +2902,8 @@ us__hop_dkdv_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constan
             us__wg_fence();
 #pragma unroll
             for (int t = 0; t < BQ / 16; t++) {
-                if constexpr (DV) us__wg_rs<HS, E, 1>(&dv[0][0], pa[t], us__wg_mnmaj<BQ>(tdO, t), 1);
+                if constexpr (DV)
+                    us__wg_rs<HS, E, 1>(&dv[0][0], pa[t], us__wg_mnmaj<BQ>(tdO, t), 1);
                 if constexpr (DK) us__wg_rs<HS, E, 1>(&dk[0][0], da[t], us__wg_mnmaj<BQ>(tQ, t), 1);
             }
             us__wg_commit();
@@ -2871,14 +2923,17 @@ us__hop_dkdv_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constan
 #pragma unroll
         for (int i = 0; i < HS / 8; i++) {
             if constexpr (DK)
-                *reinterpret_cast<uint32_t *>(dkr + i * 8) = us__hop_pack<E>(dk[i][2 * r] * scale, dk[i][2 * r + 1] * scale);
+                *reinterpret_cast<uint32_t *>(dkr + i * 8) =
+                    us__hop_pack<E>(dk[i][2 * r] * scale, dk[i][2 * r + 1] * scale);
             if constexpr (DV)
-                *reinterpret_cast<uint32_t *>(dvr + i * 8) = us__hop_pack<E>(dv[i][2 * r], dv[i][2 * r + 1]);
+                *reinterpret_cast<uint32_t *>(dvr + i * 8) =
+                    us__hop_pack<E>(dv[i][2 * r], dv[i][2 * r + 1]);
         }
     }
     (void)OC;
 #else
-    (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dqkv, (void)T, (void)NH, (void)NKV, (void)scale, (void)sl2;
+    (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dqkv, (void)T, (void)NH, (void)NKV,
+        (void)scale, (void)sl2;
     __trap();
 #endif
 }
@@ -2889,9 +2944,11 @@ us__hop_dkdv_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constan
      dQ += dS·K   (scaled by 1/sqrt(HS) at the end) */
 template <typename E, int HS>
 __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
-us__hop_dq_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mdo,
-                  const __grid_constant__ CUtensorMap mkv, const float *__restrict__ L2g, const float *__restrict__ Dg,
-                  E *__restrict__ dqkv, int T, int NH, int NKV, float scale, float sl2) {
+    us__hop_dq_kernel(const __grid_constant__ CUtensorMap mq,
+                      const __grid_constant__ CUtensorMap mdo,
+                      const __grid_constant__ CUtensorMap mkv, const float *__restrict__ L2g,
+                      const float *__restrict__ Dg, E *__restrict__ dqkv, int T, int NH, int NKV,
+                      float scale, float sl2) {
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
     constexpr int NWG = C::NWG, BR = 64 * NWG, BK = C::BKQ, S = C::QS;
@@ -2976,8 +3033,10 @@ us__hop_dq_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant_
             us__wg_fence();
 #pragma unroll
             for (int kk = 0; kk < HS / 16; kk++) {
-                us__wg_ss<BK, E, 0>(&sc[0][0], us__wg_kmaj<BR>(sQ, 64 * c, kk), us__wg_kmaj<BK>(tK, 0, kk), kk > 0);
-                us__wg_ss<BK, E, 0>(&dp[0][0], us__wg_kmaj<BR>(sdO, 64 * c, kk), us__wg_kmaj<BK>(tV, 0, kk), kk > 0);
+                us__wg_ss<BK, E, 0>(&sc[0][0], us__wg_kmaj<BR>(sQ, 64 * c, kk),
+                                    us__wg_kmaj<BK>(tK, 0, kk), kk > 0);
+                us__wg_ss<BK, E, 0>(&dp[0][0], us__wg_kmaj<BR>(sdO, 64 * c, kk),
+                                    us__wg_kmaj<BK>(tV, 0, kk), kk > 0);
             }
             us__wg_commit();
             turn_done(false);
@@ -2989,7 +3048,8 @@ us__hop_dq_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant_
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     float p = exp2f(sc[j][e] * sl2 - L2[e >> 1]);
-                    if (diag && kb * BK + j * 8 + 2 * (lane & 3) + (e & 1) > row0 + (e >> 1) * 8) p = 0.f;
+                    if (diag && kb * BK + j * 8 + 2 * (lane & 3) + (e & 1) > row0 + (e >> 1) * 8)
+                        p = 0.f;
                     dp[j][e] = p * (dp[j][e] - Dr[e >> 1]);
                 }
             uint32_t da[BK / 16][4];
@@ -2998,7 +3058,8 @@ us__hop_dq_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant_
             turn();
             us__wg_fence();
 #pragma unroll
-            for (int t = 0; t < BK / 16; t++) us__wg_rs<HS, E, 1>(&dq[0][0], da[t], us__wg_mnmaj<BK>(tK, t), 1);
+            for (int t = 0; t < BK / 16; t++)
+                us__wg_rs<HS, E, 1>(&dq[0][0], da[t], us__wg_mnmaj<BK>(tK, t), 1);
             us__wg_commit();
             turn_done(kb + 1 == nkb);
             us__wg_wait<HS / 2>(&dq[0][0]);
@@ -3013,10 +3074,12 @@ us__hop_dq_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant_
         E *dqr = dqkv + ((int64_t)b * T + row) * QKV + (int64_t)h * HS + 2 * (lane & 3);
 #pragma unroll
         for (int i = 0; i < HS / 8; i++)
-            *reinterpret_cast<uint32_t *>(dqr + i * 8) = us__hop_pack<E>(dq[i][2 * r] * scale, dq[i][2 * r + 1] * scale);
+            *reinterpret_cast<uint32_t *>(dqr + i * 8) =
+                us__hop_pack<E>(dq[i][2 * r] * scale, dq[i][2 * r + 1] * scale);
     }
 #else
-    (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dqkv, (void)T, (void)NH, (void)NKV, (void)scale, (void)sl2;
+    (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dqkv, (void)T, (void)NH, (void)NKV,
+        (void)scale, (void)sl2;
     __trap();
 #endif
 }
@@ -3030,7 +3093,8 @@ static PFN_cuTensorMapEncodeTiled_v12000 us__hop_encoder(void) {
         void *p = NULL;
         cudaDriverEntryPointQueryResult q;
         tried = 1;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                             &q) == cudaSuccess &&
             q == cudaDriverEntryPointSuccess)
             fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
     }
@@ -3038,15 +3102,18 @@ static PFN_cuTensorMapEncodeTiled_v12000 us__hop_encoder(void) {
 }
 /* a [B][T][W] tensor of 16-bit elements read in boxes of {64 columns, rows}: rows past T come
    back as zeros, columns past W too */
-static int us__hop_map(CUtensorMap *map, const void *base, us_dtype dt, int64_t W, int64_t T, int64_t B, int rows) {
+static int us__hop_map(CUtensorMap *map, const void *base, us_dtype dt, int64_t W, int64_t T,
+                       int64_t B, int rows) {
     PFN_cuTensorMapEncodeTiled_v12000 enc = us__hop_encoder();
     cuuint64_t dims[3] = {(cuuint64_t)W, (cuuint64_t)T, (cuuint64_t)B};
     cuuint64_t strides[2] = {(cuuint64_t)W * 2, (cuuint64_t)(W * T) * 2};
     cuuint32_t box[3] = {64, (cuuint32_t)rows, 1}, step[3] = {1, 1, 1};
     if (!enc) return 0;
-    return enc(map, dt == US_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)base, dims,
-               strides, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    return enc(map,
+               dt == US_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
+               (void *)base, dims, strides, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 /* Whether this binary holds the sm_90a kernels (an nvcc pass with compute_90a): the probe writes
@@ -3065,48 +3132,63 @@ static int us__hop_compiled(void) {
         known = 0;
         if (cudaMalloc(&d, sizeof(int)) == cudaSuccess) {
             us__hop_probe_kernel<<<1, 1>>>(d);
-            if (cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess) known = h == 1;
+            if (cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess)
+                known = h == 1;
             cudaFree(d);
         }
-        cudaGetLastError(); /* a binary without any code for this GPU: the probe fails, no Hopper path */
+        /* a binary without any code for this GPU: the probe fails, no Hopper path */
+        cudaGetLastError();
     }
     return known;
 }
 
 template <typename E, int HS>
-static void us__hop_fwd_hs(const CUtensorMap &mq, const CUtensorMap &mkv, void *out, float *lse, int B, int T, int NH, int NKV,
-                           cudaStream_t st) {
+static void us__hop_fwd_hs(const CUtensorMap &mq, const CUtensorMap &mkv, void *out, float *lse,
+                           int B, int T, int NH, int NKV, cudaStream_t st) {
     const size_t smem = us__hop_smem(us__hop_cfg<HS>::fwd_bytes);
-    cudaFuncSetAttribute(us__hop_fwd_kernel<E, HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaFuncSetAttribute(us__hop_fwd_kernel<E, HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)smem);
     constexpr int BR = 64 * us__hop_cfg<HS>::NWF;
     dim3 grid(NH, B, (T + BR - 1) / BR);
-    us__hop_fwd_kernel<E, HS><<<grid, 128 * (1 + us__hop_cfg<HS>::NWF), smem, st>>>(mq, mkv, (E *)out, lse, T, NH, NKV, 1.4426950408889634f / sqrtf((float)HS));
+    us__hop_fwd_kernel<E, HS><<<grid, 128 * (1 + us__hop_cfg<HS>::NWF), smem, st>>>(
+        mq, mkv, (E *)out, lse, T, NH, NKV, 1.4426950408889634f / sqrtf((float)HS));
 }
 template <typename E, int HS>
-static void us__hop_bwd_hs(const CUtensorMap *maps, const float *L2, const float *D, void *dqkv, int B, int T, int NH, int NKV,
-                           cudaStream_t st) {
+static void us__hop_bwd_hs(const CUtensorMap *maps, const float *L2, const float *D, void *dqkv,
+                           int B, int T, int NH, int NKV, cudaStream_t st) {
     using C = us__hop_cfg<HS>;
     const float scale = 1.f / sqrtf((float)HS), sl2 = scale * 1.4426950408889634f;
     const size_t s1 = us__hop_smem(C::dkdv_bytes), s2 = us__hop_smem(C::dq_bytes);
     const int nthr = 128 * (1 + C::NWG);
-    dim3 g1(NKV, B, (T + 64 * C::NWG - 1) / (64 * C::NWG)), g2(NH, B, (T + 64 * C::NWG - 1) / (64 * C::NWG));
-    /* maps: 0 Q by BQ rows, 1 dO by BQ rows, 2 K/V by 64·NWG rows, 3 Q by 64·NWG, 4 dO by 64·NWG, 5 K/V by BKQ */
+    dim3 g1(NKV, B, (T + 64 * C::NWG - 1) / (64 * C::NWG)),
+        g2(NH, B, (T + 64 * C::NWG - 1) / (64 * C::NWG));
+    /* maps: 0 Q by BQ rows, 1 dO by BQ rows, 2 K/V by 64·NWG rows, 3 Q by 64·NWG, 4 dO by 64·NWG,
+       5 K/V by BKQ */
     if constexpr (C::NWG == 2) {
-        cudaFuncSetAttribute(us__hop_dkdv_kernel<E, HS, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
-        us__hop_dkdv_kernel<E, HS, 0><<<g1, nthr, s1, st>>>(maps[0], maps[1], maps[2], L2, D, (E *)dqkv, T, NH, NKV, scale, sl2);
+        cudaFuncSetAttribute(us__hop_dkdv_kernel<E, HS, 0>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
+        us__hop_dkdv_kernel<E, HS, 0><<<g1, nthr, s1, st>>>(maps[0], maps[1], maps[2], L2, D,
+                                                            (E *)dqkv, T, NH, NKV, scale, sl2);
     } else {
-        cudaFuncSetAttribute(us__hop_dkdv_kernel<E, HS, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
-        cudaFuncSetAttribute(us__hop_dkdv_kernel<E, HS, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
-        us__hop_dkdv_kernel<E, HS, 1><<<g1, nthr, s1, st>>>(maps[0], maps[1], maps[2], L2, D, (E *)dqkv, T, NH, NKV, scale, sl2);
-        us__hop_dkdv_kernel<E, HS, 2><<<g1, nthr, s1, st>>>(maps[0], maps[1], maps[2], L2, D, (E *)dqkv, T, NH, NKV, scale, sl2);
+        cudaFuncSetAttribute(us__hop_dkdv_kernel<E, HS, 1>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
+        cudaFuncSetAttribute(us__hop_dkdv_kernel<E, HS, 2>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
+        us__hop_dkdv_kernel<E, HS, 1><<<g1, nthr, s1, st>>>(maps[0], maps[1], maps[2], L2, D,
+                                                            (E *)dqkv, T, NH, NKV, scale, sl2);
+        us__hop_dkdv_kernel<E, HS, 2><<<g1, nthr, s1, st>>>(maps[0], maps[1], maps[2], L2, D,
+                                                            (E *)dqkv, T, NH, NKV, scale, sl2);
     }
-    cudaFuncSetAttribute(us__hop_dq_kernel<E, HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2);
-    us__hop_dq_kernel<E, HS><<<g2, nthr, s2, st>>>(maps[3], maps[4], maps[5], L2, D, (E *)dqkv, T, NH, NKV, scale, sl2);
+    cudaFuncSetAttribute(us__hop_dq_kernel<E, HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)s2);
+    us__hop_dq_kernel<E, HS>
+        <<<g2, nthr, s2, st>>>(maps[3], maps[4], maps[5], L2, D, (E *)dqkv, T, NH, NKV, scale, sl2);
 }
 
 /* the head sizes compiled, each for bf16 and fp16 */
 #define US__HOP_HEADS(X) X(64) X(80) X(96) X(128) X(192) X(256)
-#define US__HOP_FITS(H) static_assert(us__hop_fits<H>(), "tiles of HS " #H " exceed 227 KB of shared memory");
+#define US__HOP_FITS(H) \
+    static_assert(us__hop_fits<H>(), "tiles of HS " #H " exceed 227 KB of shared memory");
 US__HOP_HEADS(US__HOP_FITS)
 #undef US__HOP_FITS
 
@@ -3118,26 +3200,32 @@ static int us__hop_ok(us_ops *o, us_dtype dt, int HS) {
 #define US__HOP_IS(H) hs_ok |= HS == H;
     US__HOP_HEADS(US__HOP_IS)
 #undef US__HOP_IS
-    return (dt == US_BF16 || dt == US_F16) && hs_ok && !c->hop_off && c->cc_major == 9 && us__hop_encoder() &&
-           us__hop_compiled();
+    return (dt == US_BF16 || dt == US_F16) && hs_ok && !c->hop_off && c->cc_major == 9 &&
+           us__hop_encoder() && us__hop_compiled();
 }
-static int us__hop_aligned(const void *p) { return ((uintptr_t)p & 15) == 0; }
+static int us__hop_aligned(const void *p) {
+    return ((uintptr_t)p & 15) == 0;
+}
 
 /* out[B,T,NH·HS], lse[B,NH,T] from qkv[B,T,QKV]; 0 when this path cannot take the call */
-static int us__hop_attention_fwd(us_ops *o, void *out, float *lse, const void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS,
-                                 us_dtype dt) {
+static int us__hop_attention_fwd(us_ops *o, void *out, float *lse, const void *qkv, int64_t B,
+                                 int64_t T, int NH, int NKV, int HS, us_dtype dt) {
     CUtensorMap mq, mkv;
     const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS;
     cudaStream_t st = us__cu(o)->stream;
-    if (!us__hop_ok(o, dt, HS) || !us__hop_aligned(qkv) || NKV <= 0 || NH % NKV || B >= 65536 || T > INT_MAX / 2) return 0;
+    if (!us__hop_ok(o, dt, HS) || !us__hop_aligned(qkv) || NKV <= 0 || NH % NKV || B >= 65536 ||
+        T > INT_MAX / 2)
+        return 0;
     if (B <= 0 || T <= 0 || NH <= 0) return 1;
-#define US__HOP_FWD(H)                                                                                  \
-    if (HS == H) {                                                                                      \
-        if (!us__hop_map(&mq, qkv, dt, QKV, T, B, 64 * us__hop_cfg<H>::NWF) ||                          \
-            !us__hop_map(&mkv, qkv, dt, QKV, T, B, us__hop_cfg<H>::BC))                                 \
-            return 0;                                                                                   \
-        if (dt == US_F16) us__hop_fwd_hs<__half, H>(mq, mkv, out, lse, (int)B, (int)T, NH, NKV, st);     \
-        else us__hop_fwd_hs<__nv_bfloat16, H>(mq, mkv, out, lse, (int)B, (int)T, NH, NKV, st);          \
+#define US__HOP_FWD(H)                                                                        \
+    if (HS == H) {                                                                            \
+        if (!us__hop_map(&mq, qkv, dt, QKV, T, B, 64 * us__hop_cfg<H>::NWF) ||                \
+            !us__hop_map(&mkv, qkv, dt, QKV, T, B, us__hop_cfg<H>::BC))                       \
+            return 0;                                                                         \
+        if (dt == US_F16)                                                                     \
+            us__hop_fwd_hs<__half, H>(mq, mkv, out, lse, (int)B, (int)T, NH, NKV, st);        \
+        else                                                                                  \
+            us__hop_fwd_hs<__nv_bfloat16, H>(mq, mkv, out, lse, (int)B, (int)T, NH, NKV, st); \
     }
     US__HOP_HEADS(US__HOP_FWD)
 #undef US__HOP_FWD
@@ -3145,34 +3233,42 @@ static int us__hop_attention_fwd(us_ops *o, void *out, float *lse, const void *q
     return 1;
 }
 /* dqkv[B,T,QKV] (every element written); 0 when this path cannot take the call */
-static int us__hop_attention_bwd(us_ops *o, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
-                                 int64_t B, int64_t T, int NH, int NKV, int HS, us_dtype dt) {
+static int us__hop_attention_bwd(us_ops *o, void *dqkv, const void *dout, const void *qkv,
+                                 const void *out, const float *lse, int64_t B, int64_t T, int NH,
+                                 int NKV, int HS, us_dtype dt) {
     CUtensorMap maps[6];
     const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, OC = (int64_t)NH * HS, rows = B * T * NH;
     cudaStream_t st = us__cu(o)->stream;
     float *D, *L2;
-    if (!us__hop_ok(o, dt, HS) || !us__hop_aligned(qkv) || !us__hop_aligned(dout) || NKV <= 0 || NH % NKV || B >= 65536 ||
-        T > INT_MAX / 2)
+    if (!us__hop_ok(o, dt, HS) || !us__hop_aligned(qkv) || !us__hop_aligned(dout) || NKV <= 0 ||
+        NH % NKV || B >= 65536 || T > INT_MAX / 2)
         return 0;
     if (B <= 0 || T <= 0 || NH <= 0) return 1;
     D = (float *)us__cuda_scratch(o, (size_t)2 * rows * sizeof(float));
     if (!D) return 1; /* the failure is recorded */
     L2 = D + rows;
     if (dt == US_F16)
-        us__hop_dot_kernel<__half><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>((const __half *)dout, (const __half *)out, lse, D, L2,
-                                                                                 rows, (int)T, NH, HS);
+        us__hop_dot_kernel<__half><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(
+            (const __half *)dout, (const __half *)out, lse, D, L2, rows, (int)T, NH, HS);
     else
         us__hop_dot_kernel<__nv_bfloat16><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(
-            (const __nv_bfloat16 *)dout, (const __nv_bfloat16 *)out, lse, D, L2, rows, (int)T, NH, HS);
-#define US__HOP_BWD(H)                                                                                   \
-    if (HS == H) {                                                                                       \
-        const int bq = us__hop_cfg<H>::BQ, bk = 64 * us__hop_cfg<H>::NWG, bkq = us__hop_cfg<H>::BKQ;     \
-        if (!us__hop_map(maps + 0, qkv, dt, QKV, T, B, bq) || !us__hop_map(maps + 1, dout, dt, OC, T, B, bq) || \
-            !us__hop_map(maps + 2, qkv, dt, QKV, T, B, bk) || !us__hop_map(maps + 3, qkv, dt, QKV, T, B, bk) || \
-            !us__hop_map(maps + 4, dout, dt, OC, T, B, bk) || !us__hop_map(maps + 5, qkv, dt, QKV, T, B, bkq)) \
-            return 0;                                                                                    \
-        if (dt == US_F16) us__hop_bwd_hs<__half, H>(maps, L2, D, dqkv, (int)B, (int)T, NH, NKV, st);      \
-        else us__hop_bwd_hs<__nv_bfloat16, H>(maps, L2, D, dqkv, (int)B, (int)T, NH, NKV, st);           \
+            (const __nv_bfloat16 *)dout, (const __nv_bfloat16 *)out, lse, D, L2, rows, (int)T, NH,
+            HS);
+#define US__HOP_BWD(H)                                                                        \
+    if (HS == H) {                                                                            \
+        const int bq = us__hop_cfg<H>::BQ, bk = 64 * us__hop_cfg<H>::NWG,                     \
+                  bkq = us__hop_cfg<H>::BKQ;                                                  \
+        if (!us__hop_map(maps + 0, qkv, dt, QKV, T, B, bq) ||                                 \
+            !us__hop_map(maps + 1, dout, dt, OC, T, B, bq) ||                                 \
+            !us__hop_map(maps + 2, qkv, dt, QKV, T, B, bk) ||                                 \
+            !us__hop_map(maps + 3, qkv, dt, QKV, T, B, bk) ||                                 \
+            !us__hop_map(maps + 4, dout, dt, OC, T, B, bk) ||                                 \
+            !us__hop_map(maps + 5, qkv, dt, QKV, T, B, bkq))                                  \
+            return 0;                                                                         \
+        if (dt == US_F16)                                                                     \
+            us__hop_bwd_hs<__half, H>(maps, L2, D, dqkv, (int)B, (int)T, NH, NKV, st);        \
+        else                                                                                  \
+            us__hop_bwd_hs<__nv_bfloat16, H>(maps, L2, D, dqkv, (int)B, (int)T, NH, NKV, st); \
     }
     US__HOP_HEADS(US__HOP_BWD)
 #undef US__HOP_BWD

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Every GPU benchmark of issue 3, side by side in one run on the GPU machine:
+# Every GPU benchmark, side by side in one run on the GPU machine:
 #   ultrascale vs PyTorch (eager, torch.compile) training steps on the 1B and 200M shapes,
-#   attention vs SDPA, in-library GEMM vs standalone cuBLASLt, the gemm_steps lesson,
-#   ring attention's block kernels (context parallelism) against causal flash attention.
+#   attention vs SDPA (cuDNN and flash backends), in-library GEMM vs standalone cuBLASLt, the
+#   gemm_steps lesson, ring attention's block kernels (context parallelism) against causal
+#   flash attention. Ends with one side-by-side table (bench/gpu_table.py).
 # Build the binaries first (here or there): make build/bench_cuda build/gemm_steps
 # Usage: bash bench/run_gpu.sh [quick]     logs go to $OUT (the device tool's folder) or bench_out/
 set -u
@@ -23,3 +24,5 @@ python3 bench/sdpa_bench.py 2>&1 | tee "$out/sdpa.txt"
 [ -x $B/gemm_steps ] && $B/gemm_steps 2>&1 | tail -n 12 | tee "$out/gemm_steps.txt"
 echo; echo "=== summary"
 grep -h -E '^(ultrascale|torch)' "$out"/us_1b.txt "$out"/torch_*_1b.txt "$out"/us_200m.txt "$out"/torch_*_200m.txt
+echo
+python3 bench/gpu_table.py "$out" | tee "$out/table.txt"
