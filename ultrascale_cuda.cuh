@@ -83,7 +83,7 @@ typedef struct us__gemm_plan {
 #define US__CUDA_MARKS 8192   /* trace marks per step: two per traced region */
 typedef struct us__cuda {
     int device, cc_major, n_sm;
-    int hop_off;            /* 1: attention skips // >>cuda-hopper (tests and benchmarks of the older paths) */
+    int hop_off;            /* attention skips // >>cuda-hopper: 1 both ways, 2 forward, 3 backward (tests) */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     void *ws;               /* cuBLASLt workspace */
@@ -2766,7 +2766,9 @@ __global__ void __launch_bounds__(256)
 /* dK, dV of 64·NWG keys of kv head g. PART 0 computes both, 1 only dV, 2 only dK (HS > 128:
    two launches, one accumulator each). Consumer c owns keys k0 + 64c ..; per query tile:
      Sᵀ = K·Qᵀ, Pᵀ = exp2(Sᵀ·sl2 − L2[q]) (0 where key > query), dPᵀ = V·dOᵀ,
-     dSᵀ = Pᵀ ∘ (dPᵀ − D[q]), dV += Pᵀ·dO, dK += dSᵀ·Q   (dK scaled by 1/sqrt(HS) at the end)
+     dSᵀ = Pᵀ ∘ (dPᵀ − D[q]) / sqrt(HS), dV += Pᵀ·dO, dK += dSᵀ·Q
+   dS is scaled before it is rounded to 16 bits: under fp16 and a loss scale of 2^16 it can
+   otherwise pass 65504 where the fp32 reference does not (an inf, a skipped step).
    The producer's warp 0 issues the copies, its warp 1 stages L2 and D of the tile's queries. */
 template <typename E, int HS, int PART>
 __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
@@ -2890,7 +2892,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
                     float p = exp2f(st[j][e] * sl2 - tL[ql]);
                     if (diag && key0 + (e >> 1) * 8 > q0 + ql) p = 0.f;
                     st[j][e] = p;
-                    if constexpr (DK) dpt[j][e] = p * (dpt[j][e] - tD[ql]);
+                    if constexpr (DK) dpt[j][e] = p * (dpt[j][e] - tD[ql]) * scale;
                 }
             uint32_t pa[DV ? BQ / 16 : 1][4], da[DK ? BQ / 16 : 1][4];
 #pragma unroll
@@ -2924,7 +2926,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
         for (int i = 0; i < HS / 8; i++) {
             if constexpr (DK)
                 *reinterpret_cast<uint32_t *>(dkr + i * 8) =
-                    us__hop_pack<E>(dk[i][2 * r] * scale, dk[i][2 * r + 1] * scale);
+                    us__hop_pack<E>(dk[i][2 * r], dk[i][2 * r + 1]);
             if constexpr (DV)
                 *reinterpret_cast<uint32_t *>(dvr + i * 8) =
                     us__hop_pack<E>(dv[i][2 * r], dv[i][2 * r + 1]);
@@ -2940,8 +2942,8 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
 
 /* dQ of 64·NWG queries of head h, key tiles 0.. up to the diagonal in order (deterministic).
    Consumer c owns queries q0 + 64c ..; per key tile of BKQ keys:
-     S = Q·Kᵀ, dP = dO·Vᵀ, P = exp2(S·sl2 − L2) (0 where key > query), dS = P ∘ (dP − D),
-     dQ += dS·K   (scaled by 1/sqrt(HS) at the end) */
+     S = Q·Kᵀ, dP = dO·Vᵀ, P = exp2(S·sl2 − L2) (0 where key > query),
+     dS = P ∘ (dP − D) / sqrt(HS) (scaled before rounding, as in the dK/dV kernel), dQ += dS·K */
 template <typename E, int HS>
 __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
     us__hop_dq_kernel(const __grid_constant__ CUtensorMap mq,
@@ -3050,7 +3052,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
                     float p = exp2f(sc[j][e] * sl2 - L2[e >> 1]);
                     if (diag && kb * BK + j * 8 + 2 * (lane & 3) + (e & 1) > row0 + (e >> 1) * 8)
                         p = 0.f;
-                    dp[j][e] = p * (dp[j][e] - Dr[e >> 1]);
+                    dp[j][e] = p * (dp[j][e] - Dr[e >> 1]) * scale;
                 }
             uint32_t da[BK / 16][4];
 #pragma unroll
@@ -3075,7 +3077,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
 #pragma unroll
         for (int i = 0; i < HS / 8; i++)
             *reinterpret_cast<uint32_t *>(dqr + i * 8) =
-                us__hop_pack<E>(dq[i][2 * r] * scale, dq[i][2 * r + 1] * scale);
+                us__hop_pack<E>(dq[i][2 * r], dq[i][2 * r + 1]);
     }
 #else
     (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dqkv, (void)T, (void)NH, (void)NKV,
@@ -3194,13 +3196,14 @@ US__HOP_HEADS(US__HOP_FITS)
 
 /* Hopper attention for this call? bf16 or fp16, a compiled head size, an sm_90a binary on a
    compute-capability-9 GPU, and layouts the copy engine can address (16-byte aligned rows) */
-static int us__hop_ok(us_ops *o, us_dtype dt, int HS) {
+static int us__hop_ok(us_ops *o, us_dtype dt, int HS, int bwd) {
     us__cuda *c = us__cu(o);
     int hs_ok = 0;
 #define US__HOP_IS(H) hs_ok |= HS == H;
     US__HOP_HEADS(US__HOP_IS)
 #undef US__HOP_IS
-    return (dt == US_BF16 || dt == US_F16) && hs_ok && !c->hop_off && c->cc_major == 9 &&
+    const int off = c->hop_off == 1 || c->hop_off == (bwd ? 3 : 2);
+    return (dt == US_BF16 || dt == US_F16) && hs_ok && !off && c->cc_major == 9 &&
            us__hop_encoder() && us__hop_compiled();
 }
 static int us__hop_aligned(const void *p) {
@@ -3213,7 +3216,7 @@ static int us__hop_attention_fwd(us_ops *o, void *out, float *lse, const void *q
     CUtensorMap mq, mkv;
     const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS;
     cudaStream_t st = us__cu(o)->stream;
-    if (!us__hop_ok(o, dt, HS) || !us__hop_aligned(qkv) || NKV <= 0 || NH % NKV || B >= 65536 ||
+    if (!us__hop_ok(o, dt, HS, 0) || !us__hop_aligned(qkv) || NKV <= 0 || NH % NKV || B >= 65536 ||
         T > INT_MAX / 2)
         return 0;
     if (B <= 0 || T <= 0 || NH <= 0) return 1;
@@ -3240,7 +3243,7 @@ static int us__hop_attention_bwd(us_ops *o, void *dqkv, const void *dout, const 
     const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, OC = (int64_t)NH * HS, rows = B * T * NH;
     cudaStream_t st = us__cu(o)->stream;
     float *D, *L2;
-    if (!us__hop_ok(o, dt, HS) || !us__hop_aligned(qkv) || !us__hop_aligned(dout) || NKV <= 0 ||
+    if (!us__hop_ok(o, dt, HS, 1) || !us__hop_aligned(qkv) || !us__hop_aligned(dout) || NKV <= 0 ||
         NH % NKV || B >= 65536 || T > INT_MAX / 2)
         return 0;
     if (B <= 0 || T <= 0 || NH <= 0) return 1;
@@ -4583,7 +4586,7 @@ US_API void *us_cuda_stream(const us_ops *o) { return o->backend ? (void *)((con
 US_API const char *us_cuda_attention_path(us_ops *o, us_dtype dt, int HS, int by_blocks) {
     if (!o->backend) return "portable";
     if (by_blocks) return us__flash_ok(o, dt, HS) ? "flash" : "portable";
-    return us__hop_ok(o, dt, HS) ? "hopper" : us__flash_ok(o, dt, HS) ? "flash" : "portable";
+    return us__hop_ok(o, dt, HS, 0) ? "hopper" : us__flash_ok(o, dt, HS) ? "flash" : "portable";
 }
 
 US_API void us_cuda_describe(const us_ops *o, char *buf, size_t buflen) {

@@ -530,14 +530,30 @@ static void test_training(us_precision prec, us_recompute rc) {
     mc.n_layers = 2; mc.dim = 128; mc.n_heads = 2; mc.n_kv_heads = 1;   /* HS 64: the flash path under bf16 */
     if (rc == US_RECOMPUTE_SELECTIVE) { mc.moe_experts = 4; mc.moe_top_k = 2; mc.moe_shared = 1; }   /* the MoE layer (selective recompute) */
     tc.batch = 4; tc.seq = 71; tc.steps = 20; tc.lr = 3e-3f; tc.precision = prec; tc.recompute = rc;
+    /* The MoE run's step 6 is a gradient spike (norm 11.4, four times its neighbours') that sits at
+       fp16's edge under the dynamic scaler's first S = 2^16: rounding P to fp16 inside the
+       attention forward (as the Hopper kernels, cuDNN and FlashAttention do) tipped one element
+       past 65504 on the GPU and the step was skipped there alone (measured on an H200,
+       bench/RESULTS.md). A fixed S = 2^12 keeps both sides clear of the edge, so the losses
+       still compare step by step; the dynamic scaler is tested by test_fp16_overflow. */
+    if (prec == US_PRECISION_FP16 && mc.moe_experts) tc.loss_scale = 4096;
     CHECK(us_model_init(&a, &mc, &tc, NULL) == US_OK, "cpu model");
     CHECK(us_model_init(&b, &mc, &tc, &G) == US_OK, "gpu model: %s", us_model_error(&b));
     twin_init(&tw, &tc);
-    for (s = 0; s < 8 && twin_step(&tw, &a, &b, &sa, &sb); s++)
+    memset(&sa, 0, sizeof sa);
+    memset(&sb, 0, sizeof sb);
+    for (s = 0; s < 8 && twin_step(&tw, &a, &b, &sa, &sb); s++) {
         if (fabsf(sa.loss - sb.loss) / sa.loss > worst) worst = fabsf(sa.loss - sb.loss) / sa.loss;
+        if (us_test_verbose > 1)
+            printf("   step %d: loss %.5f / %.5f, grad norm %.4g / %.4g, loss scale %g / %g\n", s, sa.loss, sb.loss,
+                   sa.grad_norm, sb.grad_norm, sa.loss_scale, sb.loss_scale);
+    }
     /* MoE: a near-tie in the router can pick another expert on the GPU, so its fp32 bound is looser */
-    CHECK(worst < (prec != US_PRECISION_FP32 ? 2e-2f : mc.moe_experts ? 1e-3f : 1e-4f), "%s recompute %s%s: GPU losses follow the CPU run over 8 steps (worst rel diff %.2e)",
-          us_precision_name(prec), us_recompute_name(rc), mc.moe_experts ? " MoE E=4 top-2 + shared" : "", worst);
+    CHECK(worst < (prec != US_PRECISION_FP32 ? 2e-2f : mc.moe_experts ? 1e-3f : 1e-4f),
+          "%s recompute %s%s: GPU losses follow the CPU run over 8 steps (worst rel diff %.2e; steps the loss scaler skipped: "
+          "CPU %d, GPU %d)",
+          us_precision_name(prec), us_recompute_name(rc), mc.moe_experts ? " MoE E=4 top-2 + shared" : "", worst,
+          (int)sa.skipped_total, (int)sb.skipped_total);
     CHECK(b.ops.bytes_peak >= b.mem.total, "device peak %zu bytes covers the model's %zu", b.ops.bytes_peak, b.mem.total);
     twin_free(&tw);
     us_model_free(&a); us_model_free(&b);
@@ -751,6 +767,20 @@ int main(int argc, char **argv) {
     test_ops(US_BF16, 3, 1, 10, 41, 301, 1003, 3);
     test_ops(US_F16, 4, 2, 16, 40, 304, 1000, 0);
     test_ops(US_F16, 3, 1, 10, 41, 301, 1003, 3);
+    /* --fp16-moe: the fp16 MoE twin run step by step with the Hopper attention kernels on, off,
+       forward only and backward only (how the loss-scale note in test_training was found) */
+    if (argc > 1 && !strcmp(argv[argc - 1], "--fp16-moe")) {
+        int off;
+        us_test_verbose = 2;
+        for (off = 0; off < 4; off++) {
+            us__cu(&G)->hop_off = off;
+            printf("hop_off %d\n", off);
+            test_training(US_PRECISION_FP16, US_RECOMPUTE_SELECTIVE);
+        }
+        us__cu(&G)->hop_off = 0;
+        us_cuda_ops_free(&G);
+        return us_test_done("test_cuda --fp16-moe");
+    }
     test_attention_shapes();
     if (argc > 1 && !strcmp(argv[argc - 1], "--attention")) { /* the attention cases alone */
         us_cuda_ops_free(&G);
