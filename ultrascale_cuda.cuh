@@ -2167,132 +2167,47 @@ static __device__ __forceinline__ uint32_t us__hop_pack(float lo, float hi) {
         "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),        \
         "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),        \
         "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-template <typename E, int TB>
-static __device__ __forceinline__ void us__wg_ss64(float *d, uint64_t a, uint64_t b, int acc) {
-    if constexpr (us__is_half<E>::value)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " US__WG_R64
-                     ", %32, %33, p, 1, 1, 0, %35;\n}\n"
-                     : US__WG_D64(d)
-                     : "l"(a), "l"(b), "r"(acc), "n"(TB));
-    else
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " US__WG_R64
-                     ", %32, %33, p, 1, 1, 0, %35;\n}\n"
-                     : US__WG_D64(d)
-                     : "l"(a), "l"(b), "r"(acc), "n"(TB));
-}
-template <typename E, int TB>
-static __device__ __forceinline__ void us__wg_rs64(float *d, const uint32_t (&a)[4], uint64_t b,
-                                                   int acc) {
-    if constexpr (us__is_half<E>::value)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " US__WG_R64
-                     ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
-                     : US__WG_D64(d)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
-    else
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " US__WG_R64
-                     ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
-                     : US__WG_D64(d)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
-}
-template <typename E, int TB>
-static __device__ __forceinline__ void us__wg_rs80(float *d, const uint32_t (&a)[4], uint64_t b,
-                                                   int acc) {
-    if constexpr (us__is_half<E>::value)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16 " US__WG_R80
-                     ", {%40, %41, %42, %43}, %44, p, 1, 1, %46;\n}\n"
-                     : US__WG_D80(d)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
-    else
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 " US__WG_R80
-                     ", {%40, %41, %42, %43}, %44, p, 1, 1, %46;\n}\n"
-                     : US__WG_D80(d)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
-}
-template <typename E, int TB>
-static __device__ __forceinline__ void us__wg_rs96(float *d, const uint32_t (&a)[4], uint64_t b,
-                                                   int acc) {
-    if constexpr (us__is_half<E>::value)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 " US__WG_R96
-                     ", {%48, %49, %50, %51}, %52, p, 1, 1, %54;\n}\n"
-                     : US__WG_D96(d)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
-    else
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 " US__WG_R96
-                     ", {%48, %49, %50, %51}, %52, p, 1, 1, %54;\n}\n"
-                     : US__WG_D96(d)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
-}
-template <typename E, int TB>
-static __device__ __forceinline__ void us__wg_ss128(float *d, uint64_t a, uint64_t b, int acc) {
-    if constexpr (us__is_half<E>::value)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " US__WG_R128
-                     ", %64, %65, p, 1, 1, 0, %67;\n}\n"
-                     : US__WG_D128(d)
-                     : "l"(a), "l"(b), "r"(acc), "n"(TB));
-    else
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " US__WG_R128
-                     ", %64, %65, p, 1, 1, 0, %67;\n}\n"
-                     : US__WG_D128(d)
-                     : "l"(a), "l"(b), "r"(acc), "n"(TB));
-}
-template <typename E, int TB>
-static __device__ __forceinline__ void us__wg_rs128(float *d, const uint32_t (&a)[4], uint64_t b,
-                                                    int acc) {
-    if constexpr (us__is_half<E>::value)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " US__WG_R128
-                     ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
-                     : US__WG_D128(d)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
-    else
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " US__WG_R128
-                     ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
-                     : US__WG_D128(d)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
-}
-template <typename E, int TB>
-static __device__ __forceinline__ void us__wg_rs192(float *d, const uint32_t (&a)[4], uint64_t b,
-                                                    int acc) {
-    if constexpr (us__is_half<E>::value)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %101, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16 " US__WG_R192
-                     ", {%96, %97, %98, %99}, %100, p, 1, 1, %102;\n}\n"
-                     : US__WG_D192(d)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
-    else
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %101, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 " US__WG_R192
-                     ", {%96, %97, %98, %99}, %100, p, 1, 1, %102;\n}\n"
-                     : US__WG_D192(d)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
-}
-template <typename E, int TB>
-static __device__ __forceinline__ void us__wg_rs256(float *d, const uint32_t (&a)[4], uint64_t b,
-                                                    int acc) {
-    if constexpr (us__is_half<E>::value)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 " US__WG_R256
-                     ", {%128, %129, %130, %131}, %132, p, 1, 1, %134;\n}\n"
-                     : US__WG_D256(d)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
-    else
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " US__WG_R256
-                     ", {%128, %129, %130, %131}, %132, p, 1, 1, %134;\n}\n"
-                     : US__WG_D256(d)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
-}
+/* One function per shape, from two macros: PTX needs the operand numbers written out (%N), so
+   each instantiation names them. SS: d, A's and B's descriptors, the scale-d flag, TB. RS: d,
+   A's four registers, B's descriptor, the flag, TB. TY is A's and B's type, bf16 or f16. */
+#define US__WG_SS_ASM(N, TY, DA, DB, P, T)                                                         \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P ", 0;\n"                                  \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " " US__WG_R##N       \
+                 ", %" #DA ", %" #DB ", p, 1, 1, 0, %" #T ";\n}\n"                                 \
+                 : US__WG_D##N(d)                                                                  \
+                 : "l"(a), "l"(b), "r"(acc), "n"(TB))
+#define US__WG_SS(N, DA, DB, P, T)                                                                 \
+    template <typename E, int TB>                                                                  \
+    static __device__ __forceinline__ void us__wg_ss##N(float *d, uint64_t a, uint64_t b,          \
+                                                        int acc) {                                 \
+        if constexpr (us__is_half<E>::value)                                                       \
+            US__WG_SS_ASM(N, "f16", DA, DB, P, T);                                                 \
+        else                                                                                       \
+            US__WG_SS_ASM(N, "bf16", DA, DB, P, T);                                                \
+    }
+#define US__WG_RS_ASM(N, TY, A0, A1, A2, A3, DB, P, T)                                             \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P ", 0;\n"                                  \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " " US__WG_R##N       \
+                 ", {%" #A0 ", %" #A1 ", %" #A2 ", %" #A3 "}, %" #DB ", p, 1, 1, %" #T ";\n}\n"    \
+                 : US__WG_D##N(d)                                                                  \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB))
+#define US__WG_RS(N, A0, A1, A2, A3, DB, P, T)                                                     \
+    template <typename E, int TB>                                                                  \
+    static __device__ __forceinline__ void us__wg_rs##N(float *d, const uint32_t (&a)[4],          \
+                                                        uint64_t b, int acc) {                     \
+        if constexpr (us__is_half<E>::value)                                                       \
+            US__WG_RS_ASM(N, "f16", A0, A1, A2, A3, DB, P, T);                                     \
+        else                                                                                       \
+            US__WG_RS_ASM(N, "bf16", A0, A1, A2, A3, DB, P, T);                                    \
+    }
+US__WG_SS(64, 32, 33, 34, 35)
+US__WG_SS(128, 64, 65, 66, 67)
+US__WG_RS(64, 32, 33, 34, 35, 36, 37, 38)
+US__WG_RS(80, 40, 41, 42, 43, 44, 45, 46)
+US__WG_RS(96, 48, 49, 50, 51, 52, 53, 54)
+US__WG_RS(128, 64, 65, 66, 67, 68, 69, 70)
+US__WG_RS(192, 96, 97, 98, 99, 100, 101, 102)
+US__WG_RS(256, 128, 129, 130, 131, 132, 133, 134)
 #endif
 template <int N, typename E, int TB>
 static __device__ __forceinline__ void us__wg_ss(float *d, uint64_t a, uint64_t b, int acc) {
