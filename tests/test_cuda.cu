@@ -721,6 +721,7 @@ static void test_training_fp8(us_precision prec) {
     memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
     mc.n_layers = 2; mc.dim = 128; mc.n_heads = 2; mc.n_kv_heads = 1;   /* F 352, QKV 256 */
     tc.batch = 4; tc.seq = 64; tc.steps = 20; tc.lr = 3e-3f; tc.precision = prec;
+    tc.fp8_min_dim = 16;   /* FP8 at this small width too (US_FP8_MIN_DIM is 1536) */
     CHECK(us_model_init(&a, &mc, &tc, NULL) == US_OK, "cpu model");
     CHECK(us_model_init(&b, &mc, &tc, &G) == US_OK, "gpu model: %s", us_model_error(&b));
     CHECK(b.fp8_linear == 8 && a.fp8_linear == 8, "%s: all 8 linears in FP8 (cpu %d, gpu %d)", us_precision_name(prec), a.fp8_linear, b.fp8_linear);

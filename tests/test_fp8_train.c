@@ -140,6 +140,7 @@ static void fake_model(us_model *m, us_ops *o, int fp8, int64_t N, int64_t In, i
     size_t off[5], bytes;
     memset(m, 0, sizeof *m);
     m->ops = *o; m->fp8 = fp8; m->dt = US_BF16;
+    m->tc.fp8_min_dim = 16;   /* FP8 at these small sizes too (the default rule would keep them bf16) */
     bytes = us__fp8_scratch(N, In, Out, In, Out > In ? Out : In, off);   /* covers (In, Out) and (Out, In) */
     memcpy(m->fp8_off, off, sizeof off);
     m->a[US__A_FP8] = calloc(bytes, 1);
@@ -227,6 +228,10 @@ static void test_linear(void) {
 
 /* ------------------------------------------------------------------ training */
 /* the CPU ops, counting their quantisations (the dual path's check below) */
+/* The models here are far below the size where FP8 pays (US_FP8_MIN_DIM): they ask for FP8 at
+   every size, so that the FP8 paths are the ones under test */
+static int every_size(us_precision p) { return p == US_PRECISION_FP8 || p == US_PRECISION_FP8_TENSOR ? 16 : 0; }
+
 static us_ops g_cpu;
 static long g_nq, g_nboth;
 static void count_q(us_ops *o, uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M, int64_t K, int t, int trans, int pow2) {
@@ -238,8 +243,10 @@ static void count_both(us_ops *o, uint8_t *q, float *s, uint8_t *qt, float *st, 
     g_cpu.fp8_quantize_both(o, q, s, qt, st, x, dt, M, K, t, pow2);
 }
 
-/* steps of the sorting task; losses[] (if not NULL) gets every step's loss; ops NULL: the CPU's */
-static float train_ops(us_precision prec, int pow2, int steps, float *first, int *fp8_on, int *fp8_all, const us_ops *ops, float *losses) {
+/* steps of the sorting task; losses[] (if not NULL) gets every step's loss; ops NULL: the CPU's;
+   min_dim: tc.fp8_min_dim, or -1 for every size under fp8 */
+static float train_min(us_precision prec, int pow2, int steps, float *first, int *fp8_on, int *fp8_all, const us_ops *ops,
+                       float *losses, int min_dim) {
     us_model_config mc;
     us_train_config tc;
     us_model m;
@@ -252,6 +259,7 @@ static float train_ops(us_precision prec, int pow2, int steps, float *first, int
     mc.n_layers = 2; mc.dim = 48; mc.n_heads = 4;              /* F = 128, QKV = 144 */
     tc.batch = 8; tc.seq = 32; tc.steps = steps; tc.lr = 1e-2f; tc.warmup = 10;   /* N = 256 */
     tc.precision = prec; tc.fp8_pow2 = pow2; tc.threads = 1;
+    tc.fp8_min_dim = min_dim < 0 ? every_size(prec) : min_dim;
     if (us_model_init(&m, &mc, &tc, ops) != US_OK) { printf("  init: %s\n", us_model_error(&m)); return NAN; }
     *fp8_on = m.fp8_linear; *fp8_all = m.fp8_linear_all;
     us_task_init(&task, 1);
@@ -266,6 +274,9 @@ static float train_ops(us_precision prec, int pow2, int steps, float *first, int
     free(in); free(tgt);
     us_model_free(&m);
     return last;
+}
+static float train_ops(us_precision prec, int pow2, int steps, float *first, int *fp8_on, int *fp8_all, const us_ops *ops, float *losses) {
+    return train_min(prec, pow2, steps, first, fp8_on, fp8_all, ops, losses, -1);
 }
 static float train(us_precision prec, int pow2, int steps, float *first, int *fp8_on, int *fp8_all) {
     return train_ops(prec, pow2, steps, first, fp8_on, fp8_all, NULL, NULL);
@@ -316,6 +327,7 @@ static void test_weight_cache(void) {
         memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
         mc.n_layers = 2; mc.dim = 48; mc.n_heads = 4;
         tc.batch = 8; tc.seq = 32; tc.grad_accum = 2; tc.steps = STEPS; tc.lr = 1e-2f; tc.warmup = 2; tc.precision = prec; tc.threads = 1;
+        tc.fp8_min_dim = every_size(prec);
         g_cpu = us_cpu_ops(1);
         for (k = 0; k < 2; k++) {   /* k = 0: the cache (default); 1: none */
             us_ops o = g_cpu;
@@ -394,6 +406,7 @@ static us_result tp_rank(us_comm *c, void *arg) {
     memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
     mc.n_layers = 1; mc.dim = 256; mc.n_heads = 4; mc.ffn_dim = 512;
     tc.batch = 4; tc.seq = 32; tc.tp = 2; tc.sp = 1; tc.precision = US_PRECISION_FP8; tc.threads = 1; tc.lr = 1e-2f;
+    tc.fp8_min_dim = 16;
     if ((r = us_model_init_dist(&m, &mc, &tc, &R->ops, c)) != US_OK) { printf("  tp rank init: %s\n", us_model_error(&m)); return r; }
     us_task_init(&task, 4);
     for (s = 0; s < 3 && r == US_OK; s++) {
@@ -477,6 +490,7 @@ static void test_config(void) {
         mc.n_layers = 2; mc.dim = 64; mc.n_heads = 4; tc.batch = 4; tc.seq = 32; tc.threads = 1;
         tc.precision = p ? US_PRECISION_FP8_TENSOR : US_PRECISION_FP8;
         tc.recompute = p ? US_RECOMPUTE_FULL : US_RECOMPUTE_NONE;
+        tc.fp8_min_dim = 16;
         CHECK(us_memory_estimate(&mc, &tc, &est, err, sizeof err) == US_OK, "estimate: %s", err);
         CHECK(us_model_init(&m, &mc, &tc, NULL) == US_OK, "%s init: %s", us_precision_name(tc.precision), us_model_error(&m));
         {   /* the weight cache: W and Wᵀ in E4M3 for the 4 linears of each layer, plus scales */
@@ -498,6 +512,34 @@ static void test_config(void) {
                   us_precision_name(tc.precision), est.total, m.mem.total, est.activations, m.mem.activations, est.params, m.mem.params, wc, qbytes, lin);
         }
         us_model_free(&m);
+    }
+    {   /* the size rule: a linear runs in FP8 only when In and Out are both >= fp8_min_dim (default
+           US_FP8_MIN_DIM); the 64-wide model's four linears have min(In, Out) = 64 */
+        static const int mins[4] = {0, 64, 65, 16};
+        static const int want[4] = {0, 4, 0, 4};
+        int k;
+        for (k = 0; k < 4; k++) {
+            memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
+            mc.n_layers = 2; mc.dim = 64; mc.n_heads = 4; tc.batch = 4; tc.seq = 32; tc.threads = 1;
+            tc.precision = US_PRECISION_FP8; tc.fp8_min_dim = mins[k];
+            CHECK(us_model_init(&m, &mc, &tc, NULL) == US_OK && m.fp8_linear == 2 * want[k] && m.fp8_linear_all == 8,
+                  "fp8_min_dim %d (0 = %d): %d of %d linears in FP8, want %d", mins[k], US_FP8_MIN_DIM, m.fp8_linear,
+                  m.fp8_linear_all, 2 * want[k]);
+            us_model_free(&m);
+        }
+        {   /* under the default rule this model's fp8 training is bf16 training, bit for bit */
+            float lb[3], l8[3], f;
+            int on, all;
+            train_ops(US_PRECISION_BF16, 0, 3, &f, &on, &all, NULL, lb);
+            train_min(US_PRECISION_FP8, 0, 3, &f, &on, &all, NULL, l8, 0);
+            CHECK(on == 0 && !memcmp(lb, l8, sizeof lb), "fp8 below the size rule: no FP8 linear (%d) and bf16's losses to the bit "
+                  "(%.6f %.6f %.6f vs %.6f %.6f %.6f)", on, lb[0], lb[1], lb[2], l8[0], l8[1], l8[2]);
+        }
+        memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
+        tc.precision = US_PRECISION_FP8; tc.fp8_min_dim = -1;
+        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID && strstr(err, "fp8_min_dim"), "fp8_min_dim -1 is refused: %s", err);
+        tc.precision = US_PRECISION_BF16; tc.fp8_min_dim = 64;
+        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID && strstr(err, "fp8_min_dim"), "fp8_min_dim under bf16 is refused: %s", err);
     }
     memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
     tc.precision = US_PRECISION_BF16; tc.fp8_pow2 = 1;
