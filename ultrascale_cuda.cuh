@@ -52,6 +52,10 @@ US_API void      us_cuda_describe(const us_ops *ops, char *buf, size_t buflen);
    "flash" (mma.sync, sm_80+) or "portable" (one thread per query row: correct, and about a
    hundred times slower). Trainers say so at start when it is "portable". */
 US_API const char *us_cuda_attention_path(us_ops *ops, us_dtype dt, int head_size, int by_blocks);
+/* Keeps attention off the Hopper kernels, so that tests and benchmarks can compare the paths:
+   0 every path (the default), 1 none of the Hopper kernels, 2 not the Hopper forward, 3 not
+   the Hopper backward. */
+US_API void        us_cuda_attention_no_hopper(us_ops *ops, int which);
 /* The compute stream every op of these ops runs on (a cudaStream_t), for the NCCL backend to
    order its communication stream against. */
 US_API void     *us_cuda_stream(const us_ops *ops);
@@ -4502,6 +4506,10 @@ US_API const char *us_cuda_attention_path(us_ops *o, us_dtype dt, int HS, int by
     if (!o->backend) return "portable";
     if (by_blocks) return us__flash_ok(o, dt, HS) ? "flash" : "portable";
     return us__hop_ok(o, dt, HS, 0) ? "hopper" : us__flash_ok(o, dt, HS) ? "flash" : "portable";
+}
+
+US_API void us_cuda_attention_no_hopper(us_ops *o, int which) {
+    if (o->backend) us__cu(o)->hop_off = which >= 0 && which <= 3 ? which : 0;
 }
 
 US_API void us_cuda_describe(const us_ops *o, char *buf, size_t buflen) {

@@ -400,7 +400,7 @@ static void bench_attention(void) {
             inner.cast(&inner, dout, US_BF16, tmp, US_F32, N * NH * HS);
             for (path = 0; path < 2; path++) {
                 std::vector<double> tf, tb;
-                c->hop_off = path;
+                us_cuda_attention_no_hopper(&inner, path);
                 for (r = 0; r < 23; r++) {
                     float ms;
                     cudaEventRecord(a, c->stream);
@@ -415,7 +415,7 @@ static void bench_attention(void) {
                 printf("%-8s %5d %2d %3d %3d %4d | %9.3f %8.1f | %9.3f %8.1f\n", path ? "us-mma" : "us-hop", T, B, NH, NKV, HS,
                        median(tf) * 1e3, fl / median(tf) * 1e-12, median(tb) * 1e3, 2.5 * fl / median(tb) * 1e-12);
             }
-            c->hop_off = 0;
+            us_cuda_attention_no_hopper(&inner, 0);
             inner.free(&inner, qkv); inner.free(&inner, out); inner.free(&inner, dout); inner.free(&inner, dqkv);
             inner.free(&inner, lse); cudaFree(tmp);
         }

@@ -309,11 +309,11 @@ static void test_attention_shapes(void) {
     for (d = 0; d < 2; d++)
         for (k = 0; k < n; k++)
             attn_case(d ? US_F16 : US_BF16, cases[k][0], cases[k][1], cases[k][2], cases[k][3], cases[k][4], "best");
-    us__cu(&G)->hop_off = 1;
+    us_cuda_attention_no_hopper(&G, 1);
     for (k = 0; k < n; k++)
         if (cases[k][4] == 64 || cases[k][4] == 128)
             attn_case(US_BF16, cases[k][0], cases[k][1], cases[k][2], cases[k][3], cases[k][4], "mma.sync");
-    us__cu(&G)->hop_off = 0;
+    us_cuda_attention_no_hopper(&G, 0);
 }
 
 /* Context parallelism's attention by key blocks on the flash path (bf16, HS 64 and 128): one
@@ -774,11 +774,11 @@ int main(int argc, char **argv) {
         int off;
         us_test_verbose = 2;
         for (off = 0; off < 4; off++) {
-            us__cu(&G)->hop_off = off;
-            printf("hop_off %d\n", off);
+            us_cuda_attention_no_hopper(&G, off);
+            printf("no Hopper kernels: %d (0 none off, 1 all, 2 forward, 3 backward)\n", off);
             test_training(US_PRECISION_FP16, US_RECOMPUTE_SELECTIVE);
         }
-        us__cu(&G)->hop_off = 0;
+        us_cuda_attention_no_hopper(&G, 0);
         us_cuda_ops_free(&G);
         return us_test_done("test_cuda --fp16-moe");
     }
