@@ -27,11 +27,15 @@
 #include "../ultrascale_comm.h"
 
 #include <errno.h>
+#include <math.h>
 #include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 static void usage(FILE *f) {
     fprintf(f,

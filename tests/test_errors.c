@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* validation names the problem in one sentence containing `needle` */
 static void expect_invalid(us_model_config mc, us_train_config tc, const char *needle) {
@@ -57,12 +58,13 @@ static void write_file(const char *path, const void *buf, size_t n) {
 }
 
 static void test_shards(void) {
-    const char *p = "/tmp/us_test_shard.bin";
+    char p[64];   /* one file per process: make test runs the plain and sanitizer builds at once */
     int32_t hdr[256];
     unsigned char buf[1024 + 64];
     us_data d;
     us_result r;
     int i;
+    snprintf(p, sizeof p, "/tmp/us_test_shard_%ld.bin", (long)getpid());
     memset(hdr, 0, sizeof hdr);
     /* a good v1 shard: 10 uint16 tokens */
     hdr[0] = 20240520; hdr[1] = 1; hdr[2] = 10;
