@@ -5,7 +5,10 @@
        #define ULTRASCALE_IMPLEMENTATION
        #include "ultrascale.h"
    Other files include the header without the define. Add `#define ULTRASCALE_STATIC` before the
-   implementation to make every function static (private to that translation unit).
+   implementation to make every function static (private to that translation unit). A build that
+   compiles the implementation once into an object can keep the define in every program and pass
+   -DULTRASCALE_IMPLEMENTATION_DONE -DULTRASCALE_COMM_IMPLEMENTATION_DONE: the define then brings
+   the declarations only (the Makefile does this; see tests/us_impl.c).
 
    QUICK START
    -----------
@@ -6571,10 +6574,19 @@ US_API void us_data_free(us_data *d) { US_FREE(d->tokens); d->tokens = NULL; d->
 static us_result us__read_file(const char *path, unsigned char **buf, int64_t *len, char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
     long sz;
+    int c;
     *buf = NULL; *len = 0;
     if (!f) { us__errf(err, errlen, "cannot open %s", path); return US_ERR_IO; }
+    errno = 0;
+    c = fgetc(f);   /* a directory opens but does not read */
+    if (c == EOF && ferror(f)) {
+        fclose(f); us__errf(err, errlen, "cannot read %s: %s", path, errno ? strerror(errno) : "read error"); return US_ERR_IO;
+    }
     if (fseek(f, 0, SEEK_END) != 0 || (sz = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
         fclose(f); us__errf(err, errlen, "cannot determine the size of %s", path); return US_ERR_IO;
+    }
+    if (sz == 0 && c != EOF) {   /* /dev/zero, a pipe, a /proc file: data but no size */
+        fclose(f); us__errf(err, errlen, "%s is not a regular file (it has no size but reads data): copy it into one", path); return US_ERR_IO;
     }
     *buf = (unsigned char *)US_MALLOC((size_t)sz + 1);
     if (!*buf) { fclose(f); us__errf(err, errlen, "out of memory reading %s (%ld bytes)", path, sz); return US_ERR_OOM; }

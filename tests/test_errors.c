@@ -113,6 +113,11 @@ static void test_shards(void) {
     write_file(p, "", 0);
     r = us_data_load(&d, p);
     CHECK(r == US_ERR_FORMAT && strstr(d.err, "empty"), "empty text file: %s", d.err);
+    /* a directory, and files that read data but have no size: one sentence each, not "empty" */
+    r = us_data_load(&d, "/tmp");
+    CHECK(r == US_ERR_IO && strstr(d.err, "cannot read /tmp: Is a directory"), "a directory: %s", d.err);
+    r = us_data_load(&d, "/dev/zero");
+    CHECK(r == US_ERR_IO && strstr(d.err, "/dev/zero is not a regular file"), "/dev/zero: %s", d.err);
     /* text that is too short for one sequence */
     write_file(p, "hello", 5);
     r = us_data_load(&d, p);
