@@ -109,7 +109,12 @@ $(B)/cc_nvcc.o: tests/compile_a.c $(HDR) | $(B)
 $(B)/cc_nccl.o: tests/compile_nccl.c $(HDR) | $(B)
 	$(CC) $(WERROR) -D_POSIX_C_SOURCE=200809L -DULTRASCALE_NCCL -isystem $(CUDA_HOME)/include -c $< -o $@
 
-CHECKS = $(B)/cc_c99 $(B)/cc_cxx $(B)/cc_2tu $(B)/cc_static
+# the stb-style opt-outs: the library without its checkpoints, its planner, its data loading
+OPTOUTS = CHECKPOINT PLANNER DATA
+$(OPTOUTS:%=$(B)/cc_no_%): $(B)/cc_no_%: tests/compile_optout.c $(HDR) | $(B)
+	$(CC) -std=c99 -Wall -Wextra -pedantic -Werror -O0 -pthread -DULTRASCALE_NO_$* $< -o $@ $(LDLIBS)
+
+CHECKS = $(B)/cc_c99 $(B)/cc_cxx $(B)/cc_2tu $(B)/cc_static $(OPTOUTS:%=$(B)/cc_no_%)
 
 # ---- nvcc builds: the trainer with the CUDA backend, the GPU tests and benchmarks
 # The trainer, hf_logits, test_cuda and comm_bw link against $(CUDAIMPL); flash_test and test_nccl

@@ -32,13 +32,17 @@ step 'calibrate_cpu writes a rates file plan reads' "$B/calibrate_cpu $B/plan" \
      './$B/calibrate_cpu --quick --out $B/rates_cpu.txt | grep -q wrote &&
       ./$B/plan --rates $B/rates_cpu.txt --model llama-1b --top 1 | grep -q "^top"'
 
-# ---- compile checks: C99 pedantic with -Werror, C++, two translation units, ULTRASCALE_STATIC,
+# ---- compile checks: C99 pedantic with -Werror, C++, two translation units, ULTRASCALE_STATIC, each
+# opt-out (ULTRASCALE_NO_*: what remains compiles without a warning and trains a step),
 # no OpenMP, and nvcc (the CUDA compiler sees the header as C++) where it is installed; a check
 # passes when make built its target (the Makefile's rules hold the compiler command lines)
 step 'c99 -pedantic -Werror'             "$B/cc_c99"              'test -x $B/cc_c99'
 step 'c++ -Werror'                       "$B/cc_cxx"              'test -x $B/cc_cxx'
 step 'two translation units'             "$B/cc_2tu"              './$B/cc_2tu'
 step 'ULTRASCALE_STATIC'                 "$B/cc_static"           'test -x $B/cc_static'
+for o in CHECKPOINT PLANNER DATA; do
+    step "ULTRASCALE_NO_$o (an opt-out)" "$B/cc_no_$o"      "./\$B/cc_no_$o"
+done
 step 'without OpenMP'                    "$B/cc_2tu"              '! nm $B/cc_2tu | grep -q GOMP_'
 step 'nvcc (header as C++)'              "$(nvcc_needs cc_nvcc.o)"       'nvcc_built cc_nvcc.o'
 step 'nvcc: trainer with CUDA backend'   "$(nvcc_needs train_cuda)"      'nvcc_built train_cuda'
