@@ -3,6 +3,7 @@
 #   make train      learn the built-in task (sorting digits) on the CPU
 #   make train-cuda the same trainer compiled by nvcc, on the GPU (also: make CUDA=1)
 #   make test       every test: kernels, model, errors, CLIs, compile checks, sanitizers
+#                   (the steps are listed in tests/steps.sh; JOBS=N runs N at a time, default every core)
 #   make bench      CPU benchmarks side by side with OpenBLAS (installs libopenblas-dev)
 CC      ?= cc
 CXX     ?= c++
@@ -17,54 +18,144 @@ NVLIBS   = -lcublasLt -lnccl
 SANFLAGS = -std=c99 -Wall -Wextra -O1 -g $(ARCH) $(OPENMP) -D_POSIX_C_SOURCE=200809L -pthread -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 B        = build
 HDR      = ultrascale.h ultrascale_comm.h
+JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
 
 EXAMPLES = $(B)/train $(B)/memory $(B)/quickstart $(B)/dp_quickstart $(B)/cp_memory $(B)/schedule $(B)/hf_logits $(B)/plan $(B)/figures
 ifeq ($(CUDA),1)
 EXAMPLES += $(B)/train_cuda
 endif
-TESTS    = $(patsubst tests/%.c,$(B)/%,$(wildcard tests/test_*.c))
-SANTESTS = $(patsubst tests/%.c,$(B)/san/%,$(wildcard tests/test_*.c))
 
 all: $(EXAMPLES)
 
-$(B) $(B)/san:
+$(B) $(B)/san $(B)/cuda:
 	mkdir -p $@
 
-$(B)/%: examples/%.c $(HDR) | $(B)
-	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
+# ---- the implementation, compiled once per flag set
+# tests/us_impl.c is the three headers' implementation in one translation unit. It is compiled
+# once with CFLAGS ($(B)/ultrascale.o), once with SANFLAGS ($(B)/san/ultrascale.o) and, where nvcc
+# is installed, once by nvcc with the CUDA backend ($(B)/cuda/ultrascale.o); the examples and
+# tests link against it. They keep their `#define ULTRASCALE_IMPLEMENTATION` (each still builds
+# alone, `cc examples/train.c`): LINKED predefines the headers' include-once guards, so there the
+# define brings the declarations only (and none of the implementation's #includes: LINKED_C makes a
+# function used without its header an error).
+LINKED      = -DULTRASCALE_IMPLEMENTATION_DONE -DULTRASCALE_COMM_IMPLEMENTATION_DONE
+LINKED_C    = $(LINKED) -Werror=implicit-function-declaration
+LINKED_CUDA = $(LINKED) -DULTRASCALE_CUDA_IMPLEMENTATION_DONE
+IMPL        = $(B)/ultrascale.o
+SANIMPL     = $(B)/san/ultrascale.o
+CUDAIMPL    = $(B)/cuda/ultrascale.o
+TESTHDR     = tests/us_test.h tests/us_test_ranks.h
 
-$(B)/test_%: tests/test_%.c tests/us_test.h tests/us_test_ranks.h $(HDR) | $(B)
-	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
+$(IMPL): tests/us_impl.c $(HDR) | $(B)
+	$(CC) $(CFLAGS) -c $< -o $@
 
-$(B)/san/test_%: tests/test_%.c tests/us_test.h tests/us_test_ranks.h $(HDR) | $(B)/san
-	$(CC) $(SANFLAGS) $< -o $@ $(LDLIBS)
+$(SANIMPL): tests/us_impl.c $(HDR) | $(B)/san
+	$(CC) $(SANFLAGS) -c $< -o $@
 
+$(CUDAIMPL): tests/us_impl.c $(HDR) ultrascale_cuda.cuh | $(B)/cuda
+	$(NVCC) $(NVFLAGS) -x cu -DUS_CUDA -DULTRASCALE_NCCL -c $< -o $@
+
+$(B)/%: examples/%.c $(IMPL) $(HDR) | $(B)
+	$(CC) $(CFLAGS) $(LINKED_C) $< $(IMPL) -o $@ $(LDLIBS)
+
+# ---- tests: one program per area (tests/test_*.c), each built with CFLAGS and with the sanitizers
+TESTS    = $(patsubst tests/%.c,$(B)/%,$(wildcard tests/test_*.c))
+SANTESTS = $(patsubst tests/%.c,$(B)/san/%,$(wildcard tests/test_*.c))
+
+$(B)/test_%: tests/test_%.c $(TESTHDR) $(IMPL) $(HDR) | $(B)
+	$(CC) $(CFLAGS) $(LINKED_C) $< $(IMPL) -o $@ $(LDLIBS)
+
+$(B)/san/test_%: tests/test_%.c $(TESTHDR) $(SANIMPL) $(HDR) | $(B)/san
+	$(CC) $(SANFLAGS) $(LINKED_C) $< $(SANIMPL) -o $@ $(LDLIBS)
+
+# These tests use the implementation's private functions and types, so they compile it in, under
+# ULTRASCALE_STATIC: the compiler then leaves out the functions a test does not reach.
+INTERNAL = test_dp test_tp test_fp8_train test_gemm test_moe
+
+$(INTERNAL:%=$(B)/%): $(B)/%: tests/%.c $(TESTHDR) $(HDR) | $(B)
+	$(CC) $(CFLAGS) -DULTRASCALE_STATIC $< -o $@ $(LDLIBS)
+
+$(INTERNAL:%=$(B)/san/%): $(B)/san/%: tests/%.c $(TESTHDR) $(HDR) | $(B)/san
+	$(CC) $(SANFLAGS) -DULTRASCALE_STATIC $< -o $@ $(LDLIBS)
+
+# the GEMM's portable kernels: the same test without -march=native (no AVX2)
+$(B)/test_gemm_portable: tests/test_gemm.c $(HDR) | $(B)
+	$(CC) -std=c99 -Wall -Wextra -pedantic -Werror -O2 $(OPENMP) -DULTRASCALE_STATIC $< -o $@ $(LDLIBS)
+
+# the checkpoint readers' fuzz target without an engine: replays tests/fuzz_corpus (make test)
+$(B)/fuzz_replay: tests/fuzz_safetensors.c $(SANIMPL) $(HDR) | $(B)
+	$(CC) $(SANFLAGS) $(LINKED_C) $< $(SANIMPL) -o $@ $(LDLIBS)
+
+# ---- compile checks: C99 pedantic with -Werror, C++, two translation units, ULTRASCALE_STATIC,
+# no OpenMP; nvcc (which sees the header as C++) and the NCCL backend where they are installed
+WERROR = -std=c99 -Wall -Wextra -pedantic -Werror -O2
+
+$(B)/cc_c99: tests/compile_a.c $(HDR) | $(B)
+	$(CC) $(WERROR) $(OPENMP) -DUS_COMPILE_SINGLE $< -o $@ $(LDLIBS)
+
+$(B)/cc_cxx: tests/compile_a.c $(HDR) | $(B)
+	$(CXX) -x c++ -std=c++11 -Wall -Wextra -Werror -O2 $(OPENMP) -DUS_COMPILE_SINGLE $< -o $@ $(LDLIBS)
+
+# also the build without OpenMP (no -fopenmp here; its step checks that no OpenMP call is linked in)
+$(B)/cc_2tu: tests/compile_a.c tests/compile_b.c $(HDR) | $(B)
+	$(CC) $(WERROR) tests/compile_a.c tests/compile_b.c -o $@ $(LDLIBS)
+
+$(B)/cc_static: tests/compile_a.c $(HDR) | $(B)
+	$(CC) $(WERROR) -DULTRASCALE_STATIC -DUS_COMPILE_SINGLE $< -o $@ $(LDLIBS)
+
+$(B)/cc_nvcc.o: tests/compile_a.c $(HDR) | $(B)
+	$(NVCC) -x cu -std=c++17 -Xcompiler -Wall,-Wextra,-Werror -DUS_COMPILE_SINGLE -c $< -o $@
+
+$(B)/cc_nccl.o: tests/compile_nccl.c $(HDR) | $(B)
+	$(CC) $(WERROR) -D_POSIX_C_SOURCE=200809L -DULTRASCALE_NCCL -isystem $(CUDA_HOME)/include -c $< -o $@
+
+# the stb-style opt-outs: the library without its checkpoints, its planner, its data loading
+OPTOUTS = CHECKPOINT PLANNER DATA
+$(OPTOUTS:%=$(B)/cc_no_%): $(B)/cc_no_%: tests/compile_optout.c $(HDR) | $(B)
+	$(CC) -std=c99 -Wall -Wextra -pedantic -Werror -O0 -pthread -DULTRASCALE_NO_$* $< -o $@ $(LDLIBS)
+
+CHECKS = $(B)/cc_c99 $(B)/cc_cxx $(B)/cc_2tu $(B)/cc_static $(OPTOUTS:%=$(B)/cc_no_%)
+
+# ---- nvcc builds: the trainer with the CUDA backend, the GPU tests and benchmarks
+# The trainer, hf_logits, test_cuda and comm_bw link against $(CUDAIMPL); flash_test and test_nccl
+# call private functions, so they compile the implementation in, under ULTRASCALE_STATIC (the code
+# they do not reach is left out; $(CUDAIMPL) is the nvcc build of all of it).
 train: $(B)/train
 	./$(B)/train
 
 # the same trainer, compiled by nvcc with the CUDA backend
-$(B)/train_cuda: examples/train.c $(HDR) ultrascale_cuda.cuh | $(B)
-	$(NVCC) $(NVFLAGS) -x cu -DUS_CUDA -DULTRASCALE_NCCL $< -o $@ $(NVLIBS)
-
-# the NCCL backend against host references, on 2 GPUs (prints SKIP with fewer)
-$(B)/test_nccl: tests/test_nccl.cu tests/us_test.h $(HDR) ultrascale_cuda.cuh | $(B)
-	$(NVCC) $(NVFLAGS) -DULTRASCALE_NCCL $< -o $@ $(NVLIBS)
-
-# a checkpoint's logits computed on the GPU (bench/hf_logits.sh uses it where nvcc and a GPU exist)
-$(B)/hf_logits_cuda: examples/hf_logits.c $(HDR) ultrascale_cuda.cuh | $(B)
-	$(NVCC) $(NVFLAGS) -x cu -DUS_CUDA $< -o $@ $(NVLIBS)
+$(B)/train_cuda: examples/train.c $(CUDAIMPL) $(HDR) ultrascale_cuda.cuh | $(B)
+	$(NVCC) $(NVFLAGS) -x cu -DUS_CUDA -DULTRASCALE_NCCL $(LINKED_CUDA) -c $< -o $@.o
+	$(NVCC) $(NVFLAGS) $@.o $(CUDAIMPL) -o $@ $(NVLIBS)
 
 train-cuda: $(B)/train_cuda
 	./$(B)/train_cuda
 
+# a checkpoint's logits computed on the GPU (bench/hf_logits.sh uses it where nvcc and a GPU exist)
+$(B)/hf_logits_cuda: examples/hf_logits.c $(CUDAIMPL) $(HDR) ultrascale_cuda.cuh | $(B)
+	$(NVCC) $(NVFLAGS) -x cu -DUS_CUDA $(LINKED_CUDA) -c $< -o $@.o
+	$(NVCC) $(NVFLAGS) $@.o $(CUDAIMPL) -o $@ $(NVLIBS)
+
+$(B)/test_cuda: tests/test_cuda.cu tests/us_test.h $(CUDAIMPL) $(HDR) ultrascale_cuda.cuh | $(B)
+	$(NVCC) $(NVFLAGS) $(LINKED_CUDA) $< $(CUDAIMPL) -o $@ $(NVLIBS)
+
+# the NCCL backend against host references, on 2 GPUs (prints SKIP with fewer)
+$(B)/test_nccl: tests/test_nccl.cu tests/us_test.h $(HDR) ultrascale_cuda.cuh | $(B)
+	$(NVCC) $(NVFLAGS) -DULTRASCALE_STATIC -DULTRASCALE_NCCL $< -o $@ $(NVLIBS)
+
 $(B)/flash_test: tests/flash_test.cu $(HDR) ultrascale_cuda.cuh | $(B)
-	$(NVCC) $(NVFLAGS) $< -o $@ $(NVLIBS)
+	$(NVCC) $(NVFLAGS) -DULTRASCALE_STATIC $< -o $@ $(NVLIBS)
 
 $(B)/gemm_steps: examples/gemm_steps.cu | $(B)
 	$(NVCC) $(NVFLAGS) $< -o $@ $(NVLIBS)
 
-$(B)/test_cuda: tests/test_cuda.cu tests/us_test.h $(HDR) ultrascale_cuda.cuh | $(B)
-	$(NVCC) $(NVFLAGS) $< -o $@ $(NVLIBS)
+# the comm seam's NCCL backend against raw NCCL, bus bandwidth 1 MB - 1 GB (2+ GPUs; issue 9)
+$(B)/comm_bw: bench/comm_bw.cu $(CUDAIMPL) $(HDR) | $(B)
+	$(NVCC) $(NVFLAGS) -DULTRASCALE_NCCL $(LINKED_CUDA) $< $(CUDAIMPL) -o $@ $(NVLIBS)
+
+# longest first, so two jobs keep both cores busy
+NVCC_BUILDS = $(B)/flash_test $(B)/test_nccl $(B)/train_cuda $(B)/test_cuda $(B)/hf_logits_cuda \
+              $(B)/comm_bw $(B)/gemm_steps $(B)/cc_nvcc.o
 
 # the flash kernels on the CPU through a small CUDA emulator, against the CPU reference: kernel
 # logic can be checked on a machine without a GPU (needs the CUDA headers only; ~4 minutes under ASan)
@@ -73,87 +164,6 @@ $(B)/flash_emu: tests/emu/flash_emu.cpp tests/emu/us_cuda_emu.h tests/emu/extrac
 	$(CXX) -std=c++17 -O1 -g -fsanitize=address -fno-omit-frame-pointer $(OPENMP) -w -I$(CUDA_HOME)/include -I$(B) $< -o $@ $(LDLIBS)
 flash-emu: $(B)/flash_emu
 	ASAN_OPTIONS=detect_stack_use_after_return=0 ./$(B)/flash_emu
-
-# Compile checks: C99 pedantic with -Werror, C++, two translation units, ULTRASCALE_STATIC,
-# no OpenMP, and nvcc (the CUDA compiler sees the header as C++) when it is installed.
-CHECKS = \
-  "c99 -pedantic -Werror::$(CC) -std=c99 -Wall -Wextra -pedantic -Werror -O2 $(OPENMP) -DUS_COMPILE_SINGLE tests/compile_a.c -o $(B)/cc_c99 $(LDLIBS)" \
-  "c++ -Werror::$(CXX) -x c++ -std=c++11 -Wall -Wextra -Werror -O2 $(OPENMP) -DUS_COMPILE_SINGLE tests/compile_a.c -o $(B)/cc_cxx $(LDLIBS)" \
-  "two translation units::$(CC) -std=c99 -Wall -Wextra -pedantic -Werror -O2 tests/compile_a.c tests/compile_b.c -o $(B)/cc_2tu $(LDLIBS) && ./$(B)/cc_2tu" \
-  "ULTRASCALE_STATIC::$(CC) -std=c99 -Wall -Wextra -pedantic -Werror -O2 -DULTRASCALE_STATIC -DUS_COMPILE_SINGLE tests/compile_a.c -o $(B)/cc_static $(LDLIBS)" \
-  "without OpenMP::$(CC) -std=c99 -Wall -Wextra -pedantic -Werror -O2 -DUS_COMPILE_SINGLE tests/compile_a.c -o $(B)/cc_noomp $(LDLIBS)" \
-  "nvcc (header as C++)::if [ -x $(NVCC) ]; then $(NVCC) -x cu -std=c++17 -Xcompiler -Wall,-Wextra,-Werror -DUS_COMPILE_SINGLE -c tests/compile_a.c -o $(B)/cc_nvcc.o; else echo 'SKIP nvcc not installed'; fi" \
-  "nvcc: trainer with CUDA backend::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/train_cuda; else echo 'SKIP nvcc not installed'; fi" \
-  "nvcc: test_cuda::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/test_cuda; else echo 'SKIP nvcc not installed'; fi" \
-  "nvcc: flash_test::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/flash_test; else echo 'SKIP nvcc not installed'; fi" \
-  "nvcc: gemm_steps::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/gemm_steps; else echo 'SKIP nvcc not installed'; fi" \
-  "nvcc: test_nccl::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/test_nccl; else echo 'SKIP nvcc not installed'; fi" \
-  "nvcc: comm_bw benchmark::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/comm_bw; else echo 'SKIP nvcc not installed'; fi" \
-  "nvcc: hf_logits_cuda::if [ -x $(NVCC) ]; then $(MAKE) -s $(B)/hf_logits_cuda; else echo 'SKIP nvcc not installed'; fi" \
-  "c99 -pedantic: NCCL backend compiles::if [ -f /usr/include/nccl.h ] || [ -f $(CUDA_HOME)/include/nccl.h ]; then $(CC) -std=c99 -Wall -Wextra -pedantic -Werror -O2 -D_POSIX_C_SOURCE=200809L -DULTRASCALE_NCCL -isystem $(CUDA_HOME)/include -c tests/compile_nccl.c -o $(B)/cc_nccl.o; else echo 'SKIP nccl.h not installed'; fi"
-
-RUNS = \
-  "test_dtypes::./$(B)/test_dtypes" \
-  "test_gemm::./$(B)/test_gemm" \
-  "test_gemm (portable, no AVX2)::$(CC) -std=c99 -Wall -Wextra -pedantic -Werror -O2 $(OPENMP) tests/test_gemm.c -o $(B)/test_gemm_portable $(LDLIBS) && ./$(B)/test_gemm_portable" \
-  "test_ops::./$(B)/test_ops" \
-  "test_fp8::./$(B)/test_fp8" \
-  "test_fp16::./$(B)/test_fp16" \
-  "test_fp8_train::./$(B)/test_fp8_train" \
-  "test_model::./$(B)/test_model" \
-  "test_moe::./$(B)/test_moe" \
-  "test_ep::./$(B)/test_ep" \
-  "test_errors::./$(B)/test_errors" \
-  "test_comm::./$(B)/test_comm" \
-  "test_dp::./$(B)/test_dp" \
-  "test_tp::./$(B)/test_tp" \
-  "test_cp_ops::./$(B)/test_cp_ops" \
-  "test_cp::./$(B)/test_cp" \
-  "test_pp_sched::./$(B)/test_pp_sched" \
-  "test_plan::./$(B)/test_plan" \
-  "figures writes the four SVGs::./$(B)/figures $(B) | grep -c 'svg:' | grep -qx 4 && grep -q '</svg>' $(B)/fig_tp_tradeoff.svg" \
-  "test_pp::./$(B)/test_pp" \
-  "test_ckpt::./$(B)/test_ckpt" \
-  "test_ckpt_py (files from Python's safetensors)::bash tests/test_ckpt_py.sh $(B)/test_ckpt" \
-  "fuzz corpus replay (asan+ubsan)::./$(B)/fuzz_replay tests/fuzz_corpus/*" \
-  "schedule CLI: table and SVG::./$(B)/schedule | grep -q dualpipev && ./$(B)/schedule --schedule interleaved --svg $(B)/il.svg | grep -q wrote && grep -q '<svg' $(B)/il.svg && ./$(B)/schedule --schedule dualpipev --svg $(B)/dpv.svg | grep -q wrote && grep -q 'stroke=\"black\"' $(B)/dpv.svg && ! ./$(B)/schedule --pp 0 2>/dev/null && ! ./$(B)/schedule --schedule dualpipev --m 6 2>/dev/null" \
-  "test_comm_threads::./$(B)/test_comm_threads" \
-  "test_bootstrap::./$(B)/test_bootstrap" \
-  "test_nccl (needs 2 GPUs)::if [ -x $(B)/test_nccl ]; then ./$(B)/test_nccl; else echo 'SKIP not built'; fi" \
-  "train CLI::bash tests/test_train_cli.sh $(B)/train" \
-  "quick start runs::./$(B)/quickstart | grep -q 'step 300 loss'" \
-  "dp quick start runs (4 threads, ZeRO-2)::./$(B)/dp_quickstart | grep -q 'step 100 loss'" \
-  "cp_memory prints the table::./$(B)/cp_memory | grep -q '^  131072'" \
-  "memory CLI::bash tests/test_memory_cli.sh $(B)/memory" \
-  "plan CLI::bash tests/test_plan_cli.sh $(B)/plan $(B)/train" \
-  "calibrate_cpu writes a rates file plan reads::./$(B)/calibrate_cpu --quick --out $(B)/rates_cpu.txt | grep -q wrote && ./$(B)/plan --rates $(B)/rates_cpu.txt --model llama-1b --top 1 | grep -q '^top'" \
-  "test_cuda (needs a GPU)::if [ -x $(B)/test_cuda ]; then ./$(B)/test_cuda; else echo 'SKIP not built'; fi" \
-  "flash_test (needs a GPU)::if [ -x $(B)/flash_test ]; then ./$(B)/flash_test; else echo 'SKIP not built'; fi" \
-  "asan+ubsan test_dtypes::./$(B)/san/test_dtypes" \
-  "asan+ubsan test_ops::./$(B)/san/test_ops" \
-  "asan+ubsan test_fp8::./$(B)/san/test_fp8" \
-  "asan+ubsan test_fp16::./$(B)/san/test_fp16 --quick" \
-  "asan+ubsan test_fp8_train::./$(B)/san/test_fp8_train --quick" \
-  "asan+ubsan test_gemm::./$(B)/san/test_gemm" \
-  "asan+ubsan test_model::./$(B)/san/test_model --quick" \
-  "asan+ubsan test_moe::./$(B)/san/test_moe" \
-  "asan+ubsan test_ep::./$(B)/san/test_ep" \
-  "asan+ubsan test_errors::./$(B)/san/test_errors" \
-  "asan+ubsan test_comm::./$(B)/san/test_comm" \
-  "asan+ubsan test_dp::./$(B)/san/test_dp" \
-  "asan+ubsan test_tp::./$(B)/san/test_tp" \
-  "asan+ubsan test_cp_ops::./$(B)/san/test_cp_ops" \
-  "asan+ubsan test_cp::./$(B)/san/test_cp" \
-  "asan+ubsan test_pp_sched::./$(B)/san/test_pp_sched" \
-  "asan+ubsan test_plan::./$(B)/san/test_plan" \
-  "asan+ubsan test_pp::./$(B)/san/test_pp" \
-  "asan+ubsan test_ckpt::./$(B)/san/test_ckpt" \
-  "asan+ubsan test_comm_threads::./$(B)/san/test_comm_threads" \
-  "asan+ubsan test_bootstrap::./$(B)/san/test_bootstrap"
-
-# the checkpoint readers' fuzz target without an engine: replays tests/fuzz_corpus (make test)
-$(B)/fuzz_replay: tests/fuzz_safetensors.c $(HDR) | $(B)
-	$(CC) $(SANFLAGS) $< -o $@ $(LDLIBS)
 
 # libFuzzer + ASan/UBSan (clang): at least 10^6 executions over the corpus; new finds go to
 # $(B)/fuzz_corpus_new (copy small interesting ones into tests/fuzz_corpus). Not part of make test.
@@ -164,34 +174,49 @@ fuzz: $(B)/fuzz_safetensors
 	mkdir -p $(B)/fuzz_corpus_new
 	./$(B)/fuzz_safetensors -runs=$(FUZZ_RUNS) -max_len=4096 $(B)/fuzz_corpus_new tests/fuzz_corpus
 
-test: $(EXAMPLES) $(TESTS) $(SANTESTS) $(B)/fuzz_replay $(B)/calibrate_cpu
-	@bash tests/run_all.sh $(CHECKS) $(RUNS)
+# ---- make test: the steps tests/steps.sh lists. Make builds what each step needs and runs the
+# step as soon as that is built, $(JOBS) jobs at a time unless you give -j (JOBS=1: one at a
+# time); a step whose program failed to build fails as "not run", after the compiler's errors.
+# Each step prints one line as it ends; the failures are repeated at the end above the total. The
+# two objects most programs link against are made first, then the steps' needs in tests/steps.sh's
+# order.
+HAVE_NVCC := $(shell [ -x "$(NVCC)" ] && echo 1)
+HAVE_NCCL := $(shell [ -f /usr/include/nccl.h ] || [ -f $(CUDA_HOME)/include/nccl.h ] && echo 1)
+STEPS_ENV  = B=$(B) NVCC=$(HAVE_NVCC) NCCL=$(HAVE_NCCL)
+
+test:
+	@mkdir -p $(B) && rm -rf $(B)/steps
+	@$(STEPS_ENV) bash tests/run_all.sh --makefile tests/steps.sh > $(B)/steps.mk
+	@$(MAKE) -k $(if $(filter -j%,$(MAKEFLAGS)),,-j$(JOBS)) -f $(firstword $(MAKEFILE_LIST)) -f $(B)/steps.mk \
+	  $(IMPL) $(SANIMPL) test-steps || true
+	@$(STEPS_ENV) bash tests/run_all.sh --report tests/steps.sh
+
+# every program the steps need, without running them (then: bash tests/run_all.sh tests/steps.sh)
+TEST_BUILDS = $(EXAMPLES) $(TESTS) $(SANTESTS) $(B)/test_gemm_portable $(B)/fuzz_replay \
+              $(B)/calibrate_cpu $(CHECKS) $(if $(HAVE_NCCL),$(B)/cc_nccl.o) $(if $(HAVE_NVCC),$(NVCC_BUILDS))
+test-builds: $(TEST_BUILDS)
 
 # ---- benchmarks (not tests): need OpenBLAS for the side-by-side GEMM
 bench: $(B)/bench_cpu
 	./$(B)/bench_cpu
 
-$(B)/bench_cpu: bench/bench_cpu.c $(HDR) | $(B)
+$(B)/bench_cpu: bench/bench_cpu.c $(IMPL) $(HDR) | $(B)
 	@[ -f /usr/include/x86_64-linux-gnu/cblas.h ] || [ -f /usr/include/cblas.h ] || \
 	  (apt-get update -qq && apt-get install -y -qq libopenblas-dev) || (echo "bench: install libopenblas-dev" && false)
-	$(CC) $(CFLAGS) -I/usr/include/x86_64-linux-gnu $< -o $@ -lopenblas $(LDLIBS)
+	$(CC) $(CFLAGS) $(LINKED_C) -I/usr/include/x86_64-linux-gnu $< $(IMPL) -o $@ -lopenblas $(LDLIBS)
 
 clean:
 	rm -rf $(B)
 
-.PHONY: all train train-cuda test bench clean flash-emu fuzz
+.PHONY: all train train-cuda test test-builds bench clean flash-emu fuzz
 
 # ---- GPU benchmarks (run on the GPU machine; see bench/run_gpu.sh)
 $(B)/bench_cuda: bench/bench_cuda.cu $(HDR) ultrascale_cuda.cuh | $(B)
 	$(NVCC) $(NVFLAGS) $< -o $@ $(NVLIBS)
 
-# the comm seam's NCCL backend against raw NCCL, bus bandwidth 1 MB - 1 GB (2+ GPUs; issue 9)
-$(B)/comm_bw: bench/comm_bw.cu $(HDR) | $(B)
-	$(NVCC) $(NVFLAGS) -DULTRASCALE_NCCL $< -o $@ $(NVLIBS)
-
 # the same rates file from the CPU ops and the threads backend (CI reads it back through build/plan)
-$(B)/calibrate_cpu: bench/calibrate_cpu.c $(HDR) | $(B)
-	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/calibrate_cpu: bench/calibrate_cpu.c $(IMPL) $(HDR) | $(B)
+	$(CC) $(CFLAGS) $(LINKED_C) $< $(IMPL) -o $@ $(LDLIBS)
 
 # the planner's rates measured on this machine (GEMM, attention, HBM, NCCL on 2 GPUs): bench/calibrate.cu
 $(B)/calibrate: bench/calibrate.cu $(HDR) ultrascale_cuda.cuh | $(B)

@@ -5,7 +5,16 @@
        #define ULTRASCALE_IMPLEMENTATION
        #include "ultrascale.h"
    Other files include the header without the define. Add `#define ULTRASCALE_STATIC` before the
-   implementation to make every function static (private to that translation unit).
+   implementation to make every function static (private to that translation unit). A build that
+   compiles the implementation once into an object can keep the define in every program and pass
+   -DULTRASCALE_IMPLEMENTATION_DONE -DULTRASCALE_COMM_IMPLEMENTATION_DONE: the define then brings
+   the declarations only (the Makefile does this; see tests/us_impl.c).
+   Parts a program does not use can be left out, declarations and code, by defining before the
+   include (as stb's STBI_NO_*; make test compiles the library with each):
+       ULTRASCALE_NO_CHECKPOINT   // >>checkpoint: safetensors save / load, its JSON reader (us_ckpt_*)
+       ULTRASCALE_NO_PLANNER      // >>plan: the configuration planner (us_plan_*)
+       ULTRASCALE_NO_DATA         // >>data: text and token-shard loading, the built-in task
+                                  // (us_byte_*, us_data_*, us_task_*)
 
    QUICK START
    -----------
@@ -860,6 +869,7 @@ US_API uint64_t us_rng_u64(us_rng *r);
 US_API float    us_rng_uniform(us_rng *r);   /* [0, 1) */
 US_API float    us_rng_normal(us_rng *r);
 
+#ifndef ULTRASCALE_NO_DATA
 /* ---------------------------------------------------------------- data */
 typedef struct us_data {
     int32_t *tokens;    /* host [n] */
@@ -893,6 +903,7 @@ US_API void us_task_batch(us_task *t, int nseq, int T, int32_t *inputs, int32_t 
 /* Greedy-decodes answers to `n` fresh problems and returns the fraction solved exactly;
    writes up to `show` examples as text into buf (may be NULL). */
 US_API us_result us_task_exact_match(us_model *m, us_task *t, int n, double *acc, char *buf, size_t buflen, int show);
+#endif /* ULTRASCALE_NO_DATA */
 
 /* ---------------------------------------------------------------- sampling */
 /* Extends prompt (host tokens) by n_new tokens sampled with temperature (0 = greedy) and
@@ -954,6 +965,7 @@ US_API us_result us_pp_simulate(const us_pp_schedule *s, double tF, double tB, d
 /* An SVG timeline (one row per rank, F/B/W boxes numbered by micro-batch, like the Playbook's). */
 US_API us_result us_pp_svg(const us_pp_schedule *s, double tF, double tB, double tW, const char *path, char *err, size_t errlen);
 
+#ifndef ULTRASCALE_NO_CHECKPOINT
 /* ---------------------------------------------------------------- checkpoints (// >>checkpoint)
    Weights are written as safetensors with Hugging Face Llama names and full (unsharded) tensor
    shapes, so a directory loads in `transformers` (LlamaForCausalLM.from_pretrained) and a Hugging
@@ -1028,6 +1040,7 @@ US_API us_result us_ckpt_read_config(const char *dir, us_model_config *mc, char 
 US_API us_result us_ckpt_latest(const char *dir, char *out, size_t outlen, char *err, size_t errlen);
 /* Removes all but the `keep` newest dir/step_N checkpoints (and stale dir/step_N.tmp). */
 US_API us_result us_ckpt_prune(const char *dir, int keep, char *err, size_t errlen);
+#endif /* ULTRASCALE_NO_CHECKPOINT */
 
 /* ---------------------------------------------------------------- estimator and FLOPs */
 /* Memory by category for one rank, from the Playbook's formulas applied to this library's layout
@@ -1044,6 +1057,7 @@ US_API int64_t   us_param_count_active(const us_model_config *mc);
    with N the active parameters (us_param_count_active): a token runs only its K experts. */
 US_API double    us_flops_per_token(const us_model_config *mc, int64_t seq);
 
+#ifndef ULTRASCALE_NO_PLANNER
 /* ---------------------------------------------------------------- planner (// >>plan)
    Which parallel configuration trains a model fastest on a cluster? The Playbook's answer, as a
    search: enumerate every (dp, tp, pp, cp, ep, zero, sp, micro-batch, grad-accum, recompute, pp
@@ -1133,6 +1147,7 @@ US_API us_result us_plan_enumerate(const us_model_config *mc, const us_plan_clus
 /* A train_cuda command line for a plan (model flags from mc): --nproc, --batch (the group's
    micro-batch, batch·dp), --grad-accum, --seq, --tp ... Returns the characters written. */
 US_API int       us_plan_command(const us_model_config *mc, const us_plan *p, char *buf, size_t cap);
+#endif /* ULTRASCALE_NO_PLANNER */
 
 #ifdef __cplusplus
 }
@@ -6563,6 +6578,7 @@ static us_result us__forward_eval(us_model *m, const int32_t *inputs, const int3
     return US_OK;
 }
 
+#ifndef ULTRASCALE_NO_DATA
 /* ------------------------------------------------------------------------------------ */
 // >>data  byte tokenizer, raw text, llm.c token shards, the built-in sorting task
 /* ------------------------------------------------------------------------------------ */
@@ -6584,10 +6600,19 @@ US_API void us_data_free(us_data *d) { US_FREE(d->tokens); d->tokens = NULL; d->
 static us_result us__read_file(const char *path, unsigned char **buf, int64_t *len, char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
     long sz;
+    int c;
     *buf = NULL; *len = 0;
     if (!f) { us__errf(err, errlen, "cannot open %s", path); return US_ERR_IO; }
+    errno = 0;
+    c = fgetc(f);   /* a directory opens but does not read */
+    if (c == EOF && ferror(f)) {
+        fclose(f); us__errf(err, errlen, "cannot read %s: %s", path, errno ? strerror(errno) : "read error"); return US_ERR_IO;
+    }
     if (fseek(f, 0, SEEK_END) != 0 || (sz = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
         fclose(f); us__errf(err, errlen, "cannot determine the size of %s", path); return US_ERR_IO;
+    }
+    if (sz == 0 && c != EOF) {   /* /dev/zero, a pipe, a /proc file: data but no size */
+        fclose(f); us__errf(err, errlen, "%s is not a regular file (it has no size but reads data): copy it into one", path); return US_ERR_IO;
     }
     *buf = (unsigned char *)US_MALLOC((size_t)sz + 1);
     if (!*buf) { fclose(f); us__errf(err, errlen, "out of memory reading %s (%ld bytes)", path, sz); return US_ERR_OOM; }
@@ -6765,6 +6790,7 @@ out:
     US_FREE(lines); US_FREE(ctx); US_FREE(tg); US_FREE(gen); US_FREE(logits);
     return r;
 }
+#endif /* ULTRASCALE_NO_DATA */
 
 /* ------------------------------------------------------------------------------------ */
 // >>pp  pipeline schedules as data: generation, checking, simulation, pictures
@@ -7191,6 +7217,7 @@ US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int
     return res;
 }
 
+#ifndef ULTRASCALE_NO_CHECKPOINT
 /* ------------------------------------------------------------------------------------ */
 // >>checkpoint  safetensors with Hugging Face names, resharding by byte ranges, crash-safe saves
 /* ------------------------------------------------------------------------------------ */
@@ -8446,6 +8473,7 @@ US_API us_result us_ckpt_prune(const char *dir, int keep, char *err, size_t errl
     return US_OK;
 #endif
 }
+#endif /* ULTRASCALE_NO_CHECKPOINT */
 
 /* ------------------------------------------------------------------------------------ */
 // >>estimate  memory estimator and FLOPs (the Playbook's formulas)
@@ -8619,6 +8647,7 @@ US_API double us_flops_per_token(const us_model_config *mc_in, int64_t seq) {
     return 6.0 * (double)us_param_count_active(mc) + 12.0 * mc->n_layers * (double)mc->dim * (double)seq;
 }
 
+#ifndef ULTRASCALE_NO_PLANNER
 /* ------------------------------------------------------------------------------------ */
 // >>plan  the planner: every valid configuration, ranked by a cost model (Playbook A3)
 /* ------------------------------------------------------------------------------------ */
@@ -9052,6 +9081,7 @@ US_API int us_plan_command(const us_model_config *mc_in, const us_plan *p, char 
     us__cat(buf, cap, &k, " --zero %d --recompute %s", t->zero, us_recompute_name(t->recompute));
     return (int)k;
 }
+#endif /* ULTRASCALE_NO_PLANNER */
 
 #endif /* ULTRASCALE_IMPLEMENTATION_DONE */
 #endif /* ULTRASCALE_IMPLEMENTATION */

@@ -9,6 +9,7 @@
                                     (Llama-3.1-8B, T 4096, planner cost model; predicted, not measured) */
 #define ULTRASCALE_IMPLEMENTATION
 #include "../ultrascale.h"
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 

@@ -46,7 +46,7 @@ static void usage(FILE *f) {
         "  --shared-expert   one shared expert per MoE layer\n"
         "  --capacity-factor X  the permuted rows per expert are capped (0 = none)\n"
         "training:\n"
-        "  --precision P     fp32 | bf16 | fp8 | fp8-tensor (default bf16: bf16 weights and activations, fp32 master,\n"
+        "  --precision P     fp32 | bf16 | fp16 | fp8 | fp8-tensor (default bf16: bf16 weights and activations, fp32 master,\n"
         "                    grads and Adam moments)\n"
         "  --recompute R     none | selective | full (default none)\n"
         "  --batch N         sequences per micro-batch B (default 1)\n"
@@ -202,9 +202,10 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(f, "--precision")) {
             if (!strcmp(v, "fp32")) o->precision = US_PRECISION_FP32;
             else if (!strcmp(v, "bf16")) o->precision = US_PRECISION_BF16;
+            else if (!strcmp(v, "fp16")) o->precision = US_PRECISION_FP16;
             else if (!strcmp(v, "fp8")) o->precision = US_PRECISION_FP8;
             else if (!strcmp(v, "fp8-tensor")) o->precision = US_PRECISION_FP8_TENSOR;
-            else return bad("--precision must be fp32, bf16, fp8 or fp8-tensor, got", v);
+            else return bad("--precision must be fp32, bf16, fp16, fp8 or fp8-tensor, got", v);
         } else if (!strcmp(f, "--recompute")) {
             if (!strcmp(v, "none")) o->recompute = US_RECOMPUTE_NONE;
             else if (!strcmp(v, "selective")) o->recompute = US_RECOMPUTE_SELECTIVE;
@@ -362,7 +363,7 @@ static void print_table(const options *o, const us_model_config *mc, const us_tr
                mc->n_layers, mc->moe_top_k);
     }
     printf("  %-34s %22s %10s %7s\n", "category", "bytes", "GiB", "share");
-    print_row(bf16 ? "params (bf16)" : "params (fp32)", m->params, m->total);
+    print_row(!bf16 ? "params (fp32)" : tc->precision == US_PRECISION_FP16 ? "params (fp16)" : "params (bf16)", m->params, m->total);
     print_row("grads (fp32)", m->grads, m->total);
     print_row(bf16 ? "master weights (fp32)" : "master weights (params are master)", m->master, m->total);
     print_row("optimizer (AdamW m, v; fp32)", m->optimizer, m->total);
@@ -458,11 +459,12 @@ static void svg_bar(FILE *f, double cx, double bw, double top, const double gib[
             cx, PLOT_Y + PLOT_H + 20, (long long)seq);
 }
 
-static void svg_legend(FILE *f, int bf16) {
+static void svg_legend(FILE *f, us_precision p) {
+    int bf16 = p != US_PRECISION_FP32;
     static const char *notes[5] = { NULL, "fp32", NULL, "AdamW m, v; fp32", "flash attention" };
     int k, x = PLOT_X + PLOT_W + 30, y = PLOT_Y + 10;
     for (k = 4; k >= 0; k--, y += 44) {   /* top to bottom, as the bars stack */
-        const char *note = k == 0 ? (bf16 ? "bf16" : "fp32") : k == 2 ? (bf16 ? "fp32 copy" : "none under fp32") : notes[k];
+        const char *note = k == 0 ? (!bf16 ? "fp32" : p == US_PRECISION_FP16 ? "fp16" : "bf16") : k == 2 ? (bf16 ? "fp32 copy" : "none under fp32") : notes[k];
         fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"14\" height=\"14\" fill=\"%s\"/>\n", x, y, categories[k].color);
         fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"13\" fill=\"#222\">%s</text>\n", x + 22, y + 12, categories[k].label);
         fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"11\" fill=\"#777\">%s</text>\n", x + 22, y + 28, note);
@@ -497,7 +499,7 @@ static int write_svg(const char *path, const options *o, const us_model_config *
         mem_parts(&mems[i], gib);
         svg_bar(f, PLOT_X + slot * (i + 0.5), slot * 0.62, top, gib, seqs[i]);
     }
-    svg_legend(f, tc->precision != US_PRECISION_FP32);
+    svg_legend(f, tc->precision);
     fprintf(f, "</svg>\n");
     ok = !ferror(f);
     if (fclose(f) != 0) ok = 0;

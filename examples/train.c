@@ -27,11 +27,16 @@
 #include "../ultrascale_comm.h"
 
 #include <errno.h>
+#include <math.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -146,7 +151,45 @@ static void usage(FILE *f) {
         "  --peak-tflops X   peak used for MFU (default: 989 on CUDA, the H100/H200 dense bf16 peak;\n"
         "                    0.096 per CPU thread, AVX2 FMA at 3 GHz)\n"
         "  --quiet           print only the summary\n"
-        "  --help            this text\n");
+        "  --help            this text\n"
+        "Flags take their value as the next argument or after '=' (--steps=500). OpenMP threads sleep\n"
+        "while they wait (OMP_WAIT_POLICY=passive, set unless you set it): spinning threads slow to a\n"
+        "crawl when other programs share the cores.\n");
+}
+
+/* A flag the usage lists ("  --name" starting a line): an unknown flag given last is called
+   unknown, not missing its value. */
+static int known_flag(const char *f) {
+    FILE *t = tmpfile();
+    char line[512];
+    size_t n = strlen(f);
+    int found = 0;
+    if (!t) return 1;
+    usage(t);
+    rewind(t);
+    while (!found && fgets(line, sizeof line, t))
+        found = !strncmp(line, "  ", 2) && !strncmp(line + 2, f, n) && (line[2 + n] == ' ' || line[2 + n] == '\n');
+    fclose(t);
+    return found;
+}
+
+/* An output file that can be written, checked before training (which may take hours) rather
+   than after; a file this makes is removed again. */
+static int writable_file(const char *path, const char *flag) {
+    struct stat sb;
+    int existed = stat(path, &sb) == 0;
+    FILE *f;
+    if (existed && S_ISDIR(sb.st_mode)) {
+        fprintf(stderr, "train: %s %s is a directory; it takes a file name\n", flag, path);
+        return 0;
+    }
+    if (!(f = fopen(path, "a"))) {
+        fprintf(stderr, "train: cannot write %s %s: %s\n", flag, path, strerror(errno));
+        return 0;
+    }
+    fclose(f);
+    if (!existed) remove(path);
+    return 1;
 }
 
 static int bad(const char *msg, const char *arg) {
@@ -365,6 +408,13 @@ static us_result run_rank(us_comm *comm, void *arg) {
         memset(&cs, 0, sizeof cs);
         if ((r = us_ckpt_load(&m, o->ckpt_from, o->resume_dir != NULL, &cs)) != US_OK) {
             fprintf(stderr, "train: rank %d: %s\n", rank, us_model_error(&m));
+            goto done_model;
+        }
+        if (o->resume_dir && m.step >= tc.steps) {
+            if (rank == 0)
+                fprintf(stderr, "train: %s is at step %d and --steps is %d: nothing left to train (give --steps above %d)\n", o->ckpt_from, m.step,
+                        tc.steps, m.step);
+            r = US_ERR_INVALID;
             goto done_model;
         }
         if (o->resume_dir) {
@@ -609,10 +659,16 @@ int main(int argc, char **argv) {
     us_train_config tc;
     opts o;
     int i, vocab = 0, dim = 0, ffn = 0;
+    const char *accum_flag = NULL;   /* --grad-accum or --micro-batches, whichever came */
     float clip = 1.0f;
     char err[256];
     us_result r;
 
+#ifdef _OPENMP
+    /* OpenMP threads that sleep while they wait, unless the user chose: libgomp reads the policy
+       once, as the program starts, so the program starts itself again with it set */
+    if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "passive", 1) == 0) execv("/proc/self/exe", argv);
+#endif
     memset(&mc, 0, sizeof mc);
     memset(&tc, 0, sizeof tc);
     memset(&o, 0, sizeof o);
@@ -621,8 +677,16 @@ int main(int argc, char **argv) {
     o.use_cuda = 1;
 #endif
     for (i = 1; i < argc; i++) {
-        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL, *eq = strchr(f, '=');
         int ok = 1, takes = 1;
+        char name[64];
+        if (!strncmp(f, "--", 2) && eq) {   /* --flag=value */
+            if ((size_t)(eq - f) >= sizeof name) return bad("unknown flag", f);
+            memcpy(name, f, (size_t)(eq - f));
+            name[eq - f] = 0;
+            f = name;
+            v = eq + 1;
+        }
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) { usage(stdout); return 0; }
         else if (!strcmp(f, "--tied")) { mc.tie_embeddings = 1; takes = 0; }
         else if (!strcmp(f, "--dense-emb-grad")) { tc.dense_emb_grad = 1; takes = 0; }
@@ -635,7 +699,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--fp8-no-weight-cache")) { tc.fp8_no_wcache = 1; takes = 0; }
         else if (!strcmp(f, "--shared-expert")) { mc.moe_shared = 1; takes = 0; }
         else if (strncmp(f, "--", 2)) return bad("unexpected argument", f);
-        else if (!v) return bad("missing value for", f);
+        else if (!v) return bad(known_flag(f) ? "missing value for" : "unknown flag", f);
         else if (!strcmp(f, "--layers")) ok = parse_int(v, 1, 1 << 16, &mc.n_layers);
         else if (!strcmp(f, "--dim")) ok = parse_int(v, 2, 1 << 20, &dim);
         else if (!strcmp(f, "--heads")) ok = parse_int(v, 1, 1 << 16, &mc.n_heads);
@@ -645,7 +709,16 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--rope-theta")) ok = parse_float(v, 1e-3f, 1e12f, &mc.rope_theta);
         else if (!strcmp(f, "--seq")) ok = parse_int(v, 1, 1 << 24, &tc.seq);
         else if (!strcmp(f, "--batch")) ok = parse_int(v, 1, 1 << 24, &tc.batch);
-        else if (!strcmp(f, "--grad-accum") || !strcmp(f, "--micro-batches")) ok = parse_int(v, 1, 1 << 20, &tc.grad_accum);
+        else if (!strcmp(f, "--grad-accum") || !strcmp(f, "--micro-batches")) {   /* one setting, two names */
+            int prev = tc.grad_accum;
+            ok = parse_int(v, 1, 1 << 20, &tc.grad_accum);
+            if (ok && accum_flag && strcmp(accum_flag, f) && prev != tc.grad_accum) {
+                fprintf(stderr, "train: %s %d and %s %d disagree: both set the micro-batches per step; give one\n", accum_flag, prev, f,
+                        tc.grad_accum);
+                return 2;
+            }
+            accum_flag = !strcmp(f, "--grad-accum") ? "--grad-accum" : "--micro-batches";
+        }
         else if (!strcmp(f, "--steps")) ok = parse_int(v, 1, 1 << 30, &tc.steps);
         else if (!strcmp(f, "--lr")) ok = parse_float(v, 1e-12f, 1e3f, &tc.lr);
         else if (!strcmp(f, "--warmup")) ok = parse_int(v, 0, 1 << 30, &tc.warmup);
@@ -766,7 +839,11 @@ int main(int argc, char **argv) {
             snprintf(msg, sizeof msg, "bad value for %s:", f);
             return bad(msg, v);
         }
-        i += takes;
+        if (f == name && !takes) {
+            fprintf(stderr, "train: %s takes no value, got %s\n", name, argv[i]);
+            return 2;
+        }
+        if (f != name) i += takes;
     }
     mc.vocab = vocab; mc.dim = dim; mc.ffn_dim = ffn;
     if (!mc.moe_experts && (mc.moe_top_k || mc.moe_shared || mc.moe_ffn_dim || mc.moe_gate || mc.moe_balance || mc.moe_bias_rate != 0 ||
@@ -785,6 +862,12 @@ int main(int argc, char **argv) {
         if (us_ckpt_read_config(o.ckpt_from, &mc, err, sizeof err) != US_OK) { fprintf(stderr, "train: %s\n", err); return 2; }
     }
     if (o.save_dir && mkdir(o.save_dir, 0755) != 0 && errno != EEXIST) { fprintf(stderr, "train: cannot create --save directory %s: %s\n", o.save_dir, strerror(errno)); return 2; }
+    if (o.save_dir) {   /* there, and writable: found now, not after training */
+        struct stat sb;
+        if (stat(o.save_dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) { fprintf(stderr, "train: --save %s exists and is not a directory\n", o.save_dir); return 2; }
+        if (access(o.save_dir, W_OK | X_OK) != 0) { fprintf(stderr, "train: cannot write into --save directory %s: %s\n", o.save_dir, strerror(errno)); return 2; }
+    }
+    if (o.trace_path && !writable_file(o.trace_path, "--trace")) return 2;
     if (!o.data_path) {   /* the built-in task: a small model, sequences of whole problems */
         if (!tc.seq) tc.seq = 4 * US_TASK_LINE - 1;
         if (!tc.batch) tc.batch = 16;

@@ -426,7 +426,7 @@ static int check_py(const char *dir) {
             const unsigned char *q = buf + st.data_start + t->begin;
             float want = (float)k * 0.25f - 3.0f, got;
             if (!strcmp(t->dtype, "F32")) memcpy(&got, q + 4 * k, 4);
-            else if (!strcmp(t->dtype, "F16")) { uint16_t h; memcpy(&h, q + 2 * k, 2); got = us__f16_to_f32(h); }
+            else if (!strcmp(t->dtype, "F16")) { uint16_t h; memcpy(&h, q + 2 * k, 2); got = us_f16_to_f32(h); }
             else if (!strcmp(t->dtype, "I32")) { int32_t x; memcpy(&x, q + 4 * k, 4); got = (float)x; want = (float)k - 5; }
             else { got = want + 1; }
             bad += got != want;

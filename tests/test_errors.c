@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* validation names the problem in one sentence containing `needle` */
 static void expect_invalid(us_model_config mc, us_train_config tc, const char *needle) {
@@ -57,12 +58,13 @@ static void write_file(const char *path, const void *buf, size_t n) {
 }
 
 static void test_shards(void) {
-    const char *p = "/tmp/us_test_shard.bin";
+    char p[64];   /* one file per process: make test runs the plain and sanitizer builds at once */
     int32_t hdr[256];
     unsigned char buf[1024 + 64];
     us_data d;
     us_result r;
     int i;
+    snprintf(p, sizeof p, "/tmp/us_test_shard_%ld.bin", (long)getpid());
     memset(hdr, 0, sizeof hdr);
     /* a good v1 shard: 10 uint16 tokens */
     hdr[0] = 20240520; hdr[1] = 1; hdr[2] = 10;
@@ -111,6 +113,11 @@ static void test_shards(void) {
     write_file(p, "", 0);
     r = us_data_load(&d, p);
     CHECK(r == US_ERR_FORMAT && strstr(d.err, "empty"), "empty text file: %s", d.err);
+    /* a directory, and files that read data but have no size: one sentence each, not "empty" */
+    r = us_data_load(&d, "/tmp");
+    CHECK(r == US_ERR_IO && strstr(d.err, "cannot read /tmp: Is a directory"), "a directory: %s", d.err);
+    r = us_data_load(&d, "/dev/zero");
+    CHECK(r == US_ERR_IO && strstr(d.err, "/dev/zero is not a regular file"), "/dev/zero: %s", d.err);
     /* text that is too short for one sequence */
     write_file(p, "hello", 5);
     r = us_data_load(&d, p);

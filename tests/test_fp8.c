@@ -14,6 +14,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 static uint32_t fbits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static double gauss(void) { double u = rnd01(), v = rnd01(); return sqrt(-2.0 * log(u + 1e-300)) * cos(6.283185307179586 * v); }

@@ -48,6 +48,14 @@ params=$(bytes_of parameters)
 check "llama-8b bf16 parameter count ${params:-?} within 1% of 8.03e9" \
     $(awk -v p="${params:-0}" 'BEGIN { d = p / 8.03e9 - 1; exit !(d < 0.01 && d > -0.01) }'; echo $?)
 
+# fp16 (the trainer's --precision fp16) takes what bf16 takes, labelled fp16
+run --model llama-8b --precision fp16
+fp16=$(bytes_of total)
+run --model llama-8b --precision bf16
+bf16=$(bytes_of total)
+check "--precision fp16 runs, fp16 params, the bytes of bf16 (${fp16:-?} = ${bf16:-?})" \
+    $([ "$RC" -eq 0 ] && [ -n "$fp16" ] && [ "$fp16" = "$bf16" ] && "$BIN" --model llama-8b --precision fp16 | grep -q 'params (fp16)'; echo $?)
+
 run --model llama-8b --recompute full --batch 2
 full=$(bytes_of activations)
 run --model llama-8b --recompute none --batch 2
@@ -83,7 +91,7 @@ check "--heads 3 --dim 64 exits 2 with the validation sentence" \
 run --seq abc
 check "--seq abc exits 2" $([ "$RC" -eq 2 ] && [[ "$ERR" == memory:\ bad\ value* ]]; echo $?)
 
-for bad in "--seq 0" "--seq 12x" "--batch -1" "--layers 1e3" "--precision fp16" "--recompute some" "--seqs 1024,,2048" "--seq"; do
+for bad in "--seq 0" "--seq 12x" "--batch -1" "--layers 1e3" "--precision fp12" "--recompute some" "--seqs 1024,,2048" "--seq"; do
     # shellcheck disable=SC2086
     run $bad
     check "'$bad' exits 2" $([ "$RC" -eq 2 ]; echo $?)

@@ -18,6 +18,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 static void llama(us_model_config *mc, int which) {
     memset(mc, 0, sizeof *mc);
@@ -179,9 +180,11 @@ int main(void) {
 
     /* ---- the rates file */
     {
-        const char *path = "/tmp/us_test_plan_rates.txt";
+        char path[64];   /* one file per process: make test runs the plain and sanitizer builds at once */
         us_plan_rates r;
-        FILE *f = fopen(path, "w");
+        FILE *f;
+        snprintf(path, sizeof path, "/tmp/us_test_plan_rates_%ld.txt", (long)getpid());
+        f = fopen(path, "w");
         fprintf(f, "ultrascale-rates 1\n# measured\ngemm_tflops = 512.5\n  intra_gbps=100  # NVLink\n\ncp_attn_eff = 0.5\n");
         fclose(f);
         memset(&r, 0, sizeof r);

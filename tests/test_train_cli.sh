@@ -56,6 +56,44 @@ expect 2 "bad --device" "--device must be cpu or cuda, got tpu" -- --device tpu
 if [ "$(basename "$BIN")" = train ]; then expect 2 "--device cuda in the CPU build" "no CUDA backend" -- --device cuda; fi
 expect 1 "missing data file" "cannot open $T/none.txt" -- --data "$T/none.txt"
 
+# ---- papercuts a new user hit (issue 24)
+expect 2 "an unknown flag given last is unknown, not missing its value" "unknown flag --bogus" -- --steps 3 --bogus
+expect 2 "a flag without a value still says so" "missing value for --steps" -- --steps
+"$BIN" --layers=1 --dim=32 --heads=2 --batch=2 --quiet --steps=3 --eval-every=0 --log="$T/eq.jsonl" > "$T/eq.txt" 2>&1; rc=$?
+if [ "$rc" -eq 0 ] && [ "$(wc -l < "$T/eq.jsonl")" -eq 3 ]; then ok "--flag=value (--steps=3 ... trains 3 steps)"; else bad "--flag=value (exit $rc): $(tail -2 "$T/eq.txt")"; fi
+expect 2 "--flag=value checks the value" "bad value for --steps: 5x" -- --steps=5x
+expect 2 "a switch given a value is refused" "--quiet takes no value, got --quiet=1" -- --quiet=1
+expect 1 "--data on a directory: one sentence" "^train: cannot read $T: Is a directory\$" -- --data "$T"
+expect 1 "--data /dev/zero is not a regular file" "^train: /dev/zero is not a regular file \(it has no size but reads data\): copy it into one\$" -- --data /dev/zero
+expect 1 "--data on a /proc file is not a regular file" "/proc/self/status is not a regular file" -- --data /proc/self/status
+expect 2 "--grad-accum and --micro-batches that disagree are refused" "--grad-accum 2 and --micro-batches 4 disagree: both set the micro-batches per step; give one" \
+    -- --grad-accum 2 --micro-batches 4
+expect 0 "--grad-accum and --micro-batches that agree are one setting" "accum=2" -- --layers 1 --dim 32 --heads 2 --batch 2 --grad-accum 2 --micro-batches 2 --steps 1 --eval-every 0 --sample 0
+mkdir -p "$T/adir"; : > "$T/afile"
+expect 2 "--trace into a missing directory is refused before training" "^train: cannot write --trace $T/no/such/t.json: No such file or directory\$" \
+    -- --trace "$T/no/such/t.json" --steps 1
+expect 2 "--trace naming a directory is refused" "--trace $T/adir is a directory" -- --trace "$T/adir" --steps 1
+[ ! -e "$T/t_ok.json" ] && "$BIN" $small --steps 1 --eval-every 0 --sample 0 --trace "$T/t_ok.json" > /dev/null 2>&1 && grep -q traceEvents "$T/t_ok.json" &&
+    ok "a good --trace path still gets its trace" || bad "a good --trace path"
+expect 2 "--save onto a file is refused before training" "--save $T/afile exists and is not a directory" -- --save "$T/afile" --steps 1
+# OpenMP's waiting threads sleep unless the user chose (spinning ones crawl on a busy machine):
+# the running trainer's environment says passive, or what the user set
+omp_policy() {   # omp_policy [VAR=VALUE]: OMP_WAIT_POLICY in the environment of a running trainer
+    local pid k pol=''
+    env -u OMP_WAIT_POLICY "$@" "$BIN" --steps 100000 --eval-every 0 --quiet > /dev/null 2>&1 & pid=$!
+    for k in $(seq 50); do
+        pol=$(tr '\0' '\n' < /proc/$pid/environ 2>/dev/null | sed -n 's/^OMP_WAIT_POLICY=//p')
+        [ -n "$pol" ] && break; sleep 0.1
+    done
+    kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+    echo "$pol"
+}
+if [ -r /proc/self/environ ]; then
+    p1=$(omp_policy); p2=$(omp_policy OMP_WAIT_POLICY=active)
+    [ "$p1" = passive ] && ok "OMP_WAIT_POLICY is passive by default" || bad "OMP_WAIT_POLICY by default: '$p1'"
+    [ "$p2" = active ] && ok "... and what the user set otherwise" || bad "OMP_WAIT_POLICY=active kept: '$p2'"
+fi
+
 # a short run with the JSONL log
 "$BIN" $small --steps 6 --eval-every 3 --log "$T/log.jsonl" > "$T/out.txt" 2>&1; rc=$?
 if [ "$rc" -eq 0 ] && [ "$(wc -l < "$T/log.jsonl")" -eq 6 ]; then ok "6 steps write 6 JSON lines"; else bad "short run (exit $rc) $(tail -3 "$T/out.txt")"; fi
@@ -199,9 +237,13 @@ if [ "$rc" -eq 0 ] && [ -d "$T/ck/step_00000008" ] && [ -d "$T/ck/step_00000012"
 if [ "$rc" -eq 0 ] && diff <(tail -4 "$T/ck_a.jsonl" | cut -d, -f1,2) <(cut -d, -f1,2 "$T/ck_b.jsonl") > /dev/null; then
     ok "--resume continues with the same losses as the run that did not stop"; else bad "--resume (exit $rc): $(tail -2 "$T/ck_b.txt")"; fi
 # --resume DIR picks the newest step_N; under dp 2 x tp 2 the losses agree within 1e-5
+# (and a resume with nothing left to train is refused, saying so, before any step)
 "$BIN" --steps 12 --resume "$T/ck" --dp 2 --tp 2 --threads 1 --eval-every 0 --quiet --log "$T/ck_c.jsonl" > "$T/ck_c.txt" 2>&1; rc=$?
-if [ "$rc" -eq 0 ] && [ "$(wc -l < "$T/ck_c.jsonl")" -eq 0 ]; then
-    ok "--resume DIR picks the newest checkpoint (step 12 of 12: nothing left to train)"; else bad "--resume newest (exit $rc): $(tail -2 "$T/ck_c.txt")"; fi
+if [ "$rc" -ne 0 ] && [ "$(wc -l < "$T/ck_c.jsonl")" -eq 0 ] &&
+   grep -q "step_00000012 is at step 12 and --steps is 12: nothing left to train (give --steps above 12)" "$T/ck_c.txt"; then
+    ok "--resume DIR picks the newest checkpoint; --steps 12 at its step 12 is refused"; else bad "--resume newest (exit $rc): $(tail -2 "$T/ck_c.txt")"; fi
+expect 1 "--resume with --steps below the checkpoint's step is refused" "step_00000008 is at step 8 and --steps is 5: nothing left to train" \
+    -- --steps 5 --resume "$T/ck/step_00000008" --threads 1 --eval-every 0 --quiet
 "$BIN" --steps 12 --resume "$T/ck/step_00000008" --dp 2 --tp 2 --threads 1 --eval-every 0 --quiet --log "$T/ck_d.jsonl" > "$T/ck_d.txt" 2>&1; rc=$?
 if [ "$rc" -eq 0 ] && python3 - "$T/ck_a.jsonl" "$T/ck_d.jsonl" <<'PY'
 import json, sys

@@ -1,0 +1,99 @@
+# tests/steps.sh — every step of `make test`. Sourced by tests/run_all.sh; each line is
+#     step NAME "NEEDS" 'COMMAND'
+# NEEDS: the make targets the step needs (make builds them first and runs steps as soon as what
+# they need is built, one job per core); COMMAND: a bash command line run from the repository
+# root. $B is the build directory; $NVCC and $NCCL are 1 where nvcc / nccl.h are installed, empty
+# elsewhere. A step passes on exit 0 or by its last "N passed, N failed" line; a step that prints
+# a line starting with SKIP is a skip. Steps that run longest come first within their area, so
+# they start early.
+
+# a program nvcc built (needs: nvcc_needs NAME)
+nvcc_needs() { [ -n "$NVCC" ] && echo "$B/$1"; }
+nvcc_built() { if [ -n "$NVCC" ]; then test -f "$B/$1"; else echo 'SKIP nvcc not installed'; fi; }
+# a GPU test: SKIP where nvcc did not build it (the program itself says SKIP without a GPU)
+gpu_run() { if [ -x "$B/$1" ]; then "./$B/$1"; else echo 'SKIP not built'; fi; }
+
+# ---- the command-line tools and examples
+step 'train CLI'                         "$B/train"          'bash tests/test_train_cli.sh $B/train'
+step 'quick start runs'                  "$B/quickstart"     './$B/quickstart | grep -q "step 300 loss"'
+step 'dp quick start runs (4 threads, ZeRO-2)' \
+                                         "$B/dp_quickstart"  './$B/dp_quickstart | grep -q "step 100 loss"'
+step 'plan CLI'                          "$B/plan $B/train"  'bash tests/test_plan_cli.sh $B/plan $B/train'
+step 'memory CLI'                        "$B/memory"         'bash tests/test_memory_cli.sh $B/memory'
+step 'cp_memory prints the table'        "$B/cp_memory"      './$B/cp_memory | grep -q "^  131072"'
+step 'schedule CLI: table and SVG'       "$B/schedule" \
+     './$B/schedule | grep -q dualpipev &&
+      ./$B/schedule --schedule interleaved --svg $B/il.svg | grep -q wrote && grep -q "<svg" $B/il.svg &&
+      ./$B/schedule --schedule dualpipev --svg $B/dpv.svg | grep -q wrote && grep -q "stroke=\"black\"" $B/dpv.svg &&
+      ! ./$B/schedule --pp 0 2>/dev/null && ! ./$B/schedule --schedule dualpipev --m 6 2>/dev/null'
+step 'figures writes the four SVGs'      "$B/figures" \
+     './$B/figures $B | grep -c "svg:" | grep -qx 4 && grep -q "</svg>" $B/fig_tp_tradeoff.svg'
+step 'calibrate_cpu writes a rates file plan reads' "$B/calibrate_cpu $B/plan" \
+     './$B/calibrate_cpu --quick --out $B/rates_cpu.txt | grep -q wrote &&
+      ./$B/plan --rates $B/rates_cpu.txt --model llama-1b --top 1 | grep -q "^top"'
+
+# ---- compile checks: C99 pedantic with -Werror, C++, two translation units, ULTRASCALE_STATIC, each
+# opt-out (ULTRASCALE_NO_*: what remains compiles without a warning and trains a step),
+# no OpenMP, and nvcc (the CUDA compiler sees the header as C++) where it is installed; a check
+# passes when make built its target (the Makefile's rules hold the compiler command lines)
+step 'c99 -pedantic -Werror'             "$B/cc_c99"              'test -x $B/cc_c99'
+step 'c++ -Werror'                       "$B/cc_cxx"              'test -x $B/cc_cxx'
+step 'two translation units'             "$B/cc_2tu"              './$B/cc_2tu'
+step 'ULTRASCALE_STATIC'                 "$B/cc_static"           'test -x $B/cc_static'
+for o in CHECKPOINT PLANNER DATA; do
+    step "ULTRASCALE_NO_$o (an opt-out)" "$B/cc_no_$o"      "./\$B/cc_no_$o"
+done
+step 'without OpenMP'                    "$B/cc_2tu"              '! nm $B/cc_2tu | grep -q GOMP_'
+step 'nvcc (header as C++)'              "$(nvcc_needs cc_nvcc.o)"       'nvcc_built cc_nvcc.o'
+step 'nvcc: trainer with CUDA backend'   "$(nvcc_needs train_cuda)"      'nvcc_built train_cuda'
+step 'nvcc: test_cuda'                   "$(nvcc_needs test_cuda)"       'nvcc_built test_cuda'
+step 'nvcc: flash_test'                  "$(nvcc_needs flash_test)"      'nvcc_built flash_test'
+step 'nvcc: gemm_steps'                  "$(nvcc_needs gemm_steps)"      'nvcc_built gemm_steps'
+step 'nvcc: test_nccl'                   "$(nvcc_needs test_nccl)"       'nvcc_built test_nccl'
+step 'nvcc: comm_bw benchmark'           "$(nvcc_needs comm_bw)"         'nvcc_built comm_bw'
+step 'nvcc: hf_logits_cuda'              "$(nvcc_needs hf_logits_cuda)"  'nvcc_built hf_logits_cuda'
+step 'c99 -pedantic: NCCL backend compiles' "${NCCL:+$B/cc_nccl.o}" \
+     'if [ -n "$NCCL" ]; then test -f $B/cc_nccl.o; else echo "SKIP nccl.h not installed"; fi'
+
+# ---- the same tests under AddressSanitizer + UndefinedBehaviorSanitizer (the slow ones --quick)
+for t in tp plan pp dp cp fp16 ops fp8 fp8_train gemm model moe ep errors comm cp_ops pp_sched \
+         ckpt comm_threads bootstrap dtypes; do
+    case $t in fp16 | fp8_train | model) quick=' --quick' ;; *) quick='' ;; esac
+    step "asan+ubsan test_$t"            "$B/san/test_$t"         "./\$B/san/test_$t$quick"
+done
+
+# ---- one device: numbers, kernels, the model
+step 'test_dtypes'                       "$B/test_dtypes"         './$B/test_dtypes'
+step 'test_gemm'                         "$B/test_gemm"           './$B/test_gemm'
+step 'test_gemm (portable, no AVX2)'     "$B/test_gemm_portable"  './$B/test_gemm_portable'
+step 'test_ops'                          "$B/test_ops"            './$B/test_ops'
+step 'test_fp8'                          "$B/test_fp8"            './$B/test_fp8'
+step 'test_fp16'                         "$B/test_fp16"           './$B/test_fp16'
+step 'test_fp8_train'                    "$B/test_fp8_train"      './$B/test_fp8_train'
+step 'test_model'                        "$B/test_model"          './$B/test_model'
+step 'test_moe'                          "$B/test_moe"            './$B/test_moe'
+step 'test_ep'                           "$B/test_ep"             './$B/test_ep'
+step 'test_errors'                       "$B/test_errors"         './$B/test_errors'
+
+# ---- parallelism over the threads backend: every configuration against the single rank
+step 'test_comm'                         "$B/test_comm"           './$B/test_comm'
+step 'test_comm_threads'                 "$B/test_comm_threads"   './$B/test_comm_threads'
+step 'test_bootstrap'                    "$B/test_bootstrap"      './$B/test_bootstrap'
+step 'test_dp'                           "$B/test_dp"             './$B/test_dp'
+step 'test_tp'                           "$B/test_tp"             './$B/test_tp'
+step 'test_cp_ops'                       "$B/test_cp_ops"         './$B/test_cp_ops'
+step 'test_cp'                           "$B/test_cp"             './$B/test_cp'
+step 'test_pp_sched'                     "$B/test_pp_sched"       './$B/test_pp_sched'
+step 'test_pp'                           "$B/test_pp"             './$B/test_pp'
+step 'test_plan'                         "$B/test_plan"           './$B/test_plan'
+
+# ---- checkpoints
+step 'test_ckpt'                         "$B/test_ckpt"           './$B/test_ckpt'
+step "test_ckpt_py (files from Python's safetensors)" \
+                                         "$B/test_ckpt $B/train"  'bash tests/test_ckpt_py.sh $B/test_ckpt'
+step 'fuzz corpus replay (asan+ubsan)'   "$B/fuzz_replay"         './$B/fuzz_replay tests/fuzz_corpus/*'
+
+# ---- on a GPU (each prints SKIP without one)
+step 'test_cuda (needs a GPU)'           "$(nvcc_needs test_cuda)"       'gpu_run test_cuda'
+step 'flash_test (needs a GPU)'          "$(nvcc_needs flash_test)"      'gpu_run flash_test'
+step 'test_nccl (needs 2 GPUs)'          "$(nvcc_needs test_nccl)"       'gpu_run test_nccl'
