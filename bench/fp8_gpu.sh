@@ -35,10 +35,10 @@ tok 8b8_bf16 --preset 8b8 --precision bf16
 tok 8b8_fp8 --preset 8b8 --precision fp8
 tok 8b8_free --preset 8b8 --precision fp8 --fp8-free-quant
 
-echo "=== (c) convergence on $DATA: 12 layers x 768, T=1024, B=16"
+echo "=== (c) convergence on $DATA: 12 layers x 768, T=1024, B=16 (fp8 at every size: --fp8-min-dim 16)"
 for p in bf16 fp8; do
     timeout --signal=INT $CONV_S $B/train_cuda --data "$DATA" --layers 12 --dim 768 --heads 12 --seq 1024 --batch 16 \
-        --steps $STEPS --lr 1e-3 --warmup 100 --precision $p --eval-every 100 --sample 0 --log "$out/shakespeare_$p.jsonl" \
+        --steps $STEPS --lr 1e-3 --warmup 100 --precision $p $([ $p = fp8 ] && echo --fp8-min-dim 16) --eval-every 100 --sample 0 --log "$out/shakespeare_$p.jsonl" \
         > "$out/shakespeare_$p.txt" 2>&1
     grep -E "^(model|fp8):" "$out/shakespeare_$p.txt"; tail -n 2 "$out/shakespeare_$p.txt"
 done

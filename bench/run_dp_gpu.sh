@@ -62,14 +62,14 @@ fi
 #     per-rank slices are whole 128-tiles, so the ranks quantise the tiles one GPU does), and tp 2 +
 #     sp with the weight cache off, which must give the cached run's losses to the bit.
 if run fp8; then
-    $T $M --batch 16 --precision fp8 --log "$OUT/f8_ref.jsonl" > "$OUT/f8_ref.txt" 2>&1
+    $T $M --batch 16 --precision fp8 --fp8-min-dim 16 --log "$OUT/f8_ref.jsonl" > "$OUT/f8_ref.txt" 2>&1
     for x in "" "--fp8-no-weight-cache"; do
-        $T $M --batch 16 --nproc 2 --tp 2 --sp --precision fp8 $x --log "$OUT/f8_tp2$x.jsonl" > "$OUT/f8_tp2$x.txt" 2>&1
+        $T $M --batch 16 --nproc 2 --tp 2 --sp --precision fp8 --fp8-min-dim 16 $x --log "$OUT/f8_tp2$x.jsonl" > "$OUT/f8_tp2$x.txt" 2>&1
     done
     say "shakespeare fp8 tp2 sp vs 1 GPU: $(compare "$OUT/f8_ref.jsonl" "$OUT/f8_tp2.jsonl")"
     say "shakespeare fp8 tp2 sp, weight cache off vs on: $(compare "$OUT/f8_tp2.jsonl" "$OUT/f8_tp2--fp8-no-weight-cache.jsonl")"
-    $T $M --batch 8 --grad-accum 2 --precision fp8 --log "$OUT/f8_dp1.jsonl" > "$OUT/f8_dp1.txt" 2>&1
-    $T $M --batch 16 --nproc 2 --precision fp8 --log "$OUT/f8_dp2.jsonl" > "$OUT/f8_dp2.txt" 2>&1
+    $T $M --batch 8 --grad-accum 2 --precision fp8 --fp8-min-dim 16 --log "$OUT/f8_dp1.jsonl" > "$OUT/f8_dp1.txt" 2>&1
+    $T $M --batch 16 --nproc 2 --precision fp8 --fp8-min-dim 16 --log "$OUT/f8_dp2.jsonl" > "$OUT/f8_dp2.txt" 2>&1
     say "shakespeare fp8 dp2 vs 1 GPU (2 micro-batches): $(compare "$OUT/f8_dp1.jsonl" "$OUT/f8_dp2.jsonl")"
 fi
 

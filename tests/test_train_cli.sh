@@ -43,10 +43,14 @@ expect 2 "bad precision" "--precision must be fp32, bf16, fp16, fp8 or fp8-tenso
 expect 2 "negative loss scale" "bad value for --loss-scale: -1" -- --loss-scale -1
 expect 2 "zero loss-scale window" "bad value for --loss-scale-window: 0" -- --loss-scale-window 0
 expect 2 "--fp8-pow2 without fp8" "fp8_pow2 applies to the fp8 and fp8-tensor precisions only" -- --fp8-pow2
-expect 0 "--precision fp8 --fp8-pow2 runs, reports the FP8 linears" "fp8: 4 of 4 linear layers in FP8 E4M3 .*powers of two" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 --sample 0 --precision fp8 --fp8-pow2
-expect 0 "--precision fp8-tensor runs" "fp8: 4 of 4 linear layers in FP8 E4M3 \\(per-tensor" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 --sample 0 --precision fp8-tensor
-expect 0 "fp8 keeps the quantised weights for the step" "weights quantised once per step \\(cache" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 --sample 0 --precision fp8
-expect 0 "--fp8-no-weight-cache quantises at every GEMM" "weights quantised at every GEMM" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 --sample 0 --precision fp8 --fp8-no-weight-cache
+expect 0 "--precision fp8 --fp8-pow2 runs, reports the FP8 linears" "fp8: 4 of 4 linear layers in FP8 E4M3 .*powers of two" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 --sample 0 --precision fp8 --fp8-pow2 --fp8-min-dim 16
+expect 0 "fp8 below the size rule keeps every linear in bf16" "fp8: 0 of 4 linear layers in FP8 E4M3 .*under --fp8-min-dim 1536" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 --sample 0 --precision fp8
+expect 0 "--fp8-min-dim=32 takes this model's linears" "fp8: 4 of 4 linear layers in FP8 E4M3 .*under --fp8-min-dim 32" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 --sample 0 --precision fp8 --fp8-min-dim=32
+expect 2 "--fp8-min-dim without fp8" "fp8_min_dim applies to the fp8 and fp8-tensor precisions only" -- --fp8-min-dim 64
+expect 2 "--fp8-min-dim 0" "--fp8-min-dim" -- --precision fp8 --fp8-min-dim 0
+expect 0 "--precision fp8-tensor runs" "fp8: 4 of 4 linear layers in FP8 E4M3 \\(per-tensor" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 --sample 0 --precision fp8-tensor --fp8-min-dim 16
+expect 0 "fp8 keeps the quantised weights for the step" "weights quantised once per step \\(cache" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 --sample 0 --precision fp8 --fp8-min-dim 16
+expect 0 "--fp8-no-weight-cache quantises at every GEMM" "weights quantised at every GEMM" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 --sample 0 --precision fp8 --fp8-no-weight-cache --fp8-min-dim 16
 expect 2 "--fp8-no-weight-cache without fp8" "fp8_no_wcache applies to the fp8 and fp8-tensor precisions only" -- --fp8-no-weight-cache
 expect 2 "bad recompute mode" "--recompute must be none, selective or full" -- --recompute some
 expect 2 "heads not dividing dim" "dim=64 not divisible by heads=3" -- --heads 3
