@@ -208,7 +208,18 @@ $(B)/bench_cpu: bench/bench_cpu.c $(IMPL) $(HDR) | $(B)
 clean:
 	rm -rf $(B)
 
-.PHONY: all train train-cuda test test-builds bench clean flash-emu fuzz
+# ---- the layout (.clang-format): one statement per line, at most 100 columns. clang-format 14
+# applies it (other versions lay some lines out differently); make test checks it
+# (tests/format_check.sh).
+FORMAT_SRC = ultrascale.h ultrascale_comm.h ultrascale_cuda.cuh $(wildcard examples/*.c examples/*.cu \
+             tests/*.c tests/*.cu tests/*.h tests/emu/*.cpp tests/emu/*.h bench/*.c bench/*.cu)
+CLANG_FORMAT ?= $(shell command -v clang-format-14 2>/dev/null || \
+                  (clang-format --version 2>/dev/null | grep -q 'version 14\.' && command -v clang-format))
+format:
+	@[ -n "$(CLANG_FORMAT)" ] || { echo "make format: needs clang-format 14 (apt-get install clang-format-14)"; exit 1; }
+	$(CLANG_FORMAT) -i $(FORMAT_SRC)
+
+.PHONY: all train train-cuda test test-builds bench clean flash-emu fuzz format
 
 # ---- GPU benchmarks (run on the GPU machine; see bench/run_gpu.sh)
 $(B)/bench_cuda: bench/bench_cuda.cu $(HDR) ultrascale_cuda.cuh | $(B)

@@ -123,19 +123,21 @@ typedef enum us_result {
     US_ERR_NONFINITE, /* the loss or the gradient norm became NaN or infinite */
     US_ERR_BACKEND    /* the compute backend reported an error */
 } us_result;
+
 US_API const char *us_result_description(us_result r);
 
 /* ---------------------------------------------------------------- dtypes */
 typedef enum us_dtype {
     US_F32 = 0,
-    US_BF16,   /* 1 sign, 8 exponent, 7 mantissa bits: the upper half of an fp32 */
-    US_E4M3,   /* FP8 (OCP "fn"): no infinities, NaN = S.1111.111, max ±448 */
-    US_E5M2,   /* FP8: IEEE-like, ±inf and NaNs, max ±57344 */
+    US_BF16, /* 1 sign, 8 exponent, 7 mantissa bits: the upper half of an fp32 */
+    US_E4M3, /* FP8 (OCP "fn"): no infinities, NaN = S.1111.111, max ±448 */
+    US_E5M2, /* FP8: IEEE-like, ±inf and NaNs, max ±57344 */
     US_I32,
-    US_F64,    /* host-side scalars in collectives (loss sums, norms) */
-    US_F16     /* IEEE binary16: 1 sign, 5 exponent, 10 mantissa bits, max ±65504, subnormals to 2^-24 */
+    US_F64, /* host-side scalars in collectives (loss sums, norms) */
+    US_F16 /* IEEE binary16: 1 sign, 5 exponent, 10 mantissa bits, max ±65504, subnormals to 2^-24 */
 } us_dtype;
-US_API size_t      us_dtype_size(us_dtype dt);
+
+US_API size_t us_dtype_size(us_dtype dt);
 US_API const char *us_dtype_name(us_dtype dt);
 
 /* Round-to-nearest-even. NaN stays NaN. Finite values beyond the format's range saturate to its
@@ -144,13 +146,13 @@ US_API const char *us_dtype_name(us_dtype dt);
    exception for finite overflow: like IEEE rounding it rounds to ±inf; so is fp16 (IEEE binary16:
    |x| ≥ 65520, halfway past 65504, rounds to ±inf; subnormals rounded on their own 2^-24 grid). */
 US_API uint16_t us_f32_to_bf16(float f);
-US_API float    us_bf16_to_f32(uint16_t h);
+US_API float us_bf16_to_f32(uint16_t h);
 US_API uint16_t us_f32_to_f16(float f);
-US_API float    us_f16_to_f32(uint16_t h);
-US_API uint8_t  us_f32_to_e4m3(float f);
-US_API float    us_e4m3_to_f32(uint8_t b);
-US_API uint8_t  us_f32_to_e5m2(float f);
-US_API float    us_e5m2_to_f32(uint8_t b);
+US_API float us_f16_to_f32(uint16_t h);
+US_API uint8_t us_f32_to_e4m3(float f);
+US_API float us_e4m3_to_f32(uint8_t b);
+US_API uint8_t us_f32_to_e5m2(float f);
+US_API float us_e5m2_to_f32(uint8_t b);
 
 /* ---------------------------------------------------------------- FP8 tile quantisation (// >>fp8)
    DeepSeek-V3's fine-grained scaling: a tensor X[M][K] whose GEMM reduces along K is stored as
@@ -188,19 +190,20 @@ typedef enum us_fp8_tiling {
     US_FP8_BLOCK128,
     US_FP8_TENSOR
 } us_fp8_tiling;
+
 #define US_FP8_TILE 128
 /* The smallest In and Out of a linear that runs in FP8 by default (us_train_config.fp8_min_dim):
    below it quantising costs more than the FP8 GEMM saves (measured, see us__fp8_on) */
 #define US_FP8_MIN_DIM 1536
 #define US_E4M3_MAX 448.0f
 /* The scale rule above for one tile's amax (|x| maximum); pow2 != 0 rounds it up to 2^e. */
-US_API float     us_fp8_scale(float amax, int pow2);
+US_API float us_fp8_scale(float amax, int pow2);
 /* Number of fp32 scales tiling t writes for X[M][K] (BLOCK128 counts its padding); -1 if invalid. */
-US_API int64_t   us_fp8_scales_size(us_fp8_tiling t, int64_t M, int64_t K);
+US_API int64_t us_fp8_scales_size(us_fp8_tiling t, int64_t M, int64_t K);
 /* x[M][K] fp32 or bf16 (dt) → q (bytes of E4M3; [M][K], or [K][M] for COL128) and s (layout above).
    Returns US_ERR_INVALID with a sentence in err (may be NULL) for a bad dtype, tiling or size. */
-US_API us_result us_fp8_quantize(uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M, int64_t K,
-                                 us_fp8_tiling t, int pow2, char *err, size_t errlen);
+US_API us_result us_fp8_quantize(uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M,
+                                 int64_t K, us_fp8_tiling t, int pow2, char *err, size_t errlen);
 /* The inverse: x[M][K] fp32 = e4m3_to_f32(q)·s (one fp32 multiply), in X's orientation for every
    tiling (COL128 reads q [K][M] and writes x [M][K]). */
 US_API us_result us_fp8_dequantize(float *x, const uint8_t *q, const float *s, int64_t M, int64_t K,
@@ -218,61 +221,65 @@ US_API us_result us_fp8_dequantize(float *x, const uint8_t *q, const float *s, i
                                                   (m, kb), sb = b's of (n, kb))
        c[m][n] = acc */
 US_API us_result us_fp8_gemm(float *c, const uint8_t *a, const float *sa, us_fp8_tiling ta,
-                             const uint8_t *b, const float *sb, us_fp8_tiling tb,
-                             int64_t M, int64_t N, int64_t K, char *err, size_t errlen);
+                             const uint8_t *b, const float *sb, us_fp8_tiling tb, int64_t M,
+                             int64_t N, int64_t K, char *err, size_t errlen);
 
 /* ---------------------------------------------------------------- configuration */
 typedef enum us_moe_gate {
-    US_MOE_GATE_DEFAULT = 0,  /* softmax */
-    US_MOE_SOFTMAX,           /* gates = the chosen experts' softmax probabilities (Switch, GShard, DeepSeek-V2) */
-    US_MOE_SIGMOID            /* gates = the chosen sigmoid scores renormalised to sum to 1 (DeepSeek-V3) */
+    US_MOE_GATE_DEFAULT = 0, /* softmax */
+    US_MOE_SOFTMAX, /* gates = the chosen experts' softmax probabilities (Switch, GShard, DeepSeek-V2) */
+    US_MOE_SIGMOID /* gates = the chosen sigmoid scores renormalised to sum to 1 (DeepSeek-V3) */
 } us_moe_gate;
+
 typedef enum us_moe_balance {
     US_MOE_BALANCE_DEFAULT = 0, /* bias */
-    US_MOE_BALANCE_BIAS,      /* auxiliary-loss-free (DeepSeek-V3): a router bias, not trained, steers the choice */
-    US_MOE_BALANCE_AUX,       /* the classic auxiliary loss α·Σ_e f_e·P_e added to the objective */
+    US_MOE_BALANCE_BIAS, /* auxiliary-loss-free (DeepSeek-V3): a router bias, not trained, steers the choice */
+    US_MOE_BALANCE_AUX, /* the classic auxiliary loss α·Σ_e f_e·P_e added to the objective */
     US_MOE_BALANCE_NONE
 } us_moe_balance;
 
 typedef struct us_model_config {
-    int64_t vocab;        /* V; default 256 (the byte tokenizer) */
-    int64_t dim;          /* C; default 128 */
-    int     n_layers;     /* L; default 4 */
-    int     n_heads;      /* NH; default 4 */
-    int     n_kv_heads;   /* NKV; default n_heads (multi-head); fewer = grouped-query attention */
-    int64_t ffn_dim;      /* F; default 8/3·C rounded up to a multiple of 32 (Llama's SwiGLU size) */
-    int     tie_embeddings; /* 1: lm_head shares model.embed_tokens.weight; default 0 (untied) */
-    float   rope_theta;   /* default 10000 */
-    float   norm_eps;     /* RMSNorm epsilon; default 1e-5 */
-    float   init_std;     /* default 0.02; o_proj and down_proj get init_std/sqrt(2L) */
+    int64_t vocab;      /* V; default 256 (the byte tokenizer) */
+    int64_t dim;        /* C; default 128 */
+    int n_layers;       /* L; default 4 */
+    int n_heads;        /* NH; default 4 */
+    int n_kv_heads;     /* NKV; default n_heads (multi-head); fewer = grouped-query attention */
+    int64_t ffn_dim;    /* F; default 8/3·C rounded up to a multiple of 32 (Llama's SwiGLU size) */
+    int tie_embeddings; /* 1: lm_head shares model.embed_tokens.weight; default 0 (untied) */
+    float rope_theta;   /* default 10000 */
+    float norm_eps;     /* RMSNorm epsilon; default 1e-5 */
+    float init_std;     /* default 0.02; o_proj and down_proj get init_std/sqrt(2L) */
     /* mixture of experts (// >>moe): moe_experts > 0 replaces the dense MLP of the chosen layers
        by E SwiGLU experts behind a top-k router. Every other moe_ field is then zero-means-default;
        with moe_experts = 0 (the default, a dense model) they must stay 0. */
-    int     moe_experts;      /* E; default 0 (dense); at most 1024 */
-    int     moe_top_k;        /* K experts per token; default 2 (1 when E = 1) */
-    int     moe_first_dense;  /* the first layers keep the dense MLP (DeepSeek's first_k_dense_replace); default 0 */
-    int     moe_every;        /* after those, every moe_every-th layer is MoE; default 1 (all of them) */
-    int64_t moe_ffn_dim;      /* Fe, each expert's hidden size; default ffn_dim/(K + shared) rounded up to a
+    int moe_experts; /* E; default 0 (dense); at most 1024 */
+    int moe_top_k;   /* K experts per token; default 2 (1 when E = 1) */
+    int moe_first_dense; /* the first layers keep the dense MLP (DeepSeek's first_k_dense_replace); default 0 */
+    int moe_every; /* after those, every moe_every-th layer is MoE; default 1 (all of them) */
+    int64_t
+        moe_ffn_dim; /* Fe, each expert's hidden size; default ffn_dim/(K + shared) rounded up to a
                                  multiple of 8, so a token's active FFN is about the dense one's */
-    int     moe_shared;       /* 1: a shared expert of size Fe that every token passes through; default 0 */
+    int moe_shared;  /* 1: a shared expert of size Fe that every token passes through; default 0 */
     us_moe_gate moe_gate;
     us_moe_balance moe_balance;
-    float   moe_bias_rate;    /* γ of the bias rule b_e += γ·sign(mean load − load_e) after each step; default 1e-3 */
-    float   moe_aux_coef;     /* α of the auxiliary loss (balance aux); default 1e-2 */
-    float   moe_capacity;     /* capacity factor cf: an expert takes at most ceil(cf·N·K/E) of a micro-batch's N
+    float
+        moe_bias_rate; /* γ of the bias rule b_e += γ·sign(mean load − load_e) after each step; default 1e-3 */
+    float moe_aux_coef; /* α of the auxiliary loss (balance aux); default 1e-2 */
+    float
+        moe_capacity; /* capacity factor cf: an expert takes at most ceil(cf·N·K/E) of a micro-batch's N
                                  tokens, later tokens are dropped (pass by the residual); default 0 = drop nothing */
-    int     moe_groups;       /* G expert groups for group-limited routing; default 1 (no limit); at most 64 */
-    int     moe_top_groups;   /* M: each token's experts come from its M best groups (DeepSeek-V3's node limit); default G */
+    int moe_groups; /* G expert groups for group-limited routing; default 1 (no limit); at most 64 */
+    int moe_top_groups; /* M: each token's experts come from its M best groups (DeepSeek-V3's node limit); default G */
 } us_model_config;
 
 typedef enum us_precision {
     US_PRECISION_DEFAULT = 0, /* fp32 */
     US_PRECISION_FP32,        /* everything fp32: the reference */
     US_PRECISION_BF16,        /* bf16 params and activations, fp32 master weights, moments, grads */
-    US_PRECISION_FP8,         /* bf16 policy, and every linear layer's Fprop, Dgrad and Wgrad GEMMs in FP8 E4M3 with
+    US_PRECISION_FP8, /* bf16 policy, and every linear layer's Fprop, Dgrad and Wgrad GEMMs in FP8 E4M3 with
                                  online fine-grained scales: 1×128 activation tiles, 128×128 weight blocks (// >>fp8-linear) */
-    US_PRECISION_FP8_TENSOR,  /* the same GEMMs with one scale per tensor ("current scaling"), for comparison */
-    US_PRECISION_FP16         /* fp16 params and activations, fp32 master weights, moments, grads, and
+    US_PRECISION_FP8_TENSOR, /* the same GEMMs with one scale per tensor ("current scaling"), for comparison */
+    US_PRECISION_FP16 /* fp16 params and activations, fp32 master weights, moments, grads, and
                                  dynamic loss scaling (// >>lossscale) */
 } us_precision;
 
@@ -284,88 +291,91 @@ typedef enum us_recompute {
 } us_recompute;
 
 typedef enum us_lr_schedule {
-    US_LR_DEFAULT = 0,        /* cosine */
-    US_LR_COSINE,             /* linear warmup, cosine decay to lr·min_lr_frac at `steps` */
-    US_LR_CONSTANT            /* linear warmup, then constant */
+    US_LR_DEFAULT = 0, /* cosine */
+    US_LR_COSINE,      /* linear warmup, cosine decay to lr·min_lr_frac at `steps` */
+    US_LR_CONSTANT     /* linear warmup, then constant */
 } us_lr_schedule;
 
 typedef enum us_cp_mode {
-    US_CP_DEFAULT = 0,        /* zigzag */
-    US_CP_RING,               /* contiguous chunks, K/V passed around the ring (the naive split) */
-    US_CP_ZIGZAG,             /* chunks r and 2·cp−1−r (causal work balanced), ring */
-    US_CP_ALLGATHER           /* zig-zag chunks, all K/V gathered, then attention */
+    US_CP_DEFAULT = 0, /* zigzag */
+    US_CP_RING,        /* contiguous chunks, K/V passed around the ring (the naive split) */
+    US_CP_ZIGZAG,      /* chunks r and 2·cp−1−r (causal work balanced), ring */
+    US_CP_ALLGATHER    /* zig-zag chunks, all K/V gathered, then attention */
 } us_cp_mode;
 
 typedef struct us_train_config {
-    int      batch;        /* B, sequences per micro-batch; default 8 */
-    int      seq;          /* T, tokens per sequence; default 64 */
-    int      grad_accum;   /* micro-batches per optimizer step; default 1 */
-    int      steps;        /* optimizer steps (sets the cosine horizon); default 1000 */
-    float    lr;           /* peak learning rate; default 3e-3 */
-    int      warmup;       /* warmup steps; default 0 */
-    float    min_lr_frac;  /* cosine floor as a fraction of lr; default 0.1 */
+    int batch;         /* B, sequences per micro-batch; default 8 */
+    int seq;           /* T, tokens per sequence; default 64 */
+    int grad_accum;    /* micro-batches per optimizer step; default 1 */
+    int steps;         /* optimizer steps (sets the cosine horizon); default 1000 */
+    float lr;          /* peak learning rate; default 3e-3 */
+    int warmup;        /* warmup steps; default 0 */
+    float min_lr_frac; /* cosine floor as a fraction of lr; default 0.1 */
     us_lr_schedule schedule;
-    float    weight_decay; /* decoupled, on 2-D weights only; default 0.1; negative = none */
-    float    beta1, beta2; /* defaults 0.9, 0.95 */
-    float    adam_eps;     /* default 1e-8 */
-    float    grad_clip;    /* global-norm clip; default 1.0; negative = off */
+    float weight_decay; /* decoupled, on 2-D weights only; default 0.1; negative = none */
+    float beta1, beta2; /* defaults 0.9, 0.95 */
+    float adam_eps;     /* default 1e-8 */
+    float grad_clip;    /* global-norm clip; default 1.0; negative = off */
     us_precision precision;
     /* loss scaling (// >>lossscale): the loss's gradient seed is multiplied by S and the gradients
        divided by S before clipping and AdamW; a step whose gradients hold an inf or a NaN is skipped */
-    float    loss_scale;   /* 0: dynamic under fp16 (S starts at 2^16, halves on an overflow, doubles after
+    float
+        loss_scale; /* 0: dynamic under fp16 (S starts at 2^16, halves on an overflow, doubles after
                               loss_scale_window clean steps), none under fp32/bf16; > 0: a static S (any precision) */
-    int      loss_scale_window;   /* clean steps before S doubles; default 2000 (PyTorch GradScaler's growth_interval) */
+    int loss_scale_window; /* clean steps before S doubles; default 2000 (PyTorch GradScaler's growth_interval) */
     us_recompute recompute;
-    uint64_t seed;         /* default 1337 */
-    int      threads;      /* CPU threads; default: all OpenMP threads */
+    uint64_t seed; /* default 1337 */
+    int threads;   /* CPU threads; default: all OpenMP threads */
     /* data parallelism and ZeRO (// >>dp, // >>zero) */
-    int      dp;           /* data-parallel ranks; default 1. B above is each rank's micro-batch, so the
+    int dp;   /* data-parallel ranks; default 1. B above is each rank's micro-batch, so the
                               global batch is batch × grad_accum × dp sequences */
-    int      zero;         /* ZeRO stage over dp: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters */
-    float    bucket_mb;    /* gradient bucket size in MiB of fp32 gradients (DP, ZeRO-1/2); default 25 */
-    int      dense_emb_grad;   /* 1: reduce the whole embedding gradient at the end of the backward like any
+    int zero; /* ZeRO stage over dp: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters */
+    float bucket_mb; /* gradient bucket size in MiB of fp32 gradients (DP, ZeRO-1/2); default 25 */
+    int dense_emb_grad; /* 1: reduce the whole embedding gradient at the end of the backward like any
                                   bucket. Default 0: where it pays, only the rows the batch touched, the rest
                                   reduced early (us__emb_sparse, // >>dp) */
     /* tensor parallelism (// >>tp): heads, FFN columns and the vocabulary split over tp ranks */
-    int      tp;           /* default 1; must divide heads, kv-heads, ffn and vocab */
-    int      sp;           /* 1: sequence parallelism: norms and the residual stream split over tp by tokens */
-    int      tp_no_overlap;   /* 1: every tp collective waited for where it is issued (for comparison). Default
+    int tp; /* default 1; must divide heads, kv-heads, ffn and vocab */
+    int sp; /* 1: sequence parallelism: norms and the residual stream split over tp by tokens */
+    int tp_no_overlap; /* 1: every tp collective waited for where it is issued (for comparison). Default
                                  0: the backward's reductions and gathers travel under the weight-gradient GEMMs,
                                  and SP's gathers under the GEMMs they feed (us__sp_gather_gemm, // >>tp) */
-    int      overlap_sms;     /* SMs the GEMMs running beside an overlapped tp collective leave to it
+    int overlap_sms; /* SMs the GEMMs running beside an overlapped tp collective leave to it
                                  (us_ops.sm_margin); default 0: none (on two H200s 8, 16 and 32 gained nothing) */
     /* context parallelism (// >>cp): every sequence split over cp ranks for the whole model;
        inputs to us_train_step are then this rank's seq/cp tokens of each sequence */
-    int      cp;           /* default 1; seq must split into cp (ring) or 2·cp (zigzag, allgather) chunks */
+    int cp; /* default 1; seq must split into cp (ring) or 2·cp (zigzag, allgather) chunks */
     us_cp_mode cp_mode;
     /* pipeline parallelism (// >>pp): layers split over pp ranks, grad_accum micro-batches per
        step run by a schedule; every stage receives the step's inputs and targets */
-    int      pp;           /* default 1 */
-    int      pp_schedule;  /* a us_pp_kind the executor runs: afab, 1f1b (default), interleaved(-bf) or zb1 */
-    int      pp_chunks;    /* model chunks per pp rank: interleaved default 2, others 1 */
-    int      pp_clock;     /* 1: time the pipeline's messages on the schedule's clock even where the backend
+    int pp;          /* default 1 */
+    int pp_schedule; /* a us_pp_kind the executor runs: afab, 1f1b (default), interleaved(-bf) or zb1 */
+    int pp_chunks; /* model chunks per pp rank: interleaved default 2, others 1 */
+    int pp_clock;  /* 1: time the pipeline's messages on the schedule's clock even where the backend
                               could send them as they are ready (us_comm.p2p_early; // >>pp) */
-    const int *pp_layers;  /* NULL: layers split over the pp·chunks stages to balance their FLOPs (the
+    const int
+        *pp_layers; /* NULL: layers split over the pp·chunks stages to balance their FLOPs (the
                               last stage, which also runs the head, takes fewer; the first ones take
                               the remainder); else [pp·chunks] layers per stage, each ≥ 1, summing to n_layers */
     /* expert parallelism (// >>ep): each MoE layer's routed experts split over ep consecutive ranks
        of the dp×cp group (folded over data parallelism, as in Megatron); tokens travel to their
        experts' rank and back by all-to-all */
-    int      ep;           /* default 1; must divide dp·cp and the experts */
+    int ep; /* default 1; must divide dp·cp and the experts */
     /* FP8 (// >>fp8-linear) */
-    int      fp8_pow2;     /* 1: FP8 scales rounded up to powers of two (fp8 and fp8-tensor precision only) */
-    int      fp8_no_wcache; /* 1: quantise the weights at every GEMM instead of once per step (fp8 and fp8-tensor
+    int fp8_pow2; /* 1: FP8 scales rounded up to powers of two (fp8 and fp8-tensor precision only) */
+    int fp8_no_wcache; /* 1: quantise the weights at every GEMM instead of once per step (fp8 and fp8-tensor
                               only; by default every linear's W and Wᵀ are quantised at their first use after the
                               weights change and kept, 2 bytes per weight; ZeRO-3, whose weights are not resident,
                               never keeps them) */
-    int      fp8_min_dim;  /* a linear runs in FP8 only when its In and Out are both at least this (0: the
+    int fp8_min_dim; /* a linear runs in FP8 only when its In and Out are both at least this (0: the
                               default US_FP8_MIN_DIM, where FP8 measured faster than bf16; 16: every size) */
 } us_train_config;
 
-US_API void      us_model_config_defaults(us_model_config *c);
-US_API void      us_train_config_defaults(us_train_config *c);
+US_API void us_model_config_defaults(us_model_config *c);
+US_API void us_train_config_defaults(us_train_config *c);
 /* Fills defaults first, then checks; on failure writes one sentence into err (size errlen). */
-US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, char *err, size_t errlen);
+US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, char *err,
+                                    size_t errlen);
 US_API const char *us_precision_name(us_precision p);
 US_API const char *us_recompute_name(us_recompute r);
 US_API const char *us_cp_mode_name(us_cp_mode m);
@@ -377,23 +387,24 @@ US_API const char *us_cp_mode_name(us_cp_mode m);
 typedef enum us_copy_kind { US_COPY_H2D = 0, US_COPY_D2H, US_COPY_D2D } us_copy_kind;
 
 typedef struct us_ops us_ops;
+
 struct us_ops {
     const char *name;
-    int   nthreads;   /* CPU threads for the CPU ops; 0 = all */
-    int   sm_margin;  /* GPU backends: SMs a GEMM leaves free for communication running beside it (the
+    int nthreads;  /* CPU threads for the CPU ops; 0 = all */
+    int sm_margin; /* GPU backends: SMs a GEMM leaves free for communication running beside it (the
                          model sets it around an overlapped collective, // >>tp); 0 = the GEMM takes all */
-    void *backend;    /* backend-private state */
-    void *(*alloc)(us_ops *o, size_t bytes);                      /* zero-filled, 64-byte aligned */
-    void  (*free)(us_ops *o, void *p);
-    void  (*zero)(us_ops *o, void *p, size_t bytes);
-    void  (*copy)(us_ops *o, void *dst, const void *src, size_t bytes, us_copy_kind kind);
-    void  (*sync)(us_ops *o);
+    void *backend; /* backend-private state */
+    void *(*alloc)(us_ops *o, size_t bytes); /* zero-filled, 64-byte aligned */
+    void (*free)(us_ops *o, void *p);
+    void (*zero)(us_ops *o, void *p, size_t bytes);
+    void (*copy)(us_ops *o, void *dst, const void *src, size_t bytes, us_copy_kind kind);
+    void (*sync)(us_ops *o);
     /* dst[n] = src[n] converted between dtypes (RNE) */
-    void  (*cast)(us_ops *o, void *dst, us_dtype ddt, const void *src, us_dtype sdt, int64_t n);
+    void (*cast)(us_ops *o, void *dst, us_dtype ddt, const void *src, us_dtype sdt, int64_t n);
     /* C[M,N] = alpha·op(A)[M,K]·op(B)[K,N] + beta·C, row-major; ta/tb transpose; beta 0 never reads C */
-    void  (*gemm)(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
-                  const void *A, us_dtype adt, int64_t lda, const void *B, us_dtype bdt, int64_t ldb,
-                  float beta, void *C, us_dtype cdt, int64_t ldc);
+    void (*gemm)(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
+                 const void *A, us_dtype adt, int64_t lda, const void *B, us_dtype bdt, int64_t ldb,
+                 float beta, void *C, us_dtype cdt, int64_t ldc);
     /* FP8 (// >>fp8). An FP8 GEMM operand is a matrix P[R][L] whose GEMM reduces along L, stored as
        E4M3 bytes q [R][Lp] (Lp = L rounded up to a multiple of 128, the padding columns 0) and fp32
        scales s laid out by tiling t over P[R][L] exactly as us_fp8_quantize writes them (ROW128
@@ -402,44 +413,55 @@ struct us_ops {
        read from x as it is stored: one pass per tile, amax, scale, cast (ROW128 of xᵀ is COL128
        of x: the backward's second quantisation from the high-precision x). t is ROW128, BLOCK128
        or TENSOR; pow2 rounds the scales up to powers of two. */
-    void  (*fp8_quantize)(us_ops *o, uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M, int64_t K,
-                          int t, int trans, int pow2);
+    void (*fp8_quantize)(us_ops *o, uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M,
+                         int64_t K, int t, int trans, int pow2);
     /* Both operands of x at once: (q, s) as fp8_quantize with trans 0 and (qt, st) as with trans 1,
        byte for byte, from one read of x (t ROW128, BLOCK128 or TENSOR). The backward quantises an
        output gradient dy so (1×128 tiles for Dgrad, 128×1 for the Wgrad that follows), and the
        weight cache a weight (W for Fprop, Wᵀ for Dgrad). Optional: NULL means two fp8_quantize calls. */
-    void  (*fp8_quantize_both)(us_ops *o, uint8_t *q, float *s, uint8_t *qt, float *st, const void *x, us_dtype dt,
-                               int64_t M, int64_t K, int t, int pow2);
+    void (*fp8_quantize_both)(us_ops *o, uint8_t *q, float *s, uint8_t *qt, float *st,
+                              const void *x, us_dtype dt, int64_t M, int64_t K, int t, int pow2);
     /* C[M,N] = alpha·deq(a)[M,K]·deq(b)[N,K]ᵀ + beta·C (cdt f32 or bf16, row stride ldc; beta 0
        never reads C): the TN FP8 GEMM of us_fp8_gemm on two operands as fp8_quantize writes them
        (a ROW128 or TENSOR: the activation operand; b ROW128, BLOCK128 or TENSOR: the weight
        operand; both TENSOR or neither), fp32 accumulation (on Hopper's tensor cores about 14 bits
        inside each 128-element block, promoted to fp32 between blocks: ~1e-3 of Σ|a·b| from the
        CPU's exact emulation, as cuBLASLt does for PyTorch too; tests/test_cuda.cu) */
-    void  (*fp8_gemm)(us_ops *o, int64_t M, int64_t N, int64_t K, float alpha, const uint8_t *a, const float *sa, int ta,
-                      const uint8_t *b, const float *sb, int tb, float beta, void *C, us_dtype cdt, int64_t ldc);
+    void (*fp8_gemm)(us_ops *o, int64_t M, int64_t N, int64_t K, float alpha, const uint8_t *a,
+                     const float *sa, int ta, const uint8_t *b, const float *sb, int tb, float beta,
+                     void *C, us_dtype cdt, int64_t ldc);
     /* out[N,C] = wte[tok[n], :]                      tok i32[N]; a negative token gives a zero row
        (tensor parallelism: the token lives in another rank's slice of the vocabulary) */
-    void  (*embedding_fwd)(us_ops *o, void *out, const int32_t *tok, const void *wte, int64_t N, int64_t C, us_dtype dt);
+    void (*embedding_fwd)(us_ops *o, void *out, const int32_t *tok, const void *wte, int64_t N,
+                          int64_t C, us_dtype dt);
     /* dwte f32[V,C] += scatter of dout[N,C] (negative tokens skipped) */
-    void  (*embedding_bwd)(us_ops *o, float *dwte, const void *dout, const int32_t *tok, int64_t N, int64_t C, us_dtype dt);
+    void (*embedding_bwd)(us_ops *o, float *dwte, const void *dout, const int32_t *tok, int64_t N,
+                          int64_t C, us_dtype dt);
     /* out[N,C] = x / rms(x) · w;  rstd f32[N] */
-    void  (*rmsnorm_fwd)(us_ops *o, void *out, float *rstd, const void *x, const void *w, int64_t N, int64_t C, float eps, us_dtype dt);
+    void (*rmsnorm_fwd)(us_ops *o, void *out, float *rstd, const void *x, const void *w, int64_t N,
+                        int64_t C, float eps, us_dtype dt);
     /* dx[N,C] += ∂/∂x;  dw f32[C] += ∂/∂w */
-    void  (*rmsnorm_bwd)(us_ops *o, void *dx, float *dw, const void *dout, const void *x, const void *w, const float *rstd, int64_t N, int64_t C, us_dtype dt);
+    void (*rmsnorm_bwd)(us_ops *o, void *dx, float *dw, const void *dout, const void *x,
+                        const void *w, const float *rstd, int64_t N, int64_t C, us_dtype dt);
     /* dst[rows, cols] (row stride dld) = src[rows, cols] (row stride sld), elements of dt */
-    void  (*copy2d)(us_ops *o, void *dst, int64_t dld, const void *src, int64_t sld, int64_t rows, int64_t cols, us_dtype dt);
+    void (*copy2d)(us_ops *o, void *dst, int64_t dld, const void *src, int64_t sld, int64_t rows,
+                   int64_t cols, us_dtype dt);
     /* RoPE at given positions: row t of each sequence rotates by pos[t] (i32[T], all < T_total);
        dir +1 forward, -1 backward. Context parallelism's tokens are not at positions 0..T-1. */
-    void  (*rope_at)(us_ops *o, void *qkv, const int32_t *pos, int64_t B, int64_t T, int64_t T_total, int NH, int NKV, int HS,
-                     float theta, float dir, us_dtype dt);
+    void (*rope_at)(us_ops *o, void *qkv, const int32_t *pos, int64_t B, int64_t T, int64_t T_total,
+                    int NH, int NKV, int HS, float theta, float dir, us_dtype dt);
     /* in place on the q and k heads of qkv[B,T,QKV] (rotate-half); bwd applies the inverse rotation */
-    void  (*rope_fwd)(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS, float theta, us_dtype dt);
-    void  (*rope_bwd)(us_ops *o, void *dqkv, int64_t B, int64_t T, int NH, int NKV, int HS, float theta, us_dtype dt);
+    void (*rope_fwd)(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS,
+                     float theta, us_dtype dt);
+    void (*rope_bwd)(us_ops *o, void *dqkv, int64_t B, int64_t T, int NH, int NKV, int HS,
+                     float theta, us_dtype dt);
     /* causal GQA: out[B,T,NH·HS], lse f32[B,NH,T] from qkv[B,T,QKV] */
-    void  (*attention_fwd)(us_ops *o, void *out, float *lse, const void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS, us_dtype dt);
+    void (*attention_fwd)(us_ops *o, void *out, float *lse, const void *qkv, int64_t B, int64_t T,
+                          int NH, int NKV, int HS, us_dtype dt);
     /* dqkv[B,T,QKV] = (overwrites) gradient from dout[B,T,NH·HS] */
-    void  (*attention_bwd)(us_ops *o, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse, int64_t B, int64_t T, int NH, int NKV, int HS, us_dtype dt);
+    void (*attention_bwd)(us_ops *o, void *dqkv, const void *dout, const void *qkv, const void *out,
+                          const float *lse, int64_t B, int64_t T, int NH, int NKV, int HS,
+                          us_dtype dt);
     /* Attention by key blocks with global positions — the building block of context parallelism
        (ring attention visits the blocks one by one, the all-gather variant once). Queries are
        the q heads of qkv[B,Tq,QKV]; a block's keys and values are kv[B,Tk,2·NKV·HS] (k heads,
@@ -447,18 +469,21 @@ struct us_ops {
        when kpos ≤ qpos). The online-softmax state f32 acc[B,NH,Tq,HS], m and l [B,NH,Tq] carries
        over blocks (init = 1 on the first); finish writes out[B,Tq,NH·HS] = acc/l and
        lse[B,NH,Tq] = m + log l (a row that saw no key gets 0 and -inf). */
-    void  (*attn_block_fwd)(us_ops *o, float *acc, float *m, float *l, const void *qkv, const void *kv, const int32_t *qpos,
-                            const int32_t *kpos, int64_t B, int64_t Tq, int64_t Tk, int NH, int NKV, int HS, int init, us_dtype dt);
-    void  (*attn_block_finish)(us_ops *o, void *out, float *lse, const float *acc, const float *m, const float *l,
-                               int64_t B, int64_t Tq, int NH, int HS, us_dtype dt);
+    void (*attn_block_fwd)(us_ops *o, float *acc, float *m, float *l, const void *qkv,
+                           const void *kv, const int32_t *qpos, const int32_t *kpos, int64_t B,
+                           int64_t Tq, int64_t Tk, int NH, int NKV, int HS, int init, us_dtype dt);
+    void (*attn_block_finish)(us_ops *o, void *out, float *lse, const float *acc, const float *m,
+                              const float *l, int64_t B, int64_t Tq, int NH, int HS, us_dtype dt);
     /* Its backward for one block, from the final out and lse: dq f32[B,Tq,NH·HS] += and
        dkv f32[B,Tk,2·NKV·HS] += (the block's keys' and values' gradients). */
-    void  (*attn_block_bwd)(us_ops *o, float *dq, float *dkv, const void *dout, const void *qkv, const void *out, const float *lse,
-                            const void *kv, const int32_t *qpos, const int32_t *kpos, int64_t B, int64_t Tq, int64_t Tk,
-                            int NH, int NKV, int HS, us_dtype dt);
+    void (*attn_block_bwd)(us_ops *o, float *dq, float *dkv, const void *dout, const void *qkv,
+                           const void *out, const float *lse, const void *kv, const int32_t *qpos,
+                           const int32_t *kpos, int64_t B, int64_t Tq, int64_t Tk, int NH, int NKV,
+                           int HS, us_dtype dt);
     /* h[N,F] = silu(gu[:, :F]) · gu[:, F:];  bwd overwrites dgu[N,2F] */
-    void  (*swiglu_fwd)(us_ops *o, void *h, const void *gu, int64_t N, int64_t F, us_dtype dt);
-    void  (*swiglu_bwd)(us_ops *o, void *dgu, const void *dh, const void *gu, int64_t N, int64_t F, us_dtype dt);
+    void (*swiglu_fwd)(us_ops *o, void *h, const void *gu, int64_t N, int64_t F, us_dtype dt);
+    void (*swiglu_bwd)(us_ops *o, void *dgu, const void *dh, const void *gu, int64_t N, int64_t F,
+                       us_dtype dt);
     /* Mixture of experts (// >>moe): route, permute into per-expert groups, run the experts (GEMMs,
        SwiGLU), combine. R = rows of the permuted buffers. Router: from logits f32[N,E], probs
        f32[N,E] = softmax or sigmoid (gate: a us_moe_gate, never DEFAULT); each token's K experts
@@ -467,44 +492,52 @@ struct us_ops {
        (a group's score: the sum of its two best biased scores); ties go to the lower index. gates
        f32[N,K] = the chosen probs (softmax) or the chosen probs over their sum (sigmoid). psum
        f32[E] (may be NULL) = Σ_n probs[n,e] / Σ_e' probs[n,e'], for the auxiliary loss. */
-    void  (*moe_route)(us_ops *o, int32_t *topk, float *gates, float *probs, float *psum, const float *logits, const float *bias,
-                       int64_t N, int E, int K, int gate, int n_groups, int top_groups);
+    void (*moe_route)(us_ops *o, int32_t *topk, float *gates, float *probs, float *psum,
+                      const float *logits, const float *bias, int64_t N, int E, int K, int gate,
+                      int n_groups, int top_groups);
     /* dlogits f32[N,E] (overwrites) = the gradient through the gates from dgates f32[N,K], plus
        through the normalised probs p' = probs / Σ probs from aux f32[E] = ∂loss/∂p'[n,e] (the same
        for every token; may be NULL) */
-    void  (*moe_route_bwd)(us_ops *o, float *dlogits, const float *dgates, const float *probs, const int32_t *topk, const float *aux,
-                           int64_t N, int E, int K, int gate);
+    void (*moe_route_bwd)(us_ops *o, float *dlogits, const float *dgates, const float *probs,
+                          const int32_t *topk, const float *aux, int64_t N, int E, int K, int gate);
     /* Counting sort of the N·K choices by expert, stable in token order. routed i32[E] = choices of
        each expert; kept i32[E] = min(routed, cap) (cap ≤ 0: no limit), the first ones in token order;
        rows are grouped per expert, experts in order; slot_row i32[N·K] = the row of choice n·K+k, -1
        if dropped; row_slot i32[R] = the choice n·K+k each row holds, -1 for rows past the kept total */
-    void  (*moe_permute)(us_ops *o, int32_t *slot_row, int32_t *row_slot, int32_t *routed, int32_t *kept, const int32_t *topk,
-                         int64_t N, int E, int K, int64_t cap, int64_t R);
+    void (*moe_permute)(us_ops *o, int32_t *slot_row, int32_t *row_slot, int32_t *routed,
+                        int32_t *kept, const int32_t *topk, int64_t N, int E, int K, int64_t cap,
+                        int64_t R);
     /* dst[R,C] = scale[s]·src[s / K] with s = row_slot[r] (zero rows where s < 0); scale f32[N·K] may be NULL (1) */
-    void  (*moe_gather)(us_ops *o, void *dst, const void *src, const int32_t *row_slot, const float *scale, int64_t R, int K, int64_t C, us_dtype dt);
+    void (*moe_gather)(us_ops *o, void *dst, const void *src, const int32_t *row_slot,
+                       const float *scale, int64_t R, int K, int64_t C, us_dtype dt);
     /* dst[N,C] += Σ_k scale[n·K+k]·src[slot_row[n·K+k]] over the kept choices, rounded once; scale may be NULL (1) */
-    void  (*moe_scatter)(us_ops *o, void *dst, const void *src, const int32_t *slot_row, const float *scale, int64_t N, int K, int64_t C, us_dtype dt);
+    void (*moe_scatter)(us_ops *o, void *dst, const void *src, const int32_t *slot_row,
+                        const float *scale, int64_t N, int K, int64_t C, us_dtype dt);
     /* dgates f32[N·K] = dout[n,:] · src[slot_row[n·K+k], :] (0 for a dropped choice) */
-    void  (*moe_gate_grad)(us_ops *o, float *dgates, const void *dout, const void *src, const int32_t *slot_row, int64_t N, int K, int64_t C, us_dtype dt);
+    void (*moe_gate_grad)(us_ops *o, float *dgates, const void *dout, const void *src,
+                          const int32_t *slot_row, int64_t N, int K, int64_t C, us_dtype dt);
     /* fused softmax-cross-entropy over logits[N,V]: losses f32[N] (0 where tgt<0), argmax i32[N] (may be
        NULL); if dscale != 0 the logits are overwritten with dscale·(softmax − onehot) (0 rows where tgt<0) */
-    void  (*xent)(us_ops *o, float *losses, int32_t *argmax, void *logits, const int32_t *tgt, int64_t N, int64_t V, float dscale, us_dtype dt);
+    void (*xent)(us_ops *o, float *losses, int32_t *argmax, void *logits, const int32_t *tgt,
+                 int64_t N, int64_t V, float dscale, us_dtype dt);
     /* Vocabulary-parallel cross-entropy (TP): logits[N,V] hold this rank's V columns of the
        vocabulary; tgt is local: the column, -1 for a target in another rank's slice, -2 ignored.
        Pass 1 (sumexp NULL): mx f32[N] = each row's max, amax i32[N] (may be NULL) its column.
        Pass 2, given mx = the max over all ranks: sumexp f64[N] = Σ exp(logit − mx) and tlogit
        f32[N] = the target's logit where 0 ≤ tgt < V, else 0 (both summed over ranks after). */
-    void  (*xent_stats)(us_ops *o, float *mx, int32_t *amax, double *sumexp, float *tlogit, const void *logits,
-                        const int32_t *tgt, int64_t N, int64_t V, us_dtype dt);
+    void (*xent_stats)(us_ops *o, float *mx, int32_t *amax, double *sumexp, float *tlogit,
+                       const void *logits, const int32_t *tgt, int64_t N, int64_t V, us_dtype dt);
     /* losses f32[N] = log(sumexp) + mx − tlogit (0 where tgt = −2); if dscale != 0 the logits are
        overwritten with dscale·(softmax − onehot) over this rank's columns (0 rows where tgt = −2) */
-    void  (*xent_finish)(us_ops *o, float *losses, void *logits, const int32_t *tgt, const float *mx, const double *sumexp,
-                         const float *tlogit, int64_t N, int64_t V, float dscale, us_dtype dt);
+    void (*xent_finish)(us_ops *o, float *losses, void *logits, const int32_t *tgt, const float *mx,
+                        const double *sumexp, const float *tlogit, int64_t N, int64_t V,
+                        float dscale, us_dtype dt);
     /* AdamW on n fp32 master values p with grads g·gscale; also writes p_lowp (dtype lowdt) if not NULL */
-    void  (*adamw)(us_ops *o, float *p, const float *g, float *m, float *v, void *p_lowp, us_dtype lowdt, int64_t n,
-                   float lr, float beta1, float beta2, float eps, float wd, float gscale, int step);
+    void (*adamw)(us_ops *o, float *p, const float *g, float *m, float *v, void *p_lowp,
+                  us_dtype lowdt, int64_t n, float lr, float beta1, float beta2, float eps,
+                  float wd, float gscale, int step);
     /* y[n] += a·x[n], f32 (ZeRO-2/3 add each micro-batch's reduced gradient shard to the last) */
-    void  (*axpy)(us_ops *o, float *y, const float *x, float a, int64_t n);
+    void (*axpy)(us_ops *o, float *y, const float *x, float a, int64_t n);
     /* host: Σ x² over f32[n], accumulated in double */
     double (*sumsq)(us_ops *o, const float *x, int64_t n);
     /* NULL while all is well, else the first error the backend recorded (may itself be NULL
@@ -515,12 +548,13 @@ struct us_ops {
        so far has reached on the compute stream and returns its id (-1 when no more fit);
        mark_us(id), once that work has finished (after sync), is the moment it was reached on
        us_trace_now_us's clock; mark_reset() frees every id. The model's traces use them. */
-    int    (*mark)(us_ops *o);
+    int (*mark)(us_ops *o);
     double (*mark_us)(us_ops *o, int id);
-    void   (*mark_reset)(us_ops *o);
+    void (*mark_reset)(us_ops *o);
     /* bytes of backend memory held now and at most, over alloc/free (kept by the backend) */
     size_t bytes_in_use, bytes_peak;
 };
+
 /* The CPU reference ops. nthreads 0 = all OpenMP threads. */
 US_API us_ops us_cpu_ops(int nthreads);
 
@@ -537,66 +571,78 @@ US_API us_ops us_cpu_ops(int nthreads);
 typedef enum us_reduce_op { US_REDUCE_SUM = 0, US_REDUCE_AVG, US_REDUCE_MAX } us_reduce_op;
 
 typedef struct us_group {
-    int   size;   /* ranks in the group */
-    int   rank;   /* this rank's index in it, 0..size-1 */
-    void *impl;   /* backend handle (a communicator, shared state of the threads, ...) */
+    int size;   /* ranks in the group */
+    int rank;   /* this rank's index in it, 0..size-1 */
+    void *impl; /* backend handle (a communicator, shared state of the threads, ...) */
 } us_group;
 
 typedef struct us_trace us_trace;
-typedef struct us_work us_work;   /* an in-flight collective */
+typedef struct us_work us_work; /* an in-flight collective */
 typedef struct us_comm us_comm;
+
 struct us_comm {
     const char *name;
-    void     *backend;
-    us_ops   *ops;      /* the memory the collectives read and write (may be NULL for host backends) */
-    us_group  world;
+    void *backend;
+    us_ops *ops; /* the memory the collectives read and write (may be NULL for host backends) */
+    us_group world;
     /* buf[n] ← op over the group's buf[n] */
-    us_result (*all_reduce)(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt, us_reduce_op op, us_work **w);
+    us_result (*all_reduce)(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt,
+                            us_reduce_op op, us_work **w);
     /* root's dst[n] ← op over the group's src[n] (dst only read on the root; may equal src) */
-    us_result (*reduce)(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, us_reduce_op op, int root, us_work **w);
+    us_result (*reduce)(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt,
+                        us_reduce_op op, int root, us_work **w);
     /* dst[n] ← op over the group of src[rank·n .. rank·n+n)   (src holds size·n; dst may be
        src + rank·n, the in-place form) */
-    us_result (*reduce_scatter)(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, us_reduce_op op, us_work **w);
+    us_result (*reduce_scatter)(us_comm *c, us_group *g, void *dst, const void *src, int64_t n,
+                                us_dtype dt, us_reduce_op op, us_work **w);
     /* dst[size·n] ← every rank's src[n], in rank order (src may be dst + rank·n, in place) */
-    us_result (*all_gather)(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, us_work **w);
+    us_result (*all_gather)(us_comm *c, us_group *g, void *dst, const void *src, int64_t n,
+                            us_dtype dt, us_work **w);
     /* root's dst[size·n] ← every rank's src[n], in rank order */
-    us_result (*gather)(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, int root, us_work **w);
+    us_result (*gather)(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt,
+                        int root, us_work **w);
     /* dst[n] ← root's src[rank·n .. rank·n+n) */
-    us_result (*scatter)(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, int root, us_work **w);
+    us_result (*scatter)(us_comm *c, us_group *g, void *dst, const void *src, int64_t n,
+                         us_dtype dt, int root, us_work **w);
     /* buf[n] ← root's buf[n] */
-    us_result (*broadcast)(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt, int root, us_work **w);
+    us_result (*broadcast)(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt, int root,
+                           us_work **w);
     /* point to point, for pipeline stages; peer is a rank of the group */
-    us_result (*send)(us_comm *c, us_group *g, const void *buf, int64_t n, us_dtype dt, int peer, us_work **w);
-    us_result (*recv)(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt, int peer, us_work **w);
+    us_result (*send)(us_comm *c, us_group *g, const void *buf, int64_t n, us_dtype dt, int peer,
+                      us_work **w);
+    us_result (*recv)(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt, int peer,
+                      us_work **w);
     /* send to one peer and receive from another (or the same) as one operation, so two
        neighbours that both send first cannot deadlock (pipeline parallelism's exchanges) */
-    us_result (*sendrecv)(us_comm *c, us_group *g, const void *sbuf, int64_t sn, int speer, void *rbuf, int64_t rn, int rpeer,
-                          us_dtype dt, us_work **w);
+    us_result (*sendrecv)(us_comm *c, us_group *g, const void *sbuf, int64_t sn, int speer,
+                          void *rbuf, int64_t rn, int rpeer, us_dtype dt, us_work **w);
     /* dst ← the block each peer sends this rank; counts and displacements in elements, [size]
        (read during the call: they need not outlive it, even when it is asynchronous) */
-    us_result (*all_to_all)(us_comm *c, us_group *g, void *dst, const int64_t *recv_counts, const int64_t *recv_displs,
-                            const void *src, const int64_t *send_counts, const int64_t *send_displs, us_dtype dt, us_work **w);
+    us_result (*all_to_all)(us_comm *c, us_group *g, void *dst, const int64_t *recv_counts,
+                            const int64_t *recv_displs, const void *src, const int64_t *send_counts,
+                            const int64_t *send_displs, us_dtype dt, us_work **w);
     us_result (*barrier)(us_comm *c, us_group *g);
-    us_result (*wait)(us_comm *c, us_work *w);   /* w NULL is a no-op; frees the handle */
+    us_result (*wait)(us_comm *c, us_work *w); /* w NULL is a no-op; frees the handle */
     /* Collective over `parent`: ranks giving the same color form a new group, ordered by key
        (ties by parent rank); MPI_Comm_split / ncclCommSplit. A negative color joins no group
        (out gets size 0). */
     us_result (*split)(us_comm *c, us_group *parent, int color, int key, us_group *out);
-    void      (*group_free)(us_comm *c, us_group *g);
+    void (*group_free)(us_comm *c, us_group *g);
     /* Collective over g: a new group of the same ranks, in the same order, whose operations run
        apart from every other group's — in issue order among themselves, but never queued behind
        another group's nor it behind them (threads: a progress thread of its own; NCCL: its own
        communicator and stream). A channel: pipeline stages send activations on one and
        gradients on another, so an early send on one never holds up a receive on the other. */
     us_result (*dup)(us_comm *c, us_group *g, us_group *out);
-    double    timeout_s;   /* a collective that cannot finish within this many seconds fails; 0 = 300 */
-    int       p2p_early;   /* point-to-point calls may be posted long before their peer's at no cost (host
+    double timeout_s; /* a collective that cannot finish within this many seconds fails; 0 = 300 */
+    int p2p_early; /* point-to-point calls may be posted long before their peer's at no cost (host
                               backends: a queued call waits on a thread). 0 for NCCL, whose waiting calls
                               are kernels on the GPU: the pipeline then times its messages (// >>pp) */
-    int64_t   bytes_sent;  /* bytes this rank has sent to peers so far (the backend counts) */
-    us_trace *trace;       /* when set, the backend records each collective on the comm stream row */
+    int64_t bytes_sent; /* bytes this rank has sent to peers so far (the backend counts) */
+    us_trace *trace;    /* when set, the backend records each collective on the comm stream row */
     char err[256];
 };
+
 /* The world of one rank: reductions are the identity, gathers and scatters are copies, a
    point-to-point message has nobody to go to (an error). The parallel strategies are written
    against this table, so with us_comm_self they run unchanged on a single device. */
@@ -607,13 +653,14 @@ US_API void us_comm_self(us_comm *c, us_ops *ops);
    dimension and one for dp×cp (ZeRO and gradient reduction run over it). Built from any comm
    backend with its split(); the one-rank world gives 1×1×1×1. */
 typedef struct us_mesh {
-    int dp, pp, cp, tp;                          /* sizes; product = world size */
-    int dp_rank, pp_rank, cp_rank, tp_rank;      /* this rank's coordinates */
-    us_group dp_g, pp_g, cp_g, tp_g, dpcp_g;     /* dpcp_g.rank = dp_rank·cp + cp_rank */
+    int dp, pp, cp, tp;                      /* sizes; product = world size */
+    int dp_rank, pp_rank, cp_rank, tp_rank;  /* this rank's coordinates */
+    us_group dp_g, pp_g, cp_g, tp_g, dpcp_g; /* dpcp_g.rank = dp_rank·cp + cp_rank */
 } us_mesh;
+
 /* Collective over c->world. Sizes of 0 mean 1; their product must equal the world size. */
 US_API us_result us_mesh_init(us_mesh *mesh, us_comm *c, int dp, int pp, int cp, int tp);
-US_API void      us_mesh_free(us_mesh *mesh, us_comm *c);
+US_API void us_mesh_free(us_mesh *mesh, us_comm *c);
 
 /* ---------------------------------------------------------------- tracer
    Named regions per rank and per stream (0 = compute, 1 = communication, 2 = host), written as
@@ -624,195 +671,228 @@ US_API void      us_mesh_free(us_mesh *mesh, us_comm *c);
    stream); what the host did meanwhile — launching a reduction, waiting for one — is on the host
    row. On the CPU the host does the compute, and those regions sit on the compute row. */
 enum { US_STREAM_COMPUTE = 0, US_STREAM_COMM = 1, US_STREAM_HOST = 2, US_TRACE_STREAMS = 3 };
-typedef struct us_trace_event { char name[48]; const char *cat; double t0, t1; } us_trace_event;
+
+typedef struct us_trace_event {
+    char name[48];
+    const char *cat;
+    double t0, t1;
+} us_trace_event;
+
 struct us_trace {
     int rank;
     us_trace_event *ev[US_TRACE_STREAMS];
     int n[US_TRACE_STREAMS], cap[US_TRACE_STREAMS];
 };
-US_API double    us_trace_now_us(void);
-US_API void      us_trace_init(us_trace *t, int rank);
-US_API void      us_trace_free(us_trace *t);
+
+US_API double us_trace_now_us(void);
+US_API void us_trace_init(us_trace *t, int rank);
+US_API void us_trace_free(us_trace *t);
 /* cat: "compute", "comm" or "wait" (a static string) */
-US_API void      us_trace_add(us_trace *t, int stream, const char *cat, const char *name, double t0_us, double t1_us);
+US_API void us_trace_add(us_trace *t, int stream, const char *cat, const char *name, double t0_us,
+                         double t1_us);
 /* Writes the ranks' traces into one JSON file (traceEvents, "X" events, pid = rank, tid = stream). */
-US_API us_result us_trace_write(const char *path, us_trace *const *ranks, int nranks, char *err, size_t errlen);
+US_API us_result us_trace_write(const char *path, us_trace *const *ranks, int nranks, char *err,
+                                size_t errlen);
 /* The same with times measured from base_us instead of the earliest event; base_us = 0 keeps the
    clock's own times, so the files of several processes on one node line up (CLOCK_MONOTONIC). */
-US_API us_result us_trace_write_at(const char *path, us_trace *const *ranks, int nranks, double base_us, char *err, size_t errlen);
+US_API us_result us_trace_write_at(const char *path, us_trace *const *ranks, int nranks,
+                                   double base_us, char *err, size_t errlen);
 
 /* ---------------------------------------------------------------- model and trainer */
 typedef struct us_param {
-    char    name[80];      /* Hugging Face Llama name, e.g. model.layers.3.self_attn.q_proj.weight */
-    int64_t offset;        /* element offset into the flat buffers */
+    char name[80];  /* Hugging Face Llama name, e.g. model.layers.3.self_attn.q_proj.weight */
+    int64_t offset; /* element offset into the flat buffers */
     int64_t numel;
-    int     ndim;
+    int ndim;
     int64_t shape[2];
-    int     decay;         /* weight decay applies (2-D weights) */
-    int     tp_split;      /* tensor parallelism: 0 replicated, 1 rows split over tp, 2 columns split */
-    int     expert;        /* expert parallelism: a routed expert's weight, held by one rank of the ep group (// >>ep) */
+    int decay;    /* weight decay applies (2-D weights) */
+    int tp_split; /* tensor parallelism: 0 replicated, 1 rows split over tp, 2 columns split */
+    int expert; /* expert parallelism: a routed expert's weight, held by one rank of the ep group (// >>ep) */
 } us_param;
 
 /* Bytes by category: filled from a formula by us_memory_estimate, from real allocations by the model. */
 typedef struct us_memory {
-    size_t params;       /* weights the forward reads (bf16 under bf16, fp32 under fp32; under fp8 with their
+    size_t
+        params; /* weights the forward reads (bf16 under bf16, fp32 under fp32; under fp8 with their
                             quantised copies, tc.fp8_no_wcache) */
-    size_t grads;        /* fp32 gradients */
-    size_t master;       /* fp32 master weights (0 under fp32, where params are the master) */
-    size_t optimizer;    /* AdamW m and v, fp32 */
-    size_t activations;  /* the per-step activation arena (saved activations + scratch + logits) */
+    size_t grads;       /* fp32 gradients */
+    size_t master;      /* fp32 master weights (0 under fp32, where params are the master) */
+    size_t optimizer;   /* AdamW m and v, fp32 */
+    size_t activations; /* the per-step activation arena (saved activations + scratch + logits) */
     size_t total;
 } us_memory;
 
-typedef struct us_layer_acts us_layer_acts;  /* per-layer activation pointers (implementation) */
+typedef struct us_layer_acts us_layer_acts; /* per-layer activation pointers (implementation) */
 
 typedef struct us_model {
     us_model_config cfg;
     us_train_config tc;
-    us_ops   ops;
-    us_dtype dt;              /* activation / low-precision weight dtype */
-    int      n_params_t;      /* number of parameter tensors */
-    us_param *params;         /* [n_params_t] views into the flat buffers */
-    int64_t  n_params;        /* total elements */
-    void    *state;           /* the one allocation holding the five flat buffers below */
-    void    *w;               /* flat weights the forward reads, dtype dt     [n_params] */
-    float   *master;          /* fp32 master weights (== w under fp32)        [n_params] */
-    float   *grad;            /* fp32 gradients                               [n_params] */
-    float   *adam_m, *adam_v; /* fp32 moments                                 [n_params] */
-    char    *arena;           /* activation arena                             [mem.activations] */
-    us_layer_acts *acts;      /* [L] */
-    void    *a[32];           /* named scratch activations (implementation) */
-    us_memory mem;            /* what was really allocated */
-    int      step;            /* optimizer steps taken (a step skipped by the loss scaler does not count) */
+    us_ops ops;
+    us_dtype dt;            /* activation / low-precision weight dtype */
+    int n_params_t;         /* number of parameter tensors */
+    us_param *params;       /* [n_params_t] views into the flat buffers */
+    int64_t n_params;       /* total elements */
+    void *state;            /* the one allocation holding the five flat buffers below */
+    void *w;                /* flat weights the forward reads, dtype dt     [n_params] */
+    float *master;          /* fp32 master weights (== w under fp32)        [n_params] */
+    float *grad;            /* fp32 gradients                               [n_params] */
+    float *adam_m, *adam_v; /* fp32 moments                                 [n_params] */
+    char *arena;            /* activation arena                             [mem.activations] */
+    us_layer_acts *acts;    /* [L] */
+    void *a[32];            /* named scratch activations (implementation) */
+    us_memory mem;          /* what was really allocated */
+    int step; /* optimizer steps taken (a step skipped by the loss scaler does not count) */
     /* loss scaling (// >>lossscale) */
-    float    loss_scale;      /* S the next step's gradients carry (1: none); callers of us_forward_backward
+    float loss_scale; /* S the next step's gradients carry (1: none); callers of us_forward_backward
                                  multiply their dscale by it, us_optimizer_step divides it out */
-    int      ls_dynamic;      /* S adapts: halves on an overflow, doubles after loss_scale_window clean steps */
-    int      ls_good;         /* clean steps since S last changed */
-    int      ls_skipped;      /* the last us_optimizer_step found an overflow and skipped the update */
-    int64_t  ls_skipped_total;   /* steps skipped so far */
+    int ls_dynamic; /* S adapts: halves on an overflow, doubles after loss_scale_window clean steps */
+    int ls_good;    /* clean steps since S last changed */
+    int ls_skipped; /* the last us_optimizer_step found an overflow and skipped the update */
+    int64_t ls_skipped_total; /* steps skipped so far */
     /* parallelism. The flat buffers are cut into units (// >>dp): gradient buckets, or under
        ZeRO-3 one unit per layer; with ZeRO each unit is padded to split into dp equal pieces and
        this rank keeps only its piece of the sharded buffers (// >>zero). */
-    us_comm *comm;            /* the caller's, or `self` for one rank */
-    us_comm  self;
-    us_mesh  mesh;
-    int      n_units;
-    struct us__unit *units;   /* [n_units] in flat-buffer order */
-    int     *unit_of;         /* [n_params_t] unit of each tensor */
-    int64_t  n_flat;          /* elements of an unsharded flat buffer, padding included */
-    int64_t  shard_n;         /* elements of this rank's shard (n_flat without ZeRO) */
-    int64_t  slot_n;          /* elements of one ZeRO-2/3 staging or gather slot (the largest unit) */
-    int      n_gslots, n_wslots;
-    float   *gslot[3];        /* ZeRO-2/3: full gradients of the units being produced / reduced */
-    void    *wslot[3];        /* ZeRO-3: gathered weights of the units in use / prefetched */
-    int      gslot_unit[3], wslot_unit[3];   /* which unit holds each slot, -1 free */
-    int      grad_sync;       /* reduce gradients in this backward (us_train_step sets it) */
-    int      synced;          /* reductions were launched and must be finished before the step */
-    int      tp_inflight;     /* tp collectives started and not yet waited for (// >>tp) */
+    us_comm *comm; /* the caller's, or `self` for one rank */
+    us_comm self;
+    us_mesh mesh;
+    int n_units;
+    struct us__unit *units; /* [n_units] in flat-buffer order */
+    int *unit_of;           /* [n_params_t] unit of each tensor */
+    int64_t n_flat;         /* elements of an unsharded flat buffer, padding included */
+    int64_t shard_n;        /* elements of this rank's shard (n_flat without ZeRO) */
+    int64_t slot_n;         /* elements of one ZeRO-2/3 staging or gather slot (the largest unit) */
+    int n_gslots, n_wslots;
+    float *gslot[3]; /* ZeRO-2/3: full gradients of the units being produced / reduced */
+    void *wslot[3];  /* ZeRO-3: gathered weights of the units in use / prefetched */
+    int gslot_unit[3], wslot_unit[3]; /* which unit holds each slot, -1 free */
+    int grad_sync;   /* reduce gradients in this backward (us_train_step sets it) */
+    int synced;      /* reductions were launched and must be finished before the step */
+    int tp_inflight; /* tp collectives started and not yet waited for (// >>tp) */
     /* the embedding's gradient by its touched rows (us__emb_sparse, // >>dp) */
-    int      emb_sparse;      /* this model reduces the last micro-batch's lookup gradient by rows */
-    int      emb_on;          /* this backward does: emb_nu rows gathered at its start */
-    int      emb_dirty;       /* the embedding's gradient may hold something not yet reduced */
-    int64_t  emb_nu;          /* rows touched by the dp×cp ranks' tokens this micro-batch */
-    int64_t  emb_nf;          /* token rows a micro-batch may have (the arena's) */
-    int32_t *emb_map;         /* [vocab_l] host: a row's place among them, -1 for none */
-    int32_t *emb_ids;         /* [dp·cp·(Nf + 1) + Nf] host: every rank's count and token rows, then this rank's as places */
-    us_trace *trace;          /* when set, compute and wait regions are recorded (comm->trace too) */
-    struct us__tpend *tpend;  /* GPU-timed regions whose marks are resolved at the step's end (// >>trace) */
-    int      n_tpend, cap_tpend;
+    int emb_sparse;   /* this model reduces the last micro-batch's lookup gradient by rows */
+    int emb_on;       /* this backward does: emb_nu rows gathered at its start */
+    int emb_dirty;    /* the embedding's gradient may hold something not yet reduced */
+    int64_t emb_nu;   /* rows touched by the dp×cp ranks' tokens this micro-batch */
+    int64_t emb_nf;   /* token rows a micro-batch may have (the arena's) */
+    int32_t *emb_map; /* [vocab_l] host: a row's place among them, -1 for none */
+    int32_t *
+        emb_ids; /* [dp·cp·(Nf + 1) + Nf] host: every rank's count and token rows, then this rank's as places */
+    us_trace *trace; /* when set, compute and wait regions are recorded (comm->trace too) */
+    struct us__tpend
+        *tpend; /* GPU-timed regions whose marks are resolved at the step's end (// >>trace) */
+    int n_tpend, cap_tpend;
     /* this rank's share under tensor parallelism (the whole model at tp 1) */
-    int      nh_l, nkv_l;     /* heads, kv heads */
-    int64_t  ffn_l, vocab_l;  /* FFN columns, vocabulary rows */
-    int64_t  vocab_off;       /* first vocabulary row of this rank */
+    int nh_l, nkv_l;        /* heads, kv heads */
+    int64_t ffn_l, vocab_l; /* FFN columns, vocabulary rows */
+    int64_t vocab_off;      /* first vocabulary row of this rank */
     /* pipeline parallelism: this rank's stage (cfg.n_layers is then the stage's layer count) */
-    int      pp_first, pp_last, n_layers_global;   /* this rank holds the embedding; the head; the model's layers */
-    int      pp_v;            /* model chunks on this rank (interleaved schedules: tc.pp_chunks; else 1) */
-    int      *layer_g;        /* [cfg.n_layers] each local layer's index in the whole model (chunk-major) */
-    int      chunk_lo[16], chunk_hi[16];   /* each chunk's local layers [lo, hi) */
-    int      l_lo, l_hi, c_first, c_last;  /* what a forward/backward runs now: layers [l_lo, l_hi);
+    int pp_first, pp_last,
+        n_layers_global; /* this rank holds the embedding; the head; the model's layers */
+    int pp_v;     /* model chunks on this rank (interleaved schedules: tc.pp_chunks; else 1) */
+    int *layer_g; /* [cfg.n_layers] each local layer's index in the whole model (chunk-major) */
+    int chunk_lo[16], chunk_hi[16];  /* each chunk's local layers [lo, hi) */
+    int l_lo, l_hi, c_first, c_last; /* what a forward/backward runs now: layers [l_lo, l_hi);
                                               it embeds the tokens; it ends with the head and loss */
-    int      pp_head_rank;    /* the pp rank that holds the last stage (the head) */
-    us_group *pp_ch;          /* [2·stages] the channels of each boundary between ranks (us__pp_connect), or NULL: */
-    struct us__pp_msg *pp_msgs; int pp_nmsg;   /* the timed messages of this rank, in the order it exchanges them */
-    double   *pp_start;       /* [actions of this rank] each action's start on the schedule's clock */
-    int      slots;           /* micro-batches whose activations the schedule holds at once (1 without pp) */
+    int pp_head_rank;                /* the pp rank that holds the last stage (the head) */
+    us_group *
+        pp_ch; /* [2·stages] the channels of each boundary between ranks (us__pp_connect), or NULL: */
+    struct us__pp_msg *pp_msgs;
+    int pp_nmsg;      /* the timed messages of this rank, in the order it exchanges them */
+    double *pp_start; /* [actions of this rank] each action's start on the schedule's clock */
+    int slots; /* micro-batches whose activations the schedule holds at once (1 without pp) */
     us_layer_acts *slot_acts; /* [slots][pp_lc]: a slot holds one chunk's layers */
-    us_layer_acts *acts_work; /* [cfg.n_layers] what acts points to: the selected slot's layers at their chunk's place */
-    int      pp_lc;           /* layers of the largest chunk on this rank (all of them without chunks) */
-    void   *(*slot_a)[32];    /* [slots] each slot's named scratch */
-    struct us_pp_schedule *pp_sched;   /* the step's schedule (pp > 1) */
-    int      pp_peak;         /* most micro-batches whose activations the executor held at once */
-    int      pp_wsplit;       /* the schedule runs B and W apart: layers keep their output gradients */
-    int      pp_bonly;        /* inside a B action: the layers skip their weight gradients */
-    double   pp_wall_s;       /* the last step's time in the executor */
-    double   pp_t_s[3];       /* the last step's compute in it: forwards, backwards (B or BW), W passes */
+    us_layer_acts *
+        acts_work; /* [cfg.n_layers] what acts points to: the selected slot's layers at their chunk's place */
+    int pp_lc;           /* layers of the largest chunk on this rank (all of them without chunks) */
+    void *(*slot_a)[32]; /* [slots] each slot's named scratch */
+    struct us_pp_schedule *pp_sched; /* the step's schedule (pp > 1) */
+    int pp_peak;      /* most micro-batches whose activations the executor held at once */
+    int pp_wsplit;    /* the schedule runs B and W apart: layers keep their output gradients */
+    int pp_bonly;     /* inside a B action: the layers skip their weight gradients */
+    double pp_wall_s; /* the last step's time in the executor */
+    double pp_t_s[3]; /* the last step's compute in it: forwards, backwards (B or BW), W passes */
     /* the layers' tensors: layer l's are [layer_p[l], layer_p[l+1]); layer_p[n_layers] is the final
        norm. A dense layer has 9 tensors, a MoE layer 7 + 3·(E + shared) (// >>moe) */
-    int      *layer_p;        /* [cfg.n_layers + 1] */
+    int *layer_p; /* [cfg.n_layers + 1] */
     /* mixture of experts (// >>moe) */
-    int      *moe_idx;        /* [cfg.n_layers] the layer's index among the MoE layers, -1 for a dense one */
-    int      n_moe;           /* MoE layers */
-    int64_t  moe_rows;        /* R: rows of the permuted buffers for a full micro-batch */
-    float    *moe_bias;       /* [n_moe][E] router bias (backend memory): no gradient, no AdamW, the sign rule */
-    float    *moe_bias_h;     /* [n_moe][E] its host copy */
-    int32_t  *moe_counts_h;   /* [cfg.n_layers][2E] host: the last forward's routed and kept tokens per expert */
-    int64_t  *moe_load;       /* [n_moe][E] host: tokens routed this step so far */
-    int64_t  *moe_load_last;  /* [n_moe][E] host: the last step's (us_step_stats.moe_load) */
-    int64_t  moe_choices, moe_dropped;   /* this step so far: token→expert choices, and those dropped */
-    double   moe_aux;         /* this step so far: the auxiliary loss, as weighted in the objective */
-    double   moe_aux_last;    /* the last forward's auxiliary loss (weighted), for tests */
-    int      moe_train;       /* the forward running is a training one: count its routing */
-    float    moe_stat[3];     /* the last step's imbalance, aux loss, dropped fraction */
+    int *moe_idx; /* [cfg.n_layers] the layer's index among the MoE layers, -1 for a dense one */
+    int n_moe;    /* MoE layers */
+    int64_t moe_rows; /* R: rows of the permuted buffers for a full micro-batch */
+    float *
+        moe_bias; /* [n_moe][E] router bias (backend memory): no gradient, no AdamW, the sign rule */
+    float *moe_bias_h; /* [n_moe][E] its host copy */
+    int32_t *
+        moe_counts_h; /* [cfg.n_layers][2E] host: the last forward's routed and kept tokens per expert */
+    int64_t *moe_load;      /* [n_moe][E] host: tokens routed this step so far */
+    int64_t *moe_load_last; /* [n_moe][E] host: the last step's (us_step_stats.moe_load) */
+    int64_t moe_choices,
+        moe_dropped;     /* this step so far: token→expert choices, and those dropped */
+    double moe_aux;      /* this step so far: the auxiliary loss, as weighted in the objective */
+    double moe_aux_last; /* the last forward's auxiliary loss (weighted), for tests */
+    int moe_train;       /* the forward running is a training one: count its routing */
+    float moe_stat[3];   /* the last step's imbalance, aux loss, dropped fraction */
     /* expert parallelism (// >>ep): this rank holds routed experts [ep_rank·E/ep, (ep_rank+1)·E/ep) */
-    int      ep, ep_rank;     /* the ep group's size (1: off) and this rank's place in it */
-    us_group ep_g;            /* the ranks of dp×cp that share the tokens' experts: consecutive dp×cp ranks */
-    us_group edp_g;           /* expert data parallelism: the dp×cp ranks holding the same experts (their gradients' group) */
-    int64_t  moe_rx;          /* rows this rank's experts may receive: ep·R (every peer's every row), less under a capacity limit */
-    int32_t  *ep_counts_h;    /* [cfg.n_layers][ep][E] host: the last forward's kept tokens per expert of every ep peer */
+    int ep, ep_rank; /* the ep group's size (1: off) and this rank's place in it */
+    us_group ep_g; /* the ranks of dp×cp that share the tokens' experts: consecutive dp×cp ranks */
+    us_group
+        edp_g; /* expert data parallelism: the dp×cp ranks holding the same experts (their gradients' group) */
+    int64_t
+        moe_rx; /* rows this rank's experts may receive: ep·R (every peer's every row), less under a capacity limit */
+    int32_t *
+        ep_counts_h; /* [cfg.n_layers][ep][E] host: the last forward's kept tokens per expert of every ep peer */
     /* FP8 training (// >>fp8-linear) */
-    int      fp8;             /* 0 off; 1 tile scaling (precision fp8); 2 one scale per tensor (fp8-tensor) */
-    int      fp8_linear, fp8_linear_all;   /* dense linear layers of this rank whose GEMMs run in FP8, of all */
-    size_t   fp8_off[5];      /* offsets of sa, qb, sb, qk, sk in the FP8 scratch (qa at 0) */
-    const void *fp8_kept;     /* the output gradient whose 128×1 copy (qk, sk) Dgrad left for Wgrad, or NULL */
-    int64_t  fp8_kept_n, fp8_kept_c;   /* its rows and columns */
-    char     *fp8_wc;         /* the weight cache: W's and Wᵀ's operands of each FP8 linear of this rank, per layer
+    int fp8; /* 0 off; 1 tile scaling (precision fp8); 2 one scale per tensor (fp8-tensor) */
+    int fp8_linear,
+        fp8_linear_all; /* dense linear layers of this rank whose GEMMs run in FP8, of all */
+    size_t fp8_off[5];  /* offsets of sa, qb, sb, qk, sk in the FP8 scratch (qa at 0) */
+    const void
+        *fp8_kept; /* the output gradient whose 128×1 copy (qk, sk) Dgrad left for Wgrad, or NULL */
+    int64_t fp8_kept_n, fp8_kept_c; /* its rows and columns */
+    char *
+        fp8_wc; /* the weight cache: W's and Wᵀ's operands of each FP8 linear of this rank, per layer
                                  (NULL: none; us__fp8_wcache) */
-    const void **fp8_wkey;    /* [4·cfg.n_layers] the weight each entry is made from */
-    unsigned char *fp8_wok;   /* [4·cfg.n_layers] made since the weights last changed */
-    size_t   fp8_wlayer, fp8_woff[4][4];   /* bytes per layer; linear i's q, s, qᵀ, sᵀ offsets in it */
-    int64_t  fp8_wdim[4][2];  /* linear i's (Out, In); (0, 0) when it never runs in FP8 */
-    char     err[256];
+    const void **fp8_wkey;             /* [4·cfg.n_layers] the weight each entry is made from */
+    unsigned char *fp8_wok;            /* [4·cfg.n_layers] made since the weights last changed */
+    size_t fp8_wlayer, fp8_woff[4][4]; /* bytes per layer; linear i's q, s, qᵀ, sᵀ offsets in it */
+    int64_t fp8_wdim[4][2];            /* linear i's (Out, In); (0, 0) when it never runs in FP8 */
+    char err[256];
 } us_model;
 
 typedef struct us_step_stats {
-    int    step;       /* 1-based index of the step just taken */
-    float  loss;       /* mean loss over the valid targets of the global batch */
-    float  lr;
-    float  grad_norm;  /* before clipping (unscaled; inf or NaN on a step the loss scaler skipped) */
-    float  loss_scale; /* S this step's gradients carried (1 without loss scaling) */
-    int    skipped;    /* 1: the gradients overflowed, the update was skipped (step did not advance) */
-    int64_t skipped_total;   /* skipped steps so far */
-    int64_t tokens;    /* tokens processed (B·T·grad_accum) */
-    int64_t valid;     /* targets that counted toward the loss */
-    float  pp_bubble;  /* pipeline: the ranks' mean idle fraction of the schedule's wall time (0 without pp) */
-    float  pp_cost_ms[3];   /* pipeline: measured F, B (a full backward BW when unsplit) and W per micro-batch
+    int step;   /* 1-based index of the step just taken */
+    float loss; /* mean loss over the valid targets of the global batch */
+    float lr;
+    float grad_norm;  /* before clipping (unscaled; inf or NaN on a step the loss scaler skipped) */
+    float loss_scale; /* S this step's gradients carried (1 without loss scaling) */
+    int skipped; /* 1: the gradients overflowed, the update was skipped (step did not advance) */
+    int64_t skipped_total; /* skipped steps so far */
+    int64_t tokens;        /* tokens processed (B·T·grad_accum) */
+    int64_t valid;         /* targets that counted toward the loss */
+    float
+        pp_bubble; /* pipeline: the ranks' mean idle fraction of the schedule's wall time (0 without pp) */
+    float pp_cost_ms
+        [3]; /* pipeline: measured F, B (a full backward BW when unsplit) and W per micro-batch
                                and rank, ranks' mean: the simulator's tF, tB, tW for this model */
     /* mixture of experts (zeros for a dense model): the step's routing over its micro-batches */
-    float  moe_imbalance;  /* the most loaded expert's tokens over the mean, averaged over MoE layers (1 = balanced) */
-    float  moe_aux_loss;   /* balance aux: the auxiliary loss added to the objective (not part of `loss`) */
-    float  moe_drop_frac;  /* fraction of the token→expert choices the capacity limit dropped */
-    const int64_t *moe_load;  /* [MoE layers][E] tokens routed to each expert (the model's; valid until the next step) */
+    float
+        moe_imbalance; /* the most loaded expert's tokens over the mean, averaged over MoE layers (1 = balanced) */
+    float
+        moe_aux_loss; /* balance aux: the auxiliary loss added to the objective (not part of `loss`) */
+    float moe_drop_frac; /* fraction of the token→expert choices the capacity limit dropped */
+    const int64_t *
+        moe_load; /* [MoE layers][E] tokens routed to each expert (the model's; valid until the next step) */
 } us_step_stats;
 
 /* Builds the model on `ops` (NULL = us_cpu_ops(tc->threads)): validates, allocates parameters,
    gradients, optimizer state and the activation arena, and initialises weights from tc->seed. */
-US_API us_result   us_model_init(us_model *m, const us_model_config *mc, const us_train_config *tc, const us_ops *ops);
+US_API us_result us_model_init(us_model *m, const us_model_config *mc, const us_train_config *tc,
+                               const us_ops *ops);
 /* The same for one rank of a data-parallel group: every rank of comm's world calls it (it is a
    collective), with tc->dp = the world size. Each rank gets the same initial weights; ZeRO
    stages keep only this rank's shards. comm must outlive the model. */
-US_API us_result   us_model_init_dist(us_model *m, const us_model_config *mc, const us_train_config *tc, const us_ops *ops, us_comm *comm);
-US_API void        us_model_free(us_model *m);
+US_API us_result us_model_init_dist(us_model *m, const us_model_config *mc,
+                                    const us_train_config *tc, const us_ops *ops, us_comm *comm);
+US_API void us_model_free(us_model *m);
 US_API const char *us_model_error(const us_model *m);
 US_API const us_param *us_model_find_param(const us_model *m, const char *name);
 
@@ -821,17 +901,18 @@ US_API const us_param *us_model_find_param(const us_model *m, const char *name);
    us_cp_positions, under context parallelism); a target < 0 is ignored. The loss
    is the mean over the global batch's valid targets (all ranks), so k micro-batches, or k
    data-parallel ranks, equal one batch k times larger. */
-US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t *targets, us_step_stats *st);
+US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t *targets,
+                               us_step_stats *st);
 
 /* The pieces of a step, for callers that drive their own loop (and for the parallel strategies). */
-US_API void      us_model_zero_grad(us_model *m);
+US_API void us_model_zero_grad(us_model *m);
 /* Forward and backward of one micro-batch (B ≤ tc.batch, T ≤ tc.seq, host tokens); gradients are
    accumulated with weight dscale per valid target (1/valid for a plain mean; times m->loss_scale
    under loss scaling, // >>lossscale). Returns the summed
    loss over valid targets in *loss_sum. With dp > 1, set m->grad_sync = 1 before the last
    micro-batch so its backward launches the gradient reductions (ZeRO-2/3 reduce every one). */
-US_API us_result us_forward_backward(us_model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
-                                     float dscale, double *loss_sum);
+US_API us_result us_forward_backward(us_model *m, const int32_t *inputs, const int32_t *targets,
+                                     int B, int T, float dscale, double *loss_sum);
 /* Finishes the gradient reductions, divides them by m->loss_scale, clips by global norm and applies
    AdamW with the scheduled lr (ZeRO: to this rank's shard, then all-gathers the weights); returns
    the pre-clip norm. Under loss scaling a non-finite norm skips the update (m->ls_skipped = 1, the
@@ -842,41 +923,46 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr);
    us_optimizer_step, us_model_zero_grad, us_ckpt_load, us_forward_eval, us_sample or
    us_task_exact_match and kept until the next (tc.fp8_no_wcache): a loop that writes weights
    between micro-batches calls this. */
-US_API void      us_model_weights_changed(us_model *m);
-US_API float     us_lr_at(const us_train_config *tc, int step);  /* step is 0-based */
+US_API void us_model_weights_changed(us_model *m);
+US_API float us_lr_at(const us_train_config *tc, int step); /* step is 0-based */
 /* Sums n host doubles over the model's data-parallel group, dp×cp (every rank calls it): eval
    losses, counts. A no-op on one rank. */
 US_API us_result us_dp_sum(us_model *m, double *v, int n);
 /* Context parallelism: the global positions pos[seq/cp] of cp rank r's tokens within each
    sequence (contiguous chunk, or zig-zag halves r and 2·cp−1−r); a rank's inputs and targets
    are the sequences' tokens at these positions. tc must have passed us_config_validate. */
-US_API void      us_cp_positions(const us_train_config *tc, int r, int32_t *pos);
+US_API void us_cp_positions(const us_train_config *tc, int r, int32_t *pos);
 
 /* Forward only. Returns the summed loss over valid targets and how many predictions were right
    (argmax == target) in *correct (may be NULL). logits_out (host, may be NULL) receives the
    last position's logits of each sequence, [B][V] floats. */
-US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
-                                 double *loss_sum, int64_t *correct, float *logits_out);
+US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B,
+                                 int T, double *loss_sum, int64_t *correct, float *logits_out);
 
 /* The textbook attention, kept as the reference for tests: S = QK^T/sqrt(HS) materialised
    [T,T], causal mask, softmax, P*V. fp32, single-threaded. qkv[B,T,QKV] -> out[B,T,NH*HS]. */
-US_API void      us_attention_naive_fwd(float *out, const float *qkv, int64_t B, int64_t T, int NH, int NKV, int HS);
+US_API void us_attention_naive_fwd(float *out, const float *qkv, int64_t B, int64_t T, int NH,
+                                   int NKV, int HS);
 
 /* ---------------------------------------------------------------- random numbers */
-typedef struct us_rng { uint64_t s; } us_rng;
-US_API void     us_rng_seed(us_rng *r, uint64_t seed);
+typedef struct us_rng {
+    uint64_t s;
+} us_rng;
+
+US_API void us_rng_seed(us_rng *r, uint64_t seed);
 US_API uint64_t us_rng_u64(us_rng *r);
-US_API float    us_rng_uniform(us_rng *r);   /* [0, 1) */
-US_API float    us_rng_normal(us_rng *r);
+US_API float us_rng_uniform(us_rng *r); /* [0, 1) */
+US_API float us_rng_normal(us_rng *r);
 
 #ifndef ULTRASCALE_NO_DATA
 /* ---------------------------------------------------------------- data */
 typedef struct us_data {
-    int32_t *tokens;    /* host [n] */
-    int64_t  n;
-    int64_t  max_token; /* largest token id present */
-    char     err[256];
+    int32_t *tokens; /* host [n] */
+    int64_t n;
+    int64_t max_token; /* largest token id present */
+    char err[256];
 } us_data;
+
 /* Bytes of a text file as tokens 0..255 (the byte-level tokenizer). */
 US_API us_result us_data_load_text(us_data *d, const char *path);
 /* An llm.c token shard: 256 int32 header (magic 20240520 version 1 → uint16 tokens; magic
@@ -886,30 +972,36 @@ US_API us_result us_data_load_shard(us_data *d, const char *path);
 US_API us_result us_data_load(us_data *d, const char *path);
 US_API us_result us_data_from_bytes(us_data *d, const void *bytes, int64_t n);
 /* Fills inputs/targets [nseq][T] with random windows of T+1 tokens (targets shifted by one). */
-US_API us_result us_data_batch(us_data *d, us_rng *r, int nseq, int T, int32_t *inputs, int32_t *targets);
-US_API void      us_data_free(us_data *d);
-US_API size_t    us_byte_encode(const char *text, int32_t *tokens, size_t cap);
-US_API size_t    us_byte_decode(const int32_t *tokens, size_t n, char *text, size_t cap);
+US_API us_result us_data_batch(us_data *d, us_rng *r, int nseq, int T, int32_t *inputs,
+                               int32_t *targets);
+US_API void us_data_free(us_data *d);
+US_API size_t us_byte_encode(const char *text, int32_t *tokens, size_t cap);
+US_API size_t us_byte_decode(const int32_t *tokens, size_t n, char *text, size_t cap);
 
 /* The built-in default task (no download): sorting digits. Each line is a string of
    US_TASK_DIGITS random digits, '=', the same digits sorted, '\n' — e.g. "70421835=01234578\n".
    Only the answer (sorted digits and the newline) is scored: the other targets are -1. */
 #define US_TASK_DIGITS 8
-#define US_TASK_LINE   (2 * US_TASK_DIGITS + 2)
-typedef struct us_task { us_rng rng; } us_task;
+#define US_TASK_LINE (2 * US_TASK_DIGITS + 2)
+
+typedef struct us_task {
+    us_rng rng;
+} us_task;
+
 US_API void us_task_init(us_task *t, uint64_t seed);
 /* Fills [nseq][T] with whole lines (T ≥ US_TASK_LINE); a window ends with newlines as padding. */
 US_API void us_task_batch(us_task *t, int nseq, int T, int32_t *inputs, int32_t *targets);
 /* Greedy-decodes answers to `n` fresh problems and returns the fraction solved exactly;
    writes up to `show` examples as text into buf (may be NULL). */
-US_API us_result us_task_exact_match(us_model *m, us_task *t, int n, double *acc, char *buf, size_t buflen, int show);
+US_API us_result us_task_exact_match(us_model *m, us_task *t, int n, double *acc, char *buf,
+                                     size_t buflen, int show);
 #endif /* ULTRASCALE_NO_DATA */
 
 /* ---------------------------------------------------------------- sampling */
 /* Extends prompt (host tokens) by n_new tokens sampled with temperature (0 = greedy) and
    top-k (0 = all); out receives prompt + new tokens, [n_prompt + n_new] <= tc.seq. */
-US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int n_new, float temperature,
-                           int top_k, us_rng *r, int32_t *out);
+US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int n_new,
+                           float temperature, int top_k, us_rng *r, int32_t *out);
 
 /* ---------------------------------------------------------------- pipeline schedules (// >>pp)
    Schedules are data (DESIGN.md): a pure function lists, for every pipeline rank, the ordered
@@ -920,50 +1012,61 @@ US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int
    (every action exactly once, dependencies, no deadlock), one simulator times it from per-action
    costs, one renderer draws it; the executor runs any list. */
 typedef enum us_pp_kind {
-    US_PP_DEFAULT = 0,        /* 1f1b */
-    US_PP_AFAB,               /* all forwards, then all backwards (GPipe) */
-    US_PP_1F1B,               /* one forward, one backward in the steady state (PipeDream-flush) */
-    US_PP_INTERLEAVED,        /* 1F1B over v chunks per rank, depth-first (Megatron) */
-    US_PP_INTERLEAVED_BF,     /* the same, breadth-first (all micro-batches of a chunk in turn; Llama 3) */
-    US_PP_ZB1,                /* ZB-H1: 1F1B with B/W split, rank r defers its W's by r micro-batches (1F1B's peak) */
-    US_PP_ZBV,                /* ZB-V: 2 chunks per rank in a V, B/W split; 1F1B's memory, near-zero bubble */
-    US_PP_DUALPIPEV           /* DualPipe-V (DeepSeek): the V with forward & backward pairs overlapped */
+    US_PP_DEFAULT = 0,    /* 1f1b */
+    US_PP_AFAB,           /* all forwards, then all backwards (GPipe) */
+    US_PP_1F1B,           /* one forward, one backward in the steady state (PipeDream-flush) */
+    US_PP_INTERLEAVED,    /* 1F1B over v chunks per rank, depth-first (Megatron) */
+    US_PP_INTERLEAVED_BF, /* the same, breadth-first (all micro-batches of a chunk in turn; Llama 3) */
+    US_PP_ZB1, /* ZB-H1: 1F1B with B/W split, rank r defers its W's by r micro-batches (1F1B's peak) */
+    US_PP_ZBV,      /* ZB-V: 2 chunks per rank in a V, B/W split; 1F1B's memory, near-zero bubble */
+    US_PP_DUALPIPEV /* DualPipe-V (DeepSeek): the V with forward & backward pairs overlapped */
 } us_pp_kind;
+
 typedef enum us_pp_op { US_PP_F = 0, US_PP_B, US_PP_W, US_PP_BW } us_pp_op;
+
 /* overlap = 1 marks a forward that runs together with the backward (B or BW, another
    micro-batch) right after it in the list: DualPipe's "F&B" pair, where each one's communication
    hides under the other's compute. An executor may run the pair as F then the backward. */
-typedef struct us_pp_action { us_pp_op op; int mb, chunk, overlap; } us_pp_action;
+typedef struct us_pp_action {
+    us_pp_op op;
+    int mb, chunk, overlap;
+} us_pp_action;
+
 typedef struct us_pp_schedule {
     us_pp_kind kind;
-    int pp, m, v;             /* ranks, micro-batches, chunks per rank */
-    int vshape;               /* stages run down and back up (ZB-V, DualPipe-V) */
-    int *n;                   /* [pp] actions per rank */
-    us_pp_action **a;         /* [pp][n[r]] */
+    int pp, m, v;     /* ranks, micro-batches, chunks per rank */
+    int vshape;       /* stages run down and back up (ZB-V, DualPipe-V) */
+    int *n;           /* [pp] actions per rank */
+    us_pp_action **a; /* [pp][n[r]] */
 } us_pp_schedule;
+
 typedef struct us_pp_sim {
-    double makespan;          /* time from the first action's start to the last one's end */
-    double bubble;            /* idle fraction: 1 − Σ busy / (pp · makespan) */
-    int    peak_act[64];      /* per rank: most micro-batch chunks whose activations are held at once
+    double makespan;  /* time from the first action's start to the last one's end */
+    double bubble;    /* idle fraction: 1 − Σ busy / (pp · makespan) */
+    int peak_act[64]; /* per rank: most micro-batch chunks whose activations are held at once
                                  (from F until W; one chunk holds 1/v of the rank's layers) */
-    int    peak_max;
+    int peak_max;
 } us_pp_sim;
+
 US_API const char *us_pp_kind_name(us_pp_kind k);
 /* Builds the lists; writes a sentence into err if pp, m, v do not suit the schedule. v counts
    chunks per rank for the interleaved schedules (at least 2); the V-shaped ones always hold 2
    (pass 0 or 2); the others hold 1 and ignore it. */
-US_API us_result us_pp_schedule_build(us_pp_schedule *s, us_pp_kind kind, int pp, int m, int v, char *err, size_t errlen);
-US_API void      us_pp_schedule_free(us_pp_schedule *s);
+US_API us_result us_pp_schedule_build(us_pp_schedule *s, us_pp_kind kind, int pp, int m, int v,
+                                      char *err, size_t errlen);
+US_API void us_pp_schedule_free(us_pp_schedule *s);
 /* The stage chunk c of rank r runs (0 .. pp·v−1, embedding first). */
-US_API int       us_pp_stage(const us_pp_schedule *s, int r, int c);
+US_API int us_pp_stage(const us_pp_schedule *s, int r, int c);
 /* Times the lists with action costs tF, tB, tW (BW costs tB + tW) and zero-cost transfers, as
    soon as each action's inputs exist; fails with a sentence on a missing, repeated or
    impossible action, or a deadlock. The checker is this simulation with unit costs. An
    overlapped F&B pair starts when both inputs exist and costs the sum of its two actions (see
    // >>pp: overlap hides communication, which is free here, not compute). */
-US_API us_result us_pp_simulate(const us_pp_schedule *s, double tF, double tB, double tW, us_pp_sim *out, char *err, size_t errlen);
+US_API us_result us_pp_simulate(const us_pp_schedule *s, double tF, double tB, double tW,
+                                us_pp_sim *out, char *err, size_t errlen);
 /* An SVG timeline (one row per rank, F/B/W boxes numbered by micro-batch, like the Playbook's). */
-US_API us_result us_pp_svg(const us_pp_schedule *s, double tF, double tB, double tW, const char *path, char *err, size_t errlen);
+US_API us_result us_pp_svg(const us_pp_schedule *s, double tF, double tB, double tW,
+                           const char *path, char *err, size_t errlen);
 
 #ifndef ULTRASCALE_NO_CHECKPOINT
 /* ---------------------------------------------------------------- checkpoints (// >>checkpoint)
@@ -989,55 +1092,67 @@ US_API us_result us_pp_svg(const us_pp_schedule *s, double tF, double tB, double
    not overlapping; every failure is US_ERR_FORMAT or US_ERR_IO with one sentence. POSIX file calls
    (pread, pwrite, fsync, mkdir) are used where _POSIX_C_SOURCE ≥ 200809L; elsewhere save and load
    return US_ERR_IO saying so (the parser works everywhere). */
-#define US_ST_MAX_HEADER  ((uint64_t)100 << 20)   /* header bytes accepted, the safetensors package's limit */
-#define US_ST_MAX_DIMS    8
+#define US_ST_MAX_HEADER \
+    ((uint64_t)100 << 20) /* header bytes accepted, the safetensors package's limit */
+#define US_ST_MAX_DIMS 8
+
 typedef struct us_st_tensor {
-    char     name[256];
-    char     dtype[12];          /* as the file writes it: F32, BF16, F16, F64, I32, ... */
-    int      ndim;
-    int64_t  shape[US_ST_MAX_DIMS];
-    uint64_t begin, end;         /* byte offsets into the data section */
+    char name[256];
+    char dtype[12]; /* as the file writes it: F32, BF16, F16, F64, I32, ... */
+    int ndim;
+    int64_t shape[US_ST_MAX_DIMS];
+    uint64_t begin, end; /* byte offsets into the data section */
 } us_st_tensor;
+
 typedef struct us_safetensors {
-    int           n;             /* tensors */
-    us_st_tensor *t;             /* [n] in header order */
-    uint64_t      data_start;    /* 8 + header length: where the data section begins */
-    uint64_t      data_size;     /* file size − data_start */
+    int n;               /* tensors */
+    us_st_tensor *t;     /* [n] in header order */
+    uint64_t data_start; /* 8 + header length: where the data section begins */
+    uint64_t data_size;  /* file size − data_start */
 } us_safetensors;
+
 /* Parses a safetensors header from the file's first n bytes (n ≥ 8 + header length; file_size
    bounds the data offsets). Returns US_ERR_FORMAT with one sentence in err for anything wrong. */
-US_API us_result us_safetensors_parse(us_safetensors *st, const void *bytes, size_t n, uint64_t file_size, char *err, size_t errlen);
-US_API void      us_safetensors_free(us_safetensors *st);
+US_API us_result us_safetensors_parse(us_safetensors *st, const void *bytes, size_t n,
+                                      uint64_t file_size, char *err, size_t errlen);
+US_API void us_safetensors_free(us_safetensors *st);
 US_API const us_st_tensor *us_safetensors_find(const us_safetensors *st, const char *name);
 /* Parses a model.safetensors.index.json text: the shard file names, deduplicated in *files
    (each [256]), and how many. Fails with US_ERR_FORMAT on a bad document or file name (a shard
    must be a plain name inside the directory: no '/', no "..") */
-US_API us_result us_safetensors_index_parse(const char *json, size_t n, char (*files)[256], int max_files, int *n_files, char *err, size_t errlen);
+US_API us_result us_safetensors_index_parse(const char *json, size_t n, char (*files)[256],
+                                            int max_files, int *n_files, char *err, size_t errlen);
 
-typedef struct us_ckpt_state {   /* what the caller's loop needs besides the model */
-    int64_t  step;               /* optimizer steps taken: saved from m->step, restored into it */
-    int64_t  data_pos;           /* the caller's data position (e.g. batches drawn) */
-    int      n_rng;              /* RNG states kept (at most 8) */
+typedef struct us_ckpt_state { /* what the caller's loop needs besides the model */
+    int64_t step;              /* optimizer steps taken: saved from m->step, restored into it */
+    int64_t data_pos;          /* the caller's data position (e.g. batches drawn) */
+    int n_rng;                 /* RNG states kept (at most 8) */
     uint64_t rng[8];
 } us_ckpt_state;
-typedef struct us_ckpt_opts {    /* zero means default */
-    int      weights_only;       /* 1: model weights and config.json only (an export) */
-    int64_t  shard_bytes;        /* > 0: model weights in files of about this size plus an index */
-    int64_t  crash_after;        /* tests only: the process kills itself (SIGKILL) after writing this many data bytes */
+
+typedef struct us_ckpt_opts { /* zero means default */
+    int weights_only;         /* 1: model weights and config.json only (an export) */
+    int64_t shard_bytes;      /* > 0: model weights in files of about this size plus an index */
+    int64_t
+        crash_after; /* tests only: the process kills itself (SIGKILL) after writing this many data bytes */
 } us_ckpt_opts;
+
 /* Collective over the model's world: every rank calls it. Writes dir (via dir.tmp and rename;
    an existing dir is replaced only after the new one is complete). st may be NULL. */
-US_API us_result us_ckpt_save(us_model *m, const char *dir, const us_ckpt_state *st, const us_ckpt_opts *opts);
+US_API us_result us_ckpt_save(us_model *m, const char *dir, const us_ckpt_state *st,
+                              const us_ckpt_opts *opts);
 /* Collective. resume = 0: weights only (fine-tuning from a Hugging Face or ultrascale directory;
    moments stay zero, step 0). resume = 1: weights, fp32 master weights, moments, step, and
    *st (may be NULL) from trainer_state.json. Accepts model.safetensors or an index with shards. */
 US_API us_result us_ckpt_load(us_model *m, const char *dir, int resume, us_ckpt_state *st);
 /* Reads dir/config.json (LlamaConfig) into mc: fields mc leaves 0 are taken from the file; a field
    mc sets to another value is an error naming both. */
-US_API us_result us_ckpt_read_config(const char *dir, us_model_config *mc, char *err, size_t errlen);
+US_API us_result us_ckpt_read_config(const char *dir, us_model_config *mc, char *err,
+                                     size_t errlen);
 /* A checkpoint directory (has trainer_state.json) is itself; else the complete dir/step_N with the
    largest N. US_ERR_IO when there is none. */
-US_API us_result us_ckpt_latest(const char *dir, char *out, size_t outlen, char *err, size_t errlen);
+US_API us_result us_ckpt_latest(const char *dir, char *out, size_t outlen, char *err,
+                                size_t errlen);
 /* Removes all but the `keep` newest dir/step_N checkpoints (and stale dir/step_N.tmp). */
 US_API us_result us_ckpt_prune(const char *dir, int keep, char *err, size_t errlen);
 #endif /* ULTRASCALE_NO_CHECKPOINT */
@@ -1045,17 +1160,19 @@ US_API us_result us_ckpt_prune(const char *dir, int keep, char *err, size_t errl
 /* ---------------------------------------------------------------- estimator and FLOPs */
 /* Memory by category for one rank, from the Playbook's formulas applied to this library's layout
    (no allocation). Equals us_model.mem after us_model_init with the same configs. */
-US_API us_result us_memory_estimate(const us_model_config *mc, const us_train_config *tc, us_memory *out, char *err, size_t errlen);
+US_API us_result us_memory_estimate(const us_model_config *mc, const us_train_config *tc,
+                                    us_memory *out, char *err, size_t errlen);
 /* The Playbook's activation formula for one layer with attention scores materialised, in bytes
    for mixed precision: s*b*h*(34 + 5*a*s/h). For comparison with what flash attention saves. */
-US_API double    us_playbook_activation_bytes_per_layer(int64_t seq, int64_t batch, int64_t dim, int64_t heads);
-US_API int64_t   us_param_count(const us_model_config *mc);
+US_API double us_playbook_activation_bytes_per_layer(int64_t seq, int64_t batch, int64_t dim,
+                                                     int64_t heads);
+US_API int64_t us_param_count(const us_model_config *mc);
 /* Parameters one token's forward uses: a MoE layer counts its router, K routed experts and the
    shared one, not all E (us_param_count counts every expert). Equal to us_param_count when dense. */
-US_API int64_t   us_param_count_active(const us_model_config *mc);
+US_API int64_t us_param_count_active(const us_model_config *mc);
 /* Training FLOPs per token (Playbook): 6*N + 12*L*C*T (the attention term 12*L*h*s^2 per sequence),
    with N the active parameters (us_param_count_active): a token runs only its K experts. */
-US_API double    us_flops_per_token(const us_model_config *mc, int64_t seq);
+US_API double us_flops_per_token(const us_model_config *mc, int64_t seq);
 
 #ifndef ULTRASCALE_NO_PLANNER
 /* ---------------------------------------------------------------- planner (// >>plan)
@@ -1067,26 +1184,28 @@ US_API double    us_flops_per_token(const us_model_config *mc, int64_t seq);
    Every rate is zero-means-default; the defaults are this project's measurements on one H200
    (bench/RESULTS.md) and, for what one machine cannot measure, stated assumptions. */
 typedef struct us_plan_rates {
-    double gemm_tflops;      /* bf16 GEMM at the model's shapes with 16384 rows (tokens); default 736 (the
+    double
+        gemm_tflops; /* bf16 GEMM at the model's shapes with 16384 rows (tokens); default 736 (the
                                 1B step's GEMMs, H200) */
-    double attn_fwd_tflops;  /* causal flash attention forward, counted as 2·T²·C FLOPs per sequence and
+    double
+        attn_fwd_tflops; /* causal flash attention forward, counted as 2·T²·C FLOPs per sequence and
                                 layer; default 228 (H200, HS 64) */
-    double attn_bwd_tflops;  /* its backward, 2.5× the forward's FLOPs; default 180 */
-    double hbm_gbps;         /* effective bandwidth of the elementwise ops and AdamW; default 3500
+    double attn_bwd_tflops; /* its backward, 2.5× the forward's FLOPs; default 180 */
+    double hbm_gbps;        /* effective bandwidth of the elementwise ops and AdamW; default 3500
                                 (the 1B profile: AdamW 3.2 TB/s, norms/SwiGLU/RoPE ≈ 3.9) */
-    double intra_gbps;       /* bus bandwidth (NCCL's busbw) of a collective inside a node; default 333
+    double intra_gbps;  /* bus bandwidth (NCCL's busbw) of a collective inside a node; default 333
                                 (all-reduce of 1 GiB on 2 H200s) */
-    double inter_gbps;       /* bus bandwidth per GPU of a collective spanning nodes; default 45 (one
+    double inter_gbps;  /* bus bandwidth per GPU of a collective spanning nodes; default 45 (one
                                 400 Gb/s InfiniBand NIC per GPU: an assumption, not measured here) */
-    double latency_us;       /* fixed cost of one collective or message; default 15 */
-    double peak_tflops;      /* the MFU denominator; default 989 (H100/H200 dense bf16) */
-    double gemm_m_half;      /* rows (tokens) at which a GEMM runs at half its large-M rate: a GEMM of M
+    double latency_us;  /* fixed cost of one collective or message; default 15 */
+    double peak_tflops; /* the MFU denominator; default 989 (H100/H200 dense bf16) */
+    double gemm_m_half; /* rows (tokens) at which a GEMM runs at half its large-M rate: a GEMM of M
                                 rows runs at gemm_tflops · f(M)/f(16384), f(M) = M/(M + gemm_m_half);
                                 default 256 (an assumption until bench/calibrate measures it) */
-    double cp_attn_eff;      /* attention under context parallelism runs at this fraction of the rates
+    double cp_attn_eff; /* attention under context parallelism runs at this fraction of the rates
                                 above (smaller zig-zag blocks); default 0.86 (cp 2 on the H200: one
                                 GPU's 4.30 ms of T=4096 attention took 4.985 ms over both ranks) */
-    double overlap_tax;      /* what the compute loses to communication hidden under it (NCCL's kernels
+    double overlap_tax; /* what the compute loses to communication hidden under it (NCCL's kernels
                                 share the SMs and HBM), as a fraction of that communication's time
                                 at the node's bus bandwidth: the work is per byte, so a slow
                                 inter-node collective costs its bytes, not its duration. Default 1:
@@ -1094,29 +1213,32 @@ typedef struct us_plan_rates {
                                 gradient all-reduce (bench/RESULTS.md, issue 9); 1e-9 gives the
                                 textbook's free overlap */
 } us_plan_rates;
+
 typedef struct us_plan_cluster {
-    int    gpus_per_node;    /* default 8 */
-    int    nodes;            /* default 1 */
-    double gpu_mem_gib;      /* default 80 */
-    double reserve_gib;      /* left free: CUDA context, NCCL buffers, cuBLASLt workspace,
+    int gpus_per_node;  /* default 8 */
+    int nodes;          /* default 1 */
+    double gpu_mem_gib; /* default 80 */
+    double reserve_gib; /* left free: CUDA context, NCCL buffers, cuBLASLt workspace,
                                 fragmentation; default 3 */
     us_plan_rates rates;
 } us_plan_cluster;
+
 typedef struct us_plan_request {
-    int64_t global_tokens;   /* tokens per optimizer step; default 1048576 (the Playbook's 1M) */
-    int     seq;             /* T; default 4096 */
-    int     max_micro_batch; /* largest per-rank micro-batch tried, in sequences; default 64 */
-    int     top;             /* plans us_plan_enumerate keeps, best first; default 10 */
+    int64_t global_tokens; /* tokens per optimizer step; default 1048576 (the Playbook's 1M) */
+    int seq;               /* T; default 4096 */
+    int max_micro_batch;   /* largest per-rank micro-batch tried, in sequences; default 64 */
+    int top;               /* plans us_plan_enumerate keeps, best first; default 10 */
 } us_plan_request;
+
 /* One configuration and what the cost model predicts for it, all times in seconds per step. */
 typedef struct us_plan {
-    us_train_config tc;      /* dp tp pp cp ep zero sp, batch (each rank's micro-batch), grad_accum,
+    us_train_config tc; /* dp tp pp cp ep zero sp, batch (each rank's micro-batch), grad_accum,
                                 recompute, pp_schedule, pp_chunks, seq; bf16 */
-    us_memory mem;           /* per GPU (the first pipeline rank's), from us_memory_estimate */
-    int    fits;             /* mem.total + reserve ≤ GPU memory */
-    double t_step;           /* the sum of the terms below */
-    double t_compute;        /* GEMM, attention, elementwise; forward and backward, every micro-batch */
-    double t_recompute;      /* the forward work recomputation repeats */
+    us_memory mem;      /* per GPU (the first pipeline rank's), from us_memory_estimate */
+    int fits;           /* mem.total + reserve ≤ GPU memory */
+    double t_step;      /* the sum of the terms below */
+    double t_compute;   /* GEMM, attention, elementwise; forward and backward, every micro-batch */
+    double t_recompute; /* the forward work recomputation repeats */
     double t_tp, t_cp, t_ep; /* exposed communication of TP (critical path), CP (ring beyond its
                                 compute), EP (all-to-alls) */
     double t_bubble;         /* pipeline idle: the simulator's makespan minus one rank's work */
@@ -1128,25 +1250,28 @@ typedef struct us_plan {
                                 the CP ring): overlap_tax × the hidden time */
     double tokens_per_s, mfu;
 } us_plan;
-US_API void      us_plan_rates_defaults(us_plan_rates *r);
-US_API void      us_plan_cluster_defaults(us_plan_cluster *c);   /* and its rates */
-US_API void      us_plan_request_defaults(us_plan_request *q);
+
+US_API void us_plan_rates_defaults(us_plan_rates *r);
+US_API void us_plan_cluster_defaults(us_plan_cluster *c); /* and its rates */
+US_API void us_plan_request_defaults(us_plan_request *q);
 /* Reads a rates file (bench/calibrate writes one): first line "ultrascale-rates 1", then
    "key = value" lines with the us_plan_rates field names; '#' starts a comment; keys not given
    keep r's values. Unknown keys, bad numbers and a wrong header fail with a sentence. */
 US_API us_result us_plan_rates_read(const char *path, us_plan_rates *r, char *err, size_t errlen);
 /* The cost model for one configuration (tc.dp·tp·pp·cp must equal the cluster's GPUs; tc.batch is
    each rank's micro-batch). Fails with a sentence when the configuration does not validate. */
-US_API us_result us_plan_cost(const us_model_config *mc, const us_train_config *tc, const us_plan_cluster *cl, us_plan *out, char *err, size_t errlen);
+US_API us_result us_plan_cost(const us_model_config *mc, const us_train_config *tc,
+                              const us_plan_cluster *cl, us_plan *out, char *err, size_t errlen);
 /* Every valid configuration of the request on the cluster; the q.top (default 10) fastest that fit
    go to out[0..*n_out) (out holds at least q.top), best first. *n_valid counts the configurations
    that validate, *n_fit those that fit (either may be NULL). No configuration fitting is not an
    error: *n_out is then 0. */
-US_API us_result us_plan_enumerate(const us_model_config *mc, const us_plan_cluster *cl, const us_plan_request *q, us_plan *out, int *n_out,
+US_API us_result us_plan_enumerate(const us_model_config *mc, const us_plan_cluster *cl,
+                                   const us_plan_request *q, us_plan *out, int *n_out,
                                    int64_t *n_valid, int64_t *n_fit, char *err, size_t errlen);
 /* A train_cuda command line for a plan (model flags from mc): --nproc, --batch (the group's
    micro-batch, batch·dp), --grad-accum, --seq, --tp ... Returns the characters written. */
-US_API int       us_plan_command(const us_model_config *mc, const us_plan *p, char *buf, size_t cap);
+US_API int us_plan_command(const us_model_config *mc, const us_plan *p, char *buf, size_t cap);
 #endif /* ULTRASCALE_NO_PLANNER */
 
 #ifdef __cplusplus
@@ -1175,20 +1300,30 @@ US_API int       us_plan_command(const us_model_config *mc, const us_plan *p, ch
 
 #ifndef US_MALLOC
 #define US_MALLOC(sz) malloc(sz)
-#define US_FREE(p)    free(p)
+#define US_FREE(p) free(p)
 #endif
 /* Programmer bugs only; user input gets a us_result. */
 #ifndef US_ASSERT
-#define US_ASSERT(x) do { if (!(x)) { fprintf(stderr, "ultrascale: internal error: %s (%s:%d)\n", #x, __FILE__, __LINE__); abort(); } } while (0)
+#define US_ASSERT(x)                                                                             \
+    do {                                                                                         \
+        if (!(x)) {                                                                              \
+            fprintf(stderr, "ultrascale: internal error: %s (%s:%d)\n", #x, __FILE__, __LINE__); \
+            abort();                                                                             \
+        }                                                                                        \
+    } while (0)
 #endif
 /* Kernel scratch: a kernel has no result code, so running out of host memory there is fatal
    with a message (model-level allocations return US_ERR_OOM instead). */
 static void *us__scratch(size_t bytes) {
     void *p = US_MALLOC(bytes ? bytes : 1);
-    if (!p) { fprintf(stderr, "ultrascale: out of memory for %zu bytes of kernel scratch\n", bytes); abort(); }
+    if (!p) {
+        fprintf(stderr, "ultrascale: out of memory for %zu bytes of kernel scratch\n", bytes);
+        abort();
+    }
     return p;
 }
-#define US__ALIGN 256   /* every arena tensor starts on a 256-byte boundary (CUDA-friendly) */
+
+#define US__ALIGN 256 /* every arena tensor starts on a 256-byte boundary (CUDA-friendly) */
 
 static size_t us__align(size_t n) { return (n + US__ALIGN - 1) & ~(size_t)(US__ALIGN - 1); }
 
@@ -1202,13 +1337,20 @@ static void us__errf(char *err, size_t errlen, const char *fmt, ...) {
 
 US_API const char *us_result_description(us_result r) {
     switch (r) {
-    case US_OK: return "ok";
-    case US_ERR_INVALID: return "invalid configuration or argument";
-    case US_ERR_OOM: return "out of memory";
-    case US_ERR_IO: return "i/o error";
-    case US_ERR_FORMAT: return "bad file format";
-    case US_ERR_NONFINITE: return "loss or gradient is not finite";
-    case US_ERR_BACKEND: return "compute backend error";
+    case US_OK:
+        return "ok";
+    case US_ERR_INVALID:
+        return "invalid configuration or argument";
+    case US_ERR_OOM:
+        return "out of memory";
+    case US_ERR_IO:
+        return "i/o error";
+    case US_ERR_FORMAT:
+        return "bad file format";
+    case US_ERR_NONFINITE:
+        return "loss or gradient is not finite";
+    case US_ERR_BACKEND:
+        return "compute backend error";
     }
     return "unknown result";
 }
@@ -1218,105 +1360,163 @@ US_API const char *us_result_description(us_result r) {
 /* ------------------------------------------------------------------------------------ */
 US_API size_t us_dtype_size(us_dtype dt) {
     switch (dt) {
-    case US_F32: case US_I32: return 4;
-    case US_F64: return 8;
-    case US_BF16: case US_F16: return 2;
-    case US_E4M3: case US_E5M2: return 1;
+    case US_F32:
+    case US_I32:
+        return 4;
+    case US_F64:
+        return 8;
+    case US_BF16:
+    case US_F16:
+        return 2;
+    case US_E4M3:
+    case US_E5M2:
+        return 1;
     }
     return 0;
 }
+
 US_API const char *us_dtype_name(us_dtype dt) {
     switch (dt) {
-    case US_F32: return "fp32";
-    case US_BF16: return "bf16";
-    case US_F16: return "fp16";
-    case US_E4M3: return "e4m3";
-    case US_E5M2: return "e5m2";
-    case US_I32: return "i32";
-    case US_F64: return "fp64";
+    case US_F32:
+        return "fp32";
+    case US_BF16:
+        return "bf16";
+    case US_F16:
+        return "fp16";
+    case US_E4M3:
+        return "e4m3";
+    case US_E5M2:
+        return "e5m2";
+    case US_I32:
+        return "i32";
+    case US_F64:
+        return "fp64";
     }
     return "?";
 }
 
-static uint32_t us__f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static float us__bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static uint32_t us__f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static float us__bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 
 #define US__BF16_HELPERS_DEFINED
+
 static inline float us__bf16_to_f32(uint16_t h) { return us__bits_f32((uint32_t)h << 16); }
+
 static inline uint16_t us__f32_to_bf16(float f) {
     uint32_t u = us__f32_bits(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u); /* quiet NaN, sign kept */
-    u += 0x7fffu + ((u >> 16) & 1u);  /* RNE: add half-ulp minus one, plus the lsb for ties */
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x0040u); /* quiet NaN, sign kept */
+    u += 0x7fffu + ((u >> 16) & 1u); /* RNE: add half-ulp minus one, plus the lsb for ties */
     return (uint16_t)(u >> 16);
 }
+
 US_API uint16_t us_f32_to_bf16(float f) { return us__f32_to_bf16(f); }
-US_API float    us_bf16_to_f32(uint16_t h) { return us__bf16_to_f32(h); }
+
+US_API float us_bf16_to_f32(uint16_t h) { return us__bf16_to_f32(h); }
 
 /* IEEE binary16 (fp16): exponent bias 15, normals 2^-14 .. 65504, subnormals m·2^-24. fp16 → fp32
    is exact (the exponent is re-biased by 127-15 = 112, the mantissa shifted up 13 bits). */
 static inline float us__f16_to_f32(uint16_t h) {
     uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    if (e == 0x1f) return us__bits_f32(s | 0x7f800000u | (m << 13));         /* ±inf, NaN (payload kept) */
-    if (e == 0) {                                                                /* ±0 and subnormals */
-        float f = (float)m * 5.9604644775390625e-8f;                             /* m · 2^-24, exact */
+    if (e == 0x1f) return us__bits_f32(s | 0x7f800000u | (m << 13)); /* ±inf, NaN (payload kept) */
+    if (e == 0) {                                                    /* ±0 and subnormals */
+        float f = (float)m * 5.9604644775390625e-8f;                 /* m · 2^-24, exact */
         return s ? -f : f;
     }
     return us__bits_f32(s | ((e + 112u) << 23) | (m << 13));
 }
+
 /* fp32 → fp16, round to nearest, ties to even, in integers (independent of the FPU's mode). */
 static inline uint16_t us__f32_to_f16(float f) {
     uint32_t u = us__f32_bits(f), s = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint16_t)(s | 0x7e00u | ((a >> 13) & 0x3ffu));  /* quiet NaN, sign kept */
-    if (a >= 0x477ff000u) return (uint16_t)(s | 0x7c00u);    /* ≥ 65520 (the tie above 65504) and inf → inf */
-    if (a < 0x38800000u) {                                   /* below 2^-14: an fp16 subnormal or zero */
+    if (a > 0x7f800000u)
+        return (uint16_t)(s | 0x7e00u | ((a >> 13) & 0x3ffu)); /* quiet NaN, sign kept */
+    if (a >= 0x477ff000u)
+        return (uint16_t)(s | 0x7c00u); /* ≥ 65520 (the tie above 65504) and inf → inf */
+    if (a < 0x38800000u) {              /* below 2^-14: an fp16 subnormal or zero */
         uint32_t e = a >> 23, man = (a & 0x7fffffu) | 0x800000u, sh, r, rem, half;
-        if (e < 102) return (uint16_t)s;                     /* below 2^-25 (half the smallest subnormal) */
-        sh = 126 - e;                                        /* |x| / 2^-24 = man · 2^(e-126), sh in 14..24 */
-        r = man >> sh; rem = man & ((1u << sh) - 1); half = 1u << (sh - 1);
-        if (rem > half || (rem == half && (r & 1u))) r++;    /* may carry into the smallest normal 0x0400 */
+        if (e < 102) return (uint16_t)s; /* below 2^-25 (half the smallest subnormal) */
+        sh = 126 - e;                    /* |x| / 2^-24 = man · 2^(e-126), sh in 14..24 */
+        r = man >> sh;
+        rem = man & ((1u << sh) - 1);
+        half = 1u << (sh - 1);
+        if (rem > half || (rem == half && (r & 1u)))
+            r++; /* may carry into the smallest normal 0x0400 */
         return (uint16_t)(s | r);
     }
-    a += 0x0fffu + ((a >> 13) & 1u);                         /* RNE on the 13 dropped bits */
-    return (uint16_t)(s | ((a - 0x38000000u) >> 13));        /* re-bias 127 → 15; a carry may reach inf */
+    a += 0x0fffu + ((a >> 13) & 1u);                  /* RNE on the 13 dropped bits */
+    return (uint16_t)(s | ((a - 0x38000000u) >> 13)); /* re-bias 127 → 15; a carry may reach inf */
 }
+
 US_API uint16_t us_f32_to_f16(float f) { return us__f32_to_f16(f); }
-US_API float    us_f16_to_f32(uint16_t h) { return us__f16_to_f32(h); }
+
+US_API float us_f16_to_f32(uint16_t h) { return us__f16_to_f32(h); }
+
 /* one element of a 16-bit tensor (bf16 or fp16) */
-static inline float us__h16_to_f32(uint16_t h, us_dtype dt) { return dt == US_F16 ? us__f16_to_f32(h) : us__bf16_to_f32(h); }
-static inline uint16_t us__f32_to_h16(float f, us_dtype dt) { return dt == US_F16 ? us__f32_to_f16(f) : us__f32_to_bf16(f); }
+static inline float us__h16_to_f32(uint16_t h, us_dtype dt) {
+    return dt == US_F16 ? us__f16_to_f32(h) : us__bf16_to_f32(h);
+}
+
+static inline uint16_t us__f32_to_h16(float f, us_dtype dt) {
+    return dt == US_F16 ? us__f32_to_f16(f) : us__f32_to_bf16(f);
+}
 
 /* FP8 with `mb` mantissa bits, exponent bias `bias`, largest finite value `maxv`. The value is
    rounded to the format's grid in double (exact: scaling by powers of two), ties to even. */
-static uint8_t us__f32_to_fp8(float f, int mb, int bias, double maxv, int has_inf, uint8_t nan_code) {
+static uint8_t us__f32_to_fp8(float f, int mb, int bias, double maxv, int has_inf,
+                              uint8_t nan_code) {
     uint8_t sign = (us__f32_bits(f) >> 31) ? 0x80 : 0;
     double a = fabs((double)f), q, x, fl, r;
     int e, emin = 1 - bias;
     if (f != f) return (uint8_t)(sign | nan_code);
-    if (isinf(f)) { if (has_inf) return (uint8_t)(sign | (has_inf & 0x7f)); a = maxv; }
+    if (isinf(f)) {
+        if (has_inf) return (uint8_t)(sign | (has_inf & 0x7f));
+        a = maxv;
+    }
     if (a == 0) return sign;
-    (void)frexp(a, &e); e -= 1;                 /* a = 1.m · 2^e */
-    if (e < emin) e = emin;                     /* subnormals share the smallest exponent's grid */
-    q = ldexp(1.0, e - mb);                     /* spacing of representable values near a */
-    x = a / q; fl = floor(x);
+    (void)frexp(a, &e);
+    e -= 1;                 /* a = 1.m · 2^e */
+    if (e < emin) e = emin; /* subnormals share the smallest exponent's grid */
+    q = ldexp(1.0, e - mb); /* spacing of representable values near a */
+    x = a / q;
+    fl = floor(x);
     if (x - fl > 0.5 || (x - fl == 0.5 && fmod(fl, 2.0) != 0.0)) fl += 1.0;
     r = fl * q;
-    if (r > maxv) r = maxv;                     /* saturate (and ±inf in E4M3) */
-    if (r == 0) return sign;                    /* underflow to (signed) zero */
-    (void)frexp(r, &e); e -= 1;
-    if (e < emin) return (uint8_t)(sign | (uint8_t)(r / ldexp(1.0, emin - mb)));  /* subnormal */
-    return (uint8_t)(sign | (uint8_t)((e + bias) << mb) | (uint8_t)(r / ldexp(1.0, e - mb) - ldexp(1.0, mb)));
+    if (r > maxv) r = maxv;  /* saturate (and ±inf in E4M3) */
+    if (r == 0) return sign; /* underflow to (signed) zero */
+    (void)frexp(r, &e);
+    e -= 1;
+    if (e < emin) return (uint8_t)(sign | (uint8_t)(r / ldexp(1.0, emin - mb))); /* subnormal */
+    return (uint8_t)(sign | (uint8_t)((e + bias) << mb) |
+                     (uint8_t)(r / ldexp(1.0, e - mb) - ldexp(1.0, mb)));
 }
+
 static float us__fp8_to_f32(uint8_t b, int mb, int bias, int has_inf) {
     int sgn = b >> 7, ex = (b >> mb) & ((1 << (7 - mb)) - 1), man = b & ((1 << mb) - 1);
     int emax = (1 << (7 - mb)) - 1;
     double v;
-    if (has_inf && ex == emax) v = man ? NAN : INFINITY;      /* E5M2: IEEE-style specials */
-    else if (!has_inf && ex == emax && man == (1 << mb) - 1) v = NAN;   /* E4M3: only S.1111.111 */
-    else if (ex == 0) v = ldexp((double)man, 1 - bias - mb);
-    else v = ldexp(1.0 + ldexp((double)man, -mb), ex - bias);
+    if (has_inf && ex == emax)
+        v = man ? NAN : INFINITY; /* E5M2: IEEE-style specials */
+    else if (!has_inf && ex == emax && man == (1 << mb) - 1)
+        v = NAN; /* E4M3: only S.1111.111 */
+    else if (ex == 0)
+        v = ldexp((double)man, 1 - bias - mb);
+    else
+        v = ldexp(1.0 + ldexp((double)man, -mb), ex - bias);
     return (float)(sgn ? -v : v);
 }
+
 US_API uint8_t us_f32_to_e4m3(float f) { return us__f32_to_fp8(f, 3, 7, 448.0, 0, 0x7f); }
+
 /* The same rounding as us_f32_to_e4m3 by bit arithmetic, for the quantiser's hot loop (the
    reference above reads as the definition; tests/test_fp8.c checks that the two agree). Normal
    range: round the fp32 mantissa to 3 bits, nearest-even, letting the carry enter the exponent;
@@ -1324,43 +1524,67 @@ US_API uint8_t us_f32_to_e4m3(float f) { return us__f32_to_fp8(f, 3, 7, 448.0, 0
 static uint8_t us__e4m3_fast(float f) {
     uint32_t b = us__f32_bits(f), sign = (b >> 24) & 0x80u, a = b & 0x7fffffffu, code;
     float x;
-    if (a > 0x7f800000u) return (uint8_t)(sign | 0x7fu);           /* NaN */
-    if (a >= 0x43e80000u) return (uint8_t)(sign | 0x7eu);          /* ≥ 464 and inf: saturate to 448 */
-    if (a >= 0x3c800000u) {                                        /* ≥ 2^-6: normal */
+    if (a > 0x7f800000u) return (uint8_t)(sign | 0x7fu);  /* NaN */
+    if (a >= 0x43e80000u) return (uint8_t)(sign | 0x7eu); /* ≥ 464 and inf: saturate to 448 */
+    if (a >= 0x3c800000u) {                               /* ≥ 2^-6: normal */
         a += 0x7ffffu + ((a >> 20) & 1u);
-        code = (a >> 20) - (120u << 3);                            /* fp32 exponent bias 127 → E4M3's 7 */
+        code = (a >> 20) - (120u << 3); /* fp32 exponent bias 127 → E4M3's 7 */
         return (uint8_t)(sign | (code > 0x7eu ? 0x7eu : code));
     }
-    x = us__bits_f32(a) * 512.0f;                                  /* exact; < 8 */
-    x = (x + 8388608.0f) - 8388608.0f;                             /* round to an integer, nearest-even */
+    x = us__bits_f32(a) * 512.0f;      /* exact; < 8 */
+    x = (x + 8388608.0f) - 8388608.0f; /* round to an integer, nearest-even */
     return (uint8_t)(sign | (uint32_t)x);
 }
-US_API float   us_e4m3_to_f32(uint8_t b) { return us__fp8_to_f32(b, 3, 7, 0); }
+
+US_API float us_e4m3_to_f32(uint8_t b) { return us__fp8_to_f32(b, 3, 7, 0); }
+
 /* E5M2: has_inf carries the inf code 0x7c */
 US_API uint8_t us_f32_to_e5m2(float f) { return us__f32_to_fp8(f, 2, 15, 57344.0, 0x7c, 0x7e); }
-US_API float   us_e5m2_to_f32(uint8_t b) { return us__fp8_to_f32(b, 2, 15, 1); }
+
+US_API float us_e5m2_to_f32(uint8_t b) { return us__fp8_to_f32(b, 2, 15, 1); }
 
 /* Rows in and out of fp32: CPU kernels compute in fp32 and round once on store. */
 static void us__load_f32(float *dst, const void *src, us_dtype dt, int64_t n) {
     int64_t i;
-    if (dt == US_F32) { memcpy(dst, src, (size_t)n * 4); return; }
-    if (dt == US_F16) { for (i = 0; i < n; i++) dst[i] = us__f16_to_f32(((const uint16_t *)src)[i]); return; }
+    if (dt == US_F32) {
+        memcpy(dst, src, (size_t)n * 4);
+        return;
+    }
+    if (dt == US_F16) {
+        for (i = 0; i < n; i++) dst[i] = us__f16_to_f32(((const uint16_t *)src)[i]);
+        return;
+    }
     for (i = 0; i < n; i++) dst[i] = us__bf16_to_f32(((const uint16_t *)src)[i]);
 }
+
 static void us__store_f32(void *dst, us_dtype dt, const float *src, int64_t n) {
     int64_t i;
-    if (dt == US_F32) { memcpy(dst, src, (size_t)n * 4); return; }
-    if (dt == US_F16) { for (i = 0; i < n; i++) ((uint16_t *)dst)[i] = us__f32_to_f16(src[i]); return; }
+    if (dt == US_F32) {
+        memcpy(dst, src, (size_t)n * 4);
+        return;
+    }
+    if (dt == US_F16) {
+        for (i = 0; i < n; i++) ((uint16_t *)dst)[i] = us__f32_to_f16(src[i]);
+        return;
+    }
     for (i = 0; i < n; i++) ((uint16_t *)dst)[i] = us__f32_to_bf16(src[i]);
 }
+
 static float us__get(const void *p, us_dtype dt, int64_t i) {
     return dt == US_F32 ? ((const float *)p)[i] : us__h16_to_f32(((const uint16_t *)p)[i], dt);
 }
+
 static void us__set(void *p, us_dtype dt, int64_t i, float v) {
-    if (dt == US_F32) ((float *)p)[i] = v; else ((uint16_t *)p)[i] = us__f32_to_h16(v, dt);
+    if (dt == US_F32)
+        ((float *)p)[i] = v;
+    else
+        ((uint16_t *)p)[i] = us__f32_to_h16(v, dt);
 }
+
 /* element i of a tensor of dtype dt, as a byte pointer */
-static void *us__at(const void *p, us_dtype dt, int64_t i) { return (char *)p + (size_t)i * us_dtype_size(dt); }
+static void *us__at(const void *p, us_dtype dt, int64_t i) {
+    return (char *)p + (size_t)i * us_dtype_size(dt);
+}
 
 /* ------------------------------------------------------------------------------------ */
 // >>config  zero means default; validation explains in one sentence
@@ -1375,11 +1599,14 @@ US_API void us_model_config_defaults(us_model_config *c) {
     if (c->rope_theta == 0) c->rope_theta = 10000.0f;
     if (c->norm_eps == 0) c->norm_eps = 1e-5f;
     if (c->init_std == 0) c->init_std = 0.02f;
-    if (c->moe_experts > 0) {   /* a dense model leaves the moe_ fields at 0 (validation checks) */
+    if (c->moe_experts > 0) { /* a dense model leaves the moe_ fields at 0 (validation checks) */
         if (!c->moe_top_k) c->moe_top_k = c->moe_experts < 2 ? 1 : 2;
         if (!c->moe_every) c->moe_every = 1;
         if (!c->moe_ffn_dim && c->moe_top_k > 0 && c->moe_shared >= 0)
-            c->moe_ffn_dim = ((c->ffn_dim + c->moe_top_k + c->moe_shared - 1) / (c->moe_top_k + c->moe_shared) + 7) / 8 * 8;
+            c->moe_ffn_dim =
+                ((c->ffn_dim + c->moe_top_k + c->moe_shared - 1) / (c->moe_top_k + c->moe_shared) +
+                 7) /
+                8 * 8;
         if (c->moe_gate == US_MOE_GATE_DEFAULT) c->moe_gate = US_MOE_SOFTMAX;
         if (c->moe_balance == US_MOE_BALANCE_DEFAULT) c->moe_balance = US_MOE_BALANCE_BIAS;
         if (c->moe_bias_rate == 0) c->moe_bias_rate = 1e-3f;
@@ -1388,6 +1615,7 @@ US_API void us_model_config_defaults(us_model_config *c) {
         if (!c->moe_top_groups) c->moe_top_groups = c->moe_groups;
     }
 }
+
 US_API void us_train_config_defaults(us_train_config *c) {
     if (!c->batch) c->batch = 8;
     if (!c->seq) c->seq = 64;
@@ -1410,151 +1638,261 @@ US_API void us_train_config_defaults(us_train_config *c) {
     if (!c->pp) c->pp = 1;
     if (!c->ep) c->ep = 1;
     if (!c->pp_schedule) c->pp_schedule = 2; /* US_PP_1F1B (declared below) */
-    if (!c->pp_chunks) c->pp_chunks = c->pp_schedule >= 3 && c->pp_schedule != 5 ? 2 : 1;   /* interleaved(-bf), ZB-V, DualPipe-V: 2 */
+    if (!c->pp_chunks)
+        c->pp_chunks = c->pp_schedule >= 3 && c->pp_schedule != 5
+                           ? 2
+                           : 1; /* interleaved(-bf), ZB-V, DualPipe-V: 2 */
     if (c->cp_mode == US_CP_DEFAULT) c->cp_mode = US_CP_ZIGZAG;
     if (c->bucket_mb == 0) c->bucket_mb = 25.0f;
     if (c->loss_scale_window == 0) c->loss_scale_window = 2000;
 }
+
 US_API const char *us_precision_name(us_precision p) {
-    return p == US_PRECISION_BF16 ? "bf16" : p == US_PRECISION_FP16 ? "fp16" : p == US_PRECISION_FP8 ? "fp8" : p == US_PRECISION_FP8_TENSOR ? "fp8-tensor" : "fp32";
+    return p == US_PRECISION_BF16         ? "bf16"
+           : p == US_PRECISION_FP16       ? "fp16"
+           : p == US_PRECISION_FP8        ? "fp8"
+           : p == US_PRECISION_FP8_TENSOR ? "fp8-tensor"
+                                          : "fp32";
 }
+
 US_API const char *us_cp_mode_name(us_cp_mode m) {
     return m == US_CP_RING ? "ring" : m == US_CP_ALLGATHER ? "allgather" : "zigzag";
 }
+
 US_API const char *us_recompute_name(us_recompute r) {
     return r == US_RECOMPUTE_SELECTIVE ? "selective" : r == US_RECOMPUTE_FULL ? "full" : "none";
 }
 
-US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, char *err, size_t errlen) {
+US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, char *err,
+                                    size_t errlen) {
     us_model_config_defaults(mc);
     us_train_config_defaults(tc);
-#define US__BAD(...) do { us__errf(err, errlen, __VA_ARGS__); return US_ERR_INVALID; } while (0)
+#define US__BAD(...)                        \
+    do {                                    \
+        us__errf(err, errlen, __VA_ARGS__); \
+        return US_ERR_INVALID;              \
+    } while (0)
     if (mc->vocab < 2) US__BAD("vocab=%lld must be at least 2", (long long)mc->vocab);
     if (mc->vocab > (1 << 30)) US__BAD("vocab=%lld is larger than 2^30", (long long)mc->vocab);
     if (mc->dim < 2) US__BAD("dim=%lld must be at least 2", (long long)mc->dim);
     if (mc->n_layers < 1) US__BAD("layers=%d must be at least 1", mc->n_layers);
     if (mc->n_heads < 1) US__BAD("heads=%d must be at least 1", mc->n_heads);
     if (mc->n_kv_heads < 1) US__BAD("kv-heads=%d must be at least 1", mc->n_kv_heads);
-    if (mc->dim % mc->n_heads) US__BAD("dim=%lld not divisible by heads=%d", (long long)mc->dim, mc->n_heads);
-    if ((mc->dim / mc->n_heads) % 2) US__BAD("head size dim/heads=%lld must be even for RoPE", (long long)(mc->dim / mc->n_heads));
-    if (mc->n_heads % mc->n_kv_heads) US__BAD("heads=%d not divisible by kv-heads=%d", mc->n_heads, mc->n_kv_heads);
+    if (mc->dim % mc->n_heads)
+        US__BAD("dim=%lld not divisible by heads=%d", (long long)mc->dim, mc->n_heads);
+    if ((mc->dim / mc->n_heads) % 2)
+        US__BAD("head size dim/heads=%lld must be even for RoPE",
+                (long long)(mc->dim / mc->n_heads));
+    if (mc->n_heads % mc->n_kv_heads)
+        US__BAD("heads=%d not divisible by kv-heads=%d", mc->n_heads, mc->n_kv_heads);
     if (mc->ffn_dim < 1) US__BAD("ffn=%lld must be at least 1", (long long)mc->ffn_dim);
-    if (mc->tie_embeddings != 0 && mc->tie_embeddings != 1) US__BAD("tie_embeddings=%d must be 0 or 1", mc->tie_embeddings);
+    if (mc->tie_embeddings != 0 && mc->tie_embeddings != 1)
+        US__BAD("tie_embeddings=%d must be 0 or 1", mc->tie_embeddings);
     if (!(mc->rope_theta > 0)) US__BAD("rope theta=%g must be positive", mc->rope_theta);
     if (!(mc->norm_eps > 0)) US__BAD("norm eps=%g must be positive", mc->norm_eps);
     if (!(mc->init_std > 0)) US__BAD("init std=%g must be positive", mc->init_std);
-    if (mc->moe_experts < 0 || mc->moe_experts > 1024) US__BAD("experts=%d must be in 0..1024", mc->moe_experts);
-    if (!mc->moe_experts && (mc->moe_top_k || mc->moe_first_dense || mc->moe_every || mc->moe_ffn_dim || mc->moe_shared || mc->moe_gate ||
-                             mc->moe_balance || mc->moe_bias_rate != 0 || mc->moe_aux_coef != 0 || mc->moe_capacity != 0 || mc->moe_groups || mc->moe_top_groups))
-        US__BAD("the MoE settings (top-k, shared expert, gating, balancing, capacity, groups, ...) need experts > 0");
+    if (mc->moe_experts < 0 || mc->moe_experts > 1024)
+        US__BAD("experts=%d must be in 0..1024", mc->moe_experts);
+    if (!mc->moe_experts &&
+        (mc->moe_top_k || mc->moe_first_dense || mc->moe_every || mc->moe_ffn_dim ||
+         mc->moe_shared || mc->moe_gate || mc->moe_balance || mc->moe_bias_rate != 0 ||
+         mc->moe_aux_coef != 0 || mc->moe_capacity != 0 || mc->moe_groups || mc->moe_top_groups))
+        US__BAD("the MoE settings (top-k, shared expert, gating, balancing, capacity, groups, ...) "
+                "need experts > 0");
     if (mc->moe_experts) {
         int E = mc->moe_experts, G = mc->moe_groups;
-        if (mc->moe_top_k < 1 || mc->moe_top_k > E) US__BAD("moe top-k=%d must be in 1..experts=%d", mc->moe_top_k, E);
+        if (mc->moe_top_k < 1 || mc->moe_top_k > E)
+            US__BAD("moe top-k=%d must be in 1..experts=%d", mc->moe_top_k, E);
         if (mc->moe_first_dense < 0 || mc->moe_first_dense >= mc->n_layers)
-            US__BAD("moe first-dense=%d must leave a MoE layer among layers=%d", mc->moe_first_dense, mc->n_layers);
+            US__BAD("moe first-dense=%d must leave a MoE layer among layers=%d",
+                    mc->moe_first_dense, mc->n_layers);
         if (mc->moe_every < 1) US__BAD("moe every=%d must be at least 1", mc->moe_every);
-        if (mc->moe_ffn_dim < 1) US__BAD("moe ffn=%lld must be at least 1", (long long)mc->moe_ffn_dim);
-        if (mc->moe_shared != 0 && mc->moe_shared != 1) US__BAD("moe shared=%d must be 0 or 1", mc->moe_shared);
-        if (mc->moe_gate != US_MOE_SOFTMAX && mc->moe_gate != US_MOE_SIGMOID) US__BAD("unknown moe gate %d", (int)mc->moe_gate);
-        if (mc->moe_balance < US_MOE_BALANCE_BIAS || mc->moe_balance > US_MOE_BALANCE_NONE) US__BAD("unknown moe balance mode %d", (int)mc->moe_balance);
-        if (!(mc->moe_bias_rate >= 0) || !isfinite(mc->moe_bias_rate)) US__BAD("moe bias rate=%g must be a number >= 0", mc->moe_bias_rate);
-        if (!(mc->moe_aux_coef >= 0) || !isfinite(mc->moe_aux_coef)) US__BAD("moe aux coefficient=%g must be a number >= 0", mc->moe_aux_coef);
-        if (!(mc->moe_capacity >= 0) || !isfinite(mc->moe_capacity)) US__BAD("capacity factor=%g must be a number >= 0 (0 = no dropping)", mc->moe_capacity);
-        if (G < 1 || G > 64 || E % G) US__BAD("moe groups=%d must divide experts=%d and be in 1..64", G, E);
-        if (mc->moe_top_groups < 1 || mc->moe_top_groups > G) US__BAD("moe top-groups=%d must be in 1..groups=%d", mc->moe_top_groups, G);
+        if (mc->moe_ffn_dim < 1)
+            US__BAD("moe ffn=%lld must be at least 1", (long long)mc->moe_ffn_dim);
+        if (mc->moe_shared != 0 && mc->moe_shared != 1)
+            US__BAD("moe shared=%d must be 0 or 1", mc->moe_shared);
+        if (mc->moe_gate != US_MOE_SOFTMAX && mc->moe_gate != US_MOE_SIGMOID)
+            US__BAD("unknown moe gate %d", (int)mc->moe_gate);
+        if (mc->moe_balance < US_MOE_BALANCE_BIAS || mc->moe_balance > US_MOE_BALANCE_NONE)
+            US__BAD("unknown moe balance mode %d", (int)mc->moe_balance);
+        if (!(mc->moe_bias_rate >= 0) || !isfinite(mc->moe_bias_rate))
+            US__BAD("moe bias rate=%g must be a number >= 0", mc->moe_bias_rate);
+        if (!(mc->moe_aux_coef >= 0) || !isfinite(mc->moe_aux_coef))
+            US__BAD("moe aux coefficient=%g must be a number >= 0", mc->moe_aux_coef);
+        if (!(mc->moe_capacity >= 0) || !isfinite(mc->moe_capacity))
+            US__BAD("capacity factor=%g must be a number >= 0 (0 = no dropping)", mc->moe_capacity);
+        if (G < 1 || G > 64 || E % G)
+            US__BAD("moe groups=%d must divide experts=%d and be in 1..64", G, E);
+        if (mc->moe_top_groups < 1 || mc->moe_top_groups > G)
+            US__BAD("moe top-groups=%d must be in 1..groups=%d", mc->moe_top_groups, G);
         if (mc->moe_top_k > mc->moe_top_groups * (E / G))
-            US__BAD("top-k=%d experts do not fit in top-groups=%d groups of %d experts", mc->moe_top_k, mc->moe_top_groups, E / G);
+            US__BAD("top-k=%d experts do not fit in top-groups=%d groups of %d experts",
+                    mc->moe_top_k, mc->moe_top_groups, E / G);
         if (tc->cp > 1 || tc->pp > 1)
-            US__BAD("the MoE layer does not combine with cp or pp yet (cp=%d, pp=%d): use dp, ep and tp", tc->cp, tc->pp);
-        if (tc->sp) US__BAD("sequence parallelism with MoE layers is not supported yet (the MoE layer runs on every tp rank's whole sequence): drop sp");
+            US__BAD("the MoE layer does not combine with cp or pp yet (cp=%d, pp=%d): use dp, ep "
+                    "and tp",
+                    tc->cp, tc->pp);
+        if (tc->sp)
+            US__BAD("sequence parallelism with MoE layers is not supported yet (the MoE layer runs "
+                    "on every tp rank's whole sequence): drop sp");
         if (tc->ep > 1 && tc->zero)
-            US__BAD("ZeRO with expert parallelism is not supported (expert gradients are reduced over the expert-data-parallel group, not dp): use zero 0");
+            US__BAD("ZeRO with expert parallelism is not supported (expert gradients are reduced "
+                    "over the expert-data-parallel group, not dp): use zero 0");
         if (tc->zero == 2)
-            US__BAD("ZeRO-2 with MoE layers is not supported (a layer's expert gradients are all written before any is reduced, more than its two gradient slots hold): use zero 1 or 3");
+            US__BAD("ZeRO-2 with MoE layers is not supported (a layer's expert gradients are all "
+                    "written before any is reduced, more than its two gradient slots hold): use "
+                    "zero 1 or 3");
     }
     if (tc->ep < 1) US__BAD("ep=%d must be at least 1", tc->ep);
-    if (tc->ep > 1 && !mc->moe_experts) US__BAD("expert parallelism (ep=%d) needs a MoE model: set experts > 0", tc->ep);
+    if (tc->ep > 1 && !mc->moe_experts)
+        US__BAD("expert parallelism (ep=%d) needs a MoE model: set experts > 0", tc->ep);
     if (tc->ep > 1 && (tc->dp * tc->cp) % tc->ep)
-        US__BAD("ep=%d must divide dp x cp = %d (the expert-parallel group folds over the data-parallel ranks)", tc->ep, tc->dp * tc->cp);
-    if (tc->ep > 1 && mc->moe_experts % tc->ep) US__BAD("ep=%d must divide experts=%d (each rank holds experts/ep of them)", tc->ep, mc->moe_experts);
+        US__BAD("ep=%d must divide dp x cp = %d (the expert-parallel group folds over the "
+                "data-parallel ranks)",
+                tc->ep, tc->dp * tc->cp);
+    if (tc->ep > 1 && mc->moe_experts % tc->ep)
+        US__BAD("ep=%d must divide experts=%d (each rank holds experts/ep of them)", tc->ep,
+                mc->moe_experts);
     if (tc->batch < 1) US__BAD("batch=%d must be at least 1", tc->batch);
     if (tc->seq < 1) US__BAD("seq=%d must be at least 1", tc->seq);
     if (tc->grad_accum < 1) US__BAD("grad-accum=%d must be at least 1", tc->grad_accum);
     if (tc->steps < 1) US__BAD("steps=%d must be at least 1", tc->steps);
     if (!(tc->lr > 0) || !isfinite(tc->lr)) US__BAD("lr=%g must be a positive number", tc->lr);
     if (tc->warmup < 0) US__BAD("warmup=%d must not be negative", tc->warmup);
-    if (!(tc->min_lr_frac >= 0 && tc->min_lr_frac <= 1)) US__BAD("min lr fraction=%g must be in [0, 1]", tc->min_lr_frac);
-    if (tc->schedule != US_LR_COSINE && tc->schedule != US_LR_CONSTANT) US__BAD("unknown lr schedule %d", (int)tc->schedule);
+    if (!(tc->min_lr_frac >= 0 && tc->min_lr_frac <= 1))
+        US__BAD("min lr fraction=%g must be in [0, 1]", tc->min_lr_frac);
+    if (tc->schedule != US_LR_COSINE && tc->schedule != US_LR_CONSTANT)
+        US__BAD("unknown lr schedule %d", (int)tc->schedule);
     if (!(tc->beta1 >= 0 && tc->beta1 < 1)) US__BAD("beta1=%g must be in [0, 1)", tc->beta1);
     if (!(tc->beta2 >= 0 && tc->beta2 < 1)) US__BAD("beta2=%g must be in [0, 1)", tc->beta2);
     if (!(tc->adam_eps > 0)) US__BAD("adam eps=%g must be positive", tc->adam_eps);
     if (isnan(tc->weight_decay)) US__BAD("weight decay must be a number");
     if (isnan(tc->grad_clip)) US__BAD("grad clip must be a number");
-    if (tc->precision != US_PRECISION_FP32 && tc->precision != US_PRECISION_BF16 && tc->precision != US_PRECISION_FP16 &&
-        tc->precision != US_PRECISION_FP8 && tc->precision != US_PRECISION_FP8_TENSOR) US__BAD("unknown precision %d", (int)tc->precision);
-    if (!(tc->loss_scale >= 0) || !isfinite(tc->loss_scale)) US__BAD("loss scale=%g must be a finite number >= 0 (0 = dynamic under fp16)", tc->loss_scale);
-    if (tc->loss_scale_window < 1) US__BAD("loss scale window=%d must be at least 1", tc->loss_scale_window);
-    if (tc->fp8_pow2 && tc->precision != US_PRECISION_FP8 && tc->precision != US_PRECISION_FP8_TENSOR)
-        US__BAD("fp8_pow2 applies to the fp8 and fp8-tensor precisions only, not %s", us_precision_name(tc->precision));
-    if (tc->fp8_no_wcache && tc->precision != US_PRECISION_FP8 && tc->precision != US_PRECISION_FP8_TENSOR)
-        US__BAD("fp8_no_wcache applies to the fp8 and fp8-tensor precisions only, not %s", us_precision_name(tc->precision));
-    if (tc->fp8_min_dim < 0) US__BAD("fp8_min_dim=%d must be >= 0 (0 = the default, %d)", tc->fp8_min_dim, US_FP8_MIN_DIM);
-    if (tc->fp8_min_dim && tc->precision != US_PRECISION_FP8 && tc->precision != US_PRECISION_FP8_TENSOR)
-        US__BAD("fp8_min_dim applies to the fp8 and fp8-tensor precisions only, not %s", us_precision_name(tc->precision));
-    if (tc->recompute < US_RECOMPUTE_NONE || tc->recompute > US_RECOMPUTE_FULL) US__BAD("unknown recompute mode %d", (int)tc->recompute);
+    if (tc->precision != US_PRECISION_FP32 && tc->precision != US_PRECISION_BF16 &&
+        tc->precision != US_PRECISION_FP16 && tc->precision != US_PRECISION_FP8 &&
+        tc->precision != US_PRECISION_FP8_TENSOR)
+        US__BAD("unknown precision %d", (int)tc->precision);
+    if (!(tc->loss_scale >= 0) || !isfinite(tc->loss_scale))
+        US__BAD("loss scale=%g must be a finite number >= 0 (0 = dynamic under fp16)",
+                tc->loss_scale);
+    if (tc->loss_scale_window < 1)
+        US__BAD("loss scale window=%d must be at least 1", tc->loss_scale_window);
+    if (tc->fp8_pow2 && tc->precision != US_PRECISION_FP8 &&
+        tc->precision != US_PRECISION_FP8_TENSOR)
+        US__BAD("fp8_pow2 applies to the fp8 and fp8-tensor precisions only, not %s",
+                us_precision_name(tc->precision));
+    if (tc->fp8_no_wcache && tc->precision != US_PRECISION_FP8 &&
+        tc->precision != US_PRECISION_FP8_TENSOR)
+        US__BAD("fp8_no_wcache applies to the fp8 and fp8-tensor precisions only, not %s",
+                us_precision_name(tc->precision));
+    if (tc->fp8_min_dim < 0)
+        US__BAD("fp8_min_dim=%d must be >= 0 (0 = the default, %d)", tc->fp8_min_dim,
+                US_FP8_MIN_DIM);
+    if (tc->fp8_min_dim && tc->precision != US_PRECISION_FP8 &&
+        tc->precision != US_PRECISION_FP8_TENSOR)
+        US__BAD("fp8_min_dim applies to the fp8 and fp8-tensor precisions only, not %s",
+                us_precision_name(tc->precision));
+    if (tc->recompute < US_RECOMPUTE_NONE || tc->recompute > US_RECOMPUTE_FULL)
+        US__BAD("unknown recompute mode %d", (int)tc->recompute);
     if (tc->threads < 0) US__BAD("threads=%d must not be negative", tc->threads);
     if (tc->dp < 1) US__BAD("dp=%d must be at least 1", tc->dp);
     if (tc->zero < 0 || tc->zero > 3) US__BAD("zero=%d must be 0, 1, 2 or 3", tc->zero);
-    if (!(tc->bucket_mb > 0) || !isfinite(tc->bucket_mb)) US__BAD("bucket size %g MB must be a positive number", tc->bucket_mb);
-    if (tc->dense_emb_grad != 0 && tc->dense_emb_grad != 1) US__BAD("dense_emb_grad=%d must be 0 or 1", tc->dense_emb_grad);
-    if (tc->tp_no_overlap != 0 && tc->tp_no_overlap != 1) US__BAD("tp_no_overlap=%d must be 0 or 1", tc->tp_no_overlap);
-    if (tc->overlap_sms < 0 || tc->overlap_sms > 4096) US__BAD("overlap_sms=%d must be a count of SMs (0: none)", tc->overlap_sms);
+    if (!(tc->bucket_mb > 0) || !isfinite(tc->bucket_mb))
+        US__BAD("bucket size %g MB must be a positive number", tc->bucket_mb);
+    if (tc->dense_emb_grad != 0 && tc->dense_emb_grad != 1)
+        US__BAD("dense_emb_grad=%d must be 0 or 1", tc->dense_emb_grad);
+    if (tc->tp_no_overlap != 0 && tc->tp_no_overlap != 1)
+        US__BAD("tp_no_overlap=%d must be 0 or 1", tc->tp_no_overlap);
+    if (tc->overlap_sms < 0 || tc->overlap_sms > 4096)
+        US__BAD("overlap_sms=%d must be a count of SMs (0: none)", tc->overlap_sms);
     if (tc->tp < 1) US__BAD("tp=%d must be at least 1", tc->tp);
     if (tc->cp < 1) US__BAD("cp=%d must be at least 1", tc->cp);
     if (tc->pp < 1) US__BAD("pp=%d must be at least 1", tc->pp);
-    if (tc->pp > mc->n_layers) US__BAD("pp=%d exceeds layers=%d: every pipeline stage needs a layer", tc->pp, mc->n_layers);
-    if (tc->pp > 1 && mc->tie_embeddings) US__BAD("tied embeddings live on the first and last pipeline stages: untie them for pp > 1");
-    if (tc->pp > 1 && tc->zero == 3) US__BAD("ZeRO-3 with pipeline parallelism is not supported (each stage would gather its weights every micro-batch); use zero 1 or 2");
+    if (tc->pp > mc->n_layers)
+        US__BAD("pp=%d exceeds layers=%d: every pipeline stage needs a layer", tc->pp,
+                mc->n_layers);
+    if (tc->pp > 1 && mc->tie_embeddings)
+        US__BAD(
+            "tied embeddings live on the first and last pipeline stages: untie them for pp > 1");
+    if (tc->pp > 1 && tc->zero == 3)
+        US__BAD("ZeRO-3 with pipeline parallelism is not supported (each stage would gather its "
+                "weights every micro-batch); use zero 1 or 2");
     /* pipeline × context parallelism: each stage's cp ranks run the ring within the stage (tests/test_cp.c) */
-    if (tc->pp_schedule < US_PP_AFAB || tc->pp_schedule > US_PP_DUALPIPEV) US__BAD("unknown pipeline schedule %d", tc->pp_schedule);
-    if (tc->pp_chunks < 1 || tc->pp_chunks > 16) US__BAD("pp_chunks=%d must be in 1..16", tc->pp_chunks);
-    if ((tc->pp_schedule == US_PP_INTERLEAVED || tc->pp_schedule == US_PP_INTERLEAVED_BF) && tc->pp_chunks < 2)
-        US__BAD("the interleaved schedules need at least 2 model chunks per rank (pp_chunks=%d)", tc->pp_chunks);
+    if (tc->pp_schedule < US_PP_AFAB || tc->pp_schedule > US_PP_DUALPIPEV)
+        US__BAD("unknown pipeline schedule %d", tc->pp_schedule);
+    if (tc->pp_chunks < 1 || tc->pp_chunks > 16)
+        US__BAD("pp_chunks=%d must be in 1..16", tc->pp_chunks);
+    if ((tc->pp_schedule == US_PP_INTERLEAVED || tc->pp_schedule == US_PP_INTERLEAVED_BF) &&
+        tc->pp_chunks < 2)
+        US__BAD("the interleaved schedules need at least 2 model chunks per rank (pp_chunks=%d)",
+                tc->pp_chunks);
     if ((tc->pp_schedule == US_PP_ZBV || tc->pp_schedule == US_PP_DUALPIPEV) && tc->pp_chunks != 2)
-        US__BAD("%s runs exactly 2 chunks per rank, in a V (pp_chunks=%d)", us_pp_kind_name((us_pp_kind)tc->pp_schedule), tc->pp_chunks);
+        US__BAD("%s runs exactly 2 chunks per rank, in a V (pp_chunks=%d)",
+                us_pp_kind_name((us_pp_kind)tc->pp_schedule), tc->pp_chunks);
     if (tc->pp_schedule <= US_PP_1F1B && tc->pp_chunks != 1)
-        US__BAD("pp_chunks=%d applies to the interleaved and V-shaped schedules only (%s runs one chunk per rank)", tc->pp_chunks, us_pp_kind_name((us_pp_kind)tc->pp_schedule));
-    if (tc->pp_schedule == US_PP_ZB1 && tc->pp_chunks != 1) US__BAD("zb1 runs one chunk per rank (pp_chunks=%d)", tc->pp_chunks);
+        US__BAD("pp_chunks=%d applies to the interleaved and V-shaped schedules only (%s runs one "
+                "chunk per rank)",
+                tc->pp_chunks, us_pp_kind_name((us_pp_kind)tc->pp_schedule));
+    if (tc->pp_schedule == US_PP_ZB1 && tc->pp_chunks != 1)
+        US__BAD("zb1 runs one chunk per rank (pp_chunks=%d)", tc->pp_chunks);
     if (tc->pp > 1 && tc->pp * tc->pp_chunks > mc->n_layers)
-        US__BAD("pp=%d x %d chunks = %d pipeline stages exceed layers=%d: every stage needs a layer", tc->pp, tc->pp_chunks, tc->pp * tc->pp_chunks, mc->n_layers);
+        US__BAD(
+            "pp=%d x %d chunks = %d pipeline stages exceed layers=%d: every stage needs a layer",
+            tc->pp, tc->pp_chunks, tc->pp * tc->pp_chunks, mc->n_layers);
     if (tc->pp_layers && tc->pp > 1) {
         int st, sum = 0, S = tc->pp * tc->pp_chunks;
         for (st = 0; st < S; st++) {
-            if (tc->pp_layers[st] < 1) US__BAD("pipeline stage %d is given %d layers: every stage needs at least one", st, tc->pp_layers[st]);
+            if (tc->pp_layers[st] < 1)
+                US__BAD("pipeline stage %d is given %d layers: every stage needs at least one", st,
+                        tc->pp_layers[st]);
             sum += tc->pp_layers[st];
         }
-        if (sum != mc->n_layers) US__BAD("the per-stage layer counts sum to %d but the model has %d layers", sum, mc->n_layers);
+        if (sum != mc->n_layers)
+            US__BAD("the per-stage layer counts sum to %d but the model has %d layers", sum,
+                    mc->n_layers);
     }
-    if (tc->pp > 1 && (tc->pp_schedule == US_PP_ZB1 || tc->pp_schedule == US_PP_ZBV || tc->pp_schedule == US_PP_DUALPIPEV) && tc->recompute != US_RECOMPUTE_NONE)
-        US__BAD("%s keeps every layer's activations from B until W: it does not combine with recompute (use --recompute none)", us_pp_kind_name((us_pp_kind)tc->pp_schedule));
-    if (tc->pp > 1 && tc->pp_schedule >= US_PP_INTERLEAVED && tc->zero >= 2)
-        US__BAD("ZeRO-2 reduces each micro-batch's gradients as its backward ends, and %s completes a weight's gradient across several actions: use zero 0 or 1",
+    if (tc->pp > 1 &&
+        (tc->pp_schedule == US_PP_ZB1 || tc->pp_schedule == US_PP_ZBV ||
+         tc->pp_schedule == US_PP_DUALPIPEV) &&
+        tc->recompute != US_RECOMPUTE_NONE)
+        US__BAD("%s keeps every layer's activations from B until W: it does not combine with "
+                "recompute (use --recompute none)",
                 us_pp_kind_name((us_pp_kind)tc->pp_schedule));
-    if (tc->cp_mode < US_CP_RING || tc->cp_mode > US_CP_ALLGATHER) US__BAD("unknown cp mode %d", (int)tc->cp_mode);
+    if (tc->pp > 1 && tc->pp_schedule >= US_PP_INTERLEAVED && tc->zero >= 2)
+        US__BAD("ZeRO-2 reduces each micro-batch's gradients as its backward ends, and %s "
+                "completes a weight's gradient across several actions: use zero 0 or 1",
+                us_pp_kind_name((us_pp_kind)tc->pp_schedule));
+    if (tc->cp_mode < US_CP_RING || tc->cp_mode > US_CP_ALLGATHER)
+        US__BAD("unknown cp mode %d", (int)tc->cp_mode);
     if (tc->cp > 1 && tc->seq % (tc->cp_mode == US_CP_RING ? tc->cp : 2 * tc->cp))
-        US__BAD("seq=%d must split into %d equal chunks for cp=%d (%s)", tc->seq, tc->cp_mode == US_CP_RING ? tc->cp : 2 * tc->cp, tc->cp,
+        US__BAD("seq=%d must split into %d equal chunks for cp=%d (%s)", tc->seq,
+                tc->cp_mode == US_CP_RING ? tc->cp : 2 * tc->cp, tc->cp,
                 tc->cp_mode == US_CP_RING ? "one per rank" : "two per rank, zig-zag");
     if (tc->sp != 0 && tc->sp != 1) US__BAD("sp=%d must be 0 or 1", tc->sp);
-    if (tc->sp && tc->tp < 2) US__BAD("sequence parallelism splits the tensor-parallel group's tokens: it needs tp > 1");
-    if (mc->n_heads % tc->tp) US__BAD("tp=%d must divide heads=%d (each rank computes whole heads)", tc->tp, mc->n_heads);
-    if (mc->n_kv_heads % tc->tp) US__BAD("tp=%d must divide kv-heads=%d: K/V heads are split over the tp ranks, not replicated", tc->tp, mc->n_kv_heads);
-    if (mc->ffn_dim % tc->tp) US__BAD("tp=%d must divide ffn=%lld (the SwiGLU columns are split)", tc->tp, (long long)mc->ffn_dim);
-    if (mc->vocab % tc->tp) US__BAD("tp=%d must divide vocab=%lld (the embedding and the head are split by vocabulary rows)", tc->tp, (long long)mc->vocab);
-    {   /* sizes are int64 everywhere: refuse configurations whose byte counts could wrap */
-        double C = (double)mc->dim, F = (double)mc->ffn_dim, V = (double)mc->vocab, N = (double)tc->batch * tc->seq;
-        double P = V * C * 2 + mc->n_layers * (2 * C + 2 * C * C * 2 + 3 * C * F) + C;   /* at most, with MHA */
-        double act = N * (mc->n_layers + 2.0) * (12 * C + 6 * F + 4.0 * mc->n_heads) * 4 + N * V * 4;
-        if (P * 18 + act > 4e18) US__BAD("the configuration needs more than 4 EB of memory (%.3g bytes)", P * 18 + act);
+    if (tc->sp && tc->tp < 2)
+        US__BAD("sequence parallelism splits the tensor-parallel group's tokens: it needs tp > 1");
+    if (mc->n_heads % tc->tp)
+        US__BAD("tp=%d must divide heads=%d (each rank computes whole heads)", tc->tp, mc->n_heads);
+    if (mc->n_kv_heads % tc->tp)
+        US__BAD(
+            "tp=%d must divide kv-heads=%d: K/V heads are split over the tp ranks, not replicated",
+            tc->tp, mc->n_kv_heads);
+    if (mc->ffn_dim % tc->tp)
+        US__BAD("tp=%d must divide ffn=%lld (the SwiGLU columns are split)", tc->tp,
+                (long long)mc->ffn_dim);
+    if (mc->vocab % tc->tp)
+        US__BAD("tp=%d must divide vocab=%lld (the embedding and the head are split by vocabulary "
+                "rows)",
+                tc->tp, (long long)mc->vocab);
+    { /* sizes are int64 everywhere: refuse configurations whose byte counts could wrap */
+        double C = (double)mc->dim, F = (double)mc->ffn_dim, V = (double)mc->vocab,
+               N = (double)tc->batch * tc->seq;
+        double P = V * C * 2 + mc->n_layers * (2 * C + 2 * C * C * 2 + 3 * C * F) +
+                   C; /* at most, with MHA */
+        double act =
+            N * (mc->n_layers + 2.0) * (12 * C + 6 * F + 4.0 * mc->n_heads) * 4 + N * V * 4;
+        if (P * 18 + act > 4e18)
+            US__BAD("the configuration needs more than 4 EB of memory (%.3g bytes)", P * 18 + act);
     }
 #undef US__BAD
     return US_OK;
@@ -1592,7 +1930,6 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
 #define US__GEMM_AVX2 0
 #endif
 
-
 /* Register block (micro-tile) and cache blocks, tuned for Zen3 (32K L1d,
    512K L2 per core): B sliver KC*NR*4 = 16 KB in L1, A block MC*KC*4 = 144 KB
    in L2, B panel KC*NC*4 ~ 4 MB in L3. KC must not depend on nthreads. */
@@ -1602,7 +1939,7 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
 #define US__GEMM_KC 256
 #endif
 #ifndef US__GEMM_MC
-#define US__GEMM_MC 144  /* multiple of MR */
+#define US__GEMM_MC 144 /* multiple of MR */
 #endif
 #ifndef US__GEMM_NC
 #define US__GEMM_NC 4080 /* multiple of NR */
@@ -1633,7 +1970,8 @@ typedef struct {
 } us__gemm_out;
 
 /* Scalar epilogue for edge tiles (and the portable build). */
-static void us__gemm_store_tile(const float *acc /* [MR][NR] */, const us__gemm_out *o, int mr, int nr) {
+static void us__gemm_store_tile(const float *acc /* [MR][NR] */, const us__gemm_out *o, int mr,
+                                int nr) {
     int i, j;
     for (i = 0; i < mr; i++) {
         const float *ai = acc + i * US__GEMM_NR;
@@ -1644,7 +1982,9 @@ static void us__gemm_store_tile(const float *acc /* [MR][NR] */, const us__gemm_
                 o->c[i * o->ldc + j] = v;
             } else {
                 uint16_t *d = o->cb + i * o->ldcb + j;
-                if (o->betab != 0.0f) v = us__gemm_fma(o->betab, o->cf16 ? us__f16_to_f32(*d) : us__bf16_to_f32(*d), v);
+                if (o->betab != 0.0f)
+                    v = us__gemm_fma(o->betab, o->cf16 ? us__f16_to_f32(*d) : us__bf16_to_f32(*d),
+                                     v);
                 *d = o->cf16 ? us__f32_to_f16(v) : us__f32_to_bf16(v);
             }
         }
@@ -1653,9 +1993,11 @@ static void us__gemm_store_tile(const float *acc /* [MR][NR] */, const us__gemm_
 
 #if US__GEMM_AVX2
 /* Vector epilogue for one 8-wide row segment; same arithmetic as the scalar one. */
-static inline void us__gemm_store8(__m256 acc, const us__gemm_out *o, int64_t off_c, int64_t off_cb) {
+static inline void us__gemm_store8(__m256 acc, const us__gemm_out *o, int64_t off_c,
+                                   int64_t off_cb) {
     __m256 v = _mm256_mul_ps(_mm256_set1_ps(o->alpha), acc);
-    if (o->beta != 0.0f) v = _mm256_fmadd_ps(_mm256_set1_ps(o->beta), _mm256_loadu_ps(o->c + off_c), v);
+    if (o->beta != 0.0f)
+        v = _mm256_fmadd_ps(_mm256_set1_ps(o->beta), _mm256_loadu_ps(o->c + off_c), v);
     if (!o->cb) {
         _mm256_storeu_ps(o->c + off_c, v);
     } else if (o->cf16) {
@@ -1675,15 +2017,19 @@ static inline void us__gemm_store8(__m256 acc, const us__gemm_out *o, int64_t of
         __m128i lo;
         if (o->betab != 0.0f) {
             __m256i old = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)d));
-            v = _mm256_fmadd_ps(_mm256_set1_ps(o->betab), _mm256_castsi256_ps(_mm256_slli_epi32(old, 16)), v);
+            v = _mm256_fmadd_ps(_mm256_set1_ps(o->betab),
+                                _mm256_castsi256_ps(_mm256_slli_epi32(old, 16)), v);
         }
         /* RNE to bf16, as us__f32_to_bf16: u + 0x7fff + lsb, NaN -> quiet NaN. */
         u = _mm256_castps_si256(v);
-        r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
-                                                 _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1))));
-        nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+        r = _mm256_add_epi32(
+            u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                                _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1))));
+        nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                 _mm256_set1_epi32(0x7f800000));
         h = _mm256_blendv_epi8(_mm256_srli_epi32(r, 16),
-                               _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x0040)), nan);
+                               _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x0040)),
+                               nan);
         /* 8 x u32 (each <= 0xffff) -> 8 x u16: pack within lanes, then gather qwords 0 and 2. */
         h = _mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0x08);
         lo = _mm256_castsi256_si128(h);
@@ -1696,7 +2042,8 @@ static inline void us__gemm_store8(__m256 acc, const us__gemm_out *o, int64_t of
    a: packed MR-row sliver, a[k*MR + i]; b: packed NR-col sliver, b[k*NR + j].
    Both are zero-padded, so the full 6x16 product is always computed and only
    the store is trimmed for edge tiles. */
-static void us__gemm_ukr(int64_t kc, const float *a, const float *b, const us__gemm_out *o, int mr, int nr) {
+static void us__gemm_ukr(int64_t kc, const float *a, const float *b, const us__gemm_out *o, int mr,
+                         int nr) {
 #if US__GEMM_AVX2
     __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
     __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
@@ -1718,33 +2065,55 @@ static void us__gemm_ukr(int64_t kc, const float *a, const float *b, const us__g
     }
     for (k = 0; k < kc; k++) {
         __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8), av;
-        av = _mm256_broadcast_ss(a + 0); c00 = _mm256_fmadd_ps(av, b0, c00); c01 = _mm256_fmadd_ps(av, b1, c01);
-        av = _mm256_broadcast_ss(a + 1); c10 = _mm256_fmadd_ps(av, b0, c10); c11 = _mm256_fmadd_ps(av, b1, c11);
-        av = _mm256_broadcast_ss(a + 2); c20 = _mm256_fmadd_ps(av, b0, c20); c21 = _mm256_fmadd_ps(av, b1, c21);
-        av = _mm256_broadcast_ss(a + 3); c30 = _mm256_fmadd_ps(av, b0, c30); c31 = _mm256_fmadd_ps(av, b1, c31);
-        av = _mm256_broadcast_ss(a + 4); c40 = _mm256_fmadd_ps(av, b0, c40); c41 = _mm256_fmadd_ps(av, b1, c41);
-        av = _mm256_broadcast_ss(a + 5); c50 = _mm256_fmadd_ps(av, b0, c50); c51 = _mm256_fmadd_ps(av, b1, c51);
+        av = _mm256_broadcast_ss(a + 0);
+        c00 = _mm256_fmadd_ps(av, b0, c00);
+        c01 = _mm256_fmadd_ps(av, b1, c01);
+        av = _mm256_broadcast_ss(a + 1);
+        c10 = _mm256_fmadd_ps(av, b0, c10);
+        c11 = _mm256_fmadd_ps(av, b1, c11);
+        av = _mm256_broadcast_ss(a + 2);
+        c20 = _mm256_fmadd_ps(av, b0, c20);
+        c21 = _mm256_fmadd_ps(av, b1, c21);
+        av = _mm256_broadcast_ss(a + 3);
+        c30 = _mm256_fmadd_ps(av, b0, c30);
+        c31 = _mm256_fmadd_ps(av, b1, c31);
+        av = _mm256_broadcast_ss(a + 4);
+        c40 = _mm256_fmadd_ps(av, b0, c40);
+        c41 = _mm256_fmadd_ps(av, b1, c41);
+        av = _mm256_broadcast_ss(a + 5);
+        c50 = _mm256_fmadd_ps(av, b0, c50);
+        c51 = _mm256_fmadd_ps(av, b1, c51);
         a += US__GEMM_MR;
         b += US__GEMM_NR;
     }
     if (mr == US__GEMM_MR && nr == US__GEMM_NR) {
         /* Full tile: vector epilogue straight into C (or the fp32 workspace). */
-#define US__GEMM_ST(row, lo, hi)                                                   \
-    do {                                                                           \
-        us__gemm_store8(lo, o, (row) * o->ldc, (row) * o->ldcb);                   \
-        us__gemm_store8(hi, o, (row) * o->ldc + 8, (row) * o->ldcb + 8);           \
+#define US__GEMM_ST(row, lo, hi)                                     \
+    do {                                                             \
+        us__gemm_store8(lo, o, (row)*o->ldc, (row)*o->ldcb);         \
+        us__gemm_store8(hi, o, (row)*o->ldc + 8, (row)*o->ldcb + 8); \
     } while (0)
-        US__GEMM_ST(0, c00, c01); US__GEMM_ST(1, c10, c11); US__GEMM_ST(2, c20, c21);
-        US__GEMM_ST(3, c30, c31); US__GEMM_ST(4, c40, c41); US__GEMM_ST(5, c50, c51);
+        US__GEMM_ST(0, c00, c01);
+        US__GEMM_ST(1, c10, c11);
+        US__GEMM_ST(2, c20, c21);
+        US__GEMM_ST(3, c30, c31);
+        US__GEMM_ST(4, c40, c41);
+        US__GEMM_ST(5, c50, c51);
 #undef US__GEMM_ST
     } else {
         float acc[US__GEMM_MR * US__GEMM_NR];
-        _mm256_storeu_ps(acc + 0 * 16, c00); _mm256_storeu_ps(acc + 0 * 16 + 8, c01);
-        _mm256_storeu_ps(acc + 1 * 16, c10); _mm256_storeu_ps(acc + 1 * 16 + 8, c11);
-        _mm256_storeu_ps(acc + 2 * 16, c20); _mm256_storeu_ps(acc + 2 * 16 + 8, c21);
-        _mm256_storeu_ps(acc + 3 * 16, c30); _mm256_storeu_ps(acc + 3 * 16 + 8, c31);
-        _mm256_storeu_ps(acc + 4 * 16, c40); _mm256_storeu_ps(acc + 4 * 16 + 8, c41);
-        _mm256_storeu_ps(acc + 5 * 16, c50); _mm256_storeu_ps(acc + 5 * 16 + 8, c51);
+        _mm256_storeu_ps(acc + 0 * 16, c00);
+        _mm256_storeu_ps(acc + 0 * 16 + 8, c01);
+        _mm256_storeu_ps(acc + 1 * 16, c10);
+        _mm256_storeu_ps(acc + 1 * 16 + 8, c11);
+        _mm256_storeu_ps(acc + 2 * 16, c20);
+        _mm256_storeu_ps(acc + 2 * 16 + 8, c21);
+        _mm256_storeu_ps(acc + 3 * 16, c30);
+        _mm256_storeu_ps(acc + 3 * 16 + 8, c31);
+        _mm256_storeu_ps(acc + 4 * 16, c40);
+        _mm256_storeu_ps(acc + 4 * 16 + 8, c41);
+        _mm256_storeu_ps(acc + 5 * 16, c50);
+        _mm256_storeu_ps(acc + 5 * 16 + 8, c51);
         us__gemm_store_tile(acc, o, mr, nr);
     }
 #else
@@ -1794,7 +2163,8 @@ static void us__gemm_pack_a(int ta, const void *A, int dtA, int64_t lda, int64_t
             } else {
                 const uint16_t *src = (const uint16_t *)A + (i0 + is) * lda + p0;
                 for (i = 0; i < mr; i++)
-                    for (k = 0; k < kc; k++) d[k * US__GEMM_MR + i] = us__h16_to_f32(src[i * lda + k], (us_dtype)dtA);
+                    for (k = 0; k < kc; k++)
+                        d[k * US__GEMM_MR + i] = us__h16_to_f32(src[i * lda + k], (us_dtype)dtA);
             }
             for (i = mr; i < US__GEMM_MR; i++)
                 for (k = 0; k < kc; k++) d[k * US__GEMM_MR + i] = 0.0f;
@@ -1824,7 +2194,8 @@ static void us__gemm_pack_a(int ta, const void *A, int dtA, int64_t lda, int64_t
             } else {
                 const uint16_t *src = (const uint16_t *)A + (p0 + k) * lda + i0;
                 for (is = 0; is < full; is += US__GEMM_MR, d += sl)
-                    for (i = 0; i < US__GEMM_MR; i++) d[i] = us__h16_to_f32(src[is + i], (us_dtype)dtA);
+                    for (i = 0; i < US__GEMM_MR; i++)
+                        d[i] = us__h16_to_f32(src[is + i], (us_dtype)dtA);
                 for (i = 0; i < rem; i++) d[i] = us__h16_to_f32(src[full + i], (us_dtype)dtA);
             }
             if (rem)
@@ -1835,8 +2206,8 @@ static void us__gemm_pack_a(int ta, const void *A, int dtA, int64_t lda, int64_t
 
 /* Pack one NR-column sliver of op(B)[p0:p0+kc, j0:j0+nr] into dst[k][NR]
    (zero-padded to NR) so the micro-kernel streams contiguous aligned memory. */
-static void us__gemm_pack_b_sliver(int tb, const void *B, int dtB, int64_t ldb, int64_t p0, int64_t kc,
-                                   int64_t j0, int nr, float *dst) {
+static void us__gemm_pack_b_sliver(int tb, const void *B, int dtB, int64_t ldb, int64_t p0,
+                                   int64_t kc, int64_t j0, int nr, float *dst) {
     int64_t k;
     int j;
     if (!tb) {
@@ -1881,7 +2252,8 @@ static void us__gemm_pack_b_sliver(int tb, const void *B, int dtB, int64_t ldb, 
                 for (k = 0; k < kc; k++) dst[k * US__GEMM_NR + j] = src[k];
             } else {
                 const uint16_t *src = (const uint16_t *)B + base;
-                for (k = 0; k < kc; k++) dst[k * US__GEMM_NR + j] = us__h16_to_f32(src[k], (us_dtype)dtB);
+                for (k = 0; k < kc; k++)
+                    dst[k * US__GEMM_NR + j] = us__h16_to_f32(src[k], (us_dtype)dtB);
             }
         }
         for (j = nr; j < US__GEMM_NR; j++)
@@ -1897,10 +2269,10 @@ typedef struct {
     void *C;
     float alpha, beta;
     int64_t nc_max;
-    float *bpack;  /* KC x nc_max, shared */
-    float *apack;  /* per thread: MC x KC */
-    float *cws;    /* bf16 C only: fp32 accumulator, M x nc_max (ld = nc_max) */
-    int tm, tn;    /* thread grid: tm row groups x tn column groups */
+    float *bpack; /* KC x nc_max, shared */
+    float *apack; /* per thread: MC x KC */
+    float *cws;   /* bf16 C only: fp32 accumulator, M x nc_max (ld = nc_max) */
+    int tm, tn;   /* thread grid: tm row groups x tn column groups */
 } us__gemm_ctx;
 
 static void us__gemm_worker(const us__gemm_ctx *g, int tid, int nt) {
@@ -1932,7 +2304,8 @@ static void us__gemm_worker(const us__gemm_ctx *g, int tid, int nt) {
             us__gemm_out o;
             int64_t s, ic;
             o.alpha = g->alpha;
-            o.beta = first ? (g->dtC ? 0.0f : g->beta) : 1.0f; /* later passes add to the partial sums */
+            o.beta =
+                first ? (g->dtC ? 0.0f : g->beta) : 1.0f; /* later passes add to the partial sums */
             o.betab = g->beta;
             o.ldc = ldcf;
             o.ldcb = g->ldc;
@@ -1941,7 +2314,8 @@ static void us__gemm_worker(const us__gemm_ctx *g, int tid, int nt) {
             for (s = ns * tid / nt; s < ns * (tid + 1) / nt; s++) {
                 const int64_t j0 = s * NR;
                 const int nr = (int)(nc - j0 < NR ? nc - j0 : NR);
-                us__gemm_pack_b_sliver(g->tb, g->B, g->dtB, g->ldb, pc, kc, jc + j0, nr, g->bpack + s * kc * NR);
+                us__gemm_pack_b_sliver(g->tb, g->B, g->dtB, g->ldb, pc, kc, jc + j0, nr,
+                                       g->bpack + s * kc * NR);
             }
 #ifdef _OPENMP
 #pragma omp barrier
@@ -1957,7 +2331,8 @@ static void us__gemm_worker(const us__gemm_ctx *g, int tid, int nt) {
                     for (ir = 0; ir < mc; ir += MR) {
                         const int mr = (int)(mc - ir < MR ? mc - ir : MR);
                         o.c = cf ? cf + (ic + ir) * ldcf + j0 : NULL;
-                        o.cb = (g->dtC && last) ? (uint16_t *)g->C + (ic + ir) * g->ldc + jc + j0 : NULL;
+                        o.cb = (g->dtC && last) ? (uint16_t *)g->C + (ic + ir) * g->ldc + jc + j0
+                                                : NULL;
                         o.cf16 = g->dtC == US_F16;
                         us__gemm_ukr(kc, apack + ir * kc, bs, &o, mr, nr);
                     }
@@ -1983,11 +2358,9 @@ static float *us__gemm_align64(void *p) {
    16-bit C is rounded once (RNE). beta==0 never reads C. K==0 (or alpha==0, as in BLAS)
    gives C = beta*C without touching A/B. nthreads: 0 = all OpenMP threads.
    Bitwise deterministic for any nthreads. */
-static void us__gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
-                     const void *A, int dtA, int64_t lda,
-                     const void *B, int dtB, int64_t ldb,
-                     float beta, void *C, int dtC, int64_t ldc,
-                     int nthreads) {
+static void us__gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                     int dtA, int64_t lda, const void *B, int dtB, int64_t ldb, float beta, void *C,
+                     int dtC, int64_t ldc, int nthreads) {
     int64_t i, j;
     if (M <= 0 || N <= 0) return;
 
@@ -1995,8 +2368,10 @@ static void us__gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alph
         for (i = 0; i < M; i++)
             for (j = 0; j < N; j++) {
                 const float v = beta == 0.0f ? 0.0f : beta * us__get(C, (us_dtype)dtC, i * ldc + j);
-                if (dtC) ((uint16_t *)C)[i * ldc + j] = us__f32_to_h16(v, (us_dtype)dtC);
-                else ((float *)C)[i * ldc + j] = v;
+                if (dtC)
+                    ((uint16_t *)C)[i * ldc + j] = us__f32_to_h16(v, (us_dtype)dtC);
+                else
+                    ((float *)C)[i * ldc + j] = v;
             }
         return;
     }
@@ -2011,11 +2386,14 @@ static void us__gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alph
                 float acc = 0.0f, v;
                 int64_t k;
                 for (k = 0; k < K; k++)
-                    acc = us__gemm_fma(us__get(A, (us_dtype)dtA, i * sai + k * sak), us__get(B, (us_dtype)dtB, k * sbk + j * sbj), acc);
+                    acc = us__gemm_fma(us__get(A, (us_dtype)dtA, i * sai + k * sak),
+                                       us__get(B, (us_dtype)dtB, k * sbk + j * sbj), acc);
                 v = alpha * acc;
                 if (beta != 0.0f) v = us__gemm_fma(beta, us__get(C, (us_dtype)dtC, i * ldc + j), v);
-                if (dtC) ((uint16_t *)C)[i * ldc + j] = us__f32_to_h16(v, (us_dtype)dtC);
-                else ((float *)C)[i * ldc + j] = v;
+                if (dtC)
+                    ((uint16_t *)C)[i * ldc + j] = us__f32_to_h16(v, (us_dtype)dtC);
+                else
+                    ((float *)C)[i * ldc + j] = v;
             }
         return;
     }
@@ -2038,9 +2416,22 @@ static void us__gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alph
         if ((double)M * (double)N * (double)K < 96.0 * 96.0 * 96.0) nt = 1;
         if (nt < 1) nt = 1;
 
-        g.ta = ta; g.tb = tb; g.dtA = dtA; g.dtB = dtB; g.dtC = dtC;
-        g.M = M; g.N = N; g.K = K; g.lda = lda; g.ldb = ldb; g.ldc = ldc;
-        g.A = A; g.B = B; g.C = C; g.alpha = alpha; g.beta = beta;
+        g.ta = ta;
+        g.tb = tb;
+        g.dtA = dtA;
+        g.dtB = dtB;
+        g.dtC = dtC;
+        g.M = M;
+        g.N = N;
+        g.K = K;
+        g.lda = lda;
+        g.ldb = ldb;
+        g.ldc = ldc;
+        g.A = A;
+        g.B = B;
+        g.C = C;
+        g.alpha = alpha;
+        g.beta = beta;
         g.nc_max = US__GEMM_NC;
         if (dtC && K > KC) {
             /* bf16 C over several K passes needs an fp32 M x nc workspace; cap it at ~16M floats. */
@@ -2063,7 +2454,10 @@ static void us__gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alph
                 const double en = ((double)ns / tn) / (double)((ns + tn - 1) / tn);
                 /* small penalty per extra column group: each one repacks A */
                 const double eff = em * en - 0.02 * (double)(tn - 1);
-                if (eff > best_eff + 1e-9) { best_eff = eff; best_tm = t; }
+                if (eff > best_eff + 1e-9) {
+                    best_eff = eff;
+                    best_tm = t;
+                }
             }
         }
         g.tm = best_tm;
@@ -2094,21 +2488,32 @@ static void us__gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alph
     }
 }
 
-
 /* ------------------------------------------------------------------------------------ */
 // >>kernels  the CPU reference ops: compute in fp32, round once on store
 /* ------------------------------------------------------------------------------------ */
 #ifdef _OPENMP
 #define US__PARALLEL_FOR _Pragma("omp parallel for schedule(static) num_threads(us__nt)")
-#define US__PARALLEL_FOR_DYNAMIC _Pragma("omp parallel for schedule(dynamic, 1) num_threads(us__nt)")
-static int us__threads(const us_ops *o) { return o->nthreads > 0 ? o->nthreads : omp_get_max_threads(); }
+#define US__PARALLEL_FOR_DYNAMIC \
+    _Pragma("omp parallel for schedule(dynamic, 1) num_threads(us__nt)")
+
+static int us__threads(const us_ops *o) {
+    return o->nthreads > 0 ? o->nthreads : omp_get_max_threads();
+}
+
 static int us__omp_max(void) { return omp_get_max_threads(); }
+
 static int us__tid(void) { return omp_get_thread_num(); }
 #else
 #define US__PARALLEL_FOR
 #define US__PARALLEL_FOR_DYNAMIC
-static int us__threads(const us_ops *o) { (void)o; return 1; }
+
+static int us__threads(const us_ops *o) {
+    (void)o;
+    return 1;
+}
+
 static int us__omp_max(void) { return 1; }
+
 static int us__tid(void) { return 0; }
 #endif
 /* Row kernels take one scratch block per thread up front, not one per row in the hot loop. */
@@ -2128,60 +2533,92 @@ static void *us__cpu_alloc(us_ops *o, size_t bytes) {
     if (o->bytes_in_use > o->bytes_peak) o->bytes_peak = o->bytes_in_use;
     return p;
 }
+
 static void us__cpu_free(us_ops *o, void *p) {
     if (!p) return;
     o->bytes_in_use -= ((size_t *)p)[-2];
     US_FREE(((void **)p)[-1]);
 }
-static void us__cpu_zero(us_ops *o, void *p, size_t bytes) { (void)o; memset(p, 0, bytes); }
+
+static void us__cpu_zero(us_ops *o, void *p, size_t bytes) {
+    (void)o;
+    memset(p, 0, bytes);
+}
+
 static void us__cpu_copy(us_ops *o, void *dst, const void *src, size_t bytes, us_copy_kind kind) {
-    (void)o; (void)kind;
+    (void)o;
+    (void)kind;
     if (bytes) memmove(dst, src, bytes);
 }
+
 static void us__cpu_sync(us_ops *o) { (void)o; }
 
-static void us__cpu_cast(us_ops *o, void *dst, us_dtype ddt, const void *src, us_dtype sdt, int64_t n) {
+static void us__cpu_cast(us_ops *o, void *dst, us_dtype ddt, const void *src, us_dtype sdt,
+                         int64_t n) {
     int64_t i;
     int us__nt = us__threads(o);
     (void)us__nt;
     US__PARALLEL_FOR
     for (i = 0; i < n; i++) {
-        float v = sdt == US_F32 ? ((const float *)src)[i] : sdt == US_BF16 ? us__bf16_to_f32(((const uint16_t *)src)[i])
-                : sdt == US_F16 ? us__f16_to_f32(((const uint16_t *)src)[i])
-                : sdt == US_E4M3 ? us_e4m3_to_f32(((const uint8_t *)src)[i]) : sdt == US_E5M2 ? us_e5m2_to_f32(((const uint8_t *)src)[i])
-                : sdt == US_F64 ? (float)((const double *)src)[i] : (float)((const int32_t *)src)[i];
+        float v = sdt == US_F32    ? ((const float *)src)[i]
+                  : sdt == US_BF16 ? us__bf16_to_f32(((const uint16_t *)src)[i])
+                  : sdt == US_F16  ? us__f16_to_f32(((const uint16_t *)src)[i])
+                  : sdt == US_E4M3 ? us_e4m3_to_f32(((const uint8_t *)src)[i])
+                  : sdt == US_E5M2 ? us_e5m2_to_f32(((const uint8_t *)src)[i])
+                  : sdt == US_F64  ? (float)((const double *)src)[i]
+                                   : (float)((const int32_t *)src)[i];
         switch (ddt) {
-        case US_F32: ((float *)dst)[i] = v; break;
-        case US_BF16: ((uint16_t *)dst)[i] = us__f32_to_bf16(v); break;
-        case US_F16: ((uint16_t *)dst)[i] = us__f32_to_f16(v); break;
-        case US_E4M3: ((uint8_t *)dst)[i] = us_f32_to_e4m3(v); break;
-        case US_E5M2: ((uint8_t *)dst)[i] = us_f32_to_e5m2(v); break;
-        case US_I32: ((int32_t *)dst)[i] = (int32_t)v; break;
-        case US_F64: ((double *)dst)[i] = v; break;
+        case US_F32:
+            ((float *)dst)[i] = v;
+            break;
+        case US_BF16:
+            ((uint16_t *)dst)[i] = us__f32_to_bf16(v);
+            break;
+        case US_F16:
+            ((uint16_t *)dst)[i] = us__f32_to_f16(v);
+            break;
+        case US_E4M3:
+            ((uint8_t *)dst)[i] = us_f32_to_e4m3(v);
+            break;
+        case US_E5M2:
+            ((uint8_t *)dst)[i] = us_f32_to_e5m2(v);
+            break;
+        case US_I32:
+            ((int32_t *)dst)[i] = (int32_t)v;
+            break;
+        case US_F64:
+            ((double *)dst)[i] = v;
+            break;
         }
     }
 }
 
 static void us__cpu_gemm(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
-                         const void *A, us_dtype adt, int64_t lda, const void *B, us_dtype bdt, int64_t ldb,
-                         float beta, void *C, us_dtype cdt, int64_t ldc) {
-    us__gemm(ta, tb, M, N, K, alpha, A, (int)adt, lda, B, (int)bdt, ldb, beta, C, (int)cdt, ldc, us__threads(o));
+                         const void *A, us_dtype adt, int64_t lda, const void *B, us_dtype bdt,
+                         int64_t ldb, float beta, void *C, us_dtype cdt, int64_t ldc) {
+    us__gemm(ta, tb, M, N, K, alpha, A, (int)adt, lda, B, (int)bdt, ldb, beta, C, (int)cdt, ldc,
+             us__threads(o));
 }
 
 /* Embedding: a row gather. Backward scatters by column blocks, so every dwte element is summed
    by one thread in token order: deterministic for any thread count. */
-static void us__cpu_embedding_fwd(us_ops *o, void *out, const int32_t *tok, const void *wte, int64_t N, int64_t C, us_dtype dt) {
+static void us__cpu_embedding_fwd(us_ops *o, void *out, const int32_t *tok, const void *wte,
+                                  int64_t N, int64_t C, us_dtype dt) {
     int64_t n;
     size_t row = (size_t)C * us_dtype_size(dt);
     int us__nt = us__threads(o);
     (void)us__nt;
     US__PARALLEL_FOR
     for (n = 0; n < N; n++) {
-        if (tok[n] >= 0) memcpy((char *)out + n * row, (const char *)wte + (size_t)tok[n] * row, row);
-        else memset((char *)out + n * row, 0, row);
+        if (tok[n] >= 0)
+            memcpy((char *)out + n * row, (const char *)wte + (size_t)tok[n] * row, row);
+        else
+            memset((char *)out + n * row, 0, row);
     }
 }
-static void us__cpu_embedding_bwd(us_ops *o, float *dwte, const void *dout, const int32_t *tok, int64_t N, int64_t C, us_dtype dt) {
+
+static void us__cpu_embedding_bwd(us_ops *o, float *dwte, const void *dout, const int32_t *tok,
+                                  int64_t N, int64_t C, us_dtype dt) {
     int64_t blk, nblk = (C + 63) / 64;
     int us__nt = us__threads(o);
     (void)us__nt;
@@ -2197,7 +2634,8 @@ static void us__cpu_embedding_bwd(us_ops *o, float *dwte, const void *dout, cons
 }
 
 /* RMSNorm: y = x · rstd · w, rstd = 1/sqrt(mean(x²) + eps). */
-static void us__cpu_rmsnorm_fwd(us_ops *o, void *out, float *rstd, const void *x, const void *w, int64_t N, int64_t C, float eps, us_dtype dt) {
+static void us__cpu_rmsnorm_fwd(us_ops *o, void *out, float *rstd, const void *x, const void *w,
+                                int64_t N, int64_t C, float eps, us_dtype dt) {
     int us__nt = us__threads(o);
     float *wf = (float *)us__scratch((size_t)C * 4);
     int64_t n;
@@ -2219,9 +2657,12 @@ static void us__cpu_rmsnorm_fwd(us_ops *o, void *out, float *rstd, const void *x
     US_FREE(row_all);
     US_FREE(wf);
 }
+
 /* dx = rstd · (dxhat − xhat · mean(dxhat·xhat)) with dxhat = dy·w, xhat = x·rstd; dw = Σ_n dy·xhat.
    dx is row-parallel; dw is column-parallel so its sums run in row order on one thread. */
-static void us__cpu_rmsnorm_bwd(us_ops *o, void *dx, float *dw, const void *dout, const void *x, const void *w, const float *rstd, int64_t N, int64_t C, us_dtype dt) {
+static void us__cpu_rmsnorm_bwd(us_ops *o, void *dx, float *dw, const void *dout, const void *x,
+                                const void *w, const float *rstd, int64_t N, int64_t C,
+                                us_dtype dt) {
     int us__nt = us__threads(o);
     float *wf = (float *)us__scratch((size_t)C * 4);
     int64_t n, blk, nblk = (C + 63) / 64;
@@ -2246,16 +2687,18 @@ static void us__cpu_rmsnorm_bwd(us_ops *o, void *dx, float *dw, const void *dout
     for (blk = 0; blk < nblk; blk++) {
         int64_t c, c0 = blk * 64, c1 = c0 + 64 < C ? c0 + 64 : C, r;
         for (r = 0; r < N; r++)
-            for (c = c0; c < c1; c++) dw[c] += us__get(dout, dt, r * C + c) * us__get(x, dt, r * C + c) * rstd[r];
+            for (c = c0; c < c1; c++)
+                dw[c] += us__get(dout, dt, r * C + c) * us__get(x, dt, r * C + c) * rstd[r];
     }
     US_FREE(wf);
 }
 
 /* RoPE, Hugging Face "rotate-half": pairs (j, j+HS/2) rotate by pos·theta^(−2j/HS).
    dir = +1 forward, −1 backward (the transpose of a rotation is the inverse rotation). */
-static void us__cpu_rope_pos(us_ops *o, void *qkv, const int32_t *pos, int64_t B, int64_t T, int NH, int NKV, int HS, float theta, us_dtype dt, int dir) {
+static void us__cpu_rope_pos(us_ops *o, void *qkv, const int32_t *pos, int64_t B, int64_t T, int NH,
+                             int NKV, int HS, float theta, us_dtype dt, int dir) {
     int us__nt = us__threads(o);
-    int half = HS / 2, nrot = NH + NKV;   /* q heads then k heads are rotated; v is not */
+    int half = HS / 2, nrot = NH + NKV; /* q heads then k heads are rotated; v is not */
     int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, bt;
     float *cs = (float *)us__scratch((size_t)T * half * 2 * sizeof(float)), *sn = cs + T * half;
     int64_t t;
@@ -2266,7 +2709,7 @@ static void us__cpu_rope_pos(us_ops *o, void *qkv, const int32_t *pos, int64_t B
             cs[t * half + j] = (float)cos(ang);
             sn[t * half + j] = (float)sin(ang) * (float)dir;
         }
-    US__ROW_SCRATCH(float, row, (int64_t)nrot * HS);
+    US__ROW_SCRATCH(float, row, (int64_t)nrot *HS);
     US__PARALLEL_FOR
     for (bt = 0; bt < B * T; bt++) {
         int64_t tt = bt % T;
@@ -2286,26 +2729,37 @@ static void us__cpu_rope_pos(us_ops *o, void *qkv, const int32_t *pos, int64_t B
     US_FREE(row_all);
     US_FREE(cs);
 }
-static void us__cpu_rope_fwd(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS, float theta, us_dtype dt) {
+
+static void us__cpu_rope_fwd(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS,
+                             float theta, us_dtype dt) {
     us__cpu_rope_pos(o, qkv, NULL, B, T, NH, NKV, HS, theta, dt, 1);
 }
-static void us__cpu_rope_bwd(us_ops *o, void *dqkv, int64_t B, int64_t T, int NH, int NKV, int HS, float theta, us_dtype dt) {
+
+static void us__cpu_rope_bwd(us_ops *o, void *dqkv, int64_t B, int64_t T, int NH, int NKV, int HS,
+                             float theta, us_dtype dt) {
     us__cpu_rope_pos(o, dqkv, NULL, B, T, NH, NKV, HS, theta, dt, -1);
 }
-static void us__cpu_rope_at(us_ops *o, void *qkv, const int32_t *pos, int64_t B, int64_t T, int64_t T_total, int NH, int NKV, int HS,
-                            float theta, float dir, us_dtype dt) {
+
+static void us__cpu_rope_at(us_ops *o, void *qkv, const int32_t *pos, int64_t B, int64_t T,
+                            int64_t T_total, int NH, int NKV, int HS, float theta, float dir,
+                            us_dtype dt) {
     (void)T_total;
     us__cpu_rope_pos(o, qkv, pos, B, T, NH, NKV, HS, theta, dt, dir > 0 ? 1 : -1);
 }
-static void us__cpu_copy2d(us_ops *o, void *dst, int64_t dld, const void *src, int64_t sld, int64_t rows, int64_t cols, us_dtype dt) {
+
+static void us__cpu_copy2d(us_ops *o, void *dst, int64_t dld, const void *src, int64_t sld,
+                           int64_t rows, int64_t cols, us_dtype dt) {
     size_t a = us_dtype_size(dt);
     int64_t r;
     (void)o;
-    for (r = 0; r < rows; r++) memcpy((char *)dst + (size_t)(r * dld) * a, (const char *)src + (size_t)(r * sld) * a, (size_t)cols * a);
+    for (r = 0; r < rows; r++)
+        memcpy((char *)dst + (size_t)(r * dld) * a, (const char *)src + (size_t)(r * sld) * a,
+               (size_t)cols * a);
 }
 
 /* SwiGLU: h = silu(g)·u with g = gu[:, :F], u = gu[:, F:] (gate_proj and up_proj fused in one GEMM). */
-static void us__cpu_swiglu_fwd(us_ops *o, void *h, const void *gu, int64_t N, int64_t F, us_dtype dt) {
+static void us__cpu_swiglu_fwd(us_ops *o, void *h, const void *gu, int64_t N, int64_t F,
+                               us_dtype dt) {
     int us__nt = us__threads(o);
     int64_t n;
     (void)us__nt;
@@ -2318,7 +2772,9 @@ static void us__cpu_swiglu_fwd(us_ops *o, void *h, const void *gu, int64_t N, in
         }
     }
 }
-static void us__cpu_swiglu_bwd(us_ops *o, void *dgu, const void *dh, const void *gu, int64_t N, int64_t F, us_dtype dt) {
+
+static void us__cpu_swiglu_bwd(us_ops *o, void *dgu, const void *dh, const void *gu, int64_t N,
+                               int64_t F, us_dtype dt) {
     int us__nt = us__threads(o);
     int64_t n;
     (void)us__nt;
@@ -2336,7 +2792,8 @@ static void us__cpu_swiglu_bwd(us_ops *o, void *dgu, const void *dh, const void 
 
 /* Fused softmax-cross-entropy: the probabilities are never stored; the logits buffer is reused
    for dlogits = dscale·(softmax − onehot). */
-static void us__cpu_xent(us_ops *o, float *losses, int32_t *argmax, void *logits, const int32_t *tgt, int64_t N, int64_t V, float dscale, us_dtype dt) {
+static void us__cpu_xent(us_ops *o, float *losses, int32_t *argmax, void *logits,
+                         const int32_t *tgt, int64_t N, int64_t V, float dscale, us_dtype dt) {
     int us__nt = us__threads(o);
     int64_t n;
     US__ROW_SCRATCH(float, row, V);
@@ -2346,21 +2803,27 @@ static void us__cpu_xent(us_ops *o, float *losses, int32_t *argmax, void *logits
         double sum = 0;
         int64_t v, am = 0;
         us__load_f32(row, us__at(logits, dt, n * V), dt, V);
-        for (v = 0; v < V; v++) if (row[v] > mx) { mx = row[v]; am = v; }
+        for (v = 0; v < V; v++)
+            if (row[v] > mx) {
+                mx = row[v];
+                am = v;
+            }
         for (v = 0; v < V; v++) sum += exp((double)(row[v] - mx));
         if (argmax) argmax[n] = (int32_t)am;
         losses[n] = tgt[n] < 0 ? 0.0f : (float)(log(sum) + mx - row[tgt[n]]);
         if (dscale != 0) {
             float inv = (float)(1.0 / sum);
-            for (v = 0; v < V; v++) row[v] = tgt[n] < 0 ? 0.0f : dscale * (expf(row[v] - mx) * inv - (v == tgt[n]));
+            for (v = 0; v < V; v++)
+                row[v] = tgt[n] < 0 ? 0.0f : dscale * (expf(row[v] - mx) * inv - (v == tgt[n]));
             us__store_f32(us__at(logits, dt, n * V), dt, row, V);
         }
     }
     US_FREE(row_all);
 }
 
-static void us__cpu_xent_stats(us_ops *o, float *mx, int32_t *amax, double *sumexp, float *tlogit, const void *logits,
-                               const int32_t *tgt, int64_t N, int64_t V, us_dtype dt) {
+static void us__cpu_xent_stats(us_ops *o, float *mx, int32_t *amax, double *sumexp, float *tlogit,
+                               const void *logits, const int32_t *tgt, int64_t N, int64_t V,
+                               us_dtype dt) {
     int us__nt = us__threads(o);
     int64_t n;
     US__ROW_SCRATCH(float, row, V);
@@ -2371,7 +2834,11 @@ static void us__cpu_xent_stats(us_ops *o, float *mx, int32_t *amax, double *sume
         us__load_f32(row, us__at(logits, dt, n * V), dt, V);
         if (!sumexp) {
             float m = -INFINITY;
-            for (v = 0; v < V; v++) if (row[v] > m) { m = row[v]; am = v; }
+            for (v = 0; v < V; v++)
+                if (row[v] > m) {
+                    m = row[v];
+                    am = v;
+                }
             mx[n] = m;
             if (amax) amax[n] = (int32_t)am;
         } else {
@@ -2383,8 +2850,10 @@ static void us__cpu_xent_stats(us_ops *o, float *mx, int32_t *amax, double *sume
     }
     US_FREE(row_all);
 }
-static void us__cpu_xent_finish(us_ops *o, float *losses, void *logits, const int32_t *tgt, const float *mx, const double *sumexp,
-                                const float *tlogit, int64_t N, int64_t V, float dscale, us_dtype dt) {
+
+static void us__cpu_xent_finish(us_ops *o, float *losses, void *logits, const int32_t *tgt,
+                                const float *mx, const double *sumexp, const float *tlogit,
+                                int64_t N, int64_t V, float dscale, us_dtype dt) {
     int us__nt = us__threads(o);
     int64_t n;
     US__ROW_SCRATCH(float, row, V);
@@ -2396,7 +2865,9 @@ static void us__cpu_xent_finish(us_ops *o, float *losses, void *logits, const in
         if (dscale != 0) {
             float inv = (float)(1.0 / sumexp[n]);
             us__load_f32(row, us__at(logits, dt, n * V), dt, V);
-            for (v = 0; v < V; v++) row[v] = tgt[n] == -2 ? 0.0f : dscale * (expf(row[v] - mx[n]) * inv - (v == tgt[n]));
+            for (v = 0; v < V; v++)
+                row[v] =
+                    tgt[n] == -2 ? 0.0f : dscale * (expf(row[v] - mx[n]) * inv - (v == tgt[n]));
             us__store_f32(us__at(logits, dt, n * V), dt, row, V);
         }
     }
@@ -2408,6 +2879,7 @@ static void us__cpu_axpy(us_ops *o, float *y, const float *x, float a, int64_t n
     (void)o;
     for (i = 0; i < n; i++) y[i] += a * x[i];
 }
+
 static double us__cpu_sumsq(us_ops *o, const float *x, int64_t n) {
     /* fixed 4096-element chunks summed in order: the same result for any thread count */
     int us__nt = us__threads(o);
@@ -2434,20 +2906,23 @@ static double us__cpu_sumsq(us_ops *o, const float *x, int64_t n) {
 #else
 #define US__HD
 #endif
-static US__HD void us__moe_route_row(int32_t *topk, float *gates, float *probs, const float *lg, const float *bias, int E, int K, int gate,
-                              int G, int M) {
+static US__HD void us__moe_route_row(int32_t *topk, float *gates, float *probs, const float *lg,
+                                     const float *bias, int E, int K, int gate, int G, int M) {
     int e, k, g, S = E / G;
     uint64_t allowed = ~(uint64_t)0;
     float sum = 0;
-    if (gate == US_MOE_SIGMOID) for (e = 0; e < E; e++) probs[e] = 1.0f / (1.0f + expf(-lg[e]));
+    if (gate == US_MOE_SIGMOID)
+        for (e = 0; e < E; e++) probs[e] = 1.0f / (1.0f + expf(-lg[e]));
     else {
         float mx = -INFINITY;
         double z = 0;
-        for (e = 0; e < E; e++) if (lg[e] > mx) mx = lg[e];
+        for (e = 0; e < E; e++)
+            if (lg[e] > mx) mx = lg[e];
         for (e = 0; e < E; e++) z += exp((double)(lg[e] - mx));
         for (e = 0; e < E; e++) probs[e] = (float)(exp((double)(lg[e] - mx)) / z);
     }
-    if (M < G) {   /* group-limited routing: keep the M groups whose two best biased scores sum highest */
+    if (M <
+        G) { /* group-limited routing: keep the M groups whose two best biased scores sum highest */
         allowed = 0;
         for (k = 0; k < M; k++) {
             int best = -1;
@@ -2457,10 +2932,17 @@ static US__HD void us__moe_route_row(int32_t *topk, float *gates, float *probs, 
                 if (allowed >> g & 1) continue;
                 for (e = g * S; e < (g + 1) * S; e++) {
                     float v = probs[e] + (bias ? bias[e] : 0.0f);
-                    if (v > a) { b = a; a = v; } else if (v > b) b = v;
+                    if (v > a) {
+                        b = a;
+                        a = v;
+                    } else if (v > b)
+                        b = v;
                 }
                 sc = S > 1 ? a + b : a;
-                if (best < 0 || sc > bs) { best = g; bs = sc; }
+                if (best < 0 || sc > bs) {
+                    best = g;
+                    bs = sc;
+                }
             }
             allowed |= (uint64_t)1 << best;
         }
@@ -2472,22 +2954,32 @@ static US__HD void us__moe_route_row(int32_t *topk, float *gates, float *probs, 
             float v = probs[e] + (bias ? bias[e] : 0.0f);
             int taken = !(allowed >> (e / S) & 1);
             for (j = 0; j < k && !taken; j++) taken = topk[j] == e;
-            if (!taken && (best < 0 || v > bs)) { best = e; bs = v; }
+            if (!taken && (best < 0 || v > bs)) {
+                best = e;
+                bs = v;
+            }
         }
         topk[k] = best;
     }
-    for (k = 0; k < K; k++) { gates[k] = probs[topk[k]]; sum += gates[k]; }
-    if (gate == US_MOE_SIGMOID) for (k = 0; k < K; k++) gates[k] /= sum + 1e-20f;   /* DeepSeek-V3's top-k renormalisation */
+    for (k = 0; k < K; k++) {
+        gates[k] = probs[topk[k]];
+        sum += gates[k];
+    }
+    if (gate == US_MOE_SIGMOID)
+        for (k = 0; k < K; k++) gates[k] /= sum + 1e-20f; /* DeepSeek-V3's top-k renormalisation */
 }
-static void us__cpu_moe_route(us_ops *o, int32_t *topk, float *gates, float *probs, float *psum, const float *logits, const float *bias,
-                              int64_t N, int E, int K, int gate, int n_groups, int top_groups) {
+
+static void us__cpu_moe_route(us_ops *o, int32_t *topk, float *gates, float *probs, float *psum,
+                              const float *logits, const float *bias, int64_t N, int E, int K,
+                              int gate, int n_groups, int top_groups) {
     int us__nt = us__threads(o);
     int64_t n;
     (void)us__nt;
     US__PARALLEL_FOR
     for (n = 0; n < N; n++)
-        us__moe_route_row(topk + n * K, gates + n * K, probs + n * E, logits + n * E, bias, E, K, gate, n_groups, top_groups);
-    if (psum) {   /* in token order: deterministic */
+        us__moe_route_row(topk + n * K, gates + n * K, probs + n * E, logits + n * E, bias, E, K,
+                          gate, n_groups, top_groups);
+    if (psum) { /* in token order: deterministic */
         int e;
         for (e = 0; e < E; e++) psum[e] = 0;
         for (n = 0; n < N; n++) {
@@ -2497,10 +2989,12 @@ static void us__cpu_moe_route(us_ops *o, int32_t *topk, float *gates, float *pro
         }
     }
 }
+
 /* Softmax gates g_k = p[s_k]: ∂p = Σ_k dg_k·onehot(s_k). Sigmoid gates g_k = p[s_k]/S with
    S = Σ_j p[s_j]: ∂p[s_j] = (dg_j − Σ_k dg_k·g_k)/S. The aux term's p' = p/Σp likewise. Then
    through the score function: softmax p⊙(∂p − ⟨∂p, p⟩), sigmoid ∂p·p·(1 − p). */
-static void us__cpu_moe_route_bwd(us_ops *o, float *dlogits, const float *dgates, const float *probs, const int32_t *topk, const float *aux,
+static void us__cpu_moe_route_bwd(us_ops *o, float *dlogits, const float *dgates,
+                                  const float *probs, const int32_t *topk, const float *aux,
                                   int64_t N, int E, int K, int gate) {
     int us__nt = us__threads(o);
     int64_t n;
@@ -2515,17 +3009,19 @@ static void us__cpu_moe_route_bwd(us_ops *o, float *dlogits, const float *dgates
         if (gate == US_MOE_SIGMOID) {
             float Sf = 0;
             for (k = 0; k < K; k++) Sf += p[s[k]];
-            S = (double)(Sf + 1e-20f);   /* the forward's fp32 sum */
+            S = (double)(Sf + 1e-20f); /* the forward's fp32 sum */
             for (k = 0; k < K; k++) dot += (double)dg[k] * p[s[k]] / S;
             for (k = 0; k < K; k++) dp[s[k]] += ((double)dg[k] - dot) / S;
-        } else for (k = 0; k < K; k++) dp[s[k]] += dg[k];
+        } else
+            for (k = 0; k < K; k++) dp[s[k]] += dg[k];
         if (aux) {
             double T = 0, adot = 0;
             for (e = 0; e < E; e++) T += p[e];
             for (e = 0; e < E; e++) adot += (double)aux[e] * p[e] / T;
             for (e = 0; e < E; e++) dp[e] += ((double)aux[e] - adot) / T;
         }
-        if (gate == US_MOE_SIGMOID) for (e = 0; e < E; e++) dlogits[n * E + e] = (float)(dp[e] * p[e] * (1.0 - p[e]));
+        if (gate == US_MOE_SIGMOID)
+            for (e = 0; e < E; e++) dlogits[n * E + e] = (float)(dp[e] * p[e] * (1.0 - p[e]));
         else {
             double pd = 0;
             for (e = 0; e < E; e++) pd += dp[e] * p[e];
@@ -2534,26 +3030,37 @@ static void us__cpu_moe_route_bwd(us_ops *o, float *dlogits, const float *dgates
     }
     US_FREE(dp_all);
 }
-static void us__cpu_moe_permute(us_ops *o, int32_t *slot_row, int32_t *row_slot, int32_t *routed, int32_t *kept, const int32_t *topk,
-                                int64_t N, int E, int K, int64_t cap, int64_t R) {
-    int64_t *off = (int64_t *)us__scratch((size_t)E * 2 * sizeof(int64_t)), *fill = off + E, i, r = 0;
+
+static void us__cpu_moe_permute(us_ops *o, int32_t *slot_row, int32_t *row_slot, int32_t *routed,
+                                int32_t *kept, const int32_t *topk, int64_t N, int E, int K,
+                                int64_t cap, int64_t R) {
+    int64_t *off = (int64_t *)us__scratch((size_t)E * 2 * sizeof(int64_t)), *fill = off + E, i,
+            r = 0;
     int e;
     (void)o;
     for (e = 0; e < E; e++) routed[e] = 0;
     for (i = 0; i < N * K; i++) routed[topk[i]]++;
     for (e = 0; e < E; e++) {
         kept[e] = cap > 0 && routed[e] > cap ? (int32_t)cap : routed[e];
-        off[e] = r; fill[e] = 0; r += kept[e];
+        off[e] = r;
+        fill[e] = 0;
+        r += kept[e];
     }
-    for (i = 0; i < N * K; i++) {   /* token order: an expert over capacity drops its later tokens */
+    for (i = 0; i < N * K; i++) { /* token order: an expert over capacity drops its later tokens */
         e = topk[i];
-        if (fill[e] < kept[e]) { slot_row[i] = (int32_t)(off[e] + fill[e]); row_slot[off[e] + fill[e]] = (int32_t)i; fill[e]++; }
-        else slot_row[i] = -1;
+        if (fill[e] < kept[e]) {
+            slot_row[i] = (int32_t)(off[e] + fill[e]);
+            row_slot[off[e] + fill[e]] = (int32_t)i;
+            fill[e]++;
+        } else
+            slot_row[i] = -1;
     }
     for (; r < R; r++) row_slot[r] = -1;
     US_FREE(off);
 }
-static void us__cpu_moe_gather(us_ops *o, void *dst, const void *src, const int32_t *row_slot, const float *scale, int64_t R, int K, int64_t C, us_dtype dt) {
+
+static void us__cpu_moe_gather(us_ops *o, void *dst, const void *src, const int32_t *row_slot,
+                               const float *scale, int64_t R, int K, int64_t C, us_dtype dt) {
     int us__nt = us__threads(o);
     int64_t r;
     US__ROW_SCRATCH(float, row, C);
@@ -2561,7 +3068,10 @@ static void us__cpu_moe_gather(us_ops *o, void *dst, const void *src, const int3
     for (r = 0; r < R; r++) {
         float *row = US__MY_ROW(row, C), sc;
         int64_t c, s = row_slot[r];
-        if (s < 0) { memset(us__at(dst, dt, r * C), 0, (size_t)C * us_dtype_size(dt)); continue; }
+        if (s < 0) {
+            memset(us__at(dst, dt, r * C), 0, (size_t)C * us_dtype_size(dt));
+            continue;
+        }
         sc = scale ? scale[s] : 1.0f;
         us__load_f32(row, us__at(src, dt, s / K * C), dt, C);
         for (c = 0; c < C; c++) row[c] *= sc;
@@ -2569,12 +3079,14 @@ static void us__cpu_moe_gather(us_ops *o, void *dst, const void *src, const int3
     }
     US_FREE(row_all);
 }
-static void us__cpu_moe_scatter(us_ops *o, void *dst, const void *src, const int32_t *slot_row, const float *scale, int64_t N, int K, int64_t C, us_dtype dt) {
+
+static void us__cpu_moe_scatter(us_ops *o, void *dst, const void *src, const int32_t *slot_row,
+                                const float *scale, int64_t N, int K, int64_t C, us_dtype dt) {
     int us__nt = us__threads(o);
     int64_t n;
     US__ROW_SCRATCH(float, row, 2 * C);
     US__PARALLEL_FOR
-    for (n = 0; n < N; n++) {   /* each token sums its own K rows: deterministic */
+    for (n = 0; n < N; n++) { /* each token sums its own K rows: deterministic */
         float *acc = US__MY_ROW(row, 2 * C), *y = acc + C;
         int64_t c;
         int k;
@@ -2590,7 +3102,10 @@ static void us__cpu_moe_scatter(us_ops *o, void *dst, const void *src, const int
     }
     US_FREE(row_all);
 }
-static void us__cpu_moe_gate_grad(us_ops *o, float *dgates, const void *dout, const void *src, const int32_t *slot_row, int64_t N, int K, int64_t C, us_dtype dt) {
+
+static void us__cpu_moe_gate_grad(us_ops *o, float *dgates, const void *dout, const void *src,
+                                  const int32_t *slot_row, int64_t N, int K, int64_t C,
+                                  us_dtype dt) {
     int us__nt = us__threads(o);
     int64_t i;
     (void)us__nt;
@@ -2598,7 +3113,9 @@ static void us__cpu_moe_gate_grad(us_ops *o, float *dgates, const void *dout, co
     for (i = 0; i < N * K; i++) {
         int64_t c, r = slot_row[i];
         double d = 0;
-        if (r >= 0) for (c = 0; c < C; c++) d += (double)us__get(dout, dt, i / K * C + c) * us__get(src, dt, r * C + c);
+        if (r >= 0)
+            for (c = 0; c < C; c++)
+                d += (double)us__get(dout, dt, i / K * C + c) * us__get(src, dt, r * C + c);
         dgates[i] = (float)d;
     }
 }
@@ -2615,16 +3132,17 @@ static void us__cpu_moe_gate_grad(us_ops *o, float *dgates, const void *dout, co
 static US__HD float us__fp8_scale(float amax, int pow2) {
     float s, m;
     int e;
-    if (!(amax <= FLT_MAX)) return NAN;   /* a NaN or an inf in the tile */
+    if (!(amax <= FLT_MAX)) return NAN; /* a NaN or an inf in the tile */
     s = amax / US_E4M3_MAX;
-    if (s == 0.0f) return 1.0f;           /* a zero tile, or amax/448 underflowed */
-    if (s < FLT_MIN) s = FLT_MIN;         /* subnormal: 1/s must stay finite */
+    if (s == 0.0f) return 1.0f;   /* a zero tile, or amax/448 underflowed */
+    if (s < FLT_MIN) s = FLT_MIN; /* subnormal: 1/s must stay finite */
     if (pow2) {
-        m = frexpf(s, &e);                /* s = m·2^e, m in [0.5, 1) */
+        m = frexpf(s, &e); /* s = m·2^e, m in [0.5, 1) */
         if (m != 0.5f) s = ldexpf(1.0f, e);
     }
     return s;
 }
+
 US_API float us_fp8_scale(float amax, int pow2) { return us__fp8_scale(amax, pow2); }
 
 static int64_t us__fp8_kbp(int64_t K) { return ((K + US_FP8_TILE - 1) / US_FP8_TILE + 3) / 4 * 4; }
@@ -2633,21 +3151,28 @@ US_API int64_t us_fp8_scales_size(us_fp8_tiling t, int64_t M, int64_t K) {
     int64_t MB = (M + US_FP8_TILE - 1) / US_FP8_TILE, KB = (K + US_FP8_TILE - 1) / US_FP8_TILE;
     if (M < 0 || K < 0) return -1;
     switch (t) {
-    case US_FP8_TILING_DEFAULT: case US_FP8_ROW128: return KB * M;
-    case US_FP8_COL128: return MB * K;
-    case US_FP8_BLOCK128: return MB * us__fp8_kbp(K);
-    case US_FP8_TENSOR: return 1;
+    case US_FP8_TILING_DEFAULT:
+    case US_FP8_ROW128:
+        return KB * M;
+    case US_FP8_COL128:
+        return MB * K;
+    case US_FP8_BLOCK128:
+        return MB * us__fp8_kbp(K);
+    case US_FP8_TENSOR:
+        return 1;
     }
     return -1;
 }
 
-static us_result us__fp8_check(const char *fn, us_fp8_tiling t, int64_t M, int64_t K, char *err, size_t errlen) {
+static us_result us__fp8_check(const char *fn, us_fp8_tiling t, int64_t M, int64_t K, char *err,
+                               size_t errlen) {
     if ((int)t < (int)US_FP8_TILING_DEFAULT || (int)t > (int)US_FP8_TENSOR) {
         us__errf(err, errlen, "%s: tiling %d is not a us_fp8_tiling", fn, (int)t);
         return US_ERR_INVALID;
     }
     if (M < 0 || K < 0) {
-        us__errf(err, errlen, "%s: the matrix is %lld x %lld; sizes must be >= 0", fn, (long long)M, (long long)K);
+        us__errf(err, errlen, "%s: the matrix is %lld x %lld; sizes must be >= 0", fn, (long long)M,
+                 (long long)K);
         return US_ERR_INVALID;
     }
     return US_OK;
@@ -2655,25 +3180,28 @@ static us_result us__fp8_check(const char *fn, us_fp8_tiling t, int64_t M, int64
 
 /* Quantise the rectangle [m0,m1)×[k0,k1) of x[·][K] with one scale; q element (m,k) at
    q[m·qrs + k·qcs] (qrs = K, qcs = 1 in place; qrs = 1, qcs = M transposed). Returns the scale. */
-static float us__fp8_quant_rect(uint8_t *q, int64_t qrs, int64_t qcs, const void *x, us_dtype dt, int64_t K,
-                                int64_t m0, int64_t m1, int64_t k0, int64_t k1, int pow2) {
+static float us__fp8_quant_rect(uint8_t *q, int64_t qrs, int64_t qcs, const void *x, us_dtype dt,
+                                int64_t K, int64_t m0, int64_t m1, int64_t k0, int64_t k1,
+                                int pow2) {
     float amax = 0.0f, sc, a, r;
     int64_t m, k;
     for (m = m0; m < m1; m++)
         for (k = k0; k < k1; k++) {
             a = fabsf(us__get(x, dt, m * K + k));
-            if (a > amax || a != a) amax = a;   /* a NaN sticks */
+            if (a > amax || a != a) amax = a; /* a NaN sticks */
         }
     sc = us__fp8_scale(amax, pow2);
     r = 1.0f / sc;
     for (m = m0; m < m1; m++)
-        for (k = k0; k < k1; k++) q[m * qrs + k * qcs] = us__e4m3_fast(us__get(x, dt, m * K + k) * r);
+        for (k = k0; k < k1; k++)
+            q[m * qrs + k * qcs] = us__e4m3_fast(us__get(x, dt, m * K + k) * r);
     return sc;
 }
 
 /* nt: OpenMP threads (the CPU ops pass theirs; the public functions all of them) */
-static us_result us__fp8_quantize_nt(uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M, int64_t K,
-                                     us_fp8_tiling t, int pow2, char *err, size_t errlen, int nt) {
+static us_result us__fp8_quantize_nt(uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M,
+                                     int64_t K, us_fp8_tiling t, int pow2, char *err, size_t errlen,
+                                     int nt) {
     const int64_t T = US_FP8_TILE;
     int64_t MB = (M + T - 1) / T, KB = (K + T - 1) / T, KBp = us__fp8_kbp(K), i, j;
     us_result r = us__fp8_check("us_fp8_quantize", t, M, K, err, errlen);
@@ -2688,30 +3216,35 @@ static us_result us__fp8_quantize_nt(uint8_t *q, float *s, const void *x, us_dty
         return US_ERR_INVALID;
     }
     switch (t) {
-    case US_FP8_TILING_DEFAULT: case US_FP8_ROW128:     /* s [KB][M] */
+    case US_FP8_TILING_DEFAULT:
+    case US_FP8_ROW128: /* s [KB][M] */
 #ifdef _OPENMP
 #pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
 #endif
         for (i = 0; i < M; i++)
             for (j = 0; j < KB; j++)
-                s[j * M + i] = us__fp8_quant_rect(q, K, 1, x, dt, K, i, i + 1, j * T, j * T + T < K ? j * T + T : K, pow2);
+                s[j * M + i] = us__fp8_quant_rect(q, K, 1, x, dt, K, i, i + 1, j * T,
+                                                  j * T + T < K ? j * T + T : K, pow2);
         break;
-    case US_FP8_COL128:                                 /* q [K][M], s [MB][K] */
+    case US_FP8_COL128: /* q [K][M], s [MB][K] */
 #ifdef _OPENMP
 #pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
 #endif
         for (i = 0; i < MB; i++)
             for (j = 0; j < K; j++)
-                s[i * K + j] = us__fp8_quant_rect(q, 1, M, x, dt, K, i * T, i * T + T < M ? i * T + T : M, j, j + 1, pow2);
+                s[i * K + j] = us__fp8_quant_rect(q, 1, M, x, dt, K, i * T,
+                                                  i * T + T < M ? i * T + T : M, j, j + 1, pow2);
         break;
-    case US_FP8_BLOCK128:                               /* s [MB][KBp] */
+    case US_FP8_BLOCK128: /* s [MB][KBp] */
 #ifdef _OPENMP
 #pragma omp parallel for collapse(2) schedule(static) num_threads(nt)
 #endif
         for (i = 0; i < MB; i++)
             for (j = 0; j < KBp; j++)
                 s[i * KBp + j] = j >= KB ? 1.0f
-                    : us__fp8_quant_rect(q, K, 1, x, dt, K, i * T, i * T + T < M ? i * T + T : M, j * T, j * T + T < K ? j * T + T : K, pow2);
+                                         : us__fp8_quant_rect(q, K, 1, x, dt, K, i * T,
+                                                              i * T + T < M ? i * T + T : M, j * T,
+                                                              j * T + T < K ? j * T + T : K, pow2);
         break;
     case US_FP8_TENSOR:
         s[0] = us__fp8_quant_rect(q, K, 1, x, dt, K, 0, M, 0, K, pow2);
@@ -2720,18 +3253,24 @@ static us_result us__fp8_quantize_nt(uint8_t *q, float *s, const void *x, us_dty
     return US_OK;
 }
 
-US_API us_result us_fp8_quantize(uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M, int64_t K,
-                                 us_fp8_tiling t, int pow2, char *err, size_t errlen) {
+US_API us_result us_fp8_quantize(uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M,
+                                 int64_t K, us_fp8_tiling t, int pow2, char *err, size_t errlen) {
     return us__fp8_quantize_nt(q, s, x, dt, M, K, t, pow2, err, errlen, us__omp_max());
 }
 
 /* The scale of X's element (m, k) under tiling t (X[M][K] in its own orientation). */
-static float us__fp8_scale_of(const float *s, us_fp8_tiling t, int64_t M, int64_t K, int64_t m, int64_t k) {
+static float us__fp8_scale_of(const float *s, us_fp8_tiling t, int64_t M, int64_t K, int64_t m,
+                              int64_t k) {
     switch (t) {
-    case US_FP8_TILING_DEFAULT: case US_FP8_ROW128: return s[k / US_FP8_TILE * M + m];
-    case US_FP8_COL128: return s[m / US_FP8_TILE * K + k];
-    case US_FP8_BLOCK128: return s[m / US_FP8_TILE * us__fp8_kbp(K) + k / US_FP8_TILE];
-    case US_FP8_TENSOR: return s[0];
+    case US_FP8_TILING_DEFAULT:
+    case US_FP8_ROW128:
+        return s[k / US_FP8_TILE * M + m];
+    case US_FP8_COL128:
+        return s[m / US_FP8_TILE * K + k];
+    case US_FP8_BLOCK128:
+        return s[m / US_FP8_TILE * us__fp8_kbp(K) + k / US_FP8_TILE];
+    case US_FP8_TENSOR:
+        return s[0];
     }
     return NAN;
 }
@@ -2751,13 +3290,14 @@ US_API us_result us_fp8_dequantize(float *x, const uint8_t *q, const float *s, i
     for (i = 0; i < 256; i++) lut[i] = us_e4m3_to_f32((uint8_t)i);
     for (m = 0; m < M; m++)
         for (k = 0; k < K; k++)
-            x[m * K + k] = lut[q[t == US_FP8_COL128 ? k * M + m : m * K + k]] * us__fp8_scale_of(s, t, M, K, m, k);
+            x[m * K + k] = lut[q[t == US_FP8_COL128 ? k * M + m : m * K + k]] *
+                           us__fp8_scale_of(s, t, M, K, m, k);
     return US_OK;
 }
 
 static us_result us__fp8_gemm_nt(float *c, const uint8_t *a, const float *sa, us_fp8_tiling ta,
-                                 const uint8_t *b, const float *sb, us_fp8_tiling tb,
-                                 int64_t M, int64_t N, int64_t K, char *err, size_t errlen, int nt) {
+                                 const uint8_t *b, const float *sb, us_fp8_tiling tb, int64_t M,
+                                 int64_t N, int64_t K, char *err, size_t errlen, int nt) {
     const int64_t T = US_FP8_TILE;
     int64_t KB = (K + T - 1) / T, m, i;
     float lut[256], *af, *bf;
@@ -2774,15 +3314,19 @@ static us_result us__fp8_gemm_nt(float *c, const uint8_t *a, const float *sa, us
         return US_ERR_INVALID;
     }
     af = (float *)US_MALLOC((size_t)((M + N) * K + 1) * sizeof(float));
-    if (!af) { us__errf(err, errlen, "us_fp8_gemm: out of memory for %lld decoded elements", (long long)((M + N) * K)); return US_ERR_OOM; }
-    bf = af + M * K;   /* b decoded and transposed, [K][N]: the n loop below is unit-stride */
+    if (!af) {
+        us__errf(err, errlen, "us_fp8_gemm: out of memory for %lld decoded elements",
+                 (long long)((M + N) * K));
+        return US_ERR_OOM;
+    }
+    bf = af + M * K; /* b decoded and transposed, [K][N]: the n loop below is unit-stride */
     for (i = 0; i < 256; i++) lut[i] = us_e4m3_to_f32((uint8_t)i);
-    for (i = 0; i < M * K; i++) af[i] = lut[a[i]];   /* exact: every E4M3 value is an fp32 */
+    for (i = 0; i < M * K; i++) af[i] = lut[a[i]]; /* exact: every E4M3 value is an fp32 */
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(nt)
 #endif
     for (i = 0; i < N * K; i++) bf[(i % K) * N + i / K] = lut[b[i]];
-    /* one thread owns each row of c and sums every element in the documented order (k ascending
+        /* one thread owns each row of c and sums every element in the documented order (k ascending
        within a block, blocks ascending), n by n in lock step: deterministic, thread-independent */
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nt)
@@ -2803,9 +3347,12 @@ static us_result us__fp8_gemm_nt(float *c, const uint8_t *a, const float *sa, us
                     for (n = 0; n < N; n++) p[n] = 0.0f;
                     for (k = kb * T; k < k1; k++) {
                         const float ak = ar[k], *bk = bf + k * N;
-                        for (n = 0; n < N; n++) p[n] += ak * bk[n];   /* exact products: fma or not, the same p */
+                        for (n = 0; n < N; n++)
+                            p[n] += ak * bk[n]; /* exact products: fma or not, the same p */
                     }
-                    for (n = 0; n < N; n++) acc[n] = fmaf(p[n], s_a * us__fp8_scale_of(sb, tb, N, K, n, kb * T), acc[n]);
+                    for (n = 0; n < N; n++)
+                        acc[n] =
+                            fmaf(p[n], s_a * us__fp8_scale_of(sb, tb, N, K, n, kb * T), acc[n]);
                 }
                 for (n = 0; n < N; n++) c[m * N + n] = acc[n];
             }
@@ -2814,15 +3361,18 @@ static us_result us__fp8_gemm_nt(float *c, const uint8_t *a, const float *sa, us
 #ifdef _OPENMP
 #pragma omp for schedule(static)
 #endif
-            for (m = 0; m < M; m++) for (n = 0; n < N; n++) c[m * N + n] = NAN;   /* out of memory: poison, never wrong numbers */
+            for (m = 0; m < M; m++)
+                for (n = 0; n < N; n++)
+                    c[m * N + n] = NAN; /* out of memory: poison, never wrong numbers */
         }
     }
     US_FREE(af);
     return US_OK;
 }
+
 US_API us_result us_fp8_gemm(float *c, const uint8_t *a, const float *sa, us_fp8_tiling ta,
-                             const uint8_t *b, const float *sb, us_fp8_tiling tb,
-                             int64_t M, int64_t N, int64_t K, char *err, size_t errlen) {
+                             const uint8_t *b, const float *sb, us_fp8_tiling tb, int64_t M,
+                             int64_t N, int64_t K, char *err, size_t errlen) {
     return us__fp8_gemm_nt(c, a, sa, ta, b, sb, tb, M, N, K, err, errlen, us__omp_max());
 }
 
@@ -2832,8 +3382,8 @@ US_API us_result us_fp8_gemm(float *c, const uint8_t *a, const float *sa, us_fp8
    needs it (cuBLASLt's block-scaled FP8 reduces over whole tiles). */
 static int64_t us__fp8_lp(int64_t L) { return (L + US_FP8_TILE - 1) / US_FP8_TILE * US_FP8_TILE; }
 
-static void us__cpu_fp8_quantize(us_ops *o, uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M, int64_t K,
-                                 int t, int trans, int pow2) {
+static void us__cpu_fp8_quantize(us_ops *o, uint8_t *q, float *s, const void *x, us_dtype dt,
+                                 int64_t M, int64_t K, int t, int trans, int pow2) {
     int64_t R = trans ? K : M, L = trans ? M : K, Lp = us__fp8_lp(L), r;
     size_t es = us_dtype_size(dt);
     int us__nt = us__threads(o);
@@ -2841,13 +3391,15 @@ static void us__cpu_fp8_quantize(us_ops *o, uint8_t *q, float *s, const void *x,
     uint8_t *qd = q;
     const void *src = x;
     (void)us__nt;
-    if (trans && R * L > 0) {   /* P = xᵀ, materialised: the reference quantises it as it stands */
+    if (trans && R * L > 0) { /* P = xᵀ, materialised: the reference quantises it as it stands */
         xt = (char *)US_MALLOC((size_t)(R * L) * es);
         if (!xt) return;
         US__PARALLEL_FOR
         for (r = 0; r < R; r++) {
             int64_t l;
-            for (l = 0; l < L; l++) memcpy(xt + (size_t)(r * L + l) * es, (const char *)x + (size_t)(l * K + r) * es, es);
+            for (l = 0; l < L; l++)
+                memcpy(xt + (size_t)(r * L + l) * es, (const char *)x + (size_t)(l * K + r) * es,
+                       es);
         }
         src = xt;
     }
@@ -2856,7 +3408,10 @@ static void us__cpu_fp8_quantize(us_ops *o, uint8_t *q, float *s, const void *x,
         us__fp8_quantize_nt(qd, s, src, dt, R, L, (us_fp8_tiling)t, pow2, NULL, 0, us__nt);
         if (qd != q) {
             US__PARALLEL_FOR
-            for (r = 0; r < R; r++) { memcpy(q + r * Lp, qd + r * L, (size_t)L); memset(q + r * Lp + L, 0, (size_t)(Lp - L)); }
+            for (r = 0; r < R; r++) {
+                memcpy(q + r * Lp, qd + r * L, (size_t)L);
+                memset(q + r * Lp + L, 0, (size_t)(Lp - L));
+            }
         }
     }
     if (qd != q) US_FREE(qd);
@@ -2864,14 +3419,17 @@ static void us__cpu_fp8_quantize(us_ops *o, uint8_t *q, float *s, const void *x,
 }
 
 /* the definition of fp8_quantize_both: the two quantisations, one after the other */
-static void us__cpu_fp8_quantize_both(us_ops *o, uint8_t *q, float *s, uint8_t *qt, float *st, const void *x, us_dtype dt,
-                                      int64_t M, int64_t K, int t, int pow2) {
+static void us__cpu_fp8_quantize_both(us_ops *o, uint8_t *q, float *s, uint8_t *qt, float *st,
+                                      const void *x, us_dtype dt, int64_t M, int64_t K, int t,
+                                      int pow2) {
     us__cpu_fp8_quantize(o, q, s, x, dt, M, K, t, 0, pow2);
     us__cpu_fp8_quantize(o, qt, st, x, dt, M, K, t, 1, pow2);
 }
 
-static void us__cpu_fp8_gemm(us_ops *o, int64_t M, int64_t N, int64_t K, float alpha, const uint8_t *a, const float *sa, int ta,
-                             const uint8_t *b, const float *sb, int tb, float beta, void *C, us_dtype cdt, int64_t ldc) {
+static void us__cpu_fp8_gemm(us_ops *o, int64_t M, int64_t N, int64_t K, float alpha,
+                             const uint8_t *a, const float *sa, int ta, const uint8_t *b,
+                             const float *sb, int tb, float beta, void *C, us_dtype cdt,
+                             int64_t ldc) {
     float *c;
     int64_t i;
     int us__nt = us__threads(o);
@@ -2879,13 +3437,18 @@ static void us__cpu_fp8_gemm(us_ops *o, int64_t M, int64_t N, int64_t K, float a
     if (M <= 0 || N <= 0) return;
     c = (float *)US_MALLOC((size_t)(M * N) * sizeof(float));
     if (!c) return;
-    if (K > 0) us__fp8_gemm_nt(c, a, sa, (us_fp8_tiling)ta, b, sb, (us_fp8_tiling)tb, M, N, us__fp8_lp(K), NULL, 0, us__nt);
-    else memset(c, 0, (size_t)(M * N) * sizeof(float));
+    if (K > 0)
+        us__fp8_gemm_nt(c, a, sa, (us_fp8_tiling)ta, b, sb, (us_fp8_tiling)tb, M, N, us__fp8_lp(K),
+                        NULL, 0, us__nt);
+    else
+        memset(c, 0, (size_t)(M * N) * sizeof(float));
     US__PARALLEL_FOR
     for (i = 0; i < M; i++) {
         int64_t j;
         for (j = 0; j < N; j++)
-            us__set(C, cdt, i * ldc + j, beta == 0 ? alpha * c[i * N + j] : alpha * c[i * N + j] + beta * us__get(C, cdt, i * ldc + j));
+            us__set(C, cdt, i * ldc + j,
+                    beta == 0 ? alpha * c[i * N + j]
+                              : alpha * c[i * N + j] + beta * us__get(C, cdt, i * ldc + j));
     }
     US_FREE(c);
 }
@@ -2911,7 +3474,8 @@ static inline float us__dot(const float *a, const float *b, int n) {
 }
 
 /* K and V of one (batch, kv head) as fp32 [T, HS] each */
-static void us__load_kv(float *k, float *v, const void *qkv, int64_t b, int g, int64_t T, int NH, int NKV, int HS, us_dtype dt) {
+static void us__load_kv(float *k, float *v, const void *qkv, int64_t b, int g, int64_t T, int NH,
+                        int NKV, int HS, us_dtype dt) {
     int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, t;
     for (t = 0; t < T; t++) {
         int64_t row = (b * T + t) * QKV;
@@ -2924,7 +3488,8 @@ static void us__load_kv(float *k, float *v, const void *qkv, int64_t b, int g, i
    the whole block from L1. Per row the arithmetic is the unblocked algorithm's, in its order. */
 #define US__ATT_QBLOCK 16
 
-static void us__cpu_attention_fwd(us_ops *o, void *out, float *lse, const void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS, us_dtype dt) {
+static void us__cpu_attention_fwd(us_ops *o, void *out, float *lse, const void *qkv, int64_t B,
+                                  int64_t T, int NH, int NKV, int HS, us_dtype dt) {
     int us__nt = us__threads(o);
     int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, bh;
     float scale = 1.0f / sqrtf((float)HS);
@@ -2935,27 +3500,34 @@ static void us__cpu_attention_fwd(us_ops *o, void *out, float *lse, const void *
         int64_t b = bh / NH, q0, j0, j;
         int h = (int)(bh % NH), g = h / (NH / NKV), d, qi;
         /* K, V [T,HS]; per query of the block: q [HS], acc [HS], scores [KB], running max m and sum l */
-        float *k = (float *)us__scratch(((size_t)2 * T * HS + (size_t)QB * (2 * HS + US__ATT_BLOCK + 2)) * 4);
-        float *v = k + T * HS, *q = v + T * HS, *acc = q + QB * HS, *s = acc + QB * HS, *m = s + QB * US__ATT_BLOCK, *l = m + QB;
+        float *k = (float *)us__scratch(
+            ((size_t)2 * T * HS + (size_t)QB * (2 * HS + US__ATT_BLOCK + 2)) * 4);
+        float *v = k + T * HS, *q = v + T * HS, *acc = q + QB * HS, *s = acc + QB * HS,
+              *m = s + QB * US__ATT_BLOCK, *l = m + QB;
         us__load_kv(k, v, qkv, b, g, T, NH, NKV, HS, dt);
         for (q0 = 0; q0 < T; q0 += QB) {
             int nq = (int)(T - q0 < QB ? T - q0 : QB);
             for (qi = 0; qi < nq; qi++) {
-                us__load_f32(q + qi * HS, us__at(qkv, dt, (b * T + q0 + qi) * QKV + (int64_t)h * HS), dt, HS);
+                us__load_f32(q + qi * HS,
+                             us__at(qkv, dt, (b * T + q0 + qi) * QKV + (int64_t)h * HS), dt, HS);
                 for (d = 0; d < HS; d++) acc[qi * HS + d] = 0;
-                m[qi] = -INFINITY; l[qi] = 0;
+                m[qi] = -INFINITY;
+                l[qi] = 0;
             }
-            for (j0 = 0; j0 < q0 + nq; j0 += US__ATT_BLOCK)   /* key blocks up to the block's last query */
+            for (j0 = 0; j0 < q0 + nq;
+                 j0 += US__ATT_BLOCK) /* key blocks up to the block's last query */
                 for (qi = 0; qi < nq; qi++) {
-                    int64_t t = q0 + qi, j1 = j0 + US__ATT_BLOCK <= t + 1 ? j0 + US__ATT_BLOCK : t + 1;
-                    float *qr = q + qi * HS, *ar = acc + qi * HS, *sr = s + qi * US__ATT_BLOCK, bm = -INFINITY, mnew, corr;
-                    if (j0 > t) continue;   /* causal: this block lies after the query */
+                    int64_t t = q0 + qi,
+                            j1 = j0 + US__ATT_BLOCK <= t + 1 ? j0 + US__ATT_BLOCK : t + 1;
+                    float *qr = q + qi * HS, *ar = acc + qi * HS, *sr = s + qi * US__ATT_BLOCK,
+                          bm = -INFINITY, mnew, corr;
+                    if (j0 > t) continue; /* causal: this block lies after the query */
                     for (j = j0; j < j1; j++) {
                         sr[j - j0] = us__dot(qr, k + j * HS, HS) * scale;
                         if (sr[j - j0] > bm) bm = sr[j - j0];
                     }
                     mnew = m[qi] > bm ? m[qi] : bm;
-                    corr = expf(m[qi] - mnew);             /* rescale what was summed under the old max */
+                    corr = expf(m[qi] - mnew); /* rescale what was summed under the old max */
                     l[qi] *= corr;
                     for (d = 0; d < HS; d++) ar[d] *= corr;
                     for (j = j0; j < j1; j++) {
@@ -2968,7 +3540,8 @@ static void us__cpu_attention_fwd(us_ops *o, void *out, float *lse, const void *
             for (qi = 0; qi < nq; qi++) {
                 int64_t t = q0 + qi;
                 for (d = 0; d < HS; d++) acc[qi * HS + d] /= l[qi];
-                us__store_f32(us__at(out, dt, (b * T + t) * NH * HS + (int64_t)h * HS), dt, acc + qi * HS, HS);
+                us__store_f32(us__at(out, dt, (b * T + t) * NH * HS + (int64_t)h * HS), dt,
+                              acc + qi * HS, HS);
                 lse[(b * NH + h) * T + t] = m[qi] + logf(l[qi]);
             }
         }
@@ -2979,7 +3552,9 @@ static void us__cpu_attention_fwd(us_ops *o, void *out, float *lse, const void *
 /* One thread per (batch, kv head) owns dK and dV of that head. For each query block, every key
    row j is visited once and updated by the block's queries in order, so dK[j] and dV[j] still
    sum over query heads, then queries, ascending — a fixed order for any thread count. */
-static void us__cpu_attention_bwd(us_ops *o, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse, int64_t B, int64_t T, int NH, int NKV, int HS, us_dtype dt) {
+static void us__cpu_attention_bwd(us_ops *o, void *dqkv, const void *dout, const void *qkv,
+                                  const void *out, const float *lse, int64_t B, int64_t T, int NH,
+                                  int NKV, int HS, us_dtype dt) {
     int us__nt = us__threads(o);
     int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, bg;
     int grp = NH / NKV;
@@ -2992,8 +3567,10 @@ static void us__cpu_attention_bwd(us_ops *o, void *dqkv, const void *dout, const
         int g = (int)(bg % NKV), h, d, qi;
         /* K, V, dK, dV [T,HS]; per query of the block: q, dO, dQ [HS], D and lse */
         float *k = (float *)us__scratch(((size_t)4 * T * HS + (size_t)QB * (3 * HS + 2)) * 4);
-        float *v = k + T * HS, *dk = v + T * HS, *dv = dk + T * HS, *q = dv + T * HS, *dob = q + QB * HS, *dq = dob + QB * HS;
-        float *D = dq + QB * HS, *L = D + QB, *ob = dq;   /* O is only needed for D: it borrows dQ's rows */
+        float *v = k + T * HS, *dk = v + T * HS, *dv = dk + T * HS, *q = dv + T * HS,
+              *dob = q + QB * HS, *dq = dob + QB * HS;
+        float *D = dq + QB * HS, *L = D + QB,
+              *ob = dq; /* O is only needed for D: it borrows dQ's rows */
         us__load_kv(k, v, qkv, b, g, T, NH, NKV, HS, dt);
         memset(dk, 0, (size_t)2 * T * HS * 4);
         for (h = g * grp; h < (g + 1) * grp; h++)
@@ -3001,7 +3578,9 @@ static void us__cpu_attention_bwd(us_ops *o, void *dqkv, const void *dout, const
                 int nq = (int)(T - q0 < QB ? T - q0 : QB);
                 for (qi = 0; qi < nq; qi++) {
                     int64_t orow = (b * T + q0 + qi) * NH * HS + (int64_t)h * HS;
-                    us__load_f32(q + qi * HS, us__at(qkv, dt, (b * T + q0 + qi) * QKV + (int64_t)h * HS), dt, HS);
+                    us__load_f32(q + qi * HS,
+                                 us__at(qkv, dt, (b * T + q0 + qi) * QKV + (int64_t)h * HS), dt,
+                                 HS);
                     us__load_f32(ob + qi * HS, us__at(out, dt, orow), dt, HS);
                     us__load_f32(dob + qi * HS, us__at(dout, dt, orow), dt, HS);
                     D[qi] = us__dot(dob + qi * HS, ob + qi * HS, HS);
@@ -3011,7 +3590,7 @@ static void us__cpu_attention_bwd(us_ops *o, void *dqkv, const void *dout, const
                 for (j = 0; j < q0 + nq; j++) {
                     const float *kj = k + j * HS, *vj = v + j * HS;
                     float *dkj = dk + j * HS, *dvj = dv + j * HS;
-                    for (qi = (int)(j > q0 ? j - q0 : 0); qi < nq; qi++) {   /* queries t ≥ j */
+                    for (qi = (int)(j > q0 ? j - q0 : 0); qi < nq; qi++) { /* queries t ≥ j */
                         float *qr = q + qi * HS, *dor = dob + qi * HS, *dqr = dq + qi * HS;
                         float sdot = us__dot(qr, kj, HS), dp = us__dot(dor, vj, HS), p, ds;
                         p = expf(sdot * scale - L[qi]);
@@ -3024,12 +3603,14 @@ static void us__cpu_attention_bwd(us_ops *o, void *dqkv, const void *dout, const
                     }
                 }
                 for (qi = 0; qi < nq; qi++)
-                    us__store_f32(us__at(dqkv, dt, (b * T + q0 + qi) * QKV + (int64_t)h * HS), dt, dq + qi * HS, HS);
+                    us__store_f32(us__at(dqkv, dt, (b * T + q0 + qi) * QKV + (int64_t)h * HS), dt,
+                                  dq + qi * HS, HS);
             }
         for (t = 0; t < T; t++) {
             int64_t row = (b * T + t) * QKV;
             us__store_f32(us__at(dqkv, dt, row + (int64_t)(NH + g) * HS), dt, dk + t * HS, HS);
-            us__store_f32(us__at(dqkv, dt, row + (int64_t)(NH + NKV + g) * HS), dt, dv + t * HS, HS);
+            us__store_f32(us__at(dqkv, dt, row + (int64_t)(NH + NKV + g) * HS), dt, dv + t * HS,
+                          HS);
         }
         US_FREE(k);
     }
@@ -3038,8 +3619,10 @@ static void us__cpu_attention_bwd(us_ops *o, void *dqkv, const void *dout, const
 /* Attention by key blocks with positions (context parallelism's building block): one thread per
    (batch, query head) runs the online softmax of the existing kernel over the block's visible
    keys, continuing the state (acc, m, l) of earlier blocks. */
-static void us__cpu_attn_block_fwd(us_ops *o, float *acc, float *m, float *l, const void *qkv, const void *kv, const int32_t *qpos,
-                                   const int32_t *kpos, int64_t B, int64_t Tq, int64_t Tk, int NH, int NKV, int HS, int init, us_dtype dt) {
+static void us__cpu_attn_block_fwd(us_ops *o, float *acc, float *m, float *l, const void *qkv,
+                                   const void *kv, const int32_t *qpos, const int32_t *kpos,
+                                   int64_t B, int64_t Tq, int64_t Tk, int NH, int NKV, int HS,
+                                   int init, us_dtype dt) {
     int us__nt = us__threads(o);
     int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, KV = (int64_t)2 * NKV * HS, bh;
     float scale = 1.0f / sqrtf((float)HS);
@@ -3048,15 +3631,21 @@ static void us__cpu_attn_block_fwd(us_ops *o, float *acc, float *m, float *l, co
     for (bh = 0; bh < B * NH; bh++) {
         int64_t b = bh / NH, i, j0, j;
         int h = (int)(bh % NH), g = h / (NH / NKV), d;
-        float *k = (float *)us__scratch(((size_t)2 * Tk * HS + HS + US__ATT_BLOCK) * 4), *v = k + Tk * HS, *q = v + Tk * HS, *s = q + HS;
+        float *k = (float *)us__scratch(((size_t)2 * Tk * HS + HS + US__ATT_BLOCK) * 4),
+              *v = k + Tk * HS, *q = v + Tk * HS, *s = q + HS;
         for (j = 0; j < Tk; j++) {
             us__load_f32(k + j * HS, us__at(kv, dt, (b * Tk + j) * KV + (int64_t)g * HS), dt, HS);
-            us__load_f32(v + j * HS, us__at(kv, dt, (b * Tk + j) * KV + (int64_t)(NKV + g) * HS), dt, HS);
+            us__load_f32(v + j * HS, us__at(kv, dt, (b * Tk + j) * KV + (int64_t)(NKV + g) * HS),
+                         dt, HS);
         }
         for (i = 0; i < Tq; i++) {
             int64_t r = (b * NH + h) * Tq + i;
             float *ar = acc + r * HS;
-            if (init) { m[r] = -INFINITY; l[r] = 0; for (d = 0; d < HS; d++) ar[d] = 0; }
+            if (init) {
+                m[r] = -INFINITY;
+                l[r] = 0;
+                for (d = 0; d < HS; d++) ar[d] = 0;
+            }
             us__load_f32(q, us__at(qkv, dt, (b * Tq + i) * QKV + (int64_t)h * HS), dt, HS);
             for (j0 = 0; j0 < Tk; j0 += US__ATT_BLOCK) {
                 int64_t j1 = j0 + US__ATT_BLOCK < Tk ? j0 + US__ATT_BLOCK : Tk;
@@ -3065,7 +3654,7 @@ static void us__cpu_attn_block_fwd(us_ops *o, float *acc, float *m, float *l, co
                     s[j - j0] = kpos[j] <= qpos[i] ? us__dot(q, k + j * HS, HS) * scale : -INFINITY;
                     if (s[j - j0] > bm) bm = s[j - j0];
                 }
-                if (bm == -INFINITY) continue;   /* nothing visible in this block */
+                if (bm == -INFINITY) continue; /* nothing visible in this block */
                 mnew = m[r] > bm ? m[r] : bm;
                 corr = expf(m[r] - mnew);
                 l[r] *= corr;
@@ -3083,8 +3672,10 @@ static void us__cpu_attn_block_fwd(us_ops *o, float *acc, float *m, float *l, co
         US_FREE(k);
     }
 }
-static void us__cpu_attn_block_finish(us_ops *o, void *out, float *lse, const float *acc, const float *m, const float *l,
-                                      int64_t B, int64_t Tq, int NH, int HS, us_dtype dt) {
+
+static void us__cpu_attn_block_finish(us_ops *o, void *out, float *lse, const float *acc,
+                                      const float *m, const float *l, int64_t B, int64_t Tq, int NH,
+                                      int HS, us_dtype dt) {
     int64_t r;
     float *row = (float *)us__scratch((size_t)HS * 4);
     int d;
@@ -3097,11 +3688,14 @@ static void us__cpu_attn_block_finish(us_ops *o, void *out, float *lse, const fl
     }
     US_FREE(row);
 }
+
 /* One thread per (batch, kv head): it owns that head's dK, dV of the block and dQ of its query
    heads, so every sum has one order whatever the thread count. */
-static void us__cpu_attn_block_bwd(us_ops *o, float *dq, float *dkv, const void *dout, const void *qkv, const void *out, const float *lse,
-                                   const void *kv, const int32_t *qpos, const int32_t *kpos, int64_t B, int64_t Tq, int64_t Tk,
-                                   int NH, int NKV, int HS, us_dtype dt) {
+static void us__cpu_attn_block_bwd(us_ops *o, float *dq, float *dkv, const void *dout,
+                                   const void *qkv, const void *out, const float *lse,
+                                   const void *kv, const int32_t *qpos, const int32_t *kpos,
+                                   int64_t B, int64_t Tq, int64_t Tk, int NH, int NKV, int HS,
+                                   us_dtype dt) {
     int us__nt = us__threads(o);
     int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, KV = (int64_t)2 * NKV * HS, bg;
     int grp = NH / NKV;
@@ -3111,10 +3705,12 @@ static void us__cpu_attn_block_bwd(us_ops *o, float *dq, float *dkv, const void 
     for (bg = 0; bg < B * NKV; bg++) {
         int64_t b = bg / NKV, i, j;
         int g = (int)(bg % NKV), h, d;
-        float *k = (float *)us__scratch(((size_t)2 * Tk * HS + 3 * (size_t)HS) * 4), *v = k + Tk * HS, *q = v + Tk * HS, *dob = q + HS, *ob = dob + HS;
+        float *k = (float *)us__scratch(((size_t)2 * Tk * HS + 3 * (size_t)HS) * 4),
+              *v = k + Tk * HS, *q = v + Tk * HS, *dob = q + HS, *ob = dob + HS;
         for (j = 0; j < Tk; j++) {
             us__load_f32(k + j * HS, us__at(kv, dt, (b * Tk + j) * KV + (int64_t)g * HS), dt, HS);
-            us__load_f32(v + j * HS, us__at(kv, dt, (b * Tk + j) * KV + (int64_t)(NKV + g) * HS), dt, HS);
+            us__load_f32(v + j * HS, us__at(kv, dt, (b * Tk + j) * KV + (int64_t)(NKV + g) * HS),
+                         dt, HS);
         }
         for (h = g * grp; h < (g + 1) * grp; h++)
             for (i = 0; i < Tq; i++) {
@@ -3126,7 +3722,8 @@ static void us__cpu_attn_block_bwd(us_ops *o, float *dq, float *dkv, const void 
                 us__load_f32(dob, us__at(dout, dt, orow), dt, HS);
                 D = us__dot(dob, ob, HS);
                 for (j = 0; j < Tk; j++) {
-                    float p, ds, *dk = dkv + (b * Tk + j) * KV + (int64_t)g * HS, *dv = dkv + (b * Tk + j) * KV + (int64_t)(NKV + g) * HS;
+                    float p, ds, *dk = dkv + (b * Tk + j) * KV + (int64_t)g * HS,
+                                 *dv = dkv + (b * Tk + j) * KV + (int64_t)(NKV + g) * HS;
                     if (kpos[j] > qpos[i]) continue;
                     p = expf(us__dot(q, k + j * HS, HS) * scale - L);
                     ds = p * (us__dot(dob, v + j * HS, HS) - D) * scale;
@@ -3141,7 +3738,8 @@ static void us__cpu_attn_block_bwd(us_ops *o, float *dq, float *dkv, const void 
     }
 }
 
-US_API void us_attention_naive_fwd(float *out, const float *qkv, int64_t B, int64_t T, int NH, int NKV, int HS) {
+US_API void us_attention_naive_fwd(float *out, const float *qkv, int64_t B, int64_t T, int NH,
+                                   int NKV, int HS) {
     int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, b, i, j;
     float *S = (float *)us__scratch((size_t)T * T * 4);
     int h, d;
@@ -3152,15 +3750,24 @@ US_API void us_attention_naive_fwd(float *out, const float *qkv, int64_t B, int6
                 float mx = -INFINITY, sum = 0;
                 for (j = 0; j < T; j++) {
                     float dot = 0;
-                    if (j > i) { S[i * T + j] = -INFINITY; continue; }
-                    for (d = 0; d < HS; d++) dot += qkv[(b * T + i) * QKV + h * HS + d] * qkv[(b * T + j) * QKV + (NH + g) * HS + d];
+                    if (j > i) {
+                        S[i * T + j] = -INFINITY;
+                        continue;
+                    }
+                    for (d = 0; d < HS; d++)
+                        dot += qkv[(b * T + i) * QKV + h * HS + d] *
+                               qkv[(b * T + j) * QKV + (NH + g) * HS + d];
                     S[i * T + j] = dot / sqrtf((float)HS);
                     if (S[i * T + j] > mx) mx = S[i * T + j];
                 }
-                for (j = 0; j < T; j++) { S[i * T + j] = j > i ? 0 : expf(S[i * T + j] - mx); sum += S[i * T + j]; }
+                for (j = 0; j < T; j++) {
+                    S[i * T + j] = j > i ? 0 : expf(S[i * T + j] - mx);
+                    sum += S[i * T + j];
+                }
                 for (d = 0; d < HS; d++) {
                     float a = 0;
-                    for (j = 0; j <= i; j++) a += S[i * T + j] * qkv[(b * T + j) * QKV + (NH + NKV + g) * HS + d];
+                    for (j = 0; j <= i; j++)
+                        a += S[i * T + j] * qkv[(b * T + j) * QKV + (NH + NKV + g) * HS + d];
                     out[(b * T + i) * NH * HS + h * HS + d] = a / sum;
                 }
             }
@@ -3172,8 +3779,9 @@ US_API void us_attention_naive_fwd(float *out, const float *qkv, int64_t B, int6
 // >>optimizer  AdamW, global-norm clipping, learning-rate schedules
 /* ------------------------------------------------------------------------------------ */
 /* PyTorch's AdamW order: decoupled decay p ← p·(1 − lr·wd), then the bias-corrected Adam update. */
-static void us__cpu_adamw(us_ops *o, float *p, const float *g, float *m, float *v, void *p_lowp, us_dtype lowdt, int64_t n,
-                          float lr, float beta1, float beta2, float eps, float wd, float gscale, int step) {
+static void us__cpu_adamw(us_ops *o, float *p, const float *g, float *m, float *v, void *p_lowp,
+                          us_dtype lowdt, int64_t n, float lr, float beta1, float beta2, float eps,
+                          float wd, float gscale, int step) {
     int us__nt = us__threads(o);
     float bc1 = 1.0f - powf(beta1, (float)step), bc2 = 1.0f - powf(beta2, (float)step);
     int64_t i;
@@ -3195,7 +3803,8 @@ US_API float us_lr_at(const us_train_config *tc, int step) {
     {
         double prog = (double)(step - tc->warmup) / (double)(tc->steps - tc->warmup);
         if (prog > 1) prog = 1;
-        return floor_lr + (lr - floor_lr) * 0.5f * (float)(1.0 + cos(3.14159265358979323846 * prog));
+        return floor_lr +
+               (lr - floor_lr) * 0.5f * (float)(1.0 + cos(3.14159265358979323846 * prog));
     }
 }
 
@@ -3204,21 +3813,43 @@ US_API us_ops us_cpu_ops(int nthreads) {
     memset(&o, 0, sizeof o);
     o.name = "cpu";
     o.nthreads = nthreads;
-    o.alloc = us__cpu_alloc;         o.free = us__cpu_free;
-    o.zero = us__cpu_zero;           o.copy = us__cpu_copy;           o.sync = us__cpu_sync;
-    o.cast = us__cpu_cast;           o.gemm = us__cpu_gemm;
-    o.embedding_fwd = us__cpu_embedding_fwd;  o.embedding_bwd = us__cpu_embedding_bwd;
-    o.rmsnorm_fwd = us__cpu_rmsnorm_fwd;      o.rmsnorm_bwd = us__cpu_rmsnorm_bwd;
-    o.rope_fwd = us__cpu_rope_fwd;            o.rope_bwd = us__cpu_rope_bwd;
-    o.attention_fwd = us__cpu_attention_fwd;  o.attention_bwd = us__cpu_attention_bwd;
-    o.copy2d = us__cpu_copy2d;          o.rope_at = us__cpu_rope_at;
-    o.attn_block_fwd = us__cpu_attn_block_fwd; o.attn_block_finish = us__cpu_attn_block_finish; o.attn_block_bwd = us__cpu_attn_block_bwd;
-    o.swiglu_fwd = us__cpu_swiglu_fwd;        o.swiglu_bwd = us__cpu_swiglu_bwd;
-    o.xent = us__cpu_xent;           o.adamw = us__cpu_adamw;         o.sumsq = us__cpu_sumsq;
-    o.axpy = us__cpu_axpy;           o.xent_stats = us__cpu_xent_stats; o.xent_finish = us__cpu_xent_finish;
-    o.moe_route = us__cpu_moe_route;     o.moe_route_bwd = us__cpu_moe_route_bwd;  o.moe_permute = us__cpu_moe_permute;
-    o.moe_gather = us__cpu_moe_gather;   o.moe_scatter = us__cpu_moe_scatter;      o.moe_gate_grad = us__cpu_moe_gate_grad;
-    o.fp8_quantize = us__cpu_fp8_quantize; o.fp8_gemm = us__cpu_fp8_gemm; o.fp8_quantize_both = us__cpu_fp8_quantize_both;
+    o.alloc = us__cpu_alloc;
+    o.free = us__cpu_free;
+    o.zero = us__cpu_zero;
+    o.copy = us__cpu_copy;
+    o.sync = us__cpu_sync;
+    o.cast = us__cpu_cast;
+    o.gemm = us__cpu_gemm;
+    o.embedding_fwd = us__cpu_embedding_fwd;
+    o.embedding_bwd = us__cpu_embedding_bwd;
+    o.rmsnorm_fwd = us__cpu_rmsnorm_fwd;
+    o.rmsnorm_bwd = us__cpu_rmsnorm_bwd;
+    o.rope_fwd = us__cpu_rope_fwd;
+    o.rope_bwd = us__cpu_rope_bwd;
+    o.attention_fwd = us__cpu_attention_fwd;
+    o.attention_bwd = us__cpu_attention_bwd;
+    o.copy2d = us__cpu_copy2d;
+    o.rope_at = us__cpu_rope_at;
+    o.attn_block_fwd = us__cpu_attn_block_fwd;
+    o.attn_block_finish = us__cpu_attn_block_finish;
+    o.attn_block_bwd = us__cpu_attn_block_bwd;
+    o.swiglu_fwd = us__cpu_swiglu_fwd;
+    o.swiglu_bwd = us__cpu_swiglu_bwd;
+    o.xent = us__cpu_xent;
+    o.adamw = us__cpu_adamw;
+    o.sumsq = us__cpu_sumsq;
+    o.axpy = us__cpu_axpy;
+    o.xent_stats = us__cpu_xent_stats;
+    o.xent_finish = us__cpu_xent_finish;
+    o.moe_route = us__cpu_moe_route;
+    o.moe_route_bwd = us__cpu_moe_route_bwd;
+    o.moe_permute = us__cpu_moe_permute;
+    o.moe_gather = us__cpu_moe_gather;
+    o.moe_scatter = us__cpu_moe_scatter;
+    o.moe_gate_grad = us__cpu_moe_gate_grad;
+    o.fp8_quantize = us__cpu_fp8_quantize;
+    o.fp8_gemm = us__cpu_fp8_gemm;
+    o.fp8_quantize_both = us__cpu_fp8_quantize_both;
     return o;
 }
 
@@ -3226,87 +3857,158 @@ US_API us_ops us_cpu_ops(int nthreads) {
 // >>comm  the comm seam's world of one rank
 /* ------------------------------------------------------------------------------------ */
 static us_result us__self_group(us_comm *c, us_group *g) {
-    if (!g || g->size != 1 || g->rank != 0) { us__errf(c->err, sizeof c->err, "a world of one rank has only group {0}"); return US_ERR_INVALID; }
+    if (!g || g->size != 1 || g->rank != 0) {
+        us__errf(c->err, sizeof c->err, "a world of one rank has only group {0}");
+        return US_ERR_INVALID;
+    }
     return US_OK;
 }
+
 static us_result us__self_copy(us_comm *c, void *dst, const void *src, int64_t n, us_dtype dt) {
-    if (n < 0) { us__errf(c->err, sizeof c->err, "negative element count %lld", (long long)n); return US_ERR_INVALID; }
-    if (dst != src && n > 0) c->ops->copy(c->ops, dst, src, (size_t)n * us_dtype_size(dt), US_COPY_D2D);
+    if (n < 0) {
+        us__errf(c->err, sizeof c->err, "negative element count %lld", (long long)n);
+        return US_ERR_INVALID;
+    }
+    if (dst != src && n > 0)
+        c->ops->copy(c->ops, dst, src, (size_t)n * us_dtype_size(dt), US_COPY_D2D);
     return US_OK;
 }
-static us_result us__self_all_reduce(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt, us_reduce_op op, us_work **w) {
-    (void)buf; (void)n; (void)dt; (void)op;
+
+static us_result us__self_all_reduce(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt,
+                                     us_reduce_op op, us_work **w) {
+    (void)buf;
+    (void)n;
+    (void)dt;
+    (void)op;
     if (w) *w = NULL;
-    return us__self_group(c, g);   /* sum, mean or max over one rank is the value itself */
+    return us__self_group(c, g); /* sum, mean or max over one rank is the value itself */
 }
-static us_result us__self_reduce_scatter(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, us_reduce_op op, us_work **w) {
+
+static us_result us__self_reduce_scatter(us_comm *c, us_group *g, void *dst, const void *src,
+                                         int64_t n, us_dtype dt, us_reduce_op op, us_work **w) {
     us_result r = us__self_group(c, g);
     (void)op;
     if (w) *w = NULL;
     return r != US_OK ? r : us__self_copy(c, dst, src, n, dt);
 }
-static us_result us__self_all_gather(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, us_work **w) {
+
+static us_result us__self_all_gather(us_comm *c, us_group *g, void *dst, const void *src, int64_t n,
+                                     us_dtype dt, us_work **w) {
     us_result r = us__self_group(c, g);
     if (w) *w = NULL;
     return r != US_OK ? r : us__self_copy(c, dst, src, n, dt);
 }
-static us_result us__self_broadcast(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt, int root, us_work **w) {
-    (void)buf; (void)n; (void)dt;
+
+static us_result us__self_broadcast(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt,
+                                    int root, us_work **w) {
+    (void)buf;
+    (void)n;
+    (void)dt;
     if (w) *w = NULL;
-    if (root != 0) { us__errf(c->err, sizeof c->err, "broadcast root %d is not a rank of a one-rank group", root); return US_ERR_INVALID; }
+    if (root != 0) {
+        us__errf(c->err, sizeof c->err, "broadcast root %d is not a rank of a one-rank group",
+                 root);
+        return US_ERR_INVALID;
+    }
     return us__self_group(c, g);
 }
+
 static us_result us__self_p2p(us_comm *c, us_group *g, int peer, us_work **w, const char *what) {
     (void)g;
     if (w) *w = NULL;
     us__errf(c->err, sizeof c->err, "%s peer %d: a world of one rank has no peers", what, peer);
     return US_ERR_INVALID;
 }
-static us_result us__self_send(us_comm *c, us_group *g, const void *buf, int64_t n, us_dtype dt, int peer, us_work **w) {
-    (void)buf; (void)n; (void)dt;
+
+static us_result us__self_send(us_comm *c, us_group *g, const void *buf, int64_t n, us_dtype dt,
+                               int peer, us_work **w) {
+    (void)buf;
+    (void)n;
+    (void)dt;
     return us__self_p2p(c, g, peer, w, "send to");
 }
-static us_result us__self_recv(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt, int peer, us_work **w) {
-    (void)buf; (void)n; (void)dt;
+
+static us_result us__self_recv(us_comm *c, us_group *g, void *buf, int64_t n, us_dtype dt, int peer,
+                               us_work **w) {
+    (void)buf;
+    (void)n;
+    (void)dt;
     return us__self_p2p(c, g, peer, w, "recv from");
 }
-static us_result us__self_all_to_all(us_comm *c, us_group *g, void *dst, const int64_t *rc, const int64_t *rd,
-                                     const void *src, const int64_t *sc, const int64_t *sd, us_dtype dt, us_work **w) {
+
+static us_result us__self_all_to_all(us_comm *c, us_group *g, void *dst, const int64_t *rc,
+                                     const int64_t *rd, const void *src, const int64_t *sc,
+                                     const int64_t *sd, us_dtype dt, us_work **w) {
     us_result r = us__self_group(c, g);
     if (w) *w = NULL;
     if (r != US_OK) return r;
-    if (rc[0] != sc[0]) { us__errf(c->err, sizeof c->err, "all-to-all sends %lld elements to itself but expects %lld", (long long)sc[0], (long long)rc[0]); return US_ERR_INVALID; }
+    if (rc[0] != sc[0]) {
+        us__errf(c->err, sizeof c->err, "all-to-all sends %lld elements to itself but expects %lld",
+                 (long long)sc[0], (long long)rc[0]);
+        return US_ERR_INVALID;
+    }
     return us__self_copy(c, us__at(dst, dt, rd[0]), us__at(src, dt, sd[0]), sc[0], dt);
 }
-static us_result us__self_reduce(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, us_reduce_op op, int root, us_work **w) {
+
+static us_result us__self_reduce(us_comm *c, us_group *g, void *dst, const void *src, int64_t n,
+                                 us_dtype dt, us_reduce_op op, int root, us_work **w) {
     us_result r = us__self_group(c, g);
     (void)op;
     if (w) *w = NULL;
-    if (r == US_OK && root != 0) { us__errf(c->err, sizeof c->err, "reduce root %d is not a rank of a one-rank group", root); return US_ERR_INVALID; }
+    if (r == US_OK && root != 0) {
+        us__errf(c->err, sizeof c->err, "reduce root %d is not a rank of a one-rank group", root);
+        return US_ERR_INVALID;
+    }
     return r != US_OK ? r : us__self_copy(c, dst, src, n, dt);
 }
-static us_result us__self_gather(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, int root, us_work **w) {
-    return us__self_reduce(c, g, dst, src, n, dt, US_REDUCE_SUM, root, w);   /* one block: a copy */
+
+static us_result us__self_gather(us_comm *c, us_group *g, void *dst, const void *src, int64_t n,
+                                 us_dtype dt, int root, us_work **w) {
+    return us__self_reduce(c, g, dst, src, n, dt, US_REDUCE_SUM, root, w); /* one block: a copy */
 }
-static us_result us__self_scatter(us_comm *c, us_group *g, void *dst, const void *src, int64_t n, us_dtype dt, int root, us_work **w) {
+
+static us_result us__self_scatter(us_comm *c, us_group *g, void *dst, const void *src, int64_t n,
+                                  us_dtype dt, int root, us_work **w) {
     return us__self_reduce(c, g, dst, src, n, dt, US_REDUCE_SUM, root, w);
 }
+
 static us_result us__self_split(us_comm *c, us_group *parent, int color, int key, us_group *out) {
     us_result r = us__self_group(c, parent);
     (void)key;
     if (r != US_OK) return r;
-    out->size = color < 0 ? 0 : 1; out->rank = 0; out->impl = NULL;
+    out->size = color < 0 ? 0 : 1;
+    out->rank = 0;
+    out->impl = NULL;
     return US_OK;
 }
-static void us__self_group_free(us_comm *c, us_group *g) { (void)c; g->size = 0; }
-static us_result us__self_dup(us_comm *c, us_group *g, us_group *out) { return us__self_split(c, g, 0, 0, out); }
-static us_result us__self_sendrecv(us_comm *c, us_group *g, const void *sbuf, int64_t sn, int speer, void *rbuf, int64_t rn, int rpeer,
-                                   us_dtype dt, us_work **w) {
-    (void)sbuf; (void)sn; (void)rbuf; (void)rn; (void)rpeer; (void)dt;
+
+static void us__self_group_free(us_comm *c, us_group *g) {
+    (void)c;
+    g->size = 0;
+}
+
+static us_result us__self_dup(us_comm *c, us_group *g, us_group *out) {
+    return us__self_split(c, g, 0, 0, out);
+}
+
+static us_result us__self_sendrecv(us_comm *c, us_group *g, const void *sbuf, int64_t sn, int speer,
+                                   void *rbuf, int64_t rn, int rpeer, us_dtype dt, us_work **w) {
+    (void)sbuf;
+    (void)sn;
+    (void)rbuf;
+    (void)rn;
+    (void)rpeer;
+    (void)dt;
     return us__self_p2p(c, g, speer, w, "sendrecv to");
 }
+
 static us_result us__self_barrier(us_comm *c, us_group *g) { return us__self_group(c, g); }
-static us_result us__self_wait(us_comm *c, us_work *w) { (void)c; (void)w; return US_OK; }
+
+static us_result us__self_wait(us_comm *c, us_work *w) {
+    (void)c;
+    (void)w;
+    return US_OK;
+}
 
 US_API void us_comm_self(us_comm *c, us_ops *ops) {
     memset(c, 0, sizeof *c);
@@ -3314,13 +4016,20 @@ US_API void us_comm_self(us_comm *c, us_ops *ops) {
     c->ops = ops;
     c->world.size = 1;
     c->world.rank = 0;
-    c->all_reduce = us__self_all_reduce;        c->reduce_scatter = us__self_reduce_scatter;
-    c->all_gather = us__self_all_gather;        c->broadcast = us__self_broadcast;
-    c->send = us__self_send;                    c->recv = us__self_recv;
-    c->all_to_all = us__self_all_to_all;        c->barrier = us__self_barrier;
-    c->wait = us__self_wait;                    c->reduce = us__self_reduce;
-    c->gather = us__self_gather;                c->scatter = us__self_scatter;
-    c->split = us__self_split;                  c->group_free = us__self_group_free;
+    c->all_reduce = us__self_all_reduce;
+    c->reduce_scatter = us__self_reduce_scatter;
+    c->all_gather = us__self_all_gather;
+    c->broadcast = us__self_broadcast;
+    c->send = us__self_send;
+    c->recv = us__self_recv;
+    c->all_to_all = us__self_all_to_all;
+    c->barrier = us__self_barrier;
+    c->wait = us__self_wait;
+    c->reduce = us__self_reduce;
+    c->gather = us__self_gather;
+    c->scatter = us__self_scatter;
+    c->split = us__self_split;
+    c->group_free = us__self_group_free;
     c->dup = us__self_dup;
     c->p2p_early = 1;
     c->sendrecv = us__self_sendrecv;
@@ -3333,32 +4042,49 @@ US_API us_result us_mesh_init(us_mesh *mesh, us_comm *c, int dp, int pp, int cp,
     int r = c->world.rank;
     us_result res;
     memset(mesh, 0, sizeof *mesh);
-    mesh->dp = dp > 0 ? dp : 1; mesh->pp = pp > 0 ? pp : 1; mesh->cp = cp > 0 ? cp : 1; mesh->tp = tp > 0 ? tp : 1;
+    mesh->dp = dp > 0 ? dp : 1;
+    mesh->pp = pp > 0 ? pp : 1;
+    mesh->cp = cp > 0 ? cp : 1;
+    mesh->tp = tp > 0 ? tp : 1;
     if ((int64_t)mesh->dp * mesh->pp * mesh->cp * mesh->tp != c->world.size) {
-        us__errf(c->err, sizeof c->err, "the mesh dp %d x pp %d x cp %d x tp %d = %lld ranks does not match the world of %d ranks",
-                 mesh->dp, mesh->pp, mesh->cp, mesh->tp, (long long)mesh->dp * mesh->pp * mesh->cp * mesh->tp, c->world.size);
+        us__errf(c->err, sizeof c->err,
+                 "the mesh dp %d x pp %d x cp %d x tp %d = %lld ranks does not match the world of "
+                 "%d ranks",
+                 mesh->dp, mesh->pp, mesh->cp, mesh->tp,
+                 (long long)mesh->dp * mesh->pp * mesh->cp * mesh->tp, c->world.size);
         return US_ERR_INVALID;
     }
     mesh->tp_rank = r % mesh->tp;
     mesh->cp_rank = r / mesh->tp % mesh->cp;
     mesh->pp_rank = r / (mesh->tp * mesh->cp) % mesh->pp;
     mesh->dp_rank = r / (mesh->tp * mesh->cp * mesh->pp);
-    {   /* color = the coordinates a group does not span, flattened; key = the coordinate it does */
+    { /* color = the coordinates a group does not span, flattened; key = the coordinate it does */
         int d = mesh->dp_rank, p = mesh->pp_rank, x = mesh->cp_rank, t = mesh->tp_rank;
         int P = mesh->pp, X = mesh->cp, T = mesh->tp;
-        if ((res = c->split(c, &c->world, (d * P + p) * X + x, t, &mesh->tp_g)) != US_OK) return res;
-        if ((res = c->split(c, &c->world, (d * P + p) * T + t, x, &mesh->cp_g)) != US_OK) return res;
-        if ((res = c->split(c, &c->world, (d * X + x) * T + t, p, &mesh->pp_g)) != US_OK) return res;
-        if ((res = c->split(c, &c->world, (p * X + x) * T + t, d, &mesh->dp_g)) != US_OK) return res;
-        if ((res = c->split(c, &c->world, p * T + t, d * X + x, &mesh->dpcp_g)) != US_OK) return res;
+        if ((res = c->split(c, &c->world, (d * P + p) * X + x, t, &mesh->tp_g)) != US_OK)
+            return res;
+        if ((res = c->split(c, &c->world, (d * P + p) * T + t, x, &mesh->cp_g)) != US_OK)
+            return res;
+        if ((res = c->split(c, &c->world, (d * X + x) * T + t, p, &mesh->pp_g)) != US_OK)
+            return res;
+        if ((res = c->split(c, &c->world, (p * X + x) * T + t, d, &mesh->dp_g)) != US_OK)
+            return res;
+        if ((res = c->split(c, &c->world, p * T + t, d * X + x, &mesh->dpcp_g)) != US_OK)
+            return res;
     }
     return US_OK;
 }
+
 US_API void us_mesh_free(us_mesh *mesh, us_comm *c) {
     us_group *g[5];
     int i;
-    g[0] = &mesh->tp_g; g[1] = &mesh->cp_g; g[2] = &mesh->pp_g; g[3] = &mesh->dp_g; g[4] = &mesh->dpcp_g;
-    for (i = 0; i < 5; i++) if (g[i]->size && c->group_free) c->group_free(c, g[i]);
+    g[0] = &mesh->tp_g;
+    g[1] = &mesh->cp_g;
+    g[2] = &mesh->pp_g;
+    g[3] = &mesh->dp_g;
+    g[4] = &mesh->dpcp_g;
+    for (i = 0; i < 5; i++)
+        if (g[i]->size && c->group_free) c->group_free(c, g[i]);
     memset(mesh, 0, sizeof *mesh);
 }
 
@@ -3366,62 +4092,91 @@ US_API void us_mesh_free(us_mesh *mesh, us_comm *c) {
 // >>trace  named regions per rank and stream, written as a Chrome / Perfetto trace
 /* ------------------------------------------------------------------------------------ */
 US_API double us_trace_now_us(void) {
-#ifdef CLOCK_MONOTONIC   /* POSIX clocks are visible (-D_POSIX_C_SOURCE=200809L or gnu99) */
+#ifdef CLOCK_MONOTONIC /* POSIX clocks are visible (-D_POSIX_C_SOURCE=200809L or gnu99) */
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
-#else                    /* strict C99: processor time, coarse but monotonic */
+#else /* strict C99: processor time, coarse but monotonic */
     return (double)clock() * (1e6 / (double)CLOCKS_PER_SEC);
 #endif
 }
-US_API void us_trace_init(us_trace *t, int rank) { memset(t, 0, sizeof *t); t->rank = rank; }
+
+US_API void us_trace_init(us_trace *t, int rank) {
+    memset(t, 0, sizeof *t);
+    t->rank = rank;
+}
+
 US_API void us_trace_free(us_trace *t) {
     int s;
     for (s = 0; s < US_TRACE_STREAMS; s++) US_FREE(t->ev[s]);
     memset(t, 0, sizeof *t);
 }
-US_API void us_trace_add(us_trace *t, int stream, const char *cat, const char *name, double t0, double t1) {
+
+US_API void us_trace_add(us_trace *t, int stream, const char *cat, const char *name, double t0,
+                         double t1) {
     us_trace_event *e;
     if (!t || stream < 0 || stream >= US_TRACE_STREAMS) return;
-    if (t->n[stream] == t->cap[stream]) {   /* a trace that cannot grow drops events, never the run */
+    if (t->n[stream] == t->cap[stream]) { /* a trace that cannot grow drops events, never the run */
         int cap = t->cap[stream] ? 2 * t->cap[stream] : 1024;
         us_trace_event *ne = (us_trace_event *)realloc(t->ev[stream], (size_t)cap * sizeof *ne);
         if (!ne) return;
-        t->ev[stream] = ne; t->cap[stream] = cap;
+        t->ev[stream] = ne;
+        t->cap[stream] = cap;
     }
     e = &t->ev[stream][t->n[stream]++];
     snprintf(e->name, sizeof e->name, "%s", name);
-    e->cat = cat; e->t0 = t0; e->t1 = t1;
+    e->cat = cat;
+    e->t0 = t0;
+    e->t1 = t1;
 }
-US_API us_result us_trace_write(const char *path, us_trace *const *ranks, int nranks, char *err, size_t errlen) {
+
+US_API us_result us_trace_write(const char *path, us_trace *const *ranks, int nranks, char *err,
+                                size_t errlen) {
     double base = 1e300;
     int r, s, i;
-    for (r = 0; r < nranks; r++)   /* times start at the earliest event of any rank */
+    for (r = 0; r < nranks; r++) /* times start at the earliest event of any rank */
         for (s = 0; s < US_TRACE_STREAMS; s++)
-            for (i = 0; i < ranks[r]->n[s]; i++) if (ranks[r]->ev[s][i].t0 < base) base = ranks[r]->ev[s][i].t0;
+            for (i = 0; i < ranks[r]->n[s]; i++)
+                if (ranks[r]->ev[s][i].t0 < base) base = ranks[r]->ev[s][i].t0;
     return us_trace_write_at(path, ranks, nranks, base < 1e300 ? base : 0, err, errlen);
 }
-US_API us_result us_trace_write_at(const char *path, us_trace *const *ranks, int nranks, double base, char *err, size_t errlen) {
+
+US_API us_result us_trace_write_at(const char *path, us_trace *const *ranks, int nranks,
+                                   double base, char *err, size_t errlen) {
     FILE *f = fopen(path, "w");
     int r, s, i, first = 1;
     static const char *stream_names[US_TRACE_STREAMS] = {"compute", "communication", "host"};
-    if (!f) { us__errf(err, errlen, "cannot write the trace %s", path); return US_ERR_IO; }
+    if (!f) {
+        us__errf(err, errlen, "cannot write the trace %s", path);
+        return US_ERR_IO;
+    }
     fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
     for (r = 0; r < nranks; r++) {
         int pid = ranks[r]->rank;
-        fprintf(f, "%s{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}", first ? "" : ",\n", pid, pid);
+        fprintf(
+            f,
+            "%s{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}",
+            first ? "" : ",\n", pid, pid);
         first = 0;
         for (s = 0; s < US_TRACE_STREAMS; s++) {
-            fprintf(f, ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}", pid, s, stream_names[s]);
+            fprintf(f,
+                    ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{"
+                    "\"name\":\"%s\"}}",
+                    pid, s, stream_names[s]);
             for (i = 0; i < ranks[r]->n[s]; i++) {
                 const us_trace_event *e = &ranks[r]->ev[s][i];
-                fprintf(f, ",\n{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"cat\":\"%s\",\"name\":\"%s\",\"ts\":%.3f,\"dur\":%.3f}",
+                fprintf(f,
+                        ",\n{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"cat\":\"%s\",\"name\":\"%s\","
+                        "\"ts\":%.3f,\"dur\":%.3f}",
                         pid, s, e->cat ? e->cat : "", e->name, e->t0 - base, e->t1 - e->t0);
             }
         }
     }
     fprintf(f, "\n]}\n");
-    if (fclose(f) != 0) { us__errf(err, errlen, "cannot finish writing the trace %s", path); return US_ERR_IO; }
+    if (fclose(f) != 0) {
+        us__errf(err, errlen, "cannot finish writing the trace %s", path);
+        return US_ERR_IO;
+    }
     return US_OK;
 }
 
@@ -3429,13 +4184,18 @@ US_API us_result us_trace_write_at(const char *path, us_trace *const *ranks, int
 // >>model  Llama decoder: flat parameter buffers with Hugging Face names, init, forward, backward
 /* ------------------------------------------------------------------------------------ */
 US_API void us_rng_seed(us_rng *r, uint64_t seed) { r->s = seed; }
-US_API uint64_t us_rng_u64(us_rng *r) {   /* splitmix64: tiny, good enough, splittable by seed */
+
+US_API uint64_t us_rng_u64(us_rng *r) { /* splitmix64: tiny, good enough, splittable by seed */
     uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
 }
-US_API float us_rng_uniform(us_rng *r) { return (float)(us_rng_u64(r) >> 40) * (1.0f / 16777216.0f); }
+
+US_API float us_rng_uniform(us_rng *r) {
+    return (float)(us_rng_u64(r) >> 40) * (1.0f / 16777216.0f);
+}
+
 US_API float us_rng_normal(us_rng *r) {
     double u1 = ((double)(us_rng_u64(r) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
     double u2 = (double)(us_rng_u64(r) >> 11) * (1.0 / 9007199254740992.0);
@@ -3447,55 +4207,91 @@ US_API float us_rng_normal(us_rng *r) {
    (// >>moe) has the router at US__P_GATE, then gate|up|down triples: the shared expert's, then
    each routed expert's. Layers differ in length, so layer l's tensors start at m->layer_p[l]
    (the macros read the `m` in scope: every caller is a function of the model). */
-enum { US__P_LN1, US__P_Q, US__P_K, US__P_V, US__P_O, US__P_LN2, US__P_GATE, US__P_UP, US__P_DOWN, US__P_PER_LAYER };
-enum { US__P_ROUTER = US__P_GATE, US__P_EXPERTS = US__P_GATE + 1 };   /* a MoE layer's router and first triple */
-#define US__PL(l, k) (m->layer_p[l] + (k))       /* index of layer l's tensor k */
+enum {
+    US__P_LN1,
+    US__P_Q,
+    US__P_K,
+    US__P_V,
+    US__P_O,
+    US__P_LN2,
+    US__P_GATE,
+    US__P_UP,
+    US__P_DOWN,
+    US__P_PER_LAYER
+};
+
+enum {
+    US__P_ROUTER = US__P_GATE,
+    US__P_EXPERTS = US__P_GATE + 1
+}; /* a MoE layer's router and first triple */
+
+#define US__PL(l, k) (m->layer_p[l] + (k)) /* index of layer l's tensor k */
 #define US__P_NORM(L) (m->layer_p[L])
 #define US__P_HEAD(L) (m->layer_p[L] + 1)
 
 /* Whether global layer lg is a MoE layer: E > 0, past the first dense ones, every moe_every-th. */
 static int us__is_moe(const us_model_config *c, int lg) {
-    return c->moe_experts > 0 && lg >= c->moe_first_dense && (lg - c->moe_first_dense) % c->moe_every == 0;
+    return c->moe_experts > 0 && lg >= c->moe_first_dense &&
+           (lg - c->moe_first_dense) % c->moe_every == 0;
 }
+
 /* expert parallelism's size (// >>ep): 1 when off */
 static int us__ep_of(const us_train_config *tc) { return tc->ep > 1 ? tc->ep : 1; }
+
 /* Tensors of global layer lg on a rank of an ep group of size ep: the E/ep local experts. */
 static int us__layer_tensors(const us_model_config *c, int ep, int lg) {
-    return us__is_moe(c, lg) ? US__P_EXPERTS + 3 * (c->moe_experts / ep + c->moe_shared) : US__P_PER_LAYER;
+    return us__is_moe(c, lg) ? US__P_EXPERTS + 3 * (c->moe_experts / ep + c->moe_shared)
+                             : US__P_PER_LAYER;
 }
+
 /* Parameters of the model (active = 0) or those one token uses (active = 1: K routed experts). */
 static int64_t us__param_count(const us_model_config *mc_in, int active) {
     us_model_config c = *mc_in, *mc = &c;
     int64_t C, HS, QKV, attn, n;
     int l;
-    us_model_config_defaults(mc);   /* zero means default here too */
-    C = mc->dim; HS = mc->dim / mc->n_heads; QKV = (int64_t)(mc->n_heads + 2 * mc->n_kv_heads) * HS;
+    us_model_config_defaults(mc); /* zero means default here too */
+    C = mc->dim;
+    HS = mc->dim / mc->n_heads;
+    QKV = (int64_t)(mc->n_heads + 2 * mc->n_kv_heads) * HS;
     attn = 2 * C + QKV * C + (int64_t)mc->n_heads * HS * C;
     n = mc->vocab * C * (mc->tie_embeddings ? 1 : 2) + C;
     for (l = 0; l < mc->n_layers; l++) {
-        if (!us__is_moe(mc, l)) { n += attn + 3 * C * mc->ffn_dim; continue; }
-        n += attn + (int64_t)mc->moe_experts * C
-           + (int64_t)((active ? mc->moe_top_k : mc->moe_experts) + mc->moe_shared) * 3 * C * mc->moe_ffn_dim;
+        if (!us__is_moe(mc, l)) {
+            n += attn + 3 * C * mc->ffn_dim;
+            continue;
+        }
+        n += attn + (int64_t)mc->moe_experts * C +
+             (int64_t)((active ? mc->moe_top_k : mc->moe_experts) + mc->moe_shared) * 3 * C *
+                 mc->moe_ffn_dim;
     }
     return n;
 }
+
 US_API int64_t us_param_count(const us_model_config *mc) { return us__param_count(mc, 0); }
+
 /* Tensor i's place: its layer (-1: the embedding, final norm or head) and index k in the layer;
    the role of k: 1 the second or third part of a fused GEMM block (k, v, up), 2 a residual
    output projection (o, down: the smaller init), 0 else. */
 static int us__tensor_role(const us_model *m, int i, int *layer, int *kk) {
     int l, k, moe;
-    *layer = -1; *kk = 0;
+    *layer = -1;
+    *kk = 0;
     if (i < 1 || i >= m->layer_p[m->cfg.n_layers]) return 0;
-    for (l = 0; m->layer_p[l + 1] <= i; l++) {}
+    for (l = 0; m->layer_p[l + 1] <= i; l++) {
+    }
     k = i - m->layer_p[l];
-    *layer = l; *kk = k;
+    *layer = l;
+    *kk = k;
     moe = us__is_moe(&m->cfg, m->layer_g[l]);
     if (k == US__P_K || k == US__P_V) return 1;
     if (k == US__P_O) return 2;
     if (!moe) return k == US__P_UP ? 1 : k == US__P_DOWN ? 2 : 0;
-    return k < US__P_EXPERTS ? 0 : (k - US__P_EXPERTS) % 3 == 1 ? 1 : (k - US__P_EXPERTS) % 3 == 2 ? 2 : 0;
+    return k < US__P_EXPERTS              ? 0
+           : (k - US__P_EXPERTS) % 3 == 1 ? 1
+           : (k - US__P_EXPERTS) % 3 == 2 ? 2
+                                          : 0;
 }
+
 US_API int64_t us_param_count_active(const us_model_config *mc) { return us__param_count(mc, 1); }
 
 static void us__add_param(us_model *m, const char *name, int64_t rows, int64_t cols, int64_t *off) {
@@ -3505,11 +4301,13 @@ static void us__add_param(us_model *m, const char *name, int64_t rows, int64_t c
     snprintf(p->name, sizeof p->name, "%s", name);
     p->offset = *off;
     p->ndim = cols ? 2 : 1;
-    p->shape[0] = rows; p->shape[1] = cols;
+    p->shape[0] = rows;
+    p->shape[1] = cols;
     p->numel = rows * (cols ? cols : 1);
     p->decay = cols != 0;
     *off += p->numel;
 }
+
 static void us__build_params(us_model *m) {
     const us_model_config *c = &m->cfg;
     int64_t C = c->dim, HS = C / c->n_heads, off = 0;
@@ -3518,15 +4316,20 @@ static void us__build_params(us_model *m) {
     /* tensor parallelism (Playbook "Tensor parallelism"): q/k/v and gate/up are column-parallel
        (this rank's output rows of the weight), o and down row-parallel (its input columns); the
        embedding and the head hold this rank's slice of the vocabulary; norms are replicated */
-    m->nh_l = c->n_heads / tp; m->nkv_l = c->n_kv_heads / tp; m->ffn_l = c->ffn_dim / tp; m->vocab_l = c->vocab / tp;
+    m->nh_l = c->n_heads / tp;
+    m->nkv_l = c->n_kv_heads / tp;
+    m->ffn_l = c->ffn_dim / tp;
+    m->vocab_l = c->vocab / tp;
     m->n_params_t = 0;
     /* pipeline stages hold their own layers; the embedding (first stage) and the final norm and
        head (last stage) exist on every stage with zero rows elsewhere, so tensor indices stay fixed */
     us__add_param(m, "model.embed_tokens.weight", m->pp_first ? m->vocab_l : 0, C, &off);
     m->params[0].tp_split = tp > 1;
     for (l = 0; l < c->n_layers; l++) {
-#define US__LP(suffix, r, cc, split) (snprintf(nm, sizeof nm, "model.layers.%d.%s", m->layer_g[l], suffix), us__add_param(m, nm, r, cc, &off), \
-                                      m->params[m->n_params_t - 1].tp_split = tp > 1 ? split : 0)
+#define US__LP(suffix, r, cc, split)                                       \
+    (snprintf(nm, sizeof nm, "model.layers.%d.%s", m->layer_g[l], suffix), \
+     us__add_param(m, nm, r, cc, &off),                                    \
+     m->params[m->n_params_t - 1].tp_split = tp > 1 ? split : 0)
         m->layer_p[l] = m->n_params_t;
         US__LP("input_layernorm.weight", C, 0, 0);
         US__LP("self_attn.q_proj.weight", (int64_t)m->nh_l * HS, C, 1);
@@ -3534,7 +4337,8 @@ static void us__build_params(us_model *m) {
         US__LP("self_attn.v_proj.weight", (int64_t)m->nkv_l * HS, C, 1);
         US__LP("self_attn.o_proj.weight", C, (int64_t)m->nh_l * HS, 2);
         US__LP("post_attention_layernorm.weight", C, 0, 0);
-        if (us__is_moe(c, m->layer_g[l])) {   /* DeepSeek-MoE names (// >>moe); the router bias is not a parameter */
+        /* DeepSeek-MoE names (// >>moe); the router bias is not a parameter */
+        if (us__is_moe(c, m->layer_g[l])) {
             int64_t Fe = c->moe_ffn_dim;
             char sfx[64];
             US__LP("mlp.gate.weight", c->moe_experts, C, 0);
@@ -3545,9 +4349,15 @@ static void us__build_params(us_model *m) {
             }
             /* expert parallelism (// >>ep): this rank's E/ep experts, under their global numbers */
             for (e = m->ep_rank * El; e < (m->ep_rank + 1) * El; e++) {
-                snprintf(sfx, sizeof sfx, "mlp.experts.%d.gate_proj.weight", e); US__LP(sfx, Fe, C, 0); m->params[m->n_params_t - 1].expert = 1;
-                snprintf(sfx, sizeof sfx, "mlp.experts.%d.up_proj.weight", e);   US__LP(sfx, Fe, C, 0); m->params[m->n_params_t - 1].expert = 1;
-                snprintf(sfx, sizeof sfx, "mlp.experts.%d.down_proj.weight", e); US__LP(sfx, C, Fe, 0); m->params[m->n_params_t - 1].expert = 1;
+                snprintf(sfx, sizeof sfx, "mlp.experts.%d.gate_proj.weight", e);
+                US__LP(sfx, Fe, C, 0);
+                m->params[m->n_params_t - 1].expert = 1;
+                snprintf(sfx, sizeof sfx, "mlp.experts.%d.up_proj.weight", e);
+                US__LP(sfx, Fe, C, 0);
+                m->params[m->n_params_t - 1].expert = 1;
+                snprintf(sfx, sizeof sfx, "mlp.experts.%d.down_proj.weight", e);
+                US__LP(sfx, C, Fe, 0);
+                m->params[m->n_params_t - 1].expert = 1;
             }
         } else {
             US__LP("mlp.gate_proj.weight", m->ffn_l, C, 1);
@@ -3558,24 +4368,28 @@ static void us__build_params(us_model *m) {
     }
     m->layer_p[c->n_layers] = m->n_params_t;
     us__add_param(m, "model.norm.weight", m->pp_last ? C : 0, 0, &off);
-    if (!c->tie_embeddings) { us__add_param(m, "lm_head.weight", m->pp_last ? m->vocab_l : 0, C, &off); m->params[m->n_params_t - 1].tp_split = tp > 1; }
+    if (!c->tie_embeddings) {
+        us__add_param(m, "lm_head.weight", m->pp_last ? m->vocab_l : 0, C, &off);
+        m->params[m->n_params_t - 1].tp_split = tp > 1;
+    }
     m->n_params = off;
 }
 
 /* A unit: a contiguous range of whole tensors in the flat buffers, the thing data parallelism
    reduces in one collective and ZeRO shards (// >>dp, // >>zero). */
 typedef struct us__unit {
-    int      p0, p1;      /* parameter tensors [p0, p1) */
-    int64_t  off, n;      /* flat offset and length, padding included */
-    int64_t  piece;       /* n / dp under ZeRO (each rank owns one piece), else n */
-    int64_t  shard_off;   /* where a rank's piece sits in the shard buffers (off without ZeRO) */
-    int      pending;     /* tensors whose gradient this backward has not finished */
-    us_work *work;        /* in-flight gradient reduction */
-    us_work *gather;      /* ZeRO-3: in-flight all-gather of the weights */
-    int      gslot, wslot;/* ZeRO-2/3 gradient slot / ZeRO-3 weight slot holding the unit, -1 none */
-    int      expert;      /* routed experts' weights under ep > 1: reduced over the expert-data-parallel group (// >>ep) */
+    int p0, p1;        /* parameter tensors [p0, p1) */
+    int64_t off, n;    /* flat offset and length, padding included */
+    int64_t piece;     /* n / dp under ZeRO (each rank owns one piece), else n */
+    int64_t shard_off; /* where a rank's piece sits in the shard buffers (off without ZeRO) */
+    int pending;       /* tensors whose gradient this backward has not finished */
+    us_work *work;     /* in-flight gradient reduction */
+    us_work *gather;   /* ZeRO-3: in-flight all-gather of the weights */
+    int gslot, wslot;  /* ZeRO-2/3 gradient slot / ZeRO-3 weight slot holding the unit, -1 none */
+    int expert; /* routed experts' weights under ep > 1: reduced over the expert-data-parallel group (// >>ep) */
 } us__unit;
-#define US__SHARD_PAD 16  /* a ZeRO piece is a multiple of 16 elements: 64-byte aligned in fp32 */
+
+#define US__SHARD_PAD 16 /* a ZeRO piece is a multiple of 16 elements: 64-byte aligned in fp32 */
 
 /* Cuts the tensors into units and assigns every tensor its flat offset (the offsets of
    us__build_params are replaced). Without ZeRO-3 the units are gradient buckets of about
@@ -3589,23 +4403,28 @@ typedef struct us__unit {
    buffer [Nf, V/tp] must hold the packed rows [≤ dp·cp·Nf, C] fp32 with their indices, and the
    residual gradient [Nf, C] every rank's count and token rows. Decided from the configs alone, so
    the memory estimate cuts the same units. */
-static void us__rows(const us_model *m, int64_t N, int64_t *Np, int64_t *Ns);   /* (// >>tp) */
+static void us__rows(const us_model *m, int64_t N, int64_t *Np, int64_t *Ns); /* (// >>tp) */
+
 static int us__emb_sparse(const us_model_config *mc, const us_train_config *tc) {
     int64_t n = (int64_t)(tc->dp > 1 ? tc->dp : 1) * (tc->cp > 1 ? tc->cp : 1), C = mc->dim;
-    int64_t a = tc->precision == US_PRECISION_FP32 ? 4 : 2, V = mc->vocab / (tc->tp > 1 ? tc->tp : 1);
+    int64_t a = tc->precision == US_PRECISION_FP32 ? 4 : 2,
+            V = mc->vocab / (tc->tp > 1 ? tc->tp : 1);
     if (tc->dense_emb_grad || n <= 1 || tc->zero >= 2 || tc->pp > 1) return 0;
     return n * (C * 4 + 4) + 4 <= V * a && (n + 1) * 8 <= C * a;
 }
+
 static int us__plan_units(us_model *m, us__unit *units) {
     const us_train_config *tc = &m->tc;
-    int np = m->n_params_t, L = m->cfg.n_layers, ns = 0, i, u, own = tc->zero ? tc->dp * (tc->cp > 0 ? tc->cp : 1) : 1;
-    int64_t bucket = (int64_t)((double)tc->bucket_mb * 1048576.0 / 4.0), acc = 0, off = 0, shard = 0;
-    int *start = (int *)US_MALLOC(sizeof(int) * (size_t)(np + 1));   /* first tensor of each unit */
-    if (tc->zero == 3) {   /* [embedding] [layer 0] ... [layer L-1] [final norm (+ lm_head)] */
+    int np = m->n_params_t, L = m->cfg.n_layers, ns = 0, i, u,
+        own = tc->zero ? tc->dp * (tc->cp > 0 ? tc->cp : 1) : 1;
+    int64_t bucket = (int64_t)((double)tc->bucket_mb * 1048576.0 / 4.0), acc = 0, off = 0,
+            shard = 0;
+    int *start = (int *)US_MALLOC(sizeof(int) * (size_t)(np + 1)); /* first tensor of each unit */
+    if (tc->zero == 3) { /* [embedding] [layer 0] ... [layer L-1] [final norm (+ lm_head)] */
         start[ns++] = 0;
         for (i = 0; i < L; i++) start[ns++] = US__PL(i, 0);
         start[ns++] = US__P_NORM(L);
-    } else {               /* buckets filled from the last tensor backwards, closed at bucket_mb */
+    } else { /* buckets filled from the last tensor backwards, closed at bucket_mb */
         if (bucket < 1) bucket = 1;
         for (i = np - 1; i > 0; i--) {
             int l, k, fused = us__tensor_role(m, i, &l, &k) == 1;
@@ -3614,24 +4433,38 @@ static int us__plan_units(us_model *m, us__unit *units) {
             int border = us__ep_of(tc) > 1 && m->params[i].expert != m->params[i - 1].expert;
             acc += m->params[i].numel;
             /* q|k|v and gate|up are one GEMM each, writing one gradient block: never split them */
-            if ((acc >= bucket || border) && !fused) { start[ns++] = i; acc = 0; }
+            if ((acc >= bucket || border) && !fused) {
+                start[ns++] = i;
+                acc = 0;
+            }
         }
         /* the embedding alone when its gradient is reduced early and by rows (us__emb_sparse) */
-        if (np > 1 && (ns == 0 || start[ns - 1] != 1) && us__emb_sparse(&m->cfg, tc)) start[ns++] = 1;
+        if (np > 1 && (ns == 0 || start[ns - 1] != 1) && us__emb_sparse(&m->cfg, tc))
+            start[ns++] = 1;
         start[ns++] = 0;
-        for (i = 0; i < ns / 2; i++) { int t = start[i]; start[i] = start[ns - 1 - i]; start[ns - 1 - i] = t; }
+        for (i = 0; i < ns / 2; i++) {
+            int t = start[i];
+            start[i] = start[ns - 1 - i];
+            start[ns - 1 - i] = t;
+        }
     }
     start[ns] = np;
     for (u = 0; u < ns; u++) {
         int64_t first = off, n, quantum = (int64_t)own * US__SHARD_PAD;
-        for (i = start[u]; i < start[u + 1]; i++) { m->params[i].offset = off; off += m->params[i].numel; }
+        for (i = start[u]; i < start[u + 1]; i++) {
+            m->params[i].offset = off;
+            off += m->params[i].numel;
+        }
         n = off - first;
         if (tc->zero) n = (n + quantum - 1) / quantum * quantum;
         off = first + n;
         if (units) {
             us__unit *U = &units[u];
             memset(U, 0, sizeof *U);
-            U->p0 = start[u]; U->p1 = start[u + 1]; U->off = first; U->n = n;
+            U->p0 = start[u];
+            U->p1 = start[u + 1];
+            U->off = first;
+            U->n = n;
             U->piece = tc->zero ? n / own : n;
             U->shard_off = tc->zero ? shard : first;
             U->gslot = U->wslot = -1;
@@ -3645,100 +4478,168 @@ static int us__plan_units(us_model *m, us__unit *units) {
 
 US_API const us_param *us_model_find_param(const us_model *m, const char *name) {
     int i;
-    for (i = 0; i < m->n_params_t; i++) if (!strcmp(m->params[i].name, name)) return &m->params[i];
+    for (i = 0; i < m->n_params_t; i++)
+        if (!strcmp(m->params[i].name, name)) return &m->params[i];
     return NULL;
 }
 
 /* Activations: pointers per layer. Depending on the recompute mode some point into one shared
    layer-sized scratch that every layer overwrites in the forward and the backward refills. */
 struct us_layer_acts {
-    void  *x;      /* [N,C]   layer input: kept in every mode */
-    void  *ln1;    /* [N,C]   input_layernorm output */
-    float *rstd1;  /* [N]     */
-    void  *qkv;    /* [N,QKV] after RoPE */
-    void  *att;    /* [N,NH·HS] attention output */
-    float *lse;    /* [B,NH,T] log-sum-exp of each attention row */
-    void  *xmid;   /* [N,C]   residual after attention */
-    void  *ln2;    /* [N,C]   */
-    float *rstd2;  /* [N]     */
-    void  *gu;     /* [N,2F]  gate | up */
-    void  *h;      /* [N,F]   SwiGLU output */
+    void *x;      /* [N,C]   layer input: kept in every mode */
+    void *ln1;    /* [N,C]   input_layernorm output */
+    float *rstd1; /* [N]     */
+    void *qkv;    /* [N,QKV] after RoPE */
+    void *att;    /* [N,NH·HS] attention output */
+    float *lse;   /* [B,NH,T] log-sum-exp of each attention row */
+    void *xmid;   /* [N,C]   residual after attention */
+    void *ln2;    /* [N,C]   */
+    float *rstd2; /* [N]     */
+    void *gu;     /* [N,2F]  gate | up */
+    void *h;      /* [N,F]   SwiGLU output */
     /* zero-bubble schedules (B and W apart): the output gradients the weight GEMMs read, kept
        from B until W; NULL otherwise */
-    void  *g_down; /* [N,C]   the residual gradient entering the MLP (down-projection output) */
-    void  *g_gu;   /* [N,2F]  gate | up output gradient */
-    void  *g_o;    /* [N,C]   the residual gradient entering attention (o-projection output) */
-    void  *g_qkv;  /* [N,QKV] q | k | v output gradient (after RoPE's backward) */
+    void *g_down; /* [N,C]   the residual gradient entering the MLP (down-projection output) */
+    void *g_gu;   /* [N,2F]  gate | up output gradient */
+    void *g_o;    /* [N,C]   the residual gradient entering attention (o-projection output) */
+    void *g_qkv;  /* [N,QKV] q | k | v output gradient (after RoPE's backward) */
     /* a MoE layer (// >>moe; NULL in a dense one, which has gu and h instead). R rows of the
        permuted buffers: N·K, fewer under a capacity limit; Fe the expert size. The routing and
        the permutation are explicit tensors, so expert parallelism can send each expert's rows
        (counts, then the rows) to the rank that holds it between permute and experts, and back. */
-    float   *logits;   /* [N,E]   f32 router logits */
-    float   *probs;    /* [N,E]   f32 softmax or sigmoid scores */
+    float *logits;     /* [N,E]   f32 router logits */
+    float *probs;      /* [N,E]   f32 softmax or sigmoid scores */
     int32_t *topk;     /* [N,K]   each token's experts */
-    float   *gates;    /* [N,K]   f32 their combine weights */
+    float *gates;      /* [N,K]   f32 their combine weights */
     int32_t *slot_row; /* [N,K]   the row each choice went to, -1 dropped */
     int32_t *row_slot; /* [R]     the choice n·K+k each row holds, -1 unused */
-    int32_t *counts;   /* [2E]    tokens routed to each expert, then those kept (host copy: m->moe_counts_h) */
-    void    *xe;       /* [R,C]   the normed tokens, grouped by expert */
-    void    *gu_e;     /* [R,2Fe] each row's expert's gate | up */
-    void    *h_e;      /* [R,Fe]  SwiGLU */
-    void    *ye;       /* [R,C]   expert outputs (before the gates) */
-    void    *sgu;      /* [N,2Fe] shared expert gate | up (moe_shared) */
-    void    *sh;       /* [N,Fe]  shared expert SwiGLU */
+    int32_t *
+        counts; /* [2E]    tokens routed to each expert, then those kept (host copy: m->moe_counts_h) */
+    void *xe;   /* [R,C]   the normed tokens, grouped by expert */
+    void *gu_e; /* [R,2Fe] each row's expert's gate | up */
+    void *h_e;  /* [R,Fe]  SwiGLU */
+    void *ye;   /* [R,C]   expert outputs (before the gates) */
+    void *sgu;  /* [N,2Fe] shared expert gate | up (moe_shared) */
+    void *sh;   /* [N,Fe]  shared expert SwiGLU */
 };
-/* named scratch in us_model.a[] */
-enum { US__A_XOUT, US__A_XF, US__A_RSTDF, US__A_LOGITS, US__A_LOSSES, US__A_ARGMAX, US__A_TOK, US__A_TGT,
-       US__A_DRES, US__A_DLN, US__A_DATT, US__A_DQKV, US__A_DH, US__A_DGU, US__A_SCAL, US__A_VP, US__A_SPG, US__A_NW,
-       US__A_CPPOS, US__A_CPKV, US__A_CPDKV, US__A_CPACC, US__A_CPM, US__A_CPL, US__A_CPDQ, US__A_CPTMP, US__A_MOE, US__A_FP8, US__A_COUNT };
 
-typedef struct us__arena { char *base; size_t used; } us__arena;
+/* named scratch in us_model.a[] */
+enum {
+    US__A_XOUT,
+    US__A_XF,
+    US__A_RSTDF,
+    US__A_LOGITS,
+    US__A_LOSSES,
+    US__A_ARGMAX,
+    US__A_TOK,
+    US__A_TGT,
+    US__A_DRES,
+    US__A_DLN,
+    US__A_DATT,
+    US__A_DQKV,
+    US__A_DH,
+    US__A_DGU,
+    US__A_SCAL,
+    US__A_VP,
+    US__A_SPG,
+    US__A_NW,
+    US__A_CPPOS,
+    US__A_CPKV,
+    US__A_CPDKV,
+    US__A_CPACC,
+    US__A_CPM,
+    US__A_CPL,
+    US__A_CPDQ,
+    US__A_CPTMP,
+    US__A_MOE,
+    US__A_FP8,
+    US__A_COUNT
+};
+
+typedef struct us__arena {
+    char *base;
+    size_t used;
+} us__arena;
+
 static void *us__take(us__arena *a, size_t bytes) {
     void *p = a->base ? a->base + a->used : NULL;
     a->used += us__align(bytes);
     return p;
 }
+
 /* FP8 (// >>fp8-linear): an operand P[R][L] as fp8_quantize writes it: R·Lp bytes, and the
    larger of the ROW128 and BLOCK128 scale tensors */
 static size_t us__fp8_operand(int64_t R, int64_t L, size_t *sbytes) {
-    int64_t LB = (L + US_FP8_TILE - 1) / US_FP8_TILE, RB = (R + US_FP8_TILE - 1) / US_FP8_TILE, LBp = (LB + 3) / 4 * 4;
+    int64_t LB = (L + US_FP8_TILE - 1) / US_FP8_TILE, RB = (R + US_FP8_TILE - 1) / US_FP8_TILE,
+            LBp = (LB + 3) / 4 * 4;
     int64_t ns = LB * R > RB * LBp ? LB * R : RB * LBp;
     *sbytes = (size_t)(ns > 1 ? ns : 1) * 4;
     return (size_t)(R * LB * US_FP8_TILE);
 }
+
 /* A dense layer's four linears, qkv, o, gate|up, down, as (In, Out) per rank */
 static void us__fp8_linears(int64_t io[4][2], int64_t C, int64_t QKV, int64_t AO, int64_t F) {
-    io[0][0] = C; io[0][1] = QKV; io[1][0] = AO; io[1][1] = C; io[2][0] = C; io[2][1] = 2 * F; io[3][0] = F; io[3][1] = C;
+    io[0][0] = C;
+    io[0][1] = QKV;
+    io[1][0] = AO;
+    io[1][1] = C;
+    io[2][0] = C;
+    io[2][1] = 2 * F;
+    io[3][0] = F;
+    io[3][1] = C;
 }
+
 /* The scratch of the quantised copies: the largest a (activation side) and b (weight side)
    operand over the three GEMMs of the dense layers' four linears (N tokens; per-rank dims), and
    the largest dyᵀ that Dgrad keeps for Wgrad (k), laid out qa | sa | qb | sb | qk | sk; off gets
    the offsets of sa, qb, sb, qk, sk. The estimator counts the same. */
-static size_t us__fp8_scratch(int64_t N, int64_t C, int64_t QKV, int64_t AO, int64_t F, size_t off[5]) {
+static size_t us__fp8_scratch(int64_t N, int64_t C, int64_t QKV, int64_t AO, int64_t F,
+                              size_t off[5]) {
     int64_t io[4][2];
     size_t qa = 0, sa = 0, qb = 0, sb = 0, qk = 0, sk = 0, q, sz;
     int i, j;
     us__fp8_linears(io, C, QKV, AO, F);
     for (i = 0; i < 4; i++) {
         int64_t In = io[i][0], Out = io[i][1], a[3][2], b[3][2];
-        a[0][0] = N; a[0][1] = In;  a[1][0] = N; a[1][1] = Out; a[2][0] = Out; a[2][1] = N;   /* Fprop x, Dgrad dy, Wgrad dyᵀ */
-        b[0][0] = Out; b[0][1] = In; b[1][0] = In; b[1][1] = Out; b[2][0] = In; b[2][1] = N;  /* W, Wᵀ, xᵀ */
+        a[0][0] = N;
+        a[0][1] = In;
+        a[1][0] = N;
+        a[1][1] = Out;
+        a[2][0] = Out;
+        a[2][1] = N; /* Fprop x, Dgrad dy, Wgrad dyᵀ */
+        b[0][0] = Out;
+        b[0][1] = In;
+        b[1][0] = In;
+        b[1][1] = Out;
+        b[2][0] = In;
+        b[2][1] = N; /* W, Wᵀ, xᵀ */
         for (j = 0; j < 3; j++) {
-            q = us__fp8_operand(a[j][0], a[j][1], &sz); if (q > qa) qa = q; if (sz > sa) sa = sz;
-            q = us__fp8_operand(b[j][0], b[j][1], &sz); if (q > qb) qb = q; if (sz > sb) sb = sz;
+            q = us__fp8_operand(a[j][0], a[j][1], &sz);
+            if (q > qa) qa = q;
+            if (sz > sa) sa = sz;
+            q = us__fp8_operand(b[j][0], b[j][1], &sz);
+            if (q > qb) qb = q;
+            if (sz > sb) sb = sz;
         }
-        q = us__fp8_operand(a[2][0], a[2][1], &sz); if (q > qk) qk = q; if (sz > sk) sk = sz;
+        q = us__fp8_operand(a[2][0], a[2][1], &sz);
+        if (q > qk) qk = q;
+        if (sz > sk) sk = sz;
     }
-    off[0] = us__align(qa); off[1] = off[0] + us__align(sa); off[2] = off[1] + us__align(qb);
-    off[3] = off[2] + us__align(sb); off[4] = off[3] + us__align(qk);
+    off[0] = us__align(qa);
+    off[1] = off[0] + us__align(sa);
+    off[2] = off[1] + us__align(qb);
+    off[3] = off[2] + us__align(sb);
+    off[4] = off[3] + us__align(qk);
     return off[4] + us__align(sk);
 }
+
 /* The weight cache (// >>fp8-linear): one layer's part, for its four linears (qkv, o, gate|up,
    down; In → Out per rank): the operands of W [Out][In] and of Wᵀ [In][Out] as fp8_quantize
    writes them, laid out q | s | qᵀ | sᵀ per linear; off[i] gets linear i's four offsets and
    dim[i] its (Out, In). A linear whose sizes are not multiples of 16 never runs in FP8 and takes
    no room: its dim stays (0, 0). The estimator counts the same. */
-static size_t us__fp8_wcache_layer(int64_t C, int64_t QKV, int64_t AO, int64_t F, size_t off[4][4], int64_t dim[4][2]) {
+static size_t us__fp8_wcache_layer(int64_t C, int64_t QKV, int64_t AO, int64_t F, size_t off[4][4],
+                                   int64_t dim[4][2]) {
     int64_t io[4][2];
     size_t at = 0, sb, q;
     int i;
@@ -3748,16 +4649,24 @@ static size_t us__fp8_wcache_layer(int64_t C, int64_t QKV, int64_t AO, int64_t F
         off[i][0] = off[i][1] = off[i][2] = off[i][3] = at;
         dim[i][0] = dim[i][1] = 0;
         if (In % 16 || Out % 16) continue;
-        dim[i][0] = Out; dim[i][1] = In;
-        q = us__fp8_operand(Out, In, &sb); off[i][1] = at += us__align(q); off[i][2] = at += us__align(sb);
-        q = us__fp8_operand(In, Out, &sb); off[i][3] = at += us__align(q); at += us__align(sb);
+        dim[i][0] = Out;
+        dim[i][1] = In;
+        q = us__fp8_operand(Out, In, &sb);
+        off[i][1] = at += us__align(q);
+        off[i][2] = at += us__align(sb);
+        q = us__fp8_operand(In, Out, &sb);
+        off[i][3] = at += us__align(q);
+        at += us__align(sb);
     }
     return at;
 }
+
 /* whether the model keeps the weight cache: fp8 (either), not asked off, the weights resident */
 static int us__fp8_wcache_on(const us_train_config *tc) {
-    return (tc->precision == US_PRECISION_FP8 || tc->precision == US_PRECISION_FP8_TENSOR) && !tc->fp8_no_wcache && tc->zero < 3;
+    return (tc->precision == US_PRECISION_FP8 || tc->precision == US_PRECISION_FP8_TENSOR) &&
+           !tc->fp8_no_wcache && tc->zero < 3;
 }
+
 /* A linear GEMM of N tokens, In → Out runs in FP8 when the policy says so, all three sizes are
    multiples of 16 (FP8 tensor cores' alignment) and In and Out are at least tc.fp8_min_dim
    (US_FP8_MIN_DIM by default); otherwise in bf16. The size rule: quantising the operands costs
@@ -3768,16 +4677,18 @@ static int us__fp8_on(const us_model *m, int64_t N, int64_t In, int64_t Out) {
     int64_t lo = m->tc.fp8_min_dim > 0 ? m->tc.fp8_min_dim : US_FP8_MIN_DIM;
     return m->fp8 && N > 0 && N % 16 == 0 && In % 16 == 0 && Out % 16 == 0 && In >= lo && Out >= lo;
 }
+
 /* the MoE layer's storage (// >>moe) */
 static us_result us__moe_init(us_model *m);
-static void      us__moe_free(us_model *m);
-static void      us__moe_take(const us_model *m, us__arena *ar, us_layer_acts *L, int cheap, int gemm);
+static void us__moe_free(us_model *m);
+static void us__moe_take(const us_model *m, us__arena *ar, us_layer_acts *L, int cheap, int gemm);
 typedef struct us__moe_grads us__moe_grads;
-static size_t    us__moe_scratch(const us_model *m, us__moe_grads *g);
-static size_t    us__moe_bias_bytes(const us_model *m);
-static void     *us__W(us_model *m, int idx);   /* weight idx as the forward reads it (// >>zero) */
-static us_result us__ep_init(us_model *m);   /* the expert-parallel groups (// >>ep) */
-static void      us__ep_free(us_model *m);
+static size_t us__moe_scratch(const us_model *m, us__moe_grads *g);
+static size_t us__moe_bias_bytes(const us_model *m);
+static void *us__W(us_model *m, int idx);  /* weight idx as the forward reads it (// >>zero) */
+static us_result us__ep_init(us_model *m); /* the expert-parallel groups (// >>ep) */
+static void us__ep_free(us_model *m);
+
 /* Lays the arena out (or, with base NULL, only measures it). The estimator states the same
    sizes as formulas; tests/test_model.c checks that the two agree. */
 /* Which named scratch a pipeline slot owns: what lives from a micro-batch chunk's forward to its
@@ -3785,9 +4696,11 @@ static void      us__ep_free(us_model *m);
    hold the loss gradient from forward to backward. The rest is scratch of one action, shared by
    the slots. */
 static int us__a_per_slot(int i) {
-    return i == US__A_XOUT || i == US__A_DRES || i == US__A_RSTDF || i == US__A_LOSSES || i == US__A_ARGMAX || i == US__A_TOK ||
-           i == US__A_TGT || i == US__A_SCAL || i == US__A_XF || i == US__A_LOGITS || i == US__A_VP;
+    return i == US__A_XOUT || i == US__A_DRES || i == US__A_RSTDF || i == US__A_LOSSES ||
+           i == US__A_ARGMAX || i == US__A_TOK || i == US__A_TGT || i == US__A_SCAL ||
+           i == US__A_XF || i == US__A_LOGITS || i == US__A_VP;
 }
+
 /* Lays out one pipeline slot (part 0: a chunk's layers and the slot's scratch) or the scratch
    the slots share (part 1); without pipeline parallelism the arena is one of each. */
 static size_t us__layout_arena(us_model *m, char *base, int part) {
@@ -3796,71 +4709,94 @@ static size_t us__layout_arena(us_model *m, char *base, int part) {
     /* Nf rows for tensors every rank holds whole (padded to a multiple of tp under sequence
        parallelism); Ns rows for the residual stream and the norms, which SP splits over tp */
     int sp = m->tc.sp && m->tc.tp > 1, cp = m->tc.cp > 1 ? m->tc.cp : 1;
-    int64_t N = (int64_t)m->tc.batch * (m->tc.seq / cp), Nf = sp ? (N + m->tc.tp - 1) / m->tc.tp * m->tc.tp : N, Ns = sp ? Nf / m->tc.tp : N;
+    int64_t N = (int64_t)m->tc.batch * (m->tc.seq / cp),
+            Nf = sp ? (N + m->tc.tp - 1) / m->tc.tp * m->tc.tp : N, Ns = sp ? Nf / m->tc.tp : N;
     int64_t C = c->dim, HS = C / c->n_heads, F = m->ffn_l, V = m->vocab_l;
     int64_t QKV = (int64_t)(m->nh_l + 2 * m->nkv_l) * HS, AO = (int64_t)m->nh_l * HS;
     size_t a = us_dtype_size(m->dt);
     int mode = m->tc.recompute, l, nl = m->pp_lc ? m->pp_lc : c->n_layers, any_dense = 0;
     int keep_gemm = mode != US_RECOMPUTE_FULL, keep_cheap = mode == US_RECOMPUTE_NONE;
     us_layer_acts shared;
-    ar.base = base; ar.used = 0;
+    ar.base = base;
+    ar.used = 0;
     for (l = 0; l < nl; l++) any_dense |= !m->moe_idx || m->moe_idx[l] < 0;
     /* the shared layer scratch (used by the recompute modes); a MoE layer's in us__moe_take */
     memset(&shared, 0, sizeof shared);
     if (part == 0 && !keep_cheap) {
-        shared.ln1 = us__take(&ar, Ns * C * a);  shared.rstd1 = (float *)us__take(&ar, Ns * 4);
-        shared.att = us__take(&ar, Nf * AO * a); shared.lse = (float *)us__take(&ar, N * m->nh_l * 4);
-        shared.ln2 = us__take(&ar, Ns * C * a);  shared.rstd2 = (float *)us__take(&ar, Ns * 4);
+        shared.ln1 = us__take(&ar, Ns * C * a);
+        shared.rstd1 = (float *)us__take(&ar, Ns * 4);
+        shared.att = us__take(&ar, Nf * AO * a);
+        shared.lse = (float *)us__take(&ar, N * m->nh_l * 4);
+        shared.ln2 = us__take(&ar, Ns * C * a);
+        shared.rstd2 = (float *)us__take(&ar, Ns * 4);
         if (any_dense) shared.h = us__take(&ar, Nf * F * a);
     }
     if (part == 0 && !keep_gemm) {
-        shared.qkv = us__take(&ar, Nf * QKV * a); shared.xmid = us__take(&ar, Ns * C * a);
+        shared.qkv = us__take(&ar, Nf * QKV * a);
+        shared.xmid = us__take(&ar, Ns * C * a);
         if (any_dense) shared.gu = us__take(&ar, Nf * 2 * F * a);
     }
     if (part == 0 && m->n_moe) us__moe_take(m, &ar, &shared, !keep_cheap, !keep_gemm);
-    for (l = 0; part == 0 && l < nl; l++) {   /* one chunk's layers per slot (// >>pp) */
+    for (l = 0; part == 0 && l < nl; l++) { /* one chunk's layers per slot (// >>pp) */
         us_layer_acts L = shared;
         int moe = m->moe_idx && m->moe_idx[l] >= 0;
         L.x = us__take(&ar, Ns * C * a);
         if (keep_gemm) {
-            L.qkv = us__take(&ar, Nf * QKV * a); L.xmid = us__take(&ar, Ns * C * a);
+            L.qkv = us__take(&ar, Nf * QKV * a);
+            L.xmid = us__take(&ar, Ns * C * a);
             if (!moe) L.gu = us__take(&ar, Nf * 2 * F * a);
         }
         if (keep_cheap) {
-            L.ln1 = us__take(&ar, Ns * C * a);  L.rstd1 = (float *)us__take(&ar, Ns * 4);
-            L.att = us__take(&ar, Nf * AO * a); L.lse = (float *)us__take(&ar, N * m->nh_l * 4);
-            L.ln2 = us__take(&ar, Ns * C * a);  L.rstd2 = (float *)us__take(&ar, Ns * 4);
+            L.ln1 = us__take(&ar, Ns * C * a);
+            L.rstd1 = (float *)us__take(&ar, Ns * 4);
+            L.att = us__take(&ar, Nf * AO * a);
+            L.lse = (float *)us__take(&ar, N * m->nh_l * 4);
+            L.ln2 = us__take(&ar, Ns * C * a);
+            L.rstd2 = (float *)us__take(&ar, Ns * 4);
             if (!moe) L.h = us__take(&ar, Nf * F * a);
         }
         if (moe) us__moe_take(m, &ar, &L, keep_cheap, keep_gemm);
-        if (m->pp_wsplit) {   /* B/W apart: the weight GEMMs' other operand, from B until W */
-            L.g_down = us__take(&ar, Nf * C * a); L.g_gu = us__take(&ar, Nf * 2 * F * a);
-            L.g_o = us__take(&ar, Nf * C * a);    L.g_qkv = us__take(&ar, Nf * QKV * a);
+        if (m->pp_wsplit) { /* B/W apart: the weight GEMMs' other operand, from B until W */
+            L.g_down = us__take(&ar, Nf * C * a);
+            L.g_gu = us__take(&ar, Nf * 2 * F * a);
+            L.g_o = us__take(&ar, Nf * C * a);
+            L.g_qkv = us__take(&ar, Nf * QKV * a);
         }
         if (base) m->acts[l] = L;
     }
-    {   /* head, loss and backward scratch */
+    { /* head, loss and backward scratch */
         size_t sz[US__A_COUNT];
         int i;
-        int head = m->pp_last;   /* the final norm's output and the logits: on the rank of the head only */
-        sz[US__A_XOUT] = Ns * C * a;  sz[US__A_XF] = head ? Nf * C * a : 0;  sz[US__A_RSTDF] = Ns * 4;
-        sz[US__A_LOGITS] = head ? Nf * V * a : 0; sz[US__A_LOSSES] = Nf * 4; sz[US__A_ARGMAX] = Nf * 4;
-        sz[US__A_TOK] = Nf * 4; sz[US__A_TGT] = Nf * 4;
-        sz[US__A_DRES] = Nf * C * a;  sz[US__A_DLN] = Nf * C * a;  sz[US__A_DATT] = Nf * AO * a;
-        sz[US__A_DQKV] = Nf * QKV * a; sz[US__A_DH] = Nf * F * a; sz[US__A_DGU] = Nf * 2 * F * a;
-        sz[US__A_SCAL] = 64;   /* scalars all-reduced over the ranks: valid targets, loss, norm² */
-        sz[US__A_MOE] = us__moe_scratch(m, NULL);   /* the MoE backward's gradients (// >>moe) */
-        {   /* the linear GEMMs' quantised operands (// >>fp8-linear) */
+        int head =
+            m->pp_last; /* the final norm's output and the logits: on the rank of the head only */
+        sz[US__A_XOUT] = Ns * C * a;
+        sz[US__A_XF] = head ? Nf * C * a : 0;
+        sz[US__A_RSTDF] = Ns * 4;
+        sz[US__A_LOGITS] = head ? Nf * V * a : 0;
+        sz[US__A_LOSSES] = Nf * 4;
+        sz[US__A_ARGMAX] = Nf * 4;
+        sz[US__A_TOK] = Nf * 4;
+        sz[US__A_TGT] = Nf * 4;
+        sz[US__A_DRES] = Nf * C * a;
+        sz[US__A_DLN] = Nf * C * a;
+        sz[US__A_DATT] = Nf * AO * a;
+        sz[US__A_DQKV] = Nf * QKV * a;
+        sz[US__A_DH] = Nf * F * a;
+        sz[US__A_DGU] = Nf * 2 * F * a;
+        sz[US__A_SCAL] = 64; /* scalars all-reduced over the ranks: valid targets, loss, norm² */
+        sz[US__A_MOE] = us__moe_scratch(m, NULL); /* the MoE backward's gradients (// >>moe) */
+        { /* the linear GEMMs' quantised operands (// >>fp8-linear) */
             size_t off[5] = {0, 0, 0, 0, 0};
             sz[US__A_FP8] = m->fp8 ? us__fp8_scratch(Nf, C, QKV, AO, F, off) : 0;
             if (base) memcpy(m->fp8_off, off, sizeof off);
-            if (base && part == 1) {   /* which dense linears run in FP8, for the model line */
+            if (base && part == 1) { /* which dense linears run in FP8, for the model line */
                 int64_t io[4][2];
                 us__fp8_linears(io, C, QKV, AO, F);
                 m->fp8_linear = m->fp8_linear_all = 0;
                 for (l = 0; l < c->n_layers; l++)
                     for (i = 0; i < 4; i++) {
-                        if (i >= 2 && m->moe_idx && m->moe_idx[l] >= 0) continue;   /* a MoE layer's experts stay bf16 */
+                        if (i >= 2 && m->moe_idx && m->moe_idx[l] >= 0)
+                            continue; /* a MoE layer's experts stay bf16 */
                         m->fp8_linear_all++;
                         m->fp8_linear += us__fp8_on(m, Nf, io[i][0], io[i][1]);
                     }
@@ -3873,10 +4809,11 @@ static size_t us__layout_arena(us_model *m, char *base, int part) {
            and a norm weight's partial gradient, summed over tp before it is accumulated */
         sz[US__A_SPG] = sp ? Nf * C * a : 0;
         sz[US__A_NW] = sp ? C * 4 : 0;
-        {   /* context parallelism (// >>cp): positions, the K/V blocks in flight (two for the ring,
+        { /* context parallelism (// >>cp): positions, the K/V blocks in flight (two for the ring,
                all cp for the all-gather variant) with their gradients, the online-softmax state,
                dQ and a cast buffer */
-            int64_t KVW = (int64_t)2 * m->nkv_l * HS, nb = m->tc.cp_mode == US_CP_ALLGATHER ? cp : 2, on = cp > 1;
+            int64_t KVW = (int64_t)2 * m->nkv_l * HS,
+                    nb = m->tc.cp_mode == US_CP_ALLGATHER ? cp : 2, on = cp > 1;
             sz[US__A_CPPOS] = on ? (size_t)(cp * (m->tc.seq / cp)) * 4 : 0;
             sz[US__A_CPKV] = on ? nb * N * KVW * a : 0;
             sz[US__A_CPDKV] = on ? nb * N * KVW * 4 : 0;
@@ -3901,6 +4838,7 @@ static void us__model_set_error(us_model *m, const char *fmt, ...) {
     vsnprintf(m->err, sizeof m->err, fmt, ap);
     va_end(ap);
 }
+
 US_API const char *us_model_error(const us_model *m) { return m->err; }
 
 /* A backend that failed (a CUDA error, say) turns the next result into US_ERR_BACKEND. */
@@ -3912,7 +4850,11 @@ static us_result us__backend_check(us_model *m) {
 }
 
 /* Sizes of the parallel layout, shared by the model and the estimator. */
-typedef struct us__dist_sizes { int64_t n_flat, shard_n, slot_n; int n_gslots, n_wslots; } us__dist_sizes;
+typedef struct us__dist_sizes {
+    int64_t n_flat, shard_n, slot_n;
+    int n_gslots, n_wslots;
+} us__dist_sizes;
+
 static void us__dist_sizes_of(const us_model *m, us__dist_sizes *z) {
     int u, Z = m->tc.zero, spare = m->cfg.tie_embeddings ? 3 : 2;
     memset(z, 0, sizeof *z);
@@ -3935,8 +4877,8 @@ static void us__dist_sizes_of(const us_model *m, us__dist_sizes *z) {
    (a 1B model drew for half a minute on one core). Tensor-parallel ranks draw the whole tensor
    and keep their rows (split 1) or columns (split 2) of the [rows·tp or rows, cols·tp or cols]
    tensor, ldo being their slice's row length. */
-static void us__init_fill(float *dst, int64_t fn, int ones, float std, uint64_t s, int split, int64_t tp, int64_t t,
-                          int64_t rows, int64_t cols, int nt) {
+static void us__init_fill(float *dst, int64_t fn, int ones, float std, uint64_t s, int split,
+                          int64_t tp, int64_t t, int64_t rows, int64_t cols, int nt) {
     const int64_t chunk = 1 << 16;
     int64_t nc = (fn + chunk - 1) / chunk, c;
     int64_t fcols = split == 2 ? cols * tp : cols;
@@ -3953,20 +4895,25 @@ static void us__init_fill(float *dst, int64_t fn, int ones, float std, uint64_t 
         for (f = c * chunk; f < f1; f++) {
             float v = ones ? 1.0f : std * us_rng_normal(&r);
             int64_t fr, fc;
-            if (!split) { dst[f] = v; continue; }
-            fr = f / fcols; fc = f % fcols;
+            if (!split) {
+                dst[f] = v;
+                continue;
+            }
+            fr = f / fcols;
+            fc = f % fcols;
             if (split == 1 && fr / rows == t) dst[(fr - t * rows) * cols + fc] = v;
             if (split == 2 && fc / cols == t) dst[fr * cols + (fc - t * cols)] = v;
         }
     }
 }
+
 static void us__init_weights(us_model *m) {
     /* each tensor draws from its own stream seeded by (seed, index): the values do not depend
        on the order tensors are visited or on how the buffers are sharded. A unit is built on
        the host, then this rank stores what it keeps of it. */
     int i, u, Z = m->tc.zero, R = m->mesh.dpcp_g.rank, L = m->cfg.n_layers, LG = m->n_layers_global;
     float proj_std = m->cfg.init_std / sqrtf(2.0f * (float)LG);
-    int nt = us__threads(&m->ops);   /* a GPU backend's ops say 0: every host thread */
+    int nt = us__threads(&m->ops); /* a GPU backend's ops say 0: every host thread */
     size_t a = us_dtype_size(m->dt);
     float *h = (float *)US_MALLOC((size_t)(m->n_flat > 0 ? m->n_flat : 1) * 4);
     uint16_t *hb = m->dt != US_F32 ? (uint16_t *)US_MALLOC((size_t)m->n_flat * 2) : NULL;
@@ -3975,7 +4922,8 @@ static void us__init_weights(us_model *m) {
     for (u = 0; u < m->n_units; u++) {
         const us__unit *U = &m->units[u];
         float *hu = h + U->off;
-        int64_t j, own = U->off + (Z ? (int64_t)R * U->piece : 0);   /* flat index of this rank's piece */
+        int64_t j,
+            own = U->off + (Z ? (int64_t)R * U->piece : 0); /* flat index of this rank's piece */
         memset(hu, 0, (size_t)U->n * 4);
         for (i = U->p0; i < U->p1; i++) {
             const us_param *p = &m->params[i];
@@ -3984,40 +4932,55 @@ static void us__init_weights(us_model *m) {
                the whole model's dense numbering; a MoE layer's tensors past the norms from their own range */
             /* (a routed expert's k counts the experts by their global number, // >>ep) */
             int kg = p->expert ? k + 3 * m->ep_rank * (m->cfg.moe_experts / us__ep_of(&m->tc)) : k;
-            uint64_t gi = l < 0 ? (i == 0 ? 0 : (uint64_t)(i - US__P_NORM(L)) + 1 + (uint64_t)LG * US__P_PER_LAYER)
-                        : k >= US__P_GATE && us__is_moe(&m->cfg, m->layer_g[l]) ? ((uint64_t)1 << 40) + ((uint64_t)m->layer_g[l] << 20) + (uint64_t)kg
-                        : 1 + (uint64_t)m->layer_g[l] * US__P_PER_LAYER + (uint64_t)k;
+            uint64_t gi =
+                l < 0
+                    ? (i == 0 ? 0
+                              : (uint64_t)(i - US__P_NORM(L)) + 1 + (uint64_t)LG * US__P_PER_LAYER)
+                : k >= US__P_GATE && us__is_moe(&m->cfg, m->layer_g[l])
+                    ? ((uint64_t)1 << 40) + ((uint64_t)m->layer_g[l] << 20) + (uint64_t)kg
+                    : 1 + (uint64_t)m->layer_g[l] * US__P_PER_LAYER + (uint64_t)k;
             float std = role == 2 ? proj_std : m->cfg.init_std;
             us_rng r;
             us_rng_seed(&r, m->tc.seed * 0x100000001B3ull + gi * 0x9E3779B97F4A7C15ull);
-            if (!p->tp_split) us__init_fill(h + p->offset, p->numel, p->ndim == 1, std, r.s, 0, 1, 0, 0, 0, nt);
-            else   /* draw the whole tensor, keep this rank's rows (split 1) or columns (split 2) */
-                us__init_fill(h + p->offset, p->numel * m->tc.tp, 0, std, r.s, p->tp_split, m->tc.tp, m->mesh.tp_rank, p->shape[0], p->shape[1], nt);
+            if (!p->tp_split)
+                us__init_fill(h + p->offset, p->numel, p->ndim == 1, std, r.s, 0, 1, 0, 0, 0, nt);
+            else /* draw the whole tensor, keep this rank's rows (split 1) or columns (split 2) */
+                us__init_fill(h + p->offset, p->numel * m->tc.tp, 0, std, r.s, p->tp_split,
+                              m->tc.tp, m->mesh.tp_rank, p->shape[0], p->shape[1], nt);
         }
-        if (hb) for (j = 0; j < U->n; j++) hb[U->off + j] = us__f32_to_h16(hu[j], m->dt);
+        if (hb)
+            for (j = 0; j < U->n; j++) hb[U->off + j] = us__f32_to_h16(hu[j], m->dt);
         /* weights the forward reads: all of them, or (ZeRO-3) this rank's piece */
-        if (Z < 3) o->copy(o, us__at(m->w, m->dt, U->off), hb ? (void *)(hb + U->off) : (void *)hu, (size_t)U->n * (hb ? 2 : 4), US_COPY_H2D);
-        else o->copy(o, us__at(m->w, m->dt, U->shard_off), hb ? (void *)(hb + own) : (void *)(h + own), (size_t)U->piece * (hb ? 2 : 4), US_COPY_H2D);
+        if (Z < 3)
+            o->copy(o, us__at(m->w, m->dt, U->off), hb ? (void *)(hb + U->off) : (void *)hu,
+                    (size_t)U->n * (hb ? 2 : 4), US_COPY_H2D);
+        else
+            o->copy(o, us__at(m->w, m->dt, U->shard_off),
+                    hb ? (void *)(hb + own) : (void *)(h + own), (size_t)U->piece * (hb ? 2 : 4),
+                    US_COPY_H2D);
         /* the separate fp32 master (bf16 / fp16 policy): the whole unit, or this rank's piece */
         if (hb) o->copy(o, m->master + U->shard_off, h + own, (size_t)U->piece * 4, US_COPY_H2D);
     }
-    US_FREE(h); US_FREE(hb);
+    US_FREE(h);
+    US_FREE(hb);
 }
 
-static int us__cp_pos(const us_train_config *tc, int r, int t);   /* // >>cp */
-static void us__ls_init(us_model *m);                              /* // >>lossscale */
+static int us__cp_pos(const us_train_config *tc, int r, int t); /* // >>cp */
+static void us__ls_init(us_model *m);                           /* // >>lossscale */
 static us_result us__pp_connect(us_model *m);
 static us_result us__pp_plan(us_model *m);
 static void us__pp_disconnect(us_model *m);
 static int us__pp_rank_of(const us_pp_schedule *s, int st);
 static void us__slot(us_model *m, int k, int c);
+
 /* Stage st's first layer and layer count among S stages: tc.pp_layers, or a split that balances
    the stages' work. The last stage also runs the head, whose GEMMs cost 6·V·C FLOPs per token
    against a layer's 6·(its parameters) + 12·C·T: at Llama-3.2-1B's shape the head weighs as much
    as 2.6 layers, and an even split leaves the first stage idle a third of the time. So the last
    stage takes as many layers as bring it nearest the mean stage cost (at least one), and the
    others share the rest evenly, the first ones taking the remainder. */
-static void us__pp_stage_layers(const us_model_config *mc, const us_train_config *tc, int S, int st, int *first, int *count) {
+static void us__pp_stage_layers(const us_model_config *mc, const us_train_config *tc, int S, int st,
+                                int *first, int *count) {
     int k, L = mc->n_layers, last, base, extra;
     if (tc->pp_layers && tc->pp > 1) {
         for (*first = 0, k = 0; k < st; k++) *first += tc->pp_layers[k];
@@ -4027,28 +4990,49 @@ static void us__pp_stage_layers(const us_model_config *mc, const us_train_config
     last = L / S;
     if (S > 1 && L > 0) {
         double C = (double)mc->dim, V = (double)mc->vocab, head = 6.0 * V * C;
-        double layer = (6.0 * (double)(us_param_count_active(mc) - (int64_t)(mc->vocab * mc->dim * (mc->tie_embeddings ? 1 : 2) + mc->dim)) / L
-                        + 12.0 * C * (double)(tc->seq > 0 ? tc->seq : 1));
+        double layer =
+            (6.0 *
+                 (double)(us_param_count_active(mc) -
+                          (int64_t)(mc->vocab * mc->dim * (mc->tie_embeddings ? 1 : 2) + mc->dim)) /
+                 L +
+             12.0 * C * (double)(tc->seq > 0 ? tc->seq : 1));
         double want = layer > 0 ? ((L * layer + head) / S - head) / layer : (double)last;
         int lo = (int)want, c, best = -1;
         double best_cost = 0;
-        for (c = lo; c <= lo + 1; c++) {   /* the whole count below or above: the one whose slowest stage is faster */
-            int n = c < 1 ? 1 : c > L / S ? L / S : c;   /* at least one, never more than an even share */
-            double cost, other;   /* the slowest stage: the last one, or the fullest other (the rest, rounded up) */
+        for (c = lo; c <= lo + 1;
+             c++) { /* the whole count below or above: the one whose slowest stage is faster */
+            int n = c < 1       ? 1
+                    : c > L / S ? L / S
+                                : c; /* at least one, never more than an even share */
+            double cost,
+                other; /* the slowest stage: the last one, or the fullest other (the rest, rounded up) */
             if (n < 1) n = 1;
             cost = n * layer + head;
             other = ((L - n + S - 2) / (S - 1)) * layer;
             if (other > cost) cost = other;
-            if (best < 0 || cost < best_cost) { best = n; best_cost = cost; }
+            if (best < 0 || cost < best_cost) {
+                best = n;
+                best_cost = cost;
+            }
         }
         last = best;
     }
-    base = (L - last) / (S > 1 ? S - 1 : 1); extra = (L - last) % (S > 1 ? S - 1 : 1);
-    if (S == 1) { *first = 0; *count = L; }
-    else if (st == S - 1) { *first = L - last; *count = last; }
-    else { *first = st * base + (st < extra ? st : extra); *count = base + (st < extra); }
+    base = (L - last) / (S > 1 ? S - 1 : 1);
+    extra = (L - last) % (S > 1 ? S - 1 : 1);
+    if (S == 1) {
+        *first = 0;
+        *count = L;
+    } else if (st == S - 1) {
+        *first = L - last;
+        *count = last;
+    } else {
+        *first = st * base + (st < extra ? st : extra);
+        *count = base + (st < extra);
+    }
 }
-static us_result us__model_init(us_model *m, const us_model_config *mc, const us_train_config *tc, const us_ops *ops, us_comm *comm) {
+
+static us_result us__model_init(us_model *m, const us_model_config *mc, const us_train_config *tc,
+                                const us_ops *ops, us_comm *comm) {
     us_result r;
     us__dist_sizes z;
     size_t a, wb, mb, gb, ob, gsb, wsb, off = 0;
@@ -4059,37 +5043,67 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
     m->tc = *tc;
     if ((r = us_config_validate(&m->cfg, &m->tc, m->err, sizeof m->err)) != US_OK) return r;
     m->ops = ops ? *ops : us_cpu_ops(m->tc.threads);
-    m->dt = m->tc.precision == US_PRECISION_FP32 ? US_F32 : m->tc.precision == US_PRECISION_FP16 ? US_F16 : US_BF16;   /* fp8: bf16 everywhere but the linear GEMMs */
-    us__ls_init(m);   /* // >>lossscale */
-    m->fp8 = m->tc.precision == US_PRECISION_FP8 ? 1 : m->tc.precision == US_PRECISION_FP8_TENSOR ? 2 : 0;
+    m->dt = m->tc.precision == US_PRECISION_FP32 ? US_F32
+            : m->tc.precision == US_PRECISION_FP16
+                ? US_F16
+                : US_BF16; /* fp8: bf16 everywhere but the linear GEMMs */
+    us__ls_init(m);        /* // >>lossscale */
+    m->fp8 = m->tc.precision == US_PRECISION_FP8          ? 1
+             : m->tc.precision == US_PRECISION_FP8_TENSOR ? 2
+                                                          : 0;
     if (m->fp8 && (!m->ops.fp8_quantize || !m->ops.fp8_gemm)) {
-        us__model_set_error(m, "precision %s needs FP8 ops, which the %s backend does not have", us_precision_name(m->tc.precision), m->ops.name);
+        us__model_set_error(m, "precision %s needs FP8 ops, which the %s backend does not have",
+                            us_precision_name(m->tc.precision), m->ops.name);
         return US_ERR_INVALID;
     }
     a = us_dtype_size(m->dt);
-    if (!comm) { us_comm_self(&m->self, &m->ops); comm = &m->self; }
+    if (!comm) {
+        us_comm_self(&m->self, &m->ops);
+        comm = &m->self;
+    }
     m->comm = comm;
     if (comm->world.size != m->tc.dp * m->tc.pp * m->tc.cp * m->tc.tp) {
-        us__model_set_error(m, "dp=%d x pp=%d x cp=%d x tp=%d = %d ranks but the communicator has %d", m->tc.dp, m->tc.pp, m->tc.cp, m->tc.tp,
+        us__model_set_error(m,
+                            "dp=%d x pp=%d x cp=%d x tp=%d = %d ranks but the communicator has %d",
+                            m->tc.dp, m->tc.pp, m->tc.cp, m->tc.tp,
                             m->tc.dp * m->tc.pp * m->tc.cp * m->tc.tp, comm->world.size);
         return US_ERR_INVALID;
     }
-    if ((r = us_mesh_init(&m->mesh, comm, m->tc.dp, m->tc.pp, m->tc.cp, m->tc.tp)) != US_OK) { us__model_set_error(m, "device mesh: %s", comm->err); return r; }
-    if ((r = us__ep_init(m)) != US_OK) { char e2[256]; snprintf(e2, sizeof e2, "%s", m->err); us_model_free(m); us__model_set_error(m, "%s", e2); return r; }   /* // >>ep */
-    if (m->tc.pp > 1) {   /* the step's schedule (// >>pp): which stages this rank runs, in which order */
+    if ((r = us_mesh_init(&m->mesh, comm, m->tc.dp, m->tc.pp, m->tc.cp, m->tc.tp)) != US_OK) {
+        us__model_set_error(m, "device mesh: %s", comm->err);
+        return r;
+    }
+    if ((r = us__ep_init(m)) != US_OK) {
+        char e2[256];
+        snprintf(e2, sizeof e2, "%s", m->err);
+        us_model_free(m);
+        us__model_set_error(m, "%s", e2);
+        return r;
+    } /* // >>ep */
+    if (m->tc.pp >
+        1) { /* the step's schedule (// >>pp): which stages this rank runs, in which order */
         char e2[200];
         m->pp_sched = (us_pp_schedule *)calloc(1, sizeof(us_pp_schedule));
-        if (!m->pp_sched || us_pp_schedule_build(m->pp_sched, (us_pp_kind)m->tc.pp_schedule, m->tc.pp, m->tc.grad_accum, m->tc.pp_chunks, e2, sizeof e2) != US_OK) {
-            us_model_free(m); us__model_set_error(m, "pipeline schedule: %s", e2); return US_ERR_INVALID;
+        if (!m->pp_sched ||
+            us_pp_schedule_build(m->pp_sched, (us_pp_kind)m->tc.pp_schedule, m->tc.pp,
+                                 m->tc.grad_accum, m->tc.pp_chunks, e2, sizeof e2) != US_OK) {
+            us_model_free(m);
+            us__model_set_error(m, "pipeline schedule: %s", e2);
+            return US_ERR_INVALID;
         }
     }
-    {   /* pipeline stages: the layers split over pp·v stages (us__pp_stage_layers); this rank runs
+    { /* pipeline stages: the layers split over pp·v stages (us__pp_stage_layers); this rank runs
            v of them, chunk c being stage us_pp_stage(c) (c·pp + q; the V shapes: q, then 2·pp−1−q) */
-        int P = m->tc.pp, q = m->mesh.pp_rank, LG = m->cfg.n_layers, v = m->pp_sched ? m->pp_sched->v : 1, S = P * v, c, l, n = 0;
+        int P = m->tc.pp, q = m->mesh.pp_rank, LG = m->cfg.n_layers,
+            v = m->pp_sched ? m->pp_sched->v : 1, S = P * v, c, l, n = 0;
         m->n_layers_global = LG;
         m->pp_v = v;
         m->layer_g = (int *)US_MALLOC(sizeof(int) * (size_t)LG);
-        if (!m->layer_g) { us_model_free(m); us__model_set_error(m, "out of host memory for the model tables"); return US_ERR_OOM; }
+        if (!m->layer_g) {
+            us_model_free(m);
+            us__model_set_error(m, "out of host memory for the model tables");
+            return US_ERR_OOM;
+        }
         for (c = 0; c < v; c++) {
             int st = m->pp_sched ? us_pp_stage(m->pp_sched, q, c) : 0, g0, nl;
             us__pp_stage_layers(&m->cfg, &m->tc, S, st, &g0, &nl);
@@ -4099,37 +5113,66 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
         }
         m->cfg.n_layers = n;
         m->pp_head_rank = m->pp_sched ? us__pp_rank_of(m->pp_sched, S - 1) : 0;
-        m->pp_first = q == 0; m->pp_last = q == m->pp_head_rank;
-        m->l_lo = 0; m->l_hi = n; m->c_first = m->pp_first; m->c_last = m->pp_last;
+        m->pp_first = q == 0;
+        m->pp_last = q == m->pp_head_rank;
+        m->l_lo = 0;
+        m->l_hi = n;
+        m->c_first = m->pp_first;
+        m->c_last = m->pp_last;
     }
     {
         int nt = 3;
-        for (i = 0; i < m->cfg.n_layers; i++) nt += us__layer_tensors(&m->cfg, us__ep_of(&m->tc), m->layer_g[i]);
+        for (i = 0; i < m->cfg.n_layers; i++)
+            nt += us__layer_tensors(&m->cfg, us__ep_of(&m->tc), m->layer_g[i]);
         m->params = (us_param *)US_MALLOC(sizeof(us_param) * (size_t)nt);
         m->unit_of = (int *)US_MALLOC(sizeof(int) * (size_t)nt);
         m->layer_p = (int *)US_MALLOC(sizeof(int) * (size_t)(m->cfg.n_layers + 1));
     }
-    if (!m->params || !m->unit_of || !m->layer_p) { us_model_free(m); us__model_set_error(m, "out of host memory for the model tables"); return US_ERR_OOM; }
+    if (!m->params || !m->unit_of || !m->layer_p) {
+        us_model_free(m);
+        us__model_set_error(m, "out of host memory for the model tables");
+        return US_ERR_OOM;
+    }
     us__build_params(m);
-    if ((r = us__moe_init(m)) != US_OK) { char e2[256]; snprintf(e2, sizeof e2, "%s", m->err); us_model_free(m); us__model_set_error(m, "%s", e2); return r; }
+    if ((r = us__moe_init(m)) != US_OK) {
+        char e2[256];
+        snprintf(e2, sizeof e2, "%s", m->err);
+        us_model_free(m);
+        us__model_set_error(m, "%s", e2);
+        return r;
+    }
     m->vocab_off = (int64_t)m->mesh.tp_rank * m->vocab_l;
     m->n_units = us__plan_units(m, NULL);
     m->units = (us__unit *)US_MALLOC(sizeof(us__unit) * (size_t)m->n_units);
-    if (!m->units) { us_model_free(m); us__model_set_error(m, "out of host memory for the model tables"); return US_ERR_OOM; }
+    if (!m->units) {
+        us_model_free(m);
+        us__model_set_error(m, "out of host memory for the model tables");
+        return US_ERR_OOM;
+    }
     us__plan_units(m, m->units);
-    for (u = 0; u < m->n_units; u++) for (i = m->units[u].p0; i < m->units[u].p1; i++) m->unit_of[i] = u;
-    if ((m->emb_sparse = us__emb_sparse(&m->cfg, &m->tc) && m->c_first)) {   /* its host tables (// >>dp) */
+    for (u = 0; u < m->n_units; u++)
+        for (i = m->units[u].p0; i < m->units[u].p1; i++) m->unit_of[i] = u;
+    if ((m->emb_sparse =
+             us__emb_sparse(&m->cfg, &m->tc) && m->c_first)) { /* its host tables (// >>dp) */
         int64_t Nr, Ns, k;
-        us__rows(m, (int64_t)m->tc.batch * (m->tc.seq / m->mesh.cp), &Nr, &Ns);   /* the arena's rows */
+        us__rows(m, (int64_t)m->tc.batch * (m->tc.seq / m->mesh.cp), &Nr,
+                 &Ns); /* the arena's rows */
         m->emb_map = (int32_t *)US_MALLOC((size_t)m->vocab_l * 4);
         m->emb_nf = Nr;
         m->emb_ids = (int32_t *)US_MALLOC((size_t)(m->mesh.dpcp_g.size + 1) * (size_t)(Nr + 1) * 4);
-        if (!m->emb_map || !m->emb_ids) { us_model_free(m); us__model_set_error(m, "out of host memory for the model tables"); return US_ERR_OOM; }
+        if (!m->emb_map || !m->emb_ids) {
+            us_model_free(m);
+            us__model_set_error(m, "out of host memory for the model tables");
+            return US_ERR_OOM;
+        }
         for (k = 0; k < m->vocab_l; k++) m->emb_map[k] = -1;
     }
     us__dist_sizes_of(m, &z);
-    m->n_flat = z.n_flat; m->shard_n = z.shard_n; m->slot_n = z.slot_n;
-    m->n_gslots = z.n_gslots; m->n_wslots = z.n_wslots;
+    m->n_flat = z.n_flat;
+    m->shard_n = z.shard_n;
+    m->slot_n = z.slot_n;
+    m->n_gslots = z.n_gslots;
+    m->n_wslots = z.n_wslots;
     /* the model state is one allocation cut into flat buffers:
          w       weights the forward reads (dtype dt): all n_flat, or the shard under ZeRO-3
          master  fp32 master weights under bf16: n_flat, or the shard under ZeRO ≥ 1
@@ -4141,19 +5184,35 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
     mb = m->dt == US_F32 ? 0 : (size_t)(m->tc.zero ? z.shard_n : z.n_flat) * 4;
     gb = (size_t)(m->tc.zero >= 2 ? z.shard_n : z.n_flat) * 4;
     ob = (size_t)(m->tc.zero ? z.shard_n : z.n_flat) * 4;
-    gsb = (size_t)z.slot_n * 4; wsb = (size_t)z.slot_n * a;
-    state = (char *)m->ops.alloc(&m->ops, us__align(wb) + us__align(mb) + us__align(gb) + 2 * us__align(ob) +
-                                 (size_t)z.n_gslots * us__align(gsb) + (size_t)z.n_wslots * us__align(wsb));
+    gsb = (size_t)z.slot_n * 4;
+    wsb = (size_t)z.slot_n * a;
+    state = (char *)m->ops.alloc(
+        &m->ops, us__align(wb) + us__align(mb) + us__align(gb) + 2 * us__align(ob) +
+                     (size_t)z.n_gslots * us__align(gsb) + (size_t)z.n_wslots * us__align(wsb));
     m->state = state;
     if (state) {
-        m->w = state;                              off += us__align(wb);
-        m->master = mb ? (float *)(state + off) : (m->tc.zero == 1 || m->tc.zero == 2) ? NULL : (float *)m->w;
+        m->w = state;
+        off += us__align(wb);
+        m->master = mb                                     ? (float *)(state + off)
+                    : (m->tc.zero == 1 || m->tc.zero == 2) ? NULL
+                                                           : (float *)m->w;
         off += us__align(mb);
-        m->grad = (float *)(state + off);          off += us__align(gb);
-        m->adam_m = (float *)(state + off);        off += us__align(ob);
-        m->adam_v = (float *)(state + off);        off += us__align(ob);
-        for (i = 0; i < z.n_gslots; i++) { m->gslot[i] = (float *)(state + off); off += us__align(gsb); m->gslot_unit[i] = -1; }
-        for (i = 0; i < z.n_wslots; i++) { m->wslot[i] = state + off; off += us__align(wsb); m->wslot_unit[i] = -1; }
+        m->grad = (float *)(state + off);
+        off += us__align(gb);
+        m->adam_m = (float *)(state + off);
+        off += us__align(ob);
+        m->adam_v = (float *)(state + off);
+        off += us__align(ob);
+        for (i = 0; i < z.n_gslots; i++) {
+            m->gslot[i] = (float *)(state + off);
+            off += us__align(gsb);
+            m->gslot_unit[i] = -1;
+        }
+        for (i = 0; i < z.n_wslots; i++) {
+            m->wslot[i] = state + off;
+            off += us__align(wsb);
+            m->wslot_unit[i] = -1;
+        }
     }
     /* pipeline parallelism keeps one activation arena per micro-batch in flight: the schedule's
        simulated peak for this rank (1F1B: pp − rank; AFAB: all micro-batches) */
@@ -4162,27 +5221,44 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
         us_pp_sim sim;
         char e2[200];
         if (us_pp_simulate(m->pp_sched, 1, 2, 0, &sim, e2, sizeof e2) != US_OK) {
-            us_model_free(m); us__model_set_error(m, "pipeline schedule: %s", e2); return US_ERR_INVALID;
+            us_model_free(m);
+            us__model_set_error(m, "pipeline schedule: %s", e2);
+            return US_ERR_INVALID;
         }
         m->slots = sim.peak_act[m->mesh.pp_rank];
-        for (i = 0; i < m->pp_sched->n[m->mesh.pp_rank]; i++) if (m->pp_sched->a[m->mesh.pp_rank][i].op == US_PP_W) m->pp_wsplit = 1;
-        if ((r = us__pp_plan(m)) != US_OK) { char e3[256]; snprintf(e3, sizeof e3, "%s", m->err); us_model_free(m); us__model_set_error(m, "%s", e3); return r; }
+        for (i = 0; i < m->pp_sched->n[m->mesh.pp_rank]; i++)
+            if (m->pp_sched->a[m->mesh.pp_rank][i].op == US_PP_W) m->pp_wsplit = 1;
+        if ((r = us__pp_plan(m)) != US_OK) {
+            char e3[256];
+            snprintf(e3, sizeof e3, "%s", m->err);
+            us_model_free(m);
+            us__model_set_error(m, "%s", e3);
+            return r;
+        }
     }
-    for (i = 0; i < m->pp_v; i++) if (m->chunk_hi[i] - m->chunk_lo[i] > m->pp_lc) m->pp_lc = m->chunk_hi[i] - m->chunk_lo[i];
-    m->slot_acts = (us_layer_acts *)US_MALLOC(sizeof(us_layer_acts) * (size_t)(m->slots * m->pp_lc));
+    for (i = 0; i < m->pp_v; i++)
+        if (m->chunk_hi[i] - m->chunk_lo[i] > m->pp_lc) m->pp_lc = m->chunk_hi[i] - m->chunk_lo[i];
+    m->slot_acts =
+        (us_layer_acts *)US_MALLOC(sizeof(us_layer_acts) * (size_t)(m->slots * m->pp_lc));
     m->acts_work = (us_layer_acts *)calloc((size_t)m->cfg.n_layers, sizeof(us_layer_acts));
     m->slot_a = (void *(*)[32])US_MALLOC(sizeof(void *[32]) * (size_t)m->slots);
-    if (!m->slot_acts || !m->slot_a || !m->acts_work) { us_model_free(m); us__model_set_error(m, "out of host memory for the model tables"); return US_ERR_OOM; }
-    m->mem.activations = us__layout_arena(m, NULL, 0) * (size_t)m->slots + us__layout_arena(m, NULL, 1);
+    if (!m->slot_acts || !m->slot_a || !m->acts_work) {
+        us_model_free(m);
+        us__model_set_error(m, "out of host memory for the model tables");
+        return US_ERR_OOM;
+    }
+    m->mem.activations =
+        us__layout_arena(m, NULL, 0) * (size_t)m->slots + us__layout_arena(m, NULL, 1);
     m->arena = m->state ? (char *)m->ops.alloc(&m->ops, m->mem.activations) : NULL;
     if (!m->state || !m->arena) {
         size_t total = wb + mb + gb + 2 * ob + m->mem.activations;
         us_model_free(m);
-        us__model_set_error(m, "out of memory allocating %.1f MiB for %lld parameters and the activation arena",
-                            (double)total / 1048576.0, (long long)us_param_count(mc));
+        us__model_set_error(
+            m, "out of memory allocating %.1f MiB for %lld parameters and the activation arena",
+            (double)total / 1048576.0, (long long)us_param_count(mc));
         return US_ERR_OOM;
     }
-    {   /* the slots, then the scratch they share (pointed to from every slot's table) */
+    { /* the slots, then the scratch they share (pointed to from every slot's table) */
         int k, j;
         size_t one = us__layout_arena(m, NULL, 0);
         us__layout_arena(m, m->arena + (size_t)m->slots * one, 1);
@@ -4191,82 +5267,142 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
             us__layout_arena(m, m->arena + (size_t)k * one, 0);
             memcpy(m->slot_a[k], m->a, sizeof m->a);
         }
-        for (k = 0; k < m->slots; k++) for (j = 0; j < US__A_COUNT; j++) if (!us__a_per_slot(j)) m->slot_a[k][j] = m->a[j];
-        us__slot(m, 0, 0);   /* without chunks: every layer */
+        for (k = 0; k < m->slots; k++)
+            for (j = 0; j < US__A_COUNT; j++)
+                if (!us__a_per_slot(j)) m->slot_a[k][j] = m->a[j];
+        us__slot(m, 0, 0); /* without chunks: every layer */
     }
-    if (m->tc.cp > 1) {   /* every rank's token positions, [cp][seq/cp] (// >>cp) */
+    if (m->tc.cp > 1) { /* every rank's token positions, [cp][seq/cp] (// >>cp) */
         int Tl = m->tc.seq / m->tc.cp, rr, t;
         int32_t *pos = (int32_t *)US_MALLOC((size_t)(m->tc.cp * Tl) * 4);
-        if (!pos) { us_model_free(m); us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
-        for (rr = 0; rr < m->tc.cp; rr++) for (t = 0; t < Tl; t++) pos[rr * Tl + t] = us__cp_pos(&m->tc, rr, t);
+        if (!pos) {
+            us_model_free(m);
+            us__model_set_error(m, "out of host memory");
+            return US_ERR_OOM;
+        }
+        for (rr = 0; rr < m->tc.cp; rr++)
+            for (t = 0; t < Tl; t++) pos[rr * Tl + t] = us__cp_pos(&m->tc, rr, t);
         m->ops.copy(&m->ops, m->a[US__A_CPPOS], pos, (size_t)(m->tc.cp * Tl) * 4, US_COPY_H2D);
         US_FREE(pos);
     }
-    if (m->tc.pp > 1 && m->comm) {   /* connect the pipeline's neighbours both ways (// >>pp) */
+    if (m->tc.pp > 1 && m->comm) { /* connect the pipeline's neighbours both ways (// >>pp) */
         us_result r = us__pp_connect(m);
-        if (r != US_OK) { char e2[256]; snprintf(e2, sizeof e2, "%s", m->err); us_model_free(m); us__model_set_error(m, "%s", e2); return r; }
+        if (r != US_OK) {
+            char e2[256];
+            snprintf(e2, sizeof e2, "%s", m->err);
+            us_model_free(m);
+            us__model_set_error(m, "%s", e2);
+            return r;
+        }
     }
-    if (us__fp8_wcache_on(&m->tc)) {   /* the weight cache (// >>fp8-linear) */
+    if (us__fp8_wcache_on(&m->tc)) { /* the weight cache (// >>fp8-linear) */
         int HS = (int)(m->cfg.dim / m->cfg.n_heads), nl = m->cfg.n_layers, li, k;
         int64_t QKV = (int64_t)(m->nh_l + 2 * m->nkv_l) * HS, AO = (int64_t)m->nh_l * HS;
         int pk[4] = {US__P_Q, US__P_O, US__P_GATE, US__P_DOWN};
-        m->fp8_wlayer = us__fp8_wcache_layer(m->cfg.dim, QKV, AO, m->ffn_l, m->fp8_woff, m->fp8_wdim);
+        m->fp8_wlayer =
+            us__fp8_wcache_layer(m->cfg.dim, QKV, AO, m->ffn_l, m->fp8_woff, m->fp8_wdim);
         m->fp8_wc = (char *)m->ops.alloc(&m->ops, m->fp8_wlayer * (size_t)nl);
         m->fp8_wkey = (const void **)calloc((size_t)(4 * nl), sizeof(void *));
         m->fp8_wok = (unsigned char *)calloc((size_t)(4 * nl), 1);
         if (!m->fp8_wc || !m->fp8_wkey || !m->fp8_wok) {
-            us_model_free(m); us__model_set_error(m, "out of memory for the FP8 weight cache (%.1f MiB; tc.fp8_no_wcache does without)", (double)m->fp8_wlayer * nl / 1048576.0);
+            us_model_free(m);
+            us__model_set_error(
+                m,
+                "out of memory for the FP8 weight cache (%.1f MiB; tc.fp8_no_wcache does without)",
+                (double)m->fp8_wlayer * nl / 1048576.0);
             return US_ERR_OOM;
         }
         for (li = 0; li < nl; li++)
             for (k = 0; k < 4; k++) m->fp8_wkey[4 * li + k] = us__W(m, US__PL(li, pk[k]));
     }
-    m->mem.params = wb + (size_t)z.n_wslots * wsb + us__moe_bias_bytes(m) + m->fp8_wlayer * (size_t)m->cfg.n_layers;   /* + the fp32 router biases (// >>moe), the FP8 weight cache */
+    m->mem.params =
+        wb + (size_t)z.n_wslots * wsb + us__moe_bias_bytes(m) +
+        m->fp8_wlayer *
+            (size_t)m->cfg.n_layers; /* + the fp32 router biases (// >>moe), the FP8 weight cache */
     m->mem.master = mb;
     m->mem.grads = gb + (size_t)z.n_gslots * gsb;
     m->mem.optimizer = 2 * ob;
-    m->mem.total = m->mem.params + m->mem.master + m->mem.grads + m->mem.optimizer + m->mem.activations;
+    m->mem.total =
+        m->mem.params + m->mem.master + m->mem.grads + m->mem.optimizer + m->mem.activations;
     us__init_weights(m);
     return us__backend_check(m);
 }
-US_API us_result us_model_init(us_model *m, const us_model_config *mc, const us_train_config *tc, const us_ops *ops) {
+
+US_API us_result us_model_init(us_model *m, const us_model_config *mc, const us_train_config *tc,
+                               const us_ops *ops) {
     return us__model_init(m, mc, tc, ops, NULL);
 }
-US_API us_result us_model_init_dist(us_model *m, const us_model_config *mc, const us_train_config *tc, const us_ops *ops, us_comm *comm) {
-    if (!comm) { memset(m, 0, sizeof *m); us__model_set_error(m, "us_model_init_dist needs a communicator"); return US_ERR_INVALID; }
+
+US_API us_result us_model_init_dist(us_model *m, const us_model_config *mc,
+                                    const us_train_config *tc, const us_ops *ops, us_comm *comm) {
+    if (!comm) {
+        memset(m, 0, sizeof *m);
+        us__model_set_error(m, "us_model_init_dist needs a communicator");
+        return US_ERR_INVALID;
+    }
     return us__model_init(m, mc, tc, ops, comm);
 }
 
 US_API void us_model_free(us_model *m) {
     us_ops *o = &m->ops;
     int u;
-    if (m->units && m->comm)   /* never leave a collective in flight on memory about to be freed */
+    if (m->units && m->comm) /* never leave a collective in flight on memory about to be freed */
         for (u = 0; u < m->n_units; u++) {
             if (m->units[u].work) m->comm->wait(m->comm, m->units[u].work);
             if (m->units[u].gather) m->comm->wait(m->comm, m->units[u].gather);
         }
-    if (o->free) { o->free(o, m->state); o->free(o, m->arena); }
+    if (o->free) {
+        o->free(o, m->state);
+        o->free(o, m->arena);
+    }
     us__pp_disconnect(m);
     us__ep_free(m);
     if (m->comm && m->mesh.dpcp_g.size) us_mesh_free(&m->mesh, m->comm);
-    US_FREE(m->slot_acts); free(m->acts_work);   /* acts points into them */
+    US_FREE(m->slot_acts);
+    free(m->acts_work); /* acts points into them */
     m->acts_work = NULL;
     US_FREE(m->slot_a);
-    if (m->pp_sched) { us_pp_schedule_free(m->pp_sched); free(m->pp_sched); }
-    US_FREE(m->pp_msgs); US_FREE(m->pp_start);
-    m->slot_acts = NULL; m->slot_a = NULL; m->pp_sched = NULL; m->pp_msgs = NULL; m->pp_start = NULL;
-    US_FREE(m->params); US_FREE(m->units); US_FREE(m->unit_of); US_FREE(m->layer_g); US_FREE(m->layer_p);
-    US_FREE(m->emb_map); US_FREE(m->emb_ids);
+    if (m->pp_sched) {
+        us_pp_schedule_free(m->pp_sched);
+        free(m->pp_sched);
+    }
+    US_FREE(m->pp_msgs);
+    US_FREE(m->pp_start);
+    m->slot_acts = NULL;
+    m->slot_a = NULL;
+    m->pp_sched = NULL;
+    m->pp_msgs = NULL;
+    m->pp_start = NULL;
+    US_FREE(m->params);
+    US_FREE(m->units);
+    US_FREE(m->unit_of);
+    US_FREE(m->layer_g);
+    US_FREE(m->layer_p);
+    US_FREE(m->emb_map);
+    US_FREE(m->emb_ids);
     m->emb_map = m->emb_ids = NULL;
-    m->params = NULL; m->acts = NULL; m->units = NULL; m->unit_of = NULL; m->w = NULL; m->layer_g = NULL; m->layer_p = NULL;
+    m->params = NULL;
+    m->acts = NULL;
+    m->units = NULL;
+    m->unit_of = NULL;
+    m->w = NULL;
+    m->layer_g = NULL;
+    m->layer_p = NULL;
     us__moe_free(m);
     if (m->fp8_wc) m->ops.free(&m->ops, m->fp8_wc);
-    free(m->fp8_wkey); free(m->fp8_wok);
-    m->fp8_wc = NULL; m->fp8_wkey = NULL; m->fp8_wok = NULL; m->fp8_wlayer = 0;
-    free(m->tpend);   /* grown by realloc, like the trace's own rows */
-    m->tpend = NULL; m->n_tpend = m->cap_tpend = 0;
+    free(m->fp8_wkey);
+    free(m->fp8_wok);
+    m->fp8_wc = NULL;
+    m->fp8_wkey = NULL;
+    m->fp8_wok = NULL;
+    m->fp8_wlayer = 0;
+    free(m->tpend); /* grown by realloc, like the trace's own rows */
+    m->tpend = NULL;
+    m->n_tpend = m->cap_tpend = 0;
     m->master = m->grad = m->adam_m = m->adam_v = NULL;
-    m->state = NULL; m->arena = NULL; m->comm = NULL;
+    m->state = NULL;
+    m->arena = NULL;
+    m->comm = NULL;
 }
 
 /* weight k of layer l (dtype dt) and its fp32 gradient. Under ZeRO-3 the weight lives in the
@@ -4279,7 +5415,9 @@ static void *us__W(us_model *m, int idx) {
     }
     return us__at(m->w, m->dt, m->params[idx].offset);
 }
+
 static float *us__grad_slot(us_model *m, int u);
+
 static float *us__G(us_model *m, int idx) {
     if (m->tc.zero >= 2) {
         int u = m->unit_of[idx];
@@ -4308,33 +5446,54 @@ static float *us__G(us_model *m, int idx) {
    the region's GPU times are read at the end of the step (us__trace_flush), so the trace shows when
    the GPU computed, not when the host issued. Host activities (launching and waiting for
    collectives) are timed by the host clock: us__trace_host, on the host row on a GPU. */
-typedef struct us__tm { double t; int id; } us__tm;
-struct us__tpend { const char *cat; char name[48]; int id0, id1; };
+typedef struct us__tm {
+    double t;
+    int id;
+} us__tm;
+
+struct us__tpend {
+    const char *cat;
+    char name[48];
+    int id0, id1;
+};
+
 static us__tm us__tstart(us_model *m) {
     us__tm t;
     t.t = us_trace_now_us();
     t.id = m->trace && m->ops.mark ? m->ops.mark(&m->ops) : -1;
     return t;
 }
+
 static void us__trace(us_model *m, const char *cat, const char *name, us__tm t0) {
     struct us__tpend *p;
     int id1;
     if (!m->trace) return;
-    if (!m->ops.mark) { us_trace_add(m->trace, US_STREAM_COMPUTE, cat, name, t0.t, us_trace_now_us()); return; }
-    if (t0.id < 0 || (id1 = m->ops.mark(&m->ops)) < 0) return;   /* out of marks: the region is left out */
+    if (!m->ops.mark) {
+        us_trace_add(m->trace, US_STREAM_COMPUTE, cat, name, t0.t, us_trace_now_us());
+        return;
+    }
+    if (t0.id < 0 || (id1 = m->ops.mark(&m->ops)) < 0)
+        return; /* out of marks: the region is left out */
     if (m->n_tpend == m->cap_tpend) {
         int cap = m->cap_tpend ? 2 * m->cap_tpend : 256;
         struct us__tpend *np = (struct us__tpend *)realloc(m->tpend, (size_t)cap * sizeof *np);
         if (!np) return;
-        m->tpend = np; m->cap_tpend = cap;
+        m->tpend = np;
+        m->cap_tpend = cap;
     }
     p = &m->tpend[m->n_tpend++];
-    p->cat = cat; p->id0 = t0.id; p->id1 = id1;
+    p->cat = cat;
+    p->id0 = t0.id;
+    p->id1 = id1;
     snprintf(p->name, sizeof p->name, "%s", name);
 }
+
 static void us__trace_host(us_model *m, const char *cat, const char *name, double t0) {
-    if (m->trace) us_trace_add(m->trace, m->ops.mark ? US_STREAM_HOST : US_STREAM_COMPUTE, cat, name, t0, us_trace_now_us());
+    if (m->trace)
+        us_trace_add(m->trace, m->ops.mark ? US_STREAM_HOST : US_STREAM_COMPUTE, cat, name, t0,
+                     us_trace_now_us());
 }
+
 /* The step's GPU-timed regions into the trace (one sync; only when tracing a GPU). */
 static void us__trace_flush(us_model *m) {
     int i;
@@ -4342,14 +5501,17 @@ static void us__trace_flush(us_model *m) {
     m->ops.sync(&m->ops);
     for (i = 0; i < m->n_tpend; i++)
         us_trace_add(m->trace, US_STREAM_COMPUTE, m->tpend[i].cat, m->tpend[i].name,
-                     m->ops.mark_us(&m->ops, m->tpend[i].id0), m->ops.mark_us(&m->ops, m->tpend[i].id1));
+                     m->ops.mark_us(&m->ops, m->tpend[i].id0),
+                     m->ops.mark_us(&m->ops, m->tpend[i].id1));
     m->n_tpend = 0;
     m->ops.mark_reset(&m->ops);
 }
+
 static us_result us__comm_fail(us_model *m, us_result r, const char *what) {
     if (r != US_OK && !m->err[0]) us__model_set_error(m, "%s: %s", what, m->comm->err);
     return r;
 }
+
 /* Sums host doubles over the dp group (through backend memory: NCCL reads device memory). */
 static us_result us__group_sum(us_model *m, us_group *g, double *v, int n) {
     us_ops *o = &m->ops;
@@ -4361,9 +5523,13 @@ static us_result us__group_sum(us_model *m, us_group *g, double *v, int n) {
     o->copy(o, v, m->a[US__A_SCAL], (size_t)n * 8, US_COPY_D2H);
     return US_OK;
 }
-static us_result us__dp_sum(us_model *m, double *v, int n) { return us__group_sum(m, &m->mesh.dpcp_g, v, n); }
+
+static us_result us__dp_sum(us_model *m, double *v, int n) {
+    return us__group_sum(m, &m->mesh.dpcp_g, v, n);
+}
 
 US_API us_result us_dp_sum(us_model *m, double *v, int n) { return us__dp_sum(m, v, n); }
+
 US_API void us_cp_positions(const us_train_config *tc, int r, int32_t *pos) {
     int t;
     for (t = 0; t < tc->seq / tc->cp; t++) pos[t] = us__cp_pos(tc, r, t);
@@ -4378,32 +5544,41 @@ static int us__dp_needed(const us_model *m) { return m->mesh.dpcp_g.size > 1 || 
 static void us__slot_to_shard(us_model *m, int u) {
     us__unit *U = &m->units[u];
     if (m->tc.zero < 2 || U->gslot < 0) return;
-    m->ops.axpy(&m->ops, m->grad + U->shard_off, m->gslot[U->gslot] + (int64_t)m->mesh.dpcp_g.rank * U->piece, 1.0f, U->piece);
+    m->ops.axpy(&m->ops, m->grad + U->shard_off,
+                m->gslot[U->gslot] + (int64_t)m->mesh.dpcp_g.rank * U->piece, 1.0f, U->piece);
     m->gslot_unit[U->gslot] = -1;
     U->gslot = -1;
 }
+
 static us_result us__unit_launch(us_model *m, int u) {
     us__unit *U = &m->units[u];
     us_comm *c = m->comm;
-    us_group *g = U->expert ? &m->edp_g : &m->mesh.dpcp_g;   /* experts: over their replicas only (// >>ep) */
+    us_group *g =
+        U->expert ? &m->edp_g : &m->mesh.dpcp_g; /* experts: over their replicas only (// >>ep) */
     int R = m->mesh.dpcp_g.rank;
     us_result r;
     double t0 = us_trace_now_us();
     char nm[48];
-    if (g->size <= 1) {   /* one dp×cp rank, or ep = dp·cp (each expert on one rank): nothing to reduce, */
-        us__slot_to_shard(m, u);   /* but ZeRO-2/3's slot still goes into the shard */
+    if (g->size <=
+        1) { /* one dp×cp rank, or ep = dp·cp (each expert on one rank): nothing to reduce, */
+        us__slot_to_shard(m, u); /* but ZeRO-2/3's slot still goes into the shard */
         return US_OK;
     }
-    if (m->tc.zero == 0) r = c->all_reduce(c, g, m->grad + U->off, U->n, US_F32, US_REDUCE_SUM, &U->work);
-    else if (m->tc.zero == 1) r = c->reduce_scatter(c, g, m->grad + U->off + R * U->piece, m->grad + U->off, U->piece, US_F32, US_REDUCE_SUM, &U->work);
-    else {   /* ZeRO-2/3: in place in the unit's slot; us__unit_finish adds the piece to the shard */
+    if (m->tc.zero == 0)
+        r = c->all_reduce(c, g, m->grad + U->off, U->n, US_F32, US_REDUCE_SUM, &U->work);
+    else if (m->tc.zero == 1)
+        r = c->reduce_scatter(c, g, m->grad + U->off + R * U->piece, m->grad + U->off, U->piece,
+                              US_F32, US_REDUCE_SUM, &U->work);
+    else { /* ZeRO-2/3: in place in the unit's slot; us__unit_finish adds the piece to the shard */
         float *slot = m->gslot[U->gslot];
-        r = c->reduce_scatter(c, g, slot + R * U->piece, slot, U->piece, US_F32, US_REDUCE_SUM, &U->work);
+        r = c->reduce_scatter(c, g, slot + R * U->piece, slot, U->piece, US_F32, US_REDUCE_SUM,
+                              &U->work);
     }
     snprintf(nm, sizeof nm, "launch unit %d", u);
     us__trace_host(m, "comm", nm, t0);
     return us__comm_fail(m, r, m->tc.zero ? "gradient reduce-scatter" : "gradient all-reduce");
 }
+
 /* Waits for a unit's reduction; ZeRO-2/3 then accumulate the reduced piece into the gradient
    shard and give the slot back. */
 static us_result us__unit_finish(us_model *m, int u) {
@@ -4436,10 +5611,12 @@ static us_result us__grads_ready(us_model *m, int i0, int i1) {
     }
     return US_OK;
 }
-static void us__grads_begin(us_model *m) {   /* a backward starts: every tensor is pending */
+
+static void us__grads_begin(us_model *m) { /* a backward starts: every tensor is pending */
     int u;
     for (u = 0; u < m->n_units; u++) m->units[u].pending = m->units[u].p1 - m->units[u].p0;
 }
+
 /* Before the optimizer step: every unit reduced and finished (a caller that never set
    grad_sync gets its reductions here, without overlap). */
 static us_result us__grads_finish(us_model *m) {
@@ -4447,8 +5624,10 @@ static us_result us__grads_finish(us_model *m) {
     us_result r;
     if (!us__dp_needed(m)) return US_OK;
     if (m->tc.zero < 2 && !m->synced)
-        for (u = 0; u < m->n_units; u++) if ((r = us__unit_launch(m, u)) != US_OK) return r;
-    for (u = 0; u < m->n_units; u++) if ((r = us__unit_finish(m, u)) != US_OK) return r;
+        for (u = 0; u < m->n_units; u++)
+            if ((r = us__unit_launch(m, u)) != US_OK) return r;
+    for (u = 0; u < m->n_units; u++)
+        if ((r = us__unit_finish(m, u)) != US_OK) return r;
     m->synced = 0;
     return US_OK;
 }
@@ -4467,11 +5646,13 @@ static us_result us__grads_finish(us_model *m) {
        reduced gradient, each row once: every rank adds the same numbers in the same order, and
        the replicas stay equal to the bit.
    The sums are the dense reduction's, in another order. dense_emb_grad = 1 turns it off. */
-static us_result us__emb_rows_begin(us_model *m, int64_t R) {   /* R token rows of this rank */
+static us_result us__emb_rows_begin(us_model *m, int64_t R) { /* R token rows of this rank */
     us_ops *o = &m->ops;
     us_group *g = &m->mesh.dpcp_g;
-    int64_t n = g->size, i, k, nu = 0, W = m->emb_nf + 1;   /* a rank's record: its count, then its rows */
-    int32_t *all = m->emb_ids, *mine = m->emb_ids + n * W, *map = m->emb_map, *dev = (int32_t *)m->a[US__A_DRES], R32 = (int32_t)R;
+    int64_t n = g->size, i, k, nu = 0,
+            W = m->emb_nf + 1; /* a rank's record: its count, then its rows */
+    int32_t *all = m->emb_ids, *mine = m->emb_ids + n * W, *map = m->emb_map,
+            *dev = (int32_t *)m->a[US__A_DRES], R32 = (int32_t)R;
     us_result r;
     m->emb_on = 0;
     if (!m->emb_sparse || !m->grad_sync || !m->c_first) return US_OK;
@@ -4484,30 +5665,41 @@ static us_result us__emb_rows_begin(us_model *m, int64_t R) {   /* R token rows 
     if (r != US_OK) return us__comm_fail(m, r, "all-gather of the embedding's rows");
     o->copy(o, all, dev, (size_t)(n * W) * 4, US_COPY_D2H);
     if ((r = us__backend_check(m)) != US_OK) return r;
-    for (k = 0; k < n; k++) if (all[k * W] != R32) return US_OK;   /* unequal micro-batches: reduce the whole gradient */
+    for (k = 0; k < n; k++)
+        if (all[k * W] != R32) return US_OK; /* unequal micro-batches: reduce the whole gradient */
     memcpy(mine, all + g->rank * W + 1, (size_t)R * 4);
-    for (k = 0; k < n; k++)   /* U, in first-seen order, over the front of `all` (nu stays behind the reading) */
+    for (k = 0; k < n;
+         k++) /* U, in first-seen order, over the front of `all` (nu stays behind the reading) */
         for (i = 0; i < R; i++) {
             int32_t v = all[k * W + 1 + i];
-            if (v >= 0 && map[v] < 0) { map[v] = (int32_t)nu; all[nu++] = v; }
+            if (v >= 0 && map[v] < 0) {
+                map[v] = (int32_t)nu;
+                all[nu++] = v;
+            }
         }
-    for (i = 0; i < R; i++) mine[i] = mine[i] >= 0 ? map[mine[i]] : -1;   /* this rank's rows as places in U */
+    for (i = 0; i < R; i++)
+        mine[i] = mine[i] >= 0 ? map[mine[i]] : -1; /* this rank's rows as places in U */
     for (i = 0; i < nu; i++) map[all[i]] = -1;
     m->emb_nu = nu;
     m->emb_on = 1;
     return US_OK;
 }
-static us_result us__emb_rows_early(us_model *m) {   /* the embedding's bucket: reduced now, or known empty */
+
+static us_result
+us__emb_rows_early(us_model *m) { /* the embedding's bucket: reduced now, or known empty */
     if (!m->emb_on) return US_OK;
     if (m->emb_dirty) return us__grads_ready(m, 0, 1);
-    m->units[m->unit_of[0]].pending = 0;   /* zeros on every rank: their sum is here already */
+    m->units[m->unit_of[0]].pending = 0; /* zeros on every rank: their sum is here already */
     return US_OK;
 }
+
 /* The lookup's backward from dx [R, C] (dtype dt), by rows, into the embedding's reduced gradient. */
 static us_result us__emb_rows_finish(us_model *m, const void *dx, int64_t R) {
     us_ops *o = &m->ops;
     int64_t C = m->cfg.dim, nu = m->emb_nu, n = m->mesh.dpcp_g.size, W = m->emb_nf + 1;
-    float *P = (float *)m->a[US__A_LOGITS];   /* [nu, C], then U and this rank's places: the logits are spent */
+    float *P =
+        (float *)
+            m->a[US__A_LOGITS]; /* [nu, C], then U and this rank's places: the logits are spent */
     int32_t *ix = (int32_t *)(P + nu * C), *tk = ix + nu;
     us_result r = US_OK;
     us__tm t0 = us__tstart(m);
@@ -4520,8 +5712,10 @@ static us_result us__emb_rows_finish(us_model *m, const void *dx, int64_t R) {
         r = m->comm->all_reduce(m->comm, &m->mesh.dpcp_g, P, nu * C, US_F32, US_REDUCE_SUM, NULL);
         if (r != US_OK) return us__comm_fail(m, r, "all-reduce of the embedding's rows");
     }
-    if ((r = us__unit_finish(m, m->unit_of[0])) != US_OK) return r;   /* the early part, reduced */
-    if (nu > 0) o->embedding_bwd(o, us__G(m, 0), P, ix, nu, C, US_F32);   /* distinct rows: no two adds meet */
+    if ((r = us__unit_finish(m, m->unit_of[0])) != US_OK) return r; /* the early part, reduced */
+    if (nu > 0)
+        o->embedding_bwd(o, us__G(m, 0), P, ix, nu, C,
+                         US_F32); /* distinct rows: no two adds meet */
     us__trace(m, "compute", "embedding rows", t0);
     return US_OK;
 }
@@ -4546,15 +5740,19 @@ static us_result us__emb_rows_finish(us_model *m, const void *dx, int64_t R) {
 static float *us__grad_slot(us_model *m, int u) {
     us__unit *U = &m->units[u];
     int s, oldest = -1;
-    if (U->gslot >= 0 && !U->work) return m->gslot[U->gslot];   /* being written in this backward */
-    if (U->work) us__unit_finish(m, u);   /* the previous micro-batch's reduction: done first */
+    if (U->gslot >= 0 && !U->work) return m->gslot[U->gslot]; /* being written in this backward */
+    if (U->work) us__unit_finish(m, u); /* the previous micro-batch's reduction: done first */
     for (;;) {
-        for (s = 0; s < m->n_gslots; s++) if (m->gslot_unit[s] < 0) break;
+        for (s = 0; s < m->n_gslots; s++)
+            if (m->gslot_unit[s] < 0) break;
         if (s < m->n_gslots) break;
-        for (s = 0; s < m->n_gslots; s++)   /* units are reduced in backward order: highest first */
-            if (m->units[m->gslot_unit[s]].work && (oldest < 0 || m->gslot_unit[s] > m->gslot_unit[oldest])) oldest = s;
+        for (s = 0; s < m->n_gslots; s++) /* units are reduced in backward order: highest first */
+            if (m->units[m->gslot_unit[s]].work &&
+                (oldest < 0 || m->gslot_unit[s] > m->gslot_unit[oldest]))
+                oldest = s;
         US_ASSERT(oldest >= 0);
-        if (us__unit_finish(m, m->gslot_unit[oldest]) != US_OK) m->gslot_unit[oldest] = -1;  /* error kept in m->err */
+        if (us__unit_finish(m, m->gslot_unit[oldest]) != US_OK)
+            m->gslot_unit[oldest] = -1; /* error kept in m->err */
         oldest = -1;
     }
     m->gslot_unit[s] = u;
@@ -4567,37 +5765,49 @@ static float *us__grad_slot(us_model *m, int u) {
    norm and head. Returns the units step s reads. */
 static int us__z3_units(const us_model *m, int s, int out[2]) {
     int L = m->cfg.n_layers, n = 0;
-    if (s == 0) out[n++] = m->unit_of[0];
-    else if (s <= L) out[n++] = m->unit_of[US__PL(s - 1, 0)];
+    if (s == 0)
+        out[n++] = m->unit_of[0];
+    else if (s <= L)
+        out[n++] = m->unit_of[US__PL(s - 1, 0)];
     else {
         out[n++] = m->unit_of[US__P_NORM(L)];
         if (m->cfg.tie_embeddings) out[n++] = m->unit_of[0];
     }
     return n;
 }
-static us_result us__z3_gather(us_model *m, int u) {   /* asynchronous; no-op if resident */
+
+static us_result us__z3_gather(us_model *m, int u) { /* asynchronous; no-op if resident */
     us__unit *U = &m->units[u];
     us_result r;
     int s;
     if (U->wslot >= 0) return US_OK;
-    for (s = 0; s < m->n_wslots; s++) if (m->wslot_unit[s] < 0) break;
+    for (s = 0; s < m->n_wslots; s++)
+        if (m->wslot_unit[s] < 0) break;
     US_ASSERT(s < m->n_wslots);
     m->wslot_unit[s] = u;
     U->wslot = s;
-    r = m->comm->all_gather(m->comm, &m->mesh.dpcp_g, m->wslot[s], us__at(m->w, m->dt, U->shard_off), U->piece, m->dt, &U->gather);
+    r = m->comm->all_gather(m->comm, &m->mesh.dpcp_g, m->wslot[s],
+                            us__at(m->w, m->dt, U->shard_off), U->piece, m->dt, &U->gather);
     return us__comm_fail(m, r, "ZeRO-3 weight all-gather");
 }
+
 static void us__z3_release(us_model *m, int u) {
     us__unit *U = &m->units[u];
     if (U->wslot < 0) return;
-    if (U->gather) { m->comm->wait(m->comm, U->gather); U->gather = NULL; }
+    if (U->gather) {
+        m->comm->wait(m->comm, U->gather);
+        U->gather = NULL;
+    }
     m->wslot_unit[U->wslot] = -1;
     U->wslot = -1;
 }
+
 static void us__z3_release_all(us_model *m) {
     int u;
-    if (m->tc.zero == 3) for (u = 0; u < m->n_units; u++) us__z3_release(m, u);
+    if (m->tc.zero == 3)
+        for (u = 0; u < m->n_units; u++) us__z3_release(m, u);
 }
+
 /* Enter step s walking in direction dir (+1 forward, -1 backward): the step's weights must be
    here; the previous step's that this one does not read are freed; the next step's gather is
    issued now, so it runs while step s computes. */
@@ -4625,7 +5835,8 @@ static us_result us__z3_enter(us_model *m, int s, int dir) {
         for (j = 0; j < nc; j++) keep |= prev[i] == cur[j];
         if (!keep) us__z3_release(m, prev[i]);
     }
-    for (i = 0; i < nn; i++) if ((r = us__z3_gather(m, next[i])) != US_OK) return r;
+    for (i = 0; i < nn; i++)
+        if ((r = us__z3_gather(m, next[i])) != US_OK) return r;
     return US_OK;
 }
 
@@ -4635,27 +5846,38 @@ static void us__adamw_piece(us_model *m, const us__unit *U, float lr, float gsca
     us_ops *o = &m->ops;
     const us_train_config *tc = &m->tc;
     int Z = tc->zero, i, decay = -1;
-    int64_t lo = U->off + (Z ? (int64_t)m->mesh.dpcp_g.rank * U->piece : 0), hi = lo + U->piece, r0 = 0, r1 = 0;
+    int64_t lo = U->off + (Z ? (int64_t)m->mesh.dpcp_g.rank * U->piece : 0), hi = lo + U->piece,
+            r0 = 0, r1 = 0;
     float wd = tc->weight_decay > 0 ? tc->weight_decay : 0.0f;
     /* where flat index lo lives in each buffer */
     float *master = m->dt == US_F32 && Z < 3 ? (float *)m->w + lo : m->master + U->shard_off;
     float *grad = Z < 2 ? m->grad + lo : m->grad + U->shard_off;
     float *mm = m->adam_m + U->shard_off, *vv = m->adam_v + U->shard_off;
-    void *low = m->dt == US_F32 ? NULL : Z < 3 ? us__at(m->w, m->dt, lo) : us__at(m->w, m->dt, U->shard_off);
+    void *low = m->dt == US_F32 ? NULL
+                : Z < 3         ? us__at(m->w, m->dt, lo)
+                                : us__at(m->w, m->dt, U->shard_off);
     for (i = U->p0; i <= U->p1; i++) {
         int64_t a = 0, b = 0;
         if (i < U->p1) {
             a = m->params[i].offset > lo ? m->params[i].offset : lo;
-            b = m->params[i].offset + m->params[i].numel < hi ? m->params[i].offset + m->params[i].numel : hi;
+            b = m->params[i].offset + m->params[i].numel < hi
+                    ? m->params[i].offset + m->params[i].numel
+                    : hi;
         }
         if (i == U->p1 || (a < b && (m->params[i].decay != decay || a != r1))) {
-            if (r1 > r0) {   /* flush the run [r0, r1) */
+            if (r1 > r0) { /* flush the run [r0, r1) */
                 int64_t k = r0 - lo;
-                o->adamw(o, master + k, grad + k, mm + k, vv + k, low ? us__at(low, m->dt, k) : NULL, m->dt, r1 - r0,
-                         lr, tc->beta1, tc->beta2, tc->adam_eps, decay ? wd : 0.0f, gscale, m->step);
+                o->adamw(o, master + k, grad + k, mm + k, vv + k,
+                         low ? us__at(low, m->dt, k) : NULL, m->dt, r1 - r0, lr, tc->beta1,
+                         tc->beta2, tc->adam_eps, decay ? wd : 0.0f, gscale, m->step);
             }
-            if (i < U->p1) { r0 = a; r1 = b; decay = m->params[i].decay; }
-        } else if (a < b) r1 = b;
+            if (i < U->p1) {
+                r0 = a;
+                r1 = b;
+                decay = m->params[i].decay;
+            }
+        } else if (a < b)
+            r1 = b;
     }
 }
 
@@ -4671,29 +5893,39 @@ static void us__adamw_piece(us_model *m, const us__unit *U, float lr, float gsca
    vocabulary: a token outside this rank's rows embeds to zero and the all-reduce adds the one
    rank that has it; the loss is computed from this rank's logit columns with the row max and
    the softmax denominator all-reduced (us__tp_xent), so no rank holds the full logits. */
-static us_result us__tp_sum_w(us_model *m, void *buf, int64_t n, us_dtype dt, us_work **w) {   /* over tp, in place */
+static us_result us__tp_sum_w(us_model *m, void *buf, int64_t n, us_dtype dt,
+                              us_work **w) { /* over tp, in place */
     us_result r;
     if (m->tc.tp <= 1) return US_OK;
     r = m->comm->all_reduce(m->comm, &m->mesh.tp_g, buf, n, dt, US_REDUCE_SUM, w);
     return us__comm_fail(m, r, "tensor-parallel all-reduce");
 }
-static us_result us__tp_sum(us_model *m, void *buf, int64_t n, us_dtype dt) { return us__tp_sum_w(m, buf, n, dt, NULL); }
+
+static us_result us__tp_sum(us_model *m, void *buf, int64_t n, us_dtype dt) {
+    return us__tp_sum_w(m, buf, n, dt, NULL);
+}
+
 static us_result us__tp_max(us_model *m, void *buf, int64_t n, us_dtype dt) {
     us_result r = m->comm->all_reduce(m->comm, &m->mesh.tp_g, buf, n, dt, US_REDUCE_MAX, NULL);
     return us__comm_fail(m, r, "tensor-parallel all-reduce (max)");
 }
+
 /* The start of a row-parallel output: the residual on tp rank 0, zeros elsewhere, so that the
    sum over ranks of (start + partial GEMM) is residual + the full product. */
 static void us__tp_residual(us_model *m, void *dst, const void *res, int64_t n) {
     us_ops *o = &m->ops;
     size_t bytes = (size_t)n * us_dtype_size(m->dt);
-    if (m->tc.tp <= 1 || m->mesh.tp_rank == 0) o->copy(o, dst, res, bytes, US_COPY_D2D);
-    else o->zero(o, dst, bytes);
+    if (m->tc.tp <= 1 || m->mesh.tp_rank == 0)
+        o->copy(o, dst, res, bytes, US_COPY_D2D);
+    else
+        o->zero(o, dst, bytes);
 }
+
 /* Vocabulary-parallel softmax cross-entropy over logits [N, V/tp] with local targets (the
    column, -1 on another rank, -2 ignored). argmax (host, may be NULL) gets the global argmax,
    lowest index on ties like the one-rank kernel. */
-static us_result us__tp_xent(us_model *m, const int32_t *tgt_l, int64_t N, float dscale, int want_argmax) {
+static us_result us__tp_xent(us_model *m, const int32_t *tgt_l, int64_t N, float dscale,
+                             int want_argmax) {
     us_ops *o = &m->ops;
     char *vp = (char *)m->a[US__A_VP];
     double *se = (double *)vp;
@@ -4703,22 +5935,38 @@ static us_result us__tp_xent(us_model *m, const int32_t *tgt_l, int64_t N, float
     int64_t V = m->vocab_l, i;
     us_result r;
     o->xent_stats(o, mx, am, NULL, NULL, logits, tgt_l, N, V, m->dt);
-    if (want_argmax) {   /* each rank offers its best column where it holds the global max; MAX of -index picks the first */
+    if (want_argmax) { /* each rank offers its best column where it holds the global max; MAX of -index picks the first */
         float *lm = (float *)US_MALLOC((size_t)N * 8);
         int32_t *la = (int32_t *)US_MALLOC((size_t)N * 4);
-        if (!lm || !la) { US_FREE(lm); US_FREE(la); us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+        if (!lm || !la) {
+            US_FREE(lm);
+            US_FREE(la);
+            us__model_set_error(m, "out of host memory");
+            return US_ERR_OOM;
+        }
         o->copy(o, lm, mx, (size_t)N * 4, US_COPY_D2H);
         o->copy(o, la, am, (size_t)N * 4, US_COPY_D2H);
-        if ((r = us__tp_max(m, mx, N, US_F32)) != US_OK) { US_FREE(lm); US_FREE(la); return r; }
+        if ((r = us__tp_max(m, mx, N, US_F32)) != US_OK) {
+            US_FREE(lm);
+            US_FREE(la);
+            return r;
+        }
         o->copy(o, lm + N, mx, (size_t)N * 4, US_COPY_D2H);
-        for (i = 0; i < N; i++) la[i] = lm[i] == lm[N + i] ? -(int32_t)(m->vocab_off + la[i]) : INT32_MIN;
+        for (i = 0; i < N; i++)
+            la[i] = lm[i] == lm[N + i] ? -(int32_t)(m->vocab_off + la[i]) : INT32_MIN;
         o->copy(o, am, la, (size_t)N * 4, US_COPY_H2D);
-        if ((r = us__tp_max(m, am, N, US_I32)) != US_OK) { US_FREE(lm); US_FREE(la); return r; }
+        if ((r = us__tp_max(m, am, N, US_I32)) != US_OK) {
+            US_FREE(lm);
+            US_FREE(la);
+            return r;
+        }
         o->copy(o, la, am, (size_t)N * 4, US_COPY_D2H);
         for (i = 0; i < N; i++) la[i] = -la[i];
         o->copy(o, m->a[US__A_ARGMAX], la, (size_t)N * 4, US_COPY_H2D);
-        US_FREE(lm); US_FREE(la);
-    } else if ((r = us__tp_max(m, mx, N, US_F32)) != US_OK) return r;
+        US_FREE(lm);
+        US_FREE(la);
+    } else if ((r = us__tp_max(m, mx, N, US_F32)) != US_OK)
+        return r;
     o->xent_stats(o, mx, NULL, se, tl, logits, tgt_l, N, V, m->dt);
     if ((r = us__tp_sum(m, se, N, US_F64)) != US_OK) return r;
     if ((r = us__tp_sum(m, tl, N, US_F32)) != US_OK) return r;
@@ -4734,20 +5982,34 @@ static us_result us__tp_xent(us_model *m, const int32_t *tgt_l, int64_t N, float
    swap. The same bytes move as TP's all-reduce (reduce-scatter + all-gather), but no rank stores
    or normalises the whole sequence. */
 static int us__sp(const us_model *m) { return m->tc.sp && m->tc.tp > 1; }
+
 static void us__rows(const us_model *m, int64_t N, int64_t *Np, int64_t *Ns) {
     *Np = us__sp(m) ? (N + m->tc.tp - 1) / m->tc.tp * m->tc.tp : N;
     *Ns = us__sp(m) ? *Np / m->tc.tp : N;
 }
-static us_result us__sp_gather_w(us_model *m, void *full, const void *shard, int64_t Ns, us_work **w) {   /* g */
-    us_result r = m->comm->all_gather(m->comm, &m->mesh.tp_g, full, shard, Ns * m->cfg.dim, m->dt, w);
+
+static us_result us__sp_gather_w(us_model *m, void *full, const void *shard, int64_t Ns,
+                                 us_work **w) { /* g */
+    us_result r =
+        m->comm->all_gather(m->comm, &m->mesh.tp_g, full, shard, Ns * m->cfg.dim, m->dt, w);
     return us__comm_fail(m, r, "sequence-parallel all-gather");
 }
-static us_result us__sp_scatter_w(us_model *m, void *shard, const void *full, int64_t Ns, us_work **w) {  /* ḡ */
-    us_result r = m->comm->reduce_scatter(m->comm, &m->mesh.tp_g, shard, full, Ns * m->cfg.dim, m->dt, US_REDUCE_SUM, w);
+
+static us_result us__sp_scatter_w(us_model *m, void *shard, const void *full, int64_t Ns,
+                                  us_work **w) { /* ḡ */
+    us_result r = m->comm->reduce_scatter(m->comm, &m->mesh.tp_g, shard, full, Ns * m->cfg.dim,
+                                          m->dt, US_REDUCE_SUM, w);
     return us__comm_fail(m, r, "sequence-parallel reduce-scatter");
 }
-static us_result us__sp_gather(us_model *m, void *full, const void *shard, int64_t Ns) { return us__sp_gather_w(m, full, shard, Ns, NULL); }
-static us_result us__sp_scatter(us_model *m, void *shard, const void *full, int64_t Ns) { return us__sp_scatter_w(m, shard, full, Ns, NULL); }
+
+static us_result us__sp_gather(us_model *m, void *full, const void *shard, int64_t Ns) {
+    return us__sp_gather_w(m, full, shard, Ns, NULL);
+}
+
+static us_result us__sp_scatter(us_model *m, void *shard, const void *full, int64_t Ns) {
+    return us__sp_scatter_w(m, shard, full, Ns, NULL);
+}
+
 /* While a tp collective travels, the GEMMs beside it may leave it overlap_sms SMs (us_ops.sm_margin).
    On two H200s a reduce-scatter sharing the SMs with a weight-gradient GEMM took 1.8 ms instead of
    0.3; leaving it 8, 16 or 32 SMs sped the collectives up and slowed the GEMMs as much (tp 2 + sp:
@@ -4758,36 +6020,50 @@ static void us__tp_started(us_model *m, us_work *w) {
     m->tp_inflight++;
     m->ops.sm_margin = m->tc.overlap_sms;
 }
-static us_result us__tp_wait(us_model *m, us_work **w) {   /* a started collective, finished (NULL: none) */
+
+static us_result us__tp_wait(us_model *m,
+                             us_work **w) { /* a started collective, finished (NULL: none) */
     us_result r;
     if (!*w) return US_OK;
     r = m->comm->wait(m->comm, *w);
     *w = NULL;
-    if (--m->tp_inflight <= 0) { m->tp_inflight = 0; m->ops.sm_margin = 0; }
+    if (--m->tp_inflight <= 0) {
+        m->tp_inflight = 0;
+        m->ops.sm_margin = 0;
+    }
     return us__comm_fail(m, r, "tensor-parallel communication");
 }
+
 /* The backward's overlap (Megatron-LM's asynchronous TP communication): a column-parallel GEMM's
    backward needs its input gradient reduced over tp (f's conjugate: all-reduce, or SP's
    reduce-scatter) and, under SP, its input gathered again for the weight gradient. Neither
    depends on the weight-gradient GEMM, so the gather is started before the input-gradient GEMMs
    and the reduction before the weight-gradient GEMM, and both travel while those compute.
    Starts the reduction of dln [Np, C] into this rank's rows (dlnp) or in place: */
-static us_result us__tp_dgrad_start(us_model *m, void *dlnp, void *dln, int64_t N, int64_t Ns, us_work **w) {
+static us_result us__tp_dgrad_start(us_model *m, void *dlnp, void *dln, int64_t N, int64_t Ns,
+                                    us_work **w) {
     us_result r;
-    us_work **wa = m->tc.tp_no_overlap ? NULL : w;   /* (no overlap: finished here) */
+    us_work **wa = m->tc.tp_no_overlap ? NULL : w; /* (no overlap: finished here) */
     *w = NULL;
     if (m->tc.tp <= 1) return US_OK;
-    r = us__sp(m) ? us__sp_scatter_w(m, dlnp, dln, Ns, wa) : us__tp_sum_w(m, dln, N * m->cfg.dim, m->dt, wa);
+    r = us__sp(m) ? us__sp_scatter_w(m, dlnp, dln, Ns, wa)
+                  : us__tp_sum_w(m, dln, N * m->cfg.dim, m->dt, wa);
     if (r == US_OK) us__tp_started(m, *w);
     return r;
 }
-static us_result us__sp_gather_early(us_model *m, void *full, const void *shard, int64_t Ns, us_work **w) {   /* started, or done */
+
+static us_result us__sp_gather_early(us_model *m, void *full, const void *shard, int64_t Ns,
+                                     us_work **w) { /* started, or done */
     us_result r = us__sp_gather_w(m, full, shard, Ns, m->tc.tp_no_overlap ? NULL : w);
     if (r == US_OK) us__tp_started(m, *w);
     return r;
 }
-static void us__linear_fwd(us_model *m, int64_t N, int64_t In, int64_t Out, const void *x, const void *W, float beta, void *y);
-static void us__linear_dgrad(us_model *m, int64_t N, int64_t In, int64_t Out, const void *dy, const void *W, float beta, void *dx, int keep);
+
+static void us__linear_fwd(us_model *m, int64_t N, int64_t In, int64_t Out, const void *x,
+                           const void *W, float beta, void *y);
+static void us__linear_dgrad(us_model *m, int64_t N, int64_t In, int64_t Out, const void *dy,
+                             const void *W, float beta, void *dx, int keep);
+
 /* g with its GEMM: the collective matmul (Wang et al. 2023; Megatron-LM's and PyTorch's async
    TP). Gathering the whole input before the GEMM leaves the GPU idle while it travels. Instead
    the row blocks go round the tp ranks as a ring: at step s each rank multiplies the block it
@@ -4796,18 +6072,25 @@ static void us__linear_dgrad(us_model *m, int64_t N, int64_t In, int64_t Out, co
    G [Np, C] ends holding the whole gathered input, as us__sp_gather leaves it (the weight
    gradient reads it again). The GEMM is one of the two a gathered input feeds: */
 typedef struct us__ring_gemm {
-    int     dgrad;    /* 0: y = x·Wᵀ (us__linear_fwd), 1: y = x·W (us__linear_dgrad) */
-    int64_t In, Out;  /* x [rows, In] (dgrad: x is dy [rows, Out], y dx [rows, In]) */
+    int dgrad;       /* 0: y = x·Wᵀ (us__linear_fwd), 1: y = x·W (us__linear_dgrad) */
+    int64_t In, Out; /* x [rows, In] (dgrad: x is dy [rows, Out], y dx [rows, In]) */
     const void *W;
-    void   *y;
-    int     keep;     /* dgrad: the Wgrad of the whole gathered dy comes next (us__linear_dgrad's keep;
+    void *y;
+    int keep; /* dgrad: the Wgrad of the whole gathered dy comes next (us__linear_dgrad's keep;
                          it applies when the rows are multiplied at once, not block by block) */
 } us__ring_gemm;
-static void us__ring_gemm_rows(us_model *m, const us__ring_gemm *g, const void *G, int64_t row0, int64_t rows, int keep) {
+
+static void us__ring_gemm_rows(us_model *m, const us__ring_gemm *g, const void *G, int64_t row0,
+                               int64_t rows, int keep) {
     size_t a = us_dtype_size(m->dt);
-    if (!g->dgrad) us__linear_fwd(m, rows, g->In, g->Out, (const char *)G + (size_t)(row0 * g->In) * a, g->W, 0.0f, (char *)g->y + (size_t)(row0 * g->Out) * a);
-    else us__linear_dgrad(m, rows, g->In, g->Out, (const char *)G + (size_t)(row0 * g->Out) * a, g->W, 0.0f, (char *)g->y + (size_t)(row0 * g->In) * a, keep);
+    if (!g->dgrad)
+        us__linear_fwd(m, rows, g->In, g->Out, (const char *)G + (size_t)(row0 * g->In) * a, g->W,
+                       0.0f, (char *)g->y + (size_t)(row0 * g->Out) * a);
+    else
+        us__linear_dgrad(m, rows, g->In, g->Out, (const char *)G + (size_t)(row0 * g->Out) * a,
+                         g->W, 0.0f, (char *)g->y + (size_t)(row0 * g->In) * a, keep);
 }
+
 /* ḡ with its GEMM, the other half of the collective matmul: the row-parallel GEMM's partial
    products are made in k row chunks of every rank's block, laid out [k][tp][Ns/k] in G, and each
    chunk's reduce-scatter travels while the next chunk multiplies; only the last chunk's waits.
@@ -4815,9 +6098,11 @@ static void us__ring_gemm_rows(us_model *m, const us__ring_gemm *g, const void *
    product (the residual added on its own rank first) summed the same way. dst [Ns, C] gets this
    rank's rows; x [Np, In] is the GEMM's input, W [C, In]. */
 static int us__tp_ring(const us_model *m);
-static int64_t us__sp_chunk_rows = 4096;   /* (tests lower it, so small models chunk too) */
+static int64_t us__sp_chunk_rows = 4096; /* (tests lower it, so small models chunk too) */
 static void us__sp_residual(us_model *m, void *full, const void *res, int64_t Np, int64_t Ns);
-static us_result us__sp_gemm_scatter(us_model *m, void *dst, const void *res, const void *x, int64_t In, const void *W, int64_t Ns) {
+
+static us_result us__sp_gemm_scatter(us_model *m, void *dst, const void *res, const void *x,
+                                     int64_t In, const void *W, int64_t Ns) {
     us_ops *o = &m->ops;
     int tp = m->tc.tp, t = m->mesh.tp_rank, k, j, q;
     int64_t C = m->cfg.dim, off = 0;
@@ -4830,34 +6115,43 @@ static us_result us__sp_gemm_scatter(us_model *m, void *dst, const void *res, co
         us__linear_fwd(m, Ns * tp, In, C, x, W, 1.0f, G);
         return us__sp_scatter(m, dst, G, Ns);
     }
-    k = (int)(Ns / us__sp_chunk_rows);   /* chunks of at least 4096 rows per rank block: GEMMs still large */
+    k = (int)(Ns /
+              us__sp_chunk_rows); /* chunks of at least 4096 rows per rank block: GEMMs still large */
     if (k < 1) k = 1;
     if (k > 4) k = 4;
     for (j = 0; j < k && r == US_OK; j++) {
         int64_t lo = Ns * j / k, n = Ns * (j + 1) / k - lo;
-        char *base = G + (size_t)(off * C) * a;   /* [tp][n][C] */
+        char *base = G + (size_t)(off * C) * a; /* [tp][n][C] */
         for (q = 0; q < tp; q++) {
             char *out = base + (size_t)(q * n * C) * a;
-            if (q == t) o->copy(o, out, (const char *)res + (size_t)(lo * C) * a, (size_t)(n * C) * a, US_COPY_D2D);
-            us__linear_fwd(m, n, In, C, (const char *)x + (size_t)((q * Ns + lo) * In) * a, W, q == t ? 1.0f : 0.0f, out);
+            if (q == t)
+                o->copy(o, out, (const char *)res + (size_t)(lo * C) * a, (size_t)(n * C) * a,
+                        US_COPY_D2D);
+            us__linear_fwd(m, n, In, C, (const char *)x + (size_t)((q * Ns + lo) * In) * a, W,
+                           q == t ? 1.0f : 0.0f, out);
         }
         r = us__sp_scatter_w(m, (char *)dst + (size_t)(lo * C) * a, base, n, &w[j]);
         if (r == US_OK) us__tp_started(m, w[j]);
         off += tp * n;
     }
-    for (j = 0; j < k; j++) {   /* all of them waited for, after a failure too: none outlives its buffer */
+    for (j = 0; j < k;
+         j++) { /* all of them waited for, after a failure too: none outlives its buffer */
         us_result r2 = us__tp_wait(m, &w[j]);
         if (r == US_OK) r = r2;
     }
     return r;
 }
+
 /* Row blocks are independent GEMMs only where nothing is shared between rows: per-tensor FP8
    would scale each block by its own amax, and the tile mode would quantise the weight once per
    block, so FP8 gathers first. */
 static int us__tp_ring(const us_model *m) {
-    return us__sp(m) && !m->tc.tp_no_overlap && m->tc.precision != US_PRECISION_FP8 && m->tc.precision != US_PRECISION_FP8_TENSOR;
+    return us__sp(m) && !m->tc.tp_no_overlap && m->tc.precision != US_PRECISION_FP8 &&
+           m->tc.precision != US_PRECISION_FP8_TENSOR;
 }
-static us_result us__sp_gather_gemm(us_model *m, void *G, const void *shard, int64_t Ns, const us__ring_gemm *g) {
+
+static us_result us__sp_gather_gemm(us_model *m, void *G, const void *shard, int64_t Ns,
+                                    const us__ring_gemm *g) {
     us_ops *o = &m->ops;
     int tp = m->tc.tp, t = m->mesh.tp_rank, s;
     size_t blk = (size_t)(Ns * m->cfg.dim) * us_dtype_size(m->dt);
@@ -4867,13 +6161,15 @@ static us_result us__sp_gather_gemm(us_model *m, void *G, const void *shard, int
         us__ring_gemm_rows(m, g, G, 0, Ns * tp, g->keep);
         return US_OK;
     }
-    if ((const char *)G + t * blk != (const char *)shard) o->copy(o, (char *)G + t * blk, shard, blk, US_COPY_D2D);
+    if ((const char *)G + t * blk != (const char *)shard)
+        o->copy(o, (char *)G + t * blk, shard, blk, US_COPY_D2D);
     for (s = 0; s < tp; s++) {
         int have = (t - s + tp) % tp, take = (t - s - 1 + 2 * tp) % tp;
         us_work *w = NULL;
-        if (s < tp - 1) {   /* pass on the block held, take the one before it */
-            r = m->comm->sendrecv(m->comm, &m->mesh.tp_g, (char *)G + have * blk, Ns * m->cfg.dim, (t + 1) % tp,
-                                  (char *)G + take * blk, Ns * m->cfg.dim, (t - 1 + tp) % tp, m->dt, &w);
+        if (s < tp - 1) { /* pass on the block held, take the one before it */
+            r = m->comm->sendrecv(m->comm, &m->mesh.tp_g, (char *)G + have * blk, Ns * m->cfg.dim,
+                                  (t + 1) % tp, (char *)G + take * blk, Ns * m->cfg.dim,
+                                  (t - 1 + tp) % tp, m->dt, &w);
             if (r != US_OK) return us__comm_fail(m, r, "sequence-parallel ring exchange");
             us__tp_started(m, w);
         }
@@ -4882,21 +6178,28 @@ static us_result us__sp_gather_gemm(us_model *m, void *G, const void *shard, int
     }
     return US_OK;
 }
+
 /* A row-parallel output under SP starts as zeros with this rank's residual rows in their place:
    the reduce-scatter then gives each rank residual + the full product for its rows. */
 static void us__sp_residual(us_model *m, void *full, const void *res, int64_t Np, int64_t Ns) {
     us_ops *o = &m->ops;
     size_t rowb = (size_t)m->cfg.dim * us_dtype_size(m->dt);
     o->zero(o, full, (size_t)Np * rowb);
-    o->copy(o, (char *)full + (size_t)(m->mesh.tp_rank * Ns) * rowb, res, (size_t)Ns * rowb, US_COPY_D2D);
+    o->copy(o, (char *)full + (size_t)(m->mesh.tp_rank * Ns) * rowb, res, (size_t)Ns * rowb,
+            US_COPY_D2D);
 }
+
 /* RMSNorm backward; under SP each rank has only its tokens' part of the weight's gradient, so it
    is summed over tp (in a scratch, so earlier micro-batches' sums are not summed again). */
-static us_result us__norm_bwd(us_model *m, void *dres, int widx, const void *dln, const void *x, const float *rstd, int64_t rows) {
+static us_result us__norm_bwd(us_model *m, void *dres, int widx, const void *dln, const void *x,
+                              const float *rstd, int64_t rows) {
     us_ops *o = &m->ops;
     int64_t C = m->cfg.dim;
     us_result r;
-    if (!us__sp(m)) { o->rmsnorm_bwd(o, dres, us__G(m, widx), dln, x, us__W(m, widx), rstd, rows, C, m->dt); return US_OK; }
+    if (!us__sp(m)) {
+        o->rmsnorm_bwd(o, dres, us__G(m, widx), dln, x, us__W(m, widx), rstd, rows, C, m->dt);
+        return US_OK;
+    }
     o->zero(o, m->a[US__A_NW], (size_t)C * 4);
     o->rmsnorm_bwd(o, dres, (float *)m->a[US__A_NW], dln, x, us__W(m, widx), rstd, rows, C, m->dt);
     if ((r = us__tp_sum(m, m->a[US__A_NW], C, US_F32)) != US_OK) return r;
@@ -4916,60 +6219,83 @@ static us_result us__norm_bwd(us_model *m, void *dres, int widx, const void *dln
    sharding gives rank r chunks r and 2·cp−1−r, so every rank has the same causal work; the
    all-gather variant gathers every block first (simpler, more memory). Gradients are then
    reduced over dp×cp (// >>dp), each rank holding the same weights. */
-static int us__cp_pos(const us_train_config *tc, int r, int t) {   /* global position of rank r's token t */
+static int us__cp_pos(const us_train_config *tc, int r,
+                      int t) { /* global position of rank r's token t */
     int cp = tc->cp, Tl = tc->seq / cp, half = Tl / 2;
     if (tc->cp_mode == US_CP_RING) return r * Tl + t;
     return t < half ? r * half + t : (2 * cp - 1 - r) * half + (t - half);
 }
+
 /* Moves this rank's block to the next rank and receives the previous rank's, as one all-to-all. */
-static us_result us__cp_shift(us_model *m, void *dst, const void *src, int64_t n, us_dtype dt, us_work **w) {
+static us_result us__cp_shift(us_model *m, void *dst, const void *src, int64_t n, us_dtype dt,
+                              us_work **w) {
     int cp = m->mesh.cp, r = m->mesh.cp_rank;
-    int64_t *sc = (int64_t *)calloc((size_t)(4 * cp), sizeof(int64_t)), *sd = sc + cp, *rc = sd + cp, *rd = rc + cp;   /* any cp */
+    int64_t *sc = (int64_t *)calloc((size_t)(4 * cp), sizeof(int64_t)), *sd = sc + cp,
+            *rc = sd + cp, *rd = rc + cp; /* any cp */
     us_result res;
-    if (!sc) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
-    sc[(r + 1) % cp] = n; rc[(r - 1 + cp) % cp] = n;
+    if (!sc) {
+        us__model_set_error(m, "out of host memory");
+        return US_ERR_OOM;
+    }
+    sc[(r + 1) % cp] = n;
+    rc[(r - 1 + cp) % cp] = n;
     res = m->comm->all_to_all(m->comm, &m->mesh.cp_g, dst, rc, rd, src, sc, sd, dt, w);
     free(sc);
     return us__comm_fail(m, res, "context-parallel ring exchange");
 }
+
 static us_result us__cp_attention_fwd(us_model *m, us_layer_acts *A, int64_t B, int64_t T) {
     us_ops *o = &m->ops;
     us_dtype dt = m->dt;
-    int NH = m->nh_l, NKV = m->nkv_l, HS = (int)(m->cfg.dim / m->cfg.n_heads), cp = m->mesh.cp, r = m->mesh.cp_rank, s;
+    int NH = m->nh_l, NKV = m->nkv_l, HS = (int)(m->cfg.dim / m->cfg.n_heads), cp = m->mesh.cp,
+        r = m->mesh.cp_rank, s;
     int64_t N = B * T, QKV = (int64_t)(NH + 2 * NKV) * HS, KVW = (int64_t)2 * NKV * HS;
     const int32_t *pos = (const int32_t *)m->a[US__A_CPPOS];
     char *kv = (char *)m->a[US__A_CPKV];
     size_t blk = (size_t)(N * KVW) * us_dtype_size(dt);
-    float *acc = (float *)m->a[US__A_CPACC], *mm = (float *)m->a[US__A_CPM], *ll = (float *)m->a[US__A_CPL];
+    float *acc = (float *)m->a[US__A_CPACC], *mm = (float *)m->a[US__A_CPM],
+          *ll = (float *)m->a[US__A_CPL];
     us_result res;
-    if (m->tc.cp_mode == US_CP_ALLGATHER) {   /* every block gathered, then attended to in turn */
-        o->copy2d(o, kv + (size_t)r * blk, KVW, us__at(A->qkv, dt, (int64_t)NH * HS), QKV, N, KVW, dt);
-        res = m->comm->all_gather(m->comm, &m->mesh.cp_g, kv, kv + (size_t)r * blk, N * KVW, dt, NULL);
+    if (m->tc.cp_mode == US_CP_ALLGATHER) { /* every block gathered, then attended to in turn */
+        o->copy2d(o, kv + (size_t)r * blk, KVW, us__at(A->qkv, dt, (int64_t)NH * HS), QKV, N, KVW,
+                  dt);
+        res = m->comm->all_gather(m->comm, &m->mesh.cp_g, kv, kv + (size_t)r * blk, N * KVW, dt,
+                                  NULL);
         if (res != US_OK) return us__comm_fail(m, res, "context-parallel all-gather");
         for (s = 0; s < cp; s++)
-            o->attn_block_fwd(o, acc, mm, ll, A->qkv, kv + (size_t)s * blk, pos + r * T, pos + s * T, B, T, T, NH, NKV, HS, s == 0, dt);
-    } else {   /* the ring: attend to the block in hand while the next one travels */
+            o->attn_block_fwd(o, acc, mm, ll, A->qkv, kv + (size_t)s * blk, pos + r * T,
+                              pos + s * T, B, T, T, NH, NKV, HS, s == 0, dt);
+    } else { /* the ring: attend to the block in hand while the next one travels */
         char *cur = kv, *nxt = kv + blk, *t;
         o->copy2d(o, cur, KVW, us__at(A->qkv, dt, (int64_t)NH * HS), QKV, N, KVW, dt);
         for (s = 0; s < cp; s++) {
             us_work *w = NULL;
             int src = (r - s + cp) % cp;
-            if (s < cp - 1 && (res = us__cp_shift(m, nxt, cur, N * KVW, dt, &w)) != US_OK) return res;
-            o->attn_block_fwd(o, acc, mm, ll, A->qkv, cur, pos + r * T, pos + src * T, B, T, T, NH, NKV, HS, s == 0, dt);
-            if (w && (res = m->comm->wait(m->comm, w)) != US_OK) return us__comm_fail(m, res, "context-parallel ring exchange");
-            t = cur; cur = nxt; nxt = t;
+            if (s < cp - 1 && (res = us__cp_shift(m, nxt, cur, N * KVW, dt, &w)) != US_OK)
+                return res;
+            o->attn_block_fwd(o, acc, mm, ll, A->qkv, cur, pos + r * T, pos + src * T, B, T, T, NH,
+                              NKV, HS, s == 0, dt);
+            if (w && (res = m->comm->wait(m->comm, w)) != US_OK)
+                return us__comm_fail(m, res, "context-parallel ring exchange");
+            t = cur;
+            cur = nxt;
+            nxt = t;
         }
     }
     o->attn_block_finish(o, A->att, A->lse, acc, mm, ll, B, T, NH, HS, dt);
     return US_OK;
 }
+
 /* dqkv (overwritten): dQ from every block this rank's queries saw; dK, dV of this rank's block
    from every rank's queries (summed around the ring, or reduce-scattered after the all-gather). */
-static us_result us__cp_attention_bwd(us_model *m, us_layer_acts *A, void *dqkv, const void *dout, int64_t B, int64_t T) {
+static us_result us__cp_attention_bwd(us_model *m, us_layer_acts *A, void *dqkv, const void *dout,
+                                      int64_t B, int64_t T) {
     us_ops *o = &m->ops;
     us_dtype dt = m->dt;
-    int NH = m->nh_l, NKV = m->nkv_l, HS = (int)(m->cfg.dim / m->cfg.n_heads), cp = m->mesh.cp, r = m->mesh.cp_rank, s;
-    int64_t N = B * T, QKV = (int64_t)(NH + 2 * NKV) * HS, KVW = (int64_t)2 * NKV * HS, AO = (int64_t)NH * HS;
+    int NH = m->nh_l, NKV = m->nkv_l, HS = (int)(m->cfg.dim / m->cfg.n_heads), cp = m->mesh.cp,
+        r = m->mesh.cp_rank, s;
+    int64_t N = B * T, QKV = (int64_t)(NH + 2 * NKV) * HS, KVW = (int64_t)2 * NKV * HS,
+            AO = (int64_t)NH * HS;
     const int32_t *pos = (const int32_t *)m->a[US__A_CPPOS];
     char *kv = (char *)m->a[US__A_CPKV];
     float *dkv = (float *)m->a[US__A_CPDKV], *dq = (float *)m->a[US__A_CPDQ], *home;
@@ -4978,36 +6304,49 @@ static us_result us__cp_attention_bwd(us_model *m, us_layer_acts *A, void *dqkv,
     us_result res;
     o->zero(o, dq, (size_t)(N * AO) * 4);
     if (m->tc.cp_mode == US_CP_ALLGATHER) {
-        o->copy2d(o, kv + (size_t)r * blk, KVW, us__at(A->qkv, dt, (int64_t)NH * HS), QKV, N, KVW, dt);
-        res = m->comm->all_gather(m->comm, &m->mesh.cp_g, kv, kv + (size_t)r * blk, N * KVW, dt, NULL);
+        o->copy2d(o, kv + (size_t)r * blk, KVW, us__at(A->qkv, dt, (int64_t)NH * HS), QKV, N, KVW,
+                  dt);
+        res = m->comm->all_gather(m->comm, &m->mesh.cp_g, kv, kv + (size_t)r * blk, N * KVW, dt,
+                                  NULL);
         if (res != US_OK) return us__comm_fail(m, res, "context-parallel all-gather");
         o->zero(o, dkv, (size_t)(cp * N * KVW) * 4);
         for (s = 0; s < cp; s++)
-            o->attn_block_bwd(o, dq, dkv + (int64_t)s * N * KVW, dout, A->qkv, A->att, A->lse, kv + (size_t)s * blk, pos + r * T, pos + s * T,
-                              B, T, T, NH, NKV, HS, dt);
-        home = dkv + (int64_t)r * N * KVW;   /* in place: this rank's block gets every rank's part */
-        res = m->comm->reduce_scatter(m->comm, &m->mesh.cp_g, home, dkv, N * KVW, US_F32, US_REDUCE_SUM, NULL);
+            o->attn_block_bwd(o, dq, dkv + (int64_t)s * N * KVW, dout, A->qkv, A->att, A->lse,
+                              kv + (size_t)s * blk, pos + r * T, pos + s * T, B, T, T, NH, NKV, HS,
+                              dt);
+        home = dkv + (int64_t)r * N * KVW; /* in place: this rank's block gets every rank's part */
+        res = m->comm->reduce_scatter(m->comm, &m->mesh.cp_g, home, dkv, N * KVW, US_F32,
+                                      US_REDUCE_SUM, NULL);
         if (res != US_OK) return us__comm_fail(m, res, "context-parallel reduce-scatter");
-    } else {   /* K/V and their gradient accumulators travel together; after cp shifts dK/dV are home */
+    } else { /* K/V and their gradient accumulators travel together; after cp shifts dK/dV are home */
         char *cur = kv, *nxt = kv + blk, *t;
         float *dcur = dkv, *dnxt = dkv + N * KVW, *dt2;
         o->copy2d(o, cur, KVW, us__at(A->qkv, dt, (int64_t)NH * HS), QKV, N, KVW, dt);
         o->zero(o, dcur, (size_t)(N * KVW) * 4);
-        for (s = 0; s < cp; s++) {   /* the next K/V block travels while this one's gradients are computed */
+        for (s = 0; s < cp;
+             s++) { /* the next K/V block travels while this one's gradients are computed */
             int src = (r - s + cp) % cp;
             us_work *w = NULL;
-            if (s < cp - 1 && (res = us__cp_shift(m, nxt, cur, N * KVW, dt, &w)) != US_OK) return res;
-            o->attn_block_bwd(o, dq, dcur, dout, A->qkv, A->att, A->lse, cur, pos + r * T, pos + src * T, B, T, T, NH, NKV, HS, dt);
-            if (w && (res = m->comm->wait(m->comm, w)) != US_OK) return us__comm_fail(m, res, "context-parallel ring exchange");
-            if ((res = us__cp_shift(m, dnxt, dcur, N * KVW, US_F32, NULL)) != US_OK) return res;   /* dK, dV follow their block */
-            t = cur; cur = nxt; nxt = t;
-            dt2 = dcur; dcur = dnxt; dnxt = dt2;
+            if (s < cp - 1 && (res = us__cp_shift(m, nxt, cur, N * KVW, dt, &w)) != US_OK)
+                return res;
+            o->attn_block_bwd(o, dq, dcur, dout, A->qkv, A->att, A->lse, cur, pos + r * T,
+                              pos + src * T, B, T, T, NH, NKV, HS, dt);
+            if (w && (res = m->comm->wait(m->comm, w)) != US_OK)
+                return us__comm_fail(m, res, "context-parallel ring exchange");
+            if ((res = us__cp_shift(m, dnxt, dcur, N * KVW, US_F32, NULL)) != US_OK)
+                return res; /* dK, dV follow their block */
+            t = cur;
+            cur = nxt;
+            nxt = t;
+            dt2 = dcur;
+            dcur = dnxt;
+            dnxt = dt2;
         }
         home = dcur;
     }
-    o->cast(o, tmp, dt, dq, US_F32, N * AO);                  /* dQ into the q columns of dqkv */
+    o->cast(o, tmp, dt, dq, US_F32, N * AO); /* dQ into the q columns of dqkv */
     o->copy2d(o, dqkv, QKV, tmp, AO, N, AO, dt);
-    o->cast(o, tmp, dt, home, US_F32, N * KVW);               /* dK | dV into the k and v columns */
+    o->cast(o, tmp, dt, home, US_F32, N * KVW); /* dK | dV into the k and v columns */
     o->copy2d(o, us__at(dqkv, dt, AO), QKV, tmp, KVW, N, KVW, dt);
     return US_OK;
 }
@@ -5036,62 +6375,76 @@ static us_result us__cp_attention_bwd(us_model *m, us_layer_acts *A, void *dqkv,
    residual and its other experts). cf = 0, the default, drops nothing.
    Group-limited routing (DeepSeek-V3's node limit): the E experts form G groups, a token first
    keeps its M best groups, then picks its K experts inside them. */
-struct us__moe_grads {   /* the backward's scratch, one action's (m->a[US__A_MOE]) */
-    void  *dye;      /* [R,C]   ∂ expert outputs */
-    void  *dxe;      /* [R,C]   ∂ expert inputs */
-    void  *dh;       /* [max(R,N·shared),Fe]   ∂ SwiGLU outputs (routed, then shared) */
-    void  *dgu;      /* [max(R,N·shared),2Fe]  ∂ gate | up */
-    void  *dlg;      /* [N,E]   ∂ logits in dt, for the router's GEMMs */
-    float *dgates;   /* [N,K]   */
-    float *dlogits;  /* [N,E]   */
-    float *vec;      /* [E]     the auxiliary loss's Σ_n p' (forward), its coefficients (backward) */
-    void    *ept;    /* [Rx,C]  ep > 1: the all-to-all's rows in transit, by source rank (// >>ep) */
-    int32_t *epc;    /* [ep,E]  ep > 1: every ep peer's kept tokens per expert */
-    double  *sum;    /* [MoE layers·E + 3] dp·cp > 1: the step's routing counts, summed over dp×cp */
+struct us__moe_grads { /* the backward's scratch, one action's (m->a[US__A_MOE]) */
+    void *dye;         /* [R,C]   ∂ expert outputs */
+    void *dxe;         /* [R,C]   ∂ expert inputs */
+    void *dh;          /* [max(R,N·shared),Fe]   ∂ SwiGLU outputs (routed, then shared) */
+    void *dgu;         /* [max(R,N·shared),2Fe]  ∂ gate | up */
+    void *dlg;         /* [N,E]   ∂ logits in dt, for the router's GEMMs */
+    float *dgates;     /* [N,K]   */
+    float *dlogits;    /* [N,E]   */
+    float *vec;   /* [E]     the auxiliary loss's Σ_n p' (forward), its coefficients (backward) */
+    void *ept;    /* [Rx,C]  ep > 1: the all-to-all's rows in transit, by source rank (// >>ep) */
+    int32_t *epc; /* [ep,E]  ep > 1: every ep peer's kept tokens per expert */
+    double *sum; /* [MoE layers·E + 3] dp·cp > 1: the step's routing counts, summed over dp×cp */
 };
+
 /* an expert takes at most cap tokens of a micro-batch of N (0: no limit); R rows hold them all */
 static int64_t us__moe_cap(const us_model_config *c, int64_t N) {
-    return c->moe_capacity > 0 ? (int64_t)ceil((double)c->moe_capacity * (double)N * c->moe_top_k / c->moe_experts) : 0;
+    return c->moe_capacity > 0
+               ? (int64_t)ceil((double)c->moe_capacity * (double)N * c->moe_top_k / c->moe_experts)
+               : 0;
 }
+
 static int64_t us__moe_rows(const us_model_config *c, int64_t N) {
     int64_t cap = us__moe_cap(c, N), nk = N * c->moe_top_k;
     return cap > 0 && cap * c->moe_experts < nk ? cap * c->moe_experts : nk;
 }
+
 /* Rows a rank's experts may run on (// >>ep): its own R on one rank; under expert parallelism
    every peer may send it all its rows, ep·R, unless a capacity limit bounds each of its E/ep
    experts to cap rows per peer: then ep·min(R, E/ep·cap) ≈ cf·N·K, whatever ep is. */
 static int64_t us__moe_rx(const us_model_config *c, const us_train_config *tc, int64_t N) {
-    int64_t ep = us__ep_of(tc), R = us__moe_rows(c, N), cap = us__moe_cap(c, N), lim = cap * (c->moe_experts / ep);
+    int64_t ep = us__ep_of(tc), R = us__moe_rows(c, N), cap = us__moe_cap(c, N),
+            lim = cap * (c->moe_experts / ep);
     return ep * (cap > 0 && lim < R ? lim : R);
 }
+
 /* Bytes of one MoE layer's activations (us__moe_take's order) and of the backward's scratch
    (us__moe_scratch's): the estimator uses the same pieces. Under expert parallelism the rows a
    rank's experts run on (xe, gate|up, SwiGLU and their gradients) are sized for the worst case,
    Rx (us__moe_rx), plus a transit buffer of Rx rows and the count table (// >>ep); n_moe MoE
    layers' routing counts are summed over dp×cp in a small scratch. */
-static void us__moe_bytes(const us_model_config *c, const us_train_config *tc, int n_moe, int64_t N, size_t a, size_t *gemm, size_t *cheap,
-                          size_t *scratch) {
-    int64_t E = c->moe_experts, K = c->moe_top_k, Fe = c->moe_ffn_dim, R = us__moe_rows(c, N), C = c->dim, S = c->moe_shared;
-    int64_t ep = us__ep_of(tc), Rx = us__moe_rx(c, tc, N), hN = Rx > N * S ? Rx : N * S, nsum = tc->dp * tc->cp > 1 ? (int64_t)n_moe * E + 3 : 0;
-    *gemm = us__align(N * E * 4) + us__align(Rx * 2 * Fe * a) + us__align(R * C * a) + (S ? us__align(N * 2 * Fe * a) : 0);
-    *cheap = us__align(N * E * 4) + 3 * us__align(N * K * 4) + us__align(R * 4) + us__align(2 * E * 4) + us__align(Rx * C * a)
-           + us__align(Rx * Fe * a) + (S ? us__align(N * Fe * a) : 0);
-    *scratch = 2 * us__align(Rx * C * a) + us__align(hN * Fe * a) + us__align(hN * 2 * Fe * a) + us__align(N * E * a)
-             + us__align(N * K * 4) + us__align(N * E * 4) + us__align(E * 4)
-             + (ep > 1 ? us__align(Rx * C * a) + us__align(ep * E * 4) : 0) + (nsum ? us__align(nsum * 8) : 0);
+static void us__moe_bytes(const us_model_config *c, const us_train_config *tc, int n_moe, int64_t N,
+                          size_t a, size_t *gemm, size_t *cheap, size_t *scratch) {
+    int64_t E = c->moe_experts, K = c->moe_top_k, Fe = c->moe_ffn_dim, R = us__moe_rows(c, N),
+            C = c->dim, S = c->moe_shared;
+    int64_t ep = us__ep_of(tc), Rx = us__moe_rx(c, tc, N), hN = Rx > N * S ? Rx : N * S,
+            nsum = tc->dp * tc->cp > 1 ? (int64_t)n_moe * E + 3 : 0;
+    *gemm = us__align(N * E * 4) + us__align(Rx * 2 * Fe * a) + us__align(R * C * a) +
+            (S ? us__align(N * 2 * Fe * a) : 0);
+    *cheap = us__align(N * E * 4) + 3 * us__align(N * K * 4) + us__align(R * 4) +
+             us__align(2 * E * 4) + us__align(Rx * C * a) + us__align(Rx * Fe * a) +
+             (S ? us__align(N * Fe * a) : 0);
+    *scratch = 2 * us__align(Rx * C * a) + us__align(hN * Fe * a) + us__align(hN * 2 * Fe * a) +
+               us__align(N * E * a) + us__align(N * K * 4) + us__align(N * E * 4) +
+               us__align(E * 4) + (ep > 1 ? us__align(Rx * C * a) + us__align(ep * E * 4) : 0) +
+               (nsum ? us__align(nsum * 8) : 0);
 }
+
 static void us__moe_take(const us_model *m, us__arena *ar, us_layer_acts *L, int cheap, int gemm) {
     const us_model_config *c = &m->cfg;
-    int64_t N = (int64_t)m->tc.batch * m->tc.seq, E = c->moe_experts, K = c->moe_top_k, Fe = c->moe_ffn_dim, R = m->moe_rows, C = c->dim;
-    int64_t Rx = m->moe_rx;   /* rows this rank's experts run on (ep·R under expert parallelism) */
+    int64_t N = (int64_t)m->tc.batch * m->tc.seq, E = c->moe_experts, K = c->moe_top_k,
+            Fe = c->moe_ffn_dim, R = m->moe_rows, C = c->dim;
+    int64_t Rx = m->moe_rx; /* rows this rank's experts run on (ep·R under expert parallelism) */
     size_t a = us_dtype_size(m->dt);
-    if (gemm) {   /* GEMM outputs: kept unless recompute is full */
+    if (gemm) { /* GEMM outputs: kept unless recompute is full */
         L->logits = (float *)us__take(ar, N * E * 4);
         L->gu_e = us__take(ar, Rx * 2 * Fe * a);
         L->ye = us__take(ar, R * C * a);
         if (c->moe_shared) L->sgu = us__take(ar, N * 2 * Fe * a);
     }
-    if (cheap) {  /* cheap to recompute from them: routing, permutation, SwiGLU */
+    if (cheap) { /* cheap to recompute from them: routing, permutation, SwiGLU */
         L->probs = (float *)us__take(ar, N * E * 4);
         L->topk = (int32_t *)us__take(ar, N * K * 4);
         L->gates = (float *)us__take(ar, N * K * 4);
@@ -5103,25 +6456,40 @@ static void us__moe_take(const us_model *m, us__arena *ar, us_layer_acts *L, int
         if (c->moe_shared) L->sh = us__take(ar, N * Fe * a);
     }
 }
+
 static size_t us__moe_scratch(const us_model *m, us__moe_grads *g) {
     const us_model_config *c = &m->cfg;
-    int64_t N = (int64_t)m->tc.batch * m->tc.seq, E = c->moe_experts, K = c->moe_top_k, Fe = c->moe_ffn_dim, C = c->dim;
-    int64_t Rx = m->moe_rx, hN = Rx > N * c->moe_shared ? Rx : N * c->moe_shared, ep = us__ep_of(&m->tc);
+    int64_t N = (int64_t)m->tc.batch * m->tc.seq, E = c->moe_experts, K = c->moe_top_k,
+            Fe = c->moe_ffn_dim, C = c->dim;
+    int64_t Rx = m->moe_rx, hN = Rx > N * c->moe_shared ? Rx : N * c->moe_shared,
+            ep = us__ep_of(&m->tc);
     int64_t nsum = m->tc.dp * m->tc.cp > 1 ? (int64_t)m->n_moe * E + 3 : 0;
     size_t a = us_dtype_size(m->dt);
     us__arena ar;
     if (!m->n_moe) return 0;
-    ar.base = g ? (char *)m->a[US__A_MOE] : NULL; ar.used = 0;
+    ar.base = g ? (char *)m->a[US__A_MOE] : NULL;
+    ar.used = 0;
     {
-        void *dye = us__take(&ar, Rx * C * a), *dxe = us__take(&ar, Rx * C * a), *dh = us__take(&ar, hN * Fe * a);
+        void *dye = us__take(&ar, Rx * C * a), *dxe = us__take(&ar, Rx * C * a),
+             *dh = us__take(&ar, hN * Fe * a);
         void *dgu = us__take(&ar, hN * 2 * Fe * a), *dlg = us__take(&ar, N * E * a);
-        float *dgates = (float *)us__take(&ar, N * K * 4), *dlogits = (float *)us__take(&ar, N * E * 4), *vec = (float *)us__take(&ar, E * 4);
+        float *dgates = (float *)us__take(&ar, N * K * 4),
+              *dlogits = (float *)us__take(&ar, N * E * 4), *vec = (float *)us__take(&ar, E * 4);
         void *ept = ep > 1 ? us__take(&ar, Rx * C * a) : NULL;
         int32_t *epc = ep > 1 ? (int32_t *)us__take(&ar, ep * E * 4) : NULL;
         double *sum = nsum ? (double *)us__take(&ar, nsum * 8) : NULL;
         if (g) {
-            g->dye = dye; g->dxe = dxe; g->dh = dh; g->dgu = dgu; g->dlg = dlg; g->dgates = dgates; g->dlogits = dlogits; g->vec = vec;
-            g->ept = ept; g->epc = epc; g->sum = sum;
+            g->dye = dye;
+            g->dxe = dxe;
+            g->dh = dh;
+            g->dgu = dgu;
+            g->dlg = dlg;
+            g->dgates = dgates;
+            g->dlogits = dlogits;
+            g->vec = vec;
+            g->ept = ept;
+            g->epc = epc;
+            g->sum = sum;
         }
     }
     return ar.used;
@@ -5132,23 +6500,33 @@ static us_result us__moe_init(us_model *m) {
     int l, E = c->moe_experts;
     size_t nb;
     m->moe_idx = (int *)US_MALLOC(sizeof(int) * (size_t)(c->n_layers > 0 ? c->n_layers : 1));
-    if (!m->moe_idx) { us__model_set_error(m, "out of host memory for the model tables"); return US_ERR_OOM; }
+    if (!m->moe_idx) {
+        us__model_set_error(m, "out of host memory for the model tables");
+        return US_ERR_OOM;
+    }
     m->n_moe = 0;
-    for (l = 0; l < c->n_layers; l++) m->moe_idx[l] = us__is_moe(c, m->layer_g[l]) ? m->n_moe++ : -1;
+    for (l = 0; l < c->n_layers; l++)
+        m->moe_idx[l] = us__is_moe(c, m->layer_g[l]) ? m->n_moe++ : -1;
     if (!m->n_moe) return US_OK;
     m->moe_rows = us__moe_rows(c, (int64_t)m->tc.batch * m->tc.seq);
     m->moe_rx = us__moe_rx(c, &m->tc, (int64_t)m->tc.batch * m->tc.seq);
     nb = (size_t)m->n_moe * (size_t)E;
     if (m->ep > 1) {
-        m->ep_counts_h = (int32_t *)US_MALLOC((size_t)c->n_layers * (size_t)m->ep * (size_t)E * sizeof(int32_t));
-        if (!m->ep_counts_h) { us__model_set_error(m, "out of host memory for the expert-parallel count table"); return US_ERR_OOM; }
-        memset(m->ep_counts_h, 0, (size_t)c->n_layers * (size_t)m->ep * (size_t)E * sizeof(int32_t));
+        m->ep_counts_h =
+            (int32_t *)US_MALLOC((size_t)c->n_layers * (size_t)m->ep * (size_t)E * sizeof(int32_t));
+        if (!m->ep_counts_h) {
+            us__model_set_error(m, "out of host memory for the expert-parallel count table");
+            return US_ERR_OOM;
+        }
+        memset(m->ep_counts_h, 0,
+               (size_t)c->n_layers * (size_t)m->ep * (size_t)E * sizeof(int32_t));
     }
     m->moe_bias_h = (float *)US_MALLOC(nb * sizeof(float));
     m->moe_load = (int64_t *)US_MALLOC(nb * sizeof(int64_t));
     m->moe_load_last = (int64_t *)US_MALLOC(nb * sizeof(int64_t));
     m->moe_counts_h = (int32_t *)US_MALLOC((size_t)c->n_layers * 2 * (size_t)E * sizeof(int32_t));
-    m->moe_bias = (float *)m->ops.alloc(&m->ops, nb * sizeof(float));   /* zero-filled: no bias at the start */
+    m->moe_bias =
+        (float *)m->ops.alloc(&m->ops, nb * sizeof(float)); /* zero-filled: no bias at the start */
     if (!m->moe_bias_h || !m->moe_load || !m->moe_load_last || !m->moe_counts_h || !m->moe_bias) {
         us__model_set_error(m, "out of memory for the MoE router state");
         return US_ERR_OOM;
@@ -5159,30 +6537,47 @@ static us_result us__moe_init(us_model *m) {
     memset(m->moe_counts_h, 0, (size_t)c->n_layers * 2 * (size_t)E * sizeof(int32_t));
     return US_OK;
 }
+
 static void us__moe_free(us_model *m) {
     if (m->moe_bias && m->ops.free) m->ops.free(&m->ops, m->moe_bias);
-    US_FREE(m->moe_bias_h); US_FREE(m->moe_load); US_FREE(m->moe_load_last); US_FREE(m->moe_counts_h); US_FREE(m->moe_idx);
-    US_FREE(m->ep_counts_h); m->ep_counts_h = NULL;
-    m->moe_bias = m->moe_bias_h = NULL; m->moe_load = m->moe_load_last = NULL; m->moe_counts_h = NULL; m->moe_idx = NULL;
+    US_FREE(m->moe_bias_h);
+    US_FREE(m->moe_load);
+    US_FREE(m->moe_load_last);
+    US_FREE(m->moe_counts_h);
+    US_FREE(m->moe_idx);
+    US_FREE(m->ep_counts_h);
+    m->ep_counts_h = NULL;
+    m->moe_bias = m->moe_bias_h = NULL;
+    m->moe_load = m->moe_load_last = NULL;
+    m->moe_counts_h = NULL;
+    m->moe_idx = NULL;
 }
-static size_t us__moe_bias_bytes(const us_model *m) { return (size_t)m->n_moe * (size_t)m->cfg.moe_experts * sizeof(float); }
+
+static size_t us__moe_bias_bytes(const us_model *m) {
+    return (size_t)m->n_moe * (size_t)m->cfg.moe_experts * sizeof(float);
+}
 
 /* expert parallelism (// >>ep) */
 static us_result us__ep_counts(us_model *m, int l, const int32_t *kept, int32_t *scratch);
-static us_result us__ep_move(us_model *m, int l, int dir, void *dst, const void *src, void *transit);
+static us_result us__ep_move(us_model *m, int l, int dir, void *dst, const void *src,
+                             void *transit);
+
 /* Rows local expert j of MoE layer l ran on in the last forward: its kept tokens, or under
    expert parallelism those every ep peer sent it. */
 static int64_t us__moe_local_rows(const us_model *m, int l, int j) {
     int E = m->cfg.moe_experts, s;
     int64_t n = 0;
     if (m->ep <= 1) return m->moe_counts_h[(size_t)l * 2 * E + E + j];
-    for (s = 0; s < m->ep; s++) n += m->ep_counts_h[((size_t)l * m->ep + s) * E + (size_t)m->ep_rank * (E / m->ep) + j];
+    for (s = 0; s < m->ep; s++)
+        n += m->ep_counts_h[((size_t)l * m->ep + s) * E + (size_t)m->ep_rank * (E / m->ep) + j];
     return n;
 }
 
 /* The auxiliary loss's weight per micro-batch: the step's objective averages it over the
    micro-batches (and ranks), as the language-model loss is a mean over the global batch. */
-static double us__moe_aux_weight(const us_model *m) { return 1.0 / ((double)m->tc.grad_accum * m->tc.dp * m->tc.cp); }
+static double us__moe_aux_weight(const us_model *m) {
+    return 1.0 / ((double)m->tc.grad_accum * m->tc.dp * m->tc.cp);
+}
 
 /* MoE layer l's forward from A->ln2, with recompute as in us__layer_fwd: GEMM outputs (logits,
    gate | up, expert outputs) are kept unless recompute is full; routing, permutation and SwiGLU
@@ -5192,64 +6587,89 @@ static us_result us__moe_fwd(us_model *m, int l, int64_t N, int recompute, void 
     const us_model_config *c = &m->cfg;
     us_layer_acts *A = &m->acts[l];
     us_dtype dt = m->dt;
-    int E = c->moe_experts, K = c->moe_top_k, e, mi = m->moe_idx[l], mode = m->tc.recompute, aux = c->moe_balance == US_MOE_BALANCE_AUX;
-    int do_gemm = !recompute || mode == US_RECOMPUTE_FULL, do_cheap = !recompute || mode != US_RECOMPUTE_NONE;
-    int El = E / m->ep;                                                    /* this rank's experts (// >>ep) */
+    int E = c->moe_experts, K = c->moe_top_k, e, mi = m->moe_idx[l], mode = m->tc.recompute,
+        aux = c->moe_balance == US_MOE_BALANCE_AUX;
+    int do_gemm = !recompute || mode == US_RECOMPUTE_FULL,
+        do_cheap = !recompute || mode != US_RECOMPUTE_NONE;
+    int El = E / m->ep; /* this rank's experts (// >>ep) */
     int64_t C = c->dim, Fe = c->moe_ffn_dim, R = us__moe_rows(c, N), off, n;
-    int32_t *cnt = m->moe_counts_h + (size_t)l * 2 * E, *kept = cnt + E;   /* host: routed [E], kept [E] */
-    int ex = US__PL(l, US__P_EXPERTS) + 3 * c->moe_shared;                 /* local expert 0's gate_proj */
-    void *ye;   /* the experts' outputs, expert-major: A->ye itself on one rank, else a scratch sent home after */
+    int32_t *cnt = m->moe_counts_h + (size_t)l * 2 * E,
+            *kept = cnt + E;                               /* host: routed [E], kept [E] */
+    int ex = US__PL(l, US__P_EXPERTS) + 3 * c->moe_shared; /* local expert 0's gate_proj */
+    void *
+        ye; /* the experts' outputs, expert-major: A->ye itself on one rank, else a scratch sent home after */
     us_result r;
     us__moe_grads g;
     us__moe_scratch(m, &g);
     ye = m->ep > 1 ? g.dxe : A->ye;
     /* route */
-    if (do_gemm) o->gemm(o, 0, 1, N, E, C, 1.0f, A->ln2, dt, C, us__W(m, US__PL(l, US__P_ROUTER)), dt, C, 0.0f, A->logits, US_F32, E);
+    if (do_gemm)
+        o->gemm(o, 0, 1, N, E, C, 1.0f, A->ln2, dt, C, us__W(m, US__PL(l, US__P_ROUTER)), dt, C,
+                0.0f, A->logits, US_F32, E);
     if (do_cheap) {
-        const float *bias = c->moe_balance == US_MOE_BALANCE_BIAS ? m->moe_bias + (size_t)mi * E : NULL;
-        o->moe_route(o, A->topk, A->gates, A->probs, aux && !recompute ? g.vec : NULL, A->logits, bias, N, E, K, (int)c->moe_gate,
-                     c->moe_groups, c->moe_top_groups);
+        const float *bias =
+            c->moe_balance == US_MOE_BALANCE_BIAS ? m->moe_bias + (size_t)mi * E : NULL;
+        o->moe_route(o, A->topk, A->gates, A->probs, aux && !recompute ? g.vec : NULL, A->logits,
+                     bias, N, E, K, (int)c->moe_gate, c->moe_groups, c->moe_top_groups);
         /* permute: the counts come to the host, where they size each expert's GEMMs */
-        o->moe_permute(o, A->slot_row, A->row_slot, A->counts, A->counts + E, A->topk, N, E, K, us__moe_cap(c, N), R);
+        o->moe_permute(o, A->slot_row, A->row_slot, A->counts, A->counts + E, A->topk, N, E, K,
+                       us__moe_cap(c, N), R);
         o->copy(o, cnt, A->counts, (size_t)(2 * E) * 4, US_COPY_D2H);
-        if (m->ep > 1) {   /* expert parallelism: the counts, then each row to its expert's rank (// >>ep) */
+        if (m->ep >
+            1) { /* expert parallelism: the counts, then each row to its expert's rank (// >>ep) */
             if ((r = us__ep_counts(m, l, A->counts + E, g.epc)) != US_OK) return r;
             o->moe_gather(o, g.dye, A->ln2, A->row_slot, NULL, R, K, C, dt);
             if ((r = us__ep_move(m, l, 0, A->xe, g.dye, g.ept)) != US_OK) return r;
-        } else o->moe_gather(o, A->xe, A->ln2, A->row_slot, NULL, R, K, C, dt);
+        } else
+            o->moe_gather(o, A->xe, A->ln2, A->row_slot, NULL, R, K, C, dt);
     }
     /* this rank's experts, each on its contiguous rows [off, off + n) */
     for (e = 0, off = 0; do_gemm && e < El; off += n, e++)
-        if ((n = us__moe_local_rows(m, l, e))) o->gemm(o, 0, 1, n, 2 * Fe, C, 1.0f, us__at(A->xe, dt, off * C), dt, C, us__W(m, ex + 3 * e), dt, C,
-                                                      0.0f, us__at(A->gu_e, dt, off * 2 * Fe), dt, 2 * Fe);
+        if ((n = us__moe_local_rows(m, l, e)))
+            o->gemm(o, 0, 1, n, 2 * Fe, C, 1.0f, us__at(A->xe, dt, off * C), dt, C,
+                    us__W(m, ex + 3 * e), dt, C, 0.0f, us__at(A->gu_e, dt, off * 2 * Fe), dt,
+                    2 * Fe);
     for (e = 0, off = 0; e < El; e++) off += us__moe_local_rows(m, l, e);
     if (do_cheap) o->swiglu_fwd(o, A->h_e, A->gu_e, off, Fe, dt);
     for (e = 0, off = 0; do_gemm && e < El; off += n, e++)
-        if ((n = us__moe_local_rows(m, l, e))) o->gemm(o, 0, 1, n, C, Fe, 1.0f, us__at(A->h_e, dt, off * Fe), dt, Fe, us__W(m, ex + 3 * e + 2), dt, Fe,
-                                                      0.0f, us__at(ye, dt, off * C), dt, C);
-    if (do_gemm && m->ep > 1 && (r = us__ep_move(m, l, 1, A->ye, ye, g.ept)) != US_OK) return r;   /* the outputs come home (// >>ep) */
-    if (c->moe_shared) {   /* the shared expert: a dense SwiGLU MLP of size Fe on every token */
-        if (do_gemm) o->gemm(o, 0, 1, N, 2 * Fe, C, 1.0f, A->ln2, dt, C, us__W(m, US__PL(l, US__P_EXPERTS)), dt, C, 0.0f, A->sgu, dt, 2 * Fe);
+        if ((n = us__moe_local_rows(m, l, e)))
+            o->gemm(o, 0, 1, n, C, Fe, 1.0f, us__at(A->h_e, dt, off * Fe), dt, Fe,
+                    us__W(m, ex + 3 * e + 2), dt, Fe, 0.0f, us__at(ye, dt, off * C), dt, C);
+    if (do_gemm && m->ep > 1 && (r = us__ep_move(m, l, 1, A->ye, ye, g.ept)) != US_OK)
+        return r;        /* the outputs come home (// >>ep) */
+    if (c->moe_shared) { /* the shared expert: a dense SwiGLU MLP of size Fe on every token */
+        if (do_gemm)
+            o->gemm(o, 0, 1, N, 2 * Fe, C, 1.0f, A->ln2, dt, C, us__W(m, US__PL(l, US__P_EXPERTS)),
+                    dt, C, 0.0f, A->sgu, dt, 2 * Fe);
         if (do_cheap) o->swiglu_fwd(o, A->sh, A->sgu, N, Fe, dt);
     }
     if (recompute) return US_OK;
     /* combine: x_{l+1} = xmid + shared + Σ_k gate·y */
     o->copy(o, xnext, A->xmid, (size_t)(N * C) * us_dtype_size(dt), US_COPY_D2D);
-    if (c->moe_shared) o->gemm(o, 0, 1, N, C, Fe, 1.0f, A->sh, dt, Fe, us__W(m, US__PL(l, US__P_EXPERTS) + 2), dt, Fe, 1.0f, xnext, dt, C);
+    if (c->moe_shared)
+        o->gemm(o, 0, 1, N, C, Fe, 1.0f, A->sh, dt, Fe, us__W(m, US__PL(l, US__P_EXPERTS) + 2), dt,
+                Fe, 1.0f, xnext, dt, C);
     o->moe_scatter(o, xnext, A->ye, A->slot_row, A->gates, N, K, C, dt);
-    {   /* the routing statistics, and the auxiliary loss α·Σ_e f_e·P_e */
+    { /* the routing statistics, and the auxiliary loss α·Σ_e f_e·P_e */
         double lossv = 0;
         if (aux) {
             float *ps = (float *)US_MALLOC((size_t)E * 4);
-            if (!ps) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+            if (!ps) {
+                us__model_set_error(m, "out of host memory");
+                return US_ERR_OOM;
+            }
             o->copy(o, ps, g.vec, (size_t)E * 4, US_COPY_D2H);
-            for (e = 0; e < E; e++) lossv += (double)E * cnt[e] / ((double)K * N) * (ps[e] / (double)N);
+            for (e = 0; e < E; e++)
+                lossv += (double)E * cnt[e] / ((double)K * N) * (ps[e] / (double)N);
             lossv *= c->moe_aux_coef * us__moe_aux_weight(m);
             US_FREE(ps);
         }
         m->moe_aux_last += lossv;
         if (m->moe_train) {
-            for (e = 0; e < E; e++) { m->moe_load[(size_t)mi * E + e] += cnt[e]; m->moe_dropped += cnt[e] - kept[e]; }
+            for (e = 0; e < E; e++) {
+                m->moe_load[(size_t)mi * E + e] += cnt[e];
+                m->moe_dropped += cnt[e] - kept[e];
+            }
             m->moe_choices += N * K;
             m->moe_aux += lossv;
         }
@@ -5264,37 +6684,44 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
     const us_model_config *c = &m->cfg;
     us_layer_acts *A = &m->acts[l];
     us_dtype dt = m->dt;
-    int E = c->moe_experts, K = c->moe_top_k, e, aux = c->moe_balance == US_MOE_BALANCE_AUX, El = E / m->ep;
+    int E = c->moe_experts, K = c->moe_top_k, e, aux = c->moe_balance == US_MOE_BALANCE_AUX,
+        El = E / m->ep;
     int64_t C = c->dim, Fe = c->moe_ffn_dim, off, rows, nperm, n;
     int32_t *cnt = m->moe_counts_h + (size_t)l * 2 * E, *kept = cnt + E;
     int ex = US__PL(l, US__P_EXPERTS) + 3 * c->moe_shared, rt = US__PL(l, US__P_ROUTER);
     void *dres = m->a[US__A_DRES], *dln = m->a[US__A_DLN], *dxp;
     us_result r;
     us__moe_grads g;
-    US_ASSERT(!m->pp_bonly && !us__sp(m));   /* validation keeps pipelines and tp away */
+    US_ASSERT(!m->pp_bonly && !us__sp(m)); /* validation keeps pipelines and tp away */
     us__moe_scratch(m, &g);
-    for (e = 0, nperm = 0; e < E; e++) nperm += kept[e];              /* this rank's tokens' rows */
-    for (e = 0, rows = 0; e < El; e++) rows += us__moe_local_rows(m, l, e);   /* the rows its experts ran */
+    for (e = 0, nperm = 0; e < E; e++) nperm += kept[e]; /* this rank's tokens' rows */
+    for (e = 0, rows = 0; e < El; e++)
+        rows += us__moe_local_rows(m, l, e); /* the rows its experts ran */
     /* combine: ∂gate[n,k] = dres[n]·y[row], ∂y[row] = gate[n,k]·dres[n] */
     o->moe_gate_grad(o, g.dgates, dres, A->ye, A->slot_row, N, K, C, dt);
-    if (m->ep > 1) {   /* the output gradients travel like the dispatch (// >>ep) */
+    if (m->ep > 1) { /* the output gradients travel like the dispatch (// >>ep) */
         o->moe_gather(o, g.dxe, dres, A->row_slot, A->gates, nperm, K, C, dt);
         if ((r = us__ep_move(m, l, 0, g.dye, g.dxe, g.ept)) != US_OK) return r;
-    } else o->moe_gather(o, g.dye, dres, A->row_slot, A->gates, rows, K, C, dt);
+    } else
+        o->moe_gather(o, g.dye, dres, A->row_slot, A->gates, rows, K, C, dt);
     /* experts: the dense MLP's backward, each on its rows */
     for (e = 0, off = 0; e < El; off += n, e++) {
         if (!(n = us__moe_local_rows(m, l, e))) continue;
-        o->gemm(o, 0, 0, n, Fe, C, 1.0f, us__at(g.dye, dt, off * C), dt, C, us__W(m, ex + 3 * e + 2), dt, Fe, 0.0f, us__at(g.dh, dt, off * Fe), dt, Fe);
-        o->gemm(o, 1, 0, C, Fe, n, 1.0f, us__at(g.dye, dt, off * C), dt, C, us__at(A->h_e, dt, off * Fe), dt, Fe, 1.0f, us__G(m, ex + 3 * e + 2), US_F32, Fe);
+        o->gemm(o, 0, 0, n, Fe, C, 1.0f, us__at(g.dye, dt, off * C), dt, C,
+                us__W(m, ex + 3 * e + 2), dt, Fe, 0.0f, us__at(g.dh, dt, off * Fe), dt, Fe);
+        o->gemm(o, 1, 0, C, Fe, n, 1.0f, us__at(g.dye, dt, off * C), dt, C,
+                us__at(A->h_e, dt, off * Fe), dt, Fe, 1.0f, us__G(m, ex + 3 * e + 2), US_F32, Fe);
     }
     o->swiglu_bwd(o, g.dgu, g.dh, A->gu_e, rows, Fe, dt);
     for (e = 0, off = 0; e < El; off += n, e++) {
         if (!(n = us__moe_local_rows(m, l, e))) continue;
-        o->gemm(o, 0, 0, n, C, 2 * Fe, 1.0f, us__at(g.dgu, dt, off * 2 * Fe), dt, 2 * Fe, us__W(m, ex + 3 * e), dt, C, 0.0f, us__at(g.dxe, dt, off * C), dt, C);
-        o->gemm(o, 1, 0, 2 * Fe, C, n, 1.0f, us__at(g.dgu, dt, off * 2 * Fe), dt, 2 * Fe, us__at(A->xe, dt, off * C), dt, C, 1.0f, us__G(m, ex + 3 * e), US_F32, C);
+        o->gemm(o, 0, 0, n, C, 2 * Fe, 1.0f, us__at(g.dgu, dt, off * 2 * Fe), dt, 2 * Fe,
+                us__W(m, ex + 3 * e), dt, C, 0.0f, us__at(g.dxe, dt, off * C), dt, C);
+        o->gemm(o, 1, 0, 2 * Fe, C, n, 1.0f, us__at(g.dgu, dt, off * 2 * Fe), dt, 2 * Fe,
+                us__at(A->xe, dt, off * C), dt, C, 1.0f, us__G(m, ex + 3 * e), US_F32, C);
     }
     dxp = g.dxe;
-    if (m->ep > 1) {   /* the input gradients come back like the combine (// >>ep) */
+    if (m->ep > 1) { /* the input gradients come back like the combine (// >>ep) */
         if ((r = us__ep_move(m, l, 1, g.dye, g.dxe, g.ept)) != US_OK) return r;
         dxp = g.dye;
     }
@@ -5304,21 +6731,30 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
     if (c->moe_shared) {
         int sx = US__PL(l, US__P_EXPERTS);
         o->gemm(o, 0, 0, N, Fe, C, 1.0f, dres, dt, C, us__W(m, sx + 2), dt, Fe, 0.0f, g.dh, dt, Fe);
-        o->gemm(o, 1, 0, C, Fe, N, 1.0f, dres, dt, C, A->sh, dt, Fe, 1.0f, us__G(m, sx + 2), US_F32, Fe);
+        o->gemm(o, 1, 0, C, Fe, N, 1.0f, dres, dt, C, A->sh, dt, Fe, 1.0f, us__G(m, sx + 2), US_F32,
+                Fe);
         o->swiglu_bwd(o, g.dgu, g.dh, A->sgu, N, Fe, dt);
-        o->gemm(o, 0, 0, N, C, 2 * Fe, 1.0f, g.dgu, dt, 2 * Fe, us__W(m, sx), dt, C, 1.0f, dln, dt, C);
-        o->gemm(o, 1, 0, 2 * Fe, C, N, 1.0f, g.dgu, dt, 2 * Fe, A->ln2, dt, C, 1.0f, us__G(m, sx), US_F32, C);
+        o->gemm(o, 0, 0, N, C, 2 * Fe, 1.0f, g.dgu, dt, 2 * Fe, us__W(m, sx), dt, C, 1.0f, dln, dt,
+                C);
+        o->gemm(o, 1, 0, 2 * Fe, C, N, 1.0f, g.dgu, dt, 2 * Fe, A->ln2, dt, C, 1.0f, us__G(m, sx),
+                US_F32, C);
     }
     /* router: through the gates, and (aux) through P_e: ∂loss/∂p'[n,e] = w·α·f_e/N */
     if (aux) {
         float *v = (float *)US_MALLOC((size_t)E * 4);
-        if (!v) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
-        for (e = 0; e < E; e++) v[e] = (float)(c->moe_aux_coef * us__moe_aux_weight(m) * (double)E * cnt[e] / ((double)K * N) / (double)N)
-                                       * m->loss_scale;   /* scaled like the main loss's seed (// >>lossscale) */
+        if (!v) {
+            us__model_set_error(m, "out of host memory");
+            return US_ERR_OOM;
+        }
+        for (e = 0; e < E; e++)
+            v[e] = (float)(c->moe_aux_coef * us__moe_aux_weight(m) * (double)E * cnt[e] /
+                           ((double)K * N) / (double)N) *
+                   m->loss_scale; /* scaled like the main loss's seed (// >>lossscale) */
         o->copy(o, g.vec, v, (size_t)E * 4, US_COPY_H2D);
         US_FREE(v);
     }
-    o->moe_route_bwd(o, g.dlogits, g.dgates, A->probs, A->topk, aux ? g.vec : NULL, N, E, K, (int)c->moe_gate);
+    o->moe_route_bwd(o, g.dlogits, g.dgates, A->probs, A->topk, aux ? g.vec : NULL, N, E, K,
+                     (int)c->moe_gate);
     o->cast(o, g.dlg, dt, g.dlogits, US_F32, N * E);
     o->gemm(o, 0, 0, N, C, E, 1.0f, g.dlg, dt, E, us__W(m, rt), dt, C, 1.0f, dln, dt, C);
     o->gemm(o, 1, 0, E, C, N, 1.0f, g.dlg, dt, E, A->ln2, dt, C, 1.0f, us__G(m, rt), US_F32, C);
@@ -5339,32 +6775,50 @@ static us_result us__moe_step_end(us_model *m) {
         double *h = (double *)US_MALLOC((n + 3) * sizeof(double));
         us__moe_grads g;
         us_result r;
-        if (!h) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+        if (!h) {
+            us__model_set_error(m, "out of host memory");
+            return US_ERR_OOM;
+        }
         us__moe_scratch(m, &g);
         for (j = 0; j < n; j++) h[j] = (double)m->moe_load[j];
-        h[n] = (double)m->moe_choices; h[n + 1] = (double)m->moe_dropped; h[n + 2] = m->moe_aux;
+        h[n] = (double)m->moe_choices;
+        h[n + 1] = (double)m->moe_dropped;
+        h[n + 2] = m->moe_aux;
         m->ops.copy(&m->ops, g.sum, h, (n + 3) * sizeof(double), US_COPY_H2D);
-        r = m->comm->all_reduce(m->comm, &m->mesh.dpcp_g, g.sum, (int64_t)(n + 3), US_F64, US_REDUCE_SUM, NULL);
-        if (r != US_OK) { US_FREE(h); return us__comm_fail(m, r, "all-reduce of the routing counts"); }
+        r = m->comm->all_reduce(m->comm, &m->mesh.dpcp_g, g.sum, (int64_t)(n + 3), US_F64,
+                                US_REDUCE_SUM, NULL);
+        if (r != US_OK) {
+            US_FREE(h);
+            return us__comm_fail(m, r, "all-reduce of the routing counts");
+        }
         m->ops.copy(&m->ops, h, g.sum, (n + 3) * sizeof(double), US_COPY_D2H);
-        for (j = 0; j < n; j++) m->moe_load[j] = (int64_t)h[j];   /* exact: counts below 2^53 */
-        m->moe_choices = (int64_t)h[n]; m->moe_dropped = (int64_t)h[n + 1]; m->moe_aux = h[n + 2];
+        for (j = 0; j < n; j++) m->moe_load[j] = (int64_t)h[j]; /* exact: counts below 2^53 */
+        m->moe_choices = (int64_t)h[n];
+        m->moe_dropped = (int64_t)h[n + 1];
+        m->moe_aux = h[n + 2];
         US_FREE(h);
     }
     for (i = 0; i < m->n_moe; i++) {
         int64_t *ld = m->moe_load + (size_t)i * E, mx = 0, sum = 0;
-        for (e = 0; e < E; e++) { sum += ld[e]; if (ld[e] > mx) mx = ld[e]; }
+        for (e = 0; e < E; e++) {
+            sum += ld[e];
+            if (ld[e] > mx) mx = ld[e];
+        }
         imb += sum ? (double)mx * E / (double)sum : 1.0;
         if (c->moe_balance == US_MOE_BALANCE_BIAS && sum)
             for (e = 0; e < E; e++) {
                 double d = (double)sum / E - (double)ld[e];
-                m->moe_bias_h[(size_t)i * E + e] += d > 0 ? c->moe_bias_rate : d < 0 ? -c->moe_bias_rate : 0.0f;
+                m->moe_bias_h[(size_t)i * E + e] += d > 0   ? c->moe_bias_rate
+                                                    : d < 0 ? -c->moe_bias_rate
+                                                            : 0.0f;
             }
     }
-    if (c->moe_balance == US_MOE_BALANCE_BIAS) m->ops.copy(&m->ops, m->moe_bias, m->moe_bias_h, us__moe_bias_bytes(m), US_COPY_H2D);
+    if (c->moe_balance == US_MOE_BALANCE_BIAS)
+        m->ops.copy(&m->ops, m->moe_bias, m->moe_bias_h, us__moe_bias_bytes(m), US_COPY_H2D);
     m->moe_stat[0] = (float)(imb / m->n_moe);
     m->moe_stat[1] = (float)m->moe_aux;
-    m->moe_stat[2] = m->moe_choices ? (float)((double)m->moe_dropped / (double)m->moe_choices) : 0.0f;
+    m->moe_stat[2] =
+        m->moe_choices ? (float)((double)m->moe_dropped / (double)m->moe_choices) : 0.0f;
     memcpy(m->moe_load_last, m->moe_load, sizeof(int64_t) * (size_t)m->n_moe * (size_t)E);
     memset(m->moe_load, 0, sizeof(int64_t) * (size_t)m->n_moe * (size_t)E);
     m->moe_choices = m->moe_dropped = 0;
@@ -5408,13 +6862,17 @@ static us_result us__moe_step_end(us_model *m) {
 static us_result us__ep_init(us_model *m) {
     us_result r;
     int R = m->mesh.dpcp_g.rank, ep = us__ep_of(&m->tc);
-    m->ep = ep; m->ep_rank = 0;
+    m->ep = ep;
+    m->ep_rank = 0;
     if (ep <= 1) return US_OK;
-    if ((r = m->comm->split(m->comm, &m->mesh.dpcp_g, R / ep, R, &m->ep_g)) != US_OK) return us__comm_fail(m, r, "the expert-parallel group");
-    if ((r = m->comm->split(m->comm, &m->mesh.dpcp_g, R % ep, R, &m->edp_g)) != US_OK) return us__comm_fail(m, r, "the expert-data-parallel group");
+    if ((r = m->comm->split(m->comm, &m->mesh.dpcp_g, R / ep, R, &m->ep_g)) != US_OK)
+        return us__comm_fail(m, r, "the expert-parallel group");
+    if ((r = m->comm->split(m->comm, &m->mesh.dpcp_g, R % ep, R, &m->edp_g)) != US_OK)
+        return us__comm_fail(m, r, "the expert-data-parallel group");
     m->ep_rank = m->ep_g.rank;
     return US_OK;
 }
+
 static void us__ep_free(us_model *m) {
     if (m->comm && m->comm->group_free) {
         if (m->ep_g.size) m->comm->group_free(m->comm, &m->ep_g);
@@ -5423,56 +6881,92 @@ static void us__ep_free(us_model *m) {
     memset(&m->ep_g, 0, sizeof m->ep_g);
     memset(&m->edp_g, 0, sizeof m->edp_g);
 }
+
 /* Every ep peer's kept tokens per expert, kept i32[E] (backend) → host ep_counts_h[l] [ep][E]. */
 static us_result us__ep_counts(us_model *m, int l, const int32_t *kept, int32_t *scratch) {
     int E = m->cfg.moe_experts;
     us_result r = m->comm->all_gather(m->comm, &m->ep_g, scratch, kept, E, US_I32, NULL);
     if (r != US_OK) return us__comm_fail(m, r, "expert-parallel count exchange");
-    m->ops.copy(&m->ops, m->ep_counts_h + (size_t)l * m->ep * E, scratch, (size_t)m->ep * E * 4, US_COPY_D2H);
+    m->ops.copy(&m->ops, m->ep_counts_h + (size_t)l * m->ep * E, scratch, (size_t)m->ep * E * 4,
+                US_COPY_D2H);
     return US_OK;
 }
+
 /* Moves rows of C elements between this rank's tokens and its experts, by layer l's counts.
    dir 0 (dispatch): src [rows, C], this rank's kept rows grouped by global expert → dst, the
    rows of this rank's experts, expert-major (within an expert by source rank).
    dir 1 (combine): the reverse. transit [ep·R, C] holds the rows by source rank. */
-static us_result us__ep_move(us_model *m, int l, int dir, void *dst, const void *src, void *transit) {
+static us_result us__ep_move(us_model *m, int l, int dir, void *dst, const void *src,
+                             void *transit) {
     us_ops *o = &m->ops;
     us_dtype dt = m->dt;
     int E = m->cfg.moe_experts, ep = m->ep, El = E / ep, me = m->ep_rank, s, j, e;
-    int64_t C = m->cfg.dim, *a = (int64_t *)US_MALLOC(sizeof(int64_t) * 4 * (size_t)ep), *sc = a, *sd = a + ep, *rc = a + 2 * ep, *rd = a + 3 * ep;
+    int64_t C = m->cfg.dim, *a = (int64_t *)US_MALLOC(sizeof(int64_t) * 4 * (size_t)ep), *sc = a,
+            *sd = a + ep, *rc = a + 2 * ep, *rd = a + 3 * ep;
     int64_t so, eo, n, *lo;
-    const int32_t *cnt = m->ep_counts_h + (size_t)l * ep * E;   /* [ep][E] kept rows per (source, expert) */
+    const int32_t *cnt =
+        m->ep_counts_h + (size_t)l * ep * E; /* [ep][E] kept rows per (source, expert) */
     size_t rowb = (size_t)C * us_dtype_size(dt);
     us_result r;
-    if (!a) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+    if (!a) {
+        us__model_set_error(m, "out of host memory");
+        return US_ERR_OOM;
+    }
     /* sc/sd: what this rank's tokens send to each peer; rc/rd: what its experts get from each */
     for (s = 0, so = 0, eo = 0; s < ep; s++) {
         for (e = s * El, n = 0; e < (s + 1) * El; e++) n += cnt[(size_t)me * E + e];
-        sc[s] = n * C; sd[s] = so; so += n * C;
+        sc[s] = n * C;
+        sd[s] = so;
+        so += n * C;
         for (j = 0, n = 0; j < El; j++) n += cnt[(size_t)s * E + me * El + j];
-        rc[s] = n * C; rd[s] = eo; eo += n * C;
+        rc[s] = n * C;
+        rd[s] = eo;
+        eo += n * C;
     }
     US_ASSERT(eo <= m->moe_rx * C);
-    lo = (int64_t *)US_MALLOC(sizeof(int64_t) * (size_t)El);   /* where each local expert's rows start, expert-major */
-    if (!lo) { US_FREE(a); us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
-    for (j = 0, n = 0; j < El; j++) { lo[j] = n; for (s = 0; s < ep; s++) n += cnt[(size_t)s * E + me * El + j]; }
+    lo = (int64_t *)US_MALLOC(sizeof(int64_t) *
+                              (size_t)El); /* where each local expert's rows start, expert-major */
+    if (!lo) {
+        US_FREE(a);
+        us__model_set_error(m, "out of host memory");
+        return US_ERR_OOM;
+    }
+    for (j = 0, n = 0; j < El; j++) {
+        lo[j] = n;
+        for (s = 0; s < ep; s++) n += cnt[(size_t)s * E + me * El + j];
+    }
     if (dir == 0) {
         r = m->comm->all_to_all(m->comm, &m->ep_g, transit, rc, rd, src, sc, sd, dt, NULL);
-        if (r != US_OK) { US_FREE(a); US_FREE(lo); return us__comm_fail(m, r, "expert-parallel dispatch all-to-all"); }
+        if (r != US_OK) {
+            US_FREE(a);
+            US_FREE(lo);
+            return us__comm_fail(m, r, "expert-parallel dispatch all-to-all");
+        }
     }
-    for (s = 0; s < ep; s++)   /* block (source s, expert j): at rd[s] + its earlier experts by source, at lo[j] + earlier sources expert-major */
+    for (
+        s = 0; s < ep;
+        s++) /* block (source s, expert j): at rd[s] + its earlier experts by source, at lo[j] + earlier sources expert-major */
         for (j = 0, so = rd[s] / C; j < El; j++) {
             int64_t k = cnt[(size_t)s * E + me * El + j], t;
             for (t = 0, eo = lo[j]; t < s; t++) eo += cnt[(size_t)t * E + me * El + j];
-            if (k && dir == 0) o->copy(o, (char *)dst + (size_t)eo * rowb, (const char *)transit + (size_t)so * rowb, (size_t)k * rowb, US_COPY_D2D);
-            if (k && dir == 1) o->copy(o, (char *)transit + (size_t)so * rowb, (const char *)src + (size_t)eo * rowb, (size_t)k * rowb, US_COPY_D2D);
+            if (k && dir == 0)
+                o->copy(o, (char *)dst + (size_t)eo * rowb,
+                        (const char *)transit + (size_t)so * rowb, (size_t)k * rowb, US_COPY_D2D);
+            if (k && dir == 1)
+                o->copy(o, (char *)transit + (size_t)so * rowb,
+                        (const char *)src + (size_t)eo * rowb, (size_t)k * rowb, US_COPY_D2D);
             so += k;
         }
     if (dir == 1) {
         r = m->comm->all_to_all(m->comm, &m->ep_g, dst, sc, sd, transit, rc, rd, dt, NULL);
-        if (r != US_OK) { US_FREE(a); US_FREE(lo); return us__comm_fail(m, r, "expert-parallel combine all-to-all"); }
+        if (r != US_OK) {
+            US_FREE(a);
+            US_FREE(lo);
+            return us__comm_fail(m, r, "expert-parallel combine all-to-all");
+        }
     }
-    US_FREE(a); US_FREE(lo);
+    US_FREE(a);
+    US_FREE(lo);
     return US_OK;
 }
 
@@ -5503,24 +6997,40 @@ static us_result us__ep_move(us_model *m, int l, int dir, void *dst, const void 
    also write aᵀ's operand into qk, sk for the Wgrad; kept (that Wgrad): a is already there.
    wc (a weight's Fprop or Dgrad) non-NULL: b is already quantised there, in the weight cache. */
 enum { US__FP8_FRESH, US__FP8_KEEP, US__FP8_KEPT };
-typedef struct us__fp8_opnd { const uint8_t *q; const float *s; } us__fp8_opnd;
+
+typedef struct us__fp8_opnd {
+    const uint8_t *q;
+    const float *s;
+} us__fp8_opnd;
+
 static void us__fp8_mm(us_model *m, const void *xa, int64_t ar, int64_t ac, int at, int atr,
-                       const void *xb, int64_t br, int64_t bc, int bt, int btr, float beta, void *C, us_dtype cdt, int keep,
-                       const us__fp8_opnd *wc) {
+                       const void *xb, int64_t br, int64_t bc, int bt, int btr, float beta, void *C,
+                       us_dtype cdt, int keep, const us__fp8_opnd *wc) {
     us_ops *o = &m->ops;
     char *base = (char *)m->a[US__A_FP8];
-    uint8_t *qa = (uint8_t *)base, *qb = (uint8_t *)(base + m->fp8_off[1]), *qk = (uint8_t *)(base + m->fp8_off[3]);
-    float *sa = (float *)(base + m->fp8_off[0]), *sb = (float *)(base + m->fp8_off[2]), *sk = (float *)(base + m->fp8_off[4]);
+    uint8_t *qa = (uint8_t *)base, *qb = (uint8_t *)(base + m->fp8_off[1]),
+            *qk = (uint8_t *)(base + m->fp8_off[3]);
+    float *sa = (float *)(base + m->fp8_off[0]), *sb = (float *)(base + m->fp8_off[2]),
+          *sk = (float *)(base + m->fp8_off[4]);
     int64_t M = atr ? ac : ar, K = atr ? ar : ac, N = btr ? bc : br;
-    if (keep == US__FP8_KEPT) { qa = qk; sa = sk; }
-    else if (keep == US__FP8_KEEP) o->fp8_quantize_both(o, qa, sa, qk, sk, xa, m->dt, ar, ac, at, m->tc.fp8_pow2);
-    else o->fp8_quantize(o, qa, sa, xa, m->dt, ar, ac, at, atr, m->tc.fp8_pow2);
-    if (wc) { qb = (uint8_t *)wc->q; sb = (float *)wc->s; }
-    else o->fp8_quantize(o, qb, sb, xb, m->dt, br, bc, bt, btr, m->tc.fp8_pow2);
+    if (keep == US__FP8_KEPT) {
+        qa = qk;
+        sa = sk;
+    } else if (keep == US__FP8_KEEP)
+        o->fp8_quantize_both(o, qa, sa, qk, sk, xa, m->dt, ar, ac, at, m->tc.fp8_pow2);
+    else
+        o->fp8_quantize(o, qa, sa, xa, m->dt, ar, ac, at, atr, m->tc.fp8_pow2);
+    if (wc) {
+        qb = (uint8_t *)wc->q;
+        sb = (float *)wc->s;
+    } else
+        o->fp8_quantize(o, qb, sb, xb, m->dt, br, bc, bt, btr, m->tc.fp8_pow2);
     o->fp8_gemm(o, M, N, K, 1.0f, qa, sa, at, qb, sb, bt, beta, C, cdt, N);
 }
+
 /* the activation side's tiling and the weight side's (fp8-tensor: one scale per tensor for both) */
 static int us__fp8_act(const us_model *m) { return m->fp8 == 2 ? US_FP8_TENSOR : US_FP8_ROW128; }
+
 static int us__fp8_wt(const us_model *m) { return m->fp8 == 2 ? US_FP8_TENSOR : US_FP8_BLOCK128; }
 
 /* The weight cache: W's operand (trans 0, Fprop) or Wᵀ's (trans 1, Dgrad) of the weight W
@@ -5529,12 +7039,14 @@ static int us__fp8_wt(const us_model *m) { return m->fp8 == 2 ? US_FP8_TENSOR : 
    the caller quantises into the scratch, as without a cache). Both operands come from the bf16
    W as it is at that first use, so they equal what quantising at every GEMM gives while W stays
    the same, which it does between optimizer steps (us_model_weights_changed has the rules). */
-static int us__fp8_wcache(us_model *m, const void *W, int64_t Out, int64_t In, int trans, us__fp8_opnd *op) {
+static int us__fp8_wcache(us_model *m, const void *W, int64_t Out, int64_t In, int trans,
+                          us__fp8_opnd *op) {
     int e, n = 4 * m->cfg.n_layers;
     const size_t *off;
     char *base;
     if (!m->fp8_wc) return 0;
-    for (e = 0; e < n && m->fp8_wkey[e] != W; e++) {}
+    for (e = 0; e < n && m->fp8_wkey[e] != W; e++) {
+    }
     if (e == n || m->fp8_wdim[e % 4][0] != Out || m->fp8_wdim[e % 4][1] != In) return 0;
     off = m->fp8_woff[e % 4];
     base = m->fp8_wc + (size_t)(e / 4) * m->fp8_wlayer;
@@ -5542,7 +7054,8 @@ static int us__fp8_wcache(us_model *m, const void *W, int64_t Out, int64_t In, i
         us_ops *o = &m->ops;
         uint8_t *q = (uint8_t *)(base + off[0]), *qt = (uint8_t *)(base + off[2]);
         float *s = (float *)(base + off[1]), *st = (float *)(base + off[3]);
-        if (o->fp8_quantize_both) o->fp8_quantize_both(o, q, s, qt, st, W, m->dt, Out, In, us__fp8_wt(m), m->tc.fp8_pow2);
+        if (o->fp8_quantize_both)
+            o->fp8_quantize_both(o, q, s, qt, st, W, m->dt, Out, In, us__fp8_wt(m), m->tc.fp8_pow2);
         else {
             o->fp8_quantize(o, q, s, W, m->dt, Out, In, us__fp8_wt(m), 0, m->tc.fp8_pow2);
             o->fp8_quantize(o, qt, st, W, m->dt, Out, In, us__fp8_wt(m), 1, m->tc.fp8_pow2);
@@ -5553,42 +7066,63 @@ static int us__fp8_wcache(us_model *m, const void *W, int64_t Out, int64_t In, i
     op->s = (const float *)(base + off[trans ? 3 : 1]);
     return 1;
 }
+
 /* the weights changed: the cache is made again at each weight's next use. (A MoE layer's two FFN
    entries stay unused: its experts run in bf16.) */
-static void us__fp8_wcache_drop(us_model *m) { if (m->fp8_wok) memset(m->fp8_wok, 0, (size_t)(4 * m->cfg.n_layers)); }
+static void us__fp8_wcache_drop(us_model *m) {
+    if (m->fp8_wok) memset(m->fp8_wok, 0, (size_t)(4 * m->cfg.n_layers));
+}
+
 US_API void us_model_weights_changed(us_model *m) { us__fp8_wcache_drop(m); }
 
 /* Fprop: y[N][Out] = x[N][In]·Wᵀ + beta·y */
-static void us__linear_fwd(us_model *m, int64_t N, int64_t In, int64_t Out, const void *x, const void *W, float beta, void *y) {
+static void us__linear_fwd(us_model *m, int64_t N, int64_t In, int64_t Out, const void *x,
+                           const void *W, float beta, void *y) {
     us_ops *o = &m->ops;
-    if (!us__fp8_on(m, N, In, Out)) { o->gemm(o, 0, 1, N, Out, In, 1.0f, x, m->dt, In, W, m->dt, In, beta, y, m->dt, Out); return; }
+    if (!us__fp8_on(m, N, In, Out)) {
+        o->gemm(o, 0, 1, N, Out, In, 1.0f, x, m->dt, In, W, m->dt, In, beta, y, m->dt, Out);
+        return;
+    }
     us__fp8_opnd wc;
     int cached = us__fp8_wcache(m, W, Out, In, 0, &wc);
-    us__fp8_mm(m, x, N, In, us__fp8_act(m), 0, W, Out, In, us__fp8_wt(m), 0, beta, y, m->dt, US__FP8_FRESH, cached ? &wc : NULL);
+    us__fp8_mm(m, x, N, In, us__fp8_act(m), 0, W, Out, In, us__fp8_wt(m), 0, beta, y, m->dt,
+               US__FP8_FRESH, cached ? &wc : NULL);
 }
 
 /* Dgrad: dx[N][In] = dy[N][Out]·W + beta·dx. keep: the Wgrad of this same dy comes next (nothing
    writes dy in between), so dy's 128×1 copy is made now, from the same read. */
-static void us__linear_dgrad(us_model *m, int64_t N, int64_t In, int64_t Out, const void *dy, const void *W, float beta, void *dx, int keep) {
+static void us__linear_dgrad(us_model *m, int64_t N, int64_t In, int64_t Out, const void *dy,
+                             const void *W, float beta, void *dx, int keep) {
     us_ops *o = &m->ops;
-    if (!us__fp8_on(m, N, In, Out)) { o->gemm(o, 0, 0, N, In, Out, 1.0f, dy, m->dt, Out, W, m->dt, In, beta, dx, m->dt, In); return; }
+    if (!us__fp8_on(m, N, In, Out)) {
+        o->gemm(o, 0, 0, N, In, Out, 1.0f, dy, m->dt, Out, W, m->dt, In, beta, dx, m->dt, In);
+        return;
+    }
     us__fp8_opnd wc;
     int cached = us__fp8_wcache(m, W, Out, In, 1, &wc);
     keep = keep && o->fp8_quantize_both;
-    us__fp8_mm(m, dy, N, Out, us__fp8_act(m), 0, W, Out, In, us__fp8_wt(m), 1, beta, dx, m->dt,   /* Wᵀ [In][Out], from bf16 W */
+    us__fp8_mm(m, dy, N, Out, us__fp8_act(m), 0, W, Out, In, us__fp8_wt(m), 1, beta, dx,
+               m->dt, /* Wᵀ [In][Out], from bf16 W */
                keep ? US__FP8_KEEP : US__FP8_FRESH, cached ? &wc : NULL);
-    m->fp8_kept = keep ? dy : NULL; m->fp8_kept_n = N; m->fp8_kept_c = Out;
+    m->fp8_kept = keep ? dy : NULL;
+    m->fp8_kept_n = N;
+    m->fp8_kept_c = Out;
 }
 
 /* Wgrad: dW f32[Out][In] += dy[N][Out]ᵀ·x[N][In], reducing over the N tokens */
-static void us__linear_wgrad(us_model *m, int64_t N, int64_t In, int64_t Out, const void *dy, const void *x, float *dW) {
+static void us__linear_wgrad(us_model *m, int64_t N, int64_t In, int64_t Out, const void *dy,
+                             const void *x, float *dW) {
     us_ops *o = &m->ops;
-    if (!us__fp8_on(m, N, In, Out)) { o->gemm(o, 1, 0, Out, In, N, 1.0f, dy, m->dt, Out, x, m->dt, In, 1.0f, dW, US_F32, In); return; }
+    if (!us__fp8_on(m, N, In, Out)) {
+        o->gemm(o, 1, 0, Out, In, N, 1.0f, dy, m->dt, Out, x, m->dt, In, 1.0f, dW, US_F32, In);
+        return;
+    }
     /* dyᵀ [Out][N] and xᵀ [In][N]: 128×1 tiles of dy and x, activation tiling on both sides;
        dyᵀ's as Dgrad left it, when it did */
     int kept = m->fp8_kept == dy && m->fp8_kept_n == N && m->fp8_kept_c == Out;
     m->fp8_kept = NULL;
-    us__fp8_mm(m, dy, N, Out, us__fp8_act(m), 1, x, N, In, us__fp8_act(m), 1, 1.0f, dW, US_F32, kept ? US__FP8_KEPT : US__FP8_FRESH, NULL);
+    us__fp8_mm(m, dy, N, Out, us__fp8_act(m), 1, x, N, In, us__fp8_act(m), 1, 1.0f, dW, US_F32,
+               kept ? US__FP8_KEPT : US__FP8_FRESH, NULL);
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -5603,46 +7137,72 @@ static us_result us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int rec
     const us_model_config *c = &m->cfg;
     us_layer_acts *A = &m->acts[l];
     us_dtype dt = m->dt;
-    int NH = m->nh_l, NKV = m->nkv_l, HS = (int)(c->dim / c->n_heads);   /* this rank's heads (// >>tp) */
-    int64_t N = B * T, C = c->dim, F = m->ffn_l, QKV = (int64_t)(NH + 2 * NKV) * HS, AO = (int64_t)NH * HS, Np, Ns;
+    int NH = m->nh_l, NKV = m->nkv_l,
+        HS = (int)(c->dim / c->n_heads); /* this rank's heads (// >>tp) */
+    int64_t N = B * T, C = c->dim, F = m->ffn_l, QKV = (int64_t)(NH + 2 * NKV) * HS,
+            AO = (int64_t)NH * HS, Np, Ns;
     us_result r = US_OK;
     int mode = m->tc.recompute, sp = us__sp(m);
-    int do_gemm = !recompute || mode == US_RECOMPUTE_FULL, do_cheap = !recompute || mode != US_RECOMPUTE_NONE;
-    void *xnext = l + 1 < m->l_hi ? m->acts[l + 1].x : m->a[US__A_XOUT], *G = m->a[US__A_SPG];   /* a chunk's last layer: XOUT */
-    us__rows(m, N, &Np, &Ns);   /* GEMMs run on Np rows; norms and the residual on Ns (both N without SP) */
-    if (do_cheap) o->rmsnorm_fwd(o, A->ln1, A->rstd1, A->x, us__W(m, US__PL(l, US__P_LN1)), Ns, C, c->norm_eps, dt);
+    int do_gemm = !recompute || mode == US_RECOMPUTE_FULL,
+        do_cheap = !recompute || mode != US_RECOMPUTE_NONE;
+    void *xnext = l + 1 < m->l_hi ? m->acts[l + 1].x : m->a[US__A_XOUT],
+         *G = m->a[US__A_SPG]; /* a chunk's last layer: XOUT */
+    us__rows(m, N, &Np,
+             &Ns); /* GEMMs run on Np rows; norms and the residual on Ns (both N without SP) */
+    if (do_cheap)
+        o->rmsnorm_fwd(o, A->ln1, A->rstd1, A->x, us__W(m, US__PL(l, US__P_LN1)), Ns, C,
+                       c->norm_eps, dt);
     if (do_gemm) {
-        if (sp) {   /* g, travelling under the GEMM */
+        if (sp) { /* g, travelling under the GEMM */
             us__ring_gemm g = {0, C, QKV, us__W(m, US__PL(l, US__P_Q)), A->qkv, 0};
             if ((r = us__sp_gather_gemm(m, G, A->ln1, Ns, &g)) != US_OK) return r;
-        } else us__linear_fwd(m, Np, C, QKV, A->ln1, us__W(m, US__PL(l, US__P_Q)), 0.0f, A->qkv);
-        if (m->mesh.cp > 1) o->rope_at(o, A->qkv, (const int32_t *)m->a[US__A_CPPOS] + m->mesh.cp_rank * T, B, T, m->tc.seq, NH, NKV, HS, c->rope_theta, 1.0f, dt);
-        else o->rope_fwd(o, A->qkv, B, T, NH, NKV, HS, c->rope_theta, dt);
+        } else
+            us__linear_fwd(m, Np, C, QKV, A->ln1, us__W(m, US__PL(l, US__P_Q)), 0.0f, A->qkv);
+        if (m->mesh.cp > 1)
+            o->rope_at(o, A->qkv, (const int32_t *)m->a[US__A_CPPOS] + m->mesh.cp_rank * T, B, T,
+                       m->tc.seq, NH, NKV, HS, c->rope_theta, 1.0f, dt);
+        else
+            o->rope_fwd(o, A->qkv, B, T, NH, NKV, HS, c->rope_theta, dt);
     }
     if (do_cheap) {
-        if (m->mesh.cp > 1) { if ((r = us__cp_attention_fwd(m, A, B, T)) != US_OK) return r; }   /* // >>cp */
-        else o->attention_fwd(o, A->att, A->lse, A->qkv, B, T, NH, NKV, HS, dt);
-        if (Np > N) o->zero(o, us__at(A->att, dt, N * AO), (size_t)((Np - N) * AO) * us_dtype_size(dt));   /* padding rows stay zero */
+        if (m->mesh.cp > 1) {
+            if ((r = us__cp_attention_fwd(m, A, B, T)) != US_OK) return r;
+        } /* // >>cp */
+        else
+            o->attention_fwd(o, A->att, A->lse, A->qkv, B, T, NH, NKV, HS, dt);
+        if (Np > N)
+            o->zero(o, us__at(A->att, dt, N * AO),
+                    (size_t)((Np - N) * AO) * us_dtype_size(dt)); /* padding rows stay zero */
     }
-    if (do_gemm) {   /* xmid = x + att·Wo^T, rounded once (under tp: summed over the ranks' partial products) */
-        if (sp) { if ((r = us__sp_gemm_scatter(m, A->xmid, A->x, A->att, AO, us__W(m, US__PL(l, US__P_O)), Ns)) != US_OK) return r; }   /* ḡ */
+    if (do_gemm) { /* xmid = x + att·Wo^T, rounded once (under tp: summed over the ranks' partial products) */
+        if (sp) {
+            if ((r = us__sp_gemm_scatter(m, A->xmid, A->x, A->att, AO, us__W(m, US__PL(l, US__P_O)),
+                                         Ns)) != US_OK)
+                return r;
+        } /* ḡ */
         else {
             us__tp_residual(m, A->xmid, A->x, N * C);
             us__linear_fwd(m, N, AO, C, A->att, us__W(m, US__PL(l, US__P_O)), 1.0f, A->xmid);
             if ((r = us__tp_sum(m, A->xmid, N * C, dt)) != US_OK) return r;
         }
     }
-    if (do_cheap) o->rmsnorm_fwd(o, A->ln2, A->rstd2, A->xmid, us__W(m, US__PL(l, US__P_LN2)), Ns, C, c->norm_eps, dt);
-    if (m->moe_idx[l] >= 0) return us__moe_fwd(m, l, N, recompute, xnext);   /* a MoE layer (// >>moe) */
+    if (do_cheap)
+        o->rmsnorm_fwd(o, A->ln2, A->rstd2, A->xmid, us__W(m, US__PL(l, US__P_LN2)), Ns, C,
+                       c->norm_eps, dt);
+    if (m->moe_idx[l] >= 0)
+        return us__moe_fwd(m, l, N, recompute, xnext); /* a MoE layer (// >>moe) */
     if (do_gemm) {
         if (sp) {
             us__ring_gemm g = {0, C, 2 * F, us__W(m, US__PL(l, US__P_GATE)), A->gu, 0};
             if ((r = us__sp_gather_gemm(m, G, A->ln2, Ns, &g)) != US_OK) return r;
-        } else us__linear_fwd(m, Np, C, 2 * F, A->ln2, us__W(m, US__PL(l, US__P_GATE)), 0.0f, A->gu);
+        } else
+            us__linear_fwd(m, Np, C, 2 * F, A->ln2, us__W(m, US__PL(l, US__P_GATE)), 0.0f, A->gu);
     }
     if (do_cheap) o->swiglu_fwd(o, A->h, A->gu, Np, F, dt);
-    if (!recompute) {   /* x_{l+1} = xmid + h·Wdown^T: the next layer's input, never recomputed */
-        if (sp) r = us__sp_gemm_scatter(m, xnext, A->xmid, A->h, F, us__W(m, US__PL(l, US__P_DOWN)), Ns);
+    if (!recompute) { /* x_{l+1} = xmid + h·Wdown^T: the next layer's input, never recomputed */
+        if (sp)
+            r = us__sp_gemm_scatter(m, xnext, A->xmid, A->h, F, us__W(m, US__PL(l, US__P_DOWN)),
+                                    Ns);
         else {
             us__tp_residual(m, xnext, A->xmid, N * C);
             us__linear_fwd(m, N, F, C, A->h, us__W(m, US__PL(l, US__P_DOWN)), 1.0f, xnext);
@@ -5660,32 +7220,40 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
     us_layer_acts *A = &m->acts[l];
     us_dtype dt = m->dt;
     int NH = m->nh_l, NKV = m->nkv_l, HS = (int)(c->dim / c->n_heads), sp = us__sp(m);
-    int64_t N = B * T, C = c->dim, F = m->ffn_l, QKV = (int64_t)(NH + 2 * NKV) * HS, AO = (int64_t)NH * HS, Np, Ns;
-    int split = m->pp_bonly;   /* a zero-bubble B: weight gradients wait for W (us__layer_w) */
-    void *dres = m->a[US__A_DRES], *dln = m->a[US__A_DLN], *dh = m->a[US__A_DH], *dgu = split ? A->g_gu : m->a[US__A_DGU];
-    void *datt = m->a[US__A_DATT], *dqkv = split ? A->g_qkv : m->a[US__A_DQKV], *G = m->a[US__A_SPG];
-    void *dresF = sp ? G : dres;   /* the whole residual gradient the GEMMs read */
-    us_work *wg = NULL, *wd = NULL;   /* SP's gather of a GEMM input, the input gradient's reduction, in flight */
+    int64_t N = B * T, C = c->dim, F = m->ffn_l, QKV = (int64_t)(NH + 2 * NKV) * HS,
+            AO = (int64_t)NH * HS, Np, Ns;
+    int split = m->pp_bonly; /* a zero-bubble B: weight gradients wait for W (us__layer_w) */
+    void *dres = m->a[US__A_DRES], *dln = m->a[US__A_DLN], *dh = m->a[US__A_DH],
+         *dgu = split ? A->g_gu : m->a[US__A_DGU];
+    void *datt = m->a[US__A_DATT], *dqkv = split ? A->g_qkv : m->a[US__A_DQKV],
+         *G = m->a[US__A_SPG];
+    void *dresF = sp ? G : dres; /* the whole residual gradient the GEMMs read */
+    us_work *wg = NULL,
+            *wd = NULL; /* SP's gather of a GEMM input, the input gradient's reduction, in flight */
     size_t rowb;
     void *dlnp;
     us_result r;
     us__rows(m, N, &Np, &Ns);
     rowb = (size_t)Np * (size_t)C * us_dtype_size(dt);
-    dlnp = sp ? us__at(dln, dt, (int64_t)m->mesh.tp_rank * Ns * C) : dln;   /* where this rank's rows of dln land */
+    dlnp = sp ? us__at(dln, dt, (int64_t)m->mesh.tp_rank * Ns * C)
+              : dln; /* where this rank's rows of dln land */
     /* MLP: x_{l+1} = xmid + swiglu(ln2·Wgu^T)·Wdown^T. Each weight gradient, once complete, is
        handed to data parallelism (us__grads_ready), which may start reducing its bucket while
        the rest of the backward runs. */
-    if (m->moe_idx[l] >= 0) {   /* a MoE layer (// >>moe): experts, shared expert, router */
+    if (m->moe_idx[l] >= 0) { /* a MoE layer (// >>moe): experts, shared expert, router */
         if ((r = us__moe_bwd(m, l, N)) != US_OK) return r;
     } else {
-        if (sp) {   /* ḡ's conjugate, travelling under the GEMM */
+        if (sp) { /* ḡ's conjugate, travelling under the GEMM */
             us__ring_gemm g = {1, F, C, us__W(m, US__PL(l, US__P_DOWN)), dh, !split};
             if ((r = us__sp_gather_gemm(m, G, dres, Ns, &g)) != US_OK) return r;
-        } else us__linear_dgrad(m, Np, F, C, dres, us__W(m, US__PL(l, US__P_DOWN)), 0.0f, dh, !split);
-        if (split) o->copy(o, A->g_down, dresF, rowb, US_COPY_D2D);
+        } else
+            us__linear_dgrad(m, Np, F, C, dres, us__W(m, US__PL(l, US__P_DOWN)), 0.0f, dh, !split);
+        if (split)
+            o->copy(o, A->g_down, dresF, rowb, US_COPY_D2D);
         else {
             us__linear_wgrad(m, Np, F, C, dresF, A->h, us__G(m, US__PL(l, US__P_DOWN)));
-            if ((r = us__grads_ready(m, US__PL(l, US__P_DOWN), US__PL(l, US__P_DOWN) + 1)) != US_OK) return r;
+            if ((r = us__grads_ready(m, US__PL(l, US__P_DOWN), US__PL(l, US__P_DOWN) + 1)) != US_OK)
+                return r;
             /* G is free: the gate|up GEMM's input again, travelling under the next two kernels */
             if (sp && (r = us__sp_gather_early(m, G, A->ln2, Ns, &wg)) != US_OK) return r;
         }
@@ -5696,29 +7264,36 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
         if ((r = us__tp_dgrad_start(m, dlnp, dln, N, Ns, &wd)) != US_OK) return r;
         if (!split) {
             if ((r = us__tp_wait(m, &wg)) != US_OK) return r;
-            us__linear_wgrad(m, Np, C, 2 * F, dgu, sp ? G : A->ln2, us__G(m, US__PL(l, US__P_GATE)));
-            if ((r = us__grads_ready(m, US__PL(l, US__P_GATE), US__PL(l, US__P_UP) + 1)) != US_OK) return r;
+            us__linear_wgrad(m, Np, C, 2 * F, dgu, sp ? G : A->ln2,
+                             us__G(m, US__PL(l, US__P_GATE)));
+            if ((r = us__grads_ready(m, US__PL(l, US__P_GATE), US__PL(l, US__P_UP) + 1)) != US_OK)
+                return r;
         }
         if ((r = us__tp_wait(m, &wd)) != US_OK) return r;
     }
     /* (a MoE layer is not split over tp: each tp rank runs it whole, // >>moe, and its input's
        gradient is complete) */
-    if ((r = us__norm_bwd(m, dres, US__PL(l, US__P_LN2), dlnp, A->xmid, A->rstd2, Ns)) != US_OK) return r;
+    if ((r = us__norm_bwd(m, dres, US__PL(l, US__P_LN2), dlnp, A->xmid, A->rstd2, Ns)) != US_OK)
+        return r;
     if ((r = us__grads_ready(m, US__PL(l, US__P_LN2), US__PL(l, US__P_LN2) + 1)) != US_OK) return r;
     /* attention: xmid = x + attention(rope(ln1·Wqkv^T))·Wo^T */
     if (sp) {
         us__ring_gemm g = {1, AO, C, us__W(m, US__PL(l, US__P_O)), datt, !split};
         if ((r = us__sp_gather_gemm(m, G, dres, Ns, &g)) != US_OK) return r;
-    } else us__linear_dgrad(m, Np, AO, C, dres, us__W(m, US__PL(l, US__P_O)), 0.0f, datt, !split);
-    if (split) o->copy(o, A->g_o, dresF, rowb, US_COPY_D2D);
+    } else
+        us__linear_dgrad(m, Np, AO, C, dres, us__W(m, US__PL(l, US__P_O)), 0.0f, datt, !split);
+    if (split)
+        o->copy(o, A->g_o, dresF, rowb, US_COPY_D2D);
     else {
         us__linear_wgrad(m, Np, AO, C, dresF, A->att, us__G(m, US__PL(l, US__P_O)));
         if ((r = us__grads_ready(m, US__PL(l, US__P_O), US__PL(l, US__P_O) + 1)) != US_OK) return r;
-        if (sp && (r = us__sp_gather_early(m, G, A->ln1, Ns, &wg)) != US_OK) return r;   /* under the attention's backward */
+        if (sp && (r = us__sp_gather_early(m, G, A->ln1, Ns, &wg)) != US_OK)
+            return r; /* under the attention's backward */
     }
     if (m->mesh.cp > 1) {
         if ((r = us__cp_attention_bwd(m, A, dqkv, datt, B, T)) != US_OK) return r;
-        o->rope_at(o, dqkv, (const int32_t *)m->a[US__A_CPPOS] + m->mesh.cp_rank * T, B, T, m->tc.seq, NH, NKV, HS, c->rope_theta, -1.0f, dt);
+        o->rope_at(o, dqkv, (const int32_t *)m->a[US__A_CPPOS] + m->mesh.cp_rank * T, B, T,
+                   m->tc.seq, NH, NKV, HS, c->rope_theta, -1.0f, dt);
     } else {
         o->attention_bwd(o, dqkv, datt, A->qkv, A->att, A->lse, B, T, NH, NKV, HS, dt);
         o->rope_bwd(o, dqkv, B, T, NH, NKV, HS, c->rope_theta, dt);
@@ -5732,7 +7307,8 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
         if ((r = us__grads_ready(m, US__PL(l, US__P_Q), US__PL(l, US__P_V) + 1)) != US_OK) return r;
     }
     if ((r = us__tp_wait(m, &wd)) != US_OK) return r;
-    if ((r = us__norm_bwd(m, dres, US__PL(l, US__P_LN1), dlnp, A->x, A->rstd1, Ns)) != US_OK) return r;
+    if ((r = us__norm_bwd(m, dres, US__PL(l, US__P_LN1), dlnp, A->x, A->rstd1, Ns)) != US_OK)
+        return r;
     return us__grads_ready(m, US__PL(l, US__P_LN1), US__PL(l, US__P_LN1) + 1);
 }
 
@@ -5744,12 +7320,14 @@ static us_result us__layer_w(us_model *m, int l, int64_t B, int64_t T) {
     const us_model_config *c = &m->cfg;
     us_layer_acts *A = &m->acts[l];
     int NH = m->nh_l, NKV = m->nkv_l, HS = (int)(c->dim / c->n_heads), sp = us__sp(m);
-    int64_t C = c->dim, F = m->ffn_l, QKV = (int64_t)(NH + 2 * NKV) * HS, AO = (int64_t)NH * HS, Np, Ns;
+    int64_t C = c->dim, F = m->ffn_l, QKV = (int64_t)(NH + 2 * NKV) * HS, AO = (int64_t)NH * HS, Np,
+            Ns;
     void *G = m->a[US__A_SPG];
     us_result r;
     us__rows(m, B * T, &Np, &Ns);
     us__linear_wgrad(m, Np, F, C, A->g_down, A->h, us__G(m, US__PL(l, US__P_DOWN)));
-    if ((r = us__grads_ready(m, US__PL(l, US__P_DOWN), US__PL(l, US__P_DOWN) + 1)) != US_OK) return r;
+    if ((r = us__grads_ready(m, US__PL(l, US__P_DOWN), US__PL(l, US__P_DOWN) + 1)) != US_OK)
+        return r;
     if (sp && (r = us__sp_gather(m, G, A->ln2, Ns)) != US_OK) return r;
     us__linear_wgrad(m, Np, C, 2 * F, A->g_gu, sp ? G : A->ln2, us__G(m, US__PL(l, US__P_GATE)));
     if ((r = us__grads_ready(m, US__PL(l, US__P_GATE), US__PL(l, US__P_UP) + 1)) != US_OK) return r;
@@ -5760,21 +7338,34 @@ static us_result us__layer_w(us_model *m, int l, int64_t B, int64_t T) {
     return us__grads_ready(m, US__PL(l, US__P_Q), US__PL(l, US__P_V) + 1);
 }
 
-static int us__head_idx(const us_model *m) { return m->cfg.tie_embeddings ? 0 : US__P_HEAD(m->cfg.n_layers); }
+static int us__head_idx(const us_model *m) {
+    return m->cfg.tie_embeddings ? 0 : US__P_HEAD(m->cfg.n_layers);
+}
 
 /* Checks host tokens against the vocabulary before they reach a kernel. */
 static us_result us__check_tokens(us_model *m, const int32_t *in, const int32_t *tgt, int64_t n) {
     int64_t i;
     for (i = 0; i < n; i++) {
-        if (in[i] < 0 || in[i] >= m->cfg.vocab) { us__model_set_error(m, "input token %d at position %lld is outside the vocabulary [0, %lld)", in[i], (long long)i, (long long)m->cfg.vocab); return US_ERR_INVALID; }
-        if (tgt && tgt[i] >= m->cfg.vocab) { us__model_set_error(m, "target token %d at position %lld is outside the vocabulary [0, %lld)", tgt[i], (long long)i, (long long)m->cfg.vocab); return US_ERR_INVALID; }
+        if (in[i] < 0 || in[i] >= m->cfg.vocab) {
+            us__model_set_error(
+                m, "input token %d at position %lld is outside the vocabulary [0, %lld)", in[i],
+                (long long)i, (long long)m->cfg.vocab);
+            return US_ERR_INVALID;
+        }
+        if (tgt && tgt[i] >= m->cfg.vocab) {
+            us__model_set_error(
+                m, "target token %d at position %lld is outside the vocabulary [0, %lld)", tgt[i],
+                (long long)i, (long long)m->cfg.vocab);
+            return US_ERR_INVALID;
+        }
     }
     return US_OK;
 }
 
 /* Embedding → L layers → final norm → logits → fused cross-entropy (with its gradient when
    dscale != 0). Sums the loss of the valid targets into *loss_sum. */
-static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *targets, int B, int T, float dscale, double *loss_sum) {
+static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *targets, int B,
+                             int T, float dscale, double *loss_sum) {
     us_ops *o = &m->ops;
     const us_model_config *c = &m->cfg;
     int64_t N = (int64_t)B * T, C = c->dim, V = m->vocab_l, i, Np, Ns;
@@ -5783,22 +7374,32 @@ static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *
     float *losses;
     us__rows(m, N, &Np, &Ns);
     if (B < 1 || T < 1 || B > m->tc.batch || T > m->tc.seq / m->mesh.cp) {
-        us__model_set_error(m, "batch %d x seq %d does not fit the arena sized for batch %d x seq %d", B, T, m->tc.batch, m->tc.seq / m->mesh.cp);
+        us__model_set_error(m,
+                            "batch %d x seq %d does not fit the arena sized for batch %d x seq %d",
+                            B, T, m->tc.batch, m->tc.seq / m->mesh.cp);
         return US_ERR_INVALID;
     }
-    if (m->mesh.cp > 1 && T != m->tc.seq / m->mesh.cp) {   /* positions are fixed by the sharding */
-        us__model_set_error(m, "under context parallelism every call runs this rank's whole share: seq %d / cp %d = %d tokens, not %d",
+    if (m->mesh.cp > 1 && T != m->tc.seq / m->mesh.cp) { /* positions are fixed by the sharding */
+        us__model_set_error(m,
+                            "under context parallelism every call runs this rank's whole share: "
+                            "seq %d / cp %d = %d tokens, not %d",
                             m->tc.seq, m->mesh.cp, m->tc.seq / m->mesh.cp, T);
         return US_ERR_INVALID;
     }
     if ((r = us__check_tokens(m, inputs, targets, N)) != US_OK) return r;
-    m->moe_train = dscale != 0;   /* a training forward: its routing counts toward the step (// >>moe) */
+    m->moe_train =
+        dscale != 0; /* a training forward: its routing counts toward the step (// >>moe) */
     m->moe_aux_last = 0;
-    if (m->tc.tp > 1) {   /* tokens and targets in this rank's vocabulary rows (// >>tp); SP's padding rows last */
+    if (m->tc.tp >
+        1) { /* tokens and targets in this rank's vocabulary rows (// >>tp); SP's padding rows last */
         int32_t *tl = (int32_t *)US_MALLOC((size_t)Np * 8);
-        if (!tl) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+        if (!tl) {
+            us__model_set_error(m, "out of host memory");
+            return US_ERR_OOM;
+        }
         for (i = 0; i < Np; i++) {
-            int64_t a = i < N ? inputs[i] - m->vocab_off : -1, b = i < N ? targets[i] - m->vocab_off : -1;
+            int64_t a = i < N ? inputs[i] - m->vocab_off : -1,
+                    b = i < N ? targets[i] - m->vocab_off : -1;
             tl[i] = a >= 0 && a < m->vocab_l ? (int32_t)a : -1;
             tl[Np + i] = i >= N || targets[i] < 0 ? -2 : b >= 0 && b < m->vocab_l ? (int32_t)b : -1;
         }
@@ -5813,40 +7414,67 @@ static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *
        gather issued) before computing it */
     if ((r = us__z3_enter(m, 0, 1)) != US_OK) return r;
     /* a pipeline chunk runs layers [l_lo, l_hi): a later stage's acts[l_lo].x holds the activation received (// >>pp) */
-    if (!m->c_first) {}
-    else if (sp) {   /* each token's row comes from the rank holding it, and goes to the rank holding the token */
-        o->embedding_fwd(o, m->a[US__A_SPG], (const int32_t *)m->a[US__A_TOK], us__W(m, 0), Np, C, m->dt);
+    if (!m->c_first) {
+    } else if (
+        sp) { /* each token's row comes from the rank holding it, and goes to the rank holding the token */
+        o->embedding_fwd(o, m->a[US__A_SPG], (const int32_t *)m->a[US__A_TOK], us__W(m, 0), Np, C,
+                         m->dt);
         if ((r = us__sp_scatter(m, m->acts[0].x, m->a[US__A_SPG], Ns)) != US_OK) return r;
     } else {
-        o->embedding_fwd(o, m->acts[0].x, (const int32_t *)m->a[US__A_TOK], us__W(m, 0), N, C, m->dt);
-        if ((r = us__tp_sum(m, m->acts[0].x, N * C, m->dt)) != US_OK) return r;   /* one rank holds each token's row */
+        o->embedding_fwd(o, m->acts[0].x, (const int32_t *)m->a[US__A_TOK], us__W(m, 0), N, C,
+                         m->dt);
+        if ((r = us__tp_sum(m, m->acts[0].x, N * C, m->dt)) != US_OK)
+            return r; /* one rank holds each token's row */
     }
     for (l = m->l_lo; l < m->l_hi; l++) {
         us__tm t0;
         char nm[40];
-        if ((r = us__z3_enter(m, 1 + l, 1)) != US_OK) return r;   /* the weights' wait is a host region of its own */
+        if ((r = us__z3_enter(m, 1 + l, 1)) != US_OK)
+            return r; /* the weights' wait is a host region of its own */
         t0 = us__tstart(m);
         if ((r = us__layer_fwd(m, l, B, T, 0)) != US_OK) return r;
-        if (m->trace) { snprintf(nm, sizeof nm, "forward layer %d", l); us__trace(m, "compute", nm, t0); }
+        if (m->trace) {
+            snprintf(nm, sizeof nm, "forward layer %d", l);
+            us__trace(m, "compute", nm, t0);
+        }
     }
-    if (!m->c_last) { *loss_sum = 0; return us__backend_check(m); }   /* XOUT goes to the next stage */
+    if (!m->c_last) {
+        *loss_sum = 0;
+        return us__backend_check(m);
+    } /* XOUT goes to the next stage */
     if ((r = us__z3_enter(m, c->n_layers + 1, 1)) != US_OK) return r;
-    {   /* the final norm on this rank's rows, then (SP) the whole sequence for the head */
+    { /* the final norm on this rank's rows, then (SP) the whole sequence for the head */
         void *xf_mine = us__at(m->a[US__A_XF], m->dt, sp ? (int64_t)m->mesh.tp_rank * Ns * C : 0);
-        o->rmsnorm_fwd(o, xf_mine, (float *)m->a[US__A_RSTDF], m->a[US__A_XOUT], us__W(m, US__P_NORM(c->n_layers)), Ns, C, c->norm_eps, m->dt);
+        o->rmsnorm_fwd(o, xf_mine, (float *)m->a[US__A_RSTDF], m->a[US__A_XOUT],
+                       us__W(m, US__P_NORM(c->n_layers)), Ns, C, c->norm_eps, m->dt);
         if (sp && (r = us__sp_gather(m, m->a[US__A_XF], xf_mine, Ns)) != US_OK) return r;
     }
-    o->gemm(o, 0, 1, Np, V, C, 1.0f, m->a[US__A_XF], m->dt, C, us__W(m, us__head_idx(m)), m->dt, C, 0.0f, m->a[US__A_LOGITS], m->dt, V);
-    if (m->tc.tp > 1) { if ((r = us__tp_xent(m, (const int32_t *)m->a[US__A_TGT], Np, dscale, dscale == 0)) != US_OK) return r; }
-    else o->xent(o, (float *)m->a[US__A_LOSSES], (int32_t *)m->a[US__A_ARGMAX], m->a[US__A_LOGITS], (const int32_t *)m->a[US__A_TGT], N, V, dscale, m->dt);
+    o->gemm(o, 0, 1, Np, V, C, 1.0f, m->a[US__A_XF], m->dt, C, us__W(m, us__head_idx(m)), m->dt, C,
+            0.0f, m->a[US__A_LOGITS], m->dt, V);
+    if (m->tc.tp > 1) {
+        if ((r = us__tp_xent(m, (const int32_t *)m->a[US__A_TGT], Np, dscale, dscale == 0)) !=
+            US_OK)
+            return r;
+    } else
+        o->xent(o, (float *)m->a[US__A_LOSSES], (int32_t *)m->a[US__A_ARGMAX], m->a[US__A_LOGITS],
+                (const int32_t *)m->a[US__A_TGT], N, V, dscale, m->dt);
     losses = (float *)US_MALLOC((size_t)N * 4);
-    if (!losses) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+    if (!losses) {
+        us__model_set_error(m, "out of host memory");
+        return US_ERR_OOM;
+    }
     o->copy(o, losses, m->a[US__A_LOSSES], (size_t)N * 4, US_COPY_D2H);
-    if ((r = us__backend_check(m)) != US_OK) { US_FREE(losses); return r; }
+    if ((r = us__backend_check(m)) != US_OK) {
+        US_FREE(losses);
+        return r;
+    }
     *loss_sum = 0;
     for (i = 0; i < N; i++) *loss_sum += losses[i];
     US_FREE(losses);
-    if (!isfinite(*loss_sum)) { us__model_set_error(m, "the loss is not finite (%g)", *loss_sum); return US_ERR_NONFINITE; }
+    if (!isfinite(*loss_sum)) {
+        us__model_set_error(m, "the loss is not finite (%g)", *loss_sum);
+        return US_ERR_NONFINITE;
+    }
     return US_OK;
 }
 
@@ -5861,26 +7489,35 @@ static us_result us__backward(us_model *m, int B, int T) {
     us__rows(m, N, &Np, &Ns);
     dlnp = us__at(m->a[US__A_DLN], m->dt, sp ? (int64_t)m->mesh.tp_rank * Ns * C : 0);
     us__grads_begin(m);
-    if (!m->c_first && (r = us__grads_ready(m, 0, 1)) != US_OK) return r;   /* absent on this stage: done */
-    if ((r = us__emb_rows_begin(m, sp ? Np : N)) != US_OK) return r;   /* the embedding's gradient by rows (// >>dp) */
-    if (head && (r = us__emb_rows_early(m)) != US_OK) return r;   /* untied: the bucket now */
-    if (!m->c_last) {   /* a pipeline stage before the last: DRES holds the gradient received */
+    if (!m->c_first && (r = us__grads_ready(m, 0, 1)) != US_OK)
+        return r; /* absent on this stage: done */
+    if ((r = us__emb_rows_begin(m, sp ? Np : N)) != US_OK)
+        return r; /* the embedding's gradient by rows (// >>dp) */
+    if (head && (r = us__emb_rows_early(m)) != US_OK) return r; /* untied: the bucket now */
+    if (!m->c_last) { /* a pipeline stage before the last: DRES holds the gradient received */
         if ((r = us__grads_ready(m, US__P_NORM(L), m->n_params_t)) != US_OK) return r;
         goto layers;
     }
     if ((r = us__z3_enter(m, L + 1, -1)) != US_OK) return r;
     /* logits = xf·Whead^T, the logits buffer now holds dlogits */
-    o->gemm(o, 0, 0, Np, C, V, 1.0f, m->a[US__A_LOGITS], m->dt, V, us__W(m, head), m->dt, C, 0.0f, m->a[US__A_DLN], m->dt, C);
-    o->gemm(o, 1, 0, V, C, Np, 1.0f, m->a[US__A_LOGITS], m->dt, V, m->a[US__A_XF], m->dt, C, 1.0f, us__G(m, head), US_F32, C);
-    if (head && (r = us__grads_ready(m, head, head + 1)) != US_OK) return r;   /* tied: the embedding's gradient is not done yet, */
-    if (!head) {   /* unless only its rows remain (us__emb_sparse) */
+    o->gemm(o, 0, 0, Np, C, V, 1.0f, m->a[US__A_LOGITS], m->dt, V, us__W(m, head), m->dt, C, 0.0f,
+            m->a[US__A_DLN], m->dt, C);
+    o->gemm(o, 1, 0, V, C, Np, 1.0f, m->a[US__A_LOGITS], m->dt, V, m->a[US__A_XF], m->dt, C, 1.0f,
+            us__G(m, head), US_F32, C);
+    if (head && (r = us__grads_ready(m, head, head + 1)) != US_OK)
+        return r; /* tied: the embedding's gradient is not done yet, */
+    if (!head) {  /* unless only its rows remain (us__emb_sparse) */
         m->emb_dirty = 1;
         if ((r = us__emb_rows_early(m)) != US_OK) return r;
     }
     /* the vocabulary slices' parts: summed (TP), or summed and split by tokens (SP) */
-    if ((r = sp ? us__sp_scatter(m, dlnp, m->a[US__A_DLN], Ns) : us__tp_sum(m, m->a[US__A_DLN], N * C, m->dt)) != US_OK) return r;
+    if ((r = sp ? us__sp_scatter(m, dlnp, m->a[US__A_DLN], Ns)
+                : us__tp_sum(m, m->a[US__A_DLN], N * C, m->dt)) != US_OK)
+        return r;
     o->zero(o, m->a[US__A_DRES], (size_t)Ns * C * us_dtype_size(m->dt));
-    if ((r = us__norm_bwd(m, m->a[US__A_DRES], US__P_NORM(L), dlnp, m->a[US__A_XOUT], (float *)m->a[US__A_RSTDF], Ns)) != US_OK) return r;
+    if ((r = us__norm_bwd(m, m->a[US__A_DRES], US__P_NORM(L), dlnp, m->a[US__A_XOUT],
+                          (float *)m->a[US__A_RSTDF], Ns)) != US_OK)
+        return r;
     if ((r = us__grads_ready(m, US__P_NORM(L), US__P_NORM(L) + 1)) != US_OK) return r;
     us__trace(m, "compute", "backward head", t0);
 layers:
@@ -5888,25 +7525,30 @@ layers:
         char nm[40];
         if ((r = us__z3_enter(m, 1 + l, -1)) != US_OK) return r;
         t0 = us__tstart(m);
-        if (m->tc.recompute != US_RECOMPUTE_NONE && (r = us__layer_fwd(m, l, B, T, 1)) != US_OK) return r;
+        if (m->tc.recompute != US_RECOMPUTE_NONE && (r = us__layer_fwd(m, l, B, T, 1)) != US_OK)
+            return r;
         if ((r = us__layer_bwd(m, l, B, T)) != US_OK) return r;
-        if (m->trace) { snprintf(nm, sizeof nm, "backward layer %d", l); us__trace(m, "compute", nm, t0); }
+        if (m->trace) {
+            snprintf(nm, sizeof nm, "backward layer %d", l);
+            us__trace(m, "compute", nm, t0);
+        }
     }
     if ((r = us__z3_enter(m, 0, -1)) != US_OK) return r;
-    if (m->c_first) {   /* (else DRES is the gradient of this stage's input: the executor sends it back) */
+    if (m->c_first) { /* (else DRES is the gradient of this stage's input: the executor sends it back) */
         /* every rank needs every token's gradient under SP: its vocabulary rows may be anywhere */
         const void *dx = sp ? m->a[US__A_SPG] : m->a[US__A_DRES];
         int64_t R = sp ? Np : N;
         if (sp && (r = us__sp_gather(m, m->a[US__A_SPG], m->a[US__A_DRES], Ns)) != US_OK) return r;
-        if (m->emb_on) { if ((r = us__emb_rows_finish(m, dx, R)) != US_OK) return r; }
-        else {
+        if (m->emb_on) {
+            if ((r = us__emb_rows_finish(m, dx, R)) != US_OK) return r;
+        } else {
             o->embedding_bwd(o, us__G(m, 0), dx, (const int32_t *)m->a[US__A_TOK], R, C, m->dt);
             m->emb_dirty = 1;
             if ((r = us__grads_ready(m, 0, 1)) != US_OK) return r;
         }
     }
     us__z3_release_all(m);
-    return m->err[0] ? US_ERR_BACKEND : US_OK;   /* a slot's reduction may have failed inside us__G */
+    return m->err[0] ? US_ERR_BACKEND : US_OK; /* a slot's reduction may have failed inside us__G */
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -5927,15 +7569,19 @@ layers:
    (5) after loss_scale_window clean steps S doubles, probing again for the largest S that fits.
    A power-of-two S is exact: scaling and unscaling change no bits unless a value underflows or
    overflows, so a static S = 2^k trains bit for bit like no scaling wherever nothing does. */
-#define US__LS_INIT 65536.0f      /* 2^16, the dynamic scaler's first S (PyTorch GradScaler's init_scale) */
-#define US__LS_MAX  16777216.0f   /* 2^24: S grows no further (apex's max_loss_scale) */
+#define US__LS_INIT \
+    65536.0f /* 2^16, the dynamic scaler's first S (PyTorch GradScaler's init_scale) */
+#define US__LS_MAX 16777216.0f /* 2^24: S grows no further (apex's max_loss_scale) */
+
 static void us__ls_init(us_model *m) {
     m->ls_dynamic = m->tc.loss_scale == 0 && m->tc.precision == US_PRECISION_FP16;
     m->loss_scale = m->tc.loss_scale > 0 ? m->tc.loss_scale : m->ls_dynamic ? US__LS_INIT : 1.0f;
     m->ls_good = m->ls_skipped = 0;
     m->ls_skipped_total = 0;
 }
+
 static int us__ls_on(const us_model *m) { return m->ls_dynamic || m->tc.loss_scale > 0; }
+
 /* After the step's gradient norm; overflow: it is not finite. Moves S for the next step. */
 static us_result us__ls_update(us_model *m, int overflow) {
     m->ls_skipped = overflow;
@@ -5948,9 +7594,11 @@ static us_result us__ls_update(us_model *m, int overflow) {
     }
     m->ls_skipped_total++;
     m->ls_good = 0;
-    if (!m->ls_dynamic) return US_OK;   /* a static S: skip, keep S */
-    if (m->loss_scale <= 1.0f) {        /* Megatron's min_loss_scale: below 1 scaling no longer helps */
-        us__model_set_error(m, "the gradients overflow even at loss scale 1 (step %d); weights left unchanged", m->step + 1);
+    if (!m->ls_dynamic) return US_OK; /* a static S: skip, keep S */
+    if (m->loss_scale <= 1.0f) { /* Megatron's min_loss_scale: below 1 scaling no longer helps */
+        us__model_set_error(
+            m, "the gradients overflow even at loss scale 1 (step %d); weights left unchanged",
+            m->step + 1);
         return US_ERR_NONFINITE;
     }
     m->loss_scale *= 0.5f;
@@ -5963,14 +7611,15 @@ static us_result us__ls_update(us_model *m, int overflow) {
 US_API void us_model_zero_grad(us_model *m) {
     m->ops.zero(&m->ops, m->grad, (size_t)(m->tc.zero >= 2 ? m->shard_n : m->n_flat) * 4);
     m->emb_dirty = 0;
-    us__fp8_wcache_drop(m);   /* a new step: the weights may have been written since the last */
+    us__fp8_wcache_drop(m); /* a new step: the weights may have been written since the last */
 }
 
-US_API us_result us_forward_backward(us_model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
-                                     float dscale, double *loss_sum) {
+US_API us_result us_forward_backward(us_model *m, const int32_t *inputs, const int32_t *targets,
+                                     int B, int T, float dscale, double *loss_sum) {
     us_result r;
     m->err[0] = 0;
-    m->tp_inflight = 0; m->ops.sm_margin = 0;   /* (a failed step may have left a tp collective counted) */
+    m->tp_inflight = 0;
+    m->ops.sm_margin = 0; /* (a failed step may have left a tp collective counted) */
     r = us__forward(m, inputs, targets, B, T, dscale, loss_sum);
     if (r != US_OK) return r;
     r = us__backward(m, B, T);
@@ -5983,44 +7632,57 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
     const us_train_config *tc = &m->tc;
     int Z = tc->zero, u;
     double norm2 = 0, gnorm;
-    float gscale = 1.0f, lr = us_lr_at(tc, m->step), inv_s = 1.0f / m->loss_scale;   /* exact for S = 2^k */
+    float gscale = 1.0f, lr = us_lr_at(tc, m->step),
+          inv_s = 1.0f / m->loss_scale; /* exact for S = 2^k */
     us_result r;
     us__tm t0;
     m->ls_skipped = 0;
-    us__fp8_wcache_drop(m);   /* the weights are about to change */
-    if ((r = us__grads_finish(m)) != US_OK) return r;   /* the last reductions' waits: host regions of their own */
+    us__fp8_wcache_drop(m); /* the weights are about to change */
+    if ((r = us__grads_finish(m)) != US_OK)
+        return r; /* the last reductions' waits: host regions of their own */
     t0 = us__tstart(m);
     /* the global gradient norm: every rank holds all of it without ZeRO; with ZeRO each holds the
        sums of its pieces, and the squares are summed over dp */
-    if (Z == 0 && m->tc.tp <= 1 && m->tc.pp <= 1 && m->ep <= 1) norm2 = o->sumsq(o, m->grad, m->n_flat);
-    else {   /* tp: split tensors summed over tp, replicated ones counted once; pp: every stage's own;
+    if (Z == 0 && m->tc.tp <= 1 && m->tc.pp <= 1 && m->ep <= 1)
+        norm2 = o->sumsq(o, m->grad, m->n_flat);
+    else { /* tp: split tensors summed over tp, replicated ones counted once; pp: every stage's own;
                 ep: every rank's experts, counted on the first of their replicas (// >>ep) */
         int i;
         for (u = 0; u < m->n_units; u++) {
             const us__unit *U = &m->units[u];
-            int64_t lo = U->off + (Z ? (int64_t)m->mesh.dpcp_g.rank * U->piece : 0), hi = lo + U->piece;
-            const float *gp = Z < 2 ? m->grad + lo : m->grad + U->shard_off;   /* flat index lo */
+            int64_t lo = U->off + (Z ? (int64_t)m->mesh.dpcp_g.rank * U->piece : 0),
+                    hi = lo + U->piece;
+            const float *gp = Z < 2 ? m->grad + lo : m->grad + U->shard_off; /* flat index lo */
             for (i = U->p0; i < U->p1; i++) {
                 const us_param *p = &m->params[i];
-                int64_t a = p->offset > lo ? p->offset : lo, b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
+                int64_t a = p->offset > lo ? p->offset : lo,
+                        b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
                 int first = p->expert && m->ep > 1 ? m->edp_g.rank == 0 : m->mesh.dpcp_g.rank == 0;
-                if (a < b && (p->tp_split || m->mesh.tp_rank == 0) && (Z || first)) norm2 += o->sumsq(o, gp + (a - lo), b - a);
+                if (a < b && (p->tp_split || m->mesh.tp_rank == 0) && (Z || first))
+                    norm2 += o->sumsq(o, gp + (a - lo), b - a);
             }
         }
-        if ((r = us__group_sum(m, &m->comm->world, &norm2, 1)) != US_OK) return r;   /* each part counted on one rank */
+        if ((r = us__group_sum(m, &m->comm->world, &norm2, 1)) != US_OK)
+            return r; /* each part counted on one rank */
     }
-    gnorm = sqrt(norm2) / m->loss_scale;   /* unscaled (// >>lossscale) */
+    gnorm = sqrt(norm2) / m->loss_scale; /* unscaled (// >>lossscale) */
     if (grad_norm) *grad_norm = (float)gnorm;
     if (lr_out) *lr_out = lr;
-    if (!isfinite(gnorm) && us__ls_on(m)) {   /* an overflow under loss scaling: skip the update */
+    if (!isfinite(gnorm) && us__ls_on(m)) { /* an overflow under loss scaling: skip the update */
         if ((r = us__ls_update(m, 1)) != US_OK) return r;
-        if ((r = us__moe_step_end(m)) != US_OK) return r;   /* the step's routing statistics still close */
+        if ((r = us__moe_step_end(m)) != US_OK)
+            return r; /* the step's routing statistics still close */
         us__trace(m, "compute", "optimizer step (skipped)", t0);
         return us__backend_check(m);
     }
-    if (!isfinite(gnorm)) { us__model_set_error(m, "the gradient norm is not finite at step %d; weights left unchanged", m->step + 1); return US_ERR_NONFINITE; }
-    if (tc->grad_clip > 0 && gnorm > tc->grad_clip) gscale = (float)(tc->grad_clip / gnorm);  /* clip by global norm */
-    gscale *= inv_s;   /* and unscale, in the same factor */
+    if (!isfinite(gnorm)) {
+        us__model_set_error(m, "the gradient norm is not finite at step %d; weights left unchanged",
+                            m->step + 1);
+        return US_ERR_NONFINITE;
+    }
+    if (tc->grad_clip > 0 && gnorm > tc->grad_clip)
+        gscale = (float)(tc->grad_clip / gnorm); /* clip by global norm */
+    gscale *= inv_s;                             /* and unscale, in the same factor */
     if ((r = us__ls_update(m, 0)) != US_OK) return r;
     m->step++;
     /* The tensors tile the flat buffers, so each run of neighbours that share a weight-decay
@@ -6030,19 +7692,24 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
     if (Z == 0) {
         us__unit all;
         memset(&all, 0, sizeof all);
-        all.p0 = 0; all.p1 = m->n_params_t; all.n = all.piece = m->n_flat;
+        all.p0 = 0;
+        all.p1 = m->n_params_t;
+        all.n = all.piece = m->n_flat;
         us__adamw_piece(m, &all, lr, gscale);
-    } else for (u = 0; u < m->n_units; u++) {
-        us__unit *U = &m->units[u];
-        us__adamw_piece(m, U, lr, gscale);
-        /* ZeRO-1/2: this rank updated its piece of the unit; the weights the forward reads are
+    } else
+        for (u = 0; u < m->n_units; u++) {
+            us__unit *U = &m->units[u];
+            us__adamw_piece(m, U, lr, gscale);
+            /* ZeRO-1/2: this rank updated its piece of the unit; the weights the forward reads are
            all-gathered at once, while the next units' pieces update (Playbook "ZeRO-1": the
            all-gather overlaps the optimizer step) */
-        if (Z != 1 && Z != 2) continue;
-        r = m->comm->all_gather(m->comm, &m->mesh.dpcp_g, us__at(m->w, m->dt, U->off), us__at(m->w, m->dt, U->off + (int64_t)m->mesh.dpcp_g.rank * U->piece),
-                                U->piece, m->dt, &U->gather);
-        if (r != US_OK) return us__comm_fail(m, r, "weight all-gather");
-    }
+            if (Z != 1 && Z != 2) continue;
+            r = m->comm->all_gather(
+                m->comm, &m->mesh.dpcp_g, us__at(m->w, m->dt, U->off),
+                us__at(m->w, m->dt, U->off + (int64_t)m->mesh.dpcp_g.rank * U->piece), U->piece,
+                m->dt, &U->gather);
+            if (r != US_OK) return us__comm_fail(m, r, "weight all-gather");
+        }
     us__trace(m, "compute", "optimizer step", t0);
     if (Z == 1 || Z == 2) {
         double tw = us_trace_now_us();
@@ -6053,7 +7720,8 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
         }
         us__trace_host(m, "wait", "wait weights", tw);
     }
-    if ((r = us__moe_step_end(m)) != US_OK) return r;   /* routing statistics, the router bias rule (// >>moe) */
+    if ((r = us__moe_step_end(m)) != US_OK)
+        return r; /* routing statistics, the router bias rule (// >>moe) */
     return us__backend_check(m);
 }
 
@@ -6062,37 +7730,50 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
    per micro-batch chunk in flight), its scratch in a. */
 static void us__slot(us_model *m, int k, int c) {
     int lo = m->chunk_lo[c], n = m->chunk_hi[c] - lo;
-    memcpy(m->acts_work + lo, m->slot_acts + (size_t)k * m->pp_lc, sizeof(us_layer_acts) * (size_t)n);
+    memcpy(m->acts_work + lo, m->slot_acts + (size_t)k * m->pp_lc,
+           sizeof(us_layer_acts) * (size_t)n);
     m->acts = m->acts_work;
     memcpy(m->a, m->slot_a[k], sizeof m->a);
 }
+
 /* The pp rank that runs stage st, and the chunk of rank q that is stage st (-1: none). */
 static int us__pp_rank_of(const us_pp_schedule *s, int st) {
     if (s->vshape) return st < s->pp ? st : 2 * s->pp - 1 - st;
     return st % s->pp;
 }
+
 static int us__pp_chunk_of(const us_pp_schedule *s, int q, int st) {
     int c;
-    for (c = 0; c < s->v; c++) if (us_pp_stage(s, q, c) == st) return c;
+    for (c = 0; c < s->v; c++)
+        if (us_pp_stage(s, q, c) == st) return c;
     return -1;
 }
+
 /* Points the forward and backward at one chunk, its activations in slot k; us__pp_select_all
    gives back the whole rank (slot 0), what every call outside the executor sees. */
 static void us__pp_select(us_model *m, int k, int chunk) {
     const us_pp_schedule *s = m->pp_sched;
     int st = us_pp_stage(s, m->mesh.pp_rank, chunk);
     us__slot(m, k, chunk);
-    m->l_lo = m->chunk_lo[chunk]; m->l_hi = m->chunk_hi[chunk];
-    m->c_first = st == 0; m->c_last = st == s->pp * s->v - 1;
+    m->l_lo = m->chunk_lo[chunk];
+    m->l_hi = m->chunk_hi[chunk];
+    m->c_first = st == 0;
+    m->c_last = st == s->pp * s->v - 1;
 }
+
 static void us__pp_select_all(us_model *m) {
     us__slot(m, 0, 0);
-    m->l_lo = 0; m->l_hi = m->cfg.n_layers; m->c_first = m->pp_first; m->c_last = m->pp_last;
+    m->l_lo = 0;
+    m->l_hi = m->cfg.n_layers;
+    m->c_first = m->pp_first;
+    m->c_last = m->pp_last;
 }
-static us_result us__pp_wpass(us_model *m, int B, int T) {   /* the chunk's W, last layer first */
+
+static us_result us__pp_wpass(us_model *m, int B, int T) { /* the chunk's W, last layer first */
     int l;
     us_result r;
-    for (l = m->l_hi - 1; l >= m->l_lo; l--) if ((r = us__layer_w(m, l, B, T)) != US_OK) return r;
+    for (l = m->l_hi - 1; l >= m->l_lo; l--)
+        if ((r = us__layer_w(m, l, B, T)) != US_OK) return r;
     return us__backend_check(m);
 }
 
@@ -6127,26 +7808,35 @@ static us_result us__pp_wpass(us_model *m, int B, int T) {   /* the chunk's W, l
    cannot yet send: whatever an exchange at time t carries was produced by an action that
    started before t. The price: a message waits for its time even when its data is ready, and
    a receive can wait while a later action could run (bench/pp_bubble.sh measures both plans). */
-static int us__pp_channel(int b, int grad) { return 2 * b + grad; }   /* boundary b: stages b → b+1 */
-static int us__pp_early(const us_model *m) { return m->comm && m->comm->p2p_early && !m->tc.pp_clock; }
-static us_result us__pp_play(const us_pp_schedule *s, double tF, double tB, double tW, us_pp_sim *out, double *start, int nmax,
-                             char *err, size_t errlen);
+static int us__pp_channel(int b, int grad) { return 2 * b + grad; } /* boundary b: stages b → b+1 */
+
+static int us__pp_early(const us_model *m) {
+    return m->comm && m->comm->p2p_early && !m->tc.pp_clock;
+}
+
+static us_result us__pp_play(const us_pp_schedule *s, double tF, double tB, double tW,
+                             us_pp_sim *out, double *start, int nmax, char *err, size_t errlen);
 static double us__pp_cost(const us_pp_action *x, double tF, double tB, double tW);
+
 typedef struct us__pp_msg {
-    double t;      /* the agreed time */
-    int grad;      /* 0: an activation (forward output), 1: a gradient (backward output) */
-    int peer;      /* pp rank of the other end */
-    int send;      /* 1: this rank sends (act = the producing action), 0: receives (act = the consumer) */
-    int act;       /* index into this rank's list */
-    int order;     /* tie-break at equal times: successor before predecessor on even ranks */
+    double t; /* the agreed time */
+    int grad; /* 0: an activation (forward output), 1: a gradient (backward output) */
+    int peer; /* pp rank of the other end */
+    int send; /* 1: this rank sends (act = the producing action), 0: receives (act = the consumer) */
+    int act;  /* index into this rank's list */
+    int order; /* tie-break at equal times: successor before predecessor on even ranks */
 } us__pp_msg;
+
 static int us__pp_msg_cmp(const void *a, const void *b) {
     const us__pp_msg *x = (const us__pp_msg *)a, *y = (const us__pp_msg *)b;
     if (x->t != y->t) return x->t < y->t ? -1 : 1;
-    if (x->grad != y->grad) return y->grad - x->grad;   /* a gradient leaves its slot before the slot can be taken again */
+    if (x->grad != y->grad)
+        return y->grad -
+               x->grad; /* a gradient leaves its slot before the slot can be taken again */
     if (x->order != y->order) return x->order - y->order;
     return x->send - y->send;
 }
+
 /* The clock plan: this rank's messages with their agreed times, in exchange order. */
 static us_result us__pp_plan_clock(us_model *m) {
     const us_pp_schedule *s = m->pp_sched;
@@ -6156,27 +7846,41 @@ static us_result us__pp_plan_clock(us_model *m) {
     us_pp_sim sim;
     char e2[200];
     us_result res = US_ERR_OOM;
-    for (r = 0; r < P; r++) if (s->n[r] > nmax) nmax = s->n[r];
+    for (r = 0; r < P; r++)
+        if (s->n[r] > nmax) nmax = s->n[r];
     start = (double *)US_MALLOC(sizeof(double) * (size_t)(P * nmax));
-    where = (int *)US_MALLOC(sizeof(int) * (size_t)(2 * S * M));           /* [F|B][stage][mb] → r·nmax + i */
+    where = (int *)US_MALLOC(sizeof(int) * (size_t)(2 * S * M)); /* [F|B][stage][mb] → r·nmax + i */
     m->pp_msgs = (us__pp_msg *)US_MALLOC(sizeof(us__pp_msg) * (size_t)(2 * s->n[q] + 1));
     m->pp_start = (double *)US_MALLOC(sizeof(double) * (size_t)(s->n[q] + 1));
-    if (!start || !where || !m->pp_msgs || !m->pp_start) { us__model_set_error(m, "out of host memory"); goto done; }
-    if (us__pp_play(s, 1, 1, 1, &sim, start, nmax, e2, sizeof e2) != US_OK) { us__model_set_error(m, "pipeline schedule: %s", e2); res = US_ERR_INVALID; goto done; }
+    if (!start || !where || !m->pp_msgs || !m->pp_start) {
+        us__model_set_error(m, "out of host memory");
+        goto done;
+    }
+    if (us__pp_play(s, 1, 1, 1, &sim, start, nmax, e2, sizeof e2) != US_OK) {
+        us__model_set_error(m, "pipeline schedule: %s", e2);
+        res = US_ERR_INVALID;
+        goto done;
+    }
     for (i = 0; i < 2 * S * M; i++) where[i] = -1;
     for (r = 0; r < P; r++)
         for (i = 0; i < s->n[r]; i++) {
             const us_pp_action *x = &s->a[r][i];
-            if (x->op != US_PP_W) where[(x->op != US_PP_F) * S * M + us_pp_stage(s, r, x->chunk) * M + x->mb] = r * nmax + i;
+            if (x->op != US_PP_W)
+                where[(x->op != US_PP_F) * S * M + us_pp_stage(s, r, x->chunk) * M + x->mb] =
+                    r * nmax + i;
         }
-    for (k = 0; k < 2 * S * M; k++) {   /* every message that leaves or reaches this rank */
+    for (k = 0; k < 2 * S * M; k++) { /* every message that leaves or reaches this rank */
         int grad = k >= S * M, st = k / M % S, mb = k % M, prod = where[k], cons, ra, rb;
         us__pp_msg *x = &m->pp_msgs[nm];
         if (prod < 0 || (!grad && st == S - 1) || (grad && st == 0)) continue;
         cons = where[grad * S * M + (grad ? st - 1 : st + 1) * M + mb];
-        ra = prod / nmax; rb = cons / nmax;
-        if (ra == rb || (ra != q && rb != q)) continue;   /* handed over on one rank, or not ours */
-        x->grad = grad; x->send = ra == q; x->peer = x->send ? rb : ra; x->act = (x->send ? prod : cons) % nmax;
+        ra = prod / nmax;
+        rb = cons / nmax;
+        if (ra == rb || (ra != q && rb != q)) continue; /* handed over on one rank, or not ours */
+        x->grad = grad;
+        x->send = ra == q;
+        x->peer = x->send ? rb : ra;
+        x->act = (x->send ? prod : cons) % nmax;
         x->t = grad ? start[prod] + us__pp_cost(&s->a[ra][prod % nmax], 1, 1, 1) : start[cons];
         x->order = (x->peer == (q + 1) % P) == (q % 2 == 0) ? 0 : 1;
         nm++;
@@ -6186,9 +7890,11 @@ static us_result us__pp_plan_clock(us_model *m) {
     for (i = 0; i < s->n[q]; i++) m->pp_start[i] = start[q * nmax + i];
     res = US_OK;
 done:
-    US_FREE(start); US_FREE(where);
+    US_FREE(start);
+    US_FREE(where);
     return res;
 }
+
 /* The channel plan needs no times; it checks that each channel carries its micro-batches in
    one order on both ends: the sender's order of producing = the receiver's of receiving (an
    activation, at its forward) or of posting (a gradient, at the forward it belongs to). */
@@ -6198,25 +7904,38 @@ static us_result us__pp_plan(us_model *m) {
     int *seq, *got;
     if (!us__pp_early(m)) return us__pp_plan_clock(m);
     seq = (int *)US_MALLOC(sizeof(int) * (size_t)(2 * M + 2));
-    if (!seq) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+    if (!seq) {
+        us__model_set_error(m, "out of host memory");
+        return US_ERR_OOM;
+    }
     got = seq + M + 1;
     for (b = 0; b + 1 < S; b++) {
         int lo = us__pp_rank_of(s, b), hi = us__pp_rank_of(s, b + 1);
         if (lo == hi) continue;   /* handed over on one rank */
-        for (k = 0; k < 2; k++) {   /* k 0: activations lo → hi; 1: gradients hi → lo */
+        for (k = 0; k < 2; k++) { /* k 0: activations lo → hi; 1: gradients hi → lo */
             int ns = 0, nr = 0, snd = k ? hi : lo, rcv = k ? lo : hi;
-            for (i = 0; i < s->n[snd]; i++) {   /* the sender produces: F of stage b, or B/BW of stage b+1 */
+            for (i = 0; i < s->n[snd];
+                 i++) { /* the sender produces: F of stage b, or B/BW of stage b+1 */
                 const us_pp_action *x = &s->a[snd][i];
-                if (us_pp_stage(s, snd, x->chunk) == b + k && (k ? (x->op == US_PP_B || x->op == US_PP_BW) : x->op == US_PP_F) && ns < M) seq[ns++] = x->mb;
+                if (us_pp_stage(s, snd, x->chunk) == b + k &&
+                    (k ? (x->op == US_PP_B || x->op == US_PP_BW) : x->op == US_PP_F) && ns < M)
+                    seq[ns++] = x->mb;
             }
-            for (i = 0; i < s->n[rcv]; i++) {   /* the receiver receives at its F of stage b+1, or posts at its F of stage b */
+            for (
+                i = 0; i < s->n[rcv];
+                i++) { /* the receiver receives at its F of stage b+1, or posts at its F of stage b */
                 const us_pp_action *x = &s->a[rcv][i];
-                if (us_pp_stage(s, rcv, x->chunk) == b + 1 - k && x->op == US_PP_F && nr < M) got[nr++] = x->mb;
+                if (us_pp_stage(s, rcv, x->chunk) == b + 1 - k && x->op == US_PP_F && nr < M)
+                    got[nr++] = x->mb;
             }
-            for (r = ns == nr ? 0 : -1; r == 0 && ns > 0 && nr > 0; ns--, nr--) if (seq[ns - 1] != got[nr - 1]) r = -1;
+            for (r = ns == nr ? 0 : -1; r == 0 && ns > 0 && nr > 0; ns--, nr--)
+                if (seq[ns - 1] != got[nr - 1]) r = -1;
             if (r) {
-                us__model_set_error(m, "pipeline schedule %s: the %s between stages %d and %d leave in another order than they are received",
-                                    us_pp_kind_name(s->kind), k ? "gradients" : "activations", b, b + 1);
+                us__model_set_error(m,
+                                    "pipeline schedule %s: the %s between stages %d and %d leave "
+                                    "in another order than they are received",
+                                    us_pp_kind_name(s->kind), k ? "gradients" : "activations", b,
+                                    b + 1);
                 US_FREE(seq);
                 return US_ERR_INVALID;
             }
@@ -6225,6 +7944,7 @@ static us_result us__pp_plan(us_model *m) {
     US_FREE(seq);
     return US_OK;
 }
+
 /* Connects the pipeline's ranks before the first step. Channels: opened (collective over the pp
    group: every rank dups for every boundary that crosses ranks, in boundary order), and one
    element sent over each, in channel order, each a blocking pair, so they cannot wait in a
@@ -6241,58 +7961,83 @@ static us_result us__pp_connect(us_model *m) {
     int q = m->mesh.pp_rank, S = s->pp * s->v, P = g->size, b, k;
     us_result r;
     if (!us__pp_early(m)) {
-        int ring = m->pp_v > 1 && !s->vshape;   /* interleaved: the last stage of a chunk feeds rank 0 */
+        int ring =
+            m->pp_v > 1 && !s->vshape; /* interleaved: the last stage of a chunk feeds rank 0 */
         for (k = 0; k < 2; k++) {
             int peer = (q % 2 == 0) == (k == 0) ? q + 1 : q - 1;
             if (ring) peer = (peer + P) % P;
-            if (peer < 0 || peer >= P || peer == q || (k == 1 && P == 2 && ring)) continue;   /* pp 2: one pair */
-            r = m->comm->sendrecv(m->comm, g, m->a[US__A_XOUT], 1, peer, m->acts[0].x, 1, peer, m->dt, NULL);
+            if (peer < 0 || peer >= P || peer == q || (k == 1 && P == 2 && ring))
+                continue; /* pp 2: one pair */
+            r = m->comm->sendrecv(m->comm, g, m->a[US__A_XOUT], 1, peer, m->acts[0].x, 1, peer,
+                                  m->dt, NULL);
             if ((r = us__comm_fail(m, r, "pipeline connection")) != US_OK) return r;
         }
         return US_OK;
     }
     m->pp_ch = (us_group *)calloc((size_t)(2 * S), sizeof(us_group));
-    if (!m->pp_ch) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+    if (!m->pp_ch) {
+        us__model_set_error(m, "out of host memory");
+        return US_ERR_OOM;
+    }
     for (b = 0; b + 1 < S; b++)
         for (k = 0; k < 2; k++) {
-            int lo = us__pp_rank_of(s, b), hi = us__pp_rank_of(s, b + 1), snd = k ? hi : lo, rcv = k ? lo : hi;
+            int lo = us__pp_rank_of(s, b), hi = us__pp_rank_of(s, b + 1), snd = k ? hi : lo,
+                rcv = k ? lo : hi;
             us_group *ch = &m->pp_ch[us__pp_channel(b, k)];
             if (lo == hi) continue;
-            if ((r = us__comm_fail(m, m->comm->dup(m->comm, g, ch), "pipeline channel")) != US_OK) return r;
-            if (q == snd) r = m->comm->send(m->comm, ch, m->a[US__A_XOUT], 1, m->dt, rcv, NULL);
-            else if (q == rcv) r = m->comm->recv(m->comm, ch, m->acts[0].x, 1, m->dt, snd, NULL);
+            if ((r = us__comm_fail(m, m->comm->dup(m->comm, g, ch), "pipeline channel")) != US_OK)
+                return r;
+            if (q == snd)
+                r = m->comm->send(m->comm, ch, m->a[US__A_XOUT], 1, m->dt, rcv, NULL);
+            else if (q == rcv)
+                r = m->comm->recv(m->comm, ch, m->acts[0].x, 1, m->dt, snd, NULL);
             if ((r = us__comm_fail(m, r, "pipeline connection")) != US_OK) return r;
         }
     return US_OK;
 }
+
 static void us__pp_disconnect(us_model *m) {
     int i, S = m->pp_sched ? m->pp_sched->pp * m->pp_sched->v : 0;
-    if (m->pp_ch && m->comm) for (i = 0; i < 2 * S; i++) if (m->pp_ch[i].size) m->comm->group_free(m->comm, &m->pp_ch[i]);
+    if (m->pp_ch && m->comm)
+        for (i = 0; i < 2 * S; i++)
+            if (m->pp_ch[i].size) m->comm->group_free(m->comm, &m->pp_ch[i]);
     free(m->pp_ch);
     m->pp_ch = NULL;
 }
+
 /* Waits for *w (NULL: nothing in flight) and clears it. */
 static us_result us__pp_wait(us_model *m, us_work **w, const char *what) {
     us_result r = US_OK;
-    if (*w) { r = us__comm_fail(m, m->comm->wait(m->comm, *w), what); *w = NULL; }
+    if (*w) {
+        r = us__comm_fail(m, m->comm->wait(m->comm, *w), what);
+        *w = NULL;
+    }
     return r;
 }
+
 /* A slot is written again only after its sends completed: pend[2·slot] its activation's,
    pend[2·slot + 1] its gradient's. */
 static us_result us__pp_settle(us_model *m, us_work **pend, int slot) {
     us_result r = us__pp_wait(m, &pend[2 * slot], "pipeline send");
     return r != US_OK ? r : us__pp_wait(m, &pend[2 * slot + 1], "pipeline send");
 }
-static us_result us__pp_take_slot(us_model *m, us_work **pend, int *free_slot, int *nfree, int *slot) {
-    if (!*nfree) { us__model_set_error(m, "internal: pipeline slots exhausted"); return US_ERR_BACKEND; }
+
+static us_result us__pp_take_slot(us_model *m, us_work **pend, int *free_slot, int *nfree,
+                                  int *slot) {
+    if (!*nfree) {
+        us__model_set_error(m, "internal: pipeline slots exhausted");
+        return US_ERR_BACKEND;
+    }
     *slot = free_slot[--*nfree];
     if (m->slots - *nfree > m->pp_peak) m->pp_peak = m->slots - *nfree;
     return us__pp_settle(m, pend, *slot);
 }
+
 /* The clock plan's exchanges timed at or before `until`, from *e on. Sends read the producer's
    slot and are not waited for (pend); a received activation takes a free slot (the consumer's),
    a received gradient lands in the consumer's slot; receives are waited for. */
-static us_result us__pp_exchange(us_model *m, int *e, double until, int *slot_of, int *free_slot, int *nfree, us_work **pend, int64_t n) {
+static us_result us__pp_exchange(us_model *m, int *e, double until, int *slot_of, int *free_slot,
+                                 int *nfree, us_work **pend, int64_t n) {
     const us_pp_schedule *s = m->pp_sched;
     int q = m->mesh.pp_rank, M = s->m, sslot = -1;
     us_comm *c = m->comm;
@@ -6302,8 +8047,13 @@ static us_result us__pp_exchange(us_model *m, int *e, double until, int *slot_of
         void *rbuf = NULL;
         us_result r;
         int j;
-        for (j = *e; j < m->pp_nmsg && m->pp_msgs[j].t == x->t && m->pp_msgs[j].grad == x->grad && m->pp_msgs[j].peer == x->peer; j++) {
-            if (m->pp_msgs[j].send) snd = &m->pp_msgs[j]; else rcv = &m->pp_msgs[j];
+        for (j = *e; j < m->pp_nmsg && m->pp_msgs[j].t == x->t && m->pp_msgs[j].grad == x->grad &&
+                     m->pp_msgs[j].peer == x->peer;
+             j++) {
+            if (m->pp_msgs[j].send)
+                snd = &m->pp_msgs[j];
+            else
+                rcv = &m->pp_msgs[j];
         }
         *e = j;
         if (snd) {
@@ -6314,20 +8064,32 @@ static us_result us__pp_exchange(us_model *m, int *e, double until, int *slot_of
         if (rcv) {
             const us_pp_action *y = &s->a[q][rcv->act];
             int key = y->chunk * M + y->mb;
-            if (!x->grad) {   /* the consumer forward's slot, taken now */
-                if ((r = us__pp_take_slot(m, pend, free_slot, nfree, &slot_of[key])) != US_OK) return r;
-                rbuf = m->slot_acts[(size_t)slot_of[key] * m->pp_lc].x;   /* the chunk's first layer input */
-            } else rbuf = m->slot_a[slot_of[key]][US__A_DRES];
+            if (!x->grad) { /* the consumer forward's slot, taken now */
+                if ((r = us__pp_take_slot(m, pend, free_slot, nfree, &slot_of[key])) != US_OK)
+                    return r;
+                rbuf = m->slot_acts[(size_t)slot_of[key] * m->pp_lc]
+                           .x; /* the chunk's first layer input */
+            } else
+                rbuf = m->slot_a[slot_of[key]][US__A_DRES];
         }
-        if (sbuf && rbuf) r = us__comm_fail(m, c->sendrecv(c, &m->mesh.pp_g, sbuf, n, x->peer, rbuf, n, x->peer, m->dt, NULL), "pipeline exchange");
+        if (sbuf && rbuf)
+            r = us__comm_fail(
+                m, c->sendrecv(c, &m->mesh.pp_g, sbuf, n, x->peer, rbuf, n, x->peer, m->dt, NULL),
+                "pipeline exchange");
         else if (sbuf) {
-            if ((r = us__pp_settle(m, pend, sslot)) != US_OK) return r;   /* at most one of each kind per slot */
-            r = us__comm_fail(m, c->send(c, &m->mesh.pp_g, sbuf, n, m->dt, x->peer, &pend[2 * sslot + x->grad]), "pipeline send");
-        } else r = us__comm_fail(m, c->recv(c, &m->mesh.pp_g, rbuf, n, m->dt, x->peer, NULL), "pipeline receive");
+            if ((r = us__pp_settle(m, pend, sslot)) != US_OK)
+                return r; /* at most one of each kind per slot */
+            r = us__comm_fail(
+                m, c->send(c, &m->mesh.pp_g, sbuf, n, m->dt, x->peer, &pend[2 * sslot + x->grad]),
+                "pipeline send");
+        } else
+            r = us__comm_fail(m, c->recv(c, &m->mesh.pp_g, rbuf, n, m->dt, x->peer, NULL),
+                              "pipeline receive");
         if (r != US_OK) return r;
     }
     return US_OK;
 }
+
 /* The pipeline executor (// >>pp): runs this rank's list of the schedule, one chunk of layers per
    action. A forward takes an activation slot and receives its input from the stage before, or
    copies it from this rank's slot of that stage, or embeds the tokens; it sends its output on
@@ -6340,9 +8102,11 @@ static us_result us__pp_exchange(us_model *m, int *e, double until, int *slot_of
    step launches the data-parallel reductions (no_sync before it); with several chunks or B and
    W apart a tensor's gradient is complete only at the end, so the reductions start before the
    optimizer step instead. */
-static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *targets, int64_t per, int T, float dscale, double *loss) {
+static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *targets, int64_t per,
+                            int T, float dscale, double *loss) {
     const us_pp_schedule *s = m->pp_sched;
-    int q = m->mesh.pp_rank, i, e = 0, last_bw = -1, M = s->m, S = s->pp * s->v, *slot_of, *free_slot, nfree = 0, B = m->tc.batch;
+    int q = m->mesh.pp_rank, i, e = 0, last_bw = -1, M = s->m, S = s->pp * s->v, *slot_of,
+        *free_slot, nfree = 0, B = m->tc.batch;
     int chan = m->pp_ch != NULL;
     us_work **pend, **precv;
     us_comm *c = m->comm;
@@ -6351,40 +8115,69 @@ static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *t
     double t_begin = us_trace_now_us();
     us_result r = US_OK;
     us__rows(m, (int64_t)B * T, &Np, &Ns);
-    n = Ns * C;   /* the residual stream between stages: this rank's rows under SP */
+    n = Ns * C; /* the residual stream between stages: this rank's rows under SP */
     nb = (size_t)n * us_dtype_size(m->dt);
     slot_of = (int *)US_MALLOC(sizeof(int) * (size_t)(M * s->v + m->slots));
     pend = (us_work **)calloc((size_t)(2 * m->slots + M * s->v), sizeof(us_work *));
-    if (!slot_of || !pend) { US_FREE(slot_of); free(pend); us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
-    precv = pend + 2 * m->slots;   /* channels: [chunk·M + mb] the gradient receive posted at its forward */
+    if (!slot_of || !pend) {
+        US_FREE(slot_of);
+        free(pend);
+        us__model_set_error(m, "out of host memory");
+        return US_ERR_OOM;
+    }
+    precv = pend +
+            2 * m->slots; /* channels: [chunk·M + mb] the gradient receive posted at its forward */
     free_slot = slot_of + M * s->v;
     for (i = 0; i < m->slots; i++) free_slot[nfree++] = m->slots - 1 - i;
     for (i = 0; i < M * s->v; i++) slot_of[i] = -1;
-    if (!m->pp_wsplit && s->v == 1) for (i = 0; i < s->n[q]; i++) if (s->a[q][i].op != US_PP_F) last_bw = i;
+    if (!m->pp_wsplit && s->v == 1)
+        for (i = 0; i < s->n[q]; i++)
+            if (s->a[q][i].op != US_PP_F) last_bw = i;
     m->pp_t_s[0] = m->pp_t_s[1] = m->pp_t_s[2] = 0;
     for (i = 0; i < s->n[q] && r == US_OK; i++) {
         const us_pp_action *x = &s->a[q][i];
         int st = us_pp_stage(s, q, x->chunk), key = x->chunk * M + x->mb;
-        int prev = st > 0 ? us__pp_rank_of(s, st - 1) : -1, next = st + 1 < S ? us__pp_rank_of(s, st + 1) : -1;
+        int prev = st > 0 ? us__pp_rank_of(s, st - 1) : -1,
+            next = st + 1 < S ? us__pp_rank_of(s, st + 1) : -1;
         double t0;
-        if (!chan && (r = us__pp_exchange(m, &e, m->pp_start[i], slot_of, free_slot, &nfree, pend, n)) != US_OK) break;
+        if (!chan && (r = us__pp_exchange(m, &e, m->pp_start[i], slot_of, free_slot, &nfree, pend,
+                                          n)) != US_OK)
+            break;
         if (x->op == US_PP_F) {
             double ls = 0;
             /* its slot, unless its input arrived into one (the clock plan) */
-            if (slot_of[key] < 0 && (r = us__pp_take_slot(m, pend, free_slot, &nfree, &slot_of[key])) != US_OK) break;
+            if (slot_of[key] < 0 &&
+                (r = us__pp_take_slot(m, pend, free_slot, &nfree, &slot_of[key])) != US_OK)
+                break;
             us__pp_select(m, slot_of[key], x->chunk);
-            if (prev == q)   /* the stage before is this rank's: its output */
-                m->ops.copy(&m->ops, m->acts[m->l_lo].x, m->slot_a[slot_of[us__pp_chunk_of(s, q, st - 1) * M + x->mb]][US__A_XOUT], nb, US_COPY_D2D);
-            else if (chan && prev >= 0 && (r = us__comm_fail(m, c->recv(c, &m->pp_ch[us__pp_channel(st - 1, 0)], m->acts[m->l_lo].x, n, m->dt, prev, NULL),
-                                                             "pipeline receive")) != US_OK) break;
+            if (prev == q) /* the stage before is this rank's: its output */
+                m->ops.copy(
+                    &m->ops, m->acts[m->l_lo].x,
+                    m->slot_a[slot_of[us__pp_chunk_of(s, q, st - 1) * M + x->mb]][US__A_XOUT], nb,
+                    US_COPY_D2D);
+            else if (chan && prev >= 0 &&
+                     (r = us__comm_fail(m,
+                                        c->recv(c, &m->pp_ch[us__pp_channel(st - 1, 0)],
+                                                m->acts[m->l_lo].x, n, m->dt, prev, NULL),
+                                        "pipeline receive")) != US_OK)
+                break;
             t0 = us_trace_now_us();
-            if ((r = us__forward(m, inputs + x->mb * per, targets + x->mb * per, B, T, dscale, &ls)) != US_OK) break;
+            if ((r = us__forward(m, inputs + x->mb * per, targets + x->mb * per, B, T, dscale,
+                                 &ls)) != US_OK)
+                break;
             m->pp_t_s[0] += 1e-6 * (us_trace_now_us() - t0);
             *loss += ls;
-            if (chan && next >= 0 && next != q) {   /* the output on, and the gradient's receive posted */
+            if (chan && next >= 0 &&
+                next != q) { /* the output on, and the gradient's receive posted */
                 us_group *ch = &m->pp_ch[us__pp_channel(st, 0)];
-                if ((r = us__comm_fail(m, c->send(c, ch, m->a[US__A_XOUT], n, m->dt, next, &pend[2 * slot_of[key]]), "pipeline send")) != US_OK) break;
-                r = us__comm_fail(m, c->recv(c, ch + 1, m->a[US__A_DRES], n, m->dt, next, &precv[key]), "pipeline receive");
+                if ((r = us__comm_fail(
+                         m,
+                         c->send(c, ch, m->a[US__A_XOUT], n, m->dt, next, &pend[2 * slot_of[key]]),
+                         "pipeline send")) != US_OK)
+                    break;
+                r = us__comm_fail(m,
+                                  c->recv(c, ch + 1, m->a[US__A_DRES], n, m->dt, next, &precv[key]),
+                                  "pipeline receive");
             }
         } else if (x->op == US_PP_W) {
             us__pp_select(m, slot_of[key], x->chunk);
@@ -6392,10 +8185,11 @@ static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *t
             if ((r = us__pp_wpass(m, B, T)) != US_OK) break;
             m->pp_t_s[2] += 1e-6 * (us_trace_now_us() - t0);
             free_slot[nfree++] = slot_of[key];
-        } else {   /* B or BW */
+        } else { /* B or BW */
             int k = slot_of[key];
             us__pp_select(m, k, x->chunk);
-            if ((r = us__pp_wait(m, &precv[key], "pipeline receive")) != US_OK) break;   /* channels: the output's gradient */
+            if ((r = us__pp_wait(m, &precv[key], "pipeline receive")) != US_OK)
+                break; /* channels: the output's gradient */
             m->grad_sync = i == last_bw;
             m->pp_bonly = x->op == US_PP_B;
             t0 = us_trace_now_us();
@@ -6403,15 +8197,27 @@ static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *t
             m->pp_bonly = 0;
             if (r != US_OK) break;
             m->pp_t_s[1] += 1e-6 * (us_trace_now_us() - t0);
-            if (prev == q)   /* hand the input's gradient to this rank's earlier stage */
-                m->ops.copy(&m->ops, m->slot_a[slot_of[us__pp_chunk_of(s, q, st - 1) * M + x->mb]][US__A_DRES], m->a[US__A_DRES], nb, US_COPY_D2D);
-            else if (chan && prev >= 0 && (r = us__comm_fail(m, c->send(c, &m->pp_ch[us__pp_channel(st - 1, 1)], m->a[US__A_DRES], n, m->dt, prev, &pend[2 * k + 1]),
-                                                             "pipeline send")) != US_OK) break;
-            if (x->op == US_PP_BW) free_slot[nfree++] = k;   /* its gradient, if sent, leaves before the slot is reused */
+            if (prev == q) /* hand the input's gradient to this rank's earlier stage */
+                m->ops.copy(
+                    &m->ops,
+                    m->slot_a[slot_of[us__pp_chunk_of(s, q, st - 1) * M + x->mb]][US__A_DRES],
+                    m->a[US__A_DRES], nb, US_COPY_D2D);
+            else if (chan && prev >= 0 &&
+                     (r = us__comm_fail(m,
+                                        c->send(c, &m->pp_ch[us__pp_channel(st - 1, 1)],
+                                                m->a[US__A_DRES], n, m->dt, prev, &pend[2 * k + 1]),
+                                        "pipeline send")) != US_OK)
+                break;
+            if (x->op == US_PP_BW)
+                free_slot[nfree++] =
+                    k; /* its gradient, if sent, leaves before the slot is reused */
         }
     }
-    if (r == US_OK && !chan) r = us__pp_exchange(m, &e, INFINITY, slot_of, free_slot, &nfree, pend, n);   /* the last gradients out */
-    for (i = 0; i < 2 * m->slots + M * s->v; i++) {   /* every transfer complete (after a failure too: none outlives its buffer) */
+    if (r == US_OK && !chan)
+        r = us__pp_exchange(m, &e, INFINITY, slot_of, free_slot, &nfree, pend,
+                            n); /* the last gradients out */
+    for (i = 0; i < 2 * m->slots + M * s->v;
+         i++) { /* every transfer complete (after a failure too: none outlives its buffer) */
         us_result r2 = us__pp_wait(m, &pend[i], "pipeline exchange");
         if (r == US_OK) r = r2;
     }
@@ -6423,11 +8229,13 @@ static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *t
     return r;
 }
 
-US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t *targets, us_step_stats *st) {
+US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t *targets,
+                               us_step_stats *st) {
     const us_train_config *tc = &m->tc;
-    int Tl = tc->seq / tc->cp;   /* under context parallelism, this rank's share of each sequence */
+    int Tl = tc->seq / tc->cp; /* under context parallelism, this rank's share of each sequence */
     int64_t per = (int64_t)tc->batch * Tl, total = per * tc->grad_accum, valid = 0, i;
-    double loss = 0, pp_stat[4] = {0, 0, 0, 0};   /* pipeline: the bubble, then F, B, W ms per micro-batch */
+    double loss = 0,
+           pp_stat[4] = {0, 0, 0, 0}; /* pipeline: the bubble, then F, B, W ms per micro-batch */
     float gn = 0, lr = 0, S, dscale;
     int k;
     us_result r;
@@ -6435,38 +8243,58 @@ US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t
     m->err[0] = 0;
     for (i = 0; i < total; i++) valid += targets[i] >= 0;
     dvalid = (double)valid;
-    if ((r = us__dp_sum(m, &dvalid, 1)) != US_OK) return r;   /* valid targets of the global batch */
+    if ((r = us__dp_sum(m, &dvalid, 1)) != US_OK) return r; /* valid targets of the global batch */
     valid = (int64_t)dvalid;
-    if (!valid) { us__model_set_error(m, "every target of the batch is ignored (< 0); nothing to learn from"); return US_ERR_INVALID; }
+    if (!valid) {
+        us__model_set_error(m, "every target of the batch is ignored (< 0); nothing to learn from");
+        return US_ERR_INVALID;
+    }
     us_model_zero_grad(m);
     S = m->loss_scale;
-    dscale = (float)(1.0 / (double)valid) * S;   /* the loss's gradient seed, times S (// >>lossscale) */
-    if (tc->pp > 1) {   /* the micro-batches run by the pipeline schedule (// >>pp) */
+    dscale =
+        (float)(1.0 / (double)valid) * S; /* the loss's gradient seed, times S (// >>lossscale) */
+    if (tc->pp > 1) { /* the micro-batches run by the pipeline schedule (// >>pp) */
         if ((r = us__pp_run(m, inputs, targets, per, Tl, dscale, &loss)) != US_OK) return r;
     } else
-        for (k = 0; k < tc->grad_accum; k++) {   /* each micro-batch adds its share of the global mean */
+        for (k = 0; k < tc->grad_accum;
+             k++) { /* each micro-batch adds its share of the global mean */
             double ls = 0;
-            m->grad_sync = k == tc->grad_accum - 1;   /* no_sync until the last micro-batch */
-            r = us_forward_backward(m, inputs + k * per, targets + k * per, tc->batch, Tl, dscale, &ls);
-                if (r != US_OK) return r;
+            m->grad_sync = k == tc->grad_accum - 1; /* no_sync until the last micro-batch */
+            r = us_forward_backward(m, inputs + k * per, targets + k * per, tc->batch, Tl, dscale,
+                                    &ls);
+            if (r != US_OK) return r;
             loss += ls;
         }
-    if ((r = us_optimizer_step(m, &gn, &lr)) != US_OK) return r;   /* unscales; may skip (// >>lossscale) */
-    if ((r = us__group_sum(m, &m->mesh.pp_g, &loss, 1)) != US_OK) return r;   /* the last stage computed it */
+    if ((r = us_optimizer_step(m, &gn, &lr)) != US_OK)
+        return r; /* unscales; may skip (// >>lossscale) */
+    if ((r = us__group_sum(m, &m->mesh.pp_g, &loss, 1)) != US_OK)
+        return r; /* the last stage computed it */
     if ((r = us__dp_sum(m, &loss, 1)) != US_OK) return r;
-    if (tc->pp > 1) {   /* the measured pp_stat: each rank's idle share of the schedule's time, and its costs, averaged */
-        pp_stat[0] = m->pp_wall_s > 0 ? 1.0 - (m->pp_t_s[0] + m->pp_t_s[1] + m->pp_t_s[2]) / m->pp_wall_s : 0;
+    if (tc->pp >
+        1) { /* the measured pp_stat: each rank's idle share of the schedule's time, and its costs, averaged */
+        pp_stat[0] = m->pp_wall_s > 0
+                         ? 1.0 - (m->pp_t_s[0] + m->pp_t_s[1] + m->pp_t_s[2]) / m->pp_wall_s
+                         : 0;
         for (k = 0; k < 3; k++) pp_stat[1 + k] = 1e3 * m->pp_t_s[k] / tc->grad_accum;
         if ((r = us__group_sum(m, &m->comm->world, pp_stat, 4)) != US_OK) return r;
         for (k = 0; k < 4; k++) pp_stat[k] /= m->comm->world.size;
     }
-    us__trace_flush(m);   /* a GPU's regions, timed by its marks (// >>trace) */
+    us__trace_flush(m); /* a GPU's regions, timed by its marks (// >>trace) */
     if (st) {
-        st->step = m->step; st->loss = (float)(loss / (double)valid); st->lr = lr; st->grad_norm = gn;
-        st->loss_scale = S; st->skipped = m->ls_skipped; st->skipped_total = m->ls_skipped_total;
-        st->tokens = total * m->mesh.dp * m->mesh.cp; st->valid = valid; st->pp_bubble = (float)pp_stat[0];
+        st->step = m->step;
+        st->loss = (float)(loss / (double)valid);
+        st->lr = lr;
+        st->grad_norm = gn;
+        st->loss_scale = S;
+        st->skipped = m->ls_skipped;
+        st->skipped_total = m->ls_skipped_total;
+        st->tokens = total * m->mesh.dp * m->mesh.cp;
+        st->valid = valid;
+        st->pp_bubble = (float)pp_stat[0];
         for (k = 0; k < 3; k++) st->pp_cost_ms[k] = (float)pp_stat[1 + k];
-        st->moe_imbalance = m->moe_stat[0]; st->moe_aux_loss = m->moe_stat[1]; st->moe_drop_frac = m->moe_stat[2];
+        st->moe_imbalance = m->moe_stat[0];
+        st->moe_aux_loss = m->moe_stat[1];
+        st->moe_drop_frac = m->moe_stat[2];
         st->moe_load = m->n_moe ? m->moe_load_last : NULL;
     }
     return US_OK;
@@ -6480,40 +8308,61 @@ static us_result us__last_logits(us_model *m, int B, int T, float *logits_out) {
     {
         int64_t Vl = m->vocab_l, tp = m->tc.tp, t, rk = m->mesh.tp_rank;
         size_t rowb = (size_t)Vl * us_dtype_size(m->dt);
-        char *rows = (char *)US_MALLOC(rowb * (size_t)(B * tp));   /* [tp][B][Vl] */
+        char *rows = (char *)US_MALLOC(rowb * (size_t)(B * tp)); /* [tp][B][Vl] */
         int b;
-        if (!rows) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+        if (!rows) {
+            us__model_set_error(m, "out of host memory");
+            return US_ERR_OOM;
+        }
         for (b = 0; b < B; b++)
-            o->copy(o, rows + (rk * B + b) * rowb, us__at(m->a[US__A_LOGITS], m->dt, ((int64_t)b * T + T - 1) * Vl), rowb, US_COPY_D2H);
-        if (tp > 1) {   /* through the logits buffer, which holds B·T ≥ tp·B rows */
+            o->copy(o, rows + (rk * B + b) * rowb,
+                    us__at(m->a[US__A_LOGITS], m->dt, ((int64_t)b * T + T - 1) * Vl), rowb,
+                    US_COPY_D2H);
+        if (tp > 1) { /* through the logits buffer, which holds B·T ≥ tp·B rows */
             void *lg = m->a[US__A_LOGITS];
-            if (tp > T) { US_FREE(rows); us__model_set_error(m, "gathering logits under tp=%d needs seq >= tp (got %d)", (int)tp, T); return US_ERR_INVALID; }
-            o->copy(o, us__at(lg, m->dt, rk * B * Vl), rows + rk * B * rowb, (size_t)B * rowb, US_COPY_H2D);
-            r = m->comm->all_gather(m->comm, &m->mesh.tp_g, lg, us__at(lg, m->dt, rk * B * Vl), B * Vl, m->dt, NULL);
-            if (r != US_OK) { US_FREE(rows); return us__comm_fail(m, r, "tensor-parallel logits all-gather"); }
+            if (tp > T) {
+                US_FREE(rows);
+                us__model_set_error(m, "gathering logits under tp=%d needs seq >= tp (got %d)",
+                                    (int)tp, T);
+                return US_ERR_INVALID;
+            }
+            o->copy(o, us__at(lg, m->dt, rk * B * Vl), rows + rk * B * rowb, (size_t)B * rowb,
+                    US_COPY_H2D);
+            r = m->comm->all_gather(m->comm, &m->mesh.tp_g, lg, us__at(lg, m->dt, rk * B * Vl),
+                                    B * Vl, m->dt, NULL);
+            if (r != US_OK) {
+                US_FREE(rows);
+                return us__comm_fail(m, r, "tensor-parallel logits all-gather");
+            }
             o->copy(o, rows, lg, (size_t)(B * tp) * rowb, US_COPY_D2H);
         }
         for (b = 0; b < B; b++)
-            for (t = 0; t < tp; t++) us__load_f32(logits_out + (int64_t)b * m->cfg.vocab + t * Vl, rows + (t * B + b) * rowb, m->dt, Vl);
+            for (t = 0; t < tp; t++)
+                us__load_f32(logits_out + (int64_t)b * m->cfg.vocab + t * Vl,
+                             rows + (t * B + b) * rowb, m->dt, Vl);
         US_FREE(rows);
     }
     return US_OK;
 }
 
-static us_result us__forward_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
-                                  double *loss_sum, int64_t *correct, float *logits_out);
-US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
-                                 double *loss_sum, int64_t *correct, float *logits_out) {
-    us__fp8_wcache_drop(m);   /* evaluation comes between steps, where a caller may have written weights */
+static us_result us__forward_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B,
+                                  int T, double *loss_sum, int64_t *correct, float *logits_out);
+
+US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B,
+                                 int T, double *loss_sum, int64_t *correct, float *logits_out) {
+    us__fp8_wcache_drop(
+        m); /* evaluation comes between steps, where a caller may have written weights */
     return us__forward_eval(m, inputs, targets, B, T, loss_sum, correct, logits_out);
 }
-static us_result us__forward_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B, int T,
-                                  double *loss_sum, int64_t *correct, float *logits_out) {
+
+static us_result us__forward_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B,
+                                  int T, double *loss_sum, int64_t *correct, float *logits_out) {
     us_ops *o = &m->ops;
     int64_t N = (int64_t)B * T, i;
     double ls = 0;
     us_result r;
-    if (m->tc.pp > 1) {   /* the forward through the stages; the last one scores, the sums reach every stage */
+    if (m->tc.pp >
+        1) { /* the forward through the stages; the last one scores, the sums reach every stage */
         us_comm *c = m->comm;
         int q = m->mesh.pp_rank;
         int64_t Np, Ns, n;
@@ -6523,24 +8372,35 @@ static us_result us__forward_eval(us_model *m, const int32_t *inputs, const int3
         us__rows(m, N, &Np, &Ns);
         n = Ns * m->cfg.dim;
         r = US_OK;
-        for (k = 0; k < s->v && r == US_OK; k++) {   /* this rank's chunks in stage order */
-            int st = us_pp_stage(s, q, k);   /* chunk order is stage order, V shape too */
+        for (k = 0; k < s->v && r == US_OK; k++) { /* this rank's chunks in stage order */
+            int st = us_pp_stage(s, q, k);         /* chunk order is stage order, V shape too */
             double l1 = 0;
-            us__pp_select(m, 0, k);   /* one slot for every chunk in turn: XOUT carries over to the next */
+            us__pp_select(m, 0,
+                          k); /* one slot for every chunk in turn: XOUT carries over to the next */
             if (st > 0 && us__pp_rank_of(s, st - 1) != q)
-                r = us__comm_fail(m, c->recv(c, &m->mesh.pp_g, m->acts[m->l_lo].x, n, m->dt, us__pp_rank_of(s, st - 1), NULL), "pipeline receive");
-            else if (st > 0)   /* the stage before is this rank's: its output is still in XOUT */
-                o->copy(o, m->acts[m->l_lo].x, m->a[US__A_XOUT], (size_t)n * us_dtype_size(m->dt), US_COPY_D2D);
+                r = us__comm_fail(m,
+                                  c->recv(c, &m->mesh.pp_g, m->acts[m->l_lo].x, n, m->dt,
+                                          us__pp_rank_of(s, st - 1), NULL),
+                                  "pipeline receive");
+            else if (st > 0) /* the stage before is this rank's: its output is still in XOUT */
+                o->copy(o, m->acts[m->l_lo].x, m->a[US__A_XOUT], (size_t)n * us_dtype_size(m->dt),
+                        US_COPY_D2D);
             if (r == US_OK) r = us__forward(m, inputs, targets, B, T, 0.0f, &l1);
             ls += l1;
             if (r == US_OK && st < S - 1 && us__pp_rank_of(s, st + 1) != q)
-                r = us__comm_fail(m, c->send(c, &m->mesh.pp_g, m->a[US__A_XOUT], n, m->dt, us__pp_rank_of(s, st + 1), NULL), "pipeline send");
+                r = us__comm_fail(m,
+                                  c->send(c, &m->mesh.pp_g, m->a[US__A_XOUT], n, m->dt,
+                                          us__pp_rank_of(s, st + 1), NULL),
+                                  "pipeline send");
         }
         us__pp_select_all(m);
         if (r != US_OK) return r;
         if (m->pp_last) {
             int32_t *am = (int32_t *)US_MALLOC((size_t)N * 4);
-            if (!am) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+            if (!am) {
+                us__model_set_error(m, "out of host memory");
+                return US_ERR_OOM;
+            }
             o->copy(o, am, m->a[US__A_ARGMAX], (size_t)N * 4, US_COPY_D2H);
             for (i = 0; i < N; i++) v[1] += targets[i] >= 0 && am[i] == targets[i];
             US_FREE(am);
@@ -6549,13 +8409,22 @@ static us_result us__forward_eval(us_model *m, const int32_t *inputs, const int3
         if (r != US_OK || (r = us__group_sum(m, &m->mesh.pp_g, v, 2)) != US_OK) return r;
         if (loss_sum) *loss_sum = v[0];
         if (correct) *correct = (int64_t)v[1];
-        if (logits_out) {   /* the last stage's last-position logits, broadcast to every stage (for sampling) */
+        if (logits_out) { /* the last stage's last-position logits, broadcast to every stage (for sampling) */
             size_t bytes = (size_t)B * m->cfg.vocab * 4;
             void *d = o->alloc(o, bytes);
-            if (!d) { us__model_set_error(m, "out of memory for %zu bytes of logits", bytes); return US_ERR_OOM; }
-            if (m->pp_last && (r = us__last_logits(m, B, T, logits_out)) != US_OK) { o->free(o, d); return r; }
+            if (!d) {
+                us__model_set_error(m, "out of memory for %zu bytes of logits", bytes);
+                return US_ERR_OOM;
+            }
+            if (m->pp_last && (r = us__last_logits(m, B, T, logits_out)) != US_OK) {
+                o->free(o, d);
+                return r;
+            }
             if (m->pp_last) o->copy(o, d, logits_out, bytes, US_COPY_H2D);
-            r = us__comm_fail(m, c->broadcast(c, &m->mesh.pp_g, d, B * m->cfg.vocab, US_F32, m->pp_head_rank, NULL), "pipeline logits broadcast");
+            r = us__comm_fail(
+                m,
+                c->broadcast(c, &m->mesh.pp_g, d, B * m->cfg.vocab, US_F32, m->pp_head_rank, NULL),
+                "pipeline logits broadcast");
             if (r == US_OK && !m->pp_last) o->copy(o, logits_out, d, bytes, US_COPY_D2H);
             o->free(o, d);
             return r;
@@ -6568,7 +8437,10 @@ static us_result us__forward_eval(us_model *m, const int32_t *inputs, const int3
     if (loss_sum) *loss_sum = ls;
     if (correct) {
         int32_t *am = (int32_t *)US_MALLOC((size_t)N * 4);
-        if (!am) { us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+        if (!am) {
+            us__model_set_error(m, "out of host memory");
+            return US_ERR_OOM;
+        }
         o->copy(o, am, m->a[US__A_ARGMAX], (size_t)N * 4, US_COPY_D2H);
         *correct = 0;
         for (i = 0; i < N; i++) *correct += targets[i] >= 0 && am[i] == targets[i];
@@ -6587,37 +8459,66 @@ US_API size_t us_byte_encode(const char *text, int32_t *tokens, size_t cap) {
     for (i = 0; text[i] && i < cap; i++) tokens[i] = (unsigned char)text[i];
     return i;
 }
+
 US_API size_t us_byte_decode(const int32_t *tokens, size_t n, char *text, size_t cap) {
     size_t i;
     if (!cap) return 0;
-    for (i = 0; i < n && i + 1 < cap; i++) text[i] = tokens[i] >= 32 && tokens[i] < 127 ? (char)tokens[i] : tokens[i] == '\n' ? '\n' : '?';
+    for (i = 0; i < n && i + 1 < cap; i++)
+        text[i] = tokens[i] >= 32 && tokens[i] < 127 ? (char)tokens[i]
+                  : tokens[i] == '\n'                ? '\n'
+                                                     : '?';
     text[i] = 0;
     return i;
 }
 
-US_API void us_data_free(us_data *d) { US_FREE(d->tokens); d->tokens = NULL; d->n = 0; }
+US_API void us_data_free(us_data *d) {
+    US_FREE(d->tokens);
+    d->tokens = NULL;
+    d->n = 0;
+}
 
-static us_result us__read_file(const char *path, unsigned char **buf, int64_t *len, char *err, size_t errlen) {
+static us_result us__read_file(const char *path, unsigned char **buf, int64_t *len, char *err,
+                               size_t errlen) {
     FILE *f = fopen(path, "rb");
     long sz;
     int c;
-    *buf = NULL; *len = 0;
-    if (!f) { us__errf(err, errlen, "cannot open %s", path); return US_ERR_IO; }
+    *buf = NULL;
+    *len = 0;
+    if (!f) {
+        us__errf(err, errlen, "cannot open %s", path);
+        return US_ERR_IO;
+    }
     errno = 0;
-    c = fgetc(f);   /* a directory opens but does not read */
+    c = fgetc(f); /* a directory opens but does not read */
     if (c == EOF && ferror(f)) {
-        fclose(f); us__errf(err, errlen, "cannot read %s: %s", path, errno ? strerror(errno) : "read error"); return US_ERR_IO;
+        fclose(f);
+        us__errf(err, errlen, "cannot read %s: %s", path, errno ? strerror(errno) : "read error");
+        return US_ERR_IO;
     }
     if (fseek(f, 0, SEEK_END) != 0 || (sz = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        fclose(f); us__errf(err, errlen, "cannot determine the size of %s", path); return US_ERR_IO;
+        fclose(f);
+        us__errf(err, errlen, "cannot determine the size of %s", path);
+        return US_ERR_IO;
     }
-    if (sz == 0 && c != EOF) {   /* /dev/zero, a pipe, a /proc file: data but no size */
-        fclose(f); us__errf(err, errlen, "%s is not a regular file (it has no size but reads data): copy it into one", path); return US_ERR_IO;
+    if (sz == 0 && c != EOF) { /* /dev/zero, a pipe, a /proc file: data but no size */
+        fclose(f);
+        us__errf(err, errlen,
+                 "%s is not a regular file (it has no size but reads data): copy it into one",
+                 path);
+        return US_ERR_IO;
     }
     *buf = (unsigned char *)US_MALLOC((size_t)sz + 1);
-    if (!*buf) { fclose(f); us__errf(err, errlen, "out of memory reading %s (%ld bytes)", path, sz); return US_ERR_OOM; }
+    if (!*buf) {
+        fclose(f);
+        us__errf(err, errlen, "out of memory reading %s (%ld bytes)", path, sz);
+        return US_ERR_OOM;
+    }
     if (fread(*buf, 1, (size_t)sz, f) != (size_t)sz) {
-        fclose(f); US_FREE(*buf); *buf = NULL; us__errf(err, errlen, "cannot read %s", path); return US_ERR_IO;
+        fclose(f);
+        US_FREE(*buf);
+        *buf = NULL;
+        us__errf(err, errlen, "cannot read %s", path);
+        return US_ERR_IO;
     }
     fclose(f);
     *len = sz;
@@ -6627,9 +8528,15 @@ static us_result us__read_file(const char *path, unsigned char **buf, int64_t *l
 US_API us_result us_data_from_bytes(us_data *d, const void *bytes, int64_t n) {
     int64_t i;
     memset(d, 0, sizeof *d);
-    if (n <= 0) { us__errf(d->err, sizeof d->err, "the text is empty"); return US_ERR_FORMAT; }
+    if (n <= 0) {
+        us__errf(d->err, sizeof d->err, "the text is empty");
+        return US_ERR_FORMAT;
+    }
     d->tokens = (int32_t *)US_MALLOC((size_t)n * 4);
-    if (!d->tokens) { us__errf(d->err, sizeof d->err, "out of memory for %lld tokens", (long long)n); return US_ERR_OOM; }
+    if (!d->tokens) {
+        us__errf(d->err, sizeof d->err, "out of memory for %lld tokens", (long long)n);
+        return US_ERR_OOM;
+    }
     for (i = 0; i < n; i++) {
         d->tokens[i] = ((const unsigned char *)bytes)[i];
         if (d->tokens[i] > d->max_token) d->max_token = d->tokens[i];
@@ -6643,7 +8550,11 @@ US_API us_result us_data_load_text(us_data *d, const char *path) {
     int64_t len;
     char err[256];
     us_result r = us__read_file(path, &buf, &len, err, sizeof err);
-    if (r != US_OK) { memset(d, 0, sizeof *d); snprintf(d->err, sizeof d->err, "%s", err); return r; }
+    if (r != US_OK) {
+        memset(d, 0, sizeof *d);
+        snprintf(d->err, sizeof d->err, "%s", err);
+        return r;
+    }
     r = us_data_from_bytes(d, buf, len);
     if (r != US_OK) snprintf(d->err, sizeof d->err, "%s is empty", path);
     US_FREE(buf);
@@ -6651,6 +8562,7 @@ US_API us_result us_data_load_text(us_data *d, const char *path) {
 }
 
 #define US__SHARD_HEADER 256
+
 US_API us_result us_data_load_shard(us_data *d, const char *path) {
     unsigned char *buf;
     int64_t len, ntok, i;
@@ -6659,25 +8571,51 @@ US_API us_result us_data_load_shard(us_data *d, const char *path) {
     char err[256];
     us_result r = us__read_file(path, &buf, &len, err, sizeof err);
     memset(d, 0, sizeof *d);
-    if (r != US_OK) { snprintf(d->err, sizeof d->err, "%s", err); return r; }
-#define US__FAIL(...) do { us__errf(d->err, sizeof d->err, __VA_ARGS__); US_FREE(buf); return US_ERR_FORMAT; } while (0)
-    if (len < (int64_t)sizeof hdr) US__FAIL("%s is truncated: %lld bytes, but a token shard's header alone is %d bytes", path, (long long)len, (int)sizeof hdr);
+    if (r != US_OK) {
+        snprintf(d->err, sizeof d->err, "%s", err);
+        return r;
+    }
+#define US__FAIL(...)                                 \
+    do {                                              \
+        us__errf(d->err, sizeof d->err, __VA_ARGS__); \
+        US_FREE(buf);                                 \
+        return US_ERR_FORMAT;                         \
+    } while (0)
+    if (len < (int64_t)sizeof hdr)
+        US__FAIL("%s is truncated: %lld bytes, but a token shard's header alone is %d bytes", path,
+                 (long long)len, (int)sizeof hdr);
     memcpy(hdr, buf, sizeof hdr);
-    if (hdr[0] == 20240520 && hdr[1] == 1) tsz = 2;
-    else if (hdr[0] == 20240801 && hdr[1] == 7) tsz = 4;
-    else if (hdr[0] == 20240520 || hdr[0] == 20240801) US__FAIL("%s: unsupported shard version %d for magic %d", path, hdr[1], hdr[0]);
-    else US__FAIL("%s is not an llm.c token shard (magic %d, expected 20240520 or 20240801)", path, hdr[0]);
+    if (hdr[0] == 20240520 && hdr[1] == 1)
+        tsz = 2;
+    else if (hdr[0] == 20240801 && hdr[1] == 7)
+        tsz = 4;
+    else if (hdr[0] == 20240520 || hdr[0] == 20240801)
+        US__FAIL("%s: unsupported shard version %d for magic %d", path, hdr[1], hdr[0]);
+    else
+        US__FAIL("%s is not an llm.c token shard (magic %d, expected 20240520 or 20240801)", path,
+                 hdr[0]);
     ntok = hdr[2];
     if (ntok <= 0) US__FAIL("%s: the header says %lld tokens", path, (long long)ntok);
     if (len != (int64_t)sizeof hdr + ntok * tsz)
-        US__FAIL("%s: file is %lld bytes but the header promises %lld tokens of %d bytes (%lld bytes)", path, (long long)len,
-                 (long long)ntok, tsz, (long long)((int64_t)sizeof hdr + ntok * tsz));
+        US__FAIL(
+            "%s: file is %lld bytes but the header promises %lld tokens of %d bytes (%lld bytes)",
+            path, (long long)len, (long long)ntok, tsz,
+            (long long)((int64_t)sizeof hdr + ntok * tsz));
     d->tokens = (int32_t *)US_MALLOC((size_t)ntok * 4);
-    if (!d->tokens) { us__errf(d->err, sizeof d->err, "out of memory for %lld tokens", (long long)ntok); US_FREE(buf); return US_ERR_OOM; }
+    if (!d->tokens) {
+        us__errf(d->err, sizeof d->err, "out of memory for %lld tokens", (long long)ntok);
+        US_FREE(buf);
+        return US_ERR_OOM;
+    }
     for (i = 0; i < ntok; i++) {
         const unsigned char *p = buf + sizeof hdr + i * tsz;
-        uint32_t t = tsz == 2 ? (uint32_t)(p[0] | p[1] << 8) : (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-        if (t > 0x7fffffffu) { us_data_free(d); US__FAIL("%s: token %lld has the impossible value %u", path, (long long)i, t); }
+        uint32_t t = tsz == 2 ? (uint32_t)(p[0] | p[1] << 8)
+                              : (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                                    (uint32_t)p[3] << 24;
+        if (t > 0x7fffffffu) {
+            us_data_free(d);
+            US__FAIL("%s: token %lld has the impossible value %u", path, (long long)i, t);
+        }
         d->tokens[i] = (int32_t)t;
         if (d->tokens[i] > d->max_token) d->max_token = d->tokens[i];
     }
@@ -6691,16 +8629,26 @@ US_API us_result us_data_load(us_data *d, const char *path) {
     FILE *f = fopen(path, "rb");
     int32_t magic = 0;
     size_t got;
-    if (!f) { memset(d, 0, sizeof *d); us__errf(d->err, sizeof d->err, "cannot open %s", path); return US_ERR_IO; }
+    if (!f) {
+        memset(d, 0, sizeof *d);
+        us__errf(d->err, sizeof d->err, "cannot open %s", path);
+        return US_ERR_IO;
+    }
     got = fread(&magic, 1, 4, f);
     fclose(f);
     if (got == 4 && (magic == 20240520 || magic == 20240801)) return us_data_load_shard(d, path);
     return us_data_load_text(d, path);
 }
 
-US_API us_result us_data_batch(us_data *d, us_rng *r, int nseq, int T, int32_t *inputs, int32_t *targets) {
+US_API us_result us_data_batch(us_data *d, us_rng *r, int nseq, int T, int32_t *inputs,
+                               int32_t *targets) {
     int s;
-    if (d->n < (int64_t)T + 1) { us__errf(d->err, sizeof d->err, "the data has %lld tokens; a sequence of %d needs at least %d", (long long)d->n, T, T + 1); return US_ERR_INVALID; }
+    if (d->n < (int64_t)T + 1) {
+        us__errf(d->err, sizeof d->err,
+                 "the data has %lld tokens; a sequence of %d needs at least %d", (long long)d->n, T,
+                 T + 1);
+        return US_ERR_INVALID;
+    }
     for (s = 0; s < nseq; s++) {
         int64_t start = (int64_t)(us_rng_u64(r) % (uint64_t)(d->n - T));
         memcpy(inputs + (int64_t)s * T, d->tokens + start, (size_t)T * 4);
@@ -6714,9 +8662,14 @@ US_API void us_task_init(us_task *t, uint64_t seed) { us_rng_seed(&t->rng, seed 
 /* one problem: digits, '=', sorted digits, '\n' into line[US_TASK_LINE] */
 static void us__task_line(us_task *t, int32_t *line) {
     int cnt[10] = {0}, i, d, k = 0;
-    for (i = 0; i < US_TASK_DIGITS; i++) { d = (int)(us_rng_u64(&t->rng) % 10); line[i] = '0' + d; cnt[d]++; }
+    for (i = 0; i < US_TASK_DIGITS; i++) {
+        d = (int)(us_rng_u64(&t->rng) % 10);
+        line[i] = '0' + d;
+        cnt[d]++;
+    }
     line[US_TASK_DIGITS] = '=';
-    for (d = 0; d < 10; d++) for (i = 0; i < cnt[d]; i++) line[US_TASK_DIGITS + 1 + k++] = '0' + d;
+    for (d = 0; d < 10; d++)
+        for (i = 0; i < cnt[d]; i++) line[US_TASK_DIGITS + 1 + k++] = '0' + d;
     line[US_TASK_LINE - 1] = '\n';
 }
 
@@ -6728,30 +8681,50 @@ US_API void us_task_batch(us_task *t, int nseq, int T, int32_t *inputs, int32_t 
         int pos = 0;
         while (pos + US_TASK_LINE <= T + 1) {
             us__task_line(t, buf + pos);
-            for (i = 0; i < US_TASK_LINE; i++) scored[pos + i] = i > US_TASK_DIGITS;   /* the answer and its newline */
+            for (i = 0; i < US_TASK_LINE; i++)
+                scored[pos + i] = i > US_TASK_DIGITS; /* the answer and its newline */
             pos += US_TASK_LINE;
         }
-        for (; pos < T + 1; pos++) { buf[pos] = '\n'; scored[pos] = 0; }
+        for (; pos < T + 1; pos++) {
+            buf[pos] = '\n';
+            scored[pos] = 0;
+        }
         for (i = 0; i < T; i++) {
             inputs[(int64_t)s * T + i] = buf[i];
             targets[(int64_t)s * T + i] = scored[i + 1] ? buf[i + 1] : -1;
         }
     }
-    US_FREE(buf); US_FREE(scored);
+    US_FREE(buf);
+    US_FREE(scored);
 }
 
-US_API us_result us_task_exact_match(us_model *m, us_task *t, int n, double *acc, char *buf, size_t buflen, int show) {
-    enum { P = US_TASK_DIGITS + 1, A = US_TASK_DIGITS + 1 };   /* prompt "digits=", answer "sorted\n" */
+US_API us_result us_task_exact_match(us_model *m, us_task *t, int n, double *acc, char *buf,
+                                     size_t buflen, int show) {
+    enum {
+        P = US_TASK_DIGITS + 1,
+        A = US_TASK_DIGITS + 1
+    }; /* prompt "digits=", answer "sorted\n" */
+
     int B = m->tc.batch, done = 0, solved = 0, shown = 0, i;
-    int32_t *lines = (int32_t *)US_MALLOC((size_t)B * US_TASK_LINE * 4), *ctx = (int32_t *)US_MALLOC((size_t)B * US_TASK_LINE * 4);
-    int32_t *tg = (int32_t *)US_MALLOC((size_t)B * US_TASK_LINE * 4), *gen = (int32_t *)US_MALLOC((size_t)B * A * 4);
+    int32_t *lines = (int32_t *)US_MALLOC((size_t)B * US_TASK_LINE * 4),
+            *ctx = (int32_t *)US_MALLOC((size_t)B * US_TASK_LINE * 4);
+    int32_t *tg = (int32_t *)US_MALLOC((size_t)B * US_TASK_LINE * 4),
+            *gen = (int32_t *)US_MALLOC((size_t)B * A * 4);
     float *logits = (float *)US_MALLOC((size_t)B * m->cfg.vocab * 4);
     size_t used = 0;
     us_result r = US_OK;
-    if (m->tc.seq < US_TASK_LINE - 1) { us__model_set_error(m, "the task needs seq >= %d", US_TASK_LINE - 1); r = US_ERR_INVALID; goto out; }
-    if (!lines || !ctx || !tg || !gen || !logits) { us__model_set_error(m, "out of host memory"); r = US_ERR_OOM; goto out; }
+    if (m->tc.seq < US_TASK_LINE - 1) {
+        us__model_set_error(m, "the task needs seq >= %d", US_TASK_LINE - 1);
+        r = US_ERR_INVALID;
+        goto out;
+    }
+    if (!lines || !ctx || !tg || !gen || !logits) {
+        us__model_set_error(m, "out of host memory");
+        r = US_ERR_OOM;
+        goto out;
+    }
     if (buf && buflen) buf[0] = 0;
-    us__fp8_wcache_drop(m);   /* as us_sample */
+    us__fp8_wcache_drop(m); /* as us_sample */
     for (i = 0; i < B * US_TASK_LINE; i++) tg[i] = -1;
     while (done < n) {
         int nb = n - done < B ? n - done : B, b, k;
@@ -6767,7 +8740,8 @@ US_API us_result us_task_exact_match(us_model *m, us_task *t, int n, double *acc
             for (b = 0; b < nb; b++) {
                 const float *lg = logits + (int64_t)b * m->cfg.vocab;
                 int64_t v, best = 0;
-                for (v = 1; v < m->cfg.vocab; v++) if (lg[v] > lg[best]) best = v;
+                for (v = 1; v < m->cfg.vocab; v++)
+                    if (lg[v] > lg[best]) best = v;
                 gen[b * A + k] = (int32_t)best;
             }
         }
@@ -6779,7 +8753,8 @@ US_API us_result us_task_exact_match(us_model *m, us_task *t, int n, double *acc
                 char q[US_TASK_LINE + 1], a[US_TASK_LINE + 1];
                 us_byte_decode(lines + b * US_TASK_LINE, (size_t)P, q, sizeof q);
                 us_byte_decode(gen + b * A, (size_t)A - 1, a, sizeof a);
-                used += (size_t)snprintf(buf + used, buflen - used, "  %s%s  %s\n", q, a, ok ? "ok" : "wrong");
+                used += (size_t)snprintf(buf + used, buflen - used, "  %s%s  %s\n", q, a,
+                                         ok ? "ok" : "wrong");
                 shown++;
             }
         }
@@ -6787,7 +8762,11 @@ US_API us_result us_task_exact_match(us_model *m, us_task *t, int n, double *acc
     }
     *acc = n > 0 ? (double)solved / (double)n : 0.0;
 out:
-    US_FREE(lines); US_FREE(ctx); US_FREE(tg); US_FREE(gen); US_FREE(logits);
+    US_FREE(lines);
+    US_FREE(ctx);
+    US_FREE(tg);
+    US_FREE(gen);
+    US_FREE(logits);
     return r;
 }
 #endif /* ULTRASCALE_NO_DATA */
@@ -6797,23 +8776,36 @@ out:
 /* ------------------------------------------------------------------------------------ */
 US_API const char *us_pp_kind_name(us_pp_kind k) {
     switch (k) {
-    case US_PP_AFAB: return "afab";
-    case US_PP_INTERLEAVED: return "interleaved";
-    case US_PP_INTERLEAVED_BF: return "interleaved-bf";
-    case US_PP_ZB1: return "zb1";
-    case US_PP_ZBV: return "zbv";
-    case US_PP_DUALPIPEV: return "dualpipev";
-    default: return "1f1b";
+    case US_PP_AFAB:
+        return "afab";
+    case US_PP_INTERLEAVED:
+        return "interleaved";
+    case US_PP_INTERLEAVED_BF:
+        return "interleaved-bf";
+    case US_PP_ZB1:
+        return "zb1";
+    case US_PP_ZBV:
+        return "zbv";
+    case US_PP_DUALPIPEV:
+        return "dualpipev";
+    default:
+        return "1f1b";
     }
 }
+
 US_API int us_pp_stage(const us_pp_schedule *s, int r, int c) {
     if (s->vshape) return c == 0 ? r : 2 * s->pp - 1 - r;
     return c * s->pp + r;
 }
+
 static void us__pp_push(us_pp_schedule *s, int r, us_pp_op op, int mb, int chunk) {
     us_pp_action *x = &s->a[r][s->n[r]++];
-    x->op = op; x->mb = mb; x->chunk = chunk; x->overlap = 0;
+    x->op = op;
+    x->mb = mb;
+    x->chunk = chunk;
+    x->overlap = 0;
 }
+
 /* The virtual-stage order of the interleaved schedules: the k-th forward (or backward) of a rank
    works on micro-batch mb of chunk c. Depth-first takes micro-batches in groups of pp through
    every chunk (Megatron); breadth-first runs all m micro-batches through a chunk before the next. */
@@ -6830,20 +8822,27 @@ static void us__pp_virtual(const us_pp_schedule *s, int k, int backward, int *mb
    micro-batch does not exist (few micro-batches) is skipped. */
 typedef struct us__pp_cur {
     us_pp_schedule *s;
-    int r, f[2], b[2];        /* forwards and backwards (B or BW) listed, per chunk */
-    int *owed, head, tail;    /* [2·m] micro-batch·2 + chunk of each W still to list, oldest first */
+    int r, f[2], b[2];     /* forwards and backwards (B or BW) listed, per chunk */
+    int *owed, head, tail; /* [2·m] micro-batch·2 + chunk of each W still to list, oldest first */
 } us__pp_cur;
+
 static void us__pp_f(us__pp_cur *q, int c) {
     if (q->f[c] < q->s->m) us__pp_push(q->s, q->r, US_PP_F, q->f[c]++, c);
 }
-static void us__pp_b(us__pp_cur *q, int c, int split) {   /* B with its W owed, or the full BW */
+
+static void us__pp_b(us__pp_cur *q, int c, int split) { /* B with its W owed, or the full BW */
     if (q->b[c] >= q->f[c]) return;
     if (split) q->owed[q->tail++] = 2 * q->b[c] + c;
     us__pp_push(q->s, q->r, split ? US_PP_B : US_PP_BW, q->b[c]++, c);
 }
-static void us__pp_w(us__pp_cur *q) {   /* the oldest owed weight gradient */
-    if (q->head < q->tail) { int k = q->owed[q->head++]; us__pp_push(q->s, q->r, US_PP_W, k / 2, k % 2); }
+
+static void us__pp_w(us__pp_cur *q) { /* the oldest owed weight gradient */
+    if (q->head < q->tail) {
+        int k = q->owed[q->head++];
+        us__pp_push(q->s, q->r, US_PP_W, k / 2, k % 2);
+    }
 }
+
 /* DualPipe's F&B: a forward of chunk cf overlapped with a full backward of chunk cb (another,
    older micro-batch); either alone when the other has run out. */
 static void us__pp_fb(us__pp_cur *q, int cf, int cb) {
@@ -6860,7 +8859,7 @@ static void us__pp_fb(us__pp_cur *q, int cf, int cb) {
    1F1B idles, and the bubble is (pp−1)(tF+tB−tW) per rank instead of (pp−1)(tF+tB+tW). */
 static void us__pp_zb1(us__pp_cur *q) {
     int pp = q->s->pp, m = q->s->m, r = q->r, i;
-    for (i = 0; i < pp - r - 1; i++) us__pp_f(q, 0);   /* 1F1B's warm-up */
+    for (i = 0; i < pp - r - 1; i++) us__pp_f(q, 0); /* 1F1B's warm-up */
     for (i = 0; i < m; i++) {
         us__pp_f(q, 0);
         us__pp_b(q, 0, 1);
@@ -6883,14 +8882,31 @@ static void us__pp_zb1(us__pp_cur *q) {
 static void us__pp_zbv(us__pp_cur *q) {
     int pp = q->s->pp, m = q->s->m, r = q->r, i;
     for (i = 0; i < 2 * (pp - r) - 1; i++) us__pp_f(q, 0);
-    for (i = 0; i < r; i++) { us__pp_f(q, 1); us__pp_f(q, 0); }
-    for (i = 0; i < pp - r; i++) { us__pp_f(q, 1); us__pp_b(q, 1, 1); us__pp_w(q); }
-    while (q->f[1] < m) {
-        us__pp_f(q, 0); us__pp_b(q, 0, 1); us__pp_w(q);
-        us__pp_f(q, 1); us__pp_b(q, 1, 1); us__pp_w(q);
+    for (i = 0; i < r; i++) {
+        us__pp_f(q, 1);
+        us__pp_f(q, 0);
     }
-    for (i = 0; i < r; i++) { us__pp_b(q, 0, 1); us__pp_b(q, 1, 1); }
-    for (i = 0; i < pp - r; i++) { us__pp_b(q, 0, 1); us__pp_w(q); }
+    for (i = 0; i < pp - r; i++) {
+        us__pp_f(q, 1);
+        us__pp_b(q, 1, 1);
+        us__pp_w(q);
+    }
+    while (q->f[1] < m) {
+        us__pp_f(q, 0);
+        us__pp_b(q, 0, 1);
+        us__pp_w(q);
+        us__pp_f(q, 1);
+        us__pp_b(q, 1, 1);
+        us__pp_w(q);
+    }
+    for (i = 0; i < r; i++) {
+        us__pp_b(q, 0, 1);
+        us__pp_b(q, 1, 1);
+    }
+    for (i = 0; i < pp - r; i++) {
+        us__pp_b(q, 0, 1);
+        us__pp_w(q);
+    }
     while (q->b[1] < m) us__pp_b(q, 1, 1);
     while (q->b[0] < m) us__pp_b(q, 0, 1);
     while (q->head < q->tail) us__pp_w(q);
@@ -6909,16 +8925,32 @@ static void us__pp_zbv(us__pp_cur *q) {
 static void us__pp_dualpipev(us__pp_cur *q) {
     int pp = q->s->pp, m = q->s->m, r = q->r, i;
     for (i = 0; i < 2 * (pp - r - 1); i++) us__pp_f(q, 0);
-    for (i = 0; i < r + 1; i++) { us__pp_f(q, 0); us__pp_f(q, 1); }
-    for (i = 0; i < pp - r - 1; i++) { us__pp_b(q, 1, 1); us__pp_w(q); us__pp_f(q, 1); }
+    for (i = 0; i < r + 1; i++) {
+        us__pp_f(q, 0);
+        us__pp_f(q, 1);
+    }
+    for (i = 0; i < pp - r - 1; i++) {
+        us__pp_b(q, 1, 1);
+        us__pp_w(q);
+        us__pp_f(q, 1);
+    }
     for (i = 0; i < m - 2 * pp + r + 1; i++) {
-        if (i == 0 && r == pp - 1) { us__pp_f(q, 0); us__pp_b(q, 1, 0); }
-        else us__pp_fb(q, 0, 1);
+        if (i == 0 && r == pp - 1) {
+            us__pp_f(q, 0);
+            us__pp_b(q, 1, 0);
+        } else
+            us__pp_fb(q, 0, 1);
         us__pp_fb(q, 1, 0);
     }
-    for (i = 0; i < pp - r - 1; i++) { us__pp_b(q, 1, 0); us__pp_fb(q, 1, 0); }
+    for (i = 0; i < pp - r - 1; i++) {
+        us__pp_b(q, 1, 0);
+        us__pp_fb(q, 1, 0);
+    }
     for (i = 0; i < 2 * (r + 1); i++) us__pp_b(q, 1 - i % 2, i >= r + 1);
-    for (i = 0; i < pp - r - 1; i++) { us__pp_w(q); us__pp_b(q, 0, 1); }
+    for (i = 0; i < pp - r - 1; i++) {
+        us__pp_w(q);
+        us__pp_b(q, 0, 1);
+    }
     while (q->head < q->tail) us__pp_w(q);
 }
 
@@ -6929,45 +8961,97 @@ static us_result us__pp_zero_bubble(us_pp_schedule *s, char *err, size_t errlen)
     memset(&q, 0, sizeof q);
     q.s = s;
     q.owed = (int *)malloc(sizeof(int) * (size_t)(2 * s->m));
-    if (!q.owed) { us_pp_schedule_free(s); us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
+    if (!q.owed) {
+        us_pp_schedule_free(s);
+        us__errf(err, errlen, "out of host memory");
+        return US_ERR_OOM;
+    }
     for (r = 0; r < s->pp; r++) {
-        q.r = r; q.f[0] = q.f[1] = q.b[0] = q.b[1] = q.head = q.tail = 0;
-        if (s->kind == US_PP_ZB1) us__pp_zb1(&q);
-        else if (s->kind == US_PP_ZBV) us__pp_zbv(&q);
-        else us__pp_dualpipev(&q);
+        q.r = r;
+        q.f[0] = q.f[1] = q.b[0] = q.b[1] = q.head = q.tail = 0;
+        if (s->kind == US_PP_ZB1)
+            us__pp_zb1(&q);
+        else if (s->kind == US_PP_ZBV)
+            us__pp_zbv(&q);
+        else
+            us__pp_dualpipev(&q);
     }
     free(q.owed);
     return US_OK;
 }
 
-US_API us_result us_pp_schedule_build(us_pp_schedule *s, us_pp_kind kind, int pp, int m, int v, char *err, size_t errlen) {
+US_API us_result us_pp_schedule_build(us_pp_schedule *s, us_pp_kind kind, int pp, int m, int v,
+                                      char *err, size_t errlen) {
     int r, k, il, vs;
     memset(s, 0, sizeof *s);
     if (kind == US_PP_DEFAULT) kind = US_PP_1F1B;
     il = kind == US_PP_INTERLEAVED || kind == US_PP_INTERLEAVED_BF;
     vs = kind == US_PP_ZBV || kind == US_PP_DUALPIPEV;
-    if (kind < US_PP_AFAB || kind > US_PP_DUALPIPEV) { us__errf(err, errlen, "unknown pipeline schedule %d", (int)kind); return US_ERR_INVALID; }
-    if (pp < 1 || pp > 64) { us__errf(err, errlen, "pp=%d must be in 1..64", pp); return US_ERR_INVALID; }
-    if (m < 1) { us__errf(err, errlen, "micro-batches=%d must be at least 1", m); return US_ERR_INVALID; }
+    if (kind < US_PP_AFAB || kind > US_PP_DUALPIPEV) {
+        us__errf(err, errlen, "unknown pipeline schedule %d", (int)kind);
+        return US_ERR_INVALID;
+    }
+    if (pp < 1 || pp > 64) {
+        us__errf(err, errlen, "pp=%d must be in 1..64", pp);
+        return US_ERR_INVALID;
+    }
+    if (m < 1) {
+        us__errf(err, errlen, "micro-batches=%d must be at least 1", m);
+        return US_ERR_INVALID;
+    }
     if (il) {
-        if (v < 2) { us__errf(err, errlen, "the interleaved schedule needs at least 2 chunks per rank (got %d)", v); return US_ERR_INVALID; }
-        if (kind == US_PP_INTERLEAVED && m % pp) { us__errf(err, errlen, "interleaved 1F1B takes micro-batches in groups of pp: micro-batches=%d is not a multiple of pp=%d", m, pp); return US_ERR_INVALID; }
+        if (v < 2) {
+            us__errf(err, errlen,
+                     "the interleaved schedule needs at least 2 chunks per rank (got %d)", v);
+            return US_ERR_INVALID;
+        }
+        if (kind == US_PP_INTERLEAVED && m % pp) {
+            us__errf(err, errlen,
+                     "interleaved 1F1B takes micro-batches in groups of pp: micro-batches=%d is "
+                     "not a multiple of pp=%d",
+                     m, pp);
+            return US_ERR_INVALID;
+        }
     } else if (vs) {
-        if (v != 0 && v != 2) { us__errf(err, errlen, "%s runs exactly 2 chunks per rank in a V (got v=%d; pass 0 or 2)", us_pp_kind_name(kind), v); return US_ERR_INVALID; }
-        if (kind == US_PP_DUALPIPEV && m < 2 * pp) { us__errf(err, errlen, "DualPipe-V needs micro-batches >= 2*pp to reach its overlapped steady state (got micro-batches=%d, pp=%d)", m, pp); return US_ERR_INVALID; }
+        if (v != 0 && v != 2) {
+            us__errf(err, errlen,
+                     "%s runs exactly 2 chunks per rank in a V (got v=%d; pass 0 or 2)",
+                     us_pp_kind_name(kind), v);
+            return US_ERR_INVALID;
+        }
+        if (kind == US_PP_DUALPIPEV && m < 2 * pp) {
+            us__errf(err, errlen,
+                     "DualPipe-V needs micro-batches >= 2*pp to reach its overlapped steady state "
+                     "(got micro-batches=%d, pp=%d)",
+                     m, pp);
+            return US_ERR_INVALID;
+        }
         v = 2;
-    } else v = 1;
-    s->kind = kind; s->pp = pp; s->m = m; s->v = v; s->vshape = vs;
+    } else
+        v = 1;
+    s->kind = kind;
+    s->pp = pp;
+    s->m = m;
+    s->v = v;
+    s->vshape = vs;
     s->n = (int *)calloc((size_t)pp, sizeof(int));
     s->a = (us_pp_action **)calloc((size_t)pp, sizeof(us_pp_action *));
-    if (!s->n || !s->a) { us_pp_schedule_free(s); us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
+    if (!s->n || !s->a) {
+        us_pp_schedule_free(s);
+        us__errf(err, errlen, "out of host memory");
+        return US_ERR_OOM;
+    }
     for (r = 0; r < pp; r++) {
         s->a[r] = (us_pp_action *)malloc(sizeof(us_pp_action) * (size_t)(3 * m * v));
-        if (!s->a[r]) { us_pp_schedule_free(s); us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
+        if (!s->a[r]) {
+            us_pp_schedule_free(s);
+            us__errf(err, errlen, "out of host memory");
+            return US_ERR_OOM;
+        }
     }
     if (kind == US_PP_ZB1 || vs) return us__pp_zero_bubble(s, err, errlen);
     for (r = 0; r < pp; r++) {
-        if (kind == US_PP_AFAB) {   /* GPipe: every forward, then every backward */
+        if (kind == US_PP_AFAB) { /* GPipe: every forward, then every backward */
             for (k = 0; k < m; k++) us__pp_push(s, r, US_PP_F, k, 0);
             for (k = 0; k < m; k++) us__pp_push(s, r, US_PP_BW, k, 0);
         } else if (kind == US_PP_1F1B) {
@@ -6976,27 +9060,41 @@ US_API us_result us_pp_schedule_build(us_pp_schedule *s, us_pp_kind kind, int pp
             int warm = pp - r - 1 < m ? pp - r - 1 : m, f = 0, b = 0;
             for (; f < warm; f++) us__pp_push(s, r, US_PP_F, f, 0);
             for (; b < m; b++) {
-                if (f < m) { us__pp_push(s, r, US_PP_F, f, 0); f++; }
+                if (f < m) {
+                    us__pp_push(s, r, US_PP_F, f, 0);
+                    f++;
+                }
                 us__pp_push(s, r, US_PP_BW, b, 0);
             }
-        } else {   /* interleaved: 1F1B over the m·v virtual micro-batches of the rank's chunks */
+        } else { /* interleaved: 1F1B over the m·v virtual micro-batches of the rank's chunks */
             int total = m * v, grp = kind == US_PP_INTERLEAVED_BF ? m : pp;
             int warm = (pp - r - 1) * 2 + (v - 1) * grp, f = 0, b = 0, mb, c;
             if (warm > total) warm = total;
-            for (; f < warm; f++) { us__pp_virtual(s, f, 0, &mb, &c); us__pp_push(s, r, US_PP_F, mb, c); }
+            for (; f < warm; f++) {
+                us__pp_virtual(s, f, 0, &mb, &c);
+                us__pp_push(s, r, US_PP_F, mb, c);
+            }
             while (b < total) {
-                if (f < total) { us__pp_virtual(s, f, 0, &mb, &c); us__pp_push(s, r, US_PP_F, mb, c); f++; }
-                us__pp_virtual(s, b, 1, &mb, &c); us__pp_push(s, r, US_PP_BW, mb, c);
+                if (f < total) {
+                    us__pp_virtual(s, f, 0, &mb, &c);
+                    us__pp_push(s, r, US_PP_F, mb, c);
+                    f++;
+                }
+                us__pp_virtual(s, b, 1, &mb, &c);
+                us__pp_push(s, r, US_PP_BW, mb, c);
                 b++;
             }
         }
     }
     return US_OK;
 }
+
 US_API void us_pp_schedule_free(us_pp_schedule *s) {
     int r;
-    if (s->a) for (r = 0; r < s->pp; r++) free(s->a[r]);
-    free(s->a); free(s->n);
+    if (s->a)
+        for (r = 0; r < s->pp; r++) free(s->a[r]);
+    free(s->a);
+    free(s->n);
     memset(s, 0, sizeof *s);
 }
 
@@ -7013,21 +9111,28 @@ US_API void us_pp_schedule_free(us_pp_schedule *s) {
    it buys is hiding each one's communication (pipeline sends, expert-parallel all-to-all) under
    the other's compute, and transfers are free here. So this simulator shows DualPipe-V's
    schedule, not its communication advantage. */
-typedef struct us__pp_ev { double f, b, w; } us__pp_ev;   /* end times, -1 = not yet */
+typedef struct us__pp_ev {
+    double f, b, w;
+} us__pp_ev; /* end times, -1 = not yet */
+
 static double us__pp_cost(const us_pp_action *x, double tF, double tB, double tW) {
     return x->op == US_PP_F ? tF : x->op == US_PP_B ? tB : x->op == US_PP_W ? tW : tB + tW;
 }
+
 /* When action x of rank r may start as far as its inputs go; -1 while one is not produced. */
-static double us__pp_ready(const us_pp_schedule *s, const us__pp_ev *e, int r, const us_pp_action *x) {
+static double us__pp_ready(const us_pp_schedule *s, const us__pp_ev *e, int r,
+                           const us_pp_action *x) {
     int m = s->m, st = us_pp_stage(s, r, x->chunk);
     const us__pp_ev *me = &e[st * m + x->mb];
     double g;
     if (x->op == US_PP_F) return st > 0 ? e[(st - 1) * m + x->mb].f : 0;
     if (x->op == US_PP_W) return me->b;
-    if (st == s->pp * s->v - 1 || me->f < 0) return me->f;   /* the last stage starts from its own loss */
+    if (st == s->pp * s->v - 1 || me->f < 0)
+        return me->f; /* the last stage starts from its own loss */
     g = e[(st + 1) * m + x->mb].b;
     return g < 0 ? -1 : g > me->f ? g : me->f;
 }
+
 /* The checker's static half: every (micro-batch, chunk) of a rank has exactly one forward, one
    input-gradient and one weight-gradient backward (BW counts as both); overlapped pairs are a
    forward and a backward. */
@@ -7038,46 +9143,64 @@ static us_result us__pp_check_lists(const us_pp_schedule *s, char *err, size_t e
             const us_pp_action *x = &s->a[r][i];
             int nf = 0, nb = 0, nw = 0;
             if (x->mb < 0 || x->mb >= s->m || x->chunk < 0 || x->chunk >= s->v) {
-                us__errf(err, errlen, "rank %d action %d names micro-batch %d chunk %d, outside %d x %d", r, i, x->mb, x->chunk, s->m, s->v);
+                us__errf(err, errlen,
+                         "rank %d action %d names micro-batch %d chunk %d, outside %d x %d", r, i,
+                         x->mb, x->chunk, s->m, s->v);
                 return US_ERR_INVALID;
             }
-            if (x->overlap && (x->op != US_PP_F || i + 1 == s->n[r] || (s->a[r][i + 1].op != US_PP_B && s->a[r][i + 1].op != US_PP_BW))) {
-                us__errf(err, errlen, "rank %d action %d: an overlapped pair is a forward followed by a backward", r, i);
+            if (x->overlap && (x->op != US_PP_F || i + 1 == s->n[r] ||
+                               (s->a[r][i + 1].op != US_PP_B && s->a[r][i + 1].op != US_PP_BW))) {
+                us__errf(
+                    err, errlen,
+                    "rank %d action %d: an overlapped pair is a forward followed by a backward", r,
+                    i);
                 return US_ERR_INVALID;
             }
             for (j = 0; j < s->n[r]; j++) {
                 const us_pp_action *y = &s->a[r][j];
                 if (y->mb != x->mb || y->chunk != x->chunk) continue;
-                nf += y->op == US_PP_F; nb += y->op == US_PP_B || y->op == US_PP_BW; nw += y->op == US_PP_W || y->op == US_PP_BW;
+                nf += y->op == US_PP_F;
+                nb += y->op == US_PP_B || y->op == US_PP_BW;
+                nw += y->op == US_PP_W || y->op == US_PP_BW;
             }
             if (nf != 1 || nb != 1 || nw != 1) {
-                us__errf(err, errlen, "rank %d: micro-batch %d chunk %d has %d forwards, %d input and %d weight backwards (want 1 each)",
+                us__errf(err, errlen,
+                         "rank %d: micro-batch %d chunk %d has %d forwards, %d input and %d weight "
+                         "backwards (want 1 each)",
                          r, x->mb, x->chunk, nf, nb, nw);
                 return US_ERR_INVALID;
             }
         }
     return US_OK;
 }
+
 /* The walk itself; start (may be NULL) receives every action's start time, [pp][nmax] where
    nmax is the longest rank list: what the renderer draws (a pair's backward starts where its
    forward's share ends). */
-static us_result us__pp_play(const us_pp_schedule *s, double tF, double tB, double tW, us_pp_sim *out, double *start, int nmax,
-                             char *err, size_t errlen) {
+static us_result us__pp_play(const us_pp_schedule *s, double tF, double tB, double tW,
+                             us_pp_sim *out, double *start, int nmax, char *err, size_t errlen) {
     int S = s->pp * s->v, m = s->m, r, i, progress, left;
     us__pp_ev *e = (us__pp_ev *)malloc(sizeof(us__pp_ev) * (size_t)(S * m));
-    int *pc = (int *)calloc((size_t)s->pp, sizeof(int)), *held = (int *)calloc((size_t)s->pp, sizeof(int));
-    double *busy = (double *)calloc((size_t)s->pp, sizeof(double)), *clock = (double *)calloc((size_t)s->pp, sizeof(double)), end = 0;
+    int *pc = (int *)calloc((size_t)s->pp, sizeof(int)),
+        *held = (int *)calloc((size_t)s->pp, sizeof(int));
+    double *busy = (double *)calloc((size_t)s->pp, sizeof(double)),
+           *clock = (double *)calloc((size_t)s->pp, sizeof(double)), end = 0;
     us_result res = US_OK;
-    if (!e || !pc || !held || !busy || !clock) { res = US_ERR_OOM; us__errf(err, errlen, "out of host memory"); goto done; }
+    if (!e || !pc || !held || !busy || !clock) {
+        res = US_ERR_OOM;
+        us__errf(err, errlen, "out of host memory");
+        goto done;
+    }
     memset(out, 0, sizeof *out);
     for (i = 0; i < S * m; i++) e[i].f = e[i].b = e[i].w = -1;
     if ((res = us__pp_check_lists(s, err, errlen)) != US_OK) goto done;
     do {
-        progress = 0; left = 0;
+        progress = 0;
+        left = 0;
         for (r = 0; r < s->pp; r++) {
             while (pc[r] < s->n[r]) {
                 const us_pp_action *x = &s->a[r][pc[r]];
-                int k, n = x->overlap ? 2 : 1;   /* the action, or the F&B pair it starts */
+                int k, n = x->overlap ? 2 : 1; /* the action, or the F&B pair it starts */
                 double t0 = clock[r], ready;
                 for (k = 0; k < n; k++) {
                     if ((ready = us__pp_ready(s, e, r, x + k)) < 0) break;
@@ -7091,11 +9214,18 @@ static us_result us__pp_play(const us_pp_schedule *s, double tF, double tB, doub
                     busy[r] += cost;
                 }
                 clock[r] = t0;
-                for (k = 0; k < n; k++) {   /* a pair's outputs leave together, when it ends */
+                for (k = 0; k < n; k++) { /* a pair's outputs leave together, when it ends */
                     us__pp_ev *me = &e[us_pp_stage(s, r, x[k].chunk) * m + x[k].mb];
-                    if (x[k].op == US_PP_F) { me->f = t0; if (++held[r] > out->peak_act[r]) out->peak_act[r] = held[r]; }
-                    if (x[k].op == US_PP_B || x[k].op == US_PP_BW) me->b = t0;   /* the input gradient leaves when the action ends */
-                    if (x[k].op == US_PP_W || x[k].op == US_PP_BW) { me->w = t0; held[r]--; }   /* activations freed with the weight gradient */
+                    if (x[k].op == US_PP_F) {
+                        me->f = t0;
+                        if (++held[r] > out->peak_act[r]) out->peak_act[r] = held[r];
+                    }
+                    if (x[k].op == US_PP_B || x[k].op == US_PP_BW)
+                        me->b = t0; /* the input gradient leaves when the action ends */
+                    if (x[k].op == US_PP_W || x[k].op == US_PP_BW) {
+                        me->w = t0;
+                        held[r]--;
+                    } /* activations freed with the weight gradient */
                 }
                 if (t0 > end) end = t0;
                 pc[r] += n;
@@ -7106,77 +9236,130 @@ static us_result us__pp_play(const us_pp_schedule *s, double tF, double tB, doub
     } while (progress && left);
     if (left) {
         static const char *name[] = {"F", "B", "W", "BW"};
-        for (r = 0; r < s->pp && pc[r] == s->n[r]; r++) {}
-        us__errf(err, errlen, "the schedule deadlocks: rank %d waits at action %d (%s of micro-batch %d, chunk %d) for an input no rank will produce",
+        for (r = 0; r < s->pp && pc[r] == s->n[r]; r++) {
+        }
+        us__errf(err, errlen,
+                 "the schedule deadlocks: rank %d waits at action %d (%s of micro-batch %d, chunk "
+                 "%d) for an input no rank will produce",
                  r, pc[r], name[s->a[r][pc[r]].op], s->a[r][pc[r]].mb, s->a[r][pc[r]].chunk);
-        res = US_ERR_INVALID; goto done;
+        res = US_ERR_INVALID;
+        goto done;
     }
     out->makespan = end;
     {
         double b = 0;
-        for (r = 0; r < s->pp; r++) { b += busy[r]; if (out->peak_act[r] > out->peak_max) out->peak_max = out->peak_act[r]; }
+        for (r = 0; r < s->pp; r++) {
+            b += busy[r];
+            if (out->peak_act[r] > out->peak_max) out->peak_max = out->peak_act[r];
+        }
         out->bubble = end > 0 ? 1.0 - b / ((double)s->pp * end) : 0;
     }
 done:
-    free(e); free(pc); free(held); free(busy); free(clock);
+    free(e);
+    free(pc);
+    free(held);
+    free(busy);
+    free(clock);
     return res;
 }
 
-US_API us_result us_pp_simulate(const us_pp_schedule *s, double tF, double tB, double tW, us_pp_sim *out, char *err, size_t errlen) {
+US_API us_result us_pp_simulate(const us_pp_schedule *s, double tF, double tB, double tW,
+                                us_pp_sim *out, char *err, size_t errlen) {
     return us__pp_play(s, tF, tB, tW, out, NULL, 0, err, errlen);
 }
 
-US_API us_result us_pp_svg(const us_pp_schedule *s, double tF, double tB, double tW, const char *path, char *err, size_t errlen) {
+US_API us_result us_pp_svg(const us_pp_schedule *s, double tF, double tB, double tW,
+                           const char *path, char *err, size_t errlen) {
     us_pp_sim sim;
     FILE *f;
     double scale, rowh = 28, x0 = 70, width = 1100, *start;
     int rk, i, nmax = 0;
     us_result r;
-    for (rk = 0; rk < s->pp; rk++) if (s->n[rk] > nmax) nmax = s->n[rk];
+    for (rk = 0; rk < s->pp; rk++)
+        if (s->n[rk] > nmax) nmax = s->n[rk];
     start = (double *)malloc(sizeof(double) * (size_t)(s->pp * (nmax ? nmax : 1)));
-    if (!start) { us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
-    if ((r = us__pp_play(s, tF, tB, tW, &sim, start, nmax, err, errlen)) != US_OK) { free(start); return r; }
-    if (!(f = fopen(path, "w"))) { free(start); us__errf(err, errlen, "cannot write %s", path); return US_ERR_IO; }
+    if (!start) {
+        us__errf(err, errlen, "out of host memory");
+        return US_ERR_OOM;
+    }
+    if ((r = us__pp_play(s, tF, tB, tW, &sim, start, nmax, err, errlen)) != US_OK) {
+        free(start);
+        return r;
+    }
+    if (!(f = fopen(path, "w"))) {
+        free(start);
+        us__errf(err, errlen, "cannot write %s", path);
+        return US_ERR_IO;
+    }
     scale = (width - x0 - 10) / sim.makespan;
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" font-size=\"11\">\n",
+    fprintf(f,
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+            "font-family=\"sans-serif\" font-size=\"11\">\n",
             width, rowh * s->pp + 60);
-    fprintf(f, "<text x=\"8\" y=\"16\" font-size=\"13\">%s, pp=%d, m=%d, v=%d: bubble %.1f%%, peak activations %d micro-batch chunks</text>\n",
+    fprintf(f,
+            "<text x=\"8\" y=\"16\" font-size=\"13\">%s, pp=%d, m=%d, v=%d: bubble %.1f%%, peak "
+            "activations %d micro-batch chunks</text>\n",
             us_pp_kind_name(s->kind), s->pp, s->m, s->v, 100 * sim.bubble, sim.peak_max);
     for (rk = 0; rk < s->pp; rk++)
-        for (i = 0; i < s->n[rk]; i++) {   /* one box per action, where the simulation placed it */
+        for (i = 0; i < s->n[rk]; i++) { /* one box per action, where the simulation placed it */
             const us_pp_action *x = &s->a[rk][i];
-            double t0 = start[(size_t)rk * nmax + i], cost = us__pp_cost(x, tF, tB, tW), y = 30 + rk * rowh;
-            const char *col = x->op == US_PP_F ? (x->chunk ? "#6fa8dc" : "#3d85c6") : x->op == US_PP_W ? (x->chunk ? "#b4a7d6" : "#8e7cc3") : (x->chunk ? "#93c47d" : "#6aa84f");
-            fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\" stroke=\"white\"/>"
-                       "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"white\">%d</text>\n",
-                    x0 + t0 * scale, y, cost * scale, rowh - 4, col, x0 + (t0 + cost / 2) * scale, y + 17, x->mb + 1);
-            if (x->overlap)   /* an F&B pair: one black frame around both, as DualPipe draws it */
-                fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"black\" stroke-width=\"1.5\"/>\n",
-                        x0 + t0 * scale, y, (cost + us__pp_cost(x + 1, tF, tB, tW)) * scale, rowh - 4);
+            double t0 = start[(size_t)rk * nmax + i], cost = us__pp_cost(x, tF, tB, tW),
+                   y = 30 + rk * rowh;
+            const char *col = x->op == US_PP_F   ? (x->chunk ? "#6fa8dc" : "#3d85c6")
+                              : x->op == US_PP_W ? (x->chunk ? "#b4a7d6" : "#8e7cc3")
+                                                 : (x->chunk ? "#93c47d" : "#6aa84f");
+            fprintf(f,
+                    "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\" "
+                    "stroke=\"white\"/>"
+                    "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" fill=\"white\">%d</text>\n",
+                    x0 + t0 * scale, y, cost * scale, rowh - 4, col, x0 + (t0 + cost / 2) * scale,
+                    y + 17, x->mb + 1);
+            if (x->overlap) /* an F&B pair: one black frame around both, as DualPipe draws it */
+                fprintf(f,
+                        "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
+                        "stroke=\"black\" stroke-width=\"1.5\"/>\n",
+                        x0 + t0 * scale, y, (cost + us__pp_cost(x + 1, tF, tB, tW)) * scale,
+                        rowh - 4);
         }
-    for (rk = 0; rk < s->pp; rk++) fprintf(f, "<text x=\"8\" y=\"%.1f\">rank %d</text>\n", 30 + rk * rowh + 17, rk);
-    fprintf(f, "<text x=\"%.0f\" y=\"%.0f\">F forward  B/BW backward  W weight gradient (lighter: second chunk%s)</text>\n</svg>\n", x0, rowh * s->pp + 50,
+    for (rk = 0; rk < s->pp; rk++)
+        fprintf(f, "<text x=\"8\" y=\"%.1f\">rank %d</text>\n", 30 + rk * rowh + 17, rk);
+    fprintf(f,
+            "<text x=\"%.0f\" y=\"%.0f\">F forward  B/BW backward  W weight gradient (lighter: "
+            "second chunk%s)</text>\n</svg>\n",
+            x0, rowh * s->pp + 50,
             s->kind == US_PP_DUALPIPEV ? "; framed: an overlapped F&amp;B pair" : "");
     free(start);
-    if (fclose(f) != 0) { us__errf(err, errlen, "cannot finish writing %s", path); return US_ERR_IO; }
+    if (fclose(f) != 0) {
+        us__errf(err, errlen, "cannot finish writing %s", path);
+        return US_ERR_IO;
+    }
     return US_OK;
 }
 
 /* ------------------------------------------------------------------------------------ */
 // >>sample  temperature / top-k sampling
 /* ------------------------------------------------------------------------------------ */
-US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int n_new, float temperature,
-                           int top_k, us_rng *r, int32_t *out) {
+US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int n_new,
+                           float temperature, int top_k, us_rng *r, int32_t *out) {
     int64_t V = m->cfg.vocab, v;
     int len, total = n_prompt + n_new;
     float *lg = (float *)US_MALLOC((size_t)V * 4);
     int32_t *tg = (int32_t *)US_MALLOC((size_t)(total > 0 ? total : 1) * 4);
     us_result res = US_OK;
-    us__fp8_wcache_drop(m);   /* as us_forward_eval, once: the tokens' forwards share the quantised weights */
-    if (!lg || !tg) { US_FREE(lg); US_FREE(tg); us__model_set_error(m, "out of host memory"); return US_ERR_OOM; }
+    us__fp8_wcache_drop(
+        m); /* as us_forward_eval, once: the tokens' forwards share the quantised weights */
+    if (!lg || !tg) {
+        US_FREE(lg);
+        US_FREE(tg);
+        us__model_set_error(m, "out of host memory");
+        return US_ERR_OOM;
+    }
     if (n_prompt < 1 || n_new < 0 || total > m->tc.seq) {
-        us__model_set_error(m, "prompt %d + new %d tokens must be between 1 and seq=%d", n_prompt, n_new, m->tc.seq);
-        US_FREE(lg); US_FREE(tg); return US_ERR_INVALID;
+        us__model_set_error(m, "prompt %d + new %d tokens must be between 1 and seq=%d", n_prompt,
+                            n_new, m->tc.seq);
+        US_FREE(lg);
+        US_FREE(tg);
+        return US_ERR_INVALID;
     }
     memcpy(out, prompt, (size_t)n_prompt * 4);
     for (len = 0; len < total; len++) tg[len] = -1;
@@ -7184,7 +9367,8 @@ US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int
         int64_t pick = 0;
         if ((res = us__forward_eval(m, out, tg, 1, len, NULL, NULL, lg)) != US_OK) break;
         if (temperature <= 0) {
-            for (v = 1; v < V; v++) if (lg[v] > lg[pick]) pick = v;
+            for (v = 1; v < V; v++)
+                if (lg[v] > lg[pick]) pick = v;
         } else {
             /* keep the top_k largest logits (ties by index), softmax at temperature, draw */
             float kth = -INFINITY, mx = -INFINITY, u;
@@ -7192,28 +9376,39 @@ US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int
             if (top_k > 0 && top_k < V) {
                 float *tmp = (float *)US_MALLOC((size_t)V * 4);
                 int kk;
-                if (!tmp) { res = US_ERR_OOM; break; }
+                if (!tmp) {
+                    res = US_ERR_OOM;
+                    break;
+                }
                 memcpy(tmp, lg, (size_t)V * 4);
-                for (kk = 0; kk < top_k; kk++) {   /* partial selection: top_k is small */
+                for (kk = 0; kk < top_k; kk++) { /* partial selection: top_k is small */
                     int64_t best = -1;
-                    for (v = 0; v < V; v++) if (tmp[v] > -INFINITY && (best < 0 || tmp[v] > tmp[best])) best = v;
+                    for (v = 0; v < V; v++)
+                        if (tmp[v] > -INFINITY && (best < 0 || tmp[v] > tmp[best])) best = v;
                     if (best < 0) break;
-                    kth = tmp[best]; tmp[best] = -INFINITY;
+                    kth = tmp[best];
+                    tmp[best] = -INFINITY;
                 }
                 US_FREE(tmp);
             }
-            for (v = 0; v < V; v++) if (lg[v] >= kth && lg[v] > mx) mx = lg[v];
-            for (v = 0; v < V; v++) sum += lg[v] >= kth ? exp((double)(lg[v] - mx) / temperature) : 0.0;
+            for (v = 0; v < V; v++)
+                if (lg[v] >= kth && lg[v] > mx) mx = lg[v];
+            for (v = 0; v < V; v++)
+                sum += lg[v] >= kth ? exp((double)(lg[v] - mx) / temperature) : 0.0;
             u = us_rng_uniform(r);
             pick = V - 1;
             for (v = 0; v < V; v++) {
                 c += lg[v] >= kth ? exp((double)(lg[v] - mx) / temperature) / sum : 0.0;
-                if (lg[v] >= kth && c > u) { pick = v; break; }
+                if (lg[v] >= kth && c > u) {
+                    pick = v;
+                    break;
+                }
             }
         }
         out[len] = (int32_t)pick;
     }
-    US_FREE(lg); US_FREE(tg);
+    US_FREE(lg);
+    US_FREE(tg);
     return res;
 }
 
@@ -7225,25 +9420,51 @@ US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int
    where its subtree ends), depth and token count limited, every byte checked. Enough for the
    safetensors header, the shard index, config.json and trainer_state.json. */
 enum { US__J_OBJ = 1, US__J_ARR, US__J_STR, US__J_NUM, US__J_LIT };
-typedef struct us__jtok { int type, size, next; size_t start, end; } us__jtok;   /* [start, end) raw text; strings without quotes */
+
+typedef struct us__jtok {
+    int type, size, next;
+    size_t start, end;
+} us__jtok; /* [start, end) raw text; strings without quotes */
+
 typedef struct us__json {
-    const char *s; size_t n, i;
-    us__jtok *t; int nt, cap;
+    const char *s;
+    size_t n, i;
+    us__jtok *t;
+    int nt, cap;
     char err[160];
 } us__json;
+
 #define US__J_MAX_DEPTH 32
-static void us__jws(us__json *j) { while (j->i < j->n && (j->s[j->i] == ' ' || j->s[j->i] == '\t' || j->s[j->i] == '\n' || j->s[j->i] == '\r')) j->i++; }
+
+static void us__jws(us__json *j) {
+    while (j->i < j->n &&
+           (j->s[j->i] == ' ' || j->s[j->i] == '\t' || j->s[j->i] == '\n' || j->s[j->i] == '\r'))
+        j->i++;
+}
+
 static int us__jfail(us__json *j, const char *what) {
     if (!j->err[0]) snprintf(j->err, sizeof j->err, "%s at byte %lu", what, (unsigned long)j->i);
     return -1;
 }
+
 static int us__jnew(us__json *j, int type, size_t start) {
     if (j->nt >= j->cap) return us__jfail(j, "too many JSON values");
-    j->t[j->nt].type = type; j->t[j->nt].size = 0; j->t[j->nt].start = start; j->t[j->nt].end = start; j->t[j->nt].next = j->nt + 1;
+    j->t[j->nt].type = type;
+    j->t[j->nt].size = 0;
+    j->t[j->nt].start = start;
+    j->t[j->nt].end = start;
+    j->t[j->nt].next = j->nt + 1;
     return j->nt++;
 }
-static int us__jhex(char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1; }
-static int us__jstring(us__json *j) {   /* at the opening quote */
+
+static int us__jhex(char c) {
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
+static int us__jstring(us__json *j) { /* at the opening quote */
     int k = us__jnew(j, US__J_STR, ++j->i);
     if (k < 0) return -1;
     while (j->i < j->n && j->s[j->i] != '"') {
@@ -7255,9 +9476,12 @@ static int us__jstring(us__json *j) {   /* at the opening quote */
             e = j->s[j->i];
             if (e == 'u') {
                 int q;
-                for (q = 1; q <= 4; q++) if (j->i + q >= j->n || us__jhex(j->s[j->i + q]) < 0) return us__jfail(j, "bad \\u escape in a JSON string");
+                for (q = 1; q <= 4; q++)
+                    if (j->i + q >= j->n || us__jhex(j->s[j->i + q]) < 0)
+                        return us__jfail(j, "bad \\u escape in a JSON string");
                 j->i += 4;
-            } else if (!strchr("\"\\/bfnrt", e) || !e) return us__jfail(j, "bad escape in a JSON string");
+            } else if (!strchr("\"\\/bfnrt", e) || !e)
+                return us__jfail(j, "bad escape in a JSON string");
         }
         j->i++;
     }
@@ -7265,33 +9489,51 @@ static int us__jstring(us__json *j) {   /* at the opening quote */
     j->t[k].end = j->i++;
     return k;
 }
+
 static int us__jvalue(us__json *j, int depth);
+
 static int us__jcontainer(us__json *j, int depth, int obj) {
     int k = us__jnew(j, obj ? US__J_OBJ : US__J_ARR, j->i);
     if (k < 0) return -1;
     if (depth > US__J_MAX_DEPTH) return us__jfail(j, "JSON nested too deeply");
     j->i++;
     us__jws(j);
-    if (j->i < j->n && j->s[j->i] == (obj ? '}' : ']')) { j->i++; j->t[k].end = j->i; j->t[k].next = j->nt; return k; }
+    if (j->i < j->n && j->s[j->i] == (obj ? '}' : ']')) {
+        j->i++;
+        j->t[k].end = j->i;
+        j->t[k].next = j->nt;
+        return k;
+    }
     for (;;) {
         us__jws(j);
         if (obj) {
-            if (j->i >= j->n || j->s[j->i] != '"') return us__jfail(j, "expected a string key in a JSON object");
+            if (j->i >= j->n || j->s[j->i] != '"')
+                return us__jfail(j, "expected a string key in a JSON object");
             if (us__jstring(j) < 0) return -1;
             us__jws(j);
-            if (j->i >= j->n || j->s[j->i] != ':') return us__jfail(j, "expected ':' in a JSON object");
+            if (j->i >= j->n || j->s[j->i] != ':')
+                return us__jfail(j, "expected ':' in a JSON object");
             j->i++;
         }
         if (us__jvalue(j, depth + 1) < 0) return -1;
         j->t[k].size++;
         us__jws(j);
-        if (j->i < j->n && j->s[j->i] == ',') { j->i++; continue; }
-        if (j->i < j->n && j->s[j->i] == (obj ? '}' : ']')) { j->i++; break; }
-        return us__jfail(j, obj ? "expected ',' or '}' in a JSON object" : "expected ',' or ']' in a JSON array");
+        if (j->i < j->n && j->s[j->i] == ',') {
+            j->i++;
+            continue;
+        }
+        if (j->i < j->n && j->s[j->i] == (obj ? '}' : ']')) {
+            j->i++;
+            break;
+        }
+        return us__jfail(j, obj ? "expected ',' or '}' in a JSON object"
+                                : "expected ',' or ']' in a JSON array");
     }
-    j->t[k].end = j->i; j->t[k].next = j->nt;
+    j->t[k].end = j->i;
+    j->t[k].next = j->nt;
     return k;
 }
+
 static int us__jvalue(us__json *j, int depth) {
     char c;
     us__jws(j);
@@ -7299,21 +9541,32 @@ static int us__jvalue(us__json *j, int depth) {
     c = j->s[j->i];
     if (c == '{' || c == '[') return us__jcontainer(j, depth, c == '{');
     if (c == '"') return us__jstring(j);
-    if (c == '-' || (c >= '0' && c <= '9')) {   /* -?(0|[1-9]d*)(.d+)?([eE][+-]?d+)? */
+    if (c == '-' || (c >= '0' && c <= '9')) { /* -?(0|[1-9]d*)(.d+)?([eE][+-]?d+)? */
         int k = us__jnew(j, US__J_NUM, j->i), digits = 0;
         if (k < 0) return -1;
         if (j->s[j->i] == '-') j->i++;
-        while (j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9') { j->i++; digits++; }
+        while (j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9') {
+            j->i++;
+            digits++;
+        }
         if (!digits) return us__jfail(j, "bad JSON number");
         if (j->i < j->n && j->s[j->i] == '.') {
-            j->i++; digits = 0;
-            while (j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9') { j->i++; digits++; }
+            j->i++;
+            digits = 0;
+            while (j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9') {
+                j->i++;
+                digits++;
+            }
             if (!digits) return us__jfail(j, "bad JSON number");
         }
         if (j->i < j->n && (j->s[j->i] == 'e' || j->s[j->i] == 'E')) {
-            j->i++; digits = 0;
+            j->i++;
+            digits = 0;
             if (j->i < j->n && (j->s[j->i] == '+' || j->s[j->i] == '-')) j->i++;
-            while (j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9') { j->i++; digits++; }
+            while (j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9') {
+                j->i++;
+                digits++;
+            }
             if (!digits) return us__jfail(j, "bad JSON number");
         }
         j->t[k].end = j->i;
@@ -7327,25 +9580,37 @@ static int us__jvalue(us__json *j, int depth) {
             if (j->n - j->i >= L && !memcmp(j->s + j->i, lit[q], L)) {
                 int k = us__jnew(j, US__J_LIT, j->i);
                 if (k < 0) return -1;
-                j->i += L; j->t[k].end = j->i;
+                j->i += L;
+                j->t[k].end = j->i;
                 return k;
             }
         }
     }
     return us__jfail(j, "unexpected character in JSON");
 }
+
 /* Parses s[n] as one JSON value; max_tokens bounds the work. 0 on success. */
 static int us__json_parse(us__json *j, const char *s, size_t n, int max_tokens) {
     memset(j, 0, sizeof *j);
-    j->s = s; j->n = n; j->cap = max_tokens;
+    j->s = s;
+    j->n = n;
+    j->cap = max_tokens;
     j->t = (us__jtok *)US_MALLOC(sizeof(us__jtok) * (size_t)(max_tokens > 0 ? max_tokens : 1));
-    if (!j->t) { snprintf(j->err, sizeof j->err, "out of memory for the JSON tokens"); return -1; }
+    if (!j->t) {
+        snprintf(j->err, sizeof j->err, "out of memory for the JSON tokens");
+        return -1;
+    }
     if (us__jvalue(j, 0) < 0) return -1;
     us__jws(j);
     if (j->i != j->n) return us__jfail(j, "trailing bytes after the JSON value");
     return 0;
 }
-static void us__json_free(us__json *j) { US_FREE(j->t); j->t = NULL; }
+
+static void us__json_free(us__json *j) {
+    US_FREE(j->t);
+    j->t = NULL;
+}
+
 /* A string token unescaped into out (UTF-8); 0 if it does not fit or is not a string. */
 static int us__jstr(const us__json *j, int k, char *out, size_t cap) {
     size_t i, o = 0;
@@ -7355,20 +9620,47 @@ static int us__jstr(const us__json *j, int k, char *out, size_t cap) {
         if (cp == '\\') {
             char e = j->s[++i];
             if (e == 'u') {
-                cp = (unsigned)(us__jhex(j->s[i + 1]) << 12 | us__jhex(j->s[i + 2]) << 8 | us__jhex(j->s[i + 3]) << 4 | us__jhex(j->s[i + 4]));
+                cp = (unsigned)(us__jhex(j->s[i + 1]) << 12 | us__jhex(j->s[i + 2]) << 8 |
+                                us__jhex(j->s[i + 3]) << 4 | us__jhex(j->s[i + 4]));
                 i += 4;
-                if (cp >= 0xD800 && cp < 0xDC00 && i + 6 < j->t[k].end && j->s[i + 1] == '\\' && j->s[i + 2] == 'u') {
-                    unsigned lo = (unsigned)(us__jhex(j->s[i + 3]) << 12 | us__jhex(j->s[i + 4]) << 8 | us__jhex(j->s[i + 5]) << 4 | us__jhex(j->s[i + 6]));
-                    if (lo >= 0xDC00 && lo < 0xE000) { cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00); i += 6; }
+                if (cp >= 0xD800 && cp < 0xDC00 && i + 6 < j->t[k].end && j->s[i + 1] == '\\' &&
+                    j->s[i + 2] == 'u') {
+                    unsigned lo =
+                        (unsigned)(us__jhex(j->s[i + 3]) << 12 | us__jhex(j->s[i + 4]) << 8 |
+                                   us__jhex(j->s[i + 5]) << 4 | us__jhex(j->s[i + 6]));
+                    if (lo >= 0xDC00 && lo < 0xE000) {
+                        cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                        i += 6;
+                    }
                 }
-                if (cp == 0) return 0;   /* an embedded NUL would cut a C string short */
-                if (cp < 0x80) { if (o + 1 >= cap) return 0; out[o++] = (char)cp; }
-                else if (cp < 0x800) { if (o + 2 >= cap) return 0; out[o++] = (char)(0xC0 | cp >> 6); out[o++] = (char)(0x80 | (cp & 63)); }
-                else if (cp < 0x10000) { if (o + 3 >= cap) return 0; out[o++] = (char)(0xE0 | cp >> 12); out[o++] = (char)(0x80 | (cp >> 6 & 63)); out[o++] = (char)(0x80 | (cp & 63)); }
-                else { if (o + 4 >= cap) return 0; out[o++] = (char)(0xF0 | cp >> 18); out[o++] = (char)(0x80 | (cp >> 12 & 63)); out[o++] = (char)(0x80 | (cp >> 6 & 63)); out[o++] = (char)(0x80 | (cp & 63)); }
+                if (cp == 0) return 0; /* an embedded NUL would cut a C string short */
+                if (cp < 0x80) {
+                    if (o + 1 >= cap) return 0;
+                    out[o++] = (char)cp;
+                } else if (cp < 0x800) {
+                    if (o + 2 >= cap) return 0;
+                    out[o++] = (char)(0xC0 | cp >> 6);
+                    out[o++] = (char)(0x80 | (cp & 63));
+                } else if (cp < 0x10000) {
+                    if (o + 3 >= cap) return 0;
+                    out[o++] = (char)(0xE0 | cp >> 12);
+                    out[o++] = (char)(0x80 | (cp >> 6 & 63));
+                    out[o++] = (char)(0x80 | (cp & 63));
+                } else {
+                    if (o + 4 >= cap) return 0;
+                    out[o++] = (char)(0xF0 | cp >> 18);
+                    out[o++] = (char)(0x80 | (cp >> 12 & 63));
+                    out[o++] = (char)(0x80 | (cp >> 6 & 63));
+                    out[o++] = (char)(0x80 | (cp & 63));
+                }
                 continue;
             }
-            cp = e == 'b' ? '\b' : e == 'f' ? '\f' : e == 'n' ? '\n' : e == 'r' ? '\r' : e == 't' ? '\t' : (unsigned char)e;
+            cp = e == 'b'   ? '\b'
+                 : e == 'f' ? '\f'
+                 : e == 'n' ? '\n'
+                 : e == 'r' ? '\r'
+                 : e == 't' ? '\t'
+                            : (unsigned char)e;
         }
         if (o + 1 >= cap) return 0;
         out[o++] = (char)cp;
@@ -7376,6 +9668,7 @@ static int us__jstr(const us__json *j, int k, char *out, size_t cap) {
     out[o] = 0;
     return 1;
 }
+
 /* The value of key in object token k, or -1. */
 static int us__jget(const us__json *j, int k, const char *key) {
     int c, q;
@@ -7388,6 +9681,7 @@ static int us__jget(const us__json *j, int k, const char *key) {
     }
     return -1;
 }
+
 /* An integer token (no fraction or exponent) into *v; 0 if not one or out of int64 range. */
 static int us__jint(const us__json *j, int k, int64_t *v) {
     size_t i;
@@ -7395,7 +9689,10 @@ static int us__jint(const us__json *j, int k, int64_t *v) {
     uint64_t x = 0;
     if (k < 0 || j->t[k].type != US__J_NUM) return 0;
     i = j->t[k].start;
-    if (j->s[i] == '-') { neg = 1; i++; }
+    if (j->s[i] == '-') {
+        neg = 1;
+        i++;
+    }
     for (; i < j->t[k].end; i++) {
         char c = j->s[i];
         if (c < '0' || c > '9') return 0;
@@ -7406,16 +9703,19 @@ static int us__jint(const us__json *j, int k, int64_t *v) {
     *v = neg ? -(int64_t)x : (int64_t)x;
     return 1;
 }
+
 static int us__jnum(const us__json *j, int k, double *v) {
     char buf[64];
     size_t L;
     if (k < 0 || j->t[k].type != US__J_NUM) return 0;
     L = j->t[k].end - j->t[k].start;
     if (L >= sizeof buf) return 0;
-    memcpy(buf, j->s + j->t[k].start, L); buf[L] = 0;
+    memcpy(buf, j->s + j->t[k].start, L);
+    buf[L] = 0;
     *v = strtod(buf, NULL);
     return 1;
 }
+
 static int us__jbool(const us__json *j, int k, int *v) {
     if (k < 0 || j->t[k].type != US__J_LIT) return 0;
     if (j->s[j->t[k].start] == 'n') return 0;
@@ -7424,21 +9724,41 @@ static int us__jbool(const us__json *j, int k, int *v) {
 }
 
 /* ---- safetensors: 8-byte little-endian header length, a JSON header, the data section */
-static const struct { const char *name; int size; } us__st_dtypes[] = {
-    {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4}, {"I16", 2}, {"I8", 1}, {"U64", 8}, {"U32", 4},
-    {"U16", 2}, {"U8", 1}, {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
+static const struct {
+    const char *name;
+    int size;
+} us__st_dtypes[] = {{"F64", 8}, {"F32", 4}, {"F16", 2},  {"BF16", 2},    {"I64", 8},
+                     {"I32", 4}, {"I16", 2}, {"I8", 1},   {"U64", 8},     {"U32", 4},
+                     {"U16", 2}, {"U8", 1},  {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
+
 static int us__st_dtype_size(const char *d) {
     size_t i;
-    for (i = 0; i < sizeof us__st_dtypes / sizeof us__st_dtypes[0]; i++) if (!strcmp(us__st_dtypes[i].name, d)) return us__st_dtypes[i].size;
+    for (i = 0; i < sizeof us__st_dtypes / sizeof us__st_dtypes[0]; i++)
+        if (!strcmp(us__st_dtypes[i].name, d)) return us__st_dtypes[i].size;
     return 0;
 }
+
 static int us__st_cmp_begin(const void *a, const void *b) {
     const us_st_tensor *x = *(const us_st_tensor *const *)a, *y = *(const us_st_tensor *const *)b;
-    return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : x->end < y->end ? -1 : x->end > y->end;
+    return x->begin < y->begin   ? -1
+           : x->begin > y->begin ? 1
+           : x->end < y->end     ? -1
+                                 : x->end > y->end;
 }
-static int us__st_cmp_name(const void *a, const void *b) { return strcmp(((const us_st_tensor *)a)->name, ((const us_st_tensor *)b)->name); }
-US_API void us_safetensors_free(us_safetensors *st) { if (st) { US_FREE(st->t); memset(st, 0, sizeof *st); } }
-US_API us_result us_safetensors_parse(us_safetensors *st, const void *bytes, size_t n, uint64_t file_size, char *err, size_t errlen) {
+
+static int us__st_cmp_name(const void *a, const void *b) {
+    return strcmp(((const us_st_tensor *)a)->name, ((const us_st_tensor *)b)->name);
+}
+
+US_API void us_safetensors_free(us_safetensors *st) {
+    if (st) {
+        US_FREE(st->t);
+        memset(st, 0, sizeof *st);
+    }
+}
+
+US_API us_result us_safetensors_parse(us_safetensors *st, const void *bytes, size_t n,
+                                      uint64_t file_size, char *err, size_t errlen) {
     const unsigned char *b = (const unsigned char *)bytes;
     uint64_t hlen = 0;
     us__json j;
@@ -7446,13 +9766,34 @@ US_API us_result us_safetensors_parse(us_safetensors *st, const void *bytes, siz
     us_st_tensor **order = NULL;
     us_result r = US_ERR_FORMAT;
     memset(st, 0, sizeof *st);
-    if (n < 8 || file_size < 8) { us__errf(err, errlen, "safetensors: %llu bytes is too short for the 8-byte header length", (unsigned long long)(n < file_size ? n : file_size)); return US_ERR_FORMAT; }
+    if (n < 8 || file_size < 8) {
+        us__errf(err, errlen, "safetensors: %llu bytes is too short for the 8-byte header length",
+                 (unsigned long long)(n < file_size ? n : file_size));
+        return US_ERR_FORMAT;
+    }
     for (i = 7; i >= 0; i--) hlen = hlen << 8 | b[i];
-    if (hlen < 2 || hlen > US_ST_MAX_HEADER) { us__errf(err, errlen, "safetensors: header length %llu is outside 2..%llu bytes", (unsigned long long)hlen, (unsigned long long)US_ST_MAX_HEADER); return US_ERR_FORMAT; }
-    if (hlen > file_size - 8) { us__errf(err, errlen, "safetensors: header length %llu runs past the end of the %llu-byte file", (unsigned long long)hlen, (unsigned long long)file_size); return US_ERR_FORMAT; }
-    if (hlen > n - 8) { us__errf(err, errlen, "safetensors: only %llu of the header's %llu bytes were given", (unsigned long long)(n - 8), (unsigned long long)hlen); return US_ERR_FORMAT; }
-    if (b[8] != '{') { us__errf(err, errlen, "safetensors: the header does not start with '{'"); return US_ERR_FORMAT; }
-    st->data_start = 8 + hlen; st->data_size = file_size - st->data_start;
+    if (hlen < 2 || hlen > US_ST_MAX_HEADER) {
+        us__errf(err, errlen, "safetensors: header length %llu is outside 2..%llu bytes",
+                 (unsigned long long)hlen, (unsigned long long)US_ST_MAX_HEADER);
+        return US_ERR_FORMAT;
+    }
+    if (hlen > file_size - 8) {
+        us__errf(err, errlen,
+                 "safetensors: header length %llu runs past the end of the %llu-byte file",
+                 (unsigned long long)hlen, (unsigned long long)file_size);
+        return US_ERR_FORMAT;
+    }
+    if (hlen > n - 8) {
+        us__errf(err, errlen, "safetensors: only %llu of the header's %llu bytes were given",
+                 (unsigned long long)(n - 8), (unsigned long long)hlen);
+        return US_ERR_FORMAT;
+    }
+    if (b[8] != '{') {
+        us__errf(err, errlen, "safetensors: the header does not start with '{'");
+        return US_ERR_FORMAT;
+    }
+    st->data_start = 8 + hlen;
+    st->data_size = file_size - st->data_start;
     /* a tensor entry needs at least ~40 header bytes and 8 JSON values: this bounds the tokens */
     ntok = (int)(hlen / 2 + 16 < 4000000 ? hlen / 2 + 16 : 4000000);
     if (us__json_parse(&j, (const char *)b + 8, (size_t)hlen, ntok) != 0) {
@@ -7460,58 +9801,136 @@ US_API us_result us_safetensors_parse(us_safetensors *st, const void *bytes, siz
         us__json_free(&j);
         return US_ERR_FORMAT;
     }
-    if (j.t[0].type != US__J_OBJ) { us__errf(err, errlen, "safetensors: the header is not a JSON object"); goto out; }
-    st->t = (us_st_tensor *)calloc((size_t)(j.t[0].size > 0 ? j.t[0].size : 1), sizeof(us_st_tensor));
-    if (!st->t) { us__errf(err, errlen, "safetensors: out of memory for %d tensor entries", j.t[0].size); r = US_ERR_OOM; goto out; }
+    if (j.t[0].type != US__J_OBJ) {
+        us__errf(err, errlen, "safetensors: the header is not a JSON object");
+        goto out;
+    }
+    st->t =
+        (us_st_tensor *)calloc((size_t)(j.t[0].size > 0 ? j.t[0].size : 1), sizeof(us_st_tensor));
+    if (!st->t) {
+        us__errf(err, errlen, "safetensors: out of memory for %d tensor entries", j.t[0].size);
+        r = US_ERR_OOM;
+        goto out;
+    }
     for (c = 1, k = 0; k < j.t[0].size; k++, c = j.t[c + 1].next) {
         us_st_tensor *t = &st->t[st->n];
         int v = c + 1, d, sh, off, q;
         uint64_t bytes_need;
         int64_t x, y;
-        if (!us__jstr(&j, c, t->name, sizeof t->name) || !t->name[0]) { us__errf(err, errlen, "safetensors: tensor %d has an empty or too long (> 255 bytes) name", k); goto out; }
-        if (!strcmp(t->name, "__metadata__")) {   /* string → string */
+        if (!us__jstr(&j, c, t->name, sizeof t->name) || !t->name[0]) {
+            us__errf(err, errlen,
+                     "safetensors: tensor %d has an empty or too long (> 255 bytes) name", k);
+            goto out;
+        }
+        if (!strcmp(t->name, "__metadata__")) { /* string → string */
             int mm, mc;
-            if (j.t[v].type != US__J_OBJ) { us__errf(err, errlen, "safetensors: __metadata__ is not an object"); goto out; }
+            if (j.t[v].type != US__J_OBJ) {
+                us__errf(err, errlen, "safetensors: __metadata__ is not an object");
+                goto out;
+            }
             for (mc = v + 1, mm = 0; mm < j.t[v].size; mm++, mc = j.t[mc + 1].next)
-                if (j.t[mc + 1].type != US__J_STR) { us__errf(err, errlen, "safetensors: __metadata__ values must be strings"); goto out; }
+                if (j.t[mc + 1].type != US__J_STR) {
+                    us__errf(err, errlen, "safetensors: __metadata__ values must be strings");
+                    goto out;
+                }
             continue;
         }
-        if (j.t[v].type != US__J_OBJ) { us__errf(err, errlen, "safetensors: tensor %s is not described by an object", t->name); goto out; }
-        d = us__jget(&j, v, "dtype"); sh = us__jget(&j, v, "shape"); off = us__jget(&j, v, "data_offsets");
-        if (d < 0 || sh < 0 || off < 0) { us__errf(err, errlen, "safetensors: tensor %s lacks dtype, shape or data_offsets", t->name); goto out; }
-        if (!us__jstr(&j, d, t->dtype, sizeof t->dtype) || !us__st_dtype_size(t->dtype)) { us__errf(err, errlen, "safetensors: tensor %s has an unknown dtype", t->name); goto out; }
-        if (j.t[sh].type != US__J_ARR || j.t[sh].size > US_ST_MAX_DIMS) { us__errf(err, errlen, "safetensors: tensor %s: shape must be an array of at most %d sizes", t->name, US_ST_MAX_DIMS); goto out; }
+        if (j.t[v].type != US__J_OBJ) {
+            us__errf(err, errlen, "safetensors: tensor %s is not described by an object", t->name);
+            goto out;
+        }
+        d = us__jget(&j, v, "dtype");
+        sh = us__jget(&j, v, "shape");
+        off = us__jget(&j, v, "data_offsets");
+        if (d < 0 || sh < 0 || off < 0) {
+            us__errf(err, errlen, "safetensors: tensor %s lacks dtype, shape or data_offsets",
+                     t->name);
+            goto out;
+        }
+        if (!us__jstr(&j, d, t->dtype, sizeof t->dtype) || !us__st_dtype_size(t->dtype)) {
+            us__errf(err, errlen, "safetensors: tensor %s has an unknown dtype", t->name);
+            goto out;
+        }
+        if (j.t[sh].type != US__J_ARR || j.t[sh].size > US_ST_MAX_DIMS) {
+            us__errf(err, errlen,
+                     "safetensors: tensor %s: shape must be an array of at most %d sizes", t->name,
+                     US_ST_MAX_DIMS);
+            goto out;
+        }
         bytes_need = (uint64_t)us__st_dtype_size(t->dtype);
         for (q = 0, x = 0; q < j.t[sh].size; q++) {
-            int e = sh + 1 + q;   /* the elements are numbers: one token each */
-            if (!us__jint(&j, e, &x) || x < 0 || x > ((int64_t)1 << 48)) { us__errf(err, errlen, "safetensors: tensor %s: shape entry %d is not a size in 0..2^48", t->name, q); goto out; }
+            int e = sh + 1 + q; /* the elements are numbers: one token each */
+            if (!us__jint(&j, e, &x) || x < 0 || x > ((int64_t)1 << 48)) {
+                us__errf(err, errlen,
+                         "safetensors: tensor %s: shape entry %d is not a size in 0..2^48", t->name,
+                         q);
+                goto out;
+            }
             t->shape[q] = x;
-            if (x && bytes_need > UINT64_MAX / (uint64_t)x) { us__errf(err, errlen, "safetensors: tensor %s: its size overflows", t->name); goto out; }
+            if (x && bytes_need > UINT64_MAX / (uint64_t)x) {
+                us__errf(err, errlen, "safetensors: tensor %s: its size overflows", t->name);
+                goto out;
+            }
             bytes_need *= (uint64_t)x;
         }
         t->ndim = j.t[sh].size;
-        if (j.t[off].type != US__J_ARR || j.t[off].size != 2 || !us__jint(&j, off + 1, &x) || !us__jint(&j, off + 2, &y) || x < 0 || y < x) {
-            us__errf(err, errlen, "safetensors: tensor %s: data_offsets must be [begin, end] with 0 <= begin <= end", t->name); goto out;
+        if (j.t[off].type != US__J_ARR || j.t[off].size != 2 || !us__jint(&j, off + 1, &x) ||
+            !us__jint(&j, off + 2, &y) || x < 0 || y < x) {
+            us__errf(
+                err, errlen,
+                "safetensors: tensor %s: data_offsets must be [begin, end] with 0 <= begin <= end",
+                t->name);
+            goto out;
         }
-        t->begin = (uint64_t)x; t->end = (uint64_t)y;
-        if (t->end > st->data_size) { us__errf(err, errlen, "safetensors: tensor %s: data_offsets end %llu is past the data section's %llu bytes", t->name, (unsigned long long)t->end, (unsigned long long)st->data_size); goto out; }
-        if (t->end - t->begin != bytes_need) { us__errf(err, errlen, "safetensors: tensor %s: %llu data bytes but dtype %s and its shape need %llu", t->name, (unsigned long long)(t->end - t->begin), t->dtype, (unsigned long long)bytes_need); goto out; }
+        t->begin = (uint64_t)x;
+        t->end = (uint64_t)y;
+        if (t->end > st->data_size) {
+            us__errf(err, errlen,
+                     "safetensors: tensor %s: data_offsets end %llu is past the data section's "
+                     "%llu bytes",
+                     t->name, (unsigned long long)t->end, (unsigned long long)st->data_size);
+            goto out;
+        }
+        if (t->end - t->begin != bytes_need) {
+            us__errf(err, errlen,
+                     "safetensors: tensor %s: %llu data bytes but dtype %s and its shape need %llu",
+                     t->name, (unsigned long long)(t->end - t->begin), t->dtype,
+                     (unsigned long long)bytes_need);
+            goto out;
+        }
         st->n++;
     }
     /* no two tensors share bytes, no two share a name */
     order = (us_st_tensor **)US_MALLOC(sizeof(us_st_tensor *) * (size_t)(st->n ? st->n : 1));
-    if (!order) { us__errf(err, errlen, "safetensors: out of memory"); r = US_ERR_OOM; goto out; }
+    if (!order) {
+        us__errf(err, errlen, "safetensors: out of memory");
+        r = US_ERR_OOM;
+        goto out;
+    }
     for (i = 0; i < st->n; i++) order[i] = &st->t[i];
     qsort(order, (size_t)st->n, sizeof *order, us__st_cmp_begin);
     for (i = 1; i < st->n; i++)
-        if (order[i]->begin < order[i - 1]->end) { us__errf(err, errlen, "safetensors: tensors %s and %s overlap in the data section", order[i - 1]->name, order[i]->name); goto out; }
+        if (order[i]->begin < order[i - 1]->end) {
+            us__errf(err, errlen, "safetensors: tensors %s and %s overlap in the data section",
+                     order[i - 1]->name, order[i]->name);
+            goto out;
+        }
     {
-        us_st_tensor *sorted = (us_st_tensor *)US_MALLOC(sizeof(us_st_tensor) * (size_t)(st->n ? st->n : 1));
-        if (!sorted) { us__errf(err, errlen, "safetensors: out of memory"); r = US_ERR_OOM; goto out; }
+        us_st_tensor *sorted =
+            (us_st_tensor *)US_MALLOC(sizeof(us_st_tensor) * (size_t)(st->n ? st->n : 1));
+        if (!sorted) {
+            us__errf(err, errlen, "safetensors: out of memory");
+            r = US_ERR_OOM;
+            goto out;
+        }
         memcpy(sorted, st->t, sizeof(us_st_tensor) * (size_t)st->n);
         qsort(sorted, (size_t)st->n, sizeof *sorted, us__st_cmp_name);
         for (i = 1; i < st->n; i++)
-            if (!strcmp(sorted[i].name, sorted[i - 1].name)) { us__errf(err, errlen, "safetensors: tensor %s appears twice", sorted[i].name); US_FREE(sorted); goto out; }
+            if (!strcmp(sorted[i].name, sorted[i - 1].name)) {
+                us__errf(err, errlen, "safetensors: tensor %s appears twice", sorted[i].name);
+                US_FREE(sorted);
+                goto out;
+            }
         US_FREE(sorted);
     }
     r = US_OK;
@@ -7521,28 +9940,54 @@ out:
     if (r != US_OK) us_safetensors_free(st);
     return r;
 }
+
 US_API const us_st_tensor *us_safetensors_find(const us_safetensors *st, const char *name) {
     int i;
-    for (i = 0; i < st->n; i++) if (!strcmp(st->t[i].name, name)) return &st->t[i];
+    for (i = 0; i < st->n; i++)
+        if (!strcmp(st->t[i].name, name)) return &st->t[i];
     return NULL;
 }
-US_API us_result us_safetensors_index_parse(const char *json, size_t n, char (*files)[256], int max_files, int *n_files, char *err, size_t errlen) {
+
+US_API us_result us_safetensors_index_parse(const char *json, size_t n, char (*files)[256],
+                                            int max_files, int *n_files, char *err, size_t errlen) {
     us__json j;
     int wm, c, q, k;
     char name[256];
     *n_files = 0;
-    if (n > US_ST_MAX_HEADER) { us__errf(err, errlen, "safetensors index: %llu bytes is larger than the %llu allowed", (unsigned long long)n, (unsigned long long)US_ST_MAX_HEADER); return US_ERR_FORMAT; }
-    if (us__json_parse(&j, json, n, (int)(n / 2 + 16)) != 0) { us__errf(err, errlen, "safetensors index: bad JSON: %s", j.err); us__json_free(&j); return US_ERR_FORMAT; }
+    if (n > US_ST_MAX_HEADER) {
+        us__errf(err, errlen, "safetensors index: %llu bytes is larger than the %llu allowed",
+                 (unsigned long long)n, (unsigned long long)US_ST_MAX_HEADER);
+        return US_ERR_FORMAT;
+    }
+    if (us__json_parse(&j, json, n, (int)(n / 2 + 16)) != 0) {
+        us__errf(err, errlen, "safetensors index: bad JSON: %s", j.err);
+        us__json_free(&j);
+        return US_ERR_FORMAT;
+    }
     wm = us__jget(&j, 0, "weight_map");
-    if (wm < 0 || j.t[wm].type != US__J_OBJ) { us__errf(err, errlen, "safetensors index: no \"weight_map\" object"); us__json_free(&j); return US_ERR_FORMAT; }
+    if (wm < 0 || j.t[wm].type != US__J_OBJ) {
+        us__errf(err, errlen, "safetensors index: no \"weight_map\" object");
+        us__json_free(&j);
+        return US_ERR_FORMAT;
+    }
     for (c = wm + 1, q = 0; q < j.t[wm].size; q++, c = j.t[c + 1].next) {
-        if (!us__jstr(&j, c + 1, name, sizeof name) || !name[0] || strchr(name, '/') || strchr(name, '\\') || !strcmp(name, ".") || !strcmp(name, "..")) {
-            us__errf(err, errlen, "safetensors index: weight_map entry %d is not a plain file name inside the directory", q);
-            us__json_free(&j); return US_ERR_FORMAT;
+        if (!us__jstr(&j, c + 1, name, sizeof name) || !name[0] || strchr(name, '/') ||
+            strchr(name, '\\') || !strcmp(name, ".") || !strcmp(name, "..")) {
+            us__errf(err, errlen,
+                     "safetensors index: weight_map entry %d is not a plain file name inside the "
+                     "directory",
+                     q);
+            us__json_free(&j);
+            return US_ERR_FORMAT;
         }
-        for (k = 0; k < *n_files; k++) if (!strcmp(files[k], name)) break;
+        for (k = 0; k < *n_files; k++)
+            if (!strcmp(files[k], name)) break;
         if (k < *n_files) continue;
-        if (*n_files >= max_files) { us__errf(err, errlen, "safetensors index: more than %d shard files", max_files); us__json_free(&j); return US_ERR_FORMAT; }
+        if (*n_files >= max_files) {
+            us__errf(err, errlen, "safetensors index: more than %d shard files", max_files);
+            us__json_free(&j);
+            return US_ERR_FORMAT;
+        }
         memcpy(files[(*n_files)++], name, sizeof name);
     }
     us__json_free(&j);
@@ -7562,14 +10007,26 @@ US_API us_result us_safetensors_index_parse(const char *json, size_t n, char (*f
 #endif
 #if US__CKPT_POSIX
 /* ---- the model's tensors in the file: full shapes, Hugging Face names, layout-free */
-typedef struct us__ck_t { char name[96]; int64_t rows, cols; } us__ck_t;   /* cols 0: 1-D */
+typedef struct us__ck_t {
+    char name[96];
+    int64_t rows, cols;
+} us__ck_t; /* cols 0: 1-D */
+
 /* Every tensor of the whole model in file order (dense or MoE; each MoE layer's router bias as
    DeepSeek-V3's e_score_correction_bias when balancing by bias). out may be NULL (count only). */
 static int us__ckpt_tensors(const us_model *m, us__ck_t *out) {
     const us_model_config *c = &m->cfg;
     int64_t C = c->dim, HS = C / c->n_heads, Fe = c->moe_ffn_dim;
     int l, e, n = 0;
-#define US__CT(r, cc, ...) do { if (out) { snprintf(out[n].name, sizeof out[n].name, __VA_ARGS__); out[n].rows = (r); out[n].cols = (cc); } n++; } while (0)
+#define US__CT(r, cc, ...)                                          \
+    do {                                                            \
+        if (out) {                                                  \
+            snprintf(out[n].name, sizeof out[n].name, __VA_ARGS__); \
+            out[n].rows = (r);                                      \
+            out[n].cols = (cc);                                     \
+        }                                                           \
+        n++;                                                        \
+    } while (0)
     US__CT(c->vocab, C, "model.embed_tokens.weight");
     for (l = 0; l < m->n_layers_global; l++) {
         US__CT(C, 0, "model.layers.%d.input_layernorm.weight", l);
@@ -7580,7 +10037,8 @@ static int us__ckpt_tensors(const us_model *m, us__ck_t *out) {
         US__CT(C, 0, "model.layers.%d.post_attention_layernorm.weight", l);
         if (us__is_moe(c, l)) {
             US__CT(c->moe_experts, C, "model.layers.%d.mlp.gate.weight", l);
-            if (c->moe_balance == US_MOE_BALANCE_BIAS) US__CT(c->moe_experts, 0, "model.layers.%d.mlp.gate.e_score_correction_bias", l);
+            if (c->moe_balance == US_MOE_BALANCE_BIAS)
+                US__CT(c->moe_experts, 0, "model.layers.%d.mlp.gate.e_score_correction_bias", l);
             if (c->moe_shared) {
                 US__CT(Fe, C, "model.layers.%d.mlp.shared_experts.gate_proj.weight", l);
                 US__CT(Fe, C, "model.layers.%d.mlp.shared_experts.up_proj.weight", l);
@@ -7602,29 +10060,39 @@ static int us__ckpt_tensors(const us_model *m, us__ck_t *out) {
 #undef US__CT
     return n;
 }
+
 /* Tensor parallelism's slice of a local tensor in the full one: element j of the local tensor is
    element g of the full one, and the run of local elements from j that stay contiguous there. */
 static int64_t us__ckpt_global(const us_model *m, const us_param *p, int64_t j, int64_t *run) {
     int64_t t = m->mesh.tp_rank, tp = m->tc.tp > 1 ? m->tc.tp : 1;
-    if (p->tp_split == 2) {   /* columns split: row r of the slice is a piece of full row r */
+    if (p->tp_split == 2) { /* columns split: row r of the slice is a piece of full row r */
         int64_t cols = p->shape[1], r = j / cols, cc = j % cols;
         *run = cols - cc;
         return r * cols * tp + t * cols + cc;
     }
     *run = p->numel - j;
-    return p->tp_split == 1 ? j + t * p->numel : j;   /* rows split: a contiguous block */
+    return p->tp_split == 1 ? j + t * p->numel : j; /* rows split: a contiguous block */
 }
+
 /* The flat range [lo, hi) of unit U whose elements this rank writes (owned = 1) or needs to
    read. ZeRO: this rank's piece; else the whole unit, written by one replica (dp×cp rank 0,
    or for routed experts under ep the expert-data-parallel rank 0). weights = 1: the range of the
    weights the forward reads (whole units unless ZeRO-3). */
-static void us__ckpt_range(const us_model *m, const us__unit *U, int owned, int weights, int64_t *lo, int64_t *hi) {
+static void us__ckpt_range(const us_model *m, const us__unit *U, int owned, int weights,
+                           int64_t *lo, int64_t *hi) {
     int Z = m->tc.zero, R = m->mesh.dpcp_g.rank;
-    if (Z && (owned || !weights || Z == 3)) { *lo = U->off + (int64_t)R * U->piece; *hi = *lo + U->piece; return; }
-    if (owned && (U->expert ? m->edp_g.rank : R) != 0) { *lo = *hi = U->off; return; }
-    *lo = U->off; *hi = U->off + U->n;
+    if (Z && (owned || !weights || Z == 3)) {
+        *lo = U->off + (int64_t)R * U->piece;
+        *hi = *lo + U->piece;
+        return;
+    }
+    if (owned && (U->expert ? m->edp_g.rank : R) != 0) {
+        *lo = *hi = U->off;
+        return;
+    }
+    *lo = U->off;
+    *hi = U->off + U->n;
 }
-
 
 #endif
 /* Every rank learns whether any rank failed (a sum over the world: also a barrier). */
@@ -7632,20 +10100,32 @@ static us_result us__ckpt_agree(us_model *m, us_result mine) {
     double v = mine != US_OK;
     us_result r = us__group_sum(m, &m->comm->world, &v, 1);
     if (r != US_OK) return r;
-    if (v > 0 && mine == US_OK) { us__model_set_error(m, "checkpoint: another rank failed (its own message says why)"); return US_ERR_IO; }
+    if (v > 0 && mine == US_OK) {
+        us__model_set_error(m, "checkpoint: another rank failed (its own message says why)");
+        return US_ERR_IO;
+    }
     return mine;
 }
 #if US__CKPT_POSIX
-static void us__ckpt_cvt_out(void *dst, const char *fdt, const float *src, int64_t n) {   /* fp32 → the file's dtype */
+static void us__ckpt_cvt_out(void *dst, const char *fdt, const float *src,
+                             int64_t n) { /* fp32 → the file's dtype */
     int64_t i;
-    if (!strcmp(fdt, "F32")) memcpy(dst, src, (size_t)n * 4);
-    else for (i = 0; i < n; i++) ((uint16_t *)dst)[i] = us_f32_to_bf16(src[i]);
+    if (!strcmp(fdt, "F32"))
+        memcpy(dst, src, (size_t)n * 4);
+    else
+        for (i = 0; i < n; i++) ((uint16_t *)dst)[i] = us_f32_to_bf16(src[i]);
 }
-static void us__ckpt_cvt_in(float *dst, const char *fdt, const void *src, int64_t n) {   /* F32 / BF16 / F16 → fp32 */
+
+static void us__ckpt_cvt_in(float *dst, const char *fdt, const void *src,
+                            int64_t n) { /* F32 / BF16 / F16 → fp32 */
     int64_t i;
-    if (!strcmp(fdt, "F32")) memcpy(dst, src, (size_t)n * 4);
-    else if (!strcmp(fdt, "BF16")) for (i = 0; i < n; i++) dst[i] = us_bf16_to_f32(((const uint16_t *)src)[i]);
-    else for (i = 0; i < n; i++) dst[i] = us__f16_to_f32(((const uint16_t *)src)[i]);   /* // >>dtypes */
+    if (!strcmp(fdt, "F32"))
+        memcpy(dst, src, (size_t)n * 4);
+    else if (!strcmp(fdt, "BF16"))
+        for (i = 0; i < n; i++) dst[i] = us_bf16_to_f32(((const uint16_t *)src)[i]);
+    else
+        for (i = 0; i < n; i++)
+            dst[i] = us__f16_to_f32(((const uint16_t *)src)[i]); /* // >>dtypes */
 }
 
 static int us__pwrite_all(int fd, const void *buf, size_t n, uint64_t off) {
@@ -7654,20 +10134,26 @@ static int us__pwrite_all(int fd, const void *buf, size_t n, uint64_t off) {
         ssize_t w = pwrite(fd, p, n, (off_t)off);
         if (w < 0 && errno == EINTR) continue;
         if (w <= 0) return -1;
-        p += w; n -= (size_t)w; off += (uint64_t)w;
+        p += w;
+        n -= (size_t)w;
+        off += (uint64_t)w;
     }
     return 0;
 }
+
 static int us__pread_all(int fd, void *buf, size_t n, uint64_t off) {
     char *p = (char *)buf;
     while (n) {
         ssize_t r = pread(fd, p, n, (off_t)off);
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) return -1;
-        p += r; n -= (size_t)r; off += (uint64_t)r;
+        p += r;
+        n -= (size_t)r;
+        off += (uint64_t)r;
     }
     return 0;
 }
+
 static int us__fsync_path(const char *path) {
     int fd = open(path, O_RDONLY), rc;
     if (fd < 0) return -1;
@@ -7675,7 +10161,8 @@ static int us__fsync_path(const char *path) {
     close(fd);
     return rc;
 }
-static void us__rm_tree(const char *dir) {   /* a checkpoint directory: files only, one level */
+
+static void us__rm_tree(const char *dir) { /* a checkpoint directory: files only, one level */
     DIR *d = opendir(dir);
     struct dirent *e;
     char p[4096];
@@ -7689,17 +10176,28 @@ static void us__rm_tree(const char *dir) {   /* a checkpoint directory: files on
     }
     rmdir(dir);
 }
+
 static void us__parent_dir(const char *path, char *out, size_t cap) {
     const char *s = strrchr(path, '/');
-    if (!s) snprintf(out, cap, ".");
-    else if (s == path) snprintf(out, cap, "/");
-    else snprintf(out, cap, "%.*s", (int)(s - path), path);
+    if (!s)
+        snprintf(out, cap, ".");
+    else if (s == path)
+        snprintf(out, cap, "/");
+    else
+        snprintf(out, cap, "%.*s", (int)(s - path), path);
 }
 
 /* One safetensors file being written: its tensors (index into the global list), dtype and offsets. */
-typedef struct us__ckf { char path[4096]; int fd; int t0, t1; uint64_t data_start, size; } us__ckf;
+typedef struct us__ckf {
+    char path[4096];
+    int fd;
+    int t0, t1;
+    uint64_t data_start, size;
+} us__ckf;
+
 /* The JSON header for tensors [t0, t1) of list (names prefixed), padded with spaces to 8 bytes. */
-static char *us__st_header(const us__ck_t *list, int t0, int t1, const char *prefix, const char *dt, uint64_t *hlen, uint64_t *data) {
+static char *us__st_header(const us__ck_t *list, int t0, int t1, const char *prefix, const char *dt,
+                           uint64_t *hlen, uint64_t *data) {
     size_t cap = 256 + (size_t)(t1 - t0) * 256, len;
     char *h = (char *)US_MALLOC(cap);
     int i, esz = us__st_dtype_size(dt);
@@ -7707,29 +10205,45 @@ static char *us__st_header(const us__ck_t *list, int t0, int t1, const char *pre
     if (!h) return NULL;
     len = (size_t)snprintf(h, cap, "{\"__metadata__\":{\"format\":\"pt\"}");
     for (i = t0; i < t1; i++) {
-        uint64_t nb = (uint64_t)list[i].rows * (uint64_t)(list[i].cols ? list[i].cols : 1) * (uint64_t)esz;
-        if (list[i].cols) len += (size_t)snprintf(h + len, cap - len, ",\"%s%s\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld],\"data_offsets\":[%llu,%llu]}", prefix, list[i].name, dt,
-                                                  (long long)list[i].rows, (long long)list[i].cols, (unsigned long long)off, (unsigned long long)(off + nb));
-        else len += (size_t)snprintf(h + len, cap - len, ",\"%s%s\":{\"dtype\":\"%s\",\"shape\":[%lld],\"data_offsets\":[%llu,%llu]}", prefix, list[i].name, dt,
-                                     (long long)list[i].rows, (unsigned long long)off, (unsigned long long)(off + nb));
+        uint64_t nb =
+            (uint64_t)list[i].rows * (uint64_t)(list[i].cols ? list[i].cols : 1) * (uint64_t)esz;
+        if (list[i].cols)
+            len += (size_t)snprintf(
+                h + len, cap - len,
+                ",\"%s%s\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld],\"data_offsets\":[%llu,%llu]}",
+                prefix, list[i].name, dt, (long long)list[i].rows, (long long)list[i].cols,
+                (unsigned long long)off, (unsigned long long)(off + nb));
+        else
+            len += (size_t)snprintf(
+                h + len, cap - len,
+                ",\"%s%s\":{\"dtype\":\"%s\",\"shape\":[%lld],\"data_offsets\":[%llu,%llu]}",
+                prefix, list[i].name, dt, (long long)list[i].rows, (unsigned long long)off,
+                (unsigned long long)(off + nb));
         off += nb;
     }
     len += (size_t)snprintf(h + len, cap - len, "}");
     while (len % 8) h[len++] = ' ';
     h[len] = 0;
-    *hlen = len; *data = off;
+    *hlen = len;
+    *data = off;
     return h;
 }
+
 /* Rank 0: creates the file with its header and its full size (holes until the ranks write). */
-static us_result us__ckf_create(us_model *m, us__ckf *f, const us__ck_t *list, const char *prefix, const char *dt) {
+static us_result us__ckf_create(us_model *m, us__ckf *f, const us__ck_t *list, const char *prefix,
+                                const char *dt) {
     uint64_t hlen, data;
     unsigned char len8[8];
     int i, fd;
     char *h = us__st_header(list, f->t0, f->t1, prefix, dt, &hlen, &data);
-    if (!h) { us__model_set_error(m, "checkpoint: out of host memory for a header"); return US_ERR_OOM; }
+    if (!h) {
+        us__model_set_error(m, "checkpoint: out of host memory for a header");
+        return US_ERR_OOM;
+    }
     for (i = 0; i < 8; i++) len8[i] = (unsigned char)(hlen >> (8 * i));
     fd = open(f->path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0 || us__pwrite_all(fd, len8, 8, 0) || us__pwrite_all(fd, h, (size_t)hlen, 8) || ftruncate(fd, (off_t)(8 + hlen + data)) || fsync(fd)) {
+    if (fd < 0 || us__pwrite_all(fd, len8, 8, 0) || us__pwrite_all(fd, h, (size_t)hlen, 8) ||
+        ftruncate(fd, (off_t)(8 + hlen + data)) || fsync(fd)) {
         us__model_set_error(m, "checkpoint: cannot write %s: %s", f->path, strerror(errno));
         if (fd >= 0) close(fd);
         US_FREE(h);
@@ -7741,75 +10255,121 @@ static us_result us__ckf_create(us_model *m, us__ckf *f, const us__ck_t *list, c
 }
 
 /* Host copies of this rank's state buffers (what the device holds), fp32 except w in dt. */
-typedef struct us__ckhost { void *w; float *master, *m, *v; int64_t wn, on; } us__ckhost;
-static void us__ckhost_free(us__ckhost *h) { US_FREE(h->w); US_FREE(h->master); US_FREE(h->m); US_FREE(h->v); memset(h, 0, sizeof *h); }
+typedef struct us__ckhost {
+    void *w;
+    float *master, *m, *v;
+    int64_t wn, on;
+} us__ckhost;
+
+static void us__ckhost_free(us__ckhost *h) {
+    US_FREE(h->w);
+    US_FREE(h->master);
+    US_FREE(h->m);
+    US_FREE(h->v);
+    memset(h, 0, sizeof *h);
+}
+
 /* Where flat element f of unit U lives in the weights (which = 0) or the sharded fp32 buffers. */
 static int64_t us__ckpt_index(const us_model *m, const us__unit *U, int which, int64_t f) {
     int Z = m->tc.zero;
-    if ((which == 0 && Z == 3) || (which && Z)) return U->shard_off + f - (U->off + (int64_t)m->mesh.dpcp_g.rank * U->piece);
+    if ((which == 0 && Z == 3) || (which && Z))
+        return U->shard_off + f - (U->off + (int64_t)m->mesh.dpcp_g.rank * U->piece);
     return f;
 }
 
 /* Writes this rank's owned elements of buffer `which` (0 weights, 1 master, 2 exp_avg, 3
    exp_avg_sq) into the files f[0..nf) holding the global list; crash_after counts bytes. */
-static us_result us__ckpt_write_buf(us_model *m, us__ckf *f, int nf, const us__ck_t *list, int nlist, int which, const us__ckhost *h,
-                                    const char *prefix, const char *fdt, int64_t *written, int64_t crash_after) {
+static us_result us__ckpt_write_buf(us_model *m, us__ckf *f, int nf, const us__ck_t *list,
+                                    int nlist, int which, const us__ckhost *h, const char *prefix,
+                                    const char *fdt, int64_t *written, int64_t crash_after) {
     int u, i, k, esz = us__st_dtype_size(fdt);
     char full[160];
     float *tmp32 = NULL;
     void *tmpo = NULL;
     int64_t cap = 0;
     us_result r = US_OK;
-    (void)nlist; (void)prefix;
+    (void)nlist;
+    (void)prefix;
     for (u = 0; u < m->n_units && r == US_OK; u++) {
         const us__unit *U = &m->units[u];
         int64_t lo, hi;
         us__ckpt_range(m, U, 1, which == 0, &lo, &hi);
         for (i = U->p0; i < U->p1 && r == US_OK; i++) {
             const us_param *p = &m->params[i];
-            int64_t a = p->offset > lo ? p->offset : lo, b = p->offset + p->numel < hi ? p->offset + p->numel : hi, fpos, run;
+            int64_t a = p->offset > lo ? p->offset : lo,
+                    b = p->offset + p->numel < hi ? p->offset + p->numel : hi, fpos, run;
             int fi = -1, ti = -1;
             uint64_t toff = 0;
             if (a >= b) continue;
             snprintf(full, sizeof full, "%s", p->name);
-            for (k = 0; k < nf && ti < 0; k++) {   /* which file and where in it */
+            for (k = 0; k < nf && ti < 0; k++) { /* which file and where in it */
                 int t;
                 uint64_t off = 0;
                 for (t = f[k].t0; t < f[k].t1; t++) {
-                    if (!strcmp(list[t].name, full)) { fi = k; ti = t; toff = off; break; }
-                    off += (uint64_t)list[t].rows * (uint64_t)(list[t].cols ? list[t].cols : 1) * (uint64_t)esz;
+                    if (!strcmp(list[t].name, full)) {
+                        fi = k;
+                        ti = t;
+                        toff = off;
+                        break;
+                    }
+                    off += (uint64_t)list[t].rows * (uint64_t)(list[t].cols ? list[t].cols : 1) *
+                           (uint64_t)esz;
                 }
             }
-            if (ti < 0) { us__model_set_error(m, "checkpoint: internal: %s is not in the file list", full); return US_ERR_INVALID; }
+            if (ti < 0) {
+                us__model_set_error(m, "checkpoint: internal: %s is not in the file list", full);
+                return US_ERR_INVALID;
+            }
             for (fpos = a; fpos < b; fpos += run) {
-                int64_t g = us__ckpt_global(m, p, fpos - p->offset, &run), idx = us__ckpt_index(m, U, which, fpos), e;
+                int64_t g = us__ckpt_global(m, p, fpos - p->offset, &run),
+                        idx = us__ckpt_index(m, U, which, fpos), e;
                 if (run > b - fpos) run = b - fpos;
                 if (run > cap) {
-                    US_FREE(tmp32); US_FREE(tmpo);
-                    cap = run; tmp32 = (float *)US_MALLOC((size_t)cap * 4); tmpo = US_MALLOC((size_t)cap * 4);
-                    if (!tmp32 || !tmpo) { us__model_set_error(m, "checkpoint: out of host memory"); r = US_ERR_OOM; break; }
+                    US_FREE(tmp32);
+                    US_FREE(tmpo);
+                    cap = run;
+                    tmp32 = (float *)US_MALLOC((size_t)cap * 4);
+                    tmpo = US_MALLOC((size_t)cap * 4);
+                    if (!tmp32 || !tmpo) {
+                        us__model_set_error(m, "checkpoint: out of host memory");
+                        r = US_ERR_OOM;
+                        break;
+                    }
                 }
-                if (which == 0 && m->dt == US_BF16) memcpy(tmpo, (const uint16_t *)h->w + idx, (size_t)run * 2);   /* bf16 as it is */
+                if (which == 0 && m->dt == US_BF16)
+                    memcpy(tmpo, (const uint16_t *)h->w + idx, (size_t)run * 2); /* bf16 as it is */
                 else {
-                    const float *src = which == 0 ? (const float *)h->w : which == 1 ? h->master : which == 2 ? h->m : h->v;
+                    const float *src = which == 0   ? (const float *)h->w
+                                       : which == 1 ? h->master
+                                       : which == 2 ? h->m
+                                                    : h->v;
                     for (e = 0; e < run; e++) tmp32[e] = src[idx + e];
                     us__ckpt_cvt_out(tmpo, fdt, tmp32, run);
                 }
-                if (crash_after > 0 && *written + run * esz >= crash_after) {   /* the crash test: die mid-write */
+                if (crash_after > 0 &&
+                    *written + run * esz >= crash_after) { /* the crash test: die mid-write */
                     int64_t part = (crash_after - *written) / esz;
-                    if (part > 0) us__pwrite_all(f[fi].fd, tmpo, (size_t)(part * esz), f[fi].data_start + toff + (uint64_t)g * (uint64_t)esz);
+                    if (part > 0)
+                        us__pwrite_all(f[fi].fd, tmpo, (size_t)(part * esz),
+                                       f[fi].data_start + toff + (uint64_t)g * (uint64_t)esz);
                     raise(SIGKILL);
                 }
-                if (us__pwrite_all(f[fi].fd, tmpo, (size_t)(run * esz), f[fi].data_start + toff + (uint64_t)g * (uint64_t)esz)) {
-                    us__model_set_error(m, "checkpoint: cannot write %s: %s", f[fi].path, strerror(errno)); r = US_ERR_IO; break;
+                if (us__pwrite_all(f[fi].fd, tmpo, (size_t)(run * esz),
+                                   f[fi].data_start + toff + (uint64_t)g * (uint64_t)esz)) {
+                    us__model_set_error(m, "checkpoint: cannot write %s: %s", f[fi].path,
+                                        strerror(errno));
+                    r = US_ERR_IO;
+                    break;
                 }
                 *written += run * esz;
             }
         }
     }
-    US_FREE(tmp32); US_FREE(tmpo);
+    US_FREE(tmp32);
+    US_FREE(tmpo);
     return r;
 }
+
 static int us__write_text(const char *path, const char *text) {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644), rc;
     if (fd < 0) return -1;
@@ -7819,15 +10379,21 @@ static int us__write_text(const char *path, const char *text) {
 }
 #endif
 
-US_API us_result us_ckpt_save(us_model *m, const char *dir, const us_ckpt_state *st, const us_ckpt_opts *opts_in) {
+US_API us_result us_ckpt_save(us_model *m, const char *dir, const us_ckpt_state *st,
+                              const us_ckpt_opts *opts_in) {
 #if !US__CKPT_POSIX
-    (void)dir; (void)st; (void)opts_in;
-    us__model_set_error(m, "checkpoint: this build has no POSIX file calls (compile with -D_POSIX_C_SOURCE=200809L)");
+    (void)dir;
+    (void)st;
+    (void)opts_in;
+    us__model_set_error(
+        m,
+        "checkpoint: this build has no POSIX file calls (compile with -D_POSIX_C_SOURCE=200809L)");
     return US_ERR_IO;
 #else
     us_ckpt_opts opts;
     us_ops *o = &m->ops;
-    int rank = m->comm->world.rank, nlist, nf = 0, k, bf = m->dt == US_BF16, Z = m->tc.zero, has_master = m->dt != US_F32 && m->master;   /* fp16: an F32 file, exact */
+    int rank = m->comm->world.rank, nlist, nf = 0, k, bf = m->dt == US_BF16, Z = m->tc.zero,
+        has_master = m->dt != US_F32 && m->master; /* fp16: an F32 file, exact */
     us__ck_t *list = NULL;
     us__ckf *files = NULL, opt;
     char tmp[4096], parent[4096], old[4096];
@@ -7839,29 +10405,49 @@ US_API us_result us_ckpt_save(us_model *m, const char *dir, const us_ckpt_state 
     memset(&h, 0, sizeof h);
     memset(&opt, 0, sizeof opt);
     opt.fd = -1;
-    if (strlen(dir) + 64 > sizeof tmp) { us__model_set_error(m, "checkpoint: the path %.64s... is too long", dir); return US_ERR_INVALID; }
+    if (strlen(dir) + 64 > sizeof tmp) {
+        us__model_set_error(m, "checkpoint: the path %.64s... is too long", dir);
+        return US_ERR_INVALID;
+    }
     snprintf(tmp, sizeof tmp, "%s.tmp", dir);
     nlist = us__ckpt_tensors(m, NULL);
     list = (us__ck_t *)US_MALLOC(sizeof(us__ck_t) * (size_t)nlist);
     files = (us__ckf *)calloc((size_t)nlist, sizeof(us__ckf));
-    if (!list || !files) { US_FREE(list); US_FREE(files); us__model_set_error(m, "checkpoint: out of host memory"); return US_ERR_OOM; }
+    if (!list || !files) {
+        US_FREE(list);
+        US_FREE(files);
+        us__model_set_error(m, "checkpoint: out of host memory");
+        return US_ERR_OOM;
+    }
     us__ckpt_tensors(m, list);
-    {   /* the model files: one, or shards of about shard_bytes */
+    { /* the model files: one, or shards of about shard_bytes */
         int t = 0;
         uint64_t esz = bf ? 2 : 4;
         while (t < nlist) {
             uint64_t acc = 0;
             files[nf].t0 = t;
-            do { acc += (uint64_t)list[t].rows * (uint64_t)(list[t].cols ? list[t].cols : 1) * (list[t].cols == 0 && strstr(list[t].name, "e_score") ? 4 : esz); t++; }
-            while (t < nlist && (opts.shard_bytes <= 0 || acc + (uint64_t)list[t].rows * (uint64_t)(list[t].cols ? list[t].cols : 1) * esz <= (uint64_t)opts.shard_bytes));
-            files[nf].t1 = t; files[nf].fd = -1; nf++;
+            do {
+                acc += (uint64_t)list[t].rows * (uint64_t)(list[t].cols ? list[t].cols : 1) *
+                       (list[t].cols == 0 && strstr(list[t].name, "e_score") ? 4 : esz);
+                t++;
+            } while (t < nlist && (opts.shard_bytes <= 0 ||
+                                   acc + (uint64_t)list[t].rows *
+                                               (uint64_t)(list[t].cols ? list[t].cols : 1) * esz <=
+                                       (uint64_t)opts.shard_bytes));
+            files[nf].t1 = t;
+            files[nf].fd = -1;
+            nf++;
         }
         for (k = 0; k < nf; k++) {
-            if (nf == 1) snprintf(files[k].path, sizeof files[k].path, "%.4000s/model.safetensors", tmp);
-            else snprintf(files[k].path, sizeof files[k].path, "%.4000s/model-%05d-of-%05d.safetensors", tmp, k + 1, nf % 100000);
+            if (nf == 1)
+                snprintf(files[k].path, sizeof files[k].path, "%.4000s/model.safetensors", tmp);
+            else
+                snprintf(files[k].path, sizeof files[k].path,
+                         "%.4000s/model-%05d-of-%05d.safetensors", tmp, k + 1, nf % 100000);
         }
         snprintf(opt.path, sizeof opt.path, "%.4000s/optimizer.safetensors", tmp);
-        opt.t0 = 0; opt.t1 = nlist;
+        opt.t0 = 0;
+        opt.t1 = nlist;
     }
     /* the router biases are fp32 whatever the policy: they go in the model file as F32 beside
        weights of dt, so a file mixes dtypes only for MoE models balanced by bias. Keep it simple:
@@ -7869,22 +10455,35 @@ US_API us_result us_ckpt_save(us_model *m, const char *dir, const us_ckpt_state 
     if (m->n_moe && m->cfg.moe_balance == US_MOE_BALANCE_BIAS) bf = 0;
     /* 1. rank 0 makes dir.tmp and the pre-sized files */
     if (rank == 0) {
-        us__rm_tree(tmp);   /* a crashed earlier save */
-        if (mkdir(tmp, 0755) != 0) { us__model_set_error(m, "checkpoint: cannot create %s: %s", tmp, strerror(errno)); r = US_ERR_IO; }
-        for (k = 0; k < nf && r == US_OK; k++) r = us__ckf_create(m, &files[k], list, "", bf ? "BF16" : "F32");
-        if (r == US_OK && !opts.weights_only) {   /* exp_avg, exp_avg_sq (and master) per tensor: three lists in one file */
+        us__rm_tree(tmp); /* a crashed earlier save */
+        if (mkdir(tmp, 0755) != 0) {
+            us__model_set_error(m, "checkpoint: cannot create %s: %s", tmp, strerror(errno));
+            r = US_ERR_IO;
+        }
+        for (k = 0; k < nf && r == US_OK; k++)
+            r = us__ckf_create(m, &files[k], list, "", bf ? "BF16" : "F32");
+        if (r == US_OK &&
+            !opts.weights_only) { /* exp_avg, exp_avg_sq (and master) per tensor: three lists in one file */
             us__ck_t *l3 = (us__ck_t *)US_MALLOC(sizeof(us__ck_t) * (size_t)nlist * 3);
             int q, n3 = 0;
             static const char *pre[3] = {"optimizer.exp_avg.", "optimizer.exp_avg_sq.", "master."};
-            if (!l3) { us__model_set_error(m, "checkpoint: out of host memory"); r = US_ERR_OOM; }
+            if (!l3) {
+                us__model_set_error(m, "checkpoint: out of host memory");
+                r = US_ERR_OOM;
+            }
             for (q = 0; l3 && q < (has_master ? 3 : 2); q++)
                 for (k = 0; k < nlist; k++) {
-                    if (list[k].cols == 0 && strstr(list[k].name, "e_score")) continue;   /* not trained */
+                    if (list[k].cols == 0 && strstr(list[k].name, "e_score"))
+                        continue; /* not trained */
                     l3[n3] = list[k];
                     snprintf(l3[n3].name, sizeof l3[n3].name, "%s%s", pre[q], list[k].name);
                     n3++;
                 }
-            if (l3) { opt.t0 = 0; opt.t1 = n3; r = us__ckf_create(m, &opt, l3, "", "F32"); }
+            if (l3) {
+                opt.t0 = 0;
+                opt.t1 = n3;
+                r = us__ckf_create(m, &opt, l3, "", "F32");
+            }
             US_FREE(l3);
         }
     }
@@ -7896,30 +10495,46 @@ US_API us_result us_ckpt_save(us_model *m, const char *dir, const us_ckpt_state 
         h.m = (float *)US_MALLOC((size_t)(on > 0 ? on : 1) * 4);
         h.v = (float *)US_MALLOC((size_t)(on > 0 ? on : 1) * 4);
         if (has_master) h.master = (float *)US_MALLOC((size_t)(on > 0 ? on : 1) * 4);
-        if (!h.w || !h.m || !h.v || (has_master && !h.master)) { us__model_set_error(m, "checkpoint: out of host memory"); r = US_ERR_OOM; }
-        else {
+        if (!h.w || !h.m || !h.v || (has_master && !h.master)) {
+            us__model_set_error(m, "checkpoint: out of host memory");
+            r = US_ERR_OOM;
+        } else {
             o->sync(o);
             o->copy(o, h.w, m->w, (size_t)wn * us_dtype_size(m->dt), US_COPY_D2H);
             o->copy(o, h.m, m->adam_m, (size_t)on * 4, US_COPY_D2H);
             o->copy(o, h.v, m->adam_v, (size_t)on * 4, US_COPY_D2H);
             if (h.master) o->copy(o, h.master, m->master, (size_t)on * 4, US_COPY_D2H);
-            if (m->dt != US_F32 && !bf) {   /* an F32 file from bf16 or fp16 weights: widen exactly */
+            if (m->dt != US_F32 && !bf) { /* an F32 file from bf16 or fp16 weights: widen exactly */
                 float *w32 = (float *)US_MALLOC((size_t)(wn > 0 ? wn : 1) * 4);
-                if (!w32) { us__model_set_error(m, "checkpoint: out of host memory"); r = US_ERR_OOM; }
-                else { us__load_f32(w32, h.w, m->dt, wn); US_FREE(h.w); h.w = w32; }
+                if (!w32) {
+                    us__model_set_error(m, "checkpoint: out of host memory");
+                    r = US_ERR_OOM;
+                } else {
+                    us__load_f32(w32, h.w, m->dt, wn);
+                    US_FREE(h.w);
+                    h.w = w32;
+                }
             }
         }
         for (k = 0; k < nf && r == US_OK; k++) {
             files[k].fd = open(files[k].path, O_WRONLY);
-            if (files[k].fd < 0) { us__model_set_error(m, "checkpoint: cannot open %s: %s", files[k].path, strerror(errno)); r = US_ERR_IO; }
+            if (files[k].fd < 0) {
+                us__model_set_error(m, "checkpoint: cannot open %s: %s", files[k].path,
+                                    strerror(errno));
+                r = US_ERR_IO;
+            }
         }
         {
             uint64_t hl;
             unsigned char len8[8];
             int q;
-            for (k = 0; k < nf && r == US_OK; k++) {   /* each file's data section: after its header */
+            for (k = 0; k < nf && r == US_OK;
+                 k++) { /* each file's data section: after its header */
                 int fd = open(files[k].path, O_RDONLY);
-                if (fd < 0 || us__pread_all(fd, len8, 8, 0)) { us__model_set_error(m, "checkpoint: cannot read back %s", files[k].path); r = US_ERR_IO; }
+                if (fd < 0 || us__pread_all(fd, len8, 8, 0)) {
+                    us__model_set_error(m, "checkpoint: cannot read back %s", files[k].path);
+                    r = US_ERR_IO;
+                }
                 if (fd >= 0) close(fd);
                 for (hl = 0, q = 7; q >= 0; q--) hl = hl << 8 | len8[q];
                 files[k].data_start = 8 + hl;
@@ -7927,26 +10542,35 @@ US_API us_result us_ckpt_save(us_model *m, const char *dir, const us_ckpt_state 
         }
         if (r == US_OK) {
             us_dtype save_dt = m->dt;
-            if (m->dt != US_F32 && !bf) m->dt = US_F32;   /* h.w was widened above */
-            r = us__ckpt_write_buf(m, files, nf, list, nlist, 0, &h, "", bf ? "BF16" : "F32", &written, opts.crash_after);
+            if (m->dt != US_F32 && !bf) m->dt = US_F32; /* h.w was widened above */
+            r = us__ckpt_write_buf(m, files, nf, list, nlist, 0, &h, "", bf ? "BF16" : "F32",
+                                   &written, opts.crash_after);
             m->dt = save_dt;
         }
         /* the MoE router biases (not parameters): one writer per layer, dp×cp and tp rank 0 */
-        if (r == US_OK && m->n_moe && m->cfg.moe_balance == US_MOE_BALANCE_BIAS && m->mesh.dpcp_g.rank == 0 && m->mesh.tp_rank == 0) {
+        if (r == US_OK && m->n_moe && m->cfg.moe_balance == US_MOE_BALANCE_BIAS &&
+            m->mesh.dpcp_g.rank == 0 && m->mesh.tp_rank == 0) {
             int l, E = m->cfg.moe_experts;
             for (l = 0; l < m->cfg.n_layers && r == US_OK; l++) {
                 char nm[96];
                 int t, fi;
                 uint64_t off = 0;
                 if (m->moe_idx[l] < 0) continue;
-                snprintf(nm, sizeof nm, "model.layers.%d.mlp.gate.e_score_correction_bias", m->layer_g[l]);
+                snprintf(nm, sizeof nm, "model.layers.%d.mlp.gate.e_score_correction_bias",
+                         m->layer_g[l]);
                 for (fi = 0; fi < nf; fi++) {
-                    for (off = 0, t = files[fi].t0; t < files[fi].t1 && strcmp(list[t].name, nm); t++)
-                        off += (uint64_t)list[t].rows * (uint64_t)(list[t].cols ? list[t].cols : 1) * 4;
+                    for (off = 0, t = files[fi].t0; t < files[fi].t1 && strcmp(list[t].name, nm);
+                         t++)
+                        off += (uint64_t)list[t].rows *
+                               (uint64_t)(list[t].cols ? list[t].cols : 1) * 4;
                     if (t < files[fi].t1) break;
                 }
-                if (fi == nf || us__pwrite_all(files[fi].fd, m->moe_bias_h + (size_t)m->moe_idx[l] * E, (size_t)E * 4, files[fi].data_start + off)) {
-                    us__model_set_error(m, "checkpoint: cannot write the router bias of layer %d", m->layer_g[l]); r = US_ERR_IO;
+                if (fi == nf ||
+                    us__pwrite_all(files[fi].fd, m->moe_bias_h + (size_t)m->moe_idx[l] * E,
+                                   (size_t)E * 4, files[fi].data_start + off)) {
+                    us__model_set_error(m, "checkpoint: cannot write the router bias of layer %d",
+                                        m->layer_g[l]);
+                    r = US_ERR_IO;
                 }
             }
         }
@@ -7957,29 +10581,54 @@ US_API us_result us_ckpt_save(us_model *m, const char *dir, const us_ckpt_state 
             unsigned char len8[8];
             uint64_t hl = 0;
             opt.fd = open(opt.path, O_RDWR);
-            if (!l3 || opt.fd < 0 || us__pread_all(opt.fd, len8, 8, 0)) { us__model_set_error(m, "checkpoint: cannot open %s", opt.path); r = US_ERR_IO; }
+            if (!l3 || opt.fd < 0 || us__pread_all(opt.fd, len8, 8, 0)) {
+                us__model_set_error(m, "checkpoint: cannot open %s", opt.path);
+                r = US_ERR_IO;
+            }
             for (k = 7; k >= 0; k--) hl = hl << 8 | len8[k];
             opt.data_start = 8 + hl;
             for (q = 0; r == US_OK && q < (has_master ? 3 : 2); q++) {
                 int n0 = n3;
                 for (k = 0; k < nlist; k++) {
                     if (list[k].cols == 0 && strstr(list[k].name, "e_score")) continue;
-                    l3[n3] = list[k]; n3++;
+                    l3[n3] = list[k];
+                    n3++;
                 }
                 /* each third of the file is one buffer: write it as its own "file" view */
                 {
                     us__ckf view = opt;
                     uint64_t before = 0;
                     int t;
-                    for (t = 0; t < n0; t++) before += (uint64_t)l3[t].rows * (uint64_t)(l3[t].cols ? l3[t].cols : 1) * 4;
-                    view.t0 = n0; view.t1 = n3; view.data_start = opt.data_start + before;
-                    r = us__ckpt_write_buf(m, &view, 1, l3, n3, q == 0 ? 2 : q == 1 ? 3 : 1, &h, pre[q], "F32", &written, opts.crash_after);
+                    for (t = 0; t < n0; t++)
+                        before +=
+                            (uint64_t)l3[t].rows * (uint64_t)(l3[t].cols ? l3[t].cols : 1) * 4;
+                    view.t0 = n0;
+                    view.t1 = n3;
+                    view.data_start = opt.data_start + before;
+                    r = us__ckpt_write_buf(m, &view, 1, l3, n3,
+                                           q == 0   ? 2
+                                           : q == 1 ? 3
+                                                    : 1,
+                                           &h, pre[q], "F32", &written, opts.crash_after);
                 }
             }
             US_FREE(l3);
         }
-        for (k = 0; k < nf; k++) if (files[k].fd >= 0) { if (r == US_OK && fsync(files[k].fd)) { us__model_set_error(m, "checkpoint: fsync %s failed", files[k].path); r = US_ERR_IO; } close(files[k].fd); }
-        if (opt.fd >= 0) { if (r == US_OK && fsync(opt.fd)) { us__model_set_error(m, "checkpoint: fsync %s failed", opt.path); r = US_ERR_IO; } close(opt.fd); }
+        for (k = 0; k < nf; k++)
+            if (files[k].fd >= 0) {
+                if (r == US_OK && fsync(files[k].fd)) {
+                    us__model_set_error(m, "checkpoint: fsync %s failed", files[k].path);
+                    r = US_ERR_IO;
+                }
+                close(files[k].fd);
+            }
+        if (opt.fd >= 0) {
+            if (r == US_OK && fsync(opt.fd)) {
+                us__model_set_error(m, "checkpoint: fsync %s failed", opt.path);
+                r = US_ERR_IO;
+            }
+            close(opt.fd);
+        }
     }
     r = us__ckpt_agree(m, r);
     /* 3. rank 0: config.json, the index, trainer_state.json; then the rename */
@@ -7987,34 +10636,56 @@ US_API us_result us_ckpt_save(us_model *m, const char *dir, const us_ckpt_state 
         const us_model_config *c = &m->cfg;
         size_t cap = 4096 + (size_t)nlist * 160, len = 0;
         char *t = (char *)US_MALLOC(cap), path[4200];
-        if (!t) { us__model_set_error(m, "checkpoint: out of host memory"); r = US_ERR_OOM; }
+        if (!t) {
+            us__model_set_error(m, "checkpoint: out of host memory");
+            r = US_ERR_OOM;
+        }
         if (r == US_OK) {
-            len = (size_t)snprintf(t, cap,
-                "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n  \"hidden_size\": %lld,\n  \"intermediate_size\": %lld,\n"
-                "  \"num_hidden_layers\": %d,\n  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"head_dim\": %lld,\n  \"vocab_size\": %lld,\n"
-                "  \"max_position_embeddings\": %d,\n  \"rms_norm_eps\": %.9g,\n  \"rope_theta\": %.9g,\n  \"tie_word_embeddings\": %s,\n"
-                "  \"hidden_act\": \"silu\",\n  \"attention_bias\": false,\n  \"mlp_bias\": false,\n  \"torch_dtype\": \"%s\",\n  \"ultrascale_version\": \"%s\"",
-                (long long)c->dim, (long long)c->ffn_dim, m->n_layers_global, c->n_heads, c->n_kv_heads, (long long)(c->dim / c->n_heads), (long long)c->vocab,
-                m->tc.seq > 2048 ? m->tc.seq : 2048, (double)c->norm_eps, (double)c->rope_theta, c->tie_embeddings ? "true" : "false",
-                bf ? "bfloat16" : "float32", US_VERSION);
-            if (c->moe_experts)   /* DeepSeek-V3's names for the MoE fields */
-                len += (size_t)snprintf(t + len, cap - len, ",\n  \"n_routed_experts\": %d,\n  \"num_experts_per_tok\": %d,\n  \"moe_intermediate_size\": %lld,\n"
-                    "  \"n_shared_experts\": %d,\n  \"first_k_dense_replace\": %d,\n  \"moe_layer_freq\": %d,\n  \"n_group\": %d,\n  \"topk_group\": %d,\n"
+            len = (size_t)snprintf(
+                t, cap,
+                "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n  "
+                "\"hidden_size\": %lld,\n  \"intermediate_size\": %lld,\n"
+                "  \"num_hidden_layers\": %d,\n  \"num_attention_heads\": %d,\n  "
+                "\"num_key_value_heads\": %d,\n  \"head_dim\": %lld,\n  \"vocab_size\": %lld,\n"
+                "  \"max_position_embeddings\": %d,\n  \"rms_norm_eps\": %.9g,\n  \"rope_theta\": "
+                "%.9g,\n  \"tie_word_embeddings\": %s,\n"
+                "  \"hidden_act\": \"silu\",\n  \"attention_bias\": false,\n  \"mlp_bias\": "
+                "false,\n  \"torch_dtype\": \"%s\",\n  \"ultrascale_version\": \"%s\"",
+                (long long)c->dim, (long long)c->ffn_dim, m->n_layers_global, c->n_heads,
+                c->n_kv_heads, (long long)(c->dim / c->n_heads), (long long)c->vocab,
+                m->tc.seq > 2048 ? m->tc.seq : 2048, (double)c->norm_eps, (double)c->rope_theta,
+                c->tie_embeddings ? "true" : "false", bf ? "bfloat16" : "float32", US_VERSION);
+            if (c->moe_experts) /* DeepSeek-V3's names for the MoE fields */
+                len += (size_t)snprintf(
+                    t + len, cap - len,
+                    ",\n  \"n_routed_experts\": %d,\n  \"num_experts_per_tok\": %d,\n  "
+                    "\"moe_intermediate_size\": %lld,\n"
+                    "  \"n_shared_experts\": %d,\n  \"first_k_dense_replace\": %d,\n  "
+                    "\"moe_layer_freq\": %d,\n  \"n_group\": %d,\n  \"topk_group\": %d,\n"
                     "  \"scoring_func\": \"%s\",\n  \"ultrascale_moe_balance\": %d",
-                    c->moe_experts, c->moe_top_k, (long long)c->moe_ffn_dim, c->moe_shared, c->moe_first_dense, c->moe_every, c->moe_groups, c->moe_top_groups,
+                    c->moe_experts, c->moe_top_k, (long long)c->moe_ffn_dim, c->moe_shared,
+                    c->moe_first_dense, c->moe_every, c->moe_groups, c->moe_top_groups,
                     c->moe_gate == US_MOE_SIGMOID ? "sigmoid" : "softmax", (int)c->moe_balance);
             snprintf(t + len, cap - len, "\n}\n");
             snprintf(path, sizeof path, "%s/config.json", tmp);
-            if (us__write_text(path, t)) { us__model_set_error(m, "checkpoint: cannot write %s", path); r = US_ERR_IO; }
+            if (us__write_text(path, t)) {
+                us__model_set_error(m, "checkpoint: cannot write %s", path);
+                r = US_ERR_IO;
+            }
         }
-        if (r == US_OK && nf > 1) {   /* model.safetensors.index.json */
+        if (r == US_OK && nf > 1) { /* model.safetensors.index.json */
             uint64_t total = 0;
             int q;
-            len = (size_t)snprintf(t, cap, "{\n  \"metadata\": {\"total_size\": TOTAL__________________},\n  \"weight_map\": {");
+            len = (size_t)snprintf(t, cap,
+                                   "{\n  \"metadata\": {\"total_size\": "
+                                   "TOTAL__________________},\n  \"weight_map\": {");
             for (k = 0; k < nf; k++)
                 for (q = files[k].t0; q < files[k].t1; q++) {
-                    total += (uint64_t)list[q].rows * (uint64_t)(list[q].cols ? list[q].cols : 1) * (bf ? 2 : 4);
-                    len += (size_t)snprintf(t + len, cap - len, "%s\n    \"%s\": \"model-%05d-of-%05d.safetensors\"", k + q ? "," : "", list[q].name, k + 1, nf);
+                    total += (uint64_t)list[q].rows * (uint64_t)(list[q].cols ? list[q].cols : 1) *
+                             (bf ? 2 : 4);
+                    len += (size_t)snprintf(t + len, cap - len,
+                                            "%s\n    \"%s\": \"model-%05d-of-%05d.safetensors\"",
+                                            k + q ? "," : "", list[q].name, k + 1, nf);
                 }
             snprintf(t + len, cap - len, "\n  }\n}\n");
             {
@@ -8024,20 +10695,34 @@ US_API us_result us_ckpt_save(us_model *m, const char *dir, const us_ckpt_state 
                 memcpy(at, tot, (size_t)tl);
             }
             snprintf(path, sizeof path, "%s/model.safetensors.index.json", tmp);
-            if (us__write_text(path, t)) { us__model_set_error(m, "checkpoint: cannot write %s", path); r = US_ERR_IO; }
+            if (us__write_text(path, t)) {
+                us__model_set_error(m, "checkpoint: cannot write %s", path);
+                r = US_ERR_IO;
+            }
         }
         if (r == US_OK && !opts.weights_only) {
             int q;
-            len = (size_t)snprintf(t, cap, "{\n  \"format\": \"ultrascale-trainer-state\",\n  \"version\": 1,\n  \"step\": %d,\n  \"data_position\": %lld,\n  \"rng\": [",
+            len = (size_t)snprintf(t, cap,
+                                   "{\n  \"format\": \"ultrascale-trainer-state\",\n  \"version\": "
+                                   "1,\n  \"step\": %d,\n  \"data_position\": %lld,\n  \"rng\": [",
                                    m->step, (long long)(st ? st->data_pos : 0));
-            for (q = 0; st && q < st->n_rng && q < 8; q++) len += (size_t)snprintf(t + len, cap - len, "%s\"%llu\"", q ? ", " : "", (unsigned long long)st->rng[q]);
+            for (q = 0; st && q < st->n_rng && q < 8; q++)
+                len += (size_t)snprintf(t + len, cap - len, "%s\"%llu\"", q ? ", " : "",
+                                        (unsigned long long)st->rng[q]);
             /* the loss scaler (// >>lossscale): S and its clean steps, so an fp16 run resumes where it was */
-            snprintf(t + len, cap - len, "],\n  \"precision\": \"%s\",\n  \"seed\": %llu,\n  \"loss_scale\": %.9g,\n  \"loss_scale_good_steps\": %d,\n"
-                     "  \"layout\": {\"dp\": %d, \"zero\": %d, \"tp\": %d, \"sp\": %d, \"pp\": %d, \"cp\": %d, \"ep\": %d}\n}\n",
-                     us_precision_name(m->tc.precision), (unsigned long long)m->tc.seed, (double)m->loss_scale, m->ls_good,
-                     m->tc.dp, m->tc.zero, m->tc.tp, m->tc.sp, m->tc.pp, m->tc.cp, m->tc.ep);
+            snprintf(t + len, cap - len,
+                     "],\n  \"precision\": \"%s\",\n  \"seed\": %llu,\n  \"loss_scale\": %.9g,\n  "
+                     "\"loss_scale_good_steps\": %d,\n"
+                     "  \"layout\": {\"dp\": %d, \"zero\": %d, \"tp\": %d, \"sp\": %d, \"pp\": %d, "
+                     "\"cp\": %d, \"ep\": %d}\n}\n",
+                     us_precision_name(m->tc.precision), (unsigned long long)m->tc.seed,
+                     (double)m->loss_scale, m->ls_good, m->tc.dp, m->tc.zero, m->tc.tp, m->tc.sp,
+                     m->tc.pp, m->tc.cp, m->tc.ep);
             snprintf(path, sizeof path, "%s/trainer_state.json", tmp);
-            if (us__write_text(path, t)) { us__model_set_error(m, "checkpoint: cannot write %s", path); r = US_ERR_IO; }
+            if (us__write_text(path, t)) {
+                us__model_set_error(m, "checkpoint: cannot write %s", path);
+                r = US_ERR_IO;
+            }
         }
         US_FREE(t);
         /* the commit: fsync the directory, move any old dir aside, rename, fsync the parent */
@@ -8045,26 +10730,54 @@ US_API us_result us_ckpt_save(us_model *m, const char *dir, const us_ckpt_state 
             struct stat sb;
             us__parent_dir(dir, parent, sizeof parent);
             snprintf(old, sizeof old, "%s.old", dir);
-            if (us__fsync_path(tmp)) { us__model_set_error(m, "checkpoint: fsync %s failed", tmp); r = US_ERR_IO; }
-            else if (stat(dir, &sb) == 0) {
+            if (us__fsync_path(tmp)) {
+                us__model_set_error(m, "checkpoint: fsync %s failed", tmp);
+                r = US_ERR_IO;
+            } else if (stat(dir, &sb) == 0) {
                 us__rm_tree(old);
-                if (rename(dir, old)) { us__model_set_error(m, "checkpoint: cannot move the old %s aside: %s", dir, strerror(errno)); r = US_ERR_IO; }
+                if (rename(dir, old)) {
+                    us__model_set_error(m, "checkpoint: cannot move the old %s aside: %s", dir,
+                                        strerror(errno));
+                    r = US_ERR_IO;
+                }
             }
-            if (r == US_OK && rename(tmp, dir)) { us__model_set_error(m, "checkpoint: cannot rename %s to %s: %s", tmp, dir, strerror(errno)); r = US_ERR_IO; }
-            if (r == US_OK) { us__fsync_path(parent); us__rm_tree(old); }
+            if (r == US_OK && rename(tmp, dir)) {
+                us__model_set_error(m, "checkpoint: cannot rename %s to %s: %s", tmp, dir,
+                                    strerror(errno));
+                r = US_ERR_IO;
+            }
+            if (r == US_OK) {
+                us__fsync_path(parent);
+                us__rm_tree(old);
+            }
         }
     }
     r = us__ckpt_agree(m, r);
     us__ckhost_free(&h);
-    US_FREE(list); US_FREE(files);
+    US_FREE(list);
+    US_FREE(files);
     return r;
 #endif
 }
 
 #if US__CKPT_POSIX
 /* The directory's model files, opened and their headers parsed. */
-typedef struct us__ckin { int n; int fd[64]; us_safetensors st[64]; char path[64][4200]; } us__ckin;
-static void us__ckin_close(us__ckin *in) { int k; for (k = 0; k < in->n; k++) { if (in->fd[k] >= 0) close(in->fd[k]); us_safetensors_free(&in->st[k]); } in->n = 0; }
+typedef struct us__ckin {
+    int n;
+    int fd[64];
+    us_safetensors st[64];
+    char path[64][4200];
+} us__ckin;
+
+static void us__ckin_close(us__ckin *in) {
+    int k;
+    for (k = 0; k < in->n; k++) {
+        if (in->fd[k] >= 0) close(in->fd[k]);
+        us_safetensors_free(&in->st[k]);
+    }
+    in->n = 0;
+}
+
 static us_result us__ckin_open1(us_model *m, us__ckin *in, const char *path) {
     int k = in->n, fd;
     struct stat sb;
@@ -8072,71 +10785,138 @@ static us_result us__ckin_open1(us_model *m, us__ckin *in, const char *path) {
     uint64_t hl = 0;
     char *head, e[240];
     us_result r;
-    if (k >= 64) { us__model_set_error(m, "checkpoint: more than 64 shard files"); return US_ERR_FORMAT; }
+    if (k >= 64) {
+        us__model_set_error(m, "checkpoint: more than 64 shard files");
+        return US_ERR_FORMAT;
+    }
     snprintf(in->path[k], sizeof in->path[k], "%s", path);
     fd = open(path, O_RDONLY);
-    if (fd < 0 || fstat(fd, &sb)) { us__model_set_error(m, "checkpoint: cannot open %s: %s", path, strerror(errno)); if (fd >= 0) close(fd); return US_ERR_IO; }
-    if (sb.st_size < 8 || us__pread_all(fd, len8, 8, 0)) { us__model_set_error(m, "checkpoint: %s: %lld bytes is too short for a safetensors file", path, (long long)sb.st_size); close(fd); return US_ERR_FORMAT; }
+    if (fd < 0 || fstat(fd, &sb)) {
+        us__model_set_error(m, "checkpoint: cannot open %s: %s", path, strerror(errno));
+        if (fd >= 0) close(fd);
+        return US_ERR_IO;
+    }
+    if (sb.st_size < 8 || us__pread_all(fd, len8, 8, 0)) {
+        us__model_set_error(m, "checkpoint: %s: %lld bytes is too short for a safetensors file",
+                            path, (long long)sb.st_size);
+        close(fd);
+        return US_ERR_FORMAT;
+    }
     for (k = 7; k >= 0; k--) hl = hl << 8 | len8[k];
     k = in->n;
-    if (hl > US_ST_MAX_HEADER || hl > (uint64_t)sb.st_size - 8) {   /* let the parser say which */
+    if (hl > US_ST_MAX_HEADER || hl > (uint64_t)sb.st_size - 8) { /* let the parser say which */
         r = us_safetensors_parse(&in->st[k], len8, 8, (uint64_t)sb.st_size, e, sizeof e);
-        us__model_set_error(m, "checkpoint: %s: %s", path, e); close(fd); return US_ERR_FORMAT;
+        us__model_set_error(m, "checkpoint: %s: %s", path, e);
+        close(fd);
+        return US_ERR_FORMAT;
     }
     head = (char *)US_MALLOC((size_t)hl + 8);
-    if (!head) { us__model_set_error(m, "checkpoint: out of host memory for the header of %s", path); close(fd); return US_ERR_OOM; }
-    if (us__pread_all(fd, head, (size_t)hl + 8, 0)) { us__model_set_error(m, "checkpoint: cannot read the header of %s", path); US_FREE(head); close(fd); return US_ERR_IO; }
+    if (!head) {
+        us__model_set_error(m, "checkpoint: out of host memory for the header of %s", path);
+        close(fd);
+        return US_ERR_OOM;
+    }
+    if (us__pread_all(fd, head, (size_t)hl + 8, 0)) {
+        us__model_set_error(m, "checkpoint: cannot read the header of %s", path);
+        US_FREE(head);
+        close(fd);
+        return US_ERR_IO;
+    }
     r = us_safetensors_parse(&in->st[k], head, (size_t)hl + 8, (uint64_t)sb.st_size, e, sizeof e);
     US_FREE(head);
-    if (r != US_OK) { us__model_set_error(m, "checkpoint: %s: %s", path, e); close(fd); return r; }
-    in->fd[k] = fd; in->n++;
+    if (r != US_OK) {
+        us__model_set_error(m, "checkpoint: %s: %s", path, e);
+        close(fd);
+        return r;
+    }
+    in->fd[k] = fd;
+    in->n++;
     return US_OK;
 }
+
 static us_result us__ckin_open_model(us_model *m, us__ckin *in, const char *dir) {
     char p[4200];
     struct stat sb;
     memset(in, 0, sizeof *in);
     snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
     if (stat(p, &sb) == 0) {
-        char (*files)[256] = (char (*)[256])US_MALLOC(sizeof(char[256]) * 64), e[240], *txt;
+        char(*files)[256] = (char(*)[256])US_MALLOC(sizeof(char[256]) * 64), e[240], *txt;
         int nfiles = 0, fd, k;
         us_result r = US_OK;
-        if (sb.st_size > (off_t)US_ST_MAX_HEADER) { us__model_set_error(m, "checkpoint: %s is larger than %llu bytes", p, (unsigned long long)US_ST_MAX_HEADER); US_FREE(files); return US_ERR_FORMAT; }
+        if (sb.st_size > (off_t)US_ST_MAX_HEADER) {
+            us__model_set_error(m, "checkpoint: %s is larger than %llu bytes", p,
+                                (unsigned long long)US_ST_MAX_HEADER);
+            US_FREE(files);
+            return US_ERR_FORMAT;
+        }
         txt = (char *)US_MALLOC((size_t)sb.st_size + 1);
         fd = open(p, O_RDONLY);
-        if (!files || !txt || fd < 0 || us__pread_all(fd, txt, (size_t)sb.st_size, 0)) { us__model_set_error(m, "checkpoint: cannot read %s", p); r = US_ERR_IO; }
+        if (!files || !txt || fd < 0 || us__pread_all(fd, txt, (size_t)sb.st_size, 0)) {
+            us__model_set_error(m, "checkpoint: cannot read %s", p);
+            r = US_ERR_IO;
+        }
         if (fd >= 0) close(fd);
-        if (r == US_OK && us_safetensors_index_parse(txt, (size_t)sb.st_size, files, 64, &nfiles, e, sizeof e) != US_OK) { us__model_set_error(m, "checkpoint: %s: %s", p, e); r = US_ERR_FORMAT; }
-        for (k = 0; k < nfiles && r == US_OK; k++) { snprintf(p, sizeof p, "%s/%s", dir, files[k]); r = us__ckin_open1(m, in, p); }
-        US_FREE(files); US_FREE(txt);
+        if (r == US_OK && us_safetensors_index_parse(txt, (size_t)sb.st_size, files, 64, &nfiles, e,
+                                                     sizeof e) != US_OK) {
+            us__model_set_error(m, "checkpoint: %s: %s", p, e);
+            r = US_ERR_FORMAT;
+        }
+        for (k = 0; k < nfiles && r == US_OK; k++) {
+            snprintf(p, sizeof p, "%s/%s", dir, files[k]);
+            r = us__ckin_open1(m, in, p);
+        }
+        US_FREE(files);
+        US_FREE(txt);
         return r;
     }
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
     return us__ckin_open1(m, in, p);
 }
+
 static const us_st_tensor *us__ckin_find(const us__ckin *in, const char *name, int *which) {
     int k;
-    for (k = 0; k < in->n; k++) { const us_st_tensor *t = us_safetensors_find(&in->st[k], name); if (t) { *which = k; return t; } }
+    for (k = 0; k < in->n; k++) {
+        const us_st_tensor *t = us_safetensors_find(&in->st[k], name);
+        if (t) {
+            *which = k;
+            return t;
+        }
+    }
     return NULL;
 }
+
 /* Checks tensor `name` of the file against the expected full shape and a readable dtype. */
-static const us_st_tensor *us__ckin_check(us_model *m, const us__ckin *in, const char *name, const us__ck_t *want, int *which, int optional) {
+static const us_st_tensor *us__ckin_check(us_model *m, const us__ckin *in, const char *name,
+                                          const us__ck_t *want, int *which, int optional) {
     const us_st_tensor *t = us__ckin_find(in, name, which);
     int64_t r0 = want->rows, c0 = want->cols;
-    if (!t) { if (!optional) us__model_set_error(m, "checkpoint: %s has no tensor %s", in->n ? in->path[0] : "?", name); return NULL; }
+    if (!t) {
+        if (!optional)
+            us__model_set_error(m, "checkpoint: %s has no tensor %s", in->n ? in->path[0] : "?",
+                                name);
+        return NULL;
+    }
     if (strcmp(t->dtype, "F32") && strcmp(t->dtype, "BF16") && strcmp(t->dtype, "F16")) {
-        us__model_set_error(m, "checkpoint: tensor %s has dtype %s; only F32, BF16 and F16 load", name, t->dtype); return NULL;
+        us__model_set_error(m, "checkpoint: tensor %s has dtype %s; only F32, BF16 and F16 load",
+                            name, t->dtype);
+        return NULL;
     }
     if (t->ndim != (c0 ? 2 : 1) || t->shape[0] != r0 || (c0 && t->shape[1] != c0)) {
-        us__model_set_error(m, "checkpoint: tensor %s has shape [%lld%s%lld] but the model config expects [%lld%s%lld]", name, (long long)t->shape[0],
-                            t->ndim > 1 ? ", " : "", (long long)(t->ndim > 1 ? t->shape[1] : 0), (long long)r0, c0 ? ", " : "", (long long)c0);
+        us__model_set_error(m,
+                            "checkpoint: tensor %s has shape [%lld%s%lld] but the model config "
+                            "expects [%lld%s%lld]",
+                            name, (long long)t->shape[0], t->ndim > 1 ? ", " : "",
+                            (long long)(t->ndim > 1 ? t->shape[1] : 0), (long long)r0,
+                            c0 ? ", " : "", (long long)c0);
         return NULL;
     }
     return t;
 }
+
 /* Reads into hf (fp32, flat indices) the elements of every local tensor that this rank needs
    (weights: which = 0; else the sharded fp32 buffers' ranges), only those byte ranges. */
-static us_result us__ckpt_read_buf(us_model *m, const us__ckin *in, const us__ck_t *list, int nlist, const char *prefix, int which, float *hf) {
+static us_result us__ckpt_read_buf(us_model *m, const us__ckin *in, const us__ck_t *list, int nlist,
+                                   const char *prefix, int which, float *hf) {
     int u, i, k;
     char full[200];
     void *tmp = NULL;
@@ -8147,21 +10927,42 @@ static us_result us__ckpt_read_buf(us_model *m, const us__ckin *in, const us__ck
         us__ckpt_range(m, U, 0, which == 0, &lo, &hi);
         for (i = U->p0; i < U->p1; i++) {
             const us_param *p = &m->params[i];
-            int64_t a = p->offset > lo ? p->offset : lo, b = p->offset + p->numel < hi ? p->offset + p->numel : hi, fpos, run;
+            int64_t a = p->offset > lo ? p->offset : lo,
+                    b = p->offset + p->numel < hi ? p->offset + p->numel : hi, fpos, run;
             const us_st_tensor *t;
             int fi = 0, esz;
             if (a >= b) continue;
-            for (k = 0; k < nlist && strcmp(list[k].name, p->name); k++) {}
-            if (k == nlist) { us__model_set_error(m, "checkpoint: internal: %s has no full shape", p->name); US_FREE(tmp); return US_ERR_INVALID; }
+            for (k = 0; k < nlist && strcmp(list[k].name, p->name); k++) {
+            }
+            if (k == nlist) {
+                us__model_set_error(m, "checkpoint: internal: %s has no full shape", p->name);
+                US_FREE(tmp);
+                return US_ERR_INVALID;
+            }
             snprintf(full, sizeof full, "%s%s", prefix, p->name);
-            if (!(t = us__ckin_check(m, in, full, &list[k], &fi, 0))) { US_FREE(tmp); return US_ERR_FORMAT; }
+            if (!(t = us__ckin_check(m, in, full, &list[k], &fi, 0))) {
+                US_FREE(tmp);
+                return US_ERR_FORMAT;
+            }
             esz = us__st_dtype_size(t->dtype);
             for (fpos = a; fpos < b; fpos += run) {
                 int64_t g = us__ckpt_global(m, p, fpos - p->offset, &run);
                 if (run > b - fpos) run = b - fpos;
-                if (run > cap) { US_FREE(tmp); cap = run; tmp = US_MALLOC((size_t)cap * 4); if (!tmp) { us__model_set_error(m, "checkpoint: out of host memory"); return US_ERR_OOM; } }
-                if (us__pread_all(in->fd[fi], tmp, (size_t)(run * esz), in->st[fi].data_start + t->begin + (uint64_t)g * (uint64_t)esz)) {
-                    us__model_set_error(m, "checkpoint: cannot read tensor %s from %s", full, in->path[fi]); US_FREE(tmp); return US_ERR_IO;
+                if (run > cap) {
+                    US_FREE(tmp);
+                    cap = run;
+                    tmp = US_MALLOC((size_t)cap * 4);
+                    if (!tmp) {
+                        us__model_set_error(m, "checkpoint: out of host memory");
+                        return US_ERR_OOM;
+                    }
+                }
+                if (us__pread_all(in->fd[fi], tmp, (size_t)(run * esz),
+                                  in->st[fi].data_start + t->begin + (uint64_t)g * (uint64_t)esz)) {
+                    us__model_set_error(m, "checkpoint: cannot read tensor %s from %s", full,
+                                        in->path[fi]);
+                    US_FREE(tmp);
+                    return US_ERR_IO;
                 }
                 us__ckpt_cvt_in(hf + fpos, t->dtype, tmp, run);
             }
@@ -8170,6 +10971,7 @@ static us_result us__ckpt_read_buf(us_model *m, const us__ckin *in, const us__ck
     US_FREE(tmp);
     return US_OK;
 }
+
 /* Copies the fp32 flat values hf into buffer `which` on the device (this rank's ranges). */
 static us_result us__ckpt_upload(us_model *m, int which, const float *hf) {
     us_ops *o = &m->ops;
@@ -8181,21 +10983,28 @@ static us_result us__ckpt_upload(us_model *m, int which, const float *hf) {
         us__ckpt_range(m, U, 0, which == 0, &lo, &hi);
         if (hi <= lo) continue;
         dst = us__ckpt_index(m, U, which, lo);
-        if (which == 0 && m->dt != US_F32) {   /* bf16 or fp16 weights, rounded once */
+        if (which == 0 && m->dt != US_F32) { /* bf16 or fp16 weights, rounded once */
             uint16_t *b = (uint16_t *)US_MALLOC((size_t)(hi - lo) * 2);
-            if (!b) { us__model_set_error(m, "checkpoint: out of host memory"); return US_ERR_OOM; }
+            if (!b) {
+                us__model_set_error(m, "checkpoint: out of host memory");
+                return US_ERR_OOM;
+            }
             for (e = lo; e < hi; e++) b[e - lo] = us__f32_to_h16(hf[e], m->dt);
             o->copy(o, (uint16_t *)m->w + dst, b, (size_t)(hi - lo) * 2, US_COPY_H2D);
             o->sync(o);
             US_FREE(b);
         } else {
-            float *d = which == 0 ? (float *)m->w : which == 1 ? m->master : which == 2 ? m->adam_m : m->adam_v;
+            float *d = which == 0   ? (float *)m->w
+                       : which == 1 ? m->master
+                       : which == 2 ? m->adam_m
+                                    : m->adam_v;
             o->copy(o, d + dst, hf + lo, (size_t)(hi - lo) * 4, US_COPY_H2D);
         }
     }
     o->sync(o);
     return US_OK;
 }
+
 static us_result us__ckpt_load_local(us_model *m, const char *dir, int resume, us_ckpt_state *st) {
     us__ckin in, opt;
     int nlist = us__ckpt_tensors(m, NULL), k, have_master = 0;
@@ -8204,118 +11013,190 @@ static us_result us__ckpt_load_local(us_model *m, const char *dir, int resume, u
     us_result r;
     char p[4200];
     memset(&opt, 0, sizeof opt);
-    if (!list || !hf) { US_FREE(list); US_FREE(hf); us__model_set_error(m, "checkpoint: out of host memory"); return US_ERR_OOM; }
+    if (!list || !hf) {
+        US_FREE(list);
+        US_FREE(hf);
+        us__model_set_error(m, "checkpoint: out of host memory");
+        return US_ERR_OOM;
+    }
     us__ckpt_tensors(m, list);
-    if ((r = us__ckin_open_model(m, &in, dir)) != US_OK) { us__ckin_close(&in); US_FREE(list); US_FREE(hf); return r; }
+    if ((r = us__ckin_open_model(m, &in, dir)) != US_OK) {
+        us__ckin_close(&in);
+        US_FREE(list);
+        US_FREE(hf);
+        return r;
+    }
     r = us__ckpt_read_buf(m, &in, list, nlist, "", 0, hf);
     if (r == US_OK) r = us__ckpt_upload(m, 0, hf);
-    if (r == US_OK && m->dt != US_F32 && m->master) {   /* master weights: from the training state, else the file's values */
+    if (r == US_OK && m->dt != US_F32 &&
+        m->master) { /* master weights: from the training state, else the file's values */
         if (resume) {
             snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
-            if ((r = us__ckin_open1(m, &opt, p)) == US_OK) have_master = us_safetensors_find(&opt.st[0], "master.model.norm.weight") != NULL ||
-                                                                         us_safetensors_find(&opt.st[0], "master.model.embed_tokens.weight") != NULL;
+            if ((r = us__ckin_open1(m, &opt, p)) == US_OK)
+                have_master =
+                    us_safetensors_find(&opt.st[0], "master.model.norm.weight") != NULL ||
+                    us_safetensors_find(&opt.st[0], "master.model.embed_tokens.weight") != NULL;
         }
         /* else hf still holds the file's weights, a superset of this rank's master range */
-        if (r == US_OK && have_master) { memset(hf, 0, (size_t)m->n_flat * 4); r = us__ckpt_read_buf(m, &opt, list, nlist, "master.", 1, hf); }
+        if (r == US_OK && have_master) {
+            memset(hf, 0, (size_t)m->n_flat * 4);
+            r = us__ckpt_read_buf(m, &opt, list, nlist, "master.", 1, hf);
+        }
         if (r == US_OK) r = us__ckpt_upload(m, 1, hf);
     }
-    if (r == US_OK && m->n_moe && m->cfg.moe_balance == US_MOE_BALANCE_BIAS) {   /* the router biases, where the file has them */
+    if (r == US_OK && m->n_moe &&
+        m->cfg.moe_balance ==
+            US_MOE_BALANCE_BIAS) { /* the router biases, where the file has them */
         int l, E = m->cfg.moe_experts;
         for (l = 0; l < m->cfg.n_layers && r == US_OK; l++) {
             us__ck_t want;
             const us_st_tensor *t;
             int fi = 0;
             if (m->moe_idx[l] < 0) continue;
-            snprintf(want.name, sizeof want.name, "model.layers.%d.mlp.gate.e_score_correction_bias", m->layer_g[l]);
-            want.rows = E; want.cols = 0;
+            snprintf(want.name, sizeof want.name,
+                     "model.layers.%d.mlp.gate.e_score_correction_bias", m->layer_g[l]);
+            want.rows = E;
+            want.cols = 0;
             t = us__ckin_check(m, &in, want.name, &want, &fi, 1);
-            if (!t) { if (us__ckin_find(&in, want.name, &fi)) r = US_ERR_FORMAT; continue; }
-            if (strcmp(t->dtype, "F32") || us__pread_all(in.fd[fi], m->moe_bias_h + (size_t)m->moe_idx[l] * E, (size_t)E * 4, in.st[fi].data_start + t->begin)) {
-                us__model_set_error(m, "checkpoint: cannot read %s (it must be F32)", want.name); r = US_ERR_FORMAT;
+            if (!t) {
+                if (us__ckin_find(&in, want.name, &fi)) r = US_ERR_FORMAT;
+                continue;
+            }
+            if (strcmp(t->dtype, "F32") ||
+                us__pread_all(in.fd[fi], m->moe_bias_h + (size_t)m->moe_idx[l] * E, (size_t)E * 4,
+                              in.st[fi].data_start + t->begin)) {
+                us__model_set_error(m, "checkpoint: cannot read %s (it must be F32)", want.name);
+                r = US_ERR_FORMAT;
             }
         }
-        if (r == US_OK) m->ops.copy(&m->ops, m->moe_bias, m->moe_bias_h, us__moe_bias_bytes(m), US_COPY_H2D);
+        if (r == US_OK)
+            m->ops.copy(&m->ops, m->moe_bias, m->moe_bias_h, us__moe_bias_bytes(m), US_COPY_H2D);
     }
-    if (r == US_OK && resume) {   /* moments */
-        if (!opt.n) { snprintf(p, sizeof p, "%s/optimizer.safetensors", dir); r = us__ckin_open1(m, &opt, p); }
+    if (r == US_OK && resume) { /* moments */
+        if (!opt.n) {
+            snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
+            r = us__ckin_open1(m, &opt, p);
+        }
         for (k = 2; k <= 3 && r == US_OK; k++) {
             memset(hf, 0, (size_t)m->n_flat * 4);
-            r = us__ckpt_read_buf(m, &opt, list, nlist, k == 2 ? "optimizer.exp_avg." : "optimizer.exp_avg_sq.", k, hf);
+            r = us__ckpt_read_buf(m, &opt, list, nlist,
+                                  k == 2 ? "optimizer.exp_avg." : "optimizer.exp_avg_sq.", k, hf);
             if (r == US_OK) r = us__ckpt_upload(m, k, hf);
         }
     } else if (r == US_OK) {
         m->ops.zero(&m->ops, m->adam_m, (size_t)(m->tc.zero ? m->shard_n : m->n_flat) * 4);
         m->ops.zero(&m->ops, m->adam_v, (size_t)(m->tc.zero ? m->shard_n : m->n_flat) * 4);
     }
-    if (r == US_OK && resume) {   /* trainer_state.json */
+    if (r == US_OK && resume) { /* trainer_state.json */
         struct stat sb;
         us__json j;
         char *txt = NULL;
         int fd;
         snprintf(p, sizeof p, "%s/trainer_state.json", dir);
         fd = open(p, O_RDONLY);
-        if (fd < 0 || fstat(fd, &sb) || sb.st_size > 65536) { us__model_set_error(m, "checkpoint: cannot read %s (missing, or over 64 KiB)", p); r = US_ERR_IO; }
-        else if (!(txt = (char *)US_MALLOC((size_t)sb.st_size + 1)) || us__pread_all(fd, txt, (size_t)sb.st_size, 0)) { us__model_set_error(m, "checkpoint: cannot read %s", p); r = US_ERR_IO; }
+        if (fd < 0 || fstat(fd, &sb) || sb.st_size > 65536) {
+            us__model_set_error(m, "checkpoint: cannot read %s (missing, or over 64 KiB)", p);
+            r = US_ERR_IO;
+        } else if (!(txt = (char *)US_MALLOC((size_t)sb.st_size + 1)) ||
+                   us__pread_all(fd, txt, (size_t)sb.st_size, 0)) {
+            us__model_set_error(m, "checkpoint: cannot read %s", p);
+            r = US_ERR_IO;
+        }
         if (fd >= 0) close(fd);
         if (r == US_OK) {
             char fmt[64], num[32];
             int64_t step = 0, pos = 0;
             int rn, q;
-            if (us__json_parse(&j, txt, (size_t)sb.st_size, 4096) != 0) { us__model_set_error(m, "checkpoint: %s: %s", p, j.err); r = US_ERR_FORMAT; }
-            else if (!us__jstr(&j, us__jget(&j, 0, "format"), fmt, sizeof fmt) || strcmp(fmt, "ultrascale-trainer-state") ||
-                     !us__jint(&j, us__jget(&j, 0, "version"), &step) || step != 1) { us__model_set_error(m, "checkpoint: %s is not an ultrascale trainer state of version 1", p); r = US_ERR_FORMAT; }
-            else if (!us__jint(&j, us__jget(&j, 0, "step"), &step) || step < 0 || step > 0x7fffffff || !us__jint(&j, us__jget(&j, 0, "data_position"), &pos) ||
-                     (rn = us__jget(&j, 0, "rng")) < 0 || j.t[rn].type != US__J_ARR || j.t[rn].size > 8) {
-                us__model_set_error(m, "checkpoint: %s needs step, data_position and rng (at most 8)", p); r = US_ERR_FORMAT;
+            if (us__json_parse(&j, txt, (size_t)sb.st_size, 4096) != 0) {
+                us__model_set_error(m, "checkpoint: %s: %s", p, j.err);
+                r = US_ERR_FORMAT;
+            } else if (!us__jstr(&j, us__jget(&j, 0, "format"), fmt, sizeof fmt) ||
+                       strcmp(fmt, "ultrascale-trainer-state") ||
+                       !us__jint(&j, us__jget(&j, 0, "version"), &step) || step != 1) {
+                us__model_set_error(
+                    m, "checkpoint: %s is not an ultrascale trainer state of version 1", p);
+                r = US_ERR_FORMAT;
+            } else if (!us__jint(&j, us__jget(&j, 0, "step"), &step) || step < 0 ||
+                       step > 0x7fffffff || !us__jint(&j, us__jget(&j, 0, "data_position"), &pos) ||
+                       (rn = us__jget(&j, 0, "rng")) < 0 || j.t[rn].type != US__J_ARR ||
+                       j.t[rn].size > 8) {
+                us__model_set_error(
+                    m, "checkpoint: %s needs step, data_position and rng (at most 8)", p);
+                r = US_ERR_FORMAT;
             } else {
                 double ls;
                 int64_t good;
                 m->step = (int)step;
                 /* the loss scaler's state, when the file has it and this run scales dynamically
                    (a static --loss-scale stays as given; older files have none) */
-                if (m->ls_dynamic && us__jnum(&j, us__jget(&j, 0, "loss_scale"), &ls) && ls >= 1 && ls <= 16777216.0 &&
-                    us__jint(&j, us__jget(&j, 0, "loss_scale_good_steps"), &good) && good >= 0 && good < 0x7fffffff) {
-                    m->loss_scale = (float)ls; m->ls_good = (int)good;
+                if (m->ls_dynamic && us__jnum(&j, us__jget(&j, 0, "loss_scale"), &ls) && ls >= 1 &&
+                    ls <= 16777216.0 &&
+                    us__jint(&j, us__jget(&j, 0, "loss_scale_good_steps"), &good) && good >= 0 &&
+                    good < 0x7fffffff) {
+                    m->loss_scale = (float)ls;
+                    m->ls_good = (int)good;
                 }
                 if (st) {
                     memset(st, 0, sizeof *st);
-                    st->step = step; st->data_pos = pos; st->n_rng = j.t[rn].size;
+                    st->step = step;
+                    st->data_pos = pos;
+                    st->n_rng = j.t[rn].size;
                     for (q = 0; q < st->n_rng && r == US_OK; q++) {
                         char *end;
-                        if (!us__jstr(&j, rn + 1 + q, num, sizeof num) || !num[0]) { us__model_set_error(m, "checkpoint: %s: rng entries must be decimal strings", p); r = US_ERR_FORMAT; break; }
+                        if (!us__jstr(&j, rn + 1 + q, num, sizeof num) || !num[0]) {
+                            us__model_set_error(
+                                m, "checkpoint: %s: rng entries must be decimal strings", p);
+                            r = US_ERR_FORMAT;
+                            break;
+                        }
                         errno = 0;
                         st->rng[q] = strtoull(num, &end, 10);
-                        if (*end || errno) { us__model_set_error(m, "checkpoint: %s: rng entry %d is not a 64-bit number", p, q); r = US_ERR_FORMAT; }
+                        if (*end || errno) {
+                            us__model_set_error(
+                                m, "checkpoint: %s: rng entry %d is not a 64-bit number", p, q);
+                            r = US_ERR_FORMAT;
+                        }
                     }
                 }
             }
             us__json_free(&j);
         }
         US_FREE(txt);
-    } else if (r == US_OK) m->step = 0;
+    } else if (r == US_OK)
+        m->step = 0;
     /* ZeRO-3's gathered weights are stale now */
     for (k = 0; k < m->n_wslots; k++) m->wslot_unit[k] = -1;
     for (k = 0; k < m->n_units; k++) m->units[k].wslot = -1;
-    us__ckin_close(&in); us__ckin_close(&opt);
-    US_FREE(list); US_FREE(hf);
+    us__ckin_close(&in);
+    us__ckin_close(&opt);
+    US_FREE(list);
+    US_FREE(hf);
     return r;
 }
 #endif
 
 US_API us_result us_ckpt_load(us_model *m, const char *dir, int resume, us_ckpt_state *st) {
 #if !US__CKPT_POSIX
-    (void)dir; (void)resume; (void)st;
-    us__model_set_error(m, "checkpoint: this build has no POSIX file calls (compile with -D_POSIX_C_SOURCE=200809L)");
+    (void)dir;
+    (void)resume;
+    (void)st;
+    us__model_set_error(
+        m,
+        "checkpoint: this build has no POSIX file calls (compile with -D_POSIX_C_SOURCE=200809L)");
     return us__ckpt_agree(m, US_ERR_IO);
 #else
-    us__fp8_wcache_drop(m);   /* new weights */
+    us__fp8_wcache_drop(m); /* new weights */
     return us__ckpt_agree(m, us__ckpt_load_local(m, dir, resume, st));
 #endif
 }
 
-US_API us_result us_ckpt_read_config(const char *dir, us_model_config *mc, char *err, size_t errlen) {
+US_API us_result us_ckpt_read_config(const char *dir, us_model_config *mc, char *err,
+                                     size_t errlen) {
 #if !US__CKPT_POSIX
-    (void)dir; (void)mc; (void)us__jnum; (void)us__jbool;
+    (void)dir;
+    (void)mc;
+    (void)us__jnum;
+    (void)us__jbool;
     us__errf(err, errlen, "checkpoint: this build has no POSIX file calls");
     return US_ERR_IO;
 #else
@@ -8326,71 +11207,150 @@ US_API us_result us_ckpt_read_config(const char *dir, us_model_config *mc, char 
     us_result r = US_OK;
     snprintf(p, sizeof p, "%s/config.json", dir);
     fd = open(p, O_RDONLY);
-    if (fd < 0 || fstat(fd, &sb) || sb.st_size > (1 << 20)) { us__errf(err, errlen, "cannot read %s (missing, or over 1 MiB)", p); if (fd >= 0) close(fd); return US_ERR_IO; }
+    if (fd < 0 || fstat(fd, &sb) || sb.st_size > (1 << 20)) {
+        us__errf(err, errlen, "cannot read %s (missing, or over 1 MiB)", p);
+        if (fd >= 0) close(fd);
+        return US_ERR_IO;
+    }
     txt = (char *)US_MALLOC((size_t)sb.st_size + 1);
-    if (!txt || us__pread_all(fd, txt, (size_t)sb.st_size, 0)) { us__errf(err, errlen, "cannot read %s", p); close(fd); US_FREE(txt); return US_ERR_IO; }
+    if (!txt || us__pread_all(fd, txt, (size_t)sb.st_size, 0)) {
+        us__errf(err, errlen, "cannot read %s", p);
+        close(fd);
+        US_FREE(txt);
+        return US_ERR_IO;
+    }
     close(fd);
     if (us__json_parse(&j, txt, (size_t)sb.st_size, 100000) != 0 || j.t[0].type != US__J_OBJ) {
         us__errf(err, errlen, "%s: %s", p, j.err[0] ? j.err : "not a JSON object");
-        us__json_free(&j); US_FREE(txt); return US_ERR_FORMAT;
+        us__json_free(&j);
+        US_FREE(txt);
+        return US_ERR_FORMAT;
     }
     {
-        static const struct { const char *key; int kind; size_t off; int64_t lo, hi; } F[] = {   /* kind 0 int, 1 int64, 2 float, 3 bool */
-            {"vocab_size", 1, offsetof(us_model_config, vocab), 1, (int64_t)1 << 31}, {"hidden_size", 1, offsetof(us_model_config, dim), 1, (int64_t)1 << 20},
-            {"num_hidden_layers", 0, offsetof(us_model_config, n_layers), 1, 1 << 16}, {"num_attention_heads", 0, offsetof(us_model_config, n_heads), 1, 1 << 16},
-            {"num_key_value_heads", 0, offsetof(us_model_config, n_kv_heads), 1, 1 << 16}, {"intermediate_size", 1, offsetof(us_model_config, ffn_dim), 1, (int64_t)1 << 24},
-            {"tie_word_embeddings", 3, offsetof(us_model_config, tie_embeddings), 0, 1}, {"rope_theta", 2, offsetof(us_model_config, rope_theta), 0, 0},
-            {"rms_norm_eps", 2, offsetof(us_model_config, norm_eps), 0, 0}, {"n_routed_experts", 0, offsetof(us_model_config, moe_experts), 0, 1024},
-            {"num_experts_per_tok", 0, offsetof(us_model_config, moe_top_k), 0, 1024}, {"moe_intermediate_size", 1, offsetof(us_model_config, moe_ffn_dim), 0, (int64_t)1 << 24},
-            {"n_shared_experts", 0, offsetof(us_model_config, moe_shared), 0, 1}, {"first_k_dense_replace", 0, offsetof(us_model_config, moe_first_dense), 0, 1 << 16},
-            {"moe_layer_freq", 0, offsetof(us_model_config, moe_every), 0, 1 << 16}, {"n_group", 0, offsetof(us_model_config, moe_groups), 0, 64},
-            {"topk_group", 0, offsetof(us_model_config, moe_top_groups), 0, 64}, {"ultrascale_moe_balance", 0, offsetof(us_model_config, moe_balance), 0, 3}};
+        static const struct {
+            const char *key;
+            int kind;
+            size_t off;
+            int64_t lo, hi;
+        } F[] = {
+            /* kind 0 int, 1 int64, 2 float, 3 bool */
+            {"vocab_size", 1, offsetof(us_model_config, vocab), 1, (int64_t)1 << 31},
+            {"hidden_size", 1, offsetof(us_model_config, dim), 1, (int64_t)1 << 20},
+            {"num_hidden_layers", 0, offsetof(us_model_config, n_layers), 1, 1 << 16},
+            {"num_attention_heads", 0, offsetof(us_model_config, n_heads), 1, 1 << 16},
+            {"num_key_value_heads", 0, offsetof(us_model_config, n_kv_heads), 1, 1 << 16},
+            {"intermediate_size", 1, offsetof(us_model_config, ffn_dim), 1, (int64_t)1 << 24},
+            {"tie_word_embeddings", 3, offsetof(us_model_config, tie_embeddings), 0, 1},
+            {"rope_theta", 2, offsetof(us_model_config, rope_theta), 0, 0},
+            {"rms_norm_eps", 2, offsetof(us_model_config, norm_eps), 0, 0},
+            {"n_routed_experts", 0, offsetof(us_model_config, moe_experts), 0, 1024},
+            {"num_experts_per_tok", 0, offsetof(us_model_config, moe_top_k), 0, 1024},
+            {"moe_intermediate_size", 1, offsetof(us_model_config, moe_ffn_dim), 0,
+             (int64_t)1 << 24},
+            {"n_shared_experts", 0, offsetof(us_model_config, moe_shared), 0, 1},
+            {"first_k_dense_replace", 0, offsetof(us_model_config, moe_first_dense), 0, 1 << 16},
+            {"moe_layer_freq", 0, offsetof(us_model_config, moe_every), 0, 1 << 16},
+            {"n_group", 0, offsetof(us_model_config, moe_groups), 0, 64},
+            {"topk_group", 0, offsetof(us_model_config, moe_top_groups), 0, 64},
+            {"ultrascale_moe_balance", 0, offsetof(us_model_config, moe_balance), 0, 3}};
+
         for (q = 0; q < (int)(sizeof F / sizeof F[0]) && r == US_OK; q++) {
             int k = us__jget(&j, 0, F[q].key), b;
             int64_t v = 0;
             double d = 0;
             char *fld = (char *)mc + F[q].off;
-            if (k < 0 || (j.t[k].type == US__J_LIT && j.s[j.t[k].start] == 'n')) continue;   /* absent or null: the default */
+            if (k < 0 || (j.t[k].type == US__J_LIT && j.s[j.t[k].start] == 'n'))
+                continue; /* absent or null: the default */
             if (F[q].kind == 2) {
                 float cur, x;
-                if (!us__jnum(&j, k, &d) || !(d > 0) || d > 1e30) { us__errf(err, errlen, "%s: %s must be a positive number", p, F[q].key); r = US_ERR_FORMAT; break; }
-                memcpy(&cur, fld, 4); x = (float)d;
-                if (cur != 0 && cur != x) { us__errf(err, errlen, "%s says %s = %g but the model config sets %g", p, F[q].key, (double)x, (double)cur); r = US_ERR_INVALID; break; }
+                if (!us__jnum(&j, k, &d) || !(d > 0) || d > 1e30) {
+                    us__errf(err, errlen, "%s: %s must be a positive number", p, F[q].key);
+                    r = US_ERR_FORMAT;
+                    break;
+                }
+                memcpy(&cur, fld, 4);
+                x = (float)d;
+                if (cur != 0 && cur != x) {
+                    us__errf(err, errlen, "%s says %s = %g but the model config sets %g", p,
+                             F[q].key, (double)x, (double)cur);
+                    r = US_ERR_INVALID;
+                    break;
+                }
                 memcpy(fld, &x, 4);
                 continue;
             }
-            if (F[q].kind == 3) { if (!us__jbool(&j, k, &b)) { us__errf(err, errlen, "%s: %s must be true or false", p, F[q].key); r = US_ERR_FORMAT; break; } v = b; }
-            else if (!us__jint(&j, k, &v) || v < F[q].lo || v > F[q].hi) { us__errf(err, errlen, "%s: %s must be an integer in %lld..%lld", p, F[q].key, (long long)F[q].lo, (long long)F[q].hi); r = US_ERR_FORMAT; break; }
+            if (F[q].kind == 3) {
+                if (!us__jbool(&j, k, &b)) {
+                    us__errf(err, errlen, "%s: %s must be true or false", p, F[q].key);
+                    r = US_ERR_FORMAT;
+                    break;
+                }
+                v = b;
+            } else if (!us__jint(&j, k, &v) || v < F[q].lo || v > F[q].hi) {
+                us__errf(err, errlen, "%s: %s must be an integer in %lld..%lld", p, F[q].key,
+                         (long long)F[q].lo, (long long)F[q].hi);
+                r = US_ERR_FORMAT;
+                break;
+            }
             if (F[q].kind == 1) {
-                int64_t cur; memcpy(&cur, fld, 8);
-                if (cur != 0 && cur != v) { us__errf(err, errlen, "%s says %s = %lld but the model config sets %lld", p, F[q].key, (long long)v, (long long)cur); r = US_ERR_INVALID; break; }
+                int64_t cur;
+                memcpy(&cur, fld, 8);
+                if (cur != 0 && cur != v) {
+                    us__errf(err, errlen, "%s says %s = %lld but the model config sets %lld", p,
+                             F[q].key, (long long)v, (long long)cur);
+                    r = US_ERR_INVALID;
+                    break;
+                }
                 memcpy(fld, &v, 8);
             } else {
-                int cur, x = (int)v; memcpy(&cur, fld, sizeof(int));
-                if (F[q].kind == 3 && x == 0) continue;   /* untied: the default */
-                if (cur != 0 && cur != x) { us__errf(err, errlen, "%s says %s = %d but the model config sets %d", p, F[q].key, x, cur); r = US_ERR_INVALID; break; }
+                int cur, x = (int)v;
+                memcpy(&cur, fld, sizeof(int));
+                if (F[q].kind == 3 && x == 0) continue; /* untied: the default */
+                if (cur != 0 && cur != x) {
+                    us__errf(err, errlen, "%s says %s = %d but the model config sets %d", p,
+                             F[q].key, x, cur);
+                    r = US_ERR_INVALID;
+                    break;
+                }
                 memcpy(fld, &x, sizeof(int));
             }
         }
-        {   /* what this model cannot represent is refused rather than silently dropped */
+        { /* what this model cannot represent is refused rather than silently dropped */
             int k2, b2;
             char act[32];
-            if (r == US_OK && (k2 = us__jget(&j, 0, "rope_scaling")) >= 0 && !(j.t[k2].type == US__J_LIT && j.s[j.t[k2].start] == 'n')) {
-                us__errf(err, errlen, "%s: rope_scaling is set, and this library has plain RoPE only", p); r = US_ERR_FORMAT;
+            if (r == US_OK && (k2 = us__jget(&j, 0, "rope_scaling")) >= 0 &&
+                !(j.t[k2].type == US__J_LIT && j.s[j.t[k2].start] == 'n')) {
+                us__errf(err, errlen,
+                         "%s: rope_scaling is set, and this library has plain RoPE only", p);
+                r = US_ERR_FORMAT;
             }
-            if (r == US_OK && ((us__jbool(&j, us__jget(&j, 0, "attention_bias"), &b2) && b2) || (us__jbool(&j, us__jget(&j, 0, "mlp_bias"), &b2) && b2))) {
-                us__errf(err, errlen, "%s: attention_bias / mlp_bias is true, and this library's linear layers have no bias", p); r = US_ERR_FORMAT;
+            if (r == US_OK && ((us__jbool(&j, us__jget(&j, 0, "attention_bias"), &b2) && b2) ||
+                               (us__jbool(&j, us__jget(&j, 0, "mlp_bias"), &b2) && b2))) {
+                us__errf(err, errlen,
+                         "%s: attention_bias / mlp_bias is true, and this library's linear layers "
+                         "have no bias",
+                         p);
+                r = US_ERR_FORMAT;
             }
-            if (r == US_OK && us__jstr(&j, us__jget(&j, 0, "hidden_act"), act, sizeof act) && strcmp(act, "silu")) {
-                us__errf(err, errlen, "%s: hidden_act is %s; this library's MLP is SwiGLU (silu)", p, act); r = US_ERR_FORMAT;
+            if (r == US_OK && us__jstr(&j, us__jget(&j, 0, "hidden_act"), act, sizeof act) &&
+                strcmp(act, "silu")) {
+                us__errf(err, errlen, "%s: hidden_act is %s; this library's MLP is SwiGLU (silu)",
+                         p, act);
+                r = US_ERR_FORMAT;
             }
         }
-        {   /* DeepSeek's scoring function; head_dim must be hidden/heads here */
+        { /* DeepSeek's scoring function; head_dim must be hidden/heads here */
             char sf[32];
             int64_t hd;
-            if (r == US_OK && us__jstr(&j, us__jget(&j, 0, "scoring_func"), sf, sizeof sf) && !mc->moe_gate) mc->moe_gate = !strcmp(sf, "sigmoid") ? US_MOE_SIGMOID : US_MOE_SOFTMAX;
-            if (r == US_OK && us__jint(&j, us__jget(&j, 0, "head_dim"), &hd) && mc->n_heads > 0 && hd * mc->n_heads != mc->dim) {
-                us__errf(err, errlen, "%s: head_dim %lld is not hidden_size/num_attention_heads = %lld, which this library assumes", p, (long long)hd, (long long)(mc->dim / mc->n_heads));
+            if (r == US_OK && us__jstr(&j, us__jget(&j, 0, "scoring_func"), sf, sizeof sf) &&
+                !mc->moe_gate)
+                mc->moe_gate = !strcmp(sf, "sigmoid") ? US_MOE_SIGMOID : US_MOE_SOFTMAX;
+            if (r == US_OK && us__jint(&j, us__jget(&j, 0, "head_dim"), &hd) && mc->n_heads > 0 &&
+                hd * mc->n_heads != mc->dim) {
+                us__errf(err, errlen,
+                         "%s: head_dim %lld is not hidden_size/num_attention_heads = %lld, which "
+                         "this library assumes",
+                         p, (long long)hd, (long long)(mc->dim / mc->n_heads));
                 r = US_ERR_FORMAT;
             }
         }
@@ -8408,13 +11368,19 @@ static long long us__ckpt_stepname(const char *s) {
     if (strncmp(s, "step_", 5)) return -1;
     s += 5;
     if (!*s) return -1;
-    for (; *s; s++) { if (*s < '0' || *s > '9' || v > 100000000000LL) return -1; v = v * 10 + (*s - '0'); }
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9' || v > 100000000000LL) return -1;
+        v = v * 10 + (*s - '0');
+    }
     return v;
 }
 #endif
-US_API us_result us_ckpt_latest(const char *dir, char *out, size_t outlen, char *err, size_t errlen) {
+US_API us_result us_ckpt_latest(const char *dir, char *out, size_t outlen, char *err,
+                                size_t errlen) {
 #if !US__CKPT_POSIX
-    (void)dir; (void)out; (void)outlen;
+    (void)dir;
+    (void)out;
+    (void)outlen;
     us__errf(err, errlen, "checkpoint: this build has no POSIX file calls");
     return US_ERR_IO;
 #else
@@ -8425,23 +11391,40 @@ US_API us_result us_ckpt_latest(const char *dir, char *out, size_t outlen, char 
     long long best = -1;
     char bestname[256] = "";
     snprintf(p, sizeof p, "%s/trainer_state.json", dir);
-    if (stat(p, &sb) == 0) { snprintf(out, outlen, "%s", dir); return US_OK; }
-    if (!(d = opendir(dir))) { us__errf(err, errlen, "cannot open checkpoint directory %s: %s", dir, strerror(errno)); return US_ERR_IO; }
+    if (stat(p, &sb) == 0) {
+        snprintf(out, outlen, "%s", dir);
+        return US_OK;
+    }
+    if (!(d = opendir(dir))) {
+        us__errf(err, errlen, "cannot open checkpoint directory %s: %s", dir, strerror(errno));
+        return US_ERR_IO;
+    }
     while ((e = readdir(d)) != NULL) {
         long long s = us__ckpt_stepname(e->d_name);
         if (s <= best) continue;
         snprintf(p, sizeof p, "%s/%s/trainer_state.json", dir, e->d_name);
-        if (stat(p, &sb) == 0) { best = s; snprintf(bestname, sizeof bestname, "%s", e->d_name); }
+        if (stat(p, &sb) == 0) {
+            best = s;
+            snprintf(bestname, sizeof bestname, "%s", e->d_name);
+        }
     }
     closedir(d);
-    if (best < 0) { us__errf(err, errlen, "%s holds no complete checkpoint (no trainer_state.json, no step_N directory with one)", dir); return US_ERR_IO; }
+    if (best < 0) {
+        us__errf(
+            err, errlen,
+            "%s holds no complete checkpoint (no trainer_state.json, no step_N directory with one)",
+            dir);
+        return US_ERR_IO;
+    }
     snprintf(out, outlen, "%s/%s", dir, bestname);
     return US_OK;
 #endif
 }
+
 US_API us_result us_ckpt_prune(const char *dir, int keep, char *err, size_t errlen) {
 #if !US__CKPT_POSIX
-    (void)dir; (void)keep;
+    (void)dir;
+    (void)keep;
     us__errf(err, errlen, "checkpoint: this build has no POSIX file calls");
     return US_ERR_IO;
 #else
@@ -8451,24 +11434,35 @@ US_API us_result us_ckpt_prune(const char *dir, int keep, char *err, size_t errl
     char names[1024][64], p[4200];
     int n = 0, i, j;
     if (keep < 1) return US_OK;
-    if (!(d = opendir(dir))) { us__errf(err, errlen, "cannot open checkpoint directory %s: %s", dir, strerror(errno)); return US_ERR_IO; }
+    if (!(d = opendir(dir))) {
+        us__errf(err, errlen, "cannot open checkpoint directory %s: %s", dir, strerror(errno));
+        return US_ERR_IO;
+    }
     while ((e = readdir(d)) != NULL && n < 1024) {
         long long s = us__ckpt_stepname(e->d_name);
         size_t L = strlen(e->d_name);
-        if (s < 0 && L > 4 && L < 60 && !strcmp(e->d_name + L - 4, ".tmp")) {   /* a stale half-written one */
+        if (s < 0 && L > 4 && L < 60 &&
+            !strcmp(e->d_name + L - 4, ".tmp")) { /* a stale half-written one */
             char base[64];
             snprintf(base, sizeof base, "%.*s", (int)(L - 4 < 63 ? L - 4 : 63), e->d_name);
-            if (us__ckpt_stepname(base) >= 0) { snprintf(names[n], sizeof names[n], "%.63s", e->d_name); steps[n++] = -2; }
+            if (us__ckpt_stepname(base) >= 0) {
+                snprintf(names[n], sizeof names[n], "%.63s", e->d_name);
+                steps[n++] = -2;
+            }
             continue;
         }
         if (s < 0 || L >= 60) continue;
-        snprintf(names[n], sizeof names[n], "%.63s", e->d_name); steps[n++] = s;
+        snprintf(names[n], sizeof names[n], "%.63s", e->d_name);
+        steps[n++] = s;
     }
     closedir(d);
     for (i = 0; i < n; i++) {
         int newer = 0;
         for (j = 0; j < n; j++) newer += steps[j] > steps[i];
-        if (steps[i] == -2 || newer >= keep) { snprintf(p, sizeof p, "%.4000s/%.63s", dir, names[i]); us__rm_tree(p); }
+        if (steps[i] == -2 || newer >= keep) {
+            snprintf(p, sizeof p, "%.4000s/%.63s", dir, names[i]);
+            us__rm_tree(p);
+        }
     }
     return US_OK;
 #endif
@@ -8493,7 +11487,8 @@ US_API us_result us_ckpt_prune(const char *dir, int keep, char *err, size_t errl
    selective drops the non-GEMM ones, full keeps only x; one layer's worth is then scratch. */
 /* Layers on pipeline rank 0: its chunks are stages 0, pp, 2·pp, ... of the even split (the model
    init's rule), each with L/S layers and one more for the first L%S stages. */
-static int us__pp_rank0_layers(const us_model_config *mc, const us_train_config *tc, const us_pp_schedule *s, int *largest) {
+static int us__pp_rank0_layers(const us_model_config *mc, const us_train_config *tc,
+                               const us_pp_schedule *s, int *largest) {
     int v = s ? s->v : 1, S = tc->pp * v, c, n = 0, first, count;
     *largest = 0;
     for (c = 0; c < v; c++) {
@@ -8503,13 +11498,19 @@ static int us__pp_rank0_layers(const us_model_config *mc, const us_train_config 
     }
     return n;
 }
-static us_result us__memory_estimate(const us_model_config *mc_in, const us_train_config *tc_in, us_memory *out, int *peak_io, char *err, size_t errlen);
-US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train_config *tc_in, us_memory *out, char *err, size_t errlen) {
+
+static us_result us__memory_estimate(const us_model_config *mc_in, const us_train_config *tc_in,
+                                     us_memory *out, int *peak_io, char *err, size_t errlen);
+
+US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train_config *tc_in,
+                                    us_memory *out, char *err, size_t errlen) {
     return us__memory_estimate(mc_in, tc_in, out, NULL, err, errlen);
 }
+
 /* peak_io (the planner's cache): if > 0, the first pipeline rank's peak of held micro-batch chunks,
    known from an earlier call with the same schedule, pp, micro-batches and chunks; if 0, set here */
-static us_result us__memory_estimate(const us_model_config *mc_in, const us_train_config *tc_in, us_memory *out, int *peak_io, char *err, size_t errlen) {
+static us_result us__memory_estimate(const us_model_config *mc_in, const us_train_config *tc_in,
+                                     us_memory *out, int *peak_io, char *err, size_t errlen) {
     us_model_config mc = *mc_in;
     us_train_config tc = *tc_in;
     us_result r = us_config_validate(&mc, &tc, err, errlen);
@@ -8519,13 +11520,20 @@ static us_result us__memory_estimate(const us_model_config *mc_in, const us_trai
     size_t moe_gemm = 0, moe_cheap = 0, moe_scr = 0, attn_cheap;
     us_pp_schedule ps, *psp = NULL;
     if (r != US_OK) return r;
-    if (tc.pp > 1) {   /* the first pipeline rank: its stages, and the activations its schedule holds */
+    if (tc.pp >
+        1) { /* the first pipeline rank: its stages, and the activations its schedule holds */
         us_pp_sim sim;
-        if (us_pp_schedule_build(&ps, (us_pp_kind)tc.pp_schedule, tc.pp, tc.grad_accum, tc.pp_chunks, err, errlen) != US_OK) return US_ERR_INVALID;
-        if (peak_io && *peak_io > 0) peak = *peak_io;
+        if (us_pp_schedule_build(&ps, (us_pp_kind)tc.pp_schedule, tc.pp, tc.grad_accum,
+                                 tc.pp_chunks, err, errlen) != US_OK)
+            return US_ERR_INVALID;
+        if (peak_io && *peak_io > 0)
+            peak = *peak_io;
         else {
             r = us_pp_simulate(&ps, 1, 2, 0, &sim, err, errlen);
-            if (r != US_OK) { us_pp_schedule_free(&ps); return r; }
+            if (r != US_OK) {
+                us_pp_schedule_free(&ps);
+                return r;
+            }
             peak = sim.peak_act[0];
             if (peak_io) *peak_io = peak;
         }
@@ -8533,16 +11541,19 @@ static us_result us__memory_estimate(const us_model_config *mc_in, const us_trai
     }
     a = tc.precision == US_PRECISION_FP32 ? 4 : 2;
     Z = tc.zero;
-    {   /* Ψ as laid out: the same cut into units the model makes (us__plan_units), no allocation */
+    { /* Ψ as laid out: the same cut into units the model makes (us__plan_units), no allocation */
         us_model tmp;
         us__dist_sizes z;
         int largest;
         memset(&tmp, 0, sizeof tmp);
-        tmp.cfg = mc; tmp.tc = tc;
+        tmp.cfg = mc;
+        tmp.tc = tc;
         /* under pipeline parallelism: the first rank (its chunks' layers and the embedding) */
         tmp.n_layers_global = mc.n_layers;
         tmp.cfg.n_layers = rank_layers = us__pp_rank0_layers(&mc, &tc, psp, &largest);
-        tmp.pp_first = 1; tmp.pp_last = !psp || us__pp_rank_of(psp, tc.pp * psp->v - 1) == 0;   /* the V shapes end on rank 0 */
+        tmp.pp_first = 1;
+        tmp.pp_last =
+            !psp || us__pp_rank_of(psp, tc.pp * psp->v - 1) == 0; /* the V shapes end on rank 0 */
         {
             int nt = 3;
             for (l = 0; l < mc.n_layers; l++) nt += us__layer_tensors(&mc, us__ep_of(&tc), l);
@@ -8551,28 +11562,53 @@ static us_result us__memory_estimate(const us_model_config *mc_in, const us_trai
         tmp.layer_g = (int *)US_MALLOC(sizeof(int) * (size_t)mc.n_layers);
         tmp.layer_p = (int *)US_MALLOC(sizeof(int) * (size_t)(mc.n_layers + 1));
         if (!tmp.params || !tmp.layer_g || !tmp.layer_p) {
-            US_FREE(tmp.params); US_FREE(tmp.layer_g); US_FREE(tmp.layer_p); if (psp) us_pp_schedule_free(psp);
-            us__errf(err, errlen, "out of host memory"); return US_ERR_OOM;
+            US_FREE(tmp.params);
+            US_FREE(tmp.layer_g);
+            US_FREE(tmp.layer_p);
+            if (psp) us_pp_schedule_free(psp);
+            us__errf(err, errlen, "out of host memory");
+            return US_ERR_OOM;
         }
-        for (l = 0; l < mc.n_layers; l++) tmp.layer_g[l] = l;   /* the MoE layers, and names: sizes do not depend on them */
+        for (l = 0; l < mc.n_layers; l++)
+            tmp.layer_g[l] = l; /* the MoE layers, and names: sizes do not depend on them */
         us__build_params(&tmp);
         tmp.n_units = us__plan_units(&tmp, NULL);
         tmp.units = (us__unit *)US_MALLOC(sizeof(us__unit) * (size_t)tmp.n_units);
-        if (!tmp.units) { US_FREE(tmp.params); US_FREE(tmp.layer_g); US_FREE(tmp.layer_p); if (psp) us_pp_schedule_free(psp); us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
+        if (!tmp.units) {
+            US_FREE(tmp.params);
+            US_FREE(tmp.layer_g);
+            US_FREE(tmp.layer_p);
+            if (psp) us_pp_schedule_free(psp);
+            us__errf(err, errlen, "out of host memory");
+            return US_ERR_OOM;
+        }
         us__plan_units(&tmp, tmp.units);
         us__dist_sizes_of(&tmp, &z);
-        psi = z.n_flat; shard = z.shard_n; unit = z.slot_n; slots = z.n_gslots;
-        US_FREE(tmp.params); US_FREE(tmp.units); US_FREE(tmp.layer_g); US_FREE(tmp.layer_p);
+        psi = z.n_flat;
+        shard = z.shard_n;
+        unit = z.slot_n;
+        slots = z.n_gslots;
+        US_FREE(tmp.params);
+        US_FREE(tmp.units);
+        US_FREE(tmp.layer_g);
+        US_FREE(tmp.layer_p);
     }
     /* tensor parallelism: each rank holds its heads, FFN columns and vocabulary rows */
-    N = (int64_t)tc.batch * (tc.seq / tc.cp); C = mc.dim; HS = C / mc.n_heads; F = mc.ffn_dim / tc.tp; V = mc.vocab / tc.tp; L = mc.n_layers;
-    QKV = (int64_t)(mc.n_heads + 2 * mc.n_kv_heads) / tc.tp * HS; AO = (int64_t)mc.n_heads / tc.tp * HS;
+    N = (int64_t)tc.batch * (tc.seq / tc.cp);
+    C = mc.dim;
+    HS = C / mc.n_heads;
+    F = mc.ffn_dim / tc.tp;
+    V = mc.vocab / tc.tp;
+    L = mc.n_layers;
+    QKV = (int64_t)(mc.n_heads + 2 * mc.n_kv_heads) / tc.tp * HS;
+    AO = (int64_t)mc.n_heads / tc.tp * HS;
     mode = tc.recompute;
     memset(out, 0, sizeof *out);
     for (l = 0, n_moe = 0; l < mc.n_layers; l++) n_moe += us__is_moe(&mc, l);
     /* + the fp32 router biases of the MoE layers (// >>moe) */
-    out->params = (size_t)(Z == 3 ? shard + slots * unit : psi) * a + (size_t)n_moe * (size_t)mc.moe_experts * 4;
-    if (us__fp8_wcache_on(&tc)) {   /* the FP8 weight cache (// >>fp8-linear) */
+    out->params = (size_t)(Z == 3 ? shard + slots * unit : psi) * a +
+                  (size_t)n_moe * (size_t)mc.moe_experts * 4;
+    if (us__fp8_wcache_on(&tc)) { /* the FP8 weight cache (// >>fp8-linear) */
         size_t woff[4][4];
         int64_t wdim[4][2];
         out->params += us__fp8_wcache_layer(C, QKV, AO, F, woff, wdim) * (size_t)rank_layers;
@@ -8584,19 +11620,27 @@ static us_result us__memory_estimate(const us_model_config *mc_in, const us_trai
        residual stream and the norms (x, xmid, ln1, ln2, rstd) at Ns = Nf/tp rows, the Playbook's
        "activations / tp" for the parts TP alone leaves whole; Nf is N padded to a multiple of tp */
     sp = tc.sp && tc.tp > 1;
-    Nf = sp ? (N + tc.tp - 1) / tc.tp * tc.tp : N; Ns = sp ? Nf / tc.tp : N;
-    x = us__align(Ns * C * a); rs = us__align(Ns * 4); qkv = us__align(Nf * QKV * a); att = us__align(Nf * AO * a);
-    lse = us__align(N * (mc.n_heads / tc.tp) * 4); gu = us__align(Nf * 2 * F * a); h = us__align(Nf * F * a);
-    xf = us__align(Nf * C * a); rf = us__align(Nf * 4);
+    Nf = sp ? (N + tc.tp - 1) / tc.tp * tc.tp : N;
+    Ns = sp ? Nf / tc.tp : N;
+    x = us__align(Ns * C * a);
+    rs = us__align(Ns * 4);
+    qkv = us__align(Nf * QKV * a);
+    att = us__align(Nf * AO * a);
+    lse = us__align(N * (mc.n_heads / tc.tp) * 4);
+    gu = us__align(Nf * 2 * F * a);
+    h = us__align(Nf * F * a);
+    xf = us__align(Nf * C * a);
+    rf = us__align(Nf * 4);
     gemm_outs = qkv + x /* xmid */ + gu;
     attn_cheap = 2 * x /* ln1, ln2 */ + 2 * rs + att + lse;
     cheap = attn_cheap + h;
-    per_layer = x + (mode != US_RECOMPUTE_FULL ? gemm_outs : 0) + (mode == US_RECOMPUTE_NONE ? cheap : 0);
+    per_layer =
+        x + (mode != US_RECOMPUTE_FULL ? gemm_outs : 0) + (mode == US_RECOMPUTE_NONE ? cheap : 0);
     shared = (mode != US_RECOMPUTE_NONE ? cheap : 0) + (mode == US_RECOMPUTE_FULL ? gemm_outs : 0);
-    if (n_moe) {   /* MoE layers (// >>moe; one rank, no pp) keep router, permutation and expert tensors instead of gu, h */
+    if (n_moe) { /* MoE layers (// >>moe; one rank, no pp) keep router, permutation and expert tensors instead of gu, h */
         us__moe_bytes(&mc, &tc, n_moe, N, a, &moe_gemm, &moe_cheap, &moe_scr);
-        shared = (mode != US_RECOMPUTE_NONE ? attn_cheap + (n_moe < L ? h : 0) + moe_cheap : 0)
-               + (mode == US_RECOMPUTE_FULL ? qkv + x + (n_moe < L ? gu : 0) + moe_gemm : 0);
+        shared = (mode != US_RECOMPUTE_NONE ? attn_cheap + (n_moe < L ? h : 0) + moe_cheap : 0) +
+                 (mode == US_RECOMPUTE_FULL ? qkv + x + (n_moe < L ? gu : 0) + moe_gemm : 0);
     }
     /* what a (pipeline) slot holds besides its layers: the chunk's output and input gradient, the
        norm statistics, losses, argmax, inputs, targets, the scalars for the all-reduces; on the
@@ -8604,47 +11648,59 @@ static us_result us__memory_estimate(const us_model_config *mc_in, const us_trai
        logits and the vocabulary-parallel loss's row statistics */
     {
         int head0 = !psp || us__pp_rank_of(psp, tc.pp * psp->v - 1) == 0;
-        head = x + xf /* residual gradient */ + rs + 4 * rf + us__align(64)
-             + (head0 ? xf + us__align(Nf * V * a) + (tc.tp > 1 ? us__align(Nf * 20 + 8) : 0) : 0);
+        head = x + xf /* residual gradient */ + rs + 4 * rf + us__align(64) +
+               (head0 ? xf + us__align(Nf * V * a) + (tc.tp > 1 ? us__align(Nf * 20 + 8) : 0) : 0);
     }
     /* the scratch of one action, shared by the slots: the backward's gradients, SP's whole-sequence
        buffer and a norm weight's partial gradient, context parallelism's positions, K/V blocks in
        flight (2 for the ring, cp for the all-gather) and their fp32 gradients, the online-softmax
        state, dQ, a cast buffer */
     bwd = xf /* norm grad */ + att + qkv + h + gu + (sp ? xf + us__align(C * 4) : 0);
-    if (tc.precision == US_PRECISION_FP8 || tc.precision == US_PRECISION_FP8_TENSOR) {   /* the quantised GEMM operands (// >>fp8-linear) */
+    if (tc.precision == US_PRECISION_FP8 ||
+        tc.precision ==
+            US_PRECISION_FP8_TENSOR) { /* the quantised GEMM operands (// >>fp8-linear) */
         size_t off[5];
         bwd += us__fp8_scratch(Nf, C, QKV, AO, F, off);
     }
     if (tc.cp > 1) {
-        int64_t KVW = (int64_t)2 * (mc.n_kv_heads / tc.tp) * HS, nb = tc.cp_mode == US_CP_ALLGATHER ? tc.cp : 2;
-        bwd += us__align((size_t)tc.cp * (tc.seq / tc.cp) * 4) + us__align(nb * N * KVW * a) + us__align(nb * N * KVW * 4)
-             + 2 * us__align(N * AO * 4) + 2 * us__align(N * (mc.n_heads / tc.tp) * 4) + us__align(N * (AO > KVW ? AO : KVW) * a);
+        int64_t KVW = (int64_t)2 * (mc.n_kv_heads / tc.tp) * HS,
+                nb = tc.cp_mode == US_CP_ALLGATHER ? tc.cp : 2;
+        bwd += us__align((size_t)tc.cp * (tc.seq / tc.cp) * 4) + us__align(nb * N * KVW * a) +
+               us__align(nb * N * KVW * 4) + 2 * us__align(N * AO * 4) +
+               2 * us__align(N * (mc.n_heads / tc.tp) * 4) +
+               us__align(N * (AO > KVW ? AO : KVW) * a);
     }
-    if (psp) {   /* the first pipeline rank: one arena (its largest chunk's layers) per micro-batch chunk it holds at once */
+    if (psp) { /* the first pipeline rank: one arena (its largest chunk's layers) per micro-batch chunk it holds at once */
         int i, wsplit = 0, largest;
         for (i = 0; i < psp->n[0]; i++) wsplit |= psp->a[0][i].op == US_PP_W;
         us__pp_rank0_layers(&mc, &tc, psp, &largest);
-        L = largest;   /* a slot holds one chunk: the largest */
-        if (wsplit) per_layer += 2 * xf + qkv + gu;   /* B/W apart: each layer keeps its output gradients for W */
+        L = largest; /* a slot holds one chunk: the largest */
+        if (wsplit)
+            per_layer +=
+                2 * xf + qkv + gu; /* B/W apart: each layer keeps its output gradients for W */
         out->activations = ((size_t)L * per_layer + shared + head) * (size_t)peak + bwd;
         us_pp_schedule_free(psp);
     } else if (n_moe) {
-        size_t moe_layer = x + (mode != US_RECOMPUTE_FULL ? qkv + x + moe_gemm : 0) + (mode == US_RECOMPUTE_NONE ? attn_cheap + moe_cheap : 0);
-        out->activations = (size_t)(L - n_moe) * per_layer + (size_t)n_moe * moe_layer + shared + head + bwd + moe_scr;
-    } else out->activations = (size_t)L * per_layer + shared + head + bwd;
+        size_t moe_layer = x + (mode != US_RECOMPUTE_FULL ? qkv + x + moe_gemm : 0) +
+                           (mode == US_RECOMPUTE_NONE ? attn_cheap + moe_cheap : 0);
+        out->activations = (size_t)(L - n_moe) * per_layer + (size_t)n_moe * moe_layer + shared +
+                           head + bwd + moe_scr;
+    } else
+        out->activations = (size_t)L * per_layer + shared + head + bwd;
     out->total = out->params + out->master + out->grads + out->optimizer + out->activations;
     return US_OK;
 }
 
-US_API double us_playbook_activation_bytes_per_layer(int64_t seq, int64_t batch, int64_t dim, int64_t heads) {
+US_API double us_playbook_activation_bytes_per_layer(int64_t seq, int64_t batch, int64_t dim,
+                                                     int64_t heads) {
     return (double)seq * batch * dim * (34.0 + 5.0 * (double)heads * seq / (double)dim);
 }
 
 US_API double us_flops_per_token(const us_model_config *mc_in, int64_t seq) {
     us_model_config c = *mc_in, *mc = &c;
     us_model_config_defaults(mc);
-    return 6.0 * (double)us_param_count_active(mc) + 12.0 * mc->n_layers * (double)mc->dim * (double)seq;
+    return 6.0 * (double)us_param_count_active(mc) +
+           12.0 * mc->n_layers * (double)mc->dim * (double)seq;
 }
 
 #ifndef ULTRASCALE_NO_PLANNER
@@ -8702,6 +11758,7 @@ US_API void us_plan_rates_defaults(us_plan_rates *r) {
     if (r->overlap_tax == 0) r->overlap_tax = 1;
     if (r->gemm_m_half == 0) r->gemm_m_half = 256;
 }
+
 US_API void us_plan_cluster_defaults(us_plan_cluster *c) {
     if (c->gpus_per_node == 0) c->gpus_per_node = 8;
     if (c->nodes == 0) c->nodes = 1;
@@ -8709,6 +11766,7 @@ US_API void us_plan_cluster_defaults(us_plan_cluster *c) {
     if (c->reserve_gib == 0) c->reserve_gib = 3;
     us_plan_rates_defaults(&c->rates);
 }
+
 US_API void us_plan_request_defaults(us_plan_request *q) {
     if (q->global_tokens == 0) q->global_tokens = (int64_t)1 << 20;
     if (q->seq == 0) q->seq = 4096;
@@ -8717,28 +11775,48 @@ US_API void us_plan_request_defaults(us_plan_request *q) {
 }
 
 /* the rates file's keys, in the struct's order */
-static const char *const us__rate_keys[] = {"gemm_tflops", "attn_fwd_tflops", "attn_bwd_tflops", "hbm_gbps", "intra_gbps", "inter_gbps", "latency_us", "peak_tflops", "cp_attn_eff", "gemm_m_half", "overlap_tax"};
+static const char *const us__rate_keys[] = {
+    "gemm_tflops", "attn_fwd_tflops", "attn_bwd_tflops", "hbm_gbps",    "intra_gbps", "inter_gbps",
+    "latency_us",  "peak_tflops",     "cp_attn_eff",     "gemm_m_half", "overlap_tax"};
 #define US__NRATES 11
+
 static double *us__rate_field(us_plan_rates *r, int i) {
     double *f[US__NRATES];
-    f[0] = &r->gemm_tflops; f[1] = &r->attn_fwd_tflops; f[2] = &r->attn_bwd_tflops; f[3] = &r->hbm_gbps;
-    f[4] = &r->intra_gbps; f[5] = &r->inter_gbps; f[6] = &r->latency_us; f[7] = &r->peak_tflops; f[8] = &r->cp_attn_eff; f[9] = &r->gemm_m_half; f[10] = &r->overlap_tax;
+    f[0] = &r->gemm_tflops;
+    f[1] = &r->attn_fwd_tflops;
+    f[2] = &r->attn_bwd_tflops;
+    f[3] = &r->hbm_gbps;
+    f[4] = &r->intra_gbps;
+    f[5] = &r->inter_gbps;
+    f[6] = &r->latency_us;
+    f[7] = &r->peak_tflops;
+    f[8] = &r->cp_attn_eff;
+    f[9] = &r->gemm_m_half;
+    f[10] = &r->overlap_tax;
     return f[i];
 }
+
 static us_result us__plan_check_rates(const us_plan_rates *r, char *err, size_t errlen) {
     int i;
     for (i = 0; i < US__NRATES; i++) {
         double v = *us__rate_field((us_plan_rates *)r, i);
-        if (!(v > 0) || !isfinite(v)) { us__errf(err, errlen, "rate %s=%g must be a positive number", us__rate_keys[i], v); return US_ERR_INVALID; }
+        if (!(v > 0) || !isfinite(v)) {
+            us__errf(err, errlen, "rate %s=%g must be a positive number", us__rate_keys[i], v);
+            return US_ERR_INVALID;
+        }
     }
     return US_OK;
 }
+
 US_API us_result us_plan_rates_read(const char *path, us_plan_rates *r, char *err, size_t errlen) {
     FILE *f = fopen(path, "r");
     char line[512];
     int ln = 0;
     us_plan_rates tmp = *r;
-    if (!f) { us__errf(err, errlen, "cannot open rates file %s", path); return US_ERR_IO; }
+    if (!f) {
+        us__errf(err, errlen, "cannot open rates file %s", path);
+        return US_ERR_IO;
+    }
     while (fgets(line, sizeof line, f)) {
         char *p = line, *eq, *end, *k, *ke;
         int i;
@@ -8746,30 +11824,56 @@ US_API us_result us_plan_rates_read(const char *path, us_plan_rates *r, char *er
         ln++;
         if (strchr(line, '#')) *strchr(line, '#') = 0;
         while (*p == ' ' || *p == '\t') p++;
-        for (end = p + strlen(p); end > p && (end[-1] == '\n' || end[-1] == '\r' || end[-1] == ' ' || end[-1] == '\t'); ) *--end = 0;
+        for (end = p + strlen(p);
+             end > p && (end[-1] == '\n' || end[-1] == '\r' || end[-1] == ' ' || end[-1] == '\t');)
+            *--end = 0;
         if (ln == 1) {
-            if (strcmp(p, "ultrascale-rates 1")) { fclose(f); us__errf(err, errlen, "%s is not a rates file: its first line must be \"ultrascale-rates 1\"", path); return US_ERR_FORMAT; }
+            if (strcmp(p, "ultrascale-rates 1")) {
+                fclose(f);
+                us__errf(err, errlen,
+                         "%s is not a rates file: its first line must be \"ultrascale-rates 1\"",
+                         path);
+                return US_ERR_FORMAT;
+            }
             continue;
         }
         if (!*p) continue;
-        if (!(eq = strchr(p, '='))) { fclose(f); us__errf(err, errlen, "%s line %d: expected key = value", path, ln); return US_ERR_FORMAT; }
-        for (k = p, ke = eq; ke > k && (ke[-1] == ' ' || ke[-1] == '\t'); ke--) ;
+        if (!(eq = strchr(p, '='))) {
+            fclose(f);
+            us__errf(err, errlen, "%s line %d: expected key = value", path, ln);
+            return US_ERR_FORMAT;
+        }
+        for (k = p, ke = eq; ke > k && (ke[-1] == ' ' || ke[-1] == '\t'); ke--)
+            ;
         *ke = 0;
-        for (i = 0; i < US__NRATES; i++) if (!strcmp(k, us__rate_keys[i])) break;
-        if (i == US__NRATES) { fclose(f); us__errf(err, errlen, "%s line %d: unknown key \"%s\"", path, ln, k); return US_ERR_FORMAT; }
+        for (i = 0; i < US__NRATES; i++)
+            if (!strcmp(k, us__rate_keys[i])) break;
+        if (i == US__NRATES) {
+            fclose(f);
+            us__errf(err, errlen, "%s line %d: unknown key \"%s\"", path, ln, k);
+            return US_ERR_FORMAT;
+        }
         errno = 0;
         v = strtod(eq + 1, &end);
         while (*end == ' ' || *end == '\t') end++;
-        if (errno || end == eq + 1 || *end || !(v > 0) || !isfinite(v)) { fclose(f); us__errf(err, errlen, "%s line %d: %s must be a positive number", path, ln, k); return US_ERR_FORMAT; }
+        if (errno || end == eq + 1 || *end || !(v > 0) || !isfinite(v)) {
+            fclose(f);
+            us__errf(err, errlen, "%s line %d: %s must be a positive number", path, ln, k);
+            return US_ERR_FORMAT;
+        }
         *us__rate_field(&tmp, i) = v;
     }
     fclose(f);
-    if (ln == 0) { us__errf(err, errlen, "%s is empty: a rates file starts with \"ultrascale-rates 1\"", path); return US_ERR_FORMAT; }
+    if (ln == 0) {
+        us__errf(err, errlen, "%s is empty: a rates file starts with \"ultrascale-rates 1\"", path);
+        return US_ERR_FORMAT;
+    }
     *r = tmp;
     return US_OK;
 }
 
 typedef enum us__coll { US__AR = 0, US__AG, US__RS, US__A2A, US__P2P } us__coll;
+
 /* seconds for one collective of `bytes` (the whole tensor) over n ranks at bus bandwidth gbps */
 static double us__coll_s(us__coll k, double bytes, int n, double gbps, double lat_us) {
     double f;
@@ -8777,10 +11881,12 @@ static double us__coll_s(us__coll k, double bytes, int n, double gbps, double la
     f = k == US__AR ? 2.0 * (n - 1) / n : k == US__P2P ? 1.0 : (double)(n - 1) / n;
     return lat_us * 1e-6 + f * bytes / (gbps * 1e9);
 }
+
 /* a group whose ranks span `span` consecutive ranks stays inside a node when span ≤ GPUs per node */
 static double us__span_gbps(const us_plan_cluster *cl, int64_t span) {
     return span <= cl->gpus_per_node ? cl->rates.intra_gbps : cl->rates.inter_gbps;
 }
+
 /* A3's overlap of a reduction with the backward, bucket by bucket: whatever outlasts the backward
    window is exposed, and so is the last bucket, issued when the backward ends. */
 static double us__dp_exposed(double t_comm, double window, double bytes, double bucket_bytes) {
@@ -8791,24 +11897,42 @@ static double us__dp_exposed(double t_comm, double window, double bytes, double 
 /* The search's memo of what depends on the schedule's shape alone (kind, pp, micro-batches,
    chunks): the first rank's activation peak, and the makespan at unit forward cost for the
    backward/forward and weight/forward ratios last seen (makespan scales with the costs). */
-typedef struct us__plan_memo { int kind, pp, m, v, peak; double rb, rw, span1; } us__plan_memo;
-static us_result us__plan_cost(const us_model_config *mc_in, const us_train_config *tc_in, const us_plan_cluster *cl_in, us_plan *out,
-                               us__plan_memo *memo, char *err, size_t errlen);
-US_API us_result us_plan_cost(const us_model_config *mc_in, const us_train_config *tc_in, const us_plan_cluster *cl_in, us_plan *out, char *err, size_t errlen) {
+typedef struct us__plan_memo {
+    int kind, pp, m, v, peak;
+    double rb, rw, span1;
+} us__plan_memo;
+
+static us_result us__plan_cost(const us_model_config *mc_in, const us_train_config *tc_in,
+                               const us_plan_cluster *cl_in, us_plan *out, us__plan_memo *memo,
+                               char *err, size_t errlen);
+
+US_API us_result us_plan_cost(const us_model_config *mc_in, const us_train_config *tc_in,
+                              const us_plan_cluster *cl_in, us_plan *out, char *err,
+                              size_t errlen) {
     return us__plan_cost(mc_in, tc_in, cl_in, out, NULL, err, errlen);
 }
+
 static us__plan_memo *us__plan_memo_of(us__plan_memo *memo, int n, const us_train_config *tc) {
-    int h = (int)(((unsigned)tc->pp_schedule * 131u + (unsigned)tc->pp * 31u + (unsigned)tc->grad_accum * 7u + (unsigned)tc->pp_chunks) % (unsigned)n);
+    int h = (int)(((unsigned)tc->pp_schedule * 131u + (unsigned)tc->pp * 31u +
+                   (unsigned)tc->grad_accum * 7u + (unsigned)tc->pp_chunks) %
+                  (unsigned)n);
     us__plan_memo *e = &memo[h];
-    if (e->kind != tc->pp_schedule || e->pp != tc->pp || e->m != tc->grad_accum || e->v != tc->pp_chunks) {
+    if (e->kind != tc->pp_schedule || e->pp != tc->pp || e->m != tc->grad_accum ||
+        e->v != tc->pp_chunks) {
         memset(e, 0, sizeof *e);
-        e->kind = tc->pp_schedule; e->pp = tc->pp; e->m = tc->grad_accum; e->v = tc->pp_chunks;
+        e->kind = tc->pp_schedule;
+        e->pp = tc->pp;
+        e->m = tc->grad_accum;
+        e->v = tc->pp_chunks;
     }
     return e;
 }
+
 #define US__PLAN_MEMO 4096
-static us_result us__plan_cost(const us_model_config *mc_in, const us_train_config *tc_in, const us_plan_cluster *cl_in, us_plan *out,
-                               us__plan_memo *memo, char *err, size_t errlen) {
+
+static us_result us__plan_cost(const us_model_config *mc_in, const us_train_config *tc_in,
+                               const us_plan_cluster *cl_in, us_plan *out, us__plan_memo *memo,
+                               char *err, size_t errlen) {
     us_model_config mc = *mc_in;
     us_train_config tc = *tc_in;
     us_plan_cluster cl = *cl_in;
@@ -8816,37 +11940,76 @@ static us_result us__plan_cost(const us_model_config *mc_in, const us_train_conf
     us_result r;
     int64_t world, C, T, V, HS, NH, NKV, L, n_moe = 0, l, S, st;
     int tp, cp, pp, dp, v, m, Z, K;
-    double n, Pact, Pl, Fact, G, Af, Ab, H, gemm_f, attn_f, ef, ef_C, head_f, head_e, lat, psi, psi_l;
-    double tf_l, tb_l, tw_l, re_l, tp_l, cp_f, cp_b, cp_h = 0, ep_l, w_tp, w_dp, w_pp, w_ep, w_cp, t_msg, hidden = 0;
-    double cF, cB, cW, cR, kTP, kCP, kEP, zF, zB;   /* one micro-batch on the slowest chunk: compute, comm */
+    double n, Pact, Pl, Fact, G, Af, Ab, H, gemm_f, attn_f, ef, ef_C, head_f, head_e, lat, psi,
+        psi_l;
+    double tf_l, tb_l, tw_l, re_l, tp_l, cp_f, cp_b, cp_h = 0, ep_l, w_tp, w_dp, w_pp, w_ep, w_cp,
+                                                     t_msg, hidden = 0;
+    double cF, cB, cW, cR, kTP, kCP, kEP, zF,
+        zB; /* one micro-batch on the slowest chunk: compute, comm */
     int Lc = 0, Mc = 0, headc = 0;
     us_plan_cluster_defaults(&cl);
     R = &cl.rates;
-    if (cl.gpus_per_node < 1 || cl.nodes < 1) { us__errf(err, errlen, "the cluster needs at least one node of at least one GPU (gpus per node %d, nodes %d)", cl.gpus_per_node, cl.nodes); return US_ERR_INVALID; }
-    if (!(cl.gpu_mem_gib > 0) || !(cl.reserve_gib > 0) || !isfinite(cl.gpu_mem_gib) || !isfinite(cl.reserve_gib)) { us__errf(err, errlen, "GPU memory %g GiB and reserve %g GiB must be positive numbers", cl.gpu_mem_gib, cl.reserve_gib); return US_ERR_INVALID; }
+    if (cl.gpus_per_node < 1 || cl.nodes < 1) {
+        us__errf(
+            err, errlen,
+            "the cluster needs at least one node of at least one GPU (gpus per node %d, nodes %d)",
+            cl.gpus_per_node, cl.nodes);
+        return US_ERR_INVALID;
+    }
+    if (!(cl.gpu_mem_gib > 0) || !(cl.reserve_gib > 0) || !isfinite(cl.gpu_mem_gib) ||
+        !isfinite(cl.reserve_gib)) {
+        us__errf(err, errlen, "GPU memory %g GiB and reserve %g GiB must be positive numbers",
+                 cl.gpu_mem_gib, cl.reserve_gib);
+        return US_ERR_INVALID;
+    }
     if ((r = us__plan_check_rates(R, err, errlen)) != US_OK) return r;
     if ((r = us_config_validate(&mc, &tc, err, errlen)) != US_OK) return r;
     world = (int64_t)tc.dp * tc.tp * tc.pp * tc.cp;
     if (world != (int64_t)cl.gpus_per_node * cl.nodes) {
-        us__errf(err, errlen, "dp %d x tp %d x pp %d x cp %d = %lld GPUs, but the cluster has %lld", tc.dp, tc.tp, tc.pp, tc.cp, (long long)world, (long long)cl.gpus_per_node * cl.nodes);
+        us__errf(err, errlen, "dp %d x tp %d x pp %d x cp %d = %lld GPUs, but the cluster has %lld",
+                 tc.dp, tc.tp, tc.pp, tc.cp, (long long)world,
+                 (long long)cl.gpus_per_node * cl.nodes);
         return US_ERR_INVALID;
     }
     memset(out, 0, sizeof *out);
     out->tc = tc;
     {
         us__plan_memo *e = memo && tc.pp > 1 ? us__plan_memo_of(memo, US__PLAN_MEMO, &tc) : NULL;
-        if ((r = us__memory_estimate(&mc, &tc, &out->mem, e ? &e->peak : NULL, err, errlen)) != US_OK) return r;
+        if ((r = us__memory_estimate(&mc, &tc, &out->mem, e ? &e->peak : NULL, err, errlen)) !=
+            US_OK)
+            return r;
     }
-    out->fits = (double)out->mem.total + cl.reserve_gib * 1073741824.0 <= cl.gpu_mem_gib * 1073741824.0;
+    out->fits =
+        (double)out->mem.total + cl.reserve_gib * 1073741824.0 <= cl.gpu_mem_gib * 1073741824.0;
 
-    tp = tc.tp; cp = tc.cp; pp = tc.pp; dp = tc.dp; Z = tc.zero; m = tc.grad_accum; v = pp > 1 ? tc.pp_chunks : 1;
-    C = mc.dim; T = tc.seq; V = mc.vocab; L = mc.n_layers; NH = mc.n_heads; NKV = mc.n_kv_heads; HS = C / NH;
+    tp = tc.tp;
+    cp = tc.cp;
+    pp = tc.pp;
+    dp = tc.dp;
+    Z = tc.zero;
+    m = tc.grad_accum;
+    v = pp > 1 ? tc.pp_chunks : 1;
+    C = mc.dim;
+    T = tc.seq;
+    V = mc.vocab;
+    L = mc.n_layers;
+    NH = mc.n_heads;
+    NKV = mc.n_kv_heads;
+    HS = C / NH;
     K = mc.moe_experts ? mc.moe_top_k : 0;
     for (l = 0; l < L; l++) n_moe += us__is_moe(&mc, (int)l);
-    G = R->gemm_tflops * 1e12; Af = R->attn_fwd_tflops * 1e12; Ab = R->attn_bwd_tflops * 1e12; H = R->hbm_gbps * 1e9; lat = R->latency_us;
-    if (cp > 1) { Af *= R->cp_attn_eff; Ab *= R->cp_attn_eff; }
-    n = (double)tc.batch * T / cp;                    /* tokens of one micro-batch on this rank: the GEMMs' M */
-    G *= (n / (n + R->gemm_m_half)) / (16384.0 / (16384.0 + R->gemm_m_half));   /* smaller GEMMs run slower */
+    G = R->gemm_tflops * 1e12;
+    Af = R->attn_fwd_tflops * 1e12;
+    Ab = R->attn_bwd_tflops * 1e12;
+    H = R->hbm_gbps * 1e9;
+    lat = R->latency_us;
+    if (cp > 1) {
+        Af *= R->cp_attn_eff;
+        Ab *= R->cp_attn_eff;
+    }
+    n = (double)tc.batch * T / cp; /* tokens of one micro-batch on this rank: the GEMMs' M */
+    G *= (n / (n + R->gemm_m_half)) /
+         (16384.0 / (16384.0 + R->gemm_m_half)); /* smaller GEMMs run slower */
     /* a layer's active parameters (the embedding is a lookup, the head a GEMM of its own) and the
        FFN width a token passes through: what is left after attention and the norms, over 3·C */
     Pact = (double)us_param_count_active(&mc);
@@ -8860,27 +12023,35 @@ static us_result us__plan_cost(const us_model_config *mc_in, const us_train_conf
     attn_f = 2.0 * T * C / tp;
     ef_C = 2.0 * 10 * C / (tc.sp ? tp : 1);
     ef = ef_C + 2.0 * (2.0 * (NH + NKV) * HS + 3.0 * Fact) / tp;
-    head_f = 2.0 * V * C / tp;                          /* the head GEMM forward */
-    head_e = 2.0 * 3 * V / tp + 2.0 * 4 * C;            /* cross-entropy over the logits, the final norm */
+    head_f = 2.0 * V * C / tp;               /* the head GEMM forward */
+    head_e = 2.0 * 3 * V / tp + 2.0 * 4 * C; /* cross-entropy over the logits, the final norm */
     tf_l = gemm_f / G + attn_f / Af + ef / H;
-    tb_l = gemm_f / G + 2.5 * attn_f / Ab + 2 * ef / H; /* B: input gradients (attention's whole backward) */
-    tw_l = gemm_f / G;                                   /* W: weight gradients */
-    re_l = tc.recompute == US_RECOMPUTE_FULL ? tf_l : tc.recompute == US_RECOMPUTE_SELECTIVE ? attn_f / Af + ef / H : 0;
+    tb_l = gemm_f / G + 2.5 * attn_f / Ab +
+           2 * ef / H; /* B: input gradients (attention's whole backward) */
+    tw_l = gemm_f / G; /* W: weight gradients */
+    re_l = tc.recompute == US_RECOMPUTE_FULL        ? tf_l
+           : tc.recompute == US_RECOMPUTE_SELECTIVE ? attn_f / Af + ef / H
+                                                    : 0;
     /* communication per layer and micro-batch */
     w_tp = us__span_gbps(&cl, tp);
     w_cp = us__span_gbps(&cl, (int64_t)tp * cp);
     w_pp = us__span_gbps(&cl, (int64_t)tp * cp * pp);
     w_dp = us__span_gbps(&cl, dp > 1 ? world : (int64_t)tp * cp);
-    w_ep = us__span_gbps(&cl, tc.ep <= cp ? (int64_t)tp * tc.ep : (int64_t)tp * cp * pp * (tc.ep / cp));
-    tp_l = 2 * us__coll_s(US__AR, n * C * 2, tp, w_tp, lat);   /* per pass: forward, or backward */
-    {   /* CP's ring: cp−1 steps, each one K/V block (and backward its gradients) against one block's attention */
-        double kv = n * 2.0 * (NKV / tp) * HS * 2, blk_f = n * attn_f / Af / cp, blk_b = n * 2.5 * attn_f / Ab / cp;
-        double sf = us__coll_s(US__P2P, kv, cp, w_cp, lat), sb = us__coll_s(US__P2P, 2 * kv, cp, w_cp, lat);
+    w_ep = us__span_gbps(&cl,
+                         tc.ep <= cp ? (int64_t)tp * tc.ep : (int64_t)tp * cp * pp * (tc.ep / cp));
+    tp_l = 2 * us__coll_s(US__AR, n * C * 2, tp, w_tp, lat); /* per pass: forward, or backward */
+    { /* CP's ring: cp−1 steps, each one K/V block (and backward its gradients) against one block's attention */
+        double kv = n * 2.0 * (NKV / tp) * HS * 2, blk_f = n * attn_f / Af / cp,
+               blk_b = n * 2.5 * attn_f / Ab / cp;
+        double sf = us__coll_s(US__P2P, kv, cp, w_cp, lat),
+               sb = us__coll_s(US__P2P, 2 * kv, cp, w_cp, lat);
         cp_f = (cp - 1) * (sf > blk_f ? sf - blk_f : 0);
         cp_b = (cp - 1) * (sb > blk_b ? sb - blk_b : 0);
-        cp_h = (cp - 1) * ((sf < blk_f ? sf : blk_f) + (sb < blk_b ? sb : blk_b));   /* hidden under the blocks */
+        cp_h = (cp - 1) * ((sf < blk_f ? sf : blk_f) +
+                           (sb < blk_b ? sb : blk_b)); /* hidden under the blocks */
     }
-    ep_l = 2 * us__coll_s(US__A2A, n * K * C * 2, tc.ep, w_ep, lat);   /* dispatch + combine, per pass */
+    ep_l =
+        2 * us__coll_s(US__A2A, n * K * C * 2, tc.ep, w_ep, lat); /* dispatch + combine, per pass */
     /* the slowest pipeline chunk (layers by the model's even split; the head on the last stage) */
     S = (int64_t)pp * v;
     {
@@ -8890,73 +12061,106 @@ static us_result us__plan_cost(const us_model_config *mc_in, const us_train_conf
             double c;
             us__pp_stage_layers(&mc, &tc, (int)S, (int)st, &first, &count);
             for (k2 = first; k2 < first + count; k2++) mo += us__is_moe(&mc, k2);
-            c = count * (tf_l + tb_l + tw_l) + (st == S - 1 ? (3 * head_f) / G + 2 * head_e / H : 0);
-            if (c > worst) { worst = c; Lc = count; Mc = mo; headc = st == S - 1; }
+            c = count * (tf_l + tb_l + tw_l) +
+                (st == S - 1 ? (3 * head_f) / G + 2 * head_e / H : 0);
+            if (c > worst) {
+                worst = c;
+                Lc = count;
+                Mc = mo;
+                headc = st == S - 1;
+            }
         }
     }
     cF = n * (Lc * tf_l + (headc ? head_f / G + head_e / H : 0));
     cB = n * (Lc * tb_l + (headc ? head_f / G + head_e / H : 0));
     cW = n * (Lc * tw_l + (headc ? head_f / G : 0));
     cR = n * Lc * re_l;
-    kTP = Lc * tp_l * (tc.recompute == US_RECOMPUTE_FULL ? 3 : 2);   /* forward, backward (+ the recomputed forward) */
+    kTP =
+        Lc * tp_l *
+        (tc.recompute == US_RECOMPUTE_FULL ? 3
+                                           : 2); /* forward, backward (+ the recomputed forward) */
     kCP = Lc * (cp_f + cp_b + (tc.recompute == US_RECOMPUTE_FULL ? cp_f : 0));
     kEP = Mc * ep_l * (tc.recompute == US_RECOMPUTE_FULL ? 3 : 2);
     /* ZeRO-3 (pp = 1): each layer's weights gathered before its forward and its backward, the
        gradient scattered after; the next layer's gather overlaps this layer's compute */
-    psi = (double)out->mem.optimizer / 8 * (Z ? dp * cp : 1);   /* the rank's parameters (tp, pp, ep shares) */
+    psi = (double)out->mem.optimizer / 8 *
+          (Z ? dp * cp : 1); /* the rank's parameters (tp, pp, ep shares) */
     psi_l = psi / (L + 2.0);
     zF = zB = 0;
-    if (Z == 3 && dp * cp > 1) {   /* ZeRO shards over the dp·cp ranks that hold the same weights */
-        double ag = us__coll_s(US__AG, 2 * psi_l, dp * cp, w_dp, lat), rs = us__coll_s(US__RS, 4 * psi_l, dp * cp, w_dp, lat);
+    if (Z == 3 && dp * cp > 1) { /* ZeRO shards over the dp·cp ranks that hold the same weights */
+        double ag = us__coll_s(US__AG, 2 * psi_l, dp * cp, w_dp, lat),
+               rs = us__coll_s(US__RS, 4 * psi_l, dp * cp, w_dp, lat);
         double lf = n * tf_l, lb = n * (tb_l + tw_l + re_l);
-        zF = L * (ag > lf ? ag - lf : 0) + ag;          /* + the first layer's gather, nothing to hide under */
+        zF = L * (ag > lf ? ag - lf : 0) +
+             ag; /* + the first layer's gather, nothing to hide under */
         zB = L * (ag + rs > lb ? ag + rs - lb : 0) + rs;
-        hidden += (double)m * L * ((ag < lf ? ag : lf) + (ag + rs < lb ? ag + rs : lb)) * w_dp / R->intra_gbps;
+        hidden += (double)m * L * ((ag < lf ? ag : lf) + (ag + rs < lb ? ag + rs : lb)) * w_dp /
+                  R->intra_gbps;
     }
-    hidden += (double)m * v * Lc * cp_h * (tc.recompute == US_RECOMPUTE_FULL ? 1.5 : 1) * w_cp / R->intra_gbps;
+    hidden += (double)m * v * Lc * cp_h * (tc.recompute == US_RECOMPUTE_FULL ? 1.5 : 1) * w_cp /
+              R->intra_gbps;
     out->t_compute = (double)m * v * (cF + cB + cW);
     out->t_recompute = (double)m * v * cR;
     out->t_tp = (double)m * v * kTP;
     out->t_cp = (double)m * v * kCP;
     out->t_ep = (double)m * v * kEP;
     out->t_zero3 = (double)m * (zF + zB);
-    if (pp > 1) {   /* the schedule's makespan with these per-chunk costs; the bubble is what it adds to the work */
+    if (pp >
+        1) { /* the schedule's makespan with these per-chunk costs; the bubble is what it adds to the work */
         us_pp_schedule s;
         us_pp_sim sim;
-        double tF = cF + (kTP + kCP + kEP) * (1.0 / 3), tB = cB + cR + (kTP + kCP + kEP) * (2.0 / 3), tW = cW;
+        double tF = cF + (kTP + kCP + kEP) * (1.0 / 3),
+               tB = cB + cR + (kTP + kCP + kEP) * (2.0 / 3), tW = cW;
         us__plan_memo *e = memo ? us__plan_memo_of(memo, US__PLAN_MEMO, &tc) : NULL;
         double span;
-        if (e && e->span1 > 0 && e->rb == tB / tF && e->rw == tW / tF) span = e->span1 * tF;
+        if (e && e->span1 > 0 && e->rb == tB / tF && e->rw == tW / tF)
+            span = e->span1 * tF;
         else {
-            if ((r = us_pp_schedule_build(&s, (us_pp_kind)tc.pp_schedule, pp, m, v, err, errlen)) != US_OK) return r;
+            if ((r = us_pp_schedule_build(&s, (us_pp_kind)tc.pp_schedule, pp, m, v, err, errlen)) !=
+                US_OK)
+                return r;
             r = us_pp_simulate(&s, tF, tB, tW, &sim, err, errlen);
             us_pp_schedule_free(&s);
             if (r != US_OK) return r;
             span = sim.makespan;
-            if (e) { e->rb = tB / tF; e->rw = tW / tF; e->span1 = span / tF; }
+            if (e) {
+                e->rb = tB / tF;
+                e->rw = tW / tF;
+                e->span1 = span / tF;
+            }
         }
         out->t_bubble = span - (double)m * v * (tF + tB + tW);
         if (out->t_bubble < 0) out->t_bubble = 0;
         t_msg = us__coll_s(US__P2P, n * C * 2, 2, w_pp, lat);
         out->t_p2p = 2.0 * (S - 1) * t_msg;
     }
-    {   /* data parallelism: fp32 gradients over dp·cp, overlapped with the last micro-batch's backward */
+    { /* data parallelism: fp32 gradients over dp·cp, overlapped with the last micro-batch's backward */
         int g = dp * cp;
         double gb = 4 * psi, window = v * (cB + cW + cR), bucket = (double)tc.bucket_mb * 1048576.0;
-        double ag = us__coll_s(US__AG, 2 * psi, g, w_dp, lat);   /* ZeRO-1/2: the updated bf16 weights */
-        double red = g > 1 && Z < 3 ? us__coll_s(Z == 0 ? US__AR : US__RS, gb, g, w_dp, lat) : 0, ex = g > 1 && Z < 3 ? us__dp_exposed(red, window, gb, bucket) : 0;
-        if (Z == 0) out->t_dp = ex;
-        else if (Z == 1) out->t_dp = ex + ag;
-        else if (Z == 2) out->t_dp = m * ex + ag;
+        double ag =
+            us__coll_s(US__AG, 2 * psi, g, w_dp, lat); /* ZeRO-1/2: the updated bf16 weights */
+        double red = g > 1 && Z < 3 ? us__coll_s(Z == 0 ? US__AR : US__RS, gb, g, w_dp, lat) : 0,
+               ex = g > 1 && Z < 3 ? us__dp_exposed(red, window, gb, bucket) : 0;
+        if (Z == 0)
+            out->t_dp = ex;
+        else if (Z == 1)
+            out->t_dp = ex + ag;
+        else if (Z == 2)
+            out->t_dp = m * ex + ag;
         hidden += (Z == 2 ? m : 1) * (red > ex ? red - ex : 0) * w_dp / R->intra_gbps;
         out->t_optimizer = 30.0 * (Z ? psi / g : psi) / H;
     }
-    out->t_overlap = R->overlap_tax * hidden;   /* hidden: each collective's hidden time at the node's rate (its bytes' SM and HBM work) */
-    out->t_step = out->t_compute + out->t_recompute + out->t_tp + out->t_cp + out->t_ep + out->t_bubble + out->t_p2p + out->t_dp + out->t_zero3 + out->t_optimizer + out->t_overlap;
+    out->t_overlap =
+        R->overlap_tax *
+        hidden; /* hidden: each collective's hidden time at the node's rate (its bytes' SM and HBM work) */
+    out->t_step = out->t_compute + out->t_recompute + out->t_tp + out->t_cp + out->t_ep +
+                  out->t_bubble + out->t_p2p + out->t_dp + out->t_zero3 + out->t_optimizer +
+                  out->t_overlap;
     {
         double tokens = (double)tc.batch * tc.grad_accum * dp * T;
         out->tokens_per_s = tokens / out->t_step;
-        out->mfu = us_flops_per_token(&mc, T) * out->tokens_per_s / ((double)world * R->peak_tflops * 1e12);
+        out->mfu = us_flops_per_token(&mc, T) * out->tokens_per_s /
+                   ((double)world * R->peak_tflops * 1e12);
     }
     return US_OK;
 }
@@ -8967,17 +12171,22 @@ static us_result us__plan_cost(const us_model_config *mc_in, const us_train_conf
    skips the estimate (and the schedule simulation inside it) where even this cannot fit. */
 static double us__plan_state_bound(const us_model_config *mc, const us_train_config *tc) {
     double C = (double)mc->dim, HS = C / mc->n_heads, g = (double)tc->dp * tc->cp;
-    double Pl = C * (mc->n_heads + 2.0 * mc->n_kv_heads) * HS + C * mc->n_heads * HS + (mc->moe_experts ? 0 : 3.0 * C * mc->ffn_dim);
+    double Pl = C * (mc->n_heads + 2.0 * mc->n_kv_heads) * HS + C * mc->n_heads * HS +
+                (mc->moe_experts ? 0 : 3.0 * C * mc->ffn_dim);
     int v = tc->pp > 1 ? (tc->pp_chunks ? tc->pp_chunks : 1) : 1, S = tc->pp * v;
     double psi = (double)(mc->n_layers / S) * v * Pl / tc->tp, Z = tc->zero;
     return psi * (2.0 / (Z == 3 ? g : 1) + 4.0 / (Z >= 2 ? g : 1) + 12.0 / (Z >= 1 ? g : 1));
 }
+
 static int us__plan_cmp(const void *a, const void *b) {
-    const us_plan *p = (const us_plan *)a, *q = (const us_plan *)b;   /* faster first; at equal time, less memory */
+    const us_plan *p = (const us_plan *)a,
+                  *q = (const us_plan *)b; /* faster first; at equal time, less memory */
     if (p->t_step != q->t_step) return p->t_step < q->t_step ? -1 : 1;
     return p->mem.total < q->mem.total ? -1 : p->mem.total > q->mem.total;
 }
-US_API us_result us_plan_enumerate(const us_model_config *mc_in, const us_plan_cluster *cl_in, const us_plan_request *q_in, us_plan *out, int *n_out,
+
+US_API us_result us_plan_enumerate(const us_model_config *mc_in, const us_plan_cluster *cl_in,
+                                   const us_plan_request *q_in, us_plan *out, int *n_out,
                                    int64_t *n_valid, int64_t *n_fit, char *err, size_t errlen) {
     static const int kinds[] = {US_PP_AFAB, US_PP_1F1B, US_PP_INTERLEAVED, US_PP_ZB1, US_PP_ZBV};
     us_model_config mc = *mc_in;
@@ -8998,51 +12207,122 @@ US_API us_result us_plan_enumerate(const us_model_config *mc_in, const us_plan_c
     memset(&probe, 0, sizeof probe);
     if ((r = us_config_validate(&mc, &probe, err, errlen)) != US_OK) return r;
     if ((r = us__plan_check_rates(&cl.rates, err, errlen)) != US_OK) return r;
-    if (cl.gpus_per_node < 1 || cl.nodes < 1) { us__errf(err, errlen, "the cluster needs at least one node of at least one GPU (gpus per node %d, nodes %d)", cl.gpus_per_node, cl.nodes); return US_ERR_INVALID; }
-    if (q.seq < 1 || q.global_tokens < 1 || q.global_tokens % q.seq) {
-        us__errf(err, errlen, "the global batch of %lld tokens must be a positive multiple of seq=%d", (long long)q.global_tokens, q.seq); return US_ERR_INVALID;
+    if (cl.gpus_per_node < 1 || cl.nodes < 1) {
+        us__errf(
+            err, errlen,
+            "the cluster needs at least one node of at least one GPU (gpus per node %d, nodes %d)",
+            cl.gpus_per_node, cl.nodes);
+        return US_ERR_INVALID;
     }
-    if (q.top < 1 || q.max_micro_batch < 1) { us__errf(err, errlen, "top=%d and max micro-batch=%d must be at least 1", q.top, q.max_micro_batch); return US_ERR_INVALID; }
+    if (q.seq < 1 || q.global_tokens < 1 || q.global_tokens % q.seq) {
+        us__errf(err, errlen,
+                 "the global batch of %lld tokens must be a positive multiple of seq=%d",
+                 (long long)q.global_tokens, q.seq);
+        return US_ERR_INVALID;
+    }
+    if (q.top < 1 || q.max_micro_batch < 1) {
+        us__errf(err, errlen, "top=%d and max micro-batch=%d must be at least 1", q.top,
+                 q.max_micro_batch);
+        return US_ERR_INVALID;
+    }
     world = (int64_t)cl.gpus_per_node * cl.nodes;
-    Gs = q.global_tokens / q.seq;   /* sequences per step = dp · micro-batch · grad-accum */
-    if (!(memo = (us__plan_memo *)US_MALLOC(US__PLAN_MEMO * sizeof *memo))) { us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
+    Gs = q.global_tokens / q.seq; /* sequences per step = dp · micro-batch · grad-accum */
+    if (!(memo = (us__plan_memo *)US_MALLOC(US__PLAN_MEMO * sizeof *memo))) {
+        us__errf(err, errlen, "out of host memory");
+        return US_ERR_OOM;
+    }
     memset(memo, 0, US__PLAN_MEMO * sizeof *memo);
-    for (tp = 1; tp <= world; tp++) { if (world % tp) continue;
-    for (cp = 1; cp <= world / tp; cp++) { if ((world / tp) % cp) continue;
-    for (pp = 1; pp <= world / tp / cp; pp++) { if ((world / tp / cp) % pp) continue;
-        dp = (int)(world / tp / cp / pp);
-        if (Gs % dp) continue;
-        /* the cheap checks first: whether tp, cp, pp suit the model at all */
-        memset(&probe, 0, sizeof probe);
-        probe.tp = tp; probe.cp = cp; probe.pp = pp; probe.dp = dp; probe.seq = q.seq;
-        { us_model_config m2 = mc; if (us_config_validate(&m2, &probe, e2, sizeof e2) != US_OK) continue; }
-        for (ep = 1; ep <= dp * cp; ep++) { if ((dp * cp) % ep || (ep > 1 && (!mc.moe_experts || mc.moe_experts % ep))) continue;
-        for (z = 0; z <= (dp * cp > 1 ? 3 : 0); z++) {   /* ZeRO shards over dp·cp: one rank has nothing to shard */
-        for (sp = 0; sp <= (tp > 1); sp++) {
-        for (mb = 1; mb <= q.max_micro_batch && mb <= Gs / dp; mb++) { if ((Gs / dp) % mb) continue;
-        for (rc = US_RECOMPUTE_NONE; rc <= US_RECOMPUTE_FULL; rc++) {
-            nk = pp > 1 ? (int)(sizeof kinds / sizeof kinds[0]) : 1;
-            for (k = 0; k < nk; k++) {
-                us_train_config tc;
-                memset(&tc, 0, sizeof tc);
-                tc.dp = dp; tc.tp = tp; tc.cp = cp; tc.pp = pp; tc.ep = ep; tc.zero = z; tc.sp = sp;
-                tc.batch = mb; tc.grad_accum = (int)(Gs / dp / mb); tc.seq = q.seq;
-                tc.recompute = (us_recompute)rc; tc.precision = US_PRECISION_BF16;
-                if (pp > 1) { tc.pp_schedule = kinds[k]; tc.pp_chunks = kinds[k] == US_PP_INTERLEAVED || kinds[k] == US_PP_ZBV ? 2 : 1; }
-                { us_model_config m2 = mc; us_train_config t2 = tc; if (us_config_validate(&m2, &t2, e2, sizeof e2) != US_OK) continue; }
-                nv++;
-                if (us__plan_state_bound(&mc, &tc) + cl.reserve_gib * 1073741824.0 > cl.gpu_mem_gib * 1073741824.0) continue;   /* cannot fit */
-                if (us__plan_cost(&mc, &tc, &cl, &p, memo, e2, sizeof e2) != US_OK || !p.fits) continue;
-                nf++;
-                if (kept < q.top) { out[kept++] = p; worst = -1; }
-                else {
-                    int i;
-                    if (worst < 0) for (worst = 0, i = 1; i < kept; i++) if (us__plan_cmp(&out[i], &out[worst]) > 0) worst = i;
-                    if (us__plan_cmp(&p, &out[worst]) < 0) { out[worst] = p; worst = -1; }
+    for (tp = 1; tp <= world; tp++) {
+        if (world % tp) continue;
+        for (cp = 1; cp <= world / tp; cp++) {
+            if ((world / tp) % cp) continue;
+            for (pp = 1; pp <= world / tp / cp; pp++) {
+                if ((world / tp / cp) % pp) continue;
+                dp = (int)(world / tp / cp / pp);
+                if (Gs % dp) continue;
+                /* the cheap checks first: whether tp, cp, pp suit the model at all */
+                memset(&probe, 0, sizeof probe);
+                probe.tp = tp;
+                probe.cp = cp;
+                probe.pp = pp;
+                probe.dp = dp;
+                probe.seq = q.seq;
+                {
+                    us_model_config m2 = mc;
+                    if (us_config_validate(&m2, &probe, e2, sizeof e2) != US_OK) continue;
+                }
+                for (ep = 1; ep <= dp * cp; ep++) {
+                    if ((dp * cp) % ep || (ep > 1 && (!mc.moe_experts || mc.moe_experts % ep)))
+                        continue;
+                    for (z = 0; z <= (dp * cp > 1 ? 3 : 0);
+                         z++) { /* ZeRO shards over dp·cp: one rank has nothing to shard */
+                        for (sp = 0; sp <= (tp > 1); sp++) {
+                            for (mb = 1; mb <= q.max_micro_batch && mb <= Gs / dp; mb++) {
+                                if ((Gs / dp) % mb) continue;
+                                for (rc = US_RECOMPUTE_NONE; rc <= US_RECOMPUTE_FULL; rc++) {
+                                    nk = pp > 1 ? (int)(sizeof kinds / sizeof kinds[0]) : 1;
+                                    for (k = 0; k < nk; k++) {
+                                        us_train_config tc;
+                                        memset(&tc, 0, sizeof tc);
+                                        tc.dp = dp;
+                                        tc.tp = tp;
+                                        tc.cp = cp;
+                                        tc.pp = pp;
+                                        tc.ep = ep;
+                                        tc.zero = z;
+                                        tc.sp = sp;
+                                        tc.batch = mb;
+                                        tc.grad_accum = (int)(Gs / dp / mb);
+                                        tc.seq = q.seq;
+                                        tc.recompute = (us_recompute)rc;
+                                        tc.precision = US_PRECISION_BF16;
+                                        if (pp > 1) {
+                                            tc.pp_schedule = kinds[k];
+                                            tc.pp_chunks = kinds[k] == US_PP_INTERLEAVED ||
+                                                                   kinds[k] == US_PP_ZBV
+                                                               ? 2
+                                                               : 1;
+                                        }
+                                        {
+                                            us_model_config m2 = mc;
+                                            us_train_config t2 = tc;
+                                            if (us_config_validate(&m2, &t2, e2, sizeof e2) !=
+                                                US_OK)
+                                                continue;
+                                        }
+                                        nv++;
+                                        if (us__plan_state_bound(&mc, &tc) +
+                                                cl.reserve_gib * 1073741824.0 >
+                                            cl.gpu_mem_gib * 1073741824.0)
+                                            continue; /* cannot fit */
+                                        if (us__plan_cost(&mc, &tc, &cl, &p, memo, e2, sizeof e2) !=
+                                                US_OK ||
+                                            !p.fits)
+                                            continue;
+                                        nf++;
+                                        if (kept < q.top) {
+                                            out[kept++] = p;
+                                            worst = -1;
+                                        } else {
+                                            int i;
+                                            if (worst < 0)
+                                                for (worst = 0, i = 1; i < kept; i++)
+                                                    if (us__plan_cmp(&out[i], &out[worst]) > 0)
+                                                        worst = i;
+                                            if (us__plan_cmp(&p, &out[worst]) < 0) {
+                                                out[worst] = p;
+                                                worst = -1;
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
                 }
             }
-        }}}}}
-    }}}
+        }
+    }
     US_FREE(memo);
     qsort(out, (size_t)kept, sizeof *out, us__plan_cmp);
     *n_out = kept;
@@ -9060,6 +12340,7 @@ static void us__cat(char *buf, size_t cap, size_t *k, const char *fmt, ...) {
     va_end(ap);
     if (n > 0) *k += (size_t)n;
 }
+
 US_API int us_plan_command(const us_model_config *mc_in, const us_plan *p, char *buf, size_t cap) {
     us_model_config mc = *mc_in;
     const us_train_config *t = &p->tc;
@@ -9067,17 +12348,24 @@ US_API int us_plan_command(const us_model_config *mc_in, const us_plan *p, char 
     size_t k = 0;
     us_model_config_defaults(&mc);
     if (cap) buf[0] = 0;
-    us__cat(buf, cap, &k, "build/train_cuda --layers %d --dim %lld --heads %d --kv-heads %d --ffn %lld --vocab %lld%s",
-            mc.n_layers, (long long)mc.dim, mc.n_heads, mc.n_kv_heads, (long long)mc.ffn_dim, (long long)mc.vocab, mc.tie_embeddings ? " --tied" : "");
+    us__cat(buf, cap, &k,
+            "build/train_cuda --layers %d --dim %lld --heads %d --kv-heads %d --ffn %lld --vocab "
+            "%lld%s",
+            mc.n_layers, (long long)mc.dim, mc.n_heads, mc.n_kv_heads, (long long)mc.ffn_dim,
+            (long long)mc.vocab, mc.tie_embeddings ? " --tied" : "");
     if (mc.moe_experts)
-        us__cat(buf, cap, &k, " --experts %d --top-k %d --moe-ffn %lld%s", mc.moe_experts, mc.moe_top_k, (long long)mc.moe_ffn_dim, mc.moe_shared ? " --shared-expert" : "");
+        us__cat(buf, cap, &k, " --experts %d --top-k %d --moe-ffn %lld%s", mc.moe_experts,
+                mc.moe_top_k, (long long)mc.moe_ffn_dim, mc.moe_shared ? " --shared-expert" : "");
     /* train's --batch is the whole dp group's micro-batch: each rank takes batch/dp of it */
-    us__cat(buf, cap, &k, " --precision bf16 --seq %d --batch %d --grad-accum %d", t->seq, t->batch * t->dp, t->grad_accum);
+    us__cat(buf, cap, &k, " --precision bf16 --seq %d --batch %d --grad-accum %d", t->seq,
+            t->batch * t->dp, t->grad_accum);
     if (w > 1) us__cat(buf, cap, &k, " --nproc %d", w);
     if (t->tp > 1) us__cat(buf, cap, &k, " --tp %d%s", t->tp, t->sp ? " --sp" : "");
     if (t->cp > 1) us__cat(buf, cap, &k, " --cp %d", t->cp);
     if (t->ep > 1) us__cat(buf, cap, &k, " --ep %d", t->ep);
-    if (t->pp > 1) us__cat(buf, cap, &k, " --pp %d --pp-schedule %s --pp-chunks %d", t->pp, us_pp_kind_name((us_pp_kind)t->pp_schedule), t->pp_chunks);
+    if (t->pp > 1)
+        us__cat(buf, cap, &k, " --pp %d --pp-schedule %s --pp-chunks %d", t->pp,
+                us_pp_kind_name((us_pp_kind)t->pp_schedule), t->pp_chunks);
     us__cat(buf, cap, &k, " --zero %d --recompute %s", t->zero, us_recompute_name(t->recompute));
     return (int)k;
 }

@@ -43,10 +43,10 @@ extern "C" {
 #endif
 /* Fills *ops with the CUDA implementation on `device`. On failure writes one sentence into err. */
 US_API us_result us_cuda_ops(us_ops *ops, int device, char *err, size_t errlen);
-US_API void      us_cuda_ops_free(us_ops *ops);
-US_API int       us_cuda_device_count(void);
+US_API void us_cuda_ops_free(us_ops *ops);
+US_API int us_cuda_device_count(void);
 /* The device's name and memory, for logs. */
-US_API void      us_cuda_describe(const us_ops *ops, char *buf, size_t buflen);
+US_API void us_cuda_describe(const us_ops *ops, char *buf, size_t buflen);
 /* Which kernels attention runs for activations of type dt and head size head_size (by key blocks
    with positions when by_blocks, as context parallelism runs it): "hopper" (wgmma, sm_90a),
    "flash" (mma.sync, sm_80+) or "portable" (one thread per query row: correct, and about a
@@ -55,10 +55,10 @@ US_API const char *us_cuda_attention_path(us_ops *ops, us_dtype dt, int head_siz
 /* Keeps attention off the Hopper kernels, so that tests and benchmarks can compare the paths:
    0 every path (the default), 1 none of the Hopper kernels, 2 not the Hopper forward, 3 not
    the Hopper backward. */
-US_API void        us_cuda_attention_no_hopper(us_ops *ops, int which);
+US_API void us_cuda_attention_no_hopper(us_ops *ops, int which);
 /* The compute stream every op of these ops runs on (a cudaStream_t), for the NCCL backend to
    order its communication stream against. */
-US_API void     *us_cuda_stream(const us_ops *ops);
+US_API void *us_cuda_stream(const us_ops *ops);
 #ifdef __cplusplus
 }
 #endif
@@ -76,39 +76,48 @@ US_API void     *us_cuda_stream(const us_ops *ops);
 // >>cuda-core  device memory, one stream, error recording
 /* ------------------------------------------------------------------------------------ */
 #define US__CUDA_PLANS 256
+
 typedef struct us__gemm_plan {
-    int ta, tb, adt, bdt, cdt, beta0, sms;   /* sms: the SM count the heuristic targeted (0: all) */
+    int ta, tb, adt, bdt, cdt, beta0, sms; /* sms: the SM count the heuristic targeted (0: all) */
     int64_t M, N, K, lda, ldb, ldc;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
 } us__gemm_plan;
 
-#define US__CUDA_MARKS 8192   /* trace marks per step: two per traced region */
+#define US__CUDA_MARKS 8192 /* trace marks per step: two per traced region */
+
 typedef struct us__cuda {
     int device, cc_major, n_sm;
-    int hop_off;            /* attention skips // >>cuda-hopper: 1 both ways, 2 forward, 3 backward (tests) */
+    int hop_off; /* attention skips // >>cuda-hopper: 1 both ways, 2 forward, 3 backward (tests) */
     cudaStream_t stream;
     cublasLtHandle_t lt;
-    void *ws;               /* cuBLASLt workspace */
+    void *ws; /* cuBLASLt workspace */
     size_t ws_bytes;
     us__gemm_plan plans[US__CUDA_PLANS];
     int nplans;
-    us__gemm_plan fp8_plans[64];   /* FP8 GEMM plans (// >>cuda-fp8); adt/bdt hold the two tilings */
+    us__gemm_plan fp8_plans[64]; /* FP8 GEMM plans (// >>cuda-fp8); adt/bdt hold the two tilings */
     int nfp8;
-    unsigned *fp8_amax;     /* per-tensor amax slot (// >>cuda-fp8) */
-    void *scratch;          /* grows on demand: reductions, attention backward */
-    float *rope_tab;        /* RoPE cos|sin [T, HS/2] for (rope_T, rope_HS, rope_theta) */
+    unsigned *fp8_amax; /* per-tensor amax slot (// >>cuda-fp8) */
+    void *scratch;      /* grows on demand: reductions, attention backward */
+    float *rope_tab;    /* RoPE cos|sin [T, HS/2] for (rope_T, rope_HS, rope_theta) */
     size_t rope_bytes;
     int64_t rope_T;
     int rope_HS;
     float rope_theta;
     size_t scratch_bytes;
-    double *host_red;       /* pinned host slot for reduction results */
-    struct { void *p; size_t n; } allocs[256];  /* sizes of live allocations, for accounting (beyond 256 live ones, frees are not subtracted) */
-    cudaEvent_t marks[US__CUDA_MARKS];  /* trace marks on the stream (us_ops.mark), created on first use */
-    int nmarks;                         /* marks in use since the last mark_reset */
-    cudaEvent_t mark_ref;               /* a mark whose host time is known: the others are timed from it */
+    double *host_red; /* pinned host slot for reduction results */
+
+    struct {
+        void *p;
+        size_t n;
+    } allocs[256]; /* sizes of live allocations, for accounting (beyond 256 live ones, frees are
+                      not subtracted) */
+
+    cudaEvent_t
+        marks[US__CUDA_MARKS]; /* trace marks on the stream (us_ops.mark), created on first use */
+    int nmarks;                /* marks in use since the last mark_reset */
+    cudaEvent_t mark_ref;      /* a mark whose host time is known: the others are timed from it */
     double mark_ref_us;
     int failed;
     char err[256];
@@ -117,14 +126,26 @@ typedef struct us__cuda {
 static us__cuda *us__cu(us_ops *o) { return (us__cuda *)o->backend; }
 
 /* Records the first failure; every later op still runs but the model reports the error. */
-static void us__cuda_fail(us_ops *o, const char *what, const char *msg, const char *file, int line) {
+static void us__cuda_fail(us_ops *o, const char *what, const char *msg, const char *file,
+                          int line) {
     us__cuda *c = us__cu(o);
     if (c->failed) return;
     c->failed = 1;
     snprintf(c->err, sizeof c->err, "%s failed: %s (%s:%d)", what, msg, file, line);
 }
-#define US__CU(o, call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) us__cuda_fail(o, #call, cudaGetErrorString(e_), __FILE__, __LINE__); } while (0)
-#define US__LT(o, call) do { cublasStatus_t s_ = (call); if (s_ != CUBLAS_STATUS_SUCCESS) us__cuda_fail(o, #call, cublasLtGetStatusString(s_), __FILE__, __LINE__); } while (0)
+
+#define US__CU(o, call)                                                          \
+    do {                                                                         \
+        cudaError_t e_ = (call);                                                 \
+        if (e_ != cudaSuccess)                                                   \
+            us__cuda_fail(o, #call, cudaGetErrorString(e_), __FILE__, __LINE__); \
+    } while (0)
+#define US__LT(o, call)                                                               \
+    do {                                                                              \
+        cublasStatus_t s_ = (call);                                                   \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                              \
+            us__cuda_fail(o, #call, cublasLtGetStatusString(s_), __FILE__, __LINE__); \
+    } while (0)
 #define US__LAUNCHED(o) US__CU(o, cudaGetLastError())
 
 static const char *us__cuda_error(us_ops *o) { return us__cu(o)->failed ? us__cu(o)->err : NULL; }
@@ -133,28 +154,50 @@ static void *us__cuda_alloc(us_ops *o, size_t bytes) {
     us__cuda *c = us__cu(o);
     void *p = NULL;
     int i;
-    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) { cudaGetLastError(); return NULL; }   /* OOM is a result, not a sticky error */
+    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    } /* OOM is a result, not a sticky error */
     US__CU(o, cudaMemsetAsync(p, 0, bytes, c->stream));
-    for (i = 0; i < 256; i++) if (!c->allocs[i].p) { c->allocs[i].p = p; c->allocs[i].n = bytes; break; }
+    for (i = 0; i < 256; i++)
+        if (!c->allocs[i].p) {
+            c->allocs[i].p = p;
+            c->allocs[i].n = bytes;
+            break;
+        }
     o->bytes_in_use += bytes;
     if (o->bytes_in_use > o->bytes_peak) o->bytes_peak = o->bytes_in_use;
     return p;
 }
+
 static void us__cuda_free(us_ops *o, void *p) {
     us__cuda *c = us__cu(o);
     int i;
     if (!p) return;
-    for (i = 0; i < 256; i++) if (c->allocs[i].p == p) { o->bytes_in_use -= c->allocs[i].n; c->allocs[i].p = NULL; break; }
+    for (i = 0; i < 256; i++)
+        if (c->allocs[i].p == p) {
+            o->bytes_in_use -= c->allocs[i].n;
+            c->allocs[i].p = NULL;
+            break;
+        }
     US__CU(o, cudaFree(p));
 }
-static void us__cuda_zero(us_ops *o, void *p, size_t bytes) { US__CU(o, cudaMemsetAsync(p, 0, bytes, us__cu(o)->stream)); }
+
+static void us__cuda_zero(us_ops *o, void *p, size_t bytes) {
+    US__CU(o, cudaMemsetAsync(p, 0, bytes, us__cu(o)->stream));
+}
+
 static void us__cuda_copy(us_ops *o, void *dst, const void *src, size_t bytes, us_copy_kind kind) {
     us__cuda *c = us__cu(o);
-    cudaMemcpyKind k = kind == US_COPY_H2D ? cudaMemcpyHostToDevice : kind == US_COPY_D2H ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
+    cudaMemcpyKind k = kind == US_COPY_H2D   ? cudaMemcpyHostToDevice
+                       : kind == US_COPY_D2H ? cudaMemcpyDeviceToHost
+                                             : cudaMemcpyDeviceToDevice;
     if (!bytes) return;
     US__CU(o, cudaMemcpyAsync(dst, src, bytes, k, c->stream));
-    if (kind != US_COPY_D2D) US__CU(o, cudaStreamSynchronize(c->stream));   /* host memory is usable on return */
+    if (kind != US_COPY_D2D)
+        US__CU(o, cudaStreamSynchronize(c->stream)); /* host memory is usable on return */
 }
+
 static void us__cuda_sync(us_ops *o) { US__CU(o, cudaStreamSynchronize(us__cu(o)->stream)); }
 
 /* Trace marks (// >>trace): an event recorded on the stream per mark. The first mark ever also
@@ -163,55 +206,93 @@ static void us__cuda_sync(us_ops *o) { US__CU(o, cudaStreamSynchronize(us__cu(o)
 static int us__cuda_mark(us_ops *o) {
     us__cuda *c = us__cu(o);
     if (!c->mark_ref) {
-        if (cudaEventCreate(&c->mark_ref) != cudaSuccess) { cudaGetLastError(); c->mark_ref = NULL; return -1; }
+        if (cudaEventCreate(&c->mark_ref) != cudaSuccess) {
+            cudaGetLastError();
+            c->mark_ref = NULL;
+            return -1;
+        }
         US__CU(o, cudaEventRecord(c->mark_ref, c->stream));
         US__CU(o, cudaEventSynchronize(c->mark_ref));
         c->mark_ref_us = us_trace_now_us();
     }
     if (c->nmarks == US__CUDA_MARKS) return -1;
-    if (!c->marks[c->nmarks] && cudaEventCreate(&c->marks[c->nmarks]) != cudaSuccess) { cudaGetLastError(); c->marks[c->nmarks] = NULL; return -1; }
+    if (!c->marks[c->nmarks] && cudaEventCreate(&c->marks[c->nmarks]) != cudaSuccess) {
+        cudaGetLastError();
+        c->marks[c->nmarks] = NULL;
+        return -1;
+    }
     US__CU(o, cudaEventRecord(c->marks[c->nmarks], c->stream));
     return c->nmarks++;
 }
+
 static double us__cuda_mark_us(us_ops *o, int id) {
     us__cuda *c = us__cu(o);
     float ms = 0;
-    if (id < 0 || id >= c->nmarks || cudaEventElapsedTime(&ms, c->mark_ref, c->marks[id]) != cudaSuccess) { cudaGetLastError(); return 0; }
+    if (id < 0 || id >= c->nmarks ||
+        cudaEventElapsedTime(&ms, c->mark_ref, c->marks[id]) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
     return c->mark_ref_us + 1e3 * (double)ms;
 }
+
 static void us__cuda_mark_reset(us_ops *o) { us__cu(o)->nmarks = 0; }
 
 /* Scratch grows (never shrinks) to the largest request; ops use it within one call. */
 static void *us__cuda_scratch(us_ops *o, size_t bytes) {
     us__cuda *c = us__cu(o);
     if (bytes <= c->scratch_bytes) return c->scratch;
-    if (c->scratch) { US__CU(o, cudaStreamSynchronize(c->stream)); us__cuda_free(o, c->scratch); }
+    if (c->scratch) {
+        US__CU(o, cudaStreamSynchronize(c->stream));
+        us__cuda_free(o, c->scratch);
+    }
     c->scratch = us__cuda_alloc(o, bytes);
     c->scratch_bytes = c->scratch ? bytes : 0;
-    if (!c->scratch) us__cuda_fail(o, "scratch allocation", "out of device memory", __FILE__, __LINE__);
+    if (!c->scratch)
+        us__cuda_fail(o, "scratch allocation", "out of device memory", __FILE__, __LINE__);
     return c->scratch;
 }
 
 /* fp32 in registers, the tensor's dtype in memory; __float2bfloat16_rn and __float2half_rn round
    to nearest even (fp16: overflow to ±inf, subnormals kept, as us_f32_to_f16) */
 __device__ __forceinline__ float us__ld(const float *p, int64_t i) { return p[i]; }
-__device__ __forceinline__ float us__ld(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
+
+__device__ __forceinline__ float us__ld(const __nv_bfloat16 *p, int64_t i) {
+    return __bfloat162float(p[i]);
+}
+
 __device__ __forceinline__ float us__ld(const __half *p, int64_t i) { return __half2float(p[i]); }
+
 __device__ __forceinline__ void us__st(float *p, int64_t i, float v) { p[i] = v; }
-__device__ __forceinline__ void us__st(__nv_bfloat16 *p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+
+__device__ __forceinline__ void us__st(__nv_bfloat16 *p, int64_t i, float v) {
+    p[i] = __float2bfloat16_rn(v);
+}
+
 __device__ __forceinline__ void us__st(__half *p, int64_t i, float v) { p[i] = __float2half_rn(v); }
 
 /* Calls KERNEL<float>, KERNEL<__nv_bfloat16> or KERNEL<__half> by the runtime dtype. */
 #define US__DISPATCH(o, dt, LAUNCH)                                                          \
     do {                                                                                     \
-        if ((dt) == US_F32) { typedef float T_; LAUNCH; }                                    \
-        else if ((dt) == US_BF16) { typedef __nv_bfloat16 T_; LAUNCH; }                      \
-        else if ((dt) == US_F16) { typedef __half T_; LAUNCH; }                              \
-        else us__cuda_fail(o, "dtype", "only fp32, bf16 and fp16 tensors are supported here", __FILE__, __LINE__); \
+        if ((dt) == US_F32) {                                                                \
+            typedef float T_;                                                                \
+            LAUNCH;                                                                          \
+        } else if ((dt) == US_BF16) {                                                        \
+            typedef __nv_bfloat16 T_;                                                        \
+            LAUNCH;                                                                          \
+        } else if ((dt) == US_F16) {                                                         \
+            typedef __half T_;                                                               \
+            LAUNCH;                                                                          \
+        } else                                                                               \
+            us__cuda_fail(o, "dtype", "only fp32, bf16 and fp16 tensors are supported here", \
+                          __FILE__, __LINE__);                                               \
         US__LAUNCHED(o);                                                                     \
     } while (0)
 
-static unsigned us__blocks(int64_t n, int threads) { int64_t b = (n + threads - 1) / threads; return (unsigned)(b < 1 ? 1 : b > 1048576 ? 1048576 : b); }
+static unsigned us__blocks(int64_t n, int threads) {
+    int64_t b = (n + threads - 1) / threads;
+    return (unsigned)(b < 1 ? 1 : b > 1048576 ? 1048576 : b);
+}
 
 /* block-wide sum (any blockDim multiple of 32, ≤ 1024), result valid in every thread */
 template <typename A>
@@ -222,9 +303,10 @@ __device__ A us__block_sum(A v, A *sh) {
     if (lane == 0) sh[w] = v;
     __syncthreads();
     v = 0;
-    for (i = 0; i < nw; i++) v += sh[i];   /* same order in every thread: deterministic */
+    for (i = 0; i < nw; i++) v += sh[i]; /* same order in every thread: deterministic */
     return v;
 }
+
 __device__ float us__block_max(float v, float *sh) {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5, i;
     for (i = 16; i > 0; i >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, i));
@@ -245,10 +327,13 @@ __device__ float us__block_max(float v, float *sh) {
    o->sm_margin set, the plan targets that many SMs fewer (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET),
    leaving them to a collective running beside the GEMM: NCCL's thread blocks otherwise share SMs
    with the GEMM's and both slow down (issue 9 measured a reduce-scatter 6x slower under one). */
-static cudaDataType_t us__cuda_type(us_dtype dt) { return dt == US_BF16 ? CUDA_R_16BF : dt == US_F16 ? CUDA_R_16F : CUDA_R_32F; }
+static cudaDataType_t us__cuda_type(us_dtype dt) {
+    return dt == US_BF16 ? CUDA_R_16BF : dt == US_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
 
-static us__gemm_plan *us__gemm_plan_get(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64_t K, us_dtype adt,
-                                        int64_t lda, us_dtype bdt, int64_t ldb, us_dtype cdt, int64_t ldc, int beta0) {
+static us__gemm_plan *us__gemm_plan_get(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                                        us_dtype adt, int64_t lda, us_dtype bdt, int64_t ldb,
+                                        us_dtype cdt, int64_t ldc, int beta0) {
     us__cuda *c = us__cu(o);
     us__gemm_plan *p;
     cublasOperation_t opx = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opy = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -257,53 +342,83 @@ static us__gemm_plan *us__gemm_plan_get(us_ops *o, int ta, int tb, int64_t M, in
     int i, found = 0, sms = o->sm_margin > 0 && o->sm_margin < c->n_sm ? c->n_sm - o->sm_margin : 0;
     for (i = 0; i < c->nplans; i++) {
         p = &c->plans[i];
-        if (p->ta == ta && p->tb == tb && p->M == M && p->N == N && p->K == K && p->lda == lda && p->ldb == ldb &&
-            p->ldc == ldc && p->adt == (int)adt && p->bdt == (int)bdt && p->cdt == (int)cdt && p->beta0 == beta0 && p->sms == sms)
+        if (p->ta == ta && p->tb == tb && p->M == M && p->N == N && p->K == K && p->lda == lda &&
+            p->ldb == ldb && p->ldc == ldc && p->adt == (int)adt && p->bdt == (int)bdt &&
+            p->cdt == (int)cdt && p->beta0 == beta0 && p->sms == sms)
             return p;
     }
-    if (c->nplans == US__CUDA_PLANS) {   /* full: recycle the oldest slot */
+    if (c->nplans == US__CUDA_PLANS) { /* full: recycle the oldest slot */
         p = &c->plans[0];
-        cublasLtMatmulDescDestroy(p->desc); cublasLtMatrixLayoutDestroy(p->la);
-        cublasLtMatrixLayoutDestroy(p->lb); cublasLtMatrixLayoutDestroy(p->lc);
+        cublasLtMatmulDescDestroy(p->desc);
+        cublasLtMatrixLayoutDestroy(p->la);
+        cublasLtMatrixLayoutDestroy(p->lb);
+        cublasLtMatrixLayoutDestroy(p->lc);
         memmove(c->plans, c->plans + 1, sizeof(us__gemm_plan) * (US__CUDA_PLANS - 1));
         c->nplans--;
     }
     p = &c->plans[c->nplans];
     memset(p, 0, sizeof *p);
-    p->ta = ta; p->tb = tb; p->M = M; p->N = N; p->K = K; p->lda = lda; p->ldb = ldb; p->ldc = ldc;
-    p->adt = (int)adt; p->bdt = (int)bdt; p->cdt = (int)cdt; p->beta0 = beta0; p->sms = sms;
+    p->ta = ta;
+    p->tb = tb;
+    p->M = M;
+    p->N = N;
+    p->K = K;
+    p->lda = lda;
+    p->ldb = ldb;
+    p->ldc = ldc;
+    p->adt = (int)adt;
+    p->bdt = (int)bdt;
+    p->cdt = (int)cdt;
+    p->beta0 = beta0;
+    p->sms = sms;
     US__LT(o, cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opx, sizeof opx));
-    US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opy, sizeof opy));
-    if (sms) US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof sms));
+    US__LT(o,
+           cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opx, sizeof opx));
+    US__LT(o,
+           cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opy, sizeof opy));
+    if (sms)
+        US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
+                                                 &sms, sizeof sms));
     /* first operand: B as stored, column-major view [tb ? K x N : N x K] */
     US__LT(o, cublasLtMatrixLayoutCreate(&p->la, us__cuda_type(bdt), tb ? K : N, tb ? N : K, ldb));
     /* second operand: A as stored, column-major view [ta ? M x K : K x M] */
     US__LT(o, cublasLtMatrixLayoutCreate(&p->lb, us__cuda_type(adt), ta ? M : K, ta ? K : M, lda));
     US__LT(o, cublasLtMatrixLayoutCreate(&p->lc, us__cuda_type(cdt), N, M, ldc));
     US__LT(o, cublasLtMatmulPreferenceCreate(&pref));
-    US__LT(o, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &c->ws_bytes, sizeof c->ws_bytes));
-    if (!c->failed && cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &heur, &found) == CUBLAS_STATUS_SUCCESS && found)
+    US__LT(o, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                   &c->ws_bytes, sizeof c->ws_bytes));
+    if (!c->failed &&
+        cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &heur,
+                                       &found) == CUBLAS_STATUS_SUCCESS &&
+        found)
         p->algo = heur.algo;
-    else us__cuda_fail(o, "cublasLtMatmulAlgoGetHeuristic", "no algorithm for this GEMM shape and dtype", __FILE__, __LINE__);
+    else
+        us__cuda_fail(o, "cublasLtMatmulAlgoGetHeuristic",
+                      "no algorithm for this GEMM shape and dtype", __FILE__, __LINE__);
     cublasLtMatmulPreferenceDestroy(pref);
     c->nplans++;
     return p;
 }
 
 static void us__cuda_gemm(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
-                          const void *A, us_dtype adt, int64_t lda, const void *B, us_dtype bdt, int64_t ldb,
-                          float beta, void *C, us_dtype cdt, int64_t ldc) {
+                          const void *A, us_dtype adt, int64_t lda, const void *B, us_dtype bdt,
+                          int64_t ldb, float beta, void *C, us_dtype cdt, int64_t ldc) {
     us__cuda *c = us__cu(o);
     us__gemm_plan *p;
     if (M <= 0 || N <= 0) return;
-    if (K <= 0) {   /* C = beta·C: cuBLASLt wants K ≥ 1 */
-        if (beta == 0) { int64_t i; for (i = 0; i < M; i++) US__CU(o, cudaMemsetAsync((char *)C + (size_t)(i * ldc) * us_dtype_size(cdt), 0, (size_t)N * us_dtype_size(cdt), c->stream)); }
+    if (K <= 0) { /* C = beta·C: cuBLASLt wants K ≥ 1 */
+        if (beta == 0) {
+            int64_t i;
+            for (i = 0; i < M; i++)
+                US__CU(o, cudaMemsetAsync((char *)C + (size_t)(i * ldc) * us_dtype_size(cdt), 0,
+                                          (size_t)N * us_dtype_size(cdt), c->stream));
+        }
         return;
     }
     p = us__gemm_plan_get(o, ta, tb, M, N, K, adt, lda, bdt, ldb, cdt, ldc, beta == 0);
     if (c->failed) return;
-    US__LT(o, cublasLtMatmul(c->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc, &p->algo, c->ws, c->ws_bytes, c->stream));
+    US__LT(o, cublasLtMatmul(c->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc,
+                             &p->algo, c->ws, c->ws_bytes, c->stream));
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -311,33 +426,54 @@ static void us__cuda_gemm(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64
 /* ------------------------------------------------------------------------------------ */
 /* 16-byte vector access: 8 bf16 or 4 fp32 per load/store, converted to/from fp32 registers.
    The caller guarantees 16-byte alignment (checked on the host; scalar kernels otherwise). */
-template <typename T> struct us__vec { enum { W = 16 / (int)sizeof(T) }; };
+template <typename T>
+struct us__vec {
+    enum { W = 16 / (int)sizeof(T) };
+};
+
 static __device__ __forceinline__ void us__ldv(const float *p, float *f) {
     float4 u = *reinterpret_cast<const float4 *>(p);
-    f[0] = u.x; f[1] = u.y; f[2] = u.z; f[3] = u.w;
+    f[0] = u.x;
+    f[1] = u.y;
+    f[2] = u.z;
+    f[3] = u.w;
 }
+
 static __device__ __forceinline__ void us__ldv(const __nv_bfloat16 *p, float *f) {
     uint4 u = *reinterpret_cast<const uint4 *>(p);
     const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
 #pragma unroll
-    for (int k = 0; k < 4; k++) { float2 t = __bfloat1622float2(h[k]); f[2 * k] = t.x; f[2 * k + 1] = t.y; }
+    for (int k = 0; k < 4; k++) {
+        float2 t = __bfloat1622float2(h[k]);
+        f[2 * k] = t.x;
+        f[2 * k + 1] = t.y;
+    }
 }
+
 static __device__ __forceinline__ void us__ldv(const __half *p, float *f) {
     uint4 u = *reinterpret_cast<const uint4 *>(p);
     const __half2 *h = reinterpret_cast<const __half2 *>(&u);
 #pragma unroll
-    for (int k = 0; k < 4; k++) { float2 t = __half22float2(h[k]); f[2 * k] = t.x; f[2 * k + 1] = t.y; }
+    for (int k = 0; k < 4; k++) {
+        float2 t = __half22float2(h[k]);
+        f[2 * k] = t.x;
+        f[2 * k + 1] = t.y;
+    }
 }
+
 static __device__ __forceinline__ void us__stv(float *p, const float *f) {
     *reinterpret_cast<float4 *>(p) = make_float4(f[0], f[1], f[2], f[3]);
 }
+
 static __device__ __forceinline__ void us__stv(__nv_bfloat16 *p, const float *f) {
     uint4 u;
     __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&u);
 #pragma unroll
-    for (int k = 0; k < 4; k++) h[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);   /* each rounds to nearest even */
+    for (int k = 0; k < 4; k++)
+        h[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]); /* each rounds to nearest even */
     *reinterpret_cast<uint4 *>(p) = u;
 }
+
 static __device__ __forceinline__ void us__stv(__half *p, const float *f) {
     uint4 u;
     __half2 *h = reinterpret_cast<__half2 *>(&u);
@@ -345,8 +481,10 @@ static __device__ __forceinline__ void us__stv(__half *p, const float *f) {
     for (int k = 0; k < 4; k++) h[k] = __floats2half2_rn(f[2 * k], f[2 * k + 1]);
     *reinterpret_cast<uint4 *>(p) = u;
 }
+
 /* 4 values into a low-precision copy: one float4 (fp32) or one 8-byte store (bf16, fp16) */
 static __device__ __forceinline__ void us__st4(float *p, const float *f) { us__stv(p, f); }
+
 static __device__ __forceinline__ void us__st4(__nv_bfloat16 *p, const float *f) {
     uint2 u;
     __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&u);
@@ -354,6 +492,7 @@ static __device__ __forceinline__ void us__st4(__nv_bfloat16 *p, const float *f)
     h[1] = __floats2bfloat162_rn(f[2], f[3]);
     *reinterpret_cast<uint2 *>(p) = u;
 }
+
 static __device__ __forceinline__ void us__st4(__half *p, const float *f) {
     uint2 u;
     __half2 *h = reinterpret_cast<__half2 *>(&u);
@@ -361,23 +500,39 @@ static __device__ __forceinline__ void us__st4(__half *p, const float *f) {
     h[1] = __floats2half2_rn(f[2], f[3]);
     *reinterpret_cast<uint2 *>(p) = u;
 }
-static int us__al(const void *p, unsigned bytes) { return ((uintptr_t)p & (uintptr_t)(bytes - 1)) == 0; }
+
+static int us__al(const void *p, unsigned bytes) {
+    return ((uintptr_t)p & (uintptr_t)(bytes - 1)) == 0;
+}
+
 static int us__al16(const void *p) { return us__al(p, 16); }
 
 template <typename D, typename S>
 __global__ void us__k_cast(D *dst, const S *src, int64_t n) {
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, st = (int64_t)gridDim.x * blockDim.x;
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x,
+            st = (int64_t)gridDim.x * blockDim.x;
     for (; i < n; i += st) us__st(dst, i, us__ld(src, i));
 }
-static void us__cuda_cast(us_ops *o, void *dst, us_dtype ddt, const void *src, us_dtype sdt, int64_t n) {
+
+static void us__cuda_cast(us_ops *o, void *dst, us_dtype ddt, const void *src, us_dtype sdt,
+                          int64_t n) {
     cudaStream_t s = us__cu(o)->stream;
     unsigned g = us__blocks(n, 256);
-    if (sdt == ddt) US__CU(o, cudaMemcpyAsync(dst, src, (size_t)n * us_dtype_size(sdt), cudaMemcpyDeviceToDevice, s));
-    else if (sdt == US_F32 && ddt == US_BF16) us__k_cast<<<g, 256, 0, s>>>((__nv_bfloat16 *)dst, (const float *)src, n);
-    else if (sdt == US_BF16 && ddt == US_F32) us__k_cast<<<g, 256, 0, s>>>((float *)dst, (const __nv_bfloat16 *)src, n);
-    else if (sdt == US_F32 && ddt == US_F16) us__k_cast<<<g, 256, 0, s>>>((__half *)dst, (const float *)src, n);
-    else if (sdt == US_F16 && ddt == US_F32) us__k_cast<<<g, 256, 0, s>>>((float *)dst, (const __half *)src, n);
-    else us__cuda_fail(o, "cast", "only fp32 <-> bf16 and fp32 <-> fp16 casts are implemented on CUDA", __FILE__, __LINE__);
+    if (sdt == ddt)
+        US__CU(o, cudaMemcpyAsync(dst, src, (size_t)n * us_dtype_size(sdt),
+                                  cudaMemcpyDeviceToDevice, s));
+    else if (sdt == US_F32 && ddt == US_BF16)
+        us__k_cast<<<g, 256, 0, s>>>((__nv_bfloat16 *)dst, (const float *)src, n);
+    else if (sdt == US_BF16 && ddt == US_F32)
+        us__k_cast<<<g, 256, 0, s>>>((float *)dst, (const __nv_bfloat16 *)src, n);
+    else if (sdt == US_F32 && ddt == US_F16)
+        us__k_cast<<<g, 256, 0, s>>>((__half *)dst, (const float *)src, n);
+    else if (sdt == US_F16 && ddt == US_F32)
+        us__k_cast<<<g, 256, 0, s>>>((float *)dst, (const __half *)src, n);
+    else
+        us__cuda_fail(o, "cast",
+                      "only fp32 <-> bf16 and fp32 <-> fp16 casts are implemented on CUDA",
+                      __FILE__, __LINE__);
     US__LAUNCHED(o);
 }
 
@@ -387,9 +542,13 @@ template <typename T>
 __global__ void us__k_embedding_fwd(T *out, const int32_t *tok, const T *wte, int64_t C) {
     int64_t n = blockIdx.x, c;
     const T *row = wte + (int64_t)(tok[n] < 0 ? 0 : tok[n]) * C;
-    if (tok[n] < 0) { for (c = threadIdx.x; c < C; c += blockDim.x) us__st(out, n * C + c, 0.0f); return; }   /* another rank's token */
+    if (tok[n] < 0) {
+        for (c = threadIdx.x; c < C; c += blockDim.x) us__st(out, n * C + c, 0.0f);
+        return;
+    } /* another rank's token */
     for (c = threadIdx.x; c < C; c += blockDim.x) out[n * C + c] = row[c];
 }
+
 template <typename T>
 __global__ void us__k_embedding_bwd(float *dwte, const T *dout, const int32_t *tok, int64_t C) {
     int64_t n = blockIdx.x, c;
@@ -397,18 +556,28 @@ __global__ void us__k_embedding_bwd(float *dwte, const T *dout, const int32_t *t
     if (tok[n] < 0) return;
     for (c = threadIdx.x; c < C; c += blockDim.x) atomicAdd(row + c, us__ld(dout, n * C + c));
 }
-static void us__cuda_embedding_fwd(us_ops *o, void *out, const int32_t *tok, const void *wte, int64_t N, int64_t C, us_dtype dt) {
-    US__DISPATCH(o, dt, (us__k_embedding_fwd<T_><<<(unsigned)N, 256, 0, us__cu(o)->stream>>>((T_ *)out, tok, (const T_ *)wte, C)));
+
+static void us__cuda_embedding_fwd(us_ops *o, void *out, const int32_t *tok, const void *wte,
+                                   int64_t N, int64_t C, us_dtype dt) {
+    US__DISPATCH(o, dt,
+                 (us__k_embedding_fwd<T_><<<(unsigned)N, 256, 0, us__cu(o)->stream>>>(
+                     (T_ *)out, tok, (const T_ *)wte, C)));
 }
-static void us__cuda_embedding_bwd(us_ops *o, float *dwte, const void *dout, const int32_t *tok, int64_t N, int64_t C, us_dtype dt) {
-    US__DISPATCH(o, dt, (us__k_embedding_bwd<T_><<<(unsigned)N, 256, 0, us__cu(o)->stream>>>(dwte, (const T_ *)dout, tok, C)));
+
+static void us__cuda_embedding_bwd(us_ops *o, float *dwte, const void *dout, const int32_t *tok,
+                                   int64_t N, int64_t C, us_dtype dt) {
+    US__DISPATCH(o, dt,
+                 (us__k_embedding_bwd<T_>
+                  <<<(unsigned)N, 256, 0, us__cu(o)->stream>>>(dwte, (const T_ *)dout, tok, C)));
 }
 
 /* RMSNorm: one block per row; sums in fp32 (the CPU reference sums in double: ≤ 1 ulp apart).
    Rows up to 256·US__ROW_VEC wide are read once into registers; wider rows are read twice. */
 #define US__ROW_VEC 16
+
 template <typename T>
-__global__ void us__k_rmsnorm_fwd(T *out, float *rstd, const T *x, const T *w, int64_t C, float eps) {
+__global__ void us__k_rmsnorm_fwd(T *out, float *rstd, const T *x, const T *w, int64_t C,
+                                  float eps) {
     __shared__ float sh[32];
     int64_t n = blockIdx.x, c;
     float v[US__ROW_VEC], ss = 0, r;
@@ -421,7 +590,10 @@ __global__ void us__k_rmsnorm_fwd(T *out, float *rstd, const T *x, const T *w, i
             ss += v[k] * v[k];
         }
     } else
-        for (c = threadIdx.x; c < C; c += blockDim.x) { float a = us__ld(x, n * C + c); ss += a * a; }
+        for (c = threadIdx.x; c < C; c += blockDim.x) {
+            float a = us__ld(x, n * C + c);
+            ss += a * a;
+        }
     ss = us__block_sum(ss, sh);
     r = rsqrtf(ss / (float)C + eps);
     if (threadIdx.x == 0) rstd[n] = r;
@@ -432,11 +604,14 @@ __global__ void us__k_rmsnorm_fwd(T *out, float *rstd, const T *x, const T *w, i
             if (c < C) us__st(out, n * C + c, v[k] * r * us__ld(w, c));
         }
     } else
-        for (c = threadIdx.x; c < C; c += blockDim.x) us__st(out, n * C + c, us__ld(x, n * C + c) * r * us__ld(w, c));
+        for (c = threadIdx.x; c < C; c += blockDim.x)
+            us__st(out, n * C + c, us__ld(x, n * C + c) * r * us__ld(w, c));
 }
+
 /* dx += rstd·(dy·w − xhat·mean(dy·w·xhat)), one block per row, the row in registers */
 template <typename T>
-__global__ void us__k_rmsnorm_bwd_dx(T *dx, const T *dout, const T *x, const T *w, const float *rstd, int64_t C) {
+__global__ void us__k_rmsnorm_bwd_dx(T *dx, const T *dout, const T *x, const T *w,
+                                     const float *rstd, int64_t C) {
     __shared__ float sh[32];
     int64_t n = blockIdx.x, c;
     float r = rstd[n], dot = 0, mean, xv[US__ROW_VEC], gv[US__ROW_VEC];
@@ -450,27 +625,34 @@ __global__ void us__k_rmsnorm_bwd_dx(T *dx, const T *dout, const T *x, const T *
             dot += gv[k] * xv[k] * r;
         }
     } else
-        for (c = threadIdx.x; c < C; c += blockDim.x) dot += us__ld(dout, n * C + c) * us__ld(w, c) * us__ld(x, n * C + c) * r;
+        for (c = threadIdx.x; c < C; c += blockDim.x)
+            dot += us__ld(dout, n * C + c) * us__ld(w, c) * us__ld(x, n * C + c) * r;
     mean = us__block_sum(dot, sh) / (float)C;
     if (cached) {
 #pragma unroll
         for (k = 0; k < US__ROW_VEC; k++) {
             int64_t i = n * C + threadIdx.x + (int64_t)k * blockDim.x;
-            if (threadIdx.x + (int64_t)k * blockDim.x < C) us__st(dx, i, us__ld(dx, i) + r * (gv[k] - xv[k] * r * mean));
+            if (threadIdx.x + (int64_t)k * blockDim.x < C)
+                us__st(dx, i, us__ld(dx, i) + r * (gv[k] - xv[k] * r * mean));
         }
     } else
         for (c = threadIdx.x; c < C; c += blockDim.x) {
             int64_t i = n * C + c;
-            us__st(dx, i, us__ld(dx, i) + r * (us__ld(dout, i) * us__ld(w, c) - us__ld(x, i) * r * mean));
+            us__st(dx, i,
+                   us__ld(dx, i) + r * (us__ld(dout, i) * us__ld(w, c) - us__ld(x, i) * r * mean));
         }
 }
+
 /* Vector path: 16-byte loads, each thread holds US__ROW_RV vectors of the row in registers; the
    host picks blockDim = the row's vectors / US__ROW_RV rounded up to a warp (C = 2048 bf16: 128
    threads), so rows up to 1024·US__ROW_RV vectors (16384 bf16, 8192 fp32) take this path. */
 #define US__ROW_RV 2
+
 template <typename T>
-__global__ void us__k_rmsnorm_fwd_vec(T *out, float *rstd, const T *x, const T *w, int64_t C, float eps) {
+__global__ void us__k_rmsnorm_fwd_vec(T *out, float *rstd, const T *x, const T *w, int64_t C,
+                                      float eps) {
     enum { W = us__vec<T>::W };
+
     __shared__ float sh[32];
     int64_t n = blockIdx.x;
     int nv = (int)(C / W), k, i;
@@ -478,8 +660,10 @@ __global__ void us__k_rmsnorm_fwd_vec(T *out, float *rstd, const T *x, const T *
 #pragma unroll
     for (k = 0; k < US__ROW_RV; k++) {
         int j = threadIdx.x + k * blockDim.x;
-        if (j < nv) { us__ldv(x + n * C + (int64_t)j * W, v[k]); us__ldv(w + (int64_t)j * W, wv[k]); }
-        else {
+        if (j < nv) {
+            us__ldv(x + n * C + (int64_t)j * W, v[k]);
+            us__ldv(w + (int64_t)j * W, wv[k]);
+        } else {
 #pragma unroll
             for (i = 0; i < W; i++) v[k][i] = wv[k][i] = 0.0f;
         }
@@ -500,9 +684,12 @@ __global__ void us__k_rmsnorm_fwd_vec(T *out, float *rstd, const T *x, const T *
         }
     }
 }
+
 template <typename T>
-__global__ void us__k_rmsnorm_bwd_dx_vec(T *dx, const T *dout, const T *x, const T *w, const float *rstd, int64_t C) {
+__global__ void us__k_rmsnorm_bwd_dx_vec(T *dx, const T *dout, const T *x, const T *w,
+                                         const float *rstd, int64_t C) {
     enum { W = us__vec<T>::W };
+
     __shared__ float sh[32];
     int64_t n = blockIdx.x;
     int nv = (int)(C / W), k, i;
@@ -513,10 +700,15 @@ __global__ void us__k_rmsnorm_bwd_dx_vec(T *dx, const T *dout, const T *x, const
         if (j < nv) {
             float dv[W], wv[W];
             int64_t e = n * C + (int64_t)j * W;
-            us__ldv(x + e, xv[k]); us__ldv(dout + e, dv); us__ldv(w + (int64_t)j * W, wv);
-            us__ldv(dx + e, av[k]);   /* read early: its latency hides behind the reduction */
+            us__ldv(x + e, xv[k]);
+            us__ldv(dout + e, dv);
+            us__ldv(w + (int64_t)j * W, wv);
+            us__ldv(dx + e, av[k]); /* read early: its latency hides behind the reduction */
 #pragma unroll
-            for (i = 0; i < W; i++) { gv[k][i] = dv[i] * wv[i]; dot += gv[k][i] * xv[k][i] * r; }
+            for (i = 0; i < W; i++) {
+                gv[k][i] = dv[i] * wv[i];
+                dot += gv[k][i] * xv[k][i] * r;
+            }
         } else {
 #pragma unroll
             for (i = 0; i < W; i++) xv[k][i] = gv[k][i] = av[k][i] = 0.0f;
@@ -533,26 +725,37 @@ __global__ void us__k_rmsnorm_bwd_dx_vec(T *dx, const T *dout, const T *x, const
         }
     }
 }
+
 /* dw = Σ_n dy·xhat in two passes — partial sums over fixed row chunks, then the chunks in
    order — so the result does not depend on scheduling */
 #define US__RMS_ROWS 256
+
 template <typename T>
-__global__ void us__k_rmsnorm_bwd_dw_part(float *part, const T *dout, const T *x, const float *rstd, int64_t N, int64_t C) {
-    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, r0 = (int64_t)blockIdx.y * US__RMS_ROWS, r;
+__global__ void us__k_rmsnorm_bwd_dw_part(float *part, const T *dout, const T *x, const float *rstd,
+                                          int64_t N, int64_t C) {
+    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x,
+            r0 = (int64_t)blockIdx.y * US__RMS_ROWS, r;
     float acc = 0;
     if (c >= C) return;
-    for (r = r0; r < r0 + US__RMS_ROWS && r < N; r++) acc += us__ld(dout, r * C + c) * us__ld(x, r * C + c) * rstd[r];
+    for (r = r0; r < r0 + US__RMS_ROWS && r < N; r++)
+        acc += us__ld(dout, r * C + c) * us__ld(x, r * C + c) * rstd[r];
     part[(int64_t)blockIdx.y * C + c] = acc;
 }
+
 /* the same partial sums with 16-byte loads: block (32, US__DW_TY); lane x owns one vector of W
    columns, warp y the rows r0+y, r0+y+US__DW_TY, … of the chunk (in order); the warps' sums are
    then added in order y = 0, 1, …: a fixed order, so the bits never depend on scheduling */
 #define US__DW_TY 8
+
 template <typename T>
-__global__ void __launch_bounds__(32 * US__DW_TY) us__k_rmsnorm_bwd_dw_part_vec(float *part, const T *dout, const T *x, const float *rstd, int64_t N, int64_t C) {
+__global__ void __launch_bounds__(32 * US__DW_TY)
+    us__k_rmsnorm_bwd_dw_part_vec(float *part, const T *dout, const T *x, const float *rstd,
+                                  int64_t N, int64_t C) {
     enum { W = us__vec<T>::W };
+
     __shared__ float sh[US__DW_TY][W * 32];
-    int64_t j = (int64_t)blockIdx.x * 32 + threadIdx.x, r0 = (int64_t)blockIdx.y * US__RMS_ROWS, r1 = r0 + US__RMS_ROWS < N ? r0 + US__RMS_ROWS : N, r;
+    int64_t j = (int64_t)blockIdx.x * 32 + threadIdx.x, r0 = (int64_t)blockIdx.y * US__RMS_ROWS,
+            r1 = r0 + US__RMS_ROWS < N ? r0 + US__RMS_ROWS : N, r;
     int nv = (int)(C / W), i, t = threadIdx.y * 32 + threadIdx.x;
     float acc[W];
 #pragma unroll
@@ -561,7 +764,8 @@ __global__ void __launch_bounds__(32 * US__DW_TY) us__k_rmsnorm_bwd_dw_part_vec(
 #pragma unroll 4
         for (r = r0 + threadIdx.y; r < r1; r += US__DW_TY) {
             float d[W], xv[W], rs = rstd[r];
-            us__ldv(dout + r * C + j * W, d); us__ldv(x + r * C + j * W, xv);
+            us__ldv(dout + r * C + j * W, d);
+            us__ldv(x + r * C + j * W, xv);
 #pragma unroll
             for (i = 0; i < W; i++) acc[i] += d[i] * xv[i] * rs;
         }
@@ -569,7 +773,7 @@ __global__ void __launch_bounds__(32 * US__DW_TY) us__k_rmsnorm_bwd_dw_part_vec(
 #pragma unroll
     for (i = 0; i < W; i++) sh[threadIdx.y][i * 32 + threadIdx.x] = acc[i];
     __syncthreads();
-    if (t < 32 * W) {   /* thread t writes column blockIdx.x·32·W + t: coalesced */
+    if (t < 32 * W) { /* thread t writes column blockIdx.x·32·W + t: coalesced */
         int64_t c = (int64_t)blockIdx.x * 32 * W + t;
         int lane = t / W, e = t % W, y;
         float s = 0;
@@ -577,9 +781,11 @@ __global__ void __launch_bounds__(32 * US__DW_TY) us__k_rmsnorm_bwd_dw_part_vec(
         if (c < C) part[(int64_t)blockIdx.y * C + c] = s;
     }
 }
+
 /* dw += Σ_k part[k]: block (32, US__DW_TY), warp y sums chunks y, y+US__DW_TY, … in order, then the
    warps' sums are added in order y = 0, 1, … (fixed, deterministic) */
-__global__ void __launch_bounds__(32 * US__DW_TY) us__k_rmsnorm_bwd_dw_sum(float *dw, const float *part, int nchunks, int64_t C) {
+__global__ void __launch_bounds__(32 * US__DW_TY)
+    us__k_rmsnorm_bwd_dw_sum(float *dw, const float *part, int nchunks, int64_t C) {
     __shared__ float sh[US__DW_TY][32];
     int64_t c = (int64_t)blockIdx.x * 32 + threadIdx.x;
     float acc = 0;
@@ -596,6 +802,7 @@ __global__ void __launch_bounds__(32 * US__DW_TY) us__k_rmsnorm_bwd_dw_sum(float
         dw[c] += s;
     }
 }
+
 /* threads for the vector row kernels, or 0 when the row does not fit / is not vectorizable */
 static int us__row_threads(int64_t C, int W) {
     int64_t nv = C / W, th;
@@ -603,31 +810,51 @@ static int us__row_threads(int64_t C, int W) {
     th = ((nv + US__ROW_RV - 1) / US__ROW_RV + 31) / 32 * 32;
     return th <= 1024 ? (int)th : 0;
 }
-static void us__cuda_rmsnorm_fwd(us_ops *o, void *out, float *rstd, const void *x, const void *w, int64_t N, int64_t C, float eps, us_dtype dt) {
+
+static void us__cuda_rmsnorm_fwd(us_ops *o, void *out, float *rstd, const void *x, const void *w,
+                                 int64_t N, int64_t C, float eps, us_dtype dt) {
     int th = us__row_threads(C, 16 / (int)us_dtype_size(dt));
     if (th && us__al16(out) && us__al16(x) && us__al16(w))
-        US__DISPATCH(o, dt, (us__k_rmsnorm_fwd_vec<T_><<<(unsigned)N, th, 0, us__cu(o)->stream>>>((T_ *)out, rstd, (const T_ *)x, (const T_ *)w, C, eps)));
+        US__DISPATCH(o, dt,
+                     (us__k_rmsnorm_fwd_vec<T_><<<(unsigned)N, th, 0, us__cu(o)->stream>>>(
+                         (T_ *)out, rstd, (const T_ *)x, (const T_ *)w, C, eps)));
     else
-        US__DISPATCH(o, dt, (us__k_rmsnorm_fwd<T_><<<(unsigned)N, 256, 0, us__cu(o)->stream>>>((T_ *)out, rstd, (const T_ *)x, (const T_ *)w, C, eps)));
+        US__DISPATCH(o, dt,
+                     (us__k_rmsnorm_fwd<T_><<<(unsigned)N, 256, 0, us__cu(o)->stream>>>(
+                         (T_ *)out, rstd, (const T_ *)x, (const T_ *)w, C, eps)));
 }
-static void us__cuda_rmsnorm_bwd(us_ops *o, void *dx, float *dw, const void *dout, const void *x, const void *w, const float *rstd, int64_t N, int64_t C, us_dtype dt) {
+
+static void us__cuda_rmsnorm_bwd(us_ops *o, void *dx, float *dw, const void *dout, const void *x,
+                                 const void *w, const float *rstd, int64_t N, int64_t C,
+                                 us_dtype dt) {
     cudaStream_t s = us__cu(o)->stream;
-    int nch = (int)((N + US__RMS_ROWS - 1) / US__RMS_ROWS), W = 16 / (int)us_dtype_size(dt), th = us__row_threads(C, W);
-    int vin = C % W == 0 && us__al16(dout) && us__al16(x);   /* dout and x rows can be read as vectors */
+    int nch = (int)((N + US__RMS_ROWS - 1) / US__RMS_ROWS), W = 16 / (int)us_dtype_size(dt),
+        th = us__row_threads(C, W);
+    int vin =
+        C % W == 0 && us__al16(dout) && us__al16(x); /* dout and x rows can be read as vectors */
     float *part = (float *)us__cuda_scratch(o, (size_t)nch * C * 4);
     if (!part) return;
     if (th && vin && us__al16(dx) && us__al16(w))
-        US__DISPATCH(o, dt, (us__k_rmsnorm_bwd_dx_vec<T_><<<(unsigned)N, th, 0, s>>>((T_ *)dx, (const T_ *)dout, (const T_ *)x, (const T_ *)w, rstd, C)));
+        US__DISPATCH(o, dt,
+                     (us__k_rmsnorm_bwd_dx_vec<T_><<<(unsigned)N, th, 0, s>>>(
+                         (T_ *)dx, (const T_ *)dout, (const T_ *)x, (const T_ *)w, rstd, C)));
     else
-        US__DISPATCH(o, dt, (us__k_rmsnorm_bwd_dx<T_><<<(unsigned)N, 256, 0, s>>>((T_ *)dx, (const T_ *)dout, (const T_ *)x, (const T_ *)w, rstd, C)));
+        US__DISPATCH(o, dt,
+                     (us__k_rmsnorm_bwd_dx<T_><<<(unsigned)N, 256, 0, s>>>(
+                         (T_ *)dx, (const T_ *)dout, (const T_ *)x, (const T_ *)w, rstd, C)));
     if (vin) {
         dim3 g((unsigned)((C / W + 31) / 32), (unsigned)nch);
-        US__DISPATCH(o, dt, (us__k_rmsnorm_bwd_dw_part_vec<T_><<<g, dim3(32, US__DW_TY), 0, s>>>(part, (const T_ *)dout, (const T_ *)x, rstd, N, C)));
+        US__DISPATCH(o, dt,
+                     (us__k_rmsnorm_bwd_dw_part_vec<T_><<<g, dim3(32, US__DW_TY), 0, s>>>(
+                         part, (const T_ *)dout, (const T_ *)x, rstd, N, C)));
     } else {
         dim3 g((unsigned)((C + 127) / 128), (unsigned)nch);
-        US__DISPATCH(o, dt, (us__k_rmsnorm_bwd_dw_part<T_><<<g, 128, 0, s>>>(part, (const T_ *)dout, (const T_ *)x, rstd, N, C)));
+        US__DISPATCH(o, dt,
+                     (us__k_rmsnorm_bwd_dw_part<T_>
+                      <<<g, 128, 0, s>>>(part, (const T_ *)dout, (const T_ *)x, rstd, N, C)));
     }
-    us__k_rmsnorm_bwd_dw_sum<<<(unsigned)((C + 31) / 32), dim3(32, US__DW_TY), 0, s>>>(dw, part, nch, C);
+    us__k_rmsnorm_bwd_dw_sum<<<(unsigned)((C + 31) / 32), dim3(32, US__DW_TY), 0, s>>>(dw, part,
+                                                                                       nch, C);
     US__LAUNCHED(o);
 }
 
@@ -644,9 +871,11 @@ __global__ void us__k_rope_table(float *tab, int64_t T_len, int HS, float theta)
         tab[T_len * half + i] = (float)sin(ang);
     }
 }
+
 /* grid: y over rows n (grid-stride), x·threads over the (head, j) pairs of a row */
 template <typename T>
-__global__ void us__k_rope(T *qkv, const float *tab, int64_t N, int64_t T_len, int NH, int NKV, int HS, float dir) {
+__global__ void us__k_rope(T *qkv, const float *tab, int64_t N, int64_t T_len, int NH, int NKV,
+                           int HS, float dir) {
     int half = HS / 2, pairs = (NH + NKV) * half;
     int p = blockIdx.x * blockDim.x + threadIdx.x;
     int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, n;
@@ -661,27 +890,39 @@ __global__ void us__k_rope(T *qkv, const float *tab, int64_t N, int64_t T_len, i
         us__st(v, j + half, b * cs + a * sn);
     }
 }
-static void us__cuda_rope(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS, float theta, us_dtype dt, float dir) {
+
+static void us__cuda_rope(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS,
+                          float theta, us_dtype dt, float dir) {
     us__cuda *c = us__cu(o);
     int pairs = (NH + NKV) * (HS / 2);
     dim3 g((unsigned)((pairs + 127) / 128), (unsigned)(B * T < 65535 ? B * T : 65535));
     if (c->rope_T != T || c->rope_HS != HS || c->rope_theta != theta) {
-        size_t need = (size_t)T * HS * sizeof(float);   /* cos and sin, T·HS/2 each */
+        size_t need = (size_t)T * HS * sizeof(float); /* cos and sin, T·HS/2 each */
         if (need > c->rope_bytes) {
             if (c->rope_tab) us__cuda_free(o, c->rope_tab);
             c->rope_tab = (float *)us__cuda_alloc(o, need);
             c->rope_bytes = c->rope_tab ? need : 0;
-            if (!c->rope_tab) { us__cuda_fail(o, "rope table", "out of device memory", __FILE__, __LINE__); return; }
+            if (!c->rope_tab) {
+                us__cuda_fail(o, "rope table", "out of device memory", __FILE__, __LINE__);
+                return;
+            }
         }
-        us__k_rope_table<<<us__blocks(T * (HS / 2), 256), 256, 0, c->stream>>>(c->rope_tab, T, HS, theta);
+        us__k_rope_table<<<us__blocks(T * (HS / 2), 256), 256, 0, c->stream>>>(c->rope_tab, T, HS,
+                                                                               theta);
         US__LAUNCHED(o);
-        c->rope_T = T; c->rope_HS = HS; c->rope_theta = theta;
+        c->rope_T = T;
+        c->rope_HS = HS;
+        c->rope_theta = theta;
     }
-    US__DISPATCH(o, dt, (us__k_rope<T_><<<g, 128, 0, c->stream>>>((T_ *)qkv, c->rope_tab, B * T, T, NH, NKV, HS, dir)));
+    US__DISPATCH(o, dt,
+                 (us__k_rope<T_>
+                  <<<g, 128, 0, c->stream>>>((T_ *)qkv, c->rope_tab, B * T, T, NH, NKV, HS, dir)));
 }
+
 /* RoPE at given positions (context parallelism): the table for T_total positions, indexed by pos */
 template <typename T>
-__global__ void us__k_rope_at(T *qkv, const float *tab, const int32_t *pos, int64_t N, int64_t T_len, int64_t T_total, int NH, int NKV, int HS, float dir) {
+__global__ void us__k_rope_at(T *qkv, const float *tab, const int32_t *pos, int64_t N,
+                              int64_t T_len, int64_t T_total, int NH, int NKV, int HS, float dir) {
     int half = HS / 2, pairs = (NH + NKV) * half;
     int p = blockIdx.x * blockDim.x + threadIdx.x;
     int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, n;
@@ -696,35 +937,53 @@ __global__ void us__k_rope_at(T *qkv, const float *tab, const int32_t *pos, int6
         us__st(v, j + half, b * cs + a * sn);
     }
 }
-static void us__cuda_rope_at(us_ops *o, void *qkv, const int32_t *pos, int64_t B, int64_t T, int64_t T_total, int NH, int NKV, int HS,
-                             float theta, float dir, us_dtype dt) {
+
+static void us__cuda_rope_at(us_ops *o, void *qkv, const int32_t *pos, int64_t B, int64_t T,
+                             int64_t T_total, int NH, int NKV, int HS, float theta, float dir,
+                             us_dtype dt) {
     us__cuda *c = us__cu(o);
     int pairs = (NH + NKV) * (HS / 2);
     dim3 g((unsigned)((pairs + 127) / 128), (unsigned)(B * T < 65535 ? B * T : 65535));
     if (B * T <= 0) return;
-    if (c->rope_T != T_total || c->rope_HS != HS || c->rope_theta != theta) {   /* as us__cuda_rope's table */
+    if (c->rope_T != T_total || c->rope_HS != HS ||
+        c->rope_theta != theta) { /* as us__cuda_rope's table */
         size_t need = (size_t)T_total * HS * sizeof(float);
         if (need > c->rope_bytes) {
             if (c->rope_tab) us__cuda_free(o, c->rope_tab);
             c->rope_tab = (float *)us__cuda_alloc(o, need);
             c->rope_bytes = c->rope_tab ? need : 0;
-            if (!c->rope_tab) { us__cuda_fail(o, "rope table", "out of device memory", __FILE__, __LINE__); return; }
+            if (!c->rope_tab) {
+                us__cuda_fail(o, "rope table", "out of device memory", __FILE__, __LINE__);
+                return;
+            }
         }
-        us__k_rope_table<<<us__blocks(T_total * (HS / 2), 256), 256, 0, c->stream>>>(c->rope_tab, T_total, HS, theta);
+        us__k_rope_table<<<us__blocks(T_total * (HS / 2), 256), 256, 0, c->stream>>>(
+            c->rope_tab, T_total, HS, theta);
         US__LAUNCHED(o);
-        c->rope_T = T_total; c->rope_HS = HS; c->rope_theta = theta;
+        c->rope_T = T_total;
+        c->rope_HS = HS;
+        c->rope_theta = theta;
     }
-    US__DISPATCH(o, dt, (us__k_rope_at<T_><<<g, 128, 0, c->stream>>>((T_ *)qkv, c->rope_tab, pos, B * T, T, T_total, NH, NKV, HS, dir)));
+    US__DISPATCH(o, dt,
+                 (us__k_rope_at<T_><<<g, 128, 0, c->stream>>>((T_ *)qkv, c->rope_tab, pos, B * T, T,
+                                                              T_total, NH, NKV, HS, dir)));
 }
-static void us__cuda_copy2d(us_ops *o, void *dst, int64_t dld, const void *src, int64_t sld, int64_t rows, int64_t cols, us_dtype dt) {
+
+static void us__cuda_copy2d(us_ops *o, void *dst, int64_t dld, const void *src, int64_t sld,
+                            int64_t rows, int64_t cols, us_dtype dt) {
     size_t a = us_dtype_size(dt);
     if (rows <= 0 || cols <= 0) return;
-    US__CU(o, cudaMemcpy2DAsync(dst, (size_t)dld * a, src, (size_t)sld * a, (size_t)cols * a, (size_t)rows, cudaMemcpyDeviceToDevice, us__cu(o)->stream));
+    US__CU(o, cudaMemcpy2DAsync(dst, (size_t)dld * a, src, (size_t)sld * a, (size_t)cols * a,
+                                (size_t)rows, cudaMemcpyDeviceToDevice, us__cu(o)->stream));
 }
-static void us__cuda_rope_fwd(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS, float theta, us_dtype dt) {
+
+static void us__cuda_rope_fwd(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS,
+                              float theta, us_dtype dt) {
     us__cuda_rope(o, qkv, B, T, NH, NKV, HS, theta, dt, 1.0f);
 }
-static void us__cuda_rope_bwd(us_ops *o, void *dqkv, int64_t B, int64_t T, int NH, int NKV, int HS, float theta, us_dtype dt) {
+
+static void us__cuda_rope_bwd(us_ops *o, void *dqkv, int64_t B, int64_t T, int NH, int NKV, int HS,
+                              float theta, us_dtype dt) {
     us__cuda_rope(o, dqkv, B, T, NH, NKV, HS, theta, dt, -1.0f);
 }
 
@@ -739,74 +998,104 @@ __global__ void us__k_swiglu_fwd(T *h, const T *gu, int64_t N, int64_t F) {
         us__st(h, n * F + f, g / (1.0f + __expf(-g)) * u);
     }
 }
+
 template <typename T>
 __global__ void us__k_swiglu_bwd(T *dgu, const T *dh, const T *gu, int64_t N, int64_t F) {
     int64_t f = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, n;
     if (f >= F) return;
     for (n = blockIdx.y; n < N; n += gridDim.y) {
-        float g = us__ld(gu, n * 2 * F + f), u = us__ld(gu, n * 2 * F + F + f), d = us__ld(dh, n * F + f);
+        float g = us__ld(gu, n * 2 * F + f), u = us__ld(gu, n * 2 * F + F + f),
+              d = us__ld(dh, n * F + f);
         float sg = 1.0f / (1.0f + __expf(-g));
         us__st(dgu, n * 2 * F + f, d * u * sg * (1.0f + g * (1.0f - sg)));
         us__st(dgu, n * 2 * F + F + f, d * g * sg);
     }
 }
+
 /* Vector path (F a multiple of the vector width, 16-byte aligned buffers): each thread owns W
    adjacent columns, so every access is one 16-byte load or store. */
 template <typename T>
 __global__ void us__k_swiglu_fwd_vec(T *h, const T *gu, int64_t N, int64_t F) {
     enum { W = us__vec<T>::W };
+
     int64_t f = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * W, n;
     int i;
     if (f >= F) return;
     for (n = blockIdx.y; n < N; n += gridDim.y) {
         float g[W], u[W], o[W];
-        us__ldv(gu + n * 2 * F + f, g); us__ldv(gu + n * 2 * F + F + f, u);
+        us__ldv(gu + n * 2 * F + f, g);
+        us__ldv(gu + n * 2 * F + F + f, u);
 #pragma unroll
         for (i = 0; i < W; i++) o[i] = g[i] / (1.0f + __expf(-g[i])) * u[i];
         us__stv(h + n * F + f, o);
     }
 }
+
 template <typename T>
 __global__ void us__k_swiglu_bwd_vec(T *dgu, const T *dh, const T *gu, int64_t N, int64_t F) {
     enum { W = us__vec<T>::W };
+
     int64_t f = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * W, n;
     int i;
     if (f >= F) return;
     for (n = blockIdx.y; n < N; n += gridDim.y) {
         float g[W], u[W], d[W], dg[W], du[W];
-        us__ldv(gu + n * 2 * F + f, g); us__ldv(gu + n * 2 * F + F + f, u); us__ldv(dh + n * F + f, d);
+        us__ldv(gu + n * 2 * F + f, g);
+        us__ldv(gu + n * 2 * F + F + f, u);
+        us__ldv(dh + n * F + f, d);
 #pragma unroll
         for (i = 0; i < W; i++) {
             float sg = 1.0f / (1.0f + __expf(-g[i]));
             dg[i] = d[i] * u[i] * sg * (1.0f + g[i] * (1.0f - sg));
             du[i] = d[i] * g[i] * sg;
         }
-        us__stv(dgu + n * 2 * F + f, dg); us__stv(dgu + n * 2 * F + F + f, du);
+        us__stv(dgu + n * 2 * F + f, dg);
+        us__stv(dgu + n * 2 * F + F + f, du);
     }
 }
-static dim3 us__rows_grid(int64_t N, int64_t F, int threads) { return dim3((unsigned)((F + threads - 1) / threads), (unsigned)(N < 65535 ? N : 65535)); }
-static void us__cuda_swiglu_fwd(us_ops *o, void *h, const void *gu, int64_t N, int64_t F, us_dtype dt) {
-    if (N <= 0 || F <= 0) return;   /* an expert, or a whole rank under // >>ep, may get no rows: a 0-sized grid is an error */
+
+static dim3 us__rows_grid(int64_t N, int64_t F, int threads) {
+    return dim3((unsigned)((F + threads - 1) / threads), (unsigned)(N < 65535 ? N : 65535));
+}
+
+static void us__cuda_swiglu_fwd(us_ops *o, void *h, const void *gu, int64_t N, int64_t F,
+                                us_dtype dt) {
+    if (N <= 0 || F <= 0)
+        return; /* an expert, or a whole rank under // >>ep, may get no rows: a 0-sized grid is an error */
     int64_t W = 16 / (int64_t)us_dtype_size(dt);
     if (F % W == 0 && us__al16(h) && us__al16(gu))
-        US__DISPATCH(o, dt, (us__k_swiglu_fwd_vec<T_><<<us__rows_grid(N, F / W, 256), 256, 0, us__cu(o)->stream>>>((T_ *)h, (const T_ *)gu, N, F)));
+        US__DISPATCH(
+            o, dt,
+            (us__k_swiglu_fwd_vec<T_><<<us__rows_grid(N, F / W, 256), 256, 0, us__cu(o)->stream>>>(
+                (T_ *)h, (const T_ *)gu, N, F)));
     else
-        US__DISPATCH(o, dt, (us__k_swiglu_fwd<T_><<<us__rows_grid(N, F, 256), 256, 0, us__cu(o)->stream>>>((T_ *)h, (const T_ *)gu, N, F)));
+        US__DISPATCH(o, dt,
+                     (us__k_swiglu_fwd<T_><<<us__rows_grid(N, F, 256), 256, 0, us__cu(o)->stream>>>(
+                         (T_ *)h, (const T_ *)gu, N, F)));
 }
-static void us__cuda_swiglu_bwd(us_ops *o, void *dgu, const void *dh, const void *gu, int64_t N, int64_t F, us_dtype dt) {
-    if (N <= 0 || F <= 0) return;   /* an expert, or a whole rank under // >>ep, may get no rows: a 0-sized grid is an error */
+
+static void us__cuda_swiglu_bwd(us_ops *o, void *dgu, const void *dh, const void *gu, int64_t N,
+                                int64_t F, us_dtype dt) {
+    if (N <= 0 || F <= 0)
+        return; /* an expert, or a whole rank under // >>ep, may get no rows: a 0-sized grid is an error */
     int64_t W = 16 / (int64_t)us_dtype_size(dt);
     if (F % W == 0 && us__al16(dgu) && us__al16(dh) && us__al16(gu))
-        US__DISPATCH(o, dt, (us__k_swiglu_bwd_vec<T_><<<us__rows_grid(N, F / W, 256), 256, 0, us__cu(o)->stream>>>((T_ *)dgu, (const T_ *)dh, (const T_ *)gu, N, F)));
+        US__DISPATCH(
+            o, dt,
+            (us__k_swiglu_bwd_vec<T_><<<us__rows_grid(N, F / W, 256), 256, 0, us__cu(o)->stream>>>(
+                (T_ *)dgu, (const T_ *)dh, (const T_ *)gu, N, F)));
     else
-        US__DISPATCH(o, dt, (us__k_swiglu_bwd<T_><<<us__rows_grid(N, F, 256), 256, 0, us__cu(o)->stream>>>((T_ *)dgu, (const T_ *)dh, (const T_ *)gu, N, F)));
+        US__DISPATCH(o, dt,
+                     (us__k_swiglu_bwd<T_><<<us__rows_grid(N, F, 256), 256, 0, us__cu(o)->stream>>>(
+                         (T_ *)dgu, (const T_ *)dh, (const T_ *)gu, N, F)));
 }
 
 /* The end of pass 1 of both cross-entropy kernels: combine the threads' running (max, rescaled
    sum, first argmax) into the row's log-sum-exp, write the loss and the argmax (the smallest
    index among the maxima, like the CPU's first-max scan); returns lse to every thread. */
 template <typename T>
-__device__ float us__xent_combine(float mx, float sum, int am, const T *row, int y, float *loss, int32_t *argmax, float *sh, int *shi) {
+__device__ float us__xent_combine(float mx, float sum, int am, const T *row, int y, float *loss,
+                                  int32_t *argmax, float *sh, int *shi) {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, i, cand;
     float bm = us__block_max(mx, sh), lse;
     sum = us__block_sum(mx == -INFINITY ? 0.0f : sum * __expf(mx - bm), sh);
@@ -824,11 +1113,13 @@ __device__ float us__xent_combine(float mx, float sum, int am, const T *row, int
     }
     return lse;
 }
+
 /* Fused softmax-cross-entropy: one block per row. Pass 1 keeps a running max and a rescaled
    sum (online softmax) and the first argmax; pass 2 writes the gradient over the logits.
    Probabilities never reach memory and the row is read twice, written once. */
 template <typename T>
-__global__ void us__k_xent(float *losses, int32_t *argmax, T *logits, const int32_t *tgt, int64_t V, float dscale) {
+__global__ void us__k_xent(float *losses, int32_t *argmax, T *logits, const int32_t *tgt, int64_t V,
+                           float dscale) {
     __shared__ float sh[32];
     __shared__ int shi[32];
     int64_t n = blockIdx.x, v;
@@ -837,38 +1128,59 @@ __global__ void us__k_xent(float *losses, int32_t *argmax, T *logits, const int3
     int am = 0x7fffffff, y = tgt[n];
     for (v = threadIdx.x; v < V; v += blockDim.x) {
         float x = us__ld(row, v);
-        if (x > mx) { sum = sum * __expf(mx - x) + 1.0f; mx = x; am = (int)v; }
-        else sum += __expf(x - mx);
+        if (x > mx) {
+            sum = sum * __expf(mx - x) + 1.0f;
+            mx = x;
+            am = (int)v;
+        } else
+            sum += __expf(x - mx);
     }
     lse = us__xent_combine(mx, sum, am, row, y, losses + n, argmax ? argmax + n : NULL, sh, shi);
     if (dscale != 0.0f) {
-        __syncthreads();   /* row[y] was read above before it is overwritten below */
+        __syncthreads(); /* row[y] was read above before it is overwritten below */
         for (v = threadIdx.x; v < V; v += blockDim.x)
-            us__st(row, v, y < 0 ? 0.0f : dscale * (__expf(us__ld(row, v) - lse) - (v == y ? 1.0f : 0.0f)));
+            us__st(row, v,
+                   y < 0 ? 0.0f : dscale * (__expf(us__ld(row, v) - lse) - (v == y ? 1.0f : 0.0f)));
     }
 }
+
 /* Vector path (V a multiple of the vector width, aligned logits): each thread reads W logits per
    16-byte load, two loads in flight per iteration. Per vector: its first maximum, one rescale of
    the running sum when that beats the running max, then W exponentials. A thread's vectors come in
    increasing index order and only a strictly larger value moves the argmax, so each thread keeps
    its first maximum and the block takes the smallest index among the maxima, as before. */
 #define US__XENT_THREADS 512
+
 template <typename T>
-static __device__ __forceinline__ void us__xent_acc(const float *x, int base, float &mx, float &sum, int &am) {
+static __device__ __forceinline__ void us__xent_acc(const float *x, int base, float &mx, float &sum,
+                                                    int &am) {
     enum { W = us__vec<T>::W };
+
     float m = x[0];
     int a = 0, k;
 #pragma unroll
-    for (k = 1; k < W; k++) if (x[k] > m) { m = x[k]; a = k; }
-    if (m > mx) { sum *= __expf(mx - m); mx = m; am = base + a; }
+    for (k = 1; k < W; k++)
+        if (x[k] > m) {
+            m = x[k];
+            a = k;
+        }
+    if (m > mx) {
+        sum *= __expf(mx - m);
+        mx = m;
+        am = base + a;
+    }
     if (mx != -INFINITY) {
 #pragma unroll
         for (k = 0; k < W; k++) sum += __expf(x[k] - mx);
     }
 }
+
 template <typename T>
-__global__ void __launch_bounds__(US__XENT_THREADS) us__k_xent_vec(float *losses, int32_t *argmax, T *logits, const int32_t *tgt, int64_t V, float dscale) {
+__global__ void __launch_bounds__(US__XENT_THREADS)
+    us__k_xent_vec(float *losses, int32_t *argmax, T *logits, const int32_t *tgt, int64_t V,
+                   float dscale) {
     enum { W = us__vec<T>::W };
+
     __shared__ float sh[32];
     __shared__ int shi[32];
     int64_t n = blockIdx.x;
@@ -884,7 +1196,7 @@ __global__ void __launch_bounds__(US__XENT_THREADS) us__k_xent_vec(float *losses
     }
     lse = us__xent_combine(mx, sum, am, row, y, losses + n, argmax ? argmax + n : NULL, sh, shi);
     if (dscale != 0.0f) {
-        __syncthreads();   /* row[y] was read above before it is overwritten below */
+        __syncthreads(); /* row[y] was read above before it is overwritten below */
         if (y < 0) {
             float z[W];
 #pragma unroll
@@ -897,22 +1209,27 @@ __global__ void __launch_bounds__(US__XENT_THREADS) us__k_xent_vec(float *losses
                 us__ldv(row + (int64_t)j * W, x0);
                 if (j1 < nv) us__ldv(row + (int64_t)j1 * W, x1);
 #pragma unroll
-                for (k = 0; k < W; k++) x0[k] = dscale * (__expf(x0[k] - lse) - (j * W + k == y ? 1.0f : 0.0f));
+                for (k = 0; k < W; k++)
+                    x0[k] = dscale * (__expf(x0[k] - lse) - (j * W + k == y ? 1.0f : 0.0f));
                 us__stv(row + (int64_t)j * W, x0);
                 if (j1 < nv) {
 #pragma unroll
-                    for (k = 0; k < W; k++) x1[k] = dscale * (__expf(x1[k] - lse) - (j1 * W + k == y ? 1.0f : 0.0f));
+                    for (k = 0; k < W; k++)
+                        x1[k] = dscale * (__expf(x1[k] - lse) - (j1 * W + k == y ? 1.0f : 0.0f));
                     us__stv(row + (int64_t)j1 * W, x1);
                 }
             }
     }
 }
+
 /* Attention by key blocks with positions (context parallelism), the portable kernels: one thread
    per query row (forward, dQ) or per key row (dK, dV), so every sum has one order and no atomics.
    Correct and simple, and slow; bf16 at HS 64/128 runs the flash kernels of // >>cuda-cp-flash. */
 template <typename T>
-__global__ void us__k_attn_block_fwd(float *acc, float *m, float *l, const T *qkv, const T *kv, const int32_t *qpos, const int32_t *kpos,
-                                     int64_t B, int64_t Tq, int64_t Tk, int NH, int NKV, int HS, int init, float scale) {
+__global__ void us__k_attn_block_fwd(float *acc, float *m, float *l, const T *qkv, const T *kv,
+                                     const int32_t *qpos, const int32_t *kpos, int64_t B,
+                                     int64_t Tq, int64_t Tk, int NH, int NKV, int HS, int init,
+                                     float scale) {
     int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, j;
     int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, KV = (int64_t)2 * NKV * HS;
     if (r >= B * NH * Tq) return;
@@ -920,14 +1237,16 @@ __global__ void us__k_attn_block_fwd(float *acc, float *m, float *l, const T *qk
     int h = (int)(r / Tq % NH), g = h / (NH / NKV), d;
     float *ar = acc + r * HS, mr = init ? -INFINITY : m[r], lr = init ? 0.0f : l[r];
     const T *q = qkv + (b * Tq + i) * QKV + (int64_t)h * HS;
-    if (init) for (d = 0; d < HS; d++) ar[d] = 0;
+    if (init)
+        for (d = 0; d < HS; d++) ar[d] = 0;
     for (j = 0; j < Tk; j++) {
-        const T *k = kv + (b * Tk + j) * KV + (int64_t)g * HS, *v = kv + (b * Tk + j) * KV + (int64_t)(NKV + g) * HS;
+        const T *k = kv + (b * Tk + j) * KV + (int64_t)g * HS,
+                *v = kv + (b * Tk + j) * KV + (int64_t)(NKV + g) * HS;
         float sc = 0, p;
         if (kpos[j] > qpos[i]) continue;
         for (d = 0; d < HS; d++) sc += us__ld(q, d) * us__ld(k, d);
         sc *= scale;
-        if (sc > mr) {   /* a new maximum: rescale what was summed */
+        if (sc > mr) { /* a new maximum: rescale what was summed */
             float corr = expf(mr - sc);
             lr *= corr;
             for (d = 0; d < HS; d++) ar[d] *= corr;
@@ -937,15 +1256,19 @@ __global__ void us__k_attn_block_fwd(float *acc, float *m, float *l, const T *qk
         lr += p;
         for (d = 0; d < HS; d++) ar[d] += p * us__ld(v, d);
     }
-    m[r] = mr; l[r] = lr;
+    m[r] = mr;
+    l[r] = lr;
 }
+
 /* out = acc / l and lse = m + log l: one warp per row of acc [B,NH,Tq,HS], its lanes along HS,
    so both the fp32 reads and the out[B,Tq,NH·HS] writes are coalesced (the op moves ~6 bytes
    per element and does nothing else; any dtype and head size) */
 template <typename T>
-__global__ void us__k_attn_block_finish(T *out, float *lse, const float *acc, const float *m, const float *l, int64_t B, int64_t Tq, int NH, int HS) {
+__global__ void us__k_attn_block_finish(T *out, float *lse, const float *acc, const float *m,
+                                        const float *l, int64_t B, int64_t Tq, int NH, int HS) {
     const int lane = threadIdx.x & 31;
-    for (int64_t r = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < B * NH * Tq; r += (int64_t)gridDim.x * (blockDim.x >> 5)) {
+    for (int64_t r = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < B * NH * Tq;
+         r += (int64_t)gridDim.x * (blockDim.x >> 5)) {
         int64_t b = r / (NH * Tq), h = r / Tq % NH, i = r % Tq;
         float lr = l[r], inv = lr > 0 ? 1.0f / lr : 0.0f;
         T *orow = out + (b * Tq + i) * NH * HS + h * HS;
@@ -953,9 +1276,12 @@ __global__ void us__k_attn_block_finish(T *out, float *lse, const float *acc, co
         if (lane == 0) lse[r] = lr > 0 ? m[r] + logf(lr) : -INFINITY;
     }
 }
+
 template <typename T>
-__global__ void us__k_attn_block_dq(float *dq, const T *dout, const T *qkv, const T *out, const float *lse, const T *kv,
-                                    const int32_t *qpos, const int32_t *kpos, int64_t B, int64_t Tq, int64_t Tk, int NH, int NKV, int HS, float scale) {
+__global__ void us__k_attn_block_dq(float *dq, const T *dout, const T *qkv, const T *out,
+                                    const float *lse, const T *kv, const int32_t *qpos,
+                                    const int32_t *kpos, int64_t B, int64_t Tq, int64_t Tk, int NH,
+                                    int NKV, int HS, float scale) {
     int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, j;
     int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, KV = (int64_t)2 * NKV * HS;
     if (r >= B * NH * Tq) return;
@@ -967,25 +1293,34 @@ __global__ void us__k_attn_block_dq(float *dq, const T *dout, const T *qkv, cons
     if (L == -INFINITY) return;
     for (d = 0; d < HS; d++) D += us__ld(dout, orow + d) * us__ld(out, orow + d);
     for (j = 0; j < Tk; j++) {
-        const T *k = kv + (b * Tk + j) * KV + (int64_t)g * HS, *v = kv + (b * Tk + j) * KV + (int64_t)(NKV + g) * HS;
+        const T *k = kv + (b * Tk + j) * KV + (int64_t)g * HS,
+                *v = kv + (b * Tk + j) * KV + (int64_t)(NKV + g) * HS;
         float sc = 0, dp = 0, p, ds;
         if (kpos[j] > qpos[i]) continue;
-        for (d = 0; d < HS; d++) { sc += us__ld(q, d) * us__ld(k, d); dp += us__ld(dout, orow + d) * us__ld(v, d); }
+        for (d = 0; d < HS; d++) {
+            sc += us__ld(q, d) * us__ld(k, d);
+            dp += us__ld(dout, orow + d) * us__ld(v, d);
+        }
         p = expf(sc * scale - L);
         ds = p * (dp - D) * scale;
         for (d = 0; d < HS; d++) dq[orow + d] += ds * us__ld(k, d);
     }
 }
+
 template <typename T>
-__global__ void us__k_attn_block_dkv(float *dkv, const T *dout, const T *qkv, const T *out, const float *lse, const T *kv,
-                                     const int32_t *qpos, const int32_t *kpos, int64_t B, int64_t Tq, int64_t Tk, int NH, int NKV, int HS, float scale) {
-    int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, i;   /* r = (b, g, j) */
+__global__ void us__k_attn_block_dkv(float *dkv, const T *dout, const T *qkv, const T *out,
+                                     const float *lse, const T *kv, const int32_t *qpos,
+                                     const int32_t *kpos, int64_t B, int64_t Tq, int64_t Tk, int NH,
+                                     int NKV, int HS, float scale) {
+    int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, i; /* r = (b, g, j) */
     int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, KV = (int64_t)2 * NKV * HS;
     if (r >= B * NKV * Tk) return;
     int64_t b = r / (NKV * Tk), j = r % Tk;
     int g = (int)(r / Tk % NKV), grp = NH / NKV, h, d;
-    const T *k = kv + (b * Tk + j) * KV + (int64_t)g * HS, *v = kv + (b * Tk + j) * KV + (int64_t)(NKV + g) * HS;
-    float *dk = dkv + (b * Tk + j) * KV + (int64_t)g * HS, *dv = dkv + (b * Tk + j) * KV + (int64_t)(NKV + g) * HS;
+    const T *k = kv + (b * Tk + j) * KV + (int64_t)g * HS,
+            *v = kv + (b * Tk + j) * KV + (int64_t)(NKV + g) * HS;
+    float *dk = dkv + (b * Tk + j) * KV + (int64_t)g * HS,
+          *dv = dkv + (b * Tk + j) * KV + (int64_t)(NKV + g) * HS;
     for (h = g * grp; h < (g + 1) * grp; h++)
         for (i = 0; i < Tq; i++) {
             int64_t orow = (b * Tq + i) * NH * HS + (int64_t)h * HS;
@@ -999,39 +1334,61 @@ __global__ void us__k_attn_block_dkv(float *dkv, const T *dout, const T *qkv, co
             }
             p = expf(sc * scale - L);
             ds = p * (dp - D) * scale;
-            for (d = 0; d < HS; d++) { dk[d] += ds * us__ld(q, d); dv[d] += p * us__ld(dout, orow + d); }
+            for (d = 0; d < HS; d++) {
+                dk[d] += ds * us__ld(q, d);
+                dv[d] += p * us__ld(dout, orow + d);
+            }
         }
 }
+
 /* The portable path of the ops (fp32, head sizes other than 64/128); bf16 at HS 64/128 takes
    the flash kernels of // >>cuda-cp-flash, which fall back to these. */
-static void us__attn_block_fwd_naive(us_ops *o, float *acc, float *m, float *l, const void *qkv, const void *kv, const int32_t *qpos,
-                                     const int32_t *kpos, int64_t B, int64_t Tq, int64_t Tk, int NH, int NKV, int HS, int init, us_dtype dt) {
+static void us__attn_block_fwd_naive(us_ops *o, float *acc, float *m, float *l, const void *qkv,
+                                     const void *kv, const int32_t *qpos, const int32_t *kpos,
+                                     int64_t B, int64_t Tq, int64_t Tk, int NH, int NKV, int HS,
+                                     int init, us_dtype dt) {
     int64_t n = B * NH * Tq;
     if (n <= 0) return;
-    US__DISPATCH(o, dt, (us__k_attn_block_fwd<T_><<<us__blocks(n, 128), 128, 0, us__cu(o)->stream>>>(acc, m, l, (const T_ *)qkv, (const T_ *)kv,
-                 qpos, kpos, B, Tq, Tk, NH, NKV, HS, init, 1.0f / sqrtf((float)HS))));
+    US__DISPATCH(o, dt,
+                 (us__k_attn_block_fwd<T_><<<us__blocks(n, 128), 128, 0, us__cu(o)->stream>>>(
+                     acc, m, l, (const T_ *)qkv, (const T_ *)kv, qpos, kpos, B, Tq, Tk, NH, NKV, HS,
+                     init, 1.0f / sqrtf((float)HS))));
 }
-static void us__cuda_attn_block_finish(us_ops *o, void *out, float *lse, const float *acc, const float *m, const float *l,
-                                       int64_t B, int64_t Tq, int NH, int HS, us_dtype dt) {
+
+static void us__cuda_attn_block_finish(us_ops *o, void *out, float *lse, const float *acc,
+                                       const float *m, const float *l, int64_t B, int64_t Tq,
+                                       int NH, int HS, us_dtype dt) {
     int64_t n = B * NH * Tq;
     if (n <= 0) return;
-    US__DISPATCH(o, dt, (us__k_attn_block_finish<T_><<<us__blocks(n, 8), 256, 0, us__cu(o)->stream>>>((T_ *)out, lse, acc, m, l, B, Tq, NH, HS)));
+    US__DISPATCH(o, dt,
+                 (us__k_attn_block_finish<T_><<<us__blocks(n, 8), 256, 0, us__cu(o)->stream>>>(
+                     (T_ *)out, lse, acc, m, l, B, Tq, NH, HS)));
 }
-static void us__attn_block_bwd_naive(us_ops *o, float *dq, float *dkv, const void *dout, const void *qkv, const void *out, const float *lse,
-                                     const void *kv, const int32_t *qpos, const int32_t *kpos, int64_t B, int64_t Tq, int64_t Tk,
-                                     int NH, int NKV, int HS, us_dtype dt) {
+
+static void us__attn_block_bwd_naive(us_ops *o, float *dq, float *dkv, const void *dout,
+                                     const void *qkv, const void *out, const float *lse,
+                                     const void *kv, const int32_t *qpos, const int32_t *kpos,
+                                     int64_t B, int64_t Tq, int64_t Tk, int NH, int NKV, int HS,
+                                     us_dtype dt) {
     float scale = 1.0f / sqrtf((float)HS);
     if (B * NH * Tq > 0)
-        US__DISPATCH(o, dt, (us__k_attn_block_dq<T_><<<us__blocks(B * NH * Tq, 128), 128, 0, us__cu(o)->stream>>>(dq, (const T_ *)dout, (const T_ *)qkv,
-                     (const T_ *)out, lse, (const T_ *)kv, qpos, kpos, B, Tq, Tk, NH, NKV, HS, scale)));
+        US__DISPATCH(
+            o, dt,
+            (us__k_attn_block_dq<T_><<<us__blocks(B * NH * Tq, 128), 128, 0, us__cu(o)->stream>>>(
+                dq, (const T_ *)dout, (const T_ *)qkv, (const T_ *)out, lse, (const T_ *)kv, qpos,
+                kpos, B, Tq, Tk, NH, NKV, HS, scale)));
     if (B * NKV * Tk > 0)
-        US__DISPATCH(o, dt, (us__k_attn_block_dkv<T_><<<us__blocks(B * NKV * Tk, 128), 128, 0, us__cu(o)->stream>>>(dkv, (const T_ *)dout, (const T_ *)qkv,
-                     (const T_ *)out, lse, (const T_ *)kv, qpos, kpos, B, Tq, Tk, NH, NKV, HS, scale)));
+        US__DISPATCH(
+            o, dt,
+            (us__k_attn_block_dkv<T_><<<us__blocks(B * NKV * Tk, 128), 128, 0, us__cu(o)->stream>>>(
+                dkv, (const T_ *)dout, (const T_ *)qkv, (const T_ *)out, lse, (const T_ *)kv, qpos,
+                kpos, B, Tq, Tk, NH, NKV, HS, scale)));
 }
 
 /* Vocabulary-parallel cross-entropy (TP): one block per row, plain block reductions. */
 template <typename T>
-__global__ void us__k_xent_stats(float *mx, int32_t *amax, double *sumexp, float *tlogit, const T *logits, const int32_t *tgt, int64_t V) {
+__global__ void us__k_xent_stats(float *mx, int32_t *amax, double *sumexp, float *tlogit,
+                                 const T *logits, const int32_t *tgt, int64_t V) {
     __shared__ float sm[256];
     __shared__ int si[256];
     __shared__ double sd[256];
@@ -1039,53 +1396,91 @@ __global__ void us__k_xent_stats(float *mx, int32_t *amax, double *sumexp, float
     const T *row = logits + n * V;
     int t = threadIdx.x, k;
     if (!sumexp) {
-        float m = -INFINITY; int am = 0;
-        for (v = t; v < V; v += blockDim.x) { float x = us__ld(row, v); if (x > m) { m = x; am = (int)v; } }
-        sm[t] = m; si[t] = am;
+        float m = -INFINITY;
+        int am = 0;
+        for (v = t; v < V; v += blockDim.x) {
+            float x = us__ld(row, v);
+            if (x > m) {
+                m = x;
+                am = (int)v;
+            }
+        }
+        sm[t] = m;
+        si[t] = am;
         __syncthreads();
         for (k = blockDim.x / 2; k > 0; k >>= 1) {
-            if (t < k && (sm[t + k] > sm[t] || (sm[t + k] == sm[t] && si[t + k] < si[t]))) { sm[t] = sm[t + k]; si[t] = si[t + k]; }
+            if (t < k && (sm[t + k] > sm[t] || (sm[t + k] == sm[t] && si[t + k] < si[t]))) {
+                sm[t] = sm[t + k];
+                si[t] = si[t + k];
+            }
             __syncthreads();
         }
-        if (t == 0) { mx[n] = sm[0]; if (amax) amax[n] = si[0]; }
+        if (t == 0) {
+            mx[n] = sm[0];
+            if (amax) amax[n] = si[0];
+        }
     } else {
         double a = 0;
         float m = mx[n];
         for (v = t; v < V; v += blockDim.x) a += exp((double)(us__ld(row, v) - m));
         sd[t] = a;
         __syncthreads();
-        for (k = blockDim.x / 2; k > 0; k >>= 1) { if (t < k) sd[t] += sd[t + k]; __syncthreads(); }
-        if (t == 0) { sumexp[n] = sd[0]; tlogit[n] = tgt[n] >= 0 ? us__ld(row, tgt[n]) : 0.0f; }
+        for (k = blockDim.x / 2; k > 0; k >>= 1) {
+            if (t < k) sd[t] += sd[t + k];
+            __syncthreads();
+        }
+        if (t == 0) {
+            sumexp[n] = sd[0];
+            tlogit[n] = tgt[n] >= 0 ? us__ld(row, tgt[n]) : 0.0f;
+        }
     }
 }
+
 template <typename T>
-__global__ void us__k_xent_finish(float *losses, T *logits, const int32_t *tgt, const float *mx, const double *sumexp, const float *tlogit,
-                                  int64_t V, float dscale) {
+__global__ void us__k_xent_finish(float *losses, T *logits, const int32_t *tgt, const float *mx,
+                                  const double *sumexp, const float *tlogit, int64_t V,
+                                  float dscale) {
     int64_t n = blockIdx.x, v;
     int g = tgt[n];
     float inv = (float)(1.0 / sumexp[n]), m = mx[n];
     if (threadIdx.x == 0) losses[n] = g == -2 ? 0.0f : (float)(log(sumexp[n]) + m - tlogit[n]);
     if (dscale != 0)
         for (v = threadIdx.x; v < V; v += blockDim.x)
-            us__st(logits, n * V + v, g == -2 ? 0.0f : dscale * (expf(us__ld(logits, n * V + v) - m) * inv - (float)(v == g)));
-}
-static void us__cuda_xent_stats(us_ops *o, float *mx, int32_t *amax, double *sumexp, float *tlogit, const void *logits,
-                                const int32_t *tgt, int64_t N, int64_t V, us_dtype dt) {
-    if (N <= 0) return;
-    US__DISPATCH(o, dt, (us__k_xent_stats<T_><<<(unsigned)N, 256, 0, us__cu(o)->stream>>>(mx, amax, sumexp, tlogit, (const T_ *)logits, tgt, V)));
-}
-static void us__cuda_xent_finish(us_ops *o, float *losses, void *logits, const int32_t *tgt, const float *mx, const double *sumexp,
-                                 const float *tlogit, int64_t N, int64_t V, float dscale, us_dtype dt) {
-    if (N <= 0) return;
-    US__DISPATCH(o, dt, (us__k_xent_finish<T_><<<(unsigned)N, 256, 0, us__cu(o)->stream>>>(losses, (T_ *)logits, tgt, mx, sumexp, tlogit, V, dscale)));
+            us__st(logits, n * V + v,
+                   g == -2
+                       ? 0.0f
+                       : dscale * (expf(us__ld(logits, n * V + v) - m) * inv - (float)(v == g)));
 }
 
-static void us__cuda_xent(us_ops *o, float *losses, int32_t *argmax, void *logits, const int32_t *tgt, int64_t N, int64_t V, float dscale, us_dtype dt) {
+static void us__cuda_xent_stats(us_ops *o, float *mx, int32_t *amax, double *sumexp, float *tlogit,
+                                const void *logits, const int32_t *tgt, int64_t N, int64_t V,
+                                us_dtype dt) {
+    if (N <= 0) return;
+    US__DISPATCH(o, dt,
+                 (us__k_xent_stats<T_><<<(unsigned)N, 256, 0, us__cu(o)->stream>>>(
+                     mx, amax, sumexp, tlogit, (const T_ *)logits, tgt, V)));
+}
+
+static void us__cuda_xent_finish(us_ops *o, float *losses, void *logits, const int32_t *tgt,
+                                 const float *mx, const double *sumexp, const float *tlogit,
+                                 int64_t N, int64_t V, float dscale, us_dtype dt) {
+    if (N <= 0) return;
+    US__DISPATCH(o, dt,
+                 (us__k_xent_finish<T_><<<(unsigned)N, 256, 0, us__cu(o)->stream>>>(
+                     losses, (T_ *)logits, tgt, mx, sumexp, tlogit, V, dscale)));
+}
+
+static void us__cuda_xent(us_ops *o, float *losses, int32_t *argmax, void *logits,
+                          const int32_t *tgt, int64_t N, int64_t V, float dscale, us_dtype dt) {
     int64_t W = 16 / (int64_t)us_dtype_size(dt);
     if (V % W == 0 && V < 0x7fffffff && us__al16(logits))
-        US__DISPATCH(o, dt, (us__k_xent_vec<T_><<<(unsigned)N, US__XENT_THREADS, 0, us__cu(o)->stream>>>(losses, argmax, (T_ *)logits, tgt, V, dscale)));
+        US__DISPATCH(o, dt,
+                     (us__k_xent_vec<T_><<<(unsigned)N, US__XENT_THREADS, 0, us__cu(o)->stream>>>(
+                         losses, argmax, (T_ *)logits, tgt, V, dscale)));
     else
-        US__DISPATCH(o, dt, (us__k_xent<T_><<<(unsigned)N, 1024, 0, us__cu(o)->stream>>>(losses, argmax, (T_ *)logits, tgt, V, dscale)));
+        US__DISPATCH(o, dt,
+                     (us__k_xent<T_><<<(unsigned)N, 1024, 0, us__cu(o)->stream>>>(
+                         losses, argmax, (T_ *)logits, tgt, V, dscale)));
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -1094,21 +1489,30 @@ static void us__cuda_xent(us_ops *o, float *losses, int32_t *argmax, void *logit
 /* Portable forward: one thread per query row, online softmax over the keys — the textbook
    algorithm, slow but exact in fp32; used for fp32 training and head sizes flash lacks. */
 #define US__ATT_MAX_HS 256
+
 template <typename T>
-__global__ void us__k_att_fwd(T *out, float *lse, const T *qkv, int64_t B, int64_t T_len, int NH, int NKV, int HS) {
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, QKV = (int64_t)(NH + 2 * NKV) * HS, j;
+__global__ void us__k_att_fwd(T *out, float *lse, const T *qkv, int64_t B, int64_t T_len, int NH,
+                              int NKV, int HS) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, QKV = (int64_t)(NH + 2 * NKV) * HS,
+            j;
     float q[US__ATT_MAX_HS], acc[US__ATT_MAX_HS], m = -INFINITY, l = 0, scale = rsqrtf((float)HS);
     int d;
     if (i >= B * NH * T_len) return;
     {
         int64_t t = i % T_len, h = (i / T_len) % NH, b = i / (T_len * NH), g = h / (NH / NKV);
-        for (d = 0; d < HS; d++) { q[d] = us__ld(qkv, (b * T_len + t) * QKV + h * HS + d); acc[d] = 0; }
+        for (d = 0; d < HS; d++) {
+            q[d] = us__ld(qkv, (b * T_len + t) * QKV + h * HS + d);
+            acc[d] = 0;
+        }
         for (j = 0; j <= t; j++) {
-            const T *k = qkv + (b * T_len + j) * QKV + (NH + g) * HS, *v = qkv + (b * T_len + j) * QKV + (NH + NKV + g) * HS;
+            const T *k = qkv + (b * T_len + j) * QKV + (NH + g) * HS,
+                    *v = qkv + (b * T_len + j) * QKV + (NH + NKV + g) * HS;
             float s = 0, mn, corr, p;
             for (d = 0; d < HS; d++) s += q[d] * us__ld(k, d);
             s *= scale;
-            mn = fmaxf(m, s); corr = expf(m - mn); p = expf(s - mn);
+            mn = fmaxf(m, s);
+            corr = expf(m - mn);
+            p = expf(s - mn);
             l = l * corr + p;
             for (d = 0; d < HS; d++) acc[d] = acc[d] * corr + p * us__ld(v, d);
             m = mn;
@@ -1117,25 +1521,37 @@ __global__ void us__k_att_fwd(T *out, float *lse, const T *qkv, int64_t B, int64
         lse[(b * NH + h) * T_len + t] = m + logf(l);
     }
 }
+
 /* Portable backward, two kernels so each output has one writer: dq per query row; dk, dv per
    key row summing over the query heads of its group and the queries that see it. */
 template <typename T>
-__global__ void us__k_att_bwd_dq(T *dqkv, const T *dout, const T *qkv, const T *out, const float *lse, int64_t B, int64_t T_len, int NH, int NKV, int HS) {
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, QKV = (int64_t)(NH + 2 * NKV) * HS, j;
-    float q[US__ATT_MAX_HS], dq[US__ATT_MAX_HS], dO[US__ATT_MAX_HS], D = 0, scale = rsqrtf((float)HS);
+__global__ void us__k_att_bwd_dq(T *dqkv, const T *dout, const T *qkv, const T *out,
+                                 const float *lse, int64_t B, int64_t T_len, int NH, int NKV,
+                                 int HS) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, QKV = (int64_t)(NH + 2 * NKV) * HS,
+            j;
+    float q[US__ATT_MAX_HS], dq[US__ATT_MAX_HS], dO[US__ATT_MAX_HS], D = 0,
+                                                                     scale = rsqrtf((float)HS);
     int d;
     if (i >= B * NH * T_len) return;
     {
-        int64_t t = i % T_len, h = (i / T_len) % NH, b = i / (T_len * NH), g = h / (NH / NKV), orow = (b * T_len + t) * NH * HS + h * HS;
+        int64_t t = i % T_len, h = (i / T_len) % NH, b = i / (T_len * NH), g = h / (NH / NKV),
+                orow = (b * T_len + t) * NH * HS + h * HS;
         float L = lse[(b * NH + h) * T_len + t];
         for (d = 0; d < HS; d++) {
-            q[d] = us__ld(qkv, (b * T_len + t) * QKV + h * HS + d); dO[d] = us__ld(dout, orow + d);
-            D += dO[d] * us__ld(out, orow + d); dq[d] = 0;
+            q[d] = us__ld(qkv, (b * T_len + t) * QKV + h * HS + d);
+            dO[d] = us__ld(dout, orow + d);
+            D += dO[d] * us__ld(out, orow + d);
+            dq[d] = 0;
         }
         for (j = 0; j <= t; j++) {
-            const T *k = qkv + (b * T_len + j) * QKV + (NH + g) * HS, *v = qkv + (b * T_len + j) * QKV + (NH + NKV + g) * HS;
+            const T *k = qkv + (b * T_len + j) * QKV + (NH + g) * HS,
+                    *v = qkv + (b * T_len + j) * QKV + (NH + NKV + g) * HS;
             float s = 0, dp = 0, p, ds;
-            for (d = 0; d < HS; d++) { s += q[d] * us__ld(k, d); dp += dO[d] * us__ld(v, d); }
+            for (d = 0; d < HS; d++) {
+                s += q[d] * us__ld(k, d);
+                dp += dO[d] * us__ld(v, d);
+            }
             p = expf(s * scale - L);
             ds = p * (dp - D) * scale;
             for (d = 0; d < HS; d++) dq[d] += ds * us__ld(k, d);
@@ -1143,10 +1559,15 @@ __global__ void us__k_att_bwd_dq(T *dqkv, const T *dout, const T *qkv, const T *
         for (d = 0; d < HS; d++) us__st(dqkv, (b * T_len + t) * QKV + h * HS + d, dq[d]);
     }
 }
+
 template <typename T>
-__global__ void us__k_att_bwd_dkv(T *dqkv, const T *dout, const T *qkv, const T *out, const float *lse, int64_t B, int64_t T_len, int NH, int NKV, int HS) {
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, QKV = (int64_t)(NH + 2 * NKV) * HS, t;
-    float k[US__ATT_MAX_HS], v[US__ATT_MAX_HS], dk[US__ATT_MAX_HS], dv[US__ATT_MAX_HS], scale = rsqrtf((float)HS);
+__global__ void us__k_att_bwd_dkv(T *dqkv, const T *dout, const T *qkv, const T *out,
+                                  const float *lse, int64_t B, int64_t T_len, int NH, int NKV,
+                                  int HS) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, QKV = (int64_t)(NH + 2 * NKV) * HS,
+            t;
+    float k[US__ATT_MAX_HS], v[US__ATT_MAX_HS], dk[US__ATT_MAX_HS], dv[US__ATT_MAX_HS],
+        scale = rsqrtf((float)HS);
     int d, h, grp = NH / NKV;
     if (i >= B * NKV * T_len) return;
     {
@@ -1154,7 +1575,8 @@ __global__ void us__k_att_bwd_dkv(T *dqkv, const T *dout, const T *qkv, const T 
         for (d = 0; d < HS; d++) {
             k[d] = us__ld(qkv, (b * T_len + j) * QKV + (NH + g) * HS + d);
             v[d] = us__ld(qkv, (b * T_len + j) * QKV + (NH + NKV + g) * HS + d);
-            dk[d] = 0; dv[d] = 0;
+            dk[d] = 0;
+            dv[d] = 0;
         }
         for (h = (int)g * grp; h < ((int)g + 1) * grp; h++)
             for (t = j; t < T_len; t++) {
@@ -1163,11 +1585,16 @@ __global__ void us__k_att_bwd_dkv(T *dqkv, const T *dout, const T *qkv, const T 
                 float s = 0, dp = 0, D = 0, p, ds;
                 for (d = 0; d < HS; d++) {
                     float o_ = us__ld(dout, orow + d);
-                    s += us__ld(q, d) * k[d]; dp += o_ * v[d]; D += o_ * us__ld(out, orow + d);
+                    s += us__ld(q, d) * k[d];
+                    dp += o_ * v[d];
+                    D += o_ * us__ld(out, orow + d);
                 }
                 p = expf(s * scale - lse[(b * NH + h) * T_len + t]);
                 ds = p * (dp - D) * scale;
-                for (d = 0; d < HS; d++) { dk[d] += ds * us__ld(q, d); dv[d] += p * us__ld(dout, orow + d); }
+                for (d = 0; d < HS; d++) {
+                    dk[d] += ds * us__ld(q, d);
+                    dv[d] += p * us__ld(dout, orow + d);
+                }
             }
         for (d = 0; d < HS; d++) {
             us__st(dqkv, (b * T_len + j) * QKV + (NH + g) * HS + d, dk[d]);
@@ -1229,74 +1656,109 @@ static constexpr int us__fa_threads = 128; /* 4 warps */
    dK/dV 128 keys × 32 queries 1.81 ms vs 64×32 2.5, 64×64 2.2, 128×16 2.4, 64×32 at 3 CTAs/SM
    2.1; dQ 128×32 1.27 ms vs 128×64 1.29 (spills), 64×64 1.44-1.5, 128×16 at 3 CTAs/SM 1.39.
    Asking for 3 CTAs per SM (MINB 3, ≤ 168 registers) never paid for the smaller tiles it needs. */
-template <int HS> struct us__fa_cfg {
+template <int HS>
+struct us__fa_cfg {
     static constexpr int fwd_mw = 2, fwd_bc = 32, kv_kw = 1, kv_br = 32, dq_mw = 2, dq_bc = 32;
     static constexpr int fwd_minb = 2, kv_minb = 2, dq_minb = 2;
 };
-template <> struct us__fa_cfg<64> {
+
+template <>
+struct us__fa_cfg<64> {
     static constexpr int fwd_mw = 2, fwd_bc = 64, kv_kw = 2, kv_br = 32, dq_mw = 2, dq_bc = 32;
-    static constexpr int fwd_minb = 2, kv_minb = 2, dq_minb = 2; /* 231, 254, 234 registers, no spills */
+    static constexpr int fwd_minb = 2, kv_minb = 2,
+                         dq_minb = 2; /* 231, 254, 234 registers, no spills */
 };
 
 /* shared-memory rows are padded by 8 bf16 (16 bytes): the 8 rows one ldmatrix reads then
    start in 8 different 16-byte bank groups, so no bank conflicts without a swizzle */
-template <int HS> struct us__fa_dims {
+template <int HS>
+struct us__fa_dims {
     static constexpr int lds = HS + 8; /* smem row stride (elements) */
 };
+
 /* dK/dV kernel: K, V (64·KW rows each), 2×Q, 2×dO (BR rows), 2×lse, 2×D */
-template <int HS, int KW, int BR> static constexpr size_t us__fa_dkdv_smem(void) {
-    return (size_t)2 * 64 * KW * us__fa_dims<HS>::lds * 2 + (size_t)4 * BR * us__fa_dims<HS>::lds * 2 + 4 * BR * 4;
+template <int HS, int KW, int BR>
+static constexpr size_t us__fa_dkdv_smem(void) {
+    return (size_t)2 * 64 * KW * us__fa_dims<HS>::lds * 2 +
+           (size_t)4 * BR * us__fa_dims<HS>::lds * 2 + 4 * BR * 4;
 }
 
 /* ---- PTX helpers ------------------------------------------------------------------- */
 static __device__ __forceinline__ uint32_t us__smem_u32(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
+
 /* 16-byte global→shared copy that bypasses L1; bytes = 0 writes zeros (tile tails) */
 static __device__ __forceinline__ void us__cp_async16(void *s, const void *g, int bytes) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(us__smem_u32(s)), "l"(g), "r"(bytes) : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(us__smem_u32(s)), "l"(g),
+                 "r"(bytes)
+                 : "memory");
 #else
-    (void)s; (void)g; (void)bytes; __trap();   /* flash needs sm_80+: never launched on older GPUs */
+    (void)s;
+    (void)g;
+    (void)bytes;
+    __trap(); /* flash needs sm_80+: never launched on older GPUs */
 #endif
 }
+
 /* 4-byte global→shared copy (positions, lse, D of a tile) */
 static __device__ __forceinline__ void us__cp_async4(void *s, const void *g) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(us__smem_u32(s)), "l"(g) : "memory");
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(us__smem_u32(s)), "l"(g)
+                 : "memory");
 #else
-    (void)s; (void)g; __trap();
+    (void)s;
+    (void)g;
+    __trap();
 #endif
 }
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-static __device__ __forceinline__ void us__cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-static __device__ __forceinline__ void us__cp_async_wait_all(void) { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+static __device__ __forceinline__ void us__cp_async_commit(void) {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+static __device__ __forceinline__ void us__cp_async_wait_all(void) {
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
 #else
 static __device__ __forceinline__ void us__cp_async_commit(void) {}
+
 static __device__ __forceinline__ void us__cp_async_wait_all(void) {}
 #endif
 
 /* four 8×8 bf16 matrices; lane l gives the address of row l%8 of matrix l/8 */
 static __device__ __forceinline__ void us__ldsm_x4(uint32_t r[4], const void *s) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(us__smem_u32(s)));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(us__smem_u32(s)));
 }
+
 static __device__ __forceinline__ void us__ldsm_x4_t(uint32_t r[4], const void *s) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(us__smem_u32(s)));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(us__smem_u32(s)));
 }
+
 /* c[16×8] += a[16×16] · b[16×8]. Fragments (g = lane/4, c = 2·(lane%4)):
    a: {(g, c..c+1), (g+8, c..), (g, c+8..), (g+8, c+8..)}; b: {(k c..c+1, n g), (k c+8.., n g)};
    c: {(g, c), (g, c+1), (g+8, c), (g+8, c+1)} */
-static __device__ __forceinline__ void us__mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+static __device__ __forceinline__ void us__mma_bf16(float c[4], const uint32_t a[4], uint32_t b0,
+                                                    uint32_t b1) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #else
-    (void)c; (void)a; (void)b0; (void)b1; __trap();
+    (void)c;
+    (void)a;
+    (void)b0;
+    (void)b1;
+    __trap();
 #endif
 }
+
 static __device__ __forceinline__ uint32_t us__pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);
@@ -1304,7 +1766,8 @@ static __device__ __forceinline__ uint32_t us__pack_bf16(float lo, float hi) {
 
 /* The fp32 accumulator of two adjacent n-tiles (16×16) is exactly the A fragment of the next
    product: this is how P and dS stay in registers (FA2) */
-static __device__ __forceinline__ void us__acc_to_a(uint32_t a[4], const float c0[4], const float c1[4]) {
+static __device__ __forceinline__ void us__acc_to_a(uint32_t a[4], const float c0[4],
+                                                    const float c1[4]) {
     a[0] = us__pack_bf16(c0[0], c0[1]);
     a[1] = us__pack_bf16(c0[2], c0[3]);
     a[2] = us__pack_bf16(c1[0], c1[1]);
@@ -1313,16 +1776,24 @@ static __device__ __forceinline__ void us__acc_to_a(uint32_t a[4], const float c
 
 /* ldmatrix addresses inside a [rows][lds] tile:
    A fragment of rows r0..r0+15, columns k0..k0+15 */
-template <int LDS> static __device__ __forceinline__ const __nv_bfloat16 *us__fa_a_addr(const __nv_bfloat16 *s, int r0, int k0, int lane) {
+template <int LDS>
+static __device__ __forceinline__ const __nv_bfloat16 *us__fa_a_addr(const __nv_bfloat16 *s, int r0,
+                                                                     int k0, int lane) {
     return s + (r0 + (lane & 15)) * LDS + k0 + (lane >> 4) * 8;
 }
+
 /* B fragments of two n-tiles (rows n0..n0+15 of a row-major [n][k] tile, i.e. Xᵀ), k0..k0+15:
    regs {0,1} = n-tile n0, {2,3} = n-tile n0+8 */
-template <int LDS> static __device__ __forceinline__ const __nv_bfloat16 *us__fa_bt_addr(const __nv_bfloat16 *s, int n0, int k0, int lane) {
+template <int LDS>
+static __device__ __forceinline__ const __nv_bfloat16 *us__fa_bt_addr(const __nv_bfloat16 *s,
+                                                                      int n0, int k0, int lane) {
     return s + (n0 + (lane & 7) + (lane >> 4) * 8) * LDS + k0 + ((lane >> 3) & 1) * 8;
 }
+
 /* B fragments (with .trans) of a row-major [k][n] tile: k0..k0+15, two n-tiles n0, n0+8 */
-template <int LDS> static __device__ __forceinline__ const __nv_bfloat16 *us__fa_b_addr(const __nv_bfloat16 *s, int k0, int n0, int lane) {
+template <int LDS>
+static __device__ __forceinline__ const __nv_bfloat16 *us__fa_b_addr(const __nv_bfloat16 *s, int k0,
+                                                                     int n0, int lane) {
     return s + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + n0 + (lane >> 4) * 8;
 }
 
@@ -1330,7 +1801,8 @@ template <int LDS> static __device__ __forceinline__ const __nv_bfloat16 *us__fa
    (O += P·V) and the dQ kernel (dQ += dS·K): P leaves its fp32 accumulators as bf16 A fragments
    without touching shared memory (FA2), V comes from shared memory through ldmatrix.trans. */
 template <int MW, int BC, int HS, int LDS>
-static __device__ __forceinline__ void us__fa_acc_pv(float (&acc)[MW][HS / 8][4], float (&p)[MW][BC / 8][4],
+static __device__ __forceinline__ void us__fa_acc_pv(float (&acc)[MW][HS / 8][4],
+                                                     float (&p)[MW][BC / 8][4],
                                                      const __nv_bfloat16 *sV, int lane) {
 #pragma unroll
     for (int t = 0; t < BC / 16; t++) {
@@ -1353,7 +1825,8 @@ static __device__ __forceinline__ void us__fa_acc_pv(float (&acc)[MW][HS / 8][4]
 /* rows×HS tile from global (row stride ld elements) to shared [rows][HS+8]; rows ≥ nvalid become
    zeros (g must point at a valid row 0) */
 template <int HS, int ROWS>
-static __device__ __forceinline__ void us__fa_load_tile(__nv_bfloat16 *s, const __nv_bfloat16 *g, int64_t ld, int nvalid) {
+static __device__ __forceinline__ void us__fa_load_tile(__nv_bfloat16 *s, const __nv_bfloat16 *g,
+                                                        int64_t ld, int nvalid) {
     constexpr int CPR = HS / 8; /* 16-byte chunks per row */
     static_assert(ROWS * CPR % us__fa_threads == 0, "tile must split evenly over the CTA");
 #pragma unroll
@@ -1387,8 +1860,9 @@ static __device__ __forceinline__ void us__fa_mask(float (&x)[MW][N][4], float v
 /* S[MW][16×BC] = Q·Kᵀ for the warp's 16·MW query rows (wr0.. of sQ, or qf registers when MW = 1)
    against a [BC][LDS] key tile */
 template <int MW, int BC, int HS, int LDS>
-static __device__ __forceinline__ void us__fa_qk(float (&s)[MW][BC / 8][4], const uint32_t (&qf)[MW == 1 ? HS / 16 : 1][4],
-                                                 const __nv_bfloat16 *sQ, int wr0, const __nv_bfloat16 *sK, int lane) {
+static __device__ __forceinline__ void
+us__fa_qk(float (&s)[MW][BC / 8][4], const uint32_t (&qf)[MW == 1 ? HS / 16 : 1][4],
+          const __nv_bfloat16 *sQ, int wr0, const __nv_bfloat16 *sK, int lane) {
 #pragma unroll
     for (int a = 0; a < MW; a++)
 #pragma unroll
@@ -1401,7 +1875,8 @@ static __device__ __forceinline__ void us__fa_qk(float (&s)[MW][BC / 8][4], cons
             for (int e = 0; e < 4; e++) qa[0][e] = qf[kk][e];
         } else {
 #pragma unroll
-            for (int a = 0; a < MW; a++) us__ldsm_x4(qa[a], us__fa_a_addr<LDS>(sQ, wr0 + 16 * a, kk * 16, lane));
+            for (int a = 0; a < MW; a++)
+                us__ldsm_x4(qa[a], us__fa_a_addr<LDS>(sQ, wr0 + 16 * a, kk * 16, lane));
         }
 #pragma unroll
         for (int np = 0; np < BC / 16; np++) {
@@ -1424,8 +1899,9 @@ static __device__ __forceinline__ void us__fa_qk(float (&s)[MW][BC / 8][4], cons
    work per mma is twice that of HS 128, so it shows). A row with nothing visible yet keeps
    m = −inf, l = 0, O = 0 (never NaN). */
 template <int MW, int BC, int HS, bool PASS, typename Mask>
-static __device__ __forceinline__ void us__fa_softmax(float (&s)[MW][BC / 8][4], float (&o)[MW][HS / 8][4], float (&m)[MW][2],
-                                                      float (&l)[MW][2], float sl2, bool need, Mask masked) {
+static __device__ __forceinline__ void
+us__fa_softmax(float (&s)[MW][BC / 8][4], float (&o)[MW][HS / 8][4], float (&m)[MW][2],
+               float (&l)[MW][2], float sl2, bool need, Mask masked) {
     if constexpr (PASS) {
         if (need) us__fa_mask<MW, BC / 8>(s, -INFINITY, masked);
     }
@@ -1465,8 +1941,10 @@ static __device__ __forceinline__ void us__fa_softmax(float (&s)[MW][BC / 8][4],
    with dP = dO·Vᵀ (the dQ side), or Sᵀ = K·Qᵀ with dPᵀ = V·dOᵀ (the dK/dV side). Each fragment of
    Y and W read from shared memory feeds all W atoms. */
 template <int W, int N, int HS, int LDS>
-static __device__ __forceinline__ void us__fa_two_mm(float (&xy)[W][N / 8][4], float (&zw)[W][N / 8][4], const __nv_bfloat16 *sX,
-                                                     const __nv_bfloat16 *sZ, int r0, const __nv_bfloat16 *sY, const __nv_bfloat16 *sW, int lane) {
+static __device__ __forceinline__ void
+us__fa_two_mm(float (&xy)[W][N / 8][4], float (&zw)[W][N / 8][4], const __nv_bfloat16 *sX,
+              const __nv_bfloat16 *sZ, int r0, const __nv_bfloat16 *sY, const __nv_bfloat16 *sW,
+              int lane) {
 #pragma unroll
     for (int a = 0; a < W; a++)
 #pragma unroll
@@ -1496,17 +1974,19 @@ static __device__ __forceinline__ void us__fa_two_mm(float (&xy)[W][N / 8][4], f
         }
     }
 }
+
 /* One key tile of the dQ kernels, per warp (16·MW queries from wr0 of sQ and sdO):
      S = Q·Kᵀ, dP = dO·Vᵀ, P = exp2(S·sl2 − lse2) (0 where masked), dS = P ∘ (dP − D), dQ += dS·K
    Q and dO A fragments are re-read from shared memory (in registers they would leave no room
    for dQ); dQ is scaled by 1/sqrt(HS) once, by the caller. L2(a, r) and Dr(a, r) give lse2 and D
    of half r of atom a's rows. */
 template <int MW, int BC, int HS, int LDS, bool PASS, typename Rows, typename Rows2, typename Mask>
-static __device__ __forceinline__ void us__fa_dq_tile(float (&dq)[MW][HS / 8][4], const __nv_bfloat16 *sQ, const __nv_bfloat16 *sdO, int wr0,
-                                                      const __nv_bfloat16 *sK, const __nv_bfloat16 *sV, Rows L2, Rows2 Dr,
-                                                      float sl2, bool need, Mask masked, int lane) {
+static __device__ __forceinline__ void
+us__fa_dq_tile(float (&dq)[MW][HS / 8][4], const __nv_bfloat16 *sQ, const __nv_bfloat16 *sdO,
+               int wr0, const __nv_bfloat16 *sK, const __nv_bfloat16 *sV, Rows L2, Rows2 Dr,
+               float sl2, bool need, Mask masked, int lane) {
     float s[MW][BC / 8][4], dp[MW][BC / 8][4];
-    us__fa_two_mm<MW, BC, HS, LDS>(s, dp, sQ, sdO, wr0, sK, sV, lane);   /* S = Q·Kᵀ, dP = dO·Vᵀ */
+    us__fa_two_mm<MW, BC, HS, LDS>(s, dp, sQ, sdO, wr0, sK, sV, lane); /* S = Q·Kᵀ, dP = dO·Vᵀ */
     if constexpr (PASS) {
 #pragma unroll
         for (int a = 0; a < MW; a++)
@@ -1520,7 +2000,8 @@ static __device__ __forceinline__ void us__fa_dq_tile(float (&dq)[MW][HS / 8][4]
 #pragma unroll
             for (int j = 0; j < BC / 8; j++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) dp[a][j][e] = s[a][j][e] * (dp[a][j][e] - Dr(a, e >> 1));
+                for (int e = 0; e < 4; e++)
+                    dp[a][j][e] = s[a][j][e] * (dp[a][j][e] - Dr(a, e >> 1));
     } else {
 #pragma unroll
         for (int a = 0; a < MW; a++)
@@ -1544,9 +2025,10 @@ static __device__ __forceinline__ void us__fa_dq_tile(float (&dq)[MW][HS / 8][4]
    (lane/4) + 16a + 8·(e/2) of the warp and query 8j + 2·(lane%4) + e%2 of the tile. Each
    Q/dO fragment read from shared memory feeds KW key atoms. */
 template <int KW, int BR, int HS, int LDS, bool PASS, typename Mask>
-static __device__ __forceinline__ void us__fa_dkdv_tile(float (&dk)[KW][HS / 8][4], float (&dv)[KW][HS / 8][4], const __nv_bfloat16 *sK,
-                                                        const __nv_bfloat16 *sV, int wk, const __nv_bfloat16 *sQ, const __nv_bfloat16 *sdO,
-                                                        const float *sL, const float *sD, float sl2, bool need, Mask masked, int lane) {
+static __device__ __forceinline__ void
+us__fa_dkdv_tile(float (&dk)[KW][HS / 8][4], float (&dv)[KW][HS / 8][4], const __nv_bfloat16 *sK,
+                 const __nv_bfloat16 *sV, int wk, const __nv_bfloat16 *sQ, const __nv_bfloat16 *sdO,
+                 const float *sL, const float *sD, float sl2, bool need, Mask masked, int lane) {
     /* Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, [16·KW keys × BR queries] per warp */
     float st[KW][BR / 8][4], dpt[KW][BR / 8][4];
     us__fa_two_mm<KW, BR, HS, LDS>(st, dpt, sK, sV, wk, sQ, sdO, lane);
@@ -1557,14 +2039,17 @@ static __device__ __forceinline__ void us__fa_dkdv_tile(float (&dk)[KW][HS / 8][
 #pragma unroll
             for (int j = 0; j < BR / 8; j++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) st[a][j][e] = exp2f(st[a][j][e] * sl2 - sL[j * 8 + 2 * (lane & 3) + (e & 1)]);
+                for (int e = 0; e < 4; e++)
+                    st[a][j][e] = exp2f(st[a][j][e] * sl2 - sL[j * 8 + 2 * (lane & 3) + (e & 1)]);
         if (need) us__fa_mask<KW, BR / 8>(st, 0.f, masked);
 #pragma unroll
         for (int a = 0; a < KW; a++)
 #pragma unroll
             for (int j = 0; j < BR / 8; j++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) dpt[a][j][e] = st[a][j][e] * (dpt[a][j][e] - sD[j * 8 + 2 * (lane & 3) + (e & 1)]);
+                for (int e = 0; e < 4; e++)
+                    dpt[a][j][e] =
+                        st[a][j][e] * (dpt[a][j][e] - sD[j * 8 + 2 * (lane & 3) + (e & 1)]);
     } else {
 #pragma unroll
         for (int a = 0; a < KW; a++)
@@ -1611,13 +2096,14 @@ static __device__ __forceinline__ void us__fa_dkdv_tile(float (&dk)[KW][HS / 8][
    comes from shared memory each tile, since 32 rows of Q would not fit beside O in registers. */
 template <int HS, int MW, int BC, int MINB>
 __global__ void __launch_bounds__(128, MINB) /* MINB CTAs per SM: registers ≤ 65536 / (128·MINB) */
-us__flash_fwd_kernel(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out, float *__restrict__ lse,
-                     int T, int NH, int NKV, float sl2 /* scale·log2 e */) {
+    us__flash_fwd_kernel(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__restrict__ out,
+                         float *__restrict__ lse, int T, int NH, int NKV,
+                         float sl2 /* scale·log2 e */) {
     constexpr int BR = 64 * MW, LDS = us__fa_dims<HS>::lds, TILE = BC * LDS;
     extern __shared__ __align__(16) unsigned char us__fa_smem[];
     __nv_bfloat16 *sQ = (__nv_bfloat16 *)us__fa_smem; /* [BR][LDS] */
-    __nv_bfloat16 *sK = sQ + BR * LDS;                 /* [2][BC][LDS] */
-    __nv_bfloat16 *sV = sK + 2 * TILE;                 /* [2][BC][LDS] */
+    __nv_bfloat16 *sK = sQ + BR * LDS;                /* [2][BC][LDS] */
+    __nv_bfloat16 *sV = sK + 2 * TILE;                /* [2][BC][LDS] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     /* grid (NH, B, query blocks): CTAs start in x, y, z order, so every head's longest (last)
        query block starts before any shorter one and the short ones fill the tail */
@@ -1625,10 +2111,12 @@ us__flash_fwd_kernel(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__res
     const int h = blockIdx.x, b = blockIdx.y, g = h / (NH / NKV);
     const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS;
     const __nv_bfloat16 *base = qkv + (int64_t)b * T * QKV;
-    const __nv_bfloat16 *gk = base + (int64_t)(NH + g) * HS, *gv = base + (int64_t)(NH + NKV + g) * HS;
+    const __nv_bfloat16 *gk = base + (int64_t)(NH + g) * HS,
+                        *gv = base + (int64_t)(NH + NKV + g) * HS;
     const int q0 = qb * BR, qend = min(q0 + BR, T);
-    const int nkb = (qend - 1) / BC + 1; /* causal block skipping: key blocks past the last query are never read */
-    const int wr0 = warp * 16 * MW;      /* this warp's first row inside the tile */
+    const int nkb = (qend - 1) / BC +
+                    1; /* causal block skipping: key blocks past the last query are never read */
+    const int wr0 = warp * 16 * MW; /* this warp's first row inside the tile */
 
     us__fa_load_tile<HS, BR>(sQ, base + (int64_t)q0 * QKV + h * HS, QKV, qend - q0);
     us__fa_load_tile<HS, BC>(sK, gk, QKV, min(BC, T));
@@ -1641,11 +2129,13 @@ us__flash_fwd_kernel(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__res
     uint32_t qf[MW == 1 ? HS / 16 : 1][4];
     if constexpr (MW == 1) {
 #pragma unroll
-        for (int kk = 0; kk < HS / 16; kk++) us__ldsm_x4(qf[kk], us__fa_a_addr<LDS>(sQ, wr0, kk * 16, lane));
+        for (int kk = 0; kk < HS / 16; kk++)
+            us__ldsm_x4(qf[kk], us__fa_a_addr<LDS>(sQ, wr0, kk * 16, lane));
     }
 
     float o[MW][HS / 8][4]; /* unnormalised output; atom a holds rows r and r+8 */
-    float m[MW][2], l[MW][2]; /* running max (log2 domain); running sum per thread, quad-reduced at the end */
+    float m[MW][2],
+        l[MW][2]; /* running max (log2 domain); running sum per thread, quad-reduced at the end */
 #pragma unroll
     for (int a = 0; a < MW; a++) {
         m[a][0] = m[a][1] = -INFINITY;
@@ -1661,8 +2151,10 @@ us__flash_fwd_kernel(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__res
         __syncthreads();         /* ... for every thread, and everyone is done with tile kb-1 */
         if (kb + 1 < nkb) {      /* prefetch tile kb+1 into the other buffer while computing kb */
             int k1 = (kb + 1) * BC;
-            us__fa_load_tile<HS, BC>(sK + ((kb + 1) & 1) * TILE, gk + (int64_t)k1 * QKV, QKV, min(BC, T - k1));
-            us__fa_load_tile<HS, BC>(sV + ((kb + 1) & 1) * TILE, gv + (int64_t)k1 * QKV, QKV, min(BC, T - k1));
+            us__fa_load_tile<HS, BC>(sK + ((kb + 1) & 1) * TILE, gk + (int64_t)k1 * QKV, QKV,
+                                     min(BC, T - k1));
+            us__fa_load_tile<HS, BC>(sV + ((kb + 1) & 1) * TILE, gv + (int64_t)k1 * QKV, QKV,
+                                     min(BC, T - k1));
         }
         us__cp_async_commit();
 
@@ -1687,12 +2179,15 @@ us__flash_fwd_kernel(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__res
             int row = row0 + 16 * a + r * 8;
             if (row < T) {
                 float inv = 1.f / l[a][r];
-                __nv_bfloat16 *orow = out + ((int64_t)b * T + row) * NH * HS + (int64_t)h * HS + 2 * (lane & 3);
+                __nv_bfloat16 *orow =
+                    out + ((int64_t)b * T + row) * NH * HS + (int64_t)h * HS + 2 * (lane & 3);
 #pragma unroll
                 for (int i = 0; i < HS / 8; i++)
                     *reinterpret_cast<__nv_bfloat162 *>(orow + i * 8) =
                         __floats2bfloat162_rn(o[a][i][2 * r] * inv, o[a][i][2 * r + 1] * inv);
-                if ((lane & 3) == 0) lse[((int64_t)b * NH + h) * T + row] = (m[a][r] + log2f(l[a][r])) * 0.69314718055994531f;
+                if ((lane & 3) == 0)
+                    lse[((int64_t)b * NH + h) * T + row] =
+                        (m[a][r] + log2f(l[a][r])) * 0.69314718055994531f;
             }
         }
 }
@@ -1703,8 +2198,10 @@ us__flash_fwd_kernel(const __nv_bfloat16 *__restrict__ qkv, __nv_bfloat16 *__res
    (// >>cuda-cp-flash) then copy both straight into shared memory. */
 template <int HS>
 __global__ void __launch_bounds__(256)
-us__flash_bwd_dot_kernel(const __nv_bfloat16 *__restrict__ dout, const __nv_bfloat16 *__restrict__ out, float *__restrict__ D,
-                         int64_t rows, int T, int NH, const float *__restrict__ lse = nullptr, float *__restrict__ L2 = nullptr) {
+    us__flash_bwd_dot_kernel(const __nv_bfloat16 *__restrict__ dout,
+                             const __nv_bfloat16 *__restrict__ out, float *__restrict__ D,
+                             int64_t rows, int T, int NH, const float *__restrict__ lse = nullptr,
+                             float *__restrict__ L2 = nullptr) {
     int64_t row = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5); /* row = (b·T + t)·NH + h */
     int lane = threadIdx.x & 31;
     if (row >= rows) return;
@@ -1736,18 +2233,19 @@ us__flash_bwd_dot_kernel(const __nv_bfloat16 *__restrict__ dout, const __nv_bflo
    shared-memory traffic per mma, affordable at HS 64 where dK and dV take 64 fp32 per atom. */
 template <int HS, int KW, int BR, int MINB>
 __global__ void __launch_bounds__(128, MINB)
-us__flash_bwd_dkdv_kernel(const __nv_bfloat16 *__restrict__ dout, const __nv_bfloat16 *__restrict__ qkv,
-                          const float *__restrict__ lse, const float *__restrict__ Dg, __nv_bfloat16 *__restrict__ dqkv,
-                          int T, int NH, int NKV, float scale, float sl2) {
+    us__flash_bwd_dkdv_kernel(const __nv_bfloat16 *__restrict__ dout,
+                              const __nv_bfloat16 *__restrict__ qkv, const float *__restrict__ lse,
+                              const float *__restrict__ Dg, __nv_bfloat16 *__restrict__ dqkv, int T,
+                              int NH, int NKV, float scale, float sl2) {
     constexpr int BC = 64 * KW, LDS = us__fa_dims<HS>::lds, TILE = BC * LDS;
     constexpr int QT = BR * LDS; /* one query tile */
     extern __shared__ __align__(16) unsigned char us__fa_smem[];
     __nv_bfloat16 *sK = (__nv_bfloat16 *)us__fa_smem; /* [BC][LDS] */
-    __nv_bfloat16 *sV = sK + TILE;                     /* [BC][LDS] */
-    __nv_bfloat16 *sQ = sV + TILE;                     /* [2][BR][LDS] */
-    __nv_bfloat16 *sdO = sQ + 2 * QT;                  /* [2][BR][LDS] */
-    float *sL = (float *)(sdO + 2 * QT);               /* [2][BR] lse·log2 e */
-    float *sD = sL + 2 * BR;                           /* [2][BR] */
+    __nv_bfloat16 *sV = sK + TILE;                    /* [BC][LDS] */
+    __nv_bfloat16 *sQ = sV + TILE;                    /* [2][BR][LDS] */
+    __nv_bfloat16 *sdO = sQ + 2 * QT;                 /* [2][BR][LDS] */
+    float *sL = (float *)(sdO + 2 * QT);              /* [2][BR] lse·log2 e */
+    float *sD = sL + 2 * BR;                          /* [2][BR] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     /* grid (NKV, B, key blocks): low kb = most query blocks, and every kv head's kb starts
        before any higher one (heaviest first, the light ones fill the tail) */
@@ -1755,10 +2253,10 @@ us__flash_bwd_dkdv_kernel(const __nv_bfloat16 *__restrict__ dout, const __nv_bfl
     const int grp = NH / NKV, k0 = kb * BC;
     const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, OC = (int64_t)NH * HS;
     const __nv_bfloat16 *base = qkv + (int64_t)b * T * QKV, *dbase = dout + (int64_t)b * T * OC;
-    const int qb0 = k0 / BR;                   /* first query block that sees these keys */
-    const int per = (T + BR - 1) / BR - qb0;   /* query blocks per head */
-    const int nit = grp * per;                 /* iterations: every (query head of group, query block) */
-    const int wk0 = k0 + warp * 16 * KW;       /* this warp's first key */
+    const int qb0 = k0 / BR;                 /* first query block that sees these keys */
+    const int per = (T + BR - 1) / BR - qb0; /* query blocks per head */
+    const int nit = grp * per;           /* iterations: every (query head of group, query block) */
+    const int wk0 = k0 + warp * 16 * KW; /* this warp's first key */
 
     /* stage the tile of iteration it (query head g·grp + it/per, block qb0 + it%per) into buffer buf */
     auto issue = [&](int it, int buf) {
@@ -1772,8 +2270,10 @@ us__flash_bwd_dkdv_kernel(const __nv_bfloat16 *__restrict__ dout, const __nv_bfl
             sD[buf * BR + threadIdx.x] = q < T ? Dg[i] : 0.f;
         }
     };
-    us__fa_load_tile<HS, BC>(sK, base + (int64_t)k0 * QKV + (int64_t)(NH + g) * HS, QKV, min(BC, T - k0));
-    us__fa_load_tile<HS, BC>(sV, base + (int64_t)k0 * QKV + (int64_t)(NH + NKV + g) * HS, QKV, min(BC, T - k0));
+    us__fa_load_tile<HS, BC>(sK, base + (int64_t)k0 * QKV + (int64_t)(NH + g) * HS, QKV,
+                             min(BC, T - k0));
+    us__fa_load_tile<HS, BC>(sV, base + (int64_t)k0 * QKV + (int64_t)(NH + NKV + g) * HS, QKV,
+                             min(BC, T - k0));
     issue(0, 0);
     us__cp_async_commit();
 
@@ -1790,14 +2290,20 @@ us__flash_bwd_dkdv_kernel(const __nv_bfloat16 *__restrict__ dout, const __nv_bfl
         const int buf = it & 1, q0 = (qb0 + it % per) * BR;
         us__cp_async_wait_all();
         __syncthreads();
-        if (it + 1 < nit) issue(it + 1, buf ^ 1); /* overlaps the next Q/dO tile with this one's math */
+        if (it + 1 < nit)
+            issue(it + 1, buf ^ 1); /* overlaps the next Q/dO tile with this one's math */
         us__cp_async_commit();
         /* every key of this warp comes after every query of the tile: P = 0, nothing to add
            (warp-uniform, and no barrier below, so the warp can just move on) */
         if (wk0 > q0 + BR - 1) continue;
         const bool diag = wk0 + 16 * KW - 1 > q0; /* some key of this warp is after some query */
-        us__fa_dkdv_tile<KW, BR, HS, LDS, false>(dk, dv, sK, sV, warp * 16 * KW, sQ + buf * QT, sdO + buf * QT, sL + buf * BR, sD + buf * BR, sl2, diag,
-                                          [&](int a, int j, int e) { return key0 + 16 * a + (e >> 1) * 8 > q0 + j * 8 + 2 * (lane & 3) + (e & 1); }, lane);
+        us__fa_dkdv_tile<KW, BR, HS, LDS, false>(
+            dk, dv, sK, sV, warp * 16 * KW, sQ + buf * QT, sdO + buf * QT, sL + buf * BR,
+            sD + buf * BR, sl2, diag,
+            [&](int a, int j, int e) {
+                return key0 + 16 * a + (e >> 1) * 8 > q0 + j * 8 + 2 * (lane & 3) + (e & 1);
+            },
+            lane);
     }
 
 #pragma unroll
@@ -1807,11 +2313,14 @@ us__flash_bwd_dkdv_kernel(const __nv_bfloat16 *__restrict__ dout, const __nv_bfl
             int key = key0 + 16 * a + r * 8;
             if (key >= T) continue;
             __nv_bfloat16 *row = dqkv + ((int64_t)b * T + key) * QKV + 2 * (lane & 3);
-            __nv_bfloat16 *dkr = row + (int64_t)(NH + g) * HS, *dvr = row + (int64_t)(NH + NKV + g) * HS;
+            __nv_bfloat16 *dkr = row + (int64_t)(NH + g) * HS,
+                          *dvr = row + (int64_t)(NH + NKV + g) * HS;
 #pragma unroll
             for (int i = 0; i < HS / 8; i++) {
-                *reinterpret_cast<__nv_bfloat162 *>(dkr + i * 8) = __floats2bfloat162_rn(dk[a][i][2 * r] * scale, dk[a][i][2 * r + 1] * scale);
-                *reinterpret_cast<__nv_bfloat162 *>(dvr + i * 8) = __floats2bfloat162_rn(dv[a][i][2 * r], dv[a][i][2 * r + 1]);
+                *reinterpret_cast<__nv_bfloat162 *>(dkr + i * 8) =
+                    __floats2bfloat162_rn(dk[a][i][2 * r] * scale, dk[a][i][2 * r + 1] * scale);
+                *reinterpret_cast<__nv_bfloat162 *>(dvr + i * 8) =
+                    __floats2bfloat162_rn(dv[a][i][2 * r], dv[a][i][2 * r + 1]);
             }
         }
 }
@@ -1822,21 +2331,23 @@ us__flash_bwd_dkdv_kernel(const __nv_bfloat16 *__restrict__ dout, const __nv_bfl
    small enough for dQ (128 fp32 at HS 128) to fit in registers. */
 template <int HS, int MW, int BC, int MINB>
 __global__ void __launch_bounds__(128, MINB)
-us__flash_bwd_dq_kernel(const __nv_bfloat16 *__restrict__ dout, const __nv_bfloat16 *__restrict__ qkv,
-                        const float *__restrict__ lse, const float *__restrict__ Dg, __nv_bfloat16 *__restrict__ dqkv,
-                        int T, int NH, int NKV, float scale, float sl2) {
+    us__flash_bwd_dq_kernel(const __nv_bfloat16 *__restrict__ dout,
+                            const __nv_bfloat16 *__restrict__ qkv, const float *__restrict__ lse,
+                            const float *__restrict__ Dg, __nv_bfloat16 *__restrict__ dqkv, int T,
+                            int NH, int NKV, float scale, float sl2) {
     constexpr int BR = 64 * MW, LDS = us__fa_dims<HS>::lds, TILE = BC * LDS;
     extern __shared__ __align__(16) unsigned char us__fa_smem[];
     __nv_bfloat16 *sQ = (__nv_bfloat16 *)us__fa_smem; /* [BR][LDS] */
-    __nv_bfloat16 *sdO = sQ + BR * LDS;                /* [BR][LDS] */
-    __nv_bfloat16 *sK = sdO + BR * LDS;                /* [2][BC][LDS] */
-    __nv_bfloat16 *sV = sK + 2 * TILE;                 /* [2][BC][LDS] */
+    __nv_bfloat16 *sdO = sQ + BR * LDS;               /* [BR][LDS] */
+    __nv_bfloat16 *sK = sdO + BR * LDS;               /* [2][BC][LDS] */
+    __nv_bfloat16 *sV = sK + 2 * TILE;                /* [2][BC][LDS] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     /* grid (NH, B, query blocks), heaviest blocks first as in the forward */
     const int qb = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, g = h / (NH / NKV);
     const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, OC = (int64_t)NH * HS;
     const __nv_bfloat16 *base = qkv + (int64_t)b * T * QKV;
-    const __nv_bfloat16 *gk = base + (int64_t)(NH + g) * HS, *gv = base + (int64_t)(NH + NKV + g) * HS;
+    const __nv_bfloat16 *gk = base + (int64_t)(NH + g) * HS,
+                        *gv = base + (int64_t)(NH + NKV + g) * HS;
     const int q0 = qb * BR, qend = min(q0 + BR, T), nkb = (qend - 1) / BC + 1;
     const int wr0 = warp * 16 * MW;
 
@@ -1847,7 +2358,8 @@ us__flash_bwd_dq_kernel(const __nv_bfloat16 *__restrict__ dout, const __nv_bfloa
     us__cp_async_commit();
 
     const int row0 = q0 + wr0 + (lane >> 2); /* atom a, half r: row0 + 16a + 8r */
-    float L2[MW][2], Dr[MW][2]; /* lse·log2 e and D of this thread's rows (rows past T: never stored) */
+    float L2[MW][2],
+        Dr[MW][2]; /* lse·log2 e and D of this thread's rows (rows past T: never stored) */
     float dq[MW][HS / 8][4];
 #pragma unroll
     for (int a = 0; a < MW; a++) {
@@ -1859,7 +2371,8 @@ us__flash_bwd_dq_kernel(const __nv_bfloat16 *__restrict__ dout, const __nv_bfloa
             Dr[a][r] = row < T ? Dg[i] : 0.f;
         }
 #pragma unroll
-        for (int i = 0; i < HS / 8; i++) dq[a][i][0] = dq[a][i][1] = dq[a][i][2] = dq[a][i][3] = 0.f;
+        for (int i = 0; i < HS / 8; i++)
+            dq[a][i][0] = dq[a][i][1] = dq[a][i][2] = dq[a][i][3] = 0.f;
     }
 
     for (int kb = 0; kb < nkb; kb++) {
@@ -1868,16 +2381,21 @@ us__flash_bwd_dq_kernel(const __nv_bfloat16 *__restrict__ dout, const __nv_bfloa
         __syncthreads();
         if (kb + 1 < nkb) {
             int k1 = (kb + 1) * BC;
-            us__fa_load_tile<HS, BC>(sK + ((kb + 1) & 1) * TILE, gk + (int64_t)k1 * QKV, QKV, min(BC, T - k1));
-            us__fa_load_tile<HS, BC>(sV + ((kb + 1) & 1) * TILE, gv + (int64_t)k1 * QKV, QKV, min(BC, T - k1));
+            us__fa_load_tile<HS, BC>(sK + ((kb + 1) & 1) * TILE, gk + (int64_t)k1 * QKV, QKV,
+                                     min(BC, T - k1));
+            us__fa_load_tile<HS, BC>(sV + ((kb + 1) & 1) * TILE, gv + (int64_t)k1 * QKV, QKV,
+                                     min(BC, T - k1));
         }
         us__cp_async_commit();
 
         const bool diag = kb * BC + BC - 1 > q0 + wr0;
-        us__fa_dq_tile<MW, BC, HS, LDS, false>(dq, sQ, sdO, wr0, sKb, sVb, [&](int a, int r) { return L2[a][r]; }, [&](int a, int r) { return Dr[a][r]; },
-                                        sl2, diag, [&](int a, int j, int e) {
-            return kb * BC + j * 8 + 2 * (lane & 3) + (e & 1) > row0 + 16 * a + (e >> 1) * 8;
-        }, lane);
+        us__fa_dq_tile<MW, BC, HS, LDS, false>(
+            dq, sQ, sdO, wr0, sKb, sVb, [&](int a, int r) { return L2[a][r]; },
+            [&](int a, int r) { return Dr[a][r]; }, sl2, diag,
+            [&](int a, int j, int e) {
+                return kb * BC + j * 8 + 2 * (lane & 3) + (e & 1) > row0 + 16 * a + (e >> 1) * 8;
+            },
+            lane);
     }
 
 #pragma unroll
@@ -1886,7 +2404,8 @@ us__flash_bwd_dq_kernel(const __nv_bfloat16 *__restrict__ dout, const __nv_bfloa
         for (int r = 0; r < 2; r++) {
             int row = row0 + 16 * a + r * 8;
             if (row >= T) continue;
-            __nv_bfloat16 *dqr = dqkv + ((int64_t)b * T + row) * QKV + (int64_t)h * HS + 2 * (lane & 3);
+            __nv_bfloat16 *dqr =
+                dqkv + ((int64_t)b * T + row) * QKV + (int64_t)h * HS + 2 * (lane & 3);
 #pragma unroll
             for (int i = 0; i < HS / 8; i++)
                 *reinterpret_cast<__nv_bfloat162 *>(dqr + i * 8) =
@@ -1901,22 +2420,33 @@ static void us__flash_reject(cudaStream_t stream) {
     us__flash_bwd_dot_kernel<64><<<0, 256, 0, stream>>>(NULL, NULL, NULL, 0, 1, 1);
 }
 
-template <int HS, int MW = us__fa_cfg<HS>::fwd_mw, int BC = us__fa_cfg<HS>::fwd_bc, int MINB = us__fa_cfg<HS>::fwd_minb>
-static void us__flash_fwd_hs(const __nv_bfloat16 *qkv, __nv_bfloat16 *out, float *lse, int B, int T, int NH, int NKV, cudaStream_t stream) {
-    size_t smem = (size_t)(64 * MW + 4 * BC) * us__fa_dims<HS>::lds * 2; /* Q (64·MW rows), 2×K, 2×V */
-    cudaFuncSetAttribute(us__flash_fwd_kernel<HS, MW, BC, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+template <int HS, int MW = us__fa_cfg<HS>::fwd_mw, int BC = us__fa_cfg<HS>::fwd_bc,
+          int MINB = us__fa_cfg<HS>::fwd_minb>
+static void us__flash_fwd_hs(const __nv_bfloat16 *qkv, __nv_bfloat16 *out, float *lse, int B, int T,
+                             int NH, int NKV, cudaStream_t stream) {
+    size_t smem =
+        (size_t)(64 * MW + 4 * BC) * us__fa_dims<HS>::lds * 2; /* Q (64·MW rows), 2×K, 2×V */
+    cudaFuncSetAttribute(us__flash_fwd_kernel<HS, MW, BC, MINB>,
+                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     dim3 grid(NH, B, (T + 64 * MW - 1) / (64 * MW));
-    us__flash_fwd_kernel<HS, MW, BC, MINB><<<grid, us__fa_threads, smem, stream>>>(qkv, out, lse, T, NH, NKV, 1.4426950408889634f / sqrtf((float)HS));
+    us__flash_fwd_kernel<HS, MW, BC, MINB><<<grid, us__fa_threads, smem, stream>>>(
+        qkv, out, lse, T, NH, NKV, 1.4426950408889634f / sqrtf((float)HS));
 }
 
 /* out[B,T,NH·HS] and lse[B,NH,T] from qkv[B,T,QKV]; errors via cudaGetLastError */
-static void us__flash_fwd(const __nv_bfloat16 *qkv, __nv_bfloat16 *out, float *lse,
-                          int B, int T, int NH, int NKV, int HS, cudaStream_t stream) {
-    if (NKV <= 0 || NH % NKV != 0) { us__flash_reject(stream); return; }
+static void us__flash_fwd(const __nv_bfloat16 *qkv, __nv_bfloat16 *out, float *lse, int B, int T,
+                          int NH, int NKV, int HS, cudaStream_t stream) {
+    if (NKV <= 0 || NH % NKV != 0) {
+        us__flash_reject(stream);
+        return;
+    }
     if (B <= 0 || T <= 0 || NH <= 0) return;
-    if (HS == 64) us__flash_fwd_hs<64>(qkv, out, lse, B, T, NH, NKV, stream);
-    else if (HS == 128) us__flash_fwd_hs<128>(qkv, out, lse, B, T, NH, NKV, stream);
-    else us__flash_reject(stream);
+    if (HS == 64)
+        us__flash_fwd_hs<64>(qkv, out, lse, B, T, NH, NKV, stream);
+    else if (HS == 128)
+        us__flash_fwd_hs<128>(qkv, out, lse, B, T, NH, NKV, stream);
+    else
+        us__flash_reject(stream);
 }
 
 /* scratch of the backward: D f32 [B, NH, T] */
@@ -1928,48 +2458,72 @@ static size_t us__flash_bwd_scratch_bytes(int B, int T, int NH, int NKV, int HS)
 
 /* the three launches of the backward, apart so that flash_test can time and vary them */
 template <int HS>
-static void us__flash_bwd_dot(const __nv_bfloat16 *dout, const __nv_bfloat16 *out, float *D, int B, int T, int NH, cudaStream_t stream,
-                              const float *lse = nullptr, float *L2 = nullptr) {
+static void us__flash_bwd_dot(const __nv_bfloat16 *dout, const __nv_bfloat16 *out, float *D, int B,
+                              int T, int NH, cudaStream_t stream, const float *lse = nullptr,
+                              float *L2 = nullptr) {
     int64_t rows = (int64_t)B * T * NH;
-    us__flash_bwd_dot_kernel<HS><<<(unsigned)((rows + 7) / 8), 256, 0, stream>>>(dout, out, D, rows, T, NH, lse, L2);
+    us__flash_bwd_dot_kernel<HS>
+        <<<(unsigned)((rows + 7) / 8), 256, 0, stream>>>(dout, out, D, rows, T, NH, lse, L2);
 }
-template <int HS, int KW = us__fa_cfg<HS>::kv_kw, int BR = us__fa_cfg<HS>::kv_br, int MINB = us__fa_cfg<HS>::kv_minb>
-static void us__flash_bwd_dkdv(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv, const float *lse, const float *D,
-                               __nv_bfloat16 *dqkv, int B, int T, int NH, int NKV, cudaStream_t stream) {
+
+template <int HS, int KW = us__fa_cfg<HS>::kv_kw, int BR = us__fa_cfg<HS>::kv_br,
+          int MINB = us__fa_cfg<HS>::kv_minb>
+static void us__flash_bwd_dkdv(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
+                               const float *lse, const float *D, __nv_bfloat16 *dqkv, int B, int T,
+                               int NH, int NKV, cudaStream_t stream) {
     float scale = 1.f / sqrtf((float)HS), sl2 = scale * 1.4426950408889634f;
     size_t smem = us__fa_dkdv_smem<HS, KW, BR>();
-    cudaFuncSetAttribute(us__flash_bwd_dkdv_kernel<HS, KW, BR, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaFuncSetAttribute(us__flash_bwd_dkdv_kernel<HS, KW, BR, MINB>,
+                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     dim3 grid(NKV, B, (T + 64 * KW - 1) / (64 * KW));
-    us__flash_bwd_dkdv_kernel<HS, KW, BR, MINB><<<grid, us__fa_threads, smem, stream>>>(dout, qkv, lse, D, dqkv, T, NH, NKV, scale, sl2);
+    us__flash_bwd_dkdv_kernel<HS, KW, BR, MINB>
+        <<<grid, us__fa_threads, smem, stream>>>(dout, qkv, lse, D, dqkv, T, NH, NKV, scale, sl2);
 }
-template <int HS, int MW = us__fa_cfg<HS>::dq_mw, int BC = us__fa_cfg<HS>::dq_bc, int MINB = us__fa_cfg<HS>::dq_minb>
-static void us__flash_bwd_dq(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv, const float *lse, const float *D,
-                             __nv_bfloat16 *dqkv, int B, int T, int NH, int NKV, cudaStream_t stream) {
+
+template <int HS, int MW = us__fa_cfg<HS>::dq_mw, int BC = us__fa_cfg<HS>::dq_bc,
+          int MINB = us__fa_cfg<HS>::dq_minb>
+static void us__flash_bwd_dq(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv, const float *lse,
+                             const float *D, __nv_bfloat16 *dqkv, int B, int T, int NH, int NKV,
+                             cudaStream_t stream) {
     float scale = 1.f / sqrtf((float)HS), sl2 = scale * 1.4426950408889634f;
-    size_t smem = (size_t)(2 * 64 * MW + 4 * BC) * us__fa_dims<HS>::lds * 2; /* Q, dO (64·MW rows), 2×K, 2×V */
-    cudaFuncSetAttribute(us__flash_bwd_dq_kernel<HS, MW, BC, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    size_t smem = (size_t)(2 * 64 * MW + 4 * BC) * us__fa_dims<HS>::lds *
+                  2; /* Q, dO (64·MW rows), 2×K, 2×V */
+    cudaFuncSetAttribute(us__flash_bwd_dq_kernel<HS, MW, BC, MINB>,
+                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     dim3 grid(NH, B, (T + 64 * MW - 1) / (64 * MW));
-    us__flash_bwd_dq_kernel<HS, MW, BC, MINB><<<grid, us__fa_threads, smem, stream>>>(dout, qkv, lse, D, dqkv, T, NH, NKV, scale, sl2);
+    us__flash_bwd_dq_kernel<HS, MW, BC, MINB>
+        <<<grid, us__fa_threads, smem, stream>>>(dout, qkv, lse, D, dqkv, T, NH, NKV, scale, sl2);
 }
+
 template <int HS, int KW = us__fa_cfg<HS>::kv_kw, int KBR = us__fa_cfg<HS>::kv_br,
           int MW = us__fa_cfg<HS>::dq_mw, int BC = us__fa_cfg<HS>::dq_bc>
-static void us__flash_bwd_hs(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv, const __nv_bfloat16 *out, const float *lse,
-                             __nv_bfloat16 *dqkv, float *D, int B, int T, int NH, int NKV, cudaStream_t stream) {
+static void us__flash_bwd_hs(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
+                             const __nv_bfloat16 *out, const float *lse, __nv_bfloat16 *dqkv,
+                             float *D, int B, int T, int NH, int NKV, cudaStream_t stream) {
     us__flash_bwd_dot<HS>(dout, out, D, B, T, NH, stream);
-    us__flash_bwd_dkdv<HS, KW, KBR, us__fa_cfg<HS>::kv_minb>(dout, qkv, lse, D, dqkv, B, T, NH, NKV, stream);
-    us__flash_bwd_dq<HS, MW, BC, us__fa_cfg<HS>::dq_minb>(dout, qkv, lse, D, dqkv, B, T, NH, NKV, stream);
+    us__flash_bwd_dkdv<HS, KW, KBR, us__fa_cfg<HS>::kv_minb>(dout, qkv, lse, D, dqkv, B, T, NH, NKV,
+                                                             stream);
+    us__flash_bwd_dq<HS, MW, BC, us__fa_cfg<HS>::dq_minb>(dout, qkv, lse, D, dqkv, B, T, NH, NKV,
+                                                          stream);
 }
 
 /* dqkv[B,T,QKV] (every element written) from dout[B,T,NH·HS], qkv, out and lse of the forward;
    scratch holds us__flash_bwd_scratch_bytes(...) bytes of device memory */
-static void us__flash_bwd(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv, const __nv_bfloat16 *out,
-                          const float *lse, __nv_bfloat16 *dqkv, void *scratch,
-                          int B, int T, int NH, int NKV, int HS, cudaStream_t stream) {
-    if (NKV <= 0 || NH % NKV != 0) { us__flash_reject(stream); return; }
+static void us__flash_bwd(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
+                          const __nv_bfloat16 *out, const float *lse, __nv_bfloat16 *dqkv,
+                          void *scratch, int B, int T, int NH, int NKV, int HS,
+                          cudaStream_t stream) {
+    if (NKV <= 0 || NH % NKV != 0) {
+        us__flash_reject(stream);
+        return;
+    }
     if (B <= 0 || T <= 0 || NH <= 0) return;
-    if (HS == 64) us__flash_bwd_hs<64>(dout, qkv, out, lse, dqkv, (float *)scratch, B, T, NH, NKV, stream);
-    else if (HS == 128) us__flash_bwd_hs<128>(dout, qkv, out, lse, dqkv, (float *)scratch, B, T, NH, NKV, stream);
-    else us__flash_reject(stream);
+    if (HS == 64)
+        us__flash_bwd_hs<64>(dout, qkv, out, lse, dqkv, (float *)scratch, B, T, NH, NKV, stream);
+    else if (HS == 128)
+        us__flash_bwd_hs<128>(dout, qkv, out, lse, dqkv, (float *)scratch, B, T, NH, NKV, stream);
+    else
+        us__flash_reject(stream);
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -2038,6 +2592,7 @@ template <typename E>
 struct us__is_half {
     static constexpr bool value = false;
 };
+
 template <>
 struct us__is_half<__half> {
     static constexpr bool value = true;
@@ -2080,21 +2635,21 @@ static __device__ __forceinline__ uint32_t us__hop_pack(float lo, float hi) {
 #define US__WG_R8_13 "%104, %105, %106, %107, %108, %109, %110, %111"
 #define US__WG_R8_14 "%112, %113, %114, %115, %116, %117, %118, %119"
 #define US__WG_R8_15 "%120, %121, %122, %123, %124, %125, %126, %127"
-#define US__WG_R32(a, b, c, d)                                                                     \
+#define US__WG_R32(a, b, c, d) \
     US__WG_R8_##a ", " US__WG_R8_##b ", " US__WG_R8_##c ", " US__WG_R8_##d
 #define US__WG_R64 "{" US__WG_R32(0, 1, 2, 3) "}"
 #define US__WG_R80 "{" US__WG_R32(0, 1, 2, 3) ", " US__WG_R8_4 "}"
 #define US__WG_R96 "{" US__WG_R32(0, 1, 2, 3) ", " US__WG_R8_4 ", " US__WG_R8_5 "}"
 #define US__WG_R128 "{" US__WG_R32(0, 1, 2, 3) ", " US__WG_R32(4, 5, 6, 7) "}"
-#define US__WG_R192                                                                                \
+#define US__WG_R192 \
     "{" US__WG_R32(0, 1, 2, 3) ", " US__WG_R32(4, 5, 6, 7) ", " US__WG_R32(8, 9, 10, 11) "}"
-#define US__WG_R256                                                                                \
-    "{" US__WG_R32(0, 1, 2, 3) ", " US__WG_R32(4, 5, 6, 7) ", " US__WG_R32(8, 9, 10, 11) ", "      \
-        US__WG_R32(12, 13, 14, 15) "}"
-#define US__WG_D8(d, i)                                                                            \
-    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]),    \
+#define US__WG_R256                                                         \
+    "{" US__WG_R32(0, 1, 2, 3) ", " US__WG_R32(4, 5, 6, 7) ", " US__WG_R32( \
+        8, 9, 10, 11) ", " US__WG_R32(12, 13, 14, 15) "}"
+#define US__WG_D8(d, i)                                                                         \
+    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
         "+f"(d[i + 6]), "+f"(d[i + 7])
-#define US__WG_D32(d, i)                                                                           \
+#define US__WG_D32(d, i) \
     US__WG_D8(d, i), US__WG_D8(d, i + 8), US__WG_D8(d, i + 16), US__WG_D8(d, i + 24)
 #define US__WG_D64(d) US__WG_D32(d, 0)
 #define US__WG_D80(d) US__WG_D32(d, 0), US__WG_D8(d, 32)
@@ -2105,35 +2660,35 @@ static __device__ __forceinline__ uint32_t us__hop_pack(float lo, float hi) {
 /* One function per shape, from two macros: PTX needs the operand numbers written out (%N), so
    each instantiation names them. SS: d, A's and B's descriptors, the scale-d flag, TB. RS: d,
    A's four registers, B's descriptor, the flag, TB. TY is A's and B's type, bf16 or f16. */
-#define US__WG_SS_ASM(N, TY, DA, DB, P, T)                                                         \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P ", 0;\n"                                  \
-                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " " US__WG_R##N       \
-                 ", %" #DA ", %" #DB ", p, 1, 1, 0, %" #T ";\n}\n"                                 \
-                 : US__WG_D##N(d)                                                                  \
+#define US__WG_SS_ASM(N, TY, DA, DB, P, T)                                                   \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P ", 0;\n"                            \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " " US__WG_R##N \
+                 ", %" #DA ", %" #DB ", p, 1, 1, 0, %" #T ";\n}\n"                           \
+                 : US__WG_D##N(d)                                                            \
                  : "l"(a), "l"(b), "r"(acc), "n"(TB))
-#define US__WG_SS(N, DA, DB, P, T)                                                                 \
-    template <typename E, int TB>                                                                  \
-    static __device__ __forceinline__ void us__wg_ss##N(float *d, uint64_t a, uint64_t b,          \
-                                                        int acc) {                                 \
-        if constexpr (us__is_half<E>::value)                                                       \
-            US__WG_SS_ASM(N, "f16", DA, DB, P, T);                                                 \
-        else                                                                                       \
-            US__WG_SS_ASM(N, "bf16", DA, DB, P, T);                                                \
+#define US__WG_SS(N, DA, DB, P, T)                                                        \
+    template <typename E, int TB>                                                         \
+    static __device__ __forceinline__ void us__wg_ss##N(float *d, uint64_t a, uint64_t b, \
+                                                        int acc) {                        \
+        if constexpr (us__is_half<E>::value)                                              \
+            US__WG_SS_ASM(N, "f16", DA, DB, P, T);                                        \
+        else                                                                              \
+            US__WG_SS_ASM(N, "bf16", DA, DB, P, T);                                       \
     }
-#define US__WG_RS_ASM(N, TY, A0, A1, A2, A3, DB, P, T)                                             \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P ", 0;\n"                                  \
-                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " " US__WG_R##N       \
-                 ", {%" #A0 ", %" #A1 ", %" #A2 ", %" #A3 "}, %" #DB ", p, 1, 1, %" #T ";\n}\n"    \
-                 : US__WG_D##N(d)                                                                  \
+#define US__WG_RS_ASM(N, TY, A0, A1, A2, A3, DB, P, T)                                          \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P ", 0;\n"                               \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " " US__WG_R##N    \
+                 ", {%" #A0 ", %" #A1 ", %" #A2 ", %" #A3 "}, %" #DB ", p, 1, 1, %" #T ";\n}\n" \
+                 : US__WG_D##N(d)                                                               \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB))
-#define US__WG_RS(N, A0, A1, A2, A3, DB, P, T)                                                     \
-    template <typename E, int TB>                                                                  \
-    static __device__ __forceinline__ void us__wg_rs##N(float *d, const uint32_t (&a)[4],          \
-                                                        uint64_t b, int acc) {                     \
-        if constexpr (us__is_half<E>::value)                                                       \
-            US__WG_RS_ASM(N, "f16", A0, A1, A2, A3, DB, P, T);                                     \
-        else                                                                                       \
-            US__WG_RS_ASM(N, "bf16", A0, A1, A2, A3, DB, P, T);                                    \
+#define US__WG_RS(N, A0, A1, A2, A3, DB, P, T)                                           \
+    template <typename E, int TB>                                                        \
+    static __device__ __forceinline__ void us__wg_rs##N(float *d, const uint32_t(&a)[4], \
+                                                        uint64_t b, int acc) {           \
+        if constexpr (us__is_half<E>::value)                                             \
+            US__WG_RS_ASM(N, "f16", A0, A1, A2, A3, DB, P, T);                           \
+        else                                                                             \
+            US__WG_RS_ASM(N, "bf16", A0, A1, A2, A3, DB, P, T);                          \
     }
 US__WG_SS(64, 32, 33, 34, 35)
 US__WG_SS(128, 64, 65, 66, 67)
@@ -2156,6 +2711,7 @@ static __device__ __forceinline__ void us__wg_ss(float *d, uint64_t a, uint64_t 
     (void)d, (void)a, (void)b, (void)acc;
 #endif
 }
+
 template <int N, typename E, int TB>
 static __device__ __forceinline__ void us__wg_rs(float *d, const uint32_t (&a)[4], uint64_t b,
                                                  int acc) {
@@ -2187,11 +2743,13 @@ static __device__ __forceinline__ void us__wg_fence(void) {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #endif
 }
+
 static __device__ __forceinline__ void us__wg_commit(void) {
 #if US__HOP_DEV
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 #endif
 }
+
 template <int NREG>
 static __device__ __forceinline__ void us__wg_wait(float *d) {
 #if US__HOP_DEV
@@ -2209,11 +2767,13 @@ static __device__ __forceinline__ void us__wg_wait_n(float *d) {
 #pragma unroll
     for (int i = 0; i < NREG; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
+
 /* Named barriers 1 and 2 between the two consumer warpgroups (256 threads: one side syncs, the
    other arrives): the ping-pong of who issues GEMMs next. Barrier 0 is __syncthreads'. */
 static __device__ __forceinline__ void us__hop_bar_sync(int id) {
     asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
 }
+
 static __device__ __forceinline__ void us__hop_bar_arrive(int id) {
     asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
 }
@@ -2229,11 +2789,13 @@ static __device__ __forceinline__ uint64_t us__wg_desc(const void *s, uint32_t l
     return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)(lbo >> 4) << 16 |
            (uint64_t)(sbo >> 4) << 32 | 1ull << 62;
 }
+
 /* K-major operand: k-step kk (16 elements) of a tile of ROWS rows, from row r0 */
 template <int ROWS>
 static __device__ __forceinline__ uint64_t us__wg_kmaj(const unsigned char *tile, int r0, int kk) {
     return us__wg_desc(tile + (kk >> 2) * ROWS * 128 + r0 * 128 + (kk & 3) * 32, 16, 1024);
 }
+
 /* MN-major operand: k-step t (rows 16t..16t+15) of a tile of ROWS rows, every column block */
 template <int ROWS>
 static __device__ __forceinline__ uint64_t us__wg_mnmaj(const unsigned char *tile, int t) {
@@ -2246,6 +2808,7 @@ static __device__ __forceinline__ void us__mb_init(uint64_t *bar, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(us__smem_u32(bar)), "r"(count));
 #endif
 }
+
 /* one arrival that also announces bytes the copy engine will deliver to this phase */
 static __device__ __forceinline__ void us__mb_expect(uint64_t *bar, uint32_t bytes) {
 #if US__HOP_DEV
@@ -2255,11 +2818,13 @@ static __device__ __forceinline__ void us__mb_expect(uint64_t *bar, uint32_t byt
         : "memory");
 #endif
 }
+
 static __device__ __forceinline__ void us__mb_arrive(uint64_t *bar) {
 #if US__HOP_DEV
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(us__smem_u32(bar)) : "memory");
 #endif
 }
+
 /* spin until the phase of the given parity has completed */
 static __device__ __forceinline__ void us__mb_wait(uint64_t *bar, int parity) {
 #if US__HOP_DEV
@@ -2270,6 +2835,7 @@ static __device__ __forceinline__ void us__mb_wait(uint64_t *bar, int parity) {
                  : "memory");
 #endif
 }
+
 /* box {64 columns, rows, 1} at (column c0, row c1, batch c2) of a 3-D tensor map into dst */
 static __device__ __forceinline__ void us__tma_load(void *dst, const CUtensorMap *map, int c0,
                                                     int c1, int c2, uint64_t *bar) {
@@ -2280,6 +2846,7 @@ static __device__ __forceinline__ void us__tma_load(void *dst, const CUtensorMap
                  : "memory");
 #endif
 }
+
 /* rows × HS of head columns col.. (every 64-column block) into a swizzled tile */
 template <int HS, int ROWS>
 static __device__ __forceinline__ void us__tma_tile(unsigned char *tile, const CUtensorMap *map,
@@ -2288,12 +2855,14 @@ static __device__ __forceinline__ void us__tma_tile(unsigned char *tile, const C
     for (int cb = 0; cb < (HS + 63) / 64; cb++)
         us__tma_load(tile + cb * ROWS * 128, map, col + cb * 64, row, b, bar);
 }
+
 template <int NREG>
 static __device__ __forceinline__ void us__hop_regs_dec(void) {
 #if US__HOP_DEV
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(NREG));
 #endif
 }
+
 template <int NREG>
 static __device__ __forceinline__ void us__hop_regs_inc(void) {
 #if US__HOP_DEV
@@ -2342,11 +2911,11 @@ struct us__hop_cfg {
     /* dQ: Q, dO [64·NWG][HSP]; per stage K, V [BKQ][HSP] */
     static constexpr int dq_bytes = 2 * 64 * NWG * HSP * 2 + QS * 2 * BKQ * HSP * 2;
 };
+
 /* dynamic shared memory: 1 KB of slack to align the tiles to the swizzle's 1024 bytes, the
    tiles, then room for 32 barriers */
-static constexpr size_t us__hop_smem(int bytes) {
-    return (size_t)bytes + 1024 + 32 * 8;
-}
+static constexpr size_t us__hop_smem(int bytes) { return (size_t)bytes + 1024 + 32 * 8; }
+
 /* every kernel's tiles fit in the 227 KB a block may have */
 template <int H>
 static constexpr bool us__hop_fits(void) {
@@ -2354,6 +2923,7 @@ static constexpr bool us__hop_fits(void) {
     return us__hop_smem(C::fwd_bytes) <= 232448 && us__hop_smem(C::dkdv_bytes) <= 232448 &&
            us__hop_smem(C::dq_bytes) <= 232448;
 }
+
 static __device__ __forceinline__ unsigned char *us__hop_smem_base(unsigned char *raw) {
     return (unsigned char *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
 }
@@ -2392,6 +2962,7 @@ static __device__ __forceinline__ void us__hop_softmax(float (&s)[BC / 8][4], fl
         }
     }
 }
+
 /* O's rows times their correction; the empty asm after it keeps the multiplies before the next
    wgmma.fence, so that no register of the coming P·V is written inside its batch */
 template <int HS>
@@ -2409,6 +2980,7 @@ static __device__ __forceinline__ void us__hop_scale_o(float (&o)[HS / 8][4],
 #pragma unroll
         for (int e = 0; e < 4; e++) asm volatile("" : "+f"(o[i][e])::"memory");
 }
+
 template <typename E, int HS>
 __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
     us__hop_fwd_kernel(const __grid_constant__ CUtensorMap mq,
@@ -2952,6 +3524,7 @@ static PFN_cuTensorMapEncodeTiled_v12000 us__hop_encoder(void) {
     }
     return fn;
 }
+
 /* a [B][T][W] tensor of 16-bit elements read in boxes of {64 columns, rows}: rows past T come
    back as zeros, columns past W too */
 static int us__hop_map(CUtensorMap *map, const void *base, us_dtype dt, int64_t W, int64_t T,
@@ -2977,6 +3550,7 @@ __global__ void us__hop_probe_kernel(int *flag) {
     *flag = 0;
 #endif
 }
+
 static int us__hop_compiled(void) {
     static int known = -1;
     if (known < 0) {
@@ -3005,6 +3579,7 @@ static void us__hop_fwd_hs(const CUtensorMap &mq, const CUtensorMap &mkv, void *
     us__hop_fwd_kernel<E, HS><<<grid, 128 * (1 + us__hop_cfg<HS>::NWF), smem, st>>>(
         mq, mkv, (E *)out, lse, T, NH, NKV, 1.4426950408889634f / sqrtf((float)HS));
 }
+
 template <typename E, int HS>
 static void us__hop_bwd_hs(const CUtensorMap *maps, const float *L2, const float *D, void *dqkv,
                            int B, int T, int NH, int NKV, cudaStream_t st) {
@@ -3056,9 +3631,8 @@ static int us__hop_ok(us_ops *o, us_dtype dt, int HS, int bwd) {
     return (dt == US_BF16 || dt == US_F16) && hs_ok && !off && c->cc_major == 9 &&
            us__hop_encoder() && us__hop_compiled();
 }
-static int us__hop_aligned(const void *p) {
-    return ((uintptr_t)p & 15) == 0;
-}
+
+static int us__hop_aligned(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 /* out[B,T,NH·HS], lse[B,NH,T] from qkv[B,T,QKV]; 0 when this path cannot take the call */
 static int us__hop_attention_fwd(us_ops *o, void *out, float *lse, const void *qkv, int64_t B,
@@ -3085,6 +3659,7 @@ static int us__hop_attention_fwd(us_ops *o, void *out, float *lse, const void *q
     US__LAUNCHED(o);
     return 1;
 }
+
 /* dqkv[B,T,QKV] (every element written); 0 when this path cannot take the call */
 static int us__hop_attention_bwd(us_ops *o, void *dqkv, const void *dout, const void *qkv,
                                  const void *out, const float *lse, int64_t B, int64_t T, int NH,
@@ -3136,32 +3711,62 @@ static int us__flash_ok(us_ops *o, us_dtype dt, int HS) {
     us__cuda *c = us__cu(o);
     return dt == US_BF16 && (HS == 64 || HS == 128) && c->cc_major >= 8;
 }
-static void us__flash_fwd_any(us_ops *o, void *out, float *lse, const void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS) {
-    us__flash_fwd((const __nv_bfloat16 *)qkv, (__nv_bfloat16 *)out, lse, (int)B, (int)T, NH, NKV, HS, us__cu(o)->stream);
-    US__LAUNCHED(o);
-}
-static void us__flash_bwd_any(us_ops *o, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
-                              int64_t B, int64_t T, int NH, int NKV, int HS) {
-    void *scratch = us__cuda_scratch(o, us__flash_bwd_scratch_bytes((int)B, (int)T, NH, NKV, HS));
-    if (!scratch) return;
-    us__flash_bwd((const __nv_bfloat16 *)dout, (const __nv_bfloat16 *)qkv, (const __nv_bfloat16 *)out, lse,
-                  (__nv_bfloat16 *)dqkv, scratch, (int)B, (int)T, NH, NKV, HS, us__cu(o)->stream);
+
+static void us__flash_fwd_any(us_ops *o, void *out, float *lse, const void *qkv, int64_t B,
+                              int64_t T, int NH, int NKV, int HS) {
+    us__flash_fwd((const __nv_bfloat16 *)qkv, (__nv_bfloat16 *)out, lse, (int)B, (int)T, NH, NKV,
+                  HS, us__cu(o)->stream);
     US__LAUNCHED(o);
 }
 
-static void us__cuda_attention_fwd(us_ops *o, void *out, float *lse, const void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS, us_dtype dt) {
-    if (us__hop_attention_fwd(o, out, lse, qkv, B, T, NH, NKV, HS, dt)) return;
-    if (us__flash_ok(o, dt, HS)) { us__flash_fwd_any(o, out, lse, qkv, B, T, NH, NKV, HS); return; }
-    if (HS > US__ATT_MAX_HS) { us__cuda_fail(o, "attention", "head size above 256", __FILE__, __LINE__); return; }
-    US__DISPATCH(o, dt, (us__k_att_fwd<T_><<<us__blocks(B * NH * T, 128), 128, 0, us__cu(o)->stream>>>((T_ *)out, lse, (const T_ *)qkv, B, T, NH, NKV, HS)));
+static void us__flash_bwd_any(us_ops *o, void *dqkv, const void *dout, const void *qkv,
+                              const void *out, const float *lse, int64_t B, int64_t T, int NH,
+                              int NKV, int HS) {
+    void *scratch = us__cuda_scratch(o, us__flash_bwd_scratch_bytes((int)B, (int)T, NH, NKV, HS));
+    if (!scratch) return;
+    us__flash_bwd((const __nv_bfloat16 *)dout, (const __nv_bfloat16 *)qkv,
+                  (const __nv_bfloat16 *)out, lse, (__nv_bfloat16 *)dqkv, scratch, (int)B, (int)T,
+                  NH, NKV, HS, us__cu(o)->stream);
+    US__LAUNCHED(o);
 }
-static void us__cuda_attention_bwd(us_ops *o, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse, int64_t B, int64_t T, int NH, int NKV, int HS, us_dtype dt) {
+
+static void us__cuda_attention_fwd(us_ops *o, void *out, float *lse, const void *qkv, int64_t B,
+                                   int64_t T, int NH, int NKV, int HS, us_dtype dt) {
+    if (us__hop_attention_fwd(o, out, lse, qkv, B, T, NH, NKV, HS, dt)) return;
+    if (us__flash_ok(o, dt, HS)) {
+        us__flash_fwd_any(o, out, lse, qkv, B, T, NH, NKV, HS);
+        return;
+    }
+    if (HS > US__ATT_MAX_HS) {
+        us__cuda_fail(o, "attention", "head size above 256", __FILE__, __LINE__);
+        return;
+    }
+    US__DISPATCH(o, dt,
+                 (us__k_att_fwd<T_><<<us__blocks(B * NH * T, 128), 128, 0, us__cu(o)->stream>>>(
+                     (T_ *)out, lse, (const T_ *)qkv, B, T, NH, NKV, HS)));
+}
+
+static void us__cuda_attention_bwd(us_ops *o, void *dqkv, const void *dout, const void *qkv,
+                                   const void *out, const float *lse, int64_t B, int64_t T, int NH,
+                                   int NKV, int HS, us_dtype dt) {
     cudaStream_t s = us__cu(o)->stream;
     if (us__hop_attention_bwd(o, dqkv, dout, qkv, out, lse, B, T, NH, NKV, HS, dt)) return;
-    if (us__flash_ok(o, dt, HS)) { us__flash_bwd_any(o, dqkv, dout, qkv, out, lse, B, T, NH, NKV, HS); return; }
-    if (HS > US__ATT_MAX_HS) { us__cuda_fail(o, "attention", "head size above 256", __FILE__, __LINE__); return; }
-    US__DISPATCH(o, dt, (us__k_att_bwd_dq<T_><<<us__blocks(B * NH * T, 128), 128, 0, s>>>((T_ *)dqkv, (const T_ *)dout, (const T_ *)qkv, (const T_ *)out, lse, B, T, NH, NKV, HS)));
-    US__DISPATCH(o, dt, (us__k_att_bwd_dkv<T_><<<us__blocks(B * NKV * T, 128), 128, 0, s>>>((T_ *)dqkv, (const T_ *)dout, (const T_ *)qkv, (const T_ *)out, lse, B, T, NH, NKV, HS)));
+    if (us__flash_ok(o, dt, HS)) {
+        us__flash_bwd_any(o, dqkv, dout, qkv, out, lse, B, T, NH, NKV, HS);
+        return;
+    }
+    if (HS > US__ATT_MAX_HS) {
+        us__cuda_fail(o, "attention", "head size above 256", __FILE__, __LINE__);
+        return;
+    }
+    US__DISPATCH(o, dt,
+                 (us__k_att_bwd_dq<T_><<<us__blocks(B * NH * T, 128), 128, 0, s>>>(
+                     (T_ *)dqkv, (const T_ *)dout, (const T_ *)qkv, (const T_ *)out, lse, B, T, NH,
+                     NKV, HS)));
+    US__DISPATCH(o, dt,
+                 (us__k_att_bwd_dkv<T_><<<us__blocks(B * NKV * T, 128), 128, 0, s>>>(
+                     (T_ *)dqkv, (const T_ *)dout, (const T_ *)qkv, (const T_ *)out, lse, B, T, NH,
+                     NKV, HS)));
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -3207,6 +3812,7 @@ static __device__ __forceinline__ int us__warp_min(int v) {
     return v;
 #endif
 }
+
 static __device__ __forceinline__ int us__warp_max(int v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     return __reduce_max_sync(0xffffffffu, v);
@@ -3221,7 +3827,8 @@ static __device__ __forceinline__ int us__warp_max(int v) {
    a query position ≥ bound (the CTA's smallest key position). One thread per tile; the
    positions stay in L1/L2, every CTA of the grid reads the same ones. Ends with a barrier. */
 template <int TILE, bool KEYS>
-static __device__ void us__fa_tile_mask(unsigned *vis, const int32_t *__restrict__ pos, int n, int bound) {
+static __device__ void us__fa_tile_mask(unsigned *vis, const int32_t *__restrict__ pos, int n,
+                                        int bound) {
     const int nt = (n + TILE - 1) / TILE, nw = (nt + 31) / 32;
     for (int t0 = 0; t0 < nt; t0 += us__fa_threads) {
         const int t = t0 + (int)threadIdx.x;
@@ -3238,6 +3845,7 @@ static __device__ void us__fa_tile_mask(unsigned *vis, const int32_t *__restrict
     }
     __syncthreads();
 }
+
 /* the first tile after t with its bit set (t = −1: the first of all); nt when there is none */
 static __device__ __forceinline__ int us__fa_next_tile(const unsigned *vis, int t, int nt) {
     for (int w = (t + 1) >> 5; w * 32 < nt; w++) {
@@ -3247,10 +3855,12 @@ static __device__ __forceinline__ int us__fa_next_tile(const unsigned *vis, int 
     }
     return nt;
 }
+
 /* dst[c], dst[c+1] += x[i][2r], x[i][2r+1] · scale for the thread's columns c = 8i + 2·(lane%4):
    half r of an m-atom's accumulator added into one fp32 row (8-byte aligned) */
 template <int HS>
-static __device__ __forceinline__ void us__fa_add_row(float *dst, const float (&x)[HS / 8][4], int r, float scale, int lane) {
+static __device__ __forceinline__ void us__fa_add_row(float *dst, const float (&x)[HS / 8][4],
+                                                      int r, float scale, int lane) {
     dst += 2 * (lane & 3);
 #pragma unroll
     for (int i = 0; i < HS / 8; i++) {
@@ -3260,29 +3870,41 @@ static __device__ __forceinline__ void us__fa_add_row(float *dst, const float (&
         *p = v;
     }
 }
+
 /* dst[c] = src[i0 + c] for the N entries of a tile (cp.async; 4-byte values: positions, lse, D),
    past n the value pad (written directly: it is what makes a tail key or query invisible) */
 template <int N, typename V>
-static __device__ __forceinline__ void us__fa_load_pos(V *dst, const V *__restrict__ src, int i0, int n, V pad) {
+static __device__ __forceinline__ void us__fa_load_pos(V *dst, const V *__restrict__ src, int i0,
+                                                       int n, V pad) {
     static_assert(N <= us__fa_threads && sizeof(V) == 4, "one 4-byte value per thread");
     const int c = threadIdx.x;
     if (c < N) {
-        if (i0 + c < n) us__cp_async4(dst + c, src + i0 + c);
-        else dst[c] = pad;
+        if (i0 + c < n)
+            us__cp_async4(dst + c, src + i0 + c);
+        else
+            dst[c] = pad;
     }
 }
+
 /* The prologue of the two kernels with a CTA per query tile: the tile's query positions into
    sQp (INT_MIN past Tq), this warp's smallest and largest (wqmin, wqmax), and the bitmask of the
    key tiles that hold a key some query of the CTA sees. */
 template <int MW, int BC>
-static __device__ __forceinline__ void us__fa_query_side(int *sQp, unsigned *sVis, int *sRed, const int32_t *__restrict__ qpos,
-                                                         const int32_t *__restrict__ kpos, int q0, int Tq, int Tk, int &wqmin, int &wqmax) {
+static __device__ __forceinline__ void us__fa_query_side(int *sQp, unsigned *sVis, int *sRed,
+                                                         const int32_t *__restrict__ qpos,
+                                                         const int32_t *__restrict__ kpos, int q0,
+                                                         int Tq, int Tk, int &wqmin, int &wqmax) {
     constexpr int BR = 64 * MW;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nq = min(BR, Tq - q0);
     for (int r = threadIdx.x; r < BR; r += us__fa_threads) sQp[r] = r < nq ? qpos[q0 + r] : INT_MIN;
     __syncthreads();
-    wqmin = INT_MAX; wqmax = INT_MIN;
-    for (int r = lane; r < 16 * MW; r += 32) { int p = sQp[warp * 16 * MW + r]; wqmin = min(wqmin, p); wqmax = max(wqmax, p); }
+    wqmin = INT_MAX;
+    wqmax = INT_MIN;
+    for (int r = lane; r < 16 * MW; r += 32) {
+        int p = sQp[warp * 16 * MW + r];
+        wqmin = min(wqmin, p);
+        wqmax = max(wqmax, p);
+    }
     wqmin = us__warp_min(wqmin);
     wqmax = us__warp_max(wqmax);
     if (lane == 0) sRed[warp] = wqmax;
@@ -3295,26 +3917,36 @@ static __device__ __forceinline__ void us__fa_query_side(int *sQp, unsigned *sVi
    the next visible tile — K, V and their positions — into the other buffer. Returns that tile
    (nkt: none left). */
 template <int HS, int BC, int LDS>
-static __device__ __forceinline__ int us__fa_kv_advance(__nv_bfloat16 *sK, __nv_bfloat16 *sV, int *sKp, int buf, const unsigned *sVis, int kt, int nkt,
-                                                        const __nv_bfloat16 *gk, const __nv_bfloat16 *gv, int64_t KVW, const int32_t *kpos, int Tk) {
+static __device__ __forceinline__ int
+us__fa_kv_advance(__nv_bfloat16 *sK, __nv_bfloat16 *sV, int *sKp, int buf, const unsigned *sVis,
+                  int kt, int nkt, const __nv_bfloat16 *gk, const __nv_bfloat16 *gv, int64_t KVW,
+                  const int32_t *kpos, int Tk) {
     constexpr int TILE = BC * LDS;
     us__cp_async_wait_all();
     __syncthreads();
     const int nx = us__fa_next_tile(sVis, kt, nkt);
     if (nx < nkt) {
         const int k1 = nx * BC;
-        us__fa_load_tile<HS, BC>(sK + (buf ^ 1) * TILE, gk + (int64_t)k1 * KVW, KVW, min(BC, Tk - k1));
-        us__fa_load_tile<HS, BC>(sV + (buf ^ 1) * TILE, gv + (int64_t)k1 * KVW, KVW, min(BC, Tk - k1));
+        us__fa_load_tile<HS, BC>(sK + (buf ^ 1) * TILE, gk + (int64_t)k1 * KVW, KVW,
+                                 min(BC, Tk - k1));
+        us__fa_load_tile<HS, BC>(sV + (buf ^ 1) * TILE, gv + (int64_t)k1 * KVW, KVW,
+                                 min(BC, Tk - k1));
         us__fa_load_pos<BC>(sKp + (buf ^ 1) * BC, kpos, k1, Tk, INT_MAX);
     }
     us__cp_async_commit();
     return nx;
 }
+
 /* the smallest and largest key position of a tile, the same in every lane of the warp */
 template <int BC>
-static __device__ __forceinline__ void us__fa_tile_range(const int *kp, int lane, int &kmin, int &kmax) {
-    kmin = INT_MAX; kmax = INT_MIN;
-    for (int c = lane; c < BC; c += 32) { kmin = min(kmin, kp[c]); kmax = max(kmax, kp[c]); }
+static __device__ __forceinline__ void us__fa_tile_range(const int *kp, int lane, int &kmin,
+                                                         int &kmax) {
+    kmin = INT_MAX;
+    kmax = INT_MIN;
+    for (int c = lane; c < BC; c += 32) {
+        kmin = min(kmin, kp[c]);
+        kmax = max(kmax, kp[c]);
+    }
     kmin = us__warp_min(kmin);
     kmax = us__warp_max(kmax);
 }
@@ -3322,32 +3954,38 @@ static __device__ __forceinline__ void us__fa_tile_range(const int *kp, int lane
 /* ---- forward: one CTA per (64·MW queries, head, batch) ------------------------------ */
 template <int HS, int MW, int BC, int MINB>
 __global__ void __launch_bounds__(128, MINB)
-us__flash_block_fwd_kernel(float *__restrict__ acc, float *__restrict__ mst, float *__restrict__ lst, const __nv_bfloat16 *__restrict__ qkv,
-                           const __nv_bfloat16 *__restrict__ kv, const int32_t *__restrict__ qpos, const int32_t *__restrict__ kpos,
-                           int Tq, int Tk, int NH, int NKV, int init, float sl2 /* scale·log2 e */) {
+    us__flash_block_fwd_kernel(float *__restrict__ acc, float *__restrict__ mst,
+                               float *__restrict__ lst, const __nv_bfloat16 *__restrict__ qkv,
+                               const __nv_bfloat16 *__restrict__ kv,
+                               const int32_t *__restrict__ qpos, const int32_t *__restrict__ kpos,
+                               int Tq, int Tk, int NH, int NKV, int init,
+                               float sl2 /* scale·log2 e */) {
     constexpr int BR = 64 * MW, LDS = us__fa_dims<HS>::lds, TILE = BC * LDS;
     extern __shared__ __align__(16) unsigned char us__fa_smem[];
     __nv_bfloat16 *sQ = (__nv_bfloat16 *)us__fa_smem; /* [BR][LDS] */
-    __nv_bfloat16 *sK = sQ + BR * LDS;                 /* [2][BC][LDS] */
-    __nv_bfloat16 *sV = sK + 2 * TILE;                 /* [2][BC][LDS] */
-    int *sQp = (int *)(sV + 2 * TILE);                 /* [BR] query positions */
-    int *sKp = sQp + BR;                               /* [2][BC] key positions (INT_MAX past Tk) */
-    unsigned *sVis = (unsigned *)(sKp + 2 * BC);       /* [⌈key tiles / 32⌉] */
+    __nv_bfloat16 *sK = sQ + BR * LDS;                /* [2][BC][LDS] */
+    __nv_bfloat16 *sV = sK + 2 * TILE;                /* [2][BC][LDS] */
+    int *sQp = (int *)(sV + 2 * TILE);                /* [BR] query positions */
+    int *sKp = sQp + BR;                              /* [2][BC] key positions (INT_MAX past Tk) */
+    unsigned *sVis = (unsigned *)(sKp + 2 * BC);      /* [⌈key tiles / 32⌉] */
     __shared__ int sRed[4];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     /* grid (NH, B, query tiles), last tiles first: with sorted positions they see the most keys */
     const int qb = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, g = h / (NH / NKV);
     const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, KVW = (int64_t)2 * NKV * HS;
     const int q0 = qb * BR, nkt = (Tk + BC - 1) / BC;
-    const int wr0 = warp * 16 * MW, row0 = q0 + wr0 + (lane >> 2); /* atom a, half r: row0 + 16a + 8r */
-    const __nv_bfloat16 *gk = kv + (int64_t)b * Tk * KVW + (int64_t)g * HS, *gv = gk + (int64_t)NKV * HS;
+    const int wr0 = warp * 16 * MW,
+              row0 = q0 + wr0 + (lane >> 2); /* atom a, half r: row0 + 16a + 8r */
+    const __nv_bfloat16 *gk = kv + (int64_t)b * Tk * KVW + (int64_t)g * HS,
+                        *gv = gk + (int64_t)NKV * HS;
 
     int wqmin, wqmax;
     us__fa_query_side<MW, BC>(sQp, sVis, sRed, qpos, kpos, q0, Tq, Tk, wqmin, wqmax);
     int kt = us__fa_next_tile(sVis, -1, nkt);
     if (kt >= nkt && !init) return; /* nothing of this block is visible here: the state stays */
     if (kt < nkt) {
-        us__fa_load_tile<HS, BR>(sQ, qkv + ((int64_t)b * Tq + q0) * QKV + (int64_t)h * HS, QKV, min(BR, Tq - q0));
+        us__fa_load_tile<HS, BR>(sQ, qkv + ((int64_t)b * Tq + q0) * QKV + (int64_t)h * HS, QKV,
+                                 min(BR, Tq - q0));
         us__fa_load_tile<HS, BC>(sK, gk + (int64_t)kt * BC * KVW, KVW, min(BC, Tk - kt * BC));
         us__fa_load_tile<HS, BC>(sV, gv + (int64_t)kt * BC * KVW, KVW, min(BC, Tk - kt * BC));
         us__fa_load_pos<BC>(sKp, kpos, kt * BC, Tk, INT_MAX);
@@ -3359,7 +3997,8 @@ us__flash_block_fwd_kernel(float *__restrict__ acc, float *__restrict__ mst, flo
     if constexpr (MW == 1) {
         if (kt < nkt) {
 #pragma unroll
-            for (int kk = 0; kk < HS / 16; kk++) us__ldsm_x4(qf[kk], us__fa_a_addr<LDS>(sQ, wr0, kk * 16, lane));
+            for (int kk = 0; kk < HS / 16; kk++)
+                us__ldsm_x4(qf[kk], us__fa_a_addr<LDS>(sQ, wr0, kk * 16, lane));
         }
     }
 
@@ -3378,7 +4017,8 @@ us__flash_block_fwd_kernel(float *__restrict__ acc, float *__restrict__ mst, flo
             const float *ar = acc + i * HS + 2 * (lane & 3);
 #pragma unroll
             for (int ii = 0; ii < HS / 8; ii++) {
-                float2 v = fresh ? make_float2(0.f, 0.f) : *reinterpret_cast<const float2 *>(ar + ii * 8);
+                float2 v =
+                    fresh ? make_float2(0.f, 0.f) : *reinterpret_cast<const float2 *>(ar + ii * 8);
                 o[a][ii][2 * r] = v.x;
                 o[a][ii][2 * r + 1] = v.y;
             }
@@ -3388,16 +4028,19 @@ us__flash_block_fwd_kernel(float *__restrict__ acc, float *__restrict__ mst, flo
         const int buf = it & 1;
         const __nv_bfloat16 *sKb = sK + buf * TILE, *sVb = sV + buf * TILE;
         const int *kp = sKp + buf * BC;
-        const int nx = us__fa_kv_advance<HS, BC, LDS>(sK, sV, sKp, buf, sVis, kt, nkt, gk, gv, KVW, kpos, Tk);
+        const int nx =
+            us__fa_kv_advance<HS, BC, LDS>(sK, sV, sKp, buf, sVis, kt, nkt, gk, gv, KVW, kpos, Tk);
         /* this tile against the warp's rows: nothing visible (skip), everything (no mask), or a mix */
         int kmin, kmax;
         us__fa_tile_range<BC>(kp, lane, kmin, kmax);
         if (kmin <= wqmax) {
             float s[MW][BC / 8][4];
             us__fa_qk<MW, BC, HS, LDS>(s, qf, sQ, wr0, sKb, lane);
-            us__fa_softmax<MW, BC, HS, true>(s, o, m, l, sl2, kmax > wqmin, [&](int a, int j, int e) {
-                return kp[j * 8 + 2 * (lane & 3) + (e & 1)] > sQp[wr0 + 16 * a + (lane >> 2) + (e >> 1) * 8];
-            });
+            us__fa_softmax<MW, BC, HS, true>(
+                s, o, m, l, sl2, kmax > wqmin, [&](int a, int j, int e) {
+                    return kp[j * 8 + 2 * (lane & 3) + (e & 1)] >
+                           sQp[wr0 + 16 * a + (lane >> 2) + (e >> 1) * 8];
+                });
             us__fa_acc_pv<MW, BC, HS, LDS>(o, s, sVb, lane);
         }
         kt = nx;
@@ -3413,10 +4056,15 @@ us__flash_block_fwd_kernel(float *__restrict__ acc, float *__restrict__ mst, flo
             const int row = row0 + 16 * a + 8 * r;
             if (row >= Tq) continue;
             const int64_t i = ((int64_t)b * NH + h) * Tq + row;
-            if ((lane & 3) == 0) { mst[i] = m[a][r] * 0.69314718055994531f; lst[i] = l[a][r]; }
+            if ((lane & 3) == 0) {
+                mst[i] = m[a][r] * 0.69314718055994531f;
+                lst[i] = l[a][r];
+            }
             float *ar = acc + i * HS + 2 * (lane & 3);
 #pragma unroll
-            for (int ii = 0; ii < HS / 8; ii++) *reinterpret_cast<float2 *>(ar + ii * 8) = make_float2(o[a][ii][2 * r], o[a][ii][2 * r + 1]);
+            for (int ii = 0; ii < HS / 8; ii++)
+                *reinterpret_cast<float2 *>(ar + ii * 8) =
+                    make_float2(o[a][ii][2 * r], o[a][ii][2 * r + 1]);
         }
 }
 
@@ -3425,33 +4073,41 @@ us__flash_block_fwd_kernel(float *__restrict__ acc, float *__restrict__ mst, flo
    query tile with a query that sees one of the keys, in order (us__fa_dkdv_tile has the math) */
 template <int HS, int KW, int BR, int MINB>
 __global__ void __launch_bounds__(128, MINB)
-us__flash_block_dkdv_kernel(float *__restrict__ dkv, const __nv_bfloat16 *__restrict__ dout, const __nv_bfloat16 *__restrict__ qkv,
-                            const float *__restrict__ L2g, const float *__restrict__ Dg, const __nv_bfloat16 *__restrict__ kv,
-                            const int32_t *__restrict__ qpos, const int32_t *__restrict__ kpos, int Tq, int Tk, int NH, int NKV,
-                            float scale, float sl2) {
+    us__flash_block_dkdv_kernel(float *__restrict__ dkv, const __nv_bfloat16 *__restrict__ dout,
+                                const __nv_bfloat16 *__restrict__ qkv,
+                                const float *__restrict__ L2g, const float *__restrict__ Dg,
+                                const __nv_bfloat16 *__restrict__ kv,
+                                const int32_t *__restrict__ qpos, const int32_t *__restrict__ kpos,
+                                int Tq, int Tk, int NH, int NKV, float scale, float sl2) {
     constexpr int BC = 64 * KW, LDS = us__fa_dims<HS>::lds, TILE = BC * LDS, QT = BR * LDS;
     extern __shared__ __align__(16) unsigned char us__fa_smem[];
     __nv_bfloat16 *sK = (__nv_bfloat16 *)us__fa_smem; /* [BC][LDS] */
-    __nv_bfloat16 *sV = sK + TILE;                     /* [BC][LDS] */
-    __nv_bfloat16 *sQ = sV + TILE;                     /* [2][BR][LDS] */
-    __nv_bfloat16 *sdO = sQ + 2 * QT;                  /* [2][BR][LDS] */
-    float *sL = (float *)(sdO + 2 * QT);               /* [2][BR] lse·log2 e (+inf: P = 0) */
-    float *sD = sL + 2 * BR;                           /* [2][BR] */
-    int *sQp = (int *)(sD + 2 * BR);                   /* [2][BR] query positions (INT_MIN past Tq) */
-    int *sKp = sQp + 2 * BR;                           /* [BC] key positions (INT_MAX past Tk) */
-    unsigned *sVis = (unsigned *)(sKp + BC);           /* [⌈query tiles / 32⌉] */
+    __nv_bfloat16 *sV = sK + TILE;                    /* [BC][LDS] */
+    __nv_bfloat16 *sQ = sV + TILE;                    /* [2][BR][LDS] */
+    __nv_bfloat16 *sdO = sQ + 2 * QT;                 /* [2][BR][LDS] */
+    float *sL = (float *)(sdO + 2 * QT);              /* [2][BR] lse·log2 e (+inf: P = 0) */
+    float *sD = sL + 2 * BR;                          /* [2][BR] */
+    int *sQp = (int *)(sD + 2 * BR);         /* [2][BR] query positions (INT_MIN past Tq) */
+    int *sKp = sQp + 2 * BR;                 /* [BC] key positions (INT_MAX past Tk) */
+    unsigned *sVis = (unsigned *)(sKp + BC); /* [⌈query tiles / 32⌉] */
     __shared__ int sRed[4];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int g = blockIdx.x, b = blockIdx.y, grp = NH / NKV, k0 = blockIdx.z * BC, nqt = (Tq + BR - 1) / BR;
-    const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, OC = (int64_t)NH * HS, KVW = (int64_t)2 * NKV * HS;
-    const int wk0 = warp * 16 * KW, key0 = k0 + wk0 + (lane >> 2); /* this thread's keys: key0 + 16a + 8r */
+    const int g = blockIdx.x, b = blockIdx.y, grp = NH / NKV, k0 = blockIdx.z * BC,
+              nqt = (Tq + BR - 1) / BR;
+    const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, OC = (int64_t)NH * HS,
+                  KVW = (int64_t)2 * NKV * HS;
+    const int wk0 = warp * 16 * KW,
+              key0 = k0 + wk0 + (lane >> 2); /* this thread's keys: key0 + 16a + 8r */
 
     /* the key positions (INT_MAX past Tk: seen by nobody), this warp's range, the CTA's
        smallest, and the query tiles that can see any of them */
     for (int c = tid; c < BC; c += us__fa_threads) sKp[c] = k0 + c < Tk ? kpos[k0 + c] : INT_MAX;
     __syncthreads();
     int wkmin = INT_MAX, wkmax = INT_MIN;
-    for (int c = lane; c < 16 * KW; c += 32) { wkmin = min(wkmin, sKp[wk0 + c]); wkmax = max(wkmax, sKp[wk0 + c]); }
+    for (int c = lane; c < 16 * KW; c += 32) {
+        wkmin = min(wkmin, sKp[wk0 + c]);
+        wkmax = max(wkmax, sKp[wk0 + c]);
+    }
     wkmin = us__warp_min(wkmin);
     wkmax = us__warp_max(wkmax);
     if (lane == 0) sRed[warp] = wkmin;
@@ -3460,17 +4116,23 @@ us__flash_block_dkdv_kernel(float *__restrict__ dkv, const __nv_bfloat16 *__rest
     const int first = us__fa_next_tile(sVis, -1, nqt);
     if (first >= nqt) return; /* no query sees these keys: nothing to add */
 
-    auto issue = [&](int hi, int qt, int buf) { /* Q and dO of query head g·grp + hi, tile qt */
-        const int h = g * grp + hi, q0 = qt * BR, nv = min(BR, Tq - q0);
-        us__fa_load_tile<HS, BR>(sQ + buf * QT, qkv + ((int64_t)b * Tq + q0) * QKV + (int64_t)h * HS, QKV, nv);
-        us__fa_load_tile<HS, BR>(sdO + buf * QT, dout + ((int64_t)b * Tq + q0) * OC + (int64_t)h * HS, OC, nv);
+    auto issue = [&](int hi, int qt,
+                     int buf) { /* Q and dO of query head g·grp + hi, tile qt */
+                                const int h = g * grp + hi, q0 = qt * BR, nv = min(BR, Tq - q0);
+                                us__fa_load_tile<HS, BR>(
+                                    sQ + buf * QT,
+                                    qkv + ((int64_t)b * Tq + q0) * QKV + (int64_t)h * HS, QKV, nv);
+                                us__fa_load_tile<HS, BR>(
+                                    sdO + buf * QT,
+                                    dout + ((int64_t)b * Tq + q0) * OC + (int64_t)h * HS, OC, nv);
     };
-    auto issue_pos = [&](int hi, int qt, int buf) { /* their positions, lse·log2 e and D (past Tq: P = 0) */
-        const int q0 = qt * BR;
-        const int64_t i0 = ((int64_t)b * NH + g * grp + hi) * Tq;
-        us__fa_load_pos<BR>(sQp + buf * BR, qpos, q0, Tq, INT_MIN);
-        us__fa_load_pos<BR>(sL + buf * BR, L2g + i0, q0, Tq, INFINITY);
-        us__fa_load_pos<BR>(sD + buf * BR, Dg + i0, q0, Tq, 0.f);
+    auto issue_pos = [&](int hi, int qt,
+                         int buf) { /* their positions, lse·log2 e and D (past Tq: P = 0) */
+                                    const int q0 = qt * BR;
+                                    const int64_t i0 = ((int64_t)b * NH + g * grp + hi) * Tq;
+                                    us__fa_load_pos<BR>(sQp + buf * BR, qpos, q0, Tq, INT_MIN);
+                                    us__fa_load_pos<BR>(sL + buf * BR, L2g + i0, q0, Tq, INFINITY);
+                                    us__fa_load_pos<BR>(sD + buf * BR, Dg + i0, q0, Tq, 0.f);
     };
     {
         const __nv_bfloat16 *gk = kv + ((int64_t)b * Tk + k0) * KVW + (int64_t)g * HS;
@@ -3494,21 +4156,35 @@ us__flash_block_dkdv_kernel(float *__restrict__ dkv, const __nv_bfloat16 *__rest
         us__cp_async_wait_all();
         __syncthreads();
         int nh = hi, nq = us__fa_next_tile(sVis, qt, nqt); /* the next (head, visible tile) */
-        if (nq >= nqt) { nh++; nq = first; }
+        if (nq >= nqt) {
+            nh++;
+            nq = first;
+        }
         const bool more = nh < grp;
-        if (more) { issue(nh, nq, buf ^ 1); issue_pos(nh, nq, buf ^ 1); }
+        if (more) {
+            issue(nh, nq, buf ^ 1);
+            issue_pos(nh, nq, buf ^ 1);
+        }
         us__cp_async_commit();
 
         const int *qp = sQp + buf * BR;
         int qmin = INT_MAX, qmax = INT_MIN;
-        for (int c = lane; c < BR; c += 32) { qmin = min(qmin, qp[c]); qmax = max(qmax, qp[c]); }
+        for (int c = lane; c < BR; c += 32) {
+            qmin = min(qmin, qp[c]);
+            qmax = max(qmax, qp[c]);
+        }
         qmin = us__warp_min(qmin);
         qmax = us__warp_max(qmax);
-        if (qmax >= wkmin) /* some query of the tile sees some key of the warp; mask if some does not */
-            us__fa_dkdv_tile<KW, BR, HS, LDS, true>(dk, dv, sK, sV, wk0, sQ + buf * QT, sdO + buf * QT, sL + buf * BR, sD + buf * BR, sl2,
-                                              wkmax > qmin, [&](int a, int j, int e) {
-                                                  return sKp[wk0 + (lane >> 2) + 16 * a + 8 * (e >> 1)] > qp[j * 8 + 2 * (lane & 3) + (e & 1)];
-                                              }, lane);
+        if (qmax >=
+            wkmin) /* some query of the tile sees some key of the warp; mask if some does not */
+            us__fa_dkdv_tile<KW, BR, HS, LDS, true>(
+                dk, dv, sK, sV, wk0, sQ + buf * QT, sdO + buf * QT, sL + buf * BR, sD + buf * BR,
+                sl2, wkmax > qmin,
+                [&](int a, int j, int e) {
+                    return sKp[wk0 + (lane >> 2) + 16 * a + 8 * (e >> 1)] >
+                           qp[j * 8 + 2 * (lane & 3) + (e & 1)];
+                },
+                lane);
         if (!more) break;
         hi = nh;
         qt = nq;
@@ -3529,47 +4205,56 @@ us__flash_block_dkdv_kernel(float *__restrict__ dkv, const __nv_bfloat16 *__rest
 /* dQ of 64·MW queries of one head for this block: the visible key tiles in order (us__fa_dq_tile) */
 template <int HS, int MW, int BC, int MINB>
 __global__ void __launch_bounds__(128, MINB)
-us__flash_block_dq_kernel(float *__restrict__ dq, const __nv_bfloat16 *__restrict__ dout, const __nv_bfloat16 *__restrict__ qkv,
-                          const float *__restrict__ L2g, const float *__restrict__ Dg, const __nv_bfloat16 *__restrict__ kv,
-                          const int32_t *__restrict__ qpos, const int32_t *__restrict__ kpos, int Tq, int Tk, int NH, int NKV,
-                          float scale, float sl2) {
+    us__flash_block_dq_kernel(float *__restrict__ dq, const __nv_bfloat16 *__restrict__ dout,
+                              const __nv_bfloat16 *__restrict__ qkv, const float *__restrict__ L2g,
+                              const float *__restrict__ Dg, const __nv_bfloat16 *__restrict__ kv,
+                              const int32_t *__restrict__ qpos, const int32_t *__restrict__ kpos,
+                              int Tq, int Tk, int NH, int NKV, float scale, float sl2) {
     constexpr int BR = 64 * MW, LDS = us__fa_dims<HS>::lds, TILE = BC * LDS;
     extern __shared__ __align__(16) unsigned char us__fa_smem[];
     __nv_bfloat16 *sQ = (__nv_bfloat16 *)us__fa_smem; /* [BR][LDS] */
-    __nv_bfloat16 *sdO = sQ + BR * LDS;                /* [BR][LDS] */
-    __nv_bfloat16 *sK = sdO + BR * LDS;                /* [2][BC][LDS] */
-    __nv_bfloat16 *sV = sK + 2 * TILE;                 /* [2][BC][LDS] */
-    int *sQp = (int *)(sV + 2 * TILE);                 /* [BR] */
-    int *sKp = sQp + BR;                               /* [2][BC] */
-    float *sL = (float *)(sKp + 2 * BC);               /* [BR] lse·log2 e (+inf: no key ever seen, or past Tq: P = 0) */
-    float *sD = sL + BR;                               /* [BR] */
-    unsigned *sVis = (unsigned *)(sD + BR);            /* [⌈key tiles / 32⌉] */
+    __nv_bfloat16 *sdO = sQ + BR * LDS;               /* [BR][LDS] */
+    __nv_bfloat16 *sK = sdO + BR * LDS;               /* [2][BC][LDS] */
+    __nv_bfloat16 *sV = sK + 2 * TILE;                /* [2][BC][LDS] */
+    int *sQp = (int *)(sV + 2 * TILE);                /* [BR] */
+    int *sKp = sQp + BR;                              /* [2][BC] */
+    float *sL =
+        (float *)(sKp + 2 * BC); /* [BR] lse·log2 e (+inf: no key ever seen, or past Tq: P = 0) */
+    float *sD = sL + BR;         /* [BR] */
+    unsigned *sVis = (unsigned *)(sD + BR); /* [⌈key tiles / 32⌉] */
     __shared__ int sRed[4];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int qb = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, g = h / (NH / NKV);
-    const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, OC = (int64_t)NH * HS, KVW = (int64_t)2 * NKV * HS;
+    const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, OC = (int64_t)NH * HS,
+                  KVW = (int64_t)2 * NKV * HS;
     const int q0 = qb * BR, nkt = (Tk + BC - 1) / BC;
     const int wr0 = warp * 16 * MW, row0 = q0 + wr0 + (lane >> 2);
-    const __nv_bfloat16 *gk = kv + (int64_t)b * Tk * KVW + (int64_t)g * HS, *gv = gk + (int64_t)NKV * HS;
+    const __nv_bfloat16 *gk = kv + (int64_t)b * Tk * KVW + (int64_t)g * HS,
+                        *gv = gk + (int64_t)NKV * HS;
 
     int wqmin, wqmax;
     us__fa_query_side<MW, BC>(sQp, sVis, sRed, qpos, kpos, q0, Tq, Tk, wqmin, wqmax);
     int kt = us__fa_next_tile(sVis, -1, nkt);
     if (kt >= nkt) return; /* no key of this block is seen here: nothing to add */
-    us__fa_load_tile<HS, BR>(sQ, qkv + ((int64_t)b * Tq + q0) * QKV + (int64_t)h * HS, QKV, min(BR, Tq - q0));
-    us__fa_load_tile<HS, BR>(sdO, dout + ((int64_t)b * Tq + q0) * OC + (int64_t)h * HS, OC, min(BR, Tq - q0));
+    us__fa_load_tile<HS, BR>(sQ, qkv + ((int64_t)b * Tq + q0) * QKV + (int64_t)h * HS, QKV,
+                             min(BR, Tq - q0));
+    us__fa_load_tile<HS, BR>(sdO, dout + ((int64_t)b * Tq + q0) * OC + (int64_t)h * HS, OC,
+                             min(BR, Tq - q0));
     us__fa_load_tile<HS, BC>(sK, gk + (int64_t)kt * BC * KVW, KVW, min(BC, Tk - kt * BC));
     us__fa_load_tile<HS, BC>(sV, gv + (int64_t)kt * BC * KVW, KVW, min(BC, Tk - kt * BC));
     us__fa_load_pos<BC>(sKp, kpos, kt * BC, Tk, INT_MAX);
-    us__fa_load_pos<BR>(sL, L2g + ((int64_t)b * NH + h) * Tq, q0, Tq, INFINITY); /* in shared memory, not registers: */
-    us__fa_load_pos<BR>(sD, Dg + ((int64_t)b * NH + h) * Tq, q0, Tq, 0.f);       /* dQ takes 128 of them at HS 128 */
+    us__fa_load_pos<BR>(sL, L2g + ((int64_t)b * NH + h) * Tq, q0, Tq,
+                        INFINITY); /* in shared memory, not registers: */
+    us__fa_load_pos<BR>(sD, Dg + ((int64_t)b * NH + h) * Tq, q0, Tq,
+                        0.f); /* dQ takes 128 of them at HS 128 */
     us__cp_async_commit();
 
     float dqa[MW][HS / 8][4];
 #pragma unroll
     for (int a = 0; a < MW; a++)
 #pragma unroll
-        for (int i = 0; i < HS / 8; i++) dqa[a][i][0] = dqa[a][i][1] = dqa[a][i][2] = dqa[a][i][3] = 0.f;
+        for (int i = 0; i < HS / 8; i++)
+            dqa[a][i][0] = dqa[a][i][1] = dqa[a][i][2] = dqa[a][i][3] = 0.f;
     const int *myp = sQp + wr0 + (lane >> 2); /* this thread's rows: + 16a + 8r */
     const float *myl = sL + wr0 + (lane >> 2), *myd = sD + wr0 + (lane >> 2);
 
@@ -3577,14 +4262,18 @@ us__flash_block_dq_kernel(float *__restrict__ dq, const __nv_bfloat16 *__restric
         const int buf = it & 1;
         const __nv_bfloat16 *sKb = sK + buf * TILE, *sVb = sV + buf * TILE;
         const int *kp = sKp + buf * BC;
-        const int nx = us__fa_kv_advance<HS, BC, LDS>(sK, sV, sKp, buf, sVis, kt, nkt, gk, gv, KVW, kpos, Tk);
+        const int nx =
+            us__fa_kv_advance<HS, BC, LDS>(sK, sV, sKp, buf, sVis, kt, nkt, gk, gv, KVW, kpos, Tk);
         int kmin, kmax;
         us__fa_tile_range<BC>(kp, lane, kmin, kmax);
         if (kmin <= wqmax)
-            us__fa_dq_tile<MW, BC, HS, LDS, true>(dqa, sQ, sdO, wr0, sKb, sVb, [&](int a, int r) { return myl[16 * a + 8 * r]; },
-                                            [&](int a, int r) { return myd[16 * a + 8 * r]; }, sl2, kmax > wqmin, [&](int a, int j, int e) {
-                return kp[j * 8 + 2 * (lane & 3) + (e & 1)] > myp[16 * a + (e >> 1) * 8];
-            }, lane);
+            us__fa_dq_tile<MW, BC, HS, LDS, true>(
+                dqa, sQ, sdO, wr0, sKb, sVb, [&](int a, int r) { return myl[16 * a + 8 * r]; },
+                [&](int a, int r) { return myd[16 * a + 8 * r]; }, sl2, kmax > wqmin,
+                [&](int a, int j, int e) {
+                    return kp[j * 8 + 2 * (lane & 3) + (e & 1)] > myp[16 * a + (e >> 1) * 8];
+                },
+                lane);
         kt = nx;
     }
 
@@ -3593,53 +4282,74 @@ us__flash_block_dq_kernel(float *__restrict__ dq, const __nv_bfloat16 *__restric
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int row = row0 + 16 * a + 8 * r;
-            if (row < Tq) us__fa_add_row<HS>(dq + ((int64_t)b * Tq + row) * OC + (int64_t)h * HS, dqa[a], r, scale, lane);
+            if (row < Tq)
+                us__fa_add_row<HS>(dq + ((int64_t)b * Tq + row) * OC + (int64_t)h * HS, dqa[a], r,
+                                   scale, lane);
         }
 }
 
 /* ---- host side ------------------------------------------------------------------------ */
-template <int HS, int MW = us__fa_cfg<HS>::fwd_mw, int BC = us__fa_cfg<HS>::fwd_bc, int MINB = us__fa_cfg<HS>::fwd_minb>
-static void us__flash_block_fwd_hs(float *acc, float *m, float *l, const __nv_bfloat16 *qkv, const __nv_bfloat16 *kv, const int32_t *qpos,
-                                   const int32_t *kpos, int B, int Tq, int Tk, int NH, int NKV, int init, cudaStream_t stream) {
+template <int HS, int MW = us__fa_cfg<HS>::fwd_mw, int BC = us__fa_cfg<HS>::fwd_bc,
+          int MINB = us__fa_cfg<HS>::fwd_minb>
+static void us__flash_block_fwd_hs(float *acc, float *m, float *l, const __nv_bfloat16 *qkv,
+                                   const __nv_bfloat16 *kv, const int32_t *qpos,
+                                   const int32_t *kpos, int B, int Tq, int Tk, int NH, int NKV,
+                                   int init, cudaStream_t stream) {
     constexpr int BR = 64 * MW;
     const int nkt = (Tk + BC - 1) / BC;
-    size_t smem = (size_t)(BR + 4 * BC) * us__fa_dims<HS>::lds * 2 + (size_t)(BR + 2 * BC) * 4 + (size_t)((nkt + 31) / 32) * 4;
-    cudaFuncSetAttribute(us__flash_block_fwd_kernel<HS, MW, BC, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    size_t smem = (size_t)(BR + 4 * BC) * us__fa_dims<HS>::lds * 2 + (size_t)(BR + 2 * BC) * 4 +
+                  (size_t)((nkt + 31) / 32) * 4;
+    cudaFuncSetAttribute(us__flash_block_fwd_kernel<HS, MW, BC, MINB>,
+                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     dim3 grid(NH, B, (Tq + BR - 1) / BR);
-    us__flash_block_fwd_kernel<HS, MW, BC, MINB><<<grid, us__fa_threads, smem, stream>>>(acc, m, l, qkv, kv, qpos, kpos, Tq, Tk, NH, NKV, init,
-                                                                                       1.4426950408889634f / sqrtf((float)HS));
+    us__flash_block_fwd_kernel<HS, MW, BC, MINB>
+        <<<grid, us__fa_threads, smem, stream>>>(acc, m, l, qkv, kv, qpos, kpos, Tq, Tk, NH, NKV,
+                                                 init, 1.4426950408889634f / sqrtf((float)HS));
 }
-template <int HS, int KW = us__fa_cfg<HS>::kv_kw, int BR = us__fa_cfg<HS>::kv_br, int MINB = us__fa_cfg<HS>::kv_minb>
-static void us__flash_block_dkdv(float *dkv, const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv, const float *L2, const float *D,
-                                 const __nv_bfloat16 *kv, const int32_t *qpos, const int32_t *kpos, int B, int Tq, int Tk, int NH, int NKV,
-                                 cudaStream_t stream) {
+
+template <int HS, int KW = us__fa_cfg<HS>::kv_kw, int BR = us__fa_cfg<HS>::kv_br,
+          int MINB = us__fa_cfg<HS>::kv_minb>
+static void us__flash_block_dkdv(float *dkv, const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
+                                 const float *L2, const float *D, const __nv_bfloat16 *kv,
+                                 const int32_t *qpos, const int32_t *kpos, int B, int Tq, int Tk,
+                                 int NH, int NKV, cudaStream_t stream) {
     const float scale = 1.f / sqrtf((float)HS);
     const int nqt = (Tq + BR - 1) / BR;
-    size_t smem = us__fa_dkdv_smem<HS, KW, BR>() + (size_t)(2 * BR + 64 * KW) * 4 + (size_t)((nqt + 31) / 32) * 4; /* + positions, bitmask */
-    cudaFuncSetAttribute(us__flash_block_dkdv_kernel<HS, KW, BR, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    size_t smem = us__fa_dkdv_smem<HS, KW, BR>() + (size_t)(2 * BR + 64 * KW) * 4 +
+                  (size_t)((nqt + 31) / 32) * 4; /* + positions, bitmask */
+    cudaFuncSetAttribute(us__flash_block_dkdv_kernel<HS, KW, BR, MINB>,
+                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     dim3 grid(NKV, B, (Tk + 64 * KW - 1) / (64 * KW));
-    us__flash_block_dkdv_kernel<HS, KW, BR, MINB><<<grid, us__fa_threads, smem, stream>>>(dkv, dout, qkv, L2, D, kv, qpos, kpos, Tq, Tk, NH, NKV,
-                                                                                        scale, scale * 1.4426950408889634f);
+    us__flash_block_dkdv_kernel<HS, KW, BR, MINB><<<grid, us__fa_threads, smem, stream>>>(
+        dkv, dout, qkv, L2, D, kv, qpos, kpos, Tq, Tk, NH, NKV, scale, scale * 1.4426950408889634f);
 }
-template <int HS, int MW = us__fa_cfg<HS>::dq_mw, int BC = us__fa_cfg<HS>::dq_bc, int MINB = us__fa_cfg<HS>::dq_minb>
-static void us__flash_block_dq(float *dq, const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv, const float *L2, const float *D,
-                               const __nv_bfloat16 *kv, const int32_t *qpos, const int32_t *kpos, int B, int Tq, int Tk, int NH, int NKV,
-                               cudaStream_t stream) {
+
+template <int HS, int MW = us__fa_cfg<HS>::dq_mw, int BC = us__fa_cfg<HS>::dq_bc,
+          int MINB = us__fa_cfg<HS>::dq_minb>
+static void us__flash_block_dq(float *dq, const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
+                               const float *L2, const float *D, const __nv_bfloat16 *kv,
+                               const int32_t *qpos, const int32_t *kpos, int B, int Tq, int Tk,
+                               int NH, int NKV, cudaStream_t stream) {
     constexpr int BR = 64 * MW;
     const float scale = 1.f / sqrtf((float)HS);
     const int nkt = (Tk + BC - 1) / BC;
-    size_t smem = (size_t)(2 * BR + 4 * BC) * us__fa_dims<HS>::lds * 2 + (size_t)(3 * BR + 2 * BC) * 4 + (size_t)((nkt + 31) / 32) * 4;
-    cudaFuncSetAttribute(us__flash_block_dq_kernel<HS, MW, BC, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    size_t smem = (size_t)(2 * BR + 4 * BC) * us__fa_dims<HS>::lds * 2 +
+                  (size_t)(3 * BR + 2 * BC) * 4 + (size_t)((nkt + 31) / 32) * 4;
+    cudaFuncSetAttribute(us__flash_block_dq_kernel<HS, MW, BC, MINB>,
+                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     dim3 grid(NH, B, (Tq + BR - 1) / BR);
-    us__flash_block_dq_kernel<HS, MW, BC, MINB><<<grid, us__fa_threads, smem, stream>>>(dq, dout, qkv, L2, D, kv, qpos, kpos, Tq, Tk, NH, NKV,
-                                                                                      scale, scale * 1.4426950408889634f);
+    us__flash_block_dq_kernel<HS, MW, BC, MINB><<<grid, us__fa_threads, smem, stream>>>(
+        dq, dout, qkv, L2, D, kv, qpos, kpos, Tq, Tk, NH, NKV, scale, scale * 1.4426950408889634f);
 }
+
 /* the backward of one block: D = rowsum(dO ∘ O) and lse·log2 e into scratch f32 [2][B, NH, Tq],
    then dK|dV, then dQ */
 template <int HS>
-static void us__flash_block_bwd_hs(float *dq, float *dkv, const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv, const __nv_bfloat16 *out,
-                                   const float *lse, const __nv_bfloat16 *kv, const int32_t *qpos, const int32_t *kpos, float *D,
-                                   int B, int Tq, int Tk, int NH, int NKV, cudaStream_t stream) {
+static void us__flash_block_bwd_hs(float *dq, float *dkv, const __nv_bfloat16 *dout,
+                                   const __nv_bfloat16 *qkv, const __nv_bfloat16 *out,
+                                   const float *lse, const __nv_bfloat16 *kv, const int32_t *qpos,
+                                   const int32_t *kpos, float *D, int B, int Tq, int Tk, int NH,
+                                   int NKV, cudaStream_t stream) {
     float *L2 = D + (size_t)B * NH * Tq;
     us__flash_bwd_dot<HS>(dout, out, D, B, Tq, NH, stream, lse, L2);
     us__flash_block_dkdv<HS>(dkv, dout, qkv, L2, D, kv, qpos, kpos, B, Tq, Tk, NH, NKV, stream);
@@ -3649,38 +4359,63 @@ static void us__flash_block_bwd_hs(float *dq, float *dkv, const __nv_bfloat16 *d
 /* The ops: bf16 at HS 64/128 on sm_80+, with 16-byte aligned bf16 tensors (cp.async) and
    8-byte aligned fp32 ones (float2), takes the flash kernels; anything else the portable ones. */
 static int us__aligned(const void *p, size_t a) { return ((uintptr_t)p & (a - 1)) == 0; }
-static int us__flash_block_ok(us_ops *o, us_dtype dt, int HS, int NH, int NKV, int64_t B, int64_t Tq, int64_t Tk) {
-    return us__flash_ok(o, dt, HS) && NKV > 0 && NH % NKV == 0 && B < 65536 && Tq <= INT_MAX / 2 && Tk <= INT_MAX / 2;
+
+static int us__flash_block_ok(us_ops *o, us_dtype dt, int HS, int NH, int NKV, int64_t B,
+                              int64_t Tq, int64_t Tk) {
+    return us__flash_ok(o, dt, HS) && NKV > 0 && NH % NKV == 0 && B < 65536 && Tq <= INT_MAX / 2 &&
+           Tk <= INT_MAX / 2;
 }
-static void us__cuda_attn_block_fwd(us_ops *o, float *acc, float *m, float *l, const void *qkv, const void *kv, const int32_t *qpos,
-                                    const int32_t *kpos, int64_t B, int64_t Tq, int64_t Tk, int NH, int NKV, int HS, int init, us_dtype dt) {
+
+static void us__cuda_attn_block_fwd(us_ops *o, float *acc, float *m, float *l, const void *qkv,
+                                    const void *kv, const int32_t *qpos, const int32_t *kpos,
+                                    int64_t B, int64_t Tq, int64_t Tk, int NH, int NKV, int HS,
+                                    int init, us_dtype dt) {
     cudaStream_t st = us__cu(o)->stream;
     if (B * NH * Tq <= 0) return;
-    if (us__flash_block_ok(o, dt, HS, NH, NKV, B, Tq, Tk) && us__aligned(qkv, 16) && us__aligned(kv, 16) && us__aligned(acc, 8)) {
+    if (us__flash_block_ok(o, dt, HS, NH, NKV, B, Tq, Tk) && us__aligned(qkv, 16) &&
+        us__aligned(kv, 16) && us__aligned(acc, 8)) {
         const __nv_bfloat16 *q = (const __nv_bfloat16 *)qkv, *k = (const __nv_bfloat16 *)kv;
-        if (HS == 64) us__flash_block_fwd_hs<64>(acc, m, l, q, k, qpos, kpos, (int)B, (int)Tq, (int)Tk, NH, NKV, init, st);
-        else us__flash_block_fwd_hs<128>(acc, m, l, q, k, qpos, kpos, (int)B, (int)Tq, (int)Tk, NH, NKV, init, st);
+        if (HS == 64)
+            us__flash_block_fwd_hs<64>(acc, m, l, q, k, qpos, kpos, (int)B, (int)Tq, (int)Tk, NH,
+                                       NKV, init, st);
+        else
+            us__flash_block_fwd_hs<128>(acc, m, l, q, k, qpos, kpos, (int)B, (int)Tq, (int)Tk, NH,
+                                        NKV, init, st);
         US__LAUNCHED(o);
         return;
     }
     us__attn_block_fwd_naive(o, acc, m, l, qkv, kv, qpos, kpos, B, Tq, Tk, NH, NKV, HS, init, dt);
 }
-static void us__cuda_attn_block_bwd(us_ops *o, float *dq, float *dkv, const void *dout, const void *qkv, const void *out, const float *lse,
-                                    const void *kv, const int32_t *qpos, const int32_t *kpos, int64_t B, int64_t Tq, int64_t Tk,
-                                    int NH, int NKV, int HS, us_dtype dt) {
+
+static void us__cuda_attn_block_bwd(us_ops *o, float *dq, float *dkv, const void *dout,
+                                    const void *qkv, const void *out, const float *lse,
+                                    const void *kv, const int32_t *qpos, const int32_t *kpos,
+                                    int64_t B, int64_t Tq, int64_t Tk, int NH, int NKV, int HS,
+                                    us_dtype dt) {
     cudaStream_t st = us__cu(o)->stream;
     if (B * NH * Tq <= 0 || Tk <= 0) return;
-    if (us__flash_block_ok(o, dt, HS, NH, NKV, B, Tq, Tk) && us__aligned(dout, 16) && us__aligned(qkv, 16) && us__aligned(out, 16) &&
-        us__aligned(kv, 16) && us__aligned(dq, 8) && us__aligned(dkv, 8)) {
+    if (us__flash_block_ok(o, dt, HS, NH, NKV, B, Tq, Tk) && us__aligned(dout, 16) &&
+        us__aligned(qkv, 16) && us__aligned(out, 16) && us__aligned(kv, 16) && us__aligned(dq, 8) &&
+        us__aligned(dkv, 8)) {
         float *D = (float *)us__cuda_scratch(o, (size_t)2 * B * NH * Tq * sizeof(float));
-        const __nv_bfloat16 *d = (const __nv_bfloat16 *)dout, *q = (const __nv_bfloat16 *)qkv, *ou = (const __nv_bfloat16 *)out, *k = (const __nv_bfloat16 *)kv;
-        if (!D) { us__cuda_fail(o, "attn_block_bwd", "out of device memory for its scratch", __FILE__, __LINE__); return; }
-        if (HS == 64) us__flash_block_bwd_hs<64>(dq, dkv, d, q, ou, lse, k, qpos, kpos, D, (int)B, (int)Tq, (int)Tk, NH, NKV, st);
-        else us__flash_block_bwd_hs<128>(dq, dkv, d, q, ou, lse, k, qpos, kpos, D, (int)B, (int)Tq, (int)Tk, NH, NKV, st);
+        const __nv_bfloat16 *d = (const __nv_bfloat16 *)dout, *q = (const __nv_bfloat16 *)qkv,
+                            *ou = (const __nv_bfloat16 *)out, *k = (const __nv_bfloat16 *)kv;
+        if (!D) {
+            us__cuda_fail(o, "attn_block_bwd", "out of device memory for its scratch", __FILE__,
+                          __LINE__);
+            return;
+        }
+        if (HS == 64)
+            us__flash_block_bwd_hs<64>(dq, dkv, d, q, ou, lse, k, qpos, kpos, D, (int)B, (int)Tq,
+                                       (int)Tk, NH, NKV, st);
+        else
+            us__flash_block_bwd_hs<128>(dq, dkv, d, q, ou, lse, k, qpos, kpos, D, (int)B, (int)Tq,
+                                        (int)Tk, NH, NKV, st);
         US__LAUNCHED(o);
         return;
     }
-    us__attn_block_bwd_naive(o, dq, dkv, dout, qkv, out, lse, kv, qpos, kpos, B, Tq, Tk, NH, NKV, HS, dt);
+    us__attn_block_bwd_naive(o, dq, dkv, dout, qkv, out, lse, kv, qpos, kpos, B, Tq, Tk, NH, NKV,
+                             HS, dt);
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -3689,16 +4424,24 @@ static void us__cuda_attn_block_bwd(us_ops *o, float *dq, float *dkv, const void
 /* Router: one thread per token, running the CPU reference's own us__moe_route_row (scores, the
    M best groups as a bit mask, top-k by repeated argmax, lower index on ties); rowsum (may be
    NULL) receives Σ_e probs for the aux loss's psum. */
-__global__ void us__k_moe_route(int32_t *topk, float *gates, float *probs, float *rowsum, const float *logits, const float *bias,
-                                int64_t N, int E, int K, int gate, int G, int M) {
+__global__ void us__k_moe_route(int32_t *topk, float *gates, float *probs, float *rowsum,
+                                const float *logits, const float *bias, int64_t N, int E, int K,
+                                int gate, int G, int M) {
     int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     int e;
     if (n >= N) return;
-    us__moe_route_row(topk + n * K, gates + n * K, probs + n * E, logits + n * E, bias, E, K, gate, G, M);
-    if (rowsum) { double t = 0; for (e = 0; e < E; e++) t += probs[n * E + e]; rowsum[n] = (float)t; }
+    us__moe_route_row(topk + n * K, gates + n * K, probs + n * E, logits + n * E, bias, E, K, gate,
+                      G, M);
+    if (rowsum) {
+        double t = 0;
+        for (e = 0; e < E; e++) t += probs[n * E + e];
+        rowsum[n] = (float)t;
+    }
 }
+
 /* psum[e] = Σ_n probs[n,e] / rowsum[n]: one block per expert, a fixed order (deterministic) */
-__global__ void us__k_moe_psum(float *psum, const float *probs, const float *rowsum, int64_t N, int E) {
+__global__ void us__k_moe_psum(float *psum, const float *probs, const float *rowsum, int64_t N,
+                               int E) {
     __shared__ double sh[32];
     int e = blockIdx.x;
     int64_t n;
@@ -3707,33 +4450,46 @@ __global__ void us__k_moe_psum(float *psum, const float *probs, const float *row
     acc = us__block_sum(acc, sh);
     if (threadIdx.x == 0) psum[e] = (float)acc;
 }
-static void us__cuda_moe_route(us_ops *o, int32_t *topk, float *gates, float *probs, float *psum, const float *logits, const float *bias,
-                               int64_t N, int E, int K, int gate, int n_groups, int top_groups) {
+
+static void us__cuda_moe_route(us_ops *o, int32_t *topk, float *gates, float *probs, float *psum,
+                               const float *logits, const float *bias, int64_t N, int E, int K,
+                               int gate, int n_groups, int top_groups) {
     cudaStream_t s = us__cu(o)->stream;
     float *rowsum = psum ? (float *)us__cuda_scratch(o, (size_t)N * sizeof(float)) : NULL;
-    us__k_moe_route<<<us__blocks(N, 128), 128, 0, s>>>(topk, gates, probs, rowsum, logits, bias, N, E, K, gate, n_groups, top_groups);
+    us__k_moe_route<<<us__blocks(N, 128), 128, 0, s>>>(topk, gates, probs, rowsum, logits, bias, N,
+                                                       E, K, gate, n_groups, top_groups);
     US__LAUNCHED(o);
-    if (psum) { us__k_moe_psum<<<(unsigned)E, 256, 0, s>>>(psum, probs, rowsum, N, E); US__LAUNCHED(o); }
+    if (psum) {
+        us__k_moe_psum<<<(unsigned)E, 256, 0, s>>>(psum, probs, rowsum, N, E);
+        US__LAUNCHED(o);
+    }
 }
+
 /* The router's backward, one thread per token, without a per-token array: ∂p_e is rebuilt on
    the fly from the K choices and the aux vector (see the CPU reference for the formulas). */
-__device__ double us__moe_dp(int e, const float *p, const int32_t *tk, const float *dg, const float *aux, int K, int gate, double S, double dot,
-                             double T, double adot) {
+__device__ double us__moe_dp(int e, const float *p, const int32_t *tk, const float *dg,
+                             const float *aux, int K, int gate, double S, double dot, double T,
+                             double adot) {
     double d = 0;
     int k;
-    for (k = 0; k < K; k++) if (tk[k] == e) d += gate == US_MOE_SIGMOID ? ((double)dg[k] - dot) / S : (double)dg[k];
+    for (k = 0; k < K; k++)
+        if (tk[k] == e) d += gate == US_MOE_SIGMOID ? ((double)dg[k] - dot) / S : (double)dg[k];
     if (aux) d += ((double)aux[e] - adot) / T;
     return d;
 }
-__global__ void us__k_moe_route_bwd(float *dlogits, const float *dgates, const float *probs, const int32_t *topk, const float *aux,
-                                    int64_t N, int E, int K, int gate) {
+
+__global__ void us__k_moe_route_bwd(float *dlogits, const float *dgates, const float *probs,
+                                    const int32_t *topk, const float *aux, int64_t N, int E, int K,
+                                    int gate) {
     int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const float *p, *dg;
     const int32_t *tk;
     double S = 1, dot = 0, T = 1, adot = 0, pd = 0;
     int e, k;
     if (n >= N) return;
-    p = probs + n * E; dg = dgates + n * K; tk = topk + n * K;
+    p = probs + n * E;
+    dg = dgates + n * K;
+    tk = topk + n * K;
     if (gate == US_MOE_SIGMOID) {
         float Sf = 0;
         for (k = 0; k < K; k++) Sf += p[tk[k]];
@@ -3746,21 +4502,30 @@ __global__ void us__k_moe_route_bwd(float *dlogits, const float *dgates, const f
         for (e = 0; e < E; e++) adot += (double)aux[e] * p[e] / T;
     }
     if (gate == US_MOE_SIGMOID) {
-        for (e = 0; e < E; e++) dlogits[n * E + e] = (float)(us__moe_dp(e, p, tk, dg, aux, K, gate, S, dot, T, adot) * p[e] * (1.0 - p[e]));
+        for (e = 0; e < E; e++)
+            dlogits[n * E + e] = (float)(us__moe_dp(e, p, tk, dg, aux, K, gate, S, dot, T, adot) *
+                                         p[e] * (1.0 - p[e]));
         return;
     }
     for (e = 0; e < E; e++) pd += us__moe_dp(e, p, tk, dg, aux, K, gate, S, dot, T, adot) * p[e];
-    for (e = 0; e < E; e++) dlogits[n * E + e] = (float)(p[e] * (us__moe_dp(e, p, tk, dg, aux, K, gate, S, dot, T, adot) - pd));
+    for (e = 0; e < E; e++)
+        dlogits[n * E + e] =
+            (float)(p[e] * (us__moe_dp(e, p, tk, dg, aux, K, gate, S, dot, T, adot) - pd));
 }
-static void us__cuda_moe_route_bwd(us_ops *o, float *dlogits, const float *dgates, const float *probs, const int32_t *topk, const float *aux,
+
+static void us__cuda_moe_route_bwd(us_ops *o, float *dlogits, const float *dgates,
+                                   const float *probs, const int32_t *topk, const float *aux,
                                    int64_t N, int E, int K, int gate) {
-    us__k_moe_route_bwd<<<us__blocks(N, 128), 128, 0, us__cu(o)->stream>>>(dlogits, dgates, probs, topk, aux, N, E, K, gate);
+    us__k_moe_route_bwd<<<us__blocks(N, 128), 128, 0, us__cu(o)->stream>>>(
+        dlogits, dgates, probs, topk, aux, N, E, K, gate);
     US__LAUNCHED(o);
 }
+
 /* Counting sort in one block: thread e scans every choice in token order for its own expert
    (E ≤ 1024 threads), then thread 0 lays out the expert groups. Simple, serial in N·K. */
-__global__ void us__k_moe_permute(int32_t *slot_row, int32_t *row_slot, int32_t *routed, int32_t *kept, const int32_t *topk,
-                                  int64_t NK, int E, int64_t cap, int64_t R) {
+__global__ void us__k_moe_permute(int32_t *slot_row, int32_t *row_slot, int32_t *routed,
+                                  int32_t *kept, const int32_t *topk, int64_t NK, int E,
+                                  int64_t cap, int64_t R) {
     __shared__ int64_t off[1025];
     int e = threadIdx.x;
     int64_t i, cnt = 0, fill = 0, r;
@@ -3770,31 +4535,46 @@ __global__ void us__k_moe_permute(int32_t *slot_row, int32_t *row_slot, int32_t 
         kept[e] = (int32_t)(cap > 0 && cnt > cap ? cap : cnt);
     }
     __syncthreads();
-    if (e == 0) { off[0] = 0; for (r = 0; r < E; r++) off[r + 1] = off[r] + kept[r]; }
+    if (e == 0) {
+        off[0] = 0;
+        for (r = 0; r < E; r++) off[r + 1] = off[r] + kept[r];
+    }
     __syncthreads();
     if (e < E)
         for (i = 0; i < NK; i++) {
             if (topk[i] != e) continue;
-            if (fill < kept[e]) { slot_row[i] = (int32_t)(off[e] + fill); row_slot[off[e] + fill] = (int32_t)i; fill++; }
-            else slot_row[i] = -1;
+            if (fill < kept[e]) {
+                slot_row[i] = (int32_t)(off[e] + fill);
+                row_slot[off[e] + fill] = (int32_t)i;
+                fill++;
+            } else
+                slot_row[i] = -1;
         }
     for (r = off[E] + threadIdx.x; r < R; r += blockDim.x) row_slot[r] = -1;
 }
-static void us__cuda_moe_permute(us_ops *o, int32_t *slot_row, int32_t *row_slot, int32_t *routed, int32_t *kept, const int32_t *topk,
-                                 int64_t N, int E, int K, int64_t cap, int64_t R) {
+
+static void us__cuda_moe_permute(us_ops *o, int32_t *slot_row, int32_t *row_slot, int32_t *routed,
+                                 int32_t *kept, const int32_t *topk, int64_t N, int E, int K,
+                                 int64_t cap, int64_t R) {
     int threads = E < 32 ? 32 : (E + 31) / 32 * 32;
-    us__k_moe_permute<<<1, threads, 0, us__cu(o)->stream>>>(slot_row, row_slot, routed, kept, topk, N * K, E, cap, R);
+    us__k_moe_permute<<<1, threads, 0, us__cu(o)->stream>>>(slot_row, row_slot, routed, kept, topk,
+                                                            N * K, E, cap, R);
     US__LAUNCHED(o);
 }
+
 /* Row movement: a block per destination row. */
 template <typename T>
-__global__ void us__k_moe_gather(T *dst, const T *src, const int32_t *row_slot, const float *scale, int K, int64_t C) {
+__global__ void us__k_moe_gather(T *dst, const T *src, const int32_t *row_slot, const float *scale,
+                                 int K, int64_t C) {
     int64_t r = blockIdx.x, s = row_slot[r], c;
     float sc = s >= 0 && scale ? scale[s] : 1.0f;
-    for (c = threadIdx.x; c < C; c += blockDim.x) us__st(dst, r * C + c, s < 0 ? 0.0f : sc * us__ld(src, s / K * C + c));
+    for (c = threadIdx.x; c < C; c += blockDim.x)
+        us__st(dst, r * C + c, s < 0 ? 0.0f : sc * us__ld(src, s / K * C + c));
 }
+
 template <typename T>
-__global__ void us__k_moe_scatter(T *dst, const T *src, const int32_t *slot_row, const float *scale, int K, int64_t C) {
+__global__ void us__k_moe_scatter(T *dst, const T *src, const int32_t *slot_row, const float *scale,
+                                  int K, int64_t C) {
     int64_t n = blockIdx.x, c;
     int k;
     for (c = threadIdx.x; c < C; c += blockDim.x) {
@@ -3806,102 +4586,163 @@ __global__ void us__k_moe_scatter(T *dst, const T *src, const int32_t *slot_row,
         us__st(dst, n * C + c, acc);
     }
 }
+
 template <typename T>
-__global__ void us__k_moe_gate_grad(float *dgates, const T *dout, const T *src, const int32_t *slot_row, int K, int64_t C) {
+__global__ void us__k_moe_gate_grad(float *dgates, const T *dout, const T *src,
+                                    const int32_t *slot_row, int K, int64_t C) {
     __shared__ double sh[32];
     int64_t i = blockIdx.x, r = slot_row[i], c;
     double d = 0;
-    if (r >= 0) for (c = threadIdx.x; c < C; c += blockDim.x) d += (double)us__ld(dout, i / K * C + c) * us__ld(src, r * C + c);
+    if (r >= 0)
+        for (c = threadIdx.x; c < C; c += blockDim.x)
+            d += (double)us__ld(dout, i / K * C + c) * us__ld(src, r * C + c);
     d = us__block_sum(d, sh);
     if (threadIdx.x == 0) dgates[i] = (float)d;
 }
-static void us__cuda_moe_gather(us_ops *o, void *dst, const void *src, const int32_t *row_slot, const float *scale, int64_t R, int K, int64_t C, us_dtype dt) {
+
+static void us__cuda_moe_gather(us_ops *o, void *dst, const void *src, const int32_t *row_slot,
+                                const float *scale, int64_t R, int K, int64_t C, us_dtype dt) {
     if (R <= 0) return;
-    US__DISPATCH(o, dt, (us__k_moe_gather<T_><<<(unsigned)R, 256, 0, us__cu(o)->stream>>>((T_ *)dst, (const T_ *)src, row_slot, scale, K, C)));
+    US__DISPATCH(o, dt,
+                 (us__k_moe_gather<T_><<<(unsigned)R, 256, 0, us__cu(o)->stream>>>(
+                     (T_ *)dst, (const T_ *)src, row_slot, scale, K, C)));
 }
-static void us__cuda_moe_scatter(us_ops *o, void *dst, const void *src, const int32_t *slot_row, const float *scale, int64_t N, int K, int64_t C, us_dtype dt) {
+
+static void us__cuda_moe_scatter(us_ops *o, void *dst, const void *src, const int32_t *slot_row,
+                                 const float *scale, int64_t N, int K, int64_t C, us_dtype dt) {
     if (N <= 0) return;
-    US__DISPATCH(o, dt, (us__k_moe_scatter<T_><<<(unsigned)N, 256, 0, us__cu(o)->stream>>>((T_ *)dst, (const T_ *)src, slot_row, scale, K, C)));
+    US__DISPATCH(o, dt,
+                 (us__k_moe_scatter<T_><<<(unsigned)N, 256, 0, us__cu(o)->stream>>>(
+                     (T_ *)dst, (const T_ *)src, slot_row, scale, K, C)));
 }
-static void us__cuda_moe_gate_grad(us_ops *o, float *dgates, const void *dout, const void *src, const int32_t *slot_row, int64_t N, int K, int64_t C, us_dtype dt) {
+
+static void us__cuda_moe_gate_grad(us_ops *o, float *dgates, const void *dout, const void *src,
+                                   const int32_t *slot_row, int64_t N, int K, int64_t C,
+                                   us_dtype dt) {
     if (N <= 0) return;
-    US__DISPATCH(o, dt, (us__k_moe_gate_grad<T_><<<(unsigned)(N * K), 128, 0, us__cu(o)->stream>>>(dgates, (const T_ *)dout, (const T_ *)src, slot_row, K, C)));
+    US__DISPATCH(o, dt,
+                 (us__k_moe_gate_grad<T_><<<(unsigned)(N * K), 128, 0, us__cu(o)->stream>>>(
+                     dgates, (const T_ *)dout, (const T_ *)src, slot_row, K, C)));
 }
 
 /* ------------------------------------------------------------------------------------ */
 // >>cuda-optimizer  AdamW over flat fp32 buffers, Σx² for the global norm
 /* ------------------------------------------------------------------------------------ */
 template <typename L>
-__global__ void us__k_adamw(float *p, const float *g, float *m, float *v, L *low, int64_t n, float lr, float b1, float b2,
-                            float eps, float wd, float gscale, float bc1, float bc2) {
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, st = (int64_t)gridDim.x * blockDim.x;
+__global__ void us__k_adamw(float *p, const float *g, float *m, float *v, L *low, int64_t n,
+                            float lr, float b1, float b2, float eps, float wd, float gscale,
+                            float bc1, float bc2) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x,
+            st = (int64_t)gridDim.x * blockDim.x;
     for (; i < n; i += st) {
-        float gi = g[i] * gscale, mi = b1 * m[i] + (1.0f - b1) * gi, vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        float gi = g[i] * gscale, mi = b1 * m[i] + (1.0f - b1) * gi,
+              vi = b2 * v[i] + (1.0f - b2) * gi * gi;
         float pi = p[i] * (1.0f - lr * wd) - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
-        m[i] = mi; v[i] = vi; p[i] = pi;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = pi;
         if (low) us__st(low, i, pi);
     }
 }
+
 /* Vector path: float4 over the body [head, head + 4·nvec), where head (0–3 elements) brings p to a
    16-byte boundary; the head and the tail (0–3 elements) are done by the first threads, one
    element each. Same formula, element by element, as the scalar kernel. */
-static __device__ __forceinline__ void us__adamw1(float &p, float g, float &m, float &v, float lr, float b1, float b2,
-                                                  float eps, float wd, float gscale, float bc1, float bc2) {
+static __device__ __forceinline__ void us__adamw1(float &p, float g, float &m, float &v, float lr,
+                                                  float b1, float b2, float eps, float wd,
+                                                  float gscale, float bc1, float bc2) {
     float gi = g * gscale, mi = b1 * m + (1.0f - b1) * gi, vi = b2 * v + (1.0f - b2) * gi * gi;
     float pi = p * (1.0f - lr * wd) - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
-    m = mi; v = vi; p = pi;
+    m = mi;
+    v = vi;
+    p = pi;
 }
+
 template <typename L>
-__global__ void us__k_adamw_vec(float *p, const float *g, float *m, float *v, L *low, int64_t n, int64_t head, int64_t nvec,
-                                float lr, float b1, float b2, float eps, float wd, float gscale, float bc1, float bc2) {
-    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, st = (int64_t)gridDim.x * blockDim.x, i;
-    int64_t rest = n - head - 4 * nvec;   /* tail elements */
+__global__ void us__k_adamw_vec(float *p, const float *g, float *m, float *v, L *low, int64_t n,
+                                int64_t head, int64_t nvec, float lr, float b1, float b2, float eps,
+                                float wd, float gscale, float bc1, float bc2) {
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x,
+            st = (int64_t)gridDim.x * blockDim.x, i;
+    int64_t rest = n - head - 4 * nvec; /* tail elements */
     if (t < head + rest) {
         int64_t e = t < head ? t : head + 4 * nvec + (t - head);
         float pe = p[e], me = m[e], ve = v[e];
         us__adamw1(pe, g[e], me, ve, lr, b1, b2, eps, wd, gscale, bc1, bc2);
-        m[e] = me; v[e] = ve; p[e] = pe;
+        m[e] = me;
+        v[e] = ve;
+        p[e] = pe;
         if (low) us__st(low, e, pe);
     }
     for (i = t; i < nvec; i += st) {
         int64_t e = head + 4 * i;
         float pv[4], gv[4], mv[4], vv[4];
         int k;
-        us__ldv(p + e, pv); us__ldv(g + e, gv); us__ldv(m + e, mv); us__ldv(v + e, vv);
+        us__ldv(p + e, pv);
+        us__ldv(g + e, gv);
+        us__ldv(m + e, mv);
+        us__ldv(v + e, vv);
 #pragma unroll
-        for (k = 0; k < 4; k++) us__adamw1(pv[k], gv[k], mv[k], vv[k], lr, b1, b2, eps, wd, gscale, bc1, bc2);
-        us__stv(m + e, mv); us__stv(v + e, vv); us__stv(p + e, pv);
+        for (k = 0; k < 4; k++)
+            us__adamw1(pv[k], gv[k], mv[k], vv[k], lr, b1, b2, eps, wd, gscale, bc1, bc2);
+        us__stv(m + e, mv);
+        us__stv(v + e, vv);
+        us__stv(p + e, pv);
         if (low) us__st4(low + e, pv);
     }
 }
+
 __global__ void us__k_axpy(float *y, const float *x, float a, int64_t n) {
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, stride = (int64_t)gridDim.x * blockDim.x;
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x,
+            stride = (int64_t)gridDim.x * blockDim.x;
     for (; i < n; i += stride) y[i] += a * x[i];
 }
+
 static void us__cuda_axpy(us_ops *o, float *y, const float *x, float a, int64_t n) {
     if (n <= 0) return;
-    us__k_axpy<<<us__blocks(n < (int64_t)1 << 24 ? n : (int64_t)1 << 24, 256), 256, 0, us__cu(o)->stream>>>(y, x, a, n);
+    us__k_axpy<<<us__blocks(n < (int64_t)1 << 24 ? n : (int64_t)1 << 24, 256), 256, 0,
+                 us__cu(o)->stream>>>(y, x, a, n);
     US__CU(o, cudaGetLastError());
 }
-static void us__cuda_adamw(us_ops *o, float *p, const float *g, float *m, float *v, void *p_lowp, us_dtype lowdt, int64_t n,
-                           float lr, float beta1, float beta2, float eps, float wd, float gscale, int step) {
+
+static void us__cuda_adamw(us_ops *o, float *p, const float *g, float *m, float *v, void *p_lowp,
+                           us_dtype lowdt, int64_t n, float lr, float beta1, float beta2, float eps,
+                           float wd, float gscale, int step) {
     cudaStream_t s = us__cu(o)->stream;
     float bc1 = 1.0f - powf(beta1, (float)step), bc2 = 1.0f - powf(beta2, (float)step);
-    int lowbf = p_lowp && lowdt != US_F32;   /* which copy the kernels write: bf16 / fp16, fp32 or none */
-    int64_t head = (int64_t)(((16 - ((uintptr_t)p & 15)) & 15) / 4), nvec = n > head ? (n - head) / 4 : 0;
-    int vec = us__al(p, 4) && nvec > 0 && us__al16(g + head) && us__al16(m + head) && us__al16(v + head) &&
-              (!p_lowp || (lowbf ? us__al((const __nv_bfloat16 *)p_lowp + head, 8) : us__al16((const float *)p_lowp + head)));
+    int lowbf =
+        p_lowp && lowdt != US_F32; /* which copy the kernels write: bf16 / fp16, fp32 or none */
+    int64_t head = (int64_t)(((16 - ((uintptr_t)p & 15)) & 15) / 4),
+            nvec = n > head ? (n - head) / 4 : 0;
+    int vec = us__al(p, 4) && nvec > 0 && us__al16(g + head) && us__al16(m + head) &&
+              us__al16(v + head) &&
+              (!p_lowp || (lowbf ? us__al((const __nv_bfloat16 *)p_lowp + head, 8)
+                                 : us__al16((const float *)p_lowp + head)));
     if (vec) {
         int64_t rest = n - head - 4 * nvec;
         unsigned gr = us__blocks(nvec > head + rest ? nvec : head + rest, 256);
-        if (!lowbf) us__k_adamw_vec<float><<<gr, 256, 0, s>>>(p, g, m, v, (float *)p_lowp, n, head, nvec, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
-        else if (lowdt == US_F16) us__k_adamw_vec<__half><<<gr, 256, 0, s>>>(p, g, m, v, (__half *)p_lowp, n, head, nvec, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
-        else us__k_adamw_vec<__nv_bfloat16><<<gr, 256, 0, s>>>(p, g, m, v, (__nv_bfloat16 *)p_lowp, n, head, nvec, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
+        if (!lowbf)
+            us__k_adamw_vec<float><<<gr, 256, 0, s>>>(p, g, m, v, (float *)p_lowp, n, head, nvec,
+                                                      lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
+        else if (lowdt == US_F16)
+            us__k_adamw_vec<__half><<<gr, 256, 0, s>>>(p, g, m, v, (__half *)p_lowp, n, head, nvec,
+                                                       lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
+        else
+            us__k_adamw_vec<__nv_bfloat16><<<gr, 256, 0, s>>>(p, g, m, v, (__nv_bfloat16 *)p_lowp,
+                                                              n, head, nvec, lr, beta1, beta2, eps,
+                                                              wd, gscale, bc1, bc2);
     } else {
         unsigned gr = us__blocks(n, 256);
-        if (!lowbf) us__k_adamw<float><<<gr, 256, 0, s>>>(p, g, m, v, (float *)p_lowp, n, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
-        else if (lowdt == US_F16) us__k_adamw<__half><<<gr, 256, 0, s>>>(p, g, m, v, (__half *)p_lowp, n, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
-        else us__k_adamw<__nv_bfloat16><<<gr, 256, 0, s>>>(p, g, m, v, (__nv_bfloat16 *)p_lowp, n, lr, beta1, beta2, eps, wd, gscale, bc1, bc2);
+        if (!lowbf)
+            us__k_adamw<float><<<gr, 256, 0, s>>>(p, g, m, v, (float *)p_lowp, n, lr, beta1, beta2,
+                                                  eps, wd, gscale, bc1, bc2);
+        else if (lowdt == US_F16)
+            us__k_adamw<__half><<<gr, 256, 0, s>>>(p, g, m, v, (__half *)p_lowp, n, lr, beta1,
+                                                   beta2, eps, wd, gscale, bc1, bc2);
+        else
+            us__k_adamw<__nv_bfloat16><<<gr, 256, 0, s>>>(p, g, m, v, (__nv_bfloat16 *)p_lowp, n,
+                                                          lr, beta1, beta2, eps, wd, gscale, bc1,
+                                                          bc2);
     }
     US__LAUNCHED(o);
 }
@@ -3909,14 +4750,17 @@ static void us__cuda_adamw(us_ops *o, float *p, const float *g, float *m, float 
 /* Σx² with a fixed grid: each block sums a fixed stride pattern in double, then one block sums
    the partials in order — the same bits every run. */
 #define US__RED_BLOCKS 512
+
 __global__ void us__k_sumsq_part(double *part, const float *x, int64_t n) {
     __shared__ double sh[32];
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, st = (int64_t)gridDim.x * blockDim.x;
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x,
+            st = (int64_t)gridDim.x * blockDim.x;
     double a = 0;
     for (; i < n; i += st) a += (double)x[i] * x[i];
     a = us__block_sum(a, sh);
     if (threadIdx.x == 0) part[blockIdx.x] = a;
 }
+
 __global__ void us__k_sumsq_final(double *part, int nb) {
     __shared__ double sh[32];
     double a = 0;
@@ -3925,6 +4769,7 @@ __global__ void us__k_sumsq_final(double *part, int nb) {
     a = us__block_sum(a, sh);
     if (threadIdx.x == 0) part[0] = a;
 }
+
 static double us__cuda_sumsq(us_ops *o, const float *x, int64_t n) {
     us__cuda *c = us__cu(o);
     double *part = (double *)us__cuda_scratch(o, US__RED_BLOCKS * sizeof(double));
@@ -3932,7 +4777,8 @@ static double us__cuda_sumsq(us_ops *o, const float *x, int64_t n) {
     us__k_sumsq_part<<<US__RED_BLOCKS, 256, 0, c->stream>>>(part, x, n);
     us__k_sumsq_final<<<1, 256, 0, c->stream>>>(part, US__RED_BLOCKS);
     US__LAUNCHED(o);
-    US__CU(o, cudaMemcpyAsync(c->host_red, part, sizeof(double), cudaMemcpyDeviceToHost, c->stream));
+    US__CU(o,
+           cudaMemcpyAsync(c->host_red, part, sizeof(double), cudaMemcpyDeviceToHost, c->stream));
     US__CU(o, cudaStreamSynchronize(c->stream));
     return c->failed ? NAN : *c->host_red;
 }
@@ -3946,38 +4792,73 @@ static double us__cuda_sumsq(us_ops *o, const float *x, int64_t n) {
    128-element tiles along the reduction. One read of x: a tile's elements stay in registers (or
    shared memory, for the transposed tiles) from the amax to the cast; the scales land in the
    layout cuBLASLt's VEC128_32F / BLK128x128_32F modes read (DESIGN.md "Performance"). */
-static __device__ __forceinline__ uint8_t us__e4m3(float v) { return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3); }
-static __device__ __forceinline__ uint32_t us__e4m3x2(float a, float b) { return (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3); }
+static __device__ __forceinline__ uint8_t us__e4m3(float v) {
+    return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+}
+
+static __device__ __forceinline__ uint32_t us__e4m3x2(float a, float b) {
+    return (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+}
+
 /* |v| as bits: for non-negative floats the unsigned order is the numeric order and NaN patterns
    sort above inf, so an integer max is the NaN-sticky amax in two instructions */
-static __device__ __forceinline__ unsigned us__abits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
+static __device__ __forceinline__ unsigned us__abits(float v) {
+    return __float_as_uint(v) & 0x7fffffffu;
+}
 
 /* 4 consecutive elements in one load (16-byte fp32, 8-byte bf16/fp16); the caller guarantees
    the alignment (vec bit 1, checked on the host) */
-static __device__ __forceinline__ void us__ld4(const float *p, float *f) { float4 u = *reinterpret_cast<const float4 *>(p); f[0] = u.x; f[1] = u.y; f[2] = u.z; f[3] = u.w; }
+static __device__ __forceinline__ void us__ld4(const float *p, float *f) {
+    float4 u = *reinterpret_cast<const float4 *>(p);
+    f[0] = u.x;
+    f[1] = u.y;
+    f[2] = u.z;
+    f[3] = u.w;
+}
+
 static __device__ __forceinline__ void us__ld4(const __nv_bfloat16 *p, float *f) {
     uint2 u = *reinterpret_cast<const uint2 *>(p);
-    float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.x)), y = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.y));
-    f[0] = x.x; f[1] = x.y; f[2] = y.x; f[3] = y.y;
+    float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.x)),
+           y = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.y));
+    f[0] = x.x;
+    f[1] = x.y;
+    f[2] = y.x;
+    f[3] = y.y;
 }
+
 static __device__ __forceinline__ void us__ld4(const __half *p, float *f) {
     uint2 u = *reinterpret_cast<const uint2 *>(p);
-    float2 x = __half22float2(*reinterpret_cast<const __half2 *>(&u.x)), y = __half22float2(*reinterpret_cast<const __half2 *>(&u.y));
-    f[0] = x.x; f[1] = x.y; f[2] = y.x; f[3] = y.y;
+    float2 x = __half22float2(*reinterpret_cast<const __half2 *>(&u.x)),
+           y = __half22float2(*reinterpret_cast<const __half2 *>(&u.y));
+    f[0] = x.x;
+    f[1] = x.y;
+    f[2] = y.x;
+    f[3] = y.y;
 }
+
 /* four E4M3 bytes of v·r, little-endian: P's elements l..l+3 as one 4-byte store */
-static __device__ __forceinline__ uint32_t us__e4m3x4(const float *v, float r) {   /* r = 1/s */
+static __device__ __forceinline__ uint32_t us__e4m3x4(const float *v, float r) { /* r = 1/s */
     return us__e4m3x2(v[0] * r, v[1] * r) | us__e4m3x2(v[2] * r, v[3] * r) << 16;
 }
+
 static __device__ __forceinline__ void us__st_q4(uint8_t *q, uint32_t w, int vec) {
-    if (vec & 2) *reinterpret_cast<uint32_t *>(q) = w;
-    else { q[0] = (uint8_t)w; q[1] = (uint8_t)(w >> 8); q[2] = (uint8_t)(w >> 16); q[3] = (uint8_t)(w >> 24); }
+    if (vec & 2)
+        *reinterpret_cast<uint32_t *>(q) = w;
+    else {
+        q[0] = (uint8_t)w;
+        q[1] = (uint8_t)(w >> 8);
+        q[2] = (uint8_t)(w >> 16);
+        q[3] = (uint8_t)(w >> 24);
+    }
 }
-static __device__ __forceinline__ unsigned us__oct_umax(unsigned a) {   /* over the 8 lanes of a tile */
+
+static __device__ __forceinline__ unsigned
+us__oct_umax(unsigned a) { /* over the 8 lanes of a tile */
     a = max(a, __shfl_xor_sync(0xffffffffu, a, 4));
     a = max(a, __shfl_xor_sync(0xffffffffu, a, 2));
     return max(a, __shfl_xor_sync(0xffffffffu, a, 1));
 }
+
 /* vec bits: 1 = x may be read 16 (row) or 4 (block, transposed row) elements at a time, 2 = q
    is 16-byte aligned (4- to 16-byte stores). gamax non-NULL: one scale from the whole tensor's
    amax (TENSOR). These kernels are instruction-bound before they are memory-bound (a tile's
@@ -3988,10 +4869,15 @@ static __device__ __forceinline__ unsigned us__oct_umax(unsigned a) {   /* over 
    all loads issued before the first reduction. Four blocks per SM (64 registers, no spills):
    at 65 registers it ran three, latency-bound, 10-18 % slower (bench_cuda --fp8-gemm, H200). */
 #define US__ROW_ROUNDS 2
+
 template <typename T>
-__global__ void __launch_bounds__(256, 4) us__k_fp8_row(uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int pow2, int vec, const unsigned *gamax) {
+__global__ void __launch_bounds__(256, 4)
+    us__k_fp8_row(uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int pow2,
+                  int vec, const unsigned *gamax) {
     /* tile numbers fit 32 bits (2^32 tiles would be 512 GB of q), and 32-bit division is far cheaper */
-    uint32_t LB = (uint32_t)(Lp / 128), nt = (uint32_t)(R * LB), t0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * (4 * US__ROW_ROUNDS), rr[US__ROW_ROUNDS];
+    uint32_t LB = (uint32_t)(Lp / 128), nt = (uint32_t)(R * LB),
+             t0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * (4 * US__ROW_ROUNDS),
+             rr[US__ROW_ROUNDS];
     int lane = threadIdx.x & 7, sub = (threadIdx.x >> 3) & 3, u, j;
     int64_t ll[US__ROW_ROUNDS];
     float v[US__ROW_ROUNDS][16], g = gamax ? __uint_as_float(*gamax) : 0.0f;
@@ -3999,10 +4885,12 @@ __global__ void __launch_bounds__(256, 4) us__k_fp8_row(uint8_t *q, float *s, co
     for (u = 0; u < US__ROW_ROUNDS; u++) {
         uint32_t tile = t0 + 4 * u + sub;
         int64_t r = rr[u] = tile / LB, l = ll[u] = (int64_t)(tile % LB) * 128 + 16 * lane;
-        if (tile < nt && (vec & 1) && l < L) {   /* vec: L % 16 == 0 */
+        if (tile < nt && (vec & 1) && l < L) { /* vec: L % 16 == 0 */
 #pragma unroll
             for (j = 0; j < 16; j += 4) us__ld4(x + r * L + l + j, v[u] + j);
-        } else for (j = 0; j < 16; j++) v[u][j] = tile < nt && l + j < L ? us__ld(x, r * L + l + j) : 0.0f;
+        } else
+            for (j = 0; j < 16; j++)
+                v[u][j] = tile < nt && l + j < L ? us__ld(x, r * L + l + j) : 0.0f;
     }
 #pragma unroll
     for (u = 0; u < US__ROW_ROUNDS; u++) {
@@ -4015,8 +4903,12 @@ __global__ void __launch_bounds__(256, 4) us__k_fp8_row(uint8_t *q, float *s, co
         sc = us__fp8_scale(gamax ? g : __uint_as_float(us__oct_umax(a)), pow2);
         rc = 1.0f / sc;
         if (tile >= nt) continue;
-        if (vec & 2) *reinterpret_cast<uint4 *>(p) = make_uint4(us__e4m3x4(v[u], rc), us__e4m3x4(v[u] + 4, rc), us__e4m3x4(v[u] + 8, rc), us__e4m3x4(v[u] + 12, rc));
-        else for (j = 0; j < 16; j += 4) us__st_q4(p + j, us__e4m3x4(v[u] + j, rc), 0);
+        if (vec & 2)
+            *reinterpret_cast<uint4 *>(p) =
+                make_uint4(us__e4m3x4(v[u], rc), us__e4m3x4(v[u] + 4, rc), us__e4m3x4(v[u] + 8, rc),
+                           us__e4m3x4(v[u] + 12, rc));
+        else
+            for (j = 0; j < 16; j += 4) us__st_q4(p + j, us__e4m3x4(v[u] + j, rc), 0);
         if (lane == 0 && (!gamax || tile == 0)) s[gamax ? 0 : l0 / 128 * R + r] = sc;
     }
 }
@@ -4040,30 +4932,75 @@ __global__ void __launch_bounds__(256, 4) us__k_fp8_row(uint8_t *q, float *s, co
    amax. Lane j then computes row j's scale (the divisions, once per tile, not once per lane)
    and hands 1/s to the others with a shuffle. x is read once for both copies. */
 /* a 16-bit |x| pattern (sign cleared) as the bits of the same |x| in fp32, which orders alike */
-template <typename T> __device__ __forceinline__ unsigned us__abits16(unsigned b);
-template <> __device__ __forceinline__ unsigned us__abits16<__nv_bfloat16>(unsigned b) { return b << 16; }
-template <> __device__ __forceinline__ unsigned us__abits16<__half>(unsigned b) { return us__abits(__half2float(__ushort_as_half((unsigned short)b))); }
-/* two 16-bit elements of one 4-byte word as floats (little-endian: the lower address is lo) */
-static __device__ __forceinline__ void us__unpack2(const __nv_bfloat16 *, uint32_t u, float &lo, float &hi) { lo = __uint_as_float(u << 16); hi = __uint_as_float(u & 0xffff0000u); }
-static __device__ __forceinline__ void us__unpack2(const __half *, uint32_t u, float &lo, float &hi) { float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&u)); lo = f.x; hi = f.y; }
-template <typename T> struct us__raw4;   /* 4 elements of T as one load */
-template <> struct us__raw4<float> { typedef float4 t; };
-template <> struct us__raw4<__nv_bfloat16> { typedef uint2 t; };
-template <> struct us__raw4<__half> { typedef uint2 t; };
 template <typename T>
-__global__ void __launch_bounds__(256) us__k_fp8_row_t(uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int pow2, int vec, const unsigned *gamax,
-                                                       uint8_t *q2, float *s2) {
+__device__ __forceinline__ unsigned us__abits16(unsigned b);
+
+template <>
+__device__ __forceinline__ unsigned us__abits16<__nv_bfloat16>(unsigned b) {
+    return b << 16;
+}
+
+template <>
+__device__ __forceinline__ unsigned us__abits16<__half>(unsigned b) {
+    return us__abits(__half2float(__ushort_as_half((unsigned short)b)));
+}
+
+/* two 16-bit elements of one 4-byte word as floats (little-endian: the lower address is lo) */
+static __device__ __forceinline__ void us__unpack2(const __nv_bfloat16 *, uint32_t u, float &lo,
+                                                   float &hi) {
+    lo = __uint_as_float(u << 16);
+    hi = __uint_as_float(u & 0xffff0000u);
+}
+
+static __device__ __forceinline__ void us__unpack2(const __half *, uint32_t u, float &lo,
+                                                   float &hi) {
+    float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&u));
+    lo = f.x;
+    hi = f.y;
+}
+template <typename T>
+struct us__raw4; /* 4 elements of T as one load */
+
+template <>
+struct us__raw4<float> {
+    typedef float4 t;
+};
+
+template <>
+struct us__raw4<__nv_bfloat16> {
+    typedef uint2 t;
+};
+
+template <>
+struct us__raw4<__half> {
+    typedef uint2 t;
+};
+
+template <typename T>
+__global__ void __launch_bounds__(256)
+    us__k_fp8_row_t(uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int pow2,
+                    int vec, const unsigned *gamax, uint8_t *q2, float *s2) {
     typedef typename us__raw4<T>::t V;
-    extern __shared__ __align__(16) unsigned char us__rowt_smem[];   /* us__fp8_row_t_smem<T>() bytes: */
-    T (*sm)[132] = reinterpret_cast<T (*)[132]>(us__rowt_smem);   /* [128][132]: +4 keeps rows 8/16-byte aligned and spreads columns over the banks */
-    uint32_t (*qs)[33] = reinterpret_cast<uint32_t (*)[33]>(us__rowt_smem + sizeof(T) * 128 * 132);   /* the patch's 128 rows of P, 128 bytes each (+1 word against bank conflicts) */
-    unsigned (*red)[128] = reinterpret_cast<unsigned (*)[128]>(us__rowt_smem + sizeof(T) * 128 * 132 + 4 * 128 * 33);   /* [4][128] column amax parts */
-    float *rcs = reinterpret_cast<float *>(us__rowt_smem + sizeof(T) * 128 * 132 + 4 * 128 * 33 + 4 * 4 * 128);   /* [128] each column's 1/s */
-    int64_t r0 = (int64_t)blockIdx.x * 128, l0 = (int64_t)blockIdx.y * 128, r = r0 + 4 * (threadIdx.x & 31);
+    extern __shared__ __align__(
+        16) unsigned char us__rowt_smem[]; /* us__fp8_row_t_smem<T>() bytes: */
+    T(*sm)
+    [132] = reinterpret_cast<T(*)[132]>(
+        us__rowt_smem); /* [128][132]: +4 keeps rows 8/16-byte aligned and spreads columns over the banks */
+    uint32_t(*qs)[33] = reinterpret_cast<uint32_t(*)[33]>(
+        us__rowt_smem +
+        sizeof(T) * 128 *
+            132); /* the patch's 128 rows of P, 128 bytes each (+1 word against bank conflicts) */
+    unsigned(*red)[128] = reinterpret_cast<unsigned(*)[128]>(
+        us__rowt_smem + sizeof(T) * 128 * 132 + 4 * 128 * 33); /* [4][128] column amax parts */
+    float *rcs = reinterpret_cast<float *>(us__rowt_smem + sizeof(T) * 128 * 132 + 4 * 128 * 33 +
+                                           4 * 4 * 128); /* [128] each column's 1/s */
+    int64_t r0 = (int64_t)blockIdx.x * 128, l0 = (int64_t)blockIdx.y * 128,
+            r = r0 + 4 * (threadIdx.x & 31);
     int t = threadIdx.x, lane = t & 31, w = t >> 5, c = t & 127, h = t >> 7, i, j;
     float sc, rc, f[4];
     unsigned a = 0;
-    if (vec & 1) {   /* vec: R % 4 == 0 and x 4-element aligned, so a lane's 4 are in or out together */
+    if (vec &
+        1) { /* vec: R % 4 == 0 and x 4-element aligned, so a lane's 4 are in or out together */
         V v[16];
 #pragma unroll
         for (i = 0; i < 16; i++) {
@@ -4076,55 +5013,69 @@ __global__ void __launch_bounds__(256) us__k_fp8_row_t(uint8_t *q, float *s, con
 #pragma unroll 4
         for (i = 0; i < 16; i++) {
             int64_t l = l0 + w + 8 * i;
-            for (j = 0; j < 4; j++) us__st(sm[w + 8 * i], 4 * lane + j, l < L && r + j < R ? us__ld(x, l * R + r + j) : 0.0f);
+            for (j = 0; j < 4; j++)
+                us__st(sm[w + 8 * i], 4 * lane + j,
+                       l < L && r + j < R ? us__ld(x, l * R + r + j) : 0.0f);
         }
     }
     __syncthreads();
-    if (q2) {   /* ROW128 of x itself: row l0 + i of the patch is the tile (l0 + i, r0 / 128) */
+    if (q2) { /* ROW128 of x itself: row l0 + i of the patch is the tile (l0 + i, r0 / 128) */
         int64_t Rp = (R + 127) / 128 * 128;
-        unsigned mine = 0;   /* lane j < 16: the amax of row w + 8j */
+        unsigned mine = 0; /* lane j < 16: the amax of row w + 8j */
 #pragma unroll
         for (j = 0; j < 16; j++) {
             unsigned b = 0;
-            us__ld4(&sm[w + 8 * j][4 * lane], f);   /* 8 (bf16) or 16 (fp32) aligned bytes: the rows are 132 elements */
+            us__ld4(&sm[w + 8 * j][4 * lane],
+                    f); /* 8 (bf16) or 16 (fp32) aligned bytes: the rows are 132 elements */
             b = max(max(us__abits(f[0]), us__abits(f[1])), max(us__abits(f[2]), us__abits(f[3])));
             b = __reduce_max_sync(0xffffffffu, b);
             mine = lane == j ? b : mine;
         }
         sc = us__fp8_scale(__uint_as_float(gamax ? *gamax : mine), pow2);
         rc = 1.0f / sc;
-        if (lane < 16 && l0 + w + 8 * lane < L && (!gamax || (blockIdx.x == 0 && blockIdx.y == 0 && w == 0 && lane == 0)))
+        if (lane < 16 && l0 + w + 8 * lane < L &&
+            (!gamax || (blockIdx.x == 0 && blockIdx.y == 0 && w == 0 && lane == 0)))
             s2[gamax ? 0 : r0 / 128 * L + l0 + w + 8 * lane] = sc;
 #pragma unroll 4
         for (j = 0; j < 16; j++) {
             float r2 = __shfl_sync(0xffffffffu, rc, j);
             us__ld4(&sm[w + 8 * j][4 * lane], f);
-            if (l0 + w + 8 * j < L) us__st_q4(q2 + (l0 + w + 8 * j) * Rp + r0 + 4 * lane, us__e4m3x4(f, r2), 2);   /* Rp % 128 == 0: 4-byte aligned */
+            if (l0 + w + 8 * j < L)
+                us__st_q4(q2 + (l0 + w + 8 * j) * Rp + r0 + 4 * lane, us__e4m3x4(f, r2),
+                          2); /* Rp % 128 == 0: 4-byte aligned */
         }
     }
-    if constexpr (sizeof(T) == 2) {   /* columns 2cp, 2cp + 1 over rows 32qt .. 32qt + 31 */
+    if constexpr (sizeof(T) == 2) { /* columns 2cp, 2cp + 1 over rows 32qt .. 32qt + 31 */
         int cp = t & 63, qt = t >> 6;
-        const uint32_t *wp = reinterpret_cast<const uint32_t *>(&sm[32 * qt][2 * cp]);   /* rows are 66 words apart */
+        const uint32_t *wp =
+            reinterpret_cast<const uint32_t *>(&sm[32 * qt][2 * cp]); /* rows are 66 words apart */
         uint32_t m2 = 0;
         float r0c, r1c, hi[4];
 #pragma unroll 8
         for (i = 0; i < 32; i++) m2 = __vmaxu2(m2, wp[66 * i] & 0x7fff7fffu);
-        red[qt][2 * cp] = us__abits16<T>(m2 & 0xffffu); red[qt][2 * cp + 1] = us__abits16<T>(m2 >> 16);
+        red[qt][2 * cp] = us__abits16<T>(m2 & 0xffffu);
+        red[qt][2 * cp + 1] = us__abits16<T>(m2 >> 16);
         __syncthreads();
-        if (t < 128) {   /* column t's scale, once */
-            sc = us__fp8_scale(__uint_as_float(gamax ? *gamax : max(max(red[0][t], red[1][t]), max(red[2][t], red[3][t]))), pow2);
+        if (t < 128) { /* column t's scale, once */
+            sc = us__fp8_scale(
+                __uint_as_float(gamax ? *gamax
+                                      : max(max(red[0][t], red[1][t]), max(red[2][t], red[3][t]))),
+                pow2);
             rcs[t] = 1.0f / sc;
-            if (r0 + t < R && (!gamax || (blockIdx.x == 0 && blockIdx.y == 0 && t == 0))) s[gamax ? 0 : l0 / 128 * R + r0 + t] = sc;
+            if (r0 + t < R && (!gamax || (blockIdx.x == 0 && blockIdx.y == 0 && t == 0)))
+                s[gamax ? 0 : l0 / 128 * R + r0 + t] = sc;
         }
         __syncthreads();
-        r0c = rcs[2 * cp]; r1c = rcs[2 * cp + 1];
+        r0c = rcs[2 * cp];
+        r1c = rcs[2 * cp + 1];
 #pragma unroll 2
-        for (i = 0; i < 32; i += 4) {   /* P[2cp (+1)][32qt + i .. + 3]: four E4M3 bytes as one word each */
+        for (i = 0; i < 32;
+             i += 4) { /* P[2cp (+1)][32qt + i .. + 3]: four E4M3 bytes as one word each */
             for (j = 0; j < 4; j++) us__unpack2((const T *)0, wp[66 * (i + j)], f[j], hi[j]);
             qs[2 * cp][8 * qt + i / 4] = us__e4m3x4(f, r0c);
             qs[2 * cp + 1][8 * qt + i / 4] = us__e4m3x4(hi, r1c);
         }
-    } else {   /* fp32: column c over rows 64h .. 64h + 63 */
+    } else { /* fp32: column c over rows 64h .. 64h + 63 */
 #pragma unroll 8
         for (i = 0; i < 64; i++) a = max(a, us__abits(us__ld(sm[64 * h + i], c)));
         red[h][c] = a;
@@ -4132,29 +5083,38 @@ __global__ void __launch_bounds__(256) us__k_fp8_row_t(uint8_t *q, float *s, con
         sc = us__fp8_scale(__uint_as_float(gamax ? *gamax : max(red[0][c], red[1][c])), pow2);
         rc = 1.0f / sc;
 #pragma unroll 4
-        for (i = 0; i < 64; i += 4) {   /* P[c][64h + i .. + 3]: four E4M3 bytes as one word */
+        for (i = 0; i < 64; i += 4) { /* P[c][64h + i .. + 3]: four E4M3 bytes as one word */
             for (j = 0; j < 4; j++) f[j] = us__ld(sm[64 * h + i + j], c);
             qs[c][16 * h + i / 4] = us__e4m3x4(f, rc);
         }
-        if (h == 0 && r0 + c < R && (!gamax || (blockIdx.x == 0 && blockIdx.y == 0 && c == 0))) s[gamax ? 0 : l0 / 128 * R + r0 + c] = sc;
+        if (h == 0 && r0 + c < R && (!gamax || (blockIdx.x == 0 && blockIdx.y == 0 && c == 0)))
+            s[gamax ? 0 : l0 / 128 * R + r0 + c] = sc;
     }
     __syncthreads();
     for (i = w; i < 128; i += 8)
         if (r0 + i < R) us__st_q4(q + (r0 + i) * Lp + l0 + 4 * lane, qs[i][lane], vec);
 }
+
 /* Its shared memory is more than the 48 KB a block gets without asking (52 KB for bf16). */
-template <typename T> static size_t us__fp8_row_t_smem(void) { return sizeof(T) * 128 * 132 + 4 * 128 * 33 + 4 * 4 * 128 + 4 * 128; }
 template <typename T>
-static void us__fp8_row_t_launch(dim3 grid, cudaStream_t st, uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int pow2, int vec, const unsigned *gamax,
-                                 uint8_t *q2 = NULL, float *s2 = NULL) {
-    static unsigned long long asked;   /* the devices it was raised on, per element type */
+static size_t us__fp8_row_t_smem(void) {
+    return sizeof(T) * 128 * 132 + 4 * 128 * 33 + 4 * 4 * 128 + 4 * 128;
+}
+
+template <typename T>
+static void us__fp8_row_t_launch(dim3 grid, cudaStream_t st, uint8_t *q, float *s, const T *x,
+                                 int64_t R, int64_t L, int64_t Lp, int pow2, int vec,
+                                 const unsigned *gamax, uint8_t *q2 = NULL, float *s2 = NULL) {
+    static unsigned long long asked; /* the devices it was raised on, per element type */
     int d = 0;
     cudaGetDevice(&d);
     if (d >= 64 || !(asked >> d & 1)) {
-        cudaFuncSetAttribute(us__k_fp8_row_t<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)us__fp8_row_t_smem<T>());
+        cudaFuncSetAttribute(us__k_fp8_row_t<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)us__fp8_row_t_smem<T>());
         if (d < 64) asked |= 1ull << d;
     }
-    us__k_fp8_row_t<T><<<grid, 256, us__fp8_row_t_smem<T>(), st>>>(q, s, x, R, L, Lp, pow2, vec, gamax, q2, s2);
+    us__k_fp8_row_t<T>
+        <<<grid, 256, us__fp8_row_t_smem<T>(), st>>>(q, s, x, R, L, Lp, pow2, vec, gamax, q2, s2);
 }
 
 /* BLOCK128 of P = x (trans 0) or xᵀ (trans 1): one block of 512 threads per 128×128 block. Each
@@ -4164,23 +5124,29 @@ static void us__fp8_row_t_launch(dim3 grid, cudaStream_t st, uint8_t *q, float *
    columns 1. qt non-NULL (trans 0 only; fp8_quantize_both): also BLOCK128 of xᵀ into qt, st
    (q [L][Rp], s [LB][RBp]) from the same registers: the weight cache's W and Wᵀ in one read. */
 template <typename T>
-__global__ void __launch_bounds__(512) us__k_fp8_block(uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int trans, int pow2, int vec,
-                                                       uint8_t *qt = NULL, float *st = NULL) {
+__global__ void __launch_bounds__(512)
+    us__k_fp8_block(uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int trans,
+                    int pow2, int vec, uint8_t *qt = NULL, float *st = NULL) {
     __shared__ unsigned red[16];
     __shared__ uint32_t qs[128][33];
     int64_t rb = blockIdx.y, lb = blockIdx.x, LB = Lp / 128, LBp = (LB + 3) / 4 * 4;
-    int64_t XR = trans ? L : R, XC = trans ? R : L, xr0 = (trans ? lb : rb) * 128, xc0 = (trans ? rb : lb) * 128 + 4 * (threadIdx.x & 31);
+    int64_t XR = trans ? L : R, XC = trans ? R : L, xr0 = (trans ? lb : rb) * 128,
+            xc0 = (trans ? rb : lb) * 128 + 4 * (threadIdx.x & 31);
     int t = threadIdx.x, lane = t & 31, w = t >> 5, it, k;
     float v[8][4], sc, rc;
     unsigned a = 0;
 #pragma unroll
-    for (it = 0; it < 8; it++) {   /* x's row xr0 + 16·it + w, columns xc0..xc0+3 */
+    for (it = 0; it < 8; it++) { /* x's row xr0 + 16·it + w, columns xc0..xc0+3 */
         int64_t xr = xr0 + it * 16 + w;
-        if ((vec & 1) && xr < XR && xc0 < XC) us__ld4(x + xr * XC + xc0, v[it]);   /* vec: XC % 4 == 0 */
-        else for (k = 0; k < 4; k++) v[it][k] = xr < XR && xc0 + k < XC ? us__ld(x, xr * XC + xc0 + k) : 0.0f;
+        if ((vec & 1) && xr < XR && xc0 < XC)
+            us__ld4(x + xr * XC + xc0, v[it]); /* vec: XC % 4 == 0 */
+        else
+            for (k = 0; k < 4; k++)
+                v[it][k] = xr < XR && xc0 + k < XC ? us__ld(x, xr * XC + xc0 + k) : 0.0f;
     }
 #pragma unroll
-    for (it = 0; it < 8; it++) for (k = 0; k < 4; k++) a = max(a, us__abits(v[it][k]));
+    for (it = 0; it < 8; it++)
+        for (k = 0; k < 4; k++) a = max(a, us__abits(v[it][k]));
     a = __reduce_max_sync(0xffffffffu, a);
     if (lane == 0) red[w] = a;
     __syncthreads();
@@ -4188,26 +5154,34 @@ __global__ void __launch_bounds__(512) us__k_fp8_block(uint8_t *q, float *s, con
     sc = us__fp8_scale(__uint_as_float(a), pow2);
     rc = 1.0f / sc;
 #pragma unroll
-    for (it = 0; it < 8; it++) {   /* x's row u, columns 4·lane .. + 3: one word of four bytes */
+    for (it = 0; it < 8; it++) { /* x's row u, columns 4·lane .. + 3: one word of four bytes */
         int u = it * 16 + w;
         uint32_t b4 = us__e4m3x4(v[it], rc);
-        if (!trans && rb * 128 + u < R) us__st_q4(q + (rb * 128 + u) * Lp + lb * 128 + 4 * lane, b4, vec);
-        if (trans || qt) for (k = 0; k < 4; k++) reinterpret_cast<uint8_t *>(qs[4 * lane + k])[u] = (uint8_t)(b4 >> 8 * k);
+        if (!trans && rb * 128 + u < R)
+            us__st_q4(q + (rb * 128 + u) * Lp + lb * 128 + 4 * lane, b4, vec);
+        if (trans || qt)
+            for (k = 0; k < 4; k++)
+                reinterpret_cast<uint8_t *>(qs[4 * lane + k])[u] = (uint8_t)(b4 >> 8 * k);
     }
-    if (trans || qt) {   /* P's rows through shared memory: into q (trans) or qt (both) */
-        int64_t TR = trans ? R : L, TLp = trans ? Lp : (R + 127) / 128 * 128, tr0 = trans ? rb : lb, tc0 = trans ? lb : rb;
+    if (trans || qt) { /* P's rows through shared memory: into q (trans) or qt (both) */
+        int64_t TR = trans ? R : L, TLp = trans ? Lp : (R + 127) / 128 * 128, tr0 = trans ? rb : lb,
+                tc0 = trans ? lb : rb;
         uint8_t *dst = trans ? q : qt;
         __syncthreads();
         for (it = w; it < 128; it += 16)
-            if (tr0 * 128 + it < TR) us__st_q4(dst + (tr0 * 128 + it) * TLp + tc0 * 128 + 4 * lane, qs[it][lane], trans ? vec : 2);
+            if (tr0 * 128 + it < TR)
+                us__st_q4(dst + (tr0 * 128 + it) * TLp + tc0 * 128 + 4 * lane, qs[it][lane],
+                          trans ? vec : 2);
     }
     if (t == 0) {
         s[rb * LBp + lb] = sc;
-        if (lb == LB - 1) for (k = (int)LB; k < (int)LBp; k++) s[rb * LBp + k] = 1.0f;
-        if (qt) {   /* xᵀ's block (lb, rb), the same scale */
+        if (lb == LB - 1)
+            for (k = (int)LB; k < (int)LBp; k++) s[rb * LBp + k] = 1.0f;
+        if (qt) { /* xᵀ's block (lb, rb), the same scale */
             int64_t RB = (R + 127) / 128, RBp = (RB + 3) / 4 * 4;
             st[lb * RBp + rb] = sc;
-            if (rb == RB - 1) for (k = (int)RB; k < (int)RBp; k++) st[lb * RBp + k] = 1.0f;
+            if (rb == RB - 1)
+                for (k = (int)RB; k < (int)RBp; k++) st[lb * RBp + k] = 1.0f;
         }
     }
 }
@@ -4220,14 +5194,16 @@ __global__ void us__k_fp8_amax(unsigned *amax, const T *x, int64_t n, int vec) {
     __shared__ unsigned red[32];
     int64_t i, st = (int64_t)gridDim.x * blockDim.x;
     unsigned a = 0;
-    if (vec & 1) {   /* n % 4 == 0 */
+    if (vec & 1) { /* n % 4 == 0 */
         for (i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n / 4; i += st) {
             float v[4];
             us__ld4(x + 4 * i, v);
-            a = max(max(a, us__abits(v[0])), max(max(us__abits(v[1]), us__abits(v[2])), us__abits(v[3])));
+            a = max(max(a, us__abits(v[0])),
+                    max(max(us__abits(v[1]), us__abits(v[2])), us__abits(v[3])));
         }
     } else
-        for (i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += st) a = max(a, us__abits(us__ld(x, i)));
+        for (i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += st)
+            a = max(a, us__abits(us__ld(x, i)));
     a = __reduce_max_sync(0xffffffffu, a);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = a;
     __syncthreads();
@@ -4243,10 +5219,15 @@ __global__ void us__k_fp8_amax(unsigned *amax, const T *x, int64_t n, int vec) {
 static unsigned *us__fp8_gamax(us_ops *o, const void *x, us_dtype dt, int64_t n) {
     us__cuda *c = us__cu(o);
     unsigned es = (unsigned)us_dtype_size(dt);
-    if (!c->fp8_amax && !(c->fp8_amax = (unsigned *)us__cuda_alloc(o, 64))) { us__cuda_fail(o, "fp8 amax slot", "out of device memory", __FILE__, __LINE__); return NULL; }
+    if (!c->fp8_amax && !(c->fp8_amax = (unsigned *)us__cuda_alloc(o, 64))) {
+        us__cuda_fail(o, "fp8 amax slot", "out of device memory", __FILE__, __LINE__);
+        return NULL;
+    }
     US__CU(o, cudaMemsetAsync(c->fp8_amax, 0, 4, c->stream));
-    US__DISPATCH(o, dt, (us__k_fp8_amax<T_><<<us__blocks(n / 4 + 1, 256) < 2048 ? us__blocks(n / 4 + 1, 256) : 2048, 256, 0, c->stream>>>(
-                             c->fp8_amax, (const T_ *)x, n, n % 4 == 0 && us__al(x, 4 * es))));
+    US__DISPATCH(o, dt,
+                 (us__k_fp8_amax<T_>
+                  <<<us__blocks(n / 4 + 1, 256) < 2048 ? us__blocks(n / 4 + 1, 256) : 2048, 256, 0,
+                     c->stream>>>(c->fp8_amax, (const T_ *)x, n, n % 4 == 0 && us__al(x, 4 * es))));
     return c->fp8_amax;
 }
 
@@ -4254,8 +5235,9 @@ static unsigned *us__fp8_gamax(us_ops *o, const void *x, us_dtype dt, int64_t n)
    other orientation from the same read: for BLOCK128 with trans 0, Wᵀ's operand (the block kernel
    writes both); for ROW128 and TENSOR with trans 1, x's own ROW128 operand (the transposed
    kernel's patch rows). NULL: the one operand. */
-static void us__cuda_fp8_launch(us_ops *o, uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M, int64_t K,
-                                int t, int trans, int pow2, uint8_t *q2, float *s2) {
+static void us__cuda_fp8_launch(us_ops *o, uint8_t *q, float *s, const void *x, us_dtype dt,
+                                int64_t M, int64_t K, int t, int trans, int pow2, uint8_t *q2,
+                                float *s2) {
     us__cuda *c = us__cu(o);
     int64_t R = trans ? K : M, L = trans ? M : K, Lp = (L + 127) / 128 * 128;
     unsigned es = (unsigned)us_dtype_size(dt), *gamax = NULL;
@@ -4264,29 +5246,47 @@ static void us__cuda_fp8_launch(us_ops *o, uint8_t *q, float *s, const void *x, 
     if (t == US_FP8_TENSOR && !(gamax = us__fp8_gamax(o, x, dt, M * K))) return;
     if (t == US_FP8_BLOCK128) {
         dim3 grid((unsigned)(Lp / 128), (unsigned)((R + 127) / 128));
-        int vec = qv | (K % 4 == 0 && us__al(x, 4 * es));   /* x [M][K] is read along K either way */
-        US__DISPATCH(o, dt, (us__k_fp8_block<T_><<<grid, 512, 0, c->stream>>>(q, s, (const T_ *)x, R, L, Lp, trans, pow2, vec, q2, s2)));
+        int vec = qv | (K % 4 == 0 && us__al(x, 4 * es)); /* x [M][K] is read along K either way */
+        US__DISPATCH(o, dt,
+                     (us__k_fp8_block<T_><<<grid, 512, 0, c->stream>>>(
+                         q, s, (const T_ *)x, R, L, Lp, trans, pow2, vec, q2, s2)));
     } else if (trans) {
         dim3 grid((unsigned)((R + 127) / 128), (unsigned)(Lp / 128));
         int vec = qv | (R % 4 == 0 && us__al(x, 4 * es));
-        US__DISPATCH(o, dt, (us__fp8_row_t_launch<T_>(grid, c->stream, q, s, (const T_ *)x, R, L, Lp, pow2, vec, gamax, q2, s2)));
+        US__DISPATCH(o, dt,
+                     (us__fp8_row_t_launch<T_>(grid, c->stream, q, s, (const T_ *)x, R, L, Lp, pow2,
+                                               vec, gamax, q2, s2)));
     } else {
-        int64_t tiles = R * (Lp / 128), per = 8 * 4 * US__ROW_ROUNDS;   /* 8 warps of 4·rounds tiles */
-        if (tiles >= ((int64_t)1 << 32)) { us__cuda_fail(o, "fp8_quantize", "more than 2^32 tiles of 128 (the kernel counts them in 32 bits)", __FILE__, __LINE__); return; }
+        int64_t tiles = R * (Lp / 128),
+                per = 8 * 4 * US__ROW_ROUNDS; /* 8 warps of 4·rounds tiles */
+        if (tiles >= ((int64_t)1 << 32)) {
+            us__cuda_fail(o, "fp8_quantize",
+                          "more than 2^32 tiles of 128 (the kernel counts them in 32 bits)",
+                          __FILE__, __LINE__);
+            return;
+        }
         int vec = qv | (L % 16 == 0 && us__al(x, 16 * es));
-        US__DISPATCH(o, dt, (us__k_fp8_row<T_><<<(unsigned)((tiles + per - 1) / per), 256, 0, c->stream>>>(q, s, (const T_ *)x, R, L, Lp, pow2, vec, gamax)));
+        US__DISPATCH(o, dt,
+                     (us__k_fp8_row<T_><<<(unsigned)((tiles + per - 1) / per), 256, 0, c->stream>>>(
+                         q, s, (const T_ *)x, R, L, Lp, pow2, vec, gamax)));
     }
 }
-static void us__cuda_fp8_quantize(us_ops *o, uint8_t *q, float *s, const void *x, us_dtype dt, int64_t M, int64_t K,
-                                  int t, int trans, int pow2) {
+
+static void us__cuda_fp8_quantize(us_ops *o, uint8_t *q, float *s, const void *x, us_dtype dt,
+                                  int64_t M, int64_t K, int t, int trans, int pow2) {
     us__cuda_fp8_launch(o, q, s, x, dt, M, K, t, trans, pow2, NULL, NULL);
 }
+
 /* Both operands of x [M][K] from one read (us_ops.fp8_quantize_both); a q or qt not 4-byte
    aligned takes the two quantisations one after the other. */
-static void us__cuda_fp8_quantize_both(us_ops *o, uint8_t *q, float *s, uint8_t *qt, float *st, const void *x, us_dtype dt,
-                                       int64_t M, int64_t K, int t, int pow2) {
-    if (t == US_FP8_BLOCK128 && us__al(qt, 4)) us__cuda_fp8_launch(o, q, s, x, dt, M, K, t, 0, pow2, qt, st);   /* the weight cache's W and Wᵀ */
-    else if (t != US_FP8_BLOCK128 && us__al(q, 4)) us__cuda_fp8_launch(o, qt, st, x, dt, M, K, t, 1, pow2, q, s);   /* dy's two tilings */
+static void us__cuda_fp8_quantize_both(us_ops *o, uint8_t *q, float *s, uint8_t *qt, float *st,
+                                       const void *x, us_dtype dt, int64_t M, int64_t K, int t,
+                                       int pow2) {
+    if (t == US_FP8_BLOCK128 && us__al(qt, 4))
+        us__cuda_fp8_launch(o, q, s, x, dt, M, K, t, 0, pow2, qt,
+                            st); /* the weight cache's W and Wᵀ */
+    else if (t != US_FP8_BLOCK128 && us__al(q, 4))
+        us__cuda_fp8_launch(o, qt, st, x, dt, M, K, t, 1, pow2, q, s); /* dy's two tilings */
     else {
         us__cuda_fp8_launch(o, q, s, x, dt, M, K, t, 0, pow2, NULL, NULL);
         us__cuda_fp8_launch(o, qt, st, x, dt, M, K, t, 1, pow2, NULL, NULL);
@@ -4298,10 +5298,14 @@ static void us__cuda_fp8_quantize_both(us_ops *o, uint8_t *q, float *s, uint8_t 
    BLOCK128 → BLK128x128_32F, ROW128 → VEC128_32F, TENSOR → SCALAR_32F (per-tensor FP8). */
 static cublasLtMatmulMatrixScale_t us__fp8_mode(int t) {
     return t == US_FP8_BLOCK128 ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
-         : t == US_FP8_TENSOR ? CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+           : t == US_FP8_TENSOR ? CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F
+                                : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
 }
-static void us__cuda_fp8_gemm(us_ops *o, int64_t M, int64_t N, int64_t K, float alpha, const uint8_t *a, const float *sa, int ta,
-                              const uint8_t *b, const float *sb, int tb, float beta, void *C, us_dtype cdt, int64_t ldc) {
+
+static void us__cuda_fp8_gemm(us_ops *o, int64_t M, int64_t N, int64_t K, float alpha,
+                              const uint8_t *a, const float *sa, int ta, const uint8_t *b,
+                              const float *sb, int tb, float beta, void *C, us_dtype cdt,
+                              int64_t ldc) {
     us__cuda *c = us__cu(o);
     us__gemm_plan *p = NULL;
     int64_t Kp = (K + 127) / 128 * 128;
@@ -4309,45 +5313,77 @@ static void us__cuda_fp8_gemm(us_ops *o, int64_t M, int64_t N, int64_t K, float 
     if (M <= 0 || N <= 0 || K <= 0) return;
     for (i = 0; i < c->nfp8; i++) {
         us__gemm_plan *x = &c->fp8_plans[i];
-        if (x->M == M && x->N == N && x->K == Kp && x->adt == ta && x->bdt == tb && x->cdt == (int)cdt && x->ldc == ldc && x->beta0 == beta0) { p = x; break; }
+        if (x->M == M && x->N == N && x->K == Kp && x->adt == ta && x->bdt == tb &&
+            x->cdt == (int)cdt && x->ldc == ldc && x->beta0 == beta0) {
+            p = x;
+            break;
+        }
     }
     if (!p) {
         cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
         cublasLtMatmulMatrixScale_t ma = us__fp8_mode(tb), mb = us__fp8_mode(ta);
         cublasLtMatmulPreference_t pref;
         cublasLtMatmulHeuristicResult_t heur;
-        if (c->nfp8 == 64) {   /* full: recycle the oldest */
+        if (c->nfp8 == 64) { /* full: recycle the oldest */
             p = &c->fp8_plans[0];
-            cublasLtMatmulDescDestroy(p->desc); cublasLtMatrixLayoutDestroy(p->la); cublasLtMatrixLayoutDestroy(p->lb); cublasLtMatrixLayoutDestroy(p->lc);
+            cublasLtMatmulDescDestroy(p->desc);
+            cublasLtMatrixLayoutDestroy(p->la);
+            cublasLtMatrixLayoutDestroy(p->lb);
+            cublasLtMatrixLayoutDestroy(p->lc);
             memmove(c->fp8_plans, c->fp8_plans + 1, sizeof(us__gemm_plan) * 63);
             c->nfp8--;
         }
         p = &c->fp8_plans[c->nfp8];
         memset(p, 0, sizeof *p);
-        p->M = M; p->N = N; p->K = Kp; p->adt = ta; p->bdt = tb; p->cdt = (int)cdt; p->ldc = ldc; p->beta0 = beta0;
+        p->M = M;
+        p->N = N;
+        p->K = Kp;
+        p->adt = ta;
+        p->bdt = tb;
+        p->cdt = (int)cdt;
+        p->ldc = ldc;
+        p->beta0 = beta0;
         US__LT(o, cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-        US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof opT));
-        US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof opN));
-        US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma));
-        US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb));
-        US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sb, sizeof sb));
-        US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sa, sizeof sa));
-        US__LT(o, cublasLtMatrixLayoutCreate(&p->la, CUDA_R_8F_E4M3, Kp, N, Kp));   /* b [N][Kp] row-major = Kp×N column-major */
-        US__LT(o, cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_8F_E4M3, Kp, M, Kp));   /* a [M][Kp] */
+        US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT,
+                                                 sizeof opT));
+        US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN,
+                                                 sizeof opN));
+        US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma,
+                                                 sizeof ma));
+        US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb,
+                                                 sizeof mb));
+        US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sb,
+                                                 sizeof sb));
+        US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sa,
+                                                 sizeof sa));
+        US__LT(o, cublasLtMatrixLayoutCreate(&p->la, CUDA_R_8F_E4M3, Kp, N,
+                                             Kp)); /* b [N][Kp] row-major = Kp×N column-major */
+        US__LT(o, cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_8F_E4M3, Kp, M, Kp)); /* a [M][Kp] */
         US__LT(o, cublasLtMatrixLayoutCreate(&p->lc, us__cuda_type(cdt), N, M, ldc));
         US__LT(o, cublasLtMatmulPreferenceCreate(&pref));
-        US__LT(o, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &c->ws_bytes, sizeof c->ws_bytes));
-        if (!c->failed && cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &heur, &found) == CUBLAS_STATUS_SUCCESS && found)
+        US__LT(o,
+               cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &c->ws_bytes, sizeof c->ws_bytes));
+        if (!c->failed &&
+            cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1,
+                                           &heur, &found) == CUBLAS_STATUS_SUCCESS &&
+            found)
             p->algo = heur.algo;
-        else us__cuda_fail(o, "cublasLtMatmulAlgoGetHeuristic", "no FP8 algorithm for this GEMM shape, scaling and output type", __FILE__, __LINE__);
+        else
+            us__cuda_fail(o, "cublasLtMatmulAlgoGetHeuristic",
+                          "no FP8 algorithm for this GEMM shape, scaling and output type", __FILE__,
+                          __LINE__);
         cublasLtMatmulPreferenceDestroy(pref);
         c->nfp8++;
     }
     if (c->failed) return;
     /* this call's scale tensors */
-    US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sb, sizeof sb));
-    US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sa, sizeof sa));
-    US__LT(o, cublasLtMatmul(c->lt, p->desc, &alpha, b, p->la, a, p->lb, &beta, C, p->lc, C, p->lc, &p->algo, c->ws, c->ws_bytes, c->stream));
+    US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sb,
+                                             sizeof sb));
+    US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sa,
+                                             sizeof sa));
+    US__LT(o, cublasLtMatmul(c->lt, p->desc, &alpha, b, p->la, a, p->lb, &beta, C, p->lc, C, p->lc,
+                             &p->algo, c->ws, c->ws_bytes, c->stream));
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -4355,7 +5391,10 @@ static void us__cuda_fp8_gemm(us_ops *o, int64_t M, int64_t N, int64_t K, float 
 /* ------------------------------------------------------------------------------------ */
 US_API int us_cuda_device_count(void) {
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) { cudaGetLastError(); return 0; }
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
     return n;
 }
 
@@ -4364,44 +5403,93 @@ US_API us_result us_cuda_ops(us_ops *o, int device, char *err, size_t errlen) {
     int n = us_cuda_device_count();
     cudaError_t e;
     memset(o, 0, sizeof *o);
-    if (n == 0) { us__errf(err, errlen, "no CUDA device is available"); return US_ERR_BACKEND; }
-    if (device < 0 || device >= n) { us__errf(err, errlen, "CUDA device %d does not exist (%d present)", device, n); return US_ERR_INVALID; }
-    if ((e = cudaSetDevice(device)) != cudaSuccess) { us__errf(err, errlen, "cudaSetDevice(%d): %s", device, cudaGetErrorString(e)); return US_ERR_BACKEND; }
+    if (n == 0) {
+        us__errf(err, errlen, "no CUDA device is available");
+        return US_ERR_BACKEND;
+    }
+    if (device < 0 || device >= n) {
+        us__errf(err, errlen, "CUDA device %d does not exist (%d present)", device, n);
+        return US_ERR_INVALID;
+    }
+    if ((e = cudaSetDevice(device)) != cudaSuccess) {
+        us__errf(err, errlen, "cudaSetDevice(%d): %s", device, cudaGetErrorString(e));
+        return US_ERR_BACKEND;
+    }
     c = (us__cuda *)calloc(1, sizeof *c);
-    if (!c) { us__errf(err, errlen, "out of host memory"); return US_ERR_OOM; }
+    if (!c) {
+        us__errf(err, errlen, "out of host memory");
+        return US_ERR_OOM;
+    }
     c->device = device;
     {
         struct cudaDeviceProp prop;
-        if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) { c->cc_major = prop.major; c->n_sm = prop.multiProcessorCount; }
+        if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
+            c->cc_major = prop.major;
+            c->n_sm = prop.multiProcessorCount;
+        }
     }
     o->name = "cuda";
     o->backend = c;
     if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess ||
         (e = cudaMallocHost((void **)&c->host_red, sizeof(double))) != cudaSuccess) {
         us__errf(err, errlen, "CUDA set-up failed: %s", cudaGetErrorString(e));
-        free(c); o->backend = NULL; return US_ERR_BACKEND;
+        free(c);
+        o->backend = NULL;
+        return US_ERR_BACKEND;
     }
-    if (cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) { us__errf(err, errlen, "cublasLtCreate failed"); us_cuda_ops_free(o); return US_ERR_BACKEND; }
-    c->ws_bytes = (size_t)32 << 20;   /* 32 MiB: enough for Hopper's split-K and stream-K kernels */
+    if (cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) {
+        us__errf(err, errlen, "cublasLtCreate failed");
+        us_cuda_ops_free(o);
+        return US_ERR_BACKEND;
+    }
+    c->ws_bytes = (size_t)32 << 20; /* 32 MiB: enough for Hopper's split-K and stream-K kernels */
     c->ws = us__cuda_alloc(o, c->ws_bytes);
-    if (!c->ws) { us__errf(err, errlen, "cannot allocate the %zu-byte cuBLASLt workspace", c->ws_bytes); us_cuda_ops_free(o); return US_ERR_OOM; }
-    o->alloc = us__cuda_alloc;          o->free = us__cuda_free;           o->zero = us__cuda_zero;
-    o->copy = us__cuda_copy;            o->sync = us__cuda_sync;           o->cast = us__cuda_cast;
+    if (!c->ws) {
+        us__errf(err, errlen, "cannot allocate the %zu-byte cuBLASLt workspace", c->ws_bytes);
+        us_cuda_ops_free(o);
+        return US_ERR_OOM;
+    }
+    o->alloc = us__cuda_alloc;
+    o->free = us__cuda_free;
+    o->zero = us__cuda_zero;
+    o->copy = us__cuda_copy;
+    o->sync = us__cuda_sync;
+    o->cast = us__cuda_cast;
     o->gemm = us__cuda_gemm;
-    o->embedding_fwd = us__cuda_embedding_fwd;  o->embedding_bwd = us__cuda_embedding_bwd;
-    o->rmsnorm_fwd = us__cuda_rmsnorm_fwd;      o->rmsnorm_bwd = us__cuda_rmsnorm_bwd;
-    o->rope_fwd = us__cuda_rope_fwd;            o->rope_bwd = us__cuda_rope_bwd;
-    o->attention_fwd = us__cuda_attention_fwd;  o->attention_bwd = us__cuda_attention_bwd;
-    o->swiglu_fwd = us__cuda_swiglu_fwd;        o->swiglu_bwd = us__cuda_swiglu_bwd;
-    o->xent = us__cuda_xent;            o->adamw = us__cuda_adamw;         o->sumsq = us__cuda_sumsq;
-    o->axpy = us__cuda_axpy;            o->error = us__cuda_error;
-    o->mark = us__cuda_mark;            o->mark_us = us__cuda_mark_us;     o->mark_reset = us__cuda_mark_reset;
-    o->xent_stats = us__cuda_xent_stats; o->xent_finish = us__cuda_xent_finish;
-    o->copy2d = us__cuda_copy2d;        o->rope_at = us__cuda_rope_at;
-    o->attn_block_fwd = us__cuda_attn_block_fwd; o->attn_block_finish = us__cuda_attn_block_finish; o->attn_block_bwd = us__cuda_attn_block_bwd;
-    o->moe_route = us__cuda_moe_route;    o->moe_route_bwd = us__cuda_moe_route_bwd;  o->moe_permute = us__cuda_moe_permute;
-    o->moe_gather = us__cuda_moe_gather;  o->moe_scatter = us__cuda_moe_scatter;      o->moe_gate_grad = us__cuda_moe_gate_grad;
-    o->fp8_quantize = us__cuda_fp8_quantize; o->fp8_gemm = us__cuda_fp8_gemm; o->fp8_quantize_both = us__cuda_fp8_quantize_both;
+    o->embedding_fwd = us__cuda_embedding_fwd;
+    o->embedding_bwd = us__cuda_embedding_bwd;
+    o->rmsnorm_fwd = us__cuda_rmsnorm_fwd;
+    o->rmsnorm_bwd = us__cuda_rmsnorm_bwd;
+    o->rope_fwd = us__cuda_rope_fwd;
+    o->rope_bwd = us__cuda_rope_bwd;
+    o->attention_fwd = us__cuda_attention_fwd;
+    o->attention_bwd = us__cuda_attention_bwd;
+    o->swiglu_fwd = us__cuda_swiglu_fwd;
+    o->swiglu_bwd = us__cuda_swiglu_bwd;
+    o->xent = us__cuda_xent;
+    o->adamw = us__cuda_adamw;
+    o->sumsq = us__cuda_sumsq;
+    o->axpy = us__cuda_axpy;
+    o->error = us__cuda_error;
+    o->mark = us__cuda_mark;
+    o->mark_us = us__cuda_mark_us;
+    o->mark_reset = us__cuda_mark_reset;
+    o->xent_stats = us__cuda_xent_stats;
+    o->xent_finish = us__cuda_xent_finish;
+    o->copy2d = us__cuda_copy2d;
+    o->rope_at = us__cuda_rope_at;
+    o->attn_block_fwd = us__cuda_attn_block_fwd;
+    o->attn_block_finish = us__cuda_attn_block_finish;
+    o->attn_block_bwd = us__cuda_attn_block_bwd;
+    o->moe_route = us__cuda_moe_route;
+    o->moe_route_bwd = us__cuda_moe_route_bwd;
+    o->moe_permute = us__cuda_moe_permute;
+    o->moe_gather = us__cuda_moe_gather;
+    o->moe_scatter = us__cuda_moe_scatter;
+    o->moe_gate_grad = us__cuda_moe_gate_grad;
+    o->fp8_quantize = us__cuda_fp8_quantize;
+    o->fp8_gemm = us__cuda_fp8_gemm;
+    o->fp8_quantize_both = us__cuda_fp8_quantize_both;
     return US_OK;
 }
 
@@ -4411,12 +5499,16 @@ US_API void us_cuda_ops_free(us_ops *o) {
     if (!c) return;
     cudaStreamSynchronize(c->stream);
     for (i = 0; i < c->nplans; i++) {
-        cublasLtMatmulDescDestroy(c->plans[i].desc); cublasLtMatrixLayoutDestroy(c->plans[i].la);
-        cublasLtMatrixLayoutDestroy(c->plans[i].lb); cublasLtMatrixLayoutDestroy(c->plans[i].lc);
+        cublasLtMatmulDescDestroy(c->plans[i].desc);
+        cublasLtMatrixLayoutDestroy(c->plans[i].la);
+        cublasLtMatrixLayoutDestroy(c->plans[i].lb);
+        cublasLtMatrixLayoutDestroy(c->plans[i].lc);
     }
     for (i = 0; i < c->nfp8; i++) {
-        cublasLtMatmulDescDestroy(c->fp8_plans[i].desc); cublasLtMatrixLayoutDestroy(c->fp8_plans[i].la);
-        cublasLtMatrixLayoutDestroy(c->fp8_plans[i].lb); cublasLtMatrixLayoutDestroy(c->fp8_plans[i].lc);
+        cublasLtMatmulDescDestroy(c->fp8_plans[i].desc);
+        cublasLtMatrixLayoutDestroy(c->fp8_plans[i].la);
+        cublasLtMatrixLayoutDestroy(c->fp8_plans[i].lb);
+        cublasLtMatrixLayoutDestroy(c->fp8_plans[i].lc);
     }
     if (c->fp8_amax) cudaFree(c->fp8_amax);
     if (c->ws) cudaFree(c->ws);
@@ -4431,7 +5523,9 @@ US_API void us_cuda_ops_free(us_ops *o) {
     o->backend = NULL;
 }
 
-US_API void *us_cuda_stream(const us_ops *o) { return o->backend ? (void *)((const us__cuda *)o->backend)->stream : NULL; }
+US_API void *us_cuda_stream(const us_ops *o) {
+    return o->backend ? (void *)((const us__cuda *)o->backend)->stream : NULL;
+}
 
 US_API const char *us_cuda_attention_path(us_ops *o, us_dtype dt, int HS, int by_blocks) {
     if (!o->backend) return "portable";
@@ -4446,8 +5540,13 @@ US_API void us_cuda_attention_no_hopper(us_ops *o, int which) {
 US_API void us_cuda_describe(const us_ops *o, char *buf, size_t buflen) {
     struct cudaDeviceProp p;
     int dev = o->backend ? ((const us__cuda *)o->backend)->device : 0;
-    if (cudaGetDeviceProperties(&p, dev) != cudaSuccess) { cudaGetLastError(); snprintf(buf, buflen, "CUDA device %d", dev); return; }
-    snprintf(buf, buflen, "%s (sm_%d%d, %d SMs, %.0f GiB)", p.name, p.major, p.minor, p.multiProcessorCount, (double)p.totalGlobalMem / 1073741824.0);
+    if (cudaGetDeviceProperties(&p, dev) != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(buf, buflen, "CUDA device %d", dev);
+        return;
+    }
+    snprintf(buf, buflen, "%s (sm_%d%d, %d SMs, %.0f GiB)", p.name, p.major, p.minor,
+             p.multiProcessorCount, (double)p.totalGlobalMem / 1073741824.0);
 }
 
 #endif /* ULTRASCALE_CUDA_IMPLEMENTATION_DONE */

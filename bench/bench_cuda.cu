@@ -33,19 +33,70 @@ static double now_s(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
-static double median(std::vector<double> v) { std::sort(v.begin(), v.end()); return v.empty() ? 0 : v[v.size() / 2]; }
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_)); exit(1); } } while (0)
+
+static double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0 : v[v.size() / 2];
+}
+
+#define CK(x)                                                        \
+    do {                                                             \
+        cudaError_t e_ = (x);                                        \
+        if (e_ != cudaSuccess) {                                     \
+            fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_)); \
+            exit(1);                                                 \
+        }                                                            \
+    } while (0)
 
 /* ---- a profiling wrapper around the ops table: CUDA events around every call, by op class */
-enum { P_GEMM, P_FP8G, P_FP8Q_ROW, P_FP8Q_COL, P_FP8Q_BOTH, P_FP8Q_W, P_ATT_F, P_ATT_B, P_NORM, P_ROPE, P_SWIGLU, P_XENT, P_EMB, P_ADAMW, P_COPY, P_OTHER, P_N };
-static const char *pname[P_N] = {"gemm (cuBLASLt)", "fp8 gemm", "fp8 quantise 1x128", "fp8 quantise 128x1", "fp8 quantise both", "fp8 quantise W", "attention fwd", "attention bwd", "rmsnorm", "rope", "swiglu", "cross-entropy", "embedding", "adamw + norm", "copies", "other"};
+enum {
+    P_GEMM,
+    P_FP8G,
+    P_FP8Q_ROW,
+    P_FP8Q_COL,
+    P_FP8Q_BOTH,
+    P_FP8Q_W,
+    P_ATT_F,
+    P_ATT_B,
+    P_NORM,
+    P_ROPE,
+    P_SWIGLU,
+    P_XENT,
+    P_EMB,
+    P_ADAMW,
+    P_COPY,
+    P_OTHER,
+    P_N
+};
+
+static const char *pname[P_N] = {"gemm (cuBLASLt)",
+                                 "fp8 gemm",
+                                 "fp8 quantise 1x128",
+                                 "fp8 quantise 128x1",
+                                 "fp8 quantise both",
+                                 "fp8 quantise W",
+                                 "attention fwd",
+                                 "attention bwd",
+                                 "rmsnorm",
+                                 "rope",
+                                 "swiglu",
+                                 "cross-entropy",
+                                 "embedding",
+                                 "adamw + norm",
+                                 "copies",
+                                 "other"};
 static us_ops inner;
 static cudaEvent_t ev0[P_N], ev1[P_N];
 static double pms[P_N];
 static int prof_on;
-static int free_q, skip_q;   /* --fp8-free-quant; set during the timed steps */
+static int free_q, skip_q; /* --fp8-free-quant; set during the timed steps */
+
 static cudaStream_t st_of(void) { return ((us__cuda *)inner.backend)->stream; }
-static void pbeg(int k) { if (prof_on) cudaEventRecord(ev0[k], st_of()); }
+
+static void pbeg(int k) {
+    if (prof_on) cudaEventRecord(ev0[k], st_of());
+}
+
 static void pend(int k) {
     float ms = 0;
     if (!prof_on) return;
@@ -54,58 +105,203 @@ static void pend(int k) {
     cudaEventElapsedTime(&ms, ev0[k], ev1[k]);
     pms[k] += ms;
 }
-#define WRAP(k, call) do { pbeg(k); call; pend(k); } while (0)
-static void w_gemm(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64_t K, float al, const void *A, us_dtype ad, int64_t lda, const void *B, us_dtype bd, int64_t ldb, float be, void *C, us_dtype cd, int64_t ldc) {
-    (void)o; WRAP(P_GEMM, inner.gemm(&inner, ta, tb, M, N, K, al, A, ad, lda, B, bd, ldb, be, C, cd, ldc));
+
+#define WRAP(k, call) \
+    do {              \
+        pbeg(k);      \
+        call;         \
+        pend(k);      \
+    } while (0)
+
+static void w_gemm(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64_t K, float al,
+                   const void *A, us_dtype ad, int64_t lda, const void *B, us_dtype bd, int64_t ldb,
+                   float be, void *C, us_dtype cd, int64_t ldc) {
+    (void)o;
+    WRAP(P_GEMM, inner.gemm(&inner, ta, tb, M, N, K, al, A, ad, lda, B, bd, ldb, be, C, cd, ldc));
 }
-static void w_fq(us_ops *o, uint8_t *q, float *sc, const void *x, us_dtype dt, int64_t M, int64_t K, int t, int trans, int pow2) {
-    (void)o; if (skip_q) return;
-    WRAP(t == US_FP8_BLOCK128 ? P_FP8Q_W : trans ? P_FP8Q_COL : P_FP8Q_ROW, inner.fp8_quantize(&inner, q, sc, x, dt, M, K, t, trans, pow2));
+
+static void w_fq(us_ops *o, uint8_t *q, float *sc, const void *x, us_dtype dt, int64_t M, int64_t K,
+                 int t, int trans, int pow2) {
+    (void)o;
+    if (skip_q) return;
+    WRAP(t == US_FP8_BLOCK128 ? P_FP8Q_W
+         : trans              ? P_FP8Q_COL
+                              : P_FP8Q_ROW,
+         inner.fp8_quantize(&inner, q, sc, x, dt, M, K, t, trans, pow2));
 }
-static void w_fqb(us_ops *o, uint8_t *q, float *sc, uint8_t *qt, float *st, const void *x, us_dtype dt, int64_t M, int64_t K, int t, int pow2) {
-    (void)o; if (skip_q) return;
+
+static void w_fqb(us_ops *o, uint8_t *q, float *sc, uint8_t *qt, float *st, const void *x,
+                  us_dtype dt, int64_t M, int64_t K, int t, int pow2) {
+    (void)o;
+    if (skip_q) return;
     WRAP(P_FP8Q_BOTH, inner.fp8_quantize_both(&inner, q, sc, qt, st, x, dt, M, K, t, pow2));
 }
-static void w_fg(us_ops *o, int64_t M, int64_t N, int64_t K, float al, const uint8_t *a, const float *sa, int ta, const uint8_t *b, const float *sb, int tb, float be, void *C, us_dtype cd, int64_t ldc) {
-    (void)o; WRAP(P_FP8G, inner.fp8_gemm(&inner, M, N, K, al, a, sa, ta, b, sb, tb, be, C, cd, ldc));
+
+static void w_fg(us_ops *o, int64_t M, int64_t N, int64_t K, float al, const uint8_t *a,
+                 const float *sa, int ta, const uint8_t *b, const float *sb, int tb, float be,
+                 void *C, us_dtype cd, int64_t ldc) {
+    (void)o;
+    WRAP(P_FP8G, inner.fp8_gemm(&inner, M, N, K, al, a, sa, ta, b, sb, tb, be, C, cd, ldc));
 }
-static void w_attf(us_ops *o, void *out, float *lse, const void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS, us_dtype dt) { (void)o; WRAP(P_ATT_F, inner.attention_fwd(&inner, out, lse, qkv, B, T, NH, NKV, HS, dt)); }
-static void w_attb(us_ops *o, void *dq, const void *dout, const void *qkv, const void *out, const float *lse, int64_t B, int64_t T, int NH, int NKV, int HS, us_dtype dt) { (void)o; WRAP(P_ATT_B, inner.attention_bwd(&inner, dq, dout, qkv, out, lse, B, T, NH, NKV, HS, dt)); }
-static void w_nf(us_ops *o, void *out, float *r, const void *x, const void *w, int64_t N, int64_t C, float eps, us_dtype dt) { (void)o; WRAP(P_NORM, inner.rmsnorm_fwd(&inner, out, r, x, w, N, C, eps, dt)); }
-static void w_nb(us_ops *o, void *dx, float *dw, const void *d, const void *x, const void *w, const float *r, int64_t N, int64_t C, us_dtype dt) { (void)o; WRAP(P_NORM, inner.rmsnorm_bwd(&inner, dx, dw, d, x, w, r, N, C, dt)); }
-static void w_rf(us_ops *o, void *q, int64_t B, int64_t T, int NH, int NKV, int HS, float th, us_dtype dt) { (void)o; WRAP(P_ROPE, inner.rope_fwd(&inner, q, B, T, NH, NKV, HS, th, dt)); }
-static void w_rb(us_ops *o, void *q, int64_t B, int64_t T, int NH, int NKV, int HS, float th, us_dtype dt) { (void)o; WRAP(P_ROPE, inner.rope_bwd(&inner, q, B, T, NH, NKV, HS, th, dt)); }
-static void w_sf(us_ops *o, void *h, const void *gu, int64_t N, int64_t F, us_dtype dt) { (void)o; WRAP(P_SWIGLU, inner.swiglu_fwd(&inner, h, gu, N, F, dt)); }
-static void w_sb(us_ops *o, void *d, const void *dh, const void *gu, int64_t N, int64_t F, us_dtype dt) { (void)o; WRAP(P_SWIGLU, inner.swiglu_bwd(&inner, d, dh, gu, N, F, dt)); }
-static void w_x(us_ops *o, float *l, int32_t *am, void *lg, const int32_t *t, int64_t N, int64_t V, float ds, us_dtype dt) { (void)o; WRAP(P_XENT, inner.xent(&inner, l, am, lg, t, N, V, ds, dt)); }
-static void w_ef(us_ops *o, void *out, const int32_t *t, const void *w, int64_t N, int64_t C, us_dtype dt) { (void)o; WRAP(P_EMB, inner.embedding_fwd(&inner, out, t, w, N, C, dt)); }
-static void w_eb(us_ops *o, float *d, const void *dout, const int32_t *t, int64_t N, int64_t C, us_dtype dt) { (void)o; WRAP(P_EMB, inner.embedding_bwd(&inner, d, dout, t, N, C, dt)); }
-static void w_ad(us_ops *o, float *p, const float *g, float *m, float *v, void *lp, us_dtype ld, int64_t n, float lr, float b1, float b2, float eps, float wd, float gs, int step) { (void)o; WRAP(P_ADAMW, inner.adamw(&inner, p, g, m, v, lp, ld, n, lr, b1, b2, eps, wd, gs, step)); }
-static double w_ss(us_ops *o, const float *x, int64_t n) { double r; (void)o; pbeg(P_ADAMW); r = inner.sumsq(&inner, x, n); pend(P_ADAMW); return r; }
-static void w_cp(us_ops *o, void *d, const void *s, size_t b, us_copy_kind k) { (void)o; WRAP(P_COPY, inner.copy(&inner, d, s, b, k)); }
-static void w_z(us_ops *o, void *p, size_t b) { (void)o; WRAP(P_OTHER, inner.zero(&inner, p, b)); }
-static void *w_alloc(us_ops *o, size_t b) { void *p = inner.alloc(&inner, b); o->bytes_in_use = inner.bytes_in_use; o->bytes_peak = inner.bytes_peak; return p; }
-static void w_free(us_ops *o, void *p) { inner.free(&inner, p); o->bytes_in_use = inner.bytes_in_use; }
-static void w_cast(us_ops *o, void *d, us_dtype dd, const void *s, us_dtype sd, int64_t n) { (void)o; WRAP(P_OTHER, inner.cast(&inner, d, dd, s, sd, n)); }
-static void w_sync(us_ops *o) { (void)o; inner.sync(&inner); }
-static const char *w_err(us_ops *o) { (void)o; return inner.error(&inner); }
+
+static void w_attf(us_ops *o, void *out, float *lse, const void *qkv, int64_t B, int64_t T, int NH,
+                   int NKV, int HS, us_dtype dt) {
+    (void)o;
+    WRAP(P_ATT_F, inner.attention_fwd(&inner, out, lse, qkv, B, T, NH, NKV, HS, dt));
+}
+
+static void w_attb(us_ops *o, void *dq, const void *dout, const void *qkv, const void *out,
+                   const float *lse, int64_t B, int64_t T, int NH, int NKV, int HS, us_dtype dt) {
+    (void)o;
+    WRAP(P_ATT_B, inner.attention_bwd(&inner, dq, dout, qkv, out, lse, B, T, NH, NKV, HS, dt));
+}
+
+static void w_nf(us_ops *o, void *out, float *r, const void *x, const void *w, int64_t N, int64_t C,
+                 float eps, us_dtype dt) {
+    (void)o;
+    WRAP(P_NORM, inner.rmsnorm_fwd(&inner, out, r, x, w, N, C, eps, dt));
+}
+
+static void w_nb(us_ops *o, void *dx, float *dw, const void *d, const void *x, const void *w,
+                 const float *r, int64_t N, int64_t C, us_dtype dt) {
+    (void)o;
+    WRAP(P_NORM, inner.rmsnorm_bwd(&inner, dx, dw, d, x, w, r, N, C, dt));
+}
+
+static void w_rf(us_ops *o, void *q, int64_t B, int64_t T, int NH, int NKV, int HS, float th,
+                 us_dtype dt) {
+    (void)o;
+    WRAP(P_ROPE, inner.rope_fwd(&inner, q, B, T, NH, NKV, HS, th, dt));
+}
+
+static void w_rb(us_ops *o, void *q, int64_t B, int64_t T, int NH, int NKV, int HS, float th,
+                 us_dtype dt) {
+    (void)o;
+    WRAP(P_ROPE, inner.rope_bwd(&inner, q, B, T, NH, NKV, HS, th, dt));
+}
+
+static void w_sf(us_ops *o, void *h, const void *gu, int64_t N, int64_t F, us_dtype dt) {
+    (void)o;
+    WRAP(P_SWIGLU, inner.swiglu_fwd(&inner, h, gu, N, F, dt));
+}
+
+static void w_sb(us_ops *o, void *d, const void *dh, const void *gu, int64_t N, int64_t F,
+                 us_dtype dt) {
+    (void)o;
+    WRAP(P_SWIGLU, inner.swiglu_bwd(&inner, d, dh, gu, N, F, dt));
+}
+
+static void w_x(us_ops *o, float *l, int32_t *am, void *lg, const int32_t *t, int64_t N, int64_t V,
+                float ds, us_dtype dt) {
+    (void)o;
+    WRAP(P_XENT, inner.xent(&inner, l, am, lg, t, N, V, ds, dt));
+}
+
+static void w_ef(us_ops *o, void *out, const int32_t *t, const void *w, int64_t N, int64_t C,
+                 us_dtype dt) {
+    (void)o;
+    WRAP(P_EMB, inner.embedding_fwd(&inner, out, t, w, N, C, dt));
+}
+
+static void w_eb(us_ops *o, float *d, const void *dout, const int32_t *t, int64_t N, int64_t C,
+                 us_dtype dt) {
+    (void)o;
+    WRAP(P_EMB, inner.embedding_bwd(&inner, d, dout, t, N, C, dt));
+}
+
+static void w_ad(us_ops *o, float *p, const float *g, float *m, float *v, void *lp, us_dtype ld,
+                 int64_t n, float lr, float b1, float b2, float eps, float wd, float gs, int step) {
+    (void)o;
+    WRAP(P_ADAMW, inner.adamw(&inner, p, g, m, v, lp, ld, n, lr, b1, b2, eps, wd, gs, step));
+}
+
+static double w_ss(us_ops *o, const float *x, int64_t n) {
+    double r;
+    (void)o;
+    pbeg(P_ADAMW);
+    r = inner.sumsq(&inner, x, n);
+    pend(P_ADAMW);
+    return r;
+}
+
+static void w_cp(us_ops *o, void *d, const void *s, size_t b, us_copy_kind k) {
+    (void)o;
+    WRAP(P_COPY, inner.copy(&inner, d, s, b, k));
+}
+
+static void w_z(us_ops *o, void *p, size_t b) {
+    (void)o;
+    WRAP(P_OTHER, inner.zero(&inner, p, b));
+}
+
+static void *w_alloc(us_ops *o, size_t b) {
+    void *p = inner.alloc(&inner, b);
+    o->bytes_in_use = inner.bytes_in_use;
+    o->bytes_peak = inner.bytes_peak;
+    return p;
+}
+
+static void w_free(us_ops *o, void *p) {
+    inner.free(&inner, p);
+    o->bytes_in_use = inner.bytes_in_use;
+}
+
+static void w_cast(us_ops *o, void *d, us_dtype dd, const void *s, us_dtype sd, int64_t n) {
+    (void)o;
+    WRAP(P_OTHER, inner.cast(&inner, d, dd, s, sd, n));
+}
+
+static void w_sync(us_ops *o) {
+    (void)o;
+    inner.sync(&inner);
+}
+
+static const char *w_err(us_ops *o) {
+    (void)o;
+    return inner.error(&inner);
+}
+
 static us_ops profiled(void) {
     us_ops o = inner;
     int k;
-    for (k = 0; k < P_N; k++) { cudaEventCreate(&ev0[k]); cudaEventCreate(&ev1[k]); }
-    o.gemm = w_gemm; o.attention_fwd = w_attf; o.attention_bwd = w_attb; o.rmsnorm_fwd = w_nf; o.rmsnorm_bwd = w_nb;
-    o.rope_fwd = w_rf; o.rope_bwd = w_rb; o.swiglu_fwd = w_sf; o.swiglu_bwd = w_sb; o.xent = w_x; o.embedding_fwd = w_ef;
-    o.embedding_bwd = w_eb; o.adamw = w_ad; o.sumsq = w_ss; o.copy = w_cp; o.zero = w_z; o.alloc = w_alloc; o.free = w_free;
-    o.cast = w_cast; o.sync = w_sync; o.error = w_err; o.fp8_quantize = w_fq; o.fp8_gemm = w_fg;
+    for (k = 0; k < P_N; k++) {
+        cudaEventCreate(&ev0[k]);
+        cudaEventCreate(&ev1[k]);
+    }
+    o.gemm = w_gemm;
+    o.attention_fwd = w_attf;
+    o.attention_bwd = w_attb;
+    o.rmsnorm_fwd = w_nf;
+    o.rmsnorm_bwd = w_nb;
+    o.rope_fwd = w_rf;
+    o.rope_bwd = w_rb;
+    o.swiglu_fwd = w_sf;
+    o.swiglu_bwd = w_sb;
+    o.xent = w_x;
+    o.embedding_fwd = w_ef;
+    o.embedding_bwd = w_eb;
+    o.adamw = w_ad;
+    o.sumsq = w_ss;
+    o.copy = w_cp;
+    o.zero = w_z;
+    o.alloc = w_alloc;
+    o.free = w_free;
+    o.cast = w_cast;
+    o.sync = w_sync;
+    o.error = w_err;
+    o.fp8_quantize = w_fq;
+    o.fp8_gemm = w_fg;
     o.fp8_quantize_both = inner.fp8_quantize_both ? w_fqb : NULL;
     return o;
 }
 
-static us_precision bench_prec = US_PRECISION_BF16;   /* --precision: bf16 (default), fp8, fp8-tensor */
-static int bench_accum = 1, bench_nowc;                /* --accum, --fp8-no-weight-cache */
+static us_precision bench_prec =
+    US_PRECISION_BF16;                  /* --precision: bf16 (default), fp8, fp8-tensor */
+static int bench_accum = 1, bench_nowc; /* --accum, --fp8-no-weight-cache */
 
 /* ---- training throughput */
-static int bench_train(const char *preset, int steps, int warm, us_recompute rc, int profile, const char *json) {
+static int bench_train(const char *preset, int steps, int warm, us_recompute rc, int profile,
+                       const char *json) {
     us_model_config mc;
     us_train_config tc;
     us_model m;
@@ -113,19 +309,57 @@ static int bench_train(const char *preset, int steps, int warm, us_recompute rc,
     std::vector<double> times;
     int64_t n, i;
     int s, k;
-    memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
-    if (!strcmp(preset, "1b")) { mc.dim = 2048; mc.n_layers = 16; mc.n_heads = 32; mc.n_kv_heads = 8; mc.ffn_dim = 8192; mc.vocab = 128256; mc.tie_embeddings = 1; tc.seq = 4096; tc.batch = 4; }
+    memset(&mc, 0, sizeof mc);
+    memset(&tc, 0, sizeof tc);
+    if (!strcmp(preset, "1b")) {
+        mc.dim = 2048;
+        mc.n_layers = 16;
+        mc.n_heads = 32;
+        mc.n_kv_heads = 8;
+        mc.ffn_dim = 8192;
+        mc.vocab = 128256;
+        mc.tie_embeddings = 1;
+        tc.seq = 4096;
+        tc.batch = 4;
+    }
     /* Llama-3-8B's width (dim 4096, 32/8 heads, FFN 14336, untied 128256 vocabulary) with 8 of its 32
        layers, to fit one GPU with AdamW state: the linear layers' share of the step is near the whole
        model's (FP8's gain grows with it) */
-    else if (!strcmp(preset, "8b8")) { mc.dim = 4096; mc.n_layers = 8; mc.n_heads = 32; mc.n_kv_heads = 8; mc.ffn_dim = 14336; mc.vocab = 128256; tc.seq = 4096; tc.batch = 2; }
-    else if (!strcmp(preset, "200m")) { mc.dim = 1024; mc.n_layers = 12; mc.n_heads = 16; mc.n_kv_heads = 4; mc.ffn_dim = 4096; mc.vocab = 32768; tc.seq = 2048; tc.batch = 16; }
-    else { fprintf(stderr, "bench_cuda: unknown preset %s\n", preset); return 2; }
-    tc.precision = bench_prec; tc.recompute = rc; tc.steps = 1000; tc.lr = 3e-4f; tc.warmup = 0;
-    tc.grad_accum = bench_accum; tc.fp8_no_wcache = bench_nowc;
+    else if (!strcmp(preset, "8b8")) {
+        mc.dim = 4096;
+        mc.n_layers = 8;
+        mc.n_heads = 32;
+        mc.n_kv_heads = 8;
+        mc.ffn_dim = 14336;
+        mc.vocab = 128256;
+        tc.seq = 4096;
+        tc.batch = 2;
+    } else if (!strcmp(preset, "200m")) {
+        mc.dim = 1024;
+        mc.n_layers = 12;
+        mc.n_heads = 16;
+        mc.n_kv_heads = 4;
+        mc.ffn_dim = 4096;
+        mc.vocab = 32768;
+        tc.seq = 2048;
+        tc.batch = 16;
+    } else {
+        fprintf(stderr, "bench_cuda: unknown preset %s\n", preset);
+        return 2;
+    }
+    tc.precision = bench_prec;
+    tc.recompute = rc;
+    tc.steps = 1000;
+    tc.lr = 3e-4f;
+    tc.warmup = 0;
+    tc.grad_accum = bench_accum;
+    tc.fp8_no_wcache = bench_nowc;
     prof_on = 0;
     o = profiled();
-    if (us_model_init(&m, &mc, &tc, &o) != US_OK) { printf("ultrascale   | %s | init failed: %s\n", preset, us_model_error(&m)); return 3; }
+    if (us_model_init(&m, &mc, &tc, &o) != US_OK) {
+        printf("ultrascale   | %s | init failed: %s\n", preset, us_model_error(&m));
+        return 3;
+    }
     n = (int64_t)tc.grad_accum * tc.batch * tc.seq;
     {
         std::vector<int32_t> in(n), tgt(n);
@@ -133,33 +367,58 @@ static int bench_train(const char *preset, int steps, int warm, us_recompute rc,
         us_rng_seed(&r, 1);
         for (s = 0; s < warm + steps; s++) {
             double t0;
-            for (i = 0; i < n; i++) { in[i] = (int32_t)(us_rng_u64(&r) % (uint64_t)mc.vocab); tgt[i] = (int32_t)(us_rng_u64(&r) % (uint64_t)mc.vocab); }
-            if (profile && s == warm + steps - 1) { prof_on = 1; memset(pms, 0, sizeof pms); }
+            for (i = 0; i < n; i++) {
+                in[i] = (int32_t)(us_rng_u64(&r) % (uint64_t)mc.vocab);
+                tgt[i] = (int32_t)(us_rng_u64(&r) % (uint64_t)mc.vocab);
+            }
+            if (profile && s == warm + steps - 1) {
+                prof_on = 1;
+                memset(pms, 0, sizeof pms);
+            }
             skip_q = free_q && s >= warm;
             m.ops.sync(&m.ops);
             t0 = now_s();
-            if (us_train_step(&m, in.data(), tgt.data(), NULL) != US_OK) { printf("ultrascale   | %s | step failed: %s\n", preset, us_model_error(&m)); return 3; }
+            if (us_train_step(&m, in.data(), tgt.data(), NULL) != US_OK) {
+                printf("ultrascale   | %s | step failed: %s\n", preset, us_model_error(&m));
+                return 3;
+            }
             m.ops.sync(&m.ops);
             if (s >= warm && !(profile && s == warm + steps - 1)) times.push_back(now_s() - t0);
             prof_on = 0;
         }
     }
     {
-        double t = median(times), tok_s = (double)n / t, mfu = us_flops_per_token(&m.cfg, tc.seq) * tok_s / 989e12;
+        double t = median(times), tok_s = (double)n / t,
+               mfu = us_flops_per_token(&m.cfg, tc.seq) * tok_s / 989e12;
         double peak_gib = (double)m.ops.bytes_peak / 1073741824.0;
-        printf("ultrascale   | %-4s | tok/s %8.0f | MFU %5.1f%% | step %7.1f ms | peak %6.1f GiB | params %.3fB | recompute %s | %s%s | accum %d\n", preset, tok_s,
-               100 * mfu, 1e3 * t, peak_gib, (double)m.n_params / 1e9, us_recompute_name(rc), us_precision_name(bench_prec),
+        printf("ultrascale   | %-4s | tok/s %8.0f | MFU %5.1f%% | step %7.1f ms | peak %6.1f GiB | "
+               "params %.3fB | recompute %s | %s%s | accum %d\n",
+               preset, tok_s, 100 * mfu, 1e3 * t, peak_gib, (double)m.n_params / 1e9,
+               us_recompute_name(rc), us_precision_name(bench_prec),
                m.fp8 && !m.fp8_wc ? " (no weight cache)" : "", tc.grad_accum);
-        if (free_q) printf("  (--fp8-free-quant: no quantisation in the timed steps; the losses are meaningless)\n");
+        if (free_q)
+            printf("  (--fp8-free-quant: no quantisation in the timed steps; the losses are "
+                   "meaningless)\n");
         if (json) {
             FILE *f = fopen(json, "w");
-            if (f) { fprintf(f, "{\"impl\": \"ultrascale\", \"preset\": \"%s\", \"precision\": \"%s%s\", \"tok_s\": %.1f, \"mfu\": %.4f, \"step_ms\": %.2f, \"peak_gib\": %.2f, \"params\": %lld, \"accum\": %d, \"wcache\": %d}\n", preset, us_precision_name(bench_prec), free_q ? " free-quant" : "", tok_s, mfu, 1e3 * t, peak_gib, (long long)m.n_params, tc.grad_accum, m.fp8_wc != NULL); fclose(f); }
+            if (f) {
+                fprintf(f,
+                        "{\"impl\": \"ultrascale\", \"preset\": \"%s\", \"precision\": \"%s%s\", "
+                        "\"tok_s\": %.1f, \"mfu\": %.4f, \"step_ms\": %.2f, \"peak_gib\": %.2f, "
+                        "\"params\": %lld, \"accum\": %d, \"wcache\": %d}\n",
+                        preset, us_precision_name(bench_prec), free_q ? " free-quant" : "", tok_s,
+                        mfu, 1e3 * t, peak_gib, (long long)m.n_params, tc.grad_accum,
+                        m.fp8_wc != NULL);
+                fclose(f);
+            }
         }
         if (profile) {
             double tot = 0;
             for (k = 0; k < P_N; k++) tot += pms[k];
             printf("  profile of one step (CUDA events around each op; includes launch gaps):\n");
-            for (k = 0; k < P_N; k++) if (pms[k] > 0) printf("    %-16s %8.2f ms  %5.1f%%\n", pname[k], pms[k], 100 * pms[k] / tot);
+            for (k = 0; k < P_N; k++)
+                if (pms[k] > 0)
+                    printf("    %-16s %8.2f ms  %5.1f%%\n", pname[k], pms[k], 100 * pms[k] / tot);
             printf("    %-16s %8.2f ms\n", "total", tot);
         }
     }
@@ -177,7 +436,8 @@ static void rand_bf16_pair(void *X, int64_t nx, void *W, int64_t nw, uint64_t se
     for (size_t i = 0; i < h.size(); i++) h[i] = us_rng_uniform(&rg) - 0.5f;
     CK(cudaMalloc(&tmp, h.size() * 4));
     CK(cudaMemcpy(tmp, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
-    inner.cast(&inner, X, US_BF16, tmp, US_F32, nx); inner.cast(&inner, W, US_BF16, tmp, US_F32, nw);
+    inner.cast(&inner, X, US_BF16, tmp, US_F32, nx);
+    inner.cast(&inner, W, US_BF16, tmp, US_F32, nw);
     inner.sync(&inner);
     cudaFree(tmp);
 }
@@ -186,96 +446,165 @@ static void rand_bf16_pair(void *X, int64_t nx, void *W, int64_t nw, uint64_t se
    x [M][K], W [N][K]; block-scaled (1×128 x 128×128: Fprop/Dgrad; 1×128 x 1×128: Wgrad) and
    per-tensor, plus the fused quantisation kernels' bandwidth */
 static void bench_fp8_gemm(void) {
-    int64_t shapes[][3] = {{8192, 8192, 8192}, {16384, 3072, 2048}, {16384, 2048, 2048}, {16384, 16384, 2048}, {16384, 2048, 8192}, {2048, 8192, 16384}};
+    int64_t shapes[][3] = {{8192, 8192, 8192},   {16384, 3072, 2048}, {16384, 2048, 2048},
+                           {16384, 16384, 2048}, {16384, 2048, 8192}, {2048, 8192, 16384}};
     us__cuda *c = (us__cuda *)inner.backend;
     cudaEvent_t a, b;
     int k, r, v;
-    CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
-    printf("\n| GEMM (M x N x K) | bf16 TFLOP/s | fp8 1x128·128x128 | fp8 1x128·1x128 | fp8 per-tensor | speed-up (block) | quantise x 1x128 / x^T 128x1 / W 128x128 / x both (GB/s) |\n|---|---|---|---|---|---|---|\n");
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    printf("\n| GEMM (M x N x K) | bf16 TFLOP/s | fp8 1x128·128x128 | fp8 1x128·1x128 | fp8 "
+           "per-tensor | speed-up (block) | quantise x 1x128 / x^T 128x1 / W 128x128 / x both "
+           "(GB/s) |\n|---|---|---|---|---|---|---|\n");
     for (k = 0; k < 6; k++) {
         int64_t M = shapes[k][0], N = shapes[k][1], K = shapes[k][2];
-        void *X = inner.alloc(&inner, (size_t)M * K * 2), *W = inner.alloc(&inner, (size_t)N * K * 2), *Y = inner.alloc(&inner, (size_t)M * N * 2);
-        uint8_t *qx = (uint8_t *)inner.alloc(&inner, (size_t)M * K), *qw = (uint8_t *)inner.alloc(&inner, (size_t)N * K), *qt = (uint8_t *)inner.alloc(&inner, (size_t)M * K);
-        float *sx = (float *)inner.alloc(&inner, (size_t)us_fp8_scales_size(US_FP8_ROW128, M, K) * 4);
-        float *sw = (float *)inner.alloc(&inner, (size_t)std::max(us_fp8_scales_size(US_FP8_BLOCK128, N, K), us_fp8_scales_size(US_FP8_ROW128, N, K)) * 4);
-        float *st = (float *)inner.alloc(&inner, (size_t)us_fp8_scales_size(US_FP8_ROW128, K, M) * 4);
+        void *X = inner.alloc(&inner, (size_t)M * K * 2),
+             *W = inner.alloc(&inner, (size_t)N * K * 2),
+             *Y = inner.alloc(&inner, (size_t)M * N * 2);
+        uint8_t *qx = (uint8_t *)inner.alloc(&inner, (size_t)M * K),
+                *qw = (uint8_t *)inner.alloc(&inner, (size_t)N * K),
+                *qt = (uint8_t *)inner.alloc(&inner, (size_t)M * K);
+        float *sx =
+            (float *)inner.alloc(&inner, (size_t)us_fp8_scales_size(US_FP8_ROW128, M, K) * 4);
+        float *sw =
+            (float *)inner.alloc(&inner, (size_t)std::max(us_fp8_scales_size(US_FP8_BLOCK128, N, K),
+                                                          us_fp8_scales_size(US_FP8_ROW128, N, K)) *
+                                             4);
+        float *st =
+            (float *)inner.alloc(&inner, (size_t)us_fp8_scales_size(US_FP8_ROW128, K, M) * 4);
         double fl = 2.0 * M * N * K, res[8];
         rand_bf16_pair(X, M * K, W, N * K, 11 + k);
-        for (v = 0; v < 8; v++) {   /* bf16, fp8 block, fp8 row x row, fp8 tensor, quantise x, x^T, W, x both ways */
+        for (
+            v = 0; v < 8;
+            v++) { /* bf16, fp8 block, fp8 row x row, fp8 tensor, quantise x, x^T, W, x both ways */
             std::vector<double> ts;
-            int ta = v == 3 ? US_FP8_TENSOR : US_FP8_ROW128, tb = v == 1 ? US_FP8_BLOCK128 : v == 2 ? US_FP8_ROW128 : US_FP8_TENSOR;
-            if (v >= 1 && v <= 3) { inner.fp8_quantize(&inner, qx, sx, X, US_BF16, M, K, ta, 0, 0); inner.fp8_quantize(&inner, qw, sw, W, US_BF16, N, K, tb, 0, 0); }
+            int ta = v == 3 ? US_FP8_TENSOR : US_FP8_ROW128, tb = v == 1   ? US_FP8_BLOCK128
+                                                                  : v == 2 ? US_FP8_ROW128
+                                                                           : US_FP8_TENSOR;
+            if (v >= 1 && v <= 3) {
+                inner.fp8_quantize(&inner, qx, sx, X, US_BF16, M, K, ta, 0, 0);
+                inner.fp8_quantize(&inner, qw, sw, W, US_BF16, N, K, tb, 0, 0);
+            }
             for (r = 0; r < 15; r++) {
                 float ms;
                 cudaEventRecord(a, c->stream);
-                if (v == 0) inner.gemm(&inner, 0, 1, M, N, K, 1.0f, X, US_BF16, K, W, US_BF16, K, 0.0f, Y, US_BF16, N);
-                else if (v < 4) inner.fp8_gemm(&inner, M, N, K, 1.0f, qx, sx, ta, qw, sw, tb, 0.0f, Y, US_BF16, N);
-                else if (v == 4) inner.fp8_quantize(&inner, qx, sx, X, US_BF16, M, K, US_FP8_ROW128, 0, 0);
-                else if (v == 5) inner.fp8_quantize(&inner, qx, sx, X, US_BF16, M, K, US_FP8_ROW128, 1, 0);   /* Wgrad's 128x1 tiles */
-                else if (v == 6) inner.fp8_quantize(&inner, qw, sw, W, US_BF16, N, K, US_FP8_BLOCK128, 0, 0);
-                else inner.fp8_quantize_both(&inner, qx, sx, qt, st, X, US_BF16, M, K, US_FP8_ROW128, 0);   /* Dgrad's and Wgrad's dy */
-                cudaEventRecord(b, c->stream); cudaEventSynchronize(b); cudaEventElapsedTime(&ms, a, b);
+                if (v == 0)
+                    inner.gemm(&inner, 0, 1, M, N, K, 1.0f, X, US_BF16, K, W, US_BF16, K, 0.0f, Y,
+                               US_BF16, N);
+                else if (v < 4)
+                    inner.fp8_gemm(&inner, M, N, K, 1.0f, qx, sx, ta, qw, sw, tb, 0.0f, Y, US_BF16,
+                                   N);
+                else if (v == 4)
+                    inner.fp8_quantize(&inner, qx, sx, X, US_BF16, M, K, US_FP8_ROW128, 0, 0);
+                else if (v == 5)
+                    inner.fp8_quantize(&inner, qx, sx, X, US_BF16, M, K, US_FP8_ROW128, 1,
+                                       0); /* Wgrad's 128x1 tiles */
+                else if (v == 6)
+                    inner.fp8_quantize(&inner, qw, sw, W, US_BF16, N, K, US_FP8_BLOCK128, 0, 0);
+                else
+                    inner.fp8_quantize_both(&inner, qx, sx, qt, st, X, US_BF16, M, K, US_FP8_ROW128,
+                                            0); /* Dgrad's and Wgrad's dy */
+                cudaEventRecord(b, c->stream);
+                cudaEventSynchronize(b);
+                cudaEventElapsedTime(&ms, a, b);
                 if (r >= 5) ts.push_back(ms * 1e-3);
             }
-            res[v] = v < 4 ? fl / median(ts) / 1e12 : (double)(v == 6 ? N : M) * K * (v == 7 ? 4 : 3) / median(ts) / 1e9;   /* bytes: 2 read + 1 (both: 2) written */
+            res[v] = v < 4 ? fl / median(ts) / 1e12
+                           : (double)(v == 6 ? N : M) * K * (v == 7 ? 4 : 3) / median(ts) /
+                                 1e9; /* bytes: 2 read + 1 (both: 2) written */
         }
-        if (inner.error(&inner)) { printf("| %lld x %lld x %lld | error: %s |\n", (long long)M, (long long)N, (long long)K, inner.error(&inner)); break; }
-        printf("| %lld x %lld x %lld | %.0f | %.0f | %.0f | %.0f | %.2fx | %.0f / %.0f / %.0f / %.0f |\n", (long long)M, (long long)N, (long long)K,
-               res[0], res[1], res[2], res[3], res[1] / res[0], res[4], res[5], res[6], res[7]);
-        inner.free(&inner, X); inner.free(&inner, W); inner.free(&inner, Y); inner.free(&inner, qx); inner.free(&inner, qw);
-        inner.free(&inner, sx); inner.free(&inner, sw); inner.free(&inner, qt); inner.free(&inner, st);
+        if (inner.error(&inner)) {
+            printf("| %lld x %lld x %lld | error: %s |\n", (long long)M, (long long)N, (long long)K,
+                   inner.error(&inner));
+            break;
+        }
+        printf("| %lld x %lld x %lld | %.0f | %.0f | %.0f | %.0f | %.2fx | %.0f / %.0f / %.0f / "
+               "%.0f |\n",
+               (long long)M, (long long)N, (long long)K, res[0], res[1], res[2], res[3],
+               res[1] / res[0], res[4], res[5], res[6], res[7]);
+        inner.free(&inner, X);
+        inner.free(&inner, W);
+        inner.free(&inner, Y);
+        inner.free(&inner, qx);
+        inner.free(&inner, qw);
+        inner.free(&inner, sx);
+        inner.free(&inner, sw);
+        inner.free(&inner, qt);
+        inner.free(&inner, st);
     }
-    cudaEventDestroy(a); cudaEventDestroy(b);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
 }
 
 /* ---- cuBLASLt's heuristic: its first algorithm (what the library runs) against the best of its
    first 16, timed, for the 1B step's twelve linear GEMMs (Fprop, Dgrad, Wgrad of the four
    linears at 16384 tokens), bf16 and FP8 block-scaled alike (TN, as the FP8 path runs them).
    Says whether timing the candidates when a plan is made would pay. */
-static double time_lt(cublasLtHandle_t lt, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc,
-                      const cublasLtMatmulAlgo_t *al, const void *B, const void *A, void *C, void *ws, size_t wsb, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1) {
+static double time_lt(cublasLtHandle_t lt, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t la,
+                      cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc,
+                      const cublasLtMatmulAlgo_t *al, const void *B, const void *A, void *C,
+                      void *ws, size_t wsb, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1) {
     std::vector<double> ts;
     float one = 1, zero = 0, ms;
     int r;
     for (r = 0; r < 13; r++) {
         cudaEventRecord(e0, st);
-        if (cublasLtMatmul(lt, d, &one, B, la, A, lb, &zero, C, lc, C, lc, al, ws, wsb, st) != CUBLAS_STATUS_SUCCESS) return 0;
-        cudaEventRecord(e1, st); cudaEventSynchronize(e1); cudaEventElapsedTime(&ms, e0, e1);
+        if (cublasLtMatmul(lt, d, &one, B, la, A, lb, &zero, C, lc, C, lc, al, ws, wsb, st) !=
+            CUBLAS_STATUS_SUCCESS)
+            return 0;
+        cudaEventRecord(e1, st);
+        cudaEventSynchronize(e1);
+        cudaEventElapsedTime(&ms, e0, e1);
         if (r >= 3) ts.push_back(ms * 1e-3);
     }
     return median(ts);
 }
+
 static void bench_gemm_algos(void) {
-    const int64_t T = 16384, io[4][2] = {{2048, 3072}, {2048, 2048}, {2048, 16384}, {8192, 2048}};   /* (In, Out) of qkv, o, gate|up, down */
+    const int64_t T = 16384, io[4][2] = {{2048, 3072},
+                                         {2048, 2048},
+                                         {2048, 16384},
+                                         {8192, 2048}}; /* (In, Out) of qkv, o, gate|up, down */
     const char *gname[3] = {"Fprop", "Dgrad", "Wgrad"}, *lname[4] = {"qkv", "o", "gate|up", "down"};
     us__cuda *c = (us__cuda *)inner.backend;
     cublasLtHandle_t lt;
     void *ws;
     size_t wsb = c->ws_bytes;
     cudaEvent_t e0, e1;
-    double tot[2][2] = {{0, 0}, {0, 0}};   /* [bf16, fp8][first, best] seconds */
+    double tot[2][2] = {{0, 0}, {0, 0}}; /* [bf16, fp8][first, best] seconds */
     int li, g, p;
-    CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
     cublasLtCreate(&lt);
     CK(cudaMalloc(&ws, wsb));
-    printf("\n| GEMM | M x N x K | bf16 first / best of n (TFLOP/s) | fp8 first / best of n |\n|---|---|---|---|\n");
+    printf("\n| GEMM | M x N x K | bf16 first / best of n (TFLOP/s) | fp8 first / best of n "
+           "|\n|---|---|---|---|\n");
     for (li = 0; li < 4; li++)
         for (g = 0; g < 3; g++) {
             int64_t In = io[li][0], Out = io[li][1];
             int64_t M = g == 2 ? Out : T, N = g == 0 ? Out : In, K = g == 0 ? In : g == 1 ? Out : T;
             double fl = 2.0 * M * N * K, res[2][2];
             int nres[2];
-            void *X = inner.alloc(&inner, (size_t)(M * K * 2)), *W = inner.alloc(&inner, (size_t)(N * K * 2)), *Y = inner.alloc(&inner, (size_t)(M * N * 2));
-            uint8_t *qx = (uint8_t *)inner.alloc(&inner, (size_t)(M * K)), *qw = (uint8_t *)inner.alloc(&inner, (size_t)(N * K));
-            float *sx = (float *)inner.alloc(&inner, (size_t)us_fp8_scales_size(US_FP8_ROW128, M, K) * 4);
-            float *sw = (float *)inner.alloc(&inner, (size_t)std::max(us_fp8_scales_size(US_FP8_BLOCK128, N, K), us_fp8_scales_size(US_FP8_ROW128, N, K)) * 4);
+            void *X = inner.alloc(&inner, (size_t)(M * K * 2)),
+                 *W = inner.alloc(&inner, (size_t)(N * K * 2)),
+                 *Y = inner.alloc(&inner, (size_t)(M * N * 2));
+            uint8_t *qx = (uint8_t *)inner.alloc(&inner, (size_t)(M * K)),
+                    *qw = (uint8_t *)inner.alloc(&inner, (size_t)(N * K));
+            float *sx =
+                (float *)inner.alloc(&inner, (size_t)us_fp8_scales_size(US_FP8_ROW128, M, K) * 4);
+            float *sw = (float *)inner.alloc(
+                &inner, (size_t)std::max(us_fp8_scales_size(US_FP8_BLOCK128, N, K),
+                                         us_fp8_scales_size(US_FP8_ROW128, N, K)) *
+                            4);
             int tb = g == 2 ? US_FP8_ROW128 : US_FP8_BLOCK128;
             rand_bf16_pair(X, M * K, W, N * K, 5 + li * 3 + g);
             inner.fp8_quantize(&inner, qx, sx, X, US_BF16, M, K, US_FP8_ROW128, 0, 0);
             inner.fp8_quantize(&inner, qw, sw, W, US_BF16, N, K, tb, 0, 0);
             inner.sync(&inner);
             for (p = 0; p < 2; p++) {
-                cublasLtMatmulDesc_t d; cublasLtMatrixLayout_t la, lb, lc; cublasLtMatmulPreference_t pr;
+                cublasLtMatmulDesc_t d;
+                cublasLtMatrixLayout_t la, lb, lc;
+                cublasLtMatmulPreference_t pr;
                 cublasLtMatmulHeuristicResult_t h[16];
                 cublasOperation_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N;
                 int found = 0, i;
@@ -283,68 +612,106 @@ static void bench_gemm_algos(void) {
                 cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof tA);
                 cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof tB);
                 if (p) {
-                    cublasLtMatmulMatrixScale_t ma = us__fp8_mode(tb), mb = us__fp8_mode(US_FP8_ROW128);
-                    cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma);
-                    cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb);
-                    cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw);
-                    cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof sx);
+                    cublasLtMatmulMatrixScale_t ma = us__fp8_mode(tb),
+                                                mb = us__fp8_mode(US_FP8_ROW128);
+                    cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma,
+                                                   sizeof ma);
+                    cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb,
+                                                   sizeof mb);
+                    cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw,
+                                                   sizeof sw);
+                    cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx,
+                                                   sizeof sx);
                 }
                 cublasLtMatrixLayoutCreate(&la, p ? CUDA_R_8F_E4M3 : CUDA_R_16BF, K, N, K);
                 cublasLtMatrixLayoutCreate(&lb, p ? CUDA_R_8F_E4M3 : CUDA_R_16BF, K, M, K);
                 cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, N, M, N);
                 cublasLtMatmulPreferenceCreate(&pr);
-                cublasLtMatmulPreferenceSetAttribute(pr, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
+                cublasLtMatmulPreferenceSetAttribute(pr, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                     &wsb, sizeof wsb);
                 cublasLtMatmulAlgoGetHeuristic(lt, d, la, lb, lc, lc, pr, 16, h, &found);
-                res[p][0] = res[p][1] = 0; nres[p] = found;
+                res[p][0] = res[p][1] = 0;
+                nres[p] = found;
                 for (i = 0; i < found; i++) {
-                    double t = time_lt(lt, d, la, lb, lc, &h[i].algo, p ? (const void *)qw : W, p ? (const void *)qx : X, Y, ws, wsb, c->stream, e0, e1);
+                    double t = time_lt(lt, d, la, lb, lc, &h[i].algo, p ? (const void *)qw : W,
+                                       p ? (const void *)qx : X, Y, ws, wsb, c->stream, e0, e1);
                     if (t <= 0) continue;
                     if (i == 0) res[p][0] = t;
                     if (res[p][1] == 0 || t < res[p][1]) res[p][1] = t;
                 }
-                if (res[p][0] > 0) { tot[p][0] += res[p][0]; tot[p][1] += res[p][1]; }
-                cublasLtMatmulPreferenceDestroy(pr); cublasLtMatrixLayoutDestroy(la); cublasLtMatrixLayoutDestroy(lb);
-                cublasLtMatrixLayoutDestroy(lc); cublasLtMatmulDescDestroy(d);
+                if (res[p][0] > 0) {
+                    tot[p][0] += res[p][0];
+                    tot[p][1] += res[p][1];
+                }
+                cublasLtMatmulPreferenceDestroy(pr);
+                cublasLtMatrixLayoutDestroy(la);
+                cublasLtMatrixLayoutDestroy(lb);
+                cublasLtMatrixLayoutDestroy(lc);
+                cublasLtMatmulDescDestroy(d);
             }
-            printf("| %s %s | %lld x %lld x %lld | %.0f / %.0f of %d | %.0f / %.0f of %d |\n", gname[g], lname[li], (long long)M, (long long)N, (long long)K,
-                   res[0][0] > 0 ? fl / res[0][0] * 1e-12 : 0.0, res[0][1] > 0 ? fl / res[0][1] * 1e-12 : 0.0, nres[0],
-                   res[1][0] > 0 ? fl / res[1][0] * 1e-12 : 0.0, res[1][1] > 0 ? fl / res[1][1] * 1e-12 : 0.0, nres[1]);
-            inner.free(&inner, X); inner.free(&inner, W); inner.free(&inner, Y); inner.free(&inner, qx); inner.free(&inner, qw);
-            inner.free(&inner, sx); inner.free(&inner, sw);
+            printf("| %s %s | %lld x %lld x %lld | %.0f / %.0f of %d | %.0f / %.0f of %d |\n",
+                   gname[g], lname[li], (long long)M, (long long)N, (long long)K,
+                   res[0][0] > 0 ? fl / res[0][0] * 1e-12 : 0.0,
+                   res[0][1] > 0 ? fl / res[0][1] * 1e-12 : 0.0, nres[0],
+                   res[1][0] > 0 ? fl / res[1][0] * 1e-12 : 0.0,
+                   res[1][1] > 0 ? fl / res[1][1] * 1e-12 : 0.0, nres[1]);
+            inner.free(&inner, X);
+            inner.free(&inner, W);
+            inner.free(&inner, Y);
+            inner.free(&inner, qx);
+            inner.free(&inner, qw);
+            inner.free(&inner, sx);
+            inner.free(&inner, sw);
         }
-    printf("| all twelve, one layer | | %.3f ms first / %.3f ms best | %.3f ms first / %.3f ms best |\n", 1e3 * tot[0][0], 1e3 * tot[0][1], 1e3 * tot[1][0], 1e3 * tot[1][1]);
-    cudaFree(ws); cublasLtDestroy(lt); cudaEventDestroy(e0); cudaEventDestroy(e1);
+    printf("| all twelve, one layer | | %.3f ms first / %.3f ms best | %.3f ms first / %.3f ms "
+           "best |\n",
+           1e3 * tot[0][0], 1e3 * tot[0][1], 1e3 * tot[1][0], 1e3 * tot[1][1]);
+    cudaFree(ws);
+    cublasLtDestroy(lt);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
 }
 
 /* ---- GEMM: in the library vs a standalone cuBLASLt call (fresh handle, own heuristic) */
 static void bench_gemm(void) {
-    int64_t shapes[][3] = {{8192, 8192, 8192}, {16384, 3072, 2048}, {16384, 2048, 2048}, {16384, 16384, 2048}, {16384, 2048, 8192}, {16384, 128256, 2048}};
+    int64_t shapes[][3] = {{8192, 8192, 8192},   {16384, 3072, 2048}, {16384, 2048, 2048},
+                           {16384, 16384, 2048}, {16384, 2048, 8192}, {16384, 128256, 2048}};
     us__cuda *c = (us__cuda *)inner.backend;
     cublasLtHandle_t lt;
     void *ws;
     size_t wsb = (size_t)32 << 20;
     cudaEvent_t a, b;
     int k, r;
-    CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
     cublasLtCreate(&lt);
     CK(cudaMalloc(&ws, wsb));
-    printf("\n| GEMM bf16 (M x N x K, y = x·Wᵀ) | in-library TFLOP/s | standalone cuBLASLt | ratio |\n|---|---|---|---|\n");
+    printf("\n| GEMM bf16 (M x N x K, y = x·Wᵀ) | in-library TFLOP/s | standalone cuBLASLt | ratio "
+           "|\n|---|---|---|---|\n");
     for (k = 0; k < 6; k++) {
         int64_t M = shapes[k][0], N = shapes[k][1], K = shapes[k][2];
         size_t bytesA = (size_t)M * K * 2, bytesB = (size_t)N * K * 2, bytesC = (size_t)M * N * 2;
-        void *A = inner.alloc(&inner, bytesA), *B = inner.alloc(&inner, bytesB), *C = inner.alloc(&inner, bytesC);
+        void *A = inner.alloc(&inner, bytesA), *B = inner.alloc(&inner, bytesB),
+             *C = inner.alloc(&inner, bytesC);
         std::vector<double> tl, ts;
         double fl = 2.0 * M * N * K;
         rand_bf16_pair(A, M * K, B, N * K, 7 + k);
-        for (r = 0; r < 25; r++) {   /* alternate the two, 5 warm-ups */
+        for (r = 0; r < 25; r++) { /* alternate the two, 5 warm-ups */
             float ms;
             cudaEventRecord(a, c->stream);
-            inner.gemm(&inner, 0, 1, M, N, K, 1.0f, A, US_BF16, K, B, US_BF16, K, 0.0f, C, US_BF16, N);
-            cudaEventRecord(b, c->stream); cudaEventSynchronize(b); cudaEventElapsedTime(&ms, a, b);
+            inner.gemm(&inner, 0, 1, M, N, K, 1.0f, A, US_BF16, K, B, US_BF16, K, 0.0f, C, US_BF16,
+                       N);
+            cudaEventRecord(b, c->stream);
+            cudaEventSynchronize(b);
+            cudaEventElapsedTime(&ms, a, b);
             if (r >= 5) tl.push_back(ms * 1e-3);
             {
-                cublasLtMatmulDesc_t d; cublasLtMatrixLayout_t la, lb, lc; cublasLtMatmulPreference_t pr;
-                cublasLtMatmulHeuristicResult_t h; int found = 0; float al = 1, be = 0;
+                cublasLtMatmulDesc_t d;
+                cublasLtMatrixLayout_t la, lb, lc;
+                cublasLtMatmulPreference_t pr;
+                cublasLtMatmulHeuristicResult_t h;
+                int found = 0;
+                float al = 1, be = 0;
                 cublasOperation_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N;
                 cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F);
                 cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof tA);
@@ -353,21 +720,32 @@ static void bench_gemm(void) {
                 cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, K, M, K);
                 cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, N, M, N);
                 cublasLtMatmulPreferenceCreate(&pr);
-                cublasLtMatmulPreferenceSetAttribute(pr, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
+                cublasLtMatmulPreferenceSetAttribute(pr, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                     &wsb, sizeof wsb);
                 cublasLtMatmulAlgoGetHeuristic(lt, d, la, lb, lc, lc, pr, 1, &h, &found);
                 cudaEventRecord(a, c->stream);
-                cublasLtMatmul(lt, d, &al, B, la, A, lb, &be, C, lc, C, lc, &h.algo, ws, wsb, c->stream);
-                cudaEventRecord(b, c->stream); cudaEventSynchronize(b); cudaEventElapsedTime(&ms, a, b);
+                cublasLtMatmul(lt, d, &al, B, la, A, lb, &be, C, lc, C, lc, &h.algo, ws, wsb,
+                               c->stream);
+                cudaEventRecord(b, c->stream);
+                cudaEventSynchronize(b);
+                cudaEventElapsedTime(&ms, a, b);
                 if (r >= 5) ts.push_back(ms * 1e-3);
-                cublasLtMatmulPreferenceDestroy(pr); cublasLtMatrixLayoutDestroy(la); cublasLtMatrixLayoutDestroy(lb);
-                cublasLtMatrixLayoutDestroy(lc); cublasLtMatmulDescDestroy(d);
+                cublasLtMatmulPreferenceDestroy(pr);
+                cublasLtMatrixLayoutDestroy(la);
+                cublasLtMatrixLayoutDestroy(lb);
+                cublasLtMatrixLayoutDestroy(lc);
+                cublasLtMatmulDescDestroy(d);
             }
         }
-        printf("| %5lld x %6lld x %5lld | %7.1f | %7.1f | %5.3f |\n", (long long)M, (long long)N, (long long)K, fl / median(tl) * 1e-12,
-               fl / median(ts) * 1e-12, median(ts) / median(tl));
-        inner.free(&inner, A); inner.free(&inner, B); inner.free(&inner, C);
+        printf("| %5lld x %6lld x %5lld | %7.1f | %7.1f | %5.3f |\n", (long long)M, (long long)N,
+               (long long)K, fl / median(tl) * 1e-12, fl / median(ts) * 1e-12,
+               median(ts) / median(tl));
+        inner.free(&inner, A);
+        inner.free(&inner, B);
+        inner.free(&inner, C);
     }
-    cudaFree(ws); cublasLtDestroy(lt);
+    cudaFree(ws);
+    cublasLtDestroy(lt);
 }
 
 /* ---- attention TFLOP/s (causal: half the square), the same rows as sdpa_bench.py: HS 128 with
@@ -379,15 +757,19 @@ static void bench_attention(void) {
     int Ts[3] = {2048, 4096, 8192}, k, sh, r, path;
     us__cuda *c = (us__cuda *)inner.backend;
     cudaEvent_t a, b;
-    CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
-    printf("\n%-8s %5s %2s %3s %3s %4s | %9s %8s | %9s %8s\n", "impl", "T", "B", "NH", "NKV", "HS", "fwd ms", "fwd TF/s", "bwd ms",
-           "bwd TF/s");
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    printf("\n%-8s %5s %2s %3s %3s %4s | %9s %8s | %9s %8s\n", "impl", "T", "B", "NH", "NKV", "HS",
+           "fwd ms", "fwd TF/s", "bwd ms", "bwd TF/s");
     for (sh = 0; sh < 3; sh++)
         for (k = 0; k < 3; k++) {
-            int T = Ts[k], B = 16384 / T, NH = shapes[sh][0], NKV = shapes[sh][1], HS = shapes[sh][2];
+            int T = Ts[k], B = 16384 / T, NH = shapes[sh][0], NKV = shapes[sh][1],
+                HS = shapes[sh][2];
             int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, N = (int64_t)B * T;
-            void *qkv = inner.alloc(&inner, (size_t)N * QKV * 2), *out = inner.alloc(&inner, (size_t)N * NH * HS * 2);
-            void *dout = inner.alloc(&inner, (size_t)N * NH * HS * 2), *dqkv = inner.alloc(&inner, (size_t)N * QKV * 2);
+            void *qkv = inner.alloc(&inner, (size_t)N * QKV * 2),
+                 *out = inner.alloc(&inner, (size_t)N * NH * HS * 2);
+            void *dout = inner.alloc(&inner, (size_t)N * NH * HS * 2),
+                 *dqkv = inner.alloc(&inner, (size_t)N * QKV * 2);
             float *lse = (float *)inner.alloc(&inner, (size_t)B * NH * T * 4), *tmp;
             double fl = 4.0 * B * NH * (double)T * T * HS / 2;
             std::vector<float> h((size_t)N * QKV);
@@ -405,19 +787,29 @@ static void bench_attention(void) {
                     float ms;
                     cudaEventRecord(a, c->stream);
                     inner.attention_fwd(&inner, out, lse, qkv, B, T, NH, NKV, HS, US_BF16);
-                    cudaEventRecord(b, c->stream); cudaEventSynchronize(b); cudaEventElapsedTime(&ms, a, b);
+                    cudaEventRecord(b, c->stream);
+                    cudaEventSynchronize(b);
+                    cudaEventElapsedTime(&ms, a, b);
                     if (r >= 3) tf.push_back(ms * 1e-3);
                     cudaEventRecord(a, c->stream);
-                    inner.attention_bwd(&inner, dqkv, dout, qkv, out, lse, B, T, NH, NKV, HS, US_BF16);
-                    cudaEventRecord(b, c->stream); cudaEventSynchronize(b); cudaEventElapsedTime(&ms, a, b);
+                    inner.attention_bwd(&inner, dqkv, dout, qkv, out, lse, B, T, NH, NKV, HS,
+                                        US_BF16);
+                    cudaEventRecord(b, c->stream);
+                    cudaEventSynchronize(b);
+                    cudaEventElapsedTime(&ms, a, b);
                     if (r >= 3) tb.push_back(ms * 1e-3);
                 }
-                printf("%-8s %5d %2d %3d %3d %4d | %9.3f %8.1f | %9.3f %8.1f\n", path ? "us-mma" : "us-hop", T, B, NH, NKV, HS,
-                       median(tf) * 1e3, fl / median(tf) * 1e-12, median(tb) * 1e3, 2.5 * fl / median(tb) * 1e-12);
+                printf("%-8s %5d %2d %3d %3d %4d | %9.3f %8.1f | %9.3f %8.1f\n",
+                       path ? "us-mma" : "us-hop", T, B, NH, NKV, HS, median(tf) * 1e3,
+                       fl / median(tf) * 1e-12, median(tb) * 1e3, 2.5 * fl / median(tb) * 1e-12);
             }
             us_cuda_attention_no_hopper(&inner, 0);
-            inner.free(&inner, qkv); inner.free(&inner, out); inner.free(&inner, dout); inner.free(&inner, dqkv);
-            inner.free(&inner, lse); cudaFree(tmp);
+            inner.free(&inner, qkv);
+            inner.free(&inner, out);
+            inner.free(&inner, dout);
+            inner.free(&inner, dqkv);
+            inner.free(&inner, lse);
+            cudaFree(tmp);
         }
     if (inner.error(&inner)) printf("CUDA error: %s\n", inner.error(&inner));
 }
@@ -432,29 +824,38 @@ static void bench_attention(void) {
    error against it (both sides bf16-rounded, so ~1e-3 is agreement).
    The portable block kernels (one thread per row, the state in global memory) are timed on a
    4× shorter sequence only: at T 4096 one layer would take them minutes. */
-static void gather_rows(void *dst, int64_t dld, const void *src, int64_t sld, const int32_t *pos, int B, int T, int Tl, int64_t cols) {
+static void gather_rows(void *dst, int64_t dld, const void *src, int64_t sld, const int32_t *pos,
+                        int B, int T, int Tl, int64_t cols) {
     /* dst[b, t, :cols] = src[b, pos[t], :cols] (bf16), one copy per run of consecutive positions */
     for (int b = 0; b < B; b++)
         for (int t = 0; t < Tl;) {
             int n = 1;
             while (t + n < Tl && pos[t + n] == pos[t] + n) n++;
-            inner.copy2d(&inner, (char *)dst + ((int64_t)b * Tl + t) * dld * 2, dld, (const char *)src + ((int64_t)b * T + pos[t]) * sld * 2, sld, n, cols, US_BF16);
+            inner.copy2d(&inner, (char *)dst + ((int64_t)b * Tl + t) * dld * 2, dld,
+                         (const char *)src + ((int64_t)b * T + pos[t]) * sld * 2, sld, n, cols,
+                         US_BF16);
             t += n;
         }
 }
+
 static void bench_cp_shape(int B, int T, int NH, int NKV, int HS, int ring, int naive) {
     const int reps = 5;
-    const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, KVW = (int64_t)2 * NKV * HS, AO = (int64_t)NH * HS, N = (int64_t)B * T;
-    const double flop = 4.0 * B * NH * (double)T * T * HS / 2 * (1 + 2.5); /* causal fwd + bwd (bwd = 2.5 fwd), the useful work */
+    const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, KVW = (int64_t)2 * NKV * HS,
+                  AO = (int64_t)NH * HS, N = (int64_t)B * T;
+    const double flop = 4.0 * B * NH * (double)T * T * HS / 2 *
+                        (1 + 2.5); /* causal fwd + bwd (bwd = 2.5 fwd), the useful work */
     us__cuda *c = (us__cuda *)inner.backend;
     cudaEvent_t e0, e1;
-    void *qkv = inner.alloc(&inner, (size_t)N * QKV * 2), *out = inner.alloc(&inner, (size_t)N * AO * 2);
-    void *dout = inner.alloc(&inner, (size_t)N * AO * 2), *dqkv = inner.alloc(&inner, (size_t)N * QKV * 2);
+    void *qkv = inner.alloc(&inner, (size_t)N * QKV * 2),
+         *out = inner.alloc(&inner, (size_t)N * AO * 2);
+    void *dout = inner.alloc(&inner, (size_t)N * AO * 2),
+         *dqkv = inner.alloc(&inner, (size_t)N * QKV * 2);
     float *lse = (float *)inner.alloc(&inner, (size_t)B * NH * T * 4);
     std::vector<uint16_t> h_out((size_t)N * AO), h_dqkv((size_t)N * QKV);
     double tf, tb;
-    CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-    {   /* random q, k, v and dO */
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    { /* random q, k, v and dO */
         std::vector<float> h((size_t)N * QKV);
         float *tmp;
         us_rng rg;
@@ -476,24 +877,37 @@ static void bench_cp_shape(int B, int T, int NH, int NKV, int HS, int ring, int 
         cudaEventElapsedTime(&ms, e0, e1);
         return (double)ms;
     };
-    {   /* cp = 1: causal flash on the whole sequence */
+    { /* cp = 1: causal flash on the whole sequence */
         std::vector<double> f, b;
         for (int r = 0; r <= reps; r++) {
-            double x = timed([&] { inner.attention_fwd(&inner, out, lse, qkv, B, T, NH, NKV, HS, US_BF16); });
-            double y = timed([&] { inner.attention_bwd(&inner, dqkv, dout, qkv, out, lse, B, T, NH, NKV, HS, US_BF16); });
-            if (r) { f.push_back(x); b.push_back(y); }
+            double x = timed(
+                [&] { inner.attention_fwd(&inner, out, lse, qkv, B, T, NH, NKV, HS, US_BF16); });
+            double y = timed([&] {
+                inner.attention_bwd(&inner, dqkv, dout, qkv, out, lse, B, T, NH, NKV, HS, US_BF16);
+            });
+            if (r) {
+                f.push_back(x);
+                b.push_back(y);
+            }
         }
-        tf = median(f); tb = median(b);
+        tf = median(f);
+        tb = median(b);
         inner.copy(&inner, h_out.data(), out, h_out.size() * 2, US_COPY_D2H);
         inner.copy(&inner, h_dqkv.data(), dqkv, h_dqkv.size() * 2, US_COPY_D2H);
     }
-    printf("\n| one layer's attention, B=%d T=%d NH=%d NKV=%d HS=%d bf16 | fwd ms | bwd ms | fwd+bwd ms | TFLOP/s | slowest rank fwd+bwd ms | rel err out / dQ / dK|dV |\n"
-           "|---|---|---|---|---|---|---|\n", B, T, NH, NKV, HS);
-    printf("| causal flash, whole sequence (cp=1) | %.3f | %.3f | %.3f | %.0f | %.3f | reference |\n", tf, tb, tf + tb, flop / ((tf + tb) * 1e-3) * 1e-12, tf + tb);
+    printf("\n| one layer's attention, B=%d T=%d NH=%d NKV=%d HS=%d bf16 | fwd ms | bwd ms | "
+           "fwd+bwd ms | TFLOP/s | slowest rank fwd+bwd ms | rel err out / dQ / dK|dV |\n"
+           "|---|---|---|---|---|---|---|\n",
+           B, T, NH, NKV, HS);
+    printf(
+        "| causal flash, whole sequence (cp=1) | %.3f | %.3f | %.3f | %.0f | %.3f | reference |\n",
+        tf, tb, tf + tb, flop / ((tf + tb) * 1e-3) * 1e-12, tf + tb);
     fflush(stdout);
     for (int cp = 2; cp <= 4; cp += 2)
-        for (int variant = 0; variant < 3; variant++) { /* zig-zag flash blocks, ring flash blocks, zig-zag portable blocks */
-            const int zig = variant != 1, flash = variant != 2, Tl = T / cp, half = Tl / 2, R = flash ? reps + 1 : 1;
+        for (int variant = 0; variant < 3;
+             variant++) { /* zig-zag flash blocks, ring flash blocks, zig-zag portable blocks */
+            const int zig = variant != 1, flash = variant != 2, Tl = T / cp, half = Tl / 2,
+                      R = flash ? reps + 1 : 1;
             if ((variant == 1 && !ring) || (variant == 2 && !naive)) continue;
             const int64_t nl = (int64_t)B * Tl;
             std::vector<int32_t> pos((size_t)cp * Tl);
@@ -501,41 +915,70 @@ static void bench_cp_shape(int B, int T, int NH, int NKV, int HS, int ring, int 
             std::vector<float *> ls(cp), dq(cp), dkv(cp);
             std::vector<std::vector<double>> f(cp), b(cp);
             double err[3] = {0, 0, 0}, all_f = 0, all_b = 0, worst = 0;
-            for (int r = 0; r < cp; r++) /* // >>cp's positions: ring, chunk r; zig-zag, chunks r and 2·cp−1−r */
-                for (int t = 0; t < Tl; t++) pos[(size_t)r * Tl + t] = !zig ? r * Tl + t : t < half ? r * half + t : (2 * cp - 1 - r) * half + (t - half);
+            for (int r = 0; r < cp;
+                 r++) /* // >>cp's positions: ring, chunk r; zig-zag, chunks r and 2·cp−1−r */
+                for (int t = 0; t < Tl; t++)
+                    pos[(size_t)r * Tl + t] = !zig       ? r * Tl + t
+                                              : t < half ? r * half + t
+                                                         : (2 * cp - 1 - r) * half + (t - half);
             int32_t *dpos = (int32_t *)inner.alloc(&inner, pos.size() * 4);
-            float *acc = (float *)inner.alloc(&inner, (size_t)nl * AO * 4), *m = (float *)inner.alloc(&inner, (size_t)nl * NH * 4);
+            float *acc = (float *)inner.alloc(&inner, (size_t)nl * AO * 4),
+                  *m = (float *)inner.alloc(&inner, (size_t)nl * NH * 4);
             float *l = (float *)inner.alloc(&inner, (size_t)nl * NH * 4);
             inner.copy(&inner, dpos, pos.data(), pos.size() * 4, US_COPY_H2D);
-            for (int r = 0; r < cp; r++) { /* rank r's rows of qkv and dO, its K/V block, its outputs */
-                q[r] = inner.alloc(&inner, (size_t)nl * QKV * 2); kv[r] = inner.alloc(&inner, (size_t)nl * KVW * 2);
-                o[r] = inner.alloc(&inner, (size_t)nl * AO * 2); dO[r] = inner.alloc(&inner, (size_t)nl * AO * 2);
+            for (int r = 0; r < cp;
+                 r++) { /* rank r's rows of qkv and dO, its K/V block, its outputs */
+                q[r] = inner.alloc(&inner, (size_t)nl * QKV * 2);
+                kv[r] = inner.alloc(&inner, (size_t)nl * KVW * 2);
+                o[r] = inner.alloc(&inner, (size_t)nl * AO * 2);
+                dO[r] = inner.alloc(&inner, (size_t)nl * AO * 2);
                 ls[r] = (float *)inner.alloc(&inner, (size_t)nl * NH * 4);
-                dq[r] = (float *)inner.alloc(&inner, (size_t)nl * AO * 4); dkv[r] = (float *)inner.alloc(&inner, (size_t)nl * KVW * 4);
+                dq[r] = (float *)inner.alloc(&inner, (size_t)nl * AO * 4);
+                dkv[r] = (float *)inner.alloc(&inner, (size_t)nl * KVW * 4);
                 gather_rows(q[r], QKV, qkv, QKV, &pos[(size_t)r * Tl], B, T, Tl, QKV);
                 gather_rows(dO[r], AO, dout, AO, &pos[(size_t)r * Tl], B, T, Tl, AO);
                 inner.copy2d(&inner, kv[r], KVW, (char *)q[r] + AO * 2, QKV, nl, KVW, US_BF16);
             }
-            for (int rep = 0; rep < R; rep++) { /* flash: the first run warms up (and is the one checked) */
-                for (int r = 0; r < cp; r++) { inner.zero(&inner, dq[r], (size_t)nl * AO * 4); inner.zero(&inner, dkv[r], (size_t)nl * KVW * 4); }
+            for (int rep = 0; rep < R;
+                 rep++) { /* flash: the first run warms up (and is the one checked) */
+                for (int r = 0; r < cp; r++) {
+                    inner.zero(&inner, dq[r], (size_t)nl * AO * 4);
+                    inner.zero(&inner, dkv[r], (size_t)nl * KVW * 4);
+                }
                 for (int r = 0; r < cp; r++) {
                     const int32_t *qp = dpos + (size_t)r * Tl;
                     double x = timed([&] {
                         for (int s = 0; s < cp; s++) {
                             const int src = (r - s + cp) % cp;
-                            if (flash) inner.attn_block_fwd(&inner, acc, m, l, q[r], kv[src], qp, dpos + (size_t)src * Tl, B, Tl, Tl, NH, NKV, HS, s == 0, US_BF16);
-                            else us__attn_block_fwd_naive(&inner, acc, m, l, q[r], kv[src], qp, dpos + (size_t)src * Tl, B, Tl, Tl, NH, NKV, HS, s == 0, US_BF16);
+                            if (flash)
+                                inner.attn_block_fwd(&inner, acc, m, l, q[r], kv[src], qp,
+                                                     dpos + (size_t)src * Tl, B, Tl, Tl, NH, NKV,
+                                                     HS, s == 0, US_BF16);
+                            else
+                                us__attn_block_fwd_naive(&inner, acc, m, l, q[r], kv[src], qp,
+                                                         dpos + (size_t)src * Tl, B, Tl, Tl, NH,
+                                                         NKV, HS, s == 0, US_BF16);
                         }
-                        inner.attn_block_finish(&inner, o[r], ls[r], acc, m, l, B, Tl, NH, HS, US_BF16);
+                        inner.attn_block_finish(&inner, o[r], ls[r], acc, m, l, B, Tl, NH, HS,
+                                                US_BF16);
                     });
                     double y = timed([&] {
                         for (int s = 0; s < cp; s++) {
                             const int src = (r - s + cp) % cp;
-                            if (flash) inner.attn_block_bwd(&inner, dq[r], dkv[src], dO[r], q[r], o[r], ls[r], kv[src], qp, dpos + (size_t)src * Tl, B, Tl, Tl, NH, NKV, HS, US_BF16);
-                            else us__attn_block_bwd_naive(&inner, dq[r], dkv[src], dO[r], q[r], o[r], ls[r], kv[src], qp, dpos + (size_t)src * Tl, B, Tl, Tl, NH, NKV, HS, US_BF16);
+                            if (flash)
+                                inner.attn_block_bwd(&inner, dq[r], dkv[src], dO[r], q[r], o[r],
+                                                     ls[r], kv[src], qp, dpos + (size_t)src * Tl, B,
+                                                     Tl, Tl, NH, NKV, HS, US_BF16);
+                            else
+                                us__attn_block_bwd_naive(
+                                    &inner, dq[r], dkv[src], dO[r], q[r], o[r], ls[r], kv[src], qp,
+                                    dpos + (size_t)src * Tl, B, Tl, Tl, NH, NKV, HS, US_BF16);
                         }
                     });
-                    if (rep > 0 || !flash) { f[r].push_back(x); b[r].push_back(y); }
+                    if (rep > 0 || !flash) {
+                        f[r].push_back(x);
+                        b[r].push_back(y);
+                    }
                 }
                 if (rep == 0) { /* every rank's rows against the whole-sequence reference */
                     std::vector<uint16_t> ho((size_t)nl * AO);
@@ -547,81 +990,154 @@ static void bench_cp_shape(int B, int T, int NH, int NKV, int HS, int ring, int 
                         inner.copy(&inner, hk.data(), dkv[r], hk.size() * 4, US_COPY_D2H);
                         for (int bb = 0; bb < B; bb++)
                             for (int t = 0; t < Tl; t++) {
-                                const int64_t lr = (int64_t)bb * Tl + t, gr = (int64_t)bb * T + pos[(size_t)r * Tl + t];
+                                const int64_t lr = (int64_t)bb * Tl + t,
+                                              gr = (int64_t)bb * T + pos[(size_t)r * Tl + t];
                                 for (int64_t j = 0; j < AO; j++) {
-                                    double ref = us_bf16_to_f32(h_out[gr * AO + j]), got = us_bf16_to_f32(ho[lr * AO + j]);
-                                    nd[0][0] += (got - ref) * (got - ref); nd[0][1] += ref * ref;
-                                    ref = us_bf16_to_f32(h_dqkv[gr * QKV + j]); got = hq[lr * AO + j];
-                                    nd[1][0] += (got - ref) * (got - ref); nd[1][1] += ref * ref;
+                                    double ref = us_bf16_to_f32(h_out[gr * AO + j]),
+                                           got = us_bf16_to_f32(ho[lr * AO + j]);
+                                    nd[0][0] += (got - ref) * (got - ref);
+                                    nd[0][1] += ref * ref;
+                                    ref = us_bf16_to_f32(h_dqkv[gr * QKV + j]);
+                                    got = hq[lr * AO + j];
+                                    nd[1][0] += (got - ref) * (got - ref);
+                                    nd[1][1] += ref * ref;
                                 }
                                 for (int64_t j = 0; j < KVW; j++) {
-                                    double ref = us_bf16_to_f32(h_dqkv[gr * QKV + AO + j]), got = hk[lr * KVW + j];
-                                    nd[2][0] += (got - ref) * (got - ref); nd[2][1] += ref * ref;
+                                    double ref = us_bf16_to_f32(h_dqkv[gr * QKV + AO + j]),
+                                           got = hk[lr * KVW + j];
+                                    nd[2][0] += (got - ref) * (got - ref);
+                                    nd[2][1] += ref * ref;
                                 }
                             }
                     }
-                    for (int k = 0; k < 3; k++) err[k] = sqrt(nd[k][0] / (nd[k][1] > 0 ? nd[k][1] : 1));
+                    for (int k = 0; k < 3; k++)
+                        err[k] = sqrt(nd[k][0] / (nd[k][1] > 0 ? nd[k][1] : 1));
                 }
             }
             for (int r = 0; r < cp; r++) {
                 double x = median(f[r]), y = median(b[r]);
-                all_f += x; all_b += y;
+                all_f += x;
+                all_b += y;
                 worst = std::max(worst, x + y);
             }
-            printf("| cp=%d %s, %s blocks, all ranks | %.3f | %.3f | %.3f | %.0f | %.3f | %.1e / %.1e / %.1e |\n", cp, zig ? "zig-zag" : "ring",
-                   flash ? "flash" : "portable", all_f, all_b, all_f + all_b, flop / ((all_f + all_b) * 1e-3) * 1e-12, worst, err[0], err[1], err[2]);
+            printf("| cp=%d %s, %s blocks, all ranks | %.3f | %.3f | %.3f | %.0f | %.3f | %.1e / "
+                   "%.1e / %.1e |\n",
+                   cp, zig ? "zig-zag" : "ring", flash ? "flash" : "portable", all_f, all_b,
+                   all_f + all_b, flop / ((all_f + all_b) * 1e-3) * 1e-12, worst, err[0], err[1],
+                   err[2]);
             fflush(stdout);
             for (int r = 0; r < cp; r++) {
-                inner.free(&inner, q[r]); inner.free(&inner, kv[r]); inner.free(&inner, o[r]); inner.free(&inner, dO[r]);
-                inner.free(&inner, ls[r]); inner.free(&inner, dq[r]); inner.free(&inner, dkv[r]);
+                inner.free(&inner, q[r]);
+                inner.free(&inner, kv[r]);
+                inner.free(&inner, o[r]);
+                inner.free(&inner, dO[r]);
+                inner.free(&inner, ls[r]);
+                inner.free(&inner, dq[r]);
+                inner.free(&inner, dkv[r]);
             }
-            inner.free(&inner, dpos); inner.free(&inner, acc); inner.free(&inner, m); inner.free(&inner, l);
+            inner.free(&inner, dpos);
+            inner.free(&inner, acc);
+            inner.free(&inner, m);
+            inner.free(&inner, l);
         }
     if (inner.error(&inner)) printf("CUDA error: %s\n", inner.error(&inner));
-    inner.free(&inner, qkv); inner.free(&inner, out); inner.free(&inner, dout); inner.free(&inner, dqkv); inner.free(&inner, lse);
+    inner.free(&inner, qkv);
+    inner.free(&inner, out);
+    inner.free(&inner, dout);
+    inner.free(&inner, dqkv);
+    inner.free(&inner, lse);
 }
+
 static void bench_cp(int naive) {
-    printf("\nRing attention's work for one layer on one GPU. all ranks: every rank's blocks one rank after the other (the total\n"
-           "work; TFLOP/s counts the causal FLOPs, 3.5 x 4·B·NH·T²·HS/2); slowest rank: the layer's critical path on cp GPUs.\n");
-    bench_cp_shape(4, 4096, 16, 8, 128, 1, 0);   /* HS 128, GQA 2 */
-    bench_cp_shape(4, 4096, 16, 16, 128, 0, 0);  /* no GQA */
-    bench_cp_shape(4, 4096, 32, 8, 64, 1, 0);    /* HS 64, GQA 4 (the Llama-3.2-1B heads) */
+    printf("\nRing attention's work for one layer on one GPU. all ranks: every rank's blocks one "
+           "rank after the other (the total\n"
+           "work; TFLOP/s counts the causal FLOPs, 3.5 x 4·B·NH·T²·HS/2); slowest rank: the "
+           "layer's critical path on cp GPUs.\n");
+    bench_cp_shape(4, 4096, 16, 8, 128, 1, 0);  /* HS 128, GQA 2 */
+    bench_cp_shape(4, 4096, 16, 16, 128, 0, 0); /* no GQA */
+    bench_cp_shape(4, 4096, 32, 8, 64, 1, 0);   /* HS 64, GQA 4 (the Llama-3.2-1B heads) */
     if (naive) bench_cp_shape(4, 1024, 16, 8, 128, 0, 1);
 }
 
 int main(int argc, char **argv) {
     char err[256];
     const char *preset = NULL, *json = NULL;
-    int steps = 10, warm = 3, profile = 0, do_gemm = 0, do_att = 0, do_cp = 0, do_fp8 = 0, do_algos = 0, i;
+    int steps = 10, warm = 3, profile = 0, do_gemm = 0, do_att = 0, do_cp = 0, do_fp8 = 0,
+        do_algos = 0, i;
     us_recompute rc = US_RECOMPUTE_NONE;
     for (i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
-        else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warm = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
-        else if (!strcmp(argv[i], "--recompute") && i + 1 < argc) { i++; rc = !strcmp(argv[i], "full") ? US_RECOMPUTE_FULL : !strcmp(argv[i], "selective") ? US_RECOMPUTE_SELECTIVE : US_RECOMPUTE_NONE; }
-        else if (!strcmp(argv[i], "--profile")) profile = 1;
-        else if (!strcmp(argv[i], "--gemm")) do_gemm = 1;
-        else if (!strcmp(argv[i], "--fp8-gemm")) do_fp8 = 1;
-        else if (!strcmp(argv[i], "--fp8-free-quant")) free_q = 1;
-        else if (!strcmp(argv[i], "--fp8-no-weight-cache")) bench_nowc = 1;
-        else if (!strcmp(argv[i], "--accum") && i + 1 < argc) { bench_accum = atoi(argv[++i]); if (bench_accum < 1) { fprintf(stderr, "bench_cuda: --accum must be at least 1\n"); return 2; } }
-        else if (!strcmp(argv[i], "--gemm-algos")) do_algos = 1;
+        if (!strcmp(argv[i], "--preset") && i + 1 < argc)
+            preset = argv[++i];
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
+            steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--warmup") && i + 1 < argc)
+            warm = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--json") && i + 1 < argc)
+            json = argv[++i];
+        else if (!strcmp(argv[i], "--recompute") && i + 1 < argc) {
+            i++;
+            rc = !strcmp(argv[i], "full")        ? US_RECOMPUTE_FULL
+                 : !strcmp(argv[i], "selective") ? US_RECOMPUTE_SELECTIVE
+                                                 : US_RECOMPUTE_NONE;
+        } else if (!strcmp(argv[i], "--profile"))
+            profile = 1;
+        else if (!strcmp(argv[i], "--gemm"))
+            do_gemm = 1;
+        else if (!strcmp(argv[i], "--fp8-gemm"))
+            do_fp8 = 1;
+        else if (!strcmp(argv[i], "--fp8-free-quant"))
+            free_q = 1;
+        else if (!strcmp(argv[i], "--fp8-no-weight-cache"))
+            bench_nowc = 1;
+        else if (!strcmp(argv[i], "--accum") && i + 1 < argc) {
+            bench_accum = atoi(argv[++i]);
+            if (bench_accum < 1) {
+                fprintf(stderr, "bench_cuda: --accum must be at least 1\n");
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--gemm-algos"))
+            do_algos = 1;
         else if (!strcmp(argv[i], "--precision") && i + 1 < argc) {
             i++;
-            if (!strcmp(argv[i], "bf16")) bench_prec = US_PRECISION_BF16;
-            else if (!strcmp(argv[i], "fp8")) bench_prec = US_PRECISION_FP8;
-            else if (!strcmp(argv[i], "fp8-tensor")) bench_prec = US_PRECISION_FP8_TENSOR;
-            else { fprintf(stderr, "bench_cuda: --precision must be bf16, fp8 or fp8-tensor, got %s\n", argv[i]); return 2; }
+            if (!strcmp(argv[i], "bf16"))
+                bench_prec = US_PRECISION_BF16;
+            else if (!strcmp(argv[i], "fp8"))
+                bench_prec = US_PRECISION_FP8;
+            else if (!strcmp(argv[i], "fp8-tensor"))
+                bench_prec = US_PRECISION_FP8_TENSOR;
+            else {
+                fprintf(stderr, "bench_cuda: --precision must be bf16, fp8 or fp8-tensor, got %s\n",
+                        argv[i]);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--attention"))
+            do_att = 1;
+        else if (!strcmp(argv[i], "--cp"))
+            do_cp = 2;
+        else if (!strcmp(argv[i], "--cp-flash-only"))
+            do_cp = 1;
+        else {
+            fprintf(stderr,
+                    "usage: bench_cuda [--preset 1b|8b8|200m [--steps N] [--warmup N] [--recompute "
+                    "M] [--accum K] [--precision bf16|fp8|fp8-tensor [--fp8-free-quant] "
+                    "[--fp8-no-weight-cache]] [--profile] [--json F]] [--gemm] [--fp8-gemm] "
+                    "[--gemm-algos] [--attention] [--cp | --cp-flash-only]\n");
+            return 2;
         }
-        else if (!strcmp(argv[i], "--attention")) do_att = 1;
-        else if (!strcmp(argv[i], "--cp")) do_cp = 2;
-        else if (!strcmp(argv[i], "--cp-flash-only")) do_cp = 1;
-        else { fprintf(stderr, "usage: bench_cuda [--preset 1b|8b8|200m [--steps N] [--warmup N] [--recompute M] [--accum K] [--precision bf16|fp8|fp8-tensor [--fp8-free-quant] [--fp8-no-weight-cache]] [--profile] [--json F]] [--gemm] [--fp8-gemm] [--gemm-algos] [--attention] [--cp | --cp-flash-only]\n"); return 2; }
     }
-    if (free_q && bench_prec != US_PRECISION_FP8 && bench_prec != US_PRECISION_FP8_TENSOR) { fprintf(stderr, "bench_cuda: --fp8-free-quant needs --precision fp8 or fp8-tensor\n"); return 2; }
-    if (free_q && warm < 1) { fprintf(stderr, "bench_cuda: --fp8-free-quant needs at least one warm-up step (it leaves the operands the timed steps read)\n"); return 2; }
-    if (us_cuda_ops(&inner, 0, err, sizeof err) != US_OK) { fprintf(stderr, "bench_cuda: %s\n", err); return 1; }
+    if (free_q && bench_prec != US_PRECISION_FP8 && bench_prec != US_PRECISION_FP8_TENSOR) {
+        fprintf(stderr, "bench_cuda: --fp8-free-quant needs --precision fp8 or fp8-tensor\n");
+        return 2;
+    }
+    if (free_q && warm < 1) {
+        fprintf(stderr, "bench_cuda: --fp8-free-quant needs at least one warm-up step (it leaves "
+                        "the operands the timed steps read)\n");
+        return 2;
+    }
+    if (us_cuda_ops(&inner, 0, err, sizeof err) != US_OK) {
+        fprintf(stderr, "bench_cuda: %s\n", err);
+        return 1;
+    }
     if (preset && bench_train(preset, steps, warm, rc, profile, json)) return 1;
     if (do_gemm) bench_gemm();
     if (do_fp8) bench_fp8_gemm();

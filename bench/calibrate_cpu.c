@@ -14,11 +14,20 @@
 #include <string.h>
 
 static int quick;
-static double best_of(double *t, int n) { double b = t[0]; int i; for (i = 1; i < n; i++) if (t[i] < b) b = t[i]; return b; }
+
+static double best_of(double *t, int n) {
+    double b = t[0];
+    int i;
+    for (i = 1; i < n; i++)
+        if (t[i] < b) b = t[i];
+    return b;
+}
 
 static double gemm_tflops(us_ops *o, int64_t M) {
     int64_t N = quick ? 256 : 1024, K = quick ? 256 : 1024;
-    float *a = (float *)o->alloc(o, (size_t)M * K * 4), *b = (float *)o->alloc(o, (size_t)N * K * 4), *c = (float *)o->alloc(o, (size_t)M * N * 4);
+    float *a = (float *)o->alloc(o, (size_t)M * K * 4),
+          *b = (float *)o->alloc(o, (size_t)N * K * 4),
+          *c = (float *)o->alloc(o, (size_t)M * N * 4);
     double t[5];
     int r;
     for (r = 0; r < 5; r++) {
@@ -26,9 +35,12 @@ static double gemm_tflops(us_ops *o, int64_t M) {
         o->gemm(o, 0, 1, M, N, K, 1.0f, a, US_F32, K, b, US_F32, K, 0.0f, c, US_F32, N);
         t[r] = (us_trace_now_us() - t0) * 1e-6;
     }
-    o->free(o, a); o->free(o, b); o->free(o, c);
+    o->free(o, a);
+    o->free(o, b);
+    o->free(o, c);
     return 2.0 * M * N * K / best_of(t, 5) * 1e-12;
 }
+
 static void attention(us_ops *o, double *f, double *bw) {
     int B = 1, T = quick ? 128 : 256, NH = 4, NKV = 4, HS = 32, r;
     int64_t N = (int64_t)B * T, QKV = (int64_t)(NH + 2 * NKV) * HS;
@@ -39,27 +51,49 @@ static void attention(us_ops *o, double *f, double *bw) {
     for (r = 0; r < 3; r++) {
         double t0 = us_trace_now_us();
         o->attention_fwd(o, out, lse, qkv, B, T, NH, NKV, HS, US_F32);
-        tf[r] = (us_trace_now_us() - t0) * 1e-6; t0 = us_trace_now_us();
+        tf[r] = (us_trace_now_us() - t0) * 1e-6;
+        t0 = us_trace_now_us();
         o->attention_bwd(o, dqkv, dout, qkv, out, lse, B, T, NH, NKV, HS, US_F32);
         tb[r] = (us_trace_now_us() - t0) * 1e-6;
     }
-    *f = fl / best_of(tf, 3) * 1e-12; *bw = 2.5 * fl / best_of(tb, 3) * 1e-12;
-    o->free(o, qkv); o->free(o, dout); o->free(o, out); o->free(o, dqkv); o->free(o, lse);
+    *f = fl / best_of(tf, 3) * 1e-12;
+    *bw = 2.5 * fl / best_of(tb, 3) * 1e-12;
+    o->free(o, qkv);
+    o->free(o, dout);
+    o->free(o, out);
+    o->free(o, dqkv);
+    o->free(o, lse);
 }
+
 static double hbm_gbps(void) {
     size_t n = (size_t)(quick ? 16 : 64) << 20;
     char *x = (char *)malloc(n), *y = (char *)malloc(n);
     double t[3];
     int r;
-    if (!x || !y) { free(x); free(y); return 0; }
-    memset(x, 1, n); memset(y, 0, n);
-    for (r = 0; r < 3; r++) { double t0 = us_trace_now_us(); memcpy(y, x, n); t[r] = (us_trace_now_us() - t0) * 1e-6; }
+    if (!x || !y) {
+        free(x);
+        free(y);
+        return 0;
+    }
+    memset(x, 1, n);
+    memset(y, 0, n);
+    for (r = 0; r < 3; r++) {
+        double t0 = us_trace_now_us();
+        memcpy(y, x, n);
+        t[r] = (us_trace_now_us() - t0) * 1e-6;
+    }
     r = y[n - 1];
-    free(x); free(y);
+    free(x);
+    free(y);
     return r == 1 ? 2.0 * n / best_of(t, 3) * 1e-9 : 0;
 }
+
 /* two thread ranks: the all-reduce's best time, written by rank 0 */
-typedef struct ar_arg { double t; int64_t n; } ar_arg;
+typedef struct ar_arg {
+    double t;
+    int64_t n;
+} ar_arg;
+
 static us_result ar_rank(us_comm *c, void *p) {
     ar_arg *a = (ar_arg *)p;
     float *x = (float *)calloc((size_t)a->n, 4);
@@ -86,37 +120,59 @@ int main(int argc, char **argv) {
     FILE *f;
     int i;
     for (i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--out") && i + 1 < argc) path = argv[++i];
-        else if (!strcmp(argv[i], "--quick")) quick = 1;
-        else { fprintf(stderr, "calibrate_cpu: unknown argument %s (usage: calibrate_cpu [--out FILE] [--quick])\n", argv[i]); return 2; }
+        if (!strcmp(argv[i], "--out") && i + 1 < argc)
+            path = argv[++i];
+        else if (!strcmp(argv[i], "--quick"))
+            quick = 1;
+        else {
+            fprintf(stderr,
+                    "calibrate_cpu: unknown argument %s (usage: calibrate_cpu [--out FILE] "
+                    "[--quick])\n",
+                    argv[i]);
+            return 2;
+        }
     }
     g = gemm_tflops(&o, quick ? 512 : 1024);
     g_small = gemm_tflops(&o, 128);
-    {   /* r = f(128)/f(M), f(M) = M/(M+h) */
+    { /* r = f(128)/f(M), f(M) = M/(M+h) */
         double M = quick ? 512 : 1024, r = g_small / g;
         mh = r < 1 && M * r > 128 ? 128.0 * M * (1 - r) / (M * r - 128) : 1;
     }
-    {   /* the rates file's gemm_tflops is the rate at 16384 rows; the peak (the MFU denominator) its large-M limit */
+    { /* the rates file's gemm_tflops is the rate at 16384 rows; the peak (the MFU denominator) its large-M limit */
         double M = quick ? 512 : 1024, g_inf = g * (M + mh) / M;
         g = g_inf * 16384 / (16384 + mh);
         peak = g_inf;
     }
     attention(&o, &af, &ab);
     h = hbm_gbps();
-    ar.n = (int64_t)(quick ? 1 : 4) << 20; ar.t = 0;
+    ar.n = (int64_t)(quick ? 1 : 4) << 20;
+    ar.t = 0;
     {
         us_launch_config lc;
-        memset(&lc, 0, sizeof lc); lc.timeout_s = 30;
-        if (us_launch_ex(2, ar_rank, &ar, &lc, NULL, err, sizeof err) == US_OK && ar.t > 0) intra = 4.0 * ar.n / ar.t * 1e-9;   /* 2(n−1)/n = 1 at n = 2 */
+        memset(&lc, 0, sizeof lc);
+        lc.timeout_s = 30;
+        if (us_launch_ex(2, ar_rank, &ar, &lc, NULL, err, sizeof err) == US_OK && ar.t > 0)
+            intra = 4.0 * ar.n / ar.t * 1e-9; /* 2(n−1)/n = 1 at n = 2 */
     }
-    if (!(f = fopen(path, "w"))) { fprintf(stderr, "calibrate_cpu: cannot write %s\n", path); return 1; }
-    fprintf(f, "ultrascale-rates 1\n# bench/calibrate_cpu%s: CPU ops and the threads backend\n", quick ? " --quick" : "");
-    fprintf(f, "gemm_tflops = %.6g\ngemm_m_half = %.6g\nattn_fwd_tflops = %.6g\nattn_bwd_tflops = %.6g\n", g, mh, af, ab);
+    if (!(f = fopen(path, "w"))) {
+        fprintf(stderr, "calibrate_cpu: cannot write %s\n", path);
+        return 1;
+    }
+    fprintf(f, "ultrascale-rates 1\n# bench/calibrate_cpu%s: CPU ops and the threads backend\n",
+            quick ? " --quick" : "");
+    fprintf(
+        f,
+        "gemm_tflops = %.6g\ngemm_m_half = %.6g\nattn_fwd_tflops = %.6g\nattn_bwd_tflops = %.6g\n",
+        g, mh, af, ab);
     if (h > 0) fprintf(f, "hbm_gbps = %.6g\n", h);
-    if (intra > 0) fprintf(f, "intra_gbps = %.6g\n", intra); else fprintf(f, "# the threads all-reduce failed: %s\n", err);
-    fprintf(f, "peak_tflops = %.6g\n", peak);   /* MFU against this CPU's own GEMM rate */
+    if (intra > 0)
+        fprintf(f, "intra_gbps = %.6g\n", intra);
+    else
+        fprintf(f, "# the threads all-reduce failed: %s\n", err);
+    fprintf(f, "peak_tflops = %.6g\n", peak); /* MFU against this CPU's own GEMM rate */
     fclose(f);
-    printf("gemm %.4g TFLOP/s (half speed at %.0f rows), attention %.4g / %.4g TFLOP/s, memcpy %.1f GB/s, threads all-reduce %.2f GB/s\nwrote %s\n",
+    printf("gemm %.4g TFLOP/s (half speed at %.0f rows), attention %.4g / %.4g TFLOP/s, memcpy "
+           "%.1f GB/s, threads all-reduce %.2f GB/s\nwrote %s\n",
            g, mh, af, ab, h, intra, path);
     return 0;
 }

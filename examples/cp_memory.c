@@ -14,10 +14,19 @@ int main(int argc, char **argv) {
     us_model_config mc;
     us_train_config tc;
     int i, j, full = argc > 1 && !strcmp(argv[1], "--full");
-    if (argc > 1 && !full) { fprintf(stderr, "usage: cp_memory [--full]\n"); return 2; }
+    if (argc > 1 && !full) {
+        fprintf(stderr, "usage: cp_memory [--full]\n");
+        return 2;
+    }
     memset(&mc, 0, sizeof mc);
-    mc.n_layers = 32; mc.dim = 4096; mc.n_heads = 32; mc.n_kv_heads = 8; mc.ffn_dim = 14336; mc.vocab = 128256;
-    printf("activation memory per GPU, GiB — Llama-3.1-8B shape, bf16, batch 1, recompute %s\n", full ? "full" : "selective");
+    mc.n_layers = 32;
+    mc.dim = 4096;
+    mc.n_heads = 32;
+    mc.n_kv_heads = 8;
+    mc.ffn_dim = 14336;
+    mc.vocab = 128256;
+    printf("activation memory per GPU, GiB — Llama-3.1-8B shape, bf16, batch 1, recompute %s\n",
+           full ? "full" : "selective");
     printf("%8s", "seq");
     for (j = 0; j < 4; j++) printf(" | cp %d ring  cp %d gather", cps[j], cps[j]);
     printf("\n");
@@ -27,12 +36,21 @@ int main(int argc, char **argv) {
             us_memory a, g;
             char err[160];
             memset(&tc, 0, sizeof tc);
-            tc.batch = 1; tc.seq = seqs[i]; tc.precision = US_PRECISION_BF16; tc.cp = cps[j];
+            tc.batch = 1;
+            tc.seq = seqs[i];
+            tc.precision = US_PRECISION_BF16;
+            tc.cp = cps[j];
             tc.recompute = full ? US_RECOMPUTE_FULL : US_RECOMPUTE_SELECTIVE;
             tc.cp_mode = US_CP_ZIGZAG;
-            if (us_memory_estimate(&mc, &tc, &a, err, sizeof err) != US_OK) { fprintf(stderr, "cp_memory: %s\n", err); return 1; }
+            if (us_memory_estimate(&mc, &tc, &a, err, sizeof err) != US_OK) {
+                fprintf(stderr, "cp_memory: %s\n", err);
+                return 1;
+            }
             tc.cp_mode = US_CP_ALLGATHER;
-            if (us_memory_estimate(&mc, &tc, &g, err, sizeof err) != US_OK) { fprintf(stderr, "cp_memory: %s\n", err); return 1; }
+            if (us_memory_estimate(&mc, &tc, &g, err, sizeof err) != US_OK) {
+                fprintf(stderr, "cp_memory: %s\n", err);
+                return 1;
+            }
             printf(" | %10.2f %12.2f", a.activations / 1073741824.0, g.activations / 1073741824.0);
         }
         printf("\n");

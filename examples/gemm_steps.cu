@@ -28,12 +28,24 @@
 #include <string>
 #include <vector>
 
-#define CHECK_CUDA(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) { \
-    fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_), cudaGetErrorName(e_)); \
-    exit(1); } } while (0)
-#define CHECK_CUBLAS(call) do { cublasStatus_t s_ = (call); if (s_ != CUBLAS_STATUS_SUCCESS) { \
-    fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call, cublasLtGetStatusString(s_), cublasLtGetStatusName(s_)); \
-    exit(1); } } while (0)
+#define CHECK_CUDA(call)                                                       \
+    do {                                                                       \
+        cudaError_t e_ = (call);                                               \
+        if (e_ != cudaSuccess) {                                               \
+            fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call, \
+                    cudaGetErrorString(e_), cudaGetErrorName(e_));             \
+            exit(1);                                                           \
+        }                                                                      \
+    } while (0)
+#define CHECK_CUBLAS(call)                                                     \
+    do {                                                                       \
+        cublasStatus_t s_ = (call);                                            \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                     \
+            fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call, \
+                    cublasLtGetStatusString(s_), cublasLtGetStatusName(s_));   \
+            exit(1);                                                           \
+        }                                                                      \
+    } while (0)
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -42,7 +54,8 @@ static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
    index inside a warp) walks rows. At each k the 32 threads of a warp read A[row..row+31][k],
    32 addresses K floats apart (32 separate memory transactions for 128 useful bytes), and write
    C a column at a time. The arithmetic is right; the memory system serves it badly. */
-__global__ void gemm_naive(int64_t M, int64_t N, int64_t K, const float *A, const float *B, float *C) {
+__global__ void gemm_naive(int64_t M, int64_t N, int64_t K, const float *A, const float *B,
+                           float *C) {
     int64_t row = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     int64_t col = (int64_t)blockIdx.y * blockDim.y + threadIdx.y;
     if (row >= M || col >= N) return;
@@ -54,7 +67,8 @@ __global__ void gemm_naive(int64_t M, int64_t N, int64_t K, const float *A, cons
 /* 2. coalesced. The same arithmetic with the two thread indices swapped: threadIdx.x walks
    columns, so a warp reads B[k][col..col+31] (one 128-byte transaction), reads one A element
    (a broadcast) and writes 32 contiguous floats of C. Memory coalescing, nothing else. */
-__global__ void gemm_coalesced(int64_t M, int64_t N, int64_t K, const float *A, const float *B, float *C) {
+__global__ void gemm_coalesced(int64_t M, int64_t N, int64_t K, const float *A, const float *B,
+                               float *C) {
     int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     int64_t row = (int64_t)blockIdx.y * blockDim.y + threadIdx.y;
     if (row >= M || col >= N) return;
@@ -69,7 +83,9 @@ __global__ void gemm_coalesced(int64_t M, int64_t N, int64_t K, const float *A, 
    its 32 products from there: each global load now serves 32 outputs. Out-of-range elements are
    loaded as 0, so any M, N, K works. */
 #define TILE 32
-__global__ void gemm_smem(int64_t M, int64_t N, int64_t K, const float *A, const float *B, float *C) {
+
+__global__ void gemm_smem(int64_t M, int64_t N, int64_t K, const float *A, const float *B,
+                          float *C) {
     __shared__ float As[TILE][TILE], Bs[TILE][TILE];
     int tx = threadIdx.x, ty = threadIdx.y;
     int64_t row = (int64_t)blockIdx.y * TILE + ty, col = (int64_t)blockIdx.x * TILE + tx;
@@ -77,10 +93,11 @@ __global__ void gemm_smem(int64_t M, int64_t N, int64_t K, const float *A, const
     for (int64_t k0 = 0; k0 < K; k0 += TILE) {
         As[ty][tx] = row < M && k0 + tx < K ? A[row * K + k0 + tx] : 0.0f;
         Bs[ty][tx] = k0 + ty < K && col < N ? B[(k0 + ty) * N + col] : 0.0f;
-        __syncthreads();                        /* the tile is complete before anyone reads it */
+        __syncthreads(); /* the tile is complete before anyone reads it */
 #pragma unroll
-        for (int k = 0; k < TILE; k++) acc += As[ty][k] * Bs[k][tx];   /* As: broadcast, Bs: stride 1 */
-        __syncthreads();                        /* everyone is done before it is overwritten */
+        for (int k = 0; k < TILE; k++)
+            acc += As[ty][k] * Bs[k][tx]; /* As: broadcast, Bs: stride 1 */
+        __syncthreads();                  /* everyone is done before it is overwritten */
     }
     if (row < M && col < N) C[row * N + col] = acc;
 }
@@ -97,9 +114,10 @@ __global__ void gemm_smem(int64_t M, int64_t N, int64_t K, const float *A, const
 #define BK 8
 #define TM 8
 #define TN 8
-#define THREADS4 ((BM / TM) * (BN / TN))   /* 256 */
+#define THREADS4 ((BM / TM) * (BN / TN)) /* 256 */
+
 __global__ void __launch_bounds__(THREADS4)
-gemm_regblock(int64_t M, int64_t N, int64_t K, const float *A, const float *B, float *C) {
+    gemm_regblock(int64_t M, int64_t N, int64_t K, const float *A, const float *B, float *C) {
     __shared__ float As[BK][BM + 4];
     __shared__ float Bs[BK][BN];
     const int tid = threadIdx.x, tx = tid % (BN / TN), ty = tid / (BN / TN);
@@ -107,13 +125,15 @@ gemm_regblock(int64_t M, int64_t N, int64_t K, const float *A, const float *B, f
     float acc[TM][TN] = {};
     for (int64_t k0 = 0; k0 < K; k0 += BK) {
 #pragma unroll
-        for (int i = 0; i < BM * BK / THREADS4; i++) {   /* A tile [BM,BK]: 8 threads per 32-byte row piece */
+        for (int i = 0; i < BM * BK / THREADS4;
+             i++) { /* A tile [BM,BK]: 8 threads per 32-byte row piece */
             int idx = tid + i * THREADS4, r = idx / BK, c = idx % BK;
             int64_t gr = m0 + r, gc = k0 + c;
             As[c][r] = gr < M && gc < K ? A[gr * K + gc] : 0.0f;
         }
 #pragma unroll
-        for (int i = 0; i < BK * BN / THREADS4; i++) {   /* B tile [BK,BN]: a warp reads 128 contiguous bytes */
+        for (int i = 0; i < BK * BN / THREADS4;
+             i++) { /* B tile [BK,BN]: a warp reads 128 contiguous bytes */
             int idx = tid + i * THREADS4, r = idx / BN, c = idx % BN;
             int64_t gr = k0 + r, gc = n0 + c;
             Bs[r][c] = gr < K && gc < N ? B[gr * N + gc] : 0.0f;
@@ -151,33 +171,43 @@ gemm_regblock(int64_t M, int64_t N, int64_t K, const float *A, const float *B, f
 struct lt_gemm {
     cublasLtHandle_t h;
     cublasLtMatmulDesc_t desc;
-    cublasLtMatrixLayout_t lb, la, lc;          /* B^T [N,K], A^T [K,M], C^T [N,M] */
+    cublasLtMatrixLayout_t lb, la, lc; /* B^T [N,K], A^T [K,M], C^T [N,M] */
     cublasLtMatmulAlgo_t algo;
     void *ws;
     size_t ws_bytes;
 };
-static void lt_init(lt_gemm *g, cublasLtHandle_t h, cublasComputeType_t compute, int64_t M, int64_t N, int64_t K,
-                    void *ws, size_t ws_bytes) {
+
+static void lt_init(lt_gemm *g, cublasLtHandle_t h, cublasComputeType_t compute, int64_t M,
+                    int64_t N, int64_t K, void *ws, size_t ws_bytes) {
     cublasLtMatmulPreference_t pref;
     cublasLtMatmulHeuristicResult_t heur;
     int found = 0;
-    g->h = h; g->ws = ws; g->ws_bytes = ws_bytes;
+    g->h = h;
+    g->ws = ws;
+    g->ws_bytes = ws_bytes;
     CHECK_CUBLAS(cublasLtMatmulDescCreate(&g->desc, compute, CUDA_R_32F));
     CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&g->lb, CUDA_R_32F, (uint64_t)N, (uint64_t)K, N));
     CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&g->la, CUDA_R_32F, (uint64_t)K, (uint64_t)M, K));
     CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&g->lc, CUDA_R_32F, (uint64_t)N, (uint64_t)M, N));
     CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
-    CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes));
-    CHECK_CUBLAS(cublasLtMatmulAlgoGetHeuristic(h, g->desc, g->lb, g->la, g->lc, g->lc, pref, 1, &heur, &found));
-    if (found < 1) { fprintf(stderr, "%s:%d: cuBLASLt found no algorithm for this matmul\n", __FILE__, __LINE__); exit(1); }
+    CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes));
+    CHECK_CUBLAS(cublasLtMatmulAlgoGetHeuristic(h, g->desc, g->lb, g->la, g->lc, g->lc, pref, 1,
+                                                &heur, &found));
+    if (found < 1) {
+        fprintf(stderr, "%s:%d: cuBLASLt found no algorithm for this matmul\n", __FILE__, __LINE__);
+        exit(1);
+    }
     g->algo = heur.algo;
     CHECK_CUBLAS(cublasLtMatmulPreferenceDestroy(pref));
 }
+
 static void lt_run(const lt_gemm *g, const float *A, const float *B, float *C) {
-    const float alpha = 1.0f, beta = 0.0f;      /* beta 0: C is not read */
-    CHECK_CUBLAS(cublasLtMatmul(g->h, g->desc, &alpha, B, g->lb, A, g->la, &beta, C, g->lc, C, g->lc,
-                                &g->algo, g->ws, g->ws_bytes, 0));
+    const float alpha = 1.0f, beta = 0.0f; /* beta 0: C is not read */
+    CHECK_CUBLAS(cublasLtMatmul(g->h, g->desc, &alpha, B, g->lb, A, g->la, &beta, C, g->lc, C,
+                                g->lc, &g->algo, g->ws, g->ws_bytes, 0));
 }
+
 static void lt_free(lt_gemm *g) {
     CHECK_CUBLAS(cublasLtMatrixLayoutDestroy(g->lb));
     CHECK_CUBLAS(cublasLtMatrixLayoutDestroy(g->la));
@@ -204,12 +234,16 @@ static double rel_err(const std::vector<float> &c, const std::vector<float> &ref
     return worst / refmax;
 }
 
-struct result { std::string name; double ms, tflops, err, tol; };
+struct result {
+    std::string name;
+    double ms, tflops, err, tol;
+};
 
 static void usage(FILE *f) {
     fprintf(f, "usage: gemm_steps [--n N] [--m M] [--k K] [--reps R] [--warmup W]\n"
                "  C[M,N] = A[M,K]·B[K,N] fp32, row-major; M and K default to N (default 4096)\n"
-               "  each kernel: W untimed runs (default 2), then the median of R timed runs (default 10)\n");
+               "  each kernel: W untimed runs (default 2), then the median of R timed runs "
+               "(default 10)\n");
 }
 
 int main(int argc, char **argv) {
@@ -217,19 +251,36 @@ int main(int argc, char **argv) {
     int reps = 10, warmup = 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
-        if (i + 1 >= argc) { fprintf(stderr, "gemm_steps: %s needs a value\n", a); usage(stderr); return 2; }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "gemm_steps: %s needs a value\n", a);
+            usage(stderr);
+            return 2;
+        }
         long long v = atoll(argv[++i]);
-        if (!strcmp(a, "--n")) N = v;
-        else if (!strcmp(a, "--m")) M = v;
-        else if (!strcmp(a, "--k")) K = v;
-        else if (!strcmp(a, "--reps")) reps = (int)v;
-        else if (!strcmp(a, "--warmup")) warmup = (int)v;
-        else { fprintf(stderr, "gemm_steps: unknown flag %s\n", a); usage(stderr); return 2; }
+        if (!strcmp(a, "--n"))
+            N = v;
+        else if (!strcmp(a, "--m"))
+            M = v;
+        else if (!strcmp(a, "--k"))
+            K = v;
+        else if (!strcmp(a, "--reps"))
+            reps = (int)v;
+        else if (!strcmp(a, "--warmup"))
+            warmup = (int)v;
+        else {
+            fprintf(stderr, "gemm_steps: unknown flag %s\n", a);
+            usage(stderr);
+            return 2;
+        }
     }
     if (!M) M = N;
     if (!K) K = N;
-    if (M < 1 || N < 1 || K < 1 || reps < 1 || warmup < 0 || cdiv(N, 32) > 65535 || cdiv(M, 32) > 65535) {
+    if (M < 1 || N < 1 || K < 1 || reps < 1 || warmup < 0 || cdiv(N, 32) > 65535 ||
+        cdiv(M, 32) > 65535) {
         fprintf(stderr, "gemm_steps: need 1 <= M, N, K <= 2097120, reps >= 1, warmup >= 0\n");
         return 2;
     }
@@ -238,12 +289,14 @@ int main(int argc, char **argv) {
     int dev;
     CHECK_CUDA(cudaGetDevice(&dev));
     CHECK_CUDA(cudaGetDeviceProperties(&prop, dev));
-    printf("gemm_steps: C[%lld,%lld] = A[%lld,%lld]·B[%lld,%lld] fp32 on %s (sm_%d%d), median of %d after %d warm-up\n",
-           (long long)M, (long long)N, (long long)M, (long long)K, (long long)K, (long long)N, prop.name,
-           prop.major, prop.minor, reps, warmup);
+    printf("gemm_steps: C[%lld,%lld] = A[%lld,%lld]·B[%lld,%lld] fp32 on %s (sm_%d%d), median of "
+           "%d after %d warm-up\n",
+           (long long)M, (long long)N, (long long)M, (long long)K, (long long)K, (long long)N,
+           prop.name, prop.major, prop.minor, reps, warmup);
 
     /* random inputs in [-1, 1) */
-    std::vector<float> hA((size_t)(M * K)), hB((size_t)(K * N)), hC((size_t)(M * N)), hRef((size_t)(M * N));
+    std::vector<float> hA((size_t)(M * K)), hB((size_t)(K * N)), hC((size_t)(M * N)),
+        hRef((size_t)(M * N));
     uint64_t seed = 1337;
     for (float &x : hA) x = (float)(splitmix(&seed) >> 40) * (2.0f / 16777216.0f) - 1.0f;
     for (float &x : hB) x = (float)(splitmix(&seed) >> 40) * (2.0f / 16777216.0f) - 1.0f;
@@ -296,25 +349,48 @@ int main(int argc, char **argv) {
     for (float x : hRef) refmax = std::max(refmax, (double)std::fabs(x));
     double ref_err = std::isfinite(refmax) && refmax > 0 ? 0.0 : INFINITY;
     for (int s = 0; s < 64 && std::isfinite(ref_err); s++) {
-        int64_t i = (int64_t)(splitmix(&seed) % (uint64_t)M), j = (int64_t)(splitmix(&seed) % (uint64_t)N);
+        int64_t i = (int64_t)(splitmix(&seed) % (uint64_t)M),
+                j = (int64_t)(splitmix(&seed) % (uint64_t)N);
         double dot = 0.0;
         for (int64_t k = 0; k < K; k++) dot += (double)hA[i * K + k] * (double)hB[k * N + j];
         double d = std::fabs(dot - (double)hRef[i * N + j]) / refmax;
         ref_err = std::isfinite(d) ? std::max(ref_err, d) : INFINITY;
     }
-    res.push_back({"cuBLASLt fp32 (vs CPU double, 64 samples)", ms, flop / ms * 1e-9, ref_err, 1e-3});
+    res.push_back(
+        {"cuBLASLt fp32 (vs CPU double, 64 samples)", ms, flop / ms * 1e-9, ref_err, 1e-3});
     printf("  %-44s %10.3f ms %8.2f TFLOP/s\n", res.back().name.c_str(), ms, res.back().tflops);
 
-    struct step { const char *name; std::function<void()> launch; double tol; };
+    struct step {
+        const char *name;
+        std::function<void()> launch;
+        double tol;
+    };
+
     const step steps[] = {
-        {"1 naive (uncoalesced)", [&] {
-            gemm_naive<<<dim3((unsigned)cdiv(M, 32), (unsigned)cdiv(N, 32)), dim3(32, 32)>>>(M, N, K, dA, dB, dC); }, 1e-3},
-        {"2 coalesced", [&] {
-            gemm_coalesced<<<dim3((unsigned)cdiv(N, 32), (unsigned)cdiv(M, 32)), dim3(32, 32)>>>(M, N, K, dA, dB, dC); }, 1e-3},
-        {"3 shared-memory tiles 32x32", [&] {
-            gemm_smem<<<dim3((unsigned)cdiv(N, TILE), (unsigned)cdiv(M, TILE)), dim3(TILE, TILE)>>>(M, N, K, dA, dB, dC); }, 1e-3},
-        {"4 register-blocked 8x8 per thread", [&] {
-            gemm_regblock<<<dim3((unsigned)cdiv(N, BN), (unsigned)cdiv(M, BM)), THREADS4>>>(M, N, K, dA, dB, dC); }, 1e-3},
+        {"1 naive (uncoalesced)",
+         [&] {
+             gemm_naive<<<dim3((unsigned)cdiv(M, 32), (unsigned)cdiv(N, 32)), dim3(32, 32)>>>(
+                 M, N, K, dA, dB, dC);
+         },
+         1e-3},
+        {"2 coalesced",
+         [&] {
+             gemm_coalesced<<<dim3((unsigned)cdiv(N, 32), (unsigned)cdiv(M, 32)), dim3(32, 32)>>>(
+                 M, N, K, dA, dB, dC);
+         },
+         1e-3},
+        {"3 shared-memory tiles 32x32",
+         [&] {
+             gemm_smem<<<dim3((unsigned)cdiv(N, TILE), (unsigned)cdiv(M, TILE)),
+                         dim3(TILE, TILE)>>>(M, N, K, dA, dB, dC);
+         },
+         1e-3},
+        {"4 register-blocked 8x8 per thread",
+         [&] {
+             gemm_regblock<<<dim3((unsigned)cdiv(N, BN), (unsigned)cdiv(M, BM)), THREADS4>>>(
+                 M, N, K, dA, dB, dC);
+         },
+         1e-3},
         /* TF32 keeps 10 mantissa bits of each input: about 1e-4..1e-3 of the magnitude, hence 1e-2 */
         {"cuBLASLt TF32 tensor cores (reference)", [&] { lt_run(&gtf32, dA, dB, dC); }, 1e-2},
     };
@@ -328,16 +404,19 @@ int main(int argc, char **argv) {
 
     const double base = res[0].tflops;
     int fails = 0;
-    printf("\n| %-44s | %10s | %8s | %9s | %11s | %-5s |\n", "kernel", "ms", "TFLOP/s", "% cuBLAS", "max rel err", "check");
-    printf("|----------------------------------------------|------------|----------|-----------|-------------|-------|\n");
+    printf("\n| %-44s | %10s | %8s | %9s | %11s | %-5s |\n", "kernel", "ms", "TFLOP/s", "% cuBLAS",
+           "max rel err", "check");
+    printf("|----------------------------------------------|------------|----------|-----------|---"
+           "----------|-------|\n");
     for (const result &r : res) {
         bool pass = r.err <= r.tol;
         fails += !pass;
-        printf("| %-44s | %10.3f | %8.2f | %8.1f%% | %11.2e | %-5s |\n", r.name.c_str(), r.ms, r.tflops,
-               100.0 * r.tflops / base, r.err, pass ? "PASS" : "FAIL");
+        printf("| %-44s | %10.3f | %8.2f | %8.1f%% | %11.2e | %-5s |\n", r.name.c_str(), r.ms,
+               r.tflops, 100.0 * r.tflops / base, r.err, pass ? "PASS" : "FAIL");
     }
     printf("max rel err = max|C - C_ref| / max|C_ref|, C_ref = cuBLASLt fp32 (max|C_ref| = %.3g); "
-           "%% cuBLAS is against cuBLASLt fp32\n", refmax);
+           "%% cuBLAS is against cuBLASLt fp32\n",
+           refmax);
 
     CHECK_CUDA(cudaEventDestroy(ev0));
     CHECK_CUDA(cudaEventDestroy(ev1));

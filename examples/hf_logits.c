@@ -30,28 +30,60 @@ int main(int argc, char **argv) {
     us_ops *opsp = NULL;
 #ifdef US_CUDA
     us_ops ops;
-    if (us_cuda_ops(&ops, 0, err, sizeof err) != US_OK) { fprintf(stderr, "hf_logits: %s\n", err); return 1; }
+    if (us_cuda_ops(&ops, 0, err, sizeof err) != US_OK) {
+        fprintf(stderr, "hf_logits: %s\n", err);
+        return 1;
+    }
     opsp = &ops;
 #endif
     if (argc != 6 || (B = atoi(argv[3])) < 1 || (T = atoi(argv[4])) < 1) {
         fprintf(stderr, "usage: hf_logits DIR TOKENS.i32 B T OUT.f32\n");
         return 2;
     }
-    memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
-    if (us_ckpt_read_config(argv[1], &mc, err, sizeof err) != US_OK) { fprintf(stderr, "hf_logits: %s\n", err); return 1; }
-    tc.batch = B; tc.seq = T; tc.precision = US_PRECISION_FP32;
-    if (us_model_init(&m, &mc, &tc, opsp) != US_OK) { fprintf(stderr, "hf_logits: %s\n", us_model_error(&m)); return 1; }
-    if (us_ckpt_load(&m, argv[1], 0, NULL) != US_OK) { fprintf(stderr, "hf_logits: %s\n", us_model_error(&m)); us_model_free(&m); return 1; }
+    memset(&mc, 0, sizeof mc);
+    memset(&tc, 0, sizeof tc);
+    if (us_ckpt_read_config(argv[1], &mc, err, sizeof err) != US_OK) {
+        fprintf(stderr, "hf_logits: %s\n", err);
+        return 1;
+    }
+    tc.batch = B;
+    tc.seq = T;
+    tc.precision = US_PRECISION_FP32;
+    if (us_model_init(&m, &mc, &tc, opsp) != US_OK) {
+        fprintf(stderr, "hf_logits: %s\n", us_model_error(&m));
+        return 1;
+    }
+    if (us_ckpt_load(&m, argv[1], 0, NULL) != US_OK) {
+        fprintf(stderr, "hf_logits: %s\n", us_model_error(&m));
+        us_model_free(&m);
+        return 1;
+    }
     n = (size_t)B * T;
-    tok = (int32_t *)malloc(n * 4); tgt = (int32_t *)malloc(n * 4); logits = (float *)malloc((size_t)B * m.cfg.vocab * 4);
-    if (!tok || !tgt || !logits || !(f = fopen(argv[2], "rb")) || fread(tok, 4, n, f) != n) { fprintf(stderr, "hf_logits: cannot read %d x %d tokens from %s\n", B, T, argv[2]); return 1; }
+    tok = (int32_t *)malloc(n * 4);
+    tgt = (int32_t *)malloc(n * 4);
+    logits = (float *)malloc((size_t)B * m.cfg.vocab * 4);
+    if (!tok || !tgt || !logits || !(f = fopen(argv[2], "rb")) || fread(tok, 4, n, f) != n) {
+        fprintf(stderr, "hf_logits: cannot read %d x %d tokens from %s\n", B, T, argv[2]);
+        return 1;
+    }
     fclose(f);
-    memset(tgt, 0xff, n * 4);   /* -1: no loss, logits only */
-    if (us_forward_eval(&m, tok, tgt, B, T, &loss, NULL, logits) != US_OK) { fprintf(stderr, "hf_logits: %s\n", us_model_error(&m)); return 1; }
-    if (!(f = fopen(argv[5], "wb")) || fwrite(logits, 4, (size_t)B * m.cfg.vocab, f) != (size_t)B * m.cfg.vocab) { fprintf(stderr, "hf_logits: cannot write %s\n", argv[5]); return 1; }
+    memset(tgt, 0xff, n * 4); /* -1: no loss, logits only */
+    if (us_forward_eval(&m, tok, tgt, B, T, &loss, NULL, logits) != US_OK) {
+        fprintf(stderr, "hf_logits: %s\n", us_model_error(&m));
+        return 1;
+    }
+    if (!(f = fopen(argv[5], "wb")) ||
+        fwrite(logits, 4, (size_t)B * m.cfg.vocab, f) != (size_t)B * m.cfg.vocab) {
+        fprintf(stderr, "hf_logits: cannot write %s\n", argv[5]);
+        return 1;
+    }
     fclose(f);
-    printf("hf_logits: %d x %lld logits written to %s (%s)\n", B, (long long)m.cfg.vocab, argv[5], m.ops.name);
-    us_model_free(&m); free(tok); free(tgt); free(logits);
+    printf("hf_logits: %d x %lld logits written to %s (%s)\n", B, (long long)m.cfg.vocab, argv[5],
+           m.ops.name);
+    us_model_free(&m);
+    free(tok);
+    free(tgt);
+    free(logits);
 #ifdef US_CUDA
     us_cuda_ops_free(&ops);
 #endif

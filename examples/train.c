@@ -19,7 +19,7 @@
 #define _POSIX_C_SOURCE 200809L
 #endif
 #define ULTRASCALE_IMPLEMENTATION
-#ifdef US_CUDA   /* the same file, compiled by nvcc: make train-cuda */
+#ifdef US_CUDA /* the same file, compiled by nvcc: make train-cuda */
 #include "../ultrascale_cuda.cuh"
 #else
 #include "../ultrascale.h"
@@ -39,35 +39,39 @@
 #endif
 
 static void usage(FILE *f) {
-    fprintf(f,
-        "usage: train [flags]\n"
-        "model:\n"
-        "  --layers N        decoder layers (default 4; 2 for the built-in task)\n"
-        "  --dim N           model width C (default 128; 64 for the built-in task)\n"
-        "  --heads N         attention heads (default 4)\n"
-        "  --kv-heads N      key/value heads, < heads for GQA (default = heads)\n"
-        "  --ffn N           SwiGLU hidden size (default 8/3*dim rounded up to 32)\n"
-        "  --vocab N         vocabulary size (default 256, the byte tokenizer)\n"
-        "  --tied            tie lm_head to the token embedding\n"
-        "  --rope-theta X    RoPE base (default 10000)\n"
-        );
-    fprintf(f,   /* (several strings: C99 compilers need only take 4095 characters in one) */
+    fprintf(f, "usage: train [flags]\n"
+               "model:\n"
+               "  --layers N        decoder layers (default 4; 2 for the built-in task)\n"
+               "  --dim N           model width C (default 128; 64 for the built-in task)\n"
+               "  --heads N         attention heads (default 4)\n"
+               "  --kv-heads N      key/value heads, < heads for GQA (default = heads)\n"
+               "  --ffn N           SwiGLU hidden size (default 8/3*dim rounded up to 32)\n"
+               "  --vocab N         vocabulary size (default 256, the byte tokenizer)\n"
+               "  --tied            tie lm_head to the token embedding\n"
+               "  --rope-theta X    RoPE base (default 10000)\n");
+    fprintf(
+        f, /* (several strings: C99 compilers need only take 4095 characters in one) */
         "mixture of experts (a MoE feed-forward layer instead of the dense MLP):\n"
         "  --experts E       routed experts per MoE layer (default 0: dense)\n"
         "  --top-k K         experts per token (default 2)\n"
-        "  --moe-ffn N       each expert's SwiGLU hidden size (default ffn/(K + shared), rounded up to 8)\n"
+        "  --moe-ffn N       each expert's SwiGLU hidden size (default ffn/(K + shared), rounded "
+        "up to 8)\n"
         "  --shared-expert   add a shared expert every token passes through\n"
         "  --moe-gate G      softmax (default) | sigmoid (top-k renormalised, DeepSeek-V3)\n"
-        "  --moe-balance B   bias (default: auxiliary-loss-free router bias) | aux (auxiliary loss) | none\n"
+        "  --moe-balance B   bias (default: auxiliary-loss-free router bias) | aux (auxiliary "
+        "loss) | none\n"
         "  --moe-bias-rate X the bias update rate (default 1e-3)\n"
         "  --moe-aux-coef X  the auxiliary loss coefficient (default 1e-2)\n"
-        "  --capacity-factor X  an expert takes at most ceil(X*tokens*K/E) tokens; 0 = no dropping (default)\n"
+        "  --capacity-factor X  an expert takes at most ceil(X*tokens*K/E) tokens; 0 = no dropping "
+        "(default)\n"
         "  --moe-groups G    expert groups for group-limited routing (default 1)\n"
         "  --moe-top-groups M  groups a token may use (default all)\n"
         "  --moe-first-dense N  the first N layers stay dense (default 0)\n"
         "  --moe-every N     every N-th layer after those is MoE (default 1)\n"
-        "                    The log gains moe_imbalance (max/mean tokens per expert), moe_aux_loss,\n"
-        "                    moe_drop_frac and moe_load (tokens per expert, summed over MoE layers)\n"
+        "                    The log gains moe_imbalance (max/mean tokens per expert), "
+        "moe_aux_loss,\n"
+        "                    moe_drop_frac and moe_load (tokens per expert, summed over MoE "
+        "layers)\n"
         "training:\n"
         "  --seq N           tokens per sequence T (default 64; 71 = four problems for the task)\n"
         "  --batch N         sequences per micro-batch B (default 8; 16 for the task)\n"
@@ -79,83 +83,118 @@ static void usage(FILE *f) {
         "  --min-lr-frac X   cosine floor as a fraction of lr (default 0.1)\n"
         "  --wd X            AdamW weight decay on 2-D weights (default 0.1)\n"
         "  --clip X          global-norm gradient clip, 0 = off (default 1.0)\n"
-        "  --precision P     fp32 | bf16 | fp16 | fp8 | fp8-tensor (default fp32); fp16 scales the loss dynamically;\n"
-        "                    fp8: bf16 plus FP8 E4M3 GEMMs in every linear layer (1x128 / 128x128 tile scales);\n"
+        "  --precision P     fp32 | bf16 | fp16 | fp8 | fp8-tensor (default fp32); fp16 scales the "
+        "loss dynamically;\n"
+        "                    fp8: bf16 plus FP8 E4M3 GEMMs in every linear layer (1x128 / 128x128 "
+        "tile scales);\n"
         "                    fp8-tensor: one scale per tensor\n"
-        "  --loss-scale S    static loss scale S > 0 (any precision), 0 = dynamic under fp16: starts at\n"
+        "  --loss-scale S    static loss scale S > 0 (any precision), 0 = dynamic under fp16: "
+        "starts at\n"
         "                    2^16, halves and skips the step on an inf/NaN gradient (default 0)\n"
         "  --loss-scale-window N  clean steps before a dynamic scale doubles (default 2000)\n"
         "  --fp8-pow2        FP8 scales rounded up to powers of two\n"
-        "  --fp8-min-dim N   a linear runs in FP8 only when its In and Out are both >= N (default 1536,\n"
+        "  --fp8-min-dim N   a linear runs in FP8 only when its In and Out are both >= N (default "
+        "1536,\n"
         "                    where FP8 measured faster than bf16 on an H200; 16: every size)\n"
-        "  --fp8-no-weight-cache  quantise the weights at every FP8 GEMM; by default each linear's W and\n"
-        "                    W^T are quantised once per optimizer step and kept (2 bytes per weight)\n"
+        "  --fp8-no-weight-cache  quantise the weights at every FP8 GEMM; by default each linear's "
+        "W and\n"
+        "                    W^T are quantised once per optimizer step and kept (2 bytes per "
+        "weight)\n"
         "  --recompute R     none | selective | full (default none)\n"
         "  --seed N          seed for init and data (default 1337)\n"
         "  --threads N       CPU threads (default: all)\n"
         "  --device D        cpu | cuda (default: cuda in the CUDA build, else cpu)\n"
-        "  --gpu N           CUDA device index (default 0; the local rank under --nproc)\n"
-        );
-    fprintf(f,
+        "  --gpu N           CUDA device index (default 0; the local rank under --nproc)\n");
+    fprintf(
+        f,
         "parallelism:\n"
-        "  --dp N            data-parallel ranks (default 1): CPU threads, or GPU processes; each rank\n"
-        "                    takes batch/dp sequences of every micro-batch (the global batch is kept)\n"
+        "  --dp N            data-parallel ranks (default 1): CPU threads, or GPU processes; each "
+        "rank\n"
+        "                    takes batch/dp sequences of every micro-batch (the global batch is "
+        "kept)\n"
         "  --zero K          ZeRO stage 0 | 1 | 2 | 3 over dp (default 0)\n"
-        "  --tp N            tensor-parallel ranks (default 1): heads, FFN and vocabulary split; the\n"
+        "  --tp N            tensor-parallel ranks (default 1): heads, FFN and vocabulary split; "
+        "the\n"
         "                    world is dp x tp ranks (tp innermost)\n"
-        "  --sp              sequence parallelism: norms and the residual stream split over tp by tokens\n"
-        "  --tp-no-overlap   wait for every tp collective where it is issued (default: the backward's\n"
-        "                    reductions travel under the weight-gradient GEMMs, SP's gathers under\n"
+        "  --sp              sequence parallelism: norms and the residual stream split over tp by "
+        "tokens\n"
+        "  --tp-no-overlap   wait for every tp collective where it is issued (default: the "
+        "backward's\n"
+        "                    reductions travel under the weight-gradient GEMMs, SP's gathers "
+        "under\n"
         "                    the GEMMs they feed)\n"
         "  --overlap-sms N   SMs a GEMM leaves to the tp collective travelling beside it (GPU;\n"
         "                    default 0: none)\n"
-        "  --cp N            context-parallel ranks (default 1): every sequence split over N ranks\n"
-        "  --ep N            expert-parallel ranks (default 1, needs --experts): each MoE layer's experts\n"
-        "                    split over N of the dp x cp ranks, tokens sent to them by all-to-all; N\n"
-        "                    must divide dp x cp and the experts (the world stays dp x pp x cp x tp)\n"
-        "  --cp-mode M       ring (contiguous chunks) | zigzag (balanced chunks, default) | allgather\n"
+        "  --cp N            context-parallel ranks (default 1): every sequence split over N "
+        "ranks\n"
+        "  --ep N            expert-parallel ranks (default 1, needs --experts): each MoE layer's "
+        "experts\n"
+        "                    split over N of the dp x cp ranks, tokens sent to them by all-to-all; "
+        "N\n"
+        "                    must divide dp x cp and the experts (the world stays dp x pp x cp x "
+        "tp)\n"
+        "  --cp-mode M       ring (contiguous chunks) | zigzag (balanced chunks, default) | "
+        "allgather\n"
         "  --pp N            pipeline stages (default 1): layers split over N ranks\n"
         "  --micro-batches M the micro-batches a pipeline schedule runs per step (= --grad-accum)\n"
-        "  --pp-schedule S   afab | 1f1b (default) | interleaved (depth-first, Megatron) | interleaved-bf\n"
-        "                    (breadth-first, Llama 3) | zb1 (zero bubble: B and W apart) | zbv (zero\n"
-        "                    bubble, 2 chunks in a V) | dualpipev (DeepSeek's DualPipe cut in half). The\n"
+        "  --pp-schedule S   afab | 1f1b (default) | interleaved (depth-first, Megatron) | "
+        "interleaved-bf\n"
+        "                    (breadth-first, Llama 3) | zb1 (zero bubble: B and W apart) | zbv "
+        "(zero\n"
+        "                    bubble, 2 chunks in a V) | dualpipev (DeepSeek's DualPipe cut in "
+        "half). The\n"
         "                    log gains pp_bubble (the measured idle share of the schedule) and\n"
-        "                    pp_tf_ms, pp_tb_ms, pp_tw_ms (measured F, B, W per micro-batch and rank)\n"
-    );
-    fprintf(f,   /* two strings: C99 compilers need only take 4095 characters in one */
-        "  --pp-clock        time pipeline messages on the schedule's unit-cost clock (what NCCL uses)\n"
+        "                    pp_tf_ms, pp_tb_ms, pp_tw_ms (measured F, B, W per micro-batch and "
+        "rank)\n");
+    fprintf(
+        f, /* two strings: C99 compilers need only take 4095 characters in one */
+        "  --pp-clock        time pipeline messages on the schedule's unit-cost clock (what NCCL "
+        "uses)\n"
         "                    instead of sending them as they are ready on channels (CPU threads)\n"
         "  --pp-chunks V     model chunks per rank for the interleaved schedules (default 2)\n"
-        "  --pp-layers A,B,.. layers per pipeline stage (pp x chunks counts; default: an even split)\n"
+        "  --pp-layers A,B,.. layers per pipeline stage (pp x chunks counts; default: an even "
+        "split)\n"
         "  --bucket-mb X     gradient bucket size in MiB (default 25)\n"
         "  --dense-emb-grad  reduce the whole embedding gradient at the end of the backward\n"
         "                    (default: only the rows the batch touched, the rest earlier)\n"
         "  --nproc N         CUDA: start N processes on this node, one per GPU (sets --dp N)\n"
-        "  --comm-timeout S  a collective that cannot finish in S seconds fails the run (default 300)\n"
+        "  --comm-timeout S  a collective that cannot finish in S seconds fails the run (default "
+        "300)\n"
         "  --trace FILE.json Chrome / Perfetto trace: one row per rank and stream\n"
         "data and output:\n"
-        "  --save DIR        write checkpoints into DIR/step_N (safetensors with Hugging Face names,\n"
-        "                    config.json, optimizer state); at the end, and every --save-every N steps\n"
+        "  --save DIR        write checkpoints into DIR/step_N (safetensors with Hugging Face "
+        "names,\n"
+        "                    config.json, optimizer state); at the end, and every --save-every N "
+        "steps\n"
         "  --save-every N    checkpoint every N steps (default 0: only at the end)\n"
         "  --keep K          keep the K newest checkpoints in --save DIR (default 3; 0 = all)\n"
-        "  --resume DIR      continue a run from DIR (a checkpoint, or the newest DIR/step_N): weights,\n"
-        "                    optimizer moments, step, data position; the model shape comes from config.json\n"
-        "  --init-from DIR   start from the weights of DIR (ours or a Hugging Face Llama directory with\n"
+        "  --resume DIR      continue a run from DIR (a checkpoint, or the newest DIR/step_N): "
+        "weights,\n"
+        "                    optimizer moments, step, data position; the model shape comes from "
+        "config.json\n"
+        "  --init-from DIR   start from the weights of DIR (ours or a Hugging Face Llama directory "
+        "with\n"
         "                    config.json and model.safetensors or shards + index): fine-tuning\n"
-        "  --data FILE       raw text (byte tokens) or llm.c .bin shard; default: the built-in sorting task\n"
+        "  --data FILE       raw text (byte tokens) or llm.c .bin shard; default: the built-in "
+        "sorting task\n"
         "  --log FILE.jsonl  one JSON object per step\n"
         "  --eval-every N    evaluate every N steps, 0 = only at the end (default 100)\n"
-        "  --val-frac F      with --data: the last fraction F of the tokens is held out, never trained\n"
-        "                    on, and the evaluations read it (default 0.1; 0 = evaluate on training data)\n"
+        "  --val-frac F      with --data: the last fraction F of the tokens is held out, never "
+        "trained\n"
+        "                    on, and the evaluations read it (default 0.1; 0 = evaluate on "
+        "training data)\n"
         "  --sample N        after training, sample N tokens (default 0)\n"
         "  --temperature X   sampling temperature, 0 = greedy (default 0.8)\n"
         "  --sample-top-k N  sample from the k most likely tokens, 0 = all (default 0)\n"
-        "  --peak-tflops X   peak used for MFU (default: 989 on CUDA, the H100/H200 dense bf16 peak;\n"
+        "  --peak-tflops X   peak used for MFU (default: 989 on CUDA, the H100/H200 dense bf16 "
+        "peak;\n"
         "                    0.096 per CPU thread, AVX2 FMA at 3 GHz)\n"
         "  --quiet           print only the summary\n"
         "  --help            this text\n"
-        "Flags take their value as the next argument or after '=' (--steps=500). OpenMP threads sleep\n"
-        "while they wait (OMP_WAIT_POLICY=passive, set unless you set it): spinning threads slow to a\n"
+        "Flags take their value as the next argument or after '=' (--steps=500). OpenMP threads "
+        "sleep\n"
+        "while they wait (OMP_WAIT_POLICY=passive, set unless you set it): spinning threads slow "
+        "to a\n"
         "crawl when other programs share the cores.\n");
 }
 
@@ -170,7 +209,8 @@ static int known_flag(const char *f) {
     usage(t);
     rewind(t);
     while (!found && fgets(line, sizeof line, t))
-        found = !strncmp(line, "  ", 2) && !strncmp(line + 2, f, n) && (line[2 + n] == ' ' || line[2 + n] == '\n');
+        found = !strncmp(line, "  ", 2) && !strncmp(line + 2, f, n) &&
+                (line[2 + n] == ' ' || line[2 + n] == '\n');
     fclose(t);
     return found;
 }
@@ -210,6 +250,7 @@ static int parse_int(const char *s, int lo, int hi, int *out) {
     *out = (int)v;
     return 1;
 }
+
 static int parse_float(const char *s, float lo, float hi, float *out) {
     char *end;
     double v;
@@ -232,12 +273,14 @@ static double now_s(void) {
    a GPU an aborted communicator still occupies). If no training step completes within twice
    the timeout, this thread says so and ends the process, as PyTorch's NCCL watchdog does. */
 #include <pthread.h>
+
 typedef struct watchdog {
     pthread_mutex_t mu;
     pthread_t th;
     double last, limit;
     int rank, stop, started;
 } watchdog;
+
 static void *watchdog_main(void *arg) {
     watchdog *w = (watchdog *)arg;
     for (;;) {
@@ -246,28 +289,43 @@ static void *watchdog_main(void *arg) {
         int stop;
         nanosleep(&nap, NULL);
         pthread_mutex_lock(&w->mu);
-        stop = w->stop; idle = now_s() - w->last;
+        stop = w->stop;
+        idle = now_s() - w->last;
         pthread_mutex_unlock(&w->mu);
         if (stop) return NULL;
         if (idle > w->limit) {
-            fprintf(stderr, "train: rank %d: no training step finished in %.0f s (twice --comm-timeout): a peer may have died or a collective hung; exiting\n", w->rank, idle);
-            fflush(stdout); fflush(stderr);
+            fprintf(stderr,
+                    "train: rank %d: no training step finished in %.0f s (twice --comm-timeout): a "
+                    "peer may have died or a collective hung; exiting\n",
+                    w->rank, idle);
+            fflush(stdout);
+            fflush(stderr);
             _Exit(1);
         }
     }
 }
+
 static void watchdog_beat(watchdog *w) {
     if (!w->started) return;
-    pthread_mutex_lock(&w->mu); w->last = now_s(); pthread_mutex_unlock(&w->mu);
+    pthread_mutex_lock(&w->mu);
+    w->last = now_s();
+    pthread_mutex_unlock(&w->mu);
 }
+
 static void watchdog_start(watchdog *w, int rank, double timeout_s) {
     pthread_mutex_init(&w->mu, NULL);
-    w->rank = rank; w->limit = 2 * (timeout_s > 0 ? timeout_s : 300); w->last = now_s(); w->stop = 0;
+    w->rank = rank;
+    w->limit = 2 * (timeout_s > 0 ? timeout_s : 300);
+    w->last = now_s();
+    w->stop = 0;
     w->started = pthread_create(&w->th, NULL, watchdog_main, w) == 0;
 }
+
 static void watchdog_stop(watchdog *w) {
     if (!w->started) return;
-    pthread_mutex_lock(&w->mu); w->stop = 1; pthread_mutex_unlock(&w->mu);
+    pthread_mutex_lock(&w->mu);
+    w->stop = 1;
+    pthread_mutex_unlock(&w->mu);
     pthread_join(w->th, NULL);
     w->started = 0;
 }
@@ -284,12 +342,15 @@ static int trace_merge(const char *path, int nranks) {
     for (r = 0; r < nranks; r++) {
         FILE *in;
         snprintf(part, sizeof part, "%s.rank%d", path, r);
-        if (!(in = fopen(part, "r"))) { fclose(out); return 0; }
-        if (!fgets(line, sizeof line, in)) line[0] = 0;          /* the header */
+        if (!(in = fopen(part, "r"))) {
+            fclose(out);
+            return 0;
+        }
+        if (!fgets(line, sizeof line, in)) line[0] = 0; /* the header */
         while (fgets(line, sizeof line, in)) {
             size_t n = strlen(line);
             while (n && (line[n - 1] == '\n' || line[n - 1] == ',')) line[--n] = 0;
-            if (!n || line[0] != '{') continue;                     /* the closing "]}" */
+            if (!n || line[0] != '{') continue; /* the closing "]}" */
             fprintf(out, "%s%s", first ? "" : ",\n", line);
             first = 0;
         }
@@ -302,19 +363,23 @@ static int trace_merge(const char *path, int nranks) {
 
 typedef struct opts {
     us_model_config mc;
-    us_train_config tc;      /* tc.batch: the group's micro-batch; each rank runs batch/dp */
+    us_train_config tc; /* tc.batch: the group's micro-batch; each rank runs batch/dp */
     const char *data_path, *log_path, *trace_path;
-    const char *save_dir, *resume_dir, *init_dir;   /* checkpoints (// >>checkpoint) */
+    const char *save_dir, *resume_dir, *init_dir; /* checkpoints (// >>checkpoint) */
     int save_every, keep;
-    char ckpt_from[4096];    /* the checkpoint --resume or --init-from resolved to */
+    char ckpt_from[4096]; /* the checkpoint --resume or --init-from resolved to */
     int eval_every, sample_n, top_k, quiet, gpu, gpu_set, use_cuda, nproc;
-    int pp_layers_n;         /* how many counts --pp-layers gave */
+    int pp_layers_n; /* how many counts --pp-layers gave */
     float temperature, peak_tflops, comm_timeout;
-    int world, rank;         /* CUDA multi-process: this process's place (from the environment) */
-    us_data data;            /* the training tokens (--data), less the held-out tail */
-    us_data val;             /* the held-out tail (a view into data's tokens; n = 0: none) */
-    float val_frac;          /* --val-frac; < 0: not given (default 0.1, none if the file is too small) */
-    us_trace *traces;        /* [dp] when tracing */
+    int world, rank;  /* CUDA multi-process: this process's place (from the environment) */
+    us_data data;     /* the training tokens (--data), less the held-out tail */
+    us_data val;      /* the held-out tail (a view into data's tokens; n = 0: none) */
+    float val_frac;   /* --val-frac; < 0: not given (default 0.1, none if the file is too small) */
+    us_trace *traces; /* [dp] when tracing */
+    /* set by the ranks that find --resume's checkpoint at or past --steps: they all return
+       US_OK, since a rank that returned an error the moment the load's last collective let it
+       go would fail that collective for a rank still inside it; main exits 1 for them */
+    volatile int nothing_left;
 } opts;
 
 /* One rank of the run (the only one without --dp). Rank 0 prints and logs. */
@@ -322,9 +387,10 @@ static us_result run_rank(us_comm *comm, void *arg) {
     opts *o = (opts *)arg;
     us_model_config mc = o->mc;
     us_train_config tc = o->tc;
-    int rank = comm ? comm->world.rank : o->rank, dp = tc.dp, i, loud = rank == 0 && !o->quiet, drank, Tl = tc.seq / tc.cp;
-    int32_t *cpos = NULL;   /* this rank's token positions in each sequence (context parallelism) */
-    int Bg = tc.batch;                       /* the group's micro-batch */
+    int rank = comm ? comm->world.rank : o->rank, dp = tc.dp, i, loud = rank == 0 && !o->quiet,
+        drank, Tl = tc.seq / tc.cp;
+    int32_t *cpos = NULL; /* this rank's token positions in each sequence (context parallelism) */
+    int Bg = tc.batch;    /* the group's micro-batch */
     us_ops *opsp = NULL;
 #ifdef US_CUDA
     us_ops ops;
@@ -340,9 +406,12 @@ static us_result run_rank(us_comm *comm, void *arg) {
     float peak_tflops = o->peak_tflops;
     us_result r = US_OK;
     tc.batch = Bg / dp;
-    if (dp * tc.pp * tc.cp * tc.tp > 1 && !tc.threads && !o->use_cuda) {   /* the machine's threads shared among the ranks */
+    if (dp * tc.pp * tc.cp * tc.tp > 1 && !tc.threads &&
+        !o->use_cuda) { /* the machine's threads shared among the ranks */
 #ifdef _OPENMP
-        tc.threads = omp_get_max_threads() / (dp * tc.pp * tc.cp * tc.tp) > 0 ? omp_get_max_threads() / (dp * tc.pp * tc.cp * tc.tp) : 1;
+        tc.threads = omp_get_max_threads() / (dp * tc.pp * tc.cp * tc.tp) > 0
+                         ? omp_get_max_threads() / (dp * tc.pp * tc.cp * tc.tp)
+                         : 1;
 #endif
     }
 #ifdef US_CUDA
@@ -353,12 +422,17 @@ static us_result run_rank(us_comm *comm, void *arg) {
     memset(&wd, 0, sizeof wd);
 #endif
     if (o->use_cuda) {
-        if (us_cuda_ops(&ops, o->gpu, err, sizeof err) != US_OK) { fprintf(stderr, "train: rank %d: %s\n", o->rank, err); return US_ERR_BACKEND; }
+        if (us_cuda_ops(&ops, o->gpu, err, sizeof err) != US_OK) {
+            fprintf(stderr, "train: rank %d: %s\n", o->rank, err);
+            return US_ERR_BACKEND;
+        }
         us_cuda_describe(&ops, devname, sizeof devname);
         opsp = &ops;
 #ifdef ULTRASCALE_NCCL
-        if (o->world > 1) {   /* one process per GPU: NCCL over the world, ordered against the ops' stream */
-            if (us_nccl_init(&nccl, &ops, us_cuda_stream(&ops), o->rank, o->world, NULL, o->comm_timeout, err, sizeof err) != US_OK) {
+        if (o->world >
+            1) { /* one process per GPU: NCCL over the world, ordered against the ops' stream */
+            if (us_nccl_init(&nccl, &ops, us_cuda_stream(&ops), o->rank, o->world, NULL,
+                             o->comm_timeout, err, sizeof err) != US_OK) {
                 fprintf(stderr, "train: rank %d: %s\n", o->rank, err);
                 us_cuda_ops_free(&ops);
                 return US_ERR_BACKEND;
@@ -372,18 +446,31 @@ static us_result run_rank(us_comm *comm, void *arg) {
     }
 #endif
     (void)err;
-    if ((r = dp * tc.pp * tc.cp * tc.tp > 1 ? us_model_init_dist(&m, &mc, &tc, opsp, comm) : us_model_init(&m, &mc, &tc, opsp)) != US_OK) {
+    if ((r = dp * tc.pp * tc.cp * tc.tp > 1 ? us_model_init_dist(&m, &mc, &tc, opsp, comm)
+                                            : us_model_init(&m, &mc, &tc, opsp)) != US_OK) {
         fprintf(stderr, "train: rank %d: %s\n", rank, us_model_error(&m));
         goto done_ops;
     }
-    drank = m.mesh.dp_rank;   /* the batch rows are split over dp; tp ranks share them; cp splits each sequence */
+    drank =
+        m.mesh
+            .dp_rank; /* the batch rows are split over dp; tp ranks share them; cp splits each sequence */
     cpos = (int32_t *)malloc((size_t)Tl * 4);
-    if (!cpos) { r = US_ERR_OOM; goto done_model; }
-    if (tc.cp > 1) us_cp_positions(&m.tc, m.mesh.cp_rank, cpos); else for (i = 0; i < Tl; i++) cpos[i] = i;
-    if (o->traces) { us_trace_init(&o->traces[rank], rank); m.trace = &o->traces[rank]; if (comm) comm->trace = m.trace; }
+    if (!cpos) {
+        r = US_ERR_OOM;
+        goto done_model;
+    }
+    if (tc.cp > 1)
+        us_cp_positions(&m.tc, m.mesh.cp_rank, cpos);
+    else
+        for (i = 0; i < Tl; i++) cpos[i] = i;
+    if (o->traces) {
+        us_trace_init(&o->traces[rank], rank);
+        m.trace = &o->traces[rank];
+        if (comm) comm->trace = m.trace;
+    }
     if (rank == 0 && o->log_path && !(logf = fopen(o->log_path, "w"))) {
         fprintf(stderr, "train: cannot open log file %s\n", o->log_path);
-        r = US_ERR_IO;   /* the other ranks stop at their next collective, naming this one */
+        r = US_ERR_IO; /* the other ranks stop at their next collective, naming this one */
         goto done_model;
     }
     if (peak_tflops == 0 && o->use_cuda) peak_tflops = 989.0f;
@@ -396,16 +483,21 @@ static us_result run_rank(us_comm *comm, void *arg) {
 #endif
         peak_tflops = 0.096f * (float)th;
     }
-    peak_tflops *= (float)(dp * tc.pp * tc.cp * tc.tp);   /* MFU over the whole group */
+    peak_tflops *= (float)(dp * tc.pp * tc.cp * tc.tp); /* MFU over the whole group */
     gin = (int32_t *)malloc((size_t)Bg * tc.seq * tc.grad_accum * 4);
     gtgt = (int32_t *)malloc((size_t)Bg * tc.seq * tc.grad_accum * 4);
     in = (int32_t *)malloc((size_t)tc.batch * tc.seq * tc.grad_accum * 4);
     tgt = (int32_t *)malloc((size_t)tc.batch * tc.seq * tc.grad_accum * 4);
-    if (!gin || !gtgt || !in || !tgt) { fprintf(stderr, "train: out of memory\n"); r = US_ERR_OOM; goto done_model; }
+    if (!gin || !gtgt || !in || !tgt) {
+        fprintf(stderr, "train: out of memory\n");
+        r = US_ERR_OOM;
+        goto done_model;
+    }
     us_task_init(&task, tc.seed);
-    us_task_init(&eval_task, tc.seed + 7777);   /* a different stream: problems not trained on */
+    us_task_init(&eval_task, tc.seed + 7777); /* a different stream: problems not trained on */
     us_rng_seed(&rng, tc.seed);
-    if (o->ckpt_from[0]) {   /* --resume: everything, and the data streams where they were; --init-from: weights */
+    /* --resume: everything, and the data streams where they were; --init-from: weights */
+    if (o->ckpt_from[0]) {
         us_ckpt_state cs;
         memset(&cs, 0, sizeof cs);
         if ((r = us_ckpt_load(&m, o->ckpt_from, o->resume_dir != NULL, &cs)) != US_OK) {
@@ -414,73 +506,110 @@ static us_result run_rank(us_comm *comm, void *arg) {
         }
         if (o->resume_dir && m.step >= tc.steps) {
             if (rank == 0)
-                fprintf(stderr, "train: %s is at step %d and --steps is %d: nothing left to train (give --steps above %d)\n", o->ckpt_from, m.step,
-                        tc.steps, m.step);
-            r = US_ERR_INVALID;
+                fprintf(stderr,
+                        "train: %s is at step %d and --steps is %d: nothing left to train (give "
+                        "--steps above %d)\n",
+                        o->ckpt_from, m.step, tc.steps, m.step);
+            o->nothing_left = 1;
             goto done_model;
         }
         if (o->resume_dir) {
-            if (cs.n_rng != 3) { fprintf(stderr, "train: %s has %d RNG states, not the trainer's 3\n", o->ckpt_from, cs.n_rng); r = US_ERR_FORMAT; goto done_model; }
-            task.rng.s = cs.rng[0]; eval_task.rng.s = cs.rng[1]; rng.s = cs.rng[2];
+            if (cs.n_rng != 3) {
+                fprintf(stderr, "train: %s has %d RNG states, not the trainer's 3\n", o->ckpt_from,
+                        cs.n_rng);
+                r = US_ERR_FORMAT;
+                goto done_model;
+            }
+            task.rng.s = cs.rng[0];
+            eval_task.rng.s = cs.rng[1];
+            rng.s = cs.rng[2];
         }
-        if (loud) printf("checkpoint: %s %s at step %d\n", o->resume_dir ? "resumed from" : "initialised from", o->ckpt_from, m.step);
+        if (loud)
+            printf("checkpoint: %s %s at step %d\n",
+                   o->resume_dir ? "resumed from" : "initialised from", o->ckpt_from, m.step);
     }
-    flops_tok = us_flops_per_token(&mc, tc.seq);   /* the whole model (a pipeline stage holds a part) */
+    flops_tok =
+        us_flops_per_token(&mc, tc.seq); /* the whole model (a pipeline stage holds a part) */
     if (loud)
-        printf("model: %lld params (L=%d C=%lld NH=%d NKV=%d F=%lld V=%lld%s) | %s | recompute %s | B=%d T=%d accum=%d dp=%d cp=%d tp=%d zero=%d | %s | %s | memory %.2f MiB/rank\n",
-               (long long)m.n_params, m.cfg.n_layers, (long long)m.cfg.dim, m.cfg.n_heads, m.cfg.n_kv_heads,
-               (long long)m.cfg.ffn_dim, (long long)m.cfg.vocab, m.cfg.tie_embeddings ? " tied" : "",
-               us_precision_name(m.tc.precision), us_recompute_name(m.tc.recompute), Bg, tc.seq, tc.grad_accum, dp, tc.cp, tc.tp, tc.zero,
-               o->data_path ? o->data_path : "task: sort 8 digits", devname, (double)m.mem.total / 1048576.0);
+        printf("model: %lld params (L=%d C=%lld NH=%d NKV=%d F=%lld V=%lld%s) | %s | recompute %s "
+               "| B=%d T=%d accum=%d dp=%d cp=%d tp=%d zero=%d | %s | %s | memory %.2f MiB/rank\n",
+               (long long)m.n_params, m.cfg.n_layers, (long long)m.cfg.dim, m.cfg.n_heads,
+               m.cfg.n_kv_heads, (long long)m.cfg.ffn_dim, (long long)m.cfg.vocab,
+               m.cfg.tie_embeddings ? " tied" : "", us_precision_name(m.tc.precision),
+               us_recompute_name(m.tc.recompute), Bg, tc.seq, tc.grad_accum, dp, tc.cp, tc.tp,
+               tc.zero, o->data_path ? o->data_path : "task: sort 8 digits", devname,
+               (double)m.mem.total / 1048576.0);
 #ifdef US_CUDA
-    if (loud && o->use_cuda) { /* the attention kernels this shape gets: no silent hundredfold cliff */
+    if (loud &&
+        o->use_cuda) { /* the attention kernels this shape gets: no silent hundredfold cliff */
         const int hs = (int)(m.cfg.dim / m.cfg.n_heads);
         const char *ap = us_cuda_attention_path(&ops, m.dt, hs, tc.cp > 1);
         if (!strcmp(ap, "portable"))
-            printf("warning: attention runs the portable kernel (%s, head size %d%s), about 100x slower than flash attention, "
-                   "which takes bf16 and fp16 at head sizes 64, 80, 96, 128, 192, 256 on Hopper (bf16 at 64 and 128 under --cp "
+            printf("warning: attention runs the portable kernel (%s, head size %d%s), about 100x "
+                   "slower than flash attention, "
+                   "which takes bf16 and fp16 at head sizes 64, 80, 96, 128, 192, 256 on Hopper "
+                   "(bf16 at 64 and 128 under --cp "
                    "and on other GPUs)\n",
                    us_dtype_name(m.dt), hs, tc.cp > 1 ? ", by blocks for --cp" : "");
         else
-            printf("attention: %s kernels (%s, head size %d)\n", !strcmp(ap, "hopper") ? "Hopper wgmma" : "flash mma.sync",
-                   us_dtype_name(m.dt), hs);
+            printf("attention: %s kernels (%s, head size %d)\n",
+                   !strcmp(ap, "hopper") ? "Hopper wgmma" : "flash mma.sync", us_dtype_name(m.dt),
+                   hs);
     }
 #endif
     if (loud && o->data_path) {
-        if (o->val.n) printf("data: %lld tokens to train on, the last %lld held out for the evaluations\n", (long long)o->data.n, (long long)o->val.n);
-        else printf("data: %lld tokens to train on, the evaluations read them too (--val-frac 0, or too few to hold any out)\n", (long long)o->data.n);
+        if (o->val.n)
+            printf("data: %lld tokens to train on, the last %lld held out for the evaluations\n",
+                   (long long)o->data.n, (long long)o->val.n);
+        else
+            printf("data: %lld tokens to train on, the evaluations read them too (--val-frac 0, or "
+                   "too few to hold any out)\n",
+                   (long long)o->data.n);
     }
     if (loud && m.fp8) {
         char wq[64] = "at every GEMM";
-        if (m.fp8_wc) snprintf(wq, sizeof wq, "once per step (cache %.1f MiB)", (double)m.fp8_wlayer * m.cfg.n_layers / 1048576.0);
-        printf("fp8: %d of %d linear layers in FP8 E4M3 (%s scales%s; the rest bf16: In or Out under --fp8-min-dim %d, a size not a "
+        if (m.fp8_wc)
+            snprintf(wq, sizeof wq, "once per step (cache %.1f MiB)",
+                     (double)m.fp8_wlayer * m.cfg.n_layers / 1048576.0);
+        printf("fp8: %d of %d linear layers in FP8 E4M3 (%s scales%s; the rest bf16: In or Out "
+               "under --fp8-min-dim %d, a size not a "
                "multiple of 16, or MoE experts) | weights quantised %s\n",
-               m.fp8_linear, m.fp8_linear_all, m.fp8 == 2 ? "per-tensor" : "1x128 activation / 128x128 weight", tc.fp8_pow2 ? ", powers of two" : "",
+               m.fp8_linear, m.fp8_linear_all,
+               m.fp8 == 2 ? "per-tensor" : "1x128 activation / 128x128 weight",
+               tc.fp8_pow2 ? ", powers of two" : "",
                tc.fp8_min_dim ? tc.fp8_min_dim : US_FP8_MIN_DIM, wq);
     }
     if (loud && m.n_moe)
-        printf("moe: %d of %d layers, E=%d top-%d Fe=%lld%s, %s gates, balance %s%s | ep=%d (%d experts per rank) | %lld active params per token of %lld\n",
-               m.n_moe, m.cfg.n_layers, m.cfg.moe_experts, m.cfg.moe_top_k, (long long)m.cfg.moe_ffn_dim, m.cfg.moe_shared ? " + shared" : "",
+        printf("moe: %d of %d layers, E=%d top-%d Fe=%lld%s, %s gates, balance %s%s | ep=%d (%d "
+               "experts per rank) | %lld active params per token of %lld\n",
+               m.n_moe, m.cfg.n_layers, m.cfg.moe_experts, m.cfg.moe_top_k,
+               (long long)m.cfg.moe_ffn_dim, m.cfg.moe_shared ? " + shared" : "",
                m.cfg.moe_gate == US_MOE_SIGMOID ? "sigmoid" : "softmax",
-               m.cfg.moe_balance == US_MOE_BALANCE_BIAS ? "bias" : m.cfg.moe_balance == US_MOE_BALANCE_AUX ? "aux" : "none",
-               m.cfg.moe_groups > 1 ? " | group-limited" : "", m.ep, m.cfg.moe_experts / m.ep, (long long)us_param_count_active(&mc), (long long)us_param_count(&mc));
+               m.cfg.moe_balance == US_MOE_BALANCE_BIAS  ? "bias"
+               : m.cfg.moe_balance == US_MOE_BALANCE_AUX ? "aux"
+                                                         : "none",
+               m.cfg.moe_groups > 1 ? " | group-limited" : "", m.ep, m.cfg.moe_experts / m.ep,
+               (long long)us_param_count_active(&mc), (long long)us_param_count(&mc));
     t_start = now_s();
 #ifdef ULTRASCALE_NCCL
     if (have_nccl) watchdog_start(&wd, rank, o->comm_timeout);
 #endif
-    scaled = m.ls_dynamic || m.tc.loss_scale > 0;   /* the loss scaler is on (// >>lossscale) */
+    scaled = m.ls_dynamic || m.tc.loss_scale > 0; /* the loss scaler is on (// >>lossscale) */
     for (i = m.step; i < tc.steps; i++) {
         us_step_stats st;
         double t0 = now_s(), dt, tok_s, mfu, eval_loss = -1, eval_acc = -1;
         int k;
         /* every rank draws the whole global batch (same seed) and keeps its rows of each micro-batch */
-        if (o->data_path) us_data_batch(&o->data, &rng, Bg * tc.grad_accum, tc.seq, gin, gtgt);
-        else us_task_batch(&task, Bg * tc.grad_accum, tc.seq, gin, gtgt);
+        if (o->data_path)
+            us_data_batch(&o->data, &rng, Bg * tc.grad_accum, tc.seq, gin, gtgt);
+        else
+            us_task_batch(&task, Bg * tc.grad_accum, tc.seq, gin, gtgt);
         for (k = 0; k < tc.grad_accum; k++) {
             int bb, t;
             for (bb = 0; bb < tc.batch; bb++)
                 for (t = 0; t < Tl; t++) {
-                    size_t src = ((size_t)k * Bg + (size_t)drank * tc.batch + bb) * tc.seq + cpos[t];
+                    size_t src =
+                        ((size_t)k * Bg + (size_t)drank * tc.batch + bb) * tc.seq + cpos[t];
                     in[((size_t)k * tc.batch + bb) * Tl + t] = gin[src];
                     tgt[((size_t)k * tc.batch + bb) * Tl + t] = gtgt[src];
                 }
@@ -500,24 +629,35 @@ static us_result run_rank(us_comm *comm, void *arg) {
             /* held-out loss and next-token accuracy on the scored targets, summed over the ranks */
             double v[3] = {0, 0, 0};
             int64_t c = 0, j;
-            if (o->data_path) us_data_batch(o->val.n ? &o->val : &o->data, &eval_task.rng, Bg, tc.seq, gin, gtgt);   /* its own stream */
-            else us_task_batch(&eval_task, Bg, tc.seq, gin, gtgt);
+            if (o->data_path)
+                us_data_batch(o->val.n ? &o->val : &o->data, &eval_task.rng, Bg, tc.seq, gin,
+                              gtgt); /* its own stream */
+            else
+                us_task_batch(&eval_task, Bg, tc.seq, gin, gtgt);
             for (j = 0; j < (int64_t)tc.batch * Tl; j++) {
                 size_t src = ((size_t)drank * tc.batch + (size_t)(j / Tl)) * tc.seq + cpos[j % Tl];
-                in[j] = gin[src]; tgt[j] = gtgt[src];
+                in[j] = gin[src];
+                tgt[j] = gtgt[src];
                 v[2] += tgt[j] >= 0;
             }
             if (us_forward_eval(&m, in, tgt, tc.batch, Tl, &v[0], &c, NULL) == US_OK) {
                 v[1] = (double)c;
-                if (us_dp_sum(&m, v, 3) == US_OK && v[2] > 0) { eval_loss = v[0] / v[2]; eval_acc = v[1] / v[2]; }
+                if (us_dp_sum(&m, v, 3) == US_OK && v[2] > 0) {
+                    eval_loss = v[0] / v[2];
+                    eval_acc = v[1] / v[2];
+                }
             }
         }
         if (loud) {
-            printf("step %5d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% | mem %.2f MiB",
-                   st.step, st.loss, st.lr, st.grad_norm, tok_s, 100 * mfu, (double)m.ops.bytes_peak / 1048576.0);
+            printf("step %5d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% | "
+                   "mem %.2f MiB",
+                   st.step, st.loss, st.lr, st.grad_norm, tok_s, 100 * mfu,
+                   (double)m.ops.bytes_peak / 1048576.0);
             if (tc.pp > 1) printf(" | bubble %.1f%%", 100 * st.pp_bubble);
-            if (scaled) printf(" | loss scale %g | skipped %d/%lld", st.loss_scale, st.skipped, (long long)st.skipped_total);
-            if (m.n_moe) {   /* the router: how uneven the experts' loads are, the aux loss, the dropped share */
+            if (scaled)
+                printf(" | loss scale %g | skipped %d/%lld", st.loss_scale, st.skipped,
+                       (long long)st.skipped_total);
+            if (m.n_moe) { /* the router: how uneven the experts' loads are, the aux loss, the dropped share */
                 printf(" | moe imbalance %.2f", st.moe_imbalance);
                 if (mc.moe_balance == US_MOE_BALANCE_AUX) printf(" aux %.4f", st.moe_aux_loss);
                 if (mc.moe_capacity > 0) printf(" dropped %.1f%%", 100 * st.moe_drop_frac);
@@ -527,75 +667,114 @@ static us_result run_rank(us_comm *comm, void *arg) {
         }
         if (logf) {
             fprintf(logf, "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, ", st.step, st.loss, st.lr);
-            if (isfinite(st.grad_norm)) fprintf(logf, "\"grad_norm\": %.6f", st.grad_norm);
-            else fprintf(logf, "\"grad_norm\": null");   /* a step the loss scaler skipped: JSON has no inf / NaN */
-            fprintf(logf, ", \"tok_s\": %.1f, \"mfu\": %.6f, \"mem_bytes\": %zu, \"time_s\": %.3f", tok_s, mfu, m.ops.bytes_peak, now_s() - t_start);
-            if (scaled) fprintf(logf, ", \"loss_scale\": %.17g, \"skipped\": %d, \"skipped_total\": %lld", st.loss_scale, st.skipped, (long long)st.skipped_total);
-            if (tc.pp > 1) fprintf(logf, ", \"pp_bubble\": %.4f, \"pp_tf_ms\": %.3f, \"pp_tb_ms\": %.3f, \"pp_tw_ms\": %.3f",
-                                   st.pp_bubble, st.pp_cost_ms[0], st.pp_cost_ms[1], st.pp_cost_ms[2]);
+            if (isfinite(st.grad_norm))
+                fprintf(logf, "\"grad_norm\": %.6f", st.grad_norm);
+            else
+                fprintf(
+                    logf,
+                    "\"grad_norm\": null"); /* a step the loss scaler skipped: JSON has no inf / NaN */
+            fprintf(logf, ", \"tok_s\": %.1f, \"mfu\": %.6f, \"mem_bytes\": %zu, \"time_s\": %.3f",
+                    tok_s, mfu, m.ops.bytes_peak, now_s() - t_start);
+            if (scaled)
+                fprintf(logf, ", \"loss_scale\": %.17g, \"skipped\": %d, \"skipped_total\": %lld",
+                        st.loss_scale, st.skipped, (long long)st.skipped_total);
+            if (tc.pp > 1)
+                fprintf(logf,
+                        ", \"pp_bubble\": %.4f, \"pp_tf_ms\": %.3f, \"pp_tb_ms\": %.3f, "
+                        "\"pp_tw_ms\": %.3f",
+                        st.pp_bubble, st.pp_cost_ms[0], st.pp_cost_ms[1], st.pp_cost_ms[2]);
             if (m.n_moe) {
                 int e, l2;
-                fprintf(logf, ", \"moe_imbalance\": %.4f, \"moe_aux_loss\": %.6g, \"moe_drop_frac\": %.6f, \"moe_load\": [",
+                fprintf(logf,
+                        ", \"moe_imbalance\": %.4f, \"moe_aux_loss\": %.6g, \"moe_drop_frac\": "
+                        "%.6f, \"moe_load\": [",
                         st.moe_imbalance, st.moe_aux_loss, st.moe_drop_frac);
-                for (e = 0; e < m.cfg.moe_experts; e++) {   /* tokens per expert, summed over the MoE layers */
+                for (e = 0; e < m.cfg.moe_experts;
+                     e++) { /* tokens per expert, summed over the MoE layers */
                     int64_t t = 0;
-                    for (l2 = 0; l2 < m.n_moe; l2++) t += st.moe_load[(size_t)l2 * m.cfg.moe_experts + e];
+                    for (l2 = 0; l2 < m.n_moe; l2++)
+                        t += st.moe_load[(size_t)l2 * m.cfg.moe_experts + e];
                     fprintf(logf, "%s%lld", e ? ", " : "", (long long)t);
                 }
                 fprintf(logf, "]");
             }
-            if (eval_loss >= 0) fprintf(logf, ", \"eval_loss\": %.6f, \"eval_acc\": %.6f", eval_loss, eval_acc);
+            if (eval_loss >= 0)
+                fprintf(logf, ", \"eval_loss\": %.6f, \"eval_acc\": %.6f", eval_loss, eval_acc);
             fprintf(logf, "}\n");
             fflush(logf);
         }
-        if (o->save_dir && ((o->save_every && st.step % o->save_every == 0) || st.step == tc.steps)) {
+        if (o->save_dir &&
+            ((o->save_every && st.step % o->save_every == 0) || st.step == tc.steps)) {
             /* every rank writes its slices into one layout-free checkpoint (a collective) */
             us_ckpt_state cs;
             char dir[4200];
             double t1 = now_s();
             memset(&cs, 0, sizeof cs);
-            cs.n_rng = 3; cs.rng[0] = task.rng.s; cs.rng[1] = eval_task.rng.s; cs.rng[2] = rng.s; cs.data_pos = st.step;
+            cs.n_rng = 3;
+            cs.rng[0] = task.rng.s;
+            cs.rng[1] = eval_task.rng.s;
+            cs.rng[2] = rng.s;
+            cs.data_pos = st.step;
             snprintf(dir, sizeof dir, "%s/step_%08d", o->save_dir, st.step);
-            if ((r = us_ckpt_save(&m, dir, &cs, NULL)) != US_OK) { fprintf(stderr, "train: rank %d: %s\n", rank, us_model_error(&m)); break; }
-            if (rank == 0 && us_ckpt_prune(o->save_dir, o->keep, err, sizeof err) != US_OK) fprintf(stderr, "train: %s\n", err);
+            if ((r = us_ckpt_save(&m, dir, &cs, NULL)) != US_OK) {
+                fprintf(stderr, "train: rank %d: %s\n", rank, us_model_error(&m));
+                break;
+            }
+            if (rank == 0 && us_ckpt_prune(o->save_dir, o->keep, err, sizeof err) != US_OK)
+                fprintf(stderr, "train: %s\n", err);
             if (loud) printf("checkpoint: saved %s in %.2f s\n", dir, now_s() - t1);
         }
     }
 #ifdef ULTRASCALE_NCCL
-    if (r == US_OK) watchdog_stop(&wd);   /* after a failure it stays: the exit below may stall */
+    if (r == US_OK) watchdog_stop(&wd); /* after a failure it stays: the exit below may stall */
 #endif
     if (rank == 0) printf("trained %d steps in %.1f s\n", m.step, now_s() - t_start);
     if (r == US_OK && tc.cp > 1 && (!o->data_path || o->sample_n > 0) && rank == 0)
-        printf("(decoding is not implemented under context parallelism: no exact match or samples)\n");
-    if (r == US_OK && !o->data_path && tc.cp == 1) {   /* every rank decodes (ZeRO-3 gathers need them all) */
+        printf(
+            "(decoding is not implemented under context parallelism: no exact match or samples)\n");
+    if (r == US_OK && !o->data_path &&
+        tc.cp == 1) { /* every rank decodes (ZeRO-3 gathers need them all) */
         char buf[2048];
         double acc = 0;
-        if (us_task_exact_match(&m, &eval_task, 200, &acc, buf, sizeof buf, 5) == US_OK && rank == 0)
+        if (us_task_exact_match(&m, &eval_task, 200, &acc, buf, sizeof buf, 5) == US_OK &&
+            rank == 0)
             printf("sorting exact match on 200 held-out problems: %.1f%%\n%s", 100 * acc, buf);
     }
     if (r == US_OK && o->sample_n > 0 && tc.cp == 1) {
         int32_t prompt[US_TASK_DIGITS + 1], *out;
         int np = 0, n_new;
         char *text;
-        if (o->data_path) { np = tc.seq < 8 ? 1 : 8; memcpy(prompt, o->data.tokens, (size_t)np * 4); }
-        else { np = (int)us_byte_encode("31415926=", prompt, US_TASK_DIGITS + 1); }
+        if (o->data_path) {
+            np = tc.seq < 8 ? 1 : 8;
+            memcpy(prompt, o->data.tokens, (size_t)np * 4);
+        } else {
+            np = (int)us_byte_encode("31415926=", prompt, US_TASK_DIGITS + 1);
+        }
         n_new = o->sample_n < tc.seq - np ? o->sample_n : tc.seq - np;
         out = (int32_t *)malloc((size_t)(np + n_new) * 4);
         text = (char *)malloc((size_t)(np + n_new) + 1);
-        if (out && text && us_sample(&m, prompt, np, n_new, o->temperature, o->top_k, &rng, out) == US_OK && rank == 0) {
+        if (out && text &&
+            us_sample(&m, prompt, np, n_new, o->temperature, o->top_k, &rng, out) == US_OK &&
+            rank == 0) {
             us_byte_decode(out, (size_t)(np + n_new), text, (size_t)(np + n_new) + 1);
-            printf("sample (%d tokens, temperature %.2f%s):\n%s\n", n_new, o->temperature, n_new < o->sample_n ? ", capped at seq" : "", text);
+            printf("sample (%d tokens, temperature %.2f%s):\n%s\n", n_new, o->temperature,
+                   n_new < o->sample_n ? ", capped at seq" : "", text);
         }
-        free(out); free(text);
+        free(out);
+        free(text);
     }
-    if (o->traces && o->world > 1 && comm) {   /* one file for the processes: parts, then rank 0 joins */
+    if (o->traces && o->world > 1 &&
+        comm) { /* one file for the processes: parts, then rank 0 joins */
         us_trace *mine = &o->traces[rank];
         char part[1100];
         snprintf(part, sizeof part, "%s.rank%d", o->trace_path, rank);
-        if (us_trace_write_at(part, &mine, 1, 0, err, sizeof err) != US_OK) fprintf(stderr, "train: %s\n", err);
+        if (us_trace_write_at(part, &mine, 1, 0, err, sizeof err) != US_OK)
+            fprintf(stderr, "train: %s\n", err);
         if (comm->barrier(comm, &comm->world) == US_OK && rank == 0) {
-            if (trace_merge(o->trace_path, o->world)) printf("trace: %s (%d ranks; open in ui.perfetto.dev)\n", o->trace_path, o->world);
-            else fprintf(stderr, "train: could not join the trace parts into %s\n", o->trace_path);
+            if (trace_merge(o->trace_path, o->world))
+                printf("trace: %s (%d ranks; open in ui.perfetto.dev)\n", o->trace_path, o->world);
+            else
+                fprintf(stderr, "train: could not join the trace parts into %s\n", o->trace_path);
         }
     }
 done_model:
@@ -606,11 +785,16 @@ done_model:
            GPU, and freeing device memory would wait for them forever. Leave now; the driver
            reclaims the GPU when the process ends. */
         fprintf(stderr, "train: rank %d: exiting after the communication failure\n", rank);
-        fflush(stdout); fflush(stderr);
+        fflush(stdout);
+        fflush(stderr);
         _Exit(1);
     }
 #endif
-    free(gin); free(gtgt); free(in); free(tgt); free(cpos);
+    free(gin);
+    free(gtgt);
+    free(in);
+    free(tgt);
+    free(cpos);
     if (comm) comm->trace = NULL;
     us_model_free(&m);
 done_ops:
@@ -635,27 +819,45 @@ static us_result run_cuda(opts *o, int argc, char **argv) {
         if (rc) fprintf(stderr, "train: %s\n", err);
         return rc ? US_ERR_BACKEND : US_OK;
     }
-    if (us_dist_env_read(&env, err, sizeof err) != US_OK) { fprintf(stderr, "train: %s\n", err); return US_ERR_INVALID; }
-    o->world = env.world_size; o->rank = env.rank;
+    if (us_dist_env_read(&env, err, sizeof err) != US_OK) {
+        fprintf(stderr, "train: %s\n", err);
+        return US_ERR_INVALID;
+    }
+    o->world = env.world_size;
+    o->rank = env.rank;
     if (!o->gpu_set) o->gpu = env.local_rank;
     if (env.world_size > 1) {
 #ifdef ULTRASCALE_NCCL
         if (o->tc.dp * o->tc.pp * o->tc.cp * o->tc.tp != env.world_size) {
-            fprintf(stderr, "train: the launcher started %d processes but --dp %d x --cp %d x --tp %d = %d\n", env.world_size, o->tc.dp, o->tc.cp, o->tc.tp, o->tc.dp * o->tc.pp * o->tc.cp * o->tc.tp);
+            fprintf(
+                stderr,
+                "train: the launcher started %d processes but --dp %d x --cp %d x --tp %d = %d\n",
+                env.world_size, o->tc.dp, o->tc.cp, o->tc.tp,
+                o->tc.dp * o->tc.pp * o->tc.cp * o->tc.tp);
             return US_ERR_INVALID;
         }
 #else
-        fprintf(stderr, "train: %d processes but this build has no NCCL (compile with -DULTRASCALE_NCCL)\n", env.world_size);
+        fprintf(stderr,
+                "train: %d processes but this build has no NCCL (compile with -DULTRASCALE_NCCL)\n",
+                env.world_size);
         return US_ERR_INVALID;
 #endif
     } else if (o->tc.dp * o->tc.pp * o->tc.cp * o->tc.tp > 1) {
-        fprintf(stderr, "train: --dp %d on CUDA needs one process per GPU: add --nproc %d (or start it with torchrun)\n", o->tc.dp, o->tc.dp);
+        fprintf(stderr,
+                "train: --dp %d on CUDA needs one process per GPU: add --nproc %d (or start it "
+                "with torchrun)\n",
+                o->tc.dp, o->tc.dp);
         return US_ERR_INVALID;
     }
     return run_rank(NULL, o);
 }
 #else
-static us_result run_cuda(opts *o, int argc, char **argv) { (void)o; (void)argc; (void)argv; return US_ERR_INVALID; }
+static us_result run_cuda(opts *o, int argc, char **argv) {
+    (void)o;
+    (void)argc;
+    (void)argv;
+    return US_ERR_INVALID;
+}
 #endif
 
 int main(int argc, char **argv) {
@@ -663,7 +865,7 @@ int main(int argc, char **argv) {
     us_train_config tc;
     opts o;
     int i, vocab = 0, dim = 0, ffn = 0;
-    const char *accum_flag = NULL;   /* --grad-accum or --micro-batches, whichever came */
+    const char *accum_flag = NULL; /* --grad-accum or --micro-batches, whichever came */
     float clip = 1.0f;
     char err[256];
     us_result r;
@@ -671,12 +873,16 @@ int main(int argc, char **argv) {
 #ifdef _OPENMP
     /* OpenMP threads that sleep while they wait, unless the user chose: libgomp reads the policy
        once, as the program starts, so the program starts itself again with it set */
-    if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "passive", 1) == 0) execv("/proc/self/exe", argv);
+    if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "passive", 1) == 0)
+        execv("/proc/self/exe", argv);
 #endif
     memset(&mc, 0, sizeof mc);
     memset(&tc, 0, sizeof tc);
     memset(&o, 0, sizeof o);
-    o.eval_every = 100; o.temperature = 0.8f; o.keep = 3; o.val_frac = -1;
+    o.eval_every = 100;
+    o.temperature = 0.8f;
+    o.keep = 3;
+    o.val_frac = -1;
 #ifdef US_CUDA
     o.use_cuda = 1;
 #endif
@@ -684,161 +890,292 @@ int main(int argc, char **argv) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL, *eq = strchr(f, '=');
         int ok = 1, takes = 1;
         char name[64];
-        if (!strncmp(f, "--", 2) && eq) {   /* --flag=value */
+        if (!strncmp(f, "--", 2) && eq) { /* --flag=value */
             if ((size_t)(eq - f) >= sizeof name) return bad("unknown flag", f);
             memcpy(name, f, (size_t)(eq - f));
             name[eq - f] = 0;
             f = name;
             v = eq + 1;
         }
-        if (!strcmp(f, "--help") || !strcmp(f, "-h")) { usage(stdout); return 0; }
-        else if (!strcmp(f, "--tied")) { mc.tie_embeddings = 1; takes = 0; }
-        else if (!strcmp(f, "--dense-emb-grad")) { tc.dense_emb_grad = 1; takes = 0; }
-        else if (!strcmp(f, "--tp-no-overlap")) { tc.tp_no_overlap = 1; takes = 0; }
-        else if (!strcmp(f, "--overlap-sms")) ok = parse_int(v, 0, 4096, &tc.overlap_sms);
-        else if (!strcmp(f, "--quiet")) { o.quiet = 1; takes = 0; }
-        else if (!strcmp(f, "--sp")) { tc.sp = 1; takes = 0; }
-        else if (!strcmp(f, "--pp-clock")) { tc.pp_clock = 1; takes = 0; }
-        else if (!strcmp(f, "--fp8-pow2")) { tc.fp8_pow2 = 1; takes = 0; }
-        else if (!strcmp(f, "--fp8-no-weight-cache")) { tc.fp8_no_wcache = 1; takes = 0; }
-        else if (!strcmp(f, "--fp8-min-dim")) ok = parse_int(v, 1, 1 << 20, &tc.fp8_min_dim);
-        else if (!strcmp(f, "--shared-expert")) { mc.moe_shared = 1; takes = 0; }
-        else if (strncmp(f, "--", 2)) return bad("unexpected argument", f);
-        else if (!v) return bad(known_flag(f) ? "missing value for" : "unknown flag", f);
-        else if (!strcmp(f, "--layers")) ok = parse_int(v, 1, 1 << 16, &mc.n_layers);
-        else if (!strcmp(f, "--dim")) ok = parse_int(v, 2, 1 << 20, &dim);
-        else if (!strcmp(f, "--heads")) ok = parse_int(v, 1, 1 << 16, &mc.n_heads);
-        else if (!strcmp(f, "--kv-heads")) ok = parse_int(v, 1, 1 << 16, &mc.n_kv_heads);
-        else if (!strcmp(f, "--ffn")) ok = parse_int(v, 1, 1 << 24, &ffn);
-        else if (!strcmp(f, "--vocab")) ok = parse_int(v, 2, 1 << 30, &vocab);
-        else if (!strcmp(f, "--rope-theta")) ok = parse_float(v, 1e-3f, 1e12f, &mc.rope_theta);
-        else if (!strcmp(f, "--seq")) ok = parse_int(v, 1, 1 << 24, &tc.seq);
-        else if (!strcmp(f, "--batch")) ok = parse_int(v, 1, 1 << 24, &tc.batch);
-        else if (!strcmp(f, "--grad-accum") || !strcmp(f, "--micro-batches")) {   /* one setting, two names */
+        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(f, "--tied")) {
+            mc.tie_embeddings = 1;
+            takes = 0;
+        } else if (!strcmp(f, "--dense-emb-grad")) {
+            tc.dense_emb_grad = 1;
+            takes = 0;
+        } else if (!strcmp(f, "--tp-no-overlap")) {
+            tc.tp_no_overlap = 1;
+            takes = 0;
+        } else if (!strcmp(f, "--overlap-sms"))
+            ok = parse_int(v, 0, 4096, &tc.overlap_sms);
+        else if (!strcmp(f, "--quiet")) {
+            o.quiet = 1;
+            takes = 0;
+        } else if (!strcmp(f, "--sp")) {
+            tc.sp = 1;
+            takes = 0;
+        } else if (!strcmp(f, "--pp-clock")) {
+            tc.pp_clock = 1;
+            takes = 0;
+        } else if (!strcmp(f, "--fp8-pow2")) {
+            tc.fp8_pow2 = 1;
+            takes = 0;
+        } else if (!strcmp(f, "--fp8-no-weight-cache")) {
+            tc.fp8_no_wcache = 1;
+            takes = 0;
+        } else if (!strcmp(f, "--fp8-min-dim"))
+            ok = parse_int(v, 1, 1 << 20, &tc.fp8_min_dim);
+        else if (!strcmp(f, "--shared-expert")) {
+            mc.moe_shared = 1;
+            takes = 0;
+        } else if (strncmp(f, "--", 2))
+            return bad("unexpected argument", f);
+        else if (!v)
+            return bad(known_flag(f) ? "missing value for" : "unknown flag", f);
+        else if (!strcmp(f, "--layers"))
+            ok = parse_int(v, 1, 1 << 16, &mc.n_layers);
+        else if (!strcmp(f, "--dim"))
+            ok = parse_int(v, 2, 1 << 20, &dim);
+        else if (!strcmp(f, "--heads"))
+            ok = parse_int(v, 1, 1 << 16, &mc.n_heads);
+        else if (!strcmp(f, "--kv-heads"))
+            ok = parse_int(v, 1, 1 << 16, &mc.n_kv_heads);
+        else if (!strcmp(f, "--ffn"))
+            ok = parse_int(v, 1, 1 << 24, &ffn);
+        else if (!strcmp(f, "--vocab"))
+            ok = parse_int(v, 2, 1 << 30, &vocab);
+        else if (!strcmp(f, "--rope-theta"))
+            ok = parse_float(v, 1e-3f, 1e12f, &mc.rope_theta);
+        else if (!strcmp(f, "--seq"))
+            ok = parse_int(v, 1, 1 << 24, &tc.seq);
+        else if (!strcmp(f, "--batch"))
+            ok = parse_int(v, 1, 1 << 24, &tc.batch);
+        else if (!strcmp(f, "--grad-accum") ||
+                 !strcmp(f, "--micro-batches")) { /* one setting, two names */
             int prev = tc.grad_accum;
             ok = parse_int(v, 1, 1 << 20, &tc.grad_accum);
             if (ok && accum_flag && strcmp(accum_flag, f) && prev != tc.grad_accum) {
-                fprintf(stderr, "train: %s %d and %s %d disagree: both set the micro-batches per step; give one\n", accum_flag, prev, f,
-                        tc.grad_accum);
+                fprintf(stderr,
+                        "train: %s %d and %s %d disagree: both set the micro-batches per step; "
+                        "give one\n",
+                        accum_flag, prev, f, tc.grad_accum);
                 return 2;
             }
             accum_flag = !strcmp(f, "--grad-accum") ? "--grad-accum" : "--micro-batches";
-        }
-        else if (!strcmp(f, "--steps")) ok = parse_int(v, 1, 1 << 30, &tc.steps);
-        else if (!strcmp(f, "--lr")) ok = parse_float(v, 1e-12f, 1e3f, &tc.lr);
-        else if (!strcmp(f, "--warmup")) ok = parse_int(v, 0, 1 << 30, &tc.warmup);
-        else if (!strcmp(f, "--min-lr-frac")) ok = parse_float(v, 0, 1, &tc.min_lr_frac);
-        else if (!strcmp(f, "--wd")) { ok = parse_float(v, 0, 1e3f, &tc.weight_decay); if (ok && tc.weight_decay == 0) tc.weight_decay = -1; }
-        else if (!strcmp(f, "--clip")) ok = parse_float(v, 0, 1e30f, &clip);
-        else if (!strcmp(f, "--seed")) { int s; ok = parse_int(v, 1, 0x7fffffff, &s); tc.seed = (uint64_t)s; }
-        else if (!strcmp(f, "--threads")) ok = parse_int(v, 1, 4096, &tc.threads);
-        else if (!strcmp(f, "--gpu")) { ok = parse_int(v, 0, 1023, &o.gpu); o.gpu_set = 1; }
-        else if (!strcmp(f, "--dp")) ok = parse_int(v, 1, 4096, &tc.dp);
-        else if (!strcmp(f, "--tp")) ok = parse_int(v, 1, 4096, &tc.tp);
-        else if (!strcmp(f, "--cp")) ok = parse_int(v, 1, 4096, &tc.cp);
-        else if (!strcmp(f, "--ep")) ok = parse_int(v, 1, 4096, &tc.ep);
-        else if (!strcmp(f, "--pp")) ok = parse_int(v, 1, 4096, &tc.pp);
+        } else if (!strcmp(f, "--steps"))
+            ok = parse_int(v, 1, 1 << 30, &tc.steps);
+        else if (!strcmp(f, "--lr"))
+            ok = parse_float(v, 1e-12f, 1e3f, &tc.lr);
+        else if (!strcmp(f, "--warmup"))
+            ok = parse_int(v, 0, 1 << 30, &tc.warmup);
+        else if (!strcmp(f, "--min-lr-frac"))
+            ok = parse_float(v, 0, 1, &tc.min_lr_frac);
+        else if (!strcmp(f, "--wd")) {
+            ok = parse_float(v, 0, 1e3f, &tc.weight_decay);
+            if (ok && tc.weight_decay == 0) tc.weight_decay = -1;
+        } else if (!strcmp(f, "--clip"))
+            ok = parse_float(v, 0, 1e30f, &clip);
+        else if (!strcmp(f, "--seed")) {
+            int s;
+            ok = parse_int(v, 1, 0x7fffffff, &s);
+            tc.seed = (uint64_t)s;
+        } else if (!strcmp(f, "--threads"))
+            ok = parse_int(v, 1, 4096, &tc.threads);
+        else if (!strcmp(f, "--gpu")) {
+            ok = parse_int(v, 0, 1023, &o.gpu);
+            o.gpu_set = 1;
+        } else if (!strcmp(f, "--dp"))
+            ok = parse_int(v, 1, 4096, &tc.dp);
+        else if (!strcmp(f, "--tp"))
+            ok = parse_int(v, 1, 4096, &tc.tp);
+        else if (!strcmp(f, "--cp"))
+            ok = parse_int(v, 1, 4096, &tc.cp);
+        else if (!strcmp(f, "--ep"))
+            ok = parse_int(v, 1, 4096, &tc.ep);
+        else if (!strcmp(f, "--pp"))
+            ok = parse_int(v, 1, 4096, &tc.pp);
         else if (!strcmp(f, "--pp-schedule")) {
-            if (!strcmp(v, "afab")) tc.pp_schedule = US_PP_AFAB;
-            else if (!strcmp(v, "1f1b")) tc.pp_schedule = US_PP_1F1B;
-            else if (!strcmp(v, "zb1")) tc.pp_schedule = US_PP_ZB1;
-            else if (!strcmp(v, "interleaved")) tc.pp_schedule = US_PP_INTERLEAVED;
-            else if (!strcmp(v, "interleaved-bf")) tc.pp_schedule = US_PP_INTERLEAVED_BF;
-            else if (!strcmp(v, "zbv")) tc.pp_schedule = US_PP_ZBV;
-            else if (!strcmp(v, "dualpipev")) tc.pp_schedule = US_PP_DUALPIPEV;
-            else return bad("--pp-schedule must be afab, 1f1b, interleaved, interleaved-bf, zb1, zbv or dualpipev, got", v);
-        }
-        else if (!strcmp(f, "--pp-chunks")) ok = parse_int(v, 1, 16, &tc.pp_chunks);
-        else if (!strcmp(f, "--pp-layers")) {   /* a comma-separated count per stage */
+            if (!strcmp(v, "afab"))
+                tc.pp_schedule = US_PP_AFAB;
+            else if (!strcmp(v, "1f1b"))
+                tc.pp_schedule = US_PP_1F1B;
+            else if (!strcmp(v, "zb1"))
+                tc.pp_schedule = US_PP_ZB1;
+            else if (!strcmp(v, "interleaved"))
+                tc.pp_schedule = US_PP_INTERLEAVED;
+            else if (!strcmp(v, "interleaved-bf"))
+                tc.pp_schedule = US_PP_INTERLEAVED_BF;
+            else if (!strcmp(v, "zbv"))
+                tc.pp_schedule = US_PP_ZBV;
+            else if (!strcmp(v, "dualpipev"))
+                tc.pp_schedule = US_PP_DUALPIPEV;
+            else
+                return bad("--pp-schedule must be afab, 1f1b, interleaved, interleaved-bf, zb1, "
+                           "zbv or dualpipev, got",
+                           v);
+        } else if (!strcmp(f, "--pp-chunks"))
+            ok = parse_int(v, 1, 16, &tc.pp_chunks);
+        else if (!strcmp(f, "--pp-layers")) { /* a comma-separated count per stage */
             static int counts[1024];
             int k = 0;
             const char *p = v;
             for (;;) {
                 char *end;
                 long x = strtol(p, &end, 10);
-                if (end == p || x < 1 || x > 1 << 20 || k == 1024) return bad("--pp-layers takes positive layer counts separated by commas, got", v);
+                if (end == p || x < 1 || x > 1 << 20 || k == 1024)
+                    return bad("--pp-layers takes positive layer counts separated by commas, got",
+                               v);
                 counts[k++] = (int)x;
                 if (*end == 0) break;
-                if (*end != ',') return bad("--pp-layers takes positive layer counts separated by commas, got", v);
+                if (*end != ',')
+                    return bad("--pp-layers takes positive layer counts separated by commas, got",
+                               v);
                 p = end + 1;
             }
             tc.pp_layers = counts;
             o.pp_layers_n = k;
-        }
-        else if (!strcmp(f, "--cp-mode")) {
-            if (!strcmp(v, "ring")) tc.cp_mode = US_CP_RING;
-            else if (!strcmp(v, "zigzag")) tc.cp_mode = US_CP_ZIGZAG;
-            else if (!strcmp(v, "allgather")) tc.cp_mode = US_CP_ALLGATHER;
-            else return bad("--cp-mode must be ring, zigzag or allgather, got", v);
-        }
-        else if (!strcmp(f, "--zero")) ok = parse_int(v, 0, 3, &tc.zero);
-        else if (!strcmp(f, "--bucket-mb")) ok = parse_float(v, 1e-6f, 1e6f, &tc.bucket_mb);
-        else if (!strcmp(f, "--nproc")) ok = parse_int(v, 1, 1024, &o.nproc);
-        else if (!strcmp(f, "--comm-timeout")) ok = parse_float(v, 1e-3f, 1e7f, &o.comm_timeout);
-        else if (!strcmp(f, "--trace")) o.trace_path = v;
+        } else if (!strcmp(f, "--cp-mode")) {
+            if (!strcmp(v, "ring"))
+                tc.cp_mode = US_CP_RING;
+            else if (!strcmp(v, "zigzag"))
+                tc.cp_mode = US_CP_ZIGZAG;
+            else if (!strcmp(v, "allgather"))
+                tc.cp_mode = US_CP_ALLGATHER;
+            else
+                return bad("--cp-mode must be ring, zigzag or allgather, got", v);
+        } else if (!strcmp(f, "--zero"))
+            ok = parse_int(v, 0, 3, &tc.zero);
+        else if (!strcmp(f, "--bucket-mb"))
+            ok = parse_float(v, 1e-6f, 1e6f, &tc.bucket_mb);
+        else if (!strcmp(f, "--nproc"))
+            ok = parse_int(v, 1, 1024, &o.nproc);
+        else if (!strcmp(f, "--comm-timeout"))
+            ok = parse_float(v, 1e-3f, 1e7f, &o.comm_timeout);
+        else if (!strcmp(f, "--trace"))
+            o.trace_path = v;
         else if (!strcmp(f, "--device")) {
-            if (!strcmp(v, "cpu")) o.use_cuda = 0;
+            if (!strcmp(v, "cpu"))
+                o.use_cuda = 0;
             else if (!strcmp(v, "cuda")) {
 #ifdef US_CUDA
                 o.use_cuda = 1;
 #else
-                fprintf(stderr, "train: this build has no CUDA backend; build it with make train-cuda\n");
+                fprintf(stderr,
+                        "train: this build has no CUDA backend; build it with make train-cuda\n");
                 return 2;
 #endif
-            } else return bad("--device must be cpu or cuda, got", v);
-        }
-        else if (!strcmp(f, "--data")) o.data_path = v;
-        else if (!strcmp(f, "--save")) o.save_dir = v;
-        else if (!strcmp(f, "--save-every")) ok = parse_int(v, 1, 1 << 30, &o.save_every);
-        else if (!strcmp(f, "--keep")) ok = parse_int(v, 0, 1 << 20, &o.keep);
-        else if (!strcmp(f, "--resume")) o.resume_dir = v;
-        else if (!strcmp(f, "--init-from")) o.init_dir = v;
-        else if (!strcmp(f, "--log")) o.log_path = v;
-        else if (!strcmp(f, "--eval-every")) ok = parse_int(v, 0, 1 << 30, &o.eval_every);
-        else if (!strcmp(f, "--val-frac")) ok = parse_float(v, 0.0f, 0.99f, &o.val_frac);
-        else if (!strcmp(f, "--sample")) ok = parse_int(v, 0, 1 << 24, &o.sample_n);
-        else if (!strcmp(f, "--temperature")) ok = parse_float(v, 0, 100, &o.temperature);
-        else if (!strcmp(f, "--sample-top-k")) ok = parse_int(v, 0, 1 << 30, &o.top_k);
-        else if (!strcmp(f, "--experts")) ok = parse_int(v, 0, 1 << 20, &mc.moe_experts);
-        else if (!strcmp(f, "--top-k")) ok = parse_int(v, 1, 1 << 20, &mc.moe_top_k);
-        else if (!strcmp(f, "--moe-ffn")) { int x; ok = parse_int(v, 1, 1 << 24, &x); mc.moe_ffn_dim = x; }
-        else if (!strcmp(f, "--moe-bias-rate")) { ok = parse_float(v, 0, 1e3f, &mc.moe_bias_rate); if (ok && mc.moe_bias_rate == 0) return bad("--moe-bias-rate must be positive (use --moe-balance none to turn balancing off), got", v); }
-        else if (!strcmp(f, "--moe-aux-coef")) { ok = parse_float(v, 0, 1e3f, &mc.moe_aux_coef); if (ok && mc.moe_aux_coef == 0) return bad("--moe-aux-coef must be positive (use --moe-balance none to turn balancing off), got", v); }
-        else if (!strcmp(f, "--capacity-factor")) ok = parse_float(v, 0, 1e6f, &mc.moe_capacity);
-        else if (!strcmp(f, "--moe-groups")) ok = parse_int(v, 1, 64, &mc.moe_groups);
-        else if (!strcmp(f, "--moe-top-groups")) ok = parse_int(v, 1, 64, &mc.moe_top_groups);
-        else if (!strcmp(f, "--moe-first-dense")) ok = parse_int(v, 0, 1 << 16, &mc.moe_first_dense);
-        else if (!strcmp(f, "--moe-every")) ok = parse_int(v, 1, 1 << 16, &mc.moe_every);
+            } else
+                return bad("--device must be cpu or cuda, got", v);
+        } else if (!strcmp(f, "--data"))
+            o.data_path = v;
+        else if (!strcmp(f, "--save"))
+            o.save_dir = v;
+        else if (!strcmp(f, "--save-every"))
+            ok = parse_int(v, 1, 1 << 30, &o.save_every);
+        else if (!strcmp(f, "--keep"))
+            ok = parse_int(v, 0, 1 << 20, &o.keep);
+        else if (!strcmp(f, "--resume"))
+            o.resume_dir = v;
+        else if (!strcmp(f, "--init-from"))
+            o.init_dir = v;
+        else if (!strcmp(f, "--log"))
+            o.log_path = v;
+        else if (!strcmp(f, "--eval-every"))
+            ok = parse_int(v, 0, 1 << 30, &o.eval_every);
+        else if (!strcmp(f, "--val-frac"))
+            ok = parse_float(v, 0.0f, 0.99f, &o.val_frac);
+        else if (!strcmp(f, "--sample"))
+            ok = parse_int(v, 0, 1 << 24, &o.sample_n);
+        else if (!strcmp(f, "--temperature"))
+            ok = parse_float(v, 0, 100, &o.temperature);
+        else if (!strcmp(f, "--sample-top-k"))
+            ok = parse_int(v, 0, 1 << 30, &o.top_k);
+        else if (!strcmp(f, "--experts"))
+            ok = parse_int(v, 0, 1 << 20, &mc.moe_experts);
+        else if (!strcmp(f, "--top-k"))
+            ok = parse_int(v, 1, 1 << 20, &mc.moe_top_k);
+        else if (!strcmp(f, "--moe-ffn")) {
+            int x;
+            ok = parse_int(v, 1, 1 << 24, &x);
+            mc.moe_ffn_dim = x;
+        } else if (!strcmp(f, "--moe-bias-rate")) {
+            ok = parse_float(v, 0, 1e3f, &mc.moe_bias_rate);
+            if (ok && mc.moe_bias_rate == 0)
+                return bad("--moe-bias-rate must be positive (use --moe-balance none to turn "
+                           "balancing off), got",
+                           v);
+        } else if (!strcmp(f, "--moe-aux-coef")) {
+            ok = parse_float(v, 0, 1e3f, &mc.moe_aux_coef);
+            if (ok && mc.moe_aux_coef == 0)
+                return bad("--moe-aux-coef must be positive (use --moe-balance none to turn "
+                           "balancing off), got",
+                           v);
+        } else if (!strcmp(f, "--capacity-factor"))
+            ok = parse_float(v, 0, 1e6f, &mc.moe_capacity);
+        else if (!strcmp(f, "--moe-groups"))
+            ok = parse_int(v, 1, 64, &mc.moe_groups);
+        else if (!strcmp(f, "--moe-top-groups"))
+            ok = parse_int(v, 1, 64, &mc.moe_top_groups);
+        else if (!strcmp(f, "--moe-first-dense"))
+            ok = parse_int(v, 0, 1 << 16, &mc.moe_first_dense);
+        else if (!strcmp(f, "--moe-every"))
+            ok = parse_int(v, 1, 1 << 16, &mc.moe_every);
         else if (!strcmp(f, "--moe-gate")) {
-            if (!strcmp(v, "softmax")) mc.moe_gate = US_MOE_SOFTMAX;
-            else if (!strcmp(v, "sigmoid")) mc.moe_gate = US_MOE_SIGMOID;
-            else return bad("--moe-gate must be softmax or sigmoid, got", v);
+            if (!strcmp(v, "softmax"))
+                mc.moe_gate = US_MOE_SOFTMAX;
+            else if (!strcmp(v, "sigmoid"))
+                mc.moe_gate = US_MOE_SIGMOID;
+            else
+                return bad("--moe-gate must be softmax or sigmoid, got", v);
         } else if (!strcmp(f, "--moe-balance")) {
-            if (!strcmp(v, "bias")) mc.moe_balance = US_MOE_BALANCE_BIAS;
-            else if (!strcmp(v, "aux")) mc.moe_balance = US_MOE_BALANCE_AUX;
-            else if (!strcmp(v, "none")) mc.moe_balance = US_MOE_BALANCE_NONE;
-            else return bad("--moe-balance must be bias, aux or none, got", v);
-        }
-        else if (!strcmp(f, "--loss-scale")) ok = parse_float(v, 0, 3e38f, &tc.loss_scale);
-        else if (!strcmp(f, "--loss-scale-window")) ok = parse_int(v, 1, 1 << 30, &tc.loss_scale_window);
-        else if (!strcmp(f, "--peak-tflops")) ok = parse_float(v, 1e-6f, 1e9f, &o.peak_tflops);
+            if (!strcmp(v, "bias"))
+                mc.moe_balance = US_MOE_BALANCE_BIAS;
+            else if (!strcmp(v, "aux"))
+                mc.moe_balance = US_MOE_BALANCE_AUX;
+            else if (!strcmp(v, "none"))
+                mc.moe_balance = US_MOE_BALANCE_NONE;
+            else
+                return bad("--moe-balance must be bias, aux or none, got", v);
+        } else if (!strcmp(f, "--loss-scale"))
+            ok = parse_float(v, 0, 3e38f, &tc.loss_scale);
+        else if (!strcmp(f, "--loss-scale-window"))
+            ok = parse_int(v, 1, 1 << 30, &tc.loss_scale_window);
+        else if (!strcmp(f, "--peak-tflops"))
+            ok = parse_float(v, 1e-6f, 1e9f, &o.peak_tflops);
         else if (!strcmp(f, "--schedule")) {
-            if (!strcmp(v, "cosine")) tc.schedule = US_LR_COSINE;
-            else if (!strcmp(v, "constant")) tc.schedule = US_LR_CONSTANT;
-            else return bad("--schedule must be cosine or constant, got", v);
+            if (!strcmp(v, "cosine"))
+                tc.schedule = US_LR_COSINE;
+            else if (!strcmp(v, "constant"))
+                tc.schedule = US_LR_CONSTANT;
+            else
+                return bad("--schedule must be cosine or constant, got", v);
         } else if (!strcmp(f, "--precision")) {
-            if (!strcmp(v, "fp32")) tc.precision = US_PRECISION_FP32;
-            else if (!strcmp(v, "bf16")) tc.precision = US_PRECISION_BF16;
-            else if (!strcmp(v, "fp16")) tc.precision = US_PRECISION_FP16;
-            else if (!strcmp(v, "fp8")) tc.precision = US_PRECISION_FP8;
-            else if (!strcmp(v, "fp8-tensor")) tc.precision = US_PRECISION_FP8_TENSOR;
-            else return bad("--precision must be fp32, bf16, fp16, fp8 or fp8-tensor, got", v);
+            if (!strcmp(v, "fp32"))
+                tc.precision = US_PRECISION_FP32;
+            else if (!strcmp(v, "bf16"))
+                tc.precision = US_PRECISION_BF16;
+            else if (!strcmp(v, "fp16"))
+                tc.precision = US_PRECISION_FP16;
+            else if (!strcmp(v, "fp8"))
+                tc.precision = US_PRECISION_FP8;
+            else if (!strcmp(v, "fp8-tensor"))
+                tc.precision = US_PRECISION_FP8_TENSOR;
+            else
+                return bad("--precision must be fp32, bf16, fp16, fp8 or fp8-tensor, got", v);
         } else if (!strcmp(f, "--recompute")) {
-            if (!strcmp(v, "none")) tc.recompute = US_RECOMPUTE_NONE;
-            else if (!strcmp(v, "selective")) tc.recompute = US_RECOMPUTE_SELECTIVE;
-            else if (!strcmp(v, "full")) tc.recompute = US_RECOMPUTE_FULL;
-            else return bad("--recompute must be none, selective or full, got", v);
-        } else return bad("unknown flag", f);
+            if (!strcmp(v, "none"))
+                tc.recompute = US_RECOMPUTE_NONE;
+            else if (!strcmp(v, "selective"))
+                tc.recompute = US_RECOMPUTE_SELECTIVE;
+            else if (!strcmp(v, "full"))
+                tc.recompute = US_RECOMPUTE_FULL;
+            else
+                return bad("--recompute must be none, selective or full, got", v);
+        } else
+            return bad("unknown flag", f);
         if (!ok) {
             char msg[96];
             snprintf(msg, sizeof msg, "bad value for %s:", f);
@@ -850,30 +1187,61 @@ int main(int argc, char **argv) {
         }
         if (f != name) i += takes;
     }
-    mc.vocab = vocab; mc.dim = dim; mc.ffn_dim = ffn;
-    if (!mc.moe_experts && (mc.moe_top_k || mc.moe_shared || mc.moe_ffn_dim || mc.moe_gate || mc.moe_balance || mc.moe_bias_rate != 0 ||
-                            mc.moe_aux_coef != 0 || mc.moe_capacity != 0 || mc.moe_groups || mc.moe_top_groups || mc.moe_first_dense || mc.moe_every)) {
-        fprintf(stderr, "train: --top-k and the other --moe flags configure a mixture of experts and need --experts E (sampling's top-k is --sample-top-k)\n");
+    mc.vocab = vocab;
+    mc.dim = dim;
+    mc.ffn_dim = ffn;
+    if (!mc.moe_experts &&
+        (mc.moe_top_k || mc.moe_shared || mc.moe_ffn_dim || mc.moe_gate || mc.moe_balance ||
+         mc.moe_bias_rate != 0 || mc.moe_aux_coef != 0 || mc.moe_capacity != 0 || mc.moe_groups ||
+         mc.moe_top_groups || mc.moe_first_dense || mc.moe_every)) {
+        fprintf(stderr, "train: --top-k and the other --moe flags configure a mixture of experts "
+                        "and need --experts E (sampling's top-k is --sample-top-k)\n");
         return 2;
     }
     tc.grad_clip = clip > 0 ? clip : -1.0f;
-    if (o.save_every && !o.save_dir) { fprintf(stderr, "train: --save-every needs --save DIR\n"); return 2; }
-    if (o.resume_dir && o.init_dir) { fprintf(stderr, "train: --resume continues a run and --init-from starts a new one from weights: give one of them\n"); return 2; }
-    if (o.resume_dir || o.init_dir) {   /* the model's shape comes from the checkpoint's config.json */
+    if (o.save_every && !o.save_dir) {
+        fprintf(stderr, "train: --save-every needs --save DIR\n");
+        return 2;
+    }
+    if (o.resume_dir && o.init_dir) {
+        fprintf(stderr, "train: --resume continues a run and --init-from starts a new one from "
+                        "weights: give one of them\n");
+        return 2;
+    }
+    if (o.resume_dir ||
+        o.init_dir) { /* the model's shape comes from the checkpoint's config.json */
         const char *from = o.resume_dir ? o.resume_dir : o.init_dir;
         if (o.resume_dir) {
-            if (us_ckpt_latest(from, o.ckpt_from, sizeof o.ckpt_from, err, sizeof err) != US_OK) { fprintf(stderr, "train: --resume: %s\n", err); return 2; }
-        } else snprintf(o.ckpt_from, sizeof o.ckpt_from, "%s", from);
-        if (us_ckpt_read_config(o.ckpt_from, &mc, err, sizeof err) != US_OK) { fprintf(stderr, "train: %s\n", err); return 2; }
+            if (us_ckpt_latest(from, o.ckpt_from, sizeof o.ckpt_from, err, sizeof err) != US_OK) {
+                fprintf(stderr, "train: --resume: %s\n", err);
+                return 2;
+            }
+        } else
+            snprintf(o.ckpt_from, sizeof o.ckpt_from, "%s", from);
+        if (us_ckpt_read_config(o.ckpt_from, &mc, err, sizeof err) != US_OK) {
+            fprintf(stderr, "train: %s\n", err);
+            return 2;
+        }
     }
-    if (o.save_dir && mkdir(o.save_dir, 0755) != 0 && errno != EEXIST) { fprintf(stderr, "train: cannot create --save directory %s: %s\n", o.save_dir, strerror(errno)); return 2; }
-    if (o.save_dir) {   /* there, and writable: found now, not after training */
+    if (o.save_dir && mkdir(o.save_dir, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "train: cannot create --save directory %s: %s\n", o.save_dir,
+                strerror(errno));
+        return 2;
+    }
+    if (o.save_dir) { /* there, and writable: found now, not after training */
         struct stat sb;
-        if (stat(o.save_dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) { fprintf(stderr, "train: --save %s exists and is not a directory\n", o.save_dir); return 2; }
-        if (access(o.save_dir, W_OK | X_OK) != 0) { fprintf(stderr, "train: cannot write into --save directory %s: %s\n", o.save_dir, strerror(errno)); return 2; }
+        if (stat(o.save_dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+            fprintf(stderr, "train: --save %s exists and is not a directory\n", o.save_dir);
+            return 2;
+        }
+        if (access(o.save_dir, W_OK | X_OK) != 0) {
+            fprintf(stderr, "train: cannot write into --save directory %s: %s\n", o.save_dir,
+                    strerror(errno));
+            return 2;
+        }
     }
     if (o.trace_path && !writable_file(o.trace_path, "--trace")) return 2;
-    if (!o.data_path) {   /* the built-in task: a small model, sequences of whole problems */
+    if (!o.data_path) { /* the built-in task: a small model, sequences of whole problems */
         if (!tc.seq) tc.seq = 4 * US_TASK_LINE - 1;
         if (!tc.batch) tc.batch = 16;
         if (!tc.steps) tc.steps = 1500;
@@ -882,21 +1250,39 @@ int main(int argc, char **argv) {
         if (tc.lr == 0) tc.lr = 1e-2f;
         if (!tc.warmup) tc.warmup = 20;
         if (tc.seq < US_TASK_LINE - 1) {
-            fprintf(stderr, "train: the built-in task needs --seq of at least %d\n", US_TASK_LINE - 1);
+            fprintf(stderr, "train: the built-in task needs --seq of at least %d\n",
+                    US_TASK_LINE - 1);
             return 2;
         }
     }
-    if (o.nproc && !o.use_cuda) { fprintf(stderr, "train: --nproc starts one process per GPU; on the CPU use --dp N (threads)\n"); return 2; }
-    if (o.nproc) {   /* each process is one rank of the dp x pp x cp x tp mesh */
+    if (o.nproc && !o.use_cuda) {
+        fprintf(stderr,
+                "train: --nproc starts one process per GPU; on the CPU use --dp N (threads)\n");
+        return 2;
+    }
+    if (o.nproc) { /* each process is one rank of the dp x pp x cp x tp mesh */
         int tpn = (tc.tp ? tc.tp : 1) * (tc.pp ? tc.pp : 1), cpn = tc.cp ? tc.cp : 1;
-        if (o.nproc % (tpn * cpn)) { fprintf(stderr, "train: --nproc %d is not a multiple of --cp %d x --tp %d\n", o.nproc, cpn, tpn); return 2; }
-        if (tc.dp && tc.dp * tpn * cpn != o.nproc) { fprintf(stderr, "train: --dp %d x --cp %d x --tp %d does not match --nproc %d\n", tc.dp, cpn, tpn, o.nproc); return 2; }
+        if (o.nproc % (tpn * cpn)) {
+            fprintf(stderr, "train: --nproc %d is not a multiple of --cp %d x --tp %d\n", o.nproc,
+                    cpn, tpn);
+            return 2;
+        }
+        if (tc.dp && tc.dp * tpn * cpn != o.nproc) {
+            fprintf(stderr, "train: --dp %d x --cp %d x --tp %d does not match --nproc %d\n", tc.dp,
+                    cpn, tpn, o.nproc);
+            return 2;
+        }
         tc.dp = o.nproc / (tpn * cpn);
     }
-    if (tc.pp_layers) {   /* one count per stage: pp x chunks (the chunks' default follows the schedule) */
-        int v = tc.pp_chunks ? tc.pp_chunks : tc.pp_schedule == US_PP_INTERLEAVED || tc.pp_schedule == US_PP_INTERLEAVED_BF ? 2 : 1;
+    if (tc.pp_layers) { /* one count per stage: pp x chunks (the chunks' default follows the schedule) */
+        int v = tc.pp_chunks ? tc.pp_chunks
+                : tc.pp_schedule == US_PP_INTERLEAVED || tc.pp_schedule == US_PP_INTERLEAVED_BF ? 2
+                                                                                                : 1;
         if (o.pp_layers_n != tc.pp * v) {
-            fprintf(stderr, "train: --pp-layers gives %d counts but there are pp %d x %d chunks = %d pipeline stages\n", o.pp_layers_n, tc.pp, v, tc.pp * v);
+            fprintf(stderr,
+                    "train: --pp-layers gives %d counts but there are pp %d x %d chunks = %d "
+                    "pipeline stages\n",
+                    o.pp_layers_n, tc.pp, v, tc.pp * v);
             return 2;
         }
     }
@@ -905,62 +1291,92 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (tc.batch % tc.dp) {
-        fprintf(stderr, "train: --batch %d is not divisible by --dp %d (each rank takes batch/dp sequences of every micro-batch)\n", tc.batch, tc.dp);
+        fprintf(stderr,
+                "train: --batch %d is not divisible by --dp %d (each rank takes batch/dp sequences "
+                "of every micro-batch)\n",
+                tc.batch, tc.dp);
         return 2;
     }
-    o.mc = mc; o.tc = tc;
+    o.mc = mc;
+    o.tc = tc;
     if (o.data_path) {
-        if (us_data_load(&o.data, o.data_path) != US_OK) { fprintf(stderr, "train: %s\n", o.data.err); return 1; }
+        if (us_data_load(&o.data, o.data_path) != US_OK) {
+            fprintf(stderr, "train: %s\n", o.data.err);
+            return 1;
+        }
         if (o.data.max_token >= mc.vocab) {
-            fprintf(stderr, "train: %s contains token %lld but the vocabulary is %lld (set --vocab)\n", o.data_path,
-                    (long long)o.data.max_token, (long long)mc.vocab);
+            fprintf(stderr,
+                    "train: %s contains token %lld but the vocabulary is %lld (set --vocab)\n",
+                    o.data_path, (long long)o.data.max_token, (long long)mc.vocab);
             us_data_free(&o.data);
             return 2;
         }
         if (o.data.n < (int64_t)tc.seq + 1) {
-            fprintf(stderr, "train: %s has %lld tokens, fewer than seq+1 = %d\n", o.data_path, (long long)o.data.n, tc.seq + 1);
+            fprintf(stderr, "train: %s has %lld tokens, fewer than seq+1 = %d\n", o.data_path,
+                    (long long)o.data.n, tc.seq + 1);
             us_data_free(&o.data);
             return 2;
         }
-        {   /* the held-out tail */
+        { /* the held-out tail */
             int64_t nv = (int64_t)((double)o.data.n * (o.val_frac < 0 ? 0.1 : o.val_frac));
             if (nv > 0 && (nv < (int64_t)tc.seq + 1 || o.data.n - nv < (int64_t)tc.seq + 1)) {
                 if (o.val_frac >= 0) {
-                    fprintf(stderr, "train: --val-frac %g of %lld tokens leaves %lld held out and %lld to train on; each needs seq+1 = %d\n",
-                            o.val_frac, (long long)o.data.n, (long long)nv, (long long)(o.data.n - nv), tc.seq + 1);
+                    fprintf(stderr,
+                            "train: --val-frac %g of %lld tokens leaves %lld held out and %lld to "
+                            "train on; each needs seq+1 = %d\n",
+                            o.val_frac, (long long)o.data.n, (long long)nv,
+                            (long long)(o.data.n - nv), tc.seq + 1);
                     us_data_free(&o.data);
                     return 2;
                 }
-                nv = 0;   /* the default on a file too small to split: evaluate on the training tokens (said below) */
+                nv =
+                    0; /* the default on a file too small to split: evaluate on the training tokens (said below) */
             }
             memset(&o.val, 0, sizeof o.val);
-            if (nv > 0) { o.val.tokens = o.data.tokens + (o.data.n - nv); o.val.n = nv; o.val.max_token = o.data.max_token; o.data.n -= nv; }
+            if (nv > 0) {
+                o.val.tokens = o.data.tokens + (o.data.n - nv);
+                o.val.n = nv;
+                o.val.max_token = o.data.max_token;
+                o.data.n -= nv;
+            }
         }
     }
     if (o.trace_path) {
         o.traces = (us_trace *)calloc((size_t)(tc.dp * tc.pp * tc.cp * tc.tp), sizeof(us_trace));
-        if (!o.traces) { fprintf(stderr, "train: out of memory\n"); return 1; }
+        if (!o.traces) {
+            fprintf(stderr, "train: out of memory\n");
+            return 1;
+        }
     }
-    if (o.use_cuda) r = run_cuda(&o, argc, argv);
-    else if (tc.dp * tc.pp * tc.cp * tc.tp > 1) {   /* CPU: the ranks are threads of this process */
+    if (o.use_cuda)
+        r = run_cuda(&o, argc, argv);
+    else if (tc.dp * tc.pp * tc.cp * tc.tp > 1) { /* CPU: the ranks are threads of this process */
         us_launch_config lc;
         memset(&lc, 0, sizeof lc);
         lc.timeout_s = o.comm_timeout;
-        lc.p2p_rendezvous = 1;   /* sends wait for their receiver, as NCCL's do: a pipeline runs here as on GPUs */
+        lc.p2p_rendezvous =
+            1; /* sends wait for their receiver, as NCCL's do: a pipeline runs here as on GPUs */
         r = us_launch_ex(tc.dp * tc.pp * tc.cp * tc.tp, run_rank, &o, &lc, NULL, err, sizeof err);
         if (r != US_OK) fprintf(stderr, "train: %s\n", err);
-    } else r = run_rank(NULL, &o);
+    } else
+        r = run_rank(NULL, &o);
     if (o.traces) {
-        if (!o.use_cuda || (o.world <= 1 && o.nproc <= 1)) {   /* multi-process runs wrote theirs in run_rank */
+        if (!o.use_cuda ||
+            (o.world <= 1 && o.nproc <= 1)) { /* multi-process runs wrote theirs in run_rank */
             us_trace *ptr[4096];
             int n = 0;
-            for (i = 0; i < tc.dp * tc.pp * tc.cp * tc.tp; i++) if (o.traces[i].n[0] || o.traces[i].n[1]) ptr[n++] = &o.traces[i];
-            if (us_trace_write(o.trace_path, ptr, n, err, sizeof err) != US_OK) { fprintf(stderr, "train: %s\n", err); if (r == US_OK) r = US_ERR_IO; }
-            else if (!o.quiet && o.rank == 0) printf("trace: %s (%d rank%s; open in ui.perfetto.dev)\n", o.trace_path, n, n > 1 ? "s" : "");
+            for (i = 0; i < tc.dp * tc.pp * tc.cp * tc.tp; i++)
+                if (o.traces[i].n[0] || o.traces[i].n[1]) ptr[n++] = &o.traces[i];
+            if (us_trace_write(o.trace_path, ptr, n, err, sizeof err) != US_OK) {
+                fprintf(stderr, "train: %s\n", err);
+                if (r == US_OK) r = US_ERR_IO;
+            } else if (!o.quiet && o.rank == 0)
+                printf("trace: %s (%d rank%s; open in ui.perfetto.dev)\n", o.trace_path, n,
+                       n > 1 ? "s" : "");
         }
         for (i = 0; i < tc.dp * tc.pp * tc.cp * tc.tp; i++) us_trace_free(&o.traces[i]);
         free(o.traces);
     }
     us_data_free(&o.data);
-    return r == US_OK ? 0 : 1;
+    return r == US_OK && !o.nothing_left ? 0 : 1;
 }

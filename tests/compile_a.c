@@ -4,7 +4,7 @@
 #define ULTRASCALE_IMPLEMENTATION
 #include "../ultrascale.h"
 #include <string.h>
-#include "../ultrascale.h"   /* including twice is harmless */
+#include "../ultrascale.h" /* including twice is harmless */
 
 int us_compile_b_main(void);
 
@@ -12,7 +12,8 @@ int main(void) {
     us_model_config mc;
     us_train_config tc;
     char err[128];
-    memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);   /* zero means default */
+    memset(&mc, 0, sizeof mc);
+    memset(&tc, 0, sizeof tc); /* zero means default */
     if (us_config_validate(&mc, &tc, err, sizeof err) != US_OK) return 1;
 #ifndef US_COMPILE_SINGLE
     return us_compile_b_main();

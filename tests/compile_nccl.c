@@ -5,6 +5,7 @@
 #include "../ultrascale_comm.h"
 
 int us_compile_nccl_main(void);
+
 int us_compile_nccl_main(void) {
     us_comm c;
     char err[128];

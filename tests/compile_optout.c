@@ -16,9 +16,17 @@ int main(void) {
     int i;
     memset(&mc, 0, sizeof mc);
     memset(&tc, 0, sizeof tc);
-    mc.n_layers = 1; mc.dim = 16; mc.n_heads = 2; mc.vocab = 32;
-    tc.batch = 2; tc.seq = 16; tc.steps = 1;
-    for (i = 0; i < 2 * 16; i++) { in[i] = i % 32; tgt[i] = (i + 1) % 32; }
+    mc.n_layers = 1;
+    mc.dim = 16;
+    mc.n_heads = 2;
+    mc.vocab = 32;
+    tc.batch = 2;
+    tc.seq = 16;
+    tc.steps = 1;
+    for (i = 0; i < 2 * 16; i++) {
+        in[i] = i % 32;
+        tgt[i] = (i + 1) % 32;
+    }
     if (us_model_init(&m, &mc, &tc, NULL) != US_OK) return 1;
     if (us_train_step(&m, in, tgt, &st) != US_OK) return 1;
     us_model_free(&m);

@@ -16,20 +16,27 @@
 static unsigned us__fuzz_sink;
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     us_safetensors st;
     char err[256], files[8][256];
     int nf = 0, i;
     if (us_safetensors_parse(&st, data, size, size, err, sizeof err) == US_OK) {
-        for (i = 0; i < st.n; i++) {   /* a valid entry lies inside the input: read its first and last bytes */
+        for (i = 0; i < st.n;
+             i++) { /* a valid entry lies inside the input: read its first and last bytes */
             const us_st_tensor *t = &st.t[i];
-            if (t->end > t->begin) us__fuzz_sink += data[st.data_start + t->begin] + data[st.data_start + t->end - 1];
+            if (t->end > t->begin)
+                us__fuzz_sink += data[st.data_start + t->begin] + data[st.data_start + t->end - 1];
         }
         us_safetensors_free(&st);
-    } else if (!err[0]) abort();   /* every failure explains itself */
-    if (us_safetensors_index_parse((const char *)data, size, files, 8, &nf, err, sizeof err) == US_OK) {
-        for (i = 0; i < nf; i++) if (!files[i][0] || strchr(files[i], '/')) abort();
-    } else if (!err[0]) abort();
+    } else if (!err[0])
+        abort(); /* every failure explains itself */
+    if (us_safetensors_index_parse((const char *)data, size, files, 8, &nf, err, sizeof err) ==
+        US_OK) {
+        for (i = 0; i < nf; i++)
+            if (!files[i][0] || strchr(files[i], '/')) abort();
+    } else if (!err[0])
+        abort();
     return 0;
 }
 
@@ -42,12 +49,22 @@ int main(int argc, char **argv) {
         long len;
         size_t k;
         uint8_t *buf;
-        if (!f) { printf("fuzz_replay: cannot open %s\n", argv[i]); return 1; }
-        fseek(f, 0, SEEK_END); len = ftell(f); fseek(f, 0, SEEK_SET);
+        if (!f) {
+            printf("fuzz_replay: cannot open %s\n", argv[i]);
+            return 1;
+        }
+        fseek(f, 0, SEEK_END);
+        len = ftell(f);
+        fseek(f, 0, SEEK_SET);
         buf = (uint8_t *)malloc((size_t)len + 1);
-        if (!buf || fread(buf, 1, (size_t)len, f) != (size_t)len) { printf("fuzz_replay: cannot read %s\n", argv[i]); fclose(f); return 1; }
+        if (!buf || fread(buf, 1, (size_t)len, f) != (size_t)len) {
+            printf("fuzz_replay: cannot read %s\n", argv[i]);
+            fclose(f);
+            return 1;
+        }
         fclose(f);
-        for (k = 0; k <= (size_t)len && k <= 512; k++) {   /* each prefix in a buffer of exactly its size (ASan sees overreads) */
+        for (k = 0; k <= (size_t)len && k <= 512;
+             k++) { /* each prefix in a buffer of exactly its size (ASan sees overreads) */
             uint8_t *cut = (uint8_t *)malloc(k ? k : 1);
             memcpy(cut, buf, k);
             LLVMFuzzerTestOneInput(cut, k);

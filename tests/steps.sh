@@ -13,6 +13,9 @@ nvcc_built() { if [ -n "$NVCC" ]; then test -f "$B/$1"; else echo 'SKIP nvcc not
 # a GPU test: SKIP where nvcc did not build it (the program itself says SKIP without a GPU)
 gpu_run() { if [ -x "$B/$1" ]; then "./$B/$1"; else echo 'SKIP not built'; fi; }
 
+# ---- the layout: clang-format 14 would change nothing (make format)
+step 'sources formatted (.clang-format)'  ''                  'bash tests/format_check.sh'
+
 # ---- the command-line tools and examples
 step 'train CLI'                         "$B/train"          'bash tests/test_train_cli.sh $B/train'
 step 'quick start runs'                  "$B/quickstart"     './$B/quickstart | grep -q "step 300 loss"'

@@ -20,26 +20,43 @@
 #include <unistd.h>
 
 static const char *const env_vars[] = {
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
-    "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE",
-    "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_STEP_NODELIST",
+    "SLURM_JOB_NODELIST",
 };
+
 static void clear_env(void) {
     size_t i;
     for (i = 0; i < sizeof env_vars / sizeof env_vars[0]; i++) unsetenv(env_vars[i]);
 }
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+
 static void nap(double s) {
     struct timespec ts;
     ts.tv_sec = (time_t)s;
     ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
     nanosleep(&ts, NULL);
 }
+
 /* a port nobody listens on right now (bound, read back, closed) */
 static int free_port(void) {
     struct sockaddr_in a;
@@ -48,10 +65,13 @@ static int free_port(void) {
     memset(&a, 0, sizeof a);
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &al) == 0) port = ntohs(a.sin_port);
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &al) == 0)
+        port = ntohs(a.sin_port);
     close(fd);
     return port;
 }
+
 static void fill(unsigned char *b, size_t n, int seed) {
     size_t i;
     for (i = 0; i < n; i++) b[i] = (unsigned char)(i * 31 + (size_t)seed * 7 + 1);
@@ -63,28 +83,40 @@ static void test_env(void) {
     us_result r;
     clear_env();
     r = us_dist_env_read(&e, err, sizeof err);
-    CHECK(r == US_OK && e.rank == 0 && e.world_size == 1 && e.local_rank == 0 && e.local_world_size == 1 &&
-          !strcmp(e.source, "none") && !strcmp(e.master_addr, "127.0.0.1"), "no launcher: rank 0 of 1 (%s)", e.source);
+    CHECK(r == US_OK && e.rank == 0 && e.world_size == 1 && e.local_rank == 0 &&
+              e.local_world_size == 1 && !strcmp(e.source, "none") &&
+              !strcmp(e.master_addr, "127.0.0.1"),
+          "no launcher: rank 0 of 1 (%s)", e.source);
 
-    setenv("RANK", "3", 1); setenv("WORLD_SIZE", "8", 1); setenv("LOCAL_RANK", "3", 1); setenv("LOCAL_WORLD_SIZE", "4", 1);
-    setenv("MASTER_ADDR", "10.0.0.1", 1); setenv("MASTER_PORT", "1234", 1);
+    setenv("RANK", "3", 1);
+    setenv("WORLD_SIZE", "8", 1);
+    setenv("LOCAL_RANK", "3", 1);
+    setenv("LOCAL_WORLD_SIZE", "4", 1);
+    setenv("MASTER_ADDR", "10.0.0.1", 1);
+    setenv("MASTER_PORT", "1234", 1);
     r = us_dist_env_read(&e, err, sizeof err);
-    CHECK(r == US_OK && e.rank == 3 && e.world_size == 8 && e.local_rank == 3 && e.local_world_size == 4 &&
-          !strcmp(e.master_addr, "10.0.0.1") && e.master_port == 1234 && !strcmp(e.source, "torchrun"), "torchrun");
+    CHECK(r == US_OK && e.rank == 3 && e.world_size == 8 && e.local_rank == 3 &&
+              e.local_world_size == 4 && !strcmp(e.master_addr, "10.0.0.1") &&
+              e.master_port == 1234 && !strcmp(e.source, "torchrun"),
+          "torchrun");
     unsetenv("MASTER_PORT");
     r = us_dist_env_read(&e, err, sizeof err);
-    CHECK(r == US_OK && e.master_port == 29500, "MASTER_ADDR alone: port 29500 (%d)", e.master_port);
+    CHECK(r == US_OK && e.master_port == 29500, "MASTER_ADDR alone: port 29500 (%d)",
+          e.master_port);
     setenv("MASTER_PORT", "70000", 1);
     r = us_dist_env_read(&e, err, sizeof err);
     CHECK(r == US_ERR_INVALID && strstr(err, "MASTER_PORT=70000"), "port out of range: %s", err);
     setenv("MASTER_PORT", "1234", 1);
     setenv("RANK", "abc", 1);
     r = us_dist_env_read(&e, err, sizeof err);
-    CHECK(r == US_ERR_INVALID && strstr(err, "RANK='abc'") && strstr(err, "not an integer"), "RANK not a number: %s", err);
+    CHECK(r == US_ERR_INVALID && strstr(err, "RANK='abc'") && strstr(err, "not an integer"),
+          "RANK not a number: %s", err);
     setenv("RANK", "8", 1);
     r = us_dist_env_read(&e, err, sizeof err);
-    CHECK(r == US_ERR_INVALID && strstr(err, "RANK=8 must be below WORLD_SIZE=8"), "rank >= world: %s", err);
-    setenv("RANK", "1", 1); setenv("LOCAL_RANK", "4", 1);
+    CHECK(r == US_ERR_INVALID && strstr(err, "RANK=8 must be below WORLD_SIZE=8"),
+          "rank >= world: %s", err);
+    setenv("RANK", "1", 1);
+    setenv("LOCAL_RANK", "4", 1);
     r = us_dist_env_read(&e, err, sizeof err);
     CHECK(r == US_ERR_INVALID && strstr(err, "LOCAL_RANK=4"), "local rank >= local world: %s", err);
     setenv("LOCAL_RANK", "1", 1);
@@ -93,46 +125,71 @@ static void test_env(void) {
     CHECK(r == US_ERR_INVALID && strstr(err, "WORLD_SIZE"), "empty WORLD_SIZE: %s", err);
     unsetenv("WORLD_SIZE");
     r = us_dist_env_read(&e, err, sizeof err);
-    CHECK(r == US_ERR_INVALID && strstr(err, "WORLD_SIZE is not"), "RANK without WORLD_SIZE: %s", err);
-    setenv("WORLD_SIZE", "2", 1); unsetenv("LOCAL_RANK"); unsetenv("LOCAL_WORLD_SIZE"); unsetenv("MASTER_ADDR");
+    CHECK(r == US_ERR_INVALID && strstr(err, "WORLD_SIZE is not"), "RANK without WORLD_SIZE: %s",
+          err);
+    setenv("WORLD_SIZE", "2", 1);
+    unsetenv("LOCAL_RANK");
+    unsetenv("LOCAL_WORLD_SIZE");
+    unsetenv("MASTER_ADDR");
     r = us_dist_env_read(&e, err, sizeof err);
-    CHECK(r == US_ERR_INVALID && strstr(err, "MASTER_ADDR"), "world 2 without MASTER_ADDR: %s", err);
+    CHECK(r == US_ERR_INVALID && strstr(err, "MASTER_ADDR"), "world 2 without MASTER_ADDR: %s",
+          err);
     setenv("MASTER_ADDR", "localhost", 1);
     r = us_dist_env_read(&e, err, sizeof err);
-    CHECK(r == US_OK && e.local_rank == 1 && e.local_world_size == 2, "missing local values fall back to one node");
+    CHECK(r == US_OK && e.local_rank == 1 && e.local_world_size == 2,
+          "missing local values fall back to one node");
 
     /* Open MPI, and its precedence over Slurm but not over torchrun */
     clear_env();
-    setenv("OMPI_COMM_WORLD_RANK", "5", 1); setenv("OMPI_COMM_WORLD_SIZE", "16", 1);
-    setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1); setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "4", 1);
-    setenv("SLURM_PROCID", "0", 1); setenv("SLURM_NTASKS", "1", 1);
+    setenv("OMPI_COMM_WORLD_RANK", "5", 1);
+    setenv("OMPI_COMM_WORLD_SIZE", "16", 1);
+    setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
+    setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "4", 1);
+    setenv("SLURM_PROCID", "0", 1);
+    setenv("SLURM_NTASKS", "1", 1);
     r = us_dist_env_read(&e, err, sizeof err);
-    CHECK(r == US_ERR_INVALID && strstr(err, "16 ranks (openmpi) needs MASTER_ADDR"), "Open MPI without MASTER_ADDR: %s", err);
+    CHECK(r == US_ERR_INVALID && strstr(err, "16 ranks (openmpi) needs MASTER_ADDR"),
+          "Open MPI without MASTER_ADDR: %s", err);
     setenv("MASTER_ADDR", "node7", 1);
     r = us_dist_env_read(&e, err, sizeof err);
-    CHECK(r == US_OK && !strcmp(e.source, "openmpi") && e.rank == 5 && e.world_size == 16 && e.local_rank == 1 &&
-          e.local_world_size == 4 && !strcmp(e.master_addr, "node7") && e.master_port == 29500, "Open MPI (before Slurm)");
-    setenv("RANK", "0", 1); setenv("WORLD_SIZE", "1", 1);
+    CHECK(r == US_OK && !strcmp(e.source, "openmpi") && e.rank == 5 && e.world_size == 16 &&
+              e.local_rank == 1 && e.local_world_size == 4 && !strcmp(e.master_addr, "node7") &&
+              e.master_port == 29500,
+          "Open MPI (before Slurm)");
+    setenv("RANK", "0", 1);
+    setenv("WORLD_SIZE", "1", 1);
     r = us_dist_env_read(&e, err, sizeof err);
-    CHECK(r == US_OK && !strcmp(e.source, "torchrun") && e.world_size == 1, "torchrun before Open MPI");
+    CHECK(r == US_OK && !strcmp(e.source, "torchrun") && e.world_size == 1,
+          "torchrun before Open MPI");
 
     /* Slurm, with the master from the node list */
     clear_env();
-    setenv("SLURM_PROCID", "5", 1); setenv("SLURM_NTASKS", "8", 1); setenv("SLURM_LOCALID", "1", 1);
-    setenv("SLURM_STEP_TASKS_PER_NODE", "4(x2)", 1); setenv("SLURM_JOB_NODELIST", "gpu[007-008,010]", 1);
+    setenv("SLURM_PROCID", "5", 1);
+    setenv("SLURM_NTASKS", "8", 1);
+    setenv("SLURM_LOCALID", "1", 1);
+    setenv("SLURM_STEP_TASKS_PER_NODE", "4(x2)", 1);
+    setenv("SLURM_JOB_NODELIST", "gpu[007-008,010]", 1);
     r = us_dist_env_read(&e, err, sizeof err);
-    CHECK(r == US_OK && !strcmp(e.source, "slurm") && e.rank == 5 && e.world_size == 8 && e.local_rank == 1 &&
-          e.local_world_size == 4 && !strcmp(e.master_addr, "gpu007") && e.master_port == 29500,
-          "Slurm: first host of gpu[007-008,010] is %s, local world %d", e.master_addr, e.local_world_size);
-    setenv("SLURM_STEP_NODELIST", "nodeA,nodeB", 1); setenv("SLURM_NTASKS_PER_NODE", "2", 1); setenv("SLURM_LOCALID", "0", 1);
+    CHECK(r == US_OK && !strcmp(e.source, "slurm") && e.rank == 5 && e.world_size == 8 &&
+              e.local_rank == 1 && e.local_world_size == 4 && !strcmp(e.master_addr, "gpu007") &&
+              e.master_port == 29500,
+          "Slurm: first host of gpu[007-008,010] is %s, local world %d", e.master_addr,
+          e.local_world_size);
+    setenv("SLURM_STEP_NODELIST", "nodeA,nodeB", 1);
+    setenv("SLURM_NTASKS_PER_NODE", "2", 1);
+    setenv("SLURM_LOCALID", "0", 1);
     r = us_dist_env_read(&e, err, sizeof err);
-    CHECK(r == US_OK && !strcmp(e.master_addr, "nodeA") && e.local_world_size == 2, "Slurm: step node list first (%s)", e.master_addr);
+    CHECK(r == US_OK && !strcmp(e.master_addr, "nodeA") && e.local_world_size == 2,
+          "Slurm: step node list first (%s)", e.master_addr);
     setenv("SLURM_STEP_NODELIST", "rack1-n[3-4]-ib", 1);
     r = us_dist_env_read(&e, err, sizeof err);
-    CHECK(r == US_OK && !strcmp(e.master_addr, "rack1-n3-ib"), "Slurm: suffix after the range (%s)", e.master_addr);
-    setenv("MASTER_ADDR", "10.1.2.3", 1); setenv("MASTER_PORT", "4000", 1);
+    CHECK(r == US_OK && !strcmp(e.master_addr, "rack1-n3-ib"), "Slurm: suffix after the range (%s)",
+          e.master_addr);
+    setenv("MASTER_ADDR", "10.1.2.3", 1);
+    setenv("MASTER_PORT", "4000", 1);
     r = us_dist_env_read(&e, err, sizeof err);
-    CHECK(r == US_OK && !strcmp(e.master_addr, "10.1.2.3") && e.master_port == 4000, "Slurm: MASTER_ADDR wins over the node list");
+    CHECK(r == US_OK && !strcmp(e.master_addr, "10.1.2.3") && e.master_port == 4000,
+          "Slurm: MASTER_ADDR wins over the node list");
     unsetenv("MASTER_ADDR");
     setenv("SLURM_STEP_NODELIST", "gpu[x]", 1);
     r = us_dist_env_read(&e, err, sizeof err);
@@ -157,14 +214,20 @@ static int run_rendezvous(const char *spec, int nproc, double delay) {
         pid[r] = fork();
         if (pid[r] == 0) {
             memset(mine, 0, sizeof mine);
-            if (us_rendezvous(spec, r, nproc, mine, sizeof mine, 5, err, sizeof err) != US_OK) { printf("  rank %d: %s\n", r, err); fflush(stdout); _exit(2); }
+            if (us_rendezvous(spec, r, nproc, mine, sizeof mine, 5, err, sizeof err) != US_OK) {
+                printf("  rank %d: %s\n", r, err);
+                fflush(stdout);
+                _exit(2);
+            }
             _exit(memcmp(mine, want, sizeof mine) ? 1 : 0);
         }
     }
     nap(delay);
     memcpy(mine, want, sizeof mine);
-    if (us_rendezvous(spec, 0, nproc, mine, sizeof mine, 5, err, sizeof err) == US_OK) good++;
-    else printf("  rank 0: %s\n", err);
+    if (us_rendezvous(spec, 0, nproc, mine, sizeof mine, 5, err, sizeof err) == US_OK)
+        good++;
+    else
+        printf("  rank 0: %s\n", err);
     for (r = 1; r < nproc; r++)
         if (waitpid(pid[r], &st, 0) == pid[r] && WIFEXITED(st) && WEXITSTATUS(st) == 0) good++;
     return good;
@@ -177,7 +240,8 @@ static void test_rendezvous(void) {
     us_result r;
     int port = free_port(), dead = free_port();
     snprintf(spec, sizeof spec, "tcp://127.0.0.1:%d", port);
-    CHECK(run_rendezvous(spec, 4, 0.3) == 4, "tcp: 4 processes receive rank 0's bytes (rank 0 arrives last)");
+    CHECK(run_rendezvous(spec, 4, 0.3) == 4,
+          "tcp: 4 processes receive rank 0's bytes (rank 0 arrives last)");
     CHECK(run_rendezvous(spec, 4, 0.0) == 4, "tcp: the same port again right away (SO_REUSEADDR)");
     snprintf(spec, sizeof spec, "tcp://localhost:%d", port);
     CHECK(run_rendezvous(spec, 3, 0.0) == 3, "tcp: a host name");
@@ -193,12 +257,14 @@ static void test_rendezvous(void) {
     t = now_s();
     r = us_rendezvous(spec, 2, 4, b, sizeof b, 0.5, err, sizeof err);
     t = now_s() - t;
-    CHECK(r == US_ERR_IO && strstr(err, "rank 2 could not reach 127.0.0.1:") && strstr(err, "within 0.5 s") &&
-          strstr(err, "refused") && t < 2.0, "a peer with nobody listening gives up in %.2f s: %s", t, err);
+    CHECK(r == US_ERR_IO && strstr(err, "rank 2 could not reach 127.0.0.1:") &&
+              strstr(err, "within 0.5 s") && strstr(err, "refused") && t < 2.0,
+          "a peer with nobody listening gives up in %.2f s: %s", t, err);
     t = now_s();
     r = us_rendezvous(spec, 0, 3, b, sizeof b, 0.3, err, sizeof err);
     t = now_s() - t;
-    CHECK(r == US_ERR_IO && strstr(err, "only 1 of 3 ranks arrived (missing: 1 2)") && t < 2.0, "rank 0 alone gives up in %.2f s: %s", t, err);
+    CHECK(r == US_ERR_IO && strstr(err, "only 1 of 3 ranks arrived (missing: 1 2)") && t < 2.0,
+          "rank 0 alone gives up in %.2f s: %s", t, err);
     r = us_rendezvous("file:///nonexistent/us_boot/id", 1, 2, b, sizeof b, 0.2, err, sizeof err);
     CHECK(r == US_ERR_IO && strstr(err, "found no file"), "no file: %s", err);
     r = us_rendezvous("file:///nonexistent/us_boot/id", 0, 2, b, sizeof b, 0.2, err, sizeof err);
@@ -222,21 +288,38 @@ static int child_main(const char *mode) {
     us_dist_env e;
     char err[256], spec[300];
     unsigned char b[64], want[64];
-    if (us_dist_env_read(&e, err, sizeof err) != US_OK) { printf("  child: %s\n", err); return 2; }
-    if (!strcmp(mode, "ok")) {   /* the launcher's environment is enough to meet */
+    if (us_dist_env_read(&e, err, sizeof err) != US_OK) {
+        printf("  child: %s\n", err);
+        return 2;
+    }
+    if (!strcmp(mode, "ok")) { /* the launcher's environment is enough to meet */
         const char *nvls = getenv("NCCL_NVLS_ENABLE");
-        if (strcmp(e.source, "torchrun") || strcmp(e.master_addr, "127.0.0.1") || e.local_rank != e.rank ||
-            e.local_world_size != e.world_size || !nvls || strcmp(nvls, "0")) { printf("  child %d: wrong environment\n", e.rank); return 2; }
+        if (strcmp(e.source, "torchrun") || strcmp(e.master_addr, "127.0.0.1") ||
+            e.local_rank != e.rank || e.local_world_size != e.world_size || !nvls ||
+            strcmp(nvls, "0")) {
+            printf("  child %d: wrong environment\n", e.rank);
+            return 2;
+        }
         snprintf(spec, sizeof spec, "tcp://%s:%d", e.master_addr, e.master_port);
         fill(want, sizeof want, 9);
         memcpy(b, e.rank == 0 ? want : b, sizeof b);
         if (e.rank != 0) memset(b, 0, sizeof b);
-        if (us_rendezvous(spec, e.rank, e.world_size, b, sizeof b, 10, err, sizeof err) != US_OK) { printf("  child %d: %s\n", e.rank, err); return 2; }
+        if (us_rendezvous(spec, e.rank, e.world_size, b, sizeof b, 10, err, sizeof err) != US_OK) {
+            printf("  child %d: %s\n", e.rank, err);
+            return 2;
+        }
         return memcmp(b, want, sizeof b) ? 2 : 0;
     }
-    if (!strcmp(mode, "exit3")) { if (e.rank == 1) return 3; nap(0.2); return 0; }
-    if (!strcmp(mode, "kill")) {   /* rank 1 dies by a signal; the others would run for a minute */
-        if (e.rank == 1) { nap(0.1); raise(SIGKILL); }
+    if (!strcmp(mode, "exit3")) {
+        if (e.rank == 1) return 3;
+        nap(0.2);
+        return 0;
+    }
+    if (!strcmp(mode, "kill")) { /* rank 1 dies by a signal; the others would run for a minute */
+        if (e.rank == 1) {
+            nap(0.1);
+            raise(SIGKILL);
+        }
         nap(60);
         return 0;
     }
@@ -246,27 +329,33 @@ static int child_main(const char *mode) {
 static void test_launch(const char *self) {
     char err[256];
     char *ok[] = {(char *)self, (char *)"--child", (char *)"ok", NULL};
-    char *ok_path[] = {(char *)"us-test-bootstrap-not-in-path", (char *)"--child", (char *)"ok", NULL};
+    char *ok_path[] = {(char *)"us-test-bootstrap-not-in-path", (char *)"--child", (char *)"ok",
+                       NULL};
     char *ex[] = {(char *)self, (char *)"--child", (char *)"exit3", NULL};
     char *kl[] = {(char *)self, (char *)"--child", (char *)"kill", NULL};
     char *none[] = {(char *)"/nonexistent/us_prog", NULL};
     double t;
     int rc;
-    setenv("RANK", "7", 1);   /* the launcher must override a stale environment */
+    setenv("RANK", "7", 1); /* the launcher must override a stale environment */
     rc = us_launch_procs(4, ok, 5, err, sizeof err);
-    CHECK(rc == 0, "4 ranks launched, met over tcp from their environment, exited 0 (rc %d: %s)", rc, err);
+    CHECK(rc == 0, "4 ranks launched, met over tcp from their environment, exited 0 (rc %d: %s)",
+          rc, err);
     unsetenv("RANK");
     rc = us_launch_procs(2, ok_path, 5, err, sizeof err);
-    CHECK(rc == 0, "argv[0] without a slash and not in PATH runs /proc/self/exe (rc %d: %s)", rc, err);
+    CHECK(rc == 0, "argv[0] without a slash and not in PATH runs /proc/self/exe (rc %d: %s)", rc,
+          err);
     rc = us_launch_procs(3, ex, 5, err, sizeof err);
-    CHECK(rc == 3 && strstr(err, "rank 1 exited with code 3"), "one rank exits 3: rc %d, %s", rc, err);
+    CHECK(rc == 3 && strstr(err, "rank 1 exited with code 3"), "one rank exits 3: rc %d, %s", rc,
+          err);
     t = now_s();
     rc = us_launch_procs(3, kl, 0.3, err, sizeof err);
     t = now_s() - t;
-    CHECK(rc == 128 + 9 && strstr(err, "rank 1 was killed by signal 9") && strstr(err, "2 other ranks were stopped with SIGTERM") && t < 5,
+    CHECK(rc == 128 + 9 && strstr(err, "rank 1 was killed by signal 9") &&
+              strstr(err, "2 other ranks were stopped with SIGTERM") && t < 5,
           "one rank killed: rc %d in %.2f s, %s", rc, t, err);
     rc = us_launch_procs(1, none, 1, err, sizeof err);
-    CHECK(rc == 127 && strstr(err, "rank 0 exited with code 127"), "a program that does not exist: rc %d, %s", rc, err);
+    CHECK(rc == 127 && strstr(err, "rank 0 exited with code 127"),
+          "a program that does not exist: rc %d, %s", rc, err);
     rc = us_launch_procs(0, ok, 1, err, sizeof err);
     CHECK(rc == -1 && strstr(err, "nproc=0"), "no processes: %s", err);
 }

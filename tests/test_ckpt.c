@@ -35,6 +35,7 @@ static size_t mkfile(unsigned char *buf, const char *header, const void *data, s
     memcpy(buf + 8 + h, data, dn);
     return 8 + h + dn;
 }
+
 static us_result parse_str(const char *header, size_t dn, char *err) {
     static unsigned char buf[8192], data[256];
     us_safetensors st;
@@ -43,48 +44,83 @@ static us_result parse_str(const char *header, size_t dn, char *err) {
     us_safetensors_free(&st);
     return r;
 }
+
 static void test_parser(void) {
     unsigned char buf[4096];
     float a[4] = {1, 2, 3, 4};
-    uint16_t b[3] = {0x3f80, 0x4000, 0xc040};   /* bf16 1, 2, -3 */
+    uint16_t b[3] = {0x3f80, 0x4000, 0xc040}; /* bf16 1, 2, -3 */
     unsigned char data[22];
     char err[256];
     us_safetensors st;
     size_t n;
     const us_st_tensor *t;
-    memcpy(data, a, 16); memcpy(data + 16, b, 6);
-    n = mkfile(buf, "{\"__metadata__\":{\"format\":\"pt\"},\"a\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]},"
-                    " \"b\" : { \"shape\" : [ 3 ] , \"dtype\":\"BF16\", \"data_offsets\":[16,22]}, \"e\\u0073c\":{\"dtype\":\"I8\",\"shape\":[0],\"data_offsets\":[22,22]}}  ", data, 22);
-    CHECK(us_safetensors_parse(&st, buf, n, n, err, sizeof err) == US_OK, "a hand-written file parses: %s", err);
+    memcpy(data, a, 16);
+    memcpy(data + 16, b, 6);
+    n = mkfile(buf,
+               "{\"__metadata__\":{\"format\":\"pt\"},\"a\":{\"dtype\":\"F32\",\"shape\":[2,2],"
+               "\"data_offsets\":[0,16]},"
+               " \"b\" : { \"shape\" : [ 3 ] , \"dtype\":\"BF16\", \"data_offsets\":[16,22]}, "
+               "\"e\\u0073c\":{\"dtype\":\"I8\",\"shape\":[0],\"data_offsets\":[22,22]}}  ",
+               data, 22);
+    CHECK(us_safetensors_parse(&st, buf, n, n, err, sizeof err) == US_OK,
+          "a hand-written file parses: %s", err);
     CHECK(st.n == 3, "three tensors (metadata is not one): %d", st.n);
     t = us_safetensors_find(&st, "a");
-    CHECK(t && !strcmp(t->dtype, "F32") && t->ndim == 2 && t->shape[0] == 2 && t->shape[1] == 2 && t->begin == 0 && t->end == 16, "tensor a's entry");
+    CHECK(t && !strcmp(t->dtype, "F32") && t->ndim == 2 && t->shape[0] == 2 && t->shape[1] == 2 &&
+              t->begin == 0 && t->end == 16,
+          "tensor a's entry");
     t = us_safetensors_find(&st, "b");
-    CHECK(t && !strcmp(t->dtype, "BF16") && t->ndim == 1 && t->shape[0] == 3 && t->begin == 16 && t->end == 22, "tensor b's entry (keys in any order)");
+    CHECK(t && !strcmp(t->dtype, "BF16") && t->ndim == 1 && t->shape[0] == 3 && t->begin == 16 &&
+              t->end == 22,
+          "tensor b's entry (keys in any order)");
     CHECK(us_safetensors_find(&st, "esc") != NULL, "a \\u escape in a name is decoded");
     CHECK(st.data_start == n - 22, "data section starts after the header");
     us_safetensors_free(&st);
-    {   /* every corruption is US_ERR_FORMAT with a sentence */
-        static const struct { const char *h; size_t dn; const char *why; } bad[] = {
-            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,16]}}", 16, "size mismatch"},
-            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 8, "offsets past the end"},
-            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 16, "overlap"},
-            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "duplicate"},
-            {"{\"a\":{\"dtype\":\"F31\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "unknown dtype"},
-            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4, "negative size"},
-            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}", 4, "fractional size"},
+    { /* every corruption is US_ERR_FORMAT with a sentence */
+
+        static const struct {
+            const char *h;
+            size_t dn;
+            const char *why;
+        } bad[] = {
+            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,16]}}", 16,
+             "size mismatch"},
+            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 8,
+             "offsets past the end"},
+            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"b\":{\"dtype\":"
+             "\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+             16, "overlap"},
+            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"a\":{\"dtype\":"
+             "\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+             8, "duplicate"},
+            {"{\"a\":{\"dtype\":\"F31\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
+             "unknown dtype"},
+            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4,
+             "negative size"},
+            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}", 4,
+             "fractional size"},
             {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,0]}}", 4, "begin > end"},
             {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1]}}", 4, "missing offsets"},
-            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}", 4, "unterminated object"},
-            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}} x", 4, "trailing bytes"},
+            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}", 4,
+             "unterminated object"},
+            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}} x", 4,
+             "trailing bytes"},
             {"[1,2]", 0, "not an object"},
-            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4294967296],\"data_offsets\":[0,4]}}", 4, "size overflow"},
-            {"{\"a\":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}", 0, "nesting too deep"},
-            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,99999999999999999999999]}}", 4, "number out of range"},
+            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4294967296],\"data_"
+             "offsets\":[0,4]}}",
+             4, "size overflow"},
+            {"{\"a\":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]"
+             "]]]]]]]}",
+             0, "nesting too deep"},
+            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,99999999999999999999999]}"
+             "}",
+             4, "number out of range"},
             {"{\"a\\x\":1}", 0, "bad escape"},
             {"{\"__metadata__\":{\"k\":1}}", 0, "metadata value not a string"},
-            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 4, "too many dims"},
+            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 4,
+             "too many dims"},
         };
+
         size_t i;
         for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
             us_result r;
@@ -93,39 +129,52 @@ static void test_parser(void) {
             CHECK(r == US_ERR_FORMAT && err[0], "%s is refused: %s", bad[i].why, err);
         }
     }
-    {   /* lengths: too short, past the end, over the limit */
+    { /* lengths: too short, past the end, over the limit */
         unsigned char s[16] = {0};
         uint64_t big = (uint64_t)200 << 20;
         int i;
-        CHECK(us_safetensors_parse(&st, s, 5, 5, err, sizeof err) == US_ERR_FORMAT, "5 bytes: %s", err);
+        CHECK(us_safetensors_parse(&st, s, 5, 5, err, sizeof err) == US_ERR_FORMAT, "5 bytes: %s",
+              err);
         s[0] = 100;
-        CHECK(us_safetensors_parse(&st, s, 16, 16, err, sizeof err) == US_ERR_FORMAT, "header past the end: %s", err);
+        CHECK(us_safetensors_parse(&st, s, 16, 16, err, sizeof err) == US_ERR_FORMAT,
+              "header past the end: %s", err);
         for (i = 0; i < 8; i++) s[i] = (unsigned char)(big >> (8 * i));
-        CHECK(us_safetensors_parse(&st, s, 16, (uint64_t)1 << 40, err, sizeof err) == US_ERR_FORMAT && strstr(err, "outside"), "a 200 MiB header: %s", err);
+        CHECK(us_safetensors_parse(&st, s, 16, (uint64_t)1 << 40, err, sizeof err) ==
+                      US_ERR_FORMAT &&
+                  strstr(err, "outside"),
+              "a 200 MiB header: %s", err);
     }
-    {   /* the shard index */
+    { /* the shard index */
         char files[4][256];
         int nfi = 0;
-        const char *ok = "{\"metadata\":{\"total_size\":8},\"weight_map\":{\"a\":\"m-1.safetensors\",\"b\":\"m-2.safetensors\",\"c\":\"m-1.safetensors\"}}";
-        CHECK(us_safetensors_index_parse(ok, strlen(ok), files, 4, &nfi, err, sizeof err) == US_OK && nfi == 2 && !strcmp(files[1], "m-2.safetensors"), "an index lists its two files");
-        CHECK(us_safetensors_index_parse("{\"weight_map\":{\"a\":\"../x\"}}", 27, files, 4, &nfi, err, sizeof err) == US_ERR_FORMAT, "a shard outside the directory is refused: %s", err);
-        CHECK(us_safetensors_index_parse("{\"weight\":{}}", 13, files, 4, &nfi, err, sizeof err) == US_ERR_FORMAT, "no weight_map: %s", err);
+        const char *ok = "{\"metadata\":{\"total_size\":8},\"weight_map\":{\"a\":\"m-1."
+                         "safetensors\",\"b\":\"m-2.safetensors\",\"c\":\"m-1.safetensors\"}}";
+        CHECK(us_safetensors_index_parse(ok, strlen(ok), files, 4, &nfi, err, sizeof err) ==
+                      US_OK &&
+                  nfi == 2 && !strcmp(files[1], "m-2.safetensors"),
+              "an index lists its two files");
+        CHECK(us_safetensors_index_parse("{\"weight_map\":{\"a\":\"../x\"}}", 27, files, 4, &nfi,
+                                         err, sizeof err) == US_ERR_FORMAT,
+              "a shard outside the directory is refused: %s", err);
+        CHECK(us_safetensors_index_parse("{\"weight\":{}}", 13, files, 4, &nfi, err, sizeof err) ==
+                  US_ERR_FORMAT,
+              "no weight_map: %s", err);
     }
 }
 
 /* ---- training runs on ranks: optionally load, train, save after some steps */
 typedef struct job {
     us_model_config mc;
-    us_train_config tc;     /* tc.batch = the global micro-batch */
-    int steps;              /* steps to take in this run */
-    const char *load;       /* resume from here first (NULL: fresh) */
+    us_train_config tc; /* tc.batch = the global micro-batch */
+    int steps;          /* steps to take in this run */
+    const char *load;   /* resume from here first (NULL: fresh) */
     int load_weights_only;
-    const char *save;       /* save after save_at steps */
+    const char *save; /* save after save_at steps */
     int save_at;
     us_ckpt_opts so;
-    float loss[MAXS];       /* rank 0's losses, by absolute step − 1 */
-    int first;              /* the absolute step index of the first step taken */
-    float *state;           /* rank 0, one rank only: the final w/master/m/v as fp32, 4·n_flat */
+    float loss[MAXS]; /* rank 0's losses, by absolute step − 1 */
+    int first;        /* the absolute step index of the first step taken */
+    float *state;     /* rank 0, one rank only: the final w/master/m/v as fp32, 4·n_flat */
     int64_t n_state;
     char err[256];
 } job;
@@ -140,17 +189,29 @@ static us_result run_job(us_comm *comm, void *arg) {
     int32_t *gin = NULL, *gt = NULL, *in = NULL, *tg = NULL;
     us_result r;
     tc.batch = GB / dp;
-    r = comm ? us_model_init_dist(&m, &J->mc, &tc, NULL, comm) : us_model_init(&m, &J->mc, &tc, NULL);
-    if (r != US_OK) { snprintf(J->err, sizeof J->err, "%s", us_model_error(&m)); goto out0; }
+    r = comm ? us_model_init_dist(&m, &J->mc, &tc, NULL, comm)
+             : us_model_init(&m, &J->mc, &tc, NULL);
+    if (r != US_OK) {
+        snprintf(J->err, sizeof J->err, "%s", us_model_error(&m));
+        goto out0;
+    }
     tc = m.tc;
-    gin = (int32_t *)malloc(sizeof(int32_t) * GB * T * tc.grad_accum); gt = (int32_t *)malloc(sizeof(int32_t) * GB * T * tc.grad_accum);
-    in = (int32_t *)malloc(sizeof(int32_t) * GB * T * tc.grad_accum); tg = (int32_t *)malloc(sizeof(int32_t) * GB * T * tc.grad_accum);
+    gin = (int32_t *)malloc(sizeof(int32_t) * GB * T * tc.grad_accum);
+    gt = (int32_t *)malloc(sizeof(int32_t) * GB * T * tc.grad_accum);
+    in = (int32_t *)malloc(sizeof(int32_t) * GB * T * tc.grad_accum);
+    tg = (int32_t *)malloc(sizeof(int32_t) * GB * T * tc.grad_accum);
     us_task_init(&task, 99);
     J->first = 0;
     if (J->load) {
         memset(&st, 0, sizeof st);
-        if ((r = us_ckpt_load(&m, J->load, !J->load_weights_only, &st)) != US_OK) { snprintf(J->err, sizeof J->err, "%s", us_model_error(&m)); goto out; }
-        if (!J->load_weights_only) { task.rng.s = st.rng[0]; J->first = (int)st.step; }
+        if ((r = us_ckpt_load(&m, J->load, !J->load_weights_only, &st)) != US_OK) {
+            snprintf(J->err, sizeof J->err, "%s", us_model_error(&m));
+            goto out;
+        }
+        if (!J->load_weights_only) {
+            task.rng.s = st.rng[0];
+            J->first = (int)st.step;
+        }
     }
     for (s = 0; s < J->steps; s++) {
         us_step_stats ss;
@@ -160,44 +221,81 @@ static us_result run_job(us_comm *comm, void *arg) {
             for (b = 0; b < tc.batch; b++)
                 for (t = 0; t < T; t++) {
                     size_t src = ((size_t)k * GB + (size_t)m.mesh.dp_rank * tc.batch + b) * T + t;
-                    in[((size_t)k * tc.batch + b) * T + t] = gin[src]; tg[((size_t)k * tc.batch + b) * T + t] = gt[src];
+                    in[((size_t)k * tc.batch + b) * T + t] = gin[src];
+                    tg[((size_t)k * tc.batch + b) * T + t] = gt[src];
                 }
-        if ((r = us_train_step(&m, in, tg, &ss)) != US_OK) { snprintf(J->err, sizeof J->err, "%s", us_model_error(&m)); goto out; }
+        if ((r = us_train_step(&m, in, tg, &ss)) != US_OK) {
+            snprintf(J->err, sizeof J->err, "%s", us_model_error(&m));
+            goto out;
+        }
         if (rank == 0 && J->first + s < MAXS) J->loss[J->first + s] = ss.loss;
         if (J->save && s + 1 == J->save_at) {
             memset(&st, 0, sizeof st);
-            st.n_rng = 1; st.rng[0] = task.rng.s; st.data_pos = J->first + s + 1;
-            if ((r = us_ckpt_save(&m, J->save, &st, &J->so)) != US_OK) { snprintf(J->err, sizeof J->err, "%s", us_model_error(&m)); goto out; }
+            st.n_rng = 1;
+            st.rng[0] = task.rng.s;
+            st.data_pos = J->first + s + 1;
+            if ((r = us_ckpt_save(&m, J->save, &st, &J->so)) != US_OK) {
+                snprintf(J->err, sizeof J->err, "%s", us_model_error(&m));
+                goto out;
+            }
         }
     }
-    if (J->state && !comm) {   /* one rank: every buffer, for bitwise comparisons */
+    if (J->state && !comm) { /* one rank: every buffer, for bitwise comparisons */
         int64_t n = m.n_flat, e;
         float *w = J->state, *ms = w + n, *mm = ms + n, *vv = mm + n;
-        if (m.dt == US_BF16) { uint16_t *h = (uint16_t *)malloc((size_t)n * 2); memcpy(h, m.w, (size_t)n * 2); for (e = 0; e < n; e++) w[e] = us_bf16_to_f32(h[e]); free(h); }
-        else memcpy(w, m.w, (size_t)n * 4);
+        if (m.dt == US_BF16) {
+            uint16_t *h = (uint16_t *)malloc((size_t)n * 2);
+            memcpy(h, m.w, (size_t)n * 2);
+            for (e = 0; e < n; e++) w[e] = us_bf16_to_f32(h[e]);
+            free(h);
+        } else
+            memcpy(w, m.w, (size_t)n * 4);
         memcpy(ms, m.master ? m.master : (float *)m.w, (size_t)n * 4);
-        memcpy(mm, m.adam_m, (size_t)n * 4); memcpy(vv, m.adam_v, (size_t)n * 4);
+        memcpy(mm, m.adam_m, (size_t)n * 4);
+        memcpy(vv, m.adam_v, (size_t)n * 4);
         J->n_state = n;
     }
 out:
     us_model_free(&m);
 out0:
-    free(gin); free(gt); free(in); free(tg);
+    free(gin);
+    free(gt);
+    free(in);
+    free(tg);
     return r;
 }
+
 static us_result go(job *J) {
-    int n = J->tc.dp * (J->tc.tp ? J->tc.tp : 1) * (J->tc.pp ? J->tc.pp : 1) * (J->tc.cp ? J->tc.cp : 1);
+    int n = J->tc.dp * (J->tc.tp ? J->tc.tp : 1) * (J->tc.pp ? J->tc.pp : 1) *
+            (J->tc.cp ? J->tc.cp : 1);
     us_result rr[16];
     J->err[0] = 0;
     return us_test_launch(n, run_job, J, rr, 1);
 }
+
 static void base(job *J, int dp, int tp, int pp, int zero, us_precision prec) {
     memset(J, 0, sizeof *J);
-    J->mc.n_layers = 2; J->mc.dim = 32; J->mc.n_heads = 4; J->mc.n_kv_heads = 4; J->mc.ffn_dim = 64; J->mc.vocab = 256;
-    J->tc.batch = GB; J->tc.seq = T; J->tc.steps = 100; J->tc.lr = 1e-2f; J->tc.threads = 1; J->tc.seed = 7;
-    J->tc.dp = dp; J->tc.tp = tp; J->tc.pp = pp; J->tc.zero = zero; J->tc.precision = prec;
-    J->tc.grad_accum = 2;   /* every layout runs the same global batch (pipelines need micro-batches) */
+    J->mc.n_layers = 2;
+    J->mc.dim = 32;
+    J->mc.n_heads = 4;
+    J->mc.n_kv_heads = 4;
+    J->mc.ffn_dim = 64;
+    J->mc.vocab = 256;
+    J->tc.batch = GB;
+    J->tc.seq = T;
+    J->tc.steps = 100;
+    J->tc.lr = 1e-2f;
+    J->tc.threads = 1;
+    J->tc.seed = 7;
+    J->tc.dp = dp;
+    J->tc.tp = tp;
+    J->tc.pp = pp;
+    J->tc.zero = zero;
+    J->tc.precision = prec;
+    J->tc.grad_accum =
+        2; /* every layout runs the same global batch (pipelines need micro-batches) */
 }
+
 static const char *path(const char *name) {
     static char p[8][512];
     static int k;
@@ -209,22 +307,42 @@ static const char *path(const char *name) {
 /* save after 3 steps, load into a fresh model: every buffer bit for bit; resuming equals not stopping */
 static void test_roundtrip(us_precision prec, int64_t shard) {
     job A, B, C;
-    const char *dir = path(prec == US_PRECISION_BF16 ? (shard ? "rt_bf16_sh" : "rt_bf16") : (shard ? "rt_f32_sh" : "rt_f32"));
+    const char *dir = path(prec == US_PRECISION_BF16 ? (shard ? "rt_bf16_sh" : "rt_bf16")
+                                                     : (shard ? "rt_f32_sh" : "rt_f32"));
     int s;
     size_t n;
     float *cs;
-    base(&A, 1, 1, 1, 0, prec); A.steps = 6; A.save = dir; A.save_at = 3; A.so.shard_bytes = shard;
+    base(&A, 1, 1, 1, 0, prec);
+    A.steps = 6;
+    A.save = dir;
+    A.save_at = 3;
+    A.so.shard_bytes = shard;
     CHECK(go(&A) == US_OK, "%s: train 6 steps, save after 3: %s", us_precision_name(prec), A.err);
-    base(&B, 1, 1, 1, 0, prec); B.steps = 3; n = 4 * 200000; B.state = (float *)calloc(n, 4);
+    base(&B, 1, 1, 1, 0, prec);
+    B.steps = 3;
+    n = 4 * 200000;
+    B.state = (float *)calloc(n, 4);
     CHECK(go(&B) == US_OK, "train 3 steps: %s", B.err);
-    base(&C, 1, 1, 1, 0, prec); C.steps = 0; C.load = dir; C.state = cs = (float *)calloc(n, 4);
+    base(&C, 1, 1, 1, 0, prec);
+    C.steps = 0;
+    C.load = dir;
+    C.state = cs = (float *)calloc(n, 4);
     CHECK(go(&C) == US_OK, "load: %s", C.err);
-    CHECK(C.n_state == B.n_state && C.n_state > 0 && !memcmp(B.state, C.state, (size_t)(4 * B.n_state) * 4),
-          "%s%s: weights, master, exp_avg, exp_avg_sq after load equal the saved model's bit for bit", us_precision_name(prec), shard ? " (sharded files)" : "");
-    base(&C, 1, 1, 1, 0, prec); C.steps = 3; C.load = dir;
+    CHECK(
+        C.n_state == B.n_state && C.n_state > 0 &&
+            !memcmp(B.state, C.state, (size_t)(4 * B.n_state) * 4),
+        "%s%s: weights, master, exp_avg, exp_avg_sq after load equal the saved model's bit for bit",
+        us_precision_name(prec), shard ? " (sharded files)" : "");
+    base(&C, 1, 1, 1, 0, prec);
+    C.steps = 3;
+    C.load = dir;
     CHECK(go(&C) == US_OK && C.first == 3, "resume: %s", C.err);
-    for (s = 3; s < 6; s++) CHECK(!memcmp(&A.loss[s], &C.loss[s], 4), "%s: resumed step %d loss %.9g == uninterrupted %.9g (bitwise)", us_precision_name(prec), s + 1, C.loss[s], A.loss[s]);
-    free(B.state); free(cs);
+    for (s = 3; s < 6; s++)
+        CHECK(!memcmp(&A.loss[s], &C.loss[s], 4),
+              "%s: resumed step %d loss %.9g == uninterrupted %.9g (bitwise)",
+              us_precision_name(prec), s + 1, C.loss[s], A.loss[s]);
+    free(B.state);
+    free(cs);
     if (shard) {
         char p[600];
         struct stat sb;
@@ -238,35 +356,62 @@ static void test_roundtrip(us_precision prec, int64_t shard) {
 static void test_layouts(void) {
     job A, C;
     const char *d1 = path("dp2tp2"), *d2 = path("pp2");
-    static const int lay[][4] = {{1, 1, 1, 0}, {4, 1, 1, 3}, {1, 2, 2, 0}, {1, 4, 1, 0}, {2, 1, 2, 1}, {2, 2, 1, 2}};
+    static const int lay[][4] = {{1, 1, 1, 0}, {4, 1, 1, 3}, {1, 2, 2, 0},
+                                 {1, 4, 1, 0}, {2, 1, 2, 1}, {2, 2, 1, 2}};
     int s, i;
     double worst = 0, worst2 = 0;
-    base(&A, 2, 2, 1, 1, US_PRECISION_FP32); A.steps = 5; A.save = d1; A.save_at = 3;
+    base(&A, 2, 2, 1, 1, US_PRECISION_FP32);
+    A.steps = 5;
+    A.save = d1;
+    A.save_at = 3;
     CHECK(go(&A) == US_OK, "dp2×tp2 zero1: train 5, save after 3: %s", A.err);
-    base(&C, 2, 2, 1, 1, US_PRECISION_FP32); C.steps = 2; C.load = d1;
+    base(&C, 2, 2, 1, 1, US_PRECISION_FP32);
+    C.steps = 2;
+    C.load = d1;
     CHECK(go(&C) == US_OK, "dp2×tp2 zero1 resume: %s", C.err);
-    for (s = 3; s < 5; s++) CHECK(!memcmp(&A.loss[s], &C.loss[s], 4), "dp2×tp2: resumed step %d loss bitwise equal (%.9g)", s + 1, C.loss[s]);
+    for (s = 3; s < 5; s++)
+        CHECK(!memcmp(&A.loss[s], &C.loss[s], 4),
+              "dp2×tp2: resumed step %d loss bitwise equal (%.9g)", s + 1, C.loss[s]);
     for (i = 0; i < (int)(sizeof lay / sizeof lay[0]); i++) {
         double rel;
-        base(&C, lay[i][0], lay[i][1], lay[i][2], lay[i][3], US_PRECISION_FP32); C.steps = 2; C.load = d1;
-        CHECK(go(&C) == US_OK, "load dp2×tp2 under dp%d tp%d pp%d zero%d: %s", lay[i][0], lay[i][1], lay[i][2], lay[i][3], C.err);
+        base(&C, lay[i][0], lay[i][1], lay[i][2], lay[i][3], US_PRECISION_FP32);
+        C.steps = 2;
+        C.load = d1;
+        CHECK(go(&C) == US_OK, "load dp2×tp2 under dp%d tp%d pp%d zero%d: %s", lay[i][0], lay[i][1],
+              lay[i][2], lay[i][3], C.err);
         rel = fabs((double)C.loss[3] - A.loss[3]) / fabs((double)A.loss[3]);
         if (rel > worst) worst = rel;
-        CHECK(rel < 2e-5, "dp2×tp2 → dp%d tp%d pp%d zero%d: next-step loss %.7f vs %.7f", lay[i][0], lay[i][1], lay[i][2], lay[i][3], C.loss[3], A.loss[3]);
+        CHECK(rel < 2e-5, "dp2×tp2 → dp%d tp%d pp%d zero%d: next-step loss %.7f vs %.7f", lay[i][0],
+              lay[i][1], lay[i][2], lay[i][3], C.loss[3], A.loss[3]);
         /* the step after: the loaded moments and master weights took part in an update */
         rel = fabs((double)C.loss[4] - A.loss[4]) / fabs((double)A.loss[4]);
         if (rel > worst2) worst2 = rel;
-        CHECK(rel < 1e-4, "dp2×tp2 → dp%d tp%d pp%d zero%d: the loss after one more step %.7f vs %.7f", lay[i][0], lay[i][1], lay[i][2], lay[i][3], C.loss[4], A.loss[4]);
+        CHECK(rel < 1e-4,
+              "dp2×tp2 → dp%d tp%d pp%d zero%d: the loss after one more step %.7f vs %.7f",
+              lay[i][0], lay[i][1], lay[i][2], lay[i][3], C.loss[4], A.loss[4]);
     }
-    printf("  resharding: worst next-step loss difference %.2e relative, %.2e one update later\n", worst, worst2);
-    base(&A, 1, 1, 2, 0, US_PRECISION_BF16); A.steps = 5; A.save = d2; A.save_at = 3;
+    printf("  resharding: worst next-step loss difference %.2e relative, %.2e one update later\n",
+           worst, worst2);
+    base(&A, 1, 1, 2, 0, US_PRECISION_BF16);
+    A.steps = 5;
+    A.save = d2;
+    A.save_at = 3;
     CHECK(go(&A) == US_OK, "pp2 bf16: train, save: %s", A.err);
-    base(&C, 1, 1, 2, 0, US_PRECISION_BF16); C.steps = 2; C.load = d2;
+    base(&C, 1, 1, 2, 0, US_PRECISION_BF16);
+    C.steps = 2;
+    C.load = d2;
     CHECK(go(&C) == US_OK, "pp2 bf16 resume: %s", C.err);
-    for (s = 3; s < 5; s++) CHECK(!memcmp(&A.loss[s], &C.loss[s], 4), "pp2 bf16: resumed step %d loss bitwise equal (%.9g)", s + 1, C.loss[s]);
-    base(&C, 2, 2, 1, 3, US_PRECISION_BF16); C.steps = 1; C.load = d2;
-    CHECK(go(&C) == US_OK && fabs((double)C.loss[3] - A.loss[3]) < 2e-5 * fabs((double)A.loss[3]) + 1e-3,
-          "pp2 bf16 → dp2×tp2 zero3 bf16: next-step loss %.6f vs %.6f (bf16 activations: 1e-3 absolute)", C.loss[3], A.loss[3]);
+    for (s = 3; s < 5; s++)
+        CHECK(!memcmp(&A.loss[s], &C.loss[s], 4),
+              "pp2 bf16: resumed step %d loss bitwise equal (%.9g)", s + 1, C.loss[s]);
+    base(&C, 2, 2, 1, 3, US_PRECISION_BF16);
+    C.steps = 1;
+    C.load = d2;
+    CHECK(go(&C) == US_OK &&
+              fabs((double)C.loss[3] - A.loss[3]) < 2e-5 * fabs((double)A.loss[3]) + 1e-3,
+          "pp2 bf16 → dp2×tp2 zero3 bf16: next-step loss %.6f vs %.6f (bf16 activations: 1e-3 "
+          "absolute)",
+          C.loss[3], A.loss[3]);
 }
 
 /* MoE (DeepSeek names, the router bias as e_score_correction_bias): resume under dp2×ep2 is
@@ -275,17 +420,35 @@ static void test_moe(void) {
     job A, C;
     const char *d = path("moe");
     int s;
-    base(&A, 2, 1, 1, 0, US_PRECISION_FP32); A.tc.ep = 2; A.mc.moe_experts = 4; A.mc.moe_top_k = 2; A.mc.moe_shared = 1;
-    A.steps = 5; A.save = d; A.save_at = 3;
+    base(&A, 2, 1, 1, 0, US_PRECISION_FP32);
+    A.tc.ep = 2;
+    A.mc.moe_experts = 4;
+    A.mc.moe_top_k = 2;
+    A.mc.moe_shared = 1;
+    A.steps = 5;
+    A.save = d;
+    A.save_at = 3;
     CHECK(go(&A) == US_OK, "MoE dp2×ep2: train 5, save after 3: %s", A.err);
-    base(&C, 2, 1, 1, 0, US_PRECISION_FP32); C.tc.ep = 2; C.mc.moe_experts = 4; C.mc.moe_top_k = 2; C.mc.moe_shared = 1;
-    C.steps = 2; C.load = d;
+    base(&C, 2, 1, 1, 0, US_PRECISION_FP32);
+    C.tc.ep = 2;
+    C.mc.moe_experts = 4;
+    C.mc.moe_top_k = 2;
+    C.mc.moe_shared = 1;
+    C.steps = 2;
+    C.load = d;
     CHECK(go(&C) == US_OK, "MoE dp2×ep2 resume: %s", C.err);
-    for (s = 3; s < 5; s++) CHECK(!memcmp(&A.loss[s], &C.loss[s], 4), "MoE dp2×ep2: resumed step %d loss bitwise equal (%.9g)", s + 1, C.loss[s]);
-    base(&C, 1, 1, 1, 0, US_PRECISION_FP32); C.mc.moe_experts = 4; C.mc.moe_top_k = 2; C.mc.moe_shared = 1;
-    C.steps = 1; C.load = d;
-    CHECK(go(&C) == US_OK && fabs((double)C.loss[3] - A.loss[3]) < 2e-5 * fabs((double)A.loss[3]), "MoE dp2×ep2 → one rank: next-step loss %.7f vs %.7f: %s", C.loss[3], A.loss[3], C.err);
-    {   /* the router bias went into the file (it has moved from 0 after 3 steps of the bias rule) */
+    for (s = 3; s < 5; s++)
+        CHECK(!memcmp(&A.loss[s], &C.loss[s], 4),
+              "MoE dp2×ep2: resumed step %d loss bitwise equal (%.9g)", s + 1, C.loss[s]);
+    base(&C, 1, 1, 1, 0, US_PRECISION_FP32);
+    C.mc.moe_experts = 4;
+    C.mc.moe_top_k = 2;
+    C.mc.moe_shared = 1;
+    C.steps = 1;
+    C.load = d;
+    CHECK(go(&C) == US_OK && fabs((double)C.loss[3] - A.loss[3]) < 2e-5 * fabs((double)A.loss[3]),
+          "MoE dp2×ep2 → one rank: next-step loss %.7f vs %.7f: %s", C.loss[3], A.loss[3], C.err);
+    { /* the router bias went into the file (it has moved from 0 after 3 steps of the bias rule) */
         char p[600];
         FILE *f;
         static unsigned char buf[1 << 16];
@@ -296,13 +459,21 @@ static void test_moe(void) {
         snprintf(p, sizeof p, "%s/model.safetensors", d);
         f = fopen(p, "rb");
         n = f ? fread(buf, 1, sizeof buf, f) : 0;
-        if (f) { fseek(f, 0, SEEK_END); }
-        CHECK(f && us_safetensors_parse(&st, buf, n, (uint64_t)ftell(f), err, sizeof err) == US_OK, "parse the MoE file header: %s", err);
+        if (f) {
+            fseek(f, 0, SEEK_END);
+        }
+        CHECK(f && us_safetensors_parse(&st, buf, n, (uint64_t)ftell(f), err, sizeof err) == US_OK,
+              "parse the MoE file header: %s", err);
         t = f ? us_safetensors_find(&st, "model.layers.1.mlp.gate.e_score_correction_bias") : NULL;
-        CHECK(t && t->shape[0] == 4 && !strcmp(t->dtype, "F32"), "model.layers.1.mlp.gate.e_score_correction_bias [4] F32 is in the file");
-        CHECK(f && us_safetensors_find(&st, "model.layers.0.mlp.experts.3.down_proj.weight") && us_safetensors_find(&st, "model.layers.0.mlp.shared_experts.up_proj.weight"),
+        CHECK(t && t->shape[0] == 4 && !strcmp(t->dtype, "F32"),
+              "model.layers.1.mlp.gate.e_score_correction_bias [4] F32 is in the file");
+        CHECK(f && us_safetensors_find(&st, "model.layers.0.mlp.experts.3.down_proj.weight") &&
+                  us_safetensors_find(&st, "model.layers.0.mlp.shared_experts.up_proj.weight"),
               "every expert (ep 2 ranks wrote theirs) and the shared expert are in the file");
-        if (f) { us_safetensors_free(&st); fclose(f); }
+        if (f) {
+            us_safetensors_free(&st);
+            fclose(f);
+        }
     }
 }
 
@@ -312,44 +483,77 @@ static void test_validation(void) {
     const char *d = path("val"), *dt = path("val_trunc");
     char cmd[1200], p[600];
     FILE *f;
-    base(&A, 1, 1, 1, 0, US_PRECISION_FP32); A.steps = 1; A.save = d; A.save_at = 1;
+    base(&A, 1, 1, 1, 0, US_PRECISION_FP32);
+    A.steps = 1;
+    A.save = d;
+    A.save_at = 1;
     CHECK(go(&A) == US_OK, "save for validation: %s", A.err);
-    base(&C, 1, 1, 1, 0, US_PRECISION_FP32); C.mc.dim = 64; C.load = d;
-    CHECK(go(&C) != US_OK && strstr(C.err, "shape") && strstr(C.err, "expects"), "a model of another width: %s", C.err);
-    base(&C, 1, 1, 1, 0, US_PRECISION_FP32); C.mc.n_layers = 3; C.load = d;
-    CHECK(go(&C) != US_OK && strstr(C.err, "no tensor model.layers.2"), "a deeper model: %s", C.err);
-    snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r %s %s && truncate -s -100 %s/model.safetensors", dt, d, dt, dt);
+    base(&C, 1, 1, 1, 0, US_PRECISION_FP32);
+    C.mc.dim = 64;
+    C.load = d;
+    CHECK(go(&C) != US_OK && strstr(C.err, "shape") && strstr(C.err, "expects"),
+          "a model of another width: %s", C.err);
+    base(&C, 1, 1, 1, 0, US_PRECISION_FP32);
+    C.mc.n_layers = 3;
+    C.load = d;
+    CHECK(go(&C) != US_OK && strstr(C.err, "no tensor model.layers.2"), "a deeper model: %s",
+          C.err);
+    snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r %s %s && truncate -s -100 %s/model.safetensors",
+             dt, d, dt, dt);
     CHECK(system(cmd) == 0, "copy and truncate");
-    base(&C, 1, 1, 1, 0, US_PRECISION_FP32); C.load = dt;
+    base(&C, 1, 1, 1, 0, US_PRECISION_FP32);
+    C.load = dt;
     CHECK(go(&C) != US_OK && strstr(C.err, "past the data section"), "a truncated file: %s", C.err);
     snprintf(p, sizeof p, "%s/trainer_state.json", dt);
     snprintf(cmd, sizeof cmd, "cp %s/model.safetensors %s/model.safetensors", d, dt);
     CHECK(system(cmd) == 0, "restore the model file");
-    if ((f = fopen(p, "w"))) { fputs("{\"format\": \"ultrascale-trainer-state\", \"version\": 2}", f); fclose(f); }
-    base(&C, 1, 1, 1, 0, US_PRECISION_FP32); C.load = dt;
-    CHECK(go(&C) != US_OK && strstr(C.err, "version 1"), "a trainer state of another version: %s", C.err);
-    base(&C, 1, 1, 1, 0, US_PRECISION_FP32); C.load = path("does_not_exist");
+    if ((f = fopen(p, "w"))) {
+        fputs("{\"format\": \"ultrascale-trainer-state\", \"version\": 2}", f);
+        fclose(f);
+    }
+    base(&C, 1, 1, 1, 0, US_PRECISION_FP32);
+    C.load = dt;
+    CHECK(go(&C) != US_OK && strstr(C.err, "version 1"), "a trainer state of another version: %s",
+          C.err);
+    base(&C, 1, 1, 1, 0, US_PRECISION_FP32);
+    C.load = path("does_not_exist");
     CHECK(go(&C) == US_ERR_IO && strstr(C.err, "cannot open"), "a missing directory: %s", C.err);
-    {   /* config.json gives the architecture; a contradicting flag is named */
+    { /* config.json gives the architecture; a contradicting flag is named */
         us_model_config mc;
         char err[256];
         memset(&mc, 0, sizeof mc);
-        CHECK(us_ckpt_read_config(d, &mc, err, sizeof err) == US_OK && mc.dim == 32 && mc.n_layers == 2 && mc.ffn_dim == 64 && mc.vocab == 256 && mc.n_kv_heads == 4,
+        CHECK(us_ckpt_read_config(d, &mc, err, sizeof err) == US_OK && mc.dim == 32 &&
+                  mc.n_layers == 2 && mc.ffn_dim == 64 && mc.vocab == 256 && mc.n_kv_heads == 4,
               "config.json gives dim 32, 2 layers, ffn 64, vocab 256: %s", err);
-        memset(&mc, 0, sizeof mc); mc.dim = 48;
-        CHECK(us_ckpt_read_config(d, &mc, err, sizeof err) == US_ERR_INVALID && strstr(err, "hidden_size"), "a contradicting width: %s", err);
-        {   /* a Llama 3.1 config with rope_scaling is refused, not silently misread */
+        memset(&mc, 0, sizeof mc);
+        mc.dim = 48;
+        CHECK(us_ckpt_read_config(d, &mc, err, sizeof err) == US_ERR_INVALID &&
+                  strstr(err, "hidden_size"),
+              "a contradicting width: %s", err);
+        { /* a Llama 3.1 config with rope_scaling is refused, not silently misread */
             char cdir[600], cp[700];
             FILE *cf;
             snprintf(cdir, sizeof cdir, "%s", path("cfg_rs"));
             mkdir(cdir, 0755);
             snprintf(cp, sizeof cp, "%s/config.json", cdir);
-            if ((cf = fopen(cp, "w"))) { fputs("{\"hidden_size\": 32, \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}}", cf); fclose(cf); }
+            if ((cf = fopen(cp, "w"))) {
+                fputs("{\"hidden_size\": 32, \"rope_scaling\": {\"rope_type\": \"llama3\", "
+                      "\"factor\": 8.0}}",
+                      cf);
+                fclose(cf);
+            }
             memset(&mc, 0, sizeof mc);
-            CHECK(us_ckpt_read_config(cdir, &mc, err, sizeof err) == US_ERR_FORMAT && strstr(err, "rope_scaling"), "rope_scaling is refused: %s", err);
-            if ((cf = fopen(cp, "w"))) { fputs("{\"hidden_size\": 32, \"num_hidden_layers\": 2.5}", cf); fclose(cf); }
+            CHECK(us_ckpt_read_config(cdir, &mc, err, sizeof err) == US_ERR_FORMAT &&
+                      strstr(err, "rope_scaling"),
+                  "rope_scaling is refused: %s", err);
+            if ((cf = fopen(cp, "w"))) {
+                fputs("{\"hidden_size\": 32, \"num_hidden_layers\": 2.5}", cf);
+                fclose(cf);
+            }
             memset(&mc, 0, sizeof mc);
-            CHECK(us_ckpt_read_config(cdir, &mc, err, sizeof err) == US_ERR_FORMAT && strstr(err, "num_hidden_layers"), "a fractional layer count is refused: %s", err);
+            CHECK(us_ckpt_read_config(cdir, &mc, err, sizeof err) == US_ERR_FORMAT &&
+                      strstr(err, "num_hidden_layers"),
+                  "a fractional layer count is refused: %s", err);
         }
     }
 }
@@ -364,14 +568,22 @@ static void test_crash(void) {
     struct stat sb;
     snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s", root, root);
     CHECK(system(cmd) == 0, "crash dir");
-    good = path("crash/step_1"); same = path("crash/step_2");
-    base(&A, 1, 1, 1, 0, US_PRECISION_FP32); A.steps = 1; A.save = good; A.save_at = 1;
+    good = path("crash/step_1");
+    same = path("crash/step_2");
+    base(&A, 1, 1, 1, 0, US_PRECISION_FP32);
+    A.steps = 1;
+    A.save = good;
+    A.save_at = 1;
     CHECK(go(&A) == US_OK, "a good checkpoint: %s", A.err);
     fflush(stdout);
     pid = fork();
-    if (pid == 0) {   /* the child dies halfway through step_2, then again while replacing step_1 */
+    if (pid == 0) { /* the child dies halfway through step_2, then again while replacing step_1 */
         job K;
-        base(&K, 1, 1, 1, 0, US_PRECISION_FP32); K.steps = 2; K.save = same; K.save_at = 2; K.so.crash_after = 20000;
+        base(&K, 1, 1, 1, 0, US_PRECISION_FP32);
+        K.steps = 2;
+        K.save = same;
+        K.save_at = 2;
+        K.so.crash_after = 20000;
         go(&K);
         _exit(0);
     }
@@ -380,21 +592,30 @@ static void test_crash(void) {
     CHECK(stat(same, &sb) != 0, "the half-written step_2 does not exist under its name");
     snprintf(latest, sizeof latest, "%s.tmp", same);
     CHECK(stat(latest, &sb) == 0, "its remains are in step_2.tmp");
-    CHECK(us_ckpt_latest(root, latest, sizeof latest, err, sizeof err) == US_OK && !strcmp(latest, good), "latest is still step_1: %s", latest);
+    CHECK(us_ckpt_latest(root, latest, sizeof latest, err, sizeof err) == US_OK &&
+              !strcmp(latest, good),
+          "latest is still step_1: %s", latest);
     fflush(stdout);
     pid = fork();
     if (pid == 0) {
         job K;
-        base(&K, 1, 1, 1, 0, US_PRECISION_FP32); K.steps = 2; K.save = good; K.save_at = 2; K.so.crash_after = 20000;
+        base(&K, 1, 1, 1, 0, US_PRECISION_FP32);
+        K.steps = 2;
+        K.save = good;
+        K.save_at = 2;
+        K.so.crash_after = 20000;
         go(&K);
         _exit(0);
     }
     waitpid(pid, &status, 0);
     CHECK(WIFSIGNALED(status), "the second writer was killed while replacing step_1");
-    base(&C, 1, 1, 1, 0, US_PRECISION_FP32); C.steps = 1; C.load = good;
+    base(&C, 1, 1, 1, 0, US_PRECISION_FP32);
+    C.steps = 1;
+    C.load = good;
     CHECK(go(&C) == US_OK && C.first == 1, "step_1 still loads (step %d): %s", C.first, C.err);
     snprintf(latest, sizeof latest, "%s.tmp", same);
-    CHECK(us_ckpt_prune(root, 1, err, sizeof err) == US_OK && stat(latest, &sb) != 0, "prune removes the stale .tmp directories");
+    CHECK(us_ckpt_prune(root, 1, err, sizeof err) == US_OK && stat(latest, &sb) != 0,
+          "prune removes the stale .tmp directories");
     snprintf(latest, sizeof latest, "%s.tmp", good);
     CHECK(stat(latest, &sb) != 0 && stat(good, &sb) == 0, "and keeps step_1");
 }
@@ -412,11 +633,14 @@ static int check_py(const char *dir) {
     f = fopen(p, "rb");
     CHECK(f != NULL, "open %s", p);
     if (!f) return us_test_done("test_ckpt --py");
-    fseek(f, 0, SEEK_END); n = ftell(f); fseek(f, 0, SEEK_SET);
+    fseek(f, 0, SEEK_END);
+    n = ftell(f);
+    fseek(f, 0, SEEK_SET);
     buf = (unsigned char *)malloc((size_t)n);
     CHECK(fread(buf, 1, (size_t)n, f) == (size_t)n, "read fixture");
     fclose(f);
-    CHECK(us_safetensors_parse(&st, buf, (size_t)n, (uint64_t)n, err, sizeof err) == US_OK, "the Python package's file parses: %s", err);
+    CHECK(us_safetensors_parse(&st, buf, (size_t)n, (uint64_t)n, err, sizeof err) == US_OK,
+          "the Python package's file parses: %s", err);
     for (i = 0; i < st.n; i++) {
         const us_st_tensor *t = &st.t[i];
         int64_t k, cnt = 1, bad = 0;
@@ -425,35 +649,56 @@ static int check_py(const char *dir) {
         for (k = 0; k < cnt; k++) {
             const unsigned char *q = buf + st.data_start + t->begin;
             float want = (float)k * 0.25f - 3.0f, got;
-            if (!strcmp(t->dtype, "F32")) memcpy(&got, q + 4 * k, 4);
-            else if (!strcmp(t->dtype, "F16")) { uint16_t h; memcpy(&h, q + 2 * k, 2); got = us_f16_to_f32(h); }
-            else if (!strcmp(t->dtype, "I32")) { int32_t x; memcpy(&x, q + 4 * k, 4); got = (float)x; want = (float)k - 5; }
-            else { got = want + 1; }
+            if (!strcmp(t->dtype, "F32"))
+                memcpy(&got, q + 4 * k, 4);
+            else if (!strcmp(t->dtype, "F16")) {
+                uint16_t h;
+                memcpy(&h, q + 2 * k, 2);
+                got = us_f16_to_f32(h);
+            } else if (!strcmp(t->dtype, "I32")) {
+                int32_t x;
+                memcpy(&x, q + 4 * k, 4);
+                got = (float)x;
+                want = (float)k - 5;
+            } else {
+                got = want + 1;
+            }
             bad += got != want;
         }
-        CHECK(bad == 0, "tensor %s (%s, %d dims, %lld values) matches the values Python wrote", t->name, t->dtype, t->ndim, (long long)cnt);
+        CHECK(bad == 0, "tensor %s (%s, %d dims, %lld values) matches the values Python wrote",
+              t->name, t->dtype, t->ndim, (long long)cnt);
     }
     us_safetensors_free(&st);
     free(buf);
-    {   /* a Hugging Face-style sharded Llama directory loads (config.json, index, F16 + F32 shards) */
+    { /* a Hugging Face-style sharded Llama directory loads (config.json, index, F16 + F32 shards) */
         us_model_config mc;
         us_train_config tc;
         us_model m;
         char hf[600];
         float *ref;
         int64_t bad = 0, total = 0;
-        memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
+        memset(&mc, 0, sizeof mc);
+        memset(&tc, 0, sizeof tc);
         snprintf(hf, sizeof hf, "%s/hf", dir);
-        CHECK(us_ckpt_read_config(hf, &mc, err, sizeof err) == US_OK, "read %s/config.json: %s", hf, err);
-        tc.batch = 2; tc.seq = 8; tc.threads = 1;
-        CHECK(us_model_init(&m, &mc, &tc, NULL) == US_OK, "model from config.json: %s", us_model_error(&m));
-        CHECK(us_ckpt_load(&m, hf, 0, NULL) == US_OK, "load the sharded HF directory: %s", us_model_error(&m));
-        for (i = 0; i < m.n_params_t; i++) {   /* DIR/hf_raw/<name>.f32 holds each tensor as Python saw it */
+        CHECK(us_ckpt_read_config(hf, &mc, err, sizeof err) == US_OK, "read %s/config.json: %s", hf,
+              err);
+        tc.batch = 2;
+        tc.seq = 8;
+        tc.threads = 1;
+        CHECK(us_model_init(&m, &mc, &tc, NULL) == US_OK, "model from config.json: %s",
+              us_model_error(&m));
+        CHECK(us_ckpt_load(&m, hf, 0, NULL) == US_OK, "load the sharded HF directory: %s",
+              us_model_error(&m));
+        for (i = 0; i < m.n_params_t;
+             i++) { /* DIR/hf_raw/<name>.f32 holds each tensor as Python saw it */
             const us_param *pr = &m.params[i];
             int64_t k;
             snprintf(p, sizeof p, "%.600s/hf_raw/%.200s.f32", dir, pr->name);
             f = fopen(p, "rb");
-            if (!f) { bad++; continue; }
+            if (!f) {
+                bad++;
+                continue;
+            }
             ref = (float *)malloc((size_t)pr->numel * 4);
             if (fread(ref, 4, (size_t)pr->numel, f) != (size_t)pr->numel) bad++;
             fclose(f);
@@ -461,7 +706,8 @@ static int check_py(const char *dir) {
             total += pr->numel;
             free(ref);
         }
-        CHECK(bad == 0 && total == m.n_params, "all %lld weights equal the Python values (F16 widened exactly)", (long long)total);
+        CHECK(bad == 0 && total == m.n_params,
+              "all %lld weights equal the Python values (F16 widened exactly)", (long long)total);
         us_model_free(&m);
     }
     return us_test_done("test_ckpt --py");
@@ -472,7 +718,10 @@ int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--py")) return check_py(argv[2]);
     snprintf(g_root, sizeof g_root, "/tmp/us_test_ckpt_%d", (int)getpid());
     snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s", g_root, g_root);
-    if (system(cmd) != 0) { printf("cannot make %s\n", g_root); return 1; }
+    if (system(cmd) != 0) {
+        printf("cannot make %s\n", g_root);
+        return 1;
+    }
     test_parser();
     test_roundtrip(US_PRECISION_FP32, 0);
     test_roundtrip(US_PRECISION_BF16, 0);

@@ -9,24 +9,42 @@
 #include <stdlib.h>
 #include <string.h>
 
-static us_ops G, Ccpu;   /* the GPU ops and the CPU reference ops */
+static us_ops G, Ccpu; /* the GPU ops and the CPU reference ops */
 
-static void *up(const void *h, size_t bytes) { void *d = G.alloc(&G, bytes); G.copy(&G, d, h, bytes, US_COPY_H2D); return d; }
+static void *up(const void *h, size_t bytes) {
+    void *d = G.alloc(&G, bytes);
+    G.copy(&G, d, h, bytes, US_COPY_H2D);
+    return d;
+}
+
 static void down(void *h, const void *d, size_t bytes) { G.copy(&G, h, d, bytes, US_COPY_D2H); }
-static float *rnd_f32(int64_t n, float a) { float *x = (float *)malloc((size_t)n * 4); int64_t i; for (i = 0; i < n; i++) x[i] = (float)((rnd01() * 2 - 1) * a); return x; }
+
+static float *rnd_f32(int64_t n, float a) {
+    float *x = (float *)malloc((size_t)n * 4);
+    int64_t i;
+    for (i = 0; i < n; i++) x[i] = (float)((rnd01() * 2 - 1) * a);
+    return x;
+}
+
 /* host buffer of dtype dt holding x (rounded when bf16 or fp16) */
 static void *as_dt(const float *x, int64_t n, us_dtype dt) {
     void *h = malloc((size_t)n * us_dtype_size(dt));
     int64_t i;
     for (i = 0; i < n; i++) {
-        if (dt == US_F32) ((float *)h)[i] = x[i];
-        else ((uint16_t *)h)[i] = dt == US_F16 ? us_f32_to_f16(x[i]) : us_f32_to_bf16(x[i]);
+        if (dt == US_F32)
+            ((float *)h)[i] = x[i];
+        else
+            ((uint16_t *)h)[i] = dt == US_F16 ? us_f32_to_f16(x[i]) : us_f32_to_bf16(x[i]);
     }
     return h;
 }
+
 static double get(const void *h, us_dtype dt, int64_t i) {
-    return dt == US_F32 ? ((const float *)h)[i] : dt == US_F16 ? us_f16_to_f32(((const uint16_t *)h)[i]) : us_bf16_to_f32(((const uint16_t *)h)[i]);
+    return dt == US_F32   ? ((const float *)h)[i]
+           : dt == US_F16 ? us_f16_to_f32(((const uint16_t *)h)[i])
+                          : us_bf16_to_f32(((const uint16_t *)h)[i]);
 }
+
 /* ‖gpu − cpu‖ / ‖cpu‖ over n elements of dtype dt (both host); NaN anywhere fails */
 static double relerr(const void *gpu, const void *cpu, us_dtype dt, int64_t n) {
     double num = 0, den = 0;
@@ -34,18 +52,38 @@ static double relerr(const void *gpu, const void *cpu, us_dtype dt, int64_t n) {
     for (i = 0; i < n; i++) {
         double a = get(gpu, dt, i), b = get(cpu, dt, i);
         if (a != a || b != b) return INFINITY;
-        num += (a - b) * (a - b); den += b * b;
+        num += (a - b) * (a - b);
+        den += b * b;
     }
     return sqrt(num / (den > 0 ? den : 1));
 }
+
 static double tol(us_dtype dt) { return dt == US_F32 ? 2e-5 : 1e-2; }
 
 /* Runs one op on both backends: host buffers in, compares the listed outputs. */
-typedef struct { void *h; size_t bytes; void *d; } buf;
-static buf mk(const void *h, size_t bytes) { buf b; b.h = malloc(bytes); memcpy(b.h, h, bytes); b.bytes = bytes; b.d = up(h, bytes); return b; }
-static void fin(buf *b) { G.free(&G, b->d); free(b->h); }
+typedef struct {
+    void *h;
+    size_t bytes;
+    void *d;
+} buf;
+
+static buf mk(const void *h, size_t bytes) {
+    buf b;
+    b.h = malloc(bytes);
+    memcpy(b.h, h, bytes);
+    b.bytes = bytes;
+    b.d = up(h, bytes);
+    return b;
+}
+
+static void fin(buf *b) {
+    G.free(&G, b->d);
+    free(b->h);
+}
+
 /* give the GPU the CPU's copy, so a chained op starts from the same bits on both sides */
 static void same_in(buf *b) { G.copy(&G, b->d, b->h, b->bytes, US_COPY_H2D); }
+
 static void cmp(const char *what, buf *b, us_dtype dt, int64_t n) {
     void *g = malloc(b->bytes);
     double e;
@@ -57,27 +95,38 @@ static void cmp(const char *what, buf *b, us_dtype dt, int64_t n) {
 
 /* Shapes pick the kernels' paths: multiples of 8 take the 16-byte vector kernels, odd sizes
    the scalar fallbacks; adam_off misaligns the AdamW buffers to exercise its head and tail. */
-static void test_ops(us_dtype dt, int64_t NH, int64_t NKV, int64_t HS, int64_t F, int64_t V, int64_t adam_n, int64_t adam_off) {
+static void test_ops(us_dtype dt, int64_t NH, int64_t NKV, int64_t HS, int64_t F, int64_t V,
+                     int64_t adam_n, int64_t adam_off) {
     int64_t B = 2, T = 37, C = NH * HS, N = B * T;
     int64_t QKV = (NH + 2 * NKV) * HS, i;
     size_t a = us_dtype_size(dt);
-    float *x = rnd_f32(N * C, 1), *w = rnd_f32(C, 1), *q = rnd_f32(N * QKV, 1), *dy = rnd_f32(N * C * 4, 1);
-    float *gu = rnd_f32(N * 2 * F, 2), *lg = rnd_f32(N * V, 3), *wt = rnd_f32(V * C, 1), *acc = rnd_f32(N * C, 1);
+    float *x = rnd_f32(N * C, 1), *w = rnd_f32(C, 1), *q = rnd_f32(N * QKV, 1),
+          *dy = rnd_f32(N * C * 4, 1);
+    float *gu = rnd_f32(N * 2 * F, 2), *lg = rnd_f32(N * V, 3), *wt = rnd_f32(V * C, 1),
+          *acc = rnd_f32(N * C, 1);
     int32_t *tok = (int32_t *)malloc((size_t)N * 4), *tgt = (int32_t *)malloc((size_t)N * 4);
-    void *hx = as_dt(x, N * C, dt), *hw = as_dt(w, C, dt), *hq = as_dt(q, N * QKV, dt), *hdy = as_dt(dy, N * C * 4, dt);
-    void *hgu = as_dt(gu, N * 2 * F, dt), *hlg = as_dt(lg, N * V, dt), *hwt = as_dt(wt, V * C, dt), *hacc = as_dt(acc, N * C, dt);
-    for (i = 0; i < N; i++) { tok[i] = (int32_t)(rnd64() % V); tgt[i] = i % 7 == 3 ? -1 : (int32_t)(rnd64() % V); }
-    {   /* GEMM: the three shapes a linear layer uses, beta 0 and 1 */
+    void *hx = as_dt(x, N * C, dt), *hw = as_dt(w, C, dt), *hq = as_dt(q, N * QKV, dt),
+         *hdy = as_dt(dy, N * C * 4, dt);
+    void *hgu = as_dt(gu, N * 2 * F, dt), *hlg = as_dt(lg, N * V, dt), *hwt = as_dt(wt, V * C, dt),
+         *hacc = as_dt(acc, N * C, dt);
+    for (i = 0; i < N; i++) {
+        tok[i] = (int32_t)(rnd64() % V);
+        tgt[i] = i % 7 == 3 ? -1 : (int32_t)(rnd64() % V);
+    }
+    { /* GEMM: the three shapes a linear layer uses, beta 0 and 1 */
         float *A = rnd_f32(N * C, 1), *Bm = rnd_f32(3 * C * C, 1), *Cf = rnd_f32(N * 3 * C, 1);
-        void *hA = as_dt(A, N * C, dt), *hB = as_dt(Bm, 3 * C * C, dt), *hC = as_dt(Cf, N * 3 * C, dt);
-        buf bA = mk(hA, N * C * a), bB = mk(hB, 3 * C * C * a), bC = mk(hC, N * 3 * C * a), bW = mk(Cf, 3 * C * C * 4);
+        void *hA = as_dt(A, N * C, dt), *hB = as_dt(Bm, 3 * C * C, dt),
+             *hC = as_dt(Cf, N * 3 * C, dt);
+        buf bA = mk(hA, N * C * a), bB = mk(hB, 3 * C * C * a), bC = mk(hC, N * 3 * C * a),
+            bW = mk(Cf, 3 * C * C * 4);
         Ccpu.gemm(&Ccpu, 0, 1, N, 3 * C, C, 1, bA.h, dt, C, bB.h, dt, C, 0, bC.h, dt, 3 * C);
         G.gemm(&G, 0, 1, N, 3 * C, C, 1, bA.d, dt, C, bB.d, dt, C, 0, bC.d, dt, 3 * C);
         cmp("gemm y = x·Wᵀ", &bC, dt, N * 3 * C);
         Ccpu.gemm(&Ccpu, 0, 0, N, C, 3 * C, 1, bC.h, dt, 3 * C, bB.h, dt, C, 1, bA.h, dt, C);
         G.gemm(&G, 0, 0, N, C, 3 * C, 1, bC.d, dt, 3 * C, bB.d, dt, C, 1, bA.d, dt, C);
         cmp("gemm dx += dy·W (beta 1)", &bA, dt, N * C);
-        same_in(&bA); same_in(&bC);
+        same_in(&bA);
+        same_in(&bC);
         Ccpu.gemm(&Ccpu, 1, 0, 3 * C, C, N, 1, bC.h, dt, 3 * C, bA.h, dt, C, 1, bW.h, US_F32, C);
         G.gemm(&G, 1, 0, 3 * C, C, N, 1, bC.d, dt, 3 * C, bA.d, dt, C, 1, bW.d, US_F32, C);
         cmp("gemm dW += dyᵀ·x (fp32 out)", &bW, US_F32, 3 * C * C);
@@ -89,10 +138,20 @@ static void test_ops(us_dtype dt, int64_t NH, int64_t NKV, int64_t HS, int64_t F
         G.gemm(&G, 0, 1, N, 3 * C, C, 1, bA.d, dt, C, bB.d, dt, C, 0, bC.d, dt, 3 * C);
         G.sm_margin = 0;
         cmp("gemm y = x·Wᵀ with 16 SMs left to communication", &bC, dt, N * 3 * C);
-        fin(&bA); fin(&bB); fin(&bC); fin(&bW); free(A); free(Bm); free(Cf); free(hA); free(hB); free(hC);
+        fin(&bA);
+        fin(&bB);
+        fin(&bC);
+        fin(&bW);
+        free(A);
+        free(Bm);
+        free(Cf);
+        free(hA);
+        free(hB);
+        free(hC);
     }
-    {   /* embedding */
-        buf bt = mk(tok, N * 4), bw = mk(hwt, V * C * a), bo = mk(hx, N * C * a), bd = mk(wt, V * C * 4);
+    { /* embedding */
+        buf bt = mk(tok, N * 4), bw = mk(hwt, V * C * a), bo = mk(hx, N * C * a),
+            bd = mk(wt, V * C * 4);
         Ccpu.embedding_fwd(&Ccpu, bo.h, (int32_t *)bt.h, bw.h, N, C, dt);
         G.embedding_fwd(&G, bo.d, (int32_t *)bt.d, bw.d, N, C, dt);
         cmp("embedding fwd", &bo, dt, N * C);
@@ -103,11 +162,15 @@ static void test_ops(us_dtype dt, int64_t NH, int64_t NKV, int64_t HS, int64_t F
             cmp("embedding bwd (dwte +=)", &bd, US_F32, V * C);
             fin(&bdy);
         }
-        fin(&bt); fin(&bw); fin(&bo); fin(&bd);
+        fin(&bt);
+        fin(&bw);
+        fin(&bo);
+        fin(&bd);
     }
-    {   /* RMSNorm */
+    { /* RMSNorm */
         float *rs = rnd_f32(N, 1), *dw0 = rnd_f32(C, 1);
-        buf bx = mk(hx, N * C * a), bw = mk(hw, C * a), bo = mk(hacc, N * C * a), br = mk(rs, N * 4), bdy = mk(hdy, N * C * a);
+        buf bx = mk(hx, N * C * a), bw = mk(hw, C * a), bo = mk(hacc, N * C * a),
+            br = mk(rs, N * 4), bdy = mk(hdy, N * C * a);
         buf bdx = mk(hacc, N * C * a), bdw = mk(dw0, C * 4);
         Ccpu.rmsnorm_fwd(&Ccpu, bo.h, (float *)br.h, bx.h, bw.h, N, C, 1e-5f, dt);
         G.rmsnorm_fwd(&G, bo.d, (float *)br.d, bx.d, bw.d, N, C, 1e-5f, dt);
@@ -117,10 +180,19 @@ static void test_ops(us_dtype dt, int64_t NH, int64_t NKV, int64_t HS, int64_t F
         G.rmsnorm_bwd(&G, bdx.d, (float *)bdw.d, bdy.d, bx.d, bw.d, (float *)br.d, N, C, dt);
         cmp("rmsnorm bwd dx (+=)", &bdx, dt, N * C);
         cmp("rmsnorm bwd dw (+=)", &bdw, US_F32, C);
-        fin(&bx); fin(&bw); fin(&bo); fin(&br); fin(&bdy); fin(&bdx); fin(&bdw); free(rs); free(dw0);
+        fin(&bx);
+        fin(&bw);
+        fin(&bo);
+        fin(&br);
+        fin(&bdy);
+        fin(&bdx);
+        fin(&bdw);
+        free(rs);
+        free(dw0);
     }
-    {   /* RoPE, attention */
-        buf bq = mk(hq, N * QKV * a), bo = mk(hx, N * C * a), bl = mk(x, B * NH * T * 4), bdo = mk(hdy, N * C * a), bdq = mk(hq, N * QKV * a);
+    { /* RoPE, attention */
+        buf bq = mk(hq, N * QKV * a), bo = mk(hx, N * C * a), bl = mk(x, B * NH * T * 4),
+            bdo = mk(hdy, N * C * a), bdq = mk(hq, N * QKV * a);
         Ccpu.rope_fwd(&Ccpu, bq.h, B, T, NH, NKV, HS, 10000.0f, dt);
         G.rope_fwd(&G, bq.d, B, T, NH, NKV, HS, 10000.0f, dt);
         cmp("rope fwd", &bq, dt, N * QKV);
@@ -134,19 +206,27 @@ static void test_ops(us_dtype dt, int64_t NH, int64_t NKV, int64_t HS, int64_t F
         Ccpu.rope_bwd(&Ccpu, bdq.h, B, T, NH, NKV, HS, 10000.0f, dt);
         G.rope_bwd(&G, bdq.d, B, T, NH, NKV, HS, 10000.0f, dt);
         cmp("rope bwd", &bdq, dt, N * QKV);
-        fin(&bq); fin(&bo); fin(&bl); fin(&bdo); fin(&bdq);
+        fin(&bq);
+        fin(&bo);
+        fin(&bl);
+        fin(&bdo);
+        fin(&bdq);
     }
-    {   /* SwiGLU */
-        buf bg = mk(hgu, N * 2 * F * a), bh = mk(hgu, N * F * a), bdh = mk(hdy, N * F * a), bdg = mk(hgu, N * 2 * F * a);
+    { /* SwiGLU */
+        buf bg = mk(hgu, N * 2 * F * a), bh = mk(hgu, N * F * a), bdh = mk(hdy, N * F * a),
+            bdg = mk(hgu, N * 2 * F * a);
         Ccpu.swiglu_fwd(&Ccpu, bh.h, bg.h, N, F, dt);
         G.swiglu_fwd(&G, bh.d, bg.d, N, F, dt);
         cmp("swiglu fwd", &bh, dt, N * F);
         Ccpu.swiglu_bwd(&Ccpu, bdg.h, bdh.h, bg.h, N, F, dt);
         G.swiglu_bwd(&G, bdg.d, bdh.d, bg.d, N, F, dt);
         cmp("swiglu bwd", &bdg, dt, N * 2 * F);
-        fin(&bg); fin(&bh); fin(&bdh); fin(&bdg);
+        fin(&bg);
+        fin(&bh);
+        fin(&bdh);
+        fin(&bdg);
     }
-    {   /* fused cross-entropy, with the argmax */
+    { /* fused cross-entropy, with the argmax */
         buf bl = mk(hlg, N * V * a), bt = mk(tgt, N * 4), bls = mk(x, N * 4), bam = mk(tok, N * 4);
         int32_t *am = (int32_t *)malloc((size_t)N * 4);
         int64_t same = 0;
@@ -157,43 +237,70 @@ static void test_ops(us_dtype dt, int64_t NH, int64_t NKV, int64_t HS, int64_t F
         down(am, bam.d, (size_t)N * 4);
         for (i = 0; i < N; i++) same += am[i] == ((int32_t *)bam.h)[i];
         CHECK(same == N, "xent argmax agrees on %lld of %lld rows", (long long)same, (long long)N);
-        fin(&bl); fin(&bt); fin(&bls); fin(&bam); free(am);
+        fin(&bl);
+        fin(&bt);
+        fin(&bls);
+        fin(&bam);
+        free(am);
     }
-    {   /* tensor parallelism's vocabulary-parallel cross-entropy (one rank's view: targets local,
+    { /* tensor parallelism's vocabulary-parallel cross-entropy (one rank's view: targets local,
            -1 elsewhere, -2 ignored; the stats would be all-reduced between the passes) and the
            embedding of tokens held by another rank (zero rows, skipped in the backward) */
         int32_t *tl = (int32_t *)malloc((size_t)N * 4), *tk = (int32_t *)malloc((size_t)N * 4);
-        for (i = 0; i < N; i++) { tl[i] = tgt[i] < 0 ? -2 : i % 5 == 1 ? -1 : tgt[i]; tk[i] = i % 3 == 0 ? -1 : tok[i]; }
+        for (i = 0; i < N; i++) {
+            tl[i] = tgt[i] < 0 ? -2 : i % 5 == 1 ? -1 : tgt[i];
+            tk[i] = i % 3 == 0 ? -1 : tok[i];
+        }
         {
-            buf bl = mk(hlg, N * V * a), bt = mk(tl, N * 4), bmx = mk(x, N * 4), bam = mk(tok, N * 4), bse = mk(x, N * 8), btl = mk(x, N * 4), bls = mk(x, N * 4);
+            buf bl = mk(hlg, N * V * a), bt = mk(tl, N * 4), bmx = mk(x, N * 4),
+                bam = mk(tok, N * 4), bse = mk(x, N * 8), btl = mk(x, N * 4), bls = mk(x, N * 4);
             int32_t *am = (int32_t *)malloc((size_t)N * 4);
             int64_t same = 0;
-            Ccpu.xent_stats(&Ccpu, (float *)bmx.h, (int32_t *)bam.h, NULL, NULL, bl.h, (int32_t *)bt.h, N, V, dt);
-            G.xent_stats(&G, (float *)bmx.d, (int32_t *)bam.d, NULL, NULL, bl.d, (int32_t *)bt.d, N, V, dt);
+            Ccpu.xent_stats(&Ccpu, (float *)bmx.h, (int32_t *)bam.h, NULL, NULL, bl.h,
+                            (int32_t *)bt.h, N, V, dt);
+            G.xent_stats(&G, (float *)bmx.d, (int32_t *)bam.d, NULL, NULL, bl.d, (int32_t *)bt.d, N,
+                         V, dt);
             cmp("vocab-parallel xent row max", &bmx, US_F32, N);
             down(am, bam.d, (size_t)N * 4);
             for (i = 0; i < N; i++) same += am[i] == ((int32_t *)bam.h)[i];
-            CHECK(same == N, "vocab-parallel xent argmax agrees on %lld of %lld rows", (long long)same, (long long)N);
+            CHECK(same == N, "vocab-parallel xent argmax agrees on %lld of %lld rows",
+                  (long long)same, (long long)N);
             same_in(&bmx);
-            Ccpu.xent_stats(&Ccpu, (float *)bmx.h, NULL, (double *)bse.h, (float *)btl.h, bl.h, (int32_t *)bt.h, N, V, dt);
-            G.xent_stats(&G, (float *)bmx.d, NULL, (double *)bse.d, (float *)btl.d, bl.d, (int32_t *)bt.d, N, V, dt);
-            {   /* f64 sums: compare as relative errors by hand */
+            Ccpu.xent_stats(&Ccpu, (float *)bmx.h, NULL, (double *)bse.h, (float *)btl.h, bl.h,
+                            (int32_t *)bt.h, N, V, dt);
+            G.xent_stats(&G, (float *)bmx.d, NULL, (double *)bse.d, (float *)btl.d, bl.d,
+                         (int32_t *)bt.d, N, V, dt);
+            { /* f64 sums: compare as relative errors by hand */
                 double *gs = (double *)malloc((size_t)N * 8), e = 0;
                 down(gs, bse.d, (size_t)N * 8);
-                for (i = 0; i < N; i++) { double d = fabs(gs[i] - ((double *)bse.h)[i]) / ((double *)bse.h)[i]; if (d > e) e = d; }
+                for (i = 0; i < N; i++) {
+                    double d = fabs(gs[i] - ((double *)bse.h)[i]) / ((double *)bse.h)[i];
+                    if (d > e) e = d;
+                }
                 CHECK(e < 1e-6, "vocab-parallel xent Σexp rel err %.2e", e);
                 free(gs);
             }
             cmp("vocab-parallel xent target logit", &btl, US_F32, N);
-            same_in(&bse); same_in(&btl);
-            Ccpu.xent_finish(&Ccpu, (float *)bls.h, bl.h, (int32_t *)bt.h, (float *)bmx.h, (double *)bse.h, (float *)btl.h, N, V, 0.01f, dt);
-            G.xent_finish(&G, (float *)bls.d, bl.d, (int32_t *)bt.d, (float *)bmx.d, (double *)bse.d, (float *)btl.d, N, V, 0.01f, dt);
+            same_in(&bse);
+            same_in(&btl);
+            Ccpu.xent_finish(&Ccpu, (float *)bls.h, bl.h, (int32_t *)bt.h, (float *)bmx.h,
+                             (double *)bse.h, (float *)btl.h, N, V, 0.01f, dt);
+            G.xent_finish(&G, (float *)bls.d, bl.d, (int32_t *)bt.d, (float *)bmx.d,
+                          (double *)bse.d, (float *)btl.d, N, V, 0.01f, dt);
             cmp("vocab-parallel xent losses", &bls, US_F32, N);
             cmp("vocab-parallel xent dlogits", &bl, dt, N * V);
-            fin(&bl); fin(&bt); fin(&bmx); fin(&bam); fin(&bse); fin(&btl); fin(&bls); free(am);
+            fin(&bl);
+            fin(&bt);
+            fin(&bmx);
+            fin(&bam);
+            fin(&bse);
+            fin(&btl);
+            fin(&bls);
+            free(am);
         }
         {
-            buf bk = mk(tk, N * 4), bwt = mk(hwt, V * C * a), bo = mk(hx, N * C * a), bdw = mk(wt, V * C * 4);
+            buf bk = mk(tk, N * 4), bwt = mk(hwt, V * C * a), bo = mk(hx, N * C * a),
+                bdw = mk(wt, V * C * 4);
             Ccpu.embedding_fwd(&Ccpu, bo.h, (int32_t *)bk.h, bwt.h, N, C, dt);
             G.embedding_fwd(&G, bo.d, (int32_t *)bk.d, bwt.d, N, C, dt);
             cmp("embedding fwd, other ranks' tokens", &bo, dt, N * C);
@@ -201,85 +308,162 @@ static void test_ops(us_dtype dt, int64_t NH, int64_t NKV, int64_t HS, int64_t F
             Ccpu.embedding_bwd(&Ccpu, (float *)bdw.h, bo.h, (int32_t *)bk.h, N, C, dt);
             G.embedding_bwd(&G, (float *)bdw.d, bo.d, (int32_t *)bk.d, N, C, dt);
             cmp("embedding bwd, other ranks' tokens", &bdw, US_F32, V * C);
-            fin(&bk); fin(&bwt); fin(&bo); fin(&bdw);
+            fin(&bk);
+            fin(&bwt);
+            fin(&bo);
+            fin(&bdw);
         }
-        free(tl); free(tk);
+        free(tl);
+        free(tk);
     }
-    {   /* context parallelism's attention by key blocks with positions: two blocks, then the backward */
+    { /* context parallelism's attention by key blocks with positions: two blocks, then the backward */
         int64_t Tk = 20, KVW = 2 * NKV * HS;
         float *kvf = rnd_f32(B * Tk * KVW, 1);
         void *hkv = as_dt(kvf, B * Tk * KVW, dt);
-        int32_t *qp = (int32_t *)malloc((size_t)T * 4), *kp = (int32_t *)malloc((size_t)Tk * 4), *kp2 = (int32_t *)malloc((size_t)Tk * 4);
+        int32_t *qp = (int32_t *)malloc((size_t)T * 4), *kp = (int32_t *)malloc((size_t)Tk * 4),
+                *kp2 = (int32_t *)malloc((size_t)Tk * 4);
         for (i = 0; i < T; i++) qp[i] = (int32_t)(i + 10);
-        for (i = 0; i < Tk; i++) { kp[i] = (int32_t)(2 * i); kp2[i] = (int32_t)(i + 30); }
+        for (i = 0; i < Tk; i++) {
+            kp[i] = (int32_t)(2 * i);
+            kp2[i] = (int32_t)(i + 30);
+        }
         {
-            buf bq = mk(hq, N * QKV * a), bkv = mk(hkv, B * Tk * KVW * a), bqp = mk(qp, T * 4), bkp = mk(kp, Tk * 4), bkp2 = mk(kp2, Tk * 4);
-            buf bacc = mk(q, B * NH * T * HS * 4), bm = mk(x, B * NH * T * 4), bl = mk(x, B * NH * T * 4);
-            buf bo = mk(hx, N * NH * HS * a), bls = mk(x, B * NH * T * 4), bdo = mk(hdy, N * NH * HS * a);
-            float *zq = (float *)calloc((size_t)N * NH * HS, 4), *zkv = (float *)calloc((size_t)B * Tk * KVW, 4);
+            buf bq = mk(hq, N * QKV * a), bkv = mk(hkv, B * Tk * KVW * a), bqp = mk(qp, T * 4),
+                bkp = mk(kp, Tk * 4), bkp2 = mk(kp2, Tk * 4);
+            buf bacc = mk(q, B * NH * T * HS * 4), bm = mk(x, B * NH * T * 4),
+                bl = mk(x, B * NH * T * 4);
+            buf bo = mk(hx, N * NH * HS * a), bls = mk(x, B * NH * T * 4),
+                bdo = mk(hdy, N * NH * HS * a);
+            float *zq = (float *)calloc((size_t)N * NH * HS, 4),
+                  *zkv = (float *)calloc((size_t)B * Tk * KVW, 4);
             buf bdq = mk(zq, N * NH * HS * 4), bdkv = mk(zkv, B * Tk * KVW * 4);
-            Ccpu.attn_block_fwd(&Ccpu, (float *)bacc.h, (float *)bm.h, (float *)bl.h, bq.h, bkv.h, (int32_t *)bqp.h, (int32_t *)bkp.h, B, T, Tk, (int)NH, (int)NKV, (int)HS, 1, dt);
-            G.attn_block_fwd(&G, (float *)bacc.d, (float *)bm.d, (float *)bl.d, bq.d, bkv.d, (int32_t *)bqp.d, (int32_t *)bkp.d, B, T, Tk, (int)NH, (int)NKV, (int)HS, 1, dt);
-            Ccpu.attn_block_fwd(&Ccpu, (float *)bacc.h, (float *)bm.h, (float *)bl.h, bq.h, bkv.h, (int32_t *)bqp.h, (int32_t *)bkp2.h, B, T, Tk, (int)NH, (int)NKV, (int)HS, 0, dt);
-            G.attn_block_fwd(&G, (float *)bacc.d, (float *)bm.d, (float *)bl.d, bq.d, bkv.d, (int32_t *)bqp.d, (int32_t *)bkp2.d, B, T, Tk, (int)NH, (int)NKV, (int)HS, 0, dt);
-            Ccpu.attn_block_finish(&Ccpu, bo.h, (float *)bls.h, (float *)bacc.h, (float *)bm.h, (float *)bl.h, B, T, (int)NH, (int)HS, dt);
-            G.attn_block_finish(&G, bo.d, (float *)bls.d, (float *)bacc.d, (float *)bm.d, (float *)bl.d, B, T, (int)NH, (int)HS, dt);
+            Ccpu.attn_block_fwd(&Ccpu, (float *)bacc.h, (float *)bm.h, (float *)bl.h, bq.h, bkv.h,
+                                (int32_t *)bqp.h, (int32_t *)bkp.h, B, T, Tk, (int)NH, (int)NKV,
+                                (int)HS, 1, dt);
+            G.attn_block_fwd(&G, (float *)bacc.d, (float *)bm.d, (float *)bl.d, bq.d, bkv.d,
+                             (int32_t *)bqp.d, (int32_t *)bkp.d, B, T, Tk, (int)NH, (int)NKV,
+                             (int)HS, 1, dt);
+            Ccpu.attn_block_fwd(&Ccpu, (float *)bacc.h, (float *)bm.h, (float *)bl.h, bq.h, bkv.h,
+                                (int32_t *)bqp.h, (int32_t *)bkp2.h, B, T, Tk, (int)NH, (int)NKV,
+                                (int)HS, 0, dt);
+            G.attn_block_fwd(&G, (float *)bacc.d, (float *)bm.d, (float *)bl.d, bq.d, bkv.d,
+                             (int32_t *)bqp.d, (int32_t *)bkp2.d, B, T, Tk, (int)NH, (int)NKV,
+                             (int)HS, 0, dt);
+            Ccpu.attn_block_finish(&Ccpu, bo.h, (float *)bls.h, (float *)bacc.h, (float *)bm.h,
+                                   (float *)bl.h, B, T, (int)NH, (int)HS, dt);
+            G.attn_block_finish(&G, bo.d, (float *)bls.d, (float *)bacc.d, (float *)bm.d,
+                                (float *)bl.d, B, T, (int)NH, (int)HS, dt);
             cmp("attention by blocks, out", &bo, dt, N * NH * HS);
             cmp("attention by blocks, lse", &bls, US_F32, B * NH * T);
-            same_in(&bo); same_in(&bls);
-            Ccpu.attn_block_bwd(&Ccpu, (float *)bdq.h, (float *)bdkv.h, bdo.h, bq.h, bo.h, (float *)bls.h, bkv.h, (int32_t *)bqp.h, (int32_t *)bkp.h, B, T, Tk, (int)NH, (int)NKV, (int)HS, dt);
-            G.attn_block_bwd(&G, (float *)bdq.d, (float *)bdkv.d, bdo.d, bq.d, bo.d, (float *)bls.d, bkv.d, (int32_t *)bqp.d, (int32_t *)bkp.d, B, T, Tk, (int)NH, (int)NKV, (int)HS, dt);
+            same_in(&bo);
+            same_in(&bls);
+            Ccpu.attn_block_bwd(&Ccpu, (float *)bdq.h, (float *)bdkv.h, bdo.h, bq.h, bo.h,
+                                (float *)bls.h, bkv.h, (int32_t *)bqp.h, (int32_t *)bkp.h, B, T, Tk,
+                                (int)NH, (int)NKV, (int)HS, dt);
+            G.attn_block_bwd(&G, (float *)bdq.d, (float *)bdkv.d, bdo.d, bq.d, bo.d, (float *)bls.d,
+                             bkv.d, (int32_t *)bqp.d, (int32_t *)bkp.d, B, T, Tk, (int)NH, (int)NKV,
+                             (int)HS, dt);
             cmp("attention by blocks, dQ", &bdq, US_F32, N * NH * HS);
             cmp("attention by blocks, dK|dV", &bdkv, US_F32, B * Tk * KVW);
-            fin(&bq); fin(&bkv); fin(&bqp); fin(&bkp); fin(&bkp2); fin(&bacc); fin(&bm); fin(&bl); fin(&bo); fin(&bls); fin(&bdo); fin(&bdq); fin(&bdkv);
-            free(zq); free(zkv);
+            fin(&bq);
+            fin(&bkv);
+            fin(&bqp);
+            fin(&bkp);
+            fin(&bkp2);
+            fin(&bacc);
+            fin(&bm);
+            fin(&bl);
+            fin(&bo);
+            fin(&bls);
+            fin(&bdo);
+            fin(&bdq);
+            fin(&bdkv);
+            free(zq);
+            free(zkv);
         }
-        free(kvf); free(hkv); free(qp); free(kp); free(kp2);
+        free(kvf);
+        free(hkv);
+        free(qp);
+        free(kp);
+        free(kp2);
     }
-    {   /* AdamW with a bf16 copy, Σx² */
+    { /* AdamW with a bf16 copy, Σx² */
         int64_t n = adam_n + adam_off, o = adam_off;
         float *p = rnd_f32(n, 1), *g = rnd_f32(n, 1), *m = rnd_f32(n, 0.1f), *v = rnd_f32(n, 0.1f);
         for (i = 0; i < n; i++) v[i] = fabsf(v[i]);
         {
-            void *plow = as_dt(p, n, dt);   /* the copy starts as p's values (its head, before adam_off, is never written) */
-            buf bp = mk(p, n * 4), bg = mk(g, n * 4), bm = mk(m, n * 4), bv = mk(v, n * 4), blow = mk(plow, n * a);
+            void *plow = as_dt(
+                p, n,
+                dt); /* the copy starts as p's values (its head, before adam_off, is never written) */
+            buf bp = mk(p, n * 4), bg = mk(g, n * 4), bm = mk(m, n * 4), bv = mk(v, n * 4),
+                blow = mk(plow, n * a);
             free(plow);
             double sc = Ccpu.sumsq(&Ccpu, g, n), sg = G.sumsq(&G, (float *)bg.d, n);
             CHECK(fabs(sc - sg) <= 1e-12 * sc, "sumsq %.15g vs %.15g", sg, sc);
-            Ccpu.adamw(&Ccpu, (float *)bp.h + o, (float *)bg.h + o, (float *)bm.h + o, (float *)bv.h + o, (char *)blow.h + o * a, dt, adam_n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 3);
-            G.adamw(&G, (float *)bp.d + o, (float *)bg.d + o, (float *)bm.d + o, (float *)bv.d + o, (char *)blow.d + o * a, dt, adam_n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 3);
+            Ccpu.adamw(&Ccpu, (float *)bp.h + o, (float *)bg.h + o, (float *)bm.h + o,
+                       (float *)bv.h + o, (char *)blow.h + o * a, dt, adam_n, 1e-2f, 0.9f, 0.95f,
+                       1e-8f, 0.1f, 0.5f, 3);
+            G.adamw(&G, (float *)bp.d + o, (float *)bg.d + o, (float *)bm.d + o, (float *)bv.d + o,
+                    (char *)blow.d + o * a, dt, adam_n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 3);
             cmp("adamw params", &bp, US_F32, n);
             cmp("adamw low-precision copy", &blow, dt, n);
-            fin(&bp); fin(&bg); fin(&bm); fin(&bv); fin(&blow);
+            fin(&bp);
+            fin(&bg);
+            fin(&bm);
+            fin(&bv);
+            fin(&blow);
         }
-        free(p); free(g); free(m); free(v);
+        free(p);
+        free(g);
+        free(m);
+        free(v);
     }
     CHECK(G.error(&G) == NULL, "no CUDA error recorded (%s)", G.error(&G) ? G.error(&G) : "");
-    free(x); free(w); free(q); free(dy); free(gu); free(lg); free(wt); free(acc); free(tok); free(tgt);
-    free(hx); free(hw); free(hq); free(hdy); free(hgu); free(hlg); free(hwt); free(hacc);
+    free(x);
+    free(w);
+    free(q);
+    free(dy);
+    free(gu);
+    free(lg);
+    free(wt);
+    free(acc);
+    free(tok);
+    free(tgt);
+    free(hx);
+    free(hw);
+    free(hq);
+    free(hdy);
+    free(hgu);
+    free(hlg);
+    free(hwt);
+    free(hacc);
 }
 
 /* One attention case against the CPU reference: forward (out, lse), then the backward from the
    CPU's forward output, twice, which must give the same bits (no atomics anywhere). */
-static void attn_case(us_dtype dt, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS, const char *path) {
+static void attn_case(us_dtype dt, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS,
+                      const char *path) {
     int64_t QKV = (NH + 2 * NKV) * HS, N = B * T, C = NH * HS;
     size_t a = us_dtype_size(dt);
     float *q = rnd_f32(N * QKV, 1), *dy = rnd_f32(N * C, 1);
     void *hq = as_dt(q, N * QKV, dt), *hdy = as_dt(dy, N * C, dt);
-    buf bq = mk(hq, N * QKV * a), bo = mk(hdy, N * C * a), bl = mk(dy, B * NH * T * 4), bdo = mk(hdy, N * C * a);
+    buf bq = mk(hq, N * QKV * a), bo = mk(hdy, N * C * a), bl = mk(dy, B * NH * T * 4),
+        bdo = mk(hdy, N * C * a);
     buf bdq = mk(hq, N * QKV * a);
     void *d2 = G.alloc(&G, N * QKV * a), *g1 = malloc(N * QKV * a), *g2 = malloc(N * QKV * a);
     char what[112];
     Ccpu.attention_fwd(&Ccpu, bo.h, (float *)bl.h, bq.h, B, T, (int)NH, (int)NKV, (int)HS, dt);
     G.attention_fwd(&G, bo.d, (float *)bl.d, bq.d, B, T, (int)NH, (int)NKV, (int)HS, dt);
-    snprintf(what, sizeof what, "attn %s B%lld T%lld %lld/%lld HS%lld fwd", path, (long long)B, (long long)T, (long long)NH,
-             (long long)NKV, (long long)HS);
+    snprintf(what, sizeof what, "attn %s B%lld T%lld %lld/%lld HS%lld fwd", path, (long long)B,
+             (long long)T, (long long)NH, (long long)NKV, (long long)HS);
     cmp(what, &bo, dt, N * C);
     cmp("   lse", &bl, US_F32, B * NH * T);
     same_in(&bo);
     same_in(&bl);
-    Ccpu.attention_bwd(&Ccpu, bdq.h, bdo.h, bq.h, bo.h, (float *)bl.h, B, T, (int)NH, (int)NKV, (int)HS, dt);
-    G.attention_bwd(&G, bdq.d, bdo.d, bq.d, bo.d, (float *)bl.d, B, T, (int)NH, (int)NKV, (int)HS, dt);
+    Ccpu.attention_bwd(&Ccpu, bdq.h, bdo.h, bq.h, bo.h, (float *)bl.h, B, T, (int)NH, (int)NKV,
+                       (int)HS, dt);
+    G.attention_bwd(&G, bdq.d, bdo.d, bq.d, bo.d, (float *)bl.d, B, T, (int)NH, (int)NKV, (int)HS,
+                    dt);
     G.attention_bwd(&G, d2, bdo.d, bq.d, bo.d, (float *)bl.d, B, T, (int)NH, (int)NKV, (int)HS, dt);
     cmp("   bwd dqkv", &bdq, dt, N * QKV);
     down(g1, bdq.d, N * QKV * a);
@@ -289,9 +473,17 @@ static void attn_case(us_dtype dt, int64_t B, int64_t T, int64_t NH, int64_t NKV
     G.free(&G, d2);
     free(g1);
     free(g2);
-    fin(&bq); fin(&bo); fin(&bl); fin(&bdo); fin(&bdq);
-    free(q); free(dy); free(hq); free(hdy);
+    fin(&bq);
+    fin(&bo);
+    fin(&bl);
+    fin(&bdo);
+    fin(&bdq);
+    free(q);
+    free(dy);
+    free(hq);
+    free(hdy);
 }
+
 /* Attention at the shapes the fast paths take: every head size real models use, bf16 and fp16,
    NH/NKV ratios 1, 2, 4, 8, T = 1 and T off every tile size, many B × NH. On an H200 these run
    the Hopper kernels (// >>cuda-hopper); then the same bf16 HS 64/128 cases again with those
@@ -299,20 +491,22 @@ static void attn_case(us_dtype dt, int64_t B, int64_t T, int64_t NH, int64_t NKV
 static void test_attention_shapes(void) {
     static const int cases[][5] = {
         /* B, T, NH, NKV, HS */
-        {1, 1, 4, 4, 64},    {2, 100, 8, 2, 64},   {1, 257, 4, 4, 128}, {2, 130, 8, 2, 128}, {1, 1024, 2, 1, 128},
-        {1, 333, 8, 1, 64},  {8, 64, 32, 8, 64},   {2, 200, 4, 1, 80},  {3, 65, 16, 4, 80},  {1, 301, 8, 2, 96},
-        {1, 77, 8, 8, 96},   {1, 190, 2, 1, 192},  {2, 513, 4, 2, 192}, {1, 1, 2, 1, 256},   {1, 129, 2, 2, 256},
-        {1, 300, 8, 1, 256},
+        {1, 1, 4, 4, 64},     {2, 100, 8, 2, 64}, {1, 257, 4, 4, 128}, {2, 130, 8, 2, 128},
+        {1, 1024, 2, 1, 128}, {1, 333, 8, 1, 64}, {8, 64, 32, 8, 64},  {2, 200, 4, 1, 80},
+        {3, 65, 16, 4, 80},   {1, 301, 8, 2, 96}, {1, 77, 8, 8, 96},   {1, 190, 2, 1, 192},
+        {2, 513, 4, 2, 192},  {1, 1, 2, 1, 256},  {1, 129, 2, 2, 256}, {1, 300, 8, 1, 256},
     };
     const int n = (int)(sizeof cases / sizeof cases[0]);
     int k, d;
     for (d = 0; d < 2; d++)
         for (k = 0; k < n; k++)
-            attn_case(d ? US_F16 : US_BF16, cases[k][0], cases[k][1], cases[k][2], cases[k][3], cases[k][4], "best");
+            attn_case(d ? US_F16 : US_BF16, cases[k][0], cases[k][1], cases[k][2], cases[k][3],
+                      cases[k][4], "best");
     us_cuda_attention_no_hopper(&G, 1);
     for (k = 0; k < n; k++)
         if (cases[k][4] == 64 || cases[k][4] == 128)
-            attn_case(US_BF16, cases[k][0], cases[k][1], cases[k][2], cases[k][3], cases[k][4], "mma.sync");
+            attn_case(US_BF16, cases[k][0], cases[k][1], cases[k][2], cases[k][3], cases[k][4],
+                      "mma.sync");
     us_cuda_attention_no_hopper(&G, 0);
 }
 
@@ -328,11 +522,16 @@ static double relerr_inf(const float *a, const float *b, int64_t n) {
     int64_t i;
     for (i = 0; i < n; i++) {
         if (a[i] != a[i] || b[i] != b[i]) return INFINITY;
-        if (isinf(a[i]) || isinf(b[i])) { if (a[i] != b[i]) return INFINITY; continue; }
-        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]); den += (double)b[i] * b[i];
+        if (isinf(a[i]) || isinf(b[i])) {
+            if (a[i] != b[i]) return INFINITY;
+            continue;
+        }
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
     }
     return sqrt(num / (den > 0 ? den : 1));
 }
+
 static void cmp_f32(const char *what, const char *tag, buf *bf, int64_t n, double tl) {
     float *g = (float *)malloc(bf->bytes);
     double e;
@@ -341,56 +540,102 @@ static void cmp_f32(const char *what, const char *tag, buf *bf, int64_t n, doubl
     CHECK(e <= tl, "%-34s %s rel err %.2e", what, tag, e);
     free(g);
 }
-static void block_chain(const char *name, int HS, int NH, int NKV, int B, int Tq, int Tk, int nb, const int32_t *qpos, const int32_t *kpos) {
+
+static void block_chain(const char *name, int HS, int NH, int NKV, int B, int Tq, int Tk, int nb,
+                        const int32_t *qpos, const int32_t *kpos) {
     int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, KVW = (int64_t)2 * NKV * HS, AO = (int64_t)NH * HS;
     int64_t nq = (int64_t)B * Tq, rows = (int64_t)B * NH * Tq;
-    float *q = rnd_f32(nq * QKV, 1), *kvf = rnd_f32((int64_t)nb * B * Tk * KVW, 1), *dy = rnd_f32(nq * AO, 1);
-    float *st = rnd_f32(rows * HS, 100), *dq0 = rnd_f32(nq * AO, 0.1f), *dkv0 = rnd_f32((int64_t)nb * B * Tk * KVW, 0.1f);
-    void *hq = as_dt(q, nq * QKV, US_BF16), *hkv = as_dt(kvf, (int64_t)nb * B * Tk * KVW, US_BF16), *hdy = as_dt(dy, nq * AO, US_BF16);
+    float *q = rnd_f32(nq * QKV, 1), *kvf = rnd_f32((int64_t)nb * B * Tk * KVW, 1),
+          *dy = rnd_f32(nq * AO, 1);
+    float *st = rnd_f32(rows * HS, 100), *dq0 = rnd_f32(nq * AO, 0.1f),
+          *dkv0 = rnd_f32((int64_t)nb * B * Tk * KVW, 0.1f);
+    void *hq = as_dt(q, nq * QKV, US_BF16), *hkv = as_dt(kvf, (int64_t)nb * B * Tk * KVW, US_BF16),
+         *hdy = as_dt(dy, nq * AO, US_BF16);
     size_t kvb = (size_t)B * Tk * KVW * 2;
-    buf bq = mk(hq, nq * QKV * 2), bkv = mk(hkv, nb * kvb), bdo = mk(hdy, nq * AO * 2), bqp = mk(qpos, (size_t)Tq * 4), bkp = mk(kpos, (size_t)nb * Tk * 4);
+    buf bq = mk(hq, nq * QKV * 2), bkv = mk(hkv, nb * kvb), bdo = mk(hdy, nq * AO * 2),
+        bqp = mk(qpos, (size_t)Tq * 4), bkp = mk(kpos, (size_t)nb * Tk * 4);
     buf bacc = mk(st, rows * HS * 4), bm = mk(st, rows * 4), bl = mk(st + rows, rows * 4);
     buf bo = mk(hdy, nq * AO * 2), bls = mk(st, rows * 4);
-    buf bdq = mk(dq0, nq * AO * 4), bdkv = mk(dkv0, (size_t)nb * B * Tk * KVW * 4), bdq2 = mk(dq0, nq * AO * 4), bdkv2 = mk(dkv0, (size_t)nb * B * Tk * KVW * 4);
+    buf bdq = mk(dq0, nq * AO * 4), bdkv = mk(dkv0, (size_t)nb * B * Tk * KVW * 4),
+        bdq2 = mk(dq0, nq * AO * 4), bdkv2 = mk(dkv0, (size_t)nb * B * Tk * KVW * 4);
     char what[96];
     int s;
     for (s = 0; s < nb; s++) {
         const char *hk = (const char *)bkv.h + s * kvb, *dk = (const char *)bkv.d + s * kvb;
-        Ccpu.attn_block_fwd(&Ccpu, (float *)bacc.h, (float *)bm.h, (float *)bl.h, bq.h, hk, (int32_t *)bqp.h, (int32_t *)bkp.h + s * Tk, B, Tq, Tk, NH, NKV, HS, s == 0, US_BF16);
-        G.attn_block_fwd(&G, (float *)bacc.d, (float *)bm.d, (float *)bl.d, bq.d, dk, (int32_t *)bqp.d, (int32_t *)bkp.d + s * Tk, B, Tq, Tk, NH, NKV, HS, s == 0, US_BF16);
+        Ccpu.attn_block_fwd(&Ccpu, (float *)bacc.h, (float *)bm.h, (float *)bl.h, bq.h, hk,
+                            (int32_t *)bqp.h, (int32_t *)bkp.h + s * Tk, B, Tq, Tk, NH, NKV, HS,
+                            s == 0, US_BF16);
+        G.attn_block_fwd(&G, (float *)bacc.d, (float *)bm.d, (float *)bl.d, bq.d, dk,
+                         (int32_t *)bqp.d, (int32_t *)bkp.d + s * Tk, B, Tq, Tk, NH, NKV, HS,
+                         s == 0, US_BF16);
     }
     snprintf(what, sizeof what, "block %s HS%d %d/%d Tq%d Tk%d x%d", name, HS, NH, NKV, Tq, Tk, nb);
     cmp_f32(what, "state m", &bm, rows, 1e-2);
     cmp_f32("", "state l", &bl, rows, 1e-2);
     cmp_f32("", "state acc", &bacc, rows * HS, 1e-2);
-    Ccpu.attn_block_finish(&Ccpu, bo.h, (float *)bls.h, (float *)bacc.h, (float *)bm.h, (float *)bl.h, B, Tq, NH, HS, US_BF16);
-    G.attn_block_finish(&G, bo.d, (float *)bls.d, (float *)bacc.d, (float *)bm.d, (float *)bl.d, B, Tq, NH, HS, US_BF16);
+    Ccpu.attn_block_finish(&Ccpu, bo.h, (float *)bls.h, (float *)bacc.h, (float *)bm.h,
+                           (float *)bl.h, B, Tq, NH, HS, US_BF16);
+    G.attn_block_finish(&G, bo.d, (float *)bls.d, (float *)bacc.d, (float *)bm.d, (float *)bl.d, B,
+                        Tq, NH, HS, US_BF16);
     cmp("   out", &bo, US_BF16, nq * AO);
     cmp_f32("", "lse", &bls, rows, 1e-2);
-    same_in(&bo); same_in(&bls);   /* the backward from the same final out and lse on both sides */
+    same_in(&bo);
+    same_in(&bls); /* the backward from the same final out and lse on both sides */
     for (s = 0; s < nb; s++) {
         const char *hk = (const char *)bkv.h + s * kvb, *dk = (const char *)bkv.d + s * kvb;
         int64_t ko = (int64_t)s * B * Tk * KVW;
-        Ccpu.attn_block_bwd(&Ccpu, (float *)bdq.h, (float *)bdkv.h + ko, bdo.h, bq.h, bo.h, (float *)bls.h, hk, (int32_t *)bqp.h, (int32_t *)bkp.h + s * Tk,
-                            B, Tq, Tk, NH, NKV, HS, US_BF16);
-        G.attn_block_bwd(&G, (float *)bdq.d, (float *)bdkv.d + ko, bdo.d, bq.d, bo.d, (float *)bls.d, dk, (int32_t *)bqp.d, (int32_t *)bkp.d + s * Tk,
-                         B, Tq, Tk, NH, NKV, HS, US_BF16);
-        G.attn_block_bwd(&G, (float *)bdq2.d, (float *)bdkv2.d + ko, bdo.d, bq.d, bo.d, (float *)bls.d, dk, (int32_t *)bqp.d, (int32_t *)bkp.d + s * Tk,
-                         B, Tq, Tk, NH, NKV, HS, US_BF16);
+        Ccpu.attn_block_bwd(&Ccpu, (float *)bdq.h, (float *)bdkv.h + ko, bdo.h, bq.h, bo.h,
+                            (float *)bls.h, hk, (int32_t *)bqp.h, (int32_t *)bkp.h + s * Tk, B, Tq,
+                            Tk, NH, NKV, HS, US_BF16);
+        G.attn_block_bwd(&G, (float *)bdq.d, (float *)bdkv.d + ko, bdo.d, bq.d, bo.d,
+                         (float *)bls.d, dk, (int32_t *)bqp.d, (int32_t *)bkp.d + s * Tk, B, Tq, Tk,
+                         NH, NKV, HS, US_BF16);
+        G.attn_block_bwd(&G, (float *)bdq2.d, (float *)bdkv2.d + ko, bdo.d, bq.d, bo.d,
+                         (float *)bls.d, dk, (int32_t *)bqp.d, (int32_t *)bkp.d + s * Tk, B, Tq, Tk,
+                         NH, NKV, HS, US_BF16);
     }
     cmp_f32("", "dQ (+=)", &bdq, nq * AO, 1e-2);
     cmp_f32("", "dK|dV (+=)", &bdkv, (int64_t)nb * B * Tk * KVW, 1e-2);
-    {   /* deterministic: the second run gives the same bits */
-        float *a1 = (float *)malloc(bdq.bytes), *a2 = (float *)malloc(bdq.bytes), *k1 = (float *)malloc(bdkv.bytes), *k2 = (float *)malloc(bdkv.bytes);
-        down(a1, bdq.d, bdq.bytes); down(a2, bdq2.d, bdq.bytes); down(k1, bdkv.d, bdkv.bytes); down(k2, bdkv2.d, bdkv.bytes);
-        CHECK(!memcmp(a1, a2, bdq.bytes) && !memcmp(k1, k2, bdkv.bytes), "   backward twice: identical bits");
-        free(a1); free(a2); free(k1); free(k2);
+    { /* deterministic: the second run gives the same bits */
+        float *a1 = (float *)malloc(bdq.bytes), *a2 = (float *)malloc(bdq.bytes),
+              *k1 = (float *)malloc(bdkv.bytes), *k2 = (float *)malloc(bdkv.bytes);
+        down(a1, bdq.d, bdq.bytes);
+        down(a2, bdq2.d, bdq.bytes);
+        down(k1, bdkv.d, bdkv.bytes);
+        down(k2, bdkv2.d, bdkv.bytes);
+        CHECK(!memcmp(a1, a2, bdq.bytes) && !memcmp(k1, k2, bdkv.bytes),
+              "   backward twice: identical bits");
+        free(a1);
+        free(a2);
+        free(k1);
+        free(k2);
     }
     CHECK(G.error(&G) == NULL, "   no CUDA error (%s)", G.error(&G) ? G.error(&G) : "");
-    fin(&bq); fin(&bkv); fin(&bdo); fin(&bqp); fin(&bkp); fin(&bacc); fin(&bm); fin(&bl); fin(&bo); fin(&bls);
-    fin(&bdq); fin(&bdkv); fin(&bdq2); fin(&bdkv2);
-    free(q); free(kvf); free(dy); free(st); free(dq0); free(dkv0); free(hq); free(hkv); free(hdy);
+    fin(&bq);
+    fin(&bkv);
+    fin(&bdo);
+    fin(&bqp);
+    fin(&bkp);
+    fin(&bacc);
+    fin(&bm);
+    fin(&bl);
+    fin(&bo);
+    fin(&bls);
+    fin(&bdq);
+    fin(&bdkv);
+    fin(&bdq2);
+    fin(&bdkv2);
+    free(q);
+    free(kvf);
+    free(dy);
+    free(st);
+    free(dq0);
+    free(dkv0);
+    free(hq);
+    free(hkv);
+    free(hdy);
 }
+
 /* Rank r's chain of ring attention over cp ranks: its own block first, then the one from r−1,
    r−2, ... (ring order), with the positions of // >>cp (ring: contiguous chunk r; zig-zag:
    chunks r and 2·cp−1−r of length c). */
@@ -408,8 +653,10 @@ static void ring_case(int HS, int NH, int NKV, int B, int cp, int c, int zigzag,
     }
     snprintf(name, sizeof name, "%s cp%d r%d", zigzag ? "zig-zag" : "ring", cp, r);
     block_chain(name, HS, NH, NKV, B, T, T, cp, qp, kp);
-    free(qp); free(kp);
+    free(qp);
+    free(kp);
 }
+
 static void test_attn_blocks(void) {
     int HS, k;
     for (HS = 64; HS <= 128; HS += 64) {
@@ -421,23 +668,27 @@ static void test_attn_blocks(void) {
         ring_case(HS, 4, 2, 2, 2, 101, 1, 0);
         ring_case(HS, 4, 2, 1, 2, 101, 1, 1);
     }
-    {   /* zig-zag cp 4, a longer chain, no GQA */
+    { /* zig-zag cp 4, a longer chain, no GQA */
         ring_case(128, 2, 2, 1, 4, 67, 1, 2);
     }
-    for (k = 0; k < 2; k++) {   /* any positions: unsorted and repeated, Tq ≠ Tk; the first block (init) is
+    for (k = 0; k < 2;
+         k++) { /* any positions: unsorted and repeated, Tq ≠ Tk; the first block (init) is
                                    invisible to all, the last visible to all; NKV 1 (four heads per kv head) */
         int HSk = k ? 128 : 64, Tq = 150, Tk = 77, nb = 4, i;
-        int32_t *qp = (int32_t *)malloc((size_t)Tq * 4), *kp = (int32_t *)malloc((size_t)nb * Tk * 4);
+        int32_t *qp = (int32_t *)malloc((size_t)Tq * 4),
+                *kp = (int32_t *)malloc((size_t)nb * Tk * 4);
         for (i = 0; i < Tq; i++) qp[i] = (int32_t)(rnd64() % 300);
-        qp[7] = -5;   /* a query that sees no key at all: out 0, lse −inf, no gradient */
+        qp[7] = -5; /* a query that sees no key at all: out 0, lse −inf, no gradient */
         for (i = 0; i < Tk; i++) {
-            kp[i] = 1000 + i;                          /* after every query */
-            kp[Tk + i] = (int32_t)(rnd64() % 300);     /* random */
+            kp[i] = 1000 + i;                      /* after every query */
+            kp[Tk + i] = (int32_t)(rnd64() % 300); /* random */
             kp[2 * Tk + i] = (int32_t)(rnd64() % 300);
-            kp[3 * Tk + i] = (int32_t)(rnd64() % 5) - 4;   /* all ≤ 0: every query but qp[7] sees them */
+            kp[3 * Tk + i] =
+                (int32_t)(rnd64() % 5) - 4; /* all ≤ 0: every query but qp[7] sees them */
         }
         block_chain("any positions", HSk, 4, 1, 2, Tq, Tk, nb, qp, kp);
-        free(qp); free(kp);
+        free(qp);
+        free(kp);
     }
 }
 
@@ -452,8 +703,11 @@ static void test_empty_rows(us_dtype dt) {
     G.moe_gather(&G, a, b, ix, NULL, 0, 2, 64, dt);
     G.moe_scatter(&G, a, b, ix, NULL, 0, 2, 64, dt);
     G.sync(&G);
-    CHECK(G.error(&G) == NULL, "per-row ops on 0 rows (%s) are no-ops: %s", us_dtype_name(dt), G.error(&G) ? G.error(&G) : "ok");
-    G.free(&G, a); G.free(&G, b); G.free(&G, ix);
+    CHECK(G.error(&G) == NULL, "per-row ops on 0 rows (%s) are no-ops: %s", us_dtype_name(dt),
+          G.error(&G) ? G.error(&G) : "ok");
+    G.free(&G, a);
+    G.free(&G, b);
+    G.free(&G, ix);
 }
 
 /* The mixture-of-experts ops (// >>moe): the router's choices and the permutation must equal the
@@ -463,59 +717,120 @@ static void test_moe_ops(us_dtype dt) {
     int E = 16, K = 3, gate;
     size_t a = us_dtype_size(dt);
     for (gate = US_MOE_SOFTMAX; gate <= US_MOE_SIGMOID; gate++) {
-        float *lg = rnd_f32(N * E, 2), *bias = rnd_f32(E, 0.2f), *dg = rnd_f32(N * K, 1), *aux = rnd_f32(E, 1);
+        float *lg = rnd_f32(N * E, 2), *bias = rnd_f32(E, 0.2f), *dg = rnd_f32(N * K, 1),
+              *aux = rnd_f32(E, 1);
         float *x = rnd_f32(N * C, 1), *rows = rnd_f32(N * K * C, 1), *y0 = rnd_f32(N * C, 1);
-        void *xh = as_dt(x, N * C, dt), *rh = as_dt(rows, N * K * C, dt), *yh = as_dt(y0, N * C, dt);
-        buf blg = mk(lg, N * E * 4), bb = mk(bias, E * 4), bdg = mk(dg, N * K * 4), bax = mk(aux, E * 4);
-        buf btk = mk(lg, N * K * 4), bga = mk(lg, N * K * 4), bpr = mk(lg, N * E * 4), bps = mk(lg, E * 4), bdl = mk(lg, N * E * 4);
-        buf bsr = mk(lg, N * K * 4), brs = mk(lg, N * K * 4), bro = mk(lg, E * 4), bke = mk(lg, E * 4);
-        buf bx = mk(xh, N * C * a), bro2 = mk(rh, N * K * C * a), by = mk(yh, N * C * a), bdgs = mk(lg, N * K * 4);
+        void *xh = as_dt(x, N * C, dt), *rh = as_dt(rows, N * K * C, dt),
+             *yh = as_dt(y0, N * C, dt);
+        buf blg = mk(lg, N * E * 4), bb = mk(bias, E * 4), bdg = mk(dg, N * K * 4),
+            bax = mk(aux, E * 4);
+        buf btk = mk(lg, N * K * 4), bga = mk(lg, N * K * 4), bpr = mk(lg, N * E * 4),
+            bps = mk(lg, E * 4), bdl = mk(lg, N * E * 4);
+        buf bsr = mk(lg, N * K * 4), brs = mk(lg, N * K * 4), bro = mk(lg, E * 4),
+            bke = mk(lg, E * 4);
+        buf bx = mk(xh, N * C * a), bro2 = mk(rh, N * K * C * a), by = mk(yh, N * C * a),
+            bdgs = mk(lg, N * K * 4);
         int32_t *tg = (int32_t *)malloc(N * K * 4 * 2), *ig = (int32_t *)malloc(N * K * 4);
-        Ccpu.moe_route(&Ccpu, (int32_t *)btk.h, (float *)bga.h, (float *)bpr.h, (float *)bps.h, lg, bias, N, E, K, gate, 4, 2);
-        G.moe_route(&G, (int32_t *)btk.d, (float *)bga.d, (float *)bpr.d, (float *)bps.d, (const float *)blg.d, (const float *)bb.d, N, E, K, gate, 4, 2);
+        Ccpu.moe_route(&Ccpu, (int32_t *)btk.h, (float *)bga.h, (float *)bpr.h, (float *)bps.h, lg,
+                       bias, N, E, K, gate, 4, 2);
+        G.moe_route(&G, (int32_t *)btk.d, (float *)bga.d, (float *)bpr.d, (float *)bps.d,
+                    (const float *)blg.d, (const float *)bb.d, N, E, K, gate, 4, 2);
         down(tg, btk.d, N * K * 4);
-        CHECK(!memcmp(tg, btk.h, N * K * 4), "moe_route %s (4 groups, 2 per token): the GPU picks the CPU's experts", gate == US_MOE_SIGMOID ? "sigmoid" : "softmax");
-        cmp("moe_route gates", &bga, US_F32, N * K); cmp("moe_route probs", &bpr, US_F32, N * E); cmp("moe_route psum", &bps, US_F32, E);
-        same_in(&bpr); same_in(&btk);
-        Ccpu.moe_route_bwd(&Ccpu, (float *)bdl.h, dg, (const float *)bpr.h, (const int32_t *)btk.h, aux, N, E, K, gate);
-        G.moe_route_bwd(&G, (float *)bdl.d, (const float *)bdg.d, (const float *)bpr.d, (const int32_t *)btk.d, (const float *)bax.d, N, E, K, gate);
+        CHECK(!memcmp(tg, btk.h, N * K * 4),
+              "moe_route %s (4 groups, 2 per token): the GPU picks the CPU's experts",
+              gate == US_MOE_SIGMOID ? "sigmoid" : "softmax");
+        cmp("moe_route gates", &bga, US_F32, N * K);
+        cmp("moe_route probs", &bpr, US_F32, N * E);
+        cmp("moe_route psum", &bps, US_F32, E);
+        same_in(&bpr);
+        same_in(&btk);
+        Ccpu.moe_route_bwd(&Ccpu, (float *)bdl.h, dg, (const float *)bpr.h, (const int32_t *)btk.h,
+                           aux, N, E, K, gate);
+        G.moe_route_bwd(&G, (float *)bdl.d, (const float *)bdg.d, (const float *)bpr.d,
+                        (const int32_t *)btk.d, (const float *)bax.d, N, E, K, gate);
         cmp("moe_route_bwd", &bdl, US_F32, N * E);
-        Ccpu.moe_permute(&Ccpu, (int32_t *)bsr.h, (int32_t *)brs.h, (int32_t *)bro.h, (int32_t *)bke.h, (const int32_t *)btk.h, N, E, K, 20, N * K);
-        G.moe_permute(&G, (int32_t *)bsr.d, (int32_t *)brs.d, (int32_t *)bro.d, (int32_t *)bke.d, (const int32_t *)btk.d, N, E, K, 20, N * K);
-        down(tg, bsr.d, N * K * 4); down(ig, brs.d, N * K * 4);
-        CHECK(!memcmp(tg, bsr.h, N * K * 4) && !memcmp(ig, brs.h, N * K * 4), "moe_permute (capacity 20): the CPU's rows and drops");
-        Ccpu.moe_gather(&Ccpu, bro2.h, xh, (const int32_t *)brs.h, (const float *)bga.h, N * K, K, C, dt);
+        Ccpu.moe_permute(&Ccpu, (int32_t *)bsr.h, (int32_t *)brs.h, (int32_t *)bro.h,
+                         (int32_t *)bke.h, (const int32_t *)btk.h, N, E, K, 20, N * K);
+        G.moe_permute(&G, (int32_t *)bsr.d, (int32_t *)brs.d, (int32_t *)bro.d, (int32_t *)bke.d,
+                      (const int32_t *)btk.d, N, E, K, 20, N * K);
+        down(tg, bsr.d, N * K * 4);
+        down(ig, brs.d, N * K * 4);
+        CHECK(!memcmp(tg, bsr.h, N * K * 4) && !memcmp(ig, brs.h, N * K * 4),
+              "moe_permute (capacity 20): the CPU's rows and drops");
+        Ccpu.moe_gather(&Ccpu, bro2.h, xh, (const int32_t *)brs.h, (const float *)bga.h, N * K, K,
+                        C, dt);
         same_in(&bga);
-        G.moe_gather(&G, bro2.d, bx.d, (const int32_t *)brs.d, (const float *)bga.d, N * K, K, C, dt);
+        G.moe_gather(&G, bro2.d, bx.d, (const int32_t *)brs.d, (const float *)bga.d, N * K, K, C,
+                     dt);
         cmp("moe_gather", &bro2, dt, N * K * C);
         same_in(&bro2);
-        Ccpu.moe_scatter(&Ccpu, by.h, bro2.h, (const int32_t *)bsr.h, (const float *)bga.h, N, K, C, dt);
+        Ccpu.moe_scatter(&Ccpu, by.h, bro2.h, (const int32_t *)bsr.h, (const float *)bga.h, N, K, C,
+                         dt);
         G.moe_scatter(&G, by.d, bro2.d, (const int32_t *)bsr.d, (const float *)bga.d, N, K, C, dt);
         cmp("moe_scatter", &by, dt, N * C);
         Ccpu.moe_gate_grad(&Ccpu, (float *)bdgs.h, xh, bro2.h, (const int32_t *)bsr.h, N, K, C, dt);
         G.moe_gate_grad(&G, (float *)bdgs.d, bx.d, bro2.d, (const int32_t *)bsr.d, N, K, C, dt);
         cmp("moe_gate_grad", &bdgs, US_F32, N * K);
-        fin(&blg); fin(&bb); fin(&bdg); fin(&bax); fin(&btk); fin(&bga); fin(&bpr); fin(&bps); fin(&bdl); fin(&bsr); fin(&brs); fin(&bro); fin(&bke);
-        fin(&bx); fin(&bro2); fin(&by); fin(&bdgs);
-        free(lg); free(bias); free(dg); free(aux); free(x); free(rows); free(y0); free(xh); free(rh); free(yh); free(tg); free(ig);
+        fin(&blg);
+        fin(&bb);
+        fin(&bdg);
+        fin(&bax);
+        fin(&btk);
+        fin(&bga);
+        fin(&bpr);
+        fin(&bps);
+        fin(&bdl);
+        fin(&bsr);
+        fin(&brs);
+        fin(&bro);
+        fin(&bke);
+        fin(&bx);
+        fin(&bro2);
+        fin(&by);
+        fin(&bdgs);
+        free(lg);
+        free(bias);
+        free(dg);
+        free(aux);
+        free(x);
+        free(rows);
+        free(y0);
+        free(xh);
+        free(rh);
+        free(yh);
+        free(tg);
+        free(ig);
     }
     (void)i;
 }
 
 /* The CPU model a and the GPU model b trained side by side on the built-in task's batches */
-typedef struct twin { us_task task; int32_t *in, *tgt; } twin;
+typedef struct twin {
+    us_task task;
+    int32_t *in, *tgt;
+} twin;
+
 static void twin_init(twin *t, const us_train_config *tc) {
-    t->in = (int32_t *)malloc((size_t)tc->batch * tc->seq * 4); t->tgt = (int32_t *)malloc((size_t)tc->batch * tc->seq * 4);
+    t->in = (int32_t *)malloc((size_t)tc->batch * tc->seq * 4);
+    t->tgt = (int32_t *)malloc((size_t)tc->batch * tc->seq * 4);
     us_task_init(&t->task, 5);
 }
+
 /* one step of the next batch on both; 0 (and a failed check) when the GPU step fails */
 static int twin_step(twin *t, us_model *a, us_model *b, us_step_stats *sa, us_step_stats *sb) {
     us_task_batch(&t->task, a->tc.batch, a->tc.seq, t->in, t->tgt);
     us_train_step(a, t->in, t->tgt, sa);
-    if (us_train_step(b, t->in, t->tgt, sb) != US_OK) { CHECK(0, "gpu step: %s", us_model_error(b)); return 0; }
+    if (us_train_step(b, t->in, t->tgt, sb) != US_OK) {
+        CHECK(0, "gpu step: %s", us_model_error(b));
+        return 0;
+    }
     return 1;
 }
-static void twin_free(twin *t) { free(t->in); free(t->tgt); }
+
+static void twin_free(twin *t) {
+    free(t->in);
+    free(t->tgt);
+}
 
 /* The same training run on the CPU and the GPU: losses agree step by step. */
 static void test_training(us_precision prec, us_recompute rc) {
@@ -526,10 +841,23 @@ static void test_training(us_precision prec, us_recompute rc) {
     us_step_stats sa, sb;
     float worst = 0;
     int s;
-    memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
-    mc.n_layers = 2; mc.dim = 128; mc.n_heads = 2; mc.n_kv_heads = 1;   /* HS 64: the flash path under bf16 */
-    if (rc == US_RECOMPUTE_SELECTIVE) { mc.moe_experts = 4; mc.moe_top_k = 2; mc.moe_shared = 1; }   /* the MoE layer (selective recompute) */
-    tc.batch = 4; tc.seq = 71; tc.steps = 20; tc.lr = 3e-3f; tc.precision = prec; tc.recompute = rc;
+    memset(&mc, 0, sizeof mc);
+    memset(&tc, 0, sizeof tc);
+    mc.n_layers = 2;
+    mc.dim = 128;
+    mc.n_heads = 2;
+    mc.n_kv_heads = 1; /* HS 64: the flash path under bf16 */
+    if (rc == US_RECOMPUTE_SELECTIVE) {
+        mc.moe_experts = 4;
+        mc.moe_top_k = 2;
+        mc.moe_shared = 1;
+    } /* the MoE layer (selective recompute) */
+    tc.batch = 4;
+    tc.seq = 71;
+    tc.steps = 20;
+    tc.lr = 3e-3f;
+    tc.precision = prec;
+    tc.recompute = rc;
     /* The MoE run's step 6 is a gradient spike (norm 11.4, four times its neighbours') that sits at
        fp16's edge under the dynamic scaler's first S = 2^16: rounding P to fp16 inside the
        attention forward (as the Hopper kernels, cuDNN and FlashAttention do) tipped one element
@@ -545,18 +873,24 @@ static void test_training(us_precision prec, us_recompute rc) {
     for (s = 0; s < 8 && twin_step(&tw, &a, &b, &sa, &sb); s++) {
         if (fabsf(sa.loss - sb.loss) / sa.loss > worst) worst = fabsf(sa.loss - sb.loss) / sa.loss;
         if (us_test_verbose > 1)
-            printf("   step %d: loss %.5f / %.5f, grad norm %.4g / %.4g, loss scale %g / %g\n", s, sa.loss, sb.loss,
-                   sa.grad_norm, sb.grad_norm, sa.loss_scale, sb.loss_scale);
+            printf("   step %d: loss %.5f / %.5f, grad norm %.4g / %.4g, loss scale %g / %g\n", s,
+                   sa.loss, sb.loss, sa.grad_norm, sb.grad_norm, sa.loss_scale, sb.loss_scale);
     }
     /* MoE: a near-tie in the router can pick another expert on the GPU, so its fp32 bound is looser */
-    CHECK(worst < (prec != US_PRECISION_FP32 ? 2e-2f : mc.moe_experts ? 1e-3f : 1e-4f),
-          "%s recompute %s%s: GPU losses follow the CPU run over 8 steps (worst rel diff %.2e; steps the loss scaler skipped: "
+    CHECK(worst < (prec != US_PRECISION_FP32 ? 2e-2f
+                   : mc.moe_experts          ? 1e-3f
+                                             : 1e-4f),
+          "%s recompute %s%s: GPU losses follow the CPU run over 8 steps (worst rel diff %.2e; "
+          "steps the loss scaler skipped: "
           "CPU %d, GPU %d)",
-          us_precision_name(prec), us_recompute_name(rc), mc.moe_experts ? " MoE E=4 top-2 + shared" : "", worst,
-          (int)sa.skipped_total, (int)sb.skipped_total);
-    CHECK(b.ops.bytes_peak >= b.mem.total, "device peak %zu bytes covers the model's %zu", b.ops.bytes_peak, b.mem.total);
+          us_precision_name(prec), us_recompute_name(rc),
+          mc.moe_experts ? " MoE E=4 top-2 + shared" : "", worst, (int)sa.skipped_total,
+          (int)sb.skipped_total);
+    CHECK(b.ops.bytes_peak >= b.mem.total, "device peak %zu bytes covers the model's %zu",
+          b.ops.bytes_peak, b.mem.total);
     twin_free(&tw);
-    us_model_free(&a); us_model_free(&b);
+    us_model_free(&a);
+    us_model_free(&b);
 }
 
 /* fp16 with a first loss scale of 2^40: CPU and GPU skip the same steps (the overflow is found
@@ -569,9 +903,17 @@ static void test_fp16_overflow(void) {
     us_step_stats sa, sb;
     int s, same = 1, skipped = 0;
     float worst = 0;
-    memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
-    mc.n_layers = 2; mc.dim = 128; mc.n_heads = 2; mc.n_kv_heads = 1;
-    tc.batch = 4; tc.seq = 71; tc.steps = 40; tc.lr = 3e-3f; tc.precision = US_PRECISION_FP16;
+    memset(&mc, 0, sizeof mc);
+    memset(&tc, 0, sizeof tc);
+    mc.n_layers = 2;
+    mc.dim = 128;
+    mc.n_heads = 2;
+    mc.n_kv_heads = 1;
+    tc.batch = 4;
+    tc.seq = 71;
+    tc.steps = 40;
+    tc.lr = 3e-3f;
+    tc.precision = US_PRECISION_FP16;
     CHECK(us_model_init(&a, &mc, &tc, NULL) == US_OK, "cpu model");
     CHECK(us_model_init(&b, &mc, &tc, &G) == US_OK, "gpu model: %s", us_model_error(&b));
     a.loss_scale = b.loss_scale = ldexpf(1, 40);
@@ -581,10 +923,14 @@ static void test_fp16_overflow(void) {
         skipped += sb.skipped;
         if (fabsf(sa.loss - sb.loss) / sa.loss > worst) worst = fabsf(sa.loss - sb.loss) / sa.loss;
     }
-    CHECK(same && skipped >= 10 && a.step == b.step, "fp16, S = 2^40: the GPU skips the CPU's steps (%d skipped, %d taken on both: %d)", skipped, b.step, same);
-    CHECK(worst < 2e-2f, "fp16 after the skips: GPU losses follow the CPU's (worst rel diff %.2e)", worst);
+    CHECK(same && skipped >= 10 && a.step == b.step,
+          "fp16, S = 2^40: the GPU skips the CPU's steps (%d skipped, %d taken on both: %d)",
+          skipped, b.step, same);
+    CHECK(worst < 2e-2f, "fp16 after the skips: GPU losses follow the CPU's (worst rel diff %.2e)",
+          worst);
     twin_free(&tw);
-    us_model_free(&a); us_model_free(&b);
+    us_model_free(&a);
+    us_model_free(&b);
 }
 
 /* FP8 (// >>cuda-fp8): the fused quantisation equals the CPU's bit for bit (bytes, scales,
@@ -605,69 +951,128 @@ static void test_fp8_ops(void) {
             void *xh;
             void *xd;
             int64_t i;
-            for (i = 0; i < M * K; i += 37) x[i] *= 500.0f;   /* outliers: tiles with different scales */
+            for (i = 0; i < M * K; i += 37)
+                x[i] *= 500.0f; /* outliers: tiles with different scales */
             xh = as_dt(x, M * K, dt);
             xd = up(xh, (size_t)(M * K) * us_dtype_size(dt));
             for (t = 0; t < 3; t++)
                 for (trans = 0; trans < 2; trans++)
                     for (pow2 = 0; pow2 < 2; pow2++) {
-                        int64_t R = trans ? K : M, L = trans ? M : K, Lp = (L + 127) / 128 * 128, ns = us_fp8_scales_size(tl[t], R, L);
-                        uint8_t *qc = (uint8_t *)malloc((size_t)(R * Lp)), *qg = (uint8_t *)malloc((size_t)(R * Lp));
-                        float *sc = (float *)malloc((size_t)ns * 4), *sg = (float *)malloc((size_t)ns * 4);
+                        int64_t R = trans ? K : M, L = trans ? M : K, Lp = (L + 127) / 128 * 128,
+                                ns = us_fp8_scales_size(tl[t], R, L);
+                        uint8_t *qc = (uint8_t *)malloc((size_t)(R * Lp)),
+                                *qg = (uint8_t *)malloc((size_t)(R * Lp));
+                        float *sc = (float *)malloc((size_t)ns * 4),
+                              *sg = (float *)malloc((size_t)ns * 4);
                         uint8_t *qd = (uint8_t *)G.alloc(&G, (size_t)(R * Lp));
                         float *sd = (float *)G.alloc(&G, (size_t)ns * 4);
                         memset(qc, 0x5A, (size_t)(R * Lp));
                         Ccpu.fp8_quantize(&Ccpu, qc, sc, xh, dt, M, K, tl[t], trans, pow2);
                         G.fp8_quantize(&G, qd, sd, xd, dt, M, K, tl[t], trans, pow2);
-                        down(qg, qd, (size_t)(R * Lp)); down(sg, sd, (size_t)ns * 4);
-                        CHECK(!memcmp(qg, qc, (size_t)(R * Lp)) && !memcmp(sg, sc, (size_t)ns * 4) && G.error(&G) == NULL,
-                              "fp8_quantize %s %s %lldx%lld trans=%d pow2=%d: GPU bytes and scales = CPU", us_dtype_name(dt),
-                              tl[t] == US_FP8_ROW128 ? "row128" : tl[t] == US_FP8_BLOCK128 ? "block128" : "tensor", (long long)M, (long long)K, trans, pow2);
-                        G.free(&G, qd); G.free(&G, sd);
-                        free(qc); free(qg); free(sc); free(sg);
+                        down(qg, qd, (size_t)(R * Lp));
+                        down(sg, sd, (size_t)ns * 4);
+                        CHECK(!memcmp(qg, qc, (size_t)(R * Lp)) &&
+                                  !memcmp(sg, sc, (size_t)ns * 4) && G.error(&G) == NULL,
+                              "fp8_quantize %s %s %lldx%lld trans=%d pow2=%d: GPU bytes and scales "
+                              "= CPU",
+                              us_dtype_name(dt),
+                              tl[t] == US_FP8_ROW128     ? "row128"
+                              : tl[t] == US_FP8_BLOCK128 ? "block128"
+                                                         : "tensor",
+                              (long long)M, (long long)K, trans, pow2);
+                        G.free(&G, qd);
+                        G.free(&G, sd);
+                        free(qc);
+                        free(qg);
+                        free(sc);
+                        free(sg);
                     }
-            for (t = 0; t < 3; t++)   /* fp8_quantize_both: both operands from one read = the CPU's two */
+            for (t = 0; t < 3;
+                 t++) /* fp8_quantize_both: both operands from one read = the CPU's two */
                 for (pow2 = 0; pow2 < 2; pow2++) {
-                    int64_t Kp = (K + 127) / 128 * 128, Mp = (M + 127) / 128 * 128, ns = us_fp8_scales_size(tl[t], M, K), nt = us_fp8_scales_size(tl[t], K, M);
-                    uint8_t *qc = (uint8_t *)malloc((size_t)(M * Kp)), *qg = (uint8_t *)malloc((size_t)(M * Kp));
-                    uint8_t *qtc = (uint8_t *)malloc((size_t)(K * Mp)), *qtg = (uint8_t *)malloc((size_t)(K * Mp));
-                    float *sc = (float *)malloc((size_t)ns * 4), *sg = (float *)malloc((size_t)ns * 4), *stc = (float *)malloc((size_t)nt * 4), *stg = (float *)malloc((size_t)nt * 4);
-                    uint8_t *qd = (uint8_t *)G.alloc(&G, (size_t)(M * Kp)), *qtd = (uint8_t *)G.alloc(&G, (size_t)(K * Mp));
-                    float *sd = (float *)G.alloc(&G, (size_t)ns * 4), *std_ = (float *)G.alloc(&G, (size_t)nt * 4);
+                    int64_t Kp = (K + 127) / 128 * 128, Mp = (M + 127) / 128 * 128,
+                            ns = us_fp8_scales_size(tl[t], M, K),
+                            nt = us_fp8_scales_size(tl[t], K, M);
+                    uint8_t *qc = (uint8_t *)malloc((size_t)(M * Kp)),
+                            *qg = (uint8_t *)malloc((size_t)(M * Kp));
+                    uint8_t *qtc = (uint8_t *)malloc((size_t)(K * Mp)),
+                            *qtg = (uint8_t *)malloc((size_t)(K * Mp));
+                    float *sc = (float *)malloc((size_t)ns * 4),
+                          *sg = (float *)malloc((size_t)ns * 4),
+                          *stc = (float *)malloc((size_t)nt * 4),
+                          *stg = (float *)malloc((size_t)nt * 4);
+                    uint8_t *qd = (uint8_t *)G.alloc(&G, (size_t)(M * Kp)),
+                            *qtd = (uint8_t *)G.alloc(&G, (size_t)(K * Mp));
+                    float *sd = (float *)G.alloc(&G, (size_t)ns * 4),
+                          *std_ = (float *)G.alloc(&G, (size_t)nt * 4);
                     Ccpu.fp8_quantize(&Ccpu, qc, sc, xh, dt, M, K, tl[t], 0, pow2);
                     Ccpu.fp8_quantize(&Ccpu, qtc, stc, xh, dt, M, K, tl[t], 1, pow2);
                     G.fp8_quantize_both(&G, qd, sd, qtd, std_, xd, dt, M, K, tl[t], pow2);
-                    down(qg, qd, (size_t)(M * Kp)); down(sg, sd, (size_t)ns * 4); down(qtg, qtd, (size_t)(K * Mp)); down(stg, std_, (size_t)nt * 4);
-                    CHECK(!memcmp(qg, qc, (size_t)(M * Kp)) && !memcmp(sg, sc, (size_t)ns * 4) && !memcmp(qtg, qtc, (size_t)(K * Mp)) &&
-                          !memcmp(stg, stc, (size_t)nt * 4) && G.error(&G) == NULL,
-                          "fp8_quantize_both %s %s %lldx%lld pow2=%d: GPU x and xᵀ operands (bytes, scales) = the CPU's two quantisations", us_dtype_name(dt),
-                          t == 2 ? "tensor" : t ? "block128" : "row128", (long long)M, (long long)K, pow2);
-                    G.free(&G, qd); G.free(&G, sd); G.free(&G, qtd); G.free(&G, std_);
-                    free(qc); free(qg); free(qtc); free(qtg); free(sc); free(sg); free(stc); free(stg);
+                    down(qg, qd, (size_t)(M * Kp));
+                    down(sg, sd, (size_t)ns * 4);
+                    down(qtg, qtd, (size_t)(K * Mp));
+                    down(stg, std_, (size_t)nt * 4);
+                    CHECK(!memcmp(qg, qc, (size_t)(M * Kp)) && !memcmp(sg, sc, (size_t)ns * 4) &&
+                              !memcmp(qtg, qtc, (size_t)(K * Mp)) &&
+                              !memcmp(stg, stc, (size_t)nt * 4) && G.error(&G) == NULL,
+                          "fp8_quantize_both %s %s %lldx%lld pow2=%d: GPU x and xᵀ operands "
+                          "(bytes, scales) = the CPU's two quantisations",
+                          us_dtype_name(dt),
+                          t == 2 ? "tensor"
+                          : t    ? "block128"
+                                 : "row128",
+                          (long long)M, (long long)K, pow2);
+                    G.free(&G, qd);
+                    G.free(&G, sd);
+                    G.free(&G, qtd);
+                    G.free(&G, std_);
+                    free(qc);
+                    free(qg);
+                    free(qtc);
+                    free(qtg);
+                    free(sc);
+                    free(sg);
+                    free(stc);
+                    free(stg);
                 }
-            G.free(&G, xd); free(xh); free(x);
+            G.free(&G, xd);
+            free(xh);
+            free(x);
         }
-    {   /* the GEMM: Fprop-like (row128 x block128), Wgrad-like (row128 x row128), per tensor; K = 512 and K = 200 (padded) */
+    { /* the GEMM: Fprop-like (row128 x block128), Wgrad-like (row128 x row128), per tensor; K = 512 and K = 200 (padded) */
         int64_t Ms[2] = {256, 128}, Ns[2] = {384, 160}, Ks[2] = {512, 200};
         int pair, sh;
         for (sh = 0; sh < 2; sh++)
             for (pair = 0; pair < 3; pair++) {
                 int64_t M = Ms[sh], N = Ns[sh], K = Ks[sh], Kp = (K + 127) / 128 * 128, i;
-                int ta = pair == 2 ? US_FP8_TENSOR : US_FP8_ROW128, tb = pair == 0 ? US_FP8_BLOCK128 : pair == 1 ? US_FP8_ROW128 : US_FP8_TENSOR;
-                float *a = rnd_f32(M * K, 2), *b = rnd_f32(N * K, 0.1f), *c = (float *)malloc((size_t)(M * N) * 4), *cg = (float *)malloc((size_t)(M * N) * 4);
-                uint16_t *c16 = (uint16_t *)malloc((size_t)(M * N) * 2), *g16 = (uint16_t *)malloc((size_t)(M * N) * 2);
-                int64_t nsa = us_fp8_scales_size((us_fp8_tiling)ta, M, K), nsb = us_fp8_scales_size((us_fp8_tiling)tb, N, K);
-                uint8_t *qa = (uint8_t *)malloc((size_t)(M * Kp)), *qb = (uint8_t *)malloc((size_t)(N * Kp));
-                float *sa = (float *)malloc((size_t)nsa * 4), *sb = (float *)malloc((size_t)nsb * 4);
+                int ta = pair == 2 ? US_FP8_TENSOR : US_FP8_ROW128, tb = pair == 0 ? US_FP8_BLOCK128
+                                                                         : pair == 1
+                                                                             ? US_FP8_ROW128
+                                                                             : US_FP8_TENSOR;
+                float *a = rnd_f32(M * K, 2), *b = rnd_f32(N * K, 0.1f),
+                      *c = (float *)malloc((size_t)(M * N) * 4),
+                      *cg = (float *)malloc((size_t)(M * N) * 4);
+                uint16_t *c16 = (uint16_t *)malloc((size_t)(M * N) * 2),
+                         *g16 = (uint16_t *)malloc((size_t)(M * N) * 2);
+                int64_t nsa = us_fp8_scales_size((us_fp8_tiling)ta, M, K),
+                        nsb = us_fp8_scales_size((us_fp8_tiling)tb, N, K);
+                uint8_t *qa = (uint8_t *)malloc((size_t)(M * Kp)),
+                        *qb = (uint8_t *)malloc((size_t)(N * Kp));
+                float *sa = (float *)malloc((size_t)nsa * 4),
+                      *sb = (float *)malloc((size_t)nsb * 4);
                 void *dqa, *dqb, *dsa, *dsb, *dc, *dc16;
                 double *sum = (double *)malloc((size_t)(M * N) * 8), mx = 0, worst = 0, worst16 = 0;
                 for (i = 0; i < M * K; i += 53) a[i] *= 300.0f;
                 Ccpu.fp8_quantize(&Ccpu, qa, sa, a, US_F32, M, K, ta, 0, 0);
                 Ccpu.fp8_quantize(&Ccpu, qb, sb, b, US_F32, N, K, tb, 0, 0);
-                dqa = up(qa, (size_t)(M * Kp)); dqb = up(qb, (size_t)(N * Kp)); dsa = up(sa, (size_t)nsa * 4); dsb = up(sb, (size_t)nsb * 4);
+                dqa = up(qa, (size_t)(M * Kp));
+                dqb = up(qb, (size_t)(N * Kp));
+                dsa = up(sa, (size_t)nsa * 4);
+                dsb = up(sb, (size_t)nsb * 4);
                 Ccpu.fp8_gemm(&Ccpu, M, N, K, 1.0f, qa, sa, ta, qb, sb, tb, 0.0f, c, US_F32, N);
                 dc = G.alloc(&G, (size_t)(M * N) * 4);
-                G.fp8_gemm(&G, M, N, K, 1.0f, (const uint8_t *)dqa, (const float *)dsa, ta, (const uint8_t *)dqb, (const float *)dsb, tb, 0.0f, dc, US_F32, N);
+                G.fp8_gemm(&G, M, N, K, 1.0f, (const uint8_t *)dqa, (const float *)dsa, ta,
+                           (const uint8_t *)dqb, (const float *)dsb, tb, 0.0f, dc, US_F32, N);
                 down(cg, dc, (size_t)(M * N) * 4);
                 /* Hopper's FP8 tensor cores keep about 14 bits while they sum a 128-element block
                    (DeepSeek-V3 §3.3.2; cuBLASLt promotes to fp32 between blocks), so the GPU is not
@@ -675,32 +1080,68 @@ static void test_fp8_ops(void) {
                    (the sum of the products' magnitudes, where any accumulation error lives). A
                    wrong scale, tile or layout misses by a sizeable part of |c| itself, which for
                    these random operands is ≥ 1/√K of that sum. */
-                for (i = 0; i < M * N; i++) {   /* from the unquantised operands: within 2^-4 of the quantised sum */
+                for (i = 0; i < M * N;
+                     i++) { /* from the unquantised operands: within 2^-4 of the quantised sum */
                     int64_t m = i / N, n = i % N, k;
                     double S = 0;
                     for (k = 0; k < K; k++) S += fabs((double)a[m * K + k] * b[n * K + k]);
                     sum[i] = S;
                 }
-                for (i = 0; i < M * N; i++) { double e = fabs((double)cg[i] - c[i]) / (sum[i] > 0 ? sum[i] : 1); if (!(e <= worst)) worst = e; }
+                for (i = 0; i < M * N; i++) {
+                    double e = fabs((double)cg[i] - c[i]) / (sum[i] > 0 ? sum[i] : 1);
+                    if (!(e <= worst)) worst = e;
+                }
                 /* beta 1 into bf16 (Fprop's residual add): the same bound plus one bf16 rounding */
-                for (i = 0; i < M * N; i++) if (fabs(c[i]) > mx) mx = fabs(c[i]);
-                for (i = 0; i < M * N; i++) c16[i] = us_f32_to_bf16((float)((rnd01() * 2 - 1) * mx));
+                for (i = 0; i < M * N; i++)
+                    if (fabs(c[i]) > mx) mx = fabs(c[i]);
+                for (i = 0; i < M * N; i++)
+                    c16[i] = us_f32_to_bf16((float)((rnd01() * 2 - 1) * mx));
                 dc16 = up(c16, (size_t)(M * N) * 2);
                 Ccpu.fp8_gemm(&Ccpu, M, N, K, 1.0f, qa, sa, ta, qb, sb, tb, 1.0f, c16, US_BF16, N);
-                G.fp8_gemm(&G, M, N, K, 1.0f, (const uint8_t *)dqa, (const float *)dsa, ta, (const uint8_t *)dqb, (const float *)dsb, tb, 1.0f, dc16, US_BF16, N);
+                G.fp8_gemm(&G, M, N, K, 1.0f, (const uint8_t *)dqa, (const float *)dsa, ta,
+                           (const uint8_t *)dqb, (const float *)dsb, tb, 1.0f, dc16, US_BF16, N);
                 down(g16, dc16, (size_t)(M * N) * 2);
                 for (i = 0; i < M * N; i++) {
-                    double gv = us_bf16_to_f32(g16[i]), cv = us_bf16_to_f32(c16[i]), e = (fabs(gv - cv) - 0x1p-7 * fabs(cv)) / (sum[i] > 0 ? sum[i] : 1);   /* one bf16 ulp at most */
+                    double gv = us_bf16_to_f32(g16[i]), cv = us_bf16_to_f32(c16[i]),
+                           e = (fabs(gv - cv) - 0x1p-7 * fabs(cv)) /
+                               (sum[i] > 0 ? sum[i] : 1); /* one bf16 ulp at most */
                     if (!(e <= worst16)) worst16 = e;
                 }
                 CHECK(G.error(&G) == NULL && worst <= 0x1p-8 && worst16 <= 0x1p-8,
-                      "fp8_gemm %lldx%lldx%lld a %s b %s: cuBLASLt = CPU emulation within Hopper's FP8 accumulation (fp32: max |diff| / Σ|a·b| %.2e <= 2^-8; bf16 beta 1, beyond bf16 rounding: %.2e) %s",
-                      (long long)M, (long long)N, (long long)K, ta == US_FP8_ROW128 ? "row128" : "tensor",
-                      tb == US_FP8_BLOCK128 ? "block128" : tb == US_FP8_ROW128 ? "row128" : "tensor", worst, worst16, G.error(&G) ? G.error(&G) : "");
-                printf("  fp8_gemm %lldx%lldx%lld %s x %s: worst |GPU - emulation| / sum|a.b| = %.2e (fp32 out), %.2e (bf16 out)\n", (long long)M, (long long)N, (long long)K,
-                       ta == US_FP8_ROW128 ? "row128" : "tensor", tb == US_FP8_BLOCK128 ? "block128" : tb == US_FP8_ROW128 ? "row128" : "tensor", worst, worst16);
-                G.free(&G, dqa); G.free(&G, dqb); G.free(&G, dsa); G.free(&G, dsb); G.free(&G, dc); G.free(&G, dc16);
-                free(a); free(b); free(c); free(cg); free(c16); free(g16); free(qa); free(qb); free(sa); free(sb); free(sum);
+                      "fp8_gemm %lldx%lldx%lld a %s b %s: cuBLASLt = CPU emulation within Hopper's "
+                      "FP8 accumulation (fp32: max |diff| / Σ|a·b| %.2e <= 2^-8; bf16 beta 1, "
+                      "beyond bf16 rounding: %.2e) %s",
+                      (long long)M, (long long)N, (long long)K,
+                      ta == US_FP8_ROW128 ? "row128" : "tensor",
+                      tb == US_FP8_BLOCK128 ? "block128"
+                      : tb == US_FP8_ROW128 ? "row128"
+                                            : "tensor",
+                      worst, worst16, G.error(&G) ? G.error(&G) : "");
+                printf("  fp8_gemm %lldx%lldx%lld %s x %s: worst |GPU - emulation| / sum|a.b| = "
+                       "%.2e (fp32 out), %.2e (bf16 out)\n",
+                       (long long)M, (long long)N, (long long)K,
+                       ta == US_FP8_ROW128 ? "row128" : "tensor",
+                       tb == US_FP8_BLOCK128 ? "block128"
+                       : tb == US_FP8_ROW128 ? "row128"
+                                             : "tensor",
+                       worst, worst16);
+                G.free(&G, dqa);
+                G.free(&G, dqb);
+                G.free(&G, dsa);
+                G.free(&G, dsb);
+                G.free(&G, dc);
+                G.free(&G, dc16);
+                free(a);
+                free(b);
+                free(c);
+                free(cg);
+                free(c16);
+                free(g16);
+                free(qa);
+                free(qb);
+                free(sa);
+                free(sb);
+                free(sum);
             }
     }
 }
@@ -718,26 +1159,43 @@ static void test_training_fp8(us_precision prec) {
     us_step_stats sa, sb;
     float worst = 0, first = 0, last = 0, d0 = 0, lc[8] = {0}, lg[8] = {0};
     int s;
-    memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
-    mc.n_layers = 2; mc.dim = 128; mc.n_heads = 2; mc.n_kv_heads = 1;   /* F 352, QKV 256 */
-    tc.batch = 4; tc.seq = 64; tc.steps = 20; tc.lr = 3e-3f; tc.precision = prec;
-    tc.fp8_min_dim = 16;   /* FP8 at this small width too (US_FP8_MIN_DIM is 1536) */
+    memset(&mc, 0, sizeof mc);
+    memset(&tc, 0, sizeof tc);
+    mc.n_layers = 2;
+    mc.dim = 128;
+    mc.n_heads = 2;
+    mc.n_kv_heads = 1; /* F 352, QKV 256 */
+    tc.batch = 4;
+    tc.seq = 64;
+    tc.steps = 20;
+    tc.lr = 3e-3f;
+    tc.precision = prec;
+    tc.fp8_min_dim = 16; /* FP8 at this small width too (US_FP8_MIN_DIM is 1536) */
     CHECK(us_model_init(&a, &mc, &tc, NULL) == US_OK, "cpu model");
     CHECK(us_model_init(&b, &mc, &tc, &G) == US_OK, "gpu model: %s", us_model_error(&b));
-    CHECK(b.fp8_linear == 8 && a.fp8_linear == 8, "%s: all 8 linears in FP8 (cpu %d, gpu %d)", us_precision_name(prec), a.fp8_linear, b.fp8_linear);
+    CHECK(b.fp8_linear == 8 && a.fp8_linear == 8, "%s: all 8 linears in FP8 (cpu %d, gpu %d)",
+          us_precision_name(prec), a.fp8_linear, b.fp8_linear);
     twin_init(&tw, &tc);
     for (s = 0; s < 8 && twin_step(&tw, &a, &b, &sa, &sb); s++) {
         if (fabsf(sa.loss - sb.loss) / sa.loss > worst) worst = fabsf(sa.loss - sb.loss) / sa.loss;
-        if (s == 0) { first = sb.loss; d0 = fabsf(sa.loss - sb.loss) / sa.loss; }
-        last = sb.loss; lc[s] = sa.loss; lg[s] = sb.loss;
+        if (s == 0) {
+            first = sb.loss;
+            d0 = fabsf(sa.loss - sb.loss) / sa.loss;
+        }
+        last = sb.loss;
+        lc[s] = sa.loss;
+        lg[s] = sb.loss;
     }
-    CHECK(d0 <= 2e-3f && worst < 5e-2f && last < first, "%s: GPU losses follow the CPU emulation over 8 steps (step 1 rel diff %.2e, worst %.2e; GPU %.3f -> %.3f)",
+    CHECK(d0 <= 2e-3f && worst < 5e-2f && last < first,
+          "%s: GPU losses follow the CPU emulation over 8 steps (step 1 rel diff %.2e, worst %.2e; "
+          "GPU %.3f -> %.3f)",
           us_precision_name(prec), d0, worst, first, last);
     printf("  %s losses, CPU emulation / GPU:", us_precision_name(prec));
     for (s = 0; s < 8; s++) printf(" %.4f/%.4f", lc[s], lg[s]);
     printf("\n");
     twin_free(&tw);
-    us_model_free(&a); us_model_free(&b);
+    us_model_free(&a);
+    us_model_free(&b);
 }
 
 static void test_errors(void) {
@@ -746,25 +1204,39 @@ static void test_errors(void) {
     us_train_config tc;
     us_model m;
     char err[256];
-    CHECK(us_cuda_ops(&o, 99, err, sizeof err) == US_ERR_INVALID && strstr(err, "does not exist"), "device 99: %s", err);
-    memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
-    mc.dim = 8192; mc.n_layers = 400; mc.n_heads = 64; mc.vocab = 256000;   /* ~330 B parameters: cannot fit */
-    CHECK(us_model_init(&m, &mc, &tc, &G) == US_ERR_OOM && strstr(us_model_error(&m), "out of memory"), "oversized model: %s", us_model_error(&m));
+    CHECK(us_cuda_ops(&o, 99, err, sizeof err) == US_ERR_INVALID && strstr(err, "does not exist"),
+          "device 99: %s", err);
+    memset(&mc, 0, sizeof mc);
+    memset(&tc, 0, sizeof tc);
+    mc.dim = 8192;
+    mc.n_layers = 400;
+    mc.n_heads = 64;
+    mc.vocab = 256000; /* ~330 B parameters: cannot fit */
+    CHECK(us_model_init(&m, &mc, &tc, &G) == US_ERR_OOM &&
+              strstr(us_model_error(&m), "out of memory"),
+          "oversized model: %s", us_model_error(&m));
     CHECK(G.error(&G) == NULL, "an out-of-memory model leaves the backend usable");
 }
 
 int main(int argc, char **argv) {
     char err[256], desc[128];
     int i;
-    for (i = 1; i < argc; i++) if (!strcmp(argv[i], "-v")) us_test_verbose = 1;
-    if (us_cuda_device_count() == 0) { printf("SKIP no CUDA device\n"); return 0; }
-    if (us_cuda_ops(&G, 0, err, sizeof err) != US_OK) { printf("cannot start CUDA: %s\n", err); return 1; }
+    for (i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "-v")) us_test_verbose = 1;
+    if (us_cuda_device_count() == 0) {
+        printf("SKIP no CUDA device\n");
+        return 0;
+    }
+    if (us_cuda_ops(&G, 0, err, sizeof err) != US_OK) {
+        printf("cannot start CUDA: %s\n", err);
+        return 1;
+    }
     Ccpu = us_cpu_ops(0);
     us_cuda_describe(&G, desc, sizeof desc);
     printf("device: %s\n", desc);
-    test_ops(US_F32, 4, 2, 16, 40, 304, 1000, 0);    /* vector paths */
+    test_ops(US_F32, 4, 2, 16, 40, 304, 1000, 0); /* vector paths */
     test_ops(US_BF16, 4, 2, 16, 40, 304, 1000, 0);
-    test_ops(US_F32, 3, 1, 10, 41, 301, 1003, 1);    /* scalar fallbacks, misaligned AdamW */
+    test_ops(US_F32, 3, 1, 10, 41, 301, 1003, 1); /* scalar fallbacks, misaligned AdamW */
     test_ops(US_BF16, 3, 1, 10, 41, 301, 1003, 3);
     test_ops(US_F16, 4, 2, 16, 40, 304, 1000, 0);
     test_ops(US_F16, 3, 1, 10, 41, 301, 1003, 3);
@@ -800,7 +1272,7 @@ int main(int argc, char **argv) {
     test_empty_rows(US_F32);
     test_empty_rows(US_BF16);
     test_empty_rows(US_F16);
-    test_training(US_PRECISION_FP32, US_RECOMPUTE_SELECTIVE);   /* a MoE model (see test_training) */
+    test_training(US_PRECISION_FP32, US_RECOMPUTE_SELECTIVE); /* a MoE model (see test_training) */
     test_training(US_PRECISION_BF16, US_RECOMPUTE_SELECTIVE);
     test_training(US_PRECISION_FP16, US_RECOMPUTE_SELECTIVE);
     test_fp8_ops();

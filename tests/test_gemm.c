@@ -10,7 +10,8 @@
 static int n_pass = 0, n_fail = 0;
 
 static void check(int ok, const char *what) {
-    if (ok) n_pass++;
+    if (ok)
+        n_pass++;
     else {
         n_fail++;
         if (n_fail <= 30) printf("FAIL: %s\n", what);
@@ -19,18 +20,30 @@ static void check(int ok, const char *what) {
 
 /* xorshift64*: reproducible inputs without touching global libc state. */
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
 static float frand(void) { /* uniform in [-1, 1) */
-    rng_state ^= rng_state >> 12; rng_state ^= rng_state << 25; rng_state ^= rng_state >> 27;
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
     return (float)((double)((rng_state * 0x2545F4914F6CDD1Dull) >> 40) / (double)(1 << 23) - 1.0);
 }
+
 static int irand(int n) { return (int)((frand() * 0.5f + 0.5f) * (float)n) % n; }
 
-static float f_of_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static float f_of_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 
 /* ---- bf16 conversion bit patterns ---- */
 static void test_bf16(void) {
     char msg[128];
-    struct { uint32_t in; uint16_t out; } cases[] = {
+
+    struct {
+        uint32_t in;
+        uint16_t out;
+    } cases[] = {
         {0x3F800000u, 0x3F80}, /* 1.0 */
         {0x3F808000u, 0x3F80}, /* tie, even stays */
         {0x3F818000u, 0x3F82}, /* tie, odd rounds up to even */
@@ -47,19 +60,21 @@ static void test_bf16(void) {
         {0x7F800001u, 0x7FC0}, /* signalling NaN with low payload -> quiet, not inf */
         {0xFF810000u, 0xFFC1}, /* sNaN payload in high bits kept, quiet bit set */
     };
+
     size_t i;
     for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         uint16_t got = us__f32_to_bf16(f_of_bits(cases[i].in));
-        snprintf(msg, sizeof msg, "f32_to_bf16(0x%08X) = 0x%04X, want 0x%04X", (unsigned)cases[i].in, got,
-                 cases[i].out);
+        snprintf(msg, sizeof msg, "f32_to_bf16(0x%08X) = 0x%04X, want 0x%04X",
+                 (unsigned)cases[i].in, got, cases[i].out);
         check(got == cases[i].out, msg);
     }
     check(us__f32_to_bf16(FLT_MAX) == 0x7F80, "FLT_MAX -> inf");
     check(us__f32_to_bf16(1.0f) == 0x3F80, "1.0f -> 0x3F80");
     check(us__bf16_to_f32(0x3F80) == 1.0f, "bf16_to_f32(0x3F80) == 1");
     check(us__bf16_to_f32(0xC040) == -3.0f, "bf16_to_f32(0xC040) == -3");
-    check(isnan(us__bf16_to_f32(us__f32_to_bf16(f_of_bits(0x7F800001u)))), "NaN round trip stays NaN");
-    {   /* round trip is exact for every bf16 that is not NaN */
+    check(isnan(us__bf16_to_f32(us__f32_to_bf16(f_of_bits(0x7F800001u)))),
+          "NaN round trip stays NaN");
+    { /* round trip is exact for every bf16 that is not NaN */
         uint32_t h, bad = 0;
         for (h = 0; h < 65536; h++) {
             float f = us__bf16_to_f32((uint16_t)h);
@@ -73,13 +88,16 @@ static void test_bf16(void) {
 static float ld(const void *p, int dt, int64_t i) {
     return dt ? us__bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
+
 static void *make(int dt, int64_t n, int nan_fill) {
     void *p = malloc((size_t)(n > 0 ? n : 1) * (dt ? 2 : 4));
     int64_t i;
     for (i = 0; i < n; i++) {
         float v = nan_fill ? f_of_bits(0x7FC00000u) : frand();
-        if (dt) ((uint16_t *)p)[i] = us__f32_to_bf16(v);
-        else ((float *)p)[i] = v;
+        if (dt)
+            ((uint16_t *)p)[i] = us__f32_to_bf16(v);
+        else
+            ((float *)p)[i] = v;
     }
     return p;
 }
@@ -87,8 +105,8 @@ static void *make(int dt, int64_t n, int nan_fill) {
 /* Runs one GEMM (with padded strides) and compares with a double reference.
    Tolerance: fp32 accumulation error bound ~K*eps*sum|a*b| (generous factor),
    plus half a bf16 ulp (2^-8 relative) when C is bf16. */
-static void run_case(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, float beta, int dtA, int dtB,
-                     int dtC, int nthreads) {
+static void run_case(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, float beta,
+                     int dtA, int dtB, int dtC, int nthreads) {
     const int64_t pad = 3;
     const int64_t arows = ta ? K : M, acols = ta ? M : K;
     const int64_t brows = tb ? N : K, bcols = tb ? K : N;
@@ -120,7 +138,8 @@ static void run_case(int ta, int tb, int64_t M, int64_t N, int64_t K, float alph
             tol = 4.0 * (double)(K + 4) * FLT_EPSILON * mag + 1e-30;
             if (dtC) tol += fabs(ref) * (1.0 / 256.0) + 1e-38;
             if (!(fabs(got - ref) <= tol)) bad++;
-            if (fabs(got - ref) > worst || got != got) worst = got != got ? INFINITY : fabs(got - ref);
+            if (fabs(got - ref) > worst || got != got)
+                worst = got != got ? INFINITY : fabs(got - ref);
         }
         /* padding columns must be untouched */
         for (j = N; j < ldc; j++) {
@@ -130,10 +149,15 @@ static void run_case(int ta, int tb, int64_t M, int64_t N, int64_t K, float alph
         }
     }
     snprintf(msg, sizeof msg,
-             "gemm ta=%d tb=%d M=%lld N=%lld K=%lld alpha=%g beta=%g dt=%d%d%d nt=%d: %lld bad, worst err %g", ta, tb,
-             (long long)M, (long long)N, (long long)K, alpha, beta, dtA, dtB, dtC, nthreads, (long long)bad, worst);
+             "gemm ta=%d tb=%d M=%lld N=%lld K=%lld alpha=%g beta=%g dt=%d%d%d nt=%d: %lld bad, "
+             "worst err %g",
+             ta, tb, (long long)M, (long long)N, (long long)K, alpha, beta, dtA, dtB, dtC, nthreads,
+             (long long)bad, worst);
     check(bad == 0, msg);
-    free(A); free(B); free(C); free(C0);
+    free(A);
+    free(B);
+    free(C);
+    free(C0);
 }
 
 /* Same inputs, nthreads 1 vs 2 vs 3 (and a repeat): outputs must match bitwise. */
@@ -151,17 +175,20 @@ static void run_det(int ta, int tb, int64_t M, int64_t N, int64_t K, int dtA, in
         us__gemm(ta, tb, M, N, K, 0.75f, A, dtA, acols, B, dtB, bcols, 0.5f, R[r], dtC, N, nts[r]);
         if (r && memcmp(R[r], R[0], bytes) != 0) same = 0;
     }
-    snprintf(msg, sizeof msg, "determinism ta=%d tb=%d M=%lld N=%lld K=%lld dt=%d%d%d", ta, tb, (long long)M,
-             (long long)N, (long long)K, dtA, dtB, dtC);
+    snprintf(msg, sizeof msg, "determinism ta=%d tb=%d M=%lld N=%lld K=%lld dt=%d%d%d", ta, tb,
+             (long long)M, (long long)N, (long long)K, dtA, dtB, dtC);
     check(same, msg);
     for (r = 0; r < 4; r++) free(R[r]);
-    free(A); free(B); free(Cinit);
+    free(A);
+    free(B);
+    free(Cinit);
 }
 
 /* bf16 C must be exactly RNE(fp32 C) for the same inputs when beta == 0 (same
    k order, same alpha scaling), in the vector and the scalar edge epilogues.
    Some huge inputs make +-inf and NaN (inf - inf) results to test those too. */
-static void run_bf16_exact(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, int specials) {
+static void run_bf16_exact(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
+                           int specials) {
     const int64_t arows = ta ? K : M, acols = ta ? M : K, brows = tb ? N : K, bcols = tb ? K : N;
     float *A = (float *)make(0, arows * acols, 0), *B = (float *)make(0, brows * bcols, 0);
     float *Cf = (float *)make(0, M * N, 1);
@@ -174,14 +201,19 @@ static void run_bf16_exact(int ta, int tb, int64_t M, int64_t N, int64_t K, floa
     us__gemm(ta, tb, M, N, K, alpha, A, 0, acols, B, 0, bcols, 0.0f, Ch, 1, N, 0);
     for (i = 0; i < M * N; i++)
         if (Ch[i] != us__f32_to_bf16(Cf[i])) bad++;
-    snprintf(msg, sizeof msg, "bf16 C == RNE(fp32 C) ta=%d tb=%d M=%lld N=%lld K=%lld specials=%d: %lld bad", ta, tb,
+    snprintf(msg, sizeof msg,
+             "bf16 C == RNE(fp32 C) ta=%d tb=%d M=%lld N=%lld K=%lld specials=%d: %lld bad", ta, tb,
              (long long)M, (long long)N, (long long)K, specials, (long long)bad);
     check(bad == 0, msg);
-    free(A); free(B); free(Cf); free(Ch);
+    free(A);
+    free(B);
+    free(Cf);
+    free(Ch);
 }
 
 int main(void) {
-    static const int sizes[] = {1, 2, 3, 5, 6, 7, 8, 13, 15, 16, 17, 31, 32, 33, 47, 64, 97, 127, 128, 131, 191, 256, 257, 300};
+    static const int sizes[] = {1,  2,  3,  5,  6,  7,   8,   13,  15,  16,  17,  31,
+                                32, 33, 47, 64, 97, 127, 128, 131, 191, 256, 257, 300};
     const int ns = (int)(sizeof sizes / sizeof sizes[0]);
     int ta, tb, i;
 
@@ -201,7 +233,8 @@ int main(void) {
         const int64_t M = sizes[irand(ns)], N = sizes[irand(ns)], K = sizes[irand(ns)];
         static const float alphas[] = {1.0f, -0.5f, 2.0f}, betas[] = {0.0f, 1.0f, -0.75f};
         const int dtC = irand(4) == 0, dtA = irand(3) == 0, dtB = irand(3) == 0;
-        run_case(i & 1, (i >> 1) & 1, M, N, K, alphas[irand(3)], betas[irand(3)], dtA, dtB, dtC, irand(3));
+        run_case(i & 1, (i >> 1) & 1, M, N, K, alphas[irand(3)], betas[irand(3)], dtA, dtB, dtC,
+                 irand(3));
     }
 
     /* K == 0: C = beta*C (beta==0 must overwrite NaN) and alpha == 0 */

@@ -10,26 +10,44 @@
 static us_model_config tiny_model(void) {
     us_model_config mc;
     memset(&mc, 0, sizeof mc);
-    mc.vocab = 19; mc.dim = 16; mc.n_layers = 2; mc.n_heads = 4; mc.n_kv_heads = 2; mc.ffn_dim = 24;
-    mc.init_std = 0.3f;   /* larger weights: gradients well above fp32 noise */
+    mc.vocab = 19;
+    mc.dim = 16;
+    mc.n_layers = 2;
+    mc.n_heads = 4;
+    mc.n_kv_heads = 2;
+    mc.ffn_dim = 24;
+    mc.init_std = 0.3f; /* larger weights: gradients well above fp32 noise */
     return mc;
 }
+
 static us_train_config tiny_train(int B, int T) {
     us_train_config tc;
     memset(&tc, 0, sizeof tc);
-    tc.batch = B; tc.seq = T; tc.steps = 10; tc.lr = 1e-2f; tc.seed = 7;
+    tc.batch = B;
+    tc.seq = T;
+    tc.steps = 10;
+    tc.lr = 1e-2f;
+    tc.seed = 7;
     return tc;
 }
+
 static void random_tokens(int32_t *in, int32_t *tgt, int64_t n, int V, uint64_t seed) {
     us_rng r;
     int64_t i;
     us_rng_seed(&r, seed);
     for (i = 0; i < n; i++) {
         in[i] = (int32_t)(us_rng_u64(&r) % (uint64_t)V);
-        tgt[i] = (us_rng_u64(&r) % 5 == 0) ? -1 : (int32_t)(us_rng_u64(&r) % (uint64_t)V);   /* some ignored */
+        tgt[i] = (us_rng_u64(&r) % 5 == 0)
+                     ? -1
+                     : (int32_t)(us_rng_u64(&r) % (uint64_t)V); /* some ignored */
     }
 }
-static int64_t count_valid(const int32_t *tgt, int64_t n) { int64_t i, v = 0; for (i = 0; i < n; i++) v += tgt[i] >= 0; return v; }
+
+static int64_t count_valid(const int32_t *tgt, int64_t n) {
+    int64_t i, v = 0;
+    for (i = 0; i < n; i++) v += tgt[i] >= 0;
+    return v;
+}
 
 /* ---- whole-model gradient against central finite differences (fp32 model, double loss sum) */
 static void test_gradcheck(void) {
@@ -44,25 +62,34 @@ static void test_gradcheck(void) {
     random_tokens(in, tgt, 14, 19, 3);
     valid = count_valid(tgt, 14);
     us_model_zero_grad(&m);
-    CHECK(us_forward_backward(&m, in, tgt, 2, 7, (float)(1.0 / valid), &ls) == US_OK, "forward_backward");
-    for (i = 0; i < m.n_params_t; i++) {   /* three entries of every tensor */
+    CHECK(us_forward_backward(&m, in, tgt, 2, 7, (float)(1.0 / valid), &ls) == US_OK,
+          "forward_backward");
+    for (i = 0; i < m.n_params_t; i++) { /* three entries of every tensor */
         const us_param *p = &m.params[i];
         int k;
         for (k = 0; k < 3; k++) {
             int64_t j = p->offset + (int64_t)((k * 7919 + i * 31) % p->numel);
             float keep = m.master[j], h = 1e-2f;
             double lp = 0, lm = 0, fd, g = m.grad[j], err;
-            m.master[j] = keep + h; us_forward_eval(&m, in, tgt, 2, 7, &lp, NULL, NULL);
-            m.master[j] = keep - h; us_forward_eval(&m, in, tgt, 2, 7, &lm, NULL, NULL);
+            m.master[j] = keep + h;
+            us_forward_eval(&m, in, tgt, 2, 7, &lp, NULL, NULL);
+            m.master[j] = keep - h;
+            us_forward_eval(&m, in, tgt, 2, 7, &lm, NULL, NULL);
             m.master[j] = keep;
             fd = (lp - lm) / (2.0 * h) / (double)valid;
             err = fabs(fd - g) / (1e-3 + fabs(fd) + fabs(g));
             if (err > worst) worst = err;
-            if (err > 2e-2) { bad++; printf("    %s[%lld]: grad %.6g vs finite difference %.6g\n", p->name, (long long)(j - p->offset), g, fd); }
+            if (err > 2e-2) {
+                bad++;
+                printf("    %s[%lld]: grad %.6g vs finite difference %.6g\n", p->name,
+                       (long long)(j - p->offset), g, fd);
+            }
             checked++;
         }
     }
-    CHECK(bad == 0, "model gradient vs finite differences: %d of %d entries off, worst relative error %.2e", bad, checked, worst);
+    CHECK(bad == 0,
+          "model gradient vs finite differences: %d of %d entries off, worst relative error %.2e",
+          bad, checked, worst);
     us_model_free(&m);
 }
 
@@ -70,7 +97,7 @@ static void test_gradcheck(void) {
 static void test_recompute(us_precision prec) {
     us_model_config mc = tiny_model();
     float *g[3];
-    int mode, B = 3, T = 70;   /* T > the 64-key attention block */
+    int mode, B = 3, T = 70; /* T > the 64-key attention block */
     int32_t *in = (int32_t *)malloc((size_t)B * T * 4), *tgt = (int32_t *)malloc((size_t)B * T * 4);
     random_tokens(in, tgt, (int64_t)B * T, 19, 11);
     for (mode = 0; mode < 3; mode++) {
@@ -85,12 +112,19 @@ static void test_recompute(us_precision prec) {
         g[mode] = (float *)malloc((size_t)m.n_params * 4);
         memcpy(g[mode], m.grad, (size_t)m.n_params * 4);
         if (mode == 2) {
-            CHECK(!memcmp(g[0], g[1], (size_t)m.n_params * 4), "%s: selective recompute gradients bit-identical to none", us_precision_name(prec));
-            CHECK(!memcmp(g[0], g[2], (size_t)m.n_params * 4), "%s: full recompute gradients bit-identical to none", us_precision_name(prec));
+            CHECK(!memcmp(g[0], g[1], (size_t)m.n_params * 4),
+                  "%s: selective recompute gradients bit-identical to none",
+                  us_precision_name(prec));
+            CHECK(!memcmp(g[0], g[2], (size_t)m.n_params * 4),
+                  "%s: full recompute gradients bit-identical to none", us_precision_name(prec));
         }
         us_model_free(&m);
     }
-    free(g[0]); free(g[1]); free(g[2]); free(in); free(tgt);
+    free(g[0]);
+    free(g[1]);
+    free(g[2]);
+    free(in);
+    free(tgt);
 }
 
 /* ---- k micro-batches of accumulation equal one batch k times larger */
@@ -110,19 +144,25 @@ static void test_accumulation(void) {
         random_tokens(in, tgt, 54, 19, 100 + s);
         us_train_step(&a, in, tgt, &sa);
         us_train_step(&b, in, tgt, &sb);
-        CHECK(fabsf(sa.loss - sb.loss) <= 1e-5f * fabsf(sb.loss), "step %d: loss with 3x2 accumulation %.7f equals batch 6 %.7f", s + 1, sa.loss, sb.loss);
-        CHECK(fabsf(sa.grad_norm - sb.grad_norm) <= 1e-4f * sb.grad_norm, "step %d: grad norm %.7f vs %.7f", s + 1, sa.grad_norm, sb.grad_norm);
+        CHECK(fabsf(sa.loss - sb.loss) <= 1e-5f * fabsf(sb.loss),
+              "step %d: loss with 3x2 accumulation %.7f equals batch 6 %.7f", s + 1, sa.loss,
+              sb.loss);
+        CHECK(fabsf(sa.grad_norm - sb.grad_norm) <= 1e-4f * sb.grad_norm,
+              "step %d: grad norm %.7f vs %.7f", s + 1, sa.grad_norm, sb.grad_norm);
     }
     for (i = 0; i < a.n_params; i++) {
         double d = fabs(a.grad[i] - b.grad[i]);
         if (d > maxd) maxd = d;
         if (fabs(b.grad[i]) > maxg) maxg = fabs(b.grad[i]);
     }
-    CHECK(maxd <= 1e-5 * maxg, "accumulated gradients equal the big batch's (max diff %.2e, max |g| %.2e)", maxd, maxg);
+    CHECK(maxd <= 1e-5 * maxg,
+          "accumulated gradients equal the big batch's (max diff %.2e, max |g| %.2e)", maxd, maxg);
     maxd = 0;
-    for (i = 0; i < a.n_params; i++) if (fabs(a.master[i] - b.master[i]) > maxd) maxd = fabs(a.master[i] - b.master[i]);
+    for (i = 0; i < a.n_params; i++)
+        if (fabs(a.master[i] - b.master[i]) > maxd) maxd = fabs(a.master[i] - b.master[i]);
     CHECK(maxd < 1e-5, "weights after 3 steps agree (max diff %.2e)", maxd);
-    us_model_free(&a); us_model_free(&b);
+    us_model_free(&a);
+    us_model_free(&b);
 }
 
 /* ---- global-norm clipping: a clipped step equals an unclipped step on gradients scaled by clip/norm */
@@ -135,22 +175,29 @@ static void test_clipping(void) {
     float gn = 0;
     int64_t i, valid;
     ta.grad_clip = 0.05f;
-    tb = ta; tb.grad_clip = -1;   /* off */
+    tb = ta;
+    tb.grad_clip = -1; /* off */
     us_model_init(&a, &mc, &ta, NULL);
     us_model_init(&b, &mc, &tb, NULL);
     random_tokens(in, tgt, 18, 19, 77);
     valid = count_valid(tgt, 18);
-    us_model_zero_grad(&a); us_forward_backward(&a, in, tgt, 2, 9, (float)(1.0 / valid), &ls);
-    us_model_zero_grad(&b); us_forward_backward(&b, in, tgt, 2, 9, (float)(1.0 / valid), &ls);
+    us_model_zero_grad(&a);
+    us_forward_backward(&a, in, tgt, 2, 9, (float)(1.0 / valid), &ls);
+    us_model_zero_grad(&b);
+    us_forward_backward(&b, in, tgt, 2, 9, (float)(1.0 / valid), &ls);
     for (i = 0; i < b.n_params; i++) norm += (double)b.grad[i] * b.grad[i];
     norm = sqrt(norm);
     for (i = 0; i < b.n_params; i++) b.grad[i] *= (float)(0.05 / norm);
     us_optimizer_step(&a, &gn, NULL);
     us_optimizer_step(&b, NULL, NULL);
-    CHECK(fabs(gn - norm) <= 1e-5 * norm && norm > 0.05, "reported norm %.6f is the pre-clip global norm %.6f", gn, norm);
-    for (i = 0; i < a.n_params; i++) if (fabs(a.master[i] - b.master[i]) > maxd) maxd = fabs(a.master[i] - b.master[i]);
-    CHECK(maxd < 1e-6, "clipped step equals the step on gradients scaled to norm 0.05 (max diff %.2e)", maxd);
-    us_model_free(&a); us_model_free(&b);
+    CHECK(fabs(gn - norm) <= 1e-5 * norm && norm > 0.05,
+          "reported norm %.6f is the pre-clip global norm %.6f", gn, norm);
+    for (i = 0; i < a.n_params; i++)
+        if (fabs(a.master[i] - b.master[i]) > maxd) maxd = fabs(a.master[i] - b.master[i]);
+    CHECK(maxd < 1e-6,
+          "clipped step equals the step on gradients scaled to norm 0.05 (max diff %.2e)", maxd);
+    us_model_free(&a);
+    us_model_free(&b);
 }
 
 /* ---- the estimator's formula equals what the model really allocated */
@@ -167,18 +214,22 @@ static void test_estimator(void) {
                 mc.tie_embeddings = tied;
                 tc.precision = prec ? US_PRECISION_BF16 : US_PRECISION_FP32;
                 tc.recompute = (us_recompute)(US_RECOMPUTE_NONE + mode);
-                CHECK(us_memory_estimate(&mc, &tc, &est, err, sizeof err) == US_OK, "estimate: %s", err);
+                CHECK(us_memory_estimate(&mc, &tc, &est, err, sizeof err) == US_OK, "estimate: %s",
+                      err);
                 us_model_init(&m, &mc, &tc, NULL);
-                CHECK(est.params == m.mem.params && est.grads == m.mem.grads && est.master == m.mem.master &&
-                      est.optimizer == m.mem.optimizer && est.activations == m.mem.activations && est.total == m.mem.total,
-                      "%s recompute=%s tied=%d: estimated %zu = allocated %zu bytes (activations %zu vs %zu)",
-                      us_precision_name(tc.precision), us_recompute_name(tc.recompute), tied, est.total, m.mem.total,
-                      est.activations, m.mem.activations);
-                CHECK((int64_t)m.n_params == us_param_count(&mc), "parameter count formula %lld = built %lld",
-                      (long long)us_param_count(&mc), (long long)m.n_params);
+                CHECK(est.params == m.mem.params && est.grads == m.mem.grads &&
+                          est.master == m.mem.master && est.optimizer == m.mem.optimizer &&
+                          est.activations == m.mem.activations && est.total == m.mem.total,
+                      "%s recompute=%s tied=%d: estimated %zu = allocated %zu bytes (activations "
+                      "%zu vs %zu)",
+                      us_precision_name(tc.precision), us_recompute_name(tc.recompute), tied,
+                      est.total, m.mem.total, est.activations, m.mem.activations);
+                CHECK((int64_t)m.n_params == us_param_count(&mc),
+                      "parameter count formula %lld = built %lld", (long long)us_param_count(&mc),
+                      (long long)m.n_params);
                 us_model_free(&m);
             }
-    {   /* the Playbook's ratios: fp32 16 bytes per parameter, bf16 + fp32 master 18 */
+    { /* the Playbook's ratios: fp32 16 bytes per parameter, bf16 + fp32 master 18 */
         us_model_config mc = tiny_model();
         us_train_config tc = tiny_train(1, 8);
         us_memory e32, e16;
@@ -186,17 +237,23 @@ static void test_estimator(void) {
         us_memory_estimate(&mc, &tc, &e32, NULL, 0);
         tc.precision = US_PRECISION_BF16;
         us_memory_estimate(&mc, &tc, &e16, NULL, 0);
-        CHECK(e32.params + e32.grads + e32.master + e32.optimizer == (size_t)(16 * P), "fp32 model state is 16 bytes/param");
-        CHECK(e16.params + e16.grads + e16.master + e16.optimizer == (size_t)(18 * P), "bf16 model state is 18 bytes/param");
+        CHECK(e32.params + e32.grads + e32.master + e32.optimizer == (size_t)(16 * P),
+              "fp32 model state is 16 bytes/param");
+        CHECK(e16.params + e16.grads + e16.master + e16.optimizer == (size_t)(18 * P),
+              "bf16 model state is 18 bytes/param");
     }
-    {   /* recomputation saves activation memory, in the documented order */
+    { /* recomputation saves activation memory, in the documented order */
         us_model_config mc = tiny_model();
         us_train_config tc = tiny_train(4, 64);
         us_memory e[3];
         int k;
-        for (k = 0; k < 3; k++) { tc.recompute = (us_recompute)(US_RECOMPUTE_NONE + k); us_memory_estimate(&mc, &tc, &e[k], NULL, 0); }
+        for (k = 0; k < 3; k++) {
+            tc.recompute = (us_recompute)(US_RECOMPUTE_NONE + k);
+            us_memory_estimate(&mc, &tc, &e[k], NULL, 0);
+        }
         CHECK(e[0].activations > e[1].activations && e[1].activations > e[2].activations,
-              "activations none %zu > selective %zu > full %zu", e[0].activations, e[1].activations, e[2].activations);
+              "activations none %zu > selective %zu > full %zu", e[0].activations, e[1].activations,
+              e[2].activations);
     }
 }
 
@@ -209,30 +266,40 @@ static void test_params_and_determinism(void) {
     int s, i;
     int64_t j, bad = 0;
     us_model_init(&a, &mc, &tc, NULL);
-    CHECK(us_model_find_param(&a, "model.embed_tokens.weight") && us_model_find_param(&a, "model.layers.1.self_attn.k_proj.weight") &&
-          us_model_find_param(&a, "model.layers.0.mlp.down_proj.weight") && us_model_find_param(&a, "lm_head.weight") &&
-          us_model_find_param(&a, "model.norm.weight"), "Hugging Face Llama parameter names");
+    CHECK(us_model_find_param(&a, "model.embed_tokens.weight") &&
+              us_model_find_param(&a, "model.layers.1.self_attn.k_proj.weight") &&
+              us_model_find_param(&a, "model.layers.0.mlp.down_proj.weight") &&
+              us_model_find_param(&a, "lm_head.weight") &&
+              us_model_find_param(&a, "model.norm.weight"),
+          "Hugging Face Llama parameter names");
     {
         const us_param *k = us_model_find_param(&a, "model.layers.1.self_attn.k_proj.weight");
         CHECK(k && k->shape[0] == 2 * 4 && k->shape[1] == 16, "k_proj shape [NKV*HS, C] = [8, 16]");
     }
-    for (i = 1, j = 0; i < a.n_params_t; i++) j += a.params[i].offset != a.params[i - 1].offset + a.params[i - 1].numel;
+    for (i = 1, j = 0; i < a.n_params_t; i++)
+        j += a.params[i].offset != a.params[i - 1].offset + a.params[i - 1].numel;
     CHECK(j == 0, "parameter views tile the flat buffer without gaps");
     tc.threads = 1;
     us_model_init(&b, &mc, &tc, NULL);
-    a.tc.threads = 2; a.ops.nthreads = 2;
+    a.tc.threads = 2;
+    a.ops.nthreads = 2;
     CHECK(!memcmp(a.master, b.master, (size_t)a.n_params * 4), "same seed, same initial weights");
     for (s = 0; s < 3; s++) {
         random_tokens(in, tgt, 32, 19, 50 + s);
         us_train_step(&a, in, tgt, NULL);
         us_train_step(&b, in, tgt, NULL);
     }
-    CHECK(!memcmp(a.master, b.master, (size_t)a.n_params * 4), "2 threads and 1 thread train bit-identically");
-    us_model_free(&a); us_model_free(&b);
+    CHECK(!memcmp(a.master, b.master, (size_t)a.n_params * 4),
+          "2 threads and 1 thread train bit-identically");
+    us_model_free(&a);
+    us_model_free(&b);
 
     tc.precision = US_PRECISION_BF16;
     us_model_init(&a, &mc, &tc, NULL);
-    for (s = 0; s < 2; s++) { random_tokens(in, tgt, 32, 19, 60 + s); us_train_step(&a, in, tgt, NULL); }
+    for (s = 0; s < 2; s++) {
+        random_tokens(in, tgt, 32, 19, 60 + s);
+        us_train_step(&a, in, tgt, NULL);
+    }
     for (j = 0; j < a.n_params; j++) bad += ((uint16_t *)a.w)[j] != us_f32_to_bf16(a.master[j]);
     CHECK(bad == 0, "bf16 weights are the RNE rounding of the fp32 master weights after AdamW");
     CHECK(a.mem.params * 2 == a.mem.master, "bf16 weights take half the bytes of the master copy");
@@ -249,20 +316,32 @@ static void test_learns(us_precision prec, float threshold) {
     int32_t *in, *tgt;
     float first = 0;
     int s;
-    memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
-    mc.n_layers = 2; mc.dim = 48; mc.n_heads = 4;
-    tc.batch = 8; tc.seq = 2 * US_TASK_LINE - 1; tc.steps = 150; tc.lr = 1e-2f; tc.warmup = 10; tc.precision = prec;
+    memset(&mc, 0, sizeof mc);
+    memset(&tc, 0, sizeof tc);
+    mc.n_layers = 2;
+    mc.dim = 48;
+    mc.n_heads = 4;
+    tc.batch = 8;
+    tc.seq = 2 * US_TASK_LINE - 1;
+    tc.steps = 150;
+    tc.lr = 1e-2f;
+    tc.warmup = 10;
+    tc.precision = prec;
     us_model_init(&m, &mc, &tc, NULL);
     us_task_init(&task, 1);
-    in = (int32_t *)malloc((size_t)tc.batch * tc.seq * 4); tgt = (int32_t *)malloc((size_t)tc.batch * tc.seq * 4);
+    in = (int32_t *)malloc((size_t)tc.batch * tc.seq * 4);
+    tgt = (int32_t *)malloc((size_t)tc.batch * tc.seq * 4);
     for (s = 0; s < tc.steps; s++) {
         us_task_batch(&task, tc.batch, tc.seq, in, tgt);
         if (us_train_step(&m, in, tgt, &st) != US_OK) break;
         if (s == 0) first = st.loss;
     }
-    CHECK(first > 4.0f, "%s: initial loss %.3f is near ln(256) = 5.55", us_precision_name(prec), first);
-    CHECK(st.loss < threshold, "%s: sorting-task loss after %d steps %.3f < %.2f", us_precision_name(prec), tc.steps, st.loss, threshold);
-    free(in); free(tgt);
+    CHECK(first > 4.0f, "%s: initial loss %.3f is near ln(256) = 5.55", us_precision_name(prec),
+          first);
+    CHECK(st.loss < threshold, "%s: sorting-task loss after %d steps %.3f < %.2f",
+          us_precision_name(prec), tc.steps, st.loss, threshold);
+    free(in);
+    free(tgt);
     us_model_free(&m);
 }
 
@@ -279,16 +358,19 @@ static void test_sampling(void) {
     CHECK(us_sample(&m, prompt, 3, 9, 0.0f, 0, &r, a) == US_OK, "greedy sample");
     us_sample(&m, prompt, 3, 9, 0.0f, 0, &r, b);
     us_sample(&m, prompt, 3, 9, 1.0f, 1, &r, c);
-    CHECK(!memcmp(a, b, sizeof a) && !memcmp(a, c, sizeof a), "greedy is deterministic and equals top-k=1 sampling");
+    CHECK(!memcmp(a, b, sizeof a) && !memcmp(a, c, sizeof a),
+          "greedy is deterministic and equals top-k=1 sampling");
     us_sample(&m, prompt, 3, 9, 1.5f, 5, &r, c);
     for (i = 0; i < 12; i++) inrange &= c[i] >= 0 && c[i] < 19;
-    CHECK(inrange && !memcmp(c, prompt, sizeof prompt), "temperature sampling keeps the prompt and stays in the vocabulary");
-    CHECK(us_sample(&m, prompt, 3, 10, 0.0f, 0, &r, c) == US_ERR_INVALID, "sampling past seq is refused: %s", us_model_error(&m));
+    CHECK(inrange && !memcmp(c, prompt, sizeof prompt),
+          "temperature sampling keeps the prompt and stays in the vocabulary");
+    CHECK(us_sample(&m, prompt, 3, 10, 0.0f, 0, &r, c) == US_ERR_INVALID,
+          "sampling past seq is refused: %s", us_model_error(&m));
     us_model_free(&m);
 }
 
 int main(int argc, char **argv) {
-    int i, quick = 0;   /* --quick skips the learning runs (for the sanitizer build) */
+    int i, quick = 0; /* --quick skips the learning runs (for the sanitizer build) */
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-v")) us_test_verbose = 1;
         if (!strcmp(argv[i], "--quick")) quick = 1;

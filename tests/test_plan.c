@@ -23,31 +23,63 @@
 static void llama(us_model_config *mc, int which) {
     memset(mc, 0, sizeof *mc);
     mc->vocab = 128256;
-    if (which == 1) { mc->dim = 2048; mc->n_layers = 16; mc->n_heads = 32; mc->n_kv_heads = 8; mc->ffn_dim = 8192; mc->tie_embeddings = 1; }
-    if (which == 8) { mc->dim = 4096; mc->n_layers = 32; mc->n_heads = 32; mc->n_kv_heads = 8; mc->ffn_dim = 14336; }
-    if (which == 70) { mc->dim = 8192; mc->n_layers = 80; mc->n_heads = 64; mc->n_kv_heads = 8; mc->ffn_dim = 28672; }
+    if (which == 1) {
+        mc->dim = 2048;
+        mc->n_layers = 16;
+        mc->n_heads = 32;
+        mc->n_kv_heads = 8;
+        mc->ffn_dim = 8192;
+        mc->tie_embeddings = 1;
+    }
+    if (which == 8) {
+        mc->dim = 4096;
+        mc->n_layers = 32;
+        mc->n_heads = 32;
+        mc->n_kv_heads = 8;
+        mc->ffn_dim = 14336;
+    }
+    if (which == 70) {
+        mc->dim = 8192;
+        mc->n_layers = 80;
+        mc->n_heads = 64;
+        mc->n_kv_heads = 8;
+        mc->ffn_dim = 28672;
+    }
 }
 
-static void check_plans(const char *what, const us_model_config *mc, const us_plan_cluster *cl, const us_plan_request *q, us_plan *out, int n) {
+static void check_plans(const char *what, const us_model_config *mc, const us_plan_cluster *cl,
+                        const us_plan_request *q, us_plan *out, int n) {
     int i, bad_valid = 0, bad_world = 0, bad_batch = 0, bad_fit = 0, bad_order = 0, bad_mem = 0;
     for (i = 0; i < n; i++) {
         us_model_config m2 = *mc;
         us_train_config t2 = out[i].tc;
         us_memory mem;
         char err[256];
-        if (us_config_validate(&m2, &t2, err, sizeof err) != US_OK) { bad_valid++; printf("  invalid: %s\n", err); }
-        if ((int64_t)t2.dp * t2.tp * t2.pp * t2.cp != (int64_t)cl->gpus_per_node * cl->nodes) bad_world++;
+        if (us_config_validate(&m2, &t2, err, sizeof err) != US_OK) {
+            bad_valid++;
+            printf("  invalid: %s\n", err);
+        }
+        if ((int64_t)t2.dp * t2.tp * t2.pp * t2.cp != (int64_t)cl->gpus_per_node * cl->nodes)
+            bad_world++;
         if ((int64_t)t2.batch * t2.grad_accum * t2.dp * t2.seq != q->global_tokens) bad_batch++;
-        if (us_memory_estimate(mc, &out[i].tc, &mem, err, sizeof err) != US_OK || mem.total != out[i].mem.total) bad_mem++;
-        if (!out[i].fits || (double)mem.total + cl->reserve_gib * 1073741824.0 > cl->gpu_mem_gib * 1073741824.0) bad_fit++;
+        if (us_memory_estimate(mc, &out[i].tc, &mem, err, sizeof err) != US_OK ||
+            mem.total != out[i].mem.total)
+            bad_mem++;
+        if (!out[i].fits ||
+            (double)mem.total + cl->reserve_gib * 1073741824.0 > cl->gpu_mem_gib * 1073741824.0)
+            bad_fit++;
         if (i && out[i].t_step < out[i - 1].t_step) bad_order++;
     }
     CHECK(n > 0, "%s: the planner proposes configurations (%d)", what, n);
-    CHECK(!bad_valid, "%s: every proposed configuration passes us_config_validate (%d fail)", what, bad_valid);
-    CHECK(!bad_world, "%s: every one uses all %d GPUs (%d do not)", what, cl->gpus_per_node * cl->nodes, bad_world);
-    CHECK(!bad_batch, "%s: every one runs %lld tokens per step (%d do not)", what, (long long)q->global_tokens, bad_batch);
+    CHECK(!bad_valid, "%s: every proposed configuration passes us_config_validate (%d fail)", what,
+          bad_valid);
+    CHECK(!bad_world, "%s: every one uses all %d GPUs (%d do not)", what,
+          cl->gpus_per_node * cl->nodes, bad_world);
+    CHECK(!bad_batch, "%s: every one runs %lld tokens per step (%d do not)", what,
+          (long long)q->global_tokens, bad_batch);
     CHECK(!bad_mem, "%s: every one's memory is the estimator's (%d differ)", what, bad_mem);
-    CHECK(!bad_fit, "%s: every one fits in %.0f GiB less the reserve (%d do not)", what, cl->gpu_mem_gib, bad_fit);
+    CHECK(!bad_fit, "%s: every one fits in %.0f GiB less the reserve (%d do not)", what,
+          cl->gpu_mem_gib, bad_fit);
     CHECK(!bad_order, "%s: sorted fastest first (%d out of order)", what, bad_order);
 }
 
@@ -64,141 +96,254 @@ int main(void) {
 
     /* ---- 1B on one node of 8 × 80 GB: pure data parallelism */
     llama(&mc, 1);
-    memset(&cl, 0, sizeof cl); us_plan_cluster_defaults(&cl);
-    memset(&q, 0, sizeof q); q.top = 4096; us_plan_request_defaults(&q);
-    CHECK(us_plan_enumerate(&mc, &cl, &q, out, &n, &nv, &nf, err, sizeof err) == US_OK, "1B on 8 GPUs: enumerate (%s)", err);
-    CHECK(n == nf && nf <= nv && nv > 100, "1B: %d kept = %lld fit <= %lld valid", n, (long long)nf, (long long)nv);
+    memset(&cl, 0, sizeof cl);
+    us_plan_cluster_defaults(&cl);
+    memset(&q, 0, sizeof q);
+    q.top = 4096;
+    us_plan_request_defaults(&q);
+    CHECK(us_plan_enumerate(&mc, &cl, &q, out, &n, &nv, &nf, err, sizeof err) == US_OK,
+          "1B on 8 GPUs: enumerate (%s)", err);
+    CHECK(n == nf && nf <= nv && nv > 100, "1B: %d kept = %lld fit <= %lld valid", n, (long long)nf,
+          (long long)nv);
     check_plans("1B x 8", &mc, &cl, &q, out, n);
     CHECK(out[0].tc.tp == 1 && out[0].tc.pp == 1 && out[0].tc.cp == 1 && out[0].tc.dp == 8,
-          "1B on 8 GPUs prefers pure data parallelism (best: dp %d tp %d pp %d cp %d)", out[0].tc.dp, out[0].tc.tp, out[0].tc.pp, out[0].tc.cp);
-    {   /* the best pure-DP plan of each ZeRO stage: within 1 % of each other, and ZeRO-0 holds the most memory */
+          "1B on 8 GPUs prefers pure data parallelism (best: dp %d tp %d pp %d cp %d)",
+          out[0].tc.dp, out[0].tc.tp, out[0].tc.pp, out[0].tc.cp);
+    { /* the best pure-DP plan of each ZeRO stage: within 1 % of each other, and ZeRO-0 holds the most memory */
         double best_z[4] = {0, 0, 0, 0};
         size_t mem_z[4] = {0, 0, 0, 0};
         for (i = 0; i < n; i++) {
             const us_train_config *t = &out[i].tc;
-            if (t->tp == 1 && t->pp == 1 && t->cp == 1 && t->batch == 4 && t->recompute == US_RECOMPUTE_NONE && best_z[t->zero] == 0) {
-                best_z[t->zero] = out[i].t_step; mem_z[t->zero] = out[i].mem.total;
+            if (t->tp == 1 && t->pp == 1 && t->cp == 1 && t->batch == 4 &&
+                t->recompute == US_RECOMPUTE_NONE && best_z[t->zero] == 0) {
+                best_z[t->zero] = out[i].t_step;
+                mem_z[t->zero] = out[i].mem.total;
             }
         }
-        CHECK(best_z[0] > 0 && best_z[1] > 0 && best_z[2] > 0 && best_z[3] > 0, "1B: pure DP with micro-batch 4 fits under every ZeRO stage");
+        CHECK(best_z[0] > 0 && best_z[1] > 0 && best_z[2] > 0 && best_z[3] > 0,
+              "1B: pure DP with micro-batch 4 fits under every ZeRO stage");
         /* ZeRO-1 moves the bytes of ZeRO-0; ZeRO-2 reduce-scatters every micro-batch and ZeRO-3
            also gathers the weights twice, so with the overlap tax (hidden traffic still slows
            the compute) they cost more, but under 10 % here */
-        CHECK(fabs(best_z[1] / best_z[0] - 1) < 0.01, "1B pure DP: ZeRO-1's step %.1f ms within 1%% of ZeRO-0's %.1f", 1e3 * best_z[1], 1e3 * best_z[0]);
-        CHECK(best_z[1] < best_z[2] && best_z[2] < best_z[3] && best_z[3] < 1.1 * best_z[0], "1B pure DP: ZeRO-1 %.1f < ZeRO-2 %.1f < ZeRO-3 %.1f ms < 1.1 x ZeRO-0's %.1f",
+        CHECK(fabs(best_z[1] / best_z[0] - 1) < 0.01,
+              "1B pure DP: ZeRO-1's step %.1f ms within 1%% of ZeRO-0's %.1f", 1e3 * best_z[1],
+              1e3 * best_z[0]);
+        CHECK(best_z[1] < best_z[2] && best_z[2] < best_z[3] && best_z[3] < 1.1 * best_z[0],
+              "1B pure DP: ZeRO-1 %.1f < ZeRO-2 %.1f < ZeRO-3 %.1f ms < 1.1 x ZeRO-0's %.1f",
               1e3 * best_z[1], 1e3 * best_z[2], 1e3 * best_z[3], 1e3 * best_z[0]);
-        CHECK(mem_z[0] > mem_z[1] && mem_z[1] > mem_z[2] && mem_z[2] > mem_z[3], "1B: the ZeRO ladder, memory %.1f > %.1f > %.1f > %.1f GiB",
-              mem_z[0] / 1073741824.0, mem_z[1] / 1073741824.0, mem_z[2] / 1073741824.0, mem_z[3] / 1073741824.0);
+        CHECK(mem_z[0] > mem_z[1] && mem_z[1] > mem_z[2] && mem_z[2] > mem_z[3],
+              "1B: the ZeRO ladder, memory %.1f > %.1f > %.1f > %.1f GiB", mem_z[0] / 1073741824.0,
+              mem_z[1] / 1073741824.0, mem_z[2] / 1073741824.0, mem_z[3] / 1073741824.0);
     }
 
     /* ---- 70B on 8 × 80 GB: nothing fits; on 4 nodes only sharded configurations do */
     llama(&mc, 70);
-    memset(&tc, 0, sizeof tc); tc.dp = 8; tc.batch = 1; tc.seq = 4096; tc.grad_accum = 32; tc.precision = US_PRECISION_BF16;
-    CHECK(us_plan_cost(&mc, &tc, &cl, &p, err, sizeof err) == US_OK, "70B dp 8 unsharded costs (%s)", err);
-    CHECK(!p.fits && p.mem.total > 8.0 * 80 * 1073741824.0, "70B unsharded on 80 GB GPUs: %.0f GiB per GPU, no fit", p.mem.total / 1073741824.0);
-    q.top = 16; q.max_micro_batch = 2;   /* micro-batches of 1 and 2 sequences: enough to show it, and quick */
-    CHECK(us_plan_enumerate(&mc, &cl, &q, out, &n, &nv, &nf, err, sizeof err) == US_OK && n == 0 && nf == 0 && nv > 0,
-          "70B on one node of 8 x 80 GB: %lld valid configurations, %lld fit", (long long)nv, (long long)nf);
+    memset(&tc, 0, sizeof tc);
+    tc.dp = 8;
+    tc.batch = 1;
+    tc.seq = 4096;
+    tc.grad_accum = 32;
+    tc.precision = US_PRECISION_BF16;
+    CHECK(us_plan_cost(&mc, &tc, &cl, &p, err, sizeof err) == US_OK,
+          "70B dp 8 unsharded costs (%s)", err);
+    CHECK(!p.fits && p.mem.total > 8.0 * 80 * 1073741824.0,
+          "70B unsharded on 80 GB GPUs: %.0f GiB per GPU, no fit", p.mem.total / 1073741824.0);
+    q.top = 16;
+    q.max_micro_batch = 2; /* micro-batches of 1 and 2 sequences: enough to show it, and quick */
+    CHECK(us_plan_enumerate(&mc, &cl, &q, out, &n, &nv, &nf, err, sizeof err) == US_OK && n == 0 &&
+              nf == 0 && nv > 0,
+          "70B on one node of 8 x 80 GB: %lld valid configurations, %lld fit", (long long)nv,
+          (long long)nf);
     cl.nodes = 4;
-    CHECK(us_plan_enumerate(&mc, &cl, &q, out, &n, &nv, &nf, err, sizeof err) == US_OK && n > 0, "70B on 4 nodes: %lld fit", (long long)nf);
+    CHECK(us_plan_enumerate(&mc, &cl, &q, out, &n, &nv, &nf, err, sizeof err) == US_OK && n > 0,
+          "70B on 4 nodes: %lld fit", (long long)nf);
     check_plans("70B x 32", &mc, &cl, &q, out, n);
     {
         int sharded = 1;
-        for (i = 0; i < n; i++) if (out[i].tc.zero == 0 && out[i].tc.tp == 1 && out[i].tc.pp == 1) sharded = 0;
+        for (i = 0; i < n; i++)
+            if (out[i].tc.zero == 0 && out[i].tc.tp == 1 && out[i].tc.pp == 1) sharded = 0;
         CHECK(sharded, "70B on 4 nodes: every proposed configuration shards (ZeRO, tp or pp)");
-        CHECK(out[0].tc.tp <= cl.gpus_per_node, "70B on 4 nodes: the best keeps TP inside a node (tp %d)", out[0].tc.tp);
+        CHECK(out[0].tc.tp <= cl.gpus_per_node,
+              "70B on 4 nodes: the best keeps TP inside a node (tp %d)", out[0].tc.tp);
     }
 
     /* ---- properties of the cost model, 8B on 2 nodes */
     llama(&mc, 8);
-    memset(&cl, 0, sizeof cl); cl.nodes = 2; us_plan_cluster_defaults(&cl);
+    memset(&cl, 0, sizeof cl);
+    cl.nodes = 2;
+    us_plan_cluster_defaults(&cl);
     {
-        static const int cfg[][6] = {   /* dp tp pp cp zero, schedule */
-            {16, 1, 1, 1, 1, 0}, {8, 2, 1, 1, 0, 0}, {4, 4, 1, 1, 1, 0}, {2, 8, 1, 1, 3, 0}, {4, 2, 2, 1, 1, US_PP_1F1B},
-            {2, 4, 2, 1, 0, US_PP_ZB1}, {4, 2, 1, 2, 1, 0}, {1, 8, 2, 1, 1, US_PP_INTERLEAVED}, {8, 1, 1, 2, 3, 0}};
+        static const int cfg[][6] = {
+            /* dp tp pp cp zero, schedule */
+            {16, 1, 1, 1, 1, 0},         {8, 2, 1, 1, 0, 0},
+            {4, 4, 1, 1, 1, 0},          {2, 8, 1, 1, 3, 0},
+            {4, 2, 2, 1, 1, US_PP_1F1B}, {2, 4, 2, 1, 0, US_PP_ZB1},
+            {4, 2, 1, 2, 1, 0},          {1, 8, 2, 1, 1, US_PP_INTERLEAVED},
+            {8, 1, 1, 2, 3, 0}};
         int k, slower_bw = 0, slower_gemm = 0;
         for (k = 0; k < (int)(sizeof cfg / sizeof cfg[0]); k++) {
             us_plan_cluster c2 = cl;
             memset(&tc, 0, sizeof tc);
-            tc.dp = cfg[k][0]; tc.tp = cfg[k][1]; tc.pp = cfg[k][2]; tc.cp = cfg[k][3]; tc.zero = cfg[k][4];
-            tc.batch = 1; tc.seq = 4096; tc.grad_accum = 256 / tc.dp; tc.precision = US_PRECISION_BF16;
-            if (tc.pp > 1) { tc.pp_schedule = cfg[k][5]; tc.pp_chunks = cfg[k][5] == US_PP_INTERLEAVED ? 2 : 1; }
-            if (us_plan_cost(&mc, &tc, &cl, &p, err, sizeof err) != US_OK) { CHECK(0, "8B config %d costs: %s", k, err); continue; }
-            c2.rates.intra_gbps *= 2; c2.rates.inter_gbps *= 2;
+            tc.dp = cfg[k][0];
+            tc.tp = cfg[k][1];
+            tc.pp = cfg[k][2];
+            tc.cp = cfg[k][3];
+            tc.zero = cfg[k][4];
+            tc.batch = 1;
+            tc.seq = 4096;
+            tc.grad_accum = 256 / tc.dp;
+            tc.precision = US_PRECISION_BF16;
+            if (tc.pp > 1) {
+                tc.pp_schedule = cfg[k][5];
+                tc.pp_chunks = cfg[k][5] == US_PP_INTERLEAVED ? 2 : 1;
+            }
+            if (us_plan_cost(&mc, &tc, &cl, &p, err, sizeof err) != US_OK) {
+                CHECK(0, "8B config %d costs: %s", k, err);
+                continue;
+            }
+            c2.rates.intra_gbps *= 2;
+            c2.rates.inter_gbps *= 2;
             us_plan_cost(&mc, &tc, &c2, &p2, err, sizeof err);
             if (p2.t_step > p.t_step) slower_bw++;
-            c2 = cl; c2.rates.gemm_tflops *= 1.5;
+            c2 = cl;
+            c2.rates.gemm_tflops *= 1.5;
             us_plan_cost(&mc, &tc, &c2, &p2, err, sizeof err);
             if (p2.t_step > p.t_step) slower_gemm++;
-            CHECK(fabs(p.t_step - (p.t_compute + p.t_recompute + p.t_tp + p.t_cp + p.t_ep + p.t_bubble + p.t_p2p + p.t_dp + p.t_zero3 + p.t_optimizer + p.t_overlap)) < 1e-9 * p.t_step,
+            CHECK(fabs(p.t_step - (p.t_compute + p.t_recompute + p.t_tp + p.t_cp + p.t_ep +
+                                   p.t_bubble + p.t_p2p + p.t_dp + p.t_zero3 + p.t_optimizer +
+                                   p.t_overlap)) < 1e-9 * p.t_step,
                   "8B config %d: the step is the sum of its terms", k);
             CHECK(p.mfu > 0 && p.mfu < 1, "8B config %d: MFU %.3f in (0, 1)", k, p.mfu);
         }
         CHECK(!slower_bw, "doubling the bandwidths never makes a step slower (%d did)", slower_bw);
         CHECK(!slower_gemm, "faster GEMMs never make a step slower (%d did)", slower_gemm);
     }
-    {   /* the bubble term against the simulator: 1F1B's (p−1)(tF+tB+tW), and each schedule's makespan − work */
-        static const int kinds[] = {US_PP_1F1B, US_PP_AFAB, US_PP_INTERLEAVED, US_PP_ZB1, US_PP_ZBV};
+    { /* the bubble term against the simulator: 1F1B's (p−1)(tF+tB+tW), and each schedule's makespan − work */
+        static const int kinds[] = {US_PP_1F1B, US_PP_AFAB, US_PP_INTERLEAVED, US_PP_ZB1,
+                                    US_PP_ZBV};
         int k;
         for (k = 0; k < 5; k++) {
             us_pp_schedule s;
             us_pp_sim sim;
             double tF, tB, tW, work;
             memset(&tc, 0, sizeof tc);
-            tc.dp = 2; tc.tp = 2; tc.pp = 4; tc.batch = 1; tc.seq = 4096; tc.grad_accum = 128; tc.precision = US_PRECISION_BF16;
-            tc.pp_schedule = kinds[k]; tc.pp_chunks = kinds[k] == US_PP_INTERLEAVED || kinds[k] == US_PP_ZBV ? 2 : 1;
-            if (us_plan_cost(&mc, &tc, &cl, &p, err, sizeof err) != US_OK) { CHECK(0, "pp cost %s: %s", us_pp_kind_name((us_pp_kind)kinds[k]), err); continue; }
+            tc.dp = 2;
+            tc.tp = 2;
+            tc.pp = 4;
+            tc.batch = 1;
+            tc.seq = 4096;
+            tc.grad_accum = 128;
+            tc.precision = US_PRECISION_BF16;
+            tc.pp_schedule = kinds[k];
+            tc.pp_chunks = kinds[k] == US_PP_INTERLEAVED || kinds[k] == US_PP_ZBV ? 2 : 1;
+            if (us_plan_cost(&mc, &tc, &cl, &p, err, sizeof err) != US_OK) {
+                CHECK(0, "pp cost %s: %s", us_pp_kind_name((us_pp_kind)kinds[k]), err);
+                continue;
+            }
             /* the per-chunk costs the model gives the simulator, recovered from its totals (no recompute, no CP/EP here) */
             work = (p.t_compute + p.t_tp) / ((double)tc.grad_accum * tc.pp_chunks);
-            CHECK(us_pp_schedule_build(&s, (us_pp_kind)kinds[k], 4, 128, tc.pp_chunks, err, sizeof err) == US_OK, "build");
+            CHECK(us_pp_schedule_build(&s, (us_pp_kind)kinds[k], 4, 128, tc.pp_chunks, err,
+                                       sizeof err) == US_OK,
+                  "build");
             /* tF : tB : tW as the model splits them does not matter for 1F1B/AFAB/interleaved (BW = tB + tW) */
-            tF = work / 3; tB = work / 3; tW = work / 3;
+            tF = work / 3;
+            tB = work / 3;
+            tW = work / 3;
             if (kinds[k] == US_PP_1F1B || kinds[k] == US_PP_AFAB || kinds[k] == US_PP_INTERLEAVED) {
                 us_pp_simulate(&s, tF, tB, tW, &sim, err, sizeof err);
-                CHECK(fabs(p.t_bubble - (sim.makespan - 128.0 * tc.pp_chunks * work)) < 1e-6 * p.t_step,
-                      "%s: the bubble %.2f ms is the simulator's makespan minus the work (%.2f)", us_pp_kind_name((us_pp_kind)kinds[k]), 1e3 * p.t_bubble,
+                CHECK(fabs(p.t_bubble - (sim.makespan - 128.0 * tc.pp_chunks * work)) <
+                          1e-6 * p.t_step,
+                      "%s: the bubble %.2f ms is the simulator's makespan minus the work (%.2f)",
+                      us_pp_kind_name((us_pp_kind)kinds[k]), 1e3 * p.t_bubble,
                       1e3 * (sim.makespan - 128.0 * tc.pp_chunks * work));
                 if (kinds[k] == US_PP_1F1B)
-                    CHECK(fabs(p.t_bubble - 3 * work) < 1e-6 * p.t_step, "1F1B: bubble %.2f ms = (p-1)(tF+tB+tW) = %.2f ms", 1e3 * p.t_bubble, 1e3 * 3 * work);
-            } else CHECK(p.t_bubble >= 0 && p.t_bubble < 3 * work, "%s: bubble %.2f ms below 1F1B's %.2f", us_pp_kind_name((us_pp_kind)kinds[k]), 1e3 * p.t_bubble, 1e3 * 3 * work);
+                    CHECK(fabs(p.t_bubble - 3 * work) < 1e-6 * p.t_step,
+                          "1F1B: bubble %.2f ms = (p-1)(tF+tB+tW) = %.2f ms", 1e3 * p.t_bubble,
+                          1e3 * 3 * work);
+            } else
+                CHECK(p.t_bubble >= 0 && p.t_bubble < 3 * work,
+                      "%s: bubble %.2f ms below 1F1B's %.2f", us_pp_kind_name((us_pp_kind)kinds[k]),
+                      1e3 * p.t_bubble, 1e3 * 3 * work);
             us_pp_schedule_free(&s);
         }
     }
-    {   /* ZeRO-3: hidden under big layers (8B, 4 sequences), exposed under tiny ones (1 short sequence) */
-        memset(&tc, 0, sizeof tc); tc.dp = 16; tc.zero = 3; tc.batch = 4; tc.seq = 4096; tc.grad_accum = 4; tc.precision = US_PRECISION_BF16;
+    { /* ZeRO-3: hidden under big layers (8B, 4 sequences), exposed under tiny ones (1 short sequence) */
+        memset(&tc, 0, sizeof tc);
+        tc.dp = 16;
+        tc.zero = 3;
+        tc.batch = 4;
+        tc.seq = 4096;
+        tc.grad_accum = 4;
+        tc.precision = US_PRECISION_BF16;
         us_plan_cost(&mc, &tc, &cl, &p, err, sizeof err);
-        memset(&tc, 0, sizeof tc); tc.dp = 16; tc.zero = 3; tc.batch = 1; tc.seq = 256; tc.grad_accum = 4; tc.precision = US_PRECISION_BF16;
+        memset(&tc, 0, sizeof tc);
+        tc.dp = 16;
+        tc.zero = 3;
+        tc.batch = 1;
+        tc.seq = 256;
+        tc.grad_accum = 4;
+        tc.precision = US_PRECISION_BF16;
         us_plan_cost(&mc, &tc, &cl, &p2, err, sizeof err);
-        CHECK(p.t_zero3 < 0.05 * p.t_step, "ZeRO-3 with big layers: gathers %.1f ms of a %.0f ms step", 1e3 * p.t_zero3, 1e3 * p.t_step);
-        CHECK(p2.t_zero3 > 0.5 * p2.t_step, "ZeRO-3 with tiny layers: gathers %.1f ms of a %.0f ms step", 1e3 * p2.t_zero3, 1e3 * p2.t_step);
+        CHECK(p.t_zero3 < 0.05 * p.t_step,
+              "ZeRO-3 with big layers: gathers %.1f ms of a %.0f ms step", 1e3 * p.t_zero3,
+              1e3 * p.t_step);
+        CHECK(p2.t_zero3 > 0.5 * p2.t_step,
+              "ZeRO-3 with tiny layers: gathers %.1f ms of a %.0f ms step", 1e3 * p2.t_zero3,
+              1e3 * p2.t_step);
     }
     /* ---- errors as sentences */
-    memset(&tc, 0, sizeof tc); tc.dp = 3; tc.seq = 4096; tc.precision = US_PRECISION_BF16;
-    CHECK(us_plan_cost(&mc, &tc, &cl, &p, err, sizeof err) == US_ERR_INVALID && strstr(err, "cluster has 16"), "a configuration not using the cluster: \"%s\"", err);
-    memset(&q, 0, sizeof q); q.global_tokens = 1000; q.seq = 4096;
-    CHECK(us_plan_enumerate(&mc, &cl, &q, out, &n, NULL, NULL, err, sizeof err) == US_ERR_INVALID && strstr(err, "multiple of seq"), "a global batch not of whole sequences: \"%s\"", err);
+    memset(&tc, 0, sizeof tc);
+    tc.dp = 3;
+    tc.seq = 4096;
+    tc.precision = US_PRECISION_BF16;
+    CHECK(us_plan_cost(&mc, &tc, &cl, &p, err, sizeof err) == US_ERR_INVALID &&
+              strstr(err, "cluster has 16"),
+          "a configuration not using the cluster: \"%s\"", err);
+    memset(&q, 0, sizeof q);
+    q.global_tokens = 1000;
+    q.seq = 4096;
+    CHECK(us_plan_enumerate(&mc, &cl, &q, out, &n, NULL, NULL, err, sizeof err) == US_ERR_INVALID &&
+              strstr(err, "multiple of seq"),
+          "a global batch not of whole sequences: \"%s\"", err);
 
     /* ---- the rates file */
     {
-        char path[64];   /* one file per process: make test runs the plain and sanitizer builds at once */
+        /* one file per process: make test runs the plain and sanitizer builds at once */
+        char path[64];
         us_plan_rates r;
         FILE *f;
         snprintf(path, sizeof path, "/tmp/us_test_plan_rates_%ld.txt", (long)getpid());
         f = fopen(path, "w");
-        fprintf(f, "ultrascale-rates 1\n# measured\ngemm_tflops = 512.5\n  intra_gbps=100  # NVLink\n\ncp_attn_eff = 0.5\n");
+        fprintf(f, "ultrascale-rates 1\n# measured\ngemm_tflops = 512.5\n  intra_gbps=100  # "
+                   "NVLink\n\ncp_attn_eff = 0.5\n");
         fclose(f);
         memset(&r, 0, sizeof r);
         CHECK(us_plan_rates_read(path, &r, err, sizeof err) == US_OK, "rates file read (%s)", err);
-        CHECK(r.gemm_tflops == 512.5 && r.intra_gbps == 100 && r.cp_attn_eff == 0.5 && r.hbm_gbps == 0, "rates file values: gemm %g intra %g cp eff %g, others untouched",
-              r.gemm_tflops, r.intra_gbps, r.cp_attn_eff);
-        f = fopen(path, "w"); fprintf(f, "rates\ngemm_tflops = 1\n"); fclose(f);
-        CHECK(us_plan_rates_read(path, &r, err, sizeof err) == US_ERR_FORMAT && strstr(err, "first line"), "bad header: \"%s\"", err);
-        f = fopen(path, "w"); fprintf(f, "ultrascale-rates 1\ngemm_tflop = 1\n"); fclose(f);
-        CHECK(us_plan_rates_read(path, &r, err, sizeof err) == US_ERR_FORMAT && strstr(err, "unknown key"), "unknown key: \"%s\"", err);
-        f = fopen(path, "w"); fprintf(f, "ultrascale-rates 1\ngemm_tflops = -3\n"); fclose(f);
-        CHECK(us_plan_rates_read(path, &r, err, sizeof err) == US_ERR_FORMAT && strstr(err, "positive"), "negative rate: \"%s\"", err);
+        CHECK(r.gemm_tflops == 512.5 && r.intra_gbps == 100 && r.cp_attn_eff == 0.5 &&
+                  r.hbm_gbps == 0,
+              "rates file values: gemm %g intra %g cp eff %g, others untouched", r.gemm_tflops,
+              r.intra_gbps, r.cp_attn_eff);
+        f = fopen(path, "w");
+        fprintf(f, "rates\ngemm_tflops = 1\n");
+        fclose(f);
+        CHECK(us_plan_rates_read(path, &r, err, sizeof err) == US_ERR_FORMAT &&
+                  strstr(err, "first line"),
+              "bad header: \"%s\"", err);
+        f = fopen(path, "w");
+        fprintf(f, "ultrascale-rates 1\ngemm_tflop = 1\n");
+        fclose(f);
+        CHECK(us_plan_rates_read(path, &r, err, sizeof err) == US_ERR_FORMAT &&
+                  strstr(err, "unknown key"),
+              "unknown key: \"%s\"", err);
+        f = fopen(path, "w");
+        fprintf(f, "ultrascale-rates 1\ngemm_tflops = -3\n");
+        fclose(f);
+        CHECK(us_plan_rates_read(path, &r, err, sizeof err) == US_ERR_FORMAT &&
+                  strstr(err, "positive"),
+              "negative rate: \"%s\"", err);
         CHECK(r.gemm_tflops == 512.5, "a failed read leaves the rates as they were");
-        CHECK(us_plan_rates_read("/nonexistent/rates", &r, err, sizeof err) == US_ERR_IO, "missing file: \"%s\"", err);
+        CHECK(us_plan_rates_read("/nonexistent/rates", &r, err, sizeof err) == US_ERR_IO,
+              "missing file: \"%s\"", err);
         remove(path);
     }
     return us_test_done("test_plan");

@@ -24,16 +24,16 @@
 
 typedef struct run {
     us_model_config mc;
-    us_train_config tc;       /* tc.batch = B per micro-batch, tc.grad_accum = m micro-batches */
-    int32_t *in, *tgt;        /* [STEPS][m][dp·B][T] */
+    us_train_config tc; /* tc.batch = B per micro-batch, tc.grad_accum = m micro-batches */
+    int32_t *in, *tgt;  /* [STEPS][m][dp·B][T] */
     float loss[STEPS], gnorm[STEPS];
-    float *w;                 /* final weights by tensor, one-rank order, from the pp stages (tp 1) */
-    double eval_loss;         /* after training: the loss of the first micro-batch through the pipeline */
+    float *w;         /* final weights by tensor, one-rank order, from the pp stages (tp 1) */
+    double eval_loss; /* after training: the loss of the first micro-batch through the pipeline */
     int64_t eval_correct;
-    float logits[8][B * 64];  /* per pp rank: the last-position logits every stage receives */
-    int peak[8];              /* per pp rank: activations held at once */
+    float logits[8][B * 64];   /* per pp rank: the last-position logits every stage receives */
+    int peak[8];               /* per pp rank: activations held at once */
     size_t act_bytes, act_est; /* stage 0's activation arena, and the estimator's figure for it */
-    float bubble;             /* the last step's measured pipeline bubble */
+    float bubble;              /* the last step's measured pipeline bubble */
 } run;
 
 static us_result rank_fn(us_comm *c, void *arg) {
@@ -45,19 +45,32 @@ static us_result rank_fn(us_comm *c, void *arg) {
     int32_t *in = (int32_t *)malloc(per * M * 4), *tgt = (int32_t *)malloc(per * M * 4);
     us_result r;
     r = c ? us_model_init_dist(&m, &R->mc, &tc, NULL, c) : us_model_init(&m, &R->mc, &tc, NULL);
-    if (r != US_OK) { printf("  rank %d init: %s\n", rank, m.err); free(in); free(tgt); return r; }
+    if (r != US_OK) {
+        printf("  rank %d init: %s\n", rank, m.err);
+        free(in);
+        free(tgt);
+        return r;
+    }
     for (s = 0; s < STEPS && r == US_OK; s++) {
         us_step_stats st;
-        for (k = 0; k < M; k++) {   /* micro-batch k: this dp rank's B sequences of the dp·B */
+        for (k = 0; k < M; k++) { /* micro-batch k: this dp rank's B sequences of the dp·B */
             size_t src = (((size_t)s * M + k) * dpn + (size_t)m.mesh.dp_rank) * per;
             memcpy(in + k * per, R->in + src, per * 4);
             memcpy(tgt + k * per, R->tgt + src, per * 4);
         }
         r = us_train_step(&m, in, tgt, &st);
-        if (r != US_OK) { printf("  rank %d step %d: %s\n", rank, s, m.err); break; }
-        if (rank == 0) { R->loss[s] = st.loss; R->gnorm[s] = st.grad_norm; R->bubble = st.pp_bubble; }
+        if (r != US_OK) {
+            printf("  rank %d step %d: %s\n", rank, s, m.err);
+            break;
+        }
+        if (rank == 0) {
+            R->loss[s] = st.loss;
+            R->gnorm[s] = st.grad_norm;
+            R->bubble = st.pp_bubble;
+        }
     }
-    if (r == US_OK && R->w && m.mesh.dp_rank == 0 && m.tc.tp == 1) {   /* each stage writes its tensors */
+    if (r == US_OK && R->w && m.mesh.dp_rank == 0 &&
+        m.tc.tp == 1) { /* each stage writes its tensors */
         int i, l;
         int64_t base = 0;
         /* one-rank order: embedding, layers 0..L-1 (9 tensors each), norm, head */
@@ -65,67 +78,117 @@ static us_result rank_fn(us_comm *c, void *arg) {
             const us_param *p = &m.params[i];
             int64_t dst;
             if (!p->numel) continue;
-            if (i == 0) dst = 0;
+            if (i == 0)
+                dst = 0;
             else if (i < 1 + m.cfg.n_layers * 9) {
                 int64_t per_layer = 0, k2;
                 l = (i - 1) / 9;
                 for (k2 = 1; k2 <= 9; k2++) per_layer += m.params[k2].numel;
-                dst = (int64_t)m.cfg.vocab * m.cfg.dim + (int64_t)m.layer_g[l] * per_layer;   /* chunks: not contiguous */
+                dst = (int64_t)m.cfg.vocab * m.cfg.dim +
+                      (int64_t)m.layer_g[l] * per_layer; /* chunks: not contiguous */
                 for (k2 = 1 + l * 9; k2 < i; k2++) dst += m.params[k2].numel;
             } else {
                 int64_t per_layer = 0, k2;
                 for (k2 = 1; k2 <= 9; k2++) per_layer += m.params[k2].numel;
-                dst = (int64_t)m.cfg.vocab * m.cfg.dim + (int64_t)m.n_layers_global * per_layer + (i == 1 + m.cfg.n_layers * 9 ? 0 : m.cfg.dim);
+                dst = (int64_t)m.cfg.vocab * m.cfg.dim + (int64_t)m.n_layers_global * per_layer +
+                      (i == 1 + m.cfg.n_layers * 9 ? 0 : m.cfg.dim);
             }
             memcpy(R->w + dst, (float *)m.w + p->offset, (size_t)p->numel * 4);
             (void)base;
         }
     }
-    if (m.tc.pp > 1 && m.mesh.dp_rank == 0 && m.mesh.tp_rank == 0) R->peak[m.mesh.pp_rank] = m.pp_peak;
-    if (rank == 0) {   /* the estimator describes the first stage */
+    if (m.tc.pp > 1 && m.mesh.dp_rank == 0 && m.mesh.tp_rank == 0)
+        R->peak[m.mesh.pp_rank] = m.pp_peak;
+    if (rank == 0) { /* the estimator describes the first stage */
         us_memory est;
         R->act_bytes = m.mem.activations;
         R->act_est = us_memory_estimate(&R->mc, &tc, &est, NULL, 0) == US_OK ? est.activations : 0;
     }
-    if (r == US_OK) {   /* evaluation through the stages: this dp rank's sequences of the first micro-batch */
+    if (r ==
+        US_OK) { /* evaluation through the stages: this dp rank's sequences of the first micro-batch */
         double ls = 0;
         int64_t cor = 0;
         float lg[B * 64];
         r = us_forward_eval(&m, in, tgt, B, T, &ls, &cor, lg);
-        if (r != US_OK) printf("  rank %d eval: %s\n", rank, m.err);
+        if (r != US_OK)
+            printf("  rank %d eval: %s\n", rank, m.err);
         else {
-            if (rank == 0) { R->eval_loss = ls; R->eval_correct = cor; }
-            if (m.mesh.dp_rank == 0 && m.mesh.tp_rank == 0) memcpy(R->logits[m.mesh.pp_rank], lg, sizeof lg);
+            if (rank == 0) {
+                R->eval_loss = ls;
+                R->eval_correct = cor;
+            }
+            if (m.mesh.dp_rank == 0 && m.mesh.tp_rank == 0)
+                memcpy(R->logits[m.mesh.pp_rank], lg, sizeof lg);
         }
     }
     us_model_free(&m);
-    free(in); free(tgt);
+    free(in);
+    free(tgt);
     return r;
 }
 
-static us_result launch(run *R) { return us_test_launch(R->tc.dp * R->tc.pp * R->tc.tp, rank_fn, R, NULL, 0); }
+static us_result launch(run *R) {
+    return us_test_launch(R->tc.dp * R->tc.pp * R->tc.tp, rank_fn, R, NULL, 0);
+}
 
 static void setup(run *R, int dp, int pp, int tp, int sched, int M, int zero) {
     memset(R, 0, sizeof *R);
-    R->mc.n_layers = sched == US_PP_INTERLEAVED || sched == US_PP_INTERLEAVED_BF || sched == US_PP_ZBV || sched == US_PP_DUALPIPEV ? 8 : 4; R->mc.dim = 32; R->mc.n_heads = 4; R->mc.n_kv_heads = 2; R->mc.vocab = 64; R->mc.ffn_dim = 48;
-    R->tc.batch = B; R->tc.seq = T; R->tc.grad_accum = M; R->tc.steps = STEPS; R->tc.lr = 1e-2f; R->tc.threads = 1; R->tc.seed = 4;
-    R->tc.dp = dp; R->tc.pp = pp; R->tc.tp = tp; R->tc.pp_schedule = sched; R->tc.zero = zero;
+    R->mc.n_layers = sched == US_PP_INTERLEAVED || sched == US_PP_INTERLEAVED_BF ||
+                             sched == US_PP_ZBV || sched == US_PP_DUALPIPEV
+                         ? 8
+                         : 4;
+    R->mc.dim = 32;
+    R->mc.n_heads = 4;
+    R->mc.n_kv_heads = 2;
+    R->mc.vocab = 64;
+    R->mc.ffn_dim = 48;
+    R->tc.batch = B;
+    R->tc.seq = T;
+    R->tc.grad_accum = M;
+    R->tc.steps = STEPS;
+    R->tc.lr = 1e-2f;
+    R->tc.threads = 1;
+    R->tc.seed = 4;
+    R->tc.dp = dp;
+    R->tc.pp = pp;
+    R->tc.tp = tp;
+    R->tc.pp_schedule = sched;
+    R->tc.zero = zero;
 }
 
 int main(int argc, char **argv) {
-    static const int cfg[][6] = {   /* dp, pp, tp, schedule, m, zero */
-        {1, 2, 1, US_PP_1F1B, 1, 0}, {1, 2, 1, US_PP_1F1B, 4, 0}, {1, 2, 1, US_PP_AFAB, 4, 0}, {1, 4, 1, US_PP_1F1B, 2, 0},
-        {1, 4, 1, US_PP_1F1B, 8, 0}, {1, 4, 1, US_PP_AFAB, 8, 0}, {2, 2, 1, US_PP_1F1B, 4, 1}, {1, 2, 2, US_PP_1F1B, 4, 0},
+    static const int cfg[][6] = {
+        /* dp, pp, tp, schedule, m, zero */
+        {1, 2, 1, US_PP_1F1B, 1, 0},
+        {1, 2, 1, US_PP_1F1B, 4, 0},
+        {1, 2, 1, US_PP_AFAB, 4, 0},
+        {1, 4, 1, US_PP_1F1B, 2, 0},
+        {1, 4, 1, US_PP_1F1B, 8, 0},
+        {1, 4, 1, US_PP_AFAB, 8, 0},
+        {2, 2, 1, US_PP_1F1B, 4, 1},
+        {1, 2, 2, US_PP_1F1B, 4, 0},
         /* zero bubble: B and W apart (weight gradients deferred), alone and with dp (ZeRO-1), tp */
-        {1, 2, 1, US_PP_ZB1, 4, 0}, {1, 4, 1, US_PP_ZB1, 8, 0}, {1, 4, 1, US_PP_ZB1, 3, 0}, {2, 2, 1, US_PP_ZB1, 4, 1}, {1, 2, 2, US_PP_ZB1, 4, 0},
+        {1, 2, 1, US_PP_ZB1, 4, 0},
+        {1, 4, 1, US_PP_ZB1, 8, 0},
+        {1, 4, 1, US_PP_ZB1, 3, 0},
+        {2, 2, 1, US_PP_ZB1, 4, 1},
+        {1, 2, 2, US_PP_ZB1, 4, 0},
         /* interleaved: two chunks per rank (8 layers over 4 stages at pp 2, over 8 at pp 4), depth- and breadth-first */
-        {1, 2, 1, US_PP_INTERLEAVED, 4, 0}, {1, 4, 1, US_PP_INTERLEAVED, 8, 0}, {1, 2, 1, US_PP_INTERLEAVED_BF, 4, 0}, {1, 4, 1, US_PP_INTERLEAVED_BF, 5, 0},
-        {2, 2, 1, US_PP_INTERLEAVED, 4, 1}, {1, 2, 2, US_PP_INTERLEAVED, 2, 0},
+        {1, 2, 1, US_PP_INTERLEAVED, 4, 0},
+        {1, 4, 1, US_PP_INTERLEAVED, 8, 0},
+        {1, 2, 1, US_PP_INTERLEAVED_BF, 4, 0},
+        {1, 4, 1, US_PP_INTERLEAVED_BF, 5, 0},
+        {2, 2, 1, US_PP_INTERLEAVED, 4, 1},
+        {1, 2, 2, US_PP_INTERLEAVED, 2, 0},
         /* an explicit per-stage layer count (tc.pp_layers): 1 layer on stage 0, 3 on stage 1 */
         {1, 2, 1, US_PP_1F1B, 4, -1},
         /* the V shapes: 2 chunks per rank, stage q then 2·pp−1−q (the last stage on rank 0) */
-        {1, 2, 1, US_PP_ZBV, 4, 0}, {1, 4, 1, US_PP_ZBV, 8, 0}, {1, 2, 1, US_PP_DUALPIPEV, 4, 0}, {1, 4, 1, US_PP_DUALPIPEV, 8, 0},
-        {2, 2, 1, US_PP_ZBV, 4, 1}, {1, 2, 2, US_PP_DUALPIPEV, 4, 0},
+        {1, 2, 1, US_PP_ZBV, 4, 0},
+        {1, 4, 1, US_PP_ZBV, 8, 0},
+        {1, 2, 1, US_PP_DUALPIPEV, 4, 0},
+        {1, 4, 1, US_PP_DUALPIPEV, 8, 0},
+        {2, 2, 1, US_PP_ZBV, 4, 1},
+        {1, 2, 2, US_PP_DUALPIPEV, 4, 0},
         /* dp 2 × pp 2 × tp 2 on 8 threads (issue 13's first mesh), ZeRO-1 */
         {2, 2, 2, US_PP_1F1B, 4, 1}};
     static const int uneven[2] = {1, 3};
@@ -138,101 +201,173 @@ int main(int argc, char **argv) {
         int64_t n = (int64_t)STEPS * M * dp * B * T, i, np;
         double ml = 0, mw = 0;
         /* the reference: one rank, micro-batches of dp·B sequences (so the global batch matches) */
-        setup(&ref, 1, 1, 1, cfg[ci][3], M, 0);   /* the same model */
+        setup(&ref, 1, 1, 1, cfg[ci][3], M, 0); /* the same model */
         ref.tc.pp_schedule = US_PP_1F1B;
         ref.tc.batch = dp * B;
-        ref.in = (int32_t *)malloc((size_t)n * 4); ref.tgt = (int32_t *)malloc((size_t)n * 4);
+        ref.in = (int32_t *)malloc((size_t)n * 4);
+        ref.tgt = (int32_t *)malloc((size_t)n * 4);
         us_test_rs = 50 + ci;
-        for (i = 0; i < n; i++) { ref.in[i] = (int32_t)(rnd64() % 64); ref.tgt[i] = rnd01() < 0.1 ? -1 : (int32_t)(rnd64() % 64); }
+        for (i = 0; i < n; i++) {
+            ref.in[i] = (int32_t)(rnd64() % 64);
+            ref.tgt[i] = rnd01() < 0.1 ? -1 : (int32_t)(rnd64() % 64);
+        }
         np = us_param_count(&ref.mc);
         ref.w = (float *)malloc((size_t)np * 4);
-        {   /* one rank reads [STEPS][M][dp·B][T] as micro-batches of dp·B */
+        { /* one rank reads [STEPS][M][dp·B][T] as micro-batches of dp·B */
             us_model m;
             us_train_config tc = ref.tc;
             int k;
             us_model_init(&m, &ref.mc, &tc, NULL);
             for (s = 0; s < STEPS; s++) {
                 us_step_stats st;
-                us_train_step(&m, ref.in + (size_t)s * M * dp * B * T, ref.tgt + (size_t)s * M * dp * B * T, &st);
-                ref.loss[s] = st.loss; ref.gnorm[s] = st.grad_norm;
+                us_train_step(&m, ref.in + (size_t)s * M * dp * B * T,
+                              ref.tgt + (size_t)s * M * dp * B * T, &st);
+                ref.loss[s] = st.loss;
+                ref.gnorm[s] = st.grad_norm;
             }
-            for (k = 0, i = 0; k < m.n_params_t; k++) { memcpy(ref.w + i, (float *)m.w + m.params[k].offset, (size_t)m.params[k].numel * 4); i += m.params[k].numel; }
+            for (k = 0, i = 0; k < m.n_params_t; k++) {
+                memcpy(ref.w + i, (float *)m.w + m.params[k].offset, (size_t)m.params[k].numel * 4);
+                i += m.params[k].numel;
+            }
             /* the same evaluation as dp rank 0's: its B sequences of the last step's first micro-batch */
-            us_forward_eval(&m, ref.in + (size_t)(STEPS - 1) * M * dp * B * T, ref.tgt + (size_t)(STEPS - 1) * M * dp * B * T, B, T, &ref.eval_loss, &ref.eval_correct, ref.logits[0]);
+            us_forward_eval(&m, ref.in + (size_t)(STEPS - 1) * M * dp * B * T,
+                            ref.tgt + (size_t)(STEPS - 1) * M * dp * B * T, B, T, &ref.eval_loss,
+                            &ref.eval_correct, ref.logits[0]);
             us_model_free(&m);
         }
-        for (plan = 0; plan < 2; plan++) {   /* messages on channels, then timed on the clock (NCCL's plan) */
+        for (plan = 0; plan < 2;
+             plan++) { /* messages on channels, then timed on the clock (NCCL's plan) */
             setup(&R, dp, pp, tp, cfg[ci][3], M, cfg[ci][5] < 0 ? 0 : cfg[ci][5]);
             R.tc.pp_clock = plan;
             if (cfg[ci][5] < 0) R.tc.pp_layers = uneven;
-            R.in = ref.in; R.tgt = ref.tgt;
+            R.in = ref.in;
+            R.tgt = ref.tgt;
             R.w = tp == 1 ? (float *)calloc((size_t)np, 4) : NULL;
-            if (launch(&R) != US_OK) { CHECK(0, "cfg %d (%s) ran", ci, plan ? "clock" : "channels"); free(R.w); continue; }
+            if (launch(&R) != US_OK) {
+                CHECK(0, "cfg %d (%s) ran", ci, plan ? "clock" : "channels");
+                free(R.w);
+                continue;
+            }
             for (s = 0; s < STEPS; s++) {
-                double d = fabs(R.loss[s] - ref.loss[s]) / ref.loss[s], g = fabs(R.gnorm[s] - ref.gnorm[s]) / ref.gnorm[s];
+                double d = fabs(R.loss[s] - ref.loss[s]) / ref.loss[s],
+                       g = fabs(R.gnorm[s] - ref.gnorm[s]) / ref.gnorm[s];
                 if (d > ml) ml = d;
                 if (g > ml) ml = g;
             }
-            if (R.w) for (i = 0; i < np; i++) { double d = fabs(R.w[i] - ref.w[i]); if (d > mw) mw = d; }
+            if (R.w)
+                for (i = 0; i < np; i++) {
+                    double d = fabs(R.w[i] - ref.w[i]);
+                    if (d > mw) mw = d;
+                }
             if (ml > worst_l) worst_l = ml;
             if (mw > worst_w) worst_w = mw;
-            CHECK(fabs(R.eval_loss - ref.eval_loss) <= 1e-4 * fabs(ref.eval_loss) && R.eval_correct == ref.eval_correct,
-                  "%s pp %d x dp %d x tp %d: evaluation through the stages (loss %.5f vs %.5f, %lld = %lld correct)", us_pp_kind_name((us_pp_kind)cfg[ci][3]),
-                  pp, dp, tp, R.eval_loss, ref.eval_loss, (long long)R.eval_correct, (long long)ref.eval_correct);
+            CHECK(fabs(R.eval_loss - ref.eval_loss) <= 1e-4 * fabs(ref.eval_loss) &&
+                      R.eval_correct == ref.eval_correct,
+                  "%s pp %d x dp %d x tp %d: evaluation through the stages (loss %.5f vs %.5f, "
+                  "%lld = %lld correct)",
+                  us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, dp, tp, R.eval_loss, ref.eval_loss,
+                  (long long)R.eval_correct, (long long)ref.eval_correct);
             /* tp sums the row-parallel products in another order than one rank: rounding-level
                differences, which AdamW amplifies where a gradient is near zero (m/√v), reach 1e-4
                over the 3 steps at lr 1e-2 for some data; without tp the order is the same */
-            CHECK(ml < (tp > 1 ? 3e-4 : 2e-5) && mw < 1e-4, "%s pp %d x dp %d x tp %d, m %d, ZeRO-%d, messages %s: %d steps equal one rank (loss/norm rel %.1e, weights %s %.1e)",
-                  us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, dp, tp, M, cfg[ci][5] < 0 ? 0 : cfg[ci][5], plan ? "on the clock" : "on channels", STEPS, ml, R.w ? "abs" : "(tp-split, not compared)", mw);
-            if (cfg[ci][5] < 0) CHECK(ml < 2e-5 && mw < 1e-4, "stages of 1 and 3 layers (pp_layers) train like one rank");
-            {   /* every stage holds the last stage's logits (what sampling reads) */
+            CHECK(ml < (tp > 1 ? 3e-4 : 2e-5) && mw < 1e-4,
+                  "%s pp %d x dp %d x tp %d, m %d, ZeRO-%d, messages %s: %d steps equal one rank "
+                  "(loss/norm rel %.1e, weights %s %.1e)",
+                  us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, dp, tp, M,
+                  cfg[ci][5] < 0 ? 0 : cfg[ci][5], plan ? "on the clock" : "on channels", STEPS, ml,
+                  R.w ? "abs" : "(tp-split, not compared)", mw);
+            if (cfg[ci][5] < 0)
+                CHECK(ml < 2e-5 && mw < 1e-4,
+                      "stages of 1 and 3 layers (pp_layers) train like one rank");
+            { /* every stage holds the last stage's logits (what sampling reads) */
                 double e = 0;
                 int j;
-                for (q = 0; q < pp; q++) for (j = 0; j < B * 64; j++) if (fabs(R.logits[q][j] - ref.logits[0][j]) > e) e = fabs(R.logits[q][j] - ref.logits[0][j]);
-                CHECK(e < 1e-4, "%s pp %d x dp %d x tp %d: every stage receives the logits for sampling (max abs diff %.1e)",
+                for (q = 0; q < pp; q++)
+                    for (j = 0; j < B * 64; j++)
+                        if (fabs(R.logits[q][j] - ref.logits[0][j]) > e)
+                            e = fabs(R.logits[q][j] - ref.logits[0][j]);
+                CHECK(e < 1e-4,
+                      "%s pp %d x dp %d x tp %d: every stage receives the logits for sampling (max "
+                      "abs diff %.1e)",
                       us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, dp, tp, e);
             }
             for (q = 0; q < pp && dp == 1 && tp == 1; q++) {
                 int want = cfg[ci][3] == US_PP_AFAB ? M : (pp - q < M ? pp - q : M);
-                if (cfg[ci][3] >= US_PP_INTERLEAVED) {   /* the simulator's count of chunk activations (ZB-H1: pp on every rank) */
-                    us_pp_schedule ps; us_pp_sim sim;
-                    us_pp_schedule_build(&ps, (us_pp_kind)cfg[ci][3], pp, M, cfg[ci][3] == US_PP_ZB1 ? 1 : 2, NULL, 0);
+                if (cfg[ci][3] >=
+                    US_PP_INTERLEAVED) { /* the simulator's count of chunk activations (ZB-H1: pp on every rank) */
+                    us_pp_schedule ps;
+                    us_pp_sim sim;
+                    us_pp_schedule_build(&ps, (us_pp_kind)cfg[ci][3], pp, M,
+                                         cfg[ci][3] == US_PP_ZB1 ? 1 : 2, NULL, 0);
                     us_pp_simulate(&ps, 1, 2, 0, &sim, NULL, 0);
                     want = sim.peak_act[q];
                     us_pp_schedule_free(&ps);
                 }
-                CHECK(R.peak[q] == want, "%s pp %d m %d: stage %d held %d micro-batches' activations at once (want %d)",
-                      us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, M, q, R.peak[q], want);
+                CHECK(
+                    R.peak[q] == want,
+                    "%s pp %d m %d: stage %d held %d micro-batches' activations at once (want %d)",
+                    us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, M, q, R.peak[q], want);
             }
-            CHECK(R.act_bytes == R.act_est && R.act_bytes > 0, "%s pp %d m %d: stage 0's activation arena %zu B = the estimator's %zu B",
+            CHECK(R.act_bytes == R.act_est && R.act_bytes > 0,
+                  "%s pp %d m %d: stage 0's activation arena %zu B = the estimator's %zu B",
                   us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, M, R.act_bytes, R.act_est);
-            CHECK(R.bubble >= 0 && R.bubble < 1, "%s pp %d m %d: the measured bubble %.3f is a fraction", us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, M, R.bubble);
+            CHECK(R.bubble >= 0 && R.bubble < 1,
+                  "%s pp %d m %d: the measured bubble %.3f is a fraction",
+                  us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, M, R.bubble);
             free(R.w);
         }
-        free(ref.w); free(ref.in); free(ref.tgt);
+        free(ref.w);
+        free(ref.in);
+        free(ref.tgt);
     }
-    printf("  observed: losses and gradient norms within %.2e relative, weights within %.2e absolute of one rank\n", worst_l, worst_w);
+    printf("  observed: losses and gradient norms within %.2e relative, weights within %.2e "
+           "absolute of one rank\n",
+           worst_l, worst_w);
     {
-        us_model_config mc; us_train_config tc; char err[200];
-        memset(&mc, 0, sizeof mc); memset(&tc, 0, sizeof tc);
-        mc.n_layers = 2; tc.pp = 3;
-        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID && strstr(err, "layers=2"), "pp 3 with 2 layers: %s", err);
-        mc.n_layers = 4; tc.pp = 2; mc.tie_embeddings = 1;
-        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID && strstr(err, "untie"), "pp with tied embeddings: %s", err);
-        mc.tie_embeddings = 0; tc.zero = 3;
-        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID && strstr(err, "ZeRO-3"), "pp with ZeRO-3: %s", err);
-        tc.zero = 2; tc.pp_schedule = US_PP_ZB1;
-        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID && strstr(err, "zero 0 or 1"), "zb1 with ZeRO-2: %s", err);
-        tc.zero = 1; tc.recompute = US_RECOMPUTE_SELECTIVE;
-        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID && strstr(err, "recompute"), "zb1 with recompute: %s", err);
+        us_model_config mc;
+        us_train_config tc;
+        char err[200];
+        memset(&mc, 0, sizeof mc);
+        memset(&tc, 0, sizeof tc);
+        mc.n_layers = 2;
+        tc.pp = 3;
+        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID &&
+                  strstr(err, "layers=2"),
+              "pp 3 with 2 layers: %s", err);
+        mc.n_layers = 4;
+        tc.pp = 2;
+        mc.tie_embeddings = 1;
+        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID &&
+                  strstr(err, "untie"),
+              "pp with tied embeddings: %s", err);
+        mc.tie_embeddings = 0;
+        tc.zero = 3;
+        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID &&
+                  strstr(err, "ZeRO-3"),
+              "pp with ZeRO-3: %s", err);
+        tc.zero = 2;
+        tc.pp_schedule = US_PP_ZB1;
+        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID &&
+                  strstr(err, "zero 0 or 1"),
+              "zb1 with ZeRO-2: %s", err);
+        tc.zero = 1;
+        tc.recompute = US_RECOMPUTE_SELECTIVE;
+        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID &&
+                  strstr(err, "recompute"),
+              "zb1 with recompute: %s", err);
         tc.recompute = US_RECOMPUTE_NONE;
-        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_OK, "zb1 with ZeRO-1 and no recompute is accepted");
+        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_OK,
+              "zb1 with ZeRO-1 and no recompute is accepted");
         {
             static const int bad_sum[2] = {1, 2}, bad_zero[2] = {0, 4};
             tc.pp_layers = bad_sum;
-            CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID && strstr(err, "sum to 3"), "per-stage layers that do not add up: %s", err);
+            CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID &&
+                      strstr(err, "sum to 3"),
+                  "per-stage layers that do not add up: %s", err);
             tc.pp_layers = bad_zero;
-            CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID && strstr(err, "at least one"), "a stage without layers: %s", err);
+            CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID &&
+                      strstr(err, "at least one"),
+                  "a stage without layers: %s", err);
             tc.pp_layers = NULL;
         }
     }

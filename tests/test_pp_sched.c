@@ -24,28 +24,42 @@
 #include <math.h>
 #include <string.h>
 
-static const us_pp_kind kinds[] = {US_PP_AFAB, US_PP_1F1B, US_PP_INTERLEAVED, US_PP_INTERLEAVED_BF, US_PP_ZB1, US_PP_ZBV, US_PP_DUALPIPEV};
+static const us_pp_kind kinds[] = {US_PP_AFAB, US_PP_1F1B, US_PP_INTERLEAVED, US_PP_INTERLEAVED_BF,
+                                   US_PP_ZB1,  US_PP_ZBV,  US_PP_DUALPIPEV};
 #define NKINDS ((int)(sizeof kinds / sizeof kinds[0]))
 
-static int chunks(us_pp_kind k) { return k == US_PP_INTERLEAVED || k == US_PP_INTERLEAVED_BF || k == US_PP_ZBV || k == US_PP_DUALPIPEV ? 2 : 1; }
+static int chunks(us_pp_kind k) {
+    return k == US_PP_INTERLEAVED || k == US_PP_INTERLEAVED_BF || k == US_PP_ZBV ||
+                   k == US_PP_DUALPIPEV
+               ? 2
+               : 1;
+}
+
 static int split(us_pp_kind k) { return k == US_PP_ZB1 || k == US_PP_ZBV || k == US_PP_DUALPIPEV; }
 
 /* Builds and simulates kind at (p, m) with per-micro-batch, per-rank costs tF, tB, tW (the
    unsplit schedules run BW = tB + tW), split evenly over the rank's chunks. */
-static us_result sim(us_pp_kind k, int p, int m, double tF, double tB, double tW, us_pp_sim *out, char *err, size_t errlen) {
+static us_result sim(us_pp_kind k, int p, int m, double tF, double tB, double tW, us_pp_sim *out,
+                     char *err, size_t errlen) {
     us_pp_schedule s;
     int v = chunks(k);
     us_result r;
     err[0] = 0;
     r = us_pp_schedule_build(&s, k, p, m, v, err, errlen);
     if (r != US_OK) return r;
-    if (!split(k)) { tB += tW; tW = 0; }
+    if (!split(k)) {
+        tB += tW;
+        tW = 0;
+    }
     r = us_pp_simulate(&s, tF / v, tB / v, tW / v, out, err, errlen);
     us_pp_schedule_free(&s);
     return r;
 }
+
 /* bubble fraction from the idle time of every rank, with per-rank work m·(tF+tB+tW) */
-static double bubble(int m, double idle, double tF, double tB, double tW) { return idle / (m * (tF + tB + tW) + idle); }
+static double bubble(int m, double idle, double tF, double tB, double tW) {
+    return idle / (m * (tF + tB + tW) + idle);
+}
 
 int main(int argc, char **argv) {
     static const int ms[] = {1, 2, 3, 4, 5, 7, 8, 9, 12, 15, 16, 17, 24};
@@ -53,87 +67,168 @@ int main(int argc, char **argv) {
     int k, p, mi, c;
     char err[256];
     us_test_verbose = argc > 1 && !strcmp(argv[1], "-v");
-    for (k = 0; k < NKINDS; k++)   /* every list is valid; the 1F1B family's closed forms */
+    for (k = 0; k < NKINDS; k++) /* every list is valid; the 1F1B family's closed forms */
         for (p = 1; p <= 8; p *= 2)
             for (mi = 0; mi < (int)(sizeof ms / sizeof ms[0]); mi++) {
                 us_pp_sim s;
                 int m = ms[mi], v = chunks(kinds[k]);
                 double closed = (p - 1.0) / (v * m + p - 1.0);
                 us_result r = sim(kinds[k], p, m, 1, 1, 1, &s, err, sizeof err);
-                if (kinds[k] == US_PP_INTERLEAVED && m % p) { CHECK(r == US_ERR_INVALID && strstr(err, "multiple of pp"), "interleaved p=%d m=%d refused: %s", p, m, err); continue; }
-                if (kinds[k] == US_PP_DUALPIPEV && m < 2 * p) { CHECK(r == US_ERR_INVALID && strstr(err, ">= 2*pp"), "dualpipev p=%d m=%d < 2p refused: %s", p, m, err); continue; }
-                CHECK(r == US_OK, "%s p=%d m=%d builds and passes the checker: %s", us_pp_kind_name(kinds[k]), p, m, err);
+                if (kinds[k] == US_PP_INTERLEAVED && m % p) {
+                    CHECK(r == US_ERR_INVALID && strstr(err, "multiple of pp"),
+                          "interleaved p=%d m=%d refused: %s", p, m, err);
+                    continue;
+                }
+                if (kinds[k] == US_PP_DUALPIPEV && m < 2 * p) {
+                    CHECK(r == US_ERR_INVALID && strstr(err, ">= 2*pp"),
+                          "dualpipev p=%d m=%d < 2p refused: %s", p, m, err);
+                    continue;
+                }
+                CHECK(r == US_OK, "%s p=%d m=%d builds and passes the checker: %s",
+                      us_pp_kind_name(kinds[k]), p, m, err);
                 if (r != US_OK || split(kinds[k])) continue;
-                if (kinds[k] == US_PP_INTERLEAVED_BF && m < p)   /* breadth-first needs m ≥ p micro-batches to fill the chunks' turns */
-                    CHECK(s.bubble > closed, "interleaved-bf p=%d m=%d < p: bubble %.4f above the closed form %.4f (too few micro-batches)", p, m, s.bubble, closed);
-                else CHECK(fabs(s.bubble - closed) < 1e-9, "%s p=%d m=%d: bubble %.4f = (p-1)/(%sm+p-1) = %.4f",
-                           us_pp_kind_name(kinds[k]), p, m, s.bubble, v > 1 ? "v·" : "", closed);
-                if (kinds[k] == US_PP_1F1B) CHECK(s.peak_act[0] == (m < p ? m : p), "1f1b p=%d m=%d: rank 0 holds at most %d micro-batches (%d)", p, m, m < p ? m : p, s.peak_act[0]);
-                if (kinds[k] == US_PP_AFAB) CHECK(s.peak_act[0] == m, "afab p=%d m=%d: rank 0 holds all %d micro-batches (%d)", p, m, m, s.peak_act[0]);
+                if (kinds[k] == US_PP_INTERLEAVED_BF &&
+                    m < p) /* breadth-first needs m ≥ p micro-batches to fill the chunks' turns */
+                    CHECK(s.bubble > closed,
+                          "interleaved-bf p=%d m=%d < p: bubble %.4f above the closed form %.4f "
+                          "(too few micro-batches)",
+                          p, m, s.bubble, closed);
+                else
+                    CHECK(fabs(s.bubble - closed) < 1e-9,
+                          "%s p=%d m=%d: bubble %.4f = (p-1)/(%sm+p-1) = %.4f",
+                          us_pp_kind_name(kinds[k]), p, m, s.bubble, v > 1 ? "v·" : "", closed);
+                if (kinds[k] == US_PP_1F1B)
+                    CHECK(s.peak_act[0] == (m < p ? m : p),
+                          "1f1b p=%d m=%d: rank 0 holds at most %d micro-batches (%d)", p, m,
+                          m < p ? m : p, s.peak_act[0]);
+                if (kinds[k] == US_PP_AFAB)
+                    CHECK(s.peak_act[0] == m,
+                          "afab p=%d m=%d: rank 0 holds all %d micro-batches (%d)", p, m, m,
+                          s.peak_act[0]);
             }
-    for (p = 2; p <= 8; p *= 2)   /* the zero-bubble schedules against their papers */
+    for (p = 2; p <= 8; p *= 2) /* the zero-bubble schedules against their papers */
         for (mi = 0; mi < (int)(sizeof ms / sizeof ms[0]); mi++) {
             us_pp_sim f1, z1, zv, dv;
             int m = ms[mi], r, lo = m < p ? m : p;
-            if (sim(US_PP_1F1B, p, m, 1, 1, 1, &f1, err, sizeof err) != US_OK || sim(US_PP_ZB1, p, m, 1, 1, 1, &z1, err, sizeof err) != US_OK ||
-                sim(US_PP_ZBV, p, m, 1, 1, 1, &zv, err, sizeof err) != US_OK) { CHECK(0, "p=%d m=%d simulates: %s", p, m, err); continue; }
-            CHECK(zv.bubble <= z1.bubble + 1e-12 && z1.bubble < f1.bubble, "p=%d m=%d, tF=tB=tW: zbv %.4f <= zb1 %.4f < 1f1b %.4f", p, m, zv.bubble, z1.bubble, f1.bubble);
+            if (sim(US_PP_1F1B, p, m, 1, 1, 1, &f1, err, sizeof err) != US_OK ||
+                sim(US_PP_ZB1, p, m, 1, 1, 1, &z1, err, sizeof err) != US_OK ||
+                sim(US_PP_ZBV, p, m, 1, 1, 1, &zv, err, sizeof err) != US_OK) {
+                CHECK(0, "p=%d m=%d simulates: %s", p, m, err);
+                continue;
+            }
+            CHECK(zv.bubble <= z1.bubble + 1e-12 && z1.bubble < f1.bubble,
+                  "p=%d m=%d, tF=tB=tW: zbv %.4f <= zb1 %.4f < 1f1b %.4f", p, m, zv.bubble,
+                  z1.bubble, f1.bubble);
             for (c = 0; c < (int)(sizeof costs / sizeof costs[0]) && m >= p; c++) {
-                double tF = costs[c][0], tB = costs[c][1], tW = costs[c][2], want = bubble(m, (p - 1) * (tF + tB - tW), tF, tB, tW);
+                double tF = costs[c][0], tB = costs[c][1], tW = costs[c][2],
+                       want = bubble(m, (p - 1) * (tF + tB - tW), tF, tB, tW);
                 sim(US_PP_ZB1, p, m, tF, tB, tW, &z1, err, sizeof err);
-                CHECK(fabs(z1.bubble - want) < 1e-9, "zb1 p=%d m=%d tF=%g tB=%g tW=%g: bubble %.4f = (p-1)(tF+tB-tW) idle = %.4f", p, m, tF, tB, tW, z1.bubble, want);
+                CHECK(fabs(z1.bubble - want) < 1e-9,
+                      "zb1 p=%d m=%d tF=%g tB=%g tW=%g: bubble %.4f = (p-1)(tF+tB-tW) idle = %.4f",
+                      p, m, tF, tB, tW, z1.bubble, want);
             }
             sim(US_PP_ZB1, p, m, 1, 1, 1, &z1, err, sizeof err);
             for (r = 0; r < p; r++)
-                CHECK(z1.peak_act[r] <= f1.peak_max && z1.peak_act[r] == lo, "zb1 p=%d m=%d: rank %d holds %d micro-batches, min(m, p) = 1F1B's peak %d", p, m, r, z1.peak_act[r], f1.peak_max);
-            if (m >= 2 * p - 1) {   /* idle: the fill, p−1 chunk forwards of 1/2 */
+                CHECK(z1.peak_act[r] <= f1.peak_max && z1.peak_act[r] == lo,
+                      "zb1 p=%d m=%d: rank %d holds %d micro-batches, min(m, p) = 1F1B's peak %d",
+                      p, m, r, z1.peak_act[r], f1.peak_max);
+            if (m >= 2 * p - 1) { /* idle: the fill, p−1 chunk forwards of 1/2 */
                 double want = bubble(m, (p - 1) * 0.5, 1, 1, 1);
-                CHECK(fabs(zv.bubble - want) < 1e-9, "zbv p=%d m=%d: bubble %.4f = (p-1)/(6m+p-1) = %.4f (idle = the fill, one chunk forward per stage)", p, m, zv.bubble, want);
+                CHECK(fabs(zv.bubble - want) < 1e-9,
+                      "zbv p=%d m=%d: bubble %.4f = (p-1)/(6m+p-1) = %.4f (idle = the fill, one "
+                      "chunk forward per stage)",
+                      p, m, zv.bubble, want);
             }
-            CHECK(zv.peak_max <= 2 * p && (m < 2 * p || zv.peak_max == 2 * p), "zbv p=%d m=%d: peak %d chunks <= 2p = 1F1B's p micro-batches", p, m, zv.peak_max);
+            CHECK(zv.peak_max <= 2 * p && (m < 2 * p || zv.peak_max == 2 * p),
+                  "zbv p=%d m=%d: peak %d chunks <= 2p = 1F1B's p micro-batches", p, m,
+                  zv.peak_max);
             if (m < 2 * p) continue;
-            if (sim(US_PP_DUALPIPEV, p, m, 1, 1, 1, &dv, err, sizeof err) != US_OK) { CHECK(0, "dualpipev p=%d m=%d: %s", p, m, err); continue; }
-            {   /* DeepSeek: (PP/2−1)(F&B + B − 3W) for PP = 2p stages, per-chunk F = B_in = W = 1/2 */
-                double F = 0.5, B = 1.0, W = 0.5, want = bubble(m, (p - 1) * ((F + B) + B - 3 * W), 1, 1, 1);
-                CHECK(fabs(dv.bubble - want) < 1e-9, "dualpipev p=%d m=%d: bubble %.4f = (PP/2-1)(F&B+B-3W) = %.4f", p, m, dv.bubble, want);
+            if (sim(US_PP_DUALPIPEV, p, m, 1, 1, 1, &dv, err, sizeof err) != US_OK) {
+                CHECK(0, "dualpipev p=%d m=%d: %s", p, m, err);
+                continue;
             }
-            for (r = 0; r < p; r++) CHECK(dv.peak_act[r] == 2 * p + 1, "dualpipev p=%d m=%d: rank %d holds %d chunks = PP+1 = %d", p, m, r, dv.peak_act[r], 2 * p + 1);
-            CHECK(dv.bubble > zv.bubble && dv.peak_max == zv.peak_max + 1, "p=%d m=%d: dualpipev %.4f idles more than zbv %.4f and holds one chunk more (%d vs %d)", p, m, dv.bubble, zv.bubble, dv.peak_max, zv.peak_max);
+            { /* DeepSeek: (PP/2−1)(F&B + B − 3W) for PP = 2p stages, per-chunk F = B_in = W = 1/2 */
+                double F = 0.5, B = 1.0, W = 0.5,
+                       want = bubble(m, (p - 1) * ((F + B) + B - 3 * W), 1, 1, 1);
+                CHECK(fabs(dv.bubble - want) < 1e-9,
+                      "dualpipev p=%d m=%d: bubble %.4f = (PP/2-1)(F&B+B-3W) = %.4f", p, m,
+                      dv.bubble, want);
+            }
+            for (r = 0; r < p; r++)
+                CHECK(dv.peak_act[r] == 2 * p + 1,
+                      "dualpipev p=%d m=%d: rank %d holds %d chunks = PP+1 = %d", p, m, r,
+                      dv.peak_act[r], 2 * p + 1);
+            CHECK(dv.bubble > zv.bubble && dv.peak_max == zv.peak_max + 1,
+                  "p=%d m=%d: dualpipev %.4f idles more than zbv %.4f and holds one chunk more (%d "
+                  "vs %d)",
+                  p, m, dv.bubble, zv.bubble, dv.peak_max, zv.peak_max);
         }
-    {   /* DualPipe-V's F&B pairs: a forward overlapped with a backward of an older micro-batch */
+    { /* DualPipe-V's F&B pairs: a forward overlapped with a backward of an older micro-batch */
         us_pp_schedule s;
         int r, i, pairs = 0, bad = 0;
         us_pp_schedule_build(&s, US_PP_DUALPIPEV, 4, 10, 2, err, sizeof err);
         for (r = 0; r < s.pp; r++)
             for (i = 0; i < s.n[r]; i++)
-                if (s.a[r][i].overlap) { pairs++; bad += s.a[r][i + 1].op != US_PP_BW || s.a[r][i + 1].mb >= s.a[r][i].mb; }
-        CHECK(pairs > 0 && !bad, "dualpipev pp=4 m=10: %d F&B pairs, each a forward with the full backward of an older micro-batch (%d not)", pairs, bad);
+                if (s.a[r][i].overlap) {
+                    pairs++;
+                    bad += s.a[r][i + 1].op != US_PP_BW || s.a[r][i + 1].mb >= s.a[r][i].mb;
+                }
+        CHECK(pairs > 0 && !bad,
+              "dualpipev pp=4 m=10: %d F&B pairs, each a forward with the full backward of an "
+              "older micro-batch (%d not)",
+              pairs, bad);
         us_pp_schedule_free(&s);
     }
-    {   /* the checker refuses broken lists */
+    { /* the checker refuses broken lists */
         us_pp_schedule s;
         us_pp_sim sm;
         us_pp_action t;
         us_pp_schedule_build(&s, US_PP_1F1B, 2, 4, 1, err, sizeof err);
-        s.a[0][1].mb = s.a[0][0].mb;   /* rank 0's second forward repeats the first: one missing */
-        CHECK(us_pp_simulate(&s, 1, 2, 0, &sm, err, sizeof err) == US_ERR_INVALID && strstr(err, "forwards"), "a repeated action: %s", err);
+        s.a[0][1].mb = s.a[0][0].mb; /* rank 0's second forward repeats the first: one missing */
+        CHECK(us_pp_simulate(&s, 1, 2, 0, &sm, err, sizeof err) == US_ERR_INVALID &&
+                  strstr(err, "forwards"),
+              "a repeated action: %s", err);
         us_pp_schedule_free(&s);
         us_pp_schedule_build(&s, US_PP_1F1B, 2, 4, 1, err, sizeof err);
-        t = s.a[0][0]; s.a[0][0] = s.a[0][s.n[0] - 1]; s.a[0][s.n[0] - 1] = t;   /* a backward before any forward */
-        CHECK(us_pp_simulate(&s, 1, 2, 0, &sm, err, sizeof err) == US_ERR_INVALID && strstr(err, "deadlock"), "an impossible order: %s", err);
+        t = s.a[0][0];
+        s.a[0][0] = s.a[0][s.n[0] - 1];
+        s.a[0][s.n[0] - 1] = t; /* a backward before any forward */
+        CHECK(us_pp_simulate(&s, 1, 2, 0, &sm, err, sizeof err) == US_ERR_INVALID &&
+                  strstr(err, "deadlock"),
+              "an impossible order: %s", err);
         us_pp_schedule_free(&s);
         us_pp_schedule_build(&s, US_PP_1F1B, 2, 4, 1, err, sizeof err);
-        s.a[1][0].overlap = 1;   /* rank 1 starts F0, BW0: a pair whose backward needs its own forward */
-        CHECK(us_pp_simulate(&s, 1, 2, 0, &sm, err, sizeof err) == US_ERR_INVALID && strstr(err, "deadlock"), "a forward overlapped with its own backward: %s", err);
-        s.a[1][0].overlap = 0; s.a[1][s.n[1] - 1].overlap = 1;   /* a mark on the last action, a backward */
-        CHECK(us_pp_simulate(&s, 1, 2, 0, &sm, err, sizeof err) == US_ERR_INVALID && strstr(err, "overlapped pair"), "an overlap mark on a backward: %s", err);
+        s.a[1][0].overlap =
+            1; /* rank 1 starts F0, BW0: a pair whose backward needs its own forward */
+        CHECK(us_pp_simulate(&s, 1, 2, 0, &sm, err, sizeof err) == US_ERR_INVALID &&
+                  strstr(err, "deadlock"),
+              "a forward overlapped with its own backward: %s", err);
+        s.a[1][0].overlap = 0;
+        s.a[1][s.n[1] - 1].overlap = 1; /* a mark on the last action, a backward */
+        CHECK(us_pp_simulate(&s, 1, 2, 0, &sm, err, sizeof err) == US_ERR_INVALID &&
+                  strstr(err, "overlapped pair"),
+              "an overlap mark on a backward: %s", err);
         us_pp_schedule_free(&s);
-        CHECK(us_pp_schedule_build(&s, US_PP_INTERLEAVED, 4, 6, 2, err, sizeof err) == US_ERR_INVALID && strstr(err, "multiple of pp"), "interleaved with m not a multiple of p: %s", err);
-        CHECK(us_pp_schedule_build(&s, US_PP_1F1B, 0, 6, 1, err, sizeof err) == US_ERR_INVALID, "pp 0: %s", err);
-        CHECK(us_pp_schedule_build(&s, US_PP_ZBV, 4, 8, 3, err, sizeof err) == US_ERR_INVALID && strstr(err, "2 chunks"), "zbv with v=3: %s", err);
-        CHECK(us_pp_schedule_build(&s, US_PP_DUALPIPEV, 4, 6, 0, err, sizeof err) == US_ERR_INVALID && strstr(err, ">= 2*pp"), "dualpipev with m < 2p: %s", err);
-        CHECK(us_pp_schedule_build(&s, (us_pp_kind)99, 4, 8, 0, err, sizeof err) == US_ERR_INVALID && strstr(err, "unknown"), "an unknown kind: %s", err);
-        CHECK(!strcmp(us_pp_kind_name(US_PP_ZBV), "zbv") && !strcmp(us_pp_kind_name(US_PP_DUALPIPEV), "dualpipev"), "kind names zbv, dualpipev");
+        CHECK(us_pp_schedule_build(&s, US_PP_INTERLEAVED, 4, 6, 2, err, sizeof err) ==
+                      US_ERR_INVALID &&
+                  strstr(err, "multiple of pp"),
+              "interleaved with m not a multiple of p: %s", err);
+        CHECK(us_pp_schedule_build(&s, US_PP_1F1B, 0, 6, 1, err, sizeof err) == US_ERR_INVALID,
+              "pp 0: %s", err);
+        CHECK(us_pp_schedule_build(&s, US_PP_ZBV, 4, 8, 3, err, sizeof err) == US_ERR_INVALID &&
+                  strstr(err, "2 chunks"),
+              "zbv with v=3: %s", err);
+        CHECK(us_pp_schedule_build(&s, US_PP_DUALPIPEV, 4, 6, 0, err, sizeof err) ==
+                      US_ERR_INVALID &&
+                  strstr(err, ">= 2*pp"),
+              "dualpipev with m < 2p: %s", err);
+        CHECK(us_pp_schedule_build(&s, (us_pp_kind)99, 4, 8, 0, err, sizeof err) ==
+                      US_ERR_INVALID &&
+                  strstr(err, "unknown"),
+              "an unknown kind: %s", err);
+        CHECK(!strcmp(us_pp_kind_name(US_PP_ZBV), "zbv") &&
+                  !strcmp(us_pp_kind_name(US_PP_DUALPIPEV), "dualpipev"),
+              "kind names zbv, dualpipev");
     }
     return us_test_done("test_pp_sched");
 }

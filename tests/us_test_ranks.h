@@ -6,13 +6,15 @@
 #include <stdio.h>
 #include <string.h>
 
-static us_result us_test_launch(int n, us_rank_fn fn, void *arg, us_result *rank_results, int quiet) {
+static us_result us_test_launch(int n, us_rank_fn fn, void *arg, us_result *rank_results,
+                                int quiet) {
     char err[256];
     us_launch_config lc;
     us_result r;
     memset(&lc, 0, sizeof lc);
     lc.timeout_s = 20;
-    lc.p2p_rendezvous = 1;   /* sends complete only when received, as NCCL's: orders that deadlock on GPUs fail here */
+    lc.p2p_rendezvous =
+        1; /* sends complete only when received, as NCCL's: orders that deadlock on GPUs fail here */
     if (n == 1) return fn(NULL, arg);
     r = us_launch_ex(n, fn, arg, &lc, rank_results, err, sizeof err);
     if (r != US_OK && !quiet) printf("  %s\n", err);

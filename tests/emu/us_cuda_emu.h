@@ -25,60 +25,112 @@
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
 
-struct emu_dim3 { unsigned x, y, z; };
-struct EmuT { ucontext_t ctx; emu_dim3 tix; int done; std::vector<char> stack; };
-static EmuT *emu_threads; static int emu_nt; static EmuT *emu_cur; static ucontext_t emu_sched;
+struct emu_dim3 {
+    unsigned x, y, z;
+};
+
+struct EmuT {
+    ucontext_t ctx;
+    emu_dim3 tix;
+    int done;
+    std::vector<char> stack;
+};
+
+static EmuT *emu_threads;
+static int emu_nt;
+static EmuT *emu_cur;
+static ucontext_t emu_sched;
 static emu_dim3 emu_bix, emu_gdim;
 static unsigned char *emu_smem;
 #define threadIdx (emu_cur->tix)
 #define blockIdx emu_bix
 #define gridDim emu_gdim
-static inline void emu_yield() { EmuT *me = emu_cur; swapcontext(&me->ctx, &emu_sched); }
+
+static inline void emu_yield() {
+    EmuT *me = emu_cur;
+    swapcontext(&me->ctx, &emu_sched);
+}
+
 static inline int min(int a, int b) { return a < b ? a : b; }
+
 static inline int max(int a, int b) { return a > b ? a : b; }
+
 static inline long long min(long long a, long long b) { return a < b ? a : b; }
+
 #define __ffs(x) __builtin_ffs(x)
 
 /* block barrier: generation counting */
 static int emu_bar_count, emu_bar_gen;
+
 static inline void __syncthreads() {
     int gen = emu_bar_gen;
-    if (++emu_bar_count == emu_nt) { emu_bar_count = 0; emu_bar_gen++; return; }
+    if (++emu_bar_count == emu_nt) {
+        emu_bar_count = 0;
+        emu_bar_gen++;
+        return;
+    }
     while (emu_bar_gen == gen) emu_yield();
 }
+
 /* warp exchange: every lane posts 64 bytes, waits for its warp, reads, waits again */
-struct EmuSlot { uint32_t w[16]; };
+struct EmuSlot {
+    uint32_t w[16];
+};
+
 static EmuSlot emu_slot[4][32];
 static int emu_wcount[4], emu_wgen[4];
+
 static inline void emu_warp_bar(int w) {
     int gen = emu_wgen[w];
-    if (++emu_wcount[w] == 32) { emu_wcount[w] = 0; emu_wgen[w]++; return; }
+    if (++emu_wcount[w] == 32) {
+        emu_wcount[w] = 0;
+        emu_wgen[w]++;
+        return;
+    }
     while (emu_wgen[w] == gen) emu_yield();
 }
+
 static inline int emu_lane() { return threadIdx.x & 31; }
+
 static inline int emu_warp() { return threadIdx.x >> 5; }
-template <typename T> static inline T __shfl_xor_sync(unsigned, T v, int o) {
-    int w = emu_warp(), l = emu_lane(); T r;
+
+template <typename T>
+static inline T __shfl_xor_sync(unsigned, T v, int o) {
+    int w = emu_warp(), l = emu_lane();
+    T r;
     memcpy(emu_slot[w][l].w, &v, sizeof v);
     emu_warp_bar(w);
     memcpy(&r, emu_slot[w][l ^ o].w, sizeof r);
     emu_warp_bar(w);
     return r;
 }
+
 static inline unsigned __ballot_sync(unsigned, int p) {
-    int w = emu_warp(), l = emu_lane(); unsigned r = 0;
+    int w = emu_warp(), l = emu_lane();
+    unsigned r = 0;
     emu_slot[w][l].w[0] = p != 0;
     emu_warp_bar(w);
     for (int i = 0; i < 32; i++) r |= (emu_slot[w][i].w[0] ? 1u : 0u) << i;
     emu_warp_bar(w);
     return r;
 }
+
 /* PTX helpers, emulated */
 static inline uint32_t us__smem_u32(const void *p) { return (uint32_t)(uintptr_t)p; }
-static inline void us__cp_async16(void *s, const void *g, int bytes) { if (bytes) memcpy(s, g, 16); else memset(s, 0, 16); }
+
+static inline void us__cp_async16(void *s, const void *g, int bytes) {
+    if (bytes)
+        memcpy(s, g, 16);
+    else
+        memset(s, 0, 16);
+}
+
 static inline void us__cp_async4(void *s, const void *g) { memcpy(s, g, 4); }
+
 static inline void us__cp_async_commit(void) {}
+
 static inline void us__cp_async_wait_all(void) {}
+
 static inline void emu_ldsm(uint32_t r[4], const void *s, int trans) {
     int w = emu_warp(), l = emu_lane();
     const void *p = s;
@@ -89,30 +141,49 @@ static inline void emu_ldsm(uint32_t r[4], const void *s, int trans) {
         __nv_bfloat16 e[2];
         if (!trans) {
             memcpy(&row, emu_slot[w][i * 8 + l / 4].w, sizeof row);
-            e[0] = row[2 * (l % 4)]; e[1] = row[2 * (l % 4) + 1];
+            e[0] = row[2 * (l % 4)];
+            e[1] = row[2 * (l % 4) + 1];
         } else {
             const __nv_bfloat16 *r0, *r1;
             memcpy(&r0, emu_slot[w][i * 8 + 2 * (l % 4)].w, sizeof r0);
             memcpy(&r1, emu_slot[w][i * 8 + 2 * (l % 4) + 1].w, sizeof r1);
-            e[0] = r0[l / 4]; e[1] = r1[l / 4];
+            e[0] = r0[l / 4];
+            e[1] = r1[l / 4];
         }
         memcpy(&r[i], e, 4);
     }
     emu_warp_bar(w);
 }
+
 static inline void us__ldsm_x4(uint32_t r[4], const void *s) { emu_ldsm(r, s, 0); }
+
 static inline void us__ldsm_x4_t(uint32_t r[4], const void *s) { emu_ldsm(r, s, 1); }
-static inline float emu_bf(uint32_t reg, int hi) { __nv_bfloat16 e[2]; memcpy(e, &reg, 4); return __bfloat162float(e[hi]); }
+
+static inline float emu_bf(uint32_t reg, int hi) {
+    __nv_bfloat16 e[2];
+    memcpy(e, &reg, 4);
+    return __bfloat162float(e[hi]);
+}
+
 static inline void us__mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
     int w = emu_warp(), l = emu_lane();
     EmuSlot &me = emu_slot[w][l];
-    me.w[0] = a[0]; me.w[1] = a[1]; me.w[2] = a[2]; me.w[3] = a[3]; me.w[4] = b0; me.w[5] = b1;
+    me.w[0] = a[0];
+    me.w[1] = a[1];
+    me.w[2] = a[2];
+    me.w[3] = a[3];
+    me.w[4] = b0;
+    me.w[5] = b1;
     emu_warp_bar(w);
     float A[16][16], Bm[16][8];
     for (int r = 0; r < 16; r++)
-        for (int k = 0; k < 16; k++) { int g = r % 8, kk = k % 8; A[r][k] = emu_bf(emu_slot[w][4 * g + kk / 2].w[r / 8 + 2 * (k / 8)], kk % 2); }
+        for (int k = 0; k < 16; k++) {
+            int g = r % 8, kk = k % 8;
+            A[r][k] = emu_bf(emu_slot[w][4 * g + kk / 2].w[r / 8 + 2 * (k / 8)], kk % 2);
+        }
     for (int k = 0; k < 16; k++)
-        for (int n = 0; n < 8; n++) Bm[k][n] = emu_bf(emu_slot[w][4 * n + (k % 8) / 2].w[4 + k / 8], k % 2);
+        for (int n = 0; n < 8; n++)
+            Bm[k][n] = emu_bf(emu_slot[w][4 * n + (k % 8) / 2].w[4 + k / 8], k % 2);
     emu_warp_bar(w);
     int g = l / 4, cc = 2 * (l % 4);
     for (int e = 0; e < 4; e++) {
@@ -122,27 +193,41 @@ static inline void us__mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, ui
         c[e] += s;
     }
 }
+
 /* run fn in every thread of every block of grid, with smem bytes of dynamic shared memory */
 static std::function<void()> emu_fn;
-static void emu_entry() { emu_fn(); emu_cur->done = 1; swapcontext(&emu_cur->ctx, &emu_sched); }
+
+static void emu_entry() {
+    emu_fn();
+    emu_cur->done = 1;
+    swapcontext(&emu_cur->ctx, &emu_sched);
+}
+
 static void emu_launch(emu_dim3 grid, size_t smem, std::function<void()> fn) {
     static std::vector<EmuT> th(128);
     std::vector<unsigned char> sm(smem);
-    emu_threads = th.data(); emu_nt = 128; emu_gdim = grid; emu_fn = fn;
+    emu_threads = th.data();
+    emu_nt = 128;
+    emu_gdim = grid;
+    emu_fn = fn;
     for (unsigned z = 0; z < grid.z; z++)
         for (unsigned y = 0; y < grid.y; y++)
             for (unsigned x = 0; x < grid.x; x++) {
                 emu_bix = {x, y, z};
-                memset(sm.data(), 0xA5, sm.size());   /* garbage, like real shared memory */
-                emu_smem = sm.data(); if ((uintptr_t)emu_smem & 15) abort();
+                memset(sm.data(), 0xA5, sm.size()); /* garbage, like real shared memory */
+                emu_smem = sm.data();
+                if ((uintptr_t)emu_smem & 15) abort();
                 emu_bar_count = 0;
                 for (int w = 0; w < 4; w++) emu_wcount[w] = 0;
                 for (int t = 0; t < 128; t++) {
                     EmuT &e = th[t];
                     e.stack.resize(256 * 1024);
-                    e.done = 0; e.tix = {(unsigned)t, 0, 0};
+                    e.done = 0;
+                    e.tix = {(unsigned)t, 0, 0};
                     getcontext(&e.ctx);
-                    e.ctx.uc_stack.ss_sp = e.stack.data(); e.ctx.uc_stack.ss_size = e.stack.size(); e.ctx.uc_link = &emu_sched;
+                    e.ctx.uc_stack.ss_sp = e.stack.data();
+                    e.ctx.uc_stack.ss_size = e.stack.size();
+                    e.ctx.uc_link = &emu_sched;
                     makecontext(&e.ctx, emu_entry, 0);
                 }
                 int left = 128;
