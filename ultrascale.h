@@ -78,7 +78,12 @@
      // >>attention   causal GQA attention, blockwise online softmax (+ the naive reference)
      // >>optimizer   AdamW, global-norm clipping, LR schedules
      // >>comm        the comm seam's world of one rank (threads and NCCL: ultrascale_comm.h)
+     // >>trace       named regions per rank and stream, written as a Chrome / Perfetto trace
      // >>model       parameters in flat buffers with Hugging Face names, init, forward, backward
+     // >>dp          data parallelism: gradient buckets reduced while the backward runs
+     // >>zero        ZeRO-1/2/3: optimizer state, gradients and weights sharded over dp
+     // >>tp          tensor and sequence parallelism: heads, FFN columns, vocabulary over tp ranks
+     // >>cp          context parallelism: the sequence split over cp ranks, ring attention, zig-zag
      // >>moe         mixture of experts: router, permute, experts, combine; bias / aux balancing
      // >>ep          expert parallelism: experts over the ep group, all-to-all dispatch and combine
      // >>fp8-linear  FP8 training: the linear layers' Fprop, Dgrad, Wgrad GEMMs in E4M3 (tile or per-tensor scales)
@@ -86,6 +91,7 @@
      // >>lossscale   fp16 mixed precision: dynamic loss scaling, overflow detection, step skipping
      // >>train       gradient accumulation and the training step
      // >>data        byte tokenizer, text loader, llm.c token shards, the built-in task
+     // >>pp          pipeline schedules as data: generation, checking, simulation, pictures
      // >>sample      temperature / top-k sampling
      // >>checkpoint  safetensors with Hugging Face names, config.json, training state, resharding, crash-safe saves
      // >>estimate    memory estimator and FLOP/MFU counting (the Playbook formulas)

@@ -25,6 +25,7 @@
      // >>cuda-moe        mixture of experts: router (+ backward), counting-sort permute, row gather / scatter-add, gate gradient
      // >>cuda-optimizer  AdamW on flat buffers, Σx² for the global norm
      // >>cuda-fp8        FP8 training: fused tile quantisation (amax, scale, E4M3 cast in one pass), block-scaled cuBLASLt FP8 GEMMs
+     // >>cuda-ops        the ops table: us_cuda_ops, the attention path queries
    Every kernel computes in fp32 and rounds once on store, like the CPU reference, and is
    checked against it by tests/test_cuda.cu. CUDA and cuBLASLt errors never exit: the first one
    is recorded and surfaces as US_ERR_BACKEND from the next library call. */
@@ -5387,7 +5388,7 @@ static void us__cuda_fp8_gemm(us_ops *o, int64_t M, int64_t N, int64_t K, float 
 }
 
 /* ------------------------------------------------------------------------------------ */
-// >>cuda-core  the ops table
+// >>cuda-ops  the ops table: us_cuda_ops fills it with the kernels above
 /* ------------------------------------------------------------------------------------ */
 US_API int us_cuda_device_count(void) {
     int n = 0;
