@@ -4598,8 +4598,9 @@ static void us__fp8_linears(int64_t io[4][2], int64_t C, int64_t QKV, int64_t AO
 /* The scratch of the quantised copies: the largest a (activation side) and b (weight side)
    operand over the three GEMMs of the dense layers' four linears (N tokens; per-rank dims), and
    the largest dyᵀ that Dgrad keeps for Wgrad (k), laid out qa | sa | qb | sb | qk | sk; off gets
-   the offsets of sa, qb, sb, qk, sk. The estimator counts the same. */
-static size_t us__fp8_scratch(int64_t N, int64_t C, int64_t QKV, int64_t AO, int64_t F,
+   the offsets of sa, qb, sb, qk, sk. Linears under the size rule (In or Out < lo, us__fp8_on)
+   never run in FP8 and take no room. The estimator counts the same. */
+static size_t us__fp8_scratch(int64_t N, int64_t C, int64_t QKV, int64_t AO, int64_t F, int64_t lo,
                               size_t off[5]) {
     int64_t io[4][2];
     size_t qa = 0, sa = 0, qb = 0, sb = 0, qk = 0, sk = 0, q, sz;
@@ -4607,6 +4608,7 @@ static size_t us__fp8_scratch(int64_t N, int64_t C, int64_t QKV, int64_t AO, int
     us__fp8_linears(io, C, QKV, AO, F);
     for (i = 0; i < 4; i++) {
         int64_t In = io[i][0], Out = io[i][1], a[3][2], b[3][2];
+        if (In < lo || Out < lo) continue;
         a[0][0] = N;
         a[0][1] = In;
         a[1][0] = N;
@@ -4642,10 +4644,11 @@ static size_t us__fp8_scratch(int64_t N, int64_t C, int64_t QKV, int64_t AO, int
 /* The weight cache (// >>fp8-linear): one layer's part, for its four linears (qkv, o, gate|up,
    down; In → Out per rank): the operands of W [Out][In] and of Wᵀ [In][Out] as fp8_quantize
    writes them, laid out q | s | qᵀ | sᵀ per linear; off[i] gets linear i's four offsets and
-   dim[i] its (Out, In). A linear whose sizes are not multiples of 16 never runs in FP8 and takes
-   no room: its dim stays (0, 0). The estimator counts the same. */
-static size_t us__fp8_wcache_layer(int64_t C, int64_t QKV, int64_t AO, int64_t F, size_t off[4][4],
-                                   int64_t dim[4][2]) {
+   dim[i] its (Out, In). A linear whose sizes are not multiples of 16, or under the size rule
+   (In or Out < lo), never runs in FP8 and takes no room: its dim stays (0, 0). The estimator
+   counts the same. */
+static size_t us__fp8_wcache_layer(int64_t C, int64_t QKV, int64_t AO, int64_t F, int64_t lo,
+                                   size_t off[4][4], int64_t dim[4][2]) {
     int64_t io[4][2];
     size_t at = 0, sb, q;
     int i;
@@ -4654,7 +4657,7 @@ static size_t us__fp8_wcache_layer(int64_t C, int64_t QKV, int64_t AO, int64_t F
         int64_t In = io[i][0], Out = io[i][1];
         off[i][0] = off[i][1] = off[i][2] = off[i][3] = at;
         dim[i][0] = dim[i][1] = 0;
-        if (In % 16 || Out % 16) continue;
+        if (In % 16 || Out % 16 || In < lo || Out < lo) continue;
         dim[i][0] = Out;
         dim[i][1] = In;
         q = us__fp8_operand(Out, In, &sb);
@@ -4665,6 +4668,11 @@ static size_t us__fp8_wcache_layer(int64_t C, int64_t QKV, int64_t AO, int64_t F
         at += us__align(sb);
     }
     return at;
+}
+
+/* the size rule's bound: the smallest In and Out of a linear that runs in FP8 (us__fp8_on) */
+static int64_t us__fp8_min_dim(const us_train_config *tc) {
+    return tc->fp8_min_dim > 0 ? tc->fp8_min_dim : US_FP8_MIN_DIM;
 }
 
 /* whether the model keeps the weight cache: fp8 (either), not asked off, the weights resident */
@@ -4680,7 +4688,7 @@ static int us__fp8_wcache_on(const us_train_config *tc) {
    lose. Measured on an H200 (bench/fp8_widths.sh, 12 layers, HS 64, T 1024, B 16), fp8 against
    bf16 tokens/s: width 768 0.95×, 1024 1.00×, 1536 1.10×, 2048 1.18×, 3072 1.25×. */
 static int us__fp8_on(const us_model *m, int64_t N, int64_t In, int64_t Out) {
-    int64_t lo = m->tc.fp8_min_dim > 0 ? m->tc.fp8_min_dim : US_FP8_MIN_DIM;
+    int64_t lo = us__fp8_min_dim(&m->tc);
     return m->fp8 && N > 0 && N % 16 == 0 && In % 16 == 0 && Out % 16 == 0 && In >= lo && Out >= lo;
 }
 
@@ -4793,7 +4801,8 @@ static size_t us__layout_arena(us_model *m, char *base, int part) {
         sz[US__A_MOE] = us__moe_scratch(m, NULL); /* the MoE backward's gradients (// >>moe) */
         { /* the linear GEMMs' quantised operands (// >>fp8-linear) */
             size_t off[5] = {0, 0, 0, 0, 0};
-            sz[US__A_FP8] = m->fp8 ? us__fp8_scratch(Nf, C, QKV, AO, F, off) : 0;
+            sz[US__A_FP8] =
+                m->fp8 ? us__fp8_scratch(Nf, C, QKV, AO, F, us__fp8_min_dim(&m->tc), off) : 0;
             if (base) memcpy(m->fp8_off, off, sizeof off);
             if (base && part == 1) { /* which dense linears run in FP8, for the model line */
                 int64_t io[4][2];
@@ -5305,12 +5314,13 @@ static us_result us__model_init(us_model *m, const us_model_config *mc, const us
         int HS = (int)(m->cfg.dim / m->cfg.n_heads), nl = m->cfg.n_layers, li, k;
         int64_t QKV = (int64_t)(m->nh_l + 2 * m->nkv_l) * HS, AO = (int64_t)m->nh_l * HS;
         int pk[4] = {US__P_Q, US__P_O, US__P_GATE, US__P_DOWN};
-        m->fp8_wlayer =
-            us__fp8_wcache_layer(m->cfg.dim, QKV, AO, m->ffn_l, m->fp8_woff, m->fp8_wdim);
-        m->fp8_wc = (char *)m->ops.alloc(&m->ops, m->fp8_wlayer * (size_t)nl);
+        m->fp8_wlayer = us__fp8_wcache_layer(m->cfg.dim, QKV, AO, m->ffn_l, us__fp8_min_dim(&m->tc),
+                                             m->fp8_woff, m->fp8_wdim);
+        /* no linear in FP8 (all under the size rule): no cache */
+        if (m->fp8_wlayer) m->fp8_wc = (char *)m->ops.alloc(&m->ops, m->fp8_wlayer * (size_t)nl);
         m->fp8_wkey = (const void **)calloc((size_t)(4 * nl), sizeof(void *));
         m->fp8_wok = (unsigned char *)calloc((size_t)(4 * nl), 1);
-        if (!m->fp8_wc || !m->fp8_wkey || !m->fp8_wok) {
+        if ((m->fp8_wlayer && !m->fp8_wc) || !m->fp8_wkey || !m->fp8_wok) {
             us_model_free(m);
             us__model_set_error(
                 m,
@@ -11617,7 +11627,8 @@ static us_result us__memory_estimate(const us_model_config *mc_in, const us_trai
     if (us__fp8_wcache_on(&tc)) { /* the FP8 weight cache (// >>fp8-linear) */
         size_t woff[4][4];
         int64_t wdim[4][2];
-        out->params += us__fp8_wcache_layer(C, QKV, AO, F, woff, wdim) * (size_t)rank_layers;
+        out->params += us__fp8_wcache_layer(C, QKV, AO, F, us__fp8_min_dim(&tc), woff, wdim) *
+                       (size_t)rank_layers;
     }
     out->master = a == 4 ? 0 : (size_t)(Z ? shard : psi) * 4;
     out->grads = (size_t)(Z >= 2 ? shard + slots * unit : psi) * 4;
@@ -11666,7 +11677,7 @@ static us_result us__memory_estimate(const us_model_config *mc_in, const us_trai
         tc.precision ==
             US_PRECISION_FP8_TENSOR) { /* the quantised GEMM operands (// >>fp8-linear) */
         size_t off[5];
-        bwd += us__fp8_scratch(Nf, C, QKV, AO, F, off);
+        bwd += us__fp8_scratch(Nf, C, QKV, AO, F, us__fp8_min_dim(&tc), off);
     }
     if (tc.cp > 1) {
         int64_t KVW = (int64_t)2 * (mc.n_kv_heads / tc.tp) * HS,

@@ -568,7 +568,9 @@ static us_result run_rank(us_comm *comm, void *arg) {
     }
     if (loud && m.fp8) {
         char wq[64] = "at every GEMM";
-        if (m.fp8_wc)
+        if (!m.fp8_linear)
+            snprintf(wq, sizeof wq, "never (no FP8 GEMM)");
+        else if (m.fp8_wc)
             snprintf(wq, sizeof wq, "once per step (cache %.1f MiB)",
                      (double)m.fp8_wlayer * m.cfg.n_layers / 1048576.0);
         printf("fp8: %d of %d linear layers in FP8 E4M3 (%s scales%s; the rest bf16: In or Out "

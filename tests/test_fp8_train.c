@@ -227,7 +227,7 @@ static void fake_model(us_model *m, us_ops *o, int fp8, int64_t N, int64_t In, i
     m->dt = US_BF16;
     m->tc.fp8_min_dim =
         16; /* FP8 at these small sizes too (the default rule would keep them bf16) */
-    bytes = us__fp8_scratch(N, In, Out, In, Out > In ? Out : In,
+    bytes = us__fp8_scratch(N, In, Out, In, Out > In ? Out : In, 16,
                             off); /* covers (In, Out) and (Out, In) */
     memcpy(m->fp8_off, off, sizeof off);
     m->a[US__A_FP8] = calloc(bytes, 1);
@@ -785,6 +785,14 @@ static void test_config(void) {
                       m.fp8_linear_all == 8,
                   "fp8_min_dim %d (0 = %d): %d of %d linears in FP8, want %d", mins[k],
                   US_FP8_MIN_DIM, m.fp8_linear, m.fp8_linear_all, 2 * want[k]);
+            /* linears under the rule take no FP8 scratch or cache room, and the estimator agrees */
+            CHECK(
+                us_memory_estimate(&mc, &tc, &est, err, sizeof err) == US_OK &&
+                    est.total == m.mem.total && est.params == m.mem.params &&
+                    (want[k] ? m.fp8_wc != NULL && m.fp8_wlayer > 0
+                             : m.fp8_wc == NULL && m.fp8_wlayer == 0 && m.fp8_off[4] == 0),
+                "fp8_min_dim %d: estimated %zu = allocated %zu bytes, weight cache %zu bytes/layer",
+                mins[k], est.total, m.mem.total, m.fp8_wlayer);
             us_model_free(&m);
         }
         { /* under the default rule this model's fp8 training is bf16 training, bit for bit */
