@@ -3215,7 +3215,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
     uint64_t *barKV = (uint64_t *)(sD + S * BQ), *full = barKV + 1, *empty = full + S;
     const int g = blockIdx.x, b = blockIdx.y, k0 = blockIdx.z * BK, grp = NH / NKV;
     const int qb0 = k0 / BQ, per = (T + BQ - 1) / BQ - qb0, nit = grp * per;
-    const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, OC = (int64_t)NH * HS;
+    const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS;
     const int wg = us__hop_wg(), tid = threadIdx.x & 127;
     if (threadIdx.x == 0) {
         us__mb_init(barKV, 1);
@@ -3355,7 +3355,6 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
                     us__hop_pack<E>(dv[i][2 * r], dv[i][2 * r + 1]);
         }
     }
-    (void)OC;
 #else
     (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dqkv, (void)T, (void)NH, (void)NKV,
         (void)scale, (void)sl2;

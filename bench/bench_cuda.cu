@@ -426,14 +426,17 @@ static int bench_train(const char *preset, int steps, int warm, us_recompute rc,
     return 0;
 }
 
-/* X [nx] and W [nw] bf16 from one stream of uniform noise in [-0.5, 0.5) (not zeros: a GEMM's
-   power, and so its clock, depends on the data), cast on the device */
-static void rand_bf16_pair(void *X, int64_t nx, void *W, int64_t nw, uint64_t seed) {
+/* X [nx] and W [nw] bf16 from one stream of uniform noise in [-0.5, 0.5), or of standard normal
+   noise with normal (not zeros: a GEMM's power, and so its clock, depends on the data), cast on
+   the device; both start at the stream's first value */
+static void rand_bf16_pair(void *X, int64_t nx, void *W, int64_t nw, uint64_t seed,
+                           int normal = 0) {
     std::vector<float> h((size_t)std::max(nx, nw));
     us_rng rg;
     float *tmp;
     us_rng_seed(&rg, seed);
-    for (size_t i = 0; i < h.size(); i++) h[i] = us_rng_uniform(&rg) - 0.5f;
+    for (size_t i = 0; i < h.size(); i++)
+        h[i] = normal ? us_rng_normal(&rg) : us_rng_uniform(&rg) - 0.5f;
     CK(cudaMalloc(&tmp, h.size() * 4));
     CK(cudaMemcpy(tmp, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
     inner.cast(&inner, X, US_BF16, tmp, US_F32, nx);
@@ -770,16 +773,9 @@ static void bench_attention(void) {
                  *out = inner.alloc(&inner, (size_t)N * NH * HS * 2);
             void *dout = inner.alloc(&inner, (size_t)N * NH * HS * 2),
                  *dqkv = inner.alloc(&inner, (size_t)N * QKV * 2);
-            float *lse = (float *)inner.alloc(&inner, (size_t)B * NH * T * 4), *tmp;
+            float *lse = (float *)inner.alloc(&inner, (size_t)B * NH * T * 4);
             double fl = 4.0 * B * NH * (double)T * T * HS / 2;
-            std::vector<float> h((size_t)N * QKV);
-            us_rng rg;
-            us_rng_seed(&rg, 3);
-            for (size_t i = 0; i < h.size(); i++) h[i] = us_rng_normal(&rg);
-            CK(cudaMalloc(&tmp, h.size() * 4));
-            CK(cudaMemcpy(tmp, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
-            inner.cast(&inner, qkv, US_BF16, tmp, US_F32, N * QKV);
-            inner.cast(&inner, dout, US_BF16, tmp, US_F32, N * NH * HS);
+            rand_bf16_pair(qkv, N * QKV, dout, N * NH * HS, 3, 1);
             for (path = 0; path < 2; path++) {
                 std::vector<double> tf, tb;
                 us_cuda_attention_no_hopper(&inner, path);
@@ -809,7 +805,6 @@ static void bench_attention(void) {
             inner.free(&inner, dout);
             inner.free(&inner, dqkv);
             inner.free(&inner, lse);
-            cudaFree(tmp);
         }
     if (inner.error(&inner)) printf("CUDA error: %s\n", inner.error(&inner));
 }
