@@ -861,7 +861,8 @@ static void us__cuda_rmsnorm_bwd(us_ops *o, void *dx, float *dw, const void *dou
 
 /* RoPE (rotate-half), in place on the q and k heads of qkv[N, QKV]. The angles t·θ^(−2j/HS)
    are formed once per (T, HS, θ) in double, like the CPU reference, into a table cos|sin
-   [T, HS/2]; the per-token kernel is then a pure stream over q and k. */
+   [T, HS/2]; the per-token kernels are then a pure stream over q and k. Position t is n mod T,
+   or pos[n mod T] when pos is given (context parallelism: the table then spans T_total). */
 __global__ void us__k_rope_table(float *tab, int64_t T_len, int HS, float theta) {
     int half = HS / 2;
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -873,18 +874,18 @@ __global__ void us__k_rope_table(float *tab, int64_t T_len, int HS, float theta)
     }
 }
 
-/* grid: y over rows n (grid-stride), x·threads over the (head, j) pairs of a row */
+/* one thread per (row n, head h, pair j) — grid: y over rows (grid-stride), x over the pairs */
 template <typename T>
-__global__ void us__k_rope(T *qkv, const float *tab, int64_t N, int64_t T_len, int NH, int NKV,
-                           int HS, float dir) {
+__global__ void us__k_rope(T *qkv, const float *tab, const int32_t *pos, int64_t N, int64_t T_len,
+                           int64_t T_tab, int NH, int NKV, int HS, float dir) {
     int half = HS / 2, pairs = (NH + NKV) * half;
     int p = blockIdx.x * blockDim.x + threadIdx.x;
     int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, n;
     if (p >= pairs) return;
     for (n = blockIdx.y; n < N; n += gridDim.y) {
         int h = p / half, j = p % half;
-        int64_t t = n % T_len;
-        float cs = tab[t * half + j], sn = tab[T_len * half + t * half + j] * dir;
+        int64_t t = pos ? pos[n % T_len] : n % T_len;
+        float cs = tab[t * half + j], sn = tab[T_tab * half + t * half + j] * dir;
         T *v = qkv + n * QKV + (int64_t)h * HS;
         float a = us__ld(v, j), b = us__ld(v, j + half);
         us__st(v, j, a * cs - b * sn);
@@ -892,82 +893,90 @@ __global__ void us__k_rope(T *qkv, const float *tab, int64_t N, int64_t T_len, i
     }
 }
 
-static void us__cuda_rope(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS,
-                          float theta, us_dtype dt, float dir) {
-    us__cuda *c = us__cu(o);
-    int pairs = (NH + NKV) * (HS / 2);
-    dim3 g((unsigned)((pairs + 127) / 128), (unsigned)(B * T < 65535 ? B * T : 65535));
-    if (c->rope_T != T || c->rope_HS != HS || c->rope_theta != theta) {
-        size_t need = (size_t)T * HS * sizeof(float); /* cos and sin, T·HS/2 each */
-        if (need > c->rope_bytes) {
-            if (c->rope_tab) us__cuda_free(o, c->rope_tab);
-            c->rope_tab = (float *)us__cuda_alloc(o, need);
-            c->rope_bytes = c->rope_tab ? need : 0;
-            if (!c->rope_tab) {
-                us__cuda_fail(o, "rope table", "out of device memory", __FILE__, __LINE__);
-                return;
-            }
-        }
-        us__k_rope_table<<<us__blocks(T * (HS / 2), 256), 256, 0, c->stream>>>(c->rope_tab, T, HS,
-                                                                               theta);
-        US__LAUNCHED(o);
-        c->rope_T = T;
-        c->rope_HS = HS;
-        c->rope_theta = theta;
+/* The same with 16-byte accesses: one thread per (row n, head h, W consecutive pairs), the
+   flat index split as n · (NH+NKV)·HS/(2W) + the pair vector; needs HS/2 a multiple of W and
+   16-byte aligned rows. 2-byte accesses left the scalar kernel at a third of the bandwidth. */
+template <typename T>
+__global__ void __launch_bounds__(256)
+    us__k_rope_vec(T *qkv, const float *tab, const int32_t *pos, int64_t N, int64_t T_len,
+                   int64_t T_tab, int NH, int NKV, int HS, float dir) {
+    enum { W = us__vec<T>::W };
+
+    const int half = HS / 2, hv = half / W, pv = (NH + NKV) * hv; /* vectors per head, per row */
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= N * pv) return;
+    const int64_t n = idx / pv, QKV = (int64_t)(NH + 2 * NKV) * HS;
+    const int p = (int)(idx - n * pv), h = p / hv, j = (p - h * hv) * W;
+    const int64_t t = pos ? pos[n % T_len] : n % T_len;
+    const float *cs = tab + t * half + j, *sn = tab + T_tab * half + t * half + j;
+    T *v = qkv + n * QKV + (int64_t)h * HS + j;
+    float a[W], b[W], c[W], s[W], x[W], y[W];
+    us__ldv(v, a);
+    us__ldv(v + half, b);
+#pragma unroll
+    for (int i = 0; i < W; i += 4) {
+        us__ldv(cs + i, c + i);
+        us__ldv(sn + i, s + i);
     }
-    US__DISPATCH(o, dt,
-                 (us__k_rope<T_>
-                  <<<g, 128, 0, c->stream>>>((T_ *)qkv, c->rope_tab, B * T, T, NH, NKV, HS, dir)));
+#pragma unroll
+    for (int i = 0; i < W; i++) {
+        const float sd = s[i] * dir; /* the scalar kernel's expressions, so the same bits */
+        x[i] = a[i] * c[i] - b[i] * sd;
+        y[i] = b[i] * c[i] + a[i] * sd;
+    }
+    us__stv(v, x);
+    us__stv(v + half, y);
+}
+
+/* the cos|sin table for positions [0, T_tab), rebuilt only when (T_tab, HS, θ) change */
+static int us__cuda_rope_table(us_ops *o, int64_t T_tab, int HS, float theta) {
+    us__cuda *c = us__cu(o);
+    if (c->rope_T == T_tab && c->rope_HS == HS && c->rope_theta == theta) return 1;
+    size_t need = (size_t)T_tab * HS * sizeof(float); /* cos and sin, T_tab·HS/2 each */
+    if (need > c->rope_bytes) {
+        if (c->rope_tab) us__cuda_free(o, c->rope_tab);
+        c->rope_tab = (float *)us__cuda_alloc(o, need);
+        c->rope_bytes = c->rope_tab ? need : 0;
+        if (!c->rope_tab) {
+            us__cuda_fail(o, "rope table", "out of device memory", __FILE__, __LINE__);
+            return 0;
+        }
+    }
+    us__k_rope_table<<<us__blocks(T_tab * (HS / 2), 256), 256, 0, c->stream>>>(c->rope_tab, T_tab,
+                                                                               HS, theta);
+    US__LAUNCHED(o);
+    c->rope_T = T_tab;
+    c->rope_HS = HS;
+    c->rope_theta = theta;
+    return 1;
+}
+
+/* rotate qkv[B·T] by angle dir·t·θ_j, t = n mod T or pos[n mod T] (pos: T_tab positions) */
+static void us__cuda_rope(us_ops *o, void *qkv, const int32_t *pos, int64_t B, int64_t T,
+                          int64_t T_tab, int NH, int NKV, int HS, float theta, us_dtype dt,
+                          float dir) {
+    us__cuda *c = us__cu(o);
+    int W = 16 / (int)us_dtype_size(dt), pairs = (NH + NKV) * (HS / 2);
+    if (B * T <= 0) return;
+    if (!us__cuda_rope_table(o, T_tab, HS, theta)) return;
+    if ((HS / 2) % W == 0 && us__al16(qkv)) {
+        int64_t n = B * T * (pairs / W);
+        US__DISPATCH(o, dt,
+                     (us__k_rope_vec<T_><<<us__blocks(n, 256), 256, 0, c->stream>>>(
+                         (T_ *)qkv, c->rope_tab, pos, B * T, T, T_tab, NH, NKV, HS, dir)));
+    } else {
+        dim3 g((unsigned)((pairs + 127) / 128), (unsigned)(B * T < 65535 ? B * T : 65535));
+        US__DISPATCH(o, dt,
+                     (us__k_rope<T_><<<g, 128, 0, c->stream>>>((T_ *)qkv, c->rope_tab, pos, B * T,
+                                                               T, T_tab, NH, NKV, HS, dir)));
+    }
 }
 
 /* RoPE at given positions (context parallelism): the table for T_total positions, indexed by pos */
-template <typename T>
-__global__ void us__k_rope_at(T *qkv, const float *tab, const int32_t *pos, int64_t N,
-                              int64_t T_len, int64_t T_total, int NH, int NKV, int HS, float dir) {
-    int half = HS / 2, pairs = (NH + NKV) * half;
-    int p = blockIdx.x * blockDim.x + threadIdx.x;
-    int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, n;
-    if (p >= pairs) return;
-    for (n = blockIdx.y; n < N; n += gridDim.y) {
-        int h = p / half, j = p % half;
-        int64_t t = pos[n % T_len];
-        float cs = tab[t * half + j], sn = tab[T_total * half + t * half + j] * dir;
-        T *v = qkv + n * QKV + (int64_t)h * HS;
-        float a = us__ld(v, j), b = us__ld(v, j + half);
-        us__st(v, j, a * cs - b * sn);
-        us__st(v, j + half, b * cs + a * sn);
-    }
-}
-
 static void us__cuda_rope_at(us_ops *o, void *qkv, const int32_t *pos, int64_t B, int64_t T,
                              int64_t T_total, int NH, int NKV, int HS, float theta, float dir,
                              us_dtype dt) {
-    us__cuda *c = us__cu(o);
-    int pairs = (NH + NKV) * (HS / 2);
-    dim3 g((unsigned)((pairs + 127) / 128), (unsigned)(B * T < 65535 ? B * T : 65535));
-    if (B * T <= 0) return;
-    if (c->rope_T != T_total || c->rope_HS != HS ||
-        c->rope_theta != theta) { /* as us__cuda_rope's table */
-        size_t need = (size_t)T_total * HS * sizeof(float);
-        if (need > c->rope_bytes) {
-            if (c->rope_tab) us__cuda_free(o, c->rope_tab);
-            c->rope_tab = (float *)us__cuda_alloc(o, need);
-            c->rope_bytes = c->rope_tab ? need : 0;
-            if (!c->rope_tab) {
-                us__cuda_fail(o, "rope table", "out of device memory", __FILE__, __LINE__);
-                return;
-            }
-        }
-        us__k_rope_table<<<us__blocks(T_total * (HS / 2), 256), 256, 0, c->stream>>>(
-            c->rope_tab, T_total, HS, theta);
-        US__LAUNCHED(o);
-        c->rope_T = T_total;
-        c->rope_HS = HS;
-        c->rope_theta = theta;
-    }
-    US__DISPATCH(o, dt,
-                 (us__k_rope_at<T_><<<g, 128, 0, c->stream>>>((T_ *)qkv, c->rope_tab, pos, B * T, T,
-                                                              T_total, NH, NKV, HS, dir)));
+    us__cuda_rope(o, qkv, pos, B, T, T_total, NH, NKV, HS, theta, dt, dir);
 }
 
 static void us__cuda_copy2d(us_ops *o, void *dst, int64_t dld, const void *src, int64_t sld,
@@ -980,12 +989,12 @@ static void us__cuda_copy2d(us_ops *o, void *dst, int64_t dld, const void *src, 
 
 static void us__cuda_rope_fwd(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS,
                               float theta, us_dtype dt) {
-    us__cuda_rope(o, qkv, B, T, NH, NKV, HS, theta, dt, 1.0f);
+    us__cuda_rope(o, qkv, NULL, B, T, T, NH, NKV, HS, theta, dt, 1.0f);
 }
 
 static void us__cuda_rope_bwd(us_ops *o, void *dqkv, int64_t B, int64_t T, int NH, int NKV, int HS,
                               float theta, us_dtype dt) {
-    us__cuda_rope(o, dqkv, B, T, NH, NKV, HS, theta, dt, -1.0f);
+    us__cuda_rope(o, dqkv, NULL, B, T, T, NH, NKV, HS, theta, dt, -1.0f);
 }
 
 /* SwiGLU on gu[N, 2F] = gate | up. Grid y walks the rows, x the columns, so no element pays

@@ -206,6 +206,22 @@ static void test_ops(us_dtype dt, int64_t NH, int64_t NKV, int64_t HS, int64_t F
         Ccpu.rope_bwd(&Ccpu, bdq.h, B, T, NH, NKV, HS, 10000.0f, dt);
         G.rope_bwd(&G, bdq.d, B, T, NH, NKV, HS, 10000.0f, dt);
         cmp("rope bwd", &bdq, dt, N * QKV);
+        { /* RoPE at positions (context parallelism): T positions scattered over 3T, both ways */
+            int32_t *pos = (int32_t *)malloc((size_t)T * 4);
+            for (i = 0; i < T; i++) pos[i] = (int32_t)((i * 7 + 5) % (3 * T));
+            buf bp = mk(pos, T * 4);
+            same_in(&bq);
+            Ccpu.rope_at(&Ccpu, bq.h, (int32_t *)bp.h, B, T, 3 * T, NH, NKV, HS, 500000.0f, 1.0f,
+                         dt);
+            G.rope_at(&G, bq.d, (int32_t *)bp.d, B, T, 3 * T, NH, NKV, HS, 500000.0f, 1.0f, dt);
+            cmp("rope at positions", &bq, dt, N * QKV);
+            Ccpu.rope_at(&Ccpu, bq.h, (int32_t *)bp.h, B, T, 3 * T, NH, NKV, HS, 500000.0f, -1.0f,
+                         dt);
+            G.rope_at(&G, bq.d, (int32_t *)bp.d, B, T, 3 * T, NH, NKV, HS, 500000.0f, -1.0f, dt);
+            cmp("rope at positions, backward", &bq, dt, N * QKV);
+            fin(&bp);
+            free(pos);
+        }
         fin(&bq);
         fin(&bo);
         fin(&bl);
