@@ -201,6 +201,8 @@ typedef enum us_fp8_tiling {
 /* The smallest In and Out of a linear that runs in FP8 by default (us_train_config.fp8_min_dim):
    below it quantising costs more than the FP8 GEMM saves (measured, see us__fp8_on) */
 #define US_FP8_MIN_DIM 1536
+/* The most logits the fused head holds at once by default (us_train_config.loss_chunk) */
+#define US_LOSS_CHUNK_BYTES ((size_t)512 << 20)
 #define US_E4M3_MAX 448.0f
 /* The scale rule above for one tile's amax (|x| maximum); pow2 != 0 rounds it up to 2^e. */
 US_API float us_fp8_scale(float amax, int pow2);
@@ -375,6 +377,11 @@ typedef struct us_train_config {
                               never keeps them) */
     int fp8_min_dim; /* a linear runs in FP8 only when its In and Out are both at least this (0: the
                               default US_FP8_MIN_DIM, where FP8 measured faster than bf16; 16: every size) */
+    /* the fused head (// >>train, us__head_loss): logits, loss and their gradients computed for
+       loss_chunk rows at a time, so the [B·T, V] logits never stand whole in memory. 0: chunks of
+       at most US_LOSS_CHUNK_BYTES of logits where the configuration allows it (no pipeline,
+       ZeRO below 2), whole elsewhere; −1: whole; > 0: this many rows (refused with pp or ZeRO-2/3) */
+    int loss_chunk;
 } us_train_config;
 
 US_API void us_model_config_defaults(us_model_config *c);
@@ -774,6 +781,7 @@ typedef struct us_model {
     int grad_sync;   /* reduce gradients in this backward (us_train_step sets it) */
     int synced;      /* reductions were launched and must be finished before the step */
     int tp_inflight; /* tp collectives started and not yet waited for (// >>tp) */
+    int head_fused;  /* the last forward ran the head's backward in chunks (us__head_loss) */
     /* the embedding's gradient by its touched rows (us__emb_sparse, // >>dp) */
     int emb_sparse;   /* this model reduces the last micro-batch's lookup gradient by rows */
     int emb_on;       /* this backward does: emb_nu rows gathered at its start */
@@ -1798,6 +1806,13 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
         tc->precision != US_PRECISION_FP8_TENSOR)
         US__BAD("fp8_min_dim applies to the fp8 and fp8-tensor precisions only, not %s",
                 us_precision_name(tc->precision));
+    if (tc->loss_chunk < -1)
+        US__BAD("loss_chunk=%d must be -1 (whole logits), 0 (the default) or a number of rows",
+                tc->loss_chunk);
+    if (tc->loss_chunk > 0 && (tc->pp > 1 || tc->zero >= 2))
+        US__BAD("loss_chunk=%d needs pp 1 and ZeRO below 2 (the chunked head forms its weight "
+                "gradient in the forward, where a pipeline or sharded gradients cannot take it)",
+                tc->loss_chunk);
     if (tc->recompute < US_RECOMPUTE_NONE || tc->recompute > US_RECOMPUTE_FULL)
         US__BAD("unknown recompute mode %d", (int)tc->recompute);
     if (tc->threads < 0) US__BAD("threads=%d must not be negative", tc->threads);
@@ -4419,6 +4434,36 @@ static int us__emb_sparse(const us_model_config *mc, const us_train_config *tc) 
     return n * (C * 4 + 4) + 4 <= V * a && (n + 1) * 8 <= C * a;
 }
 
+/* Rows of the fused head's chunk for a micro-batch of Nf rows (Nf itself: one chunk, the logits
+   whole). Chunks need the head's backward in the forward: no pipeline (a stage's forward and
+   backward are apart), ZeRO below 2 (gradients resident). The default keeps the logits under
+   US_LOSS_CHUNK_BYTES in chunks of a multiple of 64 rows; a chunk holds at least tp·B rows,
+   where us__last_logits gathers the ranks' vocabulary slices. */
+static int64_t us__loss_rows(const us_model_config *mc, const us_train_config *tc, int64_t Nf) {
+    int64_t a = tc->precision == US_PRECISION_FP32 ? 4 : 2, tp = tc->tp > 1 ? tc->tp : 1;
+    int64_t V = mc->vocab / tp, rows, n, least = tp * tc->batch;
+    if (tc->loss_chunk < 0 || tc->pp > 1 || tc->zero >= 2) return Nf;
+    if (tc->loss_chunk > 0)
+        rows = tc->loss_chunk;
+    else {
+        if ((size_t)(Nf * V * a) <= US_LOSS_CHUNK_BYTES) return Nf;
+        n = (int64_t)(((size_t)(Nf * V * a) + US_LOSS_CHUNK_BYTES - 1) / US_LOSS_CHUNK_BYTES);
+        rows = ((Nf + n - 1) / n + 63) / 64 * 64;
+    }
+    if (rows < least) rows = least;
+    return rows < Nf ? rows : Nf;
+}
+
+/* The logits buffer: the fused head's chunk of logits [rows, V/tp], and at least what
+   us__emb_rows_finish packs into it when the embedding's gradient goes by rows. */
+static size_t us__logits_bytes(const us_model_config *mc, const us_train_config *tc, int64_t Nf) {
+    int64_t a = tc->precision == US_PRECISION_FP32 ? 4 : 2, tp = tc->tp > 1 ? tc->tp : 1;
+    int64_t n = (int64_t)(tc->dp > 1 ? tc->dp : 1) * (tc->cp > 1 ? tc->cp : 1);
+    size_t logits = (size_t)(us__loss_rows(mc, tc, Nf) * (mc->vocab / tp) * a);
+    size_t rows = us__emb_sparse(mc, tc) ? (size_t)(Nf * (n * (mc->dim * 4 + 4) + 4)) : 0;
+    return logits > rows ? logits : rows;
+}
+
 static int us__plan_units(us_model *m, us__unit *units) {
     const us_train_config *tc = &m->tc;
     int np = m->n_params_t, L = m->cfg.n_layers, ns = 0, i, u,
@@ -4725,7 +4770,7 @@ static size_t us__layout_arena(us_model *m, char *base, int part) {
     int sp = m->tc.sp && m->tc.tp > 1, cp = m->tc.cp > 1 ? m->tc.cp : 1;
     int64_t N = (int64_t)m->tc.batch * (m->tc.seq / cp),
             Nf = sp ? (N + m->tc.tp - 1) / m->tc.tp * m->tc.tp : N, Ns = sp ? Nf / m->tc.tp : N;
-    int64_t C = c->dim, HS = C / c->n_heads, F = m->ffn_l, V = m->vocab_l;
+    int64_t C = c->dim, HS = C / c->n_heads, F = m->ffn_l;
     int64_t QKV = (int64_t)(m->nh_l + 2 * m->nkv_l) * HS, AO = (int64_t)m->nh_l * HS;
     size_t a = us_dtype_size(m->dt);
     int mode = m->tc.recompute, l, nl = m->pp_lc ? m->pp_lc : c->n_layers, any_dense = 0;
@@ -4786,7 +4831,7 @@ static size_t us__layout_arena(us_model *m, char *base, int part) {
         sz[US__A_XOUT] = Ns * C * a;
         sz[US__A_XF] = head ? Nf * C * a : 0;
         sz[US__A_RSTDF] = Ns * 4;
-        sz[US__A_LOGITS] = head ? Nf * V * a : 0;
+        sz[US__A_LOGITS] = head ? us__logits_bytes(c, &m->tc, Nf) : 0;
         sz[US__A_LOSSES] = Nf * 4;
         sz[US__A_ARGMAX] = Nf * 4;
         sz[US__A_TOK] = Nf * 4;
@@ -5938,9 +5983,9 @@ static void us__tp_residual(us_model *m, void *dst, const void *res, int64_t n) 
 }
 
 /* Vocabulary-parallel softmax cross-entropy over logits [N, V/tp] with local targets (the
-   column, -1 on another rank, -2 ignored). argmax (host, may be NULL) gets the global argmax,
-   lowest index on ties like the one-rank kernel. */
-static us_result us__tp_xent(us_model *m, const int32_t *tgt_l, int64_t N, float dscale,
+   column, -1 on another rank, -2 ignored), the rows r0.. of the micro-batch: their losses and
+   (want_argmax) global argmax, lowest index on ties like the one-rank kernel, go to rows r0.. */
+static us_result us__tp_xent(us_model *m, const int32_t *tgt_l, int64_t N, int64_t r0, float dscale,
                              int want_argmax) {
     us_ops *o = &m->ops;
     char *vp = (char *)m->a[US__A_VP];
@@ -5978,7 +6023,7 @@ static us_result us__tp_xent(us_model *m, const int32_t *tgt_l, int64_t N, float
         }
         o->copy(o, la, am, (size_t)N * 4, US_COPY_D2H);
         for (i = 0; i < N; i++) la[i] = -la[i];
-        o->copy(o, m->a[US__A_ARGMAX], la, (size_t)N * 4, US_COPY_H2D);
+        o->copy(o, (int32_t *)m->a[US__A_ARGMAX] + r0, la, (size_t)N * 4, US_COPY_H2D);
         US_FREE(lm);
         US_FREE(la);
     } else if ((r = us__tp_max(m, mx, N, US_F32)) != US_OK)
@@ -5986,7 +6031,8 @@ static us_result us__tp_xent(us_model *m, const int32_t *tgt_l, int64_t N, float
     o->xent_stats(o, mx, NULL, se, tl, logits, tgt_l, N, V, m->dt);
     if ((r = us__tp_sum(m, se, N, US_F64)) != US_OK) return r;
     if ((r = us__tp_sum(m, tl, N, US_F32)) != US_OK) return r;
-    o->xent_finish(o, (float *)m->a[US__A_LOSSES], logits, tgt_l, mx, se, tl, N, V, dscale, m->dt);
+    o->xent_finish(o, (float *)m->a[US__A_LOSSES] + r0, logits, tgt_l, mx, se, tl, N, V, dscale,
+                   m->dt);
     return US_OK;
 }
 
@@ -7378,13 +7424,48 @@ static us_result us__check_tokens(us_model *m, const int32_t *in, const int32_t 
     return US_OK;
 }
 
+/* The head and the loss over xf [R, C] (R = N, or Np under SP): logits [R, V] = xf·Whead^T, then
+   the fused softmax cross-entropy, which writes each row's loss and, when dscale != 0, turns the
+   logits into their gradient in place. With loss_chunk (us__loss_rows) this runs on chunks of
+   rows and, in a training forward, each chunk's gradient goes on at once through the head's
+   backward — dxf [R, C] into DLN, dWhead += dlogitsᵀ·xf — so the logits never stand whole in
+   memory (the Liger-style fused linear cross-entropy): at a 128k vocabulary, B·T = 16k tokens,
+   4.2 GB of bf16 logits become 0.5 GB. The backward then starts from DLN (m->head_fused). */
+static us_result us__head_loss(us_model *m, int64_t R, float dscale) {
+    us_ops *o = &m->ops;
+    int64_t C = m->cfg.dim, V = m->vocab_l, rows = us__loss_rows(&m->cfg, &m->tc, R), r0;
+    int head = us__head_idx(m);
+    size_t a = us_dtype_size(m->dt);
+    us_result r;
+    m->head_fused = rows < R && dscale != 0;
+    for (r0 = 0; r0 < R; r0 += rows) {
+        int64_t n = R - r0 < rows ? R - r0 : rows;
+        const void *xf = us__at(m->a[US__A_XF], m->dt, r0 * C);
+        const int32_t *tgt = (const int32_t *)m->a[US__A_TGT] + r0;
+        o->gemm(o, 0, 1, n, V, C, 1.0f, xf, m->dt, C, us__W(m, head), m->dt, C, 0.0f,
+                m->a[US__A_LOGITS], m->dt, V);
+        if (m->tc.tp > 1) {
+            if ((r = us__tp_xent(m, tgt, n, r0, dscale, dscale == 0)) != US_OK) return r;
+        } else
+            o->xent(o, (float *)m->a[US__A_LOSSES] + r0, (int32_t *)m->a[US__A_ARGMAX] + r0,
+                    m->a[US__A_LOGITS], tgt, n, V, dscale, m->dt);
+        if (m->head_fused) { /* dxf = dlogits·Whead; dWhead += dlogitsᵀ·xf (the backward's two) */
+            o->gemm(o, 0, 0, n, C, V, 1.0f, m->a[US__A_LOGITS], m->dt, V, us__W(m, head), m->dt, C,
+                    0.0f, (char *)m->a[US__A_DLN] + (size_t)(r0 * C) * a, m->dt, C);
+            o->gemm(o, 1, 0, V, C, n, 1.0f, m->a[US__A_LOGITS], m->dt, V, xf, m->dt, C, 1.0f,
+                    us__G(m, head), US_F32, C);
+        }
+    }
+    return US_OK;
+}
+
 /* Embedding → L layers → final norm → logits → fused cross-entropy (with its gradient when
    dscale != 0). Sums the loss of the valid targets into *loss_sum. */
 static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *targets, int B,
                              int T, float dscale, double *loss_sum) {
     us_ops *o = &m->ops;
     const us_model_config *c = &m->cfg;
-    int64_t N = (int64_t)B * T, C = c->dim, V = m->vocab_l, i, Np, Ns;
+    int64_t N = (int64_t)B * T, C = c->dim, i, Np, Ns;
     int l, sp = us__sp(m);
     us_result r;
     float *losses;
@@ -7465,15 +7546,7 @@ static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *
                        us__W(m, US__P_NORM(c->n_layers)), Ns, C, c->norm_eps, m->dt);
         if (sp && (r = us__sp_gather(m, m->a[US__A_XF], xf_mine, Ns)) != US_OK) return r;
     }
-    o->gemm(o, 0, 1, Np, V, C, 1.0f, m->a[US__A_XF], m->dt, C, us__W(m, us__head_idx(m)), m->dt, C,
-            0.0f, m->a[US__A_LOGITS], m->dt, V);
-    if (m->tc.tp > 1) {
-        if ((r = us__tp_xent(m, (const int32_t *)m->a[US__A_TGT], Np, dscale, dscale == 0)) !=
-            US_OK)
-            return r;
-    } else
-        o->xent(o, (float *)m->a[US__A_LOSSES], (int32_t *)m->a[US__A_ARGMAX], m->a[US__A_LOGITS],
-                (const int32_t *)m->a[US__A_TGT], N, V, dscale, m->dt);
+    if ((r = us__head_loss(m, sp ? Np : N, dscale)) != US_OK) return r;
     losses = (float *)US_MALLOC((size_t)N * 4);
     if (!losses) {
         us__model_set_error(m, "out of host memory");
@@ -7515,11 +7588,15 @@ static us_result us__backward(us_model *m, int B, int T) {
         goto layers;
     }
     if ((r = us__z3_enter(m, L + 1, -1)) != US_OK) return r;
-    /* logits = xf·Whead^T, the logits buffer now holds dlogits */
-    o->gemm(o, 0, 0, Np, C, V, 1.0f, m->a[US__A_LOGITS], m->dt, V, us__W(m, head), m->dt, C, 0.0f,
-            m->a[US__A_DLN], m->dt, C);
-    o->gemm(o, 1, 0, V, C, Np, 1.0f, m->a[US__A_LOGITS], m->dt, V, m->a[US__A_XF], m->dt, C, 1.0f,
-            us__G(m, head), US_F32, C);
+    /* logits = xf·Whead^T, the logits buffer now holds dlogits (unless the forward's chunks
+       already went through the head: us__head_loss) */
+    if (!m->head_fused) {
+        o->gemm(o, 0, 0, Np, C, V, 1.0f, m->a[US__A_LOGITS], m->dt, V, us__W(m, head), m->dt, C,
+                0.0f, m->a[US__A_DLN], m->dt, C);
+        o->gemm(o, 1, 0, V, C, Np, 1.0f, m->a[US__A_LOGITS], m->dt, V, m->a[US__A_XF], m->dt, C,
+                1.0f, us__G(m, head), US_F32, C);
+    }
+    m->head_fused = 0;
     if (head && (r = us__grads_ready(m, head, head + 1)) != US_OK)
         return r; /* tied: the embedding's gradient is not done yet, */
     if (!head) {  /* unless only its rows remain (us__emb_sparse) */
@@ -8330,9 +8407,19 @@ static us_result us__last_logits(us_model *m, int B, int T, float *logits_out) {
             us__model_set_error(m, "out of host memory");
             return US_ERR_OOM;
         }
+        int64_t N = (int64_t)B * T, Np, Ns, C = m->cfg.dim, step = T;
+        us__rows(m, N, &Np, &Ns);
+        if (us__loss_rows(&m->cfg, &m->tc, us__sp(m) ? Np : N) < (us__sp(m) ? Np : N)) {
+            /* the fused head kept only its last chunk: the B last positions' logits again, rows
+               T−1, 2T−1, … of xf (a stride of T rows) into logits rows 0..B−1 */
+            o->gemm(o, 0, 1, B, Vl, C, 1.0f, us__at(m->a[US__A_XF], m->dt, (int64_t)(T - 1) * C),
+                    m->dt, T * C, us__W(m, us__head_idx(m)), m->dt, C, 0.0f, m->a[US__A_LOGITS],
+                    m->dt, Vl);
+            step = 1;
+        }
         for (b = 0; b < B; b++)
             o->copy(o, rows + (rk * B + b) * rowb,
-                    us__at(m->a[US__A_LOGITS], m->dt, ((int64_t)b * T + T - 1) * Vl), rowb,
+                    us__at(m->a[US__A_LOGITS], m->dt, ((int64_t)b * step + step - 1) * Vl), rowb,
                     US_COPY_D2H);
         if (tp > 1) { /* through the logits buffer, which holds B·T ≥ tp·B rows */
             void *lg = m->a[US__A_LOGITS];
@@ -11530,7 +11617,7 @@ static us_result us__memory_estimate(const us_model_config *mc_in, const us_trai
     us_model_config mc = *mc_in;
     us_train_config tc = *tc_in;
     us_result r = us_config_validate(&mc, &tc, err, errlen);
-    int64_t N, C, HS, QKV, AO, F, V, L, psi, shard, unit, Nf, Ns;
+    int64_t N, C, HS, QKV, AO, F, L, psi, shard, unit, Nf, Ns;
     size_t a, x, rs, qkv, att, lse, gu, h, xf, rf, gemm_outs, cheap, per_layer, shared, head, bwd;
     int mode, Z, slots, sp, peak = 1, l, n_moe, rank_layers;
     size_t moe_gemm = 0, moe_cheap = 0, moe_scr = 0, attn_cheap;
@@ -11614,7 +11701,6 @@ static us_result us__memory_estimate(const us_model_config *mc_in, const us_trai
     C = mc.dim;
     HS = C / mc.n_heads;
     F = mc.ffn_dim / tc.tp;
-    V = mc.vocab / tc.tp;
     L = mc.n_layers;
     QKV = (int64_t)(mc.n_heads + 2 * mc.n_kv_heads) / tc.tp * HS;
     AO = (int64_t)mc.n_heads / tc.tp * HS;
@@ -11666,7 +11752,9 @@ static us_result us__memory_estimate(const us_model_config *mc_in, const us_trai
     {
         int head0 = !psp || us__pp_rank_of(psp, tc.pp * psp->v - 1) == 0;
         head = x + xf /* residual gradient */ + rs + 4 * rf + us__align(64) +
-               (head0 ? xf + us__align(Nf * V * a) + (tc.tp > 1 ? us__align(Nf * 20 + 8) : 0) : 0);
+               (head0 ? xf + us__align(us__logits_bytes(&mc, &tc, Nf)) +
+                            (tc.tp > 1 ? us__align(Nf * 20 + 8) : 0)
+                      : 0);
     }
     /* the scratch of one action, shared by the slots: the backward's gradients, SP's whole-sequence
        buffer and a norm weight's partial gradient, context parallelism's positions, K/V blocks in

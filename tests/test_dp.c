@@ -281,6 +281,7 @@ int main(int argc, char **argv) {
                     double ml = 0, mw = 0;
                     /* small buckets: several units, so reductions really interleave with the backward */
                     setup(&R, dps[di], zi, accums[ai], tied, zi == 3 ? 25 : 0.004f);
+                    if (zi == 1) R.tc.loss_chunk = 24; /* the fused head in chunks of 24 rows */
                     R.in = ref.in;
                     R.tgt = ref.tgt;
                     R.weights = (float *)calloc((size_t)np, 4);
@@ -294,9 +295,10 @@ int main(int argc, char **argv) {
                     if (ml > worst_loss) worst_loss = ml;
                     if (mw > worst_w) worst_w = mw;
                     CHECK(ml < 2e-5 && mw < 2e-5,
-                          "dp %d zero %d accum %d %s: %d steps equal one rank (loss rel %.1e, "
+                          "dp %d zero %d accum %d %s%s: %d steps equal one rank (loss rel %.1e, "
                           "weights abs %.1e)",
-                          dps[di], zi, accums[ai], tied ? "tied" : "untied", STEPS, ml, mw);
+                          dps[di], zi, accums[ai], tied ? "tied" : "untied",
+                          zi == 1 ? ", head in chunks" : "", STEPS, ml, mw);
                     free(R.weights);
                 }
             free(ref.weights);
@@ -335,6 +337,9 @@ int main(int argc, char **argv) {
                         setup(&R[v], dps[di], zi, accums[ai], tied, 0.004f);
                         R[v].mc = ref.mc;
                         R[v].tc.dense_emb_grad = v;
+                        if (zi ==
+                            1) /* the head in chunks: the logits buffer still holds the rows */
+                            R[v].tc.loss_chunk = 8;
                         R[v].in = ref.in;
                         R[v].tgt = ref.tgt;
                         R[v].weights = (float *)calloc((size_t)np, 4);

@@ -369,6 +369,87 @@ static void test_sampling(void) {
     us_model_free(&m);
 }
 
+/* ---- the fused head (loss_chunk): the same numbers as the whole logits, a smaller arena */
+static void test_loss_chunk(us_precision prec, int tied) {
+    us_model_config mc = tiny_model();
+    int B = 3, T = 33, k, s;
+    int64_t N = (int64_t)B * T, i;
+    int32_t *in = (int32_t *)malloc((size_t)N * 4), *tgt = (int32_t *)malloc((size_t)N * 4);
+    int32_t prompt[3] = {4, 5, 6}, sa[2][12];
+    us_model m[2];
+    double ls[2], el[2], gmax = 0, gdiff = 0;
+    int64_t ok[2];
+    float st_loss[2][3];
+    us_rng r;
+    mc.tie_embeddings = tied;
+    random_tokens(in, tgt, N, 19, 5);
+    for (k = 0; k < 2; k++) { /* k = 0: logits whole (loss_chunk −1); 1: chunks of 10 rows */
+        us_train_config tc = tiny_train(B, T);
+        us_memory est;
+        tc.precision = prec;
+        tc.loss_chunk = k ? 10 : -1;
+        CHECK(us_model_init(&m[k], &mc, &tc, NULL) == US_OK, "init: %s", us_model_error(&m[k]));
+        us_memory_estimate(&mc, &tc, &est, NULL, 0);
+        CHECK(est.activations == m[k].mem.activations,
+              "%s %s loss_chunk %d: estimated activations %zu = allocated %zu",
+              us_precision_name(prec), tied ? "tied" : "untied", tc.loss_chunk, est.activations,
+              m[k].mem.activations);
+        us_model_zero_grad(&m[k]);
+        us_forward_backward(&m[k], in, tgt, B, T, 1.0f / (float)count_valid(tgt, N), &ls[k]);
+    }
+    CHECK(m[1].mem.activations + (size_t)(N - 10) * 19 * (prec == US_PRECISION_FP32 ? 4 : 2) <=
+              m[0].mem.activations + 256, /* (buffers start at 256-byte boundaries) */
+          "%s %s: chunks of 10 rows hold %zu bytes of activations, whole logits %zu",
+          us_precision_name(prec), tied ? "tied" : "untied", m[1].mem.activations,
+          m[0].mem.activations);
+    for (i = 0; i < (int64_t)m[0].n_params; i++) {
+        double d = fabs((double)m[0].grad[i] - m[1].grad[i]);
+        if (fabs(m[0].grad[i]) > gmax) gmax = fabs(m[0].grad[i]);
+        if (d > gdiff) gdiff = d;
+    }
+    CHECK(ls[0] == ls[1] && gmax > 0 && gdiff <= 1e-6 * gmax,
+          "%s %s: chunked loss %.9g = whole %.9g, gradients within %.1e of %.1e",
+          us_precision_name(prec), tied ? "tied" : "untied", ls[1], ls[0], gdiff, gmax);
+    for (s = 0; s < 3; s++)
+        for (k = 0; k < 2; k++) {
+            us_step_stats st;
+            us_train_step(&m[k], in, tgt, &st);
+            st_loss[k][s] = st.loss;
+        }
+    for (k = 0; k < 2; k++) {
+        us_forward_eval(&m[k], in, tgt, B, T, &el[k], &ok[k], NULL);
+        us_rng_seed(&r, 3);
+        us_sample(&m[k], prompt, 3, 9, 0.0f, 0, &r, sa[k]);
+    }
+    CHECK(fabsf(st_loss[0][2] - st_loss[1][2]) <= 1e-5f * st_loss[0][2] &&
+              fabs(el[0] - el[1]) <= 1e-5 * el[0] && ok[0] == ok[1] && !memcmp(sa[0], sa[1], 48),
+          "%s %s: after 3 steps chunked and whole agree: loss %.7g / %.7g, evaluation %.7g / "
+          "%.7g, %lld / %lld correct, greedy samples equal",
+          us_precision_name(prec), tied ? "tied" : "untied", st_loss[1][2], st_loss[0][2], el[1],
+          el[0], (long long)ok[1], (long long)ok[0]);
+    us_model_free(&m[0]);
+    us_model_free(&m[1]);
+    free(in);
+    free(tgt);
+}
+
+static void test_loss_chunk_refused(void) {
+    us_model_config mc = tiny_model();
+    us_train_config tc = tiny_train(2, 8);
+    char err[256];
+    tc.loss_chunk = 16;
+    tc.dp = 2;
+    tc.zero = 2;
+    CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID &&
+              strstr(err, "loss_chunk"),
+          "loss_chunk with ZeRO-2 is refused: %s", err);
+    tc = tiny_train(2, 8);
+    tc.loss_chunk = -2;
+    CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID &&
+              strstr(err, "loss_chunk"),
+          "loss_chunk -2 is refused: %s", err);
+}
+
 int main(int argc, char **argv) {
     int i, quick = 0; /* --quick skips the learning runs (for the sanitizer build) */
     for (i = 1; i < argc; i++) {
@@ -383,6 +464,10 @@ int main(int argc, char **argv) {
     test_estimator();
     test_params_and_determinism();
     test_sampling();
+    test_loss_chunk(US_PRECISION_FP32, 0);
+    test_loss_chunk(US_PRECISION_FP32, 1);
+    test_loss_chunk(US_PRECISION_BF16, 1);
+    test_loss_chunk_refused();
     if (!quick) {
         test_learns(US_PRECISION_FP32, 1.5f);
         test_learns(US_PRECISION_BF16, 1.5f);
