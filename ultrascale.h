@@ -493,10 +493,15 @@ struct us_ops {
                            const void *out, const float *lse, const void *kv, const int32_t *qpos,
                            const int32_t *kpos, int64_t B, int64_t Tq, int64_t Tk, int NH, int NKV,
                            int HS, us_dtype dt);
-    /* h[N,F] = silu(gu[:, :F]) · gu[:, F:];  bwd overwrites dgu[N,2F] */
+    /* h[N,F] = silu(gu[:, :F]) · gu[:, F:];  bwd overwrites dgu[N,2F], which may be gu itself
+       (each element is read before it is written: the layer's backward runs it in place) */
     void (*swiglu_fwd)(us_ops *o, void *h, const void *gu, int64_t N, int64_t F, us_dtype dt);
     void (*swiglu_bwd)(us_ops *o, void *dgu, const void *dh, const void *gu, int64_t N, int64_t F,
                        us_dtype dt);
+    /* optional (NULL: the model copies res into y, then gemm with beta 1): y[N,Out] =
+       res[N,Out] + x[N,In]·W[Out,In]ᵀ with y ≠ res, the residual added in the GEMM's epilogue */
+    void (*gemm_res)(us_ops *o, int64_t N, int64_t Out, int64_t In, const void *x, const void *W,
+                     const void *res, void *y, us_dtype dt);
     /* Mixture of experts (// >>moe): route, permute into per-expert groups, run the experts (GEMMs,
        SwiGLU), combine. R = rows of the permuted buffers. Router: from logits f32[N,E], probs
        f32[N,E] = softmax or sigmoid (gate: a us_moe_gate, never DEFAULT); each token's K experts
@@ -4589,7 +4594,6 @@ enum {
     US__A_DATT,
     US__A_DQKV,
     US__A_DH,
-    US__A_DGU,
     US__A_SCAL,
     US__A_VP,
     US__A_SPG,
@@ -4841,7 +4845,6 @@ static size_t us__layout_arena(us_model *m, char *base, int part) {
         sz[US__A_DATT] = Nf * AO * a;
         sz[US__A_DQKV] = Nf * QKV * a;
         sz[US__A_DH] = Nf * F * a;
-        sz[US__A_DGU] = Nf * 2 * F * a;
         sz[US__A_SCAL] = 64; /* scalars all-reduced over the ranks: valid targets, loss, norm² */
         sz[US__A_MOE] = us__moe_scratch(m, NULL); /* the MoE backward's gradients (// >>moe) */
         { /* the linear GEMMs' quantised operands (// >>fp8-linear) */
@@ -7151,6 +7154,20 @@ static void us__linear_fwd(us_model *m, int64_t N, int64_t In, int64_t Out, cons
                US__FP8_FRESH, cached ? &wc : NULL);
 }
 
+/* The residual branch's end, y[N][Out] = res + x·Wᵀ (res: the residual stream, which under tp
+   only rank 0 adds, us__tp_residual): in the GEMM's epilogue where the backend can (gemm_res),
+   else a copy and a GEMM that accumulates (beta 1). */
+static void us__linear_fwd_res(us_model *m, int64_t N, int64_t In, int64_t Out, const void *x,
+                               const void *W, const void *res, void *y) {
+    us_ops *o = &m->ops;
+    if (o->gemm_res && (m->tc.tp <= 1 || m->mesh.tp_rank == 0) && !us__fp8_on(m, N, In, Out)) {
+        o->gemm_res(o, N, Out, In, x, W, res, y, m->dt);
+        return;
+    }
+    us__tp_residual(m, y, res, N * Out);
+    us__linear_fwd(m, N, In, Out, x, W, 1.0f, y);
+}
+
 /* Dgrad: dx[N][In] = dy[N][Out]·W + beta·dx. keep: the Wgrad of this same dy comes next (nothing
    writes dy in between), so dy's 128×1 copy is made now, from the same read. */
 static void us__linear_dgrad(us_model *m, int64_t N, int64_t In, int64_t Out, const void *dy,
@@ -7243,8 +7260,7 @@ static us_result us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int rec
                 return r;
         } /* ḡ */
         else {
-            us__tp_residual(m, A->xmid, A->x, N * C);
-            us__linear_fwd(m, N, AO, C, A->att, us__W(m, US__PL(l, US__P_O)), 1.0f, A->xmid);
+            us__linear_fwd_res(m, N, AO, C, A->att, us__W(m, US__PL(l, US__P_O)), A->x, A->xmid);
             if ((r = us__tp_sum(m, A->xmid, N * C, dt)) != US_OK) return r;
         }
     }
@@ -7266,8 +7282,7 @@ static us_result us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int rec
             r = us__sp_gemm_scatter(m, xnext, A->xmid, A->h, F, us__W(m, US__PL(l, US__P_DOWN)),
                                     Ns);
         else {
-            us__tp_residual(m, xnext, A->xmid, N * C);
-            us__linear_fwd(m, N, F, C, A->h, us__W(m, US__PL(l, US__P_DOWN)), 1.0f, xnext);
+            us__linear_fwd_res(m, N, F, C, A->h, us__W(m, US__PL(l, US__P_DOWN)), A->xmid, xnext);
             r = us__tp_sum(m, xnext, N * C, dt);
         }
     }
@@ -7286,7 +7301,7 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
             AO = (int64_t)NH * HS, Np, Ns;
     int split = m->pp_bonly; /* a zero-bubble B: weight gradients wait for W (us__layer_w) */
     void *dres = m->a[US__A_DRES], *dln = m->a[US__A_DLN], *dh = m->a[US__A_DH],
-         *dgu = split ? A->g_gu : m->a[US__A_DGU];
+         *dgu = split ? A->g_gu : A->gu; /* in place: gu is spent once dgu is formed */
     void *datt = m->a[US__A_DATT], *dqkv = split ? A->g_qkv : m->a[US__A_DQKV],
          *G = m->a[US__A_SPG];
     void *dresF = sp ? G : dres; /* the whole residual gradient the GEMMs read */
@@ -11760,7 +11775,7 @@ static us_result us__memory_estimate(const us_model_config *mc_in, const us_trai
        buffer and a norm weight's partial gradient, context parallelism's positions, K/V blocks in
        flight (2 for the ring, cp for the all-gather) and their fp32 gradients, the online-softmax
        state, dQ, a cast buffer */
-    bwd = xf /* norm grad */ + att + qkv + h + gu + (sp ? xf + us__align(C * 4) : 0);
+    bwd = xf /* norm grad */ + att + qkv + h + (sp ? xf + us__align(C * 4) : 0);
     if (tc.precision == US_PRECISION_FP8 ||
         tc.precision ==
             US_PRECISION_FP8_TENSOR) { /* the quantised GEMM operands (// >>fp8-linear) */

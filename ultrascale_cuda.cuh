@@ -422,6 +422,20 @@ static void us__cuda_gemm(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64
                              &p->algo, c->ws, c->ws_bytes, c->stream));
 }
 
+/* y = res + x·Wᵀ (the linear's forward with the residual add in the epilogue): the plan of
+   gemm(0, 1, ...) with beta 1, reading C from res and writing D = y (cuBLASLt lets them differ) */
+static void us__cuda_gemm_res(us_ops *o, int64_t N, int64_t Out, int64_t In, const void *x,
+                              const void *W, const void *res, void *y, us_dtype dt) {
+    us__cuda *c = us__cu(o);
+    us__gemm_plan *p;
+    float one = 1.0f;
+    if (N <= 0 || Out <= 0) return;
+    p = us__gemm_plan_get(o, 0, 1, N, Out, In, dt, In, dt, In, dt, Out, 0);
+    if (c->failed) return;
+    US__LT(o, cublasLtMatmul(c->lt, p->desc, &one, W, p->la, x, p->lb, &one, res, p->lc, y, p->lc,
+                             &p->algo, c->ws, c->ws_bytes, c->stream));
+}
+
 /* ------------------------------------------------------------------------------------ */
 // >>cuda-kernels  elementwise and row kernels
 /* ------------------------------------------------------------------------------------ */
@@ -5469,6 +5483,7 @@ US_API us_result us_cuda_ops(us_ops *o, int device, char *err, size_t errlen) {
     o->embedding_bwd = us__cuda_embedding_bwd;
     o->rmsnorm_fwd = us__cuda_rmsnorm_fwd;
     o->rmsnorm_bwd = us__cuda_rmsnorm_bwd;
+    o->gemm_res = us__cuda_gemm_res;
     o->rope_fwd = us__cuda_rope_fwd;
     o->rope_bwd = us__cuda_rope_bwd;
     o->attention_fwd = us__cuda_attention_fwd;

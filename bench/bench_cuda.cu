@@ -156,6 +156,12 @@ static void w_attb(us_ops *o, void *dq, const void *dout, const void *qkv, const
     WRAP(P_ATT_B, inner.attention_bwd(&inner, dq, dout, qkv, out, lse, B, T, NH, NKV, HS, dt));
 }
 
+static void w_gres(us_ops *o, int64_t N, int64_t Out, int64_t In, const void *x, const void *W,
+                   const void *res, void *y, us_dtype dt) {
+    (void)o;
+    WRAP(P_GEMM, inner.gemm_res(&inner, N, Out, In, x, W, res, y, dt));
+}
+
 static void w_nf(us_ops *o, void *out, float *r, const void *x, const void *w, int64_t N, int64_t C,
                  float eps, us_dtype dt) {
     (void)o;
@@ -269,6 +275,7 @@ static us_ops profiled(void) {
         cudaEventCreate(&ev1[k]);
     }
     o.gemm = w_gemm;
+    o.gemm_res = inner.gemm_res ? w_gres : NULL;
     o.attention_fwd = w_attf;
     o.attention_bwd = w_attb;
     o.rmsnorm_fwd = w_nf;
@@ -298,6 +305,7 @@ static us_ops profiled(void) {
 static us_precision bench_prec =
     US_PRECISION_BF16;                  /* --precision: bf16 (default), fp8, fp8-tensor */
 static int bench_accum = 1, bench_nowc; /* --accum, --fp8-no-weight-cache */
+static int bench_loss_chunk; /* --loss-chunk: us_train_config.loss_chunk (0 the default) */
 
 /* ---- training throughput */
 static int bench_train(const char *preset, int steps, int warm, us_recompute rc, int profile,
@@ -354,6 +362,7 @@ static int bench_train(const char *preset, int steps, int warm, us_recompute rc,
     tc.warmup = 0;
     tc.grad_accum = bench_accum;
     tc.fp8_no_wcache = bench_nowc;
+    tc.loss_chunk = bench_loss_chunk;
     prof_on = 0;
     o = profiled();
     if (us_model_init(&m, &mc, &tc, &o) != US_OK) {
@@ -1090,7 +1099,9 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "bench_cuda: --accum must be at least 1\n");
                 return 2;
             }
-        } else if (!strcmp(argv[i], "--gemm-algos"))
+        } else if (!strcmp(argv[i], "--loss-chunk") && i + 1 < argc)
+            bench_loss_chunk = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--gemm-algos"))
             do_algos = 1;
         else if (!strcmp(argv[i], "--precision") && i + 1 < argc) {
             i++;
@@ -1114,7 +1125,8 @@ int main(int argc, char **argv) {
         else {
             fprintf(stderr,
                     "usage: bench_cuda [--preset 1b|8b8|200m [--steps N] [--warmup N] [--recompute "
-                    "M] [--accum K] [--precision bf16|fp8|fp8-tensor [--fp8-free-quant] "
+                    "M] [--accum K] [--loss-chunk ROWS|-1] [--precision bf16|fp8|fp8-tensor "
+                    "[--fp8-free-quant] "
                     "[--fp8-no-weight-cache]] [--profile] [--json F]] [--gemm] [--fp8-gemm] "
                     "[--gemm-algos] [--attention] [--cp | --cp-flash-only]\n");
             return 2;
