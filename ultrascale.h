@@ -202,7 +202,7 @@ typedef enum us_fp8_tiling {
    below it quantising costs more than the FP8 GEMM saves (measured, see us__fp8_on) */
 #define US_FP8_MIN_DIM 1536
 /* The most logits the fused head holds at once by default (us_train_config.loss_chunk) */
-#define US_LOSS_CHUNK_BYTES ((size_t)512 << 20)
+#define US_LOSS_CHUNK_BYTES ((size_t)1 << 30)
 #define US_E4M3_MAX 448.0f
 /* The scale rule above for one tile's amax (|x| maximum); pow2 != 0 rounds it up to 2^e. */
 US_API float us_fp8_scale(float amax, int pow2);
