@@ -71,29 +71,31 @@
      planner ................................ us_plan_enumerate, us_plan_cost, us_plan_rates_read
    implementation
      // >>dtypes      bf16 / fp16 / FP8 E4M3 / E5M2 conversions, bit-exact round-to-nearest-even
-     // >>config      defaults and validation
+     // >>config      defaults and validation (each chapter's checks, called in turn)
      // >>gemm        cache-blocked, packed, OpenMP fp32 GEMM with bf16 operands
      // >>kernels     embedding, RMSNorm, RoPE, SwiGLU, cross-entropy, casts (CPU ops)
-     // >>fp8         FP8 E4M3 tile quantisation (1×128, 128×1, 128×128, per tensor), the emulated FP8 GEMM
+     // >>fp8         FP8 E4M3 tiles (1×128, 128×1, 128×128, per tensor), the emulated FP8 GEMM
      // >>attention   causal GQA attention, blockwise online softmax (+ the naive reference)
      // >>optimizer   AdamW, global-norm clipping, LR schedules
      // >>comm        the comm seam's world of one rank (threads and NCCL: ultrascale_comm.h)
      // >>trace       named regions per rank and stream, written as a Chrome / Perfetto trace
-     // >>model       parameters in flat buffers with Hugging Face names, init, forward, backward
-     // >>dp          data parallelism: gradient buckets reduced while the backward runs
+     // >>model       parameters in flat buffers with Hugging Face names, the activation arena, init
+     // >>dp          data parallelism: units (buckets) reduced while the backward runs
      // >>zero        ZeRO-1/2/3: optimizer state, gradients and weights sharded over dp
      // >>tp          tensor and sequence parallelism: heads, FFN columns, vocabulary over tp ranks
      // >>cp          context parallelism: the sequence split over cp ranks, ring attention, zig-zag
+     // >>pp          pipeline parallelism: schedules as data (checked, simulated, drawn), the stage
+                      split, the messages between stages, the executor
      // >>moe         mixture of experts: router, permute, experts, combine; bias / aux balancing
      // >>ep          expert parallelism: experts over the ep group, all-to-all dispatch and combine
-     // >>fp8-linear  FP8 training: the linear layers' Fprop, Dgrad, Wgrad GEMMs in E4M3 (tile or per-tensor scales)
-     // >>recompute   activation recomputation none / selective / full
+     // >>fp8-linear  FP8 training: the linears' Fprop, Dgrad, Wgrad GEMMs in E4M3 (tile / tensor scales)
+     // >>layer       the decoder layer's forward and backward with recomputation (none / selective /
+                      full), the model's forward and backward
      // >>lossscale   fp16 mixed precision: dynamic loss scaling, overflow detection, step skipping
-     // >>train       gradient accumulation and the training step
+     // >>train       the model's set-up (each chapter's in turn), gradient accumulation, the step
      // >>data        byte tokenizer, text loader, llm.c token shards, the built-in task
-     // >>pp          pipeline schedules as data: generation, checking, simulation, pictures
      // >>sample      temperature / top-k sampling
-     // >>checkpoint  safetensors with Hugging Face names, config.json, training state, resharding, crash-safe saves
+     // >>checkpoint  safetensors, Hugging Face names, config.json, training state, resharding, crash-safe
      // >>estimate    memory estimator and FLOP/MFU counting (the Playbook formulas)
      // >>plan        the planner: every valid configuration, ranked by a cost model (Playbook A3)
 */
@@ -377,7 +379,7 @@ typedef struct us_train_config {
                               never keeps them) */
     int fp8_min_dim; /* a linear runs in FP8 only when its In and Out are both at least this (0: the
                               default US_FP8_MIN_DIM, where FP8 measured faster than bf16; 16: every size) */
-    /* the fused head (// >>train, us__head_loss): logits, loss and their gradients computed for
+    /* the fused head (// >>layer, us__head_loss): logits, loss and their gradients computed for
        loss_chunk rows at a time, so the [B·T, V] logits never stand whole in memory. 0: chunks of
        at most US_LOSS_CHUNK_BYTES of logits where the configuration allows it (no pipeline,
        ZeRO below 2), whole elsewhere; −1: whole; > 0: this many rows (refused with pp or ZeRO-2/3) */
@@ -1346,12 +1348,26 @@ static void *us__scratch(size_t bytes) {
 
 static size_t us__align(size_t n) { return (n + US__ALIGN - 1) & ~(size_t)(US__ALIGN - 1); }
 
+/* The one formatter of an error message into a buffer (err may be NULL), and the one clock, of
+   both headers (ultrascale_comm.h uses them too). */
 static void us__errf(char *err, size_t errlen, const char *fmt, ...) {
     va_list ap;
     if (!err || !errlen) return;
     va_start(ap, fmt);
     vsnprintf(err, errlen, fmt, ap);
     va_end(ap);
+}
+
+/* Seconds on a monotonic clock: the trace's times, the comm backends' deadlines. In strict C99,
+   where POSIX clocks are hidden, processor time (ultrascale_comm.h requires the POSIX clock). */
+static double us__now_s(void) {
+#ifdef CLOCK_MONOTONIC /* POSIX clocks are visible (-D_POSIX_C_SOURCE=200809L or gnu99) */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+#else
+    return (double)clock() / (double)CLOCKS_PER_SEC;
+#endif
 }
 
 US_API const char *us_result_description(us_result r) {
@@ -1682,15 +1698,31 @@ US_API const char *us_recompute_name(us_recompute r) {
     return r == US_RECOMPUTE_SELECTIVE ? "selective" : r == US_RECOMPUTE_FULL ? "full" : "none";
 }
 
-US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, char *err,
-                                    size_t errlen) {
-    us_model_config_defaults(mc);
-    us_train_config_defaults(tc);
+/* A check that fails: the sentence into err, US_ERR_INVALID. */
 #define US__BAD(...)                        \
     do {                                    \
         us__errf(err, errlen, __VA_ARGS__); \
         return US_ERR_INVALID;              \
     } while (0)
+
+/* Each chapter checks its own settings, and us_config_validate calls the checks in turn: */
+static us_result us__moe_checks(const us_model_config *mc, const us_train_config *tc, char *err,
+                                size_t errlen);
+static us_result us__ep_checks(const us_model_config *mc, const us_train_config *tc, char *err,
+                               size_t errlen);
+static us_result us__optimizer_checks(const us_train_config *tc, char *err, size_t errlen);
+static us_result us__loss_scale_checks(const us_train_config *tc, char *err, size_t errlen);
+static us_result us__fp8_checks(const us_train_config *tc, char *err, size_t errlen);
+static us_result us__dp_checks(const us_train_config *tc, char *err, size_t errlen);
+static us_result us__zero_checks(const us_train_config *tc, char *err, size_t errlen);
+static us_result us__tp_checks(const us_model_config *mc, const us_train_config *tc, char *err,
+                               size_t errlen);
+static us_result us__cp_checks(const us_train_config *tc, char *err, size_t errlen);
+static us_result us__pp_checks(const us_model_config *mc, const us_train_config *tc, char *err,
+                               size_t errlen);
+
+/* Checks the model's shape (us_config_validate). */
+static us_result us__model_checks(const us_model_config *mc, char *err, size_t errlen) {
     if (mc->vocab < 2) US__BAD("vocab=%lld must be at least 2", (long long)mc->vocab);
     if (mc->vocab > (1 << 30)) US__BAD("vocab=%lld is larger than 2^30", (long long)mc->vocab);
     if (mc->dim < 2) US__BAD("dim=%lld must be at least 2", (long long)mc->dim);
@@ -1710,107 +1742,19 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
     if (!(mc->rope_theta > 0)) US__BAD("rope theta=%g must be positive", mc->rope_theta);
     if (!(mc->norm_eps > 0)) US__BAD("norm eps=%g must be positive", mc->norm_eps);
     if (!(mc->init_std > 0)) US__BAD("init std=%g must be positive", mc->init_std);
-    if (mc->moe_experts < 0 || mc->moe_experts > 1024)
-        US__BAD("experts=%d must be in 0..1024", mc->moe_experts);
-    if (!mc->moe_experts &&
-        (mc->moe_top_k || mc->moe_first_dense || mc->moe_every || mc->moe_ffn_dim ||
-         mc->moe_shared || mc->moe_gate || mc->moe_balance || mc->moe_bias_rate != 0 ||
-         mc->moe_aux_coef != 0 || mc->moe_capacity != 0 || mc->moe_groups || mc->moe_top_groups))
-        US__BAD("the MoE settings (top-k, shared expert, gating, balancing, capacity, groups, ...) "
-                "need experts > 0");
-    if (mc->moe_experts) {
-        int E = mc->moe_experts, G = mc->moe_groups;
-        if (mc->moe_top_k < 1 || mc->moe_top_k > E)
-            US__BAD("moe top-k=%d must be in 1..experts=%d", mc->moe_top_k, E);
-        if (mc->moe_first_dense < 0 || mc->moe_first_dense >= mc->n_layers)
-            US__BAD("moe first-dense=%d must leave a MoE layer among layers=%d",
-                    mc->moe_first_dense, mc->n_layers);
-        if (mc->moe_every < 1) US__BAD("moe every=%d must be at least 1", mc->moe_every);
-        if (mc->moe_ffn_dim < 1)
-            US__BAD("moe ffn=%lld must be at least 1", (long long)mc->moe_ffn_dim);
-        if (mc->moe_shared != 0 && mc->moe_shared != 1)
-            US__BAD("moe shared=%d must be 0 or 1", mc->moe_shared);
-        if (mc->moe_gate != US_MOE_SOFTMAX && mc->moe_gate != US_MOE_SIGMOID)
-            US__BAD("unknown moe gate %d", (int)mc->moe_gate);
-        if (mc->moe_balance < US_MOE_BALANCE_BIAS || mc->moe_balance > US_MOE_BALANCE_NONE)
-            US__BAD("unknown moe balance mode %d", (int)mc->moe_balance);
-        if (!(mc->moe_bias_rate >= 0) || !isfinite(mc->moe_bias_rate))
-            US__BAD("moe bias rate=%g must be a number >= 0", mc->moe_bias_rate);
-        if (!(mc->moe_aux_coef >= 0) || !isfinite(mc->moe_aux_coef))
-            US__BAD("moe aux coefficient=%g must be a number >= 0", mc->moe_aux_coef);
-        if (!(mc->moe_capacity >= 0) || !isfinite(mc->moe_capacity))
-            US__BAD("capacity factor=%g must be a number >= 0 (0 = no dropping)", mc->moe_capacity);
-        if (G < 1 || G > 64 || E % G)
-            US__BAD("moe groups=%d must divide experts=%d and be in 1..64", G, E);
-        if (mc->moe_top_groups < 1 || mc->moe_top_groups > G)
-            US__BAD("moe top-groups=%d must be in 1..groups=%d", mc->moe_top_groups, G);
-        if (mc->moe_top_k > mc->moe_top_groups * (E / G))
-            US__BAD("top-k=%d experts do not fit in top-groups=%d groups of %d experts",
-                    mc->moe_top_k, mc->moe_top_groups, E / G);
-        if (tc->cp > 1 || tc->pp > 1)
-            US__BAD("the MoE layer does not combine with cp or pp yet (cp=%d, pp=%d): use dp, ep "
-                    "and tp",
-                    tc->cp, tc->pp);
-        if (tc->sp)
-            US__BAD("sequence parallelism with MoE layers is not supported yet (the MoE layer runs "
-                    "on every tp rank's whole sequence): drop sp");
-        if (tc->ep > 1 && tc->zero)
-            US__BAD("ZeRO with expert parallelism is not supported (expert gradients are reduced "
-                    "over the expert-data-parallel group, not dp): use zero 0");
-        if (tc->zero == 2)
-            US__BAD("ZeRO-2 with MoE layers is not supported (a layer's expert gradients are all "
-                    "written before any is reduced, more than its two gradient slots hold): use "
-                    "zero 1 or 3");
-    }
-    if (tc->ep < 1) US__BAD("ep=%d must be at least 1", tc->ep);
-    if (tc->ep > 1 && !mc->moe_experts)
-        US__BAD("expert parallelism (ep=%d) needs a MoE model: set experts > 0", tc->ep);
-    if (tc->ep > 1 && (tc->dp * tc->cp) % tc->ep)
-        US__BAD("ep=%d must divide dp x cp = %d (the expert-parallel group folds over the "
-                "data-parallel ranks)",
-                tc->ep, tc->dp * tc->cp);
-    if (tc->ep > 1 && mc->moe_experts % tc->ep)
-        US__BAD("ep=%d must divide experts=%d (each rank holds experts/ep of them)", tc->ep,
-                mc->moe_experts);
+    return US_OK;
+}
+
+/* Checks the batch, the step count, the precision, recomputation, threads (us_config_validate). */
+static us_result us__train_checks(const us_train_config *tc, char *err, size_t errlen) {
     if (tc->batch < 1) US__BAD("batch=%d must be at least 1", tc->batch);
     if (tc->seq < 1) US__BAD("seq=%d must be at least 1", tc->seq);
     if (tc->grad_accum < 1) US__BAD("grad-accum=%d must be at least 1", tc->grad_accum);
     if (tc->steps < 1) US__BAD("steps=%d must be at least 1", tc->steps);
-    if (!(tc->lr > 0) || !isfinite(tc->lr)) US__BAD("lr=%g must be a positive number", tc->lr);
-    if (tc->warmup < 0) US__BAD("warmup=%d must not be negative", tc->warmup);
-    if (!(tc->min_lr_frac >= 0 && tc->min_lr_frac <= 1))
-        US__BAD("min lr fraction=%g must be in [0, 1]", tc->min_lr_frac);
-    if (tc->schedule != US_LR_COSINE && tc->schedule != US_LR_CONSTANT)
-        US__BAD("unknown lr schedule %d", (int)tc->schedule);
-    if (!(tc->beta1 >= 0 && tc->beta1 < 1)) US__BAD("beta1=%g must be in [0, 1)", tc->beta1);
-    if (!(tc->beta2 >= 0 && tc->beta2 < 1)) US__BAD("beta2=%g must be in [0, 1)", tc->beta2);
-    if (!(tc->adam_eps > 0)) US__BAD("adam eps=%g must be positive", tc->adam_eps);
-    if (isnan(tc->weight_decay)) US__BAD("weight decay must be a number");
-    if (isnan(tc->grad_clip)) US__BAD("grad clip must be a number");
     if (tc->precision != US_PRECISION_FP32 && tc->precision != US_PRECISION_BF16 &&
         tc->precision != US_PRECISION_FP16 && tc->precision != US_PRECISION_FP8 &&
         tc->precision != US_PRECISION_FP8_TENSOR)
         US__BAD("unknown precision %d", (int)tc->precision);
-    if (!(tc->loss_scale >= 0) || !isfinite(tc->loss_scale))
-        US__BAD("loss scale=%g must be a finite number >= 0 (0 = dynamic under fp16)",
-                tc->loss_scale);
-    if (tc->loss_scale_window < 1)
-        US__BAD("loss scale window=%d must be at least 1", tc->loss_scale_window);
-    if (tc->fp8_pow2 && tc->precision != US_PRECISION_FP8 &&
-        tc->precision != US_PRECISION_FP8_TENSOR)
-        US__BAD("fp8_pow2 applies to the fp8 and fp8-tensor precisions only, not %s",
-                us_precision_name(tc->precision));
-    if (tc->fp8_no_wcache && tc->precision != US_PRECISION_FP8 &&
-        tc->precision != US_PRECISION_FP8_TENSOR)
-        US__BAD("fp8_no_wcache applies to the fp8 and fp8-tensor precisions only, not %s",
-                us_precision_name(tc->precision));
-    if (tc->fp8_min_dim < 0)
-        US__BAD("fp8_min_dim=%d must be >= 0 (0 = the default, %d)", tc->fp8_min_dim,
-                US_FP8_MIN_DIM);
-    if (tc->fp8_min_dim && tc->precision != US_PRECISION_FP8 &&
-        tc->precision != US_PRECISION_FP8_TENSOR)
-        US__BAD("fp8_min_dim applies to the fp8 and fp8-tensor precisions only, not %s",
-                us_precision_name(tc->precision));
     if (tc->loss_chunk < -1)
         US__BAD("loss_chunk=%d must be -1 (whole logits), 0 (the default) or a number of rows",
                 tc->loss_chunk);
@@ -1821,95 +1765,12 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
     if (tc->recompute < US_RECOMPUTE_NONE || tc->recompute > US_RECOMPUTE_FULL)
         US__BAD("unknown recompute mode %d", (int)tc->recompute);
     if (tc->threads < 0) US__BAD("threads=%d must not be negative", tc->threads);
-    if (tc->dp < 1) US__BAD("dp=%d must be at least 1", tc->dp);
-    if (tc->zero < 0 || tc->zero > 3) US__BAD("zero=%d must be 0, 1, 2 or 3", tc->zero);
-    if (!(tc->bucket_mb > 0) || !isfinite(tc->bucket_mb))
-        US__BAD("bucket size %g MB must be a positive number", tc->bucket_mb);
-    if (tc->dense_emb_grad != 0 && tc->dense_emb_grad != 1)
-        US__BAD("dense_emb_grad=%d must be 0 or 1", tc->dense_emb_grad);
-    if (tc->tp_no_overlap != 0 && tc->tp_no_overlap != 1)
-        US__BAD("tp_no_overlap=%d must be 0 or 1", tc->tp_no_overlap);
-    if (tc->overlap_sms < 0 || tc->overlap_sms > 4096)
-        US__BAD("overlap_sms=%d must be a count of SMs (0: none)", tc->overlap_sms);
-    if (tc->tp < 1) US__BAD("tp=%d must be at least 1", tc->tp);
-    if (tc->cp < 1) US__BAD("cp=%d must be at least 1", tc->cp);
-    if (tc->pp < 1) US__BAD("pp=%d must be at least 1", tc->pp);
-    if (tc->pp > mc->n_layers)
-        US__BAD("pp=%d exceeds layers=%d: every pipeline stage needs a layer", tc->pp,
-                mc->n_layers);
-    if (tc->pp > 1 && mc->tie_embeddings)
-        US__BAD(
-            "tied embeddings live on the first and last pipeline stages: untie them for pp > 1");
-    if (tc->pp > 1 && tc->zero == 3)
-        US__BAD("ZeRO-3 with pipeline parallelism is not supported (each stage would gather its "
-                "weights every micro-batch); use zero 1 or 2");
-    /* pipeline × context parallelism: each stage's cp ranks run the ring within the stage (tests/test_cp.c) */
-    if (tc->pp_schedule < US_PP_AFAB || tc->pp_schedule > US_PP_DUALPIPEV)
-        US__BAD("unknown pipeline schedule %d", tc->pp_schedule);
-    if (tc->pp_chunks < 1 || tc->pp_chunks > 16)
-        US__BAD("pp_chunks=%d must be in 1..16", tc->pp_chunks);
-    if ((tc->pp_schedule == US_PP_INTERLEAVED || tc->pp_schedule == US_PP_INTERLEAVED_BF) &&
-        tc->pp_chunks < 2)
-        US__BAD("the interleaved schedules need at least 2 model chunks per rank (pp_chunks=%d)",
-                tc->pp_chunks);
-    if ((tc->pp_schedule == US_PP_ZBV || tc->pp_schedule == US_PP_DUALPIPEV) && tc->pp_chunks != 2)
-        US__BAD("%s runs exactly 2 chunks per rank, in a V (pp_chunks=%d)",
-                us_pp_kind_name((us_pp_kind)tc->pp_schedule), tc->pp_chunks);
-    if (tc->pp_schedule <= US_PP_1F1B && tc->pp_chunks != 1)
-        US__BAD("pp_chunks=%d applies to the interleaved and V-shaped schedules only (%s runs one "
-                "chunk per rank)",
-                tc->pp_chunks, us_pp_kind_name((us_pp_kind)tc->pp_schedule));
-    if (tc->pp_schedule == US_PP_ZB1 && tc->pp_chunks != 1)
-        US__BAD("zb1 runs one chunk per rank (pp_chunks=%d)", tc->pp_chunks);
-    if (tc->pp > 1 && tc->pp * tc->pp_chunks > mc->n_layers)
-        US__BAD(
-            "pp=%d x %d chunks = %d pipeline stages exceed layers=%d: every stage needs a layer",
-            tc->pp, tc->pp_chunks, tc->pp * tc->pp_chunks, mc->n_layers);
-    if (tc->pp_layers && tc->pp > 1) {
-        int st, sum = 0, S = tc->pp * tc->pp_chunks;
-        for (st = 0; st < S; st++) {
-            if (tc->pp_layers[st] < 1)
-                US__BAD("pipeline stage %d is given %d layers: every stage needs at least one", st,
-                        tc->pp_layers[st]);
-            sum += tc->pp_layers[st];
-        }
-        if (sum != mc->n_layers)
-            US__BAD("the per-stage layer counts sum to %d but the model has %d layers", sum,
-                    mc->n_layers);
-    }
-    if (tc->pp > 1 &&
-        (tc->pp_schedule == US_PP_ZB1 || tc->pp_schedule == US_PP_ZBV ||
-         tc->pp_schedule == US_PP_DUALPIPEV) &&
-        tc->recompute != US_RECOMPUTE_NONE)
-        US__BAD("%s keeps every layer's activations from B until W: it does not combine with "
-                "recompute (use --recompute none)",
-                us_pp_kind_name((us_pp_kind)tc->pp_schedule));
-    if (tc->pp > 1 && tc->pp_schedule >= US_PP_INTERLEAVED && tc->zero >= 2)
-        US__BAD("ZeRO-2 reduces each micro-batch's gradients as its backward ends, and %s "
-                "completes a weight's gradient across several actions: use zero 0 or 1",
-                us_pp_kind_name((us_pp_kind)tc->pp_schedule));
-    if (tc->cp_mode < US_CP_RING || tc->cp_mode > US_CP_ALLGATHER)
-        US__BAD("unknown cp mode %d", (int)tc->cp_mode);
-    if (tc->cp > 1 && tc->seq % (tc->cp_mode == US_CP_RING ? tc->cp : 2 * tc->cp))
-        US__BAD("seq=%d must split into %d equal chunks for cp=%d (%s)", tc->seq,
-                tc->cp_mode == US_CP_RING ? tc->cp : 2 * tc->cp, tc->cp,
-                tc->cp_mode == US_CP_RING ? "one per rank" : "two per rank, zig-zag");
-    if (tc->sp != 0 && tc->sp != 1) US__BAD("sp=%d must be 0 or 1", tc->sp);
-    if (tc->sp && tc->tp < 2)
-        US__BAD("sequence parallelism splits the tensor-parallel group's tokens: it needs tp > 1");
-    if (mc->n_heads % tc->tp)
-        US__BAD("tp=%d must divide heads=%d (each rank computes whole heads)", tc->tp, mc->n_heads);
-    if (mc->n_kv_heads % tc->tp)
-        US__BAD(
-            "tp=%d must divide kv-heads=%d: K/V heads are split over the tp ranks, not replicated",
-            tc->tp, mc->n_kv_heads);
-    if (mc->ffn_dim % tc->tp)
-        US__BAD("tp=%d must divide ffn=%lld (the SwiGLU columns are split)", tc->tp,
-                (long long)mc->ffn_dim);
-    if (mc->vocab % tc->tp)
-        US__BAD("tp=%d must divide vocab=%lld (the embedding and the head are split by vocabulary "
-                "rows)",
-                tc->tp, (long long)mc->vocab);
+    return US_OK;
+}
+
+/* Checks no byte count may wrap (us_config_validate). */
+static us_result us__size_checks(const us_model_config *mc, const us_train_config *tc, char *err,
+                                 size_t errlen) {
     { /* sizes are int64 everywhere: refuse configurations whose byte counts could wrap */
         double C = (double)mc->dim, F = (double)mc->ffn_dim, V = (double)mc->vocab,
                N = (double)tc->batch * tc->seq;
@@ -1920,7 +1781,27 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
         if (P * 18 + act > 4e18)
             US__BAD("the configuration needs more than 4 EB of memory (%.3g bytes)", P * 18 + act);
     }
-#undef US__BAD
+    return US_OK;
+}
+
+US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, char *err,
+                                    size_t errlen) {
+    us_result r;
+    us_model_config_defaults(mc);
+    us_train_config_defaults(tc);
+    if ((r = us__model_checks(mc, err, errlen)) != US_OK) return r;
+    if ((r = us__moe_checks(mc, tc, err, errlen)) != US_OK) return r;
+    if ((r = us__ep_checks(mc, tc, err, errlen)) != US_OK) return r;
+    if ((r = us__train_checks(tc, err, errlen)) != US_OK) return r;
+    if ((r = us__optimizer_checks(tc, err, errlen)) != US_OK) return r;
+    if ((r = us__loss_scale_checks(tc, err, errlen)) != US_OK) return r;
+    if ((r = us__fp8_checks(tc, err, errlen)) != US_OK) return r;
+    if ((r = us__dp_checks(tc, err, errlen)) != US_OK) return r;
+    if ((r = us__zero_checks(tc, err, errlen)) != US_OK) return r;
+    if ((r = us__tp_checks(mc, tc, err, errlen)) != US_OK) return r;
+    if ((r = us__cp_checks(tc, err, errlen)) != US_OK) return r;
+    if ((r = us__pp_checks(mc, tc, err, errlen)) != US_OK) return r;
+    if ((r = us__size_checks(mc, tc, err, errlen)) != US_OK) return r;
     return US_OK;
 }
 
@@ -3406,11 +3287,13 @@ US_API us_result us_fp8_gemm(float *c, const uint8_t *a, const float *sa, us_fp8
    operands padded to whole 128-element tiles along the reduction. The padding is zeros, which
    change neither an amax nor a sum, so the results are those of the unpadded tensors; the GPU
    needs it (cuBLASLt's block-scaled FP8 reduces over whole tiles). */
-static int64_t us__fp8_lp(int64_t L) { return (L + US_FP8_TILE - 1) / US_FP8_TILE * US_FP8_TILE; }
+static int64_t us__fp8_padded(int64_t L) {
+    return (L + US_FP8_TILE - 1) / US_FP8_TILE * US_FP8_TILE;
+}
 
 static void us__cpu_fp8_quantize(us_ops *o, uint8_t *q, float *s, const void *x, us_dtype dt,
                                  int64_t M, int64_t K, int t, int trans, int pow2) {
-    int64_t R = trans ? K : M, L = trans ? M : K, Lp = us__fp8_lp(L), r;
+    int64_t R = trans ? K : M, L = trans ? M : K, Lp = us__fp8_padded(L), r;
     size_t es = us_dtype_size(dt);
     int us__nt = us__threads(o);
     char *xt = NULL;
@@ -3464,8 +3347,8 @@ static void us__cpu_fp8_gemm(us_ops *o, int64_t M, int64_t N, int64_t K, float a
     c = (float *)US_MALLOC((size_t)(M * N) * sizeof(float));
     if (!c) return;
     if (K > 0)
-        us__fp8_gemm_nt(c, a, sa, (us_fp8_tiling)ta, b, sb, (us_fp8_tiling)tb, M, N, us__fp8_lp(K),
-                        NULL, 0, us__nt);
+        us__fp8_gemm_nt(c, a, sa, (us_fp8_tiling)ta, b, sb, (us_fp8_tiling)tb, M, N,
+                        us__fp8_padded(K), NULL, 0, us__nt);
     else
         memset(c, 0, (size_t)(M * N) * sizeof(float));
     US__PARALLEL_FOR
@@ -3805,6 +3688,23 @@ US_API void us_attention_naive_fwd(float *out, const float *qkv, int64_t B, int6
 // >>optimizer  AdamW, global-norm clipping, learning-rate schedules
 /* ------------------------------------------------------------------------------------ */
 /* PyTorch's AdamW order: decoupled decay p ← p·(1 − lr·wd), then the bias-corrected Adam update. */
+
+/* Checks the learning rate, its schedule, AdamW (us_config_validate). */
+static us_result us__optimizer_checks(const us_train_config *tc, char *err, size_t errlen) {
+    if (!(tc->lr > 0) || !isfinite(tc->lr)) US__BAD("lr=%g must be a positive number", tc->lr);
+    if (tc->warmup < 0) US__BAD("warmup=%d must not be negative", tc->warmup);
+    if (!(tc->min_lr_frac >= 0 && tc->min_lr_frac <= 1))
+        US__BAD("min lr fraction=%g must be in [0, 1]", tc->min_lr_frac);
+    if (tc->schedule != US_LR_COSINE && tc->schedule != US_LR_CONSTANT)
+        US__BAD("unknown lr schedule %d", (int)tc->schedule);
+    if (!(tc->beta1 >= 0 && tc->beta1 < 1)) US__BAD("beta1=%g must be in [0, 1)", tc->beta1);
+    if (!(tc->beta2 >= 0 && tc->beta2 < 1)) US__BAD("beta2=%g must be in [0, 1)", tc->beta2);
+    if (!(tc->adam_eps > 0)) US__BAD("adam eps=%g must be positive", tc->adam_eps);
+    if (isnan(tc->weight_decay)) US__BAD("weight decay must be a number");
+    if (isnan(tc->grad_clip)) US__BAD("grad clip must be a number");
+    return US_OK;
+}
+
 static void us__cpu_adamw(us_ops *o, float *p, const float *g, float *m, float *v, void *p_lowp,
                           us_dtype lowdt, int64_t n, float lr, float beta1, float beta2, float eps,
                           float wd, float gscale, int step) {
@@ -4117,15 +4017,7 @@ US_API void us_mesh_free(us_mesh *mesh, us_comm *c) {
 /* ------------------------------------------------------------------------------------ */
 // >>trace  named regions per rank and stream, written as a Chrome / Perfetto trace
 /* ------------------------------------------------------------------------------------ */
-US_API double us_trace_now_us(void) {
-#ifdef CLOCK_MONOTONIC /* POSIX clocks are visible (-D_POSIX_C_SOURCE=200809L or gnu99) */
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
-#else /* strict C99: processor time, coarse but monotonic */
-    return (double)clock() * (1e6 / (double)CLOCKS_PER_SEC);
-#endif
-}
+US_API double us_trace_now_us(void) { return 1e6 * us__now_s(); }
 
 US_API void us_trace_init(us_trace *t, int rank) {
     memset(t, 0, sizeof *t);
@@ -4206,9 +4098,81 @@ US_API us_result us_trace_write_at(const char *path, us_trace *const *ranks, int
     return US_OK;
 }
 
+/* Tracing the step. A compute region starts with us__tstart and ends with us__trace: on the CPU
+   both read the host clock; on a GPU (us_ops.mark) both drop a mark into the compute stream, and
+   the region's GPU times are read at the end of the step (us__trace_flush), so the trace shows when
+   the GPU computed, not when the host issued. Host activities (launching and waiting for
+   collectives) are timed by the host clock: us__trace_host, on the host row on a GPU. */
+typedef struct us__trace_mark {
+    double t;
+    int id;
+} us__trace_mark;
+
+struct us__tpend {
+    const char *cat;
+    char name[48];
+    int id0, id1;
+};
+
+static us__trace_mark us__tstart(us_model *m) {
+    us__trace_mark t;
+    t.t = us_trace_now_us();
+    t.id = m->trace && m->ops.mark ? m->ops.mark(&m->ops) : -1;
+    return t;
+}
+
+static void us__trace(us_model *m, const char *cat, const char *name, us__trace_mark t0) {
+    struct us__tpend *p;
+    int id1;
+    if (!m->trace) return;
+    if (!m->ops.mark) {
+        us_trace_add(m->trace, US_STREAM_COMPUTE, cat, name, t0.t, us_trace_now_us());
+        return;
+    }
+    if (t0.id < 0 || (id1 = m->ops.mark(&m->ops)) < 0)
+        return; /* out of marks: the region is left out */
+    if (m->n_tpend == m->cap_tpend) {
+        int cap = m->cap_tpend ? 2 * m->cap_tpend : 256;
+        struct us__tpend *np = (struct us__tpend *)realloc(m->tpend, (size_t)cap * sizeof *np);
+        if (!np) return;
+        m->tpend = np;
+        m->cap_tpend = cap;
+    }
+    p = &m->tpend[m->n_tpend++];
+    p->cat = cat;
+    p->id0 = t0.id;
+    p->id1 = id1;
+    snprintf(p->name, sizeof p->name, "%s", name);
+}
+
+static void us__trace_host(us_model *m, const char *cat, const char *name, double t0) {
+    if (m->trace)
+        us_trace_add(m->trace, m->ops.mark ? US_STREAM_HOST : US_STREAM_COMPUTE, cat, name, t0,
+                     us_trace_now_us());
+}
+
+/* The step's GPU-timed regions into the trace (one sync; only when tracing a GPU). */
+static void us__trace_flush(us_model *m) {
+    int i;
+    if (!m->n_tpend) return;
+    m->ops.sync(&m->ops);
+    for (i = 0; i < m->n_tpend; i++)
+        us_trace_add(m->trace, US_STREAM_COMPUTE, m->tpend[i].cat, m->tpend[i].name,
+                     m->ops.mark_us(&m->ops, m->tpend[i].id0),
+                     m->ops.mark_us(&m->ops, m->tpend[i].id1));
+    m->n_tpend = 0;
+    m->ops.mark_reset(&m->ops);
+}
+
 /* ------------------------------------------------------------------------------------ */
-// >>model  Llama decoder: flat parameter buffers with Hugging Face names, init, forward, backward
+// >>model  Llama decoder: flat parameter buffers with Hugging Face names, the arena, init
 /* ------------------------------------------------------------------------------------ */
+/* The model's data, in order: the random streams and the errors; the parameters (their order in
+   the flat buffers, names, counts: us__build_params); the activations (us_layer_acts, the named
+   scratch, the arena laid out per pipeline slot: us__layout_arena); the weights' initialisation;
+   the accessors us__weight and us__grad, which find a tensor wherever ZeRO keeps it. The decoder
+   layer's forward and backward are // >>layer; the set-up that runs every chapter's part is
+   // >>train's us__model_setup. */
 US_API void us_rng_seed(us_rng *r, uint64_t seed) { r->s = seed; }
 
 US_API uint64_t us_rng_u64(us_rng *r) { /* splitmix64: tiny, good enough, splittable by seed */
@@ -4226,6 +4190,28 @@ US_API float us_rng_normal(us_rng *r) {
     double u1 = ((double)(us_rng_u64(r) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
     double u2 = (double)(us_rng_u64(r) >> 11) * (1.0 / 9007199254740992.0);
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+static void us__model_set_error(us_model *m, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m->err, sizeof m->err, fmt, ap);
+    va_end(ap);
+}
+
+US_API const char *us_model_error(const us_model *m) { return m->err; }
+
+/* A backend that failed (a CUDA error, say) turns the next result into US_ERR_BACKEND. */
+static us_result us__backend_check(us_model *m) {
+    const char *e = m->ops.error ? m->ops.error(&m->ops) : NULL;
+    if (!e) return US_OK;
+    us__model_set_error(m, "%s backend: %s", m->ops.name, e);
+    return US_ERR_BACKEND;
+}
+
+static us_result us__comm_fail(us_model *m, us_result r, const char *what) {
+    if (r != US_OK && !m->err[0]) us__model_set_error(m, "%s: %s", what, m->comm->err);
+    return r;
 }
 
 /* Parameter order (and so flat-buffer order). q/k/v are adjacent, so one GEMM against the
@@ -4251,7 +4237,7 @@ enum {
     US__P_EXPERTS = US__P_GATE + 1
 }; /* a MoE layer's router and first triple */
 
-#define US__PL(l, k) (m->layer_p[l] + (k)) /* index of layer l's tensor k */
+#define US__TENSOR(l, k) (m->layer_p[l] + (k)) /* index of layer l's tensor k */
 #define US__P_NORM(L) (m->layer_p[L])
 #define US__P_HEAD(L) (m->layer_p[L] + 1)
 
@@ -4262,7 +4248,7 @@ static int us__is_moe(const us_model_config *c, int lg) {
 }
 
 /* expert parallelism's size (// >>ep): 1 when off */
-static int us__ep_of(const us_train_config *tc) { return tc->ep > 1 ? tc->ep : 1; }
+static int us__ep_size(const us_train_config *tc) { return tc->ep > 1 ? tc->ep : 1; }
 
 /* Tensors of global layer lg on a rank of an ep group of size ep: the E/ep local experts. */
 static int us__layer_tensors(const us_model_config *c, int ep, int lg) {
@@ -4337,60 +4323,58 @@ static void us__add_param(us_model *m, const char *name, int64_t rows, int64_t c
 static void us__build_params(us_model *m) {
     const us_model_config *c = &m->cfg;
     int64_t C = c->dim, HS = C / c->n_heads, off = 0;
-    int l, e, tp = m->tc.tp > 0 ? m->tc.tp : 1, El = c->moe_experts / us__ep_of(&m->tc);
+    int l, e, tp = m->tc.tp > 0 ? m->tc.tp : 1, El = c->moe_experts / us__ep_size(&m->tc);
     char nm[80];
-    /* tensor parallelism (Playbook "Tensor parallelism"): q/k/v and gate/up are column-parallel
-       (this rank's output rows of the weight), o and down row-parallel (its input columns); the
-       embedding and the head hold this rank's slice of the vocabulary; norms are replicated */
-    m->nh_l = c->n_heads / tp;
-    m->nkv_l = c->n_kv_heads / tp;
-    m->ffn_l = c->ffn_dim / tp;
-    m->vocab_l = c->vocab / tp;
+    /* tensor parallelism (us__tp_init set this rank's share): q/k/v and gate/up are
+       column-parallel (this rank's output rows of the weight), o and down row-parallel (its input
+       columns); the embedding and the head hold this rank's slice of the vocabulary; norms are
+       replicated */
     m->n_params_t = 0;
     /* pipeline stages hold their own layers; the embedding (first stage) and the final norm and
-       head (last stage) exist on every stage with zero rows elsewhere, so tensor indices stay fixed */
+       head (last stage) exist on every stage with zero rows elsewhere, so tensor indices stay
+       fixed */
     us__add_param(m, "model.embed_tokens.weight", m->pp_first ? m->vocab_l : 0, C, &off);
     m->params[0].tp_split = tp > 1;
     for (l = 0; l < c->n_layers; l++) {
-#define US__LP(suffix, r, cc, split)                                       \
+#define US__ADD_LAYER_PARAM(suffix, r, cc, split)                          \
     (snprintf(nm, sizeof nm, "model.layers.%d.%s", m->layer_g[l], suffix), \
      us__add_param(m, nm, r, cc, &off),                                    \
      m->params[m->n_params_t - 1].tp_split = tp > 1 ? split : 0)
         m->layer_p[l] = m->n_params_t;
-        US__LP("input_layernorm.weight", C, 0, 0);
-        US__LP("self_attn.q_proj.weight", (int64_t)m->nh_l * HS, C, 1);
-        US__LP("self_attn.k_proj.weight", (int64_t)m->nkv_l * HS, C, 1);
-        US__LP("self_attn.v_proj.weight", (int64_t)m->nkv_l * HS, C, 1);
-        US__LP("self_attn.o_proj.weight", C, (int64_t)m->nh_l * HS, 2);
-        US__LP("post_attention_layernorm.weight", C, 0, 0);
+        US__ADD_LAYER_PARAM("input_layernorm.weight", C, 0, 0);
+        US__ADD_LAYER_PARAM("self_attn.q_proj.weight", (int64_t)m->nh_l * HS, C, 1);
+        US__ADD_LAYER_PARAM("self_attn.k_proj.weight", (int64_t)m->nkv_l * HS, C, 1);
+        US__ADD_LAYER_PARAM("self_attn.v_proj.weight", (int64_t)m->nkv_l * HS, C, 1);
+        US__ADD_LAYER_PARAM("self_attn.o_proj.weight", C, (int64_t)m->nh_l * HS, 2);
+        US__ADD_LAYER_PARAM("post_attention_layernorm.weight", C, 0, 0);
         /* DeepSeek-MoE names (// >>moe); the router bias is not a parameter */
         if (us__is_moe(c, m->layer_g[l])) {
             int64_t Fe = c->moe_ffn_dim;
             char sfx[64];
-            US__LP("mlp.gate.weight", c->moe_experts, C, 0);
+            US__ADD_LAYER_PARAM("mlp.gate.weight", c->moe_experts, C, 0);
             if (c->moe_shared) {
-                US__LP("mlp.shared_experts.gate_proj.weight", Fe, C, 0);
-                US__LP("mlp.shared_experts.up_proj.weight", Fe, C, 0);
-                US__LP("mlp.shared_experts.down_proj.weight", C, Fe, 0);
+                US__ADD_LAYER_PARAM("mlp.shared_experts.gate_proj.weight", Fe, C, 0);
+                US__ADD_LAYER_PARAM("mlp.shared_experts.up_proj.weight", Fe, C, 0);
+                US__ADD_LAYER_PARAM("mlp.shared_experts.down_proj.weight", C, Fe, 0);
             }
             /* expert parallelism (// >>ep): this rank's E/ep experts, under their global numbers */
             for (e = m->ep_rank * El; e < (m->ep_rank + 1) * El; e++) {
                 snprintf(sfx, sizeof sfx, "mlp.experts.%d.gate_proj.weight", e);
-                US__LP(sfx, Fe, C, 0);
+                US__ADD_LAYER_PARAM(sfx, Fe, C, 0);
                 m->params[m->n_params_t - 1].expert = 1;
                 snprintf(sfx, sizeof sfx, "mlp.experts.%d.up_proj.weight", e);
-                US__LP(sfx, Fe, C, 0);
+                US__ADD_LAYER_PARAM(sfx, Fe, C, 0);
                 m->params[m->n_params_t - 1].expert = 1;
                 snprintf(sfx, sizeof sfx, "mlp.experts.%d.down_proj.weight", e);
-                US__LP(sfx, C, Fe, 0);
+                US__ADD_LAYER_PARAM(sfx, C, Fe, 0);
                 m->params[m->n_params_t - 1].expert = 1;
             }
         } else {
-            US__LP("mlp.gate_proj.weight", m->ffn_l, C, 1);
-            US__LP("mlp.up_proj.weight", m->ffn_l, C, 1);
-            US__LP("mlp.down_proj.weight", C, m->ffn_l, 2);
+            US__ADD_LAYER_PARAM("mlp.gate_proj.weight", m->ffn_l, C, 1);
+            US__ADD_LAYER_PARAM("mlp.up_proj.weight", m->ffn_l, C, 1);
+            US__ADD_LAYER_PARAM("mlp.down_proj.weight", C, m->ffn_l, 2);
         }
-#undef US__LP
+#undef US__ADD_LAYER_PARAM
     }
     m->layer_p[c->n_layers] = m->n_params_t;
     us__add_param(m, "model.norm.weight", m->pp_last ? C : 0, 0, &off);
@@ -4399,6 +4383,22 @@ static void us__build_params(us_model *m) {
         m->params[m->n_params_t - 1].tp_split = tp > 1;
     }
     m->n_params = off;
+}
+
+/* The parameter tables of this rank's layers, filled by us__build_params. */
+static us_result us__params_init(us_model *m) {
+    int nt = 3, i;
+    for (i = 0; i < m->cfg.n_layers; i++)
+        nt += us__layer_tensors(&m->cfg, us__ep_size(&m->tc), m->layer_g[i]);
+    m->params = (us_param *)US_MALLOC(sizeof(us_param) * (size_t)nt);
+    m->unit_of = (int *)US_MALLOC(sizeof(int) * (size_t)nt);
+    m->layer_p = (int *)US_MALLOC(sizeof(int) * (size_t)(m->cfg.n_layers + 1));
+    if (!m->params || !m->unit_of || !m->layer_p) {
+        us__model_set_error(m, "out of host memory for the model tables");
+        return US_ERR_OOM;
+    }
+    us__build_params(m);
+    return US_OK;
 }
 
 /* A unit: a contiguous range of whole tensors in the flat buffers, the thing data parallelism
@@ -4412,125 +4412,12 @@ typedef struct us__unit {
     us_work *work;     /* in-flight gradient reduction */
     us_work *gather;   /* ZeRO-3: in-flight all-gather of the weights */
     int gslot, wslot;  /* ZeRO-2/3 gradient slot / ZeRO-3 weight slot holding the unit, -1 none */
-    int expert; /* routed experts' weights under ep > 1: reduced over the expert-data-parallel group (// >>ep) */
+    /* routed experts' weights under ep > 1: reduced over the expert-data-parallel group
+       (// >>ep) */
+    int expert;
 } us__unit;
 
 #define US__SHARD_PAD 16 /* a ZeRO piece is a multiple of 16 elements: 64-byte aligned in fp32 */
-
-/* Cuts the tensors into units and assigns every tensor its flat offset (the offsets of
-   us__build_params are replaced). Without ZeRO-3 the units are gradient buckets of about
-   bucket_mb, filled in backward order as PyTorch DDP does, so a bucket's last gradient is
-   produced early in the backward; ZeRO-3 uses one unit per layer (+ the embedding, + the final
-   norm with the head), what it gathers before the layer runs. Under ZeRO every unit is padded
-   to a multiple of dp·16 elements so it splits into dp equal pieces: the user never needs
-   divisibility. units may be NULL (count only). Returns the number of units. */
-/* Whether the embedding's gradient is reduced by its touched rows (// >>dp, us__emb_rows_*): data
-   parallelism without sharded gradients, one pipeline stage, and the scratch fits — the logits
-   buffer [Nf, V/tp] must hold the packed rows [≤ dp·cp·Nf, C] fp32 with their indices, and the
-   residual gradient [Nf, C] every rank's count and token rows. Decided from the configs alone, so
-   the memory estimate cuts the same units. */
-static void us__rows(const us_model *m, int64_t N, int64_t *Np, int64_t *Ns); /* (// >>tp) */
-
-static int us__emb_sparse(const us_model_config *mc, const us_train_config *tc) {
-    int64_t n = (int64_t)(tc->dp > 1 ? tc->dp : 1) * (tc->cp > 1 ? tc->cp : 1), C = mc->dim;
-    int64_t a = tc->precision == US_PRECISION_FP32 ? 4 : 2,
-            V = mc->vocab / (tc->tp > 1 ? tc->tp : 1);
-    if (tc->dense_emb_grad || n <= 1 || tc->zero >= 2 || tc->pp > 1) return 0;
-    return n * (C * 4 + 4) + 4 <= V * a && (n + 1) * 8 <= C * a;
-}
-
-/* Rows of the fused head's chunk for a micro-batch of Nf rows (Nf itself: one chunk, the logits
-   whole). Chunks need the head's backward in the forward: no pipeline (a stage's forward and
-   backward are apart), ZeRO below 2 (gradients resident). The default keeps the logits under
-   US_LOSS_CHUNK_BYTES in chunks of a multiple of 64 rows; a chunk holds at least tp·B rows,
-   where us__last_logits gathers the ranks' vocabulary slices. */
-static int64_t us__loss_rows(const us_model_config *mc, const us_train_config *tc, int64_t Nf) {
-    int64_t a = tc->precision == US_PRECISION_FP32 ? 4 : 2, tp = tc->tp > 1 ? tc->tp : 1;
-    int64_t V = mc->vocab / tp, rows, n, least = tp * tc->batch;
-    if (tc->loss_chunk < 0 || tc->pp > 1 || tc->zero >= 2) return Nf;
-    if (tc->loss_chunk > 0)
-        rows = tc->loss_chunk;
-    else {
-        if ((size_t)(Nf * V * a) <= US_LOSS_CHUNK_BYTES) return Nf;
-        n = (int64_t)(((size_t)(Nf * V * a) + US_LOSS_CHUNK_BYTES - 1) / US_LOSS_CHUNK_BYTES);
-        rows = ((Nf + n - 1) / n + 63) / 64 * 64;
-    }
-    if (rows < least) rows = least;
-    return rows < Nf ? rows : Nf;
-}
-
-/* The logits buffer: the fused head's chunk of logits [rows, V/tp], and at least what
-   us__emb_rows_finish packs into it when the embedding's gradient goes by rows. */
-static size_t us__logits_bytes(const us_model_config *mc, const us_train_config *tc, int64_t Nf) {
-    int64_t a = tc->precision == US_PRECISION_FP32 ? 4 : 2, tp = tc->tp > 1 ? tc->tp : 1;
-    int64_t n = (int64_t)(tc->dp > 1 ? tc->dp : 1) * (tc->cp > 1 ? tc->cp : 1);
-    size_t logits = (size_t)(us__loss_rows(mc, tc, Nf) * (mc->vocab / tp) * a);
-    size_t rows = us__emb_sparse(mc, tc) ? (size_t)(Nf * (n * (mc->dim * 4 + 4) + 4)) : 0;
-    return logits > rows ? logits : rows;
-}
-
-static int us__plan_units(us_model *m, us__unit *units) {
-    const us_train_config *tc = &m->tc;
-    int np = m->n_params_t, L = m->cfg.n_layers, ns = 0, i, u,
-        own = tc->zero ? tc->dp * (tc->cp > 0 ? tc->cp : 1) : 1;
-    int64_t bucket = (int64_t)((double)tc->bucket_mb * 1048576.0 / 4.0), acc = 0, off = 0,
-            shard = 0;
-    int *start = (int *)US_MALLOC(sizeof(int) * (size_t)(np + 1)); /* first tensor of each unit */
-    if (tc->zero == 3) { /* [embedding] [layer 0] ... [layer L-1] [final norm (+ lm_head)] */
-        start[ns++] = 0;
-        for (i = 0; i < L; i++) start[ns++] = US__PL(i, 0);
-        start[ns++] = US__P_NORM(L);
-    } else { /* buckets filled from the last tensor backwards, closed at bucket_mb */
-        if (bucket < 1) bucket = 1;
-        for (i = np - 1; i > 0; i--) {
-            int l, k, fused = us__tensor_role(m, i, &l, &k) == 1;
-            /* under expert parallelism routed experts and the rest never share a unit: their gradients
-               are reduced over different groups (// >>ep) */
-            int border = us__ep_of(tc) > 1 && m->params[i].expert != m->params[i - 1].expert;
-            acc += m->params[i].numel;
-            /* q|k|v and gate|up are one GEMM each, writing one gradient block: never split them */
-            if ((acc >= bucket || border) && !fused) {
-                start[ns++] = i;
-                acc = 0;
-            }
-        }
-        /* the embedding alone when its gradient is reduced early and by rows (us__emb_sparse) */
-        if (np > 1 && (ns == 0 || start[ns - 1] != 1) && us__emb_sparse(&m->cfg, tc))
-            start[ns++] = 1;
-        start[ns++] = 0;
-        for (i = 0; i < ns / 2; i++) {
-            int t = start[i];
-            start[i] = start[ns - 1 - i];
-            start[ns - 1 - i] = t;
-        }
-    }
-    start[ns] = np;
-    for (u = 0; u < ns; u++) {
-        int64_t first = off, n, quantum = (int64_t)own * US__SHARD_PAD;
-        for (i = start[u]; i < start[u + 1]; i++) {
-            m->params[i].offset = off;
-            off += m->params[i].numel;
-        }
-        n = off - first;
-        if (tc->zero) n = (n + quantum - 1) / quantum * quantum;
-        off = first + n;
-        if (units) {
-            us__unit *U = &units[u];
-            memset(U, 0, sizeof *U);
-            U->p0 = start[u];
-            U->p1 = start[u + 1];
-            U->off = first;
-            U->n = n;
-            U->piece = tc->zero ? n / own : n;
-            U->shard_off = tc->zero ? shard : first;
-            U->gslot = U->wslot = -1;
-            U->expert = us__ep_of(tc) > 1 && m->params[U->p0].expert;
-        }
-        shard += tc->zero ? n / own : n;
-    }
-    US_FREE(start);
-    return ns;
-}
 
 US_API const us_param *us_model_find_param(const us_model *m, const char *name) {
     int i;
@@ -4569,8 +4456,8 @@ struct us_layer_acts {
     float *gates;      /* [N,K]   f32 their combine weights */
     int32_t *slot_row; /* [N,K]   the row each choice went to, -1 dropped */
     int32_t *row_slot; /* [R]     the choice n·K+k each row holds, -1 unused */
-    int32_t *
-        counts; /* [2E]    tokens routed to each expert, then those kept (host copy: m->moe_counts_h) */
+    /* [2E]    tokens routed to each expert, then those kept (host copy: m->moe_counts_h) */
+    int32_t *counts;
     void *xe;   /* [R,C]   the normed tokens, grouped by expert */
     void *gu_e; /* [R,2Fe] each row's expert's gate | up */
     void *h_e;  /* [R,Fe]  SwiGLU */
@@ -4622,322 +4509,175 @@ static void *us__take(us__arena *a, size_t bytes) {
     return p;
 }
 
-/* FP8 (// >>fp8-linear): an operand P[R][L] as fp8_quantize writes it: R·Lp bytes, and the
-   larger of the ROW128 and BLOCK128 scale tensors */
-static size_t us__fp8_operand(int64_t R, int64_t L, size_t *sbytes) {
-    int64_t LB = (L + US_FP8_TILE - 1) / US_FP8_TILE, RB = (R + US_FP8_TILE - 1) / US_FP8_TILE,
-            LBp = (LB + 3) / 4 * 4;
-    int64_t ns = LB * R > RB * LBp ? LB * R : RB * LBp;
-    *sbytes = (size_t)(ns > 1 ? ns : 1) * 4;
-    return (size_t)(R * LB * US_FP8_TILE);
-}
+static int us__emb_sparse(const us_model_config *mc, const us_train_config *tc); /* // >>dp */
 
-/* A dense layer's four linears, qkv, o, gate|up, down, as (In, Out) per rank */
-static void us__fp8_linears(int64_t io[4][2], int64_t C, int64_t QKV, int64_t AO, int64_t F) {
-    io[0][0] = C;
-    io[0][1] = QKV;
-    io[1][0] = AO;
-    io[1][1] = C;
-    io[2][0] = C;
-    io[2][1] = 2 * F;
-    io[3][0] = F;
-    io[3][1] = C;
-}
-
-/* The scratch of the quantised copies: the largest a (activation side) and b (weight side)
-   operand over the three GEMMs of the dense layers' four linears (N tokens; per-rank dims), and
-   the largest dyᵀ that Dgrad keeps for Wgrad (k), laid out qa | sa | qb | sb | qk | sk; off gets
-   the offsets of sa, qb, sb, qk, sk. Linears under the size rule (In or Out < lo, us__fp8_on)
-   never run in FP8 and take no room. The estimator counts the same. */
-static size_t us__fp8_scratch(int64_t N, int64_t C, int64_t QKV, int64_t AO, int64_t F, int64_t lo,
-                              size_t off[5]) {
-    int64_t io[4][2];
-    size_t qa = 0, sa = 0, qb = 0, sb = 0, qk = 0, sk = 0, q, sz;
-    int i, j;
-    us__fp8_linears(io, C, QKV, AO, F);
-    for (i = 0; i < 4; i++) {
-        int64_t In = io[i][0], Out = io[i][1], a[3][2], b[3][2];
-        if (In < lo || Out < lo) continue;
-        a[0][0] = N;
-        a[0][1] = In;
-        a[1][0] = N;
-        a[1][1] = Out;
-        a[2][0] = Out;
-        a[2][1] = N; /* Fprop x, Dgrad dy, Wgrad dyᵀ */
-        b[0][0] = Out;
-        b[0][1] = In;
-        b[1][0] = In;
-        b[1][1] = Out;
-        b[2][0] = In;
-        b[2][1] = N; /* W, Wᵀ, xᵀ */
-        for (j = 0; j < 3; j++) {
-            q = us__fp8_operand(a[j][0], a[j][1], &sz);
-            if (q > qa) qa = q;
-            if (sz > sa) sa = sz;
-            q = us__fp8_operand(b[j][0], b[j][1], &sz);
-            if (q > qb) qb = q;
-            if (sz > sb) sb = sz;
-        }
-        q = us__fp8_operand(a[2][0], a[2][1], &sz);
-        if (q > qk) qk = q;
-        if (sz > sk) sk = sz;
+/* Rows of the fused head's chunk for a micro-batch of Nf rows (Nf itself: one chunk, the logits
+   whole). Chunks need the head's backward in the forward: no pipeline (a stage's forward and
+   backward are apart), ZeRO below 2 (gradients resident). The default keeps the logits under
+   US_LOSS_CHUNK_BYTES in chunks of a multiple of 64 rows; a chunk holds at least tp·B rows,
+   where us__last_logits gathers the ranks' vocabulary slices. */
+static int64_t us__loss_rows(const us_model_config *mc, const us_train_config *tc, int64_t Nf) {
+    int64_t a = tc->precision == US_PRECISION_FP32 ? 4 : 2, tp = tc->tp > 1 ? tc->tp : 1;
+    int64_t V = mc->vocab / tp, rows, n, least = tp * tc->batch;
+    if (tc->loss_chunk < 0 || tc->pp > 1 || tc->zero >= 2) return Nf;
+    if (tc->loss_chunk > 0)
+        rows = tc->loss_chunk;
+    else {
+        if ((size_t)(Nf * V * a) <= US_LOSS_CHUNK_BYTES) return Nf;
+        n = (int64_t)(((size_t)(Nf * V * a) + US_LOSS_CHUNK_BYTES - 1) / US_LOSS_CHUNK_BYTES);
+        rows = ((Nf + n - 1) / n + 63) / 64 * 64;
     }
-    off[0] = us__align(qa);
-    off[1] = off[0] + us__align(sa);
-    off[2] = off[1] + us__align(qb);
-    off[3] = off[2] + us__align(sb);
-    off[4] = off[3] + us__align(qk);
-    return off[4] + us__align(sk);
+    if (rows < least) rows = least;
+    return rows < Nf ? rows : Nf;
 }
 
-/* The weight cache (// >>fp8-linear): one layer's part, for its four linears (qkv, o, gate|up,
-   down; In → Out per rank): the operands of W [Out][In] and of Wᵀ [In][Out] as fp8_quantize
-   writes them, laid out q | s | qᵀ | sᵀ per linear; off[i] gets linear i's four offsets and
-   dim[i] its (Out, In). A linear whose sizes are not multiples of 16, or under the size rule
-   (In or Out < lo), never runs in FP8 and takes no room: its dim stays (0, 0). The estimator
-   counts the same. */
-static size_t us__fp8_wcache_layer(int64_t C, int64_t QKV, int64_t AO, int64_t F, int64_t lo,
-                                   size_t off[4][4], int64_t dim[4][2]) {
-    int64_t io[4][2];
-    size_t at = 0, sb, q;
-    int i;
-    us__fp8_linears(io, C, QKV, AO, F);
-    for (i = 0; i < 4; i++) {
-        int64_t In = io[i][0], Out = io[i][1];
-        off[i][0] = off[i][1] = off[i][2] = off[i][3] = at;
-        dim[i][0] = dim[i][1] = 0;
-        if (In % 16 || Out % 16 || In < lo || Out < lo) continue;
-        dim[i][0] = Out;
-        dim[i][1] = In;
-        q = us__fp8_operand(Out, In, &sb);
-        off[i][1] = at += us__align(q);
-        off[i][2] = at += us__align(sb);
-        q = us__fp8_operand(In, Out, &sb);
-        off[i][3] = at += us__align(q);
-        at += us__align(sb);
-    }
-    return at;
+/* The logits buffer: the fused head's chunk of logits [rows, V/tp], and at least what
+   us__emb_rows_finish packs into it when the embedding's gradient goes by rows. */
+static size_t us__logits_bytes(const us_model_config *mc, const us_train_config *tc, int64_t Nf) {
+    int64_t a = tc->precision == US_PRECISION_FP32 ? 4 : 2, tp = tc->tp > 1 ? tc->tp : 1;
+    int64_t n = (int64_t)(tc->dp > 1 ? tc->dp : 1) * (tc->cp > 1 ? tc->cp : 1);
+    size_t logits = (size_t)(us__loss_rows(mc, tc, Nf) * (mc->vocab / tp) * a);
+    size_t rows = us__emb_sparse(mc, tc) ? (size_t)(Nf * (n * (mc->dim * 4 + 4) + 4)) : 0;
+    return logits > rows ? logits : rows;
 }
 
-/* the size rule's bound: the smallest In and Out of a linear that runs in FP8 (us__fp8_on) */
-static int64_t us__fp8_min_dim(const us_train_config *tc) {
-    return tc->fp8_min_dim > 0 ? tc->fp8_min_dim : US_FP8_MIN_DIM;
-}
-
-/* whether the model keeps the weight cache: fp8 (either), not asked off, the weights resident */
-static int us__fp8_wcache_on(const us_train_config *tc) {
-    return (tc->precision == US_PRECISION_FP8 || tc->precision == US_PRECISION_FP8_TENSOR) &&
-           !tc->fp8_no_wcache && tc->zero < 3;
-}
-
-/* A linear GEMM of N tokens, In → Out runs in FP8 when the policy says so, all three sizes are
-   multiples of 16 (FP8 tensor cores' alignment) and In and Out are at least tc.fp8_min_dim
-   (US_FP8_MIN_DIM by default); otherwise in bf16. The size rule: quantising the operands costs
-   in proportion to In + Out, the faster GEMM saves in proportion to In·Out, so small linears
-   lose. Measured on an H200 (bench/fp8_widths.sh, 12 layers, HS 64, T 1024, B 16), fp8 against
-   bf16 tokens/s: width 768 0.95×, 1024 1.00×, 1536 1.10×, 2048 1.18×, 3072 1.25×. */
-static int us__fp8_on(const us_model *m, int64_t N, int64_t In, int64_t Out) {
-    int64_t lo = us__fp8_min_dim(&m->tc);
-    return m->fp8 && N > 0 && N % 16 == 0 && In % 16 == 0 && Out % 16 == 0 && In >= lo && Out >= lo;
-}
-
-/* the MoE layer's storage (// >>moe) */
-static us_result us__moe_init(us_model *m);
-static void us__moe_free(us_model *m);
-static void us__moe_take(const us_model *m, us__arena *ar, us_layer_acts *L, int cheap, int gemm);
+/* What the chapters below add to the arena: each sizes its own scratch. */
+static void us__sp_rows(const us_model *m, int64_t N, int64_t *Np, int64_t *Ns); /* // >>tp */
+static void us__tp_scratch(const us_model *m, int64_t Nf, int head, size_t *sz); /* // >>tp */
+static void us__cp_scratch(const us_model *m, int64_t N, size_t *sz);            /* // >>cp */
+static void us__moe_take(const us_model *m, us__arena *ar, us_layer_acts *L, int cheap,
+                         int gemm); /* a MoE layer's activations (// >>moe) */
 typedef struct us__moe_grads us__moe_grads;
-static size_t us__moe_scratch(const us_model *m, us__moe_grads *g);
-static size_t us__moe_bias_bytes(const us_model *m);
-static void *us__W(us_model *m, int idx);  /* weight idx as the forward reads it (// >>zero) */
-static us_result us__ep_init(us_model *m); /* the expert-parallel groups (// >>ep) */
-static void us__ep_free(us_model *m);
+static size_t us__moe_scratch(const us_model *m, us__moe_grads *g);       /* its backward's */
+static size_t us__fp8_arena(us_model *m, int64_t Nf, int set, int count); /* // >>fp8-linear */
 
-/* Lays the arena out (or, with base NULL, only measures it). The estimator states the same
-   sizes as formulas; tests/test_model.c checks that the two agree. */
 /* Which named scratch a pipeline slot owns: what lives from a micro-batch chunk's forward to its
    backward (or travels), and on the rank of the head the head's inputs and the logits, which
    hold the loss gradient from forward to backward. The rest is scratch of one action, shared by
    the slots. */
-static int us__a_per_slot(int i) {
+static int us__scratch_per_slot(int i) {
     return i == US__A_XOUT || i == US__A_DRES || i == US__A_RSTDF || i == US__A_LOSSES ||
            i == US__A_ARGMAX || i == US__A_TOK || i == US__A_TGT || i == US__A_SCAL ||
            i == US__A_XF || i == US__A_LOGITS || i == US__A_VP;
 }
 
-/* Lays out one pipeline slot (part 0: a chunk's layers and the slot's scratch) or the scratch
-   the slots share (part 1); without pipeline parallelism the arena is one of each. */
-static size_t us__layout_arena(us_model *m, char *base, int part) {
+/* One pipeline chunk's layers (all layers without pipeline parallelism), into m->acts when
+   writing. Nf rows for tensors every rank holds whole (padded to a multiple of tp under sequence
+   parallelism); Ns rows for the residual stream and the norms, which SP splits over tp. What the
+   recompute mode does not keep lives in one layer-sized scratch every layer shares: the forward
+   overwrites it and the backward refills it (// >>layer). */
+static void us__layout_layers(us_model *m, us__arena *ar, int write) {
     const us_model_config *c = &m->cfg;
-    us__arena ar;
-    /* Nf rows for tensors every rank holds whole (padded to a multiple of tp under sequence
-       parallelism); Ns rows for the residual stream and the norms, which SP splits over tp */
-    int sp = m->tc.sp && m->tc.tp > 1, cp = m->tc.cp > 1 ? m->tc.cp : 1;
-    int64_t N = (int64_t)m->tc.batch * (m->tc.seq / cp),
-            Nf = sp ? (N + m->tc.tp - 1) / m->tc.tp * m->tc.tp : N, Ns = sp ? Nf / m->tc.tp : N;
+    int cp = m->tc.cp > 1 ? m->tc.cp : 1;
+    int64_t N = (int64_t)m->tc.batch * (m->tc.seq / cp), Nf, Ns;
     int64_t C = c->dim, HS = C / c->n_heads, F = m->ffn_l;
     int64_t QKV = (int64_t)(m->nh_l + 2 * m->nkv_l) * HS, AO = (int64_t)m->nh_l * HS;
     size_t a = us_dtype_size(m->dt);
     int mode = m->tc.recompute, l, nl = m->pp_lc ? m->pp_lc : c->n_layers, any_dense = 0;
     int keep_gemm = mode != US_RECOMPUTE_FULL, keep_cheap = mode == US_RECOMPUTE_NONE;
     us_layer_acts shared;
-    ar.base = base;
-    ar.used = 0;
+    us__sp_rows(m, N, &Nf, &Ns);
     for (l = 0; l < nl; l++) any_dense |= !m->moe_idx || m->moe_idx[l] < 0;
     /* the shared layer scratch (used by the recompute modes); a MoE layer's in us__moe_take */
     memset(&shared, 0, sizeof shared);
-    if (part == 0 && !keep_cheap) {
-        shared.ln1 = us__take(&ar, Ns * C * a);
-        shared.rstd1 = (float *)us__take(&ar, Ns * 4);
-        shared.att = us__take(&ar, Nf * AO * a);
-        shared.lse = (float *)us__take(&ar, N * m->nh_l * 4);
-        shared.ln2 = us__take(&ar, Ns * C * a);
-        shared.rstd2 = (float *)us__take(&ar, Ns * 4);
-        if (any_dense) shared.h = us__take(&ar, Nf * F * a);
+    if (!keep_cheap) {
+        shared.ln1 = us__take(ar, Ns * C * a); /* [Ns,C] */
+        shared.rstd1 = (float *)us__take(ar, Ns * 4);
+        shared.att = us__take(ar, Nf * AO * a); /* [Nf,NH·HS] */
+        shared.lse = (float *)us__take(ar, N * m->nh_l * 4);
+        shared.ln2 = us__take(ar, Ns * C * a);
+        shared.rstd2 = (float *)us__take(ar, Ns * 4);
+        if (any_dense) shared.h = us__take(ar, Nf * F * a);
     }
-    if (part == 0 && !keep_gemm) {
-        shared.qkv = us__take(&ar, Nf * QKV * a);
-        shared.xmid = us__take(&ar, Ns * C * a);
-        if (any_dense) shared.gu = us__take(&ar, Nf * 2 * F * a);
+    if (!keep_gemm) {
+        shared.qkv = us__take(ar, Nf * QKV * a);
+        shared.xmid = us__take(ar, Ns * C * a);
+        if (any_dense) shared.gu = us__take(ar, Nf * 2 * F * a);
     }
-    if (part == 0 && m->n_moe) us__moe_take(m, &ar, &shared, !keep_cheap, !keep_gemm);
-    for (l = 0; part == 0 && l < nl; l++) { /* one chunk's layers per slot (// >>pp) */
+    if (m->n_moe) us__moe_take(m, ar, &shared, !keep_cheap, !keep_gemm);
+    for (l = 0; l < nl; l++) { /* one chunk's layers per slot (// >>pp) */
         us_layer_acts L = shared;
         int moe = m->moe_idx && m->moe_idx[l] >= 0;
-        L.x = us__take(&ar, Ns * C * a);
+        L.x = us__take(ar, Ns * C * a);
         if (keep_gemm) {
-            L.qkv = us__take(&ar, Nf * QKV * a);
-            L.xmid = us__take(&ar, Ns * C * a);
-            if (!moe) L.gu = us__take(&ar, Nf * 2 * F * a);
+            L.qkv = us__take(ar, Nf * QKV * a);
+            L.xmid = us__take(ar, Ns * C * a);
+            if (!moe) L.gu = us__take(ar, Nf * 2 * F * a);
         }
         if (keep_cheap) {
-            L.ln1 = us__take(&ar, Ns * C * a);
-            L.rstd1 = (float *)us__take(&ar, Ns * 4);
-            L.att = us__take(&ar, Nf * AO * a);
-            L.lse = (float *)us__take(&ar, N * m->nh_l * 4);
-            L.ln2 = us__take(&ar, Ns * C * a);
-            L.rstd2 = (float *)us__take(&ar, Ns * 4);
-            if (!moe) L.h = us__take(&ar, Nf * F * a);
+            L.ln1 = us__take(ar, Ns * C * a);
+            L.rstd1 = (float *)us__take(ar, Ns * 4);
+            L.att = us__take(ar, Nf * AO * a);
+            L.lse = (float *)us__take(ar, N * m->nh_l * 4);
+            L.ln2 = us__take(ar, Ns * C * a);
+            L.rstd2 = (float *)us__take(ar, Ns * 4);
+            if (!moe) L.h = us__take(ar, Nf * F * a);
         }
-        if (moe) us__moe_take(m, &ar, &L, keep_cheap, keep_gemm);
+        if (moe) us__moe_take(m, ar, &L, keep_cheap, keep_gemm);
         if (m->pp_wsplit) { /* B/W apart: the weight GEMMs' other operand, from B until W */
-            L.g_down = us__take(&ar, Nf * C * a);
-            L.g_gu = us__take(&ar, Nf * 2 * F * a);
-            L.g_o = us__take(&ar, Nf * C * a);
-            L.g_qkv = us__take(&ar, Nf * QKV * a);
+            L.g_down = us__take(ar, Nf * C * a);
+            L.g_gu = us__take(ar, Nf * 2 * F * a);
+            L.g_o = us__take(ar, Nf * C * a);
+            L.g_qkv = us__take(ar, Nf * QKV * a);
         }
-        if (base) m->acts[l] = L;
+        if (write) m->acts[l] = L;
     }
-    { /* head, loss and backward scratch */
-        size_t sz[US__A_COUNT];
-        int i;
-        int head =
-            m->pp_last; /* the final norm's output and the logits: on the rank of the head only */
-        sz[US__A_XOUT] = Ns * C * a;
-        sz[US__A_XF] = head ? Nf * C * a : 0;
-        sz[US__A_RSTDF] = Ns * 4;
-        sz[US__A_LOGITS] = head ? us__logits_bytes(c, &m->tc, Nf) : 0;
-        sz[US__A_LOSSES] = Nf * 4;
-        sz[US__A_ARGMAX] = Nf * 4;
-        sz[US__A_TOK] = Nf * 4;
-        sz[US__A_TGT] = Nf * 4;
-        sz[US__A_DRES] = Nf * C * a;
-        sz[US__A_DLN] = Nf * C * a;
-        sz[US__A_DATT] = Nf * AO * a;
-        sz[US__A_DQKV] = Nf * QKV * a;
-        sz[US__A_DH] = Nf * F * a;
-        sz[US__A_SCAL] = 64; /* scalars all-reduced over the ranks: valid targets, loss, norm² */
-        sz[US__A_MOE] = us__moe_scratch(m, NULL); /* the MoE backward's gradients (// >>moe) */
-        { /* the linear GEMMs' quantised operands (// >>fp8-linear) */
-            size_t off[5] = {0, 0, 0, 0, 0};
-            sz[US__A_FP8] =
-                m->fp8 ? us__fp8_scratch(Nf, C, QKV, AO, F, us__fp8_min_dim(&m->tc), off) : 0;
-            if (base) memcpy(m->fp8_off, off, sizeof off);
-            if (base && part == 1) { /* which dense linears run in FP8, for the model line */
-                int64_t io[4][2];
-                us__fp8_linears(io, C, QKV, AO, F);
-                m->fp8_linear = m->fp8_linear_all = 0;
-                for (l = 0; l < c->n_layers; l++)
-                    for (i = 0; i < 4; i++) {
-                        if (i >= 2 && m->moe_idx && m->moe_idx[l] >= 0)
-                            continue; /* a MoE layer's experts stay bf16 */
-                        m->fp8_linear_all++;
-                        m->fp8_linear += us__fp8_on(m, Nf, io[i][0], io[i][1]);
-                    }
-            }
-        }
-        /* tensor parallelism's vocabulary-parallel loss: mx, tlogit f32, sumexp f64, argmax i32 */
-        sz[US__A_VP] = m->tc.tp > 1 && head ? Nf * (4 + 4 + 8 + 4) + 8 : 0;
-        /* sequence parallelism: a whole-sequence [Nf, C] buffer for the all-gathered norm outputs,
-           the partial products before their reduce-scatter and the gathered residual gradient;
-           and a norm weight's partial gradient, summed over tp before it is accumulated */
-        sz[US__A_SPG] = sp ? Nf * C * a : 0;
-        sz[US__A_NW] = sp ? C * 4 : 0;
-        { /* context parallelism (// >>cp): positions, the K/V blocks in flight (two for the ring,
-               all cp for the all-gather variant) with their gradients, the online-softmax state,
-               dQ and a cast buffer */
-            int64_t KVW = (int64_t)2 * m->nkv_l * HS,
-                    nb = m->tc.cp_mode == US_CP_ALLGATHER ? cp : 2, on = cp > 1;
-            sz[US__A_CPPOS] = on ? (size_t)(cp * (m->tc.seq / cp)) * 4 : 0;
-            sz[US__A_CPKV] = on ? nb * N * KVW * a : 0;
-            sz[US__A_CPDKV] = on ? nb * N * KVW * 4 : 0;
-            sz[US__A_CPACC] = on ? N * AO * 4 : 0;
-            sz[US__A_CPM] = sz[US__A_CPL] = on ? N * m->nh_l * 4 : 0;
-            sz[US__A_CPDQ] = on ? N * AO * 4 : 0;
-            sz[US__A_CPTMP] = on ? N * (AO > KVW ? AO : KVW) * a : 0;
-        }
-        for (i = 0; i < US__A_COUNT; i++) {
-            void *p;
-            if (us__a_per_slot(i) != (part == 0)) continue;
-            p = us__take(&ar, sz[i]);
-            if (base) m->a[i] = p;
-        }
+}
+
+/* The named scratch's sizes: the head, the loss and the backward's, then each chapter's. */
+static void us__scratch_sizes(us_model *m, size_t *sz, int write, int part) {
+    int cp = m->tc.cp > 1 ? m->tc.cp : 1, head = m->pp_last; /* XF, LOGITS: the head's rank only */
+    int64_t N = (int64_t)m->tc.batch * (m->tc.seq / cp), Nf, Ns;
+    int64_t C = m->cfg.dim, HS = C / m->cfg.n_heads, F = m->ffn_l;
+    int64_t QKV = (int64_t)(m->nh_l + 2 * m->nkv_l) * HS, AO = (int64_t)m->nh_l * HS;
+    size_t a = us_dtype_size(m->dt);
+    us__sp_rows(m, N, &Nf, &Ns);
+    sz[US__A_XOUT] = Ns * C * a;
+    sz[US__A_XF] = head ? Nf * C * a : 0;
+    sz[US__A_RSTDF] = Ns * 4;
+    sz[US__A_LOGITS] = head ? us__logits_bytes(&m->cfg, &m->tc, Nf) : 0;
+    sz[US__A_LOSSES] = Nf * 4;
+    sz[US__A_ARGMAX] = Nf * 4;
+    sz[US__A_TOK] = Nf * 4;
+    sz[US__A_TGT] = Nf * 4;
+    sz[US__A_DRES] = Nf * C * a;
+    sz[US__A_DLN] = Nf * C * a;
+    sz[US__A_DATT] = Nf * AO * a;
+    sz[US__A_DQKV] = Nf * QKV * a;
+    sz[US__A_DH] = Nf * F * a;
+    sz[US__A_SCAL] = 64; /* scalars all-reduced over the ranks: valid targets, loss, norm² */
+    sz[US__A_MOE] = us__moe_scratch(m, NULL); /* the MoE backward's gradients (// >>moe) */
+    /* the linear GEMMs' quantised operands (// >>fp8-linear) */
+    sz[US__A_FP8] = us__fp8_arena(m, Nf, write, write && part == 1);
+    us__tp_scratch(m, Nf, head, sz);
+    us__cp_scratch(m, N, sz);
+}
+
+/* Lays out one pipeline slot (part 0: a chunk's layers and the slot's scratch) or the scratch
+   the slots share (part 1); without pipeline parallelism the arena is one of each. With base
+   NULL it only measures. The estimator states the same sizes as formulas; tests/test_model.c
+   checks that the two agree. */
+static size_t us__layout_arena(us_model *m, char *base, int part) {
+    size_t sz[US__A_COUNT];
+    us__arena ar;
+    int i;
+    ar.base = base;
+    ar.used = 0;
+    if (part == 0) us__layout_layers(m, &ar, base != NULL);
+    us__scratch_sizes(m, sz, base != NULL, part);
+    for (i = 0; i < US__A_COUNT; i++) {
+        void *p;
+        if (us__scratch_per_slot(i) != (part == 0)) continue;
+        p = us__take(&ar, sz[i]);
+        if (base) m->a[i] = p;
     }
     return ar.used;
 }
 
-static void us__model_set_error(us_model *m, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(m->err, sizeof m->err, fmt, ap);
-    va_end(ap);
-}
-
-US_API const char *us_model_error(const us_model *m) { return m->err; }
-
-/* A backend that failed (a CUDA error, say) turns the next result into US_ERR_BACKEND. */
-static us_result us__backend_check(us_model *m) {
-    const char *e = m->ops.error ? m->ops.error(&m->ops) : NULL;
-    if (!e) return US_OK;
-    us__model_set_error(m, "%s backend: %s", m->ops.name, e);
-    return US_ERR_BACKEND;
-}
-
-/* Sizes of the parallel layout, shared by the model and the estimator. */
-typedef struct us__dist_sizes {
-    int64_t n_flat, shard_n, slot_n;
-    int n_gslots, n_wslots;
-} us__dist_sizes;
-
-static void us__dist_sizes_of(const us_model *m, us__dist_sizes *z) {
-    int u, Z = m->tc.zero, spare = m->cfg.tie_embeddings ? 3 : 2;
-    memset(z, 0, sizeof *z);
-    for (u = 0; u < m->n_units; u++) {
-        z->n_flat += m->units[u].n;
-        z->shard_n += m->units[u].piece;
-        if (m->units[u].n > z->slot_n) z->slot_n = m->units[u].n;
-    }
-    /* ZeRO-2/3 produce a unit's full gradient in a slot: one being written, one being reduced,
-       and (tied) the embedding's, written by the head first and by the embedding last. ZeRO-3's
-       weights likewise: the layer in use, the next one prefetched, and (tied) the embedding. */
-    z->n_gslots = Z >= 2 ? (m->n_units < spare ? m->n_units : spare) : 0;
-    z->n_wslots = Z == 3 ? (m->n_units < spare ? m->n_units : spare) : 0;
-    if (Z < 2) z->slot_n = 0;
-}
-
 /* Value f of a tensor's normal stream seeded s: std·N(0,1) from the stream's draws 2f+1 and 2f+2.
    splitmix64 moves its state by a constant per draw, so any position is reached directly, and
-   the threads can each fill a chunk with exactly the values one thread drawing in order would
-   (a 1B model drew for half a minute on one core). Tensor-parallel ranks draw the whole tensor
+   the threads can each fill a chunk with exactly the values one thread drawing in order would.
+   Tensor-parallel ranks draw the whole tensor
    and keep their rows (split 1) or columns (split 2) of the [rows·tp or rows, cols·tp or cols]
    tensor, ldo being their slice's row length. */
 static void us__init_fill(float *dst, int64_t fn, int ones, float std, uint64_t s, int split,
@@ -4991,10 +4731,12 @@ static void us__init_weights(us_model *m) {
         for (i = U->p0; i < U->p1; i++) {
             const us_param *p = &m->params[i];
             int l, k, role = us__tensor_role(m, i, &l, &k);
-            /* the tensor's stream (a pipeline stage holds a slice of the layers): 1 + 9·layer + k in
-               the whole model's dense numbering; a MoE layer's tensors past the norms from their own range */
+            /* the tensor's stream (a pipeline stage holds a slice of the layers): 1 + 9·layer + k
+               in the whole model's dense numbering; a MoE layer's tensors past the norms from
+               their own range */
             /* (a routed expert's k counts the experts by their global number, // >>ep) */
-            int kg = p->expert ? k + 3 * m->ep_rank * (m->cfg.moe_experts / us__ep_of(&m->tc)) : k;
+            int kg =
+                p->expert ? k + 3 * m->ep_rank * (m->cfg.moe_experts / us__ep_size(&m->tc)) : k;
             uint64_t gi =
                 l < 0
                     ? (i == 0 ? 0
@@ -5028,450 +4770,9 @@ static void us__init_weights(us_model *m) {
     US_FREE(hb);
 }
 
-static int us__cp_pos(const us_train_config *tc, int r, int t); /* // >>cp */
-static void us__ls_init(us_model *m);                           /* // >>lossscale */
-static us_result us__pp_connect(us_model *m);
-static us_result us__pp_plan(us_model *m);
-static void us__pp_disconnect(us_model *m);
-static int us__pp_rank_of(const us_pp_schedule *s, int st);
-static void us__slot(us_model *m, int k, int c);
-
-/* Stage st's first layer and layer count among S stages: tc.pp_layers, or a split that balances
-   the stages' work. The last stage also runs the head, whose GEMMs cost 6·V·C FLOPs per token
-   against a layer's 6·(its parameters) + 12·C·T: at Llama-3.2-1B's shape the head weighs as much
-   as 2.6 layers, and an even split leaves the first stage idle a third of the time. So the last
-   stage takes as many layers as bring it nearest the mean stage cost (at least one), and the
-   others share the rest evenly, the first ones taking the remainder. */
-static void us__pp_stage_layers(const us_model_config *mc, const us_train_config *tc, int S, int st,
-                                int *first, int *count) {
-    int k, L = mc->n_layers, last, base, extra;
-    if (tc->pp_layers && tc->pp > 1) {
-        for (*first = 0, k = 0; k < st; k++) *first += tc->pp_layers[k];
-        *count = tc->pp_layers[st];
-        return;
-    }
-    last = L / S;
-    if (S > 1 && L > 0) {
-        double C = (double)mc->dim, V = (double)mc->vocab, head = 6.0 * V * C;
-        double layer =
-            (6.0 *
-                 (double)(us_param_count_active(mc) -
-                          (int64_t)(mc->vocab * mc->dim * (mc->tie_embeddings ? 1 : 2) + mc->dim)) /
-                 L +
-             12.0 * C * (double)(tc->seq > 0 ? tc->seq : 1));
-        double want = layer > 0 ? ((L * layer + head) / S - head) / layer : (double)last;
-        int lo = (int)want, c, best = -1;
-        double best_cost = 0;
-        for (c = lo; c <= lo + 1;
-             c++) { /* the whole count below or above: the one whose slowest stage is faster */
-            int n = c < 1       ? 1
-                    : c > L / S ? L / S
-                                : c; /* at least one, never more than an even share */
-            double cost,
-                other; /* the slowest stage: the last one, or the fullest other (the rest, rounded up) */
-            if (n < 1) n = 1;
-            cost = n * layer + head;
-            other = ((L - n + S - 2) / (S - 1)) * layer;
-            if (other > cost) cost = other;
-            if (best < 0 || cost < best_cost) {
-                best = n;
-                best_cost = cost;
-            }
-        }
-        last = best;
-    }
-    base = (L - last) / (S > 1 ? S - 1 : 1);
-    extra = (L - last) % (S > 1 ? S - 1 : 1);
-    if (S == 1) {
-        *first = 0;
-        *count = L;
-    } else if (st == S - 1) {
-        *first = L - last;
-        *count = last;
-    } else {
-        *first = st * base + (st < extra ? st : extra);
-        *count = base + (st < extra);
-    }
-}
-
-static us_result us__model_init(us_model *m, const us_model_config *mc, const us_train_config *tc,
-                                const us_ops *ops, us_comm *comm) {
-    us_result r;
-    us__dist_sizes z;
-    size_t a, wb, mb, gb, ob, gsb, wsb, off = 0;
-    int i, u;
-    char *state;
-    memset(m, 0, sizeof *m);
-    m->cfg = *mc;
-    m->tc = *tc;
-    if ((r = us_config_validate(&m->cfg, &m->tc, m->err, sizeof m->err)) != US_OK) return r;
-    m->ops = ops ? *ops : us_cpu_ops(m->tc.threads);
-    m->dt = m->tc.precision == US_PRECISION_FP32 ? US_F32
-            : m->tc.precision == US_PRECISION_FP16
-                ? US_F16
-                : US_BF16; /* fp8: bf16 everywhere but the linear GEMMs */
-    us__ls_init(m);        /* // >>lossscale */
-    m->fp8 = m->tc.precision == US_PRECISION_FP8          ? 1
-             : m->tc.precision == US_PRECISION_FP8_TENSOR ? 2
-                                                          : 0;
-    if (m->fp8 && (!m->ops.fp8_quantize || !m->ops.fp8_gemm)) {
-        us__model_set_error(m, "precision %s needs FP8 ops, which the %s backend does not have",
-                            us_precision_name(m->tc.precision), m->ops.name);
-        return US_ERR_INVALID;
-    }
-    a = us_dtype_size(m->dt);
-    if (!comm) {
-        us_comm_self(&m->self, &m->ops);
-        comm = &m->self;
-    }
-    m->comm = comm;
-    if (comm->world.size != m->tc.dp * m->tc.pp * m->tc.cp * m->tc.tp) {
-        us__model_set_error(m,
-                            "dp=%d x pp=%d x cp=%d x tp=%d = %d ranks but the communicator has %d",
-                            m->tc.dp, m->tc.pp, m->tc.cp, m->tc.tp,
-                            m->tc.dp * m->tc.pp * m->tc.cp * m->tc.tp, comm->world.size);
-        return US_ERR_INVALID;
-    }
-    if ((r = us_mesh_init(&m->mesh, comm, m->tc.dp, m->tc.pp, m->tc.cp, m->tc.tp)) != US_OK) {
-        us__model_set_error(m, "device mesh: %s", comm->err);
-        return r;
-    }
-    if ((r = us__ep_init(m)) != US_OK) {
-        char e2[256];
-        snprintf(e2, sizeof e2, "%s", m->err);
-        us_model_free(m);
-        us__model_set_error(m, "%s", e2);
-        return r;
-    } /* // >>ep */
-    if (m->tc.pp >
-        1) { /* the step's schedule (// >>pp): which stages this rank runs, in which order */
-        char e2[200];
-        m->pp_sched = (us_pp_schedule *)calloc(1, sizeof(us_pp_schedule));
-        if (!m->pp_sched ||
-            us_pp_schedule_build(m->pp_sched, (us_pp_kind)m->tc.pp_schedule, m->tc.pp,
-                                 m->tc.grad_accum, m->tc.pp_chunks, e2, sizeof e2) != US_OK) {
-            us_model_free(m);
-            us__model_set_error(m, "pipeline schedule: %s", e2);
-            return US_ERR_INVALID;
-        }
-    }
-    { /* pipeline stages: the layers split over pp·v stages (us__pp_stage_layers); this rank runs
-           v of them, chunk c being stage us_pp_stage(c) (c·pp + q; the V shapes: q, then 2·pp−1−q) */
-        int P = m->tc.pp, q = m->mesh.pp_rank, LG = m->cfg.n_layers,
-            v = m->pp_sched ? m->pp_sched->v : 1, S = P * v, c, l, n = 0;
-        m->n_layers_global = LG;
-        m->pp_v = v;
-        m->layer_g = (int *)US_MALLOC(sizeof(int) * (size_t)LG);
-        if (!m->layer_g) {
-            us_model_free(m);
-            us__model_set_error(m, "out of host memory for the model tables");
-            return US_ERR_OOM;
-        }
-        for (c = 0; c < v; c++) {
-            int st = m->pp_sched ? us_pp_stage(m->pp_sched, q, c) : 0, g0, nl;
-            us__pp_stage_layers(&m->cfg, &m->tc, S, st, &g0, &nl);
-            m->chunk_lo[c] = n;
-            for (l = 0; l < nl; l++) m->layer_g[n++] = g0 + l;
-            m->chunk_hi[c] = n;
-        }
-        m->cfg.n_layers = n;
-        m->pp_head_rank = m->pp_sched ? us__pp_rank_of(m->pp_sched, S - 1) : 0;
-        m->pp_first = q == 0;
-        m->pp_last = q == m->pp_head_rank;
-        m->l_lo = 0;
-        m->l_hi = n;
-        m->c_first = m->pp_first;
-        m->c_last = m->pp_last;
-    }
-    {
-        int nt = 3;
-        for (i = 0; i < m->cfg.n_layers; i++)
-            nt += us__layer_tensors(&m->cfg, us__ep_of(&m->tc), m->layer_g[i]);
-        m->params = (us_param *)US_MALLOC(sizeof(us_param) * (size_t)nt);
-        m->unit_of = (int *)US_MALLOC(sizeof(int) * (size_t)nt);
-        m->layer_p = (int *)US_MALLOC(sizeof(int) * (size_t)(m->cfg.n_layers + 1));
-    }
-    if (!m->params || !m->unit_of || !m->layer_p) {
-        us_model_free(m);
-        us__model_set_error(m, "out of host memory for the model tables");
-        return US_ERR_OOM;
-    }
-    us__build_params(m);
-    if ((r = us__moe_init(m)) != US_OK) {
-        char e2[256];
-        snprintf(e2, sizeof e2, "%s", m->err);
-        us_model_free(m);
-        us__model_set_error(m, "%s", e2);
-        return r;
-    }
-    m->vocab_off = (int64_t)m->mesh.tp_rank * m->vocab_l;
-    m->n_units = us__plan_units(m, NULL);
-    m->units = (us__unit *)US_MALLOC(sizeof(us__unit) * (size_t)m->n_units);
-    if (!m->units) {
-        us_model_free(m);
-        us__model_set_error(m, "out of host memory for the model tables");
-        return US_ERR_OOM;
-    }
-    us__plan_units(m, m->units);
-    for (u = 0; u < m->n_units; u++)
-        for (i = m->units[u].p0; i < m->units[u].p1; i++) m->unit_of[i] = u;
-    if ((m->emb_sparse =
-             us__emb_sparse(&m->cfg, &m->tc) && m->c_first)) { /* its host tables (// >>dp) */
-        int64_t Nr, Ns, k;
-        us__rows(m, (int64_t)m->tc.batch * (m->tc.seq / m->mesh.cp), &Nr,
-                 &Ns); /* the arena's rows */
-        m->emb_map = (int32_t *)US_MALLOC((size_t)m->vocab_l * 4);
-        m->emb_nf = Nr;
-        m->emb_ids = (int32_t *)US_MALLOC((size_t)(m->mesh.dpcp_g.size + 1) * (size_t)(Nr + 1) * 4);
-        if (!m->emb_map || !m->emb_ids) {
-            us_model_free(m);
-            us__model_set_error(m, "out of host memory for the model tables");
-            return US_ERR_OOM;
-        }
-        for (k = 0; k < m->vocab_l; k++) m->emb_map[k] = -1;
-    }
-    us__dist_sizes_of(m, &z);
-    m->n_flat = z.n_flat;
-    m->shard_n = z.shard_n;
-    m->slot_n = z.slot_n;
-    m->n_gslots = z.n_gslots;
-    m->n_wslots = z.n_wslots;
-    /* the model state is one allocation cut into flat buffers:
-         w       weights the forward reads (dtype dt): all n_flat, or the shard under ZeRO-3
-         master  fp32 master weights under bf16: n_flat, or the shard under ZeRO ≥ 1
-                 (under fp32 the weights are their own master)
-         grad    fp32 gradients: n_flat, or the shard under ZeRO ≥ 2
-         m, v    AdamW moments: n_flat, or the shard under ZeRO ≥ 1
-         slots   ZeRO-2/3 gradient slots, ZeRO-3 weight slots */
-    wb = (size_t)(m->tc.zero == 3 ? z.shard_n : z.n_flat) * a;
-    mb = m->dt == US_F32 ? 0 : (size_t)(m->tc.zero ? z.shard_n : z.n_flat) * 4;
-    gb = (size_t)(m->tc.zero >= 2 ? z.shard_n : z.n_flat) * 4;
-    ob = (size_t)(m->tc.zero ? z.shard_n : z.n_flat) * 4;
-    gsb = (size_t)z.slot_n * 4;
-    wsb = (size_t)z.slot_n * a;
-    state = (char *)m->ops.alloc(
-        &m->ops, us__align(wb) + us__align(mb) + us__align(gb) + 2 * us__align(ob) +
-                     (size_t)z.n_gslots * us__align(gsb) + (size_t)z.n_wslots * us__align(wsb));
-    m->state = state;
-    if (state) {
-        m->w = state;
-        off += us__align(wb);
-        m->master = mb                                     ? (float *)(state + off)
-                    : (m->tc.zero == 1 || m->tc.zero == 2) ? NULL
-                                                           : (float *)m->w;
-        off += us__align(mb);
-        m->grad = (float *)(state + off);
-        off += us__align(gb);
-        m->adam_m = (float *)(state + off);
-        off += us__align(ob);
-        m->adam_v = (float *)(state + off);
-        off += us__align(ob);
-        for (i = 0; i < z.n_gslots; i++) {
-            m->gslot[i] = (float *)(state + off);
-            off += us__align(gsb);
-            m->gslot_unit[i] = -1;
-        }
-        for (i = 0; i < z.n_wslots; i++) {
-            m->wslot[i] = state + off;
-            off += us__align(wsb);
-            m->wslot_unit[i] = -1;
-        }
-    }
-    /* pipeline parallelism keeps one activation arena per micro-batch in flight: the schedule's
-       simulated peak for this rank (1F1B: pp − rank; AFAB: all micro-batches) */
-    m->slots = 1;
-    if (m->tc.pp > 1) {
-        us_pp_sim sim;
-        char e2[200];
-        if (us_pp_simulate(m->pp_sched, 1, 2, 0, &sim, e2, sizeof e2) != US_OK) {
-            us_model_free(m);
-            us__model_set_error(m, "pipeline schedule: %s", e2);
-            return US_ERR_INVALID;
-        }
-        m->slots = sim.peak_act[m->mesh.pp_rank];
-        for (i = 0; i < m->pp_sched->n[m->mesh.pp_rank]; i++)
-            if (m->pp_sched->a[m->mesh.pp_rank][i].op == US_PP_W) m->pp_wsplit = 1;
-        if ((r = us__pp_plan(m)) != US_OK) {
-            char e3[256];
-            snprintf(e3, sizeof e3, "%s", m->err);
-            us_model_free(m);
-            us__model_set_error(m, "%s", e3);
-            return r;
-        }
-    }
-    for (i = 0; i < m->pp_v; i++)
-        if (m->chunk_hi[i] - m->chunk_lo[i] > m->pp_lc) m->pp_lc = m->chunk_hi[i] - m->chunk_lo[i];
-    m->slot_acts =
-        (us_layer_acts *)US_MALLOC(sizeof(us_layer_acts) * (size_t)(m->slots * m->pp_lc));
-    m->acts_work = (us_layer_acts *)calloc((size_t)m->cfg.n_layers, sizeof(us_layer_acts));
-    m->slot_a = (void *(*)[32])US_MALLOC(sizeof(void *[32]) * (size_t)m->slots);
-    if (!m->slot_acts || !m->slot_a || !m->acts_work) {
-        us_model_free(m);
-        us__model_set_error(m, "out of host memory for the model tables");
-        return US_ERR_OOM;
-    }
-    m->mem.activations =
-        us__layout_arena(m, NULL, 0) * (size_t)m->slots + us__layout_arena(m, NULL, 1);
-    m->arena = m->state ? (char *)m->ops.alloc(&m->ops, m->mem.activations) : NULL;
-    if (!m->state || !m->arena) {
-        size_t total = wb + mb + gb + 2 * ob + m->mem.activations;
-        us_model_free(m);
-        us__model_set_error(
-            m, "out of memory allocating %.1f MiB for %lld parameters and the activation arena",
-            (double)total / 1048576.0, (long long)us_param_count(mc));
-        return US_ERR_OOM;
-    }
-    { /* the slots, then the scratch they share (pointed to from every slot's table) */
-        int k, j;
-        size_t one = us__layout_arena(m, NULL, 0);
-        us__layout_arena(m, m->arena + (size_t)m->slots * one, 1);
-        for (k = m->slots - 1; k >= 0; k--) {
-            m->acts = m->slot_acts + (size_t)k * m->pp_lc;
-            us__layout_arena(m, m->arena + (size_t)k * one, 0);
-            memcpy(m->slot_a[k], m->a, sizeof m->a);
-        }
-        for (k = 0; k < m->slots; k++)
-            for (j = 0; j < US__A_COUNT; j++)
-                if (!us__a_per_slot(j)) m->slot_a[k][j] = m->a[j];
-        us__slot(m, 0, 0); /* without chunks: every layer */
-    }
-    if (m->tc.cp > 1) { /* every rank's token positions, [cp][seq/cp] (// >>cp) */
-        int Tl = m->tc.seq / m->tc.cp, rr, t;
-        int32_t *pos = (int32_t *)US_MALLOC((size_t)(m->tc.cp * Tl) * 4);
-        if (!pos) {
-            us_model_free(m);
-            us__model_set_error(m, "out of host memory");
-            return US_ERR_OOM;
-        }
-        for (rr = 0; rr < m->tc.cp; rr++)
-            for (t = 0; t < Tl; t++) pos[rr * Tl + t] = us__cp_pos(&m->tc, rr, t);
-        m->ops.copy(&m->ops, m->a[US__A_CPPOS], pos, (size_t)(m->tc.cp * Tl) * 4, US_COPY_H2D);
-        US_FREE(pos);
-    }
-    if (m->tc.pp > 1 && m->comm) { /* connect the pipeline's neighbours both ways (// >>pp) */
-        us_result r = us__pp_connect(m);
-        if (r != US_OK) {
-            char e2[256];
-            snprintf(e2, sizeof e2, "%s", m->err);
-            us_model_free(m);
-            us__model_set_error(m, "%s", e2);
-            return r;
-        }
-    }
-    if (us__fp8_wcache_on(&m->tc)) { /* the weight cache (// >>fp8-linear) */
-        int HS = (int)(m->cfg.dim / m->cfg.n_heads), nl = m->cfg.n_layers, li, k;
-        int64_t QKV = (int64_t)(m->nh_l + 2 * m->nkv_l) * HS, AO = (int64_t)m->nh_l * HS;
-        int pk[4] = {US__P_Q, US__P_O, US__P_GATE, US__P_DOWN};
-        m->fp8_wlayer = us__fp8_wcache_layer(m->cfg.dim, QKV, AO, m->ffn_l, us__fp8_min_dim(&m->tc),
-                                             m->fp8_woff, m->fp8_wdim);
-        /* no linear in FP8 (all under the size rule): no cache */
-        if (m->fp8_wlayer) m->fp8_wc = (char *)m->ops.alloc(&m->ops, m->fp8_wlayer * (size_t)nl);
-        m->fp8_wkey = (const void **)calloc((size_t)(4 * nl), sizeof(void *));
-        m->fp8_wok = (unsigned char *)calloc((size_t)(4 * nl), 1);
-        if ((m->fp8_wlayer && !m->fp8_wc) || !m->fp8_wkey || !m->fp8_wok) {
-            us_model_free(m);
-            us__model_set_error(
-                m,
-                "out of memory for the FP8 weight cache (%.1f MiB; tc.fp8_no_wcache does without)",
-                (double)m->fp8_wlayer * nl / 1048576.0);
-            return US_ERR_OOM;
-        }
-        for (li = 0; li < nl; li++)
-            for (k = 0; k < 4; k++) m->fp8_wkey[4 * li + k] = us__W(m, US__PL(li, pk[k]));
-    }
-    m->mem.params =
-        wb + (size_t)z.n_wslots * wsb + us__moe_bias_bytes(m) +
-        m->fp8_wlayer *
-            (size_t)m->cfg.n_layers; /* + the fp32 router biases (// >>moe), the FP8 weight cache */
-    m->mem.master = mb;
-    m->mem.grads = gb + (size_t)z.n_gslots * gsb;
-    m->mem.optimizer = 2 * ob;
-    m->mem.total =
-        m->mem.params + m->mem.master + m->mem.grads + m->mem.optimizer + m->mem.activations;
-    us__init_weights(m);
-    return us__backend_check(m);
-}
-
-US_API us_result us_model_init(us_model *m, const us_model_config *mc, const us_train_config *tc,
-                               const us_ops *ops) {
-    return us__model_init(m, mc, tc, ops, NULL);
-}
-
-US_API us_result us_model_init_dist(us_model *m, const us_model_config *mc,
-                                    const us_train_config *tc, const us_ops *ops, us_comm *comm) {
-    if (!comm) {
-        memset(m, 0, sizeof *m);
-        us__model_set_error(m, "us_model_init_dist needs a communicator");
-        return US_ERR_INVALID;
-    }
-    return us__model_init(m, mc, tc, ops, comm);
-}
-
-US_API void us_model_free(us_model *m) {
-    us_ops *o = &m->ops;
-    int u;
-    if (m->units && m->comm) /* never leave a collective in flight on memory about to be freed */
-        for (u = 0; u < m->n_units; u++) {
-            if (m->units[u].work) m->comm->wait(m->comm, m->units[u].work);
-            if (m->units[u].gather) m->comm->wait(m->comm, m->units[u].gather);
-        }
-    if (o->free) {
-        o->free(o, m->state);
-        o->free(o, m->arena);
-    }
-    us__pp_disconnect(m);
-    us__ep_free(m);
-    if (m->comm && m->mesh.dpcp_g.size) us_mesh_free(&m->mesh, m->comm);
-    US_FREE(m->slot_acts);
-    free(m->acts_work); /* acts points into them */
-    m->acts_work = NULL;
-    US_FREE(m->slot_a);
-    if (m->pp_sched) {
-        us_pp_schedule_free(m->pp_sched);
-        free(m->pp_sched);
-    }
-    US_FREE(m->pp_msgs);
-    US_FREE(m->pp_start);
-    m->slot_acts = NULL;
-    m->slot_a = NULL;
-    m->pp_sched = NULL;
-    m->pp_msgs = NULL;
-    m->pp_start = NULL;
-    US_FREE(m->params);
-    US_FREE(m->units);
-    US_FREE(m->unit_of);
-    US_FREE(m->layer_g);
-    US_FREE(m->layer_p);
-    US_FREE(m->emb_map);
-    US_FREE(m->emb_ids);
-    m->emb_map = m->emb_ids = NULL;
-    m->params = NULL;
-    m->acts = NULL;
-    m->units = NULL;
-    m->unit_of = NULL;
-    m->w = NULL;
-    m->layer_g = NULL;
-    m->layer_p = NULL;
-    us__moe_free(m);
-    if (m->fp8_wc) m->ops.free(&m->ops, m->fp8_wc);
-    free(m->fp8_wkey);
-    free(m->fp8_wok);
-    m->fp8_wc = NULL;
-    m->fp8_wkey = NULL;
-    m->fp8_wok = NULL;
-    m->fp8_wlayer = 0;
-    free(m->tpend); /* grown by realloc, like the trace's own rows */
-    m->tpend = NULL;
-    m->n_tpend = m->cap_tpend = 0;
-    m->master = m->grad = m->adam_m = m->adam_v = NULL;
-    m->state = NULL;
-    m->arena = NULL;
-    m->comm = NULL;
-}
-
 /* weight k of layer l (dtype dt) and its fp32 gradient. Under ZeRO-3 the weight lives in the
    slot its unit was gathered into (// >>zero); under ZeRO-2/3 the gradient in its unit's slot. */
-static void *us__W(us_model *m, int idx) {
+static void *us__weight(us_model *m, int idx) {
     if (m->tc.zero == 3) {
         const us__unit *U = &m->units[m->unit_of[idx]];
         US_ASSERT(U->wslot >= 0);
@@ -5482,7 +4783,7 @@ static void *us__W(us_model *m, int idx) {
 
 static float *us__grad_slot(us_model *m, int u);
 
-static float *us__G(us_model *m, int idx) {
+static float *us__grad(us_model *m, int idx) {
     if (m->tc.zero >= 2) {
         int u = m->unit_of[idx];
         return us__grad_slot(m, u) + (m->params[idx].offset - m->units[u].off);
@@ -5505,75 +4806,127 @@ static float *us__G(us_model *m, int idx) {
    Each rank scales its loss gradient by 1 / (valid targets of the global batch), so the SUM
    over ranks is the global-batch mean: the number one rank would compute for the whole batch
    (the book's average, without assuming every rank has the same number of valid targets). */
-/* Tracing the step. A compute region starts with us__tstart and ends with us__trace: on the CPU
-   both read the host clock; on a GPU (us_ops.mark) both drop a mark into the compute stream, and
-   the region's GPU times are read at the end of the step (us__trace_flush), so the trace shows when
-   the GPU computed, not when the host issued. Host activities (launching and waiting for
-   collectives) are timed by the host clock: us__trace_host, on the host row on a GPU. */
-typedef struct us__tm {
-    double t;
-    int id;
-} us__tm;
 
-struct us__tpend {
-    const char *cat;
-    char name[48];
-    int id0, id1;
-};
-
-static us__tm us__tstart(us_model *m) {
-    us__tm t;
-    t.t = us_trace_now_us();
-    t.id = m->trace && m->ops.mark ? m->ops.mark(&m->ops) : -1;
-    return t;
+/* Checks dp and the gradient buckets (us_config_validate). */
+static us_result us__dp_checks(const us_train_config *tc, char *err, size_t errlen) {
+    if (tc->dp < 1) US__BAD("dp=%d must be at least 1", tc->dp);
+    if (!(tc->bucket_mb > 0) || !isfinite(tc->bucket_mb))
+        US__BAD("bucket size %g MB must be a positive number", tc->bucket_mb);
+    if (tc->dense_emb_grad != 0 && tc->dense_emb_grad != 1)
+        US__BAD("dense_emb_grad=%d must be 0 or 1", tc->dense_emb_grad);
+    return US_OK;
 }
 
-static void us__trace(us_model *m, const char *cat, const char *name, us__tm t0) {
-    struct us__tpend *p;
-    int id1;
-    if (!m->trace) return;
-    if (!m->ops.mark) {
-        us_trace_add(m->trace, US_STREAM_COMPUTE, cat, name, t0.t, us_trace_now_us());
-        return;
+/* Whether the embedding's gradient is reduced by its touched rows (// >>dp, us__emb_rows_*): data
+   parallelism without sharded gradients, one pipeline stage, and the scratch fits — the logits
+   buffer [Nf, V/tp] must hold the packed rows [≤ dp·cp·Nf, C] fp32 with their indices, and the
+   residual gradient [Nf, C] every rank's count and token rows. Decided from the configs alone, so
+   the memory estimate cuts the same units. */
+static int us__emb_sparse(const us_model_config *mc, const us_train_config *tc) {
+    int64_t n = (int64_t)(tc->dp > 1 ? tc->dp : 1) * (tc->cp > 1 ? tc->cp : 1), C = mc->dim;
+    int64_t a = tc->precision == US_PRECISION_FP32 ? 4 : 2,
+            V = mc->vocab / (tc->tp > 1 ? tc->tp : 1);
+    if (tc->dense_emb_grad || n <= 1 || tc->zero >= 2 || tc->pp > 1) return 0;
+    return n * (C * 4 + 4) + 4 <= V * a && (n + 1) * 8 <= C * a;
+}
+
+/* Cuts the tensors into units and assigns every tensor its flat offset (the offsets of
+   us__build_params are replaced). Without ZeRO-3 the units are gradient buckets of about
+   bucket_mb, filled in backward order as PyTorch DDP does, so a bucket's last gradient is
+   produced early in the backward; ZeRO-3 uses one unit per layer (+ the embedding, + the final
+   norm with the head), what it gathers before the layer runs. Under ZeRO every unit is padded
+   to a multiple of dp·16 elements so it splits into dp equal pieces: the user never needs
+   divisibility. units may be NULL (count only). Returns the number of units. */
+static int us__plan_units(us_model *m, us__unit *units) {
+    const us_train_config *tc = &m->tc;
+    int np = m->n_params_t, L = m->cfg.n_layers, ns = 0, i, u,
+        own = tc->zero ? tc->dp * (tc->cp > 0 ? tc->cp : 1) : 1;
+    int64_t bucket = (int64_t)((double)tc->bucket_mb * 1048576.0 / 4.0), acc = 0, off = 0,
+            shard = 0;
+    int *start = (int *)US_MALLOC(sizeof(int) * (size_t)(np + 1)); /* first tensor of each unit */
+    if (tc->zero == 3) { /* [embedding] [layer 0] ... [layer L-1] [final norm (+ lm_head)] */
+        start[ns++] = 0;
+        for (i = 0; i < L; i++) start[ns++] = US__TENSOR(i, 0);
+        start[ns++] = US__P_NORM(L);
+    } else { /* buckets filled from the last tensor backwards, closed at bucket_mb */
+        if (bucket < 1) bucket = 1;
+        for (i = np - 1; i > 0; i--) {
+            int l, k, fused = us__tensor_role(m, i, &l, &k) == 1;
+            /* under expert parallelism routed experts and the rest never share a unit: their
+               gradients are reduced over different groups (// >>ep) */
+            int border = us__ep_size(tc) > 1 && m->params[i].expert != m->params[i - 1].expert;
+            acc += m->params[i].numel;
+            /* q|k|v and gate|up are one GEMM each, writing one gradient block: never split them */
+            if ((acc >= bucket || border) && !fused) {
+                start[ns++] = i;
+                acc = 0;
+            }
+        }
+        /* the embedding alone when its gradient is reduced early and by rows (us__emb_sparse) */
+        if (np > 1 && (ns == 0 || start[ns - 1] != 1) && us__emb_sparse(&m->cfg, tc))
+            start[ns++] = 1;
+        start[ns++] = 0;
+        for (i = 0; i < ns / 2; i++) {
+            int t = start[i];
+            start[i] = start[ns - 1 - i];
+            start[ns - 1 - i] = t;
+        }
     }
-    if (t0.id < 0 || (id1 = m->ops.mark(&m->ops)) < 0)
-        return; /* out of marks: the region is left out */
-    if (m->n_tpend == m->cap_tpend) {
-        int cap = m->cap_tpend ? 2 * m->cap_tpend : 256;
-        struct us__tpend *np = (struct us__tpend *)realloc(m->tpend, (size_t)cap * sizeof *np);
-        if (!np) return;
-        m->tpend = np;
-        m->cap_tpend = cap;
+    start[ns] = np;
+    for (u = 0; u < ns; u++) {
+        int64_t first = off, n, quantum = (int64_t)own * US__SHARD_PAD;
+        for (i = start[u]; i < start[u + 1]; i++) {
+            m->params[i].offset = off;
+            off += m->params[i].numel;
+        }
+        n = off - first;
+        if (tc->zero) n = (n + quantum - 1) / quantum * quantum;
+        off = first + n;
+        if (units) {
+            us__unit *U = &units[u];
+            memset(U, 0, sizeof *U);
+            U->p0 = start[u];
+            U->p1 = start[u + 1];
+            U->off = first;
+            U->n = n;
+            U->piece = tc->zero ? n / own : n;
+            U->shard_off = tc->zero ? shard : first;
+            U->gslot = U->wslot = -1;
+            U->expert = us__ep_size(tc) > 1 && m->params[U->p0].expert;
+        }
+        shard += tc->zero ? n / own : n;
     }
-    p = &m->tpend[m->n_tpend++];
-    p->cat = cat;
-    p->id0 = t0.id;
-    p->id1 = id1;
-    snprintf(p->name, sizeof p->name, "%s", name);
+    US_FREE(start);
+    return ns;
 }
 
-static void us__trace_host(us_model *m, const char *cat, const char *name, double t0) {
-    if (m->trace)
-        us_trace_add(m->trace, m->ops.mark ? US_STREAM_HOST : US_STREAM_COMPUTE, cat, name, t0,
-                     us_trace_now_us());
-}
-
-/* The step's GPU-timed regions into the trace (one sync; only when tracing a GPU). */
-static void us__trace_flush(us_model *m) {
-    int i;
-    if (!m->n_tpend) return;
-    m->ops.sync(&m->ops);
-    for (i = 0; i < m->n_tpend; i++)
-        us_trace_add(m->trace, US_STREAM_COMPUTE, m->tpend[i].cat, m->tpend[i].name,
-                     m->ops.mark_us(&m->ops, m->tpend[i].id0),
-                     m->ops.mark_us(&m->ops, m->tpend[i].id1));
-    m->n_tpend = 0;
-    m->ops.mark_reset(&m->ops);
-}
-
-static us_result us__comm_fail(us_model *m, us_result r, const char *what) {
-    if (r != US_OK && !m->err[0]) us__model_set_error(m, "%s: %s", what, m->comm->err);
-    return r;
+/* Data parallelism's set-up: the flat buffers cut into units (us__plan_units) and each tensor's
+   unit; the host tables of the embedding's rows when its gradient is reduced by rows
+   (us__emb_sparse). */
+static us_result us__dp_init(us_model *m) {
+    int u, i;
+    m->n_units = us__plan_units(m, NULL);
+    m->units = (us__unit *)US_MALLOC(sizeof(us__unit) * (size_t)m->n_units);
+    if (!m->units) {
+        us__model_set_error(m, "out of host memory for the model tables");
+        return US_ERR_OOM;
+    }
+    us__plan_units(m, m->units);
+    for (u = 0; u < m->n_units; u++)
+        for (i = m->units[u].p0; i < m->units[u].p1; i++) m->unit_of[i] = u;
+    if ((m->emb_sparse = us__emb_sparse(&m->cfg, &m->tc) && m->c_first)) {
+        int64_t Nr, Ns, k;
+        us__sp_rows(m, (int64_t)m->tc.batch * (m->tc.seq / m->mesh.cp), &Nr, &Ns); /* arena rows */
+        m->emb_map = (int32_t *)US_MALLOC((size_t)m->vocab_l * 4);
+        m->emb_nf = Nr;
+        m->emb_ids = (int32_t *)US_MALLOC((size_t)(m->mesh.dpcp_g.size + 1) * (size_t)(Nr + 1) * 4);
+        if (!m->emb_map || !m->emb_ids) {
+            us__model_set_error(m, "out of host memory for the model tables");
+            return US_ERR_OOM;
+        }
+        for (k = 0; k < m->vocab_l; k++) m->emb_map[k] = -1;
+    }
+    return US_OK;
 }
 
 /* Sums host doubles over the dp group (through backend memory: NCCL reads device memory). */
@@ -5593,11 +4946,6 @@ static us_result us__dp_sum(us_model *m, double *v, int n) {
 }
 
 US_API us_result us_dp_sum(us_model *m, double *v, int n) { return us__dp_sum(m, v, n); }
-
-US_API void us_cp_positions(const us_train_config *tc, int r, int32_t *pos) {
-    int t;
-    for (t = 0; t < tc->seq / tc->cp; t++) pos[t] = us__cp_pos(tc, r, t);
-}
 
 static int us__dp_needed(const us_model *m) { return m->mesh.dpcp_g.size > 1 || m->tc.zero; }
 
@@ -5696,17 +5044,17 @@ static us_result us__grads_finish(us_model *m) {
     return US_OK;
 }
 
-/* 4. The embedding's gradient by its touched rows. Issue 9's trace showed the last bucket
-   exposed: the embedding's gradient is finished by the lookup's backward, the step's last op,
-   and at a 128k vocabulary it is 1 GB of fp32 with nothing left to hide under. But the lookup's
-   backward touches only the rows of the tokens seen. So, in the micro-batch that reduces:
+/* 4. The embedding's gradient by its touched rows. The embedding's gradient is finished by the
+   lookup's backward, the step's last op, so its bucket has nothing left to hide under (at a 128k
+   vocabulary, 1 GB of fp32). But the lookup's backward touches only the rows of the tokens seen.
+   So, in the micro-batch that reduces:
      - the embedding's bucket (a unit of its own) is reduced early, hidden under the layers: at
        the start of the backward, or after the head when tied (the head's part is in it too), or
        not at all while it holds nothing (untied, one micro-batch);
      - the ranks' tokens are gathered at the start of the backward, and every rank numbers the
        union U of the rows they touch in the same order (first seen, in rank order);
      - the lookup's gradient goes into those rows packed, [|U|, C] fp32, which are all-reduced
-       alone (1B on Shakespeare's bytes: 65 rows, 0.5 MB instead of 1 GB), then added into the
+       alone (a byte vocabulary's few rows instead of [V, C]), then added into the
        reduced gradient, each row once: every rank adds the same numbers in the same order, and
        the replicas stay equal to the bit.
    The sums are the dense reduction's, in another order. dense_emb_grad = 1 turns it off. */
@@ -5757,7 +5105,8 @@ us__emb_rows_early(us_model *m) { /* the embedding's bucket: reduced now, or kno
     return US_OK;
 }
 
-/* The lookup's backward from dx [R, C] (dtype dt), by rows, into the embedding's reduced gradient. */
+/* The lookup's backward from dx [R, C] (dtype dt), by rows, into the embedding's reduced
+   gradient. */
 static us_result us__emb_rows_finish(us_model *m, const void *dx, int64_t R) {
     us_ops *o = &m->ops;
     int64_t C = m->cfg.dim, nu = m->emb_nu, n = m->mesh.dpcp_g.size, W = m->emb_nf + 1;
@@ -5766,7 +5115,7 @@ static us_result us__emb_rows_finish(us_model *m, const void *dx, int64_t R) {
             m->a[US__A_LOGITS]; /* [nu, C], then U and this rank's places: the logits are spent */
     int32_t *ix = (int32_t *)(P + nu * C), *tk = ix + nu;
     us_result r = US_OK;
-    us__tm t0 = us__tstart(m);
+    us__trace_mark t0 = us__tstart(m);
     m->emb_on = 0;
     if (nu > 0) {
         o->copy(o, ix, m->emb_ids, (size_t)nu * 4, US_COPY_H2D);
@@ -5778,7 +5127,7 @@ static us_result us__emb_rows_finish(us_model *m, const void *dx, int64_t R) {
     }
     if ((r = us__unit_finish(m, m->unit_of[0])) != US_OK) return r; /* the early part, reduced */
     if (nu > 0)
-        o->embedding_bwd(o, us__G(m, 0), P, ix, nu, C,
+        o->embedding_bwd(o, us__grad(m, 0), P, ix, nu, C,
                          US_F32); /* distinct rows: no two adds meet */
     us__trace(m, "compute", "embedding rows", t0);
     return US_OK;
@@ -5799,9 +5148,16 @@ static us_result us__emb_rows_finish(us_model *m, const void *dx, int64_t R) {
    Memory per rank (Ψ parameters, dp = N_d; the book's mixed-precision formulas 2Ψ+2Ψ+12Ψ/N_d,
    2Ψ+(2Ψ+12Ψ)/N_d, (2Ψ+2Ψ+12Ψ)/N_d, here with fp32 gradients): see us_memory_estimate. */
 
+/* Checks the ZeRO stage (us_config_validate). */
+static us_result us__zero_checks(const us_train_config *tc, char *err, size_t errlen) {
+    if (tc->zero < 0 || tc->zero > 3) US__BAD("zero=%d must be 0, 1, 2 or 3", tc->zero);
+    return US_OK;
+}
+
 /* ZeRO-2/3: the slot holding unit u's full gradient for this backward, taken (and zeroed) at
    the unit's first gradient write. With every slot busy, the oldest reduction is finished. */
 static float *us__grad_slot(us_model *m, int u) {
+    /* returns the slot, [U->n] f32: the unit's whole gradient, its piece [U->piece] per rank */
     us__unit *U = &m->units[u];
     int s, oldest = -1;
     if (U->gslot >= 0 && !U->work) return m->gslot[U->gslot]; /* being written in this backward */
@@ -5827,12 +5183,12 @@ static float *us__grad_slot(us_model *m, int u) {
 
 /* ZeRO-3's walk over the model: step 0 is the embedding, step 1+l layer l, step L+1 the final
    norm and head. Returns the units step s reads. */
-static int us__z3_units(const us_model *m, int s, int out[2]) {
+static int us__zero3_units(const us_model *m, int s, int out[2]) {
     int L = m->cfg.n_layers, n = 0;
     if (s == 0)
         out[n++] = m->unit_of[0];
     else if (s <= L)
-        out[n++] = m->unit_of[US__PL(s - 1, 0)];
+        out[n++] = m->unit_of[US__TENSOR(s - 1, 0)];
     else {
         out[n++] = m->unit_of[US__P_NORM(L)];
         if (m->cfg.tie_embeddings) out[n++] = m->unit_of[0];
@@ -5840,7 +5196,8 @@ static int us__z3_units(const us_model *m, int s, int out[2]) {
     return n;
 }
 
-static us_result us__z3_gather(us_model *m, int u) { /* asynchronous; no-op if resident */
+static us_result us__zero3_gather(us_model *m, int u) { /* asynchronous; no-op if resident */
+    /* the slot [U->n] (dtype dt) gathers every rank's piece [U->piece] of unit u */
     us__unit *U = &m->units[u];
     us_result r;
     int s;
@@ -5855,7 +5212,7 @@ static us_result us__z3_gather(us_model *m, int u) { /* asynchronous; no-op if r
     return us__comm_fail(m, r, "ZeRO-3 weight all-gather");
 }
 
-static void us__z3_release(us_model *m, int u) {
+static void us__zero3_release(us_model *m, int u) {
     us__unit *U = &m->units[u];
     if (U->wslot < 0) return;
     if (U->gather) {
@@ -5866,27 +5223,27 @@ static void us__z3_release(us_model *m, int u) {
     U->wslot = -1;
 }
 
-static void us__z3_release_all(us_model *m) {
+static void us__zero3_release_all(us_model *m) {
     int u;
     if (m->tc.zero == 3)
-        for (u = 0; u < m->n_units; u++) us__z3_release(m, u);
+        for (u = 0; u < m->n_units; u++) us__zero3_release(m, u);
 }
 
 /* Enter step s walking in direction dir (+1 forward, -1 backward): the step's weights must be
    here; the previous step's that this one does not read are freed; the next step's gather is
    issued now, so it runs while step s computes. */
-static us_result us__z3_enter(us_model *m, int s, int dir) {
+static us_result us__zero3_enter(us_model *m, int s, int dir) {
     int cur[2], prev[2], next[2], nc, np = 0, nn = 0, i, j, L = m->cfg.n_layers;
     us_result r;
     double t0;
     if (m->tc.zero != 3) return US_OK;
-    nc = us__z3_units(m, s, cur);
-    if (s - dir >= 0 && s - dir <= L + 1) np = us__z3_units(m, s - dir, prev);
-    if (s + dir >= 0 && s + dir <= L + 1) nn = us__z3_units(m, s + dir, next);
+    nc = us__zero3_units(m, s, cur);
+    if (s - dir >= 0 && s - dir <= L + 1) np = us__zero3_units(m, s - dir, prev);
+    if (s + dir >= 0 && s + dir <= L + 1) nn = us__zero3_units(m, s + dir, next);
     t0 = us_trace_now_us();
     for (i = 0; i < nc; i++) {
         us__unit *U = &m->units[cur[i]];
-        if ((r = us__z3_gather(m, cur[i])) != US_OK) return r;
+        if ((r = us__zero3_gather(m, cur[i])) != US_OK) return r;
         if (U->gather) {
             r = m->comm->wait(m->comm, U->gather);
             U->gather = NULL;
@@ -5897,10 +5254,10 @@ static us_result us__z3_enter(us_model *m, int s, int dir) {
     for (i = 0; i < np; i++) {
         int keep = 0;
         for (j = 0; j < nc; j++) keep |= prev[i] == cur[j];
-        if (!keep) us__z3_release(m, prev[i]);
+        if (!keep) us__zero3_release(m, prev[i]);
     }
     for (i = 0; i < nn; i++)
-        if ((r = us__z3_gather(m, next[i])) != US_OK) return r;
+        if ((r = us__zero3_gather(m, next[i])) != US_OK) return r;
     return US_OK;
 }
 
@@ -5945,6 +5302,28 @@ static void us__adamw_piece(us_model *m, const us__unit *U, float lr, float gsca
     }
 }
 
+/* Sizes of the parallel layout, shared by the model and the estimator. */
+typedef struct us__dist_sizes {
+    int64_t n_flat, shard_n, slot_n;
+    int n_gslots, n_wslots;
+} us__dist_sizes;
+
+static void us__dist_sizes_of(const us_model *m, us__dist_sizes *z) {
+    int u, Z = m->tc.zero, spare = m->cfg.tie_embeddings ? 3 : 2;
+    memset(z, 0, sizeof *z);
+    for (u = 0; u < m->n_units; u++) {
+        z->n_flat += m->units[u].n;
+        z->shard_n += m->units[u].piece;
+        if (m->units[u].n > z->slot_n) z->slot_n = m->units[u].n;
+    }
+    /* ZeRO-2/3 produce a unit's full gradient in a slot: one being written, one being reduced,
+       and (tied) the embedding's, written by the head first and by the embedding last. ZeRO-3's
+       weights likewise: the layer in use, the next one prefetched, and (tied) the embedding. */
+    z->n_gslots = Z >= 2 ? (m->n_units < spare ? m->n_units : spare) : 0;
+    z->n_wslots = Z == 3 ? (m->n_units < spare ? m->n_units : spare) : 0;
+    if (Z < 2) z->slot_n = 0;
+}
+
 /* ------------------------------------------------------------------------------------ */
 // >>tp  tensor parallelism: heads, FFN columns and the vocabulary split over the tp ranks
 /* ------------------------------------------------------------------------------------ */
@@ -5957,6 +5336,46 @@ static void us__adamw_piece(us_model *m, const us__unit *U, float lr, float gsca
    vocabulary: a token outside this rank's rows embeds to zero and the all-reduce adds the one
    rank that has it; the loss is computed from this rank's logit columns with the row max and
    the softmax denominator all-reduced (us__tp_xent), so no rank holds the full logits. */
+
+/* Checks tp divides the heads, the FFN and the vocabulary; SP needs tp > 1 (us_config_validate). */
+static us_result us__tp_checks(const us_model_config *mc, const us_train_config *tc, char *err,
+                               size_t errlen) {
+    if (tc->tp_no_overlap != 0 && tc->tp_no_overlap != 1)
+        US__BAD("tp_no_overlap=%d must be 0 or 1", tc->tp_no_overlap);
+    if (tc->overlap_sms < 0 || tc->overlap_sms > 4096)
+        US__BAD("overlap_sms=%d must be a count of SMs (0: none)", tc->overlap_sms);
+    if (tc->tp < 1) US__BAD("tp=%d must be at least 1", tc->tp);
+    if (tc->sp != 0 && tc->sp != 1) US__BAD("sp=%d must be 0 or 1", tc->sp);
+    if (tc->sp && tc->tp < 2)
+        US__BAD("sequence parallelism splits the tensor-parallel group's tokens: it needs tp > 1");
+    if (mc->n_heads % tc->tp)
+        US__BAD("tp=%d must divide heads=%d (each rank computes whole heads)", tc->tp, mc->n_heads);
+    if (mc->n_kv_heads % tc->tp)
+        US__BAD(
+            "tp=%d must divide kv-heads=%d: K/V heads are split over the tp ranks, not replicated",
+            tc->tp, mc->n_kv_heads);
+    if (mc->ffn_dim % tc->tp)
+        US__BAD("tp=%d must divide ffn=%lld (the SwiGLU columns are split)", tc->tp,
+                (long long)mc->ffn_dim);
+    if (mc->vocab % tc->tp)
+        US__BAD("tp=%d must divide vocab=%lld (the embedding and the head are split by vocabulary "
+                "rows)",
+                tc->tp, (long long)mc->vocab);
+    return US_OK;
+}
+
+/* Tensor parallelism's set-up: this rank's share of the heads, the FFN columns and the
+   vocabulary (its rows start at vocab_off). The checks (us_config_validate) made each divide. */
+static void us__tp_init(us_model *m) {
+    const us_model_config *c = &m->cfg;
+    int tp = m->tc.tp > 0 ? m->tc.tp : 1;
+    m->nh_l = c->n_heads / tp;
+    m->nkv_l = c->n_kv_heads / tp;
+    m->ffn_l = c->ffn_dim / tp;
+    m->vocab_l = c->vocab / tp;
+    m->vocab_off = (int64_t)m->mesh.tp_rank * m->vocab_l;
+}
+
 static us_result us__tp_sum_w(us_model *m, void *buf, int64_t n, us_dtype dt,
                               us_work **w) { /* over tp, in place */
     us_result r;
@@ -5999,7 +5418,9 @@ static us_result us__tp_xent(us_model *m, const int32_t *tgt_l, int64_t N, int64
     int64_t V = m->vocab_l, i;
     us_result r;
     o->xent_stats(o, mx, am, NULL, NULL, logits, tgt_l, N, V, m->dt);
-    if (want_argmax) { /* each rank offers its best column where it holds the global max; MAX of -index picks the first */
+    /* each rank offers its best column where it holds the global max; MAX of -index picks the
+       first */
+    if (want_argmax) {
         float *lm = (float *)US_MALLOC((size_t)N * 8);
         int32_t *la = (int32_t *)US_MALLOC((size_t)N * 4);
         if (!lm || !la) {
@@ -6046,11 +5467,26 @@ static us_result us__tp_xent(us_model *m, const int32_t *tgt_l, int64_t N, int64
    reduce-scatters the partial products instead of all-reducing them. In the backward the two
    swap. The same bytes move as TP's all-reduce (reduce-scatter + all-gather), but no rank stores
    or normalises the whole sequence. */
-static int us__sp(const us_model *m) { return m->tc.sp && m->tc.tp > 1; }
+static int us__sp_on(const us_model *m) { return m->tc.sp && m->tc.tp > 1; }
 
-static void us__rows(const us_model *m, int64_t N, int64_t *Np, int64_t *Ns) {
-    *Np = us__sp(m) ? (N + m->tc.tp - 1) / m->tc.tp * m->tc.tp : N;
-    *Ns = us__sp(m) ? *Np / m->tc.tp : N;
+static void us__sp_rows(const us_model *m, int64_t N, int64_t *Np, int64_t *Ns) {
+    *Np = us__sp_on(m) ? (N + m->tc.tp - 1) / m->tc.tp * m->tc.tp : N;
+    *Ns = us__sp_on(m) ? *Np / m->tc.tp : N;
+}
+
+/* Tensor and sequence parallelism's scratch (// >>model's arena), for Nf rows; head: this rank
+   runs the head. */
+static void us__tp_scratch(const us_model *m, int64_t Nf, int head, size_t *sz) {
+    int64_t C = m->cfg.dim;
+    size_t a = us_dtype_size(m->dt);
+    int sp = us__sp_on(m);
+    /* the vocabulary-parallel loss: mx, tlogit f32, sumexp f64, argmax i32 */
+    sz[US__A_VP] = m->tc.tp > 1 && head ? Nf * (4 + 4 + 8 + 4) + 8 : 0;
+    /* sequence parallelism: a whole-sequence [Nf, C] buffer for the all-gathered norm outputs,
+       the partial products before their reduce-scatter and the gathered residual gradient;
+       and a norm weight's partial gradient, summed over tp before it is accumulated */
+    sz[US__A_SPG] = sp ? Nf * C * a : 0;
+    sz[US__A_NW] = sp ? C * 4 : 0;
 }
 
 static us_result us__sp_gather_w(us_model *m, void *full, const void *shard, int64_t Ns,
@@ -6075,11 +5511,10 @@ static us_result us__sp_scatter(us_model *m, void *shard, const void *full, int6
     return us__sp_scatter_w(m, shard, full, Ns, NULL);
 }
 
-/* While a tp collective travels, the GEMMs beside it may leave it overlap_sms SMs (us_ops.sm_margin).
-   On two H200s a reduce-scatter sharing the SMs with a weight-gradient GEMM took 1.8 ms instead of
-   0.3; leaving it 8, 16 or 32 SMs sped the collectives up and slowed the GEMMs as much (tp 2 + sp:
-   84.3, 84.3, 83.1 % against 84.7 % with none), so the default is none. Started collectives are
-   counted; the margin holds until the last is waited for. */
+/* While a tp collective travels, the GEMMs beside it may leave it overlap_sms SMs
+   (us_ops.sm_margin). A margin speeds the collective up and slows the GEMMs about as much
+   (bench/RESULTS.md), so the default is none. Started collectives are counted; the margin holds
+   until the last is waited for. */
 static void us__tp_started(us_model *m, us_work *w) {
     if (!w) return;
     m->tp_inflight++;
@@ -6111,8 +5546,8 @@ static us_result us__tp_dgrad_start(us_model *m, void *dlnp, void *dln, int64_t 
     us_work **wa = m->tc.tp_no_overlap ? NULL : w; /* (no overlap: finished here) */
     *w = NULL;
     if (m->tc.tp <= 1) return US_OK;
-    r = us__sp(m) ? us__sp_scatter_w(m, dlnp, dln, Ns, wa)
-                  : us__tp_sum_w(m, dln, N * m->cfg.dim, m->dt, wa);
+    r = us__sp_on(m) ? us__sp_scatter_w(m, dlnp, dln, Ns, wa)
+                     : us__tp_sum_w(m, dln, N * m->cfg.dim, m->dt, wa);
     if (r == US_OK) us__tp_started(m, *w);
     return r;
 }
@@ -6180,8 +5615,8 @@ static us_result us__sp_gemm_scatter(us_model *m, void *dst, const void *res, co
         us__linear_fwd(m, Ns * tp, In, C, x, W, 1.0f, G);
         return us__sp_scatter(m, dst, G, Ns);
     }
-    k = (int)(Ns /
-              us__sp_chunk_rows); /* chunks of at least 4096 rows per rank block: GEMMs still large */
+    /* chunks of at least 4096 rows per rank block: GEMMs still large */
+    k = (int)(Ns / us__sp_chunk_rows);
     if (k < 1) k = 1;
     if (k > 4) k = 4;
     for (j = 0; j < k && r == US_OK; j++) {
@@ -6211,7 +5646,7 @@ static us_result us__sp_gemm_scatter(us_model *m, void *dst, const void *res, co
    would scale each block by its own amax, and the tile mode would quantise the weight once per
    block, so FP8 gathers first. */
 static int us__tp_ring(const us_model *m) {
-    return us__sp(m) && !m->tc.tp_no_overlap && m->tc.precision != US_PRECISION_FP8 &&
+    return us__sp_on(m) && !m->tc.tp_no_overlap && m->tc.precision != US_PRECISION_FP8 &&
            m->tc.precision != US_PRECISION_FP8_TENSOR;
 }
 
@@ -6261,14 +5696,16 @@ static us_result us__norm_bwd(us_model *m, void *dres, int widx, const void *dln
     us_ops *o = &m->ops;
     int64_t C = m->cfg.dim;
     us_result r;
-    if (!us__sp(m)) {
-        o->rmsnorm_bwd(o, dres, us__G(m, widx), dln, x, us__W(m, widx), rstd, rows, C, m->dt);
+    if (!us__sp_on(m)) {
+        o->rmsnorm_bwd(o, dres, us__grad(m, widx), dln, x, us__weight(m, widx), rstd, rows, C,
+                       m->dt);
         return US_OK;
     }
     o->zero(o, m->a[US__A_NW], (size_t)C * 4);
-    o->rmsnorm_bwd(o, dres, (float *)m->a[US__A_NW], dln, x, us__W(m, widx), rstd, rows, C, m->dt);
+    o->rmsnorm_bwd(o, dres, (float *)m->a[US__A_NW], dln, x, us__weight(m, widx), rstd, rows, C,
+                   m->dt);
     if ((r = us__tp_sum(m, m->a[US__A_NW], C, US_F32)) != US_OK) return r;
-    o->axpy(o, us__G(m, widx), (const float *)m->a[US__A_NW], 1.0f, C);
+    o->axpy(o, us__grad(m, widx), (const float *)m->a[US__A_NW], 1.0f, C);
     return US_OK;
 }
 
@@ -6284,6 +5721,19 @@ static us_result us__norm_bwd(us_model *m, void *dres, int widx, const void *dln
    sharding gives rank r chunks r and 2·cp−1−r, so every rank has the same causal work; the
    all-gather variant gathers every block first (simpler, more memory). Gradients are then
    reduced over dp×cp (// >>dp), each rank holding the same weights. */
+
+/* Checks the sequence splits into the cp ranks' chunks (us_config_validate). */
+static us_result us__cp_checks(const us_train_config *tc, char *err, size_t errlen) {
+    if (tc->cp < 1) US__BAD("cp=%d must be at least 1", tc->cp);
+    if (tc->cp_mode < US_CP_RING || tc->cp_mode > US_CP_ALLGATHER)
+        US__BAD("unknown cp mode %d", (int)tc->cp_mode);
+    if (tc->cp > 1 && tc->seq % (tc->cp_mode == US_CP_RING ? tc->cp : 2 * tc->cp))
+        US__BAD("seq=%d must split into %d equal chunks for cp=%d (%s)", tc->seq,
+                tc->cp_mode == US_CP_RING ? tc->cp : 2 * tc->cp, tc->cp,
+                tc->cp_mode == US_CP_RING ? "one per rank" : "two per rank, zig-zag");
+    return US_OK;
+}
+
 static int us__cp_pos(const us_train_config *tc, int r,
                       int t) { /* global position of rank r's token t */
     int cp = tc->cp, Tl = tc->seq / cp, half = Tl / 2;
@@ -6291,10 +5741,50 @@ static int us__cp_pos(const us_train_config *tc, int r,
     return t < half ? r * half + t : (2 * cp - 1 - r) * half + (t - half);
 }
 
+US_API void us_cp_positions(const us_train_config *tc, int r, int32_t *pos) {
+    int t;
+    for (t = 0; t < tc->seq / tc->cp; t++) pos[t] = us__cp_pos(tc, r, t);
+}
+
+/* Context parallelism's scratch (// >>model's arena), N = B·T/cp rows: positions, the K/V blocks
+   in flight (two for the ring, all cp for the all-gather variant) with their gradients, the
+   online-softmax state, dQ and a cast buffer. */
+static void us__cp_scratch(const us_model *m, int64_t N, size_t *sz) {
+    int cp = m->tc.cp > 1 ? m->tc.cp : 1;
+    int64_t HS = m->cfg.dim / m->cfg.n_heads, AO = (int64_t)m->nh_l * HS;
+    int64_t KVW = (int64_t)2 * m->nkv_l * HS, nb = m->tc.cp_mode == US_CP_ALLGATHER ? cp : 2,
+            on = cp > 1;
+    size_t a = us_dtype_size(m->dt);
+    sz[US__A_CPPOS] = on ? (size_t)(cp * (m->tc.seq / cp)) * 4 : 0; /* [cp, T/cp] i32 */
+    sz[US__A_CPKV] = on ? nb * N * KVW * a : 0;                     /* [nb, N, 2·NKV·HS] */
+    sz[US__A_CPDKV] = on ? nb * N * KVW * 4 : 0;                    /* [nb, N, 2·NKV·HS] f32 */
+    sz[US__A_CPACC] = on ? N * AO * 4 : 0;                          /* [N, NH·HS] f32 */
+    sz[US__A_CPM] = sz[US__A_CPL] = on ? N * m->nh_l * 4 : 0;       /* [N, NH] f32 */
+    sz[US__A_CPDQ] = on ? N * AO * 4 : 0;                           /* [N, NH·HS] f32 */
+    sz[US__A_CPTMP] = on ? N * (AO > KVW ? AO : KVW) * a : 0;
+}
+
+/* Context parallelism's set-up: every rank's token positions, [cp][T/cp] i32, in the arena. */
+static us_result us__cp_init(us_model *m) {
+    int Tl = m->tc.seq / m->tc.cp, rr, t;
+    int32_t *pos;
+    if (m->tc.cp <= 1) return US_OK;
+    pos = (int32_t *)US_MALLOC((size_t)(m->tc.cp * Tl) * 4);
+    if (!pos) {
+        us__model_set_error(m, "out of host memory");
+        return US_ERR_OOM;
+    }
+    for (rr = 0; rr < m->tc.cp; rr++)
+        for (t = 0; t < Tl; t++) pos[rr * Tl + t] = us__cp_pos(&m->tc, rr, t);
+    m->ops.copy(&m->ops, m->a[US__A_CPPOS], pos, (size_t)(m->tc.cp * Tl) * 4, US_COPY_H2D);
+    US_FREE(pos);
+    return US_OK;
+}
+
 /* Moves this rank's block to the next rank and receives the previous rank's, as one all-to-all. */
 static us_result us__cp_shift(us_model *m, void *dst, const void *src, int64_t n, us_dtype dt,
                               us_work **w) {
-    int cp = m->mesh.cp, r = m->mesh.cp_rank;
+    int cp = m->mesh.cp, r = m->mesh.cp_rank; /* src, dst: n elements, [N, 2·NKV·HS] K|V or dK|dV */
     int64_t *sc = (int64_t *)calloc((size_t)(4 * cp), sizeof(int64_t)), *sd = sc + cp,
             *rc = sd + cp, *rd = rc + cp; /* any cp */
     us_result res;
@@ -6316,8 +5806,9 @@ static us_result us__cp_attention_fwd(us_model *m, us_layer_acts *A, int64_t B, 
         r = m->mesh.cp_rank, s;
     int64_t N = B * T, QKV = (int64_t)(NH + 2 * NKV) * HS, KVW = (int64_t)2 * NKV * HS;
     const int32_t *pos = (const int32_t *)m->a[US__A_CPPOS];
-    char *kv = (char *)m->a[US__A_CPKV];
+    char *kv = (char *)m->a[US__A_CPKV]; /* [2 or cp][N, KVW]: K|V blocks, KVW = 2·NKV·HS */
     size_t blk = (size_t)(N * KVW) * us_dtype_size(dt);
+    /* the online softmax over blocks: acc [N, NH·HS], mm (row max) and ll (row sum) [N, NH], f32 */
     float *acc = (float *)m->a[US__A_CPACC], *mm = (float *)m->a[US__A_CPM],
           *ll = (float *)m->a[US__A_CPL];
     us_result res;
@@ -6362,7 +5853,8 @@ static us_result us__cp_attention_bwd(us_model *m, us_layer_acts *A, void *dqkv,
     int64_t N = B * T, QKV = (int64_t)(NH + 2 * NKV) * HS, KVW = (int64_t)2 * NKV * HS,
             AO = (int64_t)NH * HS;
     const int32_t *pos = (const int32_t *)m->a[US__A_CPPOS];
-    char *kv = (char *)m->a[US__A_CPKV];
+    char *kv = (char *)m->a[US__A_CPKV]; /* [2 or cp][N, KVW] K|V blocks */
+    /* dkv [2 or cp][N, KVW] f32: dK|dV travelling with their block; dq [N, NH·HS] f32 */
     float *dkv = (float *)m->a[US__A_CPDKV], *dq = (float *)m->a[US__A_CPDQ], *home;
     void *tmp = m->a[US__A_CPTMP];
     size_t blk = (size_t)(N * KVW) * us_dtype_size(dt);
@@ -6383,7 +5875,8 @@ static us_result us__cp_attention_bwd(us_model *m, us_layer_acts *A, void *dqkv,
         res = m->comm->reduce_scatter(m->comm, &m->mesh.cp_g, home, dkv, N * KVW, US_F32,
                                       US_REDUCE_SUM, NULL);
         if (res != US_OK) return us__comm_fail(m, res, "context-parallel reduce-scatter");
-    } else { /* K/V and their gradient accumulators travel together; after cp shifts dK/dV are home */
+        /* K/V and their gradient accumulators travel together; after cp shifts dK/dV are home */
+    } else {
         char *cur = kv, *nxt = kv + blk, *t;
         float *dcur = dkv, *dnxt = dkv + N * KVW, *dt2;
         o->copy2d(o, cur, KVW, us__at(A->qkv, dt, (int64_t)NH * HS), QKV, N, KVW, dt);
@@ -6417,2481 +5910,81 @@ static us_result us__cp_attention_bwd(us_model *m, us_layer_acts *A, void *dqkv,
 }
 
 /* ------------------------------------------------------------------------------------ */
-// >>moe  mixture of experts: route, permute, experts, combine (one rank)
+// >>pp  pipeline parallelism: schedules as data, the stage split, the executor
 /* ------------------------------------------------------------------------------------ */
-/* A MoE layer (Shazeer et al.; Mixtral; DeepSeek-V3) replaces the dense MLP: a router picks K of
-   E SwiGLU experts per token, and the token's output is the gate-weighted sum of theirs (plus,
-   optionally, a shared expert every token uses). Per layer, with u = ln2(xmid):
-       route    logits[N,E] = u·Wr^T;  probs = softmax | sigmoid;  topk = K best of probs + bias
-       permute  counting sort of the N·K choices by expert: rows [R] grouped per expert
-       experts  for each expert e, its rows: y_e = swiglu(x_e·Wgu_e^T)·Wd_e^T   (two GEMMs)
-       combine  x_{l+1} = xmid + shared(u) + Σ_k gate[n,k]·y[row of (n,k)]
-   Only K experts run per token, so compute follows the active parameters while memory holds all
-   E. Expert parallelism (// >>ep) puts an all-to-all between permute and experts (each expert's
-   rows to the rank holding it, the counts first) and another before combine; a rank then runs
-   its E/ep experts on the rows it received.
-   Load balancing. Left alone, a router collapses onto a few experts. The classic remedy is an
-   auxiliary loss α·Σ_e f_e·P_e (f_e = E/(K·N)·tokens routed to e, P_e = mean normalised
-   probability of e), which pulls the router toward uniform at some cost in quality. DeepSeek-V3
-   instead adds a bias b_e to the scores used for *selection only* and, after each step, moves it
-   by b_e += γ·sign(mean load − load_e): no gradient interferes with the language-model loss.
-   Capacity. With a capacity factor cf each expert takes at most ceil(cf·N·K/E) tokens of a
-   micro-batch, in token order; a dropped choice contributes nothing (its token keeps the
-   residual and its other experts). cf = 0, the default, drops nothing.
-   Group-limited routing (DeepSeek-V3's node limit): the E experts form G groups, a token first
-   keeps its M best groups, then picks its K experts inside them. */
-struct us__moe_grads { /* the backward's scratch, one action's (m->a[US__A_MOE]) */
-    void *dye;         /* [R,C]   ∂ expert outputs */
-    void *dxe;         /* [R,C]   ∂ expert inputs */
-    void *dh;          /* [max(R,N·shared),Fe]   ∂ SwiGLU outputs (routed, then shared) */
-    void *dgu;         /* [max(R,N·shared),2Fe]  ∂ gate | up */
-    void *dlg;         /* [N,E]   ∂ logits in dt, for the router's GEMMs */
-    float *dgates;     /* [N,K]   */
-    float *dlogits;    /* [N,E]   */
-    float *vec;   /* [E]     the auxiliary loss's Σ_n p' (forward), its coefficients (backward) */
-    void *ept;    /* [Rx,C]  ep > 1: the all-to-all's rows in transit, by source rank (// >>ep) */
-    int32_t *epc; /* [ep,E]  ep > 1: every ep peer's kept tokens per expert */
-    double *sum; /* [MoE layers·E + 3] dp·cp > 1: the step's routing counts, summed over dp×cp */
-};
-
-/* an expert takes at most cap tokens of a micro-batch of N (0: no limit); R rows hold them all */
-static int64_t us__moe_cap(const us_model_config *c, int64_t N) {
-    return c->moe_capacity > 0
-               ? (int64_t)ceil((double)c->moe_capacity * (double)N * c->moe_top_k / c->moe_experts)
-               : 0;
-}
-
-static int64_t us__moe_rows(const us_model_config *c, int64_t N) {
-    int64_t cap = us__moe_cap(c, N), nk = N * c->moe_top_k;
-    return cap > 0 && cap * c->moe_experts < nk ? cap * c->moe_experts : nk;
-}
-
-/* Rows a rank's experts may run on (// >>ep): its own R on one rank; under expert parallelism
-   every peer may send it all its rows, ep·R, unless a capacity limit bounds each of its E/ep
-   experts to cap rows per peer: then ep·min(R, E/ep·cap) ≈ cf·N·K, whatever ep is. */
-static int64_t us__moe_rx(const us_model_config *c, const us_train_config *tc, int64_t N) {
-    int64_t ep = us__ep_of(tc), R = us__moe_rows(c, N), cap = us__moe_cap(c, N),
-            lim = cap * (c->moe_experts / ep);
-    return ep * (cap > 0 && lim < R ? lim : R);
-}
-
-/* Bytes of one MoE layer's activations (us__moe_take's order) and of the backward's scratch
-   (us__moe_scratch's): the estimator uses the same pieces. Under expert parallelism the rows a
-   rank's experts run on (xe, gate|up, SwiGLU and their gradients) are sized for the worst case,
-   Rx (us__moe_rx), plus a transit buffer of Rx rows and the count table (// >>ep); n_moe MoE
-   layers' routing counts are summed over dp×cp in a small scratch. */
-static void us__moe_bytes(const us_model_config *c, const us_train_config *tc, int n_moe, int64_t N,
-                          size_t a, size_t *gemm, size_t *cheap, size_t *scratch) {
-    int64_t E = c->moe_experts, K = c->moe_top_k, Fe = c->moe_ffn_dim, R = us__moe_rows(c, N),
-            C = c->dim, S = c->moe_shared;
-    int64_t ep = us__ep_of(tc), Rx = us__moe_rx(c, tc, N), hN = Rx > N * S ? Rx : N * S,
-            nsum = tc->dp * tc->cp > 1 ? (int64_t)n_moe * E + 3 : 0;
-    *gemm = us__align(N * E * 4) + us__align(Rx * 2 * Fe * a) + us__align(R * C * a) +
-            (S ? us__align(N * 2 * Fe * a) : 0);
-    *cheap = us__align(N * E * 4) + 3 * us__align(N * K * 4) + us__align(R * 4) +
-             us__align(2 * E * 4) + us__align(Rx * C * a) + us__align(Rx * Fe * a) +
-             (S ? us__align(N * Fe * a) : 0);
-    *scratch = 2 * us__align(Rx * C * a) + us__align(hN * Fe * a) + us__align(hN * 2 * Fe * a) +
-               us__align(N * E * a) + us__align(N * K * 4) + us__align(N * E * 4) +
-               us__align(E * 4) + (ep > 1 ? us__align(Rx * C * a) + us__align(ep * E * 4) : 0) +
-               (nsum ? us__align(nsum * 8) : 0);
-}
-
-static void us__moe_take(const us_model *m, us__arena *ar, us_layer_acts *L, int cheap, int gemm) {
-    const us_model_config *c = &m->cfg;
-    int64_t N = (int64_t)m->tc.batch * m->tc.seq, E = c->moe_experts, K = c->moe_top_k,
-            Fe = c->moe_ffn_dim, R = m->moe_rows, C = c->dim;
-    int64_t Rx = m->moe_rx; /* rows this rank's experts run on (ep·R under expert parallelism) */
-    size_t a = us_dtype_size(m->dt);
-    if (gemm) { /* GEMM outputs: kept unless recompute is full */
-        L->logits = (float *)us__take(ar, N * E * 4);
-        L->gu_e = us__take(ar, Rx * 2 * Fe * a);
-        L->ye = us__take(ar, R * C * a);
-        if (c->moe_shared) L->sgu = us__take(ar, N * 2 * Fe * a);
-    }
-    if (cheap) { /* cheap to recompute from them: routing, permutation, SwiGLU */
-        L->probs = (float *)us__take(ar, N * E * 4);
-        L->topk = (int32_t *)us__take(ar, N * K * 4);
-        L->gates = (float *)us__take(ar, N * K * 4);
-        L->slot_row = (int32_t *)us__take(ar, N * K * 4);
-        L->row_slot = (int32_t *)us__take(ar, R * 4);
-        L->counts = (int32_t *)us__take(ar, 2 * E * 4);
-        L->xe = us__take(ar, Rx * C * a);
-        L->h_e = us__take(ar, Rx * Fe * a);
-        if (c->moe_shared) L->sh = us__take(ar, N * Fe * a);
-    }
-}
-
-static size_t us__moe_scratch(const us_model *m, us__moe_grads *g) {
-    const us_model_config *c = &m->cfg;
-    int64_t N = (int64_t)m->tc.batch * m->tc.seq, E = c->moe_experts, K = c->moe_top_k,
-            Fe = c->moe_ffn_dim, C = c->dim;
-    int64_t Rx = m->moe_rx, hN = Rx > N * c->moe_shared ? Rx : N * c->moe_shared,
-            ep = us__ep_of(&m->tc);
-    int64_t nsum = m->tc.dp * m->tc.cp > 1 ? (int64_t)m->n_moe * E + 3 : 0;
-    size_t a = us_dtype_size(m->dt);
-    us__arena ar;
-    if (!m->n_moe) return 0;
-    ar.base = g ? (char *)m->a[US__A_MOE] : NULL;
-    ar.used = 0;
-    {
-        void *dye = us__take(&ar, Rx * C * a), *dxe = us__take(&ar, Rx * C * a),
-             *dh = us__take(&ar, hN * Fe * a);
-        void *dgu = us__take(&ar, hN * 2 * Fe * a), *dlg = us__take(&ar, N * E * a);
-        float *dgates = (float *)us__take(&ar, N * K * 4),
-              *dlogits = (float *)us__take(&ar, N * E * 4), *vec = (float *)us__take(&ar, E * 4);
-        void *ept = ep > 1 ? us__take(&ar, Rx * C * a) : NULL;
-        int32_t *epc = ep > 1 ? (int32_t *)us__take(&ar, ep * E * 4) : NULL;
-        double *sum = nsum ? (double *)us__take(&ar, nsum * 8) : NULL;
-        if (g) {
-            g->dye = dye;
-            g->dxe = dxe;
-            g->dh = dh;
-            g->dgu = dgu;
-            g->dlg = dlg;
-            g->dgates = dgates;
-            g->dlogits = dlogits;
-            g->vec = vec;
-            g->ept = ept;
-            g->epc = epc;
-            g->sum = sum;
-        }
-    }
-    return ar.used;
-}
-
-static us_result us__moe_init(us_model *m) {
-    const us_model_config *c = &m->cfg;
-    int l, E = c->moe_experts;
-    size_t nb;
-    m->moe_idx = (int *)US_MALLOC(sizeof(int) * (size_t)(c->n_layers > 0 ? c->n_layers : 1));
-    if (!m->moe_idx) {
-        us__model_set_error(m, "out of host memory for the model tables");
-        return US_ERR_OOM;
-    }
-    m->n_moe = 0;
-    for (l = 0; l < c->n_layers; l++)
-        m->moe_idx[l] = us__is_moe(c, m->layer_g[l]) ? m->n_moe++ : -1;
-    if (!m->n_moe) return US_OK;
-    m->moe_rows = us__moe_rows(c, (int64_t)m->tc.batch * m->tc.seq);
-    m->moe_rx = us__moe_rx(c, &m->tc, (int64_t)m->tc.batch * m->tc.seq);
-    nb = (size_t)m->n_moe * (size_t)E;
-    if (m->ep > 1) {
-        m->ep_counts_h =
-            (int32_t *)US_MALLOC((size_t)c->n_layers * (size_t)m->ep * (size_t)E * sizeof(int32_t));
-        if (!m->ep_counts_h) {
-            us__model_set_error(m, "out of host memory for the expert-parallel count table");
-            return US_ERR_OOM;
-        }
-        memset(m->ep_counts_h, 0,
-               (size_t)c->n_layers * (size_t)m->ep * (size_t)E * sizeof(int32_t));
-    }
-    m->moe_bias_h = (float *)US_MALLOC(nb * sizeof(float));
-    m->moe_load = (int64_t *)US_MALLOC(nb * sizeof(int64_t));
-    m->moe_load_last = (int64_t *)US_MALLOC(nb * sizeof(int64_t));
-    m->moe_counts_h = (int32_t *)US_MALLOC((size_t)c->n_layers * 2 * (size_t)E * sizeof(int32_t));
-    m->moe_bias =
-        (float *)m->ops.alloc(&m->ops, nb * sizeof(float)); /* zero-filled: no bias at the start */
-    if (!m->moe_bias_h || !m->moe_load || !m->moe_load_last || !m->moe_counts_h || !m->moe_bias) {
-        us__model_set_error(m, "out of memory for the MoE router state");
-        return US_ERR_OOM;
-    }
-    memset(m->moe_bias_h, 0, nb * sizeof(float));
-    memset(m->moe_load, 0, nb * sizeof(int64_t));
-    memset(m->moe_load_last, 0, nb * sizeof(int64_t));
-    memset(m->moe_counts_h, 0, (size_t)c->n_layers * 2 * (size_t)E * sizeof(int32_t));
-    return US_OK;
-}
-
-static void us__moe_free(us_model *m) {
-    if (m->moe_bias && m->ops.free) m->ops.free(&m->ops, m->moe_bias);
-    US_FREE(m->moe_bias_h);
-    US_FREE(m->moe_load);
-    US_FREE(m->moe_load_last);
-    US_FREE(m->moe_counts_h);
-    US_FREE(m->moe_idx);
-    US_FREE(m->ep_counts_h);
-    m->ep_counts_h = NULL;
-    m->moe_bias = m->moe_bias_h = NULL;
-    m->moe_load = m->moe_load_last = NULL;
-    m->moe_counts_h = NULL;
-    m->moe_idx = NULL;
-}
-
-static size_t us__moe_bias_bytes(const us_model *m) {
-    return (size_t)m->n_moe * (size_t)m->cfg.moe_experts * sizeof(float);
-}
-
-/* expert parallelism (// >>ep) */
-static us_result us__ep_counts(us_model *m, int l, const int32_t *kept, int32_t *scratch);
-static us_result us__ep_move(us_model *m, int l, int dir, void *dst, const void *src,
-                             void *transit);
-
-/* Rows local expert j of MoE layer l ran on in the last forward: its kept tokens, or under
-   expert parallelism those every ep peer sent it. */
-static int64_t us__moe_local_rows(const us_model *m, int l, int j) {
-    int E = m->cfg.moe_experts, s;
-    int64_t n = 0;
-    if (m->ep <= 1) return m->moe_counts_h[(size_t)l * 2 * E + E + j];
-    for (s = 0; s < m->ep; s++)
-        n += m->ep_counts_h[((size_t)l * m->ep + s) * E + (size_t)m->ep_rank * (E / m->ep) + j];
-    return n;
-}
-
-/* The auxiliary loss's weight per micro-batch: the step's objective averages it over the
-   micro-batches (and ranks), as the language-model loss is a mean over the global batch. */
-static double us__moe_aux_weight(const us_model *m) {
-    return 1.0 / ((double)m->tc.grad_accum * m->tc.dp * m->tc.cp);
-}
-
-/* MoE layer l's forward from A->ln2, with recompute as in us__layer_fwd: GEMM outputs (logits,
-   gate | up, expert outputs) are kept unless recompute is full; routing, permutation and SwiGLU
-   are refilled by selective. A real forward (recompute = 0) writes x_{l+1} and counts the routing. */
-static us_result us__moe_fwd(us_model *m, int l, int64_t N, int recompute, void *xnext) {
-    us_ops *o = &m->ops;
-    const us_model_config *c = &m->cfg;
-    us_layer_acts *A = &m->acts[l];
-    us_dtype dt = m->dt;
-    int E = c->moe_experts, K = c->moe_top_k, e, mi = m->moe_idx[l], mode = m->tc.recompute,
-        aux = c->moe_balance == US_MOE_BALANCE_AUX;
-    int do_gemm = !recompute || mode == US_RECOMPUTE_FULL,
-        do_cheap = !recompute || mode != US_RECOMPUTE_NONE;
-    int El = E / m->ep; /* this rank's experts (// >>ep) */
-    int64_t C = c->dim, Fe = c->moe_ffn_dim, R = us__moe_rows(c, N), off, n;
-    int32_t *cnt = m->moe_counts_h + (size_t)l * 2 * E,
-            *kept = cnt + E;                               /* host: routed [E], kept [E] */
-    int ex = US__PL(l, US__P_EXPERTS) + 3 * c->moe_shared; /* local expert 0's gate_proj */
-    void *
-        ye; /* the experts' outputs, expert-major: A->ye itself on one rank, else a scratch sent home after */
-    us_result r;
-    us__moe_grads g;
-    us__moe_scratch(m, &g);
-    ye = m->ep > 1 ? g.dxe : A->ye;
-    /* route */
-    if (do_gemm)
-        o->gemm(o, 0, 1, N, E, C, 1.0f, A->ln2, dt, C, us__W(m, US__PL(l, US__P_ROUTER)), dt, C,
-                0.0f, A->logits, US_F32, E);
-    if (do_cheap) {
-        const float *bias =
-            c->moe_balance == US_MOE_BALANCE_BIAS ? m->moe_bias + (size_t)mi * E : NULL;
-        o->moe_route(o, A->topk, A->gates, A->probs, aux && !recompute ? g.vec : NULL, A->logits,
-                     bias, N, E, K, (int)c->moe_gate, c->moe_groups, c->moe_top_groups);
-        /* permute: the counts come to the host, where they size each expert's GEMMs */
-        o->moe_permute(o, A->slot_row, A->row_slot, A->counts, A->counts + E, A->topk, N, E, K,
-                       us__moe_cap(c, N), R);
-        o->copy(o, cnt, A->counts, (size_t)(2 * E) * 4, US_COPY_D2H);
-        if (m->ep >
-            1) { /* expert parallelism: the counts, then each row to its expert's rank (// >>ep) */
-            if ((r = us__ep_counts(m, l, A->counts + E, g.epc)) != US_OK) return r;
-            o->moe_gather(o, g.dye, A->ln2, A->row_slot, NULL, R, K, C, dt);
-            if ((r = us__ep_move(m, l, 0, A->xe, g.dye, g.ept)) != US_OK) return r;
-        } else
-            o->moe_gather(o, A->xe, A->ln2, A->row_slot, NULL, R, K, C, dt);
-    }
-    /* this rank's experts, each on its contiguous rows [off, off + n) */
-    for (e = 0, off = 0; do_gemm && e < El; off += n, e++)
-        if ((n = us__moe_local_rows(m, l, e)))
-            o->gemm(o, 0, 1, n, 2 * Fe, C, 1.0f, us__at(A->xe, dt, off * C), dt, C,
-                    us__W(m, ex + 3 * e), dt, C, 0.0f, us__at(A->gu_e, dt, off * 2 * Fe), dt,
-                    2 * Fe);
-    for (e = 0, off = 0; e < El; e++) off += us__moe_local_rows(m, l, e);
-    if (do_cheap) o->swiglu_fwd(o, A->h_e, A->gu_e, off, Fe, dt);
-    for (e = 0, off = 0; do_gemm && e < El; off += n, e++)
-        if ((n = us__moe_local_rows(m, l, e)))
-            o->gemm(o, 0, 1, n, C, Fe, 1.0f, us__at(A->h_e, dt, off * Fe), dt, Fe,
-                    us__W(m, ex + 3 * e + 2), dt, Fe, 0.0f, us__at(ye, dt, off * C), dt, C);
-    if (do_gemm && m->ep > 1 && (r = us__ep_move(m, l, 1, A->ye, ye, g.ept)) != US_OK)
-        return r;        /* the outputs come home (// >>ep) */
-    if (c->moe_shared) { /* the shared expert: a dense SwiGLU MLP of size Fe on every token */
-        if (do_gemm)
-            o->gemm(o, 0, 1, N, 2 * Fe, C, 1.0f, A->ln2, dt, C, us__W(m, US__PL(l, US__P_EXPERTS)),
-                    dt, C, 0.0f, A->sgu, dt, 2 * Fe);
-        if (do_cheap) o->swiglu_fwd(o, A->sh, A->sgu, N, Fe, dt);
-    }
-    if (recompute) return US_OK;
-    /* combine: x_{l+1} = xmid + shared + Σ_k gate·y */
-    o->copy(o, xnext, A->xmid, (size_t)(N * C) * us_dtype_size(dt), US_COPY_D2D);
-    if (c->moe_shared)
-        o->gemm(o, 0, 1, N, C, Fe, 1.0f, A->sh, dt, Fe, us__W(m, US__PL(l, US__P_EXPERTS) + 2), dt,
-                Fe, 1.0f, xnext, dt, C);
-    o->moe_scatter(o, xnext, A->ye, A->slot_row, A->gates, N, K, C, dt);
-    { /* the routing statistics, and the auxiliary loss α·Σ_e f_e·P_e */
-        double lossv = 0;
-        if (aux) {
-            float *ps = (float *)US_MALLOC((size_t)E * 4);
-            if (!ps) {
-                us__model_set_error(m, "out of host memory");
-                return US_ERR_OOM;
-            }
-            o->copy(o, ps, g.vec, (size_t)E * 4, US_COPY_D2H);
-            for (e = 0; e < E; e++)
-                lossv += (double)E * cnt[e] / ((double)K * N) * (ps[e] / (double)N);
-            lossv *= c->moe_aux_coef * us__moe_aux_weight(m);
-            US_FREE(ps);
-        }
-        m->moe_aux_last += lossv;
-        if (m->moe_train) {
-            for (e = 0; e < E; e++) {
-                m->moe_load[(size_t)mi * E + e] += cnt[e];
-                m->moe_dropped += cnt[e] - kept[e];
-            }
-            m->moe_choices += N * K;
-            m->moe_aux += lossv;
-        }
-    }
-    return US_OK;
-}
-
-/* Its backward. On entry dres = ∂loss/∂x_{l+1}; leaves ∂loss/∂u in DLN (u = ln2's output),
-   accumulated from the experts (un-permuted), the shared expert and the router. */
-static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
-    us_ops *o = &m->ops;
-    const us_model_config *c = &m->cfg;
-    us_layer_acts *A = &m->acts[l];
-    us_dtype dt = m->dt;
-    int E = c->moe_experts, K = c->moe_top_k, e, aux = c->moe_balance == US_MOE_BALANCE_AUX,
-        El = E / m->ep;
-    int64_t C = c->dim, Fe = c->moe_ffn_dim, off, rows, nperm, n;
-    int32_t *cnt = m->moe_counts_h + (size_t)l * 2 * E, *kept = cnt + E;
-    int ex = US__PL(l, US__P_EXPERTS) + 3 * c->moe_shared, rt = US__PL(l, US__P_ROUTER);
-    void *dres = m->a[US__A_DRES], *dln = m->a[US__A_DLN], *dxp;
-    us_result r;
-    us__moe_grads g;
-    US_ASSERT(!m->pp_bonly && !us__sp(m)); /* validation keeps pipelines and tp away */
-    us__moe_scratch(m, &g);
-    for (e = 0, nperm = 0; e < E; e++) nperm += kept[e]; /* this rank's tokens' rows */
-    for (e = 0, rows = 0; e < El; e++)
-        rows += us__moe_local_rows(m, l, e); /* the rows its experts ran */
-    /* combine: ∂gate[n,k] = dres[n]·y[row], ∂y[row] = gate[n,k]·dres[n] */
-    o->moe_gate_grad(o, g.dgates, dres, A->ye, A->slot_row, N, K, C, dt);
-    if (m->ep > 1) { /* the output gradients travel like the dispatch (// >>ep) */
-        o->moe_gather(o, g.dxe, dres, A->row_slot, A->gates, nperm, K, C, dt);
-        if ((r = us__ep_move(m, l, 0, g.dye, g.dxe, g.ept)) != US_OK) return r;
-    } else
-        o->moe_gather(o, g.dye, dres, A->row_slot, A->gates, rows, K, C, dt);
-    /* experts: the dense MLP's backward, each on its rows */
-    for (e = 0, off = 0; e < El; off += n, e++) {
-        if (!(n = us__moe_local_rows(m, l, e))) continue;
-        o->gemm(o, 0, 0, n, Fe, C, 1.0f, us__at(g.dye, dt, off * C), dt, C,
-                us__W(m, ex + 3 * e + 2), dt, Fe, 0.0f, us__at(g.dh, dt, off * Fe), dt, Fe);
-        o->gemm(o, 1, 0, C, Fe, n, 1.0f, us__at(g.dye, dt, off * C), dt, C,
-                us__at(A->h_e, dt, off * Fe), dt, Fe, 1.0f, us__G(m, ex + 3 * e + 2), US_F32, Fe);
-    }
-    o->swiglu_bwd(o, g.dgu, g.dh, A->gu_e, rows, Fe, dt);
-    for (e = 0, off = 0; e < El; off += n, e++) {
-        if (!(n = us__moe_local_rows(m, l, e))) continue;
-        o->gemm(o, 0, 0, n, C, 2 * Fe, 1.0f, us__at(g.dgu, dt, off * 2 * Fe), dt, 2 * Fe,
-                us__W(m, ex + 3 * e), dt, C, 0.0f, us__at(g.dxe, dt, off * C), dt, C);
-        o->gemm(o, 1, 0, 2 * Fe, C, n, 1.0f, us__at(g.dgu, dt, off * 2 * Fe), dt, 2 * Fe,
-                us__at(A->xe, dt, off * C), dt, C, 1.0f, us__G(m, ex + 3 * e), US_F32, C);
-    }
-    dxp = g.dxe;
-    if (m->ep > 1) { /* the input gradients come back like the combine (// >>ep) */
-        if ((r = us__ep_move(m, l, 1, g.dye, g.dxe, g.ept)) != US_OK) return r;
-        dxp = g.dye;
-    }
-    /* un-permute: each token sums the gradients of its rows */
-    o->zero(o, dln, (size_t)(N * C) * us_dtype_size(dt));
-    o->moe_scatter(o, dln, dxp, A->slot_row, NULL, N, K, C, dt);
-    if (c->moe_shared) {
-        int sx = US__PL(l, US__P_EXPERTS);
-        o->gemm(o, 0, 0, N, Fe, C, 1.0f, dres, dt, C, us__W(m, sx + 2), dt, Fe, 0.0f, g.dh, dt, Fe);
-        o->gemm(o, 1, 0, C, Fe, N, 1.0f, dres, dt, C, A->sh, dt, Fe, 1.0f, us__G(m, sx + 2), US_F32,
-                Fe);
-        o->swiglu_bwd(o, g.dgu, g.dh, A->sgu, N, Fe, dt);
-        o->gemm(o, 0, 0, N, C, 2 * Fe, 1.0f, g.dgu, dt, 2 * Fe, us__W(m, sx), dt, C, 1.0f, dln, dt,
-                C);
-        o->gemm(o, 1, 0, 2 * Fe, C, N, 1.0f, g.dgu, dt, 2 * Fe, A->ln2, dt, C, 1.0f, us__G(m, sx),
-                US_F32, C);
-    }
-    /* router: through the gates, and (aux) through P_e: ∂loss/∂p'[n,e] = w·α·f_e/N */
-    if (aux) {
-        float *v = (float *)US_MALLOC((size_t)E * 4);
-        if (!v) {
-            us__model_set_error(m, "out of host memory");
-            return US_ERR_OOM;
-        }
-        for (e = 0; e < E; e++)
-            v[e] = (float)(c->moe_aux_coef * us__moe_aux_weight(m) * (double)E * cnt[e] /
-                           ((double)K * N) / (double)N) *
-                   m->loss_scale; /* scaled like the main loss's seed (// >>lossscale) */
-        o->copy(o, g.vec, v, (size_t)E * 4, US_COPY_H2D);
-        US_FREE(v);
-    }
-    o->moe_route_bwd(o, g.dlogits, g.dgates, A->probs, A->topk, aux ? g.vec : NULL, N, E, K,
-                     (int)c->moe_gate);
-    o->cast(o, g.dlg, dt, g.dlogits, US_F32, N * E);
-    o->gemm(o, 0, 0, N, C, E, 1.0f, g.dlg, dt, E, us__W(m, rt), dt, C, 1.0f, dln, dt, C);
-    o->gemm(o, 1, 0, E, C, N, 1.0f, g.dlg, dt, E, A->ln2, dt, C, 1.0f, us__G(m, rt), US_F32, C);
-    return us__grads_ready(m, rt, m->layer_p[l + 1]);
-}
-
-/* After the optimizer step: the step's routing statistics, then DeepSeek-V3's bias rule
-   b_e += γ·sign(mean load − load_e) per MoE layer (overloaded experts become less attractive).
-   With several data-parallel ranks the loads (and the statistics) are first summed over dp×cp:
-   every rank then moves the replicated bias alike, as one rank with the global batch would. */
-static us_result us__moe_step_end(us_model *m) {
-    const us_model_config *c = &m->cfg;
-    int i, e, E = c->moe_experts;
-    double imb = 0;
-    if (!m->n_moe) return US_OK;
-    if (m->mesh.dpcp_g.size > 1) {
-        size_t n = (size_t)m->n_moe * (size_t)E, j;
-        double *h = (double *)US_MALLOC((n + 3) * sizeof(double));
-        us__moe_grads g;
-        us_result r;
-        if (!h) {
-            us__model_set_error(m, "out of host memory");
-            return US_ERR_OOM;
-        }
-        us__moe_scratch(m, &g);
-        for (j = 0; j < n; j++) h[j] = (double)m->moe_load[j];
-        h[n] = (double)m->moe_choices;
-        h[n + 1] = (double)m->moe_dropped;
-        h[n + 2] = m->moe_aux;
-        m->ops.copy(&m->ops, g.sum, h, (n + 3) * sizeof(double), US_COPY_H2D);
-        r = m->comm->all_reduce(m->comm, &m->mesh.dpcp_g, g.sum, (int64_t)(n + 3), US_F64,
-                                US_REDUCE_SUM, NULL);
-        if (r != US_OK) {
-            US_FREE(h);
-            return us__comm_fail(m, r, "all-reduce of the routing counts");
-        }
-        m->ops.copy(&m->ops, h, g.sum, (n + 3) * sizeof(double), US_COPY_D2H);
-        for (j = 0; j < n; j++) m->moe_load[j] = (int64_t)h[j]; /* exact: counts below 2^53 */
-        m->moe_choices = (int64_t)h[n];
-        m->moe_dropped = (int64_t)h[n + 1];
-        m->moe_aux = h[n + 2];
-        US_FREE(h);
-    }
-    for (i = 0; i < m->n_moe; i++) {
-        int64_t *ld = m->moe_load + (size_t)i * E, mx = 0, sum = 0;
-        for (e = 0; e < E; e++) {
-            sum += ld[e];
-            if (ld[e] > mx) mx = ld[e];
-        }
-        imb += sum ? (double)mx * E / (double)sum : 1.0;
-        if (c->moe_balance == US_MOE_BALANCE_BIAS && sum)
-            for (e = 0; e < E; e++) {
-                double d = (double)sum / E - (double)ld[e];
-                m->moe_bias_h[(size_t)i * E + e] += d > 0   ? c->moe_bias_rate
-                                                    : d < 0 ? -c->moe_bias_rate
-                                                            : 0.0f;
-            }
-    }
-    if (c->moe_balance == US_MOE_BALANCE_BIAS)
-        m->ops.copy(&m->ops, m->moe_bias, m->moe_bias_h, us__moe_bias_bytes(m), US_COPY_H2D);
-    m->moe_stat[0] = (float)(imb / m->n_moe);
-    m->moe_stat[1] = (float)m->moe_aux;
-    m->moe_stat[2] =
-        m->moe_choices ? (float)((double)m->moe_dropped / (double)m->moe_choices) : 0.0f;
-    memcpy(m->moe_load_last, m->moe_load, sizeof(int64_t) * (size_t)m->n_moe * (size_t)E);
-    memset(m->moe_load, 0, sizeof(int64_t) * (size_t)m->n_moe * (size_t)E);
-    m->moe_choices = m->moe_dropped = 0;
-    m->moe_aux = 0;
-    return US_OK;
-}
-
-/* ------------------------------------------------------------------------------------ */
-// >>ep  expert parallelism: experts over the ep group, all-to-all dispatch and combine
-/* ------------------------------------------------------------------------------------ */
-/* Playbook "Expert parallelism" (GShard, Switch Transformer, DeepSeek-V3): a MoE layer's E routed
-   experts are split over the ep ranks of a group, each holding E/ep of them, while everything
-   else (attention, norms, the router, the shared expert) stays replicated as under data
-   parallelism. Each rank routes and permutes its own tokens as one rank would (rows grouped by
-   global expert, // >>moe), then
-     counts    an all-gather of every peer's kept tokens per expert, so each rank knows how many
-               rows it gets from every peer for each of its experts (and how many it sends);
-     dispatch  an all-to-all with those uneven counts: peer p receives the rows of its experts
-               [p·E/ep, (p+1)·E/ep), one contiguous run since rows are grouped by expert. The rows
-               arrive by source rank and are rearranged expert-major, so each local expert's rows
-               are one GEMM;
-     experts   as on one rank, on the E/ep local experts;
-     combine   the reverse rearrangement and the reverse all-to-all bring every output row home,
-               where the gates combine them as before.
-   The backward mirrors it: the expert outputs' gradients travel like the dispatch, the expert
-   inputs' gradients come back like the combine.
-   Groups (Megatron's folding of ep over data parallelism): the ep group is ep consecutive ranks
-   of dp×cp; the ranks holding the same experts — dp·cp/ep of them, the expert-data-parallel
-   group — sum their expert gradients (units of their own, // >>dp), every other gradient is
-   summed over dp×cp. Each rank's loss gradient is already scaled by the global batch, and every
-   token's contribution to an expert reaches the expert's rank, so both sums are the global
-   gradient. The router bias and the routing statistics are summed over dp×cp (us__moe_step_end).
-   Tensor parallelism does not split a MoE layer: every tp rank runs it whole on the same tokens
-   (the experts are replicated over tp, the compute repeated), so its input gradient needs no
-   all-reduce; each tp index has its own dp×cp group, hence its own ep and expert-dp groups.
-   Buffers: without a capacity limit nothing bounds how many rows a rank receives below every
-   row of every peer, so the expert-side tensors hold ep·R rows; with one, each peer sends at most
-   cap rows per expert, E/ep·cap per rank (us__moe_rx, us__moe_bytes). Memory per rank then stays
-   near one rank's (cf·N·K rows) instead of growing with ep: a capacity factor is what keeps
-   expert parallelism's activation memory bounded. */
-static us_result us__ep_init(us_model *m) {
-    us_result r;
-    int R = m->mesh.dpcp_g.rank, ep = us__ep_of(&m->tc);
-    m->ep = ep;
-    m->ep_rank = 0;
-    if (ep <= 1) return US_OK;
-    if ((r = m->comm->split(m->comm, &m->mesh.dpcp_g, R / ep, R, &m->ep_g)) != US_OK)
-        return us__comm_fail(m, r, "the expert-parallel group");
-    if ((r = m->comm->split(m->comm, &m->mesh.dpcp_g, R % ep, R, &m->edp_g)) != US_OK)
-        return us__comm_fail(m, r, "the expert-data-parallel group");
-    m->ep_rank = m->ep_g.rank;
-    return US_OK;
-}
-
-static void us__ep_free(us_model *m) {
-    if (m->comm && m->comm->group_free) {
-        if (m->ep_g.size) m->comm->group_free(m->comm, &m->ep_g);
-        if (m->edp_g.size) m->comm->group_free(m->comm, &m->edp_g);
-    }
-    memset(&m->ep_g, 0, sizeof m->ep_g);
-    memset(&m->edp_g, 0, sizeof m->edp_g);
-}
-
-/* Every ep peer's kept tokens per expert, kept i32[E] (backend) → host ep_counts_h[l] [ep][E]. */
-static us_result us__ep_counts(us_model *m, int l, const int32_t *kept, int32_t *scratch) {
-    int E = m->cfg.moe_experts;
-    us_result r = m->comm->all_gather(m->comm, &m->ep_g, scratch, kept, E, US_I32, NULL);
-    if (r != US_OK) return us__comm_fail(m, r, "expert-parallel count exchange");
-    m->ops.copy(&m->ops, m->ep_counts_h + (size_t)l * m->ep * E, scratch, (size_t)m->ep * E * 4,
-                US_COPY_D2H);
-    return US_OK;
-}
-
-/* Moves rows of C elements between this rank's tokens and its experts, by layer l's counts.
-   dir 0 (dispatch): src [rows, C], this rank's kept rows grouped by global expert → dst, the
-   rows of this rank's experts, expert-major (within an expert by source rank).
-   dir 1 (combine): the reverse. transit [ep·R, C] holds the rows by source rank. */
-static us_result us__ep_move(us_model *m, int l, int dir, void *dst, const void *src,
-                             void *transit) {
-    us_ops *o = &m->ops;
-    us_dtype dt = m->dt;
-    int E = m->cfg.moe_experts, ep = m->ep, El = E / ep, me = m->ep_rank, s, j, e;
-    int64_t C = m->cfg.dim, *a = (int64_t *)US_MALLOC(sizeof(int64_t) * 4 * (size_t)ep), *sc = a,
-            *sd = a + ep, *rc = a + 2 * ep, *rd = a + 3 * ep;
-    int64_t so, eo, n, *lo;
-    const int32_t *cnt =
-        m->ep_counts_h + (size_t)l * ep * E; /* [ep][E] kept rows per (source, expert) */
-    size_t rowb = (size_t)C * us_dtype_size(dt);
-    us_result r;
-    if (!a) {
-        us__model_set_error(m, "out of host memory");
-        return US_ERR_OOM;
-    }
-    /* sc/sd: what this rank's tokens send to each peer; rc/rd: what its experts get from each */
-    for (s = 0, so = 0, eo = 0; s < ep; s++) {
-        for (e = s * El, n = 0; e < (s + 1) * El; e++) n += cnt[(size_t)me * E + e];
-        sc[s] = n * C;
-        sd[s] = so;
-        so += n * C;
-        for (j = 0, n = 0; j < El; j++) n += cnt[(size_t)s * E + me * El + j];
-        rc[s] = n * C;
-        rd[s] = eo;
-        eo += n * C;
-    }
-    US_ASSERT(eo <= m->moe_rx * C);
-    lo = (int64_t *)US_MALLOC(sizeof(int64_t) *
-                              (size_t)El); /* where each local expert's rows start, expert-major */
-    if (!lo) {
-        US_FREE(a);
-        us__model_set_error(m, "out of host memory");
-        return US_ERR_OOM;
-    }
-    for (j = 0, n = 0; j < El; j++) {
-        lo[j] = n;
-        for (s = 0; s < ep; s++) n += cnt[(size_t)s * E + me * El + j];
-    }
-    if (dir == 0) {
-        r = m->comm->all_to_all(m->comm, &m->ep_g, transit, rc, rd, src, sc, sd, dt, NULL);
-        if (r != US_OK) {
-            US_FREE(a);
-            US_FREE(lo);
-            return us__comm_fail(m, r, "expert-parallel dispatch all-to-all");
-        }
-    }
-    for (
-        s = 0; s < ep;
-        s++) /* block (source s, expert j): at rd[s] + its earlier experts by source, at lo[j] + earlier sources expert-major */
-        for (j = 0, so = rd[s] / C; j < El; j++) {
-            int64_t k = cnt[(size_t)s * E + me * El + j], t;
-            for (t = 0, eo = lo[j]; t < s; t++) eo += cnt[(size_t)t * E + me * El + j];
-            if (k && dir == 0)
-                o->copy(o, (char *)dst + (size_t)eo * rowb,
-                        (const char *)transit + (size_t)so * rowb, (size_t)k * rowb, US_COPY_D2D);
-            if (k && dir == 1)
-                o->copy(o, (char *)transit + (size_t)so * rowb,
-                        (const char *)src + (size_t)eo * rowb, (size_t)k * rowb, US_COPY_D2D);
-            so += k;
-        }
-    if (dir == 1) {
-        r = m->comm->all_to_all(m->comm, &m->ep_g, dst, sc, sd, transit, rc, rd, dt, NULL);
-        if (r != US_OK) {
-            US_FREE(a);
-            US_FREE(lo);
-            return us__comm_fail(m, r, "expert-parallel combine all-to-all");
-        }
-    }
-    US_FREE(a);
-    US_FREE(lo);
-    return US_OK;
-}
-
-/* ------------------------------------------------------------------------------------ */
-// >>fp8-linear  FP8 training: a linear layer's Fprop, Dgrad and Wgrad GEMMs in E4M3
-/* ------------------------------------------------------------------------------------ */
-/* The Playbook's FP8 recipe as DeepSeek-V3 trains with it, for y = x·Wᵀ, x [N][In], W [Out][In]:
-       GEMM    computes        a (activation side)                 b (weight side)
-       Fprop   y   = x·Wᵀ      x   1×128 tiles along In            W   128×128 blocks
-       Dgrad   dx  = dy·W      dy  1×128 tiles along Out           Wᵀ  128×128 blocks
-       Wgrad   dW += dyᵀ·x     dyᵀ 128×1 tiles of dy (over tokens) xᵀ  128×1 tiles of x
-   Every operand is quantised online (amax of this very tensor, no history) from the bf16 tensor
-   the bf16 policy would use, into the FP8 scratch, just before its GEMM; the backward GEMMs that
-   reduce over the other dimension quantise a second time from bf16 (dy, x along tokens; W
-   transposed), never by transposing an already quantised tensor. dy's two copies come from one
-   read (us_ops.fp8_quantize_both): Dgrad writes the 128×1 copy beside its own operand and leaves
-   it in the scratch (qk, sk) for the Wgrad of the same dy, which follows. The GEMMs accumulate in fp32
-   (promotion every 128) and write bf16 activations or add into the fp32 weight gradients.
-   Embedding, LM head, norms, attention, the MoE router and experts stay bf16; master weights
-   and moments fp32. fp8-tensor (US_PRECISION_FP8_TENSOR) uses one scale per tensor instead: the
-   simpler recipe, which one outlier channel can ruin. tc.fp8_pow2 rounds scales up to 2^e.
-   Sizes: tiles cut at the tensor's edge are padded with zeros (partial tiles), so any size
-   works; a GEMM whose N, In or Out is not a multiple of 16 falls back to bf16 (the model line
-   reports how many linears run in FP8). */
-/* C[M][N] = a·bᵀ + beta·C in FP8: a is the stored tensor xa [ar][ac] (or its transpose, atr),
-   quantised with tiling at; b likewise; K is the shared dimension. Both go through the model's
-   FP8 scratch (two operands at a time), then one fp8_gemm with row stride N. keep (a Dgrad's dy):
-   also write aᵀ's operand into qk, sk for the Wgrad; kept (that Wgrad): a is already there.
-   wc (a weight's Fprop or Dgrad) non-NULL: b is already quantised there, in the weight cache. */
-enum { US__FP8_FRESH, US__FP8_KEEP, US__FP8_KEPT };
-
-typedef struct us__fp8_opnd {
-    const uint8_t *q;
-    const float *s;
-} us__fp8_opnd;
-
-static void us__fp8_mm(us_model *m, const void *xa, int64_t ar, int64_t ac, int at, int atr,
-                       const void *xb, int64_t br, int64_t bc, int bt, int btr, float beta, void *C,
-                       us_dtype cdt, int keep, const us__fp8_opnd *wc) {
-    us_ops *o = &m->ops;
-    char *base = (char *)m->a[US__A_FP8];
-    uint8_t *qa = (uint8_t *)base, *qb = (uint8_t *)(base + m->fp8_off[1]),
-            *qk = (uint8_t *)(base + m->fp8_off[3]);
-    float *sa = (float *)(base + m->fp8_off[0]), *sb = (float *)(base + m->fp8_off[2]),
-          *sk = (float *)(base + m->fp8_off[4]);
-    int64_t M = atr ? ac : ar, K = atr ? ar : ac, N = btr ? bc : br;
-    if (keep == US__FP8_KEPT) {
-        qa = qk;
-        sa = sk;
-    } else if (keep == US__FP8_KEEP)
-        o->fp8_quantize_both(o, qa, sa, qk, sk, xa, m->dt, ar, ac, at, m->tc.fp8_pow2);
-    else
-        o->fp8_quantize(o, qa, sa, xa, m->dt, ar, ac, at, atr, m->tc.fp8_pow2);
-    if (wc) {
-        qb = (uint8_t *)wc->q;
-        sb = (float *)wc->s;
-    } else
-        o->fp8_quantize(o, qb, sb, xb, m->dt, br, bc, bt, btr, m->tc.fp8_pow2);
-    o->fp8_gemm(o, M, N, K, 1.0f, qa, sa, at, qb, sb, bt, beta, C, cdt, N);
-}
-
-/* the activation side's tiling and the weight side's (fp8-tensor: one scale per tensor for both) */
-static int us__fp8_act(const us_model *m) { return m->fp8 == 2 ? US_FP8_TENSOR : US_FP8_ROW128; }
-
-static int us__fp8_wt(const us_model *m) { return m->fp8 == 2 ? US_FP8_TENSOR : US_FP8_BLOCK128; }
-
-/* The weight cache: W's operand (trans 0, Fprop) or Wᵀ's (trans 1, Dgrad) of the weight W
-   [Out][In], from the cache, made (both at once) at its first use since the weights last
-   changed; 0 if W has no entry (no cache, or not a dense linear's weight of these sizes: then
-   the caller quantises into the scratch, as without a cache). Both operands come from the bf16
-   W as it is at that first use, so they equal what quantising at every GEMM gives while W stays
-   the same, which it does between optimizer steps (us_model_weights_changed has the rules). */
-static int us__fp8_wcache(us_model *m, const void *W, int64_t Out, int64_t In, int trans,
-                          us__fp8_opnd *op) {
-    int e, n = 4 * m->cfg.n_layers;
-    const size_t *off;
-    char *base;
-    if (!m->fp8_wc) return 0;
-    for (e = 0; e < n && m->fp8_wkey[e] != W; e++) {
-    }
-    if (e == n || m->fp8_wdim[e % 4][0] != Out || m->fp8_wdim[e % 4][1] != In) return 0;
-    off = m->fp8_woff[e % 4];
-    base = m->fp8_wc + (size_t)(e / 4) * m->fp8_wlayer;
-    if (!m->fp8_wok[e]) {
-        us_ops *o = &m->ops;
-        uint8_t *q = (uint8_t *)(base + off[0]), *qt = (uint8_t *)(base + off[2]);
-        float *s = (float *)(base + off[1]), *st = (float *)(base + off[3]);
-        if (o->fp8_quantize_both)
-            o->fp8_quantize_both(o, q, s, qt, st, W, m->dt, Out, In, us__fp8_wt(m), m->tc.fp8_pow2);
-        else {
-            o->fp8_quantize(o, q, s, W, m->dt, Out, In, us__fp8_wt(m), 0, m->tc.fp8_pow2);
-            o->fp8_quantize(o, qt, st, W, m->dt, Out, In, us__fp8_wt(m), 1, m->tc.fp8_pow2);
-        }
-        m->fp8_wok[e] = 1;
-    }
-    op->q = (const uint8_t *)(base + off[trans ? 2 : 0]);
-    op->s = (const float *)(base + off[trans ? 3 : 1]);
-    return 1;
-}
-
-/* the weights changed: the cache is made again at each weight's next use. (A MoE layer's two FFN
-   entries stay unused: its experts run in bf16.) */
-static void us__fp8_wcache_drop(us_model *m) {
-    if (m->fp8_wok) memset(m->fp8_wok, 0, (size_t)(4 * m->cfg.n_layers));
-}
-
-US_API void us_model_weights_changed(us_model *m) { us__fp8_wcache_drop(m); }
-
-/* Fprop: y[N][Out] = x[N][In]·Wᵀ + beta·y */
-static void us__linear_fwd(us_model *m, int64_t N, int64_t In, int64_t Out, const void *x,
-                           const void *W, float beta, void *y) {
-    us_ops *o = &m->ops;
-    if (!us__fp8_on(m, N, In, Out)) {
-        o->gemm(o, 0, 1, N, Out, In, 1.0f, x, m->dt, In, W, m->dt, In, beta, y, m->dt, Out);
-        return;
-    }
-    us__fp8_opnd wc;
-    int cached = us__fp8_wcache(m, W, Out, In, 0, &wc);
-    us__fp8_mm(m, x, N, In, us__fp8_act(m), 0, W, Out, In, us__fp8_wt(m), 0, beta, y, m->dt,
-               US__FP8_FRESH, cached ? &wc : NULL);
-}
-
-/* The residual branch's end, y[N][Out] = res + x·Wᵀ (res: the residual stream, which under tp
-   only rank 0 adds, us__tp_residual): in the GEMM's epilogue where the backend can (gemm_res),
-   else a copy and a GEMM that accumulates (beta 1). */
-static void us__linear_fwd_res(us_model *m, int64_t N, int64_t In, int64_t Out, const void *x,
-                               const void *W, const void *res, void *y) {
-    us_ops *o = &m->ops;
-    if (o->gemm_res && (m->tc.tp <= 1 || m->mesh.tp_rank == 0) && !us__fp8_on(m, N, In, Out)) {
-        o->gemm_res(o, N, Out, In, x, W, res, y, m->dt);
-        return;
-    }
-    us__tp_residual(m, y, res, N * Out);
-    us__linear_fwd(m, N, In, Out, x, W, 1.0f, y);
-}
-
-/* Dgrad: dx[N][In] = dy[N][Out]·W + beta·dx. keep: the Wgrad of this same dy comes next (nothing
-   writes dy in between), so dy's 128×1 copy is made now, from the same read. */
-static void us__linear_dgrad(us_model *m, int64_t N, int64_t In, int64_t Out, const void *dy,
-                             const void *W, float beta, void *dx, int keep) {
-    us_ops *o = &m->ops;
-    if (!us__fp8_on(m, N, In, Out)) {
-        o->gemm(o, 0, 0, N, In, Out, 1.0f, dy, m->dt, Out, W, m->dt, In, beta, dx, m->dt, In);
-        return;
-    }
-    us__fp8_opnd wc;
-    int cached = us__fp8_wcache(m, W, Out, In, 1, &wc);
-    keep = keep && o->fp8_quantize_both;
-    us__fp8_mm(m, dy, N, Out, us__fp8_act(m), 0, W, Out, In, us__fp8_wt(m), 1, beta, dx,
-               m->dt, /* Wᵀ [In][Out], from bf16 W */
-               keep ? US__FP8_KEEP : US__FP8_FRESH, cached ? &wc : NULL);
-    m->fp8_kept = keep ? dy : NULL;
-    m->fp8_kept_n = N;
-    m->fp8_kept_c = Out;
-}
-
-/* Wgrad: dW f32[Out][In] += dy[N][Out]ᵀ·x[N][In], reducing over the N tokens */
-static void us__linear_wgrad(us_model *m, int64_t N, int64_t In, int64_t Out, const void *dy,
-                             const void *x, float *dW) {
-    us_ops *o = &m->ops;
-    if (!us__fp8_on(m, N, In, Out)) {
-        o->gemm(o, 1, 0, Out, In, N, 1.0f, dy, m->dt, Out, x, m->dt, In, 1.0f, dW, US_F32, In);
-        return;
-    }
-    /* dyᵀ [Out][N] and xᵀ [In][N]: 128×1 tiles of dy and x, activation tiling on both sides;
-       dyᵀ's as Dgrad left it, when it did */
-    int kept = m->fp8_kept == dy && m->fp8_kept_n == N && m->fp8_kept_c == Out;
-    m->fp8_kept = NULL;
-    us__fp8_mm(m, dy, N, Out, us__fp8_act(m), 1, x, N, In, us__fp8_act(m), 1, 1.0f, dW, US_F32,
-               kept ? US__FP8_KEPT : US__FP8_FRESH, NULL);
-}
-
-/* ------------------------------------------------------------------------------------ */
-// >>recompute  what the forward keeps and what the backward recomputes
-/* ------------------------------------------------------------------------------------ */
-/* One decoder layer forward. recompute=0 is the real forward; recompute=1 refills, before the
-   layer's backward, only what the mode did not keep: none keeps all; selective keeps the GEMM
-   outputs (qkv, xmid, gu) and recomputes norms, attention core and SwiGLU (the Playbook's
-   "selective": cheap to recompute, expensive to store); full keeps only the layer input. */
-static us_result us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int recompute) {
-    us_ops *o = &m->ops;
-    const us_model_config *c = &m->cfg;
-    us_layer_acts *A = &m->acts[l];
-    us_dtype dt = m->dt;
-    int NH = m->nh_l, NKV = m->nkv_l,
-        HS = (int)(c->dim / c->n_heads); /* this rank's heads (// >>tp) */
-    int64_t N = B * T, C = c->dim, F = m->ffn_l, QKV = (int64_t)(NH + 2 * NKV) * HS,
-            AO = (int64_t)NH * HS, Np, Ns;
-    us_result r = US_OK;
-    int mode = m->tc.recompute, sp = us__sp(m);
-    int do_gemm = !recompute || mode == US_RECOMPUTE_FULL,
-        do_cheap = !recompute || mode != US_RECOMPUTE_NONE;
-    void *xnext = l + 1 < m->l_hi ? m->acts[l + 1].x : m->a[US__A_XOUT],
-         *G = m->a[US__A_SPG]; /* a chunk's last layer: XOUT */
-    us__rows(m, N, &Np,
-             &Ns); /* GEMMs run on Np rows; norms and the residual on Ns (both N without SP) */
-    if (do_cheap)
-        o->rmsnorm_fwd(o, A->ln1, A->rstd1, A->x, us__W(m, US__PL(l, US__P_LN1)), Ns, C,
-                       c->norm_eps, dt);
-    if (do_gemm) {
-        if (sp) { /* g, travelling under the GEMM */
-            us__ring_gemm g = {0, C, QKV, us__W(m, US__PL(l, US__P_Q)), A->qkv, 0};
-            if ((r = us__sp_gather_gemm(m, G, A->ln1, Ns, &g)) != US_OK) return r;
-        } else
-            us__linear_fwd(m, Np, C, QKV, A->ln1, us__W(m, US__PL(l, US__P_Q)), 0.0f, A->qkv);
-        if (m->mesh.cp > 1)
-            o->rope_at(o, A->qkv, (const int32_t *)m->a[US__A_CPPOS] + m->mesh.cp_rank * T, B, T,
-                       m->tc.seq, NH, NKV, HS, c->rope_theta, 1.0f, dt);
-        else
-            o->rope_fwd(o, A->qkv, B, T, NH, NKV, HS, c->rope_theta, dt);
-    }
-    if (do_cheap) {
-        if (m->mesh.cp > 1) {
-            if ((r = us__cp_attention_fwd(m, A, B, T)) != US_OK) return r;
-        } /* // >>cp */
-        else
-            o->attention_fwd(o, A->att, A->lse, A->qkv, B, T, NH, NKV, HS, dt);
-        if (Np > N)
-            o->zero(o, us__at(A->att, dt, N * AO),
-                    (size_t)((Np - N) * AO) * us_dtype_size(dt)); /* padding rows stay zero */
-    }
-    if (do_gemm) { /* xmid = x + att·Wo^T, rounded once (under tp: summed over the ranks' partial products) */
-        if (sp) {
-            if ((r = us__sp_gemm_scatter(m, A->xmid, A->x, A->att, AO, us__W(m, US__PL(l, US__P_O)),
-                                         Ns)) != US_OK)
-                return r;
-        } /* ḡ */
-        else {
-            us__linear_fwd_res(m, N, AO, C, A->att, us__W(m, US__PL(l, US__P_O)), A->x, A->xmid);
-            if ((r = us__tp_sum(m, A->xmid, N * C, dt)) != US_OK) return r;
-        }
-    }
-    if (do_cheap)
-        o->rmsnorm_fwd(o, A->ln2, A->rstd2, A->xmid, us__W(m, US__PL(l, US__P_LN2)), Ns, C,
-                       c->norm_eps, dt);
-    if (m->moe_idx[l] >= 0)
-        return us__moe_fwd(m, l, N, recompute, xnext); /* a MoE layer (// >>moe) */
-    if (do_gemm) {
-        if (sp) {
-            us__ring_gemm g = {0, C, 2 * F, us__W(m, US__PL(l, US__P_GATE)), A->gu, 0};
-            if ((r = us__sp_gather_gemm(m, G, A->ln2, Ns, &g)) != US_OK) return r;
-        } else
-            us__linear_fwd(m, Np, C, 2 * F, A->ln2, us__W(m, US__PL(l, US__P_GATE)), 0.0f, A->gu);
-    }
-    if (do_cheap) o->swiglu_fwd(o, A->h, A->gu, Np, F, dt);
-    if (!recompute) { /* x_{l+1} = xmid + h·Wdown^T: the next layer's input, never recomputed */
-        if (sp)
-            r = us__sp_gemm_scatter(m, xnext, A->xmid, A->h, F, us__W(m, US__PL(l, US__P_DOWN)),
-                                    Ns);
-        else {
-            us__linear_fwd_res(m, N, F, C, A->h, us__W(m, US__PL(l, US__P_DOWN)), A->xmid, xnext);
-            r = us__tp_sum(m, xnext, N * C, dt);
-        }
-    }
-    return r;
-}
-
-/* Backward of layer l. On entry dres holds ∂loss/∂x_{l+1}; on exit ∂loss/∂x_l (under SP: this
-   rank's Ns rows). Weight gradients accumulate (beta = 1) in fp32. */
-static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
-    us_ops *o = &m->ops;
-    const us_model_config *c = &m->cfg;
-    us_layer_acts *A = &m->acts[l];
-    us_dtype dt = m->dt;
-    int NH = m->nh_l, NKV = m->nkv_l, HS = (int)(c->dim / c->n_heads), sp = us__sp(m);
-    int64_t N = B * T, C = c->dim, F = m->ffn_l, QKV = (int64_t)(NH + 2 * NKV) * HS,
-            AO = (int64_t)NH * HS, Np, Ns;
-    int split = m->pp_bonly; /* a zero-bubble B: weight gradients wait for W (us__layer_w) */
-    void *dres = m->a[US__A_DRES], *dln = m->a[US__A_DLN], *dh = m->a[US__A_DH],
-         *dgu = split ? A->g_gu : A->gu; /* in place: gu is spent once dgu is formed */
-    void *datt = m->a[US__A_DATT], *dqkv = split ? A->g_qkv : m->a[US__A_DQKV],
-         *G = m->a[US__A_SPG];
-    void *dresF = sp ? G : dres; /* the whole residual gradient the GEMMs read */
-    us_work *wg = NULL,
-            *wd = NULL; /* SP's gather of a GEMM input, the input gradient's reduction, in flight */
-    size_t rowb;
-    void *dlnp;
-    us_result r;
-    us__rows(m, N, &Np, &Ns);
-    rowb = (size_t)Np * (size_t)C * us_dtype_size(dt);
-    dlnp = sp ? us__at(dln, dt, (int64_t)m->mesh.tp_rank * Ns * C)
-              : dln; /* where this rank's rows of dln land */
-    /* MLP: x_{l+1} = xmid + swiglu(ln2·Wgu^T)·Wdown^T. Each weight gradient, once complete, is
-       handed to data parallelism (us__grads_ready), which may start reducing its bucket while
-       the rest of the backward runs. */
-    if (m->moe_idx[l] >= 0) { /* a MoE layer (// >>moe): experts, shared expert, router */
-        if ((r = us__moe_bwd(m, l, N)) != US_OK) return r;
-    } else {
-        if (sp) { /* ḡ's conjugate, travelling under the GEMM */
-            us__ring_gemm g = {1, F, C, us__W(m, US__PL(l, US__P_DOWN)), dh, !split};
-            if ((r = us__sp_gather_gemm(m, G, dres, Ns, &g)) != US_OK) return r;
-        } else
-            us__linear_dgrad(m, Np, F, C, dres, us__W(m, US__PL(l, US__P_DOWN)), 0.0f, dh, !split);
-        if (split)
-            o->copy(o, A->g_down, dresF, rowb, US_COPY_D2D);
-        else {
-            us__linear_wgrad(m, Np, F, C, dresF, A->h, us__G(m, US__PL(l, US__P_DOWN)));
-            if ((r = us__grads_ready(m, US__PL(l, US__P_DOWN), US__PL(l, US__P_DOWN) + 1)) != US_OK)
-                return r;
-            /* G is free: the gate|up GEMM's input again, travelling under the next two kernels */
-            if (sp && (r = us__sp_gather_early(m, G, A->ln2, Ns, &wg)) != US_OK) return r;
-        }
-        o->swiglu_bwd(o, dgu, dh, A->gu, Np, F, dt);
-        us__linear_dgrad(m, Np, C, 2 * F, dgu, us__W(m, US__PL(l, US__P_GATE)), 0.0f, dln, !split);
-        /* f (TP: all-reduce) or g's conjugate (SP: reduce-scatter): the column-parallel input's
-           gradient, travelling under the weight-gradient GEMM */
-        if ((r = us__tp_dgrad_start(m, dlnp, dln, N, Ns, &wd)) != US_OK) return r;
-        if (!split) {
-            if ((r = us__tp_wait(m, &wg)) != US_OK) return r;
-            us__linear_wgrad(m, Np, C, 2 * F, dgu, sp ? G : A->ln2,
-                             us__G(m, US__PL(l, US__P_GATE)));
-            if ((r = us__grads_ready(m, US__PL(l, US__P_GATE), US__PL(l, US__P_UP) + 1)) != US_OK)
-                return r;
-        }
-        if ((r = us__tp_wait(m, &wd)) != US_OK) return r;
-    }
-    /* (a MoE layer is not split over tp: each tp rank runs it whole, // >>moe, and its input's
-       gradient is complete) */
-    if ((r = us__norm_bwd(m, dres, US__PL(l, US__P_LN2), dlnp, A->xmid, A->rstd2, Ns)) != US_OK)
-        return r;
-    if ((r = us__grads_ready(m, US__PL(l, US__P_LN2), US__PL(l, US__P_LN2) + 1)) != US_OK) return r;
-    /* attention: xmid = x + attention(rope(ln1·Wqkv^T))·Wo^T */
-    if (sp) {
-        us__ring_gemm g = {1, AO, C, us__W(m, US__PL(l, US__P_O)), datt, !split};
-        if ((r = us__sp_gather_gemm(m, G, dres, Ns, &g)) != US_OK) return r;
-    } else
-        us__linear_dgrad(m, Np, AO, C, dres, us__W(m, US__PL(l, US__P_O)), 0.0f, datt, !split);
-    if (split)
-        o->copy(o, A->g_o, dresF, rowb, US_COPY_D2D);
-    else {
-        us__linear_wgrad(m, Np, AO, C, dresF, A->att, us__G(m, US__PL(l, US__P_O)));
-        if ((r = us__grads_ready(m, US__PL(l, US__P_O), US__PL(l, US__P_O) + 1)) != US_OK) return r;
-        if (sp && (r = us__sp_gather_early(m, G, A->ln1, Ns, &wg)) != US_OK)
-            return r; /* under the attention's backward */
-    }
-    if (m->mesh.cp > 1) {
-        if ((r = us__cp_attention_bwd(m, A, dqkv, datt, B, T)) != US_OK) return r;
-        o->rope_at(o, dqkv, (const int32_t *)m->a[US__A_CPPOS] + m->mesh.cp_rank * T, B, T,
-                   m->tc.seq, NH, NKV, HS, c->rope_theta, -1.0f, dt);
-    } else {
-        o->attention_bwd(o, dqkv, datt, A->qkv, A->att, A->lse, B, T, NH, NKV, HS, dt);
-        o->rope_bwd(o, dqkv, B, T, NH, NKV, HS, c->rope_theta, dt);
-    }
-    if (Np > N) o->zero(o, us__at(dqkv, dt, N * QKV), (size_t)((Np - N) * QKV) * us_dtype_size(dt));
-    us__linear_dgrad(m, Np, C, QKV, dqkv, us__W(m, US__PL(l, US__P_Q)), 0.0f, dln, !split);
-    if ((r = us__tp_dgrad_start(m, dlnp, dln, N, Ns, &wd)) != US_OK) return r;
-    if (!split) {
-        if ((r = us__tp_wait(m, &wg)) != US_OK) return r;
-        us__linear_wgrad(m, Np, C, QKV, dqkv, sp ? G : A->ln1, us__G(m, US__PL(l, US__P_Q)));
-        if ((r = us__grads_ready(m, US__PL(l, US__P_Q), US__PL(l, US__P_V) + 1)) != US_OK) return r;
-    }
-    if ((r = us__tp_wait(m, &wd)) != US_OK) return r;
-    if ((r = us__norm_bwd(m, dres, US__PL(l, US__P_LN1), dlnp, A->x, A->rstd1, Ns)) != US_OK)
-        return r;
-    return us__grads_ready(m, US__PL(l, US__P_LN1), US__PL(l, US__P_LN1) + 1);
-}
-
-/* The W half of a zero-bubble backward (Qi et al.): the layer's four weight-gradient GEMMs, from
-   the output gradients B kept (g_*) and the inputs the forward kept. Nothing downstream waits
-   for these, so the schedule runs them where the pipeline would otherwise idle. Under sequence
-   parallelism the normed inputs are gathered again, as the full backward does. */
-static us_result us__layer_w(us_model *m, int l, int64_t B, int64_t T) {
-    const us_model_config *c = &m->cfg;
-    us_layer_acts *A = &m->acts[l];
-    int NH = m->nh_l, NKV = m->nkv_l, HS = (int)(c->dim / c->n_heads), sp = us__sp(m);
-    int64_t C = c->dim, F = m->ffn_l, QKV = (int64_t)(NH + 2 * NKV) * HS, AO = (int64_t)NH * HS, Np,
-            Ns;
-    void *G = m->a[US__A_SPG];
-    us_result r;
-    us__rows(m, B * T, &Np, &Ns);
-    us__linear_wgrad(m, Np, F, C, A->g_down, A->h, us__G(m, US__PL(l, US__P_DOWN)));
-    if ((r = us__grads_ready(m, US__PL(l, US__P_DOWN), US__PL(l, US__P_DOWN) + 1)) != US_OK)
-        return r;
-    if (sp && (r = us__sp_gather(m, G, A->ln2, Ns)) != US_OK) return r;
-    us__linear_wgrad(m, Np, C, 2 * F, A->g_gu, sp ? G : A->ln2, us__G(m, US__PL(l, US__P_GATE)));
-    if ((r = us__grads_ready(m, US__PL(l, US__P_GATE), US__PL(l, US__P_UP) + 1)) != US_OK) return r;
-    us__linear_wgrad(m, Np, AO, C, A->g_o, A->att, us__G(m, US__PL(l, US__P_O)));
-    if ((r = us__grads_ready(m, US__PL(l, US__P_O), US__PL(l, US__P_O) + 1)) != US_OK) return r;
-    if (sp && (r = us__sp_gather(m, G, A->ln1, Ns)) != US_OK) return r;
-    us__linear_wgrad(m, Np, C, QKV, A->g_qkv, sp ? G : A->ln1, us__G(m, US__PL(l, US__P_Q)));
-    return us__grads_ready(m, US__PL(l, US__P_Q), US__PL(l, US__P_V) + 1);
-}
-
-static int us__head_idx(const us_model *m) {
-    return m->cfg.tie_embeddings ? 0 : US__P_HEAD(m->cfg.n_layers);
-}
-
-/* Checks host tokens against the vocabulary before they reach a kernel. */
-static us_result us__check_tokens(us_model *m, const int32_t *in, const int32_t *tgt, int64_t n) {
-    int64_t i;
-    for (i = 0; i < n; i++) {
-        if (in[i] < 0 || in[i] >= m->cfg.vocab) {
-            us__model_set_error(
-                m, "input token %d at position %lld is outside the vocabulary [0, %lld)", in[i],
-                (long long)i, (long long)m->cfg.vocab);
-            return US_ERR_INVALID;
-        }
-        if (tgt && tgt[i] >= m->cfg.vocab) {
-            us__model_set_error(
-                m, "target token %d at position %lld is outside the vocabulary [0, %lld)", tgt[i],
-                (long long)i, (long long)m->cfg.vocab);
-            return US_ERR_INVALID;
-        }
-    }
-    return US_OK;
-}
-
-/* The head and the loss over xf [R, C] (R = N, or Np under SP): logits [R, V] = xf·Whead^T, then
-   the fused softmax cross-entropy, which writes each row's loss and, when dscale != 0, turns the
-   logits into their gradient in place. With loss_chunk (us__loss_rows) this runs on chunks of
-   rows and, in a training forward, each chunk's gradient goes on at once through the head's
-   backward — dxf [R, C] into DLN, dWhead += dlogitsᵀ·xf — so the logits never stand whole in
-   memory (the Liger-style fused linear cross-entropy): at a 128k vocabulary, B·T = 16k tokens,
-   4.2 GB of bf16 logits become 0.5 GB. The backward then starts from DLN (m->head_fused). */
-static us_result us__head_loss(us_model *m, int64_t R, float dscale) {
-    us_ops *o = &m->ops;
-    int64_t C = m->cfg.dim, V = m->vocab_l, rows = us__loss_rows(&m->cfg, &m->tc, R), r0;
-    int head = us__head_idx(m);
-    size_t a = us_dtype_size(m->dt);
-    us_result r;
-    m->head_fused = rows < R && dscale != 0;
-    for (r0 = 0; r0 < R; r0 += rows) {
-        int64_t n = R - r0 < rows ? R - r0 : rows;
-        const void *xf = us__at(m->a[US__A_XF], m->dt, r0 * C);
-        const int32_t *tgt = (const int32_t *)m->a[US__A_TGT] + r0;
-        o->gemm(o, 0, 1, n, V, C, 1.0f, xf, m->dt, C, us__W(m, head), m->dt, C, 0.0f,
-                m->a[US__A_LOGITS], m->dt, V);
-        if (m->tc.tp > 1) {
-            if ((r = us__tp_xent(m, tgt, n, r0, dscale, dscale == 0)) != US_OK) return r;
-        } else
-            o->xent(o, (float *)m->a[US__A_LOSSES] + r0, (int32_t *)m->a[US__A_ARGMAX] + r0,
-                    m->a[US__A_LOGITS], tgt, n, V, dscale, m->dt);
-        if (m->head_fused) { /* dxf = dlogits·Whead; dWhead += dlogitsᵀ·xf (the backward's two) */
-            o->gemm(o, 0, 0, n, C, V, 1.0f, m->a[US__A_LOGITS], m->dt, V, us__W(m, head), m->dt, C,
-                    0.0f, (char *)m->a[US__A_DLN] + (size_t)(r0 * C) * a, m->dt, C);
-            o->gemm(o, 1, 0, V, C, n, 1.0f, m->a[US__A_LOGITS], m->dt, V, xf, m->dt, C, 1.0f,
-                    us__G(m, head), US_F32, C);
-        }
-    }
-    return US_OK;
-}
-
-/* Embedding → L layers → final norm → logits → fused cross-entropy (with its gradient when
-   dscale != 0). Sums the loss of the valid targets into *loss_sum. */
-static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *targets, int B,
-                             int T, float dscale, double *loss_sum) {
-    us_ops *o = &m->ops;
-    const us_model_config *c = &m->cfg;
-    int64_t N = (int64_t)B * T, C = c->dim, i, Np, Ns;
-    int l, sp = us__sp(m);
-    us_result r;
-    float *losses;
-    us__rows(m, N, &Np, &Ns);
-    if (B < 1 || T < 1 || B > m->tc.batch || T > m->tc.seq / m->mesh.cp) {
-        us__model_set_error(m,
-                            "batch %d x seq %d does not fit the arena sized for batch %d x seq %d",
-                            B, T, m->tc.batch, m->tc.seq / m->mesh.cp);
-        return US_ERR_INVALID;
-    }
-    if (m->mesh.cp > 1 && T != m->tc.seq / m->mesh.cp) { /* positions are fixed by the sharding */
-        us__model_set_error(m,
-                            "under context parallelism every call runs this rank's whole share: "
-                            "seq %d / cp %d = %d tokens, not %d",
-                            m->tc.seq, m->mesh.cp, m->tc.seq / m->mesh.cp, T);
-        return US_ERR_INVALID;
-    }
-    if ((r = us__check_tokens(m, inputs, targets, N)) != US_OK) return r;
-    m->moe_train =
-        dscale != 0; /* a training forward: its routing counts toward the step (// >>moe) */
-    m->moe_aux_last = 0;
-    if (m->tc.tp >
-        1) { /* tokens and targets in this rank's vocabulary rows (// >>tp); SP's padding rows last */
-        int32_t *tl = (int32_t *)US_MALLOC((size_t)Np * 8);
-        if (!tl) {
-            us__model_set_error(m, "out of host memory");
-            return US_ERR_OOM;
-        }
-        for (i = 0; i < Np; i++) {
-            int64_t a = i < N ? inputs[i] - m->vocab_off : -1,
-                    b = i < N ? targets[i] - m->vocab_off : -1;
-            tl[i] = a >= 0 && a < m->vocab_l ? (int32_t)a : -1;
-            tl[Np + i] = i >= N || targets[i] < 0 ? -2 : b >= 0 && b < m->vocab_l ? (int32_t)b : -1;
-        }
-        o->copy(o, m->a[US__A_TOK], tl, (size_t)Np * 4, US_COPY_H2D);
-        o->copy(o, m->a[US__A_TGT], tl + Np, (size_t)Np * 4, US_COPY_H2D);
-        US_FREE(tl);
-    } else {
-        o->copy(o, m->a[US__A_TOK], inputs, (size_t)N * 4, US_COPY_H2D);
-        o->copy(o, m->a[US__A_TGT], targets, (size_t)N * 4, US_COPY_H2D);
-    }
-    /* ZeRO-3 walks the model in steps: enter each one (its weights gathered, the next step's
-       gather issued) before computing it */
-    if ((r = us__z3_enter(m, 0, 1)) != US_OK) return r;
-    /* a pipeline chunk runs layers [l_lo, l_hi): a later stage's acts[l_lo].x holds the activation received (// >>pp) */
-    if (!m->c_first) {
-    } else if (
-        sp) { /* each token's row comes from the rank holding it, and goes to the rank holding the token */
-        o->embedding_fwd(o, m->a[US__A_SPG], (const int32_t *)m->a[US__A_TOK], us__W(m, 0), Np, C,
-                         m->dt);
-        if ((r = us__sp_scatter(m, m->acts[0].x, m->a[US__A_SPG], Ns)) != US_OK) return r;
-    } else {
-        o->embedding_fwd(o, m->acts[0].x, (const int32_t *)m->a[US__A_TOK], us__W(m, 0), N, C,
-                         m->dt);
-        if ((r = us__tp_sum(m, m->acts[0].x, N * C, m->dt)) != US_OK)
-            return r; /* one rank holds each token's row */
-    }
-    for (l = m->l_lo; l < m->l_hi; l++) {
-        us__tm t0;
-        char nm[40];
-        if ((r = us__z3_enter(m, 1 + l, 1)) != US_OK)
-            return r; /* the weights' wait is a host region of its own */
-        t0 = us__tstart(m);
-        if ((r = us__layer_fwd(m, l, B, T, 0)) != US_OK) return r;
-        if (m->trace) {
-            snprintf(nm, sizeof nm, "forward layer %d", l);
-            us__trace(m, "compute", nm, t0);
-        }
-    }
-    if (!m->c_last) {
-        *loss_sum = 0;
-        return us__backend_check(m);
-    } /* XOUT goes to the next stage */
-    if ((r = us__z3_enter(m, c->n_layers + 1, 1)) != US_OK) return r;
-    { /* the final norm on this rank's rows, then (SP) the whole sequence for the head */
-        void *xf_mine = us__at(m->a[US__A_XF], m->dt, sp ? (int64_t)m->mesh.tp_rank * Ns * C : 0);
-        o->rmsnorm_fwd(o, xf_mine, (float *)m->a[US__A_RSTDF], m->a[US__A_XOUT],
-                       us__W(m, US__P_NORM(c->n_layers)), Ns, C, c->norm_eps, m->dt);
-        if (sp && (r = us__sp_gather(m, m->a[US__A_XF], xf_mine, Ns)) != US_OK) return r;
-    }
-    if ((r = us__head_loss(m, sp ? Np : N, dscale)) != US_OK) return r;
-    losses = (float *)US_MALLOC((size_t)N * 4);
-    if (!losses) {
-        us__model_set_error(m, "out of host memory");
-        return US_ERR_OOM;
-    }
-    o->copy(o, losses, m->a[US__A_LOSSES], (size_t)N * 4, US_COPY_D2H);
-    if ((r = us__backend_check(m)) != US_OK) {
-        US_FREE(losses);
-        return r;
-    }
-    *loss_sum = 0;
-    for (i = 0; i < N; i++) *loss_sum += losses[i];
-    US_FREE(losses);
-    if (!isfinite(*loss_sum)) {
-        us__model_set_error(m, "the loss is not finite (%g)", *loss_sum);
-        return US_ERR_NONFINITE;
-    }
-    return US_OK;
-}
-
-static us_result us__backward(us_model *m, int B, int T) {
-    us_ops *o = &m->ops;
-    const us_model_config *c = &m->cfg;
-    int64_t N = (int64_t)B * T, C = c->dim, V = m->vocab_l, Np, Ns;
-    int l, head = us__head_idx(m), L = c->n_layers, sp = us__sp(m);
-    us_result r;
-    us__tm t0 = us__tstart(m);
-    void *dlnp;
-    us__rows(m, N, &Np, &Ns);
-    dlnp = us__at(m->a[US__A_DLN], m->dt, sp ? (int64_t)m->mesh.tp_rank * Ns * C : 0);
-    us__grads_begin(m);
-    if (!m->c_first && (r = us__grads_ready(m, 0, 1)) != US_OK)
-        return r; /* absent on this stage: done */
-    if ((r = us__emb_rows_begin(m, sp ? Np : N)) != US_OK)
-        return r; /* the embedding's gradient by rows (// >>dp) */
-    if (head && (r = us__emb_rows_early(m)) != US_OK) return r; /* untied: the bucket now */
-    if (!m->c_last) { /* a pipeline stage before the last: DRES holds the gradient received */
-        if ((r = us__grads_ready(m, US__P_NORM(L), m->n_params_t)) != US_OK) return r;
-        goto layers;
-    }
-    if ((r = us__z3_enter(m, L + 1, -1)) != US_OK) return r;
-    /* logits = xf·Whead^T, the logits buffer now holds dlogits (unless the forward's chunks
-       already went through the head: us__head_loss) */
-    if (!m->head_fused) {
-        o->gemm(o, 0, 0, Np, C, V, 1.0f, m->a[US__A_LOGITS], m->dt, V, us__W(m, head), m->dt, C,
-                0.0f, m->a[US__A_DLN], m->dt, C);
-        o->gemm(o, 1, 0, V, C, Np, 1.0f, m->a[US__A_LOGITS], m->dt, V, m->a[US__A_XF], m->dt, C,
-                1.0f, us__G(m, head), US_F32, C);
-    }
-    m->head_fused = 0;
-    if (head && (r = us__grads_ready(m, head, head + 1)) != US_OK)
-        return r; /* tied: the embedding's gradient is not done yet, */
-    if (!head) {  /* unless only its rows remain (us__emb_sparse) */
-        m->emb_dirty = 1;
-        if ((r = us__emb_rows_early(m)) != US_OK) return r;
-    }
-    /* the vocabulary slices' parts: summed (TP), or summed and split by tokens (SP) */
-    if ((r = sp ? us__sp_scatter(m, dlnp, m->a[US__A_DLN], Ns)
-                : us__tp_sum(m, m->a[US__A_DLN], N * C, m->dt)) != US_OK)
-        return r;
-    o->zero(o, m->a[US__A_DRES], (size_t)Ns * C * us_dtype_size(m->dt));
-    if ((r = us__norm_bwd(m, m->a[US__A_DRES], US__P_NORM(L), dlnp, m->a[US__A_XOUT],
-                          (float *)m->a[US__A_RSTDF], Ns)) != US_OK)
-        return r;
-    if ((r = us__grads_ready(m, US__P_NORM(L), US__P_NORM(L) + 1)) != US_OK) return r;
-    us__trace(m, "compute", "backward head", t0);
-layers:
-    for (l = m->l_hi - 1; l >= m->l_lo; l--) {
-        char nm[40];
-        if ((r = us__z3_enter(m, 1 + l, -1)) != US_OK) return r;
-        t0 = us__tstart(m);
-        if (m->tc.recompute != US_RECOMPUTE_NONE && (r = us__layer_fwd(m, l, B, T, 1)) != US_OK)
-            return r;
-        if ((r = us__layer_bwd(m, l, B, T)) != US_OK) return r;
-        if (m->trace) {
-            snprintf(nm, sizeof nm, "backward layer %d", l);
-            us__trace(m, "compute", nm, t0);
-        }
-    }
-    if ((r = us__z3_enter(m, 0, -1)) != US_OK) return r;
-    if (m->c_first) { /* (else DRES is the gradient of this stage's input: the executor sends it back) */
-        /* every rank needs every token's gradient under SP: its vocabulary rows may be anywhere */
-        const void *dx = sp ? m->a[US__A_SPG] : m->a[US__A_DRES];
-        int64_t R = sp ? Np : N;
-        if (sp && (r = us__sp_gather(m, m->a[US__A_SPG], m->a[US__A_DRES], Ns)) != US_OK) return r;
-        if (m->emb_on) {
-            if ((r = us__emb_rows_finish(m, dx, R)) != US_OK) return r;
-        } else {
-            o->embedding_bwd(o, us__G(m, 0), dx, (const int32_t *)m->a[US__A_TOK], R, C, m->dt);
-            m->emb_dirty = 1;
-            if ((r = us__grads_ready(m, 0, 1)) != US_OK) return r;
-        }
-    }
-    us__z3_release_all(m);
-    return m->err[0] ? US_ERR_BACKEND : US_OK; /* a slot's reduction may have failed inside us__G */
-}
-
-/* ------------------------------------------------------------------------------------ */
-// >>lossscale  fp16 mixed precision: dynamic loss scaling, overflow detection, step skipping
-/* ------------------------------------------------------------------------------------ */
-/* Playbook "Mixed precision training", FP16. fp16's 5 exponent bits span only 2^-24 .. 65504:
-   activations fit, but small gradients underflow to zero in an fp16 backward. The recipe:
-   (1) forward and backward on fp16 weights and activations, computed in fp32 and rounded once on
-       store: GEMMs accumulate in fp32, RMSNorm's statistics, the softmax and the loss are fp32;
-   (2) an fp32 master copy of the weights takes the updates; gradients accumulate in fp32 and
-       AdamW's moments are fp32 (as under bf16);
-   (3) loss scaling: the loss is multiplied by S before the backward — here its gradient seed,
-       dscale·S — lifting the gradients into fp16's range; the fp32 gradients are divided by S
-       before clipping and AdamW (folded into AdamW's gradient factor, g·clip/S: no extra pass);
-   (4) overflow: an inf or a NaN anywhere in the gradients makes the global gradient norm not
-       finite — the norm every rank already agrees on (summed over dp, tp, pp, ep) — so S was too
-       large: the step is skipped (no weight, moment or step-count change) and S halves;
-   (5) after loss_scale_window clean steps S doubles, probing again for the largest S that fits.
-   A power-of-two S is exact: scaling and unscaling change no bits unless a value underflows or
-   overflows, so a static S = 2^k trains bit for bit like no scaling wherever nothing does. */
-#define US__LS_INIT \
-    65536.0f /* 2^16, the dynamic scaler's first S (PyTorch GradScaler's init_scale) */
-#define US__LS_MAX 16777216.0f /* 2^24: S grows no further (apex's max_loss_scale) */
-
-static void us__ls_init(us_model *m) {
-    m->ls_dynamic = m->tc.loss_scale == 0 && m->tc.precision == US_PRECISION_FP16;
-    m->loss_scale = m->tc.loss_scale > 0 ? m->tc.loss_scale : m->ls_dynamic ? US__LS_INIT : 1.0f;
-    m->ls_good = m->ls_skipped = 0;
-    m->ls_skipped_total = 0;
-}
-
-static int us__ls_on(const us_model *m) { return m->ls_dynamic || m->tc.loss_scale > 0; }
-
-/* After the step's gradient norm; overflow: it is not finite. Moves S for the next step. */
-static us_result us__ls_update(us_model *m, int overflow) {
-    m->ls_skipped = overflow;
-    if (!overflow) {
-        if (m->ls_dynamic && ++m->ls_good >= m->tc.loss_scale_window) {
-            m->ls_good = 0;
-            if (m->loss_scale * 2.0f <= US__LS_MAX) m->loss_scale *= 2.0f;
-        }
-        return US_OK;
-    }
-    m->ls_skipped_total++;
-    m->ls_good = 0;
-    if (!m->ls_dynamic) return US_OK; /* a static S: skip, keep S */
-    if (m->loss_scale <= 1.0f) { /* Megatron's min_loss_scale: below 1 scaling no longer helps */
-        us__model_set_error(
-            m, "the gradients overflow even at loss scale 1 (step %d); weights left unchanged",
-            m->step + 1);
-        return US_ERR_NONFINITE;
-    }
-    m->loss_scale *= 0.5f;
-    return US_OK;
-}
-
-/* ------------------------------------------------------------------------------------ */
-// >>train  gradient accumulation and the training step
-/* ------------------------------------------------------------------------------------ */
-US_API void us_model_zero_grad(us_model *m) {
-    m->ops.zero(&m->ops, m->grad, (size_t)(m->tc.zero >= 2 ? m->shard_n : m->n_flat) * 4);
-    m->emb_dirty = 0;
-    us__fp8_wcache_drop(m); /* a new step: the weights may have been written since the last */
-}
-
-US_API us_result us_forward_backward(us_model *m, const int32_t *inputs, const int32_t *targets,
-                                     int B, int T, float dscale, double *loss_sum) {
-    us_result r;
-    m->err[0] = 0;
-    m->tp_inflight = 0;
-    m->ops.sm_margin = 0; /* (a failed step may have left a tp collective counted) */
-    r = us__forward(m, inputs, targets, B, T, dscale, loss_sum);
-    if (r != US_OK) return r;
-    r = us__backward(m, B, T);
-    m->grad_sync = 0;
-    return r;
-}
-
-US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out) {
-    us_ops *o = &m->ops;
-    const us_train_config *tc = &m->tc;
-    int Z = tc->zero, u;
-    double norm2 = 0, gnorm;
-    float gscale = 1.0f, lr = us_lr_at(tc, m->step),
-          inv_s = 1.0f / m->loss_scale; /* exact for S = 2^k */
-    us_result r;
-    us__tm t0;
-    m->ls_skipped = 0;
-    us__fp8_wcache_drop(m); /* the weights are about to change */
-    if ((r = us__grads_finish(m)) != US_OK)
-        return r; /* the last reductions' waits: host regions of their own */
-    t0 = us__tstart(m);
-    /* the global gradient norm: every rank holds all of it without ZeRO; with ZeRO each holds the
-       sums of its pieces, and the squares are summed over dp */
-    if (Z == 0 && m->tc.tp <= 1 && m->tc.pp <= 1 && m->ep <= 1)
-        norm2 = o->sumsq(o, m->grad, m->n_flat);
-    else { /* tp: split tensors summed over tp, replicated ones counted once; pp: every stage's own;
-                ep: every rank's experts, counted on the first of their replicas (// >>ep) */
-        int i;
-        for (u = 0; u < m->n_units; u++) {
-            const us__unit *U = &m->units[u];
-            int64_t lo = U->off + (Z ? (int64_t)m->mesh.dpcp_g.rank * U->piece : 0),
-                    hi = lo + U->piece;
-            const float *gp = Z < 2 ? m->grad + lo : m->grad + U->shard_off; /* flat index lo */
-            for (i = U->p0; i < U->p1; i++) {
-                const us_param *p = &m->params[i];
-                int64_t a = p->offset > lo ? p->offset : lo,
-                        b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
-                int first = p->expert && m->ep > 1 ? m->edp_g.rank == 0 : m->mesh.dpcp_g.rank == 0;
-                if (a < b && (p->tp_split || m->mesh.tp_rank == 0) && (Z || first))
-                    norm2 += o->sumsq(o, gp + (a - lo), b - a);
-            }
-        }
-        if ((r = us__group_sum(m, &m->comm->world, &norm2, 1)) != US_OK)
-            return r; /* each part counted on one rank */
-    }
-    gnorm = sqrt(norm2) / m->loss_scale; /* unscaled (// >>lossscale) */
-    if (grad_norm) *grad_norm = (float)gnorm;
-    if (lr_out) *lr_out = lr;
-    if (!isfinite(gnorm) && us__ls_on(m)) { /* an overflow under loss scaling: skip the update */
-        if ((r = us__ls_update(m, 1)) != US_OK) return r;
-        if ((r = us__moe_step_end(m)) != US_OK)
-            return r; /* the step's routing statistics still close */
-        us__trace(m, "compute", "optimizer step (skipped)", t0);
-        return us__backend_check(m);
-    }
-    if (!isfinite(gnorm)) {
-        us__model_set_error(m, "the gradient norm is not finite at step %d; weights left unchanged",
-                            m->step + 1);
-        return US_ERR_NONFINITE;
-    }
-    if (tc->grad_clip > 0 && gnorm > tc->grad_clip)
-        gscale = (float)(tc->grad_clip / gnorm); /* clip by global norm */
-    gscale *= inv_s;                             /* and unscale, in the same factor */
-    if ((r = us__ls_update(m, 0)) != US_OK) return r;
-    m->step++;
-    /* The tensors tile the flat buffers, so each run of neighbours that share a weight-decay
-       setting is one contiguous range: one AdamW call per run, not per tensor (a layer's
-       q|k|v|o and gate|up|down become two calls on a GPU instead of seven launches). Without
-       ZeRO the whole buffer is one range; with it, each unit's own piece. */
-    if (Z == 0) {
-        us__unit all;
-        memset(&all, 0, sizeof all);
-        all.p0 = 0;
-        all.p1 = m->n_params_t;
-        all.n = all.piece = m->n_flat;
-        us__adamw_piece(m, &all, lr, gscale);
-    } else
-        for (u = 0; u < m->n_units; u++) {
-            us__unit *U = &m->units[u];
-            us__adamw_piece(m, U, lr, gscale);
-            /* ZeRO-1/2: this rank updated its piece of the unit; the weights the forward reads are
-           all-gathered at once, while the next units' pieces update (Playbook "ZeRO-1": the
-           all-gather overlaps the optimizer step) */
-            if (Z != 1 && Z != 2) continue;
-            r = m->comm->all_gather(
-                m->comm, &m->mesh.dpcp_g, us__at(m->w, m->dt, U->off),
-                us__at(m->w, m->dt, U->off + (int64_t)m->mesh.dpcp_g.rank * U->piece), U->piece,
-                m->dt, &U->gather);
-            if (r != US_OK) return us__comm_fail(m, r, "weight all-gather");
-        }
-    us__trace(m, "compute", "optimizer step", t0);
-    if (Z == 1 || Z == 2) {
-        double tw = us_trace_now_us();
-        for (u = 0; u < m->n_units; u++) {
-            r = m->comm->wait(m->comm, m->units[u].gather);
-            m->units[u].gather = NULL;
-            if (r != US_OK) return us__comm_fail(m, r, "weight all-gather");
-        }
-        us__trace_host(m, "wait", "wait weights", tw);
-    }
-    if ((r = us__moe_step_end(m)) != US_OK)
-        return r; /* routing statistics, the router bias rule (// >>moe) */
-    return us__backend_check(m);
-}
-
-/* Selects slot k for chunk c: the slot's layers stand at the chunk's place in acts (a slot holds
-   one chunk's activations, so interleaved and V-shaped schedules store 1/v of the rank's layers
-   per micro-batch chunk in flight), its scratch in a. */
-static void us__slot(us_model *m, int k, int c) {
-    int lo = m->chunk_lo[c], n = m->chunk_hi[c] - lo;
-    memcpy(m->acts_work + lo, m->slot_acts + (size_t)k * m->pp_lc,
-           sizeof(us_layer_acts) * (size_t)n);
-    m->acts = m->acts_work;
-    memcpy(m->a, m->slot_a[k], sizeof m->a);
-}
-
-/* The pp rank that runs stage st, and the chunk of rank q that is stage st (-1: none). */
-static int us__pp_rank_of(const us_pp_schedule *s, int st) {
-    if (s->vshape) return st < s->pp ? st : 2 * s->pp - 1 - st;
-    return st % s->pp;
-}
-
-static int us__pp_chunk_of(const us_pp_schedule *s, int q, int st) {
-    int c;
-    for (c = 0; c < s->v; c++)
-        if (us_pp_stage(s, q, c) == st) return c;
-    return -1;
-}
-
-/* Points the forward and backward at one chunk, its activations in slot k; us__pp_select_all
-   gives back the whole rank (slot 0), what every call outside the executor sees. */
-static void us__pp_select(us_model *m, int k, int chunk) {
-    const us_pp_schedule *s = m->pp_sched;
-    int st = us_pp_stage(s, m->mesh.pp_rank, chunk);
-    us__slot(m, k, chunk);
-    m->l_lo = m->chunk_lo[chunk];
-    m->l_hi = m->chunk_hi[chunk];
-    m->c_first = st == 0;
-    m->c_last = st == s->pp * s->v - 1;
-}
-
-static void us__pp_select_all(us_model *m) {
-    us__slot(m, 0, 0);
-    m->l_lo = 0;
-    m->l_hi = m->cfg.n_layers;
-    m->c_first = m->pp_first;
-    m->c_last = m->pp_last;
-}
-
-static us_result us__pp_wpass(us_model *m, int B, int T) { /* the chunk's W, last layer first */
-    int l;
-    us_result r;
-    for (l = m->l_hi - 1; l >= m->l_lo; l--)
-        if ((r = us__layer_w(m, l, B, T)) != US_OK) return r;
-    return us__backend_check(m);
-}
-
-/* How messages travel (// >>pp). Sends complete only when received (NCCL's, and the threads
-   backend's under rendezvous), so the order in which ranks post them decides whether they wait
-   for each other forever. Two plans, by what a waiting call costs the backend (us_comm.p2p_early):
-
-   Channels (host backends). Every boundary between two stages on different ranks has two
-   channels (us_comm.dup): one carries the activations forward, the other the gradients back. A
-   channel matches its messages in order and runs apart from the others, so a forward's output
-   is sent the moment it is computed, its gradient's receive is posted at the same moment into
-   the slot that will need it, and a rank waits only for data it needs now: a forward for its
-   input, a backward for its gradient. A slot is reused only after its sends completed, which
-   never waits on the peer's progress: an activation was consumed before its gradient came back
-   (the slot is freed after its backward), and a gradient's receive was posted at its forward.
-   A channel carries micro-batches in one order on both ends, which us__pp_plan checks.
-
-   The clock (NCCL). Its waiting calls are kernels spinning on the GPU, and on 2 H200s the
-   channel plan hung for interleaved, ZB-V and DualPipe-V (bench/RESULTS.md): so every message is
-   exchanged at one agreed time on the schedule's own clock — the checker's unit-cost play
-   (tF = tB = tW = 1), which every rank computes alike:
-     an activation  at its consumer's start (the receiver takes a slot only then: no more
-                    activations held than the schedule says; the sender still holds it, since
-                    its backward comes after the consumer's);
-     a gradient     at its producer's end (the receiver's slot exists: its forward ran earlier).
-   Before starting an action, a rank makes every exchange timed at or before that action's
-   start, in time order; at equal times gradients go first (a full backward frees its slot as
-   its gradient leaves, and an activation arriving at that moment may take the same slot), then
-   the successor on even ranks and the predecessor on odd ones; the two directions between a
-   pair travel as one sendrecv on the pp group. Sends are not waited for except before their
-   slot is written again. By induction on the clock no rank ever waits for a message its peer
-   cannot yet send: whatever an exchange at time t carries was produced by an action that
-   started before t. The price: a message waits for its time even when its data is ready, and
-   a receive can wait while a later action could run (bench/pp_bubble.sh measures both plans). */
-static int us__pp_channel(int b, int grad) { return 2 * b + grad; } /* boundary b: stages b → b+1 */
-
-static int us__pp_early(const us_model *m) {
-    return m->comm && m->comm->p2p_early && !m->tc.pp_clock;
-}
-
-static us_result us__pp_play(const us_pp_schedule *s, double tF, double tB, double tW,
-                             us_pp_sim *out, double *start, int nmax, char *err, size_t errlen);
-static double us__pp_cost(const us_pp_action *x, double tF, double tB, double tW);
-
-typedef struct us__pp_msg {
-    double t; /* the agreed time */
-    int grad; /* 0: an activation (forward output), 1: a gradient (backward output) */
-    int peer; /* pp rank of the other end */
-    int send; /* 1: this rank sends (act = the producing action), 0: receives (act = the consumer) */
-    int act;  /* index into this rank's list */
-    int order; /* tie-break at equal times: successor before predecessor on even ranks */
-} us__pp_msg;
-
-static int us__pp_msg_cmp(const void *a, const void *b) {
-    const us__pp_msg *x = (const us__pp_msg *)a, *y = (const us__pp_msg *)b;
-    if (x->t != y->t) return x->t < y->t ? -1 : 1;
-    if (x->grad != y->grad)
-        return y->grad -
-               x->grad; /* a gradient leaves its slot before the slot can be taken again */
-    if (x->order != y->order) return x->order - y->order;
-    return x->send - y->send;
-}
-
-/* The clock plan: this rank's messages with their agreed times, in exchange order. */
-static us_result us__pp_plan_clock(us_model *m) {
-    const us_pp_schedule *s = m->pp_sched;
-    int P = s->pp, S = P * s->v, M = s->m, q = m->mesh.pp_rank, nmax = 0, r, i, k, nm = 0;
-    double *start = NULL;
-    int *where = NULL;
-    us_pp_sim sim;
-    char e2[200];
-    us_result res = US_ERR_OOM;
-    for (r = 0; r < P; r++)
-        if (s->n[r] > nmax) nmax = s->n[r];
-    start = (double *)US_MALLOC(sizeof(double) * (size_t)(P * nmax));
-    where = (int *)US_MALLOC(sizeof(int) * (size_t)(2 * S * M)); /* [F|B][stage][mb] → r·nmax + i */
-    m->pp_msgs = (us__pp_msg *)US_MALLOC(sizeof(us__pp_msg) * (size_t)(2 * s->n[q] + 1));
-    m->pp_start = (double *)US_MALLOC(sizeof(double) * (size_t)(s->n[q] + 1));
-    if (!start || !where || !m->pp_msgs || !m->pp_start) {
-        us__model_set_error(m, "out of host memory");
-        goto done;
-    }
-    if (us__pp_play(s, 1, 1, 1, &sim, start, nmax, e2, sizeof e2) != US_OK) {
-        us__model_set_error(m, "pipeline schedule: %s", e2);
-        res = US_ERR_INVALID;
-        goto done;
-    }
-    for (i = 0; i < 2 * S * M; i++) where[i] = -1;
-    for (r = 0; r < P; r++)
-        for (i = 0; i < s->n[r]; i++) {
-            const us_pp_action *x = &s->a[r][i];
-            if (x->op != US_PP_W)
-                where[(x->op != US_PP_F) * S * M + us_pp_stage(s, r, x->chunk) * M + x->mb] =
-                    r * nmax + i;
-        }
-    for (k = 0; k < 2 * S * M; k++) { /* every message that leaves or reaches this rank */
-        int grad = k >= S * M, st = k / M % S, mb = k % M, prod = where[k], cons, ra, rb;
-        us__pp_msg *x = &m->pp_msgs[nm];
-        if (prod < 0 || (!grad && st == S - 1) || (grad && st == 0)) continue;
-        cons = where[grad * S * M + (grad ? st - 1 : st + 1) * M + mb];
-        ra = prod / nmax;
-        rb = cons / nmax;
-        if (ra == rb || (ra != q && rb != q)) continue; /* handed over on one rank, or not ours */
-        x->grad = grad;
-        x->send = ra == q;
-        x->peer = x->send ? rb : ra;
-        x->act = (x->send ? prod : cons) % nmax;
-        x->t = grad ? start[prod] + us__pp_cost(&s->a[ra][prod % nmax], 1, 1, 1) : start[cons];
-        x->order = (x->peer == (q + 1) % P) == (q % 2 == 0) ? 0 : 1;
-        nm++;
-    }
-    qsort(m->pp_msgs, (size_t)nm, sizeof(us__pp_msg), us__pp_msg_cmp);
-    m->pp_nmsg = nm;
-    for (i = 0; i < s->n[q]; i++) m->pp_start[i] = start[q * nmax + i];
-    res = US_OK;
-done:
-    US_FREE(start);
-    US_FREE(where);
-    return res;
-}
-
-/* The channel plan needs no times; it checks that each channel carries its micro-batches in
-   one order on both ends: the sender's order of producing = the receiver's of receiving (an
-   activation, at its forward) or of posting (a gradient, at the forward it belongs to). */
-static us_result us__pp_plan(us_model *m) {
-    const us_pp_schedule *s = m->pp_sched;
-    int P = s->pp, S = P * s->v, M = s->m, b, k, r, i;
-    int *seq, *got;
-    if (!us__pp_early(m)) return us__pp_plan_clock(m);
-    seq = (int *)US_MALLOC(sizeof(int) * (size_t)(2 * M + 2));
-    if (!seq) {
-        us__model_set_error(m, "out of host memory");
-        return US_ERR_OOM;
-    }
-    got = seq + M + 1;
-    for (b = 0; b + 1 < S; b++) {
-        int lo = us__pp_rank_of(s, b), hi = us__pp_rank_of(s, b + 1);
-        if (lo == hi) continue;   /* handed over on one rank */
-        for (k = 0; k < 2; k++) { /* k 0: activations lo → hi; 1: gradients hi → lo */
-            int ns = 0, nr = 0, snd = k ? hi : lo, rcv = k ? lo : hi;
-            for (i = 0; i < s->n[snd];
-                 i++) { /* the sender produces: F of stage b, or B/BW of stage b+1 */
-                const us_pp_action *x = &s->a[snd][i];
-                if (us_pp_stage(s, snd, x->chunk) == b + k &&
-                    (k ? (x->op == US_PP_B || x->op == US_PP_BW) : x->op == US_PP_F) && ns < M)
-                    seq[ns++] = x->mb;
-            }
-            for (
-                i = 0; i < s->n[rcv];
-                i++) { /* the receiver receives at its F of stage b+1, or posts at its F of stage b */
-                const us_pp_action *x = &s->a[rcv][i];
-                if (us_pp_stage(s, rcv, x->chunk) == b + 1 - k && x->op == US_PP_F && nr < M)
-                    got[nr++] = x->mb;
-            }
-            for (r = ns == nr ? 0 : -1; r == 0 && ns > 0 && nr > 0; ns--, nr--)
-                if (seq[ns - 1] != got[nr - 1]) r = -1;
-            if (r) {
-                us__model_set_error(m,
-                                    "pipeline schedule %s: the %s between stages %d and %d leave "
-                                    "in another order than they are received",
-                                    us_pp_kind_name(s->kind), k ? "gradients" : "activations", b,
-                                    b + 1);
-                US_FREE(seq);
-                return US_ERR_INVALID;
-            }
-        }
-    }
-    US_FREE(seq);
-    return US_OK;
-}
-
-/* Connects the pipeline's ranks before the first step. Channels: opened (collective over the pp
-   group: every rank dups for every boundary that crosses ranks, in boundary order), and one
-   element sent over each, in channel order, each a blocking pair, so they cannot wait in a
-   cycle. The clock: NCCL connects two ranks lazily, on the host, inside their first send or
-   receive, with the peer connecting at the same time; a pipeline's first message in a direction
-   can meet a lone receive on one side while the other side is inside a grouped send+receive
-   (AFAB's last forward sends on and receives the first gradient): each then waits for the other
-   forever. So every pair of neighbours exchanges one element both ways on the pp group; even
-   stages pair with their successor first, odd ones with their predecessor, so the pairs never
-   wait in a ring. */
-static us_result us__pp_connect(us_model *m) {
-    const us_pp_schedule *s = m->pp_sched;
-    us_group *g = &m->mesh.pp_g;
-    int q = m->mesh.pp_rank, S = s->pp * s->v, P = g->size, b, k;
-    us_result r;
-    if (!us__pp_early(m)) {
-        int ring =
-            m->pp_v > 1 && !s->vshape; /* interleaved: the last stage of a chunk feeds rank 0 */
-        for (k = 0; k < 2; k++) {
-            int peer = (q % 2 == 0) == (k == 0) ? q + 1 : q - 1;
-            if (ring) peer = (peer + P) % P;
-            if (peer < 0 || peer >= P || peer == q || (k == 1 && P == 2 && ring))
-                continue; /* pp 2: one pair */
-            r = m->comm->sendrecv(m->comm, g, m->a[US__A_XOUT], 1, peer, m->acts[0].x, 1, peer,
-                                  m->dt, NULL);
-            if ((r = us__comm_fail(m, r, "pipeline connection")) != US_OK) return r;
-        }
-        return US_OK;
-    }
-    m->pp_ch = (us_group *)calloc((size_t)(2 * S), sizeof(us_group));
-    if (!m->pp_ch) {
-        us__model_set_error(m, "out of host memory");
-        return US_ERR_OOM;
-    }
-    for (b = 0; b + 1 < S; b++)
-        for (k = 0; k < 2; k++) {
-            int lo = us__pp_rank_of(s, b), hi = us__pp_rank_of(s, b + 1), snd = k ? hi : lo,
-                rcv = k ? lo : hi;
-            us_group *ch = &m->pp_ch[us__pp_channel(b, k)];
-            if (lo == hi) continue;
-            if ((r = us__comm_fail(m, m->comm->dup(m->comm, g, ch), "pipeline channel")) != US_OK)
-                return r;
-            if (q == snd)
-                r = m->comm->send(m->comm, ch, m->a[US__A_XOUT], 1, m->dt, rcv, NULL);
-            else if (q == rcv)
-                r = m->comm->recv(m->comm, ch, m->acts[0].x, 1, m->dt, snd, NULL);
-            if ((r = us__comm_fail(m, r, "pipeline connection")) != US_OK) return r;
-        }
-    return US_OK;
-}
-
-static void us__pp_disconnect(us_model *m) {
-    int i, S = m->pp_sched ? m->pp_sched->pp * m->pp_sched->v : 0;
-    if (m->pp_ch && m->comm)
-        for (i = 0; i < 2 * S; i++)
-            if (m->pp_ch[i].size) m->comm->group_free(m->comm, &m->pp_ch[i]);
-    free(m->pp_ch);
-    m->pp_ch = NULL;
-}
-
-/* Waits for *w (NULL: nothing in flight) and clears it. */
-static us_result us__pp_wait(us_model *m, us_work **w, const char *what) {
-    us_result r = US_OK;
-    if (*w) {
-        r = us__comm_fail(m, m->comm->wait(m->comm, *w), what);
-        *w = NULL;
-    }
-    return r;
-}
-
-/* A slot is written again only after its sends completed: pend[2·slot] its activation's,
-   pend[2·slot + 1] its gradient's. */
-static us_result us__pp_settle(us_model *m, us_work **pend, int slot) {
-    us_result r = us__pp_wait(m, &pend[2 * slot], "pipeline send");
-    return r != US_OK ? r : us__pp_wait(m, &pend[2 * slot + 1], "pipeline send");
-}
-
-static us_result us__pp_take_slot(us_model *m, us_work **pend, int *free_slot, int *nfree,
-                                  int *slot) {
-    if (!*nfree) {
-        us__model_set_error(m, "internal: pipeline slots exhausted");
-        return US_ERR_BACKEND;
-    }
-    *slot = free_slot[--*nfree];
-    if (m->slots - *nfree > m->pp_peak) m->pp_peak = m->slots - *nfree;
-    return us__pp_settle(m, pend, *slot);
-}
-
-/* The clock plan's exchanges timed at or before `until`, from *e on. Sends read the producer's
-   slot and are not waited for (pend); a received activation takes a free slot (the consumer's),
-   a received gradient lands in the consumer's slot; receives are waited for. */
-static us_result us__pp_exchange(us_model *m, int *e, double until, int *slot_of, int *free_slot,
-                                 int *nfree, us_work **pend, int64_t n) {
-    const us_pp_schedule *s = m->pp_sched;
-    int q = m->mesh.pp_rank, M = s->m, sslot = -1;
-    us_comm *c = m->comm;
-    while (*e < m->pp_nmsg && m->pp_msgs[*e].t <= until) {
-        const us__pp_msg *x = &m->pp_msgs[*e], *snd = NULL, *rcv = NULL;
-        const void *sbuf = NULL;
-        void *rbuf = NULL;
-        us_result r;
-        int j;
-        for (j = *e; j < m->pp_nmsg && m->pp_msgs[j].t == x->t && m->pp_msgs[j].grad == x->grad &&
-                     m->pp_msgs[j].peer == x->peer;
-             j++) {
-            if (m->pp_msgs[j].send)
-                snd = &m->pp_msgs[j];
-            else
-                rcv = &m->pp_msgs[j];
-        }
-        *e = j;
-        if (snd) {
-            const us_pp_action *y = &s->a[q][snd->act];
-            sslot = slot_of[y->chunk * M + y->mb];
-            sbuf = m->slot_a[sslot][x->grad ? US__A_DRES : US__A_XOUT];
-        }
-        if (rcv) {
-            const us_pp_action *y = &s->a[q][rcv->act];
-            int key = y->chunk * M + y->mb;
-            if (!x->grad) { /* the consumer forward's slot, taken now */
-                if ((r = us__pp_take_slot(m, pend, free_slot, nfree, &slot_of[key])) != US_OK)
-                    return r;
-                rbuf = m->slot_acts[(size_t)slot_of[key] * m->pp_lc]
-                           .x; /* the chunk's first layer input */
-            } else
-                rbuf = m->slot_a[slot_of[key]][US__A_DRES];
-        }
-        if (sbuf && rbuf)
-            r = us__comm_fail(
-                m, c->sendrecv(c, &m->mesh.pp_g, sbuf, n, x->peer, rbuf, n, x->peer, m->dt, NULL),
-                "pipeline exchange");
-        else if (sbuf) {
-            if ((r = us__pp_settle(m, pend, sslot)) != US_OK)
-                return r; /* at most one of each kind per slot */
-            r = us__comm_fail(
-                m, c->send(c, &m->mesh.pp_g, sbuf, n, m->dt, x->peer, &pend[2 * sslot + x->grad]),
-                "pipeline send");
-        } else
-            r = us__comm_fail(m, c->recv(c, &m->mesh.pp_g, rbuf, n, m->dt, x->peer, NULL),
-                              "pipeline receive");
-        if (r != US_OK) return r;
-    }
-    return US_OK;
-}
-
-/* The pipeline executor (// >>pp): runs this rank's list of the schedule, one chunk of layers per
-   action. A forward takes an activation slot and receives its input from the stage before, or
-   copies it from this rank's slot of that stage, or embeds the tokens; it sends its output on
-   (or computes the loss) and, on channels, posts the receive of the gradient that will come
-   back for it. A backward waits for that gradient (or starts from the loss) and sends its
-   input's gradient back, or hands it to this rank's earlier stage. Under the clock plan the
-   sends and receives happen between actions instead, as us__pp_plan_clock timed them. A full
-   backward (BW) frees the slot; under the zero-bubble schedules B does the input gradients only
-   and W, later, the weight gradients (us__layer_w), then frees it. The last backward of the
-   step launches the data-parallel reductions (no_sync before it); with several chunks or B and
-   W apart a tensor's gradient is complete only at the end, so the reductions start before the
-   optimizer step instead. */
-static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *targets, int64_t per,
-                            int T, float dscale, double *loss) {
-    const us_pp_schedule *s = m->pp_sched;
-    int q = m->mesh.pp_rank, i, e = 0, last_bw = -1, M = s->m, S = s->pp * s->v, *slot_of,
-        *free_slot, nfree = 0, B = m->tc.batch;
-    int chan = m->pp_ch != NULL;
-    us_work **pend, **precv;
-    us_comm *c = m->comm;
-    int64_t Np, Ns, C = m->cfg.dim, n;
-    size_t nb;
-    double t_begin = us_trace_now_us();
-    us_result r = US_OK;
-    us__rows(m, (int64_t)B * T, &Np, &Ns);
-    n = Ns * C; /* the residual stream between stages: this rank's rows under SP */
-    nb = (size_t)n * us_dtype_size(m->dt);
-    slot_of = (int *)US_MALLOC(sizeof(int) * (size_t)(M * s->v + m->slots));
-    pend = (us_work **)calloc((size_t)(2 * m->slots + M * s->v), sizeof(us_work *));
-    if (!slot_of || !pend) {
-        US_FREE(slot_of);
-        free(pend);
-        us__model_set_error(m, "out of host memory");
-        return US_ERR_OOM;
-    }
-    precv = pend +
-            2 * m->slots; /* channels: [chunk·M + mb] the gradient receive posted at its forward */
-    free_slot = slot_of + M * s->v;
-    for (i = 0; i < m->slots; i++) free_slot[nfree++] = m->slots - 1 - i;
-    for (i = 0; i < M * s->v; i++) slot_of[i] = -1;
-    if (!m->pp_wsplit && s->v == 1)
-        for (i = 0; i < s->n[q]; i++)
-            if (s->a[q][i].op != US_PP_F) last_bw = i;
-    m->pp_t_s[0] = m->pp_t_s[1] = m->pp_t_s[2] = 0;
-    for (i = 0; i < s->n[q] && r == US_OK; i++) {
-        const us_pp_action *x = &s->a[q][i];
-        int st = us_pp_stage(s, q, x->chunk), key = x->chunk * M + x->mb;
-        int prev = st > 0 ? us__pp_rank_of(s, st - 1) : -1,
-            next = st + 1 < S ? us__pp_rank_of(s, st + 1) : -1;
-        double t0;
-        if (!chan && (r = us__pp_exchange(m, &e, m->pp_start[i], slot_of, free_slot, &nfree, pend,
-                                          n)) != US_OK)
-            break;
-        if (x->op == US_PP_F) {
-            double ls = 0;
-            /* its slot, unless its input arrived into one (the clock plan) */
-            if (slot_of[key] < 0 &&
-                (r = us__pp_take_slot(m, pend, free_slot, &nfree, &slot_of[key])) != US_OK)
-                break;
-            us__pp_select(m, slot_of[key], x->chunk);
-            if (prev == q) /* the stage before is this rank's: its output */
-                m->ops.copy(
-                    &m->ops, m->acts[m->l_lo].x,
-                    m->slot_a[slot_of[us__pp_chunk_of(s, q, st - 1) * M + x->mb]][US__A_XOUT], nb,
-                    US_COPY_D2D);
-            else if (chan && prev >= 0 &&
-                     (r = us__comm_fail(m,
-                                        c->recv(c, &m->pp_ch[us__pp_channel(st - 1, 0)],
-                                                m->acts[m->l_lo].x, n, m->dt, prev, NULL),
-                                        "pipeline receive")) != US_OK)
-                break;
-            t0 = us_trace_now_us();
-            if ((r = us__forward(m, inputs + x->mb * per, targets + x->mb * per, B, T, dscale,
-                                 &ls)) != US_OK)
-                break;
-            m->pp_t_s[0] += 1e-6 * (us_trace_now_us() - t0);
-            *loss += ls;
-            if (chan && next >= 0 &&
-                next != q) { /* the output on, and the gradient's receive posted */
-                us_group *ch = &m->pp_ch[us__pp_channel(st, 0)];
-                if ((r = us__comm_fail(
-                         m,
-                         c->send(c, ch, m->a[US__A_XOUT], n, m->dt, next, &pend[2 * slot_of[key]]),
-                         "pipeline send")) != US_OK)
-                    break;
-                r = us__comm_fail(m,
-                                  c->recv(c, ch + 1, m->a[US__A_DRES], n, m->dt, next, &precv[key]),
-                                  "pipeline receive");
-            }
-        } else if (x->op == US_PP_W) {
-            us__pp_select(m, slot_of[key], x->chunk);
-            t0 = us_trace_now_us();
-            if ((r = us__pp_wpass(m, B, T)) != US_OK) break;
-            m->pp_t_s[2] += 1e-6 * (us_trace_now_us() - t0);
-            free_slot[nfree++] = slot_of[key];
-        } else { /* B or BW */
-            int k = slot_of[key];
-            us__pp_select(m, k, x->chunk);
-            if ((r = us__pp_wait(m, &precv[key], "pipeline receive")) != US_OK)
-                break; /* channels: the output's gradient */
-            m->grad_sync = i == last_bw;
-            m->pp_bonly = x->op == US_PP_B;
-            t0 = us_trace_now_us();
-            r = us__backward(m, B, T);
-            m->pp_bonly = 0;
-            if (r != US_OK) break;
-            m->pp_t_s[1] += 1e-6 * (us_trace_now_us() - t0);
-            if (prev == q) /* hand the input's gradient to this rank's earlier stage */
-                m->ops.copy(
-                    &m->ops,
-                    m->slot_a[slot_of[us__pp_chunk_of(s, q, st - 1) * M + x->mb]][US__A_DRES],
-                    m->a[US__A_DRES], nb, US_COPY_D2D);
-            else if (chan && prev >= 0 &&
-                     (r = us__comm_fail(m,
-                                        c->send(c, &m->pp_ch[us__pp_channel(st - 1, 1)],
-                                                m->a[US__A_DRES], n, m->dt, prev, &pend[2 * k + 1]),
-                                        "pipeline send")) != US_OK)
-                break;
-            if (x->op == US_PP_BW)
-                free_slot[nfree++] =
-                    k; /* its gradient, if sent, leaves before the slot is reused */
-        }
-    }
-    if (r == US_OK && !chan)
-        r = us__pp_exchange(m, &e, INFINITY, slot_of, free_slot, &nfree, pend,
-                            n); /* the last gradients out */
-    for (i = 0; i < 2 * m->slots + M * s->v;
-         i++) { /* every transfer complete (after a failure too: none outlives its buffer) */
-        us_result r2 = us__pp_wait(m, &pend[i], "pipeline exchange");
-        if (r == US_OK) r = r2;
-    }
-    free(pend);
-    m->grad_sync = 0;
-    m->pp_wall_s = 1e-6 * (us_trace_now_us() - t_begin);
-    us__pp_select_all(m);
-    US_FREE(slot_of);
-    return r;
-}
-
-US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t *targets,
-                               us_step_stats *st) {
-    const us_train_config *tc = &m->tc;
-    int Tl = tc->seq / tc->cp; /* under context parallelism, this rank's share of each sequence */
-    int64_t per = (int64_t)tc->batch * Tl, total = per * tc->grad_accum, valid = 0, i;
-    double loss = 0,
-           pp_stat[4] = {0, 0, 0, 0}; /* pipeline: the bubble, then F, B, W ms per micro-batch */
-    float gn = 0, lr = 0, S, dscale;
-    int k;
-    us_result r;
-    double dvalid;
-    m->err[0] = 0;
-    for (i = 0; i < total; i++) valid += targets[i] >= 0;
-    dvalid = (double)valid;
-    if ((r = us__dp_sum(m, &dvalid, 1)) != US_OK) return r; /* valid targets of the global batch */
-    valid = (int64_t)dvalid;
-    if (!valid) {
-        us__model_set_error(m, "every target of the batch is ignored (< 0); nothing to learn from");
-        return US_ERR_INVALID;
-    }
-    us_model_zero_grad(m);
-    S = m->loss_scale;
-    dscale =
-        (float)(1.0 / (double)valid) * S; /* the loss's gradient seed, times S (// >>lossscale) */
-    if (tc->pp > 1) { /* the micro-batches run by the pipeline schedule (// >>pp) */
-        if ((r = us__pp_run(m, inputs, targets, per, Tl, dscale, &loss)) != US_OK) return r;
-    } else
-        for (k = 0; k < tc->grad_accum;
-             k++) { /* each micro-batch adds its share of the global mean */
-            double ls = 0;
-            m->grad_sync = k == tc->grad_accum - 1; /* no_sync until the last micro-batch */
-            r = us_forward_backward(m, inputs + k * per, targets + k * per, tc->batch, Tl, dscale,
-                                    &ls);
-            if (r != US_OK) return r;
-            loss += ls;
-        }
-    if ((r = us_optimizer_step(m, &gn, &lr)) != US_OK)
-        return r; /* unscales; may skip (// >>lossscale) */
-    if ((r = us__group_sum(m, &m->mesh.pp_g, &loss, 1)) != US_OK)
-        return r; /* the last stage computed it */
-    if ((r = us__dp_sum(m, &loss, 1)) != US_OK) return r;
-    if (tc->pp >
-        1) { /* the measured pp_stat: each rank's idle share of the schedule's time, and its costs, averaged */
-        pp_stat[0] = m->pp_wall_s > 0
-                         ? 1.0 - (m->pp_t_s[0] + m->pp_t_s[1] + m->pp_t_s[2]) / m->pp_wall_s
-                         : 0;
-        for (k = 0; k < 3; k++) pp_stat[1 + k] = 1e3 * m->pp_t_s[k] / tc->grad_accum;
-        if ((r = us__group_sum(m, &m->comm->world, pp_stat, 4)) != US_OK) return r;
-        for (k = 0; k < 4; k++) pp_stat[k] /= m->comm->world.size;
-    }
-    us__trace_flush(m); /* a GPU's regions, timed by its marks (// >>trace) */
-    if (st) {
-        st->step = m->step;
-        st->loss = (float)(loss / (double)valid);
-        st->lr = lr;
-        st->grad_norm = gn;
-        st->loss_scale = S;
-        st->skipped = m->ls_skipped;
-        st->skipped_total = m->ls_skipped_total;
-        st->tokens = total * m->mesh.dp * m->mesh.cp;
-        st->valid = valid;
-        st->pp_bubble = (float)pp_stat[0];
-        for (k = 0; k < 3; k++) st->pp_cost_ms[k] = (float)pp_stat[1 + k];
-        st->moe_imbalance = m->moe_stat[0];
-        st->moe_aux_loss = m->moe_stat[1];
-        st->moe_drop_frac = m->moe_stat[2];
-        st->moe_load = m->n_moe ? m->moe_load_last : NULL;
-    }
-    return US_OK;
-}
-
-/* Each sequence's last-position logits into host logits_out [B][V]; under tp the ranks'
-   vocabulary slices are gathered. */
-static us_result us__last_logits(us_model *m, int B, int T, float *logits_out) {
-    us_ops *o = &m->ops;
-    us_result r;
-    {
-        int64_t Vl = m->vocab_l, tp = m->tc.tp, t, rk = m->mesh.tp_rank;
-        size_t rowb = (size_t)Vl * us_dtype_size(m->dt);
-        char *rows = (char *)US_MALLOC(rowb * (size_t)(B * tp)); /* [tp][B][Vl] */
-        int b;
-        if (!rows) {
-            us__model_set_error(m, "out of host memory");
-            return US_ERR_OOM;
-        }
-        int64_t N = (int64_t)B * T, Np, Ns, C = m->cfg.dim, step = T;
-        us__rows(m, N, &Np, &Ns);
-        if (us__loss_rows(&m->cfg, &m->tc, us__sp(m) ? Np : N) < (us__sp(m) ? Np : N)) {
-            /* the fused head kept only its last chunk: the B last positions' logits again, rows
-               T−1, 2T−1, … of xf (a stride of T rows) into logits rows 0..B−1 */
-            o->gemm(o, 0, 1, B, Vl, C, 1.0f, us__at(m->a[US__A_XF], m->dt, (int64_t)(T - 1) * C),
-                    m->dt, T * C, us__W(m, us__head_idx(m)), m->dt, C, 0.0f, m->a[US__A_LOGITS],
-                    m->dt, Vl);
-            step = 1;
-        }
-        for (b = 0; b < B; b++)
-            o->copy(o, rows + (rk * B + b) * rowb,
-                    us__at(m->a[US__A_LOGITS], m->dt, ((int64_t)b * step + step - 1) * Vl), rowb,
-                    US_COPY_D2H);
-        if (tp > 1) { /* through the logits buffer, which holds B·T ≥ tp·B rows */
-            void *lg = m->a[US__A_LOGITS];
-            if (tp > T) {
-                US_FREE(rows);
-                us__model_set_error(m, "gathering logits under tp=%d needs seq >= tp (got %d)",
-                                    (int)tp, T);
-                return US_ERR_INVALID;
-            }
-            o->copy(o, us__at(lg, m->dt, rk * B * Vl), rows + rk * B * rowb, (size_t)B * rowb,
-                    US_COPY_H2D);
-            r = m->comm->all_gather(m->comm, &m->mesh.tp_g, lg, us__at(lg, m->dt, rk * B * Vl),
-                                    B * Vl, m->dt, NULL);
-            if (r != US_OK) {
-                US_FREE(rows);
-                return us__comm_fail(m, r, "tensor-parallel logits all-gather");
-            }
-            o->copy(o, rows, lg, (size_t)(B * tp) * rowb, US_COPY_D2H);
-        }
-        for (b = 0; b < B; b++)
-            for (t = 0; t < tp; t++)
-                us__load_f32(logits_out + (int64_t)b * m->cfg.vocab + t * Vl,
-                             rows + (t * B + b) * rowb, m->dt, Vl);
-        US_FREE(rows);
-    }
-    return US_OK;
-}
-
-static us_result us__forward_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B,
-                                  int T, double *loss_sum, int64_t *correct, float *logits_out);
-
-US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B,
-                                 int T, double *loss_sum, int64_t *correct, float *logits_out) {
-    us__fp8_wcache_drop(
-        m); /* evaluation comes between steps, where a caller may have written weights */
-    return us__forward_eval(m, inputs, targets, B, T, loss_sum, correct, logits_out);
-}
-
-static us_result us__forward_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B,
-                                  int T, double *loss_sum, int64_t *correct, float *logits_out) {
-    us_ops *o = &m->ops;
-    int64_t N = (int64_t)B * T, i;
-    double ls = 0;
-    us_result r;
-    if (m->tc.pp >
-        1) { /* the forward through the stages; the last one scores, the sums reach every stage */
-        us_comm *c = m->comm;
-        int q = m->mesh.pp_rank;
-        int64_t Np, Ns, n;
-        double v[2] = {0, 0};
-        const us_pp_schedule *s = m->pp_sched;
-        int k, S = s->pp * s->v;
-        us__rows(m, N, &Np, &Ns);
-        n = Ns * m->cfg.dim;
-        r = US_OK;
-        for (k = 0; k < s->v && r == US_OK; k++) { /* this rank's chunks in stage order */
-            int st = us_pp_stage(s, q, k);         /* chunk order is stage order, V shape too */
-            double l1 = 0;
-            us__pp_select(m, 0,
-                          k); /* one slot for every chunk in turn: XOUT carries over to the next */
-            if (st > 0 && us__pp_rank_of(s, st - 1) != q)
-                r = us__comm_fail(m,
-                                  c->recv(c, &m->mesh.pp_g, m->acts[m->l_lo].x, n, m->dt,
-                                          us__pp_rank_of(s, st - 1), NULL),
-                                  "pipeline receive");
-            else if (st > 0) /* the stage before is this rank's: its output is still in XOUT */
-                o->copy(o, m->acts[m->l_lo].x, m->a[US__A_XOUT], (size_t)n * us_dtype_size(m->dt),
-                        US_COPY_D2D);
-            if (r == US_OK) r = us__forward(m, inputs, targets, B, T, 0.0f, &l1);
-            ls += l1;
-            if (r == US_OK && st < S - 1 && us__pp_rank_of(s, st + 1) != q)
-                r = us__comm_fail(m,
-                                  c->send(c, &m->mesh.pp_g, m->a[US__A_XOUT], n, m->dt,
-                                          us__pp_rank_of(s, st + 1), NULL),
-                                  "pipeline send");
-        }
-        us__pp_select_all(m);
-        if (r != US_OK) return r;
-        if (m->pp_last) {
-            int32_t *am = (int32_t *)US_MALLOC((size_t)N * 4);
-            if (!am) {
-                us__model_set_error(m, "out of host memory");
-                return US_ERR_OOM;
-            }
-            o->copy(o, am, m->a[US__A_ARGMAX], (size_t)N * 4, US_COPY_D2H);
-            for (i = 0; i < N; i++) v[1] += targets[i] >= 0 && am[i] == targets[i];
-            US_FREE(am);
-            v[0] = ls;
-        }
-        if (r != US_OK || (r = us__group_sum(m, &m->mesh.pp_g, v, 2)) != US_OK) return r;
-        if (loss_sum) *loss_sum = v[0];
-        if (correct) *correct = (int64_t)v[1];
-        if (logits_out) { /* the last stage's last-position logits, broadcast to every stage (for sampling) */
-            size_t bytes = (size_t)B * m->cfg.vocab * 4;
-            void *d = o->alloc(o, bytes);
-            if (!d) {
-                us__model_set_error(m, "out of memory for %zu bytes of logits", bytes);
-                return US_ERR_OOM;
-            }
-            if (m->pp_last && (r = us__last_logits(m, B, T, logits_out)) != US_OK) {
-                o->free(o, d);
-                return r;
-            }
-            if (m->pp_last) o->copy(o, d, logits_out, bytes, US_COPY_H2D);
-            r = us__comm_fail(
-                m,
-                c->broadcast(c, &m->mesh.pp_g, d, B * m->cfg.vocab, US_F32, m->pp_head_rank, NULL),
-                "pipeline logits broadcast");
-            if (r == US_OK && !m->pp_last) o->copy(o, logits_out, d, bytes, US_COPY_D2H);
-            o->free(o, d);
-            return r;
-        }
-        return US_OK;
-    }
-    r = us__forward(m, inputs, targets, B, T, 0.0f, &ls);
-    us__z3_release_all(m);
-    if (r != US_OK) return r;
-    if (loss_sum) *loss_sum = ls;
-    if (correct) {
-        int32_t *am = (int32_t *)US_MALLOC((size_t)N * 4);
-        if (!am) {
-            us__model_set_error(m, "out of host memory");
-            return US_ERR_OOM;
-        }
-        o->copy(o, am, m->a[US__A_ARGMAX], (size_t)N * 4, US_COPY_D2H);
-        *correct = 0;
-        for (i = 0; i < N; i++) *correct += targets[i] >= 0 && am[i] == targets[i];
-        US_FREE(am);
-    }
-    if (logits_out) return us__last_logits(m, B, T, logits_out);
-    return US_OK;
-}
-
-#ifndef ULTRASCALE_NO_DATA
-/* ------------------------------------------------------------------------------------ */
-// >>data  byte tokenizer, raw text, llm.c token shards, the built-in sorting task
-/* ------------------------------------------------------------------------------------ */
-US_API size_t us_byte_encode(const char *text, int32_t *tokens, size_t cap) {
-    size_t i;
-    for (i = 0; text[i] && i < cap; i++) tokens[i] = (unsigned char)text[i];
-    return i;
-}
-
-US_API size_t us_byte_decode(const int32_t *tokens, size_t n, char *text, size_t cap) {
-    size_t i;
-    if (!cap) return 0;
-    for (i = 0; i < n && i + 1 < cap; i++)
-        text[i] = tokens[i] >= 32 && tokens[i] < 127 ? (char)tokens[i]
-                  : tokens[i] == '\n'                ? '\n'
-                                                     : '?';
-    text[i] = 0;
-    return i;
-}
-
-US_API void us_data_free(us_data *d) {
-    US_FREE(d->tokens);
-    d->tokens = NULL;
-    d->n = 0;
-}
-
-static us_result us__read_file(const char *path, unsigned char **buf, int64_t *len, char *err,
+/* Playbook "Pipeline parallelism": the layers are split into stages over the pp ranks; a
+   micro-batch's activations flow forward stage to stage and its gradients flow back. What a rank
+   does, and in which order, is the schedule: a list of actions per rank (forward F, backward B or
+   BW, weight gradient W; micro-batch, model chunk), written by a pure function for each of AFAB,
+   1F1B, interleaved 1F1B, ZB-H1, ZB-V and DualPipe-V. One checker, one simulator (bubble, peak
+   activations) and one SVG renderer read the same lists, and one executor (us__pp_run) runs any
+   of them. In order: the schedules, their checks and pictures; the stage split (which layers a
+   stage holds, us__pp_stage_layers); the set-up (us__pp_init); the messages between stages; the
+   executor and the evaluation forward. */
+
+/* Checks a stage for every layer, the schedule and its chunks, and what pipeline parallelism
+   does not combine with (us_config_validate). */
+static us_result us__pp_checks(const us_model_config *mc, const us_train_config *tc, char *err,
                                size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    long sz;
-    int c;
-    *buf = NULL;
-    *len = 0;
-    if (!f) {
-        us__errf(err, errlen, "cannot open %s", path);
-        return US_ERR_IO;
+    if (tc->pp < 1) US__BAD("pp=%d must be at least 1", tc->pp);
+    if (tc->pp > mc->n_layers)
+        US__BAD("pp=%d exceeds layers=%d: every pipeline stage needs a layer", tc->pp,
+                mc->n_layers);
+    if (tc->pp > 1 && mc->tie_embeddings)
+        US__BAD(
+            "tied embeddings live on the first and last pipeline stages: untie them for pp > 1");
+    if (tc->pp > 1 && tc->zero == 3)
+        US__BAD("ZeRO-3 with pipeline parallelism is not supported (each stage would gather its "
+                "weights every micro-batch); use zero 1 or 2");
+    /* pipeline × context parallelism: each stage's cp ranks run the ring within the stage
+       (tests/test_cp.c) */
+    if (tc->pp_schedule < US_PP_AFAB || tc->pp_schedule > US_PP_DUALPIPEV)
+        US__BAD("unknown pipeline schedule %d", tc->pp_schedule);
+    if (tc->pp_chunks < 1 || tc->pp_chunks > 16)
+        US__BAD("pp_chunks=%d must be in 1..16", tc->pp_chunks);
+    if ((tc->pp_schedule == US_PP_INTERLEAVED || tc->pp_schedule == US_PP_INTERLEAVED_BF) &&
+        tc->pp_chunks < 2)
+        US__BAD("the interleaved schedules need at least 2 model chunks per rank (pp_chunks=%d)",
+                tc->pp_chunks);
+    if ((tc->pp_schedule == US_PP_ZBV || tc->pp_schedule == US_PP_DUALPIPEV) && tc->pp_chunks != 2)
+        US__BAD("%s runs exactly 2 chunks per rank, in a V (pp_chunks=%d)",
+                us_pp_kind_name((us_pp_kind)tc->pp_schedule), tc->pp_chunks);
+    if (tc->pp_schedule <= US_PP_1F1B && tc->pp_chunks != 1)
+        US__BAD("pp_chunks=%d applies to the interleaved and V-shaped schedules only (%s runs one "
+                "chunk per rank)",
+                tc->pp_chunks, us_pp_kind_name((us_pp_kind)tc->pp_schedule));
+    if (tc->pp_schedule == US_PP_ZB1 && tc->pp_chunks != 1)
+        US__BAD("zb1 runs one chunk per rank (pp_chunks=%d)", tc->pp_chunks);
+    if (tc->pp > 1 && tc->pp * tc->pp_chunks > mc->n_layers)
+        US__BAD(
+            "pp=%d x %d chunks = %d pipeline stages exceed layers=%d: every stage needs a layer",
+            tc->pp, tc->pp_chunks, tc->pp * tc->pp_chunks, mc->n_layers);
+    if (tc->pp_layers && tc->pp > 1) {
+        int st, sum = 0, S = tc->pp * tc->pp_chunks;
+        for (st = 0; st < S; st++) {
+            if (tc->pp_layers[st] < 1)
+                US__BAD("pipeline stage %d is given %d layers: every stage needs at least one", st,
+                        tc->pp_layers[st]);
+            sum += tc->pp_layers[st];
+        }
+        if (sum != mc->n_layers)
+            US__BAD("the per-stage layer counts sum to %d but the model has %d layers", sum,
+                    mc->n_layers);
     }
-    errno = 0;
-    c = fgetc(f); /* a directory opens but does not read */
-    if (c == EOF && ferror(f)) {
-        fclose(f);
-        us__errf(err, errlen, "cannot read %s: %s", path, errno ? strerror(errno) : "read error");
-        return US_ERR_IO;
-    }
-    if (fseek(f, 0, SEEK_END) != 0 || (sz = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        fclose(f);
-        us__errf(err, errlen, "cannot determine the size of %s", path);
-        return US_ERR_IO;
-    }
-    if (sz == 0 && c != EOF) { /* /dev/zero, a pipe, a /proc file: data but no size */
-        fclose(f);
-        us__errf(err, errlen,
-                 "%s is not a regular file (it has no size but reads data): copy it into one",
-                 path);
-        return US_ERR_IO;
-    }
-    *buf = (unsigned char *)US_MALLOC((size_t)sz + 1);
-    if (!*buf) {
-        fclose(f);
-        us__errf(err, errlen, "out of memory reading %s (%ld bytes)", path, sz);
-        return US_ERR_OOM;
-    }
-    if (fread(*buf, 1, (size_t)sz, f) != (size_t)sz) {
-        fclose(f);
-        US_FREE(*buf);
-        *buf = NULL;
-        us__errf(err, errlen, "cannot read %s", path);
-        return US_ERR_IO;
-    }
-    fclose(f);
-    *len = sz;
+    if (tc->pp > 1 &&
+        (tc->pp_schedule == US_PP_ZB1 || tc->pp_schedule == US_PP_ZBV ||
+         tc->pp_schedule == US_PP_DUALPIPEV) &&
+        tc->recompute != US_RECOMPUTE_NONE)
+        US__BAD("%s keeps every layer's activations from B until W: it does not combine with "
+                "recompute (use --recompute none)",
+                us_pp_kind_name((us_pp_kind)tc->pp_schedule));
+    if (tc->pp > 1 && tc->pp_schedule >= US_PP_INTERLEAVED && tc->zero >= 2)
+        US__BAD("ZeRO-2 reduces each micro-batch's gradients as its backward ends, and %s "
+                "completes a weight's gradient across several actions: use zero 0 or 1",
+                us_pp_kind_name((us_pp_kind)tc->pp_schedule));
     return US_OK;
 }
 
-US_API us_result us_data_from_bytes(us_data *d, const void *bytes, int64_t n) {
-    int64_t i;
-    memset(d, 0, sizeof *d);
-    if (n <= 0) {
-        us__errf(d->err, sizeof d->err, "the text is empty");
-        return US_ERR_FORMAT;
-    }
-    d->tokens = (int32_t *)US_MALLOC((size_t)n * 4);
-    if (!d->tokens) {
-        us__errf(d->err, sizeof d->err, "out of memory for %lld tokens", (long long)n);
-        return US_ERR_OOM;
-    }
-    for (i = 0; i < n; i++) {
-        d->tokens[i] = ((const unsigned char *)bytes)[i];
-        if (d->tokens[i] > d->max_token) d->max_token = d->tokens[i];
-    }
-    d->n = n;
-    return US_OK;
-}
-
-US_API us_result us_data_load_text(us_data *d, const char *path) {
-    unsigned char *buf;
-    int64_t len;
-    char err[256];
-    us_result r = us__read_file(path, &buf, &len, err, sizeof err);
-    if (r != US_OK) {
-        memset(d, 0, sizeof *d);
-        snprintf(d->err, sizeof d->err, "%s", err);
-        return r;
-    }
-    r = us_data_from_bytes(d, buf, len);
-    if (r != US_OK) snprintf(d->err, sizeof d->err, "%s is empty", path);
-    US_FREE(buf);
-    return r;
-}
-
-#define US__SHARD_HEADER 256
-
-US_API us_result us_data_load_shard(us_data *d, const char *path) {
-    unsigned char *buf;
-    int64_t len, ntok, i;
-    int32_t hdr[US__SHARD_HEADER];
-    int tsz;
-    char err[256];
-    us_result r = us__read_file(path, &buf, &len, err, sizeof err);
-    memset(d, 0, sizeof *d);
-    if (r != US_OK) {
-        snprintf(d->err, sizeof d->err, "%s", err);
-        return r;
-    }
-#define US__FAIL(...)                                 \
-    do {                                              \
-        us__errf(d->err, sizeof d->err, __VA_ARGS__); \
-        US_FREE(buf);                                 \
-        return US_ERR_FORMAT;                         \
-    } while (0)
-    if (len < (int64_t)sizeof hdr)
-        US__FAIL("%s is truncated: %lld bytes, but a token shard's header alone is %d bytes", path,
-                 (long long)len, (int)sizeof hdr);
-    memcpy(hdr, buf, sizeof hdr);
-    if (hdr[0] == 20240520 && hdr[1] == 1)
-        tsz = 2;
-    else if (hdr[0] == 20240801 && hdr[1] == 7)
-        tsz = 4;
-    else if (hdr[0] == 20240520 || hdr[0] == 20240801)
-        US__FAIL("%s: unsupported shard version %d for magic %d", path, hdr[1], hdr[0]);
-    else
-        US__FAIL("%s is not an llm.c token shard (magic %d, expected 20240520 or 20240801)", path,
-                 hdr[0]);
-    ntok = hdr[2];
-    if (ntok <= 0) US__FAIL("%s: the header says %lld tokens", path, (long long)ntok);
-    if (len != (int64_t)sizeof hdr + ntok * tsz)
-        US__FAIL(
-            "%s: file is %lld bytes but the header promises %lld tokens of %d bytes (%lld bytes)",
-            path, (long long)len, (long long)ntok, tsz,
-            (long long)((int64_t)sizeof hdr + ntok * tsz));
-    d->tokens = (int32_t *)US_MALLOC((size_t)ntok * 4);
-    if (!d->tokens) {
-        us__errf(d->err, sizeof d->err, "out of memory for %lld tokens", (long long)ntok);
-        US_FREE(buf);
-        return US_ERR_OOM;
-    }
-    for (i = 0; i < ntok; i++) {
-        const unsigned char *p = buf + sizeof hdr + i * tsz;
-        uint32_t t = tsz == 2 ? (uint32_t)(p[0] | p[1] << 8)
-                              : (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-                                    (uint32_t)p[3] << 24;
-        if (t > 0x7fffffffu) {
-            us_data_free(d);
-            US__FAIL("%s: token %lld has the impossible value %u", path, (long long)i, t);
-        }
-        d->tokens[i] = (int32_t)t;
-        if (d->tokens[i] > d->max_token) d->max_token = d->tokens[i];
-    }
-#undef US__FAIL
-    d->n = ntok;
-    US_FREE(buf);
-    return US_OK;
-}
-
-US_API us_result us_data_load(us_data *d, const char *path) {
-    FILE *f = fopen(path, "rb");
-    int32_t magic = 0;
-    size_t got;
-    if (!f) {
-        memset(d, 0, sizeof *d);
-        us__errf(d->err, sizeof d->err, "cannot open %s", path);
-        return US_ERR_IO;
-    }
-    got = fread(&magic, 1, 4, f);
-    fclose(f);
-    if (got == 4 && (magic == 20240520 || magic == 20240801)) return us_data_load_shard(d, path);
-    return us_data_load_text(d, path);
-}
-
-US_API us_result us_data_batch(us_data *d, us_rng *r, int nseq, int T, int32_t *inputs,
-                               int32_t *targets) {
-    int s;
-    if (d->n < (int64_t)T + 1) {
-        us__errf(d->err, sizeof d->err,
-                 "the data has %lld tokens; a sequence of %d needs at least %d", (long long)d->n, T,
-                 T + 1);
-        return US_ERR_INVALID;
-    }
-    for (s = 0; s < nseq; s++) {
-        int64_t start = (int64_t)(us_rng_u64(r) % (uint64_t)(d->n - T));
-        memcpy(inputs + (int64_t)s * T, d->tokens + start, (size_t)T * 4);
-        memcpy(targets + (int64_t)s * T, d->tokens + start + 1, (size_t)T * 4);
-    }
-    return US_OK;
-}
-
-US_API void us_task_init(us_task *t, uint64_t seed) { us_rng_seed(&t->rng, seed ^ 0x5eedull); }
-
-/* one problem: digits, '=', sorted digits, '\n' into line[US_TASK_LINE] */
-static void us__task_line(us_task *t, int32_t *line) {
-    int cnt[10] = {0}, i, d, k = 0;
-    for (i = 0; i < US_TASK_DIGITS; i++) {
-        d = (int)(us_rng_u64(&t->rng) % 10);
-        line[i] = '0' + d;
-        cnt[d]++;
-    }
-    line[US_TASK_DIGITS] = '=';
-    for (d = 0; d < 10; d++)
-        for (i = 0; i < cnt[d]; i++) line[US_TASK_DIGITS + 1 + k++] = '0' + d;
-    line[US_TASK_LINE - 1] = '\n';
-}
-
-US_API void us_task_batch(us_task *t, int nseq, int T, int32_t *inputs, int32_t *targets) {
-    int32_t *buf = (int32_t *)US_MALLOC(((size_t)T + 1) * 4);
-    char *scored = (char *)US_MALLOC((size_t)T + 1);
-    int s, i;
-    for (s = 0; s < nseq; s++) {
-        int pos = 0;
-        while (pos + US_TASK_LINE <= T + 1) {
-            us__task_line(t, buf + pos);
-            for (i = 0; i < US_TASK_LINE; i++)
-                scored[pos + i] = i > US_TASK_DIGITS; /* the answer and its newline */
-            pos += US_TASK_LINE;
-        }
-        for (; pos < T + 1; pos++) {
-            buf[pos] = '\n';
-            scored[pos] = 0;
-        }
-        for (i = 0; i < T; i++) {
-            inputs[(int64_t)s * T + i] = buf[i];
-            targets[(int64_t)s * T + i] = scored[i + 1] ? buf[i + 1] : -1;
-        }
-    }
-    US_FREE(buf);
-    US_FREE(scored);
-}
-
-US_API us_result us_task_exact_match(us_model *m, us_task *t, int n, double *acc, char *buf,
-                                     size_t buflen, int show) {
-    enum {
-        P = US_TASK_DIGITS + 1,
-        A = US_TASK_DIGITS + 1
-    }; /* prompt "digits=", answer "sorted\n" */
-
-    int B = m->tc.batch, done = 0, solved = 0, shown = 0, i;
-    int32_t *lines = (int32_t *)US_MALLOC((size_t)B * US_TASK_LINE * 4),
-            *ctx = (int32_t *)US_MALLOC((size_t)B * US_TASK_LINE * 4);
-    int32_t *tg = (int32_t *)US_MALLOC((size_t)B * US_TASK_LINE * 4),
-            *gen = (int32_t *)US_MALLOC((size_t)B * A * 4);
-    float *logits = (float *)US_MALLOC((size_t)B * m->cfg.vocab * 4);
-    size_t used = 0;
-    us_result r = US_OK;
-    if (m->tc.seq < US_TASK_LINE - 1) {
-        us__model_set_error(m, "the task needs seq >= %d", US_TASK_LINE - 1);
-        r = US_ERR_INVALID;
-        goto out;
-    }
-    if (!lines || !ctx || !tg || !gen || !logits) {
-        us__model_set_error(m, "out of host memory");
-        r = US_ERR_OOM;
-        goto out;
-    }
-    if (buf && buflen) buf[0] = 0;
-    us__fp8_wcache_drop(m); /* as us_sample */
-    for (i = 0; i < B * US_TASK_LINE; i++) tg[i] = -1;
-    while (done < n) {
-        int nb = n - done < B ? n - done : B, b, k;
-        for (b = 0; b < nb; b++) us__task_line(t, lines + b * US_TASK_LINE);
-        /* greedy decoding of nb problems side by side: every prompt has the same length */
-        for (k = 0; k < A; k++) {
-            int len = P + k;
-            for (b = 0; b < nb; b++) {
-                memcpy(ctx + b * len, lines + b * US_TASK_LINE, (size_t)P * 4);
-                memcpy(ctx + b * len + P, gen + b * A, (size_t)k * 4);
-            }
-            if ((r = us__forward_eval(m, ctx, tg, nb, len, NULL, NULL, logits)) != US_OK) goto out;
-            for (b = 0; b < nb; b++) {
-                const float *lg = logits + (int64_t)b * m->cfg.vocab;
-                int64_t v, best = 0;
-                for (v = 1; v < m->cfg.vocab; v++)
-                    if (lg[v] > lg[best]) best = v;
-                gen[b * A + k] = (int32_t)best;
-            }
-        }
-        for (b = 0; b < nb; b++) {
-            int ok = 1;
-            for (i = 0; i < A; i++) ok &= gen[b * A + i] == lines[b * US_TASK_LINE + P + i];
-            solved += ok;
-            if (buf && shown < show && used + 64 < buflen) {
-                char q[US_TASK_LINE + 1], a[US_TASK_LINE + 1];
-                us_byte_decode(lines + b * US_TASK_LINE, (size_t)P, q, sizeof q);
-                us_byte_decode(gen + b * A, (size_t)A - 1, a, sizeof a);
-                used += (size_t)snprintf(buf + used, buflen - used, "  %s%s  %s\n", q, a,
-                                         ok ? "ok" : "wrong");
-                shown++;
-            }
-        }
-        done += nb;
-    }
-    *acc = n > 0 ? (double)solved / (double)n : 0.0;
-out:
-    US_FREE(lines);
-    US_FREE(ctx);
-    US_FREE(tg);
-    US_FREE(gen);
-    US_FREE(logits);
-    return r;
-}
-#endif /* ULTRASCALE_NO_DATA */
-
-/* ------------------------------------------------------------------------------------ */
-// >>pp  pipeline schedules as data: generation, checking, simulation, pictures
-/* ------------------------------------------------------------------------------------ */
 US_API const char *us_pp_kind_name(us_pp_kind k) {
     switch (k) {
     case US_PP_AFAB:
@@ -8926,7 +6019,8 @@ static void us__pp_push(us_pp_schedule *s, int r, us_pp_op op, int mb, int chunk
 
 /* The virtual-stage order of the interleaved schedules: the k-th forward (or backward) of a rank
    works on micro-batch mb of chunk c. Depth-first takes micro-batches in groups of pp through
-   every chunk (Megatron); breadth-first runs all m micro-batches through a chunk before the next. */
+   every chunk (Megatron); breadth-first runs all m micro-batches through a chunk before the
+   next. */
 static void us__pp_virtual(const us_pp_schedule *s, int k, int backward, int *mb, int *chunk) {
     int grp = s->kind == US_PP_INTERLEAVED_BF ? s->m : s->pp, v = s->v;
     int c = (k / grp) % v;
@@ -8944,17 +6038,18 @@ typedef struct us__pp_cur {
     int *owed, head, tail; /* [2·m] micro-batch·2 + chunk of each W still to list, oldest first */
 } us__pp_cur;
 
-static void us__pp_f(us__pp_cur *q, int c) {
+static void us__pp_add_forward(us__pp_cur *q, int c) {
     if (q->f[c] < q->s->m) us__pp_push(q->s, q->r, US_PP_F, q->f[c]++, c);
 }
 
-static void us__pp_b(us__pp_cur *q, int c, int split) { /* B with its W owed, or the full BW */
+static void us__pp_add_backward(us__pp_cur *q, int c,
+                                int split) { /* B with its W owed, or the full BW */
     if (q->b[c] >= q->f[c]) return;
     if (split) q->owed[q->tail++] = 2 * q->b[c] + c;
     us__pp_push(q->s, q->r, split ? US_PP_B : US_PP_BW, q->b[c]++, c);
 }
 
-static void us__pp_w(us__pp_cur *q) { /* the oldest owed weight gradient */
+static void us__pp_add_wgrad(us__pp_cur *q) { /* the oldest owed weight gradient */
     if (q->head < q->tail) {
         int k = q->owed[q->head++];
         us__pp_push(q->s, q->r, US_PP_W, k / 2, k % 2);
@@ -8963,11 +6058,11 @@ static void us__pp_w(us__pp_cur *q) { /* the oldest owed weight gradient */
 
 /* DualPipe's F&B: a forward of chunk cf overlapped with a full backward of chunk cb (another,
    older micro-batch); either alone when the other has run out. */
-static void us__pp_fb(us__pp_cur *q, int cf, int cb) {
+static void us__pp_add_fb(us__pp_cur *q, int cf, int cb) {
     int n = q->s->n[q->r];
-    us__pp_f(q, cf);
+    us__pp_add_forward(q, cf);
     if (q->s->n[q->r] > n && q->b[cb] < q->f[cb]) q->s->a[q->r][n].overlap = 1;
-    us__pp_b(q, cb, 0);
+    us__pp_add_backward(q, cb, 0);
 }
 
 /* ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", §2.1): 1F1B's order of forwards and
@@ -8977,13 +6072,13 @@ static void us__pp_fb(us__pp_cur *q, int cf, int cb) {
    1F1B idles, and the bubble is (pp−1)(tF+tB−tW) per rank instead of (pp−1)(tF+tB+tW). */
 static void us__pp_zb1(us__pp_cur *q) {
     int pp = q->s->pp, m = q->s->m, r = q->r, i;
-    for (i = 0; i < pp - r - 1; i++) us__pp_f(q, 0); /* 1F1B's warm-up */
+    for (i = 0; i < pp - r - 1; i++) us__pp_add_forward(q, 0); /* 1F1B's warm-up */
     for (i = 0; i < m; i++) {
-        us__pp_f(q, 0);
-        us__pp_b(q, 0, 1);
-        if (q->tail - q->head > r) us__pp_w(q);
+        us__pp_add_forward(q, 0);
+        us__pp_add_backward(q, 0, 1);
+        if (q->tail - q->head > r) us__pp_add_wgrad(q);
     }
-    while (q->head < q->tail) us__pp_w(q);
+    while (q->head < q->tail) us__pp_add_wgrad(q);
 }
 
 /* ZB-V (Qi et al., "Pipeline Parallelism with Controllable Memory"; ZB paper §6): rank r holds
@@ -8999,35 +6094,35 @@ static void us__pp_zb1(us__pp_cur *q) {
    valid schedule, with more idle time than the fill. */
 static void us__pp_zbv(us__pp_cur *q) {
     int pp = q->s->pp, m = q->s->m, r = q->r, i;
-    for (i = 0; i < 2 * (pp - r) - 1; i++) us__pp_f(q, 0);
+    for (i = 0; i < 2 * (pp - r) - 1; i++) us__pp_add_forward(q, 0);
     for (i = 0; i < r; i++) {
-        us__pp_f(q, 1);
-        us__pp_f(q, 0);
+        us__pp_add_forward(q, 1);
+        us__pp_add_forward(q, 0);
     }
     for (i = 0; i < pp - r; i++) {
-        us__pp_f(q, 1);
-        us__pp_b(q, 1, 1);
-        us__pp_w(q);
+        us__pp_add_forward(q, 1);
+        us__pp_add_backward(q, 1, 1);
+        us__pp_add_wgrad(q);
     }
     while (q->f[1] < m) {
-        us__pp_f(q, 0);
-        us__pp_b(q, 0, 1);
-        us__pp_w(q);
-        us__pp_f(q, 1);
-        us__pp_b(q, 1, 1);
-        us__pp_w(q);
+        us__pp_add_forward(q, 0);
+        us__pp_add_backward(q, 0, 1);
+        us__pp_add_wgrad(q);
+        us__pp_add_forward(q, 1);
+        us__pp_add_backward(q, 1, 1);
+        us__pp_add_wgrad(q);
     }
     for (i = 0; i < r; i++) {
-        us__pp_b(q, 0, 1);
-        us__pp_b(q, 1, 1);
+        us__pp_add_backward(q, 0, 1);
+        us__pp_add_backward(q, 1, 1);
     }
     for (i = 0; i < pp - r; i++) {
-        us__pp_b(q, 0, 1);
-        us__pp_w(q);
+        us__pp_add_backward(q, 0, 1);
+        us__pp_add_wgrad(q);
     }
-    while (q->b[1] < m) us__pp_b(q, 1, 1);
-    while (q->b[0] < m) us__pp_b(q, 0, 1);
-    while (q->head < q->tail) us__pp_w(q);
+    while (q->b[1] < m) us__pp_add_backward(q, 1, 1);
+    while (q->b[0] < m) us__pp_add_backward(q, 0, 1);
+    while (q->head < q->tail) us__pp_add_wgrad(q);
 }
 
 /* DualPipe-V (DeepSeek's DualPipe cut in half, the DualPipe repository's DualPipeV; the
@@ -9042,34 +6137,34 @@ static void us__pp_zbv(us__pp_cur *q) {
    chunk-0 backward follow, and the last W's fill the tail. Needs m ≥ 2·pp. */
 static void us__pp_dualpipev(us__pp_cur *q) {
     int pp = q->s->pp, m = q->s->m, r = q->r, i;
-    for (i = 0; i < 2 * (pp - r - 1); i++) us__pp_f(q, 0);
+    for (i = 0; i < 2 * (pp - r - 1); i++) us__pp_add_forward(q, 0);
     for (i = 0; i < r + 1; i++) {
-        us__pp_f(q, 0);
-        us__pp_f(q, 1);
+        us__pp_add_forward(q, 0);
+        us__pp_add_forward(q, 1);
     }
     for (i = 0; i < pp - r - 1; i++) {
-        us__pp_b(q, 1, 1);
-        us__pp_w(q);
-        us__pp_f(q, 1);
+        us__pp_add_backward(q, 1, 1);
+        us__pp_add_wgrad(q);
+        us__pp_add_forward(q, 1);
     }
     for (i = 0; i < m - 2 * pp + r + 1; i++) {
         if (i == 0 && r == pp - 1) {
-            us__pp_f(q, 0);
-            us__pp_b(q, 1, 0);
+            us__pp_add_forward(q, 0);
+            us__pp_add_backward(q, 1, 0);
         } else
-            us__pp_fb(q, 0, 1);
-        us__pp_fb(q, 1, 0);
+            us__pp_add_fb(q, 0, 1);
+        us__pp_add_fb(q, 1, 0);
     }
     for (i = 0; i < pp - r - 1; i++) {
-        us__pp_b(q, 1, 0);
-        us__pp_fb(q, 1, 0);
+        us__pp_add_backward(q, 1, 0);
+        us__pp_add_fb(q, 1, 0);
     }
-    for (i = 0; i < 2 * (r + 1); i++) us__pp_b(q, 1 - i % 2, i >= r + 1);
+    for (i = 0; i < 2 * (r + 1); i++) us__pp_add_backward(q, 1 - i % 2, i >= r + 1);
     for (i = 0; i < pp - r - 1; i++) {
-        us__pp_w(q);
-        us__pp_b(q, 0, 1);
+        us__pp_add_wgrad(q);
+        us__pp_add_backward(q, 0, 1);
     }
-    while (q->head < q->tail) us__pp_w(q);
+    while (q->head < q->tail) us__pp_add_wgrad(q);
 }
 
 /* The split-backward schedules: each rank's list from its phases, through one cursor. */
@@ -9453,6 +6548,3230 @@ US_API us_result us_pp_svg(const us_pp_schedule *s, double tF, double tB, double
     }
     return US_OK;
 }
+
+/* Stage st's first layer and layer count among S stages: tc.pp_layers, or a split that balances
+   the stages' work. The last stage also runs the head, whose GEMMs cost 6·V·C FLOPs per token
+   against a layer's 6·(its parameters) + 12·C·T: at Llama-3.2-1B's shape the head weighs as much
+   as 2.6 layers, and an even split leaves the first stage idle a third of the time. So the last
+   stage takes as many layers as bring it nearest the mean stage cost (at least one), and the
+   others share the rest evenly, the first ones taking the remainder. */
+static void us__pp_stage_layers(const us_model_config *mc, const us_train_config *tc, int S, int st,
+                                int *first, int *count) {
+    int k, L = mc->n_layers, last, base, extra;
+    if (tc->pp_layers && tc->pp > 1) {
+        for (*first = 0, k = 0; k < st; k++) *first += tc->pp_layers[k];
+        *count = tc->pp_layers[st];
+        return;
+    }
+    last = L / S;
+    if (S > 1 && L > 0) {
+        double C = (double)mc->dim, V = (double)mc->vocab, head = 6.0 * V * C;
+        double layer =
+            (6.0 *
+                 (double)(us_param_count_active(mc) -
+                          (int64_t)(mc->vocab * mc->dim * (mc->tie_embeddings ? 1 : 2) + mc->dim)) /
+                 L +
+             12.0 * C * (double)(tc->seq > 0 ? tc->seq : 1));
+        double want = layer > 0 ? ((L * layer + head) / S - head) / layer : (double)last;
+        int lo = (int)want, c, best = -1;
+        double best_cost = 0;
+        for (c = lo; c <= lo + 1;
+             c++) { /* the whole count below or above: the one whose slowest stage is faster */
+            int n = c < 1       ? 1
+                    : c > L / S ? L / S
+                                : c; /* at least one, never more than an even share */
+            /* the slowest stage: the last one, or the fullest other (the rest, rounded up) */
+            double cost, other;
+            if (n < 1) n = 1;
+            cost = n * layer + head;
+            other = ((L - n + S - 2) / (S - 1)) * layer;
+            if (other > cost) cost = other;
+            if (best < 0 || cost < best_cost) {
+                best = n;
+                best_cost = cost;
+            }
+        }
+        last = best;
+    }
+    base = (L - last) / (S > 1 ? S - 1 : 1);
+    extra = (L - last) % (S > 1 ? S - 1 : 1);
+    if (S == 1) {
+        *first = 0;
+        *count = L;
+    } else if (st == S - 1) {
+        *first = L - last;
+        *count = last;
+    } else {
+        *first = st * base + (st < extra ? st : extra);
+        *count = base + (st < extra);
+    }
+}
+
+/* The layers pipeline rank q runs: its chunks' stages (c·pp + q; the V shapes: q, then
+   2·pp−1−q) of the pp·v stages us__pp_stage_layers splits the model into, in chunk order.
+   layer_g (NULL: count only) gets their global numbers, lo and hi (NULL: not wanted) each
+   chunk's range, *largest the largest chunk. Returns the rank's layer count. The model's set-up
+   and the memory estimator both use it. */
+static int us__pp_rank_layers(const us_model_config *mc, const us_train_config *tc,
+                              const us_pp_schedule *s, int q, int *layer_g, int *lo, int *hi,
+                              int *largest) {
+    int v = s ? s->v : 1, S = tc->pp * v, c, l, n = 0;
+    *largest = 0;
+    for (c = 0; c < v; c++) {
+        int st = s ? us_pp_stage(s, q, c) : 0, g0, nl;
+        us__pp_stage_layers(mc, tc, S, st, &g0, &nl);
+        if (lo) lo[c] = n;
+        for (l = 0; l < nl; l++, n++)
+            if (layer_g) layer_g[n] = g0 + l;
+        if (hi) hi[c] = n;
+        if (nl > *largest) *largest = nl;
+    }
+    return n;
+}
+
+static int us__pp_rank_of(const us_pp_schedule *s, int st);
+static us_result us__pp_plan(us_model *m);
+
+/* Pipeline parallelism's set-up: the step's schedule (which stages this rank runs, in which
+   order); this rank's layers (us__pp_rank_layers), which from here on are the model's n_layers;
+   one activation slot per micro-batch chunk in flight, the schedule's simulated peak for this
+   rank (1F1B: pp − rank; AFAB: all micro-batches); the messages' plan (us__pp_plan). Without
+   pipeline parallelism: every layer, one slot. */
+static us_result us__pp_init(us_model *m) {
+    char e2[200] = "out of host memory";
+    int q = m->mesh.pp_rank, i, S;
+    if (m->tc.pp > 1) {
+        m->pp_sched = (us_pp_schedule *)calloc(1, sizeof(us_pp_schedule));
+        if (!m->pp_sched ||
+            us_pp_schedule_build(m->pp_sched, (us_pp_kind)m->tc.pp_schedule, m->tc.pp,
+                                 m->tc.grad_accum, m->tc.pp_chunks, e2, sizeof e2) != US_OK) {
+            us__model_set_error(m, "pipeline schedule: %s", e2);
+            return US_ERR_INVALID;
+        }
+    }
+    m->n_layers_global = m->cfg.n_layers;
+    m->pp_v = m->pp_sched ? m->pp_sched->v : 1;
+    S = m->tc.pp * m->pp_v;
+    m->layer_g = (int *)US_MALLOC(sizeof(int) * (size_t)m->n_layers_global);
+    if (!m->layer_g) {
+        us__model_set_error(m, "out of host memory for the model tables");
+        return US_ERR_OOM;
+    }
+    m->cfg.n_layers = us__pp_rank_layers(&m->cfg, &m->tc, m->pp_sched, q, m->layer_g, m->chunk_lo,
+                                         m->chunk_hi, &m->pp_lc);
+    m->pp_head_rank = m->pp_sched ? us__pp_rank_of(m->pp_sched, S - 1) : 0;
+    m->pp_first = q == 0;
+    m->pp_last = q == m->pp_head_rank;
+    m->l_lo = 0;
+    m->l_hi = m->cfg.n_layers;
+    m->c_first = m->pp_first;
+    m->c_last = m->pp_last;
+    m->slots = 1;
+    if (m->tc.pp > 1) {
+        us_pp_sim sim;
+        if (us_pp_simulate(m->pp_sched, 1, 2, 0, &sim, e2, sizeof e2) != US_OK) {
+            us__model_set_error(m, "pipeline schedule: %s", e2);
+            return US_ERR_INVALID;
+        }
+        m->slots = sim.peak_act[q];
+        for (i = 0; i < m->pp_sched->n[q]; i++)
+            if (m->pp_sched->a[q][i].op == US_PP_W) m->pp_wsplit = 1;
+        return us__pp_plan(m);
+    }
+    return US_OK;
+}
+
+/* ---- the executor: one rank's list of actions run on its chunks of layers. It runs the layer
+   chapter's passes (// >>layer) on one chunk at a time: */
+static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *targets, int B,
+                             int T, float dscale, double *loss_sum);
+static us_result us__backward(us_model *m, int B, int T);
+static us_result us__layer_w(us_model *m, int l, int64_t B, int64_t T);
+static us_result us__last_logits(us_model *m, int B, int T, float *logits_out);
+
+/* Selects slot k for chunk c: the slot's layers stand at the chunk's place in acts (a slot holds
+   one chunk's activations, so interleaved and V-shaped schedules store 1/v of the rank's layers
+   per micro-batch chunk in flight), its scratch in a. */
+static void us__pp_slot_select(us_model *m, int k, int c) {
+    int lo = m->chunk_lo[c], n = m->chunk_hi[c] - lo;
+    memcpy(m->acts_work + lo, m->slot_acts + (size_t)k * m->pp_lc,
+           sizeof(us_layer_acts) * (size_t)n);
+    m->acts = m->acts_work;
+    memcpy(m->a, m->slot_a[k], sizeof m->a);
+}
+
+/* The pp rank that runs stage st, and the chunk of rank q that is stage st (-1: none). */
+static int us__pp_rank_of(const us_pp_schedule *s, int st) {
+    if (s->vshape) return st < s->pp ? st : 2 * s->pp - 1 - st;
+    return st % s->pp;
+}
+
+static int us__pp_chunk_of(const us_pp_schedule *s, int q, int st) {
+    int c;
+    for (c = 0; c < s->v; c++)
+        if (us_pp_stage(s, q, c) == st) return c;
+    return -1;
+}
+
+/* Points the forward and backward at one chunk, its activations in slot k; us__pp_select_all
+   gives back the whole rank (slot 0), what every call outside the executor sees. */
+static void us__pp_select(us_model *m, int k, int chunk) {
+    const us_pp_schedule *s = m->pp_sched;
+    int st = us_pp_stage(s, m->mesh.pp_rank, chunk);
+    us__pp_slot_select(m, k, chunk);
+    m->l_lo = m->chunk_lo[chunk];
+    m->l_hi = m->chunk_hi[chunk];
+    m->c_first = st == 0;
+    m->c_last = st == s->pp * s->v - 1;
+}
+
+static void us__pp_select_all(us_model *m) {
+    us__pp_slot_select(m, 0, 0);
+    m->l_lo = 0;
+    m->l_hi = m->cfg.n_layers;
+    m->c_first = m->pp_first;
+    m->c_last = m->pp_last;
+}
+
+static us_result us__pp_wpass(us_model *m, int B, int T) { /* the chunk's W, last layer first */
+    int l;
+    us_result r;
+    for (l = m->l_hi - 1; l >= m->l_lo; l--)
+        if ((r = us__layer_w(m, l, B, T)) != US_OK) return r;
+    return us__backend_check(m);
+}
+
+/* How messages travel (// >>pp). Sends complete only when received (NCCL's, and the threads
+   backend's under rendezvous), so the order in which ranks post them decides whether they wait
+   for each other forever. Two plans, by what a waiting call costs the backend (us_comm.p2p_early):
+
+   Channels (host backends). Every boundary between two stages on different ranks has two
+   channels (us_comm.dup): one carries the activations forward, the other the gradients back. A
+   channel matches its messages in order and runs apart from the others, so a forward's output
+   is sent the moment it is computed, its gradient's receive is posted at the same moment into
+   the slot that will need it, and a rank waits only for data it needs now: a forward for its
+   input, a backward for its gradient. A slot is reused only after its sends completed, which
+   never waits on the peer's progress: an activation was consumed before its gradient came back
+   (the slot is freed after its backward), and a gradient's receive was posted at its forward.
+   A channel carries micro-batches in one order on both ends, which us__pp_plan checks.
+
+   The clock (NCCL). Its waiting calls are kernels spinning on the GPU, under which the channel
+   plan can hang (bench/RESULTS.md has the schedules it hung): so every message is exchanged at one
+   agreed time on the schedule's own clock — the checker's unit-cost play
+   (tF = tB = tW = 1), which every rank computes alike:
+     an activation  at its consumer's start (the receiver takes a slot only then: no more
+                    activations held than the schedule says; the sender still holds it, since
+                    its backward comes after the consumer's);
+     a gradient     at its producer's end (the receiver's slot exists: its forward ran earlier).
+   Before starting an action, a rank makes every exchange timed at or before that action's
+   start, in time order; at equal times gradients go first (a full backward frees its slot as
+   its gradient leaves, and an activation arriving at that moment may take the same slot), then
+   the successor on even ranks and the predecessor on odd ones; the two directions between a
+   pair travel as one sendrecv on the pp group. Sends are not waited for except before their
+   slot is written again. By induction on the clock no rank ever waits for a message its peer
+   cannot yet send: whatever an exchange at time t carries was produced by an action that
+   started before t. The price: a message waits for its time even when its data is ready, and
+   a receive can wait while a later action could run (bench/pp_bubble.sh measures both plans). */
+static int us__pp_channel(int b, int grad) { return 2 * b + grad; } /* boundary b: stages b → b+1 */
+
+static int us__pp_early(const us_model *m) {
+    return m->comm && m->comm->p2p_early && !m->tc.pp_clock;
+}
+
+static us_result us__pp_play(const us_pp_schedule *s, double tF, double tB, double tW,
+                             us_pp_sim *out, double *start, int nmax, char *err, size_t errlen);
+static double us__pp_cost(const us_pp_action *x, double tF, double tB, double tW);
+
+typedef struct us__pp_msg {
+    double t; /* the agreed time */
+    int grad; /* 0: an activation (forward output), 1: a gradient (backward output) */
+    int peer; /* pp rank of the other end */
+    /* 1: this rank sends (act = the producing action), 0: receives (act = the consumer) */
+    int send;
+    int act;   /* index into this rank's list */
+    int order; /* tie-break at equal times: successor before predecessor on even ranks */
+} us__pp_msg;
+
+static int us__pp_msg_cmp(const void *a, const void *b) {
+    const us__pp_msg *x = (const us__pp_msg *)a, *y = (const us__pp_msg *)b;
+    if (x->t != y->t) return x->t < y->t ? -1 : 1;
+    if (x->grad != y->grad)
+        return y->grad -
+               x->grad; /* a gradient leaves its slot before the slot can be taken again */
+    if (x->order != y->order) return x->order - y->order;
+    return x->send - y->send;
+}
+
+/* The clock plan: this rank's messages with their agreed times, in exchange order. */
+static us_result us__pp_plan_clock(us_model *m) {
+    const us_pp_schedule *s = m->pp_sched;
+    int P = s->pp, S = P * s->v, M = s->m, q = m->mesh.pp_rank, nmax = 0, r, i, k, nm = 0;
+    double *start = NULL;
+    int *where = NULL;
+    us_pp_sim sim;
+    char e2[200];
+    us_result res = US_ERR_OOM;
+    for (r = 0; r < P; r++)
+        if (s->n[r] > nmax) nmax = s->n[r];
+    start = (double *)US_MALLOC(sizeof(double) * (size_t)(P * nmax));
+    where = (int *)US_MALLOC(sizeof(int) * (size_t)(2 * S * M)); /* [F|B][stage][mb] → r·nmax + i */
+    m->pp_msgs = (us__pp_msg *)US_MALLOC(sizeof(us__pp_msg) * (size_t)(2 * s->n[q] + 1));
+    m->pp_start = (double *)US_MALLOC(sizeof(double) * (size_t)(s->n[q] + 1));
+    if (!start || !where || !m->pp_msgs || !m->pp_start) {
+        us__model_set_error(m, "out of host memory");
+        goto done;
+    }
+    if (us__pp_play(s, 1, 1, 1, &sim, start, nmax, e2, sizeof e2) != US_OK) {
+        us__model_set_error(m, "pipeline schedule: %s", e2);
+        res = US_ERR_INVALID;
+        goto done;
+    }
+    for (i = 0; i < 2 * S * M; i++) where[i] = -1;
+    for (r = 0; r < P; r++)
+        for (i = 0; i < s->n[r]; i++) {
+            const us_pp_action *x = &s->a[r][i];
+            if (x->op != US_PP_W)
+                where[(x->op != US_PP_F) * S * M + us_pp_stage(s, r, x->chunk) * M + x->mb] =
+                    r * nmax + i;
+        }
+    for (k = 0; k < 2 * S * M; k++) { /* every message that leaves or reaches this rank */
+        int grad = k >= S * M, st = k / M % S, mb = k % M, prod = where[k], cons, ra, rb;
+        us__pp_msg *x = &m->pp_msgs[nm];
+        if (prod < 0 || (!grad && st == S - 1) || (grad && st == 0)) continue;
+        cons = where[grad * S * M + (grad ? st - 1 : st + 1) * M + mb];
+        ra = prod / nmax;
+        rb = cons / nmax;
+        if (ra == rb || (ra != q && rb != q)) continue; /* handed over on one rank, or not ours */
+        x->grad = grad;
+        x->send = ra == q;
+        x->peer = x->send ? rb : ra;
+        x->act = (x->send ? prod : cons) % nmax;
+        x->t = grad ? start[prod] + us__pp_cost(&s->a[ra][prod % nmax], 1, 1, 1) : start[cons];
+        x->order = (x->peer == (q + 1) % P) == (q % 2 == 0) ? 0 : 1;
+        nm++;
+    }
+    qsort(m->pp_msgs, (size_t)nm, sizeof(us__pp_msg), us__pp_msg_cmp);
+    m->pp_nmsg = nm;
+    for (i = 0; i < s->n[q]; i++) m->pp_start[i] = start[q * nmax + i];
+    res = US_OK;
+done:
+    US_FREE(start);
+    US_FREE(where);
+    return res;
+}
+
+/* The channel plan needs no times; it checks that each channel carries its micro-batches in
+   one order on both ends: the sender's order of producing = the receiver's of receiving (an
+   activation, at its forward) or of posting (a gradient, at the forward it belongs to). */
+static us_result us__pp_plan(us_model *m) {
+    const us_pp_schedule *s = m->pp_sched;
+    int P = s->pp, S = P * s->v, M = s->m, b, k, r, i;
+    int *seq, *got;
+    if (!us__pp_early(m)) return us__pp_plan_clock(m);
+    seq = (int *)US_MALLOC(sizeof(int) * (size_t)(2 * M + 2));
+    if (!seq) {
+        us__model_set_error(m, "out of host memory");
+        return US_ERR_OOM;
+    }
+    got = seq + M + 1;
+    for (b = 0; b + 1 < S; b++) {
+        int lo = us__pp_rank_of(s, b), hi = us__pp_rank_of(s, b + 1);
+        if (lo == hi) continue;   /* handed over on one rank */
+        for (k = 0; k < 2; k++) { /* k 0: activations lo → hi; 1: gradients hi → lo */
+            int ns = 0, nr = 0, snd = k ? hi : lo, rcv = k ? lo : hi;
+            /* the sender produces: F of stage b, or B/BW of stage b+1 */
+            for (i = 0; i < s->n[snd]; i++) {
+                const us_pp_action *x = &s->a[snd][i];
+                if (us_pp_stage(s, snd, x->chunk) == b + k &&
+                    (k ? (x->op == US_PP_B || x->op == US_PP_BW) : x->op == US_PP_F) && ns < M)
+                    seq[ns++] = x->mb;
+            }
+            /* the receiver receives at its F of stage b+1, or posts at its F of stage b */
+            for (i = 0; i < s->n[rcv]; i++) {
+                const us_pp_action *x = &s->a[rcv][i];
+                if (us_pp_stage(s, rcv, x->chunk) == b + 1 - k && x->op == US_PP_F && nr < M)
+                    got[nr++] = x->mb;
+            }
+            for (r = ns == nr ? 0 : -1; r == 0 && ns > 0 && nr > 0; ns--, nr--)
+                if (seq[ns - 1] != got[nr - 1]) r = -1;
+            if (r) {
+                us__model_set_error(m,
+                                    "pipeline schedule %s: the %s between stages %d and %d leave "
+                                    "in another order than they are received",
+                                    us_pp_kind_name(s->kind), k ? "gradients" : "activations", b,
+                                    b + 1);
+                US_FREE(seq);
+                return US_ERR_INVALID;
+            }
+        }
+    }
+    US_FREE(seq);
+    return US_OK;
+}
+
+/* Connects the pipeline's ranks before the first step. Channels: opened (collective over the pp
+   group: every rank dups for every boundary that crosses ranks, in boundary order), and one
+   element sent over each, in channel order, each a blocking pair, so they cannot wait in a
+   cycle. The clock: NCCL connects two ranks lazily, on the host, inside their first send or
+   receive, with the peer connecting at the same time; a pipeline's first message in a direction
+   can meet a lone receive on one side while the other side is inside a grouped send+receive
+   (AFAB's last forward sends on and receives the first gradient): each then waits for the other
+   forever. So every pair of neighbours exchanges one element both ways on the pp group; even
+   stages pair with their successor first, odd ones with their predecessor, so the pairs never
+   wait in a ring. */
+static us_result us__pp_connect(us_model *m) {
+    const us_pp_schedule *s = m->pp_sched;
+    us_group *g = &m->mesh.pp_g;
+    int q = m->mesh.pp_rank, S = s->pp * s->v, P = g->size, b, k;
+    us_result r;
+    if (!us__pp_early(m)) {
+        int ring =
+            m->pp_v > 1 && !s->vshape; /* interleaved: the last stage of a chunk feeds rank 0 */
+        for (k = 0; k < 2; k++) {
+            int peer = (q % 2 == 0) == (k == 0) ? q + 1 : q - 1;
+            if (ring) peer = (peer + P) % P;
+            if (peer < 0 || peer >= P || peer == q || (k == 1 && P == 2 && ring))
+                continue; /* pp 2: one pair */
+            r = m->comm->sendrecv(m->comm, g, m->a[US__A_XOUT], 1, peer, m->acts[0].x, 1, peer,
+                                  m->dt, NULL);
+            if ((r = us__comm_fail(m, r, "pipeline connection")) != US_OK) return r;
+        }
+        return US_OK;
+    }
+    m->pp_ch = (us_group *)calloc((size_t)(2 * S), sizeof(us_group));
+    if (!m->pp_ch) {
+        us__model_set_error(m, "out of host memory");
+        return US_ERR_OOM;
+    }
+    for (b = 0; b + 1 < S; b++)
+        for (k = 0; k < 2; k++) {
+            int lo = us__pp_rank_of(s, b), hi = us__pp_rank_of(s, b + 1), snd = k ? hi : lo,
+                rcv = k ? lo : hi;
+            us_group *ch = &m->pp_ch[us__pp_channel(b, k)];
+            if (lo == hi) continue;
+            if ((r = us__comm_fail(m, m->comm->dup(m->comm, g, ch), "pipeline channel")) != US_OK)
+                return r;
+            if (q == snd)
+                r = m->comm->send(m->comm, ch, m->a[US__A_XOUT], 1, m->dt, rcv, NULL);
+            else if (q == rcv)
+                r = m->comm->recv(m->comm, ch, m->acts[0].x, 1, m->dt, snd, NULL);
+            if ((r = us__comm_fail(m, r, "pipeline connection")) != US_OK) return r;
+        }
+    return US_OK;
+}
+
+static void us__pp_disconnect(us_model *m) {
+    int i, S = m->pp_sched ? m->pp_sched->pp * m->pp_sched->v : 0;
+    if (m->pp_ch && m->comm)
+        for (i = 0; i < 2 * S; i++)
+            if (m->pp_ch[i].size) m->comm->group_free(m->comm, &m->pp_ch[i]);
+    free(m->pp_ch);
+    m->pp_ch = NULL;
+}
+
+/* Waits for *w (NULL: nothing in flight) and clears it. */
+static us_result us__pp_wait(us_model *m, us_work **w, const char *what) {
+    us_result r = US_OK;
+    if (*w) {
+        r = us__comm_fail(m, m->comm->wait(m->comm, *w), what);
+        *w = NULL;
+    }
+    return r;
+}
+
+/* A slot is written again only after its sends completed: pend[2·slot] its activation's,
+   pend[2·slot + 1] its gradient's. */
+static us_result us__pp_settle(us_model *m, us_work **pend, int slot) {
+    us_result r = us__pp_wait(m, &pend[2 * slot], "pipeline send");
+    return r != US_OK ? r : us__pp_wait(m, &pend[2 * slot + 1], "pipeline send");
+}
+
+static us_result us__pp_take_slot(us_model *m, us_work **pend, int *free_slot, int *nfree,
+                                  int *slot) {
+    if (!*nfree) {
+        us__model_set_error(m, "internal: pipeline slots exhausted");
+        return US_ERR_BACKEND;
+    }
+    *slot = free_slot[--*nfree];
+    if (m->slots - *nfree > m->pp_peak) m->pp_peak = m->slots - *nfree;
+    return us__pp_settle(m, pend, *slot);
+}
+
+/* The clock plan's exchanges timed at or before `until`, from *e on. Sends read the producer's
+   slot and are not waited for (pend); a received activation takes a free slot (the consumer's),
+   a received gradient lands in the consumer's slot; receives are waited for. */
+static us_result us__pp_exchange(us_model *m, int *e, double until, int *slot_of, int *free_slot,
+                                 int *nfree, us_work **pend, int64_t n) {
+    const us_pp_schedule *s = m->pp_sched;
+    int q = m->mesh.pp_rank, M = s->m, sslot = -1;
+    us_comm *c = m->comm;
+    while (*e < m->pp_nmsg && m->pp_msgs[*e].t <= until) {
+        const us__pp_msg *x = &m->pp_msgs[*e], *snd = NULL, *rcv = NULL;
+        const void *sbuf = NULL;
+        void *rbuf = NULL;
+        us_result r;
+        int j;
+        for (j = *e; j < m->pp_nmsg && m->pp_msgs[j].t == x->t && m->pp_msgs[j].grad == x->grad &&
+                     m->pp_msgs[j].peer == x->peer;
+             j++) {
+            if (m->pp_msgs[j].send)
+                snd = &m->pp_msgs[j];
+            else
+                rcv = &m->pp_msgs[j];
+        }
+        *e = j;
+        if (snd) {
+            const us_pp_action *y = &s->a[q][snd->act];
+            sslot = slot_of[y->chunk * M + y->mb];
+            sbuf = m->slot_a[sslot][x->grad ? US__A_DRES : US__A_XOUT];
+        }
+        if (rcv) {
+            const us_pp_action *y = &s->a[q][rcv->act];
+            int key = y->chunk * M + y->mb;
+            if (!x->grad) { /* the consumer forward's slot, taken now */
+                if ((r = us__pp_take_slot(m, pend, free_slot, nfree, &slot_of[key])) != US_OK)
+                    return r;
+                rbuf = m->slot_acts[(size_t)slot_of[key] * m->pp_lc]
+                           .x; /* the chunk's first layer input */
+            } else
+                rbuf = m->slot_a[slot_of[key]][US__A_DRES];
+        }
+        if (sbuf && rbuf)
+            r = us__comm_fail(
+                m, c->sendrecv(c, &m->mesh.pp_g, sbuf, n, x->peer, rbuf, n, x->peer, m->dt, NULL),
+                "pipeline exchange");
+        else if (sbuf) {
+            if ((r = us__pp_settle(m, pend, sslot)) != US_OK)
+                return r; /* at most one of each kind per slot */
+            r = us__comm_fail(
+                m, c->send(c, &m->mesh.pp_g, sbuf, n, m->dt, x->peer, &pend[2 * sslot + x->grad]),
+                "pipeline send");
+        } else
+            r = us__comm_fail(m, c->recv(c, &m->mesh.pp_g, rbuf, n, m->dt, x->peer, NULL),
+                              "pipeline receive");
+        if (r != US_OK) return r;
+    }
+    return US_OK;
+}
+
+/* The executor's state over one step: the micro-batches, the slots, the transfers in flight. */
+typedef struct us__pp_exec {
+    const int32_t *inputs, *targets; /* [M][per] tokens of the step's micro-batches */
+    int64_t per, n;                  /* tokens per micro-batch; elements of a message */
+    size_t nb;                       /* bytes of a message: [Ns, C] of the residual stream */
+    int B, T;
+    float dscale;
+    double *loss;
+    int *slot_of;   /* [chunk·M + mb] the slot holding a micro-batch chunk, -1 none */
+    int *free_slot; /* [slots] the free slots, a stack of nfree */
+    int nfree;
+    us_work **pend;  /* [2·slots] each slot's activation and gradient sends in flight */
+    us_work **precv; /* channels: [chunk·M + mb] the gradient receive posted at its forward */
+    int chan;        /* 1: channels, 0: the clock plan */
+} us__pp_exec;
+
+/* A forward action: its slot (unless its input arrived into one, the clock plan), its input from
+   this rank's earlier stage or over a channel, the forward; on channels the output is sent on
+   and the receive of its gradient posted. */
+static us_result us__pp_forward_action(us_model *m, us__pp_exec *x, const us_pp_action *a, int st,
+                                       int prev, int next) {
+    const us_pp_schedule *s = m->pp_sched;
+    int q = m->mesh.pp_rank, M = s->m, key = a->chunk * M + a->mb;
+    us_comm *c = m->comm;
+    double ls = 0, t0;
+    us_result r;
+    if (x->slot_of[key] < 0 &&
+        (r = us__pp_take_slot(m, x->pend, x->free_slot, &x->nfree, &x->slot_of[key])) != US_OK)
+        return r;
+    us__pp_select(m, x->slot_of[key], a->chunk);
+    if (prev == q) /* the stage before is this rank's: its output */
+        m->ops.copy(&m->ops, m->acts[m->l_lo].x,
+                    m->slot_a[x->slot_of[us__pp_chunk_of(s, q, st - 1) * M + a->mb]][US__A_XOUT],
+                    x->nb, US_COPY_D2D);
+    else if (x->chan && prev >= 0 &&
+             (r = us__comm_fail(m,
+                                c->recv(c, &m->pp_ch[us__pp_channel(st - 1, 0)], m->acts[m->l_lo].x,
+                                        x->n, m->dt, prev, NULL),
+                                "pipeline receive")) != US_OK)
+        return r;
+    t0 = us_trace_now_us();
+    r = us__forward(m, x->inputs + a->mb * x->per, x->targets + a->mb * x->per, x->B, x->T,
+                    x->dscale, &ls);
+    if (r != US_OK) return r;
+    m->pp_t_s[0] += 1e-6 * (us_trace_now_us() - t0);
+    *x->loss += ls;
+    if (x->chan && next >= 0 && next != q) { /* the output on, and the gradient's receive posted */
+        us_group *ch = &m->pp_ch[us__pp_channel(st, 0)];
+        r = us__comm_fail(
+            m, c->send(c, ch, m->a[US__A_XOUT], x->n, m->dt, next, &x->pend[2 * x->slot_of[key]]),
+            "pipeline send");
+        if (r != US_OK) return r;
+        r = us__comm_fail(m,
+                          c->recv(c, ch + 1, m->a[US__A_DRES], x->n, m->dt, next, &x->precv[key]),
+                          "pipeline receive");
+    }
+    return r;
+}
+
+/* A backward action, B or BW: waits for its output's gradient (channels), runs the backward
+   (reducing over dp when sync), and hands its input's gradient to this rank's earlier stage or
+   sends it back; a BW frees the slot. */
+static us_result us__pp_backward_action(us_model *m, us__pp_exec *x, const us_pp_action *a, int st,
+                                        int prev, int sync) {
+    const us_pp_schedule *s = m->pp_sched;
+    int q = m->mesh.pp_rank, M = s->m, key = a->chunk * M + a->mb, k = x->slot_of[key];
+    us_comm *c = m->comm;
+    double t0;
+    us_result r;
+    us__pp_select(m, k, a->chunk);
+    if ((r = us__pp_wait(m, &x->precv[key], "pipeline receive")) != US_OK) return r;
+    m->grad_sync = sync;
+    m->pp_bonly = a->op == US_PP_B;
+    t0 = us_trace_now_us();
+    r = us__backward(m, x->B, x->T);
+    m->pp_bonly = 0;
+    if (r != US_OK) return r;
+    m->pp_t_s[1] += 1e-6 * (us_trace_now_us() - t0);
+    if (prev == q) /* hand the input's gradient to this rank's earlier stage */
+        m->ops.copy(&m->ops,
+                    m->slot_a[x->slot_of[us__pp_chunk_of(s, q, st - 1) * M + a->mb]][US__A_DRES],
+                    m->a[US__A_DRES], x->nb, US_COPY_D2D);
+    else if (x->chan && prev >= 0 &&
+             (r = us__comm_fail(m,
+                                c->send(c, &m->pp_ch[us__pp_channel(st - 1, 1)], m->a[US__A_DRES],
+                                        x->n, m->dt, prev, &x->pend[2 * k + 1]),
+                                "pipeline send")) != US_OK)
+        return r;
+    if (a->op == US_PP_BW)
+        x->free_slot[x->nfree++] = k; /* its gradient, if sent, leaves before the slot is reused */
+    return US_OK;
+}
+
+/* The pipeline executor: runs this rank's list of the schedule, one chunk of layers per
+   action. A forward takes an activation slot and receives its input from the stage before, or
+   copies it from this rank's slot of that stage, or embeds the tokens; it sends its output on
+   (or computes the loss) and, on channels, posts the receive of the gradient that will come
+   back for it. A backward waits for that gradient (or starts from the loss) and sends its
+   input's gradient back, or hands it to this rank's earlier stage. Under the clock plan the
+   sends and receives happen between actions instead, as us__pp_plan_clock timed them. A full
+   backward (BW) frees the slot; under the zero-bubble schedules B does the input gradients only
+   and W, later, the weight gradients (us__layer_w), then frees it. The last backward of the
+   step launches the data-parallel reductions (no_sync before it); with several chunks or B and
+   W apart a tensor's gradient is complete only at the end, so the reductions start before the
+   optimizer step instead. */
+static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *targets, int64_t per,
+                            int T, float dscale, double *loss) {
+    const us_pp_schedule *s = m->pp_sched;
+    int q = m->mesh.pp_rank, i, e = 0, last_bw = -1, M = s->m, S = s->pp * s->v;
+    int64_t Np, Ns;
+    double t_begin = us_trace_now_us();
+    us_result r = US_OK;
+    us__pp_exec x;
+    memset(&x, 0, sizeof x);
+    x.inputs = inputs;
+    x.targets = targets;
+    x.per = per;
+    x.B = m->tc.batch;
+    x.T = T;
+    x.dscale = dscale;
+    x.loss = loss;
+    x.chan = m->pp_ch != NULL;
+    us__sp_rows(m, (int64_t)x.B * T, &Np, &Ns);
+    x.n = Ns * m->cfg.dim; /* the residual stream between stages: this rank's rows under SP */
+    x.nb = (size_t)x.n * us_dtype_size(m->dt);
+    x.slot_of = (int *)US_MALLOC(sizeof(int) * (size_t)(M * s->v + m->slots));
+    x.pend = (us_work **)calloc((size_t)(2 * m->slots + M * s->v), sizeof(us_work *));
+    if (!x.slot_of || !x.pend) {
+        US_FREE(x.slot_of);
+        free(x.pend);
+        us__model_set_error(m, "out of host memory");
+        return US_ERR_OOM;
+    }
+    x.precv = x.pend + 2 * m->slots;
+    x.free_slot = x.slot_of + M * s->v;
+    for (i = 0; i < m->slots; i++) x.free_slot[x.nfree++] = m->slots - 1 - i;
+    for (i = 0; i < M * s->v; i++) x.slot_of[i] = -1;
+    if (!m->pp_wsplit && s->v == 1)
+        for (i = 0; i < s->n[q]; i++)
+            if (s->a[q][i].op != US_PP_F) last_bw = i;
+    m->pp_t_s[0] = m->pp_t_s[1] = m->pp_t_s[2] = 0;
+    for (i = 0; i < s->n[q] && r == US_OK; i++) {
+        const us_pp_action *a = &s->a[q][i];
+        int st = us_pp_stage(s, q, a->chunk), key = a->chunk * M + a->mb;
+        int prev = st > 0 ? us__pp_rank_of(s, st - 1) : -1,
+            next = st + 1 < S ? us__pp_rank_of(s, st + 1) : -1;
+        double t0;
+        if (!x.chan && (r = us__pp_exchange(m, &e, m->pp_start[i], x.slot_of, x.free_slot, &x.nfree,
+                                            x.pend, x.n)) != US_OK)
+            break;
+        if (a->op == US_PP_F)
+            r = us__pp_forward_action(m, &x, a, st, prev, next);
+        else if (a->op == US_PP_W) {
+            us__pp_select(m, x.slot_of[key], a->chunk);
+            t0 = us_trace_now_us();
+            if ((r = us__pp_wpass(m, x.B, T)) != US_OK) break;
+            m->pp_t_s[2] += 1e-6 * (us_trace_now_us() - t0);
+            x.free_slot[x.nfree++] = x.slot_of[key];
+        } else
+            r = us__pp_backward_action(m, &x, a, st, prev, i == last_bw);
+    }
+    if (r == US_OK && !x.chan) /* the last gradients out */
+        r = us__pp_exchange(m, &e, INFINITY, x.slot_of, x.free_slot, &x.nfree, x.pend, x.n);
+    /* every transfer complete (after a failure too: none outlives its buffer) */
+    for (i = 0; i < 2 * m->slots + M * s->v; i++) {
+        us_result r2 = us__pp_wait(m, &x.pend[i], "pipeline exchange");
+        if (r == US_OK) r = r2;
+    }
+    free(x.pend);
+    m->grad_sync = 0;
+    m->pp_wall_s = 1e-6 * (us_trace_now_us() - t_begin);
+    us__pp_select_all(m);
+    US_FREE(x.slot_of);
+    return r;
+}
+
+/* The evaluation forward through the stages (us_forward_eval under pipeline parallelism): each
+   rank runs its chunks in stage order, passing the residual stream on; the last stage scores,
+   and the sums (and the last-position logits, for sampling) reach every stage. */
+static us_result us__pp_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B,
+                             int T, double *loss_sum, int64_t *correct, float *logits_out) {
+    us_ops *o = &m->ops;
+    int64_t N = (int64_t)B * T, i;
+    double ls = 0;
+    us_result r;
+    us_comm *c = m->comm;
+    int q = m->mesh.pp_rank;
+    int64_t Np, Ns, n;
+    double v[2] = {0, 0};
+    const us_pp_schedule *s = m->pp_sched;
+    int k, S = s->pp * s->v;
+    us__sp_rows(m, N, &Np, &Ns);
+    n = Ns * m->cfg.dim;
+    r = US_OK;
+    for (k = 0; k < s->v && r == US_OK; k++) { /* this rank's chunks in stage order */
+        int st = us_pp_stage(s, q, k);         /* chunk order is stage order, V shape too */
+        double l1 = 0;
+        us__pp_select(m, 0,
+                      k); /* one slot for every chunk in turn: XOUT carries over to the next */
+        if (st > 0 && us__pp_rank_of(s, st - 1) != q)
+            r = us__comm_fail(m,
+                              c->recv(c, &m->mesh.pp_g, m->acts[m->l_lo].x, n, m->dt,
+                                      us__pp_rank_of(s, st - 1), NULL),
+                              "pipeline receive");
+        else if (st > 0) /* the stage before is this rank's: its output is still in XOUT */
+            o->copy(o, m->acts[m->l_lo].x, m->a[US__A_XOUT], (size_t)n * us_dtype_size(m->dt),
+                    US_COPY_D2D);
+        if (r == US_OK) r = us__forward(m, inputs, targets, B, T, 0.0f, &l1);
+        ls += l1;
+        if (r == US_OK && st < S - 1 && us__pp_rank_of(s, st + 1) != q)
+            r = us__comm_fail(m,
+                              c->send(c, &m->mesh.pp_g, m->a[US__A_XOUT], n, m->dt,
+                                      us__pp_rank_of(s, st + 1), NULL),
+                              "pipeline send");
+    }
+    us__pp_select_all(m);
+    if (r != US_OK) return r;
+    if (m->pp_last) {
+        int32_t *am = (int32_t *)US_MALLOC((size_t)N * 4);
+        if (!am) {
+            us__model_set_error(m, "out of host memory");
+            return US_ERR_OOM;
+        }
+        o->copy(o, am, m->a[US__A_ARGMAX], (size_t)N * 4, US_COPY_D2H);
+        for (i = 0; i < N; i++) v[1] += targets[i] >= 0 && am[i] == targets[i];
+        US_FREE(am);
+        v[0] = ls;
+    }
+    if (r != US_OK || (r = us__group_sum(m, &m->mesh.pp_g, v, 2)) != US_OK) return r;
+    if (loss_sum) *loss_sum = v[0];
+    if (correct) *correct = (int64_t)v[1];
+    /* the last stage's last-position logits, broadcast to every stage (for sampling) */
+    if (logits_out) {
+        size_t bytes = (size_t)B * m->cfg.vocab * 4;
+        void *d = o->alloc(o, bytes);
+        if (!d) {
+            us__model_set_error(m, "out of memory for %zu bytes of logits", bytes);
+            return US_ERR_OOM;
+        }
+        if (m->pp_last && (r = us__last_logits(m, B, T, logits_out)) != US_OK) {
+            o->free(o, d);
+            return r;
+        }
+        if (m->pp_last) o->copy(o, d, logits_out, bytes, US_COPY_H2D);
+        r = us__comm_fail(
+            m, c->broadcast(c, &m->mesh.pp_g, d, B * m->cfg.vocab, US_F32, m->pp_head_rank, NULL),
+            "pipeline logits broadcast");
+        if (r == US_OK && !m->pp_last) o->copy(o, logits_out, d, bytes, US_COPY_D2H);
+        o->free(o, d);
+        return r;
+    }
+    return US_OK;
+}
+
+/* ------------------------------------------------------------------------------------ */
+// >>moe  mixture of experts: route, permute, experts, combine (one rank)
+/* ------------------------------------------------------------------------------------ */
+/* A MoE layer (Shazeer et al.; Mixtral; DeepSeek-V3) replaces the dense MLP: a router picks K of
+   E SwiGLU experts per token, and the token's output is the gate-weighted sum of theirs (plus,
+   optionally, a shared expert every token uses). Per layer, with u = ln2(xmid):
+       route    logits[N,E] = u·Wr^T;  probs = softmax | sigmoid;  topk = K best of probs + bias
+       permute  counting sort of the N·K choices by expert: rows [R] grouped per expert
+       experts  for each expert e, its rows: y_e = swiglu(x_e·Wgu_e^T)·Wd_e^T   (two GEMMs)
+       combine  x_{l+1} = xmid + shared(u) + Σ_k gate[n,k]·y[row of (n,k)]
+   Only K experts run per token, so compute follows the active parameters while memory holds all
+   E. Expert parallelism (// >>ep) puts an all-to-all between permute and experts (each expert's
+   rows to the rank holding it, the counts first) and another before combine; a rank then runs
+   its E/ep experts on the rows it received.
+   Load balancing. Left alone, a router collapses onto a few experts. The classic remedy is an
+   auxiliary loss α·Σ_e f_e·P_e (f_e = E/(K·N)·tokens routed to e, P_e = mean normalised
+   probability of e), which pulls the router toward uniform at some cost in quality. DeepSeek-V3
+   instead adds a bias b_e to the scores used for *selection only* and, after each step, moves it
+   by b_e += γ·sign(mean load − load_e): no gradient interferes with the language-model loss.
+   Capacity. With a capacity factor cf each expert takes at most ceil(cf·N·K/E) tokens of a
+   micro-batch, in token order; a dropped choice contributes nothing (its token keeps the
+   residual and its other experts). cf = 0, the default, drops nothing.
+   Group-limited routing (DeepSeek-V3's node limit): the E experts form G groups, a token first
+   keeps its M best groups, then picks its K experts inside them. */
+
+/* Checks the MoE layer's settings and what it does not combine with yet (us_config_validate). */
+static us_result us__moe_checks(const us_model_config *mc, const us_train_config *tc, char *err,
+                                size_t errlen) {
+    if (mc->moe_experts < 0 || mc->moe_experts > 1024)
+        US__BAD("experts=%d must be in 0..1024", mc->moe_experts);
+    if (!mc->moe_experts &&
+        (mc->moe_top_k || mc->moe_first_dense || mc->moe_every || mc->moe_ffn_dim ||
+         mc->moe_shared || mc->moe_gate || mc->moe_balance || mc->moe_bias_rate != 0 ||
+         mc->moe_aux_coef != 0 || mc->moe_capacity != 0 || mc->moe_groups || mc->moe_top_groups))
+        US__BAD("the MoE settings (top-k, shared expert, gating, balancing, capacity, groups, ...) "
+                "need experts > 0");
+    if (mc->moe_experts) {
+        int E = mc->moe_experts, G = mc->moe_groups;
+        if (mc->moe_top_k < 1 || mc->moe_top_k > E)
+            US__BAD("moe top-k=%d must be in 1..experts=%d", mc->moe_top_k, E);
+        if (mc->moe_first_dense < 0 || mc->moe_first_dense >= mc->n_layers)
+            US__BAD("moe first-dense=%d must leave a MoE layer among layers=%d",
+                    mc->moe_first_dense, mc->n_layers);
+        if (mc->moe_every < 1) US__BAD("moe every=%d must be at least 1", mc->moe_every);
+        if (mc->moe_ffn_dim < 1)
+            US__BAD("moe ffn=%lld must be at least 1", (long long)mc->moe_ffn_dim);
+        if (mc->moe_shared != 0 && mc->moe_shared != 1)
+            US__BAD("moe shared=%d must be 0 or 1", mc->moe_shared);
+        if (mc->moe_gate != US_MOE_SOFTMAX && mc->moe_gate != US_MOE_SIGMOID)
+            US__BAD("unknown moe gate %d", (int)mc->moe_gate);
+        if (mc->moe_balance < US_MOE_BALANCE_BIAS || mc->moe_balance > US_MOE_BALANCE_NONE)
+            US__BAD("unknown moe balance mode %d", (int)mc->moe_balance);
+        if (!(mc->moe_bias_rate >= 0) || !isfinite(mc->moe_bias_rate))
+            US__BAD("moe bias rate=%g must be a number >= 0", mc->moe_bias_rate);
+        if (!(mc->moe_aux_coef >= 0) || !isfinite(mc->moe_aux_coef))
+            US__BAD("moe aux coefficient=%g must be a number >= 0", mc->moe_aux_coef);
+        if (!(mc->moe_capacity >= 0) || !isfinite(mc->moe_capacity))
+            US__BAD("capacity factor=%g must be a number >= 0 (0 = no dropping)", mc->moe_capacity);
+        if (G < 1 || G > 64 || E % G)
+            US__BAD("moe groups=%d must divide experts=%d and be in 1..64", G, E);
+        if (mc->moe_top_groups < 1 || mc->moe_top_groups > G)
+            US__BAD("moe top-groups=%d must be in 1..groups=%d", mc->moe_top_groups, G);
+        if (mc->moe_top_k > mc->moe_top_groups * (E / G))
+            US__BAD("top-k=%d experts do not fit in top-groups=%d groups of %d experts",
+                    mc->moe_top_k, mc->moe_top_groups, E / G);
+        if (tc->cp > 1 || tc->pp > 1)
+            US__BAD("the MoE layer does not combine with cp or pp yet (cp=%d, pp=%d): use dp, ep "
+                    "and tp",
+                    tc->cp, tc->pp);
+        if (tc->sp)
+            US__BAD("sequence parallelism with MoE layers is not supported yet (the MoE layer runs "
+                    "on every tp rank's whole sequence): drop sp");
+        if (tc->ep > 1 && tc->zero)
+            US__BAD("ZeRO with expert parallelism is not supported (expert gradients are reduced "
+                    "over the expert-data-parallel group, not dp): use zero 0");
+        if (tc->zero == 2)
+            US__BAD("ZeRO-2 with MoE layers is not supported (a layer's expert gradients are all "
+                    "written before any is reduced, more than its two gradient slots hold): use "
+                    "zero 1 or 3");
+    }
+    return US_OK;
+}
+
+struct us__moe_grads { /* the backward's scratch, one action's (m->a[US__A_MOE]) */
+    void *dye;         /* [R,C]   ∂ expert outputs */
+    void *dxe;         /* [R,C]   ∂ expert inputs */
+    void *dh;          /* [max(R,N·shared),Fe]   ∂ SwiGLU outputs (routed, then shared) */
+    void *dgu;         /* [max(R,N·shared),2Fe]  ∂ gate | up */
+    void *dlg;         /* [N,E]   ∂ logits in dt, for the router's GEMMs */
+    float *dgates;     /* [N,K]   */
+    float *dlogits;    /* [N,E]   */
+    float *vec;   /* [E]     the auxiliary loss's Σ_n p' (forward), its coefficients (backward) */
+    void *ept;    /* [Rx,C]  ep > 1: the all-to-all's rows in transit, by source rank (// >>ep) */
+    int32_t *epc; /* [ep,E]  ep > 1: every ep peer's kept tokens per expert */
+    double *sum; /* [MoE layers·E + 3] dp·cp > 1: the step's routing counts, summed over dp×cp */
+};
+
+/* an expert takes at most cap tokens of a micro-batch of N (0: no limit); R rows hold them all */
+static int64_t us__moe_cap(const us_model_config *c, int64_t N) {
+    return c->moe_capacity > 0
+               ? (int64_t)ceil((double)c->moe_capacity * (double)N * c->moe_top_k / c->moe_experts)
+               : 0;
+}
+
+static int64_t us__moe_rows(const us_model_config *c, int64_t N) {
+    int64_t cap = us__moe_cap(c, N), nk = N * c->moe_top_k;
+    return cap > 0 && cap * c->moe_experts < nk ? cap * c->moe_experts : nk;
+}
+
+/* Rows a rank's experts may run on (// >>ep): its own R on one rank; under expert parallelism
+   every peer may send it all its rows, ep·R, unless a capacity limit bounds each of its E/ep
+   experts to cap rows per peer: then ep·min(R, E/ep·cap) ≈ cf·N·K, whatever ep is. */
+static int64_t us__moe_rx(const us_model_config *c, const us_train_config *tc, int64_t N) {
+    int64_t ep = us__ep_size(tc), R = us__moe_rows(c, N), cap = us__moe_cap(c, N),
+            lim = cap * (c->moe_experts / ep);
+    return ep * (cap > 0 && lim < R ? lim : R);
+}
+
+/* Bytes of one MoE layer's activations (us__moe_take's order) and of the backward's scratch
+   (us__moe_scratch's): the estimator uses the same pieces. Under expert parallelism the rows a
+   rank's experts run on (xe, gate|up, SwiGLU and their gradients) are sized for the worst case,
+   Rx (us__moe_rx), plus a transit buffer of Rx rows and the count table (// >>ep); n_moe MoE
+   layers' routing counts are summed over dp×cp in a small scratch. */
+static void us__moe_bytes(const us_model_config *c, const us_train_config *tc, int n_moe, int64_t N,
+                          size_t a, size_t *gemm, size_t *cheap, size_t *scratch) {
+    int64_t E = c->moe_experts, K = c->moe_top_k, Fe = c->moe_ffn_dim, R = us__moe_rows(c, N),
+            C = c->dim, S = c->moe_shared;
+    int64_t ep = us__ep_size(tc), Rx = us__moe_rx(c, tc, N), hN = Rx > N * S ? Rx : N * S,
+            nsum = tc->dp * tc->cp > 1 ? (int64_t)n_moe * E + 3 : 0;
+    *gemm = us__align(N * E * 4) + us__align(Rx * 2 * Fe * a) + us__align(R * C * a) +
+            (S ? us__align(N * 2 * Fe * a) : 0);
+    *cheap = us__align(N * E * 4) + 3 * us__align(N * K * 4) + us__align(R * 4) +
+             us__align(2 * E * 4) + us__align(Rx * C * a) + us__align(Rx * Fe * a) +
+             (S ? us__align(N * Fe * a) : 0);
+    *scratch = 2 * us__align(Rx * C * a) + us__align(hN * Fe * a) + us__align(hN * 2 * Fe * a) +
+               us__align(N * E * a) + us__align(N * K * 4) + us__align(N * E * 4) +
+               us__align(E * 4) + (ep > 1 ? us__align(Rx * C * a) + us__align(ep * E * 4) : 0) +
+               (nsum ? us__align(nsum * 8) : 0);
+}
+
+static void us__moe_take(const us_model *m, us__arena *ar, us_layer_acts *L, int cheap, int gemm) {
+    const us_model_config *c = &m->cfg;
+    int64_t N = (int64_t)m->tc.batch * m->tc.seq, E = c->moe_experts, K = c->moe_top_k,
+            Fe = c->moe_ffn_dim, R = m->moe_rows, C = c->dim;
+    int64_t Rx = m->moe_rx; /* rows this rank's experts run on (ep·R under expert parallelism) */
+    size_t a = us_dtype_size(m->dt);
+    if (gemm) { /* GEMM outputs: kept unless recompute is full */
+        L->logits = (float *)us__take(ar, N * E * 4);
+        L->gu_e = us__take(ar, Rx * 2 * Fe * a);
+        L->ye = us__take(ar, R * C * a);
+        if (c->moe_shared) L->sgu = us__take(ar, N * 2 * Fe * a);
+    }
+    if (cheap) { /* cheap to recompute from them: routing, permutation, SwiGLU */
+        L->probs = (float *)us__take(ar, N * E * 4);
+        L->topk = (int32_t *)us__take(ar, N * K * 4);
+        L->gates = (float *)us__take(ar, N * K * 4);
+        L->slot_row = (int32_t *)us__take(ar, N * K * 4);
+        L->row_slot = (int32_t *)us__take(ar, R * 4);
+        L->counts = (int32_t *)us__take(ar, 2 * E * 4);
+        L->xe = us__take(ar, Rx * C * a);
+        L->h_e = us__take(ar, Rx * Fe * a);
+        if (c->moe_shared) L->sh = us__take(ar, N * Fe * a);
+    }
+}
+
+static size_t us__moe_scratch(const us_model *m, us__moe_grads *g) {
+    const us_model_config *c = &m->cfg;
+    int64_t N = (int64_t)m->tc.batch * m->tc.seq, E = c->moe_experts, K = c->moe_top_k,
+            Fe = c->moe_ffn_dim, C = c->dim;
+    int64_t Rx = m->moe_rx, hN = Rx > N * c->moe_shared ? Rx : N * c->moe_shared,
+            ep = us__ep_size(&m->tc);
+    int64_t nsum = m->tc.dp * m->tc.cp > 1 ? (int64_t)m->n_moe * E + 3 : 0;
+    size_t a = us_dtype_size(m->dt);
+    us__arena ar;
+    if (!m->n_moe) return 0;
+    ar.base = g ? (char *)m->a[US__A_MOE] : NULL;
+    ar.used = 0;
+    {
+        void *dye = us__take(&ar, Rx * C * a), *dxe = us__take(&ar, Rx * C * a),
+             *dh = us__take(&ar, hN * Fe * a);
+        void *dgu = us__take(&ar, hN * 2 * Fe * a), *dlg = us__take(&ar, N * E * a);
+        float *dgates = (float *)us__take(&ar, N * K * 4),
+              *dlogits = (float *)us__take(&ar, N * E * 4), *vec = (float *)us__take(&ar, E * 4);
+        void *ept = ep > 1 ? us__take(&ar, Rx * C * a) : NULL;
+        int32_t *epc = ep > 1 ? (int32_t *)us__take(&ar, ep * E * 4) : NULL;
+        double *sum = nsum ? (double *)us__take(&ar, nsum * 8) : NULL;
+        if (g) {
+            g->dye = dye;
+            g->dxe = dxe;
+            g->dh = dh;
+            g->dgu = dgu;
+            g->dlg = dlg;
+            g->dgates = dgates;
+            g->dlogits = dlogits;
+            g->vec = vec;
+            g->ept = ept;
+            g->epc = epc;
+            g->sum = sum;
+        }
+    }
+    return ar.used;
+}
+
+static us_result us__moe_init(us_model *m) {
+    const us_model_config *c = &m->cfg;
+    int l, E = c->moe_experts;
+    size_t nb;
+    m->moe_idx = (int *)US_MALLOC(sizeof(int) * (size_t)(c->n_layers > 0 ? c->n_layers : 1));
+    if (!m->moe_idx) {
+        us__model_set_error(m, "out of host memory for the model tables");
+        return US_ERR_OOM;
+    }
+    m->n_moe = 0;
+    for (l = 0; l < c->n_layers; l++)
+        m->moe_idx[l] = us__is_moe(c, m->layer_g[l]) ? m->n_moe++ : -1;
+    if (!m->n_moe) return US_OK;
+    m->moe_rows = us__moe_rows(c, (int64_t)m->tc.batch * m->tc.seq);
+    m->moe_rx = us__moe_rx(c, &m->tc, (int64_t)m->tc.batch * m->tc.seq);
+    nb = (size_t)m->n_moe * (size_t)E;
+    if (m->ep > 1) {
+        m->ep_counts_h =
+            (int32_t *)US_MALLOC((size_t)c->n_layers * (size_t)m->ep * (size_t)E * sizeof(int32_t));
+        if (!m->ep_counts_h) {
+            us__model_set_error(m, "out of host memory for the expert-parallel count table");
+            return US_ERR_OOM;
+        }
+        memset(m->ep_counts_h, 0,
+               (size_t)c->n_layers * (size_t)m->ep * (size_t)E * sizeof(int32_t));
+    }
+    m->moe_bias_h = (float *)US_MALLOC(nb * sizeof(float));
+    m->moe_load = (int64_t *)US_MALLOC(nb * sizeof(int64_t));
+    m->moe_load_last = (int64_t *)US_MALLOC(nb * sizeof(int64_t));
+    m->moe_counts_h = (int32_t *)US_MALLOC((size_t)c->n_layers * 2 * (size_t)E * sizeof(int32_t));
+    m->moe_bias =
+        (float *)m->ops.alloc(&m->ops, nb * sizeof(float)); /* zero-filled: no bias at the start */
+    if (!m->moe_bias_h || !m->moe_load || !m->moe_load_last || !m->moe_counts_h || !m->moe_bias) {
+        us__model_set_error(m, "out of memory for the MoE router state");
+        return US_ERR_OOM;
+    }
+    memset(m->moe_bias_h, 0, nb * sizeof(float));
+    memset(m->moe_load, 0, nb * sizeof(int64_t));
+    memset(m->moe_load_last, 0, nb * sizeof(int64_t));
+    memset(m->moe_counts_h, 0, (size_t)c->n_layers * 2 * (size_t)E * sizeof(int32_t));
+    return US_OK;
+}
+
+static void us__moe_free(us_model *m) {
+    if (m->moe_bias && m->ops.free) m->ops.free(&m->ops, m->moe_bias);
+    US_FREE(m->moe_bias_h);
+    US_FREE(m->moe_load);
+    US_FREE(m->moe_load_last);
+    US_FREE(m->moe_counts_h);
+    US_FREE(m->moe_idx);
+    US_FREE(m->ep_counts_h);
+    m->ep_counts_h = NULL;
+    m->moe_bias = m->moe_bias_h = NULL;
+    m->moe_load = m->moe_load_last = NULL;
+    m->moe_counts_h = NULL;
+    m->moe_idx = NULL;
+}
+
+static size_t us__moe_bias_bytes(const us_model *m) {
+    return (size_t)m->n_moe * (size_t)m->cfg.moe_experts * sizeof(float);
+}
+
+/* expert parallelism (// >>ep) */
+static us_result us__ep_counts(us_model *m, int l, const int32_t *kept, int32_t *scratch);
+static us_result us__ep_move(us_model *m, int l, int dir, void *dst, const void *src,
+                             void *transit);
+
+/* Rows local expert j of MoE layer l ran on in the last forward: its kept tokens, or under
+   expert parallelism those every ep peer sent it. */
+static int64_t us__moe_local_rows(const us_model *m, int l, int j) {
+    int E = m->cfg.moe_experts, s;
+    int64_t n = 0;
+    if (m->ep <= 1) return m->moe_counts_h[(size_t)l * 2 * E + E + j];
+    for (s = 0; s < m->ep; s++)
+        n += m->ep_counts_h[((size_t)l * m->ep + s) * E + (size_t)m->ep_rank * (E / m->ep) + j];
+    return n;
+}
+
+/* The auxiliary loss's weight per micro-batch: the step's objective averages it over the
+   micro-batches (and ranks), as the language-model loss is a mean over the global batch. */
+static double us__moe_aux_weight(const us_model *m) {
+    return 1.0 / ((double)m->tc.grad_accum * m->tc.dp * m->tc.cp);
+}
+
+/* MoE layer l's forward from A->ln2, with recompute as in us__layer_fwd: GEMM outputs (logits,
+   gate | up, expert outputs) are kept unless recompute is full; routing, permutation and SwiGLU
+   are refilled by selective. A real forward (recompute = 0) writes x_{l+1} and counts the
+   routing. */
+static us_result us__moe_fwd(us_model *m, int l, int64_t N, int recompute, void *xnext) {
+    us_ops *o = &m->ops;
+    const us_model_config *c = &m->cfg;
+    us_layer_acts *A = &m->acts[l];
+    us_dtype dt = m->dt;
+    int E = c->moe_experts, K = c->moe_top_k, e, mi = m->moe_idx[l], mode = m->tc.recompute,
+        aux = c->moe_balance == US_MOE_BALANCE_AUX;
+    int do_gemm = !recompute || mode == US_RECOMPUTE_FULL,
+        do_cheap = !recompute || mode != US_RECOMPUTE_NONE;
+    int El = E / m->ep; /* this rank's experts (// >>ep) */
+    int64_t C = c->dim, Fe = c->moe_ffn_dim, R = us__moe_rows(c, N), off, n;
+    int32_t *cnt = m->moe_counts_h + (size_t)l * 2 * E,
+            *kept = cnt + E;                                   /* host: routed [E], kept [E] */
+    int ex = US__TENSOR(l, US__P_EXPERTS) + 3 * c->moe_shared; /* local expert 0's gate_proj */
+    /* the experts' outputs, expert-major: A->ye itself on one rank, else a scratch sent home
+       after */
+    void *ye;
+    us_result r;
+    us__moe_grads g;
+    us__moe_scratch(m, &g);
+    ye = m->ep > 1 ? g.dxe : A->ye;
+    /* route: logits [N,E] f32 = ln2 [N,C] · Wrouter [E,C]ᵀ; topk, gates [N,K] */
+    if (do_gemm)
+        o->gemm(o, 0, 1, N, E, C, 1.0f, A->ln2, dt, C, us__weight(m, US__TENSOR(l, US__P_ROUTER)),
+                dt, C, 0.0f, A->logits, US_F32, E);
+    if (do_cheap) {
+        const float *bias =
+            c->moe_balance == US_MOE_BALANCE_BIAS ? m->moe_bias + (size_t)mi * E : NULL;
+        o->moe_route(o, A->topk, A->gates, A->probs, aux && !recompute ? g.vec : NULL, A->logits,
+                     bias, N, E, K, (int)c->moe_gate, c->moe_groups, c->moe_top_groups);
+        /* permute: the counts come to the host, where they size each expert's GEMMs */
+        o->moe_permute(o, A->slot_row, A->row_slot, A->counts, A->counts + E, A->topk, N, E, K,
+                       us__moe_cap(c, N), R);
+        o->copy(o, cnt, A->counts, (size_t)(2 * E) * 4, US_COPY_D2H);
+        if (m->ep >
+            1) { /* expert parallelism: the counts, then each row to its expert's rank (// >>ep) */
+            if ((r = us__ep_counts(m, l, A->counts + E, g.epc)) != US_OK) return r;
+            o->moe_gather(o, g.dye, A->ln2, A->row_slot, NULL, R, K, C, dt);
+            if ((r = us__ep_move(m, l, 0, A->xe, g.dye, g.ept)) != US_OK) return r;
+        } else
+            o->moe_gather(o, A->xe, A->ln2, A->row_slot, NULL, R, K, C, dt);
+    }
+    /* this rank's experts, each on its contiguous rows [off, off + n): gu_e [n,2Fe] =
+       xe [n,C] · Wgu [2Fe,C]ᵀ, h_e [n,Fe] = swiglu(gu_e), ye [n,C] = h_e · Wdown [C,Fe]ᵀ */
+    for (e = 0, off = 0; do_gemm && e < El; off += n, e++)
+        if ((n = us__moe_local_rows(m, l, e)))
+            o->gemm(o, 0, 1, n, 2 * Fe, C, 1.0f, us__at(A->xe, dt, off * C), dt, C,
+                    us__weight(m, ex + 3 * e), dt, C, 0.0f, us__at(A->gu_e, dt, off * 2 * Fe), dt,
+                    2 * Fe);
+    for (e = 0, off = 0; e < El; e++) off += us__moe_local_rows(m, l, e);
+    if (do_cheap) o->swiglu_fwd(o, A->h_e, A->gu_e, off, Fe, dt);
+    for (e = 0, off = 0; do_gemm && e < El; off += n, e++)
+        if ((n = us__moe_local_rows(m, l, e)))
+            o->gemm(o, 0, 1, n, C, Fe, 1.0f, us__at(A->h_e, dt, off * Fe), dt, Fe,
+                    us__weight(m, ex + 3 * e + 2), dt, Fe, 0.0f, us__at(ye, dt, off * C), dt, C);
+    if (do_gemm && m->ep > 1 && (r = us__ep_move(m, l, 1, A->ye, ye, g.ept)) != US_OK)
+        return r; /* the outputs come home (// >>ep) */
+    /* the shared expert, a dense SwiGLU MLP of size Fe on every token: sgu [N,2Fe], sh [N,Fe] */
+    if (c->moe_shared) {
+        if (do_gemm)
+            o->gemm(o, 0, 1, N, 2 * Fe, C, 1.0f, A->ln2, dt, C,
+                    us__weight(m, US__TENSOR(l, US__P_EXPERTS)), dt, C, 0.0f, A->sgu, dt, 2 * Fe);
+        if (do_cheap) o->swiglu_fwd(o, A->sh, A->sgu, N, Fe, dt);
+    }
+    if (recompute) return US_OK;
+    /* combine: x_{l+1} [N,C] = xmid + sh·Wdown_sᵀ + Σ_k gate[n,k]·ye[row of (n,k)] */
+    o->copy(o, xnext, A->xmid, (size_t)(N * C) * us_dtype_size(dt), US_COPY_D2D);
+    if (c->moe_shared)
+        o->gemm(o, 0, 1, N, C, Fe, 1.0f, A->sh, dt, Fe,
+                us__weight(m, US__TENSOR(l, US__P_EXPERTS) + 2), dt, Fe, 1.0f, xnext, dt, C);
+    o->moe_scatter(o, xnext, A->ye, A->slot_row, A->gates, N, K, C, dt);
+    { /* the routing statistics, and the auxiliary loss α·Σ_e f_e·P_e */
+        double lossv = 0;
+        if (aux) {
+            float *ps = (float *)US_MALLOC((size_t)E * 4);
+            if (!ps) {
+                us__model_set_error(m, "out of host memory");
+                return US_ERR_OOM;
+            }
+            o->copy(o, ps, g.vec, (size_t)E * 4, US_COPY_D2H);
+            for (e = 0; e < E; e++)
+                lossv += (double)E * cnt[e] / ((double)K * N) * (ps[e] / (double)N);
+            lossv *= c->moe_aux_coef * us__moe_aux_weight(m);
+            US_FREE(ps);
+        }
+        m->moe_aux_last += lossv;
+        if (m->moe_train) {
+            for (e = 0; e < E; e++) {
+                m->moe_load[(size_t)mi * E + e] += cnt[e];
+                m->moe_dropped += cnt[e] - kept[e];
+            }
+            m->moe_choices += N * K;
+            m->moe_aux += lossv;
+        }
+    }
+    return US_OK;
+}
+
+/* Its backward. On entry dres = ∂loss/∂x_{l+1}; leaves ∂loss/∂u in DLN (u = ln2's output),
+   accumulated from the experts (un-permuted), the shared expert and the router. */
+static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
+    us_ops *o = &m->ops;
+    const us_model_config *c = &m->cfg;
+    us_layer_acts *A = &m->acts[l];
+    us_dtype dt = m->dt;
+    int E = c->moe_experts, K = c->moe_top_k, e, aux = c->moe_balance == US_MOE_BALANCE_AUX,
+        El = E / m->ep;
+    int64_t C = c->dim, Fe = c->moe_ffn_dim, off, rows, nperm, n;
+    int32_t *cnt = m->moe_counts_h + (size_t)l * 2 * E, *kept = cnt + E;
+    int ex = US__TENSOR(l, US__P_EXPERTS) + 3 * c->moe_shared, rt = US__TENSOR(l, US__P_ROUTER);
+    void *dres = m->a[US__A_DRES], *dln = m->a[US__A_DLN], *dxp;
+    us_result r;
+    us__moe_grads g;
+    US_ASSERT(!m->pp_bonly && !us__sp_on(m)); /* validation keeps pipelines and tp away */
+    us__moe_scratch(m, &g);
+    for (e = 0, nperm = 0; e < E; e++) nperm += kept[e]; /* this rank's tokens' rows */
+    for (e = 0, rows = 0; e < El; e++)
+        rows += us__moe_local_rows(m, l, e); /* the rows its experts ran */
+    /* combine: ∂gate[n,k] = dres[n]·y[row], ∂y[row] = gate[n,k]·dres[n] */
+    o->moe_gate_grad(o, g.dgates, dres, A->ye, A->slot_row, N, K, C, dt);
+    if (m->ep > 1) { /* the output gradients travel like the dispatch (// >>ep) */
+        o->moe_gather(o, g.dxe, dres, A->row_slot, A->gates, nperm, K, C, dt);
+        if ((r = us__ep_move(m, l, 0, g.dye, g.dxe, g.ept)) != US_OK) return r;
+    } else
+        o->moe_gather(o, g.dye, dres, A->row_slot, A->gates, rows, K, C, dt);
+    /* experts: the dense MLP's backward, each on its n rows: dh [n,Fe] = dye [n,C] · Wdown [C,Fe],
+       dWdown += dyeᵀ · h_e; dgu [n,2Fe] = swiglu'(dh); dxe [n,C] = dgu · Wgu [2Fe,C],
+       dWgu += dguᵀ · xe */
+    for (e = 0, off = 0; e < El; off += n, e++) {
+        if (!(n = us__moe_local_rows(m, l, e))) continue;
+        o->gemm(o, 0, 0, n, Fe, C, 1.0f, us__at(g.dye, dt, off * C), dt, C,
+                us__weight(m, ex + 3 * e + 2), dt, Fe, 0.0f, us__at(g.dh, dt, off * Fe), dt, Fe);
+        o->gemm(o, 1, 0, C, Fe, n, 1.0f, us__at(g.dye, dt, off * C), dt, C,
+                us__at(A->h_e, dt, off * Fe), dt, Fe, 1.0f, us__grad(m, ex + 3 * e + 2), US_F32,
+                Fe);
+    }
+    o->swiglu_bwd(o, g.dgu, g.dh, A->gu_e, rows, Fe, dt);
+    for (e = 0, off = 0; e < El; off += n, e++) {
+        if (!(n = us__moe_local_rows(m, l, e))) continue;
+        o->gemm(o, 0, 0, n, C, 2 * Fe, 1.0f, us__at(g.dgu, dt, off * 2 * Fe), dt, 2 * Fe,
+                us__weight(m, ex + 3 * e), dt, C, 0.0f, us__at(g.dxe, dt, off * C), dt, C);
+        o->gemm(o, 1, 0, 2 * Fe, C, n, 1.0f, us__at(g.dgu, dt, off * 2 * Fe), dt, 2 * Fe,
+                us__at(A->xe, dt, off * C), dt, C, 1.0f, us__grad(m, ex + 3 * e), US_F32, C);
+    }
+    dxp = g.dxe;
+    if (m->ep > 1) { /* the input gradients come back like the combine (// >>ep) */
+        if ((r = us__ep_move(m, l, 1, g.dye, g.dxe, g.ept)) != US_OK) return r;
+        dxp = g.dye;
+    }
+    /* un-permute: each token sums the gradients of its rows */
+    o->zero(o, dln, (size_t)(N * C) * us_dtype_size(dt));
+    o->moe_scatter(o, dln, dxp, A->slot_row, NULL, N, K, C, dt);
+    if (c->moe_shared) {
+        int sx = US__TENSOR(l, US__P_EXPERTS);
+        o->gemm(o, 0, 0, N, Fe, C, 1.0f, dres, dt, C, us__weight(m, sx + 2), dt, Fe, 0.0f, g.dh, dt,
+                Fe);
+        o->gemm(o, 1, 0, C, Fe, N, 1.0f, dres, dt, C, A->sh, dt, Fe, 1.0f, us__grad(m, sx + 2),
+                US_F32, Fe);
+        o->swiglu_bwd(o, g.dgu, g.dh, A->sgu, N, Fe, dt);
+        o->gemm(o, 0, 0, N, C, 2 * Fe, 1.0f, g.dgu, dt, 2 * Fe, us__weight(m, sx), dt, C, 1.0f, dln,
+                dt, C);
+        o->gemm(o, 1, 0, 2 * Fe, C, N, 1.0f, g.dgu, dt, 2 * Fe, A->ln2, dt, C, 1.0f,
+                us__grad(m, sx), US_F32, C);
+    }
+    /* router: through the gates, and (aux) through P_e: ∂loss/∂p'[n,e] = w·α·f_e/N */
+    if (aux) {
+        float *v = (float *)US_MALLOC((size_t)E * 4);
+        if (!v) {
+            us__model_set_error(m, "out of host memory");
+            return US_ERR_OOM;
+        }
+        for (e = 0; e < E; e++)
+            v[e] = (float)(c->moe_aux_coef * us__moe_aux_weight(m) * (double)E * cnt[e] /
+                           ((double)K * N) / (double)N) *
+                   m->loss_scale; /* scaled like the main loss's seed (// >>lossscale) */
+        o->copy(o, g.vec, v, (size_t)E * 4, US_COPY_H2D);
+        US_FREE(v);
+    }
+    o->moe_route_bwd(o, g.dlogits, g.dgates, A->probs, A->topk, aux ? g.vec : NULL, N, E, K,
+                     (int)c->moe_gate);
+    /* dlogits [N,E] f32 → dlg (dtype dt); dln [N,C] += dlg · Wrouter [E,C];
+       dWrouter += dlgᵀ · ln2 */
+    o->cast(o, g.dlg, dt, g.dlogits, US_F32, N * E);
+    o->gemm(o, 0, 0, N, C, E, 1.0f, g.dlg, dt, E, us__weight(m, rt), dt, C, 1.0f, dln, dt, C);
+    o->gemm(o, 1, 0, E, C, N, 1.0f, g.dlg, dt, E, A->ln2, dt, C, 1.0f, us__grad(m, rt), US_F32, C);
+    return us__grads_ready(m, rt, m->layer_p[l + 1]);
+}
+
+/* After the optimizer step: the step's routing statistics, then DeepSeek-V3's bias rule
+   b_e += γ·sign(mean load − load_e) per MoE layer (overloaded experts become less attractive).
+   With several data-parallel ranks the loads (and the statistics) are first summed over dp×cp:
+   every rank then moves the replicated bias alike, as one rank with the global batch would. */
+static us_result us__moe_step_end(us_model *m) {
+    const us_model_config *c = &m->cfg;
+    int i, e, E = c->moe_experts;
+    double imb = 0;
+    if (!m->n_moe) return US_OK;
+    if (m->mesh.dpcp_g.size > 1) {
+        size_t n = (size_t)m->n_moe * (size_t)E, j;
+        double *h = (double *)US_MALLOC((n + 3) * sizeof(double));
+        us__moe_grads g;
+        us_result r;
+        if (!h) {
+            us__model_set_error(m, "out of host memory");
+            return US_ERR_OOM;
+        }
+        us__moe_scratch(m, &g);
+        for (j = 0; j < n; j++) h[j] = (double)m->moe_load[j];
+        h[n] = (double)m->moe_choices;
+        h[n + 1] = (double)m->moe_dropped;
+        h[n + 2] = m->moe_aux;
+        m->ops.copy(&m->ops, g.sum, h, (n + 3) * sizeof(double), US_COPY_H2D);
+        r = m->comm->all_reduce(m->comm, &m->mesh.dpcp_g, g.sum, (int64_t)(n + 3), US_F64,
+                                US_REDUCE_SUM, NULL);
+        if (r != US_OK) {
+            US_FREE(h);
+            return us__comm_fail(m, r, "all-reduce of the routing counts");
+        }
+        m->ops.copy(&m->ops, h, g.sum, (n + 3) * sizeof(double), US_COPY_D2H);
+        for (j = 0; j < n; j++) m->moe_load[j] = (int64_t)h[j]; /* exact: counts below 2^53 */
+        m->moe_choices = (int64_t)h[n];
+        m->moe_dropped = (int64_t)h[n + 1];
+        m->moe_aux = h[n + 2];
+        US_FREE(h);
+    }
+    for (i = 0; i < m->n_moe; i++) {
+        int64_t *ld = m->moe_load + (size_t)i * E, mx = 0, sum = 0;
+        for (e = 0; e < E; e++) {
+            sum += ld[e];
+            if (ld[e] > mx) mx = ld[e];
+        }
+        imb += sum ? (double)mx * E / (double)sum : 1.0;
+        if (c->moe_balance == US_MOE_BALANCE_BIAS && sum)
+            for (e = 0; e < E; e++) {
+                double d = (double)sum / E - (double)ld[e];
+                m->moe_bias_h[(size_t)i * E + e] += d > 0   ? c->moe_bias_rate
+                                                    : d < 0 ? -c->moe_bias_rate
+                                                            : 0.0f;
+            }
+    }
+    if (c->moe_balance == US_MOE_BALANCE_BIAS)
+        m->ops.copy(&m->ops, m->moe_bias, m->moe_bias_h, us__moe_bias_bytes(m), US_COPY_H2D);
+    m->moe_stat[0] = (float)(imb / m->n_moe);
+    m->moe_stat[1] = (float)m->moe_aux;
+    m->moe_stat[2] =
+        m->moe_choices ? (float)((double)m->moe_dropped / (double)m->moe_choices) : 0.0f;
+    memcpy(m->moe_load_last, m->moe_load, sizeof(int64_t) * (size_t)m->n_moe * (size_t)E);
+    memset(m->moe_load, 0, sizeof(int64_t) * (size_t)m->n_moe * (size_t)E);
+    m->moe_choices = m->moe_dropped = 0;
+    m->moe_aux = 0;
+    return US_OK;
+}
+
+/* ------------------------------------------------------------------------------------ */
+// >>ep  expert parallelism: experts over the ep group, all-to-all dispatch and combine
+/* ------------------------------------------------------------------------------------ */
+/* Playbook "Expert parallelism" (GShard, Switch Transformer, DeepSeek-V3): a MoE layer's E routed
+   experts are split over the ep ranks of a group, each holding E/ep of them, while everything
+   else (attention, norms, the router, the shared expert) stays replicated as under data
+   parallelism. Each rank routes and permutes its own tokens as one rank would (rows grouped by
+   global expert, // >>moe), then
+     counts    an all-gather of every peer's kept tokens per expert, so each rank knows how many
+               rows it gets from every peer for each of its experts (and how many it sends);
+     dispatch  an all-to-all with those uneven counts: peer p receives the rows of its experts
+               [p·E/ep, (p+1)·E/ep), one contiguous run since rows are grouped by expert. The rows
+               arrive by source rank and are rearranged expert-major, so each local expert's rows
+               are one GEMM;
+     experts   as on one rank, on the E/ep local experts;
+     combine   the reverse rearrangement and the reverse all-to-all bring every output row home,
+               where the gates combine them as before.
+   The backward mirrors it: the expert outputs' gradients travel like the dispatch, the expert
+   inputs' gradients come back like the combine.
+   Groups (Megatron's folding of ep over data parallelism): the ep group is ep consecutive ranks
+   of dp×cp; the ranks holding the same experts — dp·cp/ep of them, the expert-data-parallel
+   group — sum their expert gradients (units of their own, // >>dp), every other gradient is
+   summed over dp×cp. Each rank's loss gradient is already scaled by the global batch, and every
+   token's contribution to an expert reaches the expert's rank, so both sums are the global
+   gradient. The router bias and the routing statistics are summed over dp×cp (us__moe_step_end).
+   Tensor parallelism does not split a MoE layer: every tp rank runs it whole on the same tokens
+   (the experts are replicated over tp, the compute repeated), so its input gradient needs no
+   all-reduce; each tp index has its own dp×cp group, hence its own ep and expert-dp groups.
+   Buffers: without a capacity limit nothing bounds how many rows a rank receives below every
+   row of every peer, so the expert-side tensors hold ep·R rows; with one, each peer sends at most
+   cap rows per expert, E/ep·cap per rank (us__moe_rx, us__moe_bytes). Memory per rank then stays
+   near one rank's (cf·N·K rows) instead of growing with ep: a capacity factor is what keeps
+   expert parallelism's activation memory bounded. */
+
+/* Checks expert parallelism: a MoE model, ep dividing dp x cp and the experts
+   (us_config_validate). */
+static us_result us__ep_checks(const us_model_config *mc, const us_train_config *tc, char *err,
+                               size_t errlen) {
+    if (tc->ep < 1) US__BAD("ep=%d must be at least 1", tc->ep);
+    if (tc->ep > 1 && !mc->moe_experts)
+        US__BAD("expert parallelism (ep=%d) needs a MoE model: set experts > 0", tc->ep);
+    if (tc->ep > 1 && (tc->dp * tc->cp) % tc->ep)
+        US__BAD("ep=%d must divide dp x cp = %d (the expert-parallel group folds over the "
+                "data-parallel ranks)",
+                tc->ep, tc->dp * tc->cp);
+    if (tc->ep > 1 && mc->moe_experts % tc->ep)
+        US__BAD("ep=%d must divide experts=%d (each rank holds experts/ep of them)", tc->ep,
+                mc->moe_experts);
+    return US_OK;
+}
+
+static us_result us__ep_init(us_model *m) {
+    us_result r;
+    int R = m->mesh.dpcp_g.rank, ep = us__ep_size(&m->tc);
+    m->ep = ep;
+    m->ep_rank = 0;
+    if (ep <= 1) return US_OK;
+    if ((r = m->comm->split(m->comm, &m->mesh.dpcp_g, R / ep, R, &m->ep_g)) != US_OK)
+        return us__comm_fail(m, r, "the expert-parallel group");
+    if ((r = m->comm->split(m->comm, &m->mesh.dpcp_g, R % ep, R, &m->edp_g)) != US_OK)
+        return us__comm_fail(m, r, "the expert-data-parallel group");
+    m->ep_rank = m->ep_g.rank;
+    return US_OK;
+}
+
+static void us__ep_free(us_model *m) {
+    if (m->comm && m->comm->group_free) {
+        if (m->ep_g.size) m->comm->group_free(m->comm, &m->ep_g);
+        if (m->edp_g.size) m->comm->group_free(m->comm, &m->edp_g);
+    }
+    memset(&m->ep_g, 0, sizeof m->ep_g);
+    memset(&m->edp_g, 0, sizeof m->edp_g);
+}
+
+/* Every ep peer's kept tokens per expert, kept i32[E] (backend) → host ep_counts_h[l] [ep][E]. */
+static us_result us__ep_counts(us_model *m, int l, const int32_t *kept, int32_t *scratch) {
+    int E = m->cfg.moe_experts;
+    us_result r = m->comm->all_gather(m->comm, &m->ep_g, scratch, kept, E, US_I32, NULL);
+    if (r != US_OK) return us__comm_fail(m, r, "expert-parallel count exchange");
+    m->ops.copy(&m->ops, m->ep_counts_h + (size_t)l * m->ep * E, scratch, (size_t)m->ep * E * 4,
+                US_COPY_D2H);
+    return US_OK;
+}
+
+/* Moves rows of C elements between this rank's tokens and its experts, by layer l's counts.
+   dir 0 (dispatch): src [rows, C], this rank's kept rows grouped by global expert → dst, the
+   rows of this rank's experts, expert-major (within an expert by source rank).
+   dir 1 (combine): the reverse. transit [ep·R, C] holds the rows by source rank. */
+static us_result us__ep_move(us_model *m, int l, int dir, void *dst, const void *src,
+                             void *transit) {
+    us_ops *o = &m->ops;
+    us_dtype dt = m->dt;
+    int E = m->cfg.moe_experts, ep = m->ep, El = E / ep, me = m->ep_rank, s, j, e;
+    int64_t C = m->cfg.dim, *a = (int64_t *)US_MALLOC(sizeof(int64_t) * 4 * (size_t)ep), *sc = a,
+            *sd = a + ep, *rc = a + 2 * ep, *rd = a + 3 * ep;
+    int64_t so, eo, n, *lo;
+    const int32_t *cnt =
+        m->ep_counts_h + (size_t)l * ep * E; /* [ep][E] kept rows per (source, expert) */
+    size_t rowb = (size_t)C * us_dtype_size(dt);
+    us_result r;
+    if (!a) {
+        us__model_set_error(m, "out of host memory");
+        return US_ERR_OOM;
+    }
+    /* sc/sd: what this rank's tokens send to each peer; rc/rd: what its experts get from each */
+    for (s = 0, so = 0, eo = 0; s < ep; s++) {
+        for (e = s * El, n = 0; e < (s + 1) * El; e++) n += cnt[(size_t)me * E + e];
+        sc[s] = n * C;
+        sd[s] = so;
+        so += n * C;
+        for (j = 0, n = 0; j < El; j++) n += cnt[(size_t)s * E + me * El + j];
+        rc[s] = n * C;
+        rd[s] = eo;
+        eo += n * C;
+    }
+    US_ASSERT(eo <= m->moe_rx * C);
+    lo = (int64_t *)US_MALLOC(sizeof(int64_t) *
+                              (size_t)El); /* where each local expert's rows start, expert-major */
+    if (!lo) {
+        US_FREE(a);
+        us__model_set_error(m, "out of host memory");
+        return US_ERR_OOM;
+    }
+    for (j = 0, n = 0; j < El; j++) {
+        lo[j] = n;
+        for (s = 0; s < ep; s++) n += cnt[(size_t)s * E + me * El + j];
+    }
+    if (dir == 0) {
+        r = m->comm->all_to_all(m->comm, &m->ep_g, transit, rc, rd, src, sc, sd, dt, NULL);
+        if (r != US_OK) {
+            US_FREE(a);
+            US_FREE(lo);
+            return us__comm_fail(m, r, "expert-parallel dispatch all-to-all");
+        }
+    }
+    /* block (source s, expert j): at rd[s] + its earlier experts by source, at lo[j] + earlier
+       sources expert-major */
+    for (s = 0; s < ep; s++)
+        for (j = 0, so = rd[s] / C; j < El; j++) {
+            int64_t k = cnt[(size_t)s * E + me * El + j], t;
+            for (t = 0, eo = lo[j]; t < s; t++) eo += cnt[(size_t)t * E + me * El + j];
+            if (k && dir == 0)
+                o->copy(o, (char *)dst + (size_t)eo * rowb,
+                        (const char *)transit + (size_t)so * rowb, (size_t)k * rowb, US_COPY_D2D);
+            if (k && dir == 1)
+                o->copy(o, (char *)transit + (size_t)so * rowb,
+                        (const char *)src + (size_t)eo * rowb, (size_t)k * rowb, US_COPY_D2D);
+            so += k;
+        }
+    if (dir == 1) {
+        r = m->comm->all_to_all(m->comm, &m->ep_g, dst, sc, sd, transit, rc, rd, dt, NULL);
+        if (r != US_OK) {
+            US_FREE(a);
+            US_FREE(lo);
+            return us__comm_fail(m, r, "expert-parallel combine all-to-all");
+        }
+    }
+    US_FREE(a);
+    US_FREE(lo);
+    return US_OK;
+}
+
+/* ------------------------------------------------------------------------------------ */
+// >>fp8-linear  FP8 training: a linear layer's Fprop, Dgrad and Wgrad GEMMs in E4M3
+/* ------------------------------------------------------------------------------------ */
+/* The Playbook's FP8 recipe as DeepSeek-V3 trains with it, for y = x·Wᵀ, x [N][In], W [Out][In]:
+       GEMM    computes        a (activation side)                 b (weight side)
+       Fprop   y   = x·Wᵀ      x   1×128 tiles along In            W   128×128 blocks
+       Dgrad   dx  = dy·W      dy  1×128 tiles along Out           Wᵀ  128×128 blocks
+       Wgrad   dW += dyᵀ·x     dyᵀ 128×1 tiles of dy (over tokens) xᵀ  128×1 tiles of x
+   Every operand is quantised online (amax of this very tensor, no history) from the bf16 tensor
+   the bf16 policy would use, into the FP8 scratch, just before its GEMM; the backward GEMMs that
+   reduce over the other dimension quantise a second time from bf16 (dy, x along tokens; W
+   transposed), never by transposing an already quantised tensor. dy's two copies come from one
+   read (us_ops.fp8_quantize_both): Dgrad writes the 128×1 copy beside its own operand and leaves
+   it in the scratch (qk, sk) for the Wgrad of the same dy, which follows. The GEMMs accumulate in
+   fp32 (promotion every 128) and write bf16 activations or add into the fp32 weight gradients.
+   Embedding, LM head, norms, attention, the MoE router and experts stay bf16; master weights
+   and moments fp32. fp8-tensor (US_PRECISION_FP8_TENSOR) uses one scale per tensor instead: the
+   simpler recipe, which one outlier channel can ruin. tc.fp8_pow2 rounds scales up to 2^e.
+   Sizes: tiles cut at the tensor's edge are padded with zeros (partial tiles), so any size
+   works; a GEMM whose N, In or Out is not a multiple of 16 falls back to bf16 (the model line
+   reports how many linears run in FP8). */
+
+/* Checks the FP8 settings apply to the FP8 precisions only (us_config_validate). */
+static us_result us__fp8_checks(const us_train_config *tc, char *err, size_t errlen) {
+    if (tc->fp8_pow2 && tc->precision != US_PRECISION_FP8 &&
+        tc->precision != US_PRECISION_FP8_TENSOR)
+        US__BAD("fp8_pow2 applies to the fp8 and fp8-tensor precisions only, not %s",
+                us_precision_name(tc->precision));
+    if (tc->fp8_no_wcache && tc->precision != US_PRECISION_FP8 &&
+        tc->precision != US_PRECISION_FP8_TENSOR)
+        US__BAD("fp8_no_wcache applies to the fp8 and fp8-tensor precisions only, not %s",
+                us_precision_name(tc->precision));
+    if (tc->fp8_min_dim < 0)
+        US__BAD("fp8_min_dim=%d must be >= 0 (0 = the default, %d)", tc->fp8_min_dim,
+                US_FP8_MIN_DIM);
+    if (tc->fp8_min_dim && tc->precision != US_PRECISION_FP8 &&
+        tc->precision != US_PRECISION_FP8_TENSOR)
+        US__BAD("fp8_min_dim applies to the fp8 and fp8-tensor precisions only, not %s",
+                us_precision_name(tc->precision));
+    return US_OK;
+}
+
+/* FP8 (// >>fp8-linear): an operand P[R][L] as fp8_quantize writes it: R·Lp bytes, and the
+   larger of the ROW128 and BLOCK128 scale tensors */
+static size_t us__fp8_operand(int64_t R, int64_t L, size_t *sbytes) {
+    int64_t LB = (L + US_FP8_TILE - 1) / US_FP8_TILE, RB = (R + US_FP8_TILE - 1) / US_FP8_TILE,
+            LBp = (LB + 3) / 4 * 4;
+    int64_t ns = LB * R > RB * LBp ? LB * R : RB * LBp;
+    *sbytes = (size_t)(ns > 1 ? ns : 1) * 4;
+    return (size_t)(R * LB * US_FP8_TILE);
+}
+
+/* A dense layer's four linears, qkv, o, gate|up, down, as (In, Out) per rank */
+static void us__fp8_linears(int64_t io[4][2], int64_t C, int64_t QKV, int64_t AO, int64_t F) {
+    io[0][0] = C;
+    io[0][1] = QKV;
+    io[1][0] = AO;
+    io[1][1] = C;
+    io[2][0] = C;
+    io[2][1] = 2 * F;
+    io[3][0] = F;
+    io[3][1] = C;
+}
+
+/* The scratch of the quantised copies: the largest a (activation side) and b (weight side)
+   operand over the three GEMMs of the dense layers' four linears (N tokens; per-rank dims), and
+   the largest dyᵀ that Dgrad keeps for Wgrad (k), laid out qa | sa | qb | sb | qk | sk; off gets
+   the offsets of sa, qb, sb, qk, sk. Linears under the size rule (In or Out < lo, us__fp8_on)
+   never run in FP8 and take no room. The estimator counts the same. */
+static size_t us__fp8_scratch(int64_t N, int64_t C, int64_t QKV, int64_t AO, int64_t F, int64_t lo,
+                              size_t off[5]) {
+    int64_t io[4][2];
+    size_t qa = 0, sa = 0, qb = 0, sb = 0, qk = 0, sk = 0, q, sz;
+    int i, j;
+    us__fp8_linears(io, C, QKV, AO, F);
+    for (i = 0; i < 4; i++) {
+        int64_t In = io[i][0], Out = io[i][1], a[3][2], b[3][2];
+        if (In < lo || Out < lo) continue;
+        a[0][0] = N;
+        a[0][1] = In;
+        a[1][0] = N;
+        a[1][1] = Out;
+        a[2][0] = Out;
+        a[2][1] = N; /* Fprop x, Dgrad dy, Wgrad dyᵀ */
+        b[0][0] = Out;
+        b[0][1] = In;
+        b[1][0] = In;
+        b[1][1] = Out;
+        b[2][0] = In;
+        b[2][1] = N; /* W, Wᵀ, xᵀ */
+        for (j = 0; j < 3; j++) {
+            q = us__fp8_operand(a[j][0], a[j][1], &sz);
+            if (q > qa) qa = q;
+            if (sz > sa) sa = sz;
+            q = us__fp8_operand(b[j][0], b[j][1], &sz);
+            if (q > qb) qb = q;
+            if (sz > sb) sb = sz;
+        }
+        q = us__fp8_operand(a[2][0], a[2][1], &sz);
+        if (q > qk) qk = q;
+        if (sz > sk) sk = sz;
+    }
+    off[0] = us__align(qa);
+    off[1] = off[0] + us__align(sa);
+    off[2] = off[1] + us__align(qb);
+    off[3] = off[2] + us__align(sb);
+    off[4] = off[3] + us__align(qk);
+    return off[4] + us__align(sk);
+}
+
+/* The weight cache (// >>fp8-linear): one layer's part, for its four linears (qkv, o, gate|up,
+   down; In → Out per rank): the operands of W [Out][In] and of Wᵀ [In][Out] as fp8_quantize
+   writes them, laid out q | s | qᵀ | sᵀ per linear; off[i] gets linear i's four offsets and
+   dim[i] its (Out, In). A linear whose sizes are not multiples of 16, or under the size rule
+   (In or Out < lo), never runs in FP8 and takes no room: its dim stays (0, 0). The estimator
+   counts the same. */
+static size_t us__fp8_wcache_layer(int64_t C, int64_t QKV, int64_t AO, int64_t F, int64_t lo,
+                                   size_t off[4][4], int64_t dim[4][2]) {
+    int64_t io[4][2];
+    size_t at = 0, sb, q;
+    int i;
+    us__fp8_linears(io, C, QKV, AO, F);
+    for (i = 0; i < 4; i++) {
+        int64_t In = io[i][0], Out = io[i][1];
+        off[i][0] = off[i][1] = off[i][2] = off[i][3] = at;
+        dim[i][0] = dim[i][1] = 0;
+        if (In % 16 || Out % 16 || In < lo || Out < lo) continue;
+        dim[i][0] = Out;
+        dim[i][1] = In;
+        q = us__fp8_operand(Out, In, &sb);
+        off[i][1] = at += us__align(q);
+        off[i][2] = at += us__align(sb);
+        q = us__fp8_operand(In, Out, &sb);
+        off[i][3] = at += us__align(q);
+        at += us__align(sb);
+    }
+    return at;
+}
+
+/* the size rule's bound: the smallest In and Out of a linear that runs in FP8 (us__fp8_on) */
+static int64_t us__fp8_min_dim(const us_train_config *tc) {
+    return tc->fp8_min_dim > 0 ? tc->fp8_min_dim : US_FP8_MIN_DIM;
+}
+
+/* whether the model keeps the weight cache: fp8 (either), not asked off, the weights resident */
+static int us__fp8_wcache_on(const us_train_config *tc) {
+    return (tc->precision == US_PRECISION_FP8 || tc->precision == US_PRECISION_FP8_TENSOR) &&
+           !tc->fp8_no_wcache && tc->zero < 3;
+}
+
+/* A linear GEMM of N tokens, In → Out runs in FP8 when the policy says so, all three sizes are
+   multiples of 16 (FP8 tensor cores' alignment) and In and Out are at least tc.fp8_min_dim
+   (US_FP8_MIN_DIM by default); otherwise in bf16. The size rule: quantising the operands costs
+   in proportion to In + Out, the faster GEMM saves in proportion to In·Out, so small linears
+   lose; US_FP8_MIN_DIM is where FP8 measured faster on an H200 (bench/RESULTS.md). */
+static int us__fp8_on(const us_model *m, int64_t N, int64_t In, int64_t Out) {
+    int64_t lo = us__fp8_min_dim(&m->tc);
+    return m->fp8 && N > 0 && N % 16 == 0 && In % 16 == 0 && Out % 16 == 0 && In >= lo && Out >= lo;
+}
+
+/* The FP8 scratch in the arena (// >>model): the linear GEMMs' quantised operands for Nf rows,
+   one action's; set: their offsets into m->fp8_off; count: which dense linears run in FP8, for
+   the model line. */
+static size_t us__fp8_arena(us_model *m, int64_t Nf, int set, int count) {
+    const us_model_config *c = &m->cfg;
+    int64_t C = c->dim, HS = C / c->n_heads, F = m->ffn_l;
+    int64_t QKV = (int64_t)(m->nh_l + 2 * m->nkv_l) * HS, AO = (int64_t)m->nh_l * HS, io[4][2];
+    size_t off[5] = {0, 0, 0, 0, 0}, sz;
+    int l, i;
+    sz = m->fp8 ? us__fp8_scratch(Nf, C, QKV, AO, F, us__fp8_min_dim(&m->tc), off) : 0;
+    if (set) memcpy(m->fp8_off, off, sizeof off);
+    if (!count) return sz;
+    us__fp8_linears(io, C, QKV, AO, F);
+    m->fp8_linear = m->fp8_linear_all = 0;
+    for (l = 0; l < c->n_layers; l++)
+        for (i = 0; i < 4; i++) {
+            if (i >= 2 && m->moe_idx && m->moe_idx[l] >= 0) continue; /* MoE experts stay bf16 */
+            m->fp8_linear_all++;
+            m->fp8_linear += us__fp8_on(m, Nf, io[i][0], io[i][1]);
+        }
+    return sz;
+}
+
+/* FP8 training's set-up: the weight cache, one part per layer (us__fp8_wcache_layer), and each
+   entry's key, the weight it caches. No linear in FP8 (all under the size rule): no cache. */
+static us_result us__fp8_init(us_model *m) {
+    int HS = (int)(m->cfg.dim / m->cfg.n_heads), nl = m->cfg.n_layers, li, k;
+    int64_t QKV = (int64_t)(m->nh_l + 2 * m->nkv_l) * HS, AO = (int64_t)m->nh_l * HS;
+    int pk[4] = {US__P_Q, US__P_O, US__P_GATE, US__P_DOWN};
+    if (!us__fp8_wcache_on(&m->tc)) return US_OK;
+    m->fp8_wlayer = us__fp8_wcache_layer(m->cfg.dim, QKV, AO, m->ffn_l, us__fp8_min_dim(&m->tc),
+                                         m->fp8_woff, m->fp8_wdim);
+    if (m->fp8_wlayer) m->fp8_wc = (char *)m->ops.alloc(&m->ops, m->fp8_wlayer * (size_t)nl);
+    m->fp8_wkey = (const void **)calloc((size_t)(4 * nl), sizeof(void *));
+    m->fp8_wok = (unsigned char *)calloc((size_t)(4 * nl), 1);
+    if ((m->fp8_wlayer && !m->fp8_wc) || !m->fp8_wkey || !m->fp8_wok) {
+        us__model_set_error(
+            m, "out of memory for the FP8 weight cache (%.1f MiB; tc.fp8_no_wcache does without)",
+            (double)m->fp8_wlayer * nl / 1048576.0);
+        return US_ERR_OOM;
+    }
+    for (li = 0; li < nl; li++)
+        for (k = 0; k < 4; k++) m->fp8_wkey[4 * li + k] = us__weight(m, US__TENSOR(li, pk[k]));
+    return US_OK;
+}
+
+/* C[M][N] = a·bᵀ + beta·C in FP8: a is the stored tensor xa [ar][ac] (or its transpose, atr),
+   quantised with tiling at; b likewise; K is the shared dimension. Both go through the model's
+   FP8 scratch (two operands at a time), then one fp8_gemm with row stride N. keep (a Dgrad's dy):
+   also write aᵀ's operand into qk, sk for the Wgrad; kept (that Wgrad): a is already there.
+   wc (a weight's Fprop or Dgrad) non-NULL: b is already quantised there, in the weight cache. */
+enum { US__FP8_FRESH, US__FP8_KEEP, US__FP8_KEPT };
+
+typedef struct us__fp8_opnd {
+    const uint8_t *q;
+    const float *s;
+} us__fp8_opnd;
+
+static void us__fp8_mm(us_model *m, const void *xa, int64_t ar, int64_t ac, int at, int atr,
+                       const void *xb, int64_t br, int64_t bc, int bt, int btr, float beta, void *C,
+                       us_dtype cdt, int keep, const us__fp8_opnd *wc) {
+    us_ops *o = &m->ops;
+    char *base = (char *)m->a[US__A_FP8];
+    uint8_t *qa = (uint8_t *)base, *qb = (uint8_t *)(base + m->fp8_off[1]),
+            *qk = (uint8_t *)(base + m->fp8_off[3]);
+    float *sa = (float *)(base + m->fp8_off[0]), *sb = (float *)(base + m->fp8_off[2]),
+          *sk = (float *)(base + m->fp8_off[4]);
+    int64_t M = atr ? ac : ar, K = atr ? ar : ac, N = btr ? bc : br;
+    if (keep == US__FP8_KEPT) {
+        qa = qk;
+        sa = sk;
+    } else if (keep == US__FP8_KEEP)
+        o->fp8_quantize_both(o, qa, sa, qk, sk, xa, m->dt, ar, ac, at, m->tc.fp8_pow2);
+    else
+        o->fp8_quantize(o, qa, sa, xa, m->dt, ar, ac, at, atr, m->tc.fp8_pow2);
+    if (wc) {
+        qb = (uint8_t *)wc->q;
+        sb = (float *)wc->s;
+    } else
+        o->fp8_quantize(o, qb, sb, xb, m->dt, br, bc, bt, btr, m->tc.fp8_pow2);
+    o->fp8_gemm(o, M, N, K, 1.0f, qa, sa, at, qb, sb, bt, beta, C, cdt, N);
+}
+
+/* the activation side's tiling and the weight side's (fp8-tensor: one scale per tensor for both) */
+static int us__fp8_act(const us_model *m) { return m->fp8 == 2 ? US_FP8_TENSOR : US_FP8_ROW128; }
+
+static int us__fp8_wt(const us_model *m) { return m->fp8 == 2 ? US_FP8_TENSOR : US_FP8_BLOCK128; }
+
+/* The weight cache: W's operand (trans 0, Fprop) or Wᵀ's (trans 1, Dgrad) of the weight W
+   [Out][In], from the cache, made (both at once) at its first use since the weights last
+   changed; 0 if W has no entry (no cache, or not a dense linear's weight of these sizes: then
+   the caller quantises into the scratch, as without a cache). Both operands come from the bf16
+   W as it is at that first use, so they equal what quantising at every GEMM gives while W stays
+   the same, which it does between optimizer steps (us_model_weights_changed has the rules). */
+static int us__fp8_wcache(us_model *m, const void *W, int64_t Out, int64_t In, int trans,
+                          us__fp8_opnd *op) {
+    int e, n = 4 * m->cfg.n_layers;
+    const size_t *off;
+    char *base;
+    if (!m->fp8_wc) return 0;
+    for (e = 0; e < n && m->fp8_wkey[e] != W; e++) {
+    }
+    if (e == n || m->fp8_wdim[e % 4][0] != Out || m->fp8_wdim[e % 4][1] != In) return 0;
+    off = m->fp8_woff[e % 4];
+    base = m->fp8_wc + (size_t)(e / 4) * m->fp8_wlayer;
+    if (!m->fp8_wok[e]) {
+        us_ops *o = &m->ops;
+        uint8_t *q = (uint8_t *)(base + off[0]), *qt = (uint8_t *)(base + off[2]);
+        float *s = (float *)(base + off[1]), *st = (float *)(base + off[3]);
+        if (o->fp8_quantize_both)
+            o->fp8_quantize_both(o, q, s, qt, st, W, m->dt, Out, In, us__fp8_wt(m), m->tc.fp8_pow2);
+        else {
+            o->fp8_quantize(o, q, s, W, m->dt, Out, In, us__fp8_wt(m), 0, m->tc.fp8_pow2);
+            o->fp8_quantize(o, qt, st, W, m->dt, Out, In, us__fp8_wt(m), 1, m->tc.fp8_pow2);
+        }
+        m->fp8_wok[e] = 1;
+    }
+    op->q = (const uint8_t *)(base + off[trans ? 2 : 0]);
+    op->s = (const float *)(base + off[trans ? 3 : 1]);
+    return 1;
+}
+
+/* the weights changed: the cache is made again at each weight's next use. (A MoE layer's two FFN
+   entries stay unused: its experts run in bf16.) */
+static void us__fp8_wcache_drop(us_model *m) {
+    if (m->fp8_wok) memset(m->fp8_wok, 0, (size_t)(4 * m->cfg.n_layers));
+}
+
+US_API void us_model_weights_changed(us_model *m) { us__fp8_wcache_drop(m); }
+
+/* Fprop: y[N][Out] = x[N][In]·Wᵀ + beta·y */
+static void us__linear_fwd(us_model *m, int64_t N, int64_t In, int64_t Out, const void *x,
+                           const void *W, float beta, void *y) {
+    us_ops *o = &m->ops;
+    if (!us__fp8_on(m, N, In, Out)) {
+        o->gemm(o, 0, 1, N, Out, In, 1.0f, x, m->dt, In, W, m->dt, In, beta, y, m->dt, Out);
+        return;
+    }
+    us__fp8_opnd wc;
+    int cached = us__fp8_wcache(m, W, Out, In, 0, &wc);
+    us__fp8_mm(m, x, N, In, us__fp8_act(m), 0, W, Out, In, us__fp8_wt(m), 0, beta, y, m->dt,
+               US__FP8_FRESH, cached ? &wc : NULL);
+}
+
+/* The residual branch's end, y[N][Out] = res + x·Wᵀ (res: the residual stream, which under tp
+   only rank 0 adds, us__tp_residual): in the GEMM's epilogue where the backend can (gemm_res),
+   else a copy and a GEMM that accumulates (beta 1). */
+static void us__linear_fwd_res(us_model *m, int64_t N, int64_t In, int64_t Out, const void *x,
+                               const void *W, const void *res, void *y) {
+    us_ops *o = &m->ops;
+    if (o->gemm_res && (m->tc.tp <= 1 || m->mesh.tp_rank == 0) && !us__fp8_on(m, N, In, Out)) {
+        o->gemm_res(o, N, Out, In, x, W, res, y, m->dt);
+        return;
+    }
+    us__tp_residual(m, y, res, N * Out);
+    us__linear_fwd(m, N, In, Out, x, W, 1.0f, y);
+}
+
+/* Dgrad: dx[N][In] = dy[N][Out]·W + beta·dx. keep: the Wgrad of this same dy comes next (nothing
+   writes dy in between), so dy's 128×1 copy is made now, from the same read. */
+static void us__linear_dgrad(us_model *m, int64_t N, int64_t In, int64_t Out, const void *dy,
+                             const void *W, float beta, void *dx, int keep) {
+    us_ops *o = &m->ops;
+    if (!us__fp8_on(m, N, In, Out)) {
+        o->gemm(o, 0, 0, N, In, Out, 1.0f, dy, m->dt, Out, W, m->dt, In, beta, dx, m->dt, In);
+        return;
+    }
+    us__fp8_opnd wc;
+    int cached = us__fp8_wcache(m, W, Out, In, 1, &wc);
+    keep = keep && o->fp8_quantize_both;
+    us__fp8_mm(m, dy, N, Out, us__fp8_act(m), 0, W, Out, In, us__fp8_wt(m), 1, beta, dx,
+               m->dt, /* Wᵀ [In][Out], from bf16 W */
+               keep ? US__FP8_KEEP : US__FP8_FRESH, cached ? &wc : NULL);
+    m->fp8_kept = keep ? dy : NULL;
+    m->fp8_kept_n = N;
+    m->fp8_kept_c = Out;
+}
+
+/* Wgrad: dW f32[Out][In] += dy[N][Out]ᵀ·x[N][In], reducing over the N tokens */
+static void us__linear_wgrad(us_model *m, int64_t N, int64_t In, int64_t Out, const void *dy,
+                             const void *x, float *dW) {
+    us_ops *o = &m->ops;
+    if (!us__fp8_on(m, N, In, Out)) {
+        o->gemm(o, 1, 0, Out, In, N, 1.0f, dy, m->dt, Out, x, m->dt, In, 1.0f, dW, US_F32, In);
+        return;
+    }
+    /* dyᵀ [Out][N] and xᵀ [In][N]: 128×1 tiles of dy and x, activation tiling on both sides;
+       dyᵀ's as Dgrad left it, when it did */
+    int kept = m->fp8_kept == dy && m->fp8_kept_n == N && m->fp8_kept_c == Out;
+    m->fp8_kept = NULL;
+    us__fp8_mm(m, dy, N, Out, us__fp8_act(m), 1, x, N, In, us__fp8_act(m), 1, 1.0f, dW, US_F32,
+               kept ? US__FP8_KEPT : US__FP8_FRESH, NULL);
+}
+
+/* ------------------------------------------------------------------------------------ */
+// >>layer  the decoder layer's forward and backward (with recomputation), the model's
+/* ------------------------------------------------------------------------------------ */
+/* One decoder layer forward. recompute=0 is the real forward; recompute=1 refills, before the
+   layer's backward, only what the mode did not keep: none keeps all; selective keeps the GEMM
+   outputs (qkv, xmid, gu) and recomputes norms, attention core and SwiGLU (the Playbook's
+   "selective": cheap to recompute, expensive to store); full keeps only the layer input. */
+static us_result us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int recompute) {
+    us_ops *o = &m->ops;
+    const us_model_config *c = &m->cfg;
+    us_layer_acts *A = &m->acts[l];
+    us_dtype dt = m->dt;
+    int NH = m->nh_l, NKV = m->nkv_l,
+        HS = (int)(c->dim / c->n_heads); /* this rank's heads (// >>tp) */
+    int64_t N = B * T, C = c->dim, F = m->ffn_l, QKV = (int64_t)(NH + 2 * NKV) * HS,
+            AO = (int64_t)NH * HS, Np, Ns;
+    us_result r = US_OK;
+    int mode = m->tc.recompute, sp = us__sp_on(m);
+    int do_gemm = !recompute || mode == US_RECOMPUTE_FULL,
+        do_cheap = !recompute || mode != US_RECOMPUTE_NONE;
+    void *xnext = l + 1 < m->l_hi ? m->acts[l + 1].x : m->a[US__A_XOUT],
+         *G = m->a[US__A_SPG]; /* a chunk's last layer: XOUT */
+    us__sp_rows(m, N, &Np,
+                &Ns); /* GEMMs run on Np rows; norms and the residual on Ns (both N without SP) */
+    /* ln1 [Ns,C] = rmsnorm(x [Ns,C]), rstd1 [Ns] */
+    if (do_cheap)
+        o->rmsnorm_fwd(o, A->ln1, A->rstd1, A->x, us__weight(m, US__TENSOR(l, US__P_LN1)), Ns, C,
+                       c->norm_eps, dt);
+    /* qkv [Np,QKV] = ln1 · Wqkv [QKV,C]ᵀ (under SP ln1 gathered to [Np,C] first), then RoPE */
+    if (do_gemm) {
+        if (sp) { /* g, travelling under the GEMM */
+            us__ring_gemm g = {0, C, QKV, us__weight(m, US__TENSOR(l, US__P_Q)), A->qkv, 0};
+            if ((r = us__sp_gather_gemm(m, G, A->ln1, Ns, &g)) != US_OK) return r;
+        } else
+            us__linear_fwd(m, Np, C, QKV, A->ln1, us__weight(m, US__TENSOR(l, US__P_Q)), 0.0f,
+                           A->qkv);
+        if (m->mesh.cp > 1)
+            o->rope_at(o, A->qkv, (const int32_t *)m->a[US__A_CPPOS] + m->mesh.cp_rank * T, B, T,
+                       m->tc.seq, NH, NKV, HS, c->rope_theta, 1.0f, dt);
+        else
+            o->rope_fwd(o, A->qkv, B, T, NH, NKV, HS, c->rope_theta, dt);
+    }
+    /* att [Np,NH·HS] = attention(q, k, v), lse [B,NH,T]; under CP over the ring (// >>cp) */
+    if (do_cheap) {
+        if (m->mesh.cp > 1) {
+            if ((r = us__cp_attention_fwd(m, A, B, T)) != US_OK) return r;
+        } /* // >>cp */
+        else
+            o->attention_fwd(o, A->att, A->lse, A->qkv, B, T, NH, NKV, HS, dt);
+        if (Np > N)
+            o->zero(o, us__at(A->att, dt, N * AO),
+                    (size_t)((Np - N) * AO) * us_dtype_size(dt)); /* padding rows stay zero */
+    }
+    /* xmid = x + att·Wo^T, rounded once (under tp: summed over the ranks' partial products) */
+    if (do_gemm) {
+        if (sp) {
+            if ((r = us__sp_gemm_scatter(m, A->xmid, A->x, A->att, AO,
+                                         us__weight(m, US__TENSOR(l, US__P_O)), Ns)) != US_OK)
+                return r;
+        } /* ḡ */
+        else {
+            us__linear_fwd_res(m, N, AO, C, A->att, us__weight(m, US__TENSOR(l, US__P_O)), A->x,
+                               A->xmid);
+            if ((r = us__tp_sum(m, A->xmid, N * C, dt)) != US_OK) return r;
+        }
+    }
+    if (do_cheap) /* ln2 [Ns,C] = rmsnorm(xmid), rstd2 [Ns] */
+        o->rmsnorm_fwd(o, A->ln2, A->rstd2, A->xmid, us__weight(m, US__TENSOR(l, US__P_LN2)), Ns, C,
+                       c->norm_eps, dt);
+    if (m->moe_idx[l] >= 0)
+        return us__moe_fwd(m, l, N, recompute, xnext); /* a MoE layer (// >>moe) */
+    /* gu [Np,2F] = ln2 · Wgu [2F,C]ᵀ, h [Np,F] = swiglu(gu) (F: this rank's FFN columns) */
+    if (do_gemm) {
+        if (sp) {
+            us__ring_gemm g = {0, C, 2 * F, us__weight(m, US__TENSOR(l, US__P_GATE)), A->gu, 0};
+            if ((r = us__sp_gather_gemm(m, G, A->ln2, Ns, &g)) != US_OK) return r;
+        } else
+            us__linear_fwd(m, Np, C, 2 * F, A->ln2, us__weight(m, US__TENSOR(l, US__P_GATE)), 0.0f,
+                           A->gu);
+    }
+    if (do_cheap) o->swiglu_fwd(o, A->h, A->gu, Np, F, dt);
+    /* x_{l+1} [Ns,C] = xmid + h·Wdown [C,F]ᵀ: the next layer's input, never recomputed */
+    if (!recompute) {
+        if (sp)
+            r = us__sp_gemm_scatter(m, xnext, A->xmid, A->h, F,
+                                    us__weight(m, US__TENSOR(l, US__P_DOWN)), Ns);
+        else {
+            us__linear_fwd_res(m, N, F, C, A->h, us__weight(m, US__TENSOR(l, US__P_DOWN)), A->xmid,
+                               xnext);
+            r = us__tp_sum(m, xnext, N * C, dt);
+        }
+    }
+    return r;
+}
+
+/* Backward of layer l. On entry dres holds ∂loss/∂x_{l+1}; on exit ∂loss/∂x_l (under SP: this
+   rank's Ns rows). Weight gradients accumulate (beta = 1) in fp32. */
+static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
+    us_ops *o = &m->ops;
+    const us_model_config *c = &m->cfg;
+    us_layer_acts *A = &m->acts[l];
+    us_dtype dt = m->dt;
+    int NH = m->nh_l, NKV = m->nkv_l, HS = (int)(c->dim / c->n_heads), sp = us__sp_on(m);
+    int64_t N = B * T, C = c->dim, F = m->ffn_l, QKV = (int64_t)(NH + 2 * NKV) * HS,
+            AO = (int64_t)NH * HS, Np, Ns;
+    int split = m->pp_bonly; /* a zero-bubble B: weight gradients wait for W (us__layer_w) */
+    void *dres = m->a[US__A_DRES], *dln = m->a[US__A_DLN], *dh = m->a[US__A_DH],
+         *dgu = split ? A->g_gu : A->gu; /* in place: gu is spent once dgu is formed */
+    void *datt = m->a[US__A_DATT], *dqkv = split ? A->g_qkv : m->a[US__A_DQKV],
+         *G = m->a[US__A_SPG];
+    void *dresF = sp ? G : dres; /* the whole residual gradient the GEMMs read */
+    us_work *wg = NULL,
+            *wd = NULL; /* SP's gather of a GEMM input, the input gradient's reduction, in flight */
+    size_t rowb;
+    void *dlnp;
+    us_result r;
+    us__sp_rows(m, N, &Np, &Ns);
+    rowb = (size_t)Np * (size_t)C * us_dtype_size(dt);
+    dlnp = sp ? us__at(dln, dt, (int64_t)m->mesh.tp_rank * Ns * C)
+              : dln; /* where this rank's rows of dln land */
+    /* MLP: x_{l+1} = xmid + swiglu(ln2·Wgu^T)·Wdown^T. Each weight gradient, once complete, is
+       handed to data parallelism (us__grads_ready), which may start reducing its bucket while
+       the rest of the backward runs. */
+    if (m->moe_idx[l] >= 0) { /* a MoE layer (// >>moe): experts, shared expert, router */
+        if ((r = us__moe_bwd(m, l, N)) != US_OK) return r;
+    } else {
+        if (sp) { /* ḡ's conjugate, travelling under the GEMM */
+            us__ring_gemm g = {1, F, C, us__weight(m, US__TENSOR(l, US__P_DOWN)), dh, !split};
+            if ((r = us__sp_gather_gemm(m, G, dres, Ns, &g)) != US_OK) return r;
+        } else
+            us__linear_dgrad(m, Np, F, C, dres, us__weight(m, US__TENSOR(l, US__P_DOWN)), 0.0f, dh,
+                             !split);
+        if (split)
+            o->copy(o, A->g_down, dresF, rowb, US_COPY_D2D);
+        else {
+            us__linear_wgrad(m, Np, F, C, dresF, A->h, us__grad(m, US__TENSOR(l, US__P_DOWN)));
+            if ((r = us__grads_ready(m, US__TENSOR(l, US__P_DOWN),
+                                     US__TENSOR(l, US__P_DOWN) + 1)) != US_OK)
+                return r;
+            /* G is free: the gate|up GEMM's input again, travelling under the next two kernels */
+            if (sp && (r = us__sp_gather_early(m, G, A->ln2, Ns, &wg)) != US_OK) return r;
+        }
+        /* dh [Np,F] = dres · Wdown [C,F]; dWdown += dresᵀ · h; dgu [Np,2F] = swiglu'(dh); dln
+           [Np,C] =
+           dgu · Wgu [2F,C]; dWgu += dguᵀ · ln2 */
+        o->swiglu_bwd(o, dgu, dh, A->gu, Np, F, dt);
+        us__linear_dgrad(m, Np, C, 2 * F, dgu, us__weight(m, US__TENSOR(l, US__P_GATE)), 0.0f, dln,
+                         !split);
+        /* f (TP: all-reduce) or g's conjugate (SP: reduce-scatter): the column-parallel input's
+           gradient, travelling under the weight-gradient GEMM */
+        if ((r = us__tp_dgrad_start(m, dlnp, dln, N, Ns, &wd)) != US_OK) return r;
+        if (!split) {
+            if ((r = us__tp_wait(m, &wg)) != US_OK) return r;
+            us__linear_wgrad(m, Np, C, 2 * F, dgu, sp ? G : A->ln2,
+                             us__grad(m, US__TENSOR(l, US__P_GATE)));
+            if ((r = us__grads_ready(m, US__TENSOR(l, US__P_GATE), US__TENSOR(l, US__P_UP) + 1)) !=
+                US_OK)
+                return r;
+        }
+        if ((r = us__tp_wait(m, &wd)) != US_OK) return r;
+    }
+    /* (a MoE layer is not split over tp: each tp rank runs it whole, // >>moe, and its input's
+       gradient is complete) */
+    if ((r = us__norm_bwd(m, dres, US__TENSOR(l, US__P_LN2), dlnp, A->xmid, A->rstd2, Ns)) != US_OK)
+        return r;
+    if ((r = us__grads_ready(m, US__TENSOR(l, US__P_LN2), US__TENSOR(l, US__P_LN2) + 1)) != US_OK)
+        return r;
+    /* attention: xmid = x + attention(rope(ln1·Wqkv^T))·Wo^T */
+    if (sp) {
+        us__ring_gemm g = {1, AO, C, us__weight(m, US__TENSOR(l, US__P_O)), datt, !split};
+        if ((r = us__sp_gather_gemm(m, G, dres, Ns, &g)) != US_OK) return r;
+    } else
+        us__linear_dgrad(m, Np, AO, C, dres, us__weight(m, US__TENSOR(l, US__P_O)), 0.0f, datt,
+                         !split);
+    if (split)
+        o->copy(o, A->g_o, dresF, rowb, US_COPY_D2D);
+    else {
+        us__linear_wgrad(m, Np, AO, C, dresF, A->att, us__grad(m, US__TENSOR(l, US__P_O)));
+        if ((r = us__grads_ready(m, US__TENSOR(l, US__P_O), US__TENSOR(l, US__P_O) + 1)) != US_OK)
+            return r;
+        if (sp && (r = us__sp_gather_early(m, G, A->ln1, Ns, &wg)) != US_OK)
+            return r; /* under the attention's backward */
+    }
+    /* datt [Np,NH·HS] = dres · Wo [C,NH·HS]; dWo += dresᵀ · att; dqkv [Np,QKV] from attention's
+       and RoPE's backward; dln [Np,C] = dqkv · Wqkv [QKV,C]; dWqkv += dqkvᵀ · ln1 */
+    if (m->mesh.cp > 1) {
+        if ((r = us__cp_attention_bwd(m, A, dqkv, datt, B, T)) != US_OK) return r;
+        o->rope_at(o, dqkv, (const int32_t *)m->a[US__A_CPPOS] + m->mesh.cp_rank * T, B, T,
+                   m->tc.seq, NH, NKV, HS, c->rope_theta, -1.0f, dt);
+    } else {
+        o->attention_bwd(o, dqkv, datt, A->qkv, A->att, A->lse, B, T, NH, NKV, HS, dt);
+        o->rope_bwd(o, dqkv, B, T, NH, NKV, HS, c->rope_theta, dt);
+    }
+    if (Np > N) o->zero(o, us__at(dqkv, dt, N * QKV), (size_t)((Np - N) * QKV) * us_dtype_size(dt));
+    us__linear_dgrad(m, Np, C, QKV, dqkv, us__weight(m, US__TENSOR(l, US__P_Q)), 0.0f, dln, !split);
+    if ((r = us__tp_dgrad_start(m, dlnp, dln, N, Ns, &wd)) != US_OK) return r;
+    if (!split) {
+        if ((r = us__tp_wait(m, &wg)) != US_OK) return r;
+        us__linear_wgrad(m, Np, C, QKV, dqkv, sp ? G : A->ln1, us__grad(m, US__TENSOR(l, US__P_Q)));
+        if ((r = us__grads_ready(m, US__TENSOR(l, US__P_Q), US__TENSOR(l, US__P_V) + 1)) != US_OK)
+            return r;
+    }
+    if ((r = us__tp_wait(m, &wd)) != US_OK) return r;
+    if ((r = us__norm_bwd(m, dres, US__TENSOR(l, US__P_LN1), dlnp, A->x, A->rstd1, Ns)) != US_OK)
+        return r;
+    return us__grads_ready(m, US__TENSOR(l, US__P_LN1), US__TENSOR(l, US__P_LN1) + 1);
+}
+
+/* The W half of a zero-bubble backward (Qi et al.): the layer's four weight-gradient GEMMs, from
+   the output gradients B kept (g_*) and the inputs the forward kept. Nothing downstream waits
+   for these, so the schedule runs them where the pipeline would otherwise idle. Under sequence
+   parallelism the normed inputs are gathered again, as the full backward does. */
+static us_result us__layer_w(us_model *m, int l, int64_t B, int64_t T) {
+    const us_model_config *c = &m->cfg;
+    us_layer_acts *A = &m->acts[l];
+    int NH = m->nh_l, NKV = m->nkv_l, HS = (int)(c->dim / c->n_heads), sp = us__sp_on(m);
+    int64_t C = c->dim, F = m->ffn_l, QKV = (int64_t)(NH + 2 * NKV) * HS, AO = (int64_t)NH * HS, Np,
+            Ns;
+    void *G = m->a[US__A_SPG];
+    us_result r;
+    us__sp_rows(m, B * T, &Np, &Ns);
+    us__linear_wgrad(m, Np, F, C, A->g_down, A->h, us__grad(m, US__TENSOR(l, US__P_DOWN)));
+    if ((r = us__grads_ready(m, US__TENSOR(l, US__P_DOWN), US__TENSOR(l, US__P_DOWN) + 1)) != US_OK)
+        return r;
+    if (sp && (r = us__sp_gather(m, G, A->ln2, Ns)) != US_OK) return r;
+    us__linear_wgrad(m, Np, C, 2 * F, A->g_gu, sp ? G : A->ln2,
+                     us__grad(m, US__TENSOR(l, US__P_GATE)));
+    if ((r = us__grads_ready(m, US__TENSOR(l, US__P_GATE), US__TENSOR(l, US__P_UP) + 1)) != US_OK)
+        return r;
+    us__linear_wgrad(m, Np, AO, C, A->g_o, A->att, us__grad(m, US__TENSOR(l, US__P_O)));
+    if ((r = us__grads_ready(m, US__TENSOR(l, US__P_O), US__TENSOR(l, US__P_O) + 1)) != US_OK)
+        return r;
+    if (sp && (r = us__sp_gather(m, G, A->ln1, Ns)) != US_OK) return r;
+    us__linear_wgrad(m, Np, C, QKV, A->g_qkv, sp ? G : A->ln1, us__grad(m, US__TENSOR(l, US__P_Q)));
+    return us__grads_ready(m, US__TENSOR(l, US__P_Q), US__TENSOR(l, US__P_V) + 1);
+}
+
+static int us__head_idx(const us_model *m) {
+    return m->cfg.tie_embeddings ? 0 : US__P_HEAD(m->cfg.n_layers);
+}
+
+/* Checks host tokens against the vocabulary before they reach a kernel. */
+static us_result us__check_tokens(us_model *m, const int32_t *in, const int32_t *tgt, int64_t n) {
+    int64_t i;
+    for (i = 0; i < n; i++) {
+        if (in[i] < 0 || in[i] >= m->cfg.vocab) {
+            us__model_set_error(
+                m, "input token %d at position %lld is outside the vocabulary [0, %lld)", in[i],
+                (long long)i, (long long)m->cfg.vocab);
+            return US_ERR_INVALID;
+        }
+        if (tgt && tgt[i] >= m->cfg.vocab) {
+            us__model_set_error(
+                m, "target token %d at position %lld is outside the vocabulary [0, %lld)", tgt[i],
+                (long long)i, (long long)m->cfg.vocab);
+            return US_ERR_INVALID;
+        }
+    }
+    return US_OK;
+}
+
+/* The head and the loss over xf [R, C] (R = N, or Np under SP): logits [R, V] = xf·Whead^T, then
+   the fused softmax cross-entropy, which writes each row's loss and, when dscale != 0, turns the
+   logits into their gradient in place. With loss_chunk (us__loss_rows) this runs on chunks of
+   rows and, in a training forward, each chunk's gradient goes on at once through the head's
+   backward — dxf [R, C] into DLN, dWhead += dlogitsᵀ·xf — so the logits never stand whole in
+   memory (the Liger-style fused linear cross-entropy): at a 128k vocabulary, B·T = 16k tokens,
+   4.2 GB of bf16 logits become 0.5 GB. The backward then starts from DLN (m->head_fused). */
+static us_result us__head_loss(us_model *m, int64_t R, float dscale) {
+    us_ops *o = &m->ops;
+    int64_t C = m->cfg.dim, V = m->vocab_l, rows = us__loss_rows(&m->cfg, &m->tc, R), r0;
+    int head = us__head_idx(m);
+    size_t a = us_dtype_size(m->dt);
+    us_result r;
+    m->head_fused = rows < R && dscale != 0;
+    for (r0 = 0; r0 < R; r0 += rows) {
+        int64_t n = R - r0 < rows ? R - r0 : rows;
+        const void *xf = us__at(m->a[US__A_XF], m->dt, r0 * C);
+        const int32_t *tgt = (const int32_t *)m->a[US__A_TGT] + r0;
+        o->gemm(o, 0, 1, n, V, C, 1.0f, xf, m->dt, C, us__weight(m, head), m->dt, C, 0.0f,
+                m->a[US__A_LOGITS], m->dt, V);
+        if (m->tc.tp > 1) {
+            if ((r = us__tp_xent(m, tgt, n, r0, dscale, dscale == 0)) != US_OK) return r;
+        } else
+            o->xent(o, (float *)m->a[US__A_LOSSES] + r0, (int32_t *)m->a[US__A_ARGMAX] + r0,
+                    m->a[US__A_LOGITS], tgt, n, V, dscale, m->dt);
+        if (m->head_fused) { /* dxf = dlogits·Whead; dWhead += dlogitsᵀ·xf (the backward's two) */
+            o->gemm(o, 0, 0, n, C, V, 1.0f, m->a[US__A_LOGITS], m->dt, V, us__weight(m, head),
+                    m->dt, C, 0.0f, (char *)m->a[US__A_DLN] + (size_t)(r0 * C) * a, m->dt, C);
+            o->gemm(o, 1, 0, V, C, n, 1.0f, m->a[US__A_LOGITS], m->dt, V, xf, m->dt, C, 1.0f,
+                    us__grad(m, head), US_F32, C);
+        }
+    }
+    return US_OK;
+}
+
+/* Embedding → L layers → final norm → logits → fused cross-entropy (with its gradient when
+   dscale != 0). Sums the loss of the valid targets into *loss_sum. */
+static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *targets, int B,
+                             int T, float dscale, double *loss_sum) {
+    us_ops *o = &m->ops;
+    const us_model_config *c = &m->cfg;
+    int64_t N = (int64_t)B * T, C = c->dim, i, Np, Ns;
+    int l, sp = us__sp_on(m);
+    us_result r;
+    float *losses;
+    us__sp_rows(m, N, &Np, &Ns);
+    if (B < 1 || T < 1 || B > m->tc.batch || T > m->tc.seq / m->mesh.cp) {
+        us__model_set_error(m,
+                            "batch %d x seq %d does not fit the arena sized for batch %d x seq %d",
+                            B, T, m->tc.batch, m->tc.seq / m->mesh.cp);
+        return US_ERR_INVALID;
+    }
+    if (m->mesh.cp > 1 && T != m->tc.seq / m->mesh.cp) { /* positions are fixed by the sharding */
+        us__model_set_error(m,
+                            "under context parallelism every call runs this rank's whole share: "
+                            "seq %d / cp %d = %d tokens, not %d",
+                            m->tc.seq, m->mesh.cp, m->tc.seq / m->mesh.cp, T);
+        return US_ERR_INVALID;
+    }
+    if ((r = us__check_tokens(m, inputs, targets, N)) != US_OK) return r;
+    m->moe_train =
+        dscale != 0; /* a training forward: its routing counts toward the step (// >>moe) */
+    m->moe_aux_last = 0;
+    if (m->tc.tp >
+        1) { /* tokens and targets in this rank's vocabulary rows (// >>tp); SP's padding rows last */
+        int32_t *tl = (int32_t *)US_MALLOC((size_t)Np * 8);
+        if (!tl) {
+            us__model_set_error(m, "out of host memory");
+            return US_ERR_OOM;
+        }
+        for (i = 0; i < Np; i++) {
+            int64_t a = i < N ? inputs[i] - m->vocab_off : -1,
+                    b = i < N ? targets[i] - m->vocab_off : -1;
+            tl[i] = a >= 0 && a < m->vocab_l ? (int32_t)a : -1;
+            tl[Np + i] = i >= N || targets[i] < 0 ? -2 : b >= 0 && b < m->vocab_l ? (int32_t)b : -1;
+        }
+        o->copy(o, m->a[US__A_TOK], tl, (size_t)Np * 4, US_COPY_H2D);
+        o->copy(o, m->a[US__A_TGT], tl + Np, (size_t)Np * 4, US_COPY_H2D);
+        US_FREE(tl);
+    } else {
+        o->copy(o, m->a[US__A_TOK], inputs, (size_t)N * 4, US_COPY_H2D);
+        o->copy(o, m->a[US__A_TGT], targets, (size_t)N * 4, US_COPY_H2D);
+    }
+    /* ZeRO-3 walks the model in steps: enter each one (its weights gathered, the next step's
+       gather issued) before computing it */
+    if ((r = us__zero3_enter(m, 0, 1)) != US_OK) return r;
+    /* a pipeline chunk runs layers [l_lo, l_hi): a later stage's acts[l_lo].x holds the activation received (// >>pp) */
+    if (!m->c_first) {
+    } else if (
+        sp) { /* each token's row comes from the rank holding it, and goes to the rank holding the token */
+        o->embedding_fwd(o, m->a[US__A_SPG], (const int32_t *)m->a[US__A_TOK], us__weight(m, 0), Np,
+                         C, m->dt);
+        if ((r = us__sp_scatter(m, m->acts[0].x, m->a[US__A_SPG], Ns)) != US_OK) return r;
+    } else {
+        o->embedding_fwd(o, m->acts[0].x, (const int32_t *)m->a[US__A_TOK], us__weight(m, 0), N, C,
+                         m->dt);
+        if ((r = us__tp_sum(m, m->acts[0].x, N * C, m->dt)) != US_OK)
+            return r; /* one rank holds each token's row */
+    }
+    for (l = m->l_lo; l < m->l_hi; l++) {
+        us__trace_mark t0;
+        char nm[40];
+        if ((r = us__zero3_enter(m, 1 + l, 1)) != US_OK)
+            return r; /* the weights' wait is a host region of its own */
+        t0 = us__tstart(m);
+        if ((r = us__layer_fwd(m, l, B, T, 0)) != US_OK) return r;
+        if (m->trace) {
+            snprintf(nm, sizeof nm, "forward layer %d", l);
+            us__trace(m, "compute", nm, t0);
+        }
+    }
+    if (!m->c_last) {
+        *loss_sum = 0;
+        return us__backend_check(m);
+    } /* XOUT goes to the next stage */
+    if ((r = us__zero3_enter(m, c->n_layers + 1, 1)) != US_OK) return r;
+    { /* the final norm on this rank's rows, then (SP) the whole sequence for the head */
+        void *xf_mine = us__at(m->a[US__A_XF], m->dt, sp ? (int64_t)m->mesh.tp_rank * Ns * C : 0);
+        o->rmsnorm_fwd(o, xf_mine, (float *)m->a[US__A_RSTDF], m->a[US__A_XOUT],
+                       us__weight(m, US__P_NORM(c->n_layers)), Ns, C, c->norm_eps, m->dt);
+        if (sp && (r = us__sp_gather(m, m->a[US__A_XF], xf_mine, Ns)) != US_OK) return r;
+    }
+    if ((r = us__head_loss(m, sp ? Np : N, dscale)) != US_OK) return r;
+    losses = (float *)US_MALLOC((size_t)N * 4);
+    if (!losses) {
+        us__model_set_error(m, "out of host memory");
+        return US_ERR_OOM;
+    }
+    o->copy(o, losses, m->a[US__A_LOSSES], (size_t)N * 4, US_COPY_D2H);
+    if ((r = us__backend_check(m)) != US_OK) {
+        US_FREE(losses);
+        return r;
+    }
+    *loss_sum = 0;
+    for (i = 0; i < N; i++) *loss_sum += losses[i];
+    US_FREE(losses);
+    if (!isfinite(*loss_sum)) {
+        us__model_set_error(m, "the loss is not finite (%g)", *loss_sum);
+        return US_ERR_NONFINITE;
+    }
+    return US_OK;
+}
+
+static us_result us__backward(us_model *m, int B, int T) {
+    us_ops *o = &m->ops;
+    const us_model_config *c = &m->cfg;
+    int64_t N = (int64_t)B * T, C = c->dim, V = m->vocab_l, Np, Ns;
+    int l, head = us__head_idx(m), L = c->n_layers, sp = us__sp_on(m);
+    us_result r;
+    us__trace_mark t0 = us__tstart(m);
+    void *dlnp;
+    us__sp_rows(m, N, &Np, &Ns);
+    dlnp = us__at(m->a[US__A_DLN], m->dt, sp ? (int64_t)m->mesh.tp_rank * Ns * C : 0);
+    us__grads_begin(m);
+    if (!m->c_first && (r = us__grads_ready(m, 0, 1)) != US_OK)
+        return r; /* absent on this stage: done */
+    if ((r = us__emb_rows_begin(m, sp ? Np : N)) != US_OK)
+        return r; /* the embedding's gradient by rows (// >>dp) */
+    if (head && (r = us__emb_rows_early(m)) != US_OK) return r; /* untied: the bucket now */
+    if (!m->c_last) { /* a pipeline stage before the last: DRES holds the gradient received */
+        if ((r = us__grads_ready(m, US__P_NORM(L), m->n_params_t)) != US_OK) return r;
+        goto layers;
+    }
+    if ((r = us__zero3_enter(m, L + 1, -1)) != US_OK) return r;
+    /* logits = xf·Whead^T, the logits buffer now holds dlogits (unless the forward's chunks
+       already went through the head: us__head_loss) */
+    if (!m->head_fused) {
+        o->gemm(o, 0, 0, Np, C, V, 1.0f, m->a[US__A_LOGITS], m->dt, V, us__weight(m, head), m->dt,
+                C, 0.0f, m->a[US__A_DLN], m->dt, C);
+        o->gemm(o, 1, 0, V, C, Np, 1.0f, m->a[US__A_LOGITS], m->dt, V, m->a[US__A_XF], m->dt, C,
+                1.0f, us__grad(m, head), US_F32, C);
+    }
+    m->head_fused = 0;
+    if (head && (r = us__grads_ready(m, head, head + 1)) != US_OK)
+        return r; /* tied: the embedding's gradient is not done yet, */
+    if (!head) {  /* unless only its rows remain (us__emb_sparse) */
+        m->emb_dirty = 1;
+        if ((r = us__emb_rows_early(m)) != US_OK) return r;
+    }
+    /* the vocabulary slices' parts: summed (TP), or summed and split by tokens (SP) */
+    if ((r = sp ? us__sp_scatter(m, dlnp, m->a[US__A_DLN], Ns)
+                : us__tp_sum(m, m->a[US__A_DLN], N * C, m->dt)) != US_OK)
+        return r;
+    o->zero(o, m->a[US__A_DRES], (size_t)Ns * C * us_dtype_size(m->dt));
+    if ((r = us__norm_bwd(m, m->a[US__A_DRES], US__P_NORM(L), dlnp, m->a[US__A_XOUT],
+                          (float *)m->a[US__A_RSTDF], Ns)) != US_OK)
+        return r;
+    if ((r = us__grads_ready(m, US__P_NORM(L), US__P_NORM(L) + 1)) != US_OK) return r;
+    us__trace(m, "compute", "backward head", t0);
+layers:
+    for (l = m->l_hi - 1; l >= m->l_lo; l--) {
+        char nm[40];
+        if ((r = us__zero3_enter(m, 1 + l, -1)) != US_OK) return r;
+        t0 = us__tstart(m);
+        if (m->tc.recompute != US_RECOMPUTE_NONE && (r = us__layer_fwd(m, l, B, T, 1)) != US_OK)
+            return r;
+        if ((r = us__layer_bwd(m, l, B, T)) != US_OK) return r;
+        if (m->trace) {
+            snprintf(nm, sizeof nm, "backward layer %d", l);
+            us__trace(m, "compute", nm, t0);
+        }
+    }
+    if ((r = us__zero3_enter(m, 0, -1)) != US_OK) return r;
+    /* (else DRES is the gradient of this stage's input: the executor sends it back) */
+    if (m->c_first) {
+        /* every rank needs every token's gradient under SP: its vocabulary rows may be anywhere */
+        const void *dx = sp ? m->a[US__A_SPG] : m->a[US__A_DRES];
+        int64_t R = sp ? Np : N;
+        if (sp && (r = us__sp_gather(m, m->a[US__A_SPG], m->a[US__A_DRES], Ns)) != US_OK) return r;
+        if (m->emb_on) {
+            if ((r = us__emb_rows_finish(m, dx, R)) != US_OK) return r;
+        } else {
+            o->embedding_bwd(o, us__grad(m, 0), dx, (const int32_t *)m->a[US__A_TOK], R, C, m->dt);
+            m->emb_dirty = 1;
+            if ((r = us__grads_ready(m, 0, 1)) != US_OK) return r;
+        }
+    }
+    us__zero3_release_all(m);
+    return m->err[0] ? US_ERR_BACKEND
+                     : US_OK; /* a slot's reduction may have failed inside us__grad */
+}
+
+/* Each sequence's last-position logits into host logits_out [B][V]; under tp the ranks'
+   vocabulary slices are gathered. */
+static us_result us__last_logits(us_model *m, int B, int T, float *logits_out) {
+    us_ops *o = &m->ops;
+    us_result r;
+    {
+        int64_t Vl = m->vocab_l, tp = m->tc.tp, t, rk = m->mesh.tp_rank;
+        size_t rowb = (size_t)Vl * us_dtype_size(m->dt);
+        char *rows = (char *)US_MALLOC(rowb * (size_t)(B * tp)); /* [tp][B][Vl] */
+        int b;
+        if (!rows) {
+            us__model_set_error(m, "out of host memory");
+            return US_ERR_OOM;
+        }
+        int64_t N = (int64_t)B * T, Np, Ns, C = m->cfg.dim, step = T;
+        us__sp_rows(m, N, &Np, &Ns);
+        if (us__loss_rows(&m->cfg, &m->tc, us__sp_on(m) ? Np : N) < (us__sp_on(m) ? Np : N)) {
+            /* the fused head kept only its last chunk: the B last positions' logits again, rows
+               T−1, 2T−1, … of xf (a stride of T rows) into logits rows 0..B−1 */
+            o->gemm(o, 0, 1, B, Vl, C, 1.0f, us__at(m->a[US__A_XF], m->dt, (int64_t)(T - 1) * C),
+                    m->dt, T * C, us__weight(m, us__head_idx(m)), m->dt, C, 0.0f,
+                    m->a[US__A_LOGITS], m->dt, Vl);
+            step = 1;
+        }
+        for (b = 0; b < B; b++)
+            o->copy(o, rows + (rk * B + b) * rowb,
+                    us__at(m->a[US__A_LOGITS], m->dt, ((int64_t)b * step + step - 1) * Vl), rowb,
+                    US_COPY_D2H);
+        if (tp > 1) { /* through the logits buffer, which holds B·T ≥ tp·B rows */
+            void *lg = m->a[US__A_LOGITS];
+            if (tp > T) {
+                US_FREE(rows);
+                us__model_set_error(m, "gathering logits under tp=%d needs seq >= tp (got %d)",
+                                    (int)tp, T);
+                return US_ERR_INVALID;
+            }
+            o->copy(o, us__at(lg, m->dt, rk * B * Vl), rows + rk * B * rowb, (size_t)B * rowb,
+                    US_COPY_H2D);
+            r = m->comm->all_gather(m->comm, &m->mesh.tp_g, lg, us__at(lg, m->dt, rk * B * Vl),
+                                    B * Vl, m->dt, NULL);
+            if (r != US_OK) {
+                US_FREE(rows);
+                return us__comm_fail(m, r, "tensor-parallel logits all-gather");
+            }
+            o->copy(o, rows, lg, (size_t)(B * tp) * rowb, US_COPY_D2H);
+        }
+        for (b = 0; b < B; b++)
+            for (t = 0; t < tp; t++)
+                us__load_f32(logits_out + (int64_t)b * m->cfg.vocab + t * Vl,
+                             rows + (t * B + b) * rowb, m->dt, Vl);
+        US_FREE(rows);
+    }
+    return US_OK;
+}
+
+/* ------------------------------------------------------------------------------------ */
+// >>lossscale  fp16 mixed precision: dynamic loss scaling, overflow detection, step skipping
+/* ------------------------------------------------------------------------------------ */
+/* Playbook "Mixed precision training", FP16. fp16's 5 exponent bits span only 2^-24 .. 65504:
+   activations fit, but small gradients underflow to zero in an fp16 backward. The recipe:
+   (1) forward and backward on fp16 weights and activations, computed in fp32 and rounded once on
+       store: GEMMs accumulate in fp32, RMSNorm's statistics, the softmax and the loss are fp32;
+   (2) an fp32 master copy of the weights takes the updates; gradients accumulate in fp32 and
+       AdamW's moments are fp32 (as under bf16);
+   (3) loss scaling: the loss is multiplied by S before the backward — here its gradient seed,
+       dscale·S — lifting the gradients into fp16's range; the fp32 gradients are divided by S
+       before clipping and AdamW (folded into AdamW's gradient factor, g·clip/S: no extra pass);
+   (4) overflow: an inf or a NaN anywhere in the gradients makes the global gradient norm not
+       finite — the norm every rank already agrees on (summed over dp, tp, pp, ep) — so S was too
+       large: the step is skipped (no weight, moment or step-count change) and S halves;
+   (5) after loss_scale_window clean steps S doubles, probing again for the largest S that fits.
+   A power-of-two S is exact: scaling and unscaling change no bits unless a value underflows or
+   overflows, so a static S = 2^k trains bit for bit like no scaling wherever nothing does. */
+#define US__LS_INIT \
+    65536.0f /* 2^16, the dynamic scaler's first S (PyTorch GradScaler's init_scale) */
+#define US__LS_MAX 16777216.0f /* 2^24: S grows no further (apex's max_loss_scale) */
+
+/* Checks the loss scale (us_config_validate). */
+static us_result us__loss_scale_checks(const us_train_config *tc, char *err, size_t errlen) {
+    if (!(tc->loss_scale >= 0) || !isfinite(tc->loss_scale))
+        US__BAD("loss scale=%g must be a finite number >= 0 (0 = dynamic under fp16)",
+                tc->loss_scale);
+    if (tc->loss_scale_window < 1)
+        US__BAD("loss scale window=%d must be at least 1", tc->loss_scale_window);
+    return US_OK;
+}
+
+static void us__loss_scale_init(us_model *m) {
+    m->ls_dynamic = m->tc.loss_scale == 0 && m->tc.precision == US_PRECISION_FP16;
+    m->loss_scale = m->tc.loss_scale > 0 ? m->tc.loss_scale : m->ls_dynamic ? US__LS_INIT : 1.0f;
+    m->ls_good = m->ls_skipped = 0;
+    m->ls_skipped_total = 0;
+}
+
+static int us__loss_scale_on(const us_model *m) { return m->ls_dynamic || m->tc.loss_scale > 0; }
+
+/* After the step's gradient norm; overflow: it is not finite. Moves S for the next step. */
+static us_result us__loss_scale_update(us_model *m, int overflow) {
+    m->ls_skipped = overflow;
+    if (!overflow) {
+        if (m->ls_dynamic && ++m->ls_good >= m->tc.loss_scale_window) {
+            m->ls_good = 0;
+            if (m->loss_scale * 2.0f <= US__LS_MAX) m->loss_scale *= 2.0f;
+        }
+        return US_OK;
+    }
+    m->ls_skipped_total++;
+    m->ls_good = 0;
+    if (!m->ls_dynamic) return US_OK; /* a static S: skip, keep S */
+    if (m->loss_scale <= 1.0f) { /* Megatron's min_loss_scale: below 1 scaling no longer helps */
+        us__model_set_error(
+            m, "the gradients overflow even at loss scale 1 (step %d); weights left unchanged",
+            m->step + 1);
+        return US_ERR_NONFINITE;
+    }
+    m->loss_scale *= 0.5f;
+    return US_OK;
+}
+
+/* ------------------------------------------------------------------------------------ */
+// >>train  the model's set-up (each chapter's in turn), gradient accumulation, the step
+/* ------------------------------------------------------------------------------------ */
+
+/* ---- set-up: the model's tables and memory, each chapter's part in turn */
+
+/* The model state is one allocation cut into flat buffers:
+     w       weights the forward reads (dtype dt): all n_flat, or the shard under ZeRO-3
+     master  fp32 master weights under bf16: n_flat, or the shard under ZeRO ≥ 1
+             (under fp32 the weights are their own master)
+     grad    fp32 gradients: n_flat, or the shard under ZeRO ≥ 2
+     m, v    AdamW moments: n_flat, or the shard under ZeRO ≥ 1
+     slots   ZeRO-2/3 gradient slots, ZeRO-3 weight slots (// >>zero)
+   Their sizes in bytes (moment: each of m and v; gslot, wslot: one slot): */
+typedef struct us__state_sizes {
+    size_t w, master, grad, moment, gslot, wslot;
+} us__state_sizes;
+
+/* Allocates the state; a failure (m->state NULL) is reported with the arena's (us__arena_init). */
+static void us__state_init(us_model *m, us__state_sizes *b) {
+    us__dist_sizes z;
+    size_t a = us_dtype_size(m->dt), off = 0;
+    char *state;
+    int i;
+    us__dist_sizes_of(m, &z);
+    m->n_flat = z.n_flat;
+    m->shard_n = z.shard_n;
+    m->slot_n = z.slot_n;
+    m->n_gslots = z.n_gslots;
+    m->n_wslots = z.n_wslots;
+    b->w = (size_t)(m->tc.zero == 3 ? z.shard_n : z.n_flat) * a;
+    b->master = m->dt == US_F32 ? 0 : (size_t)(m->tc.zero ? z.shard_n : z.n_flat) * 4;
+    b->grad = (size_t)(m->tc.zero >= 2 ? z.shard_n : z.n_flat) * 4;
+    b->moment = (size_t)(m->tc.zero ? z.shard_n : z.n_flat) * 4;
+    b->gslot = (size_t)z.slot_n * 4;
+    b->wslot = (size_t)z.slot_n * a;
+    state = (char *)m->ops.alloc(&m->ops, us__align(b->w) + us__align(b->master) +
+                                              us__align(b->grad) + 2 * us__align(b->moment) +
+                                              (size_t)z.n_gslots * us__align(b->gslot) +
+                                              (size_t)z.n_wslots * us__align(b->wslot));
+    m->state = state;
+    if (!state) return;
+    m->w = state;
+    off += us__align(b->w);
+    m->master = b->master                              ? (float *)(state + off)
+                : (m->tc.zero == 1 || m->tc.zero == 2) ? NULL
+                                                       : (float *)m->w;
+    off += us__align(b->master);
+    m->grad = (float *)(state + off);
+    off += us__align(b->grad);
+    m->adam_m = (float *)(state + off);
+    off += us__align(b->moment);
+    m->adam_v = (float *)(state + off);
+    off += us__align(b->moment);
+    for (i = 0; i < z.n_gslots; i++) {
+        m->gslot[i] = (float *)(state + off);
+        off += us__align(b->gslot);
+        m->gslot_unit[i] = -1;
+    }
+    for (i = 0; i < z.n_wslots; i++) {
+        m->wslot[i] = state + off;
+        off += us__align(b->wslot);
+        m->wslot_unit[i] = -1;
+    }
+}
+
+/* The activation arena: one slot per micro-batch chunk in flight (m->slots, // >>pp), then the
+   scratch the slots share, which every slot's table points to (us__layout_arena). */
+static us_result us__arena_init(us_model *m, const us_model_config *mc, const us__state_sizes *b) {
+    size_t one;
+    int k, j;
+    m->slot_acts =
+        (us_layer_acts *)US_MALLOC(sizeof(us_layer_acts) * (size_t)(m->slots * m->pp_lc));
+    m->acts_work = (us_layer_acts *)calloc((size_t)m->cfg.n_layers, sizeof(us_layer_acts));
+    m->slot_a = (void *(*)[32])US_MALLOC(sizeof(void *[32]) * (size_t)m->slots);
+    if (!m->slot_acts || !m->slot_a || !m->acts_work) {
+        us__model_set_error(m, "out of host memory for the model tables");
+        return US_ERR_OOM;
+    }
+    m->mem.activations =
+        us__layout_arena(m, NULL, 0) * (size_t)m->slots + us__layout_arena(m, NULL, 1);
+    m->arena = m->state ? (char *)m->ops.alloc(&m->ops, m->mem.activations) : NULL;
+    if (!m->state || !m->arena) {
+        size_t total = b->w + b->master + b->grad + 2 * b->moment + m->mem.activations;
+        us__model_set_error(
+            m, "out of memory allocating %.1f MiB for %lld parameters and the activation arena",
+            (double)total / 1048576.0, (long long)us_param_count(mc));
+        return US_ERR_OOM;
+    }
+    one = us__layout_arena(m, NULL, 0);
+    us__layout_arena(m, m->arena + (size_t)m->slots * one, 1);
+    for (k = m->slots - 1; k >= 0; k--) {
+        m->acts = m->slot_acts + (size_t)k * m->pp_lc;
+        us__layout_arena(m, m->arena + (size_t)k * one, 0);
+        memcpy(m->slot_a[k], m->a, sizeof m->a);
+    }
+    for (k = 0; k < m->slots; k++)
+        for (j = 0; j < US__A_COUNT; j++)
+            if (!us__scratch_per_slot(j)) m->slot_a[k][j] = m->a[j];
+    us__pp_slot_select(m, 0, 0); /* without chunks: every layer */
+    return US_OK;
+}
+
+/* The backend, the precision and the device mesh, then each chapter's set-up in the order they
+   depend on each other, the memory line, the weights. */
+static us_result us__model_setup(us_model *m, const us_model_config *mc, const us_train_config *tc,
+                                 const us_ops *ops, us_comm *comm) {
+    us__state_sizes b;
+    us_result r;
+    memset(m, 0, sizeof *m);
+    m->cfg = *mc;
+    m->tc = *tc;
+    if ((r = us_config_validate(&m->cfg, &m->tc, m->err, sizeof m->err)) != US_OK) return r;
+    m->ops = ops ? *ops : us_cpu_ops(m->tc.threads);
+    m->dt = m->tc.precision == US_PRECISION_FP32   ? US_F32
+            : m->tc.precision == US_PRECISION_FP16 ? US_F16
+                                                   : US_BF16; /* fp8: bf16 but the linear GEMMs */
+    us__loss_scale_init(m);                                   /* // >>lossscale */
+    m->fp8 = m->tc.precision == US_PRECISION_FP8          ? 1
+             : m->tc.precision == US_PRECISION_FP8_TENSOR ? 2
+                                                          : 0;
+    if (m->fp8 && (!m->ops.fp8_quantize || !m->ops.fp8_gemm)) {
+        us__model_set_error(m, "precision %s needs FP8 ops, which the %s backend does not have",
+                            us_precision_name(m->tc.precision), m->ops.name);
+        return US_ERR_INVALID;
+    }
+    if (!comm) {
+        us_comm_self(&m->self, &m->ops);
+        comm = &m->self;
+    }
+    m->comm = comm;
+    if (comm->world.size != m->tc.dp * m->tc.pp * m->tc.cp * m->tc.tp) {
+        us__model_set_error(m,
+                            "dp=%d x pp=%d x cp=%d x tp=%d = %d ranks but the communicator has %d",
+                            m->tc.dp, m->tc.pp, m->tc.cp, m->tc.tp,
+                            m->tc.dp * m->tc.pp * m->tc.cp * m->tc.tp, comm->world.size);
+        return US_ERR_INVALID;
+    }
+    if ((r = us_mesh_init(&m->mesh, comm, m->tc.dp, m->tc.pp, m->tc.cp, m->tc.tp)) != US_OK) {
+        us__model_set_error(m, "device mesh: %s", comm->err);
+        return r;
+    }
+    if ((r = us__ep_init(m)) != US_OK) return r; /* // >>ep: its groups */
+    if ((r = us__pp_init(m)) != US_OK) return r; /* // >>pp: schedule, this rank's layers, slots */
+    us__tp_init(m);                              /* // >>tp: this rank's heads, FFN, vocabulary */
+    if ((r = us__params_init(m)) != US_OK) return r; /* // >>model: the tensors */
+    if ((r = us__moe_init(m)) != US_OK) return r;    /* // >>moe: the router state */
+    if ((r = us__dp_init(m)) != US_OK) return r;     /* // >>dp: units, the embedding's rows */
+    us__state_init(m, &b);                           /* flat buffers (// >>zero shards them) */
+    if ((r = us__arena_init(m, mc, &b)) != US_OK) return r;
+    if ((r = us__cp_init(m)) != US_OK) return r; /* // >>cp: the token positions */
+    if (m->tc.pp > 1 && (r = us__pp_connect(m)) != US_OK) return r; /* // >>pp: neighbours */
+    if ((r = us__fp8_init(m)) != US_OK) return r; /* // >>fp8-linear: the weight cache */
+    /* + the fp32 router biases (// >>moe), the FP8 weight cache */
+    m->mem.params = b.w + (size_t)m->n_wslots * b.wslot + us__moe_bias_bytes(m) +
+                    m->fp8_wlayer * (size_t)m->cfg.n_layers;
+    m->mem.master = b.master;
+    m->mem.grads = b.grad + (size_t)m->n_gslots * b.gslot;
+    m->mem.optimizer = 2 * b.moment;
+    m->mem.total =
+        m->mem.params + m->mem.master + m->mem.grads + m->mem.optimizer + m->mem.activations;
+    us__init_weights(m);
+    return us__backend_check(m);
+}
+
+/* One cleanup path: a set-up that failed after the device mesh exists frees what it made
+   (us_model_free frees whatever is there), keeping the message. */
+static us_result us__model_init(us_model *m, const us_model_config *mc, const us_train_config *tc,
+                                const us_ops *ops, us_comm *comm) {
+    us_result r = us__model_setup(m, mc, tc, ops, comm);
+    char e[sizeof m->err];
+    if (r == US_OK || !m->mesh.dpcp_g.size) return r;
+    memcpy(e, m->err, sizeof e);
+    us_model_free(m);
+    memcpy(m->err, e, sizeof e);
+    return r;
+}
+
+US_API us_result us_model_init(us_model *m, const us_model_config *mc, const us_train_config *tc,
+                               const us_ops *ops) {
+    return us__model_init(m, mc, tc, ops, NULL);
+}
+
+US_API us_result us_model_init_dist(us_model *m, const us_model_config *mc,
+                                    const us_train_config *tc, const us_ops *ops, us_comm *comm) {
+    if (!comm) {
+        memset(m, 0, sizeof *m);
+        us__model_set_error(m, "us_model_init_dist needs a communicator");
+        return US_ERR_INVALID;
+    }
+    return us__model_init(m, mc, tc, ops, comm);
+}
+
+US_API void us_model_free(us_model *m) {
+    us_ops *o = &m->ops;
+    int u;
+    if (m->units && m->comm) /* never leave a collective in flight on memory about to be freed */
+        for (u = 0; u < m->n_units; u++) {
+            if (m->units[u].work) m->comm->wait(m->comm, m->units[u].work);
+            if (m->units[u].gather) m->comm->wait(m->comm, m->units[u].gather);
+        }
+    if (o->free) {
+        o->free(o, m->state);
+        o->free(o, m->arena);
+    }
+    us__pp_disconnect(m);
+    us__ep_free(m);
+    if (m->comm && m->mesh.dpcp_g.size) us_mesh_free(&m->mesh, m->comm);
+    US_FREE(m->slot_acts);
+    free(m->acts_work); /* acts points into them */
+    m->acts_work = NULL;
+    US_FREE(m->slot_a);
+    if (m->pp_sched) {
+        us_pp_schedule_free(m->pp_sched);
+        free(m->pp_sched);
+    }
+    US_FREE(m->pp_msgs);
+    US_FREE(m->pp_start);
+    m->slot_acts = NULL;
+    m->slot_a = NULL;
+    m->pp_sched = NULL;
+    m->pp_msgs = NULL;
+    m->pp_start = NULL;
+    US_FREE(m->params);
+    US_FREE(m->units);
+    US_FREE(m->unit_of);
+    US_FREE(m->layer_g);
+    US_FREE(m->layer_p);
+    US_FREE(m->emb_map);
+    US_FREE(m->emb_ids);
+    m->emb_map = m->emb_ids = NULL;
+    m->params = NULL;
+    m->acts = NULL;
+    m->units = NULL;
+    m->unit_of = NULL;
+    m->w = NULL;
+    m->layer_g = NULL;
+    m->layer_p = NULL;
+    us__moe_free(m);
+    if (m->fp8_wc) m->ops.free(&m->ops, m->fp8_wc);
+    free(m->fp8_wkey);
+    free(m->fp8_wok);
+    m->fp8_wc = NULL;
+    m->fp8_wkey = NULL;
+    m->fp8_wok = NULL;
+    m->fp8_wlayer = 0;
+    free(m->tpend); /* grown by realloc, like the trace's own rows */
+    m->tpend = NULL;
+    m->n_tpend = m->cap_tpend = 0;
+    m->master = m->grad = m->adam_m = m->adam_v = NULL;
+    m->state = NULL;
+    m->arena = NULL;
+    m->comm = NULL;
+}
+
+US_API void us_model_zero_grad(us_model *m) {
+    m->ops.zero(&m->ops, m->grad, (size_t)(m->tc.zero >= 2 ? m->shard_n : m->n_flat) * 4);
+    m->emb_dirty = 0;
+    us__fp8_wcache_drop(m); /* a new step: the weights may have been written since the last */
+}
+
+US_API us_result us_forward_backward(us_model *m, const int32_t *inputs, const int32_t *targets,
+                                     int B, int T, float dscale, double *loss_sum) {
+    us_result r;
+    m->err[0] = 0;
+    m->tp_inflight = 0;
+    m->ops.sm_margin = 0; /* (a failed step may have left a tp collective counted) */
+    r = us__forward(m, inputs, targets, B, T, dscale, loss_sum);
+    if (r != US_OK) return r;
+    r = us__backward(m, B, T);
+    m->grad_sync = 0;
+    return r;
+}
+
+US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out) {
+    us_ops *o = &m->ops;
+    const us_train_config *tc = &m->tc;
+    int Z = tc->zero, u;
+    double norm2 = 0, gnorm;
+    float gscale = 1.0f, lr = us_lr_at(tc, m->step),
+          inv_s = 1.0f / m->loss_scale; /* exact for S = 2^k */
+    us_result r;
+    us__trace_mark t0;
+    m->ls_skipped = 0;
+    us__fp8_wcache_drop(m); /* the weights are about to change */
+    if ((r = us__grads_finish(m)) != US_OK)
+        return r; /* the last reductions' waits: host regions of their own */
+    t0 = us__tstart(m);
+    /* the global gradient norm: every rank holds all of it without ZeRO; with ZeRO each holds the
+       sums of its pieces, and the squares are summed over dp */
+    if (Z == 0 && m->tc.tp <= 1 && m->tc.pp <= 1 && m->ep <= 1)
+        norm2 = o->sumsq(o, m->grad, m->n_flat);
+    else { /* tp: split tensors summed over tp, replicated ones counted once; pp: every stage's own;
+                ep: every rank's experts, counted on the first of their replicas (// >>ep) */
+        int i;
+        for (u = 0; u < m->n_units; u++) {
+            const us__unit *U = &m->units[u];
+            int64_t lo = U->off + (Z ? (int64_t)m->mesh.dpcp_g.rank * U->piece : 0),
+                    hi = lo + U->piece;
+            const float *gp = Z < 2 ? m->grad + lo : m->grad + U->shard_off; /* flat index lo */
+            for (i = U->p0; i < U->p1; i++) {
+                const us_param *p = &m->params[i];
+                int64_t a = p->offset > lo ? p->offset : lo,
+                        b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
+                int first = p->expert && m->ep > 1 ? m->edp_g.rank == 0 : m->mesh.dpcp_g.rank == 0;
+                if (a < b && (p->tp_split || m->mesh.tp_rank == 0) && (Z || first))
+                    norm2 += o->sumsq(o, gp + (a - lo), b - a);
+            }
+        }
+        if ((r = us__group_sum(m, &m->comm->world, &norm2, 1)) != US_OK)
+            return r; /* each part counted on one rank */
+    }
+    gnorm = sqrt(norm2) / m->loss_scale; /* unscaled (// >>lossscale) */
+    if (grad_norm) *grad_norm = (float)gnorm;
+    if (lr_out) *lr_out = lr;
+    if (!isfinite(gnorm) &&
+        us__loss_scale_on(m)) { /* an overflow under loss scaling: skip the update */
+        if ((r = us__loss_scale_update(m, 1)) != US_OK) return r;
+        if ((r = us__moe_step_end(m)) != US_OK)
+            return r; /* the step's routing statistics still close */
+        us__trace(m, "compute", "optimizer step (skipped)", t0);
+        return us__backend_check(m);
+    }
+    if (!isfinite(gnorm)) {
+        us__model_set_error(m, "the gradient norm is not finite at step %d; weights left unchanged",
+                            m->step + 1);
+        return US_ERR_NONFINITE;
+    }
+    if (tc->grad_clip > 0 && gnorm > tc->grad_clip)
+        gscale = (float)(tc->grad_clip / gnorm); /* clip by global norm */
+    gscale *= inv_s;                             /* and unscale, in the same factor */
+    if ((r = us__loss_scale_update(m, 0)) != US_OK) return r;
+    m->step++;
+    /* The tensors tile the flat buffers, so each run of neighbours that share a weight-decay
+       setting is one contiguous range: one AdamW call per run, not per tensor (a layer's
+       q|k|v|o and gate|up|down become two calls on a GPU instead of seven launches). Without
+       ZeRO the whole buffer is one range; with it, each unit's own piece. */
+    if (Z == 0) {
+        us__unit all;
+        memset(&all, 0, sizeof all);
+        all.p0 = 0;
+        all.p1 = m->n_params_t;
+        all.n = all.piece = m->n_flat;
+        us__adamw_piece(m, &all, lr, gscale);
+    } else
+        for (u = 0; u < m->n_units; u++) {
+            us__unit *U = &m->units[u];
+            us__adamw_piece(m, U, lr, gscale);
+            /* ZeRO-1/2: this rank updated its piece of the unit; the weights the forward reads are
+           all-gathered at once, while the next units' pieces update (Playbook "ZeRO-1": the
+           all-gather overlaps the optimizer step) */
+            if (Z != 1 && Z != 2) continue;
+            r = m->comm->all_gather(
+                m->comm, &m->mesh.dpcp_g, us__at(m->w, m->dt, U->off),
+                us__at(m->w, m->dt, U->off + (int64_t)m->mesh.dpcp_g.rank * U->piece), U->piece,
+                m->dt, &U->gather);
+            if (r != US_OK) return us__comm_fail(m, r, "weight all-gather");
+        }
+    us__trace(m, "compute", "optimizer step", t0);
+    if (Z == 1 || Z == 2) {
+        double tw = us_trace_now_us();
+        for (u = 0; u < m->n_units; u++) {
+            r = m->comm->wait(m->comm, m->units[u].gather);
+            m->units[u].gather = NULL;
+            if (r != US_OK) return us__comm_fail(m, r, "weight all-gather");
+        }
+        us__trace_host(m, "wait", "wait weights", tw);
+    }
+    if ((r = us__moe_step_end(m)) != US_OK)
+        return r; /* routing statistics, the router bias rule (// >>moe) */
+    return us__backend_check(m);
+}
+
+US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t *targets,
+                               us_step_stats *st) {
+    const us_train_config *tc = &m->tc;
+    int Tl = tc->seq / tc->cp; /* under context parallelism, this rank's share of each sequence */
+    int64_t per = (int64_t)tc->batch * Tl, total = per * tc->grad_accum, valid = 0, i;
+    double loss = 0,
+           pp_stat[4] = {0, 0, 0, 0}; /* pipeline: the bubble, then F, B, W ms per micro-batch */
+    float gn = 0, lr = 0, S, dscale;
+    int k;
+    us_result r;
+    double dvalid;
+    m->err[0] = 0;
+    for (i = 0; i < total; i++) valid += targets[i] >= 0;
+    dvalid = (double)valid;
+    if ((r = us__dp_sum(m, &dvalid, 1)) != US_OK) return r; /* valid targets of the global batch */
+    valid = (int64_t)dvalid;
+    if (!valid) {
+        us__model_set_error(m, "every target of the batch is ignored (< 0); nothing to learn from");
+        return US_ERR_INVALID;
+    }
+    us_model_zero_grad(m);
+    S = m->loss_scale;
+    dscale =
+        (float)(1.0 / (double)valid) * S; /* the loss's gradient seed, times S (// >>lossscale) */
+    if (tc->pp > 1) { /* the micro-batches run by the pipeline schedule (// >>pp) */
+        if ((r = us__pp_run(m, inputs, targets, per, Tl, dscale, &loss)) != US_OK) return r;
+    } else
+        for (k = 0; k < tc->grad_accum;
+             k++) { /* each micro-batch adds its share of the global mean */
+            double ls = 0;
+            m->grad_sync = k == tc->grad_accum - 1; /* no_sync until the last micro-batch */
+            r = us_forward_backward(m, inputs + k * per, targets + k * per, tc->batch, Tl, dscale,
+                                    &ls);
+            if (r != US_OK) return r;
+            loss += ls;
+        }
+    if ((r = us_optimizer_step(m, &gn, &lr)) != US_OK)
+        return r; /* unscales; may skip (// >>lossscale) */
+    if ((r = us__group_sum(m, &m->mesh.pp_g, &loss, 1)) != US_OK)
+        return r; /* the last stage computed it */
+    if ((r = us__dp_sum(m, &loss, 1)) != US_OK) return r;
+    /* the measured pp_stat: each rank's idle share of the schedule's time, and its costs,
+       averaged */
+    if (tc->pp > 1) {
+        pp_stat[0] = m->pp_wall_s > 0
+                         ? 1.0 - (m->pp_t_s[0] + m->pp_t_s[1] + m->pp_t_s[2]) / m->pp_wall_s
+                         : 0;
+        for (k = 0; k < 3; k++) pp_stat[1 + k] = 1e3 * m->pp_t_s[k] / tc->grad_accum;
+        if ((r = us__group_sum(m, &m->comm->world, pp_stat, 4)) != US_OK) return r;
+        for (k = 0; k < 4; k++) pp_stat[k] /= m->comm->world.size;
+    }
+    us__trace_flush(m); /* a GPU's regions, timed by its marks (// >>trace) */
+    if (st) {
+        st->step = m->step;
+        st->loss = (float)(loss / (double)valid);
+        st->lr = lr;
+        st->grad_norm = gn;
+        st->loss_scale = S;
+        st->skipped = m->ls_skipped;
+        st->skipped_total = m->ls_skipped_total;
+        st->tokens = total * m->mesh.dp * m->mesh.cp;
+        st->valid = valid;
+        st->pp_bubble = (float)pp_stat[0];
+        for (k = 0; k < 3; k++) st->pp_cost_ms[k] = (float)pp_stat[1 + k];
+        st->moe_imbalance = m->moe_stat[0];
+        st->moe_aux_loss = m->moe_stat[1];
+        st->moe_drop_frac = m->moe_stat[2];
+        st->moe_load = m->n_moe ? m->moe_load_last : NULL;
+    }
+    return US_OK;
+}
+
+static us_result us__forward_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B,
+                                  int T, double *loss_sum, int64_t *correct, float *logits_out);
+
+US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B,
+                                 int T, double *loss_sum, int64_t *correct, float *logits_out) {
+    us__fp8_wcache_drop(
+        m); /* evaluation comes between steps, where a caller may have written weights */
+    return us__forward_eval(m, inputs, targets, B, T, loss_sum, correct, logits_out);
+}
+
+static us_result us__forward_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B,
+                                  int T, double *loss_sum, int64_t *correct, float *logits_out) {
+    us_ops *o = &m->ops;
+    int64_t N = (int64_t)B * T, i;
+    double ls = 0;
+    us_result r;
+    if (m->tc.pp > 1) /* the forward through the stages (// >>pp) */
+        return us__pp_eval(m, inputs, targets, B, T, loss_sum, correct, logits_out);
+    r = us__forward(m, inputs, targets, B, T, 0.0f, &ls);
+    us__zero3_release_all(m);
+    if (r != US_OK) return r;
+    if (loss_sum) *loss_sum = ls;
+    if (correct) {
+        int32_t *am = (int32_t *)US_MALLOC((size_t)N * 4);
+        if (!am) {
+            us__model_set_error(m, "out of host memory");
+            return US_ERR_OOM;
+        }
+        o->copy(o, am, m->a[US__A_ARGMAX], (size_t)N * 4, US_COPY_D2H);
+        *correct = 0;
+        for (i = 0; i < N; i++) *correct += targets[i] >= 0 && am[i] == targets[i];
+        US_FREE(am);
+    }
+    if (logits_out) return us__last_logits(m, B, T, logits_out);
+    return US_OK;
+}
+
+#ifndef ULTRASCALE_NO_DATA
+/* ------------------------------------------------------------------------------------ */
+// >>data  byte tokenizer, raw text, llm.c token shards, the built-in sorting task
+/* ------------------------------------------------------------------------------------ */
+US_API size_t us_byte_encode(const char *text, int32_t *tokens, size_t cap) {
+    size_t i;
+    for (i = 0; text[i] && i < cap; i++) tokens[i] = (unsigned char)text[i];
+    return i;
+}
+
+US_API size_t us_byte_decode(const int32_t *tokens, size_t n, char *text, size_t cap) {
+    size_t i;
+    if (!cap) return 0;
+    for (i = 0; i < n && i + 1 < cap; i++)
+        text[i] = tokens[i] >= 32 && tokens[i] < 127 ? (char)tokens[i]
+                  : tokens[i] == '\n'                ? '\n'
+                                                     : '?';
+    text[i] = 0;
+    return i;
+}
+
+US_API void us_data_free(us_data *d) {
+    US_FREE(d->tokens);
+    d->tokens = NULL;
+    d->n = 0;
+}
+
+static us_result us__read_file(const char *path, unsigned char **buf, int64_t *len, char *err,
+                               size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    long sz;
+    int c;
+    *buf = NULL;
+    *len = 0;
+    if (!f) {
+        us__errf(err, errlen, "cannot open %s", path);
+        return US_ERR_IO;
+    }
+    errno = 0;
+    c = fgetc(f); /* a directory opens but does not read */
+    if (c == EOF && ferror(f)) {
+        fclose(f);
+        us__errf(err, errlen, "cannot read %s: %s", path, errno ? strerror(errno) : "read error");
+        return US_ERR_IO;
+    }
+    if (fseek(f, 0, SEEK_END) != 0 || (sz = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        fclose(f);
+        us__errf(err, errlen, "cannot determine the size of %s", path);
+        return US_ERR_IO;
+    }
+    if (sz == 0 && c != EOF) { /* /dev/zero, a pipe, a /proc file: data but no size */
+        fclose(f);
+        us__errf(err, errlen,
+                 "%s is not a regular file (it has no size but reads data): copy it into one",
+                 path);
+        return US_ERR_IO;
+    }
+    *buf = (unsigned char *)US_MALLOC((size_t)sz + 1);
+    if (!*buf) {
+        fclose(f);
+        us__errf(err, errlen, "out of memory reading %s (%ld bytes)", path, sz);
+        return US_ERR_OOM;
+    }
+    if (fread(*buf, 1, (size_t)sz, f) != (size_t)sz) {
+        fclose(f);
+        US_FREE(*buf);
+        *buf = NULL;
+        us__errf(err, errlen, "cannot read %s", path);
+        return US_ERR_IO;
+    }
+    fclose(f);
+    *len = sz;
+    return US_OK;
+}
+
+US_API us_result us_data_from_bytes(us_data *d, const void *bytes, int64_t n) {
+    int64_t i;
+    memset(d, 0, sizeof *d);
+    if (n <= 0) {
+        us__errf(d->err, sizeof d->err, "the text is empty");
+        return US_ERR_FORMAT;
+    }
+    d->tokens = (int32_t *)US_MALLOC((size_t)n * 4);
+    if (!d->tokens) {
+        us__errf(d->err, sizeof d->err, "out of memory for %lld tokens", (long long)n);
+        return US_ERR_OOM;
+    }
+    for (i = 0; i < n; i++) {
+        d->tokens[i] = ((const unsigned char *)bytes)[i];
+        if (d->tokens[i] > d->max_token) d->max_token = d->tokens[i];
+    }
+    d->n = n;
+    return US_OK;
+}
+
+US_API us_result us_data_load_text(us_data *d, const char *path) {
+    unsigned char *buf;
+    int64_t len;
+    char err[256];
+    us_result r = us__read_file(path, &buf, &len, err, sizeof err);
+    if (r != US_OK) {
+        memset(d, 0, sizeof *d);
+        snprintf(d->err, sizeof d->err, "%s", err);
+        return r;
+    }
+    r = us_data_from_bytes(d, buf, len);
+    if (r != US_OK) snprintf(d->err, sizeof d->err, "%s is empty", path);
+    US_FREE(buf);
+    return r;
+}
+
+#define US__SHARD_HEADER 256
+
+US_API us_result us_data_load_shard(us_data *d, const char *path) {
+    unsigned char *buf;
+    int64_t len, ntok, i;
+    int32_t hdr[US__SHARD_HEADER];
+    int tsz;
+    char err[256];
+    us_result r = us__read_file(path, &buf, &len, err, sizeof err);
+    memset(d, 0, sizeof *d);
+    if (r != US_OK) {
+        snprintf(d->err, sizeof d->err, "%s", err);
+        return r;
+    }
+#define US__FAIL(...)                                 \
+    do {                                              \
+        us__errf(d->err, sizeof d->err, __VA_ARGS__); \
+        US_FREE(buf);                                 \
+        return US_ERR_FORMAT;                         \
+    } while (0)
+    if (len < (int64_t)sizeof hdr)
+        US__FAIL("%s is truncated: %lld bytes, but a token shard's header alone is %d bytes", path,
+                 (long long)len, (int)sizeof hdr);
+    memcpy(hdr, buf, sizeof hdr);
+    if (hdr[0] == 20240520 && hdr[1] == 1)
+        tsz = 2;
+    else if (hdr[0] == 20240801 && hdr[1] == 7)
+        tsz = 4;
+    else if (hdr[0] == 20240520 || hdr[0] == 20240801)
+        US__FAIL("%s: unsupported shard version %d for magic %d", path, hdr[1], hdr[0]);
+    else
+        US__FAIL("%s is not an llm.c token shard (magic %d, expected 20240520 or 20240801)", path,
+                 hdr[0]);
+    ntok = hdr[2];
+    if (ntok <= 0) US__FAIL("%s: the header says %lld tokens", path, (long long)ntok);
+    if (len != (int64_t)sizeof hdr + ntok * tsz)
+        US__FAIL(
+            "%s: file is %lld bytes but the header promises %lld tokens of %d bytes (%lld bytes)",
+            path, (long long)len, (long long)ntok, tsz,
+            (long long)((int64_t)sizeof hdr + ntok * tsz));
+    d->tokens = (int32_t *)US_MALLOC((size_t)ntok * 4);
+    if (!d->tokens) {
+        us__errf(d->err, sizeof d->err, "out of memory for %lld tokens", (long long)ntok);
+        US_FREE(buf);
+        return US_ERR_OOM;
+    }
+    for (i = 0; i < ntok; i++) {
+        const unsigned char *p = buf + sizeof hdr + i * tsz;
+        uint32_t t = tsz == 2 ? (uint32_t)(p[0] | p[1] << 8)
+                              : (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                                    (uint32_t)p[3] << 24;
+        if (t > 0x7fffffffu) {
+            us_data_free(d);
+            US__FAIL("%s: token %lld has the impossible value %u", path, (long long)i, t);
+        }
+        d->tokens[i] = (int32_t)t;
+        if (d->tokens[i] > d->max_token) d->max_token = d->tokens[i];
+    }
+#undef US__FAIL
+    d->n = ntok;
+    US_FREE(buf);
+    return US_OK;
+}
+
+US_API us_result us_data_load(us_data *d, const char *path) {
+    FILE *f = fopen(path, "rb");
+    int32_t magic = 0;
+    size_t got;
+    if (!f) {
+        memset(d, 0, sizeof *d);
+        us__errf(d->err, sizeof d->err, "cannot open %s", path);
+        return US_ERR_IO;
+    }
+    got = fread(&magic, 1, 4, f);
+    fclose(f);
+    if (got == 4 && (magic == 20240520 || magic == 20240801)) return us_data_load_shard(d, path);
+    return us_data_load_text(d, path);
+}
+
+US_API us_result us_data_batch(us_data *d, us_rng *r, int nseq, int T, int32_t *inputs,
+                               int32_t *targets) {
+    int s;
+    if (d->n < (int64_t)T + 1) {
+        us__errf(d->err, sizeof d->err,
+                 "the data has %lld tokens; a sequence of %d needs at least %d", (long long)d->n, T,
+                 T + 1);
+        return US_ERR_INVALID;
+    }
+    for (s = 0; s < nseq; s++) {
+        int64_t start = (int64_t)(us_rng_u64(r) % (uint64_t)(d->n - T));
+        memcpy(inputs + (int64_t)s * T, d->tokens + start, (size_t)T * 4);
+        memcpy(targets + (int64_t)s * T, d->tokens + start + 1, (size_t)T * 4);
+    }
+    return US_OK;
+}
+
+US_API void us_task_init(us_task *t, uint64_t seed) { us_rng_seed(&t->rng, seed ^ 0x5eedull); }
+
+/* one problem: digits, '=', sorted digits, '\n' into line[US_TASK_LINE] */
+static void us__task_line(us_task *t, int32_t *line) {
+    int cnt[10] = {0}, i, d, k = 0;
+    for (i = 0; i < US_TASK_DIGITS; i++) {
+        d = (int)(us_rng_u64(&t->rng) % 10);
+        line[i] = '0' + d;
+        cnt[d]++;
+    }
+    line[US_TASK_DIGITS] = '=';
+    for (d = 0; d < 10; d++)
+        for (i = 0; i < cnt[d]; i++) line[US_TASK_DIGITS + 1 + k++] = '0' + d;
+    line[US_TASK_LINE - 1] = '\n';
+}
+
+US_API void us_task_batch(us_task *t, int nseq, int T, int32_t *inputs, int32_t *targets) {
+    int32_t *buf = (int32_t *)US_MALLOC(((size_t)T + 1) * 4);
+    char *scored = (char *)US_MALLOC((size_t)T + 1);
+    int s, i;
+    for (s = 0; s < nseq; s++) {
+        int pos = 0;
+        while (pos + US_TASK_LINE <= T + 1) {
+            us__task_line(t, buf + pos);
+            for (i = 0; i < US_TASK_LINE; i++)
+                scored[pos + i] = i > US_TASK_DIGITS; /* the answer and its newline */
+            pos += US_TASK_LINE;
+        }
+        for (; pos < T + 1; pos++) {
+            buf[pos] = '\n';
+            scored[pos] = 0;
+        }
+        for (i = 0; i < T; i++) {
+            inputs[(int64_t)s * T + i] = buf[i];
+            targets[(int64_t)s * T + i] = scored[i + 1] ? buf[i + 1] : -1;
+        }
+    }
+    US_FREE(buf);
+    US_FREE(scored);
+}
+
+US_API us_result us_task_exact_match(us_model *m, us_task *t, int n, double *acc, char *buf,
+                                     size_t buflen, int show) {
+    enum {
+        P = US_TASK_DIGITS + 1,
+        A = US_TASK_DIGITS + 1
+    }; /* prompt "digits=", answer "sorted\n" */
+
+    int B = m->tc.batch, done = 0, solved = 0, shown = 0, i;
+    int32_t *lines = (int32_t *)US_MALLOC((size_t)B * US_TASK_LINE * 4),
+            *ctx = (int32_t *)US_MALLOC((size_t)B * US_TASK_LINE * 4);
+    int32_t *tg = (int32_t *)US_MALLOC((size_t)B * US_TASK_LINE * 4),
+            *gen = (int32_t *)US_MALLOC((size_t)B * A * 4);
+    float *logits = (float *)US_MALLOC((size_t)B * m->cfg.vocab * 4);
+    size_t used = 0;
+    us_result r = US_OK;
+    if (m->tc.seq < US_TASK_LINE - 1) {
+        us__model_set_error(m, "the task needs seq >= %d", US_TASK_LINE - 1);
+        r = US_ERR_INVALID;
+        goto out;
+    }
+    if (!lines || !ctx || !tg || !gen || !logits) {
+        us__model_set_error(m, "out of host memory");
+        r = US_ERR_OOM;
+        goto out;
+    }
+    if (buf && buflen) buf[0] = 0;
+    us__fp8_wcache_drop(m); /* as us_sample */
+    for (i = 0; i < B * US_TASK_LINE; i++) tg[i] = -1;
+    while (done < n) {
+        int nb = n - done < B ? n - done : B, b, k;
+        for (b = 0; b < nb; b++) us__task_line(t, lines + b * US_TASK_LINE);
+        /* greedy decoding of nb problems side by side: every prompt has the same length */
+        for (k = 0; k < A; k++) {
+            int len = P + k;
+            for (b = 0; b < nb; b++) {
+                memcpy(ctx + b * len, lines + b * US_TASK_LINE, (size_t)P * 4);
+                memcpy(ctx + b * len + P, gen + b * A, (size_t)k * 4);
+            }
+            if ((r = us__forward_eval(m, ctx, tg, nb, len, NULL, NULL, logits)) != US_OK) goto out;
+            for (b = 0; b < nb; b++) {
+                const float *lg = logits + (int64_t)b * m->cfg.vocab;
+                int64_t v, best = 0;
+                for (v = 1; v < m->cfg.vocab; v++)
+                    if (lg[v] > lg[best]) best = v;
+                gen[b * A + k] = (int32_t)best;
+            }
+        }
+        for (b = 0; b < nb; b++) {
+            int ok = 1;
+            for (i = 0; i < A; i++) ok &= gen[b * A + i] == lines[b * US_TASK_LINE + P + i];
+            solved += ok;
+            if (buf && shown < show && used + 64 < buflen) {
+                char q[US_TASK_LINE + 1], a[US_TASK_LINE + 1];
+                us_byte_decode(lines + b * US_TASK_LINE, (size_t)P, q, sizeof q);
+                us_byte_decode(gen + b * A, (size_t)A - 1, a, sizeof a);
+                used += (size_t)snprintf(buf + used, buflen - used, "  %s%s  %s\n", q, a,
+                                         ok ? "ok" : "wrong");
+                shown++;
+            }
+        }
+        done += nb;
+    }
+    *acc = n > 0 ? (double)solved / (double)n : 0.0;
+out:
+    US_FREE(lines);
+    US_FREE(ctx);
+    US_FREE(tg);
+    US_FREE(gen);
+    US_FREE(logits);
+    return r;
+}
+#endif /* ULTRASCALE_NO_DATA */
 
 /* ------------------------------------------------------------------------------------ */
 // >>sample  temperature / top-k sampling
@@ -11603,19 +11922,6 @@ US_API us_result us_ckpt_prune(const char *dir, int keep, char *err, size_t errl
    Activations: with flash attention no s² term is stored, so per layer the kept tensors are
    linear in s·b: x, ln1, q/k/v, attention output, xmid, ln2, gate|up, h (+ fp32 rstd and lse);
    selective drops the non-GEMM ones, full keeps only x; one layer's worth is then scratch. */
-/* Layers on pipeline rank 0: its chunks are stages 0, pp, 2·pp, ... of the even split (the model
-   init's rule), each with L/S layers and one more for the first L%S stages. */
-static int us__pp_rank0_layers(const us_model_config *mc, const us_train_config *tc,
-                               const us_pp_schedule *s, int *largest) {
-    int v = s ? s->v : 1, S = tc->pp * v, c, n = 0, first, count;
-    *largest = 0;
-    for (c = 0; c < v; c++) {
-        us__pp_stage_layers(mc, tc, S, s ? us_pp_stage(s, 0, c) : 0, &first, &count);
-        n += count;
-        if (count > *largest) *largest = count;
-    }
-    return n;
-}
 
 static us_result us__memory_estimate(const us_model_config *mc_in, const us_train_config *tc_in,
                                      us_memory *out, int *peak_io, char *err, size_t errlen);
@@ -11668,13 +11974,14 @@ static us_result us__memory_estimate(const us_model_config *mc_in, const us_trai
         tmp.tc = tc;
         /* under pipeline parallelism: the first rank (its chunks' layers and the embedding) */
         tmp.n_layers_global = mc.n_layers;
-        tmp.cfg.n_layers = rank_layers = us__pp_rank0_layers(&mc, &tc, psp, &largest);
+        tmp.cfg.n_layers = rank_layers =
+            us__pp_rank_layers(&mc, &tc, psp, 0, NULL, NULL, NULL, &largest); /* // >>pp */
         tmp.pp_first = 1;
         tmp.pp_last =
             !psp || us__pp_rank_of(psp, tc.pp * psp->v - 1) == 0; /* the V shapes end on rank 0 */
         {
             int nt = 3;
-            for (l = 0; l < mc.n_layers; l++) nt += us__layer_tensors(&mc, us__ep_of(&tc), l);
+            for (l = 0; l < mc.n_layers; l++) nt += us__layer_tensors(&mc, us__ep_size(&tc), l);
             tmp.params = (us_param *)US_MALLOC(sizeof(us_param) * (size_t)nt);
         }
         tmp.layer_g = (int *)US_MALLOC(sizeof(int) * (size_t)mc.n_layers);
@@ -11689,6 +11996,7 @@ static us_result us__memory_estimate(const us_model_config *mc_in, const us_trai
         }
         for (l = 0; l < mc.n_layers; l++)
             tmp.layer_g[l] = l; /* the MoE layers, and names: sizes do not depend on them */
+        us__tp_init(&tmp);
         us__build_params(&tmp);
         tmp.n_units = us__plan_units(&tmp, NULL);
         tmp.units = (us__unit *)US_MALLOC(sizeof(us__unit) * (size_t)tmp.n_units);
@@ -11793,7 +12101,7 @@ static us_result us__memory_estimate(const us_model_config *mc_in, const us_trai
     if (psp) { /* the first pipeline rank: one arena (its largest chunk's layers) per micro-batch chunk it holds at once */
         int i, wsplit = 0, largest;
         for (i = 0; i < psp->n[0]; i++) wsplit |= psp->a[0][i].op == US_PP_W;
-        us__pp_rank0_layers(&mc, &tc, psp, &largest);
+        us__pp_rank_layers(&mc, &tc, psp, 0, NULL, NULL, NULL, &largest);
         L = largest; /* a slot holds one chunk: the largest */
         if (wsplit)
             per_layer +=

@@ -6,7 +6,9 @@
        #define ULTRASCALE_IMPLEMENTATION
        #include "ultrascale.h"
        #include "ultrascale_comm.h"
-   and link with -pthread. Other files include both headers without the define.
+   and link with -pthread. Other files include both headers without the define. The two
+   implementations share ultrascale.h's helpers (us__errf, the clock us__now_s), so they are
+   compiled in the same file.
 
    TABLE OF CONTENTS (grep for the tag)
    -----------------
@@ -432,20 +434,6 @@ struct us__thr_launch {
     char fail_msg[320]; /* the first rank whose fn returned an error */
 };
 
-static void us__thr_errf(char *err, size_t errlen, const char *fmt, ...) {
-    va_list ap;
-    if (!err || !errlen) return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
-static double us__thr_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* One slice of a wait; the absolute time is CLOCK_REALTIME (the condition's default clock),
    deadlines are kept on CLOCK_MONOTONIC, so a clock jump shortens or stretches one slice only. */
 static void us__thr_wait_slice(pthread_cond_t *cv, pthread_mutex_t *mu, double s) {
@@ -600,9 +588,9 @@ static int us__thr_gone(const us__thr_rank *rk) {
 static void us__thr_aborted(char *err, size_t errlen, const char *name, const char *cause) {
     size_t k = strlen(name);
     if (!strncmp(cause, name, k) && cause[k] == ' ')
-        us__thr_errf(err, errlen, "%s", cause);
+        us__errf(err, errlen, "%s", cause);
     else
-        us__thr_errf(err, errlen, "%s: %s", name, cause);
+        us__errf(err, errlen, "%s: %s", name, cause);
 }
 
 /* ---- groups */
@@ -669,15 +657,14 @@ static us_result us__thr_check_wait(us__thr_x *x, int j, const char *gone_what) 
         return US_ERR_BACKEND;
     }
     if (us__thr_gone(&L->ranks[wr])) {
-        us__thr_errf(x->err, x->errlen, "%s: rank %d exited without %s", x->name, wr, gone_what);
+        us__errf(x->err, x->errlen, "%s: rank %d exited without %s", x->name, wr, gone_what);
         us__thr_abort(L, "rank %d exited without %s (%s on a group of %d)", wr, gone_what, x->name,
                       x->N);
         return US_ERR_BACKEND;
     }
-    if (us__thr_now() >= x->deadline) {
-        us__thr_errf(x->err, x->errlen,
-                     "%s on a group of %d timed out after %g s waiting for rank %d", x->name, x->N,
-                     x->timeout_s, wr);
+    if (us__now_s() >= x->deadline) {
+        us__errf(x->err, x->errlen, "%s on a group of %d timed out after %g s waiting for rank %d",
+                 x->name, x->N, x->timeout_s, wr);
         us__thr_abort(L, "%s", x->err);
         return US_ERR_BACKEND;
     }
@@ -696,7 +683,7 @@ static us_result us__thr_sync(us__thr_x *x) {
     while ((j = us__thr_missing(g, target)) >= 0 || x->L->aborted) {
         if (j < 0) j = x->me;
         if ((r = us__thr_check_wait(x, j, "joining the collective")) != US_OK) break;
-        us__thr_wait_slice(&g->cv, &x->L->mu, x->deadline - us__thr_now());
+        us__thr_wait_slice(&g->cv, &x->L->mu, x->deadline - us__now_s());
     }
     pthread_mutex_unlock(&x->L->mu);
     return r;
@@ -728,8 +715,8 @@ static us_result us__thr_agree(us__thr_x *x) {
         }
     }
     if (!what) return US_OK;
-    us__thr_errf(x->err, x->errlen, "%s: ranks %d and %d passed a different %s (%lld and %lld)",
-                 x->name, x->g->members[0], x->g->members[j - 1], what, a, b);
+    us__errf(x->err, x->errlen, "%s: ranks %d and %d passed a different %s (%lld and %lld)",
+             x->name, x->g->members[0], x->g->members[j - 1], what, a, b);
     return US_ERR_INVALID;
 }
 
@@ -797,8 +784,8 @@ static us_result us__thr_run_reduce_scatter(us__thr_x *x, us__thr_op *o) {
     if (N > 1 && ln->scratch_cap < 2 * blk) {
         char *p = (char *)US_MALLOC(2 * blk);
         if (!p) {
-            us__thr_errf(x->err, x->errlen, "%s: rank %d is out of memory for %zu bytes of scratch",
-                         x->name, rk->rank, 2 * blk);
+            us__errf(x->err, x->errlen, "%s: rank %d is out of memory for %zu bytes of scratch",
+                     x->name, rk->rank, 2 * blk);
             pthread_mutex_lock(&x->L->mu);
             us__thr_abort(x->L, "%s", x->err);
             pthread_mutex_unlock(&x->L->mu);
@@ -895,20 +882,20 @@ static us_result us__thr_run_all_to_all(us__thr_x *x, us__thr_op *o) {
     for (j = 0; j < N && r == US_OK; j++) {
         const int64_t *mine = o->counts, *peer = sl[j].counts; /* [rc, rd, sc, sd][N] */
         if (sl[j].dt != (int)o->dt) {
-            us__thr_errf(x->err, x->errlen, "%s: ranks %d and %d passed different dtypes", x->name,
-                         x->g->members[me], x->g->members[j]);
+            us__errf(x->err, x->errlen, "%s: ranks %d and %d passed different dtypes", x->name,
+                     x->g->members[me], x->g->members[j]);
             r = US_ERR_INVALID;
         } else if (peer[2 * N + me] != mine[j]) {
-            us__thr_errf(x->err, x->errlen,
-                         "%s: rank %d sends %lld elements to rank %d, which expects %lld", x->name,
-                         x->g->members[j], (long long)peer[2 * N + me], x->g->members[me],
-                         (long long)mine[j]);
+            us__errf(x->err, x->errlen,
+                     "%s: rank %d sends %lld elements to rank %d, which expects %lld", x->name,
+                     x->g->members[j], (long long)peer[2 * N + me], x->g->members[me],
+                     (long long)mine[j]);
             r = US_ERR_INVALID;
         } else if (mine[2 * N + j] != peer[me]) {
-            us__thr_errf(x->err, x->errlen,
-                         "%s: rank %d sends %lld elements to rank %d, which expects %lld", x->name,
-                         x->g->members[me], (long long)mine[2 * N + j], x->g->members[j],
-                         (long long)peer[me]);
+            us__errf(x->err, x->errlen,
+                     "%s: rank %d sends %lld elements to rank %d, which expects %lld", x->name,
+                     x->g->members[me], (long long)mine[2 * N + j], x->g->members[j],
+                     (long long)peer[me]);
             r = US_ERR_INVALID;
         }
     }
@@ -937,8 +924,8 @@ static us_result us__thr_post(us__thr_x *x, const void *src, int64_t n, us_dtype
         return US_ERR_BACKEND;
     }
     if (!m) {
-        us__thr_errf(x->err, x->errlen, "%s: rank %d is out of memory for a message of %zu bytes",
-                     x->name, x->rk->rank, blk);
+        us__errf(x->err, x->errlen, "%s: rank %d is out of memory for a message of %zu bytes",
+                 x->name, x->rk->rank, blk);
         us__thr_abort(x->L, "%s", x->err);
         pthread_mutex_unlock(&x->L->mu);
         return US_ERR_OOM;
@@ -964,7 +951,7 @@ static us_result us__thr_await_taken(us__thr_x *x, us__thr_msg *m) {
     pthread_mutex_lock(&x->L->mu);
     while (!m->taken) {
         if ((r = us__thr_check_wait(x, m->to, "receiving the message")) != US_OK) break;
-        us__thr_wait_slice(&x->g->cv, &x->L->mu, x->deadline - us__thr_now());
+        us__thr_wait_slice(&x->g->cv, &x->L->mu, x->deadline - us__now_s());
     }
     if (m->taken)
         US_FREE(m);
@@ -996,15 +983,15 @@ static us_result us__thr_recv_from(us__thr_x *x, void *dst, int64_t n, us_dtype 
             break;
         }
         if ((r = us__thr_check_wait(x, peer, "sending the message")) != US_OK) break;
-        us__thr_wait_slice(&x->g->cv, &x->L->mu, x->deadline - us__thr_now());
+        us__thr_wait_slice(&x->g->cv, &x->L->mu, x->deadline - us__now_s());
     }
     pthread_mutex_unlock(&x->L->mu);
     if (!m) return r;
     if (m->n != n || m->dt != dt) {
-        us__thr_errf(x->err, x->errlen,
-                     "%s: rank %d sent %lld %s elements but rank %d receives %lld %s", x->name,
-                     x->g->members[peer], (long long)m->n, us_dtype_name(m->dt), x->rk->rank,
-                     (long long)n, us_dtype_name(dt));
+        us__errf(x->err, x->errlen,
+                 "%s: rank %d sent %lld %s elements but rank %d receives %lld %s", x->name,
+                 x->g->members[peer], (long long)m->n, us_dtype_name(m->dt), x->rk->rank,
+                 (long long)n, us_dtype_name(dt));
         r = US_ERR_INVALID;
     } else if (n > 0) {
         memcpy(dst, m + 1, (size_t)n * us__thr_dsize(dt));
@@ -1078,7 +1065,7 @@ static us_result us__thr_run_split(us__thr_x *x, us__thr_op *o) {
         }
     }
     if (res == US_ERR_OOM)
-        us__thr_errf(x->err, x->errlen, "%s: out of memory for the new group", x->name);
+        us__errf(x->err, x->errlen, "%s: out of memory for the new group", x->name);
     US_FREE(order);
     if (r != US_OK) return r;
     return us__thr_finish(x, res);
@@ -1097,7 +1084,7 @@ static void us__thr_execute(us__thr_lane *ln, us__thr_op *o) {
     x.N = o->g->size;
     x.name = us__thr_names[o->kind];
     x.timeout_s = o->timeout_s;
-    x.deadline = us__thr_now() + o->timeout_s;
+    x.deadline = us__now_s() + o->timeout_s;
     x.err = o->err;
     x.errlen = sizeof o->err;
     pthread_mutex_lock(&L->mu);
@@ -1150,13 +1137,13 @@ static void us__thr_execute(us__thr_lane *ln, us__thr_op *o) {
         char name[48];
         double b = (double)o->payload;
         if (o->kind == US__THR_BARRIER || o->kind == US__THR_SPLIT)
-            us__thr_errf(name, sizeof name, "%s", x.name);
+            us__errf(name, sizeof name, "%s", x.name);
         else if (b >= 1048576.0)
-            us__thr_errf(name, sizeof name, "%s %.1f MB", x.name, b / 1048576.0);
+            us__errf(name, sizeof name, "%s %.1f MB", x.name, b / 1048576.0);
         else if (b >= 1024.0)
-            us__thr_errf(name, sizeof name, "%s %.1f KB", x.name, b / 1024.0);
+            us__errf(name, sizeof name, "%s %.1f KB", x.name, b / 1024.0);
         else
-            us__thr_errf(name, sizeof name, "%s %lld B", x.name, (long long)o->payload);
+            us__errf(name, sizeof name, "%s %lld B", x.name, (long long)o->payload);
         us_trace_add(o->trace, US_STREAM_COMM, "comm", name, t0, us_trace_now_us());
     }
 }
@@ -1199,7 +1186,7 @@ static void *us__thr_rank_main(void *p) {
     if (r != US_OK) {
         if (L->first_fail < 0) {
             L->first_fail = rk->rank;
-            us__thr_errf(L->fail_msg, sizeof L->fail_msg, "rank %d failed: %s", rk->rank, why);
+            us__errf(L->fail_msg, sizeof L->fail_msg, "rank %d failed: %s", rk->rank, why);
         }
         us__thr_abort(L, "rank %d failed (it returned: %s)", rk->rank, why);
     }
@@ -1265,8 +1252,7 @@ static us_result us__thr_check_rank(us_comm *c, const char *name, const char *wh
 static us__thr_op *us__thr_op_new(us_comm *c, int kind, us__thr_group *tg, const us_group *g) {
     us__thr_op *o = (us__thr_op *)US_MALLOC(sizeof(us__thr_op));
     if (!o) {
-        us__thr_errf(c->err, sizeof c->err, "%s: out of memory for the handle",
-                     us__thr_names[kind]);
+        us__errf(c->err, sizeof c->err, "%s: out of memory for the handle", us__thr_names[kind]);
         return NULL;
     }
     memset(o, 0, sizeof *o);
@@ -1548,7 +1534,7 @@ static us_result us__thr_all_to_all(us_comm *c, us_group *g, void *dst, const in
     US__THR_NEW(US__THR_ALL_TO_ALL, g);
     if (!(o->counts = (int64_t *)US_MALLOC(4 * (size_t)N * sizeof(int64_t)))) {
         US_FREE(o);
-        us__thr_errf(c->err, sizeof c->err, "%s: out of memory for the counts", name_);
+        us__errf(c->err, sizeof c->err, "%s: out of memory for the counts", name_);
         return US_ERR_OOM;
     }
     memcpy(o->counts, rc, (size_t)N * sizeof(int64_t));
@@ -1678,15 +1664,15 @@ US_API us_result us_launch_ex(int nranks, us_rank_fn fn, void *arg, const us_lau
     double timeout = cfg ? cfg->timeout_s : 0.0;
     if (err && errlen) err[0] = 0;
     if (nranks < 1) {
-        us__thr_errf(err, errlen, "us_launch: nranks %d must be at least 1", nranks);
+        us__errf(err, errlen, "us_launch: nranks %d must be at least 1", nranks);
         return US_ERR_INVALID;
     }
     if (!fn) {
-        us__thr_errf(err, errlen, "us_launch: no rank function");
+        us__errf(err, errlen, "us_launch: no rank function");
         return US_ERR_INVALID;
     }
     if (!(timeout >= 0)) {
-        us__thr_errf(err, errlen, "us_launch: timeout_s %g must be >= 0 (0 = 300 s)", timeout);
+        us__errf(err, errlen, "us_launch: timeout_s %g must be >= 0 (0 = 300 s)", timeout);
         return US_ERR_INVALID;
     }
     if (timeout == 0) timeout = 300.0;
@@ -1700,7 +1686,7 @@ US_API us_result us_launch_ex(int nranks, us_rank_fn fn, void *arg, const us_lau
         if (L) US_FREE(L->ranks);
         US_FREE(L);
         US_FREE(world);
-        us__thr_errf(err, errlen, "us_launch: out of memory for %d ranks", nranks);
+        us__errf(err, errlen, "us_launch: out of memory for %d ranks", nranks);
         return US_ERR_OOM;
     }
     memset(L->ranks, 0, (size_t)nranks * sizeof(us__thr_rank));
@@ -1756,7 +1742,7 @@ US_API us_result us_launch_ex(int nranks, us_rank_fn fn, void *arg, const us_lau
         int n = L->nranks;
         L->nranks = conds; /* destroy only what was created */
         us__thr_launch_free(L);
-        us__thr_errf(err, errlen, "us_launch: out of memory for %d ranks", n);
+        us__errf(err, errlen, "us_launch: out of memory for %d ranks", n);
         return US_ERR_OOM;
     }
     for (r = 0; r < nranks; r++) L->ranks[r].comm.world.impl = L->world;
@@ -1808,10 +1794,10 @@ US_API us_result us_launch_ex(int nranks, us_rank_fn fn, void *arg, const us_lau
         if (rank_results) rank_results[r] = L->ranks[r].result;
     if (L->first_fail >= 0) {
         res = L->ranks[L->first_fail].result;
-        us__thr_errf(err, errlen, "%s", L->fail_msg);
+        us__errf(err, errlen, "%s", L->fail_msg);
     } else if (L->aborted) {
         res = US_ERR_BACKEND;
-        us__thr_errf(err, errlen, "%s", L->cause);
+        us__errf(err, errlen, "%s", L->cause);
     }
     us__thr_launch_free(L);
     return res;
@@ -1863,20 +1849,6 @@ extern char **environ;
 #endif
 #define US__BOOT_DEFAULT_PORT 29500
 
-static void us__boot_errf(char *err, size_t errlen, const char *fmt, ...) {
-    va_list ap;
-    if (!err || !errlen) return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
-static double us__boot_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void us__boot_sleep(double s) {
     struct timespec ts;
     if (s <= 0) return;
@@ -1888,7 +1860,7 @@ static void us__boot_sleep(double s) {
 
 /* Milliseconds left until `deadline` for poll(), at least 0, at most `cap_s`. */
 static int us__boot_ms_left(double deadline, double cap_s) {
-    double left = deadline - us__boot_now();
+    double left = deadline - us__now_s();
     if (left > cap_s) left = cap_s;
     return left <= 0 ? 0 : (int)(left * 1000.0) + 1;
 }
@@ -1901,11 +1873,11 @@ static int us__boot_parse_int(const char *name, const char *s, long lo, long hi,
     errno = 0;
     v = (s && *s) ? strtol(s, &end, 10) : 0;
     if (!s || !*s || *end != '\0' || errno == ERANGE) {
-        us__boot_errf(err, errlen, "%s='%s' is not an integer", name, s ? s : "");
+        us__errf(err, errlen, "%s='%s' is not an integer", name, s ? s : "");
         return -1;
     }
     if (v < lo || v > hi) {
-        us__boot_errf(err, errlen, "%s=%ld is out of range [%ld, %ld]", name, v, lo, hi);
+        us__errf(err, errlen, "%s=%ld is out of range [%ld, %ld]", name, v, lo, hi);
         return -1;
     }
     *out = (int)v;
@@ -1949,7 +1921,7 @@ US_API us_result us_dist_env_read(us_dist_env *e, char *err, size_t errlen) {
     const char *s, *addr, *port;
     int i;
     if (!e) {
-        us__boot_errf(err, errlen, "us_dist_env_read: e is NULL");
+        us__errf(err, errlen, "us_dist_env_read: e is NULL");
         return US_ERR_INVALID;
     }
     memset(e, 0, sizeof *e);
@@ -1960,7 +1932,7 @@ US_API us_result us_dist_env_read(us_dist_env *e, char *err, size_t errlen) {
     if (nm) {
         e->source = nm[0];
         if (!(s = getenv(nm[2]))) {
-            us__boot_errf(err, errlen, "%s is set (%s) but %s is not", nm[1], nm[0], nm[2]);
+            us__errf(err, errlen, "%s is set (%s) but %s is not", nm[1], nm[0], nm[2]);
             return US_ERR_INVALID;
         }
         if (us__boot_parse_int(nm[2], s, 1, INT_MAX, &e->world_size, err, errlen))
@@ -1968,8 +1940,8 @@ US_API us_result us_dist_env_read(us_dist_env *e, char *err, size_t errlen) {
         if (us__boot_parse_int(nm[1], getenv(nm[1]), 0, INT_MAX, &e->rank, err, errlen))
             return US_ERR_INVALID;
         if (e->rank >= e->world_size) {
-            us__boot_errf(err, errlen, "%s=%d must be below %s=%d", nm[1], e->rank, nm[2],
-                          e->world_size);
+            us__errf(err, errlen, "%s=%d must be below %s=%d", nm[1], e->rank, nm[2],
+                     e->world_size);
             return US_ERR_INVALID;
         }
         /* single-node fallbacks when the local values are missing */
@@ -1997,13 +1969,13 @@ US_API us_result us_dist_env_read(us_dist_env *e, char *err, size_t errlen) {
             return US_ERR_INVALID;
         }
         if (e->local_rank >= e->local_world_size) {
-            us__boot_errf(err, errlen, "%s=%d must be below the local world size %d", nm[3],
-                          e->local_rank, e->local_world_size);
+            us__errf(err, errlen, "%s=%d must be below the local world size %d", nm[3],
+                     e->local_rank, e->local_world_size);
             return US_ERR_INVALID;
         }
         if (e->local_world_size > e->world_size) {
-            us__boot_errf(err, errlen, "the local world size %d is larger than %s=%d",
-                          e->local_world_size, nm[2], e->world_size);
+            us__errf(err, errlen, "the local world size %d is larger than %s=%d",
+                     e->local_world_size, nm[2], e->world_size);
             return US_ERR_INVALID;
         }
     }
@@ -2011,22 +1983,21 @@ US_API us_result us_dist_env_read(us_dist_env *e, char *err, size_t errlen) {
     port = getenv("MASTER_PORT");
     if (addr && *addr) {
         if (strlen(addr) >= sizeof e->master_addr) {
-            us__boot_errf(err, errlen, "MASTER_ADDR is longer than %d characters",
-                          (int)sizeof e->master_addr - 1);
+            us__errf(err, errlen, "MASTER_ADDR is longer than %d characters",
+                     (int)sizeof e->master_addr - 1);
             return US_ERR_INVALID;
         }
         strcpy(e->master_addr, addr);
     } else if (nm == names[2] &&
                ((s = getenv("SLURM_STEP_NODELIST")) || (s = getenv("SLURM_JOB_NODELIST")))) {
         if (us__boot_first_host(s, e->master_addr, sizeof e->master_addr)) {
-            us__boot_errf(err, errlen,
-                          "cannot read the first host of the Slurm node list '%s'; set MASTER_ADDR",
-                          s);
+            us__errf(err, errlen,
+                     "cannot read the first host of the Slurm node list '%s'; set MASTER_ADDR", s);
             return US_ERR_INVALID;
         }
     } else if (e->world_size > 1) {
-        us__boot_errf(err, errlen, "a world of %d ranks (%s) needs MASTER_ADDR, the host of rank 0",
-                      e->world_size, e->source);
+        us__errf(err, errlen, "a world of %d ranks (%s) needs MASTER_ADDR, the host of rank 0",
+                 e->world_size, e->source);
         return US_ERR_INVALID;
     } else {
         strcpy(e->master_addr, "127.0.0.1");
@@ -2096,19 +2067,18 @@ static us_result us__boot_tcp_root(const char *host, int port, int world, const 
                                    size_t nbytes, double timeout_s, char *err, size_t errlen) {
     int *conn = (int *)calloc((size_t)world, sizeof(int));
     int lfd = -1, arrived = 0, r, one = 1, v6 = strchr(host, ':') != NULL;
-    double deadline = us__boot_now() + timeout_s;
+    double deadline = us__now_s() + timeout_s;
     us_result res = US_ERR_IO;
     unsigned char hdr[16];
     if (!conn) {
-        us__boot_errf(err, errlen, "rendezvous: out of memory");
+        us__errf(err, errlen, "rendezvous: out of memory");
         return US_ERR_OOM;
     }
     for (r = 0; r < world; r++) conn[r] = -1;
     /* listen on every interface of the address family of HOST (a name counts as IPv4) */
     lfd = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM, 0);
     if (lfd < 0) {
-        us__boot_errf(err, errlen, "rendezvous: rank 0 could not open a socket: %s",
-                      strerror(errno));
+        us__errf(err, errlen, "rendezvous: rank 0 could not open a socket: %s", strerror(errno));
         goto done;
     }
     setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -2128,8 +2098,8 @@ static us_result us__boot_tcp_root(const char *host, int port, int world, const 
         r = bind(lfd, (struct sockaddr *)&a, sizeof a);
     }
     if (r != 0 || listen(lfd, world + 16) != 0) {
-        us__boot_errf(err, errlen, "rendezvous: rank 0 could not listen on port %d: %s", port,
-                      strerror(errno));
+        us__errf(err, errlen, "rendezvous: rank 0 could not listen on port %d: %s", port,
+                 strerror(errno));
         goto done;
     }
     us__boot_nonblock(lfd);
@@ -2139,17 +2109,17 @@ static us_result us__boot_tcp_root(const char *host, int port, int world, const 
         pf.fd = lfd;
         pf.events = POLLIN;
         pf.revents = 0;
-        if (us__boot_now() >= deadline) {
+        if (us__now_s() >= deadline) {
             char missing[96];
             size_t m = 0;
             missing[0] = '\0';
             for (r = 1; r < world && m + 12 < sizeof missing; r++)
                 if (conn[r] < 0)
                     m += (size_t)snprintf(missing + m, sizeof missing - m, "%s%d", m ? " " : "", r);
-            us__boot_errf(err, errlen,
-                          "rendezvous: rank 0 waited %g s on port %d but only %d of %d ranks "
-                          "arrived (missing: %s%s)",
-                          timeout_s, port, arrived + 1, world, missing, r < world ? " ..." : "");
+            us__errf(err, errlen,
+                     "rendezvous: rank 0 waited %g s on port %d but only %d of %d ranks "
+                     "arrived (missing: %s%s)",
+                     timeout_s, port, arrived + 1, world, missing, r < world ? " ..." : "");
             goto done;
         }
         if (poll(&pf, 1, us__boot_ms_left(deadline, 1.0)) <= 0) continue;
@@ -2166,15 +2136,15 @@ static us_result us__boot_tcp_root(const char *host, int port, int world, const 
         pw = (int)us__boot_get32(hdr + 8);
         pn = (int)us__boot_get32(hdr + 12);
         if (pw != world || (size_t)pn != nbytes || peer <= 0 || peer >= world) {
-            us__boot_errf(err, errlen,
-                          "rendezvous: a peer says it is rank %d of %d sending %d bytes, but rank "
-                          "0 has a world of %d and %zu bytes",
-                          peer, pw, pn, world, nbytes);
+            us__errf(err, errlen,
+                     "rendezvous: a peer says it is rank %d of %d sending %d bytes, but rank "
+                     "0 has a world of %d and %zu bytes",
+                     peer, pw, pn, world, nbytes);
             close(fd);
             goto done;
         }
         if (conn[peer] >= 0) {
-            us__boot_errf(err, errlen, "rendezvous: two processes claim rank %d", peer);
+            us__errf(err, errlen, "rendezvous: two processes claim rank %d", peer);
             close(fd);
             goto done;
         }
@@ -2188,8 +2158,8 @@ static us_result us__boot_tcp_root(const char *host, int port, int world, const 
         int e = us__boot_io(conn[r], hdr, 8, 1, deadline + 10);
         if (!e && nbytes) e = us__boot_io(conn[r], (void *)bytes, nbytes, 1, deadline + 10);
         if (e) {
-            us__boot_errf(err, errlen, "rendezvous: rank 0 could not answer rank %d: %s", r,
-                          us__boot_ioerr(e));
+            us__errf(err, errlen, "rendezvous: rank 0 could not answer rank %d: %s", r,
+                     us__boot_ioerr(e));
             goto done;
         }
     }
@@ -2204,7 +2174,7 @@ done:
 
 static us_result us__boot_tcp_peer(const char *host, int port, int rank, int world, void *bytes,
                                    size_t nbytes, double timeout_s, char *err, size_t errlen) {
-    double deadline = us__boot_now() + timeout_s, delay = 0.02;
+    double deadline = us__now_s() + timeout_s, delay = 0.02;
     char portstr[16], last[160];
     unsigned char hdr[16];
     int fd = -1, e, one = 1;
@@ -2252,9 +2222,9 @@ static us_result us__boot_tcp_peer(const char *host, int port, int rank, int wor
         }
         if (ai) freeaddrinfo(ai);
         if (fd >= 0) break;
-        if (us__boot_now() + delay >= deadline) {
-            us__boot_errf(err, errlen, "rendezvous: rank %d could not reach %s:%d within %g s: %s",
-                          rank, host, port, timeout_s, last);
+        if (us__now_s() + delay >= deadline) {
+            us__errf(err, errlen, "rendezvous: rank %d could not reach %s:%d within %g s: %s", rank,
+                     host, port, timeout_s, last);
             return US_ERR_IO;
         }
         us__boot_sleep(delay);
@@ -2269,23 +2239,23 @@ static us_result us__boot_tcp_peer(const char *host, int port, int rank, int wor
     if (!e) e = us__boot_io(fd, hdr, 8, 0, deadline);
     if (!e &&
         (memcmp(hdr, us__boot_magic, 4) != 0 || us__boot_get32(hdr + 4) != (uint32_t)nbytes)) {
-        us__boot_errf(err, errlen,
-                      "rendezvous: rank %d got an answer of the wrong kind from %s:%d (another "
-                      "program on that port?)",
-                      rank, host, port);
+        us__errf(err, errlen,
+                 "rendezvous: rank %d got an answer of the wrong kind from %s:%d (another "
+                 "program on that port?)",
+                 rank, host, port);
         close(fd);
         return US_ERR_IO;
     }
     if (!e && nbytes) e = us__boot_io(fd, bytes, nbytes, 0, deadline);
     close(fd);
     if (e == ETIMEDOUT) {
-        us__boot_errf(err, errlen,
-                      "rendezvous: rank %d reached %s:%d but not all %d ranks arrived within %g s",
-                      rank, host, port, world, timeout_s);
+        us__errf(err, errlen,
+                 "rendezvous: rank %d reached %s:%d but not all %d ranks arrived within %g s", rank,
+                 host, port, world, timeout_s);
         return US_ERR_IO;
     }
     if (e) {
-        us__boot_errf(
+        us__errf(
             err, errlen,
             "rendezvous: rank %d lost its connection to rank 0 at %s:%d (%s); see rank 0's error",
             rank, host, port, us__boot_ioerr(e));
@@ -2297,7 +2267,7 @@ static us_result us__boot_tcp_peer(const char *host, int port, int rank, int wor
 /* File form: "USRVFIL1", nbytes as 8 big-endian bytes, the bytes. */
 static us_result us__boot_file(const char *path, int rank, void *bytes, size_t nbytes,
                                double timeout_s, char *err, size_t errlen) {
-    double deadline = us__boot_now() + timeout_s;
+    double deadline = us__now_s() + timeout_s;
     unsigned char hdr[16];
     size_t tl = strlen(path) + 32;
     int i;
@@ -2306,7 +2276,7 @@ static us_result us__boot_file(const char *path, int rank, void *bytes, size_t n
         FILE *f;
         int ok;
         if (!tmp) {
-            us__boot_errf(err, errlen, "rendezvous: out of memory");
+            us__errf(err, errlen, "rendezvous: out of memory");
             return US_ERR_OOM;
         }
         snprintf(tmp, tl, "%s.tmp.%ld", path, (long)getpid());
@@ -2322,8 +2292,8 @@ static us_result us__boot_file(const char *path, int rank, void *bytes, size_t n
         }
         ok = ok && rename(tmp, path) == 0; /* readers see the whole file or none */
         if (!ok) {
-            us__boot_errf(err, errlen, "rendezvous: rank 0 could not write %s: %s", path,
-                          strerror(errno));
+            us__errf(err, errlen, "rendezvous: rank 0 could not write %s: %s", path,
+                     strerror(errno));
             remove(tmp);
         }
         free(tmp);
@@ -2337,22 +2307,21 @@ static us_result us__boot_file(const char *path, int rank, void *bytes, size_t n
             for (i = 0; ok && i < 8; i++) n = n << 8 | hdr[8 + i];
             if (ok && n != (uint64_t)nbytes) {
                 fclose(f);
-                us__boot_errf(err, errlen,
-                              "rendezvous: %s holds %llu bytes but rank %d expects %zu", path,
-                              (unsigned long long)n, rank, nbytes);
+                us__errf(err, errlen, "rendezvous: %s holds %llu bytes but rank %d expects %zu",
+                         path, (unsigned long long)n, rank, nbytes);
                 return US_ERR_IO;
             }
             ok = ok && (nbytes == 0 || fread(bytes, 1, nbytes, f) == nbytes);
             fclose(f);
             if (ok) return US_OK;
-            us__boot_errf(err, errlen,
-                          "rendezvous: %s is not a rendezvous file (truncated or of another kind)",
-                          path);
+            us__errf(err, errlen,
+                     "rendezvous: %s is not a rendezvous file (truncated or of another kind)",
+                     path);
             return US_ERR_IO;
         }
-        if (us__boot_now() >= deadline) {
-            us__boot_errf(err, errlen, "rendezvous: rank %d found no file %s within %g s", rank,
-                          path, timeout_s);
+        if (us__now_s() >= deadline) {
+            us__errf(err, errlen, "rendezvous: rank %d found no file %s within %g s", rank, path,
+                     timeout_s);
             return US_ERR_IO;
         }
         us__boot_sleep(0.01);
@@ -2362,27 +2331,26 @@ static us_result us__boot_file(const char *path, int rank, void *bytes, size_t n
 US_API us_result us_rendezvous(const char *spec, int rank, int world_size, void *bytes,
                                size_t nbytes, double timeout_s, char *err, size_t errlen) {
     if (!spec) {
-        us__boot_errf(err, errlen, "rendezvous: spec is NULL");
+        us__errf(err, errlen, "rendezvous: spec is NULL");
         return US_ERR_INVALID;
     }
     if (world_size < 1 || rank < 0 || rank >= world_size) {
-        us__boot_errf(err, errlen, "rendezvous: rank %d is not a rank of a world of %d", rank,
-                      world_size);
+        us__errf(err, errlen, "rendezvous: rank %d is not a rank of a world of %d", rank,
+                 world_size);
         return US_ERR_INVALID;
     }
     if (nbytes && !bytes) {
-        us__boot_errf(err, errlen, "rendezvous: bytes is NULL");
+        us__errf(err, errlen, "rendezvous: bytes is NULL");
         return US_ERR_INVALID;
     }
     if (nbytes > 0x7fffffffu) {
-        us__boot_errf(err, errlen, "rendezvous: %zu bytes is more than a rendezvous carries",
-                      nbytes);
+        us__errf(err, errlen, "rendezvous: %zu bytes is more than a rendezvous carries", nbytes);
         return US_ERR_INVALID;
     }
     if (timeout_s <= 0) timeout_s = 300;
     if (!strncmp(spec, "file://", 7)) {
         if (!spec[7]) {
-            us__boot_errf(err, errlen, "rendezvous: '%s' has no path", spec);
+            us__errf(err, errlen, "rendezvous: '%s' has no path", spec);
             return US_ERR_INVALID;
         }
         return world_size == 1
@@ -2403,7 +2371,7 @@ US_API us_result us_rendezvous(const char *spec, int rank, int world_size, void 
             hend = colon;
         }
         if (!colon || hend == h || (size_t)(hend - h) >= sizeof host) {
-            us__boot_errf(err, errlen, "rendezvous: '%s' is not of the form tcp://HOST:PORT", spec);
+            us__errf(err, errlen, "rendezvous: '%s' is not of the form tcp://HOST:PORT", spec);
             return US_ERR_INVALID;
         }
         memcpy(host, h, (size_t)(hend - h));
@@ -2416,7 +2384,7 @@ US_API us_result us_rendezvous(const char *spec, int rank, int world_size, void 
                          : us__boot_tcp_peer(host, port, rank, world_size, bytes, nbytes, timeout_s,
                                              err, errlen);
     }
-    us__boot_errf(err, errlen, "rendezvous: '%s' must start with tcp:// or file://", spec);
+    us__errf(err, errlen, "rendezvous: '%s' must start with tcp:// or file://", spec);
     return US_ERR_INVALID;
 }
 
@@ -2472,14 +2440,13 @@ US_API int us_launch_procs(int nproc, char *const argv[], double grace_s, char *
                     nvls = getenv("NCCL_NVLS_ENABLE") != NULL;
     double t_fail = 0, t_term = 0;
     if (nproc < 1 || nproc > 65536 || !argv || !argv[0]) {
-        us__boot_errf(err, errlen, "launch: need 1 to 65536 processes and a program (nproc=%d)",
-                      nproc);
+        us__errf(err, errlen, "launch: need 1 to 65536 processes and a program (nproc=%d)", nproc);
         return -1;
     }
     if (grace_s <= 0) grace_s = 30;
     if ((port = us__boot_free_port()) < 0) {
-        us__boot_errf(err, errlen, "launch: could not find a free port on 127.0.0.1: %s",
-                      strerror(errno));
+        us__errf(err, errlen, "launch: could not find a free port on 127.0.0.1: %s",
+                 strerror(errno));
         return -1;
     }
     us__boot_resolve(argv[0], exe, sizeof exe);
@@ -2488,7 +2455,7 @@ US_API int us_launch_procs(int nproc, char *const argv[], double grace_s, char *
     pid = (pid_t *)calloc((size_t)nproc, sizeof *pid);
     st = (int *)calloc((size_t)nproc, sizeof *st);
     if (!envp || !pid || !st) {
-        us__boot_errf(err, errlen, "launch: out of memory");
+        us__errf(err, errlen, "launch: out of memory");
         goto done;
     }
     /* the environment every rank shares: ours minus the variables the launcher sets */
@@ -2525,7 +2492,7 @@ US_API int us_launch_procs(int nproc, char *const argv[], double grace_s, char *
             _exit(127);
         }
         if (pid[r] < 0) {
-            us__boot_errf(err, errlen, "launch: fork of rank %d failed: %s", r, strerror(errno));
+            us__errf(err, errlen, "launch: fork of rank %d failed: %s", r, strerror(errno));
             for (j = 0; j < r; j++) {
                 kill(pid[j], SIGKILL);
                 waitpid(pid[j], NULL, 0);
@@ -2544,12 +2511,12 @@ US_API int us_launch_procs(int nproc, char *const argv[], double grace_s, char *
             alive--;
             if (first < 0 && !(WIFEXITED(s) && WEXITSTATUS(s) == 0)) {
                 first = r;
-                t_fail = us__boot_now();
+                t_fail = us__now_s();
             }
         }
         if (first >= 0 &&
             alive > 0) { /* a rank failed: give the others time to report, then stop them */
-            double now = us__boot_now();
+            double now = us__now_s();
             int sig = 0;
             if (!termed && now >= t_fail + grace_s) {
                 sig = SIGTERM;
@@ -2576,11 +2543,10 @@ US_API int us_launch_procs(int nproc, char *const argv[], double grace_s, char *
                      grace_s);
         if (WIFSIGNALED(s)) {
             ret = 128 + WTERMSIG(s);
-            us__boot_errf(err, errlen, "rank %d was killed by signal %d%s", first, WTERMSIG(s),
-                          more);
+            us__errf(err, errlen, "rank %d was killed by signal %d%s", first, WTERMSIG(s), more);
         } else {
             ret = WIFEXITED(s) ? WEXITSTATUS(s) : 1;
-            us__boot_errf(err, errlen, "rank %d exited with code %d%s", first, ret, more);
+            us__errf(err, errlen, "rank %d exited with code %d%s", first, ret, more);
         }
     }
 done:
@@ -2659,7 +2625,7 @@ static int us__nccl_abort_all(us__nccl *nb) { /* 1 when every abort returned in 
         (us__nccl_abort *)calloc(1, sizeof *a); /* the thread's; leaked if it stays stuck */
     us__nccl_group *g;
     pthread_t th;
-    double t0 = us__boot_now();
+    double t0 = us__now_s();
     int done = 0;
     for (g = nb->groups; g; g = g->next) g->aborted = 1;
     if (!a) { /* no memory for the helper: abort inline and hope */
@@ -2674,7 +2640,7 @@ static int us__nccl_abort_all(us__nccl *nb) { /* 1 when every abort returned in 
         free(a);
         return 1;
     }
-    while (!done && us__boot_now() - t0 < US__NCCL_ABORT_WAIT) {
+    while (!done && us__now_s() - t0 < US__NCCL_ABORT_WAIT) {
         us__boot_sleep(1e-3);
         pthread_mutex_lock(&a->mu);
         done = a->done;
@@ -2876,7 +2842,7 @@ static us_result us__nccl_wait(us_comm *c, us_work *w) {
        compute stream is made to wait only once the collective is known to have finished: a
        stream waiting on a collective that never ends would hang every later synchronisation
        (freeing memory, copying a loss back) with no chance to report anything. */
-    t_start = us__boot_now();
+    t_start = us__now_s();
     for (;;) {
         ncclResult_t ar = ncclSuccess, qr;
         cudaError_t e = cudaEventQuery(wk->done);
@@ -2894,7 +2860,7 @@ static us_result us__nccl_wait(us_comm *c, us_work *w) {
                               ncclGetLastError(wk->g->comm));
             goto release;
         }
-        if ((waited = us__boot_now() - t_start) > timeout) {
+        if ((waited = us__now_s() - t_start) > timeout) {
             r = us__nccl_fail(
                 c, "%s did not complete within %g s; a peer may have died; communicator aborted",
                 wk->what, timeout);
@@ -3155,8 +3121,8 @@ static us_result us__nccl_all_to_all(us_comm *c, us_group *g, void *dst, const i
                                 (long long)sc[me], (long long)rc[me]);
     if ((r = us__nccl_start(c, ng, "all_to_all", S, &wk)) != US_OK) return r;
     /* this rank's own block: inside the NCCL group, so it moves while the peers' blocks do (a copy
-       before the group cost all_to_all ~10% of raw NCCL's bandwidth at 1 GB on 2 H200s); alone,
-       a device copy; in place, nothing */
+       before the group costs bandwidth: bench/RESULTS.md); alone, a device copy; in place,
+       nothing */
     self =
         sc[me] > 0 && (char *)dst + (size_t)rd[me] * es != (const char *)src + (size_t)sd[me] * es;
     if (self && ng->size == 1)
@@ -3313,7 +3279,7 @@ US_API us_result us_nccl_init(us_comm *c, us_ops *ops, void *compute_stream, int
     cudaEvent_t probe = NULL;
     msg[0] = '\0';
     if (!c) {
-        us__boot_errf(err, errlen, "us_nccl_init: c is NULL");
+        us__errf(err, errlen, "us_nccl_init: c is NULL");
         return US_ERR_INVALID;
     }
     memset(c, 0, sizeof *c);
@@ -3447,7 +3413,7 @@ fail:
         us__nccl_destroy(nb);
     } /* a half-made communicator is aborted */
     snprintf(c->err, sizeof c->err, "%s", msg);
-    us__boot_errf(err, errlen, "%s", msg);
+    us__errf(err, errlen, "%s", msg);
     return r;
 }
 
