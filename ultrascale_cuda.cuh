@@ -55,8 +55,7 @@ US_API void us_cuda_describe(const us_ops *ops, char *buf, size_t buflen);
 US_API const char *us_cuda_attention_path(us_ops *ops, us_dtype dt, int head_size, int by_blocks);
 /* Keeps attention off the Hopper kernels, so that tests and benchmarks can compare the paths:
    0 every path (the default), 1 none of the Hopper kernels, 2 not the Hopper forward, 3 not
-   the Hopper backward, 4 the Hopper backward on one stream (its dQ kernel after dK/dV, not
-   beside them). */
+   the Hopper backward. */
 US_API void us_cuda_attention_no_hopper(us_ops *ops, int which);
 /* The compute stream every op of these ops runs on (a cudaStream_t), for the NCCL backend to
    order its communication stream against. */
@@ -93,12 +92,6 @@ typedef struct us__cuda {
     int device, cc_major, n_sm;
     int hop_off; /* attention skips // >>cuda-hopper: 1 both ways, 2 forward, 3 backward (tests) */
     cudaStream_t stream;
-    /* a second stream for a kernel that may overlap its neighbour (the Hopper backward's dQ
-       beside dK/dV), forked from and joined back to stream by the two events; made at first use */
-    cudaStream_t side;
-    cudaEvent_t side_fork, side_join;
-    int side_off;       /* the side stream could not be made: everything on stream */
-    int hop_one_stream; /* the Hopper backward keeps off the side stream (comparisons) */
     cublasLtHandle_t lt;
     void *ws; /* cuBLASLt workspace */
     size_t ws_bytes;
@@ -3612,8 +3605,7 @@ static void us__hop_fwd_hs(const CUtensorMap &mq, const CUtensorMap &mkv, void *
 
 template <typename E, int HS>
 static void us__hop_bwd_hs(const CUtensorMap *maps, const float *L2, const float *D, void *dqkv,
-                           int B, int T, int NH, int NKV, cudaStream_t st, cudaStream_t side,
-                           cudaEvent_t fork, cudaEvent_t join) {
+                           int B, int T, int NH, int NKV, cudaStream_t st) {
     using C = us__hop_cfg<HS>;
     const float scale = 1.f / sqrtf((float)HS), sl2 = scale * 1.4426950408889634f;
     const size_t s1 = us__hop_smem(C::dkdv_bytes), s2 = us__hop_smem(C::dq_bytes);
@@ -3621,17 +3613,7 @@ static void us__hop_bwd_hs(const CUtensorMap *maps, const float *L2, const float
     dim3 g1(NKV, B, (T + 64 * C::NWG - 1) / (64 * C::NWG)),
         g2(NH, B, (T + 64 * C::NWG - 1) / (64 * C::NWG));
     /* maps: 0 Q by BQ rows, 1 dO by BQ rows, 2 K/V by 64·NWG rows, 3 Q by 64·NWG, 4 dO by 64·NWG,
-       5 K/V by BKQ. The dQ kernel runs on the side stream, beside the dK/dV kernel(s): they
-       read the same inputs and write other columns of dqkv, and the GPU fills the SMs one
-       kernel's tail leaves idle (the causal tiles' work is uneven) with the other's CTAs. */
-    cudaFuncSetAttribute(us__hop_dq_kernel<E, HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         (int)s2);
-    if (side) {
-        cudaEventRecord(fork, st);
-        cudaStreamWaitEvent(side, fork, 0);
-    }
-    us__hop_dq_kernel<E, HS><<<g2, nthr, s2, side ? side : st>>>(maps[3], maps[4], maps[5], L2, D,
-                                                                 (E *)dqkv, T, NH, NKV, scale, sl2);
+       5 K/V by BKQ */
     if constexpr (C::NWG == 2) {
         cudaFuncSetAttribute(us__hop_dkdv_kernel<E, HS, 0>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
@@ -3647,10 +3629,10 @@ static void us__hop_bwd_hs(const CUtensorMap *maps, const float *L2, const float
         us__hop_dkdv_kernel<E, HS, 2><<<g1, nthr, s1, st>>>(maps[0], maps[1], maps[2], L2, D,
                                                             (E *)dqkv, T, NH, NKV, scale, sl2);
     }
-    if (side) {
-        cudaEventRecord(join, side);
-        cudaStreamWaitEvent(st, join, 0);
-    }
+    cudaFuncSetAttribute(us__hop_dq_kernel<E, HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)s2);
+    us__hop_dq_kernel<E, HS>
+        <<<g2, nthr, s2, st>>>(maps[3], maps[4], maps[5], L2, D, (E *)dqkv, T, NH, NKV, scale, sl2);
 }
 
 /* the head sizes compiled, each for bf16 and fp16 */
@@ -3707,32 +3689,14 @@ static int us__hop_attention_bwd(us_ops *o, void *dqkv, const void *dout, const 
                                  int NKV, int HS, us_dtype dt) {
     CUtensorMap maps[6];
     const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, OC = (int64_t)NH * HS, rows = B * T * NH;
-    us__cuda *c = us__cu(o);
-    cudaStream_t st = c->stream;
+    cudaStream_t st = us__cu(o)->stream;
     float *D, *L2;
     if (!us__hop_ok(o, dt, HS, 1) || !us__hop_aligned(qkv) || !us__hop_aligned(dout) || NKV <= 0 ||
         NH % NKV || B >= 65536 || T > INT_MAX / 2)
         return 0;
     if (B <= 0 || T <= 0 || NH <= 0) return 1;
     D = (float *)us__cuda_scratch(o, (size_t)2 * rows * sizeof(float));
-    if (!D) return 1;               /* the failure is recorded */
-    if (!c->side && !c->side_off) { /* the side stream, once; without it all runs on one */
-        cudaStream_t s2 = NULL;
-        cudaEvent_t e1 = NULL, e2 = NULL;
-        if (cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking) == cudaSuccess &&
-            cudaEventCreateWithFlags(&e1, cudaEventDisableTiming) == cudaSuccess &&
-            cudaEventCreateWithFlags(&e2, cudaEventDisableTiming) == cudaSuccess) {
-            c->side = s2;
-            c->side_fork = e1;
-            c->side_join = e2;
-        } else {
-            cudaGetLastError();
-            if (e1) cudaEventDestroy(e1);
-            if (s2) cudaStreamDestroy(s2);
-            c->side_off = 1;
-        }
-    }
-    cudaStream_t side = c->hop_one_stream ? NULL : c->side;
+    if (!D) return 1; /* the failure is recorded */
     L2 = D + rows;
     if (dt == US_F16)
         us__hop_dot_kernel<__half><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(
@@ -3741,23 +3705,21 @@ static int us__hop_attention_bwd(us_ops *o, void *dqkv, const void *dout, const 
         us__hop_dot_kernel<__nv_bfloat16><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(
             (const __nv_bfloat16 *)dout, (const __nv_bfloat16 *)out, lse, D, L2, rows, (int)T, NH,
             HS);
-#define US__HOP_BWD(H)                                                                             \
-    if (HS == H) {                                                                                 \
-        const int bq = us__hop_cfg<H>::BQ, bk = 64 * us__hop_cfg<H>::NWG,                          \
-                  bkq = us__hop_cfg<H>::BKQ;                                                       \
-        if (!us__hop_map(maps + 0, qkv, dt, QKV, T, B, bq) ||                                      \
-            !us__hop_map(maps + 1, dout, dt, OC, T, B, bq) ||                                      \
-            !us__hop_map(maps + 2, qkv, dt, QKV, T, B, bk) ||                                      \
-            !us__hop_map(maps + 3, qkv, dt, QKV, T, B, bk) ||                                      \
-            !us__hop_map(maps + 4, dout, dt, OC, T, B, bk) ||                                      \
-            !us__hop_map(maps + 5, qkv, dt, QKV, T, B, bkq))                                       \
-            return 0;                                                                              \
-        if (dt == US_F16)                                                                          \
-            us__hop_bwd_hs<__half, H>(maps, L2, D, dqkv, (int)B, (int)T, NH, NKV, st, side,        \
-                                      c->side_fork, c->side_join);                                 \
-        else                                                                                       \
-            us__hop_bwd_hs<__nv_bfloat16, H>(maps, L2, D, dqkv, (int)B, (int)T, NH, NKV, st, side, \
-                                             c->side_fork, c->side_join);                          \
+#define US__HOP_BWD(H)                                                                        \
+    if (HS == H) {                                                                            \
+        const int bq = us__hop_cfg<H>::BQ, bk = 64 * us__hop_cfg<H>::NWG,                     \
+                  bkq = us__hop_cfg<H>::BKQ;                                                  \
+        if (!us__hop_map(maps + 0, qkv, dt, QKV, T, B, bq) ||                                 \
+            !us__hop_map(maps + 1, dout, dt, OC, T, B, bq) ||                                 \
+            !us__hop_map(maps + 2, qkv, dt, QKV, T, B, bk) ||                                 \
+            !us__hop_map(maps + 3, qkv, dt, QKV, T, B, bk) ||                                 \
+            !us__hop_map(maps + 4, dout, dt, OC, T, B, bk) ||                                 \
+            !us__hop_map(maps + 5, qkv, dt, QKV, T, B, bkq))                                  \
+            return 0;                                                                         \
+        if (dt == US_F16)                                                                     \
+            us__hop_bwd_hs<__half, H>(maps, L2, D, dqkv, (int)B, (int)T, NH, NKV, st);        \
+        else                                                                                  \
+            us__hop_bwd_hs<__nv_bfloat16, H>(maps, L2, D, dqkv, (int)B, (int)T, NH, NKV, st); \
     }
     US__HOP_HEADS(US__HOP_BWD)
 #undef US__HOP_BWD
@@ -5580,11 +5542,6 @@ US_API void us_cuda_ops_free(us_ops *o) {
     if (c->host_red) cudaFreeHost(c->host_red);
     for (i = 0; i < US__CUDA_MARKS && c->marks[i]; i++) cudaEventDestroy(c->marks[i]);
     if (c->mark_ref) cudaEventDestroy(c->mark_ref);
-    if (c->side) {
-        cudaEventDestroy(c->side_fork);
-        cudaEventDestroy(c->side_join);
-        cudaStreamDestroy(c->side);
-    }
     cudaStreamDestroy(c->stream);
     free(c);
     o->backend = NULL;
@@ -5601,9 +5558,7 @@ US_API const char *us_cuda_attention_path(us_ops *o, us_dtype dt, int HS, int by
 }
 
 US_API void us_cuda_attention_no_hopper(us_ops *o, int which) {
-    if (!o->backend) return;
-    us__cu(o)->hop_off = which >= 1 && which <= 3 ? which : 0;
-    us__cu(o)->hop_one_stream = which == 4;
+    if (o->backend) us__cu(o)->hop_off = which >= 0 && which <= 3 ? which : 0;
 }
 
 US_API void us_cuda_describe(const us_ops *o, char *buf, size_t buflen) {
