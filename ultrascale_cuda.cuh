@@ -3005,6 +3005,109 @@ static __device__ __forceinline__ void us__hop_scale_o(float (&o)[HS / 8][4],
         for (int e = 0; e < 4; e++) asm volatile("" : "+f"(o[i][e])::"memory");
 }
 
+/* A kernel's barriers, laid out [one][full n][empty n]: `one` for the tiles loaded once (one
+   arrival), "full" for the ring's stages (full_count arrivals: the copy thread, and whoever
+   else fills a stage), "empty" (empty_count: every consumer thread). Thread 0 initialises, then
+   the block syncs. */
+static __device__ __forceinline__ void us__hop_bars_init(uint64_t *one, int n, int full_count,
+                                                         int empty_count) {
+    if (threadIdx.x == 0) {
+        us__mb_init(one, 1);
+        for (int i = 0; i < n; i++) {
+            us__mb_init(one + 1 + i, full_count);
+            us__mb_init(one + 1 + n + i, empty_count);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+}
+
+/* setmaxnreg with NC consumer warpgroups: the producer gives registers up (24 each beside three
+   consumers, 40 beside two), the consumers take them (160, 232); one consumer keeps the split */
+template <int NC>
+static __device__ __forceinline__ void us__hop_regs_producer(void) {
+    if constexpr (NC == 3)
+        us__hop_regs_dec<24>();
+    else if constexpr (NC == 2)
+        us__hop_regs_dec<40>();
+}
+
+template <int NC>
+static __device__ __forceinline__ void us__hop_regs_consumer(void) {
+    if constexpr (NC == 3)
+        us__hop_regs_inc<160>();
+    else if constexpr (NC == 2)
+        us__hop_regs_inc<232>();
+}
+
+/* S = Q·Kᵀ for a warpgroup's 64 queries (rows of the Q tile of BR rows, from q) against a tile
+   of BC keys, as one committed batch of wgmma */
+template <typename E, int HS, int BR, int BC>
+static __device__ __forceinline__ void us__hop_qk(float (&sc)[BC / 8][4], const unsigned char *q,
+                                                  const unsigned char *k) {
+    us__wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++)
+        us__wg_ss<BC, E, 0>(&sc[0][0], us__wg_kmaj<BR>(q, 0, kk), us__wg_kmaj<BC>(k, 0, kk),
+                            kk > 0);
+    us__wg_commit();
+}
+
+/* The forward's producer (one thread): Q once, then K and V of tiles 0..nkb−1 through the S
+   stages of the ring, each refilled once every consumer has arrived on its "empty" barrier */
+template <int HS>
+static __device__ __forceinline__ void
+us__hop_fwd_produce(unsigned char *sQ, unsigned char *sK, unsigned char *sV, uint64_t *barQ,
+                    uint64_t *fullK, uint64_t *fullV, uint64_t *emptyK, uint64_t *emptyV,
+                    const CUtensorMap *mq, const CUtensorMap *mkv, int h, int g, int b, int q0,
+                    int nkb, int NH, int NKV) {
+    using C = us__hop_cfg<HS>;
+    constexpr int BR = 64 * C::NWF, BC = C::BC, S = C::FS, QB = BR * C::HSP * 2,
+                  KVB = BC * C::HSP * 2;
+    us__mb_expect(barQ, QB);
+    us__tma_tile<HS, BR>(sQ, mq, h * HS, q0, b, barQ);
+    for (int kb = 0; kb < nkb; kb++) {
+        const int s = kb % S;
+        if (kb >= S) us__mb_wait(emptyK + s, ((kb / S) - 1) & 1); /* every consumer is done */
+        us__mb_expect(fullK + s, KVB);
+        us__tma_tile<HS, BC>(sK + s * KVB, mkv, (NH + g) * HS, kb * BC, b, fullK + s);
+        if (kb >= S) us__mb_wait(emptyV + s, ((kb / S) - 1) & 1);
+        us__mb_expect(fullV + s, KVB);
+        us__tma_tile<HS, BC>(sV + s * KVB, mkv, (NH + NKV + g) * HS, kb * BC, b, fullV + s);
+    }
+}
+
+/* O / l into out [B][T][NH·HS] and lse = m + log l (natural log) for the thread's two rows
+   row0 and row0 + 8 (l summed first over the quad of threads that share a row) */
+template <typename E, int HS>
+static __device__ __forceinline__ void
+us__hop_fwd_store(const float (&o)[HS / 8][4], const float (&m)[2], float (&l)[2], E *out,
+                  float *lse, int row0, int b, int h, int T, int NH, int lane) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        const int row = row0 + r * 8;
+        if (row < T) {
+            const float inv = 1.f / l[r];
+            E *orow = out + ((int64_t)b * T + row) * NH * HS + (int64_t)h * HS + 2 * (lane & 3);
+#pragma unroll
+            for (int i = 0; i < HS / 8; i++)
+                *reinterpret_cast<uint32_t *>(orow + i * 8) =
+                    us__hop_pack<E>(o[i][2 * r] * inv, o[i][2 * r + 1] * inv);
+            if ((lane & 3) == 0)
+                lse[((int64_t)b * NH + h) * T + row] = (m[r] + log2f(l[r])) * 0.69314718055994531f;
+        }
+    }
+}
+
+/* The forward, one CTA per (64·NWF queries, head, batch). A consumer's tile kb: issue S =
+   Q·K_kbᵀ and, behind it, O += P·V of tile kb−1 (intra-warpgroup overlap: the softmax of tile kb
+   runs while that second GEMM does). O lags one tile: it is rescaled by tile kb−1's correction
+   before the batch that adds P·V of tile kb−1. The consumers take turns issuing (ping-pong,
+   round robin over NWF), so one's softmax meets the others' GEMMs. The first tile and the last
+   P·V are peeled off, so that every wait in the loop is unconditional (ptxas serialises wgmma it
+   cannot prove waited for on every path). */
 template <typename E, int HS>
 __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
     us__hop_fwd_kernel(const __grid_constant__ CUtensorMap mq,
@@ -3019,52 +3122,22 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
     unsigned char *sQ = us__hop_smem_base(us__hop_raw); /* [BR][HSP] */
     unsigned char *sK = sQ + QB;                        /* [S][BC][HSP] */
     unsigned char *sV = sK + S * KVB;                   /* [S][BC][HSP] */
-    uint64_t *barQ = (uint64_t *)(sV + S * KVB), *fullK = barQ + 1, *fullV = fullK + S,
-             *emptyK = fullV + S;
-    uint64_t *emptyV = emptyK + S;
+    uint64_t *barQ = (uint64_t *)(sV + S * KVB), *fullK = barQ + 1, *fullV = fullK + S;
+    uint64_t *emptyK = fullV + S, *emptyV = emptyK + S;
     const int qb = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, g = h / (NH / NKV);
     const int q0 = qb * BR,
               nkb = (min(q0 + BR, T) - 1) / BC + 1; /* causal: no tile past the diagonal */
     const int wg = us__hop_wg(), tid = threadIdx.x & 127;
-    if (threadIdx.x == 0) {
-        us__mb_init(barQ, 1);
-        for (int s = 0; s < S; s++) {
-            us__mb_init(fullK + s, 1);
-            us__mb_init(fullV + s, 1);
-            us__mb_init(emptyK + s, 128 * NW); /* every consumer thread arrives */
-            us__mb_init(emptyV + s, 128 * NW);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
+    us__hop_bars_init(barQ, 2 * S, 1, 128 * NW); /* fullK, fullV; emptyK, emptyV */
 
     if (wg == 0) { /* producer: one thread issues every copy */
-        if constexpr (NW == 3)
-            us__hop_regs_dec<24>();
-        else
-            us__hop_regs_dec<40>();
-        if (tid == 0) {
-            us__mb_expect(barQ, QB);
-            us__tma_tile<HS, BR>(sQ, &mq, h * HS, q0, b, barQ);
-            for (int kb = 0; kb < nkb; kb++) {
-                const int s = kb % S;
-                if (kb >= S)
-                    us__mb_wait(emptyK + s,
-                                ((kb / S) - 1) & 1); /* every consumer is done with it */
-                us__mb_expect(fullK + s, KVB);
-                us__tma_tile<HS, BC>(sK + s * KVB, &mkv, (NH + g) * HS, kb * BC, b, fullK + s);
-                if (kb >= S) us__mb_wait(emptyV + s, ((kb / S) - 1) & 1);
-                us__mb_expect(fullV + s, KVB);
-                us__tma_tile<HS, BC>(sV + s * KVB, &mkv, (NH + NKV + g) * HS, kb * BC, b,
-                                     fullV + s);
-            }
-        }
+        us__hop_regs_producer<NW>();
+        if (tid == 0)
+            us__hop_fwd_produce<HS>(sQ, sK, sV, barQ, fullK, fullV, emptyK, emptyV, &mq, &mkv, h, g,
+                                    b, q0, nkb, NH, NKV);
         return;
     }
-    if constexpr (NW == 3)
-        us__hop_regs_inc<160>();
-    else
-        us__hop_regs_inc<232>();
+    us__hop_regs_consumer<NW>();
     const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
     const int r0 = q0 + 64 * c; /* this warpgroup's first query */
     const int nkb_c =
@@ -3077,54 +3150,37 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
     if (c == NW - 1) us__hop_bar_arrive(1); /* consumer 0 takes the tensor cores first */
     us__mb_wait(barQ, 0);
 
-    /* Tile kb: issue S = Q·K_kbᵀ and, behind it, O += P·V of tile kb−1 (intra-warpgroup
-       overlap: the softmax of tile kb runs while that second GEMM does). O lags one tile: it is
-       rescaled by tile kb−1's correction before the batch that adds P·V of tile kb−1. The
-       consumers take turns issuing (ping-pong, round robin over NW), so one's softmax meets the
-       others' GEMMs. The first tile and the last P·V are peeled off, so that every wait in the
-       loop is unconditional (ptxas serialises wgmma it cannot prove waited for on every path). */
     float corr[2] = {1.f, 1.f};
-    const auto qk = [&](float(&sc)[1][BC / 8][4], int s) {
-        us__wg_fence();
+    /* O += P·V of the tile in stage s (O was rescaled before the batch's first fence) */
+    const auto pv = [&](int s, int ph) {
+        us__mb_wait(fullV + s, ph);
 #pragma unroll
-        for (int kk = 0; kk < HS / 16; kk++)
-            us__wg_ss<BC, E, 0>(&sc[0][0][0], us__wg_kmaj<BR>(sQ, 64 * c, kk),
-                                us__wg_kmaj<BC>(sK + s * KVB, 0, kk), kk > 0);
+        for (int t = 0; t < BC / 16; t++)
+            us__wg_rs<HS, E, 1>(&o[0][0][0], pa[t], us__wg_mnmaj<BC>(sV + s * KVB, t), 1);
         us__wg_commit();
     };
-    const auto pv = [&](int s, int ph) { /* O was rescaled before the batch's first fence */
-                                         us__mb_wait(fullV + s, ph);
-#pragma unroll
-                                         for (int t = 0; t < BC / 16; t++)
-                                             us__wg_rs<HS, E, 1>(&o[0][0][0], pa[t],
-                                                                 us__wg_mnmaj<BC>(sV + s * KVB, t),
-                                                                 1);
-                                         us__wg_commit();
-    };
-    const auto softmax =
-        [&](float(&sc)[1][BC / 8][4],
-            int kb) { /* masked only across the diagonal */
-                      us__hop_softmax<BC>(sc[0], m[0], l[0], corr, sl2, kb * BC + BC - 1 > r0,
-                                          [&](int j, int e) {
-                                              return kb * BC + j * 8 + 2 * (lane & 3) + (e & 1) >
-                                                     row0 + (e >> 1) * 8;
-                                          });
+    /* the online softmax of tile kb, masked only across the diagonal */
+    const auto softmax = [&](float(&sc)[1][BC / 8][4], int kb) {
+        const auto masked = [&](int j, int e) {
+            return kb * BC + j * 8 + 2 * (lane & 3) + (e & 1) > row0 + (e >> 1) * 8;
         };
+        us__hop_softmax<BC>(sc[0], m[0], l[0], corr, sl2, kb * BC + BC - 1 > r0, masked);
+    };
     /* P into the A registers, only once the P·V that reads the old ones has finished */
     const auto to_a = [&](float(&sc)[1][BC / 8][4]) {
 #pragma unroll
         for (int t = 0; t < BC / 16; t++) us__hop_to_a<E, BC>(pa[t], sc[0], t);
     };
-    const auto turn_done = [&](int kb) { /* the next consumer's turn (none after the last) */
-                                         if (c != NW - 1 || kb + 1 < nkb)
-                                             us__hop_bar_arrive(1 + (c + 1) % NW);
+    /* the next consumer's turn (none after the last tile) */
+    const auto turn_done = [&](int kb) {
+        if (c != NW - 1 || kb + 1 < nkb) us__hop_bar_arrive(1 + (c + 1) % NW);
     };
     int kb = 0;
     if (nkb_c > 0) {
         float sc[1][BC / 8][4];
         us__mb_wait(fullK, 0);
         us__hop_bar_sync(1 + c);
-        qk(sc, 0);
+        us__hop_qk<E, HS, BR, BC>(sc[0], sQ + 64 * c * 128, sK);
         turn_done(0);
         us__wg_wait<BC / 2>(&sc[0][0][0]);
         us__mb_arrive(emptyK);
@@ -3135,7 +3191,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
             us__mb_wait(fullK + s, (kb / S) & 1);
             us__hop_bar_sync(1 + c); /* this consumer's turn at the tensor cores */
             us__hop_scale_o<HS>(o[0], corr);
-            qk(sc, s);
+            us__hop_qk<E, HS, BR, BC>(sc[0], sQ + 64 * c * 128, sK + s * KVB);
             pv(sp, ((kb - 1) / S) & 1);
             turn_done(kb);
             us__wg_wait_n<1, BC / 2>(&sc[0][0][0]); /* S has landed, P·V may still run */
@@ -3151,8 +3207,8 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
         us__wg_wait<HS / 2>(&o[0][0][0]);
         us__mb_arrive(emptyV + (kb - 1) % S);
     }
-    for (; kb < nkb;
-         kb++) { /* tiles wholly after this warpgroup's queries: only their turns and stages */
+    /* tiles wholly after this warpgroup's queries: only their turns and stages */
+    for (; kb < nkb; kb++) {
         const int s = kb % S;
         us__mb_wait(fullK + s, (kb / S) & 1);
         us__hop_bar_sync(1 + c);
@@ -3161,24 +3217,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
         us__mb_arrive(emptyV + s);
     }
 
-    /* O / l and lse = m + log l (natural log) */
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l[0][r] += __shfl_xor_sync(0xffffffffu, l[0][r], 1);
-        l[0][r] += __shfl_xor_sync(0xffffffffu, l[0][r], 2);
-        const int row = row0 + r * 8;
-        if (row < T) {
-            const float inv = 1.f / l[0][r];
-            E *orow = out + ((int64_t)b * T + row) * NH * HS + (int64_t)h * HS + 2 * (lane & 3);
-#pragma unroll
-            for (int i = 0; i < HS / 8; i++)
-                *reinterpret_cast<uint32_t *>(orow + i * 8) =
-                    us__hop_pack<E>(o[0][i][2 * r] * inv, o[0][i][2 * r + 1] * inv);
-            if ((lane & 3) == 0)
-                lse[((int64_t)b * NH + h) * T + row] =
-                    (m[0][r] + log2f(l[0][r])) * 0.69314718055994531f;
-        }
-    }
+    us__hop_fwd_store<E, HS>(o[0], m[0], l[0], out, lse, row0, b, h, T, NH, lane);
 #else
     (void)mq, (void)mkv, (void)out, (void)lse, (void)T, (void)NH, (void)NKV, (void)sl2;
     __trap();
@@ -3206,6 +3245,112 @@ __global__ void __launch_bounds__(256)
         const int64_t i = (bb * NH + h) * T + t;
         D[i] = acc;
         L2[i] = lse[i] == -INFINITY ? INFINITY : lse[i] * 1.4426950408889634f;
+    }
+}
+
+/* Ping-pong of the backward's two consumers (NWG 2): each takes its turn before issuing a GEMM
+   batch (named barrier 1 + c) and hands the tensor cores over after (2 − c); consumer 1 starts
+   by handing them to consumer 0, and consumer 1 hands nothing on after its last batch */
+template <int NWG>
+static __device__ __forceinline__ void us__hop_turn(int c) {
+    if constexpr (NWG == 2) us__hop_bar_sync(1 + c);
+}
+
+template <int NWG>
+static __device__ __forceinline__ void us__hop_turn_done(int c, bool last) {
+    if constexpr (NWG == 2) {
+        if (c == 0 || !last) us__hop_bar_arrive(2 - c);
+    }
+}
+
+/* The dK/dV kernel's copy thread: K and V of the CTA's keys once, then Q and dO of every
+   (head of the group, query tile at or after the diagonal) through the ring */
+template <int HS>
+static __device__ __forceinline__ void
+us__hop_dkdv_produce(unsigned char *sK, unsigned char *sV, unsigned char *sQ, unsigned char *sdO,
+                     uint64_t *barKV, uint64_t *full, uint64_t *empty, const CUtensorMap *mq,
+                     const CUtensorMap *mdo, const CUtensorMap *mkv, int g, int b, int k0, int qb0,
+                     int grp, int per, int NH, int NKV) {
+    using C = us__hop_cfg<HS>;
+    constexpr int BK = 64 * C::NWG, BQ = C::BQ, S = C::BS;
+    constexpr int KB = BK * C::HSP * 2, QB = BQ * C::HSP * 2;
+    us__mb_expect(barKV, 2 * KB);
+    us__tma_tile<HS, BK>(sK, mkv, (NH + g) * HS, k0, b, barKV);
+    us__tma_tile<HS, BK>(sV, mkv, (NH + NKV + g) * HS, k0, b, barKV);
+    for (int it = 0; it < grp * per; it++) {
+        const int s = it % S, h = g * grp + it / per, q0 = (qb0 + it % per) * BQ;
+        if (it >= S) us__mb_wait(empty + s, ((it / S) - 1) & 1);
+        us__mb_expect(full + s, 2 * QB);
+        us__tma_tile<HS, BQ>(sQ + s * QB, mq, h * HS, q0, b, full + s);
+        us__tma_tile<HS, BQ>(sdO + s * QB, mdo, h * HS, q0, b, full + s);
+    }
+}
+
+/* The dK/dV kernel's warp 1: L2 = lse·log2 e and D of each stage's queries into shared memory
+   (queries past T: L2 = +inf makes P 0), then an arrival on the stage's "full" barrier */
+template <int HS>
+static __device__ __forceinline__ void
+us__hop_dkdv_rows(float *sL, float *sD, uint64_t *full, uint64_t *empty,
+                  const float *__restrict__ L2g, const float *__restrict__ Dg, int g, int b,
+                  int qb0, int grp, int per, int T, int NH, int lane) {
+    constexpr int BQ = us__hop_cfg<HS>::BQ, S = us__hop_cfg<HS>::BS;
+    for (int it = 0; it < grp * per; it++) {
+        const int s = it % S, h = g * grp + it / per, q0 = (qb0 + it % per) * BQ;
+        if (it >= S) us__mb_wait(empty + s, ((it / S) - 1) & 1);
+        for (int i = lane; i < BQ; i += 32) {
+            const int q = q0 + i;
+            const int64_t x = ((int64_t)b * NH + h) * T + q;
+            sL[s * BQ + i] = q < T ? L2g[x] : INFINITY;
+            sD[s * BQ + i] = q < T ? Dg[x] : 0.f;
+        }
+        us__mb_arrive(full + s); /* release: the stores above are visible to the waiters */
+    }
+}
+
+/* dK and dV of the thread's keys key0 and key0 + 8 into dqkv [B][T][QKV] (kv head g) */
+template <typename E, int HS, bool DK, bool DV>
+static __device__ __forceinline__ void
+us__hop_dkv_store(const float (&dk)[DK ? HS / 8 : 1][4], const float (&dv)[DV ? HS / 8 : 1][4],
+                  E *dqkv, int key0, int b, int g, int T, int NH, int NKV, int lane) {
+    const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int key = key0 + r * 8;
+        if (key >= T) continue;
+        E *row = dqkv + ((int64_t)b * T + key) * QKV + 2 * (lane & 3);
+        E *dkr = row + (int64_t)(NH + g) * HS, *dvr = row + (int64_t)(NH + NKV + g) * HS;
+#pragma unroll
+        for (int i = 0; i < HS / 8; i++) {
+            if constexpr (DK)
+                *reinterpret_cast<uint32_t *>(dkr + i * 8) =
+                    us__hop_pack<E>(dk[i][2 * r], dk[i][2 * r + 1]);
+            if constexpr (DV)
+                *reinterpret_cast<uint32_t *>(dvr + i * 8) =
+                    us__hop_pack<E>(dv[i][2 * r], dv[i][2 * r + 1]);
+        }
+    }
+}
+
+/* The dQ kernel's copy thread: Q and dO of the CTA's queries once, then K and V of key tiles
+   0..nkb−1 through the ring */
+template <int HS>
+static __device__ __forceinline__ void
+us__hop_dq_produce(unsigned char *sQ, unsigned char *sdO, unsigned char *sK, unsigned char *sV,
+                   uint64_t *barQ, uint64_t *full, uint64_t *empty, const CUtensorMap *mq,
+                   const CUtensorMap *mdo, const CUtensorMap *mkv, int h, int g, int b, int q0,
+                   int nkb, int NH, int NKV) {
+    using C = us__hop_cfg<HS>;
+    constexpr int BR = 64 * C::NWG, BK = C::BKQ, S = C::QS;
+    constexpr int QB = BR * C::HSP * 2, KB = BK * C::HSP * 2;
+    us__mb_expect(barQ, 2 * QB);
+    us__tma_tile<HS, BR>(sQ, mq, h * HS, q0, b, barQ);
+    us__tma_tile<HS, BR>(sdO, mdo, h * HS, q0, b, barQ);
+    for (int kb = 0; kb < nkb; kb++) {
+        const int s = kb % S;
+        if (kb >= S) us__mb_wait(empty + s, ((kb / S) - 1) & 1);
+        us__mb_expect(full + s, 2 * KB);
+        us__tma_tile<HS, BK>(sK + s * KB, mkv, (NH + g) * HS, kb * BK, b, full + s);
+        us__tma_tile<HS, BK>(sV + s * KB, mkv, (NH + NKV + g) * HS, kb * BK, b, full + s);
     }
 }
 
@@ -3238,48 +3383,20 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
     uint64_t *barKV = (uint64_t *)(sD + S * BQ), *full = barKV + 1, *empty = full + S;
     const int g = blockIdx.x, b = blockIdx.y, k0 = blockIdx.z * BK, grp = NH / NKV;
     const int qb0 = k0 / BQ, per = (T + BQ - 1) / BQ - qb0, nit = grp * per;
-    const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS;
     const int wg = us__hop_wg(), tid = threadIdx.x & 127;
-    if (threadIdx.x == 0) {
-        us__mb_init(barKV, 1);
-        for (int s = 0; s < S; s++) {
-            us__mb_init(full + s, 1 + 32); /* the copy thread, and warp 1's lanes with L2 and D */
-            us__mb_init(empty + s, 128 * NWG);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
+    us__hop_bars_init(barKV, S, 1 + 32, 128 * NWG); /* full: the copy thread and warp 1's lanes */
 
     if (wg == 0) {
-        if constexpr (NWG == 2) us__hop_regs_dec<40>();
+        us__hop_regs_producer<NWG>();
         const int warp = tid >> 5, lane = tid & 31;
-        if (warp == 0 && lane == 0) {
-            us__mb_expect(barKV, 2 * KB);
-            us__tma_tile<HS, BK>(sK, &mkv, (NH + g) * HS, k0, b, barKV);
-            us__tma_tile<HS, BK>(sV, &mkv, (NH + NKV + g) * HS, k0, b, barKV);
-            for (int it = 0; it < nit; it++) {
-                const int s = it % S, h = g * grp + it / per, q0 = (qb0 + it % per) * BQ;
-                if (it >= S) us__mb_wait(empty + s, ((it / S) - 1) & 1);
-                us__mb_expect(full + s, 2 * QB);
-                us__tma_tile<HS, BQ>(sQ + s * QB, &mq, h * HS, q0, b, full + s);
-                us__tma_tile<HS, BQ>(sdO + s * QB, &mdo, h * HS, q0, b, full + s);
-            }
-        } else if (warp == 1) {
-            for (int it = 0; it < nit; it++) {
-                const int s = it % S, h = g * grp + it / per, q0 = (qb0 + it % per) * BQ;
-                if (it >= S) us__mb_wait(empty + s, ((it / S) - 1) & 1);
-                for (int i = lane; i < BQ; i += 32) { /* queries past T: L2 = +inf makes P 0 */
-                    const int q = q0 + i;
-                    const int64_t x = ((int64_t)b * NH + h) * T + q;
-                    sL[s * BQ + i] = q < T ? L2g[x] : INFINITY;
-                    sD[s * BQ + i] = q < T ? Dg[x] : 0.f;
-                }
-                us__mb_arrive(full + s); /* release: the stores above are visible to the waiters */
-            }
-        }
+        if (warp == 0 && lane == 0)
+            us__hop_dkdv_produce<HS>(sK, sV, sQ, sdO, barKV, full, empty, &mq, &mdo, &mkv, g, b, k0,
+                                     qb0, grp, per, NH, NKV);
+        else if (warp == 1)
+            us__hop_dkdv_rows<HS>(sL, sD, full, empty, L2g, Dg, g, b, qb0, grp, per, T, NH, lane);
         return;
     }
-    if constexpr (NWG == 2) us__hop_regs_inc<232>();
+    us__hop_regs_consumer<NWG>();
     const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
     const int kc = k0 + 64 * c;                    /* this warpgroup's first key */
     const int key0 = kc + 16 * warp + (lane >> 2); /* the thread's keys: key0 + 8r */
@@ -3292,30 +3409,20 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
 
     /* ping-pong (NWG 2): the consumers take turns issuing each of their two GEMM batches, so that
        one's exp2 and products meet the other's GEMMs; a skipped tile still takes its turns */
-    const auto turn = [&]() {
-        if constexpr (NWG == 2) us__hop_bar_sync(1 + c);
-    };
-    const auto turn_done = [&](bool last) {
-        if constexpr (NWG == 2) {
-            if (c == 0 || !last) us__hop_bar_arrive(2 - c);
-        }
-    };
-    if constexpr (NWG == 2) {
-        if (c == 1) us__hop_bar_arrive(1);
-    }
+    if (NWG == 2 && c == 1) us__hop_bar_arrive(1);
     for (int it = 0; it < nit; it++) {
         const int s = it % S, ph = (it / S) & 1, q0 = (qb0 + it % per) * BQ;
         us__mb_wait(full + s, ph);
         if (!(kc <= q0 + BQ - 1 && kc < T)) { /* every key here is after every query: P = 0 */
-            turn();
-            turn_done(false);
-            turn();
-            turn_done(it + 1 == nit);
+            us__hop_turn<NWG>(c);
+            us__hop_turn_done<NWG>(c, false);
+            us__hop_turn<NWG>(c);
+            us__hop_turn_done<NWG>(c, it + 1 == nit);
         } else {
             const unsigned char *tQ = sQ + s * QB, *tdO = sdO + s * QB;
             const float *tL = sL + s * BQ, *tD = sD + s * BQ;
             float st[BQ / 8][4], dpt[DK ? BQ / 8 : 1][4];
-            turn();
+            us__hop_turn<NWG>(c);
             us__wg_fence();
 #pragma unroll
             for (int kk = 0; kk < HS / 16; kk++) {
@@ -3326,7 +3433,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
                                         us__wg_kmaj<BQ>(tdO, 0, kk), kk > 0);
             }
             us__wg_commit();
-            turn_done(false);
+            us__hop_turn_done<NWG>(c, false);
             us__wg_wait<BQ / 2>(&st[0][0]);
             if constexpr (DK) us__wg_wait<BQ / 2>(&dpt[0][0]);
             const bool diag = kc + 63 > q0; /* some key of the warpgroup comes after some query */
@@ -3346,7 +3453,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
                 if constexpr (DV) us__hop_to_a<E, BQ>(pa[t], st, t);
                 if constexpr (DK) us__hop_to_a<E, BQ>(da[t], dpt, t);
             }
-            turn();
+            us__hop_turn<NWG>(c);
             us__wg_fence();
 #pragma unroll
             for (int t = 0; t < BQ / 16; t++) {
@@ -3355,29 +3462,14 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
                 if constexpr (DK) us__wg_rs<HS, E, 1>(&dk[0][0], da[t], us__wg_mnmaj<BQ>(tQ, t), 1);
             }
             us__wg_commit();
-            turn_done(it + 1 == nit);
+            us__hop_turn_done<NWG>(c, it + 1 == nit);
             if constexpr (DV) us__wg_wait<HS / 2>(&dv[0][0]);
             if constexpr (DK) us__wg_wait<HS / 2>(&dk[0][0]);
         }
         us__mb_arrive(empty + s);
     }
 
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int key = key0 + r * 8;
-        if (key >= T) continue;
-        E *row = dqkv + ((int64_t)b * T + key) * QKV + 2 * (lane & 3);
-        E *dkr = row + (int64_t)(NH + g) * HS, *dvr = row + (int64_t)(NH + NKV + g) * HS;
-#pragma unroll
-        for (int i = 0; i < HS / 8; i++) {
-            if constexpr (DK)
-                *reinterpret_cast<uint32_t *>(dkr + i * 8) =
-                    us__hop_pack<E>(dk[i][2 * r], dk[i][2 * r + 1]);
-            if constexpr (DV)
-                *reinterpret_cast<uint32_t *>(dvr + i * 8) =
-                    us__hop_pack<E>(dv[i][2 * r], dv[i][2 * r + 1]);
-        }
-    }
+    us__hop_dkv_store<E, HS, DK, DV>(dk, dv, dqkv, key0, b, g, T, NH, NKV, lane);
 #else
     (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dqkv, (void)T, (void)NH, (void)NKV,
         (void)scale, (void)sl2;
@@ -3410,33 +3502,16 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
     const int q0 = qb * BR, nkb = (min(q0 + BR, T) - 1) / BK + 1;
     const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS;
     const int wg = us__hop_wg(), tid = threadIdx.x & 127;
-    if (threadIdx.x == 0) {
-        us__mb_init(barQ, 1);
-        for (int s = 0; s < S; s++) {
-            us__mb_init(full + s, 1);
-            us__mb_init(empty + s, 128 * NWG);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
+    us__hop_bars_init(barQ, S, 1, 128 * NWG);
 
     if (wg == 0) {
-        if constexpr (NWG == 2) us__hop_regs_dec<40>();
-        if (tid == 0) {
-            us__mb_expect(barQ, 2 * QB);
-            us__tma_tile<HS, BR>(sQ, &mq, h * HS, q0, b, barQ);
-            us__tma_tile<HS, BR>(sdO, &mdo, h * HS, q0, b, barQ);
-            for (int kb = 0; kb < nkb; kb++) {
-                const int s = kb % S;
-                if (kb >= S) us__mb_wait(empty + s, ((kb / S) - 1) & 1);
-                us__mb_expect(full + s, 2 * KB);
-                us__tma_tile<HS, BK>(sK + s * KB, &mkv, (NH + g) * HS, kb * BK, b, full + s);
-                us__tma_tile<HS, BK>(sV + s * KB, &mkv, (NH + NKV + g) * HS, kb * BK, b, full + s);
-            }
-        }
+        us__hop_regs_producer<NWG>();
+        if (tid == 0)
+            us__hop_dq_produce<HS>(sQ, sdO, sK, sV, barQ, full, empty, &mq, &mdo, &mkv, h, g, b, q0,
+                                   nkb, NH, NKV);
         return;
     }
-    if constexpr (NWG == 2) us__hop_regs_inc<232>();
+    us__hop_regs_consumer<NWG>();
     const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
     const int r0 = q0 + 64 * c;
     const int nkb_c = r0 < T ? (min(r0 + 64, T) - 1) / BK + 1 : 0;
@@ -3454,29 +3529,19 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
     us__mb_wait(barQ, 0);
 
     /* ping-pong of the two consumers' GEMM batches, as in the dK/dV kernel */
-    const auto turn = [&]() {
-        if constexpr (NWG == 2) us__hop_bar_sync(1 + c);
-    };
-    const auto turn_done = [&](bool last) {
-        if constexpr (NWG == 2) {
-            if (c == 0 || !last) us__hop_bar_arrive(2 - c);
-        }
-    };
-    if constexpr (NWG == 2) {
-        if (c == 1) us__hop_bar_arrive(1);
-    }
+    if (NWG == 2 && c == 1) us__hop_bar_arrive(1);
     for (int kb = 0; kb < nkb; kb++) {
         const int s = kb % S, ph = (kb / S) & 1;
         us__mb_wait(full + s, ph);
         if (kb >= nkb_c) { /* keys wholly after this warpgroup's queries */
-            turn();
-            turn_done(false);
-            turn();
-            turn_done(kb + 1 == nkb);
+            us__hop_turn<NWG>(c);
+            us__hop_turn_done<NWG>(c, false);
+            us__hop_turn<NWG>(c);
+            us__hop_turn_done<NWG>(c, kb + 1 == nkb);
         } else {
             const unsigned char *tK = sK + s * KB, *tV = sV + s * KB;
             float sc[BK / 8][4], dp[BK / 8][4];
-            turn();
+            us__hop_turn<NWG>(c);
             us__wg_fence();
 #pragma unroll
             for (int kk = 0; kk < HS / 16; kk++) {
@@ -3486,7 +3551,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
                                     us__wg_kmaj<BK>(tV, 0, kk), kk > 0);
             }
             us__wg_commit();
-            turn_done(false);
+            us__hop_turn_done<NWG>(c, false);
             us__wg_wait<BK / 2>(&sc[0][0]);
             us__wg_wait<BK / 2>(&dp[0][0]);
             const bool diag = kb * BK + BK - 1 > r0;
@@ -3502,13 +3567,13 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
             uint32_t da[BK / 16][4];
 #pragma unroll
             for (int t = 0; t < BK / 16; t++) us__hop_to_a<E, BK>(da[t], dp, t);
-            turn();
+            us__hop_turn<NWG>(c);
             us__wg_fence();
 #pragma unroll
             for (int t = 0; t < BK / 16; t++)
                 us__wg_rs<HS, E, 1>(&dq[0][0], da[t], us__wg_mnmaj<BK>(tK, t), 1);
             us__wg_commit();
-            turn_done(kb + 1 == nkb);
+            us__hop_turn_done<NWG>(c, kb + 1 == nkb);
             us__wg_wait<HS / 2>(&dq[0][0]);
         }
         us__mb_arrive(empty + s);
@@ -4092,6 +4157,25 @@ __global__ void __launch_bounds__(128, MINB)
 }
 
 /* ---- backward ----------------------------------------------------------------------- */
+/* dK (times scale) and dV of the thread's keys key0 + 16a + 8r added into dkv [B][Tk][2·NKV·HS]
+   fp32 (kv head g) */
+template <int HS, int KW>
+static __device__ __forceinline__ void
+us__fa_dkv_add(float *dkv, const float (&dk)[KW][HS / 8][4], const float (&dv)[KW][HS / 8][4],
+               int key0, int b, int g, int Tk, int NKV, float scale, int lane) {
+    const int64_t KVW = (int64_t)2 * NKV * HS;
+#pragma unroll
+    for (int a = 0; a < KW; a++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int key = key0 + 16 * a + 8 * r;
+            if (key >= Tk) continue;
+            float *row = dkv + ((int64_t)b * Tk + key) * KVW;
+            us__fa_add_row<HS>(row + (int64_t)g * HS, dk[a], r, scale, lane);
+            us__fa_add_row<HS>(row + (int64_t)(NKV + g) * HS, dv[a], r, 1.f, lane);
+        }
+}
+
 /* dK, dV of 64·KW keys of one kv head for this block: every query head of the group, every
    query tile with a query that sees one of the keys, in order (us__fa_dkdv_tile has the math) */
 template <int HS, int KW, int BR, int MINB>
@@ -4119,8 +4203,7 @@ __global__ void __launch_bounds__(128, MINB)
               nqt = (Tq + BR - 1) / BR;
     const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, OC = (int64_t)NH * HS,
                   KVW = (int64_t)2 * NKV * HS;
-    const int wk0 = warp * 16 * KW,
-              key0 = k0 + wk0 + (lane >> 2); /* this thread's keys: key0 + 16a + 8r */
+    const int wk0 = warp * 16 * KW, key0 = k0 + wk0 + (lane >> 2); /* keys key0 + 16a + 8r */
 
     /* the key positions (INT_MAX past Tk: seen by nobody), this warp's range, the CTA's
        smallest, and the query tiles that can see any of them */
@@ -4139,23 +4222,21 @@ __global__ void __launch_bounds__(128, MINB)
     const int first = us__fa_next_tile(sVis, -1, nqt);
     if (first >= nqt) return; /* no query sees these keys: nothing to add */
 
-    auto issue = [&](int hi, int qt,
-                     int buf) { /* Q and dO of query head g·grp + hi, tile qt */
-                                const int h = g * grp + hi, q0 = qt * BR, nv = min(BR, Tq - q0);
-                                us__fa_load_tile<HS, BR>(
-                                    sQ + buf * QT,
-                                    qkv + ((int64_t)b * Tq + q0) * QKV + (int64_t)h * HS, QKV, nv);
-                                us__fa_load_tile<HS, BR>(
-                                    sdO + buf * QT,
-                                    dout + ((int64_t)b * Tq + q0) * OC + (int64_t)h * HS, OC, nv);
+    /* Q and dO of query head g·grp + hi, tile qt, into buffer buf; then their positions,
+       lse·log2 e and D (past Tq: P = 0) */
+    auto issue = [&](int hi, int qt, int buf) {
+        const int h = g * grp + hi, q0 = qt * BR, nv = min(BR, Tq - q0);
+        const __nv_bfloat16 *gq = qkv + ((int64_t)b * Tq + q0) * QKV + (int64_t)h * HS;
+        us__fa_load_tile<HS, BR>(sQ + buf * QT, gq, QKV, nv);
+        us__fa_load_tile<HS, BR>(sdO + buf * QT,
+                                 dout + ((int64_t)b * Tq + q0) * OC + (int64_t)h * HS, OC, nv);
     };
-    auto issue_pos = [&](int hi, int qt,
-                         int buf) { /* their positions, lse·log2 e and D (past Tq: P = 0) */
-                                    const int q0 = qt * BR;
-                                    const int64_t i0 = ((int64_t)b * NH + g * grp + hi) * Tq;
-                                    us__fa_load_pos<BR>(sQp + buf * BR, qpos, q0, Tq, INT_MIN);
-                                    us__fa_load_pos<BR>(sL + buf * BR, L2g + i0, q0, Tq, INFINITY);
-                                    us__fa_load_pos<BR>(sD + buf * BR, Dg + i0, q0, Tq, 0.f);
+    auto issue_pos = [&](int hi, int qt, int buf) {
+        const int q0 = qt * BR;
+        const int64_t i0 = ((int64_t)b * NH + g * grp + hi) * Tq;
+        us__fa_load_pos<BR>(sQp + buf * BR, qpos, q0, Tq, INT_MIN);
+        us__fa_load_pos<BR>(sL + buf * BR, L2g + i0, q0, Tq, INFINITY);
+        us__fa_load_pos<BR>(sD + buf * BR, Dg + i0, q0, Tq, 0.f);
     };
     {
         const __nv_bfloat16 *gk = kv + ((int64_t)b * Tk + k0) * KVW + (int64_t)g * HS;
@@ -4198,8 +4279,8 @@ __global__ void __launch_bounds__(128, MINB)
         }
         qmin = us__warp_min(qmin);
         qmax = us__warp_max(qmax);
-        if (qmax >=
-            wkmin) /* some query of the tile sees some key of the warp; mask if some does not */
+        /* some query of the tile sees some key of the warp; mask if some does not */
+        if (qmax >= wkmin)
             us__fa_dkdv_tile<KW, BR, HS, LDS, true>(
                 dk, dv, sK, sV, wk0, sQ + buf * QT, sdO + buf * QT, sL + buf * BR, sD + buf * BR,
                 sl2, wkmax > qmin,
@@ -4212,17 +4293,7 @@ __global__ void __launch_bounds__(128, MINB)
         hi = nh;
         qt = nq;
     }
-
-#pragma unroll
-    for (int a = 0; a < KW; a++)
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int key = key0 + 16 * a + 8 * r;
-            if (key >= Tk) continue;
-            float *row = dkv + ((int64_t)b * Tk + key) * KVW;
-            us__fa_add_row<HS>(row + (int64_t)g * HS, dk[a], r, scale, lane);
-            us__fa_add_row<HS>(row + (int64_t)(NKV + g) * HS, dv[a], r, 1.f, lane);
-        }
+    us__fa_dkv_add<HS, KW>(dkv, dk, dv, key0, b, g, Tk, NKV, scale, lane);
 }
 
 /* dQ of 64·MW queries of one head for this block: the visible key tiles in order (us__fa_dq_tile) */
