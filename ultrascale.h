@@ -2258,6 +2258,112 @@ static float *us__gemm_align64(void *p) {
     return (float *)(((uintptr_t)p + 63u) & ~(uintptr_t)63u);
 }
 
+/* K == 0 or alpha == 0 (as in BLAS): C[M,N] = beta * C without touching A or B; beta == 0 never
+   reads C, so an uninitialised C becomes zeros. */
+static void us__gemm_scale_c(int64_t M, int64_t N, float beta, void *C, int dtC, int64_t ldc) {
+    int64_t i, j;
+    for (i = 0; i < M; i++)
+        for (j = 0; j < N; j++) {
+            const float v = beta == 0.0f ? 0.0f : beta * us__get(C, (us_dtype)dtC, i * ldc + j);
+            if (dtC)
+                ((uint16_t *)C)[i * ldc + j] = us__f32_to_h16(v, (us_dtype)dtC);
+            else
+                ((float *)C)[i * ldc + j] = v;
+        }
+}
+
+/* Tiny problems (M·N·K < 32³): packing would cost more than it saves. Straight dot products
+   C[M,N] with the same ascending-k fp32 accumulation as the micro-kernel. */
+static void us__gemm_small(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
+                           const void *A, int dtA, int64_t lda, const void *B, int dtB, int64_t ldb,
+                           float beta, void *C, int dtC, int64_t ldc) {
+    const int64_t sai = ta ? 1 : lda, sak = ta ? lda : 1; /* op(A)[i,k] = A[i*sai + k*sak] */
+    const int64_t sbk = tb ? 1 : ldb, sbj = tb ? ldb : 1; /* op(B)[k,j] = B[k*sbk + j*sbj] */
+    int64_t i, j;
+    for (i = 0; i < M; i++)
+        for (j = 0; j < N; j++) {
+            float acc = 0.0f, v;
+            int64_t k;
+            for (k = 0; k < K; k++)
+                acc = us__gemm_fma(us__get(A, (us_dtype)dtA, i * sai + k * sak),
+                                   us__get(B, (us_dtype)dtB, k * sbk + j * sbj), acc);
+            v = alpha * acc;
+            if (beta != 0.0f) v = us__gemm_fma(beta, us__get(C, (us_dtype)dtC, i * ldc + j), v);
+            if (dtC)
+                ((uint16_t *)C)[i * ldc + j] = us__f32_to_h16(v, (us_dtype)dtC);
+            else
+                ((float *)C)[i * ldc + j] = v;
+        }
+}
+
+/* The width of a column block, g->nc_max (≤ NC, no wider than N rounded up to NR): a 16-bit C
+   over several K passes accumulates in an fp32 [M, nc_max] workspace, capped at ~16M floats. */
+static void us__gemm_col_block(us__gemm_ctx *g) {
+    const int64_t NR = US__GEMM_NR;
+    g->nc_max = US__GEMM_NC;
+    if (g->dtC && g->K > US__GEMM_KC) {
+        int64_t cap = ((int64_t)1 << 24) / g->M / NR * NR;
+        if (cap < NR) cap = NR;
+        if (cap < g->nc_max) g->nc_max = cap;
+    }
+    if (g->nc_max > (g->N + NR - 1) / NR * NR) g->nc_max = (g->N + NR - 1) / NR * NR;
+}
+
+/* The thread grid g->tm x g->tn (tm·tn == nt): prefer splitting M (no duplicated A packing);
+   split N when M has too few MR slivers to balance. */
+static void us__gemm_thread_grid(us__gemm_ctx *g, int nt) {
+    const int64_t MR = US__GEMM_MR, NR = US__GEMM_NR;
+    const int64_t ms = (g->M + MR - 1) / MR, ns = (g->nc_max + NR - 1) / NR;
+    double best_eff = -1.0;
+    int t, best_tm = nt;
+    for (t = nt; t >= 1; t--) {
+        if (nt % t) continue;
+        {
+            const int64_t tn = nt / t;
+            const double em = ((double)ms / t) / (double)((ms + t - 1) / t);
+            const double en = ((double)ns / tn) / (double)((ns + tn - 1) / tn);
+            /* small penalty per extra column group: each one repacks A */
+            const double eff = em * en - 0.02 * (double)(tn - 1);
+            if (eff > best_eff + 1e-9) {
+                best_eff = eff;
+                best_tm = t;
+            }
+        }
+    }
+    g->tm = best_tm;
+    g->tn = nt / best_tm;
+}
+
+/* The packed path: column blocks, K passes and MC x NR tiles (us__gemm_worker) over nt threads,
+   with one scratch allocation cut into the B panel [KC, nc_max], the A blocks [nt][MC, KC] and,
+   for a 16-bit C over several K passes, the fp32 workspace [M, nc_max]. */
+static void us__gemm_packed(us__gemm_ctx *g, int nt) {
+    const int64_t KC = US__GEMM_KC, MC = US__GEMM_MC;
+    const int64_t kc_max = g->K < KC ? g->K : KC;
+    size_t nb = (size_t)(kc_max * g->nc_max);
+    const size_t na = (size_t)(MC * KC) * (size_t)nt;
+    const size_t nw = (g->dtC && g->K > KC) ? (size_t)(g->M * g->nc_max) : 0;
+    void *raw;
+    /* One allocation, three 64-byte aligned regions (each a multiple of 16 floats). */
+    nb = (nb + 15) & ~(size_t)15;
+    raw = us__scratch((nb + na + nw) * sizeof(float) + 64);
+    g->bpack = us__gemm_align64(raw);
+    g->apack = g->bpack + nb;
+    g->cws = nw ? g->apack + na : NULL;
+
+#ifdef _OPENMP
+    if (nt > 1) {
+#pragma omp parallel num_threads(nt)
+        us__gemm_worker(g, omp_get_thread_num(), omp_get_num_threads());
+    } else {
+        us__gemm_worker(g, 0, 1);
+    }
+#else
+    us__gemm_worker(g, 0, 1);
+#endif
+    US_FREE(raw);
+}
+
 /* C[M,N] = alpha * op(A)[M,K] . op(B)[K,N] + beta * C, all row-major.
    op(A) = A (M x K, stride lda) if ta==0, else A^T (A stored K x M, stride lda).
    op(B) = B (K x N, stride ldb) if tb==0, else B^T (B stored N x K, stride ldb).
@@ -2268,131 +2374,46 @@ static float *us__gemm_align64(void *p) {
 static void us__gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
                      int dtA, int64_t lda, const void *B, int dtB, int64_t ldb, float beta, void *C,
                      int dtC, int64_t ldc, int nthreads) {
-    int64_t i, j;
+    us__gemm_ctx g;
+    int nt = 1;
     if (M <= 0 || N <= 0) return;
-
     if (K <= 0 || alpha == 0.0f) {
-        for (i = 0; i < M; i++)
-            for (j = 0; j < N; j++) {
-                const float v = beta == 0.0f ? 0.0f : beta * us__get(C, (us_dtype)dtC, i * ldc + j);
-                if (dtC)
-                    ((uint16_t *)C)[i * ldc + j] = us__f32_to_h16(v, (us_dtype)dtC);
-                else
-                    ((float *)C)[i * ldc + j] = v;
-            }
+        us__gemm_scale_c(M, N, beta, C, dtC, ldc);
         return;
     }
-
-    /* Tiny problems: packing would cost more than it saves. Straight dot
-       products with the same ascending-k fp32 accumulation. */
     if ((double)M * (double)N * (double)K < 32.0 * 32.0 * 32.0) {
-        const int64_t sai = ta ? 1 : lda, sak = ta ? lda : 1; /* op(A)[i,k] = A[i*sai + k*sak] */
-        const int64_t sbk = tb ? 1 : ldb, sbj = tb ? ldb : 1; /* op(B)[k,j] = B[k*sbk + j*sbj] */
-        for (i = 0; i < M; i++)
-            for (j = 0; j < N; j++) {
-                float acc = 0.0f, v;
-                int64_t k;
-                for (k = 0; k < K; k++)
-                    acc = us__gemm_fma(us__get(A, (us_dtype)dtA, i * sai + k * sak),
-                                       us__get(B, (us_dtype)dtB, k * sbk + j * sbj), acc);
-                v = alpha * acc;
-                if (beta != 0.0f) v = us__gemm_fma(beta, us__get(C, (us_dtype)dtC, i * ldc + j), v);
-                if (dtC)
-                    ((uint16_t *)C)[i * ldc + j] = us__f32_to_h16(v, (us_dtype)dtC);
-                else
-                    ((float *)C)[i * ldc + j] = v;
-            }
+        us__gemm_small(ta, tb, M, N, K, alpha, A, dtA, lda, B, dtB, ldb, beta, C, dtC, ldc);
         return;
     }
 
-    {
-        const int64_t MR = US__GEMM_MR, NR = US__GEMM_NR, KC = US__GEMM_KC, MC = US__GEMM_MC;
-        us__gemm_ctx g;
-        int nt = 1, t, best_tm;
-        double best_eff = -1.0;
-        int64_t kc_max, ms, ns;
-        void *raw;
-        size_t nb, na, nw;
-
 #ifdef _OPENMP
-        nt = nthreads > 0 ? nthreads : omp_get_max_threads();
+    nt = nthreads > 0 ? nthreads : omp_get_max_threads();
 #else
-        (void)nthreads;
+    (void)nthreads;
 #endif
-        /* Small products do not amortise a thread team. */
-        if ((double)M * (double)N * (double)K < 96.0 * 96.0 * 96.0) nt = 1;
-        if (nt < 1) nt = 1;
+    /* Small products do not amortise a thread team. */
+    if ((double)M * (double)N * (double)K < 96.0 * 96.0 * 96.0) nt = 1;
+    if (nt < 1) nt = 1;
 
-        g.ta = ta;
-        g.tb = tb;
-        g.dtA = dtA;
-        g.dtB = dtB;
-        g.dtC = dtC;
-        g.M = M;
-        g.N = N;
-        g.K = K;
-        g.lda = lda;
-        g.ldb = ldb;
-        g.ldc = ldc;
-        g.A = A;
-        g.B = B;
-        g.C = C;
-        g.alpha = alpha;
-        g.beta = beta;
-        g.nc_max = US__GEMM_NC;
-        if (dtC && K > KC) {
-            /* bf16 C over several K passes needs an fp32 M x nc workspace; cap it at ~16M floats. */
-            int64_t cap = ((int64_t)1 << 24) / M / NR * NR;
-            if (cap < NR) cap = NR;
-            if (cap < g.nc_max) g.nc_max = cap;
-        }
-        if (g.nc_max > (N + NR - 1) / NR * NR) g.nc_max = (N + NR - 1) / NR * NR;
-
-        /* Thread grid tm x tn (tm*tn == nt): prefer splitting M (no duplicated
-           A packing); split N when M has too few slivers to balance. */
-        ms = (M + MR - 1) / MR;
-        ns = (g.nc_max + NR - 1) / NR;
-        best_tm = nt;
-        for (t = nt; t >= 1; t--) {
-            if (nt % t) continue;
-            {
-                const int64_t tn = nt / t;
-                const double em = ((double)ms / t) / (double)((ms + t - 1) / t);
-                const double en = ((double)ns / tn) / (double)((ns + tn - 1) / tn);
-                /* small penalty per extra column group: each one repacks A */
-                const double eff = em * en - 0.02 * (double)(tn - 1);
-                if (eff > best_eff + 1e-9) {
-                    best_eff = eff;
-                    best_tm = t;
-                }
-            }
-        }
-        g.tm = best_tm;
-        g.tn = nt / best_tm;
-
-        kc_max = K < KC ? K : KC;
-        nb = (size_t)(kc_max * g.nc_max);
-        na = (size_t)(MC * KC) * (size_t)nt;
-        nw = (dtC && K > KC) ? (size_t)(M * g.nc_max) : 0;
-        /* One allocation, three 64-byte aligned regions (each a multiple of 16 floats). */
-        nb = (nb + 15) & ~(size_t)15;
-        raw = us__scratch((nb + na + nw) * sizeof(float) + 64);
-        g.bpack = us__gemm_align64(raw);
-        g.apack = g.bpack + nb;
-        g.cws = nw ? g.apack + na : NULL;
-
-#ifdef _OPENMP
-        if (nt > 1) {
-#pragma omp parallel num_threads(nt)
-            us__gemm_worker(&g, omp_get_thread_num(), omp_get_num_threads());
-        } else {
-            us__gemm_worker(&g, 0, 1);
-        }
-#else
-        us__gemm_worker(&g, 0, 1);
-#endif
-        US_FREE(raw);
-    }
+    g.ta = ta;
+    g.tb = tb;
+    g.dtA = dtA;
+    g.dtB = dtB;
+    g.dtC = dtC;
+    g.M = M;
+    g.N = N;
+    g.K = K;
+    g.lda = lda;
+    g.ldb = ldb;
+    g.ldc = ldc;
+    g.A = A;
+    g.B = B;
+    g.C = C;
+    g.alpha = alpha;
+    g.beta = beta;
+    us__gemm_col_block(&g);
+    us__gemm_thread_grid(&g, nt);
+    us__gemm_packed(&g, nt);
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -11931,6 +11952,246 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
     return us__memory_estimate(mc_in, tc_in, out, NULL, err, errlen);
 }
 
+/* One rank's share of the model, as the estimator's formulas use it. */
+typedef struct us__est_dims {
+    int64_t N;   /* tokens of one micro-batch on this rank: B·T/cp */
+    int64_t C;   /* model dim */
+    int64_t HS;  /* head size */
+    int64_t QKV; /* q, k, v columns on this tp rank: (NH + 2·NKV)/tp·HS */
+    int64_t AO;  /* attention output columns on this tp rank: NH/tp·HS */
+    int64_t F;   /* FFN columns on this tp rank: F/tp */
+    size_t a;    /* bytes of a weight or activation element: 4 under fp32, else 2 */
+    int n_moe;   /* MoE layers of the whole model */
+} us__est_dims;
+
+/* The flat buffers as the model lays them out, for the ZeRO ladder. */
+typedef struct us__est_flat {
+    int64_t psi;     /* Ψ: elements of an unsharded flat buffer, padding included */
+    int64_t shard;   /* elements of this rank's ZeRO shard (psi without ZeRO) */
+    int64_t unit;    /* elements of one ZeRO-2/3 staging or gather slot (the largest unit) */
+    int slots;       /* ZeRO-2/3 gradient slots */
+    int rank_layers; /* layers this rank holds (the first pipeline rank's) */
+} us__est_flat;
+
+/* One layer's activation tensors on one rank, bytes, each rounded up to the arena alignment.
+   Sequence parallelism keeps the residual stream and the norms at Ns = Nf/tp rows, the Playbook's
+   "activations / tp" for the parts TP alone leaves whole; Nf is N padded to a multiple of tp. */
+typedef struct us__est_acts {
+    int64_t Nf, Ns;
+    int sp;     /* sequence parallelism is on (sp with tp > 1) */
+    size_t x;   /* [Ns, C] the residual stream; also ln1, ln2, xmid */
+    size_t rs;  /* [Ns] fp32 RMSNorm statistics */
+    size_t qkv; /* [Nf, QKV] */
+    size_t att; /* [Nf, AO] the attention output */
+    size_t lse; /* [N, NH/tp] fp32 log-sum-exp of the attention rows */
+    size_t gu;  /* [Nf, 2·F/tp] gate | up */
+    size_t h;   /* [Nf, F/tp] SwiGLU's output */
+    size_t xf;  /* [Nf, C] a whole-sequence row block */
+    size_t rf;  /* [Nf] fp32 per row */
+} us__est_acts;
+
+/* Pipeline parallelism: the schedule the first rank runs, and the most micro-batch chunks it
+   holds at once (the simulator's peak; peak_io caches it across calls with the same shape). */
+static us_result us__estimate_pp_peak(const us_train_config *tc, us_pp_schedule *ps, int *peak_io,
+                                      int *peak, char *err, size_t errlen) {
+    us_pp_sim sim;
+    us_result r;
+    if (us_pp_schedule_build(ps, (us_pp_kind)tc->pp_schedule, tc->pp, tc->grad_accum, tc->pp_chunks,
+                             err, errlen) != US_OK)
+        return US_ERR_INVALID;
+    if (peak_io && *peak_io > 0) {
+        *peak = *peak_io;
+        return US_OK;
+    }
+    r = us_pp_simulate(ps, 1, 2, 0, &sim, err, errlen);
+    if (r != US_OK) {
+        us_pp_schedule_free(ps);
+        return r;
+    }
+    *peak = sim.peak_act[0];
+    if (peak_io) *peak_io = *peak;
+    return US_OK;
+}
+
+/* Ψ as laid out: the same cut into units the model makes (us__plan_units), on a model that holds
+   only its parameter table (no allocation of weights); under pipeline parallelism the first
+   rank's (its chunks' layers and the embedding). */
+static us_result us__estimate_flat(const us_model_config *mc, const us_train_config *tc,
+                                   const us_pp_schedule *psp, us__est_flat *f, char *err,
+                                   size_t errlen) {
+    us_model tmp;
+    us__dist_sizes z;
+    int largest, l, nt = 3;
+    memset(&tmp, 0, sizeof tmp);
+    tmp.cfg = *mc;
+    tmp.tc = *tc;
+    tmp.n_layers_global = mc->n_layers;
+    tmp.cfg.n_layers = f->rank_layers =
+        us__pp_rank_layers(mc, tc, psp, 0, NULL, NULL, NULL, &largest); /* // >>pp */
+    tmp.pp_first = 1;
+    tmp.pp_last =
+        !psp || us__pp_rank_of(psp, tc->pp * psp->v - 1) == 0; /* the V shapes end on rank 0 */
+    for (l = 0; l < mc->n_layers; l++) nt += us__layer_tensors(mc, us__ep_size(tc), l);
+    tmp.params = (us_param *)US_MALLOC(sizeof(us_param) * (size_t)nt);
+    tmp.layer_g = (int *)US_MALLOC(sizeof(int) * (size_t)mc->n_layers);
+    tmp.layer_p = (int *)US_MALLOC(sizeof(int) * (size_t)(mc->n_layers + 1));
+    if (tmp.params && tmp.layer_g && tmp.layer_p) {
+        for (l = 0; l < mc->n_layers; l++)
+            tmp.layer_g[l] = l; /* the MoE layers, and names: sizes do not depend on them */
+        us__tp_init(&tmp);
+        us__build_params(&tmp);
+        tmp.n_units = us__plan_units(&tmp, NULL);
+        tmp.units = (us__unit *)US_MALLOC(sizeof(us__unit) * (size_t)tmp.n_units);
+    }
+    if (!tmp.params || !tmp.layer_g || !tmp.layer_p || !tmp.units) {
+        US_FREE(tmp.params);
+        US_FREE(tmp.layer_g);
+        US_FREE(tmp.layer_p);
+        us__errf(err, errlen, "out of host memory");
+        return US_ERR_OOM;
+    }
+    us__plan_units(&tmp, tmp.units);
+    us__dist_sizes_of(&tmp, &z);
+    f->psi = z.n_flat;
+    f->shard = z.shard_n;
+    f->unit = z.slot_n;
+    f->slots = z.n_gslots;
+    US_FREE(tmp.params);
+    US_FREE(tmp.units);
+    US_FREE(tmp.layer_g);
+    US_FREE(tmp.layer_p);
+    return US_OK;
+}
+
+/* The model states by the ZeRO ladder: weights (2Ψ, sharded by ZeRO-3, which adds the gathered
+   units' slots), fp32 master (4Ψ, sharded from ZeRO-1), fp32 gradients (4Ψ, sharded from ZeRO-2,
+   plus the slots) and AdamW's m and v (8Ψ, sharded from ZeRO-1). */
+static void us__estimate_states(const us_model_config *mc, const us_train_config *tc,
+                                const us__est_dims *d, const us__est_flat *f, us_memory *out) {
+    const int Z = tc->zero;
+    const size_t a = d->a;
+    /* + the fp32 router biases of the MoE layers (// >>moe) */
+    out->params = (size_t)(Z == 3 ? f->shard + f->slots * f->unit : f->psi) * a +
+                  (size_t)d->n_moe * (size_t)mc->moe_experts * 4;
+    if (us__fp8_wcache_on(tc)) { /* the FP8 weight cache (// >>fp8-linear) */
+        size_t woff[4][4];
+        int64_t wdim[4][2];
+        out->params +=
+            us__fp8_wcache_layer(d->C, d->QKV, d->AO, d->F, us__fp8_min_dim(tc), woff, wdim) *
+            (size_t)f->rank_layers;
+    }
+    out->master = a == 4 ? 0 : (size_t)(Z ? f->shard : f->psi) * 4;
+    out->grads = (size_t)(Z >= 2 ? f->shard + f->slots * f->unit : f->psi) * 4;
+    out->optimizer = (size_t)(Z ? f->shard : f->psi) * 8;
+}
+
+/* The sizes of one layer's activation tensors on this rank (us__est_acts). */
+static void us__estimate_act_sizes(const us_model_config *mc, const us_train_config *tc,
+                                   const us__est_dims *d, us__est_acts *s) {
+    const int64_t N = d->N, C = d->C, F = d->F;
+    const size_t a = d->a;
+    int64_t Nf, Ns;
+    s->sp = tc->sp && tc->tp > 1;
+    s->Nf = Nf = s->sp ? (N + tc->tp - 1) / tc->tp * tc->tp : N;
+    s->Ns = Ns = s->sp ? Nf / tc->tp : N;
+    s->x = us__align(Ns * C * a);
+    s->rs = us__align(Ns * 4);
+    s->qkv = us__align(Nf * d->QKV * a);
+    s->att = us__align(Nf * d->AO * a);
+    s->lse = us__align(N * (mc->n_heads / tc->tp) * 4);
+    s->gu = us__align(Nf * 2 * F * a);
+    s->h = us__align(Nf * F * a);
+    s->xf = us__align(Nf * C * a);
+    s->rf = us__align(Nf * 4);
+}
+
+/* What a (pipeline) slot holds besides its layers: the chunk's output and input gradient, the
+   norm statistics, losses, argmax, inputs, targets, the scalars for the all-reduces; on the rank
+   of the head (the first rank without pp, or under a V) the final norm's output, the logits and
+   the vocabulary-parallel loss's row statistics. */
+static size_t us__estimate_head(const us_model_config *mc, const us_train_config *tc,
+                                const us_pp_schedule *psp, const us__est_acts *s) {
+    const int head0 = !psp || us__pp_rank_of(psp, tc->pp * psp->v - 1) == 0;
+    const int64_t Nf = s->Nf;
+    return s->x + s->xf /* residual gradient */ + s->rs + 4 * s->rf + us__align(64) +
+           (head0 ? s->xf + us__align(us__logits_bytes(mc, tc, Nf)) +
+                        (tc->tp > 1 ? us__align(Nf * 20 + 8) : 0)
+                  : 0);
+}
+
+/* The scratch of one action, shared by the slots: the backward's gradients, SP's whole-sequence
+   buffer and a norm weight's partial gradient, FP8's quantised operands, context parallelism's
+   positions, K/V blocks in flight (2 for the ring, cp for the all-gather) and their fp32
+   gradients, the online-softmax state, dQ, a cast buffer. */
+static size_t us__estimate_scratch(const us_model_config *mc, const us_train_config *tc,
+                                   const us__est_dims *d, const us__est_acts *s) {
+    const int64_t N = d->N, C = d->C, HS = d->HS, AO = d->AO;
+    const size_t a = d->a;
+    size_t bwd =
+        s->xf /* norm grad */ + s->att + s->qkv + s->h + (s->sp ? s->xf + us__align(C * 4) : 0);
+    /* the quantised GEMM operands (// >>fp8-linear) */
+    if (tc->precision == US_PRECISION_FP8 || tc->precision == US_PRECISION_FP8_TENSOR) {
+        size_t off[5];
+        bwd += us__fp8_scratch(s->Nf, C, d->QKV, AO, d->F, us__fp8_min_dim(tc), off);
+    }
+    if (tc->cp > 1) {
+        int64_t KVW = (int64_t)2 * (mc->n_kv_heads / tc->tp) * HS,
+                nb = tc->cp_mode == US_CP_ALLGATHER ? tc->cp : 2;
+        bwd += us__align((size_t)tc->cp * (tc->seq / tc->cp) * 4) + us__align(nb * N * KVW * a) +
+               us__align(nb * N * KVW * 4) + 2 * us__align(N * AO * 4) +
+               2 * us__align(N * (mc->n_heads / tc->tp) * 4) +
+               us__align(N * (AO > KVW ? AO : KVW) * a);
+    }
+    return bwd;
+}
+
+/* Activations (flash attention: no s² term): per layer the tensors the backward needs — all of
+   them without recomputation, the GEMM outputs under selective, only the input x under full,
+   whose one layer's worth of the rest is then shared scratch — times the layers this rank holds,
+   plus the head's slot and the backward's scratch. Under pipeline parallelism every micro-batch
+   chunk the first rank holds at once (peak) has its own layers and slot. */
+static size_t us__estimate_activations(const us_model_config *mc, const us_train_config *tc,
+                                       const us__est_dims *d, const us_pp_schedule *psp, int peak) {
+    const int mode = tc->recompute, n_moe = d->n_moe;
+    int64_t L = mc->n_layers;
+    us__est_acts s;
+    size_t gemm_outs, cheap, attn_cheap, per_layer, shared, head, bwd;
+    size_t moe_gemm = 0, moe_cheap = 0, moe_scr = 0;
+    us__estimate_act_sizes(mc, tc, d, &s);
+    gemm_outs = s.qkv + s.x /* xmid */ + s.gu;
+    attn_cheap = 2 * s.x /* ln1, ln2 */ + 2 * s.rs + s.att + s.lse;
+    cheap = attn_cheap + s.h;
+    per_layer =
+        s.x + (mode != US_RECOMPUTE_FULL ? gemm_outs : 0) + (mode == US_RECOMPUTE_NONE ? cheap : 0);
+    shared = (mode != US_RECOMPUTE_NONE ? cheap : 0) + (mode == US_RECOMPUTE_FULL ? gemm_outs : 0);
+    if (n_moe) {
+        /* MoE layers (// >>moe; one rank, no pp) keep router, permutation and expert tensors
+           instead of gu, h */
+        us__moe_bytes(mc, tc, n_moe, d->N, d->a, &moe_gemm, &moe_cheap, &moe_scr);
+        shared = (mode != US_RECOMPUTE_NONE ? attn_cheap + (n_moe < L ? s.h : 0) + moe_cheap : 0) +
+                 (mode == US_RECOMPUTE_FULL ? s.qkv + s.x + (n_moe < L ? s.gu : 0) + moe_gemm : 0);
+    }
+    head = us__estimate_head(mc, tc, psp, &s);
+    bwd = us__estimate_scratch(mc, tc, d, &s);
+    if (psp) {
+        /* the first pipeline rank: one arena (its largest chunk's layers) per micro-batch chunk
+           it holds at once; with B and W apart each layer keeps its output gradients for W */
+        int i, wsplit = 0, largest;
+        for (i = 0; i < psp->n[0]; i++) wsplit |= psp->a[0][i].op == US_PP_W;
+        us__pp_rank_layers(mc, tc, psp, 0, NULL, NULL, NULL, &largest);
+        L = largest; /* a slot holds one chunk: the largest */
+        if (wsplit) per_layer += 2 * s.xf + s.qkv + s.gu;
+        return ((size_t)L * per_layer + shared + head) * (size_t)peak + bwd;
+    }
+    if (n_moe) {
+        size_t moe_layer = s.x + (mode != US_RECOMPUTE_FULL ? s.qkv + s.x + moe_gemm : 0) +
+                           (mode == US_RECOMPUTE_NONE ? attn_cheap + moe_cheap : 0);
+        return (size_t)(L - n_moe) * per_layer + (size_t)n_moe * moe_layer + shared + head + bwd +
+               moe_scr;
+    }
+    return (size_t)L * per_layer + shared + head + bwd;
+}
+
 /* peak_io (the planner's cache): if > 0, the first pipeline rank's peak of held micro-batch chunks,
    known from an earlier call with the same schedule, pp, micro-batches and chunks; if 0, set here */
 static us_result us__memory_estimate(const us_model_config *mc_in, const us_train_config *tc_in,
@@ -11938,183 +12199,33 @@ static us_result us__memory_estimate(const us_model_config *mc_in, const us_trai
     us_model_config mc = *mc_in;
     us_train_config tc = *tc_in;
     us_result r = us_config_validate(&mc, &tc, err, errlen);
-    int64_t N, C, HS, QKV, AO, F, L, psi, shard, unit, Nf, Ns;
-    size_t a, x, rs, qkv, att, lse, gu, h, xf, rf, gemm_outs, cheap, per_layer, shared, head, bwd;
-    int mode, Z, slots, sp, peak = 1, l, n_moe, rank_layers;
-    size_t moe_gemm = 0, moe_cheap = 0, moe_scr = 0, attn_cheap;
     us_pp_schedule ps, *psp = NULL;
+    us__est_dims d;
+    us__est_flat f;
+    int peak = 1, l;
     if (r != US_OK) return r;
-    if (tc.pp >
-        1) { /* the first pipeline rank: its stages, and the activations its schedule holds */
-        us_pp_sim sim;
-        if (us_pp_schedule_build(&ps, (us_pp_kind)tc.pp_schedule, tc.pp, tc.grad_accum,
-                                 tc.pp_chunks, err, errlen) != US_OK)
-            return US_ERR_INVALID;
-        if (peak_io && *peak_io > 0)
-            peak = *peak_io;
-        else {
-            r = us_pp_simulate(&ps, 1, 2, 0, &sim, err, errlen);
-            if (r != US_OK) {
-                us_pp_schedule_free(&ps);
-                return r;
-            }
-            peak = sim.peak_act[0];
-            if (peak_io) *peak_io = peak;
-        }
+    if (tc.pp > 1) {
+        /* the first pipeline rank: its stages, and the activations its schedule holds */
+        if ((r = us__estimate_pp_peak(&tc, &ps, peak_io, &peak, err, errlen)) != US_OK) return r;
         psp = &ps;
     }
-    a = tc.precision == US_PRECISION_FP32 ? 4 : 2;
-    Z = tc.zero;
-    { /* Ψ as laid out: the same cut into units the model makes (us__plan_units), no allocation */
-        us_model tmp;
-        us__dist_sizes z;
-        int largest;
-        memset(&tmp, 0, sizeof tmp);
-        tmp.cfg = mc;
-        tmp.tc = tc;
-        /* under pipeline parallelism: the first rank (its chunks' layers and the embedding) */
-        tmp.n_layers_global = mc.n_layers;
-        tmp.cfg.n_layers = rank_layers =
-            us__pp_rank_layers(&mc, &tc, psp, 0, NULL, NULL, NULL, &largest); /* // >>pp */
-        tmp.pp_first = 1;
-        tmp.pp_last =
-            !psp || us__pp_rank_of(psp, tc.pp * psp->v - 1) == 0; /* the V shapes end on rank 0 */
-        {
-            int nt = 3;
-            for (l = 0; l < mc.n_layers; l++) nt += us__layer_tensors(&mc, us__ep_size(&tc), l);
-            tmp.params = (us_param *)US_MALLOC(sizeof(us_param) * (size_t)nt);
-        }
-        tmp.layer_g = (int *)US_MALLOC(sizeof(int) * (size_t)mc.n_layers);
-        tmp.layer_p = (int *)US_MALLOC(sizeof(int) * (size_t)(mc.n_layers + 1));
-        if (!tmp.params || !tmp.layer_g || !tmp.layer_p) {
-            US_FREE(tmp.params);
-            US_FREE(tmp.layer_g);
-            US_FREE(tmp.layer_p);
-            if (psp) us_pp_schedule_free(psp);
-            us__errf(err, errlen, "out of host memory");
-            return US_ERR_OOM;
-        }
-        for (l = 0; l < mc.n_layers; l++)
-            tmp.layer_g[l] = l; /* the MoE layers, and names: sizes do not depend on them */
-        us__tp_init(&tmp);
-        us__build_params(&tmp);
-        tmp.n_units = us__plan_units(&tmp, NULL);
-        tmp.units = (us__unit *)US_MALLOC(sizeof(us__unit) * (size_t)tmp.n_units);
-        if (!tmp.units) {
-            US_FREE(tmp.params);
-            US_FREE(tmp.layer_g);
-            US_FREE(tmp.layer_p);
-            if (psp) us_pp_schedule_free(psp);
-            us__errf(err, errlen, "out of host memory");
-            return US_ERR_OOM;
-        }
-        us__plan_units(&tmp, tmp.units);
-        us__dist_sizes_of(&tmp, &z);
-        psi = z.n_flat;
-        shard = z.shard_n;
-        unit = z.slot_n;
-        slots = z.n_gslots;
-        US_FREE(tmp.params);
-        US_FREE(tmp.units);
-        US_FREE(tmp.layer_g);
-        US_FREE(tmp.layer_p);
+    if ((r = us__estimate_flat(&mc, &tc, psp, &f, err, errlen)) != US_OK) {
+        if (psp) us_pp_schedule_free(psp);
+        return r;
     }
     /* tensor parallelism: each rank holds its heads, FFN columns and vocabulary rows */
-    N = (int64_t)tc.batch * (tc.seq / tc.cp);
-    C = mc.dim;
-    HS = C / mc.n_heads;
-    F = mc.ffn_dim / tc.tp;
-    L = mc.n_layers;
-    QKV = (int64_t)(mc.n_heads + 2 * mc.n_kv_heads) / tc.tp * HS;
-    AO = (int64_t)mc.n_heads / tc.tp * HS;
-    mode = tc.recompute;
+    d.N = (int64_t)tc.batch * (tc.seq / tc.cp);
+    d.C = mc.dim;
+    d.HS = d.C / mc.n_heads;
+    d.F = mc.ffn_dim / tc.tp;
+    d.QKV = (int64_t)(mc.n_heads + 2 * mc.n_kv_heads) / tc.tp * d.HS;
+    d.AO = (int64_t)mc.n_heads / tc.tp * d.HS;
+    d.a = tc.precision == US_PRECISION_FP32 ? 4 : 2;
+    for (l = 0, d.n_moe = 0; l < mc.n_layers; l++) d.n_moe += us__is_moe(&mc, l);
     memset(out, 0, sizeof *out);
-    for (l = 0, n_moe = 0; l < mc.n_layers; l++) n_moe += us__is_moe(&mc, l);
-    /* + the fp32 router biases of the MoE layers (// >>moe) */
-    out->params = (size_t)(Z == 3 ? shard + slots * unit : psi) * a +
-                  (size_t)n_moe * (size_t)mc.moe_experts * 4;
-    if (us__fp8_wcache_on(&tc)) { /* the FP8 weight cache (// >>fp8-linear) */
-        size_t woff[4][4];
-        int64_t wdim[4][2];
-        out->params += us__fp8_wcache_layer(C, QKV, AO, F, us__fp8_min_dim(&tc), woff, wdim) *
-                       (size_t)rank_layers;
-    }
-    out->master = a == 4 ? 0 : (size_t)(Z ? shard : psi) * 4;
-    out->grads = (size_t)(Z >= 2 ? shard + slots * unit : psi) * 4;
-    out->optimizer = (size_t)(Z ? shard : psi) * 8;
-    /* each activation tensor is rounded up to the arena alignment. Sequence parallelism keeps the
-       residual stream and the norms (x, xmid, ln1, ln2, rstd) at Ns = Nf/tp rows, the Playbook's
-       "activations / tp" for the parts TP alone leaves whole; Nf is N padded to a multiple of tp */
-    sp = tc.sp && tc.tp > 1;
-    Nf = sp ? (N + tc.tp - 1) / tc.tp * tc.tp : N;
-    Ns = sp ? Nf / tc.tp : N;
-    x = us__align(Ns * C * a);
-    rs = us__align(Ns * 4);
-    qkv = us__align(Nf * QKV * a);
-    att = us__align(Nf * AO * a);
-    lse = us__align(N * (mc.n_heads / tc.tp) * 4);
-    gu = us__align(Nf * 2 * F * a);
-    h = us__align(Nf * F * a);
-    xf = us__align(Nf * C * a);
-    rf = us__align(Nf * 4);
-    gemm_outs = qkv + x /* xmid */ + gu;
-    attn_cheap = 2 * x /* ln1, ln2 */ + 2 * rs + att + lse;
-    cheap = attn_cheap + h;
-    per_layer =
-        x + (mode != US_RECOMPUTE_FULL ? gemm_outs : 0) + (mode == US_RECOMPUTE_NONE ? cheap : 0);
-    shared = (mode != US_RECOMPUTE_NONE ? cheap : 0) + (mode == US_RECOMPUTE_FULL ? gemm_outs : 0);
-    if (n_moe) { /* MoE layers (// >>moe; one rank, no pp) keep router, permutation and expert tensors instead of gu, h */
-        us__moe_bytes(&mc, &tc, n_moe, N, a, &moe_gemm, &moe_cheap, &moe_scr);
-        shared = (mode != US_RECOMPUTE_NONE ? attn_cheap + (n_moe < L ? h : 0) + moe_cheap : 0) +
-                 (mode == US_RECOMPUTE_FULL ? qkv + x + (n_moe < L ? gu : 0) + moe_gemm : 0);
-    }
-    /* what a (pipeline) slot holds besides its layers: the chunk's output and input gradient, the
-       norm statistics, losses, argmax, inputs, targets, the scalars for the all-reduces; on the
-       rank of the head (the first rank without pp, or under a V) the final norm's output, the
-       logits and the vocabulary-parallel loss's row statistics */
-    {
-        int head0 = !psp || us__pp_rank_of(psp, tc.pp * psp->v - 1) == 0;
-        head = x + xf /* residual gradient */ + rs + 4 * rf + us__align(64) +
-               (head0 ? xf + us__align(us__logits_bytes(&mc, &tc, Nf)) +
-                            (tc.tp > 1 ? us__align(Nf * 20 + 8) : 0)
-                      : 0);
-    }
-    /* the scratch of one action, shared by the slots: the backward's gradients, SP's whole-sequence
-       buffer and a norm weight's partial gradient, context parallelism's positions, K/V blocks in
-       flight (2 for the ring, cp for the all-gather) and their fp32 gradients, the online-softmax
-       state, dQ, a cast buffer */
-    bwd = xf /* norm grad */ + att + qkv + h + (sp ? xf + us__align(C * 4) : 0);
-    if (tc.precision == US_PRECISION_FP8 ||
-        tc.precision ==
-            US_PRECISION_FP8_TENSOR) { /* the quantised GEMM operands (// >>fp8-linear) */
-        size_t off[5];
-        bwd += us__fp8_scratch(Nf, C, QKV, AO, F, us__fp8_min_dim(&tc), off);
-    }
-    if (tc.cp > 1) {
-        int64_t KVW = (int64_t)2 * (mc.n_kv_heads / tc.tp) * HS,
-                nb = tc.cp_mode == US_CP_ALLGATHER ? tc.cp : 2;
-        bwd += us__align((size_t)tc.cp * (tc.seq / tc.cp) * 4) + us__align(nb * N * KVW * a) +
-               us__align(nb * N * KVW * 4) + 2 * us__align(N * AO * 4) +
-               2 * us__align(N * (mc.n_heads / tc.tp) * 4) +
-               us__align(N * (AO > KVW ? AO : KVW) * a);
-    }
-    if (psp) { /* the first pipeline rank: one arena (its largest chunk's layers) per micro-batch chunk it holds at once */
-        int i, wsplit = 0, largest;
-        for (i = 0; i < psp->n[0]; i++) wsplit |= psp->a[0][i].op == US_PP_W;
-        us__pp_rank_layers(&mc, &tc, psp, 0, NULL, NULL, NULL, &largest);
-        L = largest; /* a slot holds one chunk: the largest */
-        if (wsplit)
-            per_layer +=
-                2 * xf + qkv + gu; /* B/W apart: each layer keeps its output gradients for W */
-        out->activations = ((size_t)L * per_layer + shared + head) * (size_t)peak + bwd;
-        us_pp_schedule_free(psp);
-    } else if (n_moe) {
-        size_t moe_layer = x + (mode != US_RECOMPUTE_FULL ? qkv + x + moe_gemm : 0) +
-                           (mode == US_RECOMPUTE_NONE ? attn_cheap + moe_cheap : 0);
-        out->activations = (size_t)(L - n_moe) * per_layer + (size_t)n_moe * moe_layer + shared +
-                           head + bwd + moe_scr;
-    } else
-        out->activations = (size_t)L * per_layer + shared + head + bwd;
+    us__estimate_states(&mc, &tc, &d, &f, out);
+    out->activations = us__estimate_activations(&mc, &tc, &d, psp, peak);
+    if (psp) us_pp_schedule_free(psp);
     out->total = out->params + out->master + out->grads + out->optimizer + out->activations;
     return US_OK;
 }
@@ -12358,6 +12469,268 @@ static us__plan_memo *us__plan_memo_of(us__plan_memo *memo, int n, const us_trai
 
 #define US__PLAN_MEMO 4096
 
+/* The cluster's shape and memory, checked before anything is planned on it. */
+static us_result us__plan_check_nodes(const us_plan_cluster *cl, char *err, size_t errlen) {
+    if (cl->gpus_per_node < 1 || cl->nodes < 1) {
+        us__errf(
+            err, errlen,
+            "the cluster needs at least one node of at least one GPU (gpus per node %d, nodes %d)",
+            cl->gpus_per_node, cl->nodes);
+        return US_ERR_INVALID;
+    }
+    return US_OK;
+}
+
+static us_result us__plan_check_cluster(const us_plan_cluster *cl, char *err, size_t errlen) {
+    us_result r = us__plan_check_nodes(cl, err, errlen);
+    if (r != US_OK) return r;
+    if (!(cl->gpu_mem_gib > 0) || !(cl->reserve_gib > 0) || !isfinite(cl->gpu_mem_gib) ||
+        !isfinite(cl->reserve_gib)) {
+        us__errf(err, errlen, "GPU memory %g GiB and reserve %g GiB must be positive numbers",
+                 cl->gpu_mem_gib, cl->reserve_gib);
+        return US_ERR_INVALID;
+    }
+    return us__plan_check_rates(&cl->rates, err, errlen);
+}
+
+/* One rank's view of a configuration: its shape, the rates it runs at, and the seconds of one
+   layer's work per token and of its communication per micro-batch. */
+typedef struct us__plan_rank {
+    int tp, cp, pp, dp, Z;
+    int v; /* model chunks per pipeline rank */
+    int m; /* micro-batches per step */
+    int K; /* experts per token (0: dense) */
+    int64_t C, T, V, L, NH, NKV, HS, world;
+    double n;                      /* tokens of one micro-batch on this rank: the GEMMs' M */
+    double G, Af, Ab, H, lat;      /* FLOP/s: GEMMs at M = n, attention fwd/bwd; HBM B/s; µs */
+    double attn_f;                 /* attention forward FLOPs per token and layer (2·T·C/tp) */
+    double head_f, head_e;         /* the head: GEMM FLOPs and elementwise bytes per token */
+    double tf_l, tb_l, tw_l, re_l; /* per token and layer: forward, B, W, recomputed forward */
+    double w_tp, w_cp, w_pp, w_dp, w_ep; /* each group's bus bandwidth, GB/s */
+    double tp_l;                         /* TP's all-reduces of one layer's pass */
+    double cp_f, cp_b, cp_h;             /* CP's ring exposed forward, backward; hidden */
+    double ep_l;                         /* EP's all-to-alls of one layer's pass */
+} us__plan_rank;
+
+/* One micro-batch on the slowest pipeline chunk (the whole model without pp): seconds. */
+typedef struct us__plan_chunk {
+    int Lc, Mc, headc;     /* its layers, its MoE layers, and whether it runs the head */
+    double cF, cB, cW, cR; /* compute: forward, input gradients B, weight gradients W, recompute */
+    double kTP, kCP, kEP;  /* exposed communication of TP, CP and EP */
+} us__plan_chunk;
+
+/* The configuration's shape on one rank, and the rates it runs at: attention under CP at
+   cp_attn_eff of its rate, GEMMs of n rows at f(n)/f(16384) of theirs. */
+static void us__plan_rank_of(const us_model_config *mc, const us_train_config *tc,
+                             const us_plan_rates *R, us__plan_rank *k) {
+    k->tp = tc->tp;
+    k->cp = tc->cp;
+    k->pp = tc->pp;
+    k->dp = tc->dp;
+    k->Z = tc->zero;
+    k->m = tc->grad_accum;
+    k->v = k->pp > 1 ? tc->pp_chunks : 1;
+    k->world = (int64_t)tc->dp * tc->tp * tc->pp * tc->cp;
+    k->C = mc->dim;
+    k->T = tc->seq;
+    k->V = mc->vocab;
+    k->L = mc->n_layers;
+    k->NH = mc->n_heads;
+    k->NKV = mc->n_kv_heads;
+    k->HS = k->C / k->NH;
+    k->K = mc->moe_experts ? mc->moe_top_k : 0;
+    k->G = R->gemm_tflops * 1e12;
+    k->Af = R->attn_fwd_tflops * 1e12;
+    k->Ab = R->attn_bwd_tflops * 1e12;
+    k->H = R->hbm_gbps * 1e9;
+    k->lat = R->latency_us;
+    if (k->cp > 1) {
+        k->Af *= R->cp_attn_eff;
+        k->Ab *= R->cp_attn_eff;
+    }
+    k->n = (double)tc->batch * k->T / k->cp;
+    /* smaller GEMMs run slower */
+    k->G *= (k->n / (k->n + R->gemm_m_half)) / (16384.0 / (16384.0 + R->gemm_m_half));
+}
+
+/* Compute and recompute per token and layer on one tp rank. A layer's active parameters (the
+   embedding is a lookup, the head a GEMM of its own) and the FFN width a token passes through:
+   what is left after attention and the norms, over 3·C. GEMMs: 2 FLOPs per parameter forward,
+   B and W each the same; attention forward 2·T·C (QKᵀ and PV over the causal half), backward
+   2.5× that; elementwise bytes: two norms, two residual adds (10·C, split by tp only under SP),
+   RoPE on q and k, SwiGLU (3·F), all bf16; the backward moves about twice the forward's bytes. */
+static void us__plan_compute(const us_model_config *mc, const us_train_config *tc,
+                             us__plan_rank *k) {
+    const int64_t C = k->C, V = k->V, NH = k->NH, NKV = k->NKV, HS = k->HS;
+    const int tp = k->tp;
+    double Pact, Pl, Fact, gemm_f, ef, ef_C;
+    Pact = (double)us_param_count_active(mc);
+    Pl = (Pact - (double)V * C * (mc->tie_embeddings ? 1 : 2) - (double)C) / (double)k->L;
+    Fact = (Pl - (double)C * (NH + 2 * NKV) * HS - (double)C * NH * HS - 2.0 * C) / (3.0 * C);
+    gemm_f = 2.0 * Pl / tp;
+    k->attn_f = 2.0 * k->T * C / tp;
+    ef_C = 2.0 * 10 * C / (tc->sp ? tp : 1);
+    ef = ef_C + 2.0 * (2.0 * (NH + NKV) * HS + 3.0 * Fact) / tp;
+    k->head_f = 2.0 * V * C / tp;               /* the head GEMM forward */
+    k->head_e = 2.0 * 3 * V / tp + 2.0 * 4 * C; /* cross-entropy over the logits, the final norm */
+    k->tf_l = gemm_f / k->G + k->attn_f / k->Af + ef / k->H;
+    /* B: input gradients (attention's whole backward); W: weight gradients */
+    k->tb_l = gemm_f / k->G + 2.5 * k->attn_f / k->Ab + 2 * ef / k->H;
+    k->tw_l = gemm_f / k->G;
+    k->re_l = tc->recompute == US_RECOMPUTE_FULL        ? k->tf_l
+              : tc->recompute == US_RECOMPUTE_SELECTIVE ? k->attn_f / k->Af + ef / k->H
+                                                        : 0;
+}
+
+/* Communication per layer and micro-batch. Ranks are laid out tp fastest, then cp, pp, dp: a
+   group runs at the node's rate when its span fits in a node. TP: 2 all-reduces of N·C per pass
+   (on the critical path). CP: the ring's cp−1 steps, each one K/V block (backward with its
+   gradients) against one block's attention, exposed only beyond it. EP: dispatch and combine. */
+static void us__plan_comm(const us_plan_cluster *cl, const us_train_config *tc, us__plan_rank *k) {
+    const int tp = k->tp, cp = k->cp, pp = k->pp, dp = k->dp;
+    const double n = k->n, lat = k->lat;
+    k->w_tp = us__span_gbps(cl, tp);
+    k->w_cp = us__span_gbps(cl, (int64_t)tp * cp);
+    k->w_pp = us__span_gbps(cl, (int64_t)tp * cp * pp);
+    k->w_dp = us__span_gbps(cl, dp > 1 ? k->world : (int64_t)tp * cp);
+    k->w_ep = us__span_gbps(cl, tc->ep <= cp ? (int64_t)tp * tc->ep
+                                             : (int64_t)tp * cp * pp * (tc->ep / cp));
+    k->tp_l = 2 * us__coll_s(US__AR, n * k->C * 2, tp, k->w_tp, lat); /* per pass */
+    {
+        double kv = n * 2.0 * (k->NKV / tp) * k->HS * 2, blk_f = n * k->attn_f / k->Af / cp,
+               blk_b = n * 2.5 * k->attn_f / k->Ab / cp;
+        double sf = us__coll_s(US__P2P, kv, cp, k->w_cp, lat),
+               sb = us__coll_s(US__P2P, 2 * kv, cp, k->w_cp, lat);
+        k->cp_f = (cp - 1) * (sf > blk_f ? sf - blk_f : 0);
+        k->cp_b = (cp - 1) * (sb > blk_b ? sb - blk_b : 0);
+        /* hidden under the blocks */
+        k->cp_h = (cp - 1) * ((sf < blk_f ? sf : blk_f) + (sb < blk_b ? sb : blk_b));
+    }
+    /* dispatch + combine, per pass */
+    k->ep_l = 2 * us__coll_s(US__A2A, n * k->K * k->C * 2, tc->ep, k->w_ep, lat);
+}
+
+/* The slowest pipeline chunk (layers by the model's even split; the head on the last stage) and
+   what one micro-batch costs on it; without pp the chunk is the whole model. */
+static void us__plan_slowest_chunk(const us_model_config *mc, const us_train_config *tc,
+                                   const us__plan_rank *k, us__plan_chunk *ch) {
+    const int64_t S = (int64_t)k->pp * k->v;
+    const double n = k->n, G = k->G, H = k->H;
+    const int full = tc->recompute == US_RECOMPUTE_FULL;
+    double worst = -1;
+    int64_t st;
+    int Lc = 0, Mc = 0, headc = 0;
+    for (st = 0; st < S; st++) {
+        int first, count, mo = 0, k2;
+        double c;
+        us__pp_stage_layers(mc, tc, (int)S, (int)st, &first, &count);
+        for (k2 = first; k2 < first + count; k2++) mo += us__is_moe(mc, k2);
+        c = count * (k->tf_l + k->tb_l + k->tw_l) +
+            (st == S - 1 ? (3 * k->head_f) / G + 2 * k->head_e / H : 0);
+        if (c > worst) {
+            worst = c;
+            Lc = count;
+            Mc = mo;
+            headc = st == S - 1;
+        }
+    }
+    ch->Lc = Lc;
+    ch->Mc = Mc;
+    ch->headc = headc;
+    ch->cF = n * (Lc * k->tf_l + (headc ? k->head_f / G + k->head_e / H : 0));
+    ch->cB = n * (Lc * k->tb_l + (headc ? k->head_f / G + k->head_e / H : 0));
+    ch->cW = n * (Lc * k->tw_l + (headc ? k->head_f / G : 0));
+    ch->cR = n * Lc * k->re_l;
+    /* forward, backward (+ the recomputed forward) */
+    ch->kTP = Lc * k->tp_l * (full ? 3 : 2);
+    ch->kCP = Lc * (k->cp_f + k->cp_b + (full ? k->cp_f : 0));
+    ch->kEP = Mc * k->ep_l * (full ? 3 : 2);
+}
+
+/* ZeRO-3 (pp = 1), sharded over the dp·cp ranks that hold the same weights: each layer's weights
+   gathered before its forward and its backward, the gradient scattered after; the next layer's
+   gather overlaps this layer's compute. psi: the rank's parameters (tp, pp, ep shares). Sets
+   out->t_zero3; adds to *hidden the collectives' time hidden under the compute. */
+static void us__plan_zero3(const us__plan_rank *k, const us_plan_rates *R, double psi, us_plan *out,
+                           double *hidden) {
+    const int dp = k->dp, cp = k->cp;
+    const int64_t L = k->L;
+    const double n = k->n, psi_l = psi / (L + 2.0);
+    double zF = 0, zB = 0;
+    if (k->Z == 3 && dp * cp > 1) {
+        double ag = us__coll_s(US__AG, 2 * psi_l, dp * cp, k->w_dp, k->lat),
+               rs = us__coll_s(US__RS, 4 * psi_l, dp * cp, k->w_dp, k->lat);
+        double lf = n * k->tf_l, lb = n * (k->tb_l + k->tw_l + k->re_l);
+        /* + the first layer's gather, nothing to hide under */
+        zF = L * (ag > lf ? ag - lf : 0) + ag;
+        zB = L * (ag + rs > lb ? ag + rs - lb : 0) + rs;
+        *hidden += (double)k->m * L * ((ag < lf ? ag : lf) + (ag + rs < lb ? ag + rs : lb)) *
+                   k->w_dp / R->intra_gbps;
+    }
+    out->t_zero3 = (double)k->m * (zF + zB);
+}
+
+/* Pipeline parallelism: the schedule's makespan with these per-chunk costs (the simulator's,
+   or the memo's makespan at unit forward cost scaled); the bubble is what it adds to the work,
+   and the activation messages of the fill and the drain are exposed. */
+static us_result us__plan_pipeline(const us_train_config *tc, const us__plan_rank *k,
+                                   const us__plan_chunk *ch, us__plan_memo *memo, us_plan *out,
+                                   char *err, size_t errlen) {
+    const int m = k->m, v = k->v;
+    const int64_t S = (int64_t)k->pp * v;
+    us_pp_schedule s;
+    us_pp_sim sim;
+    us_result r;
+    double tF = ch->cF + (ch->kTP + ch->kCP + ch->kEP) * (1.0 / 3),
+           tB = ch->cB + ch->cR + (ch->kTP + ch->kCP + ch->kEP) * (2.0 / 3), tW = ch->cW;
+    us__plan_memo *e = memo ? us__plan_memo_of(memo, US__PLAN_MEMO, tc) : NULL;
+    double span, t_msg;
+    if (e && e->span1 > 0 && e->rb == tB / tF && e->rw == tW / tF)
+        span = e->span1 * tF;
+    else {
+        if ((r = us_pp_schedule_build(&s, (us_pp_kind)tc->pp_schedule, k->pp, m, v, err, errlen)) !=
+            US_OK)
+            return r;
+        r = us_pp_simulate(&s, tF, tB, tW, &sim, err, errlen);
+        us_pp_schedule_free(&s);
+        if (r != US_OK) return r;
+        span = sim.makespan;
+        if (e) {
+            e->rb = tB / tF;
+            e->rw = tW / tF;
+            e->span1 = span / tF;
+        }
+    }
+    out->t_bubble = span - (double)m * v * (tF + tB + tW);
+    if (out->t_bubble < 0) out->t_bubble = 0;
+    t_msg = us__coll_s(US__P2P, k->n * k->C * 2, 2, k->w_pp, k->lat);
+    out->t_p2p = 2.0 * (S - 1) * t_msg;
+    return US_OK;
+}
+
+/* Data parallelism: fp32 gradients over dp·cp, overlapped with the last micro-batch's backward
+   bucket by bucket; ZeRO-1 reduce-scatters and all-gathers the updated bf16 weights, ZeRO-2
+   reduce-scatters every micro-batch. Then AdamW: 30 bytes per parameter of the rank's shard.
+   Sets out->t_dp and out->t_optimizer; adds to *hidden the reduction's hidden time. */
+static void us__plan_dp(const us_train_config *tc, const us__plan_rank *k, const us__plan_chunk *ch,
+                        const us_plan_rates *R, double psi, us_plan *out, double *hidden) {
+    const int g = k->dp * k->cp, Z = k->Z, m = k->m;
+    const double w_dp = k->w_dp, lat = k->lat;
+    double gb = 4 * psi, window = k->v * (ch->cB + ch->cW + ch->cR),
+           bucket = (double)tc->bucket_mb * 1048576.0;
+    double ag = us__coll_s(US__AG, 2 * psi, g, w_dp, lat); /* ZeRO-1/2: the updated bf16 weights */
+    double red = g > 1 && Z < 3 ? us__coll_s(Z == 0 ? US__AR : US__RS, gb, g, w_dp, lat) : 0,
+           ex = g > 1 && Z < 3 ? us__dp_exposed(red, window, gb, bucket) : 0;
+    if (Z == 0)
+        out->t_dp = ex;
+    else if (Z == 1)
+        out->t_dp = ex + ag;
+    else if (Z == 2)
+        out->t_dp = m * ex + ag;
+    *hidden += (Z == 2 ? m : 1) * (red > ex ? red - ex : 0) * w_dp / R->intra_gbps;
+    out->t_optimizer = 30.0 * (Z ? psi / g : psi) / k->H;
+}
+
 static us_result us__plan_cost(const us_model_config *mc_in, const us_train_config *tc_in,
                                const us_plan_cluster *cl_in, us_plan *out, us__plan_memo *memo,
                                char *err, size_t errlen) {
@@ -12366,31 +12739,13 @@ static us_result us__plan_cost(const us_model_config *mc_in, const us_train_conf
     us_plan_cluster cl = *cl_in;
     const us_plan_rates *R;
     us_result r;
-    int64_t world, C, T, V, HS, NH, NKV, L, n_moe = 0, l, S, st;
-    int tp, cp, pp, dp, v, m, Z, K;
-    double n, Pact, Pl, Fact, G, Af, Ab, H, gemm_f, attn_f, ef, ef_C, head_f, head_e, lat, psi,
-        psi_l;
-    double tf_l, tb_l, tw_l, re_l, tp_l, cp_f, cp_b, cp_h = 0, ep_l, w_tp, w_dp, w_pp, w_ep, w_cp,
-                                                     t_msg, hidden = 0;
-    double cF, cB, cW, cR, kTP, kCP, kEP, zF,
-        zB; /* one micro-batch on the slowest chunk: compute, comm */
-    int Lc = 0, Mc = 0, headc = 0;
+    us__plan_rank k;
+    us__plan_chunk ch;
+    int64_t world;
+    double psi, hidden = 0;
     us_plan_cluster_defaults(&cl);
     R = &cl.rates;
-    if (cl.gpus_per_node < 1 || cl.nodes < 1) {
-        us__errf(
-            err, errlen,
-            "the cluster needs at least one node of at least one GPU (gpus per node %d, nodes %d)",
-            cl.gpus_per_node, cl.nodes);
-        return US_ERR_INVALID;
-    }
-    if (!(cl.gpu_mem_gib > 0) || !(cl.reserve_gib > 0) || !isfinite(cl.gpu_mem_gib) ||
-        !isfinite(cl.reserve_gib)) {
-        us__errf(err, errlen, "GPU memory %g GiB and reserve %g GiB must be positive numbers",
-                 cl.gpu_mem_gib, cl.reserve_gib);
-        return US_ERR_INVALID;
-    }
-    if ((r = us__plan_check_rates(R, err, errlen)) != US_OK) return r;
+    if ((r = us__plan_check_cluster(&cl, err, errlen)) != US_OK) return r;
     if ((r = us_config_validate(&mc, &tc, err, errlen)) != US_OK) return r;
     world = (int64_t)tc.dp * tc.tp * tc.pp * tc.cp;
     if (world != (int64_t)cl.gpus_per_node * cl.nodes) {
@@ -12399,6 +12754,7 @@ static us_result us__plan_cost(const us_model_config *mc_in, const us_train_conf
                  (long long)cl.gpus_per_node * cl.nodes);
         return US_ERR_INVALID;
     }
+    /* step 1 of the recipe: memory (the first pipeline rank's) */
     memset(out, 0, sizeof *out);
     out->tc = tc;
     {
@@ -12410,184 +12766,34 @@ static us_result us__plan_cost(const us_model_config *mc_in, const us_train_conf
     out->fits =
         (double)out->mem.total + cl.reserve_gib * 1073741824.0 <= cl.gpu_mem_gib * 1073741824.0;
 
-    tp = tc.tp;
-    cp = tc.cp;
-    pp = tc.pp;
-    dp = tc.dp;
-    Z = tc.zero;
-    m = tc.grad_accum;
-    v = pp > 1 ? tc.pp_chunks : 1;
-    C = mc.dim;
-    T = tc.seq;
-    V = mc.vocab;
-    L = mc.n_layers;
-    NH = mc.n_heads;
-    NKV = mc.n_kv_heads;
-    HS = C / NH;
-    K = mc.moe_experts ? mc.moe_top_k : 0;
-    for (l = 0; l < L; l++) n_moe += us__is_moe(&mc, (int)l);
-    G = R->gemm_tflops * 1e12;
-    Af = R->attn_fwd_tflops * 1e12;
-    Ab = R->attn_bwd_tflops * 1e12;
-    H = R->hbm_gbps * 1e9;
-    lat = R->latency_us;
-    if (cp > 1) {
-        Af *= R->cp_attn_eff;
-        Ab *= R->cp_attn_eff;
-    }
-    n = (double)tc.batch * T / cp; /* tokens of one micro-batch on this rank: the GEMMs' M */
-    G *= (n / (n + R->gemm_m_half)) /
-         (16384.0 / (16384.0 + R->gemm_m_half)); /* smaller GEMMs run slower */
-    /* a layer's active parameters (the embedding is a lookup, the head a GEMM of its own) and the
-       FFN width a token passes through: what is left after attention and the norms, over 3·C */
-    Pact = (double)us_param_count_active(&mc);
-    Pl = (Pact - (double)V * C * (mc.tie_embeddings ? 1 : 2) - (double)C) / (double)L;
-    Fact = (Pl - (double)C * (NH + 2 * NKV) * HS - (double)C * NH * HS - 2.0 * C) / (3.0 * C);
-    /* per token and layer on one tp rank: FLOPs of the GEMMs (forward; B and W each the same) and
-       of attention forward (2·T·C: QKᵀ and PV over the causal half), bytes of the elementwise
-       forward: two norms, two residual adds (10·C, split by tp only under SP), RoPE on q and k,
-       SwiGLU (3·F), all bf16; the backward moves about twice the forward's bytes */
-    gemm_f = 2.0 * Pl / tp;
-    attn_f = 2.0 * T * C / tp;
-    ef_C = 2.0 * 10 * C / (tc.sp ? tp : 1);
-    ef = ef_C + 2.0 * (2.0 * (NH + NKV) * HS + 3.0 * Fact) / tp;
-    head_f = 2.0 * V * C / tp;               /* the head GEMM forward */
-    head_e = 2.0 * 3 * V / tp + 2.0 * 4 * C; /* cross-entropy over the logits, the final norm */
-    tf_l = gemm_f / G + attn_f / Af + ef / H;
-    tb_l = gemm_f / G + 2.5 * attn_f / Ab +
-           2 * ef / H; /* B: input gradients (attention's whole backward) */
-    tw_l = gemm_f / G; /* W: weight gradients */
-    re_l = tc.recompute == US_RECOMPUTE_FULL        ? tf_l
-           : tc.recompute == US_RECOMPUTE_SELECTIVE ? attn_f / Af + ef / H
-                                                    : 0;
-    /* communication per layer and micro-batch */
-    w_tp = us__span_gbps(&cl, tp);
-    w_cp = us__span_gbps(&cl, (int64_t)tp * cp);
-    w_pp = us__span_gbps(&cl, (int64_t)tp * cp * pp);
-    w_dp = us__span_gbps(&cl, dp > 1 ? world : (int64_t)tp * cp);
-    w_ep = us__span_gbps(&cl,
-                         tc.ep <= cp ? (int64_t)tp * tc.ep : (int64_t)tp * cp * pp * (tc.ep / cp));
-    tp_l = 2 * us__coll_s(US__AR, n * C * 2, tp, w_tp, lat); /* per pass: forward, or backward */
-    { /* CP's ring: cp−1 steps, each one K/V block (and backward its gradients) against one block's attention */
-        double kv = n * 2.0 * (NKV / tp) * HS * 2, blk_f = n * attn_f / Af / cp,
-               blk_b = n * 2.5 * attn_f / Ab / cp;
-        double sf = us__coll_s(US__P2P, kv, cp, w_cp, lat),
-               sb = us__coll_s(US__P2P, 2 * kv, cp, w_cp, lat);
-        cp_f = (cp - 1) * (sf > blk_f ? sf - blk_f : 0);
-        cp_b = (cp - 1) * (sb > blk_b ? sb - blk_b : 0);
-        cp_h = (cp - 1) * ((sf < blk_f ? sf : blk_f) +
-                           (sb < blk_b ? sb : blk_b)); /* hidden under the blocks */
-    }
-    ep_l =
-        2 * us__coll_s(US__A2A, n * K * C * 2, tc.ep, w_ep, lat); /* dispatch + combine, per pass */
-    /* the slowest pipeline chunk (layers by the model's even split; the head on the last stage) */
-    S = (int64_t)pp * v;
-    {
-        double worst = -1;
-        for (st = 0; st < S; st++) {
-            int first, count, mo = 0, k2;
-            double c;
-            us__pp_stage_layers(&mc, &tc, (int)S, (int)st, &first, &count);
-            for (k2 = first; k2 < first + count; k2++) mo += us__is_moe(&mc, k2);
-            c = count * (tf_l + tb_l + tw_l) +
-                (st == S - 1 ? (3 * head_f) / G + 2 * head_e / H : 0);
-            if (c > worst) {
-                worst = c;
-                Lc = count;
-                Mc = mo;
-                headc = st == S - 1;
-            }
-        }
-    }
-    cF = n * (Lc * tf_l + (headc ? head_f / G + head_e / H : 0));
-    cB = n * (Lc * tb_l + (headc ? head_f / G + head_e / H : 0));
-    cW = n * (Lc * tw_l + (headc ? head_f / G : 0));
-    cR = n * Lc * re_l;
-    kTP =
-        Lc * tp_l *
-        (tc.recompute == US_RECOMPUTE_FULL ? 3
-                                           : 2); /* forward, backward (+ the recomputed forward) */
-    kCP = Lc * (cp_f + cp_b + (tc.recompute == US_RECOMPUTE_FULL ? cp_f : 0));
-    kEP = Mc * ep_l * (tc.recompute == US_RECOMPUTE_FULL ? 3 : 2);
-    /* ZeRO-3 (pp = 1): each layer's weights gathered before its forward and its backward, the
-       gradient scattered after; the next layer's gather overlaps this layer's compute */
-    psi = (double)out->mem.optimizer / 8 *
-          (Z ? dp * cp : 1); /* the rank's parameters (tp, pp, ep shares) */
-    psi_l = psi / (L + 2.0);
-    zF = zB = 0;
-    if (Z == 3 && dp * cp > 1) { /* ZeRO shards over the dp·cp ranks that hold the same weights */
-        double ag = us__coll_s(US__AG, 2 * psi_l, dp * cp, w_dp, lat),
-               rs = us__coll_s(US__RS, 4 * psi_l, dp * cp, w_dp, lat);
-        double lf = n * tf_l, lb = n * (tb_l + tw_l + re_l);
-        zF = L * (ag > lf ? ag - lf : 0) +
-             ag; /* + the first layer's gather, nothing to hide under */
-        zB = L * (ag + rs > lb ? ag + rs - lb : 0) + rs;
-        hidden += (double)m * L * ((ag < lf ? ag : lf) + (ag + rs < lb ? ag + rs : lb)) * w_dp /
-                  R->intra_gbps;
-    }
-    hidden += (double)m * v * Lc * cp_h * (tc.recompute == US_RECOMPUTE_FULL ? 1.5 : 1) * w_cp /
-              R->intra_gbps;
-    out->t_compute = (double)m * v * (cF + cB + cW);
-    out->t_recompute = (double)m * v * cR;
-    out->t_tp = (double)m * v * kTP;
-    out->t_cp = (double)m * v * kCP;
-    out->t_ep = (double)m * v * kEP;
-    out->t_zero3 = (double)m * (zF + zB);
-    if (pp >
-        1) { /* the schedule's makespan with these per-chunk costs; the bubble is what it adds to the work */
-        us_pp_schedule s;
-        us_pp_sim sim;
-        double tF = cF + (kTP + kCP + kEP) * (1.0 / 3),
-               tB = cB + cR + (kTP + kCP + kEP) * (2.0 / 3), tW = cW;
-        us__plan_memo *e = memo ? us__plan_memo_of(memo, US__PLAN_MEMO, &tc) : NULL;
-        double span;
-        if (e && e->span1 > 0 && e->rb == tB / tF && e->rw == tW / tF)
-            span = e->span1 * tF;
-        else {
-            if ((r = us_pp_schedule_build(&s, (us_pp_kind)tc.pp_schedule, pp, m, v, err, errlen)) !=
-                US_OK)
-                return r;
-            r = us_pp_simulate(&s, tF, tB, tW, &sim, err, errlen);
-            us_pp_schedule_free(&s);
-            if (r != US_OK) return r;
-            span = sim.makespan;
-            if (e) {
-                e->rb = tB / tF;
-                e->rw = tW / tF;
-                e->span1 = span / tF;
-            }
-        }
-        out->t_bubble = span - (double)m * v * (tF + tB + tW);
-        if (out->t_bubble < 0) out->t_bubble = 0;
-        t_msg = us__coll_s(US__P2P, n * C * 2, 2, w_pp, lat);
-        out->t_p2p = 2.0 * (S - 1) * t_msg;
-    }
-    { /* data parallelism: fp32 gradients over dp·cp, overlapped with the last micro-batch's backward */
-        int g = dp * cp;
-        double gb = 4 * psi, window = v * (cB + cW + cR), bucket = (double)tc.bucket_mb * 1048576.0;
-        double ag =
-            us__coll_s(US__AG, 2 * psi, g, w_dp, lat); /* ZeRO-1/2: the updated bf16 weights */
-        double red = g > 1 && Z < 3 ? us__coll_s(Z == 0 ? US__AR : US__RS, gb, g, w_dp, lat) : 0,
-               ex = g > 1 && Z < 3 ? us__dp_exposed(red, window, gb, bucket) : 0;
-        if (Z == 0)
-            out->t_dp = ex;
-        else if (Z == 1)
-            out->t_dp = ex + ag;
-        else if (Z == 2)
-            out->t_dp = m * ex + ag;
-        hidden += (Z == 2 ? m : 1) * (red > ex ? red - ex : 0) * w_dp / R->intra_gbps;
-        out->t_optimizer = 30.0 * (Z ? psi / g : psi) / H;
-    }
-    out->t_overlap =
-        R->overlap_tax *
-        hidden; /* hidden: each collective's hidden time at the node's rate (its bytes' SM and HBM work) */
+    /* step 3: the cost model, one term per idea of the book */
+    us__plan_rank_of(&mc, &tc, R, &k);
+    us__plan_compute(&mc, &tc, &k);
+    us__plan_comm(&cl, &tc, &k);
+    us__plan_slowest_chunk(&mc, &tc, &k, &ch);
+    /* the rank's parameters (tp, pp, ep shares) */
+    psi = (double)out->mem.optimizer / 8 * (k.Z ? k.dp * k.cp : 1);
+    us__plan_zero3(&k, R, psi, out, &hidden);
+    /* the CP ring's hidden transfers (the recomputed forward repeats the forward's) */
+    hidden += (double)k.m * k.v * ch.Lc * k.cp_h * (tc.recompute == US_RECOMPUTE_FULL ? 1.5 : 1) *
+              k.w_cp / R->intra_gbps;
+    out->t_compute = (double)k.m * k.v * (ch.cF + ch.cB + ch.cW);
+    out->t_recompute = (double)k.m * k.v * ch.cR;
+    out->t_tp = (double)k.m * k.v * ch.kTP;
+    out->t_cp = (double)k.m * k.v * ch.kCP;
+    out->t_ep = (double)k.m * k.v * ch.kEP;
+    if (k.pp > 1 && (r = us__plan_pipeline(&tc, &k, &ch, memo, out, err, errlen)) != US_OK)
+        return r;
+    us__plan_dp(&tc, &k, &ch, R, psi, out, &hidden);
+    /* hidden: each collective's hidden time at the node's rate (its bytes' SM and HBM work) */
+    out->t_overlap = R->overlap_tax * hidden;
     out->t_step = out->t_compute + out->t_recompute + out->t_tp + out->t_cp + out->t_ep +
                   out->t_bubble + out->t_p2p + out->t_dp + out->t_zero3 + out->t_optimizer +
                   out->t_overlap;
     {
-        double tokens = (double)tc.batch * tc.grad_accum * dp * T;
+        double tokens = (double)tc.batch * tc.grad_accum * k.dp * k.T;
         out->tokens_per_s = tokens / out->t_step;
-        out->mfu = us_flops_per_token(&mc, T) * out->tokens_per_s /
+        out->mfu = us_flops_per_token(&mc, k.T) * out->tokens_per_s /
                    ((double)world * R->peak_tflops * 1e12);
     }
     return US_OK;
@@ -12613,53 +12819,180 @@ static int us__plan_cmp(const void *a, const void *b) {
     return p->mem.total < q->mem.total ? -1 : p->mem.total > q->mem.total;
 }
 
+/* The schedules tried under pipeline parallelism (interleaved and ZB-V with 2 chunks per rank). */
+static const int us__plan_kinds[] = {US_PP_AFAB, US_PP_1F1B, US_PP_INTERLEAVED, US_PP_ZB1,
+                                     US_PP_ZBV};
+
+/* The search: its inputs, the schedule memo, the counts, and the q.top best plans so far. */
+typedef struct us__plan_search {
+    const us_model_config *mc; /* validated: its defaults filled */
+    const us_plan_cluster *cl;
+    const us_plan_request *q;
+    int64_t Gs; /* sequences per step = dp · micro-batch · grad-accum */
+    us__plan_memo *memo;
+    int64_t nv, nf; /* configurations that validate, that fit */
+    us_plan *out;   /* [q.top] the kept plans, unordered until the end */
+    int kept;       /* plans in out */
+    int worst;      /* out's slowest plan, -1 when not known since the last change */
+} us__plan_search;
+
+/* The model, the rates, the cluster's shape and the request, checked before the search. mc's
+   defaults are filled here. */
+static us_result us__plan_check_request(us_model_config *mc, const us_plan_cluster *cl,
+                                        const us_plan_request *q, char *err, size_t errlen) {
+    us_train_config probe;
+    us_result r;
+    memset(&probe, 0, sizeof probe);
+    if ((r = us_config_validate(mc, &probe, err, errlen)) != US_OK) return r;
+    if ((r = us__plan_check_rates(&cl->rates, err, errlen)) != US_OK) return r;
+    if ((r = us__plan_check_nodes(cl, err, errlen)) != US_OK) return r;
+    if (q->seq < 1 || q->global_tokens < 1 || q->global_tokens % q->seq) {
+        us__errf(err, errlen,
+                 "the global batch of %lld tokens must be a positive multiple of seq=%d",
+                 (long long)q->global_tokens, q->seq);
+        return US_ERR_INVALID;
+    }
+    if (q->top < 1 || q->max_micro_batch < 1) {
+        us__errf(err, errlen, "top=%d and max micro-batch=%d must be at least 1", q->top,
+                 q->max_micro_batch);
+        return US_ERR_INVALID;
+    }
+    return US_OK;
+}
+
+/* The cheap check first: whether tp, cp, pp (and dp) suit the model at all. */
+static int us__plan_layout_ok(const us__plan_search *s, int tp, int cp, int pp, int dp) {
+    us_model_config m2 = *s->mc;
+    us_train_config probe;
+    char e2[256];
+    memset(&probe, 0, sizeof probe);
+    probe.tp = tp;
+    probe.cp = cp;
+    probe.pp = pp;
+    probe.dp = dp;
+    probe.seq = s->q->seq;
+    return us_config_validate(&m2, &probe, e2, sizeof e2) == US_OK;
+}
+
+/* Keep p if it is among the q.top fastest so far: fill out, then replace the slowest kept. */
+static void us__plan_keep(us__plan_search *s, const us_plan *p) {
+    int i;
+    if (s->kept < s->q->top) {
+        s->out[s->kept++] = *p;
+        s->worst = -1;
+        return;
+    }
+    if (s->worst < 0)
+        for (s->worst = 0, i = 1; i < s->kept; i++)
+            if (us__plan_cmp(&s->out[i], &s->out[s->worst]) > 0) s->worst = i;
+    if (us__plan_cmp(p, &s->out[s->worst]) < 0) {
+        s->out[s->worst] = *p;
+        s->worst = -1;
+    }
+}
+
+/* One configuration: counted if it validates, skipped where even its model states cannot fit
+   (us__plan_state_bound), else costed and kept if it fits and ranks. */
+static void us__plan_try(us__plan_search *s, const us_train_config *tc) {
+    const us_plan_cluster *cl = s->cl;
+    us_plan p;
+    char e2[256];
+    {
+        us_model_config m2 = *s->mc;
+        us_train_config t2 = *tc;
+        if (us_config_validate(&m2, &t2, e2, sizeof e2) != US_OK) return;
+    }
+    s->nv++;
+    if (us__plan_state_bound(s->mc, tc) + cl->reserve_gib * 1073741824.0 >
+        cl->gpu_mem_gib * 1073741824.0)
+        return; /* cannot fit */
+    if (us__plan_cost(s->mc, tc, cl, &p, s->memo, e2, sizeof e2) != US_OK || !p.fits) return;
+    s->nf++;
+    us__plan_keep(s, &p);
+}
+
+/* One layout and micro-batch size: each recomputation mode and, under pp, each schedule. */
+static void us__plan_micro_batch(us__plan_search *s, const us_train_config *layout, int mb) {
+    const int nk = layout->pp > 1 ? (int)(sizeof us__plan_kinds / sizeof us__plan_kinds[0]) : 1;
+    int rc, k;
+    for (rc = US_RECOMPUTE_NONE; rc <= US_RECOMPUTE_FULL; rc++) {
+        for (k = 0; k < nk; k++) {
+            us_train_config tc = *layout;
+            tc.batch = mb;
+            tc.grad_accum = (int)(s->Gs / tc.dp / mb);
+            tc.recompute = (us_recompute)rc;
+            if (tc.pp > 1) {
+                const int kind = us__plan_kinds[k];
+                tc.pp_schedule = kind;
+                tc.pp_chunks = kind == US_PP_INTERLEAVED || kind == US_PP_ZBV ? 2 : 1;
+            }
+            us__plan_try(s, &tc);
+        }
+    }
+}
+
+/* Every configuration of one layout (tp, cp, pp, dp): expert parallelism over the dp·cp ranks
+   where the experts split evenly, each ZeRO stage over them, SP where tp > 1, and each per-rank
+   micro-batch that divides the rank's sequences of the step. */
+static void us__plan_layout(us__plan_search *s, int tp, int cp, int pp, int dp) {
+    const int E = s->mc->moe_experts;
+    const int64_t per_rank = s->Gs / dp;
+    int ep, z, sp, mb;
+    for (ep = 1; ep <= dp * cp; ep++) {
+        if ((dp * cp) % ep || (ep > 1 && (!E || E % ep))) continue;
+        /* ZeRO shards over dp·cp: one rank has nothing to shard */
+        for (z = 0; z <= (dp * cp > 1 ? 3 : 0); z++) {
+            for (sp = 0; sp <= (tp > 1); sp++) {
+                for (mb = 1; mb <= s->q->max_micro_batch && mb <= per_rank; mb++) {
+                    us_train_config layout;
+                    if (per_rank % mb) continue;
+                    memset(&layout, 0, sizeof layout);
+                    layout.dp = dp;
+                    layout.tp = tp;
+                    layout.cp = cp;
+                    layout.pp = pp;
+                    layout.ep = ep;
+                    layout.zero = z;
+                    layout.sp = sp;
+                    layout.seq = s->q->seq;
+                    layout.precision = US_PRECISION_BF16;
+                    us__plan_micro_batch(s, &layout, mb);
+                }
+            }
+        }
+    }
+}
+
 US_API us_result us_plan_enumerate(const us_model_config *mc_in, const us_plan_cluster *cl_in,
                                    const us_plan_request *q_in, us_plan *out, int *n_out,
                                    int64_t *n_valid, int64_t *n_fit, char *err, size_t errlen) {
-    static const int kinds[] = {US_PP_AFAB, US_PP_1F1B, US_PP_INTERLEAVED, US_PP_ZB1, US_PP_ZBV};
     us_model_config mc = *mc_in;
-    us_train_config probe;
     us_plan_cluster cl = *cl_in;
     us_plan_request q = *q_in;
-    us_plan p;
-    us__plan_memo *memo;
-    int64_t world, Gs, nv = 0, nf = 0;
-    int tp, cp, pp, dp, ep, z, sp, mb, rc, k, nk, kept = 0, worst = -1;
-    char e2[256];
+    us__plan_search s;
+    int64_t world;
+    int tp, cp, pp, dp;
     us_result r;
     us_plan_cluster_defaults(&cl);
     us_plan_request_defaults(&q);
     *n_out = 0;
     if (n_valid) *n_valid = 0;
     if (n_fit) *n_fit = 0;
-    memset(&probe, 0, sizeof probe);
-    if ((r = us_config_validate(&mc, &probe, err, errlen)) != US_OK) return r;
-    if ((r = us__plan_check_rates(&cl.rates, err, errlen)) != US_OK) return r;
-    if (cl.gpus_per_node < 1 || cl.nodes < 1) {
-        us__errf(
-            err, errlen,
-            "the cluster needs at least one node of at least one GPU (gpus per node %d, nodes %d)",
-            cl.gpus_per_node, cl.nodes);
-        return US_ERR_INVALID;
-    }
-    if (q.seq < 1 || q.global_tokens < 1 || q.global_tokens % q.seq) {
-        us__errf(err, errlen,
-                 "the global batch of %lld tokens must be a positive multiple of seq=%d",
-                 (long long)q.global_tokens, q.seq);
-        return US_ERR_INVALID;
-    }
-    if (q.top < 1 || q.max_micro_batch < 1) {
-        us__errf(err, errlen, "top=%d and max micro-batch=%d must be at least 1", q.top,
-                 q.max_micro_batch);
-        return US_ERR_INVALID;
-    }
-    world = (int64_t)cl.gpus_per_node * cl.nodes;
-    Gs = q.global_tokens / q.seq; /* sequences per step = dp · micro-batch · grad-accum */
-    if (!(memo = (us__plan_memo *)US_MALLOC(US__PLAN_MEMO * sizeof *memo))) {
+    if ((r = us__plan_check_request(&mc, &cl, &q, err, errlen)) != US_OK) return r;
+    memset(&s, 0, sizeof s);
+    s.mc = &mc;
+    s.cl = &cl;
+    s.q = &q;
+    s.Gs = q.global_tokens / q.seq;
+    s.out = out;
+    s.worst = -1;
+    if (!(s.memo = (us__plan_memo *)US_MALLOC(US__PLAN_MEMO * sizeof *s.memo))) {
         us__errf(err, errlen, "out of host memory");
         return US_ERR_OOM;
     }
-    memset(memo, 0, US__PLAN_MEMO * sizeof *memo);
+    memset(s.memo, 0, US__PLAN_MEMO * sizeof *s.memo);
+    /* every layout that uses every GPU: world = tp · cp · pp · dp */
+    world = (int64_t)cl.gpus_per_node * cl.nodes;
     for (tp = 1; tp <= world; tp++) {
         if (world % tp) continue;
         for (cp = 1; cp <= world / tp; cp++) {
@@ -12667,95 +13000,16 @@ US_API us_result us_plan_enumerate(const us_model_config *mc_in, const us_plan_c
             for (pp = 1; pp <= world / tp / cp; pp++) {
                 if ((world / tp / cp) % pp) continue;
                 dp = (int)(world / tp / cp / pp);
-                if (Gs % dp) continue;
-                /* the cheap checks first: whether tp, cp, pp suit the model at all */
-                memset(&probe, 0, sizeof probe);
-                probe.tp = tp;
-                probe.cp = cp;
-                probe.pp = pp;
-                probe.dp = dp;
-                probe.seq = q.seq;
-                {
-                    us_model_config m2 = mc;
-                    if (us_config_validate(&m2, &probe, e2, sizeof e2) != US_OK) continue;
-                }
-                for (ep = 1; ep <= dp * cp; ep++) {
-                    if ((dp * cp) % ep || (ep > 1 && (!mc.moe_experts || mc.moe_experts % ep)))
-                        continue;
-                    for (z = 0; z <= (dp * cp > 1 ? 3 : 0);
-                         z++) { /* ZeRO shards over dp·cp: one rank has nothing to shard */
-                        for (sp = 0; sp <= (tp > 1); sp++) {
-                            for (mb = 1; mb <= q.max_micro_batch && mb <= Gs / dp; mb++) {
-                                if ((Gs / dp) % mb) continue;
-                                for (rc = US_RECOMPUTE_NONE; rc <= US_RECOMPUTE_FULL; rc++) {
-                                    nk = pp > 1 ? (int)(sizeof kinds / sizeof kinds[0]) : 1;
-                                    for (k = 0; k < nk; k++) {
-                                        us_train_config tc;
-                                        memset(&tc, 0, sizeof tc);
-                                        tc.dp = dp;
-                                        tc.tp = tp;
-                                        tc.cp = cp;
-                                        tc.pp = pp;
-                                        tc.ep = ep;
-                                        tc.zero = z;
-                                        tc.sp = sp;
-                                        tc.batch = mb;
-                                        tc.grad_accum = (int)(Gs / dp / mb);
-                                        tc.seq = q.seq;
-                                        tc.recompute = (us_recompute)rc;
-                                        tc.precision = US_PRECISION_BF16;
-                                        if (pp > 1) {
-                                            tc.pp_schedule = kinds[k];
-                                            tc.pp_chunks = kinds[k] == US_PP_INTERLEAVED ||
-                                                                   kinds[k] == US_PP_ZBV
-                                                               ? 2
-                                                               : 1;
-                                        }
-                                        {
-                                            us_model_config m2 = mc;
-                                            us_train_config t2 = tc;
-                                            if (us_config_validate(&m2, &t2, e2, sizeof e2) !=
-                                                US_OK)
-                                                continue;
-                                        }
-                                        nv++;
-                                        if (us__plan_state_bound(&mc, &tc) +
-                                                cl.reserve_gib * 1073741824.0 >
-                                            cl.gpu_mem_gib * 1073741824.0)
-                                            continue; /* cannot fit */
-                                        if (us__plan_cost(&mc, &tc, &cl, &p, memo, e2, sizeof e2) !=
-                                                US_OK ||
-                                            !p.fits)
-                                            continue;
-                                        nf++;
-                                        if (kept < q.top) {
-                                            out[kept++] = p;
-                                            worst = -1;
-                                        } else {
-                                            int i;
-                                            if (worst < 0)
-                                                for (worst = 0, i = 1; i < kept; i++)
-                                                    if (us__plan_cmp(&out[i], &out[worst]) > 0)
-                                                        worst = i;
-                                            if (us__plan_cmp(&p, &out[worst]) < 0) {
-                                                out[worst] = p;
-                                                worst = -1;
-                                            }
-                                        }
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
+                if (s.Gs % dp || !us__plan_layout_ok(&s, tp, cp, pp, dp)) continue;
+                us__plan_layout(&s, tp, cp, pp, dp);
             }
         }
     }
-    US_FREE(memo);
-    qsort(out, (size_t)kept, sizeof *out, us__plan_cmp);
-    *n_out = kept;
-    if (n_valid) *n_valid = nv;
-    if (n_fit) *n_fit = nf;
+    US_FREE(s.memo);
+    qsort(out, (size_t)s.kept, sizeof *out, us__plan_cmp);
+    *n_out = s.kept;
+    if (n_valid) *n_valid = s.nv;
+    if (n_fit) *n_fit = s.nf;
     return US_OK;
 }
 

@@ -1656,10 +1656,147 @@ static void us__thr_launch_free(us__thr_launch *L) {
     US_FREE(L);
 }
 
+/* Rank r's communicator: the threads backend's functions (its world group is set once made). */
+static void us__thr_comm_init(us__thr_launch *L, us__thr_rank *rk, int r, double timeout) {
+    us_comm *c = &rk->comm;
+    rk->L = L;
+    rk->rank = r;
+    rk->result = US_ERR_BACKEND;
+    rk->lane.rk = rk;
+    c->name = "threads";
+    c->backend = rk;
+    c->ops = NULL;
+    c->world.size = L->nranks;
+    c->world.rank = r;
+    c->all_reduce = us__thr_all_reduce;
+    c->reduce = us__thr_reduce;
+    c->reduce_scatter = us__thr_reduce_scatter;
+    c->all_gather = us__thr_all_gather;
+    c->gather = us__thr_gather;
+    c->scatter = us__thr_scatter;
+    c->broadcast = us__thr_broadcast;
+    c->send = us__thr_send;
+    c->recv = us__thr_recv;
+    c->all_to_all = us__thr_all_to_all;
+    c->sendrecv = us__thr_sendrecv;
+    c->barrier = us__thr_barrier;
+    c->wait = us__thr_wait;
+    c->split = us__thr_split;
+    c->group_free = us__thr_group_free;
+    c->dup = us__thr_dup;
+    c->p2p_early = 1; /* a queued call waits on a thread */
+    c->timeout_s = timeout;
+}
+
+/* A launch of nranks ranks, not yet started: each rank's state and communicator, and the world
+   group they share. NULL, with the sentence in err, when memory (or a condition variable) runs
+   out; what was made is freed. */
+static us__thr_launch *us__thr_launch_new(int nranks, us_rank_fn fn, void *arg,
+                                          const us_launch_config *cfg, double timeout, char *err,
+                                          size_t errlen) {
+    us__thr_launch *L = (us__thr_launch *)US_MALLOC(sizeof *L);
+    int r, conds = 0, *world = (int *)US_MALLOC((size_t)nranks * sizeof(int));
+    if (L) {
+        memset(L, 0, sizeof *L);
+        L->ranks = (us__thr_rank *)US_MALLOC((size_t)nranks * sizeof(us__thr_rank));
+    }
+    if (!L || !world || !L->ranks || pthread_mutex_init(&L->mu, NULL) != 0) {
+        if (L) US_FREE(L->ranks);
+        US_FREE(L);
+        US_FREE(world);
+        us__errf(err, errlen, "us_launch: out of memory for %d ranks", nranks);
+        return NULL;
+    }
+    memset(L->ranks, 0, (size_t)nranks * sizeof(us__thr_rank));
+    L->nranks = nranks;
+    L->fn = fn;
+    L->arg = arg;
+    L->timeout_s = timeout;
+    L->first_fail = -1;
+    L->rendezvous = cfg ? cfg->p2p_rendezvous != 0 : 0;
+    for (r = 0; r < nranks; r++) {
+        us__thr_rank *rk = &L->ranks[r];
+        world[r] = r;
+        if (pthread_cond_init(&rk->lane.cv, NULL) != 0) break;
+        if (pthread_cond_init(&rk->done_cv, NULL) != 0) {
+            pthread_cond_destroy(&rk->lane.cv);
+            break;
+        }
+        conds++;
+        us__thr_comm_init(L, rk, r, timeout);
+    }
+    pthread_mutex_lock(&L->mu);
+    L->world = conds == nranks ? us__thr_group_new(L, nranks, world) : NULL;
+    pthread_mutex_unlock(&L->mu);
+    US_FREE(world);
+    if (!L->world) {
+        L->nranks = conds; /* destroy only what was created */
+        us__thr_launch_free(L);
+        us__errf(err, errlen, "us_launch: out of memory for %d ranks", nranks);
+        return NULL;
+    }
+    for (r = 0; r < nranks; r++) L->ranks[r].comm.world.impl = L->world;
+    return L;
+}
+
+/* Runs the ranks to their end: progress threads first, so a rank never queues work nobody will
+   run, then one thread per rank. A thread that cannot start aborts the launch; the ranks from it
+   on never run and count as gone. */
+static void us__thr_launch_run(us__thr_launch *L) {
+    const int nranks = L->nranks;
+    int r, start;
+    for (r = 0; r < nranks; r++) {
+        if (pthread_create(&L->ranks[r].lane.worker, NULL, us__thr_worker_main,
+                           &L->ranks[r].lane) != 0)
+            break;
+        L->ranks[r].lane.worker_started = 1;
+    }
+    start = r == nranks;
+    for (r = 0; r < nranks && start; r++) {
+        if (pthread_create(&L->ranks[r].thread, NULL, us__thr_rank_main, &L->ranks[r]) != 0) {
+            start = 0;
+            break;
+        }
+        L->ranks[r].thread_started = 1;
+    }
+    if (!start) {
+        int k;
+        pthread_mutex_lock(&L->mu);
+        for (k = r; k < nranks; k++) L->ranks[k].returned = 1;
+        us__thr_abort(L, "could not start the %s of rank %d",
+                      L->ranks[r].lane.worker_started ? "thread" : "progress thread", r);
+        pthread_mutex_unlock(&L->mu);
+    }
+    for (r = 0; r < nranks; r++)
+        if (L->ranks[r].thread_started) pthread_join(L->ranks[r].thread, NULL);
+}
+
+/* Stops every progress thread, each rank's own and its dup'd groups', and joins them. */
+static void us__thr_launch_stop_lanes(us__thr_launch *L) {
+    int r;
+    pthread_mutex_lock(&L->mu);
+    for (r = 0; r < L->nranks; r++) {
+        us__thr_lane *ln;
+        L->ranks[r].lane.shutdown = 1;
+        pthread_cond_broadcast(&L->ranks[r].lane.cv);
+        for (ln = L->ranks[r].lanes; ln; ln = ln->next) {
+            ln->shutdown = 1;
+            pthread_cond_broadcast(&ln->cv);
+        }
+    }
+    pthread_mutex_unlock(&L->mu);
+    for (r = 0; r < L->nranks; r++) {
+        us__thr_lane *ln;
+        if (L->ranks[r].lane.worker_started) pthread_join(L->ranks[r].lane.worker, NULL);
+        for (ln = L->ranks[r].lanes; ln; ln = ln->next)
+            if (ln->worker_started) pthread_join(ln->worker, NULL);
+    }
+}
+
 US_API us_result us_launch_ex(int nranks, us_rank_fn fn, void *arg, const us_launch_config *cfg,
                               us_result *rank_results, char *err, size_t errlen) {
     us__thr_launch *L;
-    int r, conds = 0, start, *world;
+    int r;
     us_result res = US_OK;
     double timeout = cfg ? cfg->timeout_s : 0.0;
     if (err && errlen) err[0] = 0;
@@ -1676,119 +1813,9 @@ US_API us_result us_launch_ex(int nranks, us_rank_fn fn, void *arg, const us_lau
         return US_ERR_INVALID;
     }
     if (timeout == 0) timeout = 300.0;
-    L = (us__thr_launch *)US_MALLOC(sizeof *L);
-    world = (int *)US_MALLOC((size_t)nranks * sizeof(int));
-    if (L) {
-        memset(L, 0, sizeof *L);
-        L->ranks = (us__thr_rank *)US_MALLOC((size_t)nranks * sizeof(us__thr_rank));
-    }
-    if (!L || !world || !L->ranks || pthread_mutex_init(&L->mu, NULL) != 0) {
-        if (L) US_FREE(L->ranks);
-        US_FREE(L);
-        US_FREE(world);
-        us__errf(err, errlen, "us_launch: out of memory for %d ranks", nranks);
-        return US_ERR_OOM;
-    }
-    memset(L->ranks, 0, (size_t)nranks * sizeof(us__thr_rank));
-    L->nranks = nranks;
-    L->fn = fn;
-    L->arg = arg;
-    L->timeout_s = timeout;
-    L->first_fail = -1;
-    L->rendezvous = cfg ? cfg->p2p_rendezvous != 0 : 0;
-    for (r = 0; r < nranks; r++) {
-        us__thr_rank *rk = &L->ranks[r];
-        us_comm *c = &rk->comm;
-        world[r] = r;
-        if (pthread_cond_init(&rk->lane.cv, NULL) != 0) break;
-        if (pthread_cond_init(&rk->done_cv, NULL) != 0) {
-            pthread_cond_destroy(&rk->lane.cv);
-            break;
-        }
-        conds++;
-        rk->L = L;
-        rk->rank = r;
-        rk->result = US_ERR_BACKEND;
-        rk->lane.rk = rk;
-        c->name = "threads";
-        c->backend = rk;
-        c->ops = NULL;
-        c->world.size = nranks;
-        c->world.rank = r;
-        c->all_reduce = us__thr_all_reduce;
-        c->reduce = us__thr_reduce;
-        c->reduce_scatter = us__thr_reduce_scatter;
-        c->all_gather = us__thr_all_gather;
-        c->gather = us__thr_gather;
-        c->scatter = us__thr_scatter;
-        c->broadcast = us__thr_broadcast;
-        c->send = us__thr_send;
-        c->recv = us__thr_recv;
-        c->all_to_all = us__thr_all_to_all;
-        c->sendrecv = us__thr_sendrecv;
-        c->barrier = us__thr_barrier;
-        c->wait = us__thr_wait;
-        c->split = us__thr_split;
-        c->group_free = us__thr_group_free;
-        c->dup = us__thr_dup;
-        c->p2p_early = 1; /* a queued call waits on a thread */
-        c->timeout_s = timeout;
-    }
-    pthread_mutex_lock(&L->mu);
-    L->world = conds == nranks ? us__thr_group_new(L, nranks, world) : NULL;
-    pthread_mutex_unlock(&L->mu);
-    US_FREE(world);
-    if (!L->world) {
-        int n = L->nranks;
-        L->nranks = conds; /* destroy only what was created */
-        us__thr_launch_free(L);
-        us__errf(err, errlen, "us_launch: out of memory for %d ranks", n);
-        return US_ERR_OOM;
-    }
-    for (r = 0; r < nranks; r++) L->ranks[r].comm.world.impl = L->world;
-
-    /* progress threads first, so a rank never queues work nobody will run */
-    for (r = 0; r < nranks; r++) {
-        if (pthread_create(&L->ranks[r].lane.worker, NULL, us__thr_worker_main,
-                           &L->ranks[r].lane) != 0)
-            break;
-        L->ranks[r].lane.worker_started = 1;
-    }
-    start = r == nranks;
-    for (r = 0; r < nranks && start; r++) {
-        if (pthread_create(&L->ranks[r].thread, NULL, us__thr_rank_main, &L->ranks[r]) != 0) {
-            start = 0;
-            break;
-        }
-        L->ranks[r].thread_started = 1;
-    }
-    if (!start) { /* ranks r.. never run: they count as gone, and the launch is off */
-        int k;
-        pthread_mutex_lock(&L->mu);
-        for (k = r; k < nranks; k++) L->ranks[k].returned = 1;
-        us__thr_abort(L, "could not start the %s of rank %d",
-                      L->ranks[r].lane.worker_started ? "thread" : "progress thread", r);
-        pthread_mutex_unlock(&L->mu);
-    }
-    for (r = 0; r < nranks; r++)
-        if (L->ranks[r].thread_started) pthread_join(L->ranks[r].thread, NULL);
-    pthread_mutex_lock(&L->mu);
-    for (r = 0; r < nranks; r++) {
-        us__thr_lane *ln;
-        L->ranks[r].lane.shutdown = 1;
-        pthread_cond_broadcast(&L->ranks[r].lane.cv);
-        for (ln = L->ranks[r].lanes; ln; ln = ln->next) {
-            ln->shutdown = 1;
-            pthread_cond_broadcast(&ln->cv);
-        }
-    }
-    pthread_mutex_unlock(&L->mu);
-    for (r = 0; r < nranks; r++) {
-        us__thr_lane *ln;
-        if (L->ranks[r].lane.worker_started) pthread_join(L->ranks[r].lane.worker, NULL);
-        for (ln = L->ranks[r].lanes; ln; ln = ln->next)
-            if (ln->worker_started) pthread_join(ln->worker, NULL);
-    }
+    if (!(L = us__thr_launch_new(nranks, fn, arg, cfg, timeout, err, errlen))) return US_ERR_OOM;
+    us__thr_launch_run(L);
+    us__thr_launch_stop_lanes(L);
 
     for (r = 0; r < nranks; r++)
         if (rank_results) rank_results[r] = L->ranks[r].result;
@@ -2427,38 +2454,16 @@ static void us__boot_resolve(const char *arg0, char *out, size_t cap) {
     snprintf(out, cap, "/proc/self/exe");
 }
 
-US_API int us_launch_procs(int nproc, char *const argv[], double grace_s, char *err,
-                           size_t errlen) {
+/* The environment every rank shares: ours minus the variables the launcher sets, then the
+   world's (WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) from vars[0..3], each rank's
+   RANK and LOCAL_RANK from vars[5] and vars[6] (written before each fork), and
+   NCCL_NVLS_ENABLE=0 (vars[4]) unless ours sets it. envp holds the environment's count + 8. */
+static void us__boot_rank_env(char **envp, char vars[7][64], size_t nenv, int nproc, int port) {
     static const char *const own[] = {
         "RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT="};
-    char exe[4096], vars[7][64];
-    char **envp = NULL;
-    pid_t *pid = NULL;
-    int *st = NULL;
-    size_t nenv = 0, k, m;
-    int r, j, port, alive = 0, first = -1, termed = 0, killed = 0, ret = -1,
-                    nvls = getenv("NCCL_NVLS_ENABLE") != NULL;
-    double t_fail = 0, t_term = 0;
-    if (nproc < 1 || nproc > 65536 || !argv || !argv[0]) {
-        us__errf(err, errlen, "launch: need 1 to 65536 processes and a program (nproc=%d)", nproc);
-        return -1;
-    }
-    if (grace_s <= 0) grace_s = 30;
-    if ((port = us__boot_free_port()) < 0) {
-        us__errf(err, errlen, "launch: could not find a free port on 127.0.0.1: %s",
-                 strerror(errno));
-        return -1;
-    }
-    us__boot_resolve(argv[0], exe, sizeof exe);
-    while (environ && environ[nenv]) nenv++;
-    envp = (char **)malloc((nenv + 8) * sizeof *envp);
-    pid = (pid_t *)calloc((size_t)nproc, sizeof *pid);
-    st = (int *)calloc((size_t)nproc, sizeof *st);
-    if (!envp || !pid || !st) {
-        us__errf(err, errlen, "launch: out of memory");
-        goto done;
-    }
-    /* the environment every rank shares: ours minus the variables the launcher sets */
+    const int nvls = getenv("NCCL_NVLS_ENABLE") != NULL;
+    size_t k, m;
+    int j;
     for (k = 0, m = 0; k < nenv; k++) {
         int mine = 0;
         for (j = 0; j < 6; j++)
@@ -2469,8 +2474,8 @@ US_API int us_launch_procs(int nproc, char *const argv[], double grace_s, char *
     snprintf(vars[1], 64, "LOCAL_WORLD_SIZE=%d", nproc);
     snprintf(vars[2], 64, "MASTER_ADDR=127.0.0.1");
     snprintf(vars[3], 64, "MASTER_PORT=%d", port);
-    snprintf(vars[4], 64,
-             "NCCL_NVLS_ENABLE=0"); /* NVLink multicast is not allowed on the GPU machine */
+    /* NVLink multicast is not allowed on the GPU machine */
+    snprintf(vars[4], 64, "NCCL_NVLS_ENABLE=0");
     envp[m + 0] = vars[0];
     envp[m + 1] = vars[1];
     envp[m + 2] = vars[2];
@@ -2479,6 +2484,14 @@ US_API int us_launch_procs(int nproc, char *const argv[], double grace_s, char *
     envp[m + 5] = vars[6];
     envp[m + 6] = nvls ? NULL : vars[4];
     envp[m + 7] = NULL;
+}
+
+/* Forks and executes exe once per rank, RANK and LOCAL_RANK written into vars[5] and vars[6]
+   (which envp points at) before each fork. A failed fork kills the ranks already started and
+   returns -1 with the sentence in err; else 0, pid[] holding every rank's process. */
+static int us__boot_spawn(int nproc, const char *exe, char *const argv[], char **envp,
+                          char vars[7][64], pid_t *pid, char *err, size_t errlen) {
+    int r, j;
     fflush(NULL); /* the children must not inherit half-written output */
     for (r = 0; r < nproc; r++) {
         snprintf(vars[5], 64, "RANK=%d", r);
@@ -2497,10 +2510,27 @@ US_API int us_launch_procs(int nproc, char *const argv[], double grace_s, char *
                 kill(pid[j], SIGKILL);
                 waitpid(pid[j], NULL, 0);
             }
-            goto done;
+            return -1;
         }
-        alive++;
     }
+    return 0;
+}
+
+/* What the launcher saw of its ranks' ends. */
+typedef struct us__boot_watch {
+    int first;  /* the first rank to fail (by a signal or a non-zero exit), -1 if none did */
+    int termed; /* ranks still running when they were sent SIGTERM (0: none were) */
+    int killed; /* ranks still running 5 s later, sent SIGKILL */
+} us__boot_watch;
+
+/* Waits for every rank, st[] receiving each one's wait status. After the first failure the
+   others get grace_s seconds to report their own errors, then SIGTERM, then 5 s later SIGKILL. */
+static void us__boot_watch_ranks(int nproc, pid_t *pid, int *st, double grace_s,
+                                 us__boot_watch *w) {
+    int r, alive = nproc;
+    double t_fail = 0, t_term = 0;
+    w->first = -1;
+    w->termed = w->killed = 0;
     while (alive > 0) {
         for (r = 0; r < nproc; r++) {
             int s;
@@ -2509,47 +2539,87 @@ US_API int us_launch_procs(int nproc, char *const argv[], double grace_s, char *
             pid[r] = 0;
             st[r] = s;
             alive--;
-            if (first < 0 && !(WIFEXITED(s) && WEXITSTATUS(s) == 0)) {
-                first = r;
+            if (w->first < 0 && !(WIFEXITED(s) && WEXITSTATUS(s) == 0)) {
+                w->first = r;
                 t_fail = us__now_s();
             }
         }
-        if (first >= 0 &&
-            alive > 0) { /* a rank failed: give the others time to report, then stop them */
+        if (w->first >= 0 && alive > 0) {
             double now = us__now_s();
             int sig = 0;
-            if (!termed && now >= t_fail + grace_s) {
+            if (!w->termed && now >= t_fail + grace_s) {
                 sig = SIGTERM;
-                termed = alive;
+                w->termed = alive;
                 t_term = now;
-            } else if (termed && !killed && now >= t_term + 5) {
+            } else if (w->termed && !w->killed && now >= t_term + 5) {
                 sig = SIGKILL;
-                killed = alive;
+                w->killed = alive;
             }
             for (r = 0; sig && r < nproc; r++)
                 if (pid[r] > 0) kill(pid[r], sig);
         }
         if (alive > 0) us__boot_sleep(0.005);
     }
-    if (first < 0) {
-        ret = 0;
+}
+
+/* The launcher's exit code: 0 when every rank succeeded, else the first failed rank's exit code,
+   or 128 + the signal that killed it, with a sentence in err. */
+static int us__boot_report(const us__boot_watch *w, const int *st, double grace_s, char *err,
+                           size_t errlen) {
+    char more[96] = "";
+    int s, ret;
+    if (w->first < 0) {
         if (err && errlen) err[0] = '\0';
+        return 0;
+    }
+    s = st[w->first];
+    if (w->termed)
+        snprintf(more, sizeof more, "; %d other rank%s stopped with SIGTERM%s after %g s",
+                 w->termed, w->termed == 1 ? " was" : "s were", w->killed ? " and SIGKILL" : "",
+                 grace_s);
+    if (WIFSIGNALED(s)) {
+        ret = 128 + WTERMSIG(s);
+        us__errf(err, errlen, "rank %d was killed by signal %d%s", w->first, WTERMSIG(s), more);
     } else {
-        char more[96] = "";
-        int s = st[first];
-        if (termed)
-            snprintf(more, sizeof more, "; %d other rank%s stopped with SIGTERM%s after %g s",
-                     termed, termed == 1 ? " was" : "s were", killed ? " and SIGKILL" : "",
-                     grace_s);
-        if (WIFSIGNALED(s)) {
-            ret = 128 + WTERMSIG(s);
-            us__errf(err, errlen, "rank %d was killed by signal %d%s", first, WTERMSIG(s), more);
-        } else {
-            ret = WIFEXITED(s) ? WEXITSTATUS(s) : 1;
-            us__errf(err, errlen, "rank %d exited with code %d%s", first, ret, more);
+        ret = WIFEXITED(s) ? WEXITSTATUS(s) : 1;
+        us__errf(err, errlen, "rank %d exited with code %d%s", w->first, ret, more);
+    }
+    return ret;
+}
+
+US_API int us_launch_procs(int nproc, char *const argv[], double grace_s, char *err,
+                           size_t errlen) {
+    char exe[4096], vars[7][64];
+    char **envp = NULL;
+    pid_t *pid = NULL;
+    int *st = NULL;
+    size_t nenv = 0;
+    int port, ret = -1;
+    us__boot_watch w;
+    if (nproc < 1 || nproc > 65536 || !argv || !argv[0]) {
+        us__errf(err, errlen, "launch: need 1 to 65536 processes and a program (nproc=%d)", nproc);
+        return -1;
+    }
+    if (grace_s <= 0) grace_s = 30;
+    if ((port = us__boot_free_port()) < 0) {
+        us__errf(err, errlen, "launch: could not find a free port on 127.0.0.1: %s",
+                 strerror(errno));
+        return -1;
+    }
+    us__boot_resolve(argv[0], exe, sizeof exe);
+    while (environ && environ[nenv]) nenv++;
+    envp = (char **)malloc((nenv + 8) * sizeof *envp);
+    pid = (pid_t *)calloc((size_t)nproc, sizeof *pid);
+    st = (int *)calloc((size_t)nproc, sizeof *st);
+    if (!envp || !pid || !st) {
+        us__errf(err, errlen, "launch: out of memory");
+    } else {
+        us__boot_rank_env(envp, vars, nenv, nproc, port);
+        if (us__boot_spawn(nproc, exe, argv, envp, vars, pid, err, errlen) == 0) {
+            us__boot_watch_ranks(nproc, pid, st, grace_s, &w);
+            ret = us__boot_report(&w, st, grace_s, err, errlen);
         }
     }
-done:
     free(envp);
     free(pid);
     free(st);
@@ -3266,105 +3336,92 @@ static void us__nccl_destroy(us__nccl *nb) {
     free(nb);
 }
 
-US_API us_result us_nccl_init(us_comm *c, us_ops *ops, void *compute_stream, int rank,
-                              int world_size, const char *rendezvous, double timeout_s, char *err,
-                              size_t errlen) {
-    us__nccl *nb = NULL;
-    ncclUniqueId id;
-    char spec[300], msg[256];
-    cudaError_t ce = cudaSuccess;
-    ncclResult_t nr = ncclSuccess;
-    us_result r = US_ERR_BACKEND;
-    int lo = 0, hi = 0, k;
-    cudaEvent_t probe = NULL;
-    msg[0] = '\0';
-    if (!c) {
-        us__errf(err, errlen, "us_nccl_init: c is NULL");
-        return US_ERR_INVALID;
-    }
-    memset(c, 0, sizeof *c);
-    c->timeout_s = timeout_s; /* the collectives' bound too (the trainer's --comm-timeout) */
-    if (world_size < 1 || rank < 0 || rank >= world_size) {
-        snprintf(msg, sizeof msg, "us_nccl_init: rank %d is not a rank of a world of %d", rank,
-                 world_size);
-        r = US_ERR_INVALID;
-        goto fail;
-    }
-    setenv("NCCL_NVLS_ENABLE", "0",
-           0); /* no NVLink multicast on the GPU machine (override: export =1) */
-    nb = (us__nccl *)calloc(1, sizeof *nb);
-    if (!nb) {
-        snprintf(msg, sizeof msg, "us_nccl_init: out of host memory");
-        r = US_ERR_OOM;
-        goto fail;
-    }
-    nb->rank = rank;
-    nb->world = world_size;
-    nb->compute = (cudaStream_t)compute_stream;
-#define US__NCCL_INIT_CU(x)                                                               \
-    do {                                                                                  \
-        if ((ce = (x)) != cudaSuccess) {                                                  \
-            snprintf(msg, sizeof msg, "rank %d: %.*s failed: %s (%s:%d)", rank,           \
-                     us__nccl_fnlen(#x), #x, cudaGetErrorString(ce), __FILE__, __LINE__); \
-            goto fail;                                                                    \
-        }                                                                                 \
+/* The set-up steps of us_nccl_init: a failed CUDA or NCCL call writes its sentence into msg
+   (msglen bytes), naming `rank`, and leaves the step with US_ERR_BACKEND. */
+#define US__NCCL_INIT_CU(x)                                                                     \
+    do {                                                                                        \
+        cudaError_t ce_ = (x);                                                                  \
+        if (ce_ != cudaSuccess) {                                                               \
+            snprintf(msg, msglen, "rank %d: %.*s failed: %s (%s:%d)", rank, us__nccl_fnlen(#x), \
+                     #x, cudaGetErrorString(ce_), __FILE__, __LINE__);                          \
+            return US_ERR_BACKEND;                                                              \
+        }                                                                                       \
     } while (0)
-#define US__NCCL_INIT_NC(x)                                                                  \
-    do {                                                                                     \
-        if ((nr = (x)) != ncclSuccess) {                                                     \
-            snprintf(msg, sizeof msg, "rank %d: %.*s failed: %s: %s (%s:%d)", rank,          \
-                     us__nccl_fnlen(#x), #x, ncclGetErrorString(nr), ncclGetLastError(NULL), \
-                     __FILE__, __LINE__);                                                    \
-            goto fail;                                                                       \
-        }                                                                                    \
+#define US__NCCL_INIT_NC(x)                                                                   \
+    do {                                                                                      \
+        ncclResult_t nr_ = (x);                                                               \
+        if (nr_ != ncclSuccess) {                                                             \
+            snprintf(msg, msglen, "rank %d: %.*s failed: %s: %s (%s:%d)", rank,               \
+                     us__nccl_fnlen(#x), #x, ncclGetErrorString(nr_), ncclGetLastError(NULL), \
+                     __FILE__, __LINE__);                                                     \
+            return US_ERR_BACKEND;                                                            \
+        }                                                                                     \
     } while (0)
+
+/* The rendezvous of the launcher's environment (us_dist_env_read): MASTER_ADDR and MASTER_PORT,
+   or the port beside it under torchrun, whose agent store holds MASTER_PORT. */
+static us_result us__nccl_env_spec(char *spec, size_t cap, char *msg, size_t msglen) {
+    us_dist_env env;
+    int port;
+    us_result r = us_dist_env_read(&env, msg, msglen);
+    const char *store = getenv("TORCHELASTIC_USE_AGENT_STORE");
+    if (r != US_OK) return r;
+    port = env.master_port;
+    if (!strcmp(env.source, "torchrun") && store && !strcmp(store, "True"))
+        port = port < 65535 ? port + 1 : port - 1;
+    snprintf(spec, cap, strchr(env.master_addr, ':') ? "tcp://[%s]:%d" : "tcp://%s:%d",
+             env.master_addr, port);
+    return US_OK;
+}
+
+/* NCCL's unique id: made by rank 0, carried to the others by the rendezvous (also a barrier).
+   First the device this thread uses, the one the communicator will live on. */
+static us_result us__nccl_unique_id(us__nccl *nb, const char *rendezvous, double timeout_s,
+                                    ncclUniqueId *id, char *msg, size_t msglen) {
+    const int rank = nb->rank;
+    char spec[300];
+    us_result r;
     US__NCCL_INIT_CU(cudaGetDevice(&nb->device));
-    /* the unique id: made by rank 0, carried to the others by the rendezvous (also a barrier) */
-    memset(&id, 0, sizeof id);
-    if (rank == 0) US__NCCL_INIT_NC(ncclGetUniqueId(&id));
-    if (world_size > 1) {
-        if (!rendezvous) {
-            us_dist_env env;
-            int port;
-            if ((r = us_dist_env_read(&env, msg, sizeof msg)) != US_OK) goto fail;
-            port = env.master_port;
-            if (!strcmp(env.source, "torchrun") && getenv("TORCHELASTIC_USE_AGENT_STORE") &&
-                !strcmp(getenv("TORCHELASTIC_USE_AGENT_STORE"), "True"))
-                port = port < 65535 ? port + 1
-                                    : port - 1; /* torchrun's agent store holds MASTER_PORT */
-            snprintf(spec, sizeof spec,
-                     strchr(env.master_addr, ':') ? "tcp://[%s]:%d" : "tcp://%s:%d",
-                     env.master_addr, port);
-            rendezvous = spec;
-        }
-        if ((r = us_rendezvous(rendezvous, rank, world_size, &id, sizeof id, timeout_s, msg,
-                               sizeof msg)) != US_OK)
-            goto fail;
-        r = US_ERR_BACKEND;
+    memset(id, 0, sizeof *id);
+    if (rank == 0) US__NCCL_INIT_NC(ncclGetUniqueId(id));
+    if (nb->world == 1) return US_OK;
+    if (!rendezvous) {
+        if ((r = us__nccl_env_spec(spec, sizeof spec, msg, msglen)) != US_OK) return r;
+        rendezvous = spec;
     }
+    return us_rendezvous(rendezvous, rank, nb->world, id, sizeof *id, timeout_s, msg, msglen);
+}
+
+/* The world communicator and what every call uses: the comm stream (non-blocking, no implicit
+   sync with the legacy stream; highest priority, so collectives are not starved by a queue of
+   compute kernels), the compute → comm ordering event, and the barrier's one element. */
+static us_result us__nccl_world_init(us__nccl *nb, ncclUniqueId id, char *msg, size_t msglen) {
+    const int rank = nb->rank;
+    int lo = 0, hi = 0;
     nb->world_g = (us__nccl_group *)calloc(1, sizeof *nb->world_g);
     if (!nb->world_g) {
-        snprintf(msg, sizeof msg, "us_nccl_init: out of host memory");
-        r = US_ERR_OOM;
-        goto fail;
+        snprintf(msg, msglen, "us_nccl_init: out of host memory");
+        return US_ERR_OOM;
     }
     nb->groups = nb->world_g;
-    US__NCCL_INIT_NC(ncclCommInitRank(&nb->world_g->comm, world_size, id, rank));
-    nb->world_g->size = world_size;
+    US__NCCL_INIT_NC(ncclCommInitRank(&nb->world_g->comm, nb->world, id, rank));
+    nb->world_g->size = nb->world;
     nb->world_g->rank = rank;
-    /* the comm stream: non-blocking (no implicit sync with the legacy stream), highest priority
-       so collectives are not starved by a queue of compute kernels */
     US__NCCL_INIT_CU(cudaDeviceGetStreamPriorityRange(&lo, &hi));
     US__NCCL_INIT_CU(cudaStreamCreateWithPriority(&nb->stream, cudaStreamNonBlocking, hi));
     nb->world_g->stream = nb->stream;
     US__NCCL_INIT_CU(cudaEventCreateWithFlags(&nb->ready, cudaEventDisableTiming));
     US__NCCL_INIT_CU(cudaMalloc(&nb->scratch, 16));
     US__NCCL_INIT_CU(cudaMemsetAsync(nb->scratch, 0, 16, nb->stream));
-    /* the trace's reference pair: ref's GPU time in host microseconds. Each sample (an event,
-       a synchronize, the host clock right after) overestimates it by the wake-up latency;
-       the smallest of a few samples is the estimate */
-    US__NCCL_INIT_CU(cudaEventCreate(&nb->ref));
-    US__NCCL_INIT_CU(cudaEventCreate(&probe));
+    return US_OK;
+}
+
+/* The trace's reference pair: ref's GPU time in host microseconds. Each sample (an event, a
+   synchronize, the host clock right after) overestimates it by the wake-up latency; the
+   smallest of 8 samples is the estimate. */
+static us_result us__nccl_clock_samples(us__nccl *nb, cudaEvent_t probe, char *msg, size_t msglen) {
+    const int rank = nb->rank;
+    int k;
     US__NCCL_INIT_CU(cudaEventRecord(nb->ref, nb->stream));
     US__NCCL_INIT_CU(cudaEventSynchronize(nb->ref));
     nb->ref_us = us_trace_now_us();
@@ -3377,15 +3434,33 @@ US_API us_result us_nccl_init(us_comm *c, us_ops *ops, void *compute_stream, int
         US__NCCL_INIT_CU(cudaEventElapsedTime(&ms, nb->ref, probe));
         if (h - 1000.0 * ms < nb->ref_us) nb->ref_us = h - 1000.0 * ms;
     }
+    return US_OK;
+}
+
+static us_result us__nccl_clock_ref(us__nccl *nb, char *msg, size_t msglen) {
+    const int rank = nb->rank;
+    cudaEvent_t probe = NULL;
+    us_result r;
+    US__NCCL_INIT_CU(cudaEventCreate(&nb->ref));
+    US__NCCL_INIT_CU(cudaEventCreate(&probe));
+    if ((r = us__nccl_clock_samples(nb, probe, msg, msglen)) != US_OK) {
+        cudaEventDestroy(probe);
+        return r;
+    }
     US__NCCL_INIT_CU(cudaEventDestroy(probe));
-    probe = NULL;
+    return US_OK;
+}
+
 #undef US__NCCL_INIT_CU
 #undef US__NCCL_INIT_NC
+
+/* The rank's communicator: the NCCL backend's functions over the world group. */
+static void us__nccl_comm_init(us_comm *c, us__nccl *nb, us_ops *ops) {
     c->name = "nccl";
     c->backend = nb;
     c->ops = ops;
-    c->world.size = world_size;
-    c->world.rank = rank;
+    c->world.size = nb->world;
+    c->world.rank = nb->rank;
     c->world.impl = nb->world_g;
     c->all_reduce = us__nccl_all_reduce;
     c->reduce = us__nccl_reduce;
@@ -3403,15 +3478,52 @@ US_API us_result us_nccl_init(us_comm *c, us_ops *ops, void *compute_stream, int
     c->split = us__nccl_split;
     c->group_free = us__nccl_group_free;
     c->dup = us__nccl_dup;
-    c->p2p_early =
-        0; /* a waiting call is a kernel on the GPU: the pipeline times its messages (// >>pp) */
+    /* a waiting call is a kernel on the GPU: the pipeline times its messages (// >>pp) */
+    c->p2p_early = 0;
+}
+
+US_API us_result us_nccl_init(us_comm *c, us_ops *ops, void *compute_stream, int rank,
+                              int world_size, const char *rendezvous, double timeout_s, char *err,
+                              size_t errlen) {
+    us__nccl *nb = NULL;
+    ncclUniqueId id;
+    char msg[256];
+    us_result r;
+    msg[0] = '\0';
+    if (!c) {
+        us__errf(err, errlen, "us_nccl_init: c is NULL");
+        return US_ERR_INVALID;
+    }
+    memset(c, 0, sizeof *c);
+    c->timeout_s = timeout_s; /* the collectives' bound too (the trainer's --comm-timeout) */
+    if (world_size < 1 || rank < 0 || rank >= world_size) {
+        snprintf(msg, sizeof msg, "us_nccl_init: rank %d is not a rank of a world of %d", rank,
+                 world_size);
+        r = US_ERR_INVALID;
+        goto fail;
+    }
+    /* no NVLink multicast on the GPU machine (override: export NCCL_NVLS_ENABLE=1) */
+    setenv("NCCL_NVLS_ENABLE", "0", 0);
+    nb = (us__nccl *)calloc(1, sizeof *nb);
+    if (!nb) {
+        snprintf(msg, sizeof msg, "us_nccl_init: out of host memory");
+        r = US_ERR_OOM;
+        goto fail;
+    }
+    nb->rank = rank;
+    nb->world = world_size;
+    nb->compute = (cudaStream_t)compute_stream;
+    if ((r = us__nccl_unique_id(nb, rendezvous, timeout_s, &id, msg, sizeof msg)) != US_OK ||
+        (r = us__nccl_world_init(nb, id, msg, sizeof msg)) != US_OK ||
+        (r = us__nccl_clock_ref(nb, msg, sizeof msg)) != US_OK)
+        goto fail;
+    us__nccl_comm_init(c, nb, ops);
     return US_OK;
 fail:
-    if (probe) cudaEventDestroy(probe);
-    if (nb) {
+    if (nb) { /* a half-made communicator is aborted */
         nb->failed = 1;
         us__nccl_destroy(nb);
-    } /* a half-made communicator is aborted */
+    }
     snprintf(c->err, sizeof c->err, "%s", msg);
     us__errf(err, errlen, "%s", msg);
     return r;
