@@ -59,8 +59,11 @@ $(B)/%: examples/%.c $(IMPL) $(HDR) | $(B)
 	$(CC) $(CFLAGS) $(LINKED_C) $< $(IMPL) -o $@ $(LDLIBS)
 
 # ---- tests: one program per area (tests/test_*.c), each built with CFLAGS and with the sanitizers
-TESTS    = $(patsubst tests/%.c,$(B)/%,$(wildcard tests/test_*.c))
-SANTESTS = $(patsubst tests/%.c,$(B)/san/%,$(wildcard tests/test_*.c))
+# (test_internal holds INTERNAL, below)
+INTERNAL = test_dp test_tp test_fp8_train test_moe
+TEST_SRC = $(filter-out $(INTERNAL:%=tests/%.c),$(wildcard tests/test_*.c))
+TESTS    = $(patsubst tests/%.c,$(B)/%,$(TEST_SRC))
+SANTESTS = $(patsubst tests/%.c,$(B)/san/%,$(TEST_SRC))
 
 $(B)/test_%: tests/test_%.c $(TESTHDR) $(IMPL) $(HDR) | $(B)
 	$(CC) $(CFLAGS) $(LINKED_C) $< $(IMPL) -o $@ $(LDLIBS)
@@ -69,13 +72,21 @@ $(B)/san/test_%: tests/test_%.c $(TESTHDR) $(SANIMPL) $(HDR) | $(B)/san
 	$(CC) $(SANFLAGS) $(LINKED_C) $< $(SANIMPL) -o $@ $(LDLIBS)
 
 # These tests use the implementation's private functions and types, so they compile it in, under
-# ULTRASCALE_STATIC: the compiler then leaves out the functions a test does not reach.
-INTERNAL = test_dp test_tp test_fp8_train test_gemm test_moe
+# ULTRASCALE_STATIC (the compiler then leaves out the functions a test does not reach). INTERNAL's
+# four are one program, tests/test_internal.c (`test_internal dp` runs test_dp.c), so that the
+# implementation is compiled once for them; test_gemm reaches little of it and stays alone.
+INTERNAL_SRC = tests/test_internal.c $(INTERNAL:%=tests/%.c) $(TESTHDR) $(HDR)
 
-$(INTERNAL:%=$(B)/%): $(B)/%: tests/%.c $(TESTHDR) $(HDR) | $(B)
+$(B)/test_internal: $(INTERNAL_SRC) | $(B)
+	$(CC) $(CFLAGS) $< -o $@ $(LDLIBS)
+
+$(B)/san/test_internal: $(INTERNAL_SRC) | $(B)/san
+	$(CC) $(SANFLAGS) $< -o $@ $(LDLIBS)
+
+$(B)/test_gemm: tests/test_gemm.c $(TESTHDR) $(HDR) | $(B)
 	$(CC) $(CFLAGS) -DULTRASCALE_STATIC $< -o $@ $(LDLIBS)
 
-$(INTERNAL:%=$(B)/san/%): $(B)/san/%: tests/%.c $(TESTHDR) $(HDR) | $(B)/san
+$(B)/san/test_gemm: tests/test_gemm.c $(TESTHDR) $(HDR) | $(B)/san
 	$(CC) $(SANFLAGS) -DULTRASCALE_STATIC $< -o $@ $(LDLIBS)
 
 # the GEMM's portable kernels: the same test without -march=native (no AVX2)

@@ -58,11 +58,16 @@ step 'nvcc: hf_logits_cuda'              "$(nvcc_needs hf_logits_cuda)"  'nvcc_b
 step 'c99 -pedantic: NCCL backend compiles' "${NCCL:+$B/cc_nccl.o}" \
      'if [ -n "$NCCL" ]; then test -f $B/cc_nccl.o; else echo "SKIP nccl.h not installed"; fi'
 
+# the program that runs tests/test_NAME.c: test_NAME, or for the four that use the implementation's
+# private parts, `test_internal NAME` (one program: the implementation compiled once for them)
+prog() { case $1 in dp | tp | fp8_train | moe) echo "test_internal $1" ;; *) echo "test_$1" ;; esac; }
+
 # ---- the same tests under AddressSanitizer + UndefinedBehaviorSanitizer (the slow ones --quick)
 for t in tp plan pp dp cp fp16 ops fp8 fp8_train gemm model moe ep errors comm cp_ops pp_sched \
          ckpt comm_threads bootstrap dtypes; do
-    case $t in fp16 | fp8_train | model) quick=' --quick' ;; *) quick='' ;; esac
-    step "asan+ubsan test_$t"            "$B/san/test_$t"         "./\$B/san/test_$t$quick"
+    case $t in tp | fp16 | fp8_train | model) quick=' --quick' ;; *) quick='' ;; esac
+    p=$(prog $t)
+    step "asan+ubsan test_$t"            "$B/san/${p%% *}"        "./\$B/san/$p$quick"
 done
 
 # ---- one device: numbers, kernels, the model
@@ -72,9 +77,9 @@ step 'test_gemm (portable, no AVX2)'     "$B/test_gemm_portable"  './$B/test_gem
 step 'test_ops'                          "$B/test_ops"            './$B/test_ops'
 step 'test_fp8'                          "$B/test_fp8"            './$B/test_fp8'
 step 'test_fp16'                         "$B/test_fp16"           './$B/test_fp16'
-step 'test_fp8_train'                    "$B/test_fp8_train"      './$B/test_fp8_train'
+step 'test_fp8_train'                    "$B/test_internal"       './$B/test_internal fp8_train'
 step 'test_model'                        "$B/test_model"          './$B/test_model'
-step 'test_moe'                          "$B/test_moe"            './$B/test_moe'
+step 'test_moe'                          "$B/test_internal"       './$B/test_internal moe'
 step 'test_ep'                           "$B/test_ep"             './$B/test_ep'
 step 'test_errors'                       "$B/test_errors"         './$B/test_errors'
 
@@ -82,8 +87,8 @@ step 'test_errors'                       "$B/test_errors"         './$B/test_err
 step 'test_comm'                         "$B/test_comm"           './$B/test_comm'
 step 'test_comm_threads'                 "$B/test_comm_threads"   './$B/test_comm_threads'
 step 'test_bootstrap'                    "$B/test_bootstrap"      './$B/test_bootstrap'
-step 'test_dp'                           "$B/test_dp"             './$B/test_dp'
-step 'test_tp'                           "$B/test_tp"             './$B/test_tp'
+step 'test_dp'                           "$B/test_internal"       './$B/test_internal dp'
+step 'test_tp'                           "$B/test_internal"       './$B/test_internal tp'
 step 'test_cp_ops'                       "$B/test_cp_ops"         './$B/test_cp_ops'
 step 'test_cp'                           "$B/test_cp"             './$B/test_cp'
 step 'test_pp_sched'                     "$B/test_pp_sched"       './$B/test_pp_sched'

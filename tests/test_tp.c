@@ -28,6 +28,7 @@
 typedef struct run {
     us_model_config mc;
     us_train_config tc; /* tc.batch = the global micro-batch; dp ranks take GB/dp each */
+    int steps;          /* the steps run, at most STEPS */
     int32_t *in, *tgt;  /* [STEPS][accum][GB][T] */
     float loss[STEPS], gnorm[STEPS];
     float *weights; /* final fp32 weights by tensor in one-rank order (n_params) */
@@ -124,7 +125,7 @@ static us_result rank_fn(us_comm *c, void *arg) {
         gemm_ops[rank] = &m.ops;
         gemm_n[rank] = gemm_nm[rank] = 0;
     }
-    for (s = 0; s < STEPS && r == US_OK; s++) {
+    for (s = 0; s < R->steps && r == US_OK; s++) {
         us_step_stats st;
         for (k = 0; k < tc.grad_accum; k++) {
             size_t src = (((size_t)s * tc.grad_accum + k) * GB + (size_t)dr * B) * T;
@@ -183,6 +184,7 @@ static void setup(run *R, int dp, int tp, int zero, int accum, int tied, us_reco
     R->tc.seq = T;
     R->tc.grad_accum = accum;
     R->tc.steps = STEPS;
+    R->steps = STEPS;
     R->tc.lr = 1e-2f;
     R->tc.threads = 1;
     R->tc.dp = dp;
@@ -199,9 +201,12 @@ int main(int argc, char **argv) {
         {1, 2, 0, 0}, {1, 4, 0, 0}, {2, 2, 0, 0}, {2, 2, 1, 0}, {2, 2, 3, 0}, /* dp, tp, zero, sp */
         {1, 2, 0, 1}, {1, 4, 0, 1}, {2, 2, 1, 1}, {2, 2, 2, 1}, {2, 2, 3, 1}};
     const int ncfg = (int)(sizeof cfg / sizeof cfg[0]);
-    int ci, tied, ai, s;
+    int ci, tied, ai, s, a, quick = 0; /* --quick (the sanitizer build): fp8 runs 1 step */
     double worst_l = 0, worst_w = 0;
-    us_test_verbose = argc > 1 && !strcmp(argv[1], "-v");
+    for (a = 1; a < argc; a++) {
+        if (!strcmp(argv[a], "-v")) us_test_verbose = 1;
+        if (!strcmp(argv[a], "--quick")) quick = 1;
+    }
     us__sp_chunk_rows =
         16; /* SP's reduce-scatters in chunks even here: 2 to 4 per GEMM (us__sp_gemm_scatter) */
     for (tied = 0; tied <= 1; tied++)
@@ -407,6 +412,7 @@ int main(int argc, char **argv) {
             X->tc.precision = US_PRECISION_FP8;
             X->tc.fp8_no_wcache = k == 2;
             X->tc.fp8_min_dim = 16; /* FP8 at this small width too (US_FP8_MIN_DIM is 1536) */
+            X->steps = quick ? 1 : STEPS;
         }
         ref.in = (int32_t *)malloc((size_t)n * 4);
         ref.tgt = (int32_t *)malloc((size_t)n * 4);
@@ -426,8 +432,9 @@ int main(int argc, char **argv) {
             Rt.in = ref.in;
             Rt.tgt = ref.tgt;
             Rt.tc.fp8_min_dim = 16;
+            Rt.steps = ref.steps;
             CHECK(launch(&Rt) == US_OK, "fp8 tp 2 + sp runs");
-            for (s = 0; s < STEPS; s++) {
+            for (s = 0; s < ref.steps; s++) {
                 double a = fabs(R.loss[s] - ref.loss[s]) / ref.loss[s],
                        b = fabs(Rt.loss[s] - ref.loss[s]) / ref.loss[s];
                 if (a > ml) ml = a;
@@ -437,12 +444,12 @@ int main(int argc, char **argv) {
                   "fp8 against one rank over %d steps: tp 2 + sp losses within %.1e relative (same "
                   "tiles, bf16 partial sums), "
                   "dp 2 x tp 2 + sp ZeRO-1 within %.1e (and Wgrad tiles of 64 tokens)",
-                  STEPS, mt, ml);
+                  ref.steps, mt, ml);
         }
         CHECK(!memcmp(R.loss, Rn.loss, sizeof R.loss) && !memcmp(R.gnorm, Rn.gnorm, sizeof R.gnorm),
               "fp8 dp 2 x tp 2 + sp: the weight cache on and off give the same losses and norms to "
               "the bit (%.9g, %.9g)",
-              R.loss[STEPS - 1], Rn.loss[STEPS - 1]);
+              R.loss[ref.steps - 1], Rn.loss[ref.steps - 1]);
         free(ref.in);
         free(ref.tgt);
     }
