@@ -11,7 +11,9 @@ CUDA_HOME ?= /usr/local/cuda
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
 ARCH    ?= -march=native
 OPENMP  ?= -fopenmp
-CFLAGS  ?= -std=c99 -Wall -Wextra -pedantic -O3 $(ARCH) $(OPENMP) -D_POSIX_C_SOURCE=200809L -pthread
+# -O2, not -O3: the implementation compiles in half the CPU time (7.7 s against 16.1 s, gcc 12) and
+# the built-in task trains 7 % slower (make train is compile + run; the CUDA build is NVFLAGS)
+CFLAGS  ?= -std=c99 -Wall -Wextra -pedantic -O2 $(ARCH) $(OPENMP) -D_POSIX_C_SOURCE=200809L -pthread
 LDLIBS  ?= -lm
 NVFLAGS ?= -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompiler -fopenmp,-Wall,-Wextra
 NVLIBS   = -lcublasLt -lnccl

@@ -76,7 +76,7 @@ static void usage(FILE *f) {
         "  --seq N           tokens per sequence T (default 64; 71 = four problems for the task)\n"
         "  --batch N         sequences per micro-batch B (default 8; 16 for the task)\n"
         "  --grad-accum N    micro-batches per optimizer step (default 1)\n"
-        "  --steps N         optimizer steps (default 1000; 1500 for the built-in task)\n"
+        "  --steps N         optimizer steps (default 1000)\n"
         "  --lr X            peak learning rate (default 3e-3; 1e-2 for the task)\n"
         "  --warmup N        linear warmup steps (default 0; 20 for the task)\n"
         "  --schedule S      cosine | constant (default cosine)\n"
@@ -1246,7 +1246,7 @@ int main(int argc, char **argv) {
     if (!o.data_path) { /* the built-in task: a small model, sequences of whole problems */
         if (!tc.seq) tc.seq = 4 * US_TASK_LINE - 1;
         if (!tc.batch) tc.batch = 16;
-        if (!tc.steps) tc.steps = 1500;
+        if (!tc.steps) tc.steps = 1000;
         if (!mc.n_layers) mc.n_layers = 2;
         if (!mc.dim) mc.dim = 64;
         if (tc.lr == 0) tc.lr = 1e-2f;
