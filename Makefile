@@ -22,7 +22,8 @@ B        = build
 HDR      = ultrascale.h ultrascale_comm.h
 JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
 
-EXAMPLES = $(B)/train $(B)/memory $(B)/quickstart $(B)/dp_quickstart $(B)/cp_memory $(B)/schedule $(B)/hf_logits $(B)/plan $(B)/figures
+EXAMPLES = $(B)/train $(B)/memory $(B)/quickstart $(B)/dp_quickstart $(B)/cp_memory $(B)/schedule $(B)/hf_logits $(B)/plan $(B)/figures \
+           $(B)/readme_snippet
 ifeq ($(CUDA),1)
 EXAMPLES += $(B)/train_cuda
 endif
@@ -59,6 +60,11 @@ $(CUDAIMPL): tests/us_impl.c $(HDR) ultrascale_cuda.cuh | $(B)/cuda
 
 $(B)/%: examples/%.c $(IMPL) $(HDR) | $(B)
 	$(CC) $(CFLAGS) $(LINKED_C) $< $(IMPL) -o $@ $(LDLIBS)
+
+# the README's example (examples/readme_snippet.c) as C++ too; -Wextra's missing-field-initializers
+# would call the C idiom `us_model_config mc = {0}` incomplete there
+$(B)/readme_snippet_cxx: examples/readme_snippet.c $(IMPL) $(HDR) | $(B)
+	$(CXX) -x c++ -std=c++11 -Wall -Wextra -Wno-missing-field-initializers -Werror -O2 $(OPENMP) $(LINKED) $< -x none $(IMPL) -o $@ $(LDLIBS)
 
 # ---- tests: one program per area (tests/test_*.c), each built with CFLAGS and with the sanitizers
 # (test_internal holds INTERNAL, below)
@@ -205,7 +211,7 @@ test:
 	@$(STEPS_ENV) bash tests/run_all.sh --report tests/steps.sh
 
 # every program the steps need, without running them (then: bash tests/run_all.sh tests/steps.sh)
-TEST_BUILDS = $(EXAMPLES) $(TESTS) $(SANTESTS) $(B)/test_gemm_portable $(B)/fuzz_replay \
+TEST_BUILDS = $(EXAMPLES) $(B)/readme_snippet_cxx $(TESTS) $(SANTESTS) $(B)/test_gemm_portable $(B)/fuzz_replay \
               $(B)/calibrate_cpu $(CHECKS) $(if $(HAVE_NCCL),$(B)/cc_nccl.o) $(if $(HAVE_NVCC),$(NVCC_BUILDS))
 test-builds: $(TEST_BUILDS)
 
@@ -221,6 +227,11 @@ $(B)/bench_cpu: bench/bench_cpu.c $(IMPL) $(HDR) | $(B)
 clean:
 	rm -rf $(B)
 
+# the committed figures in docs/ against what the programs draw now, the planner's heatmap included
+# (build/plan --sweep: about 95 s of CPU, so make test checks the others only)
+figures-check: $(B)/figures $(B)/schedule $(B)/plan
+	bash tests/figures_check.sh $(B) --heatmap
+
 # ---- the layout (.clang-format): one statement per line, at most 100 columns. clang-format 14
 # applies it (other versions lay some lines out differently); make test checks it
 # (tests/format_check.sh).
@@ -232,7 +243,7 @@ format:
 	@[ -n "$(CLANG_FORMAT)" ] || { echo "make format: needs clang-format 14 (apt-get install clang-format-14)"; exit 1; }
 	$(CLANG_FORMAT) -i $(FORMAT_SRC)
 
-.PHONY: all train train-cuda test test-builds bench clean flash-emu fuzz format
+.PHONY: all train train-cuda test test-builds bench clean flash-emu fuzz format figures-check
 
 # ---- GPU benchmarks (run on the GPU machine; see bench/run_gpu.sh)
 $(B)/bench_cuda: bench/bench_cuda.cu $(HDR) ultrascale_cuda.cuh | $(B)

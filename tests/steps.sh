@@ -31,6 +31,11 @@ step 'schedule CLI: table and SVG'       "$B/schedule" \
       ! ./$B/schedule --pp 0 2>/dev/null && ! ./$B/schedule --schedule dualpipev --m 6 2>/dev/null'
 step 'figures writes the four SVGs'      "$B/figures" \
      './$B/figures $B | grep -c "svg:" | grep -qx 4 && grep -q "</svg>" $B/fig_tp_tradeoff.svg'
+step 'docs/ figures equal what figures and schedule draw' "$B/figures $B/schedule" \
+                                                           'bash tests/figures_check.sh $B'
+step "README's C example (examples/readme_snippet.c): C, C++, same text" \
+                                         "$B/readme_snippet $B/readme_snippet_cxx" \
+                                                           'bash tests/readme_snippet.sh'
 step 'calibrate_cpu writes a rates file plan reads' "$B/calibrate_cpu $B/plan" \
      './$B/calibrate_cpu --quick --out $B/rates_cpu.txt | grep -q wrote &&
       ./$B/plan --rates $B/rates_cpu.txt --model llama-1b --top 1 | grep -q "^top"'

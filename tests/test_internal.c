@@ -50,10 +50,10 @@ int main(int argc, char **argv) {
                  {"tp", test_tp_main},
                  {"fp8_train", test_fp8_train_main},
                  {"moe", test_moe_main}};
+
     int i;
     for (i = 0; argc > 1 && i < (int)(sizeof tests / sizeof tests[0]); i++)
-        if (!strcmp(argv[1], tests[i].name))
-            return tests[i].main(argc - 1, argv + 1);
+        if (!strcmp(argv[1], tests[i].name)) return tests[i].main(argc - 1, argv + 1);
     fprintf(stderr, "usage: test_internal dp | tp | fp8_train | moe [ARGS]\n");
     return 2;
 }
