@@ -11463,13 +11463,170 @@ static us_result us__ckpt_upload(us_model *m, int which, const float *hf) {
     return US_OK;
 }
 
+/* The master weights (bf16 and fp16 runs): from the training state's optimizer file when resuming
+   and it has them, else the model file's values still in hf (a superset of this rank's master
+   range). Opens the optimizer file into opt for the moments. */
+static us_result us__ckpt_load_master(us_model *m, const char *dir, int resume, us__ckin *opt,
+                                      const us__ck_t *list, int nlist, float *hf) {
+    us_result r = US_OK;
+    int have_master = 0;
+    char p[4200];
+    if (resume) {
+        snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
+        if ((r = us__ckin_open1(m, opt, p)) == US_OK)
+            have_master =
+                us_safetensors_find(&opt->st[0], "master.model.norm.weight") != NULL ||
+                us_safetensors_find(&opt->st[0], "master.model.embed_tokens.weight") != NULL;
+    }
+    /* else hf still holds the file's weights, a superset of this rank's master range */
+    if (r == US_OK && have_master) {
+        memset(hf, 0, (size_t)m->n_flat * 4);
+        r = us__ckpt_read_buf(m, opt, list, nlist, "master.", 1, hf);
+    }
+    if (r == US_OK) r = us__ckpt_upload(m, 1, hf);
+    return r;
+}
+
+/* The MoE router biases (auxiliary-loss-free balancing), where the model file has them. */
+static us_result us__ckpt_load_router_bias(us_model *m, us__ckin *in) {
+    us_result r = US_OK;
+    int l, E = m->cfg.moe_experts;
+    for (l = 0; l < m->cfg.n_layers && r == US_OK; l++) {
+        us__ck_t want;
+        const us_st_tensor *t;
+        int fi = 0;
+        if (m->moe_idx[l] < 0) continue;
+        snprintf(want.name, sizeof want.name, "model.layers.%d.mlp.gate.e_score_correction_bias",
+                 m->layer_g[l]);
+        want.rows = E;
+        want.cols = 0;
+        t = us__ckin_check(m, in, want.name, &want, &fi, 1);
+        if (!t) {
+            if (us__ckin_find(in, want.name, &fi)) r = US_ERR_FORMAT;
+            continue;
+        }
+        if (strcmp(t->dtype, "F32") ||
+            us__pread_all(in->fd[fi], m->moe_bias_h + (size_t)m->moe_idx[l] * E, (size_t)E * 4,
+                          in->st[fi].data_start + t->begin)) {
+            us__model_set_error(m, "checkpoint: cannot read %s (it must be F32)", want.name);
+            r = US_ERR_FORMAT;
+        }
+    }
+    if (r == US_OK)
+        m->ops.copy(&m->ops, m->moe_bias, m->moe_bias_h, us__moe_bias_bytes(m), US_COPY_H2D);
+    return r;
+}
+
+/* The AdamW moments: from the optimizer file when resuming, else zero. */
+static us_result us__ckpt_load_moments(us_model *m, const char *dir, int resume, us__ckin *opt,
+                                       const us__ck_t *list, int nlist, float *hf) {
+    us_result r = US_OK;
+    int k;
+    char p[4200];
+    if (!resume) {
+        m->ops.zero(&m->ops, m->adam_m, (size_t)(m->tc.zero ? m->shard_n : m->n_flat) * 4);
+        m->ops.zero(&m->ops, m->adam_v, (size_t)(m->tc.zero ? m->shard_n : m->n_flat) * 4);
+        return US_OK;
+    }
+    if (!opt->n) {
+        snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
+        r = us__ckin_open1(m, opt, p);
+    }
+    for (k = 2; k <= 3 && r == US_OK; k++) {
+        memset(hf, 0, (size_t)m->n_flat * 4);
+        r = us__ckpt_read_buf(m, opt, list, nlist,
+                              k == 2 ? "optimizer.exp_avg." : "optimizer.exp_avg_sq.", k, hf);
+        if (r == US_OK) r = us__ckpt_upload(m, k, hf);
+    }
+    return r;
+}
+
+/* trainer_state.json: the step, the data position, the RNG states and the loss scaler's state. */
+static us_result us__ckpt_load_trainer_state(us_model *m, const char *dir, us_ckpt_state *st) {
+    us_result r = US_OK;
+    char p[4200];
+    struct stat sb;
+    us__json j;
+    char *txt = NULL;
+    int fd;
+    snprintf(p, sizeof p, "%s/trainer_state.json", dir);
+    fd = open(p, O_RDONLY);
+    if (fd < 0 || fstat(fd, &sb) || sb.st_size > 65536) {
+        us__model_set_error(m, "checkpoint: cannot read %s (missing, or over 64 KiB)", p);
+        r = US_ERR_IO;
+    } else if (!(txt = (char *)US_MALLOC((size_t)sb.st_size + 1)) ||
+               us__pread_all(fd, txt, (size_t)sb.st_size, 0)) {
+        us__model_set_error(m, "checkpoint: cannot read %s", p);
+        r = US_ERR_IO;
+    }
+    if (fd >= 0) close(fd);
+    if (r == US_OK) {
+        char fmt[64], num[32];
+        int64_t step = 0, pos = 0;
+        int rn, q;
+        if (us__json_parse(&j, txt, (size_t)sb.st_size, 4096) != 0) {
+            us__model_set_error(m, "checkpoint: %s: %s", p, j.err);
+            r = US_ERR_FORMAT;
+        } else if (!us__jstr(&j, us__jget(&j, 0, "format"), fmt, sizeof fmt) ||
+                   strcmp(fmt, "ultrascale-trainer-state") ||
+                   !us__jint(&j, us__jget(&j, 0, "version"), &step) || step != 1) {
+            us__model_set_error(m, "checkpoint: %s is not an ultrascale trainer state of version 1",
+                                p);
+            r = US_ERR_FORMAT;
+        } else if (!us__jint(&j, us__jget(&j, 0, "step"), &step) || step < 0 || step > 0x7fffffff ||
+                   !us__jint(&j, us__jget(&j, 0, "data_position"), &pos) ||
+                   (rn = us__jget(&j, 0, "rng")) < 0 || j.t[rn].type != US__J_ARR ||
+                   j.t[rn].size > 8) {
+            us__model_set_error(m, "checkpoint: %s needs step, data_position and rng (at most 8)",
+                                p);
+            r = US_ERR_FORMAT;
+        } else {
+            double ls;
+            int64_t good;
+            m->step = (int)step;
+            /* the loss scaler's state, when the file has it and this run scales dynamically
+               (a static --loss-scale stays as given; older files have none) */
+            if (m->ls_dynamic && us__jnum(&j, us__jget(&j, 0, "loss_scale"), &ls) && ls >= 1 &&
+                ls <= 16777216.0 && us__jint(&j, us__jget(&j, 0, "loss_scale_good_steps"), &good) &&
+                good >= 0 && good < 0x7fffffff) {
+                m->loss_scale = (float)ls;
+                m->ls_good = (int)good;
+            }
+            if (st) {
+                memset(st, 0, sizeof *st);
+                st->step = step;
+                st->data_pos = pos;
+                st->n_rng = j.t[rn].size;
+                for (q = 0; q < st->n_rng && r == US_OK; q++) {
+                    char *end;
+                    if (!us__jstr(&j, rn + 1 + q, num, sizeof num) || !num[0]) {
+                        us__model_set_error(
+                            m, "checkpoint: %s: rng entries must be decimal strings", p);
+                        r = US_ERR_FORMAT;
+                        break;
+                    }
+                    errno = 0;
+                    st->rng[q] = strtoull(num, &end, 10);
+                    if (*end || errno) {
+                        us__model_set_error(
+                            m, "checkpoint: %s: rng entry %d is not a 64-bit number", p, q);
+                        r = US_ERR_FORMAT;
+                    }
+                }
+            }
+        }
+        us__json_free(&j);
+    }
+    US_FREE(txt);
+    return r;
+}
+
 static us_result us__ckpt_load_local(us_model *m, const char *dir, int resume, us_ckpt_state *st) {
     us__ckin in, opt;
-    int nlist = us__ckpt_tensors(m, NULL), k, have_master = 0;
+    int nlist = us__ckpt_tensors(m, NULL), k;
     us__ck_t *list = (us__ck_t *)US_MALLOC(sizeof(us__ck_t) * (size_t)nlist);
     float *hf = (float *)calloc((size_t)(m->n_flat > 0 ? m->n_flat : 1), 4);
     us_result r;
-    char p[4200];
     memset(&opt, 0, sizeof opt);
     if (!list || !hf) {
         US_FREE(list);
@@ -11486,141 +11643,14 @@ static us_result us__ckpt_load_local(us_model *m, const char *dir, int resume, u
     }
     r = us__ckpt_read_buf(m, &in, list, nlist, "", 0, hf);
     if (r == US_OK) r = us__ckpt_upload(m, 0, hf);
-    if (r == US_OK && m->dt != US_F32 &&
-        m->master) { /* master weights: from the training state, else the file's values */
-        if (resume) {
-            snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
-            if ((r = us__ckin_open1(m, &opt, p)) == US_OK)
-                have_master =
-                    us_safetensors_find(&opt.st[0], "master.model.norm.weight") != NULL ||
-                    us_safetensors_find(&opt.st[0], "master.model.embed_tokens.weight") != NULL;
-        }
-        /* else hf still holds the file's weights, a superset of this rank's master range */
-        if (r == US_OK && have_master) {
-            memset(hf, 0, (size_t)m->n_flat * 4);
-            r = us__ckpt_read_buf(m, &opt, list, nlist, "master.", 1, hf);
-        }
-        if (r == US_OK) r = us__ckpt_upload(m, 1, hf);
-    }
-    if (r == US_OK && m->n_moe &&
-        m->cfg.moe_balance ==
-            US_MOE_BALANCE_BIAS) { /* the router biases, where the file has them */
-        int l, E = m->cfg.moe_experts;
-        for (l = 0; l < m->cfg.n_layers && r == US_OK; l++) {
-            us__ck_t want;
-            const us_st_tensor *t;
-            int fi = 0;
-            if (m->moe_idx[l] < 0) continue;
-            snprintf(want.name, sizeof want.name,
-                     "model.layers.%d.mlp.gate.e_score_correction_bias", m->layer_g[l]);
-            want.rows = E;
-            want.cols = 0;
-            t = us__ckin_check(m, &in, want.name, &want, &fi, 1);
-            if (!t) {
-                if (us__ckin_find(&in, want.name, &fi)) r = US_ERR_FORMAT;
-                continue;
-            }
-            if (strcmp(t->dtype, "F32") ||
-                us__pread_all(in.fd[fi], m->moe_bias_h + (size_t)m->moe_idx[l] * E, (size_t)E * 4,
-                              in.st[fi].data_start + t->begin)) {
-                us__model_set_error(m, "checkpoint: cannot read %s (it must be F32)", want.name);
-                r = US_ERR_FORMAT;
-            }
-        }
-        if (r == US_OK)
-            m->ops.copy(&m->ops, m->moe_bias, m->moe_bias_h, us__moe_bias_bytes(m), US_COPY_H2D);
-    }
-    if (r == US_OK && resume) { /* moments */
-        if (!opt.n) {
-            snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
-            r = us__ckin_open1(m, &opt, p);
-        }
-        for (k = 2; k <= 3 && r == US_OK; k++) {
-            memset(hf, 0, (size_t)m->n_flat * 4);
-            r = us__ckpt_read_buf(m, &opt, list, nlist,
-                                  k == 2 ? "optimizer.exp_avg." : "optimizer.exp_avg_sq.", k, hf);
-            if (r == US_OK) r = us__ckpt_upload(m, k, hf);
-        }
-    } else if (r == US_OK) {
-        m->ops.zero(&m->ops, m->adam_m, (size_t)(m->tc.zero ? m->shard_n : m->n_flat) * 4);
-        m->ops.zero(&m->ops, m->adam_v, (size_t)(m->tc.zero ? m->shard_n : m->n_flat) * 4);
-    }
-    if (r == US_OK && resume) { /* trainer_state.json */
-        struct stat sb;
-        us__json j;
-        char *txt = NULL;
-        int fd;
-        snprintf(p, sizeof p, "%s/trainer_state.json", dir);
-        fd = open(p, O_RDONLY);
-        if (fd < 0 || fstat(fd, &sb) || sb.st_size > 65536) {
-            us__model_set_error(m, "checkpoint: cannot read %s (missing, or over 64 KiB)", p);
-            r = US_ERR_IO;
-        } else if (!(txt = (char *)US_MALLOC((size_t)sb.st_size + 1)) ||
-                   us__pread_all(fd, txt, (size_t)sb.st_size, 0)) {
-            us__model_set_error(m, "checkpoint: cannot read %s", p);
-            r = US_ERR_IO;
-        }
-        if (fd >= 0) close(fd);
-        if (r == US_OK) {
-            char fmt[64], num[32];
-            int64_t step = 0, pos = 0;
-            int rn, q;
-            if (us__json_parse(&j, txt, (size_t)sb.st_size, 4096) != 0) {
-                us__model_set_error(m, "checkpoint: %s: %s", p, j.err);
-                r = US_ERR_FORMAT;
-            } else if (!us__jstr(&j, us__jget(&j, 0, "format"), fmt, sizeof fmt) ||
-                       strcmp(fmt, "ultrascale-trainer-state") ||
-                       !us__jint(&j, us__jget(&j, 0, "version"), &step) || step != 1) {
-                us__model_set_error(
-                    m, "checkpoint: %s is not an ultrascale trainer state of version 1", p);
-                r = US_ERR_FORMAT;
-            } else if (!us__jint(&j, us__jget(&j, 0, "step"), &step) || step < 0 ||
-                       step > 0x7fffffff || !us__jint(&j, us__jget(&j, 0, "data_position"), &pos) ||
-                       (rn = us__jget(&j, 0, "rng")) < 0 || j.t[rn].type != US__J_ARR ||
-                       j.t[rn].size > 8) {
-                us__model_set_error(
-                    m, "checkpoint: %s needs step, data_position and rng (at most 8)", p);
-                r = US_ERR_FORMAT;
-            } else {
-                double ls;
-                int64_t good;
-                m->step = (int)step;
-                /* the loss scaler's state, when the file has it and this run scales dynamically
-                   (a static --loss-scale stays as given; older files have none) */
-                if (m->ls_dynamic && us__jnum(&j, us__jget(&j, 0, "loss_scale"), &ls) && ls >= 1 &&
-                    ls <= 16777216.0 &&
-                    us__jint(&j, us__jget(&j, 0, "loss_scale_good_steps"), &good) && good >= 0 &&
-                    good < 0x7fffffff) {
-                    m->loss_scale = (float)ls;
-                    m->ls_good = (int)good;
-                }
-                if (st) {
-                    memset(st, 0, sizeof *st);
-                    st->step = step;
-                    st->data_pos = pos;
-                    st->n_rng = j.t[rn].size;
-                    for (q = 0; q < st->n_rng && r == US_OK; q++) {
-                        char *end;
-                        if (!us__jstr(&j, rn + 1 + q, num, sizeof num) || !num[0]) {
-                            us__model_set_error(
-                                m, "checkpoint: %s: rng entries must be decimal strings", p);
-                            r = US_ERR_FORMAT;
-                            break;
-                        }
-                        errno = 0;
-                        st->rng[q] = strtoull(num, &end, 10);
-                        if (*end || errno) {
-                            us__model_set_error(
-                                m, "checkpoint: %s: rng entry %d is not a 64-bit number", p, q);
-                            r = US_ERR_FORMAT;
-                        }
-                    }
-                }
-            }
-            us__json_free(&j);
-        }
-        US_FREE(txt);
-    } else if (r == US_OK)
+    if (r == US_OK && m->dt != US_F32 && m->master)
+        r = us__ckpt_load_master(m, dir, resume, &opt, list, nlist, hf);
+    if (r == US_OK && m->n_moe && m->cfg.moe_balance == US_MOE_BALANCE_BIAS)
+        r = us__ckpt_load_router_bias(m, &in);
+    if (r == US_OK) r = us__ckpt_load_moments(m, dir, resume, &opt, list, nlist, hf);
+    if (r == US_OK && resume)
+        r = us__ckpt_load_trainer_state(m, dir, st);
+    else if (r == US_OK)
         m->step = 0;
     /* ZeRO-3's gathered weights are stale now */
     for (k = 0; k < m->n_wslots; k++) m->wslot_unit[k] = -1;
