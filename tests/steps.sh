@@ -51,6 +51,12 @@ step 'ULTRASCALE_STATIC'                 "$B/cc_static"           'test -x $B/cc
 for o in CHECKPOINT PLANNER DATA; do
     step "ULTRASCALE_NO_$o (an opt-out)" "$B/cc_no_$o"      "./\$B/cc_no_$o"
 done
+# clang's front end (its warnings are the parser's and Sema's), as C99 and as C++, where installed
+step 'clang -Werror: C99 and C++'        '' \
+     'if command -v clang > /dev/null; then
+          clang -std=c99 -Wall -Wextra -pedantic -Werror -D_POSIX_C_SOURCE=200809L -DUS_COMPILE_SINGLE -fsyntax-only tests/compile_a.c &&
+          clang -x c++ -std=c++11 -Wall -Wextra -Werror -DUS_COMPILE_SINGLE -fsyntax-only tests/compile_a.c
+      else echo "SKIP clang not installed"; fi'
 step 'without OpenMP'                    "$B/cc_2tu"              '! nm $B/cc_2tu | grep -q GOMP_'
 step 'nvcc (header as C++)'              "$(nvcc_needs cc_nvcc.o)"       'nvcc_built cc_nvcc.o'
 step 'nvcc: trainer with CUDA backend'   "$(nvcc_needs train_cuda)"      'nvcc_built train_cuda'
