@@ -382,182 +382,228 @@ typedef struct opts {
     volatile int nothing_left;
 } opts;
 
-/* One rank of the run (the only one without --dp). Rank 0 prints and logs. */
-static us_result run_rank(us_comm *comm, void *arg) {
-    opts *o = (opts *)arg;
-    us_model_config mc = o->mc;
-    us_train_config tc = o->tc;
-    int rank = comm ? comm->world.rank : o->rank, dp = tc.dp, i, loud = rank == 0 && !o->quiet,
-        drank, Tl = tc.seq / tc.cp;
-    int32_t *cpos = NULL; /* this rank's token positions in each sequence (context parallelism) */
-    int Bg = tc.batch;    /* the group's micro-batch */
-    us_ops *opsp = NULL;
+/* One rank's training state, shared by the parts of run_rank below. */
+typedef struct rank_state {
+    opts *o;
+    us_comm *comm; /* NULL on one rank; NCCL's own under CUDA multi-process */
+    us_model_config mc;
+    us_train_config tc; /* tc.batch: this rank's micro-batch, the group's / dp */
+    int rank, dp, loud, drank, Tl, Bg, stop;
+    int32_t *cpos; /* this rank's token positions in each sequence (context parallelism) */
+    us_ops *opsp;
 #ifdef US_CUDA
     us_ops ops;
+#ifdef ULTRASCALE_NCCL
+    us_comm nccl;
+    int have_nccl;
+    watchdog wd;
 #endif
-    char devname[160] = "cpu", err[256];
+#endif
+    char devname[160];
     us_task task, eval_task;
     us_rng rng;
     us_model m;
-    FILE *logf = NULL;
-    int32_t *gin = NULL, *gtgt = NULL, *in = NULL, *tgt = NULL;
+    FILE *logf;
+    int32_t *gin, *gtgt, *in, *tgt; /* the group's batch, then this rank's rows of it */
     double t_start, flops_tok;
     int scaled;
-    float peak_tflops = o->peak_tflops;
-    us_result r = US_OK;
-    tc.batch = Bg / dp;
-    if (dp * tc.pp * tc.cp * tc.tp > 1 && !tc.threads &&
-        !o->use_cuda) { /* the machine's threads shared among the ranks */
+    float peak_tflops;
+} rank_state;
+
+/* The rank's settings from the options; the machine's threads shared among the ranks. */
+static void rank_begin(rank_state *s, us_comm *comm, opts *o) {
+    memset(s, 0, sizeof *s);
+    s->o = o;
+    s->comm = comm;
+    s->mc = o->mc;
+    s->tc = o->tc;
+    s->rank = comm ? comm->world.rank : o->rank;
+    s->dp = s->tc.dp;
+    s->loud = s->rank == 0 && !o->quiet;
+    s->Tl = s->tc.seq / s->tc.cp;
+    s->Bg = s->tc.batch; /* the group's micro-batch */
+    s->peak_tflops = o->peak_tflops;
+    snprintf(s->devname, sizeof s->devname, "cpu");
+    s->tc.batch = s->Bg / s->dp;
+    if (s->dp * s->tc.pp * s->tc.cp * s->tc.tp > 1 && !s->tc.threads && !o->use_cuda) {
 #ifdef _OPENMP
-        tc.threads = omp_get_max_threads() / (dp * tc.pp * tc.cp * tc.tp) > 0
-                         ? omp_get_max_threads() / (dp * tc.pp * tc.cp * tc.tp)
-                         : 1;
+        int n = s->dp * s->tc.pp * s->tc.cp * s->tc.tp;
+        s->tc.threads = omp_get_max_threads() / n > 0 ? omp_get_max_threads() / n : 1;
 #endif
     }
+}
+
+/* CUDA: the GPU's ops, and NCCL over the world when there is one process per GPU. */
+static us_result rank_open_device(rank_state *s) {
 #ifdef US_CUDA
+    char err[256];
+    opts *o = s->o;
+    if (!o->use_cuda) return US_OK;
+    if (us_cuda_ops(&s->ops, o->gpu, err, sizeof err) != US_OK) {
+        fprintf(stderr, "train: rank %d: %s\n", o->rank, err);
+        return US_ERR_BACKEND;
+    }
+    us_cuda_describe(&s->ops, s->devname, sizeof s->devname);
+    s->opsp = &s->ops;
 #ifdef ULTRASCALE_NCCL
-    us_comm nccl;
-    int have_nccl = 0;
-    watchdog wd;
-    memset(&wd, 0, sizeof wd);
-#endif
-    if (o->use_cuda) {
-        if (us_cuda_ops(&ops, o->gpu, err, sizeof err) != US_OK) {
+    if (o->world > 1) { /* NCCL ordered against the ops' stream */
+        if (us_nccl_init(&s->nccl, &s->ops, us_cuda_stream(&s->ops), o->rank, o->world, NULL,
+                         o->comm_timeout, err, sizeof err) != US_OK) {
             fprintf(stderr, "train: rank %d: %s\n", o->rank, err);
+            us_cuda_ops_free(&s->ops);
             return US_ERR_BACKEND;
         }
-        us_cuda_describe(&ops, devname, sizeof devname);
-        opsp = &ops;
+        s->have_nccl = 1;
+        s->comm = &s->nccl;
+        s->rank = o->rank;
+        s->loud = s->rank == 0 && !o->quiet;
+    }
+#endif
+#else
+    (void)s;
+#endif
+    return US_OK;
+}
+
+/* Gives back what rank_open_device took. */
+static void rank_close_device(rank_state *s) {
+#ifdef US_CUDA
 #ifdef ULTRASCALE_NCCL
-        if (o->world >
-            1) { /* one process per GPU: NCCL over the world, ordered against the ops' stream */
-            if (us_nccl_init(&nccl, &ops, us_cuda_stream(&ops), o->rank, o->world, NULL,
-                             o->comm_timeout, err, sizeof err) != US_OK) {
-                fprintf(stderr, "train: rank %d: %s\n", o->rank, err);
-                us_cuda_ops_free(&ops);
-                return US_ERR_BACKEND;
-            }
-            have_nccl = 1;
-            comm = &nccl;
-            rank = o->rank;
-            loud = rank == 0 && !o->quiet;
-        }
+    if (s->have_nccl) us_nccl_free(&s->nccl);
 #endif
-    }
+    if (s->opsp) us_cuda_ops_free(s->opsp);
+#else
+    (void)s;
 #endif
-    (void)err;
-    if ((r = dp * tc.pp * tc.cp * tc.tp > 1 ? us_model_init_dist(&m, &mc, &tc, opsp, comm)
-                                            : us_model_init(&m, &mc, &tc, opsp)) != US_OK) {
-        fprintf(stderr, "train: rank %d: %s\n", rank, us_model_error(&m));
-        goto done_ops;
-    }
-    drank =
-        m.mesh
-            .dp_rank; /* the batch rows are split over dp; tp ranks share them; cp splits each sequence */
-    cpos = (int32_t *)malloc((size_t)Tl * 4);
-    if (!cpos) {
-        r = US_ERR_OOM;
-        goto done_model;
-    }
-    if (tc.cp > 1)
-        us_cp_positions(&m.tc, m.mesh.cp_rank, cpos);
-    else
-        for (i = 0; i < Tl; i++) cpos[i] = i;
-    if (o->traces) {
-        us_trace_init(&o->traces[rank], rank);
-        m.trace = &o->traces[rank];
-        if (comm) comm->trace = m.trace;
-    }
-    if (rank == 0 && o->log_path && !(logf = fopen(o->log_path, "w"))) {
-        fprintf(stderr, "train: cannot open log file %s\n", o->log_path);
-        r = US_ERR_IO; /* the other ranks stop at their next collective, naming this one */
-        goto done_model;
-    }
-    if (peak_tflops == 0 && o->use_cuda) peak_tflops = 989.0f;
-    if (peak_tflops == 0) {
-        int th = tc.threads;
+}
+
+/* The peak for MFU: the flag, else an H100/H200 or the CPU threads; over the whole group. */
+static void rank_peak(rank_state *s) {
+    if (s->peak_tflops == 0 && s->o->use_cuda) s->peak_tflops = 989.0f;
+    if (s->peak_tflops == 0) {
+        int th = s->tc.threads;
 #ifdef _OPENMP
         if (!th) th = omp_get_max_threads();
 #else
         th = 1;
 #endif
-        peak_tflops = 0.096f * (float)th;
+        s->peak_tflops = 0.096f * (float)th;
     }
-    peak_tflops *= (float)(dp * tc.pp * tc.cp * tc.tp); /* MFU over the whole group */
-    gin = (int32_t *)malloc((size_t)Bg * tc.seq * tc.grad_accum * 4);
-    gtgt = (int32_t *)malloc((size_t)Bg * tc.seq * tc.grad_accum * 4);
-    in = (int32_t *)malloc((size_t)tc.batch * tc.seq * tc.grad_accum * 4);
-    tgt = (int32_t *)malloc((size_t)tc.batch * tc.seq * tc.grad_accum * 4);
-    if (!gin || !gtgt || !in || !tgt) {
+    s->peak_tflops *= (float)(s->dp * s->tc.pp * s->tc.cp * s->tc.tp);
+}
+
+/* After the model: positions, trace, log file, batch buffers, the data streams. */
+static us_result rank_setup(rank_state *s) {
+    opts *o = s->o;
+    us_train_config *tc = &s->tc;
+    size_t rows = (size_t)s->Bg * tc->seq * tc->grad_accum;
+    int i;
+    /* the batch rows are split over dp; tp ranks share them; cp splits each sequence */
+    s->drank = s->m.mesh.dp_rank;
+    s->cpos = (int32_t *)malloc((size_t)s->Tl * 4);
+    if (!s->cpos) return US_ERR_OOM;
+    if (tc->cp > 1)
+        us_cp_positions(&s->m.tc, s->m.mesh.cp_rank, s->cpos);
+    else
+        for (i = 0; i < s->Tl; i++) s->cpos[i] = i;
+    if (o->traces) {
+        us_trace_init(&o->traces[s->rank], s->rank);
+        s->m.trace = &o->traces[s->rank];
+        if (s->comm) s->comm->trace = s->m.trace;
+    }
+    if (s->rank == 0 && o->log_path && !(s->logf = fopen(o->log_path, "w"))) {
+        fprintf(stderr, "train: cannot open log file %s\n", o->log_path);
+        return US_ERR_IO; /* the other ranks stop at their next collective, naming this one */
+    }
+    rank_peak(s);
+    s->gin = (int32_t *)malloc(rows * 4);
+    s->gtgt = (int32_t *)malloc(rows * 4);
+    s->in = (int32_t *)malloc((size_t)tc->batch * tc->seq * tc->grad_accum * 4);
+    s->tgt = (int32_t *)malloc((size_t)tc->batch * tc->seq * tc->grad_accum * 4);
+    if (!s->gin || !s->gtgt || !s->in || !s->tgt) {
         fprintf(stderr, "train: out of memory\n");
-        r = US_ERR_OOM;
-        goto done_model;
+        return US_ERR_OOM;
     }
-    us_task_init(&task, tc.seed);
-    us_task_init(&eval_task, tc.seed + 7777); /* a different stream: problems not trained on */
-    us_rng_seed(&rng, tc.seed);
-    /* --resume: everything, and the data streams where they were; --init-from: weights */
-    if (o->ckpt_from[0]) {
-        us_ckpt_state cs;
-        memset(&cs, 0, sizeof cs);
-        if ((r = us_ckpt_load(&m, o->ckpt_from, o->resume_dir != NULL, &cs)) != US_OK) {
-            fprintf(stderr, "train: rank %d: %s\n", rank, us_model_error(&m));
-            goto done_model;
-        }
-        if (o->resume_dir && m.step >= tc.steps) {
-            if (rank == 0)
-                fprintf(stderr,
-                        "train: %s is at step %d and --steps is %d: nothing left to train (give "
-                        "--steps above %d)\n",
-                        o->ckpt_from, m.step, tc.steps, m.step);
-            o->nothing_left = 1;
-            goto done_model;
-        }
-        if (o->resume_dir) {
-            if (cs.n_rng != 3) {
-                fprintf(stderr, "train: %s has %d RNG states, not the trainer's 3\n", o->ckpt_from,
-                        cs.n_rng);
-                r = US_ERR_FORMAT;
-                goto done_model;
-            }
-            task.rng.s = cs.rng[0];
-            eval_task.rng.s = cs.rng[1];
-            rng.s = cs.rng[2];
-        }
-        if (loud)
-            printf("checkpoint: %s %s at step %d\n",
-                   o->resume_dir ? "resumed from" : "initialised from", o->ckpt_from, m.step);
+    us_task_init(&s->task, tc->seed);
+    us_task_init(&s->eval_task, tc->seed + 7777); /* a different stream: problems not trained on */
+    us_rng_seed(&s->rng, tc->seed);
+    return US_OK;
+}
+
+/* --resume: everything, and the data streams where they were; --init-from: weights. */
+static us_result rank_load_checkpoint(rank_state *s) {
+    opts *o = s->o;
+    us_ckpt_state cs;
+    us_result r;
+    if (!o->ckpt_from[0]) return US_OK;
+    memset(&cs, 0, sizeof cs);
+    if ((r = us_ckpt_load(&s->m, o->ckpt_from, o->resume_dir != NULL, &cs)) != US_OK) {
+        fprintf(stderr, "train: rank %d: %s\n", s->rank, us_model_error(&s->m));
+        return r;
     }
-    flops_tok =
-        us_flops_per_token(&mc, tc.seq); /* the whole model (a pipeline stage holds a part) */
-    if (loud)
+    if (o->resume_dir && s->m.step >= s->tc.steps) {
+        if (s->rank == 0)
+            fprintf(stderr,
+                    "train: %s is at step %d and --steps is %d: nothing left to train (give "
+                    "--steps above %d)\n",
+                    o->ckpt_from, s->m.step, s->tc.steps, s->m.step);
+        o->nothing_left = 1;
+        s->stop = 1;
+        return US_OK;
+    }
+    if (o->resume_dir) {
+        if (cs.n_rng != 3) {
+            fprintf(stderr, "train: %s has %d RNG states, not the trainer's 3\n", o->ckpt_from,
+                    cs.n_rng);
+            return US_ERR_FORMAT;
+        }
+        s->task.rng.s = cs.rng[0];
+        s->eval_task.rng.s = cs.rng[1];
+        s->rng.s = cs.rng[2];
+    }
+    if (s->loud)
+        printf("checkpoint: %s %s at step %d\n",
+               o->resume_dir ? "resumed from" : "initialised from", o->ckpt_from, s->m.step);
+    return US_OK;
+}
+
+/* The run's first lines: the model, and on CUDA the attention kernels this shape gets. */
+static void rank_print_model(rank_state *s) {
+    us_model *m = &s->m;
+    us_train_config *tc = &s->tc;
+    if (s->loud)
         printf("model: %lld params (L=%d C=%lld NH=%d NKV=%d F=%lld V=%lld%s) | %s | recompute %s "
                "| B=%d T=%d accum=%d dp=%d cp=%d tp=%d zero=%d | %s | %s | memory %.2f MiB/rank\n",
-               (long long)m.n_params, m.cfg.n_layers, (long long)m.cfg.dim, m.cfg.n_heads,
-               m.cfg.n_kv_heads, (long long)m.cfg.ffn_dim, (long long)m.cfg.vocab,
-               m.cfg.tie_embeddings ? " tied" : "", us_precision_name(m.tc.precision),
-               us_recompute_name(m.tc.recompute), Bg, tc.seq, tc.grad_accum, dp, tc.cp, tc.tp,
-               tc.zero, o->data_path ? o->data_path : "task: sort 8 digits", devname,
-               (double)m.mem.total / 1048576.0);
+               (long long)m->n_params, m->cfg.n_layers, (long long)m->cfg.dim, m->cfg.n_heads,
+               m->cfg.n_kv_heads, (long long)m->cfg.ffn_dim, (long long)m->cfg.vocab,
+               m->cfg.tie_embeddings ? " tied" : "", us_precision_name(m->tc.precision),
+               us_recompute_name(m->tc.recompute), s->Bg, tc->seq, tc->grad_accum, s->dp, tc->cp,
+               tc->tp, tc->zero, s->o->data_path ? s->o->data_path : "task: sort 8 digits",
+               s->devname, (double)m->mem.total / 1048576.0);
 #ifdef US_CUDA
-    if (loud &&
-        o->use_cuda) { /* the attention kernels this shape gets: no silent hundredfold cliff */
-        const int hs = (int)(m.cfg.dim / m.cfg.n_heads);
-        const char *ap = us_cuda_attention_path(&ops, m.dt, hs, tc.cp > 1);
+    if (s->loud && s->o->use_cuda) { /* no silent hundredfold cliff */
+        const int hs = (int)(m->cfg.dim / m->cfg.n_heads);
+        const char *ap = us_cuda_attention_path(&s->ops, m->dt, hs, tc->cp > 1);
         if (!strcmp(ap, "portable"))
             printf("warning: attention runs the portable kernel (%s, head size %d%s), about 100x "
                    "slower than flash attention, "
                    "which takes bf16 and fp16 at head sizes 64, 80, 96, 128, 192, 256 on Hopper "
                    "(bf16 at 64 and 128 under --cp "
                    "and on other GPUs)\n",
-                   us_dtype_name(m.dt), hs, tc.cp > 1 ? ", by blocks for --cp" : "");
+                   us_dtype_name(m->dt), hs, tc->cp > 1 ? ", by blocks for --cp" : "");
         else
             printf("attention: %s kernels (%s, head size %d)\n",
-                   !strcmp(ap, "hopper") ? "Hopper wgmma" : "flash mma.sync", us_dtype_name(m.dt),
+                   !strcmp(ap, "hopper") ? "Hopper wgmma" : "flash mma.sync", us_dtype_name(m->dt),
                    hs);
     }
 #endif
-    if (loud && o->data_path) {
+}
+
+/* The run's next lines: the held-out data, the FP8 linears, the experts. */
+static void rank_print_parts(rank_state *s) {
+    opts *o = s->o;
+    us_model *m = &s->m;
+    if (s->loud && o->data_path) {
         if (o->val.n)
             printf("data: %lld tokens to train on, the last %lld held out for the evaluations\n",
                    (long long)o->data.n, (long long)o->val.n);
@@ -566,246 +612,314 @@ static us_result run_rank(us_comm *comm, void *arg) {
                    "too few to hold any out)\n",
                    (long long)o->data.n);
     }
-    if (loud && m.fp8) {
+    if (s->loud && m->fp8) {
         char wq[64] = "at every GEMM";
-        if (!m.fp8_linear)
+        if (!m->fp8_linear)
             snprintf(wq, sizeof wq, "never (no FP8 GEMM)");
-        else if (m.fp8_wc)
+        else if (m->fp8_wc)
             snprintf(wq, sizeof wq, "once per step (cache %.1f MiB)",
-                     (double)m.fp8_wlayer * m.cfg.n_layers / 1048576.0);
+                     (double)m->fp8_wlayer * m->cfg.n_layers / 1048576.0);
         printf("fp8: %d of %d linear layers in FP8 E4M3 (%s scales%s; the rest bf16: In or Out "
                "under --fp8-min-dim %d, a size not a "
                "multiple of 16, or MoE experts) | weights quantised %s\n",
-               m.fp8_linear, m.fp8_linear_all,
-               m.fp8 == 2 ? "per-tensor" : "1x128 activation / 128x128 weight",
-               tc.fp8_pow2 ? ", powers of two" : "",
-               tc.fp8_min_dim ? tc.fp8_min_dim : US_FP8_MIN_DIM, wq);
+               m->fp8_linear, m->fp8_linear_all,
+               m->fp8 == 2 ? "per-tensor" : "1x128 activation / 128x128 weight",
+               s->tc.fp8_pow2 ? ", powers of two" : "",
+               s->tc.fp8_min_dim ? s->tc.fp8_min_dim : US_FP8_MIN_DIM, wq);
     }
-    if (loud && m.n_moe)
+    if (s->loud && m->n_moe)
         printf("moe: %d of %d layers, E=%d top-%d Fe=%lld%s, %s gates, balance %s%s | ep=%d (%d "
                "experts per rank) | %lld active params per token of %lld\n",
-               m.n_moe, m.cfg.n_layers, m.cfg.moe_experts, m.cfg.moe_top_k,
-               (long long)m.cfg.moe_ffn_dim, m.cfg.moe_shared ? " + shared" : "",
-               m.cfg.moe_gate == US_MOE_SIGMOID ? "sigmoid" : "softmax",
-               m.cfg.moe_balance == US_MOE_BALANCE_BIAS  ? "bias"
-               : m.cfg.moe_balance == US_MOE_BALANCE_AUX ? "aux"
-                                                         : "none",
-               m.cfg.moe_groups > 1 ? " | group-limited" : "", m.ep, m.cfg.moe_experts / m.ep,
-               (long long)us_param_count_active(&mc), (long long)us_param_count(&mc));
-    t_start = now_s();
+               m->n_moe, m->cfg.n_layers, m->cfg.moe_experts, m->cfg.moe_top_k,
+               (long long)m->cfg.moe_ffn_dim, m->cfg.moe_shared ? " + shared" : "",
+               m->cfg.moe_gate == US_MOE_SIGMOID ? "sigmoid" : "softmax",
+               m->cfg.moe_balance == US_MOE_BALANCE_BIAS  ? "bias"
+               : m->cfg.moe_balance == US_MOE_BALANCE_AUX ? "aux"
+                                                          : "none",
+               m->cfg.moe_groups > 1 ? " | group-limited" : "", m->ep, m->cfg.moe_experts / m->ep,
+               (long long)us_param_count_active(&s->mc), (long long)us_param_count(&s->mc));
+}
+
+/* Every rank draws the whole global batch (same seed) and keeps its rows of each micro-batch. */
+static void rank_batch(rank_state *s) {
+    us_train_config *tc = &s->tc;
+    int k, bb, t;
+    if (s->o->data_path)
+        us_data_batch(&s->o->data, &s->rng, s->Bg * tc->grad_accum, tc->seq, s->gin, s->gtgt);
+    else
+        us_task_batch(&s->task, s->Bg * tc->grad_accum, tc->seq, s->gin, s->gtgt);
+    for (k = 0; k < tc->grad_accum; k++)
+        for (bb = 0; bb < tc->batch; bb++)
+            for (t = 0; t < s->Tl; t++) {
+                size_t src =
+                    ((size_t)k * s->Bg + (size_t)s->drank * tc->batch + bb) * tc->seq + s->cpos[t];
+                s->in[((size_t)k * tc->batch + bb) * s->Tl + t] = s->gin[src];
+                s->tgt[((size_t)k * tc->batch + bb) * s->Tl + t] = s->gtgt[src];
+            }
+}
+
+/* Held-out loss and next-token accuracy on the scored targets, summed over the ranks. */
+static void rank_eval(rank_state *s, double *eval_loss, double *eval_acc) {
+    opts *o = s->o;
+    us_train_config *tc = &s->tc;
+    double v[3] = {0, 0, 0};
+    int64_t c = 0, j;
+    if (o->data_path) /* its own stream */
+        us_data_batch(o->val.n ? &o->val : &o->data, &s->eval_task.rng, s->Bg, tc->seq, s->gin,
+                      s->gtgt);
+    else
+        us_task_batch(&s->eval_task, s->Bg, tc->seq, s->gin, s->gtgt);
+    for (j = 0; j < (int64_t)tc->batch * s->Tl; j++) {
+        size_t src =
+            ((size_t)s->drank * tc->batch + (size_t)(j / s->Tl)) * tc->seq + s->cpos[j % s->Tl];
+        s->in[j] = s->gin[src];
+        s->tgt[j] = s->gtgt[src];
+        v[2] += s->tgt[j] >= 0;
+    }
+    if (us_forward_eval(&s->m, s->in, s->tgt, tc->batch, s->Tl, &v[0], &c, NULL) == US_OK) {
+        v[1] = (double)c;
+        if (us_dp_sum(&s->m, v, 3) == US_OK && v[2] > 0) {
+            *eval_loss = v[0] / v[2];
+            *eval_acc = v[1] / v[2];
+        }
+    }
+}
+
+/* The step's line on stdout (rank 0, unless --quiet). */
+static void rank_print_step(const rank_state *s, const us_step_stats *st, double tok_s, double mfu,
+                            double eval_loss, double eval_acc) {
+    printf("step %5d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% | "
+           "mem %.2f MiB",
+           st->step, st->loss, st->lr, st->grad_norm, tok_s, 100 * mfu,
+           (double)s->m.ops.bytes_peak / 1048576.0);
+    if (s->tc.pp > 1) printf(" | bubble %.1f%%", 100 * st->pp_bubble);
+    if (s->scaled)
+        printf(" | loss scale %g | skipped %d/%lld", st->loss_scale, st->skipped,
+               (long long)st->skipped_total);
+    if (s->m.n_moe) { /* the router: how uneven the experts' loads are, the aux loss, the dropped share */
+        printf(" | moe imbalance %.2f", st->moe_imbalance);
+        if (s->mc.moe_balance == US_MOE_BALANCE_AUX) printf(" aux %.4f", st->moe_aux_loss);
+        if (s->mc.moe_capacity > 0) printf(" dropped %.1f%%", 100 * st->moe_drop_frac);
+    }
+    if (eval_loss >= 0) printf(" | eval loss %.4f acc %.3f", eval_loss, eval_acc);
+    printf("\n");
+}
+
+/* The router's part of a --log line: the experts' loads, summed over the MoE layers. */
+static void rank_log_moe(const rank_state *s, const us_step_stats *st) {
+    FILE *logf = s->logf;
+    int e, l2;
+    fprintf(logf,
+            ", \"moe_imbalance\": %.4f, \"moe_aux_loss\": %.6g, \"moe_drop_frac\": "
+            "%.6f, \"moe_load\": [",
+            st->moe_imbalance, st->moe_aux_loss, st->moe_drop_frac);
+    for (e = 0; e < s->m.cfg.moe_experts; e++) { /* tokens per expert */
+        int64_t t = 0;
+        for (l2 = 0; l2 < s->m.n_moe; l2++)
+            t += st->moe_load[(size_t)l2 * s->m.cfg.moe_experts + e];
+        fprintf(logf, "%s%lld", e ? ", " : "", (long long)t);
+    }
+    fprintf(logf, "]");
+}
+
+/* The step's JSON object in --log (rank 0). */
+static void rank_log_step(const rank_state *s, const us_step_stats *st, double tok_s, double mfu,
+                          double eval_loss, double eval_acc) {
+    FILE *logf = s->logf;
+    fprintf(logf, "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, ", st->step, st->loss, st->lr);
+    if (isfinite(st->grad_norm))
+        fprintf(logf, "\"grad_norm\": %.6f", st->grad_norm);
+    else /* a step the loss scaler skipped: JSON has no inf / NaN */
+        fprintf(logf, "\"grad_norm\": null");
+    fprintf(logf, ", \"tok_s\": %.1f, \"mfu\": %.6f, \"mem_bytes\": %zu, \"time_s\": %.3f", tok_s,
+            mfu, s->m.ops.bytes_peak, now_s() - s->t_start);
+    if (s->scaled)
+        fprintf(logf, ", \"loss_scale\": %.17g, \"skipped\": %d, \"skipped_total\": %lld",
+                st->loss_scale, st->skipped, (long long)st->skipped_total);
+    if (s->tc.pp > 1)
+        fprintf(logf,
+                ", \"pp_bubble\": %.4f, \"pp_tf_ms\": %.3f, \"pp_tb_ms\": %.3f, "
+                "\"pp_tw_ms\": %.3f",
+                st->pp_bubble, st->pp_cost_ms[0], st->pp_cost_ms[1], st->pp_cost_ms[2]);
+    if (s->m.n_moe) rank_log_moe(s, st);
+    if (eval_loss >= 0)
+        fprintf(logf, ", \"eval_loss\": %.6f, \"eval_acc\": %.6f", eval_loss, eval_acc);
+    fprintf(logf, "}\n");
+    fflush(logf);
+}
+
+/* Every rank writes its slices into one layout-free checkpoint (a collective). */
+static us_result rank_save(rank_state *s, int step) {
+    us_ckpt_state cs;
+    char dir[4200], err[256];
+    double t1 = now_s();
+    us_result r;
+    memset(&cs, 0, sizeof cs);
+    cs.n_rng = 3;
+    cs.rng[0] = s->task.rng.s;
+    cs.rng[1] = s->eval_task.rng.s;
+    cs.rng[2] = s->rng.s;
+    cs.data_pos = step;
+    snprintf(dir, sizeof dir, "%s/step_%08d", s->o->save_dir, step);
+    if ((r = us_ckpt_save(&s->m, dir, &cs, NULL)) != US_OK) {
+        fprintf(stderr, "train: rank %d: %s\n", s->rank, us_model_error(&s->m));
+        return r;
+    }
+    if (s->rank == 0 && us_ckpt_prune(s->o->save_dir, s->o->keep, err, sizeof err) != US_OK)
+        fprintf(stderr, "train: %s\n", err);
+    if (s->loud) printf("checkpoint: saved %s in %.2f s\n", dir, now_s() - t1);
+    return US_OK;
+}
+
+/* The training loop: batch, step, evaluate, print, log, checkpoint; stops at the first error. */
+static us_result rank_train(rank_state *s) {
+    opts *o = s->o;
+    us_train_config *tc = &s->tc;
+    us_result r = US_OK;
+    int i;
+    s->flops_tok = us_flops_per_token(&s->mc, tc->seq); /* the whole model, not one stage */
+    s->t_start = now_s();
 #ifdef ULTRASCALE_NCCL
-    if (have_nccl) watchdog_start(&wd, rank, o->comm_timeout);
+    if (s->have_nccl) watchdog_start(&s->wd, s->rank, o->comm_timeout);
 #endif
-    scaled = m.ls_dynamic || m.tc.loss_scale > 0; /* the loss scaler is on (// >>lossscale) */
-    for (i = m.step; i < tc.steps; i++) {
+    s->scaled = s->m.ls_dynamic || s->m.tc.loss_scale > 0; /* the loss scaler (// >>lossscale) */
+    for (i = s->m.step; i < tc->steps; i++) {
         us_step_stats st;
         double t0 = now_s(), dt, tok_s, mfu, eval_loss = -1, eval_acc = -1;
-        int k;
-        /* every rank draws the whole global batch (same seed) and keeps its rows of each micro-batch */
-        if (o->data_path)
-            us_data_batch(&o->data, &rng, Bg * tc.grad_accum, tc.seq, gin, gtgt);
-        else
-            us_task_batch(&task, Bg * tc.grad_accum, tc.seq, gin, gtgt);
-        for (k = 0; k < tc.grad_accum; k++) {
-            int bb, t;
-            for (bb = 0; bb < tc.batch; bb++)
-                for (t = 0; t < Tl; t++) {
-                    size_t src =
-                        ((size_t)k * Bg + (size_t)drank * tc.batch + bb) * tc.seq + cpos[t];
-                    in[((size_t)k * tc.batch + bb) * Tl + t] = gin[src];
-                    tgt[((size_t)k * tc.batch + bb) * Tl + t] = gtgt[src];
-                }
-        }
-        if ((r = us_train_step(&m, in, tgt, &st)) != US_OK) {
-            fprintf(stderr, "train: rank %d: step %d: %s\n", rank, i + 1, us_model_error(&m));
+        rank_batch(s);
+        if ((r = us_train_step(&s->m, s->in, s->tgt, &st)) != US_OK) {
+            fprintf(stderr, "train: rank %d: step %d: %s\n", s->rank, i + 1, us_model_error(&s->m));
             break;
         }
 #ifdef ULTRASCALE_NCCL
-        watchdog_beat(&wd);
+        watchdog_beat(&s->wd);
 #endif
         dt = now_s() - t0;
         tok_s = (double)st.tokens / dt;
-        mfu = flops_tok * tok_s / (peak_tflops * 1e12);
+        mfu = s->flops_tok * tok_s / (s->peak_tflops * 1e12);
         /* (a step the loss scaler skipped did not advance st.step: no second eval at its number) */
-        if ((o->eval_every && !st.skipped && st.step % o->eval_every == 0) || i == tc.steps - 1) {
-            /* held-out loss and next-token accuracy on the scored targets, summed over the ranks */
-            double v[3] = {0, 0, 0};
-            int64_t c = 0, j;
-            if (o->data_path)
-                us_data_batch(o->val.n ? &o->val : &o->data, &eval_task.rng, Bg, tc.seq, gin,
-                              gtgt); /* its own stream */
-            else
-                us_task_batch(&eval_task, Bg, tc.seq, gin, gtgt);
-            for (j = 0; j < (int64_t)tc.batch * Tl; j++) {
-                size_t src = ((size_t)drank * tc.batch + (size_t)(j / Tl)) * tc.seq + cpos[j % Tl];
-                in[j] = gin[src];
-                tgt[j] = gtgt[src];
-                v[2] += tgt[j] >= 0;
-            }
-            if (us_forward_eval(&m, in, tgt, tc.batch, Tl, &v[0], &c, NULL) == US_OK) {
-                v[1] = (double)c;
-                if (us_dp_sum(&m, v, 3) == US_OK && v[2] > 0) {
-                    eval_loss = v[0] / v[2];
-                    eval_acc = v[1] / v[2];
-                }
-            }
-        }
-        if (loud) {
-            printf("step %5d | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% | "
-                   "mem %.2f MiB",
-                   st.step, st.loss, st.lr, st.grad_norm, tok_s, 100 * mfu,
-                   (double)m.ops.bytes_peak / 1048576.0);
-            if (tc.pp > 1) printf(" | bubble %.1f%%", 100 * st.pp_bubble);
-            if (scaled)
-                printf(" | loss scale %g | skipped %d/%lld", st.loss_scale, st.skipped,
-                       (long long)st.skipped_total);
-            if (m.n_moe) { /* the router: how uneven the experts' loads are, the aux loss, the dropped share */
-                printf(" | moe imbalance %.2f", st.moe_imbalance);
-                if (mc.moe_balance == US_MOE_BALANCE_AUX) printf(" aux %.4f", st.moe_aux_loss);
-                if (mc.moe_capacity > 0) printf(" dropped %.1f%%", 100 * st.moe_drop_frac);
-            }
-            if (eval_loss >= 0) printf(" | eval loss %.4f acc %.3f", eval_loss, eval_acc);
-            printf("\n");
-        }
-        if (logf) {
-            fprintf(logf, "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, ", st.step, st.loss, st.lr);
-            if (isfinite(st.grad_norm))
-                fprintf(logf, "\"grad_norm\": %.6f", st.grad_norm);
-            else
-                fprintf(
-                    logf,
-                    "\"grad_norm\": null"); /* a step the loss scaler skipped: JSON has no inf / NaN */
-            fprintf(logf, ", \"tok_s\": %.1f, \"mfu\": %.6f, \"mem_bytes\": %zu, \"time_s\": %.3f",
-                    tok_s, mfu, m.ops.bytes_peak, now_s() - t_start);
-            if (scaled)
-                fprintf(logf, ", \"loss_scale\": %.17g, \"skipped\": %d, \"skipped_total\": %lld",
-                        st.loss_scale, st.skipped, (long long)st.skipped_total);
-            if (tc.pp > 1)
-                fprintf(logf,
-                        ", \"pp_bubble\": %.4f, \"pp_tf_ms\": %.3f, \"pp_tb_ms\": %.3f, "
-                        "\"pp_tw_ms\": %.3f",
-                        st.pp_bubble, st.pp_cost_ms[0], st.pp_cost_ms[1], st.pp_cost_ms[2]);
-            if (m.n_moe) {
-                int e, l2;
-                fprintf(logf,
-                        ", \"moe_imbalance\": %.4f, \"moe_aux_loss\": %.6g, \"moe_drop_frac\": "
-                        "%.6f, \"moe_load\": [",
-                        st.moe_imbalance, st.moe_aux_loss, st.moe_drop_frac);
-                for (e = 0; e < m.cfg.moe_experts;
-                     e++) { /* tokens per expert, summed over the MoE layers */
-                    int64_t t = 0;
-                    for (l2 = 0; l2 < m.n_moe; l2++)
-                        t += st.moe_load[(size_t)l2 * m.cfg.moe_experts + e];
-                    fprintf(logf, "%s%lld", e ? ", " : "", (long long)t);
-                }
-                fprintf(logf, "]");
-            }
-            if (eval_loss >= 0)
-                fprintf(logf, ", \"eval_loss\": %.6f, \"eval_acc\": %.6f", eval_loss, eval_acc);
-            fprintf(logf, "}\n");
-            fflush(logf);
-        }
+        if ((o->eval_every && !st.skipped && st.step % o->eval_every == 0) || i == tc->steps - 1)
+            rank_eval(s, &eval_loss, &eval_acc);
+        if (s->loud) rank_print_step(s, &st, tok_s, mfu, eval_loss, eval_acc);
+        if (s->logf) rank_log_step(s, &st, tok_s, mfu, eval_loss, eval_acc);
         if (o->save_dir &&
-            ((o->save_every && st.step % o->save_every == 0) || st.step == tc.steps)) {
-            /* every rank writes its slices into one layout-free checkpoint (a collective) */
-            us_ckpt_state cs;
-            char dir[4200];
-            double t1 = now_s();
-            memset(&cs, 0, sizeof cs);
-            cs.n_rng = 3;
-            cs.rng[0] = task.rng.s;
-            cs.rng[1] = eval_task.rng.s;
-            cs.rng[2] = rng.s;
-            cs.data_pos = st.step;
-            snprintf(dir, sizeof dir, "%s/step_%08d", o->save_dir, st.step);
-            if ((r = us_ckpt_save(&m, dir, &cs, NULL)) != US_OK) {
-                fprintf(stderr, "train: rank %d: %s\n", rank, us_model_error(&m));
-                break;
-            }
-            if (rank == 0 && us_ckpt_prune(o->save_dir, o->keep, err, sizeof err) != US_OK)
-                fprintf(stderr, "train: %s\n", err);
-            if (loud) printf("checkpoint: saved %s in %.2f s\n", dir, now_s() - t1);
-        }
+            ((o->save_every && st.step % o->save_every == 0) || st.step == tc->steps) &&
+            (r = rank_save(s, st.step)) != US_OK)
+            break;
     }
 #ifdef ULTRASCALE_NCCL
-    if (r == US_OK) watchdog_stop(&wd); /* after a failure it stays: the exit below may stall */
+    if (r == US_OK) watchdog_stop(&s->wd); /* after a failure it stays: the exit may stall */
 #endif
-    if (rank == 0) printf("trained %d steps in %.1f s\n", m.step, now_s() - t_start);
-    if (r == US_OK && tc.cp > 1 && (!o->data_path || o->sample_n > 0) && rank == 0)
+    return r;
+}
+
+/* After training: a sample of --sample tokens from a prompt (every rank takes part). */
+static void rank_sample(rank_state *s) {
+    opts *o = s->o;
+    int32_t prompt[US_TASK_DIGITS + 1], *out;
+    int np = 0, n_new, seq = s->tc.seq;
+    char *text;
+    if (o->data_path) {
+        np = seq < 8 ? 1 : 8;
+        memcpy(prompt, o->data.tokens, (size_t)np * 4);
+    } else {
+        np = (int)us_byte_encode("31415926=", prompt, US_TASK_DIGITS + 1);
+    }
+    n_new = o->sample_n < seq - np ? o->sample_n : seq - np;
+    out = (int32_t *)malloc((size_t)(np + n_new) * 4);
+    text = (char *)malloc((size_t)(np + n_new) + 1);
+    if (out && text &&
+        us_sample(&s->m, prompt, np, n_new, o->temperature, o->top_k, &s->rng, out) == US_OK &&
+        s->rank == 0) {
+        us_byte_decode(out, (size_t)(np + n_new), text, (size_t)(np + n_new) + 1);
+        printf("sample (%d tokens, temperature %.2f%s):\n%s\n", n_new, o->temperature,
+               n_new < o->sample_n ? ", capped at seq" : "", text);
+    }
+    free(out);
+    free(text);
+}
+
+/* After training: the time taken, the task's exact match, the sample. */
+static void rank_report(rank_state *s, us_result r) {
+    opts *o = s->o;
+    if (s->rank == 0) printf("trained %d steps in %.1f s\n", s->m.step, now_s() - s->t_start);
+    if (r == US_OK && s->tc.cp > 1 && (!o->data_path || o->sample_n > 0) && s->rank == 0)
         printf(
             "(decoding is not implemented under context parallelism: no exact match or samples)\n");
-    if (r == US_OK && !o->data_path &&
-        tc.cp == 1) { /* every rank decodes (ZeRO-3 gathers need them all) */
+    if (r == US_OK && !o->data_path && s->tc.cp == 1) { /* every rank decodes (ZeRO-3 gathers) */
         char buf[2048];
         double acc = 0;
-        if (us_task_exact_match(&m, &eval_task, 200, &acc, buf, sizeof buf, 5) == US_OK &&
-            rank == 0)
+        if (us_task_exact_match(&s->m, &s->eval_task, 200, &acc, buf, sizeof buf, 5) == US_OK &&
+            s->rank == 0)
             printf("sorting exact match on 200 held-out problems: %.1f%%\n%s", 100 * acc, buf);
     }
-    if (r == US_OK && o->sample_n > 0 && tc.cp == 1) {
-        int32_t prompt[US_TASK_DIGITS + 1], *out;
-        int np = 0, n_new;
-        char *text;
-        if (o->data_path) {
-            np = tc.seq < 8 ? 1 : 8;
-            memcpy(prompt, o->data.tokens, (size_t)np * 4);
-        } else {
-            np = (int)us_byte_encode("31415926=", prompt, US_TASK_DIGITS + 1);
-        }
-        n_new = o->sample_n < tc.seq - np ? o->sample_n : tc.seq - np;
-        out = (int32_t *)malloc((size_t)(np + n_new) * 4);
-        text = (char *)malloc((size_t)(np + n_new) + 1);
-        if (out && text &&
-            us_sample(&m, prompt, np, n_new, o->temperature, o->top_k, &rng, out) == US_OK &&
-            rank == 0) {
-            us_byte_decode(out, (size_t)(np + n_new), text, (size_t)(np + n_new) + 1);
-            printf("sample (%d tokens, temperature %.2f%s):\n%s\n", n_new, o->temperature,
-                   n_new < o->sample_n ? ", capped at seq" : "", text);
-        }
-        free(out);
-        free(text);
+    if (r == US_OK && o->sample_n > 0 && s->tc.cp == 1) rank_sample(s);
+}
+
+/* Multi-process --trace: each process writes its part, then rank 0 joins them into one file. */
+static void rank_trace_part(rank_state *s) {
+    opts *o = s->o;
+    us_trace *mine = &o->traces[s->rank];
+    char part[1100], err[256];
+    snprintf(part, sizeof part, "%s.rank%d", o->trace_path, s->rank);
+    if (us_trace_write_at(part, &mine, 1, 0, err, sizeof err) != US_OK)
+        fprintf(stderr, "train: %s\n", err);
+    if (s->comm->barrier(s->comm, &s->comm->world) == US_OK && s->rank == 0) {
+        if (trace_merge(o->trace_path, o->world))
+            printf("trace: %s (%d ranks; open in ui.perfetto.dev)\n", o->trace_path, o->world);
+        else
+            fprintf(stderr, "train: could not join the trace parts into %s\n", o->trace_path);
     }
-    if (o->traces && o->world > 1 &&
-        comm) { /* one file for the processes: parts, then rank 0 joins */
-        us_trace *mine = &o->traces[rank];
-        char part[1100];
-        snprintf(part, sizeof part, "%s.rank%d", o->trace_path, rank);
-        if (us_trace_write_at(part, &mine, 1, 0, err, sizeof err) != US_OK)
-            fprintf(stderr, "train: %s\n", err);
-        if (comm->barrier(comm, &comm->world) == US_OK && rank == 0) {
-            if (trace_merge(o->trace_path, o->world))
-                printf("trace: %s (%d ranks; open in ui.perfetto.dev)\n", o->trace_path, o->world);
-            else
-                fprintf(stderr, "train: could not join the trace parts into %s\n", o->trace_path);
-        }
-    }
-done_model:
-    if (logf) fclose(logf);
+}
+
+/* Frees the model and buffers; after an NCCL failure it leaves at once instead. */
+static void rank_free(rank_state *s, us_result r) {
+    if (s->logf) fclose(s->logf);
 #ifdef ULTRASCALE_NCCL
-    if (r != US_OK && have_nccl) {
+    if (r != US_OK && s->have_nccl) {
         /* a peer died or NCCL failed: kernels of the aborted communicator may still occupy this
            GPU, and freeing device memory would wait for them forever. Leave now; the driver
            reclaims the GPU when the process ends. */
-        fprintf(stderr, "train: rank %d: exiting after the communication failure\n", rank);
+        fprintf(stderr, "train: rank %d: exiting after the communication failure\n", s->rank);
         fflush(stdout);
         fflush(stderr);
         _Exit(1);
     }
+#else
+    (void)r;
 #endif
-    free(gin);
-    free(gtgt);
-    free(in);
-    free(tgt);
-    free(cpos);
-    if (comm) comm->trace = NULL;
-    us_model_free(&m);
-done_ops:
-#ifdef US_CUDA
-#ifdef ULTRASCALE_NCCL
-    if (have_nccl) us_nccl_free(&nccl);
-#endif
-    if (opsp) us_cuda_ops_free(opsp);
-#endif
+    free(s->gin);
+    free(s->gtgt);
+    free(s->in);
+    free(s->tgt);
+    free(s->cpos);
+    if (s->comm) s->comm->trace = NULL;
+    us_model_free(&s->m);
+}
+
+/* One rank of the run (the only one without --dp). Rank 0 prints and logs. */
+static us_result run_rank(us_comm *comm, void *arg) {
+    rank_state rs, *s = &rs;
+    us_train_config *tc = &rs.tc;
+    us_result r;
+    rank_begin(s, comm, (opts *)arg);
+    if ((r = rank_open_device(s)) != US_OK) return r;
+    if ((r = s->dp * tc->pp * tc->cp * tc->tp > 1
+                 ? us_model_init_dist(&s->m, &s->mc, tc, s->opsp, s->comm)
+                 : us_model_init(&s->m, &s->mc, tc, s->opsp)) != US_OK) {
+        fprintf(stderr, "train: rank %d: %s\n", s->rank, us_model_error(&s->m));
+    } else {
+        if ((r = rank_setup(s)) == US_OK) r = rank_load_checkpoint(s);
+        if (r == US_OK && !s->stop) {
+            rank_print_model(s);
+            rank_print_parts(s);
+            r = rank_train(s);
+            rank_report(s, r);
+            if (s->o->traces && s->o->world > 1 && s->comm) rank_trace_part(s);
+        }
+        rank_free(s, r);
+    }
+    rank_close_device(s);
     return r;
 }
 
