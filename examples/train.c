@@ -91,6 +91,11 @@ static const char *const usage_text[] = {
     "starts at\n"
     "                    2^16, halves and skips the step on an inf/NaN gradient (default 0)\n"
     "  --loss-scale-window N  clean steps before a dynamic scale doubles (default 2000)\n"
+    "  --loss-chunk N    the fused head: logits, loss and their gradients for N rows at a "
+    "time,\n"
+    "                    the logits never whole (default: chunks of at most 1 GiB of logits "
+    "without\n"
+    "                    --pp and below --zero 2; -1: the logits whole)\n"
     "  --fp8-pow2        FP8 scales rounded up to powers of two\n"
     "  --fp8-min-dim N   a linear runs in FP8 only when its In and Out are both >= N (default "
     "1536,\n"
@@ -1044,6 +1049,8 @@ int main(int argc, char **argv) {
             takes = 0;
         } else if (!strcmp(f, "--fp8-min-dim"))
             ok = parse_int(v, 1, 1 << 20, &tc.fp8_min_dim);
+        else if (!strcmp(f, "--loss-chunk"))
+            ok = parse_int(v, -1, 1 << 30, &tc.loss_chunk);
         else if (!strcmp(f, "--shared-expert")) {
             mc.moe_shared = 1;
             takes = 0;

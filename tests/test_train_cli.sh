@@ -167,6 +167,9 @@ expect 2 "--nproc is for GPUs" "--nproc starts one process per GPU" -- --nproc 2
 expect 2 "bad bucket size" "bad value for --bucket-mb: 0" -- --bucket-mb 0
 reference dp1 --
 same_curve "--dp 4 --zero 3 trains the task to the loss curve of --dp 1" dp1 dp4 -- --dp 4 --zero 3 --trace "$T/trace.json"
+same_curve "--loss-chunk 24 (the head by 24 rows) trains to the loss curve of the whole logits" dp1 lc -- --loss-chunk 24
+expect 2 "--loss-chunk with ZeRO-2 is refused" "loss_chunk=8 needs pp 1 and ZeRO below 2" -- --loss-chunk 8 --dp 2 --zero 2
+expect 2 "bad --loss-chunk" "bad value for --loss-chunk: -2" -- --loss-chunk -2
 if python3 - "$T/trace.json" <<'PY'
 import json, sys
 t = json.load(open(sys.argv[1]))["traceEvents"]
