@@ -10215,15 +10215,12 @@ US_API void us_safetensors_free(us_safetensors *st) {
     }
 }
 
-US_API us_result us_safetensors_parse(us_safetensors *st, const void *bytes, size_t n,
-                                      uint64_t file_size, char *err, size_t errlen) {
-    const unsigned char *b = (const unsigned char *)bytes;
+/* The 8-byte header length, checked against the bytes given and the file's size before any of
+   the header is read, so a short or lying file fails with its own message. */
+static us_result us__st_header_len(const unsigned char *b, size_t n, uint64_t file_size,
+                                   uint64_t *hlen_out, char *err, size_t errlen) {
     uint64_t hlen = 0;
-    us__json j;
-    int i, k, c, ntok;
-    us_st_tensor **order = NULL;
-    us_result r = US_ERR_FORMAT;
-    memset(st, 0, sizeof *st);
+    int i;
     if (n < 8 || file_size < 8) {
         us__errf(err, errlen, "safetensors: %llu bytes is too short for the 8-byte header length",
                  (unsigned long long)(n < file_size ? n : file_size));
@@ -10250,6 +10247,157 @@ US_API us_result us_safetensors_parse(us_safetensors *st, const void *bytes, siz
         us__errf(err, errlen, "safetensors: the header does not start with '{'");
         return US_ERR_FORMAT;
     }
+    *hlen_out = hlen;
+    return US_OK;
+}
+
+/* An entry's shape (token sh) into t, and the bytes dtype × shape needs, refusing sizes that
+   would overflow the check against data_offsets. */
+static us_result us__st_shape(const us__json *j, int sh, us_st_tensor *t, uint64_t *need, char *err,
+                              size_t errlen) {
+    uint64_t bytes_need = (uint64_t)us__st_dtype_size(t->dtype);
+    int64_t x;
+    int q;
+    if (j->t[sh].type != US__J_ARR || j->t[sh].size > US_ST_MAX_DIMS) {
+        us__errf(err, errlen, "safetensors: tensor %s: shape must be an array of at most %d sizes",
+                 t->name, US_ST_MAX_DIMS);
+        return US_ERR_FORMAT;
+    }
+    for (q = 0, x = 0; q < j->t[sh].size; q++) {
+        int e = sh + 1 + q; /* the elements are numbers: one token each */
+        if (!us__jint(j, e, &x) || x < 0 || x > ((int64_t)1 << 48)) {
+            us__errf(err, errlen, "safetensors: tensor %s: shape entry %d is not a size in 0..2^48",
+                     t->name, q);
+            return US_ERR_FORMAT;
+        }
+        t->shape[q] = x;
+        if (x && bytes_need > UINT64_MAX / (uint64_t)x) {
+            us__errf(err, errlen, "safetensors: tensor %s: its size overflows", t->name);
+            return US_ERR_FORMAT;
+        }
+        bytes_need *= (uint64_t)x;
+    }
+    t->ndim = j->t[sh].size;
+    *need = bytes_need;
+    return US_OK;
+}
+
+/* Header entry k (key token c): a tensor appended to st->t, or __metadata__ checked and skipped;
+   every field validated, so later reads can trust begin/end. */
+static us_result us__st_entry(const us__json *j, int c, int k, us_safetensors *st, char *err,
+                              size_t errlen) {
+    us_st_tensor *t = &st->t[st->n];
+    int v = c + 1, d, sh, off;
+    uint64_t bytes_need;
+    int64_t x, y;
+    if (!us__jstr(j, c, t->name, sizeof t->name) || !t->name[0]) {
+        us__errf(err, errlen, "safetensors: tensor %d has an empty or too long (> 255 bytes) name",
+                 k);
+        return US_ERR_FORMAT;
+    }
+    if (!strcmp(t->name, "__metadata__")) { /* string → string */
+        int mm, mc;
+        if (j->t[v].type != US__J_OBJ) {
+            us__errf(err, errlen, "safetensors: __metadata__ is not an object");
+            return US_ERR_FORMAT;
+        }
+        for (mc = v + 1, mm = 0; mm < j->t[v].size; mm++, mc = j->t[mc + 1].next)
+            if (j->t[mc + 1].type != US__J_STR) {
+                us__errf(err, errlen, "safetensors: __metadata__ values must be strings");
+                return US_ERR_FORMAT;
+            }
+        return US_OK;
+    }
+    if (j->t[v].type != US__J_OBJ) {
+        us__errf(err, errlen, "safetensors: tensor %s is not described by an object", t->name);
+        return US_ERR_FORMAT;
+    }
+    d = us__jget(j, v, "dtype");
+    sh = us__jget(j, v, "shape");
+    off = us__jget(j, v, "data_offsets");
+    if (d < 0 || sh < 0 || off < 0) {
+        us__errf(err, errlen, "safetensors: tensor %s lacks dtype, shape or data_offsets", t->name);
+        return US_ERR_FORMAT;
+    }
+    if (!us__jstr(j, d, t->dtype, sizeof t->dtype) || !us__st_dtype_size(t->dtype)) {
+        us__errf(err, errlen, "safetensors: tensor %s has an unknown dtype", t->name);
+        return US_ERR_FORMAT;
+    }
+    if (us__st_shape(j, sh, t, &bytes_need, err, errlen) != US_OK) return US_ERR_FORMAT;
+    if (j->t[off].type != US__J_ARR || j->t[off].size != 2 || !us__jint(j, off + 1, &x) ||
+        !us__jint(j, off + 2, &y) || x < 0 || y < x) {
+        us__errf(err, errlen,
+                 "safetensors: tensor %s: data_offsets must be [begin, end] with 0 <= begin <= end",
+                 t->name);
+        return US_ERR_FORMAT;
+    }
+    t->begin = (uint64_t)x;
+    t->end = (uint64_t)y;
+    if (t->end > st->data_size) {
+        us__errf(err, errlen,
+                 "safetensors: tensor %s: data_offsets end %llu is past the data section's "
+                 "%llu bytes",
+                 t->name, (unsigned long long)t->end, (unsigned long long)st->data_size);
+        return US_ERR_FORMAT;
+    }
+    if (t->end - t->begin != bytes_need) {
+        us__errf(err, errlen,
+                 "safetensors: tensor %s: %llu data bytes but dtype %s and its shape need %llu",
+                 t->name, (unsigned long long)(t->end - t->begin), t->dtype,
+                 (unsigned long long)bytes_need);
+        return US_ERR_FORMAT;
+    }
+    st->n++;
+    return US_OK;
+}
+
+/* No two tensors share bytes, no two share a name: a reader may then write each tensor's bytes
+   to one place. */
+static us_result us__st_disjoint(const us_safetensors *st, char *err, size_t errlen) {
+    us_st_tensor **order;
+    us_st_tensor *sorted;
+    int i;
+    order = (us_st_tensor **)US_MALLOC(sizeof(us_st_tensor *) * (size_t)(st->n ? st->n : 1));
+    if (!order) {
+        us__errf(err, errlen, "safetensors: out of memory");
+        return US_ERR_OOM;
+    }
+    for (i = 0; i < st->n; i++) order[i] = &st->t[i];
+    qsort(order, (size_t)st->n, sizeof *order, us__st_cmp_begin);
+    for (i = 1; i < st->n; i++)
+        if (order[i]->begin < order[i - 1]->end) {
+            us__errf(err, errlen, "safetensors: tensors %s and %s overlap in the data section",
+                     order[i - 1]->name, order[i]->name);
+            US_FREE(order);
+            return US_ERR_FORMAT;
+        }
+    US_FREE(order);
+    sorted = (us_st_tensor *)US_MALLOC(sizeof(us_st_tensor) * (size_t)(st->n ? st->n : 1));
+    if (!sorted) {
+        us__errf(err, errlen, "safetensors: out of memory");
+        return US_ERR_OOM;
+    }
+    memcpy(sorted, st->t, sizeof(us_st_tensor) * (size_t)st->n);
+    qsort(sorted, (size_t)st->n, sizeof *sorted, us__st_cmp_name);
+    for (i = 1; i < st->n; i++)
+        if (!strcmp(sorted[i].name, sorted[i - 1].name)) {
+            us__errf(err, errlen, "safetensors: tensor %s appears twice", sorted[i].name);
+            US_FREE(sorted);
+            return US_ERR_FORMAT;
+        }
+    US_FREE(sorted);
+    return US_OK;
+}
+
+US_API us_result us_safetensors_parse(us_safetensors *st, const void *bytes, size_t n,
+                                      uint64_t file_size, char *err, size_t errlen) {
+    const unsigned char *b = (const unsigned char *)bytes;
+    uint64_t hlen = 0;
+    us__json j;
+    int k, c, ntok;
+    us_result r = US_ERR_FORMAT;
+    memset(st, 0, sizeof *st);
+    if (us__st_header_len(b, n, file_size, &hlen, err, errlen) != US_OK) return US_ERR_FORMAT;
     st->data_start = 8 + hlen;
     st->data_size = file_size - st->data_start;
     /* a tensor entry needs at least ~40 header bytes and 8 JSON values: this bounds the tokens */
@@ -10270,130 +10418,10 @@ US_API us_result us_safetensors_parse(us_safetensors *st, const void *bytes, siz
         r = US_ERR_OOM;
         goto out;
     }
-    for (c = 1, k = 0; k < j.t[0].size; k++, c = j.t[c + 1].next) {
-        us_st_tensor *t = &st->t[st->n];
-        int v = c + 1, d, sh, off, q;
-        uint64_t bytes_need;
-        int64_t x, y;
-        if (!us__jstr(&j, c, t->name, sizeof t->name) || !t->name[0]) {
-            us__errf(err, errlen,
-                     "safetensors: tensor %d has an empty or too long (> 255 bytes) name", k);
-            goto out;
-        }
-        if (!strcmp(t->name, "__metadata__")) { /* string → string */
-            int mm, mc;
-            if (j.t[v].type != US__J_OBJ) {
-                us__errf(err, errlen, "safetensors: __metadata__ is not an object");
-                goto out;
-            }
-            for (mc = v + 1, mm = 0; mm < j.t[v].size; mm++, mc = j.t[mc + 1].next)
-                if (j.t[mc + 1].type != US__J_STR) {
-                    us__errf(err, errlen, "safetensors: __metadata__ values must be strings");
-                    goto out;
-                }
-            continue;
-        }
-        if (j.t[v].type != US__J_OBJ) {
-            us__errf(err, errlen, "safetensors: tensor %s is not described by an object", t->name);
-            goto out;
-        }
-        d = us__jget(&j, v, "dtype");
-        sh = us__jget(&j, v, "shape");
-        off = us__jget(&j, v, "data_offsets");
-        if (d < 0 || sh < 0 || off < 0) {
-            us__errf(err, errlen, "safetensors: tensor %s lacks dtype, shape or data_offsets",
-                     t->name);
-            goto out;
-        }
-        if (!us__jstr(&j, d, t->dtype, sizeof t->dtype) || !us__st_dtype_size(t->dtype)) {
-            us__errf(err, errlen, "safetensors: tensor %s has an unknown dtype", t->name);
-            goto out;
-        }
-        if (j.t[sh].type != US__J_ARR || j.t[sh].size > US_ST_MAX_DIMS) {
-            us__errf(err, errlen,
-                     "safetensors: tensor %s: shape must be an array of at most %d sizes", t->name,
-                     US_ST_MAX_DIMS);
-            goto out;
-        }
-        bytes_need = (uint64_t)us__st_dtype_size(t->dtype);
-        for (q = 0, x = 0; q < j.t[sh].size; q++) {
-            int e = sh + 1 + q; /* the elements are numbers: one token each */
-            if (!us__jint(&j, e, &x) || x < 0 || x > ((int64_t)1 << 48)) {
-                us__errf(err, errlen,
-                         "safetensors: tensor %s: shape entry %d is not a size in 0..2^48", t->name,
-                         q);
-                goto out;
-            }
-            t->shape[q] = x;
-            if (x && bytes_need > UINT64_MAX / (uint64_t)x) {
-                us__errf(err, errlen, "safetensors: tensor %s: its size overflows", t->name);
-                goto out;
-            }
-            bytes_need *= (uint64_t)x;
-        }
-        t->ndim = j.t[sh].size;
-        if (j.t[off].type != US__J_ARR || j.t[off].size != 2 || !us__jint(&j, off + 1, &x) ||
-            !us__jint(&j, off + 2, &y) || x < 0 || y < x) {
-            us__errf(
-                err, errlen,
-                "safetensors: tensor %s: data_offsets must be [begin, end] with 0 <= begin <= end",
-                t->name);
-            goto out;
-        }
-        t->begin = (uint64_t)x;
-        t->end = (uint64_t)y;
-        if (t->end > st->data_size) {
-            us__errf(err, errlen,
-                     "safetensors: tensor %s: data_offsets end %llu is past the data section's "
-                     "%llu bytes",
-                     t->name, (unsigned long long)t->end, (unsigned long long)st->data_size);
-            goto out;
-        }
-        if (t->end - t->begin != bytes_need) {
-            us__errf(err, errlen,
-                     "safetensors: tensor %s: %llu data bytes but dtype %s and its shape need %llu",
-                     t->name, (unsigned long long)(t->end - t->begin), t->dtype,
-                     (unsigned long long)bytes_need);
-            goto out;
-        }
-        st->n++;
-    }
-    /* no two tensors share bytes, no two share a name */
-    order = (us_st_tensor **)US_MALLOC(sizeof(us_st_tensor *) * (size_t)(st->n ? st->n : 1));
-    if (!order) {
-        us__errf(err, errlen, "safetensors: out of memory");
-        r = US_ERR_OOM;
-        goto out;
-    }
-    for (i = 0; i < st->n; i++) order[i] = &st->t[i];
-    qsort(order, (size_t)st->n, sizeof *order, us__st_cmp_begin);
-    for (i = 1; i < st->n; i++)
-        if (order[i]->begin < order[i - 1]->end) {
-            us__errf(err, errlen, "safetensors: tensors %s and %s overlap in the data section",
-                     order[i - 1]->name, order[i]->name);
-            goto out;
-        }
-    {
-        us_st_tensor *sorted =
-            (us_st_tensor *)US_MALLOC(sizeof(us_st_tensor) * (size_t)(st->n ? st->n : 1));
-        if (!sorted) {
-            us__errf(err, errlen, "safetensors: out of memory");
-            r = US_ERR_OOM;
-            goto out;
-        }
-        memcpy(sorted, st->t, sizeof(us_st_tensor) * (size_t)st->n);
-        qsort(sorted, (size_t)st->n, sizeof *sorted, us__st_cmp_name);
-        for (i = 1; i < st->n; i++)
-            if (!strcmp(sorted[i].name, sorted[i - 1].name)) {
-                us__errf(err, errlen, "safetensors: tensor %s appears twice", sorted[i].name);
-                US_FREE(sorted);
-                goto out;
-            }
-        US_FREE(sorted);
-    }
-    r = US_OK;
+    for (c = 1, k = 0; k < j.t[0].size; k++, c = j.t[c + 1].next)
+        if (us__st_entry(&j, c, k, st, err, errlen) != US_OK) goto out;
+    r = us__st_disjoint(st, err, errlen);
 out:
-    US_FREE(order);
     us__json_free(&j);
     if (r != US_OK) us_safetensors_free(st);
     return r;
