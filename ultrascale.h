@@ -11787,23 +11787,41 @@ US_API us_result us_ckpt_load(us_model *m, const char *dir, int resume, us_ckpt_
 #endif
 }
 
-US_API us_result us_ckpt_read_config(const char *dir, us_model_config *mc, char *err,
-                                     size_t errlen) {
-#if !US__CKPT_POSIX
-    (void)dir;
-    (void)mc;
-    (void)us__jnum;
-    (void)us__jbool;
-    us__errf(err, errlen, "checkpoint: this build has no POSIX file calls");
-    return US_ERR_IO;
-#else
-    char p[4200], *txt;
+#if US__CKPT_POSIX
+/* config.json's fields this library reads: the key, where it goes in us_model_config, its kind
+   (0 int, 1 int64, 2 float, 3 bool) and its allowed range. */
+static const struct {
+    const char *key;
+    int kind;
+    size_t off;
+    int64_t lo, hi;
+} us__cfg_fields[] = {
+    {"vocab_size", 1, offsetof(us_model_config, vocab), 1, (int64_t)1 << 31},
+    {"hidden_size", 1, offsetof(us_model_config, dim), 1, (int64_t)1 << 20},
+    {"num_hidden_layers", 0, offsetof(us_model_config, n_layers), 1, 1 << 16},
+    {"num_attention_heads", 0, offsetof(us_model_config, n_heads), 1, 1 << 16},
+    {"num_key_value_heads", 0, offsetof(us_model_config, n_kv_heads), 1, 1 << 16},
+    {"intermediate_size", 1, offsetof(us_model_config, ffn_dim), 1, (int64_t)1 << 24},
+    {"tie_word_embeddings", 3, offsetof(us_model_config, tie_embeddings), 0, 1},
+    {"rope_theta", 2, offsetof(us_model_config, rope_theta), 0, 0},
+    {"rms_norm_eps", 2, offsetof(us_model_config, norm_eps), 0, 0},
+    {"n_routed_experts", 0, offsetof(us_model_config, moe_experts), 0, 1024},
+    {"num_experts_per_tok", 0, offsetof(us_model_config, moe_top_k), 0, 1024},
+    {"moe_intermediate_size", 1, offsetof(us_model_config, moe_ffn_dim), 0, (int64_t)1 << 24},
+    {"n_shared_experts", 0, offsetof(us_model_config, moe_shared), 0, 1},
+    {"first_k_dense_replace", 0, offsetof(us_model_config, moe_first_dense), 0, 1 << 16},
+    {"moe_layer_freq", 0, offsetof(us_model_config, moe_every), 0, 1 << 16},
+    {"n_group", 0, offsetof(us_model_config, moe_groups), 0, 64},
+    {"topk_group", 0, offsetof(us_model_config, moe_top_groups), 0, 64},
+    {"ultrascale_moe_balance", 0, offsetof(us_model_config, moe_balance), 0, 3}};
+
+/* dir/config.json read (at most 1 MiB) and parsed into j; on success *txt holds the text j
+   points into, and the caller frees both. */
+static us_result us__cfg_load(const char *p, char **txt_out, us__json *j, char *err,
+                              size_t errlen) {
+    char *txt;
     struct stat sb;
-    us__json j;
-    int fd, q;
-    us_result r = US_OK;
-    snprintf(p, sizeof p, "%s/config.json", dir);
-    fd = open(p, O_RDONLY);
+    int fd = open(p, O_RDONLY);
     if (fd < 0 || fstat(fd, &sb) || sb.st_size > (1 << 20)) {
         us__errf(err, errlen, "cannot read %s (missing, or over 1 MiB)", p);
         if (fd >= 0) close(fd);
@@ -11817,141 +11835,135 @@ US_API us_result us_ckpt_read_config(const char *dir, us_model_config *mc, char 
         return US_ERR_IO;
     }
     close(fd);
-    if (us__json_parse(&j, txt, (size_t)sb.st_size, 100000) != 0 || j.t[0].type != US__J_OBJ) {
-        us__errf(err, errlen, "%s: %s", p, j.err[0] ? j.err : "not a JSON object");
-        us__json_free(&j);
+    if (us__json_parse(j, txt, (size_t)sb.st_size, 100000) != 0 || j->t[0].type != US__J_OBJ) {
+        us__errf(err, errlen, "%s: %s", p, j->err[0] ? j->err : "not a JSON object");
+        us__json_free(j);
         US_FREE(txt);
         return US_ERR_FORMAT;
     }
-    {
-        static const struct {
-            const char *key;
-            int kind;
-            size_t off;
-            int64_t lo, hi;
-        } F[] = {
-            /* kind 0 int, 1 int64, 2 float, 3 bool */
-            {"vocab_size", 1, offsetof(us_model_config, vocab), 1, (int64_t)1 << 31},
-            {"hidden_size", 1, offsetof(us_model_config, dim), 1, (int64_t)1 << 20},
-            {"num_hidden_layers", 0, offsetof(us_model_config, n_layers), 1, 1 << 16},
-            {"num_attention_heads", 0, offsetof(us_model_config, n_heads), 1, 1 << 16},
-            {"num_key_value_heads", 0, offsetof(us_model_config, n_kv_heads), 1, 1 << 16},
-            {"intermediate_size", 1, offsetof(us_model_config, ffn_dim), 1, (int64_t)1 << 24},
-            {"tie_word_embeddings", 3, offsetof(us_model_config, tie_embeddings), 0, 1},
-            {"rope_theta", 2, offsetof(us_model_config, rope_theta), 0, 0},
-            {"rms_norm_eps", 2, offsetof(us_model_config, norm_eps), 0, 0},
-            {"n_routed_experts", 0, offsetof(us_model_config, moe_experts), 0, 1024},
-            {"num_experts_per_tok", 0, offsetof(us_model_config, moe_top_k), 0, 1024},
-            {"moe_intermediate_size", 1, offsetof(us_model_config, moe_ffn_dim), 0,
-             (int64_t)1 << 24},
-            {"n_shared_experts", 0, offsetof(us_model_config, moe_shared), 0, 1},
-            {"first_k_dense_replace", 0, offsetof(us_model_config, moe_first_dense), 0, 1 << 16},
-            {"moe_layer_freq", 0, offsetof(us_model_config, moe_every), 0, 1 << 16},
-            {"n_group", 0, offsetof(us_model_config, moe_groups), 0, 64},
-            {"topk_group", 0, offsetof(us_model_config, moe_top_groups), 0, 64},
-            {"ultrascale_moe_balance", 0, offsetof(us_model_config, moe_balance), 0, 3}};
+    *txt_out = txt;
+    return US_OK;
+}
 
-        for (q = 0; q < (int)(sizeof F / sizeof F[0]) && r == US_OK; q++) {
-            int k = us__jget(&j, 0, F[q].key), b;
-            int64_t v = 0;
-            double d = 0;
-            char *fld = (char *)mc + F[q].off;
-            if (k < 0 || (j.t[k].type == US__J_LIT && j.s[j.t[k].start] == 'n'))
-                continue; /* absent or null: the default */
-            if (F[q].kind == 2) {
-                float cur, x;
-                if (!us__jnum(&j, k, &d) || !(d > 0) || d > 1e30) {
-                    us__errf(err, errlen, "%s: %s must be a positive number", p, F[q].key);
-                    r = US_ERR_FORMAT;
-                    break;
-                }
-                memcpy(&cur, fld, 4);
-                x = (float)d;
-                if (cur != 0 && cur != x) {
-                    us__errf(err, errlen, "%s says %s = %g but the model config sets %g", p,
-                             F[q].key, (double)x, (double)cur);
-                    r = US_ERR_INVALID;
-                    break;
-                }
-                memcpy(fld, &x, 4);
-                continue;
-            }
-            if (F[q].kind == 3) {
-                if (!us__jbool(&j, k, &b)) {
-                    us__errf(err, errlen, "%s: %s must be true or false", p, F[q].key);
-                    r = US_ERR_FORMAT;
-                    break;
-                }
-                v = b;
-            } else if (!us__jint(&j, k, &v) || v < F[q].lo || v > F[q].hi) {
-                us__errf(err, errlen, "%s: %s must be an integer in %lld..%lld", p, F[q].key,
-                         (long long)F[q].lo, (long long)F[q].hi);
-                r = US_ERR_FORMAT;
-                break;
-            }
-            if (F[q].kind == 1) {
-                int64_t cur;
-                memcpy(&cur, fld, 8);
-                if (cur != 0 && cur != v) {
-                    us__errf(err, errlen, "%s says %s = %lld but the model config sets %lld", p,
-                             F[q].key, (long long)v, (long long)cur);
-                    r = US_ERR_INVALID;
-                    break;
-                }
-                memcpy(fld, &v, 8);
-            } else {
-                int cur, x = (int)v;
-                memcpy(&cur, fld, sizeof(int));
-                if (F[q].kind == 3 && x == 0) continue; /* untied: the default */
-                if (cur != 0 && cur != x) {
-                    us__errf(err, errlen, "%s says %s = %d but the model config sets %d", p,
-                             F[q].key, x, cur);
-                    r = US_ERR_INVALID;
-                    break;
-                }
-                memcpy(fld, &x, sizeof(int));
-            }
+/* Field q of us__cfg_fields into mc: absent or null keeps the default; a value the caller's
+   config already sets differently is refused, so a checkpoint never loads into the wrong model. */
+static us_result us__cfg_field(const us__json *j, int q, us_model_config *mc, const char *p,
+                               char *err, size_t errlen) {
+    int k = us__jget(j, 0, us__cfg_fields[q].key), b;
+    int64_t v = 0;
+    double d = 0;
+    const char *key = us__cfg_fields[q].key;
+    char *fld = (char *)mc + us__cfg_fields[q].off;
+    if (k < 0 || (j->t[k].type == US__J_LIT && j->s[j->t[k].start] == 'n'))
+        return US_OK; /* absent or null: the default */
+    if (us__cfg_fields[q].kind == 2) {
+        float cur, x;
+        if (!us__jnum(j, k, &d) || !(d > 0) || d > 1e30) {
+            us__errf(err, errlen, "%s: %s must be a positive number", p, key);
+            return US_ERR_FORMAT;
         }
-        { /* what this model cannot represent is refused rather than silently dropped */
-            int k2, b2;
-            char act[32];
-            if (r == US_OK && (k2 = us__jget(&j, 0, "rope_scaling")) >= 0 &&
-                !(j.t[k2].type == US__J_LIT && j.s[j.t[k2].start] == 'n')) {
-                us__errf(err, errlen,
-                         "%s: rope_scaling is set, and this library has plain RoPE only", p);
-                r = US_ERR_FORMAT;
-            }
-            if (r == US_OK && ((us__jbool(&j, us__jget(&j, 0, "attention_bias"), &b2) && b2) ||
-                               (us__jbool(&j, us__jget(&j, 0, "mlp_bias"), &b2) && b2))) {
-                us__errf(err, errlen,
-                         "%s: attention_bias / mlp_bias is true, and this library's linear layers "
-                         "have no bias",
-                         p);
-                r = US_ERR_FORMAT;
-            }
-            if (r == US_OK && us__jstr(&j, us__jget(&j, 0, "hidden_act"), act, sizeof act) &&
-                strcmp(act, "silu")) {
-                us__errf(err, errlen, "%s: hidden_act is %s; this library's MLP is SwiGLU (silu)",
-                         p, act);
-                r = US_ERR_FORMAT;
-            }
+        memcpy(&cur, fld, 4);
+        x = (float)d;
+        if (cur != 0 && cur != x) {
+            us__errf(err, errlen, "%s says %s = %g but the model config sets %g", p, key, (double)x,
+                     (double)cur);
+            return US_ERR_INVALID;
         }
-        { /* DeepSeek's scoring function; head_dim must be hidden/heads here */
-            char sf[32];
-            int64_t hd;
-            if (r == US_OK && us__jstr(&j, us__jget(&j, 0, "scoring_func"), sf, sizeof sf) &&
-                !mc->moe_gate)
-                mc->moe_gate = !strcmp(sf, "sigmoid") ? US_MOE_SIGMOID : US_MOE_SOFTMAX;
-            if (r == US_OK && us__jint(&j, us__jget(&j, 0, "head_dim"), &hd) && mc->n_heads > 0 &&
-                hd * mc->n_heads != mc->dim) {
-                us__errf(err, errlen,
-                         "%s: head_dim %lld is not hidden_size/num_attention_heads = %lld, which "
-                         "this library assumes",
-                         p, (long long)hd, (long long)(mc->dim / mc->n_heads));
-                r = US_ERR_FORMAT;
-            }
-        }
+        memcpy(fld, &x, 4);
+        return US_OK;
     }
+    if (us__cfg_fields[q].kind == 3) {
+        if (!us__jbool(j, k, &b)) {
+            us__errf(err, errlen, "%s: %s must be true or false", p, key);
+            return US_ERR_FORMAT;
+        }
+        v = b;
+    } else if (!us__jint(j, k, &v) || v < us__cfg_fields[q].lo || v > us__cfg_fields[q].hi) {
+        us__errf(err, errlen, "%s: %s must be an integer in %lld..%lld", p, key,
+                 (long long)us__cfg_fields[q].lo, (long long)us__cfg_fields[q].hi);
+        return US_ERR_FORMAT;
+    }
+    if (us__cfg_fields[q].kind == 1) {
+        int64_t cur;
+        memcpy(&cur, fld, 8);
+        if (cur != 0 && cur != v) {
+            us__errf(err, errlen, "%s says %s = %lld but the model config sets %lld", p, key,
+                     (long long)v, (long long)cur);
+            return US_ERR_INVALID;
+        }
+        memcpy(fld, &v, 8);
+    } else {
+        int cur, x = (int)v;
+        memcpy(&cur, fld, sizeof(int));
+        if (us__cfg_fields[q].kind == 3 && x == 0) return US_OK; /* untied: the default */
+        if (cur != 0 && cur != x) {
+            us__errf(err, errlen, "%s says %s = %d but the model config sets %d", p, key, x, cur);
+            return US_ERR_INVALID;
+        }
+        memcpy(fld, &x, sizeof(int));
+    }
+    return US_OK;
+}
+
+/* What this model cannot represent (rope_scaling, biases, an MLP other than SwiGLU) is refused
+   rather than silently dropped; DeepSeek's scoring function is read; head_dim must be
+   hidden/heads here. */
+static us_result us__cfg_refuse(const us__json *j, us_model_config *mc, const char *p, char *err,
+                                size_t errlen) {
+    int k2, b2;
+    char act[32], sf[32];
+    int64_t hd;
+    if ((k2 = us__jget(j, 0, "rope_scaling")) >= 0 &&
+        !(j->t[k2].type == US__J_LIT && j->s[j->t[k2].start] == 'n')) {
+        us__errf(err, errlen, "%s: rope_scaling is set, and this library has plain RoPE only", p);
+        return US_ERR_FORMAT;
+    }
+    if ((us__jbool(j, us__jget(j, 0, "attention_bias"), &b2) && b2) ||
+        (us__jbool(j, us__jget(j, 0, "mlp_bias"), &b2) && b2)) {
+        us__errf(err, errlen,
+                 "%s: attention_bias / mlp_bias is true, and this library's linear layers "
+                 "have no bias",
+                 p);
+        return US_ERR_FORMAT;
+    }
+    if (us__jstr(j, us__jget(j, 0, "hidden_act"), act, sizeof act) && strcmp(act, "silu")) {
+        us__errf(err, errlen, "%s: hidden_act is %s; this library's MLP is SwiGLU (silu)", p, act);
+        return US_ERR_FORMAT;
+    }
+    if (us__jstr(j, us__jget(j, 0, "scoring_func"), sf, sizeof sf) && !mc->moe_gate)
+        mc->moe_gate = !strcmp(sf, "sigmoid") ? US_MOE_SIGMOID : US_MOE_SOFTMAX;
+    if (us__jint(j, us__jget(j, 0, "head_dim"), &hd) && mc->n_heads > 0 &&
+        hd * mc->n_heads != mc->dim) {
+        us__errf(err, errlen,
+                 "%s: head_dim %lld is not hidden_size/num_attention_heads = %lld, which "
+                 "this library assumes",
+                 p, (long long)hd, (long long)(mc->dim / mc->n_heads));
+        return US_ERR_FORMAT;
+    }
+    return US_OK;
+}
+#endif
+
+US_API us_result us_ckpt_read_config(const char *dir, us_model_config *mc, char *err,
+                                     size_t errlen) {
+#if !US__CKPT_POSIX
+    (void)dir;
+    (void)mc;
+    (void)us__jnum;
+    (void)us__jbool;
+    us__errf(err, errlen, "checkpoint: this build has no POSIX file calls");
+    return US_ERR_IO;
+#else
+    char p[4200], *txt = NULL;
+    us__json j;
+    int q;
+    us_result r;
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    r = us__cfg_load(p, &txt, &j, err, errlen);
+    if (r != US_OK) return r;
+    for (q = 0; q < (int)(sizeof us__cfg_fields / sizeof us__cfg_fields[0]) && r == US_OK; q++)
+        r = us__cfg_field(&j, q, mc, p, err, errlen);
+    if (r == US_OK) r = us__cfg_refuse(&j, mc, p, err, errlen);
     us__json_free(&j);
     US_FREE(txt);
     return r;
