@@ -10215,15 +10215,12 @@ US_API void us_safetensors_free(us_safetensors *st) {
     }
 }
 
-US_API us_result us_safetensors_parse(us_safetensors *st, const void *bytes, size_t n,
-                                      uint64_t file_size, char *err, size_t errlen) {
-    const unsigned char *b = (const unsigned char *)bytes;
+/* The 8-byte header length, checked against the bytes given and the file's size before any of
+   the header is read, so a short or lying file fails with its own message. */
+static us_result us__st_header_len(const unsigned char *b, size_t n, uint64_t file_size,
+                                   uint64_t *hlen_out, char *err, size_t errlen) {
     uint64_t hlen = 0;
-    us__json j;
-    int i, k, c, ntok;
-    us_st_tensor **order = NULL;
-    us_result r = US_ERR_FORMAT;
-    memset(st, 0, sizeof *st);
+    int i;
     if (n < 8 || file_size < 8) {
         us__errf(err, errlen, "safetensors: %llu bytes is too short for the 8-byte header length",
                  (unsigned long long)(n < file_size ? n : file_size));
@@ -10250,6 +10247,157 @@ US_API us_result us_safetensors_parse(us_safetensors *st, const void *bytes, siz
         us__errf(err, errlen, "safetensors: the header does not start with '{'");
         return US_ERR_FORMAT;
     }
+    *hlen_out = hlen;
+    return US_OK;
+}
+
+/* An entry's shape (token sh) into t, and the bytes dtype × shape needs, refusing sizes that
+   would overflow the check against data_offsets. */
+static us_result us__st_shape(const us__json *j, int sh, us_st_tensor *t, uint64_t *need, char *err,
+                              size_t errlen) {
+    uint64_t bytes_need = (uint64_t)us__st_dtype_size(t->dtype);
+    int64_t x;
+    int q;
+    if (j->t[sh].type != US__J_ARR || j->t[sh].size > US_ST_MAX_DIMS) {
+        us__errf(err, errlen, "safetensors: tensor %s: shape must be an array of at most %d sizes",
+                 t->name, US_ST_MAX_DIMS);
+        return US_ERR_FORMAT;
+    }
+    for (q = 0, x = 0; q < j->t[sh].size; q++) {
+        int e = sh + 1 + q; /* the elements are numbers: one token each */
+        if (!us__jint(j, e, &x) || x < 0 || x > ((int64_t)1 << 48)) {
+            us__errf(err, errlen, "safetensors: tensor %s: shape entry %d is not a size in 0..2^48",
+                     t->name, q);
+            return US_ERR_FORMAT;
+        }
+        t->shape[q] = x;
+        if (x && bytes_need > UINT64_MAX / (uint64_t)x) {
+            us__errf(err, errlen, "safetensors: tensor %s: its size overflows", t->name);
+            return US_ERR_FORMAT;
+        }
+        bytes_need *= (uint64_t)x;
+    }
+    t->ndim = j->t[sh].size;
+    *need = bytes_need;
+    return US_OK;
+}
+
+/* Header entry k (key token c): a tensor appended to st->t, or __metadata__ checked and skipped;
+   every field validated, so later reads can trust begin/end. */
+static us_result us__st_entry(const us__json *j, int c, int k, us_safetensors *st, char *err,
+                              size_t errlen) {
+    us_st_tensor *t = &st->t[st->n];
+    int v = c + 1, d, sh, off;
+    uint64_t bytes_need;
+    int64_t x, y;
+    if (!us__jstr(j, c, t->name, sizeof t->name) || !t->name[0]) {
+        us__errf(err, errlen, "safetensors: tensor %d has an empty or too long (> 255 bytes) name",
+                 k);
+        return US_ERR_FORMAT;
+    }
+    if (!strcmp(t->name, "__metadata__")) { /* string → string */
+        int mm, mc;
+        if (j->t[v].type != US__J_OBJ) {
+            us__errf(err, errlen, "safetensors: __metadata__ is not an object");
+            return US_ERR_FORMAT;
+        }
+        for (mc = v + 1, mm = 0; mm < j->t[v].size; mm++, mc = j->t[mc + 1].next)
+            if (j->t[mc + 1].type != US__J_STR) {
+                us__errf(err, errlen, "safetensors: __metadata__ values must be strings");
+                return US_ERR_FORMAT;
+            }
+        return US_OK;
+    }
+    if (j->t[v].type != US__J_OBJ) {
+        us__errf(err, errlen, "safetensors: tensor %s is not described by an object", t->name);
+        return US_ERR_FORMAT;
+    }
+    d = us__jget(j, v, "dtype");
+    sh = us__jget(j, v, "shape");
+    off = us__jget(j, v, "data_offsets");
+    if (d < 0 || sh < 0 || off < 0) {
+        us__errf(err, errlen, "safetensors: tensor %s lacks dtype, shape or data_offsets", t->name);
+        return US_ERR_FORMAT;
+    }
+    if (!us__jstr(j, d, t->dtype, sizeof t->dtype) || !us__st_dtype_size(t->dtype)) {
+        us__errf(err, errlen, "safetensors: tensor %s has an unknown dtype", t->name);
+        return US_ERR_FORMAT;
+    }
+    if (us__st_shape(j, sh, t, &bytes_need, err, errlen) != US_OK) return US_ERR_FORMAT;
+    if (j->t[off].type != US__J_ARR || j->t[off].size != 2 || !us__jint(j, off + 1, &x) ||
+        !us__jint(j, off + 2, &y) || x < 0 || y < x) {
+        us__errf(err, errlen,
+                 "safetensors: tensor %s: data_offsets must be [begin, end] with 0 <= begin <= end",
+                 t->name);
+        return US_ERR_FORMAT;
+    }
+    t->begin = (uint64_t)x;
+    t->end = (uint64_t)y;
+    if (t->end > st->data_size) {
+        us__errf(err, errlen,
+                 "safetensors: tensor %s: data_offsets end %llu is past the data section's "
+                 "%llu bytes",
+                 t->name, (unsigned long long)t->end, (unsigned long long)st->data_size);
+        return US_ERR_FORMAT;
+    }
+    if (t->end - t->begin != bytes_need) {
+        us__errf(err, errlen,
+                 "safetensors: tensor %s: %llu data bytes but dtype %s and its shape need %llu",
+                 t->name, (unsigned long long)(t->end - t->begin), t->dtype,
+                 (unsigned long long)bytes_need);
+        return US_ERR_FORMAT;
+    }
+    st->n++;
+    return US_OK;
+}
+
+/* No two tensors share bytes, no two share a name: a reader may then write each tensor's bytes
+   to one place. */
+static us_result us__st_disjoint(const us_safetensors *st, char *err, size_t errlen) {
+    us_st_tensor **order;
+    us_st_tensor *sorted;
+    int i;
+    order = (us_st_tensor **)US_MALLOC(sizeof(us_st_tensor *) * (size_t)(st->n ? st->n : 1));
+    if (!order) {
+        us__errf(err, errlen, "safetensors: out of memory");
+        return US_ERR_OOM;
+    }
+    for (i = 0; i < st->n; i++) order[i] = &st->t[i];
+    qsort(order, (size_t)st->n, sizeof *order, us__st_cmp_begin);
+    for (i = 1; i < st->n; i++)
+        if (order[i]->begin < order[i - 1]->end) {
+            us__errf(err, errlen, "safetensors: tensors %s and %s overlap in the data section",
+                     order[i - 1]->name, order[i]->name);
+            US_FREE(order);
+            return US_ERR_FORMAT;
+        }
+    US_FREE(order);
+    sorted = (us_st_tensor *)US_MALLOC(sizeof(us_st_tensor) * (size_t)(st->n ? st->n : 1));
+    if (!sorted) {
+        us__errf(err, errlen, "safetensors: out of memory");
+        return US_ERR_OOM;
+    }
+    memcpy(sorted, st->t, sizeof(us_st_tensor) * (size_t)st->n);
+    qsort(sorted, (size_t)st->n, sizeof *sorted, us__st_cmp_name);
+    for (i = 1; i < st->n; i++)
+        if (!strcmp(sorted[i].name, sorted[i - 1].name)) {
+            us__errf(err, errlen, "safetensors: tensor %s appears twice", sorted[i].name);
+            US_FREE(sorted);
+            return US_ERR_FORMAT;
+        }
+    US_FREE(sorted);
+    return US_OK;
+}
+
+US_API us_result us_safetensors_parse(us_safetensors *st, const void *bytes, size_t n,
+                                      uint64_t file_size, char *err, size_t errlen) {
+    const unsigned char *b = (const unsigned char *)bytes;
+    uint64_t hlen = 0;
+    us__json j;
+    int k, c, ntok;
+    us_result r = US_ERR_FORMAT;
+    memset(st, 0, sizeof *st);
+    if (us__st_header_len(b, n, file_size, &hlen, err, errlen) != US_OK) return US_ERR_FORMAT;
     st->data_start = 8 + hlen;
     st->data_size = file_size - st->data_start;
     /* a tensor entry needs at least ~40 header bytes and 8 JSON values: this bounds the tokens */
@@ -10270,130 +10418,10 @@ US_API us_result us_safetensors_parse(us_safetensors *st, const void *bytes, siz
         r = US_ERR_OOM;
         goto out;
     }
-    for (c = 1, k = 0; k < j.t[0].size; k++, c = j.t[c + 1].next) {
-        us_st_tensor *t = &st->t[st->n];
-        int v = c + 1, d, sh, off, q;
-        uint64_t bytes_need;
-        int64_t x, y;
-        if (!us__jstr(&j, c, t->name, sizeof t->name) || !t->name[0]) {
-            us__errf(err, errlen,
-                     "safetensors: tensor %d has an empty or too long (> 255 bytes) name", k);
-            goto out;
-        }
-        if (!strcmp(t->name, "__metadata__")) { /* string → string */
-            int mm, mc;
-            if (j.t[v].type != US__J_OBJ) {
-                us__errf(err, errlen, "safetensors: __metadata__ is not an object");
-                goto out;
-            }
-            for (mc = v + 1, mm = 0; mm < j.t[v].size; mm++, mc = j.t[mc + 1].next)
-                if (j.t[mc + 1].type != US__J_STR) {
-                    us__errf(err, errlen, "safetensors: __metadata__ values must be strings");
-                    goto out;
-                }
-            continue;
-        }
-        if (j.t[v].type != US__J_OBJ) {
-            us__errf(err, errlen, "safetensors: tensor %s is not described by an object", t->name);
-            goto out;
-        }
-        d = us__jget(&j, v, "dtype");
-        sh = us__jget(&j, v, "shape");
-        off = us__jget(&j, v, "data_offsets");
-        if (d < 0 || sh < 0 || off < 0) {
-            us__errf(err, errlen, "safetensors: tensor %s lacks dtype, shape or data_offsets",
-                     t->name);
-            goto out;
-        }
-        if (!us__jstr(&j, d, t->dtype, sizeof t->dtype) || !us__st_dtype_size(t->dtype)) {
-            us__errf(err, errlen, "safetensors: tensor %s has an unknown dtype", t->name);
-            goto out;
-        }
-        if (j.t[sh].type != US__J_ARR || j.t[sh].size > US_ST_MAX_DIMS) {
-            us__errf(err, errlen,
-                     "safetensors: tensor %s: shape must be an array of at most %d sizes", t->name,
-                     US_ST_MAX_DIMS);
-            goto out;
-        }
-        bytes_need = (uint64_t)us__st_dtype_size(t->dtype);
-        for (q = 0, x = 0; q < j.t[sh].size; q++) {
-            int e = sh + 1 + q; /* the elements are numbers: one token each */
-            if (!us__jint(&j, e, &x) || x < 0 || x > ((int64_t)1 << 48)) {
-                us__errf(err, errlen,
-                         "safetensors: tensor %s: shape entry %d is not a size in 0..2^48", t->name,
-                         q);
-                goto out;
-            }
-            t->shape[q] = x;
-            if (x && bytes_need > UINT64_MAX / (uint64_t)x) {
-                us__errf(err, errlen, "safetensors: tensor %s: its size overflows", t->name);
-                goto out;
-            }
-            bytes_need *= (uint64_t)x;
-        }
-        t->ndim = j.t[sh].size;
-        if (j.t[off].type != US__J_ARR || j.t[off].size != 2 || !us__jint(&j, off + 1, &x) ||
-            !us__jint(&j, off + 2, &y) || x < 0 || y < x) {
-            us__errf(
-                err, errlen,
-                "safetensors: tensor %s: data_offsets must be [begin, end] with 0 <= begin <= end",
-                t->name);
-            goto out;
-        }
-        t->begin = (uint64_t)x;
-        t->end = (uint64_t)y;
-        if (t->end > st->data_size) {
-            us__errf(err, errlen,
-                     "safetensors: tensor %s: data_offsets end %llu is past the data section's "
-                     "%llu bytes",
-                     t->name, (unsigned long long)t->end, (unsigned long long)st->data_size);
-            goto out;
-        }
-        if (t->end - t->begin != bytes_need) {
-            us__errf(err, errlen,
-                     "safetensors: tensor %s: %llu data bytes but dtype %s and its shape need %llu",
-                     t->name, (unsigned long long)(t->end - t->begin), t->dtype,
-                     (unsigned long long)bytes_need);
-            goto out;
-        }
-        st->n++;
-    }
-    /* no two tensors share bytes, no two share a name */
-    order = (us_st_tensor **)US_MALLOC(sizeof(us_st_tensor *) * (size_t)(st->n ? st->n : 1));
-    if (!order) {
-        us__errf(err, errlen, "safetensors: out of memory");
-        r = US_ERR_OOM;
-        goto out;
-    }
-    for (i = 0; i < st->n; i++) order[i] = &st->t[i];
-    qsort(order, (size_t)st->n, sizeof *order, us__st_cmp_begin);
-    for (i = 1; i < st->n; i++)
-        if (order[i]->begin < order[i - 1]->end) {
-            us__errf(err, errlen, "safetensors: tensors %s and %s overlap in the data section",
-                     order[i - 1]->name, order[i]->name);
-            goto out;
-        }
-    {
-        us_st_tensor *sorted =
-            (us_st_tensor *)US_MALLOC(sizeof(us_st_tensor) * (size_t)(st->n ? st->n : 1));
-        if (!sorted) {
-            us__errf(err, errlen, "safetensors: out of memory");
-            r = US_ERR_OOM;
-            goto out;
-        }
-        memcpy(sorted, st->t, sizeof(us_st_tensor) * (size_t)st->n);
-        qsort(sorted, (size_t)st->n, sizeof *sorted, us__st_cmp_name);
-        for (i = 1; i < st->n; i++)
-            if (!strcmp(sorted[i].name, sorted[i - 1].name)) {
-                us__errf(err, errlen, "safetensors: tensor %s appears twice", sorted[i].name);
-                US_FREE(sorted);
-                goto out;
-            }
-        US_FREE(sorted);
-    }
-    r = US_OK;
+    for (c = 1, k = 0; k < j.t[0].size; k++, c = j.t[c + 1].next)
+        if (us__st_entry(&j, c, k, st, err, errlen) != US_OK) goto out;
+    r = us__st_disjoint(st, err, errlen);
 out:
-    US_FREE(order);
     us__json_free(&j);
     if (r != US_OK) us_safetensors_free(st);
     return r;
@@ -10835,6 +10863,430 @@ static int us__write_text(const char *path, const char *text) {
     close(fd);
     return rc;
 }
+
+/* us_ckpt_save's state from one step to the next: the plan (the tensor list and the files it
+   goes in), the host copies and the bytes written so far (crash_after counts them). */
+typedef struct us__cksave {
+    us_ckpt_opts opts;
+    int rank, nlist, nf, bf, has_master;
+    us__ck_t *list;
+    us__ckf *files, opt;
+    char tmp[4096];
+    us__ckhost h;
+    int64_t written;
+} us__cksave;
+
+/* Plan: the tensor list and the model files it splits into (one, or shards of about
+   shard_bytes), named under dir.tmp, so every later step writes only where the plan says. */
+static us_result us__cksave_plan(us_model *m, us__cksave *s, const char *dir) {
+    int t = 0, k;
+    uint64_t esz = s->bf ? 2 : 4;
+    const us__ck_t *list;
+    snprintf(s->tmp, sizeof s->tmp, "%s.tmp", dir);
+    s->nlist = us__ckpt_tensors(m, NULL);
+    s->list = (us__ck_t *)US_MALLOC(sizeof(us__ck_t) * (size_t)s->nlist);
+    s->files = (us__ckf *)calloc((size_t)s->nlist, sizeof(us__ckf));
+    if (!s->list || !s->files) {
+        US_FREE(s->list);
+        US_FREE(s->files);
+        s->list = NULL;
+        s->files = NULL;
+        us__model_set_error(m, "checkpoint: out of host memory");
+        return US_ERR_OOM;
+    }
+    us__ckpt_tensors(m, s->list);
+    list = s->list;
+    while (t < s->nlist) {
+        uint64_t acc = 0;
+        s->files[s->nf].t0 = t;
+        do {
+            acc += (uint64_t)list[t].rows * (uint64_t)(list[t].cols ? list[t].cols : 1) *
+                   (list[t].cols == 0 && strstr(list[t].name, "e_score") ? 4 : esz);
+            t++;
+        } while (t < s->nlist && (s->opts.shard_bytes <= 0 ||
+                                  acc + (uint64_t)list[t].rows *
+                                              (uint64_t)(list[t].cols ? list[t].cols : 1) * esz <=
+                                      (uint64_t)s->opts.shard_bytes));
+        s->files[s->nf].t1 = t;
+        s->files[s->nf].fd = -1;
+        s->nf++;
+    }
+    for (k = 0; k < s->nf; k++) {
+        us__ckf *f = &s->files[k];
+        if (s->nf == 1)
+            snprintf(f->path, sizeof f->path, "%.4000s/model.safetensors", s->tmp);
+        else
+            snprintf(f->path, sizeof f->path, "%.4000s/model-%05d-of-%05d.safetensors", s->tmp,
+                     k + 1, s->nf % 100000);
+    }
+    snprintf(s->opt.path, sizeof s->opt.path, "%.4000s/optimizer.safetensors", s->tmp);
+    s->opt.t0 = 0;
+    s->opt.t1 = s->nlist;
+    /* the router biases are fp32 whatever the policy: they go in the model file as F32 beside
+       weights of dt, so a file mixes dtypes only for MoE models balanced by bias. Keep it simple:
+       such a model writes its weights in F32 too. */
+    if (m->n_moe && m->cfg.moe_balance == US_MOE_BALANCE_BIAS) s->bf = 0;
+    return US_OK;
+}
+
+/* Step 1 (rank 0): dir.tmp and every file pre-sized with its header, so that each rank can
+   then write its own elements in place. */
+static us_result us__cksave_create(us_model *m, us__cksave *s) {
+    us_result r = US_OK;
+    int k;
+    us__rm_tree(s->tmp); /* a crashed earlier save */
+    if (mkdir(s->tmp, 0755) != 0) {
+        us__model_set_error(m, "checkpoint: cannot create %s: %s", s->tmp, strerror(errno));
+        r = US_ERR_IO;
+    }
+    for (k = 0; k < s->nf && r == US_OK; k++)
+        r = us__ckf_create(m, &s->files[k], s->list, "", s->bf ? "BF16" : "F32");
+    if (r == US_OK &&
+        !s->opts
+             .weights_only) { /* exp_avg, exp_avg_sq (and master) per tensor: three lists in one file */
+        us__ck_t *l3 = (us__ck_t *)US_MALLOC(sizeof(us__ck_t) * (size_t)s->nlist * 3);
+        int q, n3 = 0;
+        static const char *pre[3] = {"optimizer.exp_avg.", "optimizer.exp_avg_sq.", "master."};
+        if (!l3) {
+            us__model_set_error(m, "checkpoint: out of host memory");
+            r = US_ERR_OOM;
+        }
+        for (q = 0; l3 && q < (s->has_master ? 3 : 2); q++)
+            for (k = 0; k < s->nlist; k++) {
+                if (s->list[k].cols == 0 && strstr(s->list[k].name, "e_score"))
+                    continue; /* not trained */
+                l3[n3] = s->list[k];
+                snprintf(l3[n3].name, sizeof l3[n3].name, "%s%s", pre[q], s->list[k].name);
+                n3++;
+            }
+        if (l3) {
+            s->opt.t0 = 0;
+            s->opt.t1 = n3;
+            r = us__ckf_create(m, &s->opt, l3, "", "F32");
+        }
+        US_FREE(l3);
+    }
+    return r;
+}
+
+/* Step 2a: host copies of this rank's weights and Adam moments (weights widened to fp32 when the
+   file is F32 and the weights are not), so the writes below read host memory only. */
+static us_result us__cksave_host(us_model *m, us__cksave *s) {
+    us_ops *o = &m->ops;
+    us__ckhost *h = &s->h;
+    int Z = m->tc.zero;
+    int64_t wn = Z == 3 ? m->shard_n : m->n_flat, on = Z ? m->shard_n : m->n_flat;
+    h->w = US_MALLOC((size_t)(wn > 0 ? wn : 1) * us_dtype_size(m->dt));
+    h->m = (float *)US_MALLOC((size_t)(on > 0 ? on : 1) * 4);
+    h->v = (float *)US_MALLOC((size_t)(on > 0 ? on : 1) * 4);
+    if (s->has_master) h->master = (float *)US_MALLOC((size_t)(on > 0 ? on : 1) * 4);
+    if (!h->w || !h->m || !h->v || (s->has_master && !h->master)) {
+        us__model_set_error(m, "checkpoint: out of host memory");
+        return US_ERR_OOM;
+    }
+    o->sync(o);
+    o->copy(o, h->w, m->w, (size_t)wn * us_dtype_size(m->dt), US_COPY_D2H);
+    o->copy(o, h->m, m->adam_m, (size_t)on * 4, US_COPY_D2H);
+    o->copy(o, h->v, m->adam_v, (size_t)on * 4, US_COPY_D2H);
+    if (h->master) o->copy(o, h->master, m->master, (size_t)on * 4, US_COPY_D2H);
+    if (m->dt != US_F32 && !s->bf) { /* an F32 file from bf16 or fp16 weights: widen exactly */
+        float *w32 = (float *)US_MALLOC((size_t)(wn > 0 ? wn : 1) * 4);
+        if (!w32) {
+            us__model_set_error(m, "checkpoint: out of host memory");
+            return US_ERR_OOM;
+        }
+        us__load_f32(w32, h->w, m->dt, wn);
+        US_FREE(h->w);
+        h->w = w32;
+    }
+    return US_OK;
+}
+
+/* Step 2b: every model file opened for writing, and where its data section starts (after the
+   header rank 0 wrote). */
+static us_result us__cksave_open(us_model *m, us__cksave *s) {
+    us_result r = US_OK;
+    uint64_t hl;
+    unsigned char len8[8];
+    int k, q;
+    for (k = 0; k < s->nf && r == US_OK; k++) {
+        s->files[k].fd = open(s->files[k].path, O_WRONLY);
+        if (s->files[k].fd < 0) {
+            us__model_set_error(m, "checkpoint: cannot open %s: %s", s->files[k].path,
+                                strerror(errno));
+            r = US_ERR_IO;
+        }
+    }
+    for (k = 0; k < s->nf && r == US_OK; k++) { /* each file's data section: after its header */
+        int fd = open(s->files[k].path, O_RDONLY);
+        if (fd < 0 || us__pread_all(fd, len8, 8, 0)) {
+            us__model_set_error(m, "checkpoint: cannot read back %s", s->files[k].path);
+            r = US_ERR_IO;
+        }
+        if (fd >= 0) close(fd);
+        for (hl = 0, q = 7; q >= 0; q--) hl = hl << 8 | len8[q];
+        s->files[k].data_start = 8 + hl;
+    }
+    return r;
+}
+
+/* Step 2c: the MoE router biases (not parameters): one writer per layer, dp×cp and tp rank 0. */
+static us_result us__cksave_router_bias(us_model *m, us__cksave *s) {
+    us_result r = US_OK;
+    int l, E = m->cfg.moe_experts;
+    const us__ck_t *list = s->list;
+    for (l = 0; l < m->cfg.n_layers && r == US_OK; l++) {
+        char nm[96];
+        int t, fi;
+        uint64_t off = 0;
+        if (m->moe_idx[l] < 0) continue;
+        snprintf(nm, sizeof nm, "model.layers.%d.mlp.gate.e_score_correction_bias", m->layer_g[l]);
+        for (fi = 0; fi < s->nf; fi++) {
+            for (off = 0, t = s->files[fi].t0; t < s->files[fi].t1 && strcmp(list[t].name, nm); t++)
+                off += (uint64_t)list[t].rows * (uint64_t)(list[t].cols ? list[t].cols : 1) * 4;
+            if (t < s->files[fi].t1) break;
+        }
+        if (fi == s->nf ||
+            us__pwrite_all(s->files[fi].fd, m->moe_bias_h + (size_t)m->moe_idx[l] * E,
+                           (size_t)E * 4, s->files[fi].data_start + off)) {
+            us__model_set_error(m, "checkpoint: cannot write the router bias of layer %d",
+                                m->layer_g[l]);
+            r = US_ERR_IO;
+        }
+    }
+    return r;
+}
+
+/* Step 2d: exp_avg, exp_avg_sq (and master) into optimizer.safetensors, each third of the file
+   written as its own "file" view. */
+static us_result us__cksave_optimizer(us_model *m, us__cksave *s) {
+    us_result r = US_OK;
+    us__ck_t *l3 = (us__ck_t *)US_MALLOC(sizeof(us__ck_t) * (size_t)s->nlist * 3);
+    int q, k, n3 = 0;
+    static const char *pre[3] = {"optimizer.exp_avg.", "optimizer.exp_avg_sq.", "master."};
+    unsigned char len8[8];
+    uint64_t hl = 0;
+    s->opt.fd = open(s->opt.path, O_RDWR);
+    if (!l3 || s->opt.fd < 0 || us__pread_all(s->opt.fd, len8, 8, 0)) {
+        us__model_set_error(m, "checkpoint: cannot open %s", s->opt.path);
+        r = US_ERR_IO;
+    }
+    for (k = 7; k >= 0; k--) hl = hl << 8 | len8[k];
+    s->opt.data_start = 8 + hl;
+    for (q = 0; r == US_OK && q < (s->has_master ? 3 : 2); q++) {
+        int n0 = n3;
+        for (k = 0; k < s->nlist; k++) {
+            if (s->list[k].cols == 0 && strstr(s->list[k].name, "e_score")) continue;
+            l3[n3] = s->list[k];
+            n3++;
+        }
+        /* each third of the file is one buffer: write it as its own "file" view */
+        {
+            us__ckf view = s->opt;
+            uint64_t before = 0;
+            int t;
+            for (t = 0; t < n0; t++)
+                before += (uint64_t)l3[t].rows * (uint64_t)(l3[t].cols ? l3[t].cols : 1) * 4;
+            view.t0 = n0;
+            view.t1 = n3;
+            view.data_start = s->opt.data_start + before;
+            r = us__ckpt_write_buf(m, &view, 1, l3, n3,
+                                   q == 0   ? 2
+                                   : q == 1 ? 3
+                                            : 1,
+                                   &s->h, pre[q], "F32", &s->written, s->opts.crash_after);
+        }
+    }
+    US_FREE(l3);
+    return r;
+}
+
+/* Step 2: every rank writes the elements it owns into the pre-sized files, then fsyncs them. */
+static us_result us__cksave_write(us_model *m, us__cksave *s) {
+    us_result r = us__cksave_host(m, s);
+    int k;
+    if (r == US_OK) r = us__cksave_open(m, s);
+    if (r == US_OK) {
+        us_dtype save_dt = m->dt;
+        if (m->dt != US_F32 && !s->bf) m->dt = US_F32; /* h.w was widened above */
+        r = us__ckpt_write_buf(m, s->files, s->nf, s->list, s->nlist, 0, &s->h, "",
+                               s->bf ? "BF16" : "F32", &s->written, s->opts.crash_after);
+        m->dt = save_dt;
+    }
+    if (r == US_OK && m->n_moe && m->cfg.moe_balance == US_MOE_BALANCE_BIAS &&
+        m->mesh.dpcp_g.rank == 0 && m->mesh.tp_rank == 0)
+        r = us__cksave_router_bias(m, s);
+    if (r == US_OK && !s->opts.weights_only) r = us__cksave_optimizer(m, s);
+    for (k = 0; k < s->nf; k++)
+        if (s->files[k].fd >= 0) {
+            if (r == US_OK && fsync(s->files[k].fd)) {
+                us__model_set_error(m, "checkpoint: fsync %s failed", s->files[k].path);
+                r = US_ERR_IO;
+            }
+            close(s->files[k].fd);
+        }
+    if (s->opt.fd >= 0) {
+        if (r == US_OK && fsync(s->opt.fd)) {
+            us__model_set_error(m, "checkpoint: fsync %s failed", s->opt.path);
+            r = US_ERR_IO;
+        }
+        close(s->opt.fd);
+    }
+    return r;
+}
+
+/* Step 3a: config.json in Hugging Face Llama's names (DeepSeek-V3's for MoE), so
+   transformers reads the directory as it is. */
+static us_result us__cksave_config_json(us_model *m, const us__cksave *s, char *t, size_t cap) {
+    const us_model_config *c = &m->cfg;
+    size_t len;
+    char path[4200];
+    len = (size_t)snprintf(
+        t, cap,
+        "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n  "
+        "\"hidden_size\": %lld,\n  \"intermediate_size\": %lld,\n"
+        "  \"num_hidden_layers\": %d,\n  \"num_attention_heads\": %d,\n  "
+        "\"num_key_value_heads\": %d,\n  \"head_dim\": %lld,\n  \"vocab_size\": %lld,\n"
+        "  \"max_position_embeddings\": %d,\n  \"rms_norm_eps\": %.9g,\n  \"rope_theta\": "
+        "%.9g,\n  \"tie_word_embeddings\": %s,\n"
+        "  \"hidden_act\": \"silu\",\n  \"attention_bias\": false,\n  \"mlp_bias\": "
+        "false,\n  \"torch_dtype\": \"%s\",\n  \"ultrascale_version\": \"%s\"",
+        (long long)c->dim, (long long)c->ffn_dim, m->n_layers_global, c->n_heads, c->n_kv_heads,
+        (long long)(c->dim / c->n_heads), (long long)c->vocab, m->tc.seq > 2048 ? m->tc.seq : 2048,
+        (double)c->norm_eps, (double)c->rope_theta, c->tie_embeddings ? "true" : "false",
+        s->bf ? "bfloat16" : "float32", US_VERSION);
+    if (c->moe_experts) /* DeepSeek-V3's names for the MoE fields */
+        len += (size_t)snprintf(
+            t + len, cap - len,
+            ",\n  \"n_routed_experts\": %d,\n  \"num_experts_per_tok\": %d,\n  "
+            "\"moe_intermediate_size\": %lld,\n"
+            "  \"n_shared_experts\": %d,\n  \"first_k_dense_replace\": %d,\n  "
+            "\"moe_layer_freq\": %d,\n  \"n_group\": %d,\n  \"topk_group\": %d,\n"
+            "  \"scoring_func\": \"%s\",\n  \"ultrascale_moe_balance\": %d",
+            c->moe_experts, c->moe_top_k, (long long)c->moe_ffn_dim, c->moe_shared,
+            c->moe_first_dense, c->moe_every, c->moe_groups, c->moe_top_groups,
+            c->moe_gate == US_MOE_SIGMOID ? "sigmoid" : "softmax", (int)c->moe_balance);
+    snprintf(t + len, cap - len, "\n}\n");
+    snprintf(path, sizeof path, "%s/config.json", s->tmp);
+    if (us__write_text(path, t)) {
+        us__model_set_error(m, "checkpoint: cannot write %s", path);
+        return US_ERR_IO;
+    }
+    return US_OK;
+}
+
+/* Step 3b: model.safetensors.index.json for a sharded save: which file holds each tensor, and
+   the total size (patched in once summed). */
+static us_result us__cksave_index_json(us_model *m, const us__cksave *s, char *t, size_t cap) {
+    uint64_t total = 0;
+    size_t len;
+    int k, q;
+    char path[4200];
+    len = (size_t)snprintf(t, cap,
+                           "{\n  \"metadata\": {\"total_size\": "
+                           "TOTAL__________________},\n  \"weight_map\": {");
+    for (k = 0; k < s->nf; k++)
+        for (q = s->files[k].t0; q < s->files[k].t1; q++) {
+            const us__ck_t *e = &s->list[q];
+            total += (uint64_t)e->rows * (uint64_t)(e->cols ? e->cols : 1) * (s->bf ? 2 : 4);
+            len += (size_t)snprintf(t + len, cap - len,
+                                    "%s\n    \"%s\": \"model-%05d-of-%05d.safetensors\"",
+                                    k + q ? "," : "", e->name, k + 1, s->nf);
+        }
+    snprintf(t + len, cap - len, "\n  }\n}\n");
+    {
+        char tot[32], *at = strstr(t, "TOTAL__________________");
+        int tl = snprintf(tot, sizeof tot, "%llu", (unsigned long long)total);
+        memset(at, ' ', 23);
+        memcpy(at, tot, (size_t)tl);
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", s->tmp);
+    if (us__write_text(path, t)) {
+        us__model_set_error(m, "checkpoint: cannot write %s", path);
+        return US_ERR_IO;
+    }
+    return US_OK;
+}
+
+/* Step 3c: trainer_state.json: step, data position, RNG, loss scaler and layout, so a run
+   resumes where it was. */
+static us_result us__cksave_trainer_json(us_model *m, const us__cksave *s, const us_ckpt_state *st,
+                                         char *t, size_t cap) {
+    size_t len;
+    int q;
+    char path[4200];
+    len = (size_t)snprintf(t, cap,
+                           "{\n  \"format\": \"ultrascale-trainer-state\",\n  \"version\": "
+                           "1,\n  \"step\": %d,\n  \"data_position\": %lld,\n  \"rng\": [",
+                           m->step, (long long)(st ? st->data_pos : 0));
+    for (q = 0; st && q < st->n_rng && q < 8; q++)
+        len += (size_t)snprintf(t + len, cap - len, "%s\"%llu\"", q ? ", " : "",
+                                (unsigned long long)st->rng[q]);
+    /* the loss scaler (// >>lossscale): S and its clean steps, so an fp16 run resumes where it was */
+    snprintf(t + len, cap - len,
+             "],\n  \"precision\": \"%s\",\n  \"seed\": %llu,\n  \"loss_scale\": %.9g,\n  "
+             "\"loss_scale_good_steps\": %d,\n"
+             "  \"layout\": {\"dp\": %d, \"zero\": %d, \"tp\": %d, \"sp\": %d, \"pp\": %d, "
+             "\"cp\": %d, \"ep\": %d}\n}\n",
+             us_precision_name(m->tc.precision), (unsigned long long)m->tc.seed,
+             (double)m->loss_scale, m->ls_good, m->tc.dp, m->tc.zero, m->tc.tp, m->tc.sp, m->tc.pp,
+             m->tc.cp, m->tc.ep);
+    snprintf(path, sizeof path, "%s/trainer_state.json", s->tmp);
+    if (us__write_text(path, t)) {
+        us__model_set_error(m, "checkpoint: cannot write %s", path);
+        return US_ERR_IO;
+    }
+    return US_OK;
+}
+
+/* Step 3d, the commit: fsync dir.tmp, move any old dir aside, rename, fsync the parent, so a
+   crash leaves either the old checkpoint or the new one whole. */
+static us_result us__cksave_rename(us_model *m, const us__cksave *s, const char *dir) {
+    struct stat sb;
+    char parent[4096], old[4096];
+    us_result r = US_OK;
+    us__parent_dir(dir, parent, sizeof parent);
+    snprintf(old, sizeof old, "%s.old", dir);
+    if (us__fsync_path(s->tmp)) {
+        us__model_set_error(m, "checkpoint: fsync %s failed", s->tmp);
+        r = US_ERR_IO;
+    } else if (stat(dir, &sb) == 0) {
+        us__rm_tree(old);
+        if (rename(dir, old)) {
+            us__model_set_error(m, "checkpoint: cannot move the old %s aside: %s", dir,
+                                strerror(errno));
+            r = US_ERR_IO;
+        }
+    }
+    if (r == US_OK && rename(s->tmp, dir)) {
+        us__model_set_error(m, "checkpoint: cannot rename %s to %s: %s", s->tmp, dir,
+                            strerror(errno));
+        r = US_ERR_IO;
+    }
+    if (r == US_OK) {
+        us__fsync_path(parent);
+        us__rm_tree(old);
+    }
+    return r;
+}
+
+/* Step 3 (rank 0): the JSON files beside the tensors, then the commit. */
+static us_result us__cksave_commit(us_model *m, const us__cksave *s, const char *dir,
+                                   const us_ckpt_state *st) {
+    size_t cap = 4096 + (size_t)s->nlist * 160;
+    char *t = (char *)US_MALLOC(cap);
+    us_result r = US_OK;
+    if (!t) {
+        us__model_set_error(m, "checkpoint: out of host memory");
+        r = US_ERR_OOM;
+    }
+    if (r == US_OK) r = us__cksave_config_json(m, s, t, cap);
+    if (r == US_OK && s->nf > 1) r = us__cksave_index_json(m, s, t, cap);
+    if (r == US_OK && !s->opts.weights_only) r = us__cksave_trainer_json(m, s, st, t, cap);
+    US_FREE(t);
+    if (r == US_OK) r = us__cksave_rename(m, s, dir);
+    return r;
+}
 #endif
 
 US_API us_result us_ckpt_save(us_model *m, const char *dir, const us_ckpt_state *st,
@@ -10848,372 +11300,29 @@ US_API us_result us_ckpt_save(us_model *m, const char *dir, const us_ckpt_state 
         "checkpoint: this build has no POSIX file calls (compile with -D_POSIX_C_SOURCE=200809L)");
     return US_ERR_IO;
 #else
-    us_ckpt_opts opts;
-    us_ops *o = &m->ops;
-    int rank = m->comm->world.rank, nlist, nf = 0, k, bf = m->dt == US_BF16, Z = m->tc.zero,
-        has_master = m->dt != US_F32 && m->master; /* fp16: an F32 file, exact */
-    us__ck_t *list = NULL;
-    us__ckf *files = NULL, opt;
-    char tmp[4096], parent[4096], old[4096];
-    us__ckhost h;
-    us_result r = US_OK;
-    int64_t written = 0;
-    memset(&opts, 0, sizeof opts);
-    if (opts_in) opts = *opts_in;
-    memset(&h, 0, sizeof h);
-    memset(&opt, 0, sizeof opt);
-    opt.fd = -1;
-    if (strlen(dir) + 64 > sizeof tmp) {
+    us__cksave s;
+    us_result r;
+    memset(&s, 0, sizeof s);
+    if (opts_in) s.opts = *opts_in;
+    s.rank = m->comm->world.rank;
+    s.bf = m->dt == US_BF16;
+    s.has_master = m->dt != US_F32 && m->master; /* fp16: an F32 file, exact */
+    s.opt.fd = -1;
+    if (strlen(dir) + 64 > sizeof s.tmp) {
         us__model_set_error(m, "checkpoint: the path %.64s... is too long", dir);
         return US_ERR_INVALID;
     }
-    snprintf(tmp, sizeof tmp, "%s.tmp", dir);
-    nlist = us__ckpt_tensors(m, NULL);
-    list = (us__ck_t *)US_MALLOC(sizeof(us__ck_t) * (size_t)nlist);
-    files = (us__ckf *)calloc((size_t)nlist, sizeof(us__ckf));
-    if (!list || !files) {
-        US_FREE(list);
-        US_FREE(files);
-        us__model_set_error(m, "checkpoint: out of host memory");
-        return US_ERR_OOM;
-    }
-    us__ckpt_tensors(m, list);
-    { /* the model files: one, or shards of about shard_bytes */
-        int t = 0;
-        uint64_t esz = bf ? 2 : 4;
-        while (t < nlist) {
-            uint64_t acc = 0;
-            files[nf].t0 = t;
-            do {
-                acc += (uint64_t)list[t].rows * (uint64_t)(list[t].cols ? list[t].cols : 1) *
-                       (list[t].cols == 0 && strstr(list[t].name, "e_score") ? 4 : esz);
-                t++;
-            } while (t < nlist && (opts.shard_bytes <= 0 ||
-                                   acc + (uint64_t)list[t].rows *
-                                               (uint64_t)(list[t].cols ? list[t].cols : 1) * esz <=
-                                       (uint64_t)opts.shard_bytes));
-            files[nf].t1 = t;
-            files[nf].fd = -1;
-            nf++;
-        }
-        for (k = 0; k < nf; k++) {
-            if (nf == 1)
-                snprintf(files[k].path, sizeof files[k].path, "%.4000s/model.safetensors", tmp);
-            else
-                snprintf(files[k].path, sizeof files[k].path,
-                         "%.4000s/model-%05d-of-%05d.safetensors", tmp, k + 1, nf % 100000);
-        }
-        snprintf(opt.path, sizeof opt.path, "%.4000s/optimizer.safetensors", tmp);
-        opt.t0 = 0;
-        opt.t1 = nlist;
-    }
-    /* the router biases are fp32 whatever the policy: they go in the model file as F32 beside
-       weights of dt, so a file mixes dtypes only for MoE models balanced by bias. Keep it simple:
-       such a model writes its weights in F32 too. */
-    if (m->n_moe && m->cfg.moe_balance == US_MOE_BALANCE_BIAS) bf = 0;
-    /* 1. rank 0 makes dir.tmp and the pre-sized files */
-    if (rank == 0) {
-        us__rm_tree(tmp); /* a crashed earlier save */
-        if (mkdir(tmp, 0755) != 0) {
-            us__model_set_error(m, "checkpoint: cannot create %s: %s", tmp, strerror(errno));
-            r = US_ERR_IO;
-        }
-        for (k = 0; k < nf && r == US_OK; k++)
-            r = us__ckf_create(m, &files[k], list, "", bf ? "BF16" : "F32");
-        if (r == US_OK &&
-            !opts.weights_only) { /* exp_avg, exp_avg_sq (and master) per tensor: three lists in one file */
-            us__ck_t *l3 = (us__ck_t *)US_MALLOC(sizeof(us__ck_t) * (size_t)nlist * 3);
-            int q, n3 = 0;
-            static const char *pre[3] = {"optimizer.exp_avg.", "optimizer.exp_avg_sq.", "master."};
-            if (!l3) {
-                us__model_set_error(m, "checkpoint: out of host memory");
-                r = US_ERR_OOM;
-            }
-            for (q = 0; l3 && q < (has_master ? 3 : 2); q++)
-                for (k = 0; k < nlist; k++) {
-                    if (list[k].cols == 0 && strstr(list[k].name, "e_score"))
-                        continue; /* not trained */
-                    l3[n3] = list[k];
-                    snprintf(l3[n3].name, sizeof l3[n3].name, "%s%s", pre[q], list[k].name);
-                    n3++;
-                }
-            if (l3) {
-                opt.t0 = 0;
-                opt.t1 = n3;
-                r = us__ckf_create(m, &opt, l3, "", "F32");
-            }
-            US_FREE(l3);
-        }
-    }
+    r = us__cksave_plan(m, &s, dir);
+    if (r != US_OK) return r;
+    if (s.rank == 0) r = us__cksave_create(m, &s);
     r = us__ckpt_agree(m, r);
-    /* 2. every rank writes the elements it owns */
-    if (r == US_OK) {
-        int64_t wn = Z == 3 ? m->shard_n : m->n_flat, on = Z ? m->shard_n : m->n_flat;
-        h.w = US_MALLOC((size_t)(wn > 0 ? wn : 1) * us_dtype_size(m->dt));
-        h.m = (float *)US_MALLOC((size_t)(on > 0 ? on : 1) * 4);
-        h.v = (float *)US_MALLOC((size_t)(on > 0 ? on : 1) * 4);
-        if (has_master) h.master = (float *)US_MALLOC((size_t)(on > 0 ? on : 1) * 4);
-        if (!h.w || !h.m || !h.v || (has_master && !h.master)) {
-            us__model_set_error(m, "checkpoint: out of host memory");
-            r = US_ERR_OOM;
-        } else {
-            o->sync(o);
-            o->copy(o, h.w, m->w, (size_t)wn * us_dtype_size(m->dt), US_COPY_D2H);
-            o->copy(o, h.m, m->adam_m, (size_t)on * 4, US_COPY_D2H);
-            o->copy(o, h.v, m->adam_v, (size_t)on * 4, US_COPY_D2H);
-            if (h.master) o->copy(o, h.master, m->master, (size_t)on * 4, US_COPY_D2H);
-            if (m->dt != US_F32 && !bf) { /* an F32 file from bf16 or fp16 weights: widen exactly */
-                float *w32 = (float *)US_MALLOC((size_t)(wn > 0 ? wn : 1) * 4);
-                if (!w32) {
-                    us__model_set_error(m, "checkpoint: out of host memory");
-                    r = US_ERR_OOM;
-                } else {
-                    us__load_f32(w32, h.w, m->dt, wn);
-                    US_FREE(h.w);
-                    h.w = w32;
-                }
-            }
-        }
-        for (k = 0; k < nf && r == US_OK; k++) {
-            files[k].fd = open(files[k].path, O_WRONLY);
-            if (files[k].fd < 0) {
-                us__model_set_error(m, "checkpoint: cannot open %s: %s", files[k].path,
-                                    strerror(errno));
-                r = US_ERR_IO;
-            }
-        }
-        {
-            uint64_t hl;
-            unsigned char len8[8];
-            int q;
-            for (k = 0; k < nf && r == US_OK;
-                 k++) { /* each file's data section: after its header */
-                int fd = open(files[k].path, O_RDONLY);
-                if (fd < 0 || us__pread_all(fd, len8, 8, 0)) {
-                    us__model_set_error(m, "checkpoint: cannot read back %s", files[k].path);
-                    r = US_ERR_IO;
-                }
-                if (fd >= 0) close(fd);
-                for (hl = 0, q = 7; q >= 0; q--) hl = hl << 8 | len8[q];
-                files[k].data_start = 8 + hl;
-            }
-        }
-        if (r == US_OK) {
-            us_dtype save_dt = m->dt;
-            if (m->dt != US_F32 && !bf) m->dt = US_F32; /* h.w was widened above */
-            r = us__ckpt_write_buf(m, files, nf, list, nlist, 0, &h, "", bf ? "BF16" : "F32",
-                                   &written, opts.crash_after);
-            m->dt = save_dt;
-        }
-        /* the MoE router biases (not parameters): one writer per layer, dp×cp and tp rank 0 */
-        if (r == US_OK && m->n_moe && m->cfg.moe_balance == US_MOE_BALANCE_BIAS &&
-            m->mesh.dpcp_g.rank == 0 && m->mesh.tp_rank == 0) {
-            int l, E = m->cfg.moe_experts;
-            for (l = 0; l < m->cfg.n_layers && r == US_OK; l++) {
-                char nm[96];
-                int t, fi;
-                uint64_t off = 0;
-                if (m->moe_idx[l] < 0) continue;
-                snprintf(nm, sizeof nm, "model.layers.%d.mlp.gate.e_score_correction_bias",
-                         m->layer_g[l]);
-                for (fi = 0; fi < nf; fi++) {
-                    for (off = 0, t = files[fi].t0; t < files[fi].t1 && strcmp(list[t].name, nm);
-                         t++)
-                        off += (uint64_t)list[t].rows *
-                               (uint64_t)(list[t].cols ? list[t].cols : 1) * 4;
-                    if (t < files[fi].t1) break;
-                }
-                if (fi == nf ||
-                    us__pwrite_all(files[fi].fd, m->moe_bias_h + (size_t)m->moe_idx[l] * E,
-                                   (size_t)E * 4, files[fi].data_start + off)) {
-                    us__model_set_error(m, "checkpoint: cannot write the router bias of layer %d",
-                                        m->layer_g[l]);
-                    r = US_ERR_IO;
-                }
-            }
-        }
-        if (r == US_OK && !opts.weights_only) {
-            us__ck_t *l3 = (us__ck_t *)US_MALLOC(sizeof(us__ck_t) * (size_t)nlist * 3);
-            int q, n3 = 0;
-            static const char *pre[3] = {"optimizer.exp_avg.", "optimizer.exp_avg_sq.", "master."};
-            unsigned char len8[8];
-            uint64_t hl = 0;
-            opt.fd = open(opt.path, O_RDWR);
-            if (!l3 || opt.fd < 0 || us__pread_all(opt.fd, len8, 8, 0)) {
-                us__model_set_error(m, "checkpoint: cannot open %s", opt.path);
-                r = US_ERR_IO;
-            }
-            for (k = 7; k >= 0; k--) hl = hl << 8 | len8[k];
-            opt.data_start = 8 + hl;
-            for (q = 0; r == US_OK && q < (has_master ? 3 : 2); q++) {
-                int n0 = n3;
-                for (k = 0; k < nlist; k++) {
-                    if (list[k].cols == 0 && strstr(list[k].name, "e_score")) continue;
-                    l3[n3] = list[k];
-                    n3++;
-                }
-                /* each third of the file is one buffer: write it as its own "file" view */
-                {
-                    us__ckf view = opt;
-                    uint64_t before = 0;
-                    int t;
-                    for (t = 0; t < n0; t++)
-                        before +=
-                            (uint64_t)l3[t].rows * (uint64_t)(l3[t].cols ? l3[t].cols : 1) * 4;
-                    view.t0 = n0;
-                    view.t1 = n3;
-                    view.data_start = opt.data_start + before;
-                    r = us__ckpt_write_buf(m, &view, 1, l3, n3,
-                                           q == 0   ? 2
-                                           : q == 1 ? 3
-                                                    : 1,
-                                           &h, pre[q], "F32", &written, opts.crash_after);
-                }
-            }
-            US_FREE(l3);
-        }
-        for (k = 0; k < nf; k++)
-            if (files[k].fd >= 0) {
-                if (r == US_OK && fsync(files[k].fd)) {
-                    us__model_set_error(m, "checkpoint: fsync %s failed", files[k].path);
-                    r = US_ERR_IO;
-                }
-                close(files[k].fd);
-            }
-        if (opt.fd >= 0) {
-            if (r == US_OK && fsync(opt.fd)) {
-                us__model_set_error(m, "checkpoint: fsync %s failed", opt.path);
-                r = US_ERR_IO;
-            }
-            close(opt.fd);
-        }
-    }
+    if (r == US_OK) r = us__cksave_write(m, &s);
     r = us__ckpt_agree(m, r);
-    /* 3. rank 0: config.json, the index, trainer_state.json; then the rename */
-    if (r == US_OK && rank == 0) {
-        const us_model_config *c = &m->cfg;
-        size_t cap = 4096 + (size_t)nlist * 160, len = 0;
-        char *t = (char *)US_MALLOC(cap), path[4200];
-        if (!t) {
-            us__model_set_error(m, "checkpoint: out of host memory");
-            r = US_ERR_OOM;
-        }
-        if (r == US_OK) {
-            len = (size_t)snprintf(
-                t, cap,
-                "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n  "
-                "\"hidden_size\": %lld,\n  \"intermediate_size\": %lld,\n"
-                "  \"num_hidden_layers\": %d,\n  \"num_attention_heads\": %d,\n  "
-                "\"num_key_value_heads\": %d,\n  \"head_dim\": %lld,\n  \"vocab_size\": %lld,\n"
-                "  \"max_position_embeddings\": %d,\n  \"rms_norm_eps\": %.9g,\n  \"rope_theta\": "
-                "%.9g,\n  \"tie_word_embeddings\": %s,\n"
-                "  \"hidden_act\": \"silu\",\n  \"attention_bias\": false,\n  \"mlp_bias\": "
-                "false,\n  \"torch_dtype\": \"%s\",\n  \"ultrascale_version\": \"%s\"",
-                (long long)c->dim, (long long)c->ffn_dim, m->n_layers_global, c->n_heads,
-                c->n_kv_heads, (long long)(c->dim / c->n_heads), (long long)c->vocab,
-                m->tc.seq > 2048 ? m->tc.seq : 2048, (double)c->norm_eps, (double)c->rope_theta,
-                c->tie_embeddings ? "true" : "false", bf ? "bfloat16" : "float32", US_VERSION);
-            if (c->moe_experts) /* DeepSeek-V3's names for the MoE fields */
-                len += (size_t)snprintf(
-                    t + len, cap - len,
-                    ",\n  \"n_routed_experts\": %d,\n  \"num_experts_per_tok\": %d,\n  "
-                    "\"moe_intermediate_size\": %lld,\n"
-                    "  \"n_shared_experts\": %d,\n  \"first_k_dense_replace\": %d,\n  "
-                    "\"moe_layer_freq\": %d,\n  \"n_group\": %d,\n  \"topk_group\": %d,\n"
-                    "  \"scoring_func\": \"%s\",\n  \"ultrascale_moe_balance\": %d",
-                    c->moe_experts, c->moe_top_k, (long long)c->moe_ffn_dim, c->moe_shared,
-                    c->moe_first_dense, c->moe_every, c->moe_groups, c->moe_top_groups,
-                    c->moe_gate == US_MOE_SIGMOID ? "sigmoid" : "softmax", (int)c->moe_balance);
-            snprintf(t + len, cap - len, "\n}\n");
-            snprintf(path, sizeof path, "%s/config.json", tmp);
-            if (us__write_text(path, t)) {
-                us__model_set_error(m, "checkpoint: cannot write %s", path);
-                r = US_ERR_IO;
-            }
-        }
-        if (r == US_OK && nf > 1) { /* model.safetensors.index.json */
-            uint64_t total = 0;
-            int q;
-            len = (size_t)snprintf(t, cap,
-                                   "{\n  \"metadata\": {\"total_size\": "
-                                   "TOTAL__________________},\n  \"weight_map\": {");
-            for (k = 0; k < nf; k++)
-                for (q = files[k].t0; q < files[k].t1; q++) {
-                    total += (uint64_t)list[q].rows * (uint64_t)(list[q].cols ? list[q].cols : 1) *
-                             (bf ? 2 : 4);
-                    len += (size_t)snprintf(t + len, cap - len,
-                                            "%s\n    \"%s\": \"model-%05d-of-%05d.safetensors\"",
-                                            k + q ? "," : "", list[q].name, k + 1, nf);
-                }
-            snprintf(t + len, cap - len, "\n  }\n}\n");
-            {
-                char tot[32], *at = strstr(t, "TOTAL__________________");
-                int tl = snprintf(tot, sizeof tot, "%llu", (unsigned long long)total);
-                memset(at, ' ', 23);
-                memcpy(at, tot, (size_t)tl);
-            }
-            snprintf(path, sizeof path, "%s/model.safetensors.index.json", tmp);
-            if (us__write_text(path, t)) {
-                us__model_set_error(m, "checkpoint: cannot write %s", path);
-                r = US_ERR_IO;
-            }
-        }
-        if (r == US_OK && !opts.weights_only) {
-            int q;
-            len = (size_t)snprintf(t, cap,
-                                   "{\n  \"format\": \"ultrascale-trainer-state\",\n  \"version\": "
-                                   "1,\n  \"step\": %d,\n  \"data_position\": %lld,\n  \"rng\": [",
-                                   m->step, (long long)(st ? st->data_pos : 0));
-            for (q = 0; st && q < st->n_rng && q < 8; q++)
-                len += (size_t)snprintf(t + len, cap - len, "%s\"%llu\"", q ? ", " : "",
-                                        (unsigned long long)st->rng[q]);
-            /* the loss scaler (// >>lossscale): S and its clean steps, so an fp16 run resumes where it was */
-            snprintf(t + len, cap - len,
-                     "],\n  \"precision\": \"%s\",\n  \"seed\": %llu,\n  \"loss_scale\": %.9g,\n  "
-                     "\"loss_scale_good_steps\": %d,\n"
-                     "  \"layout\": {\"dp\": %d, \"zero\": %d, \"tp\": %d, \"sp\": %d, \"pp\": %d, "
-                     "\"cp\": %d, \"ep\": %d}\n}\n",
-                     us_precision_name(m->tc.precision), (unsigned long long)m->tc.seed,
-                     (double)m->loss_scale, m->ls_good, m->tc.dp, m->tc.zero, m->tc.tp, m->tc.sp,
-                     m->tc.pp, m->tc.cp, m->tc.ep);
-            snprintf(path, sizeof path, "%s/trainer_state.json", tmp);
-            if (us__write_text(path, t)) {
-                us__model_set_error(m, "checkpoint: cannot write %s", path);
-                r = US_ERR_IO;
-            }
-        }
-        US_FREE(t);
-        /* the commit: fsync the directory, move any old dir aside, rename, fsync the parent */
-        if (r == US_OK) {
-            struct stat sb;
-            us__parent_dir(dir, parent, sizeof parent);
-            snprintf(old, sizeof old, "%s.old", dir);
-            if (us__fsync_path(tmp)) {
-                us__model_set_error(m, "checkpoint: fsync %s failed", tmp);
-                r = US_ERR_IO;
-            } else if (stat(dir, &sb) == 0) {
-                us__rm_tree(old);
-                if (rename(dir, old)) {
-                    us__model_set_error(m, "checkpoint: cannot move the old %s aside: %s", dir,
-                                        strerror(errno));
-                    r = US_ERR_IO;
-                }
-            }
-            if (r == US_OK && rename(tmp, dir)) {
-                us__model_set_error(m, "checkpoint: cannot rename %s to %s: %s", tmp, dir,
-                                    strerror(errno));
-                r = US_ERR_IO;
-            }
-            if (r == US_OK) {
-                us__fsync_path(parent);
-                us__rm_tree(old);
-            }
-        }
-    }
+    if (r == US_OK && s.rank == 0) r = us__cksave_commit(m, &s, dir, st);
     r = us__ckpt_agree(m, r);
-    us__ckhost_free(&h);
-    US_FREE(list);
-    US_FREE(files);
+    us__ckhost_free(&s.h);
+    US_FREE(s.list);
+    US_FREE(s.files);
     return r;
 #endif
 }
@@ -11678,23 +11787,41 @@ US_API us_result us_ckpt_load(us_model *m, const char *dir, int resume, us_ckpt_
 #endif
 }
 
-US_API us_result us_ckpt_read_config(const char *dir, us_model_config *mc, char *err,
-                                     size_t errlen) {
-#if !US__CKPT_POSIX
-    (void)dir;
-    (void)mc;
-    (void)us__jnum;
-    (void)us__jbool;
-    us__errf(err, errlen, "checkpoint: this build has no POSIX file calls");
-    return US_ERR_IO;
-#else
-    char p[4200], *txt;
+#if US__CKPT_POSIX
+/* config.json's fields this library reads: the key, where it goes in us_model_config, its kind
+   (0 int, 1 int64, 2 float, 3 bool) and its allowed range. */
+static const struct {
+    const char *key;
+    int kind;
+    size_t off;
+    int64_t lo, hi;
+} us__cfg_fields[] = {
+    {"vocab_size", 1, offsetof(us_model_config, vocab), 1, (int64_t)1 << 31},
+    {"hidden_size", 1, offsetof(us_model_config, dim), 1, (int64_t)1 << 20},
+    {"num_hidden_layers", 0, offsetof(us_model_config, n_layers), 1, 1 << 16},
+    {"num_attention_heads", 0, offsetof(us_model_config, n_heads), 1, 1 << 16},
+    {"num_key_value_heads", 0, offsetof(us_model_config, n_kv_heads), 1, 1 << 16},
+    {"intermediate_size", 1, offsetof(us_model_config, ffn_dim), 1, (int64_t)1 << 24},
+    {"tie_word_embeddings", 3, offsetof(us_model_config, tie_embeddings), 0, 1},
+    {"rope_theta", 2, offsetof(us_model_config, rope_theta), 0, 0},
+    {"rms_norm_eps", 2, offsetof(us_model_config, norm_eps), 0, 0},
+    {"n_routed_experts", 0, offsetof(us_model_config, moe_experts), 0, 1024},
+    {"num_experts_per_tok", 0, offsetof(us_model_config, moe_top_k), 0, 1024},
+    {"moe_intermediate_size", 1, offsetof(us_model_config, moe_ffn_dim), 0, (int64_t)1 << 24},
+    {"n_shared_experts", 0, offsetof(us_model_config, moe_shared), 0, 1},
+    {"first_k_dense_replace", 0, offsetof(us_model_config, moe_first_dense), 0, 1 << 16},
+    {"moe_layer_freq", 0, offsetof(us_model_config, moe_every), 0, 1 << 16},
+    {"n_group", 0, offsetof(us_model_config, moe_groups), 0, 64},
+    {"topk_group", 0, offsetof(us_model_config, moe_top_groups), 0, 64},
+    {"ultrascale_moe_balance", 0, offsetof(us_model_config, moe_balance), 0, 3}};
+
+/* dir/config.json read (at most 1 MiB) and parsed into j; on success *txt holds the text j
+   points into, and the caller frees both. */
+static us_result us__cfg_load(const char *p, char **txt_out, us__json *j, char *err,
+                              size_t errlen) {
+    char *txt;
     struct stat sb;
-    us__json j;
-    int fd, q;
-    us_result r = US_OK;
-    snprintf(p, sizeof p, "%s/config.json", dir);
-    fd = open(p, O_RDONLY);
+    int fd = open(p, O_RDONLY);
     if (fd < 0 || fstat(fd, &sb) || sb.st_size > (1 << 20)) {
         us__errf(err, errlen, "cannot read %s (missing, or over 1 MiB)", p);
         if (fd >= 0) close(fd);
@@ -11708,141 +11835,135 @@ US_API us_result us_ckpt_read_config(const char *dir, us_model_config *mc, char 
         return US_ERR_IO;
     }
     close(fd);
-    if (us__json_parse(&j, txt, (size_t)sb.st_size, 100000) != 0 || j.t[0].type != US__J_OBJ) {
-        us__errf(err, errlen, "%s: %s", p, j.err[0] ? j.err : "not a JSON object");
-        us__json_free(&j);
+    if (us__json_parse(j, txt, (size_t)sb.st_size, 100000) != 0 || j->t[0].type != US__J_OBJ) {
+        us__errf(err, errlen, "%s: %s", p, j->err[0] ? j->err : "not a JSON object");
+        us__json_free(j);
         US_FREE(txt);
         return US_ERR_FORMAT;
     }
-    {
-        static const struct {
-            const char *key;
-            int kind;
-            size_t off;
-            int64_t lo, hi;
-        } F[] = {
-            /* kind 0 int, 1 int64, 2 float, 3 bool */
-            {"vocab_size", 1, offsetof(us_model_config, vocab), 1, (int64_t)1 << 31},
-            {"hidden_size", 1, offsetof(us_model_config, dim), 1, (int64_t)1 << 20},
-            {"num_hidden_layers", 0, offsetof(us_model_config, n_layers), 1, 1 << 16},
-            {"num_attention_heads", 0, offsetof(us_model_config, n_heads), 1, 1 << 16},
-            {"num_key_value_heads", 0, offsetof(us_model_config, n_kv_heads), 1, 1 << 16},
-            {"intermediate_size", 1, offsetof(us_model_config, ffn_dim), 1, (int64_t)1 << 24},
-            {"tie_word_embeddings", 3, offsetof(us_model_config, tie_embeddings), 0, 1},
-            {"rope_theta", 2, offsetof(us_model_config, rope_theta), 0, 0},
-            {"rms_norm_eps", 2, offsetof(us_model_config, norm_eps), 0, 0},
-            {"n_routed_experts", 0, offsetof(us_model_config, moe_experts), 0, 1024},
-            {"num_experts_per_tok", 0, offsetof(us_model_config, moe_top_k), 0, 1024},
-            {"moe_intermediate_size", 1, offsetof(us_model_config, moe_ffn_dim), 0,
-             (int64_t)1 << 24},
-            {"n_shared_experts", 0, offsetof(us_model_config, moe_shared), 0, 1},
-            {"first_k_dense_replace", 0, offsetof(us_model_config, moe_first_dense), 0, 1 << 16},
-            {"moe_layer_freq", 0, offsetof(us_model_config, moe_every), 0, 1 << 16},
-            {"n_group", 0, offsetof(us_model_config, moe_groups), 0, 64},
-            {"topk_group", 0, offsetof(us_model_config, moe_top_groups), 0, 64},
-            {"ultrascale_moe_balance", 0, offsetof(us_model_config, moe_balance), 0, 3}};
+    *txt_out = txt;
+    return US_OK;
+}
 
-        for (q = 0; q < (int)(sizeof F / sizeof F[0]) && r == US_OK; q++) {
-            int k = us__jget(&j, 0, F[q].key), b;
-            int64_t v = 0;
-            double d = 0;
-            char *fld = (char *)mc + F[q].off;
-            if (k < 0 || (j.t[k].type == US__J_LIT && j.s[j.t[k].start] == 'n'))
-                continue; /* absent or null: the default */
-            if (F[q].kind == 2) {
-                float cur, x;
-                if (!us__jnum(&j, k, &d) || !(d > 0) || d > 1e30) {
-                    us__errf(err, errlen, "%s: %s must be a positive number", p, F[q].key);
-                    r = US_ERR_FORMAT;
-                    break;
-                }
-                memcpy(&cur, fld, 4);
-                x = (float)d;
-                if (cur != 0 && cur != x) {
-                    us__errf(err, errlen, "%s says %s = %g but the model config sets %g", p,
-                             F[q].key, (double)x, (double)cur);
-                    r = US_ERR_INVALID;
-                    break;
-                }
-                memcpy(fld, &x, 4);
-                continue;
-            }
-            if (F[q].kind == 3) {
-                if (!us__jbool(&j, k, &b)) {
-                    us__errf(err, errlen, "%s: %s must be true or false", p, F[q].key);
-                    r = US_ERR_FORMAT;
-                    break;
-                }
-                v = b;
-            } else if (!us__jint(&j, k, &v) || v < F[q].lo || v > F[q].hi) {
-                us__errf(err, errlen, "%s: %s must be an integer in %lld..%lld", p, F[q].key,
-                         (long long)F[q].lo, (long long)F[q].hi);
-                r = US_ERR_FORMAT;
-                break;
-            }
-            if (F[q].kind == 1) {
-                int64_t cur;
-                memcpy(&cur, fld, 8);
-                if (cur != 0 && cur != v) {
-                    us__errf(err, errlen, "%s says %s = %lld but the model config sets %lld", p,
-                             F[q].key, (long long)v, (long long)cur);
-                    r = US_ERR_INVALID;
-                    break;
-                }
-                memcpy(fld, &v, 8);
-            } else {
-                int cur, x = (int)v;
-                memcpy(&cur, fld, sizeof(int));
-                if (F[q].kind == 3 && x == 0) continue; /* untied: the default */
-                if (cur != 0 && cur != x) {
-                    us__errf(err, errlen, "%s says %s = %d but the model config sets %d", p,
-                             F[q].key, x, cur);
-                    r = US_ERR_INVALID;
-                    break;
-                }
-                memcpy(fld, &x, sizeof(int));
-            }
+/* Field q of us__cfg_fields into mc: absent or null keeps the default; a value the caller's
+   config already sets differently is refused, so a checkpoint never loads into the wrong model. */
+static us_result us__cfg_field(const us__json *j, int q, us_model_config *mc, const char *p,
+                               char *err, size_t errlen) {
+    int k = us__jget(j, 0, us__cfg_fields[q].key), b;
+    int64_t v = 0;
+    double d = 0;
+    const char *key = us__cfg_fields[q].key;
+    char *fld = (char *)mc + us__cfg_fields[q].off;
+    if (k < 0 || (j->t[k].type == US__J_LIT && j->s[j->t[k].start] == 'n'))
+        return US_OK; /* absent or null: the default */
+    if (us__cfg_fields[q].kind == 2) {
+        float cur, x;
+        if (!us__jnum(j, k, &d) || !(d > 0) || d > 1e30) {
+            us__errf(err, errlen, "%s: %s must be a positive number", p, key);
+            return US_ERR_FORMAT;
         }
-        { /* what this model cannot represent is refused rather than silently dropped */
-            int k2, b2;
-            char act[32];
-            if (r == US_OK && (k2 = us__jget(&j, 0, "rope_scaling")) >= 0 &&
-                !(j.t[k2].type == US__J_LIT && j.s[j.t[k2].start] == 'n')) {
-                us__errf(err, errlen,
-                         "%s: rope_scaling is set, and this library has plain RoPE only", p);
-                r = US_ERR_FORMAT;
-            }
-            if (r == US_OK && ((us__jbool(&j, us__jget(&j, 0, "attention_bias"), &b2) && b2) ||
-                               (us__jbool(&j, us__jget(&j, 0, "mlp_bias"), &b2) && b2))) {
-                us__errf(err, errlen,
-                         "%s: attention_bias / mlp_bias is true, and this library's linear layers "
-                         "have no bias",
-                         p);
-                r = US_ERR_FORMAT;
-            }
-            if (r == US_OK && us__jstr(&j, us__jget(&j, 0, "hidden_act"), act, sizeof act) &&
-                strcmp(act, "silu")) {
-                us__errf(err, errlen, "%s: hidden_act is %s; this library's MLP is SwiGLU (silu)",
-                         p, act);
-                r = US_ERR_FORMAT;
-            }
+        memcpy(&cur, fld, 4);
+        x = (float)d;
+        if (cur != 0 && cur != x) {
+            us__errf(err, errlen, "%s says %s = %g but the model config sets %g", p, key, (double)x,
+                     (double)cur);
+            return US_ERR_INVALID;
         }
-        { /* DeepSeek's scoring function; head_dim must be hidden/heads here */
-            char sf[32];
-            int64_t hd;
-            if (r == US_OK && us__jstr(&j, us__jget(&j, 0, "scoring_func"), sf, sizeof sf) &&
-                !mc->moe_gate)
-                mc->moe_gate = !strcmp(sf, "sigmoid") ? US_MOE_SIGMOID : US_MOE_SOFTMAX;
-            if (r == US_OK && us__jint(&j, us__jget(&j, 0, "head_dim"), &hd) && mc->n_heads > 0 &&
-                hd * mc->n_heads != mc->dim) {
-                us__errf(err, errlen,
-                         "%s: head_dim %lld is not hidden_size/num_attention_heads = %lld, which "
-                         "this library assumes",
-                         p, (long long)hd, (long long)(mc->dim / mc->n_heads));
-                r = US_ERR_FORMAT;
-            }
-        }
+        memcpy(fld, &x, 4);
+        return US_OK;
     }
+    if (us__cfg_fields[q].kind == 3) {
+        if (!us__jbool(j, k, &b)) {
+            us__errf(err, errlen, "%s: %s must be true or false", p, key);
+            return US_ERR_FORMAT;
+        }
+        v = b;
+    } else if (!us__jint(j, k, &v) || v < us__cfg_fields[q].lo || v > us__cfg_fields[q].hi) {
+        us__errf(err, errlen, "%s: %s must be an integer in %lld..%lld", p, key,
+                 (long long)us__cfg_fields[q].lo, (long long)us__cfg_fields[q].hi);
+        return US_ERR_FORMAT;
+    }
+    if (us__cfg_fields[q].kind == 1) {
+        int64_t cur;
+        memcpy(&cur, fld, 8);
+        if (cur != 0 && cur != v) {
+            us__errf(err, errlen, "%s says %s = %lld but the model config sets %lld", p, key,
+                     (long long)v, (long long)cur);
+            return US_ERR_INVALID;
+        }
+        memcpy(fld, &v, 8);
+    } else {
+        int cur, x = (int)v;
+        memcpy(&cur, fld, sizeof(int));
+        if (us__cfg_fields[q].kind == 3 && x == 0) return US_OK; /* untied: the default */
+        if (cur != 0 && cur != x) {
+            us__errf(err, errlen, "%s says %s = %d but the model config sets %d", p, key, x, cur);
+            return US_ERR_INVALID;
+        }
+        memcpy(fld, &x, sizeof(int));
+    }
+    return US_OK;
+}
+
+/* What this model cannot represent (rope_scaling, biases, an MLP other than SwiGLU) is refused
+   rather than silently dropped; DeepSeek's scoring function is read; head_dim must be
+   hidden/heads here. */
+static us_result us__cfg_refuse(const us__json *j, us_model_config *mc, const char *p, char *err,
+                                size_t errlen) {
+    int k2, b2;
+    char act[32], sf[32];
+    int64_t hd;
+    if ((k2 = us__jget(j, 0, "rope_scaling")) >= 0 &&
+        !(j->t[k2].type == US__J_LIT && j->s[j->t[k2].start] == 'n')) {
+        us__errf(err, errlen, "%s: rope_scaling is set, and this library has plain RoPE only", p);
+        return US_ERR_FORMAT;
+    }
+    if ((us__jbool(j, us__jget(j, 0, "attention_bias"), &b2) && b2) ||
+        (us__jbool(j, us__jget(j, 0, "mlp_bias"), &b2) && b2)) {
+        us__errf(err, errlen,
+                 "%s: attention_bias / mlp_bias is true, and this library's linear layers "
+                 "have no bias",
+                 p);
+        return US_ERR_FORMAT;
+    }
+    if (us__jstr(j, us__jget(j, 0, "hidden_act"), act, sizeof act) && strcmp(act, "silu")) {
+        us__errf(err, errlen, "%s: hidden_act is %s; this library's MLP is SwiGLU (silu)", p, act);
+        return US_ERR_FORMAT;
+    }
+    if (us__jstr(j, us__jget(j, 0, "scoring_func"), sf, sizeof sf) && !mc->moe_gate)
+        mc->moe_gate = !strcmp(sf, "sigmoid") ? US_MOE_SIGMOID : US_MOE_SOFTMAX;
+    if (us__jint(j, us__jget(j, 0, "head_dim"), &hd) && mc->n_heads > 0 &&
+        hd * mc->n_heads != mc->dim) {
+        us__errf(err, errlen,
+                 "%s: head_dim %lld is not hidden_size/num_attention_heads = %lld, which "
+                 "this library assumes",
+                 p, (long long)hd, (long long)(mc->dim / mc->n_heads));
+        return US_ERR_FORMAT;
+    }
+    return US_OK;
+}
+#endif
+
+US_API us_result us_ckpt_read_config(const char *dir, us_model_config *mc, char *err,
+                                     size_t errlen) {
+#if !US__CKPT_POSIX
+    (void)dir;
+    (void)mc;
+    (void)us__jnum;
+    (void)us__jbool;
+    us__errf(err, errlen, "checkpoint: this build has no POSIX file calls");
+    return US_ERR_IO;
+#else
+    char p[4200], *txt = NULL;
+    us__json j;
+    int q;
+    us_result r;
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    r = us__cfg_load(p, &txt, &j, err, errlen);
+    if (r != US_OK) return r;
+    for (q = 0; q < (int)(sizeof us__cfg_fields / sizeof us__cfg_fields[0]) && r == US_OK; q++)
+        r = us__cfg_field(&j, q, mc, p, err, errlen);
+    if (r == US_OK) r = us__cfg_refuse(&j, mc, p, err, errlen);
     us__json_free(&j);
     US_FREE(txt);
     return r;
