@@ -981,35 +981,396 @@ static us_result run_cuda(opts *o, int argc, char **argv) {
 }
 #endif
 
-int main(int argc, char **argv) {
+/* The command line as main reads it, shared by the parse_* and check_* steps below. */
+typedef struct cli {
     us_model_config mc;
     us_train_config tc;
     opts o;
-    int i, vocab = 0, dim = 0, ffn = 0;
-    const char *accum_flag = NULL; /* --grad-accum or --micro-batches, whichever came */
-    float clip = 1.0f;
-    char err[256];
-    us_result r;
+    int vocab, dim, ffn;    /* --vocab, --dim, --ffn, put into mc once every flag is read */
+    const char *accum_flag; /* --grad-accum or --micro-batches, whichever came */
+    float clip;
+} cli;
 
-#ifdef _OPENMP
-    /* OpenMP threads that sleep while they wait, unless the user chose: libgomp reads the policy
-       once, as the program starts, so the program starts itself again with it set */
-    if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "passive", 1) == 0)
-        execv("/proc/self/exe", argv);
-#endif
-    memset(&mc, 0, sizeof mc);
-    memset(&tc, 0, sizeof tc);
-    memset(&o, 0, sizeof o);
-    o.eval_every = 100;
-    o.temperature = 0.8f;
-    o.keep = 3;
-    o.val_frac = -1;
+/* What the steps below return besides an exit code: go on, or (a flag group) not my flag. */
+enum { GO_ON = -1, NOT_MINE = -2 };
+
+/* Zero means default, except the few defaults the program itself keeps. */
+static void cli_init(cli *c) {
+    memset(c, 0, sizeof *c);
+    c->clip = 1.0f;
+    c->o.eval_every = 100;
+    c->o.temperature = 0.8f;
+    c->o.keep = 3;
+    c->o.val_frac = -1;
 #ifdef US_CUDA
-    o.use_cuda = 1;
+    c->o.use_cuda = 1;
 #endif
+}
+
+/* The flags matched before the missing-value check: --help, the switches (takes = 0), and the
+   three value flags that were always matched there. */
+static int parse_switch(cli *c, const char *f, const char *v, int *ok, int *takes) {
+    *takes = 0;
+    if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+        usage(stdout);
+        return 0;
+    } else if (!strcmp(f, "--tied"))
+        c->mc.tie_embeddings = 1;
+    else if (!strcmp(f, "--dense-emb-grad"))
+        c->tc.dense_emb_grad = 1;
+    else if (!strcmp(f, "--tp-no-overlap"))
+        c->tc.tp_no_overlap = 1;
+    else if (!strcmp(f, "--quiet"))
+        c->o.quiet = 1;
+    else if (!strcmp(f, "--sp"))
+        c->tc.sp = 1;
+    else if (!strcmp(f, "--pp-clock"))
+        c->tc.pp_clock = 1;
+    else if (!strcmp(f, "--fp8-pow2"))
+        c->tc.fp8_pow2 = 1;
+    else if (!strcmp(f, "--fp8-no-weight-cache"))
+        c->tc.fp8_no_wcache = 1;
+    else if (!strcmp(f, "--shared-expert"))
+        c->mc.moe_shared = 1;
+    else {
+        *takes = 1;
+        if (!strcmp(f, "--overlap-sms"))
+            *ok = parse_int(v, 0, 4096, &c->tc.overlap_sms);
+        else if (!strcmp(f, "--fp8-min-dim"))
+            *ok = parse_int(v, 1, 1 << 20, &c->tc.fp8_min_dim);
+        else if (!strcmp(f, "--loss-chunk"))
+            *ok = parse_int(v, -1, 1 << 30, &c->tc.loss_chunk);
+        else
+            return NOT_MINE;
+    }
+    return GO_ON;
+}
+
+/* The model's shape: --layers, --dim, --heads and the rest up to --rope-theta. */
+static int parse_model(cli *c, const char *f, const char *v, int *ok) {
+    us_model_config *mc = &c->mc;
+    if (!strcmp(f, "--layers"))
+        *ok = parse_int(v, 1, 1 << 16, &mc->n_layers);
+    else if (!strcmp(f, "--dim"))
+        *ok = parse_int(v, 2, 1 << 20, &c->dim);
+    else if (!strcmp(f, "--heads"))
+        *ok = parse_int(v, 1, 1 << 16, &mc->n_heads);
+    else if (!strcmp(f, "--kv-heads"))
+        *ok = parse_int(v, 1, 1 << 16, &mc->n_kv_heads);
+    else if (!strcmp(f, "--ffn"))
+        *ok = parse_int(v, 1, 1 << 24, &c->ffn);
+    else if (!strcmp(f, "--vocab"))
+        *ok = parse_int(v, 2, 1 << 30, &c->vocab);
+    else if (!strcmp(f, "--rope-theta"))
+        *ok = parse_float(v, 1e-3f, 1e12f, &mc->rope_theta);
+    else
+        return NOT_MINE;
+    return GO_ON;
+}
+
+/* The mixture of experts: --experts, --top-k and the --moe flags. */
+static int parse_moe(cli *c, const char *f, const char *v, int *ok) {
+    us_model_config *mc = &c->mc;
+    if (!strcmp(f, "--experts"))
+        *ok = parse_int(v, 0, 1 << 20, &mc->moe_experts);
+    else if (!strcmp(f, "--top-k"))
+        *ok = parse_int(v, 1, 1 << 20, &mc->moe_top_k);
+    else if (!strcmp(f, "--moe-ffn")) {
+        int x;
+        *ok = parse_int(v, 1, 1 << 24, &x);
+        mc->moe_ffn_dim = x;
+    } else if (!strcmp(f, "--moe-bias-rate")) {
+        *ok = parse_float(v, 0, 1e3f, &mc->moe_bias_rate);
+        if (*ok && mc->moe_bias_rate == 0)
+            return bad("--moe-bias-rate must be positive (use --moe-balance none to turn "
+                       "balancing off), got",
+                       v);
+    } else if (!strcmp(f, "--moe-aux-coef")) {
+        *ok = parse_float(v, 0, 1e3f, &mc->moe_aux_coef);
+        if (*ok && mc->moe_aux_coef == 0)
+            return bad("--moe-aux-coef must be positive (use --moe-balance none to turn "
+                       "balancing off), got",
+                       v);
+    } else if (!strcmp(f, "--capacity-factor"))
+        *ok = parse_float(v, 0, 1e6f, &mc->moe_capacity);
+    else if (!strcmp(f, "--moe-groups"))
+        *ok = parse_int(v, 1, 64, &mc->moe_groups);
+    else if (!strcmp(f, "--moe-top-groups"))
+        *ok = parse_int(v, 1, 64, &mc->moe_top_groups);
+    else if (!strcmp(f, "--moe-first-dense"))
+        *ok = parse_int(v, 0, 1 << 16, &mc->moe_first_dense);
+    else if (!strcmp(f, "--moe-every"))
+        *ok = parse_int(v, 1, 1 << 16, &mc->moe_every);
+    else if (!strcmp(f, "--moe-gate")) {
+        if (!strcmp(v, "softmax"))
+            mc->moe_gate = US_MOE_SOFTMAX;
+        else if (!strcmp(v, "sigmoid"))
+            mc->moe_gate = US_MOE_SIGMOID;
+        else
+            return bad("--moe-gate must be softmax or sigmoid, got", v);
+    } else if (!strcmp(f, "--moe-balance")) {
+        if (!strcmp(v, "bias"))
+            mc->moe_balance = US_MOE_BALANCE_BIAS;
+        else if (!strcmp(v, "aux"))
+            mc->moe_balance = US_MOE_BALANCE_AUX;
+        else if (!strcmp(v, "none"))
+            mc->moe_balance = US_MOE_BALANCE_NONE;
+        else
+            return bad("--moe-balance must be bias, aux or none, got", v);
+    } else
+        return NOT_MINE;
+    return GO_ON;
+}
+
+/* --grad-accum and --micro-batches: one setting, two names, refused when they disagree. */
+static int parse_accum(cli *c, const char *f, const char *v, int *ok) {
+    int prev = c->tc.grad_accum;
+    *ok = parse_int(v, 1, 1 << 20, &c->tc.grad_accum);
+    if (*ok && c->accum_flag && strcmp(c->accum_flag, f) && prev != c->tc.grad_accum) {
+        fprintf(stderr,
+                "train: %s %d and %s %d disagree: both set the micro-batches per step; give one\n",
+                c->accum_flag, prev, f, c->tc.grad_accum);
+        return 2;
+    }
+    c->accum_flag = !strcmp(f, "--grad-accum") ? "--grad-accum" : "--micro-batches";
+    return GO_ON;
+}
+
+/* The named choices of training: --schedule, --precision, --recompute. */
+static int parse_choice(cli *c, const char *f, const char *v) {
+    us_train_config *tc = &c->tc;
+    if (!strcmp(f, "--schedule")) {
+        if (!strcmp(v, "cosine"))
+            tc->schedule = US_LR_COSINE;
+        else if (!strcmp(v, "constant"))
+            tc->schedule = US_LR_CONSTANT;
+        else
+            return bad("--schedule must be cosine or constant, got", v);
+    } else if (!strcmp(f, "--precision")) {
+        if (!strcmp(v, "fp32"))
+            tc->precision = US_PRECISION_FP32;
+        else if (!strcmp(v, "bf16"))
+            tc->precision = US_PRECISION_BF16;
+        else if (!strcmp(v, "fp16"))
+            tc->precision = US_PRECISION_FP16;
+        else if (!strcmp(v, "fp8"))
+            tc->precision = US_PRECISION_FP8;
+        else if (!strcmp(v, "fp8-tensor"))
+            tc->precision = US_PRECISION_FP8_TENSOR;
+        else
+            return bad("--precision must be fp32, bf16, fp16, fp8 or fp8-tensor, got", v);
+    } else if (!strcmp(f, "--recompute")) {
+        if (!strcmp(v, "none"))
+            tc->recompute = US_RECOMPUTE_NONE;
+        else if (!strcmp(v, "selective"))
+            tc->recompute = US_RECOMPUTE_SELECTIVE;
+        else if (!strcmp(v, "full"))
+            tc->recompute = US_RECOMPUTE_FULL;
+        else
+            return bad("--recompute must be none, selective or full, got", v);
+    } else
+        return NOT_MINE;
+    return GO_ON;
+}
+
+/* Training: the batch, the optimizer and its schedule, precision, recomputation. */
+static int parse_training(cli *c, const char *f, const char *v, int *ok) {
+    us_train_config *tc = &c->tc;
+    if (!strcmp(f, "--seq"))
+        *ok = parse_int(v, 1, 1 << 24, &tc->seq);
+    else if (!strcmp(f, "--batch"))
+        *ok = parse_int(v, 1, 1 << 24, &tc->batch);
+    else if (!strcmp(f, "--grad-accum") || !strcmp(f, "--micro-batches"))
+        return parse_accum(c, f, v, ok);
+    else if (!strcmp(f, "--steps"))
+        *ok = parse_int(v, 1, 1 << 30, &tc->steps);
+    else if (!strcmp(f, "--lr"))
+        *ok = parse_float(v, 1e-12f, 1e3f, &tc->lr);
+    else if (!strcmp(f, "--warmup"))
+        *ok = parse_int(v, 0, 1 << 30, &tc->warmup);
+    else if (!strcmp(f, "--min-lr-frac"))
+        *ok = parse_float(v, 0, 1, &tc->min_lr_frac);
+    else if (!strcmp(f, "--wd")) {
+        *ok = parse_float(v, 0, 1e3f, &tc->weight_decay);
+        if (*ok && tc->weight_decay == 0) tc->weight_decay = -1;
+    } else if (!strcmp(f, "--clip"))
+        *ok = parse_float(v, 0, 1e30f, &c->clip);
+    else if (!strcmp(f, "--seed")) {
+        int s;
+        *ok = parse_int(v, 1, 0x7fffffff, &s);
+        tc->seed = (uint64_t)s;
+    } else if (!strcmp(f, "--threads"))
+        *ok = parse_int(v, 1, 4096, &tc->threads);
+    else if (!strcmp(f, "--loss-scale"))
+        *ok = parse_float(v, 0, 3e38f, &tc->loss_scale);
+    else if (!strcmp(f, "--loss-scale-window"))
+        *ok = parse_int(v, 1, 1 << 30, &tc->loss_scale_window);
+    else
+        return parse_choice(c, f, v);
+    return GO_ON;
+}
+
+/* --pp-layers: a comma-separated count per stage. */
+static int parse_pp_layers(cli *c, const char *v) {
+    static int counts[1024];
+    int k = 0;
+    const char *p = v;
+    for (;;) {
+        char *end;
+        long x = strtol(p, &end, 10);
+        if (end == p || x < 1 || x > 1 << 20 || k == 1024)
+            return bad("--pp-layers takes positive layer counts separated by commas, got", v);
+        counts[k++] = (int)x;
+        if (*end == 0) break;
+        if (*end != ',')
+            return bad("--pp-layers takes positive layer counts separated by commas, got", v);
+        p = end + 1;
+    }
+    c->tc.pp_layers = counts;
+    c->o.pp_layers_n = k;
+    return GO_ON;
+}
+
+/* The pipeline's and context parallelism's named choices: --pp-schedule, --cp-mode. */
+static int parse_schedule(cli *c, const char *f, const char *v) {
+    us_train_config *tc = &c->tc;
+    if (!strcmp(f, "--pp-schedule")) {
+        if (!strcmp(v, "afab"))
+            tc->pp_schedule = US_PP_AFAB;
+        else if (!strcmp(v, "1f1b"))
+            tc->pp_schedule = US_PP_1F1B;
+        else if (!strcmp(v, "zb1"))
+            tc->pp_schedule = US_PP_ZB1;
+        else if (!strcmp(v, "interleaved"))
+            tc->pp_schedule = US_PP_INTERLEAVED;
+        else if (!strcmp(v, "interleaved-bf"))
+            tc->pp_schedule = US_PP_INTERLEAVED_BF;
+        else if (!strcmp(v, "zbv"))
+            tc->pp_schedule = US_PP_ZBV;
+        else if (!strcmp(v, "dualpipev"))
+            tc->pp_schedule = US_PP_DUALPIPEV;
+        else
+            return bad("--pp-schedule must be afab, 1f1b, interleaved, interleaved-bf, zb1, "
+                       "zbv or dualpipev, got",
+                       v);
+    } else if (!strcmp(f, "--cp-mode")) {
+        if (!strcmp(v, "ring"))
+            tc->cp_mode = US_CP_RING;
+        else if (!strcmp(v, "zigzag"))
+            tc->cp_mode = US_CP_ZIGZAG;
+        else if (!strcmp(v, "allgather"))
+            tc->cp_mode = US_CP_ALLGATHER;
+        else
+            return bad("--cp-mode must be ring, zigzag or allgather, got", v);
+    } else
+        return NOT_MINE;
+    return GO_ON;
+}
+
+/* --device: cpu, or cuda where this build has the CUDA backend. */
+static int parse_device(cli *c, const char *v) {
+    if (!strcmp(v, "cpu"))
+        c->o.use_cuda = 0;
+    else if (!strcmp(v, "cuda")) {
+#ifdef US_CUDA
+        c->o.use_cuda = 1;
+#else
+        fprintf(stderr, "train: this build has no CUDA backend; build it with make train-cuda\n");
+        return 2;
+#endif
+    } else
+        return bad("--device must be cpu or cuda, got", v);
+    return GO_ON;
+}
+
+/* Parallelism: the mesh (dp, tp, cp, ep, pp), its schedules, ZeRO, the device and processes. */
+static int parse_parallel(cli *c, const char *f, const char *v, int *ok) {
+    us_train_config *tc = &c->tc;
+    if (!strcmp(f, "--gpu")) {
+        *ok = parse_int(v, 0, 1023, &c->o.gpu);
+        c->o.gpu_set = 1;
+    } else if (!strcmp(f, "--dp"))
+        *ok = parse_int(v, 1, 4096, &tc->dp);
+    else if (!strcmp(f, "--tp"))
+        *ok = parse_int(v, 1, 4096, &tc->tp);
+    else if (!strcmp(f, "--cp"))
+        *ok = parse_int(v, 1, 4096, &tc->cp);
+    else if (!strcmp(f, "--ep"))
+        *ok = parse_int(v, 1, 4096, &tc->ep);
+    else if (!strcmp(f, "--pp"))
+        *ok = parse_int(v, 1, 4096, &tc->pp);
+    else if (!strcmp(f, "--pp-chunks"))
+        *ok = parse_int(v, 1, 16, &tc->pp_chunks);
+    else if (!strcmp(f, "--pp-layers"))
+        return parse_pp_layers(c, v);
+    else if (!strcmp(f, "--zero"))
+        *ok = parse_int(v, 0, 3, &tc->zero);
+    else if (!strcmp(f, "--bucket-mb"))
+        *ok = parse_float(v, 1e-6f, 1e6f, &tc->bucket_mb);
+    else if (!strcmp(f, "--nproc"))
+        *ok = parse_int(v, 1, 1024, &c->o.nproc);
+    else if (!strcmp(f, "--comm-timeout"))
+        *ok = parse_float(v, 1e-3f, 1e7f, &c->o.comm_timeout);
+    else if (!strcmp(f, "--device"))
+        return parse_device(c, v);
+    else
+        return parse_schedule(c, f, v);
+    return GO_ON;
+}
+
+/* Data and output: --data, checkpoints, the log, evaluation, sampling, trace and MFU peak. */
+static int parse_output(cli *c, const char *f, const char *v, int *ok) {
+    opts *o = &c->o;
+    if (!strcmp(f, "--trace"))
+        o->trace_path = v;
+    else if (!strcmp(f, "--data"))
+        o->data_path = v;
+    else if (!strcmp(f, "--save"))
+        o->save_dir = v;
+    else if (!strcmp(f, "--save-every"))
+        *ok = parse_int(v, 1, 1 << 30, &o->save_every);
+    else if (!strcmp(f, "--keep"))
+        *ok = parse_int(v, 0, 1 << 20, &o->keep);
+    else if (!strcmp(f, "--resume"))
+        o->resume_dir = v;
+    else if (!strcmp(f, "--init-from"))
+        o->init_dir = v;
+    else if (!strcmp(f, "--log"))
+        o->log_path = v;
+    else if (!strcmp(f, "--eval-every"))
+        *ok = parse_int(v, 0, 1 << 30, &o->eval_every);
+    else if (!strcmp(f, "--val-frac"))
+        *ok = parse_float(v, 0.0f, 0.99f, &o->val_frac);
+    else if (!strcmp(f, "--sample"))
+        *ok = parse_int(v, 0, 1 << 24, &o->sample_n);
+    else if (!strcmp(f, "--temperature"))
+        *ok = parse_float(v, 0, 100, &o->temperature);
+    else if (!strcmp(f, "--sample-top-k"))
+        *ok = parse_int(v, 0, 1 << 30, &o->top_k);
+    else if (!strcmp(f, "--peak-tflops"))
+        *ok = parse_float(v, 1e-6f, 1e9f, &o->peak_tflops);
+    else
+        return NOT_MINE;
+    return GO_ON;
+}
+
+/* A flag that takes a value, offered to each group in turn. */
+static int parse_value_flag(cli *c, const char *f, const char *v, int *ok) {
+    int rc = parse_model(c, f, v, ok);
+    if (rc == NOT_MINE) rc = parse_moe(c, f, v, ok);
+    if (rc == NOT_MINE) rc = parse_training(c, f, v, ok);
+    if (rc == NOT_MINE) rc = parse_parallel(c, f, v, ok);
+    if (rc == NOT_MINE) rc = parse_output(c, f, v, ok);
+    if (rc == NOT_MINE) return bad("unknown flag", f);
+    return rc;
+}
+
+/* Every argument: --flag value or --flag=value; the first mistake ends the program (exit 2). */
+static int parse_args(cli *c, int argc, char **argv) {
+    int i;
     for (i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL, *eq = strchr(f, '=');
-        int ok = 1, takes = 1;
+        int ok = 1, takes = 1, rc;
         char name[64];
         if (!strncmp(f, "--", 2) && eq) { /* --flag=value */
             if ((size_t)(eq - f) >= sizeof name) return bad("unknown flag", f);
@@ -1018,287 +1379,13 @@ int main(int argc, char **argv) {
             f = name;
             v = eq + 1;
         }
-        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(f, "--tied")) {
-            mc.tie_embeddings = 1;
-            takes = 0;
-        } else if (!strcmp(f, "--dense-emb-grad")) {
-            tc.dense_emb_grad = 1;
-            takes = 0;
-        } else if (!strcmp(f, "--tp-no-overlap")) {
-            tc.tp_no_overlap = 1;
-            takes = 0;
-        } else if (!strcmp(f, "--overlap-sms"))
-            ok = parse_int(v, 0, 4096, &tc.overlap_sms);
-        else if (!strcmp(f, "--quiet")) {
-            o.quiet = 1;
-            takes = 0;
-        } else if (!strcmp(f, "--sp")) {
-            tc.sp = 1;
-            takes = 0;
-        } else if (!strcmp(f, "--pp-clock")) {
-            tc.pp_clock = 1;
-            takes = 0;
-        } else if (!strcmp(f, "--fp8-pow2")) {
-            tc.fp8_pow2 = 1;
-            takes = 0;
-        } else if (!strcmp(f, "--fp8-no-weight-cache")) {
-            tc.fp8_no_wcache = 1;
-            takes = 0;
-        } else if (!strcmp(f, "--fp8-min-dim"))
-            ok = parse_int(v, 1, 1 << 20, &tc.fp8_min_dim);
-        else if (!strcmp(f, "--loss-chunk"))
-            ok = parse_int(v, -1, 1 << 30, &tc.loss_chunk);
-        else if (!strcmp(f, "--shared-expert")) {
-            mc.moe_shared = 1;
-            takes = 0;
-        } else if (strncmp(f, "--", 2))
-            return bad("unexpected argument", f);
-        else if (!v)
-            return bad(known_flag(f) ? "missing value for" : "unknown flag", f);
-        else if (!strcmp(f, "--layers"))
-            ok = parse_int(v, 1, 1 << 16, &mc.n_layers);
-        else if (!strcmp(f, "--dim"))
-            ok = parse_int(v, 2, 1 << 20, &dim);
-        else if (!strcmp(f, "--heads"))
-            ok = parse_int(v, 1, 1 << 16, &mc.n_heads);
-        else if (!strcmp(f, "--kv-heads"))
-            ok = parse_int(v, 1, 1 << 16, &mc.n_kv_heads);
-        else if (!strcmp(f, "--ffn"))
-            ok = parse_int(v, 1, 1 << 24, &ffn);
-        else if (!strcmp(f, "--vocab"))
-            ok = parse_int(v, 2, 1 << 30, &vocab);
-        else if (!strcmp(f, "--rope-theta"))
-            ok = parse_float(v, 1e-3f, 1e12f, &mc.rope_theta);
-        else if (!strcmp(f, "--seq"))
-            ok = parse_int(v, 1, 1 << 24, &tc.seq);
-        else if (!strcmp(f, "--batch"))
-            ok = parse_int(v, 1, 1 << 24, &tc.batch);
-        else if (!strcmp(f, "--grad-accum") ||
-                 !strcmp(f, "--micro-batches")) { /* one setting, two names */
-            int prev = tc.grad_accum;
-            ok = parse_int(v, 1, 1 << 20, &tc.grad_accum);
-            if (ok && accum_flag && strcmp(accum_flag, f) && prev != tc.grad_accum) {
-                fprintf(stderr,
-                        "train: %s %d and %s %d disagree: both set the micro-batches per step; "
-                        "give one\n",
-                        accum_flag, prev, f, tc.grad_accum);
-                return 2;
-            }
-            accum_flag = !strcmp(f, "--grad-accum") ? "--grad-accum" : "--micro-batches";
-        } else if (!strcmp(f, "--steps"))
-            ok = parse_int(v, 1, 1 << 30, &tc.steps);
-        else if (!strcmp(f, "--lr"))
-            ok = parse_float(v, 1e-12f, 1e3f, &tc.lr);
-        else if (!strcmp(f, "--warmup"))
-            ok = parse_int(v, 0, 1 << 30, &tc.warmup);
-        else if (!strcmp(f, "--min-lr-frac"))
-            ok = parse_float(v, 0, 1, &tc.min_lr_frac);
-        else if (!strcmp(f, "--wd")) {
-            ok = parse_float(v, 0, 1e3f, &tc.weight_decay);
-            if (ok && tc.weight_decay == 0) tc.weight_decay = -1;
-        } else if (!strcmp(f, "--clip"))
-            ok = parse_float(v, 0, 1e30f, &clip);
-        else if (!strcmp(f, "--seed")) {
-            int s;
-            ok = parse_int(v, 1, 0x7fffffff, &s);
-            tc.seed = (uint64_t)s;
-        } else if (!strcmp(f, "--threads"))
-            ok = parse_int(v, 1, 4096, &tc.threads);
-        else if (!strcmp(f, "--gpu")) {
-            ok = parse_int(v, 0, 1023, &o.gpu);
-            o.gpu_set = 1;
-        } else if (!strcmp(f, "--dp"))
-            ok = parse_int(v, 1, 4096, &tc.dp);
-        else if (!strcmp(f, "--tp"))
-            ok = parse_int(v, 1, 4096, &tc.tp);
-        else if (!strcmp(f, "--cp"))
-            ok = parse_int(v, 1, 4096, &tc.cp);
-        else if (!strcmp(f, "--ep"))
-            ok = parse_int(v, 1, 4096, &tc.ep);
-        else if (!strcmp(f, "--pp"))
-            ok = parse_int(v, 1, 4096, &tc.pp);
-        else if (!strcmp(f, "--pp-schedule")) {
-            if (!strcmp(v, "afab"))
-                tc.pp_schedule = US_PP_AFAB;
-            else if (!strcmp(v, "1f1b"))
-                tc.pp_schedule = US_PP_1F1B;
-            else if (!strcmp(v, "zb1"))
-                tc.pp_schedule = US_PP_ZB1;
-            else if (!strcmp(v, "interleaved"))
-                tc.pp_schedule = US_PP_INTERLEAVED;
-            else if (!strcmp(v, "interleaved-bf"))
-                tc.pp_schedule = US_PP_INTERLEAVED_BF;
-            else if (!strcmp(v, "zbv"))
-                tc.pp_schedule = US_PP_ZBV;
-            else if (!strcmp(v, "dualpipev"))
-                tc.pp_schedule = US_PP_DUALPIPEV;
-            else
-                return bad("--pp-schedule must be afab, 1f1b, interleaved, interleaved-bf, zb1, "
-                           "zbv or dualpipev, got",
-                           v);
-        } else if (!strcmp(f, "--pp-chunks"))
-            ok = parse_int(v, 1, 16, &tc.pp_chunks);
-        else if (!strcmp(f, "--pp-layers")) { /* a comma-separated count per stage */
-            static int counts[1024];
-            int k = 0;
-            const char *p = v;
-            for (;;) {
-                char *end;
-                long x = strtol(p, &end, 10);
-                if (end == p || x < 1 || x > 1 << 20 || k == 1024)
-                    return bad("--pp-layers takes positive layer counts separated by commas, got",
-                               v);
-                counts[k++] = (int)x;
-                if (*end == 0) break;
-                if (*end != ',')
-                    return bad("--pp-layers takes positive layer counts separated by commas, got",
-                               v);
-                p = end + 1;
-            }
-            tc.pp_layers = counts;
-            o.pp_layers_n = k;
-        } else if (!strcmp(f, "--cp-mode")) {
-            if (!strcmp(v, "ring"))
-                tc.cp_mode = US_CP_RING;
-            else if (!strcmp(v, "zigzag"))
-                tc.cp_mode = US_CP_ZIGZAG;
-            else if (!strcmp(v, "allgather"))
-                tc.cp_mode = US_CP_ALLGATHER;
-            else
-                return bad("--cp-mode must be ring, zigzag or allgather, got", v);
-        } else if (!strcmp(f, "--zero"))
-            ok = parse_int(v, 0, 3, &tc.zero);
-        else if (!strcmp(f, "--bucket-mb"))
-            ok = parse_float(v, 1e-6f, 1e6f, &tc.bucket_mb);
-        else if (!strcmp(f, "--nproc"))
-            ok = parse_int(v, 1, 1024, &o.nproc);
-        else if (!strcmp(f, "--comm-timeout"))
-            ok = parse_float(v, 1e-3f, 1e7f, &o.comm_timeout);
-        else if (!strcmp(f, "--trace"))
-            o.trace_path = v;
-        else if (!strcmp(f, "--device")) {
-            if (!strcmp(v, "cpu"))
-                o.use_cuda = 0;
-            else if (!strcmp(v, "cuda")) {
-#ifdef US_CUDA
-                o.use_cuda = 1;
-#else
-                fprintf(stderr,
-                        "train: this build has no CUDA backend; build it with make train-cuda\n");
-                return 2;
-#endif
-            } else
-                return bad("--device must be cpu or cuda, got", v);
-        } else if (!strcmp(f, "--data"))
-            o.data_path = v;
-        else if (!strcmp(f, "--save"))
-            o.save_dir = v;
-        else if (!strcmp(f, "--save-every"))
-            ok = parse_int(v, 1, 1 << 30, &o.save_every);
-        else if (!strcmp(f, "--keep"))
-            ok = parse_int(v, 0, 1 << 20, &o.keep);
-        else if (!strcmp(f, "--resume"))
-            o.resume_dir = v;
-        else if (!strcmp(f, "--init-from"))
-            o.init_dir = v;
-        else if (!strcmp(f, "--log"))
-            o.log_path = v;
-        else if (!strcmp(f, "--eval-every"))
-            ok = parse_int(v, 0, 1 << 30, &o.eval_every);
-        else if (!strcmp(f, "--val-frac"))
-            ok = parse_float(v, 0.0f, 0.99f, &o.val_frac);
-        else if (!strcmp(f, "--sample"))
-            ok = parse_int(v, 0, 1 << 24, &o.sample_n);
-        else if (!strcmp(f, "--temperature"))
-            ok = parse_float(v, 0, 100, &o.temperature);
-        else if (!strcmp(f, "--sample-top-k"))
-            ok = parse_int(v, 0, 1 << 30, &o.top_k);
-        else if (!strcmp(f, "--experts"))
-            ok = parse_int(v, 0, 1 << 20, &mc.moe_experts);
-        else if (!strcmp(f, "--top-k"))
-            ok = parse_int(v, 1, 1 << 20, &mc.moe_top_k);
-        else if (!strcmp(f, "--moe-ffn")) {
-            int x;
-            ok = parse_int(v, 1, 1 << 24, &x);
-            mc.moe_ffn_dim = x;
-        } else if (!strcmp(f, "--moe-bias-rate")) {
-            ok = parse_float(v, 0, 1e3f, &mc.moe_bias_rate);
-            if (ok && mc.moe_bias_rate == 0)
-                return bad("--moe-bias-rate must be positive (use --moe-balance none to turn "
-                           "balancing off), got",
-                           v);
-        } else if (!strcmp(f, "--moe-aux-coef")) {
-            ok = parse_float(v, 0, 1e3f, &mc.moe_aux_coef);
-            if (ok && mc.moe_aux_coef == 0)
-                return bad("--moe-aux-coef must be positive (use --moe-balance none to turn "
-                           "balancing off), got",
-                           v);
-        } else if (!strcmp(f, "--capacity-factor"))
-            ok = parse_float(v, 0, 1e6f, &mc.moe_capacity);
-        else if (!strcmp(f, "--moe-groups"))
-            ok = parse_int(v, 1, 64, &mc.moe_groups);
-        else if (!strcmp(f, "--moe-top-groups"))
-            ok = parse_int(v, 1, 64, &mc.moe_top_groups);
-        else if (!strcmp(f, "--moe-first-dense"))
-            ok = parse_int(v, 0, 1 << 16, &mc.moe_first_dense);
-        else if (!strcmp(f, "--moe-every"))
-            ok = parse_int(v, 1, 1 << 16, &mc.moe_every);
-        else if (!strcmp(f, "--moe-gate")) {
-            if (!strcmp(v, "softmax"))
-                mc.moe_gate = US_MOE_SOFTMAX;
-            else if (!strcmp(v, "sigmoid"))
-                mc.moe_gate = US_MOE_SIGMOID;
-            else
-                return bad("--moe-gate must be softmax or sigmoid, got", v);
-        } else if (!strcmp(f, "--moe-balance")) {
-            if (!strcmp(v, "bias"))
-                mc.moe_balance = US_MOE_BALANCE_BIAS;
-            else if (!strcmp(v, "aux"))
-                mc.moe_balance = US_MOE_BALANCE_AUX;
-            else if (!strcmp(v, "none"))
-                mc.moe_balance = US_MOE_BALANCE_NONE;
-            else
-                return bad("--moe-balance must be bias, aux or none, got", v);
-        } else if (!strcmp(f, "--loss-scale"))
-            ok = parse_float(v, 0, 3e38f, &tc.loss_scale);
-        else if (!strcmp(f, "--loss-scale-window"))
-            ok = parse_int(v, 1, 1 << 30, &tc.loss_scale_window);
-        else if (!strcmp(f, "--peak-tflops"))
-            ok = parse_float(v, 1e-6f, 1e9f, &o.peak_tflops);
-        else if (!strcmp(f, "--schedule")) {
-            if (!strcmp(v, "cosine"))
-                tc.schedule = US_LR_COSINE;
-            else if (!strcmp(v, "constant"))
-                tc.schedule = US_LR_CONSTANT;
-            else
-                return bad("--schedule must be cosine or constant, got", v);
-        } else if (!strcmp(f, "--precision")) {
-            if (!strcmp(v, "fp32"))
-                tc.precision = US_PRECISION_FP32;
-            else if (!strcmp(v, "bf16"))
-                tc.precision = US_PRECISION_BF16;
-            else if (!strcmp(v, "fp16"))
-                tc.precision = US_PRECISION_FP16;
-            else if (!strcmp(v, "fp8"))
-                tc.precision = US_PRECISION_FP8;
-            else if (!strcmp(v, "fp8-tensor"))
-                tc.precision = US_PRECISION_FP8_TENSOR;
-            else
-                return bad("--precision must be fp32, bf16, fp16, fp8 or fp8-tensor, got", v);
-        } else if (!strcmp(f, "--recompute")) {
-            if (!strcmp(v, "none"))
-                tc.recompute = US_RECOMPUTE_NONE;
-            else if (!strcmp(v, "selective"))
-                tc.recompute = US_RECOMPUTE_SELECTIVE;
-            else if (!strcmp(v, "full"))
-                tc.recompute = US_RECOMPUTE_FULL;
-            else
-                return bad("--recompute must be none, selective or full, got", v);
-        } else
-            return bad("unknown flag", f);
+        rc = parse_switch(c, f, v, &ok, &takes);
+        if (rc == NOT_MINE) {
+            if (strncmp(f, "--", 2)) return bad("unexpected argument", f);
+            if (!v) return bad(known_flag(f) ? "missing value for" : "unknown flag", f);
+            rc = parse_value_flag(c, f, v, &ok);
+        }
+        if (rc != GO_ON) return rc;
         if (!ok) {
             char msg[96];
             snprintf(msg, sizeof msg, "bad value for %s:", f);
@@ -1310,196 +1397,270 @@ int main(int argc, char **argv) {
         }
         if (f != name) i += takes;
     }
-    mc.vocab = vocab;
-    mc.dim = dim;
-    mc.ffn_dim = ffn;
-    if (!mc.moe_experts &&
-        (mc.moe_top_k || mc.moe_shared || mc.moe_ffn_dim || mc.moe_gate || mc.moe_balance ||
-         mc.moe_bias_rate != 0 || mc.moe_aux_coef != 0 || mc.moe_capacity != 0 || mc.moe_groups ||
-         mc.moe_top_groups || mc.moe_first_dense || mc.moe_every)) {
+    return GO_ON;
+}
+
+/* The flags that need one another, and the model's shape from --resume's or --init-from's
+   checkpoint (its config.json), before anything else reads the model config. */
+static int check_flags(cli *c) {
+    us_model_config *mc = &c->mc;
+    opts *o = &c->o;
+    char err[256];
+    mc->vocab = c->vocab;
+    mc->dim = c->dim;
+    mc->ffn_dim = c->ffn;
+    if (!mc->moe_experts &&
+        (mc->moe_top_k || mc->moe_shared || mc->moe_ffn_dim || mc->moe_gate || mc->moe_balance ||
+         mc->moe_bias_rate != 0 || mc->moe_aux_coef != 0 || mc->moe_capacity != 0 ||
+         mc->moe_groups || mc->moe_top_groups || mc->moe_first_dense || mc->moe_every)) {
         fprintf(stderr, "train: --top-k and the other --moe flags configure a mixture of experts "
                         "and need --experts E (sampling's top-k is --sample-top-k)\n");
         return 2;
     }
-    tc.grad_clip = clip > 0 ? clip : -1.0f;
-    if (o.save_every && !o.save_dir) {
+    c->tc.grad_clip = c->clip > 0 ? c->clip : -1.0f;
+    if (o->save_every && !o->save_dir) {
         fprintf(stderr, "train: --save-every needs --save DIR\n");
         return 2;
     }
-    if (o.resume_dir && o.init_dir) {
+    if (o->resume_dir && o->init_dir) {
         fprintf(stderr, "train: --resume continues a run and --init-from starts a new one from "
                         "weights: give one of them\n");
         return 2;
     }
-    if (o.resume_dir ||
-        o.init_dir) { /* the model's shape comes from the checkpoint's config.json */
-        const char *from = o.resume_dir ? o.resume_dir : o.init_dir;
-        if (o.resume_dir) {
-            if (us_ckpt_latest(from, o.ckpt_from, sizeof o.ckpt_from, err, sizeof err) != US_OK) {
-                fprintf(stderr, "train: --resume: %s\n", err);
-                return 2;
-            }
-        } else
-            snprintf(o.ckpt_from, sizeof o.ckpt_from, "%s", from);
-        if (us_ckpt_read_config(o.ckpt_from, &mc, err, sizeof err) != US_OK) {
-            fprintf(stderr, "train: %s\n", err);
+    if (!o->resume_dir && !o->init_dir) return GO_ON;
+    if (o->resume_dir) {
+        if (us_ckpt_latest(o->resume_dir, o->ckpt_from, sizeof o->ckpt_from, err, sizeof err) !=
+            US_OK) {
+            fprintf(stderr, "train: --resume: %s\n", err);
             return 2;
         }
+    } else
+        snprintf(o->ckpt_from, sizeof o->ckpt_from, "%s", o->init_dir);
+    if (us_ckpt_read_config(o->ckpt_from, mc, err, sizeof err) != US_OK) {
+        fprintf(stderr, "train: %s\n", err);
+        return 2;
     }
-    if (o.save_dir && mkdir(o.save_dir, 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, "train: cannot create --save directory %s: %s\n", o.save_dir,
+    return GO_ON;
+}
+
+/* The --save directory and the --trace file: there and writable, found now, not after
+   training (which may take hours). */
+static int check_outputs(const opts *o) {
+    struct stat sb;
+    if (o->save_dir && mkdir(o->save_dir, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "train: cannot create --save directory %s: %s\n", o->save_dir,
                 strerror(errno));
         return 2;
     }
-    if (o.save_dir) { /* there, and writable: found now, not after training */
-        struct stat sb;
-        if (stat(o.save_dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
-            fprintf(stderr, "train: --save %s exists and is not a directory\n", o.save_dir);
+    if (o->save_dir) {
+        if (stat(o->save_dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+            fprintf(stderr, "train: --save %s exists and is not a directory\n", o->save_dir);
             return 2;
         }
-        if (access(o.save_dir, W_OK | X_OK) != 0) {
-            fprintf(stderr, "train: cannot write into --save directory %s: %s\n", o.save_dir,
+        if (access(o->save_dir, W_OK | X_OK) != 0) {
+            fprintf(stderr, "train: cannot write into --save directory %s: %s\n", o->save_dir,
                     strerror(errno));
             return 2;
         }
     }
-    if (o.trace_path && !writable_file(o.trace_path, "--trace")) return 2;
-    if (!o.data_path) { /* the built-in task: a small model, sequences of whole problems */
-        if (!tc.seq) tc.seq = 4 * US_TASK_LINE - 1;
-        if (!tc.batch) tc.batch = 16;
-        if (!tc.steps) tc.steps = 1000;
-        if (!mc.n_layers) mc.n_layers = 2;
-        if (!mc.dim) mc.dim = 64;
-        if (tc.lr == 0) tc.lr = 1e-2f;
-        if (!tc.warmup) tc.warmup = 20;
-        if (tc.seq < US_TASK_LINE - 1) {
-            fprintf(stderr, "train: the built-in task needs --seq of at least %d\n",
-                    US_TASK_LINE - 1);
-            return 2;
-        }
+    if (o->trace_path && !writable_file(o->trace_path, "--trace")) return 2;
+    return GO_ON;
+}
+
+/* Without --data, the built-in task: a small model, sequences of whole problems. */
+static int task_defaults(cli *c) {
+    us_train_config *tc = &c->tc;
+    if (c->o.data_path) return GO_ON;
+    if (!tc->seq) tc->seq = 4 * US_TASK_LINE - 1;
+    if (!tc->batch) tc->batch = 16;
+    if (!tc->steps) tc->steps = 1000;
+    if (!c->mc.n_layers) c->mc.n_layers = 2;
+    if (!c->mc.dim) c->mc.dim = 64;
+    if (tc->lr == 0) tc->lr = 1e-2f;
+    if (!tc->warmup) tc->warmup = 20;
+    if (tc->seq < US_TASK_LINE - 1) {
+        fprintf(stderr, "train: the built-in task needs --seq of at least %d\n", US_TASK_LINE - 1);
+        return 2;
     }
-    if (o.nproc && !o.use_cuda) {
+    return GO_ON;
+}
+
+/* --nproc: each process is one rank of the dp x pp x cp x tp mesh; dp follows from it. */
+static int check_nproc(cli *c) {
+    us_train_config *tc = &c->tc;
+    int nproc = c->o.nproc, tpn, cpn;
+    if (nproc && !c->o.use_cuda) {
         fprintf(stderr,
                 "train: --nproc starts one process per GPU; on the CPU use --dp N (threads)\n");
         return 2;
     }
-    if (o.nproc) { /* each process is one rank of the dp x pp x cp x tp mesh */
-        int tpn = (tc.tp ? tc.tp : 1) * (tc.pp ? tc.pp : 1), cpn = tc.cp ? tc.cp : 1;
-        if (o.nproc % (tpn * cpn)) {
-            fprintf(stderr, "train: --nproc %d is not a multiple of --cp %d x --tp %d\n", o.nproc,
-                    cpn, tpn);
-            return 2;
-        }
-        if (tc.dp && tc.dp * tpn * cpn != o.nproc) {
-            fprintf(stderr, "train: --dp %d x --cp %d x --tp %d does not match --nproc %d\n", tc.dp,
-                    cpn, tpn, o.nproc);
-            return 2;
-        }
-        tc.dp = o.nproc / (tpn * cpn);
+    if (!nproc) return GO_ON;
+    tpn = (tc->tp ? tc->tp : 1) * (tc->pp ? tc->pp : 1);
+    cpn = tc->cp ? tc->cp : 1;
+    if (nproc % (tpn * cpn)) {
+        fprintf(stderr, "train: --nproc %d is not a multiple of --cp %d x --tp %d\n", nproc, cpn,
+                tpn);
+        return 2;
     }
-    if (tc.pp_layers) { /* one count per stage: pp x chunks (the chunks' default follows the schedule) */
-        int v = tc.pp_chunks ? tc.pp_chunks
-                : tc.pp_schedule == US_PP_INTERLEAVED || tc.pp_schedule == US_PP_INTERLEAVED_BF ? 2
-                                                                                                : 1;
-        if (o.pp_layers_n != tc.pp * v) {
+    if (tc->dp && tc->dp * tpn * cpn != nproc) {
+        fprintf(stderr, "train: --dp %d x --cp %d x --tp %d does not match --nproc %d\n", tc->dp,
+                cpn, tpn, nproc);
+        return 2;
+    }
+    tc->dp = nproc / (tpn * cpn);
+    return GO_ON;
+}
+
+/* The mesh: --nproc, --pp-layers' count per stage, the library's own checks, batch over dp. */
+static int check_mesh(cli *c) {
+    us_train_config *tc = &c->tc;
+    char err[256];
+    int rc = check_nproc(c);
+    if (rc != GO_ON) return rc;
+    if (tc->pp_layers) { /* one count per stage: pp x chunks (the chunks' default follows the schedule) */
+        int v = tc->pp_chunks ? tc->pp_chunks
+                : tc->pp_schedule == US_PP_INTERLEAVED || tc->pp_schedule == US_PP_INTERLEAVED_BF
+                    ? 2
+                    : 1;
+        if (c->o.pp_layers_n != tc->pp * v) {
             fprintf(stderr,
                     "train: --pp-layers gives %d counts but there are pp %d x %d chunks = %d "
                     "pipeline stages\n",
-                    o.pp_layers_n, tc.pp, v, tc.pp * v);
+                    c->o.pp_layers_n, tc->pp, v, tc->pp * v);
             return 2;
         }
     }
-    if (us_config_validate(&mc, &tc, err, sizeof err) != US_OK) {
+    if (us_config_validate(&c->mc, tc, err, sizeof err) != US_OK) {
         fprintf(stderr, "train: %s\n", err);
         return 2;
     }
-    if (tc.batch % tc.dp) {
+    if (tc->batch % tc->dp) {
         fprintf(stderr,
                 "train: --batch %d is not divisible by --dp %d (each rank takes batch/dp sequences "
                 "of every micro-batch)\n",
-                tc.batch, tc.dp);
+                tc->batch, tc->dp);
         return 2;
     }
-    o.mc = mc;
-    o.tc = tc;
-    if (o.data_path) {
-        if (us_data_load(&o.data, o.data_path) != US_OK) {
-            fprintf(stderr, "train: %s\n", o.data.err);
-            return 1;
-        }
-        if (o.data.max_token >= mc.vocab) {
+    return GO_ON;
+}
+
+/* The held-out tail of --data (--val-frac, default 0.1): o->val views the file's last tokens. */
+static int split_held_out(opts *o) {
+    int seq = o->tc.seq;
+    int64_t nv = (int64_t)((double)o->data.n * (o->val_frac < 0 ? 0.1 : o->val_frac));
+    if (nv > 0 && (nv < (int64_t)seq + 1 || o->data.n - nv < (int64_t)seq + 1)) {
+        if (o->val_frac >= 0) {
             fprintf(stderr,
-                    "train: %s contains token %lld but the vocabulary is %lld (set --vocab)\n",
-                    o.data_path, (long long)o.data.max_token, (long long)mc.vocab);
-            us_data_free(&o.data);
+                    "train: --val-frac %g of %lld tokens leaves %lld held out and %lld to "
+                    "train on; each needs seq+1 = %d\n",
+                    o->val_frac, (long long)o->data.n, (long long)nv, (long long)(o->data.n - nv),
+                    seq + 1);
+            us_data_free(&o->data);
             return 2;
         }
-        if (o.data.n < (int64_t)tc.seq + 1) {
-            fprintf(stderr, "train: %s has %lld tokens, fewer than seq+1 = %d\n", o.data_path,
-                    (long long)o.data.n, tc.seq + 1);
-            us_data_free(&o.data);
-            return 2;
-        }
-        { /* the held-out tail */
-            int64_t nv = (int64_t)((double)o.data.n * (o.val_frac < 0 ? 0.1 : o.val_frac));
-            if (nv > 0 && (nv < (int64_t)tc.seq + 1 || o.data.n - nv < (int64_t)tc.seq + 1)) {
-                if (o.val_frac >= 0) {
-                    fprintf(stderr,
-                            "train: --val-frac %g of %lld tokens leaves %lld held out and %lld to "
-                            "train on; each needs seq+1 = %d\n",
-                            o.val_frac, (long long)o.data.n, (long long)nv,
-                            (long long)(o.data.n - nv), tc.seq + 1);
-                    us_data_free(&o.data);
-                    return 2;
-                }
-                nv =
-                    0; /* the default on a file too small to split: evaluate on the training tokens (said below) */
-            }
-            memset(&o.val, 0, sizeof o.val);
-            if (nv > 0) {
-                o.val.tokens = o.data.tokens + (o.data.n - nv);
-                o.val.n = nv;
-                o.val.max_token = o.data.max_token;
-                o.data.n -= nv;
-            }
-        }
+        nv = 0; /* the default on a file too small to split: evaluate on the training tokens */
     }
-    if (o.trace_path) {
-        o.traces = (us_trace *)calloc((size_t)(tc.dp * tc.pp * tc.cp * tc.tp), sizeof(us_trace));
-        if (!o.traces) {
+    memset(&o->val, 0, sizeof o->val);
+    if (nv > 0) {
+        o->val.tokens = o->data.tokens + (o->data.n - nv);
+        o->val.n = nv;
+        o->val.max_token = o->data.max_token;
+        o->data.n -= nv;
+    }
+    return GO_ON;
+}
+
+/* --data: the token file, checked against the vocabulary and the sequence, then split. */
+static int load_data(opts *o) {
+    if (!o->data_path) return GO_ON;
+    if (us_data_load(&o->data, o->data_path) != US_OK) {
+        fprintf(stderr, "train: %s\n", o->data.err);
+        return 1;
+    }
+    if (o->data.max_token >= o->mc.vocab) {
+        fprintf(stderr, "train: %s contains token %lld but the vocabulary is %lld (set --vocab)\n",
+                o->data_path, (long long)o->data.max_token, (long long)o->mc.vocab);
+        us_data_free(&o->data);
+        return 2;
+    }
+    if (o->data.n < (int64_t)o->tc.seq + 1) {
+        fprintf(stderr, "train: %s has %lld tokens, fewer than seq+1 = %d\n", o->data_path,
+                (long long)o->data.n, o->tc.seq + 1);
+        us_data_free(&o->data);
+        return 2;
+    }
+    return split_held_out(o);
+}
+
+/* The ranks: CUDA's (one, or one process each), threads of this process, or just this one. */
+static us_result launch(opts *o, int argc, char **argv) {
+    int world = o->tc.dp * o->tc.pp * o->tc.cp * o->tc.tp;
+    char err[256];
+    us_launch_config lc;
+    us_result r;
+    if (o->use_cuda) return run_cuda(o, argc, argv);
+    if (world == 1) return run_rank(NULL, o);
+    memset(&lc, 0, sizeof lc); /* CPU: the ranks are threads of this process */
+    lc.timeout_s = o->comm_timeout;
+    lc.p2p_rendezvous = 1; /* sends wait for their receiver, as NCCL's do: a pipeline runs here
+                              as on GPUs */
+    r = us_launch_ex(world, run_rank, o, &lc, NULL, err, sizeof err);
+    if (r != US_OK) fprintf(stderr, "train: %s\n", err);
+    return r;
+}
+
+/* --trace: the ranks' events in one file (multi-process runs wrote theirs in run_rank). */
+static us_result write_trace(opts *o, us_result r) {
+    int i, n = 0, world = o->tc.dp * o->tc.pp * o->tc.cp * o->tc.tp;
+    char err[256];
+    if (!o->use_cuda || (o->world <= 1 && o->nproc <= 1)) {
+        us_trace *ptr[4096];
+        for (i = 0; i < world; i++)
+            if (o->traces[i].n[0] || o->traces[i].n[1]) ptr[n++] = &o->traces[i];
+        if (us_trace_write(o->trace_path, ptr, n, err, sizeof err) != US_OK) {
+            fprintf(stderr, "train: %s\n", err);
+            if (r == US_OK) r = US_ERR_IO;
+        } else if (!o->quiet && o->rank == 0)
+            printf("trace: %s (%d rank%s; open in ui.perfetto.dev)\n", o->trace_path, n,
+                   n > 1 ? "s" : "");
+    }
+    for (i = 0; i < world; i++) us_trace_free(&o->traces[i]);
+    free(o->traces);
+    return r;
+}
+
+/* Reads the flags, checks them, loads the data, runs the ranks; exit 0, 1 (failed), 2 (usage). */
+int main(int argc, char **argv) {
+    cli c;
+    opts *o = &c.o;
+    us_result r;
+    int rc;
+
+#ifdef _OPENMP
+    /* OpenMP threads that sleep while they wait, unless the user chose: libgomp reads the policy
+       once, as the program starts, so the program starts itself again with it set */
+    if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "passive", 1) == 0)
+        execv("/proc/self/exe", argv);
+#endif
+    cli_init(&c);
+    if ((rc = parse_args(&c, argc, argv)) != GO_ON) return rc;
+    if ((rc = check_flags(&c)) != GO_ON) return rc;
+    if ((rc = check_outputs(o)) != GO_ON) return rc;
+    if ((rc = task_defaults(&c)) != GO_ON) return rc;
+    if ((rc = check_mesh(&c)) != GO_ON) return rc;
+    o->mc = c.mc;
+    o->tc = c.tc;
+    if ((rc = load_data(o)) != GO_ON) return rc;
+    if (o->trace_path) {
+        o->traces = (us_trace *)calloc((size_t)(o->tc.dp * o->tc.pp * o->tc.cp * o->tc.tp),
+                                       sizeof(us_trace));
+        if (!o->traces) {
             fprintf(stderr, "train: out of memory\n");
             return 1;
         }
     }
-    if (o.use_cuda)
-        r = run_cuda(&o, argc, argv);
-    else if (tc.dp * tc.pp * tc.cp * tc.tp > 1) { /* CPU: the ranks are threads of this process */
-        us_launch_config lc;
-        memset(&lc, 0, sizeof lc);
-        lc.timeout_s = o.comm_timeout;
-        lc.p2p_rendezvous =
-            1; /* sends wait for their receiver, as NCCL's do: a pipeline runs here as on GPUs */
-        r = us_launch_ex(tc.dp * tc.pp * tc.cp * tc.tp, run_rank, &o, &lc, NULL, err, sizeof err);
-        if (r != US_OK) fprintf(stderr, "train: %s\n", err);
-    } else
-        r = run_rank(NULL, &o);
-    if (o.traces) {
-        if (!o.use_cuda ||
-            (o.world <= 1 && o.nproc <= 1)) { /* multi-process runs wrote theirs in run_rank */
-            us_trace *ptr[4096];
-            int n = 0;
-            for (i = 0; i < tc.dp * tc.pp * tc.cp * tc.tp; i++)
-                if (o.traces[i].n[0] || o.traces[i].n[1]) ptr[n++] = &o.traces[i];
-            if (us_trace_write(o.trace_path, ptr, n, err, sizeof err) != US_OK) {
-                fprintf(stderr, "train: %s\n", err);
-                if (r == US_OK) r = US_ERR_IO;
-            } else if (!o.quiet && o.rank == 0)
-                printf("trace: %s (%d rank%s; open in ui.perfetto.dev)\n", o.trace_path, n,
-                       n > 1 ? "s" : "");
-        }
-        for (i = 0; i < tc.dp * tc.pp * tc.cp * tc.tp; i++) us_trace_free(&o.traces[i]);
-        free(o.traces);
-    }
-    us_data_free(&o.data);
-    return r == US_OK && !o.nothing_left ? 0 : 1;
+    r = launch(o, argc, argv);
+    if (o->traces) r = write_trace(o, r);
+    us_data_free(&o->data);
+    return r == US_OK && !o->nothing_left ? 0 : 1;
 }
