@@ -1076,7 +1076,7 @@ static int parse_moe(cli *c, const char *f, const char *v, int *ok) {
     else if (!strcmp(f, "--top-k"))
         *ok = parse_int(v, 1, 1 << 20, &mc->moe_top_k);
     else if (!strcmp(f, "--moe-ffn")) {
-        int x;
+        int x = 0; /* 0: a bad value exits (below) before x is used; quiets nvcc's host gcc */
         *ok = parse_int(v, 1, 1 << 24, &x);
         mc->moe_ffn_dim = x;
     } else if (!strcmp(f, "--moe-bias-rate")) {
@@ -1196,7 +1196,7 @@ static int parse_training(cli *c, const char *f, const char *v, int *ok) {
     } else if (!strcmp(f, "--clip"))
         *ok = parse_float(v, 0, 1e30f, &c->clip);
     else if (!strcmp(f, "--seed")) {
-        int s;
+        int s = 0; /* 0: a bad value exits (below) before s is used; quiets nvcc's host gcc */
         *ok = parse_int(v, 1, 0x7fffffff, &s);
         tc->seed = (uint64_t)s;
     } else if (!strcmp(f, "--threads"))
