@@ -1007,8 +1007,7 @@ static void cli_init(cli *c) {
 #endif
 }
 
-/* The flags matched before the missing-value check: --help, the switches (takes = 0), and the
-   three value flags that were always matched there. */
+/* --help, the switches (takes = 0), three value flags: matched before the missing-value check. */
 static int parse_switch(cli *c, const char *f, const char *v, int *ok, int *takes) {
     *takes = 0;
     if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
@@ -1400,8 +1399,7 @@ static int parse_args(cli *c, int argc, char **argv) {
     return GO_ON;
 }
 
-/* The flags that need one another, and the model's shape from --resume's or --init-from's
-   checkpoint (its config.json), before anything else reads the model config. */
+/* Flags that need one another; the model's shape from --resume/--init-from's config.json. */
 static int check_flags(cli *c) {
     us_model_config *mc = &c->mc;
     opts *o = &c->o;
@@ -1443,8 +1441,7 @@ static int check_flags(cli *c) {
     return GO_ON;
 }
 
-/* The --save directory and the --trace file: there and writable, found now, not after
-   training (which may take hours). */
+/* --save's directory and --trace's file writable: found now, not after hours of training. */
 static int check_outputs(const opts *o) {
     struct stat sb;
     if (o->save_dir && mkdir(o->save_dir, 0755) != 0 && errno != EEXIST) {
@@ -1517,7 +1514,8 @@ static int check_mesh(cli *c) {
     char err[256];
     int rc = check_nproc(c);
     if (rc != GO_ON) return rc;
-    if (tc->pp_layers) { /* one count per stage: pp x chunks (the chunks' default follows the schedule) */
+    /* --pp-layers: one count per stage, pp x chunks (the chunks' default follows the schedule) */
+    if (tc->pp_layers) {
         int v = tc->pp_chunks ? tc->pp_chunks
                 : tc->pp_schedule == US_PP_INTERLEAVED || tc->pp_schedule == US_PP_INTERLEAVED_BF
                     ? 2
