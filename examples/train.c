@@ -1007,7 +1007,7 @@ static void cli_init(cli *c) {
 #endif
 }
 
-/* --help, the switches (takes = 0), three value flags: matched before the missing-value check. */
+/* --help and the switches (takes = 0): matched before the missing-value check. */
 static int parse_switch(cli *c, const char *f, const char *v, int *ok, int *takes) {
     *takes = 0;
     if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
@@ -1033,15 +1033,10 @@ static int parse_switch(cli *c, const char *f, const char *v, int *ok, int *take
         c->mc.moe_shared = 1;
     else {
         *takes = 1;
-        if (!strcmp(f, "--overlap-sms"))
-            *ok = parse_int(v, 0, 4096, &c->tc.overlap_sms);
-        else if (!strcmp(f, "--fp8-min-dim"))
-            *ok = parse_int(v, 1, 1 << 20, &c->tc.fp8_min_dim);
-        else if (!strcmp(f, "--loss-chunk"))
-            *ok = parse_int(v, -1, 1 << 30, &c->tc.loss_chunk);
-        else
-            return NOT_MINE;
+        return NOT_MINE;
     }
+    (void)v;
+    (void)ok;
     return GO_ON;
 }
 
@@ -1177,6 +1172,10 @@ static int parse_training(cli *c, const char *f, const char *v, int *ok) {
     us_train_config *tc = &c->tc;
     if (!strcmp(f, "--seq"))
         *ok = parse_int(v, 1, 1 << 24, &tc->seq);
+    else if (!strcmp(f, "--fp8-min-dim"))
+        *ok = parse_int(v, 1, 1 << 20, &tc->fp8_min_dim);
+    else if (!strcmp(f, "--loss-chunk"))
+        *ok = parse_int(v, -1, 1 << 30, &tc->loss_chunk);
     else if (!strcmp(f, "--batch"))
         *ok = parse_int(v, 1, 1 << 24, &tc->batch);
     else if (!strcmp(f, "--grad-accum") || !strcmp(f, "--micro-batches"))
@@ -1288,7 +1287,9 @@ static int parse_parallel(cli *c, const char *f, const char *v, int *ok) {
     if (!strcmp(f, "--gpu")) {
         *ok = parse_int(v, 0, 1023, &c->o.gpu);
         c->o.gpu_set = 1;
-    } else if (!strcmp(f, "--dp"))
+    } else if (!strcmp(f, "--overlap-sms"))
+        *ok = parse_int(v, 0, 4096, &tc->overlap_sms);
+    else if (!strcmp(f, "--dp"))
         *ok = parse_int(v, 1, 4096, &tc->dp);
     else if (!strcmp(f, "--tp"))
         *ok = parse_int(v, 1, 4096, &tc->tp);

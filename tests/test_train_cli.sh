@@ -170,6 +170,9 @@ same_curve "--dp 4 --zero 3 trains the task to the loss curve of --dp 1" dp1 dp4
 same_curve "--loss-chunk 24 (the head by 24 rows) trains to the loss curve of the whole logits" dp1 lc -- --loss-chunk 24
 expect 2 "--loss-chunk with ZeRO-2 is refused" "loss_chunk=8 needs pp 1 and ZeRO below 2" -- --loss-chunk 8 --dp 2 --zero 2
 expect 2 "bad --loss-chunk" "bad value for --loss-chunk: -2" -- --loss-chunk -2
+for f in --loss-chunk --fp8-min-dim --overlap-sms; do   # (these once crashed when given last)
+    expect 2 "$f given last asks for its value" "missing value for $f" -- $f
+done
 if python3 - "$T/trace.json" <<'PY'
 import json, sys
 t = json.load(open(sys.argv[1]))["traceEvents"]
