@@ -92,11 +92,15 @@ expect 2 "--save onto a file is refused before training" "--save $T/afile exists
 # OpenMP's waiting threads sleep unless the user chose (spinning ones crawl on a busy machine):
 # the running trainer's environment says passive, or what the user set
 omp_policy() {   # omp_policy [VAR=VALUE]: OMP_WAIT_POLICY in the environment of a running trainer
-    local pid k pol=''
+    local pid k pol='' bin
+    bin=$(readlink -f "$BIN")
     env -u OMP_WAIT_POLICY "$@" "$BIN" --steps 100000 --eval-every 0 --quiet > /dev/null 2>&1 & pid=$!
-    for k in $(seq 50); do
-        pol=$(tr '\0' '\n' < /proc/$pid/environ 2>/dev/null | sed -n 's/^OMP_WAIT_POLICY=//p')
-        [ -n "$pol" ] && break; sleep 0.1
+    for k in $(seq 50); do   # (until env has become the trainer: env's own environment is ours)
+        if [ "$(readlink /proc/$pid/exe 2>/dev/null)" = "$bin" ]; then
+            pol=$(tr '\0' '\n' < /proc/$pid/environ 2>/dev/null | sed -n 's/^OMP_WAIT_POLICY=//p')
+            [ -n "$pol" ] && break
+        fi
+        sleep 0.1
     done
     kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
     echo "$pol"
