@@ -522,6 +522,7 @@ static int us__al(const void *p, unsigned bytes) {
 
 static int us__al16(const void *p) { return us__al(p, 16); }
 
+/* dst [n] = src [n] in another dtype (rounded to nearest even) */
 template <typename D, typename S>
 __global__ void us__k_cast(D *dst, const S *src, int64_t n) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x,
@@ -552,7 +553,8 @@ static void us__cuda_cast(us_ops *o, void *dst, us_dtype ddt, const void *src, u
 }
 
 /* Embedding: one block per token row. The backward adds rows with fp32 atomics (fast; the
-   order of additions, and so the last bits, can vary between runs). */
+   order of additions, and so the last bits, can vary between runs).
+   tok i32 [N]; wte [V, C]; out, dout [N, C]; dwte f32 [V, C] += */
 template <typename T>
 __global__ void us__k_embedding_fwd(T *out, const int32_t *tok, const T *wte, int64_t C) {
     int64_t n = blockIdx.x, c;
@@ -623,7 +625,8 @@ __global__ void us__k_rmsnorm_fwd(T *out, float *rstd, const T *x, const T *w, i
             us__st(out, n * C + c, us__ld(x, n * C + c) * r * us__ld(w, c));
 }
 
-/* dx += rstd·(dy·w − xhat·mean(dy·w·xhat)), one block per row, the row in registers */
+/* dx += rstd·(dy·w − xhat·mean(dy·w·xhat)), one block per row, the row in registers.
+   dx, dout, x [N, C]; w [C]; rstd f32 [N] (the forward's: x, out [N, C], rstd [N]) */
 template <typename T>
 __global__ void us__k_rmsnorm_bwd_dx(T *dx, const T *dout, const T *x, const T *w,
                                      const float *rstd, int64_t C) {
@@ -888,7 +891,9 @@ __global__ void us__k_rope_table(float *tab, int64_t T_len, int HS, float theta)
     }
 }
 
-/* one thread per (row n, head h, pair j) — grid: y over rows (grid-stride), x over the pairs */
+/* one thread per (row n, head h, pair j) — grid: y over rows (grid-stride), x over the pairs.
+   qkv [N, QKV], QKV = (NH + 2·NKV)·HS: the NH q heads and NKV k heads rotate, v stays;
+   tab f32 [2][T_tab][HS/2] (cos, sin); pos i32 [T_len] or NULL */
 template <typename T>
 __global__ void us__k_rope(T *qkv, const float *tab, const int32_t *pos, int64_t N, int64_t T_len,
                            int64_t T_tab, int NH, int NKV, int HS, float dir) {
@@ -1011,8 +1016,9 @@ static void us__cuda_rope_bwd(us_ops *o, void *dqkv, int64_t B, int64_t T, int N
     us__cuda_rope(o, dqkv, NULL, B, T, T, NH, NKV, HS, theta, dt, -1.0f);
 }
 
-/* SwiGLU on gu[N, 2F] = gate | up. Grid y walks the rows, x the columns, so no element pays
-   a 64-bit division to find its row. */
+/* SwiGLU on gu[N, 2F] = gate | up: h [N, F] = silu(gate)·up; backward dh [N, F] → dgu [N, 2F]
+   (may be gu itself). Grid y walks the rows, x the columns, so no element pays a 64-bit
+   division to find its row. */
 template <typename T>
 __global__ void us__k_swiglu_fwd(T *h, const T *gu, int64_t N, int64_t F) {
     int64_t f = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, n;
@@ -1140,7 +1146,8 @@ __device__ float us__xent_combine(float mx, float sum, int am, const T *row, int
 
 /* Fused softmax-cross-entropy: one block per row. Pass 1 keeps a running max and a rescaled
    sum (online softmax) and the first argmax; pass 2 writes the gradient over the logits.
-   Probabilities never reach memory and the row is read twice, written once. */
+   Probabilities never reach memory and the row is read twice, written once.
+   logits [N, V] (dlogits in place); tgt i32 [N] (< 0: ignored); losses f32 [N]; argmax i32 [N] */
 template <typename T>
 __global__ void us__k_xent(float *losses, int32_t *argmax, T *logits, const int32_t *tgt, int64_t V,
                            float dscale) {
@@ -1248,7 +1255,9 @@ __global__ void __launch_bounds__(US__XENT_THREADS)
 
 /* Attention by key blocks with positions (context parallelism), the portable kernels: one thread
    per query row (forward, dQ) or per key row (dK, dV), so every sum has one order and no atomics.
-   Correct and simple, and slow; bf16 at HS 64/128 runs the flash kernels of // >>cuda-cp-flash. */
+   Correct and simple, and slow; bf16 at HS 64/128 runs the flash kernels of // >>cuda-cp-flash.
+   Shapes as there: qkv [B, Tq, QKV]; kv [B, Tk, 2·NKV·HS]; acc f32 [B, NH, Tq, HS]; m, l f32
+   [B, NH, Tq]; dq f32 [B, Tq, NH·HS] +=; dkv f32 [B, Tk, 2·NKV·HS] += */
 template <typename T>
 __global__ void us__k_attn_block_fwd(float *acc, float *m, float *l, const T *qkv, const T *kv,
                                      const int32_t *qpos, const int32_t *kpos, int64_t B,
@@ -1409,7 +1418,8 @@ static void us__attn_block_bwd_naive(us_ops *o, float *dq, float *dkv, const voi
                 kpos, B, Tq, Tk, NH, NKV, HS, scale)));
 }
 
-/* Vocabulary-parallel cross-entropy (TP): one block per row, plain block reductions. */
+/* Vocabulary-parallel cross-entropy (TP): one block per row, plain block reductions.
+   logits [N, V/tp] this rank's columns; mx, tlogit f32 [N]; sumexp f64 [N]; amax i32 [N] */
 template <typename T>
 __global__ void us__k_xent_stats(float *mx, int32_t *amax, double *sumexp, float *tlogit,
                                  const T *logits, const int32_t *tgt, int64_t V) {
