@@ -15,6 +15,12 @@ gpu_run() { if [ -x "$B/$1" ]; then "./$B/$1"; else echo 'SKIP not built'; fi; }
 
 # ---- the layout: clang-format 14 would change nothing (make format)
 step 'sources formatted (.clang-format)'  ''                  'bash tests/format_check.sh'
+# ---- no function over 120 lines in the headers and the trainer (tests/func_lengths.py)
+step 'no function over 120 lines'         '' \
+     'for f in ultrascale.h ultrascale_comm.h ultrascale_cuda.cuh examples/train.c; do
+          r=$(python3 tests/func_lengths.py $f | tail -n 1)
+          grep -q " 0 over 120 lines" <<<"$r" || { echo "$f: $r"; exit 1; }
+      done'
 
 # ---- the command-line tools and examples
 step 'train CLI'                         "$B/train"          'bash tests/test_train_cli.sh $B/train'
