@@ -4532,13 +4532,19 @@ static void *us__take(us__arena *a, size_t bytes) {
 
 static int us__emb_sparse(const us_model_config *mc, const us_train_config *tc); /* // >>dp */
 
+/* Bytes of an activation or weight element the forward reads: 4 under fp32, else 2 (bf16,
+   fp16, and FP8, whose activations stay in bf16 between its GEMMs) */
+static int64_t us__act_bytes(const us_train_config *tc) {
+    return tc->precision == US_PRECISION_FP32 ? 4 : 2;
+}
+
 /* Rows of the fused head's chunk for a micro-batch of Nf rows (Nf itself: one chunk, the logits
    whole). Chunks need the head's backward in the forward: no pipeline (a stage's forward and
    backward are apart), ZeRO below 2 (gradients resident). The default keeps the logits under
    US_LOSS_CHUNK_BYTES in chunks of a multiple of 64 rows; a chunk holds at least tp·B rows,
    where us__last_logits gathers the ranks' vocabulary slices. */
 static int64_t us__loss_rows(const us_model_config *mc, const us_train_config *tc, int64_t Nf) {
-    int64_t a = tc->precision == US_PRECISION_FP32 ? 4 : 2, tp = tc->tp > 1 ? tc->tp : 1;
+    int64_t a = us__act_bytes(tc), tp = tc->tp > 1 ? tc->tp : 1;
     int64_t V = mc->vocab / tp, rows, n, least = tp * tc->batch;
     if (tc->loss_chunk < 0 || tc->pp > 1 || tc->zero >= 2) return Nf;
     if (tc->loss_chunk > 0)
@@ -4555,7 +4561,7 @@ static int64_t us__loss_rows(const us_model_config *mc, const us_train_config *t
 /* The logits buffer: the fused head's chunk of logits [rows, V/tp], and at least what
    us__emb_rows_finish packs into it when the embedding's gradient goes by rows. */
 static size_t us__logits_bytes(const us_model_config *mc, const us_train_config *tc, int64_t Nf) {
-    int64_t a = tc->precision == US_PRECISION_FP32 ? 4 : 2, tp = tc->tp > 1 ? tc->tp : 1;
+    int64_t a = us__act_bytes(tc), tp = tc->tp > 1 ? tc->tp : 1;
     int64_t n = (int64_t)(tc->dp > 1 ? tc->dp : 1) * (tc->cp > 1 ? tc->cp : 1);
     size_t logits = (size_t)(us__loss_rows(mc, tc, Nf) * (mc->vocab / tp) * a);
     size_t rows = us__emb_sparse(mc, tc) ? (size_t)(Nf * (n * (mc->dim * 4 + 4) + 4)) : 0;
@@ -4845,8 +4851,7 @@ static us_result us__dp_checks(const us_train_config *tc, char *err, size_t errl
    the memory estimate cuts the same units. */
 static int us__emb_sparse(const us_model_config *mc, const us_train_config *tc) {
     int64_t n = (int64_t)(tc->dp > 1 ? tc->dp : 1) * (tc->cp > 1 ? tc->cp : 1), C = mc->dim;
-    int64_t a = tc->precision == US_PRECISION_FP32 ? 4 : 2,
-            V = mc->vocab / (tc->tp > 1 ? tc->tp : 1);
+    int64_t a = us__act_bytes(tc), V = mc->vocab / (tc->tp > 1 ? tc->tp : 1);
     if (tc->dense_emb_grad || n <= 1 || tc->zero >= 2 || tc->pp > 1) return 0;
     return n * (C * 4 + 4) + 4 <= V * a && (n + 1) * 8 <= C * a;
 }
@@ -8531,9 +8536,8 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
             /* G is free: the gate|up GEMM's input again, travelling under the next two kernels */
             if (sp && (r = us__sp_gather_early(m, G, A->ln2, Ns, &wg)) != US_OK) return r;
         }
-        /* dh [Np,F] = dres · Wdown [C,F]; dWdown += dresᵀ · h; dgu [Np,2F] = swiglu'(dh); dln
-           [Np,C] =
-           dgu · Wgu [2F,C]; dWgu += dguᵀ · ln2 */
+        /* dh [Np,F] = dres · Wdown [C,F]; dWdown += dresᵀ · h; dgu [Np,2F] = swiglu'(dh);
+           dln [Np,C] = dgu · Wgu [2F,C]; dWgu += dguᵀ · ln2 */
         o->swiglu_bwd(o, dgu, dh, A->gu, Np, F, dt);
         us__linear_dgrad(m, Np, C, 2 * F, dgu, us__weight(m, US__TENSOR(l, US__P_GATE)), 0.0f, dln,
                          !split);
@@ -8886,9 +8890,10 @@ static us_result us__last_logits(us_model *m, int B, int T, float *logits_out) {
             us__model_set_error(m, "out of host memory");
             return US_ERR_OOM;
         }
-        int64_t N = (int64_t)B * T, Np, Ns, C = m->cfg.dim, step = T;
+        int64_t N = (int64_t)B * T, Np, Ns, R, C = m->cfg.dim, step = T;
         us__sp_rows(m, N, &Np, &Ns);
-        if (us__loss_rows(&m->cfg, &m->tc, us__sp_on(m) ? Np : N) < (us__sp_on(m) ? Np : N)) {
+        R = us__sp_on(m) ? Np : N; /* the rows us__head_loss ran */
+        if (us__loss_rows(&m->cfg, &m->tc, R) < R) {
             /* the fused head kept only its last chunk: the B last positions' logits again, rows
                T−1, 2T−1, … of xf (a stride of T rows) into logits rows 0..B−1 */
             o->gemm(o, 0, 1, B, Vl, C, 1.0f, us__at(m->a[US__A_XF], m->dt, (int64_t)(T - 1) * C),
@@ -12371,7 +12376,7 @@ static us_result us__memory_estimate(const us_model_config *mc_in, const us_trai
     d.F = mc.ffn_dim / tc.tp;
     d.QKV = (int64_t)(mc.n_heads + 2 * mc.n_kv_heads) / tc.tp * d.HS;
     d.AO = (int64_t)mc.n_heads / tc.tp * d.HS;
-    d.a = tc.precision == US_PRECISION_FP32 ? 4 : 2;
+    d.a = (size_t)us__act_bytes(&tc);
     for (l = 0, d.n_moe = 0; l < mc.n_layers; l++) d.n_moe += us__is_moe(&mc, l);
     memset(out, 0, sizeof *out);
     us__estimate_states(&mc, &tc, &d, &f, out);
