@@ -401,11 +401,24 @@ static us__gemm_plan *us__gemm_plan_get(us_ops *o, int ta, int tb, int64_t M, in
     return p;
 }
 
+/* D = alpha·op(A)·op(B) + beta·Cin through the shape's plan (K ≥ 1); Cin may be D itself or
+   another matrix of D's layout (cuBLASLt reads C and writes D separately) */
+static void us__cuda_gemm_into(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                               float alpha, const void *A, us_dtype adt, int64_t lda, const void *B,
+                               us_dtype bdt, int64_t ldb, float beta, const void *Cin, void *D,
+                               us_dtype cdt, int64_t ldc) {
+    us__cuda *c = us__cu(o);
+    us__gemm_plan *p =
+        us__gemm_plan_get(o, ta, tb, M, N, K, adt, lda, bdt, ldb, cdt, ldc, beta == 0);
+    if (c->failed) return;
+    US__LT(o, cublasLtMatmul(c->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, Cin, p->lc, D,
+                             p->lc, &p->algo, c->ws, c->ws_bytes, c->stream));
+}
+
 static void us__cuda_gemm(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                           const void *A, us_dtype adt, int64_t lda, const void *B, us_dtype bdt,
                           int64_t ldb, float beta, void *C, us_dtype cdt, int64_t ldc) {
     us__cuda *c = us__cu(o);
-    us__gemm_plan *p;
     if (M <= 0 || N <= 0) return;
     if (K <= 0) { /* C = beta·C: cuBLASLt wants K ≥ 1 */
         if (beta == 0) {
@@ -416,24 +429,15 @@ static void us__cuda_gemm(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64
         }
         return;
     }
-    p = us__gemm_plan_get(o, ta, tb, M, N, K, adt, lda, bdt, ldb, cdt, ldc, beta == 0);
-    if (c->failed) return;
-    US__LT(o, cublasLtMatmul(c->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc,
-                             &p->algo, c->ws, c->ws_bytes, c->stream));
+    us__cuda_gemm_into(o, ta, tb, M, N, K, alpha, A, adt, lda, B, bdt, ldb, beta, C, C, cdt, ldc);
 }
 
-/* y = res + x·Wᵀ (the linear's forward with the residual add in the epilogue): the plan of
-   gemm(0, 1, ...) with beta 1, reading C from res and writing D = y (cuBLASLt lets them differ) */
+/* y = res + x·Wᵀ (the linear's forward with the residual add in the epilogue): gemm(0, 1, ...)
+   with beta 1, reading C from res and writing D = y */
 static void us__cuda_gemm_res(us_ops *o, int64_t N, int64_t Out, int64_t In, const void *x,
                               const void *W, const void *res, void *y, us_dtype dt) {
-    us__cuda *c = us__cu(o);
-    us__gemm_plan *p;
-    float one = 1.0f;
     if (N <= 0 || Out <= 0) return;
-    p = us__gemm_plan_get(o, 0, 1, N, Out, In, dt, In, dt, In, dt, Out, 0);
-    if (c->failed) return;
-    US__LT(o, cublasLtMatmul(c->lt, p->desc, &one, W, p->la, x, p->lb, &one, res, p->lc, y, p->lc,
-                             &p->algo, c->ws, c->ws_bytes, c->stream));
+    us__cuda_gemm_into(o, 0, 1, N, Out, In, 1.0f, x, dt, In, W, dt, In, 1.0f, res, y, dt, Out);
 }
 
 /* ------------------------------------------------------------------------------------ */
