@@ -1194,6 +1194,12 @@ US_API int64_t us_param_count_active(const us_model_config *mc);
 /* Training FLOPs per token (Playbook): 6*N + 12*L*C*T (the attention term 12*L*h*s^2 per sequence),
    with N the active parameters (us_param_count_active): a token runs only its K experts. */
 US_API double us_flops_per_token(const us_model_config *mc, int64_t seq);
+/* The process's peak resident memory in bytes (Linux: VmHWM in /proc/self/status), 0 where the
+   system does not say. The real peak beside the allocator's count (us_ops.bytes_peak) and the
+   estimate: it also holds the program, the threads' stacks, the C heap's own overhead and
+   whatever is allocated outside the ops (data, the trainer's buffers); every rank of the threads
+   backend shares one process. On the GPU see us_cuda_device_used. */
+US_API size_t us_peak_rss_bytes(void);
 
 #ifndef ULTRASCALE_NO_PLANNER
 /* ---------------------------------------------------------------- planner (// >>plan)
@@ -12102,6 +12108,23 @@ US_API us_result us_ckpt_prune(const char *dir, int keep, char *err, size_t errl
 
 static us_result us__memory_estimate(const us_model_config *mc_in, const us_train_config *tc_in,
                                      us_memory *out, int *peak_io, char *err, size_t errlen);
+
+/* the "VmHWM:  123456 kB" line of /proc/self/status (the high-water mark of the resident set) */
+US_API size_t us_peak_rss_bytes(void) {
+    char line[256];
+    size_t kb = 0;
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long v;
+        if (sscanf(line, "VmHWM: %llu kB", &v) == 1) {
+            kb = (size_t)v;
+            break;
+        }
+    }
+    fclose(f);
+    return kb * 1024;
+}
 
 US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train_config *tc_in,
                                     us_memory *out, char *err, size_t errlen) {

@@ -57,6 +57,11 @@ US_API const char *us_cuda_attention_path(us_ops *ops, us_dtype dt, int head_siz
    0 every path (the default), 1 none of the Hopper kernels, 2 not the Hopper forward, 3 not
    the Hopper backward. */
 US_API void us_cuda_attention_no_hopper(us_ops *ops, int which);
+/* Device memory in use on the ops' GPU (total − free, cudaMemGetInfo), in bytes: the real
+   footprint beside the allocator's count (us_ops.bytes_peak) — the CUDA context, cuBLASLt's
+   workspace, NCCL's buffers and the scratch included — and anything other processes hold there.
+   A reading of now, not a peak: take it after a step. 0 on failure. */
+US_API size_t us_cuda_device_used(const us_ops *ops);
 /* The compute stream every op of these ops runs on (a cudaStream_t), for the NCCL backend to
    order its communication stream against. */
 US_API void *us_cuda_stream(const us_ops *ops);
@@ -5640,6 +5645,18 @@ US_API const char *us_cuda_attention_path(us_ops *o, us_dtype dt, int HS, int by
     if (!o->backend) return "portable";
     if (by_blocks) return us__flash_ok(o, dt, HS) ? "flash" : "portable";
     return us__hop_ok(o, dt, HS, 0) ? "hopper" : us__flash_ok(o, dt, HS) ? "flash" : "portable";
+}
+
+US_API size_t us_cuda_device_used(const us_ops *o) {
+    size_t free_b = 0, total_b = 0;
+    if (!o || !o->backend) return 0;
+    /* cudaMemGetInfo reads the calling thread's current device: make it the ops' one */
+    if (cudaSetDevice(((const us__cuda *)o->backend)->device) != cudaSuccess ||
+        cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return total_b - free_b;
 }
 
 US_API void us_cuda_attention_no_hopper(us_ops *o, int which) {

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define GIB 1073741824.0
 #define MAX_SEQS 16
@@ -66,6 +67,9 @@ static void usage(FILE *f) {
         "                    layer's experts and room for every ep peer's routed rows\n"
         "output:\n"
         "  --svg FILE        also write a stacked bar chart of memory over sequence length\n"
+        "  --measure         train 2 steps of the configuration on this CPU (one rank, random\n"
+        "                    tokens) and print the estimate, the allocator's peak and the\n"
+        "                    process's peak resident memory side by side\n"
         "  --seqs LIST       the chart's sequence lengths, comma-separated\n"
         "                    (default 1024,2048,4096,8192,16384; at most %d)\n"
         "  --help            this text\n",
@@ -109,6 +113,7 @@ typedef struct options {
     us_recompute recompute;
     int64_t batch, seq, dp, zero, tp, sp, ep;
     const char *svg;
+    int measure; /* --measure: train two steps here and compare */
     int64_t seqs[MAX_SEQS];
     int n_seqs;
 } options;
@@ -193,6 +198,10 @@ static int parse_args(int argc, char **argv, options *o) {
         }
         if (!strcmp(f, "--sp")) {
             o->sp = 1;
+            continue;
+        }
+        if (!strcmp(f, "--measure")) {
+            o->measure = 1;
             continue;
         }
         if (!strcmp(f, "--shared-expert")) {
@@ -675,6 +684,65 @@ static int chart(const options *o, const us_model_config *mc, const us_train_con
     return 0;
 }
 
+/* --measure: two training steps of the configuration on this CPU, one rank, random tokens;
+   then the estimate, the allocator's peak (us_ops.bytes_peak) and the process's peak resident
+   set (us_peak_rss_bytes) side by side. The estimate equals the allocator's count by
+   construction (tests/test_model.c checks it); the resident set is what the machine gave. */
+static int measure(const us_model_config *mc, const us_train_config *tc, const us_memory *mem) {
+    const double mib = 1048576.0;
+#ifdef _SC_PHYS_PAGES
+    const double ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+#else
+    const double ram = 0; /* unknown: no check */
+#endif
+    us_train_config t = *tc;
+    us_model m;
+    us_step_stats st;
+    uint64_t x = 88172645463325252ull;
+    int64_t n = (int64_t)t.batch * t.seq, i;
+    int32_t *in, *tgt;
+    if (t.dp > 1 || t.tp > 1 || t.ep > 1 || t.pp > 1 || t.cp > 1) {
+        fprintf(stderr, "memory: --measure runs one rank on this CPU: drop --dp, --tp and --ep\n");
+        return 2;
+    }
+    if (ram > 0 && (double)mem->total > 0.5 * ram) {
+        fprintf(stderr, "memory: --measure would need %.1f GiB, more than half of this machine's "
+                        "%.1f GiB\n", (double)mem->total / GIB, ram / GIB);
+        return 2;
+    }
+    t.steps = 2;
+    in = (int32_t *)malloc((size_t)n * sizeof *in);
+    tgt = (int32_t *)malloc((size_t)n * sizeof *tgt);
+    if (!in || !tgt || us_model_init(&m, mc, &t, NULL) != US_OK) {
+        fprintf(stderr, "memory: --measure: %s\n", in && tgt ? us_model_error(&m) : "out of memory");
+        free(in);
+        free(tgt);
+        return 1;
+    }
+    for (i = 0; i < n; i++) { /* xorshift64: tokens in [0, vocab) */
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        in[i] = (int32_t)(x % (uint64_t)mc->vocab);
+        tgt[i] = (int32_t)((x >> 20) % (uint64_t)mc->vocab);
+    }
+    for (i = 0; i < t.steps; i++)
+        if (us_train_step(&m, in, tgt, &st) != US_OK) {
+            fprintf(stderr, "memory: --measure: %s\n", us_model_error(&m));
+            break;
+        }
+    printf("\nmeasured on this CPU (one rank, %d steps of random tokens):\n", t.steps);
+    printf("  estimate            %10.1f MiB\n", (double)mem->total / mib);
+    printf("  allocator peak      %10.1f MiB  (what the library allocated through its ops)\n",
+           (double)m.ops.bytes_peak / mib);
+    printf("  process peak RSS    %10.1f MiB  (the program, stacks, heap overhead, these buffers "
+           "too)\n", (double)us_peak_rss_bytes() / mib);
+    us_model_free(&m);
+    free(in);
+    free(tgt);
+    return i == t.steps ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
     options o;
     us_model_config mc;
@@ -686,5 +754,6 @@ int main(int argc, char **argv) {
     if (!estimate(&mc, &tc, &mem)) return 2;
     print_table(&o, &mc, &tc, &mem);
     print_comparison(&mc, &tc);
-    return o.svg ? chart(&o, &mc, &tc) : 0;
+    if (o.svg && (rc = chart(&o, &mc, &tc)) != 0) return rc;
+    return o.measure ? measure(&mc, &tc, &mem) : 0;
 }

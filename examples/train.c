@@ -727,6 +727,17 @@ static void rank_log_moe(const rank_state *s, const us_step_stats *st) {
     fprintf(logf, "]");
 }
 
+/* The memory the process really holds beside the allocator's count and the estimate: on the
+   GPU the device's used memory now (context, cuBLASLt workspace and NCCL buffers included), on
+   the CPU the process's peak resident set (every rank of the threads backend shares it). */
+static size_t real_mem_bytes(const rank_state *s) {
+#ifdef US_CUDA
+    if (s->o->use_cuda) return us_cuda_device_used(&s->ops);
+#endif
+    (void)s;
+    return us_peak_rss_bytes();
+}
+
 /* The step's JSON object in --log (rank 0). */
 static void rank_log_step(const rank_state *s, const us_step_stats *st, double tok_s, double mfu,
                           double eval_loss, double eval_acc) {
@@ -738,6 +749,8 @@ static void rank_log_step(const rank_state *s, const us_step_stats *st, double t
         fprintf(logf, "\"grad_norm\": null");
     fprintf(logf, ", \"tok_s\": %.1f, \"mfu\": %.6f, \"mem_bytes\": %zu, \"time_s\": %.3f", tok_s,
             mfu, s->m.ops.bytes_peak, now_s() - s->t_start);
+    fprintf(logf, s->o->use_cuda ? ", \"device_used_bytes\": %zu" : ", \"rss_peak_bytes\": %zu",
+            real_mem_bytes(s));
     if (s->scaled)
         fprintf(logf, ", \"loss_scale\": %.17g, \"skipped\": %d, \"skipped_total\": %lld",
                 st->loss_scale, st->skipped, (long long)st->skipped_total);
@@ -844,10 +857,21 @@ static void rank_sample(rank_state *s) {
     free(text);
 }
 
-/* After training: the time taken, the task's exact match, the sample. */
+static void rank_print_memory(const rank_state *s) {
+    const double mib = 1048576.0, real = (double)real_mem_bytes(s) / mib;
+    printf("memory: allocator peak %.1f MiB/rank, estimate %.1f MiB/rank, ",
+           (double)s->m.ops.bytes_peak / mib, (double)s->m.mem.total / mib);
+    if (s->o->use_cuda)
+        printf("device used %.1f MiB (this GPU, now)\n", real);
+    else
+        printf("process peak RSS %.1f MiB (the whole process)\n", real);
+}
+
+/* After training: the time taken, the memory, the task's exact match, the sample. */
 static void rank_report(rank_state *s, us_result r) {
     opts *o = s->o;
     if (s->rank == 0) printf("trained %d steps in %.1f s\n", s->m.step, now_s() - s->t_start);
+    if (s->rank == 0 && s->loud) rank_print_memory(s);
     if (r == US_OK && s->tc.cp > 1 && (!o->data_path || o->sample_n > 0) && s->rank == 0)
         printf(
             "(decoding is not implemented under context parallelism: no exact match or samples)\n");

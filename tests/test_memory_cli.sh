@@ -117,5 +117,19 @@ check "mixtral-8x7b: 46,702,792,704 parameters, 12,879,925,248 active per token"
     $([ "$RC" -eq 0 ] && [[ "$OUT" == *"46,702,792,704"* ]] && [[ "$OUT" == *"12,879,925,248"* ]]; echo $?)
 run --experts 4 --top-k 5
 check "--experts 4 --top-k 5 exits 2 in one sentence" $([ "$RC" -eq 2 ] && [[ "$ERR" == *"top-k=5 must be in 1..experts=4"* ]]; echo $?)
+# --measure: two real steps here; the allocator's count equals the estimate, and the process's
+# resident peak holds at least what the library allocated (training touches every buffer)
+run --layers 2 --dim 128 --heads 4 --vocab 512 --seq 128 --batch 8 --measure
+est=$(grep "^  estimate " "$TMP/out" | awk '{print $2}')
+alloc=$(grep "^  allocator peak " "$TMP/out" | awk '{print $3}')
+rss=$(grep "^  process peak RSS " "$TMP/out" | awk '{print $4}')
+check "--measure: estimate $est = allocator peak $alloc MiB <= process peak RSS $rss MiB" \
+    $([ "$RC" -eq 0 ] && [ -n "$est" ] && [ "$est" = "$alloc" ] &&
+      awk -v a="$alloc" -v r="$rss" 'BEGIN { exit !(r + 0 >= a + 0 && a + 0 > 0) }'; echo $?)
+run --model llama-70b --measure
+check "--measure refuses a model larger than half of this machine's memory" \
+    $([ "$RC" -eq 2 ] && [[ "$ERR" == *"more than half of this machine"* ]]; echo $?)
+run --dp 2 --measure
+check "--measure --dp 2 exits 2: one rank only" $([ "$RC" -eq 2 ] && [[ "$ERR" == *"one rank"* ]]; echo $?)
 echo "test_memory_cli: $PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]

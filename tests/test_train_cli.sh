@@ -118,17 +118,23 @@ if command -v python3 >/dev/null 2>&1; then
     if python3 - "$T/log.jsonl" <<'PY'
 import json, math, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-need = ["step", "loss", "lr", "grad_norm", "tok_s", "mfu", "mem_bytes"]
+need = ["step", "loss", "lr", "grad_norm", "tok_s", "mfu", "mem_bytes", "rss_peak_bytes"]
 assert all(all(k in r for k in need) for r in rows), "missing keys"
 assert [r["step"] for r in rows] == list(range(1, 7))
 assert all(math.isfinite(r["loss"]) and r["tok_s"] > 0 and r["mem_bytes"] > 0 for r in rows)
+# the process's resident peak holds at least the library's allocations, and never falls
+assert all(r["rss_peak_bytes"] >= r["mem_bytes"] for r in rows)
+assert all(a["rss_peak_bytes"] <= b["rss_peak_bytes"] for a, b in zip(rows, rows[1:]))
 assert "eval_acc" in rows[2] and "eval_acc" not in rows[0]
 PY
-    then ok "JSONL parses with keys step, loss, lr, grad_norm, tok_s, mfu, mem_bytes"; else bad "JSONL content"; fi
+    then ok "JSONL parses with keys step, loss, lr, grad_norm, tok_s, mfu, mem_bytes, rss_peak_bytes"; else bad "JSONL content"; fi
 else
     if grep -q '"grad_norm"' "$T/log.jsonl" && grep -q '"mem_bytes"' "$T/log.jsonl"; then ok "JSONL keys present"; else bad "JSONL keys"; fi
 fi
 grep -q "sorting exact match" "$T/out.txt" && ok "the task reports exact-match accuracy" || bad "no exact-match line"
+"$BIN" --layers 1 --dim 32 --heads 2 --batch 2 --steps 2 --eval-every 0 > "$T/mem.txt" 2>&1
+grep -q "^memory: allocator peak .* MiB/rank, estimate .* MiB/rank, process peak RSS .* MiB" "$T/mem.txt" &&
+    ok "the run ends with its memory: allocator peak, estimate, process peak RSS" || bad "no memory line"
 
 # fp16 with dynamic loss scaling: the log's loss_scale / skipped keys; a static scale too large
 # for fp16 skips every step (S stays) and updates nothing
