@@ -995,6 +995,14 @@ US_API us_result us_data_from_bytes(us_data *d, const void *bytes, int64_t n);
 /* Fills inputs/targets [nseq][T] with random windows of T+1 tokens (targets shifted by one). */
 US_API us_result us_data_batch(us_data *d, us_rng *r, int nseq, int T, int32_t *inputs,
                                int32_t *targets);
+/* The evaluation's windows: laid end to end without overlap, window i holds tokens i·T ..
+   i·T + T (T inputs, and T targets shifted by one), so every token but the first is scored once.
+   us_data_windows counts the whole windows of the first n tokens (n ≤ 0: all of them);
+   us_data_window_batch fills inputs/targets [nseq][T] with windows first, first + 1, ... in
+   order, and windows past the count with targets −1 (never scored). */
+US_API int64_t us_data_windows(const us_data *d, int64_t n, int T);
+US_API void us_data_window_batch(const us_data *d, int64_t first, int64_t count, int nseq, int T,
+                                 int32_t *inputs, int32_t *targets);
 US_API void us_data_free(us_data *d);
 US_API size_t us_byte_encode(const char *text, int32_t *tokens, size_t cap);
 US_API size_t us_byte_decode(const int32_t *tokens, size_t n, char *text, size_t cap);
@@ -9672,6 +9680,29 @@ US_API us_result us_data_load(us_data *d, const char *path) {
     fclose(f);
     if (got == 4 && (magic == 20240520 || magic == 20240801)) return us_data_load_shard(d, path);
     return us_data_load_text(d, path);
+}
+
+US_API int64_t us_data_windows(const us_data *d, int64_t n, int T) {
+    if (n <= 0 || n > d->n) n = d->n;
+    return T > 0 && n > 1 ? (n - 1) / T : 0;
+}
+
+US_API void us_data_window_batch(const us_data *d, int64_t first, int64_t count, int nseq, int T,
+                                 int32_t *inputs, int32_t *targets) {
+    int s, t;
+    for (s = 0; s < nseq; s++) {
+        const int64_t w = first + s; /* window w: tokens w·T .. w·T + T */
+        int32_t *in = inputs + (int64_t)s * T, *tg = targets + (int64_t)s * T;
+        if (w < count) {
+            memcpy(in, d->tokens + w * T, (size_t)T * 4);
+            memcpy(tg, d->tokens + w * T + 1, (size_t)T * 4);
+            continue;
+        }
+        for (t = 0; t < T; t++) { /* padding: a valid input, nothing scored */
+            in[t] = 0;
+            tg[t] = -1;
+        }
+    }
 }
 
 US_API us_result us_data_batch(us_data *d, us_rng *r, int nseq, int T, int32_t *inputs,

@@ -179,6 +179,9 @@ static const char *const usage_text[] = {
     "sorting task\n"
     "  --log FILE.jsonl  one JSON object per step\n"
     "  --eval-every N    evaluate every N steps, 0 = only at the end (default 100)\n"
+    "  --eval-tokens N   with --data: each evaluation scores the first N held-out tokens, in\n"
+    "                    non-overlapping windows of --seq, the same ones every time (default:\n"
+    "                    the whole held-out set, at most 262144 tokens)\n"
     "  --val-frac F      with --data: the last fraction F of the tokens is held out, never "
     "trained\n"
     "                    on, and the evaluations read it (default 0.1; 0 = evaluate on "
@@ -374,6 +377,7 @@ typedef struct opts {
     int save_every, keep;
     char ckpt_from[4096]; /* the checkpoint --resume or --init-from resolved to */
     int eval_every, sample_n, top_k, quiet, gpu, gpu_set, use_cuda, nproc;
+    int eval_tokens; /* --eval-tokens; 0: the held-out set up to EVAL_TOKENS_MAX */
     int pp_layers_n; /* how many counts --pp-layers gave */
     float temperature, peak_tflops, comm_timeout;
     int world, rank;  /* CUDA multi-process: this process's place (from the environment) */
@@ -604,6 +608,8 @@ static void rank_print_model(rank_state *s) {
 #endif
 }
 
+static int64_t eval_windows(const rank_state *s);
+
 /* The run's next lines: the held-out data, the FP8 linears, the experts. */
 static void rank_print_parts(rank_state *s) {
     opts *o = s->o;
@@ -616,6 +622,8 @@ static void rank_print_parts(rank_state *s) {
             printf("data: %lld tokens to train on, the evaluations read them too (--val-frac 0, or "
                    "too few to hold any out)\n",
                    (long long)o->data.n);
+        printf("evaluation: %lld windows of %d tokens, the same each time (--eval-tokens)\n",
+               (long long)eval_windows(s), s->tc.seq);
     }
     if (s->loud && m->fp8) {
         char wq[64] = "at every GEMM";
@@ -663,17 +671,24 @@ static void rank_batch(rank_state *s) {
             }
 }
 
-/* Held-out loss and next-token accuracy on the scored targets, summed over the ranks. */
-static void rank_eval(rank_state *s, double *eval_loss, double *eval_acc) {
-    opts *o = s->o;
+/* The evaluation's windows (--data): every whole window of --seq tokens in the first
+   --eval-tokens held-out tokens (default: all of them, at most EVAL_TOKENS_MAX) */
+#define EVAL_TOKENS_MAX 262144
+
+static int64_t eval_windows(const rank_state *s) {
+    const opts *o = s->o;
+    const us_data *d = o->val.n ? &o->val : &o->data;
+    int64_t n = o->eval_tokens ? o->eval_tokens : EVAL_TOKENS_MAX;
+    return us_data_windows(d, n + 1, s->tc.seq);
+}
+
+/* One micro-batch of the evaluation: this rank's rows (and cp positions) of the group's batch
+   in gin/gtgt, forward only; adds the loss sum, the right predictions and the scored targets */
+static us_result rank_eval_batch(rank_state *s, double v[3]) {
     us_train_config *tc = &s->tc;
-    double v[3] = {0, 0, 0};
     int64_t c = 0, j;
-    if (o->data_path) /* its own stream */
-        us_data_batch(o->val.n ? &o->val : &o->data, &s->eval_task.rng, s->Bg, tc->seq, s->gin,
-                      s->gtgt);
-    else
-        us_task_batch(&s->eval_task, s->Bg, tc->seq, s->gin, s->gtgt);
+    double loss = 0;
+    us_result r;
     for (j = 0; j < (int64_t)tc->batch * s->Tl; j++) {
         size_t src =
             ((size_t)s->drank * tc->batch + (size_t)(j / s->Tl)) * tc->seq + s->cpos[j % s->Tl];
@@ -681,12 +696,33 @@ static void rank_eval(rank_state *s, double *eval_loss, double *eval_acc) {
         s->tgt[j] = s->gtgt[src];
         v[2] += s->tgt[j] >= 0;
     }
-    if (us_forward_eval(&s->m, s->in, s->tgt, tc->batch, s->Tl, &v[0], &c, NULL) == US_OK) {
-        v[1] = (double)c;
-        if (us_dp_sum(&s->m, v, 3) == US_OK && v[2] > 0) {
-            *eval_loss = v[0] / v[2];
-            *eval_acc = v[1] / v[2];
-        }
+    r = us_forward_eval(&s->m, s->in, s->tgt, tc->batch, s->Tl, &loss, &c, NULL);
+    v[0] += loss;
+    v[1] += (double)c;
+    return r;
+}
+
+/* Held-out loss and next-token accuracy on the scored targets, summed over the ranks. With
+   --data every evaluation scores the same windows (eval_windows), the group's micro-batch of
+   windows at a time, so that two evaluations differ only by the model; on the built-in task,
+   one micro-batch of problems it has not trained on. */
+static void rank_eval(rank_state *s, double *eval_loss, double *eval_acc) {
+    opts *o = s->o;
+    us_train_config *tc = &s->tc;
+    const us_data *d = o->val.n ? &o->val : &o->data;
+    double v[3] = {0, 0, 0};
+    const int64_t W = o->data_path ? eval_windows(s) : 1;
+    int64_t w;
+    for (w = 0; w < W; w += s->Bg) {
+        if (o->data_path)
+            us_data_window_batch(d, w, W, s->Bg, tc->seq, s->gin, s->gtgt);
+        else
+            us_task_batch(&s->eval_task, s->Bg, tc->seq, s->gin, s->gtgt);
+        if (rank_eval_batch(s, v) != US_OK) return;
+    }
+    if (us_dp_sum(&s->m, v, 3) == US_OK && v[2] > 0) {
+        *eval_loss = v[0] / v[2];
+        *eval_acc = v[1] / v[2];
     }
 }
 
@@ -1363,6 +1399,8 @@ static int parse_output(cli *c, const char *f, const char *v, int *ok) {
         o->log_path = v;
     else if (!strcmp(f, "--eval-every"))
         *ok = parse_int(v, 0, 1 << 30, &o->eval_every);
+    else if (!strcmp(f, "--eval-tokens"))
+        *ok = parse_int(v, 1, 1 << 30, &o->eval_tokens);
     else if (!strcmp(f, "--val-frac"))
         *ok = parse_float(v, 0.0f, 0.99f, &o->val_frac);
     else if (!strcmp(f, "--sample"))

@@ -132,6 +132,27 @@ else
     if grep -q '"grad_norm"' "$T/log.jsonl" && grep -q '"mem_bytes"' "$T/log.jsonl"; then ok "JSONL keys present"; else bad "JSONL keys"; fi
 fi
 grep -q "sorting exact match" "$T/out.txt" && ok "the task reports exact-match accuracy" || bad "no exact-match line"
+
+# --data evaluations score fixed non-overlapping windows: with a learning rate too small to move
+# the model, every evaluation gives the same number, and so do dp 2 and tp 2
+python3 -c "
+import random
+r = random.Random(5)
+w = ['the', 'king', 'shall', 'not', 'sleep', 'tonight', 'and', 'she', 'said', 'so', 'good', 'lord']
+print('\n'.join(' '.join(r.choice(w) for _ in range(r.randint(3, 12))) for _ in range(1500)))
+" > "$T/ev.txt"
+evrun() { "$BIN" --data "$T/ev.txt" --layers 1 --dim 32 --heads 2 --batch 4 --seq 64 --lr 1e-12 \
+    --steps 3 --eval-every 1 --eval-tokens 3200 --log "$T/$1.jsonl" "${@:2}" > "$T/$1.txt" 2>&1; }
+evrun ev1 && evrun evdp --dp 2 && evrun evtp --tp 2 && python3 - "$T/ev1.jsonl" "$T/evdp.jsonl" "$T/evtp.jsonl" <<'PY'
+import json, sys
+runs = [[json.loads(l)["eval_loss"] for l in open(f)] for f in sys.argv[1:]]
+base = runs[0][0]
+assert all(len(r) == 3 for r in runs), runs
+assert all(abs(x - base) <= 1e-6 * base for r in runs for x in r), runs
+PY
+[ $? -eq 0 ] && grep -q "^evaluation: 50 windows of 64 tokens" "$T/ev1.txt" &&
+    ok "--eval-tokens 3200: 50 fixed windows; every evaluation, dp 2 and tp 2 give one number" ||
+    bad "fixed-window evaluation ($(grep -h eval "$T"/ev*.txt | head -3))"
 "$BIN" --layers 1 --dim 32 --heads 2 --batch 2 --steps 2 --eval-every 0 > "$T/mem.txt" 2>&1
 grep -q "^memory: allocator peak .* MiB/rank, estimate .* MiB/rank, process peak RSS .* MiB" "$T/mem.txt" &&
     ok "the run ends with its memory: allocator peak, estimate, process peak RSS" || bad "no memory line"
