@@ -6788,16 +6788,21 @@ static us_result us__pp_wpass(us_model *m, int B, int T) { /* the chunk's W, las
    Channels (host backends). Every boundary between two stages on different ranks has two
    channels (us_comm.dup): one carries the activations forward, the other the gradients back. A
    channel matches its messages in order and runs apart from the others, so a forward's output
-   is sent the moment it is computed, its gradient's receive is posted at the same moment into
-   the slot that will need it, and a rank waits only for data it needs now: a forward for its
-   input, a backward for its gradient. A slot is reused only after its sends completed, which
-   never waits on the peer's progress: an activation was consumed before its gradient came back
-   (the slot is freed after its backward), and a gradient's receive was posted at its forward.
-   A channel carries micro-batches in one order on both ends, which us__pp_plan checks.
+   leaves as soon as it is computed and a rank waits only for data it needs now: a forward for
+   its input, a backward for its gradient, whose receive was posted ahead into the slot that
+   will need it. When a call may be posted is us__pp_plan_posts' rule: nothing pending may need
+   this rank's later work, since a device synchronisation (on a GPU, the first launch of any
+   kernel) waits for everything pending. A slot is reused only after its sends completed. A
+   channel carries micro-batches in one order on both ends, which us__pp_plan checks.
+   The rule makes 1F1B, AFAB and ZB-H1 safe at any pp under the threads backend's NCCL semantics
+   (before it, pp 4 deadlocked there too: a middle stage's early gradient receive waited for its
+   own next forward). Interleaved and the V schedules still deadlock there: a rank's pending
+   activation send is received only after the receiver's device synchronisation, which waits for
+   a receive that needs the sender's next action (tests/test_pp.c reproduces it).
 
    The clock (NCCL). Its waiting calls are kernels spinning on the GPU, under which the channel
-   plan can hang (bench/RESULTS.md has the schedules it hung): so every message is exchanged at one
-   agreed time on the schedule's own clock — the checker's unit-cost play
+   plan hung for interleaved, ZB-V and DualPipe-V (bench/RESULTS.md, run 7): so every message
+   is exchanged at one agreed time on the schedule's own clock — the checker's unit-cost play
    (tF = tB = tW = 1), which every rank computes alike:
      an activation  at its consumer's start (the receiver takes a slot only then: no more
                     activations held than the schedule says; the sender still holds it, since
@@ -6900,9 +6905,96 @@ done:
     return res;
 }
 
-/* The channel plan needs no times; it checks that each channel carries its micro-batches in
-   one order on both ends: the sender's order of producing = the receiver's of receiving (an
-   activation, at its forward) or of posting (a gradient, at the forward it belongs to). */
+/* The latest action of rank q that action `node` (r·nmax + i) waits for, through the ranks'
+   orders and the messages: -1 if none. anc[] caches (-2: not yet known); where[] as in
+   us__pp_plan_clock. Depth-first; the schedule is checked acyclic before. */
+static int us__pp_anc(const us_pp_schedule *s, const int *where, int nmax, int q, int node,
+                      int *anc) {
+    int S = s->pp * s->v, M = s->m, r = node / nmax, i = node % nmax, best = -1, k;
+    const us_pp_action *x = &s->a[r][i];
+    int st = us_pp_stage(s, r, x->chunk), pred[2] = {-1, -1};
+    if (anc[node] > -2) return anc[node];
+    if (i > 0) pred[0] = node - 1; /* the rank's previous action */
+    if (x->op == US_PP_F && st > 0)
+        pred[1] = where[(st - 1) * M + x->mb]; /* its input's forward */
+    else if ((x->op == US_PP_B || x->op == US_PP_BW) && st + 1 < S)
+        pred[1] = where[S * M + (st + 1) * M + x->mb]; /* its output gradient's backward */
+    for (k = 0; k < 2; k++) {
+        int a;
+        if (pred[k] < 0) continue;
+        a = pred[k] / nmax == q ? pred[k] % nmax : -1;
+        if (a > best) best = a;
+        a = us__pp_anc(s, where, nmax, q, pred[k], anc);
+        if (a > best) best = a;
+    }
+    return anc[node] = best;
+}
+
+/* When the channel plan posts its calls: nothing this rank has posted may wait for its own later
+   work. On a GPU any kernel's first launch (or a cudaFree) synchronises the device, waiting for
+   every pending NCCL call; a call that needs this rank's later work then never completes (NCCL
+   semantics in ultrascale_comm.h). So, with us__pp_anc giving the last action of this rank that
+   a point of another rank waits for:
+     a gradient's receive  is posted after the last action of this rank its sender's backward
+                           waits for: the forward itself under 1F1B; under interleaved and V
+                           schedules, whose gradients come back through this rank's later chunk,
+                           that chunk's backward;
+     an activation's send  leaves after its forward, or after the last action of this rank that
+                           the receiver's action before the consuming forward waits for, if later
+                           (the receive is posted at that forward).
+   A gradient's send needs no delay (its receive was posted before its producer could run). Each
+   channel's calls keep the order of its other end. m->pp_msgs: t = the action after which to
+   post, act = the forward the message belongs to, order = the other end's action index. */
+static us_result us__pp_plan_posts(us_model *m) {
+    const us_pp_schedule *s = m->pp_sched;
+    int P = s->pp, S = P * s->v, M = s->m, q = m->mesh.pp_rank, nmax = 0, r, i, nm = 0;
+    int *where, *anc;
+    for (r = 0; r < P; r++)
+        if (s->n[r] > nmax) nmax = s->n[r];
+    where = (int *)US_MALLOC(sizeof(int) * (size_t)(2 * S * M + P * nmax)); /* [F|B][stage][mb] */
+    m->pp_msgs = (us__pp_msg *)US_MALLOC(sizeof(us__pp_msg) * (size_t)(2 * s->n[q] + 1));
+    if (!where || !m->pp_msgs) {
+        US_FREE(where);
+        us__model_set_error(m, "out of host memory");
+        return US_ERR_OOM;
+    }
+    anc = where + 2 * S * M;
+    for (i = 0; i < 2 * S * M + P * nmax; i++) where[i] = i < 2 * S * M ? -1 : -2;
+    for (r = 0; r < P; r++)
+        for (i = 0; i < s->n[r]; i++) {
+            const us_pp_action *x = &s->a[r][i];
+            if (x->op != US_PP_W)
+                where[(x->op != US_PP_F) * S * M + us_pp_stage(s, r, x->chunk) * M + x->mb] =
+                    r * nmax + i;
+        }
+    for (i = 0; i < s->n[q]; i++) {
+        const us_pp_action *x = &s->a[q][i];
+        int st = us_pp_stage(s, q, x->chunk), prod, cons, k;
+        if (x->op != US_PP_F || st + 1 == S || us__pp_rank_of(s, st + 1) == q) continue;
+        prod = where[S * M + (st + 1) * M + x->mb]; /* the gradient's backward */
+        cons = where[(st + 1) * M + x->mb];         /* the activation's forward */
+        for (k = 0; k < 2; k++) {                   /* 0: the activation's send; 1: the gradient */
+            us__pp_msg *y = &m->pp_msgs[nm++];
+            y->grad = k;
+            y->send = !k;
+            y->peer = us__pp_rank_of(s, st + 1);
+            y->act = i;
+            y->order = (k ? prod : cons) % nmax;
+            if (k)
+                y->t = us__pp_anc(s, where, nmax, q, prod, anc);
+            else
+                y->t = cons % nmax ? us__pp_anc(s, where, nmax, q, cons - 1, anc) : -1;
+            if (y->t < i) y->t = i;
+        }
+    }
+    qsort(m->pp_msgs, (size_t)nm, sizeof(us__pp_msg), us__pp_msg_cmp);
+    m->pp_nmsg = nm;
+    US_FREE(where);
+    return US_OK;
+}
+
+/* The channel plan needs no times; it checks that each channel's activations leave in the order
+   they are received (at the receiver's forwards), and plans when gradient receives are posted. */
 static us_result us__pp_plan(us_model *m) {
     const us_pp_schedule *s = m->pp_sched;
     int P = s->pp, S = P * s->v, M = s->m, b, k, r, i;
@@ -6917,7 +7009,7 @@ static us_result us__pp_plan(us_model *m) {
     for (b = 0; b + 1 < S; b++) {
         int lo = us__pp_rank_of(s, b), hi = us__pp_rank_of(s, b + 1);
         if (lo == hi) continue;   /* handed over on one rank */
-        for (k = 0; k < 2; k++) { /* k 0: activations lo → hi; 1: gradients hi → lo */
+        for (k = 0; k < 1; k++) { /* activations lo → hi (gradients: us__pp_plan_posts) */
             int ns = 0, nr = 0, snd = k ? hi : lo, rcv = k ? lo : hi;
             /* the sender produces: F of stage b, or B/BW of stage b+1 */
             for (i = 0; i < s->n[snd]; i++) {
@@ -6946,7 +7038,7 @@ static us_result us__pp_plan(us_model *m) {
         }
     }
     US_FREE(seq);
-    return US_OK;
+    return us__pp_plan_posts(m);
 }
 
 /* Connects the pipeline's ranks before the first step. Channels: opened (collective over the pp
@@ -7106,15 +7198,15 @@ typedef struct us__pp_exec {
     int *free_slot; /* [slots] the free slots, a stack of nfree */
     int nfree;
     us_work **pend;  /* [2·slots] each slot's activation and gradient sends in flight */
-    us_work **precv; /* channels: [chunk·M + mb] the gradient receive posted at its forward */
+    us_work **precv; /* channels: [chunk·M + mb] the gradient receive (us__pp_post) */
     int chan;        /* 1: channels, 0: the clock plan */
 } us__pp_exec;
 
 /* A forward action: its slot (unless its input arrived into one, the clock plan), its input from
-   this rank's earlier stage or over a channel, the forward; on channels the output is sent on
-   and the receive of its gradient posted. */
+   this rank's earlier stage or over a channel, the forward; on channels its output leaves, and
+   its gradient's receive is posted, when us__pp_post says. */
 static us_result us__pp_forward_action(us_model *m, us__pp_exec *x, const us_pp_action *a, int st,
-                                       int prev, int next) {
+                                       int prev) {
     const us_pp_schedule *s = m->pp_sched;
     int q = m->mesh.pp_rank, M = s->m, key = a->chunk * M + a->mb;
     us_comm *c = m->comm;
@@ -7140,17 +7232,29 @@ static us_result us__pp_forward_action(us_model *m, us__pp_exec *x, const us_pp_
     if (r != US_OK) return r;
     m->pp_t_s[0] += 1e-6 * (us_trace_now_us() - t0);
     *x->loss += ls;
-    if (x->chan && next >= 0 && next != q) { /* the output on, and the gradient's receive posted */
-        us_group *ch = &m->pp_ch[us__pp_channel(st, 0)];
-        r = us__comm_fail(
-            m, c->send(c, ch, m->a[US__A_XOUT], x->n, m->dt, next, &x->pend[2 * x->slot_of[key]]),
-            "pipeline send");
-        if (r != US_OK) return r;
-        r = us__comm_fail(m,
-                          c->recv(c, ch + 1, m->a[US__A_DRES], x->n, m->dt, next, &x->precv[key]),
-                          "pipeline receive");
-    }
     return r;
+}
+
+/* Channels: the calls planned after action i (us__pp_plan_posts), from *e on: an activation's
+   send from its forward's slot, a gradient's receive into it. */
+static us_result us__pp_post(us_model *m, us__pp_exec *x, int *e, int i) {
+    const us_pp_schedule *s = m->pp_sched;
+    int q = m->mesh.pp_rank, M = s->m;
+    us_comm *c = m->comm;
+    for (; *e < m->pp_nmsg && m->pp_msgs[*e].t <= i; ++*e) {
+        const us__pp_msg *y = &m->pp_msgs[*e];
+        const us_pp_action *f = &s->a[q][y->act];
+        int key = f->chunk * M + f->mb, st = us_pp_stage(s, q, f->chunk), k = x->slot_of[key];
+        us_group *ch = &m->pp_ch[us__pp_channel(st, y->grad)];
+        us_result r;
+        if (y->send)
+            r = c->send(c, ch, m->slot_a[k][US__A_XOUT], x->n, m->dt, y->peer, &x->pend[2 * k]);
+        else
+            r = c->recv(c, ch, m->slot_a[k][US__A_DRES], x->n, m->dt, y->peer, &x->precv[key]);
+        if ((r = us__comm_fail(m, r, y->send ? "pipeline send" : "pipeline receive")) != US_OK)
+            return r;
+    }
+    return US_OK;
 }
 
 /* A backward action, B or BW: waits for its output's gradient (channels), runs the backward
@@ -7202,7 +7306,7 @@ static us_result us__pp_backward_action(us_model *m, us__pp_exec *x, const us_pp
 static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *targets, int64_t per,
                             int T, float dscale, double *loss) {
     const us_pp_schedule *s = m->pp_sched;
-    int q = m->mesh.pp_rank, i, e = 0, last_bw = -1, M = s->m, S = s->pp * s->v;
+    int q = m->mesh.pp_rank, i, e = 0, last_bw = -1, M = s->m;
     int64_t Np, Ns;
     double t_begin = us_trace_now_us();
     us_result r = US_OK;
@@ -7238,14 +7342,13 @@ static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *t
     for (i = 0; i < s->n[q] && r == US_OK; i++) {
         const us_pp_action *a = &s->a[q][i];
         int st = us_pp_stage(s, q, a->chunk), key = a->chunk * M + a->mb;
-        int prev = st > 0 ? us__pp_rank_of(s, st - 1) : -1,
-            next = st + 1 < S ? us__pp_rank_of(s, st + 1) : -1;
+        int prev = st > 0 ? us__pp_rank_of(s, st - 1) : -1;
         double t0;
         if (!x.chan && (r = us__pp_exchange(m, &e, m->pp_start[i], x.slot_of, x.free_slot, &x.nfree,
                                             x.pend, x.n)) != US_OK)
             break;
         if (a->op == US_PP_F)
-            r = us__pp_forward_action(m, &x, a, st, prev, next);
+            r = us__pp_forward_action(m, &x, a, st, prev);
         else if (a->op == US_PP_W) {
             us__pp_select(m, x.slot_of[key], a->chunk);
             t0 = us_trace_now_us();
@@ -7254,6 +7357,7 @@ static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *t
             x.free_slot[x.nfree++] = x.slot_of[key];
         } else
             r = us__pp_backward_action(m, &x, a, st, prev, i == last_bw);
+        if (r == US_OK && x.chan) r = us__pp_post(m, &x, &e, i);
     }
     if (r == US_OK && !x.chan) /* the last gradients out */
         r = us__pp_exchange(m, &e, INFINITY, x.slot_of, x.free_slot, &x.nfree, x.pend, x.n);

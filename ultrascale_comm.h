@@ -66,6 +66,24 @@
      sendrecv        one operation: the message is posted, the receive runs, then (rendezvous)
                      the send's completion is awaited, like NCCL's grouped send and receive
 
+   NCCL semantics (us_launch_config.nccl): what a GPU running NCCL imposes, so that an order of
+   calls that hangs there hangs here too, and is reported instead of waited out.
+     - a send completes only once its receive has taken the message (p2p_rendezvous);
+     - each communicator runs its operations in the order its rank issued them, and a
+       point-to-point operation matches its peer's in issue order: one stream per communicator
+       (a group made by dup has its own, the others share the rank's, as in the NCCL backend);
+     - a send and a receive issued as one sendrecv progress together (ncclGroupStart/End);
+     - the device synchronises: CUDA's implicit synchronisations (cudaFree, cudaMalloc, the first
+       launch of a kernel under lazy module loading, CUDA's default since 12.2) wait for every
+       stream, so for every NCCL kernel the rank has launched, pending receives included. Here
+       every wait of the host (wait(), or a call with w NULL) first waits for every operation the
+       rank has issued. A receive posted early whose message needs this rank's later work then
+       never completes: on the GPU that is a hang the first time a kernel loads.
+   A deadlock is reported instead of waited for: when every rank waits in such a synchronisation
+   (or has returned) and no operation has made progress for US__THR_DEADLOCK_S seconds, the
+   launch aborts with "deadlock: rank 0 waits for op 7, recv from rank 1 (a dup); ...", naming
+   each rank's oldest unfinished operations.
+
    Reduction order (fixed, so results are the same run to run, whatever the threads' timing):
      all_reduce, reduce_scatter: chunk c of a group of N is combined in ring order starting at
        group rank c+1:  ((x[c+1] ⊕ x[c+2]) ⊕ ...) ⊕ x[c]   (indices mod N; chunk c of
@@ -148,6 +166,8 @@ typedef struct us_launch_config {
     double timeout_s;   /* a collective that cannot complete within this fails; 0 = 300 s */
     int p2p_rendezvous; /* 1: a send waits until its receiver has taken the message (NCCL's
                            behaviour for large messages); 0: eager, a send never waits */
+    int nccl; /* 1: NCCL's semantics on a GPU (see "NCCL semantics" above): rendezvous sends, and
+                 every wait of the host first waits for everything the rank has issued */
 } us_launch_config;
 
 /* Runs fn on nranks threads of this process, each with its own us_comm (name "threads",
@@ -320,7 +340,8 @@ enum {
 static const char *const us__thr_names[] = {
     "all_reduce", "reduce", "reduce_scatter", "all_gather", "gather", "scatter", "broadcast",
     "send",       "recv",   "all_to_all",     "barrier",    "split",  "sendrecv"};
-#define US__THR_SLICE_S 0.02 /* every wait re-checks the abort flag and the deadline this often */
+#define US__THR_SLICE_S 0.02   /* every wait re-checks the abort flag and the deadline this often */
+#define US__THR_DEADLOCK_S 0.5 /* NCCL semantics: every rank waiting, no progress this long */
 
 typedef struct us__thr_launch us__thr_launch;
 typedef struct us__thr_rank us__thr_rank;
@@ -387,6 +408,7 @@ typedef struct us__thr_op {
     int64_t rn;
     int rpeer; /* sendrecv: the receive (dst, rn elements from rpeer) */
     int done;
+    int64_t seq; /* the rank's issue count when it was issued (1 = its first) */
     us_result result;
     char err[256];
 } us__thr_op;
@@ -415,6 +437,8 @@ struct us__thr_rank {
     us__thr_lane *lanes;    /* the dups' progress threads */
     pthread_cond_t done_cv; /* an op of this rank finished */
     us__thr_op *live;       /* handles not yet waited (freed by us_launch otherwise) */
+    int64_t issued;         /* operations issued so far */
+    int syncing;            /* NCCL semantics: waiting for every operation issued */
     int returned;
     us_result result;
 };
@@ -426,10 +450,13 @@ struct us__thr_launch {
     void *arg;
     double timeout_s;
     int rendezvous;      /* us_launch_config.p2p_rendezvous */
+    int nccl;            /* us_launch_config.nccl */
+    double progress_t;   /* when an operation last made progress (NCCL semantics' watchdog) */
+    int deadlock;        /* the watchdog aborted the launch: its cause is the launch's error */
     us__thr_rank *ranks; /* [nranks] */
     us__thr_group *groups, *world;
     int aborted;
-    char cause[256]; /* the first failure, naming the rank at fault */
+    char cause[512]; /* the first failure, naming the rank at fault */
     int first_fail;
     char fail_msg[320]; /* the first rank whose fn returned an error */
 };
@@ -679,6 +706,7 @@ static us_result us__thr_sync(us__thr_x *x) {
     int j;
     pthread_mutex_lock(&x->L->mu);
     target = ++g->arrive[x->me];
+    x->L->progress_t = us__now_s();
     pthread_cond_broadcast(&g->cv);
     while ((j = us__thr_missing(g, target)) >= 0 || x->L->aborted) {
         if (j < 0) j = x->me;
@@ -940,6 +968,7 @@ static us_result us__thr_post(us__thr_x *x, const void *src, int64_t n, us_dtype
     }
     *tail = m;
     if (x->L->rendezvous) *out = m; /* the sender's to wait on */
+    x->L->progress_t = us__now_s();
     pthread_cond_broadcast(&x->g->cv);
     pthread_mutex_unlock(&x->L->mu);
     return US_OK;
@@ -999,6 +1028,7 @@ static us_result us__thr_recv_from(us__thr_x *x, void *dst, int64_t n, us_dtype 
     pthread_mutex_lock(&x->L->mu);
     keep = x->L->rendezvous && !m->abandoned; /* the sender waits for it and frees it */
     m->taken = 1;
+    x->L->progress_t = us__now_s();
     pthread_cond_broadcast(&x->g->cv);
     pthread_mutex_unlock(&x->L->mu);
     if (!keep) US_FREE(m);
@@ -1167,6 +1197,7 @@ static void *us__thr_worker_main(void *p) {
         pthread_mutex_lock(&L->mu);
         ln->busy = 0;
         o->done = 1;
+        L->progress_t = us__now_s();
         pthread_cond_broadcast(&rk->done_cv);
         if (us__thr_gone(rk)) us__thr_wake_all(L); /* peers waiting for this rank can stop */
     }
@@ -1267,6 +1298,66 @@ static us__thr_op *us__thr_op_new(us_comm *c, int kind, us__thr_group *tg, const
 
 static us_result us__thr_wait(us_comm *c, us_work *w);
 
+/* One unfinished operation for the deadlock report: "op 7, recv from rank 1 (a dup)". */
+static int us__thr_describe(char *p, size_t cap, const us__thr_op *o) {
+    const char *name = us__thr_names[o->kind];
+    const char *lane = o->g->lanes && o->g->lanes[o->me] ? "a dup" : "the rank's stream";
+    int peer = o->root >= 0 && o->root < o->g->size ? o->g->members[o->root] : -1;
+    if (o->kind == US__THR_SEND || o->kind == US__THR_RECV)
+        return snprintf(p, cap, "op %lld, %s %s rank %d (%s)", (long long)o->seq, name,
+                        o->kind == US__THR_SEND ? "to" : "from", peer, lane);
+    if (o->kind == US__THR_SENDRECV)
+        return snprintf(p, cap, "op %lld, sendrecv with rank %d (%s)", (long long)o->seq, peer,
+                        lane);
+    return snprintf(p, cap, "op %lld, %s on a group of %d (%s)", (long long)o->seq, name,
+                    o->g->size, lane);
+}
+
+/* NCCL semantics' watchdog (caller holds L->mu): when every rank waits in a device
+   synchronisation or has returned and nothing has progressed for US__THR_DEADLOCK_S, the launch
+   aborts, naming each waiting rank's oldest unfinished operation. */
+static void us__thr_deadlock_check(us__thr_launch *L) {
+    char msg[512];
+    size_t k;
+    int r;
+    if (L->aborted || us__now_s() - L->progress_t < US__THR_DEADLOCK_S) return;
+    for (r = 0; r < L->nranks; r++)
+        if (!L->ranks[r].syncing && !L->ranks[r].returned) return;
+    k = (size_t)snprintf(msg, sizeof msg,
+                         "deadlock: every rank waits, nothing moved for %g s:", US__THR_DEADLOCK_S);
+    for (r = 0; r < L->nranks && k < sizeof msg; r++) {
+        const us__thr_op *o, *oldest = NULL;
+        int more = -1;
+        if (!L->ranks[r].syncing) continue;
+        for (o = L->ranks[r].live; o; o = o->next) /* newest first */
+            if (!o->done) {
+                oldest = o;
+                more++;
+            }
+        if (!oldest) continue;
+        k += (size_t)snprintf(msg + k, sizeof msg - k, " rank %d waits for ", r);
+        if (k < sizeof msg) k += (size_t)us__thr_describe(msg + k, sizeof msg - k, oldest);
+        if (k < sizeof msg) k += (size_t)snprintf(msg + k, sizeof msg - k, " and %d more;", more);
+    }
+    us__thr_abort(L, "%s", msg);
+    L->deadlock = 1;
+}
+
+/* NCCL semantics: the host waits for every operation it has issued, as CUDA's implicit device
+   synchronisations wait for every stream (caller holds L->mu). An abort finishes them all. */
+static void us__thr_device_sync(us__thr_rank *rk) {
+    us__thr_launch *L = rk->L;
+    for (;;) {
+        const us__thr_op *o = rk->live;
+        while (o && o->done) o = o->next;
+        if (!o) break;
+        rk->syncing = 1;
+        us__thr_deadlock_check(L);
+        us__thr_wait_slice(&rk->done_cv, &L->mu, US__THR_SLICE_S);
+    }
+    rk->syncing = 0;
+}
+
 /* Queues o on its group's progress thread for this rank (a dup's own, else the rank's); returns
    the handle in *w or waits for it. */
 static us_result us__thr_submit(us_comm *c, us__thr_op *o, us_work **w) {
@@ -1288,6 +1379,7 @@ static us_result us__thr_submit(us_comm *c, us__thr_op *o, us_work **w) {
     else
         ln->qhead = o;
     ln->qtail = o;
+    o->seq = ++rk->issued;
     o->next = rk->live;
     if (rk->live) rk->live->prev = o;
     rk->live = o;
@@ -1307,6 +1399,7 @@ static us_result us__thr_wait(us_comm *c, us_work *w) {
     if (!o) return US_OK;
     if (o->owner != rk) return us__thr_invalid(c, "wait: the handle belongs to another rank");
     pthread_mutex_lock(&rk->L->mu);
+    if (rk->L->nccl) us__thr_device_sync(rk);
     while (!o->done)
         pthread_cond_wait(&rk->done_cv, &rk->L->mu); /* the progress thread's waits are bounded */
     if (o->prev)
@@ -1713,7 +1806,9 @@ static us__thr_launch *us__thr_launch_new(int nranks, us_rank_fn fn, void *arg,
     L->arg = arg;
     L->timeout_s = timeout;
     L->first_fail = -1;
-    L->rendezvous = cfg ? cfg->p2p_rendezvous != 0 : 0;
+    L->nccl = cfg ? cfg->nccl != 0 : 0;
+    L->rendezvous = cfg ? cfg->p2p_rendezvous != 0 || L->nccl : 0;
+    L->progress_t = us__now_s();
     for (r = 0; r < nranks; r++) {
         us__thr_rank *rk = &L->ranks[r];
         world[r] = r;
@@ -1819,7 +1914,10 @@ US_API us_result us_launch_ex(int nranks, us_rank_fn fn, void *arg, const us_lau
 
     for (r = 0; r < nranks; r++)
         if (rank_results) rank_results[r] = L->ranks[r].result;
-    if (L->first_fail >= 0) {
+    if (L->deadlock) { /* the ranks failed because of it: the cause names every rank */
+        res = US_ERR_BACKEND;
+        us__errf(err, errlen, "%s", L->cause);
+    } else if (L->first_fail >= 0) {
         res = L->ranks[L->first_fail].result;
         us__errf(err, errlen, "%s", L->fail_msg);
     } else if (L->aborted) {

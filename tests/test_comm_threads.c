@@ -804,6 +804,64 @@ static void check_p2p(void) {
     }
 }
 
+/* NCCL semantics (us_launch_config.nccl): a device synchronisation at every wait. Rank 0
+   posts a receive on a channel (dup), then joins an all_reduce; rank 1 joins it, then receives
+   rank 0's send on the world, and only then sends on the channel. Without the semantics this
+   completes; with them rank 0's all_reduce waits for its posted receive, which waits for a send
+   that needs rank 0's next call: the GPU's hang, reported by the watchdog well before the
+   timeout, naming both ranks. */
+static us_result rank_sync(us_comm *c, void *arg) {
+    float x = 1, y = 0, z = 7;
+    us_group ch;
+    us_work *w = NULL;
+    us_result r;
+    (void)arg;
+    if ((r = c->dup(c, &c->world, &ch)) != US_OK) return r;
+    if (c->world.rank == 0) {
+        r = c->recv(c, &ch, &y, 1, US_F32, 1, &w);
+        if (r == US_OK) r = c->all_reduce(c, &c->world, &x, 1, US_F32, US_REDUCE_SUM, NULL);
+        if (r == US_OK) r = c->send(c, &c->world, &z, 1, US_F32, 1, NULL);
+        if (w) {
+            us_result r2 = c->wait(c, w);
+            if (r == US_OK) r = r2;
+        }
+        if (r == US_OK && (x != 2 || y != 7)) r = US_ERR_BACKEND;
+    } else {
+        r = c->all_reduce(c, &c->world, &x, 1, US_F32, US_REDUCE_SUM, NULL);
+        if (r == US_OK) r = c->recv(c, &c->world, &y, 1, US_F32, 0, NULL);
+        if (r == US_OK) r = c->send(c, &ch, &y, 1, US_F32, 0, NULL);
+    }
+    c->group_free(c, &ch);
+    return r;
+}
+
+static void check_nccl_semantics(void) {
+    us_launch_config lc;
+    char err[256];
+    int nccl;
+    for (nccl = 0; nccl < 2; nccl++) {
+        double t0 = now_s(), dt;
+        us_result lr;
+        memset(&lc, 0, sizeof lc);
+        lc.timeout_s = 20;
+        lc.nccl = nccl;
+        lr = us_launch_ex(2, rank_sync, NULL, &lc, NULL, err, sizeof err);
+        dt = now_s() - t0;
+        if (!nccl)
+            CHECK(lr == US_OK,
+                  "a receive posted before a collective completes without NCCL "
+                  "semantics: %s",
+                  lr == US_OK ? "ok" : err);
+        else
+            CHECK(lr == US_ERR_BACKEND && dt < 5 && strstr(err, "deadlock: every rank waits") &&
+                      strstr(err, "rank 0 waits for op") &&
+                      strstr(err, "recv from rank 1 (a dup)") && strstr(err, "rank 1 waits for"),
+                  "NCCL semantics: the device synchronisation's deadlock is reported in %.1f s: "
+                  "\"%s\"",
+                  dt, err);
+    }
+}
+
 /* all_to_all as expert parallelism uses it (// >>ep): uneven counts, a rank that sends nothing,
    a rank that receives nothing, on the world and on groups split from it (pairs of ranks) */
 static int64_t a2a_sparse_count(int from, int to) {
@@ -939,6 +997,7 @@ int main(int argc, char **argv) {
         }
     }
     check_p2p();
+    check_nccl_semantics();
     /* failures: never a hang, never a crash, the culprit named */
     check_failure(F_ERROR, "a rank returns an error", 2, "failed", 1.0);
     check_failure(F_SLEEP, "a rank sleeps past timeout_s = 0.3", 3, "timed out", 0.3);

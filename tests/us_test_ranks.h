@@ -6,6 +6,10 @@
 #include <stdio.h>
 #include <string.h>
 
+/* 1: the launches impose NCCL's semantics on a GPU (us_launch_config.nccl: device
+   synchronisations wait for every operation issued; a deadlock fails at once, naming it) */
+static int us_test_nccl = 0;
+
 static us_result us_test_launch(int n, us_rank_fn fn, void *arg, us_result *rank_results,
                                 int quiet) {
     char err[256];
@@ -15,6 +19,7 @@ static us_result us_test_launch(int n, us_rank_fn fn, void *arg, us_result *rank
     lc.timeout_s = 20;
     lc.p2p_rendezvous =
         1; /* sends complete only when received, as NCCL's: orders that deadlock on GPUs fail here */
+    lc.nccl = us_test_nccl;
     if (n == 1) return fn(NULL, arg);
     r = us_launch_ex(n, fn, arg, &lc, rank_results, err, sizeof err);
     if (r != US_OK && !quiet) printf("  %s\n", err);
