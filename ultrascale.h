@@ -1018,6 +1018,63 @@ US_API us_result us_task_exact_match(us_model *m, us_task *t, int n, double *acc
                                      size_t buflen, int show);
 #endif /* ULTRASCALE_NO_DATA */
 
+#ifndef ULTRASCALE_NO_TOKENIZER
+/* ---------------------------------------------------------------- tokenizer (// >>tokenizer)
+   A Hugging Face tokenizer.json holding a byte-level BPE (GPT-2, Llama 3, or one trained with the
+   `tokenizers` package): encode and decode give what that package gives, token for token
+   (encode(text, add_special_tokens=False), decode(ids, skip_special_tokens)). Accepted: model BPE
+   (merges as "a b" strings or [a, b] pairs, ignore_merges, every one of the 256 byte tokens in the
+   vocabulary), no normalizer, the pre-tokeniser ByteLevel with GPT-2's regex or Split with
+   Llama 3's regex followed by ByteLevel without one, the ByteLevel decoder, added and special
+   tokens (lstrip, rstrip, normalized). A post-processor (ByteLevel, TemplateProcessing) adds
+   tokens only under add_special_tokens: a caller who wants a BOS token adds it. Anything else is
+   refused with a sentence that names it. Invalid UTF-8 in a text: each bad byte is a character
+   of its own that is neither letter, number nor space. Loading allocates; encode and decode
+   read the tokenizer and write only its err, on failure: threads may share one. */
+typedef struct us_tokenizer {
+    int64_t n_vocab;      /* ids are 0..n_vocab-1 (the model's and the added tokens'; holes allowed) */
+    int64_t n_merges;     /* merge ranks 0..n_merges-1 */
+    int pattern;          /* US_TOK_GPT2 or US_TOK_LLAMA3: the pre-tokeniser's regex */
+    int add_prefix_space; /* ByteLevel's: a space before every segment that lacks one */
+    int ignore_merges;    /* a piece that is itself a token is that token (Llama 3) */
+    int max_bytes;        /* the longest token's bytes */
+    /* internal */
+    char *pool;                   /* every token's bytes, as decode writes them */
+    int64_t *off;                 /* [n_vocab] a token's bytes in pool */
+    int32_t *len;                 /* [n_vocab] their count */
+    uint8_t *kind;                /* [n_vocab] US__TK_* bits: in the model, added, special */
+    int32_t *hash;                /* the model's tokens by their bytes, open addressing */
+    int64_t hash_cap;             /* a power of two */
+    struct us__tok_merge *merges; /* (left id, right id) → rank, merged id, open addressing */
+    int64_t merge_cap;
+    int32_t byte_id[256]; /* the token of each single byte */
+    struct us__tok_added *added;
+    int n_added;
+    char err[256];
+} us_tokenizer;
+
+enum { US_TOK_GPT2 = 1, US_TOK_LLAMA3 = 2 };
+/* us_tok_decode's flags */
+#define US_TOK_SKIP_SPECIAL 1 /* leave special tokens out (skip_special_tokens=True) */
+#define US_TOK_LOSSY 2        /* each invalid UTF-8 sequence becomes U+FFFD, as tokenizers' decode */
+
+US_API us_result us_tok_load(us_tokenizer *t, const char *path);
+/* The same from the file's text json[n]. */
+US_API us_result us_tok_parse(us_tokenizer *t, const char *json, size_t n);
+US_API void us_tok_free(us_tokenizer *t);
+/* text[n] (any bytes) → ids[*n_ids]; cap ≥ n (2n + 1 under add_prefix_space) holds every id. */
+US_API us_result us_tok_encode(us_tokenizer *t, const char *text, size_t n, int32_t *ids,
+                               size_t cap, size_t *n_ids);
+/* ids[n] → the text's bytes in out[*len] and a NUL (cap ≥ *len + 1; out NULL: only *len). An
+   id that is no token is an error (tokenizers would drop it). */
+US_API us_result us_tok_decode(const us_tokenizer *t, const int32_t *ids, size_t n, int flags,
+                               char *out, size_t cap, size_t *len);
+/* The pre-tokeniser alone: text[n] (no added tokens, no prefix space) cut into pieces, the end
+   of each piece in ends[*n_pieces] (cap ≥ n). */
+US_API us_result us_tok_pretokenize(const us_tokenizer *t, const char *text, size_t n,
+                                    size_t *ends, size_t cap, size_t *n_pieces);
+#endif /* ULTRASCALE_NO_TOKENIZER */
+
 /* ---------------------------------------------------------------- sampling */
 /* Extends prompt (host tokens) by n_new tokens sampled with temperature (0 = greedy) and
    top-k (0 = all); out receives prompt + new tokens, [n_prompt + n_new] <= tc.seq. */
@@ -9478,33 +9535,11 @@ static us_result us__forward_eval(us_model *m, const int32_t *inputs, const int3
     return US_OK;
 }
 
-#ifndef ULTRASCALE_NO_DATA
+#if !defined(ULTRASCALE_NO_DATA) || !defined(ULTRASCALE_NO_TOKENIZER)
 /* ------------------------------------------------------------------------------------ */
 // >>data  byte tokenizer, raw text, llm.c token shards, the built-in sorting task
 /* ------------------------------------------------------------------------------------ */
-US_API size_t us_byte_encode(const char *text, int32_t *tokens, size_t cap) {
-    size_t i;
-    for (i = 0; text[i] && i < cap; i++) tokens[i] = (unsigned char)text[i];
-    return i;
-}
-
-US_API size_t us_byte_decode(const int32_t *tokens, size_t n, char *text, size_t cap) {
-    size_t i;
-    if (!cap) return 0;
-    for (i = 0; i < n && i + 1 < cap; i++)
-        text[i] = tokens[i] >= 32 && tokens[i] < 127 ? (char)tokens[i]
-                  : tokens[i] == '\n'                ? '\n'
-                                                     : '?';
-    text[i] = 0;
-    return i;
-}
-
-US_API void us_data_free(us_data *d) {
-    US_FREE(d->tokens);
-    d->tokens = NULL;
-    d->n = 0;
-}
-
+/* A whole file into *buf[*len] (+ 1 byte of room); // >>tokenizer reads tokenizer.json with it. */
 static us_result us__read_file(const char *path, unsigned char **buf, int64_t *len, char *err,
                                size_t errlen) {
     FILE *f = fopen(path, "rb");
@@ -9551,6 +9586,31 @@ static us_result us__read_file(const char *path, unsigned char **buf, int64_t *l
     fclose(f);
     *len = sz;
     return US_OK;
+}
+#endif
+
+#ifndef ULTRASCALE_NO_DATA
+US_API size_t us_byte_encode(const char *text, int32_t *tokens, size_t cap) {
+    size_t i;
+    for (i = 0; text[i] && i < cap; i++) tokens[i] = (unsigned char)text[i];
+    return i;
+}
+
+US_API size_t us_byte_decode(const int32_t *tokens, size_t n, char *text, size_t cap) {
+    size_t i;
+    if (!cap) return 0;
+    for (i = 0; i < n && i + 1 < cap; i++)
+        text[i] = tokens[i] >= 32 && tokens[i] < 127 ? (char)tokens[i]
+                  : tokens[i] == '\n'                ? '\n'
+                                                     : '?';
+    text[i] = 0;
+    return i;
+}
+
+US_API void us_data_free(us_data *d) {
+    US_FREE(d->tokens);
+    d->tokens = NULL;
+    d->n = 0;
 }
 
 US_API us_result us_data_from_bytes(us_data *d, const void *bytes, int64_t n) {
@@ -9875,7 +9935,7 @@ US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int
     return res;
 }
 
-#ifndef ULTRASCALE_NO_CHECKPOINT
+#if !defined(ULTRASCALE_NO_CHECKPOINT) || !defined(ULTRASCALE_NO_TOKENIZER)
 /* ------------------------------------------------------------------------------------ */
 // >>checkpoint  safetensors with Hugging Face names, resharding by byte ranges, crash-safe saves
 /* ------------------------------------------------------------------------------------ */
@@ -10186,6 +10246,9 @@ static int us__jbool(const us__json *j, int k, int *v) {
     return 1;
 }
 
+#endif /* the JSON reader, which // >>tokenizer uses too */
+
+#ifndef ULTRASCALE_NO_CHECKPOINT
 /* ---- safetensors: 8-byte little-endian header length, a JSON header, the data section */
 static const struct {
     const char *name;
@@ -12082,6 +12145,948 @@ US_API us_result us_ckpt_prune(const char *dir, int keep, char *err, size_t errl
 #endif
 }
 #endif /* ULTRASCALE_NO_CHECKPOINT */
+
+#ifndef ULTRASCALE_NO_TOKENIZER
+/* ------------------------------------------------------------------------------------ */
+// >>tokenizer  byte-level BPE from a Hugging Face tokenizer.json: GPT-2 and Llama 3 pre-tokenisers
+/* ------------------------------------------------------------------------------------ */
+/* Encoding runs as the `tokenizers` package does:
+     1. added tokens are cut out of the text: first those matched on the raw text (normalized
+        false), then in the pieces between them the others; the leftmost match wins, the longest
+        at one place; lstrip / rstrip take the white space beside a match into it;
+     2. each remaining segment (with ByteLevel's add_prefix_space, a space before it if it lacks
+        one) is cut by the pre-tokeniser's regex into pieces, here a hand-written matcher per
+        pattern;
+     3. each piece's bytes start as byte tokens; BPE merges the pair of lowest rank (the leftmost
+        of equal ranks) until no pair has a merge, with a heap as tokenizers' word.rs.
+   Tokens are kept as the raw bytes they stand for: the byte-level alphabet (a printable character
+   per byte: 'Ġ' for ' ') is undone at load time. Unicode letters \p{L} and numbers \p{N} are the
+   ranges below, as the regex engine of tokenizers (Oniguruma) has them, written by
+   tests/tok_fixtures.py; \s is Unicode's White_Space. */
+enum { US__TK_L = 1, US__TK_N = 2, US__TK_S = 4, US__TK_O = 8, US__TK_NL = 16 }; /* char classes */
+enum { US__TK_MODEL = 1, US__TK_ADDED = 2, US__TK_SPECIAL = 4 };                /* token kinds */
+
+typedef struct us__tok_merge {
+    uint64_t key; /* left id << 32 | right id; ~0 = empty */
+    uint32_t rank;
+    int32_t id;
+} us__tok_merge;
+
+typedef struct us__tok_added {
+    int32_t id;
+    int special, lstrip, rstrip, normalized;
+    char *content; /* raw UTF-8 */
+    size_t n;
+} us__tok_added;
+
+/* {first, last, 0 letter / 1 number}, sorted, disjoint */
+static const uint32_t us__tok_table[][3] = {
+    /* tok-table begin */
+    /* tok-table end */
+};
+
+static int us__tok_class(uint32_t cp) {
+    int64_t lo = 0, hi = (int64_t)(sizeof us__tok_table / sizeof us__tok_table[0]) - 1;
+    if (cp < 128) {
+        if ((cp | 32) >= 'a' && (cp | 32) <= 'z') return US__TK_L;
+        if (cp >= '0' && cp <= '9') return US__TK_N;
+        if (cp == '\n' || cp == '\r') return US__TK_S | US__TK_NL;
+        if (cp == ' ' || (cp >= 9 && cp <= 13)) return US__TK_S;
+        return US__TK_O;
+    }
+    if (cp == 0x85 || cp == 0xa0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) ||
+        cp == 0x2028 || cp == 0x2029 || cp == 0x202f || cp == 0x205f || cp == 0x3000)
+        return US__TK_S;
+    while (lo <= hi) {
+        int64_t mid = (lo + hi) / 2;
+        if (cp < us__tok_table[mid][0])
+            hi = mid - 1;
+        else if (cp > us__tok_table[mid][1])
+            lo = mid + 1;
+        else
+            return us__tok_table[mid][2] ? US__TK_N : US__TK_L;
+    }
+    return US__TK_O;
+}
+
+/* The code point at s[i] (i < n) and where the next begins; an invalid byte is 0x110000, alone. */
+static uint32_t us__tok_utf8(const uint8_t *s, size_t n, size_t i, size_t *next) {
+    uint32_t c = s[i], cp;
+    size_t k, len = c < 0x80 ? 1 : c >= 0xc2 && c < 0xe0 ? 2 : c >= 0xe0 && c < 0xf0 ? 3 : 4;
+    *next = i + 1;
+    if (len == 1) return c;
+    if (c >= 0xf5 || c < 0xc2 || i + len > n) return 0x110000;
+    cp = c & (0x3fu >> (len - 1));
+    for (k = 1; k < len; k++) {
+        if ((s[i + k] & 0xc0) != 0x80) return 0x110000;
+        cp = cp << 6 | (s[i + k] & 0x3fu);
+    }
+    if ((len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp < 0xe000))) ||
+        (len == 4 && (cp < 0x10000 || cp > 0x10ffff)))
+        return 0x110000;
+    *next = i + len;
+    return cp;
+}
+
+/* The class of the character at s[i] (0 at the end) and where the next one begins. */
+static int us__tok_at(const uint8_t *s, size_t n, size_t i, size_t *next) {
+    *next = i;
+    return i < n ? us__tok_class(us__tok_utf8(s, n, i, next)) : 0;
+}
+
+/* The end of the run of characters in class mask from i; *last: where its last character starts. */
+static size_t us__tok_run(const uint8_t *s, size_t n, size_t i, int mask, size_t *last) {
+    size_t j;
+    *last = i;
+    while (us__tok_at(s, n, i, &j) & mask) {
+        *last = i;
+        i = j;
+    }
+    return i;
+}
+
+/* 's|'t|'re|'ve|'m|'ll|'d at s[i], its end or 0; fold: case-insensitively, as Llama 3's (?i:...),
+   where Oniguruma's case folding also takes 'ſ' (U+017F) for 's'. */
+static size_t us__tok_contraction(const uint8_t *s, size_t n, size_t i, int fold) {
+    int a, b;
+    if (s[i] != '\'' || i + 1 >= n) return 0;
+    a = fold && s[i + 1] < 128 ? s[i + 1] | 32 : s[i + 1];
+    b = i + 2 < n ? (fold && s[i + 2] < 128 ? s[i + 2] | 32 : s[i + 2]) : 0;
+    if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
+    if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return i + 3;
+    if (fold && s[i + 1] == 0xc5 && b == 0xbf) return i + 3;
+    return 0;
+}
+
+/* \s+(?!\S)|\s+ at a white space s[i]: the run, less its last character when a non-space
+   follows and the run has more than one. */
+static size_t us__tok_spaces(const uint8_t *s, size_t n, size_t i) {
+    size_t last, e = us__tok_run(s, n, i, US__TK_S, &last);
+    return e < n && last > i ? last : e;
+}
+
+/* GPT-2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ — the end of
+   the piece that starts at s[i], alternatives tried in order as the regex engine does. */
+static size_t us__tok_gpt2(const uint8_t *s, size_t n, size_t i) {
+    static const int alt[3] = {US__TK_L, US__TK_N, US__TK_O};
+    size_t j, k, last, e = us__tok_contraction(s, n, i, 0);
+    int c0 = us__tok_at(s, n, i, &j), c1 = us__tok_at(s, n, j, &k), q;
+    if (e) return e;
+    for (q = 0; q < 3; q++) {
+        if (s[i] == ' ' && (c1 & alt[q])) return us__tok_run(s, n, j, alt[q], &last);
+        if (c0 & alt[q]) return us__tok_run(s, n, i, alt[q], &last);
+    }
+    return us__tok_spaces(s, n, i);
+}
+
+/* Llama 3: (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
+   ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ — the end of the piece that starts at s[i]. */
+static size_t us__tok_llama3(const uint8_t *s, size_t n, size_t i) {
+    size_t j, k, last, e = us__tok_contraction(s, n, i, 1), p;
+    int c0 = us__tok_at(s, n, i, &j), c1 = us__tok_at(s, n, j, &k), q;
+    if (e) return e;
+    if (!(c0 & (US__TK_L | US__TK_N | US__TK_NL)) && (c1 & US__TK_L))
+        return us__tok_run(s, n, j, US__TK_L, &last);
+    if (c0 & US__TK_L) return us__tok_run(s, n, i, US__TK_L, &last);
+    if (c0 & US__TK_N) {
+        for (e = j, q = 1; q < 3 && (us__tok_at(s, n, e, &k) & US__TK_N); q++) e = k;
+        return e;
+    }
+    p = s[i] == ' ' && (c1 & US__TK_O) ? j : i;
+    if (us__tok_at(s, n, p, &k) & US__TK_O) {
+        e = us__tok_run(s, n, p, US__TK_O, &last);
+        while (e < n && (s[e] == '\r' || s[e] == '\n')) e++;
+        return e;
+    }
+    e = us__tok_run(s, n, i, US__TK_S, &last); /* \s*[\r\n]+: up to the run's last CR or LF */
+    for (p = e; p > i; p--)
+        if (s[p - 1] == '\r' || s[p - 1] == '\n') return p;
+    return us__tok_spaces(s, n, i);
+}
+
+static size_t us__tok_piece(const us_tokenizer *t, const uint8_t *s, size_t n, size_t i) {
+    return t->pattern == US_TOK_LLAMA3 ? us__tok_llama3(s, n, i) : us__tok_gpt2(s, n, i);
+}
+
+US_API us_result us_tok_pretokenize(const us_tokenizer *t, const char *text, size_t n,
+                                    size_t *ends, size_t cap, size_t *n_pieces) {
+    size_t i = 0, k = 0;
+    while (i < n) {
+        if (k >= cap) return US_ERR_INVALID;
+        i = us__tok_piece(t, (const uint8_t *)text, n, i);
+        ends[k++] = i;
+    }
+    *n_pieces = k;
+    return US_OK;
+}
+
+/* ---- the tables: a token's bytes → its id, (left, right) → the merge */
+static uint64_t us__tok_fnv(const void *p, size_t n) {
+    const uint8_t *b = (const uint8_t *)p;
+    uint64_t h = 1469598103934665603ull;
+    size_t i;
+    for (i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+/* The model token whose bytes are p[n], or -1. */
+static int32_t us__tok_find(const us_tokenizer *t, const void *p, size_t n) {
+    uint64_t h = us__tok_fnv(p, n) & (uint64_t)(t->hash_cap - 1);
+    for (;; h = (h + 1) & (uint64_t)(t->hash_cap - 1)) {
+        int32_t id = t->hash[h];
+        if (id < 0) return -1;
+        if ((size_t)t->len[id] == n && !memcmp(t->pool + t->off[id], p, n)) return id;
+    }
+}
+
+static const us__tok_merge *us__tok_merge_find(const us_tokenizer *t, int32_t a, int32_t b) {
+    uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+    uint64_t h = (key * 0x9e3779b97f4a7c15ull) >> 20 & (uint64_t)(t->merge_cap - 1);
+    for (;; h = (h + 1) & (uint64_t)(t->merge_cap - 1)) {
+        const us__tok_merge *m = t->merges + h;
+        if (m->key == key) return m;
+        if (m->key == ~0ull) return NULL;
+    }
+}
+
+/* ---- encoding */
+typedef struct us__tok_sym {
+    int32_t id, prev, next, len;
+} us__tok_sym;
+
+typedef struct us__tok_mg {
+    uint32_t rank, pos;
+    int32_t id;
+} us__tok_mg;
+
+typedef struct us__tok_enc {
+    const us_tokenizer *t;
+    int32_t *ids;
+    size_t cap, n;
+    uint8_t *buf;     /* [text + 1] a segment with its prefix space */
+    us__tok_sym *sym; /* [text] a piece's symbols */
+    us__tok_mg *heap; /* [3 · text] the merges waiting: the first pairs, then two per merge */
+    size_t nheap;
+} us__tok_enc;
+
+static int us__tok_mg_less(const us__tok_mg *a, const us__tok_mg *b) {
+    return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
+}
+
+static void us__tok_push(us__tok_enc *e, uint32_t pos, const us__tok_merge *m) {
+    size_t i = e->nheap++;
+    us__tok_mg x;
+    x.rank = m->rank;
+    x.pos = pos;
+    x.id = m->id;
+    while (i > 0 && us__tok_mg_less(&x, &e->heap[(i - 1) / 2])) {
+        e->heap[i] = e->heap[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    e->heap[i] = x;
+}
+
+static us__tok_mg us__tok_pop(us__tok_enc *e) {
+    us__tok_mg top = e->heap[0], x = e->heap[--e->nheap];
+    size_t i = 0, c;
+    while ((c = 2 * i + 1) < e->nheap) {
+        if (c + 1 < e->nheap && us__tok_mg_less(&e->heap[c + 1], &e->heap[c])) c++;
+        if (!us__tok_mg_less(&e->heap[c], &x)) break;
+        e->heap[i] = e->heap[c];
+        i = c;
+    }
+    e->heap[i] = x;
+    return top;
+}
+
+/* One piece p[n] through BPE into e->ids. */
+static void us__tok_bpe(us__tok_enc *e, const uint8_t *p, size_t n) {
+    const us_tokenizer *t = e->t;
+    us__tok_sym *y = e->sym;
+    const us__tok_merge *m;
+    int32_t i, id;
+    if (t->ignore_merges && (id = us__tok_find(t, p, n)) >= 0) {
+        e->ids[e->n++] = id;
+        return;
+    }
+    e->nheap = 0;
+    for (i = 0; i < (int32_t)n; i++) {
+        y[i].id = t->byte_id[p[i]];
+        y[i].prev = i - 1;
+        y[i].next = i + 1 < (int32_t)n ? i + 1 : -1;
+        y[i].len = 1;
+        if (i > 0 && (m = us__tok_merge_find(t, y[i - 1].id, y[i].id)))
+            us__tok_push(e, (uint32_t)(i - 1), m);
+    }
+    while (e->nheap) {
+        us__tok_mg top = us__tok_pop(e);
+        int32_t a = (int32_t)top.pos, b = y[a].next;
+        if (y[a].len == 0 || b < 0) continue;
+        m = us__tok_merge_find(t, y[a].id, y[b].id);
+        if (!m || m->id != top.id) continue; /* a stale entry: a neighbour merged since */
+        y[a].id = top.id;
+        y[a].len += y[b].len;
+        y[a].next = y[b].next;
+        y[b].len = 0;
+        if (y[b].next >= 0) y[y[b].next].prev = a;
+        if (y[a].prev >= 0 && (m = us__tok_merge_find(t, y[y[a].prev].id, y[a].id)))
+            us__tok_push(e, (uint32_t)y[a].prev, m);
+        if (y[a].next >= 0 && (m = us__tok_merge_find(t, y[a].id, y[y[a].next].id)))
+            us__tok_push(e, (uint32_t)a, m);
+    }
+    for (i = 0; i >= 0; i = y[i].next) e->ids[e->n++] = y[i].id;
+}
+
+/* A segment between added tokens: the prefix space, the pre-tokeniser, BPE. */
+static void us__tok_segment(us__tok_enc *e, const uint8_t *s, size_t n) {
+    size_t i = 0, j;
+    if (!n) return;
+    if (e->t->add_prefix_space && s[0] != ' ') {
+        e->buf[0] = ' ';
+        memcpy(e->buf + 1, s, n);
+        s = e->buf;
+        n++;
+    }
+    for (; i < n; i = j) {
+        j = us__tok_piece(e->t, s, n, i);
+        us__tok_bpe(e, s + i, j - i);
+    }
+}
+
+/* The longest added token of the pass (normalized 0 / 1) at s[i], or -1. */
+static int us__tok_added_at(const us_tokenizer *t, const uint8_t *s, size_t n, size_t i, int pass) {
+    int k, best = -1;
+    for (k = 0; k < t->n_added; k++) {
+        const us__tok_added *a = t->added + k;
+        if (a->normalized != pass || (uint8_t)a->content[0] != s[i] || a->n > n - i) continue;
+        if ((best < 0 || a->n > t->added[best].n) && !memcmp(a->content, s + i, a->n)) best = k;
+    }
+    return best;
+}
+
+/* Step 1: the added tokens of one pass cut out of s[a, b) (tokenizers' find_matches); what lies
+   between goes to the next pass, after the last to step 2. */
+static void us__tok_split(us__tok_enc *e, const uint8_t *s, size_t a, size_t b, int pass) {
+    const us_tokenizer *t = e->t;
+    size_t from = a, i, start, stop, last;
+    for (i = a; i < b; i++) {
+        int k = us__tok_added_at(t, s, b, i, pass);
+        const us__tok_added *ad;
+        if (k < 0) continue;
+        ad = t->added + k;
+        start = i;
+        stop = i + ad->n;
+        if (ad->lstrip) {
+            while (start > a) {
+                size_t p = start - 1, q;
+                while (p > a && (s[p] & 0xc0) == 0x80) p--; /* back to the character's start */
+                if (!(us__tok_at(s, b, p, &q) & US__TK_S) || q != start) break;
+                start = p;
+            }
+            if (start < from) start = from;
+        }
+        if (ad->rstrip) stop = us__tok_run(s, b, stop, US__TK_S, &last);
+        if (from < start) {
+            if (pass == 0)
+                us__tok_split(e, s, from, start, 1);
+            else
+                us__tok_segment(e, s + from, start - from);
+        }
+        e->ids[e->n++] = ad->id;
+        from = stop;
+        i += ad->n - 1;
+    }
+    if (from < b) {
+        if (pass == 0)
+            us__tok_split(e, s, from, b, 1);
+        else
+            us__tok_segment(e, s + from, b - from);
+    }
+}
+
+US_API us_result us_tok_encode(us_tokenizer *t, const char *text, size_t n, int32_t *ids,
+                               size_t cap, size_t *n_ids) {
+    us__tok_enc e;
+    us_result r = US_OK;
+    *n_ids = 0;
+    if (cap < (t->add_prefix_space ? 2 * n + 1 : n)) {
+        us__errf(t->err, sizeof t->err, "us_tok_encode: %lld bytes need room for %lld ids, not %lld",
+                 (long long)n, (long long)(t->add_prefix_space ? 2 * n + 1 : n), (long long)cap);
+        return US_ERR_INVALID;
+    }
+    memset(&e, 0, sizeof e);
+    e.t = t;
+    e.ids = ids;
+    e.cap = cap;
+    e.buf = (uint8_t *)US_MALLOC(n + 2);
+    e.sym = (us__tok_sym *)US_MALLOC((n + 1) * sizeof(us__tok_sym));
+    e.heap = (us__tok_mg *)US_MALLOC((3 * n + 3) * sizeof(us__tok_mg));
+    if (!e.buf || !e.sym || !e.heap) {
+        us__errf(t->err, sizeof t->err, "out of memory encoding %lld bytes", (long long)n);
+        r = US_ERR_OOM;
+    } else
+        us__tok_split(&e, (const uint8_t *)text, 0, n, 0);
+    *n_ids = e.n;
+    US_FREE(e.buf);
+    US_FREE(e.sym);
+    US_FREE(e.heap);
+    return r;
+}
+
+/* ---- decoding */
+/* Rust's String::from_utf8_lossy: each maximal invalid subsequence becomes U+FFFD (EF BF BD).
+   Writes what fits of out[cap] (out may be NULL) and returns the length. */
+static size_t us__tok_lossy(const uint8_t *s, size_t n, char *out, size_t cap) {
+    size_t i = 0, o = 0, k, need, good;
+    while (i < n) {
+        uint8_t c = s[i], lo = 0x80, hi = 0xbf;
+        need = c < 0x80 ? 0 : c >= 0xc2 && c < 0xe0 ? 1 : c >= 0xe0 && c < 0xf0 ? 2 : 3;
+        lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80;
+        hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
+        good = (c >= 0x80 && c < 0xc2) || c > 0xf4 ? 0 : 1; /* bytes of a valid prefix */
+        for (k = 1; good && k <= need; k++, good++) {
+            uint8_t b = i + k < n ? s[i + k] : 0;
+            if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xbf)) break;
+        }
+        if (good == need + 1) {
+            for (k = 0; k < good; k++, o++)
+                if (out && o < cap) out[o] = (char)s[i + k];
+        } else {
+            for (k = 0; k < 3; k++, o++)
+                if (out && o < cap) out[o] = (char)"\xef\xbf\xbd"[k];
+        }
+        i += good ? good : 1;
+    }
+    return o;
+}
+
+US_API us_result us_tok_decode(us_tokenizer *t, const int32_t *ids, size_t n, int flags, char *out,
+                               size_t cap, size_t *len) {
+    size_t i, raw = 0, o;
+    char *buf;
+    *len = 0;
+    for (i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= t->n_vocab || !t->kind[ids[i]]) {
+            us__errf(t->err, sizeof t->err, "token id %d is not in the tokenizer's %lld ids",
+                     (int)ids[i], (long long)t->n_vocab);
+            return US_ERR_INVALID;
+        }
+        if (!(flags & US_TOK_SKIP_SPECIAL) || !(t->kind[ids[i]] & US__TK_SPECIAL))
+            raw += (size_t)t->len[ids[i]];
+    }
+    buf = (char *)US_MALLOC(raw + 1);
+    if (!buf) {
+        us__errf(t->err, sizeof t->err, "out of memory decoding %lld tokens", (long long)n);
+        return US_ERR_OOM;
+    }
+    for (i = 0, o = 0; i < n; i++) {
+        if ((flags & US_TOK_SKIP_SPECIAL) && (t->kind[ids[i]] & US__TK_SPECIAL)) continue;
+        memcpy(buf + o, t->pool + t->off[ids[i]], (size_t)t->len[ids[i]]);
+        o += (size_t)t->len[ids[i]];
+    }
+    *len = flags & US_TOK_LOSSY ? us__tok_lossy((const uint8_t *)buf, raw, out, cap) : raw;
+    if (out && *len + 1 > cap) {
+        US_FREE(buf);
+        us__errf(t->err, sizeof t->err, "the text needs %lld bytes and a NUL; the buffer has %lld",
+                 (long long)*len, (long long)cap);
+        return US_ERR_INVALID;
+    }
+    if (out && !(flags & US_TOK_LOSSY)) memcpy(out, buf, raw);
+    if (out) out[*len] = 0;
+    US_FREE(buf);
+    return US_OK;
+}
+
+/* ---- loading tokenizer.json (the JSON reader is the one of // >>checkpoint) */
+/* A byte-level string (GPT-2's bytes_to_unicode: '!'..'~', '¡'..'¬', '®'..'ÿ' stand for
+   themselves, the other 68 bytes in order for U+0100..U+0143) back into bytes, as the ByteLevel
+   decoder does: a string with a character outside that alphabet stays as it is. */
+static size_t us__tok_unbyte(const char *s, size_t n, char *out, int *whole) {
+    size_t i = 0, j, o = 0;
+    *whole = 1;
+    while (i < n) {
+        uint32_t cp = us__tok_utf8((const uint8_t *)s, n, i, &j);
+        int b = -1;
+        if ((cp >= 0x21 && cp <= 0x7e) || (cp >= 0xa1 && cp <= 0xac) || (cp >= 0xae && cp <= 0xff))
+            b = (int)cp;
+        else if (cp >= 0x100 && cp < 0x100 + 68) {
+            int k = (int)cp - 0x100, c;
+            for (c = 0; c < 256; c++) /* the k-th byte that does not stand for itself */
+                if (!((c >= 0x21 && c <= 0x7e) || (c >= 0xa1 && c <= 0xac) || c >= 0xae) &&
+                    k-- == 0)
+                    break;
+            b = c;
+        }
+        if (b < 0) {
+            *whole = 0;
+            memcpy(out, s, n);
+            return n;
+        }
+        out[o++] = (char)b;
+        i = j;
+    }
+    return o;
+}
+
+static int us__tok_jnull(const us__json *j, int k) {
+    return k < 0 || (j->t[k].type == US__J_LIT && j->s[j->t[k].start] == 'n');
+}
+
+/* 1 when token k is the string s */
+static int us__tok_jis(const us__json *j, int k, const char *s) {
+    char buf[256];
+    return us__jstr(j, k, buf, sizeof buf) && !strcmp(buf, s);
+}
+
+/* the "type" of object k, or "" */
+static const char *us__tok_jtype(const us__json *j, int k, char *buf, size_t cap) {
+    if (!us__jstr(j, us__jget(j, k, "type"), buf, cap)) buf[0] = 0;
+    return buf;
+}
+
+#define US__TOK_MAX_ID (1 << 24)
+
+typedef struct us__tok_load {
+    us_tokenizer *t;
+    us__json j;
+    char *tmp;   /* [json bytes + 1] a string unescaped */
+    size_t used; /* of t->pool */
+} us__tok_load;
+
+#define US__TOK_FAIL(t, ...)                          \
+    do {                                              \
+        us__errf(t->err, sizeof t->err, __VA_ARGS__); \
+        return US_ERR_FORMAT;                         \
+    } while (0)
+
+/* String token k unescaped into L->tmp (length *n); 0 if it is not a string or holds a NUL. */
+static int us__tok_jtmp(us__tok_load *L, int k, size_t *n) {
+    if (k < 0 || !us__jstr(&L->j, k, L->tmp, L->j.t[k].end - L->j.t[k].start + 1)) return 0;
+    *n = strlen(L->tmp);
+    return 1;
+}
+
+/* Token id's bytes: the string in L->tmp[n] through the ByteLevel decoder, into the pool; 1 when
+   every character was in the byte-level alphabet. */
+static int us__tok_set(us__tok_load *L, int32_t id, size_t n, int kind) {
+    us_tokenizer *t = L->t;
+    int whole;
+    size_t m = us__tok_unbyte(L->tmp, n, t->pool + L->used, &whole);
+    t->off[id] = (int64_t)L->used;
+    t->len[id] = (int32_t)m;
+    t->kind[id] |= (uint8_t)kind;
+    L->used += m;
+    if ((int)m > t->max_bytes) t->max_bytes = (int)m;
+    return whole;
+}
+
+/* The largest id in model.vocab and added_tokens. */
+static us_result us__tok_max_id(us__tok_load *L, int vocab, int added, int64_t *max_id) {
+    const us__json *j = &L->j;
+    int c, q;
+    int64_t id;
+    *max_id = -1;
+    for (c = vocab + 1, q = 0; q < j->t[vocab].size; q++, c = j->t[c + 1].next) {
+        if (!us__jint(j, c + 1, &id) || id < 0 || id >= US__TOK_MAX_ID)
+            US__TOK_FAIL(L->t, "tokenizer.json: a vocabulary id is not an integer in [0, %d)",
+                         US__TOK_MAX_ID);
+        if (id > *max_id) *max_id = id;
+    }
+    for (c = added + 1, q = 0; added >= 0 && q < j->t[added].size; q++, c = j->t[c].next) {
+        if (!us__jint(j, us__jget(j, c, "id"), &id) || id < 0 || id >= US__TOK_MAX_ID)
+            US__TOK_FAIL(L->t, "tokenizer.json: added token %d has no id in [0, %d)", q,
+                         US__TOK_MAX_ID);
+        if (id > *max_id) *max_id = id;
+    }
+    return US_OK;
+}
+
+/* model.vocab: each token's bytes, and the hash of the model's tokens. */
+static us_result us__tok_vocab(us__tok_load *L, int vocab) {
+    us_tokenizer *t = L->t;
+    const us__json *j = &L->j;
+    int c, q;
+    int64_t id;
+    size_t n;
+    for (t->hash_cap = 16; t->hash_cap < 2 * (int64_t)j->t[vocab].size; t->hash_cap *= 2) {
+    }
+    t->hash = (int32_t *)US_MALLOC((size_t)t->hash_cap * 4);
+    if (!t->hash) US__TOK_FAIL(t, "out of memory for the vocabulary's hash");
+    memset(t->hash, 0xff, (size_t)t->hash_cap * 4);
+    for (c = vocab + 1, q = 0; q < j->t[vocab].size; q++, c = j->t[c + 1].next) {
+        uint64_t h;
+        us__jint(j, c + 1, &id);
+        if (!us__tok_jtmp(L, c, &n) || !n)
+            US__TOK_FAIL(t, "tokenizer.json: vocabulary entry %d is empty or holds a NUL", q);
+        if (t->kind[id]) US__TOK_FAIL(t, "tokenizer.json: two vocabulary entries have id %d", (int)id);
+        if (!us__tok_set(L, (int32_t)id, n, US__TK_MODEL)) continue; /* BPE never makes it */
+        if (us__tok_find(t, t->pool + t->off[id], (size_t)t->len[id]) >= 0)
+            US__TOK_FAIL(t, "tokenizer.json: vocabulary entry \"%.60s\" (id %d) appears twice",
+                         L->tmp, (int)id);
+        h = us__tok_fnv(t->pool + t->off[id], (size_t)t->len[id]) & (uint64_t)(t->hash_cap - 1);
+        while (t->hash[h] >= 0) h = (h + 1) & (uint64_t)(t->hash_cap - 1);
+        t->hash[h] = (int32_t)id;
+    }
+    for (q = 0; q < 256; q++) {
+        char b = (char)q;
+        if ((t->byte_id[q] = us__tok_find(t, &b, 1)) < 0)
+            US__TOK_FAIL(t,
+                         "tokenizer.json: the vocabulary lacks the token of byte 0x%02x: a "
+                         "byte-level BPE needs all 256",
+                         q);
+    }
+    return US_OK;
+}
+
+/* One side of a merge: a model token by its byte-level string in L->tmp[n]. */
+static int32_t us__tok_merge_side(us__tok_load *L, const char *s, size_t n) {
+    char buf[1024];
+    int whole;
+    size_t m;
+    if (n > sizeof buf) return -1;
+    m = us__tok_unbyte(s, n, buf, &whole);
+    return whole ? us__tok_find(L->t, buf, m) : -1;
+}
+
+/* model.merges: "a b" strings or [a, b] pairs; rank = position (a repeated pair keeps the last,
+   as tokenizers' map does). */
+static us_result us__tok_merges(us__tok_load *L, int merges) {
+    us_tokenizer *t = L->t;
+    const us__json *j = &L->j;
+    int c, q;
+    for (t->merge_cap = 16; t->merge_cap < 2 * (int64_t)j->t[merges].size; t->merge_cap *= 2) {
+    }
+    t->merges = (us__tok_merge *)US_MALLOC((size_t)t->merge_cap * sizeof(us__tok_merge));
+    if (!t->merges) US__TOK_FAIL(t, "out of memory for the merges");
+    memset(t->merges, 0xff, (size_t)t->merge_cap * sizeof(us__tok_merge));
+    for (c = merges + 1, q = 0; q < j->t[merges].size; q++, c = j->t[c].next) {
+        size_t n, na = 0, nb = 0;
+        char *sp, both[2048];
+        int ok;
+        int32_t a, b, id;
+        uint64_t key, h;
+        ok = 0;
+        if (j->t[c].type == US__J_ARR && j->t[c].size == 2 && us__tok_jtmp(L, c + 1, &na) &&
+            na < 1024) {
+            memcpy(both, L->tmp, na);
+            ok = us__tok_jtmp(L, j->t[c + 1].next, &nb) && nb < 1024;
+            if (ok) memcpy(both + na, L->tmp, nb);
+        } else if (us__tok_jtmp(L, c, &n) && n < 2048 && (sp = strchr(L->tmp, ' ')) &&
+                   !strchr(sp + 1, ' ')) {
+            na = (size_t)(sp - L->tmp);
+            nb = n - na - 1;
+            memcpy(both, L->tmp, na);
+            memcpy(both + na, sp + 1, nb);
+            ok = 1;
+        }
+        if (!ok) US__TOK_FAIL(t, "tokenizer.json: merge %d is neither \"a b\" nor [\"a\", \"b\"]", q);
+        a = us__tok_merge_side(L, both, na);
+        b = a >= 0 ? us__tok_merge_side(L, both + na, nb) : -1;
+        id = b >= 0 ? us__tok_merge_side(L, both, na + nb) : -1;
+        if (id < 0)
+            US__TOK_FAIL(t,
+                         "tokenizer.json: merge %d joins or makes a token that is not in the "
+                         "vocabulary",
+                         q);
+        key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+        h = (key * 0x9e3779b97f4a7c15ull) >> 20 & (uint64_t)(t->merge_cap - 1);
+        while (t->merges[h].key != ~0ull && t->merges[h].key != key)
+            h = (h + 1) & (uint64_t)(t->merge_cap - 1);
+        t->merges[h].key = key;
+        t->merges[h].rank = (uint32_t)q;
+        t->merges[h].id = id;
+    }
+    t->n_merges = j->t[merges].size;
+    return US_OK;
+}
+
+/* added_tokens: their bytes for decoding and their content for step 1 of encoding. */
+static us_result us__tok_added_load(us__tok_load *L, int added) {
+    us_tokenizer *t = L->t;
+    const us__json *j = &L->j;
+    int c, q;
+    if (added < 0) return US_OK;
+    t->added = (us__tok_added *)US_MALLOC(sizeof(us__tok_added) * (size_t)(j->t[added].size + 1));
+    if (!t->added) US__TOK_FAIL(t, "out of memory for the added tokens");
+    for (c = added + 1, q = 0; q < j->t[added].size; q++, c = j->t[c].next) {
+        us__tok_added *a = t->added + q;
+        int sw = 0;
+        int64_t id;
+        size_t n;
+        us__jint(j, us__jget(j, c, "id"), &id);
+        if (!us__tok_jtmp(L, us__jget(j, c, "content"), &n) || !n)
+            US__TOK_FAIL(t, "tokenizer.json: added token %d has no content", (int)id);
+        if (!us__jbool(j, us__jget(j, c, "special"), &a->special) ||
+            !us__jbool(j, us__jget(j, c, "lstrip"), &a->lstrip) ||
+            !us__jbool(j, us__jget(j, c, "rstrip"), &a->rstrip) ||
+            !us__jbool(j, us__jget(j, c, "normalized"), &a->normalized))
+            US__TOK_FAIL(t,
+                         "tokenizer.json: added token %d lacks one of special, lstrip, rstrip, "
+                         "normalized",
+                         (int)id);
+        if (us__jbool(j, us__jget(j, c, "single_word"), &sw) && sw)
+            US__TOK_FAIL(t,
+                         "tokenizer.json: added token \"%.60s\" is single_word, which this reader "
+                         "does not implement",
+                         L->tmp);
+        a->id = (int32_t)id;
+        a->n = n;
+        a->content = t->pool + L->used; /* raw, then the decoder's bytes after it */
+        memcpy(a->content, L->tmp, n);
+        L->used += n;
+        if (t->kind[id] & US__TK_ADDED)
+            US__TOK_FAIL(t, "tokenizer.json: two added tokens have id %d", (int)id);
+        if (t->kind[id] & US__TK_MODEL) { /* then both must decode alike */
+            int64_t off = t->off[id];
+            int32_t len = t->len[id];
+            us__tok_set(L, (int32_t)id, n, 0);
+            if (len != t->len[id] || memcmp(t->pool + off, t->pool + t->off[id], (size_t)len))
+                US__TOK_FAIL(t, "tokenizer.json: added token \"%.60s\" has the id of another "
+                                "token of the model", a->content);
+            t->off[id] = off;
+        } else
+            us__tok_set(L, (int32_t)id, n, 0);
+        t->kind[id] |= (uint8_t)(US__TK_ADDED | (a->special ? US__TK_SPECIAL : 0));
+        t->n_added++;
+    }
+    return US_OK;
+}
+
+/* One pre-tokeniser of the pipeline: ByteLevel (with GPT-2's regex, or none after Split) or Split
+   with Llama 3's regex, isolated. */
+static us_result us__tok_pre_one(us__tok_load *L, int k, int after_split) {
+    static const char *gpt2 =
+        "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+    static const char *llama3 = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
+                                "\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
+                                "\\s+(?!\\S)|\\s+";
+    us_tokenizer *t = L->t;
+    const us__json *j = &L->j;
+    char ty[64];
+    int regex = 1, inv = 0, pat = us__jget(j, us__jget(j, k, "pattern"), "Regex");
+    us__tok_jtype(j, k, ty, sizeof ty);
+    if (!strcmp(ty, "ByteLevel")) {
+        us__jbool(j, us__jget(j, k, "add_prefix_space"), &t->add_prefix_space);
+        us__jbool(j, us__jget(j, k, "use_regex"), &regex);
+        if (regex == after_split || (after_split && t->add_prefix_space))
+            US__TOK_FAIL(t, "tokenizer.json: pre_tokenizer: ByteLevel%s",
+                         after_split ? " after Split must have use_regex and add_prefix_space false"
+                                     : " alone must use its regex");
+        if (!after_split) t->pattern = US_TOK_GPT2;
+        return US_OK;
+    }
+    if (strcmp(ty, "Split") || after_split)
+        US__TOK_FAIL(t, "tokenizer.json: pre_tokenizer \"%s\" is not one this reader knows", ty);
+    us__jbool(j, us__jget(j, k, "invert"), &inv);
+    if (!us__tok_jis(j, us__jget(j, k, "behavior"), "Isolated") || inv)
+        US__TOK_FAIL(t, "tokenizer.json: a Split pre_tokenizer must be Isolated, not inverted");
+    if (us__tok_jis(j, pat, llama3))
+        t->pattern = US_TOK_LLAMA3;
+    else if (us__tok_jis(j, pat, gpt2))
+        t->pattern = US_TOK_GPT2;
+    else
+        US__TOK_FAIL(t,
+                     "tokenizer.json: the Split pattern is neither GPT-2's nor Llama 3's regex: "
+                     "this reader has a matcher for those two only");
+    return US_OK;
+}
+
+/* pre_tokenizer: ByteLevel, or Sequence [ByteLevel] or [Split, ByteLevel] */
+static us_result us__tok_pre(us__tok_load *L, int k) {
+    const us__json *j = &L->j;
+    char ty[64];
+    int seq = us__jget(j, k, "pretokenizers"), n = 1, first = k;
+    us_result r;
+    if (us__tok_jnull(j, k))
+        US__TOK_FAIL(L->t, "tokenizer.json has no pre_tokenizer: a byte-level BPE needs ByteLevel");
+    if (!strcmp(us__tok_jtype(j, k, ty, sizeof ty), "Sequence")) {
+        if (seq < 0 || j->t[seq].type != US__J_ARR || j->t[seq].size < 1 || j->t[seq].size > 2)
+            n = 0;
+        else {
+            n = j->t[seq].size;
+            first = seq + 1;
+        }
+    }
+    us__tok_jtype(j, first, ty, sizeof ty);
+    if (n == 2 && !strcmp(ty, "Split")) {
+        if ((r = us__tok_pre_one(L, first, 0)) != US_OK) return r;
+        return us__tok_pre_one(L, j->t[first].next, 1);
+    }
+    if (n != 1 || strcmp(ty, "ByteLevel"))
+        US__TOK_FAIL(L->t,
+                     "tokenizer.json: the pre_tokenizer must be ByteLevel or the Sequence [Split, "
+                     "ByteLevel]; this reader knows no other");
+    return us__tok_pre_one(L, first, 0);
+}
+
+/* normalizer, decoder, post_processor, truncation, padding: what encode and decode must honour */
+static us_result us__tok_rest(us__tok_load *L, int root) {
+    const us__json *j = &L->j;
+    char ty[64];
+    int post = us__jget(j, root, "post_processor"), dec = us__jget(j, root, "decoder"), c, q, n = 1;
+    const char *key[3] = {"normalizer", "truncation", "padding"};
+    for (q = 0; q < 3; q++)
+        if (!us__tok_jnull(j, us__jget(j, root, key[q])))
+            US__TOK_FAIL(L->t, "tokenizer.json sets a %s, which this reader does not apply",
+                         key[q]);
+    if (!us__tok_jnull(j, dec) && strcmp(us__tok_jtype(j, dec, ty, sizeof ty), "ByteLevel"))
+        US__TOK_FAIL(L->t, "tokenizer.json: the decoder \"%s\" is not ByteLevel", ty);
+    if (us__tok_jnull(j, dec))
+        US__TOK_FAIL(L->t, "tokenizer.json has no decoder: a byte-level BPE needs ByteLevel");
+    if (us__tok_jnull(j, post)) return US_OK;
+    c = post;
+    if (!strcmp(us__tok_jtype(j, post, ty, sizeof ty), "Sequence")) {
+        int arr = us__jget(j, post, "processors");
+        n = arr >= 0 && j->t[arr].type == US__J_ARR ? j->t[arr].size : 0;
+        c = arr + 1;
+    }
+    for (q = 0; q < n; q++, c = j->t[c].next) {
+        us__tok_jtype(j, c, ty, sizeof ty);
+        if (strcmp(ty, "ByteLevel") && strcmp(ty, "TemplateProcessing"))
+            US__TOK_FAIL(L->t,
+                         "tokenizer.json: the post_processor \"%s\" is not ByteLevel or "
+                         "TemplateProcessing",
+                         ty);
+    }
+    return US_OK;
+}
+
+/* model: BPE without dropout, subword prefix or word suffix */
+static us_result us__tok_model(us__tok_load *L, int model) {
+    static const char *known[] = {"type",    "dropout",       "unk_token",
+                                  "continuing_subword_prefix",  "end_of_word_suffix",
+                                  "fuse_unk", "byte_fallback", "ignore_merges",
+                                  "vocab",   "merges"};
+    const us__json *j = &L->j;
+    char buf[64];
+    double dropout = 0;
+    int c, q, k, vocab = us__jget(j, model, "vocab"), merges = us__jget(j, model, "merges");
+    if (strcmp(us__tok_jtype(j, model, buf, sizeof buf), "BPE"))
+        US__TOK_FAIL(L->t, "tokenizer.json: the model is \"%s\", not BPE", buf);
+    for (c = model + 1, q = 0; q < j->t[model].size; q++, c = j->t[c + 1].next) {
+        for (k = 0; k < 10 && !us__tok_jis(j, c, known[k]); k++) {
+        }
+        if (k == 10) {
+            us__jstr(j, c, buf, sizeof buf);
+            US__TOK_FAIL(L->t, "tokenizer.json: the BPE model's field \"%s\" is not one this "
+                               "reader knows", buf);
+        }
+    }
+    us__jnum(j, us__jget(j, model, "dropout"), &dropout);
+    if (dropout != 0) US__TOK_FAIL(L->t, "tokenizer.json: BPE dropout is random: set it to null");
+    for (q = 0; q < 2; q++) {
+        int v = us__jget(j, model, q ? "end_of_word_suffix" : "continuing_subword_prefix");
+        if (!us__tok_jnull(j, v) && !us__tok_jis(j, v, ""))
+            US__TOK_FAIL(L->t, "tokenizer.json: a byte-level BPE has no %s",
+                         q ? "end_of_word_suffix" : "continuing_subword_prefix");
+    }
+    us__jbool(j, us__jget(j, model, "ignore_merges"), &L->t->ignore_merges);
+    if (vocab < 0 || j->t[vocab].type != US__J_OBJ || merges < 0 || j->t[merges].type != US__J_ARR)
+        US__TOK_FAIL(L->t, "tokenizer.json: the BPE model needs a vocab object and a merges array");
+    return US_OK;
+}
+
+/* The allocations: the pool (every string fits in the file's size), the per-id arrays. */
+static us_result us__tok_alloc(us__tok_load *L, size_t n, int64_t n_vocab) {
+    us_tokenizer *t = L->t;
+    t->n_vocab = n_vocab;
+    L->tmp = (char *)US_MALLOC(n + 1);
+    t->pool = (char *)US_MALLOC(2 * n + 1);
+    t->off = (int64_t *)US_MALLOC((size_t)n_vocab * 8);
+    t->len = (int32_t *)US_MALLOC((size_t)n_vocab * 4);
+    t->kind = (uint8_t *)US_MALLOC((size_t)n_vocab);
+    if (!L->tmp || !t->pool || !t->off || !t->len || !t->kind)
+        US__TOK_FAIL(t, "out of memory for a tokenizer of %lld ids", (long long)n_vocab);
+    memset(t->kind, 0, (size_t)n_vocab);
+    memset(t->len, 0, (size_t)n_vocab * 4);
+    memset(t->off, 0, (size_t)n_vocab * 8);
+    return US_OK;
+}
+
+static us_result us__tok_parse(us__tok_load *L, const char *json, size_t n) {
+    static const char *known[] = {"version",       "truncation",     "padding",
+                                  "added_tokens",  "normalizer",     "pre_tokenizer",
+                                  "post_processor", "decoder",       "model"};
+    us_tokenizer *t = L->t;
+    const us__json *j = &L->j;
+    int root = 0, c, q, k, model, added;
+    int64_t max_id;
+    us_result r;
+    char key[64];
+    if (us__json_parse(&L->j, json, n, (int)(n / 2 + 16)) != 0)
+        US__TOK_FAIL(t, "tokenizer.json is not valid JSON: %s", L->j.err);
+    if (j->t[root].type != US__J_OBJ) US__TOK_FAIL(t, "tokenizer.json is not a JSON object");
+    for (c = root + 1, q = 0; q < j->t[root].size; q++, c = j->t[c + 1].next) {
+        for (k = 0; k < 9 && !us__tok_jis(j, c, known[k]); k++) {
+        }
+        if (k == 9) {
+            us__jstr(j, c, key, sizeof key);
+            US__TOK_FAIL(t, "tokenizer.json has the field \"%s\", which this reader does not know",
+                         key);
+        }
+    }
+    model = us__jget(j, root, "model");
+    added = us__jget(j, root, "added_tokens");
+    if (!us__tok_jnull(j, added) && j->t[added].type != US__J_ARR)
+        US__TOK_FAIL(t, "tokenizer.json: added_tokens is not an array");
+    if (us__tok_jnull(j, added)) added = -1;
+    if (model < 0) US__TOK_FAIL(t, "tokenizer.json has no model");
+    if ((r = us__tok_model(L, model)) != US_OK) return r;
+    if ((r = us__tok_pre(L, us__jget(j, root, "pre_tokenizer"))) != US_OK) return r;
+    if ((r = us__tok_rest(L, root)) != US_OK) return r;
+    if ((r = us__tok_max_id(L, us__jget(j, model, "vocab"), added, &max_id)) != US_OK) return r;
+    if ((r = us__tok_alloc(L, n, max_id + 1)) != US_OK) return r;
+    if ((r = us__tok_vocab(L, us__jget(j, model, "vocab"))) != US_OK) return r;
+    if ((r = us__tok_merges(L, us__jget(j, model, "merges"))) != US_OK) return r;
+    return us__tok_added_load(L, added);
+}
+
+US_API us_result us_tok_parse(us_tokenizer *t, const char *json, size_t n) {
+    us__tok_load L;
+    us_result r;
+    memset(t, 0, sizeof *t);
+    memset(&L, 0, sizeof L);
+    L.t = t;
+    r = us__tok_parse(&L, json, n);
+    us__json_free(&L.j);
+    US_FREE(L.tmp);
+    if (r != US_OK) {
+        char err[sizeof t->err];
+        memcpy(err, t->err, sizeof err);
+        us_tok_free(t);
+        memcpy(t->err, err, sizeof err);
+    }
+    return r;
+}
+
+US_API us_result us_tok_load(us_tokenizer *t, const char *path) {
+    unsigned char *buf;
+    int64_t len;
+    us_result r;
+    memset(t, 0, sizeof *t);
+    r = us__read_file(path, &buf, &len, t->err, sizeof t->err);
+    if (r != US_OK) return r;
+    r = us_tok_parse(t, (const char *)buf, (size_t)len);
+    if (r != US_OK) {
+        char err[sizeof t->err];
+        snprintf(err, sizeof err, "%s: %s", path, t->err);
+        memcpy(t->err, err, sizeof err);
+    }
+    US_FREE(buf);
+    return r;
+}
+
+US_API void us_tok_free(us_tokenizer *t) {
+    US_FREE(t->pool);
+    US_FREE(t->off);
+    US_FREE(t->len);
+    US_FREE(t->kind);
+    US_FREE(t->hash);
+    US_FREE(t->merges);
+    US_FREE(t->added);
+    memset(t, 0, sizeof *t);
+}
+#endif /* ULTRASCALE_NO_TOKENIZER */
 
 /* ------------------------------------------------------------------------------------ */
 // >>estimate  memory estimator and FLOPs (the Playbook's formulas)
