@@ -9,8 +9,10 @@ Hugging Face's `tokenizers` (pip install tokenizers), which make test does not n
                           ByteLevel without one), ignore_merges, special tokens, TemplateProcessing
   tests/tok/*.txt         the texts: a slice of tinyshakespeare (shakes), mixed scripts, digits,
                           emoji and runs of whitespace (mixed), random characters from every class
-                          (random), the edges of every range of the Unicode table (edges)
+                          (random), the edges of every range of the Unicode table (edges), added
+                          tokens that take the white space beside them (strip)
   tests/tok/NAME.TEXT.ids tokenizers' encode(text, add_special_tokens=False).ids, one per line
+                          (all texts but edges)
   tests/tok/PAT.TEXT.cuts the pre-tokeniser's pieces (gpt2 and llama3 patterns) as byte lengths
   tests/tok/NAME.dec.*    random id sequences and tokenizers' decode of them (skip_special_tokens
                           False and True; invalid UTF-8 becomes U+FFFD)
@@ -102,7 +104,7 @@ def mixed_text():
             "  leading spaces and trailing spaces   \n"
             "punct!!! ??? ... --- *** ((x)) [y] {z} <a href=\"q\">§¶†‡•…‰′″</a> #1 @me $5 %d ^_^\n"
             "specials <|endoftext|> and <|im_start|>user hi<|im_end|> x<|eot_id|>"
-            "<|begin_of_text|>  thou art  and MASK here and [SEP]   next\n"
+            "<|begin_of_text|>  thou art and MASK here and [SEP]next\n"
             "control \x01\x02\x7f del, combining e\u0301 a\u0308 n\u0303, "
             "zwj a\u200db, bom \ufeff, private \ue000, last \U0010fffd end   ")
 
@@ -158,7 +160,8 @@ def main():
     rng = random.Random(20240520)
     start = len(text) // 2
     texts = {"shakes": text[start:start + 12000], "mixed": mixed_text(),
-             "random": random_text(rng, 6000), "edges": edges_text(table)}
+             "random": random_text(rng, 6000), "edges": edges_text(table),
+             "strip": "a [SEP]   b  [SEP]\t\n c   MASK d\n\n MASK  [SEP] MASK thou art thou  art"}
     for name, t in texts.items():
         open(os.path.join(OUT, name + ".txt"), "w", encoding="utf-8", newline="").write(t)
 
@@ -166,14 +169,21 @@ def main():
     for name, tok in toks.items():
         tok.save(os.path.join(OUT, name + ".json"))
         for tname, t in texts.items():
+            if tname == "edges" or (name == "gpt2p" and tname == "random"):
+                continue  # the edges text checks the pre-tokenisers' cuts (the table) only
             ids = tok.encode(t, add_special_tokens=False).ids
-            assert tok.decode(ids, skip_special_tokens=False) == t, (name, tname)
+            # lstrip / rstrip drop the white space they take, add_prefix_space adds some: those
+            # do not come back
+            back = tok.decode(ids, skip_special_tokens=False) == t
+            assert back or name == "gpt2p" or tname == "strip", (name, tname)
             write_ids(os.path.join(OUT, "%s.%s.ids" % (name, tname)), ids)
+        if name == "gpt2p":
+            continue
         n = tok.get_vocab_size(with_added_tokens=True)
         seqs = [[rng.randrange(n) for _ in range(rng.randrange(1, 12))] for _ in range(300)]
         for skip in (0, 1):
             lines = [" ".join(map(str, s)) + "\t" +
-                     json.dumps(tok.decode(s, skip_special_tokens=bool(skip))) for s in seqs]
+                     tok.decode(s, skip_special_tokens=bool(skip)).encode("utf-8").hex() for s in seqs]
             open(os.path.join(OUT, "%s.dec%d" % (name, skip)), "w").write("\n".join(lines) + "\n")
 
     for pname, pat in (("gpt2", GPT2), ("llama3", LLAMA3)):
