@@ -128,8 +128,9 @@ $(B)/cc_nvcc.o: tests/compile_a.c $(HDR) | $(B)
 $(B)/cc_nccl.o: tests/compile_nccl.c $(HDR) | $(B)
 	$(CC) $(WERROR) -D_POSIX_C_SOURCE=200809L -DULTRASCALE_NCCL -isystem $(CUDA_HOME)/include -c $< -o $@
 
-# the stb-style opt-outs: the library without its checkpoints, its planner, its data loading
-OPTOUTS = CHECKPOINT PLANNER DATA
+# the stb-style opt-outs: the library without its checkpoints, its planner, its data loading, its
+# tokenizer
+OPTOUTS = CHECKPOINT PLANNER DATA TOKENIZER
 $(OPTOUTS:%=$(B)/cc_no_%): $(B)/cc_no_%: tests/compile_optout.c $(HDR) | $(B)
 	$(CC) -std=c99 -Wall -Wextra -pedantic -Werror -O0 -pthread -DULTRASCALE_NO_$* $< -o $@ $(LDLIBS)
 

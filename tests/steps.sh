@@ -54,7 +54,7 @@ step 'c99 -pedantic -Werror'             "$B/cc_c99"              'test -x $B/cc
 step 'c++ -Werror'                       "$B/cc_cxx"              'test -x $B/cc_cxx'
 step 'two translation units'             "$B/cc_2tu"              './$B/cc_2tu'
 step 'ULTRASCALE_STATIC'                 "$B/cc_static"           'test -x $B/cc_static'
-for o in CHECKPOINT PLANNER DATA; do
+for o in CHECKPOINT PLANNER DATA TOKENIZER; do
     step "ULTRASCALE_NO_$o (an opt-out)" "$B/cc_no_$o"      "./\$B/cc_no_$o"
 done
 # clang's front end (its warnings are the parser's and Sema's), as C99 and as C++, where installed
@@ -81,7 +81,7 @@ prog() { case $1 in dp | tp | fp8_train | moe) echo "test_internal $1" ;; *) ech
 
 # ---- the same tests under AddressSanitizer + UndefinedBehaviorSanitizer (the slow ones --quick)
 for t in tp plan pp dp cp fp16 ops fp8 fp8_train gemm model moe ep errors comm cp_ops pp_sched \
-         ckpt comm_threads bootstrap dtypes; do
+         ckpt comm_threads bootstrap dtypes tok; do
     case $t in tp | fp16 | fp8_train | model) quick=' --quick' ;; *) quick='' ;; esac
     p=$(prog $t)
     step "asan+ubsan test_$t"            "$B/san/${p%% *}"        "./\$B/san/$p$quick"
@@ -111,6 +111,9 @@ step 'test_cp'                           "$B/test_cp"             './$B/test_cp'
 step 'test_pp_sched'                     "$B/test_pp_sched"       './$B/test_pp_sched'
 step 'test_pp'                           "$B/test_pp"             './$B/test_pp'
 step 'test_plan'                         "$B/test_plan"           './$B/test_plan'
+
+# ---- the tokenizer: tokenizer.json byte-level BPE against Hugging Face tokenizers' ids (tests/tok)
+step 'test_tok'                          "$B/test_tok"            './$B/test_tok'
 
 # ---- checkpoints
 step 'test_ckpt'                         "$B/test_ckpt"           './$B/test_ckpt'

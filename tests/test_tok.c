@@ -74,12 +74,13 @@ static void check_encode(us_tokenizer *t, const char *tok, const char *text, int
     CHECK(us_tok_encode(t, s, n, ids, 2 * n + 1, &n_ids) == US_OK, "encode %s", name);
     for (i = 0; i < n_ids && i < n_ref && ids[i] == ref[i]; i++) {
     }
-    CHECK(n_ids == n_ref && i == n_ref, "%s: %zu ids equal to tokenizers' %zu (first difference at %zu)",
-          name, n_ids, n_ref, i);
+    CHECK(n_ids == n_ref && i == n_ref,
+          "%s: %zu ids equal to tokenizers' %zu (first difference at %zu)", name, n_ids, n_ref, i);
     back = (char *)malloc(n + 1 + (size_t)t->max_bytes * n_ids);
     if (round) {
         us_result r = us_tok_decode(t, ids, n_ids, 0, back, n + 1, &len);
-        CHECK(r == US_OK && len == n && !memcmp(back, s, n), "%s: decode gives the text back", name);
+        CHECK(r == US_OK && len == n && !memcmp(back, s, n), "%s: decode gives the text back",
+              name);
     }
     free(back);
     free(ids);
@@ -150,6 +151,7 @@ static void check_decode(us_tokenizer *t, const char *tok, int skip) {
 /* Random bytes (invalid UTF-8 too) come back from encode and decode. */
 static void check_random_bytes(us_tokenizer *t, const char *tok) {
     enum { N = 3000 };
+
     char text[N], back[N + 1];
     int32_t ids[2 * N + 1];
     size_t n_ids, len, i, bad = 0, trial;
@@ -185,8 +187,8 @@ static void expect_refused(const char *json, size_t n, const char *from, const c
     memcpy(edited + a, to, strlen(to));
     memcpy(edited + a + strlen(to), at + strlen(from), n - a - strlen(from));
     r = us_tok_parse(&t, edited, m);
-    CHECK(r != US_OK && strstr(t.err, needle) && t.pool == NULL,
-          "%s → %s: refused (\"%s\")", from, to, t.err);
+    CHECK(r != US_OK && strstr(t.err, needle) && t.pool == NULL, "%s → %s: refused (\"%s\")", from,
+          to, t.err);
     free(edited);
 }
 

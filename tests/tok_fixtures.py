@@ -22,7 +22,7 @@ markers): the letters (\\p{L}) and numbers (\\p{N}) as the regex engine of `toke
 (Oniguruma) sees them, found by asking that engine about every code point (Python's unicodedata
 is an older Unicode: it misses thousands of letters the engine knows). White space is fixed in
 the C code: the 25 code points of Unicode's White_Space, which the script checks."""
-import json, os, random, re, sys
+import os, random, shutil, subprocess, sys
 from tokenizers import Tokenizer, Regex, AddedToken, models, pre_tokenizers, decoders, trainers
 from tokenizers import processors
 
@@ -76,6 +76,8 @@ def write_table(L, N):
     begin, end = "/* tok-table begin */\n", "    /* tok-table end */"
     a, b = src.index(begin) + len(begin), src.index(end)
     open(path, "w", encoding="utf-8").write(src[:a] + "\n".join(lines) + "\n" + src[b:])
+    if shutil.which("clang-format-14"):  # the layout make test checks
+        subprocess.run(["clang-format-14", "-i", path], check=True)
     return table
 
 
