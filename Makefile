@@ -23,7 +23,7 @@ HDR      = ultrascale.h ultrascale_comm.h
 JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
 
 EXAMPLES = $(B)/train $(B)/memory $(B)/quickstart $(B)/dp_quickstart $(B)/cp_memory $(B)/schedule $(B)/hf_logits $(B)/plan $(B)/figures \
-           $(B)/readme_snippet
+           $(B)/readme_snippet $(B)/tokenize
 ifeq ($(CUDA),1)
 EXAMPLES += $(B)/train_cuda
 endif
