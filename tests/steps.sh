@@ -28,7 +28,7 @@ step 'quick start runs'                  "$B/quickstart"     './$B/quickstart | 
 step 'dp quick start runs (4 threads, ZeRO-2)' \
                                          "$B/dp_quickstart"  './$B/dp_quickstart | grep -q "step 100 loss"'
 step 'plan CLI'                          "$B/plan $B/train"  'bash tests/test_plan_cli.sh $B/plan $B/train'
-step 'tokenize CLI: shards with tokenizers ids, and back' "$B/tokenize" 'bash tests/test_tokenize_cli.sh $B'
+step 'tokenize CLI, train --tokenizer'   "$B/tokenize $B/train" 'bash tests/test_tokenize_cli.sh $B'
 step 'memory CLI'                        "$B/memory"         'bash tests/test_memory_cli.sh $B/memory'
 step 'cp_memory prints the table'        "$B/cp_memory"      './$B/cp_memory | grep -q "^  131072"'
 step 'schedule CLI: table and SVG'       "$B/schedule" \

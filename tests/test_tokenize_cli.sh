@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test_tokenize_cli.sh BUILD — examples/tokenize.c: text into llm.c shards and back, ids equal to
-# Hugging Face tokenizers' (tests/tok), uint16 and uint32 shards, refusals in a sentence.
+# Hugging Face tokenizers' (tests/tok), uint16 and uint32 shards, refusals in a sentence; and
+# build/train --tokenizer: the text encoded as tokenizers does, the samples decoded.
 B=${1:-build}
 T=$B/tokenize
 W=$(mktemp -d)
@@ -53,5 +54,21 @@ check 'refused: a tokenizer.json it does not understand' \
 check 'refused: --shard-tokens 0, an unknown flag' \
     '! $T --tokenizer tests/tok/gpt2.json --shard-tokens 0 --out $W/e x 2> $W/err &&
      grep -q "between 1" $W/err && ! $T --bogus 2> /dev/null'
+R=$B/train
+small='--steps 2 --seq 32 --dim 32 --layers 1 --eval-every 0 --val-frac 0'
+check 'train --tokenizer: the text as many tokens as tokenizers gives, the vocabulary its ids' \
+    '$R --data tests/tok/shakes.txt --tokenizer tests/tok/gpt2.json $small --sample 8 > $W/t &&
+     grep -q "^tokenizer: .*: $(wc -l < tests/tok/gpt2.shakes.ids) tokens$" $W/t &&
+     grep -q "V=1005)" $W/t'
+check 'train --tokenizer: the sample decoded, its prompt the text'"'"'s first tokens' \
+    '[ "$(sed -n "/^sample (/{n;p;q}" $W/t | head -c 8)" = "$(head -c 8 tests/tok/shakes.txt)" ]'
+check 'train --tokenizer with a shard: its tokens as they are, the sample decoded' \
+    '$R --data $W/s_000000.bin --tokenizer tests/tok/gpt2.json $small --sample 8 > $W/t2 &&
+     [ "$(sed -n "/^sample (/{n;p;q}" $W/t2 | head -c 8)" = "$(head -c 8 tests/tok/shakes.txt)" ]'
+check 'train refuses a vocabulary smaller than the tokenizer'"'"'s ids' \
+    '! $R --data tests/tok/shakes.txt --tokenizer tests/tok/gpt2.json --vocab 1000 $small \
+        2> $W/err > /dev/null && grep -q "has 1005 token ids but the model.s vocabulary is 1000" $W/err'
+check 'train refuses --tokenizer without --data' \
+    '! $R --tokenizer tests/tok/gpt2.json $small 2> $W/err > /dev/null && grep -q "needs --data" $W/err'
 echo "test_tokenize_cli: $pass passed, $fail failed"
 [ $fail = 0 ]
