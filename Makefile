@@ -251,6 +251,10 @@ format:
 $(B)/bench_cuda: bench/bench_cuda.cu $(HDR) ultrascale_cuda.cuh | $(B)
 	$(NVCC) $(NVFLAGS) $< -o $@ $(NVLIBS)
 
+# the tokenizer's encoding speed (bench/bench_tok.py runs it beside Hugging Face tokenizers)
+$(B)/bench_tok: bench/bench_tok.c $(IMPL) $(HDR) | $(B)
+	$(CC) $(CFLAGS) $(LINKED_C) $< $(IMPL) -o $@ $(LDLIBS)
+
 # the same rates file from the CPU ops and the threads backend (CI reads it back through build/plan)
 $(B)/calibrate_cpu: bench/calibrate_cpu.c $(IMPL) $(HDR) | $(B)
 	$(CC) $(CFLAGS) $(LINKED_C) $< $(IMPL) -o $@ $(LDLIBS)
