@@ -12724,6 +12724,10 @@ US_API us_result us_tok_encode(us_tokenizer *t, const char *text, size_t n, int3
     us__tok_enc e;
     us_result r = US_OK;
     *n_ids = 0;
+    if (!t->pool) {
+        us__errf(t->err, sizeof t->err, "us_tok_encode: the tokenizer is not loaded");
+        return US_ERR_INVALID;
+    }
     if (cap < (t->add_prefix_space ? 2 * n + 1 : n)) {
         us__errf(t->err, sizeof t->err,
                  "us_tok_encode: %lld bytes need room for %lld ids, not %lld", (long long)n,

@@ -227,6 +227,8 @@ static void check_refusals(void) {
     }
     CHECK(us_tok_parse(&t, json, n / 2) != US_OK && strstr(t.err, "JSON"),
           "a truncated file: \"%s\"", t.err);
+    CHECK(us_tok_encode(&t, "ab", 2, &ok, 1, &len) == US_ERR_INVALID && strstr(t.err, "not loaded"),
+          "encode with a tokenizer that did not load: \"%s\"", t.err);
     CHECK(us_tok_load(&t, "tests/tok/none.json") == US_ERR_IO && strstr(t.err, "none.json"),
           "a missing file: \"%s\"", t.err);
     CHECK(us_tok_parse(&t, json, n) == US_OK, "gpt2.json parses");
