@@ -23,7 +23,7 @@ HDR      = ultrascale.h ultrascale_comm.h
 JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
 
 EXAMPLES = $(B)/train $(B)/memory $(B)/quickstart $(B)/dp_quickstart $(B)/cp_memory $(B)/schedule $(B)/hf_logits $(B)/plan $(B)/figures \
-           $(B)/readme_snippet
+           $(B)/readme_snippet $(B)/tokenize
 ifeq ($(CUDA),1)
 EXAMPLES += $(B)/train_cuda
 endif
@@ -128,8 +128,9 @@ $(B)/cc_nvcc.o: tests/compile_a.c $(HDR) | $(B)
 $(B)/cc_nccl.o: tests/compile_nccl.c $(HDR) | $(B)
 	$(CC) $(WERROR) -D_POSIX_C_SOURCE=200809L -DULTRASCALE_NCCL -isystem $(CUDA_HOME)/include -c $< -o $@
 
-# the stb-style opt-outs: the library without its checkpoints, its planner, its data loading
-OPTOUTS = CHECKPOINT PLANNER DATA
+# the stb-style opt-outs: the library without its checkpoints, its planner, its data loading, its
+# tokenizer
+OPTOUTS = CHECKPOINT PLANNER DATA TOKENIZER
 $(OPTOUTS:%=$(B)/cc_no_%): $(B)/cc_no_%: tests/compile_optout.c $(HDR) | $(B)
 	$(CC) -std=c99 -Wall -Wextra -pedantic -Werror -O0 -pthread -DULTRASCALE_NO_$* $< -o $@ $(LDLIBS)
 
@@ -249,6 +250,10 @@ format:
 # ---- GPU benchmarks (run on the GPU machine; see bench/run_gpu.sh)
 $(B)/bench_cuda: bench/bench_cuda.cu $(HDR) ultrascale_cuda.cuh | $(B)
 	$(NVCC) $(NVFLAGS) $< -o $@ $(NVLIBS)
+
+# the tokenizer's encoding speed (bench/bench_tok.py runs it beside Hugging Face tokenizers)
+$(B)/bench_tok: bench/bench_tok.c $(IMPL) $(HDR) | $(B)
+	$(CC) $(CFLAGS) $(LINKED_C) $< $(IMPL) -o $@ $(LDLIBS)
 
 # the same rates file from the CPU ops and the threads backend (CI reads it back through build/plan)
 $(B)/calibrate_cpu: bench/calibrate_cpu.c $(IMPL) $(HDR) | $(B)

@@ -15,6 +15,7 @@
        ULTRASCALE_NO_PLANNER      // >>plan: the configuration planner (us_plan_*)
        ULTRASCALE_NO_DATA         // >>data: text and token-shard loading, the built-in task
                                   // (us_byte_*, us_data_*, us_task_*)
+       ULTRASCALE_NO_TOKENIZER    // >>tokenizer: tokenizer.json byte-level BPE (us_tok_*)
 
    QUICK START
    -----------
@@ -66,6 +67,7 @@
      comm table ............................. us_comm, us_group, us_comm_self
      model and trainer ...................... us_model, us_train_step, us_forward_eval
      data ................................... us_data (raw text, llm.c shards), us_task
+     tokenizer .............................. us_tok_load, us_tok_encode, us_tok_decode
      checkpoints ............................ us_ckpt_save, us_ckpt_load, us_safetensors_parse
      estimator, FLOPs ....................... us_memory_estimate, us_flops_per_token, us_param_count_active
      planner ................................ us_plan_enumerate, us_plan_cost, us_plan_rates_read
@@ -96,6 +98,7 @@
      // >>data        byte tokenizer, text loader, llm.c token shards, the built-in task
      // >>sample      temperature / top-k sampling
      // >>checkpoint  safetensors, Hugging Face names, config.json, training state, resharding, crash-safe
+     // >>tokenizer   tokenizer.json byte-level BPE: GPT-2 / Llama 3 pre-tokenisers, merges, added tokens
      // >>estimate    memory estimator and FLOP/MFU counting (the Playbook formulas)
      // >>plan        the planner: every valid configuration, ranked by a cost model (Playbook A3)
 */
@@ -1025,6 +1028,64 @@ US_API void us_task_batch(us_task *t, int nseq, int T, int32_t *inputs, int32_t 
 US_API us_result us_task_exact_match(us_model *m, us_task *t, int n, double *acc, char *buf,
                                      size_t buflen, int show);
 #endif /* ULTRASCALE_NO_DATA */
+
+#ifndef ULTRASCALE_NO_TOKENIZER
+/* ---------------------------------------------------------------- tokenizer (// >>tokenizer)
+   A Hugging Face tokenizer.json holding a byte-level BPE (GPT-2, Llama 3, or one trained with the
+   `tokenizers` package): encode and decode give what that package gives, token for token
+   (encode(text, add_special_tokens=False), decode(ids, skip_special_tokens)). Accepted: model BPE
+   (merges as "a b" strings or [a, b] pairs, ignore_merges, every one of the 256 byte tokens in the
+   vocabulary), no normalizer, the pre-tokeniser ByteLevel with GPT-2's regex or Split with
+   Llama 3's regex followed by ByteLevel without one, the ByteLevel decoder, added and special
+   tokens (lstrip, rstrip, normalized). A post-processor (ByteLevel, TemplateProcessing) adds
+   tokens only under add_special_tokens: a caller who wants a BOS token adds it. Anything else is
+   refused with a sentence that names it. Invalid UTF-8 in a text: each bad byte is a character
+   of its own that is neither letter, number nor space. Loading allocates; encode and decode
+   read the tokenizer and write only its err, on failure: threads may share one. */
+typedef struct us_tokenizer {
+    int64_t n_vocab;  /* ids are 0..n_vocab-1 (the model's and the added tokens'; holes allowed) */
+    int64_t n_merges; /* merge ranks 0..n_merges-1 */
+    int pattern;      /* US_TOK_GPT2 or US_TOK_LLAMA3: the pre-tokeniser's regex */
+    int add_prefix_space; /* ByteLevel's: a space before every segment that lacks one */
+    int ignore_merges;    /* a piece that is itself a token is that token (Llama 3) */
+    int max_bytes;        /* the longest token's bytes */
+    /* internal */
+    char *pool;                   /* every token's bytes, as decode writes them */
+    int64_t *off;                 /* [n_vocab] a token's bytes in pool */
+    int32_t *len;                 /* [n_vocab] their count */
+    uint8_t *kind;                /* [n_vocab] US__TK_* bits: in the model, added, special */
+    int32_t *hash;                /* the model's tokens by their bytes, open addressing */
+    int64_t hash_cap;             /* a power of two */
+    struct us__tok_merge *merges; /* (left id, right id) → rank, merged id, open addressing */
+    int64_t merge_cap;
+    int32_t byte_id[256]; /* the token of each single byte */
+    struct us__tok_added *added;
+    int n_added;
+    char err[256];
+} us_tokenizer;
+
+enum { US_TOK_GPT2 = 1, US_TOK_LLAMA3 = 2 };
+
+/* us_tok_decode's flags */
+#define US_TOK_SKIP_SPECIAL 1 /* leave special tokens out (skip_special_tokens=True) */
+#define US_TOK_LOSSY 2 /* each invalid UTF-8 sequence becomes U+FFFD, as tokenizers' decode */
+
+US_API us_result us_tok_load(us_tokenizer *t, const char *path);
+/* The same from the file's text json[n]. */
+US_API us_result us_tok_parse(us_tokenizer *t, const char *json, size_t n);
+US_API void us_tok_free(us_tokenizer *t);
+/* text[n] (any bytes) → ids[*n_ids]; cap ≥ n (2n + 1 under add_prefix_space) holds every id. */
+US_API us_result us_tok_encode(us_tokenizer *t, const char *text, size_t n, int32_t *ids,
+                               size_t cap, size_t *n_ids);
+/* ids[n] → the text's bytes in out[*len] and a NUL (cap ≥ *len + 1; out NULL: only *len). An
+   id that is no token is an error (tokenizers would drop it). */
+US_API us_result us_tok_decode(us_tokenizer *t, const int32_t *ids, size_t n, int flags, char *out,
+                               size_t cap, size_t *len);
+/* The pre-tokeniser alone: text[n] (no added tokens, no prefix space) cut into pieces, the end
+   of each piece in ends[*n_pieces] (cap ≥ n). */
+US_API us_result us_tok_pretokenize(us_tokenizer *t, const char *text, size_t n, size_t *ends,
+                                    size_t cap, size_t *n_pieces);
+#endif /* ULTRASCALE_NO_TOKENIZER */
 
 /* ---------------------------------------------------------------- sampling */
 /* Extends prompt (host tokens) by n_new tokens sampled with temperature (0 = greedy) and
@@ -9596,33 +9657,11 @@ static us_result us__forward_eval(us_model *m, const int32_t *inputs, const int3
     return US_OK;
 }
 
-#ifndef ULTRASCALE_NO_DATA
+#if !defined(ULTRASCALE_NO_DATA) || !defined(ULTRASCALE_NO_TOKENIZER)
 /* ------------------------------------------------------------------------------------ */
 // >>data  byte tokenizer, raw text, llm.c token shards, the built-in sorting task
 /* ------------------------------------------------------------------------------------ */
-US_API size_t us_byte_encode(const char *text, int32_t *tokens, size_t cap) {
-    size_t i;
-    for (i = 0; text[i] && i < cap; i++) tokens[i] = (unsigned char)text[i];
-    return i;
-}
-
-US_API size_t us_byte_decode(const int32_t *tokens, size_t n, char *text, size_t cap) {
-    size_t i;
-    if (!cap) return 0;
-    for (i = 0; i < n && i + 1 < cap; i++)
-        text[i] = tokens[i] >= 32 && tokens[i] < 127 ? (char)tokens[i]
-                  : tokens[i] == '\n'                ? '\n'
-                                                     : '?';
-    text[i] = 0;
-    return i;
-}
-
-US_API void us_data_free(us_data *d) {
-    US_FREE(d->tokens);
-    d->tokens = NULL;
-    d->n = 0;
-}
-
+/* A whole file into *buf[*len] (+ 1 byte of room); // >>tokenizer reads tokenizer.json with it. */
 static us_result us__read_file(const char *path, unsigned char **buf, int64_t *len, char *err,
                                size_t errlen) {
     FILE *f = fopen(path, "rb");
@@ -9669,6 +9708,31 @@ static us_result us__read_file(const char *path, unsigned char **buf, int64_t *l
     fclose(f);
     *len = sz;
     return US_OK;
+}
+#endif
+
+#ifndef ULTRASCALE_NO_DATA
+US_API size_t us_byte_encode(const char *text, int32_t *tokens, size_t cap) {
+    size_t i;
+    for (i = 0; text[i] && i < cap; i++) tokens[i] = (unsigned char)text[i];
+    return i;
+}
+
+US_API size_t us_byte_decode(const int32_t *tokens, size_t n, char *text, size_t cap) {
+    size_t i;
+    if (!cap) return 0;
+    for (i = 0; i < n && i + 1 < cap; i++)
+        text[i] = tokens[i] >= 32 && tokens[i] < 127 ? (char)tokens[i]
+                  : tokens[i] == '\n'                ? '\n'
+                                                     : '?';
+    text[i] = 0;
+    return i;
+}
+
+US_API void us_data_free(us_data *d) {
+    US_FREE(d->tokens);
+    d->tokens = NULL;
+    d->n = 0;
 }
 
 US_API us_result us_data_from_bytes(us_data *d, const void *bytes, int64_t n) {
@@ -10016,7 +10080,7 @@ US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int
     return res;
 }
 
-#ifndef ULTRASCALE_NO_CHECKPOINT
+#if !defined(ULTRASCALE_NO_CHECKPOINT) || !defined(ULTRASCALE_NO_TOKENIZER)
 /* ------------------------------------------------------------------------------------ */
 // >>checkpoint  safetensors with Hugging Face names, resharding by byte ranges, crash-safe saves
 /* ------------------------------------------------------------------------------------ */
@@ -10327,6 +10391,9 @@ static int us__jbool(const us__json *j, int k, int *v) {
     return 1;
 }
 
+#endif /* the JSON reader, which // >>tokenizer uses too */
+
+#ifndef ULTRASCALE_NO_CHECKPOINT
 /* ---- safetensors: 8-byte little-endian header length, a JSON header, the data section */
 static const struct {
     const char *name;
@@ -12223,6 +12290,1175 @@ US_API us_result us_ckpt_prune(const char *dir, int keep, char *err, size_t errl
 #endif
 }
 #endif /* ULTRASCALE_NO_CHECKPOINT */
+
+#ifndef ULTRASCALE_NO_TOKENIZER
+/* ------------------------------------------------------------------------------------ */
+// >>tokenizer  byte-level BPE from a Hugging Face tokenizer.json: GPT-2 and Llama 3 pre-tokenisers
+/* ------------------------------------------------------------------------------------ */
+/* Encoding runs as the `tokenizers` package does:
+     1. added tokens are cut out of the text: first those matched on the raw text (normalized
+        false), then in the pieces between them the others; the leftmost match wins, the longest
+        at one place; lstrip / rstrip take the white space beside a match into it;
+     2. each remaining segment (with ByteLevel's add_prefix_space, a space before it if it lacks
+        one) is cut by the pre-tokeniser's regex into pieces, here a hand-written matcher per
+        pattern;
+     3. each piece's bytes start as byte tokens; BPE merges the pair of lowest rank (the leftmost
+        of equal ranks) until no pair has a merge, with a heap as tokenizers' word.rs.
+   Tokens are kept as the raw bytes they stand for: the byte-level alphabet (a printable character
+   per byte: 'Ġ' for ' ') is undone at load time. Unicode letters \p{L} and numbers \p{N} are the
+   ranges below, as the regex engine of tokenizers (Oniguruma) has them, written by
+   tests/tok_fixtures.py; \s is Unicode's White_Space. */
+enum { US__TK_L = 1, US__TK_N = 2, US__TK_S = 4, US__TK_O = 8, US__TK_NL = 16 }; /* char classes */
+
+enum { US__TK_MODEL = 1, US__TK_ADDED = 2, US__TK_SPECIAL = 4 }; /* token kinds */
+
+typedef struct us__tok_merge {
+    uint64_t key; /* left id << 32 | right id; ~0 = empty */
+    uint32_t rank;
+    int32_t id;
+} us__tok_merge;
+
+typedef struct us__tok_added {
+    int32_t id;
+    int special, lstrip, rstrip, normalized;
+    char *content; /* raw UTF-8 */
+    size_t n;
+} us__tok_added;
+
+/* {first, last, 0 letter / 1 number}, sorted, disjoint */
+static const uint32_t us__tok_table[][3] = {
+    /* tok-table begin */
+    {0x30, 0x39, 1},       {0x41, 0x5a, 0},       {0x61, 0x7a, 0},       {0xaa, 0xaa, 0},
+    {0xb2, 0xb3, 1},       {0xb5, 0xb5, 0},       {0xb9, 0xb9, 1},       {0xba, 0xba, 0},
+    {0xbc, 0xbe, 1},       {0xc0, 0xd6, 0},       {0xd8, 0xf6, 0},       {0xf8, 0x2c1, 0},
+    {0x2c6, 0x2d1, 0},     {0x2e0, 0x2e4, 0},     {0x2ec, 0x2ec, 0},     {0x2ee, 0x2ee, 0},
+    {0x370, 0x374, 0},     {0x376, 0x377, 0},     {0x37a, 0x37d, 0},     {0x37f, 0x37f, 0},
+    {0x386, 0x386, 0},     {0x388, 0x38a, 0},     {0x38c, 0x38c, 0},     {0x38e, 0x3a1, 0},
+    {0x3a3, 0x3f5, 0},     {0x3f7, 0x481, 0},     {0x48a, 0x52f, 0},     {0x531, 0x556, 0},
+    {0x559, 0x559, 0},     {0x560, 0x588, 0},     {0x5d0, 0x5ea, 0},     {0x5ef, 0x5f2, 0},
+    {0x620, 0x64a, 0},     {0x660, 0x669, 1},     {0x66e, 0x66f, 0},     {0x671, 0x6d3, 0},
+    {0x6d5, 0x6d5, 0},     {0x6e5, 0x6e6, 0},     {0x6ee, 0x6ef, 0},     {0x6f0, 0x6f9, 1},
+    {0x6fa, 0x6fc, 0},     {0x6ff, 0x6ff, 0},     {0x710, 0x710, 0},     {0x712, 0x72f, 0},
+    {0x74d, 0x7a5, 0},     {0x7b1, 0x7b1, 0},     {0x7c0, 0x7c9, 1},     {0x7ca, 0x7ea, 0},
+    {0x7f4, 0x7f5, 0},     {0x7fa, 0x7fa, 0},     {0x800, 0x815, 0},     {0x81a, 0x81a, 0},
+    {0x824, 0x824, 0},     {0x828, 0x828, 0},     {0x840, 0x858, 0},     {0x860, 0x86a, 0},
+    {0x870, 0x887, 0},     {0x889, 0x88e, 0},     {0x8a0, 0x8c9, 0},     {0x904, 0x939, 0},
+    {0x93d, 0x93d, 0},     {0x950, 0x950, 0},     {0x958, 0x961, 0},     {0x966, 0x96f, 1},
+    {0x971, 0x980, 0},     {0x985, 0x98c, 0},     {0x98f, 0x990, 0},     {0x993, 0x9a8, 0},
+    {0x9aa, 0x9b0, 0},     {0x9b2, 0x9b2, 0},     {0x9b6, 0x9b9, 0},     {0x9bd, 0x9bd, 0},
+    {0x9ce, 0x9ce, 0},     {0x9dc, 0x9dd, 0},     {0x9df, 0x9e1, 0},     {0x9e6, 0x9ef, 1},
+    {0x9f0, 0x9f1, 0},     {0x9f4, 0x9f9, 1},     {0x9fc, 0x9fc, 0},     {0xa05, 0xa0a, 0},
+    {0xa0f, 0xa10, 0},     {0xa13, 0xa28, 0},     {0xa2a, 0xa30, 0},     {0xa32, 0xa33, 0},
+    {0xa35, 0xa36, 0},     {0xa38, 0xa39, 0},     {0xa59, 0xa5c, 0},     {0xa5e, 0xa5e, 0},
+    {0xa66, 0xa6f, 1},     {0xa72, 0xa74, 0},     {0xa85, 0xa8d, 0},     {0xa8f, 0xa91, 0},
+    {0xa93, 0xaa8, 0},     {0xaaa, 0xab0, 0},     {0xab2, 0xab3, 0},     {0xab5, 0xab9, 0},
+    {0xabd, 0xabd, 0},     {0xad0, 0xad0, 0},     {0xae0, 0xae1, 0},     {0xae6, 0xaef, 1},
+    {0xaf9, 0xaf9, 0},     {0xb05, 0xb0c, 0},     {0xb0f, 0xb10, 0},     {0xb13, 0xb28, 0},
+    {0xb2a, 0xb30, 0},     {0xb32, 0xb33, 0},     {0xb35, 0xb39, 0},     {0xb3d, 0xb3d, 0},
+    {0xb5c, 0xb5d, 0},     {0xb5f, 0xb61, 0},     {0xb66, 0xb6f, 1},     {0xb71, 0xb71, 0},
+    {0xb72, 0xb77, 1},     {0xb83, 0xb83, 0},     {0xb85, 0xb8a, 0},     {0xb8e, 0xb90, 0},
+    {0xb92, 0xb95, 0},     {0xb99, 0xb9a, 0},     {0xb9c, 0xb9c, 0},     {0xb9e, 0xb9f, 0},
+    {0xba3, 0xba4, 0},     {0xba8, 0xbaa, 0},     {0xbae, 0xbb9, 0},     {0xbd0, 0xbd0, 0},
+    {0xbe6, 0xbf2, 1},     {0xc05, 0xc0c, 0},     {0xc0e, 0xc10, 0},     {0xc12, 0xc28, 0},
+    {0xc2a, 0xc39, 0},     {0xc3d, 0xc3d, 0},     {0xc58, 0xc5a, 0},     {0xc5d, 0xc5d, 0},
+    {0xc60, 0xc61, 0},     {0xc66, 0xc6f, 1},     {0xc78, 0xc7e, 1},     {0xc80, 0xc80, 0},
+    {0xc85, 0xc8c, 0},     {0xc8e, 0xc90, 0},     {0xc92, 0xca8, 0},     {0xcaa, 0xcb3, 0},
+    {0xcb5, 0xcb9, 0},     {0xcbd, 0xcbd, 0},     {0xcdd, 0xcde, 0},     {0xce0, 0xce1, 0},
+    {0xce6, 0xcef, 1},     {0xcf1, 0xcf2, 0},     {0xd04, 0xd0c, 0},     {0xd0e, 0xd10, 0},
+    {0xd12, 0xd3a, 0},     {0xd3d, 0xd3d, 0},     {0xd4e, 0xd4e, 0},     {0xd54, 0xd56, 0},
+    {0xd58, 0xd5e, 1},     {0xd5f, 0xd61, 0},     {0xd66, 0xd78, 1},     {0xd7a, 0xd7f, 0},
+    {0xd85, 0xd96, 0},     {0xd9a, 0xdb1, 0},     {0xdb3, 0xdbb, 0},     {0xdbd, 0xdbd, 0},
+    {0xdc0, 0xdc6, 0},     {0xde6, 0xdef, 1},     {0xe01, 0xe30, 0},     {0xe32, 0xe33, 0},
+    {0xe40, 0xe46, 0},     {0xe50, 0xe59, 1},     {0xe81, 0xe82, 0},     {0xe84, 0xe84, 0},
+    {0xe86, 0xe8a, 0},     {0xe8c, 0xea3, 0},     {0xea5, 0xea5, 0},     {0xea7, 0xeb0, 0},
+    {0xeb2, 0xeb3, 0},     {0xebd, 0xebd, 0},     {0xec0, 0xec4, 0},     {0xec6, 0xec6, 0},
+    {0xed0, 0xed9, 1},     {0xedc, 0xedf, 0},     {0xf00, 0xf00, 0},     {0xf20, 0xf33, 1},
+    {0xf40, 0xf47, 0},     {0xf49, 0xf6c, 0},     {0xf88, 0xf8c, 0},     {0x1000, 0x102a, 0},
+    {0x103f, 0x103f, 0},   {0x1040, 0x1049, 1},   {0x1050, 0x1055, 0},   {0x105a, 0x105d, 0},
+    {0x1061, 0x1061, 0},   {0x1065, 0x1066, 0},   {0x106e, 0x1070, 0},   {0x1075, 0x1081, 0},
+    {0x108e, 0x108e, 0},   {0x1090, 0x1099, 1},   {0x10a0, 0x10c5, 0},   {0x10c7, 0x10c7, 0},
+    {0x10cd, 0x10cd, 0},   {0x10d0, 0x10fa, 0},   {0x10fc, 0x1248, 0},   {0x124a, 0x124d, 0},
+    {0x1250, 0x1256, 0},   {0x1258, 0x1258, 0},   {0x125a, 0x125d, 0},   {0x1260, 0x1288, 0},
+    {0x128a, 0x128d, 0},   {0x1290, 0x12b0, 0},   {0x12b2, 0x12b5, 0},   {0x12b8, 0x12be, 0},
+    {0x12c0, 0x12c0, 0},   {0x12c2, 0x12c5, 0},   {0x12c8, 0x12d6, 0},   {0x12d8, 0x1310, 0},
+    {0x1312, 0x1315, 0},   {0x1318, 0x135a, 0},   {0x1369, 0x137c, 1},   {0x1380, 0x138f, 0},
+    {0x13a0, 0x13f5, 0},   {0x13f8, 0x13fd, 0},   {0x1401, 0x166c, 0},   {0x166f, 0x167f, 0},
+    {0x1681, 0x169a, 0},   {0x16a0, 0x16ea, 0},   {0x16ee, 0x16f0, 1},   {0x16f1, 0x16f8, 0},
+    {0x1700, 0x1711, 0},   {0x171f, 0x1731, 0},   {0x1740, 0x1751, 0},   {0x1760, 0x176c, 0},
+    {0x176e, 0x1770, 0},   {0x1780, 0x17b3, 0},   {0x17d7, 0x17d7, 0},   {0x17dc, 0x17dc, 0},
+    {0x17e0, 0x17e9, 1},   {0x17f0, 0x17f9, 1},   {0x1810, 0x1819, 1},   {0x1820, 0x1878, 0},
+    {0x1880, 0x1884, 0},   {0x1887, 0x18a8, 0},   {0x18aa, 0x18aa, 0},   {0x18b0, 0x18f5, 0},
+    {0x1900, 0x191e, 0},   {0x1946, 0x194f, 1},   {0x1950, 0x196d, 0},   {0x1970, 0x1974, 0},
+    {0x1980, 0x19ab, 0},   {0x19b0, 0x19c9, 0},   {0x19d0, 0x19da, 1},   {0x1a00, 0x1a16, 0},
+    {0x1a20, 0x1a54, 0},   {0x1a80, 0x1a89, 1},   {0x1a90, 0x1a99, 1},   {0x1aa7, 0x1aa7, 0},
+    {0x1b05, 0x1b33, 0},   {0x1b45, 0x1b4c, 0},   {0x1b50, 0x1b59, 1},   {0x1b83, 0x1ba0, 0},
+    {0x1bae, 0x1baf, 0},   {0x1bb0, 0x1bb9, 1},   {0x1bba, 0x1be5, 0},   {0x1c00, 0x1c23, 0},
+    {0x1c40, 0x1c49, 1},   {0x1c4d, 0x1c4f, 0},   {0x1c50, 0x1c59, 1},   {0x1c5a, 0x1c7d, 0},
+    {0x1c80, 0x1c8a, 0},   {0x1c90, 0x1cba, 0},   {0x1cbd, 0x1cbf, 0},   {0x1ce9, 0x1cec, 0},
+    {0x1cee, 0x1cf3, 0},   {0x1cf5, 0x1cf6, 0},   {0x1cfa, 0x1cfa, 0},   {0x1d00, 0x1dbf, 0},
+    {0x1e00, 0x1f15, 0},   {0x1f18, 0x1f1d, 0},   {0x1f20, 0x1f45, 0},   {0x1f48, 0x1f4d, 0},
+    {0x1f50, 0x1f57, 0},   {0x1f59, 0x1f59, 0},   {0x1f5b, 0x1f5b, 0},   {0x1f5d, 0x1f5d, 0},
+    {0x1f5f, 0x1f7d, 0},   {0x1f80, 0x1fb4, 0},   {0x1fb6, 0x1fbc, 0},   {0x1fbe, 0x1fbe, 0},
+    {0x1fc2, 0x1fc4, 0},   {0x1fc6, 0x1fcc, 0},   {0x1fd0, 0x1fd3, 0},   {0x1fd6, 0x1fdb, 0},
+    {0x1fe0, 0x1fec, 0},   {0x1ff2, 0x1ff4, 0},   {0x1ff6, 0x1ffc, 0},   {0x2070, 0x2070, 1},
+    {0x2071, 0x2071, 0},   {0x2074, 0x2079, 1},   {0x207f, 0x207f, 0},   {0x2080, 0x2089, 1},
+    {0x2090, 0x209c, 0},   {0x2102, 0x2102, 0},   {0x2107, 0x2107, 0},   {0x210a, 0x2113, 0},
+    {0x2115, 0x2115, 0},   {0x2119, 0x211d, 0},   {0x2124, 0x2124, 0},   {0x2126, 0x2126, 0},
+    {0x2128, 0x2128, 0},   {0x212a, 0x212d, 0},   {0x212f, 0x2139, 0},   {0x213c, 0x213f, 0},
+    {0x2145, 0x2149, 0},   {0x214e, 0x214e, 0},   {0x2150, 0x2182, 1},   {0x2183, 0x2184, 0},
+    {0x2185, 0x2189, 1},   {0x2460, 0x249b, 1},   {0x24ea, 0x24ff, 1},   {0x2776, 0x2793, 1},
+    {0x2c00, 0x2ce4, 0},   {0x2ceb, 0x2cee, 0},   {0x2cf2, 0x2cf3, 0},   {0x2cfd, 0x2cfd, 1},
+    {0x2d00, 0x2d25, 0},   {0x2d27, 0x2d27, 0},   {0x2d2d, 0x2d2d, 0},   {0x2d30, 0x2d67, 0},
+    {0x2d6f, 0x2d6f, 0},   {0x2d80, 0x2d96, 0},   {0x2da0, 0x2da6, 0},   {0x2da8, 0x2dae, 0},
+    {0x2db0, 0x2db6, 0},   {0x2db8, 0x2dbe, 0},   {0x2dc0, 0x2dc6, 0},   {0x2dc8, 0x2dce, 0},
+    {0x2dd0, 0x2dd6, 0},   {0x2dd8, 0x2dde, 0},   {0x2e2f, 0x2e2f, 0},   {0x3005, 0x3006, 0},
+    {0x3007, 0x3007, 1},   {0x3021, 0x3029, 1},   {0x3031, 0x3035, 0},   {0x3038, 0x303a, 1},
+    {0x303b, 0x303c, 0},   {0x3041, 0x3096, 0},   {0x309d, 0x309f, 0},   {0x30a1, 0x30fa, 0},
+    {0x30fc, 0x30ff, 0},   {0x3105, 0x312f, 0},   {0x3131, 0x318e, 0},   {0x3192, 0x3195, 1},
+    {0x31a0, 0x31bf, 0},   {0x31f0, 0x31ff, 0},   {0x3220, 0x3229, 1},   {0x3248, 0x324f, 1},
+    {0x3251, 0x325f, 1},   {0x3280, 0x3289, 1},   {0x32b1, 0x32bf, 1},   {0x3400, 0x4dbf, 0},
+    {0x4e00, 0xa48c, 0},   {0xa4d0, 0xa4fd, 0},   {0xa500, 0xa60c, 0},   {0xa610, 0xa61f, 0},
+    {0xa620, 0xa629, 1},   {0xa62a, 0xa62b, 0},   {0xa640, 0xa66e, 0},   {0xa67f, 0xa69d, 0},
+    {0xa6a0, 0xa6e5, 0},   {0xa6e6, 0xa6ef, 1},   {0xa717, 0xa71f, 0},   {0xa722, 0xa788, 0},
+    {0xa78b, 0xa7cd, 0},   {0xa7d0, 0xa7d1, 0},   {0xa7d3, 0xa7d3, 0},   {0xa7d5, 0xa7dc, 0},
+    {0xa7f2, 0xa801, 0},   {0xa803, 0xa805, 0},   {0xa807, 0xa80a, 0},   {0xa80c, 0xa822, 0},
+    {0xa830, 0xa835, 1},   {0xa840, 0xa873, 0},   {0xa882, 0xa8b3, 0},   {0xa8d0, 0xa8d9, 1},
+    {0xa8f2, 0xa8f7, 0},   {0xa8fb, 0xa8fb, 0},   {0xa8fd, 0xa8fe, 0},   {0xa900, 0xa909, 1},
+    {0xa90a, 0xa925, 0},   {0xa930, 0xa946, 0},   {0xa960, 0xa97c, 0},   {0xa984, 0xa9b2, 0},
+    {0xa9cf, 0xa9cf, 0},   {0xa9d0, 0xa9d9, 1},   {0xa9e0, 0xa9e4, 0},   {0xa9e6, 0xa9ef, 0},
+    {0xa9f0, 0xa9f9, 1},   {0xa9fa, 0xa9fe, 0},   {0xaa00, 0xaa28, 0},   {0xaa40, 0xaa42, 0},
+    {0xaa44, 0xaa4b, 0},   {0xaa50, 0xaa59, 1},   {0xaa60, 0xaa76, 0},   {0xaa7a, 0xaa7a, 0},
+    {0xaa7e, 0xaaaf, 0},   {0xaab1, 0xaab1, 0},   {0xaab5, 0xaab6, 0},   {0xaab9, 0xaabd, 0},
+    {0xaac0, 0xaac0, 0},   {0xaac2, 0xaac2, 0},   {0xaadb, 0xaadd, 0},   {0xaae0, 0xaaea, 0},
+    {0xaaf2, 0xaaf4, 0},   {0xab01, 0xab06, 0},   {0xab09, 0xab0e, 0},   {0xab11, 0xab16, 0},
+    {0xab20, 0xab26, 0},   {0xab28, 0xab2e, 0},   {0xab30, 0xab5a, 0},   {0xab5c, 0xab69, 0},
+    {0xab70, 0xabe2, 0},   {0xabf0, 0xabf9, 1},   {0xac00, 0xd7a3, 0},   {0xd7b0, 0xd7c6, 0},
+    {0xd7cb, 0xd7fb, 0},   {0xf900, 0xfa6d, 0},   {0xfa70, 0xfad9, 0},   {0xfb00, 0xfb06, 0},
+    {0xfb13, 0xfb17, 0},   {0xfb1d, 0xfb1d, 0},   {0xfb1f, 0xfb28, 0},   {0xfb2a, 0xfb36, 0},
+    {0xfb38, 0xfb3c, 0},   {0xfb3e, 0xfb3e, 0},   {0xfb40, 0xfb41, 0},   {0xfb43, 0xfb44, 0},
+    {0xfb46, 0xfbb1, 0},   {0xfbd3, 0xfd3d, 0},   {0xfd50, 0xfd8f, 0},   {0xfd92, 0xfdc7, 0},
+    {0xfdf0, 0xfdfb, 0},   {0xfe70, 0xfe74, 0},   {0xfe76, 0xfefc, 0},   {0xff10, 0xff19, 1},
+    {0xff21, 0xff3a, 0},   {0xff41, 0xff5a, 0},   {0xff66, 0xffbe, 0},   {0xffc2, 0xffc7, 0},
+    {0xffca, 0xffcf, 0},   {0xffd2, 0xffd7, 0},   {0xffda, 0xffdc, 0},   {0x10000, 0x1000b, 0},
+    {0x1000d, 0x10026, 0}, {0x10028, 0x1003a, 0}, {0x1003c, 0x1003d, 0}, {0x1003f, 0x1004d, 0},
+    {0x10050, 0x1005d, 0}, {0x10080, 0x100fa, 0}, {0x10107, 0x10133, 1}, {0x10140, 0x10178, 1},
+    {0x1018a, 0x1018b, 1}, {0x10280, 0x1029c, 0}, {0x102a0, 0x102d0, 0}, {0x102e1, 0x102fb, 1},
+    {0x10300, 0x1031f, 0}, {0x10320, 0x10323, 1}, {0x1032d, 0x10340, 0}, {0x10341, 0x10341, 1},
+    {0x10342, 0x10349, 0}, {0x1034a, 0x1034a, 1}, {0x10350, 0x10375, 0}, {0x10380, 0x1039d, 0},
+    {0x103a0, 0x103c3, 0}, {0x103c8, 0x103cf, 0}, {0x103d1, 0x103d5, 1}, {0x10400, 0x1049d, 0},
+    {0x104a0, 0x104a9, 1}, {0x104b0, 0x104d3, 0}, {0x104d8, 0x104fb, 0}, {0x10500, 0x10527, 0},
+    {0x10530, 0x10563, 0}, {0x10570, 0x1057a, 0}, {0x1057c, 0x1058a, 0}, {0x1058c, 0x10592, 0},
+    {0x10594, 0x10595, 0}, {0x10597, 0x105a1, 0}, {0x105a3, 0x105b1, 0}, {0x105b3, 0x105b9, 0},
+    {0x105bb, 0x105bc, 0}, {0x105c0, 0x105f3, 0}, {0x10600, 0x10736, 0}, {0x10740, 0x10755, 0},
+    {0x10760, 0x10767, 0}, {0x10780, 0x10785, 0}, {0x10787, 0x107b0, 0}, {0x107b2, 0x107ba, 0},
+    {0x10800, 0x10805, 0}, {0x10808, 0x10808, 0}, {0x1080a, 0x10835, 0}, {0x10837, 0x10838, 0},
+    {0x1083c, 0x1083c, 0}, {0x1083f, 0x10855, 0}, {0x10858, 0x1085f, 1}, {0x10860, 0x10876, 0},
+    {0x10879, 0x1087f, 1}, {0x10880, 0x1089e, 0}, {0x108a7, 0x108af, 1}, {0x108e0, 0x108f2, 0},
+    {0x108f4, 0x108f5, 0}, {0x108fb, 0x108ff, 1}, {0x10900, 0x10915, 0}, {0x10916, 0x1091b, 1},
+    {0x10920, 0x10939, 0}, {0x10980, 0x109b7, 0}, {0x109bc, 0x109bd, 1}, {0x109be, 0x109bf, 0},
+    {0x109c0, 0x109cf, 1}, {0x109d2, 0x109ff, 1}, {0x10a00, 0x10a00, 0}, {0x10a10, 0x10a13, 0},
+    {0x10a15, 0x10a17, 0}, {0x10a19, 0x10a35, 0}, {0x10a40, 0x10a48, 1}, {0x10a60, 0x10a7c, 0},
+    {0x10a7d, 0x10a7e, 1}, {0x10a80, 0x10a9c, 0}, {0x10a9d, 0x10a9f, 1}, {0x10ac0, 0x10ac7, 0},
+    {0x10ac9, 0x10ae4, 0}, {0x10aeb, 0x10aef, 1}, {0x10b00, 0x10b35, 0}, {0x10b40, 0x10b55, 0},
+    {0x10b58, 0x10b5f, 1}, {0x10b60, 0x10b72, 0}, {0x10b78, 0x10b7f, 1}, {0x10b80, 0x10b91, 0},
+    {0x10ba9, 0x10baf, 1}, {0x10c00, 0x10c48, 0}, {0x10c80, 0x10cb2, 0}, {0x10cc0, 0x10cf2, 0},
+    {0x10cfa, 0x10cff, 1}, {0x10d00, 0x10d23, 0}, {0x10d30, 0x10d39, 1}, {0x10d40, 0x10d49, 1},
+    {0x10d4a, 0x10d65, 0}, {0x10d6f, 0x10d85, 0}, {0x10e60, 0x10e7e, 1}, {0x10e80, 0x10ea9, 0},
+    {0x10eb0, 0x10eb1, 0}, {0x10ec2, 0x10ec4, 0}, {0x10f00, 0x10f1c, 0}, {0x10f1d, 0x10f26, 1},
+    {0x10f27, 0x10f27, 0}, {0x10f30, 0x10f45, 0}, {0x10f51, 0x10f54, 1}, {0x10f70, 0x10f81, 0},
+    {0x10fb0, 0x10fc4, 0}, {0x10fc5, 0x10fcb, 1}, {0x10fe0, 0x10ff6, 0}, {0x11003, 0x11037, 0},
+    {0x11052, 0x1106f, 1}, {0x11071, 0x11072, 0}, {0x11075, 0x11075, 0}, {0x11083, 0x110af, 0},
+    {0x110d0, 0x110e8, 0}, {0x110f0, 0x110f9, 1}, {0x11103, 0x11126, 0}, {0x11136, 0x1113f, 1},
+    {0x11144, 0x11144, 0}, {0x11147, 0x11147, 0}, {0x11150, 0x11172, 0}, {0x11176, 0x11176, 0},
+    {0x11183, 0x111b2, 0}, {0x111c1, 0x111c4, 0}, {0x111d0, 0x111d9, 1}, {0x111da, 0x111da, 0},
+    {0x111dc, 0x111dc, 0}, {0x111e1, 0x111f4, 1}, {0x11200, 0x11211, 0}, {0x11213, 0x1122b, 0},
+    {0x1123f, 0x11240, 0}, {0x11280, 0x11286, 0}, {0x11288, 0x11288, 0}, {0x1128a, 0x1128d, 0},
+    {0x1128f, 0x1129d, 0}, {0x1129f, 0x112a8, 0}, {0x112b0, 0x112de, 0}, {0x112f0, 0x112f9, 1},
+    {0x11305, 0x1130c, 0}, {0x1130f, 0x11310, 0}, {0x11313, 0x11328, 0}, {0x1132a, 0x11330, 0},
+    {0x11332, 0x11333, 0}, {0x11335, 0x11339, 0}, {0x1133d, 0x1133d, 0}, {0x11350, 0x11350, 0},
+    {0x1135d, 0x11361, 0}, {0x11380, 0x11389, 0}, {0x1138b, 0x1138b, 0}, {0x1138e, 0x1138e, 0},
+    {0x11390, 0x113b5, 0}, {0x113b7, 0x113b7, 0}, {0x113d1, 0x113d1, 0}, {0x113d3, 0x113d3, 0},
+    {0x11400, 0x11434, 0}, {0x11447, 0x1144a, 0}, {0x11450, 0x11459, 1}, {0x1145f, 0x11461, 0},
+    {0x11480, 0x114af, 0}, {0x114c4, 0x114c5, 0}, {0x114c7, 0x114c7, 0}, {0x114d0, 0x114d9, 1},
+    {0x11580, 0x115ae, 0}, {0x115d8, 0x115db, 0}, {0x11600, 0x1162f, 0}, {0x11644, 0x11644, 0},
+    {0x11650, 0x11659, 1}, {0x11680, 0x116aa, 0}, {0x116b8, 0x116b8, 0}, {0x116c0, 0x116c9, 1},
+    {0x116d0, 0x116e3, 1}, {0x11700, 0x1171a, 0}, {0x11730, 0x1173b, 1}, {0x11740, 0x11746, 0},
+    {0x11800, 0x1182b, 0}, {0x118a0, 0x118df, 0}, {0x118e0, 0x118f2, 1}, {0x118ff, 0x11906, 0},
+    {0x11909, 0x11909, 0}, {0x1190c, 0x11913, 0}, {0x11915, 0x11916, 0}, {0x11918, 0x1192f, 0},
+    {0x1193f, 0x1193f, 0}, {0x11941, 0x11941, 0}, {0x11950, 0x11959, 1}, {0x119a0, 0x119a7, 0},
+    {0x119aa, 0x119d0, 0}, {0x119e1, 0x119e1, 0}, {0x119e3, 0x119e3, 0}, {0x11a00, 0x11a00, 0},
+    {0x11a0b, 0x11a32, 0}, {0x11a3a, 0x11a3a, 0}, {0x11a50, 0x11a50, 0}, {0x11a5c, 0x11a89, 0},
+    {0x11a9d, 0x11a9d, 0}, {0x11ab0, 0x11af8, 0}, {0x11bc0, 0x11be0, 0}, {0x11bf0, 0x11bf9, 1},
+    {0x11c00, 0x11c08, 0}, {0x11c0a, 0x11c2e, 0}, {0x11c40, 0x11c40, 0}, {0x11c50, 0x11c6c, 1},
+    {0x11c72, 0x11c8f, 0}, {0x11d00, 0x11d06, 0}, {0x11d08, 0x11d09, 0}, {0x11d0b, 0x11d30, 0},
+    {0x11d46, 0x11d46, 0}, {0x11d50, 0x11d59, 1}, {0x11d60, 0x11d65, 0}, {0x11d67, 0x11d68, 0},
+    {0x11d6a, 0x11d89, 0}, {0x11d98, 0x11d98, 0}, {0x11da0, 0x11da9, 1}, {0x11ee0, 0x11ef2, 0},
+    {0x11f02, 0x11f02, 0}, {0x11f04, 0x11f10, 0}, {0x11f12, 0x11f33, 0}, {0x11f50, 0x11f59, 1},
+    {0x11fb0, 0x11fb0, 0}, {0x11fc0, 0x11fd4, 1}, {0x12000, 0x12399, 0}, {0x12400, 0x1246e, 1},
+    {0x12480, 0x12543, 0}, {0x12f90, 0x12ff0, 0}, {0x13000, 0x1342f, 0}, {0x13441, 0x13446, 0},
+    {0x13460, 0x143fa, 0}, {0x14400, 0x14646, 0}, {0x16100, 0x1611d, 0}, {0x16130, 0x16139, 1},
+    {0x16800, 0x16a38, 0}, {0x16a40, 0x16a5e, 0}, {0x16a60, 0x16a69, 1}, {0x16a70, 0x16abe, 0},
+    {0x16ac0, 0x16ac9, 1}, {0x16ad0, 0x16aed, 0}, {0x16b00, 0x16b2f, 0}, {0x16b40, 0x16b43, 0},
+    {0x16b50, 0x16b59, 1}, {0x16b5b, 0x16b61, 1}, {0x16b63, 0x16b77, 0}, {0x16b7d, 0x16b8f, 0},
+    {0x16d40, 0x16d6c, 0}, {0x16d70, 0x16d79, 1}, {0x16e40, 0x16e7f, 0}, {0x16e80, 0x16e96, 1},
+    {0x16f00, 0x16f4a, 0}, {0x16f50, 0x16f50, 0}, {0x16f93, 0x16f9f, 0}, {0x16fe0, 0x16fe1, 0},
+    {0x16fe3, 0x16fe3, 0}, {0x17000, 0x187f7, 0}, {0x18800, 0x18cd5, 0}, {0x18cff, 0x18d08, 0},
+    {0x1aff0, 0x1aff3, 0}, {0x1aff5, 0x1affb, 0}, {0x1affd, 0x1affe, 0}, {0x1b000, 0x1b122, 0},
+    {0x1b132, 0x1b132, 0}, {0x1b150, 0x1b152, 0}, {0x1b155, 0x1b155, 0}, {0x1b164, 0x1b167, 0},
+    {0x1b170, 0x1b2fb, 0}, {0x1bc00, 0x1bc6a, 0}, {0x1bc70, 0x1bc7c, 0}, {0x1bc80, 0x1bc88, 0},
+    {0x1bc90, 0x1bc99, 0}, {0x1ccf0, 0x1ccf9, 1}, {0x1d2c0, 0x1d2d3, 1}, {0x1d2e0, 0x1d2f3, 1},
+    {0x1d360, 0x1d378, 1}, {0x1d400, 0x1d454, 0}, {0x1d456, 0x1d49c, 0}, {0x1d49e, 0x1d49f, 0},
+    {0x1d4a2, 0x1d4a2, 0}, {0x1d4a5, 0x1d4a6, 0}, {0x1d4a9, 0x1d4ac, 0}, {0x1d4ae, 0x1d4b9, 0},
+    {0x1d4bb, 0x1d4bb, 0}, {0x1d4bd, 0x1d4c3, 0}, {0x1d4c5, 0x1d505, 0}, {0x1d507, 0x1d50a, 0},
+    {0x1d50d, 0x1d514, 0}, {0x1d516, 0x1d51c, 0}, {0x1d51e, 0x1d539, 0}, {0x1d53b, 0x1d53e, 0},
+    {0x1d540, 0x1d544, 0}, {0x1d546, 0x1d546, 0}, {0x1d54a, 0x1d550, 0}, {0x1d552, 0x1d6a5, 0},
+    {0x1d6a8, 0x1d6c0, 0}, {0x1d6c2, 0x1d6da, 0}, {0x1d6dc, 0x1d6fa, 0}, {0x1d6fc, 0x1d714, 0},
+    {0x1d716, 0x1d734, 0}, {0x1d736, 0x1d74e, 0}, {0x1d750, 0x1d76e, 0}, {0x1d770, 0x1d788, 0},
+    {0x1d78a, 0x1d7a8, 0}, {0x1d7aa, 0x1d7c2, 0}, {0x1d7c4, 0x1d7cb, 0}, {0x1d7ce, 0x1d7ff, 1},
+    {0x1df00, 0x1df1e, 0}, {0x1df25, 0x1df2a, 0}, {0x1e030, 0x1e06d, 0}, {0x1e100, 0x1e12c, 0},
+    {0x1e137, 0x1e13d, 0}, {0x1e140, 0x1e149, 1}, {0x1e14e, 0x1e14e, 0}, {0x1e290, 0x1e2ad, 0},
+    {0x1e2c0, 0x1e2eb, 0}, {0x1e2f0, 0x1e2f9, 1}, {0x1e4d0, 0x1e4eb, 0}, {0x1e4f0, 0x1e4f9, 1},
+    {0x1e5d0, 0x1e5ed, 0}, {0x1e5f0, 0x1e5f0, 0}, {0x1e5f1, 0x1e5fa, 1}, {0x1e7e0, 0x1e7e6, 0},
+    {0x1e7e8, 0x1e7eb, 0}, {0x1e7ed, 0x1e7ee, 0}, {0x1e7f0, 0x1e7fe, 0}, {0x1e800, 0x1e8c4, 0},
+    {0x1e8c7, 0x1e8cf, 1}, {0x1e900, 0x1e943, 0}, {0x1e94b, 0x1e94b, 0}, {0x1e950, 0x1e959, 1},
+    {0x1ec71, 0x1ecab, 1}, {0x1ecad, 0x1ecaf, 1}, {0x1ecb1, 0x1ecb4, 1}, {0x1ed01, 0x1ed2d, 1},
+    {0x1ed2f, 0x1ed3d, 1}, {0x1ee00, 0x1ee03, 0}, {0x1ee05, 0x1ee1f, 0}, {0x1ee21, 0x1ee22, 0},
+    {0x1ee24, 0x1ee24, 0}, {0x1ee27, 0x1ee27, 0}, {0x1ee29, 0x1ee32, 0}, {0x1ee34, 0x1ee37, 0},
+    {0x1ee39, 0x1ee39, 0}, {0x1ee3b, 0x1ee3b, 0}, {0x1ee42, 0x1ee42, 0}, {0x1ee47, 0x1ee47, 0},
+    {0x1ee49, 0x1ee49, 0}, {0x1ee4b, 0x1ee4b, 0}, {0x1ee4d, 0x1ee4f, 0}, {0x1ee51, 0x1ee52, 0},
+    {0x1ee54, 0x1ee54, 0}, {0x1ee57, 0x1ee57, 0}, {0x1ee59, 0x1ee59, 0}, {0x1ee5b, 0x1ee5b, 0},
+    {0x1ee5d, 0x1ee5d, 0}, {0x1ee5f, 0x1ee5f, 0}, {0x1ee61, 0x1ee62, 0}, {0x1ee64, 0x1ee64, 0},
+    {0x1ee67, 0x1ee6a, 0}, {0x1ee6c, 0x1ee72, 0}, {0x1ee74, 0x1ee77, 0}, {0x1ee79, 0x1ee7c, 0},
+    {0x1ee7e, 0x1ee7e, 0}, {0x1ee80, 0x1ee89, 0}, {0x1ee8b, 0x1ee9b, 0}, {0x1eea1, 0x1eea3, 0},
+    {0x1eea5, 0x1eea9, 0}, {0x1eeab, 0x1eebb, 0}, {0x1f100, 0x1f10c, 1}, {0x1fbf0, 0x1fbf9, 1},
+    {0x20000, 0x2a6df, 0}, {0x2a700, 0x2b739, 0}, {0x2b740, 0x2b81d, 0}, {0x2b820, 0x2cea1, 0},
+    {0x2ceb0, 0x2ebe0, 0}, {0x2ebf0, 0x2ee5d, 0}, {0x2f800, 0x2fa1d, 0}, {0x30000, 0x3134a, 0},
+    {0x31350, 0x323af, 0},
+    /* tok-table end */
+};
+
+static int us__tok_class(uint32_t cp) {
+    int64_t lo = 0, hi = (int64_t)(sizeof us__tok_table / sizeof us__tok_table[0]) - 1;
+    if (cp < 128) {
+        if ((cp | 32) >= 'a' && (cp | 32) <= 'z') return US__TK_L;
+        if (cp >= '0' && cp <= '9') return US__TK_N;
+        if (cp == '\n' || cp == '\r') return US__TK_S | US__TK_NL;
+        if (cp == ' ' || (cp >= 9 && cp <= 13)) return US__TK_S;
+        return US__TK_O;
+    }
+    if (cp == 0x85 || cp == 0xa0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) ||
+        cp == 0x2028 || cp == 0x2029 || cp == 0x202f || cp == 0x205f || cp == 0x3000)
+        return US__TK_S;
+    while (lo <= hi) {
+        int64_t mid = (lo + hi) / 2;
+        if (cp < us__tok_table[mid][0])
+            hi = mid - 1;
+        else if (cp > us__tok_table[mid][1])
+            lo = mid + 1;
+        else
+            return us__tok_table[mid][2] ? US__TK_N : US__TK_L;
+    }
+    return US__TK_O;
+}
+
+/* The code point at s[i] (i < n) and where the next begins; an invalid byte is 0x110000, alone. */
+static uint32_t us__tok_utf8(const uint8_t *s, size_t n, size_t i, size_t *next) {
+    uint32_t c = s[i], cp;
+    size_t k, len = c < 0x80 ? 1 : c >= 0xc2 && c < 0xe0 ? 2 : c >= 0xe0 && c < 0xf0 ? 3 : 4;
+    *next = i + 1;
+    if (len == 1) return c;
+    if (c >= 0xf5 || c < 0xc2 || i + len > n) return 0x110000;
+    cp = c & (0x3fu >> (len - 1));
+    for (k = 1; k < len; k++) {
+        if ((s[i + k] & 0xc0) != 0x80) return 0x110000;
+        cp = cp << 6 | (s[i + k] & 0x3fu);
+    }
+    if ((len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp < 0xe000))) ||
+        (len == 4 && (cp < 0x10000 || cp > 0x10ffff)))
+        return 0x110000;
+    *next = i + len;
+    return cp;
+}
+
+/* The class of the character at s[i] (0 at the end) and where the next one begins. */
+static int us__tok_at(const uint8_t *s, size_t n, size_t i, size_t *next) {
+    *next = i;
+    return i < n ? us__tok_class(us__tok_utf8(s, n, i, next)) : 0;
+}
+
+/* The end of the run of characters in class mask from i; *last: where its last character starts. */
+static size_t us__tok_run(const uint8_t *s, size_t n, size_t i, int mask, size_t *last) {
+    size_t j;
+    *last = i;
+    while (us__tok_at(s, n, i, &j) & mask) {
+        *last = i;
+        i = j;
+    }
+    return i;
+}
+
+/* 's|'t|'re|'ve|'m|'ll|'d at s[i], its end or 0; fold: case-insensitively, as Llama 3's (?i:...),
+   where Oniguruma's case folding also takes 'ſ' (U+017F) for 's'. */
+static size_t us__tok_contraction(const uint8_t *s, size_t n, size_t i, int fold) {
+    int a, b;
+    if (s[i] != '\'' || i + 1 >= n) return 0;
+    a = fold && s[i + 1] < 128 ? s[i + 1] | 32 : s[i + 1];
+    b = i + 2 < n ? (fold && s[i + 2] < 128 ? s[i + 2] | 32 : s[i + 2]) : 0;
+    if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
+    if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return i + 3;
+    if (fold && s[i + 1] == 0xc5 && b == 0xbf) return i + 3;
+    return 0;
+}
+
+/* \s+(?!\S)|\s+ at a white space s[i]: the run, less its last character when a non-space
+   follows and the run has more than one. */
+static size_t us__tok_spaces(const uint8_t *s, size_t n, size_t i) {
+    size_t last, e = us__tok_run(s, n, i, US__TK_S, &last);
+    return e < n && last > i ? last : e;
+}
+
+/* GPT-2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ — the end of
+   the piece that starts at s[i], alternatives tried in order as the regex engine does. */
+static size_t us__tok_gpt2(const uint8_t *s, size_t n, size_t i) {
+    static const int alt[3] = {US__TK_L, US__TK_N, US__TK_O};
+    size_t j, k, last, e = us__tok_contraction(s, n, i, 0);
+    int c0 = us__tok_at(s, n, i, &j), c1 = us__tok_at(s, n, j, &k), q;
+    if (e) return e;
+    for (q = 0; q < 3; q++) {
+        if (s[i] == ' ' && (c1 & alt[q])) return us__tok_run(s, n, j, alt[q], &last);
+        if (c0 & alt[q]) return us__tok_run(s, n, i, alt[q], &last);
+    }
+    return us__tok_spaces(s, n, i);
+}
+
+/* Llama 3: (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
+   ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ — the end of the piece that starts at s[i]. */
+static size_t us__tok_llama3(const uint8_t *s, size_t n, size_t i) {
+    size_t j, k, last, e = us__tok_contraction(s, n, i, 1), p;
+    int c0 = us__tok_at(s, n, i, &j), c1 = us__tok_at(s, n, j, &k), q;
+    if (e) return e;
+    if (!(c0 & (US__TK_L | US__TK_N | US__TK_NL)) && (c1 & US__TK_L))
+        return us__tok_run(s, n, j, US__TK_L, &last);
+    if (c0 & US__TK_L) return us__tok_run(s, n, i, US__TK_L, &last);
+    if (c0 & US__TK_N) {
+        for (e = j, q = 1; q < 3 && (us__tok_at(s, n, e, &k) & US__TK_N); q++) e = k;
+        return e;
+    }
+    p = s[i] == ' ' && (c1 & US__TK_O) ? j : i;
+    if (us__tok_at(s, n, p, &k) & US__TK_O) {
+        e = us__tok_run(s, n, p, US__TK_O, &last);
+        while (e < n && (s[e] == '\r' || s[e] == '\n')) e++;
+        return e;
+    }
+    e = us__tok_run(s, n, i, US__TK_S, &last); /* \s*[\r\n]+: up to the run's last CR or LF */
+    for (p = e; p > i; p--)
+        if (s[p - 1] == '\r' || s[p - 1] == '\n') return p;
+    return us__tok_spaces(s, n, i);
+}
+
+static size_t us__tok_piece(const us_tokenizer *t, const uint8_t *s, size_t n, size_t i) {
+    return t->pattern == US_TOK_LLAMA3 ? us__tok_llama3(s, n, i) : us__tok_gpt2(s, n, i);
+}
+
+US_API us_result us_tok_pretokenize(us_tokenizer *t, const char *text, size_t n, size_t *ends,
+                                    size_t cap, size_t *n_pieces) {
+    size_t i = 0, k = 0;
+    while (i < n) {
+        if (k >= cap) {
+            us__errf(t->err, sizeof t->err, "us_tok_pretokenize: more than %lld pieces",
+                     (long long)cap);
+            return US_ERR_INVALID;
+        }
+        i = us__tok_piece(t, (const uint8_t *)text, n, i);
+        ends[k++] = i;
+    }
+    *n_pieces = k;
+    return US_OK;
+}
+
+/* ---- the tables: a token's bytes → its id, (left, right) → the merge */
+static uint64_t us__tok_fnv(const void *p, size_t n) {
+    const uint8_t *b = (const uint8_t *)p;
+    uint64_t h = 1469598103934665603ull;
+    size_t i;
+    for (i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+/* The model token whose bytes are p[n], or -1. */
+static int32_t us__tok_find(const us_tokenizer *t, const void *p, size_t n) {
+    uint64_t h = us__tok_fnv(p, n) & (uint64_t)(t->hash_cap - 1);
+    for (;; h = (h + 1) & (uint64_t)(t->hash_cap - 1)) {
+        int32_t id = t->hash[h];
+        if (id < 0) return -1;
+        if ((size_t)t->len[id] == n && !memcmp(t->pool + t->off[id], p, n)) return id;
+    }
+}
+
+static const us__tok_merge *us__tok_merge_find(const us_tokenizer *t, int32_t a, int32_t b) {
+    uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+    uint64_t h = (key * 0x9e3779b97f4a7c15ull) >> 20 & (uint64_t)(t->merge_cap - 1);
+    for (;; h = (h + 1) & (uint64_t)(t->merge_cap - 1)) {
+        const us__tok_merge *m = t->merges + h;
+        if (m->key == key) return m;
+        if (m->key == ~0ull) return NULL;
+    }
+}
+
+/* ---- encoding */
+typedef struct us__tok_sym {
+    int32_t id, prev, next, len;
+} us__tok_sym;
+
+typedef struct us__tok_mg {
+    uint32_t rank, pos;
+    int32_t id;
+} us__tok_mg;
+
+typedef struct us__tok_enc {
+    const us_tokenizer *t;
+    int32_t *ids;
+    size_t cap, n;
+    uint8_t *buf;     /* [text + 1] a segment with its prefix space */
+    us__tok_sym *sym; /* [text] a piece's symbols */
+    us__tok_mg *heap; /* [3 · text] the merges waiting: the first pairs, then two per merge */
+    size_t nheap;
+} us__tok_enc;
+
+static int us__tok_mg_less(const us__tok_mg *a, const us__tok_mg *b) {
+    return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
+}
+
+static void us__tok_push(us__tok_enc *e, uint32_t pos, const us__tok_merge *m) {
+    size_t i = e->nheap++;
+    us__tok_mg x;
+    x.rank = m->rank;
+    x.pos = pos;
+    x.id = m->id;
+    while (i > 0 && us__tok_mg_less(&x, &e->heap[(i - 1) / 2])) {
+        e->heap[i] = e->heap[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    e->heap[i] = x;
+}
+
+static us__tok_mg us__tok_pop(us__tok_enc *e) {
+    us__tok_mg top = e->heap[0], x = e->heap[--e->nheap];
+    size_t i = 0, c;
+    while ((c = 2 * i + 1) < e->nheap) {
+        if (c + 1 < e->nheap && us__tok_mg_less(&e->heap[c + 1], &e->heap[c])) c++;
+        if (!us__tok_mg_less(&e->heap[c], &x)) break;
+        e->heap[i] = e->heap[c];
+        i = c;
+    }
+    e->heap[i] = x;
+    return top;
+}
+
+/* One piece p[n] through BPE into e->ids. */
+static void us__tok_bpe(us__tok_enc *e, const uint8_t *p, size_t n) {
+    const us_tokenizer *t = e->t;
+    us__tok_sym *y = e->sym;
+    const us__tok_merge *m;
+    int32_t i, id;
+    if (t->ignore_merges && (id = us__tok_find(t, p, n)) >= 0) {
+        e->ids[e->n++] = id;
+        return;
+    }
+    e->nheap = 0;
+    for (i = 0; i < (int32_t)n; i++) {
+        y[i].id = t->byte_id[p[i]];
+        y[i].prev = i - 1;
+        y[i].next = i + 1 < (int32_t)n ? i + 1 : -1;
+        y[i].len = 1;
+        if (i > 0 && (m = us__tok_merge_find(t, y[i - 1].id, y[i].id)))
+            us__tok_push(e, (uint32_t)(i - 1), m);
+    }
+    while (e->nheap) {
+        us__tok_mg top = us__tok_pop(e);
+        int32_t a = (int32_t)top.pos, b = y[a].next;
+        if (y[a].len == 0 || b < 0) continue;
+        m = us__tok_merge_find(t, y[a].id, y[b].id);
+        if (!m || m->id != top.id) continue; /* a stale entry: a neighbour merged since */
+        y[a].id = top.id;
+        y[a].len += y[b].len;
+        y[a].next = y[b].next;
+        y[b].len = 0;
+        if (y[b].next >= 0) y[y[b].next].prev = a;
+        if (y[a].prev >= 0 && (m = us__tok_merge_find(t, y[y[a].prev].id, y[a].id)))
+            us__tok_push(e, (uint32_t)y[a].prev, m);
+        if (y[a].next >= 0 && (m = us__tok_merge_find(t, y[a].id, y[y[a].next].id)))
+            us__tok_push(e, (uint32_t)a, m);
+    }
+    for (i = 0; i >= 0; i = y[i].next) e->ids[e->n++] = y[i].id;
+}
+
+/* A segment between added tokens: the prefix space, the pre-tokeniser, BPE. */
+static void us__tok_segment(us__tok_enc *e, const uint8_t *s, size_t n) {
+    size_t i = 0, j;
+    if (!n) return;
+    if (e->t->add_prefix_space && s[0] != ' ') {
+        e->buf[0] = ' ';
+        memcpy(e->buf + 1, s, n);
+        s = e->buf;
+        n++;
+    }
+    for (; i < n; i = j) {
+        j = us__tok_piece(e->t, s, n, i);
+        us__tok_bpe(e, s + i, j - i);
+    }
+}
+
+/* The longest added token of the pass (normalized 0 / 1) at s[i], or -1. */
+static int us__tok_added_at(const us_tokenizer *t, const uint8_t *s, size_t n, size_t i, int pass) {
+    int k, best = -1;
+    for (k = 0; k < t->n_added; k++) {
+        const us__tok_added *a = t->added + k;
+        if (a->normalized != pass || (uint8_t)a->content[0] != s[i] || a->n > n - i) continue;
+        if ((best < 0 || a->n > t->added[best].n) && !memcmp(a->content, s + i, a->n)) best = k;
+    }
+    return best;
+}
+
+/* Step 1: the added tokens of one pass cut out of s[a, b) (tokenizers' find_matches); what lies
+   between goes to the next pass, after the last to step 2. */
+static void us__tok_split(us__tok_enc *e, const uint8_t *s, size_t a, size_t b, int pass) {
+    const us_tokenizer *t = e->t;
+    size_t from = a, i, start, stop, last;
+    for (i = a; i < b; i++) {
+        int k = us__tok_added_at(t, s, b, i, pass);
+        const us__tok_added *ad;
+        if (k < 0) continue;
+        ad = t->added + k;
+        start = i;
+        stop = i + ad->n;
+        if (ad->lstrip) {
+            while (start > a) {
+                size_t p = start - 1, q;
+                while (p > a && (s[p] & 0xc0) == 0x80) p--; /* back to the character's start */
+                if (!(us__tok_at(s, b, p, &q) & US__TK_S) || q != start) break;
+                start = p;
+            }
+            if (start < from) start = from;
+        }
+        if (ad->rstrip) stop = us__tok_run(s, b, stop, US__TK_S, &last);
+        if (from < start) {
+            if (pass == 0)
+                us__tok_split(e, s, from, start, 1);
+            else
+                us__tok_segment(e, s + from, start - from);
+        }
+        e->ids[e->n++] = ad->id;
+        from = stop;
+        i += ad->n - 1;
+    }
+    if (from < b) {
+        if (pass == 0)
+            us__tok_split(e, s, from, b, 1);
+        else
+            us__tok_segment(e, s + from, b - from);
+    }
+}
+
+US_API us_result us_tok_encode(us_tokenizer *t, const char *text, size_t n, int32_t *ids,
+                               size_t cap, size_t *n_ids) {
+    us__tok_enc e;
+    us_result r = US_OK;
+    *n_ids = 0;
+    if (!t->pool) {
+        us__errf(t->err, sizeof t->err, "us_tok_encode: the tokenizer is not loaded");
+        return US_ERR_INVALID;
+    }
+    if (cap < (t->add_prefix_space ? 2 * n + 1 : n)) {
+        us__errf(t->err, sizeof t->err,
+                 "us_tok_encode: %lld bytes need room for %lld ids, not %lld", (long long)n,
+                 (long long)(t->add_prefix_space ? 2 * n + 1 : n), (long long)cap);
+        return US_ERR_INVALID;
+    }
+    memset(&e, 0, sizeof e);
+    e.t = t;
+    e.ids = ids;
+    e.cap = cap;
+    e.buf = (uint8_t *)US_MALLOC(n + 2);
+    e.sym = (us__tok_sym *)US_MALLOC((n + 1) * sizeof(us__tok_sym));
+    e.heap = (us__tok_mg *)US_MALLOC((3 * n + 3) * sizeof(us__tok_mg));
+    if (!e.buf || !e.sym || !e.heap) {
+        us__errf(t->err, sizeof t->err, "out of memory encoding %lld bytes", (long long)n);
+        r = US_ERR_OOM;
+    } else
+        us__tok_split(&e, (const uint8_t *)text, 0, n, 0);
+    *n_ids = e.n;
+    US_FREE(e.buf);
+    US_FREE(e.sym);
+    US_FREE(e.heap);
+    return r;
+}
+
+/* ---- decoding */
+/* Rust's String::from_utf8_lossy: each maximal invalid subsequence becomes U+FFFD (EF BF BD).
+   Writes what fits of out[cap] (out may be NULL) and returns the length. */
+static size_t us__tok_lossy(const uint8_t *s, size_t n, char *out, size_t cap) {
+    size_t i = 0, o = 0, k, need, good;
+    while (i < n) {
+        uint8_t c = s[i], lo = 0x80, hi = 0xbf;
+        need = c < 0x80 ? 0 : c >= 0xc2 && c < 0xe0 ? 1 : c >= 0xe0 && c < 0xf0 ? 2 : 3;
+        lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80;
+        hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
+        good = (c >= 0x80 && c < 0xc2) || c > 0xf4 ? 0 : 1; /* bytes of a valid prefix */
+        for (k = 1; good && k <= need; k++, good++) {
+            uint8_t b = i + k < n ? s[i + k] : 0;
+            if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xbf)) break;
+        }
+        if (good == need + 1) {
+            for (k = 0; k < good; k++, o++)
+                if (out && o < cap) out[o] = (char)s[i + k];
+        } else {
+            for (k = 0; k < 3; k++, o++)
+                if (out && o < cap) out[o] = (char)"\xef\xbf\xbd"[k];
+        }
+        i += good ? good : 1;
+    }
+    return o;
+}
+
+US_API us_result us_tok_decode(us_tokenizer *t, const int32_t *ids, size_t n, int flags, char *out,
+                               size_t cap, size_t *len) {
+    size_t i, raw = 0, o;
+    char *buf;
+    *len = 0;
+    for (i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= t->n_vocab || !t->kind[ids[i]]) {
+            us__errf(t->err, sizeof t->err, "token id %d is not in the tokenizer's %lld ids",
+                     (int)ids[i], (long long)t->n_vocab);
+            return US_ERR_INVALID;
+        }
+        if (!(flags & US_TOK_SKIP_SPECIAL) || !(t->kind[ids[i]] & US__TK_SPECIAL))
+            raw += (size_t)t->len[ids[i]];
+    }
+    buf = (char *)US_MALLOC(raw + 1);
+    if (!buf) {
+        us__errf(t->err, sizeof t->err, "out of memory decoding %lld tokens", (long long)n);
+        return US_ERR_OOM;
+    }
+    for (i = 0, o = 0; i < n; i++) {
+        if ((flags & US_TOK_SKIP_SPECIAL) && (t->kind[ids[i]] & US__TK_SPECIAL)) continue;
+        memcpy(buf + o, t->pool + t->off[ids[i]], (size_t)t->len[ids[i]]);
+        o += (size_t)t->len[ids[i]];
+    }
+    *len = flags & US_TOK_LOSSY ? us__tok_lossy((const uint8_t *)buf, raw, out, cap) : raw;
+    if (out && *len + 1 > cap) {
+        US_FREE(buf);
+        us__errf(t->err, sizeof t->err, "the text needs %lld bytes and a NUL; the buffer has %lld",
+                 (long long)*len, (long long)cap);
+        return US_ERR_INVALID;
+    }
+    if (out && !(flags & US_TOK_LOSSY)) memcpy(out, buf, raw);
+    if (out) out[*len] = 0;
+    US_FREE(buf);
+    return US_OK;
+}
+
+/* ---- loading tokenizer.json (the JSON reader is the one of // >>checkpoint) */
+/* A byte-level string (GPT-2's bytes_to_unicode: '!'..'~', '¡'..'¬', '®'..'ÿ' stand for
+   themselves, the other 68 bytes in order for U+0100..U+0143) back into bytes, as the ByteLevel
+   decoder does: a string with a character outside that alphabet stays as it is. */
+static size_t us__tok_unbyte(const char *s, size_t n, char *out, int *whole) {
+    size_t i = 0, j, o = 0;
+    *whole = 1;
+    while (i < n) {
+        uint32_t cp = us__tok_utf8((const uint8_t *)s, n, i, &j);
+        int b = -1;
+        if ((cp >= 0x21 && cp <= 0x7e) || (cp >= 0xa1 && cp <= 0xac) || (cp >= 0xae && cp <= 0xff))
+            b = (int)cp;
+        else if (cp >= 0x100 && cp < 0x100 + 68) {
+            int k = (int)cp - 0x100, c;
+            for (c = 0; c < 256; c++) /* the k-th byte that does not stand for itself */
+                if (!((c >= 0x21 && c <= 0x7e) || (c >= 0xa1 && c <= 0xac) || c >= 0xae) &&
+                    k-- == 0)
+                    break;
+            b = c;
+        }
+        if (b < 0) {
+            *whole = 0;
+            memcpy(out, s, n);
+            return n;
+        }
+        out[o++] = (char)b;
+        i = j;
+    }
+    return o;
+}
+
+static int us__tok_jnull(const us__json *j, int k) {
+    return k < 0 || (j->t[k].type == US__J_LIT && j->s[j->t[k].start] == 'n');
+}
+
+/* 1 when token k is the string s */
+static int us__tok_jis(const us__json *j, int k, const char *s) {
+    char buf[256];
+    return us__jstr(j, k, buf, sizeof buf) && !strcmp(buf, s);
+}
+
+/* the "type" of object k, or "" */
+static const char *us__tok_jtype(const us__json *j, int k, char *buf, size_t cap) {
+    if (!us__jstr(j, us__jget(j, k, "type"), buf, cap)) buf[0] = 0;
+    return buf;
+}
+
+#define US__TOK_MAX_ID (1 << 24)
+
+typedef struct us__tok_load {
+    us_tokenizer *t;
+    us__json j;
+    char *tmp;   /* [json bytes + 1] a string unescaped */
+    size_t used; /* of t->pool */
+} us__tok_load;
+
+#define US__TOK_FAIL(t, ...)                          \
+    do {                                              \
+        us__errf(t->err, sizeof t->err, __VA_ARGS__); \
+        return US_ERR_FORMAT;                         \
+    } while (0)
+
+/* String token k unescaped into L->tmp (length *n); 0 if it is not a string or holds a NUL. */
+static int us__tok_jtmp(us__tok_load *L, int k, size_t *n) {
+    if (k < 0 || !us__jstr(&L->j, k, L->tmp, L->j.t[k].end - L->j.t[k].start + 1)) return 0;
+    *n = strlen(L->tmp);
+    return 1;
+}
+
+/* Token id's bytes: the string in L->tmp[n] through the ByteLevel decoder, into the pool; 1 when
+   every character was in the byte-level alphabet. */
+static int us__tok_set(us__tok_load *L, int32_t id, size_t n, int kind) {
+    us_tokenizer *t = L->t;
+    int whole;
+    size_t m = us__tok_unbyte(L->tmp, n, t->pool + L->used, &whole);
+    t->off[id] = (int64_t)L->used;
+    t->len[id] = (int32_t)m;
+    t->kind[id] |= (uint8_t)kind;
+    L->used += m;
+    if ((int)m > t->max_bytes) t->max_bytes = (int)m;
+    return whole;
+}
+
+/* The largest id in model.vocab and added_tokens. */
+static us_result us__tok_max_id(us__tok_load *L, int vocab, int added, int64_t *max_id) {
+    const us__json *j = &L->j;
+    int c, q;
+    int64_t id;
+    *max_id = -1;
+    for (c = vocab + 1, q = 0; q < j->t[vocab].size; q++, c = j->t[c + 1].next) {
+        if (!us__jint(j, c + 1, &id) || id < 0 || id >= US__TOK_MAX_ID)
+            US__TOK_FAIL(L->t, "tokenizer.json: a vocabulary id is not an integer in [0, %d)",
+                         US__TOK_MAX_ID);
+        if (id > *max_id) *max_id = id;
+    }
+    for (c = added + 1, q = 0; added >= 0 && q < j->t[added].size; q++, c = j->t[c].next) {
+        if (!us__jint(j, us__jget(j, c, "id"), &id) || id < 0 || id >= US__TOK_MAX_ID)
+            US__TOK_FAIL(L->t, "tokenizer.json: added token %d has no id in [0, %d)", q,
+                         US__TOK_MAX_ID);
+        if (id > *max_id) *max_id = id;
+    }
+    return US_OK;
+}
+
+/* model.vocab: each token's bytes, and the hash of the model's tokens. */
+static us_result us__tok_vocab(us__tok_load *L, int vocab) {
+    us_tokenizer *t = L->t;
+    const us__json *j = &L->j;
+    int c, q;
+    int64_t id;
+    size_t n;
+    for (t->hash_cap = 16; t->hash_cap < 2 * (int64_t)j->t[vocab].size; t->hash_cap *= 2) {
+    }
+    t->hash = (int32_t *)US_MALLOC((size_t)t->hash_cap * 4);
+    if (!t->hash) US__TOK_FAIL(t, "out of memory for the vocabulary's hash");
+    memset(t->hash, 0xff, (size_t)t->hash_cap * 4);
+    for (c = vocab + 1, q = 0; q < j->t[vocab].size; q++, c = j->t[c + 1].next) {
+        uint64_t h;
+        us__jint(j, c + 1, &id);
+        if (!us__tok_jtmp(L, c, &n) || !n)
+            US__TOK_FAIL(t, "tokenizer.json: vocabulary entry %d is empty or holds a NUL", q);
+        if (t->kind[id])
+            US__TOK_FAIL(t, "tokenizer.json: two vocabulary entries have id %d", (int)id);
+        if (!us__tok_set(L, (int32_t)id, n, US__TK_MODEL)) continue; /* BPE never makes it */
+        if (us__tok_find(t, t->pool + t->off[id], (size_t)t->len[id]) >= 0)
+            US__TOK_FAIL(t, "tokenizer.json: vocabulary entry \"%.60s\" (id %d) appears twice",
+                         L->tmp, (int)id);
+        h = us__tok_fnv(t->pool + t->off[id], (size_t)t->len[id]) & (uint64_t)(t->hash_cap - 1);
+        while (t->hash[h] >= 0) h = (h + 1) & (uint64_t)(t->hash_cap - 1);
+        t->hash[h] = (int32_t)id;
+    }
+    for (q = 0; q < 256; q++) {
+        char b = (char)q;
+        if ((t->byte_id[q] = us__tok_find(t, &b, 1)) < 0)
+            US__TOK_FAIL(t,
+                         "tokenizer.json: the vocabulary lacks the token of byte 0x%02x: a "
+                         "byte-level BPE needs all 256",
+                         q);
+    }
+    return US_OK;
+}
+
+/* One side of a merge: a model token by its byte-level string in L->tmp[n]. */
+static int32_t us__tok_merge_side(us__tok_load *L, const char *s, size_t n) {
+    char buf[1024];
+    int whole;
+    size_t m;
+    if (n > sizeof buf) return -1;
+    m = us__tok_unbyte(s, n, buf, &whole);
+    return whole ? us__tok_find(L->t, buf, m) : -1;
+}
+
+/* model.merges: "a b" strings or [a, b] pairs; rank = position (a repeated pair keeps the last,
+   as tokenizers' map does). */
+static us_result us__tok_merges(us__tok_load *L, int merges) {
+    us_tokenizer *t = L->t;
+    const us__json *j = &L->j;
+    int c, q;
+    for (t->merge_cap = 16; t->merge_cap < 2 * (int64_t)j->t[merges].size; t->merge_cap *= 2) {
+    }
+    t->merges = (us__tok_merge *)US_MALLOC((size_t)t->merge_cap * sizeof(us__tok_merge));
+    if (!t->merges) US__TOK_FAIL(t, "out of memory for the merges");
+    memset(t->merges, 0xff, (size_t)t->merge_cap * sizeof(us__tok_merge));
+    for (c = merges + 1, q = 0; q < j->t[merges].size; q++, c = j->t[c].next) {
+        size_t n, na = 0, nb = 0;
+        char *sp, both[2048];
+        int ok;
+        int32_t a, b, id;
+        uint64_t key, h;
+        ok = 0;
+        if (j->t[c].type == US__J_ARR && j->t[c].size == 2 && us__tok_jtmp(L, c + 1, &na) &&
+            na < 1024) {
+            memcpy(both, L->tmp, na);
+            ok = us__tok_jtmp(L, j->t[c + 1].next, &nb) && nb < 1024;
+            if (ok) memcpy(both + na, L->tmp, nb);
+        } else if (us__tok_jtmp(L, c, &n) && n < 2048 && (sp = strchr(L->tmp, ' ')) &&
+                   !strchr(sp + 1, ' ')) {
+            na = (size_t)(sp - L->tmp);
+            nb = n - na - 1;
+            memcpy(both, L->tmp, na);
+            memcpy(both + na, sp + 1, nb);
+            ok = 1;
+        }
+        if (!ok)
+            US__TOK_FAIL(t, "tokenizer.json: merge %d is neither \"a b\" nor [\"a\", \"b\"]", q);
+        a = us__tok_merge_side(L, both, na);
+        b = a >= 0 ? us__tok_merge_side(L, both + na, nb) : -1;
+        id = b >= 0 ? us__tok_merge_side(L, both, na + nb) : -1;
+        if (id < 0)
+            US__TOK_FAIL(t,
+                         "tokenizer.json: merge %d joins or makes a token that is not in the "
+                         "vocabulary",
+                         q);
+        key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+        h = (key * 0x9e3779b97f4a7c15ull) >> 20 & (uint64_t)(t->merge_cap - 1);
+        while (t->merges[h].key != ~0ull && t->merges[h].key != key)
+            h = (h + 1) & (uint64_t)(t->merge_cap - 1);
+        t->merges[h].key = key;
+        t->merges[h].rank = (uint32_t)q;
+        t->merges[h].id = id;
+    }
+    t->n_merges = j->t[merges].size;
+    return US_OK;
+}
+
+/* added_tokens: their bytes for decoding and their content for step 1 of encoding. */
+static us_result us__tok_added_load(us__tok_load *L, int added) {
+    us_tokenizer *t = L->t;
+    const us__json *j = &L->j;
+    int c, q;
+    if (added < 0) return US_OK;
+    t->added = (us__tok_added *)US_MALLOC(sizeof(us__tok_added) * (size_t)(j->t[added].size + 1));
+    if (!t->added) US__TOK_FAIL(t, "out of memory for the added tokens");
+    for (c = added + 1, q = 0; q < j->t[added].size; q++, c = j->t[c].next) {
+        us__tok_added *a = t->added + q;
+        int sw = 0;
+        int64_t id;
+        size_t n;
+        us__jint(j, us__jget(j, c, "id"), &id);
+        if (!us__tok_jtmp(L, us__jget(j, c, "content"), &n) || !n)
+            US__TOK_FAIL(t, "tokenizer.json: added token %d has no content", (int)id);
+        if (!us__jbool(j, us__jget(j, c, "special"), &a->special) ||
+            !us__jbool(j, us__jget(j, c, "lstrip"), &a->lstrip) ||
+            !us__jbool(j, us__jget(j, c, "rstrip"), &a->rstrip) ||
+            !us__jbool(j, us__jget(j, c, "normalized"), &a->normalized))
+            US__TOK_FAIL(t,
+                         "tokenizer.json: added token %d lacks one of special, lstrip, rstrip, "
+                         "normalized",
+                         (int)id);
+        if (us__jbool(j, us__jget(j, c, "single_word"), &sw) && sw)
+            US__TOK_FAIL(t,
+                         "tokenizer.json: added token \"%.60s\" is single_word, which this reader "
+                         "does not implement",
+                         L->tmp);
+        a->id = (int32_t)id;
+        a->n = n;
+        a->content = t->pool + L->used; /* raw, then the decoder's bytes after it */
+        memcpy(a->content, L->tmp, n);
+        L->used += n;
+        if (t->kind[id] & US__TK_ADDED)
+            US__TOK_FAIL(t, "tokenizer.json: two added tokens have id %d", (int)id);
+        if (t->kind[id] & US__TK_MODEL) { /* then both must decode alike */
+            int64_t off = t->off[id];
+            int32_t len = t->len[id];
+            us__tok_set(L, (int32_t)id, n, 0);
+            if (len != t->len[id] || memcmp(t->pool + off, t->pool + t->off[id], (size_t)len))
+                US__TOK_FAIL(t,
+                             "tokenizer.json: added token \"%.60s\" has the id of another "
+                             "token of the model",
+                             a->content);
+            t->off[id] = off;
+        } else
+            us__tok_set(L, (int32_t)id, n, 0);
+        t->kind[id] |= (uint8_t)(US__TK_ADDED | (a->special ? US__TK_SPECIAL : 0));
+        t->n_added++;
+    }
+    return US_OK;
+}
+
+/* One pre-tokeniser of the pipeline: ByteLevel (with GPT-2's regex, or none after Split) or Split
+   with Llama 3's regex, isolated. */
+static us_result us__tok_pre_one(us__tok_load *L, int k, int after_split) {
+    static const char *gpt2 =
+        "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+    static const char *llama3 = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
+                                "\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
+                                "\\s+(?!\\S)|\\s+";
+    us_tokenizer *t = L->t;
+    const us__json *j = &L->j;
+    char ty[64];
+    int regex = 1, inv = 0, pat = us__jget(j, us__jget(j, k, "pattern"), "Regex");
+    us__tok_jtype(j, k, ty, sizeof ty);
+    if (!strcmp(ty, "ByteLevel")) {
+        us__jbool(j, us__jget(j, k, "add_prefix_space"), &t->add_prefix_space);
+        us__jbool(j, us__jget(j, k, "use_regex"), &regex);
+        if (regex == after_split || (after_split && t->add_prefix_space))
+            US__TOK_FAIL(t, "tokenizer.json: pre_tokenizer: ByteLevel%s",
+                         after_split ? " after Split must have use_regex and add_prefix_space false"
+                                     : " alone must use its regex");
+        if (!after_split) t->pattern = US_TOK_GPT2;
+        return US_OK;
+    }
+    if (strcmp(ty, "Split") || after_split)
+        US__TOK_FAIL(t, "tokenizer.json: pre_tokenizer \"%s\" is not one this reader knows", ty);
+    us__jbool(j, us__jget(j, k, "invert"), &inv);
+    if (!us__tok_jis(j, us__jget(j, k, "behavior"), "Isolated") || inv)
+        US__TOK_FAIL(t, "tokenizer.json: a Split pre_tokenizer must be Isolated, not inverted");
+    if (us__tok_jis(j, pat, llama3))
+        t->pattern = US_TOK_LLAMA3;
+    else if (us__tok_jis(j, pat, gpt2))
+        t->pattern = US_TOK_GPT2;
+    else
+        US__TOK_FAIL(t, "tokenizer.json: the Split pattern is neither GPT-2's nor Llama 3's regex: "
+                        "this reader has a matcher for those two only");
+    return US_OK;
+}
+
+/* pre_tokenizer: ByteLevel, or Sequence [ByteLevel] or [Split, ByteLevel] */
+static us_result us__tok_pre(us__tok_load *L, int k) {
+    const us__json *j = &L->j;
+    char ty[64];
+    int seq = us__jget(j, k, "pretokenizers"), n = 1, first = k;
+    us_result r;
+    if (us__tok_jnull(j, k))
+        US__TOK_FAIL(L->t, "tokenizer.json has no pre_tokenizer: a byte-level BPE needs ByteLevel");
+    if (!strcmp(us__tok_jtype(j, k, ty, sizeof ty), "Sequence")) {
+        if (seq < 0 || j->t[seq].type != US__J_ARR || j->t[seq].size < 1 || j->t[seq].size > 2)
+            n = 0;
+        else {
+            n = j->t[seq].size;
+            first = seq + 1;
+        }
+    }
+    us__tok_jtype(j, first, ty, sizeof ty);
+    if (n == 2 && !strcmp(ty, "Split")) {
+        if ((r = us__tok_pre_one(L, first, 0)) != US_OK) return r;
+        return us__tok_pre_one(L, j->t[first].next, 1);
+    }
+    if (n != 1 || strcmp(ty, "ByteLevel"))
+        US__TOK_FAIL(L->t,
+                     "tokenizer.json: the pre_tokenizer must be ByteLevel or the Sequence [Split, "
+                     "ByteLevel]; this reader knows no other");
+    return us__tok_pre_one(L, first, 0);
+}
+
+/* normalizer, decoder, post_processor, truncation, padding: what encode and decode must honour */
+static us_result us__tok_rest(us__tok_load *L, int root) {
+    const us__json *j = &L->j;
+    char ty[64];
+    int post = us__jget(j, root, "post_processor"), dec = us__jget(j, root, "decoder"), c, q, n = 1;
+    const char *key[3] = {"normalizer", "truncation", "padding"};
+    for (q = 0; q < 3; q++)
+        if (!us__tok_jnull(j, us__jget(j, root, key[q])))
+            US__TOK_FAIL(L->t, "tokenizer.json sets a %s, which this reader does not apply",
+                         key[q]);
+    if (!us__tok_jnull(j, dec) && strcmp(us__tok_jtype(j, dec, ty, sizeof ty), "ByteLevel"))
+        US__TOK_FAIL(L->t, "tokenizer.json: the decoder \"%s\" is not ByteLevel", ty);
+    if (us__tok_jnull(j, dec))
+        US__TOK_FAIL(L->t, "tokenizer.json has no decoder: a byte-level BPE needs ByteLevel");
+    if (us__tok_jnull(j, post)) return US_OK;
+    c = post;
+    if (!strcmp(us__tok_jtype(j, post, ty, sizeof ty), "Sequence")) {
+        int arr = us__jget(j, post, "processors");
+        n = arr >= 0 && j->t[arr].type == US__J_ARR ? j->t[arr].size : 0;
+        c = arr + 1;
+    }
+    for (q = 0; q < n; q++, c = j->t[c].next) {
+        us__tok_jtype(j, c, ty, sizeof ty);
+        if (strcmp(ty, "ByteLevel") && strcmp(ty, "TemplateProcessing"))
+            US__TOK_FAIL(L->t,
+                         "tokenizer.json: the post_processor \"%s\" is not ByteLevel or "
+                         "TemplateProcessing",
+                         ty);
+    }
+    return US_OK;
+}
+
+/* model: BPE without dropout, subword prefix or word suffix */
+static us_result us__tok_model(us__tok_load *L, int model) {
+    static const char *known[] = {"type",
+                                  "dropout",
+                                  "unk_token",
+                                  "continuing_subword_prefix",
+                                  "end_of_word_suffix",
+                                  "fuse_unk",
+                                  "byte_fallback",
+                                  "ignore_merges",
+                                  "vocab",
+                                  "merges"};
+    const us__json *j = &L->j;
+    char buf[64];
+    double dropout = 0;
+    int c, q, k, vocab = us__jget(j, model, "vocab"), merges = us__jget(j, model, "merges");
+    if (strcmp(us__tok_jtype(j, model, buf, sizeof buf), "BPE"))
+        US__TOK_FAIL(L->t, "tokenizer.json: the model is \"%s\", not BPE", buf);
+    for (c = model + 1, q = 0; q < j->t[model].size; q++, c = j->t[c + 1].next) {
+        for (k = 0; k < 10 && !us__tok_jis(j, c, known[k]); k++) {
+        }
+        if (k == 10) {
+            us__jstr(j, c, buf, sizeof buf);
+            US__TOK_FAIL(L->t,
+                         "tokenizer.json: the BPE model's field \"%s\" is not one this "
+                         "reader knows",
+                         buf);
+        }
+    }
+    us__jnum(j, us__jget(j, model, "dropout"), &dropout);
+    if (dropout != 0) US__TOK_FAIL(L->t, "tokenizer.json: BPE dropout is random: set it to null");
+    for (q = 0; q < 2; q++) {
+        int v = us__jget(j, model, q ? "end_of_word_suffix" : "continuing_subword_prefix");
+        if (!us__tok_jnull(j, v) && !us__tok_jis(j, v, ""))
+            US__TOK_FAIL(L->t, "tokenizer.json: a byte-level BPE has no %s",
+                         q ? "end_of_word_suffix" : "continuing_subword_prefix");
+    }
+    us__jbool(j, us__jget(j, model, "ignore_merges"), &L->t->ignore_merges);
+    if (vocab < 0 || j->t[vocab].type != US__J_OBJ || merges < 0 || j->t[merges].type != US__J_ARR)
+        US__TOK_FAIL(L->t, "tokenizer.json: the BPE model needs a vocab object and a merges array");
+    return US_OK;
+}
+
+/* The allocations: the pool (every string fits in the file's size), the per-id arrays. */
+static us_result us__tok_alloc(us__tok_load *L, size_t n, int64_t n_vocab) {
+    us_tokenizer *t = L->t;
+    t->n_vocab = n_vocab;
+    L->tmp = (char *)US_MALLOC(n + 1);
+    t->pool = (char *)US_MALLOC(2 * n + 1);
+    t->off = (int64_t *)US_MALLOC((size_t)n_vocab * 8);
+    t->len = (int32_t *)US_MALLOC((size_t)n_vocab * 4);
+    t->kind = (uint8_t *)US_MALLOC((size_t)n_vocab);
+    if (!L->tmp || !t->pool || !t->off || !t->len || !t->kind)
+        US__TOK_FAIL(t, "out of memory for a tokenizer of %lld ids", (long long)n_vocab);
+    memset(t->kind, 0, (size_t)n_vocab);
+    memset(t->len, 0, (size_t)n_vocab * 4);
+    memset(t->off, 0, (size_t)n_vocab * 8);
+    return US_OK;
+}
+
+static us_result us__tok_parse(us__tok_load *L, const char *json, size_t n) {
+    static const char *known[] = {"version",        "truncation", "padding",
+                                  "added_tokens",   "normalizer", "pre_tokenizer",
+                                  "post_processor", "decoder",    "model"};
+    us_tokenizer *t = L->t;
+    const us__json *j = &L->j;
+    int root = 0, c, q, k, model, added;
+    int64_t max_id;
+    us_result r;
+    char key[64];
+    if (us__json_parse(&L->j, json, n, (int)(n / 2 + 16)) != 0)
+        US__TOK_FAIL(t, "tokenizer.json is not valid JSON: %s", L->j.err);
+    if (j->t[root].type != US__J_OBJ) US__TOK_FAIL(t, "tokenizer.json is not a JSON object");
+    for (c = root + 1, q = 0; q < j->t[root].size; q++, c = j->t[c + 1].next) {
+        for (k = 0; k < 9 && !us__tok_jis(j, c, known[k]); k++) {
+        }
+        if (k == 9) {
+            us__jstr(j, c, key, sizeof key);
+            US__TOK_FAIL(t, "tokenizer.json has the field \"%s\", which this reader does not know",
+                         key);
+        }
+    }
+    model = us__jget(j, root, "model");
+    added = us__jget(j, root, "added_tokens");
+    if (!us__tok_jnull(j, added) && j->t[added].type != US__J_ARR)
+        US__TOK_FAIL(t, "tokenizer.json: added_tokens is not an array");
+    if (us__tok_jnull(j, added)) added = -1;
+    if (model < 0) US__TOK_FAIL(t, "tokenizer.json has no model");
+    if ((r = us__tok_model(L, model)) != US_OK) return r;
+    if ((r = us__tok_pre(L, us__jget(j, root, "pre_tokenizer"))) != US_OK) return r;
+    if ((r = us__tok_rest(L, root)) != US_OK) return r;
+    if ((r = us__tok_max_id(L, us__jget(j, model, "vocab"), added, &max_id)) != US_OK) return r;
+    if ((r = us__tok_alloc(L, n, max_id + 1)) != US_OK) return r;
+    if ((r = us__tok_vocab(L, us__jget(j, model, "vocab"))) != US_OK) return r;
+    if ((r = us__tok_merges(L, us__jget(j, model, "merges"))) != US_OK) return r;
+    return us__tok_added_load(L, added);
+}
+
+US_API us_result us_tok_parse(us_tokenizer *t, const char *json, size_t n) {
+    us__tok_load L;
+    us_result r;
+    memset(t, 0, sizeof *t);
+    memset(&L, 0, sizeof L);
+    L.t = t;
+    r = us__tok_parse(&L, json, n);
+    us__json_free(&L.j);
+    US_FREE(L.tmp);
+    if (r != US_OK) {
+        char err[sizeof t->err];
+        memcpy(err, t->err, sizeof err);
+        us_tok_free(t);
+        memcpy(t->err, err, sizeof err);
+    }
+    return r;
+}
+
+US_API us_result us_tok_load(us_tokenizer *t, const char *path) {
+    unsigned char *buf;
+    int64_t len;
+    us_result r;
+    memset(t, 0, sizeof *t);
+    r = us__read_file(path, &buf, &len, t->err, sizeof t->err);
+    if (r != US_OK) return r;
+    r = us_tok_parse(t, (const char *)buf, (size_t)len);
+    if (r != US_OK) {
+        char err[sizeof t->err];
+        memcpy(err, t->err, sizeof err);
+        us__errf(t->err, sizeof t->err, "%s: %s", path, err);
+    }
+    US_FREE(buf);
+    return r;
+}
+
+US_API void us_tok_free(us_tokenizer *t) {
+    US_FREE(t->pool);
+    US_FREE(t->off);
+    US_FREE(t->len);
+    US_FREE(t->kind);
+    US_FREE(t->hash);
+    US_FREE(t->merges);
+    US_FREE(t->added);
+    memset(t, 0, sizeof *t);
+}
+#endif /* ULTRASCALE_NO_TOKENIZER */
 
 /* ------------------------------------------------------------------------------------ */
 // >>estimate  memory estimator and FLOPs (the Playbook's formulas)

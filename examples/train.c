@@ -4,6 +4,8 @@
        build/train                       # what `make train` runs
    With --data FILE it trains on raw text (byte tokens) or an llm.c token shard:
        build/train --data input.txt --steps 2000 --seq 256 --dim 256 --layers 6
+   --tokenizer tokenizer.json (a byte-level BPE) encodes the text instead and decodes the samples:
+       build/train --data input.txt --tokenizer tests/tok/gpt2.json --sample 64
    Every step prints one line; --log FILE.jsonl writes one JSON object per step with the keys
    step, loss, lr, grad_norm, tok_s, mfu, mem_bytes (+ eval_loss, eval_acc on eval steps; + moe_imbalance,
    moe_aux_loss, moe_drop_frac, moe_load with --experts; + loss_scale, skipped, skipped_total under loss
@@ -177,6 +179,9 @@ static const char *const usage_text[] = {
     "                    config.json and model.safetensors or shards + index): fine-tuning\n"
     "  --data FILE       raw text (byte tokens) or llm.c .bin shard; default: the built-in "
     "sorting task\n"
+    "  --tokenizer FILE  a Hugging Face tokenizer.json (byte-level BPE, // >>tokenizer): it "
+    "encodes\n"
+    "                    --data's text and decodes the samples; --vocab defaults to its ids\n"
     "  --log FILE.jsonl  one JSON object per step\n"
     "  --eval-every N    evaluate every N steps, 0 = only at the end (default 100)\n"
     "  --eval-tokens N   with --data: each evaluation scores the first N held-out tokens, in\n"
@@ -373,6 +378,8 @@ typedef struct opts {
     us_model_config mc;
     us_train_config tc; /* tc.batch: the group's micro-batch; each rank runs batch/dp */
     const char *data_path, *log_path, *trace_path;
+    const char *tok_path; /* --tokenizer: tok encodes --data's text and decodes the samples */
+    us_tokenizer tok;
     const char *save_dir, *resume_dir, *init_dir; /* checkpoints (// >>checkpoint) */
     int save_every, keep;
     char ckpt_from[4096]; /* the checkpoint --resume or --init-from resolved to */
@@ -867,12 +874,32 @@ static us_result rank_train(rank_state *s) {
     return r;
 }
 
+/* Tokens as text: through --tokenizer (ids it does not hold are left out, invalid UTF-8 becomes
+   U+FFFD), else as bytes. NULL when out of memory. */
+static char *decode_text(opts *o, int32_t *ids, int n) {
+    size_t len = 0;
+    int i, k = 0;
+    char *text;
+    if (!o->tok_path) {
+        text = (char *)malloc((size_t)n + 1);
+        if (text) us_byte_decode(ids, (size_t)n, text, (size_t)n + 1);
+        return text;
+    }
+    for (i = 0; i < n; i++)
+        if (ids[i] < o->tok.n_vocab && o->tok.kind[ids[i]]) ids[k++] = ids[i];
+    us_tok_decode(&o->tok, ids, (size_t)k, US_TOK_LOSSY, NULL, 0, &len);
+    text = (char *)malloc(len + 1);
+    if (text && us_tok_decode(&o->tok, ids, (size_t)k, US_TOK_LOSSY, text, len + 1, &len) != US_OK)
+        text[0] = 0;
+    return text;
+}
+
 /* After training: a sample of --sample tokens from a prompt (every rank takes part). */
 static void rank_sample(rank_state *s) {
     opts *o = s->o;
     int32_t prompt[US_TASK_DIGITS + 1], *out;
     int np = 0, n_new, seq = s->tc.seq;
-    char *text;
+    char *text = NULL;
     if (o->data_path) {
         np = seq < 8 ? 1 : 8;
         memcpy(prompt, o->data.tokens, (size_t)np * 4);
@@ -881,14 +908,11 @@ static void rank_sample(rank_state *s) {
     }
     n_new = o->sample_n < seq - np ? o->sample_n : seq - np;
     out = (int32_t *)malloc((size_t)(np + n_new) * 4);
-    text = (char *)malloc((size_t)(np + n_new) + 1);
-    if (out && text &&
+    if (out &&
         us_sample(&s->m, prompt, np, n_new, o->temperature, o->top_k, &s->rng, out) == US_OK &&
-        s->rank == 0) {
-        us_byte_decode(out, (size_t)(np + n_new), text, (size_t)(np + n_new) + 1);
+        s->rank == 0 && (text = decode_text(o, out, np + n_new)))
         printf("sample (%d tokens, temperature %.2f%s):\n%s\n", n_new, o->temperature,
                n_new < o->sample_n ? ", capped at seq" : "", text);
-    }
     free(out);
     free(text);
 }
@@ -1385,6 +1409,8 @@ static int parse_output(cli *c, const char *f, const char *v, int *ok) {
         o->trace_path = v;
     else if (!strcmp(f, "--data"))
         o->data_path = v;
+    else if (!strcmp(f, "--tokenizer"))
+        o->tok_path = v;
     else if (!strcmp(f, "--save"))
         o->save_dir = v;
     else if (!strcmp(f, "--save-every"))
@@ -1631,12 +1657,73 @@ static int split_held_out(opts *o) {
     return GO_ON;
 }
 
+/* --tokenizer: loaded, and the model's vocabulary (--vocab, or config.json's) holds its ids;
+   without either, the vocabulary is the tokenizer's. */
+static int load_tokenizer(cli *c) {
+    opts *o = &c->o;
+    if (!o->tok_path) return GO_ON;
+    if (!o->data_path) {
+        fprintf(stderr, "train: --tokenizer needs --data (the built-in task has its own tokens)\n");
+        return 2;
+    }
+    if (us_tok_load(&o->tok, o->tok_path) != US_OK) {
+        fprintf(stderr, "train: %s\n", o->tok.err);
+        return 2;
+    }
+    if (!c->mc.vocab) c->mc.vocab = o->tok.n_vocab;
+    if (c->mc.vocab < o->tok.n_vocab) {
+        fprintf(stderr, "train: %s has %lld token ids but the model's vocabulary is %lld\n",
+                o->tok_path, (long long)o->tok.n_vocab, (long long)c->mc.vocab);
+        us_tok_free(&o->tok);
+        return 2;
+    }
+    return GO_ON;
+}
+
+/* --data's text (read as bytes) encoded with --tokenizer; a token shard stays as it is. */
+static int encode_data(opts *o) {
+    us_data *d = &o->data;
+    int32_t *ids;
+    char *text;
+    size_t n_ids, i;
+    int32_t magic = 0;
+    FILE *f = fopen(o->data_path, "rb");
+    if (f && fread(&magic, 4, 1, f) == 1 && (magic == 20240520 || magic == 20240801)) magic = -1;
+    if (f) fclose(f);
+    if (!o->tok_path || magic == -1) return GO_ON;
+    text = (char *)malloc((size_t)d->n + 1);
+    ids = (int32_t *)malloc(((size_t)d->n * 2 + 1) * 4);
+    if (!text || !ids) {
+        fprintf(stderr, "train: out of memory for %s's tokens\n", o->data_path);
+        return 1;
+    }
+    for (i = 0; i < (size_t)d->n; i++) text[i] = (char)d->tokens[i];
+    if (us_tok_encode(&o->tok, text, (size_t)d->n, ids, (size_t)d->n * 2 + 1, &n_ids) != US_OK) {
+        fprintf(stderr, "train: %s: %s\n", o->data_path, o->tok.err);
+        return 1;
+    }
+    free(text);
+    free(d->tokens);
+    d->tokens = ids;
+    d->n = (int64_t)n_ids;
+    d->max_token = 0;
+    for (i = 0; i < n_ids; i++)
+        if (ids[i] > d->max_token) d->max_token = ids[i];
+    if (!o->quiet) printf("tokenizer: %s: %lld tokens\n", o->tok_path, (long long)d->n);
+    return GO_ON;
+}
+
 /* --data: the token file, checked against the vocabulary and the sequence, then split. */
 static int load_data(opts *o) {
+    int rc;
     if (!o->data_path) return GO_ON;
     if (us_data_load(&o->data, o->data_path) != US_OK) {
         fprintf(stderr, "train: %s\n", o->data.err);
         return 1;
+    }
+    if ((rc = encode_data(o)) != GO_ON) {
+        us_data_free(&o->data);
+        return rc;
     }
     if (o->data.max_token >= o->mc.vocab) {
         fprintf(stderr, "train: %s contains token %lld but the vocabulary is %lld (set --vocab)\n",
@@ -1706,6 +1793,7 @@ int main(int argc, char **argv) {
     cli_init(&c);
     if ((rc = parse_args(&c, argc, argv)) != GO_ON) return rc;
     if ((rc = check_flags(&c)) != GO_ON) return rc;
+    if ((rc = load_tokenizer(&c)) != GO_ON) return rc;
     if ((rc = check_outputs(o)) != GO_ON) return rc;
     if ((rc = task_defaults(&c)) != GO_ON) return rc;
     if ((rc = check_mesh(&c)) != GO_ON) return rc;
@@ -1723,5 +1811,6 @@ int main(int argc, char **argv) {
     r = launch(o, argc, argv);
     if (o->traces) r = write_trace(o, r);
     us_data_free(&o->data);
+    us_tok_free(&o->tok);
     return r == US_OK && !o->nothing_left ? 0 : 1;
 }

@@ -1,6 +1,6 @@
 /* compile_optout.c: the implementation with one part left out (make test compiles it with each
-   of -DULTRASCALE_NO_CHECKPOINT, -DULTRASCALE_NO_PLANNER, -DULTRASCALE_NO_DATA, C99 -pedantic
-   -Werror): what remains compiles, warns about nothing, and trains a step. */
+   of -DULTRASCALE_NO_CHECKPOINT, -DULTRASCALE_NO_PLANNER, -DULTRASCALE_NO_DATA,
+   -DULTRASCALE_NO_TOKENIZER, C99 -pedantic -Werror): what remains compiles, warns about nothing, and trains a step. */
 #define _POSIX_C_SOURCE 200809L
 #define ULTRASCALE_IMPLEMENTATION
 #include "../ultrascale.h"

@@ -28,6 +28,7 @@ step 'quick start runs'                  "$B/quickstart"     './$B/quickstart | 
 step 'dp quick start runs (4 threads, ZeRO-2)' \
                                          "$B/dp_quickstart"  './$B/dp_quickstart | grep -q "step 100 loss"'
 step 'plan CLI'                          "$B/plan $B/train"  'bash tests/test_plan_cli.sh $B/plan $B/train'
+step 'tokenize CLI, train --tokenizer'   "$B/tokenize $B/train" 'bash tests/test_tokenize_cli.sh $B'
 step 'memory CLI'                        "$B/memory"         'bash tests/test_memory_cli.sh $B/memory'
 step 'cp_memory prints the table'        "$B/cp_memory"      './$B/cp_memory | grep -q "^  131072"'
 step 'schedule CLI: table and SVG'       "$B/schedule" \
@@ -54,7 +55,7 @@ step 'c99 -pedantic -Werror'             "$B/cc_c99"              'test -x $B/cc
 step 'c++ -Werror'                       "$B/cc_cxx"              'test -x $B/cc_cxx'
 step 'two translation units'             "$B/cc_2tu"              './$B/cc_2tu'
 step 'ULTRASCALE_STATIC'                 "$B/cc_static"           'test -x $B/cc_static'
-for o in CHECKPOINT PLANNER DATA; do
+for o in CHECKPOINT PLANNER DATA TOKENIZER; do
     step "ULTRASCALE_NO_$o (an opt-out)" "$B/cc_no_$o"      "./\$B/cc_no_$o"
 done
 # clang's front end (its warnings are the parser's and Sema's), as C99 and as C++, where installed
@@ -81,7 +82,7 @@ prog() { case $1 in dp | tp | fp8_train | moe) echo "test_internal $1" ;; *) ech
 
 # ---- the same tests under AddressSanitizer + UndefinedBehaviorSanitizer (the slow ones --quick)
 for t in tp plan pp dp cp fp16 ops fp8 fp8_train gemm model moe ep errors comm cp_ops pp_sched \
-         ckpt comm_threads bootstrap dtypes; do
+         ckpt comm_threads bootstrap dtypes tok; do
     case $t in tp | fp16 | fp8_train | model) quick=' --quick' ;; *) quick='' ;; esac
     p=$(prog $t)
     step "asan+ubsan test_$t"            "$B/san/${p%% *}"        "./\$B/san/$p$quick"
@@ -111,6 +112,9 @@ step 'test_cp'                           "$B/test_cp"             './$B/test_cp'
 step 'test_pp_sched'                     "$B/test_pp_sched"       './$B/test_pp_sched'
 step 'test_pp'                           "$B/test_pp"             './$B/test_pp'
 step 'test_plan'                         "$B/test_plan"           './$B/test_plan'
+
+# ---- the tokenizer: tokenizer.json byte-level BPE against Hugging Face tokenizers' ids (tests/tok)
+step 'test_tok'                          "$B/test_tok"            './$B/test_tok'
 
 # ---- checkpoints
 step 'test_ckpt'                         "$B/test_ckpt"           './$B/test_ckpt'
