@@ -10761,7 +10761,9 @@ static int us__ckpt_tensors(const us_model *m, us__ck_t *out) {
 }
 
 /* Tensor parallelism's slice of a local tensor in the full one: element j of the local tensor is
-   element g of the full one, and the run of local elements from j that stay contiguous there. */
+   element g of the full one, and the run of local elements from j that stay contiguous there.
+   Rows split (tp_split 1): local [rows/tp][cols] is rows t·rows/tp.. of the full [rows][cols];
+   columns split (2): local [rows][cols/tp] is columns t·cols/tp.. of every full row. */
 static int64_t us__ckpt_global(const us_model *m, const us_param *p, int64_t j, int64_t *run) {
     int64_t t = m->mesh.tp_rank, tp = m->tc.tp > 1 ? m->tc.tp : 1;
     if (p->tp_split == 2) { /* columns split: row r of the slice is a piece of full row r */
@@ -10806,8 +10808,8 @@ static us_result us__ckpt_agree(us_model *m, us_result mine) {
     return mine;
 }
 #if US__CKPT_POSIX
-static void us__ckpt_cvt_out(void *dst, const char *fdt, const float *src,
-                             int64_t n) { /* fp32 → the file's dtype */
+/* src [n] fp32 → dst [n] in the file's dtype (F32, or BF16 rounded to nearest even) */
+static void us__ckpt_cvt_out(void *dst, const char *fdt, const float *src, int64_t n) {
     int64_t i;
     if (!strcmp(fdt, "F32"))
         memcpy(dst, src, (size_t)n * 4);
@@ -10815,8 +10817,8 @@ static void us__ckpt_cvt_out(void *dst, const char *fdt, const float *src,
         for (i = 0; i < n; i++) ((uint16_t *)dst)[i] = us_f32_to_bf16(src[i]);
 }
 
-static void us__ckpt_cvt_in(float *dst, const char *fdt, const void *src,
-                            int64_t n) { /* F32 / BF16 / F16 → fp32 */
+/* src [n] in the file's dtype (F32, BF16, F16) → dst [n] fp32, exactly */
+static void us__ckpt_cvt_in(float *dst, const char *fdt, const void *src, int64_t n) {
     int64_t i;
     if (!strcmp(fdt, "F32"))
         memcpy(dst, src, (size_t)n * 4);
@@ -10977,7 +10979,10 @@ static int64_t us__ckpt_index(const us_model *m, const us__unit *U, int which, i
 }
 
 /* Writes this rank's owned elements of buffer `which` (0 weights, 1 master, 2 exp_avg, 3
-   exp_avg_sq) into the files f[0..nf) holding the global list; crash_after counts bytes. */
+   exp_avg_sq) into the files f[0..nf) holding the global list; crash_after counts bytes.
+   h holds the buffer on the host as the rank keeps it: [unit elements] of the flat layout, or
+   of its ZeRO shard [piece] (us__ckpt_index maps a flat index into it); each run of a local
+   tensor lands at its full tensor's offset [rows][cols] in the file (us__ckpt_global). */
 static us_result us__ckpt_write_buf(us_model *m, us__ckf *f, int nf, const us__ck_t *list,
                                     int nlist, int which, const us__ckhost *h, const char *prefix,
                                     const char *fdt, int64_t *written, int64_t crash_after) {
@@ -11694,7 +11699,9 @@ static const us_st_tensor *us__ckin_check(us_model *m, const us__ckin *in, const
 }
 
 /* Reads into hf (fp32, flat indices) the elements of every local tensor that this rank needs
-   (weights: which = 0; else the sharded fp32 buffers' ranges), only those byte ranges. */
+   (weights: which = 0; else the sharded fp32 buffers' ranges), only those byte ranges.
+   hf [flat elements of the rank's layout] (what us__ckpt_range gives per unit); the file holds
+   each tensor whole, [rows][cols] in its dtype. */
 static us_result us__ckpt_read_buf(us_model *m, const us__ckin *in, const us__ck_t *list, int nlist,
                                    const char *prefix, int which, float *hf) {
     int u, i, k;
@@ -11752,7 +11759,8 @@ static us_result us__ckpt_read_buf(us_model *m, const us__ckin *in, const us__ck
     return US_OK;
 }
 
-/* Copies the fp32 flat values hf into buffer `which` on the device (this rank's ranges). */
+/* Copies the fp32 flat values hf [flat elements] into buffer `which` on the device (this rank's
+   ranges): weights rounded once to the run's dtype, the fp32 buffers as they are. */
 static us_result us__ckpt_upload(us_model *m, int which, const float *hf) {
     us_ops *o = &m->ops;
     int u;
