@@ -5394,7 +5394,8 @@ static void us__dist_sizes_of(const us_model *m, us__dist_sizes *z) {
    rank that has it; the loss is computed from this rank's logit columns with the row max and
    the softmax denominator all-reduced (us__tp_xent), so no rank holds the full logits. */
 
-/* Checks tp divides the heads, the FFN and the vocabulary; SP needs tp > 1 (us_config_validate). */
+/* Checks tp divides the heads, the FFN and the vocabulary, and divides the kv heads or is a
+   multiple of them (us__tp_kv_heads); SP needs tp > 1 (us_config_validate). */
 static us_result us__tp_checks(const us_model_config *mc, const us_train_config *tc, char *err,
                                size_t errlen) {
     if (tc->tp_no_overlap != 0 && tc->tp_no_overlap != 1)
