@@ -729,7 +729,8 @@ typedef struct us_param {
     int ndim;
     int64_t shape[2];
     int decay;    /* weight decay applies (2-D weights) */
-    int tp_split; /* tensor parallelism: 0 replicated, 1 rows split over tp, 2 columns split */
+    int tp_split; /* tensor parallelism: 0 replicated, 1 rows split over tp, 2 columns split,
+                     3 rows split over the kv heads (k and v when tp > NKV: tp/NKV ranks each) */
     int expert; /* expert parallelism: a routed expert's weight, held by one rank of the ep group (// >>ep) */
 } us_param;
 
@@ -807,6 +808,8 @@ typedef struct us_model {
     int n_tpend, cap_tpend;
     /* this rank's share under tensor parallelism (the whole model at tp 1) */
     int nh_l, nkv_l;        /* heads, kv heads */
+    int kv_rep;             /* tp ranks that hold each kv head (tp > NKV: tp/NKV; else 1) */
+    us_group kv_g;          /* those ranks, which sum their k and v gradients (kv_rep > 1) */
     int64_t ffn_l, vocab_l; /* FFN columns, vocabulary rows */
     int64_t vocab_off;      /* first vocabulary row of this rank */
     /* pipeline parallelism: this rank's stage (cfg.n_layers is then the stage's layer count) */
@@ -818,6 +821,7 @@ typedef struct us_model {
     int l_lo, l_hi, c_first, c_last; /* what a forward/backward runs now: layers [l_lo, l_hi);
                                               it embeds the tokens; it ends with the head and loss */
     int pp_head_rank;                /* the pp rank that holds the last stage (the head) */
+    us_group tie_g; /* tied embeddings, head apart: pp ranks 0 and pp_head_rank (// >>pp) */
     us_group *
         pp_ch; /* [2·stages] the channels of each boundary between ranks (us__pp_connect), or NULL: */
     struct us__pp_msg *pp_msgs;
@@ -4420,16 +4424,18 @@ static void us__build_params(us_model *m) {
     const us_model_config *c = &m->cfg;
     int64_t C = c->dim, HS = C / c->n_heads, off = 0;
     int l, e, tp = m->tc.tp > 0 ? m->tc.tp : 1, El = c->moe_experts / us__ep_size(&m->tc);
+    int kv_split = m->kv_rep > 1 ? 3 : 1; /* k, v by kv head: kv_rep ranks share one (// >>tp) */
     char nm[80];
     /* tensor parallelism (us__tp_init set this rank's share): q/k/v and gate/up are
        column-parallel (this rank's output rows of the weight), o and down row-parallel (its input
        columns); the embedding and the head hold this rank's slice of the vocabulary; norms are
        replicated */
     m->n_params_t = 0;
-    /* pipeline stages hold their own layers; the embedding (first stage) and the final norm and
-       head (last stage) exist on every stage with zero rows elsewhere, so tensor indices stay
-       fixed */
-    us__add_param(m, "model.embed_tokens.weight", m->pp_first ? m->vocab_l : 0, C, &off);
+    /* pipeline stages hold their own layers; the embedding (first stage; tied, the last stage's
+       head too: its copy, // >>pp) and the final norm and head (last stage) exist on every stage
+       with zero rows elsewhere, so tensor indices stay fixed */
+    us__add_param(m, "model.embed_tokens.weight",
+                  m->pp_first || (c->tie_embeddings && m->pp_last) ? m->vocab_l : 0, C, &off);
     m->params[0].tp_split = tp > 1;
     for (l = 0; l < c->n_layers; l++) {
 #define US__ADD_LAYER_PARAM(suffix, r, cc, split)                          \
@@ -4439,8 +4445,8 @@ static void us__build_params(us_model *m) {
         m->layer_p[l] = m->n_params_t;
         US__ADD_LAYER_PARAM("input_layernorm.weight", C, 0, 0);
         US__ADD_LAYER_PARAM("self_attn.q_proj.weight", (int64_t)m->nh_l * HS, C, 1);
-        US__ADD_LAYER_PARAM("self_attn.k_proj.weight", (int64_t)m->nkv_l * HS, C, 1);
-        US__ADD_LAYER_PARAM("self_attn.v_proj.weight", (int64_t)m->nkv_l * HS, C, 1);
+        US__ADD_LAYER_PARAM("self_attn.k_proj.weight", (int64_t)m->nkv_l * HS, C, kv_split);
+        US__ADD_LAYER_PARAM("self_attn.v_proj.weight", (int64_t)m->nkv_l * HS, C, kv_split);
         US__ADD_LAYER_PARAM("self_attn.o_proj.weight", C, (int64_t)m->nh_l * HS, 2);
         US__ADD_LAYER_PARAM("post_attention_layernorm.weight", C, 0, 0);
         /* DeepSeek-MoE names (// >>moe); the router bias is not a parameter */
@@ -4812,6 +4818,9 @@ static void us__init_fill(float *dst, int64_t fn, int ones, float std, uint64_t 
     }
 }
 
+static void us__tp_slice(const us_model *m, const us_param *p, int64_t *parts,
+                         int64_t *part); /* // >>tp */
+
 static void us__init_weights(us_model *m) {
     /* each tensor draws from its own stream seeded by (seed, index): the values do not depend
        on the order tensors are visited or on how the buffers are sharded. A unit is built on
@@ -4849,11 +4858,13 @@ static void us__init_weights(us_model *m) {
             float std = role == 2 ? proj_std : m->cfg.init_std;
             us_rng r;
             us_rng_seed(&r, m->tc.seed * 0x100000001B3ull + gi * 0x9E3779B97F4A7C15ull);
+            int64_t parts, part;
+            us__tp_slice(m, p, &parts, &part);
             if (!p->tp_split)
                 us__init_fill(h + p->offset, p->numel, p->ndim == 1, std, r.s, 0, 1, 0, 0, 0, nt);
-            else /* draw the whole tensor, keep this rank's rows (split 1) or columns (split 2) */
-                us__init_fill(h + p->offset, p->numel * m->tc.tp, 0, std, r.s, p->tp_split,
-                              m->tc.tp, m->mesh.tp_rank, p->shape[0], p->shape[1], nt);
+            else /* draw the whole tensor, keep this rank's rows (split 1, 3) or columns (2) */
+                us__init_fill(h + p->offset, p->numel * parts, 0, std, r.s,
+                              p->tp_split == 2 ? 2 : 1, parts, part, p->shape[0], p->shape[1], nt);
         }
         if (hb)
             for (j = 0; j < U->n; j++) hb[U->off + j] = us__f32_to_h16(hu[j], m->dt);
@@ -4963,8 +4974,11 @@ static int us__plan_units(us_model *m, us__unit *units) {
                 acc = 0;
             }
         }
-        /* the embedding alone when its gradient is reduced early and by rows (us__emb_sparse) */
-        if (np > 1 && (ns == 0 || start[ns - 1] != 1) && us__emb_sparse(&m->cfg, tc))
+        /* the embedding alone when its gradient is reduced early and by rows (us__emb_sparse),
+           or when tied under pp, where its copies' pieces must cover the same elements on two
+           stages of different layers (us__pp_tied_sum) */
+        if (np > 1 && (ns == 0 || start[ns - 1] != 1) &&
+            (us__emb_sparse(&m->cfg, tc) || (tc->pp > 1 && m->cfg.tie_embeddings)))
             start[ns++] = 1;
         start[ns++] = 0;
         for (i = 0; i < ns / 2; i++) {
@@ -5143,6 +5157,23 @@ static us_result us__grads_finish(us_model *m) {
         if ((r = us__unit_finish(m, u)) != US_OK) return r;
     m->synced = 0;
     return US_OK;
+}
+
+/* The part of tensors [i0, i1)'s reduced gradient (one unit's neighbours) this rank holds for
+   the optimizer step, after us__grads_finish: all of it without ZeRO, else its overlap with
+   this rank's piece (*n elements; 0: none). Where a weight has copies on several ranks (// >>tp's
+   replicated kv heads, // >>pp's tied embedding), the copies' gradients are summed on these. */
+static float *us__grad_held(us_model *m, int i0, int i1, int64_t *n) {
+    const us__unit *U = &m->units[m->unit_of[i0]];
+    int Z = m->tc.zero;
+    int64_t lo = U->off + (Z ? (int64_t)m->mesh.dpcp_g.rank * U->piece : 0), hi = lo + U->piece;
+    int64_t a = m->params[i0].offset, b = m->params[i1 - 1].offset + m->params[i1 - 1].numel;
+    float *gp = Z < 2 ? m->grad + lo : m->grad + U->shard_off; /* flat index lo */
+    US_ASSERT(m->unit_of[i1 - 1] == m->unit_of[i0]);
+    if (a < lo) a = lo;
+    if (b > hi) b = hi;
+    *n = b > a ? b - a : 0;
+    return gp + (a - lo);
 }
 
 /* 4. The embedding's gradient by its touched rows. The embedding's gradient is finished by the
@@ -5438,7 +5469,8 @@ static void us__dist_sizes_of(const us_model *m, us__dist_sizes *z) {
    rank that has it; the loss is computed from this rank's logit columns with the row max and
    the softmax denominator all-reduced (us__tp_xent), so no rank holds the full logits. */
 
-/* Checks tp divides the heads, the FFN and the vocabulary; SP needs tp > 1 (us_config_validate). */
+/* Checks tp divides the heads, the FFN and the vocabulary, and divides the kv heads or is a
+   multiple of them (us__tp_kv_heads); SP needs tp > 1 (us_config_validate). */
 static us_result us__tp_checks(const us_model_config *mc, const us_train_config *tc, char *err,
                                size_t errlen) {
     if (tc->tp_no_overlap != 0 && tc->tp_no_overlap != 1)
@@ -5451,10 +5483,10 @@ static us_result us__tp_checks(const us_model_config *mc, const us_train_config 
         US__BAD("sequence parallelism splits the tensor-parallel group's tokens: it needs tp > 1");
     if (mc->n_heads % tc->tp)
         US__BAD("tp=%d must divide heads=%d (each rank computes whole heads)", tc->tp, mc->n_heads);
-    if (mc->n_kv_heads % tc->tp)
-        US__BAD(
-            "tp=%d must divide kv-heads=%d: K/V heads are split over the tp ranks, not replicated",
-            tc->tp, mc->n_kv_heads);
+    if (mc->n_kv_heads >= tc->tp ? mc->n_kv_heads % tc->tp : tc->tp % mc->n_kv_heads)
+        US__BAD("tp=%d and kv-heads=%d: tp must divide the kv heads, or be a multiple of them "
+                "(each kv head is then held by tp/kv-heads ranks)",
+                tc->tp, mc->n_kv_heads);
     if (mc->ffn_dim % tc->tp)
         US__BAD("tp=%d must divide ffn=%lld (the SwiGLU columns are split)", tc->tp,
                 (long long)mc->ffn_dim);
@@ -5465,16 +5497,74 @@ static us_result us__tp_checks(const us_model_config *mc, const us_train_config 
     return US_OK;
 }
 
+/* KV heads on one tp rank: NKV/tp, or 1 when tp exceeds them. Grouped-query attention with fewer
+   kv heads than ranks replicates each kv head on tp/NKV ranks (as Megatron-LM and vLLM do): rank
+   t holds query heads [t·NH/tp, (t+1)·NH/tp), which all read kv head t·NKV/tp, so each rank
+   still computes whole heads and the attention needs no communication. */
+static int us__tp_kv_heads(int nkv, int tp) { return nkv >= tp ? nkv / tp : 1; }
+
 /* Tensor parallelism's set-up: this rank's share of the heads, the FFN columns and the
    vocabulary (its rows start at vocab_off). The checks (us_config_validate) made each divide. */
 static void us__tp_init(us_model *m) {
     const us_model_config *c = &m->cfg;
     int tp = m->tc.tp > 0 ? m->tc.tp : 1;
     m->nh_l = c->n_heads / tp;
-    m->nkv_l = c->n_kv_heads / tp;
+    m->nkv_l = us__tp_kv_heads(c->n_kv_heads, tp);
+    m->kv_rep = tp > c->n_kv_heads ? tp / c->n_kv_heads : 1;
     m->ffn_l = c->ffn_dim / tp;
     m->vocab_l = c->vocab / tp;
     m->vocab_off = (int64_t)m->mesh.tp_rank * m->vocab_l;
+}
+
+/* Which slice of the whole tensor p this rank holds: the whole is cut into *parts along the split
+   dimension, and this rank's is number *part. K and V under kv_rep > 1 are cut by kv head, and
+   the kv_rep ranks that share a head hold the same slice. */
+static void us__tp_slice(const us_model *m, const us_param *p, int64_t *parts, int64_t *part) {
+    int tp = m->tc.tp > 1 ? m->tc.tp : 1, t = m->mesh.tp_rank;
+    *parts = p->tp_split == 0 ? 1 : p->tp_split == 3 ? tp / m->kv_rep : tp;
+    *part = p->tp_split == 0 ? 0 : p->tp_split == 3 ? t / m->kv_rep : t;
+}
+
+/* Whether this tp rank counts tensor p in a sum over the tp group (the gradient norm): every
+   rank its slice of a split tensor; rank 0 a replicated one; the first of its kv_rep ranks a kv
+   head's K or V. */
+static int us__tp_counts(const us_model *m, const us_param *p) {
+    if (p->tp_split == 3) return m->mesh.tp_rank % m->kv_rep == 0;
+    return p->tp_split || m->mesh.tp_rank == 0;
+}
+
+/* The group of the kv_rep ranks that hold one kv head: consecutive tp ranks. */
+static us_result us__tp_connect(us_model *m) {
+    us_result r;
+    if (m->kv_rep <= 1) return US_OK;
+    r = m->comm->split(m->comm, &m->mesh.tp_g, m->mesh.tp_rank / m->kv_rep, m->mesh.tp_rank,
+                       &m->kv_g);
+    return us__comm_fail(m, r, "the group of a kv head's tensor-parallel ranks");
+}
+
+static void us__tp_free(us_model *m) {
+    if (m->comm && m->comm->group_free && m->kv_g.size) m->comm->group_free(m->comm, &m->kv_g);
+    memset(&m->kv_g, 0, sizeof m->kv_g);
+}
+
+/* A replicated kv head's weight gradient, summed over its kv_rep ranks. Each of them computed
+   dK and dV from its own query heads only (the attention's backward adds a query head's part
+   into its kv head), so each holds a partial sum of the whole dWk, dWv. The input gradient
+   needs nothing: its all-reduce over tp already adds every rank's dK·Wk. The sum runs once per
+   step, after data parallelism's reduction (the two sums commute), on the part of K|V each rank
+   holds for the optimizer (its ZeRO piece), so the replicas take the same step and stay equal. */
+static us_result us__tp_kv_sum(us_model *m) {
+    int l;
+    us_result r;
+    if (m->kv_rep <= 1) return US_OK;
+    for (l = 0; l < m->cfg.n_layers; l++) {
+        int64_t n;
+        float *g = us__grad_held(m, US__TENSOR(l, US__P_K), US__TENSOR(l, US__P_V) + 1, &n);
+        if (!n) continue;
+        r = m->comm->all_reduce(m->comm, &m->kv_g, g, n, US_F32, US_REDUCE_SUM, NULL);
+        if (r != US_OK) return us__comm_fail(m, r, "the all-reduce of a kv head's gradients");
+    }
+    return US_OK;
 }
 
 static us_result us__tp_sum_w(us_model *m, void *buf, int64_t n, us_dtype dt,
@@ -6031,9 +6121,6 @@ static us_result us__pp_checks(const us_model_config *mc, const us_train_config 
     if (tc->pp > mc->n_layers)
         US__BAD("pp=%d exceeds layers=%d: every pipeline stage needs a layer", tc->pp,
                 mc->n_layers);
-    if (tc->pp > 1 && mc->tie_embeddings)
-        US__BAD(
-            "tied embeddings live on the first and last pipeline stages: untie them for pp > 1");
     if (tc->pp > 1 && tc->zero == 3)
         US__BAD("ZeRO-3 with pipeline parallelism is not supported (each stage would gather its "
                 "weights every micro-batch); use zero 1 or 2");
@@ -6780,6 +6867,52 @@ static us_result us__pp_init(us_model *m) {
         return us__pp_plan(m);
     }
     return US_OK;
+}
+
+/* Tied embeddings (Megatron-LM's embedding group): the first stage looks the tokens up in the
+   table and the last stage's head multiplies by it, so when they are different ranks each holds
+   a copy (us__build_params). The copies start equal (one init stream) and stay equal: their
+   gradients, the lookup's on the first stage and the head's on the last, are summed over the
+   pair before every optimizer step (us__pp_tied_sum), and both then take the same AdamW step.
+   A checkpoint has one tensor, which both write alike and both read. The V-shaped schedules
+   end on rank 0, which then holds the one table. */
+static int us__pp_tied_apart(const us_model *m) {
+    return m->cfg.tie_embeddings && m->tc.pp > 1 && m->pp_head_rank != 0;
+}
+
+/* Whether this pp rank counts tensor i in a sum over stages (the gradient norm): the head's copy
+   of a tied embedding is the first stage's, counted there. */
+static int us__pp_counts(const us_model *m, int i) {
+    return i != 0 || !us__pp_tied_apart(m) || m->pp_first;
+}
+
+/* The pair that sums the tied copies' gradients: pp ranks 0 and pp_head_rank. */
+static us_result us__pp_tie_connect(us_model *m) {
+    int q = m->mesh.pp_rank;
+    us_result r;
+    if (!us__pp_tied_apart(m)) return US_OK;
+    r = m->comm->split(m->comm, &m->mesh.pp_g, q == 0 || q == m->pp_head_rank ? 0 : -1, q,
+                       &m->tie_g);
+    return us__comm_fail(m, r, "the group of the tied embedding's stages");
+}
+
+static void us__pp_tie_free(us_model *m) {
+    if (m->comm && m->comm->group_free && m->tie_g.size) m->comm->group_free(m->comm, &m->tie_g);
+    memset(&m->tie_g, 0, sizeof m->tie_g);
+}
+
+/* The tied copies' gradients summed over the pair, after data parallelism's reduction (the sums
+   commute), on the part each rank holds for the optimizer. The embedding is a unit of its own
+   on both stages (us__plan_units), so their ZeRO pieces cover the same elements. */
+static us_result us__pp_tied_sum(us_model *m) {
+    int64_t n;
+    float *g;
+    us_result r;
+    if (!m->tie_g.size) return US_OK;
+    g = us__grad_held(m, 0, 1, &n);
+    if (!n) return US_OK;
+    r = m->comm->all_reduce(m->comm, &m->tie_g, g, n, US_F32, US_REDUCE_SUM, NULL);
+    return us__comm_fail(m, r, "the all-reduce of the tied embedding's gradient");
 }
 
 /* ---- the executor: one rank's list of actions run on its chunks of layers. It runs the layer
@@ -8987,8 +9120,8 @@ static us_result us__backward(us_model *m, int B, int T) {
     us__sp_rows(m, N, &Np, &Ns);
     dlnp = us__at(m->a[US__A_DLN], m->dt, sp ? (int64_t)m->mesh.tp_rank * Ns * C : 0);
     us__grads_begin(m);
-    if (!m->c_first && (r = us__grads_ready(m, 0, 1)) != US_OK)
-        return r; /* absent on this stage: done */
+    /* absent on this stage: done (tied, the last stage's copy: once the head's part is in) */
+    if (!m->c_first && (head || !m->c_last) && (r = us__grads_ready(m, 0, 1)) != US_OK) return r;
     if ((r = us__emb_rows_begin(m, sp ? Np : N)) != US_OK)
         return r; /* the embedding's gradient by rows (// >>dp) */
     if (head && (r = us__emb_rows_early(m)) != US_OK) return r; /* untied: the bucket now */
@@ -9011,6 +9144,8 @@ static us_result us__backward(us_model *m, int B, int T) {
     if (!head) {  /* unless only its rows remain (us__emb_sparse) */
         m->emb_dirty = 1;
         if ((r = us__emb_rows_early(m)) != US_OK) return r;
+        /* or this is the last stage's copy (// >>pp): it has its whole gradient now */
+        if (!m->c_first && (r = us__grads_ready(m, 0, 1)) != US_OK) return r;
     }
     /* the vocabulary slices' parts: summed (TP), or summed and split by tokens (SP) */
     if ((r = sp ? us__sp_scatter(m, dlnp, m->a[US__A_DLN], Ns)
@@ -9320,10 +9455,12 @@ static us_result us__model_setup(us_model *m, const us_model_config *mc, const u
     if ((r = us__ep_init(m)) != US_OK) return r; /* // >>ep: its groups */
     if ((r = us__pp_init(m)) != US_OK) return r; /* // >>pp: schedule, this rank's layers, slots */
     us__tp_init(m);                              /* // >>tp: this rank's heads, FFN, vocabulary */
-    if ((r = us__params_init(m)) != US_OK) return r; /* // >>model: the tensors */
-    if ((r = us__moe_init(m)) != US_OK) return r;    /* // >>moe: the router state */
-    if ((r = us__dp_init(m)) != US_OK) return r;     /* // >>dp: units, the embedding's rows */
-    us__state_init(m, &b);                           /* flat buffers (// >>zero shards them) */
+    if ((r = us__tp_connect(m)) != US_OK) return r;     /* // >>tp: a kv head's ranks */
+    if ((r = us__pp_tie_connect(m)) != US_OK) return r; /* // >>pp: the tied embedding's pair */
+    if ((r = us__params_init(m)) != US_OK) return r;    /* // >>model: the tensors */
+    if ((r = us__moe_init(m)) != US_OK) return r;       /* // >>moe: the router state */
+    if ((r = us__dp_init(m)) != US_OK) return r;        /* // >>dp: units, the embedding's rows */
+    us__state_init(m, &b);                              /* flat buffers (// >>zero shards them) */
     if ((r = us__arena_init(m, mc, &b)) != US_OK) return r;
     if ((r = us__cp_init(m)) != US_OK) return r; /* // >>cp: the token positions */
     if (m->tc.pp > 1 && (r = us__pp_connect(m)) != US_OK) return r; /* // >>pp: neighbours */
@@ -9382,6 +9519,8 @@ US_API void us_model_free(us_model *m) {
     }
     us__pp_disconnect(m);
     us__ep_free(m);
+    us__tp_free(m);
+    us__pp_tie_free(m);
     if (m->comm && m->mesh.dpcp_g.size) us_mesh_free(&m->mesh, m->comm);
     US_FREE(m->slot_acts);
     free(m->acts_work); /* acts points into them */
@@ -9462,13 +9601,17 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
     us__fp8_wcache_drop(m); /* the weights are about to change */
     if ((r = us__grads_finish(m)) != US_OK)
         return r; /* the last reductions' waits: host regions of their own */
+    /* a weight with copies on several ranks: the copies' gradients summed, so they stay equal */
+    if ((r = us__tp_kv_sum(m)) != US_OK) return r;   /* replicated kv heads (// >>tp) */
+    if ((r = us__pp_tied_sum(m)) != US_OK) return r; /* the tied embedding and head (// >>pp) */
     t0 = us__tstart(m);
     /* the global gradient norm: every rank holds all of it without ZeRO; with ZeRO each holds the
        sums of its pieces, and the squares are summed over dp */
     if (Z == 0 && m->tc.tp <= 1 && m->tc.pp <= 1 && m->ep <= 1)
         norm2 = o->sumsq(o, m->grad, m->n_flat);
-    else { /* tp: split tensors summed over tp, replicated ones counted once; pp: every stage's own;
-                ep: every rank's experts, counted on the first of their replicas (// >>ep) */
+    else { /* tp: split tensors summed over tp, replicated ones counted once (us__tp_counts); pp:
+              every stage's own (a tied embedding's on the first, us__pp_counts); ep: every rank's
+              experts, counted on the first of their replicas (// >>ep) */
         int i;
         for (u = 0; u < m->n_units; u++) {
             const us__unit *U = &m->units[u];
@@ -9480,7 +9623,7 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
                 int64_t a = p->offset > lo ? p->offset : lo,
                         b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
                 int first = p->expert && m->ep > 1 ? m->edp_g.rank == 0 : m->mesh.dpcp_g.rank == 0;
-                if (a < b && (p->tp_split || m->mesh.tp_rank == 0) && (Z || first))
+                if (a < b && us__tp_counts(m, p) && us__pp_counts(m, i) && (Z || first))
                     norm2 += o->sumsq(o, gp + (a - lo), b - a);
             }
         }
@@ -10765,14 +10908,15 @@ static int us__ckpt_tensors(const us_model *m, us__ck_t *out) {
    Rows split (tp_split 1): local [rows/tp][cols] is rows t·rows/tp.. of the full [rows][cols];
    columns split (2): local [rows][cols/tp] is columns t·cols/tp.. of every full row. */
 static int64_t us__ckpt_global(const us_model *m, const us_param *p, int64_t j, int64_t *run) {
-    int64_t t = m->mesh.tp_rank, tp = m->tc.tp > 1 ? m->tc.tp : 1;
-    if (p->tp_split == 2) { /* columns split: row r of the slice is a piece of full row r */
+    int64_t t, tp;
+    us__tp_slice(m, p, &tp, &t); /* (a replicated kv head: its ranks read and write one block) */
+    if (p->tp_split == 2) {      /* columns split: row r of the slice is a piece of full row r */
         int64_t cols = p->shape[1], r = j / cols, cc = j % cols;
         *run = cols - cc;
         return r * cols * tp + t * cols + cc;
     }
     *run = p->numel - j;
-    return p->tp_split == 1 ? j + t * p->numel : j; /* rows split: a contiguous block */
+    return j + t * p->numel; /* rows split: a contiguous block (replicated: t = 0) */
 }
 
 /* The flat range [lo, hi) of unit U whose elements this rank writes (owned = 1) or needs to
@@ -13515,7 +13659,7 @@ typedef struct us__est_dims {
     int64_t N;   /* tokens of one micro-batch on this rank: B·T/cp */
     int64_t C;   /* model dim */
     int64_t HS;  /* head size */
-    int64_t QKV; /* q, k, v columns on this tp rank: (NH + 2·NKV)/tp·HS */
+    int64_t QKV; /* q, k, v columns on this tp rank: (NH/tp + 2·NKV/tp)·HS, NKV/tp at least 1 */
     int64_t AO;  /* attention output columns on this tp rank: NH/tp·HS */
     int64_t F;   /* FFN columns on this tp rank: F/tp */
     size_t a;    /* bytes of a weight or activation element: 4 under fp32, else 2 */
@@ -13693,7 +13837,7 @@ static size_t us__estimate_scratch(const us_model_config *mc, const us_train_con
         bwd += us__fp8_scratch(s->Nf, C, d->QKV, AO, d->F, us__fp8_min_dim(tc), off);
     }
     if (tc->cp > 1) {
-        int64_t KVW = (int64_t)2 * (mc->n_kv_heads / tc->tp) * HS,
+        int64_t KVW = (int64_t)2 * us__tp_kv_heads(mc->n_kv_heads, tc->tp) * HS,
                 nb = tc->cp_mode == US_CP_ALLGATHER ? tc->cp : 2;
         bwd += us__align((size_t)tc->cp * (tc->seq / tc->cp) * 4) + us__align(nb * N * KVW * a) +
                us__align(nb * N * KVW * 4) + 2 * us__align(N * AO * 4) +
@@ -13776,7 +13920,7 @@ static us_result us__memory_estimate(const us_model_config *mc_in, const us_trai
     d.C = mc.dim;
     d.HS = d.C / mc.n_heads;
     d.F = mc.ffn_dim / tc.tp;
-    d.QKV = (int64_t)(mc.n_heads + 2 * mc.n_kv_heads) / tc.tp * d.HS;
+    d.QKV = (int64_t)(mc.n_heads / tc.tp + 2 * us__tp_kv_heads(mc.n_kv_heads, tc.tp)) * d.HS;
     d.AO = (int64_t)mc.n_heads / tc.tp * d.HS;
     d.a = (size_t)us__act_bytes(&tc);
     for (l = 0, d.n_moe = 0; l < mc.n_layers; l++) d.n_moe += us__is_moe(&mc, l);
@@ -14121,14 +14265,16 @@ static void us__plan_compute(const us_model_config *mc, const us_train_config *t
                              us__plan_rank *k) {
     const int64_t C = k->C, V = k->V, NH = k->NH, NKV = k->NKV, HS = k->HS;
     const int tp = k->tp;
-    double Pact, Pl, Fact, gemm_f, ef, ef_C;
+    double Pact, Pl, Fact, gemm_f, ef, ef_C, kv_all;
     Pact = (double)us_param_count_active(mc);
     Pl = (Pact - (double)V * C * (mc->tie_embeddings ? 1 : 2) - (double)C) / (double)k->L;
     Fact = (Pl - (double)C * (NH + 2 * NKV) * HS - (double)C * NH * HS - 2.0 * C) / (3.0 * C);
-    gemm_f = 2.0 * Pl / tp;
+    /* kv heads over the tp ranks, a replicated head (tp > NKV, // >>tp) counted on each rank */
+    kv_all = (double)us__tp_kv_heads((int)NKV, tp) * tp;
+    gemm_f = 2.0 * (Pl + 2.0 * C * HS * (kv_all - NKV)) / tp;
     k->attn_f = 2.0 * k->T * C / tp;
     ef_C = 2.0 * 10 * C / (tc->sp ? tp : 1);
-    ef = ef_C + 2.0 * (2.0 * (NH + NKV) * HS + 3.0 * Fact) / tp;
+    ef = ef_C + 2.0 * (2.0 * (NH + kv_all) * HS + 3.0 * Fact) / tp;
     k->head_f = 2.0 * V * C / tp;               /* the head GEMM forward */
     k->head_e = 2.0 * 3 * V / tp + 2.0 * 4 * C; /* cross-entropy over the logits, the final norm */
     k->tf_l = gemm_f / k->G + k->attn_f / k->Af + ef / k->H;
@@ -14155,8 +14301,8 @@ static void us__plan_comm(const us_plan_cluster *cl, const us_train_config *tc, 
                                              : (int64_t)tp * cp * pp * (tc->ep / cp));
     k->tp_l = 2 * us__coll_s(US__AR, n * k->C * 2, tp, k->w_tp, lat); /* per pass */
     {
-        double kv = n * 2.0 * (k->NKV / tp) * k->HS * 2, blk_f = n * k->attn_f / k->Af / cp,
-               blk_b = n * 2.5 * k->attn_f / k->Ab / cp;
+        double kv = n * 2.0 * us__tp_kv_heads((int)k->NKV, tp) * k->HS * 2,
+               blk_f = n * k->attn_f / k->Af / cp, blk_b = n * 2.5 * k->attn_f / k->Ab / cp;
         double sf = us__coll_s(US__P2P, kv, cp, k->w_cp, lat),
                sb = us__coll_s(US__P2P, 2 * kv, cp, k->w_cp, lat);
         k->cp_f = (cp - 1) * (sf > blk_f ? sf - blk_f : 0);

@@ -3,7 +3,9 @@
    equals not stopping, bit for bit, on one rank and under dp2×tp2 ZeRO-1 and pp2; resharding: a
    checkpoint saved under dp2×tp2 (and under pp2) loads under 1 rank, dp4 ZeRO-3, tp2×pp2, tp4,
    and the next step's loss equals the saving layout's within 2e-5 relative (the new layout sums
-   in another order); validation against the model config; crash safety (a writer killed
+   in another order); weights held by several ranks (kv heads replicated over tp, a tied table on
+   two pipeline stages) saved as one tensor and read back under one rank and under the layout;
+   validation against the model config; crash safety (a writer killed
    mid-write leaves the last good checkpoint in place).
    `test_ckpt --py DIR` instead checks a fixture directory written by Python (tests/ckpt_fixture.py). */
 #define _POSIX_C_SOURCE 200809L
@@ -414,6 +416,60 @@ static void test_layouts(void) {
           C.loss[3], A.loss[3]);
 }
 
+/* A weight held by several ranks is one tensor in the file: kv heads replicated when tp exceeds
+   them (dp2×tp4 ZeRO-1, 2 kv heads: each on 2 ranks) and a tied table on the first and last
+   pipeline stages (dp2×pp2 ZeRO-1, tied). Under the layout, resuming is bitwise; its checkpoint
+   loads under one rank, and one rank's loads under it, with the saver's next-step loss within
+   2e-5 relative. */
+static void copies_base(job *J, int v, int layout) {
+    base(J, layout ? 2 : 1, layout && !v ? 4 : 1, layout && v ? 2 : 1, layout, US_PRECISION_FP32);
+    if (v)
+        J->mc.tie_embeddings = 1;
+    else
+        J->mc.n_kv_heads = 2;
+}
+
+static void test_copies(void) {
+    static const char *name[2] = {"dp2×tp4 with 2 kv heads", "dp2×pp2 tied"};
+    int v, s;
+    for (v = 0; v < 2; v++) {
+        job A, B, C;
+        const char *dA = path(v ? "pp2tied" : "tp4kv2"), *dB = path(v ? "one_tied" : "one_kv2");
+        double rel;
+        copies_base(&A, v, 1);
+        A.steps = 5;
+        A.save = dA;
+        A.save_at = 3;
+        CHECK(go(&A) == US_OK, "%s: train 5, save after 3: %s", name[v], A.err);
+        copies_base(&C, v, 1);
+        C.steps = 2;
+        C.load = dA;
+        CHECK(go(&C) == US_OK, "%s resume: %s", name[v], C.err);
+        for (s = 3; s < 5; s++)
+            CHECK(!memcmp(&A.loss[s], &C.loss[s], 4),
+                  "%s: resumed step %d loss bitwise equal (%.9g)", name[v], s + 1, C.loss[s]);
+        copies_base(&C, v, 0);
+        C.steps = 1;
+        C.load = dA;
+        CHECK(go(&C) == US_OK, "%s → one rank: load: %s", name[v], C.err);
+        rel = fabs((double)C.loss[3] - A.loss[3]) / fabs((double)A.loss[3]);
+        CHECK(rel < 2e-5, "%s → one rank: next-step loss %.7f vs %.7f", name[v], C.loss[3],
+              A.loss[3]);
+        copies_base(&B, v, 0);
+        B.steps = 4;
+        B.save = dB;
+        B.save_at = 3;
+        CHECK(go(&B) == US_OK, "one rank (%s's model): train 4, save after 3: %s", name[v], B.err);
+        copies_base(&C, v, 1);
+        C.steps = 1;
+        C.load = dB;
+        CHECK(go(&C) == US_OK, "one rank → %s: load: %s", name[v], C.err);
+        rel = fabs((double)C.loss[3] - B.loss[3]) / fabs((double)B.loss[3]);
+        CHECK(rel < 2e-5, "one rank → %s: next-step loss %.7f vs %.7f", name[v], C.loss[3],
+              B.loss[3]);
+    }
+}
+
 /* MoE (DeepSeek names, the router bias as e_score_correction_bias): resume under dp2×ep2 is
    bitwise; the checkpoint loads under one rank with the same next-step loss */
 static void test_moe(void) {
@@ -727,6 +783,7 @@ int main(int argc, char **argv) {
     test_roundtrip(US_PRECISION_BF16, 0);
     test_roundtrip(US_PRECISION_FP32, 3000);
     test_layouts();
+    test_copies();
     test_moe();
     test_validation();
     test_crash();

@@ -161,8 +161,6 @@ int main(int argc, char **argv) {
             int64_t j;
             int whole = cfg[ci][4] < 3 && cfg[ci][2] == 1 &&
                         cfg[ci][7] == 1; /* rank 0 holds every weight whole */
-            if (cfg[ci][7] > 1 && tied)
-                continue; /* a pipeline unties: its first and last stages hold the two tables */
             setup(&R, cfg[ci][0], cfg[ci][1], cfg[ci][2], (us_cp_mode)cfg[ci][3], cfg[ci][4],
                   cfg[ci][5], tied);
             R.tc.recompute = cfg[ci][6] == 2   ? US_RECOMPUTE_FULL

@@ -1,12 +1,15 @@
 /* test_pp.c — pipeline parallelism on CPU threads: the executor runs AFAB and 1F1B over pp 2 and
    4 stages with several micro-batch counts, alone and with dp 2 (ZeRO-1) or tp 2, and must
    reproduce one rank with gradient accumulation over the same micro-batches: losses, gradient
-   norms and final weights. The activations it actually held at once are measured: 1F1B keeps
+   norms and final weights. Tied embeddings too: the last stage's copy of the table must equal
+   the first stage's to the bit after training. The activations it actually held at once are
+   measured: 1F1B keeps
    p − rank micro-batches (p on the first stage), AFAB all m. Unsupported combinations are
    refused with a sentence.
 
    Tolerance (fp32): stages compute what one rank computes, in the same order, except the
-   gradient norm's sum over stages: losses within 2e-5 relative, weights within 1e-4. */
+   gradient norm's sum over stages (and, tied, the table's gradient: the head's part and the
+   lookup's summed between stages): losses within 2e-5 relative, weights within 1e-4. */
 #define _POSIX_C_SOURCE 200809L
 #define ULTRASCALE_IMPLEMENTATION
 #include "../ultrascale.h"
@@ -28,6 +31,8 @@ typedef struct run {
     int32_t *in, *tgt;  /* [STEPS][m][dp·B][T] */
     float loss[STEPS], gnorm[STEPS];
     float *w;         /* final weights by tensor, one-rank order, from the pp stages (tp 1) */
+    float *wcopy;     /* tied: the last stage's copy of the embedding, when it is not rank 0 */
+    int copied;       /* it wrote one */
     double eval_loss; /* after training: the loss of the first micro-batch through the pipeline */
     int64_t eval_correct;
     float logits[8][B * 64];   /* per pp rank: the last-position logits every stage receives */
@@ -78,6 +83,11 @@ static us_result rank_fn(us_comm *c, void *arg) {
             const us_param *p = &m.params[i];
             int64_t dst;
             if (!p->numel) continue;
+            if (i == 0 && !m.pp_first) { /* the tied table's copy on the last stage */
+                memcpy(R->wcopy, (float *)m.w + p->offset, (size_t)p->numel * 4);
+                R->copied = 1;
+                continue;
+            }
             if (i == 0)
                 dst = 0;
             else if (i < 1 + m.cfg.n_layers * 9) {
@@ -191,40 +201,50 @@ static void reproduce_gpu_hang(void) {
 }
 
 int main(int argc, char **argv) {
-    static const int cfg[][6] = {
-        /* dp, pp, tp, schedule, m, zero */
-        {1, 2, 1, US_PP_1F1B, 1, 0},
-        {1, 2, 1, US_PP_1F1B, 4, 0},
-        {1, 2, 1, US_PP_AFAB, 4, 0},
-        {1, 4, 1, US_PP_1F1B, 2, 0},
-        {1, 4, 1, US_PP_1F1B, 8, 0},
-        {1, 4, 1, US_PP_AFAB, 8, 0},
-        {2, 2, 1, US_PP_1F1B, 4, 1},
-        {1, 2, 2, US_PP_1F1B, 4, 0},
+    static const int cfg[][7] = {
+        /* dp, pp, tp, schedule, m, zero, tied */
+        {1, 2, 1, US_PP_1F1B, 1, 0, 0},
+        {1, 2, 1, US_PP_1F1B, 4, 0, 0},
+        {1, 2, 1, US_PP_AFAB, 4, 0, 0},
+        {1, 4, 1, US_PP_1F1B, 2, 0, 0},
+        {1, 4, 1, US_PP_1F1B, 8, 0, 0},
+        {1, 4, 1, US_PP_AFAB, 8, 0, 0},
+        {2, 2, 1, US_PP_1F1B, 4, 1, 0},
+        {1, 2, 2, US_PP_1F1B, 4, 0, 0},
         /* zero bubble: B and W apart (weight gradients deferred), alone and with dp (ZeRO-1), tp */
-        {1, 2, 1, US_PP_ZB1, 4, 0},
-        {1, 4, 1, US_PP_ZB1, 8, 0},
-        {1, 4, 1, US_PP_ZB1, 3, 0},
-        {2, 2, 1, US_PP_ZB1, 4, 1},
-        {1, 2, 2, US_PP_ZB1, 4, 0},
+        {1, 2, 1, US_PP_ZB1, 4, 0, 0},
+        {1, 4, 1, US_PP_ZB1, 8, 0, 0},
+        {1, 4, 1, US_PP_ZB1, 3, 0, 0},
+        {2, 2, 1, US_PP_ZB1, 4, 1, 0},
+        {1, 2, 2, US_PP_ZB1, 4, 0, 0},
         /* interleaved: two chunks per rank (8 layers over 4 stages at pp 2, over 8 at pp 4), depth- and breadth-first */
-        {1, 2, 1, US_PP_INTERLEAVED, 4, 0},
-        {1, 4, 1, US_PP_INTERLEAVED, 8, 0},
-        {1, 2, 1, US_PP_INTERLEAVED_BF, 4, 0},
-        {1, 4, 1, US_PP_INTERLEAVED_BF, 5, 0},
-        {2, 2, 1, US_PP_INTERLEAVED, 4, 1},
-        {1, 2, 2, US_PP_INTERLEAVED, 2, 0},
+        {1, 2, 1, US_PP_INTERLEAVED, 4, 0, 0},
+        {1, 4, 1, US_PP_INTERLEAVED, 8, 0, 0},
+        {1, 2, 1, US_PP_INTERLEAVED_BF, 4, 0, 0},
+        {1, 4, 1, US_PP_INTERLEAVED_BF, 5, 0, 0},
+        {2, 2, 1, US_PP_INTERLEAVED, 4, 1, 0},
+        {1, 2, 2, US_PP_INTERLEAVED, 2, 0, 0},
         /* an explicit per-stage layer count (tc.pp_layers): 1 layer on stage 0, 3 on stage 1 */
-        {1, 2, 1, US_PP_1F1B, 4, -1},
+        {1, 2, 1, US_PP_1F1B, 4, -1, 0},
         /* the V shapes: 2 chunks per rank, stage q then 2·pp−1−q (the last stage on rank 0) */
-        {1, 2, 1, US_PP_ZBV, 4, 0},
-        {1, 4, 1, US_PP_ZBV, 8, 0},
-        {1, 2, 1, US_PP_DUALPIPEV, 4, 0},
-        {1, 4, 1, US_PP_DUALPIPEV, 8, 0},
-        {2, 2, 1, US_PP_ZBV, 4, 1},
-        {1, 2, 2, US_PP_DUALPIPEV, 4, 0},
+        {1, 2, 1, US_PP_ZBV, 4, 0, 0},
+        {1, 4, 1, US_PP_ZBV, 8, 0, 0},
+        {1, 2, 1, US_PP_DUALPIPEV, 4, 0, 0},
+        {1, 4, 1, US_PP_DUALPIPEV, 8, 0, 0},
+        {2, 2, 1, US_PP_ZBV, 4, 1, 0},
+        {1, 2, 2, US_PP_DUALPIPEV, 4, 0, 0},
         /* dp 2 × pp 2 × tp 2 on 8 threads (issue 13's first mesh), ZeRO-1 */
-        {2, 2, 2, US_PP_1F1B, 4, 1}};
+        {2, 2, 2, US_PP_1F1B, 4, 1, 0},
+        /* tied embeddings: the last stage's head holds a copy of the table, their gradients
+           summed between the two stages (on rank 0 alone under the V shapes) */
+        {1, 2, 1, US_PP_1F1B, 4, 0, 1},
+        {1, 4, 1, US_PP_1F1B, 8, 0, 1},
+        {1, 2, 1, US_PP_INTERLEAVED, 4, 0, 1},
+        {1, 2, 1, US_PP_ZB1, 4, 0, 1},
+        {1, 2, 1, US_PP_ZBV, 4, 0, 1},
+        {2, 2, 1, US_PP_1F1B, 4, 1, 1},
+        {2, 2, 1, US_PP_1F1B, 4, 2, 1},
+        {1, 2, 2, US_PP_1F1B, 4, 0, 1}};
     static const int uneven[2] = {1, 3};
     int ci, s, plan;
     double worst_l = 0, worst_w = 0;
@@ -236,6 +256,7 @@ int main(int argc, char **argv) {
         double ml = 0, mw = 0;
         /* the reference: one rank, micro-batches of dp·B sequences (so the global batch matches) */
         setup(&ref, 1, 1, 1, cfg[ci][3], M, 0); /* the same model */
+        ref.mc.tie_embeddings = cfg[ci][6];
         ref.tc.pp_schedule = US_PP_1F1B;
         ref.tc.batch = dp * B;
         ref.in = (int32_t *)malloc((size_t)n * 4);
@@ -278,12 +299,15 @@ int main(int argc, char **argv) {
                channels still deadlock under them (reproduced below) and run without */
             us_test_nccl = plan || R.mc.n_layers == 4;
             if (cfg[ci][5] < 0) R.tc.pp_layers = uneven;
+            R.mc.tie_embeddings = cfg[ci][6];
+            R.wcopy = (float *)calloc((size_t)(R.mc.vocab * R.mc.dim), 4);
             R.in = ref.in;
             R.tgt = ref.tgt;
             R.w = tp == 1 ? (float *)calloc((size_t)np, 4) : NULL;
             if (launch(&R) != US_OK) {
                 CHECK(0, "cfg %d (%s) ran", ci, plan ? "clock" : "channels");
                 free(R.w);
+                free(R.wcopy);
                 continue;
             }
             for (s = 0; s < STEPS; s++) {
@@ -309,11 +333,20 @@ int main(int argc, char **argv) {
                differences, which AdamW amplifies where a gradient is near zero (m/√v), reach 1e-4
                over the 3 steps at lr 1e-2 for some data; without tp the order is the same */
             CHECK(ml < (tp > 1 ? 3e-4 : 2e-5) && mw < 1e-4,
-                  "%s pp %d x dp %d x tp %d, m %d, ZeRO-%d, messages %s: %d steps equal one rank "
+                  "%s pp %d x dp %d x tp %d, m %d, ZeRO-%d%s, messages %s: %d steps equal one rank "
                   "(loss/norm rel %.1e, weights %s %.1e)",
                   us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, dp, tp, M,
-                  cfg[ci][5] < 0 ? 0 : cfg[ci][5], plan ? "on the clock" : "on channels", STEPS, ml,
+                  cfg[ci][5] < 0 ? 0 : cfg[ci][5], cfg[ci][6] ? ", tied" : "",
+                  plan ? "on the clock" : "on channels", STEPS, ml,
                   R.w ? "abs" : "(tp-split, not compared)", mw);
+            if (cfg[ci][6] && R.w) /* the two copies of the tied table stayed equal */
+                CHECK(cfg[ci][3] == US_PP_ZBV
+                          ? !R.copied
+                          : R.copied && !memcmp(R.wcopy, R.w, (size_t)(R.mc.vocab * R.mc.dim) * 4),
+                      "%s pp %d x dp %d, tied: %s", us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, dp,
+                      cfg[ci][3] == US_PP_ZBV ? "the head is on rank 0, with the one table"
+                                              : "the last stage's copy of the table equals the "
+                                                "first stage's to the bit");
             if (cfg[ci][5] < 0)
                 CHECK(ml < 2e-5 && mw < 1e-4,
                       "stages of 1 and 3 layers (pp_layers) train like one rank");
@@ -353,6 +386,7 @@ int main(int argc, char **argv) {
                   "%s pp %d m %d: the measured bubble %.3f is a fraction",
                   us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, M, R.bubble);
             free(R.w);
+            free(R.wcopy);
         }
         free(ref.w);
         free(ref.in);
@@ -376,11 +410,6 @@ int main(int argc, char **argv) {
               "pp 3 with 2 layers: %s", err);
         mc.n_layers = 4;
         tc.pp = 2;
-        mc.tie_embeddings = 1;
-        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID &&
-                  strstr(err, "untie"),
-              "pp with tied embeddings: %s", err);
-        mc.tie_embeddings = 0;
         tc.zero = 3;
         CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID &&
                   strstr(err, "ZeRO-3"),

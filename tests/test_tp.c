@@ -1,6 +1,7 @@
 /* test_tp.c — tensor parallelism on CPU threads: tp 2 and 4, dp 2 × tp 2, and dp 2 × tp 2 with
    ZeRO-1 and ZeRO-3 must reproduce the single-rank run (losses, gradient norms, final weights
    reassembled from the ranks' slices), tied and untied, with accumulation and recomputation;
+   so must tp 4 and 8 with 2 kv heads (each replicated on tp/2 ranks, the copies equal);
    per-rank memory equals the estimator; bad tp sizes are refused with a sentence.
 
    Tolerance (fp32): the row-parallel outputs are sums of per-rank partial GEMMs and the
@@ -32,7 +33,12 @@ typedef struct run {
     int32_t *in, *tgt;  /* [STEPS][accum][GB][T] */
     float loss[STEPS], gnorm[STEPS];
     float *weights; /* final fp32 weights by tensor in one-rank order (n_params) */
-    /* the last position's logits of a 1 x 7 evaluation (N not a multiple of tp) */
+    float *copies;  /* [ranks][np]: each rank's copy of a replicated kv head, where not the first */
+    char *copied;   /* [ranks][np]: 1 where copies holds one */
+    int64_t np;     /* n_params */
+    /* the last position's logits of a 1 x 7 evaluation (N not a multiple of tp; eval_T: 1 x
+       eval_T, as the logits' gather needs at least tp positions) */
+    int eval_T;
     float eval_logits[256];
     double eval_loss;
     int64_t eval_correct;
@@ -62,9 +68,11 @@ static void gemm_counted(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64_
 }
 
 /* This rank's final weights, written into the full tensors (ZeRO-1 keeps full weights per rank;
-   ZeRO-3 ranks hold pieces, so each writes the pieces it owns). */
-static void collect(run *R, us_model *m) {
-    int u, i, tp = m->tc.tp, t = m->mesh.tp_rank;
+   ZeRO-3 ranks hold pieces, so each writes the pieces it owns). A kv head held by several tp
+   ranks (tp > kv heads) is written by the first of them; the others write their copy into
+   their row of R->copies, marked in R->copied, for the check that the copies stayed equal. */
+static void collect(run *R, us_model *m, int rank) {
+    int u, i;
     for (u = 0; u < m->n_units; u++) {
         const us__unit *U = &m->units[u];
         int64_t lo = U->off + (m->tc.zero ? (int64_t)m->mesh.dp_rank * U->piece : 0),
@@ -74,21 +82,27 @@ static void collect(run *R, us_model *m) {
         int64_t ref = 0;
         for (i = 0; i < m->n_params_t; i++) {
             const us_param *p = &m->params[i];
-            int64_t full = p->numel * (p->tp_split ? tp : 1), j;
-            if (i >= U->p0 && i < U->p1 && (p->tp_split || t == 0))
+            int64_t parts, t, j;
+            int first = us__tp_counts(m, p), copy = p->tp_split == 3 && !first;
+            us__tp_slice(m, p, &parts, &t); /* the whole tensor in parts slices, this rank's t */
+            if (i >= U->p0 && i < U->p1 && (first || copy))
                 for (j = (p->offset > lo ? p->offset : lo); j < p->offset + p->numel && j < hi;
                      j++) {
                     int64_t e = j - p->offset, r = p->ndim == 2 ? e / p->shape[1] : e,
                             c = p->ndim == 2 ? e % p->shape[1] : 0, f;
-                    if (p->tp_split == 1)
+                    if (p->tp_split == 1 || p->tp_split == 3)
                         f = (t * p->shape[0] + r) * p->shape[1] + c;
                     else if (p->tp_split == 2)
-                        f = r * p->shape[1] * tp + t * p->shape[1] + c;
+                        f = r * p->shape[1] * parts + t * p->shape[1] + c;
                     else
                         f = e;
-                    R->weights[ref + f] = src[j - lo];
+                    if (copy) {
+                        R->copies[R->np * rank + ref + f] = src[j - lo];
+                        R->copied[R->np * rank + ref + f] = 1;
+                    } else
+                        R->weights[ref + f] = src[j - lo];
                 }
-            ref += full;
+            ref += p->numel * parts;
         }
     }
 }
@@ -142,7 +156,7 @@ static us_result rank_fn(us_comm *c, void *arg) {
             R->gnorm[s] = st.grad_norm;
         }
     }
-    if (r == US_OK && R->weights) collect(R, &m);
+    if (r == US_OK && R->weights && (R->copies || m.kv_rep == 1)) collect(R, &m, rank);
     if (c) c->trace = NULL;
     if (R->trace && c) {
         R->gemms[rank] = gemm_n[rank];
@@ -154,7 +168,7 @@ static us_result rank_fn(us_comm *c, void *arg) {
         float lg[256];
         double ls = 0;
         int64_t cor = 0;
-        r = us_forward_eval(&m, R->in, R->tgt, 1, 7, &ls, &cor, lg);
+        r = us_forward_eval(&m, R->in, R->tgt, 1, R->eval_T ? R->eval_T : 7, &ls, &cor, lg);
         if (r != US_OK)
             printf("  rank %d eval: %s\n", rank, m.err);
         else if (rank == 0) {
@@ -290,6 +304,84 @@ int main(int argc, char **argv) {
     printf("  observed: losses and gradient norms within %.2e relative, final weights within %.2e "
            "absolute of one rank\n",
            worst_l, worst_w);
+    { /* grouped-query attention with fewer kv heads than tp ranks (8 heads, 2 kv heads): each kv
+         head held by tp/2 ranks, its K and V gradients summed over them before the step. tp 4 and
+         8, with sp, with dp 2 and ZeRO-1 or ZeRO-3, against one rank over STEPS steps of 2
+         micro-batches: losses, norms and final weights within the tolerances above, every
+         rank's copy of a kv head equal to the first's to the bit, memory equal to the estimate */
+        static const int kv[][4] = {{1, 4, 0, 0}, {1, 4, 0, 1}, {1, 8, 0, 0},
+                                    {1, 8, 0, 1}, {2, 4, 1, 1}, {2, 4, 3, 0}};
+        run ref;
+        int64_t n = (int64_t)STEPS * 2 * GB * T, i, np;
+        setup(&ref, 1, 1, 0, 2, 0, US_RECOMPUTE_NONE, 0);
+        ref.mc.n_heads = 8;
+        ref.mc.n_kv_heads = 2;
+        ref.eval_T = 9;
+        ref.in = (int32_t *)malloc((size_t)n * 4);
+        ref.tgt = (int32_t *)malloc((size_t)n * 4);
+        us_test_rs = 61;
+        for (i = 0; i < n; i++) {
+            ref.in[i] = (int32_t)(rnd64() % 256);
+            ref.tgt[i] = rnd01() < 0.1 ? -1 : (int32_t)(rnd64() % 256);
+        }
+        np = us_param_count(&ref.mc);
+        ref.weights = (float *)malloc((size_t)np * 4);
+        CHECK(launch(&ref) == US_OK, "reference: one rank, 8 heads, 2 kv heads");
+        for (ci = 0; ci < (int)(sizeof kv / sizeof kv[0]); ci++) {
+            run R;
+            double ml = 0, mw = 0;
+            int64_t j, ncopy = 0, same = 0;
+            int r, mem_ok = 1;
+            setup(&R, kv[ci][0], kv[ci][1], kv[ci][2], 2, 0, US_RECOMPUTE_NONE, kv[ci][3]);
+            R.mc = ref.mc;
+            R.eval_T = ref.eval_T;
+            R.in = ref.in;
+            R.tgt = ref.tgt;
+            R.np = np;
+            R.weights = (float *)calloc((size_t)np, 4);
+            R.copies = (float *)calloc((size_t)(8 * np), 4);
+            R.copied = (char *)calloc((size_t)(8 * np), 1);
+            CHECK(launch(&R) == US_OK, "dp %d x tp %d%s zero %d with 2 kv heads ran", kv[ci][0],
+                  kv[ci][1], kv[ci][3] ? " + sp" : "", kv[ci][2]);
+            for (s = 0; s < STEPS; s++) {
+                double d = fabs(R.loss[s] - ref.loss[s]) / ref.loss[s],
+                       g = fabs(R.gnorm[s] - ref.gnorm[s]) / ref.gnorm[s];
+                if (d > ml) ml = d;
+                if (g > ml) ml = g;
+            }
+            for (j = 0; j < np; j++)
+                if (fabs(R.weights[j] - ref.weights[j]) > mw)
+                    mw = fabs(R.weights[j] - ref.weights[j]);
+            for (j = 0; j < 8 * np; j++)
+                if (R.copied[j]) {
+                    ncopy++;
+                    same += !memcmp(&R.copies[j], &R.weights[j % np], 4);
+                }
+            for (r = 0; r < kv[ci][0] * kv[ci][1]; r++)
+                mem_ok &= !memcmp(&R.mem[r], &R.est[r], sizeof(us_memory));
+            CHECK(ml < 2e-5 && mw < 1e-4 &&
+                      fabs(R.eval_loss - ref.eval_loss) < 1e-4 * ref.eval_loss,
+                  "dp %d x tp %d%s zero %d, 2 kv heads on %d ranks each, accum 2: %d steps equal "
+                  "one rank (loss/norm rel %.1e, weights abs %.1e) and so does an evaluation",
+                  kv[ci][0], kv[ci][1], kv[ci][3] ? " + sp" : "", kv[ci][2], kv[ci][1] / 2, STEPS,
+                  ml, mw);
+            CHECK(ncopy > 0 && same == ncopy,
+                  "tp %d: the %lld weights of the kv heads' other copies equal the first's to the "
+                  "bit (%lld do)",
+                  kv[ci][1], (long long)ncopy, (long long)same);
+            CHECK(mem_ok,
+                  "dp %d x tp %d%s zero %d with 2 kv heads: every rank's memory equals the "
+                  "estimate (params %zu, activations %zu bytes)",
+                  kv[ci][0], kv[ci][1], kv[ci][3] ? " + sp" : "", kv[ci][2], R.mem[0].params,
+                  R.mem[0].activations);
+            free(R.weights);
+            free(R.copies);
+            free(R.copied);
+        }
+        free(ref.weights);
+        free(ref.in);
+        free(ref.tgt);
+    }
     { /* the trace of a tp 2 + sp step, serial (tp_no_overlap) and overlapped (the default): the TP
            collectives are on the comm rows; overlapped, each forward g and the backward's gathers of
            the residual gradient are ring exchanges instead (us__sp_gather_gemm), each forward ḡ four
@@ -490,13 +582,16 @@ int main(int argc, char **argv) {
         char err[200];
         memset(&mc, 0, sizeof mc);
         memset(&tc, 0, sizeof tc);
-        mc.n_heads = 8;
-        mc.n_kv_heads = 2;
-        mc.dim = 128;
-        tc.tp = 4;
+        mc.n_heads = 12;
+        mc.n_kv_heads = 6;
+        mc.dim = 96;
+        tc.tp = 4; /* neither divides the other */
         CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID &&
-                  strstr(err, "kv-heads=2"),
-              "tp 4 with 2 kv heads: %s", err);
+                  strstr(err, "kv-heads=6"),
+              "tp 4 with 6 kv heads: %s", err);
+        mc.n_kv_heads = 2; /* fewer than tp and dividing it: each held by 2 ranks */
+        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_OK,
+              "tp 4 with 2 kv heads is accepted");
         memset(&mc, 0, sizeof mc);
         memset(&tc, 0, sizeof tc);
         mc.vocab = 250;
