@@ -842,8 +842,9 @@ typedef struct us_model {
     float *
         moe_bias; /* [n_moe][E] router bias (backend memory): no gradient, no AdamW, the sign rule */
     float *moe_bias_h; /* [n_moe][E] its host copy */
-    int32_t *
-        moe_counts_h; /* [cfg.n_layers][2E] host: the last forward's routed and kept tokens per expert */
+    /* [cfg.n_layers][3E] host: the last forward's routed and kept tokens per expert, then the
+       routed tokens of the whole micro-batch (summed over cp: the auxiliary loss's f_e) */
+    int32_t *moe_counts_h;
     int64_t *moe_load;      /* [n_moe][E] host: tokens routed this step so far */
     int64_t *moe_load_last; /* [n_moe][E] host: the last step's (us_step_stats.moe_load) */
     int64_t moe_choices,
@@ -7357,7 +7358,14 @@ static us_result us__pp_eval(us_model *m, const int32_t *inputs, const int32_t *
    micro-batch, in token order; a dropped choice contributes nothing (its token keeps the
    residual and its other experts). cf = 0, the default, drops nothing.
    Group-limited routing (DeepSeek-V3's node limit): the E experts form G groups, a token first
-   keeps its M best groups, then picks its K experts inside them. */
+   keeps its M best groups, then picks its K experts inside them.
+   Parallel layouts. Routing is per token, so data and context parallelism only need sums: each
+   rank routes its own tokens (under cp its slice of every sequence), the gradients are summed
+   over dp×cp (// >>dp), and the bias rule and the statistics use loads summed over dp×cp
+   (us__moe_step_end). Two things are statistics of a whole micro-batch: the auxiliary loss's
+   f_e, whose counts are summed over cp (us__moe_batch_counts), each cp rank adding its own
+   tokens' part of P_e; and the capacity limit, which keeps an expert's first tokens in token
+   order and is refused where cp or sp spread a micro-batch over ranks. */
 
 /* Checks the MoE layer's settings and what it does not combine with yet (us_config_validate). */
 static us_result us__moe_checks(const us_model_config *mc, const us_train_config *tc, char *err,
@@ -7399,10 +7407,13 @@ static us_result us__moe_checks(const us_model_config *mc, const us_train_config
         if (mc->moe_top_k > mc->moe_top_groups * (E / G))
             US__BAD("top-k=%d experts do not fit in top-groups=%d groups of %d experts",
                     mc->moe_top_k, mc->moe_top_groups, E / G);
-        if (tc->cp > 1 || tc->pp > 1)
-            US__BAD("the MoE layer does not combine with cp or pp yet (cp=%d, pp=%d): use dp, ep "
-                    "and tp",
-                    tc->cp, tc->pp);
+        if (tc->pp > 1)
+            US__BAD("the MoE layer does not combine with pp yet (pp=%d): use dp, cp, ep and tp",
+                    tc->pp);
+        if (mc->moe_capacity > 0 && (tc->cp > 1 || (tc->sp && tc->tp > 1)))
+            US__BAD("a capacity limit keeps each expert's first tokens of a micro-batch, which cp "
+                    "and sp spread over several ranks: drop the capacity factor under cp=%d / sp",
+                    tc->cp);
         if (tc->sp)
             US__BAD("sequence parallelism with MoE layers is not supported yet (the MoE layer runs "
                     "on every tp rank's whole sequence): drop sp");
@@ -7430,6 +7441,13 @@ struct us__moe_grads { /* the backward's scratch, one action's (m->a[US__A_MOE])
     int32_t *epc; /* [ep,E]  ep > 1: every ep peer's kept tokens per expert */
     double *sum; /* [MoE layers·E + 3] dp·cp > 1: the step's routing counts, summed over dp×cp */
 };
+
+/* Tokens a MoE layer routes per micro-batch on this rank: cp splits every sequence, so
+   batch·seq/cp; sequence parallelism gathers the tp group's tokens back before the layer
+   (us__moe_fwd), so it does not divide them. */
+static int64_t us__moe_tokens(const us_model *m) {
+    return (int64_t)m->tc.batch * (m->tc.seq / (m->tc.cp > 1 ? m->tc.cp : 1));
+}
 
 /* an expert takes at most cap tokens of a micro-batch of N (0: no limit); R rows hold them all */
 static int64_t us__moe_cap(const us_model_config *c, int64_t N) {
@@ -7476,8 +7494,8 @@ static void us__moe_bytes(const us_model_config *c, const us_train_config *tc, i
 
 static void us__moe_take(const us_model *m, us__arena *ar, us_layer_acts *L, int cheap, int gemm) {
     const us_model_config *c = &m->cfg;
-    int64_t N = (int64_t)m->tc.batch * m->tc.seq, E = c->moe_experts, K = c->moe_top_k,
-            Fe = c->moe_ffn_dim, R = m->moe_rows, C = c->dim;
+    int64_t N = us__moe_tokens(m), E = c->moe_experts, K = c->moe_top_k, Fe = c->moe_ffn_dim,
+            R = m->moe_rows, C = c->dim;
     int64_t Rx = m->moe_rx; /* rows this rank's experts run on (ep·R under expert parallelism) */
     size_t a = us_dtype_size(m->dt);
     if (gemm) { /* GEMM outputs: kept unless recompute is full */
@@ -7501,8 +7519,8 @@ static void us__moe_take(const us_model *m, us__arena *ar, us_layer_acts *L, int
 
 static size_t us__moe_scratch(const us_model *m, us__moe_grads *g) {
     const us_model_config *c = &m->cfg;
-    int64_t N = (int64_t)m->tc.batch * m->tc.seq, E = c->moe_experts, K = c->moe_top_k,
-            Fe = c->moe_ffn_dim, C = c->dim;
+    int64_t N = us__moe_tokens(m), E = c->moe_experts, K = c->moe_top_k, Fe = c->moe_ffn_dim,
+            C = c->dim;
     int64_t Rx = m->moe_rx, hN = Rx > N * c->moe_shared ? Rx : N * c->moe_shared,
             ep = us__ep_size(&m->tc);
     int64_t nsum = m->tc.dp * m->tc.cp > 1 ? (int64_t)m->n_moe * E + 3 : 0;
@@ -7550,8 +7568,8 @@ static us_result us__moe_init(us_model *m) {
     for (l = 0; l < c->n_layers; l++)
         m->moe_idx[l] = us__is_moe(c, m->layer_g[l]) ? m->n_moe++ : -1;
     if (!m->n_moe) return US_OK;
-    m->moe_rows = us__moe_rows(c, (int64_t)m->tc.batch * m->tc.seq);
-    m->moe_rx = us__moe_rx(c, &m->tc, (int64_t)m->tc.batch * m->tc.seq);
+    m->moe_rows = us__moe_rows(c, us__moe_tokens(m));
+    m->moe_rx = us__moe_rx(c, &m->tc, us__moe_tokens(m));
     nb = (size_t)m->n_moe * (size_t)E;
     if (m->ep > 1) {
         m->ep_counts_h =
@@ -7566,7 +7584,7 @@ static us_result us__moe_init(us_model *m) {
     m->moe_bias_h = (float *)US_MALLOC(nb * sizeof(float));
     m->moe_load = (int64_t *)US_MALLOC(nb * sizeof(int64_t));
     m->moe_load_last = (int64_t *)US_MALLOC(nb * sizeof(int64_t));
-    m->moe_counts_h = (int32_t *)US_MALLOC((size_t)c->n_layers * 2 * (size_t)E * sizeof(int32_t));
+    m->moe_counts_h = (int32_t *)US_MALLOC((size_t)c->n_layers * 3 * (size_t)E * sizeof(int32_t));
     m->moe_bias =
         (float *)m->ops.alloc(&m->ops, nb * sizeof(float)); /* zero-filled: no bias at the start */
     if (!m->moe_bias_h || !m->moe_load || !m->moe_load_last || !m->moe_counts_h || !m->moe_bias) {
@@ -7576,7 +7594,7 @@ static us_result us__moe_init(us_model *m) {
     memset(m->moe_bias_h, 0, nb * sizeof(float));
     memset(m->moe_load, 0, nb * sizeof(int64_t));
     memset(m->moe_load_last, 0, nb * sizeof(int64_t));
-    memset(m->moe_counts_h, 0, (size_t)c->n_layers * 2 * (size_t)E * sizeof(int32_t));
+    memset(m->moe_counts_h, 0, (size_t)c->n_layers * 3 * (size_t)E * sizeof(int32_t));
     return US_OK;
 }
 
@@ -7609,16 +7627,44 @@ static us_result us__ep_move(us_model *m, int l, int dir, void *dst, const void 
 static int64_t us__moe_local_rows(const us_model *m, int l, int j) {
     int E = m->cfg.moe_experts, s;
     int64_t n = 0;
-    if (m->ep <= 1) return m->moe_counts_h[(size_t)l * 2 * E + E + j];
+    if (m->ep <= 1) return m->moe_counts_h[(size_t)l * 3 * E + E + j];
     for (s = 0; s < m->ep; s++)
         n += m->ep_counts_h[((size_t)l * m->ep + s) * E + (size_t)m->ep_rank * (E / m->ep) + j];
     return n;
 }
 
 /* The auxiliary loss's weight per micro-batch: the step's objective averages it over the
-   micro-batches (and ranks), as the language-model loss is a mean over the global batch. */
+   micro-batches (and dp ranks), as the language-model loss is a mean over the global batch. The
+   cp ranks share one micro-batch: each adds its tokens' part of the one loss (us__moe_fwd). */
 static double us__moe_aux_weight(const us_model *m) {
-    return 1.0 / ((double)m->tc.grad_accum * m->tc.dp * m->tc.cp);
+    return 1.0 / ((double)m->tc.grad_accum * m->tc.dp);
+}
+
+/* The auxiliary loss's f_e counts the whole micro-batch: under context parallelism each cp rank
+   routes a slice of it, so layer l's routed counts cnt[0, E) are summed over cp into
+   cnt[2E, 3E) (copied when cp = 1), through the routing-count scratch (g->sum, [≥ E] f64). */
+static us_result us__moe_batch_counts(us_model *m, int32_t *cnt, us__moe_grads *g) {
+    int E = m->cfg.moe_experts, e;
+    double *h;
+    us_result r;
+    if (m->mesh.cp <= 1) {
+        memcpy(cnt + 2 * E, cnt, (size_t)E * sizeof(int32_t));
+        return US_OK;
+    }
+    h = (double *)US_MALLOC((size_t)E * sizeof(double));
+    if (!h) {
+        us__model_set_error(m, "out of host memory");
+        return US_ERR_OOM;
+    }
+    for (e = 0; e < E; e++) h[e] = (double)cnt[e];
+    m->ops.copy(&m->ops, g->sum, h, (size_t)E * sizeof(double), US_COPY_H2D);
+    r = m->comm->all_reduce(m->comm, &m->mesh.cp_g, g->sum, E, US_F64, US_REDUCE_SUM, NULL);
+    if (r == US_OK) {
+        m->ops.copy(&m->ops, h, g->sum, (size_t)E * sizeof(double), US_COPY_D2H);
+        for (e = 0; e < E; e++) cnt[2 * E + e] = (int32_t)h[e]; /* exact: counts below 2^31 */
+    }
+    US_FREE(h);
+    return us__comm_fail(m, r, "all-reduce of the micro-batch's routing counts");
 }
 
 /* MoE layer l's forward from A->ln2, with recompute as in us__layer_fwd: GEMM outputs (logits,
@@ -7636,8 +7682,8 @@ static us_result us__moe_fwd(us_model *m, int l, int64_t N, int recompute, void 
         do_cheap = !recompute || mode != US_RECOMPUTE_NONE;
     int El = E / m->ep; /* this rank's experts (// >>ep) */
     int64_t C = c->dim, Fe = c->moe_ffn_dim, R = us__moe_rows(c, N), off, n;
-    int32_t *cnt = m->moe_counts_h + (size_t)l * 2 * E,
-            *kept = cnt + E;                                   /* host: routed [E], kept [E] */
+    /* host: routed [E], kept [E], routed in the whole micro-batch [E] (us__moe_batch_counts) */
+    int32_t *cnt = m->moe_counts_h + (size_t)l * 3 * E, *kept = cnt + E;
     int ex = US__TENSOR(l, US__P_EXPERTS) + 3 * c->moe_shared; /* local expert 0's gate_proj */
     /* the experts' outputs, expert-major: A->ye itself on one rank, else a scratch sent home
        after */
@@ -7696,17 +7742,23 @@ static us_result us__moe_fwd(us_model *m, int l, int64_t N, int recompute, void 
         o->gemm(o, 0, 1, N, C, Fe, 1.0f, A->sh, dt, Fe,
                 us__weight(m, US__TENSOR(l, US__P_EXPERTS) + 2), dt, Fe, 1.0f, xnext, dt, C);
     o->moe_scatter(o, xnext, A->ye, A->slot_row, A->gates, N, K, C, dt);
-    { /* the routing statistics, and the auxiliary loss α·Σ_e f_e·P_e */
-        double lossv = 0;
+    { /* the routing statistics, and the auxiliary loss α·Σ_e f_e·P_e over the micro-batch's Nb
+         tokens: f_e from its routed counts, P_e from this rank's tokens (the cp ranks' shares
+         sum to it) */
+        double lossv = 0, Nb = (double)N * m->mesh.cp;
         if (aux) {
             float *ps = (float *)US_MALLOC((size_t)E * 4);
             if (!ps) {
                 us__model_set_error(m, "out of host memory");
                 return US_ERR_OOM;
             }
+            if ((r = us__moe_batch_counts(m, cnt, &g)) != US_OK) {
+                US_FREE(ps);
+                return r;
+            }
             o->copy(o, ps, g.vec, (size_t)E * 4, US_COPY_D2H);
             for (e = 0; e < E; e++)
-                lossv += (double)E * cnt[e] / ((double)K * N) * (ps[e] / (double)N);
+                lossv += (double)E * cnt[2 * E + e] / ((double)K * Nb) * (ps[e] / Nb);
             lossv *= c->moe_aux_coef * us__moe_aux_weight(m);
             US_FREE(ps);
         }
@@ -7733,7 +7785,7 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
     int E = c->moe_experts, K = c->moe_top_k, e, aux = c->moe_balance == US_MOE_BALANCE_AUX,
         El = E / m->ep;
     int64_t C = c->dim, Fe = c->moe_ffn_dim, off, rows, nperm, n;
-    int32_t *cnt = m->moe_counts_h + (size_t)l * 2 * E, *kept = cnt + E;
+    int32_t *cnt = m->moe_counts_h + (size_t)l * 3 * E, *kept = cnt + E;
     int ex = US__TENSOR(l, US__P_EXPERTS) + 3 * c->moe_shared, rt = US__TENSOR(l, US__P_ROUTER);
     void *dres = m->a[US__A_DRES], *dln = m->a[US__A_DLN], *dxp;
     us_result r;
@@ -7789,16 +7841,18 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
         o->gemm(o, 1, 0, 2 * Fe, C, N, 1.0f, g.dgu, dt, 2 * Fe, A->ln2, dt, C, 1.0f,
                 us__grad(m, sx), US_F32, C);
     }
-    /* router: through the gates, and (aux) through P_e: ∂loss/∂p'[n,e] = w·α·f_e/N */
+    /* router: through the gates, and (aux) through P_e: ∂loss/∂p'[n,e] = w·α·f_e/Nb, Nb the
+       micro-batch's tokens (N·cp), f_e from its routed counts (us__moe_batch_counts) */
     if (aux) {
         float *v = (float *)US_MALLOC((size_t)E * 4);
+        double Nb = (double)N * m->mesh.cp;
         if (!v) {
             us__model_set_error(m, "out of host memory");
             return US_ERR_OOM;
         }
         for (e = 0; e < E; e++)
-            v[e] = (float)(c->moe_aux_coef * us__moe_aux_weight(m) * (double)E * cnt[e] /
-                           ((double)K * N) / (double)N) *
+            v[e] = (float)(c->moe_aux_coef * us__moe_aux_weight(m) * (double)E * cnt[2 * E + e] /
+                           ((double)K * Nb) / Nb) *
                    m->loss_scale; /* scaled like the main loss's seed (// >>lossscale) */
         o->copy(o, g.vec, v, (size_t)E * 4, US_COPY_H2D);
         US_FREE(v);
