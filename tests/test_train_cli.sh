@@ -217,7 +217,7 @@ expect 2 "bad --moe-gate" "--moe-gate must be softmax or sigmoid, got relu" -- -
 expect 2 "bad --moe-balance" "--moe-balance must be bias, aux or none, got lossy" -- --experts 4 --moe-balance lossy
 expect 2 "top-k above the experts" "moe top-k=5 must be in 1..experts=4" -- --experts 4 --top-k 5
 expect 2 "groups must divide the experts" "moe groups=4 must divide experts=6" -- --experts 6 --moe-groups 4
-expect 2 "MoE refuses pipeline parallelism" "the MoE layer does not combine with cp or pp yet" -- --experts 4 --pp 2
+expect 2 "MoE refuses pipeline parallelism" "the MoE layer does not combine with pp yet" -- --experts 4 --pp 2
 # expert parallelism: errors in one sentence, and the loss curve of one rank
 expect 2 "ep must divide dp x cp" "ep=3 must divide dp x cp = 2" -- --experts 4 --dp 2 --ep 3
 expect 2 "ep must divide the experts" "ep=4 must divide experts=6" -- --experts 6 --dp 4 --ep 4
