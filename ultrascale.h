@@ -7414,9 +7414,6 @@ static us_result us__moe_checks(const us_model_config *mc, const us_train_config
             US__BAD("a capacity limit keeps each expert's first tokens of a micro-batch, which cp "
                     "and sp spread over several ranks: drop the capacity factor under cp=%d / sp",
                     tc->cp);
-        if (tc->sp)
-            US__BAD("sequence parallelism with MoE layers is not supported yet (the MoE layer runs "
-                    "on every tp rank's whole sequence): drop sp");
         if (tc->ep > 1 && tc->zero)
             US__BAD("ZeRO with expert parallelism is not supported (expert gradients are reduced "
                     "over the expert-data-parallel group, not dp): use zero 0");
@@ -7440,6 +7437,7 @@ struct us__moe_grads { /* the backward's scratch, one action's (m->a[US__A_MOE])
     void *ept;    /* [Rx,C]  ep > 1: the all-to-all's rows in transit, by source rank (// >>ep) */
     int32_t *epc; /* [ep,E]  ep > 1: every ep peer's kept tokens per expert */
     double *sum; /* [MoE layers·E + 3] dp·cp > 1: the step's routing counts, summed over dp×cp */
+    void *dresf; /* [Np,C]  sp: the tp group's residual gradient, gathered (us__moe_bwd) */
 };
 
 /* Tokens a MoE layer routes per micro-batch on this rank: cp splits every sequence, so
@@ -7474,13 +7472,15 @@ static int64_t us__moe_rx(const us_model_config *c, const us_train_config *tc, i
    (us__moe_scratch's): the estimator uses the same pieces. Under expert parallelism the rows a
    rank's experts run on (xe, gate|up, SwiGLU and their gradients) are sized for the worst case,
    Rx (us__moe_rx), plus a transit buffer of Rx rows and the count table (// >>ep); n_moe MoE
-   layers' routing counts are summed over dp×cp in a small scratch. */
+   layers' routing counts are summed over dp×cp in a small scratch; under sequence parallelism the
+   backward gathers the residual gradient, [Np, C]. */
 static void us__moe_bytes(const us_model_config *c, const us_train_config *tc, int n_moe, int64_t N,
                           size_t a, size_t *gemm, size_t *cheap, size_t *scratch) {
     int64_t E = c->moe_experts, K = c->moe_top_k, Fe = c->moe_ffn_dim, R = us__moe_rows(c, N),
             C = c->dim, S = c->moe_shared;
     int64_t ep = us__ep_size(tc), Rx = us__moe_rx(c, tc, N), hN = Rx > N * S ? Rx : N * S,
             nsum = tc->dp * tc->cp > 1 ? (int64_t)n_moe * E + 3 : 0;
+    int64_t Np = tc->sp && tc->tp > 1 ? (N + tc->tp - 1) / tc->tp * tc->tp : 0; /* SP: gathered */
     *gemm = us__align(N * E * 4) + us__align(Rx * 2 * Fe * a) + us__align(R * C * a) +
             (S ? us__align(N * 2 * Fe * a) : 0);
     *cheap = us__align(N * E * 4) + 3 * us__align(N * K * 4) + us__align(R * 4) +
@@ -7489,7 +7489,7 @@ static void us__moe_bytes(const us_model_config *c, const us_train_config *tc, i
     *scratch = 2 * us__align(Rx * C * a) + us__align(hN * Fe * a) + us__align(hN * 2 * Fe * a) +
                us__align(N * E * a) + us__align(N * K * 4) + us__align(N * E * 4) +
                us__align(E * 4) + (ep > 1 ? us__align(Rx * C * a) + us__align(ep * E * 4) : 0) +
-               (nsum ? us__align(nsum * 8) : 0);
+               (nsum ? us__align(nsum * 8) : 0) + (Np ? us__align(Np * C * a) : 0);
 }
 
 static void us__moe_take(const us_model *m, us__arena *ar, us_layer_acts *L, int cheap, int gemm) {
@@ -7523,10 +7523,11 @@ static size_t us__moe_scratch(const us_model *m, us__moe_grads *g) {
             C = c->dim;
     int64_t Rx = m->moe_rx, hN = Rx > N * c->moe_shared ? Rx : N * c->moe_shared,
             ep = us__ep_size(&m->tc);
-    int64_t nsum = m->tc.dp * m->tc.cp > 1 ? (int64_t)m->n_moe * E + 3 : 0;
+    int64_t nsum = m->tc.dp * m->tc.cp > 1 ? (int64_t)m->n_moe * E + 3 : 0, Np, Ns;
     size_t a = us_dtype_size(m->dt);
     us__arena ar;
     if (!m->n_moe) return 0;
+    us__sp_rows(m, N, &Np, &Ns);
     ar.base = g ? (char *)m->a[US__A_MOE] : NULL;
     ar.used = 0;
     {
@@ -7538,7 +7539,9 @@ static size_t us__moe_scratch(const us_model *m, us__moe_grads *g) {
         void *ept = ep > 1 ? us__take(&ar, Rx * C * a) : NULL;
         int32_t *epc = ep > 1 ? (int32_t *)us__take(&ar, ep * E * 4) : NULL;
         double *sum = nsum ? (double *)us__take(&ar, nsum * 8) : NULL;
+        void *dresf = us__sp_on(m) ? us__take(&ar, Np * C * a) : NULL;
         if (g) {
+            g->dresf = dresf;
             g->dye = dye;
             g->dxe = dxe;
             g->dh = dh;
@@ -7667,7 +7670,77 @@ static us_result us__moe_batch_counts(us_model *m, int32_t *cnt, us__moe_grads *
     return us__comm_fail(m, r, "all-reduce of the micro-batch's routing counts");
 }
 
-/* MoE layer l's forward from A->ln2, with recompute as in us__layer_fwd: GEMM outputs (logits,
+/* combine: x_{l+1} = xmid + sh·Wdown_sᵀ + Σ_k gate[n,k]·ye[row of (n,k)], on this rank's rows:
+   all N, or under SP its Ns rows [t·Ns, t·Ns + Ns) of the tp group's (padding past N keeps xmid).
+   xnext [Ns,C]. */
+static void us__moe_combine(us_model *m, int l, int64_t N, void *xnext) {
+    us_ops *o = &m->ops;
+    const us_model_config *c = &m->cfg;
+    us_layer_acts *A = &m->acts[l];
+    us_dtype dt = m->dt;
+    int K = c->moe_top_k;
+    int64_t C = c->dim, Fe = c->moe_ffn_dim, Np, Ns, r0, n;
+    us__sp_rows(m, N, &Np, &Ns);
+    r0 = us__sp_on(m) ? (int64_t)m->mesh.tp_rank * Ns : 0;
+    n = N - r0 < Ns ? N - r0 : Ns; /* this rank's real tokens */
+    o->copy(o, xnext, A->xmid, (size_t)(Ns * C) * us_dtype_size(dt), US_COPY_D2D);
+    if (n <= 0) return;
+    if (c->moe_shared)
+        o->gemm(o, 0, 1, n, C, Fe, 1.0f, us__at(A->sh, dt, r0 * Fe), dt, Fe,
+                us__weight(m, US__TENSOR(l, US__P_EXPERTS) + 2), dt, Fe, 1.0f, xnext, dt, C);
+    o->moe_scatter(o, xnext, A->ye, A->slot_row + r0 * K, A->gates + r0 * K, n, K, C, dt);
+}
+
+/* A real forward's routing statistics, and the auxiliary loss α·Σ_e f_e·P_e over the
+   micro-batch's Nb tokens: f_e from its routed counts, P_e from this rank's N tokens (the cp
+   ranks' shares sum to it). */
+static us_result us__moe_stats(us_model *m, int l, int64_t N, us__moe_grads *g) {
+    const us_model_config *c = &m->cfg;
+    int E = c->moe_experts, K = c->moe_top_k, e, mi = m->moe_idx[l];
+    int32_t *cnt = m->moe_counts_h + (size_t)l * 3 * E, *kept = cnt + E;
+    double lossv = 0, Nb = (double)N * m->mesh.cp;
+    us_result r;
+    if (c->moe_balance == US_MOE_BALANCE_AUX) {
+        float *ps = (float *)US_MALLOC((size_t)E * 4);
+        if (!ps) {
+            us__model_set_error(m, "out of host memory");
+            return US_ERR_OOM;
+        }
+        if ((r = us__moe_batch_counts(m, cnt, g)) != US_OK) {
+            US_FREE(ps);
+            return r;
+        }
+        m->ops.copy(&m->ops, ps, g->vec, (size_t)E * 4, US_COPY_D2H); /* Σ_n p'[n,e] */
+        for (e = 0; e < E; e++)
+            lossv += (double)E * cnt[2 * E + e] / ((double)K * Nb) * (ps[e] / Nb);
+        lossv *= c->moe_aux_coef * us__moe_aux_weight(m);
+        US_FREE(ps);
+    }
+    m->moe_aux_last += lossv;
+    if (m->moe_train) {
+        for (e = 0; e < E; e++) {
+            m->moe_load[(size_t)mi * E + e] += cnt[e];
+            m->moe_dropped += cnt[e] - kept[e];
+        }
+        m->moe_choices += N * K;
+        m->moe_aux += lossv;
+    }
+    return US_OK;
+}
+
+/* Sequence parallelism (// >>tp) leaves each tp rank Ns of the tp group's N tokens. Megatron-LM
+   has two answers for a MoE layer: gather the tokens around the experts (its "allgather" token
+   dispatcher), or route each rank's local tokens (its "alltoall" dispatcher, the tp ranks
+   becoming more expert-data-parallel ranks). This takes the gather: ln2's output is all-gathered
+   (g) before the router, every tp rank runs the layer whole on the N tokens as it does without
+   SP, and keeps its own rows of the output; the backward gathers the residual gradient and keeps
+   its rows of ∂u. Why: the layer stays replicated over tp, so its weight gradients are whole on
+   every tp rank and are reduced over the same groups (dp×cp, or the expert-data-parallel group)
+   with and without SP, and ZeRO and ep shard them alike; routing the local tokens would divide
+   the expert compute by tp but needs every MoE gradient summed over tp as well, over a group
+   that crosses ep's. The cost is the one tp without SP already pays: the experts' compute is
+   repeated on every tp rank.
+   MoE layer l's forward from A->ln2, with recompute as in us__layer_fwd: GEMM outputs (logits,
    gate | up, expert outputs) are kept unless recompute is full; routing, permutation and SwiGLU
    are refilled by selective. A real forward (recompute = 0) writes x_{l+1} and counts the
    routing. */
@@ -7683,19 +7756,26 @@ static us_result us__moe_fwd(us_model *m, int l, int64_t N, int recompute, void 
     int El = E / m->ep; /* this rank's experts (// >>ep) */
     int64_t C = c->dim, Fe = c->moe_ffn_dim, R = us__moe_rows(c, N), off, n;
     /* host: routed [E], kept [E], routed in the whole micro-batch [E] (us__moe_batch_counts) */
-    int32_t *cnt = m->moe_counts_h + (size_t)l * 3 * E, *kept = cnt + E;
+    int32_t *cnt = m->moe_counts_h + (size_t)l * 3 * E;
     int ex = US__TENSOR(l, US__P_EXPERTS) + 3 * c->moe_shared; /* local expert 0's gate_proj */
     /* the experts' outputs, expert-major: A->ye itself on one rank, else a scratch sent home
        after */
     void *ye;
+    const void *u = A->ln2; /* [N,C] the layer's input: ln2's output, or under SP gathered */
     us_result r;
     us__moe_grads g;
     us__moe_scratch(m, &g);
     ye = m->ep > 1 ? g.dxe : A->ye;
-    /* route: logits [N,E] f32 = ln2 [N,C] · Wrouter [E,C]ᵀ; topk, gates [N,K] */
+    if (us__sp_on(m) && (do_gemm || do_cheap)) { /* g: the tp group's tokens (see above) */
+        int64_t Np, Ns;
+        us__sp_rows(m, N, &Np, &Ns);
+        if ((r = us__sp_gather(m, m->a[US__A_SPG], A->ln2, Ns)) != US_OK) return r;
+        u = m->a[US__A_SPG];
+    }
+    /* route: logits [N,E] f32 = u [N,C] · Wrouter [E,C]ᵀ; topk, gates [N,K] */
     if (do_gemm)
-        o->gemm(o, 0, 1, N, E, C, 1.0f, A->ln2, dt, C, us__weight(m, US__TENSOR(l, US__P_ROUTER)),
-                dt, C, 0.0f, A->logits, US_F32, E);
+        o->gemm(o, 0, 1, N, E, C, 1.0f, u, dt, C, us__weight(m, US__TENSOR(l, US__P_ROUTER)), dt, C,
+                0.0f, A->logits, US_F32, E);
     if (do_cheap) {
         const float *bias =
             c->moe_balance == US_MOE_BALANCE_BIAS ? m->moe_bias + (size_t)mi * E : NULL;
@@ -7708,10 +7788,10 @@ static us_result us__moe_fwd(us_model *m, int l, int64_t N, int recompute, void 
         if (m->ep >
             1) { /* expert parallelism: the counts, then each row to its expert's rank (// >>ep) */
             if ((r = us__ep_counts(m, l, A->counts + E, g.epc)) != US_OK) return r;
-            o->moe_gather(o, g.dye, A->ln2, A->row_slot, NULL, R, K, C, dt);
+            o->moe_gather(o, g.dye, u, A->row_slot, NULL, R, K, C, dt);
             if ((r = us__ep_move(m, l, 0, A->xe, g.dye, g.ept)) != US_OK) return r;
         } else
-            o->moe_gather(o, A->xe, A->ln2, A->row_slot, NULL, R, K, C, dt);
+            o->moe_gather(o, A->xe, u, A->row_slot, NULL, R, K, C, dt);
     }
     /* this rank's experts, each on its contiguous rows [off, off + n): gu_e [n,2Fe] =
        xe [n,C] · Wgu [2Fe,C]ᵀ, h_e [n,Fe] = swiglu(gu_e), ye [n,C] = h_e · Wdown [C,Fe]ᵀ */
@@ -7731,48 +7811,13 @@ static us_result us__moe_fwd(us_model *m, int l, int64_t N, int recompute, void 
     /* the shared expert, a dense SwiGLU MLP of size Fe on every token: sgu [N,2Fe], sh [N,Fe] */
     if (c->moe_shared) {
         if (do_gemm)
-            o->gemm(o, 0, 1, N, 2 * Fe, C, 1.0f, A->ln2, dt, C,
+            o->gemm(o, 0, 1, N, 2 * Fe, C, 1.0f, u, dt, C,
                     us__weight(m, US__TENSOR(l, US__P_EXPERTS)), dt, C, 0.0f, A->sgu, dt, 2 * Fe);
         if (do_cheap) o->swiglu_fwd(o, A->sh, A->sgu, N, Fe, dt);
     }
     if (recompute) return US_OK;
-    /* combine: x_{l+1} [N,C] = xmid + sh·Wdown_sᵀ + Σ_k gate[n,k]·ye[row of (n,k)] */
-    o->copy(o, xnext, A->xmid, (size_t)(N * C) * us_dtype_size(dt), US_COPY_D2D);
-    if (c->moe_shared)
-        o->gemm(o, 0, 1, N, C, Fe, 1.0f, A->sh, dt, Fe,
-                us__weight(m, US__TENSOR(l, US__P_EXPERTS) + 2), dt, Fe, 1.0f, xnext, dt, C);
-    o->moe_scatter(o, xnext, A->ye, A->slot_row, A->gates, N, K, C, dt);
-    { /* the routing statistics, and the auxiliary loss α·Σ_e f_e·P_e over the micro-batch's Nb
-         tokens: f_e from its routed counts, P_e from this rank's tokens (the cp ranks' shares
-         sum to it) */
-        double lossv = 0, Nb = (double)N * m->mesh.cp;
-        if (aux) {
-            float *ps = (float *)US_MALLOC((size_t)E * 4);
-            if (!ps) {
-                us__model_set_error(m, "out of host memory");
-                return US_ERR_OOM;
-            }
-            if ((r = us__moe_batch_counts(m, cnt, &g)) != US_OK) {
-                US_FREE(ps);
-                return r;
-            }
-            o->copy(o, ps, g.vec, (size_t)E * 4, US_COPY_D2H);
-            for (e = 0; e < E; e++)
-                lossv += (double)E * cnt[2 * E + e] / ((double)K * Nb) * (ps[e] / Nb);
-            lossv *= c->moe_aux_coef * us__moe_aux_weight(m);
-            US_FREE(ps);
-        }
-        m->moe_aux_last += lossv;
-        if (m->moe_train) {
-            for (e = 0; e < E; e++) {
-                m->moe_load[(size_t)mi * E + e] += cnt[e];
-                m->moe_dropped += cnt[e] - kept[e];
-            }
-            m->moe_choices += N * K;
-            m->moe_aux += lossv;
-        }
-    }
-    return US_OK;
+    us__moe_combine(m, l, N, xnext);
+    return us__moe_stats(m, l, N, &g);
 }
 
 /* Its backward. On entry dres = ∂loss/∂x_{l+1}; leaves ∂loss/∂u in DLN (u = ln2's output),
@@ -7787,11 +7832,20 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
     int64_t C = c->dim, Fe = c->moe_ffn_dim, off, rows, nperm, n;
     int32_t *cnt = m->moe_counts_h + (size_t)l * 3 * E, *kept = cnt + E;
     int ex = US__TENSOR(l, US__P_EXPERTS) + 3 * c->moe_shared, rt = US__TENSOR(l, US__P_ROUTER);
+    int64_t Np, Ns;
     void *dres = m->a[US__A_DRES], *dln = m->a[US__A_DLN], *dxp;
+    const void *u = A->ln2; /* [N,C] the layer's input */
     us_result r;
     us__moe_grads g;
-    US_ASSERT(!m->pp_bonly && !us__sp_on(m)); /* validation keeps pipelines and tp away */
+    US_ASSERT(!m->pp_bonly); /* validation keeps pipelines away */
     us__moe_scratch(m, &g);
+    us__sp_rows(m, N, &Np, &Ns);
+    if (us__sp_on(m)) { /* the tp group's residual gradient and input, whole (see us__moe_fwd) */
+        if ((r = us__sp_gather(m, g.dresf, dres, Ns)) != US_OK) return r;
+        if ((r = us__sp_gather(m, m->a[US__A_SPG], A->ln2, Ns)) != US_OK) return r;
+        dres = g.dresf;
+        u = m->a[US__A_SPG];
+    }
     for (e = 0, nperm = 0; e < E; e++) nperm += kept[e]; /* this rank's tokens' rows */
     for (e = 0, rows = 0; e < El; e++)
         rows += us__moe_local_rows(m, l, e); /* the rows its experts ran */
@@ -7827,7 +7881,7 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
         dxp = g.dye;
     }
     /* un-permute: each token sums the gradients of its rows */
-    o->zero(o, dln, (size_t)(N * C) * us_dtype_size(dt));
+    o->zero(o, dln, (size_t)(Np * C) * us_dtype_size(dt)); /* (SP's padding rows: zero) */
     o->moe_scatter(o, dln, dxp, A->slot_row, NULL, N, K, C, dt);
     if (c->moe_shared) {
         int sx = US__TENSOR(l, US__P_EXPERTS);
@@ -7838,8 +7892,8 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
         o->swiglu_bwd(o, g.dgu, g.dh, A->sgu, N, Fe, dt);
         o->gemm(o, 0, 0, N, C, 2 * Fe, 1.0f, g.dgu, dt, 2 * Fe, us__weight(m, sx), dt, C, 1.0f, dln,
                 dt, C);
-        o->gemm(o, 1, 0, 2 * Fe, C, N, 1.0f, g.dgu, dt, 2 * Fe, A->ln2, dt, C, 1.0f,
-                us__grad(m, sx), US_F32, C);
+        o->gemm(o, 1, 0, 2 * Fe, C, N, 1.0f, g.dgu, dt, 2 * Fe, u, dt, C, 1.0f, us__grad(m, sx),
+                US_F32, C);
     }
     /* router: through the gates, and (aux) through P_e: ∂loss/∂p'[n,e] = w·α·f_e/Nb, Nb the
        micro-batch's tokens (N·cp), f_e from its routed counts (us__moe_batch_counts) */
@@ -7863,7 +7917,7 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
        dWrouter += dlgᵀ · ln2 */
     o->cast(o, g.dlg, dt, g.dlogits, US_F32, N * E);
     o->gemm(o, 0, 0, N, C, E, 1.0f, g.dlg, dt, E, us__weight(m, rt), dt, C, 1.0f, dln, dt, C);
-    o->gemm(o, 1, 0, E, C, N, 1.0f, g.dlg, dt, E, A->ln2, dt, C, 1.0f, us__grad(m, rt), US_F32, C);
+    o->gemm(o, 1, 0, E, C, N, 1.0f, g.dlg, dt, E, u, dt, C, 1.0f, us__grad(m, rt), US_F32, C);
     return us__grads_ready(m, rt, m->layer_p[l + 1]);
 }
 
@@ -7958,8 +8012,9 @@ static us_result us__moe_step_end(us_model *m) {
    token's contribution to an expert reaches the expert's rank, so both sums are the global
    gradient. The router bias and the routing statistics are summed over dp×cp (us__moe_step_end).
    Tensor parallelism does not split a MoE layer: every tp rank runs it whole on the same tokens
-   (the experts are replicated over tp, the compute repeated), so its input gradient needs no
-   all-reduce; each tp index has its own dp×cp group, hence its own ep and expert-dp groups.
+   (the experts are replicated over tp, the compute repeated; under sequence parallelism the tp
+   group's tokens are gathered first, us__moe_fwd), so its input gradient needs no all-reduce;
+   each tp index has its own dp×cp group, hence its own ep and expert-dp groups.
    Buffers: without a capacity limit nothing bounds how many rows a rank receives below every
    row of every peer, so the expert-side tensors hold ep·R rows; with one, each peer sends at most
    cap rows per expert, E/ep·cap per rank (us__moe_rx, us__moe_bytes). Memory per rank then stays

@@ -181,6 +181,7 @@ typedef struct variant {
     int tp;
     int skew; /* a large router bias sends every token to experts 0..K-1: the other ranks' experts get nothing */
     int cp; /* context parallelism (0: 1): each rank routes its slice of every sequence */
+    int sp; /* sequence parallelism (tp > 1): the tp group's tokens gathered around the MoE layer */
 } variant;
 
 static void setup(run *R, const variant *v, int ranks) {
@@ -206,6 +207,7 @@ static void setup(run *R, const variant *v, int ranks) {
         R->tc.grad_accum = v->accum;
         R->tc.tp = v->tp > 1 ? v->tp : 1;
         R->tc.cp = v->cp > 1 ? v->cp : 1;
+        R->tc.sp = v->sp;
     } else
         R->tc.grad_accum = v->accum * v->dp; /* one rank: each rank's micro-batch in turn */
 }
@@ -314,7 +316,6 @@ static void test_refusals(void) {
         {"needs a MoE model", 0, 2, 2, 0, 1, 0, 1, 1, 0},
         {"ZeRO with expert parallelism", 4, 2, 2, 1, 1, 0, 1, 1, 0},
         {"ZeRO-2 with MoE layers", 4, 2, 1, 2, 1, 0, 1, 1, 0},
-        {"sequence parallelism with MoE layers", 4, 2, 2, 0, 2, 1, 1, 1, 0},
         {"does not combine with pp", 4, 1, 1, 0, 1, 0, 1, 2, 0},
         {"which cp and sp spread over several ranks", 4, 1, 2, 0, 1, 0, 2, 1, 1.25f},
         {"ep=-1 must be at least 1", 4, 2, -1, 0, 1, 0, 1, 1, 0},
@@ -348,37 +349,46 @@ static void test_refusals(void) {
 
 int main(int argc, char **argv) {
     static const variant vs[] = {
-        /* what                                   dp ep E  K  acc sh sig aux z  cap  recompute  tp skew cp */
-        {"ep 2 (dp 2)", 2, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0, 0},
-        {"ep 4 (dp 4)", 4, 4, 8, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0, 0},
+        /* what                                   dp ep E  K  acc sh sig aux z  cap  recompute  tp skew cp sp */
+        {"ep 2 (dp 2)", 2, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0, 0, 0},
+        {"ep 4 (dp 4)", 4, 4, 8, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0, 0, 0},
         {"dp 4 x ep 2 (experts on 2 ranks each)", 4, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE,
-         1, 0, 0},
-        {"dp 2 without ep", 2, 1, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0, 0},
+         1, 0, 0, 0},
+        {"dp 2 without ep", 2, 1, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0, 0, 0},
         {"ep 2, shared expert, sigmoid gates", 2, 2, 4, 2, 1, 1, 1, 0, 0, 0, US_RECOMPUTE_NONE, 1,
-         0, 0},
+         0, 0, 0},
         {"ep 4, top-1, aux loss, capacity 0.5", 4, 4, 8, 1, 1, 0, 0, 1, 0, 0.5f, US_RECOMPUTE_NONE,
-         1, 0, 0},
+         1, 0, 0, 0},
         {"dp 4 x ep 2, accum 2, selective recompute", 4, 2, 4, 2, 2, 1, 0, 0, 0, 0,
-         US_RECOMPUTE_SELECTIVE, 1, 0, 0},
-        {"ep 2, accum 2, full recompute", 2, 2, 4, 2, 2, 0, 1, 0, 0, 0, US_RECOMPUTE_FULL, 1, 0, 0},
-        {"dp 2 without ep, ZeRO-1", 2, 1, 4, 2, 1, 0, 0, 0, 1, 0, US_RECOMPUTE_NONE, 1, 0, 0},
-        {"dp 2 without ep, ZeRO-3", 2, 1, 4, 2, 1, 0, 0, 0, 3, 0, US_RECOMPUTE_NONE, 1, 0, 0},
-        {"tp 2 (MoE whole on each tp rank)", 1, 1, 4, 2, 1, 1, 0, 0, 0, 0, US_RECOMPUTE_NONE, 2, 0,
+         US_RECOMPUTE_SELECTIVE, 1, 0, 0, 0},
+        {"ep 2, accum 2, full recompute", 2, 2, 4, 2, 2, 0, 1, 0, 0, 0, US_RECOMPUTE_FULL, 1, 0, 0,
          0},
-        {"dp 2 x tp 2 x ep 2", 2, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 2, 0, 0},
+        {"dp 2 without ep, ZeRO-1", 2, 1, 4, 2, 1, 0, 0, 0, 1, 0, US_RECOMPUTE_NONE, 1, 0, 0, 0},
+        {"dp 2 without ep, ZeRO-3", 2, 1, 4, 2, 1, 0, 0, 0, 3, 0, US_RECOMPUTE_NONE, 1, 0, 0, 0},
+        {"tp 2 (MoE whole on each tp rank)", 1, 1, 4, 2, 1, 1, 0, 0, 0, 0, US_RECOMPUTE_NONE, 2, 0,
+         0, 0},
+        {"dp 2 x tp 2 x ep 2", 2, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 2, 0, 0, 0},
         {"dp 2 x tp 2 x ep 2, shared, sigmoid, full recompute", 2, 2, 4, 2, 2, 1, 1, 0, 0, 0,
-         US_RECOMPUTE_FULL, 2, 0, 0},
-        {"dp 4 x tp 2 x ep 2, aux loss", 4, 2, 4, 2, 1, 0, 0, 1, 0, 0, US_RECOMPUTE_NONE, 2, 0, 0},
+         US_RECOMPUTE_FULL, 2, 0, 0, 0},
+        {"dp 4 x tp 2 x ep 2, aux loss", 4, 2, 4, 2, 1, 0, 0, 1, 0, 0, US_RECOMPUTE_NONE, 2, 0, 0,
+         0},
         {"ep 4, every token to rank 0's experts", 4, 4, 8, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE,
-         1, 1, 0},
+         1, 1, 0, 0},
         /* context parallelism: each rank routes its (zig-zag) slice of every sequence */
-        {"cp 2", 1, 1, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0, 2},
-        {"cp 2 x ep 2", 1, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0, 2},
+        {"cp 2", 1, 1, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0, 2, 0},
+        {"cp 2 x ep 2", 1, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0, 2, 0},
         {"dp 2 x cp 2 x ep 2, aux loss, shared, accum 2, selective recompute", 2, 2, 4, 2, 2, 1, 0,
-         1, 0, 0, US_RECOMPUTE_SELECTIVE, 1, 0, 2},
+         1, 0, 0, US_RECOMPUTE_SELECTIVE, 1, 0, 2, 0},
         {"dp 2 x cp 2 x ep 4, sigmoid gates, full recompute", 2, 4, 8, 2, 1, 0, 1, 0, 0, 0,
-         US_RECOMPUTE_FULL, 1, 0, 2},
-        {"tp 2 x cp 2 x ep 2, aux loss", 1, 2, 4, 2, 1, 0, 0, 1, 0, 0, US_RECOMPUTE_NONE, 2, 0, 2},
+         US_RECOMPUTE_FULL, 1, 0, 2, 0},
+        {"tp 2 x cp 2 x ep 2, aux loss", 1, 2, 4, 2, 1, 0, 0, 1, 0, 0, US_RECOMPUTE_NONE, 2, 0, 2,
+         0},
+        /* sequence parallelism: ln2's output gathered over tp, each rank keeps its rows */
+        {"tp 2 + sp", 1, 1, 4, 2, 1, 1, 0, 0, 0, 0, US_RECOMPUTE_NONE, 2, 0, 1, 1},
+        {"dp 2 x tp 2 + sp x ep 2, aux loss, accum 2, selective recompute", 2, 2, 4, 2, 2, 0, 0, 1,
+         0, 0, US_RECOMPUTE_SELECTIVE, 2, 0, 1, 1},
+        {"cp 2 x tp 2 + sp x ep 2, shared, sigmoid, full recompute", 1, 2, 4, 2, 1, 1, 1, 0, 0, 0,
+         US_RECOMPUTE_FULL, 2, 0, 2, 1},
     };
     int i;
     us_test_verbose = argc > 1 && !strcmp(argv[1], "-v");
