@@ -782,9 +782,11 @@ typedef struct us_model {
     int64_t shard_n;        /* elements of this rank's shard (n_flat without ZeRO) */
     int64_t slot_n;         /* elements of one ZeRO-2/3 staging or gather slot (the largest unit) */
     int n_gslots, n_wslots;
-    float *gslot[3]; /* ZeRO-2/3: full gradients of the units being produced / reduced */
-    void *wslot[3];  /* ZeRO-3: gathered weights of the units in use / prefetched */
-    int gslot_unit[3], wslot_unit[3]; /* which unit holds each slot, -1 free */
+    /* ZeRO-2/3's slots, at most 5: two units per step of the walk (four where expert parallelism
+       makes a MoE layer two units), one more for tied embeddings (us__dist_sizes_of) */
+    float *gslot[5]; /* ZeRO-2/3: full gradients of the units being produced / reduced */
+    void *wslot[5];  /* ZeRO-3: gathered weights of the units in use / prefetched */
+    int gslot_unit[5], wslot_unit[5]; /* which unit holds each slot, -1 free */
     int grad_sync;   /* reduce gradients in this backward (us_train_step sets it) */
     int synced;      /* reductions were launched and must be finished before the step */
     int tp_inflight; /* tp collectives started and not yet waited for (// >>tp) */
@@ -4441,6 +4443,17 @@ typedef struct us__unit {
 
 #define US__SHARD_PAD 16 /* a ZeRO piece is a multiple of 16 elements: 64-byte aligned in fp32 */
 
+/* The group a unit's gradient is reduced over, and that ZeRO shards it over: routed experts under
+   ep, their expert-data-parallel group (the ranks holding the same experts, // >>ep); everything
+   else, dp×cp. And this rank's place in it: the piece it owns. */
+static us_group *us__unit_group(us_model *m, const us__unit *U) {
+    return U->expert ? &m->edp_g : &m->mesh.dpcp_g;
+}
+
+static int us__unit_rank(const us_model *m, const us__unit *U) {
+    return U->expert ? m->edp_g.rank : m->mesh.dpcp_g.rank;
+}
+
 US_API const us_param *us_model_find_param(const us_model *m, const char *name) {
     int i;
     for (i = 0; i < m->n_params_t; i++)
@@ -4742,7 +4755,7 @@ static void us__init_weights(us_model *m) {
     /* each tensor draws from its own stream seeded by (seed, index): the values do not depend
        on the order tensors are visited or on how the buffers are sharded. A unit is built on
        the host, then this rank stores what it keeps of it. */
-    int i, u, Z = m->tc.zero, R = m->mesh.dpcp_g.rank, L = m->cfg.n_layers, LG = m->n_layers_global;
+    int i, u, Z = m->tc.zero, L = m->cfg.n_layers, LG = m->n_layers_global;
     float proj_std = m->cfg.init_std / sqrtf(2.0f * (float)LG);
     int nt = us__threads(&m->ops); /* a GPU backend's ops say 0: every host thread */
     size_t a = us_dtype_size(m->dt);
@@ -4753,8 +4766,8 @@ static void us__init_weights(us_model *m) {
     for (u = 0; u < m->n_units; u++) {
         const us__unit *U = &m->units[u];
         float *hu = h + U->off;
-        int64_t j,
-            own = U->off + (Z ? (int64_t)R * U->piece : 0); /* flat index of this rank's piece */
+        int64_t j, own = U->off + (Z ? (int64_t)us__unit_rank(m, U) * U->piece
+                                     : 0); /* flat index of this rank's piece */
         memset(hu, 0, (size_t)U->n * 4);
         for (i = U->p0; i < U->p1; i++) {
             const us_param *p = &m->params[i];
@@ -4863,17 +4876,24 @@ static int us__emb_sparse(const us_model_config *mc, const us_train_config *tc) 
    produced early in the backward; ZeRO-3 uses one unit per layer (+ the embedding, + the final
    norm with the head), what it gathers before the layer runs. Under ZeRO every unit is padded
    to a multiple of dp·16 elements so it splits into dp equal pieces: the user never needs
-   divisibility. units may be NULL (count only). Returns the number of units. */
+   divisibility. Under expert parallelism routed experts and the rest never share a unit: the
+   experts' units are reduced and sharded over their dp·cp/ep replicas (// >>ep), so ZeRO-3
+   gives a MoE layer two units. units may be NULL (count only). Returns the number of units. */
 static int us__plan_units(us_model *m, us__unit *units) {
     const us_train_config *tc = &m->tc;
-    int np = m->n_params_t, L = m->cfg.n_layers, ns = 0, i, u,
-        own = tc->zero ? tc->dp * (tc->cp > 0 ? tc->cp : 1) : 1;
+    int np = m->n_params_t, L = m->cfg.n_layers, ns = 0, i, u, ep = us__ep_size(tc),
+        dpcp = tc->dp * (tc->cp > 0 ? tc->cp : 1);
     int64_t bucket = (int64_t)((double)tc->bucket_mb * 1048576.0 / 4.0), acc = 0, off = 0,
             shard = 0;
     int *start = (int *)US_MALLOC(sizeof(int) * (size_t)(np + 1)); /* first tensor of each unit */
     if (tc->zero == 3) { /* [embedding] [layer 0] ... [layer L-1] [final norm (+ lm_head)] */
         start[ns++] = 0;
-        for (i = 0; i < L; i++) start[ns++] = US__TENSOR(i, 0);
+        for (i = 0; i < L; i++) {
+            start[ns++] = US__TENSOR(i, 0);
+            /* under ep a MoE layer's routed experts are a unit of their own (// >>ep) */
+            if (ep > 1 && us__is_moe(&m->cfg, m->layer_g[i]))
+                start[ns++] = US__TENSOR(i, US__P_EXPERTS) + 3 * m->cfg.moe_shared;
+        }
         start[ns++] = US__P_NORM(L);
     } else { /* buckets filled from the last tensor backwards, closed at bucket_mb */
         if (bucket < 1) bucket = 1;
@@ -4881,7 +4901,7 @@ static int us__plan_units(us_model *m, us__unit *units) {
             int l, k, fused = us__tensor_role(m, i, &l, &k) == 1;
             /* under expert parallelism routed experts and the rest never share a unit: their
                gradients are reduced over different groups (// >>ep) */
-            int border = us__ep_size(tc) > 1 && m->params[i].expert != m->params[i - 1].expert;
+            int border = ep > 1 && m->params[i].expert != m->params[i - 1].expert;
             acc += m->params[i].numel;
             /* q|k|v and gate|up are one GEMM each, writing one gradient block: never split them */
             if ((acc >= bucket || border) && !fused) {
@@ -4901,6 +4921,9 @@ static int us__plan_units(us_model *m, us__unit *units) {
     }
     start[ns] = np;
     for (u = 0; u < ns; u++) {
+        /* ZeRO's owners: dp×cp ranks, or for routed experts under ep their dp·cp/ep replicas */
+        int expert = ep > 1 && m->params[start[u]].expert,
+            own = tc->zero ? (expert ? dpcp / ep : dpcp) : 1;
         int64_t first = off, n, quantum = (int64_t)own * US__SHARD_PAD;
         for (i = start[u]; i < start[u + 1]; i++) {
             m->params[i].offset = off;
@@ -4919,7 +4942,7 @@ static int us__plan_units(us_model *m, us__unit *units) {
             U->piece = tc->zero ? n / own : n;
             U->shard_off = tc->zero ? shard : first;
             U->gslot = U->wslot = -1;
-            U->expert = us__ep_size(tc) > 1 && m->params[U->p0].expert;
+            U->expert = expert;
         }
         shard += tc->zero ? n / own : n;
     }
@@ -4984,7 +5007,7 @@ static void us__slot_to_shard(us_model *m, int u) {
     us__unit *U = &m->units[u];
     if (m->tc.zero < 2 || U->gslot < 0) return;
     m->ops.axpy(&m->ops, m->grad + U->shard_off,
-                m->gslot[U->gslot] + (int64_t)m->mesh.dpcp_g.rank * U->piece, 1.0f, U->piece);
+                m->gslot[U->gslot] + (int64_t)us__unit_rank(m, U) * U->piece, 1.0f, U->piece);
     m->gslot_unit[U->gslot] = -1;
     U->gslot = -1;
 }
@@ -4992,9 +5015,8 @@ static void us__slot_to_shard(us_model *m, int u) {
 static us_result us__unit_launch(us_model *m, int u) {
     us__unit *U = &m->units[u];
     us_comm *c = m->comm;
-    us_group *g =
-        U->expert ? &m->edp_g : &m->mesh.dpcp_g; /* experts: over their replicas only (// >>ep) */
-    int R = m->mesh.dpcp_g.rank;
+    us_group *g = us__unit_group(m, U); /* experts: over their replicas only (// >>ep) */
+    int R = us__unit_rank(m, U);
     us_result r;
     double t0 = us_trace_now_us();
     char nm[48];
@@ -5003,6 +5025,10 @@ static us_result us__unit_launch(us_model *m, int u) {
         us__slot_to_shard(m, u); /* but ZeRO-2/3's slot still goes into the shard */
         return US_OK;
     }
+    /* ZeRO-2/3: a unit nothing wrote in this backward (experts that got no tokens) still takes
+       part in the collective, with a fresh slot of zeros; its previous micro-batch's reduction,
+       if still in flight, is finished first (us__grad_slot) */
+    if (m->tc.zero >= 2 && (U->gslot < 0 || U->work)) us__grad_slot(m, u);
     if (m->tc.zero == 0)
         r = c->all_reduce(c, g, m->grad + U->off, U->n, US_F32, US_REDUCE_SUM, &U->work);
     else if (m->tc.zero == 1)
@@ -5214,9 +5240,11 @@ static int us__zero3_units(const us_model *m, int s, int out[2]) {
     int L = m->cfg.n_layers, n = 0;
     if (s == 0)
         out[n++] = m->unit_of[0];
-    else if (s <= L)
+    else if (s <= L) {
         out[n++] = m->unit_of[US__TENSOR(s - 1, 0)];
-    else {
+        if (m->unit_of[m->layer_p[s] - 1] != out[0]) /* a MoE layer's experts under ep */
+            out[n++] = m->unit_of[m->layer_p[s] - 1];
+    } else {
         out[n++] = m->unit_of[US__P_NORM(L)];
         if (m->cfg.tie_embeddings) out[n++] = m->unit_of[0];
     }
@@ -5234,7 +5262,7 @@ static us_result us__zero3_gather(us_model *m, int u) { /* asynchronous; no-op i
     US_ASSERT(s < m->n_wslots);
     m->wslot_unit[s] = u;
     U->wslot = s;
-    r = m->comm->all_gather(m->comm, &m->mesh.dpcp_g, m->wslot[s],
+    r = m->comm->all_gather(m->comm, us__unit_group(m, U), m->wslot[s],
                             us__at(m->w, m->dt, U->shard_off), U->piece, m->dt, &U->gather);
     return us__comm_fail(m, r, "ZeRO-3 weight all-gather");
 }
@@ -5294,7 +5322,7 @@ static void us__adamw_piece(us_model *m, const us__unit *U, float lr, float gsca
     us_ops *o = &m->ops;
     const us_train_config *tc = &m->tc;
     int Z = tc->zero, i, decay = -1;
-    int64_t lo = U->off + (Z ? (int64_t)m->mesh.dpcp_g.rank * U->piece : 0), hi = lo + U->piece,
+    int64_t lo = U->off + (Z ? (int64_t)us__unit_rank(m, U) * U->piece : 0), hi = lo + U->piece,
             r0 = 0, r1 = 0;
     float wd = tc->weight_decay > 0 ? tc->weight_decay : 0.0f;
     /* where flat index lo lives in each buffer */
@@ -5336,7 +5364,8 @@ typedef struct us__dist_sizes {
 } us__dist_sizes;
 
 static void us__dist_sizes_of(const us_model *m, us__dist_sizes *z) {
-    int u, Z = m->tc.zero, spare = m->cfg.tie_embeddings ? 3 : 2;
+    int u, Z = m->tc.zero, per = us__ep_size(&m->tc) > 1 && m->cfg.moe_experts ? 2 : 1,
+           spare = 2 * per + (m->cfg.tie_embeddings ? 1 : 0);
     memset(z, 0, sizeof *z);
     for (u = 0; u < m->n_units; u++) {
         z->n_flat += m->units[u].n;
@@ -5345,7 +5374,9 @@ static void us__dist_sizes_of(const us_model *m, us__dist_sizes *z) {
     }
     /* ZeRO-2/3 produce a unit's full gradient in a slot: one being written, one being reduced,
        and (tied) the embedding's, written by the head first and by the embedding last. ZeRO-3's
-       weights likewise: the layer in use, the next one prefetched, and (tied) the embedding. */
+       weights likewise: the layer in use, the next one prefetched, and (tied) the embedding. A
+       MoE layer under ep is two units (its routed experts apart, us__plan_units): twice the
+       slots for the layers. */
     z->n_gslots = Z >= 2 ? (m->n_units < spare ? m->n_units : spare) : 0;
     z->n_wslots = Z == 3 ? (m->n_units < spare ? m->n_units : spare) : 0;
     if (Z < 2) z->slot_n = 0;
@@ -7414,13 +7445,6 @@ static us_result us__moe_checks(const us_model_config *mc, const us_train_config
             US__BAD("a capacity limit keeps each expert's first tokens of a micro-batch, which cp "
                     "and sp spread over several ranks: drop the capacity factor under cp=%d / sp",
                     tc->cp);
-        if (tc->ep > 1 && tc->zero)
-            US__BAD("ZeRO with expert parallelism is not supported (expert gradients are reduced "
-                    "over the expert-data-parallel group, not dp): use zero 0");
-        if (tc->zero == 2)
-            US__BAD("ZeRO-2 with MoE layers is not supported (a layer's expert gradients are all "
-                    "written before any is reduced, more than its two gradient slots hold): use "
-                    "zero 1 or 3");
     }
     return US_OK;
 }
@@ -7820,6 +7844,46 @@ static us_result us__moe_fwd(us_model *m, int l, int64_t N, int recompute, void 
     return us__moe_stats(m, l, N, &g);
 }
 
+/* The backward of MoE layer l's local experts over their rows [rows] (dye in g->dye, expert-major):
+   each expert's is the dense MLP's, on its n rows: dh [n,Fe] = dye [n,C] · Wdown [C,Fe],
+   dWdown += dyeᵀ · h_e; dgu [n,2Fe] = swiglu'(dh); dxe [n,C] = dgu · Wgu [2Fe,C],
+   dWgu += dguᵀ · xe. The experts go last to first, each finished before the next starts, so their
+   gradients complete in the backward order of the flat buffers, as a dense layer's do: data
+   parallelism reduces each bucket as soon as it is full, and ZeRO-2's two gradient slots suffice
+   (// >>zero). */
+static us_result us__moe_experts_bwd(us_model *m, int l, int64_t rows, us__moe_grads *g) {
+    us_ops *o = &m->ops;
+    const us_model_config *c = &m->cfg;
+    us_layer_acts *A = &m->acts[l];
+    us_dtype dt = m->dt;
+    int e, El = c->moe_experts / m->ep;
+    int ex = US__TENSOR(l, US__P_EXPERTS) + 3 * c->moe_shared; /* local expert 0's gate_proj */
+    int64_t C = c->dim, Fe = c->moe_ffn_dim, off = rows, n;
+    us_result r;
+    for (e = El - 1; e >= 0; e--) {
+        int gu = ex + 3 * e, dn = gu + 2; /* its gate|up and down tensors */
+        n = us__moe_local_rows(m, l, e);
+        off -= n; /* its rows [off, off + n) */
+        if (n) {
+            o->gemm(o, 0, 0, n, Fe, C, 1.0f, us__at(g->dye, dt, off * C), dt, C, us__weight(m, dn),
+                    dt, Fe, 0.0f, us__at(g->dh, dt, off * Fe), dt, Fe);
+            o->gemm(o, 1, 0, C, Fe, n, 1.0f, us__at(g->dye, dt, off * C), dt, C,
+                    us__at(A->h_e, dt, off * Fe), dt, Fe, 1.0f, us__grad(m, dn), US_F32, Fe);
+        }
+        if ((r = us__grads_ready(m, dn, dn + 1)) != US_OK) return r;
+        if (n) {
+            o->swiglu_bwd(o, us__at(g->dgu, dt, off * 2 * Fe), us__at(g->dh, dt, off * Fe),
+                          us__at(A->gu_e, dt, off * 2 * Fe), n, Fe, dt);
+            o->gemm(o, 0, 0, n, C, 2 * Fe, 1.0f, us__at(g->dgu, dt, off * 2 * Fe), dt, 2 * Fe,
+                    us__weight(m, gu), dt, C, 0.0f, us__at(g->dxe, dt, off * C), dt, C);
+            o->gemm(o, 1, 0, 2 * Fe, C, n, 1.0f, us__at(g->dgu, dt, off * 2 * Fe), dt, 2 * Fe,
+                    us__at(A->xe, dt, off * C), dt, C, 1.0f, us__grad(m, gu), US_F32, C);
+        }
+        if ((r = us__grads_ready(m, gu, gu + 2)) != US_OK) return r;
+    }
+    return US_OK;
+}
+
 /* Its backward. On entry dres = ∂loss/∂x_{l+1}; leaves ∂loss/∂u in DLN (u = ln2's output),
    accumulated from the experts (un-permuted), the shared expert and the router. */
 static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
@@ -7829,10 +7893,9 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
     us_dtype dt = m->dt;
     int E = c->moe_experts, K = c->moe_top_k, e, aux = c->moe_balance == US_MOE_BALANCE_AUX,
         El = E / m->ep;
-    int64_t C = c->dim, Fe = c->moe_ffn_dim, off, rows, nperm, n;
+    int64_t C = c->dim, Fe = c->moe_ffn_dim, rows, nperm, Np, Ns;
     int32_t *cnt = m->moe_counts_h + (size_t)l * 3 * E, *kept = cnt + E;
-    int ex = US__TENSOR(l, US__P_EXPERTS) + 3 * c->moe_shared, rt = US__TENSOR(l, US__P_ROUTER);
-    int64_t Np, Ns;
+    int rt = US__TENSOR(l, US__P_ROUTER);
     void *dres = m->a[US__A_DRES], *dln = m->a[US__A_DLN], *dxp;
     const void *u = A->ln2; /* [N,C] the layer's input */
     us_result r;
@@ -7856,25 +7919,7 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
         if ((r = us__ep_move(m, l, 0, g.dye, g.dxe, g.ept)) != US_OK) return r;
     } else
         o->moe_gather(o, g.dye, dres, A->row_slot, A->gates, rows, K, C, dt);
-    /* experts: the dense MLP's backward, each on its n rows: dh [n,Fe] = dye [n,C] · Wdown [C,Fe],
-       dWdown += dyeᵀ · h_e; dgu [n,2Fe] = swiglu'(dh); dxe [n,C] = dgu · Wgu [2Fe,C],
-       dWgu += dguᵀ · xe */
-    for (e = 0, off = 0; e < El; off += n, e++) {
-        if (!(n = us__moe_local_rows(m, l, e))) continue;
-        o->gemm(o, 0, 0, n, Fe, C, 1.0f, us__at(g.dye, dt, off * C), dt, C,
-                us__weight(m, ex + 3 * e + 2), dt, Fe, 0.0f, us__at(g.dh, dt, off * Fe), dt, Fe);
-        o->gemm(o, 1, 0, C, Fe, n, 1.0f, us__at(g.dye, dt, off * C), dt, C,
-                us__at(A->h_e, dt, off * Fe), dt, Fe, 1.0f, us__grad(m, ex + 3 * e + 2), US_F32,
-                Fe);
-    }
-    o->swiglu_bwd(o, g.dgu, g.dh, A->gu_e, rows, Fe, dt);
-    for (e = 0, off = 0; e < El; off += n, e++) {
-        if (!(n = us__moe_local_rows(m, l, e))) continue;
-        o->gemm(o, 0, 0, n, C, 2 * Fe, 1.0f, us__at(g.dgu, dt, off * 2 * Fe), dt, 2 * Fe,
-                us__weight(m, ex + 3 * e), dt, C, 0.0f, us__at(g.dxe, dt, off * C), dt, C);
-        o->gemm(o, 1, 0, 2 * Fe, C, n, 1.0f, us__at(g.dgu, dt, off * 2 * Fe), dt, 2 * Fe,
-                us__at(A->xe, dt, off * C), dt, C, 1.0f, us__grad(m, ex + 3 * e), US_F32, C);
-    }
+    if ((r = us__moe_experts_bwd(m, l, rows, &g)) != US_OK) return r;
     dxp = g.dxe;
     if (m->ep > 1) { /* the input gradients come back like the combine (// >>ep) */
         if ((r = us__ep_move(m, l, 1, g.dye, g.dxe, g.ept)) != US_OK) return r;
@@ -7894,6 +7939,7 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
                 dt, C);
         o->gemm(o, 1, 0, 2 * Fe, C, N, 1.0f, g.dgu, dt, 2 * Fe, u, dt, C, 1.0f, us__grad(m, sx),
                 US_F32, C);
+        if ((r = us__grads_ready(m, sx, sx + 3)) != US_OK) return r;
     }
     /* router: through the gates, and (aux) through P_e: ∂loss/∂p'[n,e] = w·α·f_e/Nb, Nb the
        micro-batch's tokens (N·cp), f_e from its routed counts (us__moe_batch_counts) */
@@ -7918,7 +7964,7 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
     o->cast(o, g.dlg, dt, g.dlogits, US_F32, N * E);
     o->gemm(o, 0, 0, N, C, E, 1.0f, g.dlg, dt, E, us__weight(m, rt), dt, C, 1.0f, dln, dt, C);
     o->gemm(o, 1, 0, E, C, N, 1.0f, g.dlg, dt, E, u, dt, C, 1.0f, us__grad(m, rt), US_F32, C);
-    return us__grads_ready(m, rt, m->layer_p[l + 1]);
+    return us__grads_ready(m, rt, rt + 1);
 }
 
 /* After the optimizer step: the step's routing statistics, then DeepSeek-V3's bias rule
@@ -9402,7 +9448,7 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
         int i;
         for (u = 0; u < m->n_units; u++) {
             const us__unit *U = &m->units[u];
-            int64_t lo = U->off + (Z ? (int64_t)m->mesh.dpcp_g.rank * U->piece : 0),
+            int64_t lo = U->off + (Z ? (int64_t)us__unit_rank(m, U) * U->piece : 0),
                     hi = lo + U->piece;
             const float *gp = Z < 2 ? m->grad + lo : m->grad + U->shard_off; /* flat index lo */
             for (i = U->p0; i < U->p1; i++) {
@@ -9458,8 +9504,8 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
            all-gather overlaps the optimizer step) */
             if (Z != 1 && Z != 2) continue;
             r = m->comm->all_gather(
-                m->comm, &m->mesh.dpcp_g, us__at(m->w, m->dt, U->off),
-                us__at(m->w, m->dt, U->off + (int64_t)m->mesh.dpcp_g.rank * U->piece), U->piece,
+                m->comm, us__unit_group(m, U), us__at(m->w, m->dt, U->off),
+                us__at(m->w, m->dt, U->off + (int64_t)us__unit_rank(m, U) * U->piece), U->piece,
                 m->dt, &U->gather);
             if (r != US_OK) return us__comm_fail(m, r, "weight all-gather");
         }
@@ -10680,13 +10726,13 @@ static int64_t us__ckpt_global(const us_model *m, const us_param *p, int64_t j, 
    weights the forward reads (whole units unless ZeRO-3). */
 static void us__ckpt_range(const us_model *m, const us__unit *U, int owned, int weights,
                            int64_t *lo, int64_t *hi) {
-    int Z = m->tc.zero, R = m->mesh.dpcp_g.rank;
+    int Z = m->tc.zero, R = us__unit_rank(m, U);
     if (Z && (owned || !weights || Z == 3)) {
         *lo = U->off + (int64_t)R * U->piece;
         *hi = *lo + U->piece;
         return;
     }
-    if (owned && (U->expert ? m->edp_g.rank : R) != 0) {
+    if (owned && R != 0) {
         *lo = *hi = U->off;
         return;
     }
@@ -10873,7 +10919,7 @@ static void us__ckhost_free(us__ckhost *h) {
 static int64_t us__ckpt_index(const us_model *m, const us__unit *U, int which, int64_t f) {
     int Z = m->tc.zero;
     if ((which == 0 && Z == 3) || (which && Z))
-        return U->shard_off + f - (U->off + (int64_t)m->mesh.dpcp_g.rank * U->piece);
+        return U->shard_off + f - (U->off + (int64_t)us__unit_rank(m, U) * U->piece);
     return f;
 }
 

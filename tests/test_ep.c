@@ -314,8 +314,6 @@ static void test_refusals(void) {
         {"must divide dp x cp", 4, 4, 3, 0, 1, 0, 1, 1, 0},
         {"must divide experts", 6, 4, 4, 0, 1, 0, 1, 1, 0},
         {"needs a MoE model", 0, 2, 2, 0, 1, 0, 1, 1, 0},
-        {"ZeRO with expert parallelism", 4, 2, 2, 1, 1, 0, 1, 1, 0},
-        {"ZeRO-2 with MoE layers", 4, 2, 1, 2, 1, 0, 1, 1, 0},
         {"does not combine with pp", 4, 1, 1, 0, 1, 0, 1, 2, 0},
         {"which cp and sp spread over several ranks", 4, 1, 2, 0, 1, 0, 2, 1, 1.25f},
         {"ep=-1 must be at least 1", 4, 2, -1, 0, 1, 0, 1, 1, 0},
@@ -389,6 +387,33 @@ int main(int argc, char **argv) {
          0, 0, US_RECOMPUTE_SELECTIVE, 2, 0, 1, 1},
         {"cp 2 x tp 2 + sp x ep 2, shared, sigmoid, full recompute", 1, 2, 4, 2, 1, 1, 1, 0, 0, 0,
          US_RECOMPUTE_FULL, 2, 0, 2, 1},
+        /* ZeRO: routed experts sharded over their dp·cp/ep replicas, the rest over dp×cp;
+           Mixtral-style (top-2 of 8, softmax gates, aux loss) */
+        {"ep 2 (dp 2), ZeRO-1, Mixtral-style", 2, 2, 8, 2, 1, 0, 0, 1, 1, 0, US_RECOMPUTE_NONE, 1,
+         0, 0, 0},
+        {"ep 2 (dp 2), ZeRO-2, Mixtral-style", 2, 2, 8, 2, 1, 0, 0, 1, 2, 0, US_RECOMPUTE_NONE, 1,
+         0, 0, 0},
+        {"ep 2 (dp 2), ZeRO-3, Mixtral-style", 2, 2, 8, 2, 1, 0, 0, 1, 3, 0, US_RECOMPUTE_NONE, 1,
+         0, 0, 0},
+        {"dp 4 x ep 2, ZeRO-1, Mixtral-style, accum 2", 4, 2, 8, 2, 2, 0, 0, 1, 1, 0,
+         US_RECOMPUTE_NONE, 1, 0, 0, 0},
+        {"dp 4 x ep 2, ZeRO-2, Mixtral-style, accum 2", 4, 2, 8, 2, 2, 0, 0, 1, 2, 0,
+         US_RECOMPUTE_NONE, 1, 0, 0, 0},
+        {"dp 4 x ep 2, ZeRO-3, Mixtral-style, accum 2, selective recompute", 4, 2, 8, 2, 2, 0, 0, 1,
+         3, 0, US_RECOMPUTE_SELECTIVE, 1, 0, 0, 0},
+        {"dp 4 x ep 2, ZeRO-2, half the ranks' experts get no token", 4, 2, 4, 2, 1, 0, 0, 0, 2, 0,
+         US_RECOMPUTE_NONE, 1, 1, 0, 0},
+        {"dp 4 x ep 2, ZeRO-3, half the ranks' experts get no token", 4, 2, 4, 2, 1, 0, 0, 0, 3, 0,
+         US_RECOMPUTE_NONE, 1, 1, 0, 0},
+        {"dp 2 x cp 2 x ep 2, ZeRO-2, shared expert", 2, 2, 4, 2, 1, 1, 0, 0, 2, 0,
+         US_RECOMPUTE_NONE, 1, 0, 2, 0},
+        {"dp 2 x tp 2 + sp x ep 2, ZeRO-3, aux loss", 2, 2, 4, 2, 1, 0, 0, 1, 3, 0,
+         US_RECOMPUTE_NONE, 2, 0, 1, 1},
+        /* ZeRO-2 at ep 1: each expert's gradients finished before the next's (two slots) */
+        {"dp 2 without ep, ZeRO-2, Mixtral-style", 2, 1, 8, 2, 1, 0, 0, 1, 2, 0, US_RECOMPUTE_NONE,
+         1, 0, 0, 0},
+        {"dp 2 without ep, ZeRO-2, shared expert, accum 2, full recompute", 2, 1, 4, 2, 2, 1, 0, 0,
+         2, 0, US_RECOMPUTE_FULL, 1, 0, 0, 0},
     };
     int i;
     us_test_verbose = argc > 1 && !strcmp(argv[1], "-v");
