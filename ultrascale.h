@@ -5198,6 +5198,9 @@ static us_result us__emb_rows_finish(us_model *m, const void *dx, int64_t R) {
      ZeRO-3  + weights: a layer's weights are all-gathered into a slot just before the layer
              runs, forward and again backward, and freed after; the next layer's gather is
              issued first so it overlaps the current layer's compute (prefetch).
+   Under expert parallelism a routed expert's units belong to the ranks holding that expert, its
+   dp·cp/ep replicas (the expert-data-parallel group, // >>ep): they reduce-scatter, update and
+   gather among themselves (us__unit_group), as the rest does over dp×cp.
    Memory per rank (Ψ parameters, dp = N_d; the book's mixed-precision formulas 2Ψ+2Ψ+12Ψ/N_d,
    2Ψ+(2Ψ+12Ψ)/N_d, (2Ψ+2Ψ+12Ψ)/N_d, here with fp32 gradients): see us_memory_estimate. */
 
@@ -8056,7 +8059,7 @@ static us_result us__moe_step_end(us_model *m) {
    group — sum their expert gradients (units of their own, // >>dp), every other gradient is
    summed over dp×cp. Each rank's loss gradient is already scaled by the global batch, and every
    token's contribution to an expert reaches the expert's rank, so both sums are the global
-   gradient. The router bias and the routing statistics are summed over dp×cp (us__moe_step_end).
+   gradient. ZeRO shards each kind over its own group the same way (// >>zero). The router bias and the routing statistics are summed over dp×cp (us__moe_step_end).
    Tensor parallelism does not split a MoE layer: every tp rank runs it whole on the same tokens
    (the experts are replicated over tp, the compute repeated; under sequence parallelism the tp
    group's tokens are gathered first, us__moe_fwd), so its input gradient needs no all-reduce;
