@@ -786,9 +786,11 @@ typedef struct us_model {
     int64_t shard_n;        /* elements of this rank's shard (n_flat without ZeRO) */
     int64_t slot_n;         /* elements of one ZeRO-2/3 staging or gather slot (the largest unit) */
     int n_gslots, n_wslots;
-    float *gslot[3]; /* ZeRO-2/3: full gradients of the units being produced / reduced */
-    void *wslot[3];  /* ZeRO-3: gathered weights of the units in use / prefetched */
-    int gslot_unit[3], wslot_unit[3]; /* which unit holds each slot, -1 free */
+    /* ZeRO-2/3's slots, at most 5: two units per step of the walk (four where expert parallelism
+       makes a MoE layer two units), one more for tied embeddings (us__dist_sizes_of) */
+    float *gslot[5]; /* ZeRO-2/3: full gradients of the units being produced / reduced */
+    void *wslot[5];  /* ZeRO-3: gathered weights of the units in use / prefetched */
+    int gslot_unit[5], wslot_unit[5]; /* which unit holds each slot, -1 free */
     int grad_sync;   /* reduce gradients in this backward (us_train_step sets it) */
     int synced;      /* reductions were launched and must be finished before the step */
     int tp_inflight; /* tp collectives started and not yet waited for (// >>tp) */
@@ -849,8 +851,9 @@ typedef struct us_model {
     float *
         moe_bias; /* [n_moe][E] router bias (backend memory): no gradient, no AdamW, the sign rule */
     float *moe_bias_h; /* [n_moe][E] its host copy */
-    int32_t *
-        moe_counts_h; /* [cfg.n_layers][2E] host: the last forward's routed and kept tokens per expert */
+    /* [cfg.n_layers][3E] host: the last forward's routed and kept tokens per expert, then the
+       routed tokens of the whole micro-batch (summed over cp: the auxiliary loss's f_e) */
+    int32_t *moe_counts_h;
     int64_t *moe_load;      /* [n_moe][E] host: tokens routed this step so far */
     int64_t *moe_load_last; /* [n_moe][E] host: the last step's (us_step_stats.moe_load) */
     int64_t moe_choices,
@@ -4521,6 +4524,17 @@ typedef struct us__unit {
 
 #define US__SHARD_PAD 16 /* a ZeRO piece is a multiple of 16 elements: 64-byte aligned in fp32 */
 
+/* The group a unit's gradient is reduced over, and that ZeRO shards it over: routed experts under
+   ep, their expert-data-parallel group (the ranks holding the same experts, // >>ep); everything
+   else, dp×cp. And this rank's place in it: the piece it owns. */
+static us_group *us__unit_group(us_model *m, const us__unit *U) {
+    return U->expert ? &m->edp_g : &m->mesh.dpcp_g;
+}
+
+static int us__unit_rank(const us_model *m, const us__unit *U) {
+    return U->expert ? m->edp_g.rank : m->mesh.dpcp_g.rank;
+}
+
 US_API const us_param *us_model_find_param(const us_model *m, const char *name) {
     int i;
     for (i = 0; i < m->n_params_t; i++)
@@ -4825,7 +4839,7 @@ static void us__init_weights(us_model *m) {
     /* each tensor draws from its own stream seeded by (seed, index): the values do not depend
        on the order tensors are visited or on how the buffers are sharded. A unit is built on
        the host, then this rank stores what it keeps of it. */
-    int i, u, Z = m->tc.zero, R = m->mesh.dpcp_g.rank, L = m->cfg.n_layers, LG = m->n_layers_global;
+    int i, u, Z = m->tc.zero, L = m->cfg.n_layers, LG = m->n_layers_global;
     float proj_std = m->cfg.init_std / sqrtf(2.0f * (float)LG);
     int nt = us__threads(&m->ops); /* a GPU backend's ops say 0: every host thread */
     size_t a = us_dtype_size(m->dt);
@@ -4836,8 +4850,8 @@ static void us__init_weights(us_model *m) {
     for (u = 0; u < m->n_units; u++) {
         const us__unit *U = &m->units[u];
         float *hu = h + U->off;
-        int64_t j,
-            own = U->off + (Z ? (int64_t)R * U->piece : 0); /* flat index of this rank's piece */
+        int64_t j, own = U->off + (Z ? (int64_t)us__unit_rank(m, U) * U->piece
+                                     : 0); /* flat index of this rank's piece */
         memset(hu, 0, (size_t)U->n * 4);
         for (i = U->p0; i < U->p1; i++) {
             const us_param *p = &m->params[i];
@@ -4948,17 +4962,24 @@ static int us__emb_sparse(const us_model_config *mc, const us_train_config *tc) 
    produced early in the backward; ZeRO-3 uses one unit per layer (+ the embedding, + the final
    norm with the head), what it gathers before the layer runs. Under ZeRO every unit is padded
    to a multiple of dp·16 elements so it splits into dp equal pieces: the user never needs
-   divisibility. units may be NULL (count only). Returns the number of units. */
+   divisibility. Under expert parallelism routed experts and the rest never share a unit: the
+   experts' units are reduced and sharded over their dp·cp/ep replicas (// >>ep), so ZeRO-3
+   gives a MoE layer two units. units may be NULL (count only). Returns the number of units. */
 static int us__plan_units(us_model *m, us__unit *units) {
     const us_train_config *tc = &m->tc;
-    int np = m->n_params_t, L = m->cfg.n_layers, ns = 0, i, u,
-        own = tc->zero ? tc->dp * (tc->cp > 0 ? tc->cp : 1) : 1;
+    int np = m->n_params_t, L = m->cfg.n_layers, ns = 0, i, u, ep = us__ep_size(tc),
+        dpcp = tc->dp * (tc->cp > 0 ? tc->cp : 1);
     int64_t bucket = (int64_t)((double)tc->bucket_mb * 1048576.0 / 4.0), acc = 0, off = 0,
             shard = 0;
     int *start = (int *)US_MALLOC(sizeof(int) * (size_t)(np + 1)); /* first tensor of each unit */
     if (tc->zero == 3) { /* [embedding] [layer 0] ... [layer L-1] [final norm (+ lm_head)] */
         start[ns++] = 0;
-        for (i = 0; i < L; i++) start[ns++] = US__TENSOR(i, 0);
+        for (i = 0; i < L; i++) {
+            start[ns++] = US__TENSOR(i, 0);
+            /* under ep a MoE layer's routed experts are a unit of their own (// >>ep) */
+            if (ep > 1 && us__is_moe(&m->cfg, m->layer_g[i]))
+                start[ns++] = US__TENSOR(i, US__P_EXPERTS) + 3 * m->cfg.moe_shared;
+        }
         start[ns++] = US__P_NORM(L);
     } else { /* buckets filled from the last tensor backwards, closed at bucket_mb */
         if (bucket < 1) bucket = 1;
@@ -4966,7 +4987,7 @@ static int us__plan_units(us_model *m, us__unit *units) {
             int l, k, fused = us__tensor_role(m, i, &l, &k) == 1;
             /* under expert parallelism routed experts and the rest never share a unit: their
                gradients are reduced over different groups (// >>ep) */
-            int border = us__ep_size(tc) > 1 && m->params[i].expert != m->params[i - 1].expert;
+            int border = ep > 1 && m->params[i].expert != m->params[i - 1].expert;
             acc += m->params[i].numel;
             /* q|k|v and gate|up are one GEMM each, writing one gradient block: never split them */
             if ((acc >= bucket || border) && !fused) {
@@ -4989,6 +5010,9 @@ static int us__plan_units(us_model *m, us__unit *units) {
     }
     start[ns] = np;
     for (u = 0; u < ns; u++) {
+        /* ZeRO's owners: dp×cp ranks, or for routed experts under ep their dp·cp/ep replicas */
+        int expert = ep > 1 && m->params[start[u]].expert,
+            own = tc->zero ? (expert ? dpcp / ep : dpcp) : 1;
         int64_t first = off, n, quantum = (int64_t)own * US__SHARD_PAD;
         for (i = start[u]; i < start[u + 1]; i++) {
             m->params[i].offset = off;
@@ -5007,7 +5031,7 @@ static int us__plan_units(us_model *m, us__unit *units) {
             U->piece = tc->zero ? n / own : n;
             U->shard_off = tc->zero ? shard : first;
             U->gslot = U->wslot = -1;
-            U->expert = us__ep_size(tc) > 1 && m->params[U->p0].expert;
+            U->expert = expert;
         }
         shard += tc->zero ? n / own : n;
     }
@@ -5072,7 +5096,7 @@ static void us__slot_to_shard(us_model *m, int u) {
     us__unit *U = &m->units[u];
     if (m->tc.zero < 2 || U->gslot < 0) return;
     m->ops.axpy(&m->ops, m->grad + U->shard_off,
-                m->gslot[U->gslot] + (int64_t)m->mesh.dpcp_g.rank * U->piece, 1.0f, U->piece);
+                m->gslot[U->gslot] + (int64_t)us__unit_rank(m, U) * U->piece, 1.0f, U->piece);
     m->gslot_unit[U->gslot] = -1;
     U->gslot = -1;
 }
@@ -5080,9 +5104,8 @@ static void us__slot_to_shard(us_model *m, int u) {
 static us_result us__unit_launch(us_model *m, int u) {
     us__unit *U = &m->units[u];
     us_comm *c = m->comm;
-    us_group *g =
-        U->expert ? &m->edp_g : &m->mesh.dpcp_g; /* experts: over their replicas only (// >>ep) */
-    int R = m->mesh.dpcp_g.rank;
+    us_group *g = us__unit_group(m, U); /* experts: over their replicas only (// >>ep) */
+    int R = us__unit_rank(m, U);
     us_result r;
     double t0 = us_trace_now_us();
     char nm[48];
@@ -5091,6 +5114,10 @@ static us_result us__unit_launch(us_model *m, int u) {
         us__slot_to_shard(m, u); /* but ZeRO-2/3's slot still goes into the shard */
         return US_OK;
     }
+    /* ZeRO-2/3: a unit nothing wrote in this backward (experts that got no tokens) still takes
+       part in the collective, with a fresh slot of zeros; its previous micro-batch's reduction,
+       if still in flight, is finished first (us__grad_slot) */
+    if (m->tc.zero >= 2 && (U->gslot < 0 || U->work)) us__grad_slot(m, u);
     if (m->tc.zero == 0)
         r = c->all_reduce(c, g, m->grad + U->off, U->n, US_F32, US_REDUCE_SUM, &U->work);
     else if (m->tc.zero == 1)
@@ -5277,6 +5304,9 @@ static us_result us__emb_rows_finish(us_model *m, const void *dx, int64_t R) {
      ZeRO-3  + weights: a layer's weights are all-gathered into a slot just before the layer
              runs, forward and again backward, and freed after; the next layer's gather is
              issued first so it overlaps the current layer's compute (prefetch).
+   Under expert parallelism a routed expert's units belong to the ranks holding that expert, its
+   dp·cp/ep replicas (the expert-data-parallel group, // >>ep): they reduce-scatter, update and
+   gather among themselves (us__unit_group), as the rest does over dp×cp.
    Memory per rank (Ψ parameters, dp = N_d; the book's mixed-precision formulas 2Ψ+2Ψ+12Ψ/N_d,
    2Ψ+(2Ψ+12Ψ)/N_d, (2Ψ+2Ψ+12Ψ)/N_d, here with fp32 gradients): see us_memory_estimate. */
 
@@ -5319,9 +5349,11 @@ static int us__zero3_units(const us_model *m, int s, int out[2]) {
     int L = m->cfg.n_layers, n = 0;
     if (s == 0)
         out[n++] = m->unit_of[0];
-    else if (s <= L)
+    else if (s <= L) {
         out[n++] = m->unit_of[US__TENSOR(s - 1, 0)];
-    else {
+        if (m->unit_of[m->layer_p[s] - 1] != out[0]) /* a MoE layer's experts under ep */
+            out[n++] = m->unit_of[m->layer_p[s] - 1];
+    } else {
         out[n++] = m->unit_of[US__P_NORM(L)];
         if (m->cfg.tie_embeddings) out[n++] = m->unit_of[0];
     }
@@ -5339,7 +5371,7 @@ static us_result us__zero3_gather(us_model *m, int u) { /* asynchronous; no-op i
     US_ASSERT(s < m->n_wslots);
     m->wslot_unit[s] = u;
     U->wslot = s;
-    r = m->comm->all_gather(m->comm, &m->mesh.dpcp_g, m->wslot[s],
+    r = m->comm->all_gather(m->comm, us__unit_group(m, U), m->wslot[s],
                             us__at(m->w, m->dt, U->shard_off), U->piece, m->dt, &U->gather);
     return us__comm_fail(m, r, "ZeRO-3 weight all-gather");
 }
@@ -5399,7 +5431,7 @@ static void us__adamw_piece(us_model *m, const us__unit *U, float lr, float gsca
     us_ops *o = &m->ops;
     const us_train_config *tc = &m->tc;
     int Z = tc->zero, i, decay = -1;
-    int64_t lo = U->off + (Z ? (int64_t)m->mesh.dpcp_g.rank * U->piece : 0), hi = lo + U->piece,
+    int64_t lo = U->off + (Z ? (int64_t)us__unit_rank(m, U) * U->piece : 0), hi = lo + U->piece,
             r0 = 0, r1 = 0;
     float wd = tc->weight_decay > 0 ? tc->weight_decay : 0.0f;
     /* where flat index lo lives in each buffer */
@@ -5441,7 +5473,8 @@ typedef struct us__dist_sizes {
 } us__dist_sizes;
 
 static void us__dist_sizes_of(const us_model *m, us__dist_sizes *z) {
-    int u, Z = m->tc.zero, spare = m->cfg.tie_embeddings ? 3 : 2;
+    int u, Z = m->tc.zero, per = us__ep_size(&m->tc) > 1 && m->cfg.moe_experts ? 2 : 1,
+           spare = 2 * per + (m->cfg.tie_embeddings ? 1 : 0);
     memset(z, 0, sizeof *z);
     for (u = 0; u < m->n_units; u++) {
         z->n_flat += m->units[u].n;
@@ -5450,7 +5483,9 @@ static void us__dist_sizes_of(const us_model *m, us__dist_sizes *z) {
     }
     /* ZeRO-2/3 produce a unit's full gradient in a slot: one being written, one being reduced,
        and (tied) the embedding's, written by the head first and by the embedding last. ZeRO-3's
-       weights likewise: the layer in use, the next one prefetched, and (tied) the embedding. */
+       weights likewise: the layer in use, the next one prefetched, and (tied) the embedding. A
+       MoE layer under ep is two units (its routed experts apart, us__plan_units): twice the
+       slots for the layers. */
     z->n_gslots = Z >= 2 ? (m->n_units < spare ? m->n_units : spare) : 0;
     z->n_wslots = Z == 3 ? (m->n_units < spare ? m->n_units : spare) : 0;
     if (Z < 2) z->slot_n = 0;
@@ -7669,7 +7704,14 @@ static us_result us__pp_eval(us_model *m, const int32_t *inputs, const int32_t *
    micro-batch, in token order; a dropped choice contributes nothing (its token keeps the
    residual and its other experts). cf = 0, the default, drops nothing.
    Group-limited routing (DeepSeek-V3's node limit): the E experts form G groups, a token first
-   keeps its M best groups, then picks its K experts inside them. */
+   keeps its M best groups, then picks its K experts inside them.
+   Parallel layouts. Routing is per token, so data and context parallelism only need sums: each
+   rank routes its own tokens (under cp its slice of every sequence), the gradients are summed
+   over dp×cp (// >>dp), and the bias rule and the statistics use loads summed over dp×cp
+   (us__moe_step_end). Two things are statistics of a whole micro-batch: the auxiliary loss's
+   f_e, whose counts are summed over cp (us__moe_batch_counts), each cp rank adding its own
+   tokens' part of P_e; and the capacity limit, which keeps an expert's first tokens in token
+   order and is refused where cp or sp spread a micro-batch over ranks. */
 
 /* Checks the MoE layer's settings and what it does not combine with yet (us_config_validate). */
 static us_result us__moe_checks(const us_model_config *mc, const us_train_config *tc, char *err,
@@ -7711,20 +7753,13 @@ static us_result us__moe_checks(const us_model_config *mc, const us_train_config
         if (mc->moe_top_k > mc->moe_top_groups * (E / G))
             US__BAD("top-k=%d experts do not fit in top-groups=%d groups of %d experts",
                     mc->moe_top_k, mc->moe_top_groups, E / G);
-        if (tc->cp > 1 || tc->pp > 1)
-            US__BAD("the MoE layer does not combine with cp or pp yet (cp=%d, pp=%d): use dp, ep "
-                    "and tp",
-                    tc->cp, tc->pp);
-        if (tc->sp)
-            US__BAD("sequence parallelism with MoE layers is not supported yet (the MoE layer runs "
-                    "on every tp rank's whole sequence): drop sp");
-        if (tc->ep > 1 && tc->zero)
-            US__BAD("ZeRO with expert parallelism is not supported (expert gradients are reduced "
-                    "over the expert-data-parallel group, not dp): use zero 0");
-        if (tc->zero == 2)
-            US__BAD("ZeRO-2 with MoE layers is not supported (a layer's expert gradients are all "
-                    "written before any is reduced, more than its two gradient slots hold): use "
-                    "zero 1 or 3");
+        if (tc->pp > 1)
+            US__BAD("the MoE layer does not combine with pp yet (pp=%d): use dp, cp, ep and tp",
+                    tc->pp);
+        if (mc->moe_capacity > 0 && (tc->cp > 1 || (tc->sp && tc->tp > 1)))
+            US__BAD("a capacity limit keeps each expert's first tokens of a micro-batch, which cp "
+                    "and sp spread over several ranks: drop the capacity factor under cp=%d / sp",
+                    tc->cp);
     }
     return US_OK;
 }
@@ -7741,7 +7776,15 @@ struct us__moe_grads { /* the backward's scratch, one action's (m->a[US__A_MOE])
     void *ept;    /* [Rx,C]  ep > 1: the all-to-all's rows in transit, by source rank (// >>ep) */
     int32_t *epc; /* [ep,E]  ep > 1: every ep peer's kept tokens per expert */
     double *sum; /* [MoE layers·E + 3] dp·cp > 1: the step's routing counts, summed over dp×cp */
+    void *dresf; /* [Np,C]  sp: the tp group's residual gradient, gathered (us__moe_bwd) */
 };
+
+/* Tokens a MoE layer routes per micro-batch on this rank: cp splits every sequence, so
+   batch·seq/cp; sequence parallelism gathers the tp group's tokens back before the layer
+   (us__moe_fwd), so it does not divide them. */
+static int64_t us__moe_tokens(const us_model *m) {
+    return (int64_t)m->tc.batch * (m->tc.seq / (m->tc.cp > 1 ? m->tc.cp : 1));
+}
 
 /* an expert takes at most cap tokens of a micro-batch of N (0: no limit); R rows hold them all */
 static int64_t us__moe_cap(const us_model_config *c, int64_t N) {
@@ -7768,13 +7811,15 @@ static int64_t us__moe_rx(const us_model_config *c, const us_train_config *tc, i
    (us__moe_scratch's): the estimator uses the same pieces. Under expert parallelism the rows a
    rank's experts run on (xe, gate|up, SwiGLU and their gradients) are sized for the worst case,
    Rx (us__moe_rx), plus a transit buffer of Rx rows and the count table (// >>ep); n_moe MoE
-   layers' routing counts are summed over dp×cp in a small scratch. */
+   layers' routing counts are summed over dp×cp in a small scratch; under sequence parallelism the
+   backward gathers the residual gradient, [Np, C]. */
 static void us__moe_bytes(const us_model_config *c, const us_train_config *tc, int n_moe, int64_t N,
                           size_t a, size_t *gemm, size_t *cheap, size_t *scratch) {
     int64_t E = c->moe_experts, K = c->moe_top_k, Fe = c->moe_ffn_dim, R = us__moe_rows(c, N),
             C = c->dim, S = c->moe_shared;
     int64_t ep = us__ep_size(tc), Rx = us__moe_rx(c, tc, N), hN = Rx > N * S ? Rx : N * S,
             nsum = tc->dp * tc->cp > 1 ? (int64_t)n_moe * E + 3 : 0;
+    int64_t Np = tc->sp && tc->tp > 1 ? (N + tc->tp - 1) / tc->tp * tc->tp : 0; /* SP: gathered */
     *gemm = us__align(N * E * 4) + us__align(Rx * 2 * Fe * a) + us__align(R * C * a) +
             (S ? us__align(N * 2 * Fe * a) : 0);
     *cheap = us__align(N * E * 4) + 3 * us__align(N * K * 4) + us__align(R * 4) +
@@ -7783,13 +7828,13 @@ static void us__moe_bytes(const us_model_config *c, const us_train_config *tc, i
     *scratch = 2 * us__align(Rx * C * a) + us__align(hN * Fe * a) + us__align(hN * 2 * Fe * a) +
                us__align(N * E * a) + us__align(N * K * 4) + us__align(N * E * 4) +
                us__align(E * 4) + (ep > 1 ? us__align(Rx * C * a) + us__align(ep * E * 4) : 0) +
-               (nsum ? us__align(nsum * 8) : 0);
+               (nsum ? us__align(nsum * 8) : 0) + (Np ? us__align(Np * C * a) : 0);
 }
 
 static void us__moe_take(const us_model *m, us__arena *ar, us_layer_acts *L, int cheap, int gemm) {
     const us_model_config *c = &m->cfg;
-    int64_t N = (int64_t)m->tc.batch * m->tc.seq, E = c->moe_experts, K = c->moe_top_k,
-            Fe = c->moe_ffn_dim, R = m->moe_rows, C = c->dim;
+    int64_t N = us__moe_tokens(m), E = c->moe_experts, K = c->moe_top_k, Fe = c->moe_ffn_dim,
+            R = m->moe_rows, C = c->dim;
     int64_t Rx = m->moe_rx; /* rows this rank's experts run on (ep·R under expert parallelism) */
     size_t a = us_dtype_size(m->dt);
     if (gemm) { /* GEMM outputs: kept unless recompute is full */
@@ -7813,14 +7858,15 @@ static void us__moe_take(const us_model *m, us__arena *ar, us_layer_acts *L, int
 
 static size_t us__moe_scratch(const us_model *m, us__moe_grads *g) {
     const us_model_config *c = &m->cfg;
-    int64_t N = (int64_t)m->tc.batch * m->tc.seq, E = c->moe_experts, K = c->moe_top_k,
-            Fe = c->moe_ffn_dim, C = c->dim;
+    int64_t N = us__moe_tokens(m), E = c->moe_experts, K = c->moe_top_k, Fe = c->moe_ffn_dim,
+            C = c->dim;
     int64_t Rx = m->moe_rx, hN = Rx > N * c->moe_shared ? Rx : N * c->moe_shared,
             ep = us__ep_size(&m->tc);
-    int64_t nsum = m->tc.dp * m->tc.cp > 1 ? (int64_t)m->n_moe * E + 3 : 0;
+    int64_t nsum = m->tc.dp * m->tc.cp > 1 ? (int64_t)m->n_moe * E + 3 : 0, Np, Ns;
     size_t a = us_dtype_size(m->dt);
     us__arena ar;
     if (!m->n_moe) return 0;
+    us__sp_rows(m, N, &Np, &Ns);
     ar.base = g ? (char *)m->a[US__A_MOE] : NULL;
     ar.used = 0;
     {
@@ -7832,7 +7878,9 @@ static size_t us__moe_scratch(const us_model *m, us__moe_grads *g) {
         void *ept = ep > 1 ? us__take(&ar, Rx * C * a) : NULL;
         int32_t *epc = ep > 1 ? (int32_t *)us__take(&ar, ep * E * 4) : NULL;
         double *sum = nsum ? (double *)us__take(&ar, nsum * 8) : NULL;
+        void *dresf = us__sp_on(m) ? us__take(&ar, Np * C * a) : NULL;
         if (g) {
+            g->dresf = dresf;
             g->dye = dye;
             g->dxe = dxe;
             g->dh = dh;
@@ -7862,8 +7910,8 @@ static us_result us__moe_init(us_model *m) {
     for (l = 0; l < c->n_layers; l++)
         m->moe_idx[l] = us__is_moe(c, m->layer_g[l]) ? m->n_moe++ : -1;
     if (!m->n_moe) return US_OK;
-    m->moe_rows = us__moe_rows(c, (int64_t)m->tc.batch * m->tc.seq);
-    m->moe_rx = us__moe_rx(c, &m->tc, (int64_t)m->tc.batch * m->tc.seq);
+    m->moe_rows = us__moe_rows(c, us__moe_tokens(m));
+    m->moe_rx = us__moe_rx(c, &m->tc, us__moe_tokens(m));
     nb = (size_t)m->n_moe * (size_t)E;
     if (m->ep > 1) {
         m->ep_counts_h =
@@ -7878,7 +7926,7 @@ static us_result us__moe_init(us_model *m) {
     m->moe_bias_h = (float *)US_MALLOC(nb * sizeof(float));
     m->moe_load = (int64_t *)US_MALLOC(nb * sizeof(int64_t));
     m->moe_load_last = (int64_t *)US_MALLOC(nb * sizeof(int64_t));
-    m->moe_counts_h = (int32_t *)US_MALLOC((size_t)c->n_layers * 2 * (size_t)E * sizeof(int32_t));
+    m->moe_counts_h = (int32_t *)US_MALLOC((size_t)c->n_layers * 3 * (size_t)E * sizeof(int32_t));
     m->moe_bias =
         (float *)m->ops.alloc(&m->ops, nb * sizeof(float)); /* zero-filled: no bias at the start */
     if (!m->moe_bias_h || !m->moe_load || !m->moe_load_last || !m->moe_counts_h || !m->moe_bias) {
@@ -7888,7 +7936,7 @@ static us_result us__moe_init(us_model *m) {
     memset(m->moe_bias_h, 0, nb * sizeof(float));
     memset(m->moe_load, 0, nb * sizeof(int64_t));
     memset(m->moe_load_last, 0, nb * sizeof(int64_t));
-    memset(m->moe_counts_h, 0, (size_t)c->n_layers * 2 * (size_t)E * sizeof(int32_t));
+    memset(m->moe_counts_h, 0, (size_t)c->n_layers * 3 * (size_t)E * sizeof(int32_t));
     return US_OK;
 }
 
@@ -7921,19 +7969,117 @@ static us_result us__ep_move(us_model *m, int l, int dir, void *dst, const void 
 static int64_t us__moe_local_rows(const us_model *m, int l, int j) {
     int E = m->cfg.moe_experts, s;
     int64_t n = 0;
-    if (m->ep <= 1) return m->moe_counts_h[(size_t)l * 2 * E + E + j];
+    if (m->ep <= 1) return m->moe_counts_h[(size_t)l * 3 * E + E + j];
     for (s = 0; s < m->ep; s++)
         n += m->ep_counts_h[((size_t)l * m->ep + s) * E + (size_t)m->ep_rank * (E / m->ep) + j];
     return n;
 }
 
 /* The auxiliary loss's weight per micro-batch: the step's objective averages it over the
-   micro-batches (and ranks), as the language-model loss is a mean over the global batch. */
+   micro-batches (and dp ranks), as the language-model loss is a mean over the global batch. The
+   cp ranks share one micro-batch: each adds its tokens' part of the one loss (us__moe_fwd). */
 static double us__moe_aux_weight(const us_model *m) {
-    return 1.0 / ((double)m->tc.grad_accum * m->tc.dp * m->tc.cp);
+    return 1.0 / ((double)m->tc.grad_accum * m->tc.dp);
 }
 
-/* MoE layer l's forward from A->ln2, with recompute as in us__layer_fwd: GEMM outputs (logits,
+/* The auxiliary loss's f_e counts the whole micro-batch: under context parallelism each cp rank
+   routes a slice of it, so layer l's routed counts cnt[0, E) are summed over cp into
+   cnt[2E, 3E) (copied when cp = 1), through the routing-count scratch (g->sum, [≥ E] f64). */
+static us_result us__moe_batch_counts(us_model *m, int32_t *cnt, us__moe_grads *g) {
+    int E = m->cfg.moe_experts, e;
+    double *h;
+    us_result r;
+    if (m->mesh.cp <= 1) {
+        memcpy(cnt + 2 * E, cnt, (size_t)E * sizeof(int32_t));
+        return US_OK;
+    }
+    h = (double *)US_MALLOC((size_t)E * sizeof(double));
+    if (!h) {
+        us__model_set_error(m, "out of host memory");
+        return US_ERR_OOM;
+    }
+    for (e = 0; e < E; e++) h[e] = (double)cnt[e];
+    m->ops.copy(&m->ops, g->sum, h, (size_t)E * sizeof(double), US_COPY_H2D);
+    r = m->comm->all_reduce(m->comm, &m->mesh.cp_g, g->sum, E, US_F64, US_REDUCE_SUM, NULL);
+    if (r == US_OK) {
+        m->ops.copy(&m->ops, h, g->sum, (size_t)E * sizeof(double), US_COPY_D2H);
+        for (e = 0; e < E; e++) cnt[2 * E + e] = (int32_t)h[e]; /* exact: counts below 2^31 */
+    }
+    US_FREE(h);
+    return us__comm_fail(m, r, "all-reduce of the micro-batch's routing counts");
+}
+
+/* combine: x_{l+1} = xmid + sh·Wdown_sᵀ + Σ_k gate[n,k]·ye[row of (n,k)], on this rank's rows:
+   all N, or under SP its Ns rows [t·Ns, t·Ns + Ns) of the tp group's (padding past N keeps xmid).
+   xnext [Ns,C]. */
+static void us__moe_combine(us_model *m, int l, int64_t N, void *xnext) {
+    us_ops *o = &m->ops;
+    const us_model_config *c = &m->cfg;
+    us_layer_acts *A = &m->acts[l];
+    us_dtype dt = m->dt;
+    int K = c->moe_top_k;
+    int64_t C = c->dim, Fe = c->moe_ffn_dim, Np, Ns, r0, n;
+    us__sp_rows(m, N, &Np, &Ns);
+    r0 = us__sp_on(m) ? (int64_t)m->mesh.tp_rank * Ns : 0;
+    n = N - r0 < Ns ? N - r0 : Ns; /* this rank's real tokens */
+    o->copy(o, xnext, A->xmid, (size_t)(Ns * C) * us_dtype_size(dt), US_COPY_D2D);
+    if (n <= 0) return;
+    if (c->moe_shared)
+        o->gemm(o, 0, 1, n, C, Fe, 1.0f, us__at(A->sh, dt, r0 * Fe), dt, Fe,
+                us__weight(m, US__TENSOR(l, US__P_EXPERTS) + 2), dt, Fe, 1.0f, xnext, dt, C);
+    o->moe_scatter(o, xnext, A->ye, A->slot_row + r0 * K, A->gates + r0 * K, n, K, C, dt);
+}
+
+/* A real forward's routing statistics, and the auxiliary loss α·Σ_e f_e·P_e over the
+   micro-batch's Nb tokens: f_e from its routed counts, P_e from this rank's N tokens (the cp
+   ranks' shares sum to it). */
+static us_result us__moe_stats(us_model *m, int l, int64_t N, us__moe_grads *g) {
+    const us_model_config *c = &m->cfg;
+    int E = c->moe_experts, K = c->moe_top_k, e, mi = m->moe_idx[l];
+    int32_t *cnt = m->moe_counts_h + (size_t)l * 3 * E, *kept = cnt + E;
+    double lossv = 0, Nb = (double)N * m->mesh.cp;
+    us_result r;
+    if (c->moe_balance == US_MOE_BALANCE_AUX) {
+        float *ps = (float *)US_MALLOC((size_t)E * 4);
+        if (!ps) {
+            us__model_set_error(m, "out of host memory");
+            return US_ERR_OOM;
+        }
+        if ((r = us__moe_batch_counts(m, cnt, g)) != US_OK) {
+            US_FREE(ps);
+            return r;
+        }
+        m->ops.copy(&m->ops, ps, g->vec, (size_t)E * 4, US_COPY_D2H); /* Σ_n p'[n,e] */
+        for (e = 0; e < E; e++)
+            lossv += (double)E * cnt[2 * E + e] / ((double)K * Nb) * (ps[e] / Nb);
+        lossv *= c->moe_aux_coef * us__moe_aux_weight(m);
+        US_FREE(ps);
+    }
+    m->moe_aux_last += lossv;
+    if (m->moe_train) {
+        for (e = 0; e < E; e++) {
+            m->moe_load[(size_t)mi * E + e] += cnt[e];
+            m->moe_dropped += cnt[e] - kept[e];
+        }
+        m->moe_choices += N * K;
+        m->moe_aux += lossv;
+    }
+    return US_OK;
+}
+
+/* Sequence parallelism (// >>tp) leaves each tp rank Ns of the tp group's N tokens. Megatron-LM
+   has two answers for a MoE layer: gather the tokens around the experts (its "allgather" token
+   dispatcher), or route each rank's local tokens (its "alltoall" dispatcher, the tp ranks
+   becoming more expert-data-parallel ranks). This takes the gather: ln2's output is all-gathered
+   (g) before the router, every tp rank runs the layer whole on the N tokens as it does without
+   SP, and keeps its own rows of the output; the backward gathers the residual gradient and keeps
+   its rows of ∂u. Why: the layer stays replicated over tp, so its weight gradients are whole on
+   every tp rank and are reduced over the same groups (dp×cp, or the expert-data-parallel group)
+   with and without SP, and ZeRO and ep shard them alike; routing the local tokens would divide
+   the expert compute by tp but needs every MoE gradient summed over tp as well, over a group
+   that crosses ep's. The cost is the one tp without SP already pays: the experts' compute is
+   repeated on every tp rank.
+   MoE layer l's forward from A->ln2, with recompute as in us__layer_fwd: GEMM outputs (logits,
    gate | up, expert outputs) are kept unless recompute is full; routing, permutation and SwiGLU
    are refilled by selective. A real forward (recompute = 0) writes x_{l+1} and counts the
    routing. */
@@ -7948,20 +8094,27 @@ static us_result us__moe_fwd(us_model *m, int l, int64_t N, int recompute, void 
         do_cheap = !recompute || mode != US_RECOMPUTE_NONE;
     int El = E / m->ep; /* this rank's experts (// >>ep) */
     int64_t C = c->dim, Fe = c->moe_ffn_dim, R = us__moe_rows(c, N), off, n;
-    int32_t *cnt = m->moe_counts_h + (size_t)l * 2 * E,
-            *kept = cnt + E;                                   /* host: routed [E], kept [E] */
+    /* host: routed [E], kept [E], routed in the whole micro-batch [E] (us__moe_batch_counts) */
+    int32_t *cnt = m->moe_counts_h + (size_t)l * 3 * E;
     int ex = US__TENSOR(l, US__P_EXPERTS) + 3 * c->moe_shared; /* local expert 0's gate_proj */
     /* the experts' outputs, expert-major: A->ye itself on one rank, else a scratch sent home
        after */
     void *ye;
+    const void *u = A->ln2; /* [N,C] the layer's input: ln2's output, or under SP gathered */
     us_result r;
     us__moe_grads g;
     us__moe_scratch(m, &g);
     ye = m->ep > 1 ? g.dxe : A->ye;
-    /* route: logits [N,E] f32 = ln2 [N,C] · Wrouter [E,C]ᵀ; topk, gates [N,K] */
+    if (us__sp_on(m) && (do_gemm || do_cheap)) { /* g: the tp group's tokens (see above) */
+        int64_t Np, Ns;
+        us__sp_rows(m, N, &Np, &Ns);
+        if ((r = us__sp_gather(m, m->a[US__A_SPG], A->ln2, Ns)) != US_OK) return r;
+        u = m->a[US__A_SPG];
+    }
+    /* route: logits [N,E] f32 = u [N,C] · Wrouter [E,C]ᵀ; topk, gates [N,K] */
     if (do_gemm)
-        o->gemm(o, 0, 1, N, E, C, 1.0f, A->ln2, dt, C, us__weight(m, US__TENSOR(l, US__P_ROUTER)),
-                dt, C, 0.0f, A->logits, US_F32, E);
+        o->gemm(o, 0, 1, N, E, C, 1.0f, u, dt, C, us__weight(m, US__TENSOR(l, US__P_ROUTER)), dt, C,
+                0.0f, A->logits, US_F32, E);
     if (do_cheap) {
         const float *bias =
             c->moe_balance == US_MOE_BALANCE_BIAS ? m->moe_bias + (size_t)mi * E : NULL;
@@ -7974,10 +8127,10 @@ static us_result us__moe_fwd(us_model *m, int l, int64_t N, int recompute, void 
         if (m->ep >
             1) { /* expert parallelism: the counts, then each row to its expert's rank (// >>ep) */
             if ((r = us__ep_counts(m, l, A->counts + E, g.epc)) != US_OK) return r;
-            o->moe_gather(o, g.dye, A->ln2, A->row_slot, NULL, R, K, C, dt);
+            o->moe_gather(o, g.dye, u, A->row_slot, NULL, R, K, C, dt);
             if ((r = us__ep_move(m, l, 0, A->xe, g.dye, g.ept)) != US_OK) return r;
         } else
-            o->moe_gather(o, A->xe, A->ln2, A->row_slot, NULL, R, K, C, dt);
+            o->moe_gather(o, A->xe, u, A->row_slot, NULL, R, K, C, dt);
     }
     /* this rank's experts, each on its contiguous rows [off, off + n): gu_e [n,2Fe] =
        xe [n,C] · Wgu [2Fe,C]ᵀ, h_e [n,Fe] = swiglu(gu_e), ye [n,C] = h_e · Wdown [C,Fe]ᵀ */
@@ -7997,40 +8150,51 @@ static us_result us__moe_fwd(us_model *m, int l, int64_t N, int recompute, void 
     /* the shared expert, a dense SwiGLU MLP of size Fe on every token: sgu [N,2Fe], sh [N,Fe] */
     if (c->moe_shared) {
         if (do_gemm)
-            o->gemm(o, 0, 1, N, 2 * Fe, C, 1.0f, A->ln2, dt, C,
+            o->gemm(o, 0, 1, N, 2 * Fe, C, 1.0f, u, dt, C,
                     us__weight(m, US__TENSOR(l, US__P_EXPERTS)), dt, C, 0.0f, A->sgu, dt, 2 * Fe);
         if (do_cheap) o->swiglu_fwd(o, A->sh, A->sgu, N, Fe, dt);
     }
     if (recompute) return US_OK;
-    /* combine: x_{l+1} [N,C] = xmid + sh·Wdown_sᵀ + Σ_k gate[n,k]·ye[row of (n,k)] */
-    o->copy(o, xnext, A->xmid, (size_t)(N * C) * us_dtype_size(dt), US_COPY_D2D);
-    if (c->moe_shared)
-        o->gemm(o, 0, 1, N, C, Fe, 1.0f, A->sh, dt, Fe,
-                us__weight(m, US__TENSOR(l, US__P_EXPERTS) + 2), dt, Fe, 1.0f, xnext, dt, C);
-    o->moe_scatter(o, xnext, A->ye, A->slot_row, A->gates, N, K, C, dt);
-    { /* the routing statistics, and the auxiliary loss α·Σ_e f_e·P_e */
-        double lossv = 0;
-        if (aux) {
-            float *ps = (float *)US_MALLOC((size_t)E * 4);
-            if (!ps) {
-                us__model_set_error(m, "out of host memory");
-                return US_ERR_OOM;
-            }
-            o->copy(o, ps, g.vec, (size_t)E * 4, US_COPY_D2H);
-            for (e = 0; e < E; e++)
-                lossv += (double)E * cnt[e] / ((double)K * N) * (ps[e] / (double)N);
-            lossv *= c->moe_aux_coef * us__moe_aux_weight(m);
-            US_FREE(ps);
+    us__moe_combine(m, l, N, xnext);
+    return us__moe_stats(m, l, N, &g);
+}
+
+/* The backward of MoE layer l's local experts over their rows [rows] (dye in g->dye, expert-major):
+   each expert's is the dense MLP's, on its n rows: dh [n,Fe] = dye [n,C] · Wdown [C,Fe],
+   dWdown += dyeᵀ · h_e; dgu [n,2Fe] = swiglu'(dh); dxe [n,C] = dgu · Wgu [2Fe,C],
+   dWgu += dguᵀ · xe. The experts go last to first, each finished before the next starts, so their
+   gradients complete in the backward order of the flat buffers, as a dense layer's do: data
+   parallelism reduces each bucket as soon as it is full, and ZeRO-2's two gradient slots suffice
+   (// >>zero). */
+static us_result us__moe_experts_bwd(us_model *m, int l, int64_t rows, us__moe_grads *g) {
+    us_ops *o = &m->ops;
+    const us_model_config *c = &m->cfg;
+    us_layer_acts *A = &m->acts[l];
+    us_dtype dt = m->dt;
+    int e, El = c->moe_experts / m->ep;
+    int ex = US__TENSOR(l, US__P_EXPERTS) + 3 * c->moe_shared; /* local expert 0's gate_proj */
+    int64_t C = c->dim, Fe = c->moe_ffn_dim, off = rows, n;
+    us_result r;
+    for (e = El - 1; e >= 0; e--) {
+        int gu = ex + 3 * e, dn = gu + 2; /* its gate|up and down tensors */
+        n = us__moe_local_rows(m, l, e);
+        off -= n; /* its rows [off, off + n) */
+        if (n) {
+            o->gemm(o, 0, 0, n, Fe, C, 1.0f, us__at(g->dye, dt, off * C), dt, C, us__weight(m, dn),
+                    dt, Fe, 0.0f, us__at(g->dh, dt, off * Fe), dt, Fe);
+            o->gemm(o, 1, 0, C, Fe, n, 1.0f, us__at(g->dye, dt, off * C), dt, C,
+                    us__at(A->h_e, dt, off * Fe), dt, Fe, 1.0f, us__grad(m, dn), US_F32, Fe);
         }
-        m->moe_aux_last += lossv;
-        if (m->moe_train) {
-            for (e = 0; e < E; e++) {
-                m->moe_load[(size_t)mi * E + e] += cnt[e];
-                m->moe_dropped += cnt[e] - kept[e];
-            }
-            m->moe_choices += N * K;
-            m->moe_aux += lossv;
+        if ((r = us__grads_ready(m, dn, dn + 1)) != US_OK) return r;
+        if (n) {
+            o->swiglu_bwd(o, us__at(g->dgu, dt, off * 2 * Fe), us__at(g->dh, dt, off * Fe),
+                          us__at(A->gu_e, dt, off * 2 * Fe), n, Fe, dt);
+            o->gemm(o, 0, 0, n, C, 2 * Fe, 1.0f, us__at(g->dgu, dt, off * 2 * Fe), dt, 2 * Fe,
+                    us__weight(m, gu), dt, C, 0.0f, us__at(g->dxe, dt, off * C), dt, C);
+            o->gemm(o, 1, 0, 2 * Fe, C, n, 1.0f, us__at(g->dgu, dt, off * 2 * Fe), dt, 2 * Fe,
+                    us__at(A->xe, dt, off * C), dt, C, 1.0f, us__grad(m, gu), US_F32, C);
         }
+        if ((r = us__grads_ready(m, gu, gu + 2)) != US_OK) return r;
     }
     return US_OK;
 }
@@ -8044,14 +8208,22 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
     us_dtype dt = m->dt;
     int E = c->moe_experts, K = c->moe_top_k, e, aux = c->moe_balance == US_MOE_BALANCE_AUX,
         El = E / m->ep;
-    int64_t C = c->dim, Fe = c->moe_ffn_dim, off, rows, nperm, n;
-    int32_t *cnt = m->moe_counts_h + (size_t)l * 2 * E, *kept = cnt + E;
-    int ex = US__TENSOR(l, US__P_EXPERTS) + 3 * c->moe_shared, rt = US__TENSOR(l, US__P_ROUTER);
+    int64_t C = c->dim, Fe = c->moe_ffn_dim, rows, nperm, Np, Ns;
+    int32_t *cnt = m->moe_counts_h + (size_t)l * 3 * E, *kept = cnt + E;
+    int rt = US__TENSOR(l, US__P_ROUTER);
     void *dres = m->a[US__A_DRES], *dln = m->a[US__A_DLN], *dxp;
+    const void *u = A->ln2; /* [N,C] the layer's input */
     us_result r;
     us__moe_grads g;
-    US_ASSERT(!m->pp_bonly && !us__sp_on(m)); /* validation keeps pipelines and tp away */
+    US_ASSERT(!m->pp_bonly); /* validation keeps pipelines away */
     us__moe_scratch(m, &g);
+    us__sp_rows(m, N, &Np, &Ns);
+    if (us__sp_on(m)) { /* the tp group's residual gradient and input, whole (see us__moe_fwd) */
+        if ((r = us__sp_gather(m, g.dresf, dres, Ns)) != US_OK) return r;
+        if ((r = us__sp_gather(m, m->a[US__A_SPG], A->ln2, Ns)) != US_OK) return r;
+        dres = g.dresf;
+        u = m->a[US__A_SPG];
+    }
     for (e = 0, nperm = 0; e < E; e++) nperm += kept[e]; /* this rank's tokens' rows */
     for (e = 0, rows = 0; e < El; e++)
         rows += us__moe_local_rows(m, l, e); /* the rows its experts ran */
@@ -8062,32 +8234,14 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
         if ((r = us__ep_move(m, l, 0, g.dye, g.dxe, g.ept)) != US_OK) return r;
     } else
         o->moe_gather(o, g.dye, dres, A->row_slot, A->gates, rows, K, C, dt);
-    /* experts: the dense MLP's backward, each on its n rows: dh [n,Fe] = dye [n,C] · Wdown [C,Fe],
-       dWdown += dyeᵀ · h_e; dgu [n,2Fe] = swiglu'(dh); dxe [n,C] = dgu · Wgu [2Fe,C],
-       dWgu += dguᵀ · xe */
-    for (e = 0, off = 0; e < El; off += n, e++) {
-        if (!(n = us__moe_local_rows(m, l, e))) continue;
-        o->gemm(o, 0, 0, n, Fe, C, 1.0f, us__at(g.dye, dt, off * C), dt, C,
-                us__weight(m, ex + 3 * e + 2), dt, Fe, 0.0f, us__at(g.dh, dt, off * Fe), dt, Fe);
-        o->gemm(o, 1, 0, C, Fe, n, 1.0f, us__at(g.dye, dt, off * C), dt, C,
-                us__at(A->h_e, dt, off * Fe), dt, Fe, 1.0f, us__grad(m, ex + 3 * e + 2), US_F32,
-                Fe);
-    }
-    o->swiglu_bwd(o, g.dgu, g.dh, A->gu_e, rows, Fe, dt);
-    for (e = 0, off = 0; e < El; off += n, e++) {
-        if (!(n = us__moe_local_rows(m, l, e))) continue;
-        o->gemm(o, 0, 0, n, C, 2 * Fe, 1.0f, us__at(g.dgu, dt, off * 2 * Fe), dt, 2 * Fe,
-                us__weight(m, ex + 3 * e), dt, C, 0.0f, us__at(g.dxe, dt, off * C), dt, C);
-        o->gemm(o, 1, 0, 2 * Fe, C, n, 1.0f, us__at(g.dgu, dt, off * 2 * Fe), dt, 2 * Fe,
-                us__at(A->xe, dt, off * C), dt, C, 1.0f, us__grad(m, ex + 3 * e), US_F32, C);
-    }
+    if ((r = us__moe_experts_bwd(m, l, rows, &g)) != US_OK) return r;
     dxp = g.dxe;
     if (m->ep > 1) { /* the input gradients come back like the combine (// >>ep) */
         if ((r = us__ep_move(m, l, 1, g.dye, g.dxe, g.ept)) != US_OK) return r;
         dxp = g.dye;
     }
     /* un-permute: each token sums the gradients of its rows */
-    o->zero(o, dln, (size_t)(N * C) * us_dtype_size(dt));
+    o->zero(o, dln, (size_t)(Np * C) * us_dtype_size(dt)); /* (SP's padding rows: zero) */
     o->moe_scatter(o, dln, dxp, A->slot_row, NULL, N, K, C, dt);
     if (c->moe_shared) {
         int sx = US__TENSOR(l, US__P_EXPERTS);
@@ -8098,19 +8252,22 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
         o->swiglu_bwd(o, g.dgu, g.dh, A->sgu, N, Fe, dt);
         o->gemm(o, 0, 0, N, C, 2 * Fe, 1.0f, g.dgu, dt, 2 * Fe, us__weight(m, sx), dt, C, 1.0f, dln,
                 dt, C);
-        o->gemm(o, 1, 0, 2 * Fe, C, N, 1.0f, g.dgu, dt, 2 * Fe, A->ln2, dt, C, 1.0f,
-                us__grad(m, sx), US_F32, C);
+        o->gemm(o, 1, 0, 2 * Fe, C, N, 1.0f, g.dgu, dt, 2 * Fe, u, dt, C, 1.0f, us__grad(m, sx),
+                US_F32, C);
+        if ((r = us__grads_ready(m, sx, sx + 3)) != US_OK) return r;
     }
-    /* router: through the gates, and (aux) through P_e: ∂loss/∂p'[n,e] = w·α·f_e/N */
+    /* router: through the gates, and (aux) through P_e: ∂loss/∂p'[n,e] = w·α·f_e/Nb, Nb the
+       micro-batch's tokens (N·cp), f_e from its routed counts (us__moe_batch_counts) */
     if (aux) {
         float *v = (float *)US_MALLOC((size_t)E * 4);
+        double Nb = (double)N * m->mesh.cp;
         if (!v) {
             us__model_set_error(m, "out of host memory");
             return US_ERR_OOM;
         }
         for (e = 0; e < E; e++)
-            v[e] = (float)(c->moe_aux_coef * us__moe_aux_weight(m) * (double)E * cnt[e] /
-                           ((double)K * N) / (double)N) *
+            v[e] = (float)(c->moe_aux_coef * us__moe_aux_weight(m) * (double)E * cnt[2 * E + e] /
+                           ((double)K * Nb) / Nb) *
                    m->loss_scale; /* scaled like the main loss's seed (// >>lossscale) */
         o->copy(o, g.vec, v, (size_t)E * 4, US_COPY_H2D);
         US_FREE(v);
@@ -8121,8 +8278,8 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
        dWrouter += dlgᵀ · ln2 */
     o->cast(o, g.dlg, dt, g.dlogits, US_F32, N * E);
     o->gemm(o, 0, 0, N, C, E, 1.0f, g.dlg, dt, E, us__weight(m, rt), dt, C, 1.0f, dln, dt, C);
-    o->gemm(o, 1, 0, E, C, N, 1.0f, g.dlg, dt, E, A->ln2, dt, C, 1.0f, us__grad(m, rt), US_F32, C);
-    return us__grads_ready(m, rt, m->layer_p[l + 1]);
+    o->gemm(o, 1, 0, E, C, N, 1.0f, g.dlg, dt, E, u, dt, C, 1.0f, us__grad(m, rt), US_F32, C);
+    return us__grads_ready(m, rt, rt + 1);
 }
 
 /* After the optimizer step: the step's routing statistics, then DeepSeek-V3's bias rule
@@ -8214,10 +8371,11 @@ static us_result us__moe_step_end(us_model *m) {
    group — sum their expert gradients (units of their own, // >>dp), every other gradient is
    summed over dp×cp. Each rank's loss gradient is already scaled by the global batch, and every
    token's contribution to an expert reaches the expert's rank, so both sums are the global
-   gradient. The router bias and the routing statistics are summed over dp×cp (us__moe_step_end).
+   gradient. ZeRO shards each kind over its own group the same way (// >>zero). The router bias and the routing statistics are summed over dp×cp (us__moe_step_end).
    Tensor parallelism does not split a MoE layer: every tp rank runs it whole on the same tokens
-   (the experts are replicated over tp, the compute repeated), so its input gradient needs no
-   all-reduce; each tp index has its own dp×cp group, hence its own ep and expert-dp groups.
+   (the experts are replicated over tp, the compute repeated; under sequence parallelism the tp
+   group's tokens are gathered first, us__moe_fwd), so its input gradient needs no all-reduce;
+   each tp index has its own dp×cp group, hence its own ep and expert-dp groups.
    Buffers: without a capacity limit nothing bounds how many rows a rank receives below every
    row of every peer, so the expert-side tensors hold ep·R rows; with one, each peer sends at most
    cap rows per expert, E/ep·cap per rank (us__moe_rx, us__moe_bytes). Memory per rank then stays
@@ -9615,7 +9773,7 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
         int i;
         for (u = 0; u < m->n_units; u++) {
             const us__unit *U = &m->units[u];
-            int64_t lo = U->off + (Z ? (int64_t)m->mesh.dpcp_g.rank * U->piece : 0),
+            int64_t lo = U->off + (Z ? (int64_t)us__unit_rank(m, U) * U->piece : 0),
                     hi = lo + U->piece;
             const float *gp = Z < 2 ? m->grad + lo : m->grad + U->shard_off; /* flat index lo */
             for (i = U->p0; i < U->p1; i++) {
@@ -9671,8 +9829,8 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
            all-gather overlaps the optimizer step) */
             if (Z != 1 && Z != 2) continue;
             r = m->comm->all_gather(
-                m->comm, &m->mesh.dpcp_g, us__at(m->w, m->dt, U->off),
-                us__at(m->w, m->dt, U->off + (int64_t)m->mesh.dpcp_g.rank * U->piece), U->piece,
+                m->comm, us__unit_group(m, U), us__at(m->w, m->dt, U->off),
+                us__at(m->w, m->dt, U->off + (int64_t)us__unit_rank(m, U) * U->piece), U->piece,
                 m->dt, &U->gather);
             if (r != US_OK) return us__comm_fail(m, r, "weight all-gather");
         }
@@ -10925,13 +11083,13 @@ static int64_t us__ckpt_global(const us_model *m, const us_param *p, int64_t j, 
    weights the forward reads (whole units unless ZeRO-3). */
 static void us__ckpt_range(const us_model *m, const us__unit *U, int owned, int weights,
                            int64_t *lo, int64_t *hi) {
-    int Z = m->tc.zero, R = m->mesh.dpcp_g.rank;
+    int Z = m->tc.zero, R = us__unit_rank(m, U);
     if (Z && (owned || !weights || Z == 3)) {
         *lo = U->off + (int64_t)R * U->piece;
         *hi = *lo + U->piece;
         return;
     }
-    if (owned && (U->expert ? m->edp_g.rank : R) != 0) {
+    if (owned && R != 0) {
         *lo = *hi = U->off;
         return;
     }
@@ -11118,7 +11276,7 @@ static void us__ckhost_free(us__ckhost *h) {
 static int64_t us__ckpt_index(const us_model *m, const us__unit *U, int which, int64_t f) {
     int Z = m->tc.zero;
     if ((which == 0 && Z == 3) || (which && Z))
-        return U->shard_off + f - (U->off + (int64_t)m->mesh.dpcp_g.rank * U->piece);
+        return U->shard_off + f - (U->off + (int64_t)us__unit_rank(m, U) * U->piece);
     return f;
 }
 

@@ -531,6 +531,37 @@ static void test_moe(void) {
             fclose(f);
         }
     }
+    /* ZeRO-3 with ep: each routed expert's weights, master and moments are sharded over its
+       expert-data-parallel group (one rank here), the rest over dp: saved from pieces, resumed
+       into pieces bit for bit, and loaded whole under ZeRO-1 and one rank (the next-step loss) */
+    d = path("moe_zero3");
+    base(&A, 2, 1, 1, 3, US_PRECISION_FP32);
+    A.tc.ep = 2;
+    A.mc.moe_experts = 4;
+    A.mc.moe_top_k = 2;
+    A.steps = 5;
+    A.save = d;
+    A.save_at = 3;
+    CHECK(go(&A) == US_OK, "MoE dp2×ep2 ZeRO-3: train 5, save after 3: %s", A.err);
+    C = A;
+    C.steps = 2;
+    C.save = NULL;
+    C.load = d;
+    CHECK(go(&C) == US_OK, "MoE dp2×ep2 ZeRO-3 resume: %s", C.err);
+    for (s = 3; s < 5; s++)
+        CHECK(!memcmp(&A.loss[s], &C.loss[s], 4),
+              "MoE dp2×ep2 ZeRO-3: resumed step %d loss bitwise equal (%.9g)", s + 1, C.loss[s]);
+    C.tc.zero = 1;
+    CHECK(go(&C) == US_OK && fabs((double)C.loss[4] - A.loss[4]) < 2e-5 * fabs((double)A.loss[4]),
+          "MoE dp2×ep2 ZeRO-3 → ZeRO-1: step 5 loss %.7f vs %.7f (the moments came along): %s",
+          C.loss[4], A.loss[4], C.err);
+    base(&C, 1, 1, 1, 0, US_PRECISION_FP32);
+    C.mc = A.mc;
+    C.steps = 1;
+    C.load = d;
+    CHECK(go(&C) == US_OK && fabs((double)C.loss[3] - A.loss[3]) < 2e-5 * fabs((double)A.loss[3]),
+          "MoE dp2×ep2 ZeRO-3 → one rank: next-step loss %.7f vs %.7f: %s", C.loss[3], A.loss[3],
+          C.err);
 }
 
 /* the model config decides: a mismatched shape, a truncated file, a missing tensor are errors */

@@ -5,9 +5,12 @@
    be the same on every rank. Configurations: ep 2 and 4 (= dp), dp 4 × ep 2 (each expert on two
    ranks, its gradient reduced over them), data parallelism without ep, the shared expert with
    sigmoid gates, the auxiliary loss with a capacity limit (uneven and empty per-peer counts),
-   recomputation with accumulation, ZeRO-1/3 without ep, and tensor parallelism (tp 2, dp 2 ×
+   recomputation with accumulation, ZeRO-1/3 without ep, tensor parallelism (tp 2, dp 2 ×
    tp 2 × ep 2, dp 4 × tp 2 × ep 2: the MoE layer runs whole on each tp rank, the ep groups are
-   per tp index). Per-rank memory equals the estimator; bad settings are refused in one sentence.
+   per tp index), and context parallelism (cp 2, cp 2 × ep 2, dp 2 × cp 2 × ep 2/4 with the aux
+   loss, whose expert counts are the whole micro-batch's, tp 2 × cp 2 × ep 2: each rank routes
+   its zig-zag slice of every sequence). Per-rank memory equals the estimator; bad settings are
+   refused in one sentence.
 
    The reference is one rank running each data-parallel rank's micro-batch as a micro-batch of
    its own (grad_accum × dp of them): the auxiliary loss and the capacity limit are statistics
@@ -63,8 +66,9 @@ static us_result rank_fn(us_comm *c, void *arg) {
     run *R = (run *)arg;
     us_model m;
     us_train_config tc = R->tc;
-    int rank = c ? c->world.rank : 0, s, k, dr, i;
-    size_t per = (size_t)tc.batch * T;
+    int rank = c ? c->world.rank : 0, s, k, dr, i, b, t, cp = tc.cp > 1 ? tc.cp : 1, Tl = T / cp;
+    int32_t pos[T];
+    size_t per = (size_t)tc.batch * Tl;
     int32_t *in = (int32_t *)malloc(per * tc.grad_accum * 4),
             *tgt = (int32_t *)malloc(per * tc.grad_accum * 4);
     us_result r;
@@ -84,16 +88,22 @@ static us_result rank_fn(us_comm *c, void *arg) {
         m.ops.copy(&m.ops, m.moe_bias, m.moe_bias_h, (size_t)m.n_moe * E * 4, US_COPY_H2D);
     }
     dr = m.mesh.dp_rank;
+    us_cp_positions(&m.tc, m.mesh.cp_rank, pos);
     for (i = 0; i < m.n_params_t; i++) R->n_expert_t[rank] += m.params[i].expert;
     for (s = 0; s < STEPS && r == US_OK; s++) {
         us_step_stats st;
-        for (k = 0; k < tc.grad_accum; k++) { /* this rank's rows of every global micro-batch */
-            size_t src = (((size_t)s * tc.grad_accum + k) * tc.batch * (tc.dp > 0 ? tc.dp : 1) +
-                          (size_t)dr * tc.batch) *
-                         T;
-            memcpy(in + k * per, R->in + src, per * 4);
-            memcpy(tgt + k * per, R->tgt + src, per * 4);
-        }
+        /* this rank's sequences of every global micro-batch (dp), its positions in each (cp) */
+        for (k = 0; k < tc.grad_accum; k++)
+            for (b = 0; b < tc.batch; b++)
+                for (t = 0; t < Tl; t++) {
+                    size_t src =
+                        (((size_t)s * tc.grad_accum + k) * tc.batch * (tc.dp > 0 ? tc.dp : 1) +
+                         (size_t)dr * tc.batch + b) *
+                            T +
+                        pos[t];
+                    in[k * per + b * Tl + t] = R->in[src];
+                    tgt[k * per + b * Tl + t] = R->tgt[src];
+                }
         r = us_train_step(&m, in, tgt, &st);
         if (r != US_OK) {
             printf("  rank %d step %d: %s\n", rank, s, m.err);
@@ -113,7 +123,7 @@ static us_result rank_fn(us_comm *c, void *arg) {
         for (i = 0; i < m.n_params_t; i++) {
             const us_param *p = &m.params[i];
             int j = ref_index(R, p->name),
-                first = p->expert && m.ep > 1 ? m.edp_g.rank == 0 : m.mesh.dp_rank == 0;
+                first = p->expert && m.ep > 1 ? m.edp_g.rank == 0 : m.mesh.dpcp_g.rank == 0;
             int64_t e;
             if (j < 0) {
                 printf("  rank %d: tensor %s is not in the reference\n", rank, p->name);
@@ -170,6 +180,8 @@ typedef struct variant {
     us_recompute rc;
     int tp;
     int skew; /* a large router bias sends every token to experts 0..K-1: the other ranks' experts get nothing */
+    int cp; /* context parallelism (0: 1): each rank routes its slice of every sequence */
+    int sp; /* sequence parallelism (tp > 1): the tp group's tokens gathered around the MoE layer */
 } variant;
 
 static void setup(run *R, const variant *v, int ranks) {
@@ -194,6 +206,8 @@ static void setup(run *R, const variant *v, int ranks) {
         R->tc.zero = v->zero;
         R->tc.grad_accum = v->accum;
         R->tc.tp = v->tp > 1 ? v->tp : 1;
+        R->tc.cp = v->cp > 1 ? v->cp : 1;
+        R->tc.sp = v->sp;
     } else
         R->tc.grad_accum = v->accum * v->dp; /* one rank: each rank's micro-batch in turn */
 }
@@ -204,7 +218,8 @@ static void run_variant(const variant *v) {
     int i, s;
     size_t n = (size_t)STEPS * v->accum * GB * T;
     double ml = 0, mg = 0, mw = 0, mb = 0, ms = 0, bmax = 0;
-    int mem_ok = 1, shard_ok = 1;
+    int mem_ok = 1, shard_ok = 1,
+        nr = v->dp * (v->tp > 1 ? v->tp : 1) * (v->cp > 1 ? v->cp : 1); /* the layout's ranks */
     setup(&ref, v, 1);
     ref.in = (int32_t *)malloc(n * 4);
     ref.tgt = (int32_t *)malloc(n * 4);
@@ -230,7 +245,7 @@ static void run_variant(const variant *v) {
     ref.weights = (float *)calloc((size_t)ref.n_ref, 4);
     CHECK(us_test_launch(1, rank_fn, &ref, NULL, 0) == US_OK, "%s: the reference ran", v->what);
 
-    setup(&R, v, v->dp * (v->tp > 1 ? v->tp : 1));
+    setup(&R, v, nr);
     R.in = ref.in;
     R.tgt = ref.tgt;
     R.np_t = ref.np_t;
@@ -239,8 +254,8 @@ static void run_variant(const variant *v) {
     R.n_ref = ref.n_ref;
     R.weights = (float *)calloc((size_t)ref.n_ref, 4);
     R.ref_bias = ref.bias;
-    if (us_test_launch(v->dp * R.tc.tp, rank_fn, &R, R.res, 0) != US_OK)
-        CHECK(0, "%s: ran on %d ranks", v->what, v->dp * R.tc.tp);
+    if (us_test_launch(nr, rank_fn, &R, R.res, 0) != US_OK)
+        CHECK(0, "%s: ran on %d ranks", v->what, nr);
     else {
         for (s = 0; s < STEPS; s++) {
             double dl = fabs(R.loss[s] - ref.loss[s]) / fabs(ref.loss[s]),
@@ -251,8 +266,7 @@ static void run_variant(const variant *v) {
                  fabs(R.aux[s] - ref.aux[s]) / (fabs(ref.aux[s]) + 1e-30);
             if (dl > ms) ms = dl;
         }
-        for (i = 0; i < v->dp * R.tc.tp; i++)
-            shard_ok &= R.n_expert_t[i] == 3 * (v->E / v->ep) * R.mc.n_layers;
+        for (i = 0; i < nr; i++) shard_ok &= R.n_expert_t[i] == 3 * (v->E / v->ep) * R.mc.n_layers;
         for (i = 0; i < v->E * R.mc.n_layers; i++)
             if (fabs(ref.bias[i]) > bmax) bmax = fabs(ref.bias[i]);
         /* (ZeRO-3 ranks hold pieces of the flat buffers: there the losses and norms of every step speak) */
@@ -260,9 +274,9 @@ static void run_variant(const variant *v) {
             double d = fabs(R.weights[i] - ref.weights[i]);
             if (d > mw) mw = d;
         }
-        for (i = 0; i < v->dp * R.tc.tp; i++)
+        for (i = 0; i < nr; i++)
             if (R.bias_diff[i] > mb) mb = R.bias_diff[i];
-        for (i = 0; i < v->dp * R.tc.tp; i++)
+        for (i = 0; i < nr; i++)
             mem_ok &= R.mem[i].total == R.est[i].total &&
                       R.mem[i].activations == R.est[i].activations &&
                       R.mem[i].params == R.est[i].params;
@@ -294,16 +308,15 @@ static void run_variant(const variant *v) {
 static void test_refusals(void) {
     struct {
         const char *msg;
-        int E, dp, ep, zero, tp, sp, cp;
+        int E, dp, ep, zero, tp, sp, cp, pp;
+        float cap;
     } bad[] = {
-        {"must divide dp x cp", 4, 4, 3, 0, 1, 0, 1},
-        {"must divide experts", 6, 4, 4, 0, 1, 0, 1},
-        {"needs a MoE model", 0, 2, 2, 0, 1, 0, 1},
-        {"ZeRO with expert parallelism", 4, 2, 2, 1, 1, 0, 1},
-        {"ZeRO-2 with MoE layers", 4, 2, 1, 2, 1, 0, 1},
-        {"sequence parallelism with MoE layers", 4, 2, 2, 0, 2, 1, 1},
-        {"does not combine with cp or pp", 4, 1, 2, 0, 1, 0, 2},
-        {"ep=-1 must be at least 1", 4, 2, -1, 0, 1, 0, 1},
+        {"must divide dp x cp", 4, 4, 3, 0, 1, 0, 1, 1, 0},
+        {"must divide experts", 6, 4, 4, 0, 1, 0, 1, 1, 0},
+        {"needs a MoE model", 0, 2, 2, 0, 1, 0, 1, 1, 0},
+        {"does not combine with pp", 4, 1, 1, 0, 1, 0, 1, 2, 0},
+        {"which cp and sp spread over several ranks", 4, 1, 2, 0, 1, 0, 2, 1, 1.25f},
+        {"ep=-1 must be at least 1", 4, 2, -1, 0, 1, 0, 1, 1, 0},
     };
 
     int i;
@@ -319,6 +332,8 @@ static void test_refusals(void) {
         tc.tp = bad[i].tp;
         tc.sp = bad[i].sp;
         tc.cp = bad[i].cp;
+        tc.pp = bad[i].pp;
+        mc.moe_capacity = bad[i].cap;
         if (!bad[i].E) {
             mc.moe_ffn_dim = 0;
             mc.moe_top_k = 0;
@@ -332,28 +347,73 @@ static void test_refusals(void) {
 
 int main(int argc, char **argv) {
     static const variant vs[] = {
-        /* what                                        dp ep E  K  acc sh sig aux z  cap  recompute  tp */
-        {"ep 2 (dp 2)", 2, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0},
-        {"ep 4 (dp 4)", 4, 4, 8, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0},
+        /* what                                   dp ep E  K  acc sh sig aux z  cap  recompute  tp skew cp sp */
+        {"ep 2 (dp 2)", 2, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0, 0, 0},
+        {"ep 4 (dp 4)", 4, 4, 8, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0, 0, 0},
         {"dp 4 x ep 2 (experts on 2 ranks each)", 4, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE,
-         1, 0},
-        {"dp 2 without ep", 2, 1, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0},
+         1, 0, 0, 0},
+        {"dp 2 without ep", 2, 1, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0, 0, 0},
         {"ep 2, shared expert, sigmoid gates", 2, 2, 4, 2, 1, 1, 1, 0, 0, 0, US_RECOMPUTE_NONE, 1,
-         0},
+         0, 0, 0},
         {"ep 4, top-1, aux loss, capacity 0.5", 4, 4, 8, 1, 1, 0, 0, 1, 0, 0.5f, US_RECOMPUTE_NONE,
-         1, 0},
+         1, 0, 0, 0},
         {"dp 4 x ep 2, accum 2, selective recompute", 4, 2, 4, 2, 2, 1, 0, 0, 0, 0,
-         US_RECOMPUTE_SELECTIVE, 1, 0},
-        {"ep 2, accum 2, full recompute", 2, 2, 4, 2, 2, 0, 1, 0, 0, 0, US_RECOMPUTE_FULL, 1, 0},
-        {"dp 2 without ep, ZeRO-1", 2, 1, 4, 2, 1, 0, 0, 0, 1, 0, US_RECOMPUTE_NONE, 1, 0},
-        {"dp 2 without ep, ZeRO-3", 2, 1, 4, 2, 1, 0, 0, 0, 3, 0, US_RECOMPUTE_NONE, 1, 0},
-        {"tp 2 (MoE whole on each tp rank)", 1, 1, 4, 2, 1, 1, 0, 0, 0, 0, US_RECOMPUTE_NONE, 2, 0},
-        {"dp 2 x tp 2 x ep 2", 2, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 2, 0},
+         US_RECOMPUTE_SELECTIVE, 1, 0, 0, 0},
+        {"ep 2, accum 2, full recompute", 2, 2, 4, 2, 2, 0, 1, 0, 0, 0, US_RECOMPUTE_FULL, 1, 0, 0,
+         0},
+        {"dp 2 without ep, ZeRO-1", 2, 1, 4, 2, 1, 0, 0, 0, 1, 0, US_RECOMPUTE_NONE, 1, 0, 0, 0},
+        {"dp 2 without ep, ZeRO-3", 2, 1, 4, 2, 1, 0, 0, 0, 3, 0, US_RECOMPUTE_NONE, 1, 0, 0, 0},
+        {"tp 2 (MoE whole on each tp rank)", 1, 1, 4, 2, 1, 1, 0, 0, 0, 0, US_RECOMPUTE_NONE, 2, 0,
+         0, 0},
+        {"dp 2 x tp 2 x ep 2", 2, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 2, 0, 0, 0},
         {"dp 2 x tp 2 x ep 2, shared, sigmoid, full recompute", 2, 2, 4, 2, 2, 1, 1, 0, 0, 0,
-         US_RECOMPUTE_FULL, 2, 0},
-        {"dp 4 x tp 2 x ep 2, aux loss", 4, 2, 4, 2, 1, 0, 0, 1, 0, 0, US_RECOMPUTE_NONE, 2, 0},
+         US_RECOMPUTE_FULL, 2, 0, 0, 0},
+        {"dp 4 x tp 2 x ep 2, aux loss", 4, 2, 4, 2, 1, 0, 0, 1, 0, 0, US_RECOMPUTE_NONE, 2, 0, 0,
+         0},
         {"ep 4, every token to rank 0's experts", 4, 4, 8, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE,
-         1, 1},
+         1, 1, 0, 0},
+        /* context parallelism: each rank routes its (zig-zag) slice of every sequence */
+        {"cp 2", 1, 1, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0, 2, 0},
+        {"cp 2 x ep 2", 1, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0, 2, 0},
+        {"dp 2 x cp 2 x ep 2, aux loss, shared, accum 2, selective recompute", 2, 2, 4, 2, 2, 1, 0,
+         1, 0, 0, US_RECOMPUTE_SELECTIVE, 1, 0, 2, 0},
+        {"dp 2 x cp 2 x ep 4, sigmoid gates, full recompute", 2, 4, 8, 2, 1, 0, 1, 0, 0, 0,
+         US_RECOMPUTE_FULL, 1, 0, 2, 0},
+        {"tp 2 x cp 2 x ep 2, aux loss", 1, 2, 4, 2, 1, 0, 0, 1, 0, 0, US_RECOMPUTE_NONE, 2, 0, 2,
+         0},
+        /* sequence parallelism: ln2's output gathered over tp, each rank keeps its rows */
+        {"tp 2 + sp", 1, 1, 4, 2, 1, 1, 0, 0, 0, 0, US_RECOMPUTE_NONE, 2, 0, 1, 1},
+        {"dp 2 x tp 2 + sp x ep 2, aux loss, accum 2, selective recompute", 2, 2, 4, 2, 2, 0, 0, 1,
+         0, 0, US_RECOMPUTE_SELECTIVE, 2, 0, 1, 1},
+        {"cp 2 x tp 2 + sp x ep 2, shared, sigmoid, full recompute", 1, 2, 4, 2, 1, 1, 1, 0, 0, 0,
+         US_RECOMPUTE_FULL, 2, 0, 2, 1},
+        /* ZeRO: routed experts sharded over their dp·cp/ep replicas, the rest over dp×cp;
+           Mixtral-style (top-2 of 8, softmax gates, aux loss) */
+        {"ep 2 (dp 2), ZeRO-1, Mixtral-style", 2, 2, 8, 2, 1, 0, 0, 1, 1, 0, US_RECOMPUTE_NONE, 1,
+         0, 0, 0},
+        {"ep 2 (dp 2), ZeRO-2, Mixtral-style", 2, 2, 8, 2, 1, 0, 0, 1, 2, 0, US_RECOMPUTE_NONE, 1,
+         0, 0, 0},
+        {"ep 2 (dp 2), ZeRO-3, Mixtral-style", 2, 2, 8, 2, 1, 0, 0, 1, 3, 0, US_RECOMPUTE_NONE, 1,
+         0, 0, 0},
+        {"dp 4 x ep 2, ZeRO-1, Mixtral-style, accum 2", 4, 2, 8, 2, 2, 0, 0, 1, 1, 0,
+         US_RECOMPUTE_NONE, 1, 0, 0, 0},
+        {"dp 4 x ep 2, ZeRO-2, Mixtral-style, accum 2", 4, 2, 8, 2, 2, 0, 0, 1, 2, 0,
+         US_RECOMPUTE_NONE, 1, 0, 0, 0},
+        {"dp 4 x ep 2, ZeRO-3, Mixtral-style, accum 2, selective recompute", 4, 2, 8, 2, 2, 0, 0, 1,
+         3, 0, US_RECOMPUTE_SELECTIVE, 1, 0, 0, 0},
+        {"dp 4 x ep 2, ZeRO-2, half the ranks' experts get no token", 4, 2, 4, 2, 1, 0, 0, 0, 2, 0,
+         US_RECOMPUTE_NONE, 1, 1, 0, 0},
+        {"dp 4 x ep 2, ZeRO-3, half the ranks' experts get no token", 4, 2, 4, 2, 1, 0, 0, 0, 3, 0,
+         US_RECOMPUTE_NONE, 1, 1, 0, 0},
+        {"dp 2 x cp 2 x ep 2, ZeRO-2, shared expert", 2, 2, 4, 2, 1, 1, 0, 0, 2, 0,
+         US_RECOMPUTE_NONE, 1, 0, 2, 0},
+        {"dp 2 x tp 2 + sp x ep 2, ZeRO-3, aux loss", 2, 2, 4, 2, 1, 0, 0, 1, 3, 0,
+         US_RECOMPUTE_NONE, 2, 0, 1, 1},
+        /* ZeRO-2 at ep 1: each expert's gradients finished before the next's (two slots) */
+        {"dp 2 without ep, ZeRO-2, Mixtral-style", 2, 1, 8, 2, 1, 0, 0, 1, 2, 0, US_RECOMPUTE_NONE,
+         1, 0, 0, 0},
+        {"dp 2 without ep, ZeRO-2, shared expert, accum 2, full recompute", 2, 1, 4, 2, 2, 1, 0, 0,
+         2, 0, US_RECOMPUTE_FULL, 1, 0, 0, 0},
     };
     int i;
     us_test_verbose = argc > 1 && !strcmp(argv[1], "-v");

@@ -544,7 +544,8 @@ static void test_capacity_model(void) {
     random_tokens(in, tgt, 32, 19, 21);
     us_train_step(&m, in, tgt, &st);
     for (l = 0; l < 2; l++) {
-        const int32_t *cnt = m.moe_counts_h + l * 8, *tk = m.acts[l].topk, *sr = m.acts[l].slot_row;
+        const int32_t *cnt = m.moe_counts_h + l * 12, *tk = m.acts[l].topk,
+                      *sr = m.acts[l].slot_row;
         int seen[4] = {0};
         for (e = 0; e < 4; e++) {
             bad += cnt[4 + e] != (cnt[e] > cap ? cap : cnt[e]);
@@ -772,7 +773,7 @@ static void test_estimator_and_config(void) {
             {"must be in 1..experts", 4, 5, 0, 0, 1, 0},
             {"must divide experts", 6, 2, 4, 0, 1, 0},
             {"do not fit in top-groups", 8, 4, 4, 1, 1, 0},
-            {"does not combine with cp or pp yet", 4, 2, 0, 0, 2, 0},
+            {"which cp and sp spread over several ranks", 4, 2, 0, 0, 2, 1},
             {"capacity factor", 4, 2, 0, 0, 1, -1},
             {"need experts > 0", 0, 2, 0, 0, 1, 0},
         };
