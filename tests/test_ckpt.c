@@ -530,22 +530,12 @@ static void test_validation(void) {
         CHECK(us_ckpt_read_config(d, &mc, err, sizeof err) == US_ERR_INVALID &&
                   strstr(err, "hidden_size"),
               "a contradicting width: %s", err);
-        { /* a Llama 3.1 config with rope_scaling is refused, not silently misread */
+        { /* a fractional layer count */
             char cdir[600], cp[700];
             FILE *cf;
             snprintf(cdir, sizeof cdir, "%s", path("cfg_rs"));
             mkdir(cdir, 0755);
             snprintf(cp, sizeof cp, "%s/config.json", cdir);
-            if ((cf = fopen(cp, "w"))) {
-                fputs("{\"hidden_size\": 32, \"rope_scaling\": {\"rope_type\": \"llama3\", "
-                      "\"factor\": 8.0}}",
-                      cf);
-                fclose(cf);
-            }
-            memset(&mc, 0, sizeof mc);
-            CHECK(us_ckpt_read_config(cdir, &mc, err, sizeof err) == US_ERR_FORMAT &&
-                      strstr(err, "rope_scaling"),
-                  "rope_scaling is refused: %s", err);
             if ((cf = fopen(cp, "w"))) {
                 fputs("{\"hidden_size\": 32, \"num_hidden_layers\": 2.5}", cf);
                 fclose(cf);
@@ -556,6 +546,154 @@ static void test_validation(void) {
                   "a fractional layer count is refused: %s", err);
         }
     }
+}
+
+/* config.json holding `json` read into a zeroed config (or *mc0 when given) */
+static us_result read_cfg(const char *json, us_model_config *mc, const us_model_config *mc0,
+                          char *err) {
+    char cdir[600], cp[700];
+    FILE *cf;
+    snprintf(cdir, sizeof cdir, "%s", path("cfg_rope"));
+    mkdir(cdir, 0755);
+    snprintf(cp, sizeof cp, "%s/config.json", cdir);
+    if ((cf = fopen(cp, "w"))) {
+        fputs(json, cf);
+        fclose(cf);
+    }
+    if (mc0)
+        *mc = *mc0;
+    else
+        memset(mc, 0, sizeof *mc);
+    err[0] = 0;
+    return us_ckpt_read_config(cdir, mc, err, 256);
+}
+
+#define L3                                                                    \
+    "\"factor\": 32.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, " \
+    "\"original_max_position_embeddings\": 8192"
+
+/* RoPE in config.json, both layouts (transformers 4.x: rope_theta + rope_scaling; 5.x:
+   rope_parameters): θ and Llama 3 scaling are read from either; what this library cannot
+   compute, or a file that says two things, is refused with a sentence naming it. */
+static void test_config_rope(void) {
+    static const struct {
+        const char *json, *why;
+    } bad[] = {
+        {"{\"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 4.0}}", "\"yarn\""},
+        {"{\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}}", "\"linear\""},
+        {"{\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}}",
+         "needs low_freq_factor"},
+        {"{\"rope_theta\": 10000.0, \"rope_parameters\": {\"rope_type\": \"default\", "
+         "\"rope_theta\": 500000.0}}",
+         "at the top and 500000 in rope_parameters"},
+        {"{\"rope_scaling\": {\"rope_type\": \"llama3\", " L3 "}, \"rope_parameters\": "
+         "{\"rope_type\": \"default\"}}",
+         "disagree"},
+        {"{\"rope_parameters\": {\"rope_type\": \"default\", \"partial_rotary_factor\": 0.5}}",
+         "partial_rotary_factor"},
+        {"{\"rope_parameters\": {\"full_attention\": {\"rope_type\": \"default\"}}}",
+         "per layer type"},
+        {"{\"rope_parameters\": {\"rope_type\": \"llama3\", \"rope_theta\": -1, " L3 "}}",
+         "rope_theta must be a positive number"},
+        {"{\"rope_scaling\": [1, 2]}", "must be an object"},
+        {"{\"hidden_size\": 64, \"num_attention_heads\": 4, \"head_dim\": 32}", "head_dim 32"}};
+
+    us_model_config mc, pre;
+    char err[256];
+    size_t i;
+    /* transformers 5.x: the base only in rope_parameters (issue 26: once read as 10000) */
+    CHECK(read_cfg("{\"rope_parameters\": {\"rope_theta\": 500000.0, \"rope_type\": "
+                   "\"default\"}}",
+                   &mc, NULL, err) == US_OK &&
+              mc.rope_theta == 500000.0f && mc.rope_scaling != US_ROPE_LLAMA3,
+          "5.x layout: rope_parameters' rope_theta 500000 is read (%g): %s", mc.rope_theta, err);
+    CHECK(read_cfg("{\"rope_theta\": 500000.0, \"rope_scaling\": {\"rope_type\": \"llama3\", " L3
+                   "}}",
+                   &mc, NULL, err) == US_OK &&
+              mc.rope_theta == 500000.0f && mc.rope_scaling == US_ROPE_LLAMA3 &&
+              mc.rope_factor == 32.0f && mc.rope_low_freq == 1.0f && mc.rope_high_freq == 4.0f &&
+              mc.rope_orig_ctx == 8192,
+          "4.x layout: Llama 3.2's rope_theta and rope_scaling (llama3, 32, 1, 4, 8192): %s", err);
+    CHECK(read_cfg("{\"rope_parameters\": {\"rope_type\": \"llama3\", \"rope_theta\": 250000, "
+                   "\"factor\": 8, \"low_freq_factor\": 2.0, \"high_freq_factor\": 3.0, "
+                   "\"original_max_position_embeddings\": 4096}}",
+                   &mc, NULL, err) == US_OK &&
+              mc.rope_theta == 250000.0f && mc.rope_scaling == US_ROPE_LLAMA3 &&
+              mc.rope_factor == 8.0f && mc.rope_low_freq == 2.0f && mc.rope_high_freq == 3.0f &&
+              mc.rope_orig_ctx == 4096,
+          "5.x layout: llama3 under rope_parameters, integers where floats are usual: %s", err);
+    CHECK(read_cfg("{\"rope_theta\": 500000.0, \"rope_scaling\": {\"type\": \"llama3\", " L3
+                   "}, \"rope_parameters\": {\"rope_type\": \"llama3\", \"rope_theta\": 500000.0, "
+                   "" L3 "}}",
+                   &mc, NULL, err) == US_OK &&
+              mc.rope_scaling == US_ROPE_LLAMA3 && mc.rope_theta == 500000.0f,
+          "both layouts saying the same thing (and the older \"type\" key): %s", err);
+    CHECK(read_cfg("{\"rope_theta\": 1234.5, \"rope_scaling\": null}", &mc, NULL, err) == US_OK &&
+              mc.rope_theta == 1234.5f && mc.rope_scaling != US_ROPE_LLAMA3,
+          "4.x layout without scaling: rope_theta 1234.5: %s", err);
+    CHECK(read_cfg("{\"hidden_size\": 32}", &mc, NULL, err) == US_OK && mc.rope_theta == 0 &&
+              mc.rope_scaling == US_ROPE_DEFAULT,
+          "no RoPE key: the defaults (10000, no scaling): %s", err);
+    for (i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECK(read_cfg(bad[i].json, &mc, NULL, err) == US_ERR_FORMAT && strstr(err, bad[i].why),
+              "refused (%s): %s", bad[i].why, err);
+    memset(&pre, 0, sizeof pre);
+    pre.rope_scaling = US_ROPE_NONE;
+    CHECK(read_cfg("{\"rope_scaling\": {\"rope_type\": \"llama3\", " L3 "}}", &mc, &pre, err) ==
+                  US_ERR_INVALID &&
+              strstr(err, "rope_type = llama3"),
+          "a caller's plain RoPE against the file's llama3 is named: %s", err);
+    pre.rope_scaling = US_ROPE_LLAMA3;
+    pre.rope_factor = 8.0f;
+    CHECK(read_cfg("{\"rope_scaling\": {\"rope_type\": \"llama3\", " L3 "}}", &mc, &pre, err) ==
+                  US_ERR_INVALID &&
+              strstr(err, "factor = 32"),
+          "a caller's factor 8 against the file's 32 is named: %s", err);
+}
+
+/* A saved config.json reads back as the same RoPE, and carries both layouts (transformers'
+   reading of it: tests/hf_fixture.py) */
+static void test_config_rope_save(void) {
+    us_model_config mc, back;
+    us_train_config tc;
+    us_ckpt_opts so;
+    us_model m;
+    char err[256] = "", cp[700], txt[4096];
+    const char *d = path("rope_save");
+    FILE *f;
+    size_t n = 0;
+    memset(&mc, 0, sizeof mc);
+    memset(&tc, 0, sizeof tc);
+    memset(&so, 0, sizeof so);
+    mc.dim = 32;
+    mc.n_layers = 1;
+    mc.rope_theta = 500000.0f;
+    mc.rope_scaling = US_ROPE_LLAMA3;
+    mc.rope_factor = 32.0f;
+    mc.rope_orig_ctx = 64;
+    tc.batch = 1;
+    tc.seq = 8;
+    tc.threads = 1;
+    so.weights_only = 1;
+    CHECK(us_model_init(&m, &mc, &tc, NULL) == US_OK, "llama3 model: %s", us_model_error(&m));
+    CHECK(us_ckpt_save(&m, d, NULL, &so) == US_OK, "save: %s", us_model_error(&m));
+    us_model_free(&m);
+    memset(&back, 0, sizeof back);
+    CHECK(us_ckpt_read_config(d, &back, err, sizeof err) == US_OK && back.rope_theta == 500000.0f &&
+              back.rope_scaling == US_ROPE_LLAMA3 && back.rope_factor == 32.0f &&
+              back.rope_low_freq == 1.0f && back.rope_high_freq == 4.0f && back.rope_orig_ctx == 64,
+          "the saved config.json reads back as rope 500000 llama3 (32, 1, 4, 64): %s", err);
+    snprintf(cp, sizeof cp, "%s/config.json", d);
+    if ((f = fopen(cp, "r"))) {
+        n = fread(txt, 1, sizeof txt - 1, f);
+        fclose(f);
+    }
+    txt[n] = 0;
+    CHECK(strstr(txt, "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 32.0") &&
+              strstr(txt, "\"rope_parameters\": {\"rope_type\": \"llama3\", \"rope_theta\": "
+                          "500000.0, \"factor\": 32.0") &&
+              strstr(txt, "\"rope_theta\": 500000.0,"),
+          "config.json carries transformers 4.x's keys and 5.x's rope_parameters");
 }
 
 /* a writer killed mid-write: the last good checkpoint survives and is the one found */
@@ -729,6 +867,8 @@ int main(int argc, char **argv) {
     test_layouts();
     test_moe();
     test_validation();
+    test_config_rope();
+    test_config_rope_save();
     test_crash();
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_root);
     if (system(cmd) != 0) printf("  (could not remove %s)\n", g_root);
