@@ -251,6 +251,14 @@ typedef enum us_moe_balance {
     US_MOE_BALANCE_NONE
 } us_moe_balance;
 
+typedef enum us_rope_scaling {
+    US_ROPE_DEFAULT = 0, /* none */
+    US_ROPE_NONE, /* plain RoPE: pair j turns at θ^(−2j/HS) (Hugging Face's rope_type "default") */
+    US_ROPE_LLAMA3 /* Llama 3.1's: frequencies whose wavelength is over rope_orig_ctx/rope_low_freq
+                      are divided by rope_factor, those under rope_orig_ctx/rope_high_freq kept,
+                      those between blended (Hugging Face's rope_type "llama3") */
+} us_rope_scaling;
+
 typedef struct us_model_config {
     int64_t vocab;      /* V; default 256 (the byte tokenizer) */
     int64_t dim;        /* C; default 128 */
@@ -259,9 +267,16 @@ typedef struct us_model_config {
     int n_kv_heads;     /* NKV; default n_heads (multi-head); fewer = grouped-query attention */
     int64_t ffn_dim;    /* F; default 8/3·C rounded up to a multiple of 32 (Llama's SwiGLU size) */
     int tie_embeddings; /* 1: lm_head shares model.embed_tokens.weight; default 0 (untied) */
-    float rope_theta;   /* default 10000 */
-    float norm_eps;     /* RMSNorm epsilon; default 1e-5 */
-    float init_std;     /* default 0.02; o_proj and down_proj get init_std/sqrt(2L) */
+    float rope_theta;   /* RoPE's base θ; default 10000 */
+    /* RoPE scaling (us_rope_freqs): with rope_scaling = US_ROPE_LLAMA3 the four fields below are
+       zero-means-default (Llama 3.1's numbers); with none (the default) they must stay 0. */
+    us_rope_scaling rope_scaling;
+    float rope_factor;    /* llama3 "factor": default 8 */
+    float rope_low_freq;  /* llama3 "low_freq_factor": default 1 */
+    float rope_high_freq; /* llama3 "high_freq_factor": default 4 */
+    int rope_orig_ctx;    /* llama3 "original_max_position_embeddings": default 8192 */
+    float norm_eps;       /* RMSNorm epsilon; default 1e-5 */
+    float init_std;       /* default 0.02; o_proj and down_proj get init_std/sqrt(2L) */
     /* mixture of experts (// >>moe): moe_experts > 0 replaces the dense MLP of the chosen layers
        by E SwiGLU experts behind a top-k router. Every other moe_ field is then zero-means-default;
        with moe_experts = 0 (the default, a dense model) they must stay 0. */
@@ -397,6 +412,13 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
 US_API const char *us_precision_name(us_precision p);
 US_API const char *us_recompute_name(us_recompute r);
 US_API const char *us_cp_mode_name(us_cp_mode m);
+/* RoPE's inverse frequencies freq[HS/2], HS = dim/n_heads, for mc with its defaults filled: pair j
+   of a head at position t turns by t·freq[j] radians. freq[j] = θ^(−2j/HS), rescaled under
+   US_ROPE_LLAMA3 as transformers does it (_compute_llama3_parameters), in double. */
+US_API void us_rope_freqs(const us_model_config *mc, double *freq);
+/* mc's RoPE in words into buf ("rope 500000" or "rope 500000 llama3 (factor 32, low 1, high 4,
+   original 8192)"), for the model line; returns buf. */
+US_API const char *us_rope_describe(const us_model_config *mc, char *buf, size_t cap);
 
 /* ---------------------------------------------------------------- ops table (seam 1)
    Every pointer argument below is backend memory (host for the CPU ops, device for CUDA) except
@@ -464,15 +486,19 @@ struct us_ops {
     /* dst[rows, cols] (row stride dld) = src[rows, cols] (row stride sld), elements of dt */
     void (*copy2d)(us_ops *o, void *dst, int64_t dld, const void *src, int64_t sld, int64_t rows,
                    int64_t cols, us_dtype dt);
+    /* RoPE in place on the q and k heads of qkv[B,T,QKV] (rotate-half): pair (j, j+HS/2) of a
+       head at position t turns by t·freq[j] radians, freq f64[HS/2] a host array (the model's,
+       us_rope_freqs); bwd applies the inverse rotation. The frequencies cross the seam rather
+       than θ and a scaling rule: a backend only multiplies, and a new scaling rule is one host
+       function, not a change to every backend's kernels. */
+    void (*rope_fwd)(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS,
+                     const double *freq, us_dtype dt);
+    void (*rope_bwd)(us_ops *o, void *dqkv, int64_t B, int64_t T, int NH, int NKV, int HS,
+                     const double *freq, us_dtype dt);
     /* RoPE at given positions: row t of each sequence rotates by pos[t] (i32[T], all < T_total);
        dir +1 forward, -1 backward. Context parallelism's tokens are not at positions 0..T-1. */
     void (*rope_at)(us_ops *o, void *qkv, const int32_t *pos, int64_t B, int64_t T, int64_t T_total,
-                    int NH, int NKV, int HS, float theta, float dir, us_dtype dt);
-    /* in place on the q and k heads of qkv[B,T,QKV] (rotate-half); bwd applies the inverse rotation */
-    void (*rope_fwd)(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS,
-                     float theta, us_dtype dt);
-    void (*rope_bwd)(us_ops *o, void *dqkv, int64_t B, int64_t T, int NH, int NKV, int HS,
-                     float theta, us_dtype dt);
+                    int NH, int NKV, int HS, const double *freq, float dir, us_dtype dt);
     /* causal GQA: out[B,T,NH·HS], lse f32[B,NH,T] from qkv[B,T,QKV] */
     void (*attention_fwd)(us_ops *o, void *out, float *lse, const void *qkv, int64_t B, int64_t T,
                           int NH, int NKV, int HS, us_dtype dt);
@@ -753,6 +779,7 @@ typedef struct us_model {
     us_train_config tc;
     us_ops ops;
     us_dtype dt;            /* activation / low-precision weight dtype */
+    double *rope_freq;      /* host f64[HS/2]: RoPE's inverse frequencies (us_rope_freqs) */
     int n_params_t;         /* number of parameter tensors */
     us_param *params;       /* [n_params_t] views into the flat buffers */
     int64_t n_params;       /* total elements */
@@ -1714,6 +1741,13 @@ US_API void us_model_config_defaults(us_model_config *c) {
     if (!c->n_kv_heads) c->n_kv_heads = c->n_heads;
     if (!c->ffn_dim) c->ffn_dim = ((8 * c->dim / 3) + 31) / 32 * 32;
     if (c->rope_theta == 0) c->rope_theta = 10000.0f;
+    if (c->rope_scaling == US_ROPE_DEFAULT) c->rope_scaling = US_ROPE_NONE;
+    if (c->rope_scaling == US_ROPE_LLAMA3) { /* plain RoPE leaves them 0 (us__rope_checks) */
+        if (c->rope_factor == 0) c->rope_factor = 8.0f;
+        if (c->rope_low_freq == 0) c->rope_low_freq = 1.0f;
+        if (c->rope_high_freq == 0) c->rope_high_freq = 4.0f;
+        if (!c->rope_orig_ctx) c->rope_orig_ctx = 8192;
+    }
     if (c->norm_eps == 0) c->norm_eps = 1e-5f;
     if (c->init_std == 0) c->init_std = 0.02f;
     if (c->moe_experts > 0) { /* a dense model leaves the moe_ fields at 0 (validation checks) */
@@ -1821,9 +1855,33 @@ static us_result us__model_checks(const us_model_config *mc, char *err, size_t e
     if (mc->ffn_dim < 1) US__BAD("ffn=%lld must be at least 1", (long long)mc->ffn_dim);
     if (mc->tie_embeddings != 0 && mc->tie_embeddings != 1)
         US__BAD("tie_embeddings=%d must be 0 or 1", mc->tie_embeddings);
-    if (!(mc->rope_theta > 0)) US__BAD("rope theta=%g must be positive", mc->rope_theta);
     if (!(mc->norm_eps > 0)) US__BAD("norm eps=%g must be positive", mc->norm_eps);
     if (!(mc->init_std > 0)) US__BAD("init std=%g must be positive", mc->init_std);
+    return US_OK;
+}
+
+/* RoPE's base and scaling (us_rope_freqs): the bounds transformers warns about are refused here. */
+static us_result us__rope_checks(const us_model_config *mc, char *err, size_t errlen) {
+    if (!(mc->rope_theta > 0) || mc->rope_theta > 1e30f)
+        US__BAD("rope theta=%g must be a positive number", mc->rope_theta);
+    if (mc->rope_scaling != US_ROPE_NONE && mc->rope_scaling != US_ROPE_LLAMA3)
+        US__BAD("unknown rope scaling %d", (int)mc->rope_scaling);
+    if (mc->rope_scaling == US_ROPE_NONE) {
+        if (mc->rope_factor != 0 || mc->rope_low_freq != 0 || mc->rope_high_freq != 0 ||
+            mc->rope_orig_ctx != 0)
+            US__BAD("rope factor, low/high freq factors and original context belong to llama3 "
+                    "scaling and must stay 0 without it");
+        return US_OK;
+    }
+    if (!(mc->rope_factor >= 1) || mc->rope_factor > 1e30f)
+        US__BAD("rope factor=%g must be a number of at least 1 (llama3 scaling)", mc->rope_factor);
+    if (!(mc->rope_low_freq > 0) || !(mc->rope_high_freq > mc->rope_low_freq) ||
+        mc->rope_high_freq > 1e30f)
+        US__BAD("rope low_freq_factor=%g and high_freq_factor=%g must satisfy 0 < low < high "
+                "(llama3 scaling)",
+                mc->rope_low_freq, mc->rope_high_freq);
+    if (mc->rope_orig_ctx < 1)
+        US__BAD("rope original context=%d must be at least 1 (llama3 scaling)", mc->rope_orig_ctx);
     return US_OK;
 }
 
@@ -1872,6 +1930,7 @@ US_API us_result us_config_validate(us_model_config *mc, us_train_config *tc, ch
     us_model_config_defaults(mc);
     us_train_config_defaults(tc);
     if ((r = us__model_checks(mc, err, errlen)) != US_OK) return r;
+    if ((r = us__rope_checks(mc, err, errlen)) != US_OK) return r;
     if ((r = us__moe_checks(mc, tc, err, errlen)) != US_OK) return r;
     if ((r = us__ep_checks(mc, tc, err, errlen)) != US_OK) return r;
     if ((r = us__train_checks(tc, err, errlen)) != US_OK) return r;
@@ -2703,10 +2762,46 @@ static void us__cpu_rmsnorm_bwd(us_ops *o, void *dx, float *dw, const void *dout
     US_FREE(wf);
 }
 
-/* RoPE, Hugging Face "rotate-half": pairs (j, j+HS/2) rotate by pos·theta^(−2j/HS).
+/* Llama 3.1's rule as transformers writes it (_compute_llama3_parameters): with wavelength
+   λ = 2π/f and L the original context, keep f where λ < L/high, take f/factor where λ > L/low,
+   and blend between them, (1 − s)·f/factor + s·f with s = (L/λ − low)/(high − low), so the
+   long wavelengths stretch to the new context while the short ones, which encode nearby
+   positions, stay as trained. */
+US_API void us_rope_freqs(const us_model_config *mc, double *freq) {
+    us_model_config c = *mc;
+    int64_t HS, j;
+    us_model_config_defaults(&c);
+    HS = c.dim / c.n_heads;
+    for (j = 0; j < HS / 2; j++) {
+        double f = pow((double)c.rope_theta, -2.0 * (double)j / (double)HS);
+        if (c.rope_scaling == US_ROPE_LLAMA3) {
+            double L = c.rope_orig_ctx, lo = c.rope_low_freq, hi = c.rope_high_freq;
+            double wl = 2.0 * 3.14159265358979323846 / f, s = (L / wl - lo) / (hi - lo);
+            if (wl > L / lo)
+                f = f / c.rope_factor;
+            else if (!(wl < L / hi))
+                f = (1.0 - s) * f / c.rope_factor + s * f;
+        }
+        freq[j] = f;
+    }
+}
+
+US_API const char *us_rope_describe(const us_model_config *mc, char *buf, size_t cap) {
+    us_model_config c = *mc;
+    us_model_config_defaults(&c);
+    if (c.rope_scaling == US_ROPE_LLAMA3)
+        snprintf(buf, cap, "rope %g llama3 (factor %g, low %g, high %g, original %d)",
+                 (double)c.rope_theta, (double)c.rope_factor, (double)c.rope_low_freq,
+                 (double)c.rope_high_freq, c.rope_orig_ctx);
+    else
+        snprintf(buf, cap, "rope %g", (double)c.rope_theta);
+    return buf;
+}
+
+/* RoPE, Hugging Face "rotate-half": pairs (j, j+HS/2) rotate by pos·freq[j] (us_rope_freqs).
    dir = +1 forward, −1 backward (the transpose of a rotation is the inverse rotation). */
 static void us__cpu_rope_pos(us_ops *o, void *qkv, const int32_t *pos, int64_t B, int64_t T, int NH,
-                             int NKV, int HS, float theta, us_dtype dt, int dir) {
+                             int NKV, int HS, const double *freq, us_dtype dt, int dir) {
     int us__nt = us__threads(o);
     int half = HS / 2, nrot = NH + NKV; /* q heads then k heads are rotated; v is not */
     int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, bt;
@@ -2715,7 +2810,7 @@ static void us__cpu_rope_pos(us_ops *o, void *qkv, const int32_t *pos, int64_t B
     int j;
     for (t = 0; t < T; t++)
         for (j = 0; j < half; j++) {
-            double ang = (double)(pos ? pos[t] : t) * pow((double)theta, -2.0 * j / HS);
+            double ang = (double)(pos ? pos[t] : t) * freq[j];
             cs[t * half + j] = (float)cos(ang);
             sn[t * half + j] = (float)sin(ang) * (float)dir;
         }
@@ -2741,20 +2836,20 @@ static void us__cpu_rope_pos(us_ops *o, void *qkv, const int32_t *pos, int64_t B
 }
 
 static void us__cpu_rope_fwd(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS,
-                             float theta, us_dtype dt) {
-    us__cpu_rope_pos(o, qkv, NULL, B, T, NH, NKV, HS, theta, dt, 1);
+                             const double *freq, us_dtype dt) {
+    us__cpu_rope_pos(o, qkv, NULL, B, T, NH, NKV, HS, freq, dt, 1);
 }
 
 static void us__cpu_rope_bwd(us_ops *o, void *dqkv, int64_t B, int64_t T, int NH, int NKV, int HS,
-                             float theta, us_dtype dt) {
-    us__cpu_rope_pos(o, dqkv, NULL, B, T, NH, NKV, HS, theta, dt, -1);
+                             const double *freq, us_dtype dt) {
+    us__cpu_rope_pos(o, dqkv, NULL, B, T, NH, NKV, HS, freq, dt, -1);
 }
 
 static void us__cpu_rope_at(us_ops *o, void *qkv, const int32_t *pos, int64_t B, int64_t T,
-                            int64_t T_total, int NH, int NKV, int HS, float theta, float dir,
+                            int64_t T_total, int NH, int NKV, int HS, const double *freq, float dir,
                             us_dtype dt) {
     (void)T_total;
-    us__cpu_rope_pos(o, qkv, pos, B, T, NH, NKV, HS, theta, dt, dir > 0 ? 1 : -1);
+    us__cpu_rope_pos(o, qkv, pos, B, T, NH, NKV, HS, freq, dt, dir > 0 ? 1 : -1);
 }
 
 static void us__cpu_copy2d(us_ops *o, void *dst, int64_t dld, const void *src, int64_t sld,
@@ -8902,9 +8997,9 @@ static us_result us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int rec
                            A->qkv);
         if (m->mesh.cp > 1)
             o->rope_at(o, A->qkv, (const int32_t *)m->a[US__A_CPPOS] + m->mesh.cp_rank * T, B, T,
-                       m->tc.seq, NH, NKV, HS, c->rope_theta, 1.0f, dt);
+                       m->tc.seq, NH, NKV, HS, m->rope_freq, 1.0f, dt);
         else
-            o->rope_fwd(o, A->qkv, B, T, NH, NKV, HS, c->rope_theta, dt);
+            o->rope_fwd(o, A->qkv, B, T, NH, NKV, HS, m->rope_freq, dt);
     }
     /* att [Np,NH·HS] = attention(q, k, v), lse [B,NH,T]; under CP over the ring (// >>cp) */
     if (do_cheap) {
@@ -9051,10 +9146,10 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
     if (m->mesh.cp > 1) {
         if ((r = us__cp_attention_bwd(m, A, dqkv, datt, B, T)) != US_OK) return r;
         o->rope_at(o, dqkv, (const int32_t *)m->a[US__A_CPPOS] + m->mesh.cp_rank * T, B, T,
-                   m->tc.seq, NH, NKV, HS, c->rope_theta, -1.0f, dt);
+                   m->tc.seq, NH, NKV, HS, m->rope_freq, -1.0f, dt);
     } else {
         o->attention_bwd(o, dqkv, datt, A->qkv, A->att, A->lse, B, T, NH, NKV, HS, dt);
-        o->rope_bwd(o, dqkv, B, T, NH, NKV, HS, c->rope_theta, dt);
+        o->rope_bwd(o, dqkv, B, T, NH, NKV, HS, m->rope_freq, dt);
     }
     if (Np > N) o->zero(o, us__at(dqkv, dt, N * QKV), (size_t)((Np - N) * QKV) * us_dtype_size(dt));
     us__linear_dgrad(m, Np, C, QKV, dqkv, us__weight(m, US__TENSOR(l, US__P_Q)), 0.0f, dln, !split);
@@ -9571,6 +9666,17 @@ static us_result us__arena_init(us_model *m, const us_model_config *mc, const us
     return US_OK;
 }
 
+/* RoPE's frequencies, once: every layer's rope ops get them (us_ops.rope_fwd). */
+static us_result us__rope_init(us_model *m) {
+    m->rope_freq = (double *)US_MALLOC(sizeof(double) * (size_t)(m->cfg.dim / m->cfg.n_heads / 2));
+    if (!m->rope_freq) {
+        us__model_set_error(m, "out of host memory for RoPE's frequencies");
+        return US_ERR_OOM;
+    }
+    us_rope_freqs(&m->cfg, m->rope_freq);
+    return US_OK;
+}
+
 /* The backend, the precision and the device mesh, then each chapter's set-up in the order they
    depend on each other, the memory line, the weights. */
 static us_result us__model_setup(us_model *m, const us_model_config *mc, const us_train_config *tc,
@@ -9610,7 +9716,8 @@ static us_result us__model_setup(us_model *m, const us_model_config *mc, const u
         us__model_set_error(m, "device mesh: %s", comm->err);
         return r;
     }
-    if ((r = us__ep_init(m)) != US_OK) return r; /* // >>ep: its groups */
+    if ((r = us__rope_init(m)) != US_OK) return r; /* // >>kernels: RoPE's frequencies */
+    if ((r = us__ep_init(m)) != US_OK) return r;   /* // >>ep: its groups */
     if ((r = us__pp_init(m)) != US_OK) return r; /* // >>pp: schedule, this rank's layers, slots */
     us__tp_init(m);                              /* // >>tp: this rank's heads, FFN, vocabulary */
     if ((r = us__tp_connect(m)) != US_OK) return r;     /* // >>tp: a kv head's ranks */
@@ -9702,7 +9809,9 @@ US_API void us_model_free(us_model *m) {
     US_FREE(m->layer_p);
     US_FREE(m->emb_map);
     US_FREE(m->emb_ids);
+    US_FREE(m->rope_freq);
     m->emb_map = m->emb_ids = NULL;
+    m->rope_freq = NULL;
     m->params = NULL;
     m->acts = NULL;
     m->units = NULL;
@@ -11655,26 +11764,66 @@ static us_result us__cksave_write(us_model *m, us__cksave *s) {
     return r;
 }
 
+/* A JSON number for a Python float: %.9g, with ".0" when that reads as an integer. */
+static const char *us__json_float(char *buf, size_t cap, double v) {
+    snprintf(buf, cap, "%.9g", v);
+    if (!strpbrk(buf, ".eEn")) snprintf(buf + strlen(buf), cap - strlen(buf), ".0");
+    return buf;
+}
+
+/* config.json's RoPE in both layouts, so that transformers 4.x (rope_theta, rope_scaling) and
+   5.x (rope_parameters; it takes rope_scaling first when both are there) rebuild the same
+   frequencies. Appended at t + len; returns the new length. */
+static size_t us__cksave_rope_json(const us_model_config *c, char *t, size_t len, size_t cap) {
+    char th[40], f[3][40], l3[400] = "";
+    if (c->rope_scaling == US_ROPE_LLAMA3)
+        snprintf(l3, sizeof l3,
+                 "\"factor\": %s, \"low_freq_factor\": %s, \"high_freq_factor\": %s, "
+                 "\"original_max_position_embeddings\": %d",
+                 us__json_float(f[0], 40, c->rope_factor),
+                 us__json_float(f[1], 40, c->rope_low_freq),
+                 us__json_float(f[2], 40, c->rope_high_freq), c->rope_orig_ctx);
+    us__json_float(th, sizeof th, c->rope_theta);
+    if (l3[0])
+        len += (size_t)snprintf(t + len, cap - len,
+                                ",\n  \"rope_theta\": %s,\n  \"rope_scaling\": {\"rope_type\": "
+                                "\"llama3\", %s},\n  \"rope_parameters\": {\"rope_type\": "
+                                "\"llama3\", \"rope_theta\": %s, %s}",
+                                th, l3, th, l3);
+    else
+        len += (size_t)snprintf(t + len, cap - len,
+                                ",\n  \"rope_theta\": %s,\n  \"rope_scaling\": null,\n  "
+                                "\"rope_parameters\": {\"rope_type\": \"default\", "
+                                "\"rope_theta\": %s}",
+                                th, th);
+    return len;
+}
+
 /* Step 3a: config.json in Hugging Face Llama's names (DeepSeek-V3's for MoE), so
-   transformers reads the directory as it is. */
+   transformers reads the directory as it is. max_position_embeddings does not enter
+   transformers' Llama RoPE; it is at least the run's context, and the context Llama 3's
+   scaling was made for (transformers warns when it is not above original_max_position_embeddings). */
 static us_result us__cksave_config_json(us_model *m, const us__cksave *s, char *t, size_t cap) {
     const us_model_config *c = &m->cfg;
     size_t len;
     char path[4200];
+    double ctx = m->tc.seq > 2048 ? m->tc.seq : 2048;
+    if (c->rope_scaling == US_ROPE_LLAMA3 && (double)c->rope_factor * c->rope_orig_ctx > ctx)
+        ctx = (double)c->rope_factor * c->rope_orig_ctx;
     len = (size_t)snprintf(
         t, cap,
         "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n  "
         "\"hidden_size\": %lld,\n  \"intermediate_size\": %lld,\n"
         "  \"num_hidden_layers\": %d,\n  \"num_attention_heads\": %d,\n  "
         "\"num_key_value_heads\": %d,\n  \"head_dim\": %lld,\n  \"vocab_size\": %lld,\n"
-        "  \"max_position_embeddings\": %d,\n  \"rms_norm_eps\": %.9g,\n  \"rope_theta\": "
-        "%.9g,\n  \"tie_word_embeddings\": %s,\n"
+        "  \"max_position_embeddings\": %.0f,\n  \"rms_norm_eps\": %.9g,\n"
+        "  \"tie_word_embeddings\": %s,\n"
         "  \"hidden_act\": \"silu\",\n  \"attention_bias\": false,\n  \"mlp_bias\": "
         "false,\n  \"torch_dtype\": \"%s\",\n  \"ultrascale_version\": \"%s\"",
         (long long)c->dim, (long long)c->ffn_dim, m->n_layers_global, c->n_heads, c->n_kv_heads,
-        (long long)(c->dim / c->n_heads), (long long)c->vocab, m->tc.seq > 2048 ? m->tc.seq : 2048,
-        (double)c->norm_eps, (double)c->rope_theta, c->tie_embeddings ? "true" : "false",
-        s->bf ? "bfloat16" : "float32", US_VERSION);
+        (long long)(c->dim / c->n_heads), (long long)c->vocab, ctx, (double)c->norm_eps,
+        c->tie_embeddings ? "true" : "false", s->bf ? "bfloat16" : "float32", US_VERSION);
+    len = us__cksave_rope_json(c, t, len, cap);
     if (c->moe_experts) /* DeepSeek-V3's names for the MoE fields */
         len += (size_t)snprintf(
             t + len, cap - len,
@@ -12311,7 +12460,7 @@ US_API us_result us_ckpt_load(us_model *m, const char *dir, int resume, us_ckpt_
 }
 
 #if US__CKPT_POSIX
-/* config.json's fields this library reads: the key, where it goes in us_model_config, its kind
+/* config.json's fields this library reads (RoPE's apart: us__cfg_rope): the key, where it goes in us_model_config, its kind
    (0 int, 1 int64, 2 float, 3 bool) and its allowed range. */
 static const struct {
     const char *key;
@@ -12326,7 +12475,6 @@ static const struct {
     {"num_key_value_heads", 0, offsetof(us_model_config, n_kv_heads), 1, 1 << 16},
     {"intermediate_size", 1, offsetof(us_model_config, ffn_dim), 1, (int64_t)1 << 24},
     {"tie_word_embeddings", 3, offsetof(us_model_config, tie_embeddings), 0, 1},
-    {"rope_theta", 2, offsetof(us_model_config, rope_theta), 0, 0},
     {"rms_norm_eps", 2, offsetof(us_model_config, norm_eps), 0, 0},
     {"n_routed_experts", 0, offsetof(us_model_config, moe_experts), 0, 1024},
     {"num_experts_per_tok", 0, offsetof(us_model_config, moe_top_k), 0, 1024},
@@ -12428,19 +12576,184 @@ static us_result us__cfg_field(const us__json *j, int q, us_model_config *mc, co
     return US_OK;
 }
 
-/* What this model cannot represent (rope_scaling, biases, an MLP other than SwiGLU) is refused
-   rather than silently dropped; DeepSeek's scoring function is read; head_dim must be
-   hidden/heads here. */
-static us_result us__cfg_refuse(const us__json *j, us_model_config *mc, const char *p, char *err,
-                                size_t errlen) {
-    int k2, b2;
-    char act[32], sf[32];
-    int64_t hd;
-    if ((k2 = us__jget(j, 0, "rope_scaling")) >= 0 &&
-        !(j->t[k2].type == US__J_LIT && j->s[j->t[k2].start] == 'n')) {
-        us__errf(err, errlen, "%s: rope_scaling is set, and this library has plain RoPE only", p);
+/* Key `key` of object k, or -1 when it is absent or null. */
+static int us__jset(const us__json *j, int k, const char *key) {
+    int v = us__jget(j, k, key);
+    return v < 0 || (j->t[v].type == US__J_LIT && j->s[j->t[v].start] == 'n') ? -1 : v;
+}
+
+/* RoPE as one config.json dictionary says it: the scaling kind, θ (0: not given) and llama3's
+   four numbers. */
+typedef struct us__rope_cfg {
+    us_rope_scaling kind;
+    double theta, factor, low, high, orig;
+} us__rope_cfg;
+
+/* A positive number under key `key` of object k into *v (left alone when absent or null); a
+   value that is not one is refused, naming dictionary `where`. */
+static us_result us__cfg_posnum(const us__json *j, int k, const char *key, double *v, const char *p,
+                                const char *where, char *err, size_t errlen) {
+    int kv = us__jset(j, k, key);
+    if (kv < 0) return US_OK;
+    if (!us__jnum(j, kv, v) || !(*v > 0) || *v > 1e30) {
+        us__errf(err, errlen, "%s: %s%s must be a positive number", p, where, key);
         return US_ERR_FORMAT;
     }
+    return US_OK;
+}
+
+/* The RoPE dictionary at token k, named `where` (rope_scaling, transformers 4.x; rope_parameters,
+   5.x), into *rc: rope_type (or the older "type"; absent: "default"), rope_theta, and for llama3
+   its four numbers, which transformers requires. A type other than default and llama3, a
+   partial rotation and per-layer-type dictionaries are refused: this model has none of them. */
+static us_result us__cfg_rope_dict(const us__json *j, int k, const char *where, us__rope_cfg *rc,
+                                   const char *p, char *err, size_t errlen) {
+    static const char *const l3[4] = {"factor", "low_freq_factor", "high_freq_factor",
+                                      "original_max_position_embeddings"};
+    char ty[32] = "default", w[40];
+    double prf = 1, *dst[4];
+    int kt = us__jset(j, k, "rope_type"), c, q;
+    us_result r = US_OK;
+    snprintf(w, sizeof w, "%s's ", where);
+    if (j->t[k].type != US__J_OBJ) {
+        us__errf(err, errlen, "%s: %s must be an object or null", p, where);
+        return US_ERR_FORMAT;
+    }
+    for (c = k + 1, q = 0; q < j->t[k].size; q++, c = j->t[c + 1].next)
+        if (j->t[c + 1].type == US__J_OBJ) {
+            us__errf(err, errlen,
+                     "%s: %s holds a dictionary per layer type, and this library's layers share "
+                     "one RoPE",
+                     p, where);
+            return US_ERR_FORMAT;
+        }
+    if (kt < 0) kt = us__jset(j, k, "type");
+    if (kt >= 0 && !us__jstr(j, kt, ty, sizeof ty)) {
+        us__errf(err, errlen, "%s: %srope_type must be a short string", p, w);
+        return US_ERR_FORMAT;
+    }
+    if (strcmp(ty, "default") && strcmp(ty, "llama3")) {
+        us__errf(err, errlen,
+                 "%s: %srope_type is \"%s\", and this library has RoPE scaling \"default\" and "
+                 "\"llama3\" only",
+                 p, w, ty);
+        return US_ERR_FORMAT;
+    }
+    rc->kind = strcmp(ty, "llama3") ? US_ROPE_NONE : US_ROPE_LLAMA3;
+    if ((r = us__cfg_posnum(j, k, "rope_theta", &rc->theta, p, w, err, errlen)) != US_OK ||
+        (r = us__cfg_posnum(j, k, "partial_rotary_factor", &prf, p, w, err, errlen)) != US_OK)
+        return r;
+    if (prf != 1) {
+        us__errf(err, errlen, "%s: %spartial_rotary_factor is %g; this library rotates whole heads",
+                 p, w, prf);
+        return US_ERR_FORMAT;
+    }
+    dst[0] = &rc->factor;
+    dst[1] = &rc->low;
+    dst[2] = &rc->high;
+    dst[3] = &rc->orig;
+    for (q = 0; q < 4 && rc->kind == US_ROPE_LLAMA3; q++) {
+        if ((r = us__cfg_posnum(j, k, l3[q], dst[q], p, w, err, errlen)) != US_OK) return r;
+        if (*dst[q] == 0) {
+            us__errf(err, errlen, "%s: %sllama3 scaling needs %s", p, w, l3[q]);
+            return US_ERR_FORMAT;
+        }
+    }
+    if (rc->kind == US_ROPE_LLAMA3 && (rc->orig != floor(rc->orig) || rc->orig > (1 << 30))) {
+        us__errf(err, errlen,
+                 "%s: %soriginal_max_position_embeddings must be an integer up to 2^30", p, w);
+        return US_ERR_FORMAT;
+    }
+    return US_OK;
+}
+
+/* v (a number of config.json, key `key`) into *fld, unless the caller's config already sets
+   another value. */
+static us_result us__cfg_putf(float *fld, double v, const char *key, const char *p, char *err,
+                              size_t errlen) {
+    float x = (float)v;
+    if (*fld != 0 && *fld != x) {
+        us__errf(err, errlen, "%s says %s = %g but the model config sets %g", p, key, (double)x,
+                 (double)*fld);
+        return US_ERR_INVALID;
+    }
+    *fld = x;
+    return US_OK;
+}
+
+/* RoPE from config.json in either layout:
+     transformers 4.x: "rope_theta": θ at the top; "rope_scaling": null or {"rope_type", ...}
+     transformers 5.x: "rope_parameters": {"rope_theta": θ, "rope_type", ...}, no top-level θ
+   A file with both says the same thing twice (this library writes both, so that either version
+   reloads it): when the two disagree, the versions would build different models, and the file
+   is refused. No θ anywhere is transformers' default, 10000. */
+static us_result us__cfg_rope(const us__json *j, us_model_config *mc, const char *p, char *err,
+                              size_t errlen) {
+    us__rope_cfg a, b, *rc;
+    int ks = us__jset(j, 0, "rope_scaling"), kp = us__jset(j, 0, "rope_parameters");
+    double top = 0, prf = 1, theta;
+    us_result r = US_OK;
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    if ((ks >= 0 && (r = us__cfg_rope_dict(j, ks, "rope_scaling", &a, p, err, errlen)) != US_OK) ||
+        (kp >= 0 &&
+         (r = us__cfg_rope_dict(j, kp, "rope_parameters", &b, p, err, errlen)) != US_OK) ||
+        (r = us__cfg_posnum(j, 0, "rope_theta", &top, p, "", err, errlen)) != US_OK ||
+        (r = us__cfg_posnum(j, 0, "partial_rotary_factor", &prf, p, "", err, errlen)) != US_OK)
+        return r;
+    if (ks >= 0 && kp >= 0 &&
+        (a.kind != b.kind || a.factor != b.factor || a.low != b.low || a.high != b.high ||
+         a.orig != b.orig || (a.theta && b.theta && a.theta != b.theta))) {
+        us__errf(err, errlen, "%s: rope_scaling and rope_parameters disagree", p);
+        return US_ERR_FORMAT;
+    }
+    rc = kp >= 0 ? &b : &a; /* all zeros when neither is there: plain RoPE */
+    theta = b.theta ? b.theta : a.theta;
+    if (top && theta && top != theta) {
+        us__errf(err, errlen,
+                 "%s: rope_theta is %g at the top and %g in %s; transformers 4 reads the first, "
+                 "5 the second",
+                 p, top, theta, kp >= 0 ? "rope_parameters" : "rope_scaling");
+        return US_ERR_FORMAT;
+    }
+    if (prf != 1) {
+        us__errf(err, errlen, "%s: partial_rotary_factor is %g; this library rotates whole heads",
+                 p, prf);
+        return US_ERR_FORMAT;
+    }
+    if (!rc->kind) rc->kind = US_ROPE_NONE;
+    if (mc->rope_scaling != US_ROPE_DEFAULT && mc->rope_scaling != rc->kind) {
+        us__errf(err, errlen, "%s says rope_type = %s but the model config sets %s", p,
+                 rc->kind == US_ROPE_LLAMA3 ? "llama3" : "default",
+                 mc->rope_scaling == US_ROPE_LLAMA3 ? "llama3" : "default");
+        return US_ERR_INVALID;
+    }
+    if (rc->kind == US_ROPE_LLAMA3) mc->rope_scaling = US_ROPE_LLAMA3;
+    if ((theta || top) &&
+        (r = us__cfg_putf(&mc->rope_theta, theta ? theta : top, "rope_theta", p, err, errlen)))
+        return r;
+    if (rc->kind != US_ROPE_LLAMA3) return US_OK;
+    if ((r = us__cfg_putf(&mc->rope_factor, rc->factor, "factor", p, err, errlen)) ||
+        (r = us__cfg_putf(&mc->rope_low_freq, rc->low, "low_freq_factor", p, err, errlen)) ||
+        (r = us__cfg_putf(&mc->rope_high_freq, rc->high, "high_freq_factor", p, err, errlen)))
+        return r;
+    if (mc->rope_orig_ctx && mc->rope_orig_ctx != (int)rc->orig) {
+        us__errf(err, errlen,
+                 "%s says original_max_position_embeddings = %d but the model config sets %d", p,
+                 (int)rc->orig, mc->rope_orig_ctx);
+        return US_ERR_INVALID;
+    }
+    mc->rope_orig_ctx = (int)rc->orig;
+    return US_OK;
+}
+
+/* What this model cannot represent (biases, an MLP other than SwiGLU) is refused rather than
+   silently dropped; DeepSeek's scoring function is read; head_dim must be hidden/heads here. */
+static us_result us__cfg_refuse(const us__json *j, us_model_config *mc, const char *p, char *err,
+                                size_t errlen) {
+    int b2;
+    char act[32], sf[32];
+    int64_t hd;
     if ((us__jbool(j, us__jget(j, 0, "attention_bias"), &b2) && b2) ||
         (us__jbool(j, us__jget(j, 0, "mlp_bias"), &b2) && b2)) {
         us__errf(err, errlen,
@@ -12486,6 +12799,7 @@ US_API us_result us_ckpt_read_config(const char *dir, us_model_config *mc, char 
     if (r != US_OK) return r;
     for (q = 0; q < (int)(sizeof us__cfg_fields / sizeof us__cfg_fields[0]) && r == US_OK; q++)
         r = us__cfg_field(&j, q, mc, p, err, errlen);
+    if (r == US_OK) r = us__cfg_rope(&j, mc, p, err, errlen);
     if (r == US_OK) r = us__cfg_refuse(&j, mc, p, err, errlen);
     us__json_free(&j);
     US_FREE(txt);

@@ -106,11 +106,12 @@ typedef struct us__cuda {
     int nfp8;
     unsigned *fp8_amax; /* per-tensor amax slot (// >>cuda-fp8) */
     void *scratch;      /* grows on demand: reductions, attention backward */
-    float *rope_tab;    /* RoPE cos|sin [T, HS/2] for (rope_T, rope_HS, rope_theta) */
+    float *rope_tab;    /* RoPE cos|sin [T, HS/2] for (rope_T, rope_HS, rope_freq), then the
+                           frequencies f64[HS/2] it was made from */
     size_t rope_bytes;
     int64_t rope_T;
     int rope_HS;
-    float rope_theta;
+    double *rope_freq; /* host f64[rope_HS/2]: the frequencies of the table now */
     size_t scratch_bytes;
     double *host_red; /* pinned host slot for reduction results */
 
@@ -885,16 +886,18 @@ static void us__cuda_rmsnorm_bwd(us_ops *o, void *dx, float *dw, const void *dou
     US__LAUNCHED(o);
 }
 
-/* RoPE (rotate-half), in place on the q and k heads of qkv[N, QKV]. The angles t·θ^(−2j/HS)
-   are formed once per (T, HS, θ) in double, like the CPU reference, into a table cos|sin
-   [T, HS/2]; the per-token kernels are then a pure stream over q and k. Position t is n mod T,
-   or pos[n mod T] when pos is given (context parallelism: the table then spans T_total). */
-__global__ void us__k_rope_table(float *tab, int64_t T_len, int HS, float theta) {
+/* RoPE (rotate-half), in place on the q and k heads of qkv[N, QKV]. The angles t·freq[j]
+   (freq: the model's us_rope_freqs, θ^(−2j/HS) or Llama 3's rescaling of it) are formed once
+   per (T, HS, freq) in double, like the CPU reference, into a table cos|sin [T, HS/2]; the
+   per-token kernels are then a pure stream over q and k. Position t is n mod T, or pos[n mod T]
+   when pos is given (context parallelism: the table then spans T_total).
+   tab f32 [2][T_len][HS/2]; freq f64 [HS/2] (device) */
+__global__ void us__k_rope_table(float *tab, int64_t T_len, int HS, const double *freq) {
     int half = HS / 2;
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= T_len * half) return;
     {
-        double ang = (double)(i / half) * pow((double)theta, -2.0 * (double)(i % half) / HS);
+        double ang = (double)(i / half) * freq[i % half];
         tab[i] = (float)cos(ang);
         tab[T_len * half + i] = (float)sin(ang);
     }
@@ -956,37 +959,48 @@ __global__ void __launch_bounds__(256)
     us__stv(v + half, y);
 }
 
-/* the cos|sin table for positions [0, T_tab), rebuilt only when (T_tab, HS, θ) change */
-static int us__cuda_rope_table(us_ops *o, int64_t T_tab, int HS, float theta) {
+/* the cos|sin table for positions [0, T_tab), rebuilt only when (T_tab, HS, freq) change. The
+   host copy of freq is the source of the upload, so it outlives the asynchronous copy. */
+static int us__cuda_rope_table(us_ops *o, int64_t T_tab, int HS, const double *freq) {
     us__cuda *c = us__cu(o);
-    if (c->rope_T == T_tab && c->rope_HS == HS && c->rope_theta == theta) return 1;
-    size_t need = (size_t)T_tab * HS * sizeof(float); /* cos and sin, T_tab·HS/2 each */
+    const size_t fb = sizeof(double) * (size_t)(HS / 2);
+    if (c->rope_T == T_tab && c->rope_HS == HS && !memcmp(c->rope_freq, freq, fb)) return 1;
+    /* cos and sin, T_tab·HS/2 each, then the frequencies at an 8-byte aligned offset */
+    const size_t tb = ((size_t)T_tab * HS * sizeof(float) + 7) / 8 * 8, need = tb + fb;
     if (need > c->rope_bytes) {
         if (c->rope_tab) us__cuda_free(o, c->rope_tab);
         c->rope_tab = (float *)us__cuda_alloc(o, need);
         c->rope_bytes = c->rope_tab ? need : 0;
-        if (!c->rope_tab) {
-            us__cuda_fail(o, "rope table", "out of device memory", __FILE__, __LINE__);
-            return 0;
-        }
     }
+    if (c->rope_HS != HS || !c->rope_freq) {
+        free(c->rope_freq);
+        c->rope_freq = (double *)malloc(fb);
+        c->rope_HS = 0;
+    }
+    if (!c->rope_tab || !c->rope_freq) {
+        c->rope_T = -1; /* no table: the next call tries again */
+        us__cuda_fail(o, "rope table", "out of memory", __FILE__, __LINE__);
+        return 0;
+    }
+    memcpy(c->rope_freq, freq, fb);
+    double *dfreq = (double *)((char *)c->rope_tab + tb);
+    US__CU(o, cudaMemcpyAsync(dfreq, c->rope_freq, fb, cudaMemcpyHostToDevice, c->stream));
     us__k_rope_table<<<us__blocks(T_tab * (HS / 2), 256), 256, 0, c->stream>>>(c->rope_tab, T_tab,
-                                                                               HS, theta);
+                                                                               HS, dfreq);
     US__LAUNCHED(o);
     c->rope_T = T_tab;
     c->rope_HS = HS;
-    c->rope_theta = theta;
     return 1;
 }
 
 /* rotate qkv[B·T] by angle dir·t·θ_j, t = n mod T or pos[n mod T] (pos: T_tab positions) */
 static void us__cuda_rope(us_ops *o, void *qkv, const int32_t *pos, int64_t B, int64_t T,
-                          int64_t T_tab, int NH, int NKV, int HS, float theta, us_dtype dt,
+                          int64_t T_tab, int NH, int NKV, int HS, const double *freq, us_dtype dt,
                           float dir) {
     us__cuda *c = us__cu(o);
     int W = 16 / (int)us_dtype_size(dt), pairs = (NH + NKV) * (HS / 2);
     if (B * T <= 0) return;
-    if (!us__cuda_rope_table(o, T_tab, HS, theta)) return;
+    if (!us__cuda_rope_table(o, T_tab, HS, freq)) return;
     if ((HS / 2) % W == 0 && us__al16(qkv)) {
         int64_t n = B * T * (pairs / W);
         US__DISPATCH(o, dt,
@@ -1002,9 +1016,9 @@ static void us__cuda_rope(us_ops *o, void *qkv, const int32_t *pos, int64_t B, i
 
 /* RoPE at given positions (context parallelism): the table for T_total positions, indexed by pos */
 static void us__cuda_rope_at(us_ops *o, void *qkv, const int32_t *pos, int64_t B, int64_t T,
-                             int64_t T_total, int NH, int NKV, int HS, float theta, float dir,
-                             us_dtype dt) {
-    us__cuda_rope(o, qkv, pos, B, T, T_total, NH, NKV, HS, theta, dt, dir);
+                             int64_t T_total, int NH, int NKV, int HS, const double *freq,
+                             float dir, us_dtype dt) {
+    us__cuda_rope(o, qkv, pos, B, T, T_total, NH, NKV, HS, freq, dt, dir);
 }
 
 static void us__cuda_copy2d(us_ops *o, void *dst, int64_t dld, const void *src, int64_t sld,
@@ -1016,13 +1030,13 @@ static void us__cuda_copy2d(us_ops *o, void *dst, int64_t dld, const void *src, 
 }
 
 static void us__cuda_rope_fwd(us_ops *o, void *qkv, int64_t B, int64_t T, int NH, int NKV, int HS,
-                              float theta, us_dtype dt) {
-    us__cuda_rope(o, qkv, NULL, B, T, T, NH, NKV, HS, theta, dt, 1.0f);
+                              const double *freq, us_dtype dt) {
+    us__cuda_rope(o, qkv, NULL, B, T, T, NH, NKV, HS, freq, dt, 1.0f);
 }
 
 static void us__cuda_rope_bwd(us_ops *o, void *dqkv, int64_t B, int64_t T, int NH, int NKV, int HS,
-                              float theta, us_dtype dt) {
-    us__cuda_rope(o, dqkv, NULL, B, T, T, NH, NKV, HS, theta, dt, -1.0f);
+                              const double *freq, us_dtype dt) {
+    us__cuda_rope(o, dqkv, NULL, B, T, T, NH, NKV, HS, freq, dt, -1.0f);
 }
 
 /* SwiGLU on gu[N, 2F] = gate | up: h [N, F] = silu(gate)·up; backward dh [N, F] → dgu [N, 2F]
@@ -5628,6 +5642,7 @@ US_API void us_cuda_ops_free(us_ops *o) {
     if (c->ws) cudaFree(c->ws);
     if (c->scratch) cudaFree(c->scratch);
     if (c->rope_tab) cudaFree(c->rope_tab);
+    free(c->rope_freq);
     if (c->lt) cublasLtDestroy(c->lt);
     if (c->host_red) cudaFreeHost(c->host_red);
     for (i = 0; i < US__CUDA_MARKS && c->marks[i]; i++) cudaEventDestroy(c->marks[i]);

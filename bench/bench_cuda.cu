@@ -174,16 +174,16 @@ static void w_nb(us_ops *o, void *dx, float *dw, const void *d, const void *x, c
     WRAP(P_NORM, inner.rmsnorm_bwd(&inner, dx, dw, d, x, w, r, N, C, dt));
 }
 
-static void w_rf(us_ops *o, void *q, int64_t B, int64_t T, int NH, int NKV, int HS, float th,
-                 us_dtype dt) {
+static void w_rf(us_ops *o, void *q, int64_t B, int64_t T, int NH, int NKV, int HS,
+                 const double *freq, us_dtype dt) {
     (void)o;
-    WRAP(P_ROPE, inner.rope_fwd(&inner, q, B, T, NH, NKV, HS, th, dt));
+    WRAP(P_ROPE, inner.rope_fwd(&inner, q, B, T, NH, NKV, HS, freq, dt));
 }
 
-static void w_rb(us_ops *o, void *q, int64_t B, int64_t T, int NH, int NKV, int HS, float th,
-                 us_dtype dt) {
+static void w_rb(us_ops *o, void *q, int64_t B, int64_t T, int NH, int NKV, int HS,
+                 const double *freq, us_dtype dt) {
     (void)o;
-    WRAP(P_ROPE, inner.rope_bwd(&inner, q, B, T, NH, NKV, HS, th, dt));
+    WRAP(P_ROPE, inner.rope_bwd(&inner, q, B, T, NH, NKV, HS, freq, dt));
 }
 
 static void w_sf(us_ops *o, void *h, const void *gu, int64_t N, int64_t F, us_dtype dt) {

@@ -48,7 +48,17 @@ if ref is None:
     W = read_safetensors(d)
     C, L, NH = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"]
     NKV = cfg.get("num_key_value_heads", NH); HS = C // NH
-    eps, theta = cfg.get("rms_norm_eps", 1e-6), cfg.get("rope_theta", 10000.0)
+    rp = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}   # transformers 4.x / 5.x
+    eps, theta = cfg.get("rms_norm_eps", 1e-6), rp.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    def inv_freqs(ar):   # transformers' default RoPE, and its llama3 rule (_compute_llama3_parameters)
+        inv = 1.0 / theta ** (ar / HS)
+        if rp.get("rope_type", rp.get("type", "default")) == "llama3":
+            f, lo, hi, L = rp["factor"], rp["low_freq_factor"], rp["high_freq_factor"], rp["original_max_position_embeddings"]
+            for j in range(len(inv)):
+                wl = 2 * 3.141592653589793 / float(inv[j])
+                s = (L / wl - lo) / (hi - lo)
+                inv[j] = inv[j] / f if wl > L / lo else inv[j] if wl < L / hi else (1 - s) * inv[j] / f + s * inv[j]
+        return inv
     if torch is not None:
         def t(name):
             dt, shape, raw = W[name]
@@ -57,7 +67,7 @@ if ref is None:
             return torch.frombuffer(bytearray(raw), dtype={"F32": torch.float32, "F16": torch.float16}[dt]).view(shape).double()
         def rms(x, w): return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
         def rot(x): h = x.shape[-1] // 2; return torch.cat((-x[..., h:], x[..., :h]), -1)   # HF rotate_half
-        inv = 1.0 / theta ** (torch.arange(0, HS, 2, dtype=torch.float64) / HS)
+        inv = inv_freqs(torch.arange(0, HS, 2, dtype=torch.float64))
         ang = torch.outer(torch.arange(T, dtype=torch.float64), inv); ang = torch.cat((ang, ang), -1)
         cos, sin = ang.cos(), ang.sin()
         x = t("model.embed_tokens.weight")[torch.tensor(toks).view(B, T)]
@@ -88,7 +98,7 @@ if ref is None:
             return np.frombuffer(raw, {"F32": np.float32, "F16": np.float16}[dt]).reshape(shape).astype(np.float64)
         def rms(x, w): return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
         def rot(x): h = x.shape[-1] // 2; return np.concatenate((-x[..., h:], x[..., :h]), -1)
-        inv = 1.0 / theta ** (np.arange(0, HS, 2, dtype=np.float64) / HS)
+        inv = inv_freqs(np.arange(0, HS, 2, dtype=np.float64))
         ang = np.outer(np.arange(T, dtype=np.float64), inv); ang = np.concatenate((ang, ang), -1)
         cos, sin = np.cos(ang), np.sin(ang)
         x = t("model.embed_tokens.weight")[np.array(toks).reshape(B, T)]

@@ -20,7 +20,7 @@ int main(int argc, char **argv) {
     us_model_config mc;
     us_train_config tc;
     us_model m;
-    char err[256];
+    char err[256], rope[160];
     int B, T;
     int32_t *tok, *tgt;
     float *logits;
@@ -78,8 +78,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     fclose(f);
-    printf("hf_logits: %d x %lld logits written to %s (%s)\n", B, (long long)m.cfg.vocab, argv[5],
-           m.ops.name);
+    printf("hf_logits: %d x %lld logits written to %s (%s, %s)\n", B, (long long)m.cfg.vocab,
+           argv[5], us_rope_describe(&m.cfg, rope, sizeof rope), m.ops.name);
     us_model_free(&m);
     free(tok);
     free(tgt);

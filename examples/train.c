@@ -590,15 +590,18 @@ static us_result rank_load_checkpoint(rank_state *s) {
 static void rank_print_model(rank_state *s) {
     us_model *m = &s->m;
     us_train_config *tc = &s->tc;
+    char rope[160];
     if (s->loud)
-        printf("model: %lld params (L=%d C=%lld NH=%d NKV=%d F=%lld V=%lld%s) | %s | recompute %s "
-               "| B=%d T=%d accum=%d dp=%d cp=%d tp=%d zero=%d | %s | %s | memory %.2f MiB/rank\n",
-               (long long)m->n_params, m->cfg.n_layers, (long long)m->cfg.dim, m->cfg.n_heads,
-               m->cfg.n_kv_heads, (long long)m->cfg.ffn_dim, (long long)m->cfg.vocab,
-               m->cfg.tie_embeddings ? " tied" : "", us_precision_name(m->tc.precision),
-               us_recompute_name(m->tc.recompute), s->Bg, tc->seq, tc->grad_accum, s->dp, tc->cp,
-               tc->tp, tc->zero, s->o->data_path ? s->o->data_path : "task: sort 8 digits",
-               s->devname, (double)m->mem.total / 1048576.0);
+        printf(
+            "model: %lld params (L=%d C=%lld NH=%d NKV=%d F=%lld V=%lld%s, %s) | %s | recompute %s "
+            "| B=%d T=%d accum=%d dp=%d cp=%d tp=%d zero=%d | %s | %s | memory %.2f MiB/rank\n",
+            (long long)m->n_params, m->cfg.n_layers, (long long)m->cfg.dim, m->cfg.n_heads,
+            m->cfg.n_kv_heads, (long long)m->cfg.ffn_dim, (long long)m->cfg.vocab,
+            m->cfg.tie_embeddings ? " tied" : "", us_rope_describe(&m->cfg, rope, sizeof rope),
+            us_precision_name(m->tc.precision), us_recompute_name(m->tc.recompute), s->Bg, tc->seq,
+            tc->grad_accum, s->dp, tc->cp, tc->tp, tc->zero,
+            s->o->data_path ? s->o->data_path : "task: sort 8 digits", s->devname,
+            (double)m->mem.total / 1048576.0);
 #ifdef US_CUDA
     if (s->loud && s->o->use_cuda) { /* no silent hundredfold cliff */
         const int hs = (int)(m->cfg.dim / m->cfg.n_heads);

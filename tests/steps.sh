@@ -120,6 +120,8 @@ step 'test_tok'                          "$B/test_tok"            './$B/test_tok
 step 'test_ckpt'                         "$B/test_ckpt"           './$B/test_ckpt'
 step "test_ckpt_py (files from Python's safetensors)" \
                                          "$B/test_ckpt $B/train"  'bash tests/test_ckpt_py.sh $B/test_ckpt'
+step 'test_hf (Hugging Face Llamas: RoPE, logits, loss, gradients against transformers)' \
+                                         "$B/test_ckpt"           'bash tests/test_hf.sh $B/test_ckpt'
 step 'fuzz corpus replay (asan+ubsan)'   "$B/fuzz_replay"         './$B/fuzz_replay tests/fuzz_corpus/*'
 
 # ---- on a GPU (each prints SKIP without one)

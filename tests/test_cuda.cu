@@ -93,6 +93,24 @@ static void cmp(const char *what, buf *b, us_dtype dt, int64_t n) {
     free(g);
 }
 
+/* RoPE's frequencies f64[HS/2] (us_rope_freqs): plain at θ, or Llama 3's rule with an original
+   context of 16 positions, so that it acts within the test's T = 37 */
+static double *rope_freqs(int64_t NH, int64_t HS, float theta, int llama3) {
+    double *f = (double *)malloc(sizeof(double) * (size_t)(HS / 2));
+    us_model_config mc;
+    memset(&mc, 0, sizeof mc);
+    mc.dim = NH * HS;
+    mc.n_heads = (int)NH;
+    mc.rope_theta = theta;
+    if (llama3) {
+        mc.rope_scaling = US_ROPE_LLAMA3;
+        mc.rope_factor = 32.0f;
+        mc.rope_orig_ctx = 16;
+    }
+    us_rope_freqs(&mc, f);
+    return f;
+}
+
 /* Shapes pick the kernels' paths: multiples of 8 take the 16-byte vector kernels, odd sizes
    the scalar fallbacks; adam_off misaligns the AdamW buffers to exercise its head and tail. */
 static void test_ops(us_dtype dt, int64_t NH, int64_t NKV, int64_t HS, int64_t F, int64_t V,
@@ -210,8 +228,20 @@ static void test_ops(us_dtype dt, int64_t NH, int64_t NKV, int64_t HS, int64_t F
     { /* RoPE, attention */
         buf bq = mk(hq, N * QKV * a), bo = mk(hx, N * C * a), bl = mk(x, B * NH * T * 4),
             bdo = mk(hdy, N * C * a), bdq = mk(hq, N * QKV * a);
-        Ccpu.rope_fwd(&Ccpu, bq.h, B, T, NH, NKV, HS, 10000.0f, dt);
-        G.rope_fwd(&G, bq.d, B, T, NH, NKV, HS, 10000.0f, dt);
+        double *fp = rope_freqs(NH, HS, 10000.0f, 0), *f3 = rope_freqs(NH, HS, 500000.0f, 1);
+        { /* Llama 3 scaling first, then plain RoPE at the same (T, HS): the GPU's table is
+             rebuilt because the frequencies changed, not only when T or HS do */
+            buf b3 = mk(hq, N * QKV * a);
+            Ccpu.rope_fwd(&Ccpu, b3.h, B, T, NH, NKV, HS, f3, dt);
+            G.rope_fwd(&G, b3.d, B, T, NH, NKV, HS, f3, dt);
+            cmp("rope fwd, llama3 scaling", &b3, dt, N * QKV);
+            Ccpu.rope_bwd(&Ccpu, b3.h, B, T, NH, NKV, HS, f3, dt);
+            G.rope_bwd(&G, b3.d, B, T, NH, NKV, HS, f3, dt);
+            cmp("rope bwd, llama3 scaling", &b3, dt, N * QKV);
+            fin(&b3);
+        }
+        Ccpu.rope_fwd(&Ccpu, bq.h, B, T, NH, NKV, HS, fp, dt);
+        G.rope_fwd(&G, bq.d, B, T, NH, NKV, HS, fp, dt);
         cmp("rope fwd", &bq, dt, N * QKV);
         Ccpu.attention_fwd(&Ccpu, bo.h, (float *)bl.h, bq.h, B, T, NH, NKV, HS, dt);
         G.attention_fwd(&G, bo.d, (float *)bl.d, bq.d, B, T, NH, NKV, HS, dt);
@@ -220,25 +250,26 @@ static void test_ops(us_dtype dt, int64_t NH, int64_t NKV, int64_t HS, int64_t F
         Ccpu.attention_bwd(&Ccpu, bdq.h, bdo.h, bq.h, bo.h, (float *)bl.h, B, T, NH, NKV, HS, dt);
         G.attention_bwd(&G, bdq.d, bdo.d, bq.d, bo.d, (float *)bl.d, B, T, NH, NKV, HS, dt);
         cmp("attention bwd dqkv", &bdq, dt, N * QKV);
-        Ccpu.rope_bwd(&Ccpu, bdq.h, B, T, NH, NKV, HS, 10000.0f, dt);
-        G.rope_bwd(&G, bdq.d, B, T, NH, NKV, HS, 10000.0f, dt);
+        Ccpu.rope_bwd(&Ccpu, bdq.h, B, T, NH, NKV, HS, fp, dt);
+        G.rope_bwd(&G, bdq.d, B, T, NH, NKV, HS, fp, dt);
         cmp("rope bwd", &bdq, dt, N * QKV);
-        { /* RoPE at positions (context parallelism): T positions scattered over 3T, both ways */
+        { /* RoPE at positions (context parallelism): T positions scattered over 3T, both ways,
+             under Llama 3 scaling */
             int32_t *pos = (int32_t *)malloc((size_t)T * 4);
             for (i = 0; i < T; i++) pos[i] = (int32_t)((i * 7 + 5) % (3 * T));
             buf bp = mk(pos, T * 4);
             same_in(&bq);
-            Ccpu.rope_at(&Ccpu, bq.h, (int32_t *)bp.h, B, T, 3 * T, NH, NKV, HS, 500000.0f, 1.0f,
-                         dt);
-            G.rope_at(&G, bq.d, (int32_t *)bp.d, B, T, 3 * T, NH, NKV, HS, 500000.0f, 1.0f, dt);
+            Ccpu.rope_at(&Ccpu, bq.h, (int32_t *)bp.h, B, T, 3 * T, NH, NKV, HS, f3, 1.0f, dt);
+            G.rope_at(&G, bq.d, (int32_t *)bp.d, B, T, 3 * T, NH, NKV, HS, f3, 1.0f, dt);
             cmp("rope at positions", &bq, dt, N * QKV);
-            Ccpu.rope_at(&Ccpu, bq.h, (int32_t *)bp.h, B, T, 3 * T, NH, NKV, HS, 500000.0f, -1.0f,
-                         dt);
-            G.rope_at(&G, bq.d, (int32_t *)bp.d, B, T, 3 * T, NH, NKV, HS, 500000.0f, -1.0f, dt);
+            Ccpu.rope_at(&Ccpu, bq.h, (int32_t *)bp.h, B, T, 3 * T, NH, NKV, HS, f3, -1.0f, dt);
+            G.rope_at(&G, bq.d, (int32_t *)bp.d, B, T, 3 * T, NH, NKV, HS, f3, -1.0f, dt);
             cmp("rope at positions, backward", &bq, dt, N * QKV);
             fin(&bp);
             free(pos);
         }
+        free(fp);
+        free(f3);
         fin(&bq);
         fin(&bo);
         fin(&bl);

@@ -57,6 +57,26 @@ static void test_configs(void) {
     mc = ok;
     mc.rope_theta = -1;
     expect_invalid(mc, tok, "rope theta");
+    mc = ok;
+    mc.rope_factor = 8; /* llama3's numbers without llama3 scaling */
+    expect_invalid(mc, tok, "belong to llama3 scaling");
+    mc = ok;
+    mc.rope_scaling = (us_rope_scaling)7;
+    expect_invalid(mc, tok, "unknown rope scaling 7");
+    mc = ok;
+    mc.rope_scaling = US_ROPE_LLAMA3;
+    mc.rope_factor = 0.5f;
+    expect_invalid(mc, tok, "rope factor=0.5 must be a number of at least 1");
+    mc.rope_factor = 0;
+    mc.rope_low_freq = 4;
+    mc.rope_high_freq = 1;
+    expect_invalid(mc, tok, "0 < low < high");
+    mc.rope_low_freq = NAN;
+    expect_invalid(mc, tok, "0 < low < high");
+    mc.rope_low_freq = 0;
+    mc.rope_high_freq = 0;
+    mc.rope_orig_ctx = -5;
+    expect_invalid(mc, tok, "rope original context=-5");
     tc = tok;
     tc.batch = -3;
     expect_invalid(ok, tc, "batch=-3");

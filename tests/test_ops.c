@@ -156,10 +156,11 @@ static void ref_rmsnorm(double *y, double *rstd, const double *x, const double *
     }
 }
 
-/* Hugging Face apply_rotary_pos_emb literally: inv_freq = 1/theta^(arange(0,HS,2)/HS),
-   emb = cat(freqs, freqs); out = x·cos(emb) + rotate_half(x)·sin(emb), rotate_half = cat(−x2, x1) */
+/* Hugging Face apply_rotary_pos_emb literally: freqs = t·inv_freq, emb = cat(freqs, freqs);
+   out = x·cos(emb) + rotate_half(x)·sin(emb), rotate_half = cat(−x2, x1). inv_freq [HS/2] is
+   1/theta^(arange(0,HS,2)/HS) for plain RoPE (ref_inv_freq). */
 static void ref_rope(double *out, const double *in, int64_t B, int64_t T, int NH, int NKV, int HS,
-                     double theta) {
+                     const double *inv_freq) {
     int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, b, t;
     int h, d, half = HS / 2;
     memcpy(out, in, (size_t)(B * T * QKV) * 8);
@@ -169,12 +170,16 @@ static void ref_rope(double *out, const double *in, int64_t B, int64_t T, int NH
                 const double *x = in + (b * T + t) * QKV + (int64_t)h * HS;
                 double *y = out + (b * T + t) * QKV + (int64_t)h * HS;
                 for (d = 0; d < HS; d++) {
-                    double inv_freq = 1.0 / pow(theta, (double)(2 * (d % half)) / (double)HS);
-                    double emb = (double)t * inv_freq;
+                    double emb = (double)t * inv_freq[d % half];
                     double rot = d < half ? -x[d + half] : x[d - half];
                     y[d] = x[d] * cos(emb) + rot * sin(emb);
                 }
             }
+}
+
+static void ref_inv_freq(double *inv_freq, int HS, double theta) {
+    int j;
+    for (j = 0; j < HS / 2; j++) inv_freq[j] = 1.0 / pow(theta, (double)(2 * j) / (double)HS);
 }
 
 /* causal GQA attention, HF repeat_kv mapping: q head h reads kv head h / (NH/NKV) */
@@ -400,30 +405,44 @@ typedef struct {
     double *in, *out, *r;
     int64_t B, T;
     int NH, NKV, HS;
-    double theta;
+    const double *freq;
 } rope_ctx;
 
 static double rope_loss(void *p) {
     rope_ctx *c = (rope_ctx *)p;
-    ref_rope(c->out, c->in, c->B, c->T, c->NH, c->NKV, c->HS, c->theta);
+    ref_rope(c->out, c->in, c->B, c->T, c->NH, c->NKV, c->HS, c->freq);
     return dot_rd(c->r, c->out, c->B * c->T * (c->NH + 2 * c->NKV) * c->HS);
 }
 
-static void test_rope(void) {
+/* The op with freq = plain RoPE's (ref_inv_freq) or Llama 3's (us_rope_freqs, checked by
+   test_rope_freqs): forward against the reference, the inverse, finite differences, bf16. */
+static void test_rope(int llama3) {
     enum { B = 2, T = 13, NH = 4, NKV = 2, HS = 8 };
 
     const int64_t n = (int64_t)B * T * (NH + 2 * NKV) * HS;
-    const float theta = 10000.0f;
     float *x = fvec(n, 1), *y = fdup(x, n), *r = fvec(n, 1), *g = fdup(r, n), *back;
     double *xd = dvec_from(x, n), *yref = dzeros(n), *rd = dvec_from(r, n), *gd, e, mfd;
+    double freq[HS / 2];
+    const char *kind = llama3 ? "llama3" : "plain";
     rope_ctx cx;
     int64_t i;
-    O0.rope_fwd(&O0, y, B, T, NH, NKV, HS, theta, US_F32);
-    ref_rope(yref, xd, B, T, NH, NKV, HS, theta);
+    ref_inv_freq(freq, HS, 10000.0);
+    if (llama3) { /* an original context of 16 so that the rule acts on T = 13 positions */
+        us_model_config mc;
+        memset(&mc, 0, sizeof mc);
+        mc.dim = NH * HS;
+        mc.n_heads = NH;
+        mc.rope_theta = 500000.0f;
+        mc.rope_scaling = US_ROPE_LLAMA3;
+        mc.rope_factor = 32.0f;
+        mc.rope_orig_ctx = 16;
+        us_rope_freqs(&mc, freq);
+    }
+    O0.rope_fwd(&O0, y, B, T, NH, NKV, HS, freq, US_F32);
+    ref_rope(yref, xd, B, T, NH, NKV, HS, freq);
     e = max_rel(y, yref, n);
-    CHECK(e <= 1e-6, "rope fwd vs HF rotate-half reference: max err %.3g", e);
-    /* pair (j, j+HS/2) of q head 0 at position t=5 rotated by 5·theta^(−2j/HS), spelled out */
-    {
+    CHECK(e <= 1e-6, "rope fwd (%s) vs HF rotate-half reference: max err %.3g", kind, e);
+    if (!llama3) { /* pair (j, j+HS/2) of q head 0 at position t=5 rotated by 5·theta^(−2j/HS) */
         int64_t t = 5, row = (0 * T + t) * (NH + 2 * NKV) * HS;
         double worst = 0;
         int j;
@@ -445,11 +464,11 @@ static void test_rope(void) {
         CHECK(bad == 0, "rope leaves the v heads untouched: %lld changed", (long long)bad);
     }
     back = fdup(y, n);
-    O0.rope_bwd(&O0, back, B, T, NH, NKV, HS, theta, US_F32);
+    O0.rope_bwd(&O0, back, B, T, NH, NKV, HS, freq, US_F32);
     e = 0;
     for (i = 0; i < n; i++) e = nmax(e, fabs(back[i] - x[i]));
-    CHECK(e <= 1e-6, "rope_bwd(rope_fwd(x)) == x: max err %.3g", e);
-    O0.rope_bwd(&O0, g, B, T, NH, NKV, HS, theta, US_F32);
+    CHECK(e <= 1e-6, "rope_bwd(rope_fwd(x)) == x (%s): max err %.3g", kind, e);
+    O0.rope_bwd(&O0, g, B, T, NH, NKV, HS, freq, US_F32);
     gd = dvec_from(g, n);
     cx.in = xd;
     cx.out = yref;
@@ -459,18 +478,19 @@ static void test_rope(void) {
     cx.NH = NH;
     cx.NKV = NKV;
     cx.HS = HS;
-    cx.theta = theta;
+    cx.freq = freq;
     e = fd_check(rope_loss, &cx, xd, n, gd, NULL, 0, &mfd);
-    CHECK(FD_OK(e, mfd), "rope bwd vs finite differences: max err %.3g (max |fd| %.3g)", e, mfd);
-    report("rope dqkv", e);
+    CHECK(FD_OK(e, mfd), "rope bwd (%s) vs finite differences: max err %.3g (max |fd| %.3g)", kind,
+          e, mfd);
+    report(llama3 ? "rope dqkv (llama3)" : "rope dqkv", e);
     { /* bf16 forward */
         uint16_t *x16;
         float *y32;
         round_bf16(x, n);
         x16 = to_bf16(x, n);
         y32 = fdup(x, n);
-        O0.rope_fwd(&O0, y32, B, T, NH, NKV, HS, theta, US_F32);
-        O0.rope_fwd(&O0, x16, B, T, NH, NKV, HS, theta, US_BF16);
+        O0.rope_fwd(&O0, y32, B, T, NH, NKV, HS, freq, US_F32);
+        O0.rope_fwd(&O0, x16, B, T, NH, NKV, HS, freq, US_BF16);
         CHECK(bf16_max_ulps(x16, y32, n) <= 1,
               "rope fwd bf16 within 1 ulp of rounded fp32 (max %lld ulps)",
               (long long)bf16_max_ulps(x16, y32, n));
@@ -486,6 +506,47 @@ static void test_rope(void) {
     free(yref);
     free(rd);
     free(gd);
+}
+
+/* us_rope_freqs at Llama 3.1 8B's shape (HS 128, θ 500000): plain RoPE is θ^(−2j/HS); Llama 3's
+   rule (its defaults: factor 8, low 1, high 4, original context 8192) keeps the wavelengths
+   under 8192/4, divides the frequencies of those over 8192 by 8 and blends the ones between,
+   each blended one strictly between f/8 and f, and the result decreasing in j.
+   (Agreement with transformers' own numbers: test_ckpt --hf.) */
+static void test_rope_freqs(void) {
+    enum { HS = 128 };
+
+    double ref[HS / 2], f[HS / 2], g[HS / 2], e = 0, wl;
+    int j, kept = 0, scaled = 0, blended = 0, bad = 0, mono = 1;
+    us_model_config mc;
+    memset(&mc, 0, sizeof mc);
+    mc.dim = 32 * HS;
+    mc.n_heads = 32;
+    mc.rope_theta = 500000.0f;
+    ref_inv_freq(ref, HS, 500000.0);
+    us_rope_freqs(&mc, f);
+    for (j = 0; j < HS / 2; j++) e = nmax(e, fabs(f[j] - ref[j]) / ref[j]);
+    CHECK(e <= 1e-15, "us_rope_freqs without scaling is theta^(-2j/HS): max rel err %.3g", e);
+    mc.rope_scaling = US_ROPE_LLAMA3;
+    us_rope_freqs(&mc, g);
+    for (j = 0; j < HS / 2; j++) {
+        wl = 2 * 3.14159265358979323846 / ref[j];
+        if (wl < 8192.0 / 4) {
+            kept++;
+            bad += g[j] != f[j];
+        } else if (wl > 8192.0) {
+            scaled++;
+            bad += fabs(g[j] - ref[j] / 8) > 1e-15 * ref[j];
+        } else {
+            blended++;
+            bad += !(g[j] > ref[j] / 8 && g[j] < ref[j]);
+        }
+        if (j && !(g[j] < g[j - 1])) mono = 0;
+    }
+    CHECK(kept && scaled && blended && !bad,
+          "llama3: %d frequencies kept, %d divided by 8, %d blended between; %d wrong", kept,
+          scaled, blended, bad);
+    CHECK(mono, "llama3: the frequencies still decrease with j");
 }
 
 /* ------------------------------------------------------------------ attention */
@@ -957,6 +1018,7 @@ static void test_determinism(void) {
 
     const int64_t QKV = (NH + 2 * NKV) * HS;
     us_ops *ops[2] = {&O1, &O2};
+    double freq[HS / 2];
     float *res[2][12];
     uint16_t low[2][N];
     int k, bad[12] = {0}, i;
@@ -977,6 +1039,7 @@ static void test_determinism(void) {
                              "adamw",
                              "gemm",
                              "sumsq"};
+    ref_inv_freq(freq, HS, 10000.0);
     for (i = 0; i < N; i++) {
         tok[i] = (int32_t)(rnd64() % 5);
         tgt[i] = (i % 7 == 0) ? -1 : (int32_t)(rnd64() % V);
@@ -994,7 +1057,7 @@ static void test_determinism(void) {
         res[k][2] = (float *)calloc(C, 4);
         o->rmsnorm_bwd(o, res[k][1], res[k][2], dy, x, w, rstd, N, C, US_F32);
         res[k][3] = fdup(qkv, N * QKV);
-        o->rope_bwd(o, res[k][3], B, T, NH, NKV, HS, 10000.0f, US_F32);
+        o->rope_bwd(o, res[k][3], B, T, NH, NKV, HS, freq, US_F32);
         o->attention_fwd(o, att, lse, qkv, B, T, NH, NKV, HS, US_F32);
         res[k][4] = fdup(att, N * NH * HS);
         res[k][5] = fdup(lse, B * NH * T);
@@ -1108,7 +1171,9 @@ int main(int argc, char **argv) {
     O2 = us_cpu_ops(2);
     test_embedding();
     test_rmsnorm();
-    test_rope();
+    test_rope(0);
+    test_rope(1);
+    test_rope_freqs();
     test_attention(13, 1);
     test_attention(70, 0);
     test_swiglu();
