@@ -706,15 +706,18 @@ static int measure(const us_model_config *mc, const us_train_config *tc, const u
         return 2;
     }
     if (ram > 0 && (double)mem->total > 0.5 * ram) {
-        fprintf(stderr, "memory: --measure would need %.1f GiB, more than half of this machine's "
-                        "%.1f GiB\n", (double)mem->total / GIB, ram / GIB);
+        fprintf(stderr,
+                "memory: --measure would need %.1f GiB, more than half of this machine's "
+                "%.1f GiB\n",
+                (double)mem->total / GIB, ram / GIB);
         return 2;
     }
     t.steps = 2;
     in = (int32_t *)malloc((size_t)n * sizeof *in);
     tgt = (int32_t *)malloc((size_t)n * sizeof *tgt);
     if (!in || !tgt || us_model_init(&m, mc, &t, NULL) != US_OK) {
-        fprintf(stderr, "memory: --measure: %s\n", in && tgt ? us_model_error(&m) : "out of memory");
+        fprintf(stderr, "memory: --measure: %s\n",
+                in && tgt ? us_model_error(&m) : "out of memory");
         free(in);
         free(tgt);
         return 1;
@@ -736,7 +739,8 @@ static int measure(const us_model_config *mc, const us_train_config *tc, const u
     printf("  allocator peak      %10.1f MiB  (what the library allocated through its ops)\n",
            (double)m.ops.bytes_peak / mib);
     printf("  process peak RSS    %10.1f MiB  (the program, stacks, heap overhead, these buffers "
-           "too)\n", (double)us_peak_rss_bytes() / mib);
+           "too)\n",
+           (double)us_peak_rss_bytes() / mib);
     us_model_free(&m);
     free(in);
     free(tgt);
