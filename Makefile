@@ -137,9 +137,11 @@ $(OPTOUTS:%=$(B)/cc_no_%): $(B)/cc_no_%: tests/compile_optout.c $(HDR) | $(B)
 CHECKS = $(B)/cc_c99 $(B)/cc_cxx $(B)/cc_2tu $(B)/cc_static $(OPTOUTS:%=$(B)/cc_no_%)
 
 # ---- nvcc builds: the trainer with the CUDA backend, the GPU tests and benchmarks
-# The trainer, hf_logits, test_cuda and comm_bw link against $(CUDAIMPL); flash_test and test_nccl
-# call private functions, so they compile the implementation in, under ULTRASCALE_STATIC (the code
-# they do not reach is left out; $(CUDAIMPL) is the nvcc build of all of it).
+# The trainer, hf_logits, test_cuda and comm_bw link against $(CUDAIMPL). flash_test calls the
+# flash kernels' private launchers with their internal tilings, so it compiles them in (the header's
+# // >>cuda-flash chapter alone: tests/flash_test.cu defines US__CUDA_FLASH_ONLY); test_nccl
+# compiles ultrascale.h and ultrascale_comm.h in, under ULTRASCALE_STATIC (the code it does not
+# reach is left out, which takes less time than waiting for $(CUDAIMPL)).
 train: $(B)/train
 	./$(B)/train
 

@@ -78,6 +78,10 @@ US_API void *us_cuda_stream(const us_ops *ops);
 #include <stdio.h>
 #include <string.h>
 
+/* US__CUDA_FLASH_ONLY (defined by tests/flash_test.cu) compiles // >>cuda-flash alone: that test
+   calls the mma.sync kernels with their internal tilings, and every other chapter's kernels
+   compiled for it too would be most of its build time (make test builds it wherever nvcc is). */
+#ifndef US__CUDA_FLASH_ONLY
 /* ------------------------------------------------------------------------------------ */
 // >>cuda-core  device memory, one stream, error recording
 /* ------------------------------------------------------------------------------------ */
@@ -1660,6 +1664,7 @@ __global__ void us__k_att_bwd_dkv(T *dqkv, const T *dout, const T *qkv, const T 
     }
 }
 
+#endif /* US__CUDA_FLASH_ONLY */
 /* ------------------------------------------------------------------------------------ */
 // >>cuda-flash  causal grouped-query flash attention on tensor cores (bf16 in, fp32 math)
 /* ------------------------------------------------------------------------------------
@@ -2583,6 +2588,7 @@ static void us__flash_bwd(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
         us__flash_reject(stream);
 }
 
+#ifndef US__CUDA_FLASH_ONLY
 /* ------------------------------------------------------------------------------------ */
 // >>cuda-hopper  FlashAttention-3 on Hopper (sm_90a): wgmma, TMA, warp specialisation
 /* ------------------------------------------------------------------------------------
@@ -5690,5 +5696,6 @@ US_API void us_cuda_describe(const us_ops *o, char *buf, size_t buflen) {
              p.multiProcessorCount, (double)p.totalGlobalMem / 1073741824.0);
 }
 
+#endif /* US__CUDA_FLASH_ONLY */
 #endif /* ULTRASCALE_CUDA_IMPLEMENTATION_DONE */
 #endif /* ULTRASCALE_IMPLEMENTATION */
