@@ -6289,13 +6289,7 @@ static us_result us__pp_checks(const us_model_config *mc, const us_train_config 
             US__BAD("the per-stage layer counts sum to %d but the model has %d layers", sum,
                     mc->n_layers);
     }
-    if (tc->pp > 1 &&
-        (tc->pp_schedule == US_PP_ZB1 || tc->pp_schedule == US_PP_ZBV ||
-         tc->pp_schedule == US_PP_DUALPIPEV) &&
-        tc->recompute != US_RECOMPUTE_NONE)
-        US__BAD("%s keeps every layer's activations from B until W: it does not combine with "
-                "recompute (use --recompute none)",
-                us_pp_kind_name((us_pp_kind)tc->pp_schedule));
+    /* zero bubble × recompute: W recomputes what its GEMMs read (us__layer_w) */
     if (tc->pp > 1 && tc->pp_schedule >= US_PP_INTERLEAVED && tc->zero >= 2)
         US__BAD("ZeRO-2 reduces each micro-batch's gradients as its backward ends, and %s "
                 "completes a weight's gradient across several actions: use zero 0 or 1",
@@ -9167,7 +9161,8 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
 }
 
 /* The W half of a zero-bubble backward (Qi et al.): the layer's four weight-gradient GEMMs, from
-   the output gradients B kept (g_*) and the inputs the forward kept. Nothing downstream waits
+   the output gradients B kept (g_*) and the inputs the forward kept (or, under recomputation,
+   recomputes: below). Nothing downstream waits
    for these, so the schedule runs them where the pipeline would otherwise idle. Under sequence
    parallelism the normed inputs are gathered again, as the full backward does. */
 static us_result us__layer_w(us_model *m, int l, int64_t B, int64_t T) {
@@ -9179,6 +9174,15 @@ static us_result us__layer_w(us_model *m, int l, int64_t B, int64_t T) {
     void *G = m->a[US__A_SPG];
     us_result r;
     us__sp_rows(m, B * T, &Np, &Ns);
+    /* Under recomputation the W GEMMs' inputs the mode does not keep (selective: ln1, att, ln2,
+       h; full: all but x) live in the slot's one layer-sized scratch, which B's recompute of the
+       other layers has overwritten since: W recomputes them here, as B did (us__layer_fwd's
+       recompute pass, from what the mode keeps), instead of keeping them from B until W. Keeping
+       them would cost, per layer and micro-batch in flight, the very memory the mode saves;
+       recomputing costs no memory and one more recompute per layer and micro-batch (selective:
+       the norms, attention and SwiGLU; full: the layer's forward but the down projection). */
+    if (m->tc.recompute != US_RECOMPUTE_NONE && (r = us__layer_fwd(m, l, B, T, 1)) != US_OK)
+        return r;
     us__linear_wgrad(m, Np, F, C, A->g_down, A->h, us__grad(m, US__TENSOR(l, US__P_DOWN)));
     if ((r = us__grads_ready(m, US__TENSOR(l, US__P_DOWN), US__TENSOR(l, US__P_DOWN) + 1)) != US_OK)
         return r;
@@ -14690,6 +14694,7 @@ typedef struct us__plan_rank {
 typedef struct us__plan_chunk {
     int Lc, Mc, headc;     /* its layers, its MoE layers, and whether it runs the head */
     double cF, cB, cW, cR; /* compute: forward, input gradients B, weight gradients W, recompute */
+    double cRW;            /* B and W apart: the recompute W repeats (us__layer_w), else 0 */
     double kTP, kCP, kEP;  /* exposed communication of TP, CP and EP */
 } us__plan_chunk;
 
@@ -14817,6 +14822,10 @@ static void us__plan_slowest_chunk(const us_model_config *mc, const us_train_con
     ch->cB = n * (Lc * k->tb_l + (headc ? k->head_f / G + k->head_e / H : 0));
     ch->cW = n * (Lc * k->tw_l + (headc ? k->head_f / G : 0));
     ch->cR = n * Lc * k->re_l;
+    ch->cRW = tc->pp > 1 && (tc->pp_schedule == US_PP_ZB1 || tc->pp_schedule == US_PP_ZBV ||
+                             tc->pp_schedule == US_PP_DUALPIPEV)
+                  ? ch->cR
+                  : 0;
     /* forward, backward (+ the recomputed forward) */
     ch->kTP = Lc * k->tp_l * (full ? 3 : 2);
     ch->kCP = Lc * (k->cp_f + k->cp_b + (full ? k->cp_f : 0));
@@ -14858,7 +14867,7 @@ static us_result us__plan_pipeline(const us_train_config *tc, const us__plan_ran
     us_pp_sim sim;
     us_result r;
     double tF = ch->cF + (ch->kTP + ch->kCP + ch->kEP) * (1.0 / 3),
-           tB = ch->cB + ch->cR + (ch->kTP + ch->kCP + ch->kEP) * (2.0 / 3), tW = ch->cW;
+           tB = ch->cB + ch->cR + (ch->kTP + ch->kCP + ch->kEP) * (2.0 / 3), tW = ch->cW + ch->cRW;
     us__plan_memo *e = memo ? us__plan_memo_of(memo, US__PLAN_MEMO, tc) : NULL;
     double span, t_msg;
     if (e && e->span1 > 0 && e->rb == tB / tF && e->rw == tW / tF)
@@ -14892,7 +14901,7 @@ static void us__plan_dp(const us_train_config *tc, const us__plan_rank *k, const
                         const us_plan_rates *R, double psi, us_plan *out, double *hidden) {
     const int g = k->dp * k->cp, Z = k->Z, m = k->m;
     const double w_dp = k->w_dp, lat = k->lat;
-    double gb = 4 * psi, window = k->v * (ch->cB + ch->cW + ch->cR),
+    double gb = 4 * psi, window = k->v * (ch->cB + ch->cW + ch->cR + ch->cRW),
            bucket = (double)tc->bucket_mb * 1048576.0;
     double ag = us__coll_s(US__AG, 2 * psi, g, w_dp, lat); /* ZeRO-1/2: the updated bf16 weights */
     double red = g > 1 && Z < 3 ? us__coll_s(Z == 0 ? US__AR : US__RS, gb, g, w_dp, lat) : 0,
@@ -14954,7 +14963,7 @@ static us_result us__plan_cost(const us_model_config *mc_in, const us_train_conf
     hidden += (double)k.m * k.v * ch.Lc * k.cp_h * (tc.recompute == US_RECOMPUTE_FULL ? 1.5 : 1) *
               k.w_cp / R->intra_gbps;
     out->t_compute = (double)k.m * k.v * (ch.cF + ch.cB + ch.cW);
-    out->t_recompute = (double)k.m * k.v * ch.cR;
+    out->t_recompute = (double)k.m * k.v * (ch.cR + ch.cRW);
     out->t_tp = (double)k.m * k.v * ch.kTP;
     out->t_cp = (double)k.m * k.v * ch.kCP;
     out->t_ep = (double)k.m * k.v * ch.kEP;
