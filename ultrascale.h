@@ -4657,6 +4657,10 @@ struct us_layer_acts {
     void *g_gu;   /* [N,2F]  gate | up output gradient */
     void *g_o;    /* [N,C]   the residual gradient entering attention (o-projection output) */
     void *g_qkv;  /* [N,QKV] q | k | v output gradient (after RoPE's backward) */
+    /* and under ZeRO-2/3 the two norms' weight gradients, computed by B, handed over by W, so
+       that W completes every unit of the layer (us__layer_w); NULL otherwise */
+    float *g_ln1; /* [C]     f32 */
+    float *g_ln2; /* [C]     f32 */
     /* a MoE layer (// >>moe; NULL in a dense one, which has gu and h instead). R rows of the
        permuted buffers: N·K, fewer under a capacity limit; Fe the expert size. The routing and
        the permutation are explicit tensors, so expert parallelism can send each expert's rows
@@ -4836,6 +4840,10 @@ static void us__layout_layers(us_model *m, us__arena *ar, int write) {
             L.g_gu = us__take(ar, Nf * 2 * F * a);
             L.g_o = us__take(ar, Nf * C * a);
             L.g_qkv = us__take(ar, Nf * QKV * a);
+            if (m->tc.zero >= 2) {
+                L.g_ln1 = (float *)us__take(ar, C * 4);
+                L.g_ln2 = (float *)us__take(ar, C * 4);
+            }
         }
         if (write) m->acts[l] = L;
     }
@@ -5051,6 +5059,22 @@ static int us__emb_sparse(const us_model_config *mc, const us_train_config *tc) 
     return n * (C * 4 + 4) + 4 <= V * a && (n + 1) * 8 <= C * a;
 }
 
+/* ZeRO-2 under pipeline parallelism reduces a unit's gradient as the action writing it ends, so a
+   unit must not straddle two actions' parts of a micro-batch's gradient: a chunk's layers (one
+   backward each, interleaved and V-shaped schedules), the final norm and head (the last stage's
+   backward, before the layers' W under zero bubble) and the embedding (the first stage's) are
+   cut apart. Within a layer, W completes every tensor (the norms' gradients wait for it,
+   us__w_norm). The other choice, a slot that lives until a unit's last contribution of the
+   step, would hold, across a step whose actions interleave micro-batches, a slot per unit:
+   the whole gradient ZeRO-2 is there to shard. Whether tensor i starts such a part: */
+static int us__pp_unit_border(const us_model *m, int i) {
+    int c;
+    if (i == 1 || i == US__P_NORM(m->cfg.n_layers)) return 1;
+    for (c = 1; c < m->pp_v; c++)
+        if (i == US__TENSOR(m->chunk_lo[c], 0)) return 1;
+    return 0;
+}
+
 /* Cuts the tensors into units and assigns every tensor its flat offset (the offsets of
    us__build_params are replaced). Without ZeRO-3 the units are gradient buckets of about
    bucket_mb, filled in backward order as PyTorch DDP does, so a bucket's last gradient is
@@ -5066,6 +5090,8 @@ static int us__plan_units(us_model *m, us__unit *units) {
         dpcp = tc->dp * (tc->cp > 0 ? tc->cp : 1);
     int64_t bucket = (int64_t)((double)tc->bucket_mb * 1048576.0 / 4.0), acc = 0, off = 0,
             shard = 0;
+    /* ZeRO-2 under pp: a unit is reduced per action that writes it (its slot lives no longer) */
+    int zact = tc->zero >= 2 && tc->pp > 1;
     int *start = (int *)US_MALLOC(sizeof(int) * (size_t)(np + 1)); /* first tensor of each unit */
     if (tc->zero == 3) { /* [embedding] [layer 0] ... [layer L-1] [final norm (+ lm_head)] */
         start[ns++] = 0;
@@ -5083,6 +5109,7 @@ static int us__plan_units(us_model *m, us__unit *units) {
             /* under expert parallelism routed experts and the rest never share a unit: their
                gradients are reduced over different groups (// >>ep) */
             int border = ep > 1 && m->params[i].expert != m->params[i - 1].expert;
+            border |= zact && us__pp_unit_border(m, i);
             acc += m->params[i].numel;
             /* q|k|v and gate|up are one GEMM each, writing one gradient block: never split them */
             if ((acc >= bucket || border) && !fused) {
@@ -6013,20 +6040,20 @@ static void us__sp_residual(us_model *m, void *full, const void *res, int64_t Np
 /* RMSNorm backward; under SP each rank has only its tokens' part of the weight's gradient, so it
    is summed over tp (in a scratch, so earlier micro-batches' sums are not summed again). */
 static us_result us__norm_bwd(us_model *m, void *dres, int widx, const void *dln, const void *x,
-                              const float *rstd, int64_t rows) {
+                              const float *rstd, int64_t rows, float *dw) {
     us_ops *o = &m->ops;
     int64_t C = m->cfg.dim;
     us_result r;
     if (!us__sp_on(m)) {
-        o->rmsnorm_bwd(o, dres, us__grad(m, widx), dln, x, us__weight(m, widx), rstd, rows, C,
-                       m->dt);
+        o->rmsnorm_bwd(o, dres, dw ? dw : us__grad(m, widx), dln, x, us__weight(m, widx), rstd,
+                       rows, C, m->dt);
         return US_OK;
     }
     o->zero(o, m->a[US__A_NW], (size_t)C * 4);
     o->rmsnorm_bwd(o, dres, (float *)m->a[US__A_NW], dln, x, us__weight(m, widx), rstd, rows, C,
                    m->dt);
     if ((r = us__tp_sum(m, m->a[US__A_NW], C, US_F32)) != US_OK) return r;
-    o->axpy(o, us__grad(m, widx), (const float *)m->a[US__A_NW], 1.0f, C);
+    o->axpy(o, dw ? dw : us__grad(m, widx), (const float *)m->a[US__A_NW], 1.0f, C);
     return US_OK;
 }
 
@@ -6290,10 +6317,7 @@ static us_result us__pp_checks(const us_model_config *mc, const us_train_config 
                     mc->n_layers);
     }
     /* zero bubble × recompute: W recomputes what its GEMMs read (us__layer_w) */
-    if (tc->pp > 1 && tc->pp_schedule >= US_PP_INTERLEAVED && tc->zero >= 2)
-        US__BAD("ZeRO-2 reduces each micro-batch's gradients as its backward ends, and %s "
-                "completes a weight's gradient across several actions: use zero 0 or 1",
-                us_pp_kind_name((us_pp_kind)tc->pp_schedule));
+    /* ZeRO-2 × chunks or B and W apart: units that complete within one action (us__plan_units) */
     return US_OK;
 }
 
@@ -7094,6 +7118,7 @@ static void us__pp_select_all(us_model *m) {
 static us_result us__pp_wpass(us_model *m, int B, int T) { /* the chunk's W, last layer first */
     int l;
     us_result r;
+    us__grads_begin(m); /* its units complete in this action (ZeRO-2/3 reduce them as they do) */
     for (l = m->l_hi - 1; l >= m->l_lo; l--)
         if ((r = us__layer_w(m, l, B, T)) != US_OK) return r;
     return us__backend_check(m);
@@ -9064,6 +9089,7 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
     void *datt = m->a[US__A_DATT], *dqkv = split ? A->g_qkv : m->a[US__A_DQKV],
          *G = m->a[US__A_SPG];
     void *dresF = sp ? G : dres; /* the whole residual gradient the GEMMs read */
+    float *sw1 = split ? A->g_ln1 : NULL, *sw2 = split ? A->g_ln2 : NULL; /* kept for W */
     us_work *wg = NULL,
             *wd = NULL; /* SP's gather of a GEMM input, the input gradient's reduction, in flight */
     size_t rowb;
@@ -9115,9 +9141,12 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
     }
     /* (a MoE layer is not split over tp: each tp rank runs it whole, // >>moe, and its input's
        gradient is complete) */
-    if ((r = us__norm_bwd(m, dres, US__TENSOR(l, US__P_LN2), dlnp, A->xmid, A->rstd2, Ns)) != US_OK)
+    if (sw2) o->zero(o, sw2, (size_t)C * 4);
+    if ((r = us__norm_bwd(m, dres, US__TENSOR(l, US__P_LN2), dlnp, A->xmid, A->rstd2, Ns, sw2)) !=
+        US_OK)
         return r;
-    if ((r = us__grads_ready(m, US__TENSOR(l, US__P_LN2), US__TENSOR(l, US__P_LN2) + 1)) != US_OK)
+    if (!sw2 &&
+        (r = us__grads_ready(m, US__TENSOR(l, US__P_LN2), US__TENSOR(l, US__P_LN2) + 1)) != US_OK)
         return r;
     /* attention: xmid = x + attention(rope(ln1·Wqkv^T))·Wo^T */
     if (sp) {
@@ -9155,9 +9184,19 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
             return r;
     }
     if ((r = us__tp_wait(m, &wd)) != US_OK) return r;
-    if ((r = us__norm_bwd(m, dres, US__TENSOR(l, US__P_LN1), dlnp, A->x, A->rstd1, Ns)) != US_OK)
+    if (sw1) o->zero(o, sw1, (size_t)C * 4);
+    if ((r = us__norm_bwd(m, dres, US__TENSOR(l, US__P_LN1), dlnp, A->x, A->rstd1, Ns, sw1)) !=
+        US_OK)
         return r;
-    return us__grads_ready(m, US__TENSOR(l, US__P_LN1), US__TENSOR(l, US__P_LN1) + 1);
+    return sw1 ? US_OK : us__grads_ready(m, US__TENSOR(l, US__P_LN1), US__TENSOR(l, US__P_LN1) + 1);
+}
+
+/* ZeRO-2/3 with B and W apart: a norm's weight gradient dw [C] f32, which B computed and kept,
+   goes into the gradient now, with the layer's other weights, so that the unit holding it is
+   complete, and reduced, within this one action (us__plan_units). */
+static us_result us__w_norm(us_model *m, const float *dw, int widx) {
+    m->ops.axpy(&m->ops, us__grad(m, widx), dw, 1.0f, m->cfg.dim);
+    return us__grads_ready(m, widx, widx + 1);
 }
 
 /* The W half of a zero-bubble backward (Qi et al.): the layer's four weight-gradient GEMMs, from
@@ -9191,12 +9230,15 @@ static us_result us__layer_w(us_model *m, int l, int64_t B, int64_t T) {
                      us__grad(m, US__TENSOR(l, US__P_GATE)));
     if ((r = us__grads_ready(m, US__TENSOR(l, US__P_GATE), US__TENSOR(l, US__P_UP) + 1)) != US_OK)
         return r;
+    if (A->g_ln2 && (r = us__w_norm(m, A->g_ln2, US__TENSOR(l, US__P_LN2))) != US_OK) return r;
     us__linear_wgrad(m, Np, AO, C, A->g_o, A->att, us__grad(m, US__TENSOR(l, US__P_O)));
     if ((r = us__grads_ready(m, US__TENSOR(l, US__P_O), US__TENSOR(l, US__P_O) + 1)) != US_OK)
         return r;
     if (sp && (r = us__sp_gather(m, G, A->ln1, Ns)) != US_OK) return r;
     us__linear_wgrad(m, Np, C, QKV, A->g_qkv, sp ? G : A->ln1, us__grad(m, US__TENSOR(l, US__P_Q)));
-    return us__grads_ready(m, US__TENSOR(l, US__P_Q), US__TENSOR(l, US__P_V) + 1);
+    if ((r = us__grads_ready(m, US__TENSOR(l, US__P_Q), US__TENSOR(l, US__P_V) + 1)) != US_OK)
+        return r;
+    return A->g_ln1 ? us__w_norm(m, A->g_ln1, US__TENSOR(l, US__P_LN1)) : US_OK;
 }
 
 static int us__head_idx(const us_model *m) {
@@ -9371,19 +9413,23 @@ static us_result us__backward(us_model *m, int B, int T) {
     const us_model_config *c = &m->cfg;
     int64_t N = (int64_t)B * T, C = c->dim, V = m->vocab_l, Np, Ns;
     int l, head = us__head_idx(m), L = c->n_layers, sp = us__sp_on(m);
+    int parts = m->pp_v > 1 || m->pp_wsplit;
     us_result r;
     us__trace_mark t0 = us__tstart(m);
     void *dlnp;
     us__sp_rows(m, N, &Np, &Ns);
     dlnp = us__at(m->a[US__A_DLN], m->dt, sp ? (int64_t)m->mesh.tp_rank * Ns * C : 0);
     us__grads_begin(m);
-    /* absent on this stage: done (tied, the last stage's copy: once the head's part is in) */
-    if (!m->c_first && (head || !m->c_last) && (r = us__grads_ready(m, 0, 1)) != US_OK) return r;
+    /* absent on this stage: done (tied, the last stage's copy: once the head's part is in).
+       Not where a micro-batch's gradient comes in several actions (chunks, B and W apart, // >>pp):
+       there nothing launches a unit by absence, and ZeRO-2/3 reduce what each action wrote */
+    if (!parts && !m->c_first && (head || !m->c_last) && (r = us__grads_ready(m, 0, 1)) != US_OK)
+        return r;
     if ((r = us__emb_rows_begin(m, sp ? Np : N)) != US_OK)
         return r; /* the embedding's gradient by rows (// >>dp) */
     if (head && (r = us__emb_rows_early(m)) != US_OK) return r; /* untied: the bucket now */
     if (!m->c_last) { /* a pipeline stage before the last: DRES holds the gradient received */
-        if ((r = us__grads_ready(m, US__P_NORM(L), m->n_params_t)) != US_OK) return r;
+        if (!parts && (r = us__grads_ready(m, US__P_NORM(L), m->n_params_t)) != US_OK) return r;
         goto layers;
     }
     if ((r = us__zero3_enter(m, L + 1, -1)) != US_OK) return r;
@@ -9410,7 +9456,7 @@ static us_result us__backward(us_model *m, int B, int T) {
         return r;
     o->zero(o, m->a[US__A_DRES], (size_t)Ns * C * us_dtype_size(m->dt));
     if ((r = us__norm_bwd(m, m->a[US__A_DRES], US__P_NORM(L), dlnp, m->a[US__A_XOUT],
-                          (float *)m->a[US__A_RSTDF], Ns)) != US_OK)
+                          (float *)m->a[US__A_RSTDF], Ns, NULL)) != US_OK)
         return r;
     if ((r = us__grads_ready(m, US__P_NORM(L), US__P_NORM(L) + 1)) != US_OK) return r;
     us__trace(m, "compute", "backward head", t0);
@@ -14204,8 +14250,9 @@ static us_result us__estimate_flat(const us_model_config *mc, const us_train_con
     tmp.cfg = *mc;
     tmp.tc = *tc;
     tmp.n_layers_global = mc->n_layers;
-    tmp.cfg.n_layers = f->rank_layers =
-        us__pp_rank_layers(mc, tc, psp, 0, NULL, NULL, NULL, &largest); /* // >>pp */
+    tmp.cfg.n_layers = f->rank_layers = us__pp_rank_layers(mc, tc, psp, 0, NULL, tmp.chunk_lo,
+                                                           tmp.chunk_hi, &largest); /* // >>pp */
+    tmp.pp_v = psp ? psp->v : 1;
     tmp.pp_first = 1;
     tmp.pp_last =
         !psp || us__pp_rank_of(psp, tc->pp * psp->v - 1) == 0; /* the V shapes end on rank 0 */
@@ -14359,6 +14406,8 @@ static size_t us__estimate_activations(const us_model_config *mc, const us_train
         us__pp_rank_layers(mc, tc, psp, 0, NULL, NULL, NULL, &largest);
         L = largest; /* a slot holds one chunk: the largest */
         if (wsplit) per_layer += 2 * s.xf + s.qkv + s.gu;
+        /* and under ZeRO-2/3 the norms' weight gradients, from B to W (us__w_norm) */
+        if (wsplit && tc->zero >= 2) per_layer += 2 * us__align((size_t)d->C * 4);
         return ((size_t)L * per_layer + shared + head) * (size_t)peak + bwd;
     }
     if (n_moe) {

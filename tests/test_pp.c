@@ -5,7 +5,9 @@
    the first stage's to the bit after training. The activations it actually held at once are
    measured: 1F1B keeps
    p − rank micro-batches (p on the first stage), AFAB all m. The zero-bubble schedules with
-   selective and full recompute (W recomputes what its GEMMs read) equal one rank too.
+   selective and full recompute (W recomputes what its GEMMs read) equal one rank too, and so
+   does ZeRO-2 with dp 2 under the schedules whose actions each write part of a micro-batch's
+   gradient (interleaved, ZB-H1, ZB-V, DualPipe-V).
    Unsupported combinations are refused with a sentence.
 
    Tolerance (fp32): stages compute what one rank computes, in the same order, except the
@@ -252,7 +254,17 @@ int main(int argc, char **argv) {
         {1, 2, 1, US_PP_ZBV, 4, 0, 0, US_RECOMPUTE_SELECTIVE},
         {1, 2, 1, US_PP_ZBV, 4, 0, 0, US_RECOMPUTE_FULL},
         {1, 2, 1, US_PP_DUALPIPEV, 4, 0, 0, US_RECOMPUTE_SELECTIVE},
-        {1, 2, 1, US_PP_DUALPIPEV, 4, 0, 0, US_RECOMPUTE_FULL}};
+        {1, 2, 1, US_PP_DUALPIPEV, 4, 0, 0, US_RECOMPUTE_FULL},
+        /* ZeRO-2 where a micro-batch's gradient comes in several actions (chunks, B and W apart):
+           each action's units reduce-scattered as it ends (us__plan_units); tied on the V, the
+           table's head part and lookup part in two actions of rank 0 */
+        {2, 2, 1, US_PP_INTERLEAVED, 4, 2, 0},
+        {2, 2, 1, US_PP_ZB1, 4, 2, 0},
+        {2, 2, 1, US_PP_ZBV, 4, 2, 0},
+        {2, 2, 1, US_PP_DUALPIPEV, 4, 2, 0},
+        {2, 2, 1, US_PP_ZBV, 4, 2, 1},
+        {2, 2, 1, US_PP_INTERLEAVED, 4, 2, 1},
+        {2, 2, 1, US_PP_ZB1, 4, 2, 0, US_RECOMPUTE_SELECTIVE}};
     static const int uneven[2] = {1, 3};
     int ci, s, plan;
     double worst_l = 0, worst_w = 0;
@@ -340,8 +352,11 @@ int main(int argc, char **argv) {
                   (long long)R.eval_correct, (long long)ref.eval_correct);
             /* tp sums the row-parallel products in another order than one rank: rounding-level
                differences, which AdamW amplifies where a gradient is near zero (m/√v), reach 1e-4
-               over the 3 steps at lr 1e-2 for some data; without tp the order is the same */
-            CHECK(ml < (tp > 1 ? 3e-4 : 2e-5) && mw < 1e-4,
+               over the 3 steps at lr 1e-2 for some data; without tp the order is the same. dp
+               sums each rank's half of the batch, then the halves: the same amplification moves
+               a weight by up to 2.3e-4 for some data (1F1B, ZeRO-1, the data of the last ZeRO-2
+               row), at losses within 1.1e-6 */
+            CHECK(ml < (tp > 1 ? 3e-4 : 2e-5) && mw < (dp > 1 ? 3e-4 : 1e-4),
                   "%s pp %d x dp %d x tp %d, m %d, ZeRO-%d%s, recompute %s, messages %s: %d steps "
                   "equal one rank (loss/norm rel %.1e, weights %s %.1e)",
                   us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, dp, tp, M,
@@ -426,9 +441,8 @@ int main(int argc, char **argv) {
               "pp with ZeRO-3: %s", err);
         tc.zero = 2;
         tc.pp_schedule = US_PP_ZB1;
-        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID &&
-                  strstr(err, "zero 0 or 1"),
-              "zb1 with ZeRO-2: %s", err);
+        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_OK,
+              "zb1 with ZeRO-2 is accepted");
         tc.zero = 1;
         tc.recompute = US_RECOMPUTE_FULL;
         CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_OK,
