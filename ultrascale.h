@@ -5515,17 +5515,38 @@ static void us__zero3_release_all(us_model *m) {
         for (u = 0; u < m->n_units; u++) us__zero3_release(m, u);
 }
 
-/* Enter step s walking in direction dir (+1 forward, -1 backward): the step's weights must be
-   here; the previous step's that this one does not read are freed; the next step's gather is
-   issued now, so it runs while step s computes. */
-static us_result us__zero3_enter(us_model *m, int s, int dir) {
-    int cur[2], prev[2], next[2], nc, np = 0, nn = 0, i, j, L = m->cfg.n_layers;
+/* The step after s in a walk in direction dir over the layers [l_lo, l_hi) that run now (a
+   pipeline chunk's, // >>pp; all of them without pp), with the embedding before them on the
+   first stage and the head after them on the last unless lay (the layers only); -1 at the end.
+   Under pipeline parallelism each stage walks its own chunk's units, once per action (F, B, W):
+   a micro-batch's forward, then its backward gather the chunk's weights again, as ZeRO-3 does
+   without pp, and the executor gives every gathered unit back as an action ends. Keeping them
+   across a stage's micro-batches instead would hold the stage's weights whole, ZeRO-1's memory,
+   for the m − 1 gathers per layer and pass it saves. */
+static int us__zero3_next(const us_model *m, int s, int dir, int lay) {
+    int L = m->cfg.n_layers, l = s - 1;
+    if (dir > 0) {
+        if (s == 0) return 1 + m->l_lo;
+        if (s == L + 1) return -1;
+        return l + 1 < m->l_hi ? s + 1 : m->c_last && !lay ? L + 1 : -1;
+    }
+    if (s == L + 1) return m->l_hi;
+    if (s == 0) return -1;
+    return l - 1 >= m->l_lo ? s - 1 : m->c_first && !lay ? 0 : -1;
+}
+
+/* Enter step s walking in direction dir (+1 forward, -1 backward; us__zero3_next's walk, lay
+   the layers only): the step's weights must be here; the previous step's that this one does not
+   read are freed; the next step's gather is issued now, so it runs while step s computes. */
+static us_result us__zero3_walk(us_model *m, int s, int dir, int lay) {
+    int cur[2], prev[2], next[2], nc, np = 0, nn = 0, i, j;
+    int sp = us__zero3_next(m, s, -dir, lay), sn = us__zero3_next(m, s, dir, lay);
     us_result r;
     double t0;
     if (m->tc.zero != 3) return US_OK;
     nc = us__zero3_units(m, s, cur);
-    if (s - dir >= 0 && s - dir <= L + 1) np = us__zero3_units(m, s - dir, prev);
-    if (s + dir >= 0 && s + dir <= L + 1) nn = us__zero3_units(m, s + dir, next);
+    if (sp >= 0) np = us__zero3_units(m, sp, prev);
+    if (sn >= 0) nn = us__zero3_units(m, sn, next);
     t0 = us_trace_now_us();
     for (i = 0; i < nc; i++) {
         us__unit *U = &m->units[cur[i]];
@@ -5545,6 +5566,10 @@ static us_result us__zero3_enter(us_model *m, int s, int dir) {
     for (i = 0; i < nn; i++)
         if ((r = us__zero3_gather(m, next[i])) != US_OK) return r;
     return US_OK;
+}
+
+static us_result us__zero3_enter(us_model *m, int s, int dir) {
+    return us__zero3_walk(m, s, dir, 0);
 }
 
 /* AdamW over the flat range [lo, hi) of this rank's piece of unit U, one call per run of
@@ -6278,9 +6303,7 @@ static us_result us__pp_checks(const us_model_config *mc, const us_train_config 
     if (tc->pp > mc->n_layers)
         US__BAD("pp=%d exceeds layers=%d: every pipeline stage needs a layer", tc->pp,
                 mc->n_layers);
-    if (tc->pp > 1 && tc->zero == 3)
-        US__BAD("ZeRO-3 with pipeline parallelism is not supported (each stage would gather its "
-                "weights every micro-batch); use zero 1 or 2");
+    /* pipeline × ZeRO-3: each stage gathers its chunk's units per action (us__zero3_next) */
     /* pipeline × context parallelism: each stage's cp ranks run the ring within the stage
        (tests/test_cp.c) */
     if (tc->pp_schedule < US_PP_AFAB || tc->pp_schedule > US_PP_DUALPIPEV)
@@ -7117,11 +7140,16 @@ static void us__pp_select_all(us_model *m) {
 
 static us_result us__pp_wpass(us_model *m, int B, int T) { /* the chunk's W, last layer first */
     int l;
-    us_result r;
+    us_result r = US_OK;
     us__grads_begin(m); /* its units complete in this action (ZeRO-2/3 reduce them as they do) */
-    for (l = m->l_hi - 1; l >= m->l_lo; l--)
-        if ((r = us__layer_w(m, l, B, T)) != US_OK) return r;
-    return us__backend_check(m);
+    for (l = m->l_hi - 1; l >= m->l_lo; l--) {
+        /* ZeRO-3: the weights only where W recomputes (us__layer_w); its GEMMs do not read them */
+        if (m->tc.recompute != US_RECOMPUTE_NONE && (r = us__zero3_walk(m, 1 + l, -1, 1)) != US_OK)
+            break;
+        if ((r = us__layer_w(m, l, B, T)) != US_OK) break;
+    }
+    us__zero3_release_all(m);
+    return r != US_OK ? r : us__backend_check(m);
 }
 
 /* How messages travel (// >>pp). Sends complete only when received (NCCL's, and the threads
@@ -7572,6 +7600,7 @@ static us_result us__pp_forward_action(us_model *m, us__pp_exec *x, const us_pp_
     t0 = us_trace_now_us();
     r = us__forward(m, x->inputs + a->mb * x->per, x->targets + a->mb * x->per, x->B, x->T,
                     x->dscale, &ls);
+    us__zero3_release_all(m); /* ZeRO-3: the weights it gathered, given back (us__zero3_next) */
     if (r != US_OK) return r;
     m->pp_t_s[0] += 1e-6 * (us_trace_now_us() - t0);
     *x->loss += ls;
@@ -7749,6 +7778,7 @@ static us_result us__pp_eval(us_model *m, const int32_t *inputs, const int32_t *
             o->copy(o, m->acts[m->l_lo].x, m->a[US__A_XOUT], (size_t)n * us_dtype_size(m->dt),
                     US_COPY_D2D);
         if (r == US_OK) r = us__forward(m, inputs, targets, B, T, 0.0f, &l1);
+        us__zero3_release_all(m); /* ZeRO-3: each chunk gathers its own */
         ls += l1;
         if (r == US_OK && st < S - 1 && us__pp_rank_of(s, st + 1) != q)
             r = us__comm_fail(m,
@@ -9350,7 +9380,7 @@ static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *
     }
     /* ZeRO-3 walks the model in steps: enter each one (its weights gathered, the next step's
        gather issued) before computing it */
-    if ((r = us__zero3_enter(m, 0, 1)) != US_OK) return r;
+    if (m->c_first && (r = us__zero3_enter(m, 0, 1)) != US_OK) return r;
     /* a pipeline chunk runs layers [l_lo, l_hi): a later stage's acts[l_lo].x holds the activation received (// >>pp) */
     if (!m->c_first) {
     } else if (
@@ -9473,7 +9503,7 @@ layers:
             us__trace(m, "compute", nm, t0);
         }
     }
-    if ((r = us__zero3_enter(m, 0, -1)) != US_OK) return r;
+    if (m->c_first && (r = us__zero3_enter(m, 0, -1)) != US_OK) return r;
     /* (else DRES is the gradient of this stage's input: the executor sends it back) */
     if (m->c_first) {
         /* every rank needs every token's gradient under SP: its vocabulary rows may be anywhere */
@@ -14881,23 +14911,25 @@ static void us__plan_slowest_chunk(const us_model_config *mc, const us_train_con
     ch->kEP = Mc * k->ep_l * (full ? 3 : 2);
 }
 
-/* ZeRO-3 (pp = 1), sharded over the dp·cp ranks that hold the same weights: each layer's weights
+/* ZeRO-3, sharded over the dp·cp ranks that hold the same weights: each layer's weights
    gathered before its forward and its backward, the gradient scattered after; the next layer's
-   gather overlaps this layer's compute. psi: the rank's parameters (tp, pp, ep shares). Sets
+   gather overlaps this layer's compute. Under pp a rank walks its own layers, each chunk's first
+   gather exposed, per micro-batch (us__zero3_next). psi: the rank's parameters (tp, pp, ep
+   shares). Sets
    out->t_zero3; adds to *hidden the collectives' time hidden under the compute. */
 static void us__plan_zero3(const us__plan_rank *k, const us_plan_rates *R, double psi, us_plan *out,
                            double *hidden) {
     const int dp = k->dp, cp = k->cp;
-    const int64_t L = k->L;
+    const int64_t L = (k->L + k->pp - 1) / k->pp; /* this rank's layers */
     const double n = k->n, psi_l = psi / (L + 2.0);
     double zF = 0, zB = 0;
     if (k->Z == 3 && dp * cp > 1) {
         double ag = us__coll_s(US__AG, 2 * psi_l, dp * cp, k->w_dp, k->lat),
                rs = us__coll_s(US__RS, 4 * psi_l, dp * cp, k->w_dp, k->lat);
         double lf = n * k->tf_l, lb = n * (k->tb_l + k->tw_l + k->re_l);
-        /* + the first layer's gather, nothing to hide under */
-        zF = L * (ag > lf ? ag - lf : 0) + ag;
-        zB = L * (ag + rs > lb ? ag + rs - lb : 0) + rs;
+        /* + each chunk's first gather and last scatter, nothing to hide under */
+        zF = L * (ag > lf ? ag - lf : 0) + k->v * ag;
+        zB = L * (ag + rs > lb ? ag + rs - lb : 0) + k->v * rs;
         *hidden += (double)k->m * L * ((ag < lf ? ag : lf) + (ag + rs < lb ? ag + rs : lb)) *
                    k->w_dp / R->intra_gbps;
     }
