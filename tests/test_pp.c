@@ -7,7 +7,8 @@
    p − rank micro-batches (p on the first stage), AFAB all m. The zero-bubble schedules with
    selective and full recompute (W recomputes what its GEMMs read) equal one rank too, and so
    does ZeRO-2 with dp 2 under the schedules whose actions each write part of a micro-batch's
-   gradient (interleaved, ZB-H1, ZB-V, DualPipe-V).
+   gradient (interleaved, ZB-H1, ZB-V, DualPipe-V), and ZeRO-3 (FSDP + PP), whose weight gathers
+   are counted: each action gathers its chunk's units once, nothing past them.
    Unsupported combinations are refused with a sentence.
 
    Tolerance (fp32): stages compute what one rank computes, in the same order, except the
@@ -42,8 +43,44 @@ typedef struct run {
     int peak[8];               /* per pp rank: activations held at once */
     size_t act_bytes, act_est; /* stage 0's activation arena, and the estimator's figure for it */
     us_memory mem, mem_est;    /* stage 0's model states as allocated, and as estimated */
+    int gathers[8];            /* ZeRO-3: per pp rank, the weight all-gathers of the run */
     float bubble;              /* the last step's measured pipeline bubble */
 } run;
+
+/* ZeRO-3's weight all-gathers, counted per rank through the comm table (each rank has its own) */
+typedef us_result (*all_gather_fn)(us_comm *, us_group *, void *, const void *, int64_t, us_dtype,
+                                   us_work **);
+static all_gather_fn all_gather_real[8];
+static int gathers[8];
+
+static us_result all_gather_counted(us_comm *c, us_group *g, void *dst, const void *src, int64_t n,
+                                    us_dtype dt, us_work **w) {
+    gathers[c->world.rank]++;
+    return all_gather_real[c->world.rank](c, g, dst, src, n, dt, w);
+}
+
+/* The gathers rank q's walks make (us__zero3_next): every F, B (or BW) and evaluation forward of a
+   chunk gathers its layers, the embedding on the first stage, the head's unit (and, tied, the
+   table) on the last; a W its layers where it recomputes; nothing past the chunk. */
+static int gathers_expected(const run *R, int q) {
+    us_pp_schedule ps;
+    int c, n = 0, pp = R->tc.pp, S, Lc, M = R->tc.grad_accum;
+    int v = R->tc.pp_schedule >= US_PP_INTERLEAVED && R->tc.pp_schedule != US_PP_ZB1 ? 2 : 1;
+    int w = R->tc.recompute > US_RECOMPUTE_NONE &&
+            (R->tc.pp_schedule == US_PP_ZB1 || R->tc.pp_schedule == US_PP_ZBV ||
+             R->tc.pp_schedule == US_PP_DUALPIPEV);
+    if (us_pp_schedule_build(&ps, (us_pp_kind)R->tc.pp_schedule, pp, M, v, NULL, 0) != US_OK)
+        return -1;
+    S = pp * v;
+    Lc = R->mc.n_layers / S;
+    for (c = 0; c < v; c++) {
+        int st = us_pp_stage(&ps, q, c);
+        int units = Lc + (st == 0) + (st == S - 1 ? 1 + R->mc.tie_embeddings : 0);
+        n += STEPS * M * (2 * units + w * Lc) + units;
+    }
+    us_pp_schedule_free(&ps);
+    return n;
+}
 
 static us_result rank_fn(us_comm *c, void *arg) {
     run *R = (run *)arg;
@@ -59,6 +96,11 @@ static us_result rank_fn(us_comm *c, void *arg) {
         free(in);
         free(tgt);
         return r;
+    }
+    if (c && tc.zero == 3) {
+        gathers[rank] = 0;
+        all_gather_real[rank] = c->all_gather;
+        c->all_gather = all_gather_counted;
     }
     for (s = 0; s < STEPS && r == US_OK; s++) {
         us_step_stats st;
@@ -136,6 +178,10 @@ static us_result rank_fn(us_comm *c, void *arg) {
             if (m.mesh.dp_rank == 0 && m.mesh.tp_rank == 0)
                 memcpy(R->logits[m.mesh.pp_rank], lg, sizeof lg);
         }
+    }
+    if (c && tc.zero == 3) {
+        c->all_gather = all_gather_real[rank];
+        if (m.mesh.dp_rank == 0 && m.mesh.tp_rank == 0) R->gathers[m.mesh.pp_rank] = gathers[rank];
     }
     us_model_free(&m);
     free(in);
@@ -426,6 +472,12 @@ int main(int argc, char **argv) {
                   us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, dp, cfg[ci][5] < 0 ? 0 : cfg[ci][5],
                   R.mem.params, R.mem.grads, R.mem.optimizer, R.mem_est.params, R.mem_est.grads,
                   R.mem_est.optimizer);
+            for (q = 0; q < pp && cfg[ci][5] == 3; q++)
+                CHECK(R.gathers[q] == gathers_expected(&R, q),
+                      "%s pp %d x dp %d, ZeRO-3: stage %d gathered weights %d times (want %d: each "
+                      "action its chunk's units, nothing past them)",
+                      us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, dp, q, R.gathers[q],
+                      gathers_expected(&R, q));
             CHECK(R.bubble >= 0 && R.bubble < 1,
                   "%s pp %d m %d: the measured bubble %.3f is a fraction",
                   us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, M, R.bubble);
