@@ -230,10 +230,10 @@ expect 2 "pp needs a layer per stage" "pp=3 exceeds layers=2" -- --pp 3
 expect 2 "unknown schedule" "must be afab, 1f1b, interleaved, interleaved-bf, zb1, zbv or dualpipev, got gpipe" -- --pp 2 --pp-schedule gpipe
 expect 2 "interleaved needs a layer per stage" "pp=2 x 2 chunks = 4 pipeline stages exceed layers=2" -- --pp 2 --pp-schedule interleaved
 expect 2 "chunks only for interleaved" "applies to the interleaved and V-shaped schedules only" -- --pp 2 --pp-chunks 2
-expect 2 "zb1 without recompute" "does not combine with recompute" -- --pp 2 --pp-schedule zb1 --recompute full
 reference pp1 -- --grad-accum 4
 same_curve "--pp 2 --dp 2 (1F1B, 4 micro-batches) trains the task to the loss curve of one rank" pp1 pp -- --grad-accum 4 --pp 2 --dp 2
 same_curve "--pp 2 --pp-schedule zb1 --micro-batches 4 trains the task to the loss curve of one rank" pp1 zb -- --micro-batches 4 --pp 2 --pp-schedule zb1
+same_curve "--pp 2 --pp-schedule zb1 --recompute full --dp 2 --zero 3 (FSDP + PP) trains the task to the loss curve of one rank" pp1 zbz3 -- --micro-batches 4 --pp 2 --pp-schedule zb1 --recompute full --dp 2 --zero 3
 if grep -q '"pp_bubble": 0\.[0-9]' "$T/zb.jsonl" 2>/dev/null; then ok "the pipeline log has pp_bubble"; else bad "the pipeline log has pp_bubble"; fi
 # all four dimensions at once on 16 threads (issue 13's 5D mesh, less ep): dp 2 x pp 2 x cp 2 x tp 2
 reference m1 -- --grad-accum 2 --seq 64 --layers 4
