@@ -14913,10 +14913,10 @@ static void us__plan_slowest_chunk(const us_model_config *mc, const us_train_con
 
 /* ZeRO-3, sharded over the dp·cp ranks that hold the same weights: each layer's weights
    gathered before its forward and its backward, the gradient scattered after; the next layer's
-   gather overlaps this layer's compute. Under pp a rank walks its own layers, each chunk's first
-   gather exposed, per micro-batch (us__zero3_next). psi: the rank's parameters (tp, pp, ep
-   shares). Sets
-   out->t_zero3; adds to *hidden the collectives' time hidden under the compute. */
+   gather overlaps this layer's compute. Under pp a rank walks its own layers, chunk by chunk, per
+   micro-batch (us__zero3_next): each chunk's first gather is exposed (W's gathers under recompute
+   are not counted). psi: the rank's parameters (tp, pp, ep shares). Sets out->t_zero3; adds to
+   *hidden the collectives' time hidden under the compute. */
 static void us__plan_zero3(const us__plan_rank *k, const us_plan_rates *R, double psi, us_plan *out,
                            double *hidden) {
     const int dp = k->dp, cp = k->cp;
