@@ -371,6 +371,9 @@ int main(int argc, char **argv) {
             setup(&R, dp, pp, tp, cfg[ci][3], M, cfg[ci][5] < 0 ? 0 : cfg[ci][5]);
             R.tc.pp_clock = plan;
             R.tc.recompute = (us_recompute)cfg[ci][7];
+            /* ZeRO-2: buckets of 10 kB, several per layer, so units split layers and W's and
+               the backward's units complete one after another as well as whole chunks */
+            if (cfg[ci][5] == 2) R.tc.bucket_mb = 0.01f;
             /* NCCL's semantics (ultrascale_comm.h): an order that hangs a GPU fails here. The
                clock and single-chunk schedules on channels pass them; the multi-chunk ones on
                channels still deadlock under them (reproduced below) and run without */
