@@ -119,9 +119,10 @@ static void test_moe_plans(void) {
         ep_fits += out[i].tc.ep > 1;
         if (out[i].tc.ep == 1 && best_ep1 < 0) best_ep1 = i;
     }
-    CHECK(out[0].tc.ep > 1 && out[0].tc.zero > 0 && out[0].t_ep > 0 && out[0].t_ep < out[0].t_step,
-          "mixtral on 8 nodes: the best shards experts (ep %d, zero %d; all-to-all %.1f of %.1f ms)",
-          out[0].tc.ep, out[0].tc.zero, 1e3 * out[0].t_ep, 1e3 * out[0].t_step);
+    CHECK(
+        out[0].tc.ep > 1 && out[0].tc.zero > 0 && out[0].t_ep > 0 && out[0].t_ep < out[0].t_step,
+        "mixtral on 8 nodes: the best shards experts (ep %d, zero %d; all-to-all %.1f of %.1f ms)",
+        out[0].tc.ep, out[0].tc.zero, 1e3 * out[0].t_ep, 1e3 * out[0].t_step);
     CHECK(ep_fits > 0 && (best_ep1 < 0 || out[best_ep1].t_step > out[0].t_step),
           "mixtral: %d of the %d kept use ep > 1; the best without ep is slower", ep_fits, n);
     for (i = 0; i < n; i++)
