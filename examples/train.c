@@ -1116,6 +1116,7 @@ static const char *mc_parse_line(const char *p, char **ctx, char **end, int *n_e
     int have_label = 0;
     *ctx = NULL;
     *n_end = 0;
+    *label = 0;
     js_ws(&p);
     if (*p++ != '{') return "not a JSON object";
     for (js_ws(&p); *p != '}';) {
@@ -1224,7 +1225,7 @@ static int load_choices(opts *o) {
     FILE *f;
     char *line = NULL, *ctx, *end[16];
     size_t cap = 0;
-    int ln = 0, n_end, label, k, ok = 1;
+    int ln = 0, n_end, label = 0, k, ok = 1;
     if (!o->choices_path) return GO_ON;
     f = fopen(o->choices_path, "r");
     o->choices = (mc_set *)calloc(1, sizeof *o->choices);
