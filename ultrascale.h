@@ -1070,11 +1070,11 @@ typedef struct us_loader_pos { /* the next window: the window-th of this epoch's
 
 typedef struct us_loader_shard {
     char *path;
-    int tsz;                   /* bytes per token: 2 (version 1) or 4 (version 7) */
-    int64_t n;                 /* tokens */
-    int64_t first;             /* the index of its first token in the list's concatenation */
-    int64_t windows;           /* windows trained on (none reach the held-out tail) */
-    const unsigned char *map;  /* the mapped file; NULL: read with stdio */
+    int tsz;                  /* bytes per token: 2 (version 1) or 4 (version 7) */
+    int64_t n;                /* tokens */
+    int64_t first;            /* the index of its first token in the list's concatenation */
+    int64_t windows;          /* windows trained on (none reach the held-out tail) */
+    const unsigned char *map; /* the mapped file; NULL: read with stdio */
     size_t map_len;
 } us_loader_shard;
 
@@ -1086,12 +1086,12 @@ typedef struct us_loader {
     int64_t n_train;         /* the first n_train of them are trained on, the rest held out */
     int64_t n_windows;       /* windows per epoch */
     us_loader_pos pos;
-    int64_t *order;           /* [n_shards] this epoch's shard order */
-    int64_t *perm;            /* [the largest shard's windows] the current shard's window order */
-    int64_t order_epoch;      /* the epoch order was drawn for (−1: none) */
-    int64_t perm_epoch;       /* the epoch and shard perm was drawn for (−1: none) */
+    int64_t *order;      /* [n_shards] this epoch's shard order */
+    int64_t *perm;       /* [the largest shard's windows] the current shard's window order */
+    int64_t order_epoch; /* the epoch order was drawn for (−1: none) */
+    int64_t perm_epoch;  /* the epoch and shard perm was drawn for (−1: none) */
     int perm_shard;
-    void *file;               /* the stdio fallback's open FILE, of shard file_shard */
+    void *file; /* the stdio fallback's open FILE, of shard file_shard */
     int file_shard;
     char err[512];
 } us_loader;
@@ -1099,8 +1099,7 @@ typedef struct us_loader {
 /* Splits spec at commas; an item with * ? or [ is a glob pattern (POSIX glob, sorted; one that
    matches nothing is an error), any other is a path. *paths[*n] is one allocation (US_MALLOC):
    free it with free(), or US_FREE where that is overridden. */
-US_API us_result us_data_expand(const char *spec, char ***paths, int *n, char *err,
-                                size_t errlen);
+US_API us_result us_data_expand(const char *spec, char ***paths, int *n, char *err, size_t errlen);
 /* 1 when the file starts with an llm.c shard's magic (20240520 or 20240801), else 0. */
 US_API int us_data_is_shard(const char *path);
 /* Opens and maps n shards; every header is checked (magic, version, token count, file size) and a
@@ -10298,8 +10297,7 @@ static us_result us__shard_header(const int32_t *hdr, int64_t len, const char *p
         us__errf(err, errlen,
                  "%s: file is %lld bytes but the header promises %lld tokens of %d bytes (%lld "
                  "bytes)",
-                 path, (long long)len, (long long)*ntok, *tsz,
-                 (long long)(hb + *ntok * *tsz));
+                 path, (long long)len, (long long)*ntok, *tsz, (long long)(hb + *ntok * *tsz));
         return US_ERR_FORMAT;
     }
     return US_OK;
@@ -10489,8 +10487,7 @@ static us_result us__expand_item(us__strs *s, const char *item, size_t len, char
 #endif
 }
 
-US_API us_result us_data_expand(const char *spec, char ***paths, int *n, char *err,
-                                size_t errlen) {
+US_API us_result us_data_expand(const char *spec, char ***paths, int *n, char *err, size_t errlen) {
     us__strs s = {NULL, 0, 0, 0};
     us_result r = US_OK;
     const char *p = spec;
@@ -10648,8 +10645,7 @@ US_API void us_loader_close(us_loader *l) {
 
 /* The shuffles: Fisher–Yates with a generator seeded by (seed, epoch, shard), so any position's
    order is recomputed from three numbers (shard −1: the epoch's order of shards). */
-static void us__loader_shuffle(int64_t *a, int64_t n, uint64_t seed, int64_t epoch,
-                               int64_t shard) {
+static void us__loader_shuffle(int64_t *a, int64_t n, uint64_t seed, int64_t epoch, int64_t shard) {
     us_rng r;
     int64_t i;
     us_rng_seed(&r, seed ^ 0x6a09e667f3bcc909ull * (uint64_t)(epoch + 1));
@@ -10693,8 +10689,7 @@ static void us__loader_step(us_loader *l, int *shard, int64_t *window) {
                     int64_t i;
                     for (i = 0; i < l->shards[s].windows; i++) l->perm[i] = i;
                 } else {
-                    us__loader_shuffle(l->perm, l->shards[s].windows, l->pos.seed, l->pos.epoch,
-                                       s);
+                    us__loader_shuffle(l->perm, l->shards[s].windows, l->pos.seed, l->pos.epoch, s);
                 }
                 l->perm_epoch = l->pos.epoch;
                 l->perm_shard = s;
@@ -10727,15 +10722,16 @@ static us_result us__loader_tokens(us_loader *l, int s, int64_t at, int64_t n, i
         }
     }
     while (done < n) { /* in pieces of the buffer */
-        int64_t k = n - done < (int64_t)sizeof buf / sh->tsz ? n - done : (int64_t)sizeof buf / sh->tsz;
+        int64_t k =
+            n - done < (int64_t)sizeof buf / sh->tsz ? n - done : (int64_t)sizeof buf / sh->tsz;
         us_result r;
         if (fseek((FILE *)l->file, (long)(hb + (at + done) * sh->tsz), SEEK_SET) != 0 ||
             fread(buf, (size_t)sh->tsz, (size_t)k, (FILE *)l->file) != (size_t)k) {
             us__errf(l->err, sizeof l->err, "cannot read %s (did it change?)", sh->path);
             return US_ERR_IO;
         }
-        r = us__shard_decode(buf, sh->tsz, k, out + done, l->cfg.vocab, sh->path, at + done,
-                             l->err, sizeof l->err);
+        r = us__shard_decode(buf, sh->tsz, k, out + done, l->cfg.vocab, sh->path, at + done, l->err,
+                             sizeof l->err);
         if (r != US_OK) return r;
         done += k;
     }
@@ -12855,8 +12851,8 @@ static us_result us__ckpt_load_loader(us_model *m, const us__json *j, const char
         !us__jint(j, us__jget(j, k, "shard"), &st->loader_shard) ||
         !us__jint(j, us__jget(j, k, "window"), &st->loader_window) ||
         !us__jint(j, us__jget(j, k, "tokens"), &st->loader_tokens) ||
-        !us__jstr(j, us__jget(j, k, "seed"), num, sizeof num) || !num[0] ||
-        st->loader_epoch < 0 || st->loader_shard < 0 || st->loader_window < 0) {
+        !us__jstr(j, us__jget(j, k, "seed"), num, sizeof num) || !num[0] || st->loader_epoch < 0 ||
+        st->loader_shard < 0 || st->loader_window < 0) {
         us__model_set_error(m,
                             "checkpoint: %s: \"loader\" needs epoch, shard, window (numbers, not "
                             "negative), seed (a decimal string) and tokens",
