@@ -1058,7 +1058,9 @@ typedef struct us_loader_config { /* zero means default */
     int T;                        /* tokens per sequence: windows of T + 1 (required, > 0) */
     uint64_t seed;                /* the shuffles' seed */
     int no_shuffle;               /* 1: shards in the given order, windows in file order */
-    int64_t vocab;                /* > 0: reading a token ≥ vocab is an error saying so */
+    int no_map;      /* 1: read each window with stdio instead of mapping the files (what builds
+                   without POSIX mmap do) */
+    int64_t vocab;   /* > 0: reading a token ≥ vocab is an error saying so */
     double hold_out; /* [0, 1): the last fraction of the tokens, in list order, is not trained on
                         (read it with us_loader_read from n_train) */
 } us_loader_config;
@@ -10551,7 +10553,7 @@ static us_result us__loader_open_shard(us_loader *l, us_loader_shard *sh, const 
     }
     r = us__shard_header(hdr, len, path, &sh->tsz, &sh->n, l->err, sizeof l->err);
 #ifdef US__DATA_POSIX
-    if (r == US_OK) {
+    if (r == US_OK && !l->cfg.no_map) {
         void *m = mmap(NULL, (size_t)len, PROT_READ, MAP_SHARED, fileno(f), 0);
         if (m == MAP_FAILED) {
             us__errf(l->err, sizeof l->err, "cannot map %s: %s", path, strerror(errno));

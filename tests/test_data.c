@@ -206,6 +206,30 @@ static void test_resume(void) {
     us_loader_close(&b);
 }
 
+/* no_map: windows read with stdio (builds without mmap) are the mapped ones */
+static void test_stdio(void) {
+    us_loader a, b;
+    int32_t ia[6 * SEQ], ta[6 * SEQ], ib[6 * SEQ], tb[6 * SEQ], ra[100], rb[100];
+    us_loader_config ca = config(9), cb = config(9);
+    int k, differ = 0;
+    cb.no_map = 1;
+    us_loader_open(&a, plist, NSH, &ca);
+    CHECK(us_loader_open(&b, plist, NSH, &cb) == US_OK && b.shards[0].map == NULL &&
+              a.shards[0].map != NULL,
+          "no_map opens the shards without mapping them (mapped otherwise): %s", b.err);
+    for (k = 0; k < 40; k++) { /* 240 windows: over two epochs and every shard */
+        us_loader_next(&a, 6, 0, 6, ia, ta);
+        us_loader_next(&b, 6, 0, 6, ib, tb);
+        differ += memcmp(ia, ib, sizeof ia) != 0 || memcmp(ta, tb, sizeof ta) != 0;
+    }
+    us_loader_read(&a, 250, 100, ra);
+    us_loader_read(&b, 250, 100, rb);
+    CHECK(differ == 0 && !memcmp(ra, rb, sizeof ra) && rb[99] == 349,
+          "stdio reads give the mapped windows and tokens (%d batches differ)", differ);
+    us_loader_close(&a);
+    us_loader_close(&b);
+}
+
 /* hold_out: no window reaches the tail; us_loader_read gives the tail's tokens */
 static void test_hold_out(void) {
     us_loader l;
@@ -308,6 +332,7 @@ int main(int argc, char **argv) {
     test_in_order();
     test_dp_split();
     test_resume();
+    test_stdio();
     test_hold_out();
     test_bad();
     for (i = 0; i < NSH; i++) remove(paths[i]);
