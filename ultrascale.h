@@ -10151,7 +10151,7 @@ static us_result us__forward_eval(us_model *m, const int32_t *inputs, const int3
 
 #if !defined(ULTRASCALE_NO_DATA) || !defined(ULTRASCALE_NO_TOKENIZER)
 /* ------------------------------------------------------------------------------------ */
-// >>data  byte tokenizer, raw text, llm.c token shards, the built-in sorting task
+// >>data  byte tokenizer, raw text, llm.c token shards, the shard loader, the built-in task
 /* ------------------------------------------------------------------------------------ */
 /* A whole file into *buf[*len] (+ 1 byte of room); // >>tokenizer reads tokenizer.json with it. */
 static us_result us__read_file(const char *path, unsigned char **buf, int64_t *len, char *err,
