@@ -1048,7 +1048,8 @@ US_API size_t us_byte_decode(const int32_t *tokens, size_t n, char *text, size_t
 /* Many llm.c token shards, mapped and streamed with llm.c's loader semantics: each epoch visits
    the shards in a shuffled order and, inside each, its windows of T + 1 tokens (window w holds
    tokens w·T .. w·T + T, laid end to end) in a shuffled order, so every window is read exactly
-   once per epoch and the next epoch reads them in another order. The shuffles are functions of
+   once per epoch and the next epoch reads them in another order (a shard's last (n − 1) mod T
+   tokens, too few for a window, are not trained on, as in llm.c). The shuffles are functions of
    (seed, epoch, shard): the position below is all a resume needs. A data-parallel group shares
    one stream: each us_loader_next call takes the group's batch of nseq windows and fills the
    caller's rows first .. first + count − 1 of it, so dp ranks read disjoint windows that together
@@ -10497,6 +10498,10 @@ US_API us_result us_data_expand(const char *spec, char ***paths, int *n, char *e
     int i;
     *paths = NULL;
     *n = 0;
+    if (!spec) {
+        us__errf(err, errlen, "no list of files");
+        return US_ERR_INVALID;
+    }
     for (;;) {
         const char *comma = strchr(p, ',');
         size_t len = comma ? (size_t)(comma - p) : strlen(p);
@@ -10616,9 +10621,10 @@ US_API us_result us_loader_open(us_loader *l, const char *const *paths, int n,
     }
     if (r == US_OK && l->n_windows == 0)
         us__errf(l->err, sizeof l->err,
-                 "the %d shard%s hold %lld tokens (%lld to train on): no shard has a window of "
+                 "the %d shard%s %lld tokens (%lld to train on): no shard has a window of "
                  "T + 1 = %d",
-                 n, n > 1 ? "s" : "", (long long)l->n_tokens, (long long)l->n_train, cfg->T + 1);
+                 n, n > 1 ? "s hold" : " holds", (long long)l->n_tokens, (long long)l->n_train,
+                 cfg->T + 1);
     if (r == US_OK && l->n_windows == 0) r = US_ERR_INVALID;
     if (r == US_ERR_OOM) us__errf(l->err, sizeof l->err, "out of memory opening %d shards", n);
     if (r != US_OK) {
