@@ -1842,9 +1842,17 @@ static int list_shards(opts *o) {
         fprintf(stderr, "train: --data: %s\n", err);
         return 2;
     }
-    if (n == 1 && !o->val_path && !us_data_is_shard(all[0])) {
+    if (n == 1 && !us_data_is_shard(all[0])) {
+        if (!o->val_path) {
+            free(all);
+            return GO_ON;
+        }
+        fprintf(stderr,
+                "train: --val-data names validation shards, but --data %s is not an llm.c token "
+                "shard (or cannot be read)\n",
+                all[0]);
         free(all);
-        return GO_ON;
+        return 2;
     }
     o->shards = 1;
     o->train_paths = all;

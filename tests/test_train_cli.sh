@@ -206,6 +206,7 @@ expect 0 "a glob of shards: the one named val is the validation shard" "data: 3 
 expect 0 "a list of shards without a validation shard: the tail is held out" "data: 2 shards, 496 tokens to train on .*the last 55 held out" -- $sh --steps 1 --data "$T/sh_train_0.bin,$T/sh_train_1.bin"
 expect 0 "--val-data names the validation shards" "1 validation shard for the evaluations" -- $sh --steps 1 --data "$T/sh_train_*.bin" --val-data "$T/sh_val_0.bin"
 expect 2 "--val-frac beside validation shards is refused" "give one" -- $sh --steps 1 --data "$T/sh_*.bin" --val-frac 0.1
+expect 2 "--val-data beside raw text is refused" "text.txt is not an llm.c token shard" -- $sh --steps 1 --data "$T/text.txt" --val-data "$T/sh_val_0.bin"
 expect 2 "a pattern that matches no file is refused" "matches no file" -- $sh --steps 1 --data "$T/none_*.bin"
 expect 1 "a truncated shard in the list is refused, named" "trunc.bin is truncated" -- $sh --steps 1 --data "$T/sh_train_0.bin,$T/trunc.bin"
 # stopped at step 4 (in the first epoch) or 8 (in the second) and resumed: the same batches, so
