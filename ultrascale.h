@@ -997,6 +997,12 @@ US_API void us_cp_positions(const us_train_config *tc, int r, int32_t *pos);
    last position's logits of each sequence, [B][V] floats. */
 US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B,
                                  int T, double *loss_sum, int64_t *correct, float *logits_out);
+/* Forward only, the loss of every position: losses [B][T] on the host (0 where the target is
+   < 0), for scores finer than a sum, as a multiple-choice evaluation's per-candidate loss.
+   Under context parallelism these are this rank's positions (us_cp_positions); pipeline
+   parallelism is refused (the losses live on the last stage only). */
+US_API us_result us_forward_eval_losses(us_model *m, const int32_t *inputs, const int32_t *targets,
+                                        int B, int T, float *losses);
 
 /* The textbook attention, kept as the reference for tests: S = QK^T/sqrt(HS) materialised
    [T,T], causal mask, softmax, P*V. fp32, single-threaded. qkv[B,T,QKV] -> out[B,T,NH*HS]. */
@@ -10121,6 +10127,25 @@ US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32
     us__fp8_wcache_drop(
         m); /* evaluation comes between steps, where a caller may have written weights */
     return us__forward_eval(m, inputs, targets, B, T, loss_sum, correct, logits_out);
+}
+
+US_API us_result us_forward_eval_losses(us_model *m, const int32_t *inputs, const int32_t *targets,
+                                        int B, int T, float *losses) {
+    double ls = 0;
+    us_result r;
+    if (m->tc.pp > 1) {
+        us__model_set_error(m,
+                            "per-position losses are not available under pipeline parallelism "
+                            "(pp=%d): only the last stage holds them",
+                            m->tc.pp);
+        return US_ERR_INVALID;
+    }
+    us__fp8_wcache_drop(m);
+    r = us__forward(m, inputs, targets, B, T, 0.0f, &ls);
+    us__zero3_release_all(m);
+    if (r != US_OK) return r;
+    m->ops.copy(&m->ops, losses, m->a[US__A_LOSSES], (size_t)B * T * 4, US_COPY_D2H);
+    return us__backend_check(m);
 }
 
 static us_result us__forward_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B,

@@ -197,6 +197,10 @@ static const char *const usage_text[] = {
     "                    --data's text and decodes the samples; --vocab defaults to its ids\n"
     "  --log FILE.jsonl  one JSON object per step\n"
     "  --eval-every N    evaluate every N steps, 0 = only at the end (default 100)\n"
+    "  --eval-choices FILE.jsonl  after training, a multiple-choice evaluation: HellaSwag's\n"
+    "                    JSONL (\"ctx\", \"endings\", \"label\" per line), each ending scored\n"
+    "                    by its tokens' mean loss after the context, the lowest the answer\n"
+    "                    (llm.c's acc_norm); encoded with --tokenizer, else as bytes\n"
     "  --eval-tokens N   with --data: each evaluation scores the first N held-out tokens, in\n"
     "                    non-overlapping windows of --seq, the same ones every time (default:\n"
     "                    the whole held-out set, at most 262144 tokens)\n"
@@ -388,12 +392,17 @@ static int trace_merge(const char *path, int nranks) {
     return fclose(out) == 0;
 }
 
+/* What the set-up steps return besides an exit code: go on, or (a flag group) not my flag. */
+enum { GO_ON = -1, NOT_MINE = -2 };
+
 typedef struct opts {
     us_model_config mc;
     us_train_config tc; /* tc.batch: the group's micro-batch; each rank runs batch/dp */
     const char *data_path, *log_path, *trace_path;
     const char *tok_path; /* --tokenizer: tok encodes --data's text and decodes the samples */
     us_tokenizer tok;
+    const char *choices_path; /* --eval-choices: a multiple-choice file, scored after training */
+    struct mc_set *choices;
     const char *save_dir, *resume_dir, *init_dir; /* checkpoints (// >>checkpoint) */
     int save_every, keep;
     char ckpt_from[4096]; /* the checkpoint --resume or --init-from resolved to */
@@ -1031,6 +1040,384 @@ static void rank_print_memory(const rank_state *s) {
         printf("process peak RSS %.1f MiB (the whole process)\n", real);
 }
 
+/* ---- --eval-choices: a multiple-choice evaluation (HellaSwag's JSONL, as llm.c runs it) ----
+   One JSON object a line with "ctx" (a string), "endings" (2 to 16 strings) and "label" (the
+   right ending's index); other fields are skipped. Each ending is encoded as " " + ending after
+   the context, every candidate is one sequence of the batch, and its score is the mean loss of
+   the ending's tokens (acc_norm); the lowest score is the model's answer. */
+typedef struct mc_cand {
+    int32_t *ids; /* [n]: the context's tokens, then the ending's */
+    int n, ctx;   /* tokens in all, of which the first ctx are the context */
+} mc_cand;
+
+typedef struct mc_set {
+    mc_cand *c; /* [n_cand], each example's endings in a row */
+    int *first; /* [n_ex + 1]: example e's candidates are first[e] .. first[e + 1] − 1 */
+    int *label; /* [n_ex] */
+    int n_ex, n_cand, cap_ex, cap_cand;
+} mc_set;
+
+static void js_ws(const char **p) {
+    while (**p == ' ' || **p == '\t' || **p == '\r' || **p == '\n') (*p)++;
+}
+
+/* four hex digits at p into *u; 0 if they are not */
+static int js_hex4(const char *p, unsigned *u) {
+    int i;
+    *u = 0;
+    for (i = 0; i < 4; i++) {
+        char ch = p[i];
+        int d = ch >= '0' && ch <= '9'   ? ch - '0'
+                : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+                : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10
+                                         : -1;
+        if (d < 0) return 0;
+        *u = *u * 16 + (unsigned)d;
+    }
+    return 1;
+}
+
+/* code point u as UTF-8 into out (room for 4 bytes); its length */
+static int js_utf8(unsigned u, char *out) {
+    if (u < 0x80) {
+        out[0] = (char)u;
+        return 1;
+    }
+    if (u < 0x800) {
+        out[0] = (char)(0xC0 | (u >> 6));
+        out[1] = (char)(0x80 | (u & 63));
+        return 2;
+    }
+    if (u < 0x10000) {
+        out[0] = (char)(0xE0 | (u >> 12));
+        out[1] = (char)(0x80 | ((u >> 6) & 63));
+        out[2] = (char)(0x80 | (u & 63));
+        return 3;
+    }
+    out[0] = (char)(0xF0 | (u >> 18));
+    out[1] = (char)(0x80 | ((u >> 12) & 63));
+    out[2] = (char)(0x80 | ((u >> 6) & 63));
+    out[3] = (char)(0x80 | (u & 63));
+    return 4;
+}
+
+/* One escape after a backslash (p at the character after it) into out; 0 if malformed */
+static int js_escape(const char **p, char *out, int *len) {
+    static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
+    const char *k = strchr(from, **p);
+    unsigned u, lo;
+    if (**p && k) {
+        out[0] = to[k - from];
+        *len = 1;
+        (*p)++;
+        return 1;
+    }
+    if (**p != 'u' || !js_hex4(*p + 1, &u)) return 0;
+    *p += 5;
+    if (u >= 0xD800 && u < 0xDC00) { /* a surrogate pair */
+        if ((*p)[0] != '\\' || (*p)[1] != 'u' || !js_hex4(*p + 2, &lo) || lo < 0xDC00 ||
+            lo > 0xDFFF)
+            return 0;
+        *p += 6;
+        u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
+    } else if (u >= 0xDC00 && u < 0xE000) {
+        return 0;
+    }
+    *len = js_utf8(u, out);
+    return 1;
+}
+
+/* A JSON string at *p (its opening quote) into a new NUL-terminated buffer; NULL if malformed */
+static char *js_string(const char **p) {
+    const char *q = *p + 1;
+    size_t cap = strlen(q) + 1, n = 0;
+    char *out = (char *)malloc(cap);
+    if (!out || **p != '"') {
+        free(out);
+        return NULL;
+    }
+    while (*q && *q != '"') {
+        int len = 1;
+        if ((unsigned char)*q < 0x20) break; /* a raw control character */
+        if (*q == '\\') {
+            q++;
+            if (!js_escape(&q, out + n, &len)) break;
+        } else {
+            out[n] = *q++;
+        }
+        n += (size_t)len;
+    }
+    if (*q != '"') {
+        free(out);
+        return NULL;
+    }
+    out[n] = '\0';
+    *p = q + 1;
+    return out;
+}
+
+/* Skips one JSON value at *p (nested up to 64 deep); 0 if malformed */
+static int js_skip(const char **p, int depth) {
+    js_ws(p);
+    if (**p == '"') {
+        char *t = js_string(p);
+        free(t);
+        return t != NULL;
+    }
+    if (**p == '{' || **p == '[') {
+        const char close = **p == '{' ? '}' : ']';
+        const int obj = close == '}';
+        if (depth > 64) return 0;
+        (*p)++;
+        js_ws(p);
+        if (**p == close) {
+            (*p)++;
+            return 1;
+        }
+        for (;;) {
+            if (obj) { /* a key and its colon first */
+                if (!js_skip(p, depth + 1)) return 0;
+                js_ws(p);
+                if (**p != ':') return 0;
+                (*p)++;
+            }
+            if (!js_skip(p, depth + 1)) return 0;
+            js_ws(p);
+            if (**p == close) {
+                (*p)++;
+                return 1;
+            }
+            if (**p != ',') return 0;
+            (*p)++;
+        }
+    }
+    if (!strncmp(*p, "true", 4) || !strncmp(*p, "null", 4)) {
+        *p += 4;
+        return 1;
+    }
+    if (!strncmp(*p, "false", 5)) {
+        *p += 5;
+        return 1;
+    }
+    {
+        char *end;
+        strtod(*p, &end);
+        if (end == *p) return 0;
+        *p = end;
+        return 1;
+    }
+}
+
+/* One line's example: "ctx", "endings", "label" out of the object (others skipped). Returns
+   NULL, or what is wrong with it. The strings are the caller's to free. */
+static const char *mc_parse_line(const char *p, char **ctx, char **end, int *n_end, int *label) {
+    int have_label = 0;
+    *ctx = NULL;
+    *n_end = 0;
+    js_ws(&p);
+    if (*p++ != '{') return "not a JSON object";
+    for (js_ws(&p); *p != '}';) {
+        char *key = js_string(&p);
+        int ok = 1;
+        if (!key) return "a malformed key";
+        js_ws(&p);
+        if (*p++ != ':') ok = 0;
+        js_ws(&p);
+        if (ok && !strcmp(key, "ctx") && !*ctx) {
+            ok = (*ctx = js_string(&p)) != NULL;
+        } else if (ok && !strcmp(key, "label")) {
+            char *e;
+            long v = strtol(p, &e, 10);
+            ok = e != p && v >= 0 && v < 16;
+            *label = (int)v;
+            have_label = 1;
+            p = e;
+        } else if (ok && !strcmp(key, "endings") && *n_end == 0 && *p == '[') {
+            for (p++, js_ws(&p); ok && *p != ']';) {
+                ok = *n_end < 16 && (end[*n_end] = js_string(&p)) != NULL;
+                *n_end += ok;
+                js_ws(&p);
+                if (ok && *p == ',') p++;
+                js_ws(&p);
+            }
+            p += ok;
+        } else if (ok) {
+            ok = js_skip(&p, 0);
+        }
+        free(key);
+        if (!ok) return "a malformed or out-of-range value";
+        js_ws(&p);
+        if (*p == ',') p++;
+        js_ws(&p);
+        if (!*p) return "an unterminated object";
+    }
+    if (!*ctx || *n_end < 2 || !have_label) return "no \"ctx\", \"endings\" (2..16) and \"label\"";
+    if (*label >= *n_end) return "a label past the endings";
+    return NULL;
+}
+
+/* text → token ids through --tokenizer, else as bytes: a new array in *ids[*n] */
+static int mc_encode(opts *o, const char *text, int32_t **ids, int *n) {
+    size_t len = strlen(text), got = 0;
+    *ids = (int32_t *)malloc((len * 2 + 1) * sizeof **ids);
+    if (!*ids) return 0;
+    if (o->tok_path) {
+        if (us_tok_encode(&o->tok, text, len, *ids, len * 2 + 1, &got) != US_OK) return 0;
+    } else {
+        got = us_byte_encode(text, *ids, len + 1);
+    }
+    *n = (int)got;
+    return 1;
+}
+
+/* An example's candidates: the context's tokens, then " " + ending's, for each ending */
+static int mc_add(opts *o, mc_set *m, const char *ctx, char **end, int n_end, int label) {
+    int32_t *cid, *eid;
+    int nc, ne, k;
+    if (m->n_ex + 1 >= m->cap_ex) {
+        m->cap_ex = 2 * m->cap_ex + 16;
+        m->first = (int *)realloc(m->first, (size_t)(m->cap_ex + 1) * sizeof *m->first);
+        m->label = (int *)realloc(m->label, (size_t)m->cap_ex * sizeof *m->label);
+    }
+    if (m->n_cand + n_end > m->cap_cand) {
+        m->cap_cand = 2 * m->cap_cand + n_end + 16;
+        m->c = (mc_cand *)realloc(m->c, (size_t)m->cap_cand * sizeof *m->c);
+    }
+    if (!m->first || !m->label || !m->c || !mc_encode(o, ctx, &cid, &nc)) return 0;
+    m->first[m->n_ex] = m->n_cand;
+    m->label[m->n_ex++] = label;
+    for (k = 0; k < n_end; k++) {
+        char *sp = (char *)malloc(strlen(end[k]) + 2);
+        mc_cand *c = &m->c[m->n_cand++];
+        if (!sp) return 0;
+        sprintf(sp, " %s", end[k]);
+        eid = NULL;
+        c->ids = mc_encode(o, sp, &eid, &ne) ? (int32_t *)malloc((size_t)(nc + ne) * 4) : NULL;
+        free(sp);
+        if (!c->ids) return 0;
+        memcpy(c->ids, cid, (size_t)nc * 4);
+        memcpy(c->ids + nc, eid, (size_t)ne * 4);
+        free(eid);
+        c->n = nc + ne;
+        c->ctx = nc;
+    }
+    m->first[m->n_ex] = m->n_cand;
+    free(cid);
+    return 1;
+}
+
+static void mc_free(mc_set *m) {
+    int i;
+    if (!m) return;
+    for (i = 0; i < m->n_cand; i++) free(m->c[i].ids);
+    free(m->c);
+    free(m->first);
+    free(m->label);
+    free(m);
+}
+
+/* --eval-choices FILE: every line an example (blank lines skipped); a line the reader does not
+   understand stops the run with its number */
+static int load_choices(opts *o) {
+    FILE *f;
+    char *line = NULL, *ctx, *end[16];
+    size_t cap = 0;
+    int ln = 0, n_end, label, k, ok = 1;
+    if (!o->choices_path) return GO_ON;
+    f = fopen(o->choices_path, "r");
+    o->choices = (mc_set *)calloc(1, sizeof *o->choices);
+    if (!f || !o->choices) {
+        fprintf(stderr, "train: cannot open %s\n", o->choices_path);
+        if (f) fclose(f);
+        return 2;
+    }
+    while (ok && getline(&line, &cap, f) > 0) {
+        const char *why, *q = line;
+        ln++;
+        js_ws(&q);
+        if (!*q) continue;
+        why = mc_parse_line(line, &ctx, end, &n_end, &label);
+        if (why)
+            fprintf(stderr, "train: %s line %d: %s\n", o->choices_path, ln, why);
+        else if (!(ok = mc_add(o, o->choices, ctx, end, n_end, label)))
+            fprintf(stderr, "train: %s line %d: cannot encode it\n", o->choices_path, ln);
+        ok = ok && !why;
+        free(ctx);
+        for (k = 0; k < n_end; k++) free(end[k]);
+    }
+    free(line);
+    fclose(f);
+    if (ok && o->choices->n_ex == 0) {
+        fprintf(stderr, "train: %s holds no example\n", o->choices_path);
+        ok = 0;
+    }
+    return ok ? GO_ON : 2;
+}
+
+/* Candidate c as row r of the group's batch gin/gtgt [Bg][T]: inputs its tokens, targets the
+   next ones scored only over the ending; the context is cut from the left if it does not fit */
+static void mc_row(const mc_cand *c, int T, int32_t *in, int32_t *tg) {
+    const int cut = c->n - 1 > T ? c->n - 1 - T : 0, L = c->n - 1 - cut;
+    int t;
+    for (t = 0; t < T; t++) {
+        const int a = cut + t; /* predicts token a + 1 */
+        in[t] = t < L ? c->ids[a] : 0;
+        tg[t] = t < L && a + 1 >= c->ctx ? c->ids[a + 1] : -1;
+    }
+}
+
+/* After training, --eval-choices: each candidate's mean ending loss, the group's micro-batch of
+   candidates a forward, summed over the ranks; the share of examples whose lowest-loss ending is
+   the label */
+static void rank_eval_choices(rank_state *s) {
+    const mc_set *m = s->o->choices;
+    us_train_config *tc = &s->tc;
+    const int Bg = s->Bg, T = tc->seq, nl = tc->batch * s->Tl;
+    double *v = (double *)malloc((size_t)Bg * 2 * sizeof *v), *score, mean;
+    float *loss = (float *)malloc((size_t)nl * sizeof *loss);
+    int c0, r, j, e, right = 0;
+    score = (double *)malloc((size_t)m->n_cand * sizeof *score);
+    for (c0 = 0; v && loss && score && c0 < m->n_cand; c0 += Bg) {
+        for (r = 0; r < Bg; r++)
+            if (c0 + r < m->n_cand)
+                mc_row(&m->c[c0 + r], T, s->gin + (size_t)r * T, s->gtgt + (size_t)r * T);
+            else
+                mc_row(&m->c[0], T, s->gin + (size_t)r * T, s->gtgt + (size_t)r * T);
+        for (j = 0; j < nl; j++) { /* this rank's rows and positions */
+            size_t src =
+                ((size_t)s->drank * tc->batch + (size_t)(j / s->Tl)) * T + s->cpos[j % s->Tl];
+            s->in[j] = s->gin[src];
+            s->tgt[j] = s->gtgt[src];
+        }
+        if (us_forward_eval_losses(&s->m, s->in, s->tgt, tc->batch, s->Tl, loss) != US_OK) break;
+        memset(v, 0, (size_t)Bg * 2 * sizeof *v);
+        for (j = 0; j < nl; j++) {
+            r = s->drank * tc->batch + j / s->Tl; /* the row in the group's batch */
+            v[2 * r] += s->tgt[j] >= 0 ? loss[j] : 0;
+            v[2 * r + 1] += s->tgt[j] >= 0;
+        }
+        if (us_dp_sum(&s->m, v, 2 * Bg) != US_OK) break;
+        for (r = 0; r < Bg && c0 + r < m->n_cand; r++)
+            score[c0 + r] = v[2 * r + 1] > 0 ? v[2 * r] / v[2 * r + 1] : INFINITY;
+    }
+    for (j = 0, mean = 0; c0 >= m->n_cand && j < m->n_cand; j++) mean += score[j] / m->n_cand;
+    for (e = 0; c0 >= m->n_cand && e < m->n_ex; e++) {
+        int best = m->first[e], k;
+        for (k = m->first[e] + 1; k < m->first[e + 1]; k++)
+            if (score[k] < score[best]) best = k;
+        right += best - m->first[e] == m->label[e];
+    }
+    if (s->rank == 0 && c0 >= m->n_cand)
+        printf("multiple choice: acc_norm %.4f (%d of %d) on %s, mean ending loss %.6f\n",
+               (double)right / m->n_ex, right, m->n_ex, s->o->choices_path, mean);
+    else if (s->rank == 0)
+        fprintf(stderr, "train: the multiple-choice evaluation failed: %s\n",
+                us_model_error(&s->m));
+    free(v);
+    free(loss);
+    free(score);
+}
+
 /* After training: the time taken, the memory, the task's exact match, the sample. */
 static void rank_report(rank_state *s, us_result r) {
     opts *o = s->o;
@@ -1047,6 +1434,7 @@ static void rank_report(rank_state *s, us_result r) {
             printf("sorting exact match on 200 held-out problems: %.1f%%\n%s", 100 * acc, buf);
     }
     if (r == US_OK && o->sample_n > 0 && s->tc.cp == 1) rank_sample(s);
+    if (r == US_OK && o->choices) rank_eval_choices(s);
 }
 
 /* Multi-process --trace: each process writes its part, then rank 0 joins them into one file. */
@@ -1179,9 +1567,6 @@ typedef struct cli {
     const char *accum_flag; /* --grad-accum or --micro-batches, whichever came */
     float clip;
 } cli;
-
-/* What the steps below return besides an exit code: go on, or (a flag group) not my flag. */
-enum { GO_ON = -1, NOT_MINE = -2 };
 
 /* Zero means default, except the few defaults the program itself keeps. */
 static void cli_init(cli *c) {
@@ -1534,6 +1919,8 @@ static int parse_output(cli *c, const char *f, const char *v, int *ok) {
         *ok = parse_int(v, 0, 1 << 30, &o->eval_every);
     else if (!strcmp(f, "--eval-tokens"))
         *ok = parse_int(v, 1, 1 << 30, &o->eval_tokens);
+    else if (!strcmp(f, "--eval-choices"))
+        o->choices_path = v;
     else if (!strcmp(f, "--val-frac"))
         *ok = parse_float(v, 0.0f, 0.99f, &o->val_frac);
     else if (!strcmp(f, "--sample"))
@@ -1600,6 +1987,11 @@ static int check_flags(cli *c) {
     us_model_config *mc = &c->mc;
     opts *o = &c->o;
     char err[256];
+    if (o->choices_path && c->tc.pp > 1) {
+        fprintf(stderr, "train: --eval-choices scores per-position losses, which pipeline "
+                        "parallelism keeps on its last stage: drop --pp for it\n");
+        return 2;
+    }
     mc->vocab = c->vocab;
     mc->dim = c->dim;
     mc->ffn_dim = c->ffn;
@@ -2044,6 +2436,7 @@ int main(int argc, char **argv) {
     o->mc = c.mc;
     o->tc = c.tc;
     if ((rc = load_data(o)) != GO_ON) return rc;
+    if ((rc = load_choices(o)) != GO_ON) return rc;
     if (o->trace_path) {
         o->traces = (us_trace *)calloc((size_t)(o->tc.dp * o->tc.pp * o->tc.cp * o->tc.tp),
                                        sizeof(us_trace));
@@ -2061,5 +2454,6 @@ int main(int argc, char **argv) {
         free(o->train_paths);
     }
     us_tok_free(&o->tok);
+    mc_free(o->choices);
     return r == US_OK && !o->nothing_left ? 0 : 1;
 }

@@ -153,6 +153,54 @@ PY
 [ $? -eq 0 ] && grep -q "^evaluation: 50 windows of 64 tokens" "$T/ev1.txt" &&
     ok "--eval-tokens 3200: 50 fixed windows; every evaluation, dp 2 and tp 2 give one number" ||
     bad "fixed-window evaluation ($(grep -h eval "$T"/ev*.txt | head -3))"
+
+# --eval-choices: a made-up multiple-choice file (HellaSwag's JSONL) whose right endings are the
+# training text's own continuations: learned, every answer is right; a frozen model scores every
+# candidate the same under dp 2, tp 2 and cp 2; malformed files are refused with the line
+python3 - "$T" <<'PY'
+import json, random, sys
+r = random.Random(3)
+subj = ["the red fox", "a blue owl", "my old dog", "the tall man", "her small cat",
+        "our green frog", "the quiet girl", "a brave knight"]
+pred = ["jumps over walls", "sleeps until noon", "barks at the moon", "reads thick books",
+        "chases grey mice", "sings in the rain", "paints the sky", "rides a white horse"]
+lines = [subj[i] + " " + pred[i] + "." for i in range(8)]
+open(sys.argv[1] + "/mc.txt", "w").write("\n".join(r.choice(lines) for _ in range(3000)) + "\n")
+with open(sys.argv[1] + "/mc.jsonl", "w") as f:
+    for i in range(8):
+        ends = [p + "." for j, p in enumerate(pred) if j != i]
+        r.shuffle(ends)
+        lab = r.randrange(4)
+        ends = ends[:3]
+        ends.insert(lab, pred[i] + ".")
+        f.write(json.dumps({"ind": i, "ctx": subj[i], "endings": ends, "label": lab,
+                            "split": "val", "ctx_a": {"nested": [1, 2.5e3, None, True]}}) + "\n")
+# escapes and a surrogate pair: read, not refused
+open(sys.argv[1] + "/mcesc.jsonl", "w").write(
+    '{"ctx": "caf\\u00e9 \\"q\\" \\ud83d\\ude00\\n", "endings": ["a.", "b\\t."], "label": 1}\n')
+open(sys.argv[1] + "/mcbad1.jsonl", "w").write('{"ctx": "x", "endings": ["a", "b"], "label": 1}\n{"ctx": "x", "endings": ["a", "b"]\n')
+open(sys.argv[1] + "/mcbad2.jsonl", "w").write('{"ctx": "x", "endings": ["a", "b"], "label": 2}\n')
+PY
+mcrun() { "$BIN" --data "$T/mc.txt" --layers 1 --dim 48 --heads 4 --seq 48 --batch 8 --eval-every 0 \
+    --eval-choices "$T/mc.jsonl" "$@" 2>&1 | grep "^multiple choice"; }
+mc_learn=$(mcrun --steps 120 --lr 1e-2)
+[[ "$mc_learn" == *"(8 of 8)"* ]] &&
+    ok "--eval-choices: after training on the text, the 8 made-up examples all right ($mc_learn)" ||
+    bad "--eval-choices after training: $mc_learn"
+mc1=$(mcrun --steps 1 --lr 1e-12); mcd=$(mcrun --steps 1 --lr 1e-12 --dp 2)
+mct=$(mcrun --steps 1 --lr 1e-12 --tp 2); mcc=$(mcrun --steps 1 --lr 1e-12 --cp 2)
+[ -n "$mc1" ] && [ "$mc1" = "$mcd" ] && [ "$mc1" = "$mct" ] && [ "$mc1" = "$mcc" ] &&
+    ok "--eval-choices: one rank, dp 2, tp 2 and cp 2 score alike ($mc1)" ||
+    bad "--eval-choices across layouts: '$mc1' '$mcd' '$mct' '$mcc'"
+"$BIN" --data "$T/mc.txt" --steps 1 --eval-every 0 --eval-choices "$T/mcesc.jsonl" 2>&1 |
+    grep -q "^multiple choice: acc_norm .* of 1)" &&
+    ok "--eval-choices: JSON escapes and a surrogate pair are read" || bad "--eval-choices escapes"
+expect 2 "--eval-choices: a malformed line is refused with its number" "mcbad1.jsonl line 2: " -- \
+    --data "$T/mc.txt" --steps 1 --eval-choices "$T/mcbad1.jsonl"
+expect 2 "--eval-choices: a label past the endings is refused" "line 1: a label past the endings" -- \
+    --data "$T/mc.txt" --steps 1 --eval-choices "$T/mcbad2.jsonl"
+expect 2 "--eval-choices with --pp is refused in one sentence" "drop --pp for it" -- \
+    --data "$T/mc.txt" --steps 1 --pp 2 --layers 2 --eval-choices "$T/mc.jsonl"
 "$BIN" --layers 1 --dim 32 --heads 2 --batch 2 --steps 2 --eval-every 0 > "$T/mem.txt" 2>&1
 grep -q "^memory: allocator peak .* MiB/rank, estimate .* MiB/rank, process peak RSS .* MiB" "$T/mem.txt" &&
     ok "the run ends with its memory: allocator peak, estimate, process peak RSS" || bad "no memory line"
