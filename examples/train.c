@@ -2,8 +2,11 @@
 
    Without --data it learns the built-in task (sorting digits, generated in code, no download):
        build/train                       # what `make train` runs
-   With --data FILE it trains on raw text (byte tokens) or an llm.c token shard:
+   With --data FILE it trains on raw text (byte tokens) or llm.c token shards (a list or a glob,
+   mapped, each window of --seq + 1 read once per epoch in a shuffled order; names with "val"
+   are the validation shards):
        build/train --data input.txt --steps 2000 --seq 256 --dim 256 --layers 6
+       build/train --data 'fineweb10B/fineweb_*.bin' --vocab 50304 --seq 1024
    --tokenizer tokenizer.json (a byte-level BPE) encodes the text instead and decodes the samples:
        build/train --data input.txt --tokenizer tests/tok/gpt2.json --sample 64
    Every step prints one line; --log FILE.jsonl writes one JSON object per step with the keys
@@ -28,6 +31,7 @@
 #endif
 #include "../ultrascale_comm.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <sys/stat.h>
@@ -180,8 +184,14 @@ static const char *const usage_text[] = {
     "  --init-from DIR   start from the weights of DIR (ours or a Hugging Face Llama directory "
     "with\n"
     "                    config.json and model.safetensors or shards + index): fine-tuning\n"
-    "  --data FILE       raw text (byte tokens) or llm.c .bin shard; default: the built-in "
-    "sorting task\n"
+    "  --data FILE       raw text (byte tokens), or llm.c .bin shards: a comma-separated list "
+    "or\n"
+    "                    glob patterns ('dir/*.bin'), mapped, every window of --seq + 1 read "
+    "once\n"
+    "                    per epoch in a shuffled order; shards named *val* are held out for "
+    "the\n"
+    "                    evaluations. Default: the built-in sorting task\n"
+    "  --val-data FILES  with --data shards: the validation shards (a list or patterns)\n"
     "  --tokenizer FILE  a Hugging Face tokenizer.json (byte-level BPE, // >>tokenizer): it "
     "encodes\n"
     "                    --data's text and decodes the samples; --vocab defaults to its ids\n"
@@ -197,7 +207,8 @@ static const char *const usage_text[] = {
     "  --val-frac F      with --data: the last fraction F of the tokens is held out, never "
     "trained\n"
     "                    on, and the evaluations read it (default 0.1; 0 = evaluate on "
-    "training data)\n"
+    "training data;\n"
+    "                    none with validation shards)\n"
     "  --sample N        after training, sample N tokens (default 0)\n"
     "  --temperature X   sampling temperature, 0 = greedy (default 0.8)\n"
     "  --sample-top-k N  sample from the k most likely tokens, 0 = all (default 0)\n"
@@ -399,9 +410,15 @@ typedef struct opts {
     int eval_tokens; /* --eval-tokens; 0: the held-out set up to EVAL_TOKENS_MAX */
     int pp_layers_n; /* how many counts --pp-layers gave */
     float temperature, peak_tflops, comm_timeout;
-    int world, rank;  /* CUDA multi-process: this process's place (from the environment) */
-    us_data data;     /* the training tokens (--data), less the held-out tail */
-    us_data val;      /* the held-out tail (a view into data's tokens; n = 0: none) */
+    int world, rank;      /* CUDA multi-process: this process's place (from the environment) */
+    us_data data;         /* the training tokens (raw text --data), less the held-out tail */
+    us_data val;          /* the held-out tail (a view into data's tokens; n = 0: none); with shards
+                         the evaluations' tokens, read from the validation shards or the tail */
+    const char *val_path; /* --val-data */
+    int shards;           /* 1: --data names llm.c shards, streamed by a us_loader per rank */
+    char **train_paths, **val_paths; /* the shards (us_data_expand's lists) */
+    int n_train_paths, n_val_paths;
+    us_loader_config lcfg; /* every rank's loader: seq, seed, vocabulary, held-out tail */
     float val_frac;   /* --val-frac; < 0: not given (default 0.1, none if the file is too small) */
     us_trace *traces; /* [dp] when tracing */
     /* set by the ranks that find --resume's checkpoint at or past --steps: they all return
@@ -430,6 +447,7 @@ typedef struct rank_state {
     char devname[160];
     us_task task, eval_task;
     us_rng rng;
+    us_loader loader; /* --data shards: this rank's place in the stream */
     us_model m;
     FILE *logf;
     int32_t *gin, *gtgt, *in, *tgt; /* the group's batch, then this rank's rows of it */
@@ -552,9 +570,46 @@ static us_result rank_setup(rank_state *s) {
         fprintf(stderr, "train: out of memory\n");
         return US_ERR_OOM;
     }
+    if (o->shards && us_loader_open(&s->loader, (const char *const *)o->train_paths,
+                                    o->n_train_paths, &o->lcfg) != US_OK) {
+        fprintf(stderr, "train: rank %d: %s\n", s->rank, s->loader.err);
+        return US_ERR_IO;
+    }
     us_task_init(&s->task, tc->seed);
     us_task_init(&s->eval_task, tc->seed + 7777); /* a different stream: problems not trained on */
     us_rng_seed(&s->rng, tc->seed);
+    return US_OK;
+}
+
+/* --resume over shards: the loader where the checkpoint left it, on the same training tokens. */
+static us_result rank_resume_loader(rank_state *s, const us_ckpt_state *cs) {
+    opts *o = s->o;
+    us_loader_pos p;
+    if (cs->has_loader != o->shards) {
+        if (s->rank == 0)
+            fprintf(stderr,
+                    "train: %s was saved by a run %s, and this one %s: give the same --data\n",
+                    o->ckpt_from, cs->has_loader ? "over token shards" : "without token shards",
+                    o->shards ? "reads shards" : "does not");
+        return US_ERR_INVALID;
+    }
+    if (!o->shards) return US_OK;
+    if (cs->loader_tokens != s->loader.n_train) {
+        if (s->rank == 0)
+            fprintf(stderr,
+                    "train: %s trained on %lld tokens of shards, but --data now has %lld to "
+                    "train on: give the same --data and --val-frac\n",
+                    o->ckpt_from, (long long)cs->loader_tokens, (long long)s->loader.n_train);
+        return US_ERR_INVALID;
+    }
+    p.epoch = cs->loader_epoch;
+    p.shard = cs->loader_shard;
+    p.window = cs->loader_window;
+    p.seed = cs->loader_seed;
+    if (us_loader_seek(&s->loader, p) != US_OK) {
+        fprintf(stderr, "train: rank %d: %s: %s\n", s->rank, o->ckpt_from, s->loader.err);
+        return US_ERR_FORMAT;
+    }
     return US_OK;
 }
 
@@ -588,6 +643,7 @@ static us_result rank_load_checkpoint(rank_state *s) {
         s->task.rng.s = cs.rng[0];
         s->eval_task.rng.s = cs.rng[1];
         s->rng.s = cs.rng[2];
+        if ((r = rank_resume_loader(s, &cs)) != US_OK) return r;
     }
     if (s->loud)
         printf("checkpoint: %s %s at step %d\n",
@@ -632,11 +688,32 @@ static void rank_print_model(rank_state *s) {
 
 static int64_t eval_windows(const rank_state *s);
 
+/* --data shards: how many, the tokens and windows of an epoch, where the evaluations read. */
+static void print_shards(rank_state *s) {
+    const opts *o = s->o;
+    const us_loader *l = &s->loader;
+    printf("data: %d shard%s, %lld tokens to train on (%lld windows of %d per epoch, shuffled), ",
+           l->n_shards, l->n_shards > 1 ? "s" : "", (long long)l->n_train, (long long)l->n_windows,
+           s->tc.seq + 1);
+    if (o->n_val_paths)
+        printf("%d validation shard%s for the evaluations\n", o->n_val_paths,
+               o->n_val_paths > 1 ? "s" : "");
+    else if (l->n_train < l->n_tokens)
+        printf("the last %lld held out for the evaluations\n",
+               (long long)(l->n_tokens - l->n_train));
+    else
+        printf("the evaluations read them too (--val-frac 0, or too few to hold any out)\n");
+    printf("evaluation: %lld windows of %d tokens, the same each time (--eval-tokens)\n",
+           (long long)eval_windows(s), s->tc.seq);
+}
+
 /* The run's next lines: the held-out data, the FP8 linears, the experts. */
 static void rank_print_parts(rank_state *s) {
     opts *o = s->o;
     us_model *m = &s->m;
-    if (s->loud && o->data_path) {
+    if (s->loud && o->shards)
+        print_shards(s);
+    else if (s->loud && o->data_path) {
         if (o->val.n)
             printf("data: %lld tokens to train on, the last %lld held out for the evaluations\n",
                    (long long)o->data.n, (long long)o->val.n);
@@ -675,11 +752,22 @@ static void rank_print_parts(rank_state *s) {
                (long long)us_param_count_active(&s->mc), (long long)us_param_count(&s->mc));
 }
 
-/* Every rank draws the whole global batch (same seed) and keeps its rows of each micro-batch. */
-static void rank_batch(rank_state *s) {
+/* Every rank draws the whole global batch (same seed) and keeps its rows of each micro-batch;
+   from shards, each micro-batch's group batch comes from the loader, which reads this rank's
+   rows only (the group's rows drank·batch ..). */
+static us_result rank_batch(rank_state *s) {
     us_train_config *tc = &s->tc;
     int k, bb, t;
-    if (s->o->data_path)
+    if (s->o->shards) {
+        for (k = 0; k < tc->grad_accum; k++) {
+            const size_t row = (size_t)k * s->Bg + (size_t)s->drank * tc->batch;
+            if (us_loader_next(&s->loader, s->Bg, s->drank * tc->batch, tc->batch,
+                               s->gin + row * tc->seq, s->gtgt + row * tc->seq) != US_OK) {
+                fprintf(stderr, "train: rank %d: %s (set --vocab?)\n", s->rank, s->loader.err);
+                return US_ERR_FORMAT;
+            }
+        }
+    } else if (s->o->data_path)
         us_data_batch(&s->o->data, &s->rng, s->Bg * tc->grad_accum, tc->seq, s->gin, s->gtgt);
     else
         us_task_batch(&s->task, s->Bg * tc->grad_accum, tc->seq, s->gin, s->gtgt);
@@ -691,6 +779,7 @@ static void rank_batch(rank_state *s) {
                 s->in[((size_t)k * tc->batch + bb) * s->Tl + t] = s->gin[src];
                 s->tgt[((size_t)k * tc->batch + bb) * s->Tl + t] = s->gtgt[src];
             }
+    return US_OK;
 }
 
 /* The evaluation's windows (--data): every whole window of --seq tokens in the first
@@ -836,6 +925,15 @@ static us_result rank_save(rank_state *s, int step) {
     cs.rng[1] = s->eval_task.rng.s;
     cs.rng[2] = s->rng.s;
     cs.data_pos = step;
+    if (s->o->shards) { /* the loader's place: a resume reads the batches this run would */
+        us_loader_pos p = us_loader_tell(&s->loader);
+        cs.has_loader = 1;
+        cs.loader_epoch = p.epoch;
+        cs.loader_shard = p.shard;
+        cs.loader_window = p.window;
+        cs.loader_seed = p.seed;
+        cs.loader_tokens = s->loader.n_train;
+    }
     snprintf(dir, sizeof dir, "%s/step_%08d", s->o->save_dir, step);
     if ((r = us_ckpt_save(&s->m, dir, &cs, NULL)) != US_OK) {
         fprintf(stderr, "train: rank %d: %s\n", s->rank, us_model_error(&s->m));
@@ -862,7 +960,7 @@ static us_result rank_train(rank_state *s) {
     for (i = s->m.step; i < tc->steps; i++) {
         us_step_stats st;
         double t0 = now_s(), dt, tok_s, mfu, eval_loss = -1, eval_acc = -1;
-        rank_batch(s);
+        if ((r = rank_batch(s)) != US_OK) break;
         if ((r = us_train_step(&s->m, s->in, s->tgt, &st)) != US_OK) {
             fprintf(stderr, "train: rank %d: step %d: %s\n", s->rank, i + 1, us_model_error(&s->m));
             break;
@@ -917,7 +1015,7 @@ static void rank_sample(rank_state *s) {
     char *text = NULL;
     if (o->data_path) {
         np = seq < 8 ? 1 : 8;
-        memcpy(prompt, o->data.tokens, (size_t)np * 4);
+        memcpy(prompt, o->data.n ? o->data.tokens : o->val.tokens, (size_t)np * 4);
     } else {
         np = (int)us_byte_encode("31415926=", prompt, US_TASK_DIGITS + 1);
     }
@@ -1377,6 +1475,7 @@ static void rank_free(rank_state *s, us_result r) {
     free(s->in);
     free(s->tgt);
     free(s->cpos);
+    us_loader_close(&s->loader);
     if (s->comm) s->comm->trace = NULL;
     us_model_free(&s->m);
 }
@@ -1801,6 +1900,8 @@ static int parse_output(cli *c, const char *f, const char *v, int *ok) {
         o->trace_path = v;
     else if (!strcmp(f, "--data"))
         o->data_path = v;
+    else if (!strcmp(f, "--val-data"))
+        o->val_path = v;
     else if (!strcmp(f, "--tokenizer"))
         o->tok_path = v;
     else if (!strcmp(f, "--save"))
@@ -2112,10 +2213,147 @@ static int encode_data(opts *o) {
     return GO_ON;
 }
 
-/* --data: the token file, checked against the vocabulary and the sequence, then split. */
+/* A validation shard by its name: "val" as a word of the file name, as llm.c names them
+   (fineweb_val_000000.bin, tinyshakespeare_val.bin), or "validation". */
+static int is_val_name(const char *path) {
+    const char *b = strrchr(path, '/'), *p;
+    b = b ? b + 1 : path;
+    for (p = strstr(b, "val"); p; p = strstr(p + 1, "val")) {
+        const int word_start = p == b || !isalnum((unsigned char)p[-1]);
+        if (word_start && (!isalpha((unsigned char)p[3]) || !strncmp(p, "validation", 10)))
+            return 1;
+    }
+    return 0;
+}
+
+/* --data's files: one that is not a shard is raw text (o->shards stays 0); else the training and
+   validation shards: --val-data's, or those named *val* (when others remain to train on). */
+static int list_shards(opts *o) {
+    char err[512], **all, **tmp;
+    int n, i, nv = 0, k = 0;
+    if (us_data_expand(o->data_path, &all, &n, err, sizeof err) != US_OK) {
+        fprintf(stderr, "train: --data: %s\n", err);
+        return 2;
+    }
+    if (n == 1 && !us_data_is_shard(all[0])) {
+        if (!o->val_path) {
+            free(all);
+            return GO_ON;
+        }
+        fprintf(stderr,
+                "train: --val-data names validation shards, but --data %s is not an llm.c token "
+                "shard (or cannot be read)\n",
+                all[0]);
+        free(all);
+        return 2;
+    }
+    o->shards = 1;
+    o->train_paths = all;
+    o->n_train_paths = n;
+    if (o->val_path) {
+        if (us_data_expand(o->val_path, &o->val_paths, &o->n_val_paths, err, sizeof err) == US_OK)
+            return GO_ON;
+        fprintf(stderr, "train: --val-data: %s\n", err);
+        return 2;
+    }
+    for (i = 0; i < n; i++) nv += is_val_name(all[i]);
+    if (nv == 0 || nv == n) return GO_ON;
+    if (!(tmp = (char **)malloc(sizeof(char *) * (size_t)n))) return 1;
+    for (i = 0; i < n; i++) /* the training shards first, then the validation ones */
+        if (!is_val_name(all[i])) tmp[k++] = all[i];
+    for (i = 0; i < n; i++)
+        if (is_val_name(all[i])) tmp[k++] = all[i];
+    memcpy(all, tmp, sizeof(char *) * (size_t)n);
+    free(tmp);
+    o->n_train_paths = n - nv;
+    o->val_paths = all + (n - nv);
+    o->n_val_paths = nv;
+    return GO_ON;
+}
+
+/* The evaluations' tokens from shards: the first of the validation shards, else of the held-out
+   tail, else of the training tokens (as many as --eval-tokens + 1 or EVAL_TOKENS_MAX + 1). */
+static int read_eval_tokens(opts *o, us_loader *train) {
+    us_loader v, *l = train;
+    int64_t cap = (int64_t)(o->eval_tokens ? o->eval_tokens : EVAL_TOKENS_MAX) + 1, first = 0, n;
+    us_loader_config vc = o->lcfg;
+    vc.hold_out = 0;
+    memset(&v, 0, sizeof v);
+    if (o->n_val_paths) {
+        if (us_loader_open(&v, (const char *const *)o->val_paths, o->n_val_paths, &vc) != US_OK) {
+            fprintf(stderr, "train: the validation shards: %s\n", v.err);
+            return 2;
+        }
+        l = &v;
+    } else if (train->n_train < train->n_tokens) {
+        first = train->n_train;
+    }
+    n = l->n_tokens - first < cap ? l->n_tokens - first : cap;
+    memset(&o->val, 0, sizeof o->val);
+    if (!(o->val.tokens = (int32_t *)malloc((size_t)n * 4))) return 1;
+    if (us_loader_read(l, first, n, o->val.tokens) != US_OK) {
+        fprintf(stderr, "train: %s (set --vocab)\n", l->err);
+        us_loader_close(&v);
+        return 2;
+    }
+    o->val.n = n;
+    us_loader_close(&v);
+    return GO_ON;
+}
+
+/* --data shards: opened once here to check them and to read the evaluations' tokens (each rank
+   opens its own loader); the held-out tail as for text (--val-frac) unless validation shards. */
+static int load_shards(opts *o) {
+    us_loader l;
+    us_loader_config *c = &o->lcfg;
+    const int seq = o->tc.seq;
+    const double f = o->val_frac < 0 ? 0.1 : o->val_frac;
+    int64_t nv;
+    int rc;
+    if (o->n_val_paths && o->val_frac >= 0) {
+        fprintf(stderr, "train: --val-frac holds out the tail of the training shards, but there "
+                        "are validation shards (--val-data, or names with val): give one\n");
+        return 2;
+    }
+    memset(c, 0, sizeof *c);
+    c->T = seq;
+    c->seed = o->tc.seed;
+    c->vocab = o->mc.vocab;
+    if (us_loader_open(&l, (const char *const *)o->train_paths, o->n_train_paths, c) != US_OK) {
+        fprintf(stderr, "train: %s\n", l.err);
+        return strstr(l.err, "no shard has a window") ? 2 : 1;
+    }
+    nv = o->n_val_paths ? 0 : (int64_t)((double)l.n_tokens * f);
+    if (nv > 0 && nv >= seq + 1) { /* the tail, if the rest still has a window */
+        us_loader_close(&l);
+        c->hold_out = f;
+        if (us_loader_open(&l, (const char *const *)o->train_paths, o->n_train_paths, c) != US_OK) {
+            if (o->val_frac >= 0) {
+                fprintf(stderr, "train: --val-frac %g: %s\n", o->val_frac, l.err);
+                return 2;
+            }
+            c->hold_out = 0; /* the default on shards too small to split */
+            us_loader_open(&l, (const char *const *)o->train_paths, o->n_train_paths, c);
+        }
+    } else if (nv > 0 && o->val_frac >= 0) {
+        fprintf(stderr,
+                "train: --val-frac %g of %lld tokens holds out %lld; the evaluations need seq+1 "
+                "= %d\n",
+                o->val_frac, (long long)l.n_tokens, (long long)nv, seq + 1);
+        us_loader_close(&l);
+        return 2;
+    }
+    rc = read_eval_tokens(o, &l);
+    us_loader_close(&l);
+    return rc;
+}
+
+/* --data: the token file, checked against the vocabulary and the sequence, then split; or shards */
 static int load_data(opts *o) {
     int rc;
     if (!o->data_path) return GO_ON;
+    if ((rc = list_shards(o)) != GO_ON) return rc;
+    if (o->shards) return load_shards(o);
     if (us_data_load(&o->data, o->data_path) != US_OK) {
         fprintf(stderr, "train: %s\n", o->data.err);
         return 1;
@@ -2211,6 +2449,11 @@ int main(int argc, char **argv) {
     r = launch(o, argc, argv);
     if (o->traces) r = write_trace(o, r);
     us_data_free(&o->data);
+    if (o->shards) { /* the evaluations' tokens were read, not a view */
+        us_data_free(&o->val);
+        if (o->val_path) free(o->val_paths);
+        free(o->train_paths);
+    }
     us_tok_free(&o->tok);
     mc_free(o->choices);
     return r == US_OK && !o->nothing_left ? 0 : 1;

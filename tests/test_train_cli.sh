@@ -239,6 +239,46 @@ if [ -f "$T/s.bin" ]; then
 fi
 head -c 1000 "$T/s.bin" > "$T/trunc.bin" 2>/dev/null && expect 1 "truncated shard" "truncated" -- $small --data "$T/trunc.bin"
 
+# ---- llm.c shards through the loader (us_loader): lists, globs, validation shards, resume
+python3 -c "
+import struct
+def shard(name, toks):
+    h = [0]*256; h[0] = 20240520; h[1] = 1; h[2] = len(toks)
+    open(name, 'wb').write(struct.pack('<256i', *h) + struct.pack('<%dH' % len(toks), *toks))
+for i, n in enumerate([301, 250, 190]):
+    shard('$T/sh_train_%d.bin' % i, [(i * 97 + j * 31 + (j * j) % 7) % 256 for j in range(n)])
+shard('$T/sh_val_0.bin', [(j * 13) % 256 for j in range(120)])"
+# 44 windows of 17 per epoch (18 + 15 + 11); 8 a step, so 12 steps read two epochs and more
+sh="--layers 1 --dim 32 --heads 2 --batch 4 --grad-accum 2 --seq 16 --threads 1 --eval-every 0"
+expect 0 "a glob of shards: the one named val is the validation shard" "data: 3 shards, 741 tokens to train on \(44 windows of 17 per epoch, shuffled\), 1 validation shard" -- $sh --steps 1 --data "$T/sh_*.bin"
+expect 0 "a list of shards without a validation shard: the tail is held out" "data: 2 shards, 496 tokens to train on .*the last 55 held out" -- $sh --steps 1 --data "$T/sh_train_0.bin,$T/sh_train_1.bin"
+expect 0 "--val-data names the validation shards" "1 validation shard for the evaluations" -- $sh --steps 1 --data "$T/sh_train_*.bin" --val-data "$T/sh_val_0.bin"
+expect 2 "--val-frac beside validation shards is refused" "give one" -- $sh --steps 1 --data "$T/sh_*.bin" --val-frac 0.1
+expect 2 "--val-data beside raw text is refused" "text.txt is not an llm.c token shard" -- $sh --steps 1 --data "$T/text.txt" --val-data "$T/sh_val_0.bin"
+expect 2 "a pattern that matches no file is refused" "matches no file" -- $sh --steps 1 --data "$T/none_*.bin"
+expect 1 "a truncated shard in the list is refused, named" "trunc.bin is truncated" -- $sh --steps 1 --data "$T/sh_train_0.bin,$T/trunc.bin"
+# stopped at step 4 (in the first epoch) or 8 (in the second) and resumed: the same batches, so
+# the same losses and, at step 12, the same weights byte for byte; under --dp 2 as well
+shrun() { local name=$1; shift; "$BIN" $sh --quiet --data "$T/sh_*.bin" --log "$T/$name.jsonl" "$@" > "$T/$name.txt" 2>&1; }
+shrun sha --steps 12 --save "$T/sck" --save-every 4 --keep 0 && shrun shb --steps 12 --resume "$T/sck/step_00000004" --save "$T/sck4" &&
+    shrun shc --steps 12 --resume "$T/sck/step_00000008" --save "$T/sck8"; rc=$?
+if [ "$rc" -eq 0 ] && grep -q '"loader": {"epoch": 1' "$T/sck/step_00000008/trainer_state.json" &&
+    diff <(tail -8 "$T/sha.jsonl" | cut -d, -f1,2) <(cut -d, -f1,2 "$T/shb.jsonl") > /dev/null &&
+    diff <(tail -4 "$T/sha.jsonl" | cut -d, -f1,2) <(cut -d, -f1,2 "$T/shc.jsonl") > /dev/null &&
+    cmp -s "$T/sck/step_00000012/model.safetensors" "$T/sck4/step_00000012/model.safetensors" &&
+    cmp -s "$T/sck/step_00000012/model.safetensors" "$T/sck8/step_00000012/model.safetensors"
+then ok "shards: runs resumed at step 4 and 8 (epoch 2) read the same batches: same losses, same weights"; else bad "shard resume (exit $rc): $(tail -n 2 "$T/shb.txt" "$T/shc.txt")"; fi
+shrun shd --steps 12 --dp 2 --save "$T/sckd" --save-every 4 --keep 0 && shrun she --steps 12 --dp 2 --resume "$T/sckd/step_00000004" --save "$T/scke"; rc=$?
+if [ "$rc" -eq 0 ] && cmp -s "$T/sckd/step_00000012/model.safetensors" "$T/scke/step_00000012/model.safetensors" && python3 - "$T/sha.jsonl" "$T/shd.jsonl" <<'PY'
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+assert len(a) == len(b) == 12 and max(abs(x - y) / x for x, y in zip(a, b)) < 1e-5, (a, b)
+PY
+then ok "shards under --dp 2: the loss curve of one rank, and a resume under dp 2 ends with the same weights"; else bad "shards dp 2 (exit $rc): $(tail -2 "$T/she.txt")"; fi
+expect 1 "--resume with other shards is refused" "give the same --data" -- $sh --steps 12 --data "$T/sh_train_0.bin,$T/sh_train_1.bin" --resume "$T/sck/step_00000004"
+expect 1 "--resume of a shard run on raw text is refused" "saved by a run over token shards" -- $sh --steps 12 --data "$T/text.txt" --resume "$T/sck/step_00000004"
+
 # data parallelism on CPU threads: flags, errors, and the loss curve of --dp 1
 expect 2 "batch not divisible by dp" "--batch 16 is not divisible by --dp 3" -- --dp 3
 expect 2 "bad ZeRO stage" "bad value for --zero: 4" -- --zero 4
