@@ -253,8 +253,8 @@ static void reproduce_gpu_hang(void) {
 }
 
 int main(int argc, char **argv) {
-    static const int cfg[][8] = {
-        /* dp, pp, tp, schedule, m, zero, tied, recompute */
+    static const int cfg[][9] = {
+        /* dp, pp, tp, schedule, m, zero, tied, recompute, sp */
         {1, 2, 1, US_PP_1F1B, 1, 0, 0},
         {1, 2, 1, US_PP_1F1B, 4, 0, 0},
         {1, 2, 1, US_PP_AFAB, 4, 0, 0},
@@ -320,7 +320,11 @@ int main(int argc, char **argv) {
         {2, 2, 1, US_PP_INTERLEAVED, 4, 3, 0},
         {2, 2, 1, US_PP_ZB1, 4, 3, 0, US_RECOMPUTE_FULL},
         {2, 2, 1, US_PP_1F1B, 4, 3, 1},
-        {2, 2, 1, US_PP_ZBV, 4, 3, 1}};
+        {2, 2, 1, US_PP_ZBV, 4, 3, 1},
+        /* on 8 threads with tp 2 and sequence parallelism (the norms' gradients summed over tp
+           before B keeps them for W) */
+        {2, 2, 2, US_PP_ZB1, 4, 2, 0, 0, 1},
+        {2, 2, 2, US_PP_INTERLEAVED, 4, 3, 0, US_RECOMPUTE_FULL, 1}};
     static const int uneven[2] = {1, 3};
     int ci, s, plan;
     double worst_l = 0, worst_w = 0;
@@ -371,6 +375,7 @@ int main(int argc, char **argv) {
             setup(&R, dp, pp, tp, cfg[ci][3], M, cfg[ci][5] < 0 ? 0 : cfg[ci][5]);
             R.tc.pp_clock = plan;
             R.tc.recompute = (us_recompute)cfg[ci][7];
+            R.tc.sp = cfg[ci][8];
             /* ZeRO-2: buckets of 10 kB, several per layer, so units split layers and W's and
                the backward's units complete one after another as well as whole chunks */
             if (cfg[ci][5] == 2) R.tc.bucket_mb = 0.01f;
@@ -415,12 +420,12 @@ int main(int argc, char **argv) {
                differences, which AdamW amplifies where a gradient is near zero (m/√v), reach 1e-4
                over the 3 steps at lr 1e-2 for some data; without tp the order is the same. dp
                sums each rank's half of the batch, then the halves: the same amplification moves
-               a weight by up to 2.3e-4 for some data (1F1B, ZeRO-1, the data of the last ZeRO-2
-               row), at losses within 1.1e-6 */
+               a weight by up to 2.3e-4 for some data (1F1B, ZeRO-1, the data of the ZB-H1 ZeRO-2
+               row with selective recompute), at losses within 1.1e-6 */
             CHECK(ml < (tp > 1 ? 3e-4 : 2e-5) && mw < (dp > 1 ? 3e-4 : 1e-4),
-                  "%s pp %d x dp %d x tp %d, m %d, ZeRO-%d%s, recompute %s, messages %s: %d steps "
-                  "equal one rank (loss/norm rel %.1e, weights %s %.1e)",
-                  us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, dp, tp, M,
+                  "%s pp %d x dp %d x tp %d%s, m %d, ZeRO-%d%s, recompute %s, messages %s: %d "
+                  "steps equal one rank (loss/norm rel %.1e, weights %s %.1e)",
+                  us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, dp, tp, cfg[ci][8] ? " (SP)" : "", M,
                   cfg[ci][5] < 0 ? 0 : cfg[ci][5], cfg[ci][6] ? ", tied" : "",
                   us_recompute_name((us_recompute)cfg[ci][7]),
                   plan ? "on the clock" : "on channels", STEPS, ml,
@@ -475,7 +480,7 @@ int main(int argc, char **argv) {
                   us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, dp, cfg[ci][5] < 0 ? 0 : cfg[ci][5],
                   R.mem.params, R.mem.grads, R.mem.optimizer, R.mem_est.params, R.mem_est.grads,
                   R.mem_est.optimizer);
-            for (q = 0; q < pp && cfg[ci][5] == 3; q++)
+            for (q = 0; q < pp && cfg[ci][5] == 3 && tp == 1; q++) /* (SP gathers too) */
                 CHECK(R.gathers[q] == gathers_expected(&R, q),
                       "%s pp %d x dp %d, ZeRO-3: stage %d gathered weights %d times (want %d: each "
                       "action its chunk's units, nothing past them)",
