@@ -322,6 +322,17 @@ reference pp1 -- --grad-accum 4
 same_curve "--pp 2 --dp 2 (1F1B, 4 micro-batches) trains the task to the loss curve of one rank" pp1 pp -- --grad-accum 4 --pp 2 --dp 2
 same_curve "--pp 2 --pp-schedule zb1 --micro-batches 4 trains the task to the loss curve of one rank" pp1 zb -- --micro-batches 4 --pp 2 --pp-schedule zb1
 same_curve "--pp 2 --pp-schedule zb1 --recompute full --dp 2 --zero 3 (FSDP + PP) trains the task to the loss curve of one rank" pp1 zbz3 -- --micro-batches 4 --pp 2 --pp-schedule zb1 --recompute full --dp 2 --zero 3
+# FSDP + PP checkpoints: saved by dp 2 x pp 2 ZeRO-3 (interleaved) at step 3, resumed in that
+# layout (the same weights at step 6, byte for byte) and on one rank: the uninterrupted losses
+z3="--steps 6 --eval-every 0 --quiet --layers 4 --micro-batches 2"
+z3pp="--pp 2 --dp 2 --zero 3 --pp-schedule interleaved"
+"$BIN" $z3 $z3pp --save "$T/z3" --save-every 3 --keep 0 --log "$T/z3a.jsonl" > "$T/z3a.txt" 2>&1 &&
+    "$BIN" $z3 $z3pp --resume "$T/z3/step_00000003" --save "$T/z3b" --log "$T/z3b.jsonl" > "$T/z3b.txt" 2>&1 &&
+    "$BIN" $z3 --resume "$T/z3/step_00000003" --log "$T/z3c.jsonl" > "$T/z3c.txt" 2>&1; rc=$?
+if [ "$rc" -eq 0 ] && diff <(tail -3 "$T/z3a.jsonl" | cut -d, -f1,2) <(cut -d, -f1,2 "$T/z3b.jsonl") > /dev/null &&
+    diff <(tail -3 "$T/z3a.jsonl" | cut -d, -f1,2) <(cut -d, -f1,2 "$T/z3c.jsonl") > /dev/null &&
+    cmp -s "$T/z3/step_00000006/model.safetensors" "$T/z3b/step_00000006/model.safetensors"
+then ok "a dp 2 x pp 2 ZeRO-3 checkpoint resumes in its layout (same weights) and on one rank (same losses)"; else bad "ZeRO-3 pp resume (exit $rc): $(tail -n 2 "$T/z3b.txt" "$T/z3c.txt")"; fi
 if grep -q '"pp_bubble": 0\.[0-9]' "$T/zb.jsonl" 2>/dev/null; then ok "the pipeline log has pp_bubble"; else bad "the pipeline log has pp_bubble"; fi
 # all four dimensions at once on 16 threads (issue 13's 5D mesh, less ep): dp 2 x pp 2 x cp 2 x tp 2
 reference m1 -- --grad-accum 2 --seq 64 --layers 4
