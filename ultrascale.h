@@ -68,6 +68,7 @@
      model and trainer ...................... us_model, us_train_step, us_forward_eval
      data ................................... us_data (raw text, llm.c shards), us_task
      tokenizer .............................. us_tok_load, us_tok_encode, us_tok_decode
+     sampling and generation ................ us_sample_logits, us_generate, us_gen_forward
      checkpoints ............................ us_ckpt_save, us_ckpt_load, us_safetensors_parse
      estimator, FLOPs ....................... us_memory_estimate, us_flops_per_token, us_param_count_active
      planner ................................ us_plan_enumerate, us_plan_cost, us_plan_rates_read
@@ -96,7 +97,7 @@
      // >>lossscale   fp16 mixed precision: dynamic loss scaling, overflow detection, step skipping
      // >>train       the model's set-up (each chapter's in turn), gradient accumulation, the step
      // >>data        byte tokenizer, text loader, llm.c token shards, the built-in task
-     // >>sample      temperature / top-k sampling
+     // >>sample      temperature / top-k / top-p sampling, generation with a KV cache
      // >>checkpoint  safetensors, Hugging Face names, config.json, training state, resharding, crash-safe
      // >>tokenizer   tokenizer.json byte-level BPE: GPT-2 / Llama 3 pre-tokenisers, merges, added tokens
      // >>estimate    memory estimator and FLOP/MFU counting (the Playbook formulas)
@@ -790,6 +791,7 @@ typedef struct us_model {
     float *adam_m, *adam_v; /* fp32 moments                                 [n_params] */
     char *arena;            /* activation arena                             [mem.activations] */
     us_layer_acts *acts;    /* [L] */
+    struct us_gen *gen;     /* a cached generation's forward under way (// >>sample), or NULL */
     void *a[32];            /* named scratch activations (implementation) */
     us_memory mem;          /* what was really allocated */
     int step; /* optimizer steps taken (a step skipped by the loss scaler does not count) */
@@ -1121,11 +1123,58 @@ US_API us_result us_tok_pretokenize(us_tokenizer *t, const char *text, size_t n,
                                     size_t cap, size_t *n_pieces);
 #endif /* ULTRASCALE_NO_TOKENIZER */
 
-/* ---------------------------------------------------------------- sampling */
+/* ---------------------------------------------------------------- sampling and generation */
 /* Extends prompt (host tokens) by n_new tokens sampled with temperature (0 = greedy) and
-   top-k (0 = all); out receives prompt + new tokens, [n_prompt + n_new] <= tc.seq. */
+   top-k (0 = all); out receives prompt + new tokens, [n_prompt + n_new] <= tc.seq. Each new
+   token re-runs the whole sequence: the reference that us_generate's KV cache is tested against. */
 US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int n_new,
                            float temperature, int top_k, us_rng *r, int32_t *out);
+
+/* One token from host logits lg[V]: temperature 0 = greedy (argmax, the lowest index on ties);
+   else the top_k largest logits (0 = all; ties at the k-th all kept), softmax at temperature,
+   then with 0 < top_p < 1 only the most likely of them whose probabilities reach top_p
+   (nucleus sampling; 0 or ≥ 1 = all), one uniform draw. Every rank that draws from the same
+   logits with the same rng state picks the same token. */
+US_API us_result us_sample_logits(const float *lg, int64_t V, float temperature, int top_k,
+                                  float top_p, us_rng *r, int32_t *tok);
+
+/* Generation with a KV cache (// >>sample). The prompt runs once (the prefill); after that each
+   step runs the model on one new token per sequence, whose query attends over the keys and
+   values the cache holds for every earlier position. The cache is, for each layer of this rank,
+   kv [B][max_len][2·NKV·HS] in the model's dtype (each position's k heads after RoPE, then its v
+   heads), allocated through the model's ops: it lives where the model does (CPU or GPU). A
+   forward call takes at most tc.seq tokens per sequence (the arena's size; us_gen_forward cuts
+   longer prompts into pieces), while the cache may be longer than tc.seq: positions run up to
+   max_len, the model's context. Under tensor, pipeline and data parallelism every rank of the
+   model's world calls these functions, with the same tokens; every rank gets the same logits.
+   Not under context parallelism. The cache holds the weights' keys and values as they were:
+   writing weights makes it stale (us_gen_reset). */
+typedef struct us_gen {
+    us_model *m;
+    int B;             /* sequences decoded side by side, all of the same length */
+    int max_len;       /* positions the cache holds */
+    int len;           /* positions filled so far */
+    int chunk;         /* the most tokens per sequence one forward runs (tc.seq) */
+    void *kv;          /* [L][B][max_len][2·NKV·HS] dt, backend memory */
+    int32_t *pos;      /* backend i32[max_len]: 0, 1, 2, ... (query and key positions) */
+    float *acc;        /* backend f32[B][NH][chunk][HS]: the attention's online softmax */
+    float *mx, *sum;   /* backend f32[B][NH][chunk] each */
+    int32_t *tgt, *in; /* host i32[B·chunk]: no targets (-1); one piece of the tokens */
+    size_t bytes;      /* backend bytes held */
+} us_gen;
+
+/* B sequences (1 ≤ B ≤ tc.batch) of up to max_len positions (0 = tc.seq). Errors: the model's. */
+US_API us_result us_gen_init(us_gen *g, us_model *m, int B, int max_len);
+/* Appends tokens [B][T] (host) at positions len .. len+T−1 of every sequence and writes each
+   sequence's logits after its last token into host logits [B][V] (may be NULL). */
+US_API us_result us_gen_forward(us_gen *g, const int32_t *tokens, int T, float *logits);
+/* Empties the cache (len = 0): a new prompt, or weights that changed. */
+US_API void us_gen_reset(us_gen *g);
+US_API void us_gen_free(us_gen *g);
+/* Extends prompt by n_new tokens with a KV cache (us_sample_logits for each one); out receives
+   prompt + new tokens, [n_prompt + n_new], which may exceed tc.seq. */
+US_API us_result us_generate(us_model *m, const int32_t *prompt, int n_prompt, int n_new,
+                             float temperature, int top_k, float top_p, us_rng *r, int32_t *out);
 
 /* ---------------------------------------------------------------- pipeline schedules (// >>pp)
    Schedules are data (DESIGN.md): a pure function lists, for every pipeline rank, the ordered
@@ -8962,6 +9011,8 @@ static void us__linear_wgrad(us_model *m, int64_t N, int64_t In, int64_t Out, co
 /* ------------------------------------------------------------------------------------ */
 // >>layer  the decoder layer's forward and backward (with recomputation), the model's
 /* ------------------------------------------------------------------------------------ */
+static us_result us__gen_attention(us_model *m, int l, us_layer_acts *A, int64_t B, int64_t T);
+
 /* One decoder layer forward. recompute=0 is the real forward; recompute=1 refills, before the
    layer's backward, only what the mode did not keep: none keeps all; selective keeps the GEMM
    outputs (qkv, xmid, gu) and recomputes norms, attention core and SwiGLU (the Playbook's
@@ -8995,15 +9046,20 @@ static us_result us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int rec
         } else
             us__linear_fwd(m, Np, C, QKV, A->ln1, us__weight(m, US__TENSOR(l, US__P_Q)), 0.0f,
                            A->qkv);
-        if (m->mesh.cp > 1)
+        if (m->gen) {
+        } /* generation: RoPE at the cached positions, in us__gen_attention */
+        else if (m->mesh.cp > 1)
             o->rope_at(o, A->qkv, (const int32_t *)m->a[US__A_CPPOS] + m->mesh.cp_rank * T, B, T,
                        m->tc.seq, NH, NKV, HS, m->rope_freq, 1.0f, dt);
         else
             o->rope_fwd(o, A->qkv, B, T, NH, NKV, HS, m->rope_freq, dt);
     }
-    /* att [Np,NH·HS] = attention(q, k, v), lse [B,NH,T]; under CP over the ring (// >>cp) */
+    /* att [Np,NH·HS] = attention(q, k, v), lse [B,NH,T]; under CP over the ring (// >>cp);
+       generating, over the KV cache (// >>sample) */
     if (do_cheap) {
-        if (m->mesh.cp > 1) {
+        if (m->gen) {
+            if ((r = us__gen_attention(m, l, A, B, T)) != US_OK) return r;
+        } else if (m->mesh.cp > 1) {
             if ((r = us__cp_attention_fwd(m, A, B, T)) != US_OK) return r;
         } /* // >>cp */
         else
@@ -9472,12 +9528,14 @@ static us_result us__last_logits(us_model *m, int B, int T, float *logits_out) {
             o->copy(o, rows + (rk * B + b) * rowb,
                     us__at(m->a[US__A_LOGITS], m->dt, ((int64_t)b * step + step - 1) * Vl), rowb,
                     US_COPY_D2H);
-        if (tp > 1) { /* through the logits buffer, which holds B·T ≥ tp·B rows */
+        if (tp > 1) { /* through the logits buffer, which holds at least tp·tc.batch rows */
             void *lg = m->a[US__A_LOGITS];
-            if (tp > T) {
+            int64_t Nf, Nsf;
+            us__sp_rows(m, (int64_t)m->tc.batch * (m->tc.seq / m->mesh.cp), &Nf, &Nsf);
+            if ((size_t)(B * tp) * rowb > us__logits_bytes(&m->cfg, &m->tc, Nf)) {
                 US_FREE(rows);
                 us__model_set_error(m, "gathering logits under tp=%d needs seq >= tp (got %d)",
-                                    (int)tp, T);
+                                    (int)tp, m->tc.seq);
                 return US_ERR_INVALID;
             }
             o->copy(o, us__at(lg, m->dt, rk * B * Vl), rows + rk * B * rowb, (size_t)B * rowb,
@@ -10415,11 +10473,113 @@ out:
 #endif /* ULTRASCALE_NO_DATA */
 
 /* ------------------------------------------------------------------------------------ */
-// >>sample  temperature / top-k sampling
+// >>sample  temperature / top-k / top-p sampling, generation with a KV cache
 /* ------------------------------------------------------------------------------------ */
+typedef struct us__cand {
+    double p;
+    int64_t v;
+} us__cand;
+
+/* most likely first; equal probabilities by index, so the order is the same on every rank */
+static int us__cand_cmp(const void *a, const void *b) {
+    const us__cand *x = (const us__cand *)a, *y = (const us__cand *)b;
+    if (x->p != y->p) return x->p > y->p ? -1 : 1;
+    return x->v < y->v ? -1 : x->v > y->v;
+}
+
+/* The k-th largest logit (ties by index): the top-k filter keeps every logit ≥ it. */
+static us_result us__topk_threshold(const float *lg, int64_t V, int top_k, float *kth) {
+    float *tmp;
+    int64_t v;
+    int kk;
+    *kth = -INFINITY;
+    if (top_k <= 0 || top_k >= V) return US_OK;
+    tmp = (float *)US_MALLOC((size_t)V * 4);
+    if (!tmp) return US_ERR_OOM;
+    memcpy(tmp, lg, (size_t)V * 4);
+    for (kk = 0; kk < top_k; kk++) { /* partial selection: top_k is small */
+        int64_t best = -1;
+        for (v = 0; v < V; v++)
+            if (tmp[v] > -INFINITY && (best < 0 || tmp[v] > tmp[best])) best = v;
+        if (best < 0) break;
+        *kth = tmp[best];
+        tmp[best] = -INFINITY;
+    }
+    US_FREE(tmp);
+    return US_OK;
+}
+
+/* Nucleus sampling (Holtzman et al.): the kept tokens by falling probability, cut after the
+   first whose running sum reaches top_p, the draw u over what remains (u in [0, 1)). */
+static us_result us__top_p_pick(const float *lg, int64_t V, float kth, float mx, float temperature,
+                                double sum, float top_p, float u, int64_t *pick) {
+    us__cand *c = (us__cand *)US_MALLOC((size_t)V * sizeof(us__cand));
+    int64_t n = 0, keep, v;
+    double run = 0, acc = 0;
+    if (!c) return US_ERR_OOM;
+    for (v = 0; v < V; v++) {
+        if (lg[v] < kth) continue;
+        c[n].p = exp((double)(lg[v] - mx) / temperature) / sum;
+        c[n].v = v;
+        n++;
+    }
+    qsort(c, (size_t)n, sizeof(us__cand), us__cand_cmp);
+    for (keep = 0; keep < n;) {
+        run += c[keep++].p;
+        if (run >= top_p) break;
+    }
+    *pick = c[keep - 1].v;
+    for (v = 0; v < keep; v++) {
+        acc += c[v].p / run;
+        if (acc > u) {
+            *pick = c[v].v;
+            break;
+        }
+    }
+    US_FREE(c);
+    return US_OK;
+}
+
+US_API us_result us_sample_logits(const float *lg, int64_t V, float temperature, int top_k,
+                                  float top_p, us_rng *r, int32_t *tok) {
+    int64_t pick = 0, v;
+    float kth, mx = -INFINITY, u;
+    double sum = 0, c = 0;
+    us_result res;
+    if (V < 1) return US_ERR_INVALID;
+    if (temperature <= 0) {
+        for (v = 1; v < V; v++)
+            if (lg[v] > lg[pick]) pick = v;
+        *tok = (int32_t)pick;
+        return US_OK;
+    }
+    /* keep the top_k largest logits (ties by index), softmax at temperature, draw */
+    if ((res = us__topk_threshold(lg, V, top_k, &kth)) != US_OK) return res;
+    for (v = 0; v < V; v++)
+        if (lg[v] >= kth && lg[v] > mx) mx = lg[v];
+    for (v = 0; v < V; v++)
+        sum += lg[v] >= kth ? exp((double)(lg[v] - mx) / temperature) : 0.0;
+    u = us_rng_uniform(r);
+    if (top_p > 0 && top_p < 1) {
+        res = us__top_p_pick(lg, V, kth, mx, temperature, sum, top_p, u, &pick);
+        *tok = (int32_t)pick;
+        return res;
+    }
+    pick = V - 1;
+    for (v = 0; v < V; v++) {
+        c += lg[v] >= kth ? exp((double)(lg[v] - mx) / temperature) / sum : 0.0;
+        if (lg[v] >= kth && c > u) {
+            pick = v;
+            break;
+        }
+    }
+    *tok = (int32_t)pick;
+    return US_OK;
+}
+
 US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int n_new,
                            float temperature, int top_k, us_rng *r, int32_t *out) {
-    int64_t V = m->cfg.vocab, v;
+    int64_t V = m->cfg.vocab;
     int len, total = n_prompt + n_new;
     float *lg = (float *)US_MALLOC((size_t)V * 4);
     int32_t *tg = (int32_t *)US_MALLOC((size_t)(total > 0 ? total : 1) * 4);
@@ -10442,51 +10602,170 @@ US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int
     memcpy(out, prompt, (size_t)n_prompt * 4);
     for (len = 0; len < total; len++) tg[len] = -1;
     for (len = n_prompt; len < total; len++) {
-        int64_t pick = 0;
         if ((res = us__forward_eval(m, out, tg, 1, len, NULL, NULL, lg)) != US_OK) break;
-        if (temperature <= 0) {
-            for (v = 1; v < V; v++)
-                if (lg[v] > lg[pick]) pick = v;
-        } else {
-            /* keep the top_k largest logits (ties by index), softmax at temperature, draw */
-            float kth = -INFINITY, mx = -INFINITY, u;
-            double sum = 0, c = 0;
-            if (top_k > 0 && top_k < V) {
-                float *tmp = (float *)US_MALLOC((size_t)V * 4);
-                int kk;
-                if (!tmp) {
-                    res = US_ERR_OOM;
-                    break;
-                }
-                memcpy(tmp, lg, (size_t)V * 4);
-                for (kk = 0; kk < top_k; kk++) { /* partial selection: top_k is small */
-                    int64_t best = -1;
-                    for (v = 0; v < V; v++)
-                        if (tmp[v] > -INFINITY && (best < 0 || tmp[v] > tmp[best])) best = v;
-                    if (best < 0) break;
-                    kth = tmp[best];
-                    tmp[best] = -INFINITY;
-                }
-                US_FREE(tmp);
-            }
-            for (v = 0; v < V; v++)
-                if (lg[v] >= kth && lg[v] > mx) mx = lg[v];
-            for (v = 0; v < V; v++)
-                sum += lg[v] >= kth ? exp((double)(lg[v] - mx) / temperature) : 0.0;
-            u = us_rng_uniform(r);
-            pick = V - 1;
-            for (v = 0; v < V; v++) {
-                c += lg[v] >= kth ? exp((double)(lg[v] - mx) / temperature) / sum : 0.0;
-                if (lg[v] >= kth && c > u) {
-                    pick = v;
-                    break;
-                }
-            }
+        if ((res = us_sample_logits(lg, V, temperature, top_k, 0.0f, r, out + len)) != US_OK) {
+            us__model_set_error(m, "out of host memory");
+            break;
         }
-        out[len] = (int32_t)pick;
     }
     US_FREE(lg);
     US_FREE(tg);
+    return res;
+}
+
+/* Generation's attention for layer l, called by us__layer_fwd in place of RoPE and attention
+   while m->gen is set: the new tokens' q and k [B,T,QKV] turn by their positions len .. len+T−1,
+   their k and v heads are appended to the cache, and their queries attend over the cache's
+   positions 0 .. len+T−1 (causal by position) with the blockwise op of context parallelism:
+   one key block per sequence, the whole cache so far. */
+static us_result us__gen_attention(us_model *m, int l, us_layer_acts *A, int64_t B, int64_t T) {
+    us_gen *g = m->gen;
+    us_ops *o = &m->ops;
+    us_dtype dt = m->dt;
+    int NH = m->nh_l, NKV = m->nkv_l, HS = (int)(m->cfg.dim / m->cfg.n_heads);
+    int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, KV = (int64_t)2 * NKV * HS, AO = (int64_t)NH * HS;
+    int64_t p0 = g->len, b;
+    /* this layer's cache [B][max_len][KV] */
+    void *cache = us__at(g->kv, dt, (int64_t)l * g->B * g->max_len * KV);
+    o->rope_at(o, A->qkv, g->pos + p0, B, T, g->max_len, NH, NKV, HS, m->rope_freq, 1.0f, dt);
+    for (b = 0; b < B; b++) {
+        void *kvb = us__at(cache, dt, b * g->max_len * KV);       /* [max_len][KV] */
+        const void *qb = us__at(A->qkv, dt, b * T * QKV);         /* [T][QKV] */
+        o->copy2d(o, us__at(kvb, dt, p0 * KV), KV, us__at(qb, dt, AO), QKV, T, KV, dt);
+        o->attn_block_fwd(o, g->acc + b * NH * T * HS, g->mx + b * NH * T, g->sum + b * NH * T, qb,
+                          kvb, g->pos + p0, g->pos, 1, T, p0 + T, NH, NKV, HS, 1, dt);
+    }
+    /* att [B,T,NH·HS] = acc / sum, lse [B,NH,T] */
+    o->attn_block_finish(o, A->att, A->lse, g->acc, g->mx, g->sum, B, T, NH, HS, dt);
+    return US_OK;
+}
+
+US_API void us_gen_free(us_gen *g) {
+    us_ops *o;
+    if (!g->m) return;
+    o = &g->m->ops;
+    if (g->kv) o->free(o, g->kv);
+    if (g->pos) o->free(o, g->pos);
+    if (g->acc) o->free(o, g->acc);
+    if (g->mx) o->free(o, g->mx);
+    if (g->sum) o->free(o, g->sum);
+    US_FREE(g->tgt);
+    US_FREE(g->in);
+    memset(g, 0, sizeof *g);
+}
+
+US_API void us_gen_reset(us_gen *g) { g->len = 0; }
+
+US_API us_result us_gen_init(us_gen *g, us_model *m, int B, int max_len) {
+    us_ops *o = &m->ops;
+    int NH = m->nh_l, HS = (int)(m->cfg.dim / m->cfg.n_heads), i;
+    int64_t KV = (int64_t)2 * m->nkv_l * HS, L = m->cfg.n_layers, n;
+    size_t kvb, accb, stb;
+    int32_t *pos;
+    memset(g, 0, sizeof *g);
+    if (max_len == 0) max_len = m->tc.seq;
+    if (m->mesh.cp > 1) {
+        us__model_set_error(m, "generation with a KV cache does not run under context "
+                               "parallelism (cp=%d): load the model with cp=1",
+                            m->mesh.cp);
+        return US_ERR_INVALID;
+    }
+    if (B < 1 || B > m->tc.batch || max_len < 1) {
+        us__model_set_error(m, "generation needs 1 <= B <= batch=%d sequences and max_len >= 1 "
+                               "(got B=%d, max_len=%d)",
+                            m->tc.batch, B, max_len);
+        return US_ERR_INVALID;
+    }
+    g->m = m;
+    g->B = B;
+    g->max_len = max_len;
+    g->chunk = m->tc.seq < max_len ? m->tc.seq : max_len;
+    n = (int64_t)B * g->chunk;
+    kvb = (size_t)(L * B * max_len * KV) * us_dtype_size(m->dt);
+    accb = (size_t)(n * NH * HS) * 4;
+    stb = (size_t)(n * NH) * 4;
+    g->kv = L > 0 ? o->alloc(o, kvb) : NULL;
+    g->pos = (int32_t *)o->alloc(o, (size_t)max_len * 4);
+    g->acc = (float *)o->alloc(o, accb);
+    g->mx = (float *)o->alloc(o, stb);
+    g->sum = (float *)o->alloc(o, stb);
+    g->tgt = (int32_t *)US_MALLOC((size_t)n * 4);
+    g->in = (int32_t *)US_MALLOC((size_t)n * 4);
+    pos = (int32_t *)US_MALLOC((size_t)max_len * 4);
+    g->bytes = kvb + (size_t)max_len * 4 + accb + 2 * stb;
+    if ((L > 0 && !g->kv) || !g->pos || !g->acc || !g->mx || !g->sum || !g->tgt || !g->in ||
+        !pos) {
+        US_FREE(pos);
+        us_gen_free(g);
+        us__model_set_error(m, "out of memory for a KV cache of %zu bytes", kvb);
+        return US_ERR_OOM;
+    }
+    for (i = 0; i < max_len; i++) pos[i] = i;
+    for (i = 0; i < n; i++) g->tgt[i] = -1;
+    o->copy(o, g->pos, pos, (size_t)max_len * 4, US_COPY_H2D);
+    US_FREE(pos);
+    /* the forwards that follow share the quantised weights (as us_sample) */
+    us__fp8_wcache_drop(m);
+    return US_OK;
+}
+
+US_API us_result us_gen_forward(us_gen *g, const int32_t *tokens, int T, float *logits) {
+    us_model *m = g->m;
+    int done = 0, B = g->B, b;
+    us_result r = US_OK;
+    if (T < 1 || g->len + T > g->max_len) {
+        us__model_set_error(m, "%d new tokens after %d do not fit the cache of %d positions", T,
+                            g->len, g->max_len);
+        return US_ERR_INVALID;
+    }
+    while (done < T && r == US_OK) { /* pieces of at most chunk tokens: the arena's length */
+        int n = T - done < g->chunk ? T - done : g->chunk;
+        for (b = 0; b < B; b++)
+            memcpy(g->in + (int64_t)b * n, tokens + (int64_t)b * T + done, (size_t)n * 4);
+        m->gen = g;
+        r = us__forward_eval(m, g->in, g->tgt, B, n, NULL, NULL, done + n == T ? logits : NULL);
+        m->gen = NULL;
+        if (r == US_OK) g->len += n;
+        done += n;
+    }
+    return r;
+}
+
+US_API us_result us_generate(us_model *m, const int32_t *prompt, int n_prompt, int n_new,
+                             float temperature, int top_k, float top_p, us_rng *r, int32_t *out) {
+    us_gen g;
+    float *lg;
+    us_result res;
+    int k;
+    if (n_prompt < 1 || n_new < 0) {
+        us__model_set_error(m, "generation needs a prompt of at least 1 token and n_new >= 0 "
+                               "(got %d and %d)",
+                            n_prompt, n_new);
+        return US_ERR_INVALID;
+    }
+    memcpy(out, prompt, (size_t)n_prompt * 4);
+    if (n_new == 0) return US_OK;
+    lg = (float *)US_MALLOC((size_t)m->cfg.vocab * 4);
+    if (!lg) {
+        us__model_set_error(m, "out of host memory");
+        return US_ERR_OOM;
+    }
+    if ((res = us_gen_init(&g, m, 1, n_prompt + n_new - 1)) != US_OK) {
+        US_FREE(lg);
+        return res;
+    }
+    /* the prefill: the whole prompt once; then one token a step, the last one never run */
+    res = us_gen_forward(&g, prompt, n_prompt, lg);
+    for (k = 0; k < n_new && res == US_OK; k++) {
+        if ((res = us_sample_logits(lg, m->cfg.vocab, temperature, top_k, top_p, r,
+                                    out + n_prompt + k)) != US_OK) {
+            us__model_set_error(m, "out of host memory");
+            break;
+        }
+        if (k + 1 < n_new) res = us_gen_forward(&g, out + n_prompt + k, 1, lg);
+    }
+    us_gen_free(&g);
+    US_FREE(lg);
     return res;
 }
 
