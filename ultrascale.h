@@ -10557,8 +10557,7 @@ US_API us_result us_sample_logits(const float *lg, int64_t V, float temperature,
     if ((res = us__topk_threshold(lg, V, top_k, &kth)) != US_OK) return res;
     for (v = 0; v < V; v++)
         if (lg[v] >= kth && lg[v] > mx) mx = lg[v];
-    for (v = 0; v < V; v++)
-        sum += lg[v] >= kth ? exp((double)(lg[v] - mx) / temperature) : 0.0;
+    for (v = 0; v < V; v++) sum += lg[v] >= kth ? exp((double)(lg[v] - mx) / temperature) : 0.0;
     u = us_rng_uniform(r);
     if (top_p > 0 && top_p < 1) {
         res = us__top_p_pick(lg, V, kth, mx, temperature, sum, top_p, u, &pick);
@@ -10629,8 +10628,8 @@ static us_result us__gen_attention(us_model *m, int l, us_layer_acts *A, int64_t
     void *cache = us__at(g->kv, dt, (int64_t)l * g->B * g->max_len * KV);
     o->rope_at(o, A->qkv, g->pos + p0, B, T, g->max_len, NH, NKV, HS, m->rope_freq, 1.0f, dt);
     for (b = 0; b < B; b++) {
-        void *kvb = us__at(cache, dt, b * g->max_len * KV);       /* [max_len][KV] */
-        const void *qb = us__at(A->qkv, dt, b * T * QKV);         /* [T][QKV] */
+        void *kvb = us__at(cache, dt, b * g->max_len * KV); /* [max_len][KV] */
+        const void *qb = us__at(A->qkv, dt, b * T * QKV);   /* [T][QKV] */
         o->copy2d(o, us__at(kvb, dt, p0 * KV), KV, us__at(qb, dt, AO), QKV, T, KV, dt);
         o->attn_block_fwd(o, g->acc + b * NH * T * HS, g->mx + b * NH * T, g->sum + b * NH * T, qb,
                           kvb, g->pos + p0, g->pos, 1, T, p0 + T, NH, NKV, HS, 1, dt);
@@ -10665,14 +10664,16 @@ US_API us_result us_gen_init(us_gen *g, us_model *m, int B, int max_len) {
     memset(g, 0, sizeof *g);
     if (max_len == 0) max_len = m->tc.seq;
     if (m->mesh.cp > 1) {
-        us__model_set_error(m, "generation with a KV cache does not run under context "
-                               "parallelism (cp=%d): load the model with cp=1",
+        us__model_set_error(m,
+                            "generation with a KV cache does not run under context "
+                            "parallelism (cp=%d): load the model with cp=1",
                             m->mesh.cp);
         return US_ERR_INVALID;
     }
     if (B < 1 || B > m->tc.batch || max_len < 1) {
-        us__model_set_error(m, "generation needs 1 <= B <= batch=%d sequences and max_len >= 1 "
-                               "(got B=%d, max_len=%d)",
+        us__model_set_error(m,
+                            "generation needs 1 <= B <= batch=%d sequences and max_len >= 1 "
+                            "(got B=%d, max_len=%d)",
                             m->tc.batch, B, max_len);
         return US_ERR_INVALID;
     }
@@ -10693,8 +10694,7 @@ US_API us_result us_gen_init(us_gen *g, us_model *m, int B, int max_len) {
     g->in = (int32_t *)US_MALLOC((size_t)n * 4);
     pos = (int32_t *)US_MALLOC((size_t)max_len * 4);
     g->bytes = kvb + (size_t)max_len * 4 + accb + 2 * stb;
-    if ((L > 0 && !g->kv) || !g->pos || !g->acc || !g->mx || !g->sum || !g->tgt || !g->in ||
-        !pos) {
+    if ((L > 0 && !g->kv) || !g->pos || !g->acc || !g->mx || !g->sum || !g->tgt || !g->in || !pos) {
         US_FREE(pos);
         us_gen_free(g);
         us__model_set_error(m, "out of memory for a KV cache of %zu bytes", kvb);
@@ -10738,8 +10738,9 @@ US_API us_result us_generate(us_model *m, const int32_t *prompt, int n_prompt, i
     us_result res;
     int k;
     if (n_prompt < 1 || n_new < 0) {
-        us__model_set_error(m, "generation needs a prompt of at least 1 token and n_new >= 0 "
-                               "(got %d and %d)",
+        us__model_set_error(m,
+                            "generation needs a prompt of at least 1 token and n_new >= 0 "
+                            "(got %d and %d)",
                             n_prompt, n_new);
         return US_ERR_INVALID;
     }

@@ -376,7 +376,9 @@ static void test_kv_cache_logits(void) {
     us_train_config tc = tiny_train(2, 20), ts = tiny_train(2, 6);
     us_model m, s; /* the same weights (seed 7): an arena of 20 positions, one of 6 */
     us_gen g;
+
     enum { P = 9, L = 20 };
+
     int32_t seqs[2][L], in[2 * L], tgt[2 * L], step[2];
     float lg[2][19], ref[2][19];
     double worst = 0;
