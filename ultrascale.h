@@ -1143,18 +1143,19 @@ US_API us_result us_sample_logits(const float *lg, int64_t V, float temperature,
    values the cache holds for every earlier position. The cache is, for each layer of this rank,
    kv [B][max_len][2·NKV·HS] in the model's dtype (each position's k heads after RoPE, then its v
    heads), allocated through the model's ops: it lives where the model does (CPU or GPU). A
-   forward call takes at most tc.seq tokens per sequence (the arena's size; us_gen_forward cuts
-   longer prompts into pieces), while the cache may be longer than tc.seq: positions run up to
+   forward call takes at most tc.seq / cp tokens per sequence (the arena's size; us_gen_forward
+   cuts longer prompts into pieces), while the cache may be longer than tc.seq: positions run up to
    max_len, the model's context. Under tensor, pipeline and data parallelism every rank of the
    model's world calls these functions, with the same tokens; every rank gets the same logits.
-   Not under context parallelism. The cache holds the weights' keys and values as they were:
+   Context parallelism splits a training sequence, not a generation's: each cp rank holds the
+   whole cache and decodes every position itself (the weights are whole on it). The cache holds the weights' keys and values as they were:
    writing weights makes it stale (us_gen_reset). */
 typedef struct us_gen {
     us_model *m;
     int B;             /* sequences decoded side by side, all of the same length */
     int max_len;       /* positions the cache holds */
     int len;           /* positions filled so far */
-    int chunk;         /* the most tokens per sequence one forward runs (tc.seq) */
+    int chunk;         /* the most tokens per sequence one forward runs (tc.seq / cp) */
     void *kv;          /* [L][B][max_len][2·NKV·HS] dt, backend memory */
     int32_t *pos;      /* backend i32[max_len]: 0, 1, 2, ... (query and key positions) */
     float *acc;        /* backend f32[B][NH][chunk][HS]: the attention's online softmax */
@@ -9327,7 +9328,8 @@ static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *
                             B, T, m->tc.batch, m->tc.seq / m->mesh.cp);
         return US_ERR_INVALID;
     }
-    if (m->mesh.cp > 1 && T != m->tc.seq / m->mesh.cp) { /* positions are fixed by the sharding */
+    /* positions are fixed by the sharding (a generation's are its cache's, // >>sample) */
+    if (m->mesh.cp > 1 && T != m->tc.seq / m->mesh.cp && !m->gen) {
         us__model_set_error(m,
                             "under context parallelism every call runs this rank's whole share: "
                             "seq %d / cp %d = %d tokens, not %d",
@@ -10663,13 +10665,6 @@ US_API us_result us_gen_init(us_gen *g, us_model *m, int B, int max_len) {
     int32_t *pos;
     memset(g, 0, sizeof *g);
     if (max_len == 0) max_len = m->tc.seq;
-    if (m->mesh.cp > 1) {
-        us__model_set_error(m,
-                            "generation with a KV cache does not run under context "
-                            "parallelism (cp=%d): load the model with cp=1",
-                            m->mesh.cp);
-        return US_ERR_INVALID;
-    }
     if (B < 1 || B > m->tc.batch || max_len < 1) {
         us__model_set_error(m,
                             "generation needs 1 <= B <= batch=%d sequences and max_len >= 1 "
@@ -10680,7 +10675,7 @@ US_API us_result us_gen_init(us_gen *g, us_model *m, int B, int max_len) {
     g->m = m;
     g->B = B;
     g->max_len = max_len;
-    g->chunk = m->tc.seq < max_len ? m->tc.seq : max_len;
+    g->chunk = m->tc.seq / m->mesh.cp < max_len ? m->tc.seq / m->mesh.cp : max_len;
     n = (int64_t)B * g->chunk;
     kvb = (size_t)(L * B * max_len * KV) * us_dtype_size(m->dt);
     accb = (size_t)(n * NH * HS) * 4;

@@ -5,7 +5,8 @@
    the first stage's to the bit after training. The activations it actually held at once are
    measured: 1F1B keeps
    p − rank micro-batches (p on the first stage), AFAB all m. Unsupported combinations are
-   refused with a sentence.
+   refused with a sentence. Greedy generation with a KV cache through the stages, past seq: the
+   same tokens on every rank as re-running the sequence.
 
    Tolerance (fp32): stages compute what one rank computes, in the same order, except the
    gradient norm's sum over stages (and, tied, the table's gradient: the head's part and the

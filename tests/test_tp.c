@@ -2,7 +2,8 @@
    ZeRO-1 and ZeRO-3 must reproduce the single-rank run (losses, gradient norms, final weights
    reassembled from the ranks' slices), tied and untied, with accumulation and recomputation;
    so must tp 4 and 8 with 2 kv heads (each replicated on tp/2 ranks, the copies equal);
-   per-rank memory equals the estimator; bad tp sizes are refused with a sentence.
+   per-rank memory equals the estimator; bad tp sizes are refused with a sentence. Greedy
+   generation with a KV cache past seq: the same tokens on every rank as re-running the sequence.
 
    Tolerance (fp32): the row-parallel outputs are sums of per-rank partial GEMMs and the
    vocabulary-parallel loss sums per-rank softmax denominators, so results agree to rounding:
