@@ -1134,7 +1134,8 @@ US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int
    else the top_k largest logits (0 = all; ties at the k-th all kept), softmax at temperature,
    then with 0 < top_p < 1 only the most likely of them whose probabilities reach top_p
    (nucleus sampling; 0 or ≥ 1 = all), one uniform draw. Every rank that draws from the same
-   logits with the same rng state picks the same token. */
+   logits with the same rng state picks the same token. US_ERR_NONFINITE when no logit is
+   finite, US_ERR_OOM when scratch memory fails. */
 US_API us_result us_sample_logits(const float *lg, int64_t V, float temperature, int top_k,
                                   float top_p, us_rng *r, int32_t *tok);
 
@@ -10559,6 +10560,7 @@ US_API us_result us_sample_logits(const float *lg, int64_t V, float temperature,
     if ((res = us__topk_threshold(lg, V, top_k, &kth)) != US_OK) return res;
     for (v = 0; v < V; v++)
         if (lg[v] >= kth && lg[v] > mx) mx = lg[v];
+    if (!isfinite(mx)) return US_ERR_NONFINITE; /* no finite logit to draw from */
     for (v = 0; v < V; v++) sum += lg[v] >= kth ? exp((double)(lg[v] - mx) / temperature) : 0.0;
     u = us_rng_uniform(r);
     if (top_p > 0 && top_p < 1) {
@@ -10576,6 +10578,11 @@ US_API us_result us_sample_logits(const float *lg, int64_t V, float temperature,
     }
     *tok = (int32_t)pick;
     return US_OK;
+}
+
+static void us__sample_error(us_model *m, us_result r) {
+    us__model_set_error(m, r == US_ERR_NONFINITE ? "sampling found no finite logit"
+                                                 : "out of host memory for sampling");
 }
 
 US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int n_new,
@@ -10605,7 +10612,7 @@ US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int
     for (len = n_prompt; len < total; len++) {
         if ((res = us__forward_eval(m, out, tg, 1, len, NULL, NULL, lg)) != US_OK) break;
         if ((res = us_sample_logits(lg, V, temperature, top_k, 0.0f, r, out + len)) != US_OK) {
-            us__model_set_error(m, "out of host memory");
+            us__sample_error(m, res);
             break;
         }
     }
@@ -10755,7 +10762,7 @@ US_API us_result us_generate(us_model *m, const int32_t *prompt, int n_prompt, i
     for (k = 0; k < n_new && res == US_OK; k++) {
         if ((res = us_sample_logits(lg, m->cfg.vocab, temperature, top_k, top_p, r,
                                     out + n_prompt + k)) != US_OK) {
-            us__model_set_error(m, "out of host memory");
+            us__sample_error(m, res);
             break;
         }
         if (k + 1 < n_new) res = us_gen_forward(&g, out + n_prompt + k, 1, lg);

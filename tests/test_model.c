@@ -418,13 +418,18 @@ static void test_kv_cache_logits(void) {
     us_model_free(&s);
 }
 
-/* Greedy generation with the cache gives the tokens us_sample gives by re-running. */
-static void test_kv_cache_greedy(void) {
+/* Greedy generation with the cache gives the tokens us_sample gives by re-running; moe: the
+   MLPs are MoE layers (4 experts, top-2, a shared one). */
+static void test_kv_cache_greedy(int moe) {
     us_model_config mc = tiny_model();
     us_train_config tc = tiny_train(1, 24), ts = tiny_train(1, 5);
     us_model m, s;
     us_rng r;
     int32_t prompt[7] = {3, 1, 4, 1, 5, 9, 2}, a[24], b[24], c[24];
+    if (moe) {
+        mc.moe_experts = 4;
+        mc.moe_shared = 1;
+    }
     us_model_init(&m, &mc, &tc, NULL);
     us_model_init(&s, &mc, &ts, NULL);
     us_rng_seed(&r, 1);
@@ -433,7 +438,8 @@ static void test_kv_cache_greedy(void) {
               us_generate(&s, prompt, 7, 17, 0.0f, 0, 0.9f, &r, c) == US_OK,
           "generate: %s", us_model_error(&s));
     CHECK(!memcmp(a, b, sizeof a) && !memcmp(a, c, sizeof a),
-          "greedy: 17 cached tokens equal re-running (seq 24), also from a model of seq 5");
+          "greedy%s: 17 cached tokens equal re-running (seq 24), also from a model of seq 5",
+          moe ? ", MoE" : "");
     us_model_free(&m);
     us_model_free(&s);
 }
@@ -462,6 +468,12 @@ static void test_top_p(void) {
         if (k == 0)
             CHECK(fabs(cnt[0] / (double)n - 0.625) < 0.03,
                   "top_p 0.7: token 0 renormalised to 0.5/0.8, drawn %.3f", cnt[0] / (double)n);
+    }
+    for (i = 0; i < 4; i++) lg[i] = NAN;
+    {
+        int32_t t = -1;
+        CHECK(us_sample_logits(lg, 4, 1.0f, 0, 0.9f, &r, &t) == US_ERR_NONFINITE,
+              "no finite logit to sample from is an error, not an index");
     }
 }
 
@@ -561,7 +573,8 @@ int main(int argc, char **argv) {
     test_params_and_determinism();
     test_sampling();
     test_kv_cache_logits();
-    test_kv_cache_greedy();
+    test_kv_cache_greedy(0);
+    test_kv_cache_greedy(1);
     test_top_p();
     test_loss_chunk(US_PRECISION_FP32, 0);
     test_loss_chunk(US_PRECISION_FP32, 1);
