@@ -1149,8 +1149,9 @@ US_API us_result us_sample_logits(const float *lg, int64_t V, float temperature,
    max_len, the model's context. Under tensor, pipeline and data parallelism every rank of the
    model's world calls these functions, with the same tokens; every rank gets the same logits.
    Context parallelism splits a training sequence, not a generation's: each cp rank holds the
-   whole cache and decodes every position itself (the weights are whole on it). The cache holds the weights' keys and values as they were:
-   writing weights makes it stale (us_gen_reset). */
+   whole cache and decodes every position itself (the weights are whole on it). The cache holds
+   the keys and values of the weights as they were: writing weights makes it stale
+   (us_gen_reset). */
 typedef struct us_gen {
     us_model *m;
     int B;             /* sequences decoded side by side, all of the same length */
@@ -1165,7 +1166,7 @@ typedef struct us_gen {
     size_t bytes;      /* backend bytes held */
 } us_gen;
 
-/* B sequences (1 ≤ B ≤ tc.batch) of up to max_len positions (0 = tc.seq). Errors: the model's. */
+/* B sequences (1 ≤ B ≤ tc.batch) of up to max_len positions (0 = tc.seq); errors: the model's. */
 US_API us_result us_gen_init(us_gen *g, us_model *m, int B, int max_len);
 /* Appends tokens [B][T] (host) at positions len .. len+T−1 of every sequence and writes each
    sequence's logits after its last token into host logits [B][V] (may be NULL). */
