@@ -263,6 +263,10 @@ $(B)/bench_cuda: bench/bench_cuda.cu $(HDR) ultrascale_cuda.cuh | $(B)
 $(B)/bench_tok: bench/bench_tok.c $(IMPL) $(HDR) | $(B)
 	$(CC) $(CFLAGS) $(LINKED_C) $< $(IMPL) -o $@ $(LDLIBS)
 
+# the shard loader's speed: mapped, read with stdio, against reading a shard whole (bench/RESULTS.md)
+$(B)/bench_loader: bench/bench_loader.c $(IMPL) $(HDR) | $(B)
+	$(CC) $(CFLAGS) $(LINKED_C) $< $(IMPL) -o $@ $(LDLIBS)
+
 # the same rates file from the CPU ops and the threads backend (CI reads it back through build/plan)
 $(B)/calibrate_cpu: bench/calibrate_cpu.c $(IMPL) $(HDR) | $(B)
 	$(CC) $(CFLAGS) $(LINKED_C) $< $(IMPL) -o $@ $(LDLIBS)

@@ -14,7 +14,7 @@
        ULTRASCALE_NO_CHECKPOINT   // >>checkpoint: safetensors save / load, its JSON reader (us_ckpt_*)
        ULTRASCALE_NO_PLANNER      // >>plan: the configuration planner (us_plan_*)
        ULTRASCALE_NO_DATA         // >>data: text and token-shard loading, the built-in task
-                                  // (us_byte_*, us_data_*, us_task_*)
+                                  // (us_byte_*, us_data_*, us_loader_*, us_task_*)
        ULTRASCALE_NO_TOKENIZER    // >>tokenizer: tokenizer.json byte-level BPE (us_tok_*)
 
    QUICK START
@@ -66,7 +66,7 @@
      ops table .............................. us_ops, us_cpu_ops
      comm table ............................. us_comm, us_group, us_comm_self
      model and trainer ...................... us_model, us_train_step, us_forward_eval
-     data ................................... us_data (raw text, llm.c shards), us_task
+     data ................................... us_data (raw text, llm.c shards), us_loader, us_task
      tokenizer .............................. us_tok_load, us_tok_encode, us_tok_decode
      sampling and generation ................ us_sample_logits, us_generate, us_gen_forward
      checkpoints ............................ us_ckpt_save, us_ckpt_load, us_safetensors_parse
@@ -96,7 +96,8 @@
                       full), the model's forward and backward
      // >>lossscale   fp16 mixed precision: dynamic loss scaling, overflow detection, step skipping
      // >>train       the model's set-up (each chapter's in turn), gradient accumulation, the step
-     // >>data        byte tokenizer, text loader, llm.c token shards, the built-in task
+     // >>data        byte tokenizer, text loader, llm.c token shards, the shard loader,
+                      the built-in task
      // >>sample      temperature / top-k / top-p sampling, generation with a KV cache
      // >>checkpoint  safetensors, Hugging Face names, config.json, training state, resharding, crash-safe
      // >>tokenizer   tokenizer.json byte-level BPE: GPT-2 / Llama 3 pre-tokenisers, merges, added tokens
@@ -998,6 +999,12 @@ US_API void us_cp_positions(const us_train_config *tc, int r, int32_t *pos);
    last position's logits of each sequence, [B][V] floats. */
 US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B,
                                  int T, double *loss_sum, int64_t *correct, float *logits_out);
+/* Forward only, the loss of every position: losses [B][T] on the host (0 where the target is
+   < 0), for scores finer than a sum, as a multiple-choice evaluation's per-candidate loss.
+   Under context parallelism these are this rank's positions (us_cp_positions); pipeline
+   parallelism is refused (the losses live on the last stage only). */
+US_API us_result us_forward_eval_losses(us_model *m, const int32_t *inputs, const int32_t *targets,
+                                        int B, int T, float *losses);
 
 /* The textbook attention, kept as the reference for tests: S = QK^T/sqrt(HS) materialised
    [T,T], causal mask, softmax, P*V. fp32, single-threaded. qkv[B,T,QKV] -> out[B,T,NH*HS]. */
@@ -1045,6 +1052,82 @@ US_API void us_data_window_batch(const us_data *d, int64_t first, int64_t count,
 US_API void us_data_free(us_data *d);
 US_API size_t us_byte_encode(const char *text, int32_t *tokens, size_t cap);
 US_API size_t us_byte_decode(const int32_t *tokens, size_t n, char *text, size_t cap);
+
+/* Many llm.c token shards, mapped and streamed with llm.c's loader semantics: each epoch visits
+   the shards in a shuffled order and, inside each, its windows of T + 1 tokens (window w holds
+   tokens w·T .. w·T + T, laid end to end) in a shuffled order, so every window is read exactly
+   once per epoch and the next epoch reads them in another order (a shard's last (n − 1) mod T
+   tokens, too few for a window, are not trained on, as in llm.c). The shuffles are functions of
+   (seed, epoch, shard): the position below is all a resume needs. A data-parallel group shares
+   one stream: each us_loader_next call takes the group's batch of nseq windows and fills the
+   caller's rows first .. first + count − 1 of it, so dp ranks read disjoint windows that together
+   cover the batch, and the batch is that of one rank. Shards are mapped (POSIX mmap; elsewhere
+   windows are read with stdio), never read whole. */
+typedef struct us_loader_config { /* zero means default */
+    int T;                        /* tokens per sequence: windows of T + 1 (required, > 0) */
+    uint64_t seed;                /* the shuffles' seed */
+    int no_shuffle;               /* 1: shards in the given order, windows in file order */
+    int no_map;      /* 1: read each window with stdio instead of mapping the files (what builds
+                   without POSIX mmap do) */
+    int64_t vocab;   /* > 0: reading a token ≥ vocab is an error saying so */
+    double hold_out; /* [0, 1): the last fraction of the tokens, in list order, is not trained on
+                        (read it with us_loader_read from n_train) */
+} us_loader_config;
+
+typedef struct us_loader_pos { /* the next window: the window-th of this epoch's shard-th shard */
+    int64_t epoch, shard, window;
+    uint64_t seed; /* the seed that orders the stream */
+} us_loader_pos;
+
+typedef struct us_loader_shard {
+    char *path;
+    int tsz;                  /* bytes per token: 2 (version 1) or 4 (version 7) */
+    int64_t n;                /* tokens */
+    int64_t first;            /* the index of its first token in the list's concatenation */
+    int64_t windows;          /* windows trained on (none reach the held-out tail) */
+    const unsigned char *map; /* the mapped file; NULL: read with stdio */
+    size_t map_len;
+} us_loader_shard;
+
+typedef struct us_loader {
+    us_loader_config cfg;
+    int n_shards;
+    us_loader_shard *shards; /* [n_shards] in the given order */
+    int64_t n_tokens;        /* every token of every shard */
+    int64_t n_train;         /* the first n_train of them are trained on, the rest held out */
+    int64_t n_windows;       /* windows per epoch */
+    us_loader_pos pos;
+    int64_t *order;      /* [n_shards] this epoch's shard order */
+    int64_t *perm;       /* [the largest shard's windows] the current shard's window order */
+    int64_t order_epoch; /* the epoch order was drawn for (−1: none) */
+    int64_t perm_epoch;  /* the epoch and shard perm was drawn for (−1: none) */
+    int perm_shard;
+    void *file; /* the stdio fallback's open FILE, of shard file_shard */
+    int file_shard;
+    char err[512];
+} us_loader;
+
+/* Splits spec at commas; an item with * ? or [ is a glob pattern (POSIX glob, sorted; one that
+   matches nothing is an error), any other is a path. *paths[*n] is one allocation (US_MALLOC):
+   free it with free(), or US_FREE where that is overridden. */
+US_API us_result us_data_expand(const char *spec, char ***paths, int *n, char *err, size_t errlen);
+/* 1 when the file starts with an llm.c shard's magic (20240520 or 20240801), else 0. */
+US_API int us_data_is_shard(const char *path);
+/* Opens and maps n shards; every header is checked (magic, version, token count, file size) and a
+   bad one refused naming the file. Fails when the shards hold no window of T + 1 to train on. */
+US_API us_result us_loader_open(us_loader *l, const char *const *paths, int n,
+                                const us_loader_config *cfg);
+/* The group's next batch of nseq windows; fills rows first .. first + count − 1 of it into
+   inputs/targets [count][T] (targets are the inputs shifted by one). Advances by nseq. */
+US_API us_result us_loader_next(us_loader *l, int nseq, int first, int count, int32_t *inputs,
+                                int32_t *targets);
+/* Where the stream is, and going back there (a position of another run over the same shards
+   continues that run's stream window for window). */
+US_API us_loader_pos us_loader_tell(const us_loader *l);
+US_API us_result us_loader_seek(us_loader *l, us_loader_pos pos);
+/* Tokens first .. first + n − 1 of the shards laid end to end in list order, into out [n]. */
+US_API us_result us_loader_read(us_loader *l, int64_t first, int64_t n, int32_t *out);
+US_API void us_loader_close(us_loader *l);
 
 /* The built-in default task (no download): sorting digits. Each line is a string of
    US_TASK_DIGITS random digits, '=', the same digits sorted, '\n' — e.g. "70421835=01234578\n".
@@ -1304,6 +1387,12 @@ typedef struct us_ckpt_state { /* what the caller's loop needs besides the model
     int64_t data_pos;          /* the caller's data position (e.g. batches drawn) */
     int n_rng;                 /* RNG states kept (at most 8) */
     uint64_t rng[8];
+    /* a shard loader's position (us_loader_pos, // >>data), saved when has_loader = 1 and
+       restored with has_loader = 1 when the file holds one */
+    int has_loader;
+    int64_t loader_epoch, loader_shard, loader_window;
+    uint64_t loader_seed;
+    int64_t loader_tokens; /* the tokens it trains on (n_train): a resume checks the data */
 } us_ckpt_state;
 
 typedef struct us_ckpt_opts { /* zero means default */
@@ -10102,6 +10191,25 @@ US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32
     return us__forward_eval(m, inputs, targets, B, T, loss_sum, correct, logits_out);
 }
 
+US_API us_result us_forward_eval_losses(us_model *m, const int32_t *inputs, const int32_t *targets,
+                                        int B, int T, float *losses) {
+    double ls = 0;
+    us_result r;
+    if (m->tc.pp > 1) {
+        us__model_set_error(m,
+                            "per-position losses are not available under pipeline parallelism "
+                            "(pp=%d): only the last stage holds them",
+                            m->tc.pp);
+        return US_ERR_INVALID;
+    }
+    us__fp8_wcache_drop(m);
+    r = us__forward(m, inputs, targets, B, T, 0.0f, &ls);
+    us__zero3_release_all(m);
+    if (r != US_OK) return r;
+    m->ops.copy(&m->ops, losses, m->a[US__A_LOSSES], (size_t)B * T * 4, US_COPY_D2H);
+    return us__backend_check(m);
+}
+
 static us_result us__forward_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B,
                                   int T, double *loss_sum, int64_t *correct, float *logits_out) {
     us_ops *o = &m->ops;
@@ -10131,7 +10239,7 @@ static us_result us__forward_eval(us_model *m, const int32_t *inputs, const int3
 
 #if !defined(ULTRASCALE_NO_DATA) || !defined(ULTRASCALE_NO_TOKENIZER)
 /* ------------------------------------------------------------------------------------ */
-// >>data  byte tokenizer, raw text, llm.c token shards, the built-in sorting task
+// >>data  byte tokenizer, raw text, llm.c token shards, the shard loader, the built-in task
 /* ------------------------------------------------------------------------------------ */
 /* A whole file into *buf[*len] (+ 1 byte of room); // >>tokenizer reads tokenizer.json with it. */
 static us_result us__read_file(const char *path, unsigned char **buf, int64_t *len, char *err,
@@ -10245,6 +10353,70 @@ US_API us_result us_data_load_text(us_data *d, const char *path) {
 
 #define US__SHARD_HEADER 256
 
+/* An llm.c shard's header (256 int32) against the file's length in bytes: its bytes per token
+   and token count, or US_ERR_FORMAT with one sentence. hdr is read only when len holds it. */
+static us_result us__shard_header(const int32_t *hdr, int64_t len, const char *path, int *tsz,
+                                  int64_t *ntok, char *err, size_t errlen) {
+    const int64_t hb = US__SHARD_HEADER * 4;
+    if (len < hb) {
+        us__errf(err, errlen,
+                 "%s is truncated: %lld bytes, but a token shard's header alone is %d bytes", path,
+                 (long long)len, (int)hb);
+        return US_ERR_FORMAT;
+    }
+    if (hdr[0] == 20240520 && hdr[1] == 1) {
+        *tsz = 2;
+    } else if (hdr[0] == 20240801 && hdr[1] == 7) {
+        *tsz = 4;
+    } else if (hdr[0] == 20240520 || hdr[0] == 20240801) {
+        us__errf(err, errlen, "%s: unsupported shard version %d for magic %d", path, hdr[1],
+                 hdr[0]);
+        return US_ERR_FORMAT;
+    } else {
+        us__errf(err, errlen,
+                 "%s is not an llm.c token shard (magic %d, expected 20240520 or 20240801)", path,
+                 hdr[0]);
+        return US_ERR_FORMAT;
+    }
+    *ntok = hdr[2];
+    if (*ntok <= 0) {
+        us__errf(err, errlen, "%s: the header says %lld tokens", path, (long long)*ntok);
+        return US_ERR_FORMAT;
+    }
+    if (len != hb + *ntok * *tsz) {
+        us__errf(err, errlen,
+                 "%s: file is %lld bytes but the header promises %lld tokens of %d bytes (%lld "
+                 "bytes)",
+                 path, (long long)len, (long long)*ntok, *tsz, (long long)(hb + *ntok * *tsz));
+        return US_ERR_FORMAT;
+    }
+    return US_OK;
+}
+
+/* n tokens of tsz bytes (little-endian) at p into out; a token ≥ vocab (vocab > 0) or past
+   INT32_MAX is an error naming the shard and the token's index in it (index of p[0]: at). */
+static us_result us__shard_decode(const unsigned char *p, int tsz, int64_t n, int32_t *out,
+                                  int64_t vocab, const char *path, int64_t at, char *err,
+                                  size_t errlen) {
+    int64_t i;
+    for (i = 0; i < n; i++, p += tsz) {
+        uint32_t t = tsz == 2 ? (uint32_t)(p[0] | p[1] << 8)
+                              : (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                                    (uint32_t)p[3] << 24;
+        if (t > 0x7fffffffu || (vocab > 0 && (int64_t)t >= vocab)) {
+            if (t > 0x7fffffffu)
+                us__errf(err, errlen, "%s: token %lld has the impossible value %u", path,
+                         (long long)(at + i), t);
+            else
+                us__errf(err, errlen, "%s: token %lld is %u, outside the vocabulary of %lld", path,
+                         (long long)(at + i), t, (long long)vocab);
+            return US_ERR_FORMAT;
+        }
+        out[i] = (int32_t)t;
+    }
+    return US_OK;
+}
+
 US_API us_result us_data_load_shard(us_data *d, const char *path) {
     unsigned char *buf;
     int64_t len, ntok, i;
@@ -10257,53 +10429,23 @@ US_API us_result us_data_load_shard(us_data *d, const char *path) {
         snprintf(d->err, sizeof d->err, "%s", err);
         return r;
     }
-#define US__FAIL(...)                                 \
-    do {                                              \
-        us__errf(d->err, sizeof d->err, __VA_ARGS__); \
-        US_FREE(buf);                                 \
-        return US_ERR_FORMAT;                         \
-    } while (0)
-    if (len < (int64_t)sizeof hdr)
-        US__FAIL("%s is truncated: %lld bytes, but a token shard's header alone is %d bytes", path,
-                 (long long)len, (int)sizeof hdr);
-    memcpy(hdr, buf, sizeof hdr);
-    if (hdr[0] == 20240520 && hdr[1] == 1)
-        tsz = 2;
-    else if (hdr[0] == 20240801 && hdr[1] == 7)
-        tsz = 4;
-    else if (hdr[0] == 20240520 || hdr[0] == 20240801)
-        US__FAIL("%s: unsupported shard version %d for magic %d", path, hdr[1], hdr[0]);
-    else
-        US__FAIL("%s is not an llm.c token shard (magic %d, expected 20240520 or 20240801)", path,
-                 hdr[0]);
-    ntok = hdr[2];
-    if (ntok <= 0) US__FAIL("%s: the header says %lld tokens", path, (long long)ntok);
-    if (len != (int64_t)sizeof hdr + ntok * tsz)
-        US__FAIL(
-            "%s: file is %lld bytes but the header promises %lld tokens of %d bytes (%lld bytes)",
-            path, (long long)len, (long long)ntok, tsz,
-            (long long)((int64_t)sizeof hdr + ntok * tsz));
-    d->tokens = (int32_t *)US_MALLOC((size_t)ntok * 4);
-    if (!d->tokens) {
+    if (len >= (int64_t)sizeof hdr) memcpy(hdr, buf, sizeof hdr);
+    r = us__shard_header(hdr, len, path, &tsz, &ntok, d->err, sizeof d->err);
+    if (r == US_OK && !(d->tokens = (int32_t *)US_MALLOC((size_t)ntok * 4))) {
         us__errf(d->err, sizeof d->err, "out of memory for %lld tokens", (long long)ntok);
-        US_FREE(buf);
-        return US_ERR_OOM;
+        r = US_ERR_OOM;
     }
-    for (i = 0; i < ntok; i++) {
-        const unsigned char *p = buf + sizeof hdr + i * tsz;
-        uint32_t t = tsz == 2 ? (uint32_t)(p[0] | p[1] << 8)
-                              : (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-                                    (uint32_t)p[3] << 24;
-        if (t > 0x7fffffffu) {
-            us_data_free(d);
-            US__FAIL("%s: token %lld has the impossible value %u", path, (long long)i, t);
-        }
-        d->tokens[i] = (int32_t)t;
-        if (d->tokens[i] > d->max_token) d->max_token = d->tokens[i];
-    }
-#undef US__FAIL
-    d->n = ntok;
+    if (r == US_OK)
+        r = us__shard_decode(buf + sizeof hdr, tsz, ntok, d->tokens, 0, path, 0, d->err,
+                             sizeof d->err);
     US_FREE(buf);
+    if (r != US_OK) {
+        us_data_free(d);
+        return r;
+    }
+    for (i = 0; i < ntok; i++)
+        if (d->tokens[i] > d->max_token) d->max_token = d->tokens[i];
+    d->n = ntok;
     return US_OK;
 }
 
@@ -10358,6 +10500,408 @@ US_API us_result us_data_batch(us_data *d, us_rng *r, int nseq, int T, int32_t *
         int64_t start = (int64_t)(us_rng_u64(r) % (uint64_t)(d->n - T));
         memcpy(inputs + (int64_t)s * T, d->tokens + start, (size_t)T * 4);
         memcpy(targets + (int64_t)s * T, d->tokens + start + 1, (size_t)T * 4);
+    }
+    return US_OK;
+}
+
+/* ---- the shard loader: many llm.c shards, mapped, streamed in llm.c's shuffled order */
+#if defined(_POSIX_C_SOURCE) && _POSIX_C_SOURCE >= 200809L
+#define US__DATA_POSIX 1
+#include <glob.h>
+#include <sys/mman.h>
+#endif
+
+/* the list us_data_expand builds, one string at a time */
+typedef struct us__strs {
+    char **v;
+    int n, cap;
+    size_t bytes;
+} us__strs;
+
+static int us__strs_add(us__strs *s, const char *p, size_t len) {
+    char *c;
+    if (s->n == s->cap) {
+        int cap = s->cap ? 2 * s->cap : 16;
+        char **v = (char **)realloc(s->v, sizeof(char *) * (size_t)cap);
+        if (!v) return 1;
+        s->v = v;
+        s->cap = cap;
+    }
+    if (!(c = (char *)US_MALLOC(len + 1))) return 1;
+    memcpy(c, p, len);
+    c[len] = 0;
+    s->v[s->n++] = c;
+    s->bytes += len + 1;
+    return 0;
+}
+
+/* one comma-separated item: a path, or a glob pattern's matches in sorted order */
+static us_result us__expand_item(us__strs *s, const char *item, size_t len, char *err,
+                                 size_t errlen) {
+    char pat[4096];
+    if (len == 0 || len >= sizeof pat) {
+        us__errf(err, errlen, "%s in the list of files", len ? "a name too long" : "an empty name");
+        return US_ERR_INVALID;
+    }
+    memcpy(pat, item, len);
+    pat[len] = 0;
+    if (!strpbrk(pat, "*?[")) {
+        if (!us__strs_add(s, pat, len)) return US_OK;
+        us__errf(err, errlen, "out of memory for the list of files");
+        return US_ERR_OOM;
+    }
+#ifdef US__DATA_POSIX
+    {
+        glob_t g;
+        size_t i;
+        int rc = glob(pat, 0, NULL, &g);
+        if (rc == GLOB_NOMATCH) {
+            us__errf(err, errlen, "%s matches no file", pat);
+            return US_ERR_IO;
+        }
+        if (rc != 0) {
+            us__errf(err, errlen, "cannot expand the pattern %s", pat);
+            return US_ERR_IO;
+        }
+        for (i = 0; i < g.gl_pathc; i++)
+            if (us__strs_add(s, g.gl_pathv[i], strlen(g.gl_pathv[i]))) break;
+        rc = i == g.gl_pathc;
+        globfree(&g);
+        if (rc) return US_OK;
+        us__errf(err, errlen, "out of memory for the list of files");
+        return US_ERR_OOM;
+    }
+#else
+    us__errf(err, errlen, "%s is a pattern, and this build has no POSIX glob: list the files", pat);
+    return US_ERR_INVALID;
+#endif
+}
+
+US_API us_result us_data_expand(const char *spec, char ***paths, int *n, char *err, size_t errlen) {
+    us__strs s = {NULL, 0, 0, 0};
+    us_result r = US_OK;
+    const char *p = spec;
+    char *at;
+    int i;
+    *paths = NULL;
+    *n = 0;
+    if (!spec) {
+        us__errf(err, errlen, "no list of files");
+        return US_ERR_INVALID;
+    }
+    for (;;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if ((r = us__expand_item(&s, p, len, err, errlen)) != US_OK || !comma) break;
+        p = comma + 1;
+    }
+    if (r == US_OK && !(*paths = (char **)US_MALLOC(sizeof(char *) * (size_t)s.n + s.bytes))) {
+        us__errf(err, errlen, "out of memory for the list of files");
+        r = US_ERR_OOM;
+    }
+    if (r == US_OK && s.n > 0) { /* one allocation: the pointers, then the strings */
+        at = (char *)(*paths + s.n);
+        for (i = 0; i < s.n; i++) {
+            (*paths)[i] = at;
+            strcpy(at, s.v[i]);
+            at += strlen(s.v[i]) + 1;
+        }
+        *n = s.n;
+    }
+    for (i = 0; i < s.n; i++) US_FREE(s.v[i]);
+    free(s.v);
+    return r;
+}
+
+US_API int us_data_is_shard(const char *path) {
+    FILE *f = fopen(path, "rb");
+    int32_t magic = 0;
+    size_t got;
+    if (!f) return 0;
+    got = fread(&magic, 1, 4, f);
+    fclose(f);
+    return got == 4 && (magic == 20240520 || magic == 20240801);
+}
+
+/* One shard: its header checked against its size, then the file mapped (POSIX). */
+static us_result us__loader_open_shard(us_loader *l, us_loader_shard *sh, const char *path) {
+    int32_t hdr[US__SHARD_HEADER];
+    FILE *f = fopen(path, "rb");
+    int64_t len = -1;
+    size_t got;
+    us_result r;
+    if (!(sh->path = (char *)US_MALLOC(strlen(path) + 1))) return US_ERR_OOM;
+    strcpy(sh->path, path);
+    if (!f) {
+        us__errf(l->err, sizeof l->err, "cannot open %s", path);
+        return US_ERR_IO;
+    }
+    got = fread(hdr, 1, sizeof hdr, f);
+    if (ferror(f) || fseek(f, 0, SEEK_END) != 0 || (len = (int64_t)ftell(f)) < 0 ||
+        (got < sizeof hdr && len >= (int64_t)sizeof hdr)) {
+        fclose(f);
+        us__errf(l->err, sizeof l->err, "cannot read %s", path);
+        return US_ERR_IO;
+    }
+    r = us__shard_header(hdr, len, path, &sh->tsz, &sh->n, l->err, sizeof l->err);
+#ifdef US__DATA_POSIX
+    if (r == US_OK && !l->cfg.no_map) {
+        void *m = mmap(NULL, (size_t)len, PROT_READ, MAP_SHARED, fileno(f), 0);
+        if (m == MAP_FAILED) {
+            us__errf(l->err, sizeof l->err, "cannot map %s: %s", path, strerror(errno));
+            r = US_ERR_IO;
+        } else {
+            sh->map = (const unsigned char *)m;
+            sh->map_len = (size_t)len;
+        }
+    }
+#endif
+    fclose(f);
+    return r;
+}
+
+/* Which windows are trained on: those wholly before the held-out tail. */
+static void us__loader_count(us_loader *l) {
+    int64_t T = l->cfg.T;
+    int i;
+    l->n_train = l->n_tokens - (int64_t)((double)l->n_tokens * l->cfg.hold_out);
+    l->n_windows = 0;
+    for (i = 0; i < l->n_shards; i++) {
+        us_loader_shard *sh = &l->shards[i];
+        int64_t u = l->n_train - sh->first;
+        if (u > sh->n) u = sh->n;
+        sh->windows = u > T ? (u - 1) / T : 0;
+        l->n_windows += sh->windows;
+    }
+}
+
+US_API us_result us_loader_open(us_loader *l, const char *const *paths, int n,
+                                const us_loader_config *cfg) {
+    int64_t most = 1;
+    us_result r = US_OK;
+    int i;
+    memset(l, 0, sizeof *l);
+    l->cfg = *cfg;
+    l->order_epoch = l->perm_epoch = -1;
+    l->file_shard = -1;
+    l->pos.seed = cfg->seed;
+    if (cfg->T <= 0 || n <= 0 || !(cfg->hold_out >= 0 && cfg->hold_out < 1)) {
+        us__errf(l->err, sizeof l->err,
+                 "the loader needs T > 0 (got %d), shards (got %d) and 0 <= hold_out < 1 (got %g)",
+                 cfg->T, n, cfg->hold_out);
+        return US_ERR_INVALID;
+    }
+    l->shards = (us_loader_shard *)calloc((size_t)n, sizeof *l->shards);
+    l->order = (int64_t *)US_MALLOC(sizeof(int64_t) * (size_t)n);
+    if (!l->shards || !l->order) r = US_ERR_OOM;
+    for (i = 0; i < n && r == US_OK; i++) {
+        l->n_shards = i + 1;
+        r = us__loader_open_shard(l, &l->shards[i], paths[i]);
+        l->shards[i].first = l->n_tokens;
+        l->n_tokens += l->shards[i].n;
+    }
+    if (r == US_OK) {
+        us__loader_count(l);
+        for (i = 0; i < n; i++)
+            if (l->shards[i].windows > most) most = l->shards[i].windows;
+        if (!(l->perm = (int64_t *)US_MALLOC(sizeof(int64_t) * (size_t)most))) r = US_ERR_OOM;
+    }
+    if (r == US_OK && l->n_windows == 0)
+        us__errf(l->err, sizeof l->err,
+                 "the %d shard%s %lld tokens (%lld to train on): no shard has a window of "
+                 "T + 1 = %d",
+                 n, n > 1 ? "s hold" : " holds", (long long)l->n_tokens, (long long)l->n_train,
+                 cfg->T + 1);
+    if (r == US_OK && l->n_windows == 0) r = US_ERR_INVALID;
+    if (r == US_ERR_OOM) us__errf(l->err, sizeof l->err, "out of memory opening %d shards", n);
+    if (r != US_OK) {
+        char keep[512];
+        memcpy(keep, l->err, sizeof keep);
+        us_loader_close(l);
+        memcpy(l->err, keep, sizeof keep);
+    }
+    return r;
+}
+
+US_API void us_loader_close(us_loader *l) {
+    int i;
+    for (i = 0; l->shards && i < l->n_shards; i++) {
+#ifdef US__DATA_POSIX
+        if (l->shards[i].map) munmap((void *)l->shards[i].map, l->shards[i].map_len);
+#endif
+        US_FREE(l->shards[i].path);
+    }
+    if (l->file) fclose((FILE *)l->file);
+    free(l->shards);
+    US_FREE(l->order);
+    US_FREE(l->perm);
+    memset(l, 0, sizeof *l);
+}
+
+/* The shuffles: Fisher–Yates with a generator seeded by (seed, epoch, shard), so any position's
+   order is recomputed from three numbers (shard −1: the epoch's order of shards). */
+static void us__loader_shuffle(int64_t *a, int64_t n, uint64_t seed, int64_t epoch, int64_t shard) {
+    us_rng r;
+    int64_t i;
+    us_rng_seed(&r, seed ^ 0x6a09e667f3bcc909ull * (uint64_t)(epoch + 1));
+    r.s ^= 0xbb67ae8584caa73bull * (uint64_t)(shard + 2);
+    for (i = 0; i < n; i++) a[i] = i;
+    for (i = n - 1; i > 0; i--) {
+        int64_t j = (int64_t)(us_rng_u64(&r) % (uint64_t)(i + 1));
+        int64_t t = a[i];
+        a[i] = a[j];
+        a[j] = t;
+    }
+}
+
+/* The shard file at position k of the current epoch's order (drawn on first use). */
+static int us__loader_shard_at(us_loader *l, int64_t k) {
+    if (l->order_epoch != l->pos.epoch) {
+        if (l->cfg.no_shuffle) {
+            int64_t i;
+            for (i = 0; i < l->n_shards; i++) l->order[i] = i;
+        } else {
+            us__loader_shuffle(l->order, l->n_shards, l->pos.seed, l->pos.epoch, -1);
+        }
+        l->order_epoch = l->pos.epoch;
+    }
+    return (int)l->order[k];
+}
+
+/* The next window of the stream: its shard and its index there; moves the position on. */
+static void us__loader_step(us_loader *l, int *shard, int64_t *window) {
+    for (;;) {
+        int s;
+        if (l->pos.shard >= l->n_shards) { /* the epoch is done: the next, in a new order */
+            l->pos.epoch++;
+            l->pos.shard = 0;
+            l->pos.window = 0;
+        }
+        s = us__loader_shard_at(l, l->pos.shard);
+        if (l->pos.window < l->shards[s].windows) {
+            if (l->perm_epoch != l->pos.epoch || l->perm_shard != s) {
+                if (l->cfg.no_shuffle) {
+                    int64_t i;
+                    for (i = 0; i < l->shards[s].windows; i++) l->perm[i] = i;
+                } else {
+                    us__loader_shuffle(l->perm, l->shards[s].windows, l->pos.seed, l->pos.epoch, s);
+                }
+                l->perm_epoch = l->pos.epoch;
+                l->perm_shard = s;
+            }
+            *shard = s;
+            *window = l->perm[l->pos.window++];
+            return;
+        }
+        l->pos.shard++;
+        l->pos.window = 0;
+    }
+}
+
+/* n tokens of shard s from its token at: from the map, or (no mmap) read with stdio */
+static us_result us__loader_tokens(us_loader *l, int s, int64_t at, int64_t n, int32_t *out) {
+    const us_loader_shard *sh = &l->shards[s];
+    const int64_t hb = US__SHARD_HEADER * 4;
+    unsigned char buf[4096];
+    int64_t done = 0;
+    if (sh->map)
+        return us__shard_decode(sh->map + hb + at * sh->tsz, sh->tsz, n, out, l->cfg.vocab,
+                                sh->path, at, l->err, sizeof l->err);
+    if (l->file_shard != s) {
+        if (l->file) fclose((FILE *)l->file);
+        l->file_shard = s;
+        if (!(l->file = fopen(sh->path, "rb"))) {
+            l->file_shard = -1;
+            us__errf(l->err, sizeof l->err, "cannot open %s", sh->path);
+            return US_ERR_IO;
+        }
+    }
+    while (done < n) { /* in pieces of the buffer */
+        int64_t k =
+            n - done < (int64_t)sizeof buf / sh->tsz ? n - done : (int64_t)sizeof buf / sh->tsz;
+        us_result r;
+        if (fseek((FILE *)l->file, (long)(hb + (at + done) * sh->tsz), SEEK_SET) != 0 ||
+            fread(buf, (size_t)sh->tsz, (size_t)k, (FILE *)l->file) != (size_t)k) {
+            us__errf(l->err, sizeof l->err, "cannot read %s (did it change?)", sh->path);
+            return US_ERR_IO;
+        }
+        r = us__shard_decode(buf, sh->tsz, k, out + done, l->cfg.vocab, sh->path, at + done, l->err,
+                             sizeof l->err);
+        if (r != US_OK) return r;
+        done += k;
+    }
+    return US_OK;
+}
+
+US_API us_result us_loader_next(us_loader *l, int nseq, int first, int count, int32_t *inputs,
+                                int32_t *targets) {
+    const int T = l->cfg.T;
+    int j;
+    if (first < 0 || count < 0 || first + count > nseq) {
+        us__errf(l->err, sizeof l->err, "rows %d .. %d are not in a batch of %d", first,
+                 first + count - 1, nseq);
+        return US_ERR_INVALID;
+    }
+    for (j = 0; j < nseq; j++) {
+        int s;
+        int64_t w;
+        us_result r;
+        int32_t *in;
+        us__loader_step(l, &s, &w);
+        if (j < first || j >= first + count) continue; /* another dp rank's row */
+        in = inputs + (int64_t)(j - first) * T;
+        if ((r = us__loader_tokens(l, s, w * T, T, in)) != US_OK) return r;
+        memcpy(targets + (int64_t)(j - first) * T, in + 1, (size_t)(T - 1) * 4);
+        r = us__loader_tokens(l, s, w * T + T, 1, targets + (int64_t)(j - first) * T + T - 1);
+        if (r != US_OK) return r;
+    }
+    return US_OK;
+}
+
+US_API us_loader_pos us_loader_tell(const us_loader *l) { return l->pos; }
+
+US_API us_result us_loader_seek(us_loader *l, us_loader_pos pos) {
+    us_loader_pos was = l->pos;
+    int64_t windows = 0;
+    if (pos.epoch < 0 || pos.shard < 0 || pos.shard > l->n_shards || pos.window < 0) {
+        us__errf(l->err, sizeof l->err, "position epoch %lld shard %lld window %lld is not one",
+                 (long long)pos.epoch, (long long)pos.shard, (long long)pos.window);
+        return US_ERR_INVALID;
+    }
+    l->pos = pos;
+    if (pos.seed != was.seed) l->order_epoch = l->perm_epoch = -1; /* other shuffles */
+    if (pos.shard < l->n_shards) windows = l->shards[us__loader_shard_at(l, pos.shard)].windows;
+    if (pos.window > windows) {
+        us__errf(l->err, sizeof l->err,
+                 "position epoch %lld shard %lld window %lld: that shard has %lld windows",
+                 (long long)pos.epoch, (long long)pos.shard, (long long)pos.window,
+                 (long long)windows);
+        l->pos = was;
+        l->order_epoch = l->perm_epoch = -1;
+        return US_ERR_INVALID;
+    }
+    return US_OK;
+}
+
+US_API us_result us_loader_read(us_loader *l, int64_t first, int64_t n, int32_t *out) {
+    int s = 0;
+    if (first < 0 || n < 0 || first + n > l->n_tokens) {
+        us__errf(l->err, sizeof l->err, "tokens %lld .. %lld are not in the %lld of the shards",
+                 (long long)first, (long long)(first + n - 1), (long long)l->n_tokens);
+        return US_ERR_INVALID;
+    }
+    while (n > 0) {
+        us_loader_shard *sh;
+        int64_t at, k;
+        us_result r;
+        while (l->shards[s].first + l->shards[s].n <= first) s++;
+        sh = &l->shards[s];
+        at = first - sh->first;
+        k = sh->n - at < n ? sh->n - at : n;
+        if ((r = us__loader_tokens(l, s, at, k, out)) != US_OK) return r;
+        out += k;
+        first += k;
+        n -= k;
     }
     return US_OK;
 }
@@ -12174,9 +12718,17 @@ static us_result us__cksave_trainer_json(us_model *m, const us__cksave *s, const
     for (q = 0; st && q < st->n_rng && q < 8; q++)
         len += (size_t)snprintf(t + len, cap - len, "%s\"%llu\"", q ? ", " : "",
                                 (unsigned long long)st->rng[q]);
+    len += (size_t)snprintf(t + len, cap - len, "],\n");
+    if (st && st->has_loader) /* the shard loader's place in its stream (// >>data) */
+        len += (size_t)snprintf(t + len, cap - len,
+                                "  \"loader\": {\"epoch\": %lld, \"shard\": %lld, \"window\": "
+                                "%lld, \"seed\": \"%llu\", \"tokens\": %lld},\n",
+                                (long long)st->loader_epoch, (long long)st->loader_shard,
+                                (long long)st->loader_window, (unsigned long long)st->loader_seed,
+                                (long long)st->loader_tokens);
     /* the loss scaler (// >>lossscale): S and its clean steps, so an fp16 run resumes where it was */
     snprintf(t + len, cap - len,
-             "],\n  \"precision\": \"%s\",\n  \"seed\": %llu,\n  \"loss_scale\": %.9g,\n  "
+             "  \"precision\": \"%s\",\n  \"seed\": %llu,\n  \"loss_scale\": %.9g,\n  "
              "\"loss_scale_good_steps\": %d,\n"
              "  \"layout\": {\"dp\": %d, \"zero\": %d, \"tp\": %d, \"sp\": %d, \"pp\": %d, "
              "\"cp\": %d, \"ep\": %d}\n}\n",
@@ -12605,6 +13157,34 @@ static us_result us__ckpt_load_moments(us_model *m, const char *dir, int resume,
     return r;
 }
 
+/* trainer_state.json's "loader" object, a shard loader's position (// >>data), when it has one. */
+static us_result us__ckpt_load_loader(us_model *m, const us__json *j, const char *p,
+                                      us_ckpt_state *st) {
+    int k = us__jget(j, 0, "loader");
+    char num[32], *end;
+    if (k < 0) return US_OK;
+    if (!us__jint(j, us__jget(j, k, "epoch"), &st->loader_epoch) ||
+        !us__jint(j, us__jget(j, k, "shard"), &st->loader_shard) ||
+        !us__jint(j, us__jget(j, k, "window"), &st->loader_window) ||
+        !us__jint(j, us__jget(j, k, "tokens"), &st->loader_tokens) ||
+        !us__jstr(j, us__jget(j, k, "seed"), num, sizeof num) || !num[0] || st->loader_epoch < 0 ||
+        st->loader_shard < 0 || st->loader_window < 0) {
+        us__model_set_error(m,
+                            "checkpoint: %s: \"loader\" needs epoch, shard, window (numbers, not "
+                            "negative), seed (a decimal string) and tokens",
+                            p);
+        return US_ERR_FORMAT;
+    }
+    errno = 0;
+    st->loader_seed = strtoull(num, &end, 10);
+    if (*end || errno) {
+        us__model_set_error(m, "checkpoint: %s: the loader's seed is not a 64-bit number", p);
+        return US_ERR_FORMAT;
+    }
+    st->has_loader = 1;
+    return US_OK;
+}
+
 /* trainer_state.json: the step, the data position, the RNG states and the loss scaler's state. */
 static us_result us__ckpt_load_trainer_state(us_model *m, const char *dir, us_ckpt_state *st) {
     us_result r = US_OK;
@@ -12677,6 +13257,7 @@ static us_result us__ckpt_load_trainer_state(us_model *m, const char *dir, us_ck
                         r = US_ERR_FORMAT;
                     }
                 }
+                if (r == US_OK) r = us__ckpt_load_loader(m, &j, p, st);
             }
         }
         us__json_free(&j);

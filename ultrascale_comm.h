@@ -340,7 +340,7 @@ enum {
 static const char *const us__thr_names[] = {
     "all_reduce", "reduce", "reduce_scatter", "all_gather", "gather", "scatter", "broadcast",
     "send",       "recv",   "all_to_all",     "barrier",    "split",  "sendrecv"};
-#define US__THR_SLICE_S 0.02   /* every wait re-checks the abort flag and the deadline this often */
+#define US__THR_SLICE_S 0.02 /* every wait re-checks the abort flag and the deadline this often */
 /* NCCL semantics: every rank waiting, no progress this long. 0.5 s fired falsely on a 2-core
    machine running make test beside other work (its threads starved that long); 2 s leaves a
    margin, and a real deadlock is still reported within a few seconds */

@@ -84,7 +84,7 @@ prog() { case $1 in dp | tp | fp8_train | moe) echo "test_internal $1" ;; *) ech
 
 # ---- the same tests under AddressSanitizer + UndefinedBehaviorSanitizer (the slow ones --quick)
 for t in tp plan pp dp cp fp16 ops fp8 fp8_train gemm model moe ep errors comm cp_ops pp_sched \
-         ckpt comm_threads bootstrap dtypes tok; do
+         ckpt comm_threads bootstrap dtypes tok data; do
     case $t in tp | fp16 | fp8_train | model) quick=' --quick' ;; *) quick='' ;; esac
     p=$(prog $t)
     step "asan+ubsan test_$t"            "$B/san/${p%% *}"        "./\$B/san/$p$quick"
@@ -117,6 +117,9 @@ step 'test_plan'                         "$B/test_plan"           './$B/test_pla
 
 # ---- the tokenizer: tokenizer.json byte-level BPE against Hugging Face tokenizers' ids (tests/tok)
 step 'test_tok'                          "$B/test_tok"            './$B/test_tok'
+
+# ---- data: the shard loader (every window once per epoch, dp ranks, resume, bad shards)
+step 'test_data'                         "$B/test_data"           './$B/test_data'
 
 # ---- checkpoints
 step 'test_ckpt'                         "$B/test_ckpt"           './$B/test_ckpt'

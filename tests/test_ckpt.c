@@ -604,6 +604,16 @@ static void test_validation(void) {
     C.load = dt;
     CHECK(go(&C) != US_OK && strstr(C.err, "version 1"), "a trainer state of another version: %s",
           C.err);
+    if ((f = fopen(p, "w"))) { /* a shard loader's position without its window and seed */
+        fputs("{\"format\": \"ultrascale-trainer-state\", \"version\": 1, \"step\": 3, "
+              "\"data_position\": 3, \"rng\": [\"1\"], \"loader\": {\"epoch\": 0, \"shard\": 1}}",
+              f);
+        fclose(f);
+    }
+    base(&C, 1, 1, 1, 0, US_PRECISION_FP32);
+    C.load = dt;
+    CHECK(go(&C) != US_OK && strstr(C.err, "\"loader\" needs epoch, shard, window"),
+          "a loader position missing fields: %s", C.err);
     base(&C, 1, 1, 1, 0, US_PRECISION_FP32);
     C.load = path("does_not_exist");
     CHECK(go(&C) == US_ERR_IO && strstr(C.err, "cannot open"), "a missing directory: %s", C.err);
