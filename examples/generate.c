@@ -35,11 +35,13 @@ static const char *usage =
     "  --seq N           the most prompt tokens one forward runs (default 512)\n"
     "  --precision P     fp32 | bf16 (default fp32 on the CPU, bf16 on the GPU)\n"
     "  --threads N       CPU threads (default all)\n"
-    "  --stop ID         stop after this token (e.g. the end-of-text id; default none)\n";
+    "  --stop ID         stop after this token (e.g. the end-of-text id; default none)\n"
+    "  --no-cache        re-run the whole sequence for every token (us_sample's way; for\n"
+    "                    comparison: the same text, slower)\n";
 
 typedef struct opts {
     const char *dir, *tok_path, *prompt, *precision;
-    int n, top_k, max_len, seq, threads, stop;
+    int n, top_k, max_len, seq, threads, stop, no_cache;
     float temperature, top_p;
     unsigned long long seed;
 } opts;
@@ -74,6 +76,10 @@ static int parse(int argc, char **argv, opts *o) {
     for (i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long x = 0;
+        if (!strcmp(f, "--no-cache")) {
+            o->no_cache = 1;
+            continue;
+        }
         if (f[0] != '-') {
             if (o->dir) {
                 fprintf(stderr, "generate: one checkpoint directory, not \"%s\" too\n", f);
@@ -183,7 +189,7 @@ static int load_model(const opts *o, const char *dir, us_model *m, us_ops *ops, 
         return 1;
     }
     tc.batch = 1;
-    tc.seq = o->seq < max_len ? o->seq : max_len;
+    tc.seq = o->seq < max_len && !o->no_cache ? o->seq : max_len; /* no cache: all at once */
     tc.threads = o->threads;
     tc.precision = ops ? US_PRECISION_BF16 : US_PRECISION_FP32;
     if (o->precision && !strcmp(o->precision, "fp32"))
@@ -202,6 +208,57 @@ static int load_model(const opts *o, const char *dir, us_model *m, us_ops *ops, 
     return 0;
 }
 
+static void print_speeds(int np, int k, double t0, double t1, double t2, const char *cache) {
+    fprintf(stderr,
+            "prefill: %d tokens in %.3f s (%.1f tokens/s); decode: %d tokens in %.3f s "
+            "(%.1f tokens/s); %s\n",
+            np, t1 - t0, np / (t1 - t0 > 0 ? t1 - t0 : 1e-9), k, t2 - t1,
+            k / (t2 - t1 > 0 ? t2 - t1 : 1e-9), cache);
+}
+
+/* --no-cache: each new token re-runs the whole sequence (the first run counts as the prefill) */
+static int run_nocache(const opts *o, us_model *m, us_tokenizer *tok, int have_tok, int32_t *ids,
+                       int np) {
+    us_rng r;
+    float *lg = (float *)malloc((size_t)m->cfg.vocab * 4);
+    int32_t *tgt = (int32_t *)malloc((size_t)(np + o->n + 1) * 4);
+    int k, rc = 1, i;
+    size_t shown = 0;
+    double t0, t1 = 0, t2;
+    if (!lg || !tgt) {
+        fprintf(stderr, "generate: out of memory\n");
+        free(lg);
+        free(tgt);
+        return 1;
+    }
+    for (i = 0; i < np + o->n + 1; i++) tgt[i] = -1;
+    us_rng_seed(&r, o->seed);
+    print_new(tok, have_tok, ids, np, &shown);
+    t0 = now_s();
+    for (k = 0; k < o->n; k++) {
+        if (us_forward_eval(m, ids, tgt, 1, np + k, NULL, NULL, lg) != US_OK ||
+            us_sample_logits(lg, m->cfg.vocab, o->temperature, o->top_k, o->top_p, &r,
+                             ids + np + k) != US_OK)
+            goto out;
+        if (k == 0) t1 = now_s();
+        print_new(tok, have_tok, ids, np + k + 1, &shown);
+        if (ids[np + k] == o->stop) {
+            k++;
+            break;
+        }
+    }
+    t2 = now_s();
+    printf("\n");
+    if (k == 0) t1 = t2;
+    print_speeds(np, k > 0 ? k - 1 : 0, t0, t1, t2, "no cache");
+    rc = 0;
+out:
+    if (rc) fprintf(stderr, "generate: %s\n", us_model_error(m));
+    free(lg);
+    free(tgt);
+    return rc;
+}
+
 /* Prefill, then one token a step; the text as it comes, the speeds at the end. */
 static int run(const opts *o, us_model *m, us_tokenizer *tok, int have_tok, int32_t *ids, int np,
                int max_len) {
@@ -211,6 +268,7 @@ static int run(const opts *o, us_model *m, us_tokenizer *tok, int have_tok, int3
     int k = 0, rc = 1;
     size_t shown = 0;
     double t0, t1, t2;
+    char what[96];
     if (!lg || us_gen_init(&g, m, 1, max_len) != US_OK) {
         fprintf(stderr, "generate: %s\n", lg ? us_model_error(m) : "out of memory");
         free(lg);
@@ -234,11 +292,9 @@ static int run(const opts *o, us_model *m, us_tokenizer *tok, int have_tok, int3
     }
     t2 = now_s();
     printf("\n");
-    fprintf(stderr,
-            "prefill: %d tokens in %.3f s (%.1f tokens/s); decode: %d tokens in %.3f s "
-            "(%.1f tokens/s); cache %.1f MiB for %d positions\n",
-            np, t1 - t0, np / (t1 - t0 > 0 ? t1 - t0 : 1e-9), k, t2 - t1,
-            k / (t2 - t1 > 0 ? t2 - t1 : 1e-9), (double)g.bytes / 1048576.0, max_len);
+    snprintf(what, sizeof what, "cache %.1f MiB for %d positions", (double)g.bytes / 1048576.0,
+             max_len);
+    print_speeds(np, k, t0, t1, t2, what);
     rc = 0;
 out:
     if (rc) fprintf(stderr, "generate: %s\n", us_model_error(m));
@@ -303,7 +359,8 @@ int main(int argc, char **argv) {
     ids = (int32_t *)malloc((size_t)(np + o.n + 1) * 4);
     if (!ids) return 1;
     memcpy(ids, prompt, (size_t)np * 4);
-    rc = run(&o, &m, &tok, have_tok, ids, np, max_len);
+    rc = o.no_cache ? run_nocache(&o, &m, &tok, have_tok, ids, np)
+                    : run(&o, &m, &tok, have_tok, ids, np, max_len);
     us_model_free(&m);
     if (have_tok) us_tok_free(&tok);
     free(prompt);

@@ -25,6 +25,10 @@ check 'the speeds of prefill and decode on stderr' \
 check 'the prompt in pieces of 4 and positions past --seq 4: the same text' \
     '$G $W/ck --prompt "31415926=" --n 9 --temperature 0 --seq 4 --threads 1 2> /dev/null |
      head -1 | grep -qx "$want"'
+check '--no-cache (re-running for every token): the same greedy text, and 40 tokens past seq' \
+    '$G $W/ck --prompt "31415926=" --n 40 --temperature 0 --seq 16 > $W/c1 2> /dev/null &&
+     $G $W/ck --prompt "31415926=" --n 40 --temperature 0 --no-cache > $W/c2 2> $W/e &&
+     cmp -s $W/c1 $W/c2 && head -1 $W/c1 | grep -qx "$want" && grep -q "no cache" $W/e'
 check 'top-p sampling: the prompt first, the same text for the same seed' \
     '$G $W/ck --prompt "2718=" --n 30 --top-p 0.5 --seed 3 > $W/p1 2> /dev/null &&
      $G $W/ck --prompt "2718=" --n 30 --top-p 0.5 --seed 3 > $W/p2 2> /dev/null &&
