@@ -37,11 +37,12 @@ static const char *usage =
     "  --threads N       CPU threads (default all)\n"
     "  --stop ID         stop after this token (e.g. the end-of-text id; default none)\n"
     "  --no-cache        re-run the whole sequence for every token (us_sample's way; for\n"
-    "                    comparison: the same text, slower)\n";
+    "                    comparison: the same text, slower)\n"
+    "  --ids             print token ids (prompt, then the new ones) instead of text\n";
 
 typedef struct opts {
     const char *dir, *tok_path, *prompt, *precision;
-    int n, top_k, max_len, seq, threads, stop, no_cache;
+    int n, top_k, max_len, seq, threads, stop, no_cache, ids;
     float temperature, top_p;
     unsigned long long seed;
 } opts;
@@ -76,8 +77,8 @@ static int parse(int argc, char **argv, opts *o) {
     for (i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long x = 0;
-        if (!strcmp(f, "--no-cache")) {
-            o->no_cache = 1;
+        if (!strcmp(f, "--no-cache") || !strcmp(f, "--ids")) {
+            *(!strcmp(f, "--ids") ? &o->ids : &o->no_cache) = 1;
             continue;
         }
         if (f[0] != '-') {
@@ -158,10 +159,16 @@ static int encode(us_tokenizer *tok, int have_tok, const char *text, int32_t **i
 }
 
 /* Prints the text of ids[0..n) past the *shown bytes already printed (a token may end inside a
-   UTF-8 character, which the next one completes: the bytes print as they are). */
+   UTF-8 character, which the next one completes: the bytes print as they are). have_tok: 0
+   bytes, 1 the tokenizer, 2 the ids themselves (--ids). */
 static void print_new(us_tokenizer *tok, int have_tok, const int32_t *ids, int n, size_t *shown) {
     size_t len = 0;
     char *text;
+    if (have_tok == 2) { /* --ids: *shown counts the ids printed */
+        for (; *shown < (size_t)n; (*shown)++) printf("%d ", ids[*shown]);
+        fflush(stdout);
+        return;
+    }
     if (have_tok)
         us_tok_decode(tok, ids, (size_t)n, US_TOK_SKIP_SPECIAL, NULL, 0, &len);
     else
@@ -359,10 +366,11 @@ int main(int argc, char **argv) {
     ids = (int32_t *)malloc((size_t)(np + o.n + 1) * 4);
     if (!ids) return 1;
     memcpy(ids, prompt, (size_t)np * 4);
+    if (o.ids) have_tok = 2; /* print ids, not text */
     rc = o.no_cache ? run_nocache(&o, &m, &tok, have_tok, ids, np)
                     : run(&o, &m, &tok, have_tok, ids, np, max_len);
     us_model_free(&m);
-    if (have_tok) us_tok_free(&tok);
+    if (o.tok_path) us_tok_free(&tok);
     free(prompt);
     free(ids);
     return rc;

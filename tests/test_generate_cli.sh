@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_generate_cli.sh BUILD — examples/generate.c: text from a checkpoint with a KV cache. The
 # greedy text equals the one build/train samples by re-running the whole sequence (us_sample), also
-# with the prompt in pieces and positions past --seq; a tokenizer.json's text; refusals.
+# with the prompt in pieces and positions past --seq, and generate --no-cache's; a tokenizer.json's
+# text; a Hugging Face checkpoint's ids against --no-cache's; refusals.
 B=${1:-build}
 G=$B/generate
 R=$B/train
@@ -39,6 +40,19 @@ $R --data tests/tok/shakes.txt --tokenizer tests/tok/gpt2.json --steps 2 --seq 3
 check 'with --tokenizer: the prompt'"'"'s text, then 8 tokens of text' \
     '$G $W/tk --tokenizer tests/tok/gpt2.json --prompt "First Citizen" --n 8 > $W/t 2> $W/e &&
      [ "$(head -c 13 $W/t)" = "First Citizen" ] && grep -q "decode: 8 tokens" $W/e'
+# a Hugging Face Llama directory (tests/hf/llama32: 128256 ids, tied, llama3 RoPE scaling from an
+# original context of 64) made from its seed, where python3 has safetensors and numpy
+if python3 -c "import safetensors, numpy" 2> /dev/null &&
+    python3 tests/hf_fixture.py weights tests/hf/llama32 $W/llama32 > /dev/null; then
+    P='The quick brown fox jumps over the lazy dog; pack my box with five'
+    check 'a Hugging Face checkpoint: cached ids = re-run ids, past position 64 (--ids)' \
+        '$G $W/llama32 --prompt "$P" --n 6 --temperature 0 --ids --seq 16 --threads 1 > $W/h1 \
+            2> /dev/null &&
+         $G $W/llama32 --prompt "$P" --n 6 --temperature 0 --ids --no-cache --threads 1 > $W/h2 \
+            2> /dev/null && cmp -s $W/h1 $W/h2 && [ $(wc -w < $W/h1) = 72 ]'
+else
+    echo "  (no python3 with safetensors and numpy: the Hugging Face case is not run)"
+fi
 check 'refused: an unknown option, in a sentence' \
     '! $G $W/ck --bogus 1 2> $W/e && grep -q "unknown option --bogus" $W/e'
 check 'refused: a directory without a checkpoint' \
