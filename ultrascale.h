@@ -866,23 +866,29 @@ typedef struct us_model {
     int pp_peak;      /* most micro-batches whose activations the executor held at once */
     int pp_wsplit;    /* the schedule runs B and W apart: layers keep their output gradients */
     int pp_bonly;     /* inside a B action: the layers skip their weight gradients */
+    int pp_slot;      /* the activation slot selected (us__pp_slot_select; 0 without pp) */
     double pp_wall_s; /* the last step's time in the executor */
     double pp_t_s[3]; /* the last step's compute in it: forwards, backwards (B or BW), W passes */
     /* the layers' tensors: layer l's are [layer_p[l], layer_p[l+1]); layer_p[n_layers] is the final
        norm. A dense layer has 9 tensors, a MoE layer 7 + 3·(E + shared) (// >>moe) */
     int *layer_p; /* [cfg.n_layers + 1] */
     /* mixture of experts (// >>moe) */
-    int *moe_idx; /* [cfg.n_layers] the layer's index among the MoE layers, -1 for a dense one */
-    int n_moe;    /* MoE layers */
+    int *moe_idx;  /* [cfg.n_layers] the layer's index among the MoE layers, -1 for a dense one */
+    int n_moe;     /* MoE layers of this rank (its pipeline stages') */
+    int n_moe_all; /* MoE layers of the whole model (every stage's; n_moe without pp) */
     int64_t moe_rows; /* R: rows of the permuted buffers for a full micro-batch */
     float *
         moe_bias; /* [n_moe][E] router bias (backend memory): no gradient, no AdamW, the sign rule */
     float *moe_bias_h; /* [n_moe][E] its host copy */
-    /* [cfg.n_layers][3E] host: the last forward's routed and kept tokens per expert, then the
-       routed tokens of the whole micro-batch (summed over cp: the auxiliary loss's f_e) */
+    /* [slots][cfg.n_layers][3E] host: the last forward's routed and kept tokens per expert, then
+       the routed tokens of the whole micro-batch (summed over cp: the auxiliary loss's f_e); one
+       table per pipeline slot, since a micro-batch's backward needs its own forward's counts
+       (us__moe_cnt) */
     int32_t *moe_counts_h;
-    int64_t *moe_load;      /* [n_moe][E] host: tokens routed this step so far */
-    int64_t *moe_load_last; /* [n_moe][E] host: the last step's (us_step_stats.moe_load) */
+    int64_t *moe_load; /* [n_moe][E] host: tokens routed this step so far */
+    int64_t *
+        moe_load_last; /* [n_moe_all][E] host: the last step's, every stage's (us_step_stats.moe_load) */
+    double *moe_pp_sum; /* [n_moe_all·E + 4] backend, pp > 1: the statistics summed over stages */
     int64_t moe_choices,
         moe_dropped;     /* this step so far: token→expert choices, and those dropped */
     double moe_aux;      /* this step so far: the auxiliary loss, as weighted in the objective */
@@ -897,7 +903,7 @@ typedef struct us_model {
     int64_t
         moe_rx; /* rows this rank's experts may receive: ep·R (every peer's every row), less under a capacity limit */
     int32_t *
-        ep_counts_h; /* [cfg.n_layers][ep][E] host: the last forward's kept tokens per expert of every ep peer */
+        ep_counts_h; /* [slots][cfg.n_layers][ep][E] host: the last forward's kept tokens per expert of every ep peer */
     /* FP8 training (// >>fp8-linear) */
     int fp8; /* 0 off; 1 tile scaling (precision fp8); 2 one scale per tensor (fp8-tensor) */
     int fp8_linear,
@@ -4778,6 +4784,17 @@ static int us__scratch_per_slot(int i) {
            i == US__A_XF || i == US__A_LOGITS || i == US__A_VP;
 }
 
+/* Whether place j of a slot holds a MoE layer (want 1) or a dense one (want 0) in some chunk of
+   this rank: a slot serves every chunk, whose j-th layers may differ (// >>pp). */
+static int us__slot_has(const us_model *m, int j, int want) {
+    int c, v = m->pp_v > 0 ? m->pp_v : 1;
+    for (c = 0; c < v; c++) {
+        int l = m->chunk_lo[c] + j;
+        if (l < m->chunk_hi[c] && (m->moe_idx && m->moe_idx[l] >= 0) == want) return 1;
+    }
+    return 0;
+}
+
 /* One pipeline chunk's layers (all layers without pipeline parallelism), into m->acts when
    writing. Nf rows for tensors every rank holds whole (padded to a multiple of tp under sequence
    parallelism); Ns rows for the residual stream and the norms, which SP splits over tp. What the
@@ -4794,7 +4811,7 @@ static void us__layout_layers(us_model *m, us__arena *ar, int write) {
     int keep_gemm = mode != US_RECOMPUTE_FULL, keep_cheap = mode == US_RECOMPUTE_NONE;
     us_layer_acts shared;
     us__sp_rows(m, N, &Nf, &Ns);
-    for (l = 0; l < nl; l++) any_dense |= !m->moe_idx || m->moe_idx[l] < 0;
+    for (l = 0; l < c->n_layers; l++) any_dense |= !m->moe_idx || m->moe_idx[l] < 0;
     /* the shared layer scratch (used by the recompute modes); a MoE layer's in us__moe_take */
     memset(&shared, 0, sizeof shared);
     if (!keep_cheap) {
@@ -4814,12 +4831,12 @@ static void us__layout_layers(us_model *m, us__arena *ar, int write) {
     if (m->n_moe) us__moe_take(m, ar, &shared, !keep_cheap, !keep_gemm);
     for (l = 0; l < nl; l++) { /* one chunk's layers per slot (// >>pp) */
         us_layer_acts L = shared;
-        int moe = m->moe_idx && m->moe_idx[l] >= 0;
+        int moe = us__slot_has(m, l, 1), dense = us__slot_has(m, l, 0);
         L.x = us__take(ar, Ns * C * a);
         if (keep_gemm) {
             L.qkv = us__take(ar, Nf * QKV * a);
             L.xmid = us__take(ar, Ns * C * a);
-            if (!moe) L.gu = us__take(ar, Nf * 2 * F * a);
+            if (dense) L.gu = us__take(ar, Nf * 2 * F * a);
         }
         if (keep_cheap) {
             L.ln1 = us__take(ar, Ns * C * a);
@@ -4828,7 +4845,7 @@ static void us__layout_layers(us_model *m, us__arena *ar, int write) {
             L.lse = (float *)us__take(ar, N * m->nh_l * 4);
             L.ln2 = us__take(ar, Ns * C * a);
             L.rstd2 = (float *)us__take(ar, Ns * 4);
-            if (!moe) L.h = us__take(ar, Nf * F * a);
+            if (dense) L.h = us__take(ar, Nf * F * a);
         }
         if (moe) us__moe_take(m, ar, &L, keep_cheap, keep_gemm);
         if (m->pp_wsplit) { /* B/W apart: the weight GEMMs' other operand, from B until W */
@@ -7062,6 +7079,7 @@ static void us__pp_slot_select(us_model *m, int k, int c) {
            sizeof(us_layer_acts) * (size_t)n);
     m->acts = m->acts_work;
     memcpy(m->a, m->slot_a[k], sizeof m->a);
+    m->pp_slot = k;
 }
 
 /* The pp rank that runs stage st, and the chunk of rank q that is stage st (-1: none). */
@@ -7848,9 +7866,6 @@ static us_result us__moe_checks(const us_model_config *mc, const us_train_config
         if (mc->moe_top_k > mc->moe_top_groups * (E / G))
             US__BAD("top-k=%d experts do not fit in top-groups=%d groups of %d experts",
                     mc->moe_top_k, mc->moe_top_groups, E / G);
-        if (tc->pp > 1)
-            US__BAD("the MoE layer does not combine with pp yet (pp=%d): use dp, cp, ep and tp",
-                    tc->pp);
         if (mc->moe_capacity > 0 && (tc->cp > 1 || (tc->sp && tc->tp > 1)))
             US__BAD("a capacity limit keeps each expert's first tokens of a micro-batch, which cp "
                     "and sp spread over several ranks: drop the capacity factor under cp=%d / sp",
@@ -7992,51 +8007,75 @@ static size_t us__moe_scratch(const us_model *m, us__moe_grads *g) {
     return ar.used;
 }
 
+/* The MoE layers' tables. Under pipeline parallelism each stage holds its own layers' router
+   state (bias, loads, counts), and a stage without a MoE layer still takes part in the
+   statistics' sum over the stages (us__moe_step_end): it keeps the whole model's load table and
+   the sum's buffer. The host count tables have one copy per activation slot: with several
+   micro-batches in flight a MoE layer's backward reads the counts of its own micro-batch's
+   forward (us__moe_cnt). */
 static us_result us__moe_init(us_model *m) {
     const us_model_config *c = &m->cfg;
     int l, E = c->moe_experts;
-    size_t nb;
+    size_t nb, na, nc, S = (size_t)(m->slots > 0 ? m->slots : 1);
     m->moe_idx = (int *)US_MALLOC(sizeof(int) * (size_t)(c->n_layers > 0 ? c->n_layers : 1));
     if (!m->moe_idx) {
         us__model_set_error(m, "out of host memory for the model tables");
         return US_ERR_OOM;
     }
-    m->n_moe = 0;
+    m->n_moe = m->n_moe_all = 0;
     for (l = 0; l < c->n_layers; l++)
         m->moe_idx[l] = us__is_moe(c, m->layer_g[l]) ? m->n_moe++ : -1;
-    if (!m->n_moe) return US_OK;
+    for (l = 0; l < m->n_layers_global; l++) m->n_moe_all += us__is_moe(c, l);
+    if (!m->n_moe_all) return US_OK;
     m->moe_rows = us__moe_rows(c, us__moe_tokens(m));
     m->moe_rx = us__moe_rx(c, &m->tc, us__moe_tokens(m));
     nb = (size_t)m->n_moe * (size_t)E;
+    na = (size_t)m->n_moe_all * (size_t)E;
+    nc = S * (size_t)c->n_layers * (size_t)E;
     if (m->ep > 1) {
-        m->ep_counts_h =
-            (int32_t *)US_MALLOC((size_t)c->n_layers * (size_t)m->ep * (size_t)E * sizeof(int32_t));
+        m->ep_counts_h = (int32_t *)US_MALLOC(nc * (size_t)m->ep * sizeof(int32_t) + 4);
         if (!m->ep_counts_h) {
             us__model_set_error(m, "out of host memory for the expert-parallel count table");
             return US_ERR_OOM;
         }
-        memset(m->ep_counts_h, 0,
-               (size_t)c->n_layers * (size_t)m->ep * (size_t)E * sizeof(int32_t));
+        memset(m->ep_counts_h, 0, nc * (size_t)m->ep * sizeof(int32_t));
     }
-    m->moe_bias_h = (float *)US_MALLOC(nb * sizeof(float));
-    m->moe_load = (int64_t *)US_MALLOC(nb * sizeof(int64_t));
-    m->moe_load_last = (int64_t *)US_MALLOC(nb * sizeof(int64_t));
-    m->moe_counts_h = (int32_t *)US_MALLOC((size_t)c->n_layers * 3 * (size_t)E * sizeof(int32_t));
-    m->moe_bias =
-        (float *)m->ops.alloc(&m->ops, nb * sizeof(float)); /* zero-filled: no bias at the start */
-    if (!m->moe_bias_h || !m->moe_load || !m->moe_load_last || !m->moe_counts_h || !m->moe_bias) {
+    m->moe_bias_h = (float *)US_MALLOC(nb * sizeof(float) + 4);
+    m->moe_load = (int64_t *)US_MALLOC(nb * sizeof(int64_t) + 8);
+    m->moe_load_last = (int64_t *)US_MALLOC(na * sizeof(int64_t));
+    m->moe_counts_h = (int32_t *)US_MALLOC(3 * nc * sizeof(int32_t) + 4);
+    m->moe_bias = (float *)m->ops.alloc(&m->ops, nb * sizeof(float) +
+                                                     4); /* zero-filled: no bias at the start */
+    if (m->tc.pp > 1) m->moe_pp_sum = (double *)m->ops.alloc(&m->ops, (na + 4) * sizeof(double));
+    if (!m->moe_bias_h || !m->moe_load || !m->moe_load_last || !m->moe_counts_h || !m->moe_bias ||
+        (m->tc.pp > 1 && !m->moe_pp_sum)) {
         us__model_set_error(m, "out of memory for the MoE router state");
         return US_ERR_OOM;
     }
     memset(m->moe_bias_h, 0, nb * sizeof(float));
     memset(m->moe_load, 0, nb * sizeof(int64_t));
-    memset(m->moe_load_last, 0, nb * sizeof(int64_t));
-    memset(m->moe_counts_h, 0, (size_t)c->n_layers * 3 * (size_t)E * sizeof(int32_t));
+    memset(m->moe_load_last, 0, na * sizeof(int64_t));
+    memset(m->moe_counts_h, 0, 3 * nc * sizeof(int32_t));
     return US_OK;
+}
+
+/* MoE layer l's host counts (m->moe_counts_h) for the slot selected: [3E]. */
+static int32_t *us__moe_cnt(const us_model *m, int l) {
+    size_t E = (size_t)m->cfg.moe_experts;
+    return m->moe_counts_h + ((size_t)m->pp_slot * (size_t)m->cfg.n_layers + (size_t)l) * 3 * E;
+}
+
+/* Layer l's every ep peer's kept tokens per expert (m->ep_counts_h) for the slot selected:
+   [ep][E]. */
+static int32_t *us__ep_cnt(const us_model *m, int l) {
+    size_t E = (size_t)m->cfg.moe_experts, ep = (size_t)m->ep;
+    return m->ep_counts_h + ((size_t)m->pp_slot * (size_t)m->cfg.n_layers + (size_t)l) * ep * E;
 }
 
 static void us__moe_free(us_model *m) {
     if (m->moe_bias && m->ops.free) m->ops.free(&m->ops, m->moe_bias);
+    if (m->moe_pp_sum && m->ops.free) m->ops.free(&m->ops, m->moe_pp_sum);
+    m->moe_pp_sum = NULL;
     US_FREE(m->moe_bias_h);
     US_FREE(m->moe_load);
     US_FREE(m->moe_load_last);
@@ -8064,9 +8103,10 @@ static us_result us__ep_move(us_model *m, int l, int dir, void *dst, const void 
 static int64_t us__moe_local_rows(const us_model *m, int l, int j) {
     int E = m->cfg.moe_experts, s;
     int64_t n = 0;
-    if (m->ep <= 1) return m->moe_counts_h[(size_t)l * 3 * E + E + j];
-    for (s = 0; s < m->ep; s++)
-        n += m->ep_counts_h[((size_t)l * m->ep + s) * E + (size_t)m->ep_rank * (E / m->ep) + j];
+    const int32_t *epc;
+    if (m->ep <= 1) return us__moe_cnt(m, l)[E + j];
+    epc = us__ep_cnt(m, l);
+    for (s = 0; s < m->ep; s++) n += epc[(size_t)s * E + (size_t)m->ep_rank * (E / m->ep) + j];
     return n;
 }
 
@@ -8131,7 +8171,7 @@ static void us__moe_combine(us_model *m, int l, int64_t N, void *xnext) {
 static us_result us__moe_stats(us_model *m, int l, int64_t N, us__moe_grads *g) {
     const us_model_config *c = &m->cfg;
     int E = c->moe_experts, K = c->moe_top_k, e, mi = m->moe_idx[l];
-    int32_t *cnt = m->moe_counts_h + (size_t)l * 3 * E, *kept = cnt + E;
+    int32_t *cnt = us__moe_cnt(m, l), *kept = cnt + E;
     double lossv = 0, Nb = (double)N * m->mesh.cp;
     us_result r;
     if (c->moe_balance == US_MOE_BALANCE_AUX) {
@@ -8190,7 +8230,7 @@ static us_result us__moe_fwd(us_model *m, int l, int64_t N, int recompute, void 
     int El = E / m->ep; /* this rank's experts (// >>ep) */
     int64_t C = c->dim, Fe = c->moe_ffn_dim, R = us__moe_rows(c, N), off, n;
     /* host: routed [E], kept [E], routed in the whole micro-batch [E] (us__moe_batch_counts) */
-    int32_t *cnt = m->moe_counts_h + (size_t)l * 3 * E;
+    int32_t *cnt = us__moe_cnt(m, l);
     int ex = US__TENSOR(l, US__P_EXPERTS) + 3 * c->moe_shared; /* local expert 0's gate_proj */
     /* the experts' outputs, expert-major: A->ye itself on one rank, else a scratch sent home
        after */
@@ -8295,7 +8335,17 @@ static us_result us__moe_experts_bwd(us_model *m, int l, int64_t rows, us__moe_g
 }
 
 /* Its backward. On entry dres = ∂loss/∂x_{l+1}; leaves ∂loss/∂u in DLN (u = ln2's output),
-   accumulated from the experts (un-permuted), the shared expert and the router. */
+   accumulated from the experts (un-permuted), the shared expert and the router.
+   Zero-bubble schedules (// >>pp) split a backward into B (input gradients) and W (weight
+   gradients). A MoE layer forms its weight gradients here, in B, also under that split: W would
+   need each expert's output and gate|up gradients kept from B to W (Rx·(C + 2Fe) per layer and
+   micro-batch in flight, beside the router's and the shared expert's), where a dense layer keeps
+   N·(C + 2F). The schedule stays correct: nothing but the optimizer step reads a weight
+   gradient, the gradients are summed before it (the pipeline starts its reductions after the
+   last action when B and W are apart), and each tensor still sums its micro-batches in the
+   order their B actions run, which is micro-batch order. The price is balance, not correctness:
+   the expert Wgrad GEMMs weigh on B, so W has less to fill the bubble with. us__layer_w then
+   forms only the attention's weight gradients of a MoE layer. */
 static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
     us_ops *o = &m->ops;
     const us_model_config *c = &m->cfg;
@@ -8304,13 +8354,12 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
     int E = c->moe_experts, K = c->moe_top_k, e, aux = c->moe_balance == US_MOE_BALANCE_AUX,
         El = E / m->ep;
     int64_t C = c->dim, Fe = c->moe_ffn_dim, rows, nperm, Np, Ns;
-    int32_t *cnt = m->moe_counts_h + (size_t)l * 3 * E, *kept = cnt + E;
+    int32_t *cnt = us__moe_cnt(m, l), *kept = cnt + E;
     int rt = US__TENSOR(l, US__P_ROUTER);
     void *dres = m->a[US__A_DRES], *dln = m->a[US__A_DLN], *dxp;
     const void *u = A->ln2; /* [N,C] the layer's input */
     us_result r;
     us__moe_grads g;
-    US_ASSERT(!m->pp_bonly); /* validation keeps pipelines away */
     us__moe_scratch(m, &g);
     us__sp_rows(m, N, &Np, &Ns);
     if (us__sp_on(m)) { /* the tp group's residual gradient and input, whole (see us__moe_fwd) */
@@ -8377,20 +8426,72 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
     return us__grads_ready(m, rt, rt + 1);
 }
 
+/* Local MoE layer l's place among the whole model's MoE layers (// >>pp: a stage holds some). */
+static int us__moe_global_idx(const us_model *m, int l) {
+    int j, n = 0;
+    for (j = 0; j < m->layer_g[l]; j++) n += us__is_moe(&m->cfg, j);
+    return n;
+}
+
+/* The step's statistics over the whole model: each pipeline stage counted its own MoE layers
+   (their loads, choices, drops, aux loss and imbalance sum imb), so under pp they are summed
+   over the stages, each stage's loads at its layers' places in the model's table; every rank
+   then reports the whole model's. Without pp, this rank's are the model's. */
+static us_result us__moe_pp_stats(us_model *m, double *imb) {
+    size_t E = (size_t)m->cfg.moe_experts, na = (size_t)m->n_moe_all * E, j;
+    double *h;
+    int l;
+    us_result r;
+    if (m->tc.pp <= 1) {
+        memcpy(m->moe_load_last, m->moe_load, sizeof(int64_t) * na);
+        return US_OK;
+    }
+    h = (double *)calloc(na + 4, sizeof(double));
+    if (!h) {
+        us__model_set_error(m, "out of host memory");
+        return US_ERR_OOM;
+    }
+    for (l = 0; l < m->cfg.n_layers; l++)
+        if (m->moe_idx[l] >= 0)
+            for (j = 0; j < E; j++)
+                h[(size_t)us__moe_global_idx(m, l) * E + j] =
+                    (double)m->moe_load[(size_t)m->moe_idx[l] * E + j];
+    h[na] = (double)m->moe_choices;
+    h[na + 1] = (double)m->moe_dropped;
+    h[na + 2] = m->moe_aux;
+    h[na + 3] = *imb;
+    m->ops.copy(&m->ops, m->moe_pp_sum, h, (na + 4) * sizeof(double), US_COPY_H2D);
+    r = m->comm->all_reduce(m->comm, &m->mesh.pp_g, m->moe_pp_sum, (int64_t)(na + 4), US_F64,
+                            US_REDUCE_SUM, NULL);
+    if (r == US_OK) {
+        m->ops.copy(&m->ops, h, m->moe_pp_sum, (na + 4) * sizeof(double), US_COPY_D2H);
+        for (j = 0; j < na; j++) m->moe_load_last[j] = (int64_t)h[j]; /* exact below 2^53 */
+        m->moe_choices = (int64_t)h[na];
+        m->moe_dropped = (int64_t)h[na + 1];
+        m->moe_aux = h[na + 2];
+        *imb = h[na + 3];
+    }
+    free(h);
+    return us__comm_fail(m, r, "all-reduce of the routing statistics over the pipeline stages");
+}
+
 /* After the optimizer step: the step's routing statistics, then DeepSeek-V3's bias rule
    b_e += γ·sign(mean load − load_e) per MoE layer (overloaded experts become less attractive).
    With several data-parallel ranks the loads (and the statistics) are first summed over dp×cp:
-   every rank then moves the replicated bias alike, as one rank with the global batch would. */
+   every rank then moves the replicated bias alike, as one rank with the global batch would.
+   Under pipeline parallelism each layer's bias lives on its stage, which moves it by the loads
+   of its own layer; only the reported statistics are summed over the stages (us__moe_pp_stats,
+   where a stage without a MoE layer takes part too). */
 static us_result us__moe_step_end(us_model *m) {
     const us_model_config *c = &m->cfg;
     int i, e, E = c->moe_experts;
     double imb = 0;
-    if (!m->n_moe) return US_OK;
-    if (m->mesh.dpcp_g.size > 1) {
+    us_result r;
+    if (!m->n_moe_all) return US_OK;
+    if (m->mesh.dpcp_g.size > 1 && m->n_moe) { /* (the dp×cp group shares one stage's layers) */
         size_t n = (size_t)m->n_moe * (size_t)E, j;
         double *h = (double *)US_MALLOC((n + 3) * sizeof(double));
         us__moe_grads g;
-        us_result r;
         if (!h) {
             us__model_set_error(m, "out of host memory");
             return US_ERR_OOM;
@@ -8429,13 +8530,13 @@ static us_result us__moe_step_end(us_model *m) {
                                                             : 0.0f;
             }
     }
-    if (c->moe_balance == US_MOE_BALANCE_BIAS)
+    if (c->moe_balance == US_MOE_BALANCE_BIAS && m->n_moe)
         m->ops.copy(&m->ops, m->moe_bias, m->moe_bias_h, us__moe_bias_bytes(m), US_COPY_H2D);
-    m->moe_stat[0] = (float)(imb / m->n_moe);
+    if ((r = us__moe_pp_stats(m, &imb)) != US_OK) return r;
+    m->moe_stat[0] = (float)(imb / m->n_moe_all);
     m->moe_stat[1] = (float)m->moe_aux;
     m->moe_stat[2] =
         m->moe_choices ? (float)((double)m->moe_dropped / (double)m->moe_choices) : 0.0f;
-    memcpy(m->moe_load_last, m->moe_load, sizeof(int64_t) * (size_t)m->n_moe * (size_t)E);
     memset(m->moe_load, 0, sizeof(int64_t) * (size_t)m->n_moe * (size_t)E);
     m->moe_choices = m->moe_dropped = 0;
     m->moe_aux = 0;
@@ -8517,13 +8618,12 @@ static void us__ep_free(us_model *m) {
     memset(&m->edp_g, 0, sizeof m->edp_g);
 }
 
-/* Every ep peer's kept tokens per expert, kept i32[E] (backend) → host ep_counts_h[l] [ep][E]. */
+/* Every ep peer's kept tokens per expert, kept i32[E] (backend) → host us__ep_cnt(m, l) [ep][E]. */
 static us_result us__ep_counts(us_model *m, int l, const int32_t *kept, int32_t *scratch) {
     int E = m->cfg.moe_experts;
     us_result r = m->comm->all_gather(m->comm, &m->ep_g, scratch, kept, E, US_I32, NULL);
     if (r != US_OK) return us__comm_fail(m, r, "expert-parallel count exchange");
-    m->ops.copy(&m->ops, m->ep_counts_h + (size_t)l * m->ep * E, scratch, (size_t)m->ep * E * 4,
-                US_COPY_D2H);
+    m->ops.copy(&m->ops, us__ep_cnt(m, l), scratch, (size_t)m->ep * E * 4, US_COPY_D2H);
     return US_OK;
 }
 
@@ -8539,8 +8639,7 @@ static us_result us__ep_move(us_model *m, int l, int dir, void *dst, const void 
     int64_t C = m->cfg.dim, *a = (int64_t *)US_MALLOC(sizeof(int64_t) * 4 * (size_t)ep), *sc = a,
             *sd = a + ep, *rc = a + 2 * ep, *rd = a + 3 * ep;
     int64_t so, eo, n, *lo;
-    const int32_t *cnt =
-        m->ep_counts_h + (size_t)l * ep * E; /* [ep][E] kept rows per (source, expert) */
+    const int32_t *cnt = us__ep_cnt(m, l); /* [ep][E] kept rows per (source, expert) */
     size_t rowb = (size_t)C * us_dtype_size(dt);
     us_result r;
     if (!a) {
@@ -9179,14 +9278,18 @@ static us_result us__layer_w(us_model *m, int l, int64_t B, int64_t T) {
     void *G = m->a[US__A_SPG];
     us_result r;
     us__sp_rows(m, B * T, &Np, &Ns);
-    us__linear_wgrad(m, Np, F, C, A->g_down, A->h, us__grad(m, US__TENSOR(l, US__P_DOWN)));
-    if ((r = us__grads_ready(m, US__TENSOR(l, US__P_DOWN), US__TENSOR(l, US__P_DOWN) + 1)) != US_OK)
-        return r;
-    if (sp && (r = us__sp_gather(m, G, A->ln2, Ns)) != US_OK) return r;
-    us__linear_wgrad(m, Np, C, 2 * F, A->g_gu, sp ? G : A->ln2,
-                     us__grad(m, US__TENSOR(l, US__P_GATE)));
-    if ((r = us__grads_ready(m, US__TENSOR(l, US__P_GATE), US__TENSOR(l, US__P_UP) + 1)) != US_OK)
-        return r;
+    if (m->moe_idx[l] < 0) { /* (a MoE layer formed its MLP's weight gradients in B, us__moe_bwd) */
+        us__linear_wgrad(m, Np, F, C, A->g_down, A->h, us__grad(m, US__TENSOR(l, US__P_DOWN)));
+        if ((r = us__grads_ready(m, US__TENSOR(l, US__P_DOWN), US__TENSOR(l, US__P_DOWN) + 1)) !=
+            US_OK)
+            return r;
+        if (sp && (r = us__sp_gather(m, G, A->ln2, Ns)) != US_OK) return r;
+        us__linear_wgrad(m, Np, C, 2 * F, A->g_gu, sp ? G : A->ln2,
+                         us__grad(m, US__TENSOR(l, US__P_GATE)));
+        if ((r = us__grads_ready(m, US__TENSOR(l, US__P_GATE), US__TENSOR(l, US__P_UP) + 1)) !=
+            US_OK)
+            return r;
+    }
     us__linear_wgrad(m, Np, AO, C, A->g_o, A->att, us__grad(m, US__TENSOR(l, US__P_O)));
     if ((r = us__grads_ready(m, US__TENSOR(l, US__P_O), US__TENSOR(l, US__P_O) + 1)) != US_OK)
         return r;
@@ -10025,7 +10128,7 @@ US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t
         st->moe_imbalance = m->moe_stat[0];
         st->moe_aux_loss = m->moe_stat[1];
         st->moe_drop_frac = m->moe_stat[2];
-        st->moe_load = m->n_moe ? m->moe_load_last : NULL;
+        st->moe_load = m->n_moe_all ? m->moe_load_last : NULL;
     }
     return US_OK;
 }
