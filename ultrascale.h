@@ -8044,11 +8044,11 @@ static us_result us__moe_init(us_model *m) {
     m->moe_load = (int64_t *)US_MALLOC(nb * sizeof(int64_t) + 8);
     m->moe_load_last = (int64_t *)US_MALLOC(na * sizeof(int64_t));
     m->moe_counts_h = (int32_t *)US_MALLOC(3 * nc * sizeof(int32_t) + 4);
-    m->moe_bias = (float *)m->ops.alloc(&m->ops, nb * sizeof(float) +
-                                                     4); /* zero-filled: no bias at the start */
+    if (nb) /* zero-filled: no bias at the start */
+        m->moe_bias = (float *)m->ops.alloc(&m->ops, nb * sizeof(float));
     if (m->tc.pp > 1) m->moe_pp_sum = (double *)m->ops.alloc(&m->ops, (na + 4) * sizeof(double));
-    if (!m->moe_bias_h || !m->moe_load || !m->moe_load_last || !m->moe_counts_h || !m->moe_bias ||
-        (m->tc.pp > 1 && !m->moe_pp_sum)) {
+    if (!m->moe_bias_h || !m->moe_load || !m->moe_load_last || !m->moe_counts_h ||
+        (nb && !m->moe_bias) || (m->tc.pp > 1 && !m->moe_pp_sum)) {
         us__model_set_error(m, "out of memory for the MoE router state");
         return US_ERR_OOM;
     }
@@ -8091,6 +8091,15 @@ static void us__moe_free(us_model *m) {
 
 static size_t us__moe_bias_bytes(const us_model *m) {
     return (size_t)m->n_moe * (size_t)m->cfg.moe_experts * sizeof(float);
+}
+
+/* The router state's backend memory: the bias, and under pp the statistics' sum buffer
+   (us__moe_pp_stats). The estimator states the same (us__estimate_states). */
+static size_t us__moe_state_bytes(const us_model *m) {
+    size_t pps = m->tc.pp > 1 && m->n_moe_all
+                     ? ((size_t)m->n_moe_all * (size_t)m->cfg.moe_experts + 4) * sizeof(double)
+                     : 0;
+    return us__moe_bias_bytes(m) + pps;
 }
 
 /* expert parallelism (// >>ep) */
@@ -9834,7 +9843,7 @@ static us_result us__model_setup(us_model *m, const us_model_config *mc, const u
     if (m->tc.pp > 1 && (r = us__pp_connect(m)) != US_OK) return r; /* // >>pp: neighbours */
     if ((r = us__fp8_init(m)) != US_OK) return r; /* // >>fp8-linear: the weight cache */
     /* + the fp32 router biases (// >>moe), the FP8 weight cache */
-    m->mem.params = b.w + (size_t)m->n_wslots * b.wslot + us__moe_bias_bytes(m) +
+    m->mem.params = b.w + (size_t)m->n_wslots * b.wslot + us__moe_state_bytes(m) +
                     m->fp8_wlayer * (size_t)m->cfg.n_layers;
     m->mem.master = b.master;
     m->mem.grads = b.grad + (size_t)m->n_gslots * b.gslot;
@@ -14231,14 +14240,15 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
 
 /* One rank's share of the model, as the estimator's formulas use it. */
 typedef struct us__est_dims {
-    int64_t N;   /* tokens of one micro-batch on this rank: B·T/cp */
-    int64_t C;   /* model dim */
-    int64_t HS;  /* head size */
-    int64_t QKV; /* q, k, v columns on this tp rank: (NH/tp + 2·NKV/tp)·HS, NKV/tp at least 1 */
-    int64_t AO;  /* attention output columns on this tp rank: NH/tp·HS */
-    int64_t F;   /* FFN columns on this tp rank: F/tp */
-    size_t a;    /* bytes of a weight or activation element: 4 under fp32, else 2 */
-    int n_moe;   /* MoE layers of the whole model */
+    int64_t N;     /* tokens of one micro-batch on this rank: B·T/cp */
+    int64_t C;     /* model dim */
+    int64_t HS;    /* head size */
+    int64_t QKV;   /* q, k, v columns on this tp rank: (NH/tp + 2·NKV/tp)·HS, NKV/tp at least 1 */
+    int64_t AO;    /* attention output columns on this tp rank: NH/tp·HS */
+    int64_t F;     /* FFN columns on this tp rank: F/tp */
+    size_t a;      /* bytes of a weight or activation element: 4 under fp32, else 2 */
+    int n_moe;     /* MoE layers this rank holds (the first pipeline rank's) */
+    int n_moe_all; /* MoE layers of the whole model */
 } us__est_dims;
 
 /* The flat buffers as the model lays them out, for the ZeRO ladder. */
@@ -14347,9 +14357,11 @@ static void us__estimate_states(const us_model_config *mc, const us_train_config
                                 const us__est_dims *d, const us__est_flat *f, us_memory *out) {
     const int Z = tc->zero;
     const size_t a = d->a;
-    /* + the fp32 router biases of the MoE layers (// >>moe) */
-    out->params = (size_t)(Z == 3 ? f->shard + f->slots * f->unit : f->psi) * a +
-                  (size_t)d->n_moe * (size_t)mc->moe_experts * 4;
+    /* + the fp32 router biases of the MoE layers, under pp the statistics' buffer (// >>moe) */
+    out->params =
+        (size_t)(Z == 3 ? f->shard + f->slots * f->unit : f->psi) * a +
+        (size_t)d->n_moe * (size_t)mc->moe_experts * 4 +
+        (tc->pp > 1 && d->n_moe_all ? ((size_t)d->n_moe_all * (size_t)mc->moe_experts + 4) * 8 : 0);
     if (us__fp8_wcache_on(tc)) { /* the FP8 weight cache (// >>fp8-linear) */
         size_t woff[4][4];
         int64_t wdim[4][2];
@@ -14422,6 +14434,46 @@ static size_t us__estimate_scratch(const us_model_config *mc, const us_train_con
     return bwd;
 }
 
+/* The first pipeline rank's activations: per micro-batch chunk it holds at once (peak), a slot
+   of its largest chunk's layers, the recompute modes' shared layer, and the head's part; then the
+   scratch the slots share (bwd, and a MoE layer's backward scratch). A slot's place j holds what
+   the j-th layer of any of the rank's chunks needs, dense or MoE (us__layout_layers); with B and
+   W apart each layer keeps its output gradients for W. */
+static size_t us__estimate_pp_acts(const us_model_config *mc, const us_train_config *tc,
+                                   const us__est_dims *d, const us_pp_schedule *psp, int peak,
+                                   const us__est_acts *s, size_t head, size_t bwd) {
+    int keep_gemm = tc->recompute != US_RECOMPUTE_FULL,
+        keep_cheap = tc->recompute == US_RECOMPUTE_NONE;
+    int lo[16], hi[16], largest, n, i, j, c, wsplit = 0, nm = 0, any_dense = 0;
+    int *lg = (int *)US_MALLOC(sizeof(int) * (size_t)mc->n_layers);
+    size_t moe_gemm = 0, moe_cheap = 0, moe_scr = 0, slot = 0;
+    size_t attn_cheap = 2 * s->x + 2 * s->rs + s->att + s->lse;
+    if (!lg) return 0;
+    n = us__pp_rank_layers(mc, tc, psp, 0, lg, lo, hi, &largest);
+    for (i = 0; i < n; i++) {
+        nm += us__is_moe(mc, lg[i]);
+        any_dense |= !us__is_moe(mc, lg[i]);
+    }
+    for (i = 0; i < psp->n[0]; i++) wsplit |= psp->a[0][i].op == US_PP_W;
+    if (nm) us__moe_bytes(mc, tc, nm, d->N, d->a, &moe_gemm, &moe_cheap, &moe_scr);
+    if (!keep_cheap) slot += attn_cheap + (any_dense ? s->h : 0) + moe_cheap;
+    if (!keep_gemm) slot += s->qkv + s->x + (any_dense ? s->gu : 0) + moe_gemm;
+    for (j = 0; j < largest; j++) {
+        int moe = 0, dense = 0;
+        for (c = 0; c < psp->v; c++)
+            if (lo[c] + j < hi[c]) {
+                moe |= us__is_moe(mc, lg[lo[c] + j]);
+                dense |= !us__is_moe(mc, lg[lo[c] + j]);
+            }
+        slot += s->x;
+        if (keep_gemm) slot += s->qkv + s->x + (dense ? s->gu : 0) + (moe ? moe_gemm : 0);
+        if (keep_cheap) slot += attn_cheap + (dense ? s->h : 0) + (moe ? moe_cheap : 0);
+        if (wsplit) slot += 2 * s->xf + s->qkv + s->gu;
+    }
+    US_FREE(lg);
+    return (slot + head) * (size_t)peak + bwd + moe_scr;
+}
+
 /* Activations (flash attention: no s² term): per layer the tensors the backward needs — all of
    them without recomputation, the GEMM outputs under selective, only the input x under full,
    whose one layer's worth of the rest is then shared scratch — times the layers this rank holds,
@@ -14450,16 +14502,7 @@ static size_t us__estimate_activations(const us_model_config *mc, const us_train
     }
     head = us__estimate_head(mc, tc, psp, &s);
     bwd = us__estimate_scratch(mc, tc, d, &s);
-    if (psp) {
-        /* the first pipeline rank: one arena (its largest chunk's layers) per micro-batch chunk
-           it holds at once; with B and W apart each layer keeps its output gradients for W */
-        int i, wsplit = 0, largest;
-        for (i = 0; i < psp->n[0]; i++) wsplit |= psp->a[0][i].op == US_PP_W;
-        us__pp_rank_layers(mc, tc, psp, 0, NULL, NULL, NULL, &largest);
-        L = largest; /* a slot holds one chunk: the largest */
-        if (wsplit) per_layer += 2 * s.xf + s.qkv + s.gu;
-        return ((size_t)L * per_layer + shared + head) * (size_t)peak + bwd;
-    }
+    if (psp) return us__estimate_pp_acts(mc, tc, d, psp, peak, &s, head, bwd);
     if (n_moe) {
         size_t moe_layer = s.x + (mode != US_RECOMPUTE_FULL ? s.qkv + s.x + moe_gemm : 0) +
                            (mode == US_RECOMPUTE_NONE ? attn_cheap + moe_cheap : 0);
@@ -14498,7 +14541,19 @@ static us_result us__memory_estimate(const us_model_config *mc_in, const us_trai
     d.QKV = (int64_t)(mc.n_heads / tc.tp + 2 * us__tp_kv_heads(mc.n_kv_heads, tc.tp)) * d.HS;
     d.AO = (int64_t)mc.n_heads / tc.tp * d.HS;
     d.a = (size_t)us__act_bytes(&tc);
-    for (l = 0, d.n_moe = 0; l < mc.n_layers; l++) d.n_moe += us__is_moe(&mc, l);
+    for (l = 0, d.n_moe_all = 0; l < mc.n_layers; l++) d.n_moe_all += us__is_moe(&mc, l);
+    d.n_moe = d.n_moe_all;
+    if (psp) { /* the first pipeline rank's MoE layers */
+        int *lg = (int *)US_MALLOC(sizeof(int) * (size_t)mc.n_layers), n, largest;
+        if (!lg) {
+            us_pp_schedule_free(psp);
+            us__errf(err, errlen, "out of host memory");
+            return US_ERR_OOM;
+        }
+        n = us__pp_rank_layers(&mc, &tc, psp, 0, lg, NULL, NULL, &largest);
+        for (l = 0, d.n_moe = 0; l < n; l++) d.n_moe += us__is_moe(&mc, lg[l]);
+        US_FREE(lg);
+    }
     memset(out, 0, sizeof *out);
     us__estimate_states(&mc, &tc, &d, &f, out);
     out->activations = us__estimate_activations(&mc, &tc, &d, psp, peak);

@@ -52,7 +52,10 @@ typedef struct run {
     double bias_diff[MAXR]; /* each rank's largest difference from ref_bias */
     us_memory mem[MAXR], est[MAXR];
     us_result res[MAXR];
-    int skew; /* see variant */
+    int skew;          /* see variant */
+    int pp_rank[MAXR]; /* each rank's pipeline stage: the estimator speaks for the first */
+    int64_t load[64];  /* the last step's expert loads, the model's [MoE layers][E] */
+    int n_load;
 } run;
 
 static int ref_index(const run *R, const char *name) {
@@ -89,6 +92,7 @@ static us_result rank_fn(us_comm *c, void *arg) {
     }
     us_memory_estimate(&R->mc, &tc, &R->est[rank], NULL, 0);
     R->mem[rank] = m.mem;
+    R->pp_rank[rank] = m.mesh.pp_rank;
     if (R->skew) { /* the router bias steers the choice: experts 0..K-1 win every token */
         size_t e, E = (size_t)m.cfg.moe_experts;
         for (e = 0; e < (size_t)m.n_moe * E; e++)
@@ -122,6 +126,8 @@ static us_result rank_fn(us_comm *c, void *arg) {
             R->gnorm[s] = st.grad_norm;
             R->imb[s] = st.moe_imbalance;
             R->aux[s] = st.moe_aux_loss;
+            R->n_load = m.n_moe_all * m.cfg.moe_experts;
+            if (R->n_load <= 64) memcpy(R->load, st.moe_load, sizeof(int64_t) * R->n_load);
         }
     }
     if (r == US_OK) {
@@ -303,10 +309,11 @@ static void run_variant(const variant *v) {
         }
         for (i = 0; i < nr; i++)
             if (R.bias_diff[i] > mb) mb = R.bias_diff[i];
-        for (i = 0; i < nr && v->pp <= 1; i++) /* (the estimator has no MoE stages yet) */
-            mem_ok &= R.mem[i].total == R.est[i].total &&
-                      R.mem[i].activations == R.est[i].activations &&
-                      R.mem[i].params == R.est[i].params;
+        for (i = 0; i < nr; i++)
+            if (R.pp_rank[i] == 0) /* (under pp the estimate is the first stage's) */
+                mem_ok &= R.mem[i].total == R.est[i].total &&
+                          R.mem[i].activations == R.est[i].activations &&
+                          R.mem[i].params == R.est[i].params;
         CHECK(ml < 1e-5 && mg < 1e-5 && mw < 1e-4,
               "%s: %d steps equal one rank (loss rel %.1e, grad norm rel %.1e, weights abs %.1e)",
               v->what, STEPS, ml, mg, mw);
@@ -317,6 +324,10 @@ static void run_variant(const variant *v) {
         CHECK(ms < 1e-5,
               "%s: the routing statistics (imbalance, aux loss) are the reference's (diff %.1e)",
               v->what, ms);
+        CHECK(R.n_load == ref.n_load && R.n_load <= 64 &&
+                  !memcmp(R.load, ref.load, sizeof(int64_t) * R.n_load),
+              "%s: the last step's expert loads (%d layers x %d experts) are the reference's",
+              v->what, R.n_load / v->E, v->E);
         CHECK(shard_ok,
               "%s: each rank holds %d experts per MoE layer (all ranks: %d expert tensors)",
               v->what, v->E / v->ep, nexp);
