@@ -11666,7 +11666,8 @@ static us_result us__cksave_plan(us_model *m, us__cksave *s, const char *dir) {
     /* the router biases are fp32 whatever the policy: they go in the model file as F32 beside
        weights of dt, so a file mixes dtypes only for MoE models balanced by bias. Keep it simple:
        such a model writes its weights in F32 too. */
-    if (m->n_moe && m->cfg.moe_balance == US_MOE_BALANCE_BIAS) s->bf = 0;
+    if (m->n_moe_all && m->cfg.moe_balance == US_MOE_BALANCE_BIAS)
+        s->bf = 0; /* (every stage alike, with MoE layers or without: // >>pp) */
     return US_OK;
 }
 
