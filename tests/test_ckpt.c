@@ -5,7 +5,9 @@
    and the next step's loss equals the saving layout's within 2e-5 relative (the new layout sums
    in another order); weights held by several ranks (kv heads replicated over tp, a tied table on
    two pipeline stages) saved as one tensor and read back under one rank and under the layout;
-   validation against the model config; crash safety (a writer killed
+   validation against the model config; MoE: dp2×ep2 (ZeRO-3 too) and issue 25's 5D meshes (a
+   DeepSeek-style model saved under dp2×pp2×ep2×tp2+sp resumes there bit for bit and under
+   pp2×cp2×ep2 and one rank); crash safety (a writer killed
    mid-write leaves the last good checkpoint in place).
    `test_ckpt --py DIR` instead checks a fixture directory written by Python (tests/ckpt_fixture.py);
    `test_ckpt --hf FIX DIR [SAVE]` a Hugging Face model against the logits, loss and gradients

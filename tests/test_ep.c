@@ -9,8 +9,14 @@
    tp 2 × ep 2, dp 4 × tp 2 × ep 2: the MoE layer runs whole on each tp rank, the ep groups are
    per tp index), and context parallelism (cp 2, cp 2 × ep 2, dp 2 × cp 2 × ep 2/4 with the aux
    loss, whose expert counts are the whole micro-batch's, tp 2 × cp 2 × ep 2: each rank routes
-   its zig-zag slice of every sequence). Per-rank memory equals the estimator; bad settings are
-   refused in one sentence.
+   its zig-zag slice of every sequence), and pipeline parallelism (pp 2 under AFAB, 1F1B,
+   interleaved, ZB-H1, ZB-V and DualPipe-V; a stage without a MoE layer; a slot place dense in one
+   chunk and MoE in the other; dp 2 × pp 2 × ep 2), then issue 25's 5D meshes with a DeepSeek-style
+   model (first layer dense, shared expert, sigmoid gates, group-limited routing, router bias):
+   dp 2 × pp 2 × ep 2 × tp 2 + sp on 16 threads and pp 2 × cp 2 × ep 2. The routing statistics
+   and the last step's expert loads (us_step_stats, summed over the stages under pp) equal the
+   reference's; each layer's bias is compared on the stage that holds it. Per-rank memory equals
+   the estimator (under pp: the first stage's); bad settings are refused in one sentence.
 
    The reference is one rank running each data-parallel rank's micro-batch as a micro-batch of
    its own (grad_accum × dp of them): the auxiliary loss and the capacity limit are statistics
