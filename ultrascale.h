@@ -4681,6 +4681,12 @@ struct us_layer_acts {
     void *ye;   /* [R,C]   expert outputs (before the gates) */
     void *sgu;  /* [N,2Fe] shared expert gate | up (moe_shared) */
     void *sh;   /* [N,Fe]  shared expert SwiGLU */
+    /* a MoE layer under B and W apart (us__moe_w): the weight GEMMs' output gradients, kept from
+       B until W; the residual gradient the shared expert's down-projection reads goes in g_down */
+    void *g_dye;  /* [Rx,C]   the local experts' output gradients, expert-major */
+    void *g_dgu;  /* [Rx,2Fe] their gate | up output gradients */
+    void *g_sdgu; /* [N,2Fe]  the shared expert's gate | up output gradient (moe_shared) */
+    void *g_dlg;  /* [N,E]    the router's logits gradient, in dt */
 };
 
 /* named scratch in us_model.a[] */
@@ -4770,6 +4776,8 @@ static void us__tp_scratch(const us_model *m, int64_t Nf, int head, size_t *sz);
 static void us__cp_scratch(const us_model *m, int64_t N, size_t *sz);            /* // >>cp */
 static void us__moe_take(const us_model *m, us__arena *ar, us_layer_acts *L, int cheap,
                          int gemm); /* a MoE layer's activations (// >>moe) */
+static void us__moe_take_w(const us_model *m, us__arena *ar,
+                           us_layer_acts *L); /* its output gradients kept for W */
 typedef struct us__moe_grads us__moe_grads;
 static size_t us__moe_scratch(const us_model *m, us__moe_grads *g);       /* its backward's */
 static size_t us__fp8_arena(us_model *m, int64_t Nf, int set, int count); /* // >>fp8-linear */
@@ -4853,6 +4861,7 @@ static void us__layout_layers(us_model *m, us__arena *ar, int write) {
             L.g_gu = us__take(ar, Nf * 2 * F * a);
             L.g_o = us__take(ar, Nf * C * a);
             L.g_qkv = us__take(ar, Nf * QKV * a);
+            if (moe) us__moe_take_w(m, ar, &L);
         }
         if (write) m->acts[l] = L;
     }
@@ -7941,6 +7950,14 @@ static void us__moe_bytes(const us_model_config *c, const us_train_config *tc, i
                (nsum ? us__align(nsum * 8) : 0) + (Np ? us__align(Np * C * a) : 0);
 }
 
+/* Bytes a MoE layer keeps from B to W under the zero-bubble schedules (us__moe_take_w's order). */
+static size_t us__moe_w_bytes(const us_model_config *c, const us_train_config *tc, int64_t N,
+                              size_t a) {
+    int64_t Rx = us__moe_rx(c, tc, N), C = c->dim, Fe = c->moe_ffn_dim;
+    return us__align(Rx * C * a) + us__align(Rx * 2 * Fe * a) +
+           (c->moe_shared ? us__align(N * 2 * Fe * a) : 0) + us__align(N * c->moe_experts * a);
+}
+
 static void us__moe_take(const us_model *m, us__arena *ar, us_layer_acts *L, int cheap, int gemm) {
     const us_model_config *c = &m->cfg;
     int64_t N = us__moe_tokens(m), E = c->moe_experts, K = c->moe_top_k, Fe = c->moe_ffn_dim,
@@ -8303,14 +8320,16 @@ static us_result us__moe_fwd(us_model *m, int l, int64_t N, int recompute, void 
     return us__moe_stats(m, l, N, &g);
 }
 
-/* The backward of MoE layer l's local experts over their rows [rows] (dye in g->dye, expert-major):
+/* The backward of MoE layer l's local experts over their rows [rows] (dye [rows,C], expert-major):
    each expert's is the dense MLP's, on its n rows: dh [n,Fe] = dye [n,C] · Wdown [C,Fe],
    dWdown += dyeᵀ · h_e; dgu [n,2Fe] = swiglu'(dh); dxe [n,C] = dgu · Wgu [2Fe,C],
    dWgu += dguᵀ · xe. The experts go last to first, each finished before the next starts, so their
    gradients complete in the backward order of the flat buffers, as a dense layer's do: data
    parallelism reduces each bucket as soon as it is full, and ZeRO-2's two gradient slots suffice
-   (// >>zero). */
-static us_result us__moe_experts_bwd(us_model *m, int l, int64_t rows, us__moe_grads *g) {
+   (// >>zero). With B and W apart (split) dye and dgu stay in the layer's g_dye, g_dgu, and the
+   two weight-gradient GEMMs wait for W (us__moe_w). */
+static us_result us__moe_experts_bwd(us_model *m, int l, int64_t rows, us__moe_grads *g,
+                                     const void *dye, int split) {
     us_ops *o = &m->ops;
     const us_model_config *c = &m->cfg;
     us_layer_acts *A = &m->acts[l];
@@ -8318,27 +8337,29 @@ static us_result us__moe_experts_bwd(us_model *m, int l, int64_t rows, us__moe_g
     int e, El = c->moe_experts / m->ep;
     int ex = US__TENSOR(l, US__P_EXPERTS) + 3 * c->moe_shared; /* local expert 0's gate_proj */
     int64_t C = c->dim, Fe = c->moe_ffn_dim, off = rows, n;
+    void *dgu = split ? A->g_dgu : g->dgu;
     us_result r;
     for (e = El - 1; e >= 0; e--) {
         int gu = ex + 3 * e, dn = gu + 2; /* its gate|up and down tensors */
         n = us__moe_local_rows(m, l, e);
         off -= n; /* its rows [off, off + n) */
-        if (n) {
-            o->gemm(o, 0, 0, n, Fe, C, 1.0f, us__at(g->dye, dt, off * C), dt, C, us__weight(m, dn),
-                    dt, Fe, 0.0f, us__at(g->dh, dt, off * Fe), dt, Fe);
-            o->gemm(o, 1, 0, C, Fe, n, 1.0f, us__at(g->dye, dt, off * C), dt, C,
+        if (n)
+            o->gemm(o, 0, 0, n, Fe, C, 1.0f, us__at(dye, dt, off * C), dt, C, us__weight(m, dn), dt,
+                    Fe, 0.0f, us__at(g->dh, dt, off * Fe), dt, Fe);
+        if (n && !split)
+            o->gemm(o, 1, 0, C, Fe, n, 1.0f, us__at(dye, dt, off * C), dt, C,
                     us__at(A->h_e, dt, off * Fe), dt, Fe, 1.0f, us__grad(m, dn), US_F32, Fe);
-        }
-        if ((r = us__grads_ready(m, dn, dn + 1)) != US_OK) return r;
+        if (!split && (r = us__grads_ready(m, dn, dn + 1)) != US_OK) return r;
         if (n) {
-            o->swiglu_bwd(o, us__at(g->dgu, dt, off * 2 * Fe), us__at(g->dh, dt, off * Fe),
+            o->swiglu_bwd(o, us__at(dgu, dt, off * 2 * Fe), us__at(g->dh, dt, off * Fe),
                           us__at(A->gu_e, dt, off * 2 * Fe), n, Fe, dt);
-            o->gemm(o, 0, 0, n, C, 2 * Fe, 1.0f, us__at(g->dgu, dt, off * 2 * Fe), dt, 2 * Fe,
+            o->gemm(o, 0, 0, n, C, 2 * Fe, 1.0f, us__at(dgu, dt, off * 2 * Fe), dt, 2 * Fe,
                     us__weight(m, gu), dt, C, 0.0f, us__at(g->dxe, dt, off * C), dt, C);
-            o->gemm(o, 1, 0, 2 * Fe, C, n, 1.0f, us__at(g->dgu, dt, off * 2 * Fe), dt, 2 * Fe,
-                    us__at(A->xe, dt, off * C), dt, C, 1.0f, us__grad(m, gu), US_F32, C);
         }
-        if ((r = us__grads_ready(m, gu, gu + 2)) != US_OK) return r;
+        if (n && !split)
+            o->gemm(o, 1, 0, 2 * Fe, C, n, 1.0f, us__at(dgu, dt, off * 2 * Fe), dt, 2 * Fe,
+                    us__at(A->xe, dt, off * C), dt, C, 1.0f, us__grad(m, gu), US_F32, C);
+        if (!split && (r = us__grads_ready(m, gu, gu + 2)) != US_OK) return r;
     }
     return US_OK;
 }
@@ -8346,15 +8367,36 @@ static us_result us__moe_experts_bwd(us_model *m, int l, int64_t rows, us__moe_g
 /* Its backward. On entry dres = ∂loss/∂x_{l+1}; leaves ∂loss/∂u in DLN (u = ln2's output),
    accumulated from the experts (un-permuted), the shared expert and the router.
    Zero-bubble schedules (// >>pp) split a backward into B (input gradients) and W (weight
-   gradients). A MoE layer forms its weight gradients here, in B, also under that split: W would
-   need each expert's output and gate|up gradients kept from B to W (Rx·(C + 2Fe) per layer and
-   micro-batch in flight, beside the router's and the shared expert's), where a dense layer keeps
-   N·(C + 2F). The schedule stays correct: nothing but the optimizer step reads a weight
-   gradient, the gradients are summed before it (the pipeline starts its reductions after the
-   last action when B and W are apart), and each tensor still sums its micro-batches in the
-   order their B actions run, which is micro-batch order. The price is balance, not correctness:
-   the expert Wgrad GEMMs weigh on B, so W has less to fill the bubble with. us__layer_w then
-   forms only the attention's weight gradients of a MoE layer. */
+   gradients): under that split (m->pp_bonly) this B keeps the output gradients the weight GEMMs
+   need — the experts' (g_dye, g_dgu), the shared expert's (the residual gradient in g_down,
+   g_sdgu) and the router's (g_dlg) — and us__moe_w forms the weight gradients in W. */
+/* The shared expert's backward, a dense SwiGLU MLP on all N tokens: dh [N,Fe] = dres · Wdown_s,
+   dWdown_s += dresᵀ · sh; dgu [N,2Fe] = swiglu'(dh); dln [N,C] += dgu · Wgu_s, dWgu_s += dguᵀ · u.
+   Split: dres goes to g_down and dgu stays in g_sdgu for W (us__moe_w). */
+static us_result us__moe_shared_bwd(us_model *m, int l, int64_t N, const void *dres, const void *u,
+                                    us__moe_grads *g, int split) {
+    us_ops *o = &m->ops;
+    us_layer_acts *A = &m->acts[l];
+    us_dtype dt = m->dt;
+    int sx = US__TENSOR(l, US__P_EXPERTS);
+    int64_t C = m->cfg.dim, Fe = m->cfg.moe_ffn_dim;
+    void *dgu = split ? A->g_sdgu : g->dgu, *dln = m->a[US__A_DLN];
+    o->gemm(o, 0, 0, N, Fe, C, 1.0f, dres, dt, C, us__weight(m, sx + 2), dt, Fe, 0.0f, g->dh, dt,
+            Fe);
+    o->swiglu_bwd(o, dgu, g->dh, A->sgu, N, Fe, dt);
+    o->gemm(o, 0, 0, N, C, 2 * Fe, 1.0f, dgu, dt, 2 * Fe, us__weight(m, sx), dt, C, 1.0f, dln, dt,
+            C);
+    if (split) {
+        o->copy(o, A->g_down, dres, (size_t)(N * C) * us_dtype_size(dt), US_COPY_D2D);
+        return US_OK;
+    }
+    o->gemm(o, 1, 0, C, Fe, N, 1.0f, dres, dt, C, A->sh, dt, Fe, 1.0f, us__grad(m, sx + 2), US_F32,
+            Fe);
+    o->gemm(o, 1, 0, 2 * Fe, C, N, 1.0f, dgu, dt, 2 * Fe, u, dt, C, 1.0f, us__grad(m, sx), US_F32,
+            C);
+    return us__grads_ready(m, sx, sx + 3);
+}
+
 static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
     us_ops *o = &m->ops;
     const us_model_config *c = &m->cfg;
@@ -8362,14 +8404,16 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
     us_dtype dt = m->dt;
     int E = c->moe_experts, K = c->moe_top_k, e, aux = c->moe_balance == US_MOE_BALANCE_AUX,
         El = E / m->ep;
-    int64_t C = c->dim, Fe = c->moe_ffn_dim, rows, nperm, Np, Ns;
+    int64_t C = c->dim, rows, nperm, Np, Ns;
     int32_t *cnt = us__moe_cnt(m, l), *kept = cnt + E;
-    int rt = US__TENSOR(l, US__P_ROUTER);
-    void *dres = m->a[US__A_DRES], *dln = m->a[US__A_DLN], *dxp;
+    int rt = US__TENSOR(l, US__P_ROUTER), split = m->pp_bonly; /* zero-bubble B: W waits */
+    void *dres = m->a[US__A_DRES], *dln = m->a[US__A_DLN], *dxp, *dye, *dlg;
     const void *u = A->ln2; /* [N,C] the layer's input */
     us_result r;
     us__moe_grads g;
     us__moe_scratch(m, &g);
+    dye = split ? A->g_dye : g.dye; /* [rows,C] the local experts' output gradients */
+    dlg = split ? A->g_dlg : g.dlg; /* [N,E] the router logits' gradient in dt */
     us__sp_rows(m, N, &Np, &Ns);
     if (us__sp_on(m)) { /* the tp group's residual gradient and input, whole (see us__moe_fwd) */
         if ((r = us__sp_gather(m, g.dresf, dres, Ns)) != US_OK) return r;
@@ -8384,10 +8428,10 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
     o->moe_gate_grad(o, g.dgates, dres, A->ye, A->slot_row, N, K, C, dt);
     if (m->ep > 1) { /* the output gradients travel like the dispatch (// >>ep) */
         o->moe_gather(o, g.dxe, dres, A->row_slot, A->gates, nperm, K, C, dt);
-        if ((r = us__ep_move(m, l, 0, g.dye, g.dxe, g.ept)) != US_OK) return r;
+        if ((r = us__ep_move(m, l, 0, dye, g.dxe, g.ept)) != US_OK) return r;
     } else
-        o->moe_gather(o, g.dye, dres, A->row_slot, A->gates, rows, K, C, dt);
-    if ((r = us__moe_experts_bwd(m, l, rows, &g)) != US_OK) return r;
+        o->moe_gather(o, dye, dres, A->row_slot, A->gates, rows, K, C, dt);
+    if ((r = us__moe_experts_bwd(m, l, rows, &g, dye, split)) != US_OK) return r;
     dxp = g.dxe;
     if (m->ep > 1) { /* the input gradients come back like the combine (// >>ep) */
         if ((r = us__ep_move(m, l, 1, g.dye, g.dxe, g.ept)) != US_OK) return r;
@@ -8396,19 +8440,7 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
     /* un-permute: each token sums the gradients of its rows */
     o->zero(o, dln, (size_t)(Np * C) * us_dtype_size(dt)); /* (SP's padding rows: zero) */
     o->moe_scatter(o, dln, dxp, A->slot_row, NULL, N, K, C, dt);
-    if (c->moe_shared) {
-        int sx = US__TENSOR(l, US__P_EXPERTS);
-        o->gemm(o, 0, 0, N, Fe, C, 1.0f, dres, dt, C, us__weight(m, sx + 2), dt, Fe, 0.0f, g.dh, dt,
-                Fe);
-        o->gemm(o, 1, 0, C, Fe, N, 1.0f, dres, dt, C, A->sh, dt, Fe, 1.0f, us__grad(m, sx + 2),
-                US_F32, Fe);
-        o->swiglu_bwd(o, g.dgu, g.dh, A->sgu, N, Fe, dt);
-        o->gemm(o, 0, 0, N, C, 2 * Fe, 1.0f, g.dgu, dt, 2 * Fe, us__weight(m, sx), dt, C, 1.0f, dln,
-                dt, C);
-        o->gemm(o, 1, 0, 2 * Fe, C, N, 1.0f, g.dgu, dt, 2 * Fe, u, dt, C, 1.0f, us__grad(m, sx),
-                US_F32, C);
-        if ((r = us__grads_ready(m, sx, sx + 3)) != US_OK) return r;
-    }
+    if (c->moe_shared && (r = us__moe_shared_bwd(m, l, N, dres, u, &g, split)) != US_OK) return r;
     /* router: through the gates, and (aux) through P_e: ∂loss/∂p'[n,e] = w·α·f_e/Nb, Nb the
        micro-batch's tokens (N·cp), f_e from its routed counts (us__moe_batch_counts) */
     if (aux) {
@@ -8429,10 +8461,66 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
                      (int)c->moe_gate);
     /* dlogits [N,E] f32 → dlg (dtype dt); dln [N,C] += dlg · Wrouter [E,C];
        dWrouter += dlgᵀ · ln2 */
-    o->cast(o, g.dlg, dt, g.dlogits, US_F32, N * E);
-    o->gemm(o, 0, 0, N, C, E, 1.0f, g.dlg, dt, E, us__weight(m, rt), dt, C, 1.0f, dln, dt, C);
-    o->gemm(o, 1, 0, E, C, N, 1.0f, g.dlg, dt, E, u, dt, C, 1.0f, us__grad(m, rt), US_F32, C);
+    o->cast(o, dlg, dt, g.dlogits, US_F32, N * E);
+    o->gemm(o, 0, 0, N, C, E, 1.0f, dlg, dt, E, us__weight(m, rt), dt, C, 1.0f, dln, dt, C);
+    if (split) return US_OK;
+    o->gemm(o, 1, 0, E, C, N, 1.0f, dlg, dt, E, u, dt, C, 1.0f, us__grad(m, rt), US_F32, C);
     return us__grads_ready(m, rt, rt + 1);
+}
+
+/* The W half of a MoE layer's zero-bubble backward: the weight gradients from what B kept (the
+   g_* output gradients) and the forward's inputs — the experts last to first as in B, the
+   shared expert, the router; under SP the tp group's u is gathered again. */
+static us_result us__moe_w(us_model *m, int l, int64_t N) {
+    us_ops *o = &m->ops;
+    const us_model_config *c = &m->cfg;
+    us_layer_acts *A = &m->acts[l];
+    us_dtype dt = m->dt;
+    int e, El = c->moe_experts / m->ep, E = c->moe_experts, rt = US__TENSOR(l, US__P_ROUTER);
+    int sx = US__TENSOR(l, US__P_EXPERTS), ex = sx + 3 * c->moe_shared;
+    int64_t C = c->dim, Fe = c->moe_ffn_dim, off = 0, n, Np, Ns;
+    const void *u = A->ln2; /* [N,C] */
+    us_result r;
+    for (e = 0; e < El; e++) off += us__moe_local_rows(m, l, e);
+    for (e = El - 1; e >= 0; e--) { /* dWdown += dyeᵀ · h_e; dWgu += dguᵀ · xe, on its rows */
+        int gu = ex + 3 * e, dn = gu + 2;
+        n = us__moe_local_rows(m, l, e);
+        off -= n;
+        if (n)
+            o->gemm(o, 1, 0, C, Fe, n, 1.0f, us__at(A->g_dye, dt, off * C), dt, C,
+                    us__at(A->h_e, dt, off * Fe), dt, Fe, 1.0f, us__grad(m, dn), US_F32, Fe);
+        if ((r = us__grads_ready(m, dn, dn + 1)) != US_OK) return r;
+        if (n)
+            o->gemm(o, 1, 0, 2 * Fe, C, n, 1.0f, us__at(A->g_dgu, dt, off * 2 * Fe), dt, 2 * Fe,
+                    us__at(A->xe, dt, off * C), dt, C, 1.0f, us__grad(m, gu), US_F32, C);
+        if ((r = us__grads_ready(m, gu, gu + 2)) != US_OK) return r;
+    }
+    if (us__sp_on(m)) {
+        us__sp_rows(m, N, &Np, &Ns);
+        if ((r = us__sp_gather(m, m->a[US__A_SPG], A->ln2, Ns)) != US_OK) return r;
+        u = m->a[US__A_SPG];
+    }
+    if (c->moe_shared) {
+        o->gemm(o, 1, 0, C, Fe, N, 1.0f, A->g_down, dt, C, A->sh, dt, Fe, 1.0f, us__grad(m, sx + 2),
+                US_F32, Fe);
+        o->gemm(o, 1, 0, 2 * Fe, C, N, 1.0f, A->g_sdgu, dt, 2 * Fe, u, dt, C, 1.0f, us__grad(m, sx),
+                US_F32, C);
+        if ((r = us__grads_ready(m, sx, sx + 3)) != US_OK) return r;
+    }
+    o->gemm(o, 1, 0, E, C, N, 1.0f, A->g_dlg, dt, E, u, dt, C, 1.0f, us__grad(m, rt), US_F32, C);
+    return us__grads_ready(m, rt, rt + 1);
+}
+
+/* Under B and W apart, a MoE layer's kept output gradients (us__moe_w; g_down, which every
+   layer place has then, holds the shared expert's residual gradient). */
+static void us__moe_take_w(const us_model *m, us__arena *ar, us_layer_acts *L) {
+    const us_model_config *c = &m->cfg;
+    int64_t N = us__moe_tokens(m), Rx = m->moe_rx, C = c->dim, Fe = c->moe_ffn_dim;
+    size_t a = us_dtype_size(m->dt);
+    L->g_dye = us__take(ar, Rx * C * a);
+    L->g_dgu = us__take(ar, Rx * 2 * Fe * a);
+    if (c->moe_shared) L->g_sdgu = us__take(ar, N * 2 * Fe * a);
+    L->g_dlg = us__take(ar, N * c->moe_experts * a);
 }
 
 /* Local MoE layer l's place among the whole model's MoE layers (// >>pp: a stage holds some). */
@@ -9287,7 +9375,9 @@ static us_result us__layer_w(us_model *m, int l, int64_t B, int64_t T) {
     void *G = m->a[US__A_SPG];
     us_result r;
     us__sp_rows(m, B * T, &Np, &Ns);
-    if (m->moe_idx[l] < 0) { /* (a MoE layer formed its MLP's weight gradients in B, us__moe_bwd) */
+    if (m->moe_idx[l] >= 0) { /* a MoE layer's experts, shared expert and router (// >>moe) */
+        if ((r = us__moe_w(m, l, B * T)) != US_OK) return r;
+    } else {
         us__linear_wgrad(m, Np, F, C, A->g_down, A->h, us__grad(m, US__TENSOR(l, US__P_DOWN)));
         if ((r = us__grads_ready(m, US__TENSOR(l, US__P_DOWN), US__TENSOR(l, US__P_DOWN) + 1)) !=
             US_OK)
@@ -14469,7 +14559,8 @@ static size_t us__estimate_pp_acts(const us_model_config *mc, const us_train_con
         slot += s->x;
         if (keep_gemm) slot += s->qkv + s->x + (dense ? s->gu : 0) + (moe ? moe_gemm : 0);
         if (keep_cheap) slot += attn_cheap + (dense ? s->h : 0) + (moe ? moe_cheap : 0);
-        if (wsplit) slot += 2 * s->xf + s->qkv + s->gu;
+        if (wsplit)
+            slot += 2 * s->xf + s->qkv + s->gu + (moe ? us__moe_w_bytes(mc, tc, d->N, d->a) : 0);
     }
     US_FREE(lg);
     return (slot + head) * (size_t)peak + bwd + moe_scr;
