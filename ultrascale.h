@@ -7833,9 +7833,16 @@ static us_result us__pp_eval(us_model *m, const int32_t *inputs, const int32_t *
    (us__moe_step_end). Two things are statistics of a whole micro-batch: the auxiliary loss's
    f_e, whose counts are summed over cp (us__moe_batch_counts), each cp rank adding its own
    tokens' part of P_e; and the capacity limit, which keeps an expert's first tokens in token
-   order and is refused where cp or sp spread a micro-batch over ranks. */
+   order and is refused where cp or sp spread a micro-batch over ranks.
+   Pipeline parallelism (// >>pp) splits the layers, MoE or dense, over the stages: a stage runs
+   its own layers' routers and experts and keeps their biases, moved by their own loads; its ep
+   group stays inside it (ep folds over dp×cp, which a stage's ranks form). With several
+   micro-batches in flight the host routing counts a backward reads are per activation slot
+   (us__moe_cnt); the statistics of the step are summed over the stages (us__moe_pp_stats); the
+   zero-bubble schedules' W forms the layer's weight gradients (us__moe_w). */
 
-/* Checks the MoE layer's settings and what it does not combine with yet (us_config_validate). */
+/* Checks the MoE layer's settings and what it does not combine with (us_config_validate): the
+   capacity limit under cp or sp. Every other parallelism, pp included, takes MoE layers. */
 static us_result us__moe_checks(const us_model_config *mc, const us_train_config *tc, char *err,
                                 size_t errlen) {
     if (mc->moe_experts < 0 || mc->moe_experts > 1024)
@@ -8664,7 +8671,9 @@ static us_result us__moe_step_end(us_model *m) {
    group — sum their expert gradients (units of their own, // >>dp), every other gradient is
    summed over dp×cp. Each rank's loss gradient is already scaled by the global batch, and every
    token's contribution to an expert reaches the expert's rank, so both sums are the global
-   gradient. ZeRO shards each kind over its own group the same way (// >>zero). The router bias and the routing statistics are summed over dp×cp (us__moe_step_end).
+   gradient. ZeRO shards each kind over its own group the same way (// >>zero). The router
+   bias and the routing statistics are summed over dp×cp (us__moe_step_end), the statistics then
+   over the pipeline stages. Under pipeline parallelism the ep groups are per stage.
    Tensor parallelism does not split a MoE layer: every tp rank runs it whole on the same tokens
    (the experts are replicated over tp, the compute repeated; under sequence parallelism the tp
    group's tokens are gathered first, us__moe_fwd), so its input gradient needs no all-reduce;
