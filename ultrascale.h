@@ -8550,11 +8550,12 @@ static us_result us__moe_pp_stats(us_model *m, double *imb) {
         memcpy(m->moe_load_last, m->moe_load, sizeof(int64_t) * na);
         return US_OK;
     }
-    h = (double *)calloc(na + 4, sizeof(double));
+    h = (double *)US_MALLOC((na + 4) * sizeof(double));
     if (!h) {
         us__model_set_error(m, "out of host memory");
         return US_ERR_OOM;
     }
+    memset(h, 0, (na + 4) * sizeof(double));
     for (l = 0; l < m->cfg.n_layers; l++)
         if (m->moe_idx[l] >= 0)
             for (j = 0; j < E; j++)
@@ -8575,7 +8576,7 @@ static us_result us__moe_pp_stats(us_model *m, double *imb) {
         m->moe_aux = h[na + 2];
         *imb = h[na + 3];
     }
-    free(h);
+    US_FREE(h);
     return us__comm_fail(m, r, "all-reduce of the routing statistics over the pipeline stages");
 }
 
