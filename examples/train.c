@@ -54,7 +54,8 @@ static const char *const usage_text[] = {
     "a copy)\n"
     "  --rope-theta X    RoPE base (default 10000)\n",
     "mixture of experts (a MoE feed-forward layer instead of the dense MLP):\n"
-    "  --experts E       routed experts per MoE layer (default 0: dense)\n"
+    "  --experts E       routed experts per MoE layer (default 0: dense); MoE layers run under\n"
+    "                    every parallelism: dp, ZeRO, tp, sp, cp, pp (every schedule) and ep\n"
     "  --top-k K         experts per token (default 2)\n"
     "  --moe-ffn N       each expert's SwiGLU hidden size (default ffn/(K + shared), rounded "
     "up to 8)\n"
