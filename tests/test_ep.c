@@ -18,7 +18,8 @@
    reference's; each layer's bias is compared on the stage that holds it. Per-rank memory equals
    the estimator (under pp: the first stage's); bad settings are refused in one sentence. The
    pipelines whose MoE layers communicate inside a stage run under NCCL's semantics, the
-   schedules of several chunks on the clock (// >>pp).
+   schedules of several chunks on the clock (// >>pp). After training, every variant decodes past
+   seq with the KV cache (// >>sample): every rank gets the same logits as one rank.
 
    The reference is one rank running each data-parallel rank's micro-batch as a micro-batch of
    its own (grad_accum × dp of them): the auxiliary loss and the capacity limit are statistics
@@ -42,6 +43,7 @@
 #define GB 8
 #define T 8
 #define MAXR 16
+#define GL (T + 8) /* positions of the generation check, past seq */
 
 typedef struct run {
     us_model_config mc;
@@ -64,7 +66,20 @@ typedef struct run {
     int pp_rank[MAXR]; /* each rank's pipeline stage: the estimator speaks for the first */
     int64_t load[64];  /* the last step's expert loads, the model's [MoE layers][E] */
     int n_load;
+    /* each rank's logits after each of in[4 .. GL-1], decoded with the KV cache (// >>sample) */
+    float gen_lg[MAXR][GL - 4][20];
 } run;
+
+/* Teacher-forced decoding of in[0..GL): a prompt of 5, then one token a step, past seq. */
+static us_result rank_gen(us_model *m, const int32_t *in, float (*lg)[20]) {
+    us_gen g;
+    us_result r = us_gen_init(&g, m, 1, GL);
+    int t;
+    if (r == US_OK) r = us_gen_forward(&g, in, 5, lg[0]);
+    for (t = 5; t < GL && r == US_OK; t++) r = us_gen_forward(&g, in + t, 1, lg[t - 4]);
+    us_gen_free(&g);
+    return r;
+}
 
 static int ref_index(const run *R, const char *name) {
     int i;
@@ -175,6 +190,8 @@ static us_result rank_fn(us_comm *c, void *arg) {
             R->bias_diff[rank] = d;
         }
     }
+    if (r == US_OK && (r = rank_gen(&m, R->in, R->gen_lg[rank])) != US_OK)
+        printf("  rank %d generation: %s\n", rank, m.err);
     us_model_free(&m);
     free(in);
     free(tgt);
@@ -346,6 +363,20 @@ static void run_variant(const variant *v) {
         CHECK(mem_ok,
               "%s: per-rank memory = the estimate (rank 0: allocated %zu, estimated %zu bytes)",
               v->what, R.mem[0].total, R.est[0].total);
+        { /* every rank decodes the whole sequence, experts over ep: one rank's logits */
+            double e = 0;
+            int same = 1, k;
+            for (i = 0; i < nr; i++) {
+                const float *a = &R.gen_lg[i][0][0], *b = &ref.gen_lg[0][0][0];
+                same &= !memcmp(R.gen_lg[i], R.gen_lg[0], sizeof R.gen_lg[0]);
+                for (k = 0; k < (GL - 4) * 20; k++)
+                    if (fabs(a[k] - b[k]) > e) e = fabs(a[k] - b[k]);
+            }
+            CHECK(same && e < 1e-3,
+                  "%s: KV-cache decoding to position %d (seq %d): every rank the same logits, "
+                  "within %.1e of one rank's",
+                  v->what, GL, T, e);
+        }
     }
     free(R.weights);
     free(ref.weights);
