@@ -3275,6 +3275,9 @@ static us_result us__fp8_gemm_nt(float *c, const uint8_t *a, const float *sa, us
                     for (n = 0; n < N; n++) p[n] = 0.0f;
                     for (k = kb * T; k < k1; k++) {
                         const float ak = ar[k], *bk = bf + k * N;
+#ifdef _OPENMP
+#pragma omp simd
+#endif
                         for (n = 0; n < N; n++)
                             p[n] += ak * bk[n]; /* exact products: fma or not, the same p */
                     }
