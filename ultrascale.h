@@ -2419,10 +2419,14 @@ static void us__gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alph
 /* ------------------------------------------------------------------------------------ */
 // >>kernels  the CPU reference ops: compute in fp32, round once on store
 /* ------------------------------------------------------------------------------------ */
+/* US__SIMD marks an element-wise loop (nothing summed across its iterations) for vectorising,
+   which gcc's -O2 cost model declines where a loop needs a remainder or an aliasing check: each
+   lane does what one iteration did, so the results are the same bits. */
 #ifdef _OPENMP
 #define US__PARALLEL_FOR _Pragma("omp parallel for schedule(static) num_threads(us__nt)")
 #define US__PARALLEL_FOR_DYNAMIC \
     _Pragma("omp parallel for schedule(dynamic, 1) num_threads(us__nt)")
+#define US__SIMD _Pragma("omp simd")
 
 static int us__threads(const us_ops *o) {
     return o->nthreads > 0 ? o->nthreads : omp_get_max_threads();
@@ -2434,6 +2438,7 @@ static int us__tid(void) { return omp_get_thread_num(); }
 #else
 #define US__PARALLEL_FOR
 #define US__PARALLEL_FOR_DYNAMIC
+#define US__SIMD
 
 static int us__threads(const us_ops *o) {
     (void)o;
@@ -3275,9 +3280,7 @@ static us_result us__fp8_gemm_nt(float *c, const uint8_t *a, const float *sa, us
                     for (n = 0; n < N; n++) p[n] = 0.0f;
                     for (k = kb * T; k < k1; k++) {
                         const float ak = ar[k], *bk = bf + k * N;
-#ifdef _OPENMP
-#pragma omp simd
-#endif
+                        US__SIMD
                         for (n = 0; n < N; n++)
                             p[n] += ak * bk[n]; /* exact products: fma or not, the same p */
                     }
@@ -3462,10 +3465,12 @@ static void us__cpu_attention_fwd(us_ops *o, void *out, float *lse, const void *
                     mnew = m[qi] > bm ? m[qi] : bm;
                     corr = expf(m[qi] - mnew); /* rescale what was summed under the old max */
                     l[qi] *= corr;
+                    US__SIMD
                     for (d = 0; d < HS; d++) ar[d] *= corr;
                     for (j = j0; j < j1; j++) {
                         float p = expf(sr[j - j0] - mnew);
                         l[qi] += p;
+                        US__SIMD
                         for (d = 0; d < HS; d++) ar[d] += p * v[j * HS + d];
                     }
                     m[qi] = mnew;
@@ -3528,6 +3533,7 @@ static void us__cpu_attention_bwd(us_ops *o, void *dqkv, const void *dout, const
                         float sdot = us__dot(qr, kj, HS), dp = us__dot(dor, vj, HS), p, ds;
                         p = expf(sdot * scale - L[qi]);
                         ds = p * (dp - D[qi]) * scale;
+                        US__SIMD
                         for (d = 0; d < HS; d++) {
                             dqr[d] += ds * kj[d];
                             dkj[d] += ds * qr[d];
