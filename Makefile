@@ -15,15 +15,18 @@ OPENMP  ?= -fopenmp
 # the built-in task trains 7 % slower (make train is compile + run; the CUDA build is NVFLAGS)
 CFLAGS  ?= -std=c99 -Wall -Wextra -pedantic -O2 $(ARCH) $(OPENMP) -D_POSIX_C_SOURCE=200809L -pthread
 LDLIBS  ?= -lm
-NVFLAGS ?= -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompiler -fopenmp,-Wall,-Wextra
+# nvcc's -O sets the host code's level only (ptxas compiles the kernels at its -O3 either way); -O2
+# as in CFLAGS, since -O3 costs the CUDA implementation's host part a third more compile time
+NVFLAGS ?= -O2 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompiler -fopenmp,-Wall,-Wextra
 NVLIBS   = -lcublasLt -lnccl
-SANFLAGS = -std=c99 -Wall -Wextra -O1 -g $(ARCH) $(OPENMP) -D_POSIX_C_SOURCE=200809L -pthread -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+# -g1: line tables only, what the sanitizers' reports need for FILE:LINE (-g compiles slower)
+SANFLAGS = -std=c99 -Wall -Wextra -O1 -g1 $(ARCH) $(OPENMP) -D_POSIX_C_SOURCE=200809L -pthread -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 B        = build
 HDR      = ultrascale.h ultrascale_comm.h
 JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
 
 EXAMPLES = $(B)/train $(B)/memory $(B)/quickstart $(B)/dp_quickstart $(B)/cp_memory $(B)/schedule $(B)/hf_logits $(B)/plan $(B)/figures \
-           $(B)/readme_snippet $(B)/tokenize
+           $(B)/readme_snippet $(B)/tokenize $(B)/generate
 ifeq ($(CUDA),1)
 EXAMPLES += $(B)/train_cuda
 endif
@@ -158,6 +161,11 @@ $(B)/hf_logits_cuda: examples/hf_logits.c $(CUDAIMPL) $(HDR) ultrascale_cuda.cuh
 	$(NVCC) $(NVFLAGS) -x cu -DUS_CUDA $(LINKED_CUDA) -c $< -o $@.o
 	$(NVCC) $(NVFLAGS) $@.o $(CUDAIMPL) -o $@ $(NVLIBS)
 
+# text from a checkpoint with a KV cache, on GPU 0 (examples/generate.c)
+$(B)/generate_cuda: examples/generate.c $(CUDAIMPL) $(HDR) ultrascale_cuda.cuh | $(B)
+	$(NVCC) $(NVFLAGS) -x cu -DUS_CUDA $(LINKED_CUDA) -c $< -o $@.o
+	$(NVCC) $(NVFLAGS) $@.o $(CUDAIMPL) -o $@ $(NVLIBS)
+
 $(B)/test_cuda: tests/test_cuda.cu tests/us_test.h $(CUDAIMPL) $(HDR) ultrascale_cuda.cuh | $(B)
 	$(NVCC) $(NVFLAGS) $(LINKED_CUDA) $< $(CUDAIMPL) -o $@ $(NVLIBS)
 
@@ -177,6 +185,7 @@ $(B)/comm_bw: bench/comm_bw.cu $(CUDAIMPL) $(HDR) | $(B)
 
 # longest first, so two jobs keep both cores busy
 NVCC_BUILDS = $(B)/flash_test $(B)/test_nccl $(B)/train_cuda $(B)/test_cuda $(B)/hf_logits_cuda \
+              $(B)/generate_cuda \
               $(B)/comm_bw $(B)/gemm_steps $(B)/cc_nvcc.o
 
 # the flash kernels on the CPU through a small CUDA emulator, against the CPU reference: kernel
@@ -200,8 +209,8 @@ fuzz: $(B)/fuzz_safetensors
 # step as soon as that is built, $(JOBS) jobs at a time unless you give -j (JOBS=1: one at a
 # time); a step whose program failed to build fails as "not run", after the compiler's errors.
 # Each step prints one line as it ends; the failures are repeated at the end above the total. The
-# two objects most programs link against are made first, then the steps' needs in tests/steps.sh's
-# order.
+# objects most programs link against are made first (the CUDA one, the longest job, where nvcc is),
+# then the steps' needs in tests/steps.sh's order.
 HAVE_NVCC := $(shell [ -x "$(NVCC)" ] && echo 1)
 HAVE_NCCL := $(shell [ -f /usr/include/nccl.h ] || [ -f $(CUDA_HOME)/include/nccl.h ] && echo 1)
 STEPS_ENV  = B=$(B) NVCC=$(HAVE_NVCC) NCCL=$(HAVE_NCCL)
@@ -210,7 +219,7 @@ test:
 	@mkdir -p $(B) && rm -rf $(B)/steps
 	@$(STEPS_ENV) bash tests/run_all.sh --makefile tests/steps.sh > $(B)/steps.mk
 	@$(MAKE) -k $(if $(filter -j%,$(MAKEFLAGS)),,-j$(JOBS)) -f $(firstword $(MAKEFILE_LIST)) -f $(B)/steps.mk \
-	  $(IMPL) $(SANIMPL) test-steps || true
+	  $(IMPL) $(if $(HAVE_NVCC),$(CUDAIMPL)) $(SANIMPL) test-steps || true
 	@$(STEPS_ENV) bash tests/run_all.sh --report tests/steps.sh
 
 # every program the steps need, without running them (then: bash tests/run_all.sh tests/steps.sh)

@@ -58,7 +58,8 @@ static const char *const usage_text[] = {
     "a copy)\n"
     "  --rope-theta X    RoPE base (default 10000)\n",
     "mixture of experts (a MoE feed-forward layer instead of the dense MLP):\n"
-    "  --experts E       routed experts per MoE layer (default 0: dense)\n"
+    "  --experts E       routed experts per MoE layer (default 0: dense); MoE layers run under\n"
+    "                    every parallelism: dp, ZeRO, tp, sp, cp, pp (every schedule) and ep\n"
     "  --top-k K         experts per token (default 2)\n"
     "  --moe-ffn N       each expert's SwiGLU hidden size (default ffn/(K + shared), rounded "
     "up to 8)\n"
@@ -739,10 +740,10 @@ static void rank_print_parts(rank_state *s) {
                s->tc.fp8_pow2 ? ", powers of two" : "",
                s->tc.fp8_min_dim ? s->tc.fp8_min_dim : US_FP8_MIN_DIM, wq);
     }
-    if (s->loud && m->n_moe)
+    if (s->loud && m->n_moe_all) /* (the whole model's: under pp this rank holds some) */
         printf("moe: %d of %d layers, E=%d top-%d Fe=%lld%s, %s gates, balance %s%s | ep=%d (%d "
                "experts per rank) | %lld active params per token of %lld\n",
-               m->n_moe, m->cfg.n_layers, m->cfg.moe_experts, m->cfg.moe_top_k,
+               m->n_moe_all, m->n_layers_global, m->cfg.moe_experts, m->cfg.moe_top_k,
                (long long)m->cfg.moe_ffn_dim, m->cfg.moe_shared ? " + shared" : "",
                m->cfg.moe_gate == US_MOE_SIGMOID ? "sigmoid" : "softmax",
                m->cfg.moe_balance == US_MOE_BALANCE_BIAS  ? "bias"
@@ -848,7 +849,7 @@ static void rank_print_step(const rank_state *s, const us_step_stats *st, double
     if (s->scaled)
         printf(" | loss scale %g | skipped %d/%lld", st->loss_scale, st->skipped,
                (long long)st->skipped_total);
-    if (s->m.n_moe) { /* the router: how uneven the experts' loads are, the aux loss, the dropped share */
+    if (s->m.n_moe_all) { /* the router: how uneven the experts' loads are, the aux loss, the dropped share */
         printf(" | moe imbalance %.2f", st->moe_imbalance);
         if (s->mc.moe_balance == US_MOE_BALANCE_AUX) printf(" aux %.4f", st->moe_aux_loss);
         if (s->mc.moe_capacity > 0) printf(" dropped %.1f%%", 100 * st->moe_drop_frac);
@@ -867,7 +868,7 @@ static void rank_log_moe(const rank_state *s, const us_step_stats *st) {
             st->moe_imbalance, st->moe_aux_loss, st->moe_drop_frac);
     for (e = 0; e < s->m.cfg.moe_experts; e++) { /* tokens per expert */
         int64_t t = 0;
-        for (l2 = 0; l2 < s->m.n_moe; l2++)
+        for (l2 = 0; l2 < s->m.n_moe_all; l2++) /* (every stage's, us_step_stats.moe_load) */
             t += st->moe_load[(size_t)l2 * s->m.cfg.moe_experts + e];
         fprintf(logf, "%s%lld", e ? ", " : "", (long long)t);
     }
@@ -906,7 +907,7 @@ static void rank_log_step(const rank_state *s, const us_step_stats *st, double t
                 ", \"pp_bubble\": %.4f, \"pp_tf_ms\": %.3f, \"pp_tb_ms\": %.3f, "
                 "\"pp_tw_ms\": %.3f",
                 st->pp_bubble, st->pp_cost_ms[0], st->pp_cost_ms[1], st->pp_cost_ms[2]);
-    if (s->m.n_moe) rank_log_moe(s, st);
+    if (s->m.n_moe_all) rank_log_moe(s, st);
     if (eval_loss >= 0)
         fprintf(logf, ", \"eval_loss\": %.6f, \"eval_acc\": %.6f", eval_loss, eval_acc);
     fprintf(logf, "}\n");

@@ -8,8 +8,9 @@
    selective and full recompute (W recomputes what its GEMMs read) equal one rank too, and so
    does ZeRO-2 with dp 2 under the schedules whose actions each write part of a micro-batch's
    gradient (interleaved, ZB-H1, ZB-V, DualPipe-V), and ZeRO-3 (FSDP + PP), whose weight gathers
-   are counted: each action gathers its chunk's units once, nothing past them.
-   Unsupported combinations are refused with a sentence.
+   are counted: each action gathers its chunk's units once, nothing past them. Unsupported
+   combinations are refused with a sentence. Greedy generation with a KV cache through the
+   stages, past seq: the same tokens on every rank as re-running the sequence.
 
    Tolerance (fp32): stages compute what one rank computes, in the same order, except the
    gradient norm's sum over stages (and, tied, the table's gradient: the head's part and the
@@ -45,6 +46,10 @@ typedef struct run {
     us_memory mem, mem_est;    /* stage 0's model states as allocated, and as estimated */
     int gathers[8];            /* ZeRO-3: per pp rank, the weight all-gathers of the run */
     float bubble;              /* the last step's measured pipeline bubble */
+    /* generation (// >>sample) when gen is set: each rank's greedy tokens from the first 5 of in,
+       cached for 27 new (past seq), and re-run (us_sample) for 11 */
+    int gen;
+    int32_t gen_cached[8][32], gen_rerun[8][16];
 } run;
 
 /* ZeRO-3's weight all-gathers, counted per rank through the comm table (each rank has its own) */
@@ -179,9 +184,18 @@ static us_result rank_fn(us_comm *c, void *arg) {
                 memcpy(R->logits[m.mesh.pp_rank], lg, sizeof lg);
         }
     }
-    if (c && tc.zero == 3) {
+    if (c && tc.zero == 3) { /* (generation's gathers are not counted) */
         c->all_gather = all_gather_real[rank];
         if (m.mesh.dp_rank == 0 && m.mesh.tp_rank == 0) R->gathers[m.mesh.pp_rank] = gathers[rank];
+    }
+    if (r == US_OK && R->gen) { /* every stage takes part; every rank draws the same tokens */
+        us_rng g;
+        us_rng_seed(&g, 1);
+        if (us_sample(&m, R->in, 5, 11, 0.0f, 0, &g, R->gen_rerun[rank]) != US_OK ||
+            us_generate(&m, R->in, 5, 27, 0.0f, 0, 0.0f, &g, R->gen_cached[rank]) != US_OK) {
+            printf("  rank %d generation: %s\n", rank, m.err);
+            r = US_ERR_BACKEND;
+        }
     }
     us_model_free(&m);
     free(in);
@@ -391,6 +405,7 @@ int main(int argc, char **argv) {
             /* (ZeRO-3 ranks hold a piece of each unit: its weights are checked through the
                evaluation's loss and logits after training) */
             R.w = tp == 1 && cfg[ci][5] != 3 ? (float *)calloc((size_t)np, 4) : NULL;
+            R.gen = !plan;
             if (launch(&R) != US_OK) {
                 CHECK(0, "cfg %d (%s) ran", ci, plan ? "clock" : "channels");
                 free(R.w);
@@ -441,6 +456,17 @@ int main(int argc, char **argv) {
             if (cfg[ci][5] < 0)
                 CHECK(ml < 2e-5 && mw < 1e-4,
                       "stages of 1 and 3 layers (pp_layers) train like one rank");
+            if (R.gen) { /* the KV cache through the stages, each holding its layers' part */
+                int same = 1, k;
+                for (k = 0; k < dp * pp * tp; k++)
+                    same &= !memcmp(R.gen_cached[k], R.gen_cached[0], sizeof R.gen_cached[0]) &&
+                            !memcmp(R.gen_cached[k], R.gen_rerun[k], sizeof R.gen_rerun[0]);
+                CHECK(
+                    same,
+                    "%s pp %d x dp %d x tp %d: greedy generation with the KV cache, 27 tokens "
+                    "past seq %d, the same on every rank and equal to re-running for its first 16",
+                    us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, dp, tp, T);
+            }
             { /* every stage holds the last stage's logits (what sampling reads) */
                 double e = 0;
                 int j;

@@ -186,8 +186,17 @@ int main(int argc, char **argv) {
         us_pp_schedule_build(&s, US_PP_1F1B, 2, 4, 1, err, sizeof err);
         s.a[0][1].mb = s.a[0][0].mb; /* rank 0's second forward repeats the first: one missing */
         CHECK(us_pp_simulate(&s, 1, 2, 0, &sm, err, sizeof err) == US_ERR_INVALID &&
-                  strstr(err, "forwards"),
+                  !strcmp(err, "rank 0: micro-batch 0 chunk 0 has 2 forwards, 1 input and 1 "
+                               "weight backwards (want 1 each)"),
               "a repeated action: %s", err);
+        s.a[1][2].chunk = 1; /* rank 1's third action names a chunk the schedule lacks */
+        CHECK(us_pp_simulate(&s, 1, 2, 0, &sm, err, sizeof err) == US_ERR_INVALID &&
+                  strstr(err, "rank 0: micro-batch 0 chunk 0 has 2 forwards"),
+              "rank 0's error comes before rank 1's: %s", err);
+        s.a[0][1].mb = 1;
+        CHECK(us_pp_simulate(&s, 1, 2, 0, &sm, err, sizeof err) == US_ERR_INVALID &&
+                  !strcmp(err, "rank 1 action 2 names micro-batch 1 chunk 1, outside 4 x 1"),
+              "an action outside the micro-batches x chunks: %s", err);
         us_pp_schedule_free(&s);
         us_pp_schedule_build(&s, US_PP_1F1B, 2, 4, 1, err, sizeof err);
         t = s.a[0][0];

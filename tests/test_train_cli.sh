@@ -343,7 +343,6 @@ expect 2 "bad --moe-gate" "--moe-gate must be softmax or sigmoid, got relu" -- -
 expect 2 "bad --moe-balance" "--moe-balance must be bias, aux or none, got lossy" -- --experts 4 --moe-balance lossy
 expect 2 "top-k above the experts" "moe top-k=5 must be in 1..experts=4" -- --experts 4 --top-k 5
 expect 2 "groups must divide the experts" "moe groups=4 must divide experts=6" -- --experts 6 --moe-groups 4
-expect 2 "MoE refuses pipeline parallelism" "the MoE layer does not combine with pp yet" -- --experts 4 --pp 2
 # expert parallelism: errors in one sentence, and the loss curve of one rank
 expect 2 "ep must divide dp x cp" "ep=3 must divide dp x cp = 2" -- --experts 4 --dp 2 --ep 3
 expect 2 "ep must divide the experts" "ep=4 must divide experts=6" -- --experts 6 --dp 4 --ep 4
@@ -352,6 +351,9 @@ reference moe1 -- --experts 4 --threads 1 --layers 1 --dim 32 --heads 2
 same_curve "--experts 4 --dp 2 --ep 2 trains the task to the loss curve of one rank" moe1 ep -- --experts 4 --layers 1 --dim 32 --heads 2 --dp 2 --ep 2
 same_curve "--experts 4 --dp 2 --ep 2 --zero 2 (experts sharded over their replicas) trains to the loss curve of one rank" moe1 epz -- --experts 4 --layers 1 --dim 32 --heads 2 --dp 2 --ep 2 --zero 2
 expect 2 "bad capacity factor" "bad value for --capacity-factor: -1" -- --experts 4 --capacity-factor -1
+# MoE under pipeline parallelism: each stage runs its own layers' routers and experts
+reference moepp1 -- --experts 4 --threads 1 --layers 2 --dim 32 --heads 2 --grad-accum 4
+same_curve "--experts 4 --pp 2 --dp 2 --ep 2 --pp-schedule zb1 trains to the loss curve of one rank" moepp1 moepp -- --experts 4 --layers 2 --dim 32 --heads 2 --grad-accum 4 --pp 2 --dp 2 --ep 2 --pp-schedule zb1
 "$BIN" --experts 4 --top-k 2 --threads 1 --steps 20 --eval-every 0 --quiet --log "$T/moe.jsonl" > "$T/moe.txt" 2>&1; rc=$?
 if [ "$rc" -eq 0 ] && python3 - "$T/moe.jsonl" <<'PY'
 import json, sys
