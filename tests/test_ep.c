@@ -523,6 +523,14 @@ int main(int argc, char **argv) {
          0, 0, US_PP_ZB1, 4, 0},
         {"pp 2 x tp 2 + sp, ZB-H1, DeepSeek-style (u gathered again in W)", 1, 1, 4, 2, 4, 1, 1, 0,
          0, 0, US_RECOMPUTE_NONE, 2, 0, 1, 1, US_PP_ZB1, 4, 1},
+        /* ZeRO-2 and ZeRO-3 where a micro-batch's gradient comes in several actions, and W
+           recomputing the MoE layer (issue 25) */
+        {"dp 2 x pp 2 x ep 2, ZB-H1, ZeRO-2, selective recompute (W recomputes the MoE layer)", 2,
+         2, 4, 2, 4, 0, 0, 0, 2, 0, US_RECOMPUTE_SELECTIVE, 1, 0, 0, 0, US_PP_ZB1, 4, 0},
+        {"dp 2 x pp 2 x ep 2, interleaved, ZeRO-3, shared expert, full recompute", 2, 2, 4, 2, 4, 1,
+         0, 0, 3, 0, US_RECOMPUTE_FULL, 1, 0, 0, 0, US_PP_INTERLEAVED, 4, 0},
+        {"dp 2 x pp 2 x ep 2, ZB-V, ZeRO-3, full recompute", 2, 2, 4, 2, 4, 0, 0, 0, 3, 0,
+         US_RECOMPUTE_FULL, 1, 0, 0, 0, US_PP_ZBV, 4, 0},
         /* issue 25's 5D meshes, DeepSeek-style: first layer dense, shared expert, sigmoid gates,
            group-limited routing (2 groups, each token's experts from its best one), the
            auxiliary-loss-free bias */
