@@ -7118,14 +7118,13 @@ static us_result us__pp_wpass(us_model *m, int B, int T) { /* the chunk's W, las
    this rank's later work, since a device synchronisation (on a GPU, the first launch of any
    kernel) waits for everything pending. A slot is reused only after its sends completed. A
    channel carries micro-batches in one order on both ends, which us__pp_plan checks.
-   The rule makes 1F1B, AFAB and ZB-H1 safe at any pp under the threads backend's NCCL semantics
-   (before it, pp 4 deadlocked there too: a middle stage's early gradient receive waited for its
-   own next forward). Interleaved and the V schedules still deadlock there: a rank's pending
-   activation send is received only after the receiver's device synchronisation, which waits for
-   a receive that needs the sender's next action (tests/test_pp.c reproduces it).
+   The rule holds every schedule, 1F1B to DualPipe-V, at any pp under the threads backend's NCCL
+   semantics (tests/test_pp.c runs them all there; before it, interleaved and the V schedules
+   hung there as on two H200s in run 7: a gradient's receive posted at its forward waited, in a
+   later synchronisation, for this rank's own later chunk).
 
    The clock (NCCL). Its waiting calls are kernels spinning on the GPU, under which the channel
-   plan hung for interleaved, ZB-V and DualPipe-V (bench/RESULTS.md, run 7): so every message
+   plan (before its rule above) hung for interleaved, ZB-V and DualPipe-V (run 7): so every message
    is exchanged at one agreed time on the schedule's own clock — the checker's unit-cost play
    (tF = tB = tW = 1), which every rank computes alike:
      an activation  at its consumer's start (the receiver takes a slot only then: no more
@@ -7229,90 +7228,262 @@ done:
     return res;
 }
 
-/* The latest action of rank q that action `node` (r·nmax + i) waits for, through the ranks'
-   orders and the messages: -1 if none. anc[] caches (-2: not yet known); where[] as in
-   us__pp_plan_clock. Depth-first; the schedule is checked acyclic before. */
-static int us__pp_anc(const us_pp_schedule *s, const int *where, int nmax, int q, int node,
-                      int *anc) {
-    int S = s->pp * s->v, M = s->m, r = node / nmax, i = node % nmax, best = -1, k;
-    const us_pp_action *x = &s->a[r][i];
-    int st = us_pp_stage(s, r, x->chunk), pred[2] = {-1, -1};
-    if (anc[node] > -2) return anc[node];
-    if (i > 0) pred[0] = node - 1; /* the rank's previous action */
-    if (x->op == US_PP_F && st > 0)
-        pred[1] = where[(st - 1) * M + x->mb]; /* its input's forward */
-    else if ((x->op == US_PP_B || x->op == US_PP_BW) && st + 1 < S)
-        pred[1] = where[S * M + (st + 1) * M + x->mb]; /* its output gradient's backward */
-    for (k = 0; k < 2; k++) {
-        int a;
-        if (pred[k] < 0) continue;
-        a = pred[k] / nmax == q ? pred[k] % nmax : -1;
-        if (a > best) best = a;
-        a = us__pp_anc(s, where, nmax, q, pred[k], anc);
-        if (a > best) best = a;
-    }
-    return anc[node] = best;
+/* One call the channel plan may post ahead of need: an activation's send or a gradient's
+   receive, both made by the rank of a boundary's earlier stage (us__pp_plan_posts). */
+typedef struct us__pp_call {
+    int r;  /* its rank */
+    int ch; /* its channel (us__pp_channel) */
+    int k;  /* its place in the channel's order */
+    int f;  /* the forward it belongs to (index into rank r's list) */
+    int u;  /* that micro-batch chunk's backward (B or BW) on rank r: posted before it */
+    int t;  /* posted after rank r's action t */
+} us__pp_call;
+
+static int us__pp_call_cmp(const void *a, const void *b) { /* by rank, then in posting order */
+    const us__pp_call *x = (const us__pp_call *)a, *y = (const us__pp_call *)b;
+    if (x->r != y->r) return x->r - y->r;
+    if (x->t != y->t) return x->t - y->t;
+    if (x->ch != y->ch) return x->ch - y->ch;
+    return x->k - y->k;
 }
 
-/* When the channel plan posts its calls: nothing this rank has posted may wait for its own later
-   work. On a GPU any kernel's first launch (or a cudaFree) synchronises the device, waiting for
-   every pending NCCL call; a call that needs this rank's later work then never completes (NCCL
-   semantics in ultrascale_comm.h). So, with us__pp_anc giving the last action of this rank that
-   a point of another rank waits for:
-     a gradient's receive  is posted after the last action of this rank its sender's backward
-                           waits for: the forward itself under 1F1B; under interleaved and V
-                           schedules, whose gradients come back through this rank's later chunk,
-                           that chunk's backward;
-     an activation's send  leaves after its forward, or after the last action of this rank that
-                           the receiver's action before the consuming forward waits for, if later
-                           (the receive is posted at that forward).
-   A gradient's send needs no delay (its receive was posted before its producer could run). Each
-   channel's calls keep the order of its other end. m->pp_msgs: t = the action after which to
-   post, act = the forward the message belongs to, order = the other end's action index. */
+static int us__pp_call_chan_cmp(const void *a, const void *b) { /* by channel, in its order */
+    const us__pp_call *x = (const us__pp_call *)a, *y = (const us__pp_call *)b;
+    return x->ch != y->ch ? x->ch - y->ch : x->k - y->k;
+}
+
+/* The state of a play of the channel plan (us__pp_play_posts). */
+typedef struct us__pp_posts {
+    const us_pp_schedule *s;
+    us__pp_call *calls; /* sorted by us__pp_call_cmp */
+    int ncall;
+    int *side;  /* [2·channel + 0|1] the rank that sends | receives on it, -1: not a channel */
+    int *cnt;   /* [2·channel + 0|1] calls its sender | receiver has posted */
+    int *next;  /* [rank] its next action (n: the step's end; n + 1: done) */
+    int *pre;   /* [rank] 1: the next action's input receive is posted */
+    int *first; /* [rank] its first call in calls not yet posted */
+} us__pp_posts;
+
+/* Whether rank r's calls have all completed: sends are received (rendezvous), receives sent. */
+static int us__pp_posts_idle(const us__pp_posts *p, int r) {
+    int c, nc = 2 * (p->s->pp * p->s->v);
+    for (c = 0; c < 2 * nc; c++)
+        if (p->side[c] == r && p->cnt[c] > p->cnt[c ^ 1]) return 0;
+    return 1;
+}
+
+/* Rank r takes its next step if it can: posts its forward's input receive, passes the device
+   synchronisation before an action (or the step's end), or runs the action and posts what
+   follows it (a backward's gradient send, then the plan's calls after it). 1: it moved. */
+static int us__pp_posts_step(us__pp_posts *p, int r) {
+    const us_pp_schedule *s = p->s;
+    int i = p->next[r], st;
+    const us_pp_action *x;
+    if (i > s->n[r]) return 0;
+    if (i == s->n[r] || p->pre[r]) {
+        if (!us__pp_posts_idle(p, r)) return 0;
+        p->pre[r] = 0;
+        if (i == s->n[r]) {
+            p->next[r]++;
+            return 1;
+        }
+        x = &s->a[r][i];
+        st = us_pp_stage(s, r, x->chunk);
+        if (x->op != US_PP_F && x->op != US_PP_W && st > 0 && us__pp_rank_of(s, st - 1) != r)
+            p->cnt[2 * us__pp_channel(st - 1, 1)]++; /* its input's gradient, sent */
+        for (;
+             p->first[r] < p->ncall && p->calls[p->first[r]].r == r && p->calls[p->first[r]].t == i;
+             p->first[r]++) {
+            const us__pp_call *y = &p->calls[p->first[r]];
+            p->cnt[2 * y->ch + (y->ch & 1)]++; /* an activation sent or a gradient's receive */
+        }
+        p->next[r]++;
+        return 1;
+    }
+    x = &s->a[r][i];
+    st = us_pp_stage(s, r, x->chunk);
+    if (x->op == US_PP_F && st > 0 && us__pp_rank_of(s, st - 1) != r)
+        p->cnt[2 * us__pp_channel(st - 1, 0) + 1]++; /* its input's receive */
+    p->pre[r] = 1;
+    return 1;
+}
+
+/* Plays the plan under NCCL's semantics at their strictest: every action starts with a device
+   synchronisation, which waits until every call its rank has posted completed (a forward's
+   input receive is posted just before it: no kernel, no wait lies between the previous action's
+   posts and that receive in us__pp_forward_action). 1: every rank reaches the step's end; 0: a
+   deadlock, where p->next says where each rank waits. */
+static int us__pp_play_posts(us__pp_posts *p) {
+    const us_pp_schedule *s = p->s;
+    int r, moved = 1, done = 1, nc = 2 * (s->pp * s->v);
+    for (r = 0; r < 2 * nc; r++) p->cnt[r] = 0;
+    for (r = 0; r < s->pp; r++) {
+        p->next[r] = 0;
+        p->pre[r] = 0;
+        p->first[r] = r ? p->first[r - 1] : 0;
+        while (p->first[r] < p->ncall && p->calls[p->first[r]].r < r) p->first[r]++;
+    }
+    while (moved) {
+        moved = 0;
+        for (r = 0; r < s->pp; r++)
+            while (us__pp_posts_step(p, r)) moved = 1;
+    }
+    for (r = 0; r < s->pp; r++)
+        if (p->next[r] <= s->n[r]) done = 0;
+    return done;
+}
+
+/* The calls rank r posts on side sd of channel ch as soon as it passes the synchronisation it
+   waits in: its forward's input receive, or its backward's gradient send and its planned calls. */
+static int us__pp_posts_upcoming(const us__pp_posts *p, int r, int ch, int sd) {
+    const us_pp_schedule *s = p->s;
+    int i = p->next[r], j, n = 0, st;
+    const us_pp_action *x;
+    if (i >= s->n[r]) return 0;
+    x = &s->a[r][i];
+    st = us_pp_stage(s, r, x->chunk);
+    if (!p->pre[r])
+        return x->op == US_PP_F && st > 0 && us__pp_rank_of(s, st - 1) != r &&
+               ch == us__pp_channel(st - 1, 0) && sd == 1;
+    if (x->op != US_PP_F && x->op != US_PP_W && st > 0 && us__pp_rank_of(s, st - 1) != r &&
+        ch == us__pp_channel(st - 1, 1) && sd == 0)
+        n++;
+    for (j = p->first[r]; j < p->ncall && p->calls[j].r == r && p->calls[j].t == i; j++)
+        if (p->calls[j].ch == ch && (ch & 1) == sd) n++;
+    return n;
+}
+
+/* After a deadlocked play, a waiting rank's posted calls that have not completed move past the
+   action it waits before (unless that action needs them: their backward), in turn until one
+   class has some: 0, those whose peer posts its end only after more work; else 1, gradients'
+   receives whose peer posts the send as soon as its own synchronisation passes (two ranks each
+   wait for the other's next call); else 2, such activations' sends. With `all`, every such call
+   at once. Then every channel's calls are kept in its order. 1: something moved; 0: nothing can
+   (no plan found this way). */
+static int us__pp_posts_delay(us__pp_posts *p, int all) {
+    const us_pp_schedule *s = p->s;
+    int j, cls, moved = 0;
+    for (cls = 0; cls < 3 && !moved; cls++)
+        for (j = 0; j < p->ncall; j++) {
+            us__pp_call *y = &p->calls[j];
+            int a = p->next[y->r], o = 2 * y->ch + ((y->ch & 1) ^ 1), soon;
+            if (a > s->n[y->r] || y->t >= a || a >= y->u) continue; /* not posted, or needed now */
+            if (y->k < p->cnt[o]) continue;                         /* it completed */
+            soon = y->k < p->cnt[o] + us__pp_posts_upcoming(p, p->side[o], y->ch, o & 1);
+            if (!all && cls != (soon ? 2 - (y->ch & 1) : 0)) continue;
+            y->t = a;
+            moved = 1;
+        }
+    if (!moved) return 0;
+    qsort(p->calls, (size_t)p->ncall, sizeof *p->calls, us__pp_call_chan_cmp);
+    for (j = 1; j < p->ncall; j++)
+        if (p->calls[j].ch == p->calls[j - 1].ch && p->calls[j].t < p->calls[j - 1].t)
+            p->calls[j].t = p->calls[j - 1].t;
+    for (j = 0; j < p->ncall; j++)
+        if (p->calls[j].t >= p->calls[j].u) return 0;
+    qsort(p->calls, (size_t)p->ncall, sizeof *p->calls, us__pp_call_cmp);
+    return 1;
+}
+
+/* When the channel plan posts its calls. A forward's input is received as the forward starts
+   and a backward's input gradient is sent as it ends; the other calls may go ahead of need: an
+   activation's send once its forward ran, a gradient's receive once the forward it belongs to
+   ran (into that micro-batch chunk's slot). Posting them early lets a message travel while both
+   ranks compute; but on a GPU a device synchronisation (the first launch of a kernel, a
+   cudaFree) waits for every pending call, so a pending call whose peer needs this rank's later
+   work hangs the GPU (NCCL semantics in ultrascale_comm.h). So each call starts right after its
+   forward, and the plan is played at NCCL's strictest, a synchronisation before every action;
+   where the play deadlocks, some waiting rank's unfinished calls move past the action it waits
+   before (us__pp_posts_delay), and the play runs again, to a fixpoint. A plan that plays
+   through at the strictest plays through under any fewer synchronisations (each wait can only
+   end sooner). Moving calls by classes delays fewer calls, but can paint itself into a corner
+   (then every unfinished call moves, which has found a plan for every schedule at pp 2..8,
+   m 1..24: a scratch check, not kept). Each channel's calls keep its order (a
+   gradient's receives, the sender's order of backwards). m->pp_msgs: t = the action after
+   which to post, act = the forward the message belongs to, order = its place on the channel. */
 static us_result us__pp_plan_posts(us_model *m) {
     const us_pp_schedule *s = m->pp_sched;
-    int P = s->pp, S = P * s->v, M = s->m, q = m->mesh.pp_rank, nmax = 0, r, i, nm = 0;
-    int *where, *anc;
-    for (r = 0; r < P; r++)
-        if (s->n[r] > nmax) nmax = s->n[r];
-    where = (int *)US_MALLOC(sizeof(int) * (size_t)(2 * S * M + P * nmax)); /* [F|B][stage][mb] */
+    int P = s->pp, S = P * s->v, M = s->m, q = m->mesh.pp_rank, r, i, b, nm = 0;
+    int *where, *gpos, *kact, *gcnt, all, found;
+    us__pp_posts p;
+    memset(&p, 0, sizeof p);
+    p.s = s;
+    p.calls = (us__pp_call *)US_MALLOC(sizeof(us__pp_call) * (size_t)(2 * S * M + 1));
+    where = (int *)US_MALLOC(sizeof(int) * (size_t)(3 * S * M + 10 * S + 3 * P));
     m->pp_msgs = (us__pp_msg *)US_MALLOC(sizeof(us__pp_msg) * (size_t)(2 * s->n[q] + 1));
-    if (!where || !m->pp_msgs) {
+    if (!p.calls || !where || !m->pp_msgs) {
+        US_FREE(p.calls);
         US_FREE(where);
         us__model_set_error(m, "out of host memory");
         return US_ERR_OOM;
     }
-    anc = where + 2 * S * M;
-    for (i = 0; i < 2 * S * M + P * nmax; i++) where[i] = i < 2 * S * M ? -1 : -2;
+    gpos = where + 2 * S * M; /* [stage][mb] the gradient's place among its stage's backwards */
+    p.side = gpos + S * M;
+    p.cnt = p.side + 4 * S;
+    p.next = p.cnt + 4 * S;
+    p.pre = p.next + P;
+    p.first = p.pre + P;
+    kact = p.first + P; /* [stage] activations of the stage planned so far */
+    gcnt = kact + S;    /* [stage] backwards of the stage seen so far */
+    for (i = 0; i < 4 * S; i++) p.side[i] = -1;
+    for (b = 0; b + 1 < S; b++) {
+        int lo = us__pp_rank_of(s, b), hi = us__pp_rank_of(s, b + 1);
+        if (lo == hi) continue;
+        p.side[2 * us__pp_channel(b, 0)] = p.side[2 * us__pp_channel(b, 1) + 1] = lo;
+        p.side[2 * us__pp_channel(b, 0) + 1] = p.side[2 * us__pp_channel(b, 1)] = hi;
+    }
+    for (i = 0; i < S; i++) kact[i] = gcnt[i] = 0;
     for (r = 0; r < P; r++)
         for (i = 0; i < s->n[r]; i++) {
             const us_pp_action *x = &s->a[r][i];
-            if (x->op != US_PP_W)
-                where[(x->op != US_PP_F) * S * M + us_pp_stage(s, r, x->chunk) * M + x->mb] =
-                    r * nmax + i;
+            int st = us_pp_stage(s, r, x->chunk);
+            if (x->op == US_PP_W) continue;
+            where[(x->op != US_PP_F) * S * M + st * M + x->mb] = i;
+            if (x->op != US_PP_F) gpos[st * M + x->mb] = gcnt[st]++;
         }
-    for (i = 0; i < s->n[q]; i++) {
-        const us_pp_action *x = &s->a[q][i];
-        int st = us_pp_stage(s, q, x->chunk), prod, cons, k;
-        if (x->op != US_PP_F || st + 1 == S || us__pp_rank_of(s, st + 1) == q) continue;
-        prod = where[S * M + (st + 1) * M + x->mb]; /* the gradient's backward */
-        cons = where[(st + 1) * M + x->mb];         /* the activation's forward */
-        for (k = 0; k < 2; k++) {                   /* 0: the activation's send; 1: the gradient */
-            us__pp_msg *y = &m->pp_msgs[nm++];
-            y->grad = k;
-            y->send = !k;
-            y->peer = us__pp_rank_of(s, st + 1);
-            y->act = i;
-            y->order = (k ? prod : cons) % nmax;
-            if (k)
-                y->t = us__pp_anc(s, where, nmax, q, prod, anc);
-            else
-                y->t = cons % nmax ? us__pp_anc(s, where, nmax, q, cons - 1, anc) : -1;
-            if (y->t < i) y->t = i;
+    for (r = 0; r < P; r++)
+        for (i = 0; i < s->n[r]; i++) {
+            const us_pp_action *x = &s->a[r][i];
+            int st = us_pp_stage(s, r, x->chunk), k;
+            if (x->op != US_PP_F || st + 1 == S || us__pp_rank_of(s, st + 1) == r) continue;
+            for (k = 0; k < 2; k++) { /* 0: the activation's send; 1: its gradient's receive */
+                us__pp_call *y = &p.calls[p.ncall++];
+                y->r = r;
+                y->ch = us__pp_channel(st, k);
+                y->k = k ? gpos[(st + 1) * M + x->mb] : kact[st]++;
+                y->f = y->t = i;
+                y->u = where[S * M + st * M + x->mb];
+            }
         }
+    for (all = 0, found = 0; all < 2 && !found; all++) { /* by classes; if that fails, all */
+        for (i = 0; i < p.ncall; i++) p.calls[i].t = p.calls[i].f;
+        qsort(p.calls, (size_t)p.ncall, sizeof *p.calls, us__pp_call_cmp);
+        while (!(found = us__pp_play_posts(&p)))
+            if (!us__pp_posts_delay(&p, all)) break;
     }
-    qsort(m->pp_msgs, (size_t)nm, sizeof(us__pp_msg), us__pp_msg_cmp);
+    if (!found) {
+        US_FREE(p.calls);
+        US_FREE(where);
+        us__model_set_error(m,
+                            "pipeline schedule %s: no plan of its channel messages is free of "
+                            "deadlock under NCCL's semantics (use the clock: pp_clock)",
+                            us_pp_kind_name(s->kind));
+        return US_ERR_INVALID;
+    }
+    for (i = 0; i < p.ncall; i++) {
+        const us__pp_call *y = &p.calls[i];
+        us__pp_msg *z = &m->pp_msgs[nm];
+        if (y->r != q) continue;
+        z->t = y->t;
+        z->grad = y->ch & 1;
+        z->send = !z->grad;
+        z->peer = us__pp_rank_of(s, y->ch / 2 + 1);
+        z->act = y->f;
+        z->order = y->k;
+        nm++;
+    }
     m->pp_nmsg = nm;
+    US_FREE(p.calls);
     US_FREE(where);
     return US_OK;
 }
@@ -7442,15 +7613,20 @@ static us_result us__pp_settle(us_model *m, us_work **pend, int slot) {
     return r != US_OK ? r : us__pp_wait(m, &pend[2 * slot + 1], "pipeline send");
 }
 
-static us_result us__pp_take_slot(us_model *m, us_work **pend, int *free_slot, int *nfree,
-                                  int *slot) {
+static us_result us__pp_pop_slot(us_model *m, int *free_slot, int *nfree, int *slot) {
     if (!*nfree) {
         us__model_set_error(m, "internal: pipeline slots exhausted");
         return US_ERR_BACKEND;
     }
     *slot = free_slot[--*nfree];
     if (m->slots - *nfree > m->pp_peak) m->pp_peak = m->slots - *nfree;
-    return us__pp_settle(m, pend, *slot);
+    return US_OK;
+}
+
+static us_result us__pp_take_slot(us_model *m, us_work **pend, int *free_slot, int *nfree,
+                                  int *slot) {
+    us_result r = us__pp_pop_slot(m, free_slot, nfree, slot);
+    return r != US_OK ? r : us__pp_settle(m, pend, *slot);
 }
 
 /* The clock plan's exchanges timed at or before `until`, from *e on. Sends read the producer's
@@ -7537,19 +7713,23 @@ static us_result us__pp_forward_action(us_model *m, us__pp_exec *x, const us_pp_
     double ls = 0, t0;
     us_result r;
     if (x->slot_of[key] < 0 &&
-        (r = us__pp_take_slot(m, x->pend, x->free_slot, &x->nfree, &x->slot_of[key])) != US_OK)
+        (r = us__pp_pop_slot(m, x->free_slot, &x->nfree, &x->slot_of[key])) != US_OK)
         return r;
     us__pp_select(m, x->slot_of[key], a->chunk);
+    /* channels: the input's receive comes before the slot's sends are settled (which reads
+       other buffers), so no wait of this rank lies between its last action and the receive, as
+       us__pp_plan_posts assumes */
+    if (x->chan && prev >= 0 && prev != q &&
+        (r = us__comm_fail(m,
+                           c->recv(c, &m->pp_ch[us__pp_channel(st - 1, 0)], m->acts[m->l_lo].x,
+                                   x->n, m->dt, prev, NULL),
+                           "pipeline receive")) != US_OK)
+        return r;
+    if ((r = us__pp_settle(m, x->pend, x->slot_of[key])) != US_OK) return r;
     if (prev == q) /* the stage before is this rank's: its output */
         m->ops.copy(&m->ops, m->acts[m->l_lo].x,
                     m->slot_a[x->slot_of[us__pp_chunk_of(s, q, st - 1) * M + a->mb]][US__A_XOUT],
                     x->nb, US_COPY_D2D);
-    else if (x->chan && prev >= 0 &&
-             (r = us__comm_fail(m,
-                                c->recv(c, &m->pp_ch[us__pp_channel(st - 1, 0)], m->acts[m->l_lo].x,
-                                        x->n, m->dt, prev, NULL),
-                                "pipeline receive")) != US_OK)
-        return r;
     t0 = us_trace_now_us();
     r = us__forward(m, x->inputs + a->mb * x->per, x->targets + a->mb * x->per, x->B, x->T,
                     x->dscale, &ls);
