@@ -359,6 +359,11 @@ typedef struct us_train_config {
                               global batch is batch × grad_accum × dp sequences */
     int zero; /* ZeRO stage over dp: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters */
     float bucket_mb; /* gradient bucket size in MiB of fp32 gradients (DP, ZeRO-1/2); default 25 */
+    us_dtype grad_reduce_dtype; /* DP's gradient reductions: US_F32 (0, default) or US_BF16, the
+                                   Playbook's bf16 reduction: half the bytes on the wire; each
+                                   rank's fp32 gradient is rounded to bf16, every addition of the
+                                   reduction rounds again, and the sum lands back in fp32 (the
+                                   local accumulation over micro-batches stays fp32) (// >>dp) */
     int dense_emb_grad; /* 1: reduce the whole embedding gradient at the end of the backward like any
                                   bucket. Default 0: where it pays, only the rows the batch touched, the rest
                                   reduced early (us__emb_sparse, // >>dp) */
@@ -778,15 +783,17 @@ typedef struct us_model {
     us_model_config cfg;
     us_train_config tc;
     us_ops ops;
-    us_dtype dt;            /* activation / low-precision weight dtype */
-    double *rope_freq;      /* host f64[HS/2]: RoPE's inverse frequencies (us_rope_freqs) */
-    int n_params_t;         /* number of parameter tensors */
-    us_param *params;       /* [n_params_t] views into the flat buffers */
-    int64_t n_params;       /* total elements */
-    void *state;            /* the one allocation holding the five flat buffers below */
-    void *w;                /* flat weights the forward reads, dtype dt     [n_params] */
-    float *master;          /* fp32 master weights (== w under fp32)        [n_params] */
-    float *grad;            /* fp32 gradients                               [n_params] */
+    us_dtype dt;       /* activation / low-precision weight dtype */
+    double *rope_freq; /* host f64[HS/2]: RoPE's inverse frequencies (us_rope_freqs) */
+    int n_params_t;    /* number of parameter tensors */
+    us_param *params;  /* [n_params_t] views into the flat buffers */
+    int64_t n_params;  /* total elements */
+    void *state;       /* the one allocation holding the five flat buffers below */
+    void *w;           /* flat weights the forward reads, dtype dt     [n_params] */
+    float *master;     /* fp32 master weights (== w under fp32)        [n_params] */
+    float *grad;       /* fp32 gradients                               [n_params] */
+    void *grad_bf;     /* grad_reduce_dtype bf16: the units' reductions in bf16 [every unit's n] */
+    size_t grad_bf_bytes;
     float *adam_m, *adam_v; /* fp32 moments                                 [n_params] */
     char *arena;            /* activation arena                             [mem.activations] */
     us_layer_acts *acts;    /* [L] */
@@ -5036,6 +5043,9 @@ static us_result us__dp_checks(const us_train_config *tc, char *err, size_t errl
         US__BAD("bucket size %g MB must be a positive number", tc->bucket_mb);
     if (tc->dense_emb_grad != 0 && tc->dense_emb_grad != 1)
         US__BAD("dense_emb_grad=%d must be 0 or 1", tc->dense_emb_grad);
+    if (tc->grad_reduce_dtype != US_F32 && tc->grad_reduce_dtype != US_BF16)
+        US__BAD("grad_reduce_dtype=%d must be US_F32 (0) or US_BF16 (1)",
+                (int)tc->grad_reduce_dtype);
     return US_OK;
 }
 
@@ -5134,9 +5144,11 @@ static int us__plan_units(us_model *m, us__unit *units) {
     return ns;
 }
 
+static int us__dp_needed(const us_model *m) { return m->mesh.dpcp_g.size > 1 || m->tc.zero; }
+
 /* Data parallelism's set-up: the flat buffers cut into units (us__plan_units) and each tensor's
    unit; the host tables of the embedding's rows when its gradient is reduced by rows
-   (us__emb_sparse). */
+   (us__emb_sparse); under grad_reduce_dtype bf16, the buffer the reductions run in. */
 static us_result us__dp_init(us_model *m) {
     int u, i;
     m->n_units = us__plan_units(m, NULL);
@@ -5148,6 +5160,16 @@ static us_result us__dp_init(us_model *m) {
     us__plan_units(m, m->units);
     for (u = 0; u < m->n_units; u++)
         for (i = m->units[u].p0; i < m->units[u].p1; i++) m->unit_of[i] = u;
+    if (m->tc.grad_reduce_dtype == US_BF16 && m->n_units > 0 && us__dp_needed(m)) {
+        const us__unit *Z = &m->units[m->n_units - 1]; /* units lie in flat order */
+        m->grad_bf_bytes = (size_t)(Z->off + Z->n) * 2;
+        m->grad_bf = m->ops.alloc(&m->ops, m->grad_bf_bytes);
+        if (!m->grad_bf) {
+            us__model_set_error(m, "out of memory for the bf16 gradient reductions (%zu bytes)",
+                                m->grad_bf_bytes);
+            return US_ERR_OOM;
+        }
+    }
     if ((m->emb_sparse = us__emb_sparse(&m->cfg, &m->tc) && m->c_first)) {
         int64_t Nr, Ns, k;
         us__sp_rows(m, (int64_t)m->tc.batch * (m->tc.seq / m->mesh.cp), &Nr, &Ns); /* arena rows */
@@ -5181,8 +5203,6 @@ static us_result us__dp_sum(us_model *m, double *v, int n) {
 
 US_API us_result us_dp_sum(us_model *m, double *v, int n) { return us__dp_sum(m, v, n); }
 
-static int us__dp_needed(const us_model *m) { return m->mesh.dpcp_g.size > 1 || m->tc.zero; }
-
 /* Starts the reduction of a unit whose gradients are complete: an all-reduce without ZeRO, a
    reduce-scatter with it (each rank keeps the sum of its own piece). Asynchronous. */
 /* ZeRO-2/3: a unit's gradient slot, reduced (or alone on one rank), adds this rank's piece into
@@ -5194,6 +5214,30 @@ static void us__slot_to_shard(us_model *m, int u) {
                 m->gslot[U->gslot] + (int64_t)us__unit_rank(m, U) * U->piece, 1.0f, U->piece);
     m->gslot_unit[U->gslot] = -1;
     U->gslot = -1;
+}
+
+/* The unit's fp32 gradient this rank reduces: in the flat gradient, or ZeRO-2/3's slot. */
+static float *us__unit_grad(us_model *m, const us__unit *U) {
+    return m->tc.zero >= 2 ? m->gslot[U->gslot] : m->grad + U->off;
+}
+
+/* Playbook "bf16 gradient reduction": the unit's gradient rounded to bf16 in grad_bf (same
+   offsets), reduced there, every addition rounded to bf16 (NCCL's and the threads backend's
+   bf16 sum); us__unit_finish widens the result back. Half the bytes of the fp32 reduction. */
+static us_result us__unit_launch_bf16(us_model *m, us__unit *U, us_group *g, int R) {
+    us_comm *c = m->comm;
+    uint16_t *b = (uint16_t *)m->grad_bf + U->off;
+    m->ops.cast(&m->ops, b, US_BF16, us__unit_grad(m, U), US_F32, U->n);
+    if (m->tc.zero == 0) return c->all_reduce(c, g, b, U->n, US_BF16, US_REDUCE_SUM, &U->work);
+    return c->reduce_scatter(c, g, b + (int64_t)R * U->piece, b, U->piece, US_BF16, US_REDUCE_SUM,
+                             &U->work);
+}
+
+/* After a bf16 reduction: the reduced part, widened into the fp32 gradient (or slot). */
+static void us__unit_widen(us_model *m, const us__unit *U) {
+    int64_t at = m->tc.zero ? (int64_t)us__unit_rank(m, U) * U->piece : 0;
+    m->ops.cast(&m->ops, us__unit_grad(m, U) + at, US_F32, (uint16_t *)m->grad_bf + U->off + at,
+                US_BF16, m->tc.zero ? U->piece : U->n);
 }
 
 static us_result us__unit_launch(us_model *m, int u) {
@@ -5213,7 +5257,9 @@ static us_result us__unit_launch(us_model *m, int u) {
        part in the collective, with a fresh slot of zeros; its previous micro-batch's reduction,
        if still in flight, is finished first (us__grad_slot) */
     if (m->tc.zero >= 2 && (U->gslot < 0 || U->work)) us__grad_slot(m, u);
-    if (m->tc.zero == 0)
+    if (m->grad_bf)
+        r = us__unit_launch_bf16(m, U, g, R);
+    else if (m->tc.zero == 0)
         r = c->all_reduce(c, g, m->grad + U->off, U->n, US_F32, US_REDUCE_SUM, &U->work);
     else if (m->tc.zero == 1)
         r = c->reduce_scatter(c, g, m->grad + U->off + R * U->piece, m->grad + U->off, U->piece,
@@ -5241,6 +5287,7 @@ static us_result us__unit_finish(us_model *m, int u) {
     snprintf(nm, sizeof nm, "wait unit %d", u);
     us__trace_host(m, "wait", nm, t0);
     if (r != US_OK) return us__comm_fail(m, r, "gradient reduction");
+    if (m->grad_bf) us__unit_widen(m, U);
     us__slot_to_shard(m, u);
     return US_OK;
 }
@@ -9914,7 +9961,7 @@ static us_result us__model_setup(us_model *m, const us_model_config *mc, const u
     m->mem.params = b.w + (size_t)m->n_wslots * b.wslot + us__moe_bias_bytes(m) +
                     m->fp8_wlayer * (size_t)m->cfg.n_layers;
     m->mem.master = b.master;
-    m->mem.grads = b.grad + (size_t)m->n_gslots * b.gslot;
+    m->mem.grads = b.grad + (size_t)m->n_gslots * b.gslot + m->grad_bf_bytes; /* // >>dp */
     m->mem.optimizer = 2 * b.moment;
     m->mem.total =
         m->mem.params + m->mem.master + m->mem.grads + m->mem.optimizer + m->mem.activations;
@@ -9961,7 +10008,9 @@ US_API void us_model_free(us_model *m) {
     if (o->free) {
         o->free(o, m->state);
         o->free(o, m->arena);
+        if (m->grad_bf) o->free(o, m->grad_bf);
     }
+    m->grad_bf = NULL;
     us__pp_disconnect(m);
     us__ep_free(m);
     us__tp_free(m);

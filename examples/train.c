@@ -160,11 +160,15 @@ static const char *const usage_text[] = {
     "  --pp-layers A,B,.. layers per pipeline stage (pp x chunks counts; default: an even "
     "split)\n"
     "  --bucket-mb X     gradient bucket size in MiB (default 25)\n"
+    "  --grad-reduce-dtype D  fp32 | bf16: the data-parallel gradient reductions' type (default\n"
+    "                    fp32; bf16 halves their bytes, the sums rounded to bf16)\n"
     "  --dense-emb-grad  reduce the whole embedding gradient at the end of the backward\n"
     "                    (default: only the rows the batch touched, the rest earlier)\n"
     "  --nproc N         CUDA: start N processes on this node, one per GPU (sets --dp N)\n"
     "  --comm-timeout S  a collective that cannot finish in S seconds fails the run (default "
     "300)\n"
+    "  --nccl-semantics  CPU threads: impose what NCCL on GPUs does (every wait synchronises the\n"
+    "                    device; a deadlock fails at once, naming the ranks' calls)\n"
     "  --trace FILE.json Chrome / Perfetto trace: one row per rank and stream\n"
     "data and output:\n"
     "  --save DIR        write checkpoints into DIR/step_N (safetensors with Hugging Face "
@@ -389,6 +393,7 @@ typedef struct opts {
     int eval_every, sample_n, top_k, quiet, gpu, gpu_set, use_cuda, nproc;
     int eval_tokens; /* --eval-tokens; 0: the held-out set up to EVAL_TOKENS_MAX */
     int pp_layers_n; /* how many counts --pp-layers gave */
+    int nccl_sem;    /* --nccl-semantics: CPU threads impose a GPU's NCCL semantics */
     float temperature, peak_tflops, comm_timeout;
     int world, rank;  /* CUDA multi-process: this process's place (from the environment) */
     us_data data;     /* the training tokens (--data), less the held-out tail */
@@ -1115,6 +1120,8 @@ static int parse_switch(cli *c, const char *f, const char *v, int *ok, int *take
         c->tc.sp = 1;
     else if (!strcmp(f, "--pp-clock"))
         c->tc.pp_clock = 1;
+    else if (!strcmp(f, "--nccl-semantics"))
+        c->o.nccl_sem = 1;
     else if (!strcmp(f, "--fp8-pow2"))
         c->tc.fp8_pow2 = 1;
     else if (!strcmp(f, "--fp8-no-weight-cache"))
@@ -1319,7 +1326,7 @@ static int parse_pp_layers(cli *c, const char *v) {
     return GO_ON;
 }
 
-/* The pipeline's and context parallelism's named choices: --pp-schedule, --cp-mode. */
+/* Named choices: --pp-schedule, --cp-mode, --grad-reduce-dtype. */
 static int parse_schedule(cli *c, const char *f, const char *v) {
     us_train_config *tc = &c->tc;
     if (!strcmp(f, "--pp-schedule")) {
@@ -1341,6 +1348,13 @@ static int parse_schedule(cli *c, const char *f, const char *v) {
             return bad("--pp-schedule must be afab, 1f1b, interleaved, interleaved-bf, zb1, "
                        "zbv or dualpipev, got",
                        v);
+    } else if (!strcmp(f, "--grad-reduce-dtype")) {
+        if (!strcmp(v, "fp32"))
+            tc->grad_reduce_dtype = US_F32;
+        else if (!strcmp(v, "bf16"))
+            tc->grad_reduce_dtype = US_BF16;
+        else
+            return bad("--grad-reduce-dtype must be fp32 or bf16, got", v);
     } else if (!strcmp(f, "--cp-mode")) {
         if (!strcmp(v, "ring"))
             tc->cp_mode = US_CP_RING;
@@ -1758,6 +1772,7 @@ static us_result launch(opts *o, int argc, char **argv) {
     lc.timeout_s = o->comm_timeout;
     lc.p2p_rendezvous = 1; /* sends wait for their receiver, as NCCL's do: a pipeline runs here
                               as on GPUs */
+    lc.nccl = o->nccl_sem;
     r = us_launch_ex(world, run_rank, o, &lc, NULL, err, sizeof err);
     if (r != US_OK) fprintf(stderr, "train: %s\n", err);
     return r;
