@@ -7502,11 +7502,12 @@ static us_result us__pp_plan_posts(us_model *m) {
                 y->u = where[S * M + st * M + x->mb];
             }
         }
-    for (all = 0, found = 0; all < 2 && !found; all++) { /* by classes; if that fails, all */
-        for (i = 0; i < p.ncall; i++) p.calls[i].t = p.calls[i].f;
+    for (all = -1, found = 0; all < 2 && !found; all++) { /* by classes; if that fails, all */
+        for (i = 0; i < p.ncall; i++) /* first try: each gradient's receive just before need */
+            p.calls[i].t = all < 0 && (p.calls[i].ch & 1) ? p.calls[i].u - 1 : p.calls[i].f;
         qsort(p.calls, (size_t)p.ncall, sizeof *p.calls, us__pp_call_cmp);
         while (!(found = us__pp_play_posts(&p)))
-            if (!us__pp_posts_delay(&p, all)) break;
+            if (!us__pp_posts_delay(&p, all > 0)) break;
     }
     if (!found) {
         US_FREE(p.calls);
