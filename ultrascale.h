@@ -384,8 +384,10 @@ typedef struct us_train_config {
     int pp;          /* default 1 */
     int pp_schedule; /* a us_pp_kind the executor runs: afab, 1f1b (default), interleaved(-bf) or zb1 */
     int pp_chunks; /* model chunks per pp rank: interleaved default 2, others 1 */
-    int pp_clock;  /* 1: time the pipeline's messages on the schedule's clock even where the backend
-                              could send them as they are ready (us_comm.p2p_early; // >>pp) */
+    /* 1: time the pipeline's messages on the schedule's clock even where the backend could send
+       them as they are ready (us_comm.p2p_early); -1: channels for every schedule, on NCCL too
+       (to try them there); 0: as us__pp_early chooses (// >>pp) */
+    int pp_clock;
     const int
         *pp_layers; /* NULL: layers split over the pp·chunks stages to balance their FLOPs (the
                               last stage, which also runs the head, takes fewer; the first ones take
@@ -689,9 +691,11 @@ struct us_comm {
        gradients on another, so an early send on one never holds up a receive on the other. */
     us_result (*dup)(us_comm *c, us_group *g, us_group *out);
     double timeout_s; /* a collective that cannot finish within this many seconds fails; 0 = 300 */
-    int p2p_early; /* point-to-point calls may be posted long before their peer's at no cost (host
-                              backends: a queued call waits on a thread). 0 for NCCL, whose waiting calls
-                              are kernels on the GPU: the pipeline then times its messages (// >>pp) */
+    /* point-to-point calls may be posted long before their peer's at no cost (host backends: a
+       queued call waits on a thread). 0 for NCCL, whose waiting calls are kernels on the GPU:
+       the pipeline then times its messages on its clock for the schedules where that idles
+       less (us__pp_early, // >>pp) */
+    int p2p_early;
     int64_t bytes_sent; /* bytes this rank has sent to peers so far (the backend counts) */
     us_trace *trace;    /* when set, the backend records each collective on the comm stream row */
     char err[256];
@@ -5032,6 +5036,8 @@ static float *us__grad(us_model *m, int idx) {
    2. bucketing — one collective per ~25 MB of gradients (us__plan_units), not one per tensor
       (latency-bound) nor one for the whole model (nothing to overlap with);
    3. no_sync — under gradient accumulation only the last micro-batch's backward reduces.
+   Optionally the reductions run in bf16 (grad_reduce_dtype, us__unit_launch_bf16): half the
+   bytes, the sums rounded; the local accumulation stays fp32.
    Each rank scales its loss gradient by 1 / (valid targets of the global batch), so the SUM
    over ranks is the global-batch mean: the number one rank would compute for the whole batch
    (the book's average, without assuming every rank has the same number of valid targets). */
@@ -6307,6 +6313,9 @@ static us_result us__pp_checks(const us_model_config *mc, const us_train_config 
         US__BAD("unknown pipeline schedule %d", tc->pp_schedule);
     if (tc->pp_chunks < 1 || tc->pp_chunks > 16)
         US__BAD("pp_chunks=%d must be in 1..16", tc->pp_chunks);
+    if (tc->pp_clock < -1 || tc->pp_clock > 1)
+        US__BAD("pp_clock=%d must be -1 (channels), 0 (the default) or 1 (the clock)",
+                tc->pp_clock);
     if ((tc->pp_schedule == US_PP_INTERLEAVED || tc->pp_schedule == US_PP_INTERLEAVED_BF) &&
         tc->pp_chunks < 2)
         US__BAD("the interleaved schedules need at least 2 model chunks per rank (pp_chunks=%d)",
@@ -7170,9 +7179,10 @@ static us_result us__pp_wpass(us_model *m, int B, int T) { /* the chunk's W, las
    hung there as on two H200s in run 7: a gradient's receive posted at its forward waited, in a
    later synchronisation, for this rank's own later chunk).
 
-   The clock (NCCL). Its waiting calls are kernels spinning on the GPU, under which the channel
-   plan (before its rule above) hung for interleaved, ZB-V and DualPipe-V (run 7): so every message
-   is exchanged at one agreed time on the schedule's own clock — the checker's unit-cost play
+   The clock (NCCL, for the schedules us__pp_early gives it). Its waiting calls are kernels
+   spinning on the GPU, under which the channel plan (before its rule above) hung for
+   interleaved, ZB-V and DualPipe-V (run 7): so every message is exchanged at one agreed time
+   on the schedule's own clock — the checker's unit-cost play
    (tF = tB = tW = 1), which every rank computes alike:
      an activation  at its consumer's start (the receiver takes a slot only then: no more
                     activations held than the schedule says; the sender still holds it, since
@@ -7189,8 +7199,17 @@ static us_result us__pp_wpass(us_model *m, int B, int T) { /* the chunk's W, las
    a receive can wait while a later action could run (bench/pp_bubble.sh measures both plans). */
 static int us__pp_channel(int b, int grad) { return 2 * b + grad; } /* boundary b: stages b → b+1 */
 
+/* Channels or the clock: channels where a waiting call costs the backend nothing
+   (us_comm.p2p_early: the threads backend); on NCCL, channels for the schedules whose channel
+   plan idled less than the clock under the threads backend's NCCL semantics (bench/RESULTS.md,
+   2026-12-01: AFAB, 1F1B, ZB-H1 at pp 2, m 8), the clock for the others (interleaved, ZB-V and
+   DualPipe-V idled 6 to 31 points more on channels there). tc.pp_clock: 1 the clock always,
+   -1 channels always. */
 static int us__pp_early(const us_model *m) {
-    return m->comm && m->comm->p2p_early && !m->tc.pp_clock;
+    int k = m->pp_sched ? (int)m->pp_sched->kind : US_PP_1F1B;
+    if (!m->comm || m->tc.pp_clock > 0) return 0;
+    return m->comm->p2p_early || m->tc.pp_clock < 0 || k == US_PP_DEFAULT || k == US_PP_AFAB ||
+           k == US_PP_1F1B || k == US_PP_ZB1;
 }
 
 static us_result us__pp_play(const us_pp_schedule *s, double tF, double tB, double tW,
@@ -7380,6 +7399,20 @@ static int us__pp_play_posts(us__pp_posts *p) {
     return done;
 }
 
+/* Keeps each channel's calls in its order (none posted before an earlier one), then sorts them
+   by rank in posting order. 0: a call would then come after its backward (no plan so). */
+static int us__pp_posts_order(us__pp_posts *p) {
+    int j;
+    qsort(p->calls, (size_t)p->ncall, sizeof *p->calls, us__pp_call_chan_cmp);
+    for (j = 1; j < p->ncall; j++)
+        if (p->calls[j].ch == p->calls[j - 1].ch && p->calls[j].t < p->calls[j - 1].t)
+            p->calls[j].t = p->calls[j - 1].t;
+    for (j = 0; j < p->ncall; j++)
+        if (p->calls[j].t >= p->calls[j].u) return 0;
+    qsort(p->calls, (size_t)p->ncall, sizeof *p->calls, us__pp_call_cmp);
+    return 1;
+}
+
 /* The calls rank r posts on side sd of channel ch as soon as it passes the synchronisation it
    waits in: its forward's input receive, or its backward's gradient send and its planned calls. */
 static int us__pp_posts_upcoming(const us__pp_posts *p, int r, int ch, int sd) {
@@ -7421,15 +7454,7 @@ static int us__pp_posts_delay(us__pp_posts *p, int all) {
             y->t = a;
             moved = 1;
         }
-    if (!moved) return 0;
-    qsort(p->calls, (size_t)p->ncall, sizeof *p->calls, us__pp_call_chan_cmp);
-    for (j = 1; j < p->ncall; j++)
-        if (p->calls[j].ch == p->calls[j - 1].ch && p->calls[j].t < p->calls[j - 1].t)
-            p->calls[j].t = p->calls[j - 1].t;
-    for (j = 0; j < p->ncall; j++)
-        if (p->calls[j].t >= p->calls[j].u) return 0;
-    qsort(p->calls, (size_t)p->ncall, sizeof *p->calls, us__pp_call_cmp);
-    return 1;
+    return moved && us__pp_posts_order(p);
 }
 
 /* When the channel plan posts its calls. A forward's input is received as the forward starts
@@ -7438,16 +7463,19 @@ static int us__pp_posts_delay(us__pp_posts *p, int all) {
    ran (into that micro-batch chunk's slot). Posting them early lets a message travel while both
    ranks compute; but on a GPU a device synchronisation (the first launch of a kernel, a
    cudaFree) waits for every pending call, so a pending call whose peer needs this rank's later
-   work hangs the GPU (NCCL semantics in ultrascale_comm.h). So each call starts right after its
-   forward, and the plan is played at NCCL's strictest, a synchronisation before every action;
-   where the play deadlocks, some waiting rank's unfinished calls move past the action it waits
-   before (us__pp_posts_delay), and the play runs again, to a fixpoint. A plan that plays
-   through at the strictest plays through under any fewer synchronisations (each wait can only
-   end sooner). Moving calls by classes delays fewer calls, but can paint itself into a corner
-   (then every unfinished call moves, which has found a plan for every schedule at pp 2..8,
-   m 1..24: a scratch check, not kept). Each channel's calls keep its order (a
-   gradient's receives, the sender's order of backwards). m->pp_msgs: t = the action after
-   which to post, act = the forward the message belongs to, order = its place on the channel. */
+   work hangs the GPU (NCCL semantics in ultrascale_comm.h), and a pending receive of a gradient
+   still far away makes every such wait that long. So an activation's send starts right after
+   its forward and a gradient's receive right before its backward, and the plan is played at
+   NCCL's strictest, a synchronisation before every action; where the play deadlocks, some
+   waiting rank's unfinished calls move past the action it waits before (us__pp_posts_delay),
+   and the play runs again, to a fixpoint. A plan that plays through at the strictest plays
+   through under any fewer synchronisations (each wait can only end sooner). If no plan is
+   found so, the receives start right after their forward too; moving calls by classes delays
+   fewer calls but can paint itself into a corner, and then every unfinished call moves (the
+   three tries found a plan for every schedule at pp 2..8, m 1..24: a scratch check, not kept).
+   Each channel's calls keep its order (a gradient's receives, the sender's order of
+   backwards). m->pp_msgs: t = the action after which to post, act = the forward the message
+   belongs to, order = its place on the channel. */
 static us_result us__pp_plan_posts(us_model *m) {
     const us_pp_schedule *s = m->pp_sched;
     int P = s->pp, S = P * s->v, M = s->m, q = m->mesh.pp_rank, r, i, b, nm = 0;
@@ -7505,7 +7533,7 @@ static us_result us__pp_plan_posts(us_model *m) {
     for (all = -1, found = 0; all < 2 && !found; all++) { /* by classes; if that fails, all */
         for (i = 0; i < p.ncall; i++) /* first try: each gradient's receive just before need */
             p.calls[i].t = all < 0 && (p.calls[i].ch & 1) ? p.calls[i].u - 1 : p.calls[i].f;
-        qsort(p.calls, (size_t)p.ncall, sizeof *p.calls, us__pp_call_cmp);
+        if (!us__pp_posts_order(&p)) continue;
         while (!(found = us__pp_play_posts(&p)))
             if (!us__pp_posts_delay(&p, all > 0)) break;
     }

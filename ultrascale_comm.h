@@ -340,7 +340,7 @@ enum {
 static const char *const us__thr_names[] = {
     "all_reduce", "reduce", "reduce_scatter", "all_gather", "gather", "scatter", "broadcast",
     "send",       "recv",   "all_to_all",     "barrier",    "split",  "sendrecv"};
-#define US__THR_SLICE_S 0.02   /* every wait re-checks the abort flag and the deadline this often */
+#define US__THR_SLICE_S 0.02 /* every wait re-checks the abort flag and the deadline this often */
 /* NCCL semantics: every rank waiting, no progress this long. 0.5 s fired falsely on a 2-core
    machine running make test beside other work (its threads starved that long); 2 s leaves a
    margin, and a real deadlock is still reported within a few seconds */
@@ -3579,7 +3579,8 @@ static void us__nccl_comm_init(us_comm *c, us__nccl *nb, us_ops *ops) {
     c->split = us__nccl_split;
     c->group_free = us__nccl_group_free;
     c->dup = us__nccl_dup;
-    /* a waiting call is a kernel on the GPU: the pipeline times its messages (// >>pp) */
+    /* a waiting call is a kernel on the GPU: the pipeline times its messages on its clock,
+       except for the schedules whose channel plan idles less (us__pp_early, // >>pp) */
     c->p2p_early = 0;
 }
 

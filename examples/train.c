@@ -156,6 +156,8 @@ static const char *const usage_text[] = {
     "  --pp-clock        time pipeline messages on the schedule's unit-cost clock (what NCCL "
     "uses)\n"
     "                    instead of sending them as they are ready on channels (CPU threads)\n"
+    "  --pp-channels     pipeline messages on channels for every schedule, on NCCL too (NCCL's\n"
+    "                    default: channels for afab, 1f1b, zb1, the clock for the others)\n"
     "  --pp-chunks V     model chunks per rank for the interleaved schedules (default 2)\n"
     "  --pp-layers A,B,.. layers per pipeline stage (pp x chunks counts; default: an even "
     "split)\n"
@@ -1120,6 +1122,8 @@ static int parse_switch(cli *c, const char *f, const char *v, int *ok, int *take
         c->tc.sp = 1;
     else if (!strcmp(f, "--pp-clock"))
         c->tc.pp_clock = 1;
+    else if (!strcmp(f, "--pp-channels"))
+        c->tc.pp_clock = -1;
     else if (!strcmp(f, "--nccl-semantics"))
         c->o.nccl_sem = 1;
     else if (!strcmp(f, "--fp8-pow2"))

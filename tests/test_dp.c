@@ -328,6 +328,15 @@ static void check_bf16_reduction(void) {
         U.in[j] = (int32_t)(rnd64() % 61);
         U.tgt[j] = (int32_t)(rnd64() % 61);
     }
+    {
+        us_model_config mc = U.mc;
+        us_train_config tc = U.tc;
+        char err[200];
+        tc.grad_reduce_dtype = US_E4M3;
+        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID &&
+                  strstr(err, "grad_reduce_dtype=2"),
+              "grad_reduce_dtype FP8: %s", err);
+    }
     for (h = 0; h < 2; h++) { /* each rank's half on one rank */
         double ls;
         us_train_config tc = U.tc;

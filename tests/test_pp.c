@@ -489,6 +489,14 @@ int main(int argc, char **argv) {
         tc.recompute = US_RECOMPUTE_NONE;
         CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_OK,
               "zb1 with ZeRO-1 and no recompute is accepted");
+        tc.pp_clock = 2;
+        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID &&
+                  strstr(err, "pp_clock=2"),
+              "pp_clock 2: %s", err);
+        tc.pp_clock = -1;
+        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_OK,
+              "pp_clock -1 (channels for every schedule) is accepted");
+        tc.pp_clock = 0;
         {
             static const int bad_sum[2] = {1, 2}, bad_zero[2] = {0, 4};
             tc.pp_layers = bad_sum;
