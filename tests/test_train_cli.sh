@@ -229,6 +229,7 @@ same_curve "--cp 2 --dp 2 --zero 1 trains the task to the loss curve of one rank
 expect 2 "pp needs a layer per stage" "pp=3 exceeds layers=2" -- --pp 3
 expect 2 "unknown schedule" "must be afab, 1f1b, interleaved, interleaved-bf, zb1, zbv or dualpipev, got gpipe" -- --pp 2 --pp-schedule gpipe
 expect 2 "interleaved needs a layer per stage" "pp=2 x 2 chunks = 4 pipeline stages exceed layers=2" -- --pp 2 --pp-schedule interleaved
+expect 2 "bad --grad-reduce-dtype" "--grad-reduce-dtype must be fp32 or bf16, got fp8" -- --grad-reduce-dtype fp8
 expect 2 "chunks only for interleaved" "applies to the interleaved and V-shaped schedules only" -- --pp 2 --pp-chunks 2
 expect 2 "zb1 without recompute" "does not combine with recompute" -- --pp 2 --pp-schedule zb1 --recompute full
 reference pp1 -- --grad-accum 4
