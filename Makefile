@@ -23,7 +23,7 @@ HDR      = ultrascale.h ultrascale_comm.h
 JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
 
 EXAMPLES = $(B)/train $(B)/memory $(B)/quickstart $(B)/dp_quickstart $(B)/cp_memory $(B)/schedule $(B)/hf_logits $(B)/plan $(B)/figures \
-           $(B)/readme_snippet $(B)/tokenize
+           $(B)/readme_snippet $(B)/tokenize $(B)/generate
 ifeq ($(CUDA),1)
 EXAMPLES += $(B)/train_cuda
 endif
@@ -158,6 +158,11 @@ $(B)/hf_logits_cuda: examples/hf_logits.c $(CUDAIMPL) $(HDR) ultrascale_cuda.cuh
 	$(NVCC) $(NVFLAGS) -x cu -DUS_CUDA $(LINKED_CUDA) -c $< -o $@.o
 	$(NVCC) $(NVFLAGS) $@.o $(CUDAIMPL) -o $@ $(NVLIBS)
 
+# text from a checkpoint with a KV cache, on GPU 0 (examples/generate.c)
+$(B)/generate_cuda: examples/generate.c $(CUDAIMPL) $(HDR) ultrascale_cuda.cuh | $(B)
+	$(NVCC) $(NVFLAGS) -x cu -DUS_CUDA $(LINKED_CUDA) -c $< -o $@.o
+	$(NVCC) $(NVFLAGS) $@.o $(CUDAIMPL) -o $@ $(NVLIBS)
+
 $(B)/test_cuda: tests/test_cuda.cu tests/us_test.h $(CUDAIMPL) $(HDR) ultrascale_cuda.cuh | $(B)
 	$(NVCC) $(NVFLAGS) $(LINKED_CUDA) $< $(CUDAIMPL) -o $@ $(NVLIBS)
 
@@ -177,6 +182,7 @@ $(B)/comm_bw: bench/comm_bw.cu $(CUDAIMPL) $(HDR) | $(B)
 
 # longest first, so two jobs keep both cores busy
 NVCC_BUILDS = $(B)/flash_test $(B)/test_nccl $(B)/train_cuda $(B)/test_cuda $(B)/hf_logits_cuda \
+              $(B)/generate_cuda \
               $(B)/comm_bw $(B)/gemm_steps $(B)/cc_nvcc.o
 
 # the flash kernels on the CPU through a small CUDA emulator, against the CPU reference: kernel
@@ -255,6 +261,10 @@ $(B)/bench_cuda: bench/bench_cuda.cu $(HDR) ultrascale_cuda.cuh | $(B)
 
 # the tokenizer's encoding speed (bench/bench_tok.py runs it beside Hugging Face tokenizers)
 $(B)/bench_tok: bench/bench_tok.c $(IMPL) $(HDR) | $(B)
+	$(CC) $(CFLAGS) $(LINKED_C) $< $(IMPL) -o $@ $(LDLIBS)
+
+# the shard loader's speed: mapped, read with stdio, against reading a shard whole (bench/RESULTS.md)
+$(B)/bench_loader: bench/bench_loader.c $(IMPL) $(HDR) | $(B)
 	$(CC) $(CFLAGS) $(LINKED_C) $< $(IMPL) -o $@ $(LDLIBS)
 
 # the same rates file from the CPU ops and the threads backend (CI reads it back through build/plan)

@@ -14,7 +14,7 @@
        ULTRASCALE_NO_CHECKPOINT   // >>checkpoint: safetensors save / load, its JSON reader (us_ckpt_*)
        ULTRASCALE_NO_PLANNER      // >>plan: the configuration planner (us_plan_*)
        ULTRASCALE_NO_DATA         // >>data: text and token-shard loading, the built-in task
-                                  // (us_byte_*, us_data_*, us_task_*)
+                                  // (us_byte_*, us_data_*, us_loader_*, us_task_*)
        ULTRASCALE_NO_TOKENIZER    // >>tokenizer: tokenizer.json byte-level BPE (us_tok_*)
 
    QUICK START
@@ -66,8 +66,9 @@
      ops table .............................. us_ops, us_cpu_ops
      comm table ............................. us_comm, us_group, us_comm_self
      model and trainer ...................... us_model, us_train_step, us_forward_eval
-     data ................................... us_data (raw text, llm.c shards), us_task
+     data ................................... us_data (raw text, llm.c shards), us_loader, us_task
      tokenizer .............................. us_tok_load, us_tok_encode, us_tok_decode
+     sampling and generation ................ us_sample_logits, us_generate, us_gen_forward
      checkpoints ............................ us_ckpt_save, us_ckpt_load, us_safetensors_parse
      estimator, FLOPs ....................... us_memory_estimate, us_flops_per_token, us_param_count_active
      planner ................................ us_plan_enumerate, us_plan_cost, us_plan_rates_read
@@ -95,8 +96,9 @@
                       full), the model's forward and backward
      // >>lossscale   fp16 mixed precision: dynamic loss scaling, overflow detection, step skipping
      // >>train       the model's set-up (each chapter's in turn), gradient accumulation, the step
-     // >>data        byte tokenizer, text loader, llm.c token shards, the built-in task
-     // >>sample      temperature / top-k sampling
+     // >>data        byte tokenizer, text loader, llm.c token shards, the shard loader,
+                      the built-in task
+     // >>sample      temperature / top-k / top-p sampling, generation with a KV cache
      // >>checkpoint  safetensors, Hugging Face names, config.json, training state, resharding, crash-safe
      // >>tokenizer   tokenizer.json byte-level BPE: GPT-2 / Llama 3 pre-tokenisers, merges, added tokens
      // >>estimate    memory estimator and FLOP/MFU counting (the Playbook formulas)
@@ -801,6 +803,7 @@ typedef struct us_model {
     float *adam_m, *adam_v; /* fp32 moments                                 [n_params] */
     char *arena;            /* activation arena                             [mem.activations] */
     us_layer_acts *acts;    /* [L] */
+    struct us_gen *gen;     /* a cached generation's forward under way (// >>sample), or NULL */
     void *a[32];            /* named scratch activations (implementation) */
     us_memory mem;          /* what was really allocated */
     int step; /* optimizer steps taken (a step skipped by the loss scaler does not count) */
@@ -877,23 +880,29 @@ typedef struct us_model {
     int pp_peak;      /* most micro-batches whose activations the executor held at once */
     int pp_wsplit;    /* the schedule runs B and W apart: layers keep their output gradients */
     int pp_bonly;     /* inside a B action: the layers skip their weight gradients */
+    int pp_slot;      /* the activation slot selected (us__pp_slot_select; 0 without pp) */
     double pp_wall_s; /* the last step's time in the executor */
     double pp_t_s[3]; /* the last step's compute in it: forwards, backwards (B or BW), W passes */
     /* the layers' tensors: layer l's are [layer_p[l], layer_p[l+1]); layer_p[n_layers] is the final
        norm. A dense layer has 9 tensors, a MoE layer 7 + 3·(E + shared) (// >>moe) */
     int *layer_p; /* [cfg.n_layers + 1] */
     /* mixture of experts (// >>moe) */
-    int *moe_idx; /* [cfg.n_layers] the layer's index among the MoE layers, -1 for a dense one */
-    int n_moe;    /* MoE layers */
+    int *moe_idx;  /* [cfg.n_layers] the layer's index among the MoE layers, -1 for a dense one */
+    int n_moe;     /* MoE layers of this rank (its pipeline stages') */
+    int n_moe_all; /* MoE layers of the whole model (every stage's; n_moe without pp) */
     int64_t moe_rows; /* R: rows of the permuted buffers for a full micro-batch */
     float *
         moe_bias; /* [n_moe][E] router bias (backend memory): no gradient, no AdamW, the sign rule */
     float *moe_bias_h; /* [n_moe][E] its host copy */
-    /* [cfg.n_layers][3E] host: the last forward's routed and kept tokens per expert, then the
-       routed tokens of the whole micro-batch (summed over cp: the auxiliary loss's f_e) */
+    /* [slots][cfg.n_layers][3E] host: the last forward's routed and kept tokens per expert, then
+       the routed tokens of the whole micro-batch (summed over cp: the auxiliary loss's f_e); one
+       table per pipeline slot, since a micro-batch's backward needs its own forward's counts
+       (us__moe_cnt) */
     int32_t *moe_counts_h;
-    int64_t *moe_load;      /* [n_moe][E] host: tokens routed this step so far */
-    int64_t *moe_load_last; /* [n_moe][E] host: the last step's (us_step_stats.moe_load) */
+    int64_t *moe_load; /* [n_moe][E] host: tokens routed this step so far */
+    int64_t *
+        moe_load_last; /* [n_moe_all][E] host: the last step's, every stage's (us_step_stats.moe_load) */
+    double *moe_pp_sum; /* [n_moe_all·E + 4] backend, pp > 1: the statistics summed over stages */
     int64_t moe_choices,
         moe_dropped;     /* this step so far: token→expert choices, and those dropped */
     double moe_aux;      /* this step so far: the auxiliary loss, as weighted in the objective */
@@ -908,7 +917,7 @@ typedef struct us_model {
     int64_t
         moe_rx; /* rows this rank's experts may receive: ep·R (every peer's every row), less under a capacity limit */
     int32_t *
-        ep_counts_h; /* [cfg.n_layers][ep][E] host: the last forward's kept tokens per expert of every ep peer */
+        ep_counts_h; /* [slots][cfg.n_layers][ep][E] host: the last forward's kept tokens per expert of every ep peer */
     /* FP8 training (// >>fp8-linear) */
     int fp8; /* 0 off; 1 tile scaling (precision fp8); 2 one scale per tensor (fp8-tensor) */
     int fp8_linear,
@@ -1007,6 +1016,12 @@ US_API void us_cp_positions(const us_train_config *tc, int r, int32_t *pos);
    last position's logits of each sequence, [B][V] floats. */
 US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B,
                                  int T, double *loss_sum, int64_t *correct, float *logits_out);
+/* Forward only, the loss of every position: losses [B][T] on the host (0 where the target is
+   < 0), for scores finer than a sum, as a multiple-choice evaluation's per-candidate loss.
+   Under context parallelism these are this rank's positions (us_cp_positions); pipeline
+   parallelism is refused (the losses live on the last stage only). */
+US_API us_result us_forward_eval_losses(us_model *m, const int32_t *inputs, const int32_t *targets,
+                                        int B, int T, float *losses);
 
 /* The textbook attention, kept as the reference for tests: S = QK^T/sqrt(HS) materialised
    [T,T], causal mask, softmax, P*V. fp32, single-threaded. qkv[B,T,QKV] -> out[B,T,NH*HS]. */
@@ -1054,6 +1069,82 @@ US_API void us_data_window_batch(const us_data *d, int64_t first, int64_t count,
 US_API void us_data_free(us_data *d);
 US_API size_t us_byte_encode(const char *text, int32_t *tokens, size_t cap);
 US_API size_t us_byte_decode(const int32_t *tokens, size_t n, char *text, size_t cap);
+
+/* Many llm.c token shards, mapped and streamed with llm.c's loader semantics: each epoch visits
+   the shards in a shuffled order and, inside each, its windows of T + 1 tokens (window w holds
+   tokens w·T .. w·T + T, laid end to end) in a shuffled order, so every window is read exactly
+   once per epoch and the next epoch reads them in another order (a shard's last (n − 1) mod T
+   tokens, too few for a window, are not trained on, as in llm.c). The shuffles are functions of
+   (seed, epoch, shard): the position below is all a resume needs. A data-parallel group shares
+   one stream: each us_loader_next call takes the group's batch of nseq windows and fills the
+   caller's rows first .. first + count − 1 of it, so dp ranks read disjoint windows that together
+   cover the batch, and the batch is that of one rank. Shards are mapped (POSIX mmap; elsewhere
+   windows are read with stdio), never read whole. */
+typedef struct us_loader_config { /* zero means default */
+    int T;                        /* tokens per sequence: windows of T + 1 (required, > 0) */
+    uint64_t seed;                /* the shuffles' seed */
+    int no_shuffle;               /* 1: shards in the given order, windows in file order */
+    int no_map;      /* 1: read each window with stdio instead of mapping the files (what builds
+                   without POSIX mmap do) */
+    int64_t vocab;   /* > 0: reading a token ≥ vocab is an error saying so */
+    double hold_out; /* [0, 1): the last fraction of the tokens, in list order, is not trained on
+                        (read it with us_loader_read from n_train) */
+} us_loader_config;
+
+typedef struct us_loader_pos { /* the next window: the window-th of this epoch's shard-th shard */
+    int64_t epoch, shard, window;
+    uint64_t seed; /* the seed that orders the stream */
+} us_loader_pos;
+
+typedef struct us_loader_shard {
+    char *path;
+    int tsz;                  /* bytes per token: 2 (version 1) or 4 (version 7) */
+    int64_t n;                /* tokens */
+    int64_t first;            /* the index of its first token in the list's concatenation */
+    int64_t windows;          /* windows trained on (none reach the held-out tail) */
+    const unsigned char *map; /* the mapped file; NULL: read with stdio */
+    size_t map_len;
+} us_loader_shard;
+
+typedef struct us_loader {
+    us_loader_config cfg;
+    int n_shards;
+    us_loader_shard *shards; /* [n_shards] in the given order */
+    int64_t n_tokens;        /* every token of every shard */
+    int64_t n_train;         /* the first n_train of them are trained on, the rest held out */
+    int64_t n_windows;       /* windows per epoch */
+    us_loader_pos pos;
+    int64_t *order;      /* [n_shards] this epoch's shard order */
+    int64_t *perm;       /* [the largest shard's windows] the current shard's window order */
+    int64_t order_epoch; /* the epoch order was drawn for (−1: none) */
+    int64_t perm_epoch;  /* the epoch and shard perm was drawn for (−1: none) */
+    int perm_shard;
+    void *file; /* the stdio fallback's open FILE, of shard file_shard */
+    int file_shard;
+    char err[512];
+} us_loader;
+
+/* Splits spec at commas; an item with * ? or [ is a glob pattern (POSIX glob, sorted; one that
+   matches nothing is an error), any other is a path. *paths[*n] is one allocation (US_MALLOC):
+   free it with free(), or US_FREE where that is overridden. */
+US_API us_result us_data_expand(const char *spec, char ***paths, int *n, char *err, size_t errlen);
+/* 1 when the file starts with an llm.c shard's magic (20240520 or 20240801), else 0. */
+US_API int us_data_is_shard(const char *path);
+/* Opens and maps n shards; every header is checked (magic, version, token count, file size) and a
+   bad one refused naming the file. Fails when the shards hold no window of T + 1 to train on. */
+US_API us_result us_loader_open(us_loader *l, const char *const *paths, int n,
+                                const us_loader_config *cfg);
+/* The group's next batch of nseq windows; fills rows first .. first + count − 1 of it into
+   inputs/targets [count][T] (targets are the inputs shifted by one). Advances by nseq. */
+US_API us_result us_loader_next(us_loader *l, int nseq, int first, int count, int32_t *inputs,
+                                int32_t *targets);
+/* Where the stream is, and going back there (a position of another run over the same shards
+   continues that run's stream window for window). */
+US_API us_loader_pos us_loader_tell(const us_loader *l);
+US_API us_result us_loader_seek(us_loader *l, us_loader_pos pos);
+/* Tokens first .. first + n − 1 of the shards laid end to end in list order, into out [n]. */
+US_API us_result us_loader_read(us_loader *l, int64_t first, int64_t n, int32_t *out);
+US_API void us_loader_close(us_loader *l);
 
 /* The built-in default task (no download): sorting digits. Each line is a string of
    US_TASK_DIGITS random digits, '=', the same digits sorted, '\n' — e.g. "70421835=01234578\n".
@@ -1132,11 +1223,61 @@ US_API us_result us_tok_pretokenize(us_tokenizer *t, const char *text, size_t n,
                                     size_t cap, size_t *n_pieces);
 #endif /* ULTRASCALE_NO_TOKENIZER */
 
-/* ---------------------------------------------------------------- sampling */
+/* ---------------------------------------------------------------- sampling and generation */
 /* Extends prompt (host tokens) by n_new tokens sampled with temperature (0 = greedy) and
-   top-k (0 = all); out receives prompt + new tokens, [n_prompt + n_new] <= tc.seq. */
+   top-k (0 = all); out receives prompt + new tokens, [n_prompt + n_new] <= tc.seq. Each new
+   token re-runs the whole sequence: the reference that us_generate's KV cache is tested against. */
 US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int n_new,
                            float temperature, int top_k, us_rng *r, int32_t *out);
+
+/* One token from host logits lg[V]: temperature 0 = greedy (argmax, the lowest index on ties);
+   else the top_k largest logits (0 = all; ties at the k-th all kept), softmax at temperature,
+   then with 0 < top_p < 1 only the most likely of them whose probabilities reach top_p
+   (nucleus sampling; 0 or ≥ 1 = all), one uniform draw. Every rank that draws from the same
+   logits with the same rng state picks the same token. US_ERR_NONFINITE when no logit is
+   finite, US_ERR_OOM when scratch memory fails. */
+US_API us_result us_sample_logits(const float *lg, int64_t V, float temperature, int top_k,
+                                  float top_p, us_rng *r, int32_t *tok);
+
+/* Generation with a KV cache (// >>sample). The prompt runs once (the prefill); after that each
+   step runs the model on one new token per sequence, whose query attends over the keys and
+   values the cache holds for every earlier position. The cache is, for each layer of this rank,
+   kv [B][max_len][2·NKV·HS] in the model's dtype (each position's k heads after RoPE, then its v
+   heads), allocated through the model's ops: it lives where the model does (CPU or GPU). A
+   forward call takes at most tc.seq / cp tokens per sequence (the arena's size; us_gen_forward
+   cuts longer prompts into pieces), while the cache may be longer than tc.seq: positions run up to
+   max_len, the model's context. Under tensor, pipeline and data parallelism every rank of the
+   model's world calls these functions, with the same tokens; every rank gets the same logits.
+   Context parallelism splits a training sequence, not a generation's: each cp rank holds the
+   whole cache and decodes every position itself (the weights are whole on it). The cache holds
+   the keys and values of the weights as they were: writing weights makes it stale
+   (us_gen_reset). */
+typedef struct us_gen {
+    us_model *m;
+    int B;             /* sequences decoded side by side, all of the same length */
+    int max_len;       /* positions the cache holds */
+    int len;           /* positions filled so far */
+    int chunk;         /* the most tokens per sequence one forward runs (tc.seq / cp) */
+    void *kv;          /* [L][B][max_len][2·NKV·HS] dt, backend memory */
+    int32_t *pos;      /* backend i32[max_len]: 0, 1, 2, ... (query and key positions) */
+    float *acc;        /* backend f32[B][NH][chunk][HS]: the attention's online softmax */
+    float *mx, *sum;   /* backend f32[B][NH][chunk] each */
+    int32_t *tgt, *in; /* host i32[B·chunk]: no targets (-1); one piece of the tokens */
+    size_t bytes;      /* backend bytes held */
+} us_gen;
+
+/* B sequences (1 ≤ B ≤ tc.batch) of up to max_len positions (0 = tc.seq); errors: the model's. */
+US_API us_result us_gen_init(us_gen *g, us_model *m, int B, int max_len);
+/* Appends tokens [B][T] (host) at positions len .. len+T−1 of every sequence and writes each
+   sequence's logits after its last token into host logits [B][V] (may be NULL). */
+US_API us_result us_gen_forward(us_gen *g, const int32_t *tokens, int T, float *logits);
+/* Empties the cache (len = 0): a new prompt, or weights that changed. */
+US_API void us_gen_reset(us_gen *g);
+US_API void us_gen_free(us_gen *g);
+/* Extends prompt by n_new tokens with a KV cache (us_sample_logits for each one); out receives
+   prompt + new tokens, [n_prompt + n_new], which may exceed tc.seq. */
+US_API us_result us_generate(us_model *m, const int32_t *prompt, int n_prompt, int n_new,
+                             float temperature, int top_k, float top_p, us_rng *r, int32_t *out);
 
 /* ---------------------------------------------------------------- pipeline schedules (// >>pp)
    Schedules are data (DESIGN.md): a pure function lists, for every pipeline rank, the ordered
@@ -1263,6 +1404,12 @@ typedef struct us_ckpt_state { /* what the caller's loop needs besides the model
     int64_t data_pos;          /* the caller's data position (e.g. batches drawn) */
     int n_rng;                 /* RNG states kept (at most 8) */
     uint64_t rng[8];
+    /* a shard loader's position (us_loader_pos, // >>data), saved when has_loader = 1 and
+       restored with has_loader = 1 when the file holds one */
+    int has_loader;
+    int64_t loader_epoch, loader_shard, loader_window;
+    uint64_t loader_seed;
+    int64_t loader_tokens; /* the tokens it trains on (n_train): a resume checks the data */
 } us_ckpt_state;
 
 typedef struct us_ckpt_opts { /* zero means default */
@@ -4686,6 +4833,12 @@ struct us_layer_acts {
     void *ye;   /* [R,C]   expert outputs (before the gates) */
     void *sgu;  /* [N,2Fe] shared expert gate | up (moe_shared) */
     void *sh;   /* [N,Fe]  shared expert SwiGLU */
+    /* a MoE layer under B and W apart (us__moe_w): the weight GEMMs' output gradients, kept from
+       B until W; the residual gradient the shared expert's down-projection reads goes in g_down */
+    void *g_dye;  /* [Rx,C]   the local experts' output gradients, expert-major */
+    void *g_dgu;  /* [Rx,2Fe] their gate | up output gradients */
+    void *g_sdgu; /* [N,2Fe]  the shared expert's gate | up output gradient (moe_shared) */
+    void *g_dlg;  /* [N,E]    the router's logits gradient, in dt */
 };
 
 /* named scratch in us_model.a[] */
@@ -4775,6 +4928,8 @@ static void us__tp_scratch(const us_model *m, int64_t Nf, int head, size_t *sz);
 static void us__cp_scratch(const us_model *m, int64_t N, size_t *sz);            /* // >>cp */
 static void us__moe_take(const us_model *m, us__arena *ar, us_layer_acts *L, int cheap,
                          int gemm); /* a MoE layer's activations (// >>moe) */
+static void us__moe_take_w(const us_model *m, us__arena *ar,
+                           us_layer_acts *L); /* its output gradients kept for W */
 typedef struct us__moe_grads us__moe_grads;
 static size_t us__moe_scratch(const us_model *m, us__moe_grads *g);       /* its backward's */
 static size_t us__fp8_arena(us_model *m, int64_t Nf, int set, int count); /* // >>fp8-linear */
@@ -4787,6 +4942,17 @@ static int us__scratch_per_slot(int i) {
     return i == US__A_XOUT || i == US__A_DRES || i == US__A_RSTDF || i == US__A_LOSSES ||
            i == US__A_ARGMAX || i == US__A_TOK || i == US__A_TGT || i == US__A_SCAL ||
            i == US__A_XF || i == US__A_LOGITS || i == US__A_VP;
+}
+
+/* Whether place j of a slot holds a MoE layer (want 1) or a dense one (want 0) in some chunk of
+   this rank: a slot serves every chunk, whose j-th layers may differ (// >>pp). */
+static int us__slot_has(const us_model *m, int j, int want) {
+    int c, v = m->pp_v > 0 ? m->pp_v : 1;
+    for (c = 0; c < v; c++) {
+        int l = m->chunk_lo[c] + j;
+        if (l < m->chunk_hi[c] && (m->moe_idx && m->moe_idx[l] >= 0) == want) return 1;
+    }
+    return 0;
 }
 
 /* One pipeline chunk's layers (all layers without pipeline parallelism), into m->acts when
@@ -4805,7 +4971,7 @@ static void us__layout_layers(us_model *m, us__arena *ar, int write) {
     int keep_gemm = mode != US_RECOMPUTE_FULL, keep_cheap = mode == US_RECOMPUTE_NONE;
     us_layer_acts shared;
     us__sp_rows(m, N, &Nf, &Ns);
-    for (l = 0; l < nl; l++) any_dense |= !m->moe_idx || m->moe_idx[l] < 0;
+    for (l = 0; l < c->n_layers; l++) any_dense |= !m->moe_idx || m->moe_idx[l] < 0;
     /* the shared layer scratch (used by the recompute modes); a MoE layer's in us__moe_take */
     memset(&shared, 0, sizeof shared);
     if (!keep_cheap) {
@@ -4825,12 +4991,12 @@ static void us__layout_layers(us_model *m, us__arena *ar, int write) {
     if (m->n_moe) us__moe_take(m, ar, &shared, !keep_cheap, !keep_gemm);
     for (l = 0; l < nl; l++) { /* one chunk's layers per slot (// >>pp) */
         us_layer_acts L = shared;
-        int moe = m->moe_idx && m->moe_idx[l] >= 0;
+        int moe = us__slot_has(m, l, 1), dense = us__slot_has(m, l, 0);
         L.x = us__take(ar, Ns * C * a);
         if (keep_gemm) {
             L.qkv = us__take(ar, Nf * QKV * a);
             L.xmid = us__take(ar, Ns * C * a);
-            if (!moe) L.gu = us__take(ar, Nf * 2 * F * a);
+            if (dense) L.gu = us__take(ar, Nf * 2 * F * a);
         }
         if (keep_cheap) {
             L.ln1 = us__take(ar, Ns * C * a);
@@ -4839,7 +5005,7 @@ static void us__layout_layers(us_model *m, us__arena *ar, int write) {
             L.lse = (float *)us__take(ar, N * m->nh_l * 4);
             L.ln2 = us__take(ar, Ns * C * a);
             L.rstd2 = (float *)us__take(ar, Ns * 4);
-            if (!moe) L.h = us__take(ar, Nf * F * a);
+            if (dense) L.h = us__take(ar, Nf * F * a);
         }
         if (moe) us__moe_take(m, ar, &L, keep_cheap, keep_gemm);
         if (m->pp_wsplit) { /* B/W apart: the weight GEMMs' other operand, from B until W */
@@ -4847,6 +5013,7 @@ static void us__layout_layers(us_model *m, us__arena *ar, int write) {
             L.g_gu = us__take(ar, Nf * 2 * F * a);
             L.g_o = us__take(ar, Nf * C * a);
             L.g_qkv = us__take(ar, Nf * QKV * a);
+            if (moe) us__moe_take_w(m, ar, &L);
         }
         if (write) m->acts[l] = L;
     }
@@ -7118,6 +7285,7 @@ static void us__pp_slot_select(us_model *m, int k, int c) {
            sizeof(us_layer_acts) * (size_t)n);
     m->acts = m->acts_work;
     memcpy(m->a, m->slot_a[k], sizeof m->a);
+    m->pp_slot = k;
 }
 
 /* The pp rank that runs stage st, and the chunk of rank q that is stage st (-1: none). */
@@ -8062,9 +8230,16 @@ static us_result us__pp_eval(us_model *m, const int32_t *inputs, const int32_t *
    (us__moe_step_end). Two things are statistics of a whole micro-batch: the auxiliary loss's
    f_e, whose counts are summed over cp (us__moe_batch_counts), each cp rank adding its own
    tokens' part of P_e; and the capacity limit, which keeps an expert's first tokens in token
-   order and is refused where cp or sp spread a micro-batch over ranks. */
+   order and is refused where cp or sp spread a micro-batch over ranks.
+   Pipeline parallelism (// >>pp) splits the layers, MoE or dense, over the stages: a stage runs
+   its own layers' routers and experts and keeps their biases, moved by their own loads; its ep
+   group stays inside it (ep folds over dp×cp, which a stage's ranks form). With several
+   micro-batches in flight the host routing counts a backward reads are per activation slot
+   (us__moe_cnt); the statistics of the step are summed over the stages (us__moe_pp_stats); the
+   zero-bubble schedules' W forms the layer's weight gradients (us__moe_w). */
 
-/* Checks the MoE layer's settings and what it does not combine with yet (us_config_validate). */
+/* Checks the MoE layer's settings and what it does not combine with (us_config_validate): the
+   capacity limit under cp or sp. Every other parallelism, pp included, takes MoE layers. */
 static us_result us__moe_checks(const us_model_config *mc, const us_train_config *tc, char *err,
                                 size_t errlen) {
     if (mc->moe_experts < 0 || mc->moe_experts > 1024)
@@ -8104,9 +8279,6 @@ static us_result us__moe_checks(const us_model_config *mc, const us_train_config
         if (mc->moe_top_k > mc->moe_top_groups * (E / G))
             US__BAD("top-k=%d experts do not fit in top-groups=%d groups of %d experts",
                     mc->moe_top_k, mc->moe_top_groups, E / G);
-        if (tc->pp > 1)
-            US__BAD("the MoE layer does not combine with pp yet (pp=%d): use dp, cp, ep and tp",
-                    tc->pp);
         if (mc->moe_capacity > 0 && (tc->cp > 1 || (tc->sp && tc->tp > 1)))
             US__BAD("a capacity limit keeps each expert's first tokens of a micro-batch, which cp "
                     "and sp spread over several ranks: drop the capacity factor under cp=%d / sp",
@@ -8182,6 +8354,14 @@ static void us__moe_bytes(const us_model_config *c, const us_train_config *tc, i
                (nsum ? us__align(nsum * 8) : 0) + (Np ? us__align(Np * C * a) : 0);
 }
 
+/* Bytes a MoE layer keeps from B to W under the zero-bubble schedules (us__moe_take_w's order). */
+static size_t us__moe_w_bytes(const us_model_config *c, const us_train_config *tc, int64_t N,
+                              size_t a) {
+    int64_t Rx = us__moe_rx(c, tc, N), C = c->dim, Fe = c->moe_ffn_dim;
+    return us__align(Rx * C * a) + us__align(Rx * 2 * Fe * a) +
+           (c->moe_shared ? us__align(N * 2 * Fe * a) : 0) + us__align(N * c->moe_experts * a);
+}
+
 static void us__moe_take(const us_model *m, us__arena *ar, us_layer_acts *L, int cheap, int gemm) {
     const us_model_config *c = &m->cfg;
     int64_t N = us__moe_tokens(m), E = c->moe_experts, K = c->moe_top_k, Fe = c->moe_ffn_dim,
@@ -8248,51 +8428,75 @@ static size_t us__moe_scratch(const us_model *m, us__moe_grads *g) {
     return ar.used;
 }
 
+/* The MoE layers' tables. Under pipeline parallelism each stage holds its own layers' router
+   state (bias, loads, counts), and a stage without a MoE layer still takes part in the
+   statistics' sum over the stages (us__moe_step_end): it keeps the whole model's load table and
+   the sum's buffer. The host count tables have one copy per activation slot: with several
+   micro-batches in flight a MoE layer's backward reads the counts of its own micro-batch's
+   forward (us__moe_cnt). */
 static us_result us__moe_init(us_model *m) {
     const us_model_config *c = &m->cfg;
     int l, E = c->moe_experts;
-    size_t nb;
+    size_t nb, na, nc, S = (size_t)(m->slots > 0 ? m->slots : 1);
     m->moe_idx = (int *)US_MALLOC(sizeof(int) * (size_t)(c->n_layers > 0 ? c->n_layers : 1));
     if (!m->moe_idx) {
         us__model_set_error(m, "out of host memory for the model tables");
         return US_ERR_OOM;
     }
-    m->n_moe = 0;
+    m->n_moe = m->n_moe_all = 0;
     for (l = 0; l < c->n_layers; l++)
         m->moe_idx[l] = us__is_moe(c, m->layer_g[l]) ? m->n_moe++ : -1;
-    if (!m->n_moe) return US_OK;
+    for (l = 0; l < m->n_layers_global; l++) m->n_moe_all += us__is_moe(c, l);
+    if (!m->n_moe_all) return US_OK;
     m->moe_rows = us__moe_rows(c, us__moe_tokens(m));
     m->moe_rx = us__moe_rx(c, &m->tc, us__moe_tokens(m));
     nb = (size_t)m->n_moe * (size_t)E;
+    na = (size_t)m->n_moe_all * (size_t)E;
+    nc = S * (size_t)c->n_layers * (size_t)E;
     if (m->ep > 1) {
-        m->ep_counts_h =
-            (int32_t *)US_MALLOC((size_t)c->n_layers * (size_t)m->ep * (size_t)E * sizeof(int32_t));
+        m->ep_counts_h = (int32_t *)US_MALLOC(nc * (size_t)m->ep * sizeof(int32_t) + 4);
         if (!m->ep_counts_h) {
             us__model_set_error(m, "out of host memory for the expert-parallel count table");
             return US_ERR_OOM;
         }
-        memset(m->ep_counts_h, 0,
-               (size_t)c->n_layers * (size_t)m->ep * (size_t)E * sizeof(int32_t));
+        memset(m->ep_counts_h, 0, nc * (size_t)m->ep * sizeof(int32_t));
     }
-    m->moe_bias_h = (float *)US_MALLOC(nb * sizeof(float));
-    m->moe_load = (int64_t *)US_MALLOC(nb * sizeof(int64_t));
-    m->moe_load_last = (int64_t *)US_MALLOC(nb * sizeof(int64_t));
-    m->moe_counts_h = (int32_t *)US_MALLOC((size_t)c->n_layers * 3 * (size_t)E * sizeof(int32_t));
-    m->moe_bias =
-        (float *)m->ops.alloc(&m->ops, nb * sizeof(float)); /* zero-filled: no bias at the start */
-    if (!m->moe_bias_h || !m->moe_load || !m->moe_load_last || !m->moe_counts_h || !m->moe_bias) {
+    m->moe_bias_h = (float *)US_MALLOC(nb * sizeof(float) + 4);
+    m->moe_load = (int64_t *)US_MALLOC(nb * sizeof(int64_t) + 8);
+    m->moe_load_last = (int64_t *)US_MALLOC(na * sizeof(int64_t));
+    m->moe_counts_h = (int32_t *)US_MALLOC(3 * nc * sizeof(int32_t) + 4);
+    if (nb) /* zero-filled: no bias at the start */
+        m->moe_bias = (float *)m->ops.alloc(&m->ops, nb * sizeof(float));
+    if (m->tc.pp > 1) m->moe_pp_sum = (double *)m->ops.alloc(&m->ops, (na + 4) * sizeof(double));
+    if (!m->moe_bias_h || !m->moe_load || !m->moe_load_last || !m->moe_counts_h ||
+        (nb && !m->moe_bias) || (m->tc.pp > 1 && !m->moe_pp_sum)) {
         us__model_set_error(m, "out of memory for the MoE router state");
         return US_ERR_OOM;
     }
     memset(m->moe_bias_h, 0, nb * sizeof(float));
     memset(m->moe_load, 0, nb * sizeof(int64_t));
-    memset(m->moe_load_last, 0, nb * sizeof(int64_t));
-    memset(m->moe_counts_h, 0, (size_t)c->n_layers * 3 * (size_t)E * sizeof(int32_t));
+    memset(m->moe_load_last, 0, na * sizeof(int64_t));
+    memset(m->moe_counts_h, 0, 3 * nc * sizeof(int32_t));
     return US_OK;
+}
+
+/* MoE layer l's host counts (m->moe_counts_h) for the slot selected: [3E]. */
+static int32_t *us__moe_cnt(const us_model *m, int l) {
+    size_t E = (size_t)m->cfg.moe_experts;
+    return m->moe_counts_h + ((size_t)m->pp_slot * (size_t)m->cfg.n_layers + (size_t)l) * 3 * E;
+}
+
+/* Layer l's every ep peer's kept tokens per expert (m->ep_counts_h) for the slot selected:
+   [ep][E]. */
+static int32_t *us__ep_cnt(const us_model *m, int l) {
+    size_t E = (size_t)m->cfg.moe_experts, ep = (size_t)m->ep;
+    return m->ep_counts_h + ((size_t)m->pp_slot * (size_t)m->cfg.n_layers + (size_t)l) * ep * E;
 }
 
 static void us__moe_free(us_model *m) {
     if (m->moe_bias && m->ops.free) m->ops.free(&m->ops, m->moe_bias);
+    if (m->moe_pp_sum && m->ops.free) m->ops.free(&m->ops, m->moe_pp_sum);
+    m->moe_pp_sum = NULL;
     US_FREE(m->moe_bias_h);
     US_FREE(m->moe_load);
     US_FREE(m->moe_load_last);
@@ -8310,6 +8514,15 @@ static size_t us__moe_bias_bytes(const us_model *m) {
     return (size_t)m->n_moe * (size_t)m->cfg.moe_experts * sizeof(float);
 }
 
+/* The router state's backend memory: the bias, and under pp the statistics' sum buffer
+   (us__moe_pp_stats). The estimator states the same (us__estimate_states). */
+static size_t us__moe_state_bytes(const us_model *m) {
+    size_t pps = m->tc.pp > 1 && m->n_moe_all
+                     ? ((size_t)m->n_moe_all * (size_t)m->cfg.moe_experts + 4) * sizeof(double)
+                     : 0;
+    return us__moe_bias_bytes(m) + pps;
+}
+
 /* expert parallelism (// >>ep) */
 static us_result us__ep_counts(us_model *m, int l, const int32_t *kept, int32_t *scratch);
 static us_result us__ep_move(us_model *m, int l, int dir, void *dst, const void *src,
@@ -8320,9 +8533,10 @@ static us_result us__ep_move(us_model *m, int l, int dir, void *dst, const void 
 static int64_t us__moe_local_rows(const us_model *m, int l, int j) {
     int E = m->cfg.moe_experts, s;
     int64_t n = 0;
-    if (m->ep <= 1) return m->moe_counts_h[(size_t)l * 3 * E + E + j];
-    for (s = 0; s < m->ep; s++)
-        n += m->ep_counts_h[((size_t)l * m->ep + s) * E + (size_t)m->ep_rank * (E / m->ep) + j];
+    const int32_t *epc;
+    if (m->ep <= 1) return us__moe_cnt(m, l)[E + j];
+    epc = us__ep_cnt(m, l);
+    for (s = 0; s < m->ep; s++) n += epc[(size_t)s * E + (size_t)m->ep_rank * (E / m->ep) + j];
     return n;
 }
 
@@ -8387,7 +8601,7 @@ static void us__moe_combine(us_model *m, int l, int64_t N, void *xnext) {
 static us_result us__moe_stats(us_model *m, int l, int64_t N, us__moe_grads *g) {
     const us_model_config *c = &m->cfg;
     int E = c->moe_experts, K = c->moe_top_k, e, mi = m->moe_idx[l];
-    int32_t *cnt = m->moe_counts_h + (size_t)l * 3 * E, *kept = cnt + E;
+    int32_t *cnt = us__moe_cnt(m, l), *kept = cnt + E;
     double lossv = 0, Nb = (double)N * m->mesh.cp;
     us_result r;
     if (c->moe_balance == US_MOE_BALANCE_AUX) {
@@ -8446,7 +8660,7 @@ static us_result us__moe_fwd(us_model *m, int l, int64_t N, int recompute, void 
     int El = E / m->ep; /* this rank's experts (// >>ep) */
     int64_t C = c->dim, Fe = c->moe_ffn_dim, R = us__moe_rows(c, N), off, n;
     /* host: routed [E], kept [E], routed in the whole micro-batch [E] (us__moe_batch_counts) */
-    int32_t *cnt = m->moe_counts_h + (size_t)l * 3 * E;
+    int32_t *cnt = us__moe_cnt(m, l);
     int ex = US__TENSOR(l, US__P_EXPERTS) + 3 * c->moe_shared; /* local expert 0's gate_proj */
     /* the experts' outputs, expert-major: A->ye itself on one rank, else a scratch sent home
        after */
@@ -8510,14 +8724,16 @@ static us_result us__moe_fwd(us_model *m, int l, int64_t N, int recompute, void 
     return us__moe_stats(m, l, N, &g);
 }
 
-/* The backward of MoE layer l's local experts over their rows [rows] (dye in g->dye, expert-major):
+/* The backward of MoE layer l's local experts over their rows [rows] (dye [rows,C], expert-major):
    each expert's is the dense MLP's, on its n rows: dh [n,Fe] = dye [n,C] · Wdown [C,Fe],
    dWdown += dyeᵀ · h_e; dgu [n,2Fe] = swiglu'(dh); dxe [n,C] = dgu · Wgu [2Fe,C],
    dWgu += dguᵀ · xe. The experts go last to first, each finished before the next starts, so their
    gradients complete in the backward order of the flat buffers, as a dense layer's do: data
    parallelism reduces each bucket as soon as it is full, and ZeRO-2's two gradient slots suffice
-   (// >>zero). */
-static us_result us__moe_experts_bwd(us_model *m, int l, int64_t rows, us__moe_grads *g) {
+   (// >>zero). With B and W apart (split) dye and dgu stay in the layer's g_dye, g_dgu, and the
+   two weight-gradient GEMMs wait for W (us__moe_w). */
+static us_result us__moe_experts_bwd(us_model *m, int l, int64_t rows, us__moe_grads *g,
+                                     const void *dye, int split) {
     us_ops *o = &m->ops;
     const us_model_config *c = &m->cfg;
     us_layer_acts *A = &m->acts[l];
@@ -8525,33 +8741,66 @@ static us_result us__moe_experts_bwd(us_model *m, int l, int64_t rows, us__moe_g
     int e, El = c->moe_experts / m->ep;
     int ex = US__TENSOR(l, US__P_EXPERTS) + 3 * c->moe_shared; /* local expert 0's gate_proj */
     int64_t C = c->dim, Fe = c->moe_ffn_dim, off = rows, n;
+    void *dgu = split ? A->g_dgu : g->dgu;
     us_result r;
     for (e = El - 1; e >= 0; e--) {
         int gu = ex + 3 * e, dn = gu + 2; /* its gate|up and down tensors */
         n = us__moe_local_rows(m, l, e);
         off -= n; /* its rows [off, off + n) */
-        if (n) {
-            o->gemm(o, 0, 0, n, Fe, C, 1.0f, us__at(g->dye, dt, off * C), dt, C, us__weight(m, dn),
-                    dt, Fe, 0.0f, us__at(g->dh, dt, off * Fe), dt, Fe);
-            o->gemm(o, 1, 0, C, Fe, n, 1.0f, us__at(g->dye, dt, off * C), dt, C,
+        if (n)
+            o->gemm(o, 0, 0, n, Fe, C, 1.0f, us__at(dye, dt, off * C), dt, C, us__weight(m, dn), dt,
+                    Fe, 0.0f, us__at(g->dh, dt, off * Fe), dt, Fe);
+        if (n && !split)
+            o->gemm(o, 1, 0, C, Fe, n, 1.0f, us__at(dye, dt, off * C), dt, C,
                     us__at(A->h_e, dt, off * Fe), dt, Fe, 1.0f, us__grad(m, dn), US_F32, Fe);
-        }
-        if ((r = us__grads_ready(m, dn, dn + 1)) != US_OK) return r;
+        if (!split && (r = us__grads_ready(m, dn, dn + 1)) != US_OK) return r;
         if (n) {
-            o->swiglu_bwd(o, us__at(g->dgu, dt, off * 2 * Fe), us__at(g->dh, dt, off * Fe),
+            o->swiglu_bwd(o, us__at(dgu, dt, off * 2 * Fe), us__at(g->dh, dt, off * Fe),
                           us__at(A->gu_e, dt, off * 2 * Fe), n, Fe, dt);
-            o->gemm(o, 0, 0, n, C, 2 * Fe, 1.0f, us__at(g->dgu, dt, off * 2 * Fe), dt, 2 * Fe,
+            o->gemm(o, 0, 0, n, C, 2 * Fe, 1.0f, us__at(dgu, dt, off * 2 * Fe), dt, 2 * Fe,
                     us__weight(m, gu), dt, C, 0.0f, us__at(g->dxe, dt, off * C), dt, C);
-            o->gemm(o, 1, 0, 2 * Fe, C, n, 1.0f, us__at(g->dgu, dt, off * 2 * Fe), dt, 2 * Fe,
-                    us__at(A->xe, dt, off * C), dt, C, 1.0f, us__grad(m, gu), US_F32, C);
         }
-        if ((r = us__grads_ready(m, gu, gu + 2)) != US_OK) return r;
+        if (n && !split)
+            o->gemm(o, 1, 0, 2 * Fe, C, n, 1.0f, us__at(dgu, dt, off * 2 * Fe), dt, 2 * Fe,
+                    us__at(A->xe, dt, off * C), dt, C, 1.0f, us__grad(m, gu), US_F32, C);
+        if (!split && (r = us__grads_ready(m, gu, gu + 2)) != US_OK) return r;
     }
     return US_OK;
 }
 
 /* Its backward. On entry dres = ∂loss/∂x_{l+1}; leaves ∂loss/∂u in DLN (u = ln2's output),
-   accumulated from the experts (un-permuted), the shared expert and the router. */
+   accumulated from the experts (un-permuted), the shared expert and the router.
+   Zero-bubble schedules (// >>pp) split a backward into B (input gradients) and W (weight
+   gradients): under that split (m->pp_bonly) this B keeps the output gradients the weight GEMMs
+   need — the experts' (g_dye, g_dgu), the shared expert's (the residual gradient in g_down,
+   g_sdgu) and the router's (g_dlg) — and us__moe_w forms the weight gradients in W. */
+/* The shared expert's backward, a dense SwiGLU MLP on all N tokens: dh [N,Fe] = dres · Wdown_s,
+   dWdown_s += dresᵀ · sh; dgu [N,2Fe] = swiglu'(dh); dln [N,C] += dgu · Wgu_s, dWgu_s += dguᵀ · u.
+   Split: dres goes to g_down and dgu stays in g_sdgu for W (us__moe_w). */
+static us_result us__moe_shared_bwd(us_model *m, int l, int64_t N, const void *dres, const void *u,
+                                    us__moe_grads *g, int split) {
+    us_ops *o = &m->ops;
+    us_layer_acts *A = &m->acts[l];
+    us_dtype dt = m->dt;
+    int sx = US__TENSOR(l, US__P_EXPERTS);
+    int64_t C = m->cfg.dim, Fe = m->cfg.moe_ffn_dim;
+    void *dgu = split ? A->g_sdgu : g->dgu, *dln = m->a[US__A_DLN];
+    o->gemm(o, 0, 0, N, Fe, C, 1.0f, dres, dt, C, us__weight(m, sx + 2), dt, Fe, 0.0f, g->dh, dt,
+            Fe);
+    o->swiglu_bwd(o, dgu, g->dh, A->sgu, N, Fe, dt);
+    o->gemm(o, 0, 0, N, C, 2 * Fe, 1.0f, dgu, dt, 2 * Fe, us__weight(m, sx), dt, C, 1.0f, dln, dt,
+            C);
+    if (split) {
+        o->copy(o, A->g_down, dres, (size_t)(N * C) * us_dtype_size(dt), US_COPY_D2D);
+        return US_OK;
+    }
+    o->gemm(o, 1, 0, C, Fe, N, 1.0f, dres, dt, C, A->sh, dt, Fe, 1.0f, us__grad(m, sx + 2), US_F32,
+            Fe);
+    o->gemm(o, 1, 0, 2 * Fe, C, N, 1.0f, dgu, dt, 2 * Fe, u, dt, C, 1.0f, us__grad(m, sx), US_F32,
+            C);
+    return us__grads_ready(m, sx, sx + 3);
+}
+
 static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
     us_ops *o = &m->ops;
     const us_model_config *c = &m->cfg;
@@ -8559,15 +8808,16 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
     us_dtype dt = m->dt;
     int E = c->moe_experts, K = c->moe_top_k, e, aux = c->moe_balance == US_MOE_BALANCE_AUX,
         El = E / m->ep;
-    int64_t C = c->dim, Fe = c->moe_ffn_dim, rows, nperm, Np, Ns;
-    int32_t *cnt = m->moe_counts_h + (size_t)l * 3 * E, *kept = cnt + E;
-    int rt = US__TENSOR(l, US__P_ROUTER);
-    void *dres = m->a[US__A_DRES], *dln = m->a[US__A_DLN], *dxp;
+    int64_t C = c->dim, rows, nperm, Np, Ns;
+    int32_t *cnt = us__moe_cnt(m, l), *kept = cnt + E;
+    int rt = US__TENSOR(l, US__P_ROUTER), split = m->pp_bonly; /* zero-bubble B: W waits */
+    void *dres = m->a[US__A_DRES], *dln = m->a[US__A_DLN], *dxp, *dye, *dlg;
     const void *u = A->ln2; /* [N,C] the layer's input */
     us_result r;
     us__moe_grads g;
-    US_ASSERT(!m->pp_bonly); /* validation keeps pipelines away */
     us__moe_scratch(m, &g);
+    dye = split ? A->g_dye : g.dye; /* [rows,C] the local experts' output gradients */
+    dlg = split ? A->g_dlg : g.dlg; /* [N,E] the router logits' gradient in dt */
     us__sp_rows(m, N, &Np, &Ns);
     if (us__sp_on(m)) { /* the tp group's residual gradient and input, whole (see us__moe_fwd) */
         if ((r = us__sp_gather(m, g.dresf, dres, Ns)) != US_OK) return r;
@@ -8582,10 +8832,10 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
     o->moe_gate_grad(o, g.dgates, dres, A->ye, A->slot_row, N, K, C, dt);
     if (m->ep > 1) { /* the output gradients travel like the dispatch (// >>ep) */
         o->moe_gather(o, g.dxe, dres, A->row_slot, A->gates, nperm, K, C, dt);
-        if ((r = us__ep_move(m, l, 0, g.dye, g.dxe, g.ept)) != US_OK) return r;
+        if ((r = us__ep_move(m, l, 0, dye, g.dxe, g.ept)) != US_OK) return r;
     } else
-        o->moe_gather(o, g.dye, dres, A->row_slot, A->gates, rows, K, C, dt);
-    if ((r = us__moe_experts_bwd(m, l, rows, &g)) != US_OK) return r;
+        o->moe_gather(o, dye, dres, A->row_slot, A->gates, rows, K, C, dt);
+    if ((r = us__moe_experts_bwd(m, l, rows, &g, dye, split)) != US_OK) return r;
     dxp = g.dxe;
     if (m->ep > 1) { /* the input gradients come back like the combine (// >>ep) */
         if ((r = us__ep_move(m, l, 1, g.dye, g.dxe, g.ept)) != US_OK) return r;
@@ -8594,19 +8844,7 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
     /* un-permute: each token sums the gradients of its rows */
     o->zero(o, dln, (size_t)(Np * C) * us_dtype_size(dt)); /* (SP's padding rows: zero) */
     o->moe_scatter(o, dln, dxp, A->slot_row, NULL, N, K, C, dt);
-    if (c->moe_shared) {
-        int sx = US__TENSOR(l, US__P_EXPERTS);
-        o->gemm(o, 0, 0, N, Fe, C, 1.0f, dres, dt, C, us__weight(m, sx + 2), dt, Fe, 0.0f, g.dh, dt,
-                Fe);
-        o->gemm(o, 1, 0, C, Fe, N, 1.0f, dres, dt, C, A->sh, dt, Fe, 1.0f, us__grad(m, sx + 2),
-                US_F32, Fe);
-        o->swiglu_bwd(o, g.dgu, g.dh, A->sgu, N, Fe, dt);
-        o->gemm(o, 0, 0, N, C, 2 * Fe, 1.0f, g.dgu, dt, 2 * Fe, us__weight(m, sx), dt, C, 1.0f, dln,
-                dt, C);
-        o->gemm(o, 1, 0, 2 * Fe, C, N, 1.0f, g.dgu, dt, 2 * Fe, u, dt, C, 1.0f, us__grad(m, sx),
-                US_F32, C);
-        if ((r = us__grads_ready(m, sx, sx + 3)) != US_OK) return r;
-    }
+    if (c->moe_shared && (r = us__moe_shared_bwd(m, l, N, dres, u, &g, split)) != US_OK) return r;
     /* router: through the gates, and (aux) through P_e: ∂loss/∂p'[n,e] = w·α·f_e/Nb, Nb the
        micro-batch's tokens (N·cp), f_e from its routed counts (us__moe_batch_counts) */
     if (aux) {
@@ -8627,26 +8865,135 @@ static us_result us__moe_bwd(us_model *m, int l, int64_t N) {
                      (int)c->moe_gate);
     /* dlogits [N,E] f32 → dlg (dtype dt); dln [N,C] += dlg · Wrouter [E,C];
        dWrouter += dlgᵀ · ln2 */
-    o->cast(o, g.dlg, dt, g.dlogits, US_F32, N * E);
-    o->gemm(o, 0, 0, N, C, E, 1.0f, g.dlg, dt, E, us__weight(m, rt), dt, C, 1.0f, dln, dt, C);
-    o->gemm(o, 1, 0, E, C, N, 1.0f, g.dlg, dt, E, u, dt, C, 1.0f, us__grad(m, rt), US_F32, C);
+    o->cast(o, dlg, dt, g.dlogits, US_F32, N * E);
+    o->gemm(o, 0, 0, N, C, E, 1.0f, dlg, dt, E, us__weight(m, rt), dt, C, 1.0f, dln, dt, C);
+    if (split) return US_OK;
+    o->gemm(o, 1, 0, E, C, N, 1.0f, dlg, dt, E, u, dt, C, 1.0f, us__grad(m, rt), US_F32, C);
     return us__grads_ready(m, rt, rt + 1);
+}
+
+/* The W half of a MoE layer's zero-bubble backward: the weight gradients from what B kept (the
+   g_* output gradients) and the forward's inputs — the experts last to first as in B, the
+   shared expert, the router; under SP the tp group's u is gathered again. */
+static us_result us__moe_w(us_model *m, int l, int64_t N) {
+    us_ops *o = &m->ops;
+    const us_model_config *c = &m->cfg;
+    us_layer_acts *A = &m->acts[l];
+    us_dtype dt = m->dt;
+    int e, El = c->moe_experts / m->ep, E = c->moe_experts, rt = US__TENSOR(l, US__P_ROUTER);
+    int sx = US__TENSOR(l, US__P_EXPERTS), ex = sx + 3 * c->moe_shared;
+    int64_t C = c->dim, Fe = c->moe_ffn_dim, off = 0, n, Np, Ns;
+    const void *u = A->ln2; /* [N,C] */
+    us_result r;
+    for (e = 0; e < El; e++) off += us__moe_local_rows(m, l, e);
+    for (e = El - 1; e >= 0; e--) { /* dWdown += dyeᵀ · h_e; dWgu += dguᵀ · xe, on its rows */
+        int gu = ex + 3 * e, dn = gu + 2;
+        n = us__moe_local_rows(m, l, e);
+        off -= n;
+        if (n)
+            o->gemm(o, 1, 0, C, Fe, n, 1.0f, us__at(A->g_dye, dt, off * C), dt, C,
+                    us__at(A->h_e, dt, off * Fe), dt, Fe, 1.0f, us__grad(m, dn), US_F32, Fe);
+        if ((r = us__grads_ready(m, dn, dn + 1)) != US_OK) return r;
+        if (n)
+            o->gemm(o, 1, 0, 2 * Fe, C, n, 1.0f, us__at(A->g_dgu, dt, off * 2 * Fe), dt, 2 * Fe,
+                    us__at(A->xe, dt, off * C), dt, C, 1.0f, us__grad(m, gu), US_F32, C);
+        if ((r = us__grads_ready(m, gu, gu + 2)) != US_OK) return r;
+    }
+    if (us__sp_on(m)) {
+        us__sp_rows(m, N, &Np, &Ns);
+        if ((r = us__sp_gather(m, m->a[US__A_SPG], A->ln2, Ns)) != US_OK) return r;
+        u = m->a[US__A_SPG];
+    }
+    if (c->moe_shared) {
+        o->gemm(o, 1, 0, C, Fe, N, 1.0f, A->g_down, dt, C, A->sh, dt, Fe, 1.0f, us__grad(m, sx + 2),
+                US_F32, Fe);
+        o->gemm(o, 1, 0, 2 * Fe, C, N, 1.0f, A->g_sdgu, dt, 2 * Fe, u, dt, C, 1.0f, us__grad(m, sx),
+                US_F32, C);
+        if ((r = us__grads_ready(m, sx, sx + 3)) != US_OK) return r;
+    }
+    o->gemm(o, 1, 0, E, C, N, 1.0f, A->g_dlg, dt, E, u, dt, C, 1.0f, us__grad(m, rt), US_F32, C);
+    return us__grads_ready(m, rt, rt + 1);
+}
+
+/* Under B and W apart, a MoE layer's kept output gradients (us__moe_w; g_down, which every
+   layer place has then, holds the shared expert's residual gradient). */
+static void us__moe_take_w(const us_model *m, us__arena *ar, us_layer_acts *L) {
+    const us_model_config *c = &m->cfg;
+    int64_t N = us__moe_tokens(m), Rx = m->moe_rx, C = c->dim, Fe = c->moe_ffn_dim;
+    size_t a = us_dtype_size(m->dt);
+    L->g_dye = us__take(ar, Rx * C * a);
+    L->g_dgu = us__take(ar, Rx * 2 * Fe * a);
+    if (c->moe_shared) L->g_sdgu = us__take(ar, N * 2 * Fe * a);
+    L->g_dlg = us__take(ar, N * c->moe_experts * a);
+}
+
+/* Local MoE layer l's place among the whole model's MoE layers (// >>pp: a stage holds some). */
+static int us__moe_global_idx(const us_model *m, int l) {
+    int j, n = 0;
+    for (j = 0; j < m->layer_g[l]; j++) n += us__is_moe(&m->cfg, j);
+    return n;
+}
+
+/* The step's statistics over the whole model: each pipeline stage counted its own MoE layers
+   (their loads, choices, drops, aux loss and imbalance sum imb), so under pp they are summed
+   over the stages, each stage's loads at its layers' places in the model's table; every rank
+   then reports the whole model's. Without pp, this rank's are the model's. */
+static us_result us__moe_pp_stats(us_model *m, double *imb) {
+    size_t E = (size_t)m->cfg.moe_experts, na = (size_t)m->n_moe_all * E, j;
+    double *h;
+    int l;
+    us_result r;
+    if (m->tc.pp <= 1) {
+        memcpy(m->moe_load_last, m->moe_load, sizeof(int64_t) * na);
+        return US_OK;
+    }
+    h = (double *)US_MALLOC((na + 4) * sizeof(double));
+    if (!h) {
+        us__model_set_error(m, "out of host memory");
+        return US_ERR_OOM;
+    }
+    memset(h, 0, (na + 4) * sizeof(double));
+    for (l = 0; l < m->cfg.n_layers; l++)
+        if (m->moe_idx[l] >= 0)
+            for (j = 0; j < E; j++)
+                h[(size_t)us__moe_global_idx(m, l) * E + j] =
+                    (double)m->moe_load[(size_t)m->moe_idx[l] * E + j];
+    h[na] = (double)m->moe_choices;
+    h[na + 1] = (double)m->moe_dropped;
+    h[na + 2] = m->moe_aux;
+    h[na + 3] = *imb;
+    m->ops.copy(&m->ops, m->moe_pp_sum, h, (na + 4) * sizeof(double), US_COPY_H2D);
+    r = m->comm->all_reduce(m->comm, &m->mesh.pp_g, m->moe_pp_sum, (int64_t)(na + 4), US_F64,
+                            US_REDUCE_SUM, NULL);
+    if (r == US_OK) {
+        m->ops.copy(&m->ops, h, m->moe_pp_sum, (na + 4) * sizeof(double), US_COPY_D2H);
+        for (j = 0; j < na; j++) m->moe_load_last[j] = (int64_t)h[j]; /* exact below 2^53 */
+        m->moe_choices = (int64_t)h[na];
+        m->moe_dropped = (int64_t)h[na + 1];
+        m->moe_aux = h[na + 2];
+        *imb = h[na + 3];
+    }
+    US_FREE(h);
+    return us__comm_fail(m, r, "all-reduce of the routing statistics over the pipeline stages");
 }
 
 /* After the optimizer step: the step's routing statistics, then DeepSeek-V3's bias rule
    b_e += γ·sign(mean load − load_e) per MoE layer (overloaded experts become less attractive).
    With several data-parallel ranks the loads (and the statistics) are first summed over dp×cp:
-   every rank then moves the replicated bias alike, as one rank with the global batch would. */
+   every rank then moves the replicated bias alike, as one rank with the global batch would.
+   Under pipeline parallelism each layer's bias lives on its stage, which moves it by the loads
+   of its own layer; only the reported statistics are summed over the stages (us__moe_pp_stats,
+   where a stage without a MoE layer takes part too). */
 static us_result us__moe_step_end(us_model *m) {
     const us_model_config *c = &m->cfg;
     int i, e, E = c->moe_experts;
     double imb = 0;
-    if (!m->n_moe) return US_OK;
-    if (m->mesh.dpcp_g.size > 1) {
+    us_result r;
+    if (!m->n_moe_all) return US_OK;
+    if (m->mesh.dpcp_g.size > 1 && m->n_moe) { /* (the dp×cp group shares one stage's layers) */
         size_t n = (size_t)m->n_moe * (size_t)E, j;
         double *h = (double *)US_MALLOC((n + 3) * sizeof(double));
         us__moe_grads g;
-        us_result r;
         if (!h) {
             us__model_set_error(m, "out of host memory");
             return US_ERR_OOM;
@@ -8685,13 +9032,13 @@ static us_result us__moe_step_end(us_model *m) {
                                                             : 0.0f;
             }
     }
-    if (c->moe_balance == US_MOE_BALANCE_BIAS)
+    if (c->moe_balance == US_MOE_BALANCE_BIAS && m->n_moe)
         m->ops.copy(&m->ops, m->moe_bias, m->moe_bias_h, us__moe_bias_bytes(m), US_COPY_H2D);
-    m->moe_stat[0] = (float)(imb / m->n_moe);
+    if ((r = us__moe_pp_stats(m, &imb)) != US_OK) return r;
+    m->moe_stat[0] = (float)(imb / m->n_moe_all);
     m->moe_stat[1] = (float)m->moe_aux;
     m->moe_stat[2] =
         m->moe_choices ? (float)((double)m->moe_dropped / (double)m->moe_choices) : 0.0f;
-    memcpy(m->moe_load_last, m->moe_load, sizeof(int64_t) * (size_t)m->n_moe * (size_t)E);
     memset(m->moe_load, 0, sizeof(int64_t) * (size_t)m->n_moe * (size_t)E);
     m->moe_choices = m->moe_dropped = 0;
     m->moe_aux = 0;
@@ -8722,7 +9069,9 @@ static us_result us__moe_step_end(us_model *m) {
    group — sum their expert gradients (units of their own, // >>dp), every other gradient is
    summed over dp×cp. Each rank's loss gradient is already scaled by the global batch, and every
    token's contribution to an expert reaches the expert's rank, so both sums are the global
-   gradient. ZeRO shards each kind over its own group the same way (// >>zero). The router bias and the routing statistics are summed over dp×cp (us__moe_step_end).
+   gradient. ZeRO shards each kind over its own group the same way (// >>zero). The router
+   bias and the routing statistics are summed over dp×cp (us__moe_step_end), the statistics then
+   over the pipeline stages. Under pipeline parallelism the ep groups are per stage.
    Tensor parallelism does not split a MoE layer: every tp rank runs it whole on the same tokens
    (the experts are replicated over tp, the compute repeated; under sequence parallelism the tp
    group's tokens are gathered first, us__moe_fwd), so its input gradient needs no all-reduce;
@@ -8773,13 +9122,12 @@ static void us__ep_free(us_model *m) {
     memset(&m->edp_g, 0, sizeof m->edp_g);
 }
 
-/* Every ep peer's kept tokens per expert, kept i32[E] (backend) → host ep_counts_h[l] [ep][E]. */
+/* Every ep peer's kept tokens per expert, kept i32[E] (backend) → host us__ep_cnt(m, l) [ep][E]. */
 static us_result us__ep_counts(us_model *m, int l, const int32_t *kept, int32_t *scratch) {
     int E = m->cfg.moe_experts;
     us_result r = m->comm->all_gather(m->comm, &m->ep_g, scratch, kept, E, US_I32, NULL);
     if (r != US_OK) return us__comm_fail(m, r, "expert-parallel count exchange");
-    m->ops.copy(&m->ops, m->ep_counts_h + (size_t)l * m->ep * E, scratch, (size_t)m->ep * E * 4,
-                US_COPY_D2H);
+    m->ops.copy(&m->ops, us__ep_cnt(m, l), scratch, (size_t)m->ep * E * 4, US_COPY_D2H);
     return US_OK;
 }
 
@@ -8795,8 +9143,7 @@ static us_result us__ep_move(us_model *m, int l, int dir, void *dst, const void 
     int64_t C = m->cfg.dim, *a = (int64_t *)US_MALLOC(sizeof(int64_t) * 4 * (size_t)ep), *sc = a,
             *sd = a + ep, *rc = a + 2 * ep, *rd = a + 3 * ep;
     int64_t so, eo, n, *lo;
-    const int32_t *cnt =
-        m->ep_counts_h + (size_t)l * ep * E; /* [ep][E] kept rows per (source, expert) */
+    const int32_t *cnt = us__ep_cnt(m, l); /* [ep][E] kept rows per (source, expert) */
     size_t rowb = (size_t)C * us_dtype_size(dt);
     us_result r;
     if (!a) {
@@ -9218,6 +9565,8 @@ static void us__linear_wgrad(us_model *m, int64_t N, int64_t In, int64_t Out, co
 /* ------------------------------------------------------------------------------------ */
 // >>layer  the decoder layer's forward and backward (with recomputation), the model's
 /* ------------------------------------------------------------------------------------ */
+static us_result us__gen_attention(us_model *m, int l, us_layer_acts *A, int64_t B, int64_t T);
+
 /* One decoder layer forward. recompute=0 is the real forward; recompute=1 refills, before the
    layer's backward, only what the mode did not keep: none keeps all; selective keeps the GEMM
    outputs (qkv, xmid, gu) and recomputes norms, attention core and SwiGLU (the Playbook's
@@ -9251,15 +9600,20 @@ static us_result us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int rec
         } else
             us__linear_fwd(m, Np, C, QKV, A->ln1, us__weight(m, US__TENSOR(l, US__P_Q)), 0.0f,
                            A->qkv);
-        if (m->mesh.cp > 1)
+        if (m->gen) {
+        } /* generation: RoPE at the cached positions, in us__gen_attention */
+        else if (m->mesh.cp > 1)
             o->rope_at(o, A->qkv, (const int32_t *)m->a[US__A_CPPOS] + m->mesh.cp_rank * T, B, T,
                        m->tc.seq, NH, NKV, HS, m->rope_freq, 1.0f, dt);
         else
             o->rope_fwd(o, A->qkv, B, T, NH, NKV, HS, m->rope_freq, dt);
     }
-    /* att [Np,NH·HS] = attention(q, k, v), lse [B,NH,T]; under CP over the ring (// >>cp) */
+    /* att [Np,NH·HS] = attention(q, k, v), lse [B,NH,T]; under CP over the ring (// >>cp);
+       generating, over the KV cache (// >>sample) */
     if (do_cheap) {
-        if (m->mesh.cp > 1) {
+        if (m->gen) {
+            if ((r = us__gen_attention(m, l, A, B, T)) != US_OK) return r;
+        } else if (m->mesh.cp > 1) {
             if ((r = us__cp_attention_fwd(m, A, B, T)) != US_OK) return r;
         } /* // >>cp */
         else
@@ -9435,14 +9789,20 @@ static us_result us__layer_w(us_model *m, int l, int64_t B, int64_t T) {
     void *G = m->a[US__A_SPG];
     us_result r;
     us__sp_rows(m, B * T, &Np, &Ns);
-    us__linear_wgrad(m, Np, F, C, A->g_down, A->h, us__grad(m, US__TENSOR(l, US__P_DOWN)));
-    if ((r = us__grads_ready(m, US__TENSOR(l, US__P_DOWN), US__TENSOR(l, US__P_DOWN) + 1)) != US_OK)
-        return r;
-    if (sp && (r = us__sp_gather(m, G, A->ln2, Ns)) != US_OK) return r;
-    us__linear_wgrad(m, Np, C, 2 * F, A->g_gu, sp ? G : A->ln2,
-                     us__grad(m, US__TENSOR(l, US__P_GATE)));
-    if ((r = us__grads_ready(m, US__TENSOR(l, US__P_GATE), US__TENSOR(l, US__P_UP) + 1)) != US_OK)
-        return r;
+    if (m->moe_idx[l] >= 0) { /* a MoE layer's experts, shared expert and router (// >>moe) */
+        if ((r = us__moe_w(m, l, B * T)) != US_OK) return r;
+    } else {
+        us__linear_wgrad(m, Np, F, C, A->g_down, A->h, us__grad(m, US__TENSOR(l, US__P_DOWN)));
+        if ((r = us__grads_ready(m, US__TENSOR(l, US__P_DOWN), US__TENSOR(l, US__P_DOWN) + 1)) !=
+            US_OK)
+            return r;
+        if (sp && (r = us__sp_gather(m, G, A->ln2, Ns)) != US_OK) return r;
+        us__linear_wgrad(m, Np, C, 2 * F, A->g_gu, sp ? G : A->ln2,
+                         us__grad(m, US__TENSOR(l, US__P_GATE)));
+        if ((r = us__grads_ready(m, US__TENSOR(l, US__P_GATE), US__TENSOR(l, US__P_UP) + 1)) !=
+            US_OK)
+            return r;
+    }
     us__linear_wgrad(m, Np, AO, C, A->g_o, A->att, us__grad(m, US__TENSOR(l, US__P_O)));
     if ((r = us__grads_ready(m, US__TENSOR(l, US__P_O), US__TENSOR(l, US__P_O) + 1)) != US_OK)
         return r;
@@ -9527,7 +9887,8 @@ static us_result us__forward(us_model *m, const int32_t *inputs, const int32_t *
                             B, T, m->tc.batch, m->tc.seq / m->mesh.cp);
         return US_ERR_INVALID;
     }
-    if (m->mesh.cp > 1 && T != m->tc.seq / m->mesh.cp) { /* positions are fixed by the sharding */
+    /* positions are fixed by the sharding (a generation's are its cache's, // >>sample) */
+    if (m->mesh.cp > 1 && T != m->tc.seq / m->mesh.cp && !m->gen) {
         us__model_set_error(m,
                             "under context parallelism every call runs this rank's whole share: "
                             "seq %d / cp %d = %d tokens, not %d",
@@ -9728,12 +10089,14 @@ static us_result us__last_logits(us_model *m, int B, int T, float *logits_out) {
             o->copy(o, rows + (rk * B + b) * rowb,
                     us__at(m->a[US__A_LOGITS], m->dt, ((int64_t)b * step + step - 1) * Vl), rowb,
                     US_COPY_D2H);
-        if (tp > 1) { /* through the logits buffer, which holds B·T ≥ tp·B rows */
+        if (tp > 1) { /* through the logits buffer, which holds at least tp·tc.batch rows */
             void *lg = m->a[US__A_LOGITS];
-            if (tp > T) {
+            int64_t Nf, Nsf;
+            us__sp_rows(m, (int64_t)m->tc.batch * (m->tc.seq / m->mesh.cp), &Nf, &Nsf);
+            if ((size_t)(B * tp) * rowb > us__logits_bytes(&m->cfg, &m->tc, Nf)) {
                 US_FREE(rows);
                 us__model_set_error(m, "gathering logits under tp=%d needs seq >= tp (got %d)",
-                                    (int)tp, T);
+                                    (int)tp, m->tc.seq);
                 return US_ERR_INVALID;
             }
             o->copy(o, us__at(lg, m->dt, rk * B * Vl), rows + rk * B * rowb, (size_t)B * rowb,
@@ -9987,7 +10350,7 @@ static us_result us__model_setup(us_model *m, const us_model_config *mc, const u
     if (m->tc.pp > 1 && (r = us__pp_connect(m)) != US_OK) return r; /* // >>pp: neighbours */
     if ((r = us__fp8_init(m)) != US_OK) return r; /* // >>fp8-linear: the weight cache */
     /* + the fp32 router biases (// >>moe), the FP8 weight cache */
-    m->mem.params = b.w + (size_t)m->n_wslots * b.wslot + us__moe_bias_bytes(m) +
+    m->mem.params = b.w + (size_t)m->n_wslots * b.wslot + us__moe_state_bytes(m) +
                     m->fp8_wlayer * (size_t)m->cfg.n_layers;
     m->mem.master = b.master;
     m->mem.grads = b.grad + (size_t)m->n_gslots * b.gslot + m->grad_bf_bytes; /* // >>dp */
@@ -10283,7 +10646,7 @@ US_API us_result us_train_step(us_model *m, const int32_t *inputs, const int32_t
         st->moe_imbalance = m->moe_stat[0];
         st->moe_aux_loss = m->moe_stat[1];
         st->moe_drop_frac = m->moe_stat[2];
-        st->moe_load = m->n_moe ? m->moe_load_last : NULL;
+        st->moe_load = m->n_moe_all ? m->moe_load_last : NULL;
     }
     return US_OK;
 }
@@ -10296,6 +10659,25 @@ US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32
     us__fp8_wcache_drop(
         m); /* evaluation comes between steps, where a caller may have written weights */
     return us__forward_eval(m, inputs, targets, B, T, loss_sum, correct, logits_out);
+}
+
+US_API us_result us_forward_eval_losses(us_model *m, const int32_t *inputs, const int32_t *targets,
+                                        int B, int T, float *losses) {
+    double ls = 0;
+    us_result r;
+    if (m->tc.pp > 1) {
+        us__model_set_error(m,
+                            "per-position losses are not available under pipeline parallelism "
+                            "(pp=%d): only the last stage holds them",
+                            m->tc.pp);
+        return US_ERR_INVALID;
+    }
+    us__fp8_wcache_drop(m);
+    r = us__forward(m, inputs, targets, B, T, 0.0f, &ls);
+    us__zero3_release_all(m);
+    if (r != US_OK) return r;
+    m->ops.copy(&m->ops, losses, m->a[US__A_LOSSES], (size_t)B * T * 4, US_COPY_D2H);
+    return us__backend_check(m);
 }
 
 static us_result us__forward_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B,
@@ -10327,7 +10709,7 @@ static us_result us__forward_eval(us_model *m, const int32_t *inputs, const int3
 
 #if !defined(ULTRASCALE_NO_DATA) || !defined(ULTRASCALE_NO_TOKENIZER)
 /* ------------------------------------------------------------------------------------ */
-// >>data  byte tokenizer, raw text, llm.c token shards, the built-in sorting task
+// >>data  byte tokenizer, raw text, llm.c token shards, the shard loader, the built-in task
 /* ------------------------------------------------------------------------------------ */
 /* A whole file into *buf[*len] (+ 1 byte of room); // >>tokenizer reads tokenizer.json with it. */
 static us_result us__read_file(const char *path, unsigned char **buf, int64_t *len, char *err,
@@ -10441,6 +10823,70 @@ US_API us_result us_data_load_text(us_data *d, const char *path) {
 
 #define US__SHARD_HEADER 256
 
+/* An llm.c shard's header (256 int32) against the file's length in bytes: its bytes per token
+   and token count, or US_ERR_FORMAT with one sentence. hdr is read only when len holds it. */
+static us_result us__shard_header(const int32_t *hdr, int64_t len, const char *path, int *tsz,
+                                  int64_t *ntok, char *err, size_t errlen) {
+    const int64_t hb = US__SHARD_HEADER * 4;
+    if (len < hb) {
+        us__errf(err, errlen,
+                 "%s is truncated: %lld bytes, but a token shard's header alone is %d bytes", path,
+                 (long long)len, (int)hb);
+        return US_ERR_FORMAT;
+    }
+    if (hdr[0] == 20240520 && hdr[1] == 1) {
+        *tsz = 2;
+    } else if (hdr[0] == 20240801 && hdr[1] == 7) {
+        *tsz = 4;
+    } else if (hdr[0] == 20240520 || hdr[0] == 20240801) {
+        us__errf(err, errlen, "%s: unsupported shard version %d for magic %d", path, hdr[1],
+                 hdr[0]);
+        return US_ERR_FORMAT;
+    } else {
+        us__errf(err, errlen,
+                 "%s is not an llm.c token shard (magic %d, expected 20240520 or 20240801)", path,
+                 hdr[0]);
+        return US_ERR_FORMAT;
+    }
+    *ntok = hdr[2];
+    if (*ntok <= 0) {
+        us__errf(err, errlen, "%s: the header says %lld tokens", path, (long long)*ntok);
+        return US_ERR_FORMAT;
+    }
+    if (len != hb + *ntok * *tsz) {
+        us__errf(err, errlen,
+                 "%s: file is %lld bytes but the header promises %lld tokens of %d bytes (%lld "
+                 "bytes)",
+                 path, (long long)len, (long long)*ntok, *tsz, (long long)(hb + *ntok * *tsz));
+        return US_ERR_FORMAT;
+    }
+    return US_OK;
+}
+
+/* n tokens of tsz bytes (little-endian) at p into out; a token ≥ vocab (vocab > 0) or past
+   INT32_MAX is an error naming the shard and the token's index in it (index of p[0]: at). */
+static us_result us__shard_decode(const unsigned char *p, int tsz, int64_t n, int32_t *out,
+                                  int64_t vocab, const char *path, int64_t at, char *err,
+                                  size_t errlen) {
+    int64_t i;
+    for (i = 0; i < n; i++, p += tsz) {
+        uint32_t t = tsz == 2 ? (uint32_t)(p[0] | p[1] << 8)
+                              : (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                                    (uint32_t)p[3] << 24;
+        if (t > 0x7fffffffu || (vocab > 0 && (int64_t)t >= vocab)) {
+            if (t > 0x7fffffffu)
+                us__errf(err, errlen, "%s: token %lld has the impossible value %u", path,
+                         (long long)(at + i), t);
+            else
+                us__errf(err, errlen, "%s: token %lld is %u, outside the vocabulary of %lld", path,
+                         (long long)(at + i), t, (long long)vocab);
+            return US_ERR_FORMAT;
+        }
+        out[i] = (int32_t)t;
+    }
+    return US_OK;
+}
+
 US_API us_result us_data_load_shard(us_data *d, const char *path) {
     unsigned char *buf;
     int64_t len, ntok, i;
@@ -10453,53 +10899,23 @@ US_API us_result us_data_load_shard(us_data *d, const char *path) {
         snprintf(d->err, sizeof d->err, "%s", err);
         return r;
     }
-#define US__FAIL(...)                                 \
-    do {                                              \
-        us__errf(d->err, sizeof d->err, __VA_ARGS__); \
-        US_FREE(buf);                                 \
-        return US_ERR_FORMAT;                         \
-    } while (0)
-    if (len < (int64_t)sizeof hdr)
-        US__FAIL("%s is truncated: %lld bytes, but a token shard's header alone is %d bytes", path,
-                 (long long)len, (int)sizeof hdr);
-    memcpy(hdr, buf, sizeof hdr);
-    if (hdr[0] == 20240520 && hdr[1] == 1)
-        tsz = 2;
-    else if (hdr[0] == 20240801 && hdr[1] == 7)
-        tsz = 4;
-    else if (hdr[0] == 20240520 || hdr[0] == 20240801)
-        US__FAIL("%s: unsupported shard version %d for magic %d", path, hdr[1], hdr[0]);
-    else
-        US__FAIL("%s is not an llm.c token shard (magic %d, expected 20240520 or 20240801)", path,
-                 hdr[0]);
-    ntok = hdr[2];
-    if (ntok <= 0) US__FAIL("%s: the header says %lld tokens", path, (long long)ntok);
-    if (len != (int64_t)sizeof hdr + ntok * tsz)
-        US__FAIL(
-            "%s: file is %lld bytes but the header promises %lld tokens of %d bytes (%lld bytes)",
-            path, (long long)len, (long long)ntok, tsz,
-            (long long)((int64_t)sizeof hdr + ntok * tsz));
-    d->tokens = (int32_t *)US_MALLOC((size_t)ntok * 4);
-    if (!d->tokens) {
+    if (len >= (int64_t)sizeof hdr) memcpy(hdr, buf, sizeof hdr);
+    r = us__shard_header(hdr, len, path, &tsz, &ntok, d->err, sizeof d->err);
+    if (r == US_OK && !(d->tokens = (int32_t *)US_MALLOC((size_t)ntok * 4))) {
         us__errf(d->err, sizeof d->err, "out of memory for %lld tokens", (long long)ntok);
-        US_FREE(buf);
-        return US_ERR_OOM;
+        r = US_ERR_OOM;
     }
-    for (i = 0; i < ntok; i++) {
-        const unsigned char *p = buf + sizeof hdr + i * tsz;
-        uint32_t t = tsz == 2 ? (uint32_t)(p[0] | p[1] << 8)
-                              : (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-                                    (uint32_t)p[3] << 24;
-        if (t > 0x7fffffffu) {
-            us_data_free(d);
-            US__FAIL("%s: token %lld has the impossible value %u", path, (long long)i, t);
-        }
-        d->tokens[i] = (int32_t)t;
-        if (d->tokens[i] > d->max_token) d->max_token = d->tokens[i];
-    }
-#undef US__FAIL
-    d->n = ntok;
+    if (r == US_OK)
+        r = us__shard_decode(buf + sizeof hdr, tsz, ntok, d->tokens, 0, path, 0, d->err,
+                             sizeof d->err);
     US_FREE(buf);
+    if (r != US_OK) {
+        us_data_free(d);
+        return r;
+    }
+    for (i = 0; i < ntok; i++)
+        if (d->tokens[i] > d->max_token) d->max_token = d->tokens[i];
+    d->n = ntok;
     return US_OK;
 }
 
@@ -10554,6 +10970,408 @@ US_API us_result us_data_batch(us_data *d, us_rng *r, int nseq, int T, int32_t *
         int64_t start = (int64_t)(us_rng_u64(r) % (uint64_t)(d->n - T));
         memcpy(inputs + (int64_t)s * T, d->tokens + start, (size_t)T * 4);
         memcpy(targets + (int64_t)s * T, d->tokens + start + 1, (size_t)T * 4);
+    }
+    return US_OK;
+}
+
+/* ---- the shard loader: many llm.c shards, mapped, streamed in llm.c's shuffled order */
+#if defined(_POSIX_C_SOURCE) && _POSIX_C_SOURCE >= 200809L
+#define US__DATA_POSIX 1
+#include <glob.h>
+#include <sys/mman.h>
+#endif
+
+/* the list us_data_expand builds, one string at a time */
+typedef struct us__strs {
+    char **v;
+    int n, cap;
+    size_t bytes;
+} us__strs;
+
+static int us__strs_add(us__strs *s, const char *p, size_t len) {
+    char *c;
+    if (s->n == s->cap) {
+        int cap = s->cap ? 2 * s->cap : 16;
+        char **v = (char **)realloc(s->v, sizeof(char *) * (size_t)cap);
+        if (!v) return 1;
+        s->v = v;
+        s->cap = cap;
+    }
+    if (!(c = (char *)US_MALLOC(len + 1))) return 1;
+    memcpy(c, p, len);
+    c[len] = 0;
+    s->v[s->n++] = c;
+    s->bytes += len + 1;
+    return 0;
+}
+
+/* one comma-separated item: a path, or a glob pattern's matches in sorted order */
+static us_result us__expand_item(us__strs *s, const char *item, size_t len, char *err,
+                                 size_t errlen) {
+    char pat[4096];
+    if (len == 0 || len >= sizeof pat) {
+        us__errf(err, errlen, "%s in the list of files", len ? "a name too long" : "an empty name");
+        return US_ERR_INVALID;
+    }
+    memcpy(pat, item, len);
+    pat[len] = 0;
+    if (!strpbrk(pat, "*?[")) {
+        if (!us__strs_add(s, pat, len)) return US_OK;
+        us__errf(err, errlen, "out of memory for the list of files");
+        return US_ERR_OOM;
+    }
+#ifdef US__DATA_POSIX
+    {
+        glob_t g;
+        size_t i;
+        int rc = glob(pat, 0, NULL, &g);
+        if (rc == GLOB_NOMATCH) {
+            us__errf(err, errlen, "%s matches no file", pat);
+            return US_ERR_IO;
+        }
+        if (rc != 0) {
+            us__errf(err, errlen, "cannot expand the pattern %s", pat);
+            return US_ERR_IO;
+        }
+        for (i = 0; i < g.gl_pathc; i++)
+            if (us__strs_add(s, g.gl_pathv[i], strlen(g.gl_pathv[i]))) break;
+        rc = i == g.gl_pathc;
+        globfree(&g);
+        if (rc) return US_OK;
+        us__errf(err, errlen, "out of memory for the list of files");
+        return US_ERR_OOM;
+    }
+#else
+    us__errf(err, errlen, "%s is a pattern, and this build has no POSIX glob: list the files", pat);
+    return US_ERR_INVALID;
+#endif
+}
+
+US_API us_result us_data_expand(const char *spec, char ***paths, int *n, char *err, size_t errlen) {
+    us__strs s = {NULL, 0, 0, 0};
+    us_result r = US_OK;
+    const char *p = spec;
+    char *at;
+    int i;
+    *paths = NULL;
+    *n = 0;
+    if (!spec) {
+        us__errf(err, errlen, "no list of files");
+        return US_ERR_INVALID;
+    }
+    for (;;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if ((r = us__expand_item(&s, p, len, err, errlen)) != US_OK || !comma) break;
+        p = comma + 1;
+    }
+    if (r == US_OK && !(*paths = (char **)US_MALLOC(sizeof(char *) * (size_t)s.n + s.bytes))) {
+        us__errf(err, errlen, "out of memory for the list of files");
+        r = US_ERR_OOM;
+    }
+    if (r == US_OK && s.n > 0) { /* one allocation: the pointers, then the strings */
+        at = (char *)(*paths + s.n);
+        for (i = 0; i < s.n; i++) {
+            (*paths)[i] = at;
+            strcpy(at, s.v[i]);
+            at += strlen(s.v[i]) + 1;
+        }
+        *n = s.n;
+    }
+    for (i = 0; i < s.n; i++) US_FREE(s.v[i]);
+    free(s.v);
+    return r;
+}
+
+US_API int us_data_is_shard(const char *path) {
+    FILE *f = fopen(path, "rb");
+    int32_t magic = 0;
+    size_t got;
+    if (!f) return 0;
+    got = fread(&magic, 1, 4, f);
+    fclose(f);
+    return got == 4 && (magic == 20240520 || magic == 20240801);
+}
+
+/* One shard: its header checked against its size, then the file mapped (POSIX). */
+static us_result us__loader_open_shard(us_loader *l, us_loader_shard *sh, const char *path) {
+    int32_t hdr[US__SHARD_HEADER];
+    FILE *f = fopen(path, "rb");
+    int64_t len = -1;
+    size_t got;
+    us_result r;
+    if (!(sh->path = (char *)US_MALLOC(strlen(path) + 1))) return US_ERR_OOM;
+    strcpy(sh->path, path);
+    if (!f) {
+        us__errf(l->err, sizeof l->err, "cannot open %s", path);
+        return US_ERR_IO;
+    }
+    got = fread(hdr, 1, sizeof hdr, f);
+    if (ferror(f) || fseek(f, 0, SEEK_END) != 0 || (len = (int64_t)ftell(f)) < 0 ||
+        (got < sizeof hdr && len >= (int64_t)sizeof hdr)) {
+        fclose(f);
+        us__errf(l->err, sizeof l->err, "cannot read %s", path);
+        return US_ERR_IO;
+    }
+    r = us__shard_header(hdr, len, path, &sh->tsz, &sh->n, l->err, sizeof l->err);
+#ifdef US__DATA_POSIX
+    if (r == US_OK && !l->cfg.no_map) {
+        void *m = mmap(NULL, (size_t)len, PROT_READ, MAP_SHARED, fileno(f), 0);
+        if (m == MAP_FAILED) {
+            us__errf(l->err, sizeof l->err, "cannot map %s: %s", path, strerror(errno));
+            r = US_ERR_IO;
+        } else {
+            sh->map = (const unsigned char *)m;
+            sh->map_len = (size_t)len;
+        }
+    }
+#endif
+    fclose(f);
+    return r;
+}
+
+/* Which windows are trained on: those wholly before the held-out tail. */
+static void us__loader_count(us_loader *l) {
+    int64_t T = l->cfg.T;
+    int i;
+    l->n_train = l->n_tokens - (int64_t)((double)l->n_tokens * l->cfg.hold_out);
+    l->n_windows = 0;
+    for (i = 0; i < l->n_shards; i++) {
+        us_loader_shard *sh = &l->shards[i];
+        int64_t u = l->n_train - sh->first;
+        if (u > sh->n) u = sh->n;
+        sh->windows = u > T ? (u - 1) / T : 0;
+        l->n_windows += sh->windows;
+    }
+}
+
+US_API us_result us_loader_open(us_loader *l, const char *const *paths, int n,
+                                const us_loader_config *cfg) {
+    int64_t most = 1;
+    us_result r = US_OK;
+    int i;
+    memset(l, 0, sizeof *l);
+    l->cfg = *cfg;
+    l->order_epoch = l->perm_epoch = -1;
+    l->file_shard = -1;
+    l->pos.seed = cfg->seed;
+    if (cfg->T <= 0 || n <= 0 || !(cfg->hold_out >= 0 && cfg->hold_out < 1)) {
+        us__errf(l->err, sizeof l->err,
+                 "the loader needs T > 0 (got %d), shards (got %d) and 0 <= hold_out < 1 (got %g)",
+                 cfg->T, n, cfg->hold_out);
+        return US_ERR_INVALID;
+    }
+    l->shards = (us_loader_shard *)calloc((size_t)n, sizeof *l->shards);
+    l->order = (int64_t *)US_MALLOC(sizeof(int64_t) * (size_t)n);
+    if (!l->shards || !l->order) r = US_ERR_OOM;
+    for (i = 0; i < n && r == US_OK; i++) {
+        l->n_shards = i + 1;
+        r = us__loader_open_shard(l, &l->shards[i], paths[i]);
+        l->shards[i].first = l->n_tokens;
+        l->n_tokens += l->shards[i].n;
+    }
+    if (r == US_OK) {
+        us__loader_count(l);
+        for (i = 0; i < n; i++)
+            if (l->shards[i].windows > most) most = l->shards[i].windows;
+        if (!(l->perm = (int64_t *)US_MALLOC(sizeof(int64_t) * (size_t)most))) r = US_ERR_OOM;
+    }
+    if (r == US_OK && l->n_windows == 0)
+        us__errf(l->err, sizeof l->err,
+                 "the %d shard%s %lld tokens (%lld to train on): no shard has a window of "
+                 "T + 1 = %d",
+                 n, n > 1 ? "s hold" : " holds", (long long)l->n_tokens, (long long)l->n_train,
+                 cfg->T + 1);
+    if (r == US_OK && l->n_windows == 0) r = US_ERR_INVALID;
+    if (r == US_ERR_OOM) us__errf(l->err, sizeof l->err, "out of memory opening %d shards", n);
+    if (r != US_OK) {
+        char keep[512];
+        memcpy(keep, l->err, sizeof keep);
+        us_loader_close(l);
+        memcpy(l->err, keep, sizeof keep);
+    }
+    return r;
+}
+
+US_API void us_loader_close(us_loader *l) {
+    int i;
+    for (i = 0; l->shards && i < l->n_shards; i++) {
+#ifdef US__DATA_POSIX
+        if (l->shards[i].map) munmap((void *)l->shards[i].map, l->shards[i].map_len);
+#endif
+        US_FREE(l->shards[i].path);
+    }
+    if (l->file) fclose((FILE *)l->file);
+    free(l->shards);
+    US_FREE(l->order);
+    US_FREE(l->perm);
+    memset(l, 0, sizeof *l);
+}
+
+/* The shuffles: Fisher–Yates with a generator seeded by (seed, epoch, shard), so any position's
+   order is recomputed from three numbers (shard −1: the epoch's order of shards). */
+static void us__loader_shuffle(int64_t *a, int64_t n, uint64_t seed, int64_t epoch, int64_t shard) {
+    us_rng r;
+    int64_t i;
+    us_rng_seed(&r, seed ^ 0x6a09e667f3bcc909ull * (uint64_t)(epoch + 1));
+    r.s ^= 0xbb67ae8584caa73bull * (uint64_t)(shard + 2);
+    for (i = 0; i < n; i++) a[i] = i;
+    for (i = n - 1; i > 0; i--) {
+        int64_t j = (int64_t)(us_rng_u64(&r) % (uint64_t)(i + 1));
+        int64_t t = a[i];
+        a[i] = a[j];
+        a[j] = t;
+    }
+}
+
+/* The shard file at position k of the current epoch's order (drawn on first use). */
+static int us__loader_shard_at(us_loader *l, int64_t k) {
+    if (l->order_epoch != l->pos.epoch) {
+        if (l->cfg.no_shuffle) {
+            int64_t i;
+            for (i = 0; i < l->n_shards; i++) l->order[i] = i;
+        } else {
+            us__loader_shuffle(l->order, l->n_shards, l->pos.seed, l->pos.epoch, -1);
+        }
+        l->order_epoch = l->pos.epoch;
+    }
+    return (int)l->order[k];
+}
+
+/* The next window of the stream: its shard and its index there; moves the position on. */
+static void us__loader_step(us_loader *l, int *shard, int64_t *window) {
+    for (;;) {
+        int s;
+        if (l->pos.shard >= l->n_shards) { /* the epoch is done: the next, in a new order */
+            l->pos.epoch++;
+            l->pos.shard = 0;
+            l->pos.window = 0;
+        }
+        s = us__loader_shard_at(l, l->pos.shard);
+        if (l->pos.window < l->shards[s].windows) {
+            if (l->perm_epoch != l->pos.epoch || l->perm_shard != s) {
+                if (l->cfg.no_shuffle) {
+                    int64_t i;
+                    for (i = 0; i < l->shards[s].windows; i++) l->perm[i] = i;
+                } else {
+                    us__loader_shuffle(l->perm, l->shards[s].windows, l->pos.seed, l->pos.epoch, s);
+                }
+                l->perm_epoch = l->pos.epoch;
+                l->perm_shard = s;
+            }
+            *shard = s;
+            *window = l->perm[l->pos.window++];
+            return;
+        }
+        l->pos.shard++;
+        l->pos.window = 0;
+    }
+}
+
+/* n tokens of shard s from its token at: from the map, or (no mmap) read with stdio */
+static us_result us__loader_tokens(us_loader *l, int s, int64_t at, int64_t n, int32_t *out) {
+    const us_loader_shard *sh = &l->shards[s];
+    const int64_t hb = US__SHARD_HEADER * 4;
+    unsigned char buf[4096];
+    int64_t done = 0;
+    if (sh->map)
+        return us__shard_decode(sh->map + hb + at * sh->tsz, sh->tsz, n, out, l->cfg.vocab,
+                                sh->path, at, l->err, sizeof l->err);
+    if (l->file_shard != s) {
+        if (l->file) fclose((FILE *)l->file);
+        l->file_shard = s;
+        if (!(l->file = fopen(sh->path, "rb"))) {
+            l->file_shard = -1;
+            us__errf(l->err, sizeof l->err, "cannot open %s", sh->path);
+            return US_ERR_IO;
+        }
+    }
+    while (done < n) { /* in pieces of the buffer */
+        int64_t k =
+            n - done < (int64_t)sizeof buf / sh->tsz ? n - done : (int64_t)sizeof buf / sh->tsz;
+        us_result r;
+        if (fseek((FILE *)l->file, (long)(hb + (at + done) * sh->tsz), SEEK_SET) != 0 ||
+            fread(buf, (size_t)sh->tsz, (size_t)k, (FILE *)l->file) != (size_t)k) {
+            us__errf(l->err, sizeof l->err, "cannot read %s (did it change?)", sh->path);
+            return US_ERR_IO;
+        }
+        r = us__shard_decode(buf, sh->tsz, k, out + done, l->cfg.vocab, sh->path, at + done, l->err,
+                             sizeof l->err);
+        if (r != US_OK) return r;
+        done += k;
+    }
+    return US_OK;
+}
+
+US_API us_result us_loader_next(us_loader *l, int nseq, int first, int count, int32_t *inputs,
+                                int32_t *targets) {
+    const int T = l->cfg.T;
+    int j;
+    if (first < 0 || count < 0 || first + count > nseq) {
+        us__errf(l->err, sizeof l->err, "rows %d .. %d are not in a batch of %d", first,
+                 first + count - 1, nseq);
+        return US_ERR_INVALID;
+    }
+    for (j = 0; j < nseq; j++) {
+        int s;
+        int64_t w;
+        us_result r;
+        int32_t *in;
+        us__loader_step(l, &s, &w);
+        if (j < first || j >= first + count) continue; /* another dp rank's row */
+        in = inputs + (int64_t)(j - first) * T;
+        if ((r = us__loader_tokens(l, s, w * T, T, in)) != US_OK) return r;
+        memcpy(targets + (int64_t)(j - first) * T, in + 1, (size_t)(T - 1) * 4);
+        r = us__loader_tokens(l, s, w * T + T, 1, targets + (int64_t)(j - first) * T + T - 1);
+        if (r != US_OK) return r;
+    }
+    return US_OK;
+}
+
+US_API us_loader_pos us_loader_tell(const us_loader *l) { return l->pos; }
+
+US_API us_result us_loader_seek(us_loader *l, us_loader_pos pos) {
+    us_loader_pos was = l->pos;
+    int64_t windows = 0;
+    if (pos.epoch < 0 || pos.shard < 0 || pos.shard > l->n_shards || pos.window < 0) {
+        us__errf(l->err, sizeof l->err, "position epoch %lld shard %lld window %lld is not one",
+                 (long long)pos.epoch, (long long)pos.shard, (long long)pos.window);
+        return US_ERR_INVALID;
+    }
+    l->pos = pos;
+    if (pos.seed != was.seed) l->order_epoch = l->perm_epoch = -1; /* other shuffles */
+    if (pos.shard < l->n_shards) windows = l->shards[us__loader_shard_at(l, pos.shard)].windows;
+    if (pos.window > windows) {
+        us__errf(l->err, sizeof l->err,
+                 "position epoch %lld shard %lld window %lld: that shard has %lld windows",
+                 (long long)pos.epoch, (long long)pos.shard, (long long)pos.window,
+                 (long long)windows);
+        l->pos = was;
+        l->order_epoch = l->perm_epoch = -1;
+        return US_ERR_INVALID;
+    }
+    return US_OK;
+}
+
+US_API us_result us_loader_read(us_loader *l, int64_t first, int64_t n, int32_t *out) {
+    int s = 0;
+    if (first < 0 || n < 0 || first + n > l->n_tokens) {
+        us__errf(l->err, sizeof l->err, "tokens %lld .. %lld are not in the %lld of the shards",
+                 (long long)first, (long long)(first + n - 1), (long long)l->n_tokens);
+        return US_ERR_INVALID;
+    }
+    while (n > 0) {
+        us_loader_shard *sh;
+        int64_t at, k;
+        us_result r;
+        while (l->shards[s].first + l->shards[s].n <= first) s++;
+        sh = &l->shards[s];
+        at = first - sh->first;
+        k = sh->n - at < n ? sh->n - at : n;
+        if ((r = us__loader_tokens(l, s, at, k, out)) != US_OK) return r;
+        out += k;
+        first += k;
+        n -= k;
     }
     return US_OK;
 }
@@ -10673,11 +11491,118 @@ out:
 #endif /* ULTRASCALE_NO_DATA */
 
 /* ------------------------------------------------------------------------------------ */
-// >>sample  temperature / top-k sampling
+// >>sample  temperature / top-k / top-p sampling, generation with a KV cache
 /* ------------------------------------------------------------------------------------ */
+typedef struct us__cand {
+    double p;
+    int64_t v;
+} us__cand;
+
+/* most likely first; equal probabilities by index, so the order is the same on every rank */
+static int us__cand_cmp(const void *a, const void *b) {
+    const us__cand *x = (const us__cand *)a, *y = (const us__cand *)b;
+    if (x->p != y->p) return x->p > y->p ? -1 : 1;
+    return x->v < y->v ? -1 : x->v > y->v;
+}
+
+/* The k-th largest logit (ties by index): the top-k filter keeps every logit ≥ it. */
+static us_result us__topk_threshold(const float *lg, int64_t V, int top_k, float *kth) {
+    float *tmp;
+    int64_t v;
+    int kk;
+    *kth = -INFINITY;
+    if (top_k <= 0 || top_k >= V) return US_OK;
+    tmp = (float *)US_MALLOC((size_t)V * 4);
+    if (!tmp) return US_ERR_OOM;
+    memcpy(tmp, lg, (size_t)V * 4);
+    for (kk = 0; kk < top_k; kk++) { /* partial selection: top_k is small */
+        int64_t best = -1;
+        for (v = 0; v < V; v++)
+            if (tmp[v] > -INFINITY && (best < 0 || tmp[v] > tmp[best])) best = v;
+        if (best < 0) break;
+        *kth = tmp[best];
+        tmp[best] = -INFINITY;
+    }
+    US_FREE(tmp);
+    return US_OK;
+}
+
+/* Nucleus sampling (Holtzman et al.): the kept tokens by falling probability, cut after the
+   first whose running sum reaches top_p, the draw u over what remains (u in [0, 1)). */
+static us_result us__top_p_pick(const float *lg, int64_t V, float kth, float mx, float temperature,
+                                double sum, float top_p, float u, int64_t *pick) {
+    us__cand *c = (us__cand *)US_MALLOC((size_t)V * sizeof(us__cand));
+    int64_t n = 0, keep, v;
+    double run = 0, acc = 0;
+    if (!c) return US_ERR_OOM;
+    for (v = 0; v < V; v++) {
+        if (lg[v] < kth) continue;
+        c[n].p = exp((double)(lg[v] - mx) / temperature) / sum;
+        c[n].v = v;
+        n++;
+    }
+    qsort(c, (size_t)n, sizeof(us__cand), us__cand_cmp);
+    for (keep = 0; keep < n;) {
+        run += c[keep++].p;
+        if (run >= top_p) break;
+    }
+    *pick = c[keep - 1].v;
+    for (v = 0; v < keep; v++) {
+        acc += c[v].p / run;
+        if (acc > u) {
+            *pick = c[v].v;
+            break;
+        }
+    }
+    US_FREE(c);
+    return US_OK;
+}
+
+US_API us_result us_sample_logits(const float *lg, int64_t V, float temperature, int top_k,
+                                  float top_p, us_rng *r, int32_t *tok) {
+    int64_t pick = 0, v;
+    float kth, mx = -INFINITY, u;
+    double sum = 0, c = 0;
+    us_result res;
+    if (V < 1) return US_ERR_INVALID;
+    if (temperature <= 0) {
+        for (v = 1; v < V; v++)
+            if (lg[v] > lg[pick]) pick = v;
+        *tok = (int32_t)pick;
+        return US_OK;
+    }
+    /* keep the top_k largest logits (ties by index), softmax at temperature, draw */
+    if ((res = us__topk_threshold(lg, V, top_k, &kth)) != US_OK) return res;
+    for (v = 0; v < V; v++)
+        if (lg[v] >= kth && lg[v] > mx) mx = lg[v];
+    if (!isfinite(mx)) return US_ERR_NONFINITE; /* no finite logit to draw from */
+    for (v = 0; v < V; v++) sum += lg[v] >= kth ? exp((double)(lg[v] - mx) / temperature) : 0.0;
+    u = us_rng_uniform(r);
+    if (top_p > 0 && top_p < 1) {
+        res = us__top_p_pick(lg, V, kth, mx, temperature, sum, top_p, u, &pick);
+        *tok = (int32_t)pick;
+        return res;
+    }
+    pick = V - 1;
+    for (v = 0; v < V; v++) {
+        c += lg[v] >= kth ? exp((double)(lg[v] - mx) / temperature) / sum : 0.0;
+        if (lg[v] >= kth && c > u) {
+            pick = v;
+            break;
+        }
+    }
+    *tok = (int32_t)pick;
+    return US_OK;
+}
+
+static void us__sample_error(us_model *m, us_result r) {
+    us__model_set_error(m, r == US_ERR_NONFINITE ? "sampling found no finite logit"
+                                                 : "out of host memory for sampling");
+}
+
 US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int n_new,
                            float temperature, int top_k, us_rng *r, int32_t *out) {
-    int64_t V = m->cfg.vocab, v;
+    int64_t V = m->cfg.vocab;
     int len, total = n_prompt + n_new;
     float *lg = (float *)US_MALLOC((size_t)V * 4);
     int32_t *tg = (int32_t *)US_MALLOC((size_t)(total > 0 ? total : 1) * 4);
@@ -10700,51 +11625,165 @@ US_API us_result us_sample(us_model *m, const int32_t *prompt, int n_prompt, int
     memcpy(out, prompt, (size_t)n_prompt * 4);
     for (len = 0; len < total; len++) tg[len] = -1;
     for (len = n_prompt; len < total; len++) {
-        int64_t pick = 0;
         if ((res = us__forward_eval(m, out, tg, 1, len, NULL, NULL, lg)) != US_OK) break;
-        if (temperature <= 0) {
-            for (v = 1; v < V; v++)
-                if (lg[v] > lg[pick]) pick = v;
-        } else {
-            /* keep the top_k largest logits (ties by index), softmax at temperature, draw */
-            float kth = -INFINITY, mx = -INFINITY, u;
-            double sum = 0, c = 0;
-            if (top_k > 0 && top_k < V) {
-                float *tmp = (float *)US_MALLOC((size_t)V * 4);
-                int kk;
-                if (!tmp) {
-                    res = US_ERR_OOM;
-                    break;
-                }
-                memcpy(tmp, lg, (size_t)V * 4);
-                for (kk = 0; kk < top_k; kk++) { /* partial selection: top_k is small */
-                    int64_t best = -1;
-                    for (v = 0; v < V; v++)
-                        if (tmp[v] > -INFINITY && (best < 0 || tmp[v] > tmp[best])) best = v;
-                    if (best < 0) break;
-                    kth = tmp[best];
-                    tmp[best] = -INFINITY;
-                }
-                US_FREE(tmp);
-            }
-            for (v = 0; v < V; v++)
-                if (lg[v] >= kth && lg[v] > mx) mx = lg[v];
-            for (v = 0; v < V; v++)
-                sum += lg[v] >= kth ? exp((double)(lg[v] - mx) / temperature) : 0.0;
-            u = us_rng_uniform(r);
-            pick = V - 1;
-            for (v = 0; v < V; v++) {
-                c += lg[v] >= kth ? exp((double)(lg[v] - mx) / temperature) / sum : 0.0;
-                if (lg[v] >= kth && c > u) {
-                    pick = v;
-                    break;
-                }
-            }
+        if ((res = us_sample_logits(lg, V, temperature, top_k, 0.0f, r, out + len)) != US_OK) {
+            us__sample_error(m, res);
+            break;
         }
-        out[len] = (int32_t)pick;
     }
     US_FREE(lg);
     US_FREE(tg);
+    return res;
+}
+
+/* Generation's attention for layer l, called by us__layer_fwd in place of RoPE and attention
+   while m->gen is set: the new tokens' q and k [B,T,QKV] turn by their positions len .. len+T−1,
+   their k and v heads are appended to the cache, and their queries attend over the cache's
+   positions 0 .. len+T−1 (causal by position) with the blockwise op of context parallelism:
+   one key block per sequence, the whole cache so far. */
+static us_result us__gen_attention(us_model *m, int l, us_layer_acts *A, int64_t B, int64_t T) {
+    us_gen *g = m->gen;
+    us_ops *o = &m->ops;
+    us_dtype dt = m->dt;
+    int NH = m->nh_l, NKV = m->nkv_l, HS = (int)(m->cfg.dim / m->cfg.n_heads);
+    int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, KV = (int64_t)2 * NKV * HS, AO = (int64_t)NH * HS;
+    int64_t p0 = g->len, b;
+    /* this layer's cache [B][max_len][KV] */
+    void *cache = us__at(g->kv, dt, (int64_t)l * g->B * g->max_len * KV);
+    o->rope_at(o, A->qkv, g->pos + p0, B, T, g->max_len, NH, NKV, HS, m->rope_freq, 1.0f, dt);
+    for (b = 0; b < B; b++) {
+        void *kvb = us__at(cache, dt, b * g->max_len * KV); /* [max_len][KV] */
+        const void *qb = us__at(A->qkv, dt, b * T * QKV);   /* [T][QKV] */
+        o->copy2d(o, us__at(kvb, dt, p0 * KV), KV, us__at(qb, dt, AO), QKV, T, KV, dt);
+        o->attn_block_fwd(o, g->acc + b * NH * T * HS, g->mx + b * NH * T, g->sum + b * NH * T, qb,
+                          kvb, g->pos + p0, g->pos, 1, T, p0 + T, NH, NKV, HS, 1, dt);
+    }
+    /* att [B,T,NH·HS] = acc / sum, lse [B,NH,T] */
+    o->attn_block_finish(o, A->att, A->lse, g->acc, g->mx, g->sum, B, T, NH, HS, dt);
+    return US_OK;
+}
+
+US_API void us_gen_free(us_gen *g) {
+    us_ops *o;
+    if (!g->m) return;
+    o = &g->m->ops;
+    if (g->kv) o->free(o, g->kv);
+    if (g->pos) o->free(o, g->pos);
+    if (g->acc) o->free(o, g->acc);
+    if (g->mx) o->free(o, g->mx);
+    if (g->sum) o->free(o, g->sum);
+    US_FREE(g->tgt);
+    US_FREE(g->in);
+    memset(g, 0, sizeof *g);
+}
+
+US_API void us_gen_reset(us_gen *g) { g->len = 0; }
+
+US_API us_result us_gen_init(us_gen *g, us_model *m, int B, int max_len) {
+    us_ops *o = &m->ops;
+    int NH = m->nh_l, HS = (int)(m->cfg.dim / m->cfg.n_heads), i;
+    int64_t KV = (int64_t)2 * m->nkv_l * HS, L = m->cfg.n_layers, n;
+    size_t kvb, accb, stb;
+    int32_t *pos;
+    memset(g, 0, sizeof *g);
+    if (max_len == 0) max_len = m->tc.seq;
+    if (B < 1 || B > m->tc.batch || max_len < 1) {
+        us__model_set_error(m,
+                            "generation needs 1 <= B <= batch=%d sequences and max_len >= 1 "
+                            "(got B=%d, max_len=%d)",
+                            m->tc.batch, B, max_len);
+        return US_ERR_INVALID;
+    }
+    g->m = m;
+    g->B = B;
+    g->max_len = max_len;
+    g->chunk = m->tc.seq / m->mesh.cp < max_len ? m->tc.seq / m->mesh.cp : max_len;
+    n = (int64_t)B * g->chunk;
+    kvb = (size_t)(L * B * max_len * KV) * us_dtype_size(m->dt);
+    accb = (size_t)(n * NH * HS) * 4;
+    stb = (size_t)(n * NH) * 4;
+    g->kv = L > 0 ? o->alloc(o, kvb) : NULL;
+    g->pos = (int32_t *)o->alloc(o, (size_t)max_len * 4);
+    g->acc = (float *)o->alloc(o, accb);
+    g->mx = (float *)o->alloc(o, stb);
+    g->sum = (float *)o->alloc(o, stb);
+    g->tgt = (int32_t *)US_MALLOC((size_t)n * 4);
+    g->in = (int32_t *)US_MALLOC((size_t)n * 4);
+    pos = (int32_t *)US_MALLOC((size_t)max_len * 4);
+    g->bytes = kvb + (size_t)max_len * 4 + accb + 2 * stb;
+    if ((L > 0 && !g->kv) || !g->pos || !g->acc || !g->mx || !g->sum || !g->tgt || !g->in || !pos) {
+        US_FREE(pos);
+        us_gen_free(g);
+        us__model_set_error(m, "out of memory for a KV cache of %zu bytes", kvb);
+        return US_ERR_OOM;
+    }
+    for (i = 0; i < max_len; i++) pos[i] = i;
+    for (i = 0; i < n; i++) g->tgt[i] = -1;
+    o->copy(o, g->pos, pos, (size_t)max_len * 4, US_COPY_H2D);
+    US_FREE(pos);
+    /* the forwards that follow share the quantised weights (as us_sample) */
+    us__fp8_wcache_drop(m);
+    return US_OK;
+}
+
+US_API us_result us_gen_forward(us_gen *g, const int32_t *tokens, int T, float *logits) {
+    us_model *m = g->m;
+    int done = 0, B = g->B, b;
+    us_result r = US_OK;
+    if (T < 1 || g->len + T > g->max_len) {
+        us__model_set_error(m, "%d new tokens after %d do not fit the cache of %d positions", T,
+                            g->len, g->max_len);
+        return US_ERR_INVALID;
+    }
+    while (done < T && r == US_OK) { /* pieces of at most chunk tokens: the arena's length */
+        int n = T - done < g->chunk ? T - done : g->chunk;
+        for (b = 0; b < B; b++)
+            memcpy(g->in + (int64_t)b * n, tokens + (int64_t)b * T + done, (size_t)n * 4);
+        m->gen = g;
+        r = us__forward_eval(m, g->in, g->tgt, B, n, NULL, NULL, done + n == T ? logits : NULL);
+        m->gen = NULL;
+        if (r == US_OK) g->len += n;
+        done += n;
+    }
+    return r;
+}
+
+US_API us_result us_generate(us_model *m, const int32_t *prompt, int n_prompt, int n_new,
+                             float temperature, int top_k, float top_p, us_rng *r, int32_t *out) {
+    us_gen g;
+    float *lg;
+    us_result res;
+    int k;
+    if (n_prompt < 1 || n_new < 0) {
+        us__model_set_error(m,
+                            "generation needs a prompt of at least 1 token and n_new >= 0 "
+                            "(got %d and %d)",
+                            n_prompt, n_new);
+        return US_ERR_INVALID;
+    }
+    memcpy(out, prompt, (size_t)n_prompt * 4);
+    if (n_new == 0) return US_OK;
+    lg = (float *)US_MALLOC((size_t)m->cfg.vocab * 4);
+    if (!lg) {
+        us__model_set_error(m, "out of host memory");
+        return US_ERR_OOM;
+    }
+    if ((res = us_gen_init(&g, m, 1, n_prompt + n_new - 1)) != US_OK) {
+        US_FREE(lg);
+        return res;
+    }
+    /* the prefill: the whole prompt once; then one token a step, the last one never run */
+    res = us_gen_forward(&g, prompt, n_prompt, lg);
+    for (k = 0; k < n_new && res == US_OK; k++) {
+        if ((res = us_sample_logits(lg, m->cfg.vocab, temperature, top_k, top_p, r,
+                                    out + n_prompt + k)) != US_OK) {
+            us__sample_error(m, res);
+            break;
+        }
+        if (k + 1 < n_new) res = us_gen_forward(&g, out + n_prompt + k, 1, lg);
+    }
+    us_gen_free(&g);
+    US_FREE(lg);
     return res;
 }
 
@@ -11812,7 +12851,8 @@ static us_result us__cksave_plan(us_model *m, us__cksave *s, const char *dir) {
     /* the router biases are fp32 whatever the policy: they go in the model file as F32 beside
        weights of dt, so a file mixes dtypes only for MoE models balanced by bias. Keep it simple:
        such a model writes its weights in F32 too. */
-    if (m->n_moe && m->cfg.moe_balance == US_MOE_BALANCE_BIAS) s->bf = 0;
+    if (m->n_moe_all && m->cfg.moe_balance == US_MOE_BALANCE_BIAS)
+        s->bf = 0; /* (every stage alike, with MoE layers or without: // >>pp) */
     return US_OK;
 }
 
@@ -12149,9 +13189,17 @@ static us_result us__cksave_trainer_json(us_model *m, const us__cksave *s, const
     for (q = 0; st && q < st->n_rng && q < 8; q++)
         len += (size_t)snprintf(t + len, cap - len, "%s\"%llu\"", q ? ", " : "",
                                 (unsigned long long)st->rng[q]);
+    len += (size_t)snprintf(t + len, cap - len, "],\n");
+    if (st && st->has_loader) /* the shard loader's place in its stream (// >>data) */
+        len += (size_t)snprintf(t + len, cap - len,
+                                "  \"loader\": {\"epoch\": %lld, \"shard\": %lld, \"window\": "
+                                "%lld, \"seed\": \"%llu\", \"tokens\": %lld},\n",
+                                (long long)st->loader_epoch, (long long)st->loader_shard,
+                                (long long)st->loader_window, (unsigned long long)st->loader_seed,
+                                (long long)st->loader_tokens);
     /* the loss scaler (// >>lossscale): S and its clean steps, so an fp16 run resumes where it was */
     snprintf(t + len, cap - len,
-             "],\n  \"precision\": \"%s\",\n  \"seed\": %llu,\n  \"loss_scale\": %.9g,\n  "
+             "  \"precision\": \"%s\",\n  \"seed\": %llu,\n  \"loss_scale\": %.9g,\n  "
              "\"loss_scale_good_steps\": %d,\n"
              "  \"layout\": {\"dp\": %d, \"zero\": %d, \"tp\": %d, \"sp\": %d, \"pp\": %d, "
              "\"cp\": %d, \"ep\": %d}\n}\n",
@@ -12580,6 +13628,34 @@ static us_result us__ckpt_load_moments(us_model *m, const char *dir, int resume,
     return r;
 }
 
+/* trainer_state.json's "loader" object, a shard loader's position (// >>data), when it has one. */
+static us_result us__ckpt_load_loader(us_model *m, const us__json *j, const char *p,
+                                      us_ckpt_state *st) {
+    int k = us__jget(j, 0, "loader");
+    char num[32], *end;
+    if (k < 0) return US_OK;
+    if (!us__jint(j, us__jget(j, k, "epoch"), &st->loader_epoch) ||
+        !us__jint(j, us__jget(j, k, "shard"), &st->loader_shard) ||
+        !us__jint(j, us__jget(j, k, "window"), &st->loader_window) ||
+        !us__jint(j, us__jget(j, k, "tokens"), &st->loader_tokens) ||
+        !us__jstr(j, us__jget(j, k, "seed"), num, sizeof num) || !num[0] || st->loader_epoch < 0 ||
+        st->loader_shard < 0 || st->loader_window < 0) {
+        us__model_set_error(m,
+                            "checkpoint: %s: \"loader\" needs epoch, shard, window (numbers, not "
+                            "negative), seed (a decimal string) and tokens",
+                            p);
+        return US_ERR_FORMAT;
+    }
+    errno = 0;
+    st->loader_seed = strtoull(num, &end, 10);
+    if (*end || errno) {
+        us__model_set_error(m, "checkpoint: %s: the loader's seed is not a 64-bit number", p);
+        return US_ERR_FORMAT;
+    }
+    st->has_loader = 1;
+    return US_OK;
+}
+
 /* trainer_state.json: the step, the data position, the RNG states and the loss scaler's state. */
 static us_result us__ckpt_load_trainer_state(us_model *m, const char *dir, us_ckpt_state *st) {
     us_result r = US_OK;
@@ -12652,6 +13728,7 @@ static us_result us__ckpt_load_trainer_state(us_model *m, const char *dir, us_ck
                         r = US_ERR_FORMAT;
                     }
                 }
+                if (r == US_OK) r = us__ckpt_load_loader(m, &j, p, st);
             }
         }
         us__json_free(&j);
@@ -14386,14 +15463,15 @@ US_API us_result us_memory_estimate(const us_model_config *mc_in, const us_train
 
 /* One rank's share of the model, as the estimator's formulas use it. */
 typedef struct us__est_dims {
-    int64_t N;   /* tokens of one micro-batch on this rank: B·T/cp */
-    int64_t C;   /* model dim */
-    int64_t HS;  /* head size */
-    int64_t QKV; /* q, k, v columns on this tp rank: (NH/tp + 2·NKV/tp)·HS, NKV/tp at least 1 */
-    int64_t AO;  /* attention output columns on this tp rank: NH/tp·HS */
-    int64_t F;   /* FFN columns on this tp rank: F/tp */
-    size_t a;    /* bytes of a weight or activation element: 4 under fp32, else 2 */
-    int n_moe;   /* MoE layers of the whole model */
+    int64_t N;     /* tokens of one micro-batch on this rank: B·T/cp */
+    int64_t C;     /* model dim */
+    int64_t HS;    /* head size */
+    int64_t QKV;   /* q, k, v columns on this tp rank: (NH/tp + 2·NKV/tp)·HS, NKV/tp at least 1 */
+    int64_t AO;    /* attention output columns on this tp rank: NH/tp·HS */
+    int64_t F;     /* FFN columns on this tp rank: F/tp */
+    size_t a;      /* bytes of a weight or activation element: 4 under fp32, else 2 */
+    int n_moe;     /* MoE layers this rank holds (the first pipeline rank's) */
+    int n_moe_all; /* MoE layers of the whole model */
 } us__est_dims;
 
 /* The flat buffers as the model lays them out, for the ZeRO ladder. */
@@ -14502,9 +15580,11 @@ static void us__estimate_states(const us_model_config *mc, const us_train_config
                                 const us__est_dims *d, const us__est_flat *f, us_memory *out) {
     const int Z = tc->zero;
     const size_t a = d->a;
-    /* + the fp32 router biases of the MoE layers (// >>moe) */
-    out->params = (size_t)(Z == 3 ? f->shard + f->slots * f->unit : f->psi) * a +
-                  (size_t)d->n_moe * (size_t)mc->moe_experts * 4;
+    /* + the fp32 router biases of the MoE layers, under pp the statistics' buffer (// >>moe) */
+    out->params =
+        (size_t)(Z == 3 ? f->shard + f->slots * f->unit : f->psi) * a +
+        (size_t)d->n_moe * (size_t)mc->moe_experts * 4 +
+        (tc->pp > 1 && d->n_moe_all ? ((size_t)d->n_moe_all * (size_t)mc->moe_experts + 4) * 8 : 0);
     if (us__fp8_wcache_on(tc)) { /* the FP8 weight cache (// >>fp8-linear) */
         size_t woff[4][4];
         int64_t wdim[4][2];
@@ -14577,6 +15657,47 @@ static size_t us__estimate_scratch(const us_model_config *mc, const us_train_con
     return bwd;
 }
 
+/* The first pipeline rank's activations: per micro-batch chunk it holds at once (peak), a slot
+   of its largest chunk's layers, the recompute modes' shared layer, and the head's part; then the
+   scratch the slots share (bwd, and a MoE layer's backward scratch). A slot's place j holds what
+   the j-th layer of any of the rank's chunks needs, dense or MoE (us__layout_layers); with B and
+   W apart each layer keeps its output gradients for W. */
+static size_t us__estimate_pp_acts(const us_model_config *mc, const us_train_config *tc,
+                                   const us__est_dims *d, const us_pp_schedule *psp, int peak,
+                                   const us__est_acts *s, size_t head, size_t bwd) {
+    int keep_gemm = tc->recompute != US_RECOMPUTE_FULL,
+        keep_cheap = tc->recompute == US_RECOMPUTE_NONE;
+    int lo[16], hi[16], largest, n, i, j, c, wsplit = 0, nm = 0, any_dense = 0;
+    int *lg = (int *)US_MALLOC(sizeof(int) * (size_t)mc->n_layers);
+    size_t moe_gemm = 0, moe_cheap = 0, moe_scr = 0, slot = 0;
+    size_t attn_cheap = 2 * s->x + 2 * s->rs + s->att + s->lse;
+    if (!lg) return 0;
+    n = us__pp_rank_layers(mc, tc, psp, 0, lg, lo, hi, &largest);
+    for (i = 0; i < n; i++) {
+        nm += us__is_moe(mc, lg[i]);
+        any_dense |= !us__is_moe(mc, lg[i]);
+    }
+    for (i = 0; i < psp->n[0]; i++) wsplit |= psp->a[0][i].op == US_PP_W;
+    if (nm) us__moe_bytes(mc, tc, nm, d->N, d->a, &moe_gemm, &moe_cheap, &moe_scr);
+    if (!keep_cheap) slot += attn_cheap + (any_dense ? s->h : 0) + moe_cheap;
+    if (!keep_gemm) slot += s->qkv + s->x + (any_dense ? s->gu : 0) + moe_gemm;
+    for (j = 0; j < largest; j++) {
+        int moe = 0, dense = 0;
+        for (c = 0; c < psp->v; c++)
+            if (lo[c] + j < hi[c]) {
+                moe |= us__is_moe(mc, lg[lo[c] + j]);
+                dense |= !us__is_moe(mc, lg[lo[c] + j]);
+            }
+        slot += s->x;
+        if (keep_gemm) slot += s->qkv + s->x + (dense ? s->gu : 0) + (moe ? moe_gemm : 0);
+        if (keep_cheap) slot += attn_cheap + (dense ? s->h : 0) + (moe ? moe_cheap : 0);
+        if (wsplit)
+            slot += 2 * s->xf + s->qkv + s->gu + (moe ? us__moe_w_bytes(mc, tc, d->N, d->a) : 0);
+    }
+    US_FREE(lg);
+    return (slot + head) * (size_t)peak + bwd + moe_scr;
+}
+
 /* Activations (flash attention: no s² term): per layer the tensors the backward needs — all of
    them without recomputation, the GEMM outputs under selective, only the input x under full,
    whose one layer's worth of the rest is then shared scratch — times the layers this rank holds,
@@ -14605,16 +15726,7 @@ static size_t us__estimate_activations(const us_model_config *mc, const us_train
     }
     head = us__estimate_head(mc, tc, psp, &s);
     bwd = us__estimate_scratch(mc, tc, d, &s);
-    if (psp) {
-        /* the first pipeline rank: one arena (its largest chunk's layers) per micro-batch chunk
-           it holds at once; with B and W apart each layer keeps its output gradients for W */
-        int i, wsplit = 0, largest;
-        for (i = 0; i < psp->n[0]; i++) wsplit |= psp->a[0][i].op == US_PP_W;
-        us__pp_rank_layers(mc, tc, psp, 0, NULL, NULL, NULL, &largest);
-        L = largest; /* a slot holds one chunk: the largest */
-        if (wsplit) per_layer += 2 * s.xf + s.qkv + s.gu;
-        return ((size_t)L * per_layer + shared + head) * (size_t)peak + bwd;
-    }
+    if (psp) return us__estimate_pp_acts(mc, tc, d, psp, peak, &s, head, bwd);
     if (n_moe) {
         size_t moe_layer = s.x + (mode != US_RECOMPUTE_FULL ? s.qkv + s.x + moe_gemm : 0) +
                            (mode == US_RECOMPUTE_NONE ? attn_cheap + moe_cheap : 0);
@@ -14653,7 +15765,19 @@ static us_result us__memory_estimate(const us_model_config *mc_in, const us_trai
     d.QKV = (int64_t)(mc.n_heads / tc.tp + 2 * us__tp_kv_heads(mc.n_kv_heads, tc.tp)) * d.HS;
     d.AO = (int64_t)mc.n_heads / tc.tp * d.HS;
     d.a = (size_t)us__act_bytes(&tc);
-    for (l = 0, d.n_moe = 0; l < mc.n_layers; l++) d.n_moe += us__is_moe(&mc, l);
+    for (l = 0, d.n_moe_all = 0; l < mc.n_layers; l++) d.n_moe_all += us__is_moe(&mc, l);
+    d.n_moe = d.n_moe_all;
+    if (psp) { /* the first pipeline rank's MoE layers */
+        int *lg = (int *)US_MALLOC(sizeof(int) * (size_t)mc.n_layers), n, largest;
+        if (!lg) {
+            us_pp_schedule_free(psp);
+            us__errf(err, errlen, "out of host memory");
+            return US_ERR_OOM;
+        }
+        n = us__pp_rank_layers(&mc, &tc, psp, 0, lg, NULL, NULL, &largest);
+        for (l = 0, d.n_moe = 0; l < n; l++) d.n_moe += us__is_moe(&mc, lg[l]);
+        US_FREE(lg);
+    }
     memset(out, 0, sizeof *out);
     us__estimate_states(&mc, &tc, &d, &f, out);
     out->activations = us__estimate_activations(&mc, &tc, &d, psp, peak);

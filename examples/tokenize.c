@@ -13,6 +13,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 
 static int usage(void) {
@@ -35,7 +36,7 @@ static int write_shard(const char *prefix, int k, const int32_t *ids, int64_t n,
     hdr[2] = (int32_t)n;
     f = fopen(path, "wb");
     if (!f) {
-        fprintf(stderr, "tokenize: cannot write %s\n", path);
+        fprintf(stderr, "tokenize: cannot write %s: %s\n", path, strerror(errno));
         return 0;
     }
     fwrite(hdr, sizeof hdr, 1, f);

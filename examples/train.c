@@ -2,8 +2,11 @@
 
    Without --data it learns the built-in task (sorting digits, generated in code, no download):
        build/train                       # what `make train` runs
-   With --data FILE it trains on raw text (byte tokens) or an llm.c token shard:
+   With --data FILE it trains on raw text (byte tokens) or llm.c token shards (a list or a glob,
+   mapped, each window of --seq + 1 read once per epoch in a shuffled order; names with "val"
+   are the validation shards):
        build/train --data input.txt --steps 2000 --seq 256 --dim 256 --layers 6
+       build/train --data 'fineweb10B/fineweb_*.bin' --vocab 50304 --seq 1024
    --tokenizer tokenizer.json (a byte-level BPE) encodes the text instead and decodes the samples:
        build/train --data input.txt --tokenizer tests/tok/gpt2.json --sample 64
    Every step prints one line; --log FILE.jsonl writes one JSON object per step with the keys
@@ -28,6 +31,7 @@
 #endif
 #include "../ultrascale_comm.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <sys/stat.h>
@@ -54,7 +58,8 @@ static const char *const usage_text[] = {
     "a copy)\n"
     "  --rope-theta X    RoPE base (default 10000)\n",
     "mixture of experts (a MoE feed-forward layer instead of the dense MLP):\n"
-    "  --experts E       routed experts per MoE layer (default 0: dense)\n"
+    "  --experts E       routed experts per MoE layer (default 0: dense); MoE layers run under\n"
+    "                    every parallelism: dp, ZeRO, tp, sp, cp, pp (every schedule) and ep\n"
     "  --top-k K         experts per token (default 2)\n"
     "  --moe-ffn N       each expert's SwiGLU hidden size (default ffn/(K + shared), rounded "
     "up to 8)\n"
@@ -186,20 +191,31 @@ static const char *const usage_text[] = {
     "  --init-from DIR   start from the weights of DIR (ours or a Hugging Face Llama directory "
     "with\n"
     "                    config.json and model.safetensors or shards + index): fine-tuning\n"
-    "  --data FILE       raw text (byte tokens) or llm.c .bin shard; default: the built-in "
-    "sorting task\n"
+    "  --data FILE       raw text (byte tokens), or llm.c .bin shards: a comma-separated list "
+    "or\n"
+    "                    glob patterns ('dir/*.bin'), mapped, every window of --seq + 1 read "
+    "once\n"
+    "                    per epoch in a shuffled order; shards named *val* are held out for "
+    "the\n"
+    "                    evaluations. Default: the built-in sorting task\n"
+    "  --val-data FILES  with --data shards: the validation shards (a list or patterns)\n"
     "  --tokenizer FILE  a Hugging Face tokenizer.json (byte-level BPE, // >>tokenizer): it "
     "encodes\n"
     "                    --data's text and decodes the samples; --vocab defaults to its ids\n"
     "  --log FILE.jsonl  one JSON object per step\n"
     "  --eval-every N    evaluate every N steps, 0 = only at the end (default 100)\n"
+    "  --eval-choices FILE.jsonl  after training, a multiple-choice evaluation: HellaSwag's\n"
+    "                    JSONL (\"ctx\", \"endings\", \"label\" per line), each ending scored\n"
+    "                    by its tokens' mean loss after the context, the lowest the answer\n"
+    "                    (llm.c's acc_norm); encoded with --tokenizer, else as bytes\n"
     "  --eval-tokens N   with --data: each evaluation scores the first N held-out tokens, in\n"
     "                    non-overlapping windows of --seq, the same ones every time (default:\n"
     "                    the whole held-out set, at most 262144 tokens)\n"
     "  --val-frac F      with --data: the last fraction F of the tokens is held out, never "
     "trained\n"
     "                    on, and the evaluations read it (default 0.1; 0 = evaluate on "
-    "training data)\n"
+    "training data;\n"
+    "                    none with validation shards)\n"
     "  --sample N        after training, sample N tokens (default 0)\n"
     "  --temperature X   sampling temperature, 0 = greedy (default 0.8)\n"
     "  --sample-top-k N  sample from the k most likely tokens, 0 = all (default 0)\n"
@@ -383,12 +399,17 @@ static int trace_merge(const char *path, int nranks) {
     return fclose(out) == 0;
 }
 
+/* What the set-up steps return besides an exit code: go on, or (a flag group) not my flag. */
+enum { GO_ON = -1, NOT_MINE = -2 };
+
 typedef struct opts {
     us_model_config mc;
     us_train_config tc; /* tc.batch: the group's micro-batch; each rank runs batch/dp */
     const char *data_path, *log_path, *trace_path;
     const char *tok_path; /* --tokenizer: tok encodes --data's text and decodes the samples */
     us_tokenizer tok;
+    const char *choices_path; /* --eval-choices: a multiple-choice file, scored after training */
+    struct mc_set *choices;
     const char *save_dir, *resume_dir, *init_dir; /* checkpoints (// >>checkpoint) */
     int save_every, keep;
     char ckpt_from[4096]; /* the checkpoint --resume or --init-from resolved to */
@@ -397,9 +418,15 @@ typedef struct opts {
     int pp_layers_n; /* how many counts --pp-layers gave */
     int nccl_sem;    /* --nccl-semantics: CPU threads impose a GPU's NCCL semantics */
     float temperature, peak_tflops, comm_timeout;
-    int world, rank;  /* CUDA multi-process: this process's place (from the environment) */
-    us_data data;     /* the training tokens (--data), less the held-out tail */
-    us_data val;      /* the held-out tail (a view into data's tokens; n = 0: none) */
+    int world, rank;      /* CUDA multi-process: this process's place (from the environment) */
+    us_data data;         /* the training tokens (raw text --data), less the held-out tail */
+    us_data val;          /* the held-out tail (a view into data's tokens; n = 0: none); with shards
+                         the evaluations' tokens, read from the validation shards or the tail */
+    const char *val_path; /* --val-data */
+    int shards;           /* 1: --data names llm.c shards, streamed by a us_loader per rank */
+    char **train_paths, **val_paths; /* the shards (us_data_expand's lists) */
+    int n_train_paths, n_val_paths;
+    us_loader_config lcfg; /* every rank's loader: seq, seed, vocabulary, held-out tail */
     float val_frac;   /* --val-frac; < 0: not given (default 0.1, none if the file is too small) */
     us_trace *traces; /* [dp] when tracing */
     /* set by the ranks that find --resume's checkpoint at or past --steps: they all return
@@ -428,6 +455,7 @@ typedef struct rank_state {
     char devname[160];
     us_task task, eval_task;
     us_rng rng;
+    us_loader loader; /* --data shards: this rank's place in the stream */
     us_model m;
     FILE *logf;
     int32_t *gin, *gtgt, *in, *tgt; /* the group's batch, then this rank's rows of it */
@@ -550,9 +578,46 @@ static us_result rank_setup(rank_state *s) {
         fprintf(stderr, "train: out of memory\n");
         return US_ERR_OOM;
     }
+    if (o->shards && us_loader_open(&s->loader, (const char *const *)o->train_paths,
+                                    o->n_train_paths, &o->lcfg) != US_OK) {
+        fprintf(stderr, "train: rank %d: %s\n", s->rank, s->loader.err);
+        return US_ERR_IO;
+    }
     us_task_init(&s->task, tc->seed);
     us_task_init(&s->eval_task, tc->seed + 7777); /* a different stream: problems not trained on */
     us_rng_seed(&s->rng, tc->seed);
+    return US_OK;
+}
+
+/* --resume over shards: the loader where the checkpoint left it, on the same training tokens. */
+static us_result rank_resume_loader(rank_state *s, const us_ckpt_state *cs) {
+    opts *o = s->o;
+    us_loader_pos p;
+    if (cs->has_loader != o->shards) {
+        if (s->rank == 0)
+            fprintf(stderr,
+                    "train: %s was saved by a run %s, and this one %s: give the same --data\n",
+                    o->ckpt_from, cs->has_loader ? "over token shards" : "without token shards",
+                    o->shards ? "reads shards" : "does not");
+        return US_ERR_INVALID;
+    }
+    if (!o->shards) return US_OK;
+    if (cs->loader_tokens != s->loader.n_train) {
+        if (s->rank == 0)
+            fprintf(stderr,
+                    "train: %s trained on %lld tokens of shards, but --data now has %lld to "
+                    "train on: give the same --data and --val-frac\n",
+                    o->ckpt_from, (long long)cs->loader_tokens, (long long)s->loader.n_train);
+        return US_ERR_INVALID;
+    }
+    p.epoch = cs->loader_epoch;
+    p.shard = cs->loader_shard;
+    p.window = cs->loader_window;
+    p.seed = cs->loader_seed;
+    if (us_loader_seek(&s->loader, p) != US_OK) {
+        fprintf(stderr, "train: rank %d: %s: %s\n", s->rank, o->ckpt_from, s->loader.err);
+        return US_ERR_FORMAT;
+    }
     return US_OK;
 }
 
@@ -586,6 +651,7 @@ static us_result rank_load_checkpoint(rank_state *s) {
         s->task.rng.s = cs.rng[0];
         s->eval_task.rng.s = cs.rng[1];
         s->rng.s = cs.rng[2];
+        if ((r = rank_resume_loader(s, &cs)) != US_OK) return r;
     }
     if (s->loud)
         printf("checkpoint: %s %s at step %d\n",
@@ -630,11 +696,32 @@ static void rank_print_model(rank_state *s) {
 
 static int64_t eval_windows(const rank_state *s);
 
+/* --data shards: how many, the tokens and windows of an epoch, where the evaluations read. */
+static void print_shards(rank_state *s) {
+    const opts *o = s->o;
+    const us_loader *l = &s->loader;
+    printf("data: %d shard%s, %lld tokens to train on (%lld windows of %d per epoch, shuffled), ",
+           l->n_shards, l->n_shards > 1 ? "s" : "", (long long)l->n_train, (long long)l->n_windows,
+           s->tc.seq + 1);
+    if (o->n_val_paths)
+        printf("%d validation shard%s for the evaluations\n", o->n_val_paths,
+               o->n_val_paths > 1 ? "s" : "");
+    else if (l->n_train < l->n_tokens)
+        printf("the last %lld held out for the evaluations\n",
+               (long long)(l->n_tokens - l->n_train));
+    else
+        printf("the evaluations read them too (--val-frac 0, or too few to hold any out)\n");
+    printf("evaluation: %lld windows of %d tokens, the same each time (--eval-tokens)\n",
+           (long long)eval_windows(s), s->tc.seq);
+}
+
 /* The run's next lines: the held-out data, the FP8 linears, the experts. */
 static void rank_print_parts(rank_state *s) {
     opts *o = s->o;
     us_model *m = &s->m;
-    if (s->loud && o->data_path) {
+    if (s->loud && o->shards)
+        print_shards(s);
+    else if (s->loud && o->data_path) {
         if (o->val.n)
             printf("data: %lld tokens to train on, the last %lld held out for the evaluations\n",
                    (long long)o->data.n, (long long)o->val.n);
@@ -660,10 +747,10 @@ static void rank_print_parts(rank_state *s) {
                s->tc.fp8_pow2 ? ", powers of two" : "",
                s->tc.fp8_min_dim ? s->tc.fp8_min_dim : US_FP8_MIN_DIM, wq);
     }
-    if (s->loud && m->n_moe)
+    if (s->loud && m->n_moe_all) /* (the whole model's: under pp this rank holds some) */
         printf("moe: %d of %d layers, E=%d top-%d Fe=%lld%s, %s gates, balance %s%s | ep=%d (%d "
                "experts per rank) | %lld active params per token of %lld\n",
-               m->n_moe, m->cfg.n_layers, m->cfg.moe_experts, m->cfg.moe_top_k,
+               m->n_moe_all, m->n_layers_global, m->cfg.moe_experts, m->cfg.moe_top_k,
                (long long)m->cfg.moe_ffn_dim, m->cfg.moe_shared ? " + shared" : "",
                m->cfg.moe_gate == US_MOE_SIGMOID ? "sigmoid" : "softmax",
                m->cfg.moe_balance == US_MOE_BALANCE_BIAS  ? "bias"
@@ -673,11 +760,22 @@ static void rank_print_parts(rank_state *s) {
                (long long)us_param_count_active(&s->mc), (long long)us_param_count(&s->mc));
 }
 
-/* Every rank draws the whole global batch (same seed) and keeps its rows of each micro-batch. */
-static void rank_batch(rank_state *s) {
+/* Every rank draws the whole global batch (same seed) and keeps its rows of each micro-batch;
+   from shards, each micro-batch's group batch comes from the loader, which reads this rank's
+   rows only (the group's rows drank·batch ..). */
+static us_result rank_batch(rank_state *s) {
     us_train_config *tc = &s->tc;
     int k, bb, t;
-    if (s->o->data_path)
+    if (s->o->shards) {
+        for (k = 0; k < tc->grad_accum; k++) {
+            const size_t row = (size_t)k * s->Bg + (size_t)s->drank * tc->batch;
+            if (us_loader_next(&s->loader, s->Bg, s->drank * tc->batch, tc->batch,
+                               s->gin + row * tc->seq, s->gtgt + row * tc->seq) != US_OK) {
+                fprintf(stderr, "train: rank %d: %s (set --vocab?)\n", s->rank, s->loader.err);
+                return US_ERR_FORMAT;
+            }
+        }
+    } else if (s->o->data_path)
         us_data_batch(&s->o->data, &s->rng, s->Bg * tc->grad_accum, tc->seq, s->gin, s->gtgt);
     else
         us_task_batch(&s->task, s->Bg * tc->grad_accum, tc->seq, s->gin, s->gtgt);
@@ -689,6 +787,7 @@ static void rank_batch(rank_state *s) {
                 s->in[((size_t)k * tc->batch + bb) * s->Tl + t] = s->gin[src];
                 s->tgt[((size_t)k * tc->batch + bb) * s->Tl + t] = s->gtgt[src];
             }
+    return US_OK;
 }
 
 /* The evaluation's windows (--data): every whole window of --seq tokens in the first
@@ -757,7 +856,7 @@ static void rank_print_step(const rank_state *s, const us_step_stats *st, double
     if (s->scaled)
         printf(" | loss scale %g | skipped %d/%lld", st->loss_scale, st->skipped,
                (long long)st->skipped_total);
-    if (s->m.n_moe) { /* the router: how uneven the experts' loads are, the aux loss, the dropped share */
+    if (s->m.n_moe_all) { /* the router: how uneven the experts' loads are, the aux loss, the dropped share */
         printf(" | moe imbalance %.2f", st->moe_imbalance);
         if (s->mc.moe_balance == US_MOE_BALANCE_AUX) printf(" aux %.4f", st->moe_aux_loss);
         if (s->mc.moe_capacity > 0) printf(" dropped %.1f%%", 100 * st->moe_drop_frac);
@@ -776,7 +875,7 @@ static void rank_log_moe(const rank_state *s, const us_step_stats *st) {
             st->moe_imbalance, st->moe_aux_loss, st->moe_drop_frac);
     for (e = 0; e < s->m.cfg.moe_experts; e++) { /* tokens per expert */
         int64_t t = 0;
-        for (l2 = 0; l2 < s->m.n_moe; l2++)
+        for (l2 = 0; l2 < s->m.n_moe_all; l2++) /* (every stage's, us_step_stats.moe_load) */
             t += st->moe_load[(size_t)l2 * s->m.cfg.moe_experts + e];
         fprintf(logf, "%s%lld", e ? ", " : "", (long long)t);
     }
@@ -815,7 +914,7 @@ static void rank_log_step(const rank_state *s, const us_step_stats *st, double t
                 ", \"pp_bubble\": %.4f, \"pp_tf_ms\": %.3f, \"pp_tb_ms\": %.3f, "
                 "\"pp_tw_ms\": %.3f",
                 st->pp_bubble, st->pp_cost_ms[0], st->pp_cost_ms[1], st->pp_cost_ms[2]);
-    if (s->m.n_moe) rank_log_moe(s, st);
+    if (s->m.n_moe_all) rank_log_moe(s, st);
     if (eval_loss >= 0)
         fprintf(logf, ", \"eval_loss\": %.6f, \"eval_acc\": %.6f", eval_loss, eval_acc);
     fprintf(logf, "}\n");
@@ -834,6 +933,15 @@ static us_result rank_save(rank_state *s, int step) {
     cs.rng[1] = s->eval_task.rng.s;
     cs.rng[2] = s->rng.s;
     cs.data_pos = step;
+    if (s->o->shards) { /* the loader's place: a resume reads the batches this run would */
+        us_loader_pos p = us_loader_tell(&s->loader);
+        cs.has_loader = 1;
+        cs.loader_epoch = p.epoch;
+        cs.loader_shard = p.shard;
+        cs.loader_window = p.window;
+        cs.loader_seed = p.seed;
+        cs.loader_tokens = s->loader.n_train;
+    }
     snprintf(dir, sizeof dir, "%s/step_%08d", s->o->save_dir, step);
     if ((r = us_ckpt_save(&s->m, dir, &cs, NULL)) != US_OK) {
         fprintf(stderr, "train: rank %d: %s\n", s->rank, us_model_error(&s->m));
@@ -860,7 +968,7 @@ static us_result rank_train(rank_state *s) {
     for (i = s->m.step; i < tc->steps; i++) {
         us_step_stats st;
         double t0 = now_s(), dt, tok_s, mfu, eval_loss = -1, eval_acc = -1;
-        rank_batch(s);
+        if ((r = rank_batch(s)) != US_OK) break;
         if ((r = us_train_step(&s->m, s->in, s->tgt, &st)) != US_OK) {
             fprintf(stderr, "train: rank %d: step %d: %s\n", s->rank, i + 1, us_model_error(&s->m));
             break;
@@ -915,7 +1023,7 @@ static void rank_sample(rank_state *s) {
     char *text = NULL;
     if (o->data_path) {
         np = seq < 8 ? 1 : 8;
-        memcpy(prompt, o->data.tokens, (size_t)np * 4);
+        memcpy(prompt, o->data.n ? o->data.tokens : o->val.tokens, (size_t)np * 4);
     } else {
         np = (int)us_byte_encode("31415926=", prompt, US_TASK_DIGITS + 1);
     }
@@ -940,6 +1048,385 @@ static void rank_print_memory(const rank_state *s) {
         printf("process peak RSS %.1f MiB (the whole process)\n", real);
 }
 
+/* ---- --eval-choices: a multiple-choice evaluation (HellaSwag's JSONL, as llm.c runs it) ----
+   One JSON object a line with "ctx" (a string), "endings" (2 to 16 strings) and "label" (the
+   right ending's index); other fields are skipped. Each ending is encoded as " " + ending after
+   the context, every candidate is one sequence of the batch, and its score is the mean loss of
+   the ending's tokens (acc_norm); the lowest score is the model's answer. */
+typedef struct mc_cand {
+    int32_t *ids; /* [n]: the context's tokens, then the ending's */
+    int n, ctx;   /* tokens in all, of which the first ctx are the context */
+} mc_cand;
+
+typedef struct mc_set {
+    mc_cand *c; /* [n_cand], each example's endings in a row */
+    int *first; /* [n_ex + 1]: example e's candidates are first[e] .. first[e + 1] − 1 */
+    int *label; /* [n_ex] */
+    int n_ex, n_cand, cap_ex, cap_cand;
+} mc_set;
+
+static void js_ws(const char **p) {
+    while (**p == ' ' || **p == '\t' || **p == '\r' || **p == '\n') (*p)++;
+}
+
+/* four hex digits at p into *u; 0 if they are not */
+static int js_hex4(const char *p, unsigned *u) {
+    int i;
+    *u = 0;
+    for (i = 0; i < 4; i++) {
+        char ch = p[i];
+        int d = ch >= '0' && ch <= '9'   ? ch - '0'
+                : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+                : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10
+                                         : -1;
+        if (d < 0) return 0;
+        *u = *u * 16 + (unsigned)d;
+    }
+    return 1;
+}
+
+/* code point u as UTF-8 into out (room for 4 bytes); its length */
+static int js_utf8(unsigned u, char *out) {
+    if (u < 0x80) {
+        out[0] = (char)u;
+        return 1;
+    }
+    if (u < 0x800) {
+        out[0] = (char)(0xC0 | (u >> 6));
+        out[1] = (char)(0x80 | (u & 63));
+        return 2;
+    }
+    if (u < 0x10000) {
+        out[0] = (char)(0xE0 | (u >> 12));
+        out[1] = (char)(0x80 | ((u >> 6) & 63));
+        out[2] = (char)(0x80 | (u & 63));
+        return 3;
+    }
+    out[0] = (char)(0xF0 | (u >> 18));
+    out[1] = (char)(0x80 | ((u >> 12) & 63));
+    out[2] = (char)(0x80 | ((u >> 6) & 63));
+    out[3] = (char)(0x80 | (u & 63));
+    return 4;
+}
+
+/* One escape after a backslash (p at the character after it) into out; 0 if malformed */
+static int js_escape(const char **p, char *out, int *len) {
+    static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
+    const char *k = strchr(from, **p);
+    unsigned u, lo;
+    if (**p && k) {
+        out[0] = to[k - from];
+        *len = 1;
+        (*p)++;
+        return 1;
+    }
+    if (**p != 'u' || !js_hex4(*p + 1, &u)) return 0;
+    *p += 5;
+    if (u >= 0xD800 && u < 0xDC00) { /* a surrogate pair */
+        if ((*p)[0] != '\\' || (*p)[1] != 'u' || !js_hex4(*p + 2, &lo) || lo < 0xDC00 ||
+            lo > 0xDFFF)
+            return 0;
+        *p += 6;
+        u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
+    } else if (u >= 0xDC00 && u < 0xE000) {
+        return 0;
+    }
+    *len = js_utf8(u, out);
+    return 1;
+}
+
+/* A JSON string at *p (its opening quote) into a new NUL-terminated buffer; NULL if malformed */
+static char *js_string(const char **p) {
+    const char *q = *p + 1;
+    size_t cap = strlen(q) + 1, n = 0;
+    char *out = (char *)malloc(cap);
+    if (!out || **p != '"') {
+        free(out);
+        return NULL;
+    }
+    while (*q && *q != '"') {
+        int len = 1;
+        if ((unsigned char)*q < 0x20) break; /* a raw control character */
+        if (*q == '\\') {
+            q++;
+            if (!js_escape(&q, out + n, &len)) break;
+        } else {
+            out[n] = *q++;
+        }
+        n += (size_t)len;
+    }
+    if (*q != '"') {
+        free(out);
+        return NULL;
+    }
+    out[n] = '\0';
+    *p = q + 1;
+    return out;
+}
+
+/* Skips one JSON value at *p (nested up to 64 deep); 0 if malformed */
+static int js_skip(const char **p, int depth) {
+    js_ws(p);
+    if (**p == '"') {
+        char *t = js_string(p);
+        free(t);
+        return t != NULL;
+    }
+    if (**p == '{' || **p == '[') {
+        const char close = **p == '{' ? '}' : ']';
+        const int obj = close == '}';
+        if (depth > 64) return 0;
+        (*p)++;
+        js_ws(p);
+        if (**p == close) {
+            (*p)++;
+            return 1;
+        }
+        for (;;) {
+            if (obj) { /* a key and its colon first */
+                if (!js_skip(p, depth + 1)) return 0;
+                js_ws(p);
+                if (**p != ':') return 0;
+                (*p)++;
+            }
+            if (!js_skip(p, depth + 1)) return 0;
+            js_ws(p);
+            if (**p == close) {
+                (*p)++;
+                return 1;
+            }
+            if (**p != ',') return 0;
+            (*p)++;
+        }
+    }
+    if (!strncmp(*p, "true", 4) || !strncmp(*p, "null", 4)) {
+        *p += 4;
+        return 1;
+    }
+    if (!strncmp(*p, "false", 5)) {
+        *p += 5;
+        return 1;
+    }
+    {
+        char *end;
+        strtod(*p, &end);
+        if (end == *p) return 0;
+        *p = end;
+        return 1;
+    }
+}
+
+/* One line's example: "ctx", "endings", "label" out of the object (others skipped). Returns
+   NULL, or what is wrong with it. The strings are the caller's to free. */
+static const char *mc_parse_line(const char *p, char **ctx, char **end, int *n_end, int *label) {
+    int have_label = 0;
+    *ctx = NULL;
+    *n_end = 0;
+    *label = 0;
+    js_ws(&p);
+    if (*p++ != '{') return "not a JSON object";
+    for (js_ws(&p); *p != '}';) {
+        char *key = js_string(&p);
+        int ok = 1;
+        if (!key) return "a malformed key";
+        js_ws(&p);
+        if (*p++ != ':') ok = 0;
+        js_ws(&p);
+        if (ok && !strcmp(key, "ctx") && !*ctx) {
+            ok = (*ctx = js_string(&p)) != NULL;
+        } else if (ok && !strcmp(key, "label")) {
+            char *e;
+            long v = strtol(p, &e, 10);
+            ok = e != p && v >= 0 && v < 16;
+            *label = (int)v;
+            have_label = 1;
+            p = e;
+        } else if (ok && !strcmp(key, "endings") && *n_end == 0 && *p == '[') {
+            for (p++, js_ws(&p); ok && *p != ']';) {
+                ok = *n_end < 16 && (end[*n_end] = js_string(&p)) != NULL;
+                *n_end += ok;
+                js_ws(&p);
+                if (ok && *p == ',') p++;
+                js_ws(&p);
+            }
+            p += ok;
+        } else if (ok) {
+            ok = js_skip(&p, 0);
+        }
+        free(key);
+        if (!ok) return "a malformed or out-of-range value";
+        js_ws(&p);
+        if (*p == ',') p++;
+        js_ws(&p);
+        if (!*p) return "an unterminated object";
+    }
+    if (!*ctx || *n_end < 2 || !have_label) return "no \"ctx\", \"endings\" (2..16) and \"label\"";
+    if (*label >= *n_end) return "a label past the endings";
+    return NULL;
+}
+
+/* text → token ids through --tokenizer, else as bytes: a new array in *ids[*n] */
+static int mc_encode(opts *o, const char *text, int32_t **ids, int *n) {
+    size_t len = strlen(text), got = 0;
+    *ids = (int32_t *)malloc((len * 2 + 1) * sizeof **ids);
+    if (!*ids) return 0;
+    if (o->tok_path) {
+        if (us_tok_encode(&o->tok, text, len, *ids, len * 2 + 1, &got) != US_OK) return 0;
+    } else {
+        got = us_byte_encode(text, *ids, len + 1);
+    }
+    *n = (int)got;
+    return 1;
+}
+
+/* An example's candidates: the context's tokens, then " " + ending's, for each ending */
+static int mc_add(opts *o, mc_set *m, const char *ctx, char **end, int n_end, int label) {
+    int32_t *cid, *eid;
+    int nc, ne, k;
+    if (m->n_ex + 1 >= m->cap_ex) {
+        m->cap_ex = 2 * m->cap_ex + 16;
+        m->first = (int *)realloc(m->first, (size_t)(m->cap_ex + 1) * sizeof *m->first);
+        m->label = (int *)realloc(m->label, (size_t)m->cap_ex * sizeof *m->label);
+    }
+    if (m->n_cand + n_end > m->cap_cand) {
+        m->cap_cand = 2 * m->cap_cand + n_end + 16;
+        m->c = (mc_cand *)realloc(m->c, (size_t)m->cap_cand * sizeof *m->c);
+    }
+    if (!m->first || !m->label || !m->c || !mc_encode(o, ctx, &cid, &nc)) return 0;
+    m->first[m->n_ex] = m->n_cand;
+    m->label[m->n_ex++] = label;
+    for (k = 0; k < n_end; k++) {
+        char *sp = (char *)malloc(strlen(end[k]) + 2);
+        mc_cand *c = &m->c[m->n_cand++];
+        if (!sp) return 0;
+        sprintf(sp, " %s", end[k]);
+        eid = NULL;
+        c->ids = mc_encode(o, sp, &eid, &ne) ? (int32_t *)malloc((size_t)(nc + ne) * 4) : NULL;
+        free(sp);
+        if (!c->ids) return 0;
+        memcpy(c->ids, cid, (size_t)nc * 4);
+        memcpy(c->ids + nc, eid, (size_t)ne * 4);
+        free(eid);
+        c->n = nc + ne;
+        c->ctx = nc;
+    }
+    m->first[m->n_ex] = m->n_cand;
+    free(cid);
+    return 1;
+}
+
+static void mc_free(mc_set *m) {
+    int i;
+    if (!m) return;
+    for (i = 0; i < m->n_cand; i++) free(m->c[i].ids);
+    free(m->c);
+    free(m->first);
+    free(m->label);
+    free(m);
+}
+
+/* --eval-choices FILE: every line an example (blank lines skipped); a line the reader does not
+   understand stops the run with its number */
+static int load_choices(opts *o) {
+    FILE *f;
+    char *line = NULL, *ctx, *end[16];
+    size_t cap = 0;
+    int ln = 0, n_end, label = 0, k, ok = 1;
+    if (!o->choices_path) return GO_ON;
+    f = fopen(o->choices_path, "r");
+    o->choices = (mc_set *)calloc(1, sizeof *o->choices);
+    if (!f || !o->choices) {
+        fprintf(stderr, "train: cannot open %s\n", o->choices_path);
+        if (f) fclose(f);
+        return 2;
+    }
+    while (ok && getline(&line, &cap, f) > 0) {
+        const char *why, *q = line;
+        ln++;
+        js_ws(&q);
+        if (!*q) continue;
+        why = mc_parse_line(line, &ctx, end, &n_end, &label);
+        if (why)
+            fprintf(stderr, "train: %s line %d: %s\n", o->choices_path, ln, why);
+        else if (!(ok = mc_add(o, o->choices, ctx, end, n_end, label)))
+            fprintf(stderr, "train: %s line %d: cannot encode it\n", o->choices_path, ln);
+        ok = ok && !why;
+        free(ctx);
+        for (k = 0; k < n_end; k++) free(end[k]);
+    }
+    free(line);
+    fclose(f);
+    if (ok && o->choices->n_ex == 0) {
+        fprintf(stderr, "train: %s holds no example\n", o->choices_path);
+        ok = 0;
+    }
+    return ok ? GO_ON : 2;
+}
+
+/* Candidate c as row r of the group's batch gin/gtgt [Bg][T]: inputs its tokens, targets the
+   next ones scored only over the ending; the context is cut from the left if it does not fit */
+static void mc_row(const mc_cand *c, int T, int32_t *in, int32_t *tg) {
+    const int cut = c->n - 1 > T ? c->n - 1 - T : 0, L = c->n - 1 - cut;
+    int t;
+    for (t = 0; t < T; t++) {
+        const int a = cut + t; /* predicts token a + 1 */
+        in[t] = t < L ? c->ids[a] : 0;
+        tg[t] = t < L && a + 1 >= c->ctx ? c->ids[a + 1] : -1;
+    }
+}
+
+/* After training, --eval-choices: each candidate's mean ending loss, the group's micro-batch of
+   candidates a forward, summed over the ranks; the share of examples whose lowest-loss ending is
+   the label */
+static void rank_eval_choices(rank_state *s) {
+    const mc_set *m = s->o->choices;
+    us_train_config *tc = &s->tc;
+    const int Bg = s->Bg, T = tc->seq, nl = tc->batch * s->Tl;
+    double *v = (double *)malloc((size_t)Bg * 2 * sizeof *v), *score, mean;
+    float *loss = (float *)malloc((size_t)nl * sizeof *loss);
+    int c0, r, j, e, right = 0;
+    score = (double *)malloc((size_t)m->n_cand * sizeof *score);
+    for (c0 = 0; v && loss && score && c0 < m->n_cand; c0 += Bg) {
+        for (r = 0; r < Bg; r++)
+            if (c0 + r < m->n_cand)
+                mc_row(&m->c[c0 + r], T, s->gin + (size_t)r * T, s->gtgt + (size_t)r * T);
+            else
+                mc_row(&m->c[0], T, s->gin + (size_t)r * T, s->gtgt + (size_t)r * T);
+        for (j = 0; j < nl; j++) { /* this rank's rows and positions */
+            size_t src =
+                ((size_t)s->drank * tc->batch + (size_t)(j / s->Tl)) * T + s->cpos[j % s->Tl];
+            s->in[j] = s->gin[src];
+            s->tgt[j] = s->gtgt[src];
+        }
+        if (us_forward_eval_losses(&s->m, s->in, s->tgt, tc->batch, s->Tl, loss) != US_OK) break;
+        memset(v, 0, (size_t)Bg * 2 * sizeof *v);
+        for (j = 0; j < nl; j++) {
+            r = s->drank * tc->batch + j / s->Tl; /* the row in the group's batch */
+            v[2 * r] += s->tgt[j] >= 0 ? loss[j] : 0;
+            v[2 * r + 1] += s->tgt[j] >= 0;
+        }
+        if (us_dp_sum(&s->m, v, 2 * Bg) != US_OK) break;
+        for (r = 0; r < Bg && c0 + r < m->n_cand; r++)
+            score[c0 + r] = v[2 * r + 1] > 0 ? v[2 * r] / v[2 * r + 1] : INFINITY;
+    }
+    for (j = 0, mean = 0; c0 >= m->n_cand && j < m->n_cand; j++) mean += score[j] / m->n_cand;
+    for (e = 0; c0 >= m->n_cand && e < m->n_ex; e++) {
+        int best = m->first[e], k;
+        for (k = m->first[e] + 1; k < m->first[e + 1]; k++)
+            if (score[k] < score[best]) best = k;
+        right += best - m->first[e] == m->label[e];
+    }
+    if (s->rank == 0 && c0 >= m->n_cand)
+        printf("multiple choice: acc_norm %.4f (%d of %d) on %s, mean ending loss %.6f\n",
+               (double)right / m->n_ex, right, m->n_ex, s->o->choices_path, mean);
+    else if (s->rank == 0)
+        fprintf(stderr, "train: the multiple-choice evaluation failed: %s\n",
+                us_model_error(&s->m));
+    free(v);
+    free(loss);
+    free(score);
+}
+
 /* After training: the time taken, the memory, the task's exact match, the sample. */
 static void rank_report(rank_state *s, us_result r) {
     opts *o = s->o;
@@ -956,6 +1443,7 @@ static void rank_report(rank_state *s, us_result r) {
             printf("sorting exact match on 200 held-out problems: %.1f%%\n%s", 100 * acc, buf);
     }
     if (r == US_OK && o->sample_n > 0 && s->tc.cp == 1) rank_sample(s);
+    if (r == US_OK && o->choices) rank_eval_choices(s);
 }
 
 /* Multi-process --trace: each process writes its part, then rank 0 joins them into one file. */
@@ -995,6 +1483,7 @@ static void rank_free(rank_state *s, us_result r) {
     free(s->in);
     free(s->tgt);
     free(s->cpos);
+    us_loader_close(&s->loader);
     if (s->comm) s->comm->trace = NULL;
     us_model_free(&s->m);
 }
@@ -1087,9 +1576,6 @@ typedef struct cli {
     const char *accum_flag; /* --grad-accum or --micro-batches, whichever came */
     float clip;
 } cli;
-
-/* What the steps below return besides an exit code: go on, or (a flag group) not my flag. */
-enum { GO_ON = -1, NOT_MINE = -2 };
 
 /* Zero means default, except the few defaults the program itself keeps. */
 static void cli_init(cli *c) {
@@ -1433,6 +1919,8 @@ static int parse_output(cli *c, const char *f, const char *v, int *ok) {
         o->trace_path = v;
     else if (!strcmp(f, "--data"))
         o->data_path = v;
+    else if (!strcmp(f, "--val-data"))
+        o->val_path = v;
     else if (!strcmp(f, "--tokenizer"))
         o->tok_path = v;
     else if (!strcmp(f, "--save"))
@@ -1451,6 +1939,8 @@ static int parse_output(cli *c, const char *f, const char *v, int *ok) {
         *ok = parse_int(v, 0, 1 << 30, &o->eval_every);
     else if (!strcmp(f, "--eval-tokens"))
         *ok = parse_int(v, 1, 1 << 30, &o->eval_tokens);
+    else if (!strcmp(f, "--eval-choices"))
+        o->choices_path = v;
     else if (!strcmp(f, "--val-frac"))
         *ok = parse_float(v, 0.0f, 0.99f, &o->val_frac);
     else if (!strcmp(f, "--sample"))
@@ -1517,6 +2007,11 @@ static int check_flags(cli *c) {
     us_model_config *mc = &c->mc;
     opts *o = &c->o;
     char err[256];
+    if (o->choices_path && c->tc.pp > 1) {
+        fprintf(stderr, "train: --eval-choices scores per-position losses, which pipeline "
+                        "parallelism keeps on its last stage: drop --pp for it\n");
+        return 2;
+    }
     mc->vocab = c->vocab;
     mc->dim = c->dim;
     mc->ffn_dim = c->ffn;
@@ -1737,10 +2232,147 @@ static int encode_data(opts *o) {
     return GO_ON;
 }
 
-/* --data: the token file, checked against the vocabulary and the sequence, then split. */
+/* A validation shard by its name: "val" as a word of the file name, as llm.c names them
+   (fineweb_val_000000.bin, tinyshakespeare_val.bin), or "validation". */
+static int is_val_name(const char *path) {
+    const char *b = strrchr(path, '/'), *p;
+    b = b ? b + 1 : path;
+    for (p = strstr(b, "val"); p; p = strstr(p + 1, "val")) {
+        const int word_start = p == b || !isalnum((unsigned char)p[-1]);
+        if (word_start && (!isalpha((unsigned char)p[3]) || !strncmp(p, "validation", 10)))
+            return 1;
+    }
+    return 0;
+}
+
+/* --data's files: one that is not a shard is raw text (o->shards stays 0); else the training and
+   validation shards: --val-data's, or those named *val* (when others remain to train on). */
+static int list_shards(opts *o) {
+    char err[512], **all, **tmp;
+    int n, i, nv = 0, k = 0;
+    if (us_data_expand(o->data_path, &all, &n, err, sizeof err) != US_OK) {
+        fprintf(stderr, "train: --data: %s\n", err);
+        return 2;
+    }
+    if (n == 1 && !us_data_is_shard(all[0])) {
+        if (!o->val_path) {
+            free(all);
+            return GO_ON;
+        }
+        fprintf(stderr,
+                "train: --val-data names validation shards, but --data %s is not an llm.c token "
+                "shard (or cannot be read)\n",
+                all[0]);
+        free(all);
+        return 2;
+    }
+    o->shards = 1;
+    o->train_paths = all;
+    o->n_train_paths = n;
+    if (o->val_path) {
+        if (us_data_expand(o->val_path, &o->val_paths, &o->n_val_paths, err, sizeof err) == US_OK)
+            return GO_ON;
+        fprintf(stderr, "train: --val-data: %s\n", err);
+        return 2;
+    }
+    for (i = 0; i < n; i++) nv += is_val_name(all[i]);
+    if (nv == 0 || nv == n) return GO_ON;
+    if (!(tmp = (char **)malloc(sizeof(char *) * (size_t)n))) return 1;
+    for (i = 0; i < n; i++) /* the training shards first, then the validation ones */
+        if (!is_val_name(all[i])) tmp[k++] = all[i];
+    for (i = 0; i < n; i++)
+        if (is_val_name(all[i])) tmp[k++] = all[i];
+    memcpy(all, tmp, sizeof(char *) * (size_t)n);
+    free(tmp);
+    o->n_train_paths = n - nv;
+    o->val_paths = all + (n - nv);
+    o->n_val_paths = nv;
+    return GO_ON;
+}
+
+/* The evaluations' tokens from shards: the first of the validation shards, else of the held-out
+   tail, else of the training tokens (as many as --eval-tokens + 1 or EVAL_TOKENS_MAX + 1). */
+static int read_eval_tokens(opts *o, us_loader *train) {
+    us_loader v, *l = train;
+    int64_t cap = (int64_t)(o->eval_tokens ? o->eval_tokens : EVAL_TOKENS_MAX) + 1, first = 0, n;
+    us_loader_config vc = o->lcfg;
+    vc.hold_out = 0;
+    memset(&v, 0, sizeof v);
+    if (o->n_val_paths) {
+        if (us_loader_open(&v, (const char *const *)o->val_paths, o->n_val_paths, &vc) != US_OK) {
+            fprintf(stderr, "train: the validation shards: %s\n", v.err);
+            return 2;
+        }
+        l = &v;
+    } else if (train->n_train < train->n_tokens) {
+        first = train->n_train;
+    }
+    n = l->n_tokens - first < cap ? l->n_tokens - first : cap;
+    memset(&o->val, 0, sizeof o->val);
+    if (!(o->val.tokens = (int32_t *)malloc((size_t)n * 4))) return 1;
+    if (us_loader_read(l, first, n, o->val.tokens) != US_OK) {
+        fprintf(stderr, "train: %s (set --vocab)\n", l->err);
+        us_loader_close(&v);
+        return 2;
+    }
+    o->val.n = n;
+    us_loader_close(&v);
+    return GO_ON;
+}
+
+/* --data shards: opened once here to check them and to read the evaluations' tokens (each rank
+   opens its own loader); the held-out tail as for text (--val-frac) unless validation shards. */
+static int load_shards(opts *o) {
+    us_loader l;
+    us_loader_config *c = &o->lcfg;
+    const int seq = o->tc.seq;
+    const double f = o->val_frac < 0 ? 0.1 : o->val_frac;
+    int64_t nv;
+    int rc;
+    if (o->n_val_paths && o->val_frac >= 0) {
+        fprintf(stderr, "train: --val-frac holds out the tail of the training shards, but there "
+                        "are validation shards (--val-data, or names with val): give one\n");
+        return 2;
+    }
+    memset(c, 0, sizeof *c);
+    c->T = seq;
+    c->seed = o->tc.seed;
+    c->vocab = o->mc.vocab;
+    if (us_loader_open(&l, (const char *const *)o->train_paths, o->n_train_paths, c) != US_OK) {
+        fprintf(stderr, "train: %s\n", l.err);
+        return strstr(l.err, "no shard has a window") ? 2 : 1;
+    }
+    nv = o->n_val_paths ? 0 : (int64_t)((double)l.n_tokens * f);
+    if (nv > 0 && nv >= seq + 1) { /* the tail, if the rest still has a window */
+        us_loader_close(&l);
+        c->hold_out = f;
+        if (us_loader_open(&l, (const char *const *)o->train_paths, o->n_train_paths, c) != US_OK) {
+            if (o->val_frac >= 0) {
+                fprintf(stderr, "train: --val-frac %g: %s\n", o->val_frac, l.err);
+                return 2;
+            }
+            c->hold_out = 0; /* the default on shards too small to split */
+            us_loader_open(&l, (const char *const *)o->train_paths, o->n_train_paths, c);
+        }
+    } else if (nv > 0 && o->val_frac >= 0) {
+        fprintf(stderr,
+                "train: --val-frac %g of %lld tokens holds out %lld; the evaluations need seq+1 "
+                "= %d\n",
+                o->val_frac, (long long)l.n_tokens, (long long)nv, seq + 1);
+        us_loader_close(&l);
+        return 2;
+    }
+    rc = read_eval_tokens(o, &l);
+    us_loader_close(&l);
+    return rc;
+}
+
+/* --data: the token file, checked against the vocabulary and the sequence, then split; or shards */
 static int load_data(opts *o) {
     int rc;
     if (!o->data_path) return GO_ON;
+    if ((rc = list_shards(o)) != GO_ON) return rc;
+    if (o->shards) return load_shards(o);
     if (us_data_load(&o->data, o->data_path) != US_OK) {
         fprintf(stderr, "train: %s\n", o->data.err);
         return 1;
@@ -1825,6 +2457,7 @@ int main(int argc, char **argv) {
     o->mc = c.mc;
     o->tc = c.tc;
     if ((rc = load_data(o)) != GO_ON) return rc;
+    if ((rc = load_choices(o)) != GO_ON) return rc;
     if (o->trace_path) {
         o->traces = (us_trace *)calloc((size_t)(o->tc.dp * o->tc.pp * o->tc.cp * o->tc.tp),
                                        sizeof(us_trace));
@@ -1836,6 +2469,12 @@ int main(int argc, char **argv) {
     r = launch(o, argc, argv);
     if (o->traces) r = write_trace(o, r);
     us_data_free(&o->data);
+    if (o->shards) { /* the evaluations' tokens were read, not a view */
+        us_data_free(&o->val);
+        if (o->val_path) free(o->val_paths);
+        free(o->train_paths);
+    }
     us_tok_free(&o->tok);
+    mc_free(o->choices);
     return r == US_OK && !o->nothing_left ? 0 : 1;
 }

@@ -29,6 +29,7 @@ step 'dp quick start runs (4 threads, ZeRO-2)' \
                                          "$B/dp_quickstart"  './$B/dp_quickstart | grep -q "step 100 loss"'
 step 'plan CLI'                          "$B/plan $B/train"  'bash tests/test_plan_cli.sh $B/plan $B/train'
 step 'tokenize CLI, train --tokenizer'   "$B/tokenize $B/train" 'bash tests/test_tokenize_cli.sh $B'
+step 'generate CLI: cached text equals re-run' "$B/generate $B/train" 'bash tests/test_generate_cli.sh $B'
 step 'memory CLI'                        "$B/memory"         'bash tests/test_memory_cli.sh $B/memory'
 step 'cp_memory prints the table'        "$B/cp_memory"      './$B/cp_memory | grep -q "^  131072"'
 step 'schedule CLI: table and SVG'       "$B/schedule" \
@@ -73,6 +74,7 @@ step 'nvcc: gemm_steps'                  "$(nvcc_needs gemm_steps)"      'nvcc_b
 step 'nvcc: test_nccl'                   "$(nvcc_needs test_nccl)"       'nvcc_built test_nccl'
 step 'nvcc: comm_bw benchmark'           "$(nvcc_needs comm_bw)"         'nvcc_built comm_bw'
 step 'nvcc: hf_logits_cuda'              "$(nvcc_needs hf_logits_cuda)"  'nvcc_built hf_logits_cuda'
+step 'nvcc: generate_cuda'               "$(nvcc_needs generate_cuda)"  'nvcc_built generate_cuda'
 step 'c99 -pedantic: NCCL backend compiles' "${NCCL:+$B/cc_nccl.o}" \
      'if [ -n "$NCCL" ]; then test -f $B/cc_nccl.o; else echo "SKIP nccl.h not installed"; fi'
 
@@ -82,7 +84,7 @@ prog() { case $1 in dp | tp | fp8_train | moe) echo "test_internal $1" ;; *) ech
 
 # ---- the same tests under AddressSanitizer + UndefinedBehaviorSanitizer (the slow ones --quick)
 for t in tp plan pp dp cp fp16 ops fp8 fp8_train gemm model moe ep errors comm cp_ops pp_sched \
-         ckpt comm_threads bootstrap dtypes tok; do
+         ckpt comm_threads bootstrap dtypes tok data; do
     case $t in tp | fp16 | fp8_train | model) quick=' --quick' ;; *) quick='' ;; esac
     p=$(prog $t)
     step "asan+ubsan test_$t"            "$B/san/${p%% *}"        "./\$B/san/$p$quick"
@@ -115,6 +117,9 @@ step 'test_plan'                         "$B/test_plan"           './$B/test_pla
 
 # ---- the tokenizer: tokenizer.json byte-level BPE against Hugging Face tokenizers' ids (tests/tok)
 step 'test_tok'                          "$B/test_tok"            './$B/test_tok'
+
+# ---- data: the shard loader (every window once per epoch, dp ranks, resume, bad shards)
+step 'test_data'                         "$B/test_data"           './$B/test_data'
 
 # ---- checkpoints
 step 'test_ckpt'                         "$B/test_ckpt"           './$B/test_ckpt'

@@ -5,7 +5,9 @@
    and the next step's loss equals the saving layout's within 2e-5 relative (the new layout sums
    in another order); weights held by several ranks (kv heads replicated over tp, a tied table on
    two pipeline stages) saved as one tensor and read back under one rank and under the layout;
-   validation against the model config; crash safety (a writer killed
+   validation against the model config; MoE: dp2×ep2 (ZeRO-3 too) and issue 25's 5D meshes (a
+   DeepSeek-style model saved under dp2×pp2×ep2×tp2+sp resumes there bit for bit and under
+   pp2×cp2×ep2 and one rank); crash safety (a writer killed
    mid-write leaves the last good checkpoint in place).
    `test_ckpt --py DIR` instead checks a fixture directory written by Python (tests/ckpt_fixture.py);
    `test_ckpt --hf FIX DIR [SAVE]` a Hugging Face model against the logits, loss and gradients
@@ -189,8 +191,8 @@ static us_result run_job(us_comm *comm, void *arg) {
     us_model m;
     us_task task;
     us_ckpt_state st;
-    int dp = tc.dp, s, rank = comm ? comm->world.rank : 0;
-    int32_t *gin = NULL, *gt = NULL, *in = NULL, *tg = NULL;
+    int dp = tc.dp, s, rank = comm ? comm->world.rank : 0, Tl;
+    int32_t *gin = NULL, *gt = NULL, *in = NULL, *tg = NULL, pos[T];
     us_result r;
     tc.batch = GB / dp;
     r = comm ? us_model_init_dist(&m, &J->mc, &tc, NULL, comm)
@@ -200,6 +202,8 @@ static us_result run_job(us_comm *comm, void *arg) {
         goto out0;
     }
     tc = m.tc;
+    Tl = T / tc.cp; /* context parallelism: this rank's positions of every sequence */
+    us_cp_positions(&tc, m.mesh.cp_rank, pos);
     gin = (int32_t *)malloc(sizeof(int32_t) * GB * T * tc.grad_accum);
     gt = (int32_t *)malloc(sizeof(int32_t) * GB * T * tc.grad_accum);
     in = (int32_t *)malloc(sizeof(int32_t) * GB * T * tc.grad_accum);
@@ -223,10 +227,11 @@ static us_result run_job(us_comm *comm, void *arg) {
         us_task_batch(&task, GB * tc.grad_accum, T, gin, gt);
         for (k = 0; k < tc.grad_accum; k++)
             for (b = 0; b < tc.batch; b++)
-                for (t = 0; t < T; t++) {
-                    size_t src = ((size_t)k * GB + (size_t)m.mesh.dp_rank * tc.batch + b) * T + t;
-                    in[((size_t)k * tc.batch + b) * T + t] = gin[src];
-                    tg[((size_t)k * tc.batch + b) * T + t] = gt[src];
+                for (t = 0; t < Tl; t++) {
+                    size_t src =
+                        ((size_t)k * GB + (size_t)m.mesh.dp_rank * tc.batch + b) * T + pos[t];
+                    in[((size_t)k * tc.batch + b) * Tl + t] = gin[src];
+                    tg[((size_t)k * tc.batch + b) * Tl + t] = gt[src];
                 }
         if ((r = us_train_step(&m, in, tg, &ss)) != US_OK) {
             snprintf(J->err, sizeof J->err, "%s", us_model_error(&m));
@@ -566,6 +571,84 @@ static void test_moe(void) {
           C.err);
 }
 
+/* Issue 25's 5D meshes with a DeepSeek-style MoE model (4 layers, the first dense; shared expert,
+   sigmoid gates, group-limited routing, the router bias): a checkpoint saved under dp2×pp2×ep2×
+   tp2+sp (16 ranks, each stage writing its own layers' experts and biases) resumes bit for bit
+   under that layout, and under pp2×cp2×ep2 and one rank with the saver's next-step loss within
+   2e-5 relative and the loss one update later within 1e-4 (the moments and the biases came
+   along; the other layouts sum in another order). A bf16 pipeline whose first stage has no MoE
+   layer resumes bit for bit. */
+static void moe5d_base(job *J, int dp, int tp, int pp, int cp) {
+    base(J, dp, tp, pp, 0, US_PRECISION_FP32);
+    J->mc.n_layers = 4;
+    J->mc.moe_experts = 4;
+    J->mc.moe_top_k = 2;
+    J->mc.moe_shared = 1;
+    J->mc.moe_first_dense = 1;
+    J->mc.moe_gate = US_MOE_SIGMOID;
+    J->mc.moe_groups = 2;
+    J->mc.moe_top_groups = 1;
+    J->mc.moe_bias_rate = 1e-2f; /* the bias moves visibly in 3 steps */
+    J->tc.ep = dp * cp > 1 ? 2 : 1;
+    J->tc.sp = tp > 1;
+    J->tc.cp = cp;
+    J->tc.cp_mode = US_CP_RING; /* T = 18 splits into 2 chunks, not 4 */
+}
+
+static void test_moe_5d(void) {
+    job A, C;
+    const char *d = path("moe5d");
+    static const int lay[][4] = {{1, 1, 2, 2}, {1, 1, 1, 1}}; /* dp tp pp cp */
+    int s, i;
+    moe5d_base(&A, 2, 2, 2, 1);
+    A.steps = 5;
+    A.save = d;
+    A.save_at = 3;
+    CHECK(go(&A) == US_OK, "MoE dp2×pp2×ep2×tp2+sp: train 5, save after 3: %s", A.err);
+    moe5d_base(&C, 2, 2, 2, 1);
+    C.steps = 2;
+    C.load = d;
+    CHECK(go(&C) == US_OK, "MoE dp2×pp2×ep2×tp2+sp resume: %s", C.err);
+    for (s = 3; s < 5; s++)
+        CHECK(!memcmp(&A.loss[s], &C.loss[s], 4),
+              "MoE dp2×pp2×ep2×tp2+sp: resumed step %d loss bitwise equal (%.9g)", s + 1,
+              C.loss[s]);
+    for (i = 0; i < 2; i++) {
+        double r1, r2;
+        moe5d_base(&C, lay[i][0], lay[i][1], lay[i][2], lay[i][3]);
+        C.steps = 2;
+        C.load = d;
+        CHECK(go(&C) == US_OK, "load under pp%d cp%d ep%d: %s", lay[i][2], lay[i][3], C.tc.ep,
+              C.err);
+        r1 = fabs((double)C.loss[3] - A.loss[3]) / fabs((double)A.loss[3]);
+        r2 = fabs((double)C.loss[4] - A.loss[4]) / fabs((double)A.loss[4]);
+        CHECK(r1 < 2e-5 && r2 < 1e-4,
+              "MoE dp2×pp2×ep2×tp2+sp → pp%d×cp%d×ep%d: next-step loss %.7f vs %.7f (rel %.1e), "
+              "one update later rel %.1e",
+              lay[i][2], lay[i][3], C.tc.ep, C.loss[3], A.loss[3], r1, r2);
+    }
+    /* bf16 under pp2 with 2 layers: stage 0 holds only the dense layer, stage 1 the MoE one and
+       its fp32 bias; both stages write their weights as F32 alike (one dtype per file) */
+    d = path("moe_pp_bf16");
+    moe5d_base(&A, 1, 1, 2, 1);
+    A.mc.n_layers = 2;
+    A.tc.precision = US_PRECISION_BF16;
+    A.steps = 5;
+    A.save = d;
+    A.save_at = 3;
+    CHECK(go(&A) == US_OK, "MoE pp2 bf16, a stage without MoE layers: train 5, save after 3: %s",
+          A.err);
+    C = A;
+    memset(C.loss, 0, sizeof C.loss); /* (its own losses only) */
+    C.steps = 2;
+    C.save = NULL;
+    C.load = d;
+    CHECK(go(&C) == US_OK, "MoE pp2 bf16 resume: %s", C.err);
+    for (s = 3; s < 5; s++)
+        CHECK(!memcmp(&A.loss[s], &C.loss[s], 4),
+              "MoE pp2 bf16: resumed step %d loss bitwise equal (%.9g)", s + 1, C.loss[s]);
+}
+
 /* the model config decides: a mismatched shape, a truncated file, a missing tensor are errors */
 static void test_validation(void) {
     job A, C;
@@ -604,6 +687,16 @@ static void test_validation(void) {
     C.load = dt;
     CHECK(go(&C) != US_OK && strstr(C.err, "version 1"), "a trainer state of another version: %s",
           C.err);
+    if ((f = fopen(p, "w"))) { /* a shard loader's position without its window and seed */
+        fputs("{\"format\": \"ultrascale-trainer-state\", \"version\": 1, \"step\": 3, "
+              "\"data_position\": 3, \"rng\": [\"1\"], \"loader\": {\"epoch\": 0, \"shard\": 1}}",
+              f);
+        fclose(f);
+    }
+    base(&C, 1, 1, 1, 0, US_PRECISION_FP32);
+    C.load = dt;
+    CHECK(go(&C) != US_OK && strstr(C.err, "\"loader\" needs epoch, shard, window"),
+          "a loader position missing fields: %s", C.err);
     base(&C, 1, 1, 1, 0, US_PRECISION_FP32);
     C.load = path("does_not_exist");
     CHECK(go(&C) == US_ERR_IO && strstr(C.err, "cannot open"), "a missing directory: %s", C.err);
@@ -1145,6 +1238,7 @@ int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--py")) return check_py(argv[2]);
     if ((argc == 4 || argc == 5) && !strcmp(argv[1], "--hf"))
         return check_hf(argv[2], argv[3], argc == 5 ? argv[4] : NULL);
+    us_test_verbose = argc > 1 && !strcmp(argv[1], "-v");
     snprintf(g_root, sizeof g_root, "/tmp/us_test_ckpt_%d", (int)getpid());
     snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s", g_root, g_root);
     if (system(cmd) != 0) {
@@ -1158,6 +1252,7 @@ int main(int argc, char **argv) {
     test_layouts();
     test_copies();
     test_moe();
+    test_moe_5d();
     test_validation();
     test_config_rope();
     test_config_rope_save();

@@ -4,7 +4,8 @@
    cp 2 and dp 2 × pp 2 × cp 2 on 8 threads) must reproduce the single-rank run over STEPS
    steps: losses, gradient norms and (without tp or pp, which shard them) final weights;
    per-rank memory equals the estimator; the all-gather variant's memory is the larger; bad
-   sequence lengths are refused with a sentence.
+   sequence lengths are refused with a sentence. Generation with a KV cache under each mesh:
+   every rank decodes the whole sequence past seq, with one rank's logits.
 
    Tolerance (fp32): attention's softmax is merged block by block in another order, and the
    gradients are summed over dp×cp: losses and gradient norms within 2e-5 relative, weights within
@@ -23,6 +24,7 @@
 #define STEPS 3
 #define GB 4
 #define T 24
+#define GL 32 /* positions of the generation check */
 
 typedef struct run {
     us_model_config mc;
@@ -32,7 +34,22 @@ typedef struct run {
     float *w; /* rank 0's final weights (ZeRO 0/1 keep them whole), one-rank layout when tp = 1 */
     int64_t nw;
     us_memory mem[8], est[8];
+    /* generation (// >>sample) when gen is set: each rank's logits after each of the first GL
+       tokens of in, decoded with the KV cache (a prompt of 5, then one token a step, past T) */
+    int gen;
+    float gen_lg[8][GL - 4][64];
 } run;
+
+/* Teacher-forced decoding of in[0..GL): the logits after positions 4 .. GL-1 into lg. */
+static us_result rank_gen(us_model *m, const int32_t *in, float (*lg)[64]) {
+    us_gen g;
+    us_result r = us_gen_init(&g, m, 1, GL);
+    int t;
+    if (r == US_OK) r = us_gen_forward(&g, in, 5, lg[0]);
+    for (t = 5; t < GL && r == US_OK; t++) r = us_gen_forward(&g, in + t, 1, lg[t - 4]);
+    us_gen_free(&g);
+    return r;
+}
 
 static us_result rank_fn(us_comm *c, void *arg) {
     run *R = (run *)arg;
@@ -81,6 +98,8 @@ static us_result rank_fn(us_comm *c, void *arg) {
             k += m.params[i].numel;
         }
     }
+    if (r == US_OK && R->gen && (r = rank_gen(&m, R->in, R->gen_lg[rank])) != US_OK)
+        printf("  rank %d generation: %s\n", rank, m.err);
     us_model_free(&m);
     free(in);
     free(tgt);
@@ -154,6 +173,7 @@ int main(int argc, char **argv) {
         }
         ref.nw = us_param_count(&ref.mc);
         ref.w = (float *)malloc((size_t)ref.nw * 4);
+        ref.gen = !tied;
         CHECK(launch(&ref) == US_OK, "reference: one rank (%s)", tied ? "tied" : "untied");
         for (ci = 0; ci < (int)(sizeof cfg / sizeof cfg[0]); ci++) {
             run R;
@@ -175,6 +195,7 @@ int main(int argc, char **argv) {
             R.tgt = ref.tgt;
             R.nw = ref.nw;
             R.w = (float *)calloc((size_t)ref.nw, 4);
+            R.gen = !tied;
             if (launch(&R) != US_OK) {
                 CHECK(0, "cfg %d ran", ci);
                 free(R.w);
@@ -201,6 +222,20 @@ int main(int argc, char **argv) {
                   cfg[ci][7] > 1 ? us_pp_kind_name((us_pp_kind)cfg[ci][8]) : "", cfg[ci][4],
                   us_recompute_name(R.tc.recompute), tied ? "tied" : "untied", STEPS, ml,
                   whole ? "abs" : "(sharded, not compared here; test_dp/test_tp/test_pp do)", mw);
+            if (!tied) { /* every rank decodes the whole sequence: the same logits as one rank */
+                int r, k, ranks = cfg[ci][0] * cfg[ci][1] * cfg[ci][2] * cfg[ci][7], same = 1;
+                double e = 0;
+                for (r = 0; r < ranks; r++) {
+                    const float *a = &R.gen_lg[r][0][0], *b = &ref.gen_lg[0][0][0];
+                    same &= !memcmp(R.gen_lg[r], R.gen_lg[0], sizeof R.gen_lg[0]);
+                    for (k = 0; k < (GL - 4) * 64; k++)
+                        if (fabs(a[k] - b[k]) > e) e = fabs(a[k] - b[k]);
+                }
+                CHECK(same && e < 1e-3,
+                      "dp %d x cp %d x tp %d x pp %d: KV-cache decoding to position %d (seq %d) "
+                      "gives every rank the same logits, within %.1e of one rank's",
+                      cfg[ci][0], cfg[ci][1], cfg[ci][2], cfg[ci][7], GL, T, e);
+            }
             if (!tied) {
                 int r, ok = 1;
                 /* the estimate is the first pipeline stage's: under pp, rank 0 (stage 0, cp rank 0) */

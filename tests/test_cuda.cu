@@ -957,6 +957,73 @@ static void test_training(us_precision prec, us_recompute rc) {
     us_model_free(&b);
 }
 
+/* Generation with a KV cache on the GPU (// >>sample): the cached logits of two sequences, from
+   a model whose arena holds seq 8 (the prompt in pieces, positions past seq), against re-running
+   each whole sequence on the GPU (a model of seq 40); then greedy tokens equal us_sample's. The
+   decode step's attention is attn_block_fwd with one query per sequence over the cache (the flash
+   block kernels under bf16 at HS 64). */
+static void test_generation(us_precision prec) {
+    us_model_config mc;
+    us_train_config tc, ts;
+    us_model m, s;
+    us_gen g;
+    us_rng r;
+
+    enum { P = 11, L = 40, V = 256 };
+
+    int32_t seqs[2 * L], in[2 * L], tgt[2 * L], step[2], a[L], b[L];
+    static float lg[2 * V], ref[2 * V];
+    double worst = 0, scale = 0;
+    int t, k, v;
+    memset(&mc, 0, sizeof mc);
+    memset(&tc, 0, sizeof tc);
+    mc.n_layers = 2;
+    mc.dim = 128;
+    mc.n_heads = 2;
+    mc.n_kv_heads = 1; /* HS 64 */
+    mc.init_std = 0.1f;
+    tc.batch = 2;
+    tc.seq = L;
+    tc.precision = prec;
+    ts = tc;
+    ts.seq = 8;
+    CHECK(us_model_init(&m, &mc, &tc, &G) == US_OK && us_model_init(&s, &mc, &ts, &G) == US_OK,
+          "gpu models: %s", us_model_error(&m));
+    us_rng_seed(&r, 9);
+    for (k = 0; k < 2 * L; k++) {
+        seqs[k] = (int32_t)(us_rng_u64(&r) % V);
+        tgt[k] = -1;
+    }
+    CHECK(us_gen_init(&g, &s, 2, L) == US_OK, "gen init: %s", us_model_error(&s));
+    for (k = 0; k < 2; k++) memcpy(in + k * P, seqs + k * L, P * 4);
+    CHECK(us_gen_forward(&g, in, P, lg) == US_OK, "prefill: %s", us_model_error(&s));
+    for (t = P; t <= L; t++) {
+        for (k = 0; k < 2; k++) memcpy(in + k * t, seqs + k * L, (size_t)t * 4);
+        us_forward_eval(&m, in, tgt, 2, t, NULL, NULL, ref);
+        for (v = 0; v < 2 * V; v++) {
+            if (fabs(lg[v] - ref[v]) > worst) worst = fabs(lg[v] - ref[v]);
+            if (fabs(ref[v]) > scale) scale = fabs(ref[v]);
+        }
+        if (t == L) break;
+        step[0] = seqs[t];
+        step[1] = seqs[L + t];
+        if (us_gen_forward(&g, step, 1, lg) != US_OK) break;
+    }
+    CHECK(t == L && worst <= (prec == US_PRECISION_FP32 ? 1e-4 : 3e-2) * scale,
+          "%s: cached logits at positions %d..%d of 2 sequences (seq 8) match re-running on the "
+          "GPU within %.2e (largest logit %.2f)",
+          us_precision_name(prec), P, L, worst, scale);
+    us_gen_free(&g);
+    if (prec == US_PRECISION_FP32) {
+        us_sample(&m, seqs, 5, L - 5, 0.0f, 0, &r, a);
+        CHECK(us_generate(&s, seqs, 5, L - 5, 0.0f, 0, 0.0f, &r, b) == US_OK &&
+                  !memcmp(a, b, sizeof a),
+              "fp32 greedy: %d cached tokens (seq 8) equal us_sample's re-runs (seq 40)", L - 5);
+    }
+    us_model_free(&m);
+    us_model_free(&s);
+}
+
 /* fp16 with a first loss scale of 2^40: CPU and GPU skip the same steps (the overflow is found
    by the gradient norm on each backend), halve S alike, then train alike (// >>lossscale) */
 static void test_fp16_overflow(void) {
@@ -1324,6 +1391,8 @@ int main(int argc, char **argv) {
         return us_test_done("test_cuda --attention");
     }
     test_attn_blocks();
+    test_generation(US_PRECISION_FP32);
+    test_generation(US_PRECISION_BF16);
     test_training(US_PRECISION_FP32, US_RECOMPUTE_NONE);
     test_training(US_PRECISION_BF16, US_RECOMPUTE_NONE);
     test_training(US_PRECISION_BF16, US_RECOMPUTE_FULL);

@@ -9,8 +9,17 @@
    tp 2 × ep 2, dp 4 × tp 2 × ep 2: the MoE layer runs whole on each tp rank, the ep groups are
    per tp index), and context parallelism (cp 2, cp 2 × ep 2, dp 2 × cp 2 × ep 2/4 with the aux
    loss, whose expert counts are the whole micro-batch's, tp 2 × cp 2 × ep 2: each rank routes
-   its zig-zag slice of every sequence). Per-rank memory equals the estimator; bad settings are
-   refused in one sentence.
+   its zig-zag slice of every sequence), and pipeline parallelism (pp 2 under AFAB, 1F1B,
+   interleaved, ZB-H1, ZB-V and DualPipe-V; a stage without a MoE layer; a slot place dense in one
+   chunk and MoE in the other; dp 2 × pp 2 × ep 2), then issue 25's 5D meshes with a DeepSeek-style
+   model (first layer dense, shared expert, sigmoid gates, group-limited routing, router bias):
+   dp 2 × pp 2 × ep 2 × tp 2 + sp on 16 threads and pp 2 × cp 2 × ep 2. The routing statistics
+   and the last step's expert loads (us_step_stats, summed over the stages under pp) equal the
+   reference's; each layer's bias is compared on the stage that holds it. Per-rank memory equals
+   the estimator (under pp: the first stage's); bad settings are refused in one sentence. The
+   pipelines whose MoE layers communicate inside a stage run under NCCL's semantics, the
+   schedules of several chunks on the clock (// >>pp). After training, every variant decodes past
+   seq with the KV cache (// >>sample): every rank gets the same logits as one rank.
 
    The reference is one rank running each data-parallel rank's micro-batch as a micro-batch of
    its own (grad_accum × dp of them): the auxiliary loss and the capacity limit are statistics
@@ -33,7 +42,8 @@
 #define STEPS 4
 #define GB 8
 #define T 8
-#define MAXR 8
+#define MAXR 16
+#define GL (T + 8) /* positions of the generation check, past seq */
 
 typedef struct run {
     us_model_config mc;
@@ -47,19 +57,43 @@ typedef struct run {
     char (*names)[80];
     int64_t *refoff, n_ref;
     float *weights;         /* [n_ref] the final weights, by reference offset */
-    float *bias;            /* [n_moe·E] the final router bias (rank 0's), or the reference's */
+    float *bias;            /* [n_moe·E] the final router bias (the reference's) */
     const float *ref_bias;  /* the reference's, compared on every rank */
     double bias_diff[MAXR]; /* each rank's largest difference from ref_bias */
     us_memory mem[MAXR], est[MAXR];
     us_result res[MAXR];
-    int skew; /* see variant */
+    int skew;          /* see variant */
+    int pp_rank[MAXR]; /* each rank's pipeline stage: the estimator speaks for the first */
+    int64_t load[64];  /* the last step's expert loads, the model's [MoE layers][E] */
+    int n_load;
+    /* each rank's logits after each of in[4 .. GL-1], decoded with the KV cache (// >>sample) */
+    float gen_lg[MAXR][GL - 4][20];
 } run;
+
+/* Teacher-forced decoding of in[0..GL): a prompt of 5, then one token a step, past seq. */
+static us_result rank_gen(us_model *m, const int32_t *in, float (*lg)[20]) {
+    us_gen g;
+    us_result r = us_gen_init(&g, m, 1, GL);
+    int t;
+    if (r == US_OK) r = us_gen_forward(&g, in, 5, lg[0]);
+    for (t = 5; t < GL && r == US_OK; t++) r = us_gen_forward(&g, in + t, 1, lg[t - 4]);
+    us_gen_free(&g);
+    return r;
+}
 
 static int ref_index(const run *R, const char *name) {
     int i;
     for (i = 0; i < R->np_t; i++)
         if (!strcmp(R->names[i], name)) return i;
     return -1;
+}
+
+/* The place of global layer lg among the model's MoE layers (a pipeline stage holds some). */
+static int moe_global_idx(const us_model_config *mc, int lg) {
+    int j, n = 0;
+    for (j = 0; j < lg; j++)
+        n += j >= mc->moe_first_dense && (j - mc->moe_first_dense) % mc->moe_every == 0;
+    return n;
 }
 
 static us_result rank_fn(us_comm *c, void *arg) {
@@ -81,6 +115,7 @@ static us_result rank_fn(us_comm *c, void *arg) {
     }
     us_memory_estimate(&R->mc, &tc, &R->est[rank], NULL, 0);
     R->mem[rank] = m.mem;
+    R->pp_rank[rank] = m.mesh.pp_rank;
     if (R->skew) { /* the router bias steers the choice: experts 0..K-1 win every token */
         size_t e, E = (size_t)m.cfg.moe_experts;
         for (e = 0; e < (size_t)m.n_moe * E; e++)
@@ -114,6 +149,8 @@ static us_result rank_fn(us_comm *c, void *arg) {
             R->gnorm[s] = st.grad_norm;
             R->imb[s] = st.moe_imbalance;
             R->aux[s] = st.moe_aux_loss;
+            R->n_load = m.n_moe_all * m.cfg.moe_experts;
+            if (R->n_load <= 64) memcpy(R->load, st.moe_load, sizeof(int64_t) * R->n_load);
         }
     }
     if (r == US_OK) {
@@ -139,17 +176,22 @@ static us_result rank_fn(us_comm *c, void *arg) {
                 R->weights[R->refoff[j] + f] = ((const float *)m.w)[p->offset + e];
             }
         }
-        if (m.n_moe) {
-            size_t nb = (size_t)m.n_moe * m.cfg.moe_experts, e;
+        if (m.n_moe) { /* each local MoE layer's bias against the reference's layer */
+            size_t E = (size_t)m.cfg.moe_experts, e;
+            int l;
             double d = 0;
-            if (rank == 0 && R->bias) memcpy(R->bias, m.moe_bias_h, nb * 4);
-            if (R->ref_bias)
-                for (e = 0; e < nb; e++)
-                    if (fabs(m.moe_bias_h[e] - R->ref_bias[e]) > d)
-                        d = fabs(m.moe_bias_h[e] - R->ref_bias[e]);
+            if (rank == 0 && R->bias) memcpy(R->bias, m.moe_bias_h, (size_t)m.n_moe * E * 4);
+            for (l = 0; l < m.cfg.n_layers && R->ref_bias; l++) {
+                const float *b = m.moe_bias_h + (size_t)m.moe_idx[l] * E,
+                            *rb = R->ref_bias + (size_t)moe_global_idx(&m.cfg, m.layer_g[l]) * E;
+                for (e = 0; e < E && m.moe_idx[l] >= 0; e++)
+                    if (fabs(b[e] - rb[e]) > d) d = fabs(b[e] - rb[e]);
+            }
             R->bias_diff[rank] = d;
         }
     }
+    if (r == US_OK && (r = rank_gen(&m, R->in, R->gen_lg[rank])) != US_OK)
+        printf("  rank %d generation: %s\n", rank, m.err);
     us_model_free(&m);
     free(in);
     free(tgt);
@@ -182,11 +224,21 @@ typedef struct variant {
     int skew; /* a large router bias sends every token to experts 0..K-1: the other ranks' experts get nothing */
     int cp; /* context parallelism (0: 1): each rank routes its slice of every sequence */
     int sp; /* sequence parallelism (tp > 1): the tp group's tokens gathered around the MoE layer */
+    /* pipeline parallelism: with a schedule (a us_pp_kind, 0: none) pp 2, each stage running its
+       own layers' routers and experts */
+    int sched, layers; /* the schedule, the model's layers (0: 2) */
+    int deepseek; /* DeepSeek-style: first layer dense, 2 groups of experts, each token's from 1 */
 } variant;
 
 static void setup(run *R, const variant *v, int ranks) {
     memset(R, 0, sizeof *R);
     R->mc = moe_model(v->E, v->K);
+    if (v->layers) R->mc.n_layers = v->layers;
+    if (v->deepseek) {
+        R->mc.moe_first_dense = 1;
+        R->mc.moe_groups = 2;
+        R->mc.moe_top_groups = 1;
+    }
     R->mc.moe_shared = v->shared;
     if (v->sigmoid) R->mc.moe_gate = US_MOE_SIGMOID;
     if (v->aux) R->mc.moe_balance = US_MOE_BALANCE_AUX;
@@ -208,6 +260,11 @@ static void setup(run *R, const variant *v, int ranks) {
         R->tc.tp = v->tp > 1 ? v->tp : 1;
         R->tc.cp = v->cp > 1 ? v->cp : 1;
         R->tc.sp = v->sp;
+        R->tc.pp = v->sched ? 2 : 1;
+        R->tc.pp_schedule = v->sched;
+        /* the schedules of several chunks time their messages on the clock, NCCL's plan: the
+           channels' plan still deadlocks there under NCCL's semantics (// >>pp) */
+        R->tc.pp_clock = v->sched >= US_PP_INTERLEAVED && v->sched != US_PP_ZB1;
     } else
         R->tc.grad_accum = v->accum * v->dp; /* one rank: each rank's micro-batch in turn */
 }
@@ -219,7 +276,9 @@ static void run_variant(const variant *v) {
     size_t n = (size_t)STEPS * v->accum * GB * T;
     double ml = 0, mg = 0, mw = 0, mb = 0, ms = 0, bmax = 0;
     int mem_ok = 1, shard_ok = 1,
-        nr = v->dp * (v->tp > 1 ? v->tp : 1) * (v->cp > 1 ? v->cp : 1); /* the layout's ranks */
+        nr = v->dp * (v->tp > 1 ? v->tp : 1) * (v->cp > 1 ? v->cp : 1) *
+             (v->sched ? 2 : 1); /* the layout's ranks */
+    int n_moe_all, nexp = 0;
     setup(&ref, v, 1);
     ref.in = (int32_t *)malloc(n * 4);
     ref.tgt = (int32_t *)malloc(n * 4);
@@ -241,6 +300,7 @@ static void run_variant(const variant *v) {
         ref.n_ref += tmp.params[i].numel;
     }
     ref.bias = (float *)calloc((size_t)tmp.n_moe * v->E, 4);
+    n_moe_all = tmp.n_moe;
     us_model_free(&tmp);
     ref.weights = (float *)calloc((size_t)ref.n_ref, 4);
     CHECK(us_test_launch(1, rank_fn, &ref, NULL, 0) == US_OK, "%s: the reference ran", v->what);
@@ -266,8 +326,10 @@ static void run_variant(const variant *v) {
                  fabs(R.aux[s] - ref.aux[s]) / (fabs(ref.aux[s]) + 1e-30);
             if (dl > ms) ms = dl;
         }
-        for (i = 0; i < nr; i++) shard_ok &= R.n_expert_t[i] == 3 * (v->E / v->ep) * R.mc.n_layers;
-        for (i = 0; i < v->E * R.mc.n_layers; i++)
+        /* every rank of a stage holds E/ep experts of each of the stage's MoE layers */
+        for (i = 0; i < nr; i++) nexp += R.n_expert_t[i];
+        shard_ok = nexp == 3 * (v->E / v->ep) * n_moe_all * (nr / (v->sched ? 2 : 1));
+        for (i = 0; i < v->E * n_moe_all; i++)
             if (fabs(ref.bias[i]) > bmax) bmax = fabs(ref.bias[i]);
         /* (ZeRO-3 ranks hold pieces of the flat buffers: there the losses and norms of every step speak) */
         for (i = 0; i < ref.n_ref && v->zero < 3; i++) {
@@ -277,9 +339,10 @@ static void run_variant(const variant *v) {
         for (i = 0; i < nr; i++)
             if (R.bias_diff[i] > mb) mb = R.bias_diff[i];
         for (i = 0; i < nr; i++)
-            mem_ok &= R.mem[i].total == R.est[i].total &&
-                      R.mem[i].activations == R.est[i].activations &&
-                      R.mem[i].params == R.est[i].params;
+            if (R.pp_rank[i] == 0) /* (under pp the estimate is the first stage's) */
+                mem_ok &= R.mem[i].total == R.est[i].total &&
+                          R.mem[i].activations == R.est[i].activations &&
+                          R.mem[i].params == R.est[i].params;
         CHECK(ml < 1e-5 && mg < 1e-5 && mw < 1e-4,
               "%s: %d steps equal one rank (loss rel %.1e, grad norm rel %.1e, weights abs %.1e)",
               v->what, STEPS, ml, mg, mw);
@@ -290,11 +353,30 @@ static void run_variant(const variant *v) {
         CHECK(ms < 1e-5,
               "%s: the routing statistics (imbalance, aux loss) are the reference's (diff %.1e)",
               v->what, ms);
-        CHECK(shard_ok, "%s: each rank holds %d experts per MoE layer (rank 0: %d expert tensors)",
-              v->what, v->E / v->ep, R.n_expert_t[0]);
+        CHECK(R.n_load == ref.n_load && R.n_load <= 64 &&
+                  !memcmp(R.load, ref.load, sizeof(int64_t) * R.n_load),
+              "%s: the last step's expert loads (%d layers x %d experts) are the reference's",
+              v->what, R.n_load / v->E, v->E);
+        CHECK(shard_ok,
+              "%s: each rank holds %d experts per MoE layer (all ranks: %d expert tensors)",
+              v->what, v->E / v->ep, nexp);
         CHECK(mem_ok,
               "%s: per-rank memory = the estimate (rank 0: allocated %zu, estimated %zu bytes)",
               v->what, R.mem[0].total, R.est[0].total);
+        { /* every rank decodes the whole sequence, experts over ep: one rank's logits */
+            double e = 0;
+            int same = 1, k;
+            for (i = 0; i < nr; i++) {
+                const float *a = &R.gen_lg[i][0][0], *b = &ref.gen_lg[0][0][0];
+                same &= !memcmp(R.gen_lg[i], R.gen_lg[0], sizeof R.gen_lg[0]);
+                for (k = 0; k < (GL - 4) * 20; k++)
+                    if (fabs(a[k] - b[k]) > e) e = fabs(a[k] - b[k]);
+            }
+            CHECK(same && e < 1e-3,
+                  "%s: KV-cache decoding to position %d (seq %d): every rank the same logits, "
+                  "within %.1e of one rank's",
+                  v->what, GL, T, e);
+        }
     }
     free(R.weights);
     free(ref.weights);
@@ -314,7 +396,6 @@ static void test_refusals(void) {
         {"must divide dp x cp", 4, 4, 3, 0, 1, 0, 1, 1, 0},
         {"must divide experts", 6, 4, 4, 0, 1, 0, 1, 1, 0},
         {"needs a MoE model", 0, 2, 2, 0, 1, 0, 1, 1, 0},
-        {"does not combine with pp", 4, 1, 1, 0, 1, 0, 1, 2, 0},
         {"which cp and sp spread over several ranks", 4, 1, 2, 0, 1, 0, 2, 1, 1.25f},
         {"ep=-1 must be at least 1", 4, 2, -1, 0, 1, 0, 1, 1, 0},
     };
@@ -347,77 +428,118 @@ static void test_refusals(void) {
 
 int main(int argc, char **argv) {
     static const variant vs[] = {
-        /* what                                   dp ep E  K  acc sh sig aux z  cap  recompute  tp skew cp sp */
-        {"ep 2 (dp 2)", 2, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0, 0, 0},
-        {"ep 4 (dp 4)", 4, 4, 8, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0, 0, 0},
+        /* what               dp ep E K acc sh sig aux z cap recompute tp skew cp sp sched L ds */
+        {"ep 2 (dp 2)", 2, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0, 0, 0, 0, 0, 0},
+        {"ep 4 (dp 4)", 4, 4, 8, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0, 0, 0, 0, 0, 0},
         {"dp 4 x ep 2 (experts on 2 ranks each)", 4, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE,
-         1, 0, 0, 0},
-        {"dp 2 without ep", 2, 1, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0, 0, 0},
+         1, 0, 0, 0, 0, 0, 0},
+        {"dp 2 without ep", 2, 1, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0, 0, 0, 0, 0, 0},
         {"ep 2, shared expert, sigmoid gates", 2, 2, 4, 2, 1, 1, 1, 0, 0, 0, US_RECOMPUTE_NONE, 1,
-         0, 0, 0},
+         0, 0, 0, 0, 0, 0},
         {"ep 4, top-1, aux loss, capacity 0.5", 4, 4, 8, 1, 1, 0, 0, 1, 0, 0.5f, US_RECOMPUTE_NONE,
-         1, 0, 0, 0},
+         1, 0, 0, 0, 0, 0, 0},
         {"dp 4 x ep 2, accum 2, selective recompute", 4, 2, 4, 2, 2, 1, 0, 0, 0, 0,
-         US_RECOMPUTE_SELECTIVE, 1, 0, 0, 0},
+         US_RECOMPUTE_SELECTIVE, 1, 0, 0, 0, 0, 0, 0},
         {"ep 2, accum 2, full recompute", 2, 2, 4, 2, 2, 0, 1, 0, 0, 0, US_RECOMPUTE_FULL, 1, 0, 0,
-         0},
-        {"dp 2 without ep, ZeRO-1", 2, 1, 4, 2, 1, 0, 0, 0, 1, 0, US_RECOMPUTE_NONE, 1, 0, 0, 0},
-        {"dp 2 without ep, ZeRO-3", 2, 1, 4, 2, 1, 0, 0, 0, 3, 0, US_RECOMPUTE_NONE, 1, 0, 0, 0},
-        {"tp 2 (MoE whole on each tp rank)", 1, 1, 4, 2, 1, 1, 0, 0, 0, 0, US_RECOMPUTE_NONE, 2, 0,
+         0, 0, 0, 0},
+        {"dp 2 without ep, ZeRO-1", 2, 1, 4, 2, 1, 0, 0, 0, 1, 0, US_RECOMPUTE_NONE, 1, 0, 0, 0, 0,
          0, 0},
-        {"dp 2 x tp 2 x ep 2", 2, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 2, 0, 0, 0},
+        {"dp 2 without ep, ZeRO-3", 2, 1, 4, 2, 1, 0, 0, 0, 3, 0, US_RECOMPUTE_NONE, 1, 0, 0, 0, 0,
+         0, 0},
+        {"tp 2 (MoE whole on each tp rank)", 1, 1, 4, 2, 1, 1, 0, 0, 0, 0, US_RECOMPUTE_NONE, 2, 0,
+         0, 0, 0, 0, 0},
+        {"dp 2 x tp 2 x ep 2", 2, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 2, 0, 0, 0, 0, 0,
+         0},
         {"dp 2 x tp 2 x ep 2, shared, sigmoid, full recompute", 2, 2, 4, 2, 2, 1, 1, 0, 0, 0,
-         US_RECOMPUTE_FULL, 2, 0, 0, 0},
+         US_RECOMPUTE_FULL, 2, 0, 0, 0, 0, 0, 0},
         {"dp 4 x tp 2 x ep 2, aux loss", 4, 2, 4, 2, 1, 0, 0, 1, 0, 0, US_RECOMPUTE_NONE, 2, 0, 0,
-         0},
+         0, 0, 0, 0},
         {"ep 4, every token to rank 0's experts", 4, 4, 8, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE,
-         1, 1, 0, 0},
+         1, 1, 0, 0, 0, 0, 0},
         /* context parallelism: each rank routes its (zig-zag) slice of every sequence */
-        {"cp 2", 1, 1, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0, 2, 0},
-        {"cp 2 x ep 2", 1, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0, 2, 0},
+        {"cp 2", 1, 1, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0, 2, 0, 0, 0, 0},
+        {"cp 2 x ep 2", 1, 2, 4, 2, 1, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0, 2, 0, 0, 0, 0},
         {"dp 2 x cp 2 x ep 2, aux loss, shared, accum 2, selective recompute", 2, 2, 4, 2, 2, 1, 0,
-         1, 0, 0, US_RECOMPUTE_SELECTIVE, 1, 0, 2, 0},
+         1, 0, 0, US_RECOMPUTE_SELECTIVE, 1, 0, 2, 0, 0, 0, 0},
         {"dp 2 x cp 2 x ep 4, sigmoid gates, full recompute", 2, 4, 8, 2, 1, 0, 1, 0, 0, 0,
-         US_RECOMPUTE_FULL, 1, 0, 2, 0},
+         US_RECOMPUTE_FULL, 1, 0, 2, 0, 0, 0, 0},
         {"tp 2 x cp 2 x ep 2, aux loss", 1, 2, 4, 2, 1, 0, 0, 1, 0, 0, US_RECOMPUTE_NONE, 2, 0, 2,
-         0},
+         0, 0, 0, 0},
         /* sequence parallelism: ln2's output gathered over tp, each rank keeps its rows */
-        {"tp 2 + sp", 1, 1, 4, 2, 1, 1, 0, 0, 0, 0, US_RECOMPUTE_NONE, 2, 0, 1, 1},
+        {"tp 2 + sp", 1, 1, 4, 2, 1, 1, 0, 0, 0, 0, US_RECOMPUTE_NONE, 2, 0, 1, 1, 0, 0, 0},
         {"dp 2 x tp 2 + sp x ep 2, aux loss, accum 2, selective recompute", 2, 2, 4, 2, 2, 0, 0, 1,
-         0, 0, US_RECOMPUTE_SELECTIVE, 2, 0, 1, 1},
+         0, 0, US_RECOMPUTE_SELECTIVE, 2, 0, 1, 1, 0, 0, 0},
         {"cp 2 x tp 2 + sp x ep 2, shared, sigmoid, full recompute", 1, 2, 4, 2, 1, 1, 1, 0, 0, 0,
-         US_RECOMPUTE_FULL, 2, 0, 2, 1},
+         US_RECOMPUTE_FULL, 2, 0, 2, 1, 0, 0, 0},
         /* ZeRO: routed experts sharded over their dp·cp/ep replicas, the rest over dp×cp;
            Mixtral-style (top-2 of 8, softmax gates, aux loss) */
         {"ep 2 (dp 2), ZeRO-1, Mixtral-style", 2, 2, 8, 2, 1, 0, 0, 1, 1, 0, US_RECOMPUTE_NONE, 1,
-         0, 0, 0},
+         0, 0, 0, 0, 0, 0},
         {"ep 2 (dp 2), ZeRO-2, Mixtral-style", 2, 2, 8, 2, 1, 0, 0, 1, 2, 0, US_RECOMPUTE_NONE, 1,
-         0, 0, 0},
+         0, 0, 0, 0, 0, 0},
         {"ep 2 (dp 2), ZeRO-3, Mixtral-style", 2, 2, 8, 2, 1, 0, 0, 1, 3, 0, US_RECOMPUTE_NONE, 1,
-         0, 0, 0},
+         0, 0, 0, 0, 0, 0},
         {"dp 4 x ep 2, ZeRO-1, Mixtral-style, accum 2", 4, 2, 8, 2, 2, 0, 0, 1, 1, 0,
-         US_RECOMPUTE_NONE, 1, 0, 0, 0},
+         US_RECOMPUTE_NONE, 1, 0, 0, 0, 0, 0, 0},
         {"dp 4 x ep 2, ZeRO-2, Mixtral-style, accum 2", 4, 2, 8, 2, 2, 0, 0, 1, 2, 0,
-         US_RECOMPUTE_NONE, 1, 0, 0, 0},
+         US_RECOMPUTE_NONE, 1, 0, 0, 0, 0, 0, 0},
         {"dp 4 x ep 2, ZeRO-3, Mixtral-style, accum 2, selective recompute", 4, 2, 8, 2, 2, 0, 0, 1,
-         3, 0, US_RECOMPUTE_SELECTIVE, 1, 0, 0, 0},
+         3, 0, US_RECOMPUTE_SELECTIVE, 1, 0, 0, 0, 0, 0, 0},
         {"dp 4 x ep 2, ZeRO-2, half the ranks' experts get no token", 4, 2, 4, 2, 1, 0, 0, 0, 2, 0,
-         US_RECOMPUTE_NONE, 1, 1, 0, 0},
+         US_RECOMPUTE_NONE, 1, 1, 0, 0, 0, 0, 0},
         {"dp 4 x ep 2, ZeRO-3, half the ranks' experts get no token", 4, 2, 4, 2, 1, 0, 0, 0, 3, 0,
-         US_RECOMPUTE_NONE, 1, 1, 0, 0},
+         US_RECOMPUTE_NONE, 1, 1, 0, 0, 0, 0, 0},
         {"dp 2 x cp 2 x ep 2, ZeRO-2, shared expert", 2, 2, 4, 2, 1, 1, 0, 0, 2, 0,
-         US_RECOMPUTE_NONE, 1, 0, 2, 0},
+         US_RECOMPUTE_NONE, 1, 0, 2, 0, 0, 0, 0},
         {"dp 2 x tp 2 + sp x ep 2, ZeRO-3, aux loss", 2, 2, 4, 2, 1, 0, 0, 1, 3, 0,
-         US_RECOMPUTE_NONE, 2, 0, 1, 1},
+         US_RECOMPUTE_NONE, 2, 0, 1, 1, 0, 0, 0},
         /* ZeRO-2 at ep 1: each expert's gradients finished before the next's (two slots) */
         {"dp 2 without ep, ZeRO-2, Mixtral-style", 2, 1, 8, 2, 1, 0, 0, 1, 2, 0, US_RECOMPUTE_NONE,
-         1, 0, 0, 0},
+         1, 0, 0, 0, 0, 0, 0},
         {"dp 2 without ep, ZeRO-2, shared expert, accum 2, full recompute", 2, 1, 4, 2, 2, 1, 0, 0,
-         2, 0, US_RECOMPUTE_FULL, 1, 0, 0, 0},
+         2, 0, US_RECOMPUTE_FULL, 1, 0, 0, 0, 0, 0, 0},
+        /* pipeline parallelism: each stage routes through its own MoE layers; 4 micro-batches,
+           4 layers (2 chunks per rank for interleaved and the V shapes). The last three columns:
+           the schedule (pp 2 where set), the layers, DeepSeek-style */
+        {"pp 2, 1F1B", 1, 1, 4, 2, 4, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0, 0, 0, US_PP_1F1B, 4,
+         0},
+        {"pp 2, AFAB, aux loss, capacity 1", 1, 1, 4, 2, 4, 0, 0, 1, 0, 1.0f, US_RECOMPUTE_NONE, 1,
+         0, 0, 0, US_PP_AFAB, 4, 0},
+        {"pp 2, interleaved, shared expert, selective recompute", 1, 1, 4, 2, 4, 1, 0, 0, 0, 0,
+         US_RECOMPUTE_SELECTIVE, 1, 0, 0, 0, US_PP_INTERLEAVED, 4, 0},
+        {"pp 2, ZB-H1 (the experts' Wgrad in W)", 1, 1, 4, 2, 4, 0, 0, 0, 0, 0, US_RECOMPUTE_NONE,
+         1, 0, 0, 0, US_PP_ZB1, 4, 0},
+        {"pp 2, ZB-V, sigmoid gates, aux loss", 1, 1, 4, 2, 4, 0, 1, 1, 0, 0, US_RECOMPUTE_NONE, 1,
+         0, 0, 0, US_PP_ZBV, 4, 0},
+        {"pp 2, DualPipe-V, shared expert", 1, 1, 4, 2, 4, 1, 0, 0, 0, 0, US_RECOMPUTE_NONE, 1, 0,
+         0, 0, US_PP_DUALPIPEV, 4, 0},
+        {"pp 2, 1F1B, a stage without a MoE layer (2 layers, the first dense)", 1, 1, 4, 2, 4, 0, 0,
+         0, 0, 0, US_RECOMPUTE_NONE, 1, 0, 0, 0, US_PP_1F1B, 2, 1},
+        {"pp 2, interleaved, a slot's layer dense in one chunk and MoE in the other", 1, 1, 4, 2, 4,
+         0, 0, 0, 0, 0, US_RECOMPUTE_FULL, 1, 0, 0, 0, US_PP_INTERLEAVED, 4, 1},
+        {"dp 2 x pp 2 x ep 2, 1F1B, aux loss, ZeRO-2", 2, 2, 4, 2, 4, 0, 0, 1, 2, 0,
+         US_RECOMPUTE_NONE, 1, 0, 0, 0, US_PP_1F1B, 4, 0},
+        {"dp 2 x pp 2 x ep 2, ZB-H1, ZeRO-1", 2, 2, 4, 2, 4, 1, 0, 0, 1, 0, US_RECOMPUTE_NONE, 1, 0,
+         0, 0, US_PP_ZB1, 4, 0},
+        {"pp 2 x tp 2 + sp, ZB-H1, DeepSeek-style (u gathered again in W)", 1, 1, 4, 2, 4, 1, 1, 0,
+         0, 0, US_RECOMPUTE_NONE, 2, 0, 1, 1, US_PP_ZB1, 4, 1},
+        /* issue 25's 5D meshes, DeepSeek-style: first layer dense, shared expert, sigmoid gates,
+           group-limited routing (2 groups, each token's experts from its best one), the
+           auxiliary-loss-free bias */
+        {"dp 2 x pp 2 x ep 2 x tp 2 + sp (16 ranks), DeepSeek-style", 2, 2, 4, 2, 4, 1, 1, 0, 0, 0,
+         US_RECOMPUTE_NONE, 2, 0, 1, 1, US_PP_1F1B, 4, 1},
+        {"pp 2 x cp 2 x ep 2, DeepSeek-style", 1, 2, 4, 2, 4, 1, 1, 0, 0, 0, US_RECOMPUTE_NONE, 1,
+         0, 2, 0, US_PP_1F1B, 4, 1},
     };
     int i;
     us_test_verbose = argc > 1 && !strcmp(argv[1], "-v");
-    for (i = 0; i < (int)(sizeof vs / sizeof vs[0]); i++) run_variant(&vs[i]);
+    for (i = 0; i < (int)(sizeof vs / sizeof vs[0]); i++) {
+        /* under NCCL's semantics (us_test_ranks.h) the pipelines whose MoE layers talk inside
+           a stage (ep, cp, tp), and DualPipe-V on the clock: orders that would hang GPUs fail */
+        us_test_nccl = vs[i].sched && (vs[i].ep > 1 || vs[i].cp > 1 || vs[i].tp > 1 ||
+                                       vs[i].sched == US_PP_DUALPIPEV);
+        run_variant(&vs[i]);
+    }
     test_refusals();
     return us_test_done("test_ep");
 }

@@ -369,6 +369,114 @@ static void test_sampling(void) {
     us_model_free(&m);
 }
 
+/* ---- generation with a KV cache (// >>sample): each step's logits are those of re-running the
+   whole sequence, for two sequences side by side, past tc.seq, with the prompt cut into pieces */
+static void test_kv_cache_logits(void) {
+    us_model_config mc = tiny_model();
+    us_train_config tc = tiny_train(2, 20), ts = tiny_train(2, 6);
+    us_model m, s; /* the same weights (seed 7): an arena of 20 positions, one of 6 */
+    us_gen g;
+
+    enum { P = 9, L = 20 };
+
+    int32_t seqs[2][L], in[2 * L], tgt[2 * L], step[2];
+    float lg[2][19], ref[2][19];
+    double worst = 0;
+    int t, b, v, k;
+    us_model_init(&m, &mc, &tc, NULL);
+    us_model_init(&s, &mc, &ts, NULL);
+    random_tokens(&seqs[0][0], tgt, 2 * L, 19, 11);
+    for (k = 0; k < 2 * L; k++) tgt[k] = -1;
+    /* s decodes: the prompt of 9 in pieces of 6 and 3, then positions up to 19 (seq is 6) */
+    CHECK(us_gen_init(&g, &s, 2, L) == US_OK, "gen init: %s", us_model_error(&s));
+    for (b = 0; b < 2; b++) memcpy(in + b * P, seqs[b], P * 4);
+    CHECK(us_gen_forward(&g, in, P, &lg[0][0]) == US_OK, "prefill: %s", us_model_error(&s));
+    for (t = P; t <= L; t++) {
+        for (b = 0; b < 2; b++) memcpy(in + b * t, seqs[b], (size_t)t * 4);
+        us_forward_eval(&m, in, tgt, 2, t, NULL, NULL, &ref[0][0]); /* m re-runs all t */
+        for (b = 0; b < 2; b++)
+            for (v = 0; v < 19; v++)
+                if (fabs(lg[b][v] - ref[b][v]) > worst) worst = fabs(lg[b][v] - ref[b][v]);
+        if (t == L) break;
+        step[0] = seqs[0][t];
+        step[1] = seqs[1][t];
+        if (us_gen_forward(&g, step, 1, &lg[0][0]) != US_OK) break;
+    }
+    CHECK(t == L && g.len == L && worst < 2e-5,
+          "cached logits at positions %d..%d of 2 sequences (seq 6) match re-running each whole "
+          "sequence within %.1e",
+          P, L, worst);
+    CHECK(us_gen_forward(&g, step, 1, &lg[0][0]) == US_ERR_INVALID,
+          "a token past the cache's %d positions is refused: %s", L, us_model_error(&s));
+    us_gen_reset(&g);
+    CHECK(us_gen_forward(&g, in, 3, &lg[0][0]) == US_OK && g.len == 3,
+          "after a reset the cache takes a new prompt");
+    us_gen_free(&g);
+    CHECK(us_gen_init(&g, &s, 3, L) == US_ERR_INVALID, "3 sequences over batch 2 are refused: %s",
+          us_model_error(&s));
+    us_model_free(&m);
+    us_model_free(&s);
+}
+
+/* Greedy generation with the cache gives the tokens us_sample gives by re-running; moe: the
+   MLPs are MoE layers (4 experts, top-2, a shared one). */
+static void test_kv_cache_greedy(int moe) {
+    us_model_config mc = tiny_model();
+    us_train_config tc = tiny_train(1, 24), ts = tiny_train(1, 5);
+    us_model m, s;
+    us_rng r;
+    int32_t prompt[7] = {3, 1, 4, 1, 5, 9, 2}, a[24], b[24], c[24];
+    if (moe) {
+        mc.moe_experts = 4;
+        mc.moe_shared = 1;
+    }
+    us_model_init(&m, &mc, &tc, NULL);
+    us_model_init(&s, &mc, &ts, NULL);
+    us_rng_seed(&r, 1);
+    us_sample(&m, prompt, 7, 17, 0.0f, 0, &r, a);
+    CHECK(us_generate(&m, prompt, 7, 17, 0.0f, 0, 0.0f, &r, b) == US_OK &&
+              us_generate(&s, prompt, 7, 17, 0.0f, 0, 0.9f, &r, c) == US_OK,
+          "generate: %s", us_model_error(&s));
+    CHECK(!memcmp(a, b, sizeof a) && !memcmp(a, c, sizeof a),
+          "greedy%s: 17 cached tokens equal re-running (seq 24), also from a model of seq 5",
+          moe ? ", MoE" : "");
+    us_model_free(&m);
+    us_model_free(&s);
+}
+
+/* Nucleus sampling over probabilities 0.5, 0.3, 0.15, 0.05: top_p 0.7 keeps the first two
+   (drawn 5:3), 0.9 the first three, 0.4 only the first; off (0), all four. */
+static void test_top_p(void) {
+    float lg[4];
+    const double p[4] = {0.5, 0.3, 0.15, 0.05};
+    const float tops[4] = {0.7f, 0.9f, 0.4f, 0.0f};
+    const int kept[4] = {2, 3, 1, 4};
+    us_rng r;
+    int i, k, n = 4000;
+    for (i = 0; i < 4; i++) lg[i] = (float)log(p[i]) + 1.0f;
+    us_rng_seed(&r, 5);
+    for (k = 0; k < 4; k++) {
+        int cnt[4] = {0, 0, 0, 0}, seen = 0;
+        for (i = 0; i < n; i++) {
+            int32_t t = -1;
+            us_sample_logits(lg, 4, 1.0f, 0, tops[k], &r, &t);
+            if (t >= 0 && t < 4) cnt[t]++;
+        }
+        for (i = 0; i < 4; i++) seen += cnt[i] > 0;
+        CHECK(seen == kept[k] && cnt[0] + cnt[1] + cnt[2] + cnt[3] == n,
+              "top_p %.1f draws from the %d most likely tokens (saw %d)", tops[k], kept[k], seen);
+        if (k == 0)
+            CHECK(fabs(cnt[0] / (double)n - 0.625) < 0.03,
+                  "top_p 0.7: token 0 renormalised to 0.5/0.8, drawn %.3f", cnt[0] / (double)n);
+    }
+    for (i = 0; i < 4; i++) lg[i] = NAN;
+    {
+        int32_t t = -1;
+        CHECK(us_sample_logits(lg, 4, 1.0f, 0, 0.9f, &r, &t) == US_ERR_NONFINITE,
+              "no finite logit to sample from is an error, not an index");
+    }
+}
+
 /* ---- the fused head (loss_chunk): the same numbers as the whole logits, a smaller arena */
 static void test_loss_chunk(us_precision prec, int tied) {
     us_model_config mc = tiny_model();
@@ -464,6 +572,10 @@ int main(int argc, char **argv) {
     test_estimator();
     test_params_and_determinism();
     test_sampling();
+    test_kv_cache_logits();
+    test_kv_cache_greedy(0);
+    test_kv_cache_greedy(1);
+    test_top_p();
     test_loss_chunk(US_PRECISION_FP32, 0);
     test_loss_chunk(US_PRECISION_FP32, 1);
     test_loss_chunk(US_PRECISION_BF16, 1);

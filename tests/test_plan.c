@@ -83,7 +83,77 @@ static void check_plans(const char *what, const us_model_config *mc, const us_pl
     CHECK(!bad_order, "%s: sorted fastest first (%d out of order)", what, bad_order);
 }
 
-int main(void) {
+/* Mixture-of-experts models (issue 25): now that ZeRO combines with ep, the planner proposes
+   expert parallelism, and its all-to-all shows in the cost. Mixtral-8x7B on 8 nodes of 8 × 80 GB;
+   a DeepSeek-shaped model (first layer dense, a shared expert, 64 sigmoid-gated experts, top 6
+   from 4 of 8 groups, the router bias) on 2 nodes. */
+static void test_moe_plans(void) {
+    static us_plan out[512];
+    us_model_config mc;
+    us_plan_cluster cl;
+    us_plan_request q;
+    char err[256];
+    int n, i, best_ep1 = -1, ep_fits = 0;
+    int64_t nv, nf;
+    memset(&mc, 0, sizeof mc);
+    mc.vocab = 32000;
+    mc.dim = 4096;
+    mc.n_layers = 32;
+    mc.n_heads = 32;
+    mc.n_kv_heads = 8;
+    mc.ffn_dim = 14336;
+    mc.moe_experts = 8;
+    mc.moe_top_k = 2;
+    mc.moe_ffn_dim = 14336;
+    memset(&cl, 0, sizeof cl);
+    us_plan_cluster_defaults(&cl);
+    cl.nodes = 8;
+    memset(&q, 0, sizeof q);
+    q.top = 512;
+    q.max_micro_batch = 4; /* enough to show it, and quick (make test runs this under ASan too) */
+    us_plan_request_defaults(&q);
+    CHECK(us_plan_enumerate(&mc, &cl, &q, out, &n, &nv, &nf, err, sizeof err) == US_OK && n > 0,
+          "mixtral-8x7b on 8 nodes: enumerate (%s)", err);
+    check_plans("mixtral x 64", &mc, &cl, &q, out, n);
+    for (i = 0; i < n; i++) {
+        ep_fits += out[i].tc.ep > 1;
+        if (out[i].tc.ep == 1 && best_ep1 < 0) best_ep1 = i;
+    }
+    CHECK(
+        out[0].tc.ep > 1 && out[0].tc.zero > 0 && out[0].t_ep > 0 && out[0].t_ep < out[0].t_step,
+        "mixtral on 8 nodes: the best shards experts (ep %d, zero %d; all-to-all %.1f of %.1f ms)",
+        out[0].tc.ep, out[0].tc.zero, 1e3 * out[0].t_ep, 1e3 * out[0].t_step);
+    CHECK(ep_fits > 0 && (best_ep1 < 0 || out[best_ep1].t_step > out[0].t_step),
+          "mixtral: %d of the %d kept use ep > 1; the best without ep is slower", ep_fits, n);
+    for (i = 0; i < n; i++)
+        if (out[i].tc.ep == 1 && out[i].t_ep != 0) break;
+    CHECK(i == n, "mixtral: no all-to-all time where ep is 1");
+
+    mc.vocab = 102400;
+    mc.dim = 2048;
+    mc.n_layers = 27;
+    mc.n_heads = 16;
+    mc.n_kv_heads = 16;
+    mc.ffn_dim = 10944;
+    mc.moe_experts = 64;
+    mc.moe_top_k = 6;
+    mc.moe_ffn_dim = 1408;
+    mc.moe_shared = 1;
+    mc.moe_first_dense = 1;
+    mc.moe_gate = US_MOE_SIGMOID;
+    mc.moe_groups = 8;
+    mc.moe_top_groups = 4;
+    cl.nodes = 2;
+    CHECK(us_plan_enumerate(&mc, &cl, &q, out, &n, &nv, &nf, err, sizeof err) == US_OK && n > 0,
+          "DeepSeek-shaped on 2 nodes: enumerate (%s)", err);
+    check_plans("deepseek-shaped x 16", &mc, &cl, &q, out, n);
+    for (i = 0, ep_fits = 0; i < n; i++) ep_fits += out[i].tc.ep >= 8;
+    CHECK(ep_fits > 0 && out[0].tc.ep > 1,
+          "DeepSeek-shaped: the best uses ep %d; %d kept plans spread experts over >= 8 ranks",
+          out[0].tc.ep, ep_fits);
+}
+
+int main(int argc, char **argv) {
     us_model_config mc;
     us_plan_cluster cl;
     us_plan_request q;
@@ -93,6 +163,7 @@ int main(void) {
     char err[256];
     int n, i;
     int64_t nv, nf;
+    us_test_verbose = argc > 1 && !strcmp(argv[1], "-v");
 
     /* ---- 1B on one node of 8 × 80 GB: pure data parallelism */
     llama(&mc, 1);
@@ -354,5 +425,6 @@ int main(void) {
               "missing file: \"%s\"", err);
         remove(path);
     }
+    test_moe_plans();
     return us_test_done("test_plan");
 }

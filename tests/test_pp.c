@@ -5,7 +5,8 @@
    the first stage's to the bit after training. The activations it actually held at once are
    measured: 1F1B keeps
    p − rank micro-batches (p on the first stage), AFAB all m. Unsupported combinations are
-   refused with a sentence.
+   refused with a sentence. Greedy generation with a KV cache through the stages, past seq: the
+   same tokens on every rank as re-running the sequence.
 
    Tolerance (fp32): stages compute what one rank computes, in the same order, except the
    gradient norm's sum over stages (and, tied, the table's gradient: the head's part and the
@@ -39,6 +40,10 @@ typedef struct run {
     int peak[8];               /* per pp rank: activations held at once */
     size_t act_bytes, act_est; /* stage 0's activation arena, and the estimator's figure for it */
     float bubble;              /* the last step's measured pipeline bubble */
+    /* generation (// >>sample) when gen is set: each rank's greedy tokens from the first 5 of in,
+       cached for 27 new (past seq), and re-run (us_sample) for 11 */
+    int gen;
+    int32_t gen_cached[8][32], gen_rerun[8][16];
 } run;
 
 static us_result rank_fn(us_comm *c, void *arg) {
@@ -129,6 +134,15 @@ static us_result rank_fn(us_comm *c, void *arg) {
             }
             if (m.mesh.dp_rank == 0 && m.mesh.tp_rank == 0)
                 memcpy(R->logits[m.mesh.pp_rank], lg, sizeof lg);
+        }
+    }
+    if (r == US_OK && R->gen) { /* every stage takes part; every rank draws the same tokens */
+        us_rng g;
+        us_rng_seed(&g, 1);
+        if (us_sample(&m, R->in, 5, 11, 0.0f, 0, &g, R->gen_rerun[rank]) != US_OK ||
+            us_generate(&m, R->in, 5, 27, 0.0f, 0, 0.0f, &g, R->gen_cached[rank]) != US_OK) {
+            printf("  rank %d generation: %s\n", rank, m.err);
+            r = US_ERR_BACKEND;
         }
     }
     us_model_free(&m);
@@ -366,6 +380,7 @@ int main(int argc, char **argv) {
             R.in = ref.in;
             R.tgt = ref.tgt;
             R.w = tp == 1 ? (float *)calloc((size_t)np, 4) : NULL;
+            R.gen = !plan;
             if (launch(&R) != US_OK) {
                 CHECK(0, "cfg %d (%s) ran", ci, plan ? "clock" : "channels");
                 free(R.w);
@@ -412,6 +427,17 @@ int main(int argc, char **argv) {
             if (cfg[ci][5] < 0)
                 CHECK(ml < 2e-5 && mw < 1e-4,
                       "stages of 1 and 3 layers (pp_layers) train like one rank");
+            if (R.gen) { /* the KV cache through the stages, each holding its layers' part */
+                int same = 1, k;
+                for (k = 0; k < dp * pp * tp; k++)
+                    same &= !memcmp(R.gen_cached[k], R.gen_cached[0], sizeof R.gen_cached[0]) &&
+                            !memcmp(R.gen_cached[k], R.gen_rerun[k], sizeof R.gen_rerun[0]);
+                CHECK(
+                    same,
+                    "%s pp %d x dp %d x tp %d: greedy generation with the KV cache, 27 tokens "
+                    "past seq %d, the same on every rank and equal to re-running for its first 16",
+                    us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, dp, tp, T);
+            }
             { /* every stage holds the last stage's logits (what sampling reads) */
                 double e = 0;
                 int j;

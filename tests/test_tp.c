@@ -2,7 +2,8 @@
    ZeRO-1 and ZeRO-3 must reproduce the single-rank run (losses, gradient norms, final weights
    reassembled from the ranks' slices), tied and untied, with accumulation and recomputation;
    so must tp 4 and 8 with 2 kv heads (each replicated on tp/2 ranks, the copies equal);
-   per-rank memory equals the estimator; bad tp sizes are refused with a sentence.
+   per-rank memory equals the estimator; bad tp sizes are refused with a sentence. Greedy
+   generation with a KV cache past seq: the same tokens on every rank as re-running the sequence.
 
    Tolerance (fp32): the row-parallel outputs are sums of per-rank partial GEMMs and the
    vocabulary-parallel loss sums per-rank softmax denominators, so results agree to rounding:
@@ -43,6 +44,10 @@ typedef struct run {
     double eval_loss;
     int64_t eval_correct;
     us_trace *trace; /* [ranks] when set: each rank's trace */
+    /* generation (// >>sample) when gen is set: each rank's greedy tokens from the first 5 of in,
+       cached for 27 new (past seq), and re-run (us_sample) for 11 */
+    int gen;
+    int32_t gen_cached[8][32], gen_rerun[8][16];
     us_memory mem[8], est[8];
     int gemms[8], gemms_margin[8],
         margin_after[8]; /* GEMMs run, those with an SM margin set; the margin after the run */
@@ -177,10 +182,32 @@ static us_result rank_fn(us_comm *c, void *arg) {
             R->eval_correct = cor;
         }
     }
+    if (r == US_OK && R->gen) {
+        us_rng g;
+        us_rng_seed(&g, 1);
+        if (us_sample(&m, R->in, 5, 11, 0.0f, 0, &g, R->gen_rerun[rank]) != US_OK ||
+            us_generate(&m, R->in, 5, 27, 0.0f, 0, 0.0f, &g, R->gen_cached[rank]) != US_OK) {
+            printf("  rank %d generation: %s\n", rank, m.err);
+            r = US_ERR_BACKEND;
+        }
+    }
     us_model_free(&m);
     free(in);
     free(tgt);
     return r;
+}
+
+/* Greedy generation under tp: every rank's cached tokens equal rank 0's, and their first 16
+   equal re-running the whole sequence (us_sample). */
+static void check_gen(const run *R, const char *what) {
+    int r, ranks = R->tc.dp * R->tc.tp, same = 1;
+    for (r = 0; r < ranks; r++)
+        same &= !memcmp(R->gen_cached[r], R->gen_cached[0], sizeof R->gen_cached[0]) &&
+                !memcmp(R->gen_cached[r], R->gen_rerun[r], sizeof R->gen_rerun[0]);
+    CHECK(same,
+          "%s: greedy generation with the KV cache, 27 tokens past seq %d, the same on every "
+          "rank and equal to re-running the sequence for its first 16",
+          what, T);
 }
 
 static us_result launch(run *R) { return us_test_launch(R->tc.dp * R->tc.tp, rank_fn, R, NULL, 0); }
@@ -250,6 +277,7 @@ int main(int argc, char **argv) {
                 R.in = ref.in;
                 R.tgt = ref.tgt;
                 R.weights = (float *)calloc((size_t)np, 4);
+                R.gen = ai == 1 && !tied;
                 if (launch(&R) != US_OK) {
                     CHECK(0, "dp %d tp %d zero %d sp %d ran", cfg[ci][0], cfg[ci][1], cfg[ci][2],
                           cfg[ci][3]);
@@ -287,6 +315,10 @@ int main(int argc, char **argv) {
                       R.tc.loss_chunk ? ", head in chunks" : "", STEPS, ml, mw);
                 if (ai == 1 && !tied) {
                     int r, ok = 1;
+                    char what[64];
+                    snprintf(what, sizeof what, "dp %d x tp %d%s zero %d", cfg[ci][0], cfg[ci][1],
+                             cfg[ci][3] ? " + sp" : "", cfg[ci][2]);
+                    check_gen(&R, what);
                     for (r = 0; r < cfg[ci][0] * cfg[ci][1]; r++)
                         ok &= !memcmp(&R.mem[r], &R.est[r], sizeof(us_memory));
                     CHECK(ok,
@@ -341,6 +373,7 @@ int main(int argc, char **argv) {
             R.weights = (float *)calloc((size_t)np, 4);
             R.copies = (float *)calloc((size_t)(8 * np), 4);
             R.copied = (char *)calloc((size_t)(8 * np), 1);
+            R.gen = 1;
             CHECK(launch(&R) == US_OK, "dp %d x tp %d%s zero %d with 2 kv heads ran", kv[ci][0],
                   kv[ci][1], kv[ci][3] ? " + sp" : "", kv[ci][2]);
             for (s = 0; s < STEPS; s++) {
@@ -374,6 +407,7 @@ int main(int argc, char **argv) {
                   "estimate (params %zu, activations %zu bytes)",
                   kv[ci][0], kv[ci][1], kv[ci][3] ? " + sp" : "", kv[ci][2], R.mem[0].params,
                   R.mem[0].activations);
+            check_gen(&R, "2 kv heads");
             free(R.weights);
             free(R.copies);
             free(R.copied);

@@ -153,6 +153,54 @@ PY
 [ $? -eq 0 ] && grep -q "^evaluation: 50 windows of 64 tokens" "$T/ev1.txt" &&
     ok "--eval-tokens 3200: 50 fixed windows; every evaluation, dp 2 and tp 2 give one number" ||
     bad "fixed-window evaluation ($(grep -h eval "$T"/ev*.txt | head -3))"
+
+# --eval-choices: a made-up multiple-choice file (HellaSwag's JSONL) whose right endings are the
+# training text's own continuations: learned, every answer is right; a frozen model scores every
+# candidate the same under dp 2, tp 2 and cp 2; malformed files are refused with the line
+python3 - "$T" <<'PY'
+import json, random, sys
+r = random.Random(3)
+subj = ["the red fox", "a blue owl", "my old dog", "the tall man", "her small cat",
+        "our green frog", "the quiet girl", "a brave knight"]
+pred = ["jumps over walls", "sleeps until noon", "barks at the moon", "reads thick books",
+        "chases grey mice", "sings in the rain", "paints the sky", "rides a white horse"]
+lines = [subj[i] + " " + pred[i] + "." for i in range(8)]
+open(sys.argv[1] + "/mc.txt", "w").write("\n".join(r.choice(lines) for _ in range(3000)) + "\n")
+with open(sys.argv[1] + "/mc.jsonl", "w") as f:
+    for i in range(8):
+        ends = [p + "." for j, p in enumerate(pred) if j != i]
+        r.shuffle(ends)
+        lab = r.randrange(4)
+        ends = ends[:3]
+        ends.insert(lab, pred[i] + ".")
+        f.write(json.dumps({"ind": i, "ctx": subj[i], "endings": ends, "label": lab,
+                            "split": "val", "ctx_a": {"nested": [1, 2.5e3, None, True]}}) + "\n")
+# escapes and a surrogate pair: read, not refused
+open(sys.argv[1] + "/mcesc.jsonl", "w").write(
+    '{"ctx": "caf\\u00e9 \\"q\\" \\ud83d\\ude00\\n", "endings": ["a.", "b\\t."], "label": 1}\n')
+open(sys.argv[1] + "/mcbad1.jsonl", "w").write('{"ctx": "x", "endings": ["a", "b"], "label": 1}\n{"ctx": "x", "endings": ["a", "b"]\n')
+open(sys.argv[1] + "/mcbad2.jsonl", "w").write('{"ctx": "x", "endings": ["a", "b"], "label": 2}\n')
+PY
+mcrun() { "$BIN" --data "$T/mc.txt" --layers 1 --dim 48 --heads 4 --seq 48 --batch 8 --eval-every 0 \
+    --eval-choices "$T/mc.jsonl" "$@" 2>&1 | grep "^multiple choice"; }
+mc_learn=$(mcrun --steps 120 --lr 1e-2)
+[[ "$mc_learn" == *"(8 of 8)"* ]] &&
+    ok "--eval-choices: after training on the text, the 8 made-up examples all right ($mc_learn)" ||
+    bad "--eval-choices after training: $mc_learn"
+mc1=$(mcrun --steps 1 --lr 1e-12); mcd=$(mcrun --steps 1 --lr 1e-12 --dp 2)
+mct=$(mcrun --steps 1 --lr 1e-12 --tp 2); mcc=$(mcrun --steps 1 --lr 1e-12 --cp 2)
+[ -n "$mc1" ] && [ "$mc1" = "$mcd" ] && [ "$mc1" = "$mct" ] && [ "$mc1" = "$mcc" ] &&
+    ok "--eval-choices: one rank, dp 2, tp 2 and cp 2 score alike ($mc1)" ||
+    bad "--eval-choices across layouts: '$mc1' '$mcd' '$mct' '$mcc'"
+"$BIN" --data "$T/mc.txt" --steps 1 --eval-every 0 --eval-choices "$T/mcesc.jsonl" 2>&1 |
+    grep -q "^multiple choice: acc_norm .* of 1)" &&
+    ok "--eval-choices: JSON escapes and a surrogate pair are read" || bad "--eval-choices escapes"
+expect 2 "--eval-choices: a malformed line is refused with its number" "mcbad1.jsonl line 2: " -- \
+    --data "$T/mc.txt" --steps 1 --eval-choices "$T/mcbad1.jsonl"
+expect 2 "--eval-choices: a label past the endings is refused" "line 1: a label past the endings" -- \
+    --data "$T/mc.txt" --steps 1 --eval-choices "$T/mcbad2.jsonl"
+expect 2 "--eval-choices with --pp is refused in one sentence" "drop --pp for it" -- \
+    --data "$T/mc.txt" --steps 1 --pp 2 --layers 2 --eval-choices "$T/mc.jsonl"
 "$BIN" --layers 1 --dim 32 --heads 2 --batch 2 --steps 2 --eval-every 0 > "$T/mem.txt" 2>&1
 grep -q "^memory: allocator peak .* MiB/rank, estimate .* MiB/rank, process peak RSS .* MiB" "$T/mem.txt" &&
     ok "the run ends with its memory: allocator peak, estimate, process peak RSS" || bad "no memory line"
@@ -190,6 +238,46 @@ if [ -f "$T/s.bin" ]; then
     expect 0 "shard with a large enough vocabulary" "trained 1 steps" -- $small --steps 1 --seq 16 --vocab 50000 --data "$T/s.bin"
 fi
 head -c 1000 "$T/s.bin" > "$T/trunc.bin" 2>/dev/null && expect 1 "truncated shard" "truncated" -- $small --data "$T/trunc.bin"
+
+# ---- llm.c shards through the loader (us_loader): lists, globs, validation shards, resume
+python3 -c "
+import struct
+def shard(name, toks):
+    h = [0]*256; h[0] = 20240520; h[1] = 1; h[2] = len(toks)
+    open(name, 'wb').write(struct.pack('<256i', *h) + struct.pack('<%dH' % len(toks), *toks))
+for i, n in enumerate([301, 250, 190]):
+    shard('$T/sh_train_%d.bin' % i, [(i * 97 + j * 31 + (j * j) % 7) % 256 for j in range(n)])
+shard('$T/sh_val_0.bin', [(j * 13) % 256 for j in range(120)])"
+# 44 windows of 17 per epoch (18 + 15 + 11); 8 a step, so 12 steps read two epochs and more
+sh="--layers 1 --dim 32 --heads 2 --batch 4 --grad-accum 2 --seq 16 --threads 1 --eval-every 0"
+expect 0 "a glob of shards: the one named val is the validation shard" "data: 3 shards, 741 tokens to train on \(44 windows of 17 per epoch, shuffled\), 1 validation shard" -- $sh --steps 1 --data "$T/sh_*.bin"
+expect 0 "a list of shards without a validation shard: the tail is held out" "data: 2 shards, 496 tokens to train on .*the last 55 held out" -- $sh --steps 1 --data "$T/sh_train_0.bin,$T/sh_train_1.bin"
+expect 0 "--val-data names the validation shards" "1 validation shard for the evaluations" -- $sh --steps 1 --data "$T/sh_train_*.bin" --val-data "$T/sh_val_0.bin"
+expect 2 "--val-frac beside validation shards is refused" "give one" -- $sh --steps 1 --data "$T/sh_*.bin" --val-frac 0.1
+expect 2 "--val-data beside raw text is refused" "text.txt is not an llm.c token shard" -- $sh --steps 1 --data "$T/text.txt" --val-data "$T/sh_val_0.bin"
+expect 2 "a pattern that matches no file is refused" "matches no file" -- $sh --steps 1 --data "$T/none_*.bin"
+expect 1 "a truncated shard in the list is refused, named" "trunc.bin is truncated" -- $sh --steps 1 --data "$T/sh_train_0.bin,$T/trunc.bin"
+# stopped at step 4 (in the first epoch) or 8 (in the second) and resumed: the same batches, so
+# the same losses and, at step 12, the same weights byte for byte; under --dp 2 as well
+shrun() { local name=$1; shift; "$BIN" $sh --quiet --data "$T/sh_*.bin" --log "$T/$name.jsonl" "$@" > "$T/$name.txt" 2>&1; }
+shrun sha --steps 12 --save "$T/sck" --save-every 4 --keep 0 && shrun shb --steps 12 --resume "$T/sck/step_00000004" --save "$T/sck4" &&
+    shrun shc --steps 12 --resume "$T/sck/step_00000008" --save "$T/sck8"; rc=$?
+if [ "$rc" -eq 0 ] && grep -q '"loader": {"epoch": 1' "$T/sck/step_00000008/trainer_state.json" &&
+    diff <(tail -8 "$T/sha.jsonl" | cut -d, -f1,2) <(cut -d, -f1,2 "$T/shb.jsonl") > /dev/null &&
+    diff <(tail -4 "$T/sha.jsonl" | cut -d, -f1,2) <(cut -d, -f1,2 "$T/shc.jsonl") > /dev/null &&
+    cmp -s "$T/sck/step_00000012/model.safetensors" "$T/sck4/step_00000012/model.safetensors" &&
+    cmp -s "$T/sck/step_00000012/model.safetensors" "$T/sck8/step_00000012/model.safetensors"
+then ok "shards: runs resumed at step 4 and 8 (epoch 2) read the same batches: same losses, same weights"; else bad "shard resume (exit $rc): $(tail -n 2 "$T/shb.txt" "$T/shc.txt")"; fi
+shrun shd --steps 12 --dp 2 --save "$T/sckd" --save-every 4 --keep 0 && shrun she --steps 12 --dp 2 --resume "$T/sckd/step_00000004" --save "$T/scke"; rc=$?
+if [ "$rc" -eq 0 ] && cmp -s "$T/sckd/step_00000012/model.safetensors" "$T/scke/step_00000012/model.safetensors" && python3 - "$T/sha.jsonl" "$T/shd.jsonl" <<'PY'
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+assert len(a) == len(b) == 12 and max(abs(x - y) / x for x, y in zip(a, b)) < 1e-5, (a, b)
+PY
+then ok "shards under --dp 2: the loss curve of one rank, and a resume under dp 2 ends with the same weights"; else bad "shards dp 2 (exit $rc): $(tail -2 "$T/she.txt")"; fi
+expect 1 "--resume with other shards is refused" "give the same --data" -- $sh --steps 12 --data "$T/sh_train_0.bin,$T/sh_train_1.bin" --resume "$T/sck/step_00000004"
+expect 1 "--resume of a shard run on raw text is refused" "saved by a run over token shards" -- $sh --steps 12 --data "$T/text.txt" --resume "$T/sck/step_00000004"
 
 # data parallelism on CPU threads: flags, errors, and the loss curve of --dp 1
 expect 2 "batch not divisible by dp" "--batch 16 is not divisible by --dp 3" -- --dp 3
@@ -245,7 +333,6 @@ expect 2 "bad --moe-gate" "--moe-gate must be softmax or sigmoid, got relu" -- -
 expect 2 "bad --moe-balance" "--moe-balance must be bias, aux or none, got lossy" -- --experts 4 --moe-balance lossy
 expect 2 "top-k above the experts" "moe top-k=5 must be in 1..experts=4" -- --experts 4 --top-k 5
 expect 2 "groups must divide the experts" "moe groups=4 must divide experts=6" -- --experts 6 --moe-groups 4
-expect 2 "MoE refuses pipeline parallelism" "the MoE layer does not combine with pp yet" -- --experts 4 --pp 2
 # expert parallelism: errors in one sentence, and the loss curve of one rank
 expect 2 "ep must divide dp x cp" "ep=3 must divide dp x cp = 2" -- --experts 4 --dp 2 --ep 3
 expect 2 "ep must divide the experts" "ep=4 must divide experts=6" -- --experts 6 --dp 4 --ep 4
@@ -254,6 +341,9 @@ reference moe1 -- --experts 4 --threads 1 --layers 1 --dim 32 --heads 2
 same_curve "--experts 4 --dp 2 --ep 2 trains the task to the loss curve of one rank" moe1 ep -- --experts 4 --layers 1 --dim 32 --heads 2 --dp 2 --ep 2
 same_curve "--experts 4 --dp 2 --ep 2 --zero 2 (experts sharded over their replicas) trains to the loss curve of one rank" moe1 epz -- --experts 4 --layers 1 --dim 32 --heads 2 --dp 2 --ep 2 --zero 2
 expect 2 "bad capacity factor" "bad value for --capacity-factor: -1" -- --experts 4 --capacity-factor -1
+# MoE under pipeline parallelism: each stage runs its own layers' routers and experts
+reference moepp1 -- --experts 4 --threads 1 --layers 2 --dim 32 --heads 2 --grad-accum 4
+same_curve "--experts 4 --pp 2 --dp 2 --ep 2 --pp-schedule zb1 trains to the loss curve of one rank" moepp1 moepp -- --experts 4 --layers 2 --dim 32 --heads 2 --grad-accum 4 --pp 2 --dp 2 --ep 2 --pp-schedule zb1
 "$BIN" --experts 4 --top-k 2 --threads 1 --steps 20 --eval-every 0 --quiet --log "$T/moe.jsonl" > "$T/moe.txt" 2>&1; rc=$?
 if [ "$rc" -eq 0 ] && python3 - "$T/moe.jsonl" <<'PY'
 import json, sys
