@@ -176,7 +176,7 @@ static const char *const usage_text[] = {
     "300)\n"
     "  --nccl-semantics  CPU threads: impose what NCCL on GPUs does (every wait synchronises the\n"
     "                    device; a deadlock fails at once, naming the ranks' calls)\n"
-    "  --trace FILE.json Chrome / Perfetto trace: one row per rank and stream\n"
+    "  --trace FILE.json Chrome / Perfetto trace: one row per rank and stream\n",
     "data and output:\n"
     "  --save DIR        write checkpoints into DIR/step_N (safetensors with Hugging Face "
     "names,\n"
