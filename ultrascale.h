@@ -366,6 +366,10 @@ typedef struct us_train_config {
                                    rank's fp32 gradient is rounded to bf16, every addition of the
                                    reduction rounds again, and the sum lands back in fp32 (the
                                    local accumulation over micro-batches stays fp32) (// >>dp) */
+    /* benchmarks only (Megatron's --moe-router-force-load-balancing): 1 routes token n's k-th
+       choice to expert (n·K + k) mod E whatever the router says, so every expert gets the same
+       number of tokens (±1); the gates stay the router's probabilities of those experts (// >>moe) */
+    int moe_force_balance;
     int dense_emb_grad; /* 1: reduce the whole embedding gradient at the end of the backward like any
                                   bucket. Default 0: where it pays, only the rows the batch touched, the rest
                                   reduced early (us__emb_sparse, // >>dp) */
@@ -908,6 +912,7 @@ typedef struct us_model {
     double moe_aux;      /* this step so far: the auxiliary loss, as weighted in the objective */
     double moe_aux_last; /* the last forward's auxiliary loss (weighted), for tests */
     int moe_train;       /* the forward running is a training one: count its routing */
+    float *moe_fb;       /* tc.moe_force_balance: host [N,E] probs, then [N,K] gates, topk */
     float moe_stat[3];   /* the last step's imbalance, aux loss, dropped fraction */
     /* expert parallelism (// >>ep): this rank holds routed experts [ep_rank·E/ep, (ep_rank+1)·E/ep) */
     int ep, ep_rank; /* the ep group's size (1: off) and this rank's place in it */
@@ -8242,6 +8247,10 @@ static us_result us__pp_eval(us_model *m, const int32_t *inputs, const int32_t *
    capacity limit under cp or sp. Every other parallelism, pp included, takes MoE layers. */
 static us_result us__moe_checks(const us_model_config *mc, const us_train_config *tc, char *err,
                                 size_t errlen) {
+    if (tc->moe_force_balance != 0 && tc->moe_force_balance != 1)
+        US__BAD("moe_force_balance=%d must be 0 or 1", tc->moe_force_balance);
+    if (tc->moe_force_balance && !mc->moe_experts)
+        US__BAD("moe_force_balance needs experts (a MoE model)");
     if (mc->moe_experts < 0 || mc->moe_experts > 1024)
         US__BAD("experts=%d must be in 0..1024", mc->moe_experts);
     if (!mc->moe_experts &&
@@ -8477,6 +8486,14 @@ static us_result us__moe_init(us_model *m) {
     memset(m->moe_load, 0, nb * sizeof(int64_t));
     memset(m->moe_load_last, 0, na * sizeof(int64_t));
     memset(m->moe_counts_h, 0, 3 * nc * sizeof(int32_t));
+    if (m->tc.moe_force_balance) { /* [N,E] + [N,K] + [N,K] host */
+        int64_t N = us__moe_tokens(m);
+        m->moe_fb = (float *)US_MALLOC((size_t)N * (size_t)(E + 2 * c->moe_top_k) * 4);
+        if (!m->moe_fb) {
+            us__model_set_error(m, "out of host memory for the forced routing");
+            return US_ERR_OOM;
+        }
+    }
     return US_OK;
 }
 
@@ -8503,6 +8520,8 @@ static void us__moe_free(us_model *m) {
     US_FREE(m->moe_counts_h);
     US_FREE(m->moe_idx);
     US_FREE(m->ep_counts_h);
+    US_FREE(m->moe_fb);
+    m->moe_fb = NULL;
     m->ep_counts_h = NULL;
     m->moe_bias = m->moe_bias_h = NULL;
     m->moe_load = m->moe_load_last = NULL;
@@ -8648,6 +8667,31 @@ static us_result us__moe_stats(us_model *m, int l, int64_t N, us__moe_grads *g) 
    gate | up, expert outputs) are kept unless recompute is full; routing, permutation and SwiGLU
    are refilled by selective. A real forward (recompute = 0) writes x_{l+1} and counts the
    routing. */
+/* tc.moe_force_balance (benchmarks: every expert equally loaded, as Megatron's forced balance):
+   token n's k-th expert is (n·K + k) mod E, K distinct experts per token; the gates are the
+   router's probabilities of those experts as moe_route makes them (softmax: the probability;
+   sigmoid: over the chosen ones' sum), so the backward through the router is unchanged. */
+static void us__moe_force_balance(us_model *m, us_layer_acts *A, int64_t N) {
+    us_ops *o = &m->ops;
+    int E = m->cfg.moe_experts, K = m->cfg.moe_top_k, k;
+    float *p = m->moe_fb, *gt = p + N * E;
+    int32_t *tk = (int32_t *)(gt + N * K);
+    int64_t n;
+    o->copy(o, p, A->probs, (size_t)(N * E) * 4, US_COPY_D2H);
+    for (n = 0; n < N; n++) {
+        double sum = 0;
+        for (k = 0; k < K; k++) {
+            tk[n * K + k] = (int32_t)((n * K + k) % E);
+            gt[n * K + k] = p[n * E + tk[n * K + k]];
+            sum += gt[n * K + k];
+        }
+        for (k = 0; m->cfg.moe_gate == US_MOE_SIGMOID && k < K; k++)
+            gt[n * K + k] = (float)(gt[n * K + k] / sum);
+    }
+    o->copy(o, A->topk, tk, (size_t)(N * K) * 4, US_COPY_H2D);
+    o->copy(o, A->gates, gt, (size_t)(N * K) * 4, US_COPY_H2D);
+}
+
 static us_result us__moe_fwd(us_model *m, int l, int64_t N, int recompute, void *xnext) {
     us_ops *o = &m->ops;
     const us_model_config *c = &m->cfg;
@@ -8685,6 +8729,7 @@ static us_result us__moe_fwd(us_model *m, int l, int64_t N, int recompute, void 
             c->moe_balance == US_MOE_BALANCE_BIAS ? m->moe_bias + (size_t)mi * E : NULL;
         o->moe_route(o, A->topk, A->gates, A->probs, aux && !recompute ? g.vec : NULL, A->logits,
                      bias, N, E, K, (int)c->moe_gate, c->moe_groups, c->moe_top_groups);
+        if (m->tc.moe_force_balance) us__moe_force_balance(m, A, N);
         /* permute: the counts come to the host, where they size each expert's GEMMs */
         o->moe_permute(o, A->slot_row, A->row_slot, A->counts, A->counts + E, A->topk, N, E, K,
                        us__moe_cap(c, N), R);

@@ -75,6 +75,8 @@ static const char *const usage_text[] = {
     "  --moe-top-groups M  groups a token may use (default all)\n"
     "  --moe-first-dense N  the first N layers stay dense (default 0)\n"
     "  --moe-every N     every N-th layer after those is MoE (default 1)\n"
+    "  --moe-force-balance  benchmarks only: token n's k-th expert is (n*K+k) mod E, every expert\n"
+    "                    equally loaded whatever the router says (Megatron's forced balance)\n"
     "                    The log gains moe_imbalance (max/mean tokens per expert), "
     "moe_aux_loss,\n"
     "                    moe_drop_frac and moe_load (tokens per expert, summed over MoE "
@@ -1612,6 +1614,8 @@ static int parse_switch(cli *c, const char *f, const char *v, int *ok, int *take
         c->tc.pp_clock = -1;
     else if (!strcmp(f, "--nccl-semantics"))
         c->o.nccl_sem = 1;
+    else if (!strcmp(f, "--moe-force-balance"))
+        c->tc.moe_force_balance = 1;
     else if (!strcmp(f, "--fp8-pow2"))
         c->tc.fp8_pow2 = 1;
     else if (!strcmp(f, "--fp8-no-weight-cache"))
