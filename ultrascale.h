@@ -361,6 +361,15 @@ typedef struct us_train_config {
                               global batch is batch × grad_accum × dp sequences */
     int zero; /* ZeRO stage over dp: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters */
     float bucket_mb; /* gradient bucket size in MiB of fp32 gradients (DP, ZeRO-1/2); default 25 */
+    us_dtype grad_reduce_dtype; /* DP's gradient reductions: US_F32 (0, default) or US_BF16, the
+                                   Playbook's bf16 reduction: half the bytes on the wire; each
+                                   rank's fp32 gradient is rounded to bf16, every addition of the
+                                   reduction rounds again, and the sum lands back in fp32 (the
+                                   local accumulation over micro-batches stays fp32) (// >>dp) */
+    /* benchmarks only (Megatron's --moe-router-force-load-balancing): 1 routes token n's k-th
+       choice to expert (n·K + k) mod E whatever the router says, so every expert gets the same
+       number of tokens (±1); the gates stay the router's probabilities of those experts (// >>moe) */
+    int moe_force_balance;
     int dense_emb_grad; /* 1: reduce the whole embedding gradient at the end of the backward like any
                                   bucket. Default 0: where it pays, only the rows the batch touched, the rest
                                   reduced early (us__emb_sparse, // >>dp) */
@@ -381,8 +390,10 @@ typedef struct us_train_config {
     int pp;          /* default 1 */
     int pp_schedule; /* a us_pp_kind the executor runs: afab, 1f1b (default), interleaved(-bf) or zb1 */
     int pp_chunks; /* model chunks per pp rank: interleaved default 2, others 1 */
-    int pp_clock;  /* 1: time the pipeline's messages on the schedule's clock even where the backend
-                              could send them as they are ready (us_comm.p2p_early; // >>pp) */
+    /* 1: time the pipeline's messages on the schedule's clock even where the backend could send
+       them as they are ready (us_comm.p2p_early); -1: channels for every schedule, on NCCL too
+       (to try them there); 0: as us__pp_early chooses (// >>pp) */
+    int pp_clock;
     const int
         *pp_layers; /* NULL: layers split over the pp·chunks stages to balance their FLOPs (the
                               last stage, which also runs the head, takes fewer; the first ones take
@@ -686,9 +697,11 @@ struct us_comm {
        gradients on another, so an early send on one never holds up a receive on the other. */
     us_result (*dup)(us_comm *c, us_group *g, us_group *out);
     double timeout_s; /* a collective that cannot finish within this many seconds fails; 0 = 300 */
-    int p2p_early; /* point-to-point calls may be posted long before their peer's at no cost (host
-                              backends: a queued call waits on a thread). 0 for NCCL, whose waiting calls
-                              are kernels on the GPU: the pipeline then times its messages (// >>pp) */
+    /* point-to-point calls may be posted long before their peer's at no cost (host backends: a
+       queued call waits on a thread). 0 for NCCL, whose waiting calls are kernels on the GPU:
+       the pipeline then times its messages on its clock for the schedules where that idles
+       less (us__pp_early, // >>pp) */
+    int p2p_early;
     int64_t bytes_sent; /* bytes this rank has sent to peers so far (the backend counts) */
     us_trace *trace;    /* when set, the backend records each collective on the comm stream row */
     char err[256];
@@ -780,15 +793,17 @@ typedef struct us_model {
     us_model_config cfg;
     us_train_config tc;
     us_ops ops;
-    us_dtype dt;            /* activation / low-precision weight dtype */
-    double *rope_freq;      /* host f64[HS/2]: RoPE's inverse frequencies (us_rope_freqs) */
-    int n_params_t;         /* number of parameter tensors */
-    us_param *params;       /* [n_params_t] views into the flat buffers */
-    int64_t n_params;       /* total elements */
-    void *state;            /* the one allocation holding the five flat buffers below */
-    void *w;                /* flat weights the forward reads, dtype dt     [n_params] */
-    float *master;          /* fp32 master weights (== w under fp32)        [n_params] */
-    float *grad;            /* fp32 gradients                               [n_params] */
+    us_dtype dt;       /* activation / low-precision weight dtype */
+    double *rope_freq; /* host f64[HS/2]: RoPE's inverse frequencies (us_rope_freqs) */
+    int n_params_t;    /* number of parameter tensors */
+    us_param *params;  /* [n_params_t] views into the flat buffers */
+    int64_t n_params;  /* total elements */
+    void *state;       /* the one allocation holding the five flat buffers below */
+    void *w;           /* flat weights the forward reads, dtype dt     [n_params] */
+    float *master;     /* fp32 master weights (== w under fp32)        [n_params] */
+    float *grad;       /* fp32 gradients                               [n_params] */
+    void *grad_bf;     /* grad_reduce_dtype bf16: the units' reductions in bf16 [every unit's n] */
+    size_t grad_bf_bytes;
     float *adam_m, *adam_v; /* fp32 moments                                 [n_params] */
     char *arena;            /* activation arena                             [mem.activations] */
     us_layer_acts *acts;    /* [L] */
@@ -897,6 +912,7 @@ typedef struct us_model {
     double moe_aux;      /* this step so far: the auxiliary loss, as weighted in the objective */
     double moe_aux_last; /* the last forward's auxiliary loss (weighted), for tests */
     int moe_train;       /* the forward running is a training one: count its routing */
+    float *moe_fb;       /* tc.moe_force_balance: host [N,E] probs, then [N,K] gates, topk */
     float moe_stat[3];   /* the last step's imbalance, aux loss, dropped fraction */
     /* expert parallelism (// >>ep): this rank holds routed experts [ep_rank·E/ep, (ep_rank+1)·E/ep) */
     int ep, ep_rank; /* the ep group's size (1: off) and this rank's place in it */
@@ -5209,6 +5225,8 @@ static float *us__grad(us_model *m, int idx) {
    2. bucketing — one collective per ~25 MB of gradients (us__plan_units), not one per tensor
       (latency-bound) nor one for the whole model (nothing to overlap with);
    3. no_sync — under gradient accumulation only the last micro-batch's backward reduces.
+   Optionally the reductions run in bf16 (grad_reduce_dtype, us__unit_launch_bf16): half the
+   bytes, the sums rounded; the local accumulation stays fp32.
    Each rank scales its loss gradient by 1 / (valid targets of the global batch), so the SUM
    over ranks is the global-batch mean: the number one rank would compute for the whole batch
    (the book's average, without assuming every rank has the same number of valid targets). */
@@ -5220,6 +5238,9 @@ static us_result us__dp_checks(const us_train_config *tc, char *err, size_t errl
         US__BAD("bucket size %g MB must be a positive number", tc->bucket_mb);
     if (tc->dense_emb_grad != 0 && tc->dense_emb_grad != 1)
         US__BAD("dense_emb_grad=%d must be 0 or 1", tc->dense_emb_grad);
+    if (tc->grad_reduce_dtype != US_F32 && tc->grad_reduce_dtype != US_BF16)
+        US__BAD("grad_reduce_dtype=%d must be US_F32 (0) or US_BF16 (1)",
+                (int)tc->grad_reduce_dtype);
     return US_OK;
 }
 
@@ -5337,9 +5358,11 @@ static int us__plan_units(us_model *m, us__unit *units) {
     return ns;
 }
 
+static int us__dp_needed(const us_model *m) { return m->mesh.dpcp_g.size > 1 || m->tc.zero; }
+
 /* Data parallelism's set-up: the flat buffers cut into units (us__plan_units) and each tensor's
    unit; the host tables of the embedding's rows when its gradient is reduced by rows
-   (us__emb_sparse). */
+   (us__emb_sparse); under grad_reduce_dtype bf16, the buffer the reductions run in. */
 static us_result us__dp_init(us_model *m) {
     int u, i;
     m->n_units = us__plan_units(m, NULL);
@@ -5351,6 +5374,16 @@ static us_result us__dp_init(us_model *m) {
     us__plan_units(m, m->units);
     for (u = 0; u < m->n_units; u++)
         for (i = m->units[u].p0; i < m->units[u].p1; i++) m->unit_of[i] = u;
+    if (m->tc.grad_reduce_dtype == US_BF16 && m->n_units > 0 && us__dp_needed(m)) {
+        const us__unit *Z = &m->units[m->n_units - 1]; /* units lie in flat order */
+        m->grad_bf_bytes = (size_t)(Z->off + Z->n) * 2;
+        m->grad_bf = m->ops.alloc(&m->ops, m->grad_bf_bytes);
+        if (!m->grad_bf) {
+            us__model_set_error(m, "out of memory for the bf16 gradient reductions (%zu bytes)",
+                                m->grad_bf_bytes);
+            return US_ERR_OOM;
+        }
+    }
     if ((m->emb_sparse = us__emb_sparse(&m->cfg, &m->tc) && m->c_first)) {
         int64_t Nr, Ns, k;
         us__sp_rows(m, (int64_t)m->tc.batch * (m->tc.seq / m->mesh.cp), &Nr, &Ns); /* arena rows */
@@ -5384,8 +5417,6 @@ static us_result us__dp_sum(us_model *m, double *v, int n) {
 
 US_API us_result us_dp_sum(us_model *m, double *v, int n) { return us__dp_sum(m, v, n); }
 
-static int us__dp_needed(const us_model *m) { return m->mesh.dpcp_g.size > 1 || m->tc.zero; }
-
 /* Starts the reduction of a unit whose gradients are complete: an all-reduce without ZeRO, a
    reduce-scatter with it (each rank keeps the sum of its own piece). Asynchronous. */
 /* ZeRO-2/3: a unit's gradient slot, reduced (or alone on one rank), adds this rank's piece into
@@ -5397,6 +5428,30 @@ static void us__slot_to_shard(us_model *m, int u) {
                 m->gslot[U->gslot] + (int64_t)us__unit_rank(m, U) * U->piece, 1.0f, U->piece);
     m->gslot_unit[U->gslot] = -1;
     U->gslot = -1;
+}
+
+/* The unit's fp32 gradient this rank reduces: in the flat gradient, or ZeRO-2/3's slot. */
+static float *us__unit_grad(us_model *m, const us__unit *U) {
+    return m->tc.zero >= 2 ? m->gslot[U->gslot] : m->grad + U->off;
+}
+
+/* Playbook "bf16 gradient reduction": the unit's gradient rounded to bf16 in grad_bf (same
+   offsets), reduced there, every addition rounded to bf16 (NCCL's and the threads backend's
+   bf16 sum); us__unit_finish widens the result back. Half the bytes of the fp32 reduction. */
+static us_result us__unit_launch_bf16(us_model *m, us__unit *U, us_group *g, int R) {
+    us_comm *c = m->comm;
+    uint16_t *b = (uint16_t *)m->grad_bf + U->off;
+    m->ops.cast(&m->ops, b, US_BF16, us__unit_grad(m, U), US_F32, U->n);
+    if (m->tc.zero == 0) return c->all_reduce(c, g, b, U->n, US_BF16, US_REDUCE_SUM, &U->work);
+    return c->reduce_scatter(c, g, b + (int64_t)R * U->piece, b, U->piece, US_BF16, US_REDUCE_SUM,
+                             &U->work);
+}
+
+/* After a bf16 reduction: the reduced part, widened into the fp32 gradient (or slot). */
+static void us__unit_widen(us_model *m, const us__unit *U) {
+    int64_t at = m->tc.zero ? (int64_t)us__unit_rank(m, U) * U->piece : 0;
+    m->ops.cast(&m->ops, us__unit_grad(m, U) + at, US_F32, (uint16_t *)m->grad_bf + U->off + at,
+                US_BF16, m->tc.zero ? U->piece : U->n);
 }
 
 static us_result us__unit_launch(us_model *m, int u) {
@@ -5416,7 +5471,9 @@ static us_result us__unit_launch(us_model *m, int u) {
        part in the collective, with a fresh slot of zeros; its previous micro-batch's reduction,
        if still in flight, is finished first (us__grad_slot) */
     if (m->tc.zero >= 2 && (U->gslot < 0 || U->work)) us__grad_slot(m, u);
-    if (m->tc.zero == 0)
+    if (m->grad_bf)
+        r = us__unit_launch_bf16(m, U, g, R);
+    else if (m->tc.zero == 0)
         r = c->all_reduce(c, g, m->grad + U->off, U->n, US_F32, US_REDUCE_SUM, &U->work);
     else if (m->tc.zero == 1)
         r = c->reduce_scatter(c, g, m->grad + U->off + R * U->piece, m->grad + U->off, U->piece,
@@ -5444,6 +5501,7 @@ static us_result us__unit_finish(us_model *m, int u) {
     snprintf(nm, sizeof nm, "wait unit %d", u);
     us__trace_host(m, "wait", nm, t0);
     if (r != US_OK) return us__comm_fail(m, r, "gradient reduction");
+    if (m->grad_bf) us__unit_widen(m, U);
     us__slot_to_shard(m, u);
     return US_OK;
 }
@@ -6486,6 +6544,9 @@ static us_result us__pp_checks(const us_model_config *mc, const us_train_config 
         US__BAD("unknown pipeline schedule %d", tc->pp_schedule);
     if (tc->pp_chunks < 1 || tc->pp_chunks > 16)
         US__BAD("pp_chunks=%d must be in 1..16", tc->pp_chunks);
+    if (tc->pp_clock < -1 || tc->pp_clock > 1)
+        US__BAD("pp_clock=%d must be -1 (channels), 0 (the default) or 1 (the clock)",
+                tc->pp_clock);
     if ((tc->pp_schedule == US_PP_INTERLEAVED || tc->pp_schedule == US_PP_INTERLEAVED_BF) &&
         tc->pp_chunks < 2)
         US__BAD("the interleaved schedules need at least 2 model chunks per rank (pp_chunks=%d)",
@@ -7358,15 +7419,15 @@ static us_result us__pp_wpass(us_model *m, int B, int T) { /* the chunk's W, las
    this rank's later work, since a device synchronisation (on a GPU, the first launch of any
    kernel) waits for everything pending. A slot is reused only after its sends completed. A
    channel carries micro-batches in one order on both ends, which us__pp_plan checks.
-   The rule makes 1F1B, AFAB and ZB-H1 safe at any pp under the threads backend's NCCL semantics
-   (before it, pp 4 deadlocked there too: a middle stage's early gradient receive waited for its
-   own next forward). Interleaved and the V schedules still deadlock there: a rank's pending
-   activation send is received only after the receiver's device synchronisation, which waits for
-   a receive that needs the sender's next action (tests/test_pp.c reproduces it).
+   The rule holds every schedule, 1F1B to DualPipe-V, at any pp under the threads backend's NCCL
+   semantics (tests/test_pp.c runs them all there; before it, interleaved and the V schedules
+   hung there as on two H200s in run 7: a gradient's receive posted at its forward waited, in a
+   later synchronisation, for this rank's own later chunk).
 
-   The clock (NCCL). Its waiting calls are kernels spinning on the GPU, under which the channel
-   plan hung for interleaved, ZB-V and DualPipe-V (bench/RESULTS.md, run 7): so every message
-   is exchanged at one agreed time on the schedule's own clock — the checker's unit-cost play
+   The clock (NCCL, for the schedules us__pp_early gives it). Its waiting calls are kernels
+   spinning on the GPU, under which the channel plan (before its rule above) hung for
+   interleaved, ZB-V and DualPipe-V (run 7): so every message is exchanged at one agreed time
+   on the schedule's own clock — the checker's unit-cost play
    (tF = tB = tW = 1), which every rank computes alike:
      an activation  at its consumer's start (the receiver takes a slot only then: no more
                     activations held than the schedule says; the sender still holds it, since
@@ -7383,8 +7444,17 @@ static us_result us__pp_wpass(us_model *m, int B, int T) { /* the chunk's W, las
    a receive can wait while a later action could run (bench/pp_bubble.sh measures both plans). */
 static int us__pp_channel(int b, int grad) { return 2 * b + grad; } /* boundary b: stages b → b+1 */
 
+/* Channels or the clock: channels where a waiting call costs the backend nothing
+   (us_comm.p2p_early: the threads backend); on NCCL, channels for the schedules whose channel
+   plan idled less than the clock under the threads backend's NCCL semantics (bench/RESULTS.md,
+   2026-12-01: AFAB, 1F1B, ZB-H1 at pp 2, m 8), the clock for the others (interleaved, ZB-V and
+   DualPipe-V idled 6 to 31 points more on channels there). tc.pp_clock: 1 the clock always,
+   -1 channels always. */
 static int us__pp_early(const us_model *m) {
-    return m->comm && m->comm->p2p_early && !m->tc.pp_clock;
+    int k = m->pp_sched ? (int)m->pp_sched->kind : US_PP_1F1B;
+    if (!m->comm || m->tc.pp_clock > 0) return 0;
+    return m->comm->p2p_early || m->tc.pp_clock < 0 || k == US_PP_DEFAULT || k == US_PP_AFAB ||
+           k == US_PP_1F1B || k == US_PP_ZB1;
 }
 
 static us_result us__pp_play(const us_pp_schedule *s, double tF, double tB, double tW,
@@ -7469,90 +7539,272 @@ done:
     return res;
 }
 
-/* The latest action of rank q that action `node` (r·nmax + i) waits for, through the ranks'
-   orders and the messages: -1 if none. anc[] caches (-2: not yet known); where[] as in
-   us__pp_plan_clock. Depth-first; the schedule is checked acyclic before. */
-static int us__pp_anc(const us_pp_schedule *s, const int *where, int nmax, int q, int node,
-                      int *anc) {
-    int S = s->pp * s->v, M = s->m, r = node / nmax, i = node % nmax, best = -1, k;
-    const us_pp_action *x = &s->a[r][i];
-    int st = us_pp_stage(s, r, x->chunk), pred[2] = {-1, -1};
-    if (anc[node] > -2) return anc[node];
-    if (i > 0) pred[0] = node - 1; /* the rank's previous action */
-    if (x->op == US_PP_F && st > 0)
-        pred[1] = where[(st - 1) * M + x->mb]; /* its input's forward */
-    else if ((x->op == US_PP_B || x->op == US_PP_BW) && st + 1 < S)
-        pred[1] = where[S * M + (st + 1) * M + x->mb]; /* its output gradient's backward */
-    for (k = 0; k < 2; k++) {
-        int a;
-        if (pred[k] < 0) continue;
-        a = pred[k] / nmax == q ? pred[k] % nmax : -1;
-        if (a > best) best = a;
-        a = us__pp_anc(s, where, nmax, q, pred[k], anc);
-        if (a > best) best = a;
-    }
-    return anc[node] = best;
+/* One call the channel plan may post ahead of need: an activation's send or a gradient's
+   receive, both made by the rank of a boundary's earlier stage (us__pp_plan_posts). */
+typedef struct us__pp_call {
+    int r;  /* its rank */
+    int ch; /* its channel (us__pp_channel) */
+    int k;  /* its place in the channel's order */
+    int f;  /* the forward it belongs to (index into rank r's list) */
+    int u;  /* that micro-batch chunk's backward (B or BW) on rank r: posted before it */
+    int t;  /* posted after rank r's action t */
+} us__pp_call;
+
+static int us__pp_call_cmp(const void *a, const void *b) { /* by rank, then in posting order */
+    const us__pp_call *x = (const us__pp_call *)a, *y = (const us__pp_call *)b;
+    if (x->r != y->r) return x->r - y->r;
+    if (x->t != y->t) return x->t - y->t;
+    if (x->ch != y->ch) return x->ch - y->ch;
+    return x->k - y->k;
 }
 
-/* When the channel plan posts its calls: nothing this rank has posted may wait for its own later
-   work. On a GPU any kernel's first launch (or a cudaFree) synchronises the device, waiting for
-   every pending NCCL call; a call that needs this rank's later work then never completes (NCCL
-   semantics in ultrascale_comm.h). So, with us__pp_anc giving the last action of this rank that
-   a point of another rank waits for:
-     a gradient's receive  is posted after the last action of this rank its sender's backward
-                           waits for: the forward itself under 1F1B; under interleaved and V
-                           schedules, whose gradients come back through this rank's later chunk,
-                           that chunk's backward;
-     an activation's send  leaves after its forward, or after the last action of this rank that
-                           the receiver's action before the consuming forward waits for, if later
-                           (the receive is posted at that forward).
-   A gradient's send needs no delay (its receive was posted before its producer could run). Each
-   channel's calls keep the order of its other end. m->pp_msgs: t = the action after which to
-   post, act = the forward the message belongs to, order = the other end's action index. */
+static int us__pp_call_chan_cmp(const void *a, const void *b) { /* by channel, in its order */
+    const us__pp_call *x = (const us__pp_call *)a, *y = (const us__pp_call *)b;
+    return x->ch != y->ch ? x->ch - y->ch : x->k - y->k;
+}
+
+/* The state of a play of the channel plan (us__pp_play_posts). */
+typedef struct us__pp_posts {
+    const us_pp_schedule *s;
+    us__pp_call *calls; /* sorted by us__pp_call_cmp */
+    int ncall;
+    int *side;  /* [2·channel + 0|1] the rank that sends | receives on it, -1: not a channel */
+    int *cnt;   /* [2·channel + 0|1] calls its sender | receiver has posted */
+    int *next;  /* [rank] its next action (n: the step's end; n + 1: done) */
+    int *pre;   /* [rank] 1: the next action's input receive is posted */
+    int *first; /* [rank] its first call in calls not yet posted */
+} us__pp_posts;
+
+/* Whether rank r's calls have all completed: sends are received (rendezvous), receives sent. */
+static int us__pp_posts_idle(const us__pp_posts *p, int r) {
+    int c, nc = 2 * (p->s->pp * p->s->v);
+    for (c = 0; c < 2 * nc; c++)
+        if (p->side[c] == r && p->cnt[c] > p->cnt[c ^ 1]) return 0;
+    return 1;
+}
+
+/* Rank r takes its next step if it can: posts its forward's input receive, passes the device
+   synchronisation before an action (or the step's end), or runs the action and posts what
+   follows it (a backward's gradient send, then the plan's calls after it). 1: it moved. */
+static int us__pp_posts_step(us__pp_posts *p, int r) {
+    const us_pp_schedule *s = p->s;
+    int i = p->next[r], st;
+    const us_pp_action *x;
+    if (i > s->n[r]) return 0;
+    if (i == s->n[r] || p->pre[r]) {
+        if (!us__pp_posts_idle(p, r)) return 0;
+        p->pre[r] = 0;
+        if (i == s->n[r]) {
+            p->next[r]++;
+            return 1;
+        }
+        x = &s->a[r][i];
+        st = us_pp_stage(s, r, x->chunk);
+        if (x->op != US_PP_F && x->op != US_PP_W && st > 0 && us__pp_rank_of(s, st - 1) != r)
+            p->cnt[2 * us__pp_channel(st - 1, 1)]++; /* its input's gradient, sent */
+        for (;
+             p->first[r] < p->ncall && p->calls[p->first[r]].r == r && p->calls[p->first[r]].t == i;
+             p->first[r]++) {
+            const us__pp_call *y = &p->calls[p->first[r]];
+            p->cnt[2 * y->ch + (y->ch & 1)]++; /* an activation sent or a gradient's receive */
+        }
+        p->next[r]++;
+        return 1;
+    }
+    x = &s->a[r][i];
+    st = us_pp_stage(s, r, x->chunk);
+    if (x->op == US_PP_F && st > 0 && us__pp_rank_of(s, st - 1) != r)
+        p->cnt[2 * us__pp_channel(st - 1, 0) + 1]++; /* its input's receive */
+    p->pre[r] = 1;
+    return 1;
+}
+
+/* Plays the plan under NCCL's semantics at their strictest: every action starts with a device
+   synchronisation, which waits until every call its rank has posted completed (a forward's
+   input receive is posted just before it: no kernel, no wait lies between the previous action's
+   posts and that receive in us__pp_forward_action). 1: every rank reaches the step's end; 0: a
+   deadlock, where p->next says where each rank waits. */
+static int us__pp_play_posts(us__pp_posts *p) {
+    const us_pp_schedule *s = p->s;
+    int r, moved = 1, done = 1, nc = 2 * (s->pp * s->v);
+    for (r = 0; r < 2 * nc; r++) p->cnt[r] = 0;
+    for (r = 0; r < s->pp; r++) {
+        p->next[r] = 0;
+        p->pre[r] = 0;
+        p->first[r] = r ? p->first[r - 1] : 0;
+        while (p->first[r] < p->ncall && p->calls[p->first[r]].r < r) p->first[r]++;
+    }
+    while (moved) {
+        moved = 0;
+        for (r = 0; r < s->pp; r++)
+            while (us__pp_posts_step(p, r)) moved = 1;
+    }
+    for (r = 0; r < s->pp; r++)
+        if (p->next[r] <= s->n[r]) done = 0;
+    return done;
+}
+
+/* Keeps each channel's calls in its order (none posted before an earlier one), then sorts them
+   by rank in posting order. 0: a call would then come after its backward (no plan so). */
+static int us__pp_posts_order(us__pp_posts *p) {
+    int j;
+    qsort(p->calls, (size_t)p->ncall, sizeof *p->calls, us__pp_call_chan_cmp);
+    for (j = 1; j < p->ncall; j++)
+        if (p->calls[j].ch == p->calls[j - 1].ch && p->calls[j].t < p->calls[j - 1].t)
+            p->calls[j].t = p->calls[j - 1].t;
+    for (j = 0; j < p->ncall; j++)
+        if (p->calls[j].t >= p->calls[j].u) return 0;
+    qsort(p->calls, (size_t)p->ncall, sizeof *p->calls, us__pp_call_cmp);
+    return 1;
+}
+
+/* The calls rank r posts on side sd of channel ch as soon as it passes the synchronisation it
+   waits in: its forward's input receive, or its backward's gradient send and its planned calls. */
+static int us__pp_posts_upcoming(const us__pp_posts *p, int r, int ch, int sd) {
+    const us_pp_schedule *s = p->s;
+    int i = p->next[r], j, n = 0, st;
+    const us_pp_action *x;
+    if (i >= s->n[r]) return 0;
+    x = &s->a[r][i];
+    st = us_pp_stage(s, r, x->chunk);
+    if (!p->pre[r])
+        return x->op == US_PP_F && st > 0 && us__pp_rank_of(s, st - 1) != r &&
+               ch == us__pp_channel(st - 1, 0) && sd == 1;
+    if (x->op != US_PP_F && x->op != US_PP_W && st > 0 && us__pp_rank_of(s, st - 1) != r &&
+        ch == us__pp_channel(st - 1, 1) && sd == 0)
+        n++;
+    for (j = p->first[r]; j < p->ncall && p->calls[j].r == r && p->calls[j].t == i; j++)
+        if (p->calls[j].ch == ch && (ch & 1) == sd) n++;
+    return n;
+}
+
+/* After a deadlocked play, a waiting rank's posted calls that have not completed move past the
+   action it waits before (unless that action needs them: their backward), in turn until one
+   class has some: 0, those whose peer posts its end only after more work; else 1, gradients'
+   receives whose peer posts the send as soon as its own synchronisation passes (two ranks each
+   wait for the other's next call); else 2, such activations' sends. With `all`, every such call
+   at once. Then every channel's calls are kept in its order. 1: something moved; 0: nothing can
+   (no plan found this way). */
+static int us__pp_posts_delay(us__pp_posts *p, int all) {
+    const us_pp_schedule *s = p->s;
+    int j, cls, moved = 0;
+    for (cls = 0; cls < 3 && !moved; cls++)
+        for (j = 0; j < p->ncall; j++) {
+            us__pp_call *y = &p->calls[j];
+            int a = p->next[y->r], o = 2 * y->ch + ((y->ch & 1) ^ 1), soon;
+            if (a > s->n[y->r] || y->t >= a || a >= y->u) continue; /* not posted, or needed now */
+            if (y->k < p->cnt[o]) continue;                         /* it completed */
+            soon = y->k < p->cnt[o] + us__pp_posts_upcoming(p, p->side[o], y->ch, o & 1);
+            if (!all && cls != (soon ? 2 - (y->ch & 1) : 0)) continue;
+            y->t = a;
+            moved = 1;
+        }
+    return moved && us__pp_posts_order(p);
+}
+
+/* When the channel plan posts its calls. A forward's input is received as the forward starts
+   and a backward's input gradient is sent as it ends; the other calls may go ahead of need: an
+   activation's send once its forward ran, a gradient's receive once the forward it belongs to
+   ran (into that micro-batch chunk's slot). Posting them early lets a message travel while both
+   ranks compute; but on a GPU a device synchronisation (the first launch of a kernel, a
+   cudaFree) waits for every pending call, so a pending call whose peer needs this rank's later
+   work hangs the GPU (NCCL semantics in ultrascale_comm.h), and a pending receive of a gradient
+   still far away makes every such wait that long. So an activation's send starts right after
+   its forward and a gradient's receive right before its backward, and the plan is played at
+   NCCL's strictest, a synchronisation before every action; where the play deadlocks, some
+   waiting rank's unfinished calls move past the action it waits before (us__pp_posts_delay),
+   and the play runs again, to a fixpoint. A plan that plays through at the strictest plays
+   through under any fewer synchronisations (each wait can only end sooner). If no plan is
+   found so, the receives start right after their forward too; moving calls by classes delays
+   fewer calls but can paint itself into a corner, and then every unfinished call moves (the
+   three tries found a plan for every schedule at pp 2..8, m 1..24: a scratch check, not kept).
+   Each channel's calls keep its order (a gradient's receives, the sender's order of
+   backwards). m->pp_msgs: t = the action after which to post, act = the forward the message
+   belongs to, order = its place on the channel. */
 static us_result us__pp_plan_posts(us_model *m) {
     const us_pp_schedule *s = m->pp_sched;
-    int P = s->pp, S = P * s->v, M = s->m, q = m->mesh.pp_rank, nmax = 0, r, i, nm = 0;
-    int *where, *anc;
-    for (r = 0; r < P; r++)
-        if (s->n[r] > nmax) nmax = s->n[r];
-    where = (int *)US_MALLOC(sizeof(int) * (size_t)(2 * S * M + P * nmax)); /* [F|B][stage][mb] */
+    int P = s->pp, S = P * s->v, M = s->m, q = m->mesh.pp_rank, r, i, b, nm = 0;
+    int *where, *gpos, *kact, *gcnt, all, found;
+    us__pp_posts p;
+    memset(&p, 0, sizeof p);
+    p.s = s;
+    p.calls = (us__pp_call *)US_MALLOC(sizeof(us__pp_call) * (size_t)(2 * S * M + 1));
+    where = (int *)US_MALLOC(sizeof(int) * (size_t)(3 * S * M + 10 * S + 3 * P));
     m->pp_msgs = (us__pp_msg *)US_MALLOC(sizeof(us__pp_msg) * (size_t)(2 * s->n[q] + 1));
-    if (!where || !m->pp_msgs) {
+    if (!p.calls || !where || !m->pp_msgs) {
+        US_FREE(p.calls);
         US_FREE(where);
         us__model_set_error(m, "out of host memory");
         return US_ERR_OOM;
     }
-    anc = where + 2 * S * M;
-    for (i = 0; i < 2 * S * M + P * nmax; i++) where[i] = i < 2 * S * M ? -1 : -2;
+    gpos = where + 2 * S * M; /* [stage][mb] the gradient's place among its stage's backwards */
+    p.side = gpos + S * M;
+    p.cnt = p.side + 4 * S;
+    p.next = p.cnt + 4 * S;
+    p.pre = p.next + P;
+    p.first = p.pre + P;
+    kact = p.first + P; /* [stage] activations of the stage planned so far */
+    gcnt = kact + S;    /* [stage] backwards of the stage seen so far */
+    for (i = 0; i < 4 * S; i++) p.side[i] = -1;
+    for (b = 0; b + 1 < S; b++) {
+        int lo = us__pp_rank_of(s, b), hi = us__pp_rank_of(s, b + 1);
+        if (lo == hi) continue;
+        p.side[2 * us__pp_channel(b, 0)] = p.side[2 * us__pp_channel(b, 1) + 1] = lo;
+        p.side[2 * us__pp_channel(b, 0) + 1] = p.side[2 * us__pp_channel(b, 1)] = hi;
+    }
+    for (i = 0; i < S; i++) kact[i] = gcnt[i] = 0;
     for (r = 0; r < P; r++)
         for (i = 0; i < s->n[r]; i++) {
             const us_pp_action *x = &s->a[r][i];
-            if (x->op != US_PP_W)
-                where[(x->op != US_PP_F) * S * M + us_pp_stage(s, r, x->chunk) * M + x->mb] =
-                    r * nmax + i;
+            int st = us_pp_stage(s, r, x->chunk);
+            if (x->op == US_PP_W) continue;
+            where[(x->op != US_PP_F) * S * M + st * M + x->mb] = i;
+            if (x->op != US_PP_F) gpos[st * M + x->mb] = gcnt[st]++;
         }
-    for (i = 0; i < s->n[q]; i++) {
-        const us_pp_action *x = &s->a[q][i];
-        int st = us_pp_stage(s, q, x->chunk), prod, cons, k;
-        if (x->op != US_PP_F || st + 1 == S || us__pp_rank_of(s, st + 1) == q) continue;
-        prod = where[S * M + (st + 1) * M + x->mb]; /* the gradient's backward */
-        cons = where[(st + 1) * M + x->mb];         /* the activation's forward */
-        for (k = 0; k < 2; k++) {                   /* 0: the activation's send; 1: the gradient */
-            us__pp_msg *y = &m->pp_msgs[nm++];
-            y->grad = k;
-            y->send = !k;
-            y->peer = us__pp_rank_of(s, st + 1);
-            y->act = i;
-            y->order = (k ? prod : cons) % nmax;
-            if (k)
-                y->t = us__pp_anc(s, where, nmax, q, prod, anc);
-            else
-                y->t = cons % nmax ? us__pp_anc(s, where, nmax, q, cons - 1, anc) : -1;
-            if (y->t < i) y->t = i;
+    for (r = 0; r < P; r++)
+        for (i = 0; i < s->n[r]; i++) {
+            const us_pp_action *x = &s->a[r][i];
+            int st = us_pp_stage(s, r, x->chunk), k;
+            if (x->op != US_PP_F || st + 1 == S || us__pp_rank_of(s, st + 1) == r) continue;
+            for (k = 0; k < 2; k++) { /* 0: the activation's send; 1: its gradient's receive */
+                us__pp_call *y = &p.calls[p.ncall++];
+                y->r = r;
+                y->ch = us__pp_channel(st, k);
+                y->k = k ? gpos[(st + 1) * M + x->mb] : kact[st]++;
+                y->f = y->t = i;
+                y->u = where[S * M + st * M + x->mb];
+            }
         }
+    for (all = -1, found = 0; all < 2 && !found; all++) { /* by classes; if that fails, all */
+        for (i = 0; i < p.ncall; i++) /* first try: each gradient's receive just before need */
+            p.calls[i].t = all < 0 && (p.calls[i].ch & 1) ? p.calls[i].u - 1 : p.calls[i].f;
+        if (!us__pp_posts_order(&p)) continue;
+        while (!(found = us__pp_play_posts(&p)))
+            if (!us__pp_posts_delay(&p, all > 0)) break;
     }
-    qsort(m->pp_msgs, (size_t)nm, sizeof(us__pp_msg), us__pp_msg_cmp);
+    if (!found) {
+        US_FREE(p.calls);
+        US_FREE(where);
+        us__model_set_error(m,
+                            "pipeline schedule %s: no plan of its channel messages is free of "
+                            "deadlock under NCCL's semantics (use the clock: pp_clock)",
+                            us_pp_kind_name(s->kind));
+        return US_ERR_INVALID;
+    }
+    for (i = 0; i < p.ncall; i++) {
+        const us__pp_call *y = &p.calls[i];
+        us__pp_msg *z = &m->pp_msgs[nm];
+        if (y->r != q) continue;
+        z->t = y->t;
+        z->grad = y->ch & 1;
+        z->send = !z->grad;
+        z->peer = us__pp_rank_of(s, y->ch / 2 + 1);
+        z->act = y->f;
+        z->order = y->k;
+        nm++;
+    }
     m->pp_nmsg = nm;
+    US_FREE(p.calls);
     US_FREE(where);
     return US_OK;
 }
@@ -7682,15 +7934,20 @@ static us_result us__pp_settle(us_model *m, us_work **pend, int slot) {
     return r != US_OK ? r : us__pp_wait(m, &pend[2 * slot + 1], "pipeline send");
 }
 
-static us_result us__pp_take_slot(us_model *m, us_work **pend, int *free_slot, int *nfree,
-                                  int *slot) {
+static us_result us__pp_pop_slot(us_model *m, int *free_slot, int *nfree, int *slot) {
     if (!*nfree) {
         us__model_set_error(m, "internal: pipeline slots exhausted");
         return US_ERR_BACKEND;
     }
     *slot = free_slot[--*nfree];
     if (m->slots - *nfree > m->pp_peak) m->pp_peak = m->slots - *nfree;
-    return us__pp_settle(m, pend, *slot);
+    return US_OK;
+}
+
+static us_result us__pp_take_slot(us_model *m, us_work **pend, int *free_slot, int *nfree,
+                                  int *slot) {
+    us_result r = us__pp_pop_slot(m, free_slot, nfree, slot);
+    return r != US_OK ? r : us__pp_settle(m, pend, *slot);
 }
 
 /* The clock plan's exchanges timed at or before `until`, from *e on. Sends read the producer's
@@ -7777,19 +8034,23 @@ static us_result us__pp_forward_action(us_model *m, us__pp_exec *x, const us_pp_
     double ls = 0, t0;
     us_result r;
     if (x->slot_of[key] < 0 &&
-        (r = us__pp_take_slot(m, x->pend, x->free_slot, &x->nfree, &x->slot_of[key])) != US_OK)
+        (r = us__pp_pop_slot(m, x->free_slot, &x->nfree, &x->slot_of[key])) != US_OK)
         return r;
     us__pp_select(m, x->slot_of[key], a->chunk);
+    /* channels: the input's receive comes before the slot's sends are settled (which reads
+       other buffers), so no wait of this rank lies between its last action and the receive, as
+       us__pp_plan_posts assumes */
+    if (x->chan && prev >= 0 && prev != q &&
+        (r = us__comm_fail(m,
+                           c->recv(c, &m->pp_ch[us__pp_channel(st - 1, 0)], m->acts[m->l_lo].x,
+                                   x->n, m->dt, prev, NULL),
+                           "pipeline receive")) != US_OK)
+        return r;
+    if ((r = us__pp_settle(m, x->pend, x->slot_of[key])) != US_OK) return r;
     if (prev == q) /* the stage before is this rank's: its output */
         m->ops.copy(&m->ops, m->acts[m->l_lo].x,
                     m->slot_a[x->slot_of[us__pp_chunk_of(s, q, st - 1) * M + a->mb]][US__A_XOUT],
                     x->nb, US_COPY_D2D);
-    else if (x->chan && prev >= 0 &&
-             (r = us__comm_fail(m,
-                                c->recv(c, &m->pp_ch[us__pp_channel(st - 1, 0)], m->acts[m->l_lo].x,
-                                        x->n, m->dt, prev, NULL),
-                                "pipeline receive")) != US_OK)
-        return r;
     t0 = us_trace_now_us();
     r = us__forward(m, x->inputs + a->mb * x->per, x->targets + a->mb * x->per, x->B, x->T,
                     x->dscale, &ls);
@@ -8060,6 +8321,10 @@ static us_result us__pp_eval(us_model *m, const int32_t *inputs, const int32_t *
    capacity limit under cp or sp. Every other parallelism, pp included, takes MoE layers. */
 static us_result us__moe_checks(const us_model_config *mc, const us_train_config *tc, char *err,
                                 size_t errlen) {
+    if (tc->moe_force_balance != 0 && tc->moe_force_balance != 1)
+        US__BAD("moe_force_balance=%d must be 0 or 1", tc->moe_force_balance);
+    if (tc->moe_force_balance && !mc->moe_experts)
+        US__BAD("moe_force_balance needs experts (a MoE model)");
     if (mc->moe_experts < 0 || mc->moe_experts > 1024)
         US__BAD("experts=%d must be in 0..1024", mc->moe_experts);
     if (!mc->moe_experts &&
@@ -8295,6 +8560,14 @@ static us_result us__moe_init(us_model *m) {
     memset(m->moe_load, 0, nb * sizeof(int64_t));
     memset(m->moe_load_last, 0, na * sizeof(int64_t));
     memset(m->moe_counts_h, 0, 3 * nc * sizeof(int32_t));
+    if (m->tc.moe_force_balance) { /* [N,E] + [N,K] + [N,K] host */
+        int64_t N = us__moe_tokens(m);
+        m->moe_fb = (float *)US_MALLOC((size_t)N * (size_t)(E + 2 * c->moe_top_k) * 4);
+        if (!m->moe_fb) {
+            us__model_set_error(m, "out of host memory for the forced routing");
+            return US_ERR_OOM;
+        }
+    }
     return US_OK;
 }
 
@@ -8321,6 +8594,8 @@ static void us__moe_free(us_model *m) {
     US_FREE(m->moe_counts_h);
     US_FREE(m->moe_idx);
     US_FREE(m->ep_counts_h);
+    US_FREE(m->moe_fb);
+    m->moe_fb = NULL;
     m->ep_counts_h = NULL;
     m->moe_bias = m->moe_bias_h = NULL;
     m->moe_load = m->moe_load_last = NULL;
@@ -8466,6 +8741,31 @@ static us_result us__moe_stats(us_model *m, int l, int64_t N, us__moe_grads *g) 
    gate | up, expert outputs) are kept unless recompute is full; routing, permutation and SwiGLU
    are refilled by selective. A real forward (recompute = 0) writes x_{l+1} and counts the
    routing. */
+/* tc.moe_force_balance (benchmarks: every expert equally loaded, as Megatron's forced balance):
+   token n's k-th expert is (n·K + k) mod E, K distinct experts per token; the gates are the
+   router's probabilities of those experts as moe_route makes them (softmax: the probability;
+   sigmoid: over the chosen ones' sum), so the backward through the router is unchanged. */
+static void us__moe_force_balance(us_model *m, us_layer_acts *A, int64_t N) {
+    us_ops *o = &m->ops;
+    int E = m->cfg.moe_experts, K = m->cfg.moe_top_k, k;
+    float *p = m->moe_fb, *gt = p + N * E;
+    int32_t *tk = (int32_t *)(gt + N * K);
+    int64_t n;
+    o->copy(o, p, A->probs, (size_t)(N * E) * 4, US_COPY_D2H);
+    for (n = 0; n < N; n++) {
+        double sum = 0;
+        for (k = 0; k < K; k++) {
+            tk[n * K + k] = (int32_t)((n * K + k) % E);
+            gt[n * K + k] = p[n * E + tk[n * K + k]];
+            sum += gt[n * K + k];
+        }
+        for (k = 0; m->cfg.moe_gate == US_MOE_SIGMOID && k < K; k++)
+            gt[n * K + k] = (float)(gt[n * K + k] / sum);
+    }
+    o->copy(o, A->topk, tk, (size_t)(N * K) * 4, US_COPY_H2D);
+    o->copy(o, A->gates, gt, (size_t)(N * K) * 4, US_COPY_H2D);
+}
+
 static us_result us__moe_fwd(us_model *m, int l, int64_t N, int recompute, void *xnext) {
     us_ops *o = &m->ops;
     const us_model_config *c = &m->cfg;
@@ -8503,6 +8803,7 @@ static us_result us__moe_fwd(us_model *m, int l, int64_t N, int recompute, void 
             c->moe_balance == US_MOE_BALANCE_BIAS ? m->moe_bias + (size_t)mi * E : NULL;
         o->moe_route(o, A->topk, A->gates, A->probs, aux && !recompute ? g.vec : NULL, A->logits,
                      bias, N, E, K, (int)c->moe_gate, c->moe_groups, c->moe_top_groups);
+        if (m->tc.moe_force_balance) us__moe_force_balance(m, A, N);
         /* permute: the counts come to the host, where they size each expert's GEMMs */
         o->moe_permute(o, A->slot_row, A->row_slot, A->counts, A->counts + E, A->topk, N, E, K,
                        us__moe_cap(c, N), R);
@@ -10202,7 +10503,7 @@ static us_result us__model_setup(us_model *m, const us_model_config *mc, const u
     m->mem.params = b.w + (size_t)m->n_wslots * b.wslot + us__moe_state_bytes(m) +
                     m->fp8_wlayer * (size_t)m->cfg.n_layers;
     m->mem.master = b.master;
-    m->mem.grads = b.grad + (size_t)m->n_gslots * b.gslot;
+    m->mem.grads = b.grad + (size_t)m->n_gslots * b.gslot + m->grad_bf_bytes; /* // >>dp */
     m->mem.optimizer = 2 * b.moment;
     m->mem.total =
         m->mem.params + m->mem.master + m->mem.grads + m->mem.optimizer + m->mem.activations;
@@ -10249,7 +10550,9 @@ US_API void us_model_free(us_model *m) {
     if (o->free) {
         o->free(o, m->state);
         o->free(o, m->arena);
+        if (m->grad_bf) o->free(o, m->grad_bf);
     }
+    m->grad_bf = NULL;
     us__pp_disconnect(m);
     us__ep_free(m);
     us__tp_free(m);

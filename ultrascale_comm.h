@@ -3579,7 +3579,8 @@ static void us__nccl_comm_init(us_comm *c, us__nccl *nb, us_ops *ops) {
     c->split = us__nccl_split;
     c->group_free = us__nccl_group_free;
     c->dup = us__nccl_dup;
-    /* a waiting call is a kernel on the GPU: the pipeline times its messages (// >>pp) */
+    /* a waiting call is a kernel on the GPU: the pipeline times its messages on its clock,
+       except for the schedules whose channel plan idles less (us__pp_early, // >>pp) */
     c->p2p_early = 0;
 }
 

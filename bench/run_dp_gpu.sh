@@ -105,10 +105,11 @@ done; fi
 # 2d. pipeline parallelism (issue 7): pp 2 with every schedule (PP_SCHEDULES) over 4 micro-batches against one GPU
 #     accumulating the same 4 micro-batches of 4 sequences. Activations and gradients travel on
 #     channels (a communicator and stream each), sends posted as produced: a deadlock would show here.
+#     PP_FLAGS=--pp-clock runs every schedule on the clock plan instead (also for 2e).
 if run pp; then for p in fp32 bf16; do
     $T $M --batch 4 --grad-accum 4 --precision $p --log "$OUT/pp_ref_$p.jsonl" > "$OUT/pp_ref_$p.txt" 2>&1
     for x in ${PP_SCHEDULES:-1f1b afab zb1 interleaved zbv dualpipev}; do
-        $T $M --batch 4 --grad-accum 4 --nproc 2 --pp 2 --pp-schedule $x --precision $p --log "$OUT/pp2_${x}_$p.jsonl" > "$OUT/pp2_${x}_$p.txt" 2>&1
+        $T $M --batch 4 --grad-accum 4 --nproc 2 --pp 2 --pp-schedule $x ${PP_FLAGS:-} --precision $p --log "$OUT/pp2_${x}_$p.jsonl" > "$OUT/pp2_${x}_$p.txt" 2>&1
         say "shakespeare $p pp2 $x vs 1 GPU: $(compare "$OUT/pp_ref_$p.jsonl" "$OUT/pp2_${x}_$p.jsonl") $(grep -m1 'train:' "$OUT/pp2_${x}_$p.txt" | head -c 200)"
     done
 done; fi
@@ -137,7 +138,7 @@ if run pptput; then
 Q="--data $DATA --layers 8 --dim 1024 --heads 16 --seq 512 --batch 8 --grad-accum 8 --steps 6 --eval-every 0 --precision bf16 --lr 3e-4 --quiet"
 $T $Q --log "$OUT/pptput_ref.jsonl" > "$OUT/pptput_ref.txt" 2>&1
 for x in ${PP_SCHEDULES:-1f1b afab zb1 interleaved zbv dualpipev}; do
-    $T $Q --nproc 2 --pp 2 --pp-schedule $x --log "$OUT/pptput_$x.jsonl" > "$OUT/pptput_$x.txt" 2>&1
+    $T $Q --nproc 2 --pp 2 --pp-schedule $x ${PP_FLAGS:-} --log "$OUT/pptput_$x.jsonl" > "$OUT/pptput_$x.txt" 2>&1
 done
 python3 - "$OUT" ${PP_SCHEDULES:-1f1b afab zb1 interleaved zbv dualpipev} <<'PY' | tee -a "$summary"
 import json, sys, statistics, os

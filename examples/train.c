@@ -75,6 +75,8 @@ static const char *const usage_text[] = {
     "  --moe-top-groups M  groups a token may use (default all)\n"
     "  --moe-first-dense N  the first N layers stay dense (default 0)\n"
     "  --moe-every N     every N-th layer after those is MoE (default 1)\n"
+    "  --moe-force-balance  benchmarks only: token n's k-th expert is (n*K+k) mod E, every expert\n"
+    "                    equally loaded whatever the router says (Megatron's forced balance)\n"
     "                    The log gains moe_imbalance (max/mean tokens per expert), "
     "moe_aux_loss,\n"
     "                    moe_drop_frac and moe_load (tokens per expert, summed over MoE "
@@ -161,16 +163,22 @@ static const char *const usage_text[] = {
     "  --pp-clock        time pipeline messages on the schedule's unit-cost clock (what NCCL "
     "uses)\n"
     "                    instead of sending them as they are ready on channels (CPU threads)\n"
+    "  --pp-channels     pipeline messages on channels for every schedule, on NCCL too (NCCL's\n"
+    "                    default: channels for afab, 1f1b, zb1, the clock for the others)\n"
     "  --pp-chunks V     model chunks per rank for the interleaved schedules (default 2)\n"
     "  --pp-layers A,B,.. layers per pipeline stage (pp x chunks counts; default: an even "
     "split)\n"
     "  --bucket-mb X     gradient bucket size in MiB (default 25)\n"
+    "  --grad-reduce-dtype D  fp32 | bf16: the data-parallel gradient reductions' type (default\n"
+    "                    fp32; bf16 halves their bytes, the sums rounded to bf16)\n"
     "  --dense-emb-grad  reduce the whole embedding gradient at the end of the backward\n"
     "                    (default: only the rows the batch touched, the rest earlier)\n"
     "  --nproc N         CUDA: start N processes on this node, one per GPU (sets --dp N)\n"
     "  --comm-timeout S  a collective that cannot finish in S seconds fails the run (default "
     "300)\n"
-    "  --trace FILE.json Chrome / Perfetto trace: one row per rank and stream\n"
+    "  --nccl-semantics  CPU threads: impose what NCCL on GPUs does (every wait synchronises the\n"
+    "                    device; a deadlock fails at once, naming the ranks' calls)\n"
+    "  --trace FILE.json Chrome / Perfetto trace: one row per rank and stream\n",
     "data and output:\n"
     "  --save DIR        write checkpoints into DIR/step_N (safetensors with Hugging Face "
     "names,\n"
@@ -410,6 +418,7 @@ typedef struct opts {
     int eval_every, sample_n, top_k, quiet, gpu, gpu_set, use_cuda, nproc;
     int eval_tokens; /* --eval-tokens; 0: the held-out set up to EVAL_TOKENS_MAX */
     int pp_layers_n; /* how many counts --pp-layers gave */
+    int nccl_sem;    /* --nccl-semantics: CPU threads impose a GPU's NCCL semantics */
     float temperature, peak_tflops, comm_timeout;
     int world, rank;      /* CUDA multi-process: this process's place (from the environment) */
     us_data data;         /* the training tokens (raw text --data), less the held-out tail */
@@ -1601,6 +1610,12 @@ static int parse_switch(cli *c, const char *f, const char *v, int *ok, int *take
         c->tc.sp = 1;
     else if (!strcmp(f, "--pp-clock"))
         c->tc.pp_clock = 1;
+    else if (!strcmp(f, "--pp-channels"))
+        c->tc.pp_clock = -1;
+    else if (!strcmp(f, "--nccl-semantics"))
+        c->o.nccl_sem = 1;
+    else if (!strcmp(f, "--moe-force-balance"))
+        c->tc.moe_force_balance = 1;
     else if (!strcmp(f, "--fp8-pow2"))
         c->tc.fp8_pow2 = 1;
     else if (!strcmp(f, "--fp8-no-weight-cache"))
@@ -1805,7 +1820,7 @@ static int parse_pp_layers(cli *c, const char *v) {
     return GO_ON;
 }
 
-/* The pipeline's and context parallelism's named choices: --pp-schedule, --cp-mode. */
+/* Named choices: --pp-schedule, --cp-mode, --grad-reduce-dtype. */
 static int parse_schedule(cli *c, const char *f, const char *v) {
     us_train_config *tc = &c->tc;
     if (!strcmp(f, "--pp-schedule")) {
@@ -1827,6 +1842,13 @@ static int parse_schedule(cli *c, const char *f, const char *v) {
             return bad("--pp-schedule must be afab, 1f1b, interleaved, interleaved-bf, zb1, "
                        "zbv or dualpipev, got",
                        v);
+    } else if (!strcmp(f, "--grad-reduce-dtype")) {
+        if (!strcmp(v, "fp32"))
+            tc->grad_reduce_dtype = US_F32;
+        else if (!strcmp(v, "bf16"))
+            tc->grad_reduce_dtype = US_BF16;
+        else
+            return bad("--grad-reduce-dtype must be fp32 or bf16, got", v);
     } else if (!strcmp(f, "--cp-mode")) {
         if (!strcmp(v, "ring"))
             tc->cp_mode = US_CP_RING;
@@ -2390,6 +2412,7 @@ static us_result launch(opts *o, int argc, char **argv) {
     lc.timeout_s = o->comm_timeout;
     lc.p2p_rendezvous = 1; /* sends wait for their receiver, as NCCL's do: a pipeline runs here
                               as on GPUs */
+    lc.nccl = o->nccl_sem;
     r = us_launch_ex(world, run_rank, o, &lc, NULL, err, sizeof err);
     if (r != US_OK) fprintf(stderr, "train: %s\n", err);
     return r;

@@ -259,6 +259,166 @@ static us_result unequal_rank(us_comm *c, void *arg) {
     return r;
 }
 
+/* bf16 gradient reduction (tc.grad_reduce_dtype): each rank's gradient of one micro-batch
+   (us_forward_backward, a fixed scale) reduced over dp 2, read back before any optimizer step.
+   Expected, from two one-rank models on the same halves: the fp32 sum g0 + g1 (the default, bit
+   for bit), and bf16(bf16(g0) + bf16(g1)) for bf16 (the threads backend's bf16 sum: the fp32
+   addition of two bf16 values, rounded once). */
+typedef struct bfr_run {
+    us_model_config mc;
+    us_train_config tc;
+    int32_t in[GB * T], tgt[GB * T];
+    float *got; /* [tensor offsets of the reference] the reduced gradient, the pieces held */
+    int *held;  /* which elements of got some rank held */
+    int64_t *ref_off;
+    us_result res[2];
+} bfr_run;
+
+static us_result bfr_rank(us_comm *c, void *arg) {
+    bfr_run *U = (bfr_run *)arg;
+    us_model m;
+    us_train_config tc = U->tc;
+    int rank = c->world.rank, B = GB / 2, i;
+    double ls;
+    us_result r = us_model_init_dist(&m, &U->mc, &tc, NULL, c);
+    if (r != US_OK) return r;
+    us_model_zero_grad(&m);
+    m.grad_sync = 1;
+    r = us_forward_backward(&m, U->in + rank * B * T, U->tgt + rank * B * T, B, T, 1.0f / (GB * T),
+                            &ls);
+    if (r == US_OK) r = us__grads_finish(&m);
+    for (i = 0; r == US_OK && i < m.n_params_t; i++) { /* the part of each tensor held */
+        int64_t n, k, lo;
+        const float *g = us__grad_held(&m, i, i + 1, &n);
+        lo =
+            m.tc.zero ? m.units[m.unit_of[i]].off + (int64_t)rank * m.units[m.unit_of[i]].piece : 0;
+        if (lo < m.params[i].offset) lo = m.params[i].offset;
+        for (k = 0; k < n; k++) {
+            int64_t at = U->ref_off[i] + (lo - m.params[i].offset) + k;
+            U->got[at] = g[k];
+            U->held[at] = 1;
+        }
+    }
+    us_model_free(&m);
+    return r;
+}
+
+static void check_bf16_reduction(void) {
+    bfr_run U;
+    us_model ref[2];
+    int zero, h, i;
+    int64_t j, np;
+    memset(&U, 0, sizeof U);
+    U.mc.n_layers = 2;
+    U.mc.dim = 32;
+    U.mc.n_heads = 4;
+    U.mc.n_kv_heads = 2;
+    U.mc.vocab = 61;
+    U.mc.ffn_dim = 40;
+    U.tc.batch = GB / 2;
+    U.tc.seq = T;
+    U.tc.steps = 1;
+    U.tc.lr = 1e-2f;
+    U.tc.threads = 1;
+    U.tc.seed = 99;
+    U.tc.bucket_mb = 0.004f; /* several units */
+    U.tc.dense_emb_grad = 1; /* the embedding's rows stay an fp32 reduction */
+    us_test_rs = 41;
+    for (j = 0; j < GB * T; j++) {
+        U.in[j] = (int32_t)(rnd64() % 61);
+        U.tgt[j] = (int32_t)(rnd64() % 61);
+    }
+    {
+        us_model_config mc = U.mc;
+        us_train_config tc = U.tc;
+        char err[200];
+        tc.grad_reduce_dtype = US_E4M3;
+        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID &&
+                  strstr(err, "grad_reduce_dtype=2"),
+              "grad_reduce_dtype FP8: %s", err);
+    }
+    for (h = 0; h < 2; h++) { /* each rank's half on one rank */
+        double ls;
+        us_train_config tc = U.tc;
+        CHECK(us_model_init(&ref[h], &U.mc, &tc, NULL) == US_OK, "bf16 reduction: reference");
+        us_model_zero_grad(&ref[h]);
+        us_forward_backward(&ref[h], U.in + h * (GB / 2) * T, U.tgt + h * (GB / 2) * T, GB / 2, T,
+                            1.0f / (GB * T), &ls);
+    }
+    np = ref[0].n_flat;
+    U.got = (float *)calloc((size_t)np, 4);
+    U.held = (int *)calloc((size_t)np, sizeof(int));
+    U.ref_off = (int64_t *)malloc(sizeof(int64_t) * (size_t)ref[0].n_params_t);
+    for (i = 0; i < ref[0].n_params_t; i++) U.ref_off[i] = ref[0].params[i].offset;
+    for (h = 0; h < 2; h++)
+        for (zero = 0; zero <= 1; zero++) {
+            int64_t bad = 0, nheld = 0, differs = 0;
+            memset(U.got, 0, (size_t)np * 4);
+            memset(U.held, 0, (size_t)np * sizeof(int));
+            U.tc.dp = 2;
+            U.tc.zero = zero;
+            U.tc.grad_reduce_dtype = h ? US_BF16 : US_F32;
+            CHECK(us_test_launch(2, bfr_rank, &U, U.res, 1) == US_OK, "bf16 reduction: dp 2 ran");
+            for (i = 0; i < ref[0].n_params_t; i++)
+                for (j = 0; j < ref[0].params[i].numel; j++) {
+                    int64_t at = U.ref_off[i] + j;
+                    float g0 = ref[0].grad[at], g1 = ref[1].grad[at], want = g0 + g1;
+                    if (h)
+                        want = us_bf16_to_f32(us_f32_to_bf16(us_bf16_to_f32(us_f32_to_bf16(g0)) +
+                                                             us_bf16_to_f32(us_f32_to_bf16(g1))));
+                    if (!U.held[at]) continue;
+                    nheld++;
+                    if (memcmp(&U.got[at], &want, 4)) bad++;
+                    if (U.got[at] != g0 + g1) differs++;
+                }
+            CHECK(nheld == ref[0].n_params && bad == 0 && (h ? differs > 0 : differs == 0),
+                  "dp 2 zero %d, gradients reduced in %s: %lld of %lld elements differ from "
+                  "%s bit for bit (%lld differ from the fp32 sum)",
+                  zero, h ? "bf16" : "fp32 (the default)", (long long)bad, (long long)nheld,
+                  h ? "bf16(bf16(g0) + bf16(g1))" : "g0 + g1", (long long)differs);
+        }
+    us_model_free(&ref[0]);
+    us_model_free(&ref[1]);
+    free(U.got);
+    free(U.held);
+    free(U.ref_off);
+}
+
+/* bf16 reduction over training: dp 2, ZeRO 0..3, two micro-batches accumulated in fp32, STEPS
+   AdamW steps against one rank's fp32 run. The bound is stated, not fitted: losses within 1e-3
+   relative (the rounding of a bf16 sum is 2^-9 relative; AdamW normalises each update, so the
+   weights move by at most lr per step whatever the gradient's rounding). */
+static void check_bf16_training(void) {
+    run ref;
+    int64_t np;
+    int zi;
+    setup(&ref, 1, 0, 2, 0, 25);
+    make_data(&ref, 17);
+    np = reference(&ref);
+    for (zi = 0; zi <= 3; zi++) {
+        run R;
+        double ml = 0, mw = 0;
+        setup(&R, 2, zi, 2, 0, zi == 3 ? 25 : 0.004f);
+        R.tc.grad_reduce_dtype = US_BF16;
+        R.in = ref.in;
+        R.tgt = ref.tgt;
+        R.weights = (float *)calloc((size_t)np, 4);
+        if (launch(&R) != US_OK)
+            CHECK(0, "bf16 reduction, dp 2 zero %d ran", zi);
+        else {
+            differences(&R, &ref, np, &ml, &mw);
+            CHECK(ml < 1e-3 && mw <= 2.0 * STEPS * R.tc.lr && ml > 0,
+                  "bf16 reduction, dp 2 zero %d accum 2: %d steps within 1e-3 of one fp32 rank "
+                  "(loss rel %.1e, not 0; weights abs %.1e)",
+                  zi, STEPS, ml, mw);
+        }
+        free(R.weights);
+    }
+    free(ref.weights);
+    free(ref.in);
+    free(ref.tgt);
+}
+
 int main(int argc, char **argv) {
     static const int dps[] = {2, 4}, accums[] = {1, 2};
     int di, zi, ai, tied;
@@ -643,5 +803,7 @@ int main(int argc, char **argv) {
         CHECK(us_model_init(&m, &mc, &tc, NULL) == US_ERR_INVALID && strstr(m.err, "zero=4"),
               "zero 4: %s", m.err);
     }
+    check_bf16_reduction();
+    check_bf16_training();
     return us_test_done("test_dp");
 }

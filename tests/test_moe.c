@@ -836,6 +836,64 @@ static void test_learns(void) {
     us_model_free(&m);
 }
 
+/* tc.moe_force_balance (benchmarks): token n's k-th expert is (n·K + k) mod E whatever the
+   router says, so every expert routes the same number of tokens; the gates are the router's
+   probabilities of those experts (softmax) or those over their sum (sigmoid). */
+static void test_force_balance(void) {
+    int gate;
+    for (gate = 0; gate < 2; gate++) {
+        us_model_config mc = moe_model(4, 2);
+        us_train_config tc = tiny_train(2, 7);
+        us_model m;
+        int32_t in[14], tgt[14];
+        double ls;
+        int64_t n, bad = 0, off = 0, cnt[4] = {0, 0, 0, 0};
+        int l, k, e;
+        mc.moe_gate = gate ? US_MOE_SIGMOID : US_MOE_SOFTMAX;
+        tc.moe_force_balance = 1;
+        if (us_model_init(&m, &mc, &tc, NULL) != US_OK) {
+            CHECK(0, "forced balance: init: %s", us_model_error(&m));
+            continue;
+        }
+        random_tokens(in, tgt, 14, 19, 5);
+        us_model_zero_grad(&m);
+        CHECK(us_forward_backward(&m, in, tgt, 2, 7, 1.0f / 14, &ls) == US_OK && isfinite(ls),
+              "forced balance (%s): forward_backward", gate ? "sigmoid" : "softmax");
+        for (l = 0; l < m.cfg.n_layers; l++) {
+            const us_layer_acts *A = &m.acts[l];
+            if (m.moe_idx[l] < 0) continue;
+            for (n = 0; n < 14; n++) {
+                double sum = 0;
+                for (k = 0; k < 2; k++) sum += A->probs[n * 4 + (n * 2 + k) % 4];
+                for (k = 0; k < 2; k++) {
+                    int want = (int)((n * 2 + k) % 4);
+                    float p = A->probs[n * 4 + want];
+                    float g = gate ? (float)(p / sum) : p;
+                    if (A->topk[n * 2 + k] != want || fabsf(A->gates[n * 2 + k] - g) > 1e-7f) bad++;
+                    cnt[want]++;
+                }
+            }
+            off++;
+        }
+        for (e = 1; e < 4; e++)
+            if (cnt[e] != cnt[0]) bad++;
+        CHECK(off > 0 && bad == 0,
+              "forced balance (%s): every token's experts are (n*K+k) mod E with the router's "
+              "gates, %lld tokens per expert each (%lld wrong)",
+              gate ? "sigmoid" : "softmax", (long long)cnt[0], (long long)bad);
+        us_model_free(&m);
+    }
+    {
+        us_model_config mc = moe_model(4, 2);
+        us_train_config tc = tiny_train(2, 7);
+        char err[200];
+        tc.moe_force_balance = 2;
+        CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID &&
+                  strstr(err, "moe_force_balance=2"),
+              "moe_force_balance 2: %s", err);
+    }
+}
+
 int main(int argc, char **argv) {
     int i;
     for (i = 1; i < argc; i++)
@@ -852,5 +910,6 @@ int main(int argc, char **argv) {
     test_recompute_accum();
     test_estimator_and_config();
     test_learns();
+    test_force_balance();
     return us_test_done("test_moe");
 }

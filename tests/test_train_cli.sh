@@ -317,6 +317,7 @@ same_curve "--cp 2 --dp 2 --zero 1 trains the task to the loss curve of one rank
 expect 2 "pp needs a layer per stage" "pp=3 exceeds layers=2" -- --pp 3
 expect 2 "unknown schedule" "must be afab, 1f1b, interleaved, interleaved-bf, zb1, zbv or dualpipev, got gpipe" -- --pp 2 --pp-schedule gpipe
 expect 2 "interleaved needs a layer per stage" "pp=2 x 2 chunks = 4 pipeline stages exceed layers=2" -- --pp 2 --pp-schedule interleaved
+expect 2 "bad --grad-reduce-dtype" "--grad-reduce-dtype must be fp32 or bf16, got fp8" -- --grad-reduce-dtype fp8
 expect 2 "chunks only for interleaved" "applies to the interleaved and V-shaped schedules only" -- --pp 2 --pp-chunks 2
 reference pp1 -- --grad-accum 4
 same_curve "--pp 2 --dp 2 (1F1B, 4 micro-batches) trains the task to the loss curve of one rank" pp1 pp -- --grad-accum 4 --pp 2 --dp 2
@@ -351,6 +352,16 @@ reference moe1 -- --experts 4 --threads 1 --layers 1 --dim 32 --heads 2
 same_curve "--experts 4 --dp 2 --ep 2 trains the task to the loss curve of one rank" moe1 ep -- --experts 4 --layers 1 --dim 32 --heads 2 --dp 2 --ep 2
 same_curve "--experts 4 --dp 2 --ep 2 --zero 2 (experts sharded over their replicas) trains to the loss curve of one rank" moe1 epz -- --experts 4 --layers 1 --dim 32 --heads 2 --dp 2 --ep 2 --zero 2
 expect 2 "bad capacity factor" "bad value for --capacity-factor: -1" -- --experts 4 --capacity-factor -1
+expect 2 "forced balance needs experts" "moe_force_balance needs experts" -- --moe-force-balance
+# --moe-force-balance (benchmarks): every expert equally loaded, every step, and it still learns
+"$BIN" --experts 4 --top-k 2 --moe-force-balance --threads 1 --steps 20 --eval-every 0 --quiet --log "$T/moefb.jsonl" > "$T/moefb.txt" 2>&1; rc=$?
+if [ "$rc" -eq 0 ] && python3 - "$T/moefb.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 20 and all(r["moe_imbalance"] == 1 for r in rows), [r["moe_imbalance"] for r in rows]
+assert rows[-1]["loss"] < 0.6 * rows[0]["loss"], (rows[0]["loss"], rows[-1]["loss"])
+PY
+then ok "--moe-force-balance: imbalance 1 at every step, the loss falls"; else bad "--moe-force-balance (exit $rc) $(tail -3 "$T/moefb.txt")"; fi
 # MoE under pipeline parallelism: each stage runs its own layers' routers and experts
 reference moepp1 -- --experts 4 --threads 1 --layers 2 --dim 32 --heads 2 --grad-accum 4
 same_curve "--experts 4 --pp 2 --dp 2 --ep 2 --pp-schedule zb1 trains to the loss curve of one rank" moepp1 moepp -- --experts 4 --layers 2 --dim 32 --heads 2 --grad-accum 4 --pp 2 --dp 2 --ep 2 --pp-schedule zb1
