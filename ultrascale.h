@@ -1210,6 +1210,9 @@ enum { US_TOK_GPT2 = 1, US_TOK_LLAMA3 = 2 };
 /* us_tok_decode's flags */
 #define US_TOK_SKIP_SPECIAL 1 /* leave special tokens out (skip_special_tokens=True) */
 #define US_TOK_LOSSY 2 /* each invalid UTF-8 sequence becomes U+FFFD, as tokenizers' decode */
+/* leave out ids the tokenizer does not hold (a model vocabulary padded past it) instead of
+   failing, as tokenizers' decode drops them */
+#define US_TOK_SKIP_UNKNOWN 4
 
 US_API us_result us_tok_load(us_tokenizer *t, const char *path);
 /* The same from the file's text json[n]. */
@@ -1219,7 +1222,7 @@ US_API void us_tok_free(us_tokenizer *t);
 US_API us_result us_tok_encode(us_tokenizer *t, const char *text, size_t n, int32_t *ids,
                                size_t cap, size_t *n_ids);
 /* ids[n] → the text's bytes in out[*len] and a NUL (cap ≥ *len + 1; out NULL: only *len). An
-   id that is no token is an error (tokenizers would drop it). */
+   id that is no token is an error unless flags has US_TOK_SKIP_UNKNOWN (tokenizers drops it). */
 US_API us_result us_tok_decode(us_tokenizer *t, const int32_t *ids, size_t n, int flags, char *out,
                                size_t cap, size_t *len);
 /* The pre-tokeniser alone: text[n] (no added tokens, no prefix space) cut into pieces, the end
@@ -15030,13 +15033,19 @@ static size_t us__tok_lossy(const uint8_t *s, size_t n, char *out, size_t cap) {
     return o;
 }
 
+/* whether id is one of the tokenizer's tokens */
+static int us__tok_known(const us_tokenizer *t, int32_t id) {
+    return id >= 0 && id < t->n_vocab && t->kind[id];
+}
+
 US_API us_result us_tok_decode(us_tokenizer *t, const int32_t *ids, size_t n, int flags, char *out,
                                size_t cap, size_t *len) {
     size_t i, raw = 0, o;
     char *buf;
     *len = 0;
     for (i = 0; i < n; i++) {
-        if (ids[i] < 0 || ids[i] >= t->n_vocab || !t->kind[ids[i]]) {
+        if (!us__tok_known(t, ids[i])) {
+            if (flags & US_TOK_SKIP_UNKNOWN) continue;
             us__errf(t->err, sizeof t->err, "token id %d is not in the tokenizer's %lld ids",
                      (int)ids[i], (long long)t->n_vocab);
             return US_ERR_INVALID;
@@ -15050,6 +15059,7 @@ US_API us_result us_tok_decode(us_tokenizer *t, const int32_t *ids, size_t n, in
         return US_ERR_OOM;
     }
     for (i = 0, o = 0; i < n; i++) {
+        if (!us__tok_known(t, ids[i])) continue; /* only under US_TOK_SKIP_UNKNOWN */
         if ((flags & US_TOK_SKIP_SPECIAL) && (t->kind[ids[i]] & US__TK_SPECIAL)) continue;
         memcpy(buf + o, t->pool + t->off[ids[i]], (size_t)t->len[ids[i]]);
         o += (size_t)t->len[ids[i]];

@@ -162,39 +162,31 @@ static int encode(us_tokenizer *tok, int have_tok, const char *text, int32_t **i
    UTF-8 character, which the next one completes: the bytes print as they are). have_tok: 0
    bytes, 1 the tokenizer, 2 the ids themselves (--ids). */
 static void print_new(us_tokenizer *tok, int have_tok, const int32_t *ids, int n, size_t *shown) {
+    const int flags = US_TOK_SKIP_SPECIAL | US_TOK_SKIP_UNKNOWN;
     static int warned;
     size_t len = 0;
     char *text;
-    int32_t *known = NULL;
-    int i, k = 0;
     if (have_tok == 2) { /* --ids: *shown counts the ids printed */
         for (; *shown < (size_t)n; (*shown)++) printf("%d ", ids[*shown]);
         fflush(stdout);
         return;
     }
     if (have_tok) { /* ids the tokenizer does not hold (a model vocabulary padded past it) */
-        if (!(known = (int32_t *)malloc((size_t)n * sizeof *known + 1))) return;
-        for (i = 0; i < n; i++)
-            if (ids[i] >= 0 && ids[i] < tok->n_vocab && tok->kind[ids[i]])
-                known[k++] = ids[i];
-            else if (!warned++)
-                fprintf(stderr,
-                        "generate: id %d is not in the tokenizer (the model's vocabulary "
-                        "is larger): such ids are left out of the text\n",
-                        ids[i]);
-        us_tok_decode(tok, known, (size_t)k, US_TOK_SKIP_SPECIAL, NULL, 0, &len);
+        if (!warned &&
+            us_tok_decode(tok, ids, (size_t)n, US_TOK_SKIP_SPECIAL, NULL, 0, &len) != US_OK)
+            warned = fprintf(stderr,
+                             "generate: %s (the model's vocabulary is larger): such ids "
+                             "are left out of the text\n",
+                             tok->err);
+        us_tok_decode(tok, ids, (size_t)n, flags, NULL, 0, &len);
     } else {
         len = (size_t)n;
     }
-    if (!(text = (char *)malloc(len + 1))) {
-        free(known);
-        return;
-    }
+    if (!(text = (char *)malloc(len + 1))) return;
     if (have_tok)
-        us_tok_decode(tok, known, (size_t)k, US_TOK_SKIP_SPECIAL, text, len + 1, &len);
+        us_tok_decode(tok, ids, (size_t)n, flags, text, len + 1, &len);
     else
         len = us_byte_decode(ids, (size_t)n, text, len + 1);
-    free(known);
     if (len > *shown) fwrite(text + *shown, 1, len - *shown, stdout);
     fflush(stdout);
     *shown = len;

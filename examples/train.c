@@ -1000,19 +1000,17 @@ static us_result rank_train(rank_state *s) {
 /* Tokens as text: through --tokenizer (ids it does not hold are left out, invalid UTF-8 becomes
    U+FFFD), else as bytes. NULL when out of memory. */
 static char *decode_text(opts *o, int32_t *ids, int n) {
+    const int flags = US_TOK_LOSSY | US_TOK_SKIP_UNKNOWN;
     size_t len = 0;
-    int i, k = 0;
     char *text;
     if (!o->tok_path) {
         text = (char *)malloc((size_t)n + 1);
         if (text) us_byte_decode(ids, (size_t)n, text, (size_t)n + 1);
         return text;
     }
-    for (i = 0; i < n; i++)
-        if (ids[i] < o->tok.n_vocab && o->tok.kind[ids[i]]) ids[k++] = ids[i];
-    us_tok_decode(&o->tok, ids, (size_t)k, US_TOK_LOSSY, NULL, 0, &len);
+    us_tok_decode(&o->tok, ids, (size_t)n, flags, NULL, 0, &len);
     text = (char *)malloc(len + 1);
-    if (text && us_tok_decode(&o->tok, ids, (size_t)k, US_TOK_LOSSY, text, len + 1, &len) != US_OK)
+    if (text && us_tok_decode(&o->tok, ids, (size_t)n, flags, text, len + 1, &len) != US_OK)
         text[0] = 0;
     return text;
 }

@@ -235,6 +235,15 @@ static void check_refusals(void) {
     CHECK(us_tok_decode(&t, &bad, 1, 0, NULL, 0, &len) == US_ERR_INVALID && strstr(t.err, "99999"),
           "an unknown id is refused: \"%s\"", t.err);
     CHECK(us_tok_decode(&t, &ok, 1, 0, NULL, 0, &len) == US_OK && len == 1, "decode counts bytes");
+    { /* US_TOK_SKIP_UNKNOWN: the unknown id is left out, the others decode as without it */
+        const int32_t mixed[3] = {ok, bad, ok}, known[2] = {ok, ok};
+        char a[16], b[16];
+        size_t la = 0, lb = 0;
+        CHECK(us_tok_decode(&t, mixed, 3, US_TOK_SKIP_UNKNOWN, a, sizeof a, &la) == US_OK &&
+                  us_tok_decode(&t, known, 2, 0, b, sizeof b, &lb) == US_OK && la == lb &&
+                  !memcmp(a, b, la),
+              "US_TOK_SKIP_UNKNOWN leaves the unknown id out (%zu bytes)", la);
+    }
     us_tok_free(&t);
     free(json);
     free(llama);
