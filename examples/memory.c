@@ -698,7 +698,7 @@ static int measure(const us_model_config *mc, const us_train_config *tc, const u
     us_train_config t = *tc;
     us_model m;
     us_step_stats st;
-    uint64_t x = 88172645463325252ull;
+    us_rng rng;
     int64_t n = (int64_t)t.batch * t.seq, i;
     int32_t *in, *tgt;
     if (t.dp > 1 || t.tp > 1 || t.ep > 1 || t.pp > 1 || t.cp > 1) {
@@ -722,12 +722,10 @@ static int measure(const us_model_config *mc, const us_train_config *tc, const u
         free(tgt);
         return 1;
     }
-    for (i = 0; i < n; i++) { /* xorshift64: tokens in [0, vocab) */
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        in[i] = (int32_t)(x % (uint64_t)mc->vocab);
-        tgt[i] = (int32_t)((x >> 20) % (uint64_t)mc->vocab);
+    us_rng_seed(&rng, 1);
+    for (i = 0; i < n; i++) { /* tokens in [0, vocab) */
+        in[i] = (int32_t)(us_rng_u64(&rng) % (uint64_t)mc->vocab);
+        tgt[i] = (int32_t)(us_rng_u64(&rng) % (uint64_t)mc->vocab);
     }
     for (i = 0; i < t.steps; i++)
         if (us_train_step(&m, in, tgt, &st) != US_OK) {

@@ -805,18 +805,26 @@ static int64_t eval_windows(const rank_state *s) {
 
 /* One micro-batch of the evaluation: this rank's rows (and cp positions) of the group's batch
    in gin/gtgt, forward only; adds the loss sum, the right predictions and the scored targets */
-static us_result rank_eval_batch(rank_state *s, double v[3]) {
-    us_train_config *tc = &s->tc;
-    int64_t c = 0, j;
-    double loss = 0;
-    us_result r;
+/* This rank's rows (and cp positions) of the group's one-micro-batch gin/gtgt [Bg][seq] into
+   in/tgt [batch][Tl] */
+static void rank_take_rows(rank_state *s) {
+    const us_train_config *tc = &s->tc;
+    int64_t j;
     for (j = 0; j < (int64_t)tc->batch * s->Tl; j++) {
         size_t src =
             ((size_t)s->drank * tc->batch + (size_t)(j / s->Tl)) * tc->seq + s->cpos[j % s->Tl];
         s->in[j] = s->gin[src];
         s->tgt[j] = s->gtgt[src];
-        v[2] += s->tgt[j] >= 0;
     }
+}
+
+static us_result rank_eval_batch(rank_state *s, double v[3]) {
+    us_train_config *tc = &s->tc;
+    int64_t c = 0, j;
+    double loss = 0;
+    us_result r;
+    rank_take_rows(s);
+    for (j = 0; j < (int64_t)tc->batch * s->Tl; j++) v[2] += s->tgt[j] >= 0;
     r = us_forward_eval(&s->m, s->in, s->tgt, tc->batch, s->Tl, &loss, &c, NULL);
     v[0] += loss;
     v[1] += (double)c;
@@ -1392,12 +1400,7 @@ static void rank_eval_choices(rank_state *s) {
                 mc_row(&m->c[c0 + r], T, s->gin + (size_t)r * T, s->gtgt + (size_t)r * T);
             else
                 mc_row(&m->c[0], T, s->gin + (size_t)r * T, s->gtgt + (size_t)r * T);
-        for (j = 0; j < nl; j++) { /* this rank's rows and positions */
-            size_t src =
-                ((size_t)s->drank * tc->batch + (size_t)(j / s->Tl)) * T + s->cpos[j % s->Tl];
-            s->in[j] = s->gin[src];
-            s->tgt[j] = s->gtgt[src];
-        }
+        rank_take_rows(s);
         if (us_forward_eval_losses(&s->m, s->in, s->tgt, tc->batch, s->Tl, loss) != US_OK) break;
         memset(v, 0, (size_t)Bg * 2 * sizeof *v);
         for (j = 0; j < nl; j++) {
