@@ -10816,7 +10816,6 @@ US_API us_result us_forward_eval(us_model *m, const int32_t *inputs, const int32
 
 US_API us_result us_forward_eval_losses(us_model *m, const int32_t *inputs, const int32_t *targets,
                                         int B, int T, float *losses) {
-    double ls = 0;
     us_result r;
     if (m->tc.pp > 1) {
         us__model_set_error(m,
@@ -10825,10 +10824,8 @@ US_API us_result us_forward_eval_losses(us_model *m, const int32_t *inputs, cons
                             m->tc.pp);
         return US_ERR_INVALID;
     }
-    us__fp8_wcache_drop(m);
-    r = us__forward(m, inputs, targets, B, T, 0.0f, &ls);
-    us__zero3_release_all(m);
-    if (r != US_OK) return r;
+    /* the forward leaves every position's loss in the activations: read them out */
+    if ((r = us_forward_eval(m, inputs, targets, B, T, NULL, NULL, NULL)) != US_OK) return r;
     m->ops.copy(&m->ops, losses, m->a[US__A_LOSSES], (size_t)B * T * 4, US_COPY_D2H);
     return us__backend_check(m);
 }
