@@ -3190,9 +3190,13 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
     us__mb_wait(barQ, 0);
 
     float corr[2] = {1.f, 1.f};
-    /* O += P·V of the tile in stage s (O was rescaled before the batch's first fence) */
+    /* O += P·V of the tile in stage s (O was rescaled before the batch's first fence). The fence
+       after the wait is the one ptxas would put there itself (info C7519, "warpgroup.arrive is
+       injected"): an RS batch behind another batch gets one; written out, the code says what
+       runs (the same instructions either way) */
     const auto pv = [&](int s, int ph) {
         us__mb_wait(fullV + s, ph);
+        us__wg_fence();
 #pragma unroll
         for (int t = 0; t < BC / 16; t++)
             us__wg_rs<HS, E, 1>(&o[0][0][0], pa[t], us__wg_mnmaj<BC>(sV + s * KVB, t), 1);
@@ -3241,7 +3245,6 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
             to_a(sc);
         }
         us__hop_scale_o<HS>(o[0], corr);
-        us__wg_fence();
         pv((kb - 1) % S, ((kb - 1) / S) & 1); /* O += P·V of the last tile */
         us__wg_wait<HS / 2>(&o[0][0][0]);
         us__mb_arrive(emptyV + (kb - 1) % S);
