@@ -762,7 +762,8 @@ static void bench_gemm(void) {
 
 /* ---- attention TFLOP/s (causal: half the square), the same rows as sdpa_bench.py: HS 128 with
    NH 16 and NKV 16 or 4, and the 1B shape's HS 64, NH 32, NKV 8; B·T = 16384 tokens. Each row
-   times the Hopper kernels (// >>cuda-hopper) and the mma.sync ones (// >>cuda-flash) in turn,
+   times the Hopper kernels (// >>cuda-hopper; the backward fused, then as two kernels) and the
+   mma.sync ones (// >>cuda-flash) in turn,
    on the same buffers; FLOPs counted as causal, fwd 4·B·NH·T²·HS/2, bwd 2.5× that. */
 static void bench_attention(void) {
     static const int shapes[][3] = {{16, 16, 128}, {16, 4, 128}, {32, 8, 64}}; /* NH, NKV, HS */
@@ -785,9 +786,11 @@ static void bench_attention(void) {
             float *lse = (float *)inner.alloc(&inner, (size_t)B * NH * T * 4);
             double fl = 4.0 * B * NH * (double)T * T * HS / 2;
             rand_bf16_pair(qkv, N * QKV, dout, N * NH * HS, 3, 1);
-            for (path = 0; path < 2; path++) {
+            for (path = 0; path < 3; path++) {
+                static const int off[3] = {0, 4, 1}; /* fused, two-kernel bwd, mma.sync */
+                static const char *name[3] = {"us-hop", "us-hop2k", "us-mma"};
                 std::vector<double> tf, tb;
-                us_cuda_attention_no_hopper(&inner, path);
+                us_cuda_attention_no_hopper(&inner, off[path]);
                 for (r = 0; r < 23; r++) {
                     float ms;
                     cudaEventRecord(a, c->stream);
@@ -804,8 +807,8 @@ static void bench_attention(void) {
                     cudaEventElapsedTime(&ms, a, b);
                     if (r >= 3) tb.push_back(ms * 1e-3);
                 }
-                printf("%-8s %5d %2d %3d %3d %4d | %9.3f %8.1f | %9.3f %8.1f\n",
-                       path ? "us-mma" : "us-hop", T, B, NH, NKV, HS, median(tf) * 1e3,
+                printf("%-8s %5d %2d %3d %3d %4d | %9.3f %8.1f | %9.3f %8.1f\n", name[path], T,
+                       B, NH, NKV, HS, median(tf) * 1e3,
                        fl / median(tf) * 1e-12, median(tb) * 1e3, 2.5 * fl / median(tb) * 1e-12);
             }
             us_cuda_attention_no_hopper(&inner, 0);
