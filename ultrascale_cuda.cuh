@@ -55,8 +55,9 @@ US_API void us_cuda_describe(const us_ops *ops, char *buf, size_t buflen);
 US_API const char *us_cuda_attention_path(us_ops *ops, us_dtype dt, int head_size, int by_blocks);
 /* Keeps attention off the Hopper kernels, so that tests and benchmarks can compare the paths:
    0 every path (the default), 1 none of the Hopper kernels, 2 not the Hopper forward, 3 not
-   the Hopper backward, 4 the Hopper backward as two kernels (dK/dV, then dQ) instead of the
-   fused one. */
+   the Hopper backward, 4 the Hopper backward always as two kernels (dK/dV, then dQ), 5 always
+   fused (dQ inside the dK/dV kernel) where the head size allows; by default the backward is
+   fused where that measured faster (US__HOP_FUSED_MIN_T). */
 US_API void us_cuda_attention_no_hopper(us_ops *ops, int which);
 /* Device memory in use on the ops' GPU (total − free, cudaMemGetInfo), in bytes: the real
    footprint beside the allocator's count (us_ops.bytes_peak) — the CUDA context, cuBLASLt's
@@ -101,7 +102,7 @@ typedef struct us__gemm_plan {
 typedef struct us__cuda {
     int device, cc_major, n_sm;
     int hop_off; /* attention skips // >>cuda-hopper: 1 both ways, 2 forward, 3 backward; 4 the
-                    two-kernel backward (tests, benchmarks) */
+                    two-kernel backward always, 5 the fused one always (tests, benchmarks) */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     void *ws; /* cuBLASLt workspace */
@@ -4171,14 +4172,23 @@ static int us__hop_attention_fwd(us_ops *o, void *out, float *lse, const void *q
     return 1;
 }
 
-/* whether the backward of head size HS runs fused (dQ inside the dK/dV kernel), and the bytes
-   of scratch it needs beside D and L2: the counters, then dQacc (16-byte aligned) */
-static int us__hop_fused(us_ops *o, int HS) {
+/* The fused backward where it measured faster than the two kernels (bench/RESULTS.md): head
+   sizes 80 to 128 from T = 8192 on, where a CTA's long run of query tiles pays for the ordered
+   dQ adds. At HS 64 its consumers spill (the S, dP and dQ tiles of 128 queries), and below 8192
+   the two kernels are as fast or faster. */
+#define US__HOP_FUSED_MIN_T 8192
+
+/* whether the backward of head size HS at sequence length T runs fused (dQ inside the dK/dV
+   kernel), and the bytes of scratch it needs beside D and L2: the counters, then dQacc
+   (16-byte aligned) */
+static int us__hop_fused(us_ops *o, int HS, int64_t T) {
     int f = 0;
+    const int mode = us__cu(o)->hop_off;
 #define US__HOP_FUSED(H) f |= HS == H && us__hop_cfg<H>::FUSED;
     US__HOP_HEADS(US__HOP_FUSED)
 #undef US__HOP_FUSED
-    return f && us__cu(o)->hop_off != 4;
+    if (!f || mode == 4) return 0;
+    return mode == 5 || (HS > 64 && T >= US__HOP_FUSED_MIN_T);
 }
 
 /* the fused backward's query tiles of a sequence (BQ: 128 at HS 64, else 64) */
@@ -4203,7 +4213,7 @@ static int us__hop_attention_bwd(us_ops *o, void *dqkv, const void *dout, const 
         NH % NKV || B >= 65536 || T > INT_MAX / 2)
         return 0;
     if (B <= 0 || T <= 0 || NH <= 0) return 1;
-    const int fused = us__hop_fused(o, HS);
+    const int fused = us__hop_fused(o, HS, T);
     const size_t dl_bytes = ((size_t)2 * rows * sizeof(float) + 15) / 16 * 16;
     const size_t cnt_bytes = fused ? us__hop_fused_cnt_bytes(B, T, NH, HS) : 0;
     const size_t acc_bytes = fused ? (size_t)B * NH * us__hop_fused_tiles(T, HS) * 2 * 4096 * 4 : 0;
@@ -6097,7 +6107,7 @@ US_API size_t us_cuda_device_used(const us_ops *o) {
 }
 
 US_API void us_cuda_attention_no_hopper(us_ops *o, int which) {
-    if (o->backend) us__cu(o)->hop_off = which >= 0 && which <= 4 ? which : 0;
+    if (o->backend) us__cu(o)->hop_off = which >= 0 && which <= 5 ? which : 0;
 }
 
 US_API void us_cuda_describe(const us_ops *o, char *buf, size_t buflen) {

@@ -810,10 +810,13 @@ static void bench_attention(void) {
             float *lse = (float *)inner.alloc(&inner, (size_t)B * NH * T * 4);
             double fl = 4.0 * B * NH * (double)T * T * HS / 2;
             rand_bf16_pair(qkv, N * QKV, dout, N * NH * HS, 3, 1);
-            for (path = 0; path < 3; path++) {
-                static const int off[3] = {0, 4, 1}; /* fused, two-kernel bwd, mma.sync */
-                static const char *name[3] = {"us-hop", "us-hop2k", "us-mma"};
+            for (path = 0; path < 4; path++) {
+                /* the default (the backward fused from T 8192 at HS 80-128), fused always, two
+                   kernels always, mma.sync (bf16 HS 64 and 128 only: others are portable) */
+                static const int off[4] = {0, 5, 4, 1};
+                static const char *name[4] = {"us-hop", "us-hopF", "us-hop2k", "us-mma"};
                 std::vector<double> tf, tb;
+                if (path == 3 && HS != 64 && HS != 128) continue;
                 us_cuda_attention_no_hopper(&inner, off[path]);
                 for (r = 0; r < 23; r++) {
                     float ms;
@@ -834,6 +837,7 @@ static void bench_attention(void) {
                 printf("%-8s %5d %2d %3d %3d %4d | %9.3f %8.1f | %9.3f %8.1f\n", name[path], T,
                        B, NH, NKV, HS, median(tf) * 1e3,
                        fl / median(tf) * 1e-12, median(tb) * 1e3, 2.5 * fl / median(tb) * 1e-12);
+                fflush(stdout);
             }
             us_cuda_attention_no_hopper(&inner, 0);
             inner.free(&inner, qkv);
