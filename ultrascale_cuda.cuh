@@ -3474,8 +3474,9 @@ us__hop_pds(uint32_t (&pa)[DV ? BQ / 16 : 1][4], uint32_t (&da)[DK ? BQ / 16 : 1
 template <typename E, int HS, int BQ, bool DK, bool DV>
 static __device__ __forceinline__ void
 us__hop_dkv_mma(float (&dk)[DK ? HS / 8 : 1][4], float (&dv)[DV ? HS / 8 : 1][4],
-                const uint32_t (&pa)[DV ? BQ / 16 : 1][4], const uint32_t (&da)[DK ? BQ / 16 : 1][4],
-                const unsigned char *tQ, const unsigned char *tdO) {
+                const uint32_t (&pa)[DV ? BQ / 16 : 1][4],
+                const uint32_t (&da)[DK ? BQ / 16 : 1][4], const unsigned char *tQ,
+                const unsigned char *tdO) {
     us__wg_fence();
 #pragma unroll
     for (int t = 0; t < BQ / 16; t++) {
@@ -3531,8 +3532,8 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
         us__hop_regs_producer<NWG>();
         const int warp = tid >> 5, lane = tid & 31;
         if (warp == 0 && lane == 0)
-            us__hop_dkdv_produce<HS, false>(sK, sV, sQ, sdO, barKV, full, empty, &mq, &mdo, &mkv,
-                                            g, b, k0, qb0, grp, per, NH, NKV);
+            us__hop_dkdv_produce<HS, false>(sK, sV, sQ, sdO, barKV, full, empty, &mq, &mdo, &mkv, g,
+                                            b, k0, qb0, grp, per, NH, NKV);
         else if (warp == 1)
             us__hop_dkdv_rows<HS, false>(sL, sD, full, empty, L2g, Dg, g, b, qb0, grp, per, T, NH,
                                          lane);
@@ -3747,19 +3748,18 @@ static __device__ __forceinline__ void us__hop_fence_async(void) {
    matrix L/8, whose 8 keys 16·warp + 8·(L/8 % 2) are one 16-byte chunk of the 128-byte row,
    placed by the 128-byte swizzle (chunk XOR row % 8) that the wgmma descriptors read. */
 template <int BQ>
-static __device__ __forceinline__ void us__hop_ds_store(unsigned char *blk,
-                                                        const uint32_t (&da)[BQ / 16][4],
-                                                        int warp, int lane) {
+static __device__ __forceinline__ void
+us__hop_ds_store(unsigned char *blk, const uint32_t (&da)[BQ / 16][4], int warp, int lane) {
 #if US__HOP_DEV
     const int i = lane >> 3, j = lane & 7, chunk = 2 * warp + (i & 1);
 #pragma unroll
     for (int t = 0; t < BQ / 16; t++) {
         const int q = 16 * t + 8 * (i >> 1) + j;
         const uint32_t a = us__smem_u32(blk + q * 128 + ((chunk ^ (q & 7)) << 4));
-        asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::
-                         "r"(a),
-                     "r"(da[t][0]), "r"(da[t][1]), "r"(da[t][2]), "r"(da[t][3])
-                     : "memory");
+        asm volatile(
+            "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a),
+            "r"(da[t][0]), "r"(da[t][1]), "r"(da[t][2]), "r"(da[t][3])
+            : "memory");
     }
 #else
     (void)blk, (void)da, (void)warp, (void)lane;
@@ -3787,10 +3787,11 @@ static __device__ __forceinline__ void us__hop_bulk_out(float *dst, const float 
                                                         int add) {
 #if US__HOP_DEV
     if (add)
-        asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::
-                         "l"(dst),
-                     "r"(us__smem_u32(src)), "r"(bytes)
-                     : "memory");
+        asm volatile(
+            "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+                dst),
+            "r"(us__smem_u32(src)), "r"(bytes)
+            : "memory");
     else
         asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst),
                      "r"(us__smem_u32(src)), "r"(bytes)
@@ -3868,8 +3869,8 @@ us__hop_fused_tile(float (&dk)[HS / 8][4], float (&dv)[HS / 8][4], const unsigne
         us__hop_turn_done<2>(c, false);
         us__wg_wait<BQ / 2>(&st[0][0]);
         us__wg_wait<BQ / 2>(&dpt[0][0]);
-        us__hop_pds<E, BQ, true, true>(pa, da, st, dpt, tL, tD, kc + 63 > q0, key0, q0, lane,
-                                       scale, sl2);
+        us__hop_pds<E, BQ, true, true>(pa, da, st, dpt, tL, tD, kc + 63 > q0, key0, q0, lane, scale,
+                                       sl2);
     } else {
 #pragma unroll
         for (int t = 0; t < BQ / 16; t++) da[t][0] = da[t][1] = da[t][2] = da[t][3] = 0u;
@@ -3941,7 +3942,7 @@ __global__ void __launch_bounds__(384, 1)
     }
     us__hop_regs_consumer<2>();
     const int c = wg - 1, lane = tid & 31;
-    const int kc = k0 + 64 * c;                         /* this warpgroup's first key */
+    const int kc = k0 + 64 * c;                          /* this warpgroup's first key */
     const int key0 = kc + 16 * (tid >> 5) + (lane >> 2); /* the thread's keys: key0 + 8r */
     float dk[HS / 8][4], dv[HS / 8][4];
 #pragma unroll
@@ -3962,8 +3963,8 @@ __global__ void __launch_bounds__(384, 1)
     }
     us__hop_dkv_store<E, HS, true, true>(dk, dv, dqkv, key0, b, g, T, NH, NKV, lane);
 #else
-    (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dqkv, (void)dqacc, (void)cnt, (void)T,
-        (void)B, (void)NH, (void)NKV, (void)scale, (void)sl2;
+    (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dqkv, (void)dqacc, (void)cnt,
+        (void)T, (void)B, (void)NH, (void)NKV, (void)scale, (void)sl2;
     __trap();
 #endif
 }
@@ -4220,7 +4221,7 @@ static int us__hop_attention_bwd(us_ops *o, void *dqkv, const void *dout, const 
     D = (float *)us__cuda_scratch(o, dl_bytes + cnt_bytes + acc_bytes);
     if (!D) return 1; /* the failure is recorded */
     L2 = D + rows;
-    int *cnt = (int *)((char *)D + dl_bytes);      /* [1 + B·NH·M·2] */
+    int *cnt = (int *)((char *)D + dl_bytes);          /* [1 + B·NH·M·2] */
     float *dqacc = (float *)((char *)cnt + cnt_bytes); /* [B·NH·M·2·4096] */
     if (dt == US_F16)
         us__hop_dot_kernel<__half><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(
@@ -4229,27 +4230,27 @@ static int us__hop_attention_bwd(us_ops *o, void *dqkv, const void *dout, const 
         us__hop_dot_kernel<__nv_bfloat16><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(
             (const __nv_bfloat16 *)dout, (const __nv_bfloat16 *)out, lse, D, L2, rows, (int)T, NH,
             HS);
-#define US__HOP_BWD(H)                                                                        \
-    if (HS == H) {                                                                            \
-        const int bq = us__hop_cfg<H>::BQ, bk = 64 * us__hop_cfg<H>::NWG,                     \
-                  bkq = us__hop_cfg<H>::BKQ;                                                  \
-        if (!us__hop_map(maps + 0, qkv, dt, QKV, T, B, bq) ||                                 \
-            !us__hop_map(maps + 1, dout, dt, OC, T, B, bq) ||                                 \
-            !us__hop_map(maps + 2, qkv, dt, QKV, T, B, bk) ||                                 \
-            !us__hop_map(maps + 3, qkv, dt, QKV, T, B, bk) ||                                 \
-            !us__hop_map(maps + 4, dout, dt, OC, T, B, bk) ||                                 \
-            !us__hop_map(maps + 5, qkv, dt, QKV, T, B, bkq))                                  \
-            return 0;                                                                         \
-        if (fused && dt == US_F16)                                                            \
-            us__hop_bwd_fused<__half, H>(maps, L2, D, dqkv, dqacc, cnt, (int)B, (int)T, NH,   \
-                                         NKV, st);                                            \
-        else if (fused)                                                                       \
-            us__hop_bwd_fused<__nv_bfloat16, H>(maps, L2, D, dqkv, dqacc, cnt, (int)B, (int)T, \
-                                                NH, NKV, st);                                 \
-        else if (dt == US_F16)                                                                \
-            us__hop_bwd_hs<__half, H>(maps, L2, D, dqkv, (int)B, (int)T, NH, NKV, st);        \
-        else                                                                                  \
-            us__hop_bwd_hs<__nv_bfloat16, H>(maps, L2, D, dqkv, (int)B, (int)T, NH, NKV, st); \
+#define US__HOP_BWD(H)                                                                             \
+    if (HS == H) {                                                                                 \
+        const int bq = us__hop_cfg<H>::BQ, bk = 64 * us__hop_cfg<H>::NWG,                          \
+                  bkq = us__hop_cfg<H>::BKQ;                                                       \
+        if (!us__hop_map(maps + 0, qkv, dt, QKV, T, B, bq) ||                                      \
+            !us__hop_map(maps + 1, dout, dt, OC, T, B, bq) ||                                      \
+            !us__hop_map(maps + 2, qkv, dt, QKV, T, B, bk) ||                                      \
+            !us__hop_map(maps + 3, qkv, dt, QKV, T, B, bk) ||                                      \
+            !us__hop_map(maps + 4, dout, dt, OC, T, B, bk) ||                                      \
+            !us__hop_map(maps + 5, qkv, dt, QKV, T, B, bkq))                                       \
+            return 0;                                                                              \
+        if (fused && dt == US_F16)                                                                 \
+            us__hop_bwd_fused<__half, H>(maps, L2, D, dqkv, dqacc, cnt, (int)B, (int)T, NH, NKV,   \
+                                         st);                                                      \
+        else if (fused)                                                                            \
+            us__hop_bwd_fused<__nv_bfloat16, H>(maps, L2, D, dqkv, dqacc, cnt, (int)B, (int)T, NH, \
+                                                NKV, st);                                          \
+        else if (dt == US_F16)                                                                     \
+            us__hop_bwd_hs<__half, H>(maps, L2, D, dqkv, (int)B, (int)T, NH, NKV, st);             \
+        else                                                                                       \
+            us__hop_bwd_hs<__nv_bfloat16, H>(maps, L2, D, dqkv, (int)B, (int)T, NH, NKV, st);      \
     }
     US__HOP_HEADS(US__HOP_BWD)
 #undef US__HOP_BWD

@@ -784,8 +784,10 @@ static int parse_att_list(const char *s, int per, int *dst, int *n) {
             if (j + 1 < per && *s++ != ':') return 0;
         }
         ++*n;
-        if (*s == ',') s++;
-        else if (*s) return 0;
+        if (*s == ',')
+            s++;
+        else if (*s)
+            return 0;
     }
     return *n > 0 && !*s;
 }
@@ -834,9 +836,9 @@ static void bench_attention(void) {
                     cudaEventElapsedTime(&ms, a, b);
                     if (r >= 3) tb.push_back(ms * 1e-3);
                 }
-                printf("%-8s %5d %2d %3d %3d %4d | %9.3f %8.1f | %9.3f %8.1f\n", name[path], T,
-                       B, NH, NKV, HS, median(tf) * 1e3,
-                       fl / median(tf) * 1e-12, median(tb) * 1e3, 2.5 * fl / median(tb) * 1e-12);
+                printf("%-8s %5d %2d %3d %3d %4d | %9.3f %8.1f | %9.3f %8.1f\n", name[path], T, B,
+                       NH, NKV, HS, median(tf) * 1e3, fl / median(tf) * 1e-12, median(tb) * 1e3,
+                       2.5 * fl / median(tb) * 1e-12);
                 fflush(stdout);
             }
             us_cuda_attention_no_hopper(&inner, 0);
@@ -1161,8 +1163,7 @@ int main(int argc, char **argv) {
                         argv[i]);
                 return 2;
             }
-        }
-        else if (!strcmp(argv[i], "--cp"))
+        } else if (!strcmp(argv[i], "--cp"))
             do_cp = 2;
         else if (!strcmp(argv[i], "--cp-flash-only"))
             do_cp = 1;
