@@ -2637,6 +2637,10 @@ static void us__flash_bwd(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
                            diagonal; S, dP, dS again, dQ += dS·K. A kernel of its own instead of
                            fp32 atomics from the dK/dV kernel: every sum runs in a fixed order,
                            so two runs give the same bits. It costs recomputing Q·Kᵀ and dO·Vᵀ.
+     us__hop_bwd_fused_kernel  FlashAttention-3's own backward, five GEMMs a tile instead of
+                           seven: the dK/dV kernel forms dQ too and the copy engine adds it into
+                           an fp32 dQ in a fixed order of key blocks (bit-identical reruns). It
+                           runs where it measured faster: HS 128 from T 8192 on (US__HOP_FUSED_MIN_T).
    HS ≤ 128 use two consumer warpgroups (NWG 2); HS 192 and 256 one in the backward (the
    accumulators dK + dV of a 64-key tile would not fit in registers twice over), and there the
    dK/dV kernel runs twice, once for dV and once for dK, each holding one accumulator.
@@ -4173,10 +4177,11 @@ static int us__hop_attention_fwd(us_ops *o, void *out, float *lse, const void *q
     return 1;
 }
 
-/* The fused backward where it measured faster than the two kernels (bench/RESULTS.md): head
-   sizes 80 to 128 from T = 8192 on, where a CTA's long run of query tiles pays for the ordered
-   dQ adds. At HS 64 its consumers spill (the S, dP and dQ tiles of 128 queries), and below 8192
-   the two kernels are as fast or faster. */
+/* The fused backward where it measured faster than the two kernels (bench/RESULTS.md, one H200):
+   HS 128 from T = 8192 on (4-10 % at T 8k-32k, MHA and GQA), where a CTA's long run of query
+   tiles pays for the ordered dQ adds. At T 4096 the two are even; at HS 80 and 96 the fused one
+   is 2-16 % slower at every T, and at HS 64 20-25 % (its consumers spill the S, dP and dQ tiles
+   of 128 queries). */
 #define US__HOP_FUSED_MIN_T 8192
 
 /* whether the backward of head size HS at sequence length T runs fused (dQ inside the dK/dV
@@ -4189,7 +4194,7 @@ static int us__hop_fused(us_ops *o, int HS, int64_t T) {
     US__HOP_HEADS(US__HOP_FUSED)
 #undef US__HOP_FUSED
     if (!f || mode == 4) return 0;
-    return mode == 5 || (HS > 64 && T >= US__HOP_FUSED_MIN_T);
+    return mode == 5 || (HS == 128 && T >= US__HOP_FUSED_MIN_T);
 }
 
 /* the fused backward's query tiles of a sequence (BQ: 128 at HS 64, else 64) */

@@ -813,7 +813,7 @@ static void bench_attention(void) {
             double fl = 4.0 * B * NH * (double)T * T * HS / 2;
             rand_bf16_pair(qkv, N * QKV, dout, N * NH * HS, 3, 1);
             for (path = 0; path < 4; path++) {
-                /* the default (the backward fused from T 8192 at HS 80-128), fused always, two
+                /* the default (the backward fused from T 8192 at HS 128), fused always, two
                    kernels always, mma.sync (bf16 HS 64 and 128 only: others are portable) */
                 static const int off[4] = {0, 5, 4, 1};
                 static const char *name[4] = {"us-hop", "us-hopF", "us-hop2k", "us-mma"};
