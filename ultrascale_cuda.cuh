@@ -56,7 +56,7 @@ US_API const char *us_cuda_attention_path(us_ops *ops, us_dtype dt, int head_siz
 /* Keeps attention off the Hopper kernels, so that tests and benchmarks can compare the paths:
    0 every path (the default), 1 none of the Hopper kernels, 2 not the Hopper forward, 3 not
    the Hopper backward, 4 the Hopper backward always as two kernels (dK/dV, then dQ), 5 always
-   fused (dQ inside the dK/dV kernel) where the head size allows; by default the backward is
+   fused (dQ inside the dK/dV kernel) where it is compiled (HS 128); by default the backward is
    fused where that measured faster (US__HOP_FUSED_MIN_T). */
 US_API void us_cuda_attention_no_hopper(us_ops *ops, int which);
 /* Device memory in use on the ops' GPU (total − free, cudaMemGetInfo), in bytes: the real
@@ -2980,10 +2980,11 @@ struct us__hop_cfg {
     static constexpr int dkdv_bytes = 2 * 64 * NWG * HSP * 2 + BS * (2 * BQ * HSP * 2 + 2 * BQ * 4);
     /* dQ: Q, dO [64·NWG][HSP]; per stage K, V [BKQ][HSP] */
     static constexpr int dq_bytes = 2 * 64 * NWG * HSP * 2 + QS * 2 * BKQ * HSP * 2;
-    /* the fused backward (NWG 2): the dK/dV kernel's tiles, dSᵀ twice [2][BQ][128] (one tile
-       being read by the dQ GEMMs while the next is written) and each consumer's dQ part
-       [2][64][64] fp32 for the copy engine */
-    static constexpr bool FUSED = NWG == 2;
+    /* the fused backward, compiled at HS 128 only (the scheme takes any HS with NWG 2, but at 64,
+       80 and 96 it measured slower than the two kernels at every T): the dK/dV kernel's tiles,
+       dSᵀ twice [2][BQ][128] (one tile being read by the dQ GEMMs while the next is written) and
+       each consumer's dQ part [2][64][64] fp32 for the copy engine */
+    static constexpr bool FUSED = HS == 128;
     static constexpr int fused_bytes = dkdv_bytes + 2 * BQ * 128 * 2 + 2 * 64 * 64 * 4;
 };
 

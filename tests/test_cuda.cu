@@ -571,12 +571,12 @@ static void test_attention_shapes(void) {
        give the same bits twice */
     us_cuda_attention_no_hopper(&G, 5);
     for (k = 0; k < n; k++)
-        if (cases[k][4] <= 128)
+        if (cases[k][4] == 128)
             attn_case(US_BF16, cases[k][0], cases[k][1], cases[k][2], cases[k][3], cases[k][4],
                       "hopper-fused");
     attn_case(US_BF16, 2, 2048, 8, 2, 128, "hopper-fused");
-    attn_case(US_F16, 2, 2048, 16, 4, 64, "hopper-fused");
-    attn_case(US_BF16, 1, 2048, 8, 8, 96, "hopper-fused");
+    attn_case(US_F16, 2, 2048, 16, 4, 128, "hopper-fused");
+    attn_case(US_BF16, 1, 8192, 1, 1, 128, "hopper-fused"); /* fused by default too */
     us_cuda_attention_no_hopper(&G, 4); /* the two-kernel Hopper backward (dK/dV, then dQ) */
     for (k = 0; k < n; k++)
         if (cases[k][4] <= 128)
