@@ -55,7 +55,9 @@ US_API void us_cuda_describe(const us_ops *ops, char *buf, size_t buflen);
 US_API const char *us_cuda_attention_path(us_ops *ops, us_dtype dt, int head_size, int by_blocks);
 /* Keeps attention off the Hopper kernels, so that tests and benchmarks can compare the paths:
    0 every path (the default), 1 none of the Hopper kernels, 2 not the Hopper forward, 3 not
-   the Hopper backward. */
+   the Hopper backward, 4 the Hopper backward always as two kernels (dK/dV, then dQ), 5 always
+   fused (dQ inside the dK/dV kernel) where it is compiled (HS 128); by default the backward is
+   fused where that measured faster (US__HOP_FUSED_MIN_T). */
 US_API void us_cuda_attention_no_hopper(us_ops *ops, int which);
 /* Device memory in use on the ops' GPU (total − free, cudaMemGetInfo), in bytes: the real
    footprint beside the allocator's count (us_ops.bytes_peak) — the CUDA context, cuBLASLt's
@@ -99,7 +101,8 @@ typedef struct us__gemm_plan {
 
 typedef struct us__cuda {
     int device, cc_major, n_sm;
-    int hop_off; /* attention skips // >>cuda-hopper: 1 both ways, 2 forward, 3 backward (tests) */
+    int hop_off; /* attention skips // >>cuda-hopper: 1 both ways, 2 forward, 3 backward; 4 the
+                    two-kernel backward always, 5 the fused one always (tests, benchmarks) */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     void *ws; /* cuBLASLt workspace */
@@ -2634,6 +2637,10 @@ static void us__flash_bwd(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
                            diagonal; S, dP, dS again, dQ += dS·K. A kernel of its own instead of
                            fp32 atomics from the dK/dV kernel: every sum runs in a fixed order,
                            so two runs give the same bits. It costs recomputing Q·Kᵀ and dO·Vᵀ.
+     us__hop_bwd_fused_kernel  FlashAttention-3's own backward, five GEMMs a tile instead of
+                           seven: the dK/dV kernel forms dQ too and the copy engine adds it into
+                           an fp32 dQ in a fixed order of key blocks (bit-identical reruns). It
+                           runs where it measured faster: HS 128 from T 8192 on (US__HOP_FUSED_MIN_T).
    HS ≤ 128 use two consumer warpgroups (NWG 2); HS 192 and 256 one in the backward (the
    accumulators dK + dV of a 64-key tile would not fit in registers twice over), and there the
    dK/dV kernel runs twice, once for dV and once for dK, each holding one accumulator.
@@ -2973,6 +2980,12 @@ struct us__hop_cfg {
     static constexpr int dkdv_bytes = 2 * 64 * NWG * HSP * 2 + BS * (2 * BQ * HSP * 2 + 2 * BQ * 4);
     /* dQ: Q, dO [64·NWG][HSP]; per stage K, V [BKQ][HSP] */
     static constexpr int dq_bytes = 2 * 64 * NWG * HSP * 2 + QS * 2 * BKQ * HSP * 2;
+    /* the fused backward, compiled at HS 128 only (the scheme takes any HS with NWG 2, but at 64,
+       80 and 96 it measured slower than the two kernels at every T): the dK/dV kernel's tiles,
+       dSᵀ twice [2][BQ][128] (one tile being read by the dQ GEMMs while the next is written) and
+       each consumer's dQ part [2][64][64] fp32 for the copy engine */
+    static constexpr bool FUSED = HS == 128;
+    static constexpr int fused_bytes = dkdv_bytes + 2 * BQ * 128 * 2 + 2 * 64 * 64 * 4;
 };
 
 /* dynamic shared memory: 1 KB of slack to align the tiles to the swizzle's 1024 bytes, the
@@ -2984,7 +2997,8 @@ template <int H>
 static constexpr bool us__hop_fits(void) {
     using C = us__hop_cfg<H>;
     return us__hop_smem(C::fwd_bytes) <= 232448 && us__hop_smem(C::dkdv_bytes) <= 232448 &&
-           us__hop_smem(C::dq_bytes) <= 232448;
+           us__hop_smem(C::dq_bytes) <= 232448 &&
+           (!C::FUSED || us__hop_smem(C::fused_bytes) <= 232448);
 }
 
 static __device__ __forceinline__ unsigned char *us__hop_smem_base(unsigned char *raw) {
@@ -3305,9 +3319,26 @@ static __device__ __forceinline__ void us__hop_turn_done(int c, bool last) {
     }
 }
 
+/* Iteration it of a dK/dV CTA of kv head g (per query tiles qb0.. of BQ at or after the
+   diagonal, grp query heads): its query head h and first query q0. Head by head, tiles in order
+   (the two-kernel backward); or, in the fused one (LAST_FIRST), the last tile first with the
+   group's heads inside, so that every CTA of a kv head visits the dQ tiles in the same order,
+   the one the deterministic dQ sums need (us__hop_dq_writer) */
+template <bool LAST_FIRST>
+static __device__ __forceinline__ void us__hop_bwd_tile(int it, int g, int grp, int qb0, int per,
+                                                        int BQ, int &h, int &q0) {
+    if (LAST_FIRST) {
+        h = g * grp + it % grp;
+        q0 = (qb0 + per - 1 - it / grp) * BQ;
+    } else {
+        h = g * grp + it / per;
+        q0 = (qb0 + it % per) * BQ;
+    }
+}
+
 /* The dK/dV kernel's copy thread: K and V of the CTA's keys once, then Q and dO of every
    (head of the group, query tile at or after the diagonal) through the ring */
-template <int HS>
+template <int HS, bool LAST_FIRST>
 static __device__ __forceinline__ void
 us__hop_dkdv_produce(unsigned char *sK, unsigned char *sV, unsigned char *sQ, unsigned char *sdO,
                      uint64_t *barKV, uint64_t *full, uint64_t *empty, const CUtensorMap *mq,
@@ -3320,7 +3351,9 @@ us__hop_dkdv_produce(unsigned char *sK, unsigned char *sV, unsigned char *sQ, un
     us__tma_tile<HS, BK>(sK, mkv, (NH + g) * HS, k0, b, barKV);
     us__tma_tile<HS, BK>(sV, mkv, (NH + NKV + g) * HS, k0, b, barKV);
     for (int it = 0; it < grp * per; it++) {
-        const int s = it % S, h = g * grp + it / per, q0 = (qb0 + it % per) * BQ;
+        const int s = it % S;
+        int h, q0;
+        us__hop_bwd_tile<LAST_FIRST>(it, g, grp, qb0, per, BQ, h, q0);
         if (it >= S) us__mb_wait(empty + s, ((it / S) - 1) & 1);
         us__mb_expect(full + s, 2 * QB);
         us__tma_tile<HS, BQ>(sQ + s * QB, mq, h * HS, q0, b, full + s);
@@ -3330,14 +3363,16 @@ us__hop_dkdv_produce(unsigned char *sK, unsigned char *sV, unsigned char *sQ, un
 
 /* The dK/dV kernel's warp 1: L2 = lse·log2 e and D of each stage's queries into shared memory
    (queries past T: L2 = +inf makes P 0), then an arrival on the stage's "full" barrier */
-template <int HS>
+template <int HS, bool LAST_FIRST>
 static __device__ __forceinline__ void
 us__hop_dkdv_rows(float *sL, float *sD, uint64_t *full, uint64_t *empty,
                   const float *__restrict__ L2g, const float *__restrict__ Dg, int g, int b,
                   int qb0, int grp, int per, int T, int NH, int lane) {
     constexpr int BQ = us__hop_cfg<HS>::BQ, S = us__hop_cfg<HS>::BS;
     for (int it = 0; it < grp * per; it++) {
-        const int s = it % S, h = g * grp + it / per, q0 = (qb0 + it % per) * BQ;
+        const int s = it % S;
+        int h, q0;
+        us__hop_bwd_tile<LAST_FIRST>(it, g, grp, qb0, per, BQ, h, q0);
         if (it >= S) us__mb_wait(empty + s, ((it / S) - 1) & 1);
         for (int i = lane; i < BQ; i += 32) {
             const int q = q0 + i;
@@ -3396,6 +3431,76 @@ us__hop_dq_produce(unsigned char *sQ, unsigned char *sdO, unsigned char *sK, uns
     }
 }
 
+/* Sᵀ = K·Qᵀ and (DK) dPᵀ = V·dOᵀ of consumer c's 64 keys (rows 64c.. of sK [BK][HSP] and
+   sV) against a stage's BQ queries (tQ, tdO [BQ][HSP]), one committed batch */
+template <typename E, int HS, int BK, int BQ, bool DK>
+static __device__ __forceinline__ void
+us__hop_sdp(float (&st)[BQ / 8][4], float (&dpt)[DK ? BQ / 8 : 1][4], const unsigned char *sK,
+            const unsigned char *sV, const unsigned char *tQ, const unsigned char *tdO, int c) {
+    us__wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++) {
+        us__wg_ss<BQ, E, 0>(&st[0][0], us__wg_kmaj<BK>(sK, 64 * c, kk), us__wg_kmaj<BQ>(tQ, 0, kk),
+                            kk > 0);
+        if constexpr (DK)
+            us__wg_ss<BQ, E, 0>(&dpt[0][0], us__wg_kmaj<BK>(sV, 64 * c, kk),
+                                us__wg_kmaj<BQ>(tdO, 0, kk), kk > 0);
+    }
+    us__wg_commit();
+}
+
+/* Pᵀ = exp2(Sᵀ·sl2 − L2[q]) (0 where key > query, checked only when diag), dSᵀ = Pᵀ ∘ (dPᵀ −
+   D[q]) · scale, both rounded into the A fragments of dV += Pᵀ·dO (pa) and dK += dSᵀ·Q (da).
+   tL, tD [BQ]: the stage's L2 and D; key0: the thread's first key; q0 the tile's first query */
+template <typename E, int BQ, bool DK, bool DV>
+static __device__ __forceinline__ void
+us__hop_pds(uint32_t (&pa)[DV ? BQ / 16 : 1][4], uint32_t (&da)[DK ? BQ / 16 : 1][4],
+            float (&st)[BQ / 8][4], float (&dpt)[DK ? BQ / 8 : 1][4], const float *tL,
+            const float *tD, bool diag, int key0, int q0, int lane, float scale, float sl2) {
+#pragma unroll
+    for (int j = 0; j < BQ / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int ql = j * 8 + 2 * (lane & 3) + (e & 1);
+            float p = exp2f(st[j][e] * sl2 - tL[ql]);
+            if (diag && key0 + (e >> 1) * 8 > q0 + ql) p = 0.f;
+            st[j][e] = p;
+            if constexpr (DK) dpt[j][e] = p * (dpt[j][e] - tD[ql]) * scale;
+        }
+#pragma unroll
+    for (int t = 0; t < BQ / 16; t++) {
+        if constexpr (DV) us__hop_to_a<E, BQ>(pa[t], st, t);
+        if constexpr (DK) us__hop_to_a<E, BQ>(da[t], dpt, t);
+    }
+}
+
+/* dV += Pᵀ·dO and dK += dSᵀ·Q (A from registers, B = the stage's dO and Q read transposed), one
+   committed batch */
+template <typename E, int HS, int BQ, bool DK, bool DV>
+static __device__ __forceinline__ void
+us__hop_dkv_mma(float (&dk)[DK ? HS / 8 : 1][4], float (&dv)[DV ? HS / 8 : 1][4],
+                const uint32_t (&pa)[DV ? BQ / 16 : 1][4],
+                const uint32_t (&da)[DK ? BQ / 16 : 1][4], const unsigned char *tQ,
+                const unsigned char *tdO) {
+    us__wg_fence();
+#pragma unroll
+    for (int t = 0; t < BQ / 16; t++) {
+        if constexpr (DV) us__wg_rs<HS, E, 1>(&dv[0][0], pa[t], us__wg_mnmaj<BQ>(tdO, t), 1);
+        if constexpr (DK) us__wg_rs<HS, E, 1>(&dk[0][0], da[t], us__wg_mnmaj<BQ>(tQ, t), 1);
+    }
+    us__wg_commit();
+}
+
+/* a tile whose keys all come after its queries: P = 0, nothing to compute, but the consumer
+   still takes its two turns at the tensor cores (us__hop_turn) */
+template <int NWG>
+static __device__ __forceinline__ void us__hop_turns_skip(int c, bool last) {
+    us__hop_turn<NWG>(c);
+    us__hop_turn_done<NWG>(c, false);
+    us__hop_turn<NWG>(c);
+    us__hop_turn_done<NWG>(c, last);
+}
+
 /* dK, dV of 64·NWG keys of kv head g. PART 0 computes both, 1 only dV, 2 only dK (HS > 128:
    two launches, one accumulator each). Consumer c owns keys k0 + 64c ..; per query tile:
      Sᵀ = K·Qᵀ, Pᵀ = exp2(Sᵀ·sl2 − L2[q]) (0 where key > query), dPᵀ = V·dOᵀ,
@@ -3432,10 +3537,11 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
         us__hop_regs_producer<NWG>();
         const int warp = tid >> 5, lane = tid & 31;
         if (warp == 0 && lane == 0)
-            us__hop_dkdv_produce<HS>(sK, sV, sQ, sdO, barKV, full, empty, &mq, &mdo, &mkv, g, b, k0,
-                                     qb0, grp, per, NH, NKV);
+            us__hop_dkdv_produce<HS, false>(sK, sV, sQ, sdO, barKV, full, empty, &mq, &mdo, &mkv, g,
+                                            b, k0, qb0, grp, per, NH, NKV);
         else if (warp == 1)
-            us__hop_dkdv_rows<HS>(sL, sD, full, empty, L2g, Dg, g, b, qb0, grp, per, T, NH, lane);
+            us__hop_dkdv_rows<HS, false>(sL, sD, full, empty, L2g, Dg, g, b, qb0, grp, per, T, NH,
+                                         lane);
         return;
     }
     us__hop_regs_consumer<NWG>();
@@ -3456,54 +3562,21 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
         const int s = it % S, ph = (it / S) & 1, q0 = (qb0 + it % per) * BQ;
         us__mb_wait(full + s, ph);
         if (!(kc <= q0 + BQ - 1 && kc < T)) { /* every key here is after every query: P = 0 */
-            us__hop_turn<NWG>(c);
-            us__hop_turn_done<NWG>(c, false);
-            us__hop_turn<NWG>(c);
-            us__hop_turn_done<NWG>(c, it + 1 == nit);
+            us__hop_turns_skip<NWG>(c, it + 1 == nit);
         } else {
             const unsigned char *tQ = sQ + s * QB, *tdO = sdO + s * QB;
-            const float *tL = sL + s * BQ, *tD = sD + s * BQ;
             float st[BQ / 8][4], dpt[DK ? BQ / 8 : 1][4];
+            uint32_t pa[DV ? BQ / 16 : 1][4], da[DK ? BQ / 16 : 1][4];
             us__hop_turn<NWG>(c);
-            us__wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < HS / 16; kk++) {
-                us__wg_ss<BQ, E, 0>(&st[0][0], us__wg_kmaj<BK>(sK, 64 * c, kk),
-                                    us__wg_kmaj<BQ>(tQ, 0, kk), kk > 0);
-                if constexpr (DK)
-                    us__wg_ss<BQ, E, 0>(&dpt[0][0], us__wg_kmaj<BK>(sV, 64 * c, kk),
-                                        us__wg_kmaj<BQ>(tdO, 0, kk), kk > 0);
-            }
-            us__wg_commit();
+            us__hop_sdp<E, HS, BK, BQ, DK>(st, dpt, sK, sV, tQ, tdO, c);
             us__hop_turn_done<NWG>(c, false);
             us__wg_wait<BQ / 2>(&st[0][0]);
             if constexpr (DK) us__wg_wait<BQ / 2>(&dpt[0][0]);
-            const bool diag = kc + 63 > q0; /* some key of the warpgroup comes after some query */
-#pragma unroll
-            for (int j = 0; j < BQ / 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int ql = j * 8 + 2 * (lane & 3) + (e & 1);
-                    float p = exp2f(st[j][e] * sl2 - tL[ql]);
-                    if (diag && key0 + (e >> 1) * 8 > q0 + ql) p = 0.f;
-                    st[j][e] = p;
-                    if constexpr (DK) dpt[j][e] = p * (dpt[j][e] - tD[ql]) * scale;
-                }
-            uint32_t pa[DV ? BQ / 16 : 1][4], da[DK ? BQ / 16 : 1][4];
-#pragma unroll
-            for (int t = 0; t < BQ / 16; t++) {
-                if constexpr (DV) us__hop_to_a<E, BQ>(pa[t], st, t);
-                if constexpr (DK) us__hop_to_a<E, BQ>(da[t], dpt, t);
-            }
+            /* diag: some key of the warpgroup comes after some query */
+            us__hop_pds<E, BQ, DK, DV>(pa, da, st, dpt, sL + s * BQ, sD + s * BQ, kc + 63 > q0,
+                                       key0, q0, lane, scale, sl2);
             us__hop_turn<NWG>(c);
-            us__wg_fence();
-#pragma unroll
-            for (int t = 0; t < BQ / 16; t++) {
-                if constexpr (DV)
-                    us__wg_rs<HS, E, 1>(&dv[0][0], pa[t], us__wg_mnmaj<BQ>(tdO, t), 1);
-                if constexpr (DK) us__wg_rs<HS, E, 1>(&dk[0][0], da[t], us__wg_mnmaj<BQ>(tQ, t), 1);
-            }
-            us__wg_commit();
+            us__hop_dkv_mma<E, HS, BQ, DK, DV>(dk, dv, pa, da, tQ, tdO);
             us__hop_turn_done<NWG>(c, it + 1 == nit);
             if constexpr (DV) us__wg_wait<HS / 2>(&dv[0][0]);
             if constexpr (DK) us__wg_wait<HS / 2>(&dk[0][0]);
@@ -3638,6 +3711,294 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
 #endif
 }
 
+/* ---- the fused backward: dQ inside the dK/dV kernel, summed in a fixed order ------------
+   The two-kernel backward recomputes Sᵀ and dPᵀ for dQ: 7 GEMMs a tile where 5 do. Here the
+   dK/dV kernel (HS ≤ 128, two consumers of 64 keys each) also forms dQ = dS·K of its 128 keys:
+     1. each consumer writes its dSᵀ (64 keys × BQ queries, already rounded for dK) transposed
+        into shared memory by stmatrix: dS [BQ][128 keys], keys contiguous, as TMA's swizzle;
+     2. once both halves are there (named barrier 3), each consumer computes 64 × 64 of the
+        tile's dQ (BQ 128, HS 64: rows 64c..; BQ 64: columns 64c..) reading dS and K from
+        shared memory, and stages it as fp32 in wgmma's register order (16 KB);
+     3. a writer warp of the producer (warp 2 + c) hands the 16 KB to the copy engine, which
+        adds it into dQacc [B·NH][query tiles][2][4096] in global memory (cp.reduce.async.bulk).
+   Many CTAs (key blocks) add into one dQ tile, and fp32 addition is not associative, so the
+   order must be fixed for two runs to give the same bits: a counter per (tile, half) says how
+   many key blocks have added; the writer of key block n waits for n (key block 0 stores instead
+   of adding, so dQacc needs no zeroing). Waiting costs little because every CTA of a kv head
+   visits the tiles in the same order, the last first (us__hop_bwd_tile), and a lower key block
+   starts earlier: it is ahead. CTAs take their block index from a ticket (an atomic counter), so
+   a CTA only ever waits for CTAs that are already running — no deadlock whatever order the
+   hardware starts blocks in. A last kernel rounds dQacc into dqkv's Q columns. */
+
+/* bar.sync / bar.arrive on named barrier id for n threads (a multiple of 32) */
+static __device__ __forceinline__ void us__hop_bar_sync_n(int id, int n) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+static __device__ __forceinline__ void us__hop_bar_arrive_n(int id, int n) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+/* generic-proxy writes to shared memory become visible to the async proxy (wgmma, the copy
+   engine) */
+static __device__ __forceinline__ void us__hop_fence_async(void) {
+#if US__HOP_DEV
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+/* dSᵀ of consumer c's 64 keys (da: the A fragments of dK += dSᵀ·Q) into its column block of
+   dS [BQ][128 keys] (blk: that block, [BQ][64 keys]). stmatrix .trans stores each 8×8 block of
+   the fragments transposed: lane L gives the row address of query 16t + 8·(L/16) + L%8 in
+   matrix L/8, whose 8 keys 16·warp + 8·(L/8 % 2) are one 16-byte chunk of the 128-byte row,
+   placed by the 128-byte swizzle (chunk XOR row % 8) that the wgmma descriptors read. */
+template <int BQ>
+static __device__ __forceinline__ void
+us__hop_ds_store(unsigned char *blk, const uint32_t (&da)[BQ / 16][4], int warp, int lane) {
+#if US__HOP_DEV
+    const int i = lane >> 3, j = lane & 7, chunk = 2 * warp + (i & 1);
+#pragma unroll
+    for (int t = 0; t < BQ / 16; t++) {
+        const int q = 16 * t + 8 * (i >> 1) + j;
+        const uint32_t a = us__smem_u32(blk + q * 128 + ((chunk ^ (q & 7)) << 4));
+        asm volatile(
+            "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a),
+            "r"(da[t][0]), "r"(da[t][1]), "r"(da[t][2]), "r"(da[t][3])
+            : "memory");
+    }
+#else
+    (void)blk, (void)da, (void)warp, (void)lane;
+#endif
+}
+
+/* Consumer c's 64 × 64 of the tile's dQ = dS·K, from shared memory: dS [BQ][128 keys]
+   (K-major) and K [128 keys][HSP] (read transposed: its head dimension is the N index).
+   BQ 128 (HS 64): rows 64c.., every column; BQ 64: every row, columns 64c.. */
+template <typename E, int BQ>
+static __device__ __forceinline__ void us__hop_dq_mma(float (&dq)[8][4], const unsigned char *ds,
+                                                      const unsigned char *sK, int c) {
+    const unsigned char *kb = BQ == 128 ? sK : sK + c * 128 * 128;
+    const int r0 = BQ == 128 ? 64 * c : 0;
+    us__wg_fence();
+#pragma unroll
+    for (int t = 0; t < 128 / 16; t++)
+        us__wg_ss<64, E, 1>(&dq[0][0], us__wg_kmaj<BQ>(ds, r0, t), us__wg_mnmaj<128>(kb, t), t > 0);
+    us__wg_commit();
+}
+
+/* bulk copy (add = 0) or fp32 add (add = 1) of bytes from shared memory to global memory by the
+   copy engine, then wait until it has landed */
+static __device__ __forceinline__ void us__hop_bulk_out(float *dst, const float *src, int bytes,
+                                                        int add) {
+#if US__HOP_DEV
+    if (add)
+        asm volatile(
+            "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+                dst),
+            "r"(us__smem_u32(src)), "r"(bytes)
+            : "memory");
+    else
+        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst),
+                     "r"(us__smem_u32(src)), "r"(bytes)
+                     : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#else
+    (void)dst, (void)src, (void)bytes, (void)add;
+#endif
+}
+
+/* The writer warp of consumer c: per tile, once the consumer has staged its dQ part (barrier
+   4 + c), wait until key blocks 0..n−1 have added theirs (counter == n), add (or, n = 0,
+   store) it into dQacc, count it, and give the staging buffer back (barrier 6 + c) */
+template <int HS>
+static __device__ __forceinline__ void
+us__hop_dq_writer(const float *sdq, float *dqacc, int *cnt, int c, int n, int g, int b, int qb0,
+                  int grp, int per, int M, int NH, int lane) {
+#if US__HOP_DEV
+    constexpr int BQ = us__hop_cfg<HS>::BQ;
+    for (int it = 0; it < grp * per; it++) {
+        int h, q0;
+        us__hop_bwd_tile<true>(it, g, grp, qb0, per, BQ, h, q0);
+        const int64_t slot = (((int64_t)b * NH + h) * M + q0 / BQ) * 2 + c; /* (tile, half) */
+        us__hop_bar_sync_n(4 + c, 160);
+        if (lane == 0) {
+            int seen = -1;
+            while (seen != n)
+                asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n"
+                             : "=r"(seen)
+                             : "l"(cnt + slot)
+                             : "memory");
+            asm volatile("fence.proxy.async;\n" ::: "memory");
+            us__hop_bulk_out(dqacc + slot * 4096, sdq, 4096 * 4, n > 0);
+            asm volatile("fence.proxy.async;\n" ::: "memory");
+            asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(cnt + slot) : "memory");
+        }
+        __syncwarp();
+        if (it + 1 < grp * per) us__hop_bar_arrive_n(6 + c, 160);
+    }
+#else
+    (void)sdq, (void)dqacc, (void)cnt, (void)c, (void)n, (void)g, (void)b, (void)qb0, (void)grp,
+        (void)per, (void)M, (void)NH, (void)lane;
+#endif
+}
+
+/* consumer c's dQ part [8][4] per thread into its staging buffer [8][128 threads] of float4:
+   thread-major, so the 128 threads' stores are one contiguous 2 KB row each */
+static __device__ __forceinline__ void us__hop_dq_stage(float *sdq, const float (&dq)[8][4],
+                                                        int tid) {
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        reinterpret_cast<float4 *>(sdq)[j * 128 + tid] =
+            make_float4(dq[j][0], dq[j][1], dq[j][2], dq[j][3]);
+}
+
+/* One tile of a fused-backward consumer: Sᵀ, dPᵀ (skipped, but its turns taken, when all its
+   keys follow all the tile's queries), Pᵀ, dSᵀ into shared memory, dV and dK, then — once both
+   consumers' dSᵀ are there — its part of the tile's dQ, staged for the writer warp */
+template <typename E, int HS>
+static __device__ __forceinline__ void
+us__hop_fused_tile(float (&dk)[HS / 8][4], float (&dv)[HS / 8][4], const unsigned char *sK,
+                   const unsigned char *sV, const unsigned char *tQ, const unsigned char *tdO,
+                   const float *tL, const float *tD, unsigned char *sdS, float *sdq, bool live,
+                   bool last, bool first, int c, int kc, int q0, int key0, int tid, float scale,
+                   float sl2) {
+    constexpr int BQ = us__hop_cfg<HS>::BQ;
+    const int warp = tid >> 5, lane = tid & 31;
+    uint32_t pa[BQ / 16][4], da[BQ / 16][4];
+    float dq[8][4];
+    if (live) {
+        float st[BQ / 8][4], dpt[BQ / 8][4];
+        us__hop_turn<2>(c);
+        us__hop_sdp<E, HS, 128, BQ, true>(st, dpt, sK, sV, tQ, tdO, c);
+        us__hop_turn_done<2>(c, false);
+        us__wg_wait<BQ / 2>(&st[0][0]);
+        us__wg_wait<BQ / 2>(&dpt[0][0]);
+        us__hop_pds<E, BQ, true, true>(pa, da, st, dpt, tL, tD, kc + 63 > q0, key0, q0, lane, scale,
+                                       sl2);
+    } else {
+#pragma unroll
+        for (int t = 0; t < BQ / 16; t++) da[t][0] = da[t][1] = da[t][2] = da[t][3] = 0u;
+        us__hop_turn<2>(c);
+        us__hop_turn_done<2>(c, false);
+    }
+    us__hop_ds_store<BQ>(sdS + c * BQ * 128, da, warp, lane);
+    us__hop_fence_async();
+    us__hop_turn<2>(c);
+    if (live) us__hop_dkv_mma<E, HS, BQ, true, true>(dk, dv, pa, da, tQ, tdO);
+    us__hop_turn_done<2>(c, last);
+    us__hop_bar_sync(3); /* both halves of dSᵀ are in shared memory */
+    us__hop_dq_mma<E, BQ>(dq, sdS, sK, c);
+    us__wg_wait<HS / 2>(&dv[0][0]);
+    us__wg_wait<HS / 2>(&dk[0][0]);
+    us__wg_wait<32>(&dq[0][0]);
+    if (!first) us__hop_bar_sync_n(6 + c, 160); /* the writer has sent the last part */
+    us__hop_dq_stage(sdq, dq, tid);
+    us__hop_fence_async();
+    us__hop_bar_arrive_n(4 + c, 160);
+}
+
+/* The fused backward: dK, dV of 128 keys of kv head g, and their share of dQ (above). The block
+   index comes from a ticket (cnt[0]); the counters follow it. */
+template <typename E, int HS>
+__global__ void __launch_bounds__(384, 1)
+    us__hop_bwd_fused_kernel(const __grid_constant__ CUtensorMap mq,
+                             const __grid_constant__ CUtensorMap mdo,
+                             const __grid_constant__ CUtensorMap mkv, const float *__restrict__ L2g,
+                             const float *__restrict__ Dg, E *__restrict__ dqkv,
+                             float *__restrict__ dqacc, int *cnt, int T, int B, int NH, int NKV,
+                             float scale, float sl2) {
+#if US__HOP_DEV
+    using C = us__hop_cfg<HS>;
+    constexpr int BK = 128, BQ = C::BQ, S = C::BS;
+    constexpr int KB = BK * C::HSP * 2, QB = BQ * C::HSP * 2;
+    extern __shared__ __align__(1024) unsigned char us__hop_raw[];
+    unsigned char *sK = us__hop_smem_base(us__hop_raw); /* [BK][HSP] */
+    unsigned char *sV = sK + KB;                        /* [BK][HSP] */
+    unsigned char *sQ = sV + KB;                        /* [S][BQ][HSP] */
+    unsigned char *sdO = sQ + S * QB;                   /* [S][BQ][HSP] */
+    unsigned char *sdS = sdO + S * QB;                  /* [2][BQ][128] */
+    float *sdq = (float *)(sdS + 2 * BQ * 128 * 2);     /* [2 consumers][4096] */
+    float *sL = sdq + 2 * 4096;                         /* [S][BQ] */
+    float *sD = sL + S * BQ;                            /* [S][BQ] */
+    uint64_t *barKV = (uint64_t *)(sD + S * BQ), *full = barKV + 1, *empty = full + S;
+    int *ticket = (int *)(barKV + 31);
+    if (threadIdx.x == 0) *ticket = atomicAdd(cnt, 1);
+    us__hop_bars_init(barKV, S, 1 + 32, 256); /* full: the copy thread and warp 1's lanes */
+    const int blk = *ticket, g = blk % NKV, b = blk / NKV % B, n = blk / (NKV * B);
+    const int k0 = n * BK, grp = NH / NKV, M = (T + BQ - 1) / BQ;
+    const int qb0 = k0 / BQ, per = M - qb0, nit = grp * per;
+    const int wg = us__hop_wg(), tid = threadIdx.x & 127;
+    int *counters = cnt + 1;
+
+    if (wg == 0) {
+        us__hop_regs_producer<2>();
+        const int warp = tid >> 5, lane = tid & 31;
+        if (warp == 0 && lane == 0)
+            us__hop_dkdv_produce<HS, true>(sK, sV, sQ, sdO, barKV, full, empty, &mq, &mdo, &mkv, g,
+                                           b, k0, qb0, grp, per, NH, NKV);
+        else if (warp == 1)
+            us__hop_dkdv_rows<HS, true>(sL, sD, full, empty, L2g, Dg, g, b, qb0, grp, per, T, NH,
+                                        lane);
+        else if (warp >= 2)
+            us__hop_dq_writer<HS>(sdq + (warp - 2) * 4096, dqacc, counters, warp - 2, n, g, b, qb0,
+                                  grp, per, M, NH, lane);
+        return;
+    }
+    us__hop_regs_consumer<2>();
+    const int c = wg - 1, lane = tid & 31;
+    const int kc = k0 + 64 * c;                          /* this warpgroup's first key */
+    const int key0 = kc + 16 * (tid >> 5) + (lane >> 2); /* the thread's keys: key0 + 8r */
+    float dk[HS / 8][4], dv[HS / 8][4];
+#pragma unroll
+    for (int i = 0; i < HS / 8; i++)
+        dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
+    us__mb_wait(barKV, 0);
+    if (c == 1) us__hop_bar_arrive(1); /* consumer 0 takes the tensor cores first */
+    for (int it = 0; it < nit; it++) {
+        const int s = it % S, ph = (it / S) & 1;
+        int h, q0;
+        us__hop_bwd_tile<true>(it, g, grp, qb0, per, BQ, h, q0);
+        us__mb_wait(full + s, ph);
+        us__hop_fused_tile<E, HS>(dk, dv, sK, sV, sQ + s * QB, sdO + s * QB, sL + s * BQ,
+                                  sD + s * BQ, sdS + (it & 1) * BQ * 128 * 2, sdq + c * 4096,
+                                  kc <= q0 + BQ - 1 && kc < T, it + 1 == nit, it == 0, c, kc, q0,
+                                  key0, tid, scale, sl2);
+        us__mb_arrive(empty + s);
+    }
+    us__hop_dkv_store<E, HS, true, true>(dk, dv, dqkv, key0, b, g, T, NH, NKV, lane);
+#else
+    (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dqkv, (void)dqacc, (void)cnt,
+        (void)T, (void)B, (void)NH, (void)NKV, (void)scale, (void)sl2;
+    __trap();
+#endif
+}
+
+/* dQacc [B·NH][M tiles][2 halves][8][128 threads][4] (the fused backward's fp32 dQ, in wgmma's
+   register order) rounded into dqkv's Q columns [B][T][QKV]; one thread per float4: rows r and
+   r + 8, two adjacent columns each. BQ 128: the halves are rows 64c..; BQ 64: columns 64c.. */
+template <typename E>
+__global__ void __launch_bounds__(256)
+    us__hop_dq_convert(E *__restrict__ dqkv, const float4 *__restrict__ acc, int64_t n4, int T,
+                       int NH, int HS, int64_t QKV, int BQ, int M) {
+    const int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x;
+    if (i >= n4) return;
+    const int tid = (int)(i & 127), j = (int)(i >> 7) & 7, c = (int)(i >> 10) & 1;
+    const int64_t tile = i >> 11, bh = tile / M;
+    const int m = (int)(tile % M), h = (int)(bh % NH);
+    const int64_t b = bh / NH;
+    const int lane = tid & 31, rl = 16 * (tid >> 5) + (lane >> 2), cl = 8 * j + 2 * (lane & 3);
+    const int row = m * BQ + (BQ == 128 ? 64 * c : 0) + rl, col = (BQ == 128 ? 0 : 64 * c) + cl;
+    const float4 v = acc[i];
+    if (col >= HS) return;
+    if (row < T)
+        *reinterpret_cast<uint32_t *>(dqkv + ((b * T + row) * QKV + (int64_t)h * HS + col)) =
+            us__hop_pack<E>(v.x, v.y);
+    if (row + 8 < T)
+        *reinterpret_cast<uint32_t *>(dqkv + ((b * T + row + 8) * QKV + (int64_t)h * HS + col)) =
+            us__hop_pack<E>(v.z, v.w);
+}
+
 /* ---- host side ----------------------------------------------------------------------- */
 /* cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda) */
 static PFN_cuTensorMapEncodeTiled_v12000 us__hop_encoder(void) {
@@ -3708,6 +4069,33 @@ static void us__hop_fwd_hs(const CUtensorMap &mq, const CUtensorMap &mkv, void *
     dim3 grid(NH, B, (T + BR - 1) / BR);
     us__hop_fwd_kernel<E, HS><<<grid, 128 * (1 + us__hop_cfg<HS>::NWF), smem, st>>>(
         mq, mkv, (E *)out, lse, T, NH, NKV, 1.4426950408889634f / sqrtf((float)HS));
+}
+
+/* the fused backward: the counters zeroed, the kernel, then dQacc rounded into dqkv.
+   cnt: [1 + B·NH·M·2] ints (the ticket, then one counter per dQ tile half); dqacc: [B·NH·M·2·4096]
+   fp32 */
+template <typename E, int HS>
+static void us__hop_bwd_fused(const CUtensorMap *maps, const float *L2, const float *D, void *dqkv,
+                              float *dqacc, int *cnt, int B, int T, int NH, int NKV,
+                              cudaStream_t st) {
+    using C = us__hop_cfg<HS>;
+    if constexpr (C::FUSED) {
+        const float scale = 1.f / sqrtf((float)HS), sl2 = scale * 1.4426950408889634f;
+        const size_t smem = us__hop_smem(C::fused_bytes);
+        const int M = (T + C::BQ - 1) / C::BQ;
+        const int64_t n4 = (int64_t)B * NH * M * 2 * 8 * 128;
+        cudaMemsetAsync(cnt, 0, (1 + (size_t)B * NH * M * 2) * sizeof(int), st);
+        cudaFuncSetAttribute(us__hop_bwd_fused_kernel<E, HS>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        us__hop_bwd_fused_kernel<E, HS><<<dim3(NKV, B, (T + 127) / 128), 384, smem, st>>>(
+            maps[0], maps[1], maps[2], L2, D, (E *)dqkv, dqacc, cnt, T, B, NH, NKV, scale, sl2);
+        us__hop_dq_convert<E><<<(unsigned)((n4 + 255) / 256), 256, 0, st>>>(
+            (E *)dqkv, (const float4 *)dqacc, n4, T, NH, HS, (int64_t)(NH + 2 * NKV) * HS, C::BQ,
+            M);
+    } else {
+        (void)maps, (void)L2, (void)D, (void)dqkv, (void)dqacc, (void)cnt, (void)B, (void)T,
+            (void)NH, (void)NKV, (void)st;
+    }
 }
 
 template <typename E, int HS>
@@ -3790,6 +4178,36 @@ static int us__hop_attention_fwd(us_ops *o, void *out, float *lse, const void *q
     return 1;
 }
 
+/* The fused backward where it measured faster than the two kernels (bench/RESULTS.md, one H200):
+   HS 128 from T = 8192 on (4-10 % at T 8k-32k, MHA and GQA), where a CTA's long run of query
+   tiles pays for the ordered dQ adds. At T 4096 the two are even; at HS 80 and 96 the fused one
+   is 2-16 % slower at every T, and at HS 64 20-25 % (its consumers spill the S, dP and dQ tiles
+   of 128 queries). */
+#define US__HOP_FUSED_MIN_T 8192
+
+/* whether the backward of head size HS at sequence length T runs fused (dQ inside the dK/dV
+   kernel), and the bytes of scratch it needs beside D and L2: the counters, then dQacc
+   (16-byte aligned) */
+static int us__hop_fused(us_ops *o, int HS, int64_t T) {
+    int f = 0;
+    const int mode = us__cu(o)->hop_off;
+#define US__HOP_FUSED(H) f |= HS == H && us__hop_cfg<H>::FUSED;
+    US__HOP_HEADS(US__HOP_FUSED)
+#undef US__HOP_FUSED
+    if (!f || mode == 4) return 0;
+    return mode == 5 || (HS == 128 && T >= US__HOP_FUSED_MIN_T);
+}
+
+/* the fused backward's query tiles of a sequence (BQ: 128 at HS 64, else 64) */
+static int64_t us__hop_fused_tiles(int64_t T, int HS) {
+    const int BQ = HS <= 64 ? 128 : 64;
+    return (T + BQ - 1) / BQ;
+}
+
+static size_t us__hop_fused_cnt_bytes(int64_t B, int64_t T, int NH, int HS) {
+    return ((size_t)(1 + B * NH * us__hop_fused_tiles(T, HS) * 2) * sizeof(int) + 15) / 16 * 16;
+}
+
 /* dqkv[B,T,QKV] (every element written); 0 when this path cannot take the call */
 static int us__hop_attention_bwd(us_ops *o, void *dqkv, const void *dout, const void *qkv,
                                  const void *out, const float *lse, int64_t B, int64_t T, int NH,
@@ -3802,9 +4220,15 @@ static int us__hop_attention_bwd(us_ops *o, void *dqkv, const void *dout, const 
         NH % NKV || B >= 65536 || T > INT_MAX / 2)
         return 0;
     if (B <= 0 || T <= 0 || NH <= 0) return 1;
-    D = (float *)us__cuda_scratch(o, (size_t)2 * rows * sizeof(float));
+    const int fused = us__hop_fused(o, HS, T);
+    const size_t dl_bytes = ((size_t)2 * rows * sizeof(float) + 15) / 16 * 16;
+    const size_t cnt_bytes = fused ? us__hop_fused_cnt_bytes(B, T, NH, HS) : 0;
+    const size_t acc_bytes = fused ? (size_t)B * NH * us__hop_fused_tiles(T, HS) * 2 * 4096 * 4 : 0;
+    D = (float *)us__cuda_scratch(o, dl_bytes + cnt_bytes + acc_bytes);
     if (!D) return 1; /* the failure is recorded */
     L2 = D + rows;
+    int *cnt = (int *)((char *)D + dl_bytes);          /* [1 + B·NH·M·2] */
+    float *dqacc = (float *)((char *)cnt + cnt_bytes); /* [B·NH·M·2·4096] */
     if (dt == US_F16)
         us__hop_dot_kernel<__half><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(
             (const __half *)dout, (const __half *)out, lse, D, L2, rows, (int)T, NH, HS);
@@ -3812,21 +4236,27 @@ static int us__hop_attention_bwd(us_ops *o, void *dqkv, const void *dout, const 
         us__hop_dot_kernel<__nv_bfloat16><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(
             (const __nv_bfloat16 *)dout, (const __nv_bfloat16 *)out, lse, D, L2, rows, (int)T, NH,
             HS);
-#define US__HOP_BWD(H)                                                                        \
-    if (HS == H) {                                                                            \
-        const int bq = us__hop_cfg<H>::BQ, bk = 64 * us__hop_cfg<H>::NWG,                     \
-                  bkq = us__hop_cfg<H>::BKQ;                                                  \
-        if (!us__hop_map(maps + 0, qkv, dt, QKV, T, B, bq) ||                                 \
-            !us__hop_map(maps + 1, dout, dt, OC, T, B, bq) ||                                 \
-            !us__hop_map(maps + 2, qkv, dt, QKV, T, B, bk) ||                                 \
-            !us__hop_map(maps + 3, qkv, dt, QKV, T, B, bk) ||                                 \
-            !us__hop_map(maps + 4, dout, dt, OC, T, B, bk) ||                                 \
-            !us__hop_map(maps + 5, qkv, dt, QKV, T, B, bkq))                                  \
-            return 0;                                                                         \
-        if (dt == US_F16)                                                                     \
-            us__hop_bwd_hs<__half, H>(maps, L2, D, dqkv, (int)B, (int)T, NH, NKV, st);        \
-        else                                                                                  \
-            us__hop_bwd_hs<__nv_bfloat16, H>(maps, L2, D, dqkv, (int)B, (int)T, NH, NKV, st); \
+#define US__HOP_BWD(H)                                                                             \
+    if (HS == H) {                                                                                 \
+        const int bq = us__hop_cfg<H>::BQ, bk = 64 * us__hop_cfg<H>::NWG,                          \
+                  bkq = us__hop_cfg<H>::BKQ;                                                       \
+        if (!us__hop_map(maps + 0, qkv, dt, QKV, T, B, bq) ||                                      \
+            !us__hop_map(maps + 1, dout, dt, OC, T, B, bq) ||                                      \
+            !us__hop_map(maps + 2, qkv, dt, QKV, T, B, bk) ||                                      \
+            !us__hop_map(maps + 3, qkv, dt, QKV, T, B, bk) ||                                      \
+            !us__hop_map(maps + 4, dout, dt, OC, T, B, bk) ||                                      \
+            !us__hop_map(maps + 5, qkv, dt, QKV, T, B, bkq))                                       \
+            return 0;                                                                              \
+        if (fused && dt == US_F16)                                                                 \
+            us__hop_bwd_fused<__half, H>(maps, L2, D, dqkv, dqacc, cnt, (int)B, (int)T, NH, NKV,   \
+                                         st);                                                      \
+        else if (fused)                                                                            \
+            us__hop_bwd_fused<__nv_bfloat16, H>(maps, L2, D, dqkv, dqacc, cnt, (int)B, (int)T, NH, \
+                                                NKV, st);                                          \
+        else if (dt == US_F16)                                                                     \
+            us__hop_bwd_hs<__half, H>(maps, L2, D, dqkv, (int)B, (int)T, NH, NKV, st);             \
+        else                                                                                       \
+            us__hop_bwd_hs<__nv_bfloat16, H>(maps, L2, D, dqkv, (int)B, (int)T, NH, NKV, st);      \
     }
     US__HOP_HEADS(US__HOP_BWD)
 #undef US__HOP_BWD
@@ -5684,7 +6114,7 @@ US_API size_t us_cuda_device_used(const us_ops *o) {
 }
 
 US_API void us_cuda_attention_no_hopper(us_ops *o, int which) {
-    if (o->backend) us__cu(o)->hop_off = which >= 0 && which <= 3 ? which : 0;
+    if (o->backend) us__cu(o)->hop_off = which >= 0 && which <= 5 ? which : 0;
 }
 
 US_API void us_cuda_describe(const us_ops *o, char *buf, size_t buflen) {

@@ -13,7 +13,10 @@
      --gemm             in-library GEMM (ops->gemm, cached plan) vs a standalone cuBLASLt call
      --gemm-algos       cuBLASLt's first heuristic algorithm against the best of 16, timed, bf16 and
                         FP8, at the 1B step's linear GEMMs
-     --attention        attention forward / backward TFLOP/s, causal, HS 128
+     --attention        attention forward / backward TFLOP/s, causal: HS 128 (NKV 16 and 4) and
+                        the 1B shape (NH 32, NKV 8, HS 64) at T 2k, 4k, 8k, B·T = 16384 tokens
+     --att-seq T,...    those T instead (B = 16384 / T, at least 1)
+     --att-heads NH:NKV:HS,...  those head shapes instead
      --cp               one layer's ring attention at cp 2 and 4 (flash blocks, zig-zag and ring, and
                         the portable block kernels) against causal flash on the whole sequence
      --cp-flash-only    the same without the portable kernels (they take seconds)
@@ -762,21 +765,45 @@ static void bench_gemm(void) {
 
 /* ---- attention TFLOP/s (causal: half the square), the same rows as sdpa_bench.py: HS 128 with
    NH 16 and NKV 16 or 4, and the 1B shape's HS 64, NH 32, NKV 8; B·T = 16384 tokens. Each row
-   times the Hopper kernels (// >>cuda-hopper) and the mma.sync ones (// >>cuda-flash) in turn,
+   times the Hopper kernels (// >>cuda-hopper; the backward fused, then as two kernels) and the
+   mma.sync ones (// >>cuda-flash) in turn,
    on the same buffers; FLOPs counted as causal, fwd 4·B·NH·T²·HS/2, bwd 2.5× that. */
+static int att_shapes[8][3] = {{16, 16, 128}, {16, 4, 128}, {32, 8, 64}}; /* NH, NKV, HS */
+static int att_ns = 3, att_T[8] = {2048, 4096, 8192}, att_nT = 3;
+
+/* --att-seq 4096,8192 / --att-heads 16:4:128,32:8:64: the rows to time (at most 8 of each) */
+static int parse_att_list(const char *s, int per, int *dst, int *n) {
+    *n = 0;
+    while (*s && *n < 8) {
+        for (int j = 0; j < per; j++) {
+            char *e;
+            long v = strtol(s, &e, 10);
+            if (e == s || v <= 0) return 0;
+            dst[*n * per + j] = (int)v;
+            s = e;
+            if (j + 1 < per && *s++ != ':') return 0;
+        }
+        ++*n;
+        if (*s == ',')
+            s++;
+        else if (*s)
+            return 0;
+    }
+    return *n > 0 && !*s;
+}
+
 static void bench_attention(void) {
-    static const int shapes[][3] = {{16, 16, 128}, {16, 4, 128}, {32, 8, 64}}; /* NH, NKV, HS */
-    int Ts[3] = {2048, 4096, 8192}, k, sh, r, path;
+    int k, sh, r, path;
     us__cuda *c = (us__cuda *)inner.backend;
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
     printf("\n%-8s %5s %2s %3s %3s %4s | %9s %8s | %9s %8s\n", "impl", "T", "B", "NH", "NKV", "HS",
            "fwd ms", "fwd TF/s", "bwd ms", "bwd TF/s");
-    for (sh = 0; sh < 3; sh++)
-        for (k = 0; k < 3; k++) {
-            int T = Ts[k], B = 16384 / T, NH = shapes[sh][0], NKV = shapes[sh][1],
-                HS = shapes[sh][2];
+    for (sh = 0; sh < att_ns; sh++)
+        for (k = 0; k < att_nT; k++) {
+            int T = att_T[k], B = T < 16384 ? 16384 / T : 1, NH = att_shapes[sh][0],
+                NKV = att_shapes[sh][1], HS = att_shapes[sh][2];
             int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, N = (int64_t)B * T;
             void *qkv = inner.alloc(&inner, (size_t)N * QKV * 2),
                  *out = inner.alloc(&inner, (size_t)N * NH * HS * 2);
@@ -785,9 +812,14 @@ static void bench_attention(void) {
             float *lse = (float *)inner.alloc(&inner, (size_t)B * NH * T * 4);
             double fl = 4.0 * B * NH * (double)T * T * HS / 2;
             rand_bf16_pair(qkv, N * QKV, dout, N * NH * HS, 3, 1);
-            for (path = 0; path < 2; path++) {
+            for (path = 0; path < 4; path++) {
+                /* the default (the backward fused from T 8192 at HS 128), fused always, two
+                   kernels always, mma.sync (bf16 HS 64 and 128 only: others are portable) */
+                static const int off[4] = {0, 5, 4, 1};
+                static const char *name[4] = {"us-hop", "us-hopF", "us-hop2k", "us-mma"};
                 std::vector<double> tf, tb;
-                us_cuda_attention_no_hopper(&inner, path);
+                if (path == 3 && HS != 64 && HS != 128) continue;
+                us_cuda_attention_no_hopper(&inner, off[path]);
                 for (r = 0; r < 23; r++) {
                     float ms;
                     cudaEventRecord(a, c->stream);
@@ -804,9 +836,10 @@ static void bench_attention(void) {
                     cudaEventElapsedTime(&ms, a, b);
                     if (r >= 3) tb.push_back(ms * 1e-3);
                 }
-                printf("%-8s %5d %2d %3d %3d %4d | %9.3f %8.1f | %9.3f %8.1f\n",
-                       path ? "us-mma" : "us-hop", T, B, NH, NKV, HS, median(tf) * 1e3,
-                       fl / median(tf) * 1e-12, median(tb) * 1e3, 2.5 * fl / median(tb) * 1e-12);
+                printf("%-8s %5d %2d %3d %3d %4d | %9.3f %8.1f | %9.3f %8.1f\n", name[path], T, B,
+                       NH, NKV, HS, median(tf) * 1e3, fl / median(tf) * 1e-12, median(tb) * 1e3,
+                       2.5 * fl / median(tb) * 1e-12);
+                fflush(stdout);
             }
             us_cuda_attention_no_hopper(&inner, 0);
             inner.free(&inner, qkv);
@@ -1118,7 +1151,19 @@ int main(int argc, char **argv) {
             }
         } else if (!strcmp(argv[i], "--attention"))
             do_att = 1;
-        else if (!strcmp(argv[i], "--cp"))
+        else if (!strcmp(argv[i], "--att-seq") && i + 1 < argc) {
+            if (!parse_att_list(argv[++i], 1, att_T, &att_nT)) {
+                fprintf(stderr, "bench_cuda: --att-seq wants T,T,... (at most 8), got %s\n",
+                        argv[i]);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--att-heads") && i + 1 < argc) {
+            if (!parse_att_list(argv[++i], 3, &att_shapes[0][0], &att_ns)) {
+                fprintf(stderr, "bench_cuda: --att-heads wants NH:NKV:HS,... (at most 8), got %s\n",
+                        argv[i]);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--cp"))
             do_cp = 2;
         else if (!strcmp(argv[i], "--cp-flash-only"))
             do_cp = 1;
@@ -1128,7 +1173,8 @@ int main(int argc, char **argv) {
                     "M] [--accum K] [--loss-chunk ROWS|-1] [--precision bf16|fp8|fp8-tensor "
                     "[--fp8-free-quant] "
                     "[--fp8-no-weight-cache]] [--profile] [--json F]] [--gemm] [--fp8-gemm] "
-                    "[--gemm-algos] [--attention] [--cp | --cp-flash-only]\n");
+                    "[--gemm-algos] [--attention [--att-seq T,..] [--att-heads NH:NKV:HS,..]] "
+                    "[--cp | --cp-flash-only]\n");
             return 2;
         }
     }
