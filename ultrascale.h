@@ -1170,6 +1170,18 @@ US_API us_result us_task_exact_match(us_model *m, us_task *t, int n, double *acc
                                      size_t buflen, int show);
 #endif /* ULTRASCALE_NO_DATA */
 
+#if !defined(ULTRASCALE_NO_CHECKPOINT) || !defined(ULTRASCALE_NO_TOKENIZER)
+/* One example of a multiple-choice evaluation, a line of HellaSwag's JSONL as llm.c reads it:
+   an object with "ctx" (a string), "endings" (2 to US_CHOICE_MAX strings) and "label" (the index of
+   the right ending); other keys are skipped. On success *ctx and endings[0 .. *n_end) are new
+   NUL-terminated strings the caller frees (US_FREE), and NULL comes back; otherwise a phrase
+   that says what is wrong, and nothing to free. (The library's JSON reader, so it needs
+   // >>checkpoint or // >>tokenizer.) */
+#define US_CHOICE_MAX 16
+US_API const char *us_choice_parse(const char *line, size_t n, char **ctx,
+                                   char *endings[US_CHOICE_MAX], int *n_end, int *label);
+#endif
+
 #ifndef ULTRASCALE_NO_TOKENIZER
 /* ---------------------------------------------------------------- tokenizer (// >>tokenizer)
    A Hugging Face tokenizer.json holding a byte-level BPE (GPT-2, Llama 3, or one trained with the
@@ -12248,7 +12260,66 @@ static int us__jbool(const us__json *j, int k, int *v) {
     return 1;
 }
 
-#endif /* the JSON reader, which // >>tokenizer uses too */
+/* String token k as a new NUL-terminated buffer (unescaped: never longer than its raw text), or
+   NULL */
+static char *us__jdup(const us__json *j, int k) {
+    char *out;
+    if (k < 0 || j->t[k].type != US__J_STR) return NULL;
+    out = (char *)US_MALLOC(j->t[k].end - j->t[k].start + 1);
+    if (out && !us__jstr(j, k, out, j->t[k].end - j->t[k].start + 1)) {
+        US_FREE(out);
+        out = NULL;
+    }
+    return out;
+}
+
+static void us__choice_free(char **ctx, char **endings, int *n_end) {
+    int e;
+    US_FREE(*ctx);
+    *ctx = NULL;
+    for (e = 0; e < *n_end; e++) US_FREE(endings[e]);
+    *n_end = 0;
+}
+
+/* A HellaSwag line's fields (us_choice_parse); its checks in the order a reader meets them */
+static const char *us__choice_fields(const us__json *j, char **ctx, char **endings, int *n_end,
+                                     int *label) {
+    const int c = us__jget(j, 0, "ctx"), e = us__jget(j, 0, "endings");
+    const int k = us__jget(j, 0, "label");
+    int64_t lab = -1;
+    int q, v;
+    if (j->t[0].type != US__J_OBJ) return "not a JSON object";
+    if (c < 0 || e < 0 || k < 0 || j->t[e].type != US__J_ARR || j->t[e].size < 2 ||
+        j->t[e].size > US_CHOICE_MAX)
+        return "no \"ctx\", \"endings\" (2..16) and \"label\"";
+    if (!us__jint(j, k, &lab) || lab < 0) return "a malformed or out-of-range value";
+    if (lab >= j->t[e].size) return "a label past the endings";
+    if (!(*ctx = us__jdup(j, c))) return "a malformed or out-of-range value";
+    for (q = 0, v = e + 1; q < j->t[e].size; q++, v = j->t[v].next) {
+        if (!(endings[q] = us__jdup(j, v))) return "a malformed or out-of-range value";
+        *n_end = q + 1;
+    }
+    *label = (int)lab;
+    return NULL;
+}
+
+US_API const char *us_choice_parse(const char *line, size_t n, char **ctx,
+                                   char *endings[US_CHOICE_MAX], int *n_end, int *label) {
+    us__json j;
+    const char *why;
+    *ctx = NULL;
+    *n_end = 0;
+    *label = 0;
+    if (us__json_parse(&j, line, n, 1024) < 0) {
+        us__json_free(&j);
+        return "not valid JSON";
+    }
+    why = us__choice_fields(&j, ctx, endings, n_end, label);
+    if (why) us__choice_free(ctx, endings, n_end);
+    us__json_free(&j);
+    return why;
+}
+#endif /* the JSON reader, which // >>tokenizer and the multiple-choice reader use too */
 
 #ifndef ULTRASCALE_NO_CHECKPOINT
 /* ---- safetensors: 8-byte little-endian header length, a JSON header, the data section */

@@ -1058,7 +1058,7 @@ static void rank_print_memory(const rank_state *s) {
 
 /* ---- --eval-choices: a multiple-choice evaluation (HellaSwag's JSONL, as llm.c runs it) ----
    One JSON object a line with "ctx" (a string), "endings" (2 to 16 strings) and "label" (the
-   right ending's index); other fields are skipped. Each ending is encoded as " " + ending after
+   right ending's index); other fields are skipped (the library's us_choice_parse). Each ending is encoded as " " + ending after
    the context, every candidate is one sequence of the batch, and its score is the mean loss of
    the ending's tokens (acc_norm); the lowest score is the model's answer. */
 typedef struct mc_cand {
@@ -1072,206 +1072,6 @@ typedef struct mc_set {
     int *label; /* [n_ex] */
     int n_ex, n_cand, cap_ex, cap_cand;
 } mc_set;
-
-static void js_ws(const char **p) {
-    while (**p == ' ' || **p == '\t' || **p == '\r' || **p == '\n') (*p)++;
-}
-
-/* four hex digits at p into *u; 0 if they are not */
-static int js_hex4(const char *p, unsigned *u) {
-    int i;
-    *u = 0;
-    for (i = 0; i < 4; i++) {
-        char ch = p[i];
-        int d = ch >= '0' && ch <= '9'   ? ch - '0'
-                : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
-                : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10
-                                         : -1;
-        if (d < 0) return 0;
-        *u = *u * 16 + (unsigned)d;
-    }
-    return 1;
-}
-
-/* code point u as UTF-8 into out (room for 4 bytes); its length */
-static int js_utf8(unsigned u, char *out) {
-    if (u < 0x80) {
-        out[0] = (char)u;
-        return 1;
-    }
-    if (u < 0x800) {
-        out[0] = (char)(0xC0 | (u >> 6));
-        out[1] = (char)(0x80 | (u & 63));
-        return 2;
-    }
-    if (u < 0x10000) {
-        out[0] = (char)(0xE0 | (u >> 12));
-        out[1] = (char)(0x80 | ((u >> 6) & 63));
-        out[2] = (char)(0x80 | (u & 63));
-        return 3;
-    }
-    out[0] = (char)(0xF0 | (u >> 18));
-    out[1] = (char)(0x80 | ((u >> 12) & 63));
-    out[2] = (char)(0x80 | ((u >> 6) & 63));
-    out[3] = (char)(0x80 | (u & 63));
-    return 4;
-}
-
-/* One escape after a backslash (p at the character after it) into out; 0 if malformed */
-static int js_escape(const char **p, char *out, int *len) {
-    static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
-    const char *k = strchr(from, **p);
-    unsigned u, lo;
-    if (**p && k) {
-        out[0] = to[k - from];
-        *len = 1;
-        (*p)++;
-        return 1;
-    }
-    if (**p != 'u' || !js_hex4(*p + 1, &u)) return 0;
-    *p += 5;
-    if (u >= 0xD800 && u < 0xDC00) { /* a surrogate pair */
-        if ((*p)[0] != '\\' || (*p)[1] != 'u' || !js_hex4(*p + 2, &lo) || lo < 0xDC00 ||
-            lo > 0xDFFF)
-            return 0;
-        *p += 6;
-        u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
-    } else if (u >= 0xDC00 && u < 0xE000) {
-        return 0;
-    }
-    *len = js_utf8(u, out);
-    return 1;
-}
-
-/* A JSON string at *p (its opening quote) into a new NUL-terminated buffer; NULL if malformed */
-static char *js_string(const char **p) {
-    const char *q = *p + 1;
-    size_t cap = strlen(q) + 1, n = 0;
-    char *out = (char *)malloc(cap);
-    if (!out || **p != '"') {
-        free(out);
-        return NULL;
-    }
-    while (*q && *q != '"') {
-        int len = 1;
-        if ((unsigned char)*q < 0x20) break; /* a raw control character */
-        if (*q == '\\') {
-            q++;
-            if (!js_escape(&q, out + n, &len)) break;
-        } else {
-            out[n] = *q++;
-        }
-        n += (size_t)len;
-    }
-    if (*q != '"') {
-        free(out);
-        return NULL;
-    }
-    out[n] = '\0';
-    *p = q + 1;
-    return out;
-}
-
-/* Skips one JSON value at *p (nested up to 64 deep); 0 if malformed */
-static int js_skip(const char **p, int depth) {
-    js_ws(p);
-    if (**p == '"') {
-        char *t = js_string(p);
-        free(t);
-        return t != NULL;
-    }
-    if (**p == '{' || **p == '[') {
-        const char close = **p == '{' ? '}' : ']';
-        const int obj = close == '}';
-        if (depth > 64) return 0;
-        (*p)++;
-        js_ws(p);
-        if (**p == close) {
-            (*p)++;
-            return 1;
-        }
-        for (;;) {
-            if (obj) { /* a key and its colon first */
-                if (!js_skip(p, depth + 1)) return 0;
-                js_ws(p);
-                if (**p != ':') return 0;
-                (*p)++;
-            }
-            if (!js_skip(p, depth + 1)) return 0;
-            js_ws(p);
-            if (**p == close) {
-                (*p)++;
-                return 1;
-            }
-            if (**p != ',') return 0;
-            (*p)++;
-        }
-    }
-    if (!strncmp(*p, "true", 4) || !strncmp(*p, "null", 4)) {
-        *p += 4;
-        return 1;
-    }
-    if (!strncmp(*p, "false", 5)) {
-        *p += 5;
-        return 1;
-    }
-    {
-        char *end;
-        strtod(*p, &end);
-        if (end == *p) return 0;
-        *p = end;
-        return 1;
-    }
-}
-
-/* One line's example: "ctx", "endings", "label" out of the object (others skipped). Returns
-   NULL, or what is wrong with it. The strings are the caller's to free. */
-static const char *mc_parse_line(const char *p, char **ctx, char **end, int *n_end, int *label) {
-    int have_label = 0;
-    *ctx = NULL;
-    *n_end = 0;
-    *label = 0;
-    js_ws(&p);
-    if (*p++ != '{') return "not a JSON object";
-    for (js_ws(&p); *p != '}';) {
-        char *key = js_string(&p);
-        int ok = 1;
-        if (!key) return "a malformed key";
-        js_ws(&p);
-        if (*p++ != ':') ok = 0;
-        js_ws(&p);
-        if (ok && !strcmp(key, "ctx") && !*ctx) {
-            ok = (*ctx = js_string(&p)) != NULL;
-        } else if (ok && !strcmp(key, "label")) {
-            char *e;
-            long v = strtol(p, &e, 10);
-            ok = e != p && v >= 0 && v < 16;
-            *label = (int)v;
-            have_label = 1;
-            p = e;
-        } else if (ok && !strcmp(key, "endings") && *n_end == 0 && *p == '[') {
-            for (p++, js_ws(&p); ok && *p != ']';) {
-                ok = *n_end < 16 && (end[*n_end] = js_string(&p)) != NULL;
-                *n_end += ok;
-                js_ws(&p);
-                if (ok && *p == ',') p++;
-                js_ws(&p);
-            }
-            p += ok;
-        } else if (ok) {
-            ok = js_skip(&p, 0);
-        }
-        free(key);
-        if (!ok) return "a malformed or out-of-range value";
-        js_ws(&p);
-        if (*p == ',') p++;
-        js_ws(&p);
-        if (!*p) return "an unterminated object";
-    }
-    if (!*ctx || *n_end < 2 || !have_label) return "no \"ctx\", \"endings\" (2..16) and \"label\"";
-    if (*label >= *n_end) return "a label past the endings";
-    return NULL;
-}
 
 /* text → token ids through --tokenizer, else as bytes: a new array in *ids[*n] */
 static int mc_encode(opts *o, const char *text, int32_t **ids, int *n) {
@@ -1337,8 +1137,9 @@ static void mc_free(mc_set *m) {
    understand stops the run with its number */
 static int load_choices(opts *o) {
     FILE *f;
-    char *line = NULL, *ctx, *end[16];
+    char *line = NULL, *ctx, *end[US_CHOICE_MAX];
     size_t cap = 0;
+    ssize_t len;
     int ln = 0, n_end, label = 0, k, ok = 1;
     if (!o->choices_path) return GO_ON;
     f = fopen(o->choices_path, "r");
@@ -1348,18 +1149,17 @@ static int load_choices(opts *o) {
         if (f) fclose(f);
         return 2;
     }
-    while (ok && getline(&line, &cap, f) > 0) {
-        const char *why, *q = line;
+    while (ok && (len = getline(&line, &cap, f)) > 0) {
+        const char *why;
         ln++;
-        js_ws(&q);
-        if (!*q) continue;
-        why = mc_parse_line(line, &ctx, end, &n_end, &label);
+        if (strspn(line, " \t\r\n") == (size_t)len) continue;
+        why = us_choice_parse(line, (size_t)len, &ctx, end, &n_end, &label);
         if (why)
             fprintf(stderr, "train: %s line %d: %s\n", o->choices_path, ln, why);
         else if (!(ok = mc_add(o, o->choices, ctx, end, n_end, label)))
             fprintf(stderr, "train: %s line %d: cannot encode it\n", o->choices_path, ln);
         ok = ok && !why;
-        free(ctx);
+        free(ctx); /* US_MALLOC's, which is malloc here */
         for (k = 0; k < n_end; k++) free(end[k]);
     }
     free(line);

@@ -324,6 +324,38 @@ static void test_bad(void) {
     remove(p);
 }
 
+/* us_choice_parse: a HellaSwag line's fields (escapes and a surrogate pair unescaped, other keys
+   skipped), and one sentence for each malformed line, with nothing left to free */
+static void test_choices(void) {
+    static const char *good =
+        "{\"ind\": 4, \"ctx\": \"A \\\"cat\\\"\", \"split\": [1, {\"a\": null}], "
+        "\"endings\": [\"sat\", \"ran \\ud83d\\ude00\", \"\\u00e9\"], \"label\": 1}\n";
+    static const char *bad[][2] = {
+        {"[1, 2]", "not a JSON object"},
+        {"{\"ctx\": \"a\", \"endings\": [\"b\", \"c\"], \"label\": 2}", "a label past the endings"},
+        {"{\"ctx\": \"a\", \"endings\": [\"b\"], \"label\": 0}", "\"endings\" (2..16)"},
+        {"{\"ctx\": \"a\", \"endings\": [\"b\", 3], \"label\": 0}", "malformed"},
+        {"{\"ctx\": \"a\", \"endings\": [\"b\", \"c\"], \"label\": -1}", "out-of-range"},
+        {"{\"ctx\": \"a\", \"endings\": [\"b\", \"c\"], \"label\": 0", "not valid JSON"},
+        {"{\"endings\": [\"b\", \"c\"], \"label\": 0}", "\"ctx\""},
+    };
+    char *ctx, *end[US_CHOICE_MAX];
+    int n_end, label, k;
+    const char *why = us_choice_parse(good, strlen(good), &ctx, end, &n_end, &label);
+    CHECK(!why && !strcmp(ctx, "A \"cat\"") && n_end == 3 && label == 1 && !strcmp(end[0], "sat") &&
+              !strcmp(end[1], "ran \xf0\x9f\x98\x80") && !strcmp(end[2], "\xc3\xa9"),
+          "choices: a HellaSwag line's ctx, endings and label (%s)", why ? why : "read");
+    if (!why) {
+        free(ctx);
+        for (k = 0; k < n_end; k++) free(end[k]);
+    }
+    for (k = 0; k < (int)(sizeof bad / sizeof bad[0]); k++) {
+        why = us_choice_parse(bad[k][0], strlen(bad[k][0]), &ctx, end, &n_end, &label);
+        CHECK(why && strstr(why, bad[k][1]) && !ctx && n_end == 0, "choices: %s is refused: %s",
+              bad[k][0], why ? why : "(accepted)");
+    }
+}
+
 int main(int argc, char **argv) {
     int i;
     us_test_verbose = argc > 1 && !strcmp(argv[1], "-v");
@@ -335,6 +367,7 @@ int main(int argc, char **argv) {
     test_stdio();
     test_hold_out();
     test_bad();
+    test_choices();
     for (i = 0; i < NSH; i++) remove(paths[i]);
     rmdir(dir);
     return us_test_done("test_data");
