@@ -388,8 +388,9 @@ typedef struct us_train_config {
     /* pipeline parallelism (// >>pp): layers split over pp ranks, grad_accum micro-batches per
        step run by a schedule; every stage receives the step's inputs and targets */
     int pp;          /* default 1 */
-    int pp_schedule; /* a us_pp_kind the executor runs: afab, 1f1b (default), interleaved(-bf) or zb1 */
-    int pp_chunks; /* model chunks per pp rank: interleaved default 2, others 1 */
+    int pp_schedule; /* a us_pp_kind the executor runs (any of them; default 1f1b) */
+    int pp_chunks;   /* model chunks per pp rank: interleaved default 2, the V shapes and
+                        DualPipe exactly 2, others 1 */
     /* 1: time the pipeline's messages on the schedule's clock even where the backend could send
        them as they are ready (us_comm.p2p_early); -1: channels for every schedule, on NCCL too
        (to try them there); 0: as us__pp_early chooses (// >>pp) */
@@ -397,7 +398,8 @@ typedef struct us_train_config {
     const int
         *pp_layers; /* NULL: layers split over the pp·chunks stages to balance their FLOPs (the
                               last stage, which also runs the head, takes fewer; the first ones take
-                              the remainder); else [pp·chunks] layers per stage, each ≥ 1, summing to n_layers */
+                              the remainder); else [pp·chunks] layers per stage (DualPipe: [pp]),
+                              each ≥ 1, summing to n_layers */
     /* expert parallelism (// >>ep): each MoE layer's routed experts split over ep consecutive ranks
        of the dp×cp group (folded over data parallelism, as in Megatron); tokens travel to their
        experts' rank and back by all-to-all */
@@ -868,7 +870,8 @@ typedef struct us_model {
     int l_lo, l_hi, c_first, c_last; /* what a forward/backward runs now: layers [l_lo, l_hi);
                                               it embeds the tokens; it ends with the head and loss */
     int pp_head_rank;                /* the pp rank that holds the last stage (the head) */
-    us_group tie_g; /* tied embeddings, head apart: pp ranks 0 and pp_head_rank (// >>pp) */
+    us_group tie_g;  /* tied embeddings, head apart: pp ranks 0 and pp_head_rank (// >>pp) */
+    us_group dual_g; /* DualPipe: pp ranks q and pp−1−q, which hold the same stages (// >>pp) */
     us_group *
         pp_ch; /* [2·stages] the channels of each boundary between ranks (us__pp_connect), or NULL: */
     struct us__pp_msg *pp_msgs;
@@ -1304,9 +1307,12 @@ US_API us_result us_generate(us_model *m, const int32_t *prompt, int n_prompt, i
    actions it runs — forward F, full backward BW, or the zero-bubble split into B (input
    gradient) and W (weight gradient) — each for one micro-batch and one model chunk (a rank holds
    v chunks; chunk c of rank r is stage c·pp + r, or for the V-shaped schedules r then
-   2·pp−1−r). Sends and receives follow from the stages. One checker validates any list
-   (every action exactly once, dependencies, no deadlock), one simulator times it from per-action
-   costs, one renderer draws it; the executor runs any list. */
+   2·pp−1−r). DualPipe splits the model into pp stages and runs two pipelines over the same
+   ranks: micro-batches 0 .. m/2−1 enter at rank 0 (stage st on rank st), m/2 .. m−1 at rank
+   pp−1 (stage st on rank pp−1−st), so rank r holds stages r and pp−1−r, the lower one as chunk 0,
+   and ranks r and pp−1−r hold the same two. Sends and receives follow from the stages. One
+   checker validates any list (every action exactly once, dependencies, no deadlock), one
+   simulator times it from per-action costs, one renderer draws it; the executor runs any list. */
 typedef enum us_pp_kind {
     US_PP_DEFAULT = 0,    /* 1f1b */
     US_PP_AFAB,           /* all forwards, then all backwards (GPipe) */
@@ -1314,8 +1320,9 @@ typedef enum us_pp_kind {
     US_PP_INTERLEAVED,    /* 1F1B over v chunks per rank, depth-first (Megatron) */
     US_PP_INTERLEAVED_BF, /* the same, breadth-first (all micro-batches of a chunk in turn; Llama 3) */
     US_PP_ZB1, /* ZB-H1: 1F1B with B/W split, rank r defers its W's by r micro-batches (1F1B's peak) */
-    US_PP_ZBV,      /* ZB-V: 2 chunks per rank in a V, B/W split; 1F1B's memory, near-zero bubble */
-    US_PP_DUALPIPEV /* DualPipe-V (DeepSeek): the V with forward & backward pairs overlapped */
+    US_PP_ZBV, /* ZB-V: 2 chunks per rank in a V, B/W split; 1F1B's memory, near-zero bubble */
+    US_PP_DUALPIPEV, /* DualPipe-V (DeepSeek): the V with forward & backward pairs overlapped */
+    US_PP_DUALPIPE /* DualPipe (DeepSeek-V3): two pipelines fed from both ends, the weights twice */
 } us_pp_kind;
 
 typedef enum us_pp_op { US_PP_F = 0, US_PP_B, US_PP_W, US_PP_BW } us_pp_op;
@@ -1332,6 +1339,7 @@ typedef struct us_pp_schedule {
     us_pp_kind kind;
     int pp, m, v;     /* ranks, micro-batches, chunks per rank */
     int vshape;       /* stages run down and back up (ZB-V, DualPipe-V) */
+    int dual;         /* two pipelines, one fed at each end (DualPipe): pp stages, each twice */
     int *n;           /* [pp] actions per rank */
     us_pp_action **a; /* [pp][n[r]] */
 } us_pp_schedule;
@@ -1346,12 +1354,12 @@ typedef struct us_pp_sim {
 
 US_API const char *us_pp_kind_name(us_pp_kind k);
 /* Builds the lists; writes a sentence into err if pp, m, v do not suit the schedule. v counts
-   chunks per rank for the interleaved schedules (at least 2); the V-shaped ones always hold 2
-   (pass 0 or 2); the others hold 1 and ignore it. */
+   chunks per rank for the interleaved schedules (at least 2); the V-shaped ones and DualPipe
+   always hold 2 (pass 0 or 2); the others hold 1 and ignore it. */
 US_API us_result us_pp_schedule_build(us_pp_schedule *s, us_pp_kind kind, int pp, int m, int v,
                                       char *err, size_t errlen);
 US_API void us_pp_schedule_free(us_pp_schedule *s);
-/* The stage chunk c of rank r runs (0 .. pp·v−1, embedding first). */
+/* The stage chunk c of rank r runs (0 .. pp·v−1, embedding first; DualPipe: 0 .. pp−1). */
 US_API int us_pp_stage(const us_pp_schedule *s, int r, int c);
 /* Times the lists with action costs tF, tB, tW (BW costs tB + tW) and zero-cost transfers, as
    soon as each action's inputs exist; fails with a sentence on a missing, repeated or
@@ -1970,7 +1978,7 @@ US_API void us_train_config_defaults(us_train_config *c) {
     if (!c->pp_chunks)
         c->pp_chunks = c->pp_schedule >= 3 && c->pp_schedule != 5
                            ? 2
-                           : 1; /* interleaved(-bf), ZB-V, DualPipe-V: 2 */
+                           : 1; /* interleaved(-bf), ZB-V, DualPipe-V, DualPipe: 2 */
     if (c->cp_mode == US_CP_DEFAULT) c->cp_mode = US_CP_ZIGZAG;
     if (c->bucket_mb == 0) c->bucket_mb = 25.0f;
     if (c->loss_scale_window == 0) c->loss_scale_window = 2000;
@@ -6538,11 +6546,36 @@ static us_result us__cp_attention_bwd(us_model *m, us_layer_acts *A, void *dqkv,
    micro-batch's activations flow forward stage to stage and its gradients flow back. What a rank
    does, and in which order, is the schedule: a list of actions per rank (forward F, backward B or
    BW, weight gradient W; micro-batch, model chunk), written by a pure function for each of AFAB,
-   1F1B, interleaved 1F1B, ZB-H1, ZB-V and DualPipe-V. One checker, one simulator (bubble, peak
-   activations) and one SVG renderer read the same lists, and one executor (us__pp_run) runs any
-   of them. In order: the schedules, their checks and pictures; the stage split (which layers a
-   stage holds, us__pp_stage_layers); the set-up (us__pp_init); the messages between stages; the
-   executor and the evaluation forward. */
+   1F1B, interleaved 1F1B, ZB-H1, ZB-V, DualPipe-V and DualPipe. One checker, one simulator
+   (bubble, peak activations) and one SVG renderer read the same lists, and one executor
+   (us__pp_run) runs any of them. In order: the schedules, their checks and pictures; the stage
+   split (which layers a stage holds, us__pp_stage_layers); the set-up (us__pp_init); the
+   messages between stages; the executor and the evaluation forward. */
+
+/* DualPipe's own checks (pp > 1): two pipelines that enter at the two ends and meet in the
+   middle (an even pp), half of the micro-batches fed at each end, each half at least pp (what
+   DeepSeek's DualPipe asserts: it reaches its overlapped steady state from there), and 2
+   chunks per rank, the two stages it holds. MoE layers are refused: the two copies of a layer
+   would route different halves of the batch, and their router biases would drift apart. */
+static us_result us__pp_dual_checks(const us_model_config *mc, const us_train_config *tc, char *err,
+                                    size_t errlen) {
+    if (tc->pp <= 1) return US_OK; /* no pipeline: the schedule is not run */
+    if (tc->pp % 2)
+        US__BAD("dualpipe needs an even pp: its two pipelines enter at the two ends and meet in "
+                "the middle (pp=%d)",
+                tc->pp);
+    if (tc->grad_accum % 2 || tc->grad_accum < 2 * tc->pp)
+        US__BAD("dualpipe feeds half of the micro-batches at each end and needs an even number "
+                "of them, at least 2*pp (micro-batches=%d, pp=%d)",
+                tc->grad_accum, tc->pp);
+    if (tc->pp_chunks != 2)
+        US__BAD("dualpipe runs exactly 2 chunks per rank, stages r and pp-1-r (pp_chunks=%d)",
+                tc->pp_chunks);
+    if (mc->moe_experts)
+        US__BAD("dualpipe does not run MoE layers yet: the two copies of a layer would route "
+                "different halves of the batch and their router biases drift apart");
+    return US_OK;
+}
 
 /* Checks a stage for every layer, the schedule and its chunks, and what pipeline parallelism
    does not combine with (us_config_validate). */
@@ -6555,7 +6588,7 @@ static us_result us__pp_checks(const us_model_config *mc, const us_train_config 
     /* pipeline × ZeRO-3: each stage gathers its chunk's units per action (us__zero3_next) */
     /* pipeline × context parallelism: each stage's cp ranks run the ring within the stage
        (tests/test_cp.c) */
-    if (tc->pp_schedule < US_PP_AFAB || tc->pp_schedule > US_PP_DUALPIPEV)
+    if (tc->pp_schedule < US_PP_AFAB || tc->pp_schedule > US_PP_DUALPIPE)
         US__BAD("unknown pipeline schedule %d", tc->pp_schedule);
     if (tc->pp_chunks < 1 || tc->pp_chunks > 16)
         US__BAD("pp_chunks=%d must be in 1..16", tc->pp_chunks);
@@ -6569,18 +6602,22 @@ static us_result us__pp_checks(const us_model_config *mc, const us_train_config 
     if ((tc->pp_schedule == US_PP_ZBV || tc->pp_schedule == US_PP_DUALPIPEV) && tc->pp_chunks != 2)
         US__BAD("%s runs exactly 2 chunks per rank, in a V (pp_chunks=%d)",
                 us_pp_kind_name((us_pp_kind)tc->pp_schedule), tc->pp_chunks);
+    if (tc->pp_schedule == US_PP_DUALPIPE) {
+        us_result r = us__pp_dual_checks(mc, tc, err, errlen);
+        if (r != US_OK) return r;
+    }
     if (tc->pp_schedule <= US_PP_1F1B && tc->pp_chunks != 1)
         US__BAD("pp_chunks=%d applies to the interleaved and V-shaped schedules only (%s runs one "
                 "chunk per rank)",
                 tc->pp_chunks, us_pp_kind_name((us_pp_kind)tc->pp_schedule));
     if (tc->pp_schedule == US_PP_ZB1 && tc->pp_chunks != 1)
         US__BAD("zb1 runs one chunk per rank (pp_chunks=%d)", tc->pp_chunks);
-    if (tc->pp > 1 && tc->pp * tc->pp_chunks > mc->n_layers)
+    if (tc->pp > 1 && tc->pp_schedule != US_PP_DUALPIPE && tc->pp * tc->pp_chunks > mc->n_layers)
         US__BAD(
             "pp=%d x %d chunks = %d pipeline stages exceed layers=%d: every stage needs a layer",
             tc->pp, tc->pp_chunks, tc->pp * tc->pp_chunks, mc->n_layers);
     if (tc->pp_layers && tc->pp > 1) {
-        int st, sum = 0, S = tc->pp * tc->pp_chunks;
+        int st, sum = 0, S = tc->pp * (tc->pp_schedule == US_PP_DUALPIPE ? 1 : tc->pp_chunks);
         for (st = 0; st < S; st++) {
             if (tc->pp_layers[st] < 1)
                 US__BAD("pipeline stage %d is given %d layers: every stage needs at least one", st,
@@ -6610,14 +6647,42 @@ US_API const char *us_pp_kind_name(us_pp_kind k) {
         return "zbv";
     case US_PP_DUALPIPEV:
         return "dualpipev";
+    case US_PP_DUALPIPE:
+        return "dualpipe";
     default:
         return "1f1b";
     }
 }
 
 US_API int us_pp_stage(const us_pp_schedule *s, int r, int c) {
+    if (s->dual) return (c == 0) == (2 * r < s->pp) ? r : s->pp - 1 - r; /* the lower first */
     if (s->vshape) return c == 0 ? r : 2 * s->pp - 1 - r;
     return c * s->pp + r;
+}
+
+/* The layer stages the model is split into: pp·v, or DualPipe's pp (each held by two ranks). */
+static int us__pp_nstages(const us_pp_schedule *s) { return s->dual ? s->pp : s->pp * s->v; }
+
+/* DualPipe: the pipeline chunk c of rank r belongs to, 0 fed at rank 0, 1 at rank pp−1; chunk 0,
+   the lower stage, is the first half's on ranks below pp/2 and the second's above. */
+static int us__pp_dir(const us_pp_schedule *s, int r, int c) { return c ^ (2 * r >= s->pp); }
+
+/* Messages flow between positions, 0 .. pp·v−1: a position's forward sends to the next one's,
+   its backward to the one before. A position is the stage, except under DualPipe, whose stage
+   st is position st in the pipeline fed at rank 0 (rank st) and pp + st in the one fed at rank
+   pp−1 (rank pp−1−st): the V's numbering, cut at the fold, as no micro-batch crosses from one
+   pipeline to the other. */
+static int us__pp_pos(const us_pp_schedule *s, int r, int c) {
+    if (!s->dual) return us_pp_stage(s, r, c);
+    return us__pp_dir(s, r, c) ? 2 * s->pp - 1 - r : r;
+}
+
+static int us__pp_pos_first(const us_pp_schedule *s, int u) {
+    return u == 0 || (s->dual && u == s->pp); /* embeds the tokens */
+}
+
+static int us__pp_pos_last(const us_pp_schedule *s, int u) {
+    return u == s->pp * s->v - 1 || (s->dual && u == s->pp - 1); /* computes the loss */
 }
 
 static void us__pp_push(us_pp_schedule *s, int r, us_pp_op op, int mb, int chunk) {
@@ -6642,22 +6707,28 @@ static void us__pp_virtual(const us_pp_schedule *s, int k, int backward, int *mb
 /* The zero-bubble schedules are written phase by phase, the way the papers draw them, through a
    cursor on one rank's list: it numbers each chunk's micro-batches in order and remembers the
    weight gradients owed by split backwards (B now, W later), oldest first. A step whose
-   micro-batch does not exist (few micro-batches) is skipped. */
+   micro-batch does not exist (few micro-batches) is skipped. The phases are written for a V of
+   vp ranks, vm micro-batches per chunk, this rank at place vr: the schedule's own pp, m and r,
+   except under DualPipe (us__pp_zero_bubble). */
 typedef struct us__pp_cur {
     us_pp_schedule *s;
     int r, f[2], b[2];     /* forwards and backwards (B or BW) listed, per chunk */
     int *owed, head, tail; /* [2·m] micro-batch·2 + chunk of each W still to list, oldest first */
+    int vp, vm, vr;        /* the V the phases see */
+    int mb0[2];            /* each chunk's first micro-batch (DualPipe: its pipeline's half) */
 } us__pp_cur;
 
 static void us__pp_add_forward(us__pp_cur *q, int c) {
-    if (q->f[c] < q->s->m) us__pp_push(q->s, q->r, US_PP_F, q->f[c]++, c);
+    if (q->f[c] < q->vm) us__pp_push(q->s, q->r, US_PP_F, q->mb0[c] + q->f[c]++, c);
 }
 
 static void us__pp_add_backward(us__pp_cur *q, int c,
                                 int split) { /* B with its W owed, or the full BW */
+    int mb = q->mb0[c] + q->b[c];
     if (q->b[c] >= q->f[c]) return;
-    if (split) q->owed[q->tail++] = 2 * q->b[c] + c;
-    us__pp_push(q->s, q->r, split ? US_PP_B : US_PP_BW, q->b[c]++, c);
+    if (split) q->owed[q->tail++] = 2 * mb + c;
+    us__pp_push(q->s, q->r, split ? US_PP_B : US_PP_BW, mb, c);
+    q->b[c]++;
 }
 
 static void us__pp_add_wgrad(us__pp_cur *q) { /* the oldest owed weight gradient */
@@ -6745,9 +6816,10 @@ static void us__pp_zbv(us__pp_cur *q) {
    last rank runs its first pair apart: its chunk-0 forward feeds its own chunk 1). Cooldown:
    pp−r−1 rounds of a chunk-1 backward and an F&B pair use up the forwards; 2(r+1) backwards
    alternate between the chunks, the second half split; pp−r−1 rounds of an owed W and a split
-   chunk-0 backward follow, and the last W's fill the tail. Needs m ≥ 2·pp. */
+   chunk-0 backward follow, and the last W's fill the tail. Needs m ≥ 2·pp. (Written for the V
+   the cursor sees: DualPipe runs the same phases, us__pp_zero_bubble.) */
 static void us__pp_dualpipev(us__pp_cur *q) {
-    int pp = q->s->pp, m = q->s->m, r = q->r, i;
+    int pp = q->vp, m = q->vm, r = q->vr, i;
     for (i = 0; i < 2 * (pp - r - 1); i++) us__pp_add_forward(q, 0);
     for (i = 0; i < r + 1; i++) {
         us__pp_add_forward(q, 0);
@@ -6778,7 +6850,13 @@ static void us__pp_dualpipev(us__pp_cur *q) {
     while (q->head < q->tail) us__pp_add_wgrad(q);
 }
 
-/* The split-backward schedules: each rank's list from its phases, through one cursor. */
+/* The split-backward schedules: each rank's list from its phases, through one cursor.
+   DualPipe (DeepSeek-V3 §3.2.1; the DualPipe repository's DualPipe) is two DualPipe-V's glued
+   at their folds: rank r runs DualPipe-V's phases as the V of pp/2 ranks and m/2 micro-batches
+   sees them, at place min(r, pp−1−r), its chunk 0 (the lower stage) being the V's first half
+   and chunk 1 its second; rank pp/2−1's chunk 0 feeds rank pp/2's chunk 1 where the V's last
+   rank fed its own, and the two run the same phases, so every message comes as in the V. Ranks
+   r and pp−1−r run mirror lists, each on its own pipeline's half of the micro-batches. */
 static us_result us__pp_zero_bubble(us_pp_schedule *s, char *err, size_t errlen) {
     us__pp_cur q;
     int r;
@@ -6791,8 +6869,13 @@ static us_result us__pp_zero_bubble(us_pp_schedule *s, char *err, size_t errlen)
         return US_ERR_OOM;
     }
     for (r = 0; r < s->pp; r++) {
+        int c;
         q.r = r;
         q.f[0] = q.f[1] = q.b[0] = q.b[1] = q.head = q.tail = 0;
+        q.vp = s->dual ? s->pp / 2 : s->pp;
+        q.vm = s->dual ? s->m / 2 : s->m;
+        q.vr = s->dual && 2 * r >= s->pp ? s->pp - 1 - r : r;
+        for (c = 0; c < 2; c++) q.mb0[c] = s->dual ? us__pp_dir(s, r, c) * q.vm : 0;
         if (s->kind == US_PP_ZB1)
             us__pp_zb1(&q);
         else if (s->kind == US_PP_ZBV)
@@ -6804,6 +6887,39 @@ static us_result us__pp_zero_bubble(us_pp_schedule *s, char *err, size_t errlen)
     return US_OK;
 }
 
+/* What the schedules of 2 chunks per rank (the V shapes, DualPipe) need of pp, m and v. */
+static us_result us__pp_two_chunks_check(us_pp_kind kind, int pp, int m, int v, char *err,
+                                         size_t errlen) {
+    int vs = kind != US_PP_DUALPIPE;
+    if (v != 0 && v != 2) {
+        us__errf(err, errlen, "%s runs exactly 2 chunks per rank%s (got v=%d; pass 0 or 2)",
+                 us_pp_kind_name(kind), vs ? " in a V" : "", v);
+        return US_ERR_INVALID;
+    }
+    if (kind == US_PP_DUALPIPE && pp % 2) {
+        us__errf(err, errlen,
+                 "DualPipe needs an even pp: its two pipelines enter at the two ends and meet in "
+                 "the middle (got pp=%d)",
+                 pp);
+        return US_ERR_INVALID;
+    }
+    if (kind == US_PP_DUALPIPE && (m % 2 || m < 2 * pp)) {
+        us__errf(err, errlen,
+                 "DualPipe feeds half of the micro-batches at each end and needs an even number "
+                 "of them, at least 2*pp (got micro-batches=%d, pp=%d)",
+                 m, pp);
+        return US_ERR_INVALID;
+    }
+    if (kind == US_PP_DUALPIPEV && m < 2 * pp) {
+        us__errf(err, errlen,
+                 "DualPipe-V needs micro-batches >= 2*pp to reach its overlapped steady state "
+                 "(got micro-batches=%d, pp=%d)",
+                 m, pp);
+        return US_ERR_INVALID;
+    }
+    return US_OK;
+}
+
 US_API us_result us_pp_schedule_build(us_pp_schedule *s, us_pp_kind kind, int pp, int m, int v,
                                       char *err, size_t errlen) {
     int r, k, il, vs;
@@ -6811,7 +6927,7 @@ US_API us_result us_pp_schedule_build(us_pp_schedule *s, us_pp_kind kind, int pp
     if (kind == US_PP_DEFAULT) kind = US_PP_1F1B;
     il = kind == US_PP_INTERLEAVED || kind == US_PP_INTERLEAVED_BF;
     vs = kind == US_PP_ZBV || kind == US_PP_DUALPIPEV;
-    if (kind < US_PP_AFAB || kind > US_PP_DUALPIPEV) {
+    if (kind < US_PP_AFAB || kind > US_PP_DUALPIPE) {
         us__errf(err, errlen, "unknown pipeline schedule %d", (int)kind);
         return US_ERR_INVALID;
     }
@@ -6836,20 +6952,8 @@ US_API us_result us_pp_schedule_build(us_pp_schedule *s, us_pp_kind kind, int pp
                      m, pp);
             return US_ERR_INVALID;
         }
-    } else if (vs) {
-        if (v != 0 && v != 2) {
-            us__errf(err, errlen,
-                     "%s runs exactly 2 chunks per rank in a V (got v=%d; pass 0 or 2)",
-                     us_pp_kind_name(kind), v);
-            return US_ERR_INVALID;
-        }
-        if (kind == US_PP_DUALPIPEV && m < 2 * pp) {
-            us__errf(err, errlen,
-                     "DualPipe-V needs micro-batches >= 2*pp to reach its overlapped steady state "
-                     "(got micro-batches=%d, pp=%d)",
-                     m, pp);
-            return US_ERR_INVALID;
-        }
+    } else if (vs || kind == US_PP_DUALPIPE) {
+        if (us__pp_two_chunks_check(kind, pp, m, v, err, errlen) != US_OK) return US_ERR_INVALID;
         v = 2;
     } else
         v = 1;
@@ -6858,6 +6962,7 @@ US_API us_result us_pp_schedule_build(us_pp_schedule *s, us_pp_kind kind, int pp
     s->m = m;
     s->v = v;
     s->vshape = vs;
+    s->dual = kind == US_PP_DUALPIPE;
     s->n = (int *)calloc((size_t)pp, sizeof(int));
     s->a = (us_pp_action **)calloc((size_t)pp, sizeof(us_pp_action *));
     if (!s->n || !s->a) {
@@ -6873,7 +6978,7 @@ US_API us_result us_pp_schedule_build(us_pp_schedule *s, us_pp_kind kind, int pp
             return US_ERR_OOM;
         }
     }
-    if (kind == US_PP_ZB1 || vs) return us__pp_zero_bubble(s, err, errlen);
+    if (kind == US_PP_ZB1 || vs || s->dual) return us__pp_zero_bubble(s, err, errlen);
     for (r = 0; r < pp; r++) {
         if (kind == US_PP_AFAB) { /* GPipe: every forward, then every backward */
             for (k = 0; k < m; k++) us__pp_push(s, r, US_PP_F, k, 0);
@@ -6927,8 +7032,9 @@ US_API void us_pp_schedule_free(us_pp_schedule *s) {
      B(mb, stage)  after F(mb, stage) and B(mb, stage+1)      (the output gradient arrives; the
                    last stage's after its own F)
      W(mb, stage)  after B(mb, stage)
-   with BW = B then W at once. Every rank's list is walked in order; any rank whose next action
-   is ready advances. If none can and lists remain, the schedule deadlocks.
+   with BW = B then W at once, and stages counted as positions (us__pp_pos: each of DualPipe's
+   two pipelines begins and ends). Every rank's list is walked in order; any rank whose next
+   action is ready advances. If none can and lists remain, the schedule deadlocks.
    An F&B pair (overlap) starts when both its inputs exist, and both its outputs leave when it
    ends, as DualPipe's overlapped_forward_backward sends them. It costs the SUM of its two
    actions: the two computations share one device, so overlap does not shorten the compute; what
@@ -6946,12 +7052,12 @@ static double us__pp_cost(const us_pp_action *x, double tF, double tB, double tW
 /* When action x of rank r may start as far as its inputs go; -1 while one is not produced. */
 static double us__pp_ready(const us_pp_schedule *s, const us__pp_ev *e, int r,
                            const us_pp_action *x) {
-    int m = s->m, st = us_pp_stage(s, r, x->chunk);
+    int m = s->m, st = us__pp_pos(s, r, x->chunk);
     const us__pp_ev *me = &e[st * m + x->mb];
     double g;
-    if (x->op == US_PP_F) return st > 0 ? e[(st - 1) * m + x->mb].f : 0;
+    if (x->op == US_PP_F) return !us__pp_pos_first(s, st) ? e[(st - 1) * m + x->mb].f : 0;
     if (x->op == US_PP_W) return me->b;
-    if (st == s->pp * s->v - 1 || me->f < 0)
+    if (us__pp_pos_last(s, st) || me->f < 0)
         return me->f; /* the last stage starts from its own loss */
     g = e[(st + 1) * m + x->mb].b;
     return g < 0 ? -1 : g > me->f ? g : me->f;
@@ -6988,6 +7094,14 @@ static us_result us__pp_check_lists(const us_pp_schedule *s, char *err, size_t e
                 us__errf(err, errlen,
                          "rank %d action %d names micro-batch %d chunk %d, outside %d x %d", r, i,
                          x->mb, x->chunk, s->m, s->v);
+                goto done;
+            }
+            if (s->dual && (s->m % 2 || (2 * x->mb >= s->m) != us__pp_dir(s, r, x->chunk))) {
+                us__errf(err, errlen,
+                         "rank %d action %d: micro-batch %d runs on the other pipeline than chunk "
+                         "%d of this rank (DualPipe: the first m/2 enter at rank 0, the rest at "
+                         "rank pp-1)",
+                         r, i, x->mb, x->chunk);
                 goto done;
             }
             if (x->overlap && (x->op != US_PP_F || i + 1 == s->n[r] ||
@@ -7055,7 +7169,7 @@ static us_result us__pp_play(const us_pp_schedule *s, double tF, double tB, doub
                 }
                 clock[r] = t0;
                 for (k = 0; k < n; k++) { /* a pair's outputs leave together, when it ends */
-                    us__pp_ev *me = &e[us_pp_stage(s, r, x[k].chunk) * m + x[k].mb];
+                    us__pp_ev *me = &e[us__pp_pos(s, r, x[k].chunk) * m + x[k].mb];
                     if (x[k].op == US_PP_F) {
                         me->f = t0;
                         if (++held[r] > out->peak_act[r]) out->peak_act[r] = held[r];
@@ -7145,9 +7259,10 @@ US_API us_result us_pp_svg(const us_pp_schedule *s, double tF, double tB, double
             const us_pp_action *x = &s->a[rk][i];
             double t0 = start[(size_t)rk * nmax + i], cost = us__pp_cost(x, tF, tB, tW),
                    y = 30 + rk * rowh;
-            const char *col = x->op == US_PP_F   ? (x->chunk ? "#6fa8dc" : "#3d85c6")
-                              : x->op == US_PP_W ? (x->chunk ? "#b4a7d6" : "#8e7cc3")
-                                                 : (x->chunk ? "#93c47d" : "#6aa84f");
+            int lite = s->dual ? us__pp_dir(s, rk, x->chunk) : x->chunk; /* DualPipe: by pipeline */
+            const char *col = x->op == US_PP_F   ? (lite ? "#6fa8dc" : "#3d85c6")
+                              : x->op == US_PP_W ? (lite ? "#b4a7d6" : "#8e7cc3")
+                                                 : (lite ? "#93c47d" : "#6aa84f");
             fprintf(f,
                     "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\" "
                     "stroke=\"white\"/>"
@@ -7165,9 +7280,9 @@ US_API us_result us_pp_svg(const us_pp_schedule *s, double tF, double tB, double
         fprintf(f, "<text x=\"8\" y=\"%.1f\">rank %d</text>\n", 30 + rk * rowh + 17, rk);
     fprintf(f,
             "<text x=\"%.0f\" y=\"%.0f\">F forward  B/BW backward  W weight gradient (lighter: "
-            "second chunk%s)</text>\n</svg>\n",
-            x0, rowh * s->pp + 50,
-            s->kind == US_PP_DUALPIPEV ? "; framed: an overlapped F&amp;B pair" : "");
+            "%s%s)</text>\n</svg>\n",
+            x0, rowh * s->pp + 50, s->dual ? "the pipeline fed at the last rank" : "second chunk",
+            s->kind == US_PP_DUALPIPEV || s->dual ? "; framed: an overlapped F&amp;B pair" : "");
     free(start);
     if (fclose(f) != 0) {
         us__errf(err, errlen, "cannot finish writing %s", path);
@@ -7235,14 +7350,15 @@ static void us__pp_stage_layers(const us_model_config *mc, const us_train_config
 }
 
 /* The layers pipeline rank q runs: its chunks' stages (c·pp + q; the V shapes: q, then
-   2·pp−1−q) of the pp·v stages us__pp_stage_layers splits the model into, in chunk order.
+   2·pp−1−q; DualPipe: the lower of q and pp−1−q, then the other) of the pp·v stages (DualPipe:
+   pp) us__pp_stage_layers splits the model into, in chunk order.
    layer_g (NULL: count only) gets their global numbers, lo and hi (NULL: not wanted) each
    chunk's range, *largest the largest chunk. Returns the rank's layer count. The model's set-up
    and the memory estimator both use it. */
 static int us__pp_rank_layers(const us_model_config *mc, const us_train_config *tc,
                               const us_pp_schedule *s, int q, int *layer_g, int *lo, int *hi,
                               int *largest) {
-    int v = s ? s->v : 1, S = tc->pp * v, c, l, n = 0;
+    int v = s ? s->v : 1, S = s ? us__pp_nstages(s) : tc->pp, c, l, n = 0;
     *largest = 0;
     for (c = 0; c < v; c++) {
         int st = s ? us_pp_stage(s, q, c) : 0, g0, nl;
@@ -7259,8 +7375,16 @@ static int us__pp_rank_layers(const us_model_config *mc, const us_train_config *
 static int us__pp_rank_of(const us_pp_schedule *s, int st);
 static us_result us__pp_plan(us_model *m);
 
+/* The position of the last stage of the pipeline fed at rank 0, where the evaluation scores. */
+static int us__pp_head_pos(const us_pp_schedule *s) {
+    return s->dual ? s->pp - 1 : s->pp * s->v - 1;
+}
+
 /* Pipeline parallelism's set-up: the step's schedule (which stages this rank runs, in which
    order); this rank's layers (us__pp_rank_layers), which from here on are the model's n_layers;
+   whether it holds the embedding (stage 0) and the head (the last stage), both under DualPipe
+   on ranks 0 and pp−1; the head's rank, where the evaluation scores (DualPipe: the pipeline fed
+   at rank 0 ends on rank pp−1);
    one activation slot per micro-batch chunk in flight, the schedule's simulated peak for this
    rank (1F1B: pp − rank; AFAB: all micro-batches); the messages' plan (us__pp_plan). Without
    pipeline parallelism: every layer, one slot. */
@@ -7278,7 +7402,7 @@ static us_result us__pp_init(us_model *m) {
     }
     m->n_layers_global = m->cfg.n_layers;
     m->pp_v = m->pp_sched ? m->pp_sched->v : 1;
-    S = m->tc.pp * m->pp_v;
+    S = m->pp_sched ? us__pp_nstages(m->pp_sched) : 1;
     m->layer_g = (int *)US_MALLOC(sizeof(int) * (size_t)m->n_layers_global);
     if (!m->layer_g) {
         us__model_set_error(m, "out of host memory for the model tables");
@@ -7286,9 +7410,13 @@ static us_result us__pp_init(us_model *m) {
     }
     m->cfg.n_layers = us__pp_rank_layers(&m->cfg, &m->tc, m->pp_sched, q, m->layer_g, m->chunk_lo,
                                          m->chunk_hi, &m->pp_lc);
-    m->pp_head_rank = m->pp_sched ? us__pp_rank_of(m->pp_sched, S - 1) : 0;
+    m->pp_head_rank = m->pp_sched ? us__pp_rank_of(m->pp_sched, us__pp_head_pos(m->pp_sched)) : 0;
     m->pp_first = q == 0;
     m->pp_last = q == m->pp_head_rank;
+    for (i = 0; m->pp_sched && i < m->pp_v; i++) { /* DualPipe: rank pp−1 embeds, rank 0 scores */
+        m->pp_first |= us_pp_stage(m->pp_sched, q, i) == 0;
+        m->pp_last |= us_pp_stage(m->pp_sched, q, i) == S - 1;
+    }
     m->l_lo = 0;
     m->l_hi = m->cfg.n_layers;
     m->c_first = m->pp_first;
@@ -7314,21 +7442,31 @@ static us_result us__pp_init(us_model *m) {
    gradients, the lookup's on the first stage and the head's on the last, are summed over the
    pair before every optimizer step (us__pp_tied_sum), and both then take the same AdamW step.
    A checkpoint has one tensor, which both write alike and both read. The V-shaped schedules
-   end on rank 0, which then holds the one table. */
+   end on rank 0, which then holds the one table; under DualPipe ranks 0 and pp−1 each hold the
+   first and the last stage, so each its one table (the pair's sum keeps the two equal,
+   us__pp_dual_sum). */
 static int us__pp_tied_apart(const us_model *m) {
-    return m->cfg.tie_embeddings && m->tc.pp > 1 && m->pp_head_rank != 0;
+    return m->cfg.tie_embeddings && m->tc.pp > 1 && m->pp_head_rank != 0 &&
+           !(m->pp_sched && m->pp_sched->dual);
 }
 
 /* Whether this pp rank counts tensor i in a sum over stages (the gradient norm): the head's copy
-   of a tied embedding is the first stage's, counted there. */
+   of a tied embedding is the first stage's, counted there; DualPipe's copies on ranks pp/2 ..
+   pp−1 are their partners' (us__pp_dual_sum), counted on ranks 0 .. pp/2−1. */
 static int us__pp_counts(const us_model *m, int i) {
+    if (m->dual_g.size && 2 * m->mesh.pp_rank >= m->tc.pp) return 0;
     return i != 0 || !us__pp_tied_apart(m) || m->pp_first;
 }
 
-/* The pair that sums the tied copies' gradients: pp ranks 0 and pp_head_rank. */
+/* The pairs that sum the copies' gradients: pp ranks 0 and pp_head_rank (the tied embedding);
+   DualPipe's q and pp−1−q (us__pp_dual_sum). */
 static us_result us__pp_tie_connect(us_model *m) {
-    int q = m->mesh.pp_rank;
+    int q = m->mesh.pp_rank, P = m->tc.pp;
     us_result r;
+    if (m->pp_sched && m->pp_sched->dual) {
+        r = m->comm->split(m->comm, &m->mesh.pp_g, q < P - 1 - q ? q : P - 1 - q, q, &m->dual_g);
+        return us__comm_fail(m, r, "the groups of DualPipe's pairs of ranks");
+    }
     if (!us__pp_tied_apart(m)) return US_OK;
     r = m->comm->split(m->comm, &m->mesh.pp_g, q == 0 || q == m->pp_head_rank ? 0 : -1, q,
                        &m->tie_g);
@@ -7337,7 +7475,9 @@ static us_result us__pp_tie_connect(us_model *m) {
 
 static void us__pp_tie_free(us_model *m) {
     if (m->comm && m->comm->group_free && m->tie_g.size) m->comm->group_free(m->comm, &m->tie_g);
+    if (m->comm && m->comm->group_free && m->dual_g.size) m->comm->group_free(m->comm, &m->dual_g);
     memset(&m->tie_g, 0, sizeof m->tie_g);
+    memset(&m->dual_g, 0, sizeof m->dual_g);
 }
 
 /* The tied copies' gradients summed over the pair, after data parallelism's reduction (the sums
@@ -7352,6 +7492,28 @@ static us_result us__pp_tied_sum(us_model *m) {
     if (!n) return US_OK;
     r = m->comm->all_reduce(m->comm, &m->tie_g, g, n, US_F32, US_REDUCE_SUM, NULL);
     return us__comm_fail(m, r, "the all-reduce of the tied embedding's gradient");
+}
+
+/* DualPipe's two copies of the weights (DeepSeek-V3 §3.2.1: "2× parameters"): ranks q and
+   pp−1−q hold the same two stages, laid out alike (the lower stage as chunk 0 on both, hence
+   the same tensors, units and ZeRO pieces), and each ran its pipeline's half of the
+   micro-batches through them. Their gradients are summed over the pair after data parallelism's
+   reduction (the sums commute), on what each holds for the optimizer, so both take the same
+   AdamW step and the copies stay equal to the bit, as one copy trained on the whole batch. */
+static us_result us__pp_dual_sum(us_model *m) {
+    int u;
+    int64_t n;
+    float *g;
+    us_result r = US_OK;
+    if (!m->dual_g.size) return US_OK;
+    if (m->tc.zero != 1) /* the whole gradient, or ZeRO-2/3's shard */
+        r = m->comm->all_reduce(m->comm, &m->dual_g, m->grad, m->tc.zero ? m->shard_n : m->n_flat,
+                                US_F32, US_REDUCE_SUM, NULL);
+    for (u = 0; m->tc.zero == 1 && u < m->n_units && r == US_OK; u++) { /* each unit's piece */
+        g = us__grad_held(m, m->units[u].p0, m->units[u].p1, &n);
+        if (n) r = m->comm->all_reduce(m->comm, &m->dual_g, g, n, US_F32, US_REDUCE_SUM, NULL);
+    }
+    return us__comm_fail(m, r, "the all-reduce of DualPipe's copies' gradients");
 }
 
 /* ---- the executor: one rank's list of actions run on its chunks of layers. It runs the layer
@@ -7374,16 +7536,16 @@ static void us__pp_slot_select(us_model *m, int k, int c) {
     m->pp_slot = k;
 }
 
-/* The pp rank that runs stage st, and the chunk of rank q that is stage st (-1: none). */
+/* The pp rank at position st (us__pp_pos), and the chunk of rank q there (-1: none). */
 static int us__pp_rank_of(const us_pp_schedule *s, int st) {
-    if (s->vshape) return st < s->pp ? st : 2 * s->pp - 1 - st;
+    if (s->vshape || s->dual) return st < s->pp ? st : 2 * s->pp - 1 - st;
     return st % s->pp;
 }
 
 static int us__pp_chunk_of(const us_pp_schedule *s, int q, int st) {
     int c;
     for (c = 0; c < s->v; c++)
-        if (us_pp_stage(s, q, c) == st) return c;
+        if (us__pp_pos(s, q, c) == st) return c;
     return -1;
 }
 
@@ -7396,7 +7558,7 @@ static void us__pp_select(us_model *m, int k, int chunk) {
     m->l_lo = m->chunk_lo[chunk];
     m->l_hi = m->chunk_hi[chunk];
     m->c_first = st == 0;
-    m->c_last = st == s->pp * s->v - 1;
+    m->c_last = st == us__pp_nstages(s) - 1;
 }
 
 static void us__pp_select_all(us_model *m) {
@@ -7434,7 +7596,7 @@ static us_result us__pp_wpass(us_model *m, int B, int T) { /* the chunk's W, las
    this rank's later work, since a device synchronisation (on a GPU, the first launch of any
    kernel) waits for everything pending. A slot is reused only after its sends completed. A
    channel carries micro-batches in one order on both ends, which us__pp_plan checks.
-   The rule holds every schedule, 1F1B to DualPipe-V, at any pp under the threads backend's NCCL
+   The rule holds every schedule, 1F1B to DualPipe, at any pp under the threads backend's NCCL
    semantics (tests/test_pp.c runs them all there; before it, interleaved and the V schedules
    hung there as on two H200s in run 7: a gradient's receive posted at its forward waited, in a
    later synchronisation, for this rank's own later chunk).
@@ -7508,7 +7670,7 @@ static us_result us__pp_plan_clock(us_model *m) {
     for (r = 0; r < P; r++)
         if (s->n[r] > nmax) nmax = s->n[r];
     start = (double *)US_MALLOC(sizeof(double) * (size_t)(P * nmax));
-    where = (int *)US_MALLOC(sizeof(int) * (size_t)(2 * S * M)); /* [F|B][stage][mb] → r·nmax + i */
+    where = (int *)US_MALLOC(sizeof(int) * (size_t)(2 * S * M)); /* [F|B][pos][mb] → r·nmax + i */
     m->pp_msgs = (us__pp_msg *)US_MALLOC(sizeof(us__pp_msg) * (size_t)(2 * s->n[q] + 1));
     m->pp_start = (double *)US_MALLOC(sizeof(double) * (size_t)(s->n[q] + 1));
     if (!start || !where || !m->pp_msgs || !m->pp_start) {
@@ -7525,13 +7687,14 @@ static us_result us__pp_plan_clock(us_model *m) {
         for (i = 0; i < s->n[r]; i++) {
             const us_pp_action *x = &s->a[r][i];
             if (x->op != US_PP_W)
-                where[(x->op != US_PP_F) * S * M + us_pp_stage(s, r, x->chunk) * M + x->mb] =
+                where[(x->op != US_PP_F) * S * M + us__pp_pos(s, r, x->chunk) * M + x->mb] =
                     r * nmax + i;
         }
     for (k = 0; k < 2 * S * M; k++) { /* every message that leaves or reaches this rank */
         int grad = k >= S * M, st = k / M % S, mb = k % M, prod = where[k], cons, ra, rb;
         us__pp_msg *x = &m->pp_msgs[nm];
-        if (prod < 0 || (!grad && st == S - 1) || (grad && st == 0)) continue;
+        if (prod < 0 || (!grad && us__pp_pos_last(s, st)) || (grad && us__pp_pos_first(s, st)))
+            continue;
         cons = where[grad * S * M + (grad ? st - 1 : st + 1) * M + mb];
         ra = prod / nmax;
         rb = cons / nmax;
@@ -7614,8 +7777,9 @@ static int us__pp_posts_step(us__pp_posts *p, int r) {
             return 1;
         }
         x = &s->a[r][i];
-        st = us_pp_stage(s, r, x->chunk);
-        if (x->op != US_PP_F && x->op != US_PP_W && st > 0 && us__pp_rank_of(s, st - 1) != r)
+        st = us__pp_pos(s, r, x->chunk);
+        if (x->op != US_PP_F && x->op != US_PP_W && !us__pp_pos_first(s, st) &&
+            us__pp_rank_of(s, st - 1) != r)
             p->cnt[2 * us__pp_channel(st - 1, 1)]++; /* its input's gradient, sent */
         for (;
              p->first[r] < p->ncall && p->calls[p->first[r]].r == r && p->calls[p->first[r]].t == i;
@@ -7627,8 +7791,8 @@ static int us__pp_posts_step(us__pp_posts *p, int r) {
         return 1;
     }
     x = &s->a[r][i];
-    st = us_pp_stage(s, r, x->chunk);
-    if (x->op == US_PP_F && st > 0 && us__pp_rank_of(s, st - 1) != r)
+    st = us__pp_pos(s, r, x->chunk);
+    if (x->op == US_PP_F && !us__pp_pos_first(s, st) && us__pp_rank_of(s, st - 1) != r)
         p->cnt[2 * us__pp_channel(st - 1, 0) + 1]++; /* its input's receive */
     p->pre[r] = 1;
     return 1;
@@ -7681,12 +7845,12 @@ static int us__pp_posts_upcoming(const us__pp_posts *p, int r, int ch, int sd) {
     const us_pp_action *x;
     if (i >= s->n[r]) return 0;
     x = &s->a[r][i];
-    st = us_pp_stage(s, r, x->chunk);
+    st = us__pp_pos(s, r, x->chunk);
     if (!p->pre[r])
-        return x->op == US_PP_F && st > 0 && us__pp_rank_of(s, st - 1) != r &&
+        return x->op == US_PP_F && !us__pp_pos_first(s, st) && us__pp_rank_of(s, st - 1) != r &&
                ch == us__pp_channel(st - 1, 0) && sd == 1;
-    if (x->op != US_PP_F && x->op != US_PP_W && st > 0 && us__pp_rank_of(s, st - 1) != r &&
-        ch == us__pp_channel(st - 1, 1) && sd == 0)
+    if (x->op != US_PP_F && x->op != US_PP_W && !us__pp_pos_first(s, st) &&
+        us__pp_rank_of(s, st - 1) != r && ch == us__pp_channel(st - 1, 1) && sd == 0)
         n++;
     for (j = p->first[r]; j < p->ncall && p->calls[j].r == r && p->calls[j].t == i; j++)
         if (p->calls[j].ch == ch && (ch & 1) == sd) n++;
@@ -7763,7 +7927,7 @@ static us_result us__pp_plan_posts(us_model *m) {
     for (i = 0; i < 4 * S; i++) p.side[i] = -1;
     for (b = 0; b + 1 < S; b++) {
         int lo = us__pp_rank_of(s, b), hi = us__pp_rank_of(s, b + 1);
-        if (lo == hi) continue;
+        if (lo == hi || us__pp_pos_last(s, b)) continue;
         p.side[2 * us__pp_channel(b, 0)] = p.side[2 * us__pp_channel(b, 1) + 1] = lo;
         p.side[2 * us__pp_channel(b, 0) + 1] = p.side[2 * us__pp_channel(b, 1)] = hi;
     }
@@ -7771,7 +7935,7 @@ static us_result us__pp_plan_posts(us_model *m) {
     for (r = 0; r < P; r++)
         for (i = 0; i < s->n[r]; i++) {
             const us_pp_action *x = &s->a[r][i];
-            int st = us_pp_stage(s, r, x->chunk);
+            int st = us__pp_pos(s, r, x->chunk);
             if (x->op == US_PP_W) continue;
             where[(x->op != US_PP_F) * S * M + st * M + x->mb] = i;
             if (x->op != US_PP_F) gpos[st * M + x->mb] = gcnt[st]++;
@@ -7779,8 +7943,9 @@ static us_result us__pp_plan_posts(us_model *m) {
     for (r = 0; r < P; r++)
         for (i = 0; i < s->n[r]; i++) {
             const us_pp_action *x = &s->a[r][i];
-            int st = us_pp_stage(s, r, x->chunk), k;
-            if (x->op != US_PP_F || st + 1 == S || us__pp_rank_of(s, st + 1) == r) continue;
+            int st = us__pp_pos(s, r, x->chunk), k;
+            if (x->op != US_PP_F || us__pp_pos_last(s, st) || us__pp_rank_of(s, st + 1) == r)
+                continue;
             for (k = 0; k < 2; k++) { /* 0: the activation's send; 1: its gradient's receive */
                 us__pp_call *y = &p.calls[p.ncall++];
                 y->r = r;
@@ -7839,20 +8004,20 @@ static us_result us__pp_plan(us_model *m) {
     got = seq + M + 1;
     for (b = 0; b + 1 < S; b++) {
         int lo = us__pp_rank_of(s, b), hi = us__pp_rank_of(s, b + 1);
-        if (lo == hi) continue;   /* handed over on one rank */
+        if (lo == hi || us__pp_pos_last(s, b)) continue; /* on one rank, or no boundary */
         for (k = 0; k < 1; k++) { /* activations lo → hi (gradients: us__pp_plan_posts) */
             int ns = 0, nr = 0, snd = k ? hi : lo, rcv = k ? lo : hi;
             /* the sender produces: F of stage b, or B/BW of stage b+1 */
             for (i = 0; i < s->n[snd]; i++) {
                 const us_pp_action *x = &s->a[snd][i];
-                if (us_pp_stage(s, snd, x->chunk) == b + k &&
+                if (us__pp_pos(s, snd, x->chunk) == b + k &&
                     (k ? (x->op == US_PP_B || x->op == US_PP_BW) : x->op == US_PP_F) && ns < M)
                     seq[ns++] = x->mb;
             }
             /* the receiver receives at its F of stage b+1, or posts at its F of stage b */
             for (i = 0; i < s->n[rcv]; i++) {
                 const us_pp_action *x = &s->a[rcv][i];
-                if (us_pp_stage(s, rcv, x->chunk) == b + 1 - k && x->op == US_PP_F && nr < M)
+                if (us__pp_pos(s, rcv, x->chunk) == b + 1 - k && x->op == US_PP_F && nr < M)
                     got[nr++] = x->mb;
             }
             for (r = ns == nr ? 0 : -1; r == 0 && ns > 0 && nr > 0; ns--, nr--)
@@ -7888,8 +8053,8 @@ static us_result us__pp_connect(us_model *m) {
     int q = m->mesh.pp_rank, S = s->pp * s->v, P = g->size, b, k;
     us_result r;
     if (!us__pp_early(m)) {
-        int ring =
-            m->pp_v > 1 && !s->vshape; /* interleaved: the last stage of a chunk feeds rank 0 */
+        /* interleaved: the last stage of a chunk feeds rank 0 */
+        int ring = m->pp_v > 1 && !s->vshape && !s->dual;
         for (k = 0; k < 2; k++) {
             int peer = (q % 2 == 0) == (k == 0) ? q + 1 : q - 1;
             if (ring) peer = (peer + P) % P;
@@ -7911,7 +8076,7 @@ static us_result us__pp_connect(us_model *m) {
             int lo = us__pp_rank_of(s, b), hi = us__pp_rank_of(s, b + 1), snd = k ? hi : lo,
                 rcv = k ? lo : hi;
             us_group *ch = &m->pp_ch[us__pp_channel(b, k)];
-            if (lo == hi) continue;
+            if (lo == hi || us__pp_pos_last(s, b)) continue;
             if ((r = us__comm_fail(m, m->comm->dup(m->comm, g, ch), "pipeline channel")) != US_OK)
                 return r;
             if (q == snd)
@@ -8085,7 +8250,7 @@ static us_result us__pp_post(us_model *m, us__pp_exec *x, int *e, int i) {
     for (; *e < m->pp_nmsg && m->pp_msgs[*e].t <= i; ++*e) {
         const us__pp_msg *y = &m->pp_msgs[*e];
         const us_pp_action *f = &s->a[q][y->act];
-        int key = f->chunk * M + f->mb, st = us_pp_stage(s, q, f->chunk), k = x->slot_of[key];
+        int key = f->chunk * M + f->mb, st = us__pp_pos(s, q, f->chunk), k = x->slot_of[key];
         us_group *ch = &m->pp_ch[us__pp_channel(st, y->grad)];
         us_result r;
         if (y->send)
@@ -8143,7 +8308,21 @@ static us_result us__pp_backward_action(us_model *m, us__pp_exec *x, const us_pp
    and W, later, the weight gradients (us__layer_w), then frees it. The last backward of the
    step launches the data-parallel reductions (no_sync before it); with several chunks or B and
    W apart a tensor's gradient is complete only at the end, so the reductions start before the
-   optimizer step instead. */
+   optimizer step instead.
+   DualPipe(-V)'s F&B pairs run here one after the other: correct, and on CPU threads as fast
+   as it gets, but nothing is hidden. Running a pair overlapped, as DeepSeek does, would need:
+   the two halves on two streams (CUDA) joined by events at the pair's end, or DeepSeek's finer
+   cut, each chunk split into attention, MoE dispatch, MLP and combine, interleaved so one
+   micro-batch's all-to-all and pipeline transfer travel under the other's GEMMs, with a few
+   SMs set aside for the communication kernels (tc.overlap_sms); the scratch the slots share
+   (us__scratch_per_slot's complement: the backward's gradients, recompute, FP8 operands, CP's
+   blocks, ZeRO-3's weight slots) doubled, since both halves use it at once; the pair's
+   messages posted as one synchronisation, the forward's input and the backward's output
+   gradient received before it and both outputs sent after (as us__pp_play assumes), which the
+   channel plan (us__pp_plan_posts) would play with the pair as one action; under expert
+   parallelism the all-to-alls made asynchronous (us_comm's work handles) and waited inside the
+   other half's layer loop. The simulator already costs a pair as the sum of its halves: the
+   overlap buys hidden communication, not compute. */
 static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *targets, int64_t per,
                             int T, float dscale, double *loss) {
     const us_pp_schedule *s = m->pp_sched;
@@ -8182,8 +8361,8 @@ static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *t
     m->pp_t_s[0] = m->pp_t_s[1] = m->pp_t_s[2] = 0;
     for (i = 0; i < s->n[q] && r == US_OK; i++) {
         const us_pp_action *a = &s->a[q][i];
-        int st = us_pp_stage(s, q, a->chunk), key = a->chunk * M + a->mb;
-        int prev = st > 0 ? us__pp_rank_of(s, st - 1) : -1;
+        int st = us__pp_pos(s, q, a->chunk), key = a->chunk * M + a->mb;
+        int prev = !us__pp_pos_first(s, st) ? us__pp_rank_of(s, st - 1) : -1;
         double t0;
         if (!x.chan && (r = us__pp_exchange(m, &e, m->pp_start[i], x.slot_of, x.free_slot, &x.nfree,
                                             x.pend, x.n)) != US_OK)
@@ -8217,7 +8396,8 @@ static us_result us__pp_run(us_model *m, const int32_t *inputs, const int32_t *t
 
 /* The evaluation forward through the stages (us_forward_eval under pipeline parallelism): each
    rank runs its chunks in stage order, passing the residual stream on; the last stage scores,
-   and the sums (and the last-position logits, for sampling) reach every stage. */
+   and the sums (and the last-position logits, for sampling) reach every stage. DualPipe's
+   batch takes the pipeline fed at rank 0 alone (its other one holds the same weights). */
 static us_result us__pp_eval(us_model *m, const int32_t *inputs, const int32_t *targets, int B,
                              int T, double *loss_sum, int64_t *correct, float *logits_out) {
     us_ops *o = &m->ops;
@@ -8229,27 +8409,28 @@ static us_result us__pp_eval(us_model *m, const int32_t *inputs, const int32_t *
     int64_t Np, Ns, n;
     double v[2] = {0, 0};
     const us_pp_schedule *s = m->pp_sched;
-    int k, S = s->pp * s->v;
+    int k, head = q == m->pp_head_rank;
     us__sp_rows(m, N, &Np, &Ns);
     n = Ns * m->cfg.dim;
     r = US_OK;
     for (k = 0; k < s->v && r == US_OK; k++) { /* this rank's chunks in stage order */
-        int st = us_pp_stage(s, q, k);         /* chunk order is stage order, V shape too */
+        int st = us__pp_pos(s, q, k);          /* chunk order is stage order, V shape too */
         double l1 = 0;
+        if (s->dual && st >= s->pp) continue; /* the pipeline fed at rank pp−1 */
         us__pp_select(m, 0,
                       k); /* one slot for every chunk in turn: XOUT carries over to the next */
-        if (st > 0 && us__pp_rank_of(s, st - 1) != q)
+        if (!us__pp_pos_first(s, st) && us__pp_rank_of(s, st - 1) != q)
             r = us__comm_fail(m,
                               c->recv(c, &m->mesh.pp_g, m->acts[m->l_lo].x, n, m->dt,
                                       us__pp_rank_of(s, st - 1), NULL),
                               "pipeline receive");
-        else if (st > 0) /* the stage before is this rank's: its output is still in XOUT */
+        else if (!us__pp_pos_first(s, st)) /* the stage before is this rank's: still in XOUT */
             o->copy(o, m->acts[m->l_lo].x, m->a[US__A_XOUT], (size_t)n * us_dtype_size(m->dt),
                     US_COPY_D2D);
         if (r == US_OK) r = us__forward(m, inputs, targets, B, T, 0.0f, &l1);
         us__zero3_release_all(m); /* ZeRO-3: each chunk gathers its own */
         ls += l1;
-        if (r == US_OK && st < S - 1 && us__pp_rank_of(s, st + 1) != q)
+        if (r == US_OK && !us__pp_pos_last(s, st) && us__pp_rank_of(s, st + 1) != q)
             r = us__comm_fail(m,
                               c->send(c, &m->mesh.pp_g, m->a[US__A_XOUT], n, m->dt,
                                       us__pp_rank_of(s, st + 1), NULL),
@@ -8257,7 +8438,7 @@ static us_result us__pp_eval(us_model *m, const int32_t *inputs, const int32_t *
     }
     us__pp_select_all(m);
     if (r != US_OK) return r;
-    if (m->pp_last) {
+    if (head) {
         int32_t *am = (int32_t *)US_MALLOC((size_t)N * 4);
         if (!am) {
             us__model_set_error(m, "out of host memory");
@@ -8279,15 +8460,15 @@ static us_result us__pp_eval(us_model *m, const int32_t *inputs, const int32_t *
             us__model_set_error(m, "out of memory for %zu bytes of logits", bytes);
             return US_ERR_OOM;
         }
-        if (m->pp_last && (r = us__last_logits(m, B, T, logits_out)) != US_OK) {
+        if (head && (r = us__last_logits(m, B, T, logits_out)) != US_OK) {
             o->free(o, d);
             return r;
         }
-        if (m->pp_last) o->copy(o, d, logits_out, bytes, US_COPY_H2D);
+        if (head) o->copy(o, d, logits_out, bytes, US_COPY_H2D);
         r = us__comm_fail(
             m, c->broadcast(c, &m->mesh.pp_g, d, B * m->cfg.vocab, US_F32, m->pp_head_rank, NULL),
             "pipeline logits broadcast");
-        if (r == US_OK && !m->pp_last) o->copy(o, logits_out, d, bytes, US_COPY_D2H);
+        if (r == US_OK && !head) o->copy(o, logits_out, d, bytes, US_COPY_D2H);
         o->free(o, d);
         return r;
     }
@@ -10657,6 +10838,7 @@ US_API us_result us_optimizer_step(us_model *m, float *grad_norm, float *lr_out)
     /* a weight with copies on several ranks: the copies' gradients summed, so they stay equal */
     if ((r = us__tp_kv_sum(m)) != US_OK) return r;   /* replicated kv heads (// >>tp) */
     if ((r = us__pp_tied_sum(m)) != US_OK) return r; /* the tied embedding and head (// >>pp) */
+    if ((r = us__pp_dual_sum(m)) != US_OK) return r; /* DualPipe's two copies (// >>pp) */
     t0 = us__tstart(m);
     /* the global gradient norm: every rank holds all of it without ZeRO; with ZeRO each holds the
        sums of its pieces, and the squares are summed over dp */
@@ -15768,8 +15950,8 @@ static us_result us__estimate_flat(const us_model_config *mc, const us_train_con
                                                            tmp.chunk_hi, &largest); /* // >>pp */
     tmp.pp_v = psp ? psp->v : 1;
     tmp.pp_first = 1;
-    tmp.pp_last =
-        !psp || us__pp_rank_of(psp, tc->pp * psp->v - 1) == 0; /* the V shapes end on rank 0 */
+    /* the V shapes end on rank 0, and so does DualPipe's pipeline fed at rank pp−1 */
+    tmp.pp_last = !psp || us__pp_rank_of(psp, tc->pp * psp->v - 1) == 0;
     for (l = 0; l < mc->n_layers; l++) nt += us__layer_tensors(mc, us__ep_size(tc), l);
     tmp.params = (us_param *)US_MALLOC(sizeof(us_param) * (size_t)nt);
     tmp.layer_g = (int *)US_MALLOC(sizeof(int) * (size_t)mc->n_layers);
@@ -16284,9 +16466,10 @@ static us_result us__plan_check_cluster(const us_plan_cluster *cl, char *err, si
    layer's work per token and of its communication per micro-batch. */
 typedef struct us__plan_rank {
     int tp, cp, pp, dp, Z;
-    int v; /* model chunks per pipeline rank */
-    int m; /* micro-batches per step */
-    int K; /* experts per token (0: dense) */
+    int v;      /* model chunks a micro-batch crosses on a pipeline rank (DualPipe: 1 of its 2) */
+    int copies; /* the weights a rank holds, in micro-batch walks: 2 under DualPipe, else 1 */
+    int m;      /* micro-batches per step */
+    int K;      /* experts per token (0: dense) */
     int64_t C, T, V, L, NH, NKV, HS, world;
     double n;                      /* tokens of one micro-batch on this rank: the GEMMs' M */
     double G, Af, Ab, H, lat;      /* FLOP/s: GEMMs at M = n, attention fwd/bwd; HBM B/s; µs */
@@ -16317,7 +16500,8 @@ static void us__plan_rank_of(const us_model_config *mc, const us_train_config *t
     k->dp = tc->dp;
     k->Z = tc->zero;
     k->m = tc->grad_accum;
-    k->v = k->pp > 1 ? tc->pp_chunks : 1;
+    k->copies = k->pp > 1 && tc->pp_schedule == US_PP_DUALPIPE ? 2 : 1;
+    k->v = k->copies == 1 && k->pp > 1 ? tc->pp_chunks : 1;
     k->world = (int64_t)tc->dp * tc->tp * tc->pp * tc->cp;
     k->C = mc->dim;
     k->T = tc->seq;
@@ -16445,13 +16629,14 @@ static void us__plan_slowest_chunk(const us_model_config *mc, const us_train_con
    gathered before its forward and its backward, the gradient scattered after; the next layer's
    gather overlaps this layer's compute. Under pp a rank walks its own layers, chunk by chunk, per
    micro-batch (us__zero3_next): each chunk's first gather is exposed (W's gathers under recompute
-   are not counted). psi: the rank's parameters (tp, pp, ep shares). Sets out->t_zero3; adds to
-   *hidden the collectives' time hidden under the compute. */
+   are not counted). psi: the rank's parameters (tp, pp, ep shares; DualPipe's two stages, of
+   which a micro-batch walks one). Sets out->t_zero3; adds to *hidden the collectives' time
+   hidden under the compute. */
 static void us__plan_zero3(const us__plan_rank *k, const us_plan_rates *R, double psi, us_plan *out,
                            double *hidden) {
     const int dp = k->dp, cp = k->cp;
     const int64_t L = (k->L + k->pp - 1) / k->pp; /* this rank's layers */
-    const double n = k->n, psi_l = psi / (L + 2.0);
+    const double n = k->n, psi_l = psi / (k->copies * L + 2.0);
     double zF = 0, zB = 0;
     if (k->Z == 3 && dp * cp > 1) {
         double ag = us__coll_s(US__AG, 2 * psi_l, dp * cp, k->w_dp, k->lat),
@@ -16484,8 +16669,8 @@ static us_result us__plan_pipeline(const us_train_config *tc, const us__plan_ran
     if (e && e->span1 > 0 && e->rb == tB / tF && e->rw == tW / tF)
         span = e->span1 * tF;
     else {
-        if ((r = us_pp_schedule_build(&s, (us_pp_kind)tc->pp_schedule, k->pp, m, v, err, errlen)) !=
-            US_OK)
+        if ((r = us_pp_schedule_build(&s, (us_pp_kind)tc->pp_schedule, k->pp, m, tc->pp_chunks, err,
+                                      errlen)) != US_OK)
             return r;
         r = us_pp_simulate(&s, tF, tB, tW, &sim, err, errlen);
         us_pp_schedule_free(&s);

@@ -8,7 +8,8 @@
 # costs, and with the costs measured in the channel run (pp_tf_ms, pp_tb_ms — a full backward
 # when unsplit — and pp_tw_ms, per micro-batch and rank).
 # NCCL=1 runs both plans under the threads backend's NCCL semantics (--nccl-semantics: every wait
-# synchronises the rank's calls, as a GPU's implicit synchronisations do); MS="8" picks the m's.
+# synchronises the rank's calls, as a GPU's implicit synchronisations do); MS="8" picks the m's,
+# SCHEDULES="1f1b dualpipe" the schedules.
 # Usage: bash bench/pp_bubble.sh [DATA]   (from the repo root, after make build/train build/schedule)
 set -u
 DATA=${1:-../shared/data/tinyshakespeare.txt}
@@ -16,7 +17,7 @@ OUT=${OUT:-/tmp/pp_bubble}; mkdir -p "$OUT"
 MS=${MS:-4 8}
 SEM=""; [ "${NCCL:-0}" = 1 ] && SEM="--nccl-semantics"
 printf "| schedule | m | measured, channels | measured, clock | simulated, tF=tB=tW | simulated with the measured tF, tB, tW (ms) |\n|---|---|---|---|---|---|\n"
-for m in $MS; do for s in afab 1f1b interleaved zb1 zbv dualpipev; do
+for m in $MS; do for s in ${SCHEDULES:-afab 1f1b interleaved zb1 zbv dualpipev dualpipe}; do
     for plan in chan clock; do
         flag=""; [ $plan = clock ] && flag="--pp-clock"
         build/train --data "$DATA" --layers 4 --dim 256 --heads 4 --seq 128 --batch 4 --micro-batches $m --pp 2 --pp-schedule $s $flag $SEM \

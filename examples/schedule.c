@@ -3,10 +3,14 @@
        build/schedule --schedule 1f1b --pp 4 --m 8 --svg 1f1b.svg
        build/schedule --schedule interleaved --pp 4 --m 8 --v 2 --svg il.svg
        build/schedule --schedule zbv --tf 1 --tb 1.2 --tw 0.8
+       build/schedule --schedule dualpipe --pp 4 --m 16 --svg dualpipe.svg
    Costs are per micro-batch on one rank: forward tF, input-gradient backward tB, weight-gradient
    backward tW (the unsplit schedules run BW = tB + tW), divided over the rank's v chunks (2 for
-   zbv and dualpipev). Without --schedule it prints every schedule at tF = tB = tW = 1 and at a
-   transformer layer's FLOP ratio (below), or at the costs given. */
+   zbv and dualpipev). DualPipe's rank holds 2 chunks too, but they are two stages of the model,
+   each 1/pp of its layers (the weights twice over), and a micro-batch crosses only one of them:
+   its costs are not divided, and a chunk's activations weigh a 1F1B micro-batch's. Without
+   --schedule it prints every schedule at tF = tB = tW = 1 and at a transformer layer's FLOP
+   ratio (below), or at the costs given. */
 #define ULTRASCALE_IMPLEMENTATION
 #include "../ultrascale.h"
 #include <errno.h>
@@ -15,7 +19,7 @@
 #include <string.h>
 
 static const us_pp_kind all[] = {US_PP_AFAB, US_PP_1F1B, US_PP_INTERLEAVED, US_PP_INTERLEAVED_BF,
-                                 US_PP_ZB1,  US_PP_ZBV,  US_PP_DUALPIPEV};
+                                 US_PP_ZB1,  US_PP_ZBV,  US_PP_DUALPIPEV,   US_PP_DUALPIPE};
 #define NALL ((int)(sizeof all / sizeof all[0]))
 
 static int num(const char *s, int lo, int hi, int *out) {
@@ -50,8 +54,8 @@ static int parse_kind(const char *s, us_pp_kind *k) {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: schedule [--schedule "
-               "afab|1f1b|interleaved|interleaved-bf|zb1|zbv|dualpipev] [--pp N] [--m N] [--v N]\n"
-               "                [--tf X] [--tb X] [--tw X] [--svg FILE]\n"
+               "afab|1f1b|interleaved|interleaved-bf|zb1|zbv|dualpipev|dualpipe]\n"
+               "                [--pp N] [--m N] [--v N] [--tf X] [--tb X] [--tw X] [--svg FILE]\n"
                "  without --schedule: the bubble and peak-activation table of every schedule\n");
 }
 
@@ -77,6 +81,9 @@ static double formula(us_pp_kind k, int p, int m, int v, double tF, double tB, d
     case US_PP_DUALPIPEV: /* DeepSeek: (PP/2−1)(F&B + B − 3W), per-chunk costs, B the full backward */
         idle = (p - 1) * ((tF + tB + tW) / 2 + (tB + tW) / 2 - 3 * tW / 2);
         break;
+    case US_PP_DUALPIPE: /* the same for PP = p stages, a chunk (a stage) costing a micro-batch's */
+        idle = (p / 2 - 1) * ((tF + tB + tW) + (tB + tW) - 3 * tW);
+        break;
     default:
         return -1;
     }
@@ -90,12 +97,13 @@ static int row(us_pp_kind k, int pp, int m, int v, double tF, double tB, double 
     us_pp_schedule s;
     us_pp_sim sim;
     char err[256], fs[16] = "n/a";
-    int vv = k == US_PP_INTERLEAVED || k == US_PP_INTERLEAVED_BF ? v
-             : k == US_PP_ZBV || k == US_PP_DUALPIPEV            ? 2
-                                                                 : 1;
-    int zb = k == US_PP_ZB1 || k == US_PP_ZBV || k == US_PP_DUALPIPEV;
-    double f = formula(k, pp, m, vv, tF, tB, tW), cF = tF / vv, cB = (zb ? tB : tB + tW) / vv,
-           cW = zb ? tW / vv : 0;
+    int vv = k == US_PP_INTERLEAVED || k == US_PP_INTERLEAVED_BF             ? v
+             : k == US_PP_ZBV || k == US_PP_DUALPIPEV || k == US_PP_DUALPIPE ? 2
+                                                                             : 1;
+    int zb = k == US_PP_ZB1 || k == US_PP_ZBV || k == US_PP_DUALPIPEV || k == US_PP_DUALPIPE;
+    int dv = k == US_PP_DUALPIPE ? 1 : vv; /* the chunks a micro-batch crosses on a rank */
+    double f = formula(k, pp, m, vv, tF, tB, tW), cF = tF / dv, cB = (zb ? tB : tB + tW) / dv,
+           cW = zb ? tW / dv : 0;
     if (us_pp_schedule_build(&s, k, pp, m, vv, err, sizeof err) != US_OK) {
         if (fatal) {
             fprintf(stderr, "schedule: %s\n", err);
@@ -111,7 +119,7 @@ static int row(us_pp_kind k, int pp, int m, int v, double tF, double tB, double 
     }
     if (f >= 0) snprintf(fs, sizeof fs, "%5.1f%%", 100 * f);
     printf("| %-14s | %2d | %3d | %d | %6.1f%% | %15s | %17d | %29.1f |\n", us_pp_kind_name(k), pp,
-           m, vv, 100 * sim.bubble, fs, sim.peak_max, (double)sim.peak_max / vv);
+           m, vv, 100 * sim.bubble, fs, sim.peak_max, (double)sim.peak_max / dv);
     if (svg) {
         if (us_pp_svg(&s, cF, cB, cW, svg, err, sizeof err) != US_OK) {
             fprintf(stderr, "schedule: %s\n", err);

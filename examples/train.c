@@ -156,7 +156,12 @@ static const char *const usage_text[] = {
     "                    (breadth-first, Llama 3) | zb1 (zero bubble: B and W apart) | zbv "
     "(zero\n"
     "                    bubble, 2 chunks in a V) | dualpipev (DeepSeek's DualPipe cut in "
-    "half). The\n"
+    "half) |\n"
+    "                    dualpipe (DeepSeek's DualPipe: two pipelines fed from both ends, "
+    "rank r\n"
+    "                    holding stages r and pp-1-r, the weights twice; even pp, an even "
+    "M >=\n"
+    "                    2 x pp, half of the micro-batches entering at each end). The\n"
     "                    log gains pp_bubble (the measured idle share of the schedule) and\n"
     "                    pp_tf_ms, pp_tb_ms, pp_tw_ms (measured F, B, W per micro-batch and "
     "rank)\n",
@@ -1639,9 +1644,11 @@ static int parse_schedule(cli *c, const char *f, const char *v) {
             tc->pp_schedule = US_PP_ZBV;
         else if (!strcmp(v, "dualpipev"))
             tc->pp_schedule = US_PP_DUALPIPEV;
+        else if (!strcmp(v, "dualpipe"))
+            tc->pp_schedule = US_PP_DUALPIPE;
         else
             return bad("--pp-schedule must be afab, 1f1b, interleaved, interleaved-bf, zb1, "
-                       "zbv or dualpipev, got",
+                       "zbv, dualpipev or dualpipe, got",
                        v);
     } else if (!strcmp(f, "--grad-reduce-dtype")) {
         if (!strcmp(v, "fp32"))
@@ -1927,9 +1934,11 @@ static int check_mesh(cli *c) {
     char err[256];
     int rc = check_nproc(c);
     if (rc != GO_ON) return rc;
-    /* --pp-layers: one count per stage, pp x chunks (the chunks' default follows the schedule) */
+    /* --pp-layers: one count per stage, pp x chunks (the chunks' default follows the schedule;
+       DualPipe's pp stages are each held twice) */
     if (tc->pp_layers) {
-        int v = tc->pp_chunks ? tc->pp_chunks
+        int v = tc->pp_schedule == US_PP_DUALPIPE ? 1
+                : tc->pp_chunks                   ? tc->pp_chunks
                 : tc->pp_schedule == US_PP_INTERLEAVED || tc->pp_schedule == US_PP_INTERLEAVED_BF
                     ? 2
                     : 1;

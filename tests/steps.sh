@@ -36,7 +36,10 @@ step 'schedule CLI: table and SVG'       "$B/schedule" \
      './$B/schedule | grep -q dualpipev &&
       ./$B/schedule --schedule interleaved --svg $B/il.svg | grep -q wrote && grep -q "<svg" $B/il.svg &&
       ./$B/schedule --schedule dualpipev --svg $B/dpv.svg | grep -q wrote && grep -q "stroke=\"black\"" $B/dpv.svg &&
-      ! ./$B/schedule --pp 0 2>/dev/null && ! ./$B/schedule --schedule dualpipev --m 6 2>/dev/null'
+      ! ./$B/schedule --pp 0 2>/dev/null && ! ./$B/schedule --schedule dualpipev --m 6 2>/dev/null &&
+      ./$B/schedule | grep -q "| dualpipe " &&
+      ./$B/schedule --schedule dualpipe --svg $B/dp.svg | grep -q wrote && grep -q "stroke=\"black\"" $B/dp.svg &&
+      ! ./$B/schedule --schedule dualpipe --pp 3 2>/dev/null && ! ./$B/schedule --schedule dualpipe --m 7 2>/dev/null'
 step 'figures writes the four SVGs'      "$B/figures" \
      './$B/figures $B | grep -c "svg:" | grep -qx 4 && grep -q "</svg>" $B/fig_tp_tradeoff.svg'
 step 'docs/ figures equal what figures and schedule draw' "$B/figures $B/schedule" \

@@ -349,6 +349,34 @@ int main(int argc, char **argv) {
             us_pp_schedule_free(&s);
         }
     }
+    { /* DualPipe through the cost model: each rank holds two stages (the estimator's first rank
+         stages 0 and pp-1: the weights, gradients and moments of both), does 1F1B's work per
+         micro-batch (a chunk is a stage, walked by half of the micro-batches) and idles less */
+        us_plan p1, p2;
+        us_result r1, r2;
+        memset(&tc, 0, sizeof tc);
+        tc.dp = 2;
+        tc.tp = 2;
+        tc.pp = 4;
+        tc.batch = 1;
+        tc.seq = 4096;
+        tc.grad_accum = 128;
+        tc.precision = US_PRECISION_BF16;
+        tc.pp_schedule = US_PP_1F1B;
+        r1 = us_plan_cost(&mc, &tc, &cl, &p1, err, sizeof err);
+        tc.pp_schedule = US_PP_DUALPIPE;
+        r2 = us_plan_cost(&mc, &tc, &cl, &p2, err, sizeof err);
+        CHECK(r1 == US_OK && r2 == US_OK, "8B pp 4: 1f1b and dualpipe cost (%s)", err);
+        CHECK(p2.mem.params > 1.5 * p1.mem.params && p2.mem.optimizer > 1.5 * p1.mem.optimizer,
+              "8B pp 4, dualpipe: the first rank's weights %.1f GiB, AdamW %.1f GiB (1f1b's "
+              "stage 0: %.1f, %.1f), two stages held",
+              p2.mem.params / 1073741824.0, p2.mem.optimizer / 1073741824.0,
+              p1.mem.params / 1073741824.0, p1.mem.optimizer / 1073741824.0);
+        CHECK(fabs(p2.t_compute - p1.t_compute) < 1e-9 * p1.t_compute &&
+                  p2.t_bubble < 0.5 * p1.t_bubble,
+              "8B pp 4, dualpipe: 1f1b's compute %.1f ms, bubble %.2f ms under half of 1f1b's %.2f",
+              1e3 * p2.t_compute, 1e3 * p2.t_bubble, 1e3 * p1.t_bubble);
+    }
     { /* ZeRO-3: hidden under big layers (8B, 4 sequences), exposed under tiny ones (1 short sequence) */
         memset(&tc, 0, sizeof tc);
         tc.dp = 16;

@@ -10,7 +10,10 @@
    gradient (interleaved, ZB-H1, ZB-V, DualPipe-V), and ZeRO-3 (FSDP + PP), whose weight gathers
    are counted: each action gathers its chunk's units once, nothing past them. Unsupported
    combinations are refused with a sentence. Greedy generation with a KV cache through the
-   stages, past seq: the same tokens on every rank as re-running the sequence.
+   stages, past seq: the same tokens on every rank as re-running the sequence. DualPipe (two
+   pipelines fed from both ends, ranks q and pp−1−q holding the same two stages) equals one rank
+   too, alone, tied, with dp (ZeRO-1/2/3), tp and recompute, and its two copies of the weights
+   end equal to the bit; odd pp and unsuitable micro-batch counts are refused.
 
    Tolerance (fp32): stages compute what one rank computes, in the same order, except the
    gradient norm's sum over stages (and, tied, the table's gradient: the head's part and the
@@ -37,6 +40,7 @@ typedef struct run {
     float loss[STEPS], gnorm[STEPS];
     float *w;         /* final weights by tensor, one-rank order, from the pp stages (tp 1) */
     float *wcopy;     /* tied: the last stage's copy of the embedding, when it is not rank 0 */
+    float *wdual;     /* DualPipe: the weights as ranks pp/2 .. pp−1 hold them (w: ranks below) */
     int copied;       /* it wrote one */
     double eval_loss; /* after training: the loss of the first micro-batch through the pipeline */
     int64_t eval_correct;
@@ -64,6 +68,22 @@ static us_result all_gather_counted(us_comm *c, us_group *g, void *dst, const vo
     return all_gather_real[c->world.rank](c, g, dst, src, n, dt, w);
 }
 
+/* DualPipe's: each chunk runs its pipeline's half of the micro-batches (F and B or BW; no
+   recompute), and the evaluation the chunk of the pipeline fed at rank 0. */
+static int gathers_dualpipe(const run *R, int q) {
+    us_pp_schedule ps;
+    int c, n = 0, pp = R->tc.pp, Lc = R->mc.n_layers / pp, M = R->tc.grad_accum;
+    if (us_pp_schedule_build(&ps, US_PP_DUALPIPE, pp, M, 2, NULL, 0) != US_OK) return -1;
+    for (c = 0; c < 2; c++) {
+        int st = us_pp_stage(&ps, q, c);
+        int units = Lc + (st == 0) + (st == pp - 1 ? 1 + R->mc.tie_embeddings : 0);
+        int eval = (c == 0) == (2 * q < pp); /* the pipeline fed at rank 0 */
+        n += STEPS * M * units + eval * units;
+    }
+    us_pp_schedule_free(&ps);
+    return n;
+}
+
 /* The gathers rank q's walks make (us__zero3_next): every F, B (or BW) and evaluation forward of a
    chunk gathers its layers, the embedding on the first stage, the head's unit (and, tied, the
    table) on the last; a W its layers where it recomputes; nothing past the chunk. */
@@ -74,6 +94,7 @@ static int gathers_expected(const run *R, int q) {
     int w = R->tc.recompute > US_RECOMPUTE_NONE &&
             (R->tc.pp_schedule == US_PP_ZB1 || R->tc.pp_schedule == US_PP_ZBV ||
              R->tc.pp_schedule == US_PP_DUALPIPEV);
+    if (R->tc.pp_schedule == US_PP_DUALPIPE) return gathers_dualpipe(R, q);
     if (us_pp_schedule_build(&ps, (us_pp_kind)R->tc.pp_schedule, pp, M, v, NULL, 0) != US_OK)
         return -1;
     S = pp * v;
@@ -129,6 +150,7 @@ static us_result rank_fn(us_comm *c, void *arg) {
         m.tc.tp == 1) { /* each stage writes its tensors */
         int i, l;
         int64_t base = 0;
+        float *wout = R->wdual && 2 * m.mesh.pp_rank >= m.tc.pp ? R->wdual : R->w;
         /* one-rank order: embedding, layers 0..L-1 (9 tensors each), norm, head */
         for (i = 0; i < m.n_params_t; i++) {
             const us_param *p = &m.params[i];
@@ -154,7 +176,7 @@ static us_result rank_fn(us_comm *c, void *arg) {
                 dst = (int64_t)m.cfg.vocab * m.cfg.dim + (int64_t)m.n_layers_global * per_layer +
                       (i == 1 + m.cfg.n_layers * 9 ? 0 : m.cfg.dim);
             }
-            memcpy(R->w + dst, (float *)m.w + p->offset, (size_t)p->numel * 4);
+            memcpy(wout + dst, (float *)m.w + p->offset, (size_t)p->numel * 4);
             (void)base;
         }
     }
@@ -329,6 +351,50 @@ static void bad_order_caught(void) {
     }
 }
 
+/* DualPipe's refusals, each one sentence: an odd pp (the two pipelines meet in the middle), an
+   odd or too small number of micro-batches (half enter at each end, each half at least pp), a
+   chunk count other than 2, MoE layers; pp 1 runs no schedule and is accepted. */
+static void dualpipe_refused(void) {
+    us_model_config mc;
+    us_train_config tc;
+    char err[200];
+    memset(&mc, 0, sizeof mc);
+    memset(&tc, 0, sizeof tc);
+    mc.n_layers = 4;
+    tc.pp_schedule = US_PP_DUALPIPE;
+    tc.pp = 3;
+    tc.grad_accum = 6;
+    CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID &&
+              strstr(err, "even pp") && strstr(err, "pp=3"),
+          "dualpipe pp 3: %s", err);
+    tc.pp = 2;
+    tc.grad_accum = 5;
+    CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID &&
+              strstr(err, "at least 2*pp (micro-batches=5, pp=2)"),
+          "dualpipe m 5: %s", err);
+    tc.grad_accum = 2;
+    CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID &&
+              strstr(err, "micro-batches=2"),
+          "dualpipe pp 2, m 2: %s", err);
+    tc.grad_accum = 4;
+    CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_OK, "dualpipe pp 2, m 4 is accepted");
+    tc.pp_chunks = 3;
+    CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID &&
+              strstr(err, "exactly 2 chunks"),
+          "dualpipe with 3 chunks: %s", err);
+    tc.pp_chunks = 0;
+    mc.moe_experts = 4;
+    mc.moe_top_k = 2;
+    CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_ERR_INVALID && strstr(err, "MoE"),
+          "dualpipe with MoE layers: %s", err);
+    memset(&mc, 0, sizeof mc); /* (validation filled the MoE defaults) */
+    mc.n_layers = 4;
+    tc.pp = 1;
+    tc.grad_accum = 3;
+    CHECK(us_config_validate(&mc, &tc, err, sizeof err) == US_OK,
+          "dualpipe at pp 1 (no pipeline) is accepted");
+}
+
 int main(int argc, char **argv) {
     static const int cfg[][9] = {
         /* dp, pp, tp, schedule, m, zero, tied, recompute, sp */
@@ -398,6 +464,21 @@ int main(int argc, char **argv) {
         {2, 2, 1, US_PP_ZB1, 4, 3, 0, US_RECOMPUTE_FULL},
         {2, 2, 1, US_PP_1F1B, 4, 3, 1},
         {2, 2, 1, US_PP_ZBV, 4, 3, 1},
+        /* DualPipe: two pipelines fed from both ends (m/2 micro-batches each), ranks q and
+           pp−1−q holding the same two stages, their gradients summed; tied, ranks 0 and pp−1
+           each hold the one table; stages of 1 and 3 layers (pp_layers) */
+        {1, 2, 1, US_PP_DUALPIPE, 4, 0, 0},
+        {1, 2, 1, US_PP_DUALPIPE, 6, 0, 0},
+        {1, 4, 1, US_PP_DUALPIPE, 8, 0, 0},
+        {1, 4, 1, US_PP_DUALPIPE, 12, 0, 1},
+        {1, 2, 1, US_PP_DUALPIPE, 4, 0, 1},
+        {1, 2, 1, US_PP_DUALPIPE, 4, -1, 0},
+        {2, 2, 1, US_PP_DUALPIPE, 4, 1, 0},
+        {2, 2, 1, US_PP_DUALPIPE, 4, 2, 1},
+        {2, 2, 1, US_PP_DUALPIPE, 4, 3, 1},
+        {1, 2, 2, US_PP_DUALPIPE, 4, 0, 0},
+        {1, 2, 1, US_PP_DUALPIPE, 4, 0, 0, US_RECOMPUTE_FULL},
+        {1, 4, 1, US_PP_DUALPIPE, 8, 0, 0, US_RECOMPUTE_SELECTIVE},
         /* on 8 threads with tp 2 and sequence parallelism (the norms' gradients summed over tp
            before B keeps them for W) */
         {2, 2, 2, US_PP_ZB1, 4, 2, 0, 0, 1},
@@ -467,11 +548,13 @@ int main(int argc, char **argv) {
             /* (ZeRO-3 ranks hold a piece of each unit: its weights are checked through the
                evaluation's loss and logits after training) */
             R.w = tp == 1 && cfg[ci][5] != 3 ? (float *)calloc((size_t)np, 4) : NULL;
+            if (R.w && cfg[ci][3] == US_PP_DUALPIPE) R.wdual = (float *)calloc((size_t)np, 4);
             R.gen = !plan;
             if (launch(&R) != US_OK) {
                 CHECK(0, "cfg %d (%s) ran", ci, plan ? "clock" : "channels");
                 free(R.w);
                 free(R.wcopy);
+                free(R.wdual);
                 continue;
             }
             for (s = 0; s < STEPS; s++) {
@@ -507,7 +590,12 @@ int main(int argc, char **argv) {
                   us_recompute_name((us_recompute)cfg[ci][7]),
                   plan ? "on the clock" : "on channels", STEPS, ml,
                   R.w ? "abs" : "(split over ranks, not compared)", mw);
-            if (cfg[ci][6] && R.w) /* the two copies of the tied table stayed equal */
+            if (R.wdual) /* DualPipe's two copies of every weight stayed equal */
+                CHECK(!memcmp(R.wdual, R.w, (size_t)np * 4),
+                      "dualpipe pp %d x dp %d, m %d: ranks q and pp-1-q hold equal weights to the "
+                      "bit after %d steps",
+                      pp, dp, M, STEPS);
+            if (cfg[ci][6] && R.w && cfg[ci][3] != US_PP_DUALPIPE) /* the tied table's copies */
                 CHECK(cfg[ci][3] == US_PP_ZBV
                           ? !R.copied
                           : R.copied && !memcmp(R.wcopy, R.w, (size_t)(R.mc.vocab * R.mc.dim) * 4),
@@ -579,6 +667,7 @@ int main(int argc, char **argv) {
                   us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, M, R.bubble);
             free(R.w);
             free(R.wcopy);
+            free(R.wdual);
         }
         free(ref.w);
         free(ref.in);
@@ -589,6 +678,7 @@ int main(int argc, char **argv) {
            worst_l, worst_w);
     us_test_nccl = 0;
     bad_order_caught();
+    dualpipe_refused();
     {
         us_model_config mc;
         us_train_config tc;

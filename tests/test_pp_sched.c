@@ -16,7 +16,14 @@
    free transfers and an F&B pair costing the sum of its parts, DualPipe-V idles twice as long as
    ZB-V and holds one chunk more; what it buys, communication hidden under compute, is outside
    this simulator. Broken lists (a missing or repeated action, an impossible order, a bad
-   overlap mark) and bad (pp, m, v) are refused with a sentence. */
+   overlap mark) and bad (pp, m, v) are refused with a sentence.
+   DualPipe (two pipelines fed from both ends, pp stages, each rank holding stages r and
+   pp−1−r, half of the micro-batches entering at each end): valid at every even p up to 16 and
+   even m ≥ 2p, refused elsewhere; rank r runs DualPipe-V's phases as the V of p/2 ranks and m/2
+   micro-batches sees them, so its makespan equals that V's at any costs; DeepSeek's idle
+   (PP/2−1)(F&B + B − 3W) per rank at tF = tB = tW, with a chunk (a stage) as costly as 1F1B's;
+   PP+1 chunks held on every rank (DeepSeek's table); less idle than DualPipe-V and 1F1B on the
+   same model and ranks. A micro-batch listed on the other pipeline is refused. */
 #define ULTRASCALE_IMPLEMENTATION
 #include "../ultrascale.h"
 #include "us_test.h"
@@ -59,6 +66,84 @@ static us_result sim(us_pp_kind k, int p, int m, double tF, double tB, double tW
 /* bubble fraction from the idle time of every rank, with per-rank work m·(tF+tB+tW) */
 static double bubble(int m, double idle, double tF, double tB, double tW) {
     return idle / (m * (tF + tB + tW) + idle);
+}
+
+/* DualPipe at (p, m), per-action costs tF, tB, tW: each micro-batch runs one chunk per rank, a
+   stage of 1/p of the layers, so 1F1B's per-micro-batch costs apply undivided. */
+static us_result sim_dual(int p, int m, double tF, double tB, double tW, us_pp_sim *out, char *err,
+                          size_t errlen) {
+    us_pp_schedule s;
+    us_result r;
+    err[0] = 0;
+    r = us_pp_schedule_build(&s, US_PP_DUALPIPE, p, m, 2, err, errlen);
+    if (r != US_OK) return r;
+    r = us_pp_simulate(&s, tF, tB, tW, out, err, errlen);
+    us_pp_schedule_free(&s);
+    return r;
+}
+
+static void dualpipe_checks(void) {
+    static const double costs[][3] = {{1, 1, 1}, {1, 8.0 / 7, 6.0 / 7}, {1, 1, 0.5}, {2, 1, 1}};
+    char err[256];
+    int p, m, c, r;
+    for (p = 1; p <= 16; p++) /* valid where it applies, refused with a sentence elsewhere */
+        for (m = 1; m <= 40; m++) {
+            us_pp_sim d;
+            us_result res = sim_dual(p, m, 1, 1, 1, &d, err, sizeof err);
+            if (p % 2)
+                CHECK(res == US_ERR_INVALID && strstr(err, "even pp"),
+                      "dualpipe p=%d m=%d refused: %s", p, m, err);
+            else if (m % 2 || m < 2 * p)
+                CHECK(res == US_ERR_INVALID && strstr(err, "at least 2*pp"),
+                      "dualpipe p=%d m=%d refused: %s", p, m, err);
+            else
+                CHECK(res == US_OK, "dualpipe p=%d m=%d builds and passes the checker: %s", p, m,
+                      err);
+        }
+    for (p = 2; p <= 8; p *= 2)
+        for (m = 2 * p; m <= 24; m += 2) {
+            us_pp_sim d, dv, f1;
+            double want = bubble(m, (p / 2 - 1) * ((1 + 2) + 2 - 3 * 1), 1, 1, 1);
+            for (c = 0; c < (int)(sizeof costs / sizeof costs[0]) && p > 2; c++) {
+                us_pp_schedule s;
+                double tF = costs[c][0], tB = costs[c][1], tW = costs[c][2];
+                us_pp_schedule_build(&s, US_PP_DUALPIPEV, p / 2, m / 2, 2, err, sizeof err);
+                us_pp_simulate(&s, tF, tB, tW, &dv, err, sizeof err);
+                us_pp_schedule_free(&s);
+                sim_dual(p, m, tF, tB, tW, &d, err, sizeof err);
+                CHECK(fabs(d.makespan - dv.makespan) < 1e-9,
+                      "dualpipe p=%d m=%d tF=%g tB=%g tW=%g: makespan %.4f = dualpipev p=%d m=%d's "
+                      "%.4f",
+                      p, m, tF, tB, tW, d.makespan, p / 2, m / 2, dv.makespan);
+            }
+            sim_dual(p, m, 1, 1, 1, &d, err, sizeof err);
+            CHECK(fabs(d.bubble - want) < 1e-9,
+                  "dualpipe p=%d m=%d: bubble %.4f = (PP/2-1)(F&B+B-3W) = %.4f", p, m, d.bubble,
+                  want);
+            for (r = 0; r < p; r++)
+                CHECK(d.peak_act[r] == p + 1, "dualpipe p=%d m=%d: rank %d holds %d chunks = PP+1",
+                      p, m, r, d.peak_act[r]);
+            sim(US_PP_DUALPIPEV, p, m, 1, 1, 1, &dv, err, sizeof err);
+            sim(US_PP_1F1B, p, m, 1, 1, 1, &f1, err, sizeof err);
+            CHECK(d.bubble < dv.bubble && dv.bubble < f1.bubble,
+                  "p=%d m=%d, tF=tB=tW: dualpipe %.4f < dualpipev %.4f < 1f1b %.4f", p, m, d.bubble,
+                  dv.bubble, f1.bubble);
+        }
+    { /* the checker: a micro-batch of the first half listed on the pipeline fed at rank pp−1 */
+        us_pp_schedule s;
+        us_pp_sim sm;
+        us_pp_schedule_build(&s, US_PP_DUALPIPE, 4, 8, 2, err, sizeof err);
+        CHECK(s.a[0][0].op == US_PP_F && s.a[0][0].chunk == 0 && s.a[0][0].mb == 0 &&
+                  s.a[3][0].op == US_PP_F && s.a[3][0].chunk == 0 && s.a[3][0].mb == 4,
+              "dualpipe pp=4 m=8: rank 0 starts micro-batch 0, rank 3 micro-batch 4 (%d, %d)",
+              s.a[0][0].mb, s.a[3][0].mb);
+        s.a[3][0].mb = 0;
+        CHECK(us_pp_simulate(&s, 1, 1, 1, &sm, err, sizeof err) == US_ERR_INVALID &&
+                  strstr(err, "rank 3 action 0: micro-batch 0 runs on the other pipeline"),
+              "a micro-batch on the other pipeline: %s", err);
+        us_pp_schedule_free(&s);
+        CHECK(!strcmp(us_pp_kind_name(US_PP_DUALPIPE), "dualpipe"), "kind name dualpipe");
+    }
 }
 
 int main(int argc, char **argv) {
@@ -239,5 +324,6 @@ int main(int argc, char **argv) {
                   !strcmp(us_pp_kind_name(US_PP_DUALPIPEV), "dualpipev"),
               "kind names zbv, dualpipev");
     }
+    dualpipe_checks();
     return us_test_done("test_pp_sched");
 }

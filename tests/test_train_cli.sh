@@ -315,7 +315,7 @@ same_curve "--cp 2 --dp 2 --zero 1 trains the task to the loss curve of one rank
 
 # pipeline parallelism
 expect 2 "pp needs a layer per stage" "pp=3 exceeds layers=2" -- --pp 3
-expect 2 "unknown schedule" "must be afab, 1f1b, interleaved, interleaved-bf, zb1, zbv or dualpipev, got gpipe" -- --pp 2 --pp-schedule gpipe
+expect 2 "unknown schedule" "must be afab, 1f1b, interleaved, interleaved-bf, zb1, zbv, dualpipev or dualpipe, got gpipe" -- --pp 2 --pp-schedule gpipe
 expect 2 "interleaved needs a layer per stage" "pp=2 x 2 chunks = 4 pipeline stages exceed layers=2" -- --pp 2 --pp-schedule interleaved
 expect 2 "bad --grad-reduce-dtype" "--grad-reduce-dtype must be fp32 or bf16, got fp8" -- --grad-reduce-dtype fp8
 expect 2 "chunks only for interleaved" "applies to the interleaved and V-shaped schedules only" -- --pp 2 --pp-chunks 2
@@ -335,6 +335,20 @@ if [ "$rc" -eq 0 ] && diff <(tail -3 "$T/z3a.jsonl" | cut -d, -f1,2) <(cut -d, -
     cmp -s "$T/z3/step_00000006/model.safetensors" "$T/z3b/step_00000006/model.safetensors"
 then ok "a dp 2 x pp 2 ZeRO-3 checkpoint resumes in its layout (same weights) and on one rank (same losses)"; else bad "ZeRO-3 pp resume (exit $rc): $(tail -n 2 "$T/z3b.txt" "$T/z3c.txt")"; fi
 if grep -q '"pp_bubble": 0\.[0-9]' "$T/zb.jsonl" 2>/dev/null; then ok "the pipeline log has pp_bubble"; else bad "the pipeline log has pp_bubble"; fi
+# DualPipe: refusals in one sentence; two pipelines fed from both ends train like one rank; a
+# checkpoint (ranks q and pp-1-q write the same stages alike) resumes in its layout, the same
+# weights byte for byte, and on one rank, the same losses
+expect 2 "dualpipe needs an even pp" "dualpipe needs an even pp.*\(pp=3\)" -- --layers 4 --pp 3 --pp-schedule dualpipe --micro-batches 6
+expect 2 "dualpipe needs an even number of micro-batches, at least 2 x pp" "at least 2\*pp \(micro-batches=3, pp=2\)" -- --pp 2 --pp-schedule dualpipe --micro-batches 3
+same_curve "--pp 2 --pp-schedule dualpipe --micro-batches 4 (the weights twice) trains the task to the loss curve of one rank" pp1 dualpipe -- --micro-batches 4 --pp 2 --pp-schedule dualpipe
+dpp="--steps 6 --eval-every 0 --quiet --layers 4 --micro-batches 8 --pp 4 --pp-schedule dualpipe"
+"$BIN" $dpp --save "$T/dpp" --save-every 3 --keep 0 --log "$T/dppa.jsonl" > "$T/dppa.txt" 2>&1 &&
+    "$BIN" $dpp --resume "$T/dpp/step_00000003" --save "$T/dppb" --log "$T/dppb.jsonl" > "$T/dppb.txt" 2>&1 &&
+    "$BIN" ${dpp%--pp 4*} --resume "$T/dpp/step_00000003" --log "$T/dppc.jsonl" > "$T/dppc.txt" 2>&1; rc=$?
+if [ "$rc" -eq 0 ] && diff <(tail -3 "$T/dppa.jsonl" | cut -d, -f1,2) <(cut -d, -f1,2 "$T/dppb.jsonl") > /dev/null &&
+    diff <(tail -3 "$T/dppa.jsonl" | cut -d, -f1,2) <(cut -d, -f1,2 "$T/dppc.jsonl") > /dev/null &&
+    cmp -s "$T/dpp/step_00000006/model.safetensors" "$T/dppb/step_00000006/model.safetensors"
+then ok "a pp 4 dualpipe checkpoint resumes in its layout (same weights) and on one rank (same losses)"; else bad "dualpipe resume (exit $rc): $(tail -n 2 "$T/dppb.txt" "$T/dppc.txt")"; fi
 # all four dimensions at once on 16 threads (issue 13's 5D mesh, less ep): dp 2 x pp 2 x cp 2 x tp 2
 reference m1 -- --grad-accum 2 --seq 64 --layers 4
 same_curve "--dp 2 --pp 2 --cp 2 --tp 2 (16 threads) trains the task to the loss curve of one rank" m1 mesh4 -- --grad-accum 2 --seq 64 --layers 4 --dp 2 --pp 2 --cp 2 --tp 2
