@@ -455,6 +455,9 @@ struct us__thr_launch {
     int rendezvous;      /* us_launch_config.p2p_rendezvous */
     int nccl;            /* us_launch_config.nccl */
     double progress_t;   /* when an operation last made progress (NCCL semantics' watchdog) */
+    double check_t;      /* when the watchdog last looked */
+    double seen_t;       /* the progress_t it saw then */
+    double idle_s;       /* the time counted since, at most 10 slices per look */
     int deadlock;        /* the watchdog aborted the launch: its cause is the launch's error */
     us__thr_rank *ranks; /* [nranks] */
     us__thr_group *groups, *world;
@@ -1318,12 +1321,23 @@ static int us__thr_describe(char *p, size_t cap, const us__thr_op *o) {
 
 /* NCCL semantics' watchdog (caller holds L->mu): when every rank waits in a device
    synchronisation or has returned and nothing has progressed for US__THR_DEADLOCK_S, the launch
-   aborts, naming each waiting rank's oldest unfinished operation. */
+   aborts, naming each waiting rank's oldest unfinished operation. A waiting rank looks every
+   US__THR_SLICE_S, and each look counts at most ten slices: a longer gap means the machine did
+   not run this process's threads (a loaded machine, a sanitizer build beside other work), and
+   that time is not time in which the ranks could have moved. */
 static void us__thr_deadlock_check(us__thr_launch *L) {
     char msg[512];
     size_t k;
     int r;
-    if (L->aborted || us__now_s() - L->progress_t < US__THR_DEADLOCK_S) return;
+    const double now = us__now_s(), cap = 10 * US__THR_SLICE_S, gap = now - L->check_t;
+    if (L->progress_t != L->seen_t) { /* something moved since the last look */
+        L->seen_t = L->progress_t;
+        L->idle_s = now - L->progress_t < cap ? now - L->progress_t : cap;
+    } else {
+        L->idle_s += gap < cap ? gap : cap;
+    }
+    L->check_t = now;
+    if (L->aborted || L->idle_s < US__THR_DEADLOCK_S) return;
     for (r = 0; r < L->nranks; r++)
         if (!L->ranks[r].syncing && !L->ranks[r].returned) return;
     k = (size_t)snprintf(msg, sizeof msg,
