@@ -370,9 +370,9 @@ static int bench_train(const char *preset, int steps, int warm, us_recompute rc,
     }
     /* DeepSeek-MoE's shape (dim 2048, 64 routed experts of 1408 and shared ones, top-6) with
        Fe 1536, so that FP8 takes both expert linears under the default size rule, one shared
-       expert, 4 layers to fit AdamW's state on one GPU (2.5 B parameters, 0.5 B active), every
-       layer MoE. Forced balance (Megatron's benchmark setting): every expert gets
-       16384·6/64 = 1536 rows, the same each step */
+       expert, 4 layers, every layer MoE (2.6 B parameters, 0.45 B active; 56 GiB with AdamW's
+       state and the activations, us_memory_estimate). Forced balance (Megatron's benchmark
+       setting): every expert gets 16384·6/64 = 1536 rows, the same each step */
     else if (!strcmp(preset, "moe")) {
         mc.dim = 2048;
         mc.n_layers = 4;
