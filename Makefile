@@ -195,6 +195,13 @@ $(B)/flash_emu: tests/emu/flash_emu.cpp tests/emu/us_cuda_emu.h tests/emu/extrac
 	$(CXX) -std=c++17 -O1 -g -fsanitize=address -fno-omit-frame-pointer $(OPENMP) -w -I$(CUDA_HOME)/include -I$(B) $< -o $@ $(LDLIBS)
 flash-emu: $(B)/flash_emu
 	ASAN_OPTIONS=detect_stack_use_after_return=0 ./$(B)/flash_emu
+# the same for the grouped GEMM kernel (// >>cuda-grouped) against the CPU's per-group GEMMs (~2 minutes)
+$(B)/grouped_emu: tests/emu/grouped_emu.cpp tests/emu/us_cuda_emu.h tests/emu/extract_flash.py tests/emu/extract_grouped.py tests/us_test.h $(HDR) ultrascale_cuda.cuh | $(B)
+	python3 tests/emu/extract_flash.py ultrascale_cuda.cuh $(B)/flash_kernels_emu.h
+	python3 tests/emu/extract_grouped.py ultrascale_cuda.cuh $(B)/grouped_kernel_emu.h
+	$(CXX) -std=c++17 -O1 -g -fsanitize=address -fno-omit-frame-pointer $(OPENMP) -w -I$(CUDA_HOME)/include -I$(B) $< -o $@ $(LDLIBS)
+grouped-emu: $(B)/grouped_emu
+	ASAN_OPTIONS=detect_stack_use_after_return=0 ./$(B)/grouped_emu
 
 # libFuzzer + ASan/UBSan (clang): at least 10^6 executions over the corpus; new finds go to
 # $(B)/fuzz_corpus_new (copy small interesting ones into tests/fuzz_corpus). Not part of make test.
@@ -256,7 +263,7 @@ format:
 	@[ -n "$(CLANG_FORMAT)" ] || { echo "make format: needs clang-format 14 (apt-get install clang-format-14)"; exit 1; }
 	$(CLANG_FORMAT) -i $(FORMAT_SRC)
 
-.PHONY: all train train-cuda test test-builds bench clean flash-emu fuzz format figures-check
+.PHONY: all train train-cuda test test-builds bench clean flash-emu grouped-emu fuzz format figures-check
 
 # ---- GPU benchmarks (run on the GPU machine; see bench/run_gpu.sh)
 $(B)/bench_cuda: bench/bench_cuda.cu $(HDR) ultrascale_cuda.cuh | $(B)

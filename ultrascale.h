@@ -441,6 +441,10 @@ US_API const char *us_rope_describe(const us_model_config *mc, char *buf, size_t
    (US_F32, US_BF16 or US_F16); tensors marked f32 are always fp32. "+=" means the op accumulates. */
 typedef enum us_copy_kind { US_COPY_H2D = 0, US_COPY_D2H, US_COPY_D2D } us_copy_kind;
 
+/* the grouped GEMM's three products (us_ops.gemm_grouped): a linear layer's forward, its input
+   gradient and its weight gradient */
+typedef enum us_gg_mode { US_GG_FPROP = 0, US_GG_DGRAD, US_GG_WGRAD } us_gg_mode;
+
 typedef struct us_ops us_ops;
 
 struct us_ops {
@@ -460,6 +464,20 @@ struct us_ops {
     void (*gemm)(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                  const void *A, us_dtype adt, int64_t lda, const void *B, us_dtype bdt, int64_t ldb,
                  float beta, void *C, us_dtype cdt, int64_t ldc);
+    /* Grouped GEMM: G independent products in one call (// >>moe: a layer's experts, each on its
+       own rows). Group g owns rows [off[g], off[g] + n[g]) of X and Y (off, n host i64[G]; a group
+       may be empty, groups may leave rows between them untouched) and its own matrix W[g] (W a
+       host array of G backend pointers: the experts' tensors need not be evenly spaced). X [·,K]
+       has row stride ldx and Y [·,N] row stride ldy, both dt; sums in fp32. With X_g and Y_g the
+       group's rows:
+         US_GG_FPROP  Y_g = X_g · W[g]ᵀ     W[g] [N,K] dt    overwrites Y_g
+         US_GG_DGRAD  Y_g = X_g · W[g]      W[g] [K,N] dt    overwrites Y_g
+         US_GG_WGRAD  W[g] += Y_gᵀ · X_g    W[g] [N,K] f32   (rows the reduction; an empty group
+                                                             adds nothing)
+       Each group's result is what gemm gives for it alone. */
+    void (*gemm_grouped)(us_ops *o, int mode, int G, const int64_t *off, const int64_t *n,
+                         int64_t N, int64_t K, const void *X, int64_t ldx, void *const *W, void *Y,
+                         int64_t ldy, us_dtype dt);
     /* FP8 (// >>fp8). An FP8 GEMM operand is a matrix P[R][L] whose GEMM reduces along L, stored as
        E4M3 bytes q [R][Lp] (Lp = L rounded up to a multiple of 128, the padding columns 0) and fp32
        scales s laid out by tiling t over P[R][L] exactly as us_fp8_quantize writes them (ROW128
@@ -917,6 +935,10 @@ typedef struct us_model {
     int moe_train;       /* the forward running is a training one: count its routing */
     float *moe_fb;       /* tc.moe_force_balance: host [N,E] probs, then [N,K] gates, topk */
     float moe_stat[3];   /* the last step's imbalance, aux loss, dropped fraction */
+    /* host, the experts' grouped GEMMs (us__moe_mm): this rank's experts' matrices [E/ep]; their
+       first rows and row counts, then the rows the bf16 grouped GEMM takes of them [4][E/ep] */
+    void **moe_wp;
+    int64_t *moe_go;
     /* expert parallelism (// >>ep): this rank holds routed experts [ep_rank·E/ep, (ep_rank+1)·E/ep) */
     int ep, ep_rank; /* the ep group's size (1: off) and this rank's place in it */
     us_group ep_g; /* the ranks of dp×cp that share the tokens' experts: consecutive dp×cp ranks */
@@ -3416,6 +3438,26 @@ static void us__cpu_moe_gate_grad(us_ops *o, float *dgates, const void *dout, co
     }
 }
 
+/* The grouped GEMM (us_ops.gemm_grouped) as one gemm per non-empty group, through the table (a
+   wrapper of o->gemm sees each); the CPU's, and the CUDA backend's fallback for shapes its
+   kernel does not take. */
+static void us__gemm_grouped_each(us_ops *o, int mode, int G, const int64_t *off, const int64_t *n,
+                                  int64_t N, int64_t K, const void *X, int64_t ldx, void *const *W,
+                                  void *Y, int64_t ldy, us_dtype dt) {
+    int g;
+    for (g = 0; g < G; g++) {
+        const void *x = us__at(X, dt, off[g] * ldx);
+        void *y = us__at(Y, dt, off[g] * ldy);
+        if (n[g] <= 0) continue;
+        if (mode == US_GG_FPROP) /* Y_g [n,N] = X_g [n,K] · W [N,K]ᵀ */
+            o->gemm(o, 0, 1, n[g], N, K, 1.0f, x, dt, ldx, W[g], dt, K, 0.0f, y, dt, ldy);
+        else if (mode == US_GG_DGRAD) /* Y_g [n,N] = X_g [n,K] · W [K,N] */
+            o->gemm(o, 0, 0, n[g], N, K, 1.0f, x, dt, ldx, W[g], dt, N, 0.0f, y, dt, ldy);
+        else /* W f32 [N,K] += Y_gᵀ [N,n] · X_g [n,K] */
+            o->gemm(o, 1, 0, N, K, n[g], 1.0f, y, dt, ldy, x, dt, ldx, 1.0f, W[g], US_F32, K);
+    }
+}
+
 /* ------------------------------------------------------------------------------------ */
 // >>fp8  FP8 E4M3 tile quantisation and the emulated FP8 GEMM (DeepSeek-V3 fine-grained scaling)
 /* ------------------------------------------------------------------------------------ */
@@ -4139,6 +4181,7 @@ US_API us_ops us_cpu_ops(int nthreads) {
     o.sync = us__cpu_sync;
     o.cast = us__cpu_cast;
     o.gemm = us__cpu_gemm;
+    o.gemm_grouped = us__gemm_grouped_each;
     o.embedding_fwd = us__cpu_embedding_fwd;
     o.embedding_bwd = us__cpu_embedding_bwd;
     o.rmsnorm_fwd = us__cpu_rmsnorm_fwd;
@@ -8744,11 +8787,13 @@ static us_result us__moe_init(us_model *m) {
     m->moe_load = (int64_t *)US_MALLOC(nb * sizeof(int64_t) + 8);
     m->moe_load_last = (int64_t *)US_MALLOC(na * sizeof(int64_t));
     m->moe_counts_h = (int32_t *)US_MALLOC(3 * nc * sizeof(int32_t) + 4);
+    m->moe_wp = (void **)US_MALLOC(sizeof(void *) * (size_t)(E / m->ep));
+    m->moe_go = (int64_t *)US_MALLOC(sizeof(int64_t) * 4 * (size_t)(E / m->ep));
     if (nb) /* zero-filled: no bias at the start */
         m->moe_bias = (float *)m->ops.alloc(&m->ops, nb * sizeof(float));
     if (m->tc.pp > 1) m->moe_pp_sum = (double *)m->ops.alloc(&m->ops, (na + 4) * sizeof(double));
-    if (!m->moe_bias_h || !m->moe_load || !m->moe_load_last || !m->moe_counts_h ||
-        (nb && !m->moe_bias) || (m->tc.pp > 1 && !m->moe_pp_sum)) {
+    if (!m->moe_bias_h || !m->moe_load || !m->moe_load_last || !m->moe_counts_h || !m->moe_wp ||
+        !m->moe_go || (nb && !m->moe_bias) || (m->tc.pp > 1 && !m->moe_pp_sum)) {
         us__model_set_error(m, "out of memory for the MoE router state");
         return US_ERR_OOM;
     }
@@ -8791,7 +8836,11 @@ static void us__moe_free(us_model *m) {
     US_FREE(m->moe_idx);
     US_FREE(m->ep_counts_h);
     US_FREE(m->moe_fb);
+    US_FREE(m->moe_wp);
+    US_FREE(m->moe_go);
     m->moe_fb = NULL;
+    m->moe_wp = NULL;
+    m->moe_go = NULL;
     m->ep_counts_h = NULL;
     m->moe_bias = m->moe_bias_h = NULL;
     m->moe_load = m->moe_load_last = NULL;
@@ -8827,6 +8876,102 @@ static int64_t us__moe_local_rows(const us_model *m, int l, int j) {
     epc = us__ep_cnt(m, l);
     for (s = 0; s < m->ep; s++) n += epc[(size_t)s * E + (size_t)m->ep_rank * (E / m->ep) + j];
     return n;
+}
+
+/* Local expert 0's gate_proj in MoE layer l: expert e's gate|up is this + 3e, its down + 2. */
+static int us__moe_ex(const us_model *m, int l) {
+    return US__TENSOR(l, US__P_EXPERTS) + 3 * m->cfg.moe_shared;
+}
+
+/* Each local expert's rows of MoE layer l in the last forward, into m->moe_go: first rows
+   [E/ep], then counts [E/ep] (rows are expert-major). Returns their total. */
+static int64_t us__moe_groups(us_model *m, int l) {
+    int e, El = m->cfg.moe_experts / m->ep;
+    int64_t off = 0;
+    for (e = 0; e < El; e++) {
+        m->moe_go[e] = off;
+        m->moe_go[El + e] = us__moe_local_rows(m, l, e);
+        off += m->moe_go[El + e];
+    }
+    return off;
+}
+
+/* FP8 for an expert's GEMM (// >>fp8-linear) */
+static int64_t us__fp8_expert(us_model *m, int mode, int64_t n, int64_t In, int64_t Out,
+                              const void *X, void *W, void *Y);
+
+/* Experts [e0, e1) of a MoE layer, each with its matrix of linear In → Out in m->moe_wp (k 0:
+   gate|up, In C, Out 2Fe; k 2: down, In Fe, Out C) and its rows in m->moe_go: the product mode
+   (us_ops.gemm_grouped's) on every expert's rows at once. Under FP8 the rows an expert's GEMM
+   takes in FP8 (us__fp8_expert) run per expert first; the rest, all of them otherwise, in one
+   grouped GEMM. X holds the linear's input side (x, or dy for Dgrad), Y the other. */
+static void us__moe_run(us_model *m, int mode, int k, int e0, int e1, const void *X, void *Y) {
+    int El = m->cfg.moe_experts / m->ep, e;
+    int64_t In = k ? m->cfg.moe_ffn_dim : m->cfg.dim, Out = k ? m->cfg.dim : 2 * m->cfg.moe_ffn_dim;
+    int64_t xc = mode == US_GG_DGRAD ? Out : In, yc = mode == US_GG_DGRAD ? In : Out;
+    int64_t *off = m->moe_go, *n = off + El, *off2 = n + El, *n2 = off2 + El;
+    for (e = e0; e < e1; e++) { /* [off2, off2 + n2): what the grouped GEMM has left to do */
+        int64_t d = us__fp8_expert(m, mode, n[e], In, Out, us__at(X, m->dt, off[e] * xc),
+                                   m->moe_wp[e], us__at(Y, m->dt, off[e] * yc));
+        off2[e] = off[e] + d;
+        n2[e] = n[e] - d;
+    }
+    m->ops.gemm_grouped(&m->ops, mode, e1 - e0, off2 + e0, n2 + e0, yc, xc, X, xc, m->moe_wp + e0,
+                        Y, yc, m->dt);
+}
+
+/* Fprop (Y = X·Wᵀ) or Dgrad (Y = X·W) of all local experts of MoE layer l, tensor k of each, on
+   their rows (us__moe_groups first) */
+static void us__moe_mm(us_model *m, int l, int mode, int k, const void *X, void *Y) {
+    int e, El = m->cfg.moe_experts / m->ep, ex = us__moe_ex(m, l);
+    for (e = 0; e < El; e++) m->moe_wp[e] = us__weight(m, ex + 3 * e + k);
+    us__moe_run(m, mode, k, 0, El, X, Y);
+}
+
+/* The backward's walk over the experts' weights: step t is expert El−1−t/2's down (t even), then
+   its gate|up (t odd), the flat buffers' order backwards. The tensor of step t: */
+static int us__moe_walk(const us_model *m, int l, int t) {
+    int El = m->cfg.moe_experts / m->ep;
+    return us__moe_ex(m, l) + 3 * (El - 1 - t / 2) + (t % 2 ? 0 : 2);
+}
+
+/* Wgrad of the tensors k (0 gate|up, 2 down) among walk steps [t0, t1): W += Yᵀ·X on each
+   expert's rows, into the gradients (which under ZeRO-2/3 takes their unit's slot) */
+static void us__moe_wgrad_part(us_model *m, int l, int k, int t0, int t1, const void *Y,
+                               const void *X) {
+    int El = m->cfg.moe_experts / m->ep, t, e0 = El, e1 = 0;
+    for (t = t0; t < t1; t++) {
+        int e = El - 1 - t / 2, i = us__moe_walk(m, l, t);
+        if ((t % 2 ? 0 : 2) != k) continue;
+        m->moe_wp[e] = m->moe_go[El + e] ? us__grad(m, i) : NULL;
+        e0 = e < e0 ? e : e0;
+        e1 = e + 1 > e1 ? e + 1 : e1;
+    }
+    if (e0 < e1) us__moe_run(m, US_GG_WGRAD, k, e0, e1, X, (void *)Y); /* (Wgrad reads Y) */
+}
+
+/* The experts' weight gradients of MoE layer l from their output gradients dye [rows,C], dgu
+   [rows,2Fe] and the forward's h_e, xe (us__moe_groups first): dWdown += dyeᵀ·h_e, dWgu +=
+   dguᵀ·xe on each expert's rows, in grouped GEMMs, then handed to data parallelism in the walk's
+   order (last expert first, as a dense layer's tensors: // >>dp reduces each bucket when full).
+   ZeRO-2/3 hold a unit's gradient in a slot while it is written and keep two slots (// >>zero),
+   so there the grouped GEMMs take the walk one unit at a time; without them, all of it at once. */
+static us_result us__moe_wgrad(us_model *m, int l, const void *dye, const void *dgu) {
+    us_layer_acts *A = &m->acts[l];
+    int nt = 2 * (m->cfg.moe_experts / m->ep), t0, t1, t;
+    us_result r;
+    for (t0 = 0; t0 < nt; t0 = t1) {
+        int u = m->tc.zero >= 2 ? m->unit_of[us__moe_walk(m, l, t0)] : -1;
+        for (t1 = t0 + 1; t1 < nt && (u < 0 || m->unit_of[us__moe_walk(m, l, t1)] == u); t1++) {
+        }
+        us__moe_wgrad_part(m, l, 2, t0, t1, dye, A->h_e);
+        us__moe_wgrad_part(m, l, 0, t0, t1, dgu, A->xe);
+        for (t = t0; t < t1; t++) {
+            int i = us__moe_walk(m, l, t);
+            if ((r = us__grads_ready(m, i, t % 2 ? i + 2 : i + 1)) != US_OK) return r;
+        }
+    }
+    return US_OK;
 }
 
 /* The auxiliary loss's weight per micro-batch: the step's objective averages it over the
@@ -8967,15 +9112,13 @@ static us_result us__moe_fwd(us_model *m, int l, int64_t N, int recompute, void 
     const us_model_config *c = &m->cfg;
     us_layer_acts *A = &m->acts[l];
     us_dtype dt = m->dt;
-    int E = c->moe_experts, K = c->moe_top_k, e, mi = m->moe_idx[l], mode = m->tc.recompute,
+    int E = c->moe_experts, K = c->moe_top_k, mi = m->moe_idx[l], mode = m->tc.recompute,
         aux = c->moe_balance == US_MOE_BALANCE_AUX;
     int do_gemm = !recompute || mode == US_RECOMPUTE_FULL,
         do_cheap = !recompute || mode != US_RECOMPUTE_NONE;
-    int El = E / m->ep; /* this rank's experts (// >>ep) */
-    int64_t C = c->dim, Fe = c->moe_ffn_dim, R = us__moe_rows(c, N), off, n;
+    int64_t C = c->dim, Fe = c->moe_ffn_dim, R = us__moe_rows(c, N), rows;
     /* host: routed [E], kept [E], routed in the whole micro-batch [E] (us__moe_batch_counts) */
     int32_t *cnt = us__moe_cnt(m, l);
-    int ex = US__TENSOR(l, US__P_EXPERTS) + 3 * c->moe_shared; /* local expert 0's gate_proj */
     /* the experts' outputs, expert-major: A->ye itself on one rank, else a scratch sent home
        after */
     void *ye;
@@ -9012,19 +9155,13 @@ static us_result us__moe_fwd(us_model *m, int l, int64_t N, int recompute, void 
         } else
             o->moe_gather(o, A->xe, u, A->row_slot, NULL, R, K, C, dt);
     }
-    /* this rank's experts, each on its contiguous rows [off, off + n): gu_e [n,2Fe] =
-       xe [n,C] · Wgu [2Fe,C]ᵀ, h_e [n,Fe] = swiglu(gu_e), ye [n,C] = h_e · Wdown [C,Fe]ᵀ */
-    for (e = 0, off = 0; do_gemm && e < El; off += n, e++)
-        if ((n = us__moe_local_rows(m, l, e)))
-            o->gemm(o, 0, 1, n, 2 * Fe, C, 1.0f, us__at(A->xe, dt, off * C), dt, C,
-                    us__weight(m, ex + 3 * e), dt, C, 0.0f, us__at(A->gu_e, dt, off * 2 * Fe), dt,
-                    2 * Fe);
-    for (e = 0, off = 0; e < El; e++) off += us__moe_local_rows(m, l, e);
-    if (do_cheap) o->swiglu_fwd(o, A->h_e, A->gu_e, off, Fe, dt);
-    for (e = 0, off = 0; do_gemm && e < El; off += n, e++)
-        if ((n = us__moe_local_rows(m, l, e)))
-            o->gemm(o, 0, 1, n, C, Fe, 1.0f, us__at(A->h_e, dt, off * Fe), dt, Fe,
-                    us__weight(m, ex + 3 * e + 2), dt, Fe, 0.0f, us__at(ye, dt, off * C), dt, C);
+    /* this rank's experts, each on its contiguous rows (expert-major), one grouped GEMM per
+       product (us__moe_mm): gu_e [rows,2Fe] = xe [rows,C] · Wgu [2Fe,C]ᵀ, h_e [rows,Fe] =
+       swiglu(gu_e), ye [rows,C] = h_e · Wdown [C,Fe]ᵀ, each row with its own expert's W */
+    rows = us__moe_groups(m, l);
+    if (do_gemm) us__moe_mm(m, l, US_GG_FPROP, 0, A->xe, A->gu_e);
+    if (do_cheap) o->swiglu_fwd(o, A->h_e, A->gu_e, rows, Fe, dt);
+    if (do_gemm) us__moe_mm(m, l, US_GG_FPROP, 2, A->h_e, ye);
     if (do_gemm && m->ep > 1 && (r = us__ep_move(m, l, 1, A->ye, ye, g.ept)) != US_OK)
         return r; /* the outputs come home (// >>ep) */
     /* the shared expert, a dense SwiGLU MLP of size Fe on every token: sgu [N,2Fe], sh [N,Fe] */
@@ -9040,47 +9177,19 @@ static us_result us__moe_fwd(us_model *m, int l, int64_t N, int recompute, void 
 }
 
 /* The backward of MoE layer l's local experts over their rows [rows] (dye [rows,C], expert-major):
-   each expert's is the dense MLP's, on its n rows: dh [n,Fe] = dye [n,C] · Wdown [C,Fe],
-   dWdown += dyeᵀ · h_e; dgu [n,2Fe] = swiglu'(dh); dxe [n,C] = dgu · Wgu [2Fe,C],
-   dWgu += dguᵀ · xe. The experts go last to first, each finished before the next starts, so their
-   gradients complete in the backward order of the flat buffers, as a dense layer's do: data
-   parallelism reduces each bucket as soon as it is full, and ZeRO-2's two gradient slots suffice
-   (// >>zero). With B and W apart (split) dye and dgu stay in the layer's g_dye, g_dgu, and the
-   two weight-gradient GEMMs wait for W (us__moe_w). */
+   each expert's is the dense MLP's on its rows, all experts in one grouped GEMM per product:
+   dh [rows,Fe] = dye · Wdown [C,Fe]; dgu [rows,2Fe] = swiglu'(dh); dxe [rows,C] = dgu · Wgu
+   [2Fe,C]; then the weight gradients (us__moe_wgrad). With B and W apart (split) dye and dgu
+   stay in the layer's g_dye, g_dgu, and the weight gradients wait for W (us__moe_w). */
 static us_result us__moe_experts_bwd(us_model *m, int l, int64_t rows, us__moe_grads *g,
                                      const void *dye, int split) {
-    us_ops *o = &m->ops;
-    const us_model_config *c = &m->cfg;
     us_layer_acts *A = &m->acts[l];
-    us_dtype dt = m->dt;
-    int e, El = c->moe_experts / m->ep;
-    int ex = US__TENSOR(l, US__P_EXPERTS) + 3 * c->moe_shared; /* local expert 0's gate_proj */
-    int64_t C = c->dim, Fe = c->moe_ffn_dim, off = rows, n;
     void *dgu = split ? A->g_dgu : g->dgu;
-    us_result r;
-    for (e = El - 1; e >= 0; e--) {
-        int gu = ex + 3 * e, dn = gu + 2; /* its gate|up and down tensors */
-        n = us__moe_local_rows(m, l, e);
-        off -= n; /* its rows [off, off + n) */
-        if (n)
-            o->gemm(o, 0, 0, n, Fe, C, 1.0f, us__at(dye, dt, off * C), dt, C, us__weight(m, dn), dt,
-                    Fe, 0.0f, us__at(g->dh, dt, off * Fe), dt, Fe);
-        if (n && !split)
-            o->gemm(o, 1, 0, C, Fe, n, 1.0f, us__at(dye, dt, off * C), dt, C,
-                    us__at(A->h_e, dt, off * Fe), dt, Fe, 1.0f, us__grad(m, dn), US_F32, Fe);
-        if (!split && (r = us__grads_ready(m, dn, dn + 1)) != US_OK) return r;
-        if (n) {
-            o->swiglu_bwd(o, us__at(dgu, dt, off * 2 * Fe), us__at(g->dh, dt, off * Fe),
-                          us__at(A->gu_e, dt, off * 2 * Fe), n, Fe, dt);
-            o->gemm(o, 0, 0, n, C, 2 * Fe, 1.0f, us__at(dgu, dt, off * 2 * Fe), dt, 2 * Fe,
-                    us__weight(m, gu), dt, C, 0.0f, us__at(g->dxe, dt, off * C), dt, C);
-        }
-        if (n && !split)
-            o->gemm(o, 1, 0, 2 * Fe, C, n, 1.0f, us__at(dgu, dt, off * 2 * Fe), dt, 2 * Fe,
-                    us__at(A->xe, dt, off * C), dt, C, 1.0f, us__grad(m, gu), US_F32, C);
-        if (!split && (r = us__grads_ready(m, gu, gu + 2)) != US_OK) return r;
-    }
-    return US_OK;
+    us__moe_groups(m, l);
+    us__moe_mm(m, l, US_GG_DGRAD, 2, dye, g->dh);
+    m->ops.swiglu_bwd(&m->ops, dgu, g->dh, A->gu_e, rows, m->cfg.moe_ffn_dim, m->dt);
+    us__moe_mm(m, l, US_GG_DGRAD, 0, dgu, g->dxe);
+    return split ? US_OK : us__moe_wgrad(m, l, dye, dgu);
 }
 
 /* Its backward. On entry dres = ∂loss/∂x_{l+1}; leaves ∂loss/∂u in DLN (u = ln2's output),
@@ -9195,25 +9304,12 @@ static us_result us__moe_w(us_model *m, int l, int64_t N) {
     const us_model_config *c = &m->cfg;
     us_layer_acts *A = &m->acts[l];
     us_dtype dt = m->dt;
-    int e, El = c->moe_experts / m->ep, E = c->moe_experts, rt = US__TENSOR(l, US__P_ROUTER);
-    int sx = US__TENSOR(l, US__P_EXPERTS), ex = sx + 3 * c->moe_shared;
-    int64_t C = c->dim, Fe = c->moe_ffn_dim, off = 0, n, Np, Ns;
+    int E = c->moe_experts, rt = US__TENSOR(l, US__P_ROUTER), sx = US__TENSOR(l, US__P_EXPERTS);
+    int64_t C = c->dim, Fe = c->moe_ffn_dim, Np, Ns;
     const void *u = A->ln2; /* [N,C] */
     us_result r;
-    for (e = 0; e < El; e++) off += us__moe_local_rows(m, l, e);
-    for (e = El - 1; e >= 0; e--) { /* dWdown += dyeᵀ · h_e; dWgu += dguᵀ · xe, on its rows */
-        int gu = ex + 3 * e, dn = gu + 2;
-        n = us__moe_local_rows(m, l, e);
-        off -= n;
-        if (n)
-            o->gemm(o, 1, 0, C, Fe, n, 1.0f, us__at(A->g_dye, dt, off * C), dt, C,
-                    us__at(A->h_e, dt, off * Fe), dt, Fe, 1.0f, us__grad(m, dn), US_F32, Fe);
-        if ((r = us__grads_ready(m, dn, dn + 1)) != US_OK) return r;
-        if (n)
-            o->gemm(o, 1, 0, 2 * Fe, C, n, 1.0f, us__at(A->g_dgu, dt, off * 2 * Fe), dt, 2 * Fe,
-                    us__at(A->xe, dt, off * C), dt, C, 1.0f, us__grad(m, gu), US_F32, C);
-        if ((r = us__grads_ready(m, gu, gu + 2)) != US_OK) return r;
-    }
+    us__moe_groups(m, l);
+    if ((r = us__moe_wgrad(m, l, A->g_dye, A->g_dgu)) != US_OK) return r;
     if (us__sp_on(m)) {
         us__sp_rows(m, N, &Np, &Ns);
         if ((r = us__sp_gather(m, m->a[US__A_SPG], A->ln2, Ns)) != US_OK) return r;
@@ -9538,9 +9634,10 @@ static us_result us__ep_move(us_model *m, int l, int dir, void *dst, const void 
    read (us_ops.fp8_quantize_both): Dgrad writes the 128×1 copy beside its own operand and leaves
    it in the scratch (qk, sk) for the Wgrad of the same dy, which follows. The GEMMs accumulate in
    fp32 (promotion every 128) and write bf16 activations or add into the fp32 weight gradients.
-   Embedding, LM head, norms, attention, the MoE router and experts stay bf16; master weights
-   and moments fp32. fp8-tensor (US_PRECISION_FP8_TENSOR) uses one scale per tensor instead: the
-   simpler recipe, which one outlier channel can ruin. tc.fp8_pow2 rounds scales up to 2^e.
+   Embedding, LM head, norms, attention and the MoE router stay bf16; master weights and moments
+   fp32. A MoE layer's experts take the same three GEMMs, expert by expert (us__fp8_expert).
+   fp8-tensor (US_PRECISION_FP8_TENSOR) uses one scale per tensor instead: the simpler recipe,
+   which one outlier channel can ruin. tc.fp8_pow2 rounds scales up to 2^e.
    Sizes: tiles cut at the tensor's edge are padded with zeros (partial tiles), so any size
    works; a GEMM whose N, In or Out is not a multiple of 16 falls back to bf16 (the model line
    reports how many linears run in FP8). */
@@ -9588,18 +9685,24 @@ static void us__fp8_linears(int64_t io[4][2], int64_t C, int64_t QKV, int64_t AO
 }
 
 /* The scratch of the quantised copies: the largest a (activation side) and b (weight side)
-   operand over the three GEMMs of the dense layers' four linears (N tokens; per-rank dims), and
-   the largest dyᵀ that Dgrad keeps for Wgrad (k), laid out qa | sa | qb | sb | qk | sk; off gets
-   the offsets of sa, qb, sb, qk, sk. Linears under the size rule (In or Out < lo, us__fp8_on)
-   never run in FP8 and take no room. The estimator counts the same. */
-static size_t us__fp8_scratch(int64_t N, int64_t C, int64_t QKV, int64_t AO, int64_t F, int64_t lo,
-                              size_t off[5]) {
-    int64_t io[4][2];
+   operand over the three GEMMs of the dense layers' four linears (N tokens; per-rank dims) and,
+   in a MoE model (Rx > 0), of the experts' two (C → 2Fe, Fe → C; up to Rx rows, all a rank's
+   experts may get, us__moe_rx), and the largest dyᵀ that Dgrad keeps for Wgrad (k), laid out
+   qa | sa | qb | sb | qk | sk; off gets the offsets of sa, qb, sb, qk, sk. Linears under the size
+   rule (In or Out < lo, us__fp8_on) never run in FP8 and take no room. The estimator counts the
+   same. */
+static size_t us__fp8_scratch(int64_t N, int64_t C, int64_t QKV, int64_t AO, int64_t F, int64_t Rx,
+                              int64_t Fe, int64_t lo, size_t off[5]) {
+    int64_t io[6][2];
     size_t qa = 0, sa = 0, qb = 0, sb = 0, qk = 0, sk = 0, q, sz;
     int i, j;
     us__fp8_linears(io, C, QKV, AO, F);
-    for (i = 0; i < 4; i++) {
+    io[4][0] = io[5][1] = C; /* the experts' gate|up and down */
+    io[4][1] = 2 * Fe;
+    io[5][0] = Fe;
+    for (i = 0; i < (Rx > 0 ? 6 : 4); i++) {
         int64_t In = io[i][0], Out = io[i][1], a[3][2], b[3][2];
+        if (i == 4) N = Rx;
         if (In < lo || Out < lo) continue;
         a[0][0] = N;
         a[0][1] = In;
@@ -9692,14 +9795,17 @@ static size_t us__fp8_arena(us_model *m, int64_t Nf, int set, int count) {
     int64_t QKV = (int64_t)(m->nh_l + 2 * m->nkv_l) * HS, AO = (int64_t)m->nh_l * HS, io[4][2];
     size_t off[5] = {0, 0, 0, 0, 0}, sz;
     int l, i;
-    sz = m->fp8 ? us__fp8_scratch(Nf, C, QKV, AO, F, us__fp8_min_dim(&m->tc), off) : 0;
+    int64_t Rx = c->moe_experts ? us__moe_rx(c, &m->tc, us__moe_tokens(m)) : 0;
+    sz = m->fp8
+             ? us__fp8_scratch(Nf, C, QKV, AO, F, Rx, c->moe_ffn_dim, us__fp8_min_dim(&m->tc), off)
+             : 0;
     if (set) memcpy(m->fp8_off, off, sizeof off);
     if (!count) return sz;
     us__fp8_linears(io, C, QKV, AO, F);
     m->fp8_linear = m->fp8_linear_all = 0;
     for (l = 0; l < c->n_layers; l++)
         for (i = 0; i < 4; i++) {
-            if (i >= 2 && m->moe_idx && m->moe_idx[l] >= 0) continue; /* MoE experts stay bf16 */
+            if (i >= 2 && m->moe_idx && m->moe_idx[l] >= 0) continue; /* experts: us__fp8_expert */
             m->fp8_linear_all++;
             m->fp8_linear += us__fp8_on(m, Nf, io[i][0], io[i][1]);
         }
@@ -9806,7 +9912,7 @@ static int us__fp8_wcache(us_model *m, const void *W, int64_t Out, int64_t In, i
 }
 
 /* the weights changed: the cache is made again at each weight's next use. (A MoE layer's two FFN
-   entries stay unused: its experts run in bf16.) */
+   entries stay unused: its experts quantise their weights at each GEMM, us__fp8_expert.) */
 static void us__fp8_wcache_drop(us_model *m) {
     if (m->fp8_wok) memset(m->fp8_wok, 0, (size_t)(4 * m->cfg.n_layers));
 }
@@ -9875,6 +9981,30 @@ static void us__linear_wgrad(us_model *m, int64_t N, int64_t In, int64_t Out, co
     m->fp8_kept = NULL;
     us__fp8_mm(m, dy, N, Out, us__fp8_act(m), 1, x, N, In, us__fp8_act(m), 1, 1.0f, dW, US_F32,
                kept ? US__FP8_KEPT : US__FP8_FRESH, NULL);
+}
+
+/* The MoE experts' GEMMs (// >>moe, us__moe_run): expert by expert through the same FP8 path,
+   where the size rule lets the expert's linear In → Out run in FP8 (us__fp8_on), with W quantised
+   at each GEMM (the weight cache holds the dense linears). Fprop and Dgrad take the first
+   n − n mod 16 of the expert's n rows (FP8 tensor cores want the token count a multiple of 16;
+   every output row depends on its own input row alone, so the grouped bf16 GEMM takes the last
+   n mod 16), Wgrad all n (its reduction runs over the tokens, which the quantiser pads with zeros
+   to whole 128-tiles). mode as us_ops.gemm_grouped's: X the linear's input side (x, or dy for
+   Dgrad), Y the other, W the weight (Wgrad: its fp32 gradient). Returns the rows done in FP8. */
+static int64_t us__fp8_expert(us_model *m, int mode, int64_t n, int64_t In, int64_t Out,
+                              const void *X, void *W, void *Y) {
+    int64_t n16 = n - n % 16;
+    if (n <= 0 || !us__fp8_on(m, 16, In, Out)) return 0;
+    if (mode == US_GG_WGRAD) { /* dW [Out][In] += dyᵀ·x: 128×1 tiles of dy and x */
+        us__fp8_mm(m, Y, n, Out, us__fp8_act(m), 1, X, n, In, us__fp8_act(m), 1, 1.0f, W, US_F32,
+                   US__FP8_FRESH, NULL);
+        return n;
+    }
+    if (mode == US_GG_FPROP && n16)
+        us__linear_fwd(m, n16, In, Out, X, W, 0.0f, Y);
+    else if (n16)
+        us__linear_dgrad(m, n16, In, Out, X, W, 0.0f, Y, 0);
+    return n16;
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -16055,7 +16185,9 @@ static size_t us__estimate_scratch(const us_model_config *mc, const us_train_con
     /* the quantised GEMM operands (// >>fp8-linear) */
     if (tc->precision == US_PRECISION_FP8 || tc->precision == US_PRECISION_FP8_TENSOR) {
         size_t off[5];
-        bwd += us__fp8_scratch(s->Nf, C, d->QKV, AO, d->F, us__fp8_min_dim(tc), off);
+        int64_t Rx = mc->moe_experts ? us__moe_rx(mc, tc, N) : 0; /* the experts' (// >>moe) */
+        bwd += us__fp8_scratch(s->Nf, C, d->QKV, AO, d->F, Rx, mc->moe_ffn_dim, us__fp8_min_dim(tc),
+                               off);
     }
     if (tc->cp > 1) {
         int64_t KVW = (int64_t)2 * us__tp_kv_heads(mc->n_kv_heads, tc->tp) * HS,

@@ -23,6 +23,7 @@
      // >>cuda-hopper     FlashAttention-3 on Hopper: wgmma, TMA, warp specialisation; bf16/fp16, HS 64-256
      // >>cuda-cp-flash   the same by key blocks with positions (ring attention's blocks), state in fp32
      // >>cuda-moe        mixture of experts: router (+ backward), counting-sort permute, row gather / scatter-add, gate gradient
+     // >>cuda-grouped    grouped GEMM: a MoE layer's experts in one launch (mma.sync, bf16/fp16)
      // >>cuda-optimizer  AdamW on flat buffers, Σx² for the global norm
      // >>cuda-fp8        FP8 training: fused tile quantisation (amax, scale, E4M3 cast in one pass), block-scaled cuBLASLt FP8 GEMMs
      // >>cuda-ops        the ops table: us_cuda_ops, the attention path queries
@@ -112,6 +113,7 @@ typedef struct us__cuda {
     us__gemm_plan fp8_plans[64]; /* FP8 GEMM plans (// >>cuda-fp8); adt/bdt hold the two tilings */
     int nfp8;
     unsigned *fp8_amax; /* per-tensor amax slot (// >>cuda-fp8) */
+    unsigned gg_smem;   /* grouped GEMM kernels given their shared memory (// >>cuda-grouped) */
     void *scratch;      /* grows on demand: reductions, attention backward */
     float *rope_tab;    /* RoPE cos|sin [T, HS/2] for (rope_T, rope_HS, rope_freq), then the
                            frequencies f64[HS/2] it was made from */
@@ -5232,6 +5234,367 @@ static void us__cuda_moe_gate_grad(us_ops *o, float *dgates, const void *dout, c
 }
 
 /* ------------------------------------------------------------------------------------ */
+// >>cuda-grouped  grouped GEMM: a MoE layer's experts in one launch, on mma.sync tensor cores
+/* ------------------------------------------------------------------------------------
+   us_ops.gemm_grouped: G products, each on its own rows with its own matrix, as one kernel over
+   the list of every group's output tiles (the grouped GEMM of Megatron-LM and DeepSeek-V3;
+   cuBLASLt 13 has none). A CTA takes one 128×128 tile of one group's output: it finds its group
+   by a binary search over the groups' first tiles, then runs a plain tiled GEMM with fp32
+   accumulation on mma.sync m16n8k16 (bf16 or fp16), ldmatrix fragments and a 3-stage cp.async
+   pipeline (the helpers of // >>cuda-flash); rows past the group's end load as zeros and are
+   never stored. One view serves the three products, C[M][N'] (+)= A[M][Kr] · B[Kr][N'], with
+   the operands as they are stored:
+       mode    M     N'   Kr    A stored as              B stored as          C
+       Fprop   n_g   N    K     X_g      [m][k]          W[g] [n][k]          Y_g (dt)
+       Dgrad   n_g   N    K     X_g      [m][k]          W[g] [k][n]          Y_g (dt)
+       Wgrad   N     K    n_g   Y_g      [k][m]          X_g  [k][n]          W[g] (f32, +=)
+   A k-major tile sits in shared memory as [128][32+8], an m- or n-major one as [32][128+8] (+8:
+   the 8 rows one ldmatrix reads start in 8 different bank groups) and is read with
+   ldmatrix.trans. 8 warps as 2 × 4, each a 64 × 32 part of the tile: 4 m-atoms × 4 n-tiles,
+   64 fp32 accumulators per thread. The group table travels as a kernel parameter
+   (__grid_constant__, US__GG_CAP groups per launch; more groups take more launches).
+   The kernel reads 16-byte chunks: X, Y and every W[g] 16-byte aligned, ldx, ldy, N and K
+   multiples of 8. Other shapes, and fp32, take one cuBLASLt GEMM per group
+   (us__gemm_grouped_each). tests/emu/grouped_emu.cpp runs this kernel on the CPU. */
+#define US__GG_CAP 256 /* groups per launch */
+#define US__GG_BM 128  /* output tile rows */
+#define US__GG_BN 128  /* output tile columns */
+#define US__GG_BK 32   /* reduction per stage */
+#define US__GG_ST 3    /* cp.async stages */
+
+typedef struct us__gg_table {
+    const void *w[US__GG_CAP];              /* group g's matrix (Wgrad: its fp32 gradient) */
+    int64_t off[US__GG_CAP], n[US__GG_CAP]; /* its rows of X and Y */
+    int tile0[US__GG_CAP + 1];              /* its first tile; tile0[G] = the grid */
+    int G;
+} us__gg_table;
+
+/* a tile's 16-bit elements in shared memory, stored [rows][cols + 8] */
+template <int ROWS, int COLS>
+struct us__gg_tile {
+    static constexpr int lds = COLS + 8, elems = ROWS * lds;
+};
+
+/* bytes of dynamic shared memory: US__GG_ST stages of an A and a B tile (k-major: [BM][BK]) */
+static constexpr size_t us__gg_smem_bytes(int a_kmaj, int b_kmaj) {
+    return (size_t)US__GG_ST * 2 *
+           ((a_kmaj ? us__gg_tile<US__GG_BM, US__GG_BK>::elems
+                    : us__gg_tile<US__GG_BK, US__GG_BM>::elems) +
+            (b_kmaj ? us__gg_tile<US__GG_BN, US__GG_BK>::elems
+                    : us__gg_tile<US__GG_BK, US__GG_BN>::elems));
+}
+
+/* ---- PTX helpers beside // >>cuda-flash's (tests/emu/us_cuda_emu.h emulates them) */
+/* c[16×8] += a[16×16] · b[16×8] in fp16 (fragments as us__mma_bf16's) */
+static __device__ __forceinline__ void us__mma_f16(float c[4], const uint32_t a[4], uint32_t b0,
+                                                   uint32_t b1) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    (void)c;
+    (void)a;
+    (void)b0;
+    (void)b1;
+    __trap(); /* the grouped kernel needs sm_80+: us__gg_fits sends older GPUs to cuBLASLt */
+#endif
+}
+
+/* waits until at most N of this thread's committed cp.async groups are in flight */
+template <int N>
+static __device__ __forceinline__ void us__cp_async_wait(void) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+/* ---- the kernel (tests/emu/extract_grouped.py cuts from here to the host side) */
+template <typename T>
+__device__ __forceinline__ uint32_t us__gg_pack(float lo, float hi);
+
+template <>
+__device__ __forceinline__ uint32_t us__gg_pack<__nv_bfloat16>(float lo, float hi) {
+    return us__pack_bf16(lo, hi);
+}
+
+template <>
+__device__ __forceinline__ uint32_t us__gg_pack<__half>(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+template <typename T>
+__device__ __forceinline__ void us__gg_mma(float c[4], const uint32_t a[4], uint32_t b0,
+                                           uint32_t b1);
+
+template <>
+__device__ __forceinline__ void us__gg_mma<__nv_bfloat16>(float c[4], const uint32_t a[4],
+                                                          uint32_t b0, uint32_t b1) {
+    us__mma_bf16(c, a, b0, b1);
+}
+
+template <>
+__device__ __forceinline__ void us__gg_mma<__half>(float c[4], const uint32_t a[4], uint32_t b0,
+                                                   uint32_t b1) {
+    us__mma_f16(c, a, b0, b1);
+}
+
+/* ROWS × COLS of 16-bit elements at g (row stride ld) into the shared tile s, 16 bytes per
+   cp.async; rows ≥ nr and columns ≥ nc (a multiple of 8) become zeros */
+template <int ROWS, int COLS>
+static __device__ __forceinline__ void us__gg_load(__nv_bfloat16 *s, const void *g, int64_t ld,
+                                                   int64_t nr, int64_t nc) {
+    constexpr int CPR = COLS / 8; /* chunks per row */
+    static_assert(ROWS * CPR % 256 == 0, "the tile splits evenly over the CTA's 256 threads");
+#pragma unroll
+    for (int i = 0; i < ROWS * CPR / 256; i++) {
+        int c = threadIdx.x + i * 256, r = c / CPR, k = (c % CPR) * 8, ok = r < nr && k < nc;
+        const uint16_t *src = (const uint16_t *)g + (ok ? r * ld + k : 0);
+        us__cp_async16(s + r * us__gg_tile<ROWS, COLS>::lds + k, src, ok ? 16 : 0);
+    }
+}
+
+/* Where the operands of one CTA's tile live, and their sizes (the table above). */
+struct us__gg_cta {
+    const void *a, *b; /* A and B at the tile's origin, reduction index 0 */
+    int64_t lda, ldb;  /* their row strides as stored */
+    int64_t M, N, Kr;  /* the product's sizes */
+    int64_t m0, n0;    /* the tile's first row and column */
+};
+
+/* stage s's A and B tiles for reduction rows [k0, k0 + BK) */
+template <int MODE>
+static __device__ __forceinline__ void us__gg_stage(__nv_bfloat16 *sA, __nv_bfloat16 *sB,
+                                                    const us__gg_cta &p, int64_t k0) {
+    const uint16_t *a = (const uint16_t *)p.a, *b = (const uint16_t *)p.b;
+    int64_t kr = p.Kr - k0, mr = p.M - p.m0, nr = p.N - p.n0;
+    if (MODE != US_GG_WGRAD) /* A [m][k] */
+        us__gg_load<US__GG_BM, US__GG_BK>(sA, a + k0, p.lda, mr, kr);
+    else /* A as [k][m] */
+        us__gg_load<US__GG_BK, US__GG_BM>(sA, a + k0 * p.lda, p.lda, kr, mr);
+    if (MODE == US_GG_FPROP) /* B as [n][k] */
+        us__gg_load<US__GG_BN, US__GG_BK>(sB, b + k0, p.ldb, nr, kr);
+    else /* B [k][n] */
+        us__gg_load<US__GG_BK, US__GG_BN>(sB, b + k0 * p.ldb, p.ldb, kr, nr);
+}
+
+/* one stage's products: each warp's 64 × 32 part += A[64][32] · B[32][32] */
+template <typename T, int MODE>
+static __device__ __forceinline__ void us__gg_math(float (&acc)[4][4][4], const __nv_bfloat16 *sA,
+                                                   const __nv_bfloat16 *sB, int lane, int wm,
+                                                   int wn) {
+    constexpr int LA = MODE != US_GG_WGRAD ? US__GG_BK + 8 : US__GG_BM + 8,
+                  LB = MODE == US_GG_FPROP ? US__GG_BK + 8 : US__GG_BN + 8;
+#pragma unroll
+    for (int kk = 0; kk < US__GG_BK; kk += 16) {
+        uint32_t a[4][4], b[2][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int r0 = wm * 64 + 16 * i;
+            if (MODE != US_GG_WGRAD)
+                us__ldsm_x4(a[i], us__fa_a_addr<LA>(sA, r0, kk, lane));
+            else /* matrices (m, k): (0,0) (8,0) (0,8) (8,8), each as its 8 rows of k */
+                us__ldsm_x4_t(a[i], sA + (kk + (lane & 7) + (lane >> 4) * 8) * LA + r0 +
+                                        ((lane >> 3) & 1) * 8);
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            int c0 = wn * 32 + 16 * j;
+            if (MODE == US_GG_FPROP)
+                us__ldsm_x4(b[j], us__fa_bt_addr<LB>(sB, c0, kk, lane));
+            else
+                us__ldsm_x4_t(b[j], us__fa_b_addr<LB>(sB, kk, c0, lane));
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                us__gg_mma<T>(acc[i][j], a[i], b[j / 2][2 * (j % 2)], b[j / 2][2 * (j % 2) + 1]);
+    }
+}
+
+/* the tile's results: Y rows (dt, overwritten) or, Wgrad, the fp32 gradient W[g] += */
+template <typename T, int MODE>
+static __device__ __forceinline__ void us__gg_store(const float (&acc)[4][4][4],
+                                                    const us__gg_cta &p, void *out, int64_t ldo,
+                                                    int lane, int wm, int wn) {
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int64_t r = p.m0 + wm * 64 + 16 * i + (lane >> 2) + 8 * h,
+                        c = p.n0 + wn * 32 + 8 * j + 2 * (lane & 3);
+                float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
+                if (r >= p.M || c >= p.N) continue;
+                if (MODE == US_GG_WGRAD) {
+                    float2 *q = reinterpret_cast<float2 *>((float *)out + r * ldo + c), u = *q;
+                    u.x += v0;
+                    u.y += v1;
+                    *q = u;
+                } else
+                    *reinterpret_cast<uint32_t *>((T *)out + r * ldo + c) = us__gg_pack<T>(v0, v1);
+            }
+}
+
+template <typename T, int MODE>
+__global__ void __launch_bounds__(256, 2)
+    us__k_gemm_grouped(const __grid_constant__ us__gg_table t, const T *X, int64_t ldx, T *Y,
+                       int64_t ldy, int64_t N, int64_t K) {
+    extern __shared__ __align__(16) unsigned char us__gg_smem[];
+    constexpr int SA = MODE != US_GG_WGRAD ? us__gg_tile<US__GG_BM, US__GG_BK>::elems
+                                           : us__gg_tile<US__GG_BK, US__GG_BM>::elems,
+                  SB = MODE == US_GG_FPROP ? us__gg_tile<US__GG_BN, US__GG_BK>::elems
+                                           : us__gg_tile<US__GG_BK, US__GG_BN>::elems;
+    __nv_bfloat16 *sA = reinterpret_cast<__nv_bfloat16 *>(us__gg_smem), *sB = sA + US__GG_ST * SA;
+    int tile = (int)blockIdx.x, lo = 0, hi = t.G - 1, lane = threadIdx.x & 31,
+        wm = (threadIdx.x >> 5) >> 2, wn = (threadIdx.x >> 5) & 3, s, kt, nk;
+    float acc[4][4][4] = {};
+    us__gg_cta p;
+    int64_t tn, local;
+    while (lo <
+           hi) { /* the last group starting at or before this tile (empty ones start with it) */
+        int mid = (lo + hi + 1) / 2;
+        if (t.tile0[mid] <= tile)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    p.M = MODE == US_GG_WGRAD ? N : t.n[lo];
+    p.N = MODE == US_GG_WGRAD ? K : N;
+    p.Kr = MODE == US_GG_WGRAD ? t.n[lo] : K;
+    tn = (p.N + US__GG_BN - 1) / US__GG_BN;
+    local = tile - t.tile0[lo];
+    p.m0 = local / tn * US__GG_BM;
+    p.n0 = local % tn * US__GG_BN;
+    if (MODE == US_GG_WGRAD) { /* A = Y_gᵀ, B = X_g: both walk the group's rows */
+        p.a = Y + t.off[lo] * ldy + p.m0;
+        p.lda = ldy;
+        p.b = X + t.off[lo] * ldx + p.n0;
+        p.ldb = ldx;
+    } else { /* A = X_g; B = W[g], [N][K] (Fprop) or [K][N] (Dgrad) */
+        p.a = X + (t.off[lo] + p.m0) * ldx;
+        p.lda = ldx;
+        p.b = (const T *)t.w[lo] + (MODE == US_GG_FPROP ? p.n0 * K : p.n0);
+        p.ldb = MODE == US_GG_FPROP ? K : N;
+    }
+    nk = (int)((p.Kr + US__GG_BK - 1) / US__GG_BK);
+    for (s = 0; s < US__GG_ST - 1; s++) { /* the pipeline's first stages */
+        if (s < nk) us__gg_stage<MODE>(sA + s * SA, sB + s * SB, p, (int64_t)s * US__GG_BK);
+        us__cp_async_commit();
+    }
+    for (kt = 0; kt < nk; kt++) {
+        int nx = kt + US__GG_ST - 1, cur = kt % US__GG_ST;
+        us__cp_async_wait<US__GG_ST - 2>(); /* stage kt has landed (this thread's copies) */
+        __syncthreads(); /* everyone's copies; and stage kt − 1, refilled next, is read */
+        if (nx < nk)
+            us__gg_stage<MODE>(sA + (nx % US__GG_ST) * SA, sB + (nx % US__GG_ST) * SB, p,
+                               (int64_t)nx * US__GG_BK);
+        us__cp_async_commit();
+        us__gg_math<T, MODE>(acc, sA + cur * SA, sB + cur * SB, lane, wm, wn);
+    }
+    if (MODE == US_GG_WGRAD)
+        us__gg_store<T, MODE>(acc, p, const_cast<void *>(t.w[lo]), K, lane, wm, wn);
+    else
+        us__gg_store<T, MODE>(acc, p, Y + t.off[lo] * ldy, ldy, lane, wm, wn);
+}
+
+/* The table of groups [0, min(G, US__GG_CAP)) of a launch of mode (its W, off, n of them, as
+   us_ops.gemm_grouped's) and each one's first tile; returns the tiles, the launch's grid (−1
+   past 2^31 − 1, more than one launch can count). */
+static int64_t us__gg_fill(us__gg_table *t, int mode, int G, const int64_t *off, const int64_t *n,
+                           int64_t N, int64_t K, void *const *W) {
+    int64_t tiles = 0, M, Nc;
+    int i;
+    t->G = G < US__GG_CAP ? G : US__GG_CAP;
+    for (i = 0; i < t->G; i++) {
+        M = mode == US_GG_WGRAD ? N : n[i];
+        Nc = mode == US_GG_WGRAD ? K : N;
+        t->w[i] = W[i];
+        t->off[i] = off[i];
+        t->n[i] = n[i];
+        t->tile0[i] = (int)tiles;
+        if (n[i] > 0) tiles += (M + US__GG_BM - 1) / US__GG_BM * ((Nc + US__GG_BN - 1) / US__GG_BN);
+        if (tiles > INT_MAX) return -1;
+    }
+    t->tile0[t->G] = (int)tiles;
+    return tiles;
+}
+
+/* ---- host side */
+/* whether the kernel takes these operands (else one cuBLASLt GEMM per group) */
+static int us__gg_fits(us_ops *o, int G, const int64_t *n, int64_t N, int64_t K, const void *X,
+                       int64_t ldx, void *const *W, const void *Y, int64_t ldy, us_dtype dt) {
+    int g;
+    if ((dt != US_BF16 && dt != US_F16) || us__cu(o)->cc_major < 8) return 0;
+    if (N % 8 || K % 8 || ldx % 8 || ldy % 8 || !us__al16(X) || !us__al16(Y)) return 0;
+    for (g = 0; g < G; g++)
+        if (n[g] > 0 && !us__al16(W[g])) return 0;
+    return 1;
+}
+
+static constexpr int us__gg_f16(const __nv_bfloat16 *) { return 0; }
+
+static constexpr int us__gg_f16(const __half *) { return 1; }
+
+/* Launches for groups [0, G) in tables of US__GG_CAP. */
+template <typename T, int MODE>
+static void us__gg_launch(us_ops *o, int G, const int64_t *off, const int64_t *n, int64_t N,
+                          int64_t K, const void *X, int64_t ldx, void *const *W, void *Y,
+                          int64_t ldy) {
+    us__cuda *c = us__cu(o);
+    const size_t smem = us__gg_smem_bytes(MODE != US_GG_WGRAD, MODE == US_GG_FPROP);
+    const unsigned bit = 1u << (MODE + 3 * us__gg_f16((const T *)NULL)); /* this instance's */
+    us__gg_table t;
+    int g0;
+    if (!(c->gg_smem & bit)) { /* over 48 KiB of shared memory: asked for once per kernel */
+        US__CU(o, cudaFuncSetAttribute(us__k_gemm_grouped<T, MODE>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        c->gg_smem |= bit;
+    }
+    for (g0 = 0; g0 < G; g0 += US__GG_CAP) {
+        int64_t tiles = us__gg_fill(&t, MODE, G - g0, off + g0, n + g0, N, K, W + g0);
+        if (tiles < 0) {
+            us__cuda_fail(o, "gemm_grouped", "more than 2^31 - 1 output tiles in one launch",
+                          __FILE__, __LINE__);
+            return;
+        }
+        if (!tiles) continue;
+        us__k_gemm_grouped<T, MODE>
+            <<<(unsigned)tiles, 256, smem, c->stream>>>(t, (const T *)X, ldx, (T *)Y, ldy, N, K);
+        US__LAUNCHED(o);
+    }
+}
+
+/* the three products of one element type */
+template <typename T>
+static void us__gg_modes(us_ops *o, int mode, int G, const int64_t *off, const int64_t *n,
+                         int64_t N, int64_t K, const void *X, int64_t ldx, void *const *W, void *Y,
+                         int64_t ldy) {
+    if (mode == US_GG_FPROP)
+        us__gg_launch<T, US_GG_FPROP>(o, G, off, n, N, K, X, ldx, W, Y, ldy);
+    else if (mode == US_GG_DGRAD)
+        us__gg_launch<T, US_GG_DGRAD>(o, G, off, n, N, K, X, ldx, W, Y, ldy);
+    else
+        us__gg_launch<T, US_GG_WGRAD>(o, G, off, n, N, K, X, ldx, W, Y, ldy);
+}
+
+static void us__cuda_gemm_grouped(us_ops *o, int mode, int G, const int64_t *off, const int64_t *n,
+                                  int64_t N, int64_t K, const void *X, int64_t ldx, void *const *W,
+                                  void *Y, int64_t ldy, us_dtype dt) {
+    if (G <= 0 || N <= 0) return;
+    if (!us__gg_fits(o, G, n, N, K, X, ldx, W, Y, ldy, dt))
+        us__gemm_grouped_each(o, mode, G, off, n, N, K, X, ldx, W, Y, ldy, dt);
+    else if (dt == US_BF16)
+        us__gg_modes<__nv_bfloat16>(o, mode, G, off, n, N, K, X, ldx, W, Y, ldy);
+    else
+        us__gg_modes<__half>(o, mode, G, off, n, N, K, X, ldx, W, Y, ldy);
+}
+
+/* ------------------------------------------------------------------------------------ */
 // >>cuda-optimizer  AdamW over flat fp32 buffers, Σx² for the global norm
 /* ------------------------------------------------------------------------------------ */
 template <typename L>
@@ -6062,6 +6425,7 @@ US_API us_result us_cuda_ops(us_ops *o, int device, char *err, size_t errlen) {
     o->sync = us__cuda_sync;
     o->cast = us__cuda_cast;
     o->gemm = us__cuda_gemm;
+    o->gemm_grouped = us__cuda_gemm_grouped;
     o->embedding_fwd = us__cuda_embedding_fwd;
     o->embedding_bwd = us__cuda_embedding_bwd;
     o->rmsnorm_fwd = us__cuda_rmsnorm_fwd;

@@ -1,7 +1,9 @@
 /* bench_cuda.cu — GPU benchmarks of the library, printed in the same format as the PyTorch
    peers (bench/torch_llama.py, cuda_dev/sdpa_bench.py) so bench/run_gpu.sh can put them side by side.
-     --preset 1b|8b8|200m  training step of the Llama-3.2-1B shape / Llama-3-8B's width with 8 layers /
-                        a ~200M shape (bf16, fp32 master)
+     --preset 1b|8b8|200m|moe  training step of the Llama-3.2-1B shape / Llama-3-8B's width with 8
+                        layers / a ~200M shape / a DeepSeek-MoE-style model (dim 2048, 4 MoE layers
+                        of 64 experts, top-6, Fe 1536, a shared expert; B 4 × T 4096; forced balance:
+                        1536 rows per expert) (bf16, fp32 master)
      --precision P      the training step's precision: bf16 (default), fp8, fp8-tensor
      --accum K          K micro-batches of the preset's batch per optimizer step (default 1)
      --fp8-no-weight-cache  (fp8) quantise the weights at every GEMM instead of once per step
@@ -9,6 +11,9 @@
                         the operands the warm-up steps left behind. Wrong numbers, fast: it measures
                         the step FP8 would give if quantising cost nothing (the recipe's ceiling)
      --fp8-gemm         FP8 GEMMs (block-scaled, per-tensor) vs bf16 at LLM shapes, and the quantiser
+     --grouped          the experts' grouped GEMM (ops->gemm_grouped, // >>cuda-grouped) against one
+                        dense cuBLASLt GEMM of the same total size (M = Σ rows) and against a loop of
+                        per-expert cuBLASLt GEMMs, at three MoE layer shapes, balanced and routed
      --profile          also time each op class with CUDA events (where a step's time goes)
      --gemm             in-library GEMM (ops->gemm, cached plan) vs a standalone cuBLASLt call
      --gemm-algos       cuBLASLt's first heuristic algorithm against the best of 16, timed, bf16 and
@@ -25,6 +30,7 @@
 #include "../ultrascale_cuda.cuh"
 
 #include <algorithm>
+#include <functional>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +60,7 @@ static double median(std::vector<double> v) {
 /* ---- a profiling wrapper around the ops table: CUDA events around every call, by op class */
 enum {
     P_GEMM,
+    P_GGEMM,
     P_FP8G,
     P_FP8Q_ROW,
     P_FP8Q_COL,
@@ -73,6 +80,7 @@ enum {
 };
 
 static const char *pname[P_N] = {"gemm (cuBLASLt)",
+                                 "grouped gemm",
                                  "fp8 gemm",
                                  "fp8 quantise 1x128",
                                  "fp8 quantise 128x1",
@@ -121,6 +129,13 @@ static void w_gemm(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64_t K, f
                    float be, void *C, us_dtype cd, int64_t ldc) {
     (void)o;
     WRAP(P_GEMM, inner.gemm(&inner, ta, tb, M, N, K, al, A, ad, lda, B, bd, ldb, be, C, cd, ldc));
+}
+
+static void w_gg(us_ops *o, int mode, int G, const int64_t *off, const int64_t *n, int64_t N,
+                 int64_t K, const void *X, int64_t ldx, void *const *W, void *Y, int64_t ldy,
+                 us_dtype dt) {
+    (void)o;
+    WRAP(P_GGEMM, inner.gemm_grouped(&inner, mode, G, off, n, N, K, X, ldx, W, Y, ldy, dt));
 }
 
 static void w_fq(us_ops *o, uint8_t *q, float *sc, const void *x, us_dtype dt, int64_t M, int64_t K,
@@ -278,6 +293,7 @@ static us_ops profiled(void) {
         cudaEventCreate(&ev1[k]);
     }
     o.gemm = w_gemm;
+    o.gemm_grouped = w_gg;
     o.gemm_res = inner.gemm_res ? w_gres : NULL;
     o.attention_fwd = w_attf;
     o.attention_bwd = w_attb;
@@ -354,6 +370,25 @@ static int bench_train(const char *preset, int steps, int warm, us_recompute rc,
         mc.vocab = 32768;
         tc.seq = 2048;
         tc.batch = 16;
+    }
+    /* DeepSeek-MoE's shape (dim 2048, 64 routed experts of 1408 and shared ones, top-6) with
+       Fe 1536, so that FP8 takes both expert linears under the default size rule, one shared
+       expert, 4 layers, every layer MoE (2.6 B parameters, 0.45 B active; 56 GiB with AdamW's
+       state and the activations, us_memory_estimate). Forced balance (Megatron's benchmark
+       setting): every expert gets 16384·6/64 = 1536 rows, the same each step */
+    else if (!strcmp(preset, "moe")) {
+        mc.dim = 2048;
+        mc.n_layers = 4;
+        mc.n_heads = 16;
+        mc.n_kv_heads = 4;
+        mc.vocab = 32768;
+        mc.moe_experts = 64;
+        mc.moe_top_k = 6;
+        mc.moe_ffn_dim = 1536;
+        mc.moe_shared = 1;
+        tc.moe_force_balance = 1;
+        tc.seq = 4096;
+        tc.batch = 4;
     } else {
         fprintf(stderr, "bench_cuda: unknown preset %s\n", preset);
         return 2;
@@ -432,6 +467,15 @@ static int bench_train(const char *preset, int steps, int warm, us_recompute rc,
                 if (pms[k] > 0)
                     printf("    %-16s %8.2f ms  %5.1f%%\n", pname[k], pms[k], 100 * pms[k] / tot);
             printf("    %-16s %8.2f ms\n", "total", tot);
+            if (m.n_moe && pms[P_GGEMM] > 0) { /* the routed experts' rows: N·K per layer */
+                double rows = (double)tc.batch * tc.seq * mc.moe_top_k * tc.grad_accum,
+                       fl = (rc == US_RECOMPUTE_FULL ? 24.0 : 18.0) * rows * (double)mc.dim *
+                            (double)m.cfg.moe_ffn_dim * m.n_moe;
+                printf("  experts in the grouped GEMM: %.2f ms for %.1f TFLOP (6·rows·C·Fe a "
+                       "layer's forward, 3x with the backward): %.0f TFLOP/s (bf16; under fp8 "
+                       "the rows FP8 takes are fp8 gemm)\n",
+                       pms[P_GGEMM], fl * 1e-12, fl / (pms[P_GGEMM] * 1e-3) * 1e-12);
+            }
         }
     }
     us_model_free(&m);
@@ -761,6 +805,119 @@ static void bench_gemm(void) {
     }
     cudaFree(ws);
     cublasLtDestroy(lt);
+}
+
+/* ---- the experts' grouped GEMM (// >>cuda-grouped): ops->gemm_grouped over E experts against
+   one dense cuBLASLt GEMM of the same total size (M = Σ rows: the ceiling, one big GEMM) and a
+   loop of per-expert cuBLASLt GEMMs (what the library ran before), for a layer's six expert
+   GEMMs: gate|up (N 2Fe, K C) and down (N C, K Fe), each Fprop, Dgrad and Wgrad (fp32 gradient
+   +=). Rows per expert: balanced (tokens·K/E each) or routed (a skewed draw of the same total:
+   expert e's share ∝ 1 + 3u³, u uniform, so a few experts take several times the mean). */
+static double time_ms(cudaEvent_t a, cudaEvent_t b, const std::function<void()> &f) {
+    std::vector<double> t;
+    cudaStream_t s = st_of();
+    for (int r = 0; r < 13; r++) {
+        float ms;
+        cudaEventRecord(a, s);
+        f();
+        cudaEventRecord(b, s);
+        cudaEventSynchronize(b);
+        cudaEventElapsedTime(&ms, a, b);
+        if (r >= 3) t.push_back(ms);
+    }
+    return median(t);
+}
+
+static void bench_grouped_shape(const char *name, int E, int64_t tokens, int K, int64_t C,
+                                int64_t Fe, int routed, cudaEvent_t a, cudaEvent_t b) {
+    static const char *mname[3] = {"Fprop", "Dgrad", "Wgrad"};
+    std::vector<int64_t> off(E), n(E);
+    std::vector<void *> wp(E), gp(E);
+    int64_t R = tokens * K, e, left = R;
+    us_rng rg;
+    us_rng_seed(&rg, 11);
+    {
+        std::vector<double> share(E);
+        double tot = 0;
+        for (e = 0; e < E; e++) {
+            double u = us_rng_uniform(&rg);
+            share[e] = routed ? 1 + 3 * u * u * u : 1;
+            tot += share[e];
+        }
+        for (e = 0; e < E; e++) {
+            n[e] = e == E - 1 ? left : (int64_t)(R * share[e] / tot);
+            off[e] = R - left;
+            left -= n[e];
+        }
+    }
+    /* X [R, max(C, 2Fe)], Y likewise; weights of every expert bf16, their gradients fp32 */
+    int64_t wide = C > 2 * Fe ? C : 2 * Fe, wn = 2 * Fe * C;
+    void *X = inner.alloc(&inner, (size_t)(R * wide) * 2),
+         *Y = inner.alloc(&inner, (size_t)(R * wide) * 2),
+         *W = inner.alloc(&inner, (size_t)(E * wn) * 2);
+    float *Gr = (float *)inner.alloc(&inner, (size_t)(E * wn) * 4);
+    if (!X || !Y || !W || !Gr) {
+        printf("| %s | out of device memory |\n", name);
+        return;
+    }
+    rand_bf16_pair(X, R * wide, W, E * wn, 5);
+    rand_bf16_pair(Y, R * wide, W, E * wn, 6);
+    for (e = 0; e < E; e++) {
+        wp[e] = (char *)W + (size_t)(e * wn) * 2;
+        gp[e] = Gr + e * wn;
+    }
+    for (int lin = 0; lin < 2; lin++) {
+        int64_t Out = lin ? C : 2 * Fe, In = lin ? Fe : C;
+        for (int mode = 0; mode < 3; mode++) {
+            /* the grouped op's N, K and operands (us_ops.gemm_grouped) */
+            int64_t N = mode == US_GG_DGRAD ? In : Out, Kd = mode == US_GG_DGRAD ? Out : In;
+            void *const *w = mode == US_GG_WGRAD ? gp.data() : wp.data();
+            double fl = 2.0 * R * N * Kd, tg, td, tl;
+            tg = time_ms(a, b, [&] {
+                inner.gemm_grouped(&inner, mode, E, off.data(), n.data(), N, Kd, X, Kd, w, Y, N,
+                                   US_BF16);
+            });
+            td = time_ms(a, b, [&] {
+                if (mode == US_GG_FPROP)
+                    inner.gemm(&inner, 0, 1, R, N, Kd, 1.0f, X, US_BF16, Kd, W, US_BF16, Kd, 0.0f,
+                               Y, US_BF16, N);
+                else if (mode == US_GG_DGRAD)
+                    inner.gemm(&inner, 0, 0, R, N, Kd, 1.0f, X, US_BF16, Kd, W, US_BF16, N, 0.0f, Y,
+                               US_BF16, N);
+                else
+                    inner.gemm(&inner, 1, 0, N, Kd, R, 1.0f, Y, US_BF16, N, X, US_BF16, Kd, 1.0f,
+                               Gr, US_F32, Kd);
+            });
+            tl = time_ms(a, b, [&] {
+                us__gemm_grouped_each(&inner, mode, E, off.data(), n.data(), N, Kd, X, Kd, w, Y, N,
+                                      US_BF16);
+            });
+            printf("| %s | %s %s | %lld x %lld | %7.1f | %7.1f | %7.1f | %5.2f | %5.2f |\n", name,
+                   lin ? "down" : "gate|up", mname[mode], (long long)N, (long long)Kd,
+                   fl / tg * 1e-9, fl / td * 1e-9, fl / tl * 1e-9, td / tg, tl / tg);
+        }
+    }
+    if (inner.error(&inner)) printf("  error: %s\n", inner.error(&inner));
+    inner.free(&inner, X);
+    inner.free(&inner, Y);
+    inner.free(&inner, W);
+    inner.free(&inner, Gr);
+}
+
+static void bench_grouped(void) {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    printf("\n| layer (E, tokens·K rows, C, Fe) | GEMM | N x K | grouped TFLOP/s | one dense GEMM "
+           "of Σ rows | per-expert loop | dense / grouped time | loop / grouped time |\n"
+           "|---|---|---|---|---|---|---|---|\n");
+    /* --preset moe's layer (DeepSeek-MoE-like), a Mixtral-like one, a fine-grained one */
+    bench_grouped_shape("E64 16384x6 C2048 Fe1536 balanced", 64, 16384, 6, 2048, 1536, 0, a, b);
+    bench_grouped_shape("E64 16384x6 C2048 Fe1536 routed", 64, 16384, 6, 2048, 1536, 1, a, b);
+    bench_grouped_shape("E8 8192x2 C4096 Fe14336 balanced", 8, 8192, 2, 4096, 14336, 0, a, b);
+    bench_grouped_shape("E128 16384x8 C2048 Fe768 routed", 128, 16384, 8, 2048, 768, 1, a, b);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
 }
 
 /* ---- attention TFLOP/s (causal: half the square), the same rows as sdpa_bench.py: HS 128 with
@@ -1100,7 +1257,7 @@ int main(int argc, char **argv) {
     char err[256];
     const char *preset = NULL, *json = NULL;
     int steps = 10, warm = 3, profile = 0, do_gemm = 0, do_att = 0, do_cp = 0, do_fp8 = 0,
-        do_algos = 0, i;
+        do_algos = 0, do_gg = 0, i;
     us_recompute rc = US_RECOMPUTE_NONE;
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--preset") && i + 1 < argc)
@@ -1122,6 +1279,8 @@ int main(int argc, char **argv) {
             do_gemm = 1;
         else if (!strcmp(argv[i], "--fp8-gemm"))
             do_fp8 = 1;
+        else if (!strcmp(argv[i], "--grouped"))
+            do_gg = 1;
         else if (!strcmp(argv[i], "--fp8-free-quant"))
             free_q = 1;
         else if (!strcmp(argv[i], "--fp8-no-weight-cache"))
@@ -1169,11 +1328,11 @@ int main(int argc, char **argv) {
             do_cp = 1;
         else {
             fprintf(stderr,
-                    "usage: bench_cuda [--preset 1b|8b8|200m [--steps N] [--warmup N] [--recompute "
-                    "M] [--accum K] [--loss-chunk ROWS|-1] [--precision bf16|fp8|fp8-tensor "
-                    "[--fp8-free-quant] "
-                    "[--fp8-no-weight-cache]] [--profile] [--json F]] [--gemm] [--fp8-gemm] "
-                    "[--gemm-algos] [--attention [--att-seq T,..] [--att-heads NH:NKV:HS,..]] "
+                    "usage: bench_cuda [--preset 1b|8b8|200m|moe [--steps N] [--warmup N] "
+                    "[--recompute M] [--accum K] [--loss-chunk ROWS|-1] [--precision "
+                    "bf16|fp8|fp8-tensor [--fp8-free-quant] [--fp8-no-weight-cache]] [--profile] "
+                    "[--json F]] [--gemm] [--fp8-gemm] [--grouped] [--gemm-algos] "
+                    "[--attention [--att-seq T,..] [--att-heads NH:NKV:HS,..]] "
                     "[--cp | --cp-flash-only]\n");
             return 2;
         }
@@ -1194,6 +1353,7 @@ int main(int argc, char **argv) {
     if (preset && bench_train(preset, steps, warm, rc, profile, json)) return 1;
     if (do_gemm) bench_gemm();
     if (do_fp8) bench_fp8_gemm();
+    if (do_gg) bench_grouped();
     if (do_algos) bench_gemm_algos();
     if (do_att) bench_attention();
     if (do_cp) bench_cp(do_cp == 2);

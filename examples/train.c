@@ -747,8 +747,8 @@ static void rank_print_parts(rank_state *s) {
             snprintf(wq, sizeof wq, "once per step (cache %.1f MiB)",
                      (double)m->fp8_wlayer * m->cfg.n_layers / 1048576.0);
         printf("fp8: %d of %d linear layers in FP8 E4M3 (%s scales%s; the rest bf16: In or Out "
-               "under --fp8-min-dim %d, a size not a "
-               "multiple of 16, or MoE experts) | weights quantised %s\n",
+               "under --fp8-min-dim %d, or a size not a multiple of 16; MoE experts by the same "
+               "rule, per expert) | weights quantised %s\n",
                m->fp8_linear, m->fp8_linear_all,
                m->fp8 == 2 ? "per-tensor" : "1x128 activation / 128x128 weight",
                s->tc.fp8_pow2 ? ", powers of two" : "",

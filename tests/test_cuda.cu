@@ -884,6 +884,88 @@ static void test_moe_ops(us_dtype dt) {
     (void)i;
 }
 
+/* The grouped GEMM (us_ops.gemm_grouped, // >>cuda-grouped) against the CPU's one GEMM per
+   group: ng groups of n[g] rows with gap rows between them that no group owns (they must keep
+   their bytes: the comparison covers all of Y), row strides ld + pad. bf16 and fp16 with 16-byte
+   rows take the mma.sync kernel; fp32 or an odd pad take cuBLASLt per group. Y and Wgrad's fp32
+   gradients are compared with the GEMM tests' bounds (tol). */
+static void grouped_case(const char *what, int mode, us_dtype dt, int ng, const int64_t *n,
+                         int64_t gap, int64_t N, int64_t K, int64_t pad) {
+    static const char *mname[3] = {"Fprop", "Dgrad", "Wgrad"};
+    int64_t ldx = K + pad, ldy = N + pad, R = 0, g, wn = N * K;
+    int64_t *off = (int64_t *)malloc(sizeof(int64_t) * (size_t)ng);
+    size_t a = us_dtype_size(dt), wa = mode == US_GG_WGRAD ? 4 : a;
+    buf *bw = (buf *)malloc(sizeof(buf) * (size_t)ng);
+    void **wh = (void **)malloc(sizeof(void *) * (size_t)ng),
+         **wd = (void **)malloc(sizeof(void *) * (size_t)ng);
+    double worst = 0;
+    for (g = 0; g < ng; g++) {
+        off[g] = R;
+        R += n[g] + gap;
+    }
+    float *x = rnd_f32(R * ldx, 1), *y = rnd_f32(R * ldy, 1), *w = rnd_f32(wn, 1);
+    void *hx = as_dt(x, R * ldx, dt), *hy = as_dt(y, R * ldy, dt), *hw = as_dt(w, wn, dt);
+    buf bx = mk(hx, (size_t)(R * ldx) * a), by = mk(hy, (size_t)(R * ldy) * a);
+    for (g = 0; g < ng; g++) {
+        bw[g] = mk(mode == US_GG_WGRAD ? (const void *)w : hw, (size_t)wn * wa);
+        wh[g] = bw[g].h;
+        wd[g] = bw[g].d;
+    }
+    Ccpu.gemm_grouped(&Ccpu, mode, ng, off, n, N, K, bx.h, ldx, wh, by.h, ldy, dt);
+    G.gemm_grouped(&G, mode, ng, off, n, N, K, bx.d, ldx, wd, by.d, ldy, dt);
+    if (mode == US_GG_WGRAD)
+        for (g = 0; g < ng; g++) {
+            float *h = (float *)malloc((size_t)wn * 4);
+            double e;
+            down(h, bw[g].d, (size_t)wn * 4);
+            e = relerr(h, bw[g].h, US_F32, wn);
+            worst = e > worst ? e : worst;
+            free(h);
+        }
+    else {
+        void *h = malloc(by.bytes);
+        down(h, by.d, by.bytes);
+        worst = relerr(h, by.h, dt, R * ldy);
+        free(h);
+    }
+    CHECK(worst <= tol(mode == US_GG_WGRAD ? US_F32 : dt),
+          "gemm_grouped %s %s %s: %d groups, N %lld K %lld, stride +%lld: rel err %.2e", what,
+          mname[mode], us_dtype_name(dt), ng, (long long)N, (long long)K, (long long)pad, worst);
+    for (g = 0; g < ng; g++) fin(&bw[g]);
+    fin(&bx);
+    fin(&by);
+    free(off);
+    free(bw);
+    free(wh);
+    free(wd);
+    free(x);
+    free(y);
+    free(w);
+    free(hx);
+    free(hy);
+    free(hw);
+}
+
+static void test_grouped(void) {
+    static const int64_t mixed[7] = {37, 0, 128, 200, 3, 0, 129};
+    int64_t many[300], experts[64];
+    int mode, i;
+    for (i = 0; i < 300; i++) many[i] = (int64_t)(rnd64() % 12);
+    for (i = 0; i < 64; i++) experts[i] = i % 9 == 4 ? 0 : (int64_t)(rnd64() % 700);
+    for (mode = 0; mode < 3; mode++) { /* empty groups, short, a tile, more than a tile */
+        grouped_case("mixed", mode, US_BF16, 7, mixed, 2, 136, 72, 8);
+        grouped_case("mixed", mode, US_F16, 7, mixed, 2, 136, 72, 8);
+        /* a MoE layer's shapes: 64 experts, C 512, Fe 352 (gate|up 704) */
+        grouped_case("64 experts", mode, US_BF16, 64, experts, 0, mode == US_GG_DGRAD ? 352 : 704,
+                     512, 0);
+    }
+    grouped_case("300 groups (two launches)", US_GG_FPROP, US_BF16, 300, many, 1, 64, 32, 0);
+    grouped_case("300 groups (two launches)", US_GG_WGRAD, US_F16, 300, many, 1, 64, 32, 0);
+    grouped_case("fp32: cuBLASLt per group", US_GG_DGRAD, US_F32, 7, mixed, 2, 136, 72, 8);
+    grouped_case("odd strides: cuBLASLt per group", US_GG_FPROP, US_BF16, 7, mixed, 2, 136, 72, 3);
+    grouped_case("K 40, N 24: partial tiles", US_GG_DGRAD, US_BF16, 7, mixed, 0, 24, 40, 0);
+}
+
 /* The CPU model a and the GPU model b trained side by side on the built-in task's batches */
 typedef struct twin {
     us_task task;
@@ -1297,8 +1379,11 @@ static void test_fp8_ops(void) {
    16, so all 8 linears run in FP8 on both): the operands are quantised bit-identically, but the
    activations differ by bf16 kernels' rounding and the GEMMs by Hopper's ~14-bit accumulation
    inside a 128-block (see the GEMM check above), so the first loss (same weights) agrees to
-   2e-3 and the trajectories, falling steeply, may part by up to 5% over 8 steps */
-static void test_training_fp8(us_precision prec) {
+   2e-3 and the trajectories, falling steeply, may part by up to 5% over 8 steps. moe: both
+   layers MoE (E 4, top-2, Fe 128): qkv and o stay the 4 dense linears in FP8 and the experts'
+   GEMMs run in FP8 expert by expert (each expert's last n mod 16 rows in the bf16 grouped GEMM;
+   moe 2: forced balance, 128 rows each, all in FP8) */
+static void test_training_fp8(us_precision prec, int moe) {
     us_model_config mc;
     us_train_config tc;
     us_model a, b;
@@ -1318,10 +1403,17 @@ static void test_training_fp8(us_precision prec) {
     tc.lr = 3e-3f;
     tc.precision = prec;
     tc.fp8_min_dim = 16; /* FP8 at this small width too (US_FP8_MIN_DIM is 1536) */
+    if (moe) {
+        mc.moe_experts = 4;
+        mc.moe_top_k = 2;
+        mc.moe_ffn_dim = 128;
+        tc.moe_force_balance = moe == 2;
+    }
     CHECK(us_model_init(&a, &mc, &tc, NULL) == US_OK, "cpu model");
     CHECK(us_model_init(&b, &mc, &tc, &G) == US_OK, "gpu model: %s", us_model_error(&b));
-    CHECK(b.fp8_linear == 8 && a.fp8_linear == 8, "%s: all 8 linears in FP8 (cpu %d, gpu %d)",
-          us_precision_name(prec), a.fp8_linear, b.fp8_linear);
+    CHECK(b.fp8_linear == (moe ? 4 : 8) && a.fp8_linear == b.fp8_linear,
+          "%s: all %d dense linears in FP8 (cpu %d, gpu %d)", us_precision_name(prec), moe ? 4 : 8,
+          a.fp8_linear, b.fp8_linear);
     twin_init(&tw, &tc);
     for (s = 0; s < 8 && twin_step(&tw, &a, &b, &sa, &sb); s++) {
         if (fabsf(sa.loss - sb.loss) / sa.loss > worst) worst = fabsf(sa.loss - sb.loss) / sa.loss;
@@ -1334,10 +1426,14 @@ static void test_training_fp8(us_precision prec) {
         lg[s] = sb.loss;
     }
     CHECK(d0 <= 2e-3f && worst < 5e-2f && last < first,
-          "%s: GPU losses follow the CPU emulation over 8 steps (step 1 rel diff %.2e, worst %.2e; "
-          "GPU %.3f -> %.3f)",
-          us_precision_name(prec), d0, worst, first, last);
-    printf("  %s losses, CPU emulation / GPU:", us_precision_name(prec));
+          "%s%s: GPU losses follow the CPU emulation over 8 steps (step 1 rel diff %.2e, worst "
+          "%.2e; GPU %.3f -> %.3f)",
+          us_precision_name(prec),
+          moe == 2 ? " MoE (balanced)"
+          : moe    ? " MoE"
+                   : "",
+          d0, worst, first, last);
+    printf("  %s%s losses, CPU emulation / GPU:", us_precision_name(prec), moe ? " MoE" : "");
     for (s = 0; s < 8; s++) printf(" %.4f/%.4f", lc[s], lg[s]);
     printf("\n");
     twin_free(&tw);
@@ -1401,11 +1497,25 @@ int main(int argc, char **argv) {
         us_cuda_ops_free(&G);
         return us_test_done("test_cuda --fp16-moe");
     }
+    /* --moe: the grouped GEMM, the MoE ops and MoE training alone (bf16, fp16, fp32, fp8) */
+    if (argc > 1 && !strcmp(argv[argc - 1], "--moe")) {
+        test_grouped();
+        test_moe_ops(US_BF16);
+        test_empty_rows(US_BF16);
+        test_training(US_PRECISION_FP32, US_RECOMPUTE_SELECTIVE);
+        test_training(US_PRECISION_BF16, US_RECOMPUTE_SELECTIVE);
+        test_training(US_PRECISION_FP16, US_RECOMPUTE_SELECTIVE);
+        test_training_fp8(US_PRECISION_FP8, 1);
+        test_training_fp8(US_PRECISION_FP8, 2);
+        us_cuda_ops_free(&G);
+        return us_test_done("test_cuda --moe");
+    }
     test_attention_shapes();
     if (argc > 1 && !strcmp(argv[argc - 1], "--attention")) { /* the attention cases alone */
         us_cuda_ops_free(&G);
         return us_test_done("test_cuda --attention");
     }
+    test_grouped();
     test_attn_blocks();
     test_generation(US_PRECISION_FP32);
     test_generation(US_PRECISION_BF16);
@@ -1425,8 +1535,10 @@ int main(int argc, char **argv) {
     test_training(US_PRECISION_BF16, US_RECOMPUTE_SELECTIVE);
     test_training(US_PRECISION_FP16, US_RECOMPUTE_SELECTIVE);
     test_fp8_ops();
-    test_training_fp8(US_PRECISION_FP8);
-    test_training_fp8(US_PRECISION_FP8_TENSOR);
+    test_training_fp8(US_PRECISION_FP8, 0);
+    test_training_fp8(US_PRECISION_FP8_TENSOR, 0);
+    test_training_fp8(US_PRECISION_FP8, 1); /* MoE: the experts in FP8 (// >>fp8-linear) */
+    test_training_fp8(US_PRECISION_FP8, 2);
     test_errors();
     us_cuda_ops_free(&G);
     return us_test_done("test_cuda");

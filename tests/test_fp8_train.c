@@ -227,7 +227,7 @@ static void fake_model(us_model *m, us_ops *o, int fp8, int64_t N, int64_t In, i
     m->dt = US_BF16;
     m->tc.fp8_min_dim =
         16; /* FP8 at these small sizes too (the default rule would keep them bf16) */
-    bytes = us__fp8_scratch(N, In, Out, In, Out > In ? Out : In, 16,
+    bytes = us__fp8_scratch(N, In, Out, In, Out > In ? Out : In, 0, 0, 16,
                             off); /* covers (In, Out) and (Out, In) */
     memcpy(m->fp8_off, off, sizeof off);
     m->a[US__A_FP8] = calloc(bytes, 1);
@@ -710,6 +710,249 @@ static void test_training(void) {
           f8, f16);
 }
 
+/* ------------------------------------------------------------------ MoE experts in FP8 */
+/* The experts' GEMMs (us__moe_run, // >>moe) under fp8 and bf16, against the fp64 products:
+   four experts of 40, 0, 16 and 7 rows (rows between them no expert owns), gate|up C 64 → 2Fe 96
+   and down Fe 48 → C 64. FP8 takes an expert's first n − n mod 16 rows in Fprop and Dgrad (32,
+   16 and none of the four) and all its rows in Wgrad; the grouped bf16 GEMM the rest. So under
+   fp8 the FP8 rows carry FP8's error and the others bf16's, and the expert with no rows keeps its
+   gradient's bytes. err: [mode][0] the FP8 rows' (Wgrad: every gradient's), [mode][1] the bf16
+   rows'; *moved: bytes changed that no expert owns. */
+static void experts_errors(int fp8, int k, double err[3][2], int64_t *moved) {
+    static const int64_t n[4] = {40, 0, 16, 7};
+    const int64_t C = 64, Fe = 48, In = k ? Fe : C, Out = k ? C : 2 * Fe, gap = 3;
+    us_ops o = us_cpu_ops(2);
+    us_model m;
+    int64_t off[4], R = 0, e, r, i, j;
+    size_t fo[5];
+    int mode;
+    memset(&m, 0, sizeof m);
+    m.ops = o;
+    m.fp8 = fp8;
+    m.dt = US_BF16;
+    m.ep = 1;
+    m.tc.fp8_min_dim = 16;
+    m.cfg.dim = C;
+    m.cfg.moe_ffn_dim = Fe;
+    m.cfg.moe_experts = 4;
+    m.moe_go = (int64_t *)calloc(16, 8);
+    m.moe_wp = (void **)calloc(4, sizeof(void *));
+    for (e = 0; e < 4; e++) {
+        off[e] = m.moe_go[e] = R;
+        m.moe_go[4 + e] = n[e];
+        R += n[e] + gap;
+    }
+    m.a[US__A_FP8] = calloc(us__fp8_scratch(R, C, C, C, C, R, Fe, 16, fo), 1);
+    memcpy(m.fp8_off, fo, sizeof fo);
+    for (mode = 0; mode < 3; mode++) {
+        /* X: the linear's input side (x, or dy for Dgrad); Y the other (y, dx, or dy for Wgrad) */
+        int64_t xc = mode == US_GG_DGRAD ? Out : In, yc = mode == US_GG_DGRAD ? In : Out;
+        uint16_t *X = (uint16_t *)malloc((size_t)(R * xc) * 2),
+                 *Y = (uint16_t *)malloc((size_t)(R * yc) * 2),
+                 *Y0 = (uint16_t *)malloc((size_t)(R * yc) * 2), *W[4];
+        float *G[4], *G0[4];
+        double num[2] = {0, 0}, den[2] = {0, 0};
+        fill(X, US_BF16, R * xc, 1.0);
+        fill(Y, US_BF16, R * yc, 1.0);
+        memcpy(Y0, Y, (size_t)(R * yc) * 2);
+        for (e = 0; e < 4; e++) {
+            W[e] = (uint16_t *)malloc((size_t)(Out * In) * 2);
+            fill(W[e], US_BF16, Out * In, 1.0);
+            G[e] = (float *)calloc((size_t)(Out * In), 4);
+            G0[e] = (float *)calloc((size_t)(Out * In), 4);
+            m.moe_wp[e] = mode == US_GG_WGRAD ? (void *)G[e] : (void *)W[e];
+        }
+        us__moe_run(&m, mode, k, 0, 4, X, Y);
+        for (e = 0; e < 4; e++) {
+            int64_t n16 = n[e] - n[e] % 16;
+            if (mode == US_GG_WGRAD) { /* dW [Out][In] = Σ_rows dy[r][o]·x[r][i] */
+                for (j = 0; j < Out; j++)
+                    for (i = 0; i < In; i++) {
+                        double s = 0, d;
+                        for (r = off[e]; r < off[e] + n[e]; r++)
+                            s += (double)us_bf16_to_f32(Y[r * Out + j]) *
+                                 us_bf16_to_f32(X[r * In + i]);
+                        d = G[e][j * In + i] - s;
+                        num[0] += d * d;
+                        den[0] += s * s;
+                    }
+                if (!n[e]) *moved += memcmp(G[e], G0[e], (size_t)(Out * In) * 4) != 0;
+                continue;
+            }
+            for (r = off[e]; r < off[e] + n[e]; r++)
+                for (j = 0; j < yc; j++) { /* Fprop y = x·Wᵀ, Dgrad dx = dy·W */
+                    double s = 0, d;
+                    int h = fp8 && r - off[e] < n16 ? 0 : 1;
+                    for (i = 0; i < xc; i++)
+                        s += (double)us_bf16_to_f32(X[r * xc + i]) *
+                             us_bf16_to_f32(mode == US_GG_FPROP ? W[e][j * In + i]
+                                                                : W[e][i * In + j]);
+                    d = us_bf16_to_f32(Y[r * yc + j]) - s;
+                    num[h] += d * d;
+                    den[h] += s * s;
+                }
+            for (r = off[e] + n[e]; r < off[e] + n[e] + gap; r++)
+                *moved += memcmp(Y + r * yc, Y0 + r * yc, (size_t)yc * 2) != 0;
+        }
+        err[mode][0] = den[0] > 0 ? sqrt(num[0] / den[0]) : 0;
+        err[mode][1] = den[1] > 0 ? sqrt(num[1] / den[1]) : 0;
+        for (e = 0; e < 4; e++) {
+            free(W[e]);
+            free(G[e]);
+            free(G0[e]);
+        }
+        free(X);
+        free(Y);
+        free(Y0);
+    }
+    free(m.a[US__A_FP8]);
+    free(m.moe_go);
+    free(m.moe_wp);
+}
+
+static long g_ngg_rows, g_nfp8g; /* rows the grouped GEMM was given; FP8 GEMMs */
+
+static void count_gg(us_ops *o, int mode, int G, const int64_t *off, const int64_t *n, int64_t N,
+                     int64_t K, const void *X, int64_t ldx, void *const *W, void *Y, int64_t ldy,
+                     us_dtype dt) {
+    int g;
+    for (g = 0; g < G; g++) g_ngg_rows += n[g];
+    g_cpu.gemm_grouped(o, mode, G, off, n, N, K, X, ldx, W, Y, ldy, dt);
+}
+
+static void count_fg(us_ops *o, int64_t M, int64_t N, int64_t K, float al, const uint8_t *a,
+                     const float *sa, int ta, const uint8_t *b, const float *sb, int tb, float be,
+                     void *C, us_dtype cdt, int64_t ldc) {
+    g_nfp8g++;
+    g_cpu.fp8_gemm(o, M, N, K, al, a, sa, ta, b, sb, tb, be, C, cdt, ldc);
+}
+
+/* A MoE model (2 layers, E 4, top-2, dim 48, Fe 32) trained on the sorting task in bf16 and fp8,
+   steps steps; balance: moe_force_balance (each expert 64 rows of a micro-batch: all FP8). */
+static float moe_train(us_precision prec, int balance, int steps, float *first) {
+    us_model_config mc;
+    us_train_config tc;
+    us_model m;
+    us_task task;
+    us_step_stats st;
+    us_ops o = us_cpu_ops(0);
+    int32_t *in, *tgt;
+    int s;
+    float last = NAN;
+    memset(&mc, 0, sizeof mc);
+    memset(&tc, 0, sizeof tc);
+    mc.n_layers = 2;
+    mc.dim = 48;
+    mc.n_heads = 4;
+    mc.moe_experts = 4;
+    mc.moe_top_k = 2;
+    mc.moe_ffn_dim = 32;
+    tc.batch = 4;
+    tc.seq = 32;
+    tc.steps = steps;
+    tc.lr = 1e-2f;
+    tc.warmup = 10;
+    tc.precision = prec;
+    tc.threads = 1;
+    tc.moe_force_balance = balance;
+    tc.fp8_min_dim = every_size(prec);
+    g_cpu = o;
+    o.gemm_grouped = count_gg;
+    o.fp8_gemm = count_fg;
+    if (us_model_init(&m, &mc, &tc, &o) != US_OK) {
+        printf("  init: %s\n", us_model_error(&m));
+        return NAN;
+    }
+    us_task_init(&task, 1);
+    in = (int32_t *)malloc((size_t)tc.batch * tc.seq * 4);
+    tgt = (int32_t *)malloc((size_t)tc.batch * tc.seq * 4);
+    g_ngg_rows = g_nfp8g = 0;
+    for (s = 0; s < steps; s++) {
+        us_task_batch(&task, tc.batch, tc.seq, in, tgt);
+        if (us_train_step(&m, in, tgt, &st) != US_OK) {
+            printf("  step: %s\n", us_model_error(&m));
+            break;
+        }
+        if (s == 0) *first = st.loss;
+        last = st.loss;
+    }
+    free(in);
+    free(tgt);
+    us_model_free(&m);
+    return last;
+}
+
+static void test_moe_experts(int quick) {
+    static const char *mname[3] = {"Fprop", "Dgrad", "Wgrad"};
+    double e8[3][2], e16[3][2];
+    int64_t moved = 0;
+    int k, mode;
+    for (k = 0; k <= 2; k += 2) {
+        experts_errors(1, k, e8, &moved);
+        experts_errors(0, k, e16, &moved);
+        for (mode = 0; mode < 3; mode++) {
+            double b = e16[mode][mode == US_GG_WGRAD ? 0 : 1]; /* bf16 everywhere */
+            CHECK(e8[mode][0] < 0.06 && e8[mode][0] > 3 * b && b < 0.006 &&
+                      (mode == US_GG_WGRAD || e8[mode][1] < 0.006),
+                  "MoE experts %s %s: FP8 rows rel err %.4f (bf16 %.4f), the rows left to the "
+                  "grouped bf16 GEMM %.4f",
+                  k ? "down" : "gate|up", mname[mode], e8[mode][0], b, e8[mode][1]);
+        }
+    }
+    CHECK(moved == 0,
+          "the experts' GEMMs leave rows no expert owns, and an empty expert's "
+          "gradient, as they were (%lld changed)",
+          (long long)moved);
+    { /* the FP8 scratch holds the experts' operands (up to all N·K rows on one expert) */
+        us_model_config mc;
+        us_train_config tc;
+        us_memory est;
+        us_model m;
+        char err[256];
+        memset(&mc, 0, sizeof mc);
+        memset(&tc, 0, sizeof tc);
+        mc.n_layers = 2;
+        mc.dim = 48;
+        mc.n_heads = 4;
+        mc.moe_experts = 4;
+        mc.moe_top_k = 2;
+        mc.moe_ffn_dim = 256; /* the experts' operands outgrow the dense linears' */
+        tc.batch = 4;
+        tc.seq = 32;
+        tc.threads = 1;
+        tc.precision = US_PRECISION_FP8;
+        tc.fp8_min_dim = 16;
+        CHECK(us_memory_estimate(&mc, &tc, &est, err, sizeof err) == US_OK &&
+                  us_model_init(&m, &mc, &tc, NULL) == US_OK && est.total == m.mem.total &&
+                  est.activations == m.mem.activations,
+              "fp8 MoE: estimated %zu = allocated %zu bytes (activations %zu vs %zu)", est.total,
+              m.mem.total, est.activations, m.mem.activations);
+        us_model_free(&m);
+    }
+    if (quick) return;
+    { /* every expert of a balanced micro-batch has 128·2/4 = 64 rows: the grouped bf16 GEMM gets
+         none; FP8 GEMMs per step: 2 layers × (qkv, o: 3 each + 4 experts × 2 linears × 3) */
+        float f8, fb, l8, lb;
+        long rows, calls;
+        moe_train(US_PRECISION_FP8, 1, 2, &f8);
+        rows = g_ngg_rows;
+        calls = g_nfp8g;
+        CHECK(rows == 0 && calls == 2 * 2 * (2 * 3 + 4 * 2 * 3),
+              "fp8 MoE, balanced: the grouped bf16 GEMM got %ld rows, %ld FP8 GEMMs in 2 steps "
+              "(want 0, %d)",
+              rows, calls, 2 * 2 * (2 * 3 + 4 * 2 * 3));
+        lb = moe_train(US_PRECISION_BF16, 0, 60, &fb);
+        l8 = moe_train(US_PRECISION_FP8, 0, 60, &f8);
+        printf("  MoE sorting task, 60 steps: loss bf16 %.4f -> %.4f | fp8 %.4f -> %.4f (%ld FP8 "
+               "GEMMs; the grouped bf16 GEMM took %ld expert rows)\n",
+               fb, lb, f8, l8, g_nfp8g, g_ngg_rows);
+        CHECK(l8 < 0.5f * f8 && fabsf(l8 - lb) < 0.1f * lb && g_ngg_rows > 0 && g_nfp8g > 0,
+              "fp8 MoE training (routed freely: each expert's last n mod 16 rows bf16): loss "
+              "%.3f -> %.3f, within 10%% of bf16's %.3f",
+              f8, l8, lb);
+    }
+}
+
 /* ------------------------------------------------------------------ estimator, sizes, errors */
 static void test_config(void) {
     us_model_config mc;
@@ -853,6 +1096,7 @@ int main(int argc, char **argv) {
     test_ops_equal_host();
     test_linear();
     test_config();
+    test_moe_experts(quick);
     if (!quick) {
         test_training();
         test_dual_quantisation();

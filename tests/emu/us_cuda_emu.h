@@ -1,8 +1,9 @@
-/* us_cuda_emu.h — just enough CUDA to run the flash kernels on the CPU, for a machine without a
-   GPU: the 128 threads of a CTA are cooperative contexts (ucontext) of one OS thread, switched at
-   every barrier and warp collective; __syncthreads, __shfl_xor_sync and __ballot_sync keep their
-   meaning; cp.async is a plain copy, ldmatrix (.trans) and mma.sync m16n8k16 bf16 → fp32 follow
-   the PTX fragment layouts; CTAs run one after another and shared memory starts as garbage.
+/* us_cuda_emu.h — just enough CUDA to run the flash and grouped-GEMM kernels on the CPU, for a
+   machine without a GPU: the threads of a CTA (128, or up to 256) are cooperative contexts
+   (ucontext) of one OS thread, switched at every barrier and warp collective; __syncthreads,
+   __shfl_xor_sync and __ballot_sync keep their meaning; cp.async is a plain copy (its waits do
+   nothing), ldmatrix (.trans) and mma.sync m16n8k16 bf16 / fp16 → fp32 follow the PTX fragment
+   layouts; CTAs run one after another and shared memory starts as garbage.
    What it cannot show: timing, races between real threads, and cp.async used before its wait
    (the copy has already happened). Slow (~1 ms per warp-tile): small shapes only. */
 #pragma once
@@ -16,6 +17,7 @@
 #include <functional>
 #include <vector>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <vector_types.h>
 #include <vector_functions.h>
 
@@ -24,6 +26,8 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
+#define __grid_constant__
+#define EMU_WARPS 8 /* the most warps a CTA may have */
 
 struct emu_dim3 {
     unsigned x, y, z;
@@ -77,8 +81,8 @@ struct EmuSlot {
     uint32_t w[16];
 };
 
-static EmuSlot emu_slot[4][32];
-static int emu_wcount[4], emu_wgen[4];
+static EmuSlot emu_slot[EMU_WARPS][32];
+static int emu_wcount[EMU_WARPS], emu_wgen[EMU_WARPS];
 
 static inline void emu_warp_bar(int w) {
     int gen = emu_wgen[w];
@@ -131,6 +135,9 @@ static inline void us__cp_async_commit(void) {}
 
 static inline void us__cp_async_wait_all(void) {}
 
+template <int N>
+static inline void us__cp_async_wait(void) {}
+
 static inline void emu_ldsm(uint32_t r[4], const void *s, int trans) {
     int w = emu_warp(), l = emu_lane();
     const void *p = s;
@@ -165,7 +172,15 @@ static inline float emu_bf(uint32_t reg, int hi) {
     return __bfloat162float(e[hi]);
 }
 
-static inline void us__mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+static inline float emu_h(uint32_t reg, int hi) {
+    __half e[2];
+    memcpy(e, &reg, 4);
+    return __half2float(e[hi]);
+}
+
+/* mma.sync m16n8k16 with 16-bit inputs read by cv (emu_bf or emu_h), fp32 accumulation */
+static inline void emu_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1,
+                           float (*cv)(uint32_t, int)) {
     int w = emu_warp(), l = emu_lane();
     EmuSlot &me = emu_slot[w][l];
     me.w[0] = a[0];
@@ -179,11 +194,11 @@ static inline void us__mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, ui
     for (int r = 0; r < 16; r++)
         for (int k = 0; k < 16; k++) {
             int g = r % 8, kk = k % 8;
-            A[r][k] = emu_bf(emu_slot[w][4 * g + kk / 2].w[r / 8 + 2 * (k / 8)], kk % 2);
+            A[r][k] = cv(emu_slot[w][4 * g + kk / 2].w[r / 8 + 2 * (k / 8)], kk % 2);
         }
     for (int k = 0; k < 16; k++)
         for (int n = 0; n < 8; n++)
-            Bm[k][n] = emu_bf(emu_slot[w][4 * n + (k % 8) / 2].w[4 + k / 8], k % 2);
+            Bm[k][n] = cv(emu_slot[w][4 * n + (k % 8) / 2].w[4 + k / 8], k % 2);
     emu_warp_bar(w);
     int g = l / 4, cc = 2 * (l % 4);
     for (int e = 0; e < 4; e++) {
@@ -194,7 +209,16 @@ static inline void us__mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, ui
     }
 }
 
-/* run fn in every thread of every block of grid, with smem bytes of dynamic shared memory */
+static inline void us__mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    emu_mma(c, a, b0, b1, emu_bf);
+}
+
+static inline void us__mma_f16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    emu_mma(c, a, b0, b1, emu_h);
+}
+
+/* run fn in every thread of every block of grid (nt threads each, a multiple of 32 up to
+   32·EMU_WARPS), with smem bytes of dynamic shared memory */
 static std::function<void()> emu_fn;
 
 static void emu_entry() {
@@ -203,11 +227,12 @@ static void emu_entry() {
     swapcontext(&emu_cur->ctx, &emu_sched);
 }
 
-static void emu_launch(emu_dim3 grid, size_t smem, std::function<void()> fn) {
-    static std::vector<EmuT> th(128);
+static void emu_launch(emu_dim3 grid, size_t smem, std::function<void()> fn, int nt = 128) {
+    static std::vector<EmuT> th(32 * EMU_WARPS);
     std::vector<unsigned char> sm(smem);
+    if (nt % 32 || nt > 32 * EMU_WARPS) abort();
     emu_threads = th.data();
-    emu_nt = 128;
+    emu_nt = nt;
     emu_gdim = grid;
     emu_fn = fn;
     for (unsigned z = 0; z < grid.z; z++)
@@ -218,8 +243,8 @@ static void emu_launch(emu_dim3 grid, size_t smem, std::function<void()> fn) {
                 emu_smem = sm.data();
                 if ((uintptr_t)emu_smem & 15) abort();
                 emu_bar_count = 0;
-                for (int w = 0; w < 4; w++) emu_wcount[w] = 0;
-                for (int t = 0; t < 128; t++) {
+                for (int w = 0; w < EMU_WARPS; w++) emu_wcount[w] = 0;
+                for (int t = 0; t < nt; t++) {
                     EmuT &e = th[t];
                     e.stack.resize(256 * 1024);
                     e.done = 0;
@@ -230,10 +255,10 @@ static void emu_launch(emu_dim3 grid, size_t smem, std::function<void()> fn) {
                     e.ctx.uc_link = &emu_sched;
                     makecontext(&e.ctx, emu_entry, 0);
                 }
-                int left = 128;
+                int left = nt;
                 while (left) {
                     left = 0;
-                    for (int t = 0; t < 128; t++) {
+                    for (int t = 0; t < nt; t++) {
                         if (th[t].done) continue;
                         emu_cur = &th[t];
                         swapcontext(&emu_sched, &th[t].ctx);
