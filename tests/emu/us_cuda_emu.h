@@ -1,8 +1,8 @@
 /* us_cuda_emu.h — just enough CUDA to run the flash kernels on the CPU, for a machine without a
    GPU: the 128 threads of a CTA are cooperative contexts (ucontext) of one OS thread, switched at
    every barrier and warp collective; __syncthreads, __shfl_xor_sync and __ballot_sync keep their
-   meaning; cp.async is a plain copy, ldmatrix (.trans) and mma.sync m16n8k16 bf16 → fp32 follow
-   the PTX fragment layouts; CTAs run one after another and shared memory starts as garbage.
+   meaning; cp.async is a plain copy, ldmatrix (.trans) and mma.sync m16n8k16 bf16 or fp16 → fp32
+   follow the PTX fragment layouts; CTAs run one after another and shared memory starts as garbage.
    What it cannot show: timing, races between real threads, and cp.async used before its wait
    (the copy has already happened). Slow (~1 ms per warp-tile): small shapes only. */
 #pragma once
@@ -16,6 +16,7 @@
 #include <functional>
 #include <vector>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <vector_types.h>
 #include <vector_functions.h>
 
@@ -137,14 +138,14 @@ static inline void emu_ldsm(uint32_t r[4], const void *s, int trans) {
     memcpy(emu_slot[w][l].w, &p, sizeof p);
     emu_warp_bar(w);
     for (int i = 0; i < 4; i++) {
-        const __nv_bfloat16 *row;
-        __nv_bfloat16 e[2];
+        const uint16_t *row; /* b16: bf16 or fp16, moved as bits */
+        uint16_t e[2];
         if (!trans) {
             memcpy(&row, emu_slot[w][i * 8 + l / 4].w, sizeof row);
             e[0] = row[2 * (l % 4)];
             e[1] = row[2 * (l % 4) + 1];
         } else {
-            const __nv_bfloat16 *r0, *r1;
+            const uint16_t *r0, *r1;
             memcpy(&r0, emu_slot[w][i * 8 + 2 * (l % 4)].w, sizeof r0);
             memcpy(&r1, emu_slot[w][i * 8 + 2 * (l % 4) + 1].w, sizeof r1);
             e[0] = r0[l / 4];
@@ -159,13 +160,20 @@ static inline void us__ldsm_x4(uint32_t r[4], const void *s) { emu_ldsm(r, s, 0)
 
 static inline void us__ldsm_x4_t(uint32_t r[4], const void *s) { emu_ldsm(r, s, 1); }
 
-static inline float emu_bf(uint32_t reg, int hi) {
+/* element hi of a register of two 16-bit values, bf16 or (f16) fp16 */
+static inline float emu_bf(uint32_t reg, int hi, int f16) {
+    if (f16) {
+        __half e[2];
+        memcpy(e, &reg, 4);
+        return __half2float(e[hi]);
+    }
     __nv_bfloat16 e[2];
     memcpy(e, &reg, 4);
     return __bfloat162float(e[hi]);
 }
 
-static inline void us__mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+/* the products are exact in fp32 (8- or 11-bit mantissas); the sum's order is the emulator's */
+static inline void emu_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1, int f16) {
     int w = emu_warp(), l = emu_lane();
     EmuSlot &me = emu_slot[w][l];
     me.w[0] = a[0];
@@ -179,11 +187,11 @@ static inline void us__mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, ui
     for (int r = 0; r < 16; r++)
         for (int k = 0; k < 16; k++) {
             int g = r % 8, kk = k % 8;
-            A[r][k] = emu_bf(emu_slot[w][4 * g + kk / 2].w[r / 8 + 2 * (k / 8)], kk % 2);
+            A[r][k] = emu_bf(emu_slot[w][4 * g + kk / 2].w[r / 8 + 2 * (k / 8)], kk % 2, f16);
         }
     for (int k = 0; k < 16; k++)
         for (int n = 0; n < 8; n++)
-            Bm[k][n] = emu_bf(emu_slot[w][4 * n + (k % 8) / 2].w[4 + k / 8], k % 2);
+            Bm[k][n] = emu_bf(emu_slot[w][4 * n + (k % 8) / 2].w[4 + k / 8], k % 2, f16);
     emu_warp_bar(w);
     int g = l / 4, cc = 2 * (l % 4);
     for (int e = 0; e < 4; e++) {
@@ -192,6 +200,14 @@ static inline void us__mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, ui
         for (int k = 0; k < 16; k++) s += A[r][k] * Bm[k][n];
         c[e] += s;
     }
+}
+
+static inline void us__mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    emu_mma(c, a, b0, b1, 0);
+}
+
+static inline void us__mma_f16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    emu_mma(c, a, b0, b1, 1);
 }
 
 /* run fn in every thread of every block of grid, with smem bytes of dynamic shared memory */
