@@ -21,7 +21,7 @@
      // >>cuda-attention  portable attention (any dtype/head size)
      // >>cuda-flash      flash attention: bf16, HS 64/128, mma.sync tensor cores, deterministic backward
      // >>cuda-hopper     FlashAttention-3 on Hopper: wgmma, TMA, warp specialisation; bf16/fp16, HS 64-256
-     // >>cuda-cp-flash   the same by key blocks with positions (ring attention's blocks), state in fp32
+     // >>cuda-cp-flash   the same by key blocks with positions (ring attention's blocks): bf16/fp16, HS 64-256, state in fp32
      // >>cuda-moe        mixture of experts: router (+ backward), counting-sort permute, row gather / scatter-add, gate gradient
      // >>cuda-grouped    grouped GEMM: a MoE layer's experts in one launch (mma.sync, bf16/fp16)
      // >>cuda-optimizer  AdamW on flat buffers, Σx² for the global norm
@@ -1327,7 +1327,8 @@ __global__ void __launch_bounds__(US__XENT_THREADS)
 
 /* Attention by key blocks with positions (context parallelism), the portable kernels: one thread
    per query row (forward, dQ) or per key row (dK, dV), so every sum has one order and no atomics.
-   Correct and simple, and slow; bf16 at HS 64/128 runs the flash kernels of // >>cuda-cp-flash.
+   Correct and simple, and slow; bf16 and fp16 at HS 64, 80, 96, 128, 192, 256 on sm_80+ run the
+   flash kernels of // >>cuda-cp-flash.
    Shapes as there: qkv [B, Tq, QKV]; kv [B, Tk, 2·NKV·HS]; acc f32 [B, NH, Tq, HS]; m, l f32
    [B, NH, Tq]; dq f32 [B, Tq, NH·HS] +=; dkv f32 [B, Tk, 2·NKV·HS] += */
 template <typename T>
@@ -1446,8 +1447,9 @@ __global__ void us__k_attn_block_dkv(float *dkv, const T *dout, const T *qkv, co
         }
 }
 
-/* The portable path of the ops (fp32, head sizes other than 64/128); bf16 at HS 64/128 takes
-   the flash kernels of // >>cuda-cp-flash, which fall back to these. */
+/* The portable path of the ops (fp32, other head sizes, GPUs before sm_80); bf16 and fp16 at the
+   head sizes real models use take the flash kernels of // >>cuda-cp-flash, which fall back to
+   these. */
 static void us__attn_block_fwd_naive(us_ops *o, float *acc, float *m, float *l, const void *qkv,
                                      const void *kv, const int32_t *qpos, const int32_t *kpos,
                                      int64_t B, int64_t Tq, int64_t Tk, int NH, int NKV, int HS,
@@ -1762,22 +1764,40 @@ static constexpr int us__fa_threads = 128; /* 4 warps */
    Llama-3.2-1B shape, H200): forward 128×64 264 TF/s vs 128×32 235, 64×64 219-240;
    dK/dV 128 keys × 32 queries 1.81 ms vs 64×32 2.5, 64×64 2.2, 128×16 2.4, 64×32 at 3 CTAs/SM
    2.1; dQ 128×32 1.27 ms vs 128×64 1.29 (spills), 64×64 1.44-1.5, 128×16 at 3 CTAs/SM 1.39.
-   Asking for 3 CTAs per SM (MINB 3, ≤ 168 registers) never paid for the smaller tiles it needs. */
+   Asking for 3 CTAs per SM (MINB 3, ≤ 168 registers) never paid for the smaller tiles it needs.
+   The block kernels of // >>cuda-cp-flash take the same tiles and also run HS 80, 96 (HS 128's
+   tiles, fewer registers), 192 and 256. Those two hold a warp's 16 rows only (MW 1, HS/2 fp32 of
+   O or dQ per thread) and take 16- or 32-row tiles, so that two CTAs still fit in an SM's shared
+   memory; at HS 256, dK and dV would need 256 fp32 per thread together, so kv_split runs the
+   dK/dV kernel twice, once for dV and once for dK (as // >>cuda-hopper does). Not yet timed. */
 template <int HS>
 struct us__fa_cfg {
     static constexpr int fwd_mw = 2, fwd_bc = 32, kv_kw = 1, kv_br = 32, dq_mw = 2, dq_bc = 32;
-    static constexpr int fwd_minb = 2, kv_minb = 2, dq_minb = 2;
+    static constexpr int fwd_minb = 2, kv_minb = 2, dq_minb = 2, kv_split = 0;
 };
 
 template <>
 struct us__fa_cfg<64> {
     static constexpr int fwd_mw = 2, fwd_bc = 64, kv_kw = 2, kv_br = 32, dq_mw = 2, dq_bc = 32;
-    static constexpr int fwd_minb = 2, kv_minb = 2,
-                         dq_minb = 2; /* 231, 254, 234 registers, no spills */
+    static constexpr int fwd_minb = 2, kv_minb = 2, dq_minb = 2,
+                         kv_split = 0; /* 231, 254, 234 registers, no spills */
+};
+
+template <>
+struct us__fa_cfg<192> {
+    static constexpr int fwd_mw = 1, fwd_bc = 32, kv_kw = 1, kv_br = 16, dq_mw = 1, dq_bc = 32;
+    static constexpr int fwd_minb = 2, kv_minb = 2, dq_minb = 2, kv_split = 0;
+};
+
+template <>
+struct us__fa_cfg<256> {
+    static constexpr int fwd_mw = 1, fwd_bc = 32, kv_kw = 1, kv_br = 16, dq_mw = 1, dq_bc = 16;
+    static constexpr int fwd_minb = 2, kv_minb = 2, dq_minb = 2, kv_split = 1;
 };
 
 /* shared-memory rows are padded by 8 bf16 (16 bytes): the 8 rows one ldmatrix reads then
-   start in 8 different 16-byte bank groups, so no bank conflicts without a swizzle */
+   start in 8 different 16-byte bank groups, so no bank conflicts without a swizzle (for any HS
+   that is a multiple of 16, a padded row is an odd number of 16-byte chunks) */
 template <int HS>
 struct us__fa_dims {
     static constexpr int lds = HS + 8; /* smem row stride (elements) */
@@ -1866,81 +1886,135 @@ static __device__ __forceinline__ void us__mma_bf16(float c[4], const uint32_t a
 #endif
 }
 
+/* the same with fp16 operands (.f16): identical fragments */
+static __device__ __forceinline__ void us__mma_f16(float c[4], const uint32_t a[4], uint32_t b0,
+                                                   uint32_t b1) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    (void)c;
+    (void)a;
+    (void)b0;
+    (void)b1;
+    __trap();
+#endif
+}
+
 static __device__ __forceinline__ uint32_t us__pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
+/* The element type E of the tiles: bf16, or fp16 (the block kernels of // >>cuda-cp-flash).
+   mma.sync m16n8k16 has a .bf16 and an .f16 form with the same fragments, so only the product
+   and the conversions differ. two: a pair of E in one 32-bit register. */
+template <typename E>
+struct us__fa_elt;
+
+template <>
+struct us__fa_elt<__nv_bfloat16> {
+    typedef __nv_bfloat162 two;
+
+    static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
+                                               uint32_t b1) {
+        us__mma_bf16(c, a, b0, b1);
+    }
+
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        return us__pack_bf16(lo, hi);
+    }
+
+    static __device__ __forceinline__ float2 unpack(two v) { return __bfloat1622float2(v); }
+};
+
+template <>
+struct us__fa_elt<__half> {
+    typedef __half2 two;
+
+    static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
+                                               uint32_t b1) {
+        us__mma_f16(c, a, b0, b1);
+    }
+
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        __half2 v = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&v);
+    }
+
+    static __device__ __forceinline__ float2 unpack(two v) { return __half22float2(v); }
+};
+
 /* The fp32 accumulator of two adjacent n-tiles (16×16) is exactly the A fragment of the next
    product: this is how P and dS stay in registers (FA2) */
+template <typename E>
 static __device__ __forceinline__ void us__acc_to_a(uint32_t a[4], const float c0[4],
                                                     const float c1[4]) {
-    a[0] = us__pack_bf16(c0[0], c0[1]);
-    a[1] = us__pack_bf16(c0[2], c0[3]);
-    a[2] = us__pack_bf16(c1[0], c1[1]);
-    a[3] = us__pack_bf16(c1[2], c1[3]);
+    a[0] = us__fa_elt<E>::pack(c0[0], c0[1]);
+    a[1] = us__fa_elt<E>::pack(c0[2], c0[3]);
+    a[2] = us__fa_elt<E>::pack(c1[0], c1[1]);
+    a[3] = us__fa_elt<E>::pack(c1[2], c1[3]);
 }
 
 /* ldmatrix addresses inside a [rows][lds] tile:
    A fragment of rows r0..r0+15, columns k0..k0+15 */
-template <int LDS>
-static __device__ __forceinline__ const __nv_bfloat16 *us__fa_a_addr(const __nv_bfloat16 *s, int r0,
-                                                                     int k0, int lane) {
+template <int LDS, typename E>
+static __device__ __forceinline__ const E *us__fa_a_addr(const E *s, int r0, int k0, int lane) {
     return s + (r0 + (lane & 15)) * LDS + k0 + (lane >> 4) * 8;
 }
 
 /* B fragments of two n-tiles (rows n0..n0+15 of a row-major [n][k] tile, i.e. Xᵀ), k0..k0+15:
    regs {0,1} = n-tile n0, {2,3} = n-tile n0+8 */
-template <int LDS>
-static __device__ __forceinline__ const __nv_bfloat16 *us__fa_bt_addr(const __nv_bfloat16 *s,
-                                                                      int n0, int k0, int lane) {
+template <int LDS, typename E>
+static __device__ __forceinline__ const E *us__fa_bt_addr(const E *s, int n0, int k0, int lane) {
     return s + (n0 + (lane & 7) + (lane >> 4) * 8) * LDS + k0 + ((lane >> 3) & 1) * 8;
 }
 
 /* B fragments (with .trans) of a row-major [k][n] tile: k0..k0+15, two n-tiles n0, n0+8 */
-template <int LDS>
-static __device__ __forceinline__ const __nv_bfloat16 *us__fa_b_addr(const __nv_bfloat16 *s, int k0,
-                                                                     int n0, int lane) {
+template <int LDS, typename E>
+static __device__ __forceinline__ const E *us__fa_b_addr(const E *s, int k0, int n0, int lane) {
     return s + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + n0 + (lane >> 4) * 8;
 }
 
 /* acc[MW m-atoms][16×HS] += P[MW][16×BC] · V[BC×HS], the second product of both the forward
-   (O += P·V) and the dQ kernel (dQ += dS·K): P leaves its fp32 accumulators as bf16 A fragments
-   without touching shared memory (FA2), V comes from shared memory through ldmatrix.trans. */
-template <int MW, int BC, int HS, int LDS>
-static __device__ __forceinline__ void us__fa_acc_pv(float (&acc)[MW][HS / 8][4],
-                                                     float (&p)[MW][BC / 8][4],
-                                                     const __nv_bfloat16 *sV, int lane) {
+   (O += P·V) and the dQ kernel (dQ += dS·K): P leaves its fp32 accumulators as E (bf16 or fp16)
+   A fragments without touching shared memory (FA2), V comes from shared memory through
+   ldmatrix.trans. */
+template <int MW, int BC, int HS, int LDS, typename E>
+static __device__ __forceinline__ void
+us__fa_acc_pv(float (&acc)[MW][HS / 8][4], float (&p)[MW][BC / 8][4], const E *sV, int lane) {
 #pragma unroll
     for (int t = 0; t < BC / 16; t++) {
         uint32_t pa[MW][4];
 #pragma unroll
-        for (int a = 0; a < MW; a++) us__acc_to_a(pa[a], p[a][2 * t], p[a][2 * t + 1]);
+        for (int a = 0; a < MW; a++) us__acc_to_a<E>(pa[a], p[a][2 * t], p[a][2 * t + 1]);
 #pragma unroll
         for (int d = 0; d < HS / 16; d++) {
             uint32_t vf[4];
             us__ldsm_x4_t(vf, us__fa_b_addr<LDS>(sV, t * 16, d * 16, lane));
 #pragma unroll
             for (int a = 0; a < MW; a++) {
-                us__mma_bf16(acc[a][2 * d], pa[a], vf[0], vf[1]);
-                us__mma_bf16(acc[a][2 * d + 1], pa[a], vf[2], vf[3]);
+                us__fa_elt<E>::mma(acc[a][2 * d], pa[a], vf[0], vf[1]);
+                us__fa_elt<E>::mma(acc[a][2 * d + 1], pa[a], vf[2], vf[3]);
             }
         }
     }
 }
 
 /* rows×HS tile from global (row stride ld elements) to shared [rows][HS+8]; rows ≥ nvalid become
-   zeros (g must point at a valid row 0) */
-template <int HS, int ROWS>
-static __device__ __forceinline__ void us__fa_load_tile(__nv_bfloat16 *s, const __nv_bfloat16 *g,
-                                                        int64_t ld, int nvalid) {
-    constexpr int CPR = HS / 8; /* 16-byte chunks per row */
-    static_assert(ROWS * CPR % us__fa_threads == 0, "tile must split evenly over the CTA");
+   zeros (g must point at a valid row 0). A tile that does not split evenly over the CTA's
+   threads (HS 80: 32 rows of 10 chunks) leaves some threads idle in the last round. */
+template <int HS, int ROWS, typename E>
+static __device__ __forceinline__ void us__fa_load_tile(E *s, const E *g, int64_t ld, int nvalid) {
+    constexpr int CPR = HS / 8, N = ROWS * CPR; /* 16-byte chunks per row, per tile */
 #pragma unroll
-    for (int i = 0; i < ROWS * CPR / us__fa_threads; i++) {
+    for (int i = 0; i < (N + us__fa_threads - 1) / us__fa_threads; i++) {
         int c = threadIdx.x + i * us__fa_threads;
         int r = c / CPR, k = (c % CPR) * 8, ok = r < nvalid;
-        us__cp_async16(s + r * us__fa_dims<HS>::lds + k, ok ? g + r * ld + k : g, ok ? 16 : 0);
+        if (N % us__fa_threads == 0 || c < N)
+            us__cp_async16(s + r * us__fa_dims<HS>::lds + k, ok ? g + r * ld + k : g, ok ? 16 : 0);
     }
 }
 
@@ -1964,12 +2038,13 @@ static __device__ __forceinline__ void us__fa_mask(float (&x)[MW][N][4], float v
                 if (masked(a, j, e)) x[a][j][e] = v;
 }
 
-/* S[MW][16×BC] = Q·Kᵀ for the warp's 16·MW query rows (wr0.. of sQ, or qf registers when MW = 1)
-   against a [BC][LDS] key tile */
-template <int MW, int BC, int HS, int LDS>
-static __device__ __forceinline__ void
-us__fa_qk(float (&s)[MW][BC / 8][4], const uint32_t (&qf)[MW == 1 ? HS / 16 : 1][4],
-          const __nv_bfloat16 *sQ, int wr0, const __nv_bfloat16 *sK, int lane) {
+/* S[MW][16×BC] = Q·Kᵀ for the warp's 16·MW query rows (wr0.. of sQ, or the qf registers when
+   QREG, which needs MW = 1) against a [BC][LDS] key tile */
+template <int MW, int BC, int HS, int LDS, bool QREG = MW == 1, typename E>
+static __device__ __forceinline__ void us__fa_qk(float (&s)[MW][BC / 8][4],
+                                                 const uint32_t (&qf)[QREG ? HS / 16 : 1][4],
+                                                 const E *sQ, int wr0, const E *sK, int lane) {
+    static_assert(!QREG || MW == 1, "Q stays in registers for one m-atom only");
 #pragma unroll
     for (int a = 0; a < MW; a++)
 #pragma unroll
@@ -1977,7 +2052,7 @@ us__fa_qk(float (&s)[MW][BC / 8][4], const uint32_t (&qf)[MW == 1 ? HS / 16 : 1]
 #pragma unroll
     for (int kk = 0; kk < HS / 16; kk++) {
         uint32_t qa[MW][4];
-        if constexpr (MW == 1) {
+        if constexpr (QREG) {
 #pragma unroll
             for (int e = 0; e < 4; e++) qa[0][e] = qf[kk][e];
         } else {
@@ -1991,8 +2066,8 @@ us__fa_qk(float (&s)[MW][BC / 8][4], const uint32_t (&qf)[MW == 1 ? HS / 16 : 1]
             us__ldsm_x4(kf, us__fa_bt_addr<LDS>(sK, np * 16, kk * 16, lane));
 #pragma unroll
             for (int a = 0; a < MW; a++) {
-                us__mma_bf16(s[a][2 * np], qa[a], kf[0], kf[1]);
-                us__mma_bf16(s[a][2 * np + 1], qa[a], kf[2], kf[3]);
+                us__fa_elt<E>::mma(s[a][2 * np], qa[a], kf[0], kf[1]);
+                us__fa_elt<E>::mma(s[a][2 * np + 1], qa[a], kf[2], kf[3]);
             }
         }
     }
@@ -2046,37 +2121,43 @@ us__fa_softmax(float (&s)[MW][BC / 8][4], float (&o)[MW][HS / 8][4], float (&m)[
 /* The two products every backward tile starts from, X·Yᵀ and Z·Wᵀ over the head dimension, for
    W 16-row atoms of X and Z (rows r0 + 16a of shared tiles) against N rows of Y and W: S = Q·Kᵀ
    with dP = dO·Vᵀ (the dQ side), or Sᵀ = K·Qᵀ with dPᵀ = V·dOᵀ (the dK/dV side). Each fragment of
-   Y and W read from shared memory feeds all W atoms. */
-template <int W, int N, int HS, int LDS>
+   Y and W read from shared memory feeds all W atoms. ONE: only X·Yᵀ (zw is left alone), for
+   the dV-only pass of // >>cuda-cp-flash's split dK/dV kernel. */
+template <int W, int N, int HS, int LDS, bool ONE = false, typename E>
 static __device__ __forceinline__ void
-us__fa_two_mm(float (&xy)[W][N / 8][4], float (&zw)[W][N / 8][4], const __nv_bfloat16 *sX,
-              const __nv_bfloat16 *sZ, int r0, const __nv_bfloat16 *sY, const __nv_bfloat16 *sW,
-              int lane) {
+us__fa_two_mm(float (&xy)[W][N / 8][4], float (&zw)[W][N / 8][4], const E *sX, const E *sZ, int r0,
+              const E *sY, const E *sW, int lane) {
 #pragma unroll
     for (int a = 0; a < W; a++)
 #pragma unroll
         for (int j = 0; j < N / 8; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) xy[a][j][e] = zw[a][j][e] = 0.f;
+            for (int e = 0; e < 4; e++) {
+                xy[a][j][e] = 0.f;
+                if constexpr (!ONE) zw[a][j][e] = 0.f;
+            }
 #pragma unroll
     for (int kk = 0; kk < HS / 16; kk++) {
         uint32_t xa[W][4], za[W][4];
 #pragma unroll
         for (int a = 0; a < W; a++) {
             us__ldsm_x4(xa[a], us__fa_a_addr<LDS>(sX, r0 + 16 * a, kk * 16, lane));
-            us__ldsm_x4(za[a], us__fa_a_addr<LDS>(sZ, r0 + 16 * a, kk * 16, lane));
+            if constexpr (!ONE)
+                us__ldsm_x4(za[a], us__fa_a_addr<LDS>(sZ, r0 + 16 * a, kk * 16, lane));
         }
 #pragma unroll
         for (int np = 0; np < N / 16; np++) {
             uint32_t yf[4], wf[4];
             us__ldsm_x4(yf, us__fa_bt_addr<LDS>(sY, np * 16, kk * 16, lane));
-            us__ldsm_x4(wf, us__fa_bt_addr<LDS>(sW, np * 16, kk * 16, lane));
+            if constexpr (!ONE) us__ldsm_x4(wf, us__fa_bt_addr<LDS>(sW, np * 16, kk * 16, lane));
 #pragma unroll
             for (int a = 0; a < W; a++) {
-                us__mma_bf16(xy[a][2 * np], xa[a], yf[0], yf[1]);
-                us__mma_bf16(xy[a][2 * np + 1], xa[a], yf[2], yf[3]);
-                us__mma_bf16(zw[a][2 * np], za[a], wf[0], wf[1]);
-                us__mma_bf16(zw[a][2 * np + 1], za[a], wf[2], wf[3]);
+                us__fa_elt<E>::mma(xy[a][2 * np], xa[a], yf[0], yf[1]);
+                us__fa_elt<E>::mma(xy[a][2 * np + 1], xa[a], yf[2], yf[3]);
+                if constexpr (!ONE) {
+                    us__fa_elt<E>::mma(zw[a][2 * np], za[a], wf[0], wf[1]);
+                    us__fa_elt<E>::mma(zw[a][2 * np + 1], za[a], wf[2], wf[3]);
+                }
             }
         }
     }
@@ -2087,11 +2168,11 @@ us__fa_two_mm(float (&xy)[W][N / 8][4], float (&zw)[W][N / 8][4], const __nv_bfl
    Q and dO A fragments are re-read from shared memory (in registers they would leave no room
    for dQ); dQ is scaled by 1/sqrt(HS) once, by the caller. L2(a, r) and Dr(a, r) give lse2 and D
    of half r of atom a's rows. */
-template <int MW, int BC, int HS, int LDS, bool PASS, typename Rows, typename Rows2, typename Mask>
+template <int MW, int BC, int HS, int LDS, bool PASS, typename E, typename Rows, typename Rows2,
+          typename Mask>
 static __device__ __forceinline__ void
-us__fa_dq_tile(float (&dq)[MW][HS / 8][4], const __nv_bfloat16 *sQ, const __nv_bfloat16 *sdO,
-               int wr0, const __nv_bfloat16 *sK, const __nv_bfloat16 *sV, Rows L2, Rows2 Dr,
-               float sl2, bool need, Mask masked, int lane) {
+us__fa_dq_tile(float (&dq)[MW][HS / 8][4], const E *sQ, const E *sdO, int wr0, const E *sK,
+               const E *sV, Rows L2, Rows2 Dr, float sl2, bool need, Mask masked, int lane) {
     float s[MW][BC / 8][4], dp[MW][BC / 8][4];
     us__fa_two_mm<MW, BC, HS, LDS>(s, dp, sQ, sdO, wr0, sK, sV, lane); /* S = Q·Kᵀ, dP = dO·Vᵀ */
     if constexpr (PASS) {
@@ -2130,15 +2211,17 @@ us__fa_dq_tile(float (&dq)[MW][HS / 8][4], const __nv_bfloat16 *sQ, const __nv_b
      dV += Pᵀ·dO, dK += dSᵀ·Q   (dK scaled by 1/sqrt(HS) once, by the caller)
    Here the atoms are keys and the n-tiles queries: masked(a, j, e) asks about key row
    (lane/4) + 16a + 8·(e/2) of the warp and query 8j + 2·(lane%4) + e%2 of the tile. Each
-   Q/dO fragment read from shared memory feeds KW key atoms. */
-template <int KW, int BR, int HS, int LDS, bool PASS, typename Mask>
+   Q/dO fragment read from shared memory feeds KW key atoms. PART 0 sums both; 1 only dV (no
+   dPᵀ: sV, sD and dk are not read), 2 only dK (dv is not touched) — the two passes of a head
+   size whose dK and dV do not fit in registers together (// >>cuda-cp-flash). */
+template <int KW, int BR, int HS, int LDS, bool PASS, int PART = 0, typename E, typename Mask>
 static __device__ __forceinline__ void
-us__fa_dkdv_tile(float (&dk)[KW][HS / 8][4], float (&dv)[KW][HS / 8][4], const __nv_bfloat16 *sK,
-                 const __nv_bfloat16 *sV, int wk, const __nv_bfloat16 *sQ, const __nv_bfloat16 *sdO,
-                 const float *sL, const float *sD, float sl2, bool need, Mask masked, int lane) {
+us__fa_dkdv_tile(float (&dk)[KW][HS / 8][4], float (&dv)[KW][HS / 8][4], const E *sK, const E *sV,
+                 int wk, const E *sQ, const E *sdO, const float *sL, const float *sD, float sl2,
+                 bool need, Mask masked, int lane) {
     /* Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, [16·KW keys × BR queries] per warp */
     float st[KW][BR / 8][4], dpt[KW][BR / 8][4];
-    us__fa_two_mm<KW, BR, HS, LDS>(st, dpt, sK, sV, wk, sQ, sdO, lane);
+    us__fa_two_mm<KW, BR, HS, LDS, PART == 1>(st, dpt, sK, sV, wk, sQ, sdO, lane);
     /* recompute Pᵀ from the saved lse (no T×T matrix is ever stored), then dSᵀ */
     if constexpr (PASS) {
 #pragma unroll
@@ -2149,15 +2232,18 @@ us__fa_dkdv_tile(float (&dk)[KW][HS / 8][4], float (&dv)[KW][HS / 8][4], const _
                 for (int e = 0; e < 4; e++)
                     st[a][j][e] = exp2f(st[a][j][e] * sl2 - sL[j * 8 + 2 * (lane & 3) + (e & 1)]);
         if (need) us__fa_mask<KW, BR / 8>(st, 0.f, masked);
+        if constexpr (PART != 1) {
 #pragma unroll
-        for (int a = 0; a < KW; a++)
+            for (int a = 0; a < KW; a++)
 #pragma unroll
-            for (int j = 0; j < BR / 8; j++)
+                for (int j = 0; j < BR / 8; j++)
 #pragma unroll
-                for (int e = 0; e < 4; e++)
-                    dpt[a][j][e] =
-                        st[a][j][e] * (dpt[a][j][e] - sD[j * 8 + 2 * (lane & 3) + (e & 1)]);
+                    for (int e = 0; e < 4; e++)
+                        dpt[a][j][e] =
+                            st[a][j][e] * (dpt[a][j][e] - sD[j * 8 + 2 * (lane & 3) + (e & 1)]);
+        }
     } else {
+        static_assert(PART == 0, "the causal kernels sum dK and dV together");
 #pragma unroll
         for (int a = 0; a < KW; a++)
 #pragma unroll
@@ -2177,20 +2263,26 @@ us__fa_dkdv_tile(float (&dk)[KW][HS / 8][4], float (&dv)[KW][HS / 8][4], const _
         uint32_t pa[KW][4], da[KW][4];
 #pragma unroll
         for (int a = 0; a < KW; a++) {
-            us__acc_to_a(pa[a], st[a][2 * t], st[a][2 * t + 1]);
-            us__acc_to_a(da[a], dpt[a][2 * t], dpt[a][2 * t + 1]);
+            if constexpr (PART != 2) us__acc_to_a<E>(pa[a], st[a][2 * t], st[a][2 * t + 1]);
+            if constexpr (PART != 1) us__acc_to_a<E>(da[a], dpt[a][2 * t], dpt[a][2 * t + 1]);
         }
 #pragma unroll
         for (int dp = 0; dp < HS / 16; dp++) {
             uint32_t of[4], qf[4];
-            us__ldsm_x4_t(of, us__fa_b_addr<LDS>(sdO, t * 16, dp * 16, lane));
-            us__ldsm_x4_t(qf, us__fa_b_addr<LDS>(sQ, t * 16, dp * 16, lane));
+            if constexpr (PART != 2)
+                us__ldsm_x4_t(of, us__fa_b_addr<LDS>(sdO, t * 16, dp * 16, lane));
+            if constexpr (PART != 1)
+                us__ldsm_x4_t(qf, us__fa_b_addr<LDS>(sQ, t * 16, dp * 16, lane));
 #pragma unroll
             for (int a = 0; a < KW; a++) {
-                us__mma_bf16(dv[a][2 * dp], pa[a], of[0], of[1]);
-                us__mma_bf16(dv[a][2 * dp + 1], pa[a], of[2], of[3]);
-                us__mma_bf16(dk[a][2 * dp], da[a], qf[0], qf[1]);
-                us__mma_bf16(dk[a][2 * dp + 1], da[a], qf[2], qf[3]);
+                if constexpr (PART != 2) {
+                    us__fa_elt<E>::mma(dv[a][2 * dp], pa[a], of[0], of[1]);
+                    us__fa_elt<E>::mma(dv[a][2 * dp + 1], pa[a], of[2], of[3]);
+                }
+                if constexpr (PART != 1) {
+                    us__fa_elt<E>::mma(dk[a][2 * dp], da[a], qf[0], qf[1]);
+                    us__fa_elt<E>::mma(dk[a][2 * dp + 1], da[a], qf[2], qf[3]);
+                }
             }
         }
     }
@@ -2302,22 +2394,24 @@ __global__ void __launch_bounds__(128, MINB) /* MINB CTAs per SM: registers ≤ 
 /* ---- backward ----------------------------------------------------------------------- */
 /* D[b, h, t] = Σ_d dO·O  (fp32), one warp per row of [B·T·NH]. With L2, also lse·log2 e there
    (+inf for a row that saw no key, so that its P = exp2(s − L2) is 0): the block kernels
-   (// >>cuda-cp-flash) then copy both straight into shared memory. */
-template <int HS>
+   (// >>cuda-cp-flash) then copy both straight into shared memory. E: bf16 or fp16 (the block
+   kernels take both). */
+template <int HS, typename E = __nv_bfloat16>
 __global__ void __launch_bounds__(256)
-    us__flash_bwd_dot_kernel(const __nv_bfloat16 *__restrict__ dout,
-                             const __nv_bfloat16 *__restrict__ out, float *__restrict__ D,
-                             int64_t rows, int T, int NH, const float *__restrict__ lse = nullptr,
+    us__flash_bwd_dot_kernel(const E *__restrict__ dout, const E *__restrict__ out,
+                             float *__restrict__ D, int64_t rows, int T, int NH,
+                             const float *__restrict__ lse = nullptr,
                              float *__restrict__ L2 = nullptr) {
+    typedef typename us__fa_elt<E>::two E2;
     int64_t row = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5); /* row = (b·T + t)·NH + h */
     int lane = threadIdx.x & 31;
     if (row >= rows) return;
-    const __nv_bfloat162 *a = reinterpret_cast<const __nv_bfloat162 *>(dout + row * HS);
-    const __nv_bfloat162 *o = reinterpret_cast<const __nv_bfloat162 *>(out + row * HS);
+    const E2 *a = reinterpret_cast<const E2 *>(dout + row * HS);
+    const E2 *o = reinterpret_cast<const E2 *>(out + row * HS);
     float acc = 0.f;
 #pragma unroll
     for (int i = lane; i < HS / 2; i += 32) {
-        float2 x = __bfloat1622float2(a[i]), y = __bfloat1622float2(o[i]);
+        float2 x = us__fa_elt<E>::unpack(a[i]), y = us__fa_elt<E>::unpack(o[i]);
         acc += x.x * y.x + x.y * y.y;
     }
 #pragma unroll
@@ -2524,7 +2618,7 @@ __global__ void __launch_bounds__(128, MINB)
 /* Shapes this file has no kernel for (HS not 64/128, NH % NKV ≠ 0) launch an empty grid, so the
    caller's cudaGetLastError reports cudaErrorInvalidConfiguration instead of silence. */
 static void us__flash_reject(cudaStream_t stream) {
-    us__flash_bwd_dot_kernel<64><<<0, 256, 0, stream>>>(NULL, NULL, NULL, 0, 1, 1);
+    us__flash_bwd_dot_kernel<64, __nv_bfloat16><<<0, 256, 0, stream>>>(NULL, NULL, NULL, 0, 1, 1);
 }
 
 template <int HS, int MW = us__fa_cfg<HS>::fwd_mw, int BC = us__fa_cfg<HS>::fwd_bc,
@@ -2564,12 +2658,12 @@ static size_t us__flash_bwd_scratch_bytes(int B, int T, int NH, int NKV, int HS)
 }
 
 /* the three launches of the backward, apart so that flash_test can time and vary them */
-template <int HS>
-static void us__flash_bwd_dot(const __nv_bfloat16 *dout, const __nv_bfloat16 *out, float *D, int B,
-                              int T, int NH, cudaStream_t stream, const float *lse = nullptr,
+template <int HS, typename E = __nv_bfloat16>
+static void us__flash_bwd_dot(const E *dout, const E *out, float *D, int B, int T, int NH,
+                              cudaStream_t stream, const float *lse = nullptr,
                               float *L2 = nullptr) {
     int64_t rows = (int64_t)B * T * NH;
-    us__flash_bwd_dot_kernel<HS>
+    us__flash_bwd_dot_kernel<HS, E>
         <<<(unsigned)((rows + 7) / 8), 256, 0, stream>>>(dout, out, D, rows, T, NH, lse, L2);
 }
 
@@ -4377,7 +4471,7 @@ static void us__cuda_attention_bwd(us_ops *o, void *dqkv, const void *dout, cons
    Ring attention (// >>cp in ultrascale.h) calls attn_block_fwd once for each K/V block that
    passes through the rank, carrying the online-softmax state (acc, m, l) from block to block,
    and attn_block_bwd once per block with the final out and lse. These kernels are the flash
-   kernels above (same tiles, fragments and per-tile helpers) with three changes:
+   kernels above (same tiles, fragments and per-tile helpers) with four changes:
      - keys and values come from the block's own buffer kv, not from qkv, and Tq ≠ Tk;
      - the mask is by global position (query i sees key j when kpos[j] ≤ qpos[i]), not by
        index. Causal block skipping becomes a bitmask, built by each CTA, of the tiles that hold
@@ -4387,18 +4481,24 @@ static void us__cuda_attention_bwd(us_ops *o, void *dqkv, const void *dout, cons
        when no pair of its rows is visible and masks only when some pair is hidden. Nothing
        assumes the positions are sorted;
      - the forward starts from the state in memory (or fresh when init) and writes it back,
-       unnormalised, in fp32; the backward adds (+=) fp32 dQ and dK|dV into the caller's sums.
-   Legend: B batch, Tq queries, Tk keys of the block, NH query heads, NKV kv heads, HS 64 or 128.
-     qkv  bf16 [B, Tq, QKV]          only the q heads are read
-     kv   bf16 [B, Tk, 2·NKV·HS]     k head g at g·HS, v head g at (NKV+g)·HS
+       unnormalised, in fp32; the backward adds (+=) fp32 dQ and dK|dV into the caller's sums;
+     - every head size real models use (64, 80, 96, 128, 192, 256), in bf16 or fp16 (E, the
+       element type: mma.sync's .bf16 or .f16 form), so that context parallelism never falls
+       onto the portable block kernels, hundreds of times slower (bench/RESULTS.md: 114 ms for
+       one forward at HS 128).
+   Legend: B batch, Tq queries, Tk keys of the block, NH query heads, NKV kv heads, HS head size,
+   E bf16 or fp16.
+     qkv  E    [B, Tq, QKV]          only the q heads are read
+     kv   E    [B, Tk, 2·NKV·HS]     k head g at g·HS, v head g at (NKV+g)·HS
      qpos i32 [Tq], kpos i32 [Tk]    global positions
      acc  f32  [B, NH, Tq, HS]; m, l f32 [B, NH, Tq]   m in natural-log units (the CPU reference's)
-     out, dout bf16 [B, Tq, NH·HS]; lse f32 [B, NH, Tq] (−inf: the row saw no key at all)
+     out, dout E [B, Tq, NH·HS]; lse f32 [B, NH, Tq] (−inf: the row saw no key at all)
      dq   f32  [B, Tq, NH·HS] +=;  dkv f32 [B, Tk, 2·NKV·HS] +=
    Kernels (4 warps; tile sizes from us__fa_cfg, as the causal kernels):
      us__flash_block_fwd_kernel   one CTA per (query tile, head, batch); visible key tiles in order
      us__flash_block_dkdv_kernel  one CTA per (key tile, kv head, batch); every query head of the
-                                  group × visible query tile, dK and dV summed in registers
+                                  group × visible query tile, dK and dV summed in registers (at
+                                  HS 256 two launches, dV then dK: both would not fit)
      us__flash_block_dq_kernel    one CTA per (query tile, head, batch); visible key tiles in order
    D = rowsum(dO ∘ O) comes from us__flash_bwd_dot_kernel. Every output element belongs to one
    thread of one CTA and is summed in a fixed order, then added once: deterministic, no atomics.
@@ -4518,11 +4618,10 @@ static __device__ __forceinline__ void us__fa_query_side(int *sQp, unsigned *sVi
    buf) has landed for every thread and everyone is done with the one before, then start loading
    the next visible tile — K, V and their positions — into the other buffer. Returns that tile
    (nkt: none left). */
-template <int HS, int BC, int LDS>
+template <int HS, int BC, int LDS, typename E>
 static __device__ __forceinline__ int
-us__fa_kv_advance(__nv_bfloat16 *sK, __nv_bfloat16 *sV, int *sKp, int buf, const unsigned *sVis,
-                  int kt, int nkt, const __nv_bfloat16 *gk, const __nv_bfloat16 *gv, int64_t KVW,
-                  const int32_t *kpos, int Tk) {
+us__fa_kv_advance(E *sK, E *sV, int *sKp, int buf, const unsigned *sVis, int kt, int nkt,
+                  const E *gk, const E *gv, int64_t KVW, const int32_t *kpos, int Tk) {
     constexpr int TILE = BC * LDS;
     us__cp_async_wait_all();
     __syncthreads();
@@ -4554,22 +4653,21 @@ static __device__ __forceinline__ void us__fa_tile_range(const int *kp, int lane
 }
 
 /* ---- forward: one CTA per (64·MW queries, head, batch) ------------------------------ */
-template <int HS, int MW, int BC, int MINB>
+template <typename E, int HS, int MW, int BC, int MINB>
 __global__ void __launch_bounds__(128, MINB)
     us__flash_block_fwd_kernel(float *__restrict__ acc, float *__restrict__ mst,
-                               float *__restrict__ lst, const __nv_bfloat16 *__restrict__ qkv,
-                               const __nv_bfloat16 *__restrict__ kv,
-                               const int32_t *__restrict__ qpos, const int32_t *__restrict__ kpos,
-                               int Tq, int Tk, int NH, int NKV, int init,
-                               float sl2 /* scale·log2 e */) {
+                               float *__restrict__ lst, const E *__restrict__ qkv,
+                               const E *__restrict__ kv, const int32_t *__restrict__ qpos,
+                               const int32_t *__restrict__ kpos, int Tq, int Tk, int NH, int NKV,
+                               int init, float sl2 /* scale·log2 e */) {
     constexpr int BR = 64 * MW, LDS = us__fa_dims<HS>::lds, TILE = BC * LDS;
     extern __shared__ __align__(16) unsigned char us__fa_smem[];
-    __nv_bfloat16 *sQ = (__nv_bfloat16 *)us__fa_smem; /* [BR][LDS] */
-    __nv_bfloat16 *sK = sQ + BR * LDS;                /* [2][BC][LDS] */
-    __nv_bfloat16 *sV = sK + 2 * TILE;                /* [2][BC][LDS] */
-    int *sQp = (int *)(sV + 2 * TILE);                /* [BR] query positions */
-    int *sKp = sQp + BR;                              /* [2][BC] key positions (INT_MAX past Tk) */
-    unsigned *sVis = (unsigned *)(sKp + 2 * BC);      /* [⌈key tiles / 32⌉] */
+    E *sQ = (E *)us__fa_smem;                    /* [BR][LDS] */
+    E *sK = sQ + BR * LDS;                       /* [2][BC][LDS] */
+    E *sV = sK + 2 * TILE;                       /* [2][BC][LDS] */
+    int *sQp = (int *)(sV + 2 * TILE);           /* [BR] query positions */
+    int *sKp = sQp + BR;                         /* [2][BC] key positions (INT_MAX past Tk) */
+    unsigned *sVis = (unsigned *)(sKp + 2 * BC); /* [⌈key tiles / 32⌉] */
     __shared__ int sRed[4];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     /* grid (NH, B, query tiles), last tiles first: with sorted positions they see the most keys */
@@ -4578,8 +4676,7 @@ __global__ void __launch_bounds__(128, MINB)
     const int q0 = qb * BR, nkt = (Tk + BC - 1) / BC;
     const int wr0 = warp * 16 * MW,
               row0 = q0 + wr0 + (lane >> 2); /* atom a, half r: row0 + 16a + 8r */
-    const __nv_bfloat16 *gk = kv + (int64_t)b * Tk * KVW + (int64_t)g * HS,
-                        *gv = gk + (int64_t)NKV * HS;
+    const E *gk = kv + (int64_t)b * Tk * KVW + (int64_t)g * HS, *gv = gk + (int64_t)NKV * HS;
 
     int wqmin, wqmax;
     us__fa_query_side<MW, BC>(sQp, sVis, sRed, qpos, kpos, q0, Tq, Tk, wqmin, wqmax);
@@ -4595,8 +4692,12 @@ __global__ void __launch_bounds__(128, MINB)
         us__cp_async_wait_all();
         __syncthreads();
     }
-    uint32_t qf[MW == 1 ? HS / 16 : 1][4]; /* MW = 1: the warp's 16 query rows stay in registers */
-    if constexpr (MW == 1) {
+    /* MW = 1: the warp's 16 query rows stay in registers, but for HS 256, where their 64 beside
+       O's 128 would spill (104 bytes); there each tile reads them from shared memory (FA2's
+       choice at every head size) */
+    constexpr bool QREG = MW == 1 && HS < 256;
+    uint32_t qf[QREG ? HS / 16 : 1][4];
+    if constexpr (QREG) {
         if (kt < nkt) {
 #pragma unroll
             for (int kk = 0; kk < HS / 16; kk++)
@@ -4628,7 +4729,7 @@ __global__ void __launch_bounds__(128, MINB)
 
     for (int it = 0; kt < nkt; it++) {
         const int buf = it & 1;
-        const __nv_bfloat16 *sKb = sK + buf * TILE, *sVb = sV + buf * TILE;
+        const E *sKb = sK + buf * TILE, *sVb = sV + buf * TILE;
         const int *kp = sKp + buf * BC;
         const int nx =
             us__fa_kv_advance<HS, BC, LDS>(sK, sV, sKp, buf, sVis, kt, nkt, gk, gv, KVW, kpos, Tk);
@@ -4637,7 +4738,7 @@ __global__ void __launch_bounds__(128, MINB)
         us__fa_tile_range<BC>(kp, lane, kmin, kmax);
         if (kmin <= wqmax) {
             float s[MW][BC / 8][4];
-            us__fa_qk<MW, BC, HS, LDS>(s, qf, sQ, wr0, sKb, lane);
+            us__fa_qk<MW, BC, HS, LDS, QREG>(s, qf, sQ, wr0, sKb, lane);
             us__fa_softmax<MW, BC, HS, true>(
                 s, o, m, l, sl2, kmax > wqmin, [&](int a, int j, int e) {
                     return kp[j * 8 + 2 * (lane & 3) + (e & 1)] >
@@ -4672,8 +4773,8 @@ __global__ void __launch_bounds__(128, MINB)
 
 /* ---- backward ----------------------------------------------------------------------- */
 /* dK (times scale) and dV of the thread's keys key0 + 16a + 8r added into dkv [B][Tk][2·NKV·HS]
-   fp32 (kv head g) */
-template <int HS, int KW>
+   fp32 (kv head g); PART 1 adds dV only, 2 dK only */
+template <int HS, int KW, int PART>
 static __device__ __forceinline__ void
 us__fa_dkv_add(float *dkv, const float (&dk)[KW][HS / 8][4], const float (&dv)[KW][HS / 8][4],
                int key0, int b, int g, int Tk, int NKV, float scale, int lane) {
@@ -4685,29 +4786,28 @@ us__fa_dkv_add(float *dkv, const float (&dk)[KW][HS / 8][4], const float (&dv)[K
             const int key = key0 + 16 * a + 8 * r;
             if (key >= Tk) continue;
             float *row = dkv + ((int64_t)b * Tk + key) * KVW;
-            us__fa_add_row<HS>(row + (int64_t)g * HS, dk[a], r, scale, lane);
-            us__fa_add_row<HS>(row + (int64_t)(NKV + g) * HS, dv[a], r, 1.f, lane);
+            if (PART != 1) us__fa_add_row<HS>(row + (int64_t)g * HS, dk[a], r, scale, lane);
+            if (PART != 2) us__fa_add_row<HS>(row + (int64_t)(NKV + g) * HS, dv[a], r, 1.f, lane);
         }
 }
 
 /* dK, dV of 64·KW keys of one kv head for this block: every query head of the group, every
    query tile with a query that sees one of the keys, in order (us__fa_dkdv_tile has the math) */
-template <int HS, int KW, int BR, int MINB>
+template <typename E, int HS, int KW, int BR, int MINB, int PART>
 __global__ void __launch_bounds__(128, MINB)
-    us__flash_block_dkdv_kernel(float *__restrict__ dkv, const __nv_bfloat16 *__restrict__ dout,
-                                const __nv_bfloat16 *__restrict__ qkv,
-                                const float *__restrict__ L2g, const float *__restrict__ Dg,
-                                const __nv_bfloat16 *__restrict__ kv,
+    us__flash_block_dkdv_kernel(float *__restrict__ dkv, const E *__restrict__ dout,
+                                const E *__restrict__ qkv, const float *__restrict__ L2g,
+                                const float *__restrict__ Dg, const E *__restrict__ kv,
                                 const int32_t *__restrict__ qpos, const int32_t *__restrict__ kpos,
                                 int Tq, int Tk, int NH, int NKV, float scale, float sl2) {
     constexpr int BC = 64 * KW, LDS = us__fa_dims<HS>::lds, TILE = BC * LDS, QT = BR * LDS;
     extern __shared__ __align__(16) unsigned char us__fa_smem[];
-    __nv_bfloat16 *sK = (__nv_bfloat16 *)us__fa_smem; /* [BC][LDS] */
-    __nv_bfloat16 *sV = sK + TILE;                    /* [BC][LDS] */
-    __nv_bfloat16 *sQ = sV + TILE;                    /* [2][BR][LDS] */
-    __nv_bfloat16 *sdO = sQ + 2 * QT;                 /* [2][BR][LDS] */
-    float *sL = (float *)(sdO + 2 * QT);              /* [2][BR] lse·log2 e (+inf: P = 0) */
-    float *sD = sL + 2 * BR;                          /* [2][BR] */
+    E *sK = (E *)us__fa_smem;                /* [BC][LDS] */
+    E *sV = sK + TILE;                       /* [BC][LDS] (PART 1: unused) */
+    E *sQ = sV + TILE;                       /* [2][BR][LDS] */
+    E *sdO = sQ + 2 * QT;                    /* [2][BR][LDS] */
+    float *sL = (float *)(sdO + 2 * QT);     /* [2][BR] lse·log2 e (+inf: P = 0) */
+    float *sD = sL + 2 * BR;                 /* [2][BR] */
     int *sQp = (int *)(sD + 2 * BR);         /* [2][BR] query positions (INT_MIN past Tq) */
     int *sKp = sQp + 2 * BR;                 /* [BC] key positions (INT_MAX past Tk) */
     unsigned *sVis = (unsigned *)(sKp + BC); /* [⌈query tiles / 32⌉] */
@@ -4740,7 +4840,7 @@ __global__ void __launch_bounds__(128, MINB)
        lse·log2 e and D (past Tq: P = 0) */
     auto issue = [&](int hi, int qt, int buf) {
         const int h = g * grp + hi, q0 = qt * BR, nv = min(BR, Tq - q0);
-        const __nv_bfloat16 *gq = qkv + ((int64_t)b * Tq + q0) * QKV + (int64_t)h * HS;
+        const E *gq = qkv + ((int64_t)b * Tq + q0) * QKV + (int64_t)h * HS;
         us__fa_load_tile<HS, BR>(sQ + buf * QT, gq, QKV, nv);
         us__fa_load_tile<HS, BR>(sdO + buf * QT,
                                  dout + ((int64_t)b * Tq + q0) * OC + (int64_t)h * HS, OC, nv);
@@ -4753,9 +4853,9 @@ __global__ void __launch_bounds__(128, MINB)
         us__fa_load_pos<BR>(sD + buf * BR, Dg + i0, q0, Tq, 0.f);
     };
     {
-        const __nv_bfloat16 *gk = kv + ((int64_t)b * Tk + k0) * KVW + (int64_t)g * HS;
+        const E *gk = kv + ((int64_t)b * Tk + k0) * KVW + (int64_t)g * HS;
         us__fa_load_tile<HS, BC>(sK, gk, KVW, min(BC, Tk - k0));
-        us__fa_load_tile<HS, BC>(sV, gk + (int64_t)NKV * HS, KVW, min(BC, Tk - k0));
+        if (PART != 1) us__fa_load_tile<HS, BC>(sV, gk + (int64_t)NKV * HS, KVW, min(BC, Tk - k0));
     }
     issue(0, first, 0);
     issue_pos(0, first, 0);
@@ -4795,7 +4895,7 @@ __global__ void __launch_bounds__(128, MINB)
         qmax = us__warp_max(qmax);
         /* some query of the tile sees some key of the warp; mask if some does not */
         if (qmax >= wkmin)
-            us__fa_dkdv_tile<KW, BR, HS, LDS, true>(
+            us__fa_dkdv_tile<KW, BR, HS, LDS, true, PART>(
                 dk, dv, sK, sV, wk0, sQ + buf * QT, sdO + buf * QT, sL + buf * BR, sD + buf * BR,
                 sl2, wkmax > qmin,
                 [&](int a, int j, int e) {
@@ -4807,25 +4907,25 @@ __global__ void __launch_bounds__(128, MINB)
         hi = nh;
         qt = nq;
     }
-    us__fa_dkv_add<HS, KW>(dkv, dk, dv, key0, b, g, Tk, NKV, scale, lane);
+    us__fa_dkv_add<HS, KW, PART>(dkv, dk, dv, key0, b, g, Tk, NKV, scale, lane);
 }
 
 /* dQ of 64·MW queries of one head for this block: the visible key tiles in order (us__fa_dq_tile) */
-template <int HS, int MW, int BC, int MINB>
+template <typename E, int HS, int MW, int BC, int MINB>
 __global__ void __launch_bounds__(128, MINB)
-    us__flash_block_dq_kernel(float *__restrict__ dq, const __nv_bfloat16 *__restrict__ dout,
-                              const __nv_bfloat16 *__restrict__ qkv, const float *__restrict__ L2g,
-                              const float *__restrict__ Dg, const __nv_bfloat16 *__restrict__ kv,
+    us__flash_block_dq_kernel(float *__restrict__ dq, const E *__restrict__ dout,
+                              const E *__restrict__ qkv, const float *__restrict__ L2g,
+                              const float *__restrict__ Dg, const E *__restrict__ kv,
                               const int32_t *__restrict__ qpos, const int32_t *__restrict__ kpos,
                               int Tq, int Tk, int NH, int NKV, float scale, float sl2) {
     constexpr int BR = 64 * MW, LDS = us__fa_dims<HS>::lds, TILE = BC * LDS;
     extern __shared__ __align__(16) unsigned char us__fa_smem[];
-    __nv_bfloat16 *sQ = (__nv_bfloat16 *)us__fa_smem; /* [BR][LDS] */
-    __nv_bfloat16 *sdO = sQ + BR * LDS;               /* [BR][LDS] */
-    __nv_bfloat16 *sK = sdO + BR * LDS;               /* [2][BC][LDS] */
-    __nv_bfloat16 *sV = sK + 2 * TILE;                /* [2][BC][LDS] */
-    int *sQp = (int *)(sV + 2 * TILE);                /* [BR] */
-    int *sKp = sQp + BR;                              /* [2][BC] */
+    E *sQ = (E *)us__fa_smem;          /* [BR][LDS] */
+    E *sdO = sQ + BR * LDS;            /* [BR][LDS] */
+    E *sK = sdO + BR * LDS;            /* [2][BC][LDS] */
+    E *sV = sK + 2 * TILE;             /* [2][BC][LDS] */
+    int *sQp = (int *)(sV + 2 * TILE); /* [BR] */
+    int *sKp = sQp + BR;               /* [2][BC] */
     float *sL =
         (float *)(sKp + 2 * BC); /* [BR] lse·log2 e (+inf: no key ever seen, or past Tq: P = 0) */
     float *sD = sL + BR;         /* [BR] */
@@ -4837,8 +4937,7 @@ __global__ void __launch_bounds__(128, MINB)
                   KVW = (int64_t)2 * NKV * HS;
     const int q0 = qb * BR, nkt = (Tk + BC - 1) / BC;
     const int wr0 = warp * 16 * MW, row0 = q0 + wr0 + (lane >> 2);
-    const __nv_bfloat16 *gk = kv + (int64_t)b * Tk * KVW + (int64_t)g * HS,
-                        *gv = gk + (int64_t)NKV * HS;
+    const E *gk = kv + (int64_t)b * Tk * KVW + (int64_t)g * HS, *gv = gk + (int64_t)NKV * HS;
 
     int wqmin, wqmax;
     us__fa_query_side<MW, BC>(sQp, sVis, sRed, qpos, kpos, q0, Tq, Tk, wqmin, wqmax);
@@ -4868,7 +4967,7 @@ __global__ void __launch_bounds__(128, MINB)
 
     for (int it = 0; kt < nkt; it++) {
         const int buf = it & 1;
-        const __nv_bfloat16 *sKb = sK + buf * TILE, *sVb = sV + buf * TILE;
+        const E *sKb = sK + buf * TILE, *sVb = sV + buf * TILE;
         const int *kp = sKp + buf * BC;
         const int nx =
             us__fa_kv_advance<HS, BC, LDS>(sK, sV, sKp, buf, sVis, kt, nkt, gk, gv, KVW, kpos, Tk);
@@ -4897,81 +4996,136 @@ __global__ void __launch_bounds__(128, MINB)
 }
 
 /* ---- host side ------------------------------------------------------------------------ */
-template <int HS, int MW = us__fa_cfg<HS>::fwd_mw, int BC = us__fa_cfg<HS>::fwd_bc,
+template <typename E, int HS, int MW = us__fa_cfg<HS>::fwd_mw, int BC = us__fa_cfg<HS>::fwd_bc,
           int MINB = us__fa_cfg<HS>::fwd_minb>
-static void us__flash_block_fwd_hs(float *acc, float *m, float *l, const __nv_bfloat16 *qkv,
-                                   const __nv_bfloat16 *kv, const int32_t *qpos,
-                                   const int32_t *kpos, int B, int Tq, int Tk, int NH, int NKV,
-                                   int init, cudaStream_t stream) {
+static void us__flash_block_fwd_hs(float *acc, float *m, float *l, const E *qkv, const E *kv,
+                                   const int32_t *qpos, const int32_t *kpos, int B, int Tq, int Tk,
+                                   int NH, int NKV, int init, cudaStream_t stream) {
     constexpr int BR = 64 * MW;
     const int nkt = (Tk + BC - 1) / BC;
     size_t smem = (size_t)(BR + 4 * BC) * us__fa_dims<HS>::lds * 2 + (size_t)(BR + 2 * BC) * 4 +
                   (size_t)((nkt + 31) / 32) * 4;
-    cudaFuncSetAttribute(us__flash_block_fwd_kernel<HS, MW, BC, MINB>,
+    cudaFuncSetAttribute(us__flash_block_fwd_kernel<E, HS, MW, BC, MINB>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     dim3 grid(NH, B, (Tq + BR - 1) / BR);
-    us__flash_block_fwd_kernel<HS, MW, BC, MINB>
+    us__flash_block_fwd_kernel<E, HS, MW, BC, MINB>
         <<<grid, us__fa_threads, smem, stream>>>(acc, m, l, qkv, kv, qpos, kpos, Tq, Tk, NH, NKV,
                                                  init, 1.4426950408889634f / sqrtf((float)HS));
 }
 
-template <int HS, int KW = us__fa_cfg<HS>::kv_kw, int BR = us__fa_cfg<HS>::kv_br,
-          int MINB = us__fa_cfg<HS>::kv_minb>
-static void us__flash_block_dkdv(float *dkv, const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
-                                 const float *L2, const float *D, const __nv_bfloat16 *kv,
-                                 const int32_t *qpos, const int32_t *kpos, int B, int Tq, int Tk,
-                                 int NH, int NKV, cudaStream_t stream) {
+/* PART: 0 dK and dV in one launch, 1 dV only, 2 dK only (us__fa_cfg's kv_split) */
+template <typename E, int HS, int PART = 0, int KW = us__fa_cfg<HS>::kv_kw,
+          int BR = us__fa_cfg<HS>::kv_br, int MINB = us__fa_cfg<HS>::kv_minb>
+static void us__flash_block_dkdv(float *dkv, const E *dout, const E *qkv, const float *L2,
+                                 const float *D, const E *kv, const int32_t *qpos,
+                                 const int32_t *kpos, int B, int Tq, int Tk, int NH, int NKV,
+                                 cudaStream_t stream) {
     const float scale = 1.f / sqrtf((float)HS);
     const int nqt = (Tq + BR - 1) / BR;
     size_t smem = us__fa_dkdv_smem<HS, KW, BR>() + (size_t)(2 * BR + 64 * KW) * 4 +
                   (size_t)((nqt + 31) / 32) * 4; /* + positions, bitmask */
-    cudaFuncSetAttribute(us__flash_block_dkdv_kernel<HS, KW, BR, MINB>,
+    cudaFuncSetAttribute(us__flash_block_dkdv_kernel<E, HS, KW, BR, MINB, PART>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     dim3 grid(NKV, B, (Tk + 64 * KW - 1) / (64 * KW));
-    us__flash_block_dkdv_kernel<HS, KW, BR, MINB><<<grid, us__fa_threads, smem, stream>>>(
+    us__flash_block_dkdv_kernel<E, HS, KW, BR, MINB, PART><<<grid, us__fa_threads, smem, stream>>>(
         dkv, dout, qkv, L2, D, kv, qpos, kpos, Tq, Tk, NH, NKV, scale, scale * 1.4426950408889634f);
 }
 
-template <int HS, int MW = us__fa_cfg<HS>::dq_mw, int BC = us__fa_cfg<HS>::dq_bc,
+template <typename E, int HS, int MW = us__fa_cfg<HS>::dq_mw, int BC = us__fa_cfg<HS>::dq_bc,
           int MINB = us__fa_cfg<HS>::dq_minb>
-static void us__flash_block_dq(float *dq, const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
-                               const float *L2, const float *D, const __nv_bfloat16 *kv,
-                               const int32_t *qpos, const int32_t *kpos, int B, int Tq, int Tk,
-                               int NH, int NKV, cudaStream_t stream) {
+static void us__flash_block_dq(float *dq, const E *dout, const E *qkv, const float *L2,
+                               const float *D, const E *kv, const int32_t *qpos,
+                               const int32_t *kpos, int B, int Tq, int Tk, int NH, int NKV,
+                               cudaStream_t stream) {
     constexpr int BR = 64 * MW;
     const float scale = 1.f / sqrtf((float)HS);
     const int nkt = (Tk + BC - 1) / BC;
     size_t smem = (size_t)(2 * BR + 4 * BC) * us__fa_dims<HS>::lds * 2 +
                   (size_t)(3 * BR + 2 * BC) * 4 + (size_t)((nkt + 31) / 32) * 4;
-    cudaFuncSetAttribute(us__flash_block_dq_kernel<HS, MW, BC, MINB>,
+    cudaFuncSetAttribute(us__flash_block_dq_kernel<E, HS, MW, BC, MINB>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     dim3 grid(NH, B, (Tq + BR - 1) / BR);
-    us__flash_block_dq_kernel<HS, MW, BC, MINB><<<grid, us__fa_threads, smem, stream>>>(
+    us__flash_block_dq_kernel<E, HS, MW, BC, MINB><<<grid, us__fa_threads, smem, stream>>>(
         dq, dout, qkv, L2, D, kv, qpos, kpos, Tq, Tk, NH, NKV, scale, scale * 1.4426950408889634f);
 }
 
 /* the backward of one block: D = rowsum(dO ∘ O) and lse·log2 e into scratch f32 [2][B, NH, Tq],
-   then dK|dV, then dQ */
-template <int HS>
-static void us__flash_block_bwd_hs(float *dq, float *dkv, const __nv_bfloat16 *dout,
-                                   const __nv_bfloat16 *qkv, const __nv_bfloat16 *out,
-                                   const float *lse, const __nv_bfloat16 *kv, const int32_t *qpos,
+   then dK|dV (one launch, or dV then dK), then dQ */
+template <typename E, int HS>
+static void us__flash_block_bwd_hs(float *dq, float *dkv, const E *dout, const E *qkv, const E *out,
+                                   const float *lse, const E *kv, const int32_t *qpos,
                                    const int32_t *kpos, float *D, int B, int Tq, int Tk, int NH,
                                    int NKV, cudaStream_t stream) {
     float *L2 = D + (size_t)B * NH * Tq;
-    us__flash_bwd_dot<HS>(dout, out, D, B, Tq, NH, stream, lse, L2);
-    us__flash_block_dkdv<HS>(dkv, dout, qkv, L2, D, kv, qpos, kpos, B, Tq, Tk, NH, NKV, stream);
-    us__flash_block_dq<HS>(dq, dout, qkv, L2, D, kv, qpos, kpos, B, Tq, Tk, NH, NKV, stream);
+    us__flash_bwd_dot<HS, E>(dout, out, D, B, Tq, NH, stream, lse, L2);
+    if constexpr (us__fa_cfg<HS>::kv_split) {
+        us__flash_block_dkdv<E, HS, 1>(dkv, dout, qkv, L2, D, kv, qpos, kpos, B, Tq, Tk, NH, NKV,
+                                       stream);
+        us__flash_block_dkdv<E, HS, 2>(dkv, dout, qkv, L2, D, kv, qpos, kpos, B, Tq, Tk, NH, NKV,
+                                       stream);
+    } else {
+        us__flash_block_dkdv<E, HS>(dkv, dout, qkv, L2, D, kv, qpos, kpos, B, Tq, Tk, NH, NKV,
+                                    stream);
+    }
+    us__flash_block_dq<E, HS>(dq, dout, qkv, L2, D, kv, qpos, kpos, B, Tq, Tk, NH, NKV, stream);
 }
 
-/* The ops: bf16 at HS 64/128 on sm_80+, with 16-byte aligned bf16 tensors (cp.async) and
-   8-byte aligned fp32 ones (float2), takes the flash kernels; anything else the portable ones. */
+/* The head sizes the block kernels are compiled for (the ones real models use); f(hs) is called
+   with hs a us__fa_hs<HS> when HS is one of them. Returns whether it was. */
+template <int HS>
+struct us__fa_hs {
+    static constexpr int value = HS;
+};
+
+template <typename F>
+static int us__fa_block_heads(int HS, F f) {
+    switch (HS) {
+    case 64:
+        f(us__fa_hs<64>());
+        return 1;
+    case 80:
+        f(us__fa_hs<80>());
+        return 1;
+    case 96:
+        f(us__fa_hs<96>());
+        return 1;
+    case 128:
+        f(us__fa_hs<128>());
+        return 1;
+    case 192:
+        f(us__fa_hs<192>());
+        return 1;
+    case 256:
+        f(us__fa_hs<256>());
+        return 1;
+    }
+    return 0;
+}
+
+/* The ops: bf16 or fp16 at HS 64, 80, 96, 128, 192, 256 on sm_80+, with 16-byte aligned 16-bit
+   tensors (cp.async) and 8-byte aligned fp32 ones (float2), takes the flash kernels; anything else
+   (fp32, other head sizes, older GPUs) the portable ones. */
 static int us__aligned(const void *p, size_t a) { return ((uintptr_t)p & (a - 1)) == 0; }
+
+static int us__flash_block_path_ok(us_ops *o, us_dtype dt, int HS) {
+    return (dt == US_BF16 || dt == US_F16) && us__fa_block_heads(HS, [](auto) {}) &&
+           us__cu(o)->cc_major >= 8;
+}
 
 static int us__flash_block_ok(us_ops *o, us_dtype dt, int HS, int NH, int NKV, int64_t B,
                               int64_t Tq, int64_t Tk) {
-    return us__flash_ok(o, dt, HS) && NKV > 0 && NH % NKV == 0 && B < 65536 && Tq <= INT_MAX / 2 &&
-           Tk <= INT_MAX / 2;
+    return us__flash_block_path_ok(o, dt, HS) && NKV > 0 && NH % NKV == 0 && B < 65536 &&
+           Tq <= INT_MAX / 2 && Tk <= INT_MAX / 2;
+}
+
+template <typename E>
+static void us__flash_block_fwd_e(float *acc, float *m, float *l, const void *qkv, const void *kv,
+                                  const int32_t *qpos, const int32_t *kpos, int B, int Tq, int Tk,
+                                  int NH, int NKV, int HS, int init, cudaStream_t st) {
+    us__fa_block_heads(HS, [&](auto hs) {
+        us__flash_block_fwd_hs<E, decltype(hs)::value>(acc, m, l, (const E *)qkv, (const E *)kv,
+                                                       qpos, kpos, B, Tq, Tk, NH, NKV, init, st);
+    });
 }
 
 static void us__cuda_attn_block_fwd(us_ops *o, float *acc, float *m, float *l, const void *qkv,
@@ -4982,17 +5136,28 @@ static void us__cuda_attn_block_fwd(us_ops *o, float *acc, float *m, float *l, c
     if (B * NH * Tq <= 0) return;
     if (us__flash_block_ok(o, dt, HS, NH, NKV, B, Tq, Tk) && us__aligned(qkv, 16) &&
         us__aligned(kv, 16) && us__aligned(acc, 8)) {
-        const __nv_bfloat16 *q = (const __nv_bfloat16 *)qkv, *k = (const __nv_bfloat16 *)kv;
-        if (HS == 64)
-            us__flash_block_fwd_hs<64>(acc, m, l, q, k, qpos, kpos, (int)B, (int)Tq, (int)Tk, NH,
-                                       NKV, init, st);
+        if (dt == US_F16)
+            us__flash_block_fwd_e<__half>(acc, m, l, qkv, kv, qpos, kpos, (int)B, (int)Tq, (int)Tk,
+                                          NH, NKV, HS, init, st);
         else
-            us__flash_block_fwd_hs<128>(acc, m, l, q, k, qpos, kpos, (int)B, (int)Tq, (int)Tk, NH,
-                                        NKV, init, st);
+            us__flash_block_fwd_e<__nv_bfloat16>(acc, m, l, qkv, kv, qpos, kpos, (int)B, (int)Tq,
+                                                 (int)Tk, NH, NKV, HS, init, st);
         US__LAUNCHED(o);
         return;
     }
     us__attn_block_fwd_naive(o, acc, m, l, qkv, kv, qpos, kpos, B, Tq, Tk, NH, NKV, HS, init, dt);
+}
+
+template <typename E>
+static void us__flash_block_bwd_e(float *dq, float *dkv, const void *dout, const void *qkv,
+                                  const void *out, const float *lse, const void *kv,
+                                  const int32_t *qpos, const int32_t *kpos, float *D, int B, int Tq,
+                                  int Tk, int NH, int NKV, int HS, cudaStream_t st) {
+    us__fa_block_heads(HS, [&](auto hs) {
+        us__flash_block_bwd_hs<E, decltype(hs)::value>(dq, dkv, (const E *)dout, (const E *)qkv,
+                                                       (const E *)out, lse, (const E *)kv, qpos,
+                                                       kpos, D, B, Tq, Tk, NH, NKV, st);
+    });
 }
 
 static void us__cuda_attn_block_bwd(us_ops *o, float *dq, float *dkv, const void *dout,
@@ -5006,19 +5171,17 @@ static void us__cuda_attn_block_bwd(us_ops *o, float *dq, float *dkv, const void
         us__aligned(qkv, 16) && us__aligned(out, 16) && us__aligned(kv, 16) && us__aligned(dq, 8) &&
         us__aligned(dkv, 8)) {
         float *D = (float *)us__cuda_scratch(o, (size_t)2 * B * NH * Tq * sizeof(float));
-        const __nv_bfloat16 *d = (const __nv_bfloat16 *)dout, *q = (const __nv_bfloat16 *)qkv,
-                            *ou = (const __nv_bfloat16 *)out, *k = (const __nv_bfloat16 *)kv;
         if (!D) {
             us__cuda_fail(o, "attn_block_bwd", "out of device memory for its scratch", __FILE__,
                           __LINE__);
             return;
         }
-        if (HS == 64)
-            us__flash_block_bwd_hs<64>(dq, dkv, d, q, ou, lse, k, qpos, kpos, D, (int)B, (int)Tq,
-                                       (int)Tk, NH, NKV, st);
+        if (dt == US_F16)
+            us__flash_block_bwd_e<__half>(dq, dkv, dout, qkv, out, lse, kv, qpos, kpos, D, (int)B,
+                                          (int)Tq, (int)Tk, NH, NKV, HS, st);
         else
-            us__flash_block_bwd_hs<128>(dq, dkv, d, q, ou, lse, k, qpos, kpos, D, (int)B, (int)Tq,
-                                        (int)Tk, NH, NKV, st);
+            us__flash_block_bwd_e<__nv_bfloat16>(dq, dkv, dout, qkv, out, lse, kv, qpos, kpos, D,
+                                                 (int)B, (int)Tq, (int)Tk, NH, NKV, HS, st);
         US__LAUNCHED(o);
         return;
     }
@@ -5284,24 +5447,8 @@ static constexpr size_t us__gg_smem_bytes(int a_kmaj, int b_kmaj) {
                     : us__gg_tile<US__GG_BK, US__GG_BN>::elems));
 }
 
-/* ---- PTX helpers beside // >>cuda-flash's (tests/emu/us_cuda_emu.h emulates them) */
-/* c[16×8] += a[16×16] · b[16×8] in fp16 (fragments as us__mma_bf16's) */
-static __device__ __forceinline__ void us__mma_f16(float c[4], const uint32_t a[4], uint32_t b0,
-                                                   uint32_t b1) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-    (void)c;
-    (void)a;
-    (void)b0;
-    (void)b1;
-    __trap(); /* the grouped kernel needs sm_80+: us__gg_fits sends older GPUs to cuBLASLt */
-#endif
-}
-
+/* ---- PTX helpers beside // >>cuda-flash's (tests/emu/us_cuda_emu.h emulates them; the fp16
+   product us__mma_f16 is // >>cuda-flash's) */
 /* waits until at most N of this thread's committed cp.async groups are in flight */
 template <int N>
 static __device__ __forceinline__ void us__cp_async_wait(void) {
@@ -6501,7 +6648,7 @@ US_API void *us_cuda_stream(const us_ops *o) {
 
 US_API const char *us_cuda_attention_path(us_ops *o, us_dtype dt, int HS, int by_blocks) {
     if (!o->backend) return "portable";
-    if (by_blocks) return us__flash_ok(o, dt, HS) ? "flash" : "portable";
+    if (by_blocks) return us__flash_block_path_ok(o, dt, HS) ? "flash" : "portable";
     return us__hop_ok(o, dt, HS, 0) ? "hopper" : us__flash_ok(o, dt, HS) ? "flash" : "portable";
 }
 

@@ -23,7 +23,8 @@
      --att-seq T,...    those T instead (B = 16384 / T, at least 1)
      --att-heads NH:NKV:HS,...  those head shapes instead
      --cp               one layer's ring attention at cp 2 and 4 (flash blocks, zig-zag and ring, and
-                        the portable block kernels) against causal flash on the whole sequence
+                        the portable block kernels) against causal flash on the whole sequence;
+                        bf16 and fp16, HS 64, 80, 96, 128, 192, 256
      --cp-flash-only    the same without the portable kernels (they take seconds)
    Build: make build/bench_cuda (nvcc, -lcublasLt). */
 #define ULTRASCALE_IMPLEMENTATION
@@ -1015,30 +1016,33 @@ static void bench_attention(void) {
    GPUs (communication left out: ring attention overlaps it with the blocks). The reference is
    causal flash attention on the whole sequence (cp = 1); every rank's rows of out, dQ and
    dK|dV (summed over the ranks' blocks) must match it: the last column is their relative
-   error against it (both sides bf16-rounded, so ~1e-3 is agreement).
+   error against it (both sides rounded to the 16-bit type, so ~1e-3 is agreement in bf16, ~1e-4
+   in fp16).
    The portable block kernels (one thread per row, the state in global memory) are timed on a
    4× shorter sequence only: at T 4096 one layer would take them minutes. */
 static void gather_rows(void *dst, int64_t dld, const void *src, int64_t sld, const int32_t *pos,
-                        int B, int T, int Tl, int64_t cols) {
-    /* dst[b, t, :cols] = src[b, pos[t], :cols] (bf16), one copy per run of consecutive positions */
+                        int B, int T, int Tl, int64_t cols, us_dtype dt) {
+    /* dst[b, t, :cols] = src[b, pos[t], :cols] (bf16 or fp16), one copy per run of consecutive
+       positions */
     for (int b = 0; b < B; b++)
         for (int t = 0; t < Tl;) {
             int n = 1;
             while (t + n < Tl && pos[t + n] == pos[t] + n) n++;
             inner.copy2d(&inner, (char *)dst + ((int64_t)b * Tl + t) * dld * 2, dld,
-                         (const char *)src + ((int64_t)b * T + pos[t]) * sld * 2, sld, n, cols,
-                         US_BF16);
+                         (const char *)src + ((int64_t)b * T + pos[t]) * sld * 2, sld, n, cols, dt);
             t += n;
         }
 }
 
-static void bench_cp_shape(int B, int T, int NH, int NKV, int HS, int ring, int naive) {
+static void bench_cp_shape(us_dtype dt, int B, int T, int NH, int NKV, int HS, int ring,
+                           int naive) {
     const int reps = 5;
     const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, KVW = (int64_t)2 * NKV * HS,
                   AO = (int64_t)NH * HS, N = (int64_t)B * T;
     const double flop = 4.0 * B * NH * (double)T * T * HS / 2 *
                         (1 + 2.5); /* causal fwd + bwd (bwd = 2.5 fwd), the useful work */
     us__cuda *c = (us__cuda *)inner.backend;
+    auto to_f32 = [&](uint16_t h) { return dt == US_F16 ? us_f16_to_f32(h) : us_bf16_to_f32(h); };
     cudaEvent_t e0, e1;
     void *qkv = inner.alloc(&inner, (size_t)N * QKV * 2),
          *out = inner.alloc(&inner, (size_t)N * AO * 2);
@@ -1057,8 +1061,8 @@ static void bench_cp_shape(int B, int T, int NH, int NKV, int HS, int ring, int 
         for (size_t i = 0; i < h.size(); i++) h[i] = us_rng_normal(&rg);
         CK(cudaMalloc(&tmp, h.size() * 4));
         CK(cudaMemcpy(tmp, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
-        inner.cast(&inner, qkv, US_BF16, tmp, US_F32, N * QKV);
-        inner.cast(&inner, dout, US_BF16, tmp + 7, US_F32, N * AO);
+        inner.cast(&inner, qkv, dt, tmp, US_F32, N * QKV);
+        inner.cast(&inner, dout, dt, tmp + 7, US_F32, N * AO);
         inner.sync(&inner);
         cudaFree(tmp);
     }
@@ -1074,10 +1078,10 @@ static void bench_cp_shape(int B, int T, int NH, int NKV, int HS, int ring, int 
     { /* cp = 1: causal flash on the whole sequence */
         std::vector<double> f, b;
         for (int r = 0; r <= reps; r++) {
-            double x = timed(
-                [&] { inner.attention_fwd(&inner, out, lse, qkv, B, T, NH, NKV, HS, US_BF16); });
+            double x =
+                timed([&] { inner.attention_fwd(&inner, out, lse, qkv, B, T, NH, NKV, HS, dt); });
             double y = timed([&] {
-                inner.attention_bwd(&inner, dqkv, dout, qkv, out, lse, B, T, NH, NKV, HS, US_BF16);
+                inner.attention_bwd(&inner, dqkv, dout, qkv, out, lse, B, T, NH, NKV, HS, dt);
             });
             if (r) {
                 f.push_back(x);
@@ -1089,10 +1093,10 @@ static void bench_cp_shape(int B, int T, int NH, int NKV, int HS, int ring, int 
         inner.copy(&inner, h_out.data(), out, h_out.size() * 2, US_COPY_D2H);
         inner.copy(&inner, h_dqkv.data(), dqkv, h_dqkv.size() * 2, US_COPY_D2H);
     }
-    printf("\n| one layer's attention, B=%d T=%d NH=%d NKV=%d HS=%d bf16 | fwd ms | bwd ms | "
+    printf("\n| one layer's attention, B=%d T=%d NH=%d NKV=%d HS=%d %s | fwd ms | bwd ms | "
            "fwd+bwd ms | TFLOP/s | slowest rank fwd+bwd ms | rel err out / dQ / dK|dV |\n"
            "|---|---|---|---|---|---|---|\n",
-           B, T, NH, NKV, HS);
+           B, T, NH, NKV, HS, us_dtype_name(dt));
     printf(
         "| causal flash, whole sequence (cp=1) | %.3f | %.3f | %.3f | %.0f | %.3f | reference |\n",
         tf, tb, tf + tb, flop / ((tf + tb) * 1e-3) * 1e-12, tf + tb);
@@ -1129,9 +1133,9 @@ static void bench_cp_shape(int B, int T, int NH, int NKV, int HS, int ring, int 
                 ls[r] = (float *)inner.alloc(&inner, (size_t)nl * NH * 4);
                 dq[r] = (float *)inner.alloc(&inner, (size_t)nl * AO * 4);
                 dkv[r] = (float *)inner.alloc(&inner, (size_t)nl * KVW * 4);
-                gather_rows(q[r], QKV, qkv, QKV, &pos[(size_t)r * Tl], B, T, Tl, QKV);
-                gather_rows(dO[r], AO, dout, AO, &pos[(size_t)r * Tl], B, T, Tl, AO);
-                inner.copy2d(&inner, kv[r], KVW, (char *)q[r] + AO * 2, QKV, nl, KVW, US_BF16);
+                gather_rows(q[r], QKV, qkv, QKV, &pos[(size_t)r * Tl], B, T, Tl, QKV, dt);
+                gather_rows(dO[r], AO, dout, AO, &pos[(size_t)r * Tl], B, T, Tl, AO, dt);
+                inner.copy2d(&inner, kv[r], KVW, (char *)q[r] + AO * 2, QKV, nl, KVW, dt);
             }
             for (int rep = 0; rep < R;
                  rep++) { /* flash: the first run warms up (and is the one checked) */
@@ -1147,14 +1151,13 @@ static void bench_cp_shape(int B, int T, int NH, int NKV, int HS, int ring, int 
                             if (flash)
                                 inner.attn_block_fwd(&inner, acc, m, l, q[r], kv[src], qp,
                                                      dpos + (size_t)src * Tl, B, Tl, Tl, NH, NKV,
-                                                     HS, s == 0, US_BF16);
+                                                     HS, s == 0, dt);
                             else
                                 us__attn_block_fwd_naive(&inner, acc, m, l, q[r], kv[src], qp,
                                                          dpos + (size_t)src * Tl, B, Tl, Tl, NH,
-                                                         NKV, HS, s == 0, US_BF16);
+                                                         NKV, HS, s == 0, dt);
                         }
-                        inner.attn_block_finish(&inner, o[r], ls[r], acc, m, l, B, Tl, NH, HS,
-                                                US_BF16);
+                        inner.attn_block_finish(&inner, o[r], ls[r], acc, m, l, B, Tl, NH, HS, dt);
                     });
                     double y = timed([&] {
                         for (int s = 0; s < cp; s++) {
@@ -1162,11 +1165,11 @@ static void bench_cp_shape(int B, int T, int NH, int NKV, int HS, int ring, int 
                             if (flash)
                                 inner.attn_block_bwd(&inner, dq[r], dkv[src], dO[r], q[r], o[r],
                                                      ls[r], kv[src], qp, dpos + (size_t)src * Tl, B,
-                                                     Tl, Tl, NH, NKV, HS, US_BF16);
+                                                     Tl, Tl, NH, NKV, HS, dt);
                             else
                                 us__attn_block_bwd_naive(
                                     &inner, dq[r], dkv[src], dO[r], q[r], o[r], ls[r], kv[src], qp,
-                                    dpos + (size_t)src * Tl, B, Tl, Tl, NH, NKV, HS, US_BF16);
+                                    dpos + (size_t)src * Tl, B, Tl, Tl, NH, NKV, HS, dt);
                         }
                     });
                     if (rep > 0 || !flash) {
@@ -1187,17 +1190,17 @@ static void bench_cp_shape(int B, int T, int NH, int NKV, int HS, int ring, int 
                                 const int64_t lr = (int64_t)bb * Tl + t,
                                               gr = (int64_t)bb * T + pos[(size_t)r * Tl + t];
                                 for (int64_t j = 0; j < AO; j++) {
-                                    double ref = us_bf16_to_f32(h_out[gr * AO + j]),
-                                           got = us_bf16_to_f32(ho[lr * AO + j]);
+                                    double ref = to_f32(h_out[gr * AO + j]),
+                                           got = to_f32(ho[lr * AO + j]);
                                     nd[0][0] += (got - ref) * (got - ref);
                                     nd[0][1] += ref * ref;
-                                    ref = us_bf16_to_f32(h_dqkv[gr * QKV + j]);
+                                    ref = to_f32(h_dqkv[gr * QKV + j]);
                                     got = hq[lr * AO + j];
                                     nd[1][0] += (got - ref) * (got - ref);
                                     nd[1][1] += ref * ref;
                                 }
                                 for (int64_t j = 0; j < KVW; j++) {
-                                    double ref = us_bf16_to_f32(h_dqkv[gr * QKV + AO + j]),
+                                    double ref = to_f32(h_dqkv[gr * QKV + AO + j]),
                                            got = hk[lr * KVW + j];
                                     nd[2][0] += (got - ref) * (got - ref);
                                     nd[2][1] += ref * ref;
@@ -1247,10 +1250,20 @@ static void bench_cp(int naive) {
            "rank after the other (the total\n"
            "work; TFLOP/s counts the causal FLOPs, 3.5 x 4·B·NH·T²·HS/2); slowest rank: the "
            "layer's critical path on cp GPUs.\n");
-    bench_cp_shape(4, 4096, 16, 8, 128, 1, 0);  /* HS 128, GQA 2 */
-    bench_cp_shape(4, 4096, 16, 16, 128, 0, 0); /* no GQA */
-    bench_cp_shape(4, 4096, 32, 8, 64, 1, 0);   /* HS 64, GQA 4 (the Llama-3.2-1B heads) */
-    if (naive) bench_cp_shape(4, 1024, 16, 8, 128, 0, 1);
+    bench_cp_shape(US_BF16, 4, 4096, 16, 8, 128, 1, 0);  /* HS 128, GQA 2 */
+    bench_cp_shape(US_BF16, 4, 4096, 16, 16, 128, 0, 0); /* no GQA */
+    bench_cp_shape(US_BF16, 4, 4096, 32, 8, 64, 1, 0);   /* HS 64, GQA 4 (the Llama-3.2-1B heads) */
+    /* fp16, and the other head sizes: HS 80 (Phi-2's), 96 (Phi-3-mini's), 192, and 256
+       (Gemma-7B's; its dK/dV kernel runs twice, dV then dK) */
+    bench_cp_shape(US_F16, 4, 4096, 16, 8, 128, 0, 0);
+    bench_cp_shape(US_F16, 4, 4096, 32, 8, 80, 1, 0);
+    bench_cp_shape(US_BF16, 4, 4096, 32, 32, 96, 0, 0);
+    bench_cp_shape(US_BF16, 4, 4096, 16, 8, 192, 0, 0);
+    bench_cp_shape(US_BF16, 4, 4096, 16, 16, 256, 0, 0);
+    if (naive) {
+        bench_cp_shape(US_BF16, 4, 1024, 16, 8, 128, 0, 1);
+        bench_cp_shape(US_F16, 4, 1024, 32, 8, 80, 0, 1);
+    }
 }
 
 int main(int argc, char **argv) {

@@ -683,15 +683,17 @@ static void rank_print_model(rank_state *s) {
             s->o->data_path ? s->o->data_path : "task: sort 8 digits", s->devname,
             (double)m->mem.total / 1048576.0);
 #ifdef US_CUDA
-    if (s->loud && s->o->use_cuda) { /* no silent hundredfold cliff */
+    /* no silent hundredfold cliff; what still takes the portable kernel: fp32, head sizes other
+       than these six, GPUs before sm_80, and causal attention (no --cp) off Hopper in fp16 or
+       at 80, 96, 192, 256 */
+    if (s->loud && s->o->use_cuda) {
         const int hs = (int)(m->cfg.dim / m->cfg.n_heads);
         const char *ap = us_cuda_attention_path(&s->ops, m->dt, hs, tc->cp > 1);
         if (!strcmp(ap, "portable"))
-            printf("warning: attention runs the portable kernel (%s, head size %d%s), about 100x "
-                   "slower than flash attention, "
-                   "which takes bf16 and fp16 at head sizes 64, 80, 96, 128, 192, 256 on Hopper "
-                   "(bf16 at 64 and 128 under --cp "
-                   "and on other GPUs)\n",
+            printf("warning: attention runs the portable kernel (%s, head size %d%s), a hundred "
+                   "or more times slower than flash attention, which takes bf16 and fp16 at head "
+                   "sizes 64, 80, 96, 128, 192, 256 on sm_80 and newer (without --cp, off Hopper: "
+                   "bf16 at 64 and 128 only)\n",
                    us_dtype_name(m->dt), hs, tc->cp > 1 ? ", by blocks for --cp" : "");
         else
             printf("attention: %s kernels (%s, head size %d)\n",

@@ -590,9 +590,9 @@ static void test_attention_shapes(void) {
     us_cuda_attention_no_hopper(&G, 0);
 }
 
-/* Context parallelism's attention by key blocks on the flash path (bf16, HS 64 and 128): one
-   rank's queries against a chain of K/V blocks (init on the first), finish, then the backward
-   of every block, all against the CPU reference. qpos[Tq] and kpos[nb][Tk] set the case. The
+/* Context parallelism's attention by key blocks on the flash path (bf16 and fp16; HS 64, 80, 96,
+   128, 192, 256): one rank's queries against a chain of K/V blocks (init on the first), finish,
+   then the backward of every block, all against the CPU reference. qpos[Tq] and kpos[nb][Tk] set the case. The
    GPU state starts as garbage, so init must not read it; dQ and dK|dV start non-zero, so the
    backward must add. The backward runs twice and must give the same bits (no atomics). */
 /* ‖a − b‖ / ‖b‖ over f32 that may hold −inf (equal infinities count as agreeing; a NaN or one
@@ -621,16 +621,16 @@ static void cmp_f32(const char *what, const char *tag, buf *bf, int64_t n, doubl
     free(g);
 }
 
-static void block_chain(const char *name, int HS, int NH, int NKV, int B, int Tq, int Tk, int nb,
-                        const int32_t *qpos, const int32_t *kpos) {
+static void block_chain(us_dtype dt, const char *name, int HS, int NH, int NKV, int B, int Tq,
+                        int Tk, int nb, const int32_t *qpos, const int32_t *kpos) {
     int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, KVW = (int64_t)2 * NKV * HS, AO = (int64_t)NH * HS;
     int64_t nq = (int64_t)B * Tq, rows = (int64_t)B * NH * Tq;
     float *q = rnd_f32(nq * QKV, 1), *kvf = rnd_f32((int64_t)nb * B * Tk * KVW, 1),
           *dy = rnd_f32(nq * AO, 1);
     float *st = rnd_f32(rows * HS, 100), *dq0 = rnd_f32(nq * AO, 0.1f),
           *dkv0 = rnd_f32((int64_t)nb * B * Tk * KVW, 0.1f);
-    void *hq = as_dt(q, nq * QKV, US_BF16), *hkv = as_dt(kvf, (int64_t)nb * B * Tk * KVW, US_BF16),
-         *hdy = as_dt(dy, nq * AO, US_BF16);
+    void *hq = as_dt(q, nq * QKV, dt), *hkv = as_dt(kvf, (int64_t)nb * B * Tk * KVW, dt),
+         *hdy = as_dt(dy, nq * AO, dt);
     size_t kvb = (size_t)B * Tk * KVW * 2;
     buf bq = mk(hq, nq * QKV * 2), bkv = mk(hkv, nb * kvb), bdo = mk(hdy, nq * AO * 2),
         bqp = mk(qpos, (size_t)Tq * 4), bkp = mk(kpos, (size_t)nb * Tk * 4);
@@ -644,20 +644,23 @@ static void block_chain(const char *name, int HS, int NH, int NKV, int B, int Tq
         const char *hk = (const char *)bkv.h + s * kvb, *dk = (const char *)bkv.d + s * kvb;
         Ccpu.attn_block_fwd(&Ccpu, (float *)bacc.h, (float *)bm.h, (float *)bl.h, bq.h, hk,
                             (int32_t *)bqp.h, (int32_t *)bkp.h + s * Tk, B, Tq, Tk, NH, NKV, HS,
-                            s == 0, US_BF16);
+                            s == 0, dt);
         G.attn_block_fwd(&G, (float *)bacc.d, (float *)bm.d, (float *)bl.d, bq.d, dk,
                          (int32_t *)bqp.d, (int32_t *)bkp.d + s * Tk, B, Tq, Tk, NH, NKV, HS,
-                         s == 0, US_BF16);
+                         s == 0, dt);
     }
-    snprintf(what, sizeof what, "block %s HS%d %d/%d Tq%d Tk%d x%d", name, HS, NH, NKV, Tq, Tk, nb);
+    snprintf(what, sizeof what, "block %s %s HS%d %d/%d Tq%d Tk%d x%d", name, us_dtype_name(dt), HS,
+             NH, NKV, Tq, Tk, nb);
+    CHECK(!strcmp(us_cuda_attention_path(&G, dt, HS, 1), "flash"), "%s: the flash block kernels",
+          what);
     cmp_f32(what, "state m", &bm, rows, 1e-2);
     cmp_f32("", "state l", &bl, rows, 1e-2);
     cmp_f32("", "state acc", &bacc, rows * HS, 1e-2);
     Ccpu.attn_block_finish(&Ccpu, bo.h, (float *)bls.h, (float *)bacc.h, (float *)bm.h,
-                           (float *)bl.h, B, Tq, NH, HS, US_BF16);
+                           (float *)bl.h, B, Tq, NH, HS, dt);
     G.attn_block_finish(&G, bo.d, (float *)bls.d, (float *)bacc.d, (float *)bm.d, (float *)bl.d, B,
-                        Tq, NH, HS, US_BF16);
-    cmp("   out", &bo, US_BF16, nq * AO);
+                        Tq, NH, HS, dt);
+    cmp("   out", &bo, dt, nq * AO);
     cmp_f32("", "lse", &bls, rows, 1e-2);
     same_in(&bo);
     same_in(&bls); /* the backward from the same final out and lse on both sides */
@@ -666,13 +669,13 @@ static void block_chain(const char *name, int HS, int NH, int NKV, int B, int Tq
         int64_t ko = (int64_t)s * B * Tk * KVW;
         Ccpu.attn_block_bwd(&Ccpu, (float *)bdq.h, (float *)bdkv.h + ko, bdo.h, bq.h, bo.h,
                             (float *)bls.h, hk, (int32_t *)bqp.h, (int32_t *)bkp.h + s * Tk, B, Tq,
-                            Tk, NH, NKV, HS, US_BF16);
+                            Tk, NH, NKV, HS, dt);
         G.attn_block_bwd(&G, (float *)bdq.d, (float *)bdkv.d + ko, bdo.d, bq.d, bo.d,
                          (float *)bls.d, dk, (int32_t *)bqp.d, (int32_t *)bkp.d + s * Tk, B, Tq, Tk,
-                         NH, NKV, HS, US_BF16);
+                         NH, NKV, HS, dt);
         G.attn_block_bwd(&G, (float *)bdq2.d, (float *)bdkv2.d + ko, bdo.d, bq.d, bo.d,
                          (float *)bls.d, dk, (int32_t *)bqp.d, (int32_t *)bkp.d + s * Tk, B, Tq, Tk,
-                         NH, NKV, HS, US_BF16);
+                         NH, NKV, HS, dt);
     }
     cmp_f32("", "dQ (+=)", &bdq, nq * AO, 1e-2);
     cmp_f32("", "dK|dV (+=)", &bdkv, (int64_t)nb * B * Tk * KVW, 1e-2);
@@ -719,7 +722,8 @@ static void block_chain(const char *name, int HS, int NH, int NKV, int B, int Tq
 /* Rank r's chain of ring attention over cp ranks: its own block first, then the one from r−1,
    r−2, ... (ring order), with the positions of // >>cp (ring: contiguous chunk r; zig-zag:
    chunks r and 2·cp−1−r of length c). */
-static void ring_case(int HS, int NH, int NKV, int B, int cp, int c, int zigzag, int r) {
+static void ring_case(us_dtype dt, int HS, int NH, int NKV, int B, int cp, int c, int zigzag,
+                      int r) {
     int T = zigzag ? 2 * c : c, s, t;
     int32_t *qp = (int32_t *)malloc((size_t)T * 4), *kp = (int32_t *)malloc((size_t)cp * T * 4);
     char name[64];
@@ -732,44 +736,60 @@ static void ring_case(int HS, int NH, int NKV, int B, int cp, int c, int zigzag,
         }
     }
     snprintf(name, sizeof name, "%s cp%d r%d", zigzag ? "zig-zag" : "ring", cp, r);
-    block_chain(name, HS, NH, NKV, B, T, T, cp, qp, kp);
+    block_chain(dt, name, HS, NH, NKV, B, T, T, cp, qp, kp);
+    free(qp);
+    free(kp);
+}
+
+/* any positions: unsorted and repeated, Tq ≠ Tk; the first block (init) is invisible to all, the
+   last visible to all; NKV 1 (four heads per kv head) */
+static void any_positions_case(us_dtype dt, int HS) {
+    int Tq = 150, Tk = 77, nb = 4, i;
+    int32_t *qp = (int32_t *)malloc((size_t)Tq * 4), *kp = (int32_t *)malloc((size_t)nb * Tk * 4);
+    for (i = 0; i < Tq; i++) qp[i] = (int32_t)(rnd64() % 300);
+    qp[7] = -5; /* a query that sees no key at all: out 0, lse −inf, no gradient */
+    for (i = 0; i < Tk; i++) {
+        kp[i] = 1000 + i;                      /* after every query */
+        kp[Tk + i] = (int32_t)(rnd64() % 300); /* random */
+        kp[2 * Tk + i] = (int32_t)(rnd64() % 300);
+        kp[3 * Tk + i] = (int32_t)(rnd64() % 5) - 4; /* all ≤ 0: every query but qp[7] sees them */
+    }
+    block_chain(dt, "any positions", HS, 4, 1, 2, Tq, Tk, nb, qp, kp);
     free(qp);
     free(kp);
 }
 
 static void test_attn_blocks(void) {
-    int HS, k;
+    static const int more[] = {80, 96, 192, 256}; /* HS 192: 16-query dK/dV tiles; 256: split */
+    int HS, k, d;
     for (HS = 64; HS <= 128; HS += 64) {
         /* ring, cp 3, chunks of 70: rank 1 sees its own block (the diagonal), all of rank 0's, none of rank 2's */
-        ring_case(HS, 4, 2, 2, 3, 70, 0, 1);
+        ring_case(US_BF16, HS, 4, 2, 2, 3, 70, 0, 1);
         /* ring rank 0: after its own block, only blocks it cannot see (the CTAs must keep the state) */
-        ring_case(HS, 4, 2, 1, 3, 45, 0, 0);
+        ring_case(US_BF16, HS, 4, 2, 1, 3, 45, 0, 0);
         /* zig-zag, cp 2, chunks of 101: both ranks (two query tiles, key tiles with tails) */
-        ring_case(HS, 4, 2, 2, 2, 101, 1, 0);
-        ring_case(HS, 4, 2, 1, 2, 101, 1, 1);
+        ring_case(US_BF16, HS, 4, 2, 2, 2, 101, 1, 0);
+        ring_case(US_BF16, HS, 4, 2, 1, 2, 101, 1, 1);
+        /* fp16 (mma.sync's .f16 form) */
+        ring_case(US_F16, HS, 4, 2, 2, 3, 70, 0, 1);
+        ring_case(US_F16, HS, 4, 1, 1, 2, 101, 1, 1);
     }
     { /* zig-zag cp 4, a longer chain, no GQA */
-        ring_case(128, 2, 2, 1, 4, 67, 1, 2);
+        ring_case(US_BF16, 128, 2, 2, 1, 4, 67, 1, 2);
     }
-    for (k = 0; k < 2;
-         k++) { /* any positions: unsorted and repeated, Tq ≠ Tk; the first block (init) is
-                                   invisible to all, the last visible to all; NKV 1 (four heads per kv head) */
-        int HSk = k ? 128 : 64, Tq = 150, Tk = 77, nb = 4, i;
-        int32_t *qp = (int32_t *)malloc((size_t)Tq * 4),
-                *kp = (int32_t *)malloc((size_t)nb * Tk * 4);
-        for (i = 0; i < Tq; i++) qp[i] = (int32_t)(rnd64() % 300);
-        qp[7] = -5; /* a query that sees no key at all: out 0, lse −inf, no gradient */
-        for (i = 0; i < Tk; i++) {
-            kp[i] = 1000 + i;                      /* after every query */
-            kp[Tk + i] = (int32_t)(rnd64() % 300); /* random */
-            kp[2 * Tk + i] = (int32_t)(rnd64() % 300);
-            kp[3 * Tk + i] =
-                (int32_t)(rnd64() % 5) - 4; /* all ≤ 0: every query but qp[7] sees them */
+    for (k = 0; k < 4; k++) /* the other head sizes real models use, both types, GQA 1, 2 and 4 */
+        for (d = 0; d < 2; d++) {
+            us_dtype dt = d ? US_F16 : US_BF16;
+            ring_case(dt, more[k], 4, 2, 2, 3, 70, 0, 1);
+            ring_case(dt, more[k], 4, 1, 1, 3, 45, 0, 0);
+            ring_case(dt, more[k], 4, 4, 2, 2, 101, 1, 0);
+            ring_case(dt, more[k], 4, 1, 1, 2, 101, 1, 1);
         }
-        block_chain("any positions", HSk, 4, 1, 2, Tq, Tk, nb, qp, kp);
-        free(qp);
-        free(kp);
-    }
+    any_positions_case(US_BF16, 64);
+    any_positions_case(US_BF16, 128);
+    any_positions_case(US_F16, 80);
+    any_positions_case(US_F16, 192);
+    any_positions_case(US_BF16, 256);
 }
 
 /* Empty inputs: under expert parallelism an expert, or a whole rank, can receive no rows in a
@@ -1517,6 +1537,10 @@ int main(int argc, char **argv) {
     }
     test_grouped();
     test_attn_blocks();
+    if (argc > 1 && !strcmp(argv[argc - 1], "--attn-blocks")) { /* context parallelism's alone */
+        us_cuda_ops_free(&G);
+        return us_test_done("test_cuda --attn-blocks");
+    }
     test_generation(US_PRECISION_FP32);
     test_generation(US_PRECISION_BF16);
     test_training(US_PRECISION_FP32, US_RECOMPUTE_NONE);

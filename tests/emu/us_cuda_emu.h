@@ -144,14 +144,14 @@ static inline void emu_ldsm(uint32_t r[4], const void *s, int trans) {
     memcpy(emu_slot[w][l].w, &p, sizeof p);
     emu_warp_bar(w);
     for (int i = 0; i < 4; i++) {
-        const __nv_bfloat16 *row;
-        __nv_bfloat16 e[2];
+        const uint16_t *row; /* b16: bf16 or fp16, moved as bits */
+        uint16_t e[2];
         if (!trans) {
             memcpy(&row, emu_slot[w][i * 8 + l / 4].w, sizeof row);
             e[0] = row[2 * (l % 4)];
             e[1] = row[2 * (l % 4) + 1];
         } else {
-            const __nv_bfloat16 *r0, *r1;
+            const uint16_t *r0, *r1;
             memcpy(&r0, emu_slot[w][i * 8 + 2 * (l % 4)].w, sizeof r0);
             memcpy(&r1, emu_slot[w][i * 8 + 2 * (l % 4) + 1].w, sizeof r1);
             e[0] = r0[l / 4];
