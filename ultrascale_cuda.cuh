@@ -722,75 +722,44 @@ __global__ void us__k_rmsnorm_fwd_vec(T *out, float *rstd, const T *x, const T *
     }
 }
 
-/* The backward in one pass over dy and x, for rows the vector kernels take: each block takes
-   US__RMS_CHUNK consecutive rows in order, forms each row's dx (the row in registers, 16-byte
-   accesses), and keeps its columns' share of dw = Σ_n dy·xhat in registers, written once as the chunk's
-   partial sum; us__k_rmsnorm_bwd_dw_sum then adds the chunks in order (deterministic). The
-   two-pass form below reads dy and x twice, a third of the backward's bytes.
-   dx, dout, x [N, C]; w [C]; rstd f32 [N]; part f32 [⌈N/US__RMS_CHUNK⌉, C] */
-#define US__RMS_CHUNK 16
-
 template <typename T>
-__global__ void us__k_rmsnorm_bwd_rows(T *dx, float *part, const T *dout, const T *x, const T *w,
-                                       const float *rstd, int64_t N, int64_t C) {
+__global__ void us__k_rmsnorm_bwd_dx_vec(T *dx, const T *dout, const T *x, const T *w,
+                                         const float *rstd, int64_t C) {
     enum { W = us__vec<T>::W };
 
     __shared__ float sh[32];
-    const int64_t r0 = (int64_t)blockIdx.x * US__RMS_CHUNK;
-    const int64_t r1 = r0 + US__RMS_CHUNK < N ? r0 + US__RMS_CHUNK : N;
-    const int nv = (int)(C / W);
-    float wv[US__ROW_RV][W], dw[US__ROW_RV][W];
-    int k, i;
+    int64_t n = blockIdx.x;
+    int nv = (int)(C / W), k, i;
+    float r = rstd[n], dot = 0, mean, xv[US__ROW_RV][W], gv[US__ROW_RV][W], av[US__ROW_RV][W];
 #pragma unroll
     for (k = 0; k < US__ROW_RV; k++) {
-        const int j = threadIdx.x + k * blockDim.x;
-        if (j < nv) us__ldv(w + (int64_t)j * W, wv[k]);
+        int j = threadIdx.x + k * blockDim.x;
+        if (j < nv) {
+            float dv[W], wv[W];
+            int64_t e = n * C + (int64_t)j * W;
+            us__ldv(x + e, xv[k]);
+            us__ldv(dout + e, dv);
+            us__ldv(w + (int64_t)j * W, wv);
+            us__ldv(dx + e, av[k]); /* read early: its latency hides behind the reduction */
 #pragma unroll
-        for (i = 0; i < W; i++) {
-            if (j >= nv) wv[k][i] = 0.0f;
-            dw[k][i] = 0.0f;
+            for (i = 0; i < W; i++) {
+                gv[k][i] = dv[i] * wv[i];
+                dot += gv[k][i] * xv[k][i] * r;
+            }
+        } else {
+#pragma unroll
+            for (i = 0; i < W; i++) xv[k][i] = gv[k][i] = av[k][i] = 0.0f;
         }
     }
-    for (int64_t n = r0; n < r1; n++) {
-        const float r = rstd[n];
-        float dot = 0, mean, xv[US__ROW_RV][W], gv[US__ROW_RV][W], av[US__ROW_RV][W];
-#pragma unroll
-        for (k = 0; k < US__ROW_RV; k++) {
-            const int j = threadIdx.x + k * blockDim.x;
-            if (j < nv) {
-                float dv[W];
-                const int64_t e = n * C + (int64_t)j * W;
-                us__ldv(x + e, xv[k]);
-                us__ldv(dout + e, dv);
-                us__ldv(dx + e, av[k]);
-#pragma unroll
-                for (i = 0; i < W; i++) {
-                    gv[k][i] = dv[i] * wv[k][i];
-                    dot += gv[k][i] * xv[k][i] * r;
-                    dw[k][i] += dv[i] * xv[k][i] * r;
-                }
-            } else {
-#pragma unroll
-                for (i = 0; i < W; i++) xv[k][i] = gv[k][i] = av[k][i] = 0.0f;
-            }
-        }
-        mean = us__block_sum(dot, sh) / (float)C;
-#pragma unroll
-        for (k = 0; k < US__ROW_RV; k++) {
-            const int j = threadIdx.x + k * blockDim.x;
-            if (j < nv) {
-#pragma unroll
-                for (i = 0; i < W; i++) av[k][i] = av[k][i] + r * (gv[k][i] - xv[k][i] * r * mean);
-                us__stv(dx + n * C + (int64_t)j * W, av[k]);
-            }
-        }
-    }
+    mean = us__block_sum(dot, sh) / (float)C;
 #pragma unroll
     for (k = 0; k < US__ROW_RV; k++) {
-        const int j = threadIdx.x + k * blockDim.x;
-        if (j < nv)
+        int j = threadIdx.x + k * blockDim.x;
+        if (j < nv) {
 #pragma unroll
-            for (i = 0; i < W; i++) part[(int64_t)blockIdx.x * C + (int64_t)j * W + i] = dw[k][i];
+            for (i = 0; i < W; i++) av[k][i] = av[k][i] + r * (gv[k][i] - xv[k][i] * r * mean);
+            us__stv(dx + n * C + (int64_t)j * W, av[k]);
+        }
     }
 }
 
@@ -900,25 +869,16 @@ static void us__cuda_rmsnorm_bwd(us_ops *o, void *dx, float *dw, const void *dou
         th = us__row_threads(C, W);
     int vin =
         C % W == 0 && us__al16(dout) && us__al16(x); /* dout and x rows can be read as vectors */
-    float *part;
-    if (th && vin && us__al16(dx) && us__al16(w)) { /* one pass: dx and dw's chunk sums */
-        const int64_t nrc = (N + US__RMS_CHUNK - 1) / US__RMS_CHUNK;
-        part = (float *)us__cuda_scratch(o, (size_t)nrc * C * 4);
-        if (!part) return;
-        US__DISPATCH(o, dt,
-                     (us__k_rmsnorm_bwd_rows<T_>
-                      <<<(unsigned)nrc, th, 0, s>>>((T_ *)dx, part, (const T_ *)dout, (const T_ *)x,
-                                                    (const T_ *)w, rstd, N, C)));
-        us__k_rmsnorm_bwd_dw_sum<<<(unsigned)((C + 31) / 32), dim3(32, US__DW_TY), 0, s>>>(
-            dw, part, (int)nrc, C);
-        US__LAUNCHED(o);
-        return;
-    }
-    part = (float *)us__cuda_scratch(o, (size_t)nch * C * 4);
+    float *part = (float *)us__cuda_scratch(o, (size_t)nch * C * 4);
     if (!part) return;
-    US__DISPATCH(o, dt,
-                 (us__k_rmsnorm_bwd_dx<T_><<<(unsigned)N, 256, 0, s>>>(
-                     (T_ *)dx, (const T_ *)dout, (const T_ *)x, (const T_ *)w, rstd, C)));
+    if (th && vin && us__al16(dx) && us__al16(w))
+        US__DISPATCH(o, dt,
+                     (us__k_rmsnorm_bwd_dx_vec<T_><<<(unsigned)N, th, 0, s>>>(
+                         (T_ *)dx, (const T_ *)dout, (const T_ *)x, (const T_ *)w, rstd, C)));
+    else
+        US__DISPATCH(o, dt,
+                     (us__k_rmsnorm_bwd_dx<T_><<<(unsigned)N, 256, 0, s>>>(
+                         (T_ *)dx, (const T_ *)dout, (const T_ *)x, (const T_ *)w, rstd, C)));
     if (vin) {
         dim3 g((unsigned)((C / W + 31) / 32), (unsigned)nch);
         US__DISPATCH(o, dt,
