@@ -60,6 +60,10 @@ US_API const char *us_cuda_attention_path(us_ops *ops, us_dtype dt, int head_siz
    fused (dQ inside the dK/dV kernel) where it is compiled (HS 128); by default the backward is
    fused where that measured faster (US__HOP_FUSED_MIN_T). */
 US_API void us_cuda_attention_no_hopper(us_ops *ops, int which);
+/* gemm_grouped's path on the GPU: 0 (the default) one cuBLASLt GEMM per group, 1 the one-launch
+   mma.sync kernel of // >>cuda-grouped where it takes the operands (slower today: tests and
+   benchmarks) */
+US_API void us_cuda_grouped_kernel(us_ops *ops, int on);
 /* Device memory in use on the ops' GPU (total − free, cudaMemGetInfo), in bytes: the real
    footprint beside the allocator's count (us_ops.bytes_peak) — the CUDA context, cuBLASLt's
    workspace, NCCL's buffers and the scratch included — and anything other processes hold there.
@@ -114,6 +118,7 @@ typedef struct us__cuda {
     int nfp8;
     unsigned *fp8_amax; /* per-tensor amax slot (// >>cuda-fp8) */
     unsigned gg_smem;   /* grouped GEMM kernels given their shared memory (// >>cuda-grouped) */
+    int gg_kernel;      /* gemm_grouped runs the one-launch kernel (us_cuda_grouped_kernel) */
     void *scratch;      /* grows on demand: reductions, attention backward */
     float *rope_tab;    /* RoPE cos|sin [T, HS/2] for (rope_T, rope_HS, rope_freq), then the
                            frequencies f64[HS/2] it was made from */
@@ -5689,11 +5694,16 @@ static void us__gg_modes(us_ops *o, int mode, int G, const int64_t *off, const i
         us__gg_launch<T, US_GG_WGRAD>(o, G, off, n, N, K, X, ldx, W, Y, ldy);
 }
 
+/* The product over every group: by default one cuBLASLt GEMM per group, which measured faster
+   than this chapter's one-launch kernel at every MoE shape timed on an H200 (the kernel, mma.sync,
+   ran at 0.28-0.39 of one dense cuBLASLt GEMM of the same rows and 0.36-0.83 of the per-group
+   loop; bench/RESULTS.md); us_cuda_grouped_kernel(ops, 1) asks for the kernel (tests, benchmarks)
+   until a wgmma version beats the loop. */
 static void us__cuda_gemm_grouped(us_ops *o, int mode, int G, const int64_t *off, const int64_t *n,
                                   int64_t N, int64_t K, const void *X, int64_t ldx, void *const *W,
                                   void *Y, int64_t ldy, us_dtype dt) {
     if (G <= 0 || N <= 0) return;
-    if (!us__gg_fits(o, G, n, N, K, X, ldx, W, Y, ldy, dt))
+    if (!us__cu(o)->gg_kernel || !us__gg_fits(o, G, n, N, K, X, ldx, W, Y, ldy, dt))
         us__gemm_grouped_each(o, mode, G, off, n, N, K, X, ldx, W, Y, ldy, dt);
     else if (dt == US_BF16)
         us__gg_modes<__nv_bfloat16>(o, mode, G, off, n, N, K, X, ldx, W, Y, ldy);
@@ -6622,6 +6632,10 @@ US_API size_t us_cuda_device_used(const us_ops *o) {
         return 0;
     }
     return total_b - free_b;
+}
+
+US_API void us_cuda_grouped_kernel(us_ops *o, int on) {
+    if (o->backend) us__cu(o)->gg_kernel = on != 0;
 }
 
 US_API void us_cuda_attention_no_hopper(us_ops *o, int which) {

@@ -14,6 +14,8 @@
      --grouped          the experts' grouped GEMM (ops->gemm_grouped, // >>cuda-grouped) against one
                         dense cuBLASLt GEMM of the same total size (M = Σ rows) and against a loop of
                         per-expert cuBLASLt GEMMs, at three MoE layer shapes, balanced and routed
+     --grouped-kernel   (--preset) the experts on that one-launch kernel instead of the default
+                        per-expert cuBLASLt loop inside gemm_grouped
      --profile          also time each op class with CUDA events (where a step's time goes)
      --gemm             in-library GEMM (ops->gemm, cached plan) vs a standalone cuBLASLt call
      --gemm-algos       cuBLASLt's first heuristic algorithm against the best of 16, timed, bf16 and
@@ -102,6 +104,7 @@ static cudaEvent_t ev0[P_N], ev1[P_N];
 static double pms[P_N];
 static int prof_on;
 static int free_q, skip_q; /* --fp8-free-quant; set during the timed steps */
+static int gg_kernel;      /* --grouped-kernel: the experts on // >>cuda-grouped's kernel */
 
 static cudaStream_t st_of(void) { return ((us__cuda *)inner.backend)->stream; }
 
@@ -874,10 +877,12 @@ static void bench_grouped_shape(const char *name, int E, int64_t tokens, int K, 
             int64_t N = mode == US_GG_DGRAD ? In : Out, Kd = mode == US_GG_DGRAD ? Out : In;
             void *const *w = mode == US_GG_WGRAD ? gp.data() : wp.data();
             double fl = 2.0 * R * N * Kd, tg, td, tl;
+            us_cuda_grouped_kernel(&inner, 1); /* the one-launch kernel, not the default loop */
             tg = time_ms(a, b, [&] {
                 inner.gemm_grouped(&inner, mode, E, off.data(), n.data(), N, Kd, X, Kd, w, Y, N,
                                    US_BF16);
             });
+            us_cuda_grouped_kernel(&inner, gg_kernel);
             td = time_ms(a, b, [&] {
                 if (mode == US_GG_FPROP)
                     inner.gemm(&inner, 0, 1, R, N, Kd, 1.0f, X, US_BF16, Kd, W, US_BF16, Kd, 0.0f,
@@ -1294,6 +1299,8 @@ int main(int argc, char **argv) {
             do_fp8 = 1;
         else if (!strcmp(argv[i], "--grouped"))
             do_gg = 1;
+        else if (!strcmp(argv[i], "--grouped-kernel"))
+            gg_kernel = 1;
         else if (!strcmp(argv[i], "--fp8-free-quant"))
             free_q = 1;
         else if (!strcmp(argv[i], "--fp8-no-weight-cache"))
@@ -1340,13 +1347,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--cp-flash-only"))
             do_cp = 1;
         else {
-            fprintf(stderr,
-                    "usage: bench_cuda [--preset 1b|8b8|200m|moe [--steps N] [--warmup N] "
-                    "[--recompute M] [--accum K] [--loss-chunk ROWS|-1] [--precision "
-                    "bf16|fp8|fp8-tensor [--fp8-free-quant] [--fp8-no-weight-cache]] [--profile] "
-                    "[--json F]] [--gemm] [--fp8-gemm] [--grouped] [--gemm-algos] "
-                    "[--attention [--att-seq T,..] [--att-heads NH:NKV:HS,..]] "
-                    "[--cp | --cp-flash-only]\n");
+            fprintf(
+                stderr,
+                "usage: bench_cuda [--preset 1b|8b8|200m|moe [--steps N] [--warmup N] "
+                "[--recompute M] [--accum K] [--loss-chunk ROWS|-1] [--precision "
+                "bf16|fp8|fp8-tensor [--fp8-free-quant] [--fp8-no-weight-cache]] [--profile] "
+                "[--grouped-kernel] [--json F]] [--gemm] [--fp8-gemm] [--grouped] [--gemm-algos] "
+                "[--attention [--att-seq T,..] [--att-heads NH:NKV:HS,..]] "
+                "[--cp | --cp-flash-only]\n");
             return 2;
         }
     }
@@ -1363,6 +1371,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_cuda: %s\n", err);
         return 1;
     }
+    us_cuda_grouped_kernel(&inner, gg_kernel);
     if (preset && bench_train(preset, steps, warm, rc, profile, json)) return 1;
     if (do_gemm) bench_gemm();
     if (do_fp8) bench_fp8_gemm();

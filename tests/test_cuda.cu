@@ -966,12 +966,14 @@ static void grouped_case(const char *what, int mode, us_dtype dt, int ng, const 
     free(hw);
 }
 
+/* the one-launch kernel (us_cuda_grouped_kernel), then the default (cuBLASLt per group) */
 static void test_grouped(void) {
     static const int64_t mixed[7] = {37, 0, 128, 200, 3, 0, 129};
     int64_t many[300], experts[64];
     int mode, i;
     for (i = 0; i < 300; i++) many[i] = (int64_t)(rnd64() % 12);
     for (i = 0; i < 64; i++) experts[i] = i % 9 == 4 ? 0 : (int64_t)(rnd64() % 700);
+    us_cuda_grouped_kernel(&G, 1);
     for (mode = 0; mode < 3; mode++) { /* empty groups, short, a tile, more than a tile */
         grouped_case("mixed", mode, US_BF16, 7, mixed, 2, 136, 72, 8);
         grouped_case("mixed", mode, US_F16, 7, mixed, 2, 136, 72, 8);
@@ -984,6 +986,9 @@ static void test_grouped(void) {
     grouped_case("fp32: cuBLASLt per group", US_GG_DGRAD, US_F32, 7, mixed, 2, 136, 72, 8);
     grouped_case("odd strides: cuBLASLt per group", US_GG_FPROP, US_BF16, 7, mixed, 2, 136, 72, 3);
     grouped_case("K 40, N 24: partial tiles", US_GG_DGRAD, US_BF16, 7, mixed, 0, 24, 40, 0);
+    us_cuda_grouped_kernel(&G, 0);
+    for (mode = 0; mode < 3; mode++)
+        grouped_case("default: cuBLASLt per group", mode, US_BF16, 7, mixed, 2, 136, 72, 8);
 }
 
 /* The CPU model a and the GPU model b trained side by side on the built-in task's batches */
