@@ -23,7 +23,7 @@
      // >>cuda-hopper     FlashAttention-3 on Hopper: wgmma, TMA, warp specialisation; bf16/fp16, HS 64-256
      // >>cuda-cp-flash   the same by key blocks with positions (ring attention's blocks): bf16/fp16, HS 64-256, state in fp32
      // >>cuda-moe        mixture of experts: router (+ backward), counting-sort permute, row gather / scatter-add, gate gradient
-     // >>cuda-grouped    grouped GEMM: a MoE layer's experts in one launch (mma.sync, bf16/fp16)
+     // >>cuda-grouped    grouped GEMM: a MoE layer's experts in one launch (mma.sync; opt-in)
      // >>cuda-optimizer  AdamW on flat buffers, Σx² for the global norm
      // >>cuda-fp8        FP8 training: fused tile quantisation (amax, scale, E4M3 cast in one pass), block-scaled cuBLASLt FP8 GEMMs
      // >>cuda-ops        the ops table: us_cuda_ops, the attention path queries
@@ -5366,7 +5366,8 @@ static void us__cuda_moe_gate_grad(us_ops *o, float *dgates, const void *dout, c
 /* ------------------------------------------------------------------------------------
    us_ops.gemm_grouped: G products, each on its own rows with its own matrix, as one kernel over
    the list of every group's output tiles (the grouped GEMM of Megatron-LM and DeepSeek-V3;
-   cuBLASLt 13 has none). A CTA takes one 128×128 tile of one group's output: it finds its group
+   cuBLASLt 13 has none). Opt-in (us_cuda_grouped_kernel): on mma.sync it runs at about a third of
+   cuBLASLt's wgmma GEMMs, slower than one cuBLASLt GEMM per group, which is the default. A CTA takes one 128×128 tile of one group's output: it finds its group
    by a binary search over the groups' first tiles, then runs a plain tiled GEMM with fp32
    accumulation on mma.sync m16n8k16 (bf16 or fp16), ldmatrix fragments and a 3-stage cp.async
    pipeline (the helpers of // >>cuda-flash); rows past the group's end load as zeros and are
