@@ -23,7 +23,10 @@ step 'no function over 120 lines'         '' \
       done'
 
 # ---- the command-line tools and examples
-step 'train CLI'                         "$B/train"          'bash tests/test_train_cli.sh $B/train'
+# (the trainer's test in three parts, side by side: tests/test_train_cli.sh)
+step 'train CLI: dp, tp, cp, pp'         "$B/train"          'bash tests/test_train_cli.sh $B/train parallel'
+step 'train CLI: flags, data, checkpoints' "$B/train"        'bash tests/test_train_cli.sh $B/train flags'
+step 'train CLI: 4D mesh, MoE, ep'       "$B/train"          'bash tests/test_train_cli.sh $B/train mesh'
 step 'quick start runs'                  "$B/quickstart"     './$B/quickstart | grep -q "step 300 loss"'
 step 'dp quick start runs (4 threads, ZeRO-2)' \
                                          "$B/dp_quickstart"  './$B/dp_quickstart | grep -q "step 100 loss"'
