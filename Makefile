@@ -216,10 +216,10 @@ HAVE_NCCL := $(shell [ -f /usr/include/nccl.h ] || [ -f $(CUDA_HOME)/include/ncc
 STEPS_ENV  = B=$(B) NVCC=$(HAVE_NVCC) NCCL=$(HAVE_NCCL)
 
 test:
-	@mkdir -p $(B) && rm -rf $(B)/steps
+	@mkdir -p $(B)/san $(B)/cuda && rm -rf $(B)/steps
 	@$(STEPS_ENV) bash tests/run_all.sh --makefile tests/steps.sh > $(B)/steps.mk
 	@$(MAKE) -k $(if $(filter -j%,$(MAKEFLAGS)),,-j$(JOBS)) -f $(firstword $(MAKEFILE_LIST)) -f $(B)/steps.mk \
-	  $(IMPL) $(if $(HAVE_NVCC),$(CUDAIMPL)) $(SANIMPL) test-steps || true
+	  $(if $(HAVE_NVCC),$(CUDAIMPL)) $(IMPL) $(SANIMPL) test-steps || true
 	@$(STEPS_ENV) bash tests/run_all.sh --report tests/steps.sh
 
 # every program the steps need, without running them (then: bash tests/run_all.sh tests/steps.sh)
