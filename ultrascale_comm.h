@@ -709,17 +709,22 @@ static us_result us__thr_sync(us__thr_x *x) {
     us__thr_group *g = x->g;
     us_result r = US_OK;
     int64_t target;
-    int j;
+    int j, last;
     pthread_mutex_lock(&x->L->mu);
     target = ++g->arrive[x->me];
     x->L->progress_t = us__now_s();
-    pthread_cond_broadcast(&g->cv);
+    last = us__thr_missing(g, target) < 0;
     while ((j = us__thr_missing(g, target)) >= 0 || x->L->aborted) {
         if (j < 0) j = x->me;
         if ((r = us__thr_check_wait(x, j, "joining the collective")) != US_OK) break;
         us__thr_wait_slice(&g->cv, &x->L->mu, x->deadline - us__now_s());
     }
     pthread_mutex_unlock(&x->L->mu);
+    /* Only the last arrival wakes the others (an abort or a gone rank wakes them through
+       us__thr_wake_all), and after unlocking, so that they do not wake into a held mutex: a
+       broadcast per arrival under the lock cost every waiter N wake-ups and lock waits. The
+       group lives to the launch's end, so it is still there. */
+    if (last) pthread_cond_broadcast(&g->cv);
     return r;
 }
 
@@ -950,6 +955,14 @@ static us_result us__thr_post(us__thr_x *x, const void *src, int64_t n, us_dtype
     size_t blk = (size_t)n * us__thr_dsize(dt);
     us__thr_msg *m = (us__thr_msg *)US_MALLOC(sizeof *m + blk), **tail;
     *out = NULL;
+    if (m) { /* the copy outside the lock, which every rank's progress thread takes */
+        memset(m, 0, sizeof *m);
+        m->from = x->me;
+        m->to = peer;
+        m->n = n;
+        m->dt = dt;
+        if (blk) memcpy(m + 1, src, blk);
+    }
     pthread_mutex_lock(&x->L->mu);
     if (x->L->aborted) {
         us__thr_aborted(x->err, x->errlen, x->name, x->L->cause);
@@ -964,19 +977,13 @@ static us_result us__thr_post(us__thr_x *x, const void *src, int64_t n, us_dtype
         pthread_mutex_unlock(&x->L->mu);
         return US_ERR_OOM;
     }
-    memset(m, 0, sizeof *m);
-    m->from = x->me;
-    m->to = peer;
-    m->n = n;
-    m->dt = dt;
-    if (blk) memcpy(m + 1, src, blk);
     for (tail = &x->g->msgs; *tail; tail = &(*tail)->next) {
     }
     *tail = m;
     if (x->L->rendezvous) *out = m; /* the sender's to wait on */
     x->L->progress_t = us__now_s();
-    pthread_cond_broadcast(&x->g->cv);
     pthread_mutex_unlock(&x->L->mu);
+    pthread_cond_broadcast(&x->g->cv); /* (unlocked: the receiver wakes to a free mutex) */
     return US_OK;
 }
 
@@ -1035,8 +1042,8 @@ static us_result us__thr_recv_from(us__thr_x *x, void *dst, int64_t n, us_dtype 
     keep = x->L->rendezvous && !m->abandoned; /* the sender waits for it and frees it */
     m->taken = 1;
     x->L->progress_t = us__now_s();
-    pthread_cond_broadcast(&x->g->cv);
     pthread_mutex_unlock(&x->L->mu);
+    pthread_cond_broadcast(&x->g->cv); /* (unlocked: the sender wakes to a free mutex) */
     if (!keep) US_FREE(m);
     return r;
 }
@@ -1204,8 +1211,11 @@ static void *us__thr_worker_main(void *p) {
         ln->busy = 0;
         o->done = 1;
         L->progress_t = us__now_s();
-        pthread_cond_broadcast(&rk->done_cv);
         if (us__thr_gone(rk)) us__thr_wake_all(L); /* peers waiting for this rank can stop */
+        /* the rank's thread wakes to a free mutex */
+        pthread_mutex_unlock(&L->mu);
+        pthread_cond_broadcast(&rk->done_cv);
+        pthread_mutex_lock(&L->mu);
     }
     pthread_mutex_unlock(&L->mu);
     return NULL;
@@ -1400,8 +1410,8 @@ static us_result us__thr_submit(us_comm *c, us__thr_op *o, us_work **w) {
     o->next = rk->live;
     if (rk->live) rk->live->prev = o;
     rk->live = o;
-    pthread_cond_signal(&ln->cv);
     pthread_mutex_unlock(&L->mu);
+    pthread_cond_signal(&ln->cv); /* after unlocking: the progress thread wakes to a free mutex */
     if (w) {
         *w = (us_work *)o;
         return US_OK;

@@ -223,6 +223,9 @@ static const char *const usage_text[] = {
     "                    on, and the evaluations read it (default 0.1; 0 = evaluate on "
     "training data;\n"
     "                    none with validation shards)\n"
+    "  --exact-match N   after training on the built-in task, decode N held-out problems "
+    "and\n"
+    "                    report the exact match (default 200; 0 = none)\n"
     "  --sample N        after training, sample N tokens (default 0)\n"
     "  --temperature X   sampling temperature, 0 = greedy (default 0.8)\n"
     "  --sample-top-k N  sample from the k most likely tokens, 0 = all (default 0)\n"
@@ -422,6 +425,7 @@ typedef struct opts {
     char ckpt_from[4096]; /* the checkpoint --resume or --init-from resolved to */
     int eval_every, sample_n, top_k, quiet, gpu, gpu_set, use_cuda, nproc;
     int eval_tokens; /* --eval-tokens; 0: the held-out set up to EVAL_TOKENS_MAX */
+    int exact_n;     /* --exact-match: the built-in task's problems decoded after training */
     int pp_layers_n; /* how many counts --pp-layers gave */
     int nccl_sem;    /* --nccl-semantics: CPU threads impose a GPU's NCCL semantics */
     float temperature, peak_tflops, comm_timeout;
@@ -1245,12 +1249,14 @@ static void rank_report(rank_state *s, us_result r) {
     if (r == US_OK && s->tc.cp > 1 && (!o->data_path || o->sample_n > 0) && s->rank == 0)
         printf(
             "(decoding is not implemented under context parallelism: no exact match or samples)\n");
-    if (r == US_OK && !o->data_path && s->tc.cp == 1) { /* every rank decodes (ZeRO-3 gathers) */
+    if (r == US_OK && !o->data_path && s->tc.cp == 1 && o->exact_n > 0) { /* every rank decodes */
         char buf[2048];
         double acc = 0;
-        if (us_task_exact_match(&s->m, &s->eval_task, 200, &acc, buf, sizeof buf, 5) == US_OK &&
+        if (us_task_exact_match(&s->m, &s->eval_task, o->exact_n, &acc, buf, sizeof buf, 5) ==
+                US_OK &&
             s->rank == 0)
-            printf("sorting exact match on 200 held-out problems: %.1f%%\n%s", 100 * acc, buf);
+            printf("sorting exact match on %d held-out problems: %.1f%%\n%s", o->exact_n, 100 * acc,
+                   buf);
     }
     if (r == US_OK && o->sample_n > 0 && s->tc.cp == 1) rank_sample(s);
     if (r == US_OK && o->choices) rank_eval_choices(s);
@@ -1392,6 +1398,7 @@ static void cli_init(cli *c) {
     memset(c, 0, sizeof *c);
     c->clip = 1.0f;
     c->o.eval_every = 100;
+    c->o.exact_n = 200;
     c->o.temperature = 0.8f;
     c->o.keep = 3;
     c->o.val_frac = -1;
@@ -1757,6 +1764,8 @@ static int parse_output(cli *c, const char *f, const char *v, int *ok) {
         o->choices_path = v;
     else if (!strcmp(f, "--val-frac"))
         *ok = parse_float(v, 0.0f, 0.99f, &o->val_frac);
+    else if (!strcmp(f, "--exact-match"))
+        *ok = parse_int(v, 0, 1 << 20, &o->exact_n);
     else if (!strcmp(f, "--sample"))
         *ok = parse_int(v, 0, 1 << 24, &o->sample_n);
     else if (!strcmp(f, "--temperature"))

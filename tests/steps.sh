@@ -23,7 +23,10 @@ step 'no function over 120 lines'         '' \
       done'
 
 # ---- the command-line tools and examples
-step 'train CLI'                         "$B/train"          'bash tests/test_train_cli.sh $B/train'
+# (the trainer's test in three parts, side by side: tests/test_train_cli.sh)
+step 'train CLI: dp, tp, cp, pp'         "$B/train"          'bash tests/test_train_cli.sh $B/train parallel'
+step 'train CLI: flags, data, checkpoints' "$B/train"        'bash tests/test_train_cli.sh $B/train flags'
+step 'train CLI: 4D mesh, MoE, ep'       "$B/train"          'bash tests/test_train_cli.sh $B/train mesh'
 step 'quick start runs'                  "$B/quickstart"     './$B/quickstart | grep -q "step 300 loss"'
 step 'dp quick start runs (4 threads, ZeRO-2)' \
                                          "$B/dp_quickstart"  './$B/dp_quickstart | grep -q "step 100 loss"'
@@ -88,7 +91,7 @@ prog() { case $1 in dp | tp | fp8_train | moe) echo "test_internal $1" ;; *) ech
 # ---- the same tests under AddressSanitizer + UndefinedBehaviorSanitizer (the slow ones --quick)
 for t in tp plan pp dp cp fp16 ops fp8 fp8_train gemm model moe ep errors comm cp_ops pp_sched \
          ckpt comm_threads bootstrap dtypes tok data; do
-    case $t in tp | fp16 | fp8_train | model | plan) quick=' --quick' ;; *) quick='' ;; esac
+    case $t in tp | pp | ep | fp16 | fp8_train | model | plan) quick=' --quick' ;; *) quick='' ;; esac
     p=$(prog $t)
     step "asan+ubsan test_$t"            "$B/san/${p%% *}"        "./\$B/san/$p$quick"
 done

@@ -20,8 +20,8 @@ pass=$(sed -E 's/.* ([0-9]+) passed.*/\1/' <<<"${line:- 0 passed, 1 failed}"); f
 # F32 tensor reads, and the names and shapes are Hugging Face Llama's for the run's config
 TRAIN=${2:-$(dirname "$BIN")/train}
 if [ -x "$TRAIN" ]; then
-    "$TRAIN" --layers 2 --dim 32 --heads 4 --kv-heads 2 --steps 2 --threads 1 --eval-every 0 --quiet --save "$T/ours" > /dev/null 2>&1 &&
-    "$TRAIN" --layers 2 --dim 32 --heads 4 --kv-heads 2 --steps 2 --threads 1 --eval-every 0 --quiet --precision bf16 --save "$T/ours16" > /dev/null 2>&1 &&
+    "$TRAIN" --layers 2 --dim 32 --heads 4 --kv-heads 2 --steps 2 --threads 1 --eval-every 0 --exact-match 16 --quiet --save "$T/ours" > /dev/null 2>&1 &&
+    "$TRAIN" --layers 2 --dim 32 --heads 4 --kv-heads 2 --steps 2 --threads 1 --eval-every 0 --exact-match 16 --quiet --precision bf16 --save "$T/ours16" > /dev/null 2>&1 &&
     pyout=$("$PY" - "$T/ours/step_00000002" "$T/ours16/step_00000002" <<'PY'
 import json, sys
 from safetensors import safe_open

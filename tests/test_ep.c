@@ -40,6 +40,7 @@
 #include <string.h>
 
 #define STEPS 4
+static int steps = STEPS; /* --quick (the sanitizer build): 2, the first update and one more */
 #define GB 8
 #define T 8
 #define MAXR 16
@@ -125,7 +126,7 @@ static us_result rank_fn(us_comm *c, void *arg) {
     dr = m.mesh.dp_rank;
     us_cp_positions(&m.tc, m.mesh.cp_rank, pos);
     for (i = 0; i < m.n_params_t; i++) R->n_expert_t[rank] += m.params[i].expert;
-    for (s = 0; s < STEPS && r == US_OK; s++) {
+    for (s = 0; s < steps && r == US_OK; s++) {
         us_step_stats st;
         /* this rank's sequences of every global micro-batch (dp), its positions in each (cp) */
         for (k = 0; k < tc.grad_accum; k++)
@@ -245,7 +246,7 @@ static void setup(run *R, const variant *v, int ranks) {
     R->mc.moe_capacity = v->cap;
     R->tc.batch = GB / v->dp;
     R->tc.seq = T;
-    R->tc.steps = STEPS;
+    R->tc.steps = steps;
     R->tc.lr = 1e-2f;
     R->tc.threads = 1;
     R->tc.seed = 11;
@@ -317,7 +318,7 @@ static void run_variant(const variant *v) {
     if (us_test_launch(nr, rank_fn, &R, R.res, 0) != US_OK)
         CHECK(0, "%s: ran on %d ranks", v->what, nr);
     else {
-        for (s = 0; s < STEPS; s++) {
+        for (s = 0; s < steps; s++) {
             double dl = fabs(R.loss[s] - ref.loss[s]) / fabs(ref.loss[s]),
                    dg = fabs(R.gnorm[s] - ref.gnorm[s]) / fabs(ref.gnorm[s]);
             if (dl > ml) ml = dl;
@@ -345,7 +346,7 @@ static void run_variant(const variant *v) {
                           R.mem[i].params == R.est[i].params;
         CHECK(ml < 1e-5 && mg < 1e-5 && mw < 1e-4,
               "%s: %d steps equal one rank (loss rel %.1e, grad norm rel %.1e, weights abs %.1e)",
-              v->what, STEPS, ml, mg, mw);
+              v->what, steps, ml, mg, mw);
         CHECK(
             mb < 1e-6 && (v->aux || bmax > 0),
             "%s: the router bias is the reference's on every rank (max diff %.1e; max |bias| %.2f)",
@@ -540,7 +541,10 @@ int main(int argc, char **argv) {
          0, 2, 0, US_PP_1F1B, 4, 1},
     };
     int i;
-    us_test_verbose = argc > 1 && !strcmp(argv[1], "-v");
+    for (i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-v")) us_test_verbose = 1;
+        if (!strcmp(argv[i], "--quick")) steps = 2;
+    }
     for (i = 0; i < (int)(sizeof vs / sizeof vs[0]); i++) {
         /* under NCCL's semantics (us_test_ranks.h) the pipelines whose MoE layers talk inside
            a stage (ep, cp, tp), and DualPipe-V on the clock: orders that would hang GPUs fail */

@@ -14,7 +14,7 @@ check() { # check NAME COMMAND...
     if eval "${@:2}"; then pass=$((pass + 1)); else fail=$((fail + 1)) && echo "  FAIL $1"; fi
 }
 # the sorting task's model, byte tokens; train samples "31415926=" greedily at the end
-$R --steps 30 --save $W/ck --threads 1 --eval-every 0 --quiet --precision fp32 --sample 9 \
+$R --steps 30 --save $W/ck --threads 1 --eval-every 0 --exact-match 16 --quiet --precision fp32 --sample 9 \
     --temperature 0 > $W/train.txt 2>&1
 want=$(sed -n '/^sample (/{n;p;q}' $W/train.txt)
 check 'train wrote a checkpoint and a sample' '[ -d $W/ck ] && [ ${#want} = 17 ]'

@@ -2,7 +2,8 @@
 # test_plan_cli.sh — the planner CLI (examples/plan.c) from the outside: --help, errors as one
 # sentence with exit 2, the 1B-on-8-GPUs answer, the TSV, and that every command it emits is
 # accepted by the trainer: a tiny model planned for 2 GPUs, each emitted train_cuda line run for
-# one step by the CPU trainer (the same flags; --nproc W becomes --dp W/(tp·cp·pp), threads).
+# one step by the CPU trainer (the same flags; --nproc W becomes --dp W/(tp·cp·pp), threads; the
+# task's exact match after the step decodes one batch of problems, not 200).
 #   bash tests/test_plan_cli.sh build/plan build/train
 set -u
 BIN=${1:-build/plan}; TRAIN=${2:-build/train}
@@ -56,7 +57,7 @@ while IFS=$'\t' read -r kind rank pred mem cmd; do
         esac
         args+=("$1"); shift
     done
-    "$TRAIN" "${args[@]}" --dp $((w / (tp * cp * pp))) --steps 1 --quiet --eval-every 0 --threads 1 > "$TMP/t.txt" 2>&1 || { bad=$((bad + 1)); echo "     rejected: ${args[*]}: $(tail -1 "$TMP/t.txt")"; }
+    "$TRAIN" "${args[@]}" --dp $((w / (tp * cp * pp))) --steps 1 --quiet --eval-every 0 --threads 1 --exact-match 16 > "$TMP/t.txt" 2>&1 || { bad=$((bad + 1)); echo "     rejected: ${args[*]}: $(tail -1 "$TMP/t.txt")"; }
 done < "$TMP/tiny.tsv"
 check "all $n emitted commands run one step on the CPU trainer ($bad failed)" $([ "$n" -eq 15 ] && [ "$bad" -eq 0 ]; echo $?)
 echo "test_plan_cli: $PASS passed, $FAIL failed"

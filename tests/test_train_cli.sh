@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
 # The trainer's command line: flags, errors (one line + usage, exit 2), the JSONL log keys.
+#   bash tests/test_train_cli.sh [BIN [PART]]
+# PART runs one of the three parts (none: all): flags (flags, errors, the log, data, checkpoints),
+# parallel (dp, tp, cp and pp against one rank), mesh (the 4D mesh, MoE and ep). make test runs
+# them as three steps, side by side.
 set -u
 BIN=${1:-build/train}
+PART=${2:-}
+case $PART in '' | flags | parallel | mesh) ;; *) echo "test_train_cli: unknown part $PART" >&2; exit 2 ;; esac
+part() { [ -z "$PART" ] || [ "$PART" = "$1" ]; }
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 pass=0; fail=0
@@ -15,19 +22,22 @@ expect() {
 }
 small="--layers 1 --dim 32 --heads 2 --batch 2 --quiet"
 
-# the loss curves compared: CURVE steps (the library's tests compare every configuration step by
-# step; these check that the flags reach it)
-CURVE=10
+# the loss curves compared: CURVE steps, 4 updates after the first (the library's tests compare
+# every configuration step by step; these check that the flags reach it)
+CURVE=5
+# after training on the built-in task, the runs whose checks do not read its exact match decode
+# one batch of problems (EXACT), not the default 200: the decoding still runs in every layout
+EXACT="--exact-match 16"
 # reference NAME -- ARGS...: the one-rank run the parallel ones are compared with (NAME.jsonl)
 reference() {
     local name=$1; shift 2
-    "$BIN" --steps $CURVE --eval-every 0 --quiet --log "$T/$name.jsonl" "$@" > /dev/null 2>&1
+    "$BIN" --steps $CURVE --eval-every 0 --quiet $EXACT --log "$T/$name.jsonl" "$@" > /dev/null 2>&1
 }
 # same_curve DESC REF NAME -- ARGS...: trains CURVE steps with ARGS (logging to NAME.jsonl) and
 # checks each loss against the run REF.jsonl within 1e-4 relative
 same_curve() {
     local desc=$1 ref=$2 name=$3 rc; shift 4
-    "$BIN" --steps $CURVE --eval-every 0 --quiet --log "$T/$name.jsonl" "$@" > "$T/$name.txt" 2>&1; rc=$?
+    "$BIN" --steps $CURVE --eval-every 0 --quiet $EXACT --log "$T/$name.jsonl" "$@" > "$T/$name.txt" 2>&1; rc=$?
     if [ "$rc" -eq 0 ] && python3 - "$T/$ref.jsonl" "$T/$name.jsonl" "$desc" $CURVE <<'PY'
 import json, sys
 a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
@@ -41,6 +51,8 @@ PY
     then ok "$desc"; else bad "$desc (exit $rc) $(tail -3 "$T/$name.txt")"; fi
 }
 
+# ==== part flags: the flags, errors, the log, the data (the checkpoints at the end)
+if part flags; then
 expect 0 "--help prints the usage" "usage: train" -- --help
 expect 2 "unknown flag" "unknown flag --bogus.*" -- --bogus 3
 expect 2 "unknown flag also prints usage" "usage: train" -- --bogus 3
@@ -52,14 +64,14 @@ expect 2 "bad precision" "--precision must be fp32, bf16, fp16, fp8 or fp8-tenso
 expect 2 "negative loss scale" "bad value for --loss-scale: -1" -- --loss-scale -1
 expect 2 "zero loss-scale window" "bad value for --loss-scale-window: 0" -- --loss-scale-window 0
 expect 2 "--fp8-pow2 without fp8" "fp8_pow2 applies to the fp8 and fp8-tensor precisions only" -- --fp8-pow2
-expect 0 "--precision fp8 --fp8-pow2 runs, reports the FP8 linears" "fp8: 4 of 4 linear layers in FP8 E4M3 .*powers of two" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 --sample 0 --precision fp8 --fp8-pow2 --fp8-min-dim 16
-expect 0 "fp8 below the size rule keeps every linear in bf16" "fp8: 0 of 4 linear layers in FP8 E4M3 .*under --fp8-min-dim 1536" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 --sample 0 --precision fp8
-expect 0 "--fp8-min-dim=32 takes this model's linears" "fp8: 4 of 4 linear layers in FP8 E4M3 .*under --fp8-min-dim 32" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 --sample 0 --precision fp8 --fp8-min-dim=32
+expect 0 "--precision fp8 --fp8-pow2 runs, reports the FP8 linears" "fp8: 4 of 4 linear layers in FP8 E4M3 .*powers of two" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 $EXACT --sample 0 --precision fp8 --fp8-pow2 --fp8-min-dim 16
+expect 0 "fp8 below the size rule keeps every linear in bf16" "fp8: 0 of 4 linear layers in FP8 E4M3 .*under --fp8-min-dim 1536" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 $EXACT --sample 0 --precision fp8
+expect 0 "--fp8-min-dim=32 takes this model's linears" "fp8: 4 of 4 linear layers in FP8 E4M3 .*under --fp8-min-dim 32" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 $EXACT --sample 0 --precision fp8 --fp8-min-dim=32
 expect 2 "--fp8-min-dim without fp8" "fp8_min_dim applies to the fp8 and fp8-tensor precisions only" -- --fp8-min-dim 64
 expect 2 "--fp8-min-dim 0" "--fp8-min-dim" -- --precision fp8 --fp8-min-dim 0
-expect 0 "--precision fp8-tensor runs" "fp8: 4 of 4 linear layers in FP8 E4M3 \\(per-tensor" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 --sample 0 --precision fp8-tensor --fp8-min-dim 16
-expect 0 "fp8 keeps the quantised weights for the step" "weights quantised once per step \\(cache" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 --sample 0 --precision fp8 --fp8-min-dim 16
-expect 0 "--fp8-no-weight-cache quantises at every GEMM" "weights quantised at every GEMM" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 --sample 0 --precision fp8 --fp8-no-weight-cache --fp8-min-dim 16
+expect 0 "--precision fp8-tensor runs" "fp8: 4 of 4 linear layers in FP8 E4M3 \\(per-tensor" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 $EXACT --sample 0 --precision fp8-tensor --fp8-min-dim 16
+expect 0 "fp8 keeps the quantised weights for the step" "weights quantised once per step \\(cache" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 $EXACT --sample 0 --precision fp8 --fp8-min-dim 16
+expect 0 "--fp8-no-weight-cache quantises at every GEMM" "weights quantised at every GEMM" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 $EXACT --sample 0 --precision fp8 --fp8-no-weight-cache --fp8-min-dim 16
 expect 2 "--fp8-no-weight-cache without fp8" "fp8_no_wcache applies to the fp8 and fp8-tensor precisions only" -- --fp8-no-weight-cache
 expect 2 "bad recompute mode" "--recompute must be none, selective or full" -- --recompute some
 expect 2 "heads not dividing dim" "dim=64 not divisible by heads=3" -- --heads 3
@@ -81,12 +93,12 @@ expect 1 "--data /dev/zero is not a regular file" "^train: /dev/zero is not a re
 expect 1 "--data on a /proc file is not a regular file" "/proc/self/status is not a regular file" -- --data /proc/self/status
 expect 2 "--grad-accum and --micro-batches that disagree are refused" "--grad-accum 2 and --micro-batches 4 disagree: both set the micro-batches per step; give one" \
     -- --grad-accum 2 --micro-batches 4
-expect 0 "--grad-accum and --micro-batches that agree are one setting" "accum=2" -- --layers 1 --dim 32 --heads 2 --batch 2 --grad-accum 2 --micro-batches 2 --steps 1 --eval-every 0 --sample 0
+expect 0 "--grad-accum and --micro-batches that agree are one setting" "accum=2" -- --layers 1 --dim 32 --heads 2 --batch 2 --grad-accum 2 --micro-batches 2 --steps 1 --eval-every 0 $EXACT --sample 0
 mkdir -p "$T/adir"; : > "$T/afile"
 expect 2 "--trace into a missing directory is refused before training" "^train: cannot write --trace $T/no/such/t.json: No such file or directory\$" \
     -- --trace "$T/no/such/t.json" --steps 1
 expect 2 "--trace naming a directory is refused" "--trace $T/adir is a directory" -- --trace "$T/adir" --steps 1
-[ ! -e "$T/t_ok.json" ] && "$BIN" $small --steps 1 --eval-every 0 --sample 0 --trace "$T/t_ok.json" > /dev/null 2>&1 && grep -q traceEvents "$T/t_ok.json" &&
+[ ! -e "$T/t_ok.json" ] && "$BIN" $small --steps 1 --eval-every 0 $EXACT --sample 0 --trace "$T/t_ok.json" > /dev/null 2>&1 && grep -q traceEvents "$T/t_ok.json" &&
     ok "a good --trace path still gets its trace" || bad "a good --trace path"
 expect 2 "--save onto a file is refused before training" "--save $T/afile exists and is not a directory" -- --save "$T/afile" --steps 1
 # OpenMP's waiting threads sleep unless the user chose (spinning ones crawl on a busy machine):
@@ -131,7 +143,9 @@ PY
 else
     if grep -q '"grad_norm"' "$T/log.jsonl" && grep -q '"mem_bytes"' "$T/log.jsonl"; then ok "JSONL keys present"; else bad "JSONL keys"; fi
 fi
-grep -q "sorting exact match" "$T/out.txt" && ok "the task reports exact-match accuracy" || bad "no exact-match line"
+grep -q "sorting exact match on 200 held-out problems" "$T/out.txt" && ok "the task reports exact-match accuracy" || bad "no exact-match line"
+"$BIN" $small --steps 1 --eval-every 0 --exact-match 0 > "$T/ex0.txt" 2>&1 && grep -q "^trained 1 steps" "$T/ex0.txt" &&
+    ! grep -q "exact match" "$T/ex0.txt" && ok "--exact-match 0 decodes no problems" || bad "--exact-match 0: $(tail -2 "$T/ex0.txt")"
 
 # --data evaluations score fixed non-overlapping windows: with a learning rate too small to move
 # the model, every evaluation gives the same number, and so do dp 2 and tp 2
@@ -201,14 +215,14 @@ expect 2 "--eval-choices: a label past the endings is refused" "line 1: a label 
     --data "$T/mc.txt" --steps 1 --eval-choices "$T/mcbad2.jsonl"
 expect 2 "--eval-choices with --pp is refused in one sentence" "drop --pp for it" -- \
     --data "$T/mc.txt" --steps 1 --pp 2 --layers 2 --eval-choices "$T/mc.jsonl"
-"$BIN" --layers 1 --dim 32 --heads 2 --batch 2 --steps 2 --eval-every 0 > "$T/mem.txt" 2>&1
+"$BIN" --layers 1 --dim 32 --heads 2 --batch 2 --steps 2 --eval-every 0 $EXACT > "$T/mem.txt" 2>&1
 grep -q "^memory: allocator peak .* MiB/rank, estimate .* MiB/rank, process peak RSS .* MiB" "$T/mem.txt" &&
     ok "the run ends with its memory: allocator peak, estimate, process peak RSS" || bad "no memory line"
 
 # fp16 with dynamic loss scaling: the log's loss_scale / skipped keys; a static scale too large
 # for fp16 skips every step (S stays) and updates nothing
-"$BIN" --layers 1 --dim 32 --heads 2 --batch 2 --steps 4 --eval-every 0 --precision fp16 --log "$T/fp16.jsonl" > "$T/fp16.txt" 2>&1; rc=$?
-"$BIN" $small --steps 3 --eval-every 0 --precision fp16 --loss-scale 1099511627776 --log "$T/fp16s.jsonl" > "$T/fp16s.txt" 2>&1; rc2=$?
+"$BIN" --layers 1 --dim 32 --heads 2 --batch 2 --steps 4 --eval-every 0 $EXACT --precision fp16 --log "$T/fp16.jsonl" > "$T/fp16.txt" 2>&1; rc=$?
+"$BIN" $small --steps 3 --eval-every 0 $EXACT --precision fp16 --loss-scale 1099511627776 --log "$T/fp16s.jsonl" > "$T/fp16s.txt" 2>&1; rc2=$?
 if [ "$rc" -eq 0 ] && [ "$rc2" -eq 0 ] && grep -q "loss scale 65536 | skipped 0/0" "$T/fp16.txt" && grep -q "trained 0 steps" "$T/fp16s.txt" && python3 - "$T/fp16.jsonl" "$T/fp16s.jsonl" "$T/log.jsonl" <<'PY'
 import json, sys
 a = [json.loads(l) for l in open(sys.argv[1])]
@@ -279,6 +293,10 @@ then ok "shards under --dp 2: the loss curve of one rank, and a resume under dp 
 expect 1 "--resume with other shards is refused" "give the same --data" -- $sh --steps 12 --data "$T/sh_train_0.bin,$T/sh_train_1.bin" --resume "$T/sck/step_00000004"
 expect 1 "--resume of a shard run on raw text is refused" "saved by a run over token shards" -- $sh --steps 12 --data "$T/text.txt" --resume "$T/sck/step_00000004"
 
+fi # part flags
+
+# ==== part parallel: dp, tp, cp and pp, each against one rank
+if part parallel; then
 # data parallelism on CPU threads: flags, errors, and the loss curve of --dp 1
 expect 2 "batch not divisible by dp" "--batch 16 is not divisible by --dp 3" -- --dp 3
 expect 2 "bad ZeRO stage" "bad value for --zero: 4" -- --zero 4
@@ -323,16 +341,16 @@ reference pp1 -- --grad-accum 4
 same_curve "--pp 2 --dp 2 (1F1B, 4 micro-batches) trains the task to the loss curve of one rank" pp1 pp -- --grad-accum 4 --pp 2 --dp 2
 same_curve "--pp 2 --pp-schedule zb1 --micro-batches 4 trains the task to the loss curve of one rank" pp1 zb -- --micro-batches 4 --pp 2 --pp-schedule zb1
 same_curve "--pp 2 --pp-schedule zb1 --recompute full --dp 2 --zero 3 (FSDP + PP) trains the task to the loss curve of one rank" pp1 zbz3 -- --micro-batches 4 --pp 2 --pp-schedule zb1 --recompute full --dp 2 --zero 3
-# FSDP + PP checkpoints: saved by dp 2 x pp 2 ZeRO-3 (interleaved) at step 3, resumed in that
-# layout (the same weights at step 6, byte for byte) and on one rank: the uninterrupted losses
-z3="--steps 6 --eval-every 0 --quiet --layers 4 --micro-batches 2"
+# FSDP + PP checkpoints: saved by dp 2 x pp 2 ZeRO-3 (interleaved) at step 2, resumed in that
+# layout (the same weights at step 4, byte for byte) and on one rank: the uninterrupted losses
+z3="--steps 4 --eval-every 0 --quiet --layers 4 --micro-batches 2 $EXACT"
 z3pp="--pp 2 --dp 2 --zero 3 --pp-schedule interleaved"
-"$BIN" $z3 $z3pp --save "$T/z3" --save-every 3 --keep 0 --log "$T/z3a.jsonl" > "$T/z3a.txt" 2>&1 &&
-    "$BIN" $z3 $z3pp --resume "$T/z3/step_00000003" --save "$T/z3b" --log "$T/z3b.jsonl" > "$T/z3b.txt" 2>&1 &&
-    "$BIN" $z3 --resume "$T/z3/step_00000003" --log "$T/z3c.jsonl" > "$T/z3c.txt" 2>&1; rc=$?
-if [ "$rc" -eq 0 ] && diff <(tail -3 "$T/z3a.jsonl" | cut -d, -f1,2) <(cut -d, -f1,2 "$T/z3b.jsonl") > /dev/null &&
-    diff <(tail -3 "$T/z3a.jsonl" | cut -d, -f1,2) <(cut -d, -f1,2 "$T/z3c.jsonl") > /dev/null &&
-    cmp -s "$T/z3/step_00000006/model.safetensors" "$T/z3b/step_00000006/model.safetensors"
+"$BIN" $z3 $z3pp --save "$T/z3" --save-every 2 --keep 0 --log "$T/z3a.jsonl" > "$T/z3a.txt" 2>&1 &&
+    "$BIN" $z3 $z3pp --resume "$T/z3/step_00000002" --save "$T/z3b" --log "$T/z3b.jsonl" > "$T/z3b.txt" 2>&1 &&
+    "$BIN" $z3 --resume "$T/z3/step_00000002" --log "$T/z3c.jsonl" > "$T/z3c.txt" 2>&1; rc=$?
+if [ "$rc" -eq 0 ] && diff <(tail -2 "$T/z3a.jsonl" | cut -d, -f1,2) <(cut -d, -f1,2 "$T/z3b.jsonl") > /dev/null &&
+    diff <(tail -2 "$T/z3a.jsonl" | cut -d, -f1,2) <(cut -d, -f1,2 "$T/z3c.jsonl") > /dev/null &&
+    cmp -s "$T/z3/step_00000004/model.safetensors" "$T/z3b/step_00000004/model.safetensors"
 then ok "a dp 2 x pp 2 ZeRO-3 checkpoint resumes in its layout (same weights) and on one rank (same losses)"; else bad "ZeRO-3 pp resume (exit $rc): $(tail -n 2 "$T/z3b.txt" "$T/z3c.txt")"; fi
 if grep -q '"pp_bubble": 0\.[0-9]' "$T/zb.jsonl" 2>/dev/null; then ok "the pipeline log has pp_bubble"; else bad "the pipeline log has pp_bubble"; fi
 # DualPipe: refusals in one sentence; two pipelines fed from both ends train like one rank; a
@@ -349,6 +367,10 @@ if [ "$rc" -eq 0 ] && diff <(tail -3 "$T/dppa.jsonl" | cut -d, -f1,2) <(cut -d, 
     diff <(tail -3 "$T/dppa.jsonl" | cut -d, -f1,2) <(cut -d, -f1,2 "$T/dppc.jsonl") > /dev/null &&
     cmp -s "$T/dpp/step_00000006/model.safetensors" "$T/dppb/step_00000006/model.safetensors"
 then ok "a pp 4 dualpipe checkpoint resumes in its layout (same weights) and on one rank (same losses)"; else bad "dualpipe resume (exit $rc): $(tail -n 2 "$T/dppb.txt" "$T/dppc.txt")"; fi
+fi # part parallel
+
+# ==== part mesh: the 4D mesh, mixture of experts, expert parallelism
+if part mesh; then
 # all four dimensions at once on 16 threads (issue 13's 5D mesh, less ep): dp 2 x pp 2 x cp 2 x tp 2
 reference m1 -- --grad-accum 2 --seq 64 --layers 4
 same_curve "--dp 2 --pp 2 --cp 2 --tp 2 (16 threads) trains the task to the loss curve of one rank" m1 mesh4 -- --grad-accum 2 --seq 64 --layers 4 --dp 2 --pp 2 --cp 2 --tp 2
@@ -368,7 +390,7 @@ same_curve "--experts 4 --dp 2 --ep 2 --zero 2 (experts sharded over their repli
 expect 2 "bad capacity factor" "bad value for --capacity-factor: -1" -- --experts 4 --capacity-factor -1
 expect 2 "forced balance needs experts" "moe_force_balance needs experts" -- --moe-force-balance
 # --moe-force-balance (benchmarks): every expert equally loaded, every step, and it still learns
-"$BIN" --experts 4 --top-k 2 --moe-force-balance --threads 1 --steps 20 --eval-every 0 --quiet --log "$T/moefb.jsonl" > "$T/moefb.txt" 2>&1; rc=$?
+"$BIN" --experts 4 --top-k 2 --moe-force-balance --threads 1 --steps 20 --eval-every 0 $EXACT --quiet --log "$T/moefb.jsonl" > "$T/moefb.txt" 2>&1; rc=$?
 if [ "$rc" -eq 0 ] && python3 - "$T/moefb.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
@@ -379,7 +401,7 @@ then ok "--moe-force-balance: imbalance 1 at every step, the loss falls"; else b
 # MoE under pipeline parallelism: each stage runs its own layers' routers and experts
 reference moepp1 -- --experts 4 --threads 1 --layers 2 --dim 32 --heads 2 --grad-accum 4
 same_curve "--experts 4 --pp 2 --dp 2 --ep 2 --pp-schedule zb1 trains to the loss curve of one rank" moepp1 moepp -- --experts 4 --layers 2 --dim 32 --heads 2 --grad-accum 4 --pp 2 --dp 2 --ep 2 --pp-schedule zb1
-"$BIN" --experts 4 --top-k 2 --threads 1 --steps 20 --eval-every 0 --quiet --log "$T/moe.jsonl" > "$T/moe.txt" 2>&1; rc=$?
+"$BIN" --experts 4 --top-k 2 --threads 1 --steps 20 --eval-every 0 $EXACT --quiet --log "$T/moe.jsonl" > "$T/moe.txt" 2>&1; rc=$?
 if [ "$rc" -eq 0 ] && python3 - "$T/moe.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
@@ -393,34 +415,38 @@ assert first > 5 and last < 0.6 * first, (first, last)
 PY
 then ok "--experts 4 --top-k 2 learns the task (loss falls), the log has moe_imbalance, moe_load, ..."; else bad "MoE training run (exit $rc) $(tail -3 "$T/moe.txt")"; fi
 "$BIN" --experts 4 --top-k 2 --shared-expert --moe-gate sigmoid --moe-balance aux --moe-aux-coef 0.1 --capacity-factor 1 --moe-groups 2 --moe-top-groups 1 \
-      --moe-first-dense 1 --layers 3 --threads 1 --steps 3 --eval-every 0 --log "$T/moe2.jsonl" > "$T/moe2.txt" 2>&1; rc=$?
+      --moe-first-dense 1 --layers 3 --threads 1 --steps 3 --eval-every 0 $EXACT --log "$T/moe2.jsonl" > "$T/moe2.txt" 2>&1; rc=$?
 if [ "$rc" -eq 0 ] && grep -q "moe: 2 of 3 layers, E=4 top-2 Fe=64 + shared, sigmoid gates, balance aux | group-limited" "$T/moe2.txt" && python3 - "$T/moe2.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 assert len(rows) == 3 and all(r["moe_aux_loss"] > 0 and 0 <= r["moe_drop_frac"] < 1 for r in rows)
 PY
 then ok "shared expert, sigmoid gates, aux loss, capacity, group-limited routing, first layer dense: a run and its log"; else bad "MoE options run (exit $rc) $(tail -3 "$T/moe2.txt")"; fi
+fi # part mesh
+
+# ==== part flags, continued
+if part flags; then
 # ---- checkpoints: --save / --save-every / --keep / --resume / --init-from
 expect 2 "--save-every without --save is refused" "needs --save" -- $small --save-every 5
 expect 2 "--resume and --init-from together are refused" "give one of them" -- $small --resume "$T" --init-from "$T"
 expect 2 "--resume of a directory with no checkpoint is refused" "no complete checkpoint" -- $small --resume "$T"
 expect 2 "--init-from a directory without config.json is refused" "config.json" -- $small --init-from "$T"
-"$BIN" --steps 12 --save "$T/ck" --save-every 4 --keep 2 --threads 1 --eval-every 0 --quiet --log "$T/ck_a.jsonl" > "$T/ck_a.txt" 2>&1; rc=$?
+"$BIN" --steps 12 --save "$T/ck" --save-every 4 --keep 2 --threads 1 --eval-every 0 $EXACT --quiet --log "$T/ck_a.jsonl" > "$T/ck_a.txt" 2>&1; rc=$?
 if [ "$rc" -eq 0 ] && [ -d "$T/ck/step_00000008" ] && [ -d "$T/ck/step_00000012" ] && [ ! -e "$T/ck/step_00000004" ] && [ -f "$T/ck/step_00000012/model.safetensors" ]; then
     ok "--save DIR --save-every 4 --keep 2 keeps step_8 and step_12"; else bad "--save run (exit $rc): $(ls "$T/ck" 2>&1 | tr '\n' ' ') $(tail -2 "$T/ck_a.txt")"; fi
 # resume from step 8 on one rank: steps 9..12 print the same losses (the log's 6 decimals)
-"$BIN" --steps 12 --resume "$T/ck/step_00000008" --threads 1 --eval-every 0 --quiet --log "$T/ck_b.jsonl" > "$T/ck_b.txt" 2>&1; rc=$?
+"$BIN" --steps 12 --resume "$T/ck/step_00000008" --threads 1 --eval-every 0 $EXACT --quiet --log "$T/ck_b.jsonl" > "$T/ck_b.txt" 2>&1; rc=$?
 if [ "$rc" -eq 0 ] && diff <(tail -4 "$T/ck_a.jsonl" | cut -d, -f1,2) <(cut -d, -f1,2 "$T/ck_b.jsonl") > /dev/null; then
     ok "--resume continues with the same losses as the run that did not stop"; else bad "--resume (exit $rc): $(tail -2 "$T/ck_b.txt")"; fi
 # --resume DIR picks the newest step_N; under dp 2 x tp 2 the losses agree within 1e-5
 # (and a resume with nothing left to train is refused, saying so, before any step)
-"$BIN" --steps 12 --resume "$T/ck" --dp 2 --tp 2 --threads 1 --eval-every 0 --quiet --log "$T/ck_c.jsonl" > "$T/ck_c.txt" 2>&1; rc=$?
+"$BIN" --steps 12 --resume "$T/ck" --dp 2 --tp 2 --threads 1 --eval-every 0 $EXACT --quiet --log "$T/ck_c.jsonl" > "$T/ck_c.txt" 2>&1; rc=$?
 if [ "$rc" -ne 0 ] && [ "$(wc -l < "$T/ck_c.jsonl")" -eq 0 ] &&
    grep -q "step_00000012 is at step 12 and --steps is 12: nothing left to train (give --steps above 12)" "$T/ck_c.txt"; then
     ok "--resume DIR picks the newest checkpoint; --steps 12 at its step 12 is refused"; else bad "--resume newest (exit $rc): $(tail -2 "$T/ck_c.txt")"; fi
 expect 1 "--resume with --steps below the checkpoint's step is refused" "step_00000008 is at step 8 and --steps is 5: nothing left to train" \
     -- --steps 5 --resume "$T/ck/step_00000008" --threads 1 --eval-every 0 --quiet
-"$BIN" --steps 12 --resume "$T/ck/step_00000008" --dp 2 --tp 2 --threads 1 --eval-every 0 --quiet --log "$T/ck_d.jsonl" > "$T/ck_d.txt" 2>&1; rc=$?
+"$BIN" --steps 12 --resume "$T/ck/step_00000008" --dp 2 --tp 2 --threads 1 --eval-every 0 $EXACT --quiet --log "$T/ck_d.jsonl" > "$T/ck_d.txt" 2>&1; rc=$?
 if [ "$rc" -eq 0 ] && python3 - "$T/ck_a.jsonl" "$T/ck_d.jsonl" <<'PY'
 import json, sys
 a = [json.loads(l) for l in open(sys.argv[1])][8:]
@@ -435,8 +461,9 @@ expect 0 "--init-from DIR fine-tunes from the weights (step 0, the shape from co
 expect 2 "--init-from with a contradicting --dim names both" "hidden_size = 64 but the model config sets 32" -- --init-from "$T/ck/step_00000012" --dim 32 --steps 2
 # fp16: the loss scaler's state travels in trainer_state.json. A window of 3 doubles S every 3
 # clean steps, so a resume that lost S or its count would log another loss_scale and loss
-"$BIN" --steps 12 --precision fp16 --loss-scale-window 3 --save "$T/ck16" --save-every 8 --threads 1 --eval-every 0 --quiet --log "$T/ck16_a.jsonl" > /dev/null 2>&1
-"$BIN" --steps 12 --precision fp16 --loss-scale-window 3 --resume "$T/ck16/step_00000008" --threads 1 --eval-every 0 --quiet --log "$T/ck16_b.jsonl" > "$T/ck16_b.txt" 2>&1; rc=$?
+# (saved at step 4, between the doublings after steps 3 and 6)
+"$BIN" --steps 8 --precision fp16 --loss-scale-window 3 --save "$T/ck16" --save-every 4 --threads 1 --eval-every 0 $EXACT --quiet --log "$T/ck16_a.jsonl" > /dev/null 2>&1
+"$BIN" --steps 8 --precision fp16 --loss-scale-window 3 --resume "$T/ck16/step_00000004" --threads 1 --eval-every 0 $EXACT --quiet --log "$T/ck16_b.jsonl" > "$T/ck16_b.txt" 2>&1; rc=$?
 if [ "$rc" -eq 0 ] && python3 - "$T/ck16_a.jsonl" "$T/ck16_b.jsonl" <<'PY'
 import json, sys
 a = [json.loads(l) for l in open(sys.argv[1])][-4:]
@@ -446,8 +473,9 @@ assert a[0]["loss_scale"] != 65536, "S never moved: the test would not see a los
 PY
 then ok "fp16 --resume continues with the same losses and loss scale (the scaler's state is in the checkpoint)"; else bad "fp16 resume (exit $rc): $(tail -2 "$T/ck16_b.txt")"; fi
 # ZeRO-2/3 on one rank: nothing to reduce, the gradient slots still empty into the shard (stage 3 used to abort)
-for z in 0 2 3; do "$BIN" $small --zero $z --steps 5 --eval-every 0 --sample 0 --log "$T/z1r$z.jsonl" > /dev/null 2>&1 || echo "exit $?" > "$T/z1r$z.jsonl"; done
+for z in 0 2 3; do "$BIN" $small --zero $z --steps 5 --eval-every 0 $EXACT --sample 0 --log "$T/z1r$z.jsonl" > /dev/null 2>&1 || echo "exit $?" > "$T/z1r$z.jsonl"; done
 if diff <(cut -d, -f1-4 "$T/z1r0.jsonl") <(cut -d, -f1-4 "$T/z1r2.jsonl") > /dev/null && diff <(cut -d, -f1-4 "$T/z1r0.jsonl") <(cut -d, -f1-4 "$T/z1r3.jsonl") > /dev/null && [ "$(wc -l < "$T/z1r3.jsonl")" -eq 5 ]
 then ok "--zero 2 and --zero 3 on one rank train exactly as --zero 0"; else bad "ZeRO on one rank: $(head -c 200 "$T/z1r3.jsonl")"; fi
-echo "test_train_cli: $pass passed, $fail failed"
+fi # part flags
+echo "test_train_cli${PART:+ ($PART)}: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
