@@ -12,8 +12,8 @@
 # last line is the total, "N passed, N failed, N skipped"; the exit status is non-zero on any
 # failure. $B is the build directory (default build).
 set -u
-B=${B:-build}; NVCC=${NVCC:-}; NCCL=${NCCL:-}
-export B NVCC NCCL
+B=${B:-build}; NVCC=${NVCC:-}; NCCL=${NCCL:-}; GPU=${GPU:-}
+export B NVCC NCCL GPU
 mode=all; n_arg=
 case ${1:-} in
     --makefile | --report) mode=${1#--}; shift ;;
@@ -30,8 +30,8 @@ if [ "$mode" = makefile ]; then
     printf 'TEST_STEPS =' ; for ((i = 0; i < n; i++)); do printf ' step-%d' "$i"; done; printf '\n'
     printf '.PHONY: test-steps $(TEST_STEPS)\ntest-steps: $(TEST_STEPS)\n'
     for ((i = 0; i < n; i++)); do
-        printf 'step-%d: %s\n\t@B=%s NVCC=%s NCCL=%s bash %s --step %d %s\n' \
-            "$i" "${needs[$i]}" "$B" "$NVCC" "$NCCL" "$0" "$i" "$1"
+        printf 'step-%d: %s\n\t@B=%s NVCC=%s NCCL=%s GPU=%s bash %s --step %d %s\n' \
+            "$i" "${needs[$i]}" "$B" "$NVCC" "$NCCL" "$GPU" "$0" "$i" "$1"
     done
     exit 0
 fi

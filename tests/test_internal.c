@@ -1,7 +1,10 @@
 /* test_internal.c — the tests that reach into the implementation's private functions and types
-   (test_dp, test_tp, test_fp8_train, test_moe) in one program, so that make test compiles the
-   implementation once for them (per flag set) instead of once each: `test_internal dp [ARGS]` runs
-   test_dp.c's main with ARGS. Each test file still builds alone (cc tests/test_dp.c). */
+   (test_dp, test_tp, test_fp8_train, test_moe) in one program: `test_internal dp [ARGS]` runs
+   test_dp.c's main with ARGS. make test compiles this file inside the implementation's own
+   translation unit (tests/us_impl.c defines US_TEST_INTERNAL_IN_IMPL, and main is then
+   us_test_internal_main, called by tests/test_internal_main.c), so that the implementation is
+   compiled once per flag set for every test, these four included. This file still builds alone
+   (cc tests/test_internal.c), and so does each test file (cc tests/test_dp.c). */
 #define _POSIX_C_SOURCE 200809L
 #define ULTRASCALE_IMPLEMENTATION
 #define ULTRASCALE_STATIC
@@ -42,7 +45,14 @@
 #include "test_moe.c"
 #undef main
 
-int main(int argc, char **argv) {
+#ifdef US_TEST_INTERNAL_IN_IMPL
+int us_test_internal_main(int argc, char **argv);
+#define US__TEST_INTERNAL_MAIN us_test_internal_main
+#else
+#define US__TEST_INTERNAL_MAIN main
+#endif
+
+int US__TEST_INTERNAL_MAIN(int argc, char **argv) {
     static const struct {
         const char *name;
         int (*main)(int, char **);
