@@ -57,8 +57,8 @@ US_API const char *us_cuda_attention_path(us_ops *ops, us_dtype dt, int head_siz
 /* Keeps attention off the Hopper kernels, so that tests and benchmarks can compare the paths:
    0 every path (the default), 1 none of the Hopper kernels, 2 not the Hopper forward, 3 not
    the Hopper backward, 4 the Hopper backward always as two kernels (dK/dV, then dQ), 5 always
-   fused (dQ inside the dK/dV kernel) where it is compiled (HS 128); by default the backward is
-   fused where that measured faster (US__HOP_FUSED_MIN_T). */
+   fused (dQ inside the dK/dV kernel) where it is compiled (HS 64 and 128); by default the
+   backward is fused where that measured faster (US__HOP_FUSED_MIN_T). */
 US_API void us_cuda_attention_no_hopper(us_ops *ops, int which);
 /* gemm_grouped's path on the GPU: 0 (the default) one cuBLASLt GEMM per group, 1 the one-launch
    mma.sync kernel of // >>cuda-grouped where it takes the operands (slower today: tests and
@@ -2741,7 +2741,7 @@ static void us__flash_bwd(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
      us__hop_bwd_fused_kernel  FlashAttention-3's own backward, five GEMMs a tile instead of
                            seven: the dK/dV kernel forms dQ too and the copy engine adds it into
                            an fp32 dQ in a fixed order of key blocks (bit-identical reruns). It
-                           runs where it measured faster: HS 128 from T 8192 on (US__HOP_FUSED_MIN_T).
+                           runs where it measured faster: HS 64 from T 8192 (US__HOP_FUSED_MIN_T).
    HS ≤ 128 use two consumer warpgroups (NWG 2); HS 192 and 256 one in the backward (the
    accumulators dK + dV of a 64-key tile would not fit in registers twice over), and there the
    dK/dV kernel runs twice, once for dV and once for dK, each holding one accumulator.
@@ -3051,6 +3051,16 @@ static __device__ __forceinline__ void us__hop_to_a(uint32_t (&a)[4], const floa
     a[3] = us__hop_pack<E>(x[2 * t + 1][2], x[2 * t + 1][3]);
 }
 
+/* 2^x by the MUFU unit alone, subnormal results flushed to 0 (ex2.approx.ftz). exp2f without
+   fast math adds a range check and two multiplies around the same MUFU.EX2 to keep subnormal
+   results: four more instructions per score in the backward, which is bound by issue slots, for
+   probabilities below 2^-126 that bf16 P and dS cannot hold usefully anyway. */
+static __device__ __forceinline__ float us__hop_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 /* the warpgroup of this thread, through a shuffle so that the compiler knows it is the same in
    every lane: wgmma behind a branch it thinks divergent gets serialised (ptxas warning C7520) */
 static __device__ __forceinline__ int us__hop_wg(void) {
@@ -3081,11 +3091,11 @@ struct us__hop_cfg {
     static constexpr int dkdv_bytes = 2 * 64 * NWG * HSP * 2 + BS * (2 * BQ * HSP * 2 + 2 * BQ * 4);
     /* dQ: Q, dO [64·NWG][HSP]; per stage K, V [BKQ][HSP] */
     static constexpr int dq_bytes = 2 * 64 * NWG * HSP * 2 + QS * 2 * BKQ * HSP * 2;
-    /* the fused backward, compiled at HS 128 only (the scheme takes any HS with NWG 2, but at 64,
+    /* the fused backward, compiled at HS 64 and 128 (the scheme takes any HS with NWG 2, but at
        80 and 96 it measured slower than the two kernels at every T): the dK/dV kernel's tiles,
        dSᵀ twice [2][BQ][128] (one tile being read by the dQ GEMMs while the next is written) and
        each consumer's dQ part [2][64][64] fp32 for the copy engine */
-    static constexpr bool FUSED = HS == 128;
+    static constexpr bool FUSED = HS == 128 || HS == 64;
     static constexpr int fused_bytes = dkdv_bytes + 2 * BQ * 128 * 2 + 2 * 64 * 64 * 4;
 };
 
@@ -3177,21 +3187,24 @@ static __device__ __forceinline__ void us__hop_bars_init(uint64_t *one, int n, i
 }
 
 /* setmaxnreg with NC consumer warpgroups: the producer gives registers up (24 each beside three
-   consumers, 40 beside two), the consumers take them (160, 232); one consumer keeps the split */
-template <int NC>
+   consumers, 40 beside two), the consumers take them (160, 232); one consumer keeps the split.
+   The fused backward's two consumers (FUSED_BWD) take 240 and leave the producer 24,
+   FlashAttention-3's split: at HS 64 a consumer holds Sᵀ and dPᵀ of 128 queries (128 registers)
+   beside dK and dV (64), and 232 spilled. The two-kernel backward measured slower with it. */
+template <int NC, bool FUSED_BWD = false>
 static __device__ __forceinline__ void us__hop_regs_producer(void) {
     if constexpr (NC == 3)
         us__hop_regs_dec<24>();
     else if constexpr (NC == 2)
-        us__hop_regs_dec<40>();
+        us__hop_regs_dec<FUSED_BWD ? 24 : 40>();
 }
 
-template <int NC>
+template <int NC, bool FUSED_BWD = false>
 static __device__ __forceinline__ void us__hop_regs_consumer(void) {
     if constexpr (NC == 3)
         us__hop_regs_inc<160>();
     else if constexpr (NC == 2)
-        us__hop_regs_inc<232>();
+        us__hop_regs_inc<FUSED_BWD ? 240 : 232>();
 }
 
 /* S = Q·Kᵀ for a warpgroup's 64 queries (rows of the Q tile of BR rows, from q) against a tile
@@ -3420,20 +3433,30 @@ static __device__ __forceinline__ void us__hop_turn_done(int c, bool last) {
     }
 }
 
-/* Iteration it of a dK/dV CTA of kv head g (per query tiles qb0.. of BQ at or after the
-   diagonal, grp query heads): its query head h and first query q0. Head by head, tiles in order
-   (the two-kernel backward); or, in the fused one (LAST_FIRST), the last tile first with the
+/* The tiles a dK/dV CTA of kv head g visits (query tiles qb0.. of BQ at or after the diagonal,
+   grp query heads), as a cursor (query head h, query tile qb) stepped by us__hop_bwd_next:
+   counters, not divisions, which the producer's 24 registers would spill. Head by head, tiles in
+   order (the two-kernel backward); or, in the fused one (LAST_FIRST), the last tile first with the
    group's heads inside, so that every CTA of a kv head visits the dQ tiles in the same order,
    the one the deterministic dQ sums need (us__hop_dq_writer) */
 template <bool LAST_FIRST>
-static __device__ __forceinline__ void us__hop_bwd_tile(int it, int g, int grp, int qb0, int per,
-                                                        int BQ, int &h, int &q0) {
+static __device__ __forceinline__ void us__hop_bwd_first(int g, int grp, int qb0, int per, int &h,
+                                                         int &qb) {
+    h = g * grp;
+    qb = LAST_FIRST ? qb0 + per - 1 : qb0;
+}
+
+template <bool LAST_FIRST>
+static __device__ __forceinline__ void us__hop_bwd_next(int g, int grp, int qb0, int per, int &h,
+                                                        int &qb) {
     if (LAST_FIRST) {
-        h = g * grp + it % grp;
-        q0 = (qb0 + per - 1 - it / grp) * BQ;
-    } else {
-        h = g * grp + it / per;
-        q0 = (qb0 + it % per) * BQ;
+        if (++h == g * grp + grp) {
+            h = g * grp;
+            qb--;
+        }
+    } else if (++qb == qb0 + per) {
+        qb = qb0;
+        h++;
     }
 }
 
@@ -3451,10 +3474,10 @@ us__hop_dkdv_produce(unsigned char *sK, unsigned char *sV, unsigned char *sQ, un
     us__mb_expect(barKV, 2 * KB);
     us__tma_tile<HS, BK>(sK, mkv, (NH + g) * HS, k0, b, barKV);
     us__tma_tile<HS, BK>(sV, mkv, (NH + NKV + g) * HS, k0, b, barKV);
-    for (int it = 0; it < grp * per; it++) {
-        const int s = it % S;
-        int h, q0;
-        us__hop_bwd_tile<LAST_FIRST>(it, g, grp, qb0, per, BQ, h, q0);
+    int h, qb;
+    us__hop_bwd_first<LAST_FIRST>(g, grp, qb0, per, h, qb);
+    for (int it = 0; it < grp * per; it++, us__hop_bwd_next<LAST_FIRST>(g, grp, qb0, per, h, qb)) {
+        const int s = it % S, q0 = qb * BQ;
         if (it >= S) us__mb_wait(empty + s, ((it / S) - 1) & 1);
         us__mb_expect(full + s, 2 * QB);
         us__tma_tile<HS, BQ>(sQ + s * QB, mq, h * HS, q0, b, full + s);
@@ -3470,11 +3493,12 @@ us__hop_dkdv_rows(float *sL, float *sD, uint64_t *full, uint64_t *empty,
                   const float *__restrict__ L2g, const float *__restrict__ Dg, int g, int b,
                   int qb0, int grp, int per, int T, int NH, int lane) {
     constexpr int BQ = us__hop_cfg<HS>::BQ, S = us__hop_cfg<HS>::BS;
-    for (int it = 0; it < grp * per; it++) {
-        const int s = it % S;
-        int h, q0;
-        us__hop_bwd_tile<LAST_FIRST>(it, g, grp, qb0, per, BQ, h, q0);
+    int h, qb;
+    us__hop_bwd_first<LAST_FIRST>(g, grp, qb0, per, h, qb);
+    for (int it = 0; it < grp * per; it++, us__hop_bwd_next<LAST_FIRST>(g, grp, qb0, per, h, qb)) {
+        const int s = it % S, q0 = qb * BQ;
         if (it >= S) us__mb_wait(empty + s, ((it / S) - 1) & 1);
+#pragma unroll 1 /* one load pair in flight: the producer has 24 registers */
         for (int i = lane; i < BQ; i += 32) {
             const int q = q0 + i;
             const int64_t x = ((int64_t)b * NH + h) * T + q;
@@ -3550,26 +3574,40 @@ us__hop_sdp(float (&st)[BQ / 8][4], float (&dpt)[DK ? BQ / 8 : 1][4], const unsi
     us__wg_commit();
 }
 
+/* two adjacent floats of shared memory (8-byte aligned): LDS.64, where the pointer the compiler
+   cannot place in shared memory gave a generic load */
+static __device__ __forceinline__ float2 us__hop_lds2(const float *p) {
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                 : "=f"(v.x), "=f"(v.y)
+                 : "r"(us__smem_u32(p)));
+    return v;
+}
+
 /* Pᵀ = exp2(Sᵀ·sl2 − L2[q]) (0 where key > query, checked only when diag), dSᵀ = Pᵀ ∘ (dPᵀ −
    D[q]) · scale, both rounded into the A fragments of dV += Pᵀ·dO (pa) and dK += dSᵀ·Q (da).
-   tL, tD [BQ]: the stage's L2 and D; key0: the thread's first key; q0 the tile's first query */
+   tL, tD [BQ]: the stage's L2 and D; key0: the thread's first key; q0 the tile's first query.
+   One k-step (16 queries) at a time, packed at once, so that S and dP die as they are used. */
 template <typename E, int BQ, bool DK, bool DV>
 static __device__ __forceinline__ void
 us__hop_pds(uint32_t (&pa)[DV ? BQ / 16 : 1][4], uint32_t (&da)[DK ? BQ / 16 : 1][4],
             float (&st)[BQ / 8][4], float (&dpt)[DK ? BQ / 8 : 1][4], const float *tL,
             const float *tD, bool diag, int key0, int q0, int lane, float scale, float sl2) {
 #pragma unroll
-    for (int j = 0; j < BQ / 8; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int ql = j * 8 + 2 * (lane & 3) + (e & 1);
-            float p = exp2f(st[j][e] * sl2 - tL[ql]);
-            if (diag && key0 + (e >> 1) * 8 > q0 + ql) p = 0.f;
-            st[j][e] = p;
-            if constexpr (DK) dpt[j][e] = p * (dpt[j][e] - tD[ql]) * scale;
-        }
-#pragma unroll
     for (int t = 0; t < BQ / 16; t++) {
+#pragma unroll
+        for (int j = 2 * t; j < 2 * t + 2; j++) {
+            const int qp = j * 8 + 2 * (lane & 3); /* the thread's query pair qp, qp + 1 */
+            const float2 L = us__hop_lds2(tL + qp);
+            const float2 Dq = DK ? us__hop_lds2(tD + qp) : make_float2(0.f, 0.f);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float p = us__hop_exp2(st[j][e] * sl2 - ((e & 1) ? L.y : L.x));
+                if (diag && key0 + (e >> 1) * 8 > q0 + qp + (e & 1)) p = 0.f;
+                st[j][e] = p;
+                if constexpr (DK) dpt[j][e] = p * (dpt[j][e] - ((e & 1) ? Dq.y : Dq.x)) * scale;
+            }
+        }
         if constexpr (DV) us__hop_to_a<E, BQ>(pa[t], st, t);
         if constexpr (DK) us__hop_to_a<E, BQ>(da[t], dpt, t);
     }
@@ -3775,7 +3813,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
             for (int j = 0; j < BK / 8; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    float p = exp2f(sc[j][e] * sl2 - L2[e >> 1]);
+                    float p = us__hop_exp2(sc[j][e] * sl2 - L2[e >> 1]);
                     if (diag && kb * BK + j * 8 + 2 * (lane & 3) + (e & 1) > row0 + (e >> 1) * 8)
                         p = 0.f;
                     dp[j][e] = p * (dp[j][e] - Dr[e >> 1]) * scale;
@@ -3826,7 +3864,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
    order must be fixed for two runs to give the same bits: a counter per (tile, half) says how
    many key blocks have added; the writer of key block n waits for n (key block 0 stores instead
    of adding, so dQacc needs no zeroing). Waiting costs little because every CTA of a kv head
-   visits the tiles in the same order, the last first (us__hop_bwd_tile), and a lower key block
+   visits the tiles in the same order, the last first (us__hop_bwd_next), and a lower key block
    starts earlier: it is ahead. CTAs take their block index from a ticket (an atomic counter), so
    a CTA only ever waits for CTAs that are already running — no deadlock whatever order the
    hardware starts blocks in. A last kernel rounds dQacc into dqkv's Q columns. */
@@ -3917,11 +3955,10 @@ static __device__ __forceinline__ void
 us__hop_dq_writer(const float *sdq, float *dqacc, int *cnt, int c, int n, int g, int b, int qb0,
                   int grp, int per, int M, int NH, int lane) {
 #if US__HOP_DEV
-    constexpr int BQ = us__hop_cfg<HS>::BQ;
-    for (int it = 0; it < grp * per; it++) {
-        int h, q0;
-        us__hop_bwd_tile<true>(it, g, grp, qb0, per, BQ, h, q0);
-        const int64_t slot = (((int64_t)b * NH + h) * M + q0 / BQ) * 2 + c; /* (tile, half) */
+    int h, qb;
+    us__hop_bwd_first<true>(g, grp, qb0, per, h, qb);
+    for (int it = 0; it < grp * per; it++, us__hop_bwd_next<true>(g, grp, qb0, per, h, qb)) {
+        const int64_t slot = (((int64_t)b * NH + h) * M + qb) * 2 + c; /* (tile, half) */
         us__hop_bar_sync_n(4 + c, 160);
         if (lane == 0) {
             int seen = -1;
@@ -4026,18 +4063,27 @@ __global__ void __launch_bounds__(384, 1)
     int *ticket = (int *)(barKV + 31);
     if (threadIdx.x == 0) *ticket = atomicAdd(cnt, 1);
     us__hop_bars_init(barKV, S, 1 + 32, 256); /* full: the copy thread and warp 1's lanes */
-    const int blk = *ticket, g = blk % NKV, b = blk / NKV % B, n = blk / (NKV * B);
-    const int k0 = n * BK, grp = NH / NKV, M = (T + BQ - 1) / BQ;
-    const int qb0 = k0 / BQ, per = M - qb0, nit = grp * per;
+    const int grp = NH / NKV, M = (T + BQ - 1) / BQ;
     const int wg = us__hop_wg(), tid = threadIdx.x & 127;
     int *counters = cnt + 1;
+    /* the block's kv head g, batch b and key block n, read from the ticket by each role after its
+       setmaxnreg: held across the producer's cut to 24 registers, they would spill */
+    const auto where = [&](int &g, int &b, int &n) {
+        const int blk = *(volatile int *)ticket;
+        g = blk % NKV;
+        b = blk / NKV % B;
+        n = blk / (NKV * B);
+    };
 
     if (wg == 0) {
-        us__hop_regs_producer<2>();
+        us__hop_regs_producer<2, true>();
         const int warp = tid >> 5, lane = tid & 31;
+        int g, b, n;
+        where(g, b, n);
+        const int qb0 = n * BK / BQ, per = M - qb0;
         if (warp == 0 && lane == 0)
             us__hop_dkdv_produce<HS, true>(sK, sV, sQ, sdO, barKV, full, empty, &mq, &mdo, &mkv, g,
-                                           b, k0, qb0, grp, per, NH, NKV);
+                                           b, n * BK, qb0, grp, per, NH, NKV);
         else if (warp == 1)
             us__hop_dkdv_rows<HS, true>(sL, sD, full, empty, L2g, Dg, g, b, qb0, grp, per, T, NH,
                                         lane);
@@ -4046,7 +4092,10 @@ __global__ void __launch_bounds__(384, 1)
                                   grp, per, M, NH, lane);
         return;
     }
-    us__hop_regs_consumer<2>();
+    us__hop_regs_consumer<2, true>();
+    int g, b, n;
+    where(g, b, n);
+    const int k0 = n * BK, qb0 = k0 / BQ, per = M - qb0, nit = grp * per;
     const int c = wg - 1, lane = tid & 31;
     const int kc = k0 + 64 * c;                          /* this warpgroup's first key */
     const int key0 = kc + 16 * (tid >> 5) + (lane >> 2); /* the thread's keys: key0 + 8r */
@@ -4056,10 +4105,10 @@ __global__ void __launch_bounds__(384, 1)
         dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
     us__mb_wait(barKV, 0);
     if (c == 1) us__hop_bar_arrive(1); /* consumer 0 takes the tensor cores first */
-    for (int it = 0; it < nit; it++) {
-        const int s = it % S, ph = (it / S) & 1;
-        int h, q0;
-        us__hop_bwd_tile<true>(it, g, grp, qb0, per, BQ, h, q0);
+    int h, qb;
+    us__hop_bwd_first<true>(g, grp, qb0, per, h, qb);
+    for (int it = 0; it < nit; it++, us__hop_bwd_next<true>(g, grp, qb0, per, h, qb)) {
+        const int s = it % S, ph = (it / S) & 1, q0 = qb * BQ;
         us__mb_wait(full + s, ph);
         us__hop_fused_tile<E, HS>(dk, dv, sK, sV, sQ + s * QB, sdO + s * QB, sL + s * BQ,
                                   sD + s * BQ, sdS + (it & 1) * BQ * 128 * 2, sdq + c * 4096,
@@ -4279,11 +4328,10 @@ static int us__hop_attention_fwd(us_ops *o, void *out, float *lse, const void *q
     return 1;
 }
 
-/* The fused backward where it measured faster than the two kernels (bench/RESULTS.md, one H200):
-   HS 128 from T = 8192 on (4-10 % at T 8k-32k, MHA and GQA), where a CTA's long run of query
-   tiles pays for the ordered dQ adds. At T 4096 the two are even; at HS 80 and 96 the fused one
-   is 2-16 % slower at every T, and at HS 64 20-25 % (its consumers spill the S, dP and dQ tiles
-   of 128 queries). */
+/* The fused backward where it measured faster than the two kernels (bench/RESULTS.md, one H200,
+   T 2k-8k): HS 64 from T = 8192 on (1-2 %; 2-8 % slower at T 2048 and 4096, where a CTA's run of
+   query tiles is too short to pay for the ordered dQ adds). At HS 128 the two kernels won at
+   every T measured (by 10 % at T 8192); at HS 80 and 96 the fused one is 18-24 % slower. */
 #define US__HOP_FUSED_MIN_T 8192
 
 /* whether the backward of head size HS at sequence length T runs fused (dQ inside the dK/dV
@@ -4296,7 +4344,7 @@ static int us__hop_fused(us_ops *o, int HS, int64_t T) {
     US__HOP_HEADS(US__HOP_FUSED)
 #undef US__HOP_FUSED
     if (!f || mode == 4) return 0;
-    return mode == 5 || (HS == 128 && T >= US__HOP_FUSED_MIN_T);
+    return mode == 5 || (HS == 64 && T >= US__HOP_FUSED_MIN_T);
 }
 
 /* the fused backward's query tiles of a sequence (BQ: 128 at HS 64, else 64) */

@@ -975,33 +975,37 @@ static void bench_attention(void) {
             float *lse = (float *)inner.alloc(&inner, (size_t)B * NH * T * 4);
             double fl = 4.0 * B * NH * (double)T * T * HS / 2;
             rand_bf16_pair(qkv, N * QKV, dout, N * NH * HS, 3, 1);
-            for (path = 0; path < 4; path++) {
-                /* the default (the backward fused from T 8192 at HS 128), fused always, two
-                   kernels always, mma.sync (bf16 HS 64 and 128 only: others are portable) */
-                static const int off[4] = {0, 5, 4, 1};
-                static const char *name[4] = {"us-hop", "us-hopF", "us-hop2k", "us-mma"};
-                std::vector<double> tf, tb;
-                if (path == 3 && HS != 64 && HS != 128) continue;
-                us_cuda_attention_no_hopper(&inner, off[path]);
-                for (r = 0; r < 23; r++) {
+            /* the default (the backward fused at HS 64 from T 8192), fused always,
+               two kernels always, mma.sync (bf16 HS 64 and 128 only: others are portable). The
+               paths take turns rep by rep, so that the GPU's clock drift (it boosts after the
+               idle host-side set-up of each shape) reaches every path alike. */
+            static const int off[4] = {0, 5, 4, 1};
+            static const char *name[4] = {"us-hop", "us-hopF", "us-hop2k", "us-mma"};
+            std::vector<double> tf[4], tb[4];
+            for (r = 0; r < 23; r++)
+                for (path = 0; path < 4; path++) {
                     float ms;
+                    if (path == 3 && HS != 64 && HS != 128) continue;
+                    us_cuda_attention_no_hopper(&inner, off[path]);
                     cudaEventRecord(a, c->stream);
                     inner.attention_fwd(&inner, out, lse, qkv, B, T, NH, NKV, HS, US_BF16);
                     cudaEventRecord(b, c->stream);
                     cudaEventSynchronize(b);
                     cudaEventElapsedTime(&ms, a, b);
-                    if (r >= 3) tf.push_back(ms * 1e-3);
+                    if (r >= 3) tf[path].push_back(ms * 1e-3);
                     cudaEventRecord(a, c->stream);
                     inner.attention_bwd(&inner, dqkv, dout, qkv, out, lse, B, T, NH, NKV, HS,
                                         US_BF16);
                     cudaEventRecord(b, c->stream);
                     cudaEventSynchronize(b);
                     cudaEventElapsedTime(&ms, a, b);
-                    if (r >= 3) tb.push_back(ms * 1e-3);
+                    if (r >= 3) tb[path].push_back(ms * 1e-3);
                 }
+            for (path = 0; path < 4; path++) {
+                if (tf[path].empty()) continue;
                 printf("%-8s %5d %2d %3d %3d %4d | %9.3f %8.1f | %9.3f %8.1f\n", name[path], T, B,
-                       NH, NKV, HS, median(tf) * 1e3, fl / median(tf) * 1e-12, median(tb) * 1e3,
-                       2.5 * fl / median(tb) * 1e-12);
+                       NH, NKV, HS, median(tf[path]) * 1e3, fl / median(tf[path]) * 1e-12,
+                       median(tb[path]) * 1e3, 2.5 * fl / median(tb[path]) * 1e-12);
                 fflush(stdout);
             }
             us_cuda_attention_no_hopper(&inner, 0);
