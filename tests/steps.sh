@@ -97,7 +97,7 @@ prog() { case $1 in dp | tp | fp8_train | moe) echo "test_internal $1" ;; *) ech
 # ---- the same tests under AddressSanitizer + UndefinedBehaviorSanitizer (the slow ones --quick)
 for t in tp plan pp dp cp fp16 ops fp8 fp8_train gemm model moe ep errors comm cp_ops pp_sched \
          ckpt comm_threads bootstrap dtypes tok data; do
-    case $t in tp | pp | ep | fp16 | fp8_train | model | plan) quick=' --quick' ;; *) quick='' ;; esac
+    case $t in tp | pp | dp | cp | ep | fp16 | fp8_train | model | plan) quick=' --quick' ;; *) quick='' ;; esac
     p=$(prog $t)
     step "asan+ubsan test_$t"            "$B/san/${p%% *}"        "./\$B/san/$p$quick"
 done

@@ -157,9 +157,13 @@ int main(int argc, char **argv) {
         {1, 2, 1, US_CP_ALLGATHER, 0, 0, 0, 2, US_PP_DUALPIPEV},
         {1, 2, 1, US_CP_ZIGZAG, 0, 0, 2, 2, US_PP_1F1B}};
     static const char *mode[] = {"", "ring", "zigzag", "allgather"};
-    int ci, tied, s;
+    int ci, tied, s, a, quick = 0;
     double worst_l = 0, worst_w = 0;
-    us_test_verbose = argc > 1 && !strcmp(argv[1], "-v");
+    /* --quick (the sanitizer build): each configuration once, tied and untied taking turns */
+    for (a = 1; a < argc; a++) {
+        if (!strcmp(argv[a], "-v")) us_test_verbose = 1;
+        if (!strcmp(argv[a], "--quick")) quick = 1;
+    }
     for (tied = 0; tied <= 1; tied++) {
         run ref;
         int64_t n = (int64_t)STEPS * GB * T, i;
@@ -181,6 +185,7 @@ int main(int argc, char **argv) {
             int64_t j;
             int whole = cfg[ci][4] < 3 && cfg[ci][2] == 1 &&
                         cfg[ci][7] == 1; /* rank 0 holds every weight whole */
+            if (quick && ci % 2 != tied) continue;
             setup(&R, cfg[ci][0], cfg[ci][1], cfg[ci][2], (us_cp_mode)cfg[ci][3], cfg[ci][4],
                   cfg[ci][5], tied);
             R.tc.recompute = cfg[ci][6] == 2   ? US_RECOMPUTE_FULL
