@@ -817,6 +817,7 @@ typedef struct us_model {
     double *rope_freq; /* host f64[HS/2]: RoPE's inverse frequencies (us_rope_freqs) */
     int n_params_t;    /* number of parameter tensors */
     us_param *params;  /* [n_params_t] views into the flat buffers */
+    int params_unnamed; /* the estimator's model (// >>estimate): tensor sizes, names left empty */
     int64_t n_params;  /* total elements */
     void *state;       /* the one allocation holding the five flat buffers below */
     void *w;           /* flat weights the forward reads, dtype dt     [n_params] */
@@ -4746,7 +4747,8 @@ static void us__add_param(us_model *m, const char *name, int64_t rows, int64_t c
     us_param *p = &m->params[m->n_params_t++];
     p->tp_split = 0;
     p->expert = 0;
-    snprintf(p->name, sizeof p->name, "%s", name);
+    p->name[0] = 0;
+    if (!m->params_unnamed) snprintf(p->name, sizeof p->name, "%s", name);
     p->offset = *off;
     p->ndim = cols ? 2 : 1;
     p->shape[0] = rows;
@@ -4761,7 +4763,7 @@ static void us__build_params(us_model *m) {
     int64_t C = c->dim, HS = C / c->n_heads, off = 0;
     int l, e, tp = m->tc.tp > 0 ? m->tc.tp : 1, El = c->moe_experts / us__ep_size(&m->tc);
     int kv_split = m->kv_rep > 1 ? 3 : 1; /* k, v by kv head: kv_rep ranks share one (// >>tp) */
-    char nm[80];
+    char nm[80] = "";
     /* tensor parallelism (us__tp_init set this rank's share): q/k/v and gate/up are
        column-parallel (this rank's output rows of the weight), o and down row-parallel (its input
        columns); the embedding and the head hold this rank's slice of the vocabulary; norms are
@@ -4774,9 +4776,9 @@ static void us__build_params(us_model *m) {
                   m->pp_first || (c->tie_embeddings && m->pp_last) ? m->vocab_l : 0, C, &off);
     m->params[0].tp_split = tp > 1;
     for (l = 0; l < c->n_layers; l++) {
-#define US__ADD_LAYER_PARAM(suffix, r, cc, split)                          \
-    (snprintf(nm, sizeof nm, "model.layers.%d.%s", m->layer_g[l], suffix), \
-     us__add_param(m, nm, r, cc, &off),                                    \
+#define US__ADD_LAYER_PARAM(suffix, r, cc, split)                                               \
+    (m->params_unnamed ? 0 : snprintf(nm, sizeof nm, "model.layers.%d.%s", m->layer_g[l], suffix), \
+     us__add_param(m, nm, r, cc, &off),                                                         \
      m->params[m->n_params_t - 1].tp_split = tp > 1 ? split : 0)
         m->layer_p[l] = m->n_params_t;
         US__ADD_LAYER_PARAM("input_layernorm.weight", C, 0, 0);
@@ -4788,7 +4790,7 @@ static void us__build_params(us_model *m) {
         /* DeepSeek-MoE names (// >>moe); the router bias is not a parameter */
         if (us__is_moe(c, m->layer_g[l])) {
             int64_t Fe = c->moe_ffn_dim;
-            char sfx[64];
+            char sfx[64] = "";
             US__ADD_LAYER_PARAM("mlp.gate.weight", c->moe_experts, C, 0);
             if (c->moe_shared) {
                 US__ADD_LAYER_PARAM("mlp.shared_experts.gate_proj.weight", Fe, C, 0);
@@ -4797,13 +4799,16 @@ static void us__build_params(us_model *m) {
             }
             /* expert parallelism (// >>ep): this rank's E/ep experts, under their global numbers */
             for (e = m->ep_rank * El; e < (m->ep_rank + 1) * El; e++) {
-                snprintf(sfx, sizeof sfx, "mlp.experts.%d.gate_proj.weight", e);
+                if (!m->params_unnamed)
+                    snprintf(sfx, sizeof sfx, "mlp.experts.%d.gate_proj.weight", e);
                 US__ADD_LAYER_PARAM(sfx, Fe, C, 0);
                 m->params[m->n_params_t - 1].expert = 1;
-                snprintf(sfx, sizeof sfx, "mlp.experts.%d.up_proj.weight", e);
+                if (!m->params_unnamed)
+                    snprintf(sfx, sizeof sfx, "mlp.experts.%d.up_proj.weight", e);
                 US__ADD_LAYER_PARAM(sfx, Fe, C, 0);
                 m->params[m->n_params_t - 1].expert = 1;
-                snprintf(sfx, sizeof sfx, "mlp.experts.%d.down_proj.weight", e);
+                if (!m->params_unnamed)
+                    snprintf(sfx, sizeof sfx, "mlp.experts.%d.down_proj.weight", e);
                 US__ADD_LAYER_PARAM(sfx, C, Fe, 0);
                 m->params[m->n_params_t - 1].expert = 1;
             }
@@ -16076,6 +16081,8 @@ static us_result us__estimate_flat(const us_model_config *mc, const us_train_con
     tmp.cfg = *mc;
     tmp.tc = *tc;
     tmp.n_layers_global = mc->n_layers;
+    tmp.params_unnamed = 1; /* sizes are all the estimate needs: the names' formatting was most of
+                               the planner's time */
     tmp.cfg.n_layers = f->rank_layers = us__pp_rank_layers(mc, tc, psp, 0, NULL, tmp.chunk_lo,
                                                            tmp.chunk_hi, &largest); /* // >>pp */
     tmp.pp_v = psp ? psp->v : 1;
