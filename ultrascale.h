@@ -817,7 +817,6 @@ typedef struct us_model {
     double *rope_freq; /* host f64[HS/2]: RoPE's inverse frequencies (us_rope_freqs) */
     int n_params_t;    /* number of parameter tensors */
     us_param *params;  /* [n_params_t] views into the flat buffers */
-    int params_unnamed; /* the estimator's model (// >>estimate): tensor sizes, names left empty */
     int64_t n_params;  /* total elements */
     void *state;       /* the one allocation holding the five flat buffers below */
     void *w;           /* flat weights the forward reads, dtype dt     [n_params] */
@@ -825,6 +824,7 @@ typedef struct us_model {
     float *grad;       /* fp32 gradients                               [n_params] */
     void *grad_bf;     /* grad_reduce_dtype bf16: the units' reductions in bf16 [every unit's n] */
     size_t grad_bf_bytes;
+    int params_unnamed; /* the estimator's model (// >>estimate): tensor sizes, the names empty */
     float *adam_m, *adam_v; /* fp32 moments                                 [n_params] */
     char *arena;            /* activation arena                             [mem.activations] */
     us_layer_acts *acts;    /* [L] */
@@ -4776,9 +4776,9 @@ static void us__build_params(us_model *m) {
                   m->pp_first || (c->tie_embeddings && m->pp_last) ? m->vocab_l : 0, C, &off);
     m->params[0].tp_split = tp > 1;
     for (l = 0; l < c->n_layers; l++) {
-#define US__ADD_LAYER_PARAM(suffix, r, cc, split)                                               \
+#define US__ADD_LAYER_PARAM(suffix, r, cc, split)                                                  \
     (m->params_unnamed ? 0 : snprintf(nm, sizeof nm, "model.layers.%d.%s", m->layer_g[l], suffix), \
-     us__add_param(m, nm, r, cc, &off),                                                         \
+     us__add_param(m, nm, r, cc, &off),                                                            \
      m->params[m->n_params_t - 1].tp_split = tp > 1 ? split : 0)
         m->layer_p[l] = m->n_params_t;
         US__ADD_LAYER_PARAM("input_layernorm.weight", C, 0, 0);
