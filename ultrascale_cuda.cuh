@@ -5744,7 +5744,10 @@ static void us__gg_modes(us_ops *o, int mode, int G, const int64_t *off, const i
    rows, which the swizzle leaves in place) before that block's wgmma. Each group's W[g] needs a
    tensor map of its own (the experts' tensors need not be evenly spaced); they travel in the
    kernel's parameters (32 KB on Hopper), US__GGH_CAP groups per launch. Wgrad's results are
-   added into the fp32 W[g] by each thread (read, add, write), as the mma.sync kernel does. */
+   added into the fp32 W[g] by each thread (read, add, write), as the mma.sync kernel does; that
+   product ran at half the loop's rate (cause not yet found: the epilogue is not overlapped with
+   the next tile's products, and only this mode reads A transposed), so the default keeps Wgrad
+   on the loop (us__gg_auto). */
 #define US__GGH_CAP 160 /* groups per launch: their tensor maps fill most of the 32 KB */
 #define US__GGH_BM 128  /* output tile rows: two consumer warpgroups of 64 */
 #define US__GGH_BN 256  /* output tile columns: one m64n256k16 */
@@ -6126,11 +6129,12 @@ static void us__ggh_modes(us_ops *o, int mode, int G, const int64_t *off, const 
         us__ggh_launch<T, US_GG_WGRAD>(o, G, off, n, N, K, X, ldx, W, Y, ldy, dt);
 }
 
-/* Which path the default takes (us_cuda_grouped_kernel 0). The size rule (measured on an H200,
-   bench/RESULTS.md, bench_cuda --grouped): Fprop and Dgrad on the Hopper kernel wherever it takes
-   the operands; Wgrad, whose read-add-write of the fp32 gradient the kernel does not overlap with
-   its products, on one cuBLASLt GEMM per group. The mma.sync kernel measured slower than the loop
-   at every MoE shape, so it is never the default. */
+/* Which path the default takes (us_cuda_grouped_kernel 0). The size rule, from bench_cuda
+   --grouped on an H200 (bench/RESULTS.md, 2026-12-02): Fprop and Dgrad on the Hopper kernel
+   wherever it takes the operands (0.97-1.11 of the per-group loop at 1536+ rows per expert,
+   1.2-4.0 with fewer rows or more experts); Wgrad on one cuBLASLt GEMM per group (the kernel ran
+   at 0.47-0.69 of the loop with 1536+ rows per expert, 0.86-1.04 with fewer). The mma.sync
+   kernel measured slower than the loop at every MoE shape, so it is never the default. */
 static int us__gg_auto(us_ops *o, int mode, int G, const int64_t *off, const int64_t *n, int64_t N,
                        int64_t K, const void *X, int64_t ldx, void *const *W, const void *Y,
                        int64_t ldy, us_dtype dt) {
