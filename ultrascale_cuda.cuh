@@ -6133,7 +6133,7 @@ static void us__ggh_modes(us_ops *o, int mode, int G, const int64_t *off, const 
    --grouped on an H200 (bench/RESULTS.md, 2026-12-02): Fprop and Dgrad on the Hopper kernel
    wherever it takes the operands (0.97-1.11 of the per-group loop at 1536+ rows per expert,
    1.2-4.0 with fewer rows or more experts); Wgrad on one cuBLASLt GEMM per group (the kernel ran
-   at 0.47-0.69 of the loop with 1536+ rows per expert, 0.86-1.04 with fewer). The mma.sync
+   at 0.47-0.69 of the loop with 1024+ rows per expert, 0.86-1.04 with fewer). The mma.sync
    kernel measured slower than the loop at every MoE shape, so it is never the default. */
 static int us__gg_auto(us_ops *o, int mode, int G, const int64_t *off, const int64_t *n, int64_t N,
                        int64_t K, const void *X, int64_t ldx, void *const *W, const void *Y,
