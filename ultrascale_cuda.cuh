@@ -23,7 +23,7 @@
      // >>cuda-hopper     FlashAttention-3 on Hopper: wgmma, TMA, warp specialisation; bf16/fp16, HS 64-256
      // >>cuda-cp-flash   the same by key blocks with positions (ring attention's blocks): bf16/fp16, HS 64-256, state in fp32
      // >>cuda-moe        mixture of experts: router (+ backward), counting-sort permute, row gather / scatter-add, gate gradient
-     // >>cuda-grouped    grouped GEMM: a MoE layer's experts in one launch (mma.sync; opt-in)
+     // >>cuda-grouped    grouped GEMM: a MoE layer's experts in one launch (wgmma; mma.sync)
      // >>cuda-optimizer  AdamW on flat buffers, Σx² for the global norm
      // >>cuda-fp8        FP8 training: fused tile quantisation (amax, scale, E4M3 cast in one pass), block-scaled cuBLASLt FP8 GEMMs
      // >>cuda-ops        the ops table: us_cuda_ops, the attention path queries
@@ -60,10 +60,21 @@ US_API const char *us_cuda_attention_path(us_ops *ops, us_dtype dt, int head_siz
    fused (dQ inside the dK/dV kernel) where it is compiled (HS 64 and 128); by default the
    backward is fused where that measured faster (US__HOP_FUSED_MIN_T). */
 US_API void us_cuda_attention_no_hopper(us_ops *ops, int which);
-/* gemm_grouped's path on the GPU: 0 (the default) one cuBLASLt GEMM per group, 1 the one-launch
-   mma.sync kernel of // >>cuda-grouped where it takes the operands (slower today: tests and
-   benchmarks) */
-US_API void us_cuda_grouped_kernel(us_ops *ops, int on);
+
+/* gemm_grouped's path on the GPU (// >>cuda-grouped), for tests and benchmarks to compare:
+   US_CUDA_GG_AUTO (the default) the Hopper kernel where the size rule says it is faster, else
+   the loop; US_CUDA_GG_MMA_SYNC the one-launch mma.sync kernel (sm_80+); US_CUDA_GG_LOOP one
+   cuBLASLt GEMM per group; US_CUDA_GG_WGMMA the one-launch wgmma kernel (sm_90a). A kernel that
+   cannot take the operands (fp32, strides or sizes not multiples of 8, another GPU) gives way to
+   the loop. */
+typedef enum us_cuda_gg_path {
+    US_CUDA_GG_AUTO = 0,
+    US_CUDA_GG_MMA_SYNC = 1,
+    US_CUDA_GG_LOOP = 2,
+    US_CUDA_GG_WGMMA = 3
+} us_cuda_gg_path;
+
+US_API void us_cuda_grouped_kernel(us_ops *ops, int path);
 /* Device memory in use on the ops' GPU (total − free, cudaMemGetInfo), in bytes: the real
    footprint beside the allocator's count (us_ops.bytes_peak) — the CUDA context, cuBLASLt's
    workspace, NCCL's buffers and the scratch included — and anything other processes hold there.
@@ -118,7 +129,8 @@ typedef struct us__cuda {
     int nfp8;
     unsigned *fp8_amax; /* per-tensor amax slot (// >>cuda-fp8) */
     unsigned gg_smem;   /* grouped GEMM kernels given their shared memory (// >>cuda-grouped) */
-    int gg_kernel;      /* gemm_grouped runs the one-launch kernel (us_cuda_grouped_kernel) */
+    int gg_kernel;      /* gemm_grouped's path, as us_cuda_grouped_kernel sets it */
+    void *ggh_tab;      /* host us__ggh_table the Hopper grouped kernel's launches are filled in */
     void *scratch;      /* grows on demand: reductions, attention backward */
     float *rope_tab;    /* RoPE cos|sin [T, HS/2] for (rope_T, rope_HS, rope_freq), then the
                            frequencies f64[HS/2] it was made from */
@@ -5410,13 +5422,17 @@ static void us__cuda_moe_gate_grad(us_ops *o, float *dgates, const void *dout, c
 }
 
 /* ------------------------------------------------------------------------------------ */
-// >>cuda-grouped  grouped GEMM: a MoE layer's experts in one launch, on mma.sync tensor cores
+// >>cuda-grouped  grouped GEMM: a MoE layer's experts in one launch, on tensor cores
 /* ------------------------------------------------------------------------------------
    us_ops.gemm_grouped: G products, each on its own rows with its own matrix, as one kernel over
    the list of every group's output tiles (the grouped GEMM of Megatron-LM and DeepSeek-V3;
-   cuBLASLt 13 has none). Opt-in (us_cuda_grouped_kernel): on mma.sync it runs at about a third of
-   cuBLASLt's wgmma GEMMs, slower than one cuBLASLt GEMM per group, which is the default. A CTA takes one 128×128 tile of one group's output: it finds its group
-   by a binary search over the groups' first tiles, then runs a plain tiled GEMM with fp32
+   cuBLASLt 13 has none). Two kernels: the portable one first (mma.sync, sm_80+), then the
+   Hopper one (wgmma, TMA, warp specialisation; sm_90a), and the choice between them and one
+   cuBLASLt GEMM per group (us__cuda_gemm_grouped, us_cuda_grouped_kernel). The mma.sync kernel
+   runs at about a third of cuBLASLt's wgmma GEMMs, slower than the per-group loop on an H200; it
+   stays as the one-launch path of GPUs before Hopper and as the reference the emulator runs
+   (tests/emu/grouped_emu.cpp). Its CTA takes one 128×128 tile of one group's output: it finds
+   its group by a binary search over the groups' first tiles, then runs a plain tiled GEMM with fp32
    accumulation on mma.sync m16n8k16 (bf16 or fp16), ldmatrix fragments and a 3-stage cp.async
    pipeline (the helpers of // >>cuda-flash); rows past the group's end load as zeros and are
    never stored. One view serves the three products, C[M][N'] (+)= A[M][Kr] · B[Kr][N'], with
@@ -5743,21 +5759,461 @@ static void us__gg_modes(us_ops *o, int mode, int G, const int64_t *off, const i
         us__gg_launch<T, US_GG_WGRAD>(o, G, off, n, N, K, X, ldx, W, Y, ldy);
 }
 
-/* The product over every group: by default one cuBLASLt GEMM per group, which measured faster
-   than this chapter's one-launch kernel at every MoE shape timed on an H200 (the kernel, mma.sync,
-   ran at 0.28-0.39 of one dense cuBLASLt GEMM of the same rows and 0.36-0.83 of the per-group
-   loop; bench/RESULTS.md); us_cuda_grouped_kernel(ops, 1) asks for the kernel (tests, benchmarks)
-   until a wgmma version beats the loop. */
+/* ---- the Hopper kernel: wgmma, TMA, an mbarrier ring, warp specialisation (sm_90a) ---------
+   The same list of every group's output tiles as above, on the recipe of CUTLASS's SM90 grouped
+   GEMM and of DeepGEMM, built from the helpers of // >>cuda-hopper. What each piece does, why:
+   1. A persistent grid. One CTA per SM walks tiles b, b + grid, b + 2·grid, ... of the list (a
+      tile's group by a binary search over the groups' first tiles, as above). A layer costs one
+      launch whatever its experts, a small expert costs no launch of its own, and the copies of
+      the next tile's operands start while the consumers still store the last one.
+   2. TMA. One thread asks the copy engine for whole 64-column boxes (cp.async.bulk.tensor); they
+      land in shared memory in the 128-byte swizzle wgmma reads, and the engine reports the bytes
+      on an mbarrier. Rows or columns past a tensor's end arrive as zeros (partial K, a last
+      expert), so no thread computes an address or a bound per element.
+   3. An mbarrier ring of US__GGH_ST stages: "full" (the copies landed; consumers wait on it) and
+      "empty" (every consumer warp is done with the stage; the producer waits before refilling).
+      Both sides count stages with one running index over all their tiles, so the ring's phase
+      carries from one tile to the next without draining.
+   4. wgmma. Each of two consumer warpgroups owns 64 rows × 256 columns of the 128 × 256 tile,
+      one m64n256k16 per 16 of the reduction, both operands read from shared memory through
+      descriptors. Batches are issued one k-block ahead of the wait (wait_group 1), so the tensor
+      cores never idle on the consumer's own bookkeeping. The instruction's transpose bits read
+      each operand as it is stored, so the three products copy nothing:
+          mode    A (64 × k per warpgroup)              B (k × 256)
+          Fprop   X_g rows [m][k]: K-major               W[g] [N][K]: K-major
+          Dgrad   X_g rows [m][k]: K-major               W[g] [K][N]: N-major (transposed)
+          Wgrad   Y_gᵀ from Y_g [r][N]: M-major          X_g [r][K]: N-major
+   5. Warp specialisation with setmaxnreg: warpgroup 0 only issues copies and gives its
+      registers up (40 each), the consumers take them (232 each: 128 fp32 accumulators, the
+      descriptors and the epilogue's addresses).
+   Edges. Fprop and Dgrad rows past a group's end are the next group's rows: they are multiplied
+   and never stored (masked stores). Wgrad reduces over the group's rows, so the last k-block's
+   rows past its end must add nothing: the consumers zero them in shared memory (whole 128-byte
+   rows, which the swizzle leaves in place) before that block's wgmma. Each group's W[g] needs a
+   tensor map of its own (the experts' tensors need not be evenly spaced); they travel in the
+   kernel's parameters (32 KB on Hopper), US__GGH_CAP groups per launch. Wgrad's results are
+   added into the fp32 W[g] by each thread (read, add, write), as the mma.sync kernel does; that
+   product ran at half the loop's rate (cause not yet found: the epilogue is not overlapped with
+   the next tile's products, and only this mode reads A transposed), so the default keeps Wgrad
+   on the loop (us__gg_auto). */
+#define US__GGH_CAP 160 /* groups per launch: their tensor maps fill most of the 32 KB */
+#define US__GGH_BM 128  /* output tile rows: two consumer warpgroups of 64 */
+#define US__GGH_BN 256  /* output tile columns: one m64n256k16 */
+#define US__GGH_BK 64   /* reduction per stage: one 128-byte swizzled row of 16-bit elements */
+#define US__GGH_ST 4    /* stages of the ring */
+#define US__GGH_SA (US__GGH_BM * US__GGH_BK * 2) /* a stage's A bytes */
+#define US__GGH_SB (US__GGH_BN * US__GGH_BK * 2) /* a stage's B bytes */
+
+typedef struct us__ggh_table {
+    CUtensorMap wmap[US__GGH_CAP]; /* Fprop, Dgrad: W[g] in the boxes the producer reads */
+    void *w[US__GGH_CAP];          /* Wgrad: W[g], the fp32 gradient [N][K] */
+    int64_t off[US__GGH_CAP], n[US__GGH_CAP]; /* its rows of X and Y */
+    int tile0[US__GGH_CAP + 1];               /* its first tile; tile0[G] = the tiles */
+    int G;
+} us__ggh_table;
+
+/* the ring's stages, 1 KB for the swizzle's alignment, room for the barriers */
+static constexpr size_t us__ggh_smem = us__hop_smem(US__GGH_ST * (US__GGH_SA + US__GGH_SB));
+
+/* one tile: its group, its first output row and column, its k-blocks and reduction length */
+struct us__ggh_pos {
+    int g, nk;
+    int64_t m0, n0, kr;
+};
+
+template <int MODE>
+static __device__ __forceinline__ us__ggh_pos us__ggh_find(const us__ggh_table &t, int tile,
+                                                           int64_t N, int64_t K) {
+    int lo = 0, hi = t.G - 1;
+    us__ggh_pos p;
+    /* the last group starting at or before this tile (empty ones start with the next) */
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (t.tile0[mid] <= tile)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    const int64_t rows = MODE == US_GG_WGRAD ? N : t.n[lo], cols = MODE == US_GG_WGRAD ? K : N;
+    const int64_t tm = (rows + US__GGH_BM - 1) / US__GGH_BM;
+    const int64_t tn = (cols + US__GGH_BN - 1) / US__GGH_BN, local = tile - t.tile0[lo];
+    /* The shorter side runs fastest: the grid's ~132 tiles in flight then share the few panels
+       of that side (kept in L2) and each panel of the longer side is read once. The other order
+       re-read all of a Mixtral-sized W[g] (235 MB) once per 128 rows: 0.78 of the loop. */
+    p.g = lo;
+    p.m0 = (tm <= tn ? local % tm : local / tn) * US__GGH_BM;
+    p.n0 = (tm <= tn ? local / tm : local % tn) * US__GGH_BN;
+    p.kr = MODE == US_GG_WGRAD ? t.n[lo] : K;
+    p.nk = (int)((p.kr + US__GGH_BK - 1) / US__GGH_BK);
+    return p;
+}
+
+/* box {64 columns, rows} at (column c0, row c1) of a 2-D tensor map into dst */
+static __device__ __forceinline__ void us__tma_load2(void *dst, const CUtensorMap *map, int c0,
+                                                     int c1, uint64_t *bar) {
+#if US__HOP_DEV
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(us__smem_u32(dst)),
+                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(us__smem_u32(bar))
+                 : "memory");
+#else
+    (void)dst, (void)map, (void)c0, (void)c1, (void)bar;
+#endif
+}
+
+/* The producer (one thread): every k-block of every tile of this CTA into the ring. A stage is
+   A then B; A is [128 rows][64 k] (Wgrad: [2 blocks of 64 m][64 r][64]), B [256 n][64 k]
+   (Fprop) or [4 blocks of 64 n][64 k][64] (Dgrad, Wgrad). ma: X (Wgrad Y), mb: Wgrad's X. */
+template <int MODE>
+static __device__ __forceinline__ void
+us__ggh_produce(const us__ggh_table &t, const CUtensorMap *ma, const CUtensorMap *mb,
+                unsigned char *ring, uint64_t *full, uint64_t *empty, int tiles, int64_t N,
+                int64_t K) {
+    int it = 0; /* the running stage index, as the consumers count it */
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const us__ggh_pos p = us__ggh_find<MODE>(t, tile, N, K);
+        const int row = (int)t.off[p.g], m0 = (int)p.m0, n0 = (int)p.n0;
+        const CUtensorMap *mw = &t.wmap[p.g];
+        for (int kb = 0; kb < p.nk; kb++, it++) {
+            const int s = it % US__GGH_ST, k0 = kb * US__GGH_BK;
+            unsigned char *sa = ring + s * (US__GGH_SA + US__GGH_SB), *sb = sa + US__GGH_SA;
+            if (it >= US__GGH_ST) us__mb_wait(empty + s, ((it / US__GGH_ST) - 1) & 1);
+            us__mb_expect(full + s, US__GGH_SA + US__GGH_SB);
+            if (MODE == US_GG_WGRAD) {
+#pragma unroll
+                for (int c = 0; c < 2; c++)
+                    us__tma_load2(sa + c * 8192, ma, m0 + 64 * c, row + k0, full + s);
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    us__tma_load2(sb + j * 8192, mb, n0 + 64 * j, row + k0, full + s);
+            } else {
+                us__tma_load2(sa, ma, k0, row + m0, full + s);
+                if (MODE == US_GG_FPROP)
+                    us__tma_load2(sb, mw, k0, n0, full + s);
+                else
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+                        us__tma_load2(sb + j * 8192, mw, n0 + 64 * j, k0, full + s);
+            }
+        }
+    }
+}
+
+/* m64n256k16 with both operands from shared memory; TA, TB read A or B transposed (MN-major) */
+#if US__HOP_DEV
+#define US__GGH_ASM(TY)                                                                   \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                            \
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " " US__WG_R256 \
+                 ", %128, %129, p, 1, 1, %131, %132;\n}\n"                                \
+                 : US__WG_D256(d)                                                         \
+                 : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB))
+#endif
+template <typename T, int TA, int TB>
+static __device__ __forceinline__ void us__ggh_wgmma(float *d, uint64_t a, uint64_t b, int acc) {
+#if US__HOP_DEV
+    if constexpr (us__is_half<T>::value)
+        US__GGH_ASM("f16");
+    else
+        US__GGH_ASM("bf16");
+#else
+    (void)d, (void)a, (void)b, (void)acc;
+#endif
+}
+
+/* One stage's products for consumer c: d (+)= A[64c.., 0..63] · B[0..63, 0..255], four k-steps
+   of 16 (acc 0 on the tile's first step overwrites d: no zeroing pass) */
+template <typename T, int MODE>
+static __device__ __forceinline__ void us__ggh_math(float *d, const unsigned char *sa,
+                                                    const unsigned char *sb, int c, int first) {
+    constexpr int TA = MODE == US_GG_WGRAD, TB = MODE != US_GG_FPROP;
+    us__wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < US__GGH_BK / 16; kk++) {
+        const uint64_t a =
+            TA ? us__wg_mnmaj<64>(sa + c * 8192, kk) : us__wg_kmaj<US__GGH_BM>(sa, 64 * c, kk);
+        const uint64_t b = TB ? us__wg_mnmaj<64>(sb, kk) : us__wg_kmaj<US__GGH_BN>(sb, 0, kk);
+        us__ggh_wgmma<T, TA, TB>(d, a, b, !(first && kk == 0));
+    }
+    us__wg_commit();
+}
+
+/* Wgrad's last k-block of a group: rows [rem, 64) of the stage are past the group's end. Consumer
+   c zeroes them in its A block and in B blocks 2c and 2c + 1; wgmma reads shared memory through
+   the async proxy, hence the proxy fence before the barrier the two consumers meet at. */
+static __device__ __forceinline__ void us__ggh_zero_tail(unsigned char *sa, unsigned char *sb,
+                                                         int rem, int c, int tid) {
+    const int chunks = (64 - rem) * 8; /* 16-byte chunks past the end in one 64-row block */
+    for (int i = tid; i < 3 * chunks; i += 128) {
+        const int blk = i / chunks, j = i % chunks;
+        unsigned char *base = blk == 0 ? sa + c * 8192 : sb + (2 * c + blk - 1) * 8192;
+        *reinterpret_cast<uint4 *>(base + rem * 128 + j * 16) = make_uint4(0u, 0u, 0u, 0u);
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    us__hop_bar_sync(1);
+}
+
+/* The tile's results from consumer c's accumulators (d[4j + e]: row 16w + lane/4 + 8·(e/2),
+   column 8j + 2·(lane%4) + e%2 of its 64 × 256): Y_g rows overwritten in dt, or (Wgrad) the
+   fp32 W[g] += */
+template <typename T, int MODE>
+static __device__ __forceinline__ void us__ggh_store(const float *d, const us__ggh_table &t,
+                                                     const us__ggh_pos &p, T *Y, int64_t ldy,
+                                                     int64_t N, int64_t K, int c, int tid) {
+    const int64_t M = MODE == US_GG_WGRAD ? N : t.n[p.g], cols = MODE == US_GG_WGRAD ? K : N;
+    const int64_t r0 = p.m0 + 64 * c + 16 * (tid >> 5) + ((tid & 31) >> 2);
+    const int64_t c0 = p.n0 + 2 * (tid & 3);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int64_t r = r0 + 8 * h;
+        if (r >= M) continue;
+        if (MODE == US_GG_WGRAD) { /* every load of the row first: one round trip, not 32 */
+            float2 *w = reinterpret_cast<float2 *>((float *)t.w[p.g] + r * K + c0);
+            float2 u[US__GGH_BN / 8];
+#pragma unroll
+            for (int j = 0; j < US__GGH_BN / 8; j++)
+                if (c0 + 8 * j < cols) u[j] = w[4 * j];
+#pragma unroll
+            for (int j = 0; j < US__GGH_BN / 8; j++)
+                if (c0 + 8 * j < cols) {
+                    u[j].x += d[4 * j + 2 * h];
+                    u[j].y += d[4 * j + 2 * h + 1];
+                    w[4 * j] = u[j];
+                }
+        } else {
+            T *y = Y + (t.off[p.g] + r) * ldy;
+#pragma unroll
+            for (int j = 0; j < US__GGH_BN / 8; j++)
+                if (c0 + 8 * j < cols)
+                    *reinterpret_cast<uint32_t *>(y + c0 + 8 * j) =
+                        us__hop_pack<T>(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+        }
+    }
+}
+
+/* Wgrad: the fp32 W[g] lines this thread's epilogue adds into, asked into L2 as the tile starts,
+   so that the read half of the read-add-write overlaps the tile's products (each row's 1 KB is 8
+   lines of 128 bytes: the quad that shares a row takes two each) */
+static __device__ __forceinline__ void us__ggh_prefetch(const us__ggh_table &t,
+                                                        const us__ggh_pos &p, int64_t N, int64_t K,
+                                                        int c, int tid) {
+    const int64_t r0 = p.m0 + 64 * c + 16 * (tid >> 5) + ((tid & 31) >> 2);
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int64_t r = r0 + 8 * h, col = p.n0 + 32 * (2 * (tid & 3) + i);
+            if (r < N && col < K) {
+#if US__HOP_DEV
+                asm volatile("prefetch.global.L2 [%0];\n" ::"l"((float *)t.w[p.g] + r * K + col));
+#endif
+            }
+        }
+}
+
+/* A consumer warpgroup: its 64 rows of every tile of this CTA */
+template <typename T, int MODE>
+static __device__ __forceinline__ void us__ggh_consume(const us__ggh_table &t, unsigned char *ring,
+                                                       uint64_t *full, uint64_t *empty, int tiles,
+                                                       T *Y, int64_t ldy, int64_t N, int64_t K) {
+    const int c = us__hop_wg() - 1, tid = threadIdx.x & 127, lane = tid & 31;
+    float d[US__GGH_BN / 2];
+    int it = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const us__ggh_pos p = us__ggh_find<MODE>(t, tile, N, K);
+        if (MODE == US_GG_WGRAD) us__ggh_prefetch(t, p, N, K, c, tid);
+        for (int kb = 0; kb < p.nk; kb++, it++) {
+            const int s = it % US__GGH_ST;
+            unsigned char *sa = ring + s * (US__GGH_SA + US__GGH_SB), *sb = sa + US__GGH_SA;
+            us__mb_wait(full + s, (it / US__GGH_ST) & 1);
+            if (MODE == US_GG_WGRAD && p.kr - (int64_t)kb * US__GGH_BK < US__GGH_BK)
+                us__ggh_zero_tail(sa, sb, (int)(p.kr - (int64_t)kb * US__GGH_BK), c, tid);
+            us__ggh_math<T, MODE>(d, sa, sb, c, kb == 0);
+            us__wg_wait_n<1, US__GGH_BN / 2>(d); /* the block before this one has been read */
+            if (kb > 0 && lane == 0) us__mb_arrive(empty + (it - 1) % US__GGH_ST);
+        }
+        us__wg_wait<US__GGH_BN / 2>(d);
+        if (lane == 0) us__mb_arrive(empty + (it - 1) % US__GGH_ST);
+        us__ggh_store<T, MODE>(d, t, p, Y, ldy, N, K, c, tid);
+    }
+}
+
+/* 384 threads: the producer warpgroup, then two consumers. ma, mb: the tensor maps of X (ma;
+   Wgrad: Y in ma, X in mb); each group's W[g] has its own in the table. */
+template <typename T, int MODE>
+__global__ void __launch_bounds__(384, 1)
+    us__ggh_kernel(const __grid_constant__ us__ggh_table t, const __grid_constant__ CUtensorMap ma,
+                   const __grid_constant__ CUtensorMap mb, T *Y, int64_t ldy, int64_t N, int64_t K,
+                   int tiles) {
+#if US__HOP_DEV
+    extern __shared__ __align__(1024) unsigned char us__ggh_raw[];
+    unsigned char *ring = us__hop_smem_base(us__ggh_raw); /* [ST][A | B] */
+    uint64_t *bars = (uint64_t *)(ring + US__GGH_ST * (US__GGH_SA + US__GGH_SB));
+    uint64_t *full = bars + 1, *empty = full + US__GGH_ST;
+    us__hop_bars_init(bars, US__GGH_ST, 1, 8); /* full: the copy thread; empty: 8 consumer warps */
+    if (us__hop_wg() == 0) {
+        us__hop_regs_producer<2>();
+        if (threadIdx.x == 0) us__ggh_produce<MODE>(t, &ma, &mb, ring, full, empty, tiles, N, K);
+        return;
+    }
+    us__hop_regs_consumer<2>();
+    us__ggh_consume<T, MODE>(t, ring, full, empty, tiles, Y, ldy, N, K);
+#else
+    (void)t, (void)ma, (void)mb, (void)Y, (void)ldy, (void)N, (void)K, (void)tiles;
+#endif
+}
+
+/* ---- its host side */
+/* [rows][cols] 16-bit elements, row stride ld, read in boxes {64 columns, box rows} with the
+   128-byte swizzle; what lies past rows or cols reads as zeros */
+static int us__ggh_map(CUtensorMap *map, const void *base, us_dtype dt, int64_t cols, int64_t rows,
+                       int64_t ld, int box) {
+    PFN_cuTensorMapEncodeTiled_v12000 enc = us__hop_encoder();
+    cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
+    cuuint32_t boxd[2] = {64, (cuuint32_t)box}, step[2] = {1, 1};
+    if (!enc) return 0;
+    return enc(map,
+               dt == US_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+               (void *)base, dims, strides, boxd, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* whether the Hopper kernel takes these operands: the mma.sync kernel's conditions, an sm_90a
+   binary on a compute-capability-9 GPU, rows the copy engine's 32-bit coordinates reach */
+static int us__ggh_fits(us_ops *o, int G, const int64_t *off, const int64_t *n, int64_t N,
+                        int64_t K, const void *X, int64_t ldx, void *const *W, const void *Y,
+                        int64_t ldy, us_dtype dt) {
+    int g;
+    if (!us__gg_fits(o, G, n, N, K, X, ldx, W, Y, ldy, dt) || K <= 0) return 0;
+    if (us__cu(o)->cc_major != 9 || !us__hop_encoder() || !us__hop_compiled()) return 0;
+    for (g = 0; g < G; g++)
+        if (n[g] > 0 && (off[g] < 0 || off[g] + n[g] > INT_MAX - 2 * US__GGH_BM)) return 0;
+    return N < INT_MAX / 2 && K < INT_MAX / 2;
+}
+
+/* The table of groups [0, min(G, US__GGH_CAP)) and each one's W map; returns the launch's tiles,
+   −1 past 2^31 − 1 or where a map could not be made */
+static int64_t us__ggh_fill(us__ggh_table *t, int mode, int G, const int64_t *off, const int64_t *n,
+                            int64_t N, int64_t K, void *const *W, us_dtype dt) {
+    int64_t tiles = 0;
+    int i;
+    t->G = G < US__GGH_CAP ? G : US__GGH_CAP;
+    for (i = 0; i < t->G; i++) {
+        const int64_t M = mode == US_GG_WGRAD ? N : n[i], cols = mode == US_GG_WGRAD ? K : N;
+        t->w[i] = W[i];
+        t->off[i] = off[i];
+        t->n[i] = n[i];
+        t->tile0[i] = (int)tiles;
+        if (n[i] <= 0) continue;
+        tiles += (M + US__GGH_BM - 1) / US__GGH_BM * ((cols + US__GGH_BN - 1) / US__GGH_BN);
+        if (tiles > INT_MAX) return -1;
+        if (mode == US_GG_FPROP && !us__ggh_map(&t->wmap[i], W[i], dt, K, N, K, US__GGH_BN))
+            return -1; /* W[g] [N][K]: boxes of 256 rows of n */
+        if (mode == US_GG_DGRAD && !us__ggh_map(&t->wmap[i], W[i], dt, N, K, N, US__GGH_BK))
+            return -1; /* W[g] [K][N]: boxes of 64 rows of k */
+    }
+    t->tile0[t->G] = (int)tiles;
+    return tiles;
+}
+
+/* Launches for groups [0, G) in tables of US__GGH_CAP: a persistent grid of at most one CTA per
+   SM (fewer by o->sm_margin, the SMs left to communication running beside it) */
+template <typename T, int MODE>
+static void us__ggh_launch(us_ops *o, int G, const int64_t *off, const int64_t *n, int64_t N,
+                           int64_t K, const void *X, int64_t ldx, void *const *W, void *Y,
+                           int64_t ldy, us_dtype dt) {
+    us__cuda *c = us__cu(o);
+    const unsigned bit = 1u << (8 + MODE + 3 * us__gg_f16((const T *)NULL));
+    const int sms = o->sm_margin > 0 && o->sm_margin < c->n_sm ? c->n_sm - o->sm_margin : c->n_sm;
+    us__ggh_table *t = (us__ggh_table *)c->ggh_tab; /* 25 KB: kept off the thread's stack */
+    CUtensorMap ma, mb;
+    int64_t rows = 1;
+    int g, g0, ok;
+    for (g = 0; g < G; g++)
+        if (n[g] > 0 && off[g] + n[g] > rows) rows = off[g] + n[g];
+    if (MODE == US_GG_WGRAD) /* A = Y_gᵀ and B = X_g, both by 64 rows of the reduction */
+        ok = us__ggh_map(&ma, Y, dt, N, rows, ldy, US__GGH_BK) &&
+             us__ggh_map(&mb, X, dt, K, rows, ldx, US__GGH_BK);
+    else /* A = X_g by 128 rows; mb unused */
+        ok = us__ggh_map(&ma, X, dt, K, rows, ldx, US__GGH_BM) &&
+             us__ggh_map(&mb, X, dt, K, rows, ldx, US__GGH_BM);
+    if (!t) t = (us__ggh_table *)(c->ggh_tab = malloc(sizeof(us__ggh_table)));
+    if (!ok || !t) {
+        us__cuda_fail(o, "gemm_grouped", "cuTensorMapEncodeTiled refused X or Y", __FILE__,
+                      __LINE__);
+        return;
+    }
+    if (!(c->gg_smem & bit)) { /* over 48 KiB of shared memory: asked for once per kernel */
+        US__CU(o, cudaFuncSetAttribute(us__ggh_kernel<T, MODE>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)us__ggh_smem));
+        c->gg_smem |= bit;
+    }
+    for (g0 = 0; g0 < G; g0 += US__GGH_CAP) {
+        const int64_t tiles = us__ggh_fill(t, MODE, G - g0, off + g0, n + g0, N, K, W + g0, dt);
+        if (tiles < 0) {
+            us__cuda_fail(o, "gemm_grouped", "too many tiles, or a W[g] the copy engine refused",
+                          __FILE__, __LINE__);
+            return;
+        }
+        if (!tiles) continue;
+        us__ggh_kernel<T, MODE>
+            <<<(unsigned)(tiles < sms ? tiles : sms), 384, us__ggh_smem, c->stream>>>(
+                *t, ma, mb, (T *)Y, ldy, N, K, (int)tiles);
+        US__LAUNCHED(o);
+    }
+}
+
+/* the three products of one element type on the Hopper kernel */
+template <typename T>
+static void us__ggh_modes(us_ops *o, int mode, int G, const int64_t *off, const int64_t *n,
+                          int64_t N, int64_t K, const void *X, int64_t ldx, void *const *W, void *Y,
+                          int64_t ldy, us_dtype dt) {
+    if (mode == US_GG_FPROP)
+        us__ggh_launch<T, US_GG_FPROP>(o, G, off, n, N, K, X, ldx, W, Y, ldy, dt);
+    else if (mode == US_GG_DGRAD)
+        us__ggh_launch<T, US_GG_DGRAD>(o, G, off, n, N, K, X, ldx, W, Y, ldy, dt);
+    else
+        us__ggh_launch<T, US_GG_WGRAD>(o, G, off, n, N, K, X, ldx, W, Y, ldy, dt);
+}
+
+/* Which path the default takes (us_cuda_grouped_kernel 0). The size rule, from bench_cuda
+   --grouped on an H200 (bench/RESULTS.md, 2026-12-02): Fprop and Dgrad on the Hopper kernel
+   wherever it takes the operands (0.97-1.11 of the per-group loop at 1536+ rows per expert,
+   1.2-4.0 with fewer rows or more experts); Wgrad on one cuBLASLt GEMM per group (the kernel ran
+   at 0.47-0.69 of the loop with 1024+ rows per expert, 0.86-1.04 with fewer). The mma.sync
+   kernel measured slower than the loop at every MoE shape, so it is never the default. */
+static int us__gg_auto(us_ops *o, int mode, int G, const int64_t *off, const int64_t *n, int64_t N,
+                       int64_t K, const void *X, int64_t ldx, void *const *W, const void *Y,
+                       int64_t ldy, us_dtype dt) {
+    if (mode == US_GG_WGRAD) return US_CUDA_GG_LOOP;
+    return us__ggh_fits(o, G, off, n, N, K, X, ldx, W, Y, ldy, dt) ? US_CUDA_GG_WGMMA
+                                                                   : US_CUDA_GG_LOOP;
+}
+
+/* The product over every group, on the path us_cuda_grouped_kernel asked for (a kernel that
+   cannot take the operands gives way to the loop) */
 static void us__cuda_gemm_grouped(us_ops *o, int mode, int G, const int64_t *off, const int64_t *n,
                                   int64_t N, int64_t K, const void *X, int64_t ldx, void *const *W,
                                   void *Y, int64_t ldy, us_dtype dt) {
+    int path = us__cu(o)->gg_kernel;
     if (G <= 0 || N <= 0) return;
-    if (!us__cu(o)->gg_kernel || !us__gg_fits(o, G, n, N, K, X, ldx, W, Y, ldy, dt))
-        us__gemm_grouped_each(o, mode, G, off, n, N, K, X, ldx, W, Y, ldy, dt);
-    else if (dt == US_BF16)
+    if (path == US_CUDA_GG_AUTO)
+        path = us__gg_auto(o, mode, G, off, n, N, K, X, ldx, W, Y, ldy, dt);
+    if (path == US_CUDA_GG_WGMMA && !us__ggh_fits(o, G, off, n, N, K, X, ldx, W, Y, ldy, dt))
+        path = US_CUDA_GG_LOOP;
+    if (path == US_CUDA_GG_MMA_SYNC && !us__gg_fits(o, G, n, N, K, X, ldx, W, Y, ldy, dt))
+        path = US_CUDA_GG_LOOP;
+    if (path == US_CUDA_GG_WGMMA && dt == US_BF16)
+        us__ggh_modes<__nv_bfloat16>(o, mode, G, off, n, N, K, X, ldx, W, Y, ldy, dt);
+    else if (path == US_CUDA_GG_WGMMA)
+        us__ggh_modes<__half>(o, mode, G, off, n, N, K, X, ldx, W, Y, ldy, dt);
+    else if (path == US_CUDA_GG_MMA_SYNC && dt == US_BF16)
         us__gg_modes<__nv_bfloat16>(o, mode, G, off, n, N, K, X, ldx, W, Y, ldy);
-    else
+    else if (path == US_CUDA_GG_MMA_SYNC)
         us__gg_modes<__half>(o, mode, G, off, n, N, K, X, ldx, W, Y, ldy);
+    else
+        us__gemm_grouped_each(o, mode, G, off, n, N, K, X, ldx, W, Y, ldy, dt);
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -6652,6 +7108,7 @@ US_API void us_cuda_ops_free(us_ops *o) {
     if (c->scratch) cudaFree(c->scratch);
     if (c->rope_tab) cudaFree(c->rope_tab);
     free(c->rope_freq);
+    free(c->ggh_tab);
     if (c->lt) cublasLtDestroy(c->lt);
     if (c->host_red) cudaFreeHost(c->host_red);
     for (i = 0; i < US__CUDA_MARKS && c->marks[i]; i++) cudaEventDestroy(c->marks[i]);
@@ -6683,8 +7140,8 @@ US_API size_t us_cuda_device_used(const us_ops *o) {
     return total_b - free_b;
 }
 
-US_API void us_cuda_grouped_kernel(us_ops *o, int on) {
-    if (o->backend) us__cu(o)->gg_kernel = on != 0;
+US_API void us_cuda_grouped_kernel(us_ops *o, int path) {
+    if (o->backend) us__cu(o)->gg_kernel = path >= 0 && path <= 3 ? path : 0;
 }
 
 US_API void us_cuda_attention_no_hopper(us_ops *o, int which) {

@@ -11,11 +11,14 @@
                         the operands the warm-up steps left behind. Wrong numbers, fast: it measures
                         the step FP8 would give if quantising cost nothing (the recipe's ceiling)
      --fp8-gemm         FP8 GEMMs (block-scaled, per-tensor) vs bf16 at LLM shapes, and the quantiser
-     --grouped          the experts' grouped GEMM (ops->gemm_grouped, // >>cuda-grouped) against one
-                        dense cuBLASLt GEMM of the same total size (M = Σ rows) and against a loop of
-                        per-expert cuBLASLt GEMMs, at three MoE layer shapes, balanced and routed
-     --grouped-kernel   (--preset) the experts on that one-launch kernel instead of the default
-                        per-expert cuBLASLt loop inside gemm_grouped
+     --grouped          the experts' grouped GEMM (ops->gemm_grouped, // >>cuda-grouped: the wgmma
+                        and the mma.sync kernels) against one dense cuBLASLt GEMM of the same total
+                        size (M = Σ rows) and against a loop of per-expert cuBLASLt GEMMs, at three
+                        MoE layer shapes, balanced and routed, and two with few rows per expert
+     --grouped-kernel   (--preset) the experts on the one-launch mma.sync kernel instead of the
+                        default path inside gemm_grouped (us_cuda_grouped_kernel)
+     --grouped-wgmma    (--preset) on the one-launch Hopper kernel (wgmma, TMA)
+     --grouped-loop     (--preset) on one cuBLASLt GEMM per expert
      --profile          also time each op class with CUDA events (where a step's time goes)
      --gemm             in-library GEMM (ops->gemm, cached plan) vs a standalone cuBLASLt call
      --gemm-algos       cuBLASLt's first heuristic algorithm against the best of 16, timed, bf16 and
@@ -104,7 +107,8 @@ static cudaEvent_t ev0[P_N], ev1[P_N];
 static double pms[P_N];
 static int prof_on;
 static int free_q, skip_q; /* --fp8-free-quant; set during the timed steps */
-static int gg_kernel;      /* --grouped-kernel: the experts on // >>cuda-grouped's kernel */
+static int gg_kernel;      /* gemm_grouped's path (us_cuda_grouped_kernel): --grouped-kernel,
+                              --grouped-wgmma, --grouped-loop; 0 the default */
 
 static cudaStream_t st_of(void) { return ((us__cuda *)inner.backend)->stream; }
 
@@ -876,12 +880,15 @@ static void bench_grouped_shape(const char *name, int E, int64_t tokens, int K, 
             /* the grouped op's N, K and operands (us_ops.gemm_grouped) */
             int64_t N = mode == US_GG_DGRAD ? In : Out, Kd = mode == US_GG_DGRAD ? Out : In;
             void *const *w = mode == US_GG_WGRAD ? gp.data() : wp.data();
-            double fl = 2.0 * R * N * Kd, tg, td, tl;
-            us_cuda_grouped_kernel(&inner, 1); /* the one-launch kernel, not the default loop */
-            tg = time_ms(a, b, [&] {
+            double fl = 2.0 * R * N * Kd, tg, tm, td, tl;
+            const auto grouped = [&] {
                 inner.gemm_grouped(&inner, mode, E, off.data(), n.data(), N, Kd, X, Kd, w, Y, N,
                                    US_BF16);
-            });
+            };
+            us_cuda_grouped_kernel(&inner, US_CUDA_GG_WGMMA); /* the one-launch kernels */
+            tg = time_ms(a, b, grouped);
+            us_cuda_grouped_kernel(&inner, US_CUDA_GG_MMA_SYNC);
+            tm = time_ms(a, b, grouped);
             us_cuda_grouped_kernel(&inner, gg_kernel);
             td = time_ms(a, b, [&] {
                 if (mode == US_GG_FPROP)
@@ -898,9 +905,11 @@ static void bench_grouped_shape(const char *name, int E, int64_t tokens, int K, 
                 us__gemm_grouped_each(&inner, mode, E, off.data(), n.data(), N, Kd, X, Kd, w, Y, N,
                                       US_BF16);
             });
-            printf("| %s | %s %s | %lld x %lld | %7.1f | %7.1f | %7.1f | %5.2f | %5.2f |\n", name,
-                   lin ? "down" : "gate|up", mname[mode], (long long)N, (long long)Kd,
-                   fl / tg * 1e-9, fl / td * 1e-9, fl / tl * 1e-9, td / tg, tl / tg);
+            printf("| %s | %s %s | %lld x %lld | %7.1f | %7.1f | %7.1f | %7.1f | %5.2f | %5.2f "
+                   "|\n",
+                   name, lin ? "down" : "gate|up", mname[mode], (long long)N, (long long)Kd,
+                   fl / tg * 1e-9, fl / tm * 1e-9, fl / td * 1e-9, fl / tl * 1e-9, td / tg,
+                   tl / tg);
         }
     }
     if (inner.error(&inner)) printf("  error: %s\n", inner.error(&inner));
@@ -914,14 +923,18 @@ static void bench_grouped(void) {
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
-    printf("\n| layer (E, tokens·K rows, C, Fe) | GEMM | N x K | grouped TFLOP/s | one dense GEMM "
-           "of Σ rows | per-expert loop | dense / grouped time | loop / grouped time |\n"
-           "|---|---|---|---|---|---|---|---|\n");
+    printf("\n| layer (E, tokens·K rows, C, Fe) | GEMM | N x K | wgmma kernel TFLOP/s | mma.sync "
+           "kernel | one dense GEMM of Σ rows | per-expert loop | dense / wgmma time | loop / "
+           "wgmma time |\n"
+           "|---|---|---|---|---|---|---|---|---|\n");
     /* --preset moe's layer (DeepSeek-MoE-like), a Mixtral-like one, a fine-grained one */
     bench_grouped_shape("E64 16384x6 C2048 Fe1536 balanced", 64, 16384, 6, 2048, 1536, 0, a, b);
     bench_grouped_shape("E64 16384x6 C2048 Fe1536 routed", 64, 16384, 6, 2048, 1536, 1, a, b);
     bench_grouped_shape("E8 8192x2 C4096 Fe14336 balanced", 8, 8192, 2, 4096, 14336, 0, a, b);
     bench_grouped_shape("E128 16384x8 C2048 Fe768 routed", 128, 16384, 8, 2048, 768, 1, a, b);
+    /* few rows per expert (a small batch): 192 each, and 24 */
+    bench_grouped_shape("E64 2048x6 C2048 Fe1536 balanced", 64, 2048, 6, 2048, 1536, 0, a, b);
+    bench_grouped_shape("E64 256x6 C2048 Fe1536 routed", 64, 256, 6, 2048, 1536, 1, a, b);
     cudaEventDestroy(a);
     cudaEventDestroy(b);
 }
@@ -1304,7 +1317,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--grouped"))
             do_gg = 1;
         else if (!strcmp(argv[i], "--grouped-kernel"))
-            gg_kernel = 1;
+            gg_kernel = US_CUDA_GG_MMA_SYNC;
+        else if (!strcmp(argv[i], "--grouped-wgmma"))
+            gg_kernel = US_CUDA_GG_WGMMA;
+        else if (!strcmp(argv[i], "--grouped-loop"))
+            gg_kernel = US_CUDA_GG_LOOP;
         else if (!strcmp(argv[i], "--fp8-free-quant"))
             free_q = 1;
         else if (!strcmp(argv[i], "--fp8-no-weight-cache"))
@@ -1351,14 +1368,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--cp-flash-only"))
             do_cp = 1;
         else {
-            fprintf(
-                stderr,
-                "usage: bench_cuda [--preset 1b|8b8|200m|moe [--steps N] [--warmup N] "
-                "[--recompute M] [--accum K] [--loss-chunk ROWS|-1] [--precision "
-                "bf16|fp8|fp8-tensor [--fp8-free-quant] [--fp8-no-weight-cache]] [--profile] "
-                "[--grouped-kernel] [--json F]] [--gemm] [--fp8-gemm] [--grouped] [--gemm-algos] "
-                "[--attention [--att-seq T,..] [--att-heads NH:NKV:HS,..]] "
-                "[--cp | --cp-flash-only]\n");
+            fprintf(stderr,
+                    "usage: bench_cuda [--preset 1b|8b8|200m|moe [--steps N] [--warmup N] "
+                    "[--recompute M] [--accum K] [--loss-chunk ROWS|-1] [--precision "
+                    "bf16|fp8|fp8-tensor [--fp8-free-quant] [--fp8-no-weight-cache]] [--profile] "
+                    "[--grouped-kernel|--grouped-wgmma|--grouped-loop] [--json F]] [--gemm] "
+                    "[--fp8-gemm] [--grouped] [--gemm-algos] "
+                    "[--attention [--att-seq T,..] [--att-heads NH:NKV:HS,..]] "
+                    "[--cp | --cp-flash-only]\n");
             return 2;
         }
     }

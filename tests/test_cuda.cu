@@ -909,8 +909,8 @@ static void test_moe_ops(us_dtype dt) {
 /* The grouped GEMM (us_ops.gemm_grouped, // >>cuda-grouped) against the CPU's one GEMM per
    group: ng groups of n[g] rows with gap rows between them that no group owns (they must keep
    their bytes: the comparison covers all of Y), row strides ld + pad. bf16 and fp16 with 16-byte
-   rows take the mma.sync kernel; fp32 or an odd pad take cuBLASLt per group. Y and Wgrad's fp32
-   gradients are compared with the GEMM tests' bounds (tol). */
+   rows take the kernel the path asks for; fp32 or an odd pad take cuBLASLt per group. Y and
+   Wgrad's fp32 gradients are compared with the GEMM tests' bounds (tol). */
 static void grouped_case(const char *what, int mode, us_dtype dt, int ng, const int64_t *n,
                          int64_t gap, int64_t N, int64_t K, int64_t pad) {
     static const char *mname[3] = {"Fprop", "Dgrad", "Wgrad"};
@@ -968,29 +968,53 @@ static void grouped_case(const char *what, int mode, us_dtype dt, int ng, const 
     free(hw);
 }
 
-/* the one-launch kernel (us_cuda_grouped_kernel), then the default (cuBLASLt per group) */
+/* Each path of us_cuda_grouped_kernel: the two one-launch kernels (wgmma on Hopper, mma.sync),
+   the loop of cuBLASLt GEMMs, the default. Groups empty, shorter than a tile, a tile, more than a
+   tile; gap rows no group owns; Wgrad adds into gradients that already hold values. */
 static void test_grouped(void) {
     static const int64_t mixed[7] = {37, 0, 128, 200, 3, 0, 129};
-    int64_t many[300], experts[64];
-    int mode, i;
+    static const int paths[2] = {US_CUDA_GG_WGMMA, US_CUDA_GG_MMA_SYNC};
+    static const char *pname[2] = {"wgmma", "mma.sync"};
+    int64_t many[300], experts[64], wide[9];
+    char what[96];
+    int mode, i, p;
     for (i = 0; i < 300; i++) many[i] = (int64_t)(rnd64() % 12);
     for (i = 0; i < 64; i++) experts[i] = i % 9 == 4 ? 0 : (int64_t)(rnd64() % 700);
-    us_cuda_grouped_kernel(&G, 1);
-    for (mode = 0; mode < 3; mode++) { /* empty groups, short, a tile, more than a tile */
-        grouped_case("mixed", mode, US_BF16, 7, mixed, 2, 136, 72, 8);
-        grouped_case("mixed", mode, US_F16, 7, mixed, 2, 136, 72, 8);
-        /* a MoE layer's shapes: 64 experts, C 512, Fe 352 (gate|up 704) */
-        grouped_case("64 experts", mode, US_BF16, 64, experts, 0, mode == US_GG_DGRAD ? 352 : 704,
+    for (i = 0; i < 9; i++) wide[i] = i == 3 ? 0 : 1 + (int64_t)(rnd64() % 300);
+    for (p = 0; p < 2; p++) {
+        us_cuda_grouped_kernel(&G, paths[p]);
+        for (mode = 0; mode < 3; mode++) { /* empty groups, short, a tile, more than a tile */
+            snprintf(what, sizeof what, "%s mixed", pname[p]);
+            grouped_case(what, mode, US_BF16, 7, mixed, 2, 136, 72, 8);
+            grouped_case(what, mode, US_F16, 7, mixed, 2, 136, 72, 8);
+            /* a MoE layer's shapes: 64 experts, C 512, Fe 352 (gate|up 704) */
+            snprintf(what, sizeof what, "%s 64 experts", pname[p]);
+            grouped_case(what, mode, US_BF16, 64, experts, 0, mode == US_GG_DGRAD ? 352 : 704, 512,
+                         0);
+            /* tiles cut at both edges: N and K past 256 and 64, not multiples of either */
+            snprintf(what, sizeof what, "%s N 520 K 264", pname[p]);
+            grouped_case(what, mode, US_BF16, 9, wide, 5, 520, 264, 8);
+            /* more groups than one launch's table */
+            snprintf(what, sizeof what, "%s 300 groups (two launches)", pname[p]);
+            grouped_case(what, mode, mode == US_GG_WGRAD ? US_F16 : US_BF16, 300, many, 1, 64, 32,
+                         0);
+        }
+        snprintf(what, sizeof what, "%s K 40, N 24: partial tiles", pname[p]);
+        grouped_case(what, US_GG_DGRAD, US_BF16, 7, mixed, 0, 24, 40, 0);
+        grouped_case(what, US_GG_WGRAD, US_BF16, 7, mixed, 0, 24, 40, 0);
+        grouped_case("fp32: cuBLASLt per group", US_GG_DGRAD, US_F32, 7, mixed, 2, 136, 72, 8);
+        grouped_case("odd strides: cuBLASLt per group", US_GG_FPROP, US_BF16, 7, mixed, 2, 136, 72,
+                     3);
+    }
+    us_cuda_grouped_kernel(&G, US_CUDA_GG_LOOP);
+    for (mode = 0; mode < 3; mode++)
+        grouped_case("cuBLASLt per group", mode, US_BF16, 7, mixed, 2, 136, 72, 8);
+    us_cuda_grouped_kernel(&G, US_CUDA_GG_AUTO);
+    for (mode = 0; mode < 3; mode++) {
+        grouped_case("default path", mode, US_BF16, 7, mixed, 2, 136, 72, 8);
+        grouped_case("default path", mode, US_BF16, 64, experts, 0, mode == US_GG_DGRAD ? 352 : 704,
                      512, 0);
     }
-    grouped_case("300 groups (two launches)", US_GG_FPROP, US_BF16, 300, many, 1, 64, 32, 0);
-    grouped_case("300 groups (two launches)", US_GG_WGRAD, US_F16, 300, many, 1, 64, 32, 0);
-    grouped_case("fp32: cuBLASLt per group", US_GG_DGRAD, US_F32, 7, mixed, 2, 136, 72, 8);
-    grouped_case("odd strides: cuBLASLt per group", US_GG_FPROP, US_BF16, 7, mixed, 2, 136, 72, 3);
-    grouped_case("K 40, N 24: partial tiles", US_GG_DGRAD, US_BF16, 7, mixed, 0, 24, 40, 0);
-    us_cuda_grouped_kernel(&G, 0);
-    for (mode = 0; mode < 3; mode++)
-        grouped_case("default: cuBLASLt per group", mode, US_BF16, 7, mixed, 2, 136, 72, 8);
 }
 
 /* The CPU model a and the GPU model b trained side by side on the built-in task's batches */
