@@ -58,7 +58,7 @@ US_API const char *us_cuda_attention_path(us_ops *ops, us_dtype dt, int head_siz
    0 every path (the default), 1 none of the Hopper kernels, 2 not the Hopper forward, 3 not
    the Hopper backward, 4 the Hopper backward always as two kernels (dK/dV, then dQ), 5 always
    fused (dQ inside the dK/dV kernel) where it is compiled (HS 64 and 128); by default the
-   backward is fused where that measured faster (US__HOP_FUSED_MIN_T). */
+   backward runs as two kernels, which measured as fast or faster (us__hop_fused). */
 US_API void us_cuda_attention_no_hopper(us_ops *ops, int which);
 
 /* gemm_grouped's path on the GPU (// >>cuda-grouped), for tests and benchmarks to compare:
@@ -2753,7 +2753,8 @@ static void us__flash_bwd(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
      us__hop_bwd_fused_kernel  FlashAttention-3's own backward, five GEMMs a tile instead of
                            seven: the dK/dV kernel forms dQ too and the copy engine adds it into
                            an fp32 dQ in a fixed order of key blocks (bit-identical reruns). It
-                           runs where it measured faster: HS 64 from T 8192 (US__HOP_FUSED_MIN_T).
+                           runs when asked for (us_cuda_attention_no_hopper 5): the two kernels
+                           measured as fast or faster at every shape (us__hop_fused).
    HS ≤ 128 use two consumer warpgroups (NWG 2); HS 192 and 256 one in the backward (the
    accumulators dK + dV of a 64-key tile would not fit in registers twice over), and there the
    dK/dV kernel runs twice, once for dV and once for dK, each holding one accumulator.
@@ -4340,11 +4341,10 @@ static int us__hop_attention_fwd(us_ops *o, void *out, float *lse, const void *q
     return 1;
 }
 
-/* The fused backward where it measured faster than the two kernels (bench/RESULTS.md, one H200,
-   T 2k-8k): HS 64 from T = 8192 on (1-2 %; 2-8 % slower at T 2048 and 4096, where a CTA's run of
-   query tiles is too short to pay for the ordered dQ adds). At HS 128 the two kernels won at
-   every T measured (by 10 % at T 8192); at HS 80 and 96 the fused one is 18-24 % slower. */
-#define US__HOP_FUSED_MIN_T 8192
+/* The backward runs fused only when asked for (mode 5). Against the two kernels on one H200
+   (bench/RESULTS.md): HS 64 2-8 % slower at T 2048 and 4096 (a CTA's run of query tiles is too
+   short to pay for the ordered dQ adds) and even at T 8192 (+2 % in one call, -2 % in another);
+   HS 128 slower at every T from 2k to 32k (by 6 % at 16k); HS 80 and 96 18-24 % slower. */
 
 /* whether the backward of head size HS at sequence length T runs fused (dQ inside the dK/dV
    kernel), and the bytes of scratch it needs beside D and L2: the counters, then dQacc
@@ -4356,7 +4356,8 @@ static int us__hop_fused(us_ops *o, int HS, int64_t T) {
     US__HOP_HEADS(US__HOP_FUSED)
 #undef US__HOP_FUSED
     if (!f || mode == 4) return 0;
-    return mode == 5 || (HS == 64 && T >= US__HOP_FUSED_MIN_T);
+    (void)T;
+    return mode == 5;
 }
 
 /* the fused backward's query tiles of a sequence (BQ: 128 at HS 64, else 64) */

@@ -988,7 +988,7 @@ static void bench_attention(void) {
             float *lse = (float *)inner.alloc(&inner, (size_t)B * NH * T * 4);
             double fl = 4.0 * B * NH * (double)T * T * HS / 2;
             rand_bf16_pair(qkv, N * QKV, dout, N * NH * HS, 3, 1);
-            /* the default (the backward fused at HS 64 from T 8192), fused always,
+            /* the default (the backward as two kernels), fused always,
                two kernels always, mma.sync (bf16 HS 64 and 128 only: others are portable). The
                paths take turns rep by rep, so that the GPU's clock drift (it boosts after the
                idle host-side set-up of each shape) reaches every path alike. */

@@ -566,9 +566,9 @@ static void test_attention_shapes(void) {
         for (k = 0; k < n; k++)
             attn_case(d ? US_F16 : US_BF16, cases[k][0], cases[k][1], cases[k][2], cases[k][3],
                       cases[k][4], "best");
-    /* the fused backward at every case it takes (HS 64 and 128; by default only HS 64 from
-       T = US__HOP_FUSED_MIN_T), and long enough that up to 16 key blocks add into one dQ tile,
-       whose fixed order must still give the same bits twice */
+    /* the fused backward (asked for: the default is the two kernels) at every case it takes
+       (HS 64 and 128), and long enough that up to 16 key blocks add into one dQ tile, whose
+       fixed order must still give the same bits twice */
     us_cuda_attention_no_hopper(&G, 5);
     for (k = 0; k < n; k++)
         if (cases[k][4] == 128 || cases[k][4] == 64)
@@ -578,7 +578,7 @@ static void test_attention_shapes(void) {
     attn_case(US_F16, 2, 2048, 16, 4, 128, "hopper-fused");
     attn_case(US_BF16, 2, 2048, 8, 2, 64, "hopper-fused");
     attn_case(US_F16, 1, 3000, 32, 8, 64, "hopper-fused");
-    attn_case(US_BF16, 1, 8192, 1, 1, 64, "hopper-fused"); /* fused by default too */
+    attn_case(US_BF16, 1, 8192, 1, 1, 64, "hopper-fused");
     us_cuda_attention_no_hopper(&G, 4); /* the two-kernel Hopper backward (dK/dV, then dQ) */
     for (k = 0; k < n; k++)
         if (cases[k][4] <= 128)
