@@ -229,7 +229,8 @@ fuzz: $(B)/fuzz_safetensors
 # then the steps' needs in tests/steps.sh's order.
 HAVE_NVCC := $(shell [ -x "$(NVCC)" ] && echo 1)
 HAVE_NCCL := $(shell [ -f /usr/include/nccl.h ] || [ -f $(CUDA_HOME)/include/nccl.h ] && echo 1)
-HAVE_GPU  := $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo 1)
+# a GPU: its device node, or nvidia-smi listing one
+HAVE_GPU  := $(shell { ls /dev/nvidia[0-9]* || nvidia-smi -L | grep -q '^GPU'; } > /dev/null 2>&1 && echo 1)
 STEPS_ENV  = B=$(B) NVCC=$(HAVE_NVCC) NCCL=$(HAVE_NCCL) GPU=$(HAVE_GPU)
 
 test:

@@ -3,7 +3,7 @@
 # NEEDS: the make targets the step needs (make builds them first and runs steps as soon as what
 # they need is built, one job per core); COMMAND: a bash command line run from the repository
 # root. $B is the build directory; $NVCC and $NCCL are 1 where nvcc / nccl.h are installed, $GPU
-# where nvidia-smi lists a GPU; each is empty elsewhere. A step passes on exit 0 or by its last "N passed, N failed" line; a step that prints
+# where a GPU is (a /dev/nvidia device, or nvidia-smi lists one); each is empty elsewhere. A step passes on exit 0 or by its last "N passed, N failed" line; a step that prints
 # a line starting with SKIP is a skip. Steps that run longest come first within their area, so
 # they start early.
 
@@ -17,8 +17,11 @@ nvcc_needs() { [ -n "$NVCC" ] && echo "$B/$1"; }
 # a program nvcc builds only where a GPU is present (needs: gpu_needs NAME)
 gpu_needs() { [ -n "$NVCC" ] && [ -n "$GPU" ] && echo "$B/$1"; }
 nvcc_built() { if [ -n "$NVCC" ]; then test -f "$B/$1"; else echo 'SKIP nvcc not installed'; fi; }
-# a GPU test: SKIP where nvcc did not build it (the program itself says SKIP without a GPU)
-gpu_run() { if [ -x "$B/$1" ]; then "./$B/$1"; else echo 'SKIP not built'; fi; }
+# a GPU test: SKIP where no GPU is or nvcc did not build it (the program also says SKIP without one)
+# (without a GPU it is not started: loading cuBLASLt and NCCL from a cold disk took 12 s)
+gpu_run() {
+    if [ -z "$GPU" ]; then echo 'SKIP no GPU'; elif [ -x "$B/$1" ]; then "./$B/$1"; else echo 'SKIP not built'; fi
+}
 
 # ---- the layout: clang-format 14 would change nothing (make format)
 step 'sources formatted (.clang-format)'  ''                  'bash tests/format_check.sh'
