@@ -3,9 +3,11 @@
 # NEEDS: the make targets the step needs (make builds them first and runs steps as soon as what
 # they need is built, one job per core); COMMAND: a bash command line run from the repository
 # root. $B is the build directory; $NVCC and $NCCL are 1 where nvcc / nccl.h are installed, $GPU
-# where a GPU is (a /dev/nvidia device, or nvidia-smi lists one); each is empty elsewhere. A step passes on exit 0 or by its last "N passed, N failed" line; a step that prints
-# a line starting with SKIP is a skip. Steps that run longest come first within their area, so
-# they start early.
+# where a GPU is (a /dev/nvidia device, or nvidia-smi lists one); each is empty elsewhere. A step
+# passes on exit 0 or by its last "N passed, N failed" line; a step that prints a line starting
+# with SKIP is a skip. Make takes the steps in this order, so the areas that run longest come
+# first (the trainer's CLI, the parallel layouts, the sanitizer runs), and within an area the
+# longest steps; the compile checks, many short builds, come last and fill the cores at the end.
 
 # OpenMP's waiting threads sleep instead of spinning (unless the caller chose): make test runs one
 # job per core, and a spinning thread takes its core from the other job (test_fp8_train beside a
@@ -64,6 +66,57 @@ step 'calibrate_cpu writes a rates file plan reads' "$B/calibrate_cpu $B/plan" \
      './$B/calibrate_cpu --quick --out $B/rates_cpu.txt | grep -q wrote &&
       ./$B/plan --rates $B/rates_cpu.txt --model llama-1b --top 1 | grep -q "^top"'
 
+# ---- parallelism over the threads backend: every configuration against the single rank
+step 'test_pp'                           "$B/test_pp"             './$B/test_pp'
+step 'test_tp'                           "$B/test_internal"       './$B/test_internal tp'
+step 'test_comm_threads'                 "$B/test_comm_threads"   './$B/test_comm_threads'
+step 'test_dp'                           "$B/test_internal"       './$B/test_internal dp'
+step 'test_cp'                           "$B/test_cp"             './$B/test_cp'
+step 'test_plan'                         "$B/test_plan"           './$B/test_plan'
+step 'test_comm'                         "$B/test_comm"           './$B/test_comm'
+step 'test_bootstrap'                    "$B/test_bootstrap"      './$B/test_bootstrap'
+step 'test_cp_ops'                       "$B/test_cp_ops"         './$B/test_cp_ops'
+step 'test_pp_sched'                     "$B/test_pp_sched"       './$B/test_pp_sched'
+
+# the program that runs tests/test_NAME.c: test_NAME, or for the four that use the implementation's
+# private parts, `test_internal NAME` (one program: the implementation compiled once for them)
+prog() { case $1 in dp | tp | fp8_train | moe) echo "test_internal $1" ;; *) echo "test_$1" ;; esac; }
+
+# ---- the same tests under AddressSanitizer + UndefinedBehaviorSanitizer (the slow ones --quick)
+for t in pp tp ep ckpt fp16 dp gemm cp fp8_train moe plan ops fp8 comm_threads model errors comm \
+         cp_ops pp_sched bootstrap dtypes tok data; do
+    case $t in tp | pp | dp | cp | ep | fp16 | fp8_train | model | plan) quick=' --quick' ;; *) quick='' ;; esac
+    p=$(prog $t)
+    step "asan+ubsan test_$t"            "$B/san/${p%% *}"        "./\$B/san/$p$quick"
+done
+
+# ---- one device: numbers, kernels, the model
+step 'test_fp8_train'                    "$B/test_internal"       './$B/test_internal fp8_train'
+step 'test_gemm'                         "$B/test_gemm"           './$B/test_gemm'
+step 'test_gemm (portable, no AVX2)'     "$B/test_gemm_portable"  './$B/test_gemm_portable'
+step 'test_ops'                          "$B/test_ops"            './$B/test_ops'
+step 'test_fp8'                          "$B/test_fp8"            './$B/test_fp8'
+step 'test_fp16'                         "$B/test_fp16"           './$B/test_fp16'
+step 'test_model'                        "$B/test_model"          './$B/test_model'
+step 'test_moe'                          "$B/test_internal"       './$B/test_internal moe'
+step 'test_ep'                           "$B/test_ep"             './$B/test_ep'
+step 'test_dtypes'                       "$B/test_dtypes"         './$B/test_dtypes'
+step 'test_errors'                       "$B/test_errors"         './$B/test_errors'
+
+# ---- the tokenizer: tokenizer.json byte-level BPE against Hugging Face tokenizers' ids (tests/tok)
+step 'test_tok'                          "$B/test_tok"            './$B/test_tok'
+
+# ---- data: the shard loader (every window once per epoch, dp ranks, resume, bad shards)
+step 'test_data'                         "$B/test_data"           './$B/test_data'
+
+# ---- checkpoints
+step 'test_ckpt'                         "$B/test_ckpt"           './$B/test_ckpt'
+step "test_ckpt_py (files from Python's safetensors)" \
+                                         "$B/test_ckpt $B/train"  'bash tests/test_ckpt_py.sh $B/test_ckpt'
+step 'test_hf (Hugging Face Llamas: RoPE, logits, loss, gradients against transformers)' \
+                                         "$B/test_ckpt"           'bash tests/test_hf.sh $B/test_ckpt'
+step 'fuzz corpus replay (asan+ubsan)'   "$B/fuzz_replay"         './$B/fuzz_replay tests/fuzz_corpus/*'
+
 # ---- compile checks: C99 pedantic with -Werror, C++, two translation units, ULTRASCALE_STATIC, each
 # opt-out (ULTRASCALE_NO_*: what remains compiles without a warning and trains a step),
 # no OpenMP, and nvcc (the CUDA compiler sees the header as C++) where it is installed; a check
@@ -92,57 +145,6 @@ step 'nvcc: hf_logits_cuda'              "$(nvcc_needs hf_logits_cuda)"  'nvcc_b
 step 'nvcc: generate_cuda'               "$(nvcc_needs generate_cuda)"  'nvcc_built generate_cuda'
 step 'c99 -pedantic: NCCL backend compiles' "${NCCL:+$B/cc_nccl.o}" \
      'if [ -n "$NCCL" ]; then test -f $B/cc_nccl.o; else echo "SKIP nccl.h not installed"; fi'
-
-# the program that runs tests/test_NAME.c: test_NAME, or for the four that use the implementation's
-# private parts, `test_internal NAME` (one program: the implementation compiled once for them)
-prog() { case $1 in dp | tp | fp8_train | moe) echo "test_internal $1" ;; *) echo "test_$1" ;; esac; }
-
-# ---- the same tests under AddressSanitizer + UndefinedBehaviorSanitizer (the slow ones --quick)
-for t in tp plan pp dp cp fp16 ops fp8 fp8_train gemm model moe ep errors comm cp_ops pp_sched \
-         ckpt comm_threads bootstrap dtypes tok data; do
-    case $t in tp | pp | dp | cp | ep | fp16 | fp8_train | model | plan) quick=' --quick' ;; *) quick='' ;; esac
-    p=$(prog $t)
-    step "asan+ubsan test_$t"            "$B/san/${p%% *}"        "./\$B/san/$p$quick"
-done
-
-# ---- one device: numbers, kernels, the model
-step 'test_dtypes'                       "$B/test_dtypes"         './$B/test_dtypes'
-step 'test_gemm'                         "$B/test_gemm"           './$B/test_gemm'
-step 'test_gemm (portable, no AVX2)'     "$B/test_gemm_portable"  './$B/test_gemm_portable'
-step 'test_ops'                          "$B/test_ops"            './$B/test_ops'
-step 'test_fp8'                          "$B/test_fp8"            './$B/test_fp8'
-step 'test_fp16'                         "$B/test_fp16"           './$B/test_fp16'
-step 'test_fp8_train'                    "$B/test_internal"       './$B/test_internal fp8_train'
-step 'test_model'                        "$B/test_model"          './$B/test_model'
-step 'test_moe'                          "$B/test_internal"       './$B/test_internal moe'
-step 'test_ep'                           "$B/test_ep"             './$B/test_ep'
-step 'test_errors'                       "$B/test_errors"         './$B/test_errors'
-
-# ---- parallelism over the threads backend: every configuration against the single rank
-step 'test_comm'                         "$B/test_comm"           './$B/test_comm'
-step 'test_comm_threads'                 "$B/test_comm_threads"   './$B/test_comm_threads'
-step 'test_bootstrap'                    "$B/test_bootstrap"      './$B/test_bootstrap'
-step 'test_dp'                           "$B/test_internal"       './$B/test_internal dp'
-step 'test_tp'                           "$B/test_internal"       './$B/test_internal tp'
-step 'test_cp_ops'                       "$B/test_cp_ops"         './$B/test_cp_ops'
-step 'test_cp'                           "$B/test_cp"             './$B/test_cp'
-step 'test_pp_sched'                     "$B/test_pp_sched"       './$B/test_pp_sched'
-step 'test_pp'                           "$B/test_pp"             './$B/test_pp'
-step 'test_plan'                         "$B/test_plan"           './$B/test_plan'
-
-# ---- the tokenizer: tokenizer.json byte-level BPE against Hugging Face tokenizers' ids (tests/tok)
-step 'test_tok'                          "$B/test_tok"            './$B/test_tok'
-
-# ---- data: the shard loader (every window once per epoch, dp ranks, resume, bad shards)
-step 'test_data'                         "$B/test_data"           './$B/test_data'
-
-# ---- checkpoints
-step 'test_ckpt'                         "$B/test_ckpt"           './$B/test_ckpt'
-step "test_ckpt_py (files from Python's safetensors)" \
-                                         "$B/test_ckpt $B/train"  'bash tests/test_ckpt_py.sh $B/test_ckpt'
-step 'test_hf (Hugging Face Llamas: RoPE, logits, loss, gradients against transformers)' \
-                                         "$B/test_ckpt"           'bash tests/test_hf.sh $B/test_ckpt'
-step 'fuzz corpus replay (asan+ubsan)'   "$B/fuzz_replay"         './$B/fuzz_replay tests/fuzz_corpus/*'
 
 # ---- on a GPU (each prints SKIP without one)
 step 'test_cuda (needs a GPU)'           "$(nvcc_needs test_cuda)"       'gpu_run test_cuda'
