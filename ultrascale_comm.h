@@ -777,20 +777,47 @@ static us_result us__thr_publish(us__thr_x *x, const us__thr_op *o, int check) {
     return check ? us__thr_agree(x) : US_OK;
 }
 
-/* Ends a collective: nobody reads this member's buffers or slot after it. */
+/* Ends a collective: nobody reads this member's buffers or slot after it. A ring whose last
+   step ended in a barrier has that guarantee already (no one reads between the two barriers), so
+   it returns without this one: each barrier is a sleep and a wake-up for every member. */
 static us_result us__thr_finish(us__thr_x *x, us_result r) {
     us_result f = us__thr_sync(x);
     return r != US_OK ? r : f;
 }
 
+/* the lane's scratch, at least `bytes` of it (NULL when out of memory: the caller says so) */
+static char *us__thr_scratch(us__thr_lane *ln, size_t bytes) {
+    if (ln->scratch_cap < bytes) {
+        char *p = (char *)US_MALLOC(bytes);
+        if (!p) return NULL;
+        US_FREE(ln->scratch);
+        ln->scratch = p;
+        ln->scratch_cap = bytes;
+    }
+    return ln->scratch;
+}
+
 /* all_reduce: the Playbook's ring. Reduce-scatter step s: rank q combines chunk q-s-2 from its
    predecessor into its own; after N-1 steps it holds chunk q fully reduced (reduced once).
-   All-gather step s: rank q copies chunk q-1-s from its predecessor. */
+   All-gather step s: rank q copies chunk q-1-s from its predecessor. Two members summing are
+   the ring in two barriers instead of four: each chunk is the two buffers added once, and
+   a + b = b + a to the bit, so each member adds the whole of both into its scratch and writes
+   its buffer after the barrier that says the other has read it. (Max is left to the ring:
+   max(+0, −0) depends on the order.) */
 static us_result us__thr_run_all_reduce(us__thr_x *x, us__thr_op *o) {
     int N = x->N, me = x->me, s;
     size_t es = us__thr_dsize(o->dt);
     int64_t K = o->n;
+    int two = N == 2 && K > 0 && (o->op == US_REDUCE_SUM || o->op == US_REDUCE_AVG);
+    char *pair = two ? us__thr_scratch(x->lane, (size_t)K * es) : NULL;
     us_result r = us__thr_publish(x, o, 1);
+    if (r == US_OK && pair) {
+        us__thr_reduce3(pair, x->g->slot[1 - me].dst, o->dst, K, o->dt, o->op);
+        if (o->op == US_REDUCE_AVG) us__thr_divide(pair, K, o->dt, N);
+        r = us__thr_sync(x);
+        if (r == US_OK) memcpy(o->dst, pair, (size_t)K * es);
+        return r;
+    }
     if (r == US_OK && N > 1 && K > 0) {
         char *mine = (char *)o->dst, *theirs = (char *)x->g->slot[us__thr_mod(me - 1, N)].dst;
         for (s = 0; s < N - 1 && r == US_OK; s++) {
@@ -807,6 +834,7 @@ static us_result us__thr_run_all_reduce(us__thr_x *x, us__thr_op *o) {
             memcpy(mine + off, theirs + off, (size_t)us__thr_chunk_len(K, N, c) * es);
             r = us__thr_sync(x);
         }
+        if (r == US_OK) return r; /* the last step's barrier ends it */
     }
     return r == US_ERR_BACKEND ? r : us__thr_finish(x, r);
 }
@@ -820,19 +848,13 @@ static us_result us__thr_run_reduce_scatter(us__thr_x *x, us__thr_op *o) {
     us__thr_rank *rk = x->rk;
     us__thr_lane *ln = x->lane;
     us_result r;
-    if (N > 1 && ln->scratch_cap < 2 * blk) {
-        char *p = (char *)US_MALLOC(2 * blk);
-        if (!p) {
-            us__errf(x->err, x->errlen, "%s: rank %d is out of memory for %zu bytes of scratch",
-                     x->name, rk->rank, 2 * blk);
-            pthread_mutex_lock(&x->L->mu);
-            us__thr_abort(x->L, "%s", x->err);
-            pthread_mutex_unlock(&x->L->mu);
-            return US_ERR_OOM;
-        }
-        US_FREE(ln->scratch);
-        ln->scratch = p;
-        ln->scratch_cap = 2 * blk;
+    if (N > 1 && blk && !us__thr_scratch(ln, 2 * blk)) {
+        us__errf(x->err, x->errlen, "%s: rank %d is out of memory for %zu bytes of scratch",
+                 x->name, rk->rank, 2 * blk);
+        pthread_mutex_lock(&x->L->mu);
+        us__thr_abort(x->L, "%s", x->err);
+        pthread_mutex_unlock(&x->L->mu);
+        return US_ERR_OOM;
     }
     x->g->slot[me].scratch = ln->scratch;
     r = us__thr_publish(x, o, 1);
@@ -850,6 +872,7 @@ static us_result us__thr_run_reduce_scatter(us__thr_x *x, us__thr_op *o) {
             if (s == N - 2 && o->op == US_REDUCE_AVG) us__thr_divide(out, o->n, o->dt, N);
             r = us__thr_sync(x);
         }
+        if (r == US_OK) return r; /* the last step's barrier ends it */
     }
     return r == US_ERR_BACKEND ? r : us__thr_finish(x, r);
 }
@@ -870,6 +893,7 @@ static us_result us__thr_run_all_gather(us__thr_x *x, us__thr_op *o) {
             memcpy(dst + off, theirs + off, blk);
             r = us__thr_sync(x);
         }
+        if (r == US_OK) return r; /* the last step's barrier ends it */
     }
     return r == US_ERR_BACKEND ? r : us__thr_finish(x, r);
 }

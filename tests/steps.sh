@@ -1,7 +1,7 @@
 # tests/steps.sh — every step of `make test`. Sourced by tests/run_all.sh; each line is
 #     step NAME "NEEDS" 'COMMAND'
 # NEEDS: the make targets the step needs (make builds them first and runs steps as soon as what
-# they need is built, one job per core); COMMAND: a bash command line run from the repository
+# they need is built, one job more than cores); COMMAND: a bash command line run from the repository
 # root. $B is the build directory; $NVCC and $NCCL are 1 where nvcc / nccl.h are installed, $GPU
 # where a GPU is (a /dev/nvidia device, or nvidia-smi lists one); each is empty elsewhere. A step
 # passes on exit 0 or by its last "N passed, N failed" line; a step that prints a line starting
@@ -9,8 +9,8 @@
 # first (the trainer's CLI, the parallel layouts, the sanitizer runs), and within an area the
 # longest steps; the compile checks, many short builds, come last and fill the cores at the end.
 
-# OpenMP's waiting threads sleep instead of spinning (unless the caller chose): make test runs one
-# job per core, and a spinning thread takes its core from the other job (test_fp8_train beside a
+# OpenMP's waiting threads sleep instead of spinning (unless the caller chose): make test keeps
+# every core busy, and a spinning thread takes its core from another job (test_fp8_train beside a
 # compile: 32 s of CPU with the default, 9 s with passive; the trainer sets passive itself)
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 
