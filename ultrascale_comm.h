@@ -1425,15 +1425,30 @@ static us_result us__thr_submit(us_comm *c, us__thr_op *o, us_work **w) {
         US_FREE(o);
         return US_ERR_BACKEND;
     }
+    o->seq = ++rk->issued;
+    o->next = rk->live;
+    if (rk->live) rk->live->prev = o;
+    rk->live = o;
+    /* A blocking call on an idle lane (nothing queued, nothing running) runs on the caller's
+       thread: the progress thread would run it at once while the caller waits, and the hand-over
+       costs two sleeps and two wake-ups. Not under NCCL semantics, whose watchdog reads the
+       waits of the ranks' own threads. */
+    if (!w && !L->nccl && !ln->qhead && !ln->busy) {
+        ln->busy = 1;
+        pthread_mutex_unlock(&L->mu);
+        us__thr_execute(ln, o);
+        pthread_mutex_lock(&L->mu);
+        ln->busy = 0;
+        o->done = 1;
+        L->progress_t = us__now_s();
+        pthread_mutex_unlock(&L->mu);
+        return us__thr_wait(c, (us_work *)o);
+    }
     if (ln->qtail)
         ln->qtail->qnext = o;
     else
         ln->qhead = o;
     ln->qtail = o;
-    o->seq = ++rk->issued;
-    o->next = rk->live;
-    if (rk->live) rk->live->prev = o;
-    rk->live = o;
     pthread_mutex_unlock(&L->mu);
     pthread_cond_signal(&ln->cv); /* after unlocking: the progress thread wakes to a free mutex */
     if (w) {
