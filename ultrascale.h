@@ -412,6 +412,10 @@ typedef struct us_train_config {
                               never keeps them) */
     int fp8_min_dim; /* a linear runs in FP8 only when its In and Out are both at least this (0: the
                               default US_FP8_MIN_DIM, where FP8 measured faster than bf16; 16: every size) */
+    /* 1: the MoE experts' GEMMs in FP8 too, expert by expert under the same size rule
+       (DeepSeek-V3's recipe); 0 (the default): the experts stay bf16, one grouped GEMM, which
+       measured faster on an H200 (the MoE preset: 108k against 95k tokens/s; bench/RESULTS.md) */
+    int fp8_experts;
     /* the fused head (// >>layer, us__head_loss): logits, loss and their gradients computed for
        loss_chunk rows at a time, so the [B·T, V] logits never stand whole in memory. 0: chunks of
        at most US_LOSS_CHUNK_BYTES of logits where the configuration allows it (no pipeline,
@@ -9664,6 +9668,12 @@ static us_result us__fp8_checks(const us_train_config *tc, char *err, size_t err
         tc->precision != US_PRECISION_FP8_TENSOR)
         US__BAD("fp8_min_dim applies to the fp8 and fp8-tensor precisions only, not %s",
                 us_precision_name(tc->precision));
+    if (tc->fp8_experts != 0 && tc->fp8_experts != 1)
+        US__BAD("fp8_experts=%d must be 0 or 1", tc->fp8_experts);
+    if (tc->fp8_experts && tc->precision != US_PRECISION_FP8 &&
+        tc->precision != US_PRECISION_FP8_TENSOR)
+        US__BAD("fp8_experts applies to the fp8 and fp8-tensor precisions only, not %s",
+                us_precision_name(tc->precision));
     return US_OK;
 }
 
@@ -9988,7 +9998,8 @@ static void us__linear_wgrad(us_model *m, int64_t N, int64_t In, int64_t Out, co
                kept ? US__FP8_KEPT : US__FP8_FRESH, NULL);
 }
 
-/* The MoE experts' GEMMs (// >>moe, us__moe_run): expert by expert through the same FP8 path,
+/* The MoE experts' GEMMs (// >>moe, us__moe_run) under tc.fp8_experts (by default they stay in
+   the bf16 grouped GEMM): expert by expert through the same FP8 path,
    where the size rule lets the expert's linear In → Out run in FP8 (us__fp8_on), with W quantised
    at each GEMM (the weight cache holds the dense linears). Fprop and Dgrad take the first
    n − n mod 16 of the expert's n rows (FP8 tensor cores want the token count a multiple of 16;
@@ -9999,7 +10010,7 @@ static void us__linear_wgrad(us_model *m, int64_t N, int64_t In, int64_t Out, co
 static int64_t us__fp8_expert(us_model *m, int mode, int64_t n, int64_t In, int64_t Out,
                               const void *X, void *W, void *Y) {
     int64_t n16 = n - n % 16;
-    if (n <= 0 || !us__fp8_on(m, 16, In, Out)) return 0;
+    if (n <= 0 || !m->tc.fp8_experts || !us__fp8_on(m, 16, In, Out)) return 0;
     if (mode == US_GG_WGRAD) { /* dW [Out][In] += dyᵀ·x: 128×1 tiles of dy and x */
         us__fp8_mm(m, Y, n, Out, us__fp8_act(m), 1, X, n, In, us__fp8_act(m), 1, 1.0f, W, US_F32,
                    US__FP8_FRESH, NULL);

@@ -7,6 +7,7 @@
      --precision P      the training step's precision: bf16 (default), fp8, fp8-tensor
      --accum K          K micro-batches of the preset's batch per optimizer step (default 1)
      --fp8-no-weight-cache  (fp8) quantise the weights at every GEMM instead of once per step
+     --fp8-experts      (fp8) the MoE experts' GEMMs in FP8 too, expert by expert (default bf16)
      --fp8-free-quant   (fp8 only) skip every FP8 quantisation in the timed steps: the GEMMs read
                         the operands the warm-up steps left behind. Wrong numbers, fast: it measures
                         the step FP8 would give if quantising cost nothing (the recipe's ceiling)
@@ -332,6 +333,7 @@ static us_ops profiled(void) {
 static us_precision bench_prec =
     US_PRECISION_BF16;                  /* --precision: bf16 (default), fp8, fp8-tensor */
 static int bench_accum = 1, bench_nowc; /* --accum, --fp8-no-weight-cache */
+static int bench_fp8_experts;           /* --fp8-experts: the MoE experts in FP8 too */
 static int bench_loss_chunk; /* --loss-chunk: us_train_config.loss_chunk (0 the default) */
 
 /* ---- training throughput */
@@ -408,6 +410,7 @@ static int bench_train(const char *preset, int steps, int warm, us_recompute rc,
     tc.warmup = 0;
     tc.grad_accum = bench_accum;
     tc.fp8_no_wcache = bench_nowc;
+    tc.fp8_experts = bench_fp8_experts;
     tc.loss_chunk = bench_loss_chunk;
     prof_on = 0;
     o = profiled();
@@ -1326,6 +1329,8 @@ int main(int argc, char **argv) {
             free_q = 1;
         else if (!strcmp(argv[i], "--fp8-no-weight-cache"))
             bench_nowc = 1;
+        else if (!strcmp(argv[i], "--fp8-experts"))
+            bench_fp8_experts = 1;
         else if (!strcmp(argv[i], "--accum") && i + 1 < argc) {
             bench_accum = atoi(argv[++i]);
             if (bench_accum < 1) {
@@ -1371,7 +1376,8 @@ int main(int argc, char **argv) {
             fprintf(stderr,
                     "usage: bench_cuda [--preset 1b|8b8|200m|moe [--steps N] [--warmup N] "
                     "[--recompute M] [--accum K] [--loss-chunk ROWS|-1] [--precision "
-                    "bf16|fp8|fp8-tensor [--fp8-free-quant] [--fp8-no-weight-cache]] [--profile] "
+                    "bf16|fp8|fp8-tensor [--fp8-free-quant] [--fp8-no-weight-cache] "
+                    "[--fp8-experts]] [--profile] "
                     "[--grouped-kernel|--grouped-wgmma|--grouped-loop] [--json F]] [--gemm] "
                     "[--fp8-gemm] [--grouped] [--gemm-algos] "
                     "[--attention [--att-seq T,..] [--att-heads NH:NKV:HS,..]] "

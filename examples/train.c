@@ -110,6 +110,8 @@ static const char *const usage_text[] = {
     "  --fp8-min-dim N   a linear runs in FP8 only when its In and Out are both >= N (default "
     "1536,\n"
     "                    where FP8 measured faster than bf16 on an H200; 16: every size)\n"
+    "  --fp8-experts     the MoE experts' GEMMs in FP8 too, expert by expert (default: bf16, one\n"
+    "                    grouped GEMM, which measured faster on an H200)\n"
     "  --fp8-no-weight-cache  quantise the weights at every FP8 GEMM; by default each linear's "
     "W and\n"
     "                    W^T are quantised once per optimizer step and kept (2 bytes per "
@@ -753,12 +755,13 @@ static void rank_print_parts(rank_state *s) {
             snprintf(wq, sizeof wq, "once per step (cache %.1f MiB)",
                      (double)m->fp8_wlayer * m->cfg.n_layers / 1048576.0);
         printf("fp8: %d of %d linear layers in FP8 E4M3 (%s scales%s; the rest bf16: In or Out "
-               "under --fp8-min-dim %d, or a size not a multiple of 16; MoE experts by the same "
-               "rule, per expert) | weights quantised %s\n",
+               "under --fp8-min-dim %d, or a size not a multiple of 16; MoE experts %s) | weights "
+               "quantised %s\n",
                m->fp8_linear, m->fp8_linear_all,
                m->fp8 == 2 ? "per-tensor" : "1x128 activation / 128x128 weight",
                s->tc.fp8_pow2 ? ", powers of two" : "",
-               s->tc.fp8_min_dim ? s->tc.fp8_min_dim : US_FP8_MIN_DIM, wq);
+               s->tc.fp8_min_dim ? s->tc.fp8_min_dim : US_FP8_MIN_DIM,
+               s->tc.fp8_experts ? "by the same rule, per expert" : "in bf16 (--fp8-experts)", wq);
     }
     if (s->loud && m->n_moe_all) /* (the whole model's: under pp this rank holds some) */
         printf("moe: %d of %d layers, E=%d top-%d Fe=%lld%s, %s gates, balance %s%s | ep=%d (%d "
@@ -1433,6 +1436,8 @@ static int parse_switch(cli *c, const char *f, const char *v, int *ok, int *take
         c->tc.moe_force_balance = 1;
     else if (!strcmp(f, "--fp8-pow2"))
         c->tc.fp8_pow2 = 1;
+    else if (!strcmp(f, "--fp8-experts"))
+        c->tc.fp8_experts = 1;
     else if (!strcmp(f, "--fp8-no-weight-cache"))
         c->tc.fp8_no_wcache = 1;
     else if (!strcmp(f, "--shared-expert"))

@@ -1454,6 +1454,7 @@ static void test_training_fp8(us_precision prec, int moe) {
     tc.lr = 3e-3f;
     tc.precision = prec;
     tc.fp8_min_dim = 16; /* FP8 at this small width too (US_FP8_MIN_DIM is 1536) */
+    tc.fp8_experts = 1;  /* the experts in FP8 too (DeepSeek-V3's recipe; not the default) */
     if (moe) {
         mc.moe_experts = 4;
         mc.moe_top_k = 2;

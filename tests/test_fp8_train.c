@@ -732,6 +732,7 @@ static void experts_errors(int fp8, int k, double err[3][2], int64_t *moved) {
     m.dt = US_BF16;
     m.ep = 1;
     m.tc.fp8_min_dim = 16;
+    m.tc.fp8_experts = 1; /* (by default the experts stay in the bf16 grouped GEMM) */
     m.cfg.dim = C;
     m.cfg.moe_ffn_dim = Fe;
     m.cfg.moe_experts = 4;
@@ -828,8 +829,9 @@ static void count_fg(us_ops *o, int64_t M, int64_t N, int64_t K, float al, const
 }
 
 /* A MoE model (2 layers, E 4, top-2, dim 48, Fe 32) trained on the sorting task in bf16 and fp8,
-   steps steps; balance: moe_force_balance (each expert 64 rows of a micro-batch: all FP8). */
-static float moe_train(us_precision prec, int balance, int steps, float *first) {
+   steps steps; balance: moe_force_balance (each expert 64 rows of a micro-batch: all FP8);
+   experts: tc.fp8_experts (the experts' GEMMs in FP8 too; fp8 only). */
+static float moe_train(us_precision prec, int balance, int experts, int steps, float *first) {
     us_model_config mc;
     us_train_config tc;
     us_model m;
@@ -856,6 +858,7 @@ static float moe_train(us_precision prec, int balance, int steps, float *first) 
     tc.threads = 1;
     tc.moe_force_balance = balance;
     tc.fp8_min_dim = every_size(prec);
+    tc.fp8_experts = experts;
     g_cpu = o;
     o.gemm_grouped = count_gg;
     o.fp8_gemm = count_fg;
@@ -934,15 +937,22 @@ static void test_moe_experts(int quick) {
          none; FP8 GEMMs per step: 2 layers × (qkv, o: 3 each + 4 experts × 2 linears × 3) */
         float f8, fb, l8, lb;
         long rows, calls;
-        moe_train(US_PRECISION_FP8, 1, 2, &f8);
+        moe_train(US_PRECISION_FP8, 1, 1, 2, &f8);
         rows = g_ngg_rows;
         calls = g_nfp8g;
         CHECK(rows == 0 && calls == 2 * 2 * (2 * 3 + 4 * 2 * 3),
-              "fp8 MoE, balanced: the grouped bf16 GEMM got %ld rows, %ld FP8 GEMMs in 2 steps "
-              "(want 0, %d)",
+              "fp8 MoE with fp8_experts, balanced: the grouped bf16 GEMM got %ld rows, %ld FP8 "
+              "GEMMs in 2 steps (want 0, %d)",
               rows, calls, 2 * 2 * (2 * 3 + 4 * 2 * 3));
-        lb = moe_train(US_PRECISION_BF16, 0, 60, &fb);
-        l8 = moe_train(US_PRECISION_FP8, 0, 60, &f8);
+        /* by default the experts stay in the grouped bf16 GEMM: every row of their 2 layers × 2
+           linears × 3 products × 2 steps (256 rows each), and the FP8 GEMMs are the dense ones */
+        moe_train(US_PRECISION_FP8, 1, 0, 2, &f8);
+        CHECK(g_ngg_rows == 2L * 2 * 2 * 3 * 256 && g_nfp8g == 2 * 2 * (2 * 3),
+              "fp8 MoE by default: the grouped bf16 GEMM got %ld rows (want %ld), %ld FP8 GEMMs "
+              "(want %d)",
+              g_ngg_rows, 2L * 2 * 2 * 3 * 256, g_nfp8g, 2 * 2 * (2 * 3));
+        lb = moe_train(US_PRECISION_BF16, 0, 0, 60, &fb);
+        l8 = moe_train(US_PRECISION_FP8, 0, 1, 60, &f8);
         printf("  MoE sorting task, 60 steps: loss bf16 %.4f -> %.4f | fp8 %.4f -> %.4f (%ld FP8 "
                "GEMMs; the grouped bf16 GEMM took %ld expert rows)\n",
                fb, lb, f8, l8, g_nfp8g, g_ngg_rows);

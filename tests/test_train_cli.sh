@@ -69,6 +69,9 @@ expect 0 "fp8 below the size rule keeps every linear in bf16" "fp8: 0 of 4 linea
 expect 0 "--fp8-min-dim=32 takes this model's linears" "fp8: 4 of 4 linear layers in FP8 E4M3 .*under --fp8-min-dim 32" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 $EXACT --sample 0 --precision fp8 --fp8-min-dim=32
 expect 2 "--fp8-min-dim without fp8" "fp8_min_dim applies to the fp8 and fp8-tensor precisions only" -- --fp8-min-dim 64
 expect 2 "--fp8-min-dim 0" "--fp8-min-dim" -- --precision fp8 --fp8-min-dim 0
+expect 2 "--fp8-experts without fp8" "fp8_experts applies to the fp8 and fp8-tensor precisions only" -- --experts 4 --fp8-experts
+expect 0 "fp8 MoE keeps the experts in bf16 unless --fp8-experts" "MoE experts in bf16 \(--fp8-experts\)" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 1 --eval-every 0 $EXACT --sample 0 --precision fp8 --experts 4
+expect 0 "--fp8-experts takes them" "MoE experts by the same rule, per expert" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 1 --eval-every 0 $EXACT --sample 0 --precision fp8 --experts 4 --fp8-experts
 expect 0 "--precision fp8-tensor runs" "fp8: 4 of 4 linear layers in FP8 E4M3 \\(per-tensor" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 $EXACT --sample 0 --precision fp8-tensor --fp8-min-dim 16
 expect 0 "fp8 keeps the quantised weights for the step" "weights quantised once per step \\(cache" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 $EXACT --sample 0 --precision fp8 --fp8-min-dim 16
 expect 0 "--fp8-no-weight-cache quantises at every GEMM" "weights quantised at every GEMM" -- --layers 1 --dim 32 --heads 2 --batch 16 --steps 2 --eval-every 0 $EXACT --sample 0 --precision fp8 --fp8-no-weight-cache --fp8-min-dim 16
