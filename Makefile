@@ -3,7 +3,8 @@
 #   make train      learn the built-in task (sorting digits) on the CPU
 #   make train-cuda the same trainer compiled by nvcc, on the GPU (also: make CUDA=1)
 #   make test       every test: kernels, model, errors, CLIs, compile checks, sanitizers
-#                   (the steps are listed in tests/steps.sh; JOBS=N runs N at a time, default one more than the cores)
+#                   (the steps are listed in tests/steps.sh; JOBS=N runs N at a time, default
+#                   one more than the cores)
 #   make bench      CPU benchmarks side by side with OpenBLAS (installs libopenblas-dev)
 CC      ?= cc
 CXX     ?= c++
@@ -76,7 +77,8 @@ $(B)/readme_snippet_cxx: examples/readme_snippet.c $(IMPL) $(HDR) | $(B)
 
 # ---- tests: one program per area (tests/test_*.c), each built with CFLAGS and with the sanitizers
 # (test_internal holds INTERNAL, below)
-TEST_SRC = $(filter-out $(INTERNAL:%=tests/%.c) tests/test_internal_main.c,$(wildcard tests/test_*.c))
+TEST_SRC = $(filter-out $(INTERNAL:%=tests/%.c) tests/test_internal_main.c, \
+                        $(wildcard tests/test_*.c))
 TESTS    = $(patsubst tests/%.c,$(B)/%,$(TEST_SRC))
 SANTESTS = $(patsubst tests/%.c,$(B)/san/%,$(TEST_SRC))
 
@@ -195,9 +197,8 @@ $(B)/comm_bw: bench/comm_bw.cu $(CUDAIMPL) $(HDR) | $(B)
 	$(NVCC) $(NVFLAGS) -DULTRASCALE_NCCL $(LINKED_CUDA) $< $(CUDAIMPL) -o $@ $(NVLIBS)
 
 # longest first, so two jobs keep both cores busy
-NVCC_BUILDS = $(if $(HAVE_GPU),$(B)/flash_test) $(B)/test_nccl $(B)/train_cuda $(B)/test_cuda $(B)/hf_logits_cuda \
-              $(B)/generate_cuda \
-              $(B)/comm_bw $(B)/gemm_steps $(B)/cc_nvcc.o
+NVCC_BUILDS = $(if $(HAVE_GPU),$(B)/flash_test) $(B)/test_nccl $(B)/train_cuda $(B)/test_cuda \
+              $(B)/hf_logits_cuda $(B)/generate_cuda $(B)/comm_bw $(B)/gemm_steps $(B)/cc_nvcc.o
 
 # the flash kernels on the CPU through a small CUDA emulator, against the CPU reference: kernel
 # logic can be checked on a machine without a GPU (needs the CUDA headers only; ~4 minutes under ASan)
@@ -232,7 +233,8 @@ fuzz: $(B)/fuzz_safetensors
 HAVE_NVCC := $(shell [ -x "$(NVCC)" ] && echo 1)
 HAVE_NCCL := $(shell [ -f /usr/include/nccl.h ] || [ -f $(CUDA_HOME)/include/nccl.h ] && echo 1)
 # a GPU: its device node, or nvidia-smi listing one
-HAVE_GPU  := $(shell { ls /dev/nvidia[0-9]* || nvidia-smi -L | grep -q '^GPU'; } > /dev/null 2>&1 && echo 1)
+HAVE_GPU  := $(shell { ls /dev/nvidia[0-9]* || nvidia-smi -L | grep -q '^GPU'; } \
+                      > /dev/null 2>&1 && echo 1)
 STEPS_ENV  = B=$(B) NVCC=$(HAVE_NVCC) NCCL=$(HAVE_NCCL) GPU=$(HAVE_GPU)
 
 test:

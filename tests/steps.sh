@@ -22,7 +22,10 @@ nvcc_built() { if [ -n "$NVCC" ]; then test -f "$B/$1"; else echo 'SKIP nvcc not
 # a GPU test: SKIP where no GPU is or nvcc did not build it (the program also says SKIP without one)
 # (without a GPU it is not started: loading cuBLASLt and NCCL from a cold disk took 12 s)
 gpu_run() {
-    if [ -z "$GPU" ]; then echo 'SKIP no GPU'; elif [ -x "$B/$1" ]; then "./$B/$1"; else echo 'SKIP not built'; fi
+    if [ -z "$GPU" ]; then echo 'SKIP no GPU'
+    elif [ -x "$B/$1" ]; then "./$B/$1"
+    else echo 'SKIP not built'
+    fi
 }
 
 # ---- the layout: clang-format 14 would change nothing (make format)
