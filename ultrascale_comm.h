@@ -1223,7 +1223,8 @@ static void *us__thr_worker_main(void *p) {
     pthread_mutex_lock(&L->mu);
     for (;;) {
         us__thr_op *o;
-        while (!ln->qhead && !ln->shutdown) pthread_cond_wait(&ln->cv, &L->mu);
+        /* (busy while the rank's own thread runs a blocking call on this lane: us__thr_submit) */
+        while ((!ln->qhead || ln->busy) && !ln->shutdown) pthread_cond_wait(&ln->cv, &L->mu);
         if (!ln->qhead) break;
         o = ln->qhead;
         ln->qhead = o->qnext;
@@ -1442,6 +1443,7 @@ static us_result us__thr_submit(us_comm *c, us__thr_op *o, us_work **w) {
         o->done = 1;
         L->progress_t = us__now_s();
         pthread_mutex_unlock(&L->mu);
+        pthread_cond_signal(&ln->cv); /* anything queued meanwhile (another thread of the rank) */
         return us__thr_wait(c, (us_work *)o);
     }
     if (ln->qtail)
