@@ -30,6 +30,7 @@
 #include <string.h>
 
 #define STEPS 3
+static int steps = STEPS; /* --quick (the sanitizer build): 2, the first update and one more */
 #define B 2
 #define T 16
 
@@ -78,7 +79,7 @@ static int gathers_dualpipe(const run *R, int q) {
         int st = us_pp_stage(&ps, q, c);
         int units = Lc + (st == 0) + (st == pp - 1 ? 1 + R->mc.tie_embeddings : 0);
         int eval = (c == 0) == (2 * q < pp); /* the pipeline fed at rank 0 */
-        n += STEPS * M * units + eval * units;
+        n += steps * M * units + eval * units;
     }
     us_pp_schedule_free(&ps);
     return n;
@@ -102,7 +103,7 @@ static int gathers_expected(const run *R, int q) {
     for (c = 0; c < v; c++) {
         int st = us_pp_stage(&ps, q, c);
         int units = Lc + (st == 0) + (st == S - 1 ? 1 + R->mc.tie_embeddings : 0);
-        n += STEPS * M * (2 * units + w * Lc) + units;
+        n += steps * M * (2 * units + w * Lc) + units;
     }
     us_pp_schedule_free(&ps);
     return n;
@@ -128,7 +129,7 @@ static us_result rank_fn(us_comm *c, void *arg) {
         all_gather_real[rank] = c->all_gather;
         c->all_gather = all_gather_counted;
     }
-    for (s = 0; s < STEPS && r == US_OK; s++) {
+    for (s = 0; s < steps && r == US_OK; s++) {
         us_step_stats st;
         for (k = 0; k < M; k++) { /* micro-batch k: this dp rank's B sequences of the dp·B */
             size_t src = (((size_t)s * M + k) * dpn + (size_t)m.mesh.dp_rank) * per;
@@ -243,7 +244,7 @@ static void setup(run *R, int dp, int pp, int tp, int sched, int M, int zero) {
     R->tc.batch = B;
     R->tc.seq = T;
     R->tc.grad_accum = M;
-    R->tc.steps = STEPS;
+    R->tc.steps = steps;
     R->tc.lr = 1e-2f;
     R->tc.threads = 1;
     R->tc.seed = 4;
@@ -395,12 +396,12 @@ static void dualpipe_refused(void) {
           "dualpipe at pp 1 (no pipeline) is accepted");
 }
 
-/* --quick (the sanitizer build): a row runs when it brings something no earlier row ran — its
-   schedule; pp 4 with one chunk per rank or two; a ZeRO stage over dp 2 where a micro-batch's
-   gradient comes in one action or in several; tied embeddings, on the V or not, per ZeRO stage; a
-   recompute mode, on the V or not; tp with or without dp, with or without sp; fewer micro-batches
-   than stages; uneven stages — and it runs one plan, the two in turn. The full run checks every
-   row on both plans. */
+/* --quick (the sanitizer build): 2 steps instead of 3, and a row runs when it brings something
+   no earlier row ran — its schedule; pp 4 with one chunk per rank or two; a ZeRO stage over dp 2
+   where a micro-batch's gradient comes in one action or in several; tied embeddings, on the V or
+   not, per ZeRO stage; a recompute mode, on the V or not; tp with or without dp, with or without
+   sp; fewer micro-batches than stages; uneven stages — and it runs one plan, the two in turn.
+   The full run checks every row on both plans. */
 static int quick_row(const int *c, unsigned char *seen) {
     int s = c[3], z = c[5] > 0 ? c[5] : 0, i, n = 0, fresh = 0, key[8];
     int v2 = s >= US_PP_INTERLEAVED && s != US_PP_ZB1, split = s >= US_PP_INTERLEAVED;
@@ -514,6 +515,7 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[a], "-v")) us_test_verbose = 1;
         if (!strcmp(argv[a], "--quick")) quick = 1;
     }
+    if (quick) steps = 2;
     for (ci = 0; ci < (int)(sizeof cfg / sizeof cfg[0]); ci++) {
         run ref, R;
         int dp = cfg[ci][0], pp = cfg[ci][1], tp = cfg[ci][2], M = cfg[ci][4], q;
@@ -540,7 +542,7 @@ int main(int argc, char **argv) {
             us_train_config tc = ref.tc;
             int k;
             us_model_init(&m, &ref.mc, &tc, NULL);
-            for (s = 0; s < STEPS; s++) {
+            for (s = 0; s < steps; s++) {
                 us_step_stats st;
                 us_train_step(&m, ref.in + (size_t)s * M * dp * B * T,
                               ref.tgt + (size_t)s * M * dp * B * T, &st);
@@ -552,8 +554,8 @@ int main(int argc, char **argv) {
                 i += m.params[k].numel;
             }
             /* the same evaluation as dp rank 0's: its B sequences of the last step's first micro-batch */
-            us_forward_eval(&m, ref.in + (size_t)(STEPS - 1) * M * dp * B * T,
-                            ref.tgt + (size_t)(STEPS - 1) * M * dp * B * T, B, T, &ref.eval_loss,
+            us_forward_eval(&m, ref.in + (size_t)(steps - 1) * M * dp * B * T,
+                            ref.tgt + (size_t)(steps - 1) * M * dp * B * T, B, T, &ref.eval_loss,
                             &ref.eval_correct, ref.logits[0]);
             us_model_free(&m);
         }
@@ -587,7 +589,7 @@ int main(int argc, char **argv) {
                 free(R.wdual);
                 continue;
             }
-            for (s = 0; s < STEPS; s++) {
+            for (s = 0; s < steps; s++) {
                 double d = fabs(R.loss[s] - ref.loss[s]) / ref.loss[s],
                        g = fabs(R.gnorm[s] - ref.gnorm[s]) / ref.gnorm[s];
                 if (d > ml) ml = d;
@@ -618,13 +620,13 @@ int main(int argc, char **argv) {
                   us_pp_kind_name((us_pp_kind)cfg[ci][3]), pp, dp, tp, cfg[ci][8] ? " (SP)" : "", M,
                   cfg[ci][5] < 0 ? 0 : cfg[ci][5], cfg[ci][6] ? ", tied" : "",
                   us_recompute_name((us_recompute)cfg[ci][7]),
-                  plan ? "on the clock" : "on channels", STEPS, ml,
+                  plan ? "on the clock" : "on channels", steps, ml,
                   R.w ? "abs" : "(split over ranks, not compared)", mw);
             if (R.wdual) /* DualPipe's two copies of every weight stayed equal */
                 CHECK(!memcmp(R.wdual, R.w, (size_t)np * 4),
                       "dualpipe pp %d x dp %d, m %d: ranks q and pp-1-q hold equal weights to the "
                       "bit after %d steps",
-                      pp, dp, M, STEPS);
+                      pp, dp, M, steps);
             if (cfg[ci][6] && R.w && cfg[ci][3] != US_PP_DUALPIPE) /* the tied table's copies */
                 CHECK(cfg[ci][3] == US_PP_ZBV
                           ? !R.copied
