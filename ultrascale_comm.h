@@ -1215,6 +1215,20 @@ static void us__thr_execute(us__thr_lane *ln, us__thr_op *o) {
     }
 }
 
+/* Runs o on lane ln, the lane marked busy meanwhile, and marks o done: called and returning with
+   L->mu held, which it releases while o runs. The lane's progress thread and a rank's own thread
+   (a blocking call on an idle lane, us__thr_submit) both run operations through it. */
+static void us__thr_run_held(us__thr_lane *ln, us__thr_op *o) {
+    us__thr_launch *L = ln->rk->L;
+    ln->busy = 1;
+    pthread_mutex_unlock(&L->mu);
+    us__thr_execute(ln, o);
+    pthread_mutex_lock(&L->mu);
+    ln->busy = 0;
+    o->done = 1;
+    L->progress_t = us__now_s();
+}
+
 /* A progress thread: runs its lane's collectives in issue order until the launch ends. */
 static void *us__thr_worker_main(void *p) {
     us__thr_lane *ln = (us__thr_lane *)p;
@@ -1229,13 +1243,7 @@ static void *us__thr_worker_main(void *p) {
         o = ln->qhead;
         ln->qhead = o->qnext;
         if (!ln->qhead) ln->qtail = NULL;
-        ln->busy = 1;
-        pthread_mutex_unlock(&L->mu);
-        us__thr_execute(ln, o);
-        pthread_mutex_lock(&L->mu);
-        ln->busy = 0;
-        o->done = 1;
-        L->progress_t = us__now_s();
+        us__thr_run_held(ln, o);
         if (us__thr_gone(rk)) us__thr_wake_all(L); /* peers waiting for this rank can stop */
         /* the rank's thread wakes to a free mutex */
         pthread_mutex_unlock(&L->mu);
@@ -1435,13 +1443,7 @@ static us_result us__thr_submit(us_comm *c, us__thr_op *o, us_work **w) {
        costs two sleeps and two wake-ups. Not under NCCL semantics, whose watchdog reads the
        waits of the ranks' own threads. */
     if (!w && !L->nccl && !ln->qhead && !ln->busy) {
-        ln->busy = 1;
-        pthread_mutex_unlock(&L->mu);
-        us__thr_execute(ln, o);
-        pthread_mutex_lock(&L->mu);
-        ln->busy = 0;
-        o->done = 1;
-        L->progress_t = us__now_s();
+        us__thr_run_held(ln, o);
         pthread_mutex_unlock(&L->mu);
         pthread_cond_signal(&ln->cv); /* anything queued meanwhile (another thread of the rank) */
         return us__thr_wait(c, (us_work *)o);
