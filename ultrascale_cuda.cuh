@@ -5718,6 +5718,15 @@ static constexpr int us__gg_f16(const __nv_bfloat16 *) { return 0; }
 
 static constexpr int us__gg_f16(const __half *) { return 1; }
 
+/* A grouped-GEMM kernel (bit: which one, in us__cuda.gg_smem) given `smem` bytes of dynamic shared
+   memory, over the 48 KiB default: asked for once per kernel */
+static void us__gg_smem_once(us_ops *o, const void *kernel, size_t smem, unsigned bit) {
+    us__cuda *c = us__cu(o);
+    if (c->gg_smem & bit) return;
+    US__CU(o, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    c->gg_smem |= bit;
+}
+
 /* Launches for groups [0, G) in tables of US__GG_CAP. */
 template <typename T, int MODE>
 static void us__gg_launch(us_ops *o, int G, const int64_t *off, const int64_t *n, int64_t N,
@@ -5728,11 +5737,7 @@ static void us__gg_launch(us_ops *o, int G, const int64_t *off, const int64_t *n
     const unsigned bit = 1u << (MODE + 3 * us__gg_f16((const T *)NULL)); /* this instance's */
     us__gg_table t;
     int g0;
-    if (!(c->gg_smem & bit)) { /* over 48 KiB of shared memory: asked for once per kernel */
-        US__CU(o, cudaFuncSetAttribute(us__k_gemm_grouped<T, MODE>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        c->gg_smem |= bit;
-    }
+    us__gg_smem_once(o, (const void *)us__k_gemm_grouped<T, MODE>, smem, bit);
     for (g0 = 0; g0 < G; g0 += US__GG_CAP) {
         int64_t tiles = us__gg_fill(&t, MODE, G - g0, off + g0, n + g0, N, K, W + g0);
         if (tiles < 0) {
@@ -6135,21 +6140,17 @@ static void us__ggh_launch(us_ops *o, int G, const int64_t *off, const int64_t *
     if (MODE == US_GG_WGRAD) /* A = Y_gᵀ and B = X_g, both by 64 rows of the reduction */
         ok = us__ggh_map(&ma, Y, dt, N, rows, ldy, US__GGH_BK) &&
              us__ggh_map(&mb, X, dt, K, rows, ldx, US__GGH_BK);
-    else /* A = X_g by 128 rows; mb unused */
-        ok = us__ggh_map(&ma, X, dt, K, rows, ldx, US__GGH_BM) &&
-             us__ggh_map(&mb, X, dt, K, rows, ldx, US__GGH_BM);
+    else { /* A = X_g by 128 rows; mb unused (a copy, not encoded again) */
+        ok = us__ggh_map(&ma, X, dt, K, rows, ldx, US__GGH_BM);
+        mb = ma;
+    }
     if (!t) t = (us__ggh_table *)(c->ggh_tab = malloc(sizeof(us__ggh_table)));
     if (!ok || !t) {
         us__cuda_fail(o, "gemm_grouped", "cuTensorMapEncodeTiled refused X or Y", __FILE__,
                       __LINE__);
         return;
     }
-    if (!(c->gg_smem & bit)) { /* over 48 KiB of shared memory: asked for once per kernel */
-        US__CU(o, cudaFuncSetAttribute(us__ggh_kernel<T, MODE>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)us__ggh_smem));
-        c->gg_smem |= bit;
-    }
+    us__gg_smem_once(o, (const void *)us__ggh_kernel<T, MODE>, us__ggh_smem, bit);
     for (g0 = 0; g0 < G; g0 += US__GGH_CAP) {
         const int64_t tiles = us__ggh_fill(t, MODE, G - g0, off + g0, n + g0, N, K, W + g0, dt);
         if (tiles < 0) {
