@@ -120,11 +120,13 @@ step 'test_hf (Hugging Face Llamas: RoPE, logits, loss, gradients against transf
                                          "$B/test_ckpt"           'bash tests/test_hf.sh $B/test_ckpt'
 step 'fuzz corpus replay (asan+ubsan)'   "$B/fuzz_replay"         './$B/fuzz_replay tests/fuzz_corpus/*'
 
-# ---- compile checks: C99 pedantic with -Werror, C++, two translation units, ULTRASCALE_STATIC, each
-# opt-out (ULTRASCALE_NO_*: what remains compiles without a warning and trains a step),
-# no OpenMP, and nvcc (the CUDA compiler sees the header as C++) where it is installed; a check
+# ---- compile checks: no warning at -O2 (C99 pedantic), C++, two translation units,
+# ULTRASCALE_STATIC, each opt-out (ULTRASCALE_NO_*: what remains compiles without a warning and
+# trains a step), no OpenMP, and nvcc (the CUDA compiler sees the header as C++) where it is installed; a check
 # passes when make built its target (the Makefile's rules hold the compiler command lines)
-step 'c99 -pedantic -Werror'             "$B/cc_c99"              'test -x $B/cc_c99'
+# (the implementation's own compile with CFLAGS, C99 -pedantic at -O2: the Makefile keeps its messages)
+step 'the implementation compiles without a warning' "$B/ultrascale.o" \
+     'if [ -s $B/ultrascale.warnings ]; then cat $B/ultrascale.warnings; exit 1; fi'
 step 'c++ -Werror'                       "$B/cc_cxx"              'test -x $B/cc_cxx'
 step 'two translation units'             "$B/cc_2tu"              './$B/cc_2tu'
 step 'ULTRASCALE_STATIC'                 "$B/cc_static"           'test -x $B/cc_static'
