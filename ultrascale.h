@@ -9671,8 +9671,13 @@ static us_result us__ep_move(us_model *m, int l, int dir, void *dst, const void 
    reduce over the other dimension quantise a second time from bf16 (dy, x along tokens; W
    transposed), never by transposing an already quantised tensor. dy's two copies come from one
    read (us_ops.fp8_quantize_both): Dgrad writes the 128×1 copy beside its own operand and leaves
-   it in the scratch (qk, sk) for the Wgrad of the same dy, which follows. The GEMMs accumulate in
-   fp32 (promotion every 128) and write bf16 activations or add into the fp32 weight gradients.
+   it in the scratch (qk, sk) for the Wgrad of the same dy, which follows. The Fprop inputs that
+   an RMSNorm or SwiGLU writes just before (ln1 → qkv, ln2 → gate|up, h → down) get their 1×128
+   tiles from that kernel (us_ops.rmsnorm_fwd_fp8, swiglu_fwd_fp8; us__fp8_pre): the same bytes
+   without a second read of the bf16 output. That output is still written and kept, since the
+   Wgrad's 128×1 copy is quantised from it in the backward (and SP gathers it). The GEMMs
+   accumulate in fp32 (promotion every 128) and write bf16 activations or add into the fp32
+   weight gradients.
    Embedding, LM head, norms, attention and the MoE router stay bf16; master weights and moments
    fp32. A MoE layer's experts take the same three GEMMs, expert by expert (us__fp8_expert).
    fp8-tensor (US_PRECISION_FP8_TENSOR) uses one scale per tensor instead: the simpler recipe,
