@@ -498,6 +498,16 @@ struct us_ops {
        weight cache a weight (W for Fprop, Wᵀ for Dgrad). Optional: NULL means two fp8_quantize calls. */
     void (*fp8_quantize_both)(us_ops *o, uint8_t *q, float *s, uint8_t *qt, float *st,
                               const void *x, us_dtype dt, int64_t M, int64_t K, int t, int pow2);
+    /* RMSNorm with its output's FP8 operand (FP8 training's Fprop of the qkv and gate|up linears):
+       out [N,C] and rstd f32[N] as rmsnorm_fwd, and (q, s) as fp8_quantize(out, N, C, ROW128,
+       trans 0, pow2) gives for that out, byte for byte, from the registers that write out (out is
+       read back by no one in between). Optional: NULL means the two calls. */
+    void (*rmsnorm_fwd_fp8)(us_ops *o, void *out, float *rstd, uint8_t *q, float *s, const void *x,
+                            const void *w, int64_t N, int64_t C, float eps, us_dtype dt, int pow2);
+    /* SwiGLU with its output's FP8 operand (the down linear's Fprop): h [N,F] as swiglu_fwd, and
+       (q, s) as fp8_quantize(h, N, F, ROW128, trans 0, pow2) gives for that h. Optional, as above. */
+    void (*swiglu_fwd_fp8)(us_ops *o, void *h, uint8_t *q, float *s, const void *gu, int64_t N,
+                           int64_t F, us_dtype dt, int pow2);
     /* C[M,N] = alpha·deq(a)[M,K]·deq(b)[N,K]ᵀ + beta·C (cdt f32 or bf16, row stride ldc; beta 0
        never reads C): the TN FP8 GEMM of us_fp8_gemm on two operands as fp8_quantize writes them
        (a ROW128 or TENSOR: the activation operand; b ROW128, BLOCK128 or TENSOR: the weight
@@ -961,6 +971,9 @@ typedef struct us_model {
     const void
         *fp8_kept; /* the output gradient whose 128×1 copy (qk, sk) Dgrad left for Wgrad, or NULL */
     int64_t fp8_kept_n, fp8_kept_c; /* its rows and columns */
+    const void *fp8_pre; /* the activation whose 1×128 operand (qa, sa) a fused RMSNorm or SwiGLU
+                            just wrote for the Fprop that reads it next (us__fp8_pre), or NULL */
+    int64_t fp8_pre_n, fp8_pre_c; /* its rows and columns */
     char *
         fp8_wc; /* the weight cache: W's and Wᵀ's operands of each FP8 linear of this rank, per layer
                                  (NULL: none; us__fp8_wcache) */
@@ -3772,6 +3785,21 @@ static void us__cpu_fp8_quantize_both(us_ops *o, uint8_t *q, float *s, uint8_t *
     us__cpu_fp8_quantize(o, qt, st, x, dt, M, K, t, 1, pow2);
 }
 
+/* the definitions of rmsnorm_fwd_fp8 and swiglu_fwd_fp8: the op, then the 1×128 quantisation of
+   the bf16 (or fp32) output it wrote */
+static void us__cpu_rmsnorm_fwd_fp8(us_ops *o, void *out, float *rstd, uint8_t *q, float *s,
+                                    const void *x, const void *w, int64_t N, int64_t C, float eps,
+                                    us_dtype dt, int pow2) {
+    us__cpu_rmsnorm_fwd(o, out, rstd, x, w, N, C, eps, dt);
+    us__cpu_fp8_quantize(o, q, s, out, dt, N, C, US_FP8_ROW128, 0, pow2);
+}
+
+static void us__cpu_swiglu_fwd_fp8(us_ops *o, void *h, uint8_t *q, float *s, const void *gu,
+                                   int64_t N, int64_t F, us_dtype dt, int pow2) {
+    us__cpu_swiglu_fwd(o, h, gu, N, F, dt);
+    us__cpu_fp8_quantize(o, q, s, h, dt, N, F, US_FP8_ROW128, 0, pow2);
+}
+
 static void us__cpu_fp8_gemm(us_ops *o, int64_t M, int64_t N, int64_t K, float alpha,
                              const uint8_t *a, const float *sa, int ta, const uint8_t *b,
                              const float *sb, int tb, float beta, void *C, us_dtype cdt,
@@ -4217,6 +4245,8 @@ US_API us_ops us_cpu_ops(int nthreads) {
     o.fp8_quantize = us__cpu_fp8_quantize;
     o.fp8_gemm = us__cpu_fp8_gemm;
     o.fp8_quantize_both = us__cpu_fp8_quantize_both;
+    o.rmsnorm_fwd_fp8 = us__cpu_rmsnorm_fwd_fp8;
+    o.swiglu_fwd_fp8 = us__cpu_swiglu_fwd_fp8;
     return o;
 }
 
@@ -9641,8 +9671,13 @@ static us_result us__ep_move(us_model *m, int l, int dir, void *dst, const void 
    reduce over the other dimension quantise a second time from bf16 (dy, x along tokens; W
    transposed), never by transposing an already quantised tensor. dy's two copies come from one
    read (us_ops.fp8_quantize_both): Dgrad writes the 128×1 copy beside its own operand and leaves
-   it in the scratch (qk, sk) for the Wgrad of the same dy, which follows. The GEMMs accumulate in
-   fp32 (promotion every 128) and write bf16 activations or add into the fp32 weight gradients.
+   it in the scratch (qk, sk) for the Wgrad of the same dy, which follows. The Fprop inputs that
+   an RMSNorm or SwiGLU writes just before (ln1 → qkv, ln2 → gate|up, h → down) get their 1×128
+   tiles from that kernel (us_ops.rmsnorm_fwd_fp8, swiglu_fwd_fp8; us__fp8_pre): the same bytes
+   without a second read of the bf16 output. That output is still written and kept, since the
+   Wgrad's 128×1 copy is quantised from it in the backward (and SP gathers it). The GEMMs
+   accumulate in fp32 (promotion every 128) and write bf16 activations or add into the fp32
+   weight gradients.
    Embedding, LM head, norms, attention and the MoE router stay bf16; master weights and moments
    fp32. A MoE layer's experts take the same three GEMMs, expert by expert (us__fp8_expert).
    fp8-tensor (US_PRECISION_FP8_TENSOR) uses one scale per tensor instead: the simpler recipe,
@@ -9853,9 +9888,10 @@ static us_result us__fp8_init(us_model *m) {
 /* C[M][N] = a·bᵀ + beta·C in FP8: a is the stored tensor xa [ar][ac] (or its transpose, atr),
    quantised with tiling at; b likewise; K is the shared dimension. Both go through the model's
    FP8 scratch (two operands at a time), then one fp8_gemm with row stride N. keep (a Dgrad's dy):
-   also write aᵀ's operand into qk, sk for the Wgrad; kept (that Wgrad): a is already there.
+   also write aᵀ's operand into qk, sk for the Wgrad; kept (that Wgrad): a is already there;
+   pre (an Fprop after a fused norm or SwiGLU, us__fp8_pre): a is already in qa, sa.
    wc (a weight's Fprop or Dgrad) non-NULL: b is already quantised there, in the weight cache. */
-enum { US__FP8_FRESH, US__FP8_KEEP, US__FP8_KEPT };
+enum { US__FP8_FRESH, US__FP8_KEEP, US__FP8_KEPT, US__FP8_PRE };
 
 typedef struct us__fp8_opnd {
     const uint8_t *q;
@@ -9872,12 +9908,13 @@ static void us__fp8_mm(us_model *m, const void *xa, int64_t ar, int64_t ac, int 
     float *sa = (float *)(base + m->fp8_off[0]), *sb = (float *)(base + m->fp8_off[2]),
           *sk = (float *)(base + m->fp8_off[4]);
     int64_t M = atr ? ac : ar, K = atr ? ar : ac, N = btr ? bc : br;
+    if (keep != US__FP8_PRE) m->fp8_pre = NULL; /* qa may change */
     if (keep == US__FP8_KEPT) {
         qa = qk;
         sa = sk;
     } else if (keep == US__FP8_KEEP)
         o->fp8_quantize_both(o, qa, sa, qk, sk, xa, m->dt, ar, ac, at, m->tc.fp8_pow2);
-    else
+    else if (keep == US__FP8_FRESH)
         o->fp8_quantize(o, qa, sa, xa, m->dt, ar, ac, at, atr, m->tc.fp8_pow2);
     if (wc) {
         qb = (uint8_t *)wc->q;
@@ -9938,6 +9975,8 @@ US_API void us_model_weights_changed(us_model *m) { us__fp8_wcache_drop(m); }
 static void us__linear_fwd(us_model *m, int64_t N, int64_t In, int64_t Out, const void *x,
                            const void *W, float beta, void *y) {
     us_ops *o = &m->ops;
+    int pre = m->fp8_pre == x && m->fp8_pre_n == N && m->fp8_pre_c == In;
+    m->fp8_pre = NULL; /* an operand made ahead serves the one Fprop that follows its kernel */
     if (!us__fp8_on(m, N, In, Out)) {
         o->gemm(o, 0, 1, N, Out, In, 1.0f, x, m->dt, In, W, m->dt, In, beta, y, m->dt, Out);
         return;
@@ -9945,7 +9984,41 @@ static void us__linear_fwd(us_model *m, int64_t N, int64_t In, int64_t Out, cons
     us__fp8_opnd wc;
     int cached = us__fp8_wcache(m, W, Out, In, 0, &wc);
     us__fp8_mm(m, x, N, In, us__fp8_act(m), 0, W, Out, In, us__fp8_wt(m), 0, beta, y, m->dt,
-               US__FP8_FRESH, cached ? &wc : NULL);
+               pre ? US__FP8_PRE : US__FP8_FRESH, cached ? &wc : NULL);
+}
+
+/* Fusion (FP8 training with 1×128 tiles): the Fprop of a linear In → Out on N rows of x takes x's
+   operand from the kernel that writes x (us_ops.rmsnorm_fwd_fp8, swiglu_fwd_fp8) when it runs in
+   FP8 and the backend has the op. Returns where that operand goes (qa, sa of the FP8 scratch,
+   which the Fprop reads next) and marks x as its owner; NULL: write x alone. The bytes are those
+   the Fprop's own quantisation of x would write, so fusing changes no result; it saves that
+   quantisation's read of x (2 bytes an element) and a launch. fp8-tensor is not fused: its one
+   scale needs the whole tensor's amax before the first byte. */
+static uint8_t *us__fp8_pre(us_model *m, const void *x, int64_t N, int64_t In, int64_t Out,
+                            int have_op, float **s) {
+    char *base = (char *)m->a[US__A_FP8];
+    m->fp8_pre = NULL;
+    if (!have_op || m->fp8 != 1 || !us__fp8_on(m, N, In, Out)) return NULL;
+    m->fp8_pre = x;
+    m->fp8_pre_n = N;
+    m->fp8_pre_c = In;
+    *s = (float *)(base + m->fp8_off[0]);
+    return (uint8_t *)base;
+}
+
+/* ln [N,C] = rmsnorm(x [N,C])·w, rstd [N]; fuse: the linear C → Out that reads ln next runs on
+   these N rows right after, so ln's 1×128 operand comes from the norm's kernel (us__fp8_pre) */
+static void us__norm_fwd(us_model *m, void *ln, float *rstd, const void *x, int widx, int64_t N,
+                         int64_t Out, int fuse) {
+    us_ops *o = &m->ops;
+    int64_t C = m->cfg.dim;
+    float *s = NULL;
+    uint8_t *q = us__fp8_pre(m, ln, N, C, Out, fuse && o->rmsnorm_fwd_fp8, &s);
+    if (q)
+        o->rmsnorm_fwd_fp8(o, ln, rstd, q, s, x, us__weight(m, widx), N, C, m->cfg.norm_eps, m->dt,
+                           m->tc.fp8_pow2);
+    else
+        o->rmsnorm_fwd(o, ln, rstd, x, us__weight(m, widx), N, C, m->cfg.norm_eps, m->dt);
 }
 
 /* The residual branch's end, y[N][Out] = res + x·Wᵀ (res: the residual stream, which under tp
@@ -10051,8 +10124,7 @@ static us_result us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int rec
                 &Ns); /* GEMMs run on Np rows; norms and the residual on Ns (both N without SP) */
     /* ln1 [Ns,C] = rmsnorm(x [Ns,C]), rstd1 [Ns] */
     if (do_cheap)
-        o->rmsnorm_fwd(o, A->ln1, A->rstd1, A->x, us__weight(m, US__TENSOR(l, US__P_LN1)), Ns, C,
-                       c->norm_eps, dt);
+        us__norm_fwd(m, A->ln1, A->rstd1, A->x, US__TENSOR(l, US__P_LN1), Ns, QKV, do_gemm && !sp);
     /* qkv [Np,QKV] = ln1 · Wqkv [QKV,C]ᵀ (under SP ln1 gathered to [Np,C] first), then RoPE */
     if (do_gemm) {
         if (sp) { /* g, travelling under the GEMM */
@@ -10096,9 +10168,9 @@ static us_result us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int rec
             if ((r = us__tp_sum(m, A->xmid, N * C, dt)) != US_OK) return r;
         }
     }
-    if (do_cheap) /* ln2 [Ns,C] = rmsnorm(xmid), rstd2 [Ns] */
-        o->rmsnorm_fwd(o, A->ln2, A->rstd2, A->xmid, us__weight(m, US__TENSOR(l, US__P_LN2)), Ns, C,
-                       c->norm_eps, dt);
+    if (do_cheap) /* ln2 [Ns,C] = rmsnorm(xmid), rstd2 [Ns] (a MoE layer's router reads it) */
+        us__norm_fwd(m, A->ln2, A->rstd2, A->xmid, US__TENSOR(l, US__P_LN2), Ns, 2 * F,
+                     do_gemm && !sp && m->moe_idx[l] < 0);
     if (m->moe_idx[l] >= 0)
         return us__moe_fwd(m, l, N, recompute, xnext); /* a MoE layer (// >>moe) */
     /* gu [Np,2F] = ln2 · Wgu [2F,C]ᵀ, h [Np,F] = swiglu(gu) (F: this rank's FFN columns) */
@@ -10110,7 +10182,14 @@ static us_result us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int rec
             us__linear_fwd(m, Np, C, 2 * F, A->ln2, us__weight(m, US__TENSOR(l, US__P_GATE)), 0.0f,
                            A->gu);
     }
-    if (do_cheap) o->swiglu_fwd(o, A->h, A->gu, Np, F, dt);
+    if (do_cheap) { /* the down linear's operand of h with it, when that linear runs next */
+        float *hs = NULL;
+        uint8_t *hq = us__fp8_pre(m, A->h, N, F, C, !recompute && !sp && o->swiglu_fwd_fp8, &hs);
+        if (hq)
+            o->swiglu_fwd_fp8(o, A->h, hq, hs, A->gu, Np, F, dt, m->tc.fp8_pow2);
+        else
+            o->swiglu_fwd(o, A->h, A->gu, Np, F, dt);
+    }
     /* x_{l+1} [Ns,C] = xmid + h·Wdown [C,F]ᵀ: the next layer's input, never recomputed */
     if (!recompute) {
         if (sp)

@@ -6886,6 +6886,144 @@ static void us__cuda_fp8_quantize_both(us_ops *o, uint8_t *q, float *s, uint8_t 
     }
 }
 
+/* ---- the activation quantisation fused into the kernel that writes the activation
+   (us_ops.rmsnorm_fwd_fp8, swiglu_fwd_fp8): RMSNorm's and SwiGLU's vector kernels with, after each
+   thread's W elements are rounded to T and stored, the 1×128 tiles of that very output: a tile is
+   LT = 128 / W neighbouring threads' vectors (16 lanes for bf16), so its amax is a shuffle over
+   them, and each lane writes its W bytes and the tile's first lane the scale. The elements, the
+   amax, the scale and the bytes are those of the unfused kernels (the same expressions and
+   helpers, the quantiser's us__k_fp8_row on the rounded output), so the bytes match bit for bit
+   (tests/test_cuda.cu); the quantiser's read of the output (2 bytes an element) and its launch
+   are what is saved. Needs C (F) a multiple of 128, so that no tile is partial; otherwise the ops
+   run the two kernels. */
+
+/* f rounded to T and back: the value the stored output holds */
+template <typename T>
+__device__ __forceinline__ float us__rt(float f) {
+    T t;
+    us__st(&t, 0, f);
+    return us__ld(&t, 0);
+}
+
+/* the W values o (already rounded) of row n's elements c..c+W−1 (c = W·lane) into their 1×128
+   tile of q [N][C] and s [C/128][N]; mask: the LT lanes of the tile */
+template <int W>
+__device__ __forceinline__ void us__fp8_tile_store(uint8_t *q, float *s, const float *o, int64_t n,
+                                                   int64_t N, int64_t C, int64_t c, int pow2,
+                                                   unsigned mask, int store) {
+    enum { LT = 128 / W };
+
+    unsigned a = 0;
+    float sc, rc;
+    int i;
+#pragma unroll
+    for (i = 0; i < W; i++) a = max(a, us__abits(o[i]));
+#pragma unroll
+    for (i = LT / 2; i >= 1; i >>= 1) a = max(a, __shfl_xor_sync(mask, a, i));
+    sc = us__fp8_scale(__uint_as_float(a), pow2);
+    rc = 1.0f / sc;
+    if (!store) return;
+    if (W == 8)
+        *reinterpret_cast<uint2 *>(q + n * C + c) =
+            make_uint2(us__e4m3x4(o, rc), us__e4m3x4(o + 4, rc));
+    else
+        *reinterpret_cast<uint32_t *>(q + n * C + c) = us__e4m3x4(o, rc);
+    if (c % 128 == 0) s[c / 128 * N + n] = sc;
+}
+
+/* RMSNorm as us__k_rmsnorm_fwd_vec (one block per row, the same sums), then row n's 1×128 tiles */
+template <typename T>
+__global__ void us__k_rmsnorm_fwd_fp8(T *out, float *rstd, uint8_t *q, float *s, const T *x,
+                                      const T *w, int64_t N, int64_t C, float eps, int pow2) {
+    enum { W = us__vec<T>::W };
+
+    __shared__ float sh[32];
+    int64_t n = blockIdx.x;
+    int nv = (int)(C / W), k, i;
+    float v[US__ROW_RV][W], wv[US__ROW_RV][W], ss = 0, r;
+#pragma unroll
+    for (k = 0; k < US__ROW_RV; k++) {
+        int j = threadIdx.x + k * blockDim.x;
+        if (j < nv) {
+            us__ldv(x + n * C + (int64_t)j * W, v[k]);
+            us__ldv(w + (int64_t)j * W, wv[k]);
+        } else {
+#pragma unroll
+            for (i = 0; i < W; i++) v[k][i] = wv[k][i] = 0.0f;
+        }
+#pragma unroll
+        for (i = 0; i < W; i++) ss += v[k][i] * v[k][i];
+    }
+    ss = us__block_sum(ss, sh);
+    r = rsqrtf(ss / (float)C + eps);
+    if (threadIdx.x == 0) rstd[n] = r;
+#pragma unroll
+    for (k = 0; k < US__ROW_RV; k++) { /* every lane takes part in the tile's shuffles */
+        int j = threadIdx.x + k * blockDim.x;
+        float o[W];
+#pragma unroll
+        for (i = 0; i < W; i++) o[i] = v[k][i] * r * wv[k][i];
+        if (j < nv) us__stv(out + n * C + (int64_t)j * W, o);
+#pragma unroll
+        for (i = 0; i < W; i++) o[i] = us__rt<T>(o[i]);
+        us__fp8_tile_store<W>(q, s, o, n, N, C, (int64_t)j * W, pow2, 0xffffffffu, j < nv);
+    }
+}
+
+/* SwiGLU as us__k_swiglu_fwd_vec (thread = W neighbouring columns; F a multiple of 128, so a
+   tile's LT lanes all have columns or all have none), then their 1×128 tiles of h */
+template <typename T>
+__global__ void us__k_swiglu_fwd_fp8(T *h, uint8_t *q, float *s, const T *gu, int64_t N, int64_t F,
+                                     int pow2) {
+    enum { W = us__vec<T>::W, LT = 128 / W };
+
+    int64_t f = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * W, n;
+    int i, lane = threadIdx.x & 31;
+    unsigned mask = LT == 32 ? 0xffffffffu : ((1u << (LT & 31)) - 1) << (lane & (32 - LT));
+    if (f >= F) return;
+    for (n = blockIdx.y; n < N; n += gridDim.y) {
+        float g[W], u[W], o[W];
+        us__ldv(gu + n * 2 * F + f, g);
+        us__ldv(gu + n * 2 * F + F + f, u);
+#pragma unroll
+        for (i = 0; i < W; i++) o[i] = g[i] / (1.0f + __expf(-g[i])) * u[i];
+        us__stv(h + n * F + f, o);
+#pragma unroll
+        for (i = 0; i < W; i++) o[i] = us__rt<T>(o[i]);
+        us__fp8_tile_store<W>(q, s, o, n, N, F, f, pow2, mask, 1);
+    }
+}
+
+static void us__cuda_rmsnorm_fwd_fp8(us_ops *o, void *out, float *rstd, uint8_t *q, float *s,
+                                     const void *x, const void *w, int64_t N, int64_t C, float eps,
+                                     us_dtype dt, int pow2) {
+    int W = 16 / (int)us_dtype_size(dt), th = us__row_threads(C, W);
+    if (N <= 0 || C <= 0) return;
+    if (th && C % 128 == 0 && us__al16(out) && us__al16(x) && us__al16(w) && us__al(q, W)) {
+        US__DISPATCH(o, dt,
+                     (us__k_rmsnorm_fwd_fp8<T_><<<(unsigned)N, th, 0, us__cu(o)->stream>>>(
+                         (T_ *)out, rstd, q, s, (const T_ *)x, (const T_ *)w, N, C, eps, pow2)));
+        return;
+    }
+    us__cuda_rmsnorm_fwd(o, out, rstd, x, w, N, C, eps, dt);
+    us__cuda_fp8_quantize(o, q, s, out, dt, N, C, US_FP8_ROW128, 0, pow2);
+}
+
+static void us__cuda_swiglu_fwd_fp8(us_ops *o, void *h, uint8_t *q, float *s, const void *gu,
+                                    int64_t N, int64_t F, us_dtype dt, int pow2) {
+    int64_t W = 16 / (int64_t)us_dtype_size(dt);
+    if (N <= 0 || F <= 0) return;
+    if (F % 128 == 0 && us__al16(h) && us__al16(gu) && us__al(q, (unsigned)W)) {
+        US__DISPATCH(
+            o, dt,
+            (us__k_swiglu_fwd_fp8<T_><<<us__rows_grid(N, F / W, 256), 256, 0, us__cu(o)->stream>>>(
+                (T_ *)h, q, s, (const T_ *)gu, N, F, pow2)));
+        return;
+    }
+    us__cuda_swiglu_fwd(o, h, gu, N, F, dt);
+    us__cuda_fp8_quantize(o, q, s, h, dt, N, F, US_FP8_ROW128, 0, pow2);
+}
+
 /* The FP8 GEMM on cuBLASLt, TN: row-major C[M,N] = a·bᵀ is column-major Cᵀ[N,M] = b·aᵀ, so b (the
    weight side) is cuBLASLt's A, transposed, and a (the activation side) its B. Scale modes:
    BLOCK128 → BLK128x128_32F, ROW128 → VEC128_32F, TENSOR → SCALAR_32F (per-tensor FP8). */
@@ -7084,6 +7222,8 @@ US_API us_result us_cuda_ops(us_ops *o, int device, char *err, size_t errlen) {
     o->moe_gate_grad = us__cuda_moe_gate_grad;
     o->fp8_quantize = us__cuda_fp8_quantize;
     o->fp8_gemm = us__cuda_fp8_gemm;
+    o->rmsnorm_fwd_fp8 = us__cuda_rmsnorm_fwd_fp8;
+    o->swiglu_fwd_fp8 = us__cuda_swiglu_fwd_fp8;
     o->fp8_quantize_both = us__cuda_fp8_quantize_both;
     return US_OK;
 }

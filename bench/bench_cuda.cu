@@ -8,6 +8,8 @@
      --accum K          K micro-batches of the preset's batch per optimizer step (default 1)
      --fp8-no-weight-cache  (fp8) quantise the weights at every GEMM instead of once per step
      --fp8-experts      (fp8) the MoE experts' GEMMs in FP8 too, expert by expert (default bf16)
+     --fp8-no-fuse      (fp8) RMSNorm and SwiGLU write their output alone and the Fprop quantises
+                        it (us_ops.rmsnorm_fwd_fp8 and swiglu_fwd_fp8 taken away): the unfused path
      --fp8-free-quant   (fp8 only) skip every FP8 quantisation in the timed steps: the GEMMs read
                         the operands the warm-up steps left behind. Wrong numbers, fast: it measures
                         the step FP8 would give if quantising cost nothing (the recipe's ceiling)
@@ -76,8 +78,10 @@ enum {
     P_ATT_F,
     P_ATT_B,
     P_NORM,
+    P_NORM_Q,
     P_ROPE,
     P_SWIGLU,
+    P_SWIGLU_Q,
     P_XENT,
     P_EMB,
     P_ADAMW,
@@ -96,8 +100,10 @@ static const char *pname[P_N] = {"gemm (cuBLASLt)",
                                  "attention fwd",
                                  "attention bwd",
                                  "rmsnorm",
+                                 "rmsnorm + 1x128",
                                  "rope",
                                  "swiglu",
+                                 "swiglu + 1x128",
                                  "cross-entropy",
                                  "embedding",
                                  "adamw + norm",
@@ -108,6 +114,7 @@ static cudaEvent_t ev0[P_N], ev1[P_N];
 static double pms[P_N];
 static int prof_on;
 static int free_q, skip_q; /* --fp8-free-quant; set during the timed steps */
+static int no_fuse;        /* --fp8-no-fuse */
 static int gg_kernel;      /* gemm_grouped's path (us_cuda_grouped_kernel): --grouped-kernel,
                               --grouped-wgmma, --grouped-loop; 0 the default */
 
@@ -199,6 +206,25 @@ static void w_nb(us_ops *o, void *dx, float *dw, const void *d, const void *x, c
                  const float *r, int64_t N, int64_t C, us_dtype dt) {
     (void)o;
     WRAP(P_NORM, inner.rmsnorm_bwd(&inner, dx, dw, d, x, w, r, N, C, dt));
+}
+
+/* the fused ops; under --fp8-free-quant the norm or SwiGLU alone */
+static void w_nfq(us_ops *o, void *out, float *r, uint8_t *q, float *sc, const void *x,
+                  const void *w, int64_t N, int64_t C, float eps, us_dtype dt, int pow2) {
+    (void)o;
+    if (skip_q)
+        WRAP(P_NORM, inner.rmsnorm_fwd(&inner, out, r, x, w, N, C, eps, dt));
+    else
+        WRAP(P_NORM_Q, inner.rmsnorm_fwd_fp8(&inner, out, r, q, sc, x, w, N, C, eps, dt, pow2));
+}
+
+static void w_sfq(us_ops *o, void *h, uint8_t *q, float *sc, const void *gu, int64_t N, int64_t F,
+                  us_dtype dt, int pow2) {
+    (void)o;
+    if (skip_q)
+        WRAP(P_SWIGLU, inner.swiglu_fwd(&inner, h, gu, N, F, dt));
+    else
+        WRAP(P_SWIGLU_Q, inner.swiglu_fwd_fp8(&inner, h, q, sc, gu, N, F, dt, pow2));
 }
 
 static void w_rf(us_ops *o, void *q, int64_t B, int64_t T, int NH, int NKV, int HS,
@@ -327,6 +353,8 @@ static us_ops profiled(void) {
     o.fp8_quantize = w_fq;
     o.fp8_gemm = w_fg;
     o.fp8_quantize_both = inner.fp8_quantize_both ? w_fqb : NULL;
+    o.rmsnorm_fwd_fp8 = inner.rmsnorm_fwd_fp8 && !no_fuse ? w_nfq : NULL;
+    o.swiglu_fwd_fp8 = inner.swiglu_fwd_fp8 && !no_fuse ? w_sfq : NULL;
     return o;
 }
 
@@ -450,10 +478,11 @@ static int bench_train(const char *preset, int steps, int warm, us_recompute rc,
                mfu = us_flops_per_token(&m.cfg, tc.seq) * tok_s / 989e12;
         double peak_gib = (double)m.ops.bytes_peak / 1073741824.0;
         printf("ultrascale   | %-4s | tok/s %8.0f | MFU %5.1f%% | step %7.1f ms | peak %6.1f GiB | "
-               "params %.3fB | recompute %s | %s%s | accum %d\n",
+               "params %.3fB | recompute %s | %s%s%s | accum %d\n",
                preset, tok_s, 100 * mfu, 1e3 * t, peak_gib, (double)m.n_params / 1e9,
                us_recompute_name(rc), us_precision_name(bench_prec),
-               m.fp8 && !m.fp8_wc ? " (no weight cache)" : "", tc.grad_accum);
+               m.fp8 && !m.fp8_wc ? " (no weight cache)" : "",
+               m.fp8 == 1 && !o.rmsnorm_fwd_fp8 ? " (unfused)" : "", tc.grad_accum);
         if (free_q)
             printf("  (--fp8-free-quant: no quantisation in the timed steps; the losses are "
                    "meaningless)\n");
@@ -1331,6 +1360,8 @@ int main(int argc, char **argv) {
             bench_nowc = 1;
         else if (!strcmp(argv[i], "--fp8-experts"))
             bench_fp8_experts = 1;
+        else if (!strcmp(argv[i], "--fp8-no-fuse"))
+            no_fuse = 1;
         else if (!strcmp(argv[i], "--accum") && i + 1 < argc) {
             bench_accum = atoi(argv[++i]);
             if (bench_accum < 1) {
@@ -1377,7 +1408,7 @@ int main(int argc, char **argv) {
                     "usage: bench_cuda [--preset 1b|8b8|200m|moe [--steps N] [--warmup N] "
                     "[--recompute M] [--accum K] [--loss-chunk ROWS|-1] [--precision "
                     "bf16|fp8|fp8-tensor [--fp8-free-quant] [--fp8-no-weight-cache] "
-                    "[--fp8-experts]] [--profile] "
+                    "[--fp8-experts] [--fp8-no-fuse]] [--profile] "
                     "[--grouped-kernel|--grouped-wgmma|--grouped-loop] [--json F]] [--gemm] "
                     "[--fp8-gemm] [--grouped] [--gemm-algos] "
                     "[--attention [--att-seq T,..] [--att-heads NH:NKV:HS,..]] "

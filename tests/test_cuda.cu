@@ -1434,6 +1434,91 @@ static void test_fp8_ops(void) {
    layers MoE (E 4, top-2, Fe 128): qkv and o stay the 4 dense linears in FP8 and the experts'
    GEMMs run in FP8 expert by expert (each expert's last n mod 16 rows in the bf16 grouped GEMM;
    moe 2: forced balance, 128 rows each, all in FP8) */
+/* The fused activation quantisation (rmsnorm_fwd_fp8, swiglu_fwd_fp8, // >>cuda-fp8): the output
+   and rstd equal the GPU's own rmsnorm_fwd / swiglu_fwd bit for bit, and the 1×128 operand equals
+   both fp8_quantize on the GPU and the CPU's fp8_quantize of that same output, bytes and scales
+   (the math is identical). Widths: multiples of 128 (the fused kernels, one and several warps per
+   row, lanes without columns) and not (the op's two-kernel fallback, partial tiles); outliers
+   give the tiles different scales; pow2 on and off; fp32 and bf16. */
+static int fused_same(const void *xd, const void *wd, int64_t N, int64_t C, us_dtype dt,
+                      int pow2) { /* wd NULL: SwiGLU of xd [N][2C] */
+    int64_t Lp = (C + 127) / 128 * 128, ns = us_fp8_scales_size(US_FP8_ROW128, N, C);
+    size_t ob = (size_t)(N * C) * us_dtype_size(dt);
+    void *od = G.alloc(&G, ob), *ord = G.alloc(&G, ob);
+    float *rd = (float *)G.alloc(&G, (size_t)N * 4), *rrd = (float *)G.alloc(&G, (size_t)N * 4);
+    uint8_t *qd = (uint8_t *)G.alloc(&G, (size_t)(N * Lp)),
+            *qrd = (uint8_t *)G.alloc(&G, (size_t)(N * Lp));
+    float *sd = (float *)G.alloc(&G, (size_t)ns * 4), *srd = (float *)G.alloc(&G, (size_t)ns * 4);
+    char *h = (char *)malloc(2 * ob + 4 * (size_t)(N * Lp) + 4 * (size_t)ns * 4 + 8 * (size_t)N);
+    char *oh = h, *orh = oh + ob;
+    uint8_t *qh = (uint8_t *)(orh + ob), *qrh = qh + N * Lp, *qc = qrh + N * Lp;
+    float *sh = (float *)(qc + 2 * N * Lp), *srh = sh + ns, *sc = srh + ns, *rh = sc + 2 * ns,
+          *rrh = rh + N;
+    int ok;
+    if (wd) {
+        G.rmsnorm_fwd(&G, ord, rrd, xd, wd, N, C, 1e-5f, dt);
+        G.rmsnorm_fwd_fp8(&G, od, rd, qd, sd, xd, wd, N, C, 1e-5f, dt, pow2);
+    } else {
+        G.swiglu_fwd(&G, ord, xd, N, C, dt);
+        G.swiglu_fwd_fp8(&G, od, qd, sd, xd, N, C, dt, pow2);
+    }
+    G.fp8_quantize(&G, qrd, srd, ord, dt, N, C, US_FP8_ROW128, 0, pow2);
+    down(oh, od, ob);
+    down(orh, ord, ob);
+    down(qh, qd, (size_t)(N * Lp));
+    down(qrh, qrd, (size_t)(N * Lp));
+    down(sh, sd, (size_t)ns * 4);
+    down(srh, srd, (size_t)ns * 4);
+    down(rh, rd, (size_t)N * 4);
+    down(rrh, rrd, (size_t)N * 4);
+    Ccpu.fp8_quantize(&Ccpu, qc, sc, oh, dt, N, C, US_FP8_ROW128, 0, pow2);
+    ok = !memcmp(oh, orh, ob) && (!wd || !memcmp(rh, rrh, (size_t)N * 4)) &&
+         !memcmp(qh, qrh, (size_t)(N * Lp)) && !memcmp(sh, srh, (size_t)ns * 4) &&
+         !memcmp(qh, qc, (size_t)(N * Lp)) && !memcmp(sh, sc, (size_t)ns * 4) &&
+         G.error(&G) == NULL;
+    G.free(&G, od);
+    G.free(&G, ord);
+    G.free(&G, rd);
+    G.free(&G, rrd);
+    G.free(&G, qd);
+    G.free(&G, qrd);
+    G.free(&G, sd);
+    G.free(&G, srd);
+    free(h);
+    return ok;
+}
+
+static void test_fp8_fused(void) {
+    int64_t Cs[4] = {2048, 384, 1152, 200}, N = 37;
+    int d, ci, pow2, op;
+    for (d = 0; d < 2; d++)
+        for (op = 0; op < 2; op++) /* RMSNorm, SwiGLU */
+            for (ci = 0; ci < 4; ci++)
+                for (pow2 = 0; pow2 < 2; pow2++) {
+                    us_dtype dt = d ? US_BF16 : US_F32;
+                    int64_t C = Cs[ci], nx = op ? 2 * N * C : N * C, i;
+                    float *x = rnd_f32(nx, op ? 4.0f : 2.0f), *w = rnd_f32(C, 1.5f);
+                    void *xh, *wh, *xd, *wd;
+                    for (i = 0; i < nx; i += 53) x[i] *= 300.0f; /* tiles of different scales */
+                    xh = as_dt(x, nx, dt);
+                    wh = as_dt(w, C, dt);
+                    xd = up(xh, (size_t)nx * us_dtype_size(dt));
+                    wd = up(wh, (size_t)C * us_dtype_size(dt));
+                    CHECK(fused_same(xd, op ? NULL : wd, N, C, dt, pow2),
+                          "%s %s %lldx%lld pow2=%d%s: output%s and its 1x128 operand = the op, "
+                          "then fp8_quantize (GPU and CPU), bit for bit",
+                          op ? "swiglu_fwd_fp8" : "rmsnorm_fwd_fp8", us_dtype_name(dt),
+                          (long long)N, (long long)C, pow2,
+                          C % 128 ? " (two kernels: partial tiles)" : "", op ? "" : ", rstd");
+                    G.free(&G, xd);
+                    G.free(&G, wd);
+                    free(xh);
+                    free(wh);
+                    free(x);
+                    free(w);
+                }
+}
+
 static void test_training_fp8(us_precision prec, int moe) {
     us_model_config mc;
     us_train_config tc;
@@ -1562,6 +1647,16 @@ int main(int argc, char **argv) {
         us_cuda_ops_free(&G);
         return us_test_done("test_cuda --moe");
     }
+    /* --fp8: the FP8 ops, the fused quantisation and FP8 training alone */
+    if (argc > 1 && !strcmp(argv[argc - 1], "--fp8")) {
+        test_fp8_ops();
+        test_fp8_fused();
+        test_training_fp8(US_PRECISION_FP8, 0);
+        test_training_fp8(US_PRECISION_FP8_TENSOR, 0);
+        test_training_fp8(US_PRECISION_FP8, 1);
+        us_cuda_ops_free(&G);
+        return us_test_done("test_cuda --fp8");
+    }
     test_attention_shapes();
     if (argc > 1 && !strcmp(argv[argc - 1], "--attention")) { /* the attention cases alone */
         us_cuda_ops_free(&G);
@@ -1591,6 +1686,7 @@ int main(int argc, char **argv) {
     test_training(US_PRECISION_BF16, US_RECOMPUTE_SELECTIVE);
     test_training(US_PRECISION_FP16, US_RECOMPUTE_SELECTIVE);
     test_fp8_ops();
+    test_fp8_fused();
     test_training_fp8(US_PRECISION_FP8, 0);
     test_training_fp8(US_PRECISION_FP8_TENSOR, 0);
     test_training_fp8(US_PRECISION_FP8, 1); /* MoE: the experts in FP8 (// >>fp8-linear) */

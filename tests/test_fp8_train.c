@@ -7,7 +7,9 @@
    per-tensor scaling on activations with outlier channels; bf16, fp8 and fp8-tensor training of
    a small model on the sorting task (loss falls well below the start, fp8 within a stated gap of
    bf16); dy and the weights quantised both ways in one call (fp8_quantize_both, one rank and
-   tp 2 + sp) and the weight cache train bit for bit like the plain path; the memory estimator
+   tp 2 + sp), the weight cache and the activations' 1×128 operands written by the RMSNorm and
+   SwiGLU before them (rmsnorm_fwd_fp8, swiglu_fwd_fp8; recompute none and full) train bit for
+   bit like the plain path; the memory estimator
    counts the FP8 scratch and the cache; bad configurations. */
 #define ULTRASCALE_IMPLEMENTATION
 #include "../ultrascale.h"
@@ -681,6 +683,109 @@ static void test_dual_quantisation(void) {
     }
 }
 
+/* The fused ops: RMSNorm and SwiGLU write the 1×128 operand of their output for the Fprop that
+   follows (ln1 → qkv, ln2 → gate|up, h → down). With the ops taken away the model quantises in the
+   Fprop: both runs must give the same losses and weights bit for bit, and the fused path must
+   really have been taken: per micro-batch 2 layers × 3 fused calls, and under full recompute the
+   backward's recomputed norms 2 × 2 more (SwiGLU's h is not recomputed for a GEMM there), each
+   one single quantisation fewer. fp8-tensor (one scale per tensor) is never fused. */
+static long g_nfuse;
+
+static void count_norm(us_ops *o, void *out, float *rstd, uint8_t *q, float *s, const void *x,
+                       const void *w, int64_t N, int64_t C, float eps, us_dtype dt, int pow2) {
+    g_nfuse++;
+    g_cpu.rmsnorm_fwd_fp8(o, out, rstd, q, s, x, w, N, C, eps, dt, pow2);
+}
+
+static void count_swiglu(us_ops *o, void *h, uint8_t *q, float *s, const void *gu, int64_t N,
+                         int64_t F, us_dtype dt, int pow2) {
+    g_nfuse++;
+    g_cpu.swiglu_fwd_fp8(o, h, q, s, gu, N, F, dt, pow2);
+}
+
+/* STEPS steps of the sorting task with ops o; losses[] gets each step's, w and master the
+   weights at the end (copies the caller frees) */
+static int fuse_run(const us_train_config *tc, const us_ops *o, float *losses, void **w,
+                    float **master) {
+    us_model_config mc;
+    us_model m;
+    us_task task;
+    int s, ok;
+    memset(&mc, 0, sizeof mc);
+    mc.n_layers = 2;
+    mc.dim = 48;
+    mc.n_heads = 4;
+    ok = us_model_init(&m, &mc, tc, o) == US_OK;
+    us_task_init(&task, 7);
+    for (s = 0; ok && s < tc->steps; s++) {
+        int32_t in[8 * 32], tgt[8 * 32];
+        us_step_stats st;
+        us_task_batch(&task, 8, 32, in, tgt);
+        ok = us_train_step(&m, in, tgt, &st) == US_OK;
+        losses[s] = st.loss;
+    }
+    *w = malloc((size_t)m.n_params * 2);
+    *master = (float *)malloc((size_t)m.n_params * 4);
+    if (ok) {
+        memcpy(*w, m.w, (size_t)m.n_params * 2);
+        memcpy(*master, m.master, (size_t)m.n_params * 4);
+    }
+    ok = ok ? (int)m.n_params : 0;
+    us_model_free(&m);
+    return ok;
+}
+
+static void test_fused_quantisation(void) {
+    enum { STEPS = 8 };
+
+    int v;
+    for (v = 0; v < 4; v++) { /* fp8, fp8 pow2 + full recompute, fp8-tensor, fp8 + full */
+        us_train_config tc;
+        float loss[2][STEPS];
+        void *w[2];
+        float *master[2];
+        long nq[2], nf[2], want;
+        int k, n[2], same = 1;
+        memset(&tc, 0, sizeof tc);
+        tc.batch = 8;
+        tc.seq = 32;
+        tc.steps = STEPS;
+        tc.lr = 1e-2f;
+        tc.warmup = 2;
+        tc.threads = 1;
+        tc.precision = v == 2 ? US_PRECISION_FP8_TENSOR : US_PRECISION_FP8;
+        tc.fp8_pow2 = v == 1;
+        tc.recompute = v & 1 ? US_RECOMPUTE_FULL : US_RECOMPUTE_NONE;
+        tc.fp8_min_dim = 16;
+        g_cpu = us_cpu_ops(1);
+        for (k = 0; k < 2; k++) { /* k = 0: the fused ops (the CPU's default); 1: none */
+            us_ops o = g_cpu;
+            o.fp8_quantize = count_q;
+            o.rmsnorm_fwd_fp8 = k ? NULL : count_norm;
+            o.swiglu_fwd_fp8 = k ? NULL : count_swiglu;
+            g_nq = g_nfuse = 0;
+            n[k] = fuse_run(&tc, &o, loss[k], &w[k], &master[k]);
+            nq[k] = g_nq;
+            nf[k] = g_nfuse;
+        }
+        for (k = 0; k < STEPS; k++) same &= fbits(loss[0][k]) == fbits(loss[1][k]);
+        same &= n[0] && n[0] == n[1] && !memcmp(w[0], w[1], (size_t)n[0] * 2) &&
+                !memcmp(master[0], master[1], (size_t)n[0] * 4);
+        want = v == 2 ? 0 : (tc.recompute == US_RECOMPUTE_FULL ? 10 : 6) * STEPS;
+        CHECK(same && nf[0] == want && nf[1] == 0 && nq[1] - nq[0] == want,
+              "%s%s, recompute %s: RMSNorm and SwiGLU quantising their outputs (%ld fused calls, "
+              "%ld fewer quantisations; want %ld) train bit for bit as the Fprop's own "
+              "quantisation (losses %.6f .. %.6f, the weights and master weights)",
+              us_precision_name(tc.precision), tc.fp8_pow2 ? " pow2" : "",
+              us_recompute_name(tc.recompute), nf[0], nq[1] - nq[0], want, loss[0][0],
+              loss[0][STEPS - 1]);
+        for (k = 0; k < 2; k++) {
+            free(w[k]);
+            free(master[k]);
+        }
+    }
+}
+
 static void test_training(void) {
     int steps = 60, on, all;
     float f16, f8, ft, fp, l16, l8, lt, lp;
@@ -1111,6 +1216,7 @@ int main(int argc, char **argv) {
         test_training();
         test_dual_quantisation();
         test_weight_cache();
+        test_fused_quantisation();
     }
     return us_test_done("test_fp8_train");
 }
