@@ -5189,7 +5189,11 @@ static void us__flash_block_fwd_e(float *acc, float *m, float *l, const void *qk
        (skipped: its turns at the tensor cores are still taken), wholly visible (no mask), or
        partly visible (masked by position, key j hidden from query i when kpos[j] > qpos[i]).
        In plain and zig-zag ring attention a rank's positions are one or two contiguous runs,
-       so only the tiles on a run's edge or on the diagonal are masked;
+       so only the tiles on a run's edge or on the diagonal are masked, and there the keys are
+       one ascending run (the ranges say so), so the mask is arithmetic, as the causal one;
+       other positions are read from kpos. The forward carries P·V one tile behind, so its
+       consumers compute every CTA tile up to their own last visible one (a hidden one in
+       between is masked whole) and only take turns after it, as the causal forward does;
      - keys past Tk have position +inf and queries past Tq −inf, so a tail tile is always
        masked, and TMA zero-fills its rows;
      - K and V come from the block buffer kv [B][Tk][2·NKV·HS] through their own tensor map;
@@ -5197,28 +5201,36 @@ static void us__flash_block_fwd_e(float *acc, float *m, float *l, const void *qk
        unnormalised; the backward adds fp32 dQ and dK|dV, each element owned by one thread and
        summed in a fixed order (no atomics), as the mma.sync kernels promise. */
 
-/* rng[c] = {min, max} of pos[64c .. 64c + 63], pad past n (+inf for keys, −inf for queries:
-   a tail makes its tile partly visible, never wholly); a warp per run of 64 */
+/* rng[c] = {min, max, run, 0} of pos[64c .. 64c + 63], pad past n (+inf for keys, −inf for
+   queries: a tail makes its tile partly visible, never wholly); run = 1 when the 64 are
+   min, min + 1, ..., in order (then a mask needs no position from memory). A warp per 64. */
 __global__ void __launch_bounds__(256)
-    us__hop_pos_ranges(int2 *__restrict__ rng, const int32_t *__restrict__ pos, int n, int pad) {
+    us__hop_pos_ranges(int4 *__restrict__ rng, const int32_t *__restrict__ pos, int n, int pad) {
     const int c = (int)blockIdx.x * 8 + (int)(threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (c >= (n + 63) / 64) return;
     const int i = c * 64 + lane;
     const int a = i < n ? pos[i] : pad;
     const int z = i + 32 < n ? pos[i + 32] : pad;
+    const unsigned base = (unsigned)__shfl_sync(0xffffffffu, a, 0);
+    const int run = __all_sync(0xffffffffu, i + 32 < n && (unsigned)a == base + lane &&
+                                                (unsigned)z == base + 32 + lane);
     const int lo = us__warp_min(min(a, z));
     const int hi = us__warp_max(max(a, z));
-    if (lane == 0) rng[c] = make_int2(lo, hi);
+    if (lane == 0) rng[c] = make_int4(lo, hi, run, 0);
 }
 
-/* {min, max} over runs c0 .. c0 + nr − 1 of 64 positions (those below n64); {+inf, −inf} when
-   none is: a warpgroup past the end sees nothing */
-static __device__ __forceinline__ int2 us__hop_runs(const int2 *__restrict__ rng, int c0, int nr,
+/* {min, max, run} over runs c0 .. c0 + nr − 1 of 64 positions (those below n64; run: all of
+   them one ascending run); {+inf, −inf} when none is: a warpgroup past the end sees nothing */
+static __device__ __forceinline__ int4 us__hop_runs(const int4 *__restrict__ rng, int c0, int nr,
                                                     int n64) {
-    int2 r = make_int2(INT_MAX, INT_MIN);
+    int4 r = make_int4(INT_MAX, INT_MIN, 1, 0);
     for (int k = 0; k < nr; k++) {
-        if (c0 + k >= n64) break;
-        const int2 x = rng[c0 + k];
+        if (c0 + k >= n64) {
+            r.z = 0;
+            break;
+        }
+        const int4 x = rng[c0 + k];
+        r.z = r.z && x.z && (k == 0 || (unsigned)x.x == (unsigned)r.y + 1u);
         r.x = min(r.x, x.x);
         r.y = max(r.y, x.y);
     }
@@ -5229,13 +5241,13 @@ static __device__ __forceinline__ int2 us__hop_runs(const int2 *__restrict__ rng
    (the CTA's largest query position); else a query ≥ bound (its smallest key position). Every
    thread of the CTA; ends with a barrier; returns the number of visible tiles. */
 template <int TILE, bool KEYS>
-static __device__ int us__hop_vis(unsigned *vis, const int2 *__restrict__ rng, int n, int bound) {
+static __device__ int us__hop_vis(unsigned *vis, const int4 *__restrict__ rng, int n, int bound) {
     const int n64 = (n + 63) / 64, nt = (n + TILE - 1) / TILE, nw = (nt + 31) / 32;
     for (int t0 = 0; t0 < nw * 32; t0 += (int)blockDim.x) {
         const int t = t0 + (int)threadIdx.x;
         bool hit = false;
         if (t < nt) {
-            const int2 r = us__hop_runs(rng, t * (TILE / 64), TILE / 64, n64);
+            const int4 r = us__hop_runs(rng, t * (TILE / 64), TILE / 64, n64);
             hit = KEYS ? r.x <= bound : r.y >= bound;
         }
         const unsigned bits = __ballot_sync(0xffffffffu, hit);
@@ -5321,18 +5333,22 @@ us__hop_block_fwd_produce(unsigned char *sQ, unsigned char *sK, unsigned char *s
     }
 }
 
-/* What a forward consumer needs of the block: the tiles (vis, nkt, nvis), the key tiles' ranges
-   and positions, and its own rows' smallest position (qmin) and the thread's two (qp) */
+/* What a forward consumer needs of the block: the tiles (vis, nkt, nvis; the first nc of them
+   up to its last visible one), the key tiles' ranges and positions, its own rows' smallest
+   position (qmin) and the thread's two (qp) */
 struct us__hop_fwd_keys {
     const unsigned *vis;
-    const int2 *krng;
+    const int4 *krng;
     const int32_t *kpos;
-    int nkt, nvis, nk64, Tk, qmin, qp[2];
+    int nkt, nvis, nc, nk64, Tk, qmin, qp[2];
 };
 
-/* A forward consumer over the visible tiles (at least one): us__hop_fwd_kernel's loop (S of
-   tile it beside P·V of tile it − 1, ping-pong over the NWF consumers, first tile and last P·V
-   peeled) with the tiles from the bitmask and a mask by position on partly visible tiles. */
+/* A forward consumer over the CTA's visible tiles (at least one): us__hop_fwd_kernel's loop (S
+   of tile it beside P·V of tile it − 1, ping-pong over the NWF consumers, first tile and last
+   P·V peeled) over the tiles from the bitmask up to its own last visible one (ks.nc of them; a
+   tile in between that it cannot see is masked whole), then only the turns and stages of the
+   rest. A partly visible tile is masked by position: arithmetic when its keys are one ascending
+   run, else from kpos. */
 template <typename E, int HS>
 static __device__ __forceinline__ void
 us__hop_block_fwd_consume(float (&o)[HS / 8][4], float (&m)[2], float (&l)[2],
@@ -5352,16 +5368,14 @@ us__hop_block_fwd_consume(float (&o)[HS / 8][4], float (&m)[2], float (&l)[2],
             us__wg_rs<HS, E, 1>(&o[0][0], pa[t], us__wg_mnmaj<BC>(sV + s * KVB, t), 1);
         us__wg_commit();
     };
-    /* partly visible to this warpgroup: some key after its smallest query position */
-    const auto partial = [&](int kt) {
-        return us__hop_runs(ks.krng, kt * (BC / 64), BC / 64, ks.nk64).y > ks.qmin;
-    };
-    const auto softmax = [&](float(&sc)[BC / 8][4], int kt, bool part) {
+    const auto softmax = [&](float(&sc)[BC / 8][4], int kt, int4 kr) {
         const auto masked = [&](int j, int e) {
-            const int key = kt * BC + j * 8 + 2 * (lane & 3) + (e & 1);
-            return key >= ks.Tk || ks.kpos[key] > ks.qp[e >> 1];
+            const int off = j * 8 + 2 * (lane & 3) + (e & 1), key = kt * BC + off;
+            const int kp = kr.z ? kr.x + off : key < ks.Tk ? ks.kpos[key] : INT_MAX;
+            return kp > ks.qp[e >> 1];
         };
-        us__hop_softmax<BC>(sc, m, l, corr, sl2, part, masked);
+        /* partly visible: some key after this warpgroup's smallest query position */
+        us__hop_softmax<BC>(sc, m, l, corr, sl2, kr.y > ks.qmin, masked);
     };
     const auto to_a = [&](float(&sc)[BC / 8][4]) {
 #pragma unroll
@@ -5370,40 +5384,82 @@ us__hop_block_fwd_consume(float (&o)[HS / 8][4], float (&m)[2], float (&l)[2],
     const auto turn_done = [&](int it) {
         if (c != NW - 1 || it + 1 < ks.nvis) us__hop_bar_arrive(1 + (c + 1) % NW);
     };
+    const auto tile = [&](int kt) {
+        return us__hop_runs(ks.krng, kt * (BC / 64), BC / 64, ks.nk64);
+    };
     if (c == NW - 1) us__hop_bar_arrive(1); /* consumer 0 takes the tensor cores first */
     us__mb_wait(barQ, 0);
-    float sc[BC / 8][4];
-    int kt = us__fa_next_tile(ks.vis, -1, ks.nkt), it;
-    bool part = partial(kt);
-    us__mb_wait(fullK, 0);
-    us__hop_bar_sync(1 + c);
-    us__hop_qk<E, HS, BR, BC>(sc, sQc, sK);
-    turn_done(0);
-    us__wg_wait<BC / 2>(&sc[0][0]);
-    us__mb_arrive(emptyK);
-    softmax(sc, kt, part);
-    to_a(sc);
-    for (it = 1; it < ks.nvis; it++) {
-        const int s = it % S, sp = (it - 1) % S;
-        kt = us__fa_next_tile(ks.vis, kt, ks.nkt);
-        part = partial(kt);
-        us__mb_wait(fullK + s, (it / S) & 1);
-        us__hop_bar_sync(1 + c); /* this consumer's turn at the tensor cores */
-        us__hop_scale_o<HS>(o, corr);
-        us__hop_qk<E, HS, BR, BC>(sc, sQc, sK + s * KVB);
-        pv(sp, ((it - 1) / S) & 1);
-        turn_done(it);
-        us__wg_wait_n<1, BC / 2>(&sc[0][0]); /* S has landed, P·V may still run */
-        us__mb_arrive(emptyK + s);
-        softmax(sc, kt, part);
-        us__wg_wait<HS / 2>(&o[0][0]);
-        us__mb_arrive(emptyV + sp);
+    int it = 0;
+    if (ks.nc > 0) {
+        float sc[BC / 8][4];
+        int kt = us__fa_next_tile(ks.vis, -1, ks.nkt);
+        int4 kr = tile(kt);
+        us__mb_wait(fullK, 0);
+        us__hop_bar_sync(1 + c);
+        us__hop_qk<E, HS, BR, BC>(sc, sQc, sK);
+        turn_done(0);
+        us__wg_wait<BC / 2>(&sc[0][0]);
+        us__mb_arrive(emptyK);
+        softmax(sc, kt, kr);
         to_a(sc);
+        for (it = 1; it < ks.nc; it++) {
+            const int s = it % S, sp = (it - 1) % S;
+            kt = us__fa_next_tile(ks.vis, kt, ks.nkt);
+            kr = tile(kt);
+            us__mb_wait(fullK + s, (it / S) & 1);
+            us__hop_bar_sync(1 + c); /* this consumer's turn at the tensor cores */
+            us__hop_scale_o<HS>(o, corr);
+            us__hop_qk<E, HS, BR, BC>(sc, sQc, sK + s * KVB);
+            pv(sp, ((it - 1) / S) & 1);
+            turn_done(it);
+            us__wg_wait_n<1, BC / 2>(&sc[0][0]); /* S has landed, P·V may still run */
+            us__mb_arrive(emptyK + s);
+            softmax(sc, kt, kr);
+            us__wg_wait<HS / 2>(&o[0][0]);
+            us__mb_arrive(emptyV + sp);
+            to_a(sc);
+        }
+        us__hop_scale_o<HS>(o, corr);
+        pv((it - 1) % S, ((it - 1) / S) & 1); /* O += P·V of the last tile */
+        us__wg_wait<HS / 2>(&o[0][0]);
+        us__mb_arrive(emptyV + (it - 1) % S);
     }
-    us__hop_scale_o<HS>(o, corr);
-    pv((it - 1) % S, ((it - 1) / S) & 1); /* O += P·V of the last tile */
-    us__wg_wait<HS / 2>(&o[0][0]);
-    us__mb_arrive(emptyV + (it - 1) % S);
+    for (; it < ks.nvis; it++) { /* tiles past this warpgroup's last visible one */
+        const int s = it % S;
+        us__mb_wait(fullK + s, (it / S) & 1);
+        us__hop_bar_sync(1 + c);
+        turn_done(it);
+        us__mb_arrive(emptyK + s);
+        us__mb_arrive(emptyV + s);
+    }
+}
+
+/* sLast[c]: the last tile of the bitmask that consumer c's 64 rows (runs c0 + c of qrng) can
+   see, −1 for none (sLast starts at −1). Every thread, before a barrier (us__hop_bars_init). */
+template <int BC, int NW>
+static __device__ void us__hop_last_seen(int *sLast, const unsigned *vis, const int4 *krng, int nkt,
+                                         int nk64, const int4 *qrng, int c0, int nq64) {
+    int qmax[NW];
+#pragma unroll
+    for (int c = 0; c < NW; c++) qmax[c] = us__hop_runs(qrng, c0 + c, 1, nq64).y;
+    for (int t = threadIdx.x; t < nkt; t += blockDim.x) {
+        if (!((vis[t >> 5] >> (t & 31)) & 1u)) continue;
+        const int lo = us__hop_runs(krng, t * (BC / 64), BC / 64, nk64).x;
+#pragma unroll
+        for (int c = 0; c < NW; c++)
+            if (lo <= qmax[c]) atomicMax(sLast + c, t);
+    }
+}
+
+/* how many tiles of the bitmask come up to tile last (inclusive; last −1: none) */
+static __device__ __forceinline__ int us__hop_vis_upto(const unsigned *vis, int last) {
+    int n = 0;
+    for (int w = 0; last >= 0 && w <= last >> 5; w++) {
+        unsigned bits = vis[w];
+        if (w == last >> 5 && (last & 31) != 31) bits &= (2u << (last & 31)) - 1u;
+        n += __popc(bits);
+    }
+    return n;
 }
 
 /* The block forward, one CTA per (64·NWF queries, head, batch): the state of those rows
@@ -5414,7 +5470,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
                              const __grid_constant__ CUtensorMap mkv, float *__restrict__ acc,
                              float *__restrict__ mst, float *__restrict__ lst,
                              const int32_t *__restrict__ qpos, const int32_t *__restrict__ kpos,
-                             const int2 *__restrict__ qrng, const int2 *__restrict__ krng, int Tq,
+                             const int4 *__restrict__ qrng, const int4 *__restrict__ krng, int Tq,
                              int Tk, int NH, int NKV, int init, float sl2) {
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
@@ -5427,8 +5483,10 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
     uint64_t *barQ = (uint64_t *)(sV + S * KVB), *fullK = barQ + 1, *fullV = fullK + S;
     uint64_t *emptyK = fullV + S, *emptyV = emptyK + S;
     unsigned *vis = (unsigned *)(barQ + 32); /* [⌈key tiles / 32⌉] */
+    __shared__ int sLast[NW];                /* us__hop_last_seen */
     const int qb = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, g = h / (NH / NKV);
     const int q0 = qb * BR, nq64 = (Tq + 63) / 64;
+    if (threadIdx.x < NW) sLast[threadIdx.x] = -1;
     us__hop_fwd_keys ks;
     ks.vis = vis;
     ks.krng = krng;
@@ -5438,6 +5496,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
     ks.Tk = Tk;
     ks.nvis = us__hop_vis<BC, true>(vis, krng, Tk, us__hop_runs(qrng, q0 / 64, NW, nq64).y);
     if (ks.nvis == 0 && !init) return; /* nothing of this block is visible here: the state stays */
+    us__hop_last_seen<BC, NW>(sLast, vis, krng, ks.nkt, ks.nk64, qrng, q0 / 64, nq64);
     const int wg = us__hop_wg(), tid = threadIdx.x & 127;
     us__hop_bars_init(barQ, 2 * S, 1, 128 * NW); /* fullK, fullV; emptyK, emptyV */
 
@@ -5452,6 +5511,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
     const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
     const int row0 = q0 + 64 * c + 16 * warp + (lane >> 2); /* the thread's rows: row0 + 8r */
     ks.qmin = us__hop_runs(qrng, q0 / 64 + c, 1, nq64).x;
+    ks.nc = us__hop_vis_upto(vis, sLast[c]);
     ks.qp[0] = row0 < Tq ? qpos[row0] : INT_MIN;
     ks.qp[1] = row0 + 8 < Tq ? qpos[row0 + 8] : INT_MIN;
     float o[HS / 8][4], m[2], l[2];
@@ -5558,8 +5618,8 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
                               const __grid_constant__ CUtensorMap mkv,
                               const float *__restrict__ L2g, const float *__restrict__ Dg,
                               float *__restrict__ dkv, const int32_t *__restrict__ qpos,
-                              const int32_t *__restrict__ kpos, const int2 *__restrict__ qrng,
-                              const int2 *__restrict__ krng, int Tq, int Tk, int NH, int NKV,
+                              const int32_t *__restrict__ kpos, const int4 *__restrict__ qrng,
+                              const int4 *__restrict__ krng, int Tq, int Tk, int NH, int NKV,
                               float scale, float sl2) {
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
@@ -5598,7 +5658,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
     us__hop_regs_consumer<NWG>();
     const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
     const int key0 = k0 + 64 * c + 16 * warp + (lane >> 2); /* the thread's keys: key0 + 8r */
-    const int2 kr = us__hop_runs(krng, k0 / 64 + c, 1, nk64);
+    const int4 kr = us__hop_runs(krng, k0 / 64 + c, 1, nk64);
     const int kp[2] = {key0 < Tk ? kpos[key0] : INT_MAX, key0 + 8 < Tk ? kpos[key0 + 8] : INT_MAX};
     float dk[DK ? HS / 8 : 1][4], dv[DV ? HS / 8 : 1][4];
 #pragma unroll
@@ -5612,7 +5672,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
     for (int it = 0, hi = 0, qt = first; it < nit;
          it++, us__hop_block_next(vis, nqt, first, hi, qt)) {
         const int s = it % S;
-        const int2 qr = us__hop_runs(qrng, qt * (BQ / 64), BQ / 64, nq64);
+        const int4 qr = us__hop_runs(qrng, qt * (BQ / 64), BQ / 64, nq64);
         us__mb_wait(full + s, (it / S) & 1);
         if (qr.y < kr.x) { /* no query of the tile sees a key of this warpgroup */
             us__hop_turns_skip<NWG>(c, it + 1 == nit);
@@ -5672,13 +5732,14 @@ us__hop_block_dq_produce(unsigned char *sQ, unsigned char *sdO, unsigned char *s
 }
 
 /* One visible key tile of a dQ consumer: S = Q·Kᵀ, dP = dO·Vᵀ, P (masked by position when
-   part), dS = P ∘ (dP − D) · scale, dQ += dS·K; us__hop_dq_kernel's math and turns */
+   part: from kr when the tile's keys are one ascending run, else from kpos), dS = P ∘ (dP − D) ·
+   scale, dQ += dS·K; us__hop_dq_kernel's math and turns */
 template <typename E, int HS>
 static __device__ __forceinline__ void
 us__hop_block_dq_tile(float (&dq)[HS / 8][4], const unsigned char *sQ, const unsigned char *sdO,
                       const unsigned char *tK, const unsigned char *tV, const float (&L2)[2],
                       const float (&Dr)[2], const int (&qp)[2], const int32_t *__restrict__ kpos,
-                      int kt, int Tk, bool part, bool last, int c, int lane, float scale,
+                      int kt, int Tk, int4 kr, bool part, bool last, int c, int lane, float scale,
                       float sl2) {
     using C = us__hop_cfg<HS>;
     constexpr int NWG = C::NWG, BR = 64 * NWG, BK = C::BKQ;
@@ -5701,8 +5762,8 @@ us__hop_block_dq_tile(float (&dq)[HS / 8][4], const unsigned char *sQ, const uns
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             float p = us__hop_exp2(sc[j][e] * sl2 - L2[e >> 1]);
-            const int key = kt * BK + j * 8 + 2 * (lane & 3) + (e & 1);
-            if (part && (key >= Tk || kpos[key] > qp[e >> 1])) p = 0.f;
+            const int off = j * 8 + 2 * (lane & 3) + (e & 1), key = kt * BK + off;
+            if (part && (kr.z ? kr.x + off : key < Tk ? kpos[key] : INT_MAX) > qp[e >> 1]) p = 0.f;
             dp[j][e] = p * (dp[j][e] - Dr[e >> 1]) * scale;
         }
     uint32_t da[BK / 16][4];
@@ -5727,7 +5788,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
                             const __grid_constant__ CUtensorMap mkv, const float *__restrict__ L2g,
                             const float *__restrict__ Dg, float *__restrict__ dq,
                             const int32_t *__restrict__ qpos, const int32_t *__restrict__ kpos,
-                            const int2 *__restrict__ qrng, const int2 *__restrict__ krng, int Tq,
+                            const int4 *__restrict__ qrng, const int4 *__restrict__ krng, int Tq,
                             int Tk, int NH, int NKV, float scale, float sl2) {
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
@@ -5757,7 +5818,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
     us__hop_regs_consumer<NWG>();
     const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
     const int row0 = q0 + 64 * c + 16 * warp + (lane >> 2); /* the thread's rows: row0 + 8r */
-    const int2 qr = us__hop_runs(qrng, q0 / 64 + c, 1, nq64);
+    const int4 qr = us__hop_runs(qrng, q0 / 64 + c, 1, nq64);
     float L2[2], Dr[2], dqa[HS / 8][4];
     int qp[2];
 #pragma unroll
@@ -5776,13 +5837,14 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
     int kt = us__fa_next_tile(vis, -1, nkt);
     for (int it = 0; it < nvis; it++, kt = us__fa_next_tile(vis, kt, nkt)) {
         const int s = it % S;
-        const int2 kr = us__hop_runs(krng, kt * (BK / 64), BK / 64, nk64);
+        const int4 kr = us__hop_runs(krng, kt * (BK / 64), BK / 64, nk64);
         us__mb_wait(full + s, (it / S) & 1);
         if (kr.x > qr.y) /* every key of the tile after every query of this warpgroup */
             us__hop_turns_skip<NWG>(c, it + 1 == nvis);
         else
             us__hop_block_dq_tile<E, HS>(dqa, sQ, sdO, sK + s * KB, sV + s * KB, L2, Dr, qp, kpos,
-                                         kt, Tk, kr.y > qr.x, it + 1 == nvis, c, lane, scale, sl2);
+                                         kt, Tk, kr, kr.y > qr.x, it + 1 == nvis, c, lane, scale,
+                                         sl2);
         us__mb_arrive(empty + s);
     }
 #pragma unroll
@@ -5815,7 +5877,7 @@ static int us__hop_block_ok(us_ops *o, us_dtype dt, int HS, int bwd, int NH, int
 }
 
 /* the ranges of runs of 64 positions: qrng [⌈Tq/64⌉], then krng [⌈Tk/64⌉] */
-static void us__hop_block_ranges(int2 *rng, const int32_t *qpos, const int32_t *kpos, int64_t Tq,
+static void us__hop_block_ranges(int4 *rng, const int32_t *qpos, const int32_t *kpos, int64_t Tq,
                                  int64_t Tk, cudaStream_t st) {
     const int64_t nq = (Tq + 63) / 64, nk = (Tk + 63) / 64;
     us__hop_pos_ranges<<<(unsigned)((nq + 7) / 8), 256, 0, st>>>(rng, qpos, (int)Tq, INT_MIN);
@@ -5825,7 +5887,7 @@ static void us__hop_block_ranges(int2 *rng, const int32_t *qpos, const int32_t *
 template <typename E, int HS>
 static void us__hop_block_fwd_hs(const CUtensorMap &mq, const CUtensorMap &mkv, float *acc,
                                  float *m, float *l, const int32_t *qpos, const int32_t *kpos,
-                                 const int2 *rng, int B, int Tq, int Tk, int NH, int NKV, int init,
+                                 const int4 *rng, int B, int Tq, int Tk, int NH, int NKV, int init,
                                  cudaStream_t st) {
     using C = us__hop_cfg<HS>;
     const size_t smem = us__hop_smem(C::fwd_bytes) + us__hop_vis_bytes(Tk, C::BC);
@@ -5849,7 +5911,7 @@ static int us__hop_block_fwd(us_ops *o, float *acc, float *m, float *l, const vo
     if (!us__hop_block_ok(o, dt, HS, 0, NH, NKV, B, Tq, Tk) || !us__hop_aligned(qkv) ||
         !us__hop_aligned(kv) || !us__aligned(acc, 8) || Tk <= 0)
         return 0;
-    int2 *rng = (int2 *)us__cuda_scratch(o, (size_t)((Tq + 63) / 64 + (Tk + 63) / 64) * 8);
+    int4 *rng = (int4 *)us__cuda_scratch(o, (size_t)((Tq + 63) / 64 + (Tk + 63) / 64) * 16);
     if (!rng) return 1; /* the failure is recorded */
 #define US__HOP_BLOCK_FWD(H)                                                                      \
     if (HS == H) {                                                                                \
@@ -5876,7 +5938,7 @@ struct us__hop_block_in {
     CUtensorMap maps[6];
     const float *L2, *D;
     const int32_t *qpos, *kpos;
-    const int2 *qrng, *krng;
+    const int4 *qrng, *krng;
 };
 
 template <typename E, int HS, int PART>
@@ -5944,9 +6006,9 @@ static int us__hop_block_bwd(us_ops *o, float *dq, float *dkv, const void *dout,
         return 0;
     const size_t dl_bytes = ((size_t)2 * rows * sizeof(float) + 15) / 16 * 16;
     float *D =
-        (float *)us__cuda_scratch(o, dl_bytes + (size_t)((Tq + 63) / 64 + (Tk + 63) / 64) * 8);
+        (float *)us__cuda_scratch(o, dl_bytes + (size_t)((Tq + 63) / 64 + (Tk + 63) / 64) * 16);
     if (!D) return 1; /* the failure is recorded */
-    int2 *rng = (int2 *)((char *)D + dl_bytes);
+    int4 *rng = (int4 *)((char *)D + dl_bytes);
     in.D = D;
     in.L2 = D + rows;
     in.qpos = qpos;

@@ -1062,6 +1062,69 @@ static void gather_rows(void *dst, int64_t dld, const void *src, int64_t sld, co
         }
 }
 
+/* The whole sequence as one block (positions 0..T−1, init, then finish; the backward of that
+   block): the block kernels against the causal ones on the same work, so that what the block
+   kernels cost beyond them (the fp32 state, the masks by position) shows apart from cp */
+static void bench_one_block(us_dtype dt, int B, int T, int NH, int NKV, int HS, const void *qkv,
+                            const void *dout, double flop, int hop) {
+    const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, KVW = (int64_t)2 * NKV * HS,
+                  AO = (int64_t)NH * HS, N = (int64_t)B * T;
+    us__cuda *c = (us__cuda *)inner.backend;
+    std::vector<int32_t> pos((size_t)T);
+    for (int t = 0; t < T; t++) pos[(size_t)t] = t;
+    int32_t *dpos = (int32_t *)inner.alloc(&inner, (size_t)T * 4);
+    void *kv = inner.alloc(&inner, (size_t)N * KVW * 2),
+         *o = inner.alloc(&inner, (size_t)N * AO * 2);
+    float *acc = (float *)inner.alloc(&inner, (size_t)N * AO * 4),
+          *m = (float *)inner.alloc(&inner, (size_t)N * NH * 4),
+          *l = (float *)inner.alloc(&inner, (size_t)N * NH * 4),
+          *ls = (float *)inner.alloc(&inner, (size_t)N * NH * 4),
+          *dq = (float *)inner.alloc(&inner, (size_t)N * AO * 4),
+          *dkv = (float *)inner.alloc(&inner, (size_t)N * KVW * 4);
+    inner.copy(&inner, dpos, pos.data(), pos.size() * 4, US_COPY_H2D);
+    inner.copy2d(&inner, kv, KVW, (const char *)qkv + AO * 2, QKV, N, KVW, dt);
+    cudaEvent_t e[3];
+    for (int k = 0; k < 3; k++) CK(cudaEventCreate(&e[k]));
+    for (int path = hop ? 0 : 1; path < 2; path++) {
+        std::vector<double> f, b;
+        us_cuda_attention_no_hopper(&inner, path ? 6 : 0);
+        for (int r = 0; r <= 5; r++) {
+            float x, y;
+            cudaEventRecord(e[0], c->stream);
+            inner.attn_block_fwd(&inner, acc, m, l, qkv, kv, dpos, dpos, B, T, T, NH, NKV, HS, 1,
+                                 dt);
+            inner.attn_block_finish(&inner, o, ls, acc, m, l, B, T, NH, HS, dt);
+            cudaEventRecord(e[1], c->stream);
+            inner.attn_block_bwd(&inner, dq, dkv, dout, qkv, o, ls, kv, dpos, dpos, B, T, T, NH,
+                                 NKV, HS, dt);
+            cudaEventRecord(e[2], c->stream);
+            cudaEventSynchronize(e[2]);
+            cudaEventElapsedTime(&x, e[0], e[1]);
+            cudaEventElapsedTime(&y, e[1], e[2]);
+            if (r) {
+                f.push_back(x);
+                b.push_back(y);
+            }
+        }
+        const double tf = median(f), tb = median(b);
+        printf("| one block, positions 0..T-1 (= causal), %s blocks | %.3f | %.3f | %.3f | %.0f | "
+               "%.3f | - |\n",
+               path ? "flash (mma.sync)" : "hopper", tf, tb, tf + tb,
+               flop / ((tf + tb) * 1e-3) * 1e-12, tf + tb);
+    }
+    us_cuda_attention_no_hopper(&inner, 0);
+    for (int k = 0; k < 3; k++) cudaEventDestroy(e[k]);
+    inner.free(&inner, dpos);
+    inner.free(&inner, kv);
+    inner.free(&inner, o);
+    inner.free(&inner, acc);
+    inner.free(&inner, m);
+    inner.free(&inner, l);
+    inner.free(&inner, ls);
+    inner.free(&inner, dq);
+    inner.free(&inner, dkv);
+}
+
 static void bench_cp_shape(us_dtype dt, int B, int T, int NH, int NKV, int HS, int ring,
                            int naive) {
     const int reps = 5;
@@ -1130,6 +1193,7 @@ static void bench_cp_shape(us_dtype dt, int B, int T, int NH, int NKV, int HS, i
         tf, tb, tf + tb, flop / ((tf + tb) * 1e-3) * 1e-12, tf + tb);
     fflush(stdout);
     const int hop = !strcmp(us_cuda_attention_path(&inner, dt, HS, 1), "hopper");
+    bench_one_block(dt, B, T, NH, NKV, HS, qkv, dout, flop, hop);
     for (int cp = 2; cp <= 4; cp += 2)
         for (int variant = 0; variant < 5; variant++) {
             /* zig-zag and ring, each on the Hopper block kernels and on the mma.sync ones
