@@ -592,8 +592,8 @@ static void test_attention_shapes(void) {
     us_cuda_attention_no_hopper(&G, 0);
 }
 
-/* Context parallelism's attention by key blocks on the flash path (bf16 and fp16; HS 64, 80, 96,
-   128, 192, 256): one rank's queries against a chain of K/V blocks (init on the first), finish,
+/* Context parallelism's attention by key blocks on the flash paths, wgmma (Hopper) and mma.sync
+   (bf16 and fp16; HS 64, 80, 96, 128, 192, 256): one rank's queries against a chain of K/V blocks (init on the first), finish,
    then the backward of every block, all against the CPU reference. qpos[Tq] and kpos[nb][Tk] set the case. The
    GPU state starts as garbage, so init must not read it; dQ and dK|dV start non-zero, so the
    backward must add. The backward runs twice and must give the same bits (no atomics). */
