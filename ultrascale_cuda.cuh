@@ -21,7 +21,8 @@
      // >>cuda-attention  portable attention (any dtype/head size)
      // >>cuda-flash      flash attention: bf16, HS 64/128, mma.sync tensor cores, deterministic backward
      // >>cuda-hopper     FlashAttention-3 on Hopper: wgmma, TMA, warp specialisation; bf16/fp16, HS 64-256
-     // >>cuda-cp-flash   the same by key blocks with positions (ring attention's blocks): bf16/fp16, HS 64-256, state in fp32
+     // >>cuda-cp-flash   the same by key blocks with positions (ring attention's blocks): bf16/fp16, HS 64-256, state in fp32;
+                         wgmma on Hopper, mma.sync elsewhere
      // >>cuda-moe        mixture of experts: router (+ backward), counting-sort permute, row gather / scatter-add, gate gradient
      // >>cuda-grouped    grouped GEMM: a MoE layer's experts in one launch (wgmma; mma.sync)
      // >>cuda-optimizer  AdamW on flat buffers, Σx² for the global norm
@@ -58,7 +59,9 @@ US_API const char *us_cuda_attention_path(us_ops *ops, us_dtype dt, int head_siz
    0 every path (the default), 1 none of the Hopper kernels, 2 not the Hopper forward, 3 not
    the Hopper backward, 4 the Hopper backward always as two kernels (dK/dV, then dQ), 5 always
    fused (dQ inside the dK/dV kernel) where it is compiled (HS 64 and 128); by default the
-   backward runs as two kernels, which measured as fast or faster (us__hop_fused). */
+   backward runs as two kernels, which measured as fast or faster (us__hop_fused); 6 every
+   Hopper kernel but context parallelism's block kernels (attn_block_fwd/bwd then take the
+   mma.sync ones of // >>cuda-cp-flash). */
 US_API void us_cuda_attention_no_hopper(us_ops *ops, int which);
 
 /* gemm_grouped's path on the GPU (// >>cuda-grouped), for tests and benchmarks to compare:
@@ -118,7 +121,8 @@ typedef struct us__gemm_plan {
 typedef struct us__cuda {
     int device, cc_major, n_sm;
     int hop_off; /* attention skips // >>cuda-hopper: 1 both ways, 2 forward, 3 backward; 4 the
-                    two-kernel backward always, 5 the fused one always (tests, benchmarks) */
+                    two-kernel backward always, 5 the fused one always, 6 not the block kernels
+                    of context parallelism (tests, benchmarks) */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     void *ws; /* cuBLASLt workspace */
@@ -3597,15 +3601,17 @@ static __device__ __forceinline__ float2 us__hop_lds2(const float *p) {
     return v;
 }
 
-/* Pᵀ = exp2(Sᵀ·sl2 − L2[q]) (0 where key > query, checked only when diag), dSᵀ = Pᵀ ∘ (dPᵀ −
+/* Pᵀ = exp2(Sᵀ·sl2 − L2[q]) (0 where masked(j, e), checked only when diag), dSᵀ = Pᵀ ∘ (dPᵀ −
    D[q]) · scale, both rounded into the A fragments of dV += Pᵀ·dO (pa) and dK += dSᵀ·Q (da).
-   tL, tD [BQ]: the stage's L2 and D; key0: the thread's first key; q0 the tile's first query.
-   One k-step (16 queries) at a time, packed at once, so that S and dP die as they are used. */
-template <typename E, int BQ, bool DK, bool DV>
+   tL, tD [BQ]: the stage's L2 and D. masked(j, e): whether the thread's key 8·(e/2) (of its two)
+   is hidden from query j·8 + 2·(lane%4) + e%2 of the tile (causal: key > query; the block
+   kernels: by position). One k-step (16 queries) at a time, packed at once, so that S and dP die
+   as they are used. */
+template <typename E, int BQ, bool DK, bool DV, typename Mask>
 static __device__ __forceinline__ void
 us__hop_pds(uint32_t (&pa)[DV ? BQ / 16 : 1][4], uint32_t (&da)[DK ? BQ / 16 : 1][4],
             float (&st)[BQ / 8][4], float (&dpt)[DK ? BQ / 8 : 1][4], const float *tL,
-            const float *tD, bool diag, int key0, int q0, int lane, float scale, float sl2) {
+            const float *tD, bool diag, Mask masked, int lane, float scale, float sl2) {
 #pragma unroll
     for (int t = 0; t < BQ / 16; t++) {
 #pragma unroll
@@ -3616,7 +3622,7 @@ us__hop_pds(uint32_t (&pa)[DV ? BQ / 16 : 1][4], uint32_t (&da)[DK ? BQ / 16 : 1
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 float p = us__hop_exp2(st[j][e] * sl2 - ((e & 1) ? L.y : L.x));
-                if (diag && key0 + (e >> 1) * 8 > q0 + qp + (e & 1)) p = 0.f;
+                if (diag && masked(j, e)) p = 0.f;
                 st[j][e] = p;
                 if constexpr (DK) dpt[j][e] = p * (dpt[j][e] - ((e & 1) ? Dq.y : Dq.x)) * scale;
             }
@@ -3725,8 +3731,11 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
             us__wg_wait<BQ / 2>(&st[0][0]);
             if constexpr (DK) us__wg_wait<BQ / 2>(&dpt[0][0]);
             /* diag: some key of the warpgroup comes after some query */
+            const auto causal = [&](int j, int e) {
+                return key0 + (e >> 1) * 8 > q0 + j * 8 + 2 * (lane & 3) + (e & 1);
+            };
             us__hop_pds<E, BQ, DK, DV>(pa, da, st, dpt, sL + s * BQ, sD + s * BQ, kc + 63 > q0,
-                                       key0, q0, lane, scale, sl2);
+                                       causal, lane, scale, sl2);
             us__hop_turn<NWG>(c);
             us__hop_dkv_mma<E, HS, BQ, DK, DV>(dk, dv, pa, da, tQ, tdO);
             us__hop_turn_done<NWG>(c, it + 1 == nit);
@@ -4025,7 +4034,10 @@ us__hop_fused_tile(float (&dk)[HS / 8][4], float (&dv)[HS / 8][4], const unsigne
         us__hop_turn_done<2>(c, false);
         us__wg_wait<BQ / 2>(&st[0][0]);
         us__wg_wait<BQ / 2>(&dpt[0][0]);
-        us__hop_pds<E, BQ, true, true>(pa, da, st, dpt, tL, tD, kc + 63 > q0, key0, q0, lane, scale,
+        const auto causal = [&](int j, int e) {
+            return key0 + (e >> 1) * 8 > q0 + j * 8 + 2 * (lane & 3) + (e & 1);
+        };
+        us__hop_pds<E, BQ, true, true>(pa, da, st, dpt, tL, tD, kc + 63 > q0, causal, lane, scale,
                                        sl2);
     } else {
 #pragma unroll
@@ -4529,7 +4541,20 @@ static void us__cuda_attention_bwd(us_ops *o, void *dqkv, const void *dout, cons
    D = rowsum(dO ∘ O) comes from us__flash_bwd_dot_kernel. Every output element belongs to one
    thread of one CTA and is summed in a fixed order, then added once: deterministic, no atomics.
    A tile's positions (and in the backward lse·log2 e and D, which the dot kernel writes next to
-   D) travel by 4-byte cp.async with the tile, so no plain load stalls the loop. */
+   D) travel by 4-byte cp.async with the tile, so no plain load stalls the loop.
+
+   On Hopper the ops take the same three kernels rebuilt on // >>cuda-hopper (wgmma, TMA, a
+   producer warpgroup, ping-ponging consumers; its tiles, shared-memory layouts and per-tile
+   helpers), at the end of this section: us__hop_block_fwd_kernel, us__hop_block_dkdv_kernel,
+   us__hop_block_dq_kernel. What changes against the causal Hopper kernels is only which tiles
+   a CTA visits and how a tile is masked: a small kernel first writes the smallest and largest
+   position of every run of 64 queries and keys (us__hop_pos_ranges); each CTA turns them into
+   the bitmask of the tiles it can see (the producer loads only those), and each consumer
+   warpgroup decides per tile, from the same ranges, whether its 64 rows see none of it (skip),
+   all of it (no mask) or part of it (mask by position). A rank's positions in ring attention
+   are one or two contiguous runs, so almost every tile is all or nothing, as in causal
+   attention. The mma.sync kernels here stay the portable path (sm_80+, and on Hopper with
+   us_cuda_attention_no_hopper 1 or 6, which the tests and bench_cuda --cp use to compare). */
 
 /* min / max over a warp: one redux.sync on sm_80+, shuffles elsewhere (where it must compile) */
 static __device__ __forceinline__ int us__warp_min(int v) {
@@ -5154,12 +5179,879 @@ static void us__flash_block_fwd_e(float *acc, float *m, float *l, const void *qk
     });
 }
 
+/* ---- Hopper (sm_90a): the block kernels on // >>cuda-hopper's machinery ----------------
+   The three kernels above, rebuilt from the pieces of // >>cuda-hopper (TMA copies, wgmma,
+   a producer warpgroup and ping-ponging consumers) with the positions of ring attention:
+     - the tiles a CTA visits come from a bitmask (us__hop_vis) built before the roles split,
+       from the smallest and largest position of every run of 64 (us__hop_pos_ranges, one small
+       kernel per call): the producer loads only visible tiles, a CTA that sees nothing exits;
+     - a consumer classifies each tile against its own 64 rows by the same ranges: hidden
+       (skipped: its turns at the tensor cores are still taken), wholly visible (no mask), or
+       partly visible (masked by position, key j hidden from query i when kpos[j] > qpos[i]).
+       In plain and zig-zag ring attention a rank's positions are one or two contiguous runs,
+       so only the tiles on a run's edge or on the diagonal are masked, and there the keys are
+       one ascending run (the ranges say so), so the mask is arithmetic, as the causal one;
+       other positions are read from kpos. The forward carries P·V one tile behind, so its
+       consumers compute every CTA tile up to their own last visible one (a hidden one in
+       between is masked whole) and only take turns after it, as the causal forward does;
+     - what they cost beyond the causal kernels, on one H200 at T 32k (bench_cuda --cp-seq's
+       "one block" row: the whole sequence as one block, positions 0..T−1): the forward 1.5×
+       the causal one at HS 128 and 1.7× at HS 64, the backward 1.25× and 1.4×; at HS 64 the
+       forward is 10 % slower than the mma.sync one (bench/logs/cp_hopper). Not yet found where
+       (suspects: each tile's range is a global load the consumer waits on right after the
+       tile's barrier; the fp32 state in and out);
+     - keys past Tk have position +inf and queries past Tq −inf, so a tail tile is always
+       masked, and TMA zero-fills its rows;
+     - K and V come from the block buffer kv [B][Tk][2·NKV·HS] through their own tensor map;
+       the forward's consumers start from the fp32 state (or fresh when init) and write it back
+       unnormalised; the backward adds fp32 dQ and dK|dV, each element owned by one thread and
+       summed in a fixed order (no atomics), as the mma.sync kernels promise. */
+
+/* rng[c] = {min, max, run, 0} of pos[64c .. 64c + 63], pad past n (+inf for keys, −inf for
+   queries: a tail makes its tile partly visible, never wholly); run = 1 when the 64 are
+   min, min + 1, ..., in order (then a mask needs no position from memory). A warp per 64. */
+__global__ void __launch_bounds__(256)
+    us__hop_pos_ranges(int4 *__restrict__ rng, const int32_t *__restrict__ pos, int n, int pad) {
+    const int c = (int)blockIdx.x * 8 + (int)(threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (c >= (n + 63) / 64) return;
+    const int i = c * 64 + lane;
+    const int a = i < n ? pos[i] : pad;
+    const int z = i + 32 < n ? pos[i + 32] : pad;
+    const unsigned base = (unsigned)__shfl_sync(0xffffffffu, a, 0);
+    const int run = __all_sync(0xffffffffu, i + 32 < n && (unsigned)a == base + lane &&
+                                                (unsigned)z == base + 32 + lane);
+    const int lo = us__warp_min(min(a, z));
+    const int hi = us__warp_max(max(a, z));
+    if (lane == 0) rng[c] = make_int4(lo, hi, run, 0);
+}
+
+/* {min, max, run} over runs c0 .. c0 + nr − 1 of 64 positions (those below n64; run: all of
+   them one ascending run); {+inf, −inf} when none is: a warpgroup past the end sees nothing */
+static __device__ __forceinline__ int4 us__hop_runs(const int4 *__restrict__ rng, int c0, int nr,
+                                                    int n64) {
+    int4 r = make_int4(INT_MAX, INT_MIN, 1, 0);
+    for (int k = 0; k < nr; k++) {
+        if (c0 + k >= n64) {
+            r.z = 0;
+            break;
+        }
+        const int4 x = rng[c0 + k];
+        r.z = r.z && x.z && (k == 0 || (unsigned)x.x == (unsigned)r.y + 1u);
+        r.x = min(r.x, x.x);
+        r.y = max(r.y, x.y);
+    }
+    return r;
+}
+
+/* Bit t of vis: tile t (TILE positions of n) holds something the CTA sees. KEYS: a key ≤ bound
+   (the CTA's largest query position); else a query ≥ bound (its smallest key position). Every
+   thread of the CTA; ends with a barrier; returns the number of visible tiles. */
+template <int TILE, bool KEYS>
+static __device__ int us__hop_vis(unsigned *vis, const int4 *__restrict__ rng, int n, int bound) {
+    const int n64 = (n + 63) / 64, nt = (n + TILE - 1) / TILE, nw = (nt + 31) / 32;
+    for (int t0 = 0; t0 < nw * 32; t0 += (int)blockDim.x) {
+        const int t = t0 + (int)threadIdx.x;
+        bool hit = false;
+        if (t < nt) {
+            const int4 r = us__hop_runs(rng, t * (TILE / 64), TILE / 64, n64);
+            hit = KEYS ? r.x <= bound : r.y >= bound;
+        }
+        const unsigned bits = __ballot_sync(0xffffffffu, hit);
+        if ((threadIdx.x & 31) == 0 && t < nw * 32) vis[t >> 5] = bits;
+    }
+    __syncthreads();
+    int cnt = 0;
+    for (int w = 0; w < nw; w++) cnt += __popc(vis[w]);
+    return cnt;
+}
+
+/* ---- forward ------------------------------------------------------------------------ */
+/* The state of the thread's rows row0, row0 + 8 (m into the log2 domain; l into lane 0 of the
+   quad, whose sum is the row's), or a fresh one when init or past Tq */
+template <int HS>
+static __device__ __forceinline__ void
+us__hop_state_load(float (&o)[HS / 8][4], float (&m)[2], float (&l)[2], const float *acc,
+                   const float *mst, const float *lst, int row0, int b, int h, int Tq, int NH,
+                   int init, int lane) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row0 + 8 * r;
+        const int64_t i = ((int64_t)b * NH + h) * Tq + row;
+        const bool fresh = init || row >= Tq;
+        m[r] = fresh ? -INFINITY : mst[i] * 1.4426950408889634f;
+        l[r] = fresh || (lane & 3) ? 0.f : lst[i];
+        const float *ar = acc + i * HS + 2 * (lane & 3);
+#pragma unroll
+        for (int ii = 0; ii < HS / 8; ii++) {
+            const float2 v =
+                fresh ? make_float2(0.f, 0.f) : *reinterpret_cast<const float2 *>(ar + ii * 8);
+            o[ii][2 * r] = v.x;
+            o[ii][2 * r + 1] = v.y;
+        }
+    }
+}
+
+/* the state back: acc unnormalised, m in natural-log units, l summed over the quad */
+template <int HS>
+static __device__ __forceinline__ void
+us__hop_state_store(const float (&o)[HS / 8][4], const float (&m)[2], float (&l)[2], float *acc,
+                    float *mst, float *lst, int row0, int b, int h, int Tq, int NH, int lane) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        const int row = row0 + 8 * r;
+        if (row >= Tq) continue;
+        const int64_t i = ((int64_t)b * NH + h) * Tq + row;
+        if ((lane & 3) == 0) {
+            mst[i] = m[r] * 0.69314718055994531f;
+            lst[i] = l[r];
+        }
+        float *ar = acc + i * HS + 2 * (lane & 3);
+#pragma unroll
+        for (int ii = 0; ii < HS / 8; ii++)
+            *reinterpret_cast<float2 *>(ar + ii * 8) = make_float2(o[ii][2 * r], o[ii][2 * r + 1]);
+    }
+}
+
+/* The forward's copy thread: Q once (columns qcol), then K and V (columns kcol, vcol of kv) of
+   the visible key tiles through the ring */
+template <int HS>
+static __device__ __forceinline__ void
+us__hop_block_fwd_produce(unsigned char *sQ, unsigned char *sK, unsigned char *sV, uint64_t *barQ,
+                          uint64_t *fullK, uint64_t *fullV, uint64_t *emptyK, uint64_t *emptyV,
+                          const CUtensorMap *mq, const CUtensorMap *mkv, const unsigned *vis,
+                          int nkt, int qcol, int kcol, int vcol, int b, int q0) {
+    using C = us__hop_cfg<HS>;
+    constexpr int BR = 64 * C::NWF, BC = C::BC, S = C::FS, QB = BR * C::HSP * 2,
+                  KVB = BC * C::HSP * 2;
+    us__mb_expect(barQ, QB);
+    us__tma_tile<HS, BR>(sQ, mq, qcol, q0, b, barQ);
+    int kt = us__fa_next_tile(vis, -1, nkt);
+    for (int it = 0; kt < nkt; it++, kt = us__fa_next_tile(vis, kt, nkt)) {
+        const int s = it % S;
+        if (it >= S) us__mb_wait(emptyK + s, ((it / S) - 1) & 1);
+        us__mb_expect(fullK + s, KVB);
+        us__tma_tile<HS, BC>(sK + s * KVB, mkv, kcol, kt * BC, b, fullK + s);
+        if (it >= S) us__mb_wait(emptyV + s, ((it / S) - 1) & 1);
+        us__mb_expect(fullV + s, KVB);
+        us__tma_tile<HS, BC>(sV + s * KVB, mkv, vcol, kt * BC, b, fullV + s);
+    }
+}
+
+/* What a forward consumer needs of the block: the tiles (vis, nkt, nvis; the first nc of them
+   up to its last visible one), the key tiles' ranges and positions, its own rows' smallest
+   position (qmin) and the thread's two (qp) */
+struct us__hop_fwd_keys {
+    const unsigned *vis;
+    const int4 *krng;
+    const int32_t *kpos;
+    int nkt, nvis, nc, nk64, Tk, qmin, qp[2];
+};
+
+/* A forward consumer over the CTA's visible tiles (at least one): us__hop_fwd_kernel's loop (S
+   of tile it beside P·V of tile it − 1, ping-pong over the NWF consumers, first tile and last
+   P·V peeled) over the tiles from the bitmask up to its own last visible one (ks.nc of them; a
+   tile in between that it cannot see is masked whole), then only the turns and stages of the
+   rest. A partly visible tile is masked by position: arithmetic when its keys are one ascending
+   run, else from kpos. */
+template <typename E, int HS>
+static __device__ __forceinline__ void
+us__hop_block_fwd_consume(float (&o)[HS / 8][4], float (&m)[2], float (&l)[2],
+                          const unsigned char *sQc, const unsigned char *sK,
+                          const unsigned char *sV, uint64_t *barQ, uint64_t *fullK, uint64_t *fullV,
+                          uint64_t *emptyK, uint64_t *emptyV, const us__hop_fwd_keys &ks, int c,
+                          int lane, float sl2) {
+    using C = us__hop_cfg<HS>;
+    constexpr int NW = C::NWF, BR = 64 * NW, BC = C::BC, S = C::FS, KVB = BC * C::HSP * 2;
+    uint32_t pa[BC / 16][4]; /* P of the tile before, as A fragments of O += P·V */
+    float corr[2] = {1.f, 1.f};
+    const auto pv = [&](int s, int ph) {
+        us__mb_wait(fullV + s, ph);
+        us__wg_fence();
+#pragma unroll
+        for (int t = 0; t < BC / 16; t++)
+            us__wg_rs<HS, E, 1>(&o[0][0], pa[t], us__wg_mnmaj<BC>(sV + s * KVB, t), 1);
+        us__wg_commit();
+    };
+    const auto softmax = [&](float(&sc)[BC / 8][4], int kt, int4 kr) {
+        const auto masked = [&](int j, int e) {
+            const int off = j * 8 + 2 * (lane & 3) + (e & 1), key = kt * BC + off;
+            const int kp = kr.z ? kr.x + off : key < ks.Tk ? ks.kpos[key] : INT_MAX;
+            return kp > ks.qp[e >> 1];
+        };
+        /* partly visible: some key after this warpgroup's smallest query position */
+        us__hop_softmax<BC>(sc, m, l, corr, sl2, kr.y > ks.qmin, masked);
+    };
+    const auto to_a = [&](float(&sc)[BC / 8][4]) {
+#pragma unroll
+        for (int t = 0; t < BC / 16; t++) us__hop_to_a<E, BC>(pa[t], sc, t);
+    };
+    const auto turn_done = [&](int it) {
+        if (c != NW - 1 || it + 1 < ks.nvis) us__hop_bar_arrive(1 + (c + 1) % NW);
+    };
+    const auto tile = [&](int kt) {
+        return us__hop_runs(ks.krng, kt * (BC / 64), BC / 64, ks.nk64);
+    };
+    if (c == NW - 1) us__hop_bar_arrive(1); /* consumer 0 takes the tensor cores first */
+    us__mb_wait(barQ, 0);
+    int it = 0;
+    if (ks.nc > 0) {
+        float sc[BC / 8][4];
+        int kt = us__fa_next_tile(ks.vis, -1, ks.nkt);
+        int4 kr = tile(kt);
+        us__mb_wait(fullK, 0);
+        us__hop_bar_sync(1 + c);
+        us__hop_qk<E, HS, BR, BC>(sc, sQc, sK);
+        turn_done(0);
+        us__wg_wait<BC / 2>(&sc[0][0]);
+        us__mb_arrive(emptyK);
+        softmax(sc, kt, kr);
+        to_a(sc);
+        for (it = 1; it < ks.nc; it++) {
+            const int s = it % S, sp = (it - 1) % S;
+            kt = us__fa_next_tile(ks.vis, kt, ks.nkt);
+            kr = tile(kt);
+            us__mb_wait(fullK + s, (it / S) & 1);
+            us__hop_bar_sync(1 + c); /* this consumer's turn at the tensor cores */
+            us__hop_scale_o<HS>(o, corr);
+            us__hop_qk<E, HS, BR, BC>(sc, sQc, sK + s * KVB);
+            pv(sp, ((it - 1) / S) & 1);
+            turn_done(it);
+            us__wg_wait_n<1, BC / 2>(&sc[0][0]); /* S has landed, P·V may still run */
+            us__mb_arrive(emptyK + s);
+            softmax(sc, kt, kr);
+            us__wg_wait<HS / 2>(&o[0][0]);
+            us__mb_arrive(emptyV + sp);
+            to_a(sc);
+        }
+        us__hop_scale_o<HS>(o, corr);
+        pv((it - 1) % S, ((it - 1) / S) & 1); /* O += P·V of the last tile */
+        us__wg_wait<HS / 2>(&o[0][0]);
+        us__mb_arrive(emptyV + (it - 1) % S);
+    }
+    for (; it < ks.nvis; it++) { /* tiles past this warpgroup's last visible one */
+        const int s = it % S;
+        us__mb_wait(fullK + s, (it / S) & 1);
+        us__hop_bar_sync(1 + c);
+        turn_done(it);
+        us__mb_arrive(emptyK + s);
+        us__mb_arrive(emptyV + s);
+    }
+}
+
+/* sLast[c]: the last tile of the bitmask that consumer c's 64 rows (runs c0 + c of qrng) can
+   see, −1 for none (sLast starts at −1). Every thread, before a barrier (us__hop_bars_init). */
+template <int BC, int NW>
+static __device__ void us__hop_last_seen(int *sLast, const unsigned *vis, const int4 *krng, int nkt,
+                                         int nk64, const int4 *qrng, int c0, int nq64) {
+    int qmax[NW];
+#pragma unroll
+    for (int c = 0; c < NW; c++) qmax[c] = us__hop_runs(qrng, c0 + c, 1, nq64).y;
+    for (int t = threadIdx.x; t < nkt; t += blockDim.x) {
+        if (!((vis[t >> 5] >> (t & 31)) & 1u)) continue;
+        const int lo = us__hop_runs(krng, t * (BC / 64), BC / 64, nk64).x;
+#pragma unroll
+        for (int c = 0; c < NW; c++)
+            if (lo <= qmax[c]) atomicMax(sLast + c, t);
+    }
+}
+
+/* how many tiles of the bitmask come up to tile last (inclusive; last −1: none) */
+static __device__ __forceinline__ int us__hop_vis_upto(const unsigned *vis, int last) {
+    int n = 0;
+    for (int w = 0; last >= 0 && w <= last >> 5; w++) {
+        unsigned bits = vis[w];
+        if (w == last >> 5 && (last & 31) != 31) bits &= (2u << (last & 31)) - 1u;
+        n += __popc(bits);
+    }
+    return n;
+}
+
+/* The block forward, one CTA per (64·NWF queries, head, batch): the state of those rows
+   carried through the visible key tiles of kv. */
+template <typename E, int HS>
+__global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
+    us__hop_block_fwd_kernel(const __grid_constant__ CUtensorMap mq,
+                             const __grid_constant__ CUtensorMap mkv, float *__restrict__ acc,
+                             float *__restrict__ mst, float *__restrict__ lst,
+                             const int32_t *__restrict__ qpos, const int32_t *__restrict__ kpos,
+                             const int4 *__restrict__ qrng, const int4 *__restrict__ krng, int Tq,
+                             int Tk, int NH, int NKV, int init, float sl2) {
+#if US__HOP_DEV
+    using C = us__hop_cfg<HS>;
+    constexpr int NW = C::NWF, BR = 64 * NW, BC = C::BC, S = C::FS, QB = BR * C::HSP * 2,
+                  KVB = BC * C::HSP * 2;
+    extern __shared__ __align__(1024) unsigned char us__hop_raw[];
+    unsigned char *sQ = us__hop_smem_base(us__hop_raw); /* [BR][HSP] */
+    unsigned char *sK = sQ + QB;                        /* [S][BC][HSP] */
+    unsigned char *sV = sK + S * KVB;                   /* [S][BC][HSP] */
+    uint64_t *barQ = (uint64_t *)(sV + S * KVB), *fullK = barQ + 1, *fullV = fullK + S;
+    uint64_t *emptyK = fullV + S, *emptyV = emptyK + S;
+    unsigned *vis = (unsigned *)(barQ + 32); /* [⌈key tiles / 32⌉] */
+    __shared__ int sLast[NW];                /* us__hop_last_seen */
+    const int qb = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, g = h / (NH / NKV);
+    const int q0 = qb * BR, nq64 = (Tq + 63) / 64;
+    if (threadIdx.x < NW) sLast[threadIdx.x] = -1;
+    us__hop_fwd_keys ks;
+    ks.vis = vis;
+    ks.krng = krng;
+    ks.kpos = kpos;
+    ks.nkt = (Tk + BC - 1) / BC;
+    ks.nk64 = (Tk + 63) / 64;
+    ks.Tk = Tk;
+    ks.nvis = us__hop_vis<BC, true>(vis, krng, Tk, us__hop_runs(qrng, q0 / 64, NW, nq64).y);
+    if (ks.nvis == 0 && !init) return; /* nothing of this block is visible here: the state stays */
+    us__hop_last_seen<BC, NW>(sLast, vis, krng, ks.nkt, ks.nk64, qrng, q0 / 64, nq64);
+    const int wg = us__hop_wg(), tid = threadIdx.x & 127;
+    us__hop_bars_init(barQ, 2 * S, 1, 128 * NW); /* fullK, fullV; emptyK, emptyV */
+
+    if (wg == 0) { /* producer: one thread issues every copy */
+        us__hop_regs_producer<NW>();
+        if (tid == 0 && ks.nvis > 0)
+            us__hop_block_fwd_produce<HS>(sQ, sK, sV, barQ, fullK, fullV, emptyK, emptyV, &mq, &mkv,
+                                          vis, ks.nkt, h * HS, g * HS, (NKV + g) * HS, b, q0);
+        return;
+    }
+    us__hop_regs_consumer<NW>();
+    const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
+    const int row0 = q0 + 64 * c + 16 * warp + (lane >> 2); /* the thread's rows: row0 + 8r */
+    ks.qmin = us__hop_runs(qrng, q0 / 64 + c, 1, nq64).x;
+    ks.nc = us__hop_vis_upto(vis, sLast[c]);
+    ks.qp[0] = row0 < Tq ? qpos[row0] : INT_MIN;
+    ks.qp[1] = row0 + 8 < Tq ? qpos[row0 + 8] : INT_MIN;
+    float o[HS / 8][4], m[2], l[2];
+    us__hop_state_load<HS>(o, m, l, acc, mst, lst, row0, b, h, Tq, NH, init, lane);
+    if (ks.nvis > 0)
+        us__hop_block_fwd_consume<E, HS>(o, m, l, sQ + 64 * c * 128, sK, sV, barQ, fullK, fullV,
+                                         emptyK, emptyV, ks, c, lane, sl2);
+    us__hop_state_store<HS>(o, m, l, acc, mst, lst, row0, b, h, Tq, NH, lane);
+#else
+    (void)mq, (void)mkv, (void)acc, (void)mst, (void)lst, (void)qpos, (void)kpos, (void)qrng,
+        (void)krng, (void)Tq, (void)Tk, (void)NH, (void)NKV, (void)init, (void)sl2;
+    __trap();
+#endif
+}
+
+/* ---- backward ----------------------------------------------------------------------- */
+/* The (query head, visible query tile) after (hi, qt) of a dK/dV CTA: head by head, the visible
+   tiles in order; hi reaches grp after the last */
+static __device__ __forceinline__ void us__hop_block_next(const unsigned *vis, int nqt, int first,
+                                                          int &hi, int &qt) {
+    qt = us__fa_next_tile(vis, qt, nqt);
+    if (qt >= nqt) {
+        qt = first;
+        hi++;
+    }
+}
+
+/* The dK/dV kernel's copy thread: K and V of the CTA's keys (rows k0.. of kv) once, then Q and
+   dO of every (head of the group, visible query tile) through the ring */
+template <int HS>
+static __device__ __forceinline__ void
+us__hop_block_dkdv_produce(unsigned char *sK, unsigned char *sV, unsigned char *sQ,
+                           unsigned char *sdO, uint64_t *barKV, uint64_t *full, uint64_t *empty,
+                           const CUtensorMap *mq, const CUtensorMap *mdo, const CUtensorMap *mkv,
+                           const unsigned *vis, int nqt, int g, int b, int k0, int grp, int NKV) {
+    using C = us__hop_cfg<HS>;
+    constexpr int BK = 64 * C::NWG, BQ = C::BQ, S = C::BS;
+    constexpr int KB = BK * C::HSP * 2, QB = BQ * C::HSP * 2;
+    us__mb_expect(barKV, 2 * KB);
+    us__tma_tile<HS, BK>(sK, mkv, g * HS, k0, b, barKV);
+    us__tma_tile<HS, BK>(sV, mkv, (NKV + g) * HS, k0, b, barKV);
+    const int first = us__fa_next_tile(vis, -1, nqt);
+    int it = 0;
+    for (int hi = 0, qt = first; hi < grp; it++, us__hop_block_next(vis, nqt, first, hi, qt)) {
+        const int s = it % S, h = g * grp + hi;
+        if (it >= S) us__mb_wait(empty + s, ((it / S) - 1) & 1);
+        us__mb_expect(full + s, 2 * QB);
+        us__tma_tile<HS, BQ>(sQ + s * QB, mq, h * HS, qt * BQ, b, full + s);
+        us__tma_tile<HS, BQ>(sdO + s * QB, mdo, h * HS, qt * BQ, b, full + s);
+    }
+}
+
+/* The dK/dV kernel's warp 1: L2, D and the positions of each stage's queries into shared
+   memory (past Tq: L2 = +inf, position −inf), then an arrival on the stage's "full" barrier */
+template <int HS>
+static __device__ __forceinline__ void
+us__hop_block_rows(float *sL, float *sD, int *sQp, uint64_t *full, uint64_t *empty,
+                   const float *__restrict__ L2g, const float *__restrict__ Dg,
+                   const int32_t *__restrict__ qpos, const unsigned *vis, int nqt, int g, int b,
+                   int grp, int Tq, int NH, int lane) {
+    constexpr int BQ = us__hop_cfg<HS>::BQ, S = us__hop_cfg<HS>::BS;
+    const int first = us__fa_next_tile(vis, -1, nqt);
+    int it = 0;
+    for (int hi = 0, qt = first; hi < grp; it++, us__hop_block_next(vis, nqt, first, hi, qt)) {
+        const int s = it % S;
+        if (it >= S) us__mb_wait(empty + s, ((it / S) - 1) & 1);
+#pragma unroll 1
+        for (int i = lane; i < BQ; i += 32) {
+            const int q = qt * BQ + i;
+            const int64_t x = ((int64_t)b * NH + g * grp + hi) * Tq + q;
+            sL[s * BQ + i] = q < Tq ? L2g[x] : INFINITY;
+            sD[s * BQ + i] = q < Tq ? Dg[x] : 0.f;
+            sQp[s * BQ + i] = q < Tq ? qpos[q] : INT_MIN;
+        }
+        us__mb_arrive(full + s);
+    }
+}
+
+/* dK and dV of the thread's keys key0, key0 + 8 added into dkv [B][Tk][2·NKV·HS] fp32 (dK is
+   already scaled: dS was) */
+template <int HS, bool DK, bool DV>
+static __device__ __forceinline__ void
+us__hop_block_dkv_add(float *dkv, const float (&dk)[DK ? HS / 8 : 1][4],
+                      const float (&dv)[DV ? HS / 8 : 1][4], int key0, int b, int g, int Tk,
+                      int NKV, int lane) {
+    const int64_t KVW = (int64_t)2 * NKV * HS;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int key = key0 + 8 * r;
+        if (key >= Tk) continue;
+        float *row = dkv + ((int64_t)b * Tk + key) * KVW;
+        if constexpr (DK) us__fa_add_row<HS>(row + (int64_t)g * HS, dk, r, 1.f, lane);
+        if constexpr (DV) us__fa_add_row<HS>(row + (int64_t)(NKV + g) * HS, dv, r, 1.f, lane);
+    }
+}
+
+/* dK, dV of 64·NWG keys of kv head g for this block (PART as us__hop_dkdv_kernel's): every
+   query head of the group × visible query tile, us__hop_dkdv_kernel's per-tile math, a tile
+   hidden from a consumer's keys skipped, one partly visible masked by position */
+template <typename E, int HS, int PART>
+__global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
+    us__hop_block_dkdv_kernel(const __grid_constant__ CUtensorMap mq,
+                              const __grid_constant__ CUtensorMap mdo,
+                              const __grid_constant__ CUtensorMap mkv,
+                              const float *__restrict__ L2g, const float *__restrict__ Dg,
+                              float *__restrict__ dkv, const int32_t *__restrict__ qpos,
+                              const int32_t *__restrict__ kpos, const int4 *__restrict__ qrng,
+                              const int4 *__restrict__ krng, int Tq, int Tk, int NH, int NKV,
+                              float scale, float sl2) {
+#if US__HOP_DEV
+    using C = us__hop_cfg<HS>;
+    constexpr int NWG = C::NWG, BK = 64 * NWG, BQ = C::BQ, S = C::BS;
+    constexpr int KB = BK * C::HSP * 2, QB = BQ * C::HSP * 2;
+    constexpr bool DV = PART != 2, DK = PART != 1;
+    extern __shared__ __align__(1024) unsigned char us__hop_raw[];
+    unsigned char *sK = us__hop_smem_base(us__hop_raw); /* [BK][HSP] */
+    unsigned char *sV = sK + KB;                        /* [BK][HSP] */
+    unsigned char *sQ = sV + KB;                        /* [S][BQ][HSP] */
+    unsigned char *sdO = sQ + S * QB;                   /* [S][BQ][HSP] */
+    float *sL = (float *)(sdO + S * QB);                /* [S][BQ] */
+    float *sD = sL + S * BQ;                            /* [S][BQ] */
+    int *sQp = (int *)(sD + S * BQ);                    /* [S][BQ] */
+    uint64_t *barKV = (uint64_t *)(sQp + S * BQ), *full = barKV + 1, *empty = full + S;
+    unsigned *vis = (unsigned *)(barKV + 32); /* [⌈query tiles / 32⌉] */
+    const int g = blockIdx.x, b = blockIdx.y, k0 = blockIdx.z * BK, grp = NH / NKV;
+    const int nqt = (Tq + BQ - 1) / BQ, nq64 = (Tq + 63) / 64, nk64 = (Tk + 63) / 64;
+    const int nvis =
+        us__hop_vis<BQ, false>(vis, qrng, Tq, us__hop_runs(krng, k0 / 64, NWG, nk64).x);
+    if (nvis == 0) return; /* no query sees these keys: nothing to add */
+    const int wg = us__hop_wg(), tid = threadIdx.x & 127, nit = grp * nvis;
+    us__hop_bars_init(barKV, S, 1 + 32, 128 * NWG); /* full: the copy thread and warp 1's lanes */
+
+    if (wg == 0) {
+        us__hop_regs_producer<NWG>();
+        const int warp = tid >> 5, lane = tid & 31;
+        if (warp == 0 && lane == 0)
+            us__hop_block_dkdv_produce<HS>(sK, sV, sQ, sdO, barKV, full, empty, &mq, &mdo, &mkv,
+                                           vis, nqt, g, b, k0, grp, NKV);
+        else if (warp == 1)
+            us__hop_block_rows<HS>(sL, sD, sQp, full, empty, L2g, Dg, qpos, vis, nqt, g, b, grp, Tq,
+                                   NH, lane);
+        return;
+    }
+    us__hop_regs_consumer<NWG>();
+    const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
+    const int key0 = k0 + 64 * c + 16 * warp + (lane >> 2); /* the thread's keys: key0 + 8r */
+    const int4 kr = us__hop_runs(krng, k0 / 64 + c, 1, nk64);
+    const int kp[2] = {key0 < Tk ? kpos[key0] : INT_MAX, key0 + 8 < Tk ? kpos[key0 + 8] : INT_MAX};
+    float dk[DK ? HS / 8 : 1][4], dv[DV ? HS / 8 : 1][4];
+#pragma unroll
+    for (int i = 0; i < (DK ? HS / 8 : 1); i++) dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.f;
+#pragma unroll
+    for (int i = 0; i < (DV ? HS / 8 : 1); i++) dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
+    us__mb_wait(barKV, 0);
+
+    if (NWG == 2 && c == 1) us__hop_bar_arrive(1);
+    const int first = us__fa_next_tile(vis, -1, nqt);
+    for (int it = 0, hi = 0, qt = first; it < nit;
+         it++, us__hop_block_next(vis, nqt, first, hi, qt)) {
+        const int s = it % S;
+        const int4 qr = us__hop_runs(qrng, qt * (BQ / 64), BQ / 64, nq64);
+        us__mb_wait(full + s, (it / S) & 1);
+        if (qr.y < kr.x) { /* no query of the tile sees a key of this warpgroup */
+            us__hop_turns_skip<NWG>(c, it + 1 == nit);
+        } else {
+            const unsigned char *tQ = sQ + s * QB, *tdO = sdO + s * QB;
+            const int *tp = sQp + s * BQ;
+            float st[BQ / 8][4], dpt[DK ? BQ / 8 : 1][4];
+            uint32_t pa[DV ? BQ / 16 : 1][4], da[DK ? BQ / 16 : 1][4];
+            us__hop_turn<NWG>(c);
+            us__hop_sdp<E, HS, BK, BQ, DK>(st, dpt, sK, sV, tQ, tdO, c);
+            us__hop_turn_done<NWG>(c, false);
+            us__wg_wait<BQ / 2>(&st[0][0]);
+            if constexpr (DK) us__wg_wait<BQ / 2>(&dpt[0][0]);
+            const auto hidden = [&](int j, int e) {
+                return kp[e >> 1] > tp[j * 8 + 2 * (lane & 3) + (e & 1)];
+            };
+            us__hop_pds<E, BQ, DK, DV>(pa, da, st, dpt, sL + s * BQ, sD + s * BQ, kr.y > qr.x,
+                                       hidden, lane, scale, sl2);
+            us__hop_turn<NWG>(c);
+            us__hop_dkv_mma<E, HS, BQ, DK, DV>(dk, dv, pa, da, tQ, tdO);
+            us__hop_turn_done<NWG>(c, it + 1 == nit);
+            if constexpr (DV) us__wg_wait<HS / 2>(&dv[0][0]);
+            if constexpr (DK) us__wg_wait<HS / 2>(&dk[0][0]);
+        }
+        us__mb_arrive(empty + s);
+    }
+    us__hop_block_dkv_add<HS, DK, DV>(dkv, dk, dv, key0, b, g, Tk, NKV, lane);
+#else
+    (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dkv, (void)qpos, (void)kpos,
+        (void)qrng, (void)krng, (void)Tq, (void)Tk, (void)NH, (void)NKV, (void)scale, (void)sl2;
+    __trap();
+#endif
+}
+
+/* The dQ kernel's copy thread: Q and dO of the CTA's queries once, then K and V of the visible
+   key tiles of kv through the ring */
+template <int HS>
+static __device__ __forceinline__ void
+us__hop_block_dq_produce(unsigned char *sQ, unsigned char *sdO, unsigned char *sK,
+                         unsigned char *sV, uint64_t *barQ, uint64_t *full, uint64_t *empty,
+                         const CUtensorMap *mq, const CUtensorMap *mdo, const CUtensorMap *mkv,
+                         const unsigned *vis, int nkt, int h, int g, int b, int q0, int NKV) {
+    using C = us__hop_cfg<HS>;
+    constexpr int BR = 64 * C::NWG, BK = C::BKQ, S = C::QS;
+    constexpr int QB = BR * C::HSP * 2, KB = BK * C::HSP * 2;
+    us__mb_expect(barQ, 2 * QB);
+    us__tma_tile<HS, BR>(sQ, mq, h * HS, q0, b, barQ);
+    us__tma_tile<HS, BR>(sdO, mdo, h * HS, q0, b, barQ);
+    int kt = us__fa_next_tile(vis, -1, nkt);
+    for (int it = 0; kt < nkt; it++, kt = us__fa_next_tile(vis, kt, nkt)) {
+        const int s = it % S;
+        if (it >= S) us__mb_wait(empty + s, ((it / S) - 1) & 1);
+        us__mb_expect(full + s, 2 * KB);
+        us__tma_tile<HS, BK>(sK + s * KB, mkv, g * HS, kt * BK, b, full + s);
+        us__tma_tile<HS, BK>(sV + s * KB, mkv, (NKV + g) * HS, kt * BK, b, full + s);
+    }
+}
+
+/* One visible key tile of a dQ consumer: S = Q·Kᵀ, dP = dO·Vᵀ, P (masked by position when
+   part: from kr when the tile's keys are one ascending run, else from kpos), dS = P ∘ (dP − D) ·
+   scale, dQ += dS·K; us__hop_dq_kernel's math and turns */
+template <typename E, int HS>
+static __device__ __forceinline__ void
+us__hop_block_dq_tile(float (&dq)[HS / 8][4], const unsigned char *sQ, const unsigned char *sdO,
+                      const unsigned char *tK, const unsigned char *tV, const float (&L2)[2],
+                      const float (&Dr)[2], const int (&qp)[2], const int32_t *__restrict__ kpos,
+                      int kt, int Tk, int4 kr, bool part, bool last, int c, int lane, float scale,
+                      float sl2) {
+    using C = us__hop_cfg<HS>;
+    constexpr int NWG = C::NWG, BR = 64 * NWG, BK = C::BKQ;
+    float sc[BK / 8][4], dp[BK / 8][4];
+    us__hop_turn<NWG>(c);
+    us__wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++) {
+        us__wg_ss<BK, E, 0>(&sc[0][0], us__wg_kmaj<BR>(sQ, 64 * c, kk), us__wg_kmaj<BK>(tK, 0, kk),
+                            kk > 0);
+        us__wg_ss<BK, E, 0>(&dp[0][0], us__wg_kmaj<BR>(sdO, 64 * c, kk), us__wg_kmaj<BK>(tV, 0, kk),
+                            kk > 0);
+    }
+    us__wg_commit();
+    us__hop_turn_done<NWG>(c, false);
+    us__wg_wait<BK / 2>(&sc[0][0]);
+    us__wg_wait<BK / 2>(&dp[0][0]);
+#pragma unroll
+    for (int j = 0; j < BK / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float p = us__hop_exp2(sc[j][e] * sl2 - L2[e >> 1]);
+            const int off = j * 8 + 2 * (lane & 3) + (e & 1), key = kt * BK + off;
+            if (part && (kr.z ? kr.x + off : key < Tk ? kpos[key] : INT_MAX) > qp[e >> 1]) p = 0.f;
+            dp[j][e] = p * (dp[j][e] - Dr[e >> 1]) * scale;
+        }
+    uint32_t da[BK / 16][4];
+#pragma unroll
+    for (int t = 0; t < BK / 16; t++) us__hop_to_a<E, BK>(da[t], dp, t);
+    us__hop_turn<NWG>(c);
+    us__wg_fence();
+#pragma unroll
+    for (int t = 0; t < BK / 16; t++)
+        us__wg_rs<HS, E, 1>(&dq[0][0], da[t], us__wg_mnmaj<BK>(tK, t), 1);
+    us__wg_commit();
+    us__hop_turn_done<NWG>(c, last);
+    us__wg_wait<HS / 2>(&dq[0][0]);
+}
+
+/* dQ of 64·NWG queries of head h for this block, added into dq [B][Tq][NH·HS] fp32: the
+   visible key tiles in order (deterministic) */
+template <typename E, int HS>
+__global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
+    us__hop_block_dq_kernel(const __grid_constant__ CUtensorMap mq,
+                            const __grid_constant__ CUtensorMap mdo,
+                            const __grid_constant__ CUtensorMap mkv, const float *__restrict__ L2g,
+                            const float *__restrict__ Dg, float *__restrict__ dq,
+                            const int32_t *__restrict__ qpos, const int32_t *__restrict__ kpos,
+                            const int4 *__restrict__ qrng, const int4 *__restrict__ krng, int Tq,
+                            int Tk, int NH, int NKV, float scale, float sl2) {
+#if US__HOP_DEV
+    using C = us__hop_cfg<HS>;
+    constexpr int NWG = C::NWG, BR = 64 * NWG, BK = C::BKQ, S = C::QS;
+    constexpr int QB = BR * C::HSP * 2, KB = BK * C::HSP * 2;
+    extern __shared__ __align__(1024) unsigned char us__hop_raw[];
+    unsigned char *sQ = us__hop_smem_base(us__hop_raw); /* [BR][HSP] */
+    unsigned char *sdO = sQ + QB;                       /* [BR][HSP] */
+    unsigned char *sK = sdO + QB;                       /* [S][BK][HSP] */
+    unsigned char *sV = sK + S * KB;                    /* [S][BK][HSP] */
+    uint64_t *barQ = (uint64_t *)(sV + S * KB), *full = barQ + 1, *empty = full + S;
+    unsigned *vis = (unsigned *)(barQ + 32); /* [⌈key tiles / 32⌉] */
+    const int qb = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, g = h / (NH / NKV);
+    const int q0 = qb * BR, nkt = (Tk + BK - 1) / BK, nq64 = (Tq + 63) / 64, nk64 = (Tk + 63) / 64;
+    const int nvis = us__hop_vis<BK, true>(vis, krng, Tk, us__hop_runs(qrng, q0 / 64, NWG, nq64).y);
+    if (nvis == 0) return; /* no key of this block is seen here: nothing to add */
+    const int wg = us__hop_wg(), tid = threadIdx.x & 127;
+    us__hop_bars_init(barQ, S, 1, 128 * NWG);
+
+    if (wg == 0) {
+        us__hop_regs_producer<NWG>();
+        if (tid == 0)
+            us__hop_block_dq_produce<HS>(sQ, sdO, sK, sV, barQ, full, empty, &mq, &mdo, &mkv, vis,
+                                         nkt, h, g, b, q0, NKV);
+        return;
+    }
+    us__hop_regs_consumer<NWG>();
+    const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
+    const int row0 = q0 + 64 * c + 16 * warp + (lane >> 2); /* the thread's rows: row0 + 8r */
+    const int4 qr = us__hop_runs(qrng, q0 / 64 + c, 1, nq64);
+    float L2[2], Dr[2], dqa[HS / 8][4];
+    int qp[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row0 + 8 * r;
+        const int64_t i = ((int64_t)b * NH + h) * Tq + row;
+        L2[r] = row < Tq ? L2g[i] : INFINITY;
+        Dr[r] = row < Tq ? Dg[i] : 0.f;
+        qp[r] = row < Tq ? qpos[row] : INT_MIN;
+    }
+#pragma unroll
+    for (int i = 0; i < HS / 8; i++) dqa[i][0] = dqa[i][1] = dqa[i][2] = dqa[i][3] = 0.f;
+    us__mb_wait(barQ, 0);
+
+    if (NWG == 2 && c == 1) us__hop_bar_arrive(1);
+    int kt = us__fa_next_tile(vis, -1, nkt);
+    for (int it = 0; it < nvis; it++, kt = us__fa_next_tile(vis, kt, nkt)) {
+        const int s = it % S;
+        const int4 kr = us__hop_runs(krng, kt * (BK / 64), BK / 64, nk64);
+        us__mb_wait(full + s, (it / S) & 1);
+        if (kr.x > qr.y) /* every key of the tile after every query of this warpgroup */
+            us__hop_turns_skip<NWG>(c, it + 1 == nvis);
+        else
+            us__hop_block_dq_tile<E, HS>(dqa, sQ, sdO, sK + s * KB, sV + s * KB, L2, Dr, qp, kpos,
+                                         kt, Tk, kr, kr.y > qr.x, it + 1 == nvis, c, lane, scale,
+                                         sl2);
+        us__mb_arrive(empty + s);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row0 + 8 * r;
+        if (row < Tq)
+            us__fa_add_row<HS>(dq + ((int64_t)b * Tq + row) * NH * HS + (int64_t)h * HS, dqa, r,
+                               1.f, lane);
+    }
+#else
+    (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dq, (void)qpos, (void)kpos,
+        (void)qrng, (void)krng, (void)Tq, (void)Tk, (void)NH, (void)NKV, (void)scale, (void)sl2;
+    __trap();
+#endif
+}
+
+/* ---- host side ---------------------------------------------------------------------- */
+/* The bytes of the bitmask of n positions in tiles of TILE (beside a kernel's tiles) */
+static size_t us__hop_vis_bytes(int64_t n, int tile) {
+    return (size_t)((n + tile - 1) / tile + 31) / 32 * 4;
+}
+
+/* The Hopper block kernels for this call? us__hop_ok's conditions, not turned off
+   (us_cuda_attention_no_hopper 6), and up to 2^20 queries and keys (the tile bitmasks then fit
+   beside every kernel's tiles) */
+static int us__hop_block_ok(us_ops *o, us_dtype dt, int HS, int bwd, int NH, int NKV, int64_t B,
+                            int64_t Tq, int64_t Tk) {
+    return us__hop_ok(o, dt, HS, bwd) && us__cu(o)->hop_off != 6 && NKV > 0 && NH % NKV == 0 &&
+           B < 65536 && Tq <= (1 << 20) && Tk <= (1 << 20);
+}
+
+/* the ranges of runs of 64 positions: qrng [⌈Tq/64⌉], then krng [⌈Tk/64⌉] */
+static void us__hop_block_ranges(int4 *rng, const int32_t *qpos, const int32_t *kpos, int64_t Tq,
+                                 int64_t Tk, cudaStream_t st) {
+    const int64_t nq = (Tq + 63) / 64, nk = (Tk + 63) / 64;
+    us__hop_pos_ranges<<<(unsigned)((nq + 7) / 8), 256, 0, st>>>(rng, qpos, (int)Tq, INT_MIN);
+    us__hop_pos_ranges<<<(unsigned)((nk + 7) / 8), 256, 0, st>>>(rng + nq, kpos, (int)Tk, INT_MAX);
+}
+
+template <typename E, int HS>
+static void us__hop_block_fwd_hs(const CUtensorMap &mq, const CUtensorMap &mkv, float *acc,
+                                 float *m, float *l, const int32_t *qpos, const int32_t *kpos,
+                                 const int4 *rng, int B, int Tq, int Tk, int NH, int NKV, int init,
+                                 cudaStream_t st) {
+    using C = us__hop_cfg<HS>;
+    const size_t smem = us__hop_smem(C::fwd_bytes) + us__hop_vis_bytes(Tk, C::BC);
+    cudaFuncSetAttribute(us__hop_block_fwd_kernel<E, HS>,
+                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    constexpr int BR = 64 * C::NWF;
+    dim3 grid(NH, B, (Tq + BR - 1) / BR);
+    us__hop_block_fwd_kernel<E, HS><<<grid, 128 * (1 + C::NWF), smem, st>>>(
+        mq, mkv, acc, m, l, qpos, kpos, rng, rng + (Tq + 63) / 64, Tq, Tk, NH, NKV, init,
+        1.4426950408889634f / sqrtf((float)HS));
+}
+
+/* the state of attention by key blocks on Hopper; 0 when this path cannot take the call */
+static int us__hop_block_fwd(us_ops *o, float *acc, float *m, float *l, const void *qkv,
+                             const void *kv, const int32_t *qpos, const int32_t *kpos, int64_t B,
+                             int64_t Tq, int64_t Tk, int NH, int NKV, int HS, int init,
+                             us_dtype dt) {
+    CUtensorMap mq, mkv;
+    const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, KVW = (int64_t)2 * NKV * HS;
+    cudaStream_t st = us__cu(o)->stream;
+    if (!us__hop_block_ok(o, dt, HS, 0, NH, NKV, B, Tq, Tk) || !us__hop_aligned(qkv) ||
+        !us__hop_aligned(kv) || !us__aligned(acc, 8) || Tk <= 0)
+        return 0;
+    int4 *rng = (int4 *)us__cuda_scratch(o, (size_t)((Tq + 63) / 64 + (Tk + 63) / 64) * 16);
+    if (!rng) return 1; /* the failure is recorded */
+#define US__HOP_BLOCK_FWD(H)                                                                      \
+    if (HS == H) {                                                                                \
+        if (!us__hop_map(&mq, qkv, dt, QKV, Tq, B, 64 * us__hop_cfg<H>::NWF) ||                   \
+            !us__hop_map(&mkv, kv, dt, KVW, Tk, B, us__hop_cfg<H>::BC))                           \
+            return 0;                                                                             \
+        us__hop_block_ranges(rng, qpos, kpos, Tq, Tk, st);                                        \
+        if (dt == US_F16)                                                                         \
+            us__hop_block_fwd_hs<__half, H>(mq, mkv, acc, m, l, qpos, kpos, rng, (int)B, (int)Tq, \
+                                            (int)Tk, NH, NKV, init, st);                          \
+        else                                                                                      \
+            us__hop_block_fwd_hs<__nv_bfloat16, H>(mq, mkv, acc, m, l, qpos, kpos, rng, (int)B,   \
+                                                   (int)Tq, (int)Tk, NH, NKV, init, st);          \
+    }
+    US__HOP_HEADS(US__HOP_BLOCK_FWD)
+#undef US__HOP_BLOCK_FWD
+    US__LAUNCHED(o);
+    return 1;
+}
+
+/* What the backward's kernels read: maps 0 Q by BQ rows, 1 dO by BQ, 2 K/V of kv by 64·NWG,
+   3 Q by 64·NWG, 4 dO by 64·NWG, 5 K/V of kv by BKQ; L2, D [B,NH,Tq]; the ranges */
+struct us__hop_block_in {
+    CUtensorMap maps[6];
+    const float *L2, *D;
+    const int32_t *qpos, *kpos;
+    const int4 *qrng, *krng;
+};
+
+template <typename E, int HS, int PART>
+static void us__hop_block_dkdv_launch(const us__hop_block_in &in, float *dkv, int B, int Tq, int Tk,
+                                      int NH, int NKV, cudaStream_t st) {
+    using C = us__hop_cfg<HS>;
+    const float scale = 1.f / sqrtf((float)HS), sl2 = scale * 1.4426950408889634f;
+    const size_t smem =
+        us__hop_smem(C::dkdv_bytes + C::BS * C::BQ * 4) + us__hop_vis_bytes(Tq, C::BQ);
+    cudaFuncSetAttribute(us__hop_block_dkdv_kernel<E, HS, PART>,
+                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    const dim3 grid(NKV, B, (Tk + 64 * C::NWG - 1) / (64 * C::NWG));
+    us__hop_block_dkdv_kernel<E, HS, PART><<<grid, 128 * (1 + C::NWG), smem, st>>>(
+        in.maps[0], in.maps[1], in.maps[2], in.L2, in.D, dkv, in.qpos, in.kpos, in.qrng, in.krng,
+        Tq, Tk, NH, NKV, scale, sl2);
+}
+
+/* dK|dV (one launch, or dV then dK above HS 128), then dQ */
+template <typename E, int HS>
+static void us__hop_block_bwd_hs(const us__hop_block_in &in, float *dq, float *dkv, int B, int Tq,
+                                 int Tk, int NH, int NKV, cudaStream_t st) {
+    using C = us__hop_cfg<HS>;
+    const float scale = 1.f / sqrtf((float)HS), sl2 = scale * 1.4426950408889634f;
+    if constexpr (C::NWG == 2) {
+        us__hop_block_dkdv_launch<E, HS, 0>(in, dkv, B, Tq, Tk, NH, NKV, st);
+    } else {
+        us__hop_block_dkdv_launch<E, HS, 1>(in, dkv, B, Tq, Tk, NH, NKV, st);
+        us__hop_block_dkdv_launch<E, HS, 2>(in, dkv, B, Tq, Tk, NH, NKV, st);
+    }
+    const size_t smem = us__hop_smem(C::dq_bytes) + us__hop_vis_bytes(Tk, C::BKQ);
+    cudaFuncSetAttribute(us__hop_block_dq_kernel<E, HS>,
+                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    const dim3 grid(NH, B, (Tq + 64 * C::NWG - 1) / (64 * C::NWG));
+    us__hop_block_dq_kernel<E, HS><<<grid, 128 * (1 + C::NWG), smem, st>>>(
+        in.maps[3], in.maps[4], in.maps[5], in.L2, in.D, dq, in.qpos, in.kpos, in.qrng, in.krng, Tq,
+        Tk, NH, NKV, scale, sl2);
+}
+
+/* the six tensor maps of the backward of head size H (us__hop_block_in) */
+template <int H>
+static int us__hop_block_maps(CUtensorMap *maps, const void *qkv, const void *dout, const void *kv,
+                              us_dtype dt, int64_t B, int64_t Tq, int64_t Tk, int NH, int NKV) {
+    using C = us__hop_cfg<H>;
+    const int64_t QKV = (int64_t)(NH + 2 * NKV) * H, OC = (int64_t)NH * H,
+                  KVW = (int64_t)2 * NKV * H;
+    return us__hop_map(maps + 0, qkv, dt, QKV, Tq, B, C::BQ) &&
+           us__hop_map(maps + 1, dout, dt, OC, Tq, B, C::BQ) &&
+           us__hop_map(maps + 2, kv, dt, KVW, Tk, B, 64 * C::NWG) &&
+           us__hop_map(maps + 3, qkv, dt, QKV, Tq, B, 64 * C::NWG) &&
+           us__hop_map(maps + 4, dout, dt, OC, Tq, B, 64 * C::NWG) &&
+           us__hop_map(maps + 5, kv, dt, KVW, Tk, B, C::BKQ);
+}
+
+/* dq, dkv += this block's gradients on Hopper; 0 when this path cannot take the call */
+static int us__hop_block_bwd(us_ops *o, float *dq, float *dkv, const void *dout, const void *qkv,
+                             const void *out, const float *lse, const void *kv, const int32_t *qpos,
+                             const int32_t *kpos, int64_t B, int64_t Tq, int64_t Tk, int NH,
+                             int NKV, int HS, us_dtype dt) {
+    us__hop_block_in in;
+    const int64_t rows = B * Tq * NH;
+    cudaStream_t st = us__cu(o)->stream;
+    if (!us__hop_block_ok(o, dt, HS, 1, NH, NKV, B, Tq, Tk) || !us__hop_aligned(qkv) ||
+        !us__hop_aligned(dout) || !us__hop_aligned(kv) || !us__aligned(dq, 8) ||
+        !us__aligned(dkv, 8))
+        return 0;
+    const size_t dl_bytes = ((size_t)2 * rows * sizeof(float) + 15) / 16 * 16;
+    float *D =
+        (float *)us__cuda_scratch(o, dl_bytes + (size_t)((Tq + 63) / 64 + (Tk + 63) / 64) * 16);
+    if (!D) return 1; /* the failure is recorded */
+    int4 *rng = (int4 *)((char *)D + dl_bytes);
+    in.D = D;
+    in.L2 = D + rows;
+    in.qpos = qpos;
+    in.kpos = kpos;
+    in.qrng = rng;
+    in.krng = rng + (Tq + 63) / 64;
+#define US__HOP_BLOCK_BWD(H)                                                                       \
+    if (HS == H) {                                                                                 \
+        if (!us__hop_block_maps<H>(in.maps, qkv, dout, kv, dt, B, Tq, Tk, NH, NKV)) return 0;      \
+        us__hop_block_ranges(rng, qpos, kpos, Tq, Tk, st);                                         \
+        if (dt == US_F16) {                                                                        \
+            us__hop_dot_kernel<__half><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(                \
+                (const __half *)dout, (const __half *)out, lse, D, D + rows, rows, (int)Tq, NH,    \
+                HS);                                                                               \
+            us__hop_block_bwd_hs<__half, H>(in, dq, dkv, (int)B, (int)Tq, (int)Tk, NH, NKV, st);   \
+        } else {                                                                                   \
+            us__hop_dot_kernel<__nv_bfloat16><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(         \
+                (const __nv_bfloat16 *)dout, (const __nv_bfloat16 *)out, lse, D, D + rows, rows,   \
+                (int)Tq, NH, HS);                                                                  \
+            us__hop_block_bwd_hs<__nv_bfloat16, H>(in, dq, dkv, (int)B, (int)Tq, (int)Tk, NH, NKV, \
+                                                   st);                                            \
+        }                                                                                          \
+    }
+    US__HOP_HEADS(US__HOP_BLOCK_BWD)
+#undef US__HOP_BLOCK_BWD
+    US__LAUNCHED(o);
+    return 1;
+}
+
 static void us__cuda_attn_block_fwd(us_ops *o, float *acc, float *m, float *l, const void *qkv,
                                     const void *kv, const int32_t *qpos, const int32_t *kpos,
                                     int64_t B, int64_t Tq, int64_t Tk, int NH, int NKV, int HS,
                                     int init, us_dtype dt) {
     cudaStream_t st = us__cu(o)->stream;
     if (B * NH * Tq <= 0) return;
+    if (us__hop_block_fwd(o, acc, m, l, qkv, kv, qpos, kpos, B, Tq, Tk, NH, NKV, HS, init, dt))
+        return;
     if (us__flash_block_ok(o, dt, HS, NH, NKV, B, Tq, Tk) && us__aligned(qkv, 16) &&
         us__aligned(kv, 16) && us__aligned(acc, 8)) {
         if (dt == US_F16)
@@ -5193,6 +6085,9 @@ static void us__cuda_attn_block_bwd(us_ops *o, float *dq, float *dkv, const void
                                     us_dtype dt) {
     cudaStream_t st = us__cu(o)->stream;
     if (B * NH * Tq <= 0 || Tk <= 0) return;
+    if (us__hop_block_bwd(o, dq, dkv, dout, qkv, out, lse, kv, qpos, kpos, B, Tq, Tk, NH, NKV, HS,
+                          dt))
+        return;
     if (us__flash_block_ok(o, dt, HS, NH, NKV, B, Tq, Tk) && us__aligned(dout, 16) &&
         us__aligned(qkv, 16) && us__aligned(out, 16) && us__aligned(kv, 16) && us__aligned(dq, 8) &&
         us__aligned(dkv, 8)) {
@@ -7266,7 +8161,10 @@ US_API void *us_cuda_stream(const us_ops *o) {
 
 US_API const char *us_cuda_attention_path(us_ops *o, us_dtype dt, int HS, int by_blocks) {
     if (!o->backend) return "portable";
-    if (by_blocks) return us__flash_block_path_ok(o, dt, HS) ? "flash" : "portable";
+    if (by_blocks)
+        return us__hop_ok(o, dt, HS, 0) && us__cu(o)->hop_off != 6 ? "hopper"
+               : us__flash_block_path_ok(o, dt, HS)                ? "flash"
+                                                                   : "portable";
     return us__hop_ok(o, dt, HS, 0) ? "hopper" : us__flash_ok(o, dt, HS) ? "flash" : "portable";
 }
 
@@ -7287,7 +8185,7 @@ US_API void us_cuda_grouped_kernel(us_ops *o, int path) {
 }
 
 US_API void us_cuda_attention_no_hopper(us_ops *o, int which) {
-    if (o->backend) us__cu(o)->hop_off = which >= 0 && which <= 5 ? which : 0;
+    if (o->backend) us__cu(o)->hop_off = which >= 0 && which <= 6 ? which : 0;
 }
 
 US_API void us_cuda_describe(const us_ops *o, char *buf, size_t buflen) {

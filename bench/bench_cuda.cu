@@ -33,7 +33,10 @@
      --cp               one layer's ring attention at cp 2 and 4 (flash blocks, zig-zag and ring, and
                         the portable block kernels) against causal flash on the whole sequence;
                         bf16 and fp16, HS 64, 80, 96, 128, 192, 256
-     --cp-flash-only    the same without the portable kernels (they take seconds)
+     --cp-flash-only    the same without the portable kernels (they take seconds); on Hopper the
+                        block kernels run twice, wgmma ("hopper") and mma.sync ("flash")
+     --cp-seq T,...     --cp-flash-only's table at these T (B = 16384 / T, at least 1), bf16,
+                        NH 16 NKV 8 HS 128 and NH 32 NKV 8 HS 64
    Build: make build/bench_cuda (nvcc, -lcublasLt). */
 #define ULTRASCALE_IMPLEMENTATION
 #include "../ultrascale_cuda.cuh"
@@ -1088,6 +1091,69 @@ static void gather_rows(void *dst, int64_t dld, const void *src, int64_t sld, co
         }
 }
 
+/* The whole sequence as one block (positions 0..T−1, init, then finish; the backward of that
+   block): the block kernels against the causal ones on the same work, so that what the block
+   kernels cost beyond them (the fp32 state, the masks by position) shows apart from cp */
+static void bench_one_block(us_dtype dt, int B, int T, int NH, int NKV, int HS, const void *qkv,
+                            const void *dout, double flop, int hop) {
+    const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, KVW = (int64_t)2 * NKV * HS,
+                  AO = (int64_t)NH * HS, N = (int64_t)B * T;
+    us__cuda *c = (us__cuda *)inner.backend;
+    std::vector<int32_t> pos((size_t)T);
+    for (int t = 0; t < T; t++) pos[(size_t)t] = t;
+    int32_t *dpos = (int32_t *)inner.alloc(&inner, (size_t)T * 4);
+    void *kv = inner.alloc(&inner, (size_t)N * KVW * 2),
+         *o = inner.alloc(&inner, (size_t)N * AO * 2);
+    float *acc = (float *)inner.alloc(&inner, (size_t)N * AO * 4),
+          *m = (float *)inner.alloc(&inner, (size_t)N * NH * 4),
+          *l = (float *)inner.alloc(&inner, (size_t)N * NH * 4),
+          *ls = (float *)inner.alloc(&inner, (size_t)N * NH * 4),
+          *dq = (float *)inner.alloc(&inner, (size_t)N * AO * 4),
+          *dkv = (float *)inner.alloc(&inner, (size_t)N * KVW * 4);
+    inner.copy(&inner, dpos, pos.data(), pos.size() * 4, US_COPY_H2D);
+    inner.copy2d(&inner, kv, KVW, (const char *)qkv + AO * 2, QKV, N, KVW, dt);
+    cudaEvent_t e[3];
+    for (int k = 0; k < 3; k++) CK(cudaEventCreate(&e[k]));
+    for (int path = hop ? 0 : 1; path < 2; path++) {
+        std::vector<double> f, b;
+        us_cuda_attention_no_hopper(&inner, path ? 6 : 0);
+        for (int r = 0; r <= 5; r++) {
+            float x, y;
+            cudaEventRecord(e[0], c->stream);
+            inner.attn_block_fwd(&inner, acc, m, l, qkv, kv, dpos, dpos, B, T, T, NH, NKV, HS, 1,
+                                 dt);
+            inner.attn_block_finish(&inner, o, ls, acc, m, l, B, T, NH, HS, dt);
+            cudaEventRecord(e[1], c->stream);
+            inner.attn_block_bwd(&inner, dq, dkv, dout, qkv, o, ls, kv, dpos, dpos, B, T, T, NH,
+                                 NKV, HS, dt);
+            cudaEventRecord(e[2], c->stream);
+            cudaEventSynchronize(e[2]);
+            cudaEventElapsedTime(&x, e[0], e[1]);
+            cudaEventElapsedTime(&y, e[1], e[2]);
+            if (r) {
+                f.push_back(x);
+                b.push_back(y);
+            }
+        }
+        const double tf = median(f), tb = median(b);
+        printf("| one block, positions 0..T-1 (= causal), %s blocks | %.3f | %.3f | %.3f | %.0f | "
+               "%.3f | - |\n",
+               path ? "flash (mma.sync)" : "hopper", tf, tb, tf + tb,
+               flop / ((tf + tb) * 1e-3) * 1e-12, tf + tb);
+    }
+    us_cuda_attention_no_hopper(&inner, 0);
+    for (int k = 0; k < 3; k++) cudaEventDestroy(e[k]);
+    inner.free(&inner, dpos);
+    inner.free(&inner, kv);
+    inner.free(&inner, o);
+    inner.free(&inner, acc);
+    inner.free(&inner, m);
+    inner.free(&inner, l);
+    inner.free(&inner, ls);
+    inner.free(&inner, dq);
+    inner.free(&inner, dkv);
+}
+
 static void bench_cp_shape(us_dtype dt, int B, int T, int NH, int NKV, int HS, int ring,
                            int naive) {
     const int reps = 5;
@@ -1155,12 +1221,20 @@ static void bench_cp_shape(us_dtype dt, int B, int T, int NH, int NKV, int HS, i
         "| causal flash, whole sequence (cp=1) | %.3f | %.3f | %.3f | %.0f | %.3f | reference |\n",
         tf, tb, tf + tb, flop / ((tf + tb) * 1e-3) * 1e-12, tf + tb);
     fflush(stdout);
+    const int hop = !strcmp(us_cuda_attention_path(&inner, dt, HS, 1), "hopper");
+    bench_one_block(dt, B, T, NH, NKV, HS, qkv, dout, flop, hop);
     for (int cp = 2; cp <= 4; cp += 2)
-        for (int variant = 0; variant < 3;
-             variant++) { /* zig-zag flash blocks, ring flash blocks, zig-zag portable blocks */
-            const int zig = variant != 1, flash = variant != 2, Tl = T / cp, half = Tl / 2,
+        for (int variant = 0; variant < 5; variant++) {
+            /* zig-zag and ring, each on the Hopper block kernels and on the mma.sync ones
+               (us_cuda_attention_no_hopper 6), in the same process; zig-zag portable blocks */
+            const int zig = variant < 2 || variant == 4, flash = variant != 4,
+                      on_hop = variant == 0 || variant == 2, Tl = T / cp, half = Tl / 2,
                       R = flash ? reps + 1 : 1;
-            if ((variant == 1 && !ring) || (variant == 2 && !naive)) continue;
+            const char *kind = on_hop ? "hopper" : flash ? "flash (mma.sync)" : "portable";
+            if ((variant >= 2 && variant <= 3 && !ring) || (variant == 4 && !naive) ||
+                (on_hop && !hop))
+                continue;
+            us_cuda_attention_no_hopper(&inner, on_hop ? 0 : 6);
             const int64_t nl = (int64_t)B * Tl;
             std::vector<int32_t> pos((size_t)cp * Tl);
             std::vector<void *> q(cp), kv(cp), o(cp), dO(cp);
@@ -1273,9 +1347,8 @@ static void bench_cp_shape(us_dtype dt, int B, int T, int NH, int NKV, int HS, i
             }
             printf("| cp=%d %s, %s blocks, all ranks | %.3f | %.3f | %.3f | %.0f | %.3f | %.1e / "
                    "%.1e / %.1e |\n",
-                   cp, zig ? "zig-zag" : "ring", flash ? "flash" : "portable", all_f, all_b,
-                   all_f + all_b, flop / ((all_f + all_b) * 1e-3) * 1e-12, worst, err[0], err[1],
-                   err[2]);
+                   cp, zig ? "zig-zag" : "ring", kind, all_f, all_b, all_f + all_b,
+                   flop / ((all_f + all_b) * 1e-3) * 1e-12, worst, err[0], err[1], err[2]);
             fflush(stdout);
             for (int r = 0; r < cp; r++) {
                 inner.free(&inner, q[r]);
@@ -1286,6 +1359,7 @@ static void bench_cp_shape(us_dtype dt, int B, int T, int NH, int NKV, int HS, i
                 inner.free(&inner, dq[r]);
                 inner.free(&inner, dkv[r]);
             }
+            us_cuda_attention_no_hopper(&inner, 0);
             inner.free(&inner, dpos);
             inner.free(&inner, acc);
             inner.free(&inner, m);
@@ -1297,6 +1371,18 @@ static void bench_cp_shape(us_dtype dt, int B, int T, int NH, int NKV, int HS, i
     inner.free(&inner, dout);
     inner.free(&inner, dqkv);
     inner.free(&inner, lse);
+}
+
+/* --cp-seq: the long sequences context parallelism is for, B·T = max(T, 16384) tokens: HS 128
+   (NH 16, NKV 8) and the 1B heads (NH 32, NKV 8, HS 64), bf16 */
+static int cp_T[8], cp_nT = 0;
+
+static void bench_cp_seq(void) {
+    for (int k = 0; k < cp_nT; k++) {
+        const int T = cp_T[k], B = T >= 16384 ? 1 : 16384 / T;
+        bench_cp_shape(US_BF16, B, T, 16, 8, 128, 1, 0);
+        bench_cp_shape(US_BF16, B, T, 32, 8, 64, 1, 0);
+    }
 }
 
 static void bench_cp(int naive) {
@@ -1403,7 +1489,13 @@ int main(int argc, char **argv) {
             do_cp = 2;
         else if (!strcmp(argv[i], "--cp-flash-only"))
             do_cp = 1;
-        else {
+        else if (!strcmp(argv[i], "--cp-seq") && i + 1 < argc) {
+            if (!parse_att_list(argv[++i], 1, cp_T, &cp_nT)) {
+                fprintf(stderr, "bench_cuda: --cp-seq wants T,T,... (at most 8), got %s\n",
+                        argv[i]);
+                return 2;
+            }
+        } else {
             fprintf(stderr,
                     "usage: bench_cuda [--preset 1b|8b8|200m|moe [--steps N] [--warmup N] "
                     "[--recompute M] [--accum K] [--loss-chunk ROWS|-1] [--precision "
@@ -1412,7 +1504,7 @@ int main(int argc, char **argv) {
                     "[--grouped-kernel|--grouped-wgmma|--grouped-loop] [--json F]] [--gemm] "
                     "[--fp8-gemm] [--grouped] [--gemm-algos] "
                     "[--attention [--att-seq T,..] [--att-heads NH:NKV:HS,..]] "
-                    "[--cp | --cp-flash-only]\n");
+                    "[--cp | --cp-flash-only] [--cp-seq T,..]\n");
             return 2;
         }
     }
@@ -1437,6 +1529,7 @@ int main(int argc, char **argv) {
     if (do_algos) bench_gemm_algos();
     if (do_att) bench_attention();
     if (do_cp) bench_cp(do_cp == 2);
+    if (cp_nT) bench_cp_seq();
     us_cuda_ops_free(&inner);
     return 0;
 }

@@ -592,8 +592,8 @@ static void test_attention_shapes(void) {
     us_cuda_attention_no_hopper(&G, 0);
 }
 
-/* Context parallelism's attention by key blocks on the flash path (bf16 and fp16; HS 64, 80, 96,
-   128, 192, 256): one rank's queries against a chain of K/V blocks (init on the first), finish,
+/* Context parallelism's attention by key blocks on the flash paths, wgmma (Hopper) and mma.sync
+   (bf16 and fp16; HS 64, 80, 96, 128, 192, 256): one rank's queries against a chain of K/V blocks (init on the first), finish,
    then the backward of every block, all against the CPU reference. qpos[Tq] and kpos[nb][Tk] set the case. The
    GPU state starts as garbage, so init must not read it; dQ and dK|dV start non-zero, so the
    backward must add. The backward runs twice and must give the same bits (no atomics). */
@@ -622,6 +622,10 @@ static void cmp_f32(const char *what, const char *tag, buf *bf, int64_t n, doubl
     CHECK(e <= tl, "%-34s %s rel err %.2e", what, tag, e);
     free(g);
 }
+
+/* the block kernels the cases below expect: "hopper" (// >>cuda-cp-flash's wgmma kernels) where
+   the Hopper path runs, "flash" (its mma.sync ones) elsewhere or when turned off */
+static const char *block_path = "flash";
 
 static void block_chain(us_dtype dt, const char *name, int HS, int NH, int NKV, int B, int Tq,
                         int Tk, int nb, const int32_t *qpos, const int32_t *kpos) {
@@ -653,8 +657,8 @@ static void block_chain(us_dtype dt, const char *name, int HS, int NH, int NKV, 
     }
     snprintf(what, sizeof what, "block %s %s HS%d %d/%d Tq%d Tk%d x%d", name, us_dtype_name(dt), HS,
              NH, NKV, Tq, Tk, nb);
-    CHECK(!strcmp(us_cuda_attention_path(&G, dt, HS, 1), "flash"), "%s: the flash block kernels",
-          what);
+    CHECK(!strcmp(us_cuda_attention_path(&G, dt, HS, 1), block_path), "%s: the %s block kernels",
+          what, block_path);
     cmp_f32(what, "state m", &bm, rows, 1e-2);
     cmp_f32("", "state l", &bl, rows, 1e-2);
     cmp_f32("", "state acc", &bacc, rows * HS, 1e-2);
@@ -761,7 +765,7 @@ static void any_positions_case(us_dtype dt, int HS) {
     free(kp);
 }
 
-static void test_attn_blocks(void) {
+static void test_attn_blocks_on(void) {
     static const int more[] = {80, 96, 192, 256}; /* HS 192: 16-query dK/dV tiles; 256: split */
     int HS, k, d;
     for (HS = 64; HS <= 128; HS += 64) {
@@ -792,6 +796,31 @@ static void test_attn_blocks(void) {
     any_positions_case(US_F16, 80);
     any_positions_case(US_F16, 192);
     any_positions_case(US_BF16, 256);
+}
+
+/* Every case on the Hopper block kernels (where they run) and on the mma.sync ones; then, for
+   the Hopper tiles (64-192 queries, 64-128 keys), blocks of many tiles: with chunks of 300-600
+   most tiles are wholly visible or wholly hidden and only the diagonal's and the runs' edges are
+   masked, none a multiple of a tile */
+static void test_attn_blocks(void) {
+    const int hop = !strcmp(us_cuda_attention_path(&G, US_BF16, 128, 0), "hopper");
+    block_path = hop ? "hopper" : "flash";
+    test_attn_blocks_on();
+    ring_case(US_BF16, 128, 8, 2, 1, 2, 600, 1, 0); /* zig-zag, GQA 4 */
+    ring_case(US_BF16, 128, 4, 2, 1, 2, 600, 1, 1);
+    ring_case(US_F16, 64, 8, 2, 1, 2, 520, 0, 1); /* ring: the diagonal block, then all visible */
+    ring_case(US_BF16, 64, 4, 4, 2, 2, 333, 1, 0);
+    ring_case(US_F16, 80, 4, 2, 1, 2, 300, 1, 1);
+    ring_case(US_BF16, 96, 4, 1, 1, 2, 300, 0, 1);
+    ring_case(US_BF16, 192, 4, 2, 1, 2, 300, 1, 0);
+    ring_case(US_F16, 256, 2, 1, 1, 2, 300, 1, 1);
+    if (hop) { /* the same on the mma.sync block kernels (us_cuda_attention_no_hopper 6) */
+        us_cuda_attention_no_hopper(&G, 6);
+        block_path = "flash";
+        test_attn_blocks_on();
+        us_cuda_attention_no_hopper(&G, 0);
+        block_path = "hopper";
+    }
 }
 
 /* Empty inputs: under expert parallelism an expert, or a whole rank, can receive no rows in a
