@@ -16,9 +16,16 @@ OPENMP  ?= -fopenmp
 # the built-in task trains 7 % slower (make train is compile + run; the CUDA build is NVFLAGS)
 CFLAGS  ?= -std=c99 -Wall -Wextra -pedantic -O2 $(ARCH) $(OPENMP) -D_POSIX_C_SOURCE=200809L -pthread
 LDLIBS  ?= -lm
-# nvcc's -O sets the host code's level only (ptxas compiles the kernels at its -O3 either way); -O2
-# as in CFLAGS, since -O3 costs the CUDA implementation's host part a third more compile time
-NVFLAGS ?= -O2 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompiler -fopenmp,-Wall,-Wextra
+# NVOPT: nvcc's -O sets the host code's level only (ptxas compiles the kernels at its -O3 either
+# way); -O2 as in CFLAGS, since -O3 costs the CUDA implementation's host part a third more time.
+# NVARCH: the device code in the objects, SASS for sm_90a (H100, H200). make test on a machine
+# without a GPU, where nothing runs the kernels, asks for PTX only (code=compute_90a) at host -O0
+# (NVCHECK below): every kernel still goes through nvcc's front end and NVVM, and ptxas's assembly
+# into SASS is left to the machines that run them (the CUDA implementation: 104 s of CPU with
+# SASS, 64 s without)
+NVARCH  ?= -gencode arch=compute_90a,code=sm_90a
+NVOPT   ?= -O2
+NVFLAGS ?= $(NVOPT) -std=c++17 $(NVARCH) -Xcompiler -fopenmp,-Wall,-Wextra
 NVLIBS   = -lcublasLt -lnccl
 # -g1: line tables only, what the sanitizers' reports need for FILE:LINE (-g compiles slower)
 SANFLAGS = -std=c99 -Wall -Wextra -O1 -g1 $(ARCH) $(OPENMP) -D_POSIX_C_SOURCE=200809L -pthread -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
@@ -53,6 +60,7 @@ LINKED_CUDA = $(LINKED) -DULTRASCALE_CUDA_IMPLEMENTATION_DONE
 IMPL        = $(B)/ultrascale.o
 SANIMPL     = $(B)/san/ultrascale.o
 CUDAIMPL    = $(B)/cuda/ultrascale.o
+NVSTAMP     = $(B)/cuda/nvflags
 TESTHDR     = tests/us_test.h tests/us_test_ranks.h
 # the four tests compiled inside the implementation's objects (below: build/test_internal)
 INTERNAL     = test_dp test_tp test_fp8_train test_moe
@@ -67,8 +75,14 @@ $(IMPL): tests/us_impl.c $(HDR) $(INTERNAL_SRC) | $(B)
 $(SANIMPL): tests/us_impl.c $(HDR) $(INTERNAL_SRC) | $(B)/san
 	$(CC) $(SANFLAGS) -c $< -o $@
 
-$(CUDAIMPL): tests/us_impl.c $(HDR) ultrascale_cuda.cuh | $(B)/cuda
+$(CUDAIMPL): tests/us_impl.c $(HDR) ultrascale_cuda.cuh $(NVSTAMP) | $(B)/cuda
 	$(NVCC) $(NVFLAGS) -x cu -DUS_CUDA -DULTRASCALE_NCCL -c $< -o $@
+
+# nvcc's flags as last used; every nvcc build depends on this file, rewritten only when they change
+# (so a `make build/test_cuda` after a GPU-less make test builds SASS again, never links PTX)
+$(NVSTAMP): FORCE | $(B)/cuda
+	@echo '$(NVCC) $(NVFLAGS)' | cmp -s - $@ || echo '$(NVCC) $(NVFLAGS)' > $@
+FORCE:
 
 $(B)/%: examples/%.c $(IMPL) $(HDR) | $(B)
 	$(CC) $(CFLAGS) $(LINKED_C) $< $(IMPL) -o $@ $(LDLIBS)
@@ -163,7 +177,7 @@ train: $(B)/train
 	./$(B)/train
 
 # the same trainer, compiled by nvcc with the CUDA backend
-$(B)/train_cuda: examples/train.c $(CUDAIMPL) $(HDR) ultrascale_cuda.cuh | $(B)
+$(B)/train_cuda: examples/train.c $(CUDAIMPL) $(HDR) ultrascale_cuda.cuh $(NVSTAMP) | $(B)
 	$(NVCC) $(NVFLAGS) -x cu -DUS_CUDA -DULTRASCALE_NCCL $(LINKED_CUDA) -c $< -o $@.o
 	$(NVCC) $(NVFLAGS) $@.o $(CUDAIMPL) -o $@ $(NVLIBS)
 
@@ -171,30 +185,30 @@ train-cuda: $(B)/train_cuda
 	./$(B)/train_cuda
 
 # a checkpoint's logits computed on the GPU (bench/hf_logits.sh uses it where nvcc and a GPU exist)
-$(B)/hf_logits_cuda: examples/hf_logits.c $(CUDAIMPL) $(HDR) ultrascale_cuda.cuh | $(B)
+$(B)/hf_logits_cuda: examples/hf_logits.c $(CUDAIMPL) $(HDR) ultrascale_cuda.cuh $(NVSTAMP) | $(B)
 	$(NVCC) $(NVFLAGS) -x cu -DUS_CUDA $(LINKED_CUDA) -c $< -o $@.o
 	$(NVCC) $(NVFLAGS) $@.o $(CUDAIMPL) -o $@ $(NVLIBS)
 
 # text from a checkpoint with a KV cache, on GPU 0 (examples/generate.c)
-$(B)/generate_cuda: examples/generate.c $(CUDAIMPL) $(HDR) ultrascale_cuda.cuh | $(B)
+$(B)/generate_cuda: examples/generate.c $(CUDAIMPL) $(HDR) ultrascale_cuda.cuh $(NVSTAMP) | $(B)
 	$(NVCC) $(NVFLAGS) -x cu -DUS_CUDA $(LINKED_CUDA) -c $< -o $@.o
 	$(NVCC) $(NVFLAGS) $@.o $(CUDAIMPL) -o $@ $(NVLIBS)
 
-$(B)/test_cuda: tests/test_cuda.cu tests/us_test.h $(CUDAIMPL) $(HDR) ultrascale_cuda.cuh | $(B)
+$(B)/test_cuda: tests/test_cuda.cu tests/us_test.h $(CUDAIMPL) $(HDR) ultrascale_cuda.cuh $(NVSTAMP) | $(B)
 	$(NVCC) $(NVFLAGS) $(LINKED_CUDA) $< $(CUDAIMPL) -o $@ $(NVLIBS)
 
 # the NCCL backend against host references, on 2 GPUs (prints SKIP with fewer)
-$(B)/test_nccl: tests/test_nccl.cu tests/us_test.h $(HDR) ultrascale_cuda.cuh | $(B)
+$(B)/test_nccl: tests/test_nccl.cu tests/us_test.h $(HDR) ultrascale_cuda.cuh $(NVSTAMP) | $(B)
 	$(NVCC) $(NVFLAGS) -DULTRASCALE_STATIC -DULTRASCALE_NCCL $< -o $@ $(NVLIBS)
 
-$(B)/flash_test: tests/flash_test.cu $(HDR) ultrascale_cuda.cuh | $(B)
+$(B)/flash_test: tests/flash_test.cu $(HDR) ultrascale_cuda.cuh $(NVSTAMP) | $(B)
 	$(NVCC) $(NVFLAGS) -DULTRASCALE_STATIC $< -o $@ $(NVLIBS)
 
-$(B)/gemm_steps: examples/gemm_steps.cu | $(B)
+$(B)/gemm_steps: examples/gemm_steps.cu $(NVSTAMP) | $(B)
 	$(NVCC) $(NVFLAGS) $< -o $@ $(NVLIBS)
 
 # the comm seam's NCCL backend against raw NCCL, bus bandwidth 1 MB - 1 GB (2+ GPUs; issue 9)
-$(B)/comm_bw: bench/comm_bw.cu $(CUDAIMPL) $(HDR) | $(B)
+$(B)/comm_bw: bench/comm_bw.cu $(CUDAIMPL) $(HDR) $(NVSTAMP) | $(B)
 	$(NVCC) $(NVFLAGS) -DULTRASCALE_NCCL $(LINKED_CUDA) $< $(CUDAIMPL) -o $@ $(NVLIBS)
 
 # longest first, so two jobs keep both cores busy
@@ -237,12 +251,14 @@ HAVE_NCCL := $(shell [ -f /usr/include/nccl.h ] || [ -f $(CUDA_HOME)/include/ncc
 HAVE_GPU  := $(shell { ls /dev/nvidia[0-9]* || nvidia-smi -L | grep -q '^GPU'; } \
                       > /dev/null 2>&1 && echo 1)
 STEPS_ENV  = B=$(B) NVCC=$(HAVE_NVCC) NCCL=$(HAVE_NCCL) GPU=$(HAVE_GPU)
+# without a GPU the CUDA programs are built to be checked, not run: PTX only, host -O0 (NVARCH)
+NVCHECK    = NVARCH='-gencode arch=compute_90a,code=compute_90a' NVOPT=-O0
 
 test:
 	@mkdir -p $(B)/san $(B)/cuda && rm -rf $(B)/steps
 	@$(STEPS_ENV) bash tests/run_all.sh --makefile tests/steps.sh > $(B)/steps.mk
 	@$(MAKE) -k $(if $(filter -j%,$(MAKEFLAGS)),,-j$(JOBS)) -f $(firstword $(MAKEFILE_LIST)) -f $(B)/steps.mk \
-	  $(if $(HAVE_NVCC),$(CUDAIMPL)) $(IMPL) $(SANIMPL) test-steps || true
+	  $(if $(HAVE_GPU),,$(NVCHECK)) $(if $(HAVE_NVCC),$(CUDAIMPL)) $(IMPL) $(SANIMPL) test-steps || true
 	@$(STEPS_ENV) bash tests/run_all.sh --report tests/steps.sh
 
 # every program the steps need, without running them (then: bash tests/run_all.sh tests/steps.sh)
@@ -279,10 +295,10 @@ format:
 	@[ -n "$(CLANG_FORMAT)" ] || { echo "make format: needs clang-format 14 (apt-get install clang-format-14)"; exit 1; }
 	$(CLANG_FORMAT) -i $(FORMAT_SRC)
 
-.PHONY: all train train-cuda test test-builds bench clean flash-emu grouped-emu fuzz format figures-check
+.PHONY: all train train-cuda test test-builds bench clean flash-emu grouped-emu fuzz format figures-check FORCE
 
 # ---- GPU benchmarks (run on the GPU machine; see bench/run_gpu.sh)
-$(B)/bench_cuda: bench/bench_cuda.cu $(HDR) ultrascale_cuda.cuh | $(B)
+$(B)/bench_cuda: bench/bench_cuda.cu $(HDR) ultrascale_cuda.cuh $(NVSTAMP) | $(B)
 	$(NVCC) $(NVFLAGS) $< -o $@ $(NVLIBS)
 
 # the tokenizer's encoding speed (bench/bench_tok.py runs it beside Hugging Face tokenizers)
@@ -298,5 +314,5 @@ $(B)/calibrate_cpu: bench/calibrate_cpu.c $(IMPL) $(HDR) | $(B)
 	$(CC) $(CFLAGS) $(LINKED_C) $< $(IMPL) -o $@ $(LDLIBS)
 
 # the planner's rates measured on this machine (GEMM, attention, HBM, NCCL on 2 GPUs): bench/calibrate.cu
-$(B)/calibrate: bench/calibrate.cu $(HDR) ultrascale_cuda.cuh | $(B)
+$(B)/calibrate: bench/calibrate.cu $(HDR) ultrascale_cuda.cuh $(NVSTAMP) | $(B)
 	$(NVCC) $(NVFLAGS) $< -o $@ $(NVLIBS)
