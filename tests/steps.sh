@@ -122,7 +122,8 @@ step 'fuzz corpus replay (asan+ubsan)'   "$B/fuzz_replay"         './$B/fuzz_rep
 
 # ---- compile checks: no warning at -O2 (C99 pedantic), C++, two translation units,
 # ULTRASCALE_STATIC, each opt-out (ULTRASCALE_NO_*: what remains compiles without a warning and
-# trains a step), no OpenMP, and nvcc (the CUDA compiler sees the header as C++) where it is installed; a check
+# trains a step), no OpenMP, and nvcc (the CUDA compiler sees the header as C++) where it is
+# installed (without a GPU nvcc builds PTX, not SASS: the Makefile's NVCHECK); a check
 # passes when make built its target (the Makefile's rules hold the compiler command lines)
 # (the implementation's own compile with CFLAGS, C99 -pedantic at -O2: the Makefile keeps its messages)
 step 'the implementation compiles without a warning' "$B/ultrascale.o" \
