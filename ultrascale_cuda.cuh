@@ -5197,9 +5197,13 @@ static void us__flash_block_fwd_e(float *acc, float *m, float *l, const void *qk
      - what they cost beyond the causal kernels, on one H200 at T 32k (bench_cuda --cp-seq's
        "one block" row: the whole sequence as one block, positions 0..T−1): the forward 1.5×
        the causal one at HS 128 and 1.7× at HS 64, the backward 1.25× and 1.4×; at HS 64 the
-       forward is 10 % slower than the mma.sync one (bench/logs/cp_hopper). Not yet found where
-       (suspects: each tile's range is a global load the consumer waits on right after the
-       tile's barrier; the fp32 state in and out);
+       forward is 10 % slower than the mma.sync one (bench/logs/cp_hopper). One cause found
+       since in the SASS (its effect not yet measured): the mask, a lambda that may load behind
+       a runtime flag, made the forward and dQ branch around every score of every tile, wholly
+       visible ones too (BSSY, a taken BRA, BSYNC per score: 192 instructions a tile at HS 128),
+       and dK/dV run its mask predicated on every tile; each kernel now branches once per tile
+       into a copy without mask code. Other suspects: each tile's range is a global load issued
+       just before the tile's barrier; the fp32 state;
      - keys past Tk have position +inf and queries past Tq −inf, so a tail tile is always
        masked, and TMA zero-fills its rows;
      - K and V come from the block buffer kv [B][Tk][2·NKV·HS] through their own tensor map;
