@@ -5197,9 +5197,13 @@ static void us__flash_block_fwd_e(float *acc, float *m, float *l, const void *qk
      - what they cost beyond the causal kernels, on one H200 at T 32k (bench_cuda --cp-seq's
        "one block" row: the whole sequence as one block, positions 0..T−1): the forward 1.5×
        the causal one at HS 128 and 1.7× at HS 64, the backward 1.25× and 1.4×; at HS 64 the
-       forward is 10 % slower than the mma.sync one (bench/logs/cp_hopper). Not yet found where
-       (suspects: each tile's range is a global load the consumer waits on right after the
-       tile's barrier; the fp32 state in and out);
+       forward is 10 % slower than the mma.sync one (bench/logs/cp_hopper). One cause found
+       since in the SASS (its effect not yet measured): the mask, a lambda that may load behind
+       a runtime flag, made the forward and dQ branch around every score of every tile, wholly
+       visible ones too (BSSY, a taken BRA, BSYNC per score: 192 instructions a tile at HS 128),
+       and dK/dV run its mask predicated on every tile; each kernel now branches once per tile
+       into a copy without mask code. Other suspects: each tile's range is a global load issued
+       just before the tile's barrier; the fp32 state;
      - keys past Tk have position +inf and queries past Tq −inf, so a tail tile is always
        masked, and TMA zero-fills its rows;
      - K and V come from the block buffer kv [B][Tk][2·NKV·HS] through their own tensor map;
@@ -5374,14 +5378,20 @@ us__hop_block_fwd_consume(float (&o)[HS / 8][4], float (&m)[2], float (&l)[2],
             us__wg_rs<HS, E, 1>(&o[0][0], pa[t], us__wg_mnmaj<BC>(sV + s * KVB, t), 1);
         us__wg_commit();
     };
+    /* Wholly visible tiles (the most) take a softmax with no mask code at all, a branch uniform
+       over the warpgroup once per tile. Behind one runtime flag, as before, a mask that may load
+       from kpos made ptxas branch around every score (64 branches per tile, on unmasked tiles
+       too, and the softmax scheduled in pieces); the causal kernel's arithmetic mask does not. */
     const auto softmax = [&](float(&sc)[BC / 8][4], int kt, int4 kr) {
         const auto masked = [&](int j, int e) {
             const int off = j * 8 + 2 * (lane & 3) + (e & 1), key = kt * BC + off;
             const int kp = kr.z ? kr.x + off : key < ks.Tk ? ks.kpos[key] : INT_MAX;
             return kp > ks.qp[e >> 1];
         };
-        /* partly visible: some key after this warpgroup's smallest query position */
-        us__hop_softmax<BC>(sc, m, l, corr, sl2, kr.y > ks.qmin, masked);
+        if (kr.y > ks.qmin) /* partly visible: a key after this warpgroup's smallest query */
+            us__hop_softmax<BC>(sc, m, l, corr, sl2, true, masked);
+        else
+            us__hop_softmax<BC>(sc, m, l, corr, sl2, false, masked);
     };
     const auto to_a = [&](float(&sc)[BC / 8][4]) {
 #pragma unroll
@@ -5695,8 +5705,13 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
             const auto hidden = [&](int j, int e) {
                 return kp[e >> 1] > tp[j * 8 + 2 * (lane & 3) + (e & 1)];
             };
-            us__hop_pds<E, BQ, DK, DV>(pa, da, st, dpt, sL + s * BQ, sD + s * BQ, kr.y > qr.x,
-                                       hidden, lane, scale, sl2);
+            /* one branch per tile, not one per score (as in the block forward's consumer) */
+            if (kr.y > qr.x) /* partly visible: some key after the tile's smallest query */
+                us__hop_pds<E, BQ, DK, DV>(pa, da, st, dpt, sL + s * BQ, sD + s * BQ, true, hidden,
+                                           lane, scale, sl2);
+            else
+                us__hop_pds<E, BQ, DK, DV>(pa, da, st, dpt, sL + s * BQ, sD + s * BQ, false, hidden,
+                                           lane, scale, sl2);
             us__hop_turn<NWG>(c);
             us__hop_dkv_mma<E, HS, BQ, DK, DV>(dk, dv, pa, da, tQ, tdO);
             us__hop_turn_done<NWG>(c, it + 1 == nit);
@@ -5763,15 +5778,26 @@ us__hop_block_dq_tile(float (&dq)[HS / 8][4], const unsigned char *sQ, const uns
     us__hop_turn_done<NWG>(c, false);
     us__wg_wait<BK / 2>(&sc[0][0]);
     us__wg_wait<BK / 2>(&dp[0][0]);
+    /* dS, P hidden where masked(off, e) (off: the key's offset in the tile) */
+    const auto ds = [&](auto masked) {
 #pragma unroll
-    for (int j = 0; j < BK / 8; j++)
+        for (int j = 0; j < BK / 8; j++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            float p = us__hop_exp2(sc[j][e] * sl2 - L2[e >> 1]);
-            const int off = j * 8 + 2 * (lane & 3) + (e & 1), key = kt * BK + off;
-            if (part && (kr.z ? kr.x + off : key < Tk ? kpos[key] : INT_MAX) > qp[e >> 1]) p = 0.f;
-            dp[j][e] = p * (dp[j][e] - Dr[e >> 1]) * scale;
-        }
+            for (int e = 0; e < 4; e++) {
+                float p = us__hop_exp2(sc[j][e] * sl2 - L2[e >> 1]);
+                if (masked(j * 8 + 2 * (lane & 3) + (e & 1), e)) p = 0.f;
+                dp[j][e] = p * (dp[j][e] - Dr[e >> 1]) * scale;
+            }
+    };
+    /* the tile's class is uniform over the warpgroup: one branch per tile, not one per score
+       (a mask that may load made ptxas branch around every score, on unmasked tiles too) */
+    if (!part)
+        ds([](int, int) { return false; });
+    else
+        ds([&](int off, int e) {
+            const int key = kt * BK + off;
+            return (kr.z ? kr.x + off : key < Tk ? kpos[key] : INT_MAX) > qp[e >> 1];
+        });
     uint32_t da[BK / 16][4];
 #pragma unroll
     for (int t = 0; t < BK / 16; t++) us__hop_to_a<E, BK>(da[t], dp, t);
