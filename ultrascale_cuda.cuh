@@ -5194,16 +5194,11 @@ static void us__flash_block_fwd_e(float *acc, float *m, float *l, const void *qk
        other positions are read from kpos. The forward carries P·V one tile behind, so its
        consumers compute every CTA tile up to their own last visible one (a hidden one in
        between is masked whole) and only take turns after it, as the causal forward does;
-     - what they cost beyond the causal kernels, on one H200 at T 32k (bench_cuda --cp-seq's
-       "one block" row: the whole sequence as one block, positions 0..T−1): the forward 1.5×
-       the causal one at HS 128 and 1.7× at HS 64, the backward 1.25× and 1.4×; at HS 64 the
-       forward is 10 % slower than the mma.sync one (bench/logs/cp_hopper). One cause found
-       since in the SASS (its effect not yet measured): the mask, a lambda that may load behind
-       a runtime flag, made the forward and dQ branch around every score of every tile, wholly
-       visible ones too (BSSY, a taken BRA, BSYNC per score: 192 instructions a tile at HS 128),
-       and dK/dV run its mask predicated on every tile; each kernel now branches once per tile
-       into a copy without mask code. Other suspects: each tile's range is a global load issued
-       just before the tile's barrier; the fp32 state;
+     - each kernel branches once per tile on its class into a copy with or without mask code:
+       the mask, a function that may read kpos, would otherwise make the compiler branch around
+       every score of every tile, wholly visible ones too (BSSY, a taken BRA and BSYNC per
+       score: 192 instructions a tile at HS 128). With it, the whole sequence given as one block
+       runs within 3–9 % of the causal kernels forward and 2–12 % backward (bench/RESULTS.md);
      - keys past Tk have position +inf and queries past Tq −inf, so a tail tile is always
        masked, and TMA zero-fills its rows;
      - K and V come from the block buffer kv [B][Tk][2·NKV·HS] through their own tensor map;
