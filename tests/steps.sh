@@ -65,6 +65,7 @@ step 'docs/ figures equal what figures and schedule draw' "$B/figures $B/schedul
 step "README's C example (examples/readme_snippet.c): C, C++, same text" \
                                          "$B/readme_snippet $B/readme_snippet_cxx" \
                                                            'bash tests/readme_snippet.sh'
+step 'hf_logits builds (bench/hf_logits.sh runs it)' "$B/hf_logits" 'test -x $B/hf_logits'
 step 'calibrate_cpu writes a rates file plan reads' "$B/calibrate_cpu $B/plan" \
      './$B/calibrate_cpu --quick --out $B/rates_cpu.txt | grep -q wrote &&
       ./$B/plan --rates $B/rates_cpu.txt --model llama-1b --top 1 | grep -q "^top"'
