@@ -237,10 +237,10 @@ static const char *const usage_text[] = {
     "  --quiet           print only the summary\n"
     "  --help            this text\n"
     "Flags take their value as the next argument or after '=' (--steps=500). OpenMP threads "
-    "sleep\n"
-    "while they wait (OMP_WAIT_POLICY=passive, set unless you set it): spinning threads slow "
-    "to a\n"
-    "crawl when other programs share the cores.\n",
+    "spin\n"
+    "briefly, then sleep while they wait (OMP_WAIT_POLICY=passive and GOMP_SPINCOUNT=10000, set\n"
+    "unless you set OMP_WAIT_POLICY): threads that spin long slow to a crawl when other\n"
+    "programs share the cores.\n",
 };
 
 static void usage(FILE *f) {
@@ -2272,10 +2272,15 @@ int main(int argc, char **argv) {
     int rc;
 
 #ifdef _OPENMP
-    /* OpenMP threads that sleep while they wait, unless the user chose: libgomp reads the policy
-       once, as the program starts, so the program starts itself again with it set */
-    if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "passive", 1) == 0)
+    /* OpenMP threads that spin briefly, then sleep while they wait, unless the user chose:
+       libgomp reads the policy once, as the program starts, so the program starts itself again
+       with it set. A short spin (GOMP_SPINCOUNT; libgomp's own default spins 30 times as long)
+       catches the next parallel region of a small model without a sleep and a wake-up each
+       time, and gives the core back soon when other programs want it */
+    if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "passive", 1) == 0) {
+        if (!getenv("GOMP_SPINCOUNT")) setenv("GOMP_SPINCOUNT", "10000", 1);
         execv("/proc/self/exe", argv);
+    }
 #endif
     cli_init(&c);
     if ((rc = parse_args(&c, argc, argv)) != GO_ON) return rc;

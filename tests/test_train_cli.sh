@@ -104,26 +104,30 @@ expect 2 "--trace naming a directory is refused" "--trace $T/adir is a directory
 [ ! -e "$T/t_ok.json" ] && "$BIN" $small --steps 1 --eval-every 0 $EXACT --sample 0 --trace "$T/t_ok.json" > /dev/null 2>&1 && grep -q traceEvents "$T/t_ok.json" &&
     ok "a good --trace path still gets its trace" || bad "a good --trace path"
 expect 2 "--save onto a file is refused before training" "--save $T/afile exists and is not a directory" -- --save "$T/afile" --steps 1
-# OpenMP's waiting threads sleep unless the user chose (spinning ones crawl on a busy machine):
-# the running trainer's environment says passive, or what the user set
-omp_policy() {   # omp_policy [VAR=VALUE]: OMP_WAIT_POLICY in the environment of a running trainer
-    local pid k pol='' bin
+# OpenMP's waiting threads spin briefly, then sleep, unless the user chose (long-spinning ones
+# crawl on a busy machine): the running trainer's environment says passive with a spin count of
+# 10000, or what the user set
+omp_policy() {   # omp_policy [VAR=VALUE]: "OMP_WAIT_POLICY GOMP_SPINCOUNT" of a running trainer
+    local pid k pol='' spin='' bin
     bin=$(readlink -f "$BIN")
-    env -u OMP_WAIT_POLICY "$@" "$BIN" --steps 100000 --eval-every 0 --quiet > /dev/null 2>&1 & pid=$!
+    env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT "$@" "$BIN" --steps 100000 --eval-every 0 --quiet \
+        > /dev/null 2>&1 & pid=$!
     for k in $(seq 50); do   # (until env has become the trainer: env's own environment is ours)
         if [ "$(readlink /proc/$pid/exe 2>/dev/null)" = "$bin" ]; then
             pol=$(tr '\0' '\n' < /proc/$pid/environ 2>/dev/null | sed -n 's/^OMP_WAIT_POLICY=//p')
+            spin=$(tr '\0' '\n' < /proc/$pid/environ 2>/dev/null | sed -n 's/^GOMP_SPINCOUNT=//p')
             [ -n "$pol" ] && break
         fi
         sleep 0.1
     done
     kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
-    echo "$pol"
+    echo "$pol ${spin:--}"
 }
 if [ -r /proc/self/environ ]; then
     p1=$(omp_policy); p2=$(omp_policy OMP_WAIT_POLICY=active)
-    [ "$p1" = passive ] && ok "OMP_WAIT_POLICY is passive by default" || bad "OMP_WAIT_POLICY by default: '$p1'"
-    [ "$p2" = active ] && ok "... and what the user set otherwise" || bad "OMP_WAIT_POLICY=active kept: '$p2'"
+    [ "$p1" = "passive 10000" ] && ok "OMP_WAIT_POLICY passive, GOMP_SPINCOUNT 10000 by default" ||
+        bad "OpenMP's wait by default: '$p1'"
+    [ "$p2" = "active -" ] && ok "... and what the user set otherwise" || bad "OMP_WAIT_POLICY=active kept: '$p2'"
 fi
 
 # a short run with the JSONL log
