@@ -69,9 +69,8 @@ show() {
 run() {   # run I: the step's output into $dir/I.out, "EXIT-STATUS SECONDS" into I.rc
     local t0=$SECONDS st
     mkdir -p "$dir"
-    # OpenMP threads that spin briefly, then sleep while they wait: several steps share the cores
-    ( export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-10000}
-      eval "${cmds[$1]}" ) > "$dir/$1.out" 2>&1 < /dev/null
+    # OpenMP threads that sleep rather than spin while they wait: several steps share the cores
+    ( export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}; eval "${cmds[$1]}" ) > "$dir/$1.out" 2>&1 < /dev/null
     st=$?
     echo "$st $((SECONDS - t0))" > "$dir/$1.rc"
 }
