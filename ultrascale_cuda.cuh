@@ -706,9 +706,16 @@ __global__ void us__k_rmsnorm_bwd_dx(T *dx, const T *dout, const T *x, const T *
    threads), so rows up to 1024·US__ROW_RV vectors (16384 bf16, 8192 fp32) take this path. */
 #define US__ROW_RV 2
 
-template <typename T>
+/* What a vector kernel of RMSNorm or SwiGLU does with the W outputs o it has just computed for
+   row n, columns c..c+W−1 (stored when active): nothing here; // >>cuda-fp8 passes one that writes
+   their 1×128 FP8 tiles (us__fp8_epi). Every lane of a warp calls it, active or not. */
+struct us__no_epi {
+    __device__ __forceinline__ void operator()(const float *, int64_t, int64_t, bool) const {}
+};
+
+template <typename T, typename Epi = us__no_epi>
 __global__ void us__k_rmsnorm_fwd_vec(T *out, float *rstd, const T *x, const T *w, int64_t C,
-                                      float eps) {
+                                      float eps, Epi epi = Epi()) {
     enum { W = us__vec<T>::W };
 
     __shared__ float sh[32];
@@ -732,14 +739,13 @@ __global__ void us__k_rmsnorm_fwd_vec(T *out, float *rstd, const T *x, const T *
     r = rsqrtf(ss / (float)C + eps);
     if (threadIdx.x == 0) rstd[n] = r;
 #pragma unroll
-    for (k = 0; k < US__ROW_RV; k++) {
+    for (k = 0; k < US__ROW_RV; k++) { /* every lane: the epilogue may shuffle between lanes */
         int j = threadIdx.x + k * blockDim.x;
-        if (j < nv) {
-            float o[W];
+        float o[W];
 #pragma unroll
-            for (i = 0; i < W; i++) o[i] = v[k][i] * r * wv[k][i];
-            us__stv(out + n * C + (int64_t)j * W, o);
-        }
+        for (i = 0; i < W; i++) o[i] = v[k][i] * r * wv[k][i];
+        if (j < nv) us__stv(out + n * C + (int64_t)j * W, o);
+        epi(o, n, (int64_t)j * W, j < nv);
     }
 }
 
@@ -1097,8 +1103,8 @@ __global__ void us__k_swiglu_bwd(T *dgu, const T *dh, const T *gu, int64_t N, in
 
 /* Vector path (F a multiple of the vector width, 16-byte aligned buffers): each thread owns W
    adjacent columns, so every access is one 16-byte load or store. */
-template <typename T>
-__global__ void us__k_swiglu_fwd_vec(T *h, const T *gu, int64_t N, int64_t F) {
+template <typename T, typename Epi = us__no_epi>
+__global__ void us__k_swiglu_fwd_vec(T *h, const T *gu, int64_t N, int64_t F, Epi epi = Epi()) {
     enum { W = us__vec<T>::W };
 
     int64_t f = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * W, n;
@@ -1111,6 +1117,7 @@ __global__ void us__k_swiglu_fwd_vec(T *h, const T *gu, int64_t N, int64_t F) {
 #pragma unroll
         for (i = 0; i < W; i++) o[i] = g[i] / (1.0f + __expf(-g[i])) * u[i];
         us__stv(h + n * F + f, o);
+        epi(o, n, f, true);
     }
 }
 
@@ -7847,68 +7854,29 @@ __device__ __forceinline__ void us__fp8_tile_store(uint8_t *q, float *s, const f
     if (c % 128 == 0) s[c / 128 * N + n] = sc;
 }
 
-/* RMSNorm as us__k_rmsnorm_fwd_vec (one block per row, the same sums), then row n's 1×128 tiles */
+/* The vector kernels' epilogue (us__no_epi's place) that writes the 1×128 tiles of the W outputs
+   a lane has just computed, rounded to T as stored: q [N][C], s [C/128][N] (C: RMSNorm's width,
+   SwiGLU's F). A tile is the LT lanes of one group of the warp; RMSNorm runs every lane through it
+   and SwiGLU has C a multiple of 128, so each group's lanes all call it. */
 template <typename T>
-__global__ void us__k_rmsnorm_fwd_fp8(T *out, float *rstd, uint8_t *q, float *s, const T *x,
-                                      const T *w, int64_t N, int64_t C, float eps, int pow2) {
-    enum { W = us__vec<T>::W };
+struct us__fp8_epi {
+    uint8_t *q;
+    float *s;
+    int64_t N, C;
+    int pow2;
 
-    __shared__ float sh[32];
-    int64_t n = blockIdx.x;
-    int nv = (int)(C / W), k, i;
-    float v[US__ROW_RV][W], wv[US__ROW_RV][W], ss = 0, r;
-#pragma unroll
-    for (k = 0; k < US__ROW_RV; k++) {
-        int j = threadIdx.x + k * blockDim.x;
-        if (j < nv) {
-            us__ldv(x + n * C + (int64_t)j * W, v[k]);
-            us__ldv(w + (int64_t)j * W, wv[k]);
-        } else {
-#pragma unroll
-            for (i = 0; i < W; i++) v[k][i] = wv[k][i] = 0.0f;
-        }
-#pragma unroll
-        for (i = 0; i < W; i++) ss += v[k][i] * v[k][i];
-    }
-    ss = us__block_sum(ss, sh);
-    r = rsqrtf(ss / (float)C + eps);
-    if (threadIdx.x == 0) rstd[n] = r;
-#pragma unroll
-    for (k = 0; k < US__ROW_RV; k++) { /* every lane takes part in the tile's shuffles */
-        int j = threadIdx.x + k * blockDim.x;
-        float o[W];
-#pragma unroll
-        for (i = 0; i < W; i++) o[i] = v[k][i] * r * wv[k][i];
-        if (j < nv) us__stv(out + n * C + (int64_t)j * W, o);
-#pragma unroll
-        for (i = 0; i < W; i++) o[i] = us__rt<T>(o[i]);
-        us__fp8_tile_store<W>(q, s, o, n, N, C, (int64_t)j * W, pow2, 0xffffffffu, j < nv);
-    }
-}
+    __device__ __forceinline__ void operator()(const float *o, int64_t n, int64_t c,
+                                               bool active) const {
+        enum { W = us__vec<T>::W, LT = 128 / W };
 
-/* SwiGLU as us__k_swiglu_fwd_vec (thread = W neighbouring columns; F a multiple of 128, so a
-   tile's LT lanes all have columns or all have none), then their 1×128 tiles of h */
-template <typename T>
-__global__ void us__k_swiglu_fwd_fp8(T *h, uint8_t *q, float *s, const T *gu, int64_t N, int64_t F,
-                                     int pow2) {
-    enum { W = us__vec<T>::W, LT = 128 / W };
-
-    int64_t f = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * W, n;
-    int i, lane = threadIdx.x & 31;
-    unsigned mask = LT == 32 ? 0xffffffffu : ((1u << (LT & 31)) - 1) << (lane & (32 - LT));
-    if (f >= F) return;
-    for (n = blockIdx.y; n < N; n += gridDim.y) {
-        float g[W], u[W], o[W];
-        us__ldv(gu + n * 2 * F + f, g);
-        us__ldv(gu + n * 2 * F + F + f, u);
+        int i, lane = threadIdx.x & 31;
+        unsigned mask = LT == 32 ? 0xffffffffu : ((1u << (LT & 31)) - 1) << (lane & (32 - LT));
+        float r[W];
 #pragma unroll
-        for (i = 0; i < W; i++) o[i] = g[i] / (1.0f + __expf(-g[i])) * u[i];
-        us__stv(h + n * F + f, o);
-#pragma unroll
-        for (i = 0; i < W; i++) o[i] = us__rt<T>(o[i]);
-        us__fp8_tile_store<W>(q, s, o, n, N, F, f, pow2, mask, 1);
+        for (i = 0; i < W; i++) r[i] = us__rt<T>(o[i]);
+        us__fp8_tile_store<W>(q, s, r, n, N, C, c, pow2, mask, active);
     }
-}
+};
 
 static void us__cuda_rmsnorm_fwd_fp8(us_ops *o, void *out, float *rstd, uint8_t *q, float *s,
                                      const void *x, const void *w, int64_t N, int64_t C, float eps,
@@ -7916,9 +7884,11 @@ static void us__cuda_rmsnorm_fwd_fp8(us_ops *o, void *out, float *rstd, uint8_t 
     int W = 16 / (int)us_dtype_size(dt), th = us__row_threads(C, W);
     if (N <= 0 || C <= 0) return;
     if (th && C % 128 == 0 && us__al16(out) && us__al16(x) && us__al16(w) && us__al(q, W)) {
-        US__DISPATCH(o, dt,
-                     (us__k_rmsnorm_fwd_fp8<T_><<<(unsigned)N, th, 0, us__cu(o)->stream>>>(
-                         (T_ *)out, rstd, q, s, (const T_ *)x, (const T_ *)w, N, C, eps, pow2)));
+        US__DISPATCH(
+            o, dt,
+            (us__k_rmsnorm_fwd_vec<T_, us__fp8_epi<T_>><<<(unsigned)N, th, 0, us__cu(o)->stream>>>(
+                (T_ *)out, rstd, (const T_ *)x, (const T_ *)w, C, eps,
+                us__fp8_epi<T_>{q, s, N, C, pow2})));
         return;
     }
     us__cuda_rmsnorm_fwd(o, out, rstd, x, w, N, C, eps, dt);
@@ -7930,10 +7900,10 @@ static void us__cuda_swiglu_fwd_fp8(us_ops *o, void *h, uint8_t *q, float *s, co
     int64_t W = 16 / (int64_t)us_dtype_size(dt);
     if (N <= 0 || F <= 0) return;
     if (F % 128 == 0 && us__al16(h) && us__al16(gu) && us__al(q, (unsigned)W)) {
-        US__DISPATCH(
-            o, dt,
-            (us__k_swiglu_fwd_fp8<T_><<<us__rows_grid(N, F / W, 256), 256, 0, us__cu(o)->stream>>>(
-                (T_ *)h, q, s, (const T_ *)gu, N, F, pow2)));
+        US__DISPATCH(o, dt,
+                     (us__k_swiglu_fwd_vec<T_, us__fp8_epi<T_>>
+                      <<<us__rows_grid(N, F / W, 256), 256, 0, us__cu(o)->stream>>>(
+                          (T_ *)h, (const T_ *)gu, N, F, us__fp8_epi<T_>{q, s, N, F, pow2})));
         return;
     }
     us__cuda_swiglu_fwd(o, h, gu, N, F, dt);
