@@ -6720,11 +6720,13 @@ static void us__gg_modes(us_ops *o, int mode, int G, const int64_t *off, const i
    rows past its end must add nothing: the consumers zero them in shared memory (whole 128-byte
    rows, which the swizzle leaves in place) before that block's wgmma. Each group's W[g] needs a
    tensor map of its own (the experts' tensors need not be evenly spaced); they travel in the
-   kernel's parameters (32 KB on Hopper), US__GGH_CAP groups per launch. Wgrad's results are
-   added into the fp32 W[g] by each thread (read, add, write), as the mma.sync kernel does; that
-   product ran at half the loop's rate (cause not yet found: the epilogue is not overlapped with
-   the next tile's products, and only this mode reads A transposed), so the default keeps Wgrad
-   on the loop (us__gg_auto). */
+   kernel's parameters (32 KB on Hopper), US__GGH_CAP groups per launch.
+   6. Wgrad adds its results into the fp32 W[g] through the copy engine. A thread that reads,
+      adds and writes each of its 128 sums itself (as the mma.sync kernel does) waits for the
+      read: under ncu three quarters of the consumers' stalls were those loads, and the product
+      ran at half the loop's rate. Instead each consumer stages 64 rows × 32 columns at a time in
+      shared memory and hands them to cp.reduce.async.bulk.tensor .add, which does the
+      read-add-write in L2 while the consumer goes on to its next box and its next tile. */
 #define US__GGH_CAP 160 /* groups per launch: their tensor maps fill most of the 32 KB */
 #define US__GGH_BM 128  /* output tile rows: two consumer warpgroups of 64 */
 #define US__GGH_BN 256  /* output tile columns: one m64n256k16 */
@@ -6734,15 +6736,21 @@ static void us__gg_modes(us_ops *o, int mode, int G, const int64_t *off, const i
 #define US__GGH_SB (US__GGH_BN * US__GGH_BK * 2) /* a stage's B bytes */
 
 typedef struct us__ggh_table {
-    CUtensorMap wmap[US__GGH_CAP]; /* Fprop, Dgrad: W[g] in the boxes the producer reads */
-    void *w[US__GGH_CAP];          /* Wgrad: W[g], the fp32 gradient [N][K] */
+    CUtensorMap wmap[US__GGH_CAP]; /* W[g]: the producer's boxes, or (Wgrad) the fp32 boxes added */
     int64_t off[US__GGH_CAP], n[US__GGH_CAP]; /* its rows of X and Y */
     int tile0[US__GGH_CAP + 1];               /* its first tile; tile0[G] = the tiles */
     int G;
 } us__ggh_table;
 
-/* the ring's stages, 1 KB for the swizzle's alignment, room for the barriers */
-static constexpr size_t us__ggh_smem = us__hop_smem(US__GGH_ST * (US__GGH_SA + US__GGH_SB));
+#define US__GGH_BOX (64 * 32 * 4) /* Wgrad: one staged box, 64 rows × 32 fp32 columns */
+
+/* the tiles in shared memory: the ring's stages, then (Wgrad) two staged boxes per consumer;
+   us__hop_smem adds the swizzle's alignment and the barriers */
+static constexpr __host__ __device__ int us__ggh_bytes(int mode) {
+    return US__GGH_ST * (US__GGH_SA + US__GGH_SB) + (mode == US_GG_WGRAD ? 4 * US__GGH_BOX : 0);
+}
+
+static_assert(us__hop_smem(us__ggh_bytes(US_GG_WGRAD)) <= 232448, "227 KB a block at most");
 
 /* one tile: its group, its first output row and column, its k-blocks and reduction length */
 struct us__ggh_pos {
@@ -6881,62 +6889,67 @@ static __device__ __forceinline__ void us__ggh_zero_tail(unsigned char *sa, unsi
     us__hop_bar_sync(1);
 }
 
-/* The tile's results from consumer c's accumulators (d[4j + e]: row 16w + lane/4 + 8·(e/2),
-   column 8j + 2·(lane%4) + e%2 of its 64 × 256): Y_g rows overwritten in dt, or (Wgrad) the
-   fp32 W[g] += */
-template <typename T, int MODE>
+/* Fprop, Dgrad: the tile's rows of Y_g from consumer c's accumulators (d[4j + e]: row 16w +
+   lane/4 + 8·(e/2), column 8j + 2·(lane%4) + e%2 of its 64 × 256), rounded to T */
+template <typename T>
 static __device__ __forceinline__ void us__ggh_store(const float *d, const us__ggh_table &t,
                                                      const us__ggh_pos &p, T *Y, int64_t ldy,
-                                                     int64_t N, int64_t K, int c, int tid) {
-    const int64_t M = MODE == US_GG_WGRAD ? N : t.n[p.g], cols = MODE == US_GG_WGRAD ? K : N;
+                                                     int64_t N, int c, int tid) {
     const int64_t r0 = p.m0 + 64 * c + 16 * (tid >> 5) + ((tid & 31) >> 2);
     const int64_t c0 = p.n0 + 2 * (tid & 3);
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int64_t r = r0 + 8 * h;
-        if (r >= M) continue;
-        if (MODE == US_GG_WGRAD) { /* every load of the row first: one round trip, not 32 */
-            float2 *w = reinterpret_cast<float2 *>((float *)t.w[p.g] + r * K + c0);
-            float2 u[US__GGH_BN / 8];
+        if (r >= t.n[p.g]) continue;
+        T *y = Y + (t.off[p.g] + r) * ldy;
 #pragma unroll
-            for (int j = 0; j < US__GGH_BN / 8; j++)
-                if (c0 + 8 * j < cols) u[j] = w[4 * j];
-#pragma unroll
-            for (int j = 0; j < US__GGH_BN / 8; j++)
-                if (c0 + 8 * j < cols) {
-                    u[j].x += d[4 * j + 2 * h];
-                    u[j].y += d[4 * j + 2 * h + 1];
-                    w[4 * j] = u[j];
-                }
-        } else {
-            T *y = Y + (t.off[p.g] + r) * ldy;
-#pragma unroll
-            for (int j = 0; j < US__GGH_BN / 8; j++)
-                if (c0 + 8 * j < cols)
-                    *reinterpret_cast<uint32_t *>(y + c0 + 8 * j) =
-                        us__hop_pack<T>(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
-        }
+        for (int j = 0; j < US__GGH_BN / 8; j++)
+            if (c0 + 8 * j < N)
+                *reinterpret_cast<uint32_t *>(y + c0 + 8 * j) =
+                    us__hop_pack<T>(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
     }
 }
 
-/* Wgrad: the fp32 W[g] lines this thread's epilogue adds into, asked into L2 as the tile starts,
-   so that the read half of the read-add-write overlaps the tile's products (each row's 1 KB is 8
-   lines of 128 bytes: the quad that shares a row takes two each) */
-static __device__ __forceinline__ void us__ggh_prefetch(const us__ggh_table &t,
-                                                        const us__ggh_pos &p, int64_t N, int64_t K,
-                                                        int c, int tid) {
-    const int64_t r0 = p.m0 + 64 * c + 16 * (tid >> 5) + ((tid & 31) >> 2);
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int64_t r = r0 + 8 * h, col = p.n0 + 32 * (2 * (tid & 3) + i);
-            if (r < N && col < K) {
+/* Wgrad: consumer c's 64 × 256 added into the fp32 W[g] (map: its boxes of 64 rows × 32
+   columns) by the copy engine, box by box. A box is staged in shared memory in the 128-byte
+   swizzle (16-byte chunk u of row r at u ⊕ r%8: the quad's float2s of 8 rows hit distinct
+   banks); fence, the warpgroup's barrier, then thread 0 hands it over and goes on. Two staging
+   boxes alternate: before the barrier that releases box q, thread 0 waits until the engine has
+   read box q − 1, so the box written next (q + 1, in q − 1's place) is free. The rows and
+   columns past W[g]'s end are dropped by the engine. One tile owns each element (the whole
+   reduction in one CTA), so each gets exactly one add: the same sums run to run. */
+static __device__ __forceinline__ void us__ggh_reduce(const float *d, const CUtensorMap *map,
+                                                      const us__ggh_pos &p, unsigned char *stage,
+                                                      int c, int tid) {
 #if US__HOP_DEV
-                asm volatile("prefetch.global.L2 [%0];\n" ::"l"((float *)t.w[p.g] + r * K + col));
-#endif
+    const int lane = tid & 31, row = 16 * (tid >> 5) + (lane >> 2);
+#pragma unroll
+    for (int q = 0; q < US__GGH_BN / 32; q++) {
+        unsigned char *box = stage + (q & 1) * US__GGH_BOX; /* [64 rows][32 fp32], swizzled */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = row + 8 * h;
+#pragma unroll
+            for (int j = 0; j < 4; j++) { /* accumulator columns 8(4q + j) + 2·(lane%4) + {0, 1} */
+                const int u = 2 * j + ((lane & 3) >> 1), k = 4 * (4 * q + j) + 2 * h;
+                *reinterpret_cast<float2 *>(box + r * 128 + ((u ^ (r & 7)) << 4) + (lane & 1) * 8) =
+                    make_float2(d[k], d[k + 1]);
             }
         }
+        us__hop_fence_async();
+        if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+        us__hop_bar_sync_n(2 + c, 128);
+        if (tid == 0) {
+            asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group"
+                         " [%0, {%1, %2}], [%3];\n" ::"l"((uint64_t)map),
+                         "r"((int)p.n0 + 32 * q), "r"((int)p.m0 + 64 * c), "r"(us__smem_u32(box))
+                         : "memory");
+            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+        }
+    }
+#else
+    (void)d, (void)map, (void)p, (void)stage, (void)c, (void)tid;
+#endif
 }
 
 /* A consumer warpgroup: its 64 rows of every tile of this CTA */
@@ -6945,11 +6958,11 @@ static __device__ __forceinline__ void us__ggh_consume(const us__ggh_table &t, u
                                                        uint64_t *full, uint64_t *empty, int tiles,
                                                        T *Y, int64_t ldy, int64_t N, int64_t K) {
     const int c = us__hop_wg() - 1, tid = threadIdx.x & 127, lane = tid & 31;
+    unsigned char *stage = ring + US__GGH_ST * (US__GGH_SA + US__GGH_SB) + 2 * c * US__GGH_BOX;
     float d[US__GGH_BN / 2];
     int it = 0;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         const us__ggh_pos p = us__ggh_find<MODE>(t, tile, N, K);
-        if (MODE == US_GG_WGRAD) us__ggh_prefetch(t, p, N, K, c, tid);
         for (int kb = 0; kb < p.nk; kb++, it++) {
             const int s = it % US__GGH_ST;
             unsigned char *sa = ring + s * (US__GGH_SA + US__GGH_SB), *sb = sa + US__GGH_SA;
@@ -6962,8 +6975,15 @@ static __device__ __forceinline__ void us__ggh_consume(const us__ggh_table &t, u
         }
         us__wg_wait<US__GGH_BN / 2>(d);
         if (lane == 0) us__mb_arrive(empty + (it - 1) % US__GGH_ST);
-        us__ggh_store<T, MODE>(d, t, p, Y, ldy, N, K, c, tid);
+        if (MODE == US_GG_WGRAD)
+            us__ggh_reduce(d, &t.wmap[p.g], p, stage, c, tid);
+        else
+            us__ggh_store<T>(d, t, p, Y, ldy, N, c, tid);
     }
+#if US__HOP_DEV
+    /* the staged boxes must be read before the CTA's shared memory goes */
+    if (MODE == US_GG_WGRAD && tid == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
 }
 
 /* 384 threads: the producer warpgroup, then two consumers. ma, mb: the tensor maps of X (ma;
@@ -6975,8 +6995,8 @@ __global__ void __launch_bounds__(384, 1)
                    int tiles) {
 #if US__HOP_DEV
     extern __shared__ __align__(1024) unsigned char us__ggh_raw[];
-    unsigned char *ring = us__hop_smem_base(us__ggh_raw); /* [ST][A | B] */
-    uint64_t *bars = (uint64_t *)(ring + US__GGH_ST * (US__GGH_SA + US__GGH_SB));
+    unsigned char *ring = us__hop_smem_base(us__ggh_raw); /* [ST][A | B], Wgrad: [4][box] */
+    uint64_t *bars = (uint64_t *)(ring + us__ggh_bytes(MODE));
     uint64_t *full = bars + 1, *empty = full + US__GGH_ST;
     us__hop_bars_init(bars, US__GGH_ST, 1, 8); /* full: the copy thread; empty: 8 consumer warps */
     if (us__hop_wg() == 0) {
@@ -6992,17 +7012,20 @@ __global__ void __launch_bounds__(384, 1)
 }
 
 /* ---- its host side */
-/* [rows][cols] 16-bit elements, row stride ld, read in boxes {64 columns, box rows} with the
-   128-byte swizzle; what lies past rows or cols reads as zeros */
+/* [rows][cols] elements of dt (bf16, fp16, or fp32), row stride ld, in boxes of one 128-byte
+   swizzled row of columns (64 16-bit ones, 32 fp32) × box rows; what lies past rows or cols reads
+   as zeros, and a write or add there is dropped */
 static int us__ggh_map(CUtensorMap *map, const void *base, us_dtype dt, int64_t cols, int64_t rows,
                        int64_t ld, int box) {
     PFN_cuTensorMapEncodeTiled_v12000 enc = us__hop_encoder();
-    cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
-    cuuint32_t boxd[2] = {64, (cuuint32_t)box}, step[2] = {1, 1};
+    const int es = dt == US_F32 ? 4 : 2;
+    const CUtensorMapDataType ty = dt == US_F32   ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                   : dt == US_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                  : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)(ld * es)};
+    cuuint32_t boxd[2] = {(cuuint32_t)(128 / es), (cuuint32_t)box}, step[2] = {1, 1};
     if (!enc) return 0;
-    return enc(map,
-               dt == US_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
-               (void *)base, dims, strides, boxd, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
+    return enc(map, ty, 2, (void *)base, dims, strides, boxd, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
@@ -7029,13 +7052,14 @@ static int64_t us__ggh_fill(us__ggh_table *t, int mode, int G, const int64_t *of
     t->G = G < US__GGH_CAP ? G : US__GGH_CAP;
     for (i = 0; i < t->G; i++) {
         const int64_t M = mode == US_GG_WGRAD ? N : n[i], cols = mode == US_GG_WGRAD ? K : N;
-        t->w[i] = W[i];
         t->off[i] = off[i];
         t->n[i] = n[i];
         t->tile0[i] = (int)tiles;
         if (n[i] <= 0) continue;
         tiles += (M + US__GGH_BM - 1) / US__GGH_BM * ((cols + US__GGH_BN - 1) / US__GGH_BN);
         if (tiles > INT_MAX) return -1;
+        if (mode == US_GG_WGRAD && !us__ggh_map(&t->wmap[i], W[i], US_F32, K, N, K, 64))
+            return -1; /* the fp32 gradient W[g] [N][K]: boxes of 64 rows of n, 32 columns */
         if (mode == US_GG_FPROP && !us__ggh_map(&t->wmap[i], W[i], dt, K, N, K, US__GGH_BN))
             return -1; /* W[g] [N][K]: boxes of 256 rows of n */
         if (mode == US_GG_DGRAD && !us__ggh_map(&t->wmap[i], W[i], dt, N, K, N, US__GGH_BK))
@@ -7053,8 +7077,9 @@ static void us__ggh_launch(us_ops *o, int G, const int64_t *off, const int64_t *
                            int64_t ldy, us_dtype dt) {
     us__cuda *c = us__cu(o);
     const unsigned bit = 1u << (8 + MODE + 3 * us__gg_f16((const T *)NULL));
+    const size_t smem = us__hop_smem(us__ggh_bytes(MODE));
     const int sms = o->sm_margin > 0 && o->sm_margin < c->n_sm ? c->n_sm - o->sm_margin : c->n_sm;
-    us__ggh_table *t = (us__ggh_table *)c->ggh_tab; /* 25 KB: kept off the thread's stack */
+    us__ggh_table *t = (us__ggh_table *)c->ggh_tab; /* 24 KB: kept off the thread's stack */
     CUtensorMap ma, mb;
     int64_t rows = 1;
     int g, g0, ok;
@@ -7073,7 +7098,7 @@ static void us__ggh_launch(us_ops *o, int G, const int64_t *off, const int64_t *
                       __LINE__);
         return;
     }
-    us__gg_smem_once(o, (const void *)us__ggh_kernel<T, MODE>, us__ggh_smem, bit);
+    us__gg_smem_once(o, (const void *)us__ggh_kernel<T, MODE>, smem, bit);
     for (g0 = 0; g0 < G; g0 += US__GGH_CAP) {
         const int64_t tiles = us__ggh_fill(t, MODE, G - g0, off + g0, n + g0, N, K, W + g0, dt);
         if (tiles < 0) {
@@ -7082,9 +7107,8 @@ static void us__ggh_launch(us_ops *o, int G, const int64_t *off, const int64_t *
             return;
         }
         if (!tiles) continue;
-        us__ggh_kernel<T, MODE>
-            <<<(unsigned)(tiles < sms ? tiles : sms), 384, us__ggh_smem, c->stream>>>(
-                *t, ma, mb, (T *)Y, ldy, N, K, (int)tiles);
+        us__ggh_kernel<T, MODE><<<(unsigned)(tiles < sms ? tiles : sms), 384, smem, c->stream>>>(
+            *t, ma, mb, (T *)Y, ldy, N, K, (int)tiles);
         US__LAUNCHED(o);
     }
 }
@@ -7103,15 +7127,17 @@ static void us__ggh_modes(us_ops *o, int mode, int G, const int64_t *off, const 
 }
 
 /* Which path the default takes (us_cuda_grouped_kernel 0). The size rule, from bench_cuda
-   --grouped on an H200 (bench/RESULTS.md, 2026-12-02): Fprop and Dgrad on the Hopper kernel
-   wherever it takes the operands (0.97-1.11 of the per-group loop at 1536+ rows per expert,
-   1.2-4.0 with fewer rows or more experts); Wgrad on one cuBLASLt GEMM per group (the kernel ran
-   at 0.47-0.69 of the loop with 1024+ rows per expert, 0.86-1.04 with fewer). The mma.sync
-   kernel measured slower than the loop at every MoE shape, so it is never the default. */
+   --grouped on an H200 (bench/RESULTS.md, 2026-12-02): every product on the Hopper kernel wherever
+   it takes the operands — Fprop and Dgrad at 0.97-1.11 of the per-group loop with 1536+ rows per
+   expert and 1.2-4.0 with fewer rows or more experts, Wgrad (adding through the copy engine) at
+   1.12-1.75 — except a Wgrad whose one expert's gradient passes 2^26 elements (256 MB of fp32):
+   Mixtral's 28672 × 4096 gate|up ran at 0.86 of the loop there, its 4096 × 14336 down at 1.12.
+   The mma.sync kernel measured slower than the loop at every MoE shape, so it is never the
+   default. */
 static int us__gg_auto(us_ops *o, int mode, int G, const int64_t *off, const int64_t *n, int64_t N,
                        int64_t K, const void *X, int64_t ldx, void *const *W, const void *Y,
                        int64_t ldy, us_dtype dt) {
-    if (mode == US_GG_WGRAD) return US_CUDA_GG_LOOP;
+    if (mode == US_GG_WGRAD && N * K > ((int64_t)1 << 26)) return US_CUDA_GG_LOOP;
     return us__ggh_fits(o, G, off, n, N, K, X, ldx, W, Y, ldy, dt) ? US_CUDA_GG_WGMMA
                                                                    : US_CUDA_GG_LOOP;
 }
