@@ -7131,7 +7131,8 @@ static void us__ggh_modes(us_ops *o, int mode, int G, const int64_t *off, const 
    it takes the operands — Fprop and Dgrad at 0.97-1.11 of the per-group loop with 1536+ rows per
    expert and 1.2-4.0 with fewer rows or more experts, Wgrad (adding through the copy engine) at
    1.12-1.75 — except a Wgrad whose one expert's gradient passes 2^26 elements (256 MB of fp32):
-   Mixtral's 28672 × 4096 gate|up ran at 0.86 of the loop there, its 4096 × 14336 down at 1.12.
+   Mixtral's 28672 × 4096 gate|up ran at 0.81-0.86 of the loop there, its 4096 × 14336 down at
+   1.12-1.14.
    The mma.sync kernel measured slower than the loop at every MoE shape, so it is never the
    default. */
 static int us__gg_auto(us_ops *o, int mode, int G, const int64_t *off, const int64_t *n, int64_t N,
