@@ -3140,6 +3140,117 @@ static __device__ __forceinline__ unsigned char *us__hop_smem_base(unsigned char
     return (unsigned char *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
 }
 
+/* The kernels' shared memory cut into named tiles, in the order of us__hop_cfg's byte counts,
+   the barriers right after the tiles (the block kernels of // >>cuda-cp-flash keep their bitmask
+   of visible tiles 32 barriers on). The forward: Q [64·NWF][HSP], K and V [FS][BC][HSP];
+   barriers [barQ][fullK FS][fullV FS][emptyK FS][emptyV FS]. */
+template <int HS>
+struct us__hop_fwd_smem {
+    using C = us__hop_cfg<HS>;
+    static constexpr int QB = 64 * C::NWF * C::HSP * 2, KVB = C::BC * C::HSP * 2;
+    unsigned char *sQ, *sK, *sV;
+    uint64_t *barQ, *fullK, *fullV, *emptyK, *emptyV;
+
+    __device__ explicit us__hop_fwd_smem(unsigned char *base)
+        : sQ(base), sK(sQ + QB), sV(sK + C::FS * KVB), barQ((uint64_t *)(sV + C::FS * KVB)),
+          fullK(barQ + 1), fullV(fullK + C::FS), emptyK(fullV + C::FS), emptyV(emptyK + C::FS) {}
+};
+
+/* dK/dV: K, V [64·NWG][HSP]; per stage Q, dO [BS][BQ][HSP], L2 and D [BS][BQ] fp32 and (POS,
+   the block kernel) the queries' positions [BS][BQ]; barriers [barKV][full BS][empty BS] */
+template <int HS, bool POS>
+struct us__hop_dkdv_smem {
+    using C = us__hop_cfg<HS>;
+    static constexpr int BQ = C::BQ, S = C::BS;
+    static constexpr int KB = 64 * C::NWG * C::HSP * 2, QB = BQ * C::HSP * 2;
+    unsigned char *sK, *sV, *sQ, *sdO;
+    float *sL, *sD;
+    int *sQp;
+    uint64_t *barKV, *full, *empty;
+
+    __device__ explicit us__hop_dkdv_smem(unsigned char *base)
+        : sK(base), sV(sK + KB), sQ(sV + KB), sdO(sQ + S * QB), sL((float *)(sdO + S * QB)),
+          sD(sL + S * BQ), sQp((int *)(sD + S * BQ)), barKV((uint64_t *)(sQp + (POS ? S * BQ : 0))),
+          full(barKV + 1), empty(full + S) {}
+};
+
+/* dQ: Q, dO [64·NWG][HSP]; per stage K, V [QS][BKQ][HSP]; barriers [barQ][full QS][empty QS] */
+template <int HS>
+struct us__hop_dq_smem {
+    using C = us__hop_cfg<HS>;
+    static constexpr int QB = 64 * C::NWG * C::HSP * 2, KB = C::BKQ * C::HSP * 2;
+    unsigned char *sQ, *sdO, *sK, *sV;
+    uint64_t *barQ, *full, *empty;
+
+    __device__ explicit us__hop_dq_smem(unsigned char *base)
+        : sQ(base), sdO(sQ + QB), sK(sdO + QB), sV(sK + C::QS * KB),
+          barQ((uint64_t *)(sV + C::QS * KB)), full(barQ + 1), empty(full + C::QS) {}
+};
+
+/* an accumulator of the wgmma layout ([N][4] per thread) set to 0 */
+template <int N>
+static __device__ __forceinline__ void us__hop_zero(float (&x)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) x[i][0] = x[i][1] = x[i][2] = x[i][3] = 0.f;
+}
+
+/* ---- mask modes: the key tiles a consumer visits, and how one is masked -----------------
+   The causal kernels below and the context-parallel block kernels (// >>cuda-cp-flash) run the
+   same producers and consumers; a Keys type says what differs for the kernels that walk key
+   tiles (forward, dQ). us__hop_causal: tiles 0, 1, ... up to the diagonal, masked by index
+   (key > query hidden) in a tile that crosses it. us__hop_bypos (// >>cuda-cp-flash): the tiles
+   of a bitmask, masked by position. Each has
+     BY_POS              how a mask is applied (us__hop_by_mode)
+     n, nc               the tiles the CTA visits; the first nc of them this consumer computes
+     first(), next(t)    the walk over tile indices; at(t): tile t as the mask needs it
+     part(kt), skip(kt)  whether some key of tile kt, or every key, is hidden from this consumer
+     masked(kt, off, e)  whether key kt.t·BC + off is hidden from the thread's row e/2 */
+struct us__hop_kt {
+    int t;
+    int4 r; /* by position: {min, max, run} of the tile's key positions (us__hop_runs) */
+};
+
+template <int BC>
+struct us__hop_causal {
+    static constexpr bool BY_POS = false;
+    int n, nc;
+    int r0, row0; /* this warpgroup's first query; the thread's rows row0, row0 + 8 */
+
+    __device__ __forceinline__ int first(void) const { return 0; }
+
+    __device__ __forceinline__ int next(int t) const { return t + 1; }
+
+    __device__ __forceinline__ us__hop_kt at(int t) const { return {t, make_int4(0, 0, 0, 0)}; }
+
+    __device__ __forceinline__ bool part(const us__hop_kt &kt) const {
+        return kt.t * BC + BC - 1 > r0;
+    }
+
+    __device__ __forceinline__ bool skip(const us__hop_kt &kt) const { return kt.t >= nc; }
+
+    __device__ __forceinline__ bool masked(const us__hop_kt &kt, int off, int e) const {
+        return kt.t * BC + off > row0 + (e >> 1) * 8;
+    }
+};
+
+/* tile(need) for a tile that a mask may touch (part). By index, one copy: the flag guards a
+   check per score, which ptxas keeps as predicated arithmetic. By position the check may load
+   from kpos, and behind a runtime flag ptxas branched around every score (BSSY, a taken BRA and
+   BSYNC per score: 192 instructions a tile at HS 128, on wholly visible tiles too, and the
+   softmax scheduled in pieces); so one branch per tile, uniform over the warpgroup, into a copy
+   with the mask and one with no mask code at all. */
+template <bool BY_POS, typename F>
+static __device__ __forceinline__ void us__hop_by_mode(bool part, const F &tile) {
+    if constexpr (BY_POS) {
+        if (part)
+            tile(true);
+        else
+            tile(false);
+    } else {
+        tile(part);
+    }
+}
+
 /* ---- forward --------------------------------------------------------------------------- */
 /* One tile of the online softmax on a warpgroup's S (the thread's two rows): hide masked scores,
    new row max over the quad that shares a row, corr = exp2(m_old − m_new) for the caller to
@@ -3244,27 +3355,26 @@ static __device__ __forceinline__ void us__hop_qk(float (&sc)[BC / 8][4], const 
     us__wg_commit();
 }
 
-/* The forward's producer (one thread): Q once, then K and V of tiles 0..nkb−1 through the S
-   stages of the ring, each refilled once every consumer has arrived on its "empty" barrier */
-template <int HS>
+/* The forward's producer (one thread): Q once (columns qcol), then K and V (columns kcol, vcol)
+   of the tiles of the walk ks (Keys) through the FS stages of the ring, each refilled once every
+   consumer has arrived on its "empty" barrier */
+template <int HS, typename Keys>
 static __device__ __forceinline__ void
-us__hop_fwd_produce(unsigned char *sQ, unsigned char *sK, unsigned char *sV, uint64_t *barQ,
-                    uint64_t *fullK, uint64_t *fullV, uint64_t *emptyK, uint64_t *emptyV,
-                    const CUtensorMap *mq, const CUtensorMap *mkv, int h, int g, int b, int q0,
-                    int nkb, int NH, int NKV) {
+us__hop_fwd_produce(const us__hop_fwd_smem<HS> &sm, const CUtensorMap *mq, const CUtensorMap *mkv,
+                    const Keys &ks, int qcol, int kcol, int vcol, int b, int q0) {
     using C = us__hop_cfg<HS>;
-    constexpr int BR = 64 * C::NWF, BC = C::BC, S = C::FS, QB = BR * C::HSP * 2,
-                  KVB = BC * C::HSP * 2;
-    us__mb_expect(barQ, QB);
-    us__tma_tile<HS, BR>(sQ, mq, h * HS, q0, b, barQ);
-    for (int kb = 0; kb < nkb; kb++) {
-        const int s = kb % S;
-        if (kb >= S) us__mb_wait(emptyK + s, ((kb / S) - 1) & 1); /* every consumer is done */
-        us__mb_expect(fullK + s, KVB);
-        us__tma_tile<HS, BC>(sK + s * KVB, mkv, (NH + g) * HS, kb * BC, b, fullK + s);
-        if (kb >= S) us__mb_wait(emptyV + s, ((kb / S) - 1) & 1);
-        us__mb_expect(fullV + s, KVB);
-        us__tma_tile<HS, BC>(sV + s * KVB, mkv, (NH + NKV + g) * HS, kb * BC, b, fullV + s);
+    constexpr int BR = 64 * C::NWF, BC = C::BC, S = C::FS;
+    constexpr int QB = us__hop_fwd_smem<HS>::QB, KVB = us__hop_fwd_smem<HS>::KVB;
+    us__mb_expect(sm.barQ, QB);
+    us__tma_tile<HS, BR>(sm.sQ, mq, qcol, q0, b, sm.barQ);
+    for (int it = 0, kt = ks.first(); it < ks.n; it++, kt = ks.next(kt)) {
+        const int s = it % S;
+        if (it >= S) us__mb_wait(sm.emptyK + s, ((it / S) - 1) & 1); /* every consumer is done */
+        us__mb_expect(sm.fullK + s, KVB);
+        us__tma_tile<HS, BC>(sm.sK + s * KVB, mkv, kcol, kt * BC, b, sm.fullK + s);
+        if (it >= S) us__mb_wait(sm.emptyV + s, ((it / S) - 1) & 1);
+        us__mb_expect(sm.fullV + s, KVB);
+        us__tma_tile<HS, BC>(sm.sV + s * KVB, mkv, vcol, kt * BC, b, sm.fullV + s);
     }
 }
 
@@ -3292,13 +3402,105 @@ us__hop_fwd_store(const float (&o)[HS / 8][4], const float (&m)[2], float (&l)[2
     }
 }
 
-/* The forward, one CTA per (64·NWF queries, head, batch). A consumer's tile kb: issue S =
-   Q·K_kbᵀ and, behind it, O += P·V of tile kb−1 (intra-warpgroup overlap: the softmax of tile kb
-   runs while that second GEMM does). O lags one tile: it is rescaled by tile kb−1's correction
-   before the batch that adds P·V of tile kb−1. The consumers take turns issuing (ping-pong,
-   round robin over NWF), so one's softmax meets the others' GEMMs. The first tile and the last
-   P·V are peeled off, so that every wait in the loop is unconditional (ptxas serialises wgmma it
-   cannot prove waited for on every path). */
+/* A forward consumer over the CTA's key tiles (Keys: the mask mode; ks.n ≥ 1). Its tile it:
+   issue S = Q·K_itᵀ and, behind it, O += P·V of tile it−1 (intra-warpgroup overlap: the softmax
+   of tile it runs while that second GEMM does). O lags one tile: it is rescaled by tile it−1's
+   correction before the batch that adds P·V of tile it−1. The consumers take turns issuing
+   (ping-pong, round robin over NWF), so one's softmax meets the others' GEMMs. The first tile
+   and the last P·V are peeled off, so that every wait in the loop is unconditional (ptxas
+   serialises wgmma it cannot prove waited for on every path). The consumer computes the first
+   ks.nc tiles (a tile among them that it cannot see is masked whole: P·V runs one tile behind),
+   then only takes the turns and stages of the rest. */
+template <typename E, int HS, typename Keys>
+static __device__ __forceinline__ void
+us__hop_fwd_consume(float (&o)[HS / 8][4], float (&m)[2], float (&l)[2],
+                    const us__hop_fwd_smem<HS> &sm, const Keys &ks, int c, int lane, float sl2) {
+    using C = us__hop_cfg<HS>;
+    constexpr int NW = C::NWF, BR = 64 * NW, BC = C::BC, S = C::FS;
+    constexpr int KVB = us__hop_fwd_smem<HS>::KVB;
+    const unsigned char *sQc = sm.sQ + 64 * c * 128; /* this warpgroup's 64 queries */
+    uint32_t pa[BC / 16][4];                         /* P of the tile before, as A fragments */
+    float corr[2] = {1.f, 1.f};
+    /* O += P·V of the tile in stage s (O was rescaled before the batch's first fence). The fence
+       after the wait is the one ptxas would put there itself (info C7519, "warpgroup.arrive is
+       injected"): an RS batch behind another batch gets one; written out, the code says what
+       runs (the same instructions either way) */
+    const auto pv = [&](int s, int ph) {
+        us__mb_wait(sm.fullV + s, ph);
+        us__wg_fence();
+#pragma unroll
+        for (int t = 0; t < BC / 16; t++)
+            us__wg_rs<HS, E, 1>(&o[0][0], pa[t], us__wg_mnmaj<BC>(sm.sV + s * KVB, t), 1);
+        us__wg_commit();
+    };
+    /* the online softmax of tile kt, masked only where part of it is hidden */
+    const auto softmax = [&](float(&sc)[BC / 8][4], const us__hop_kt &kt) {
+        const auto masked = [&](int j, int e) {
+            return ks.masked(kt, j * 8 + 2 * (lane & 3) + (e & 1), e);
+        };
+        us__hop_by_mode<Keys::BY_POS>(ks.part(kt), [&](bool need) {
+            us__hop_softmax<BC>(sc, m, l, corr, sl2, need, masked);
+        });
+    };
+    /* P into the A registers, only once the P·V that reads the old ones has finished */
+    const auto to_a = [&](float(&sc)[BC / 8][4]) {
+#pragma unroll
+        for (int t = 0; t < BC / 16; t++) us__hop_to_a<E, BC>(pa[t], sc, t);
+    };
+    /* the next consumer's turn (none after the last tile) */
+    const auto turn_done = [&](int it) {
+        if (c != NW - 1 || it + 1 < ks.n) us__hop_bar_arrive(1 + (c + 1) % NW);
+    };
+    if (c == NW - 1) us__hop_bar_arrive(1); /* consumer 0 takes the tensor cores first */
+    us__mb_wait(sm.barQ, 0);
+    int it = 0;
+    if (ks.nc > 0) {
+        float sc[BC / 8][4];
+        int t = ks.first();
+        us__hop_kt kt = ks.at(t);
+        us__mb_wait(sm.fullK, 0);
+        us__hop_bar_sync(1 + c);
+        us__hop_qk<E, HS, BR, BC>(sc, sQc, sm.sK);
+        turn_done(0);
+        us__wg_wait<BC / 2>(&sc[0][0]);
+        us__mb_arrive(sm.emptyK);
+        softmax(sc, kt);
+        to_a(sc);
+        for (it = 1; it < ks.nc; it++) {
+            const int s = it % S, sp = (it - 1) % S;
+            t = ks.next(t);
+            kt = ks.at(t);
+            us__mb_wait(sm.fullK + s, (it / S) & 1);
+            us__hop_bar_sync(1 + c); /* this consumer's turn at the tensor cores */
+            us__hop_scale_o<HS>(o, corr);
+            us__hop_qk<E, HS, BR, BC>(sc, sQc, sm.sK + s * KVB);
+            pv(sp, ((it - 1) / S) & 1);
+            turn_done(it);
+            us__wg_wait_n<1, BC / 2>(&sc[0][0]); /* S has landed, P·V may still run */
+            us__mb_arrive(sm.emptyK + s);        /* K of tile it is read */
+            softmax(sc, kt);
+            us__wg_wait<HS / 2>(&o[0][0]);
+            us__mb_arrive(sm.emptyV + sp); /* V of tile it−1 is read */
+            to_a(sc);
+        }
+        us__hop_scale_o<HS>(o, corr);
+        pv((it - 1) % S, ((it - 1) / S) & 1); /* O += P·V of the last tile */
+        us__wg_wait<HS / 2>(&o[0][0]);
+        us__mb_arrive(sm.emptyV + (it - 1) % S);
+    }
+    /* tiles wholly after this warpgroup's queries: only their turns and stages */
+    for (; it < ks.n; it++) {
+        const int s = it % S;
+        us__mb_wait(sm.fullK + s, (it / S) & 1);
+        us__hop_bar_sync(1 + c);
+        turn_done(it);
+        us__mb_arrive(sm.emptyK + s);
+        us__mb_arrive(sm.emptyV + s);
+    }
+}
+
+/* The forward, one CTA per (64·NWF queries, head, batch): consumer c owns queries 64c.., key
+   tiles up to the diagonal (us__hop_fwd_consume, causal) */
 template <typename E, int HS>
 __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
     us__hop_fwd_kernel(const __grid_constant__ CUtensorMap mq,
@@ -3307,111 +3509,32 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
                        float sl2 /* scale·log2 e */) {
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
-    constexpr int NW = C::NWF, BR = 64 * NW, BC = C::BC, S = C::FS, QB = BR * C::HSP * 2,
-                  KVB = BC * C::HSP * 2;
+    constexpr int NW = C::NWF, BR = 64 * NW, BC = C::BC, S = C::FS;
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
-    unsigned char *sQ = us__hop_smem_base(us__hop_raw); /* [BR][HSP] */
-    unsigned char *sK = sQ + QB;                        /* [S][BC][HSP] */
-    unsigned char *sV = sK + S * KVB;                   /* [S][BC][HSP] */
-    uint64_t *barQ = (uint64_t *)(sV + S * KVB), *fullK = barQ + 1, *fullV = fullK + S;
-    uint64_t *emptyK = fullV + S, *emptyV = emptyK + S;
+    const us__hop_fwd_smem<HS> sm(us__hop_smem_base(us__hop_raw));
     const int qb = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, g = h / (NH / NKV);
-    const int q0 = qb * BR,
-              nkb = (min(q0 + BR, T) - 1) / BC + 1; /* causal: no tile past the diagonal */
+    const int q0 = qb * BR;
+    us__hop_causal<BC> ks;
+    ks.n = (min(q0 + BR, T) - 1) / BC + 1; /* causal: no tile past the diagonal */
     const int wg = us__hop_wg(), tid = threadIdx.x & 127;
-    us__hop_bars_init(barQ, 2 * S, 1, 128 * NW); /* fullK, fullV; emptyK, emptyV */
+    us__hop_bars_init(sm.barQ, 2 * S, 1, 128 * NW); /* fullK, fullV; emptyK, emptyV */
 
     if (wg == 0) { /* producer: one thread issues every copy */
         us__hop_regs_producer<NW>();
         if (tid == 0)
-            us__hop_fwd_produce<HS>(sQ, sK, sV, barQ, fullK, fullV, emptyK, emptyV, &mq, &mkv, h, g,
-                                    b, q0, nkb, NH, NKV);
+            us__hop_fwd_produce<HS>(sm, &mq, &mkv, ks, h * HS, (NH + g) * HS, (NH + NKV + g) * HS,
+                                    b, q0);
         return;
     }
     us__hop_regs_consumer<NW>();
     const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
-    const int r0 = q0 + 64 * c; /* this warpgroup's first query */
-    const int nkb_c =
-        r0 < T ? (min(r0 + 64, T) - 1) / BC + 1 : 0; /* the tiles it needs (a prefix) */
-    const int row0 = r0 + 16 * warp + (lane >> 2);   /* half r of the thread's rows: row0 + 8r */
-    float o[1][HS / 8][4], m[1][2] = {{-INFINITY, -INFINITY}}, l[1][2] = {{0.f, 0.f}};
-    uint32_t pa[BC / 16][4]; /* P of the tile before, as A fragments of O += P·V */
-#pragma unroll
-    for (int i = 0; i < HS / 8; i++) o[0][i][0] = o[0][i][1] = o[0][i][2] = o[0][i][3] = 0.f;
-    if (c == NW - 1) us__hop_bar_arrive(1); /* consumer 0 takes the tensor cores first */
-    us__mb_wait(barQ, 0);
-
-    float corr[2] = {1.f, 1.f};
-    /* O += P·V of the tile in stage s (O was rescaled before the batch's first fence). The fence
-       after the wait is the one ptxas would put there itself (info C7519, "warpgroup.arrive is
-       injected"): an RS batch behind another batch gets one; written out, the code says what
-       runs (the same instructions either way) */
-    const auto pv = [&](int s, int ph) {
-        us__mb_wait(fullV + s, ph);
-        us__wg_fence();
-#pragma unroll
-        for (int t = 0; t < BC / 16; t++)
-            us__wg_rs<HS, E, 1>(&o[0][0][0], pa[t], us__wg_mnmaj<BC>(sV + s * KVB, t), 1);
-        us__wg_commit();
-    };
-    /* the online softmax of tile kb, masked only across the diagonal */
-    const auto softmax = [&](float(&sc)[1][BC / 8][4], int kb) {
-        const auto masked = [&](int j, int e) {
-            return kb * BC + j * 8 + 2 * (lane & 3) + (e & 1) > row0 + (e >> 1) * 8;
-        };
-        us__hop_softmax<BC>(sc[0], m[0], l[0], corr, sl2, kb * BC + BC - 1 > r0, masked);
-    };
-    /* P into the A registers, only once the P·V that reads the old ones has finished */
-    const auto to_a = [&](float(&sc)[1][BC / 8][4]) {
-#pragma unroll
-        for (int t = 0; t < BC / 16; t++) us__hop_to_a<E, BC>(pa[t], sc[0], t);
-    };
-    /* the next consumer's turn (none after the last tile) */
-    const auto turn_done = [&](int kb) {
-        if (c != NW - 1 || kb + 1 < nkb) us__hop_bar_arrive(1 + (c + 1) % NW);
-    };
-    int kb = 0;
-    if (nkb_c > 0) {
-        float sc[1][BC / 8][4];
-        us__mb_wait(fullK, 0);
-        us__hop_bar_sync(1 + c);
-        us__hop_qk<E, HS, BR, BC>(sc[0], sQ + 64 * c * 128, sK);
-        turn_done(0);
-        us__wg_wait<BC / 2>(&sc[0][0][0]);
-        us__mb_arrive(emptyK);
-        softmax(sc, 0);
-        to_a(sc);
-        for (kb = 1; kb < nkb_c; kb++) {
-            const int s = kb % S, sp = (kb - 1) % S;
-            us__mb_wait(fullK + s, (kb / S) & 1);
-            us__hop_bar_sync(1 + c); /* this consumer's turn at the tensor cores */
-            us__hop_scale_o<HS>(o[0], corr);
-            us__hop_qk<E, HS, BR, BC>(sc[0], sQ + 64 * c * 128, sK + s * KVB);
-            pv(sp, ((kb - 1) / S) & 1);
-            turn_done(kb);
-            us__wg_wait_n<1, BC / 2>(&sc[0][0][0]); /* S has landed, P·V may still run */
-            us__mb_arrive(emptyK + s);              /* K of tile kb is read */
-            softmax(sc, kb);
-            us__wg_wait<HS / 2>(&o[0][0][0]);
-            us__mb_arrive(emptyV + sp); /* V of tile kb−1 is read */
-            to_a(sc);
-        }
-        us__hop_scale_o<HS>(o[0], corr);
-        pv((kb - 1) % S, ((kb - 1) / S) & 1); /* O += P·V of the last tile */
-        us__wg_wait<HS / 2>(&o[0][0][0]);
-        us__mb_arrive(emptyV + (kb - 1) % S);
-    }
-    /* tiles wholly after this warpgroup's queries: only their turns and stages */
-    for (; kb < nkb; kb++) {
-        const int s = kb % S;
-        us__mb_wait(fullK + s, (kb / S) & 1);
-        us__hop_bar_sync(1 + c);
-        turn_done(kb);
-        us__mb_arrive(emptyK + s);
-        us__mb_arrive(emptyV + s);
-    }
-
-    us__hop_fwd_store<E, HS>(o[0], m[0], l[0], out, lse, row0, b, h, T, NH, lane);
+    ks.r0 = q0 + 64 * c;
+    ks.nc = ks.r0 < T ? (min(ks.r0 + 64, T) - 1) / BC + 1 : 0; /* the tiles it needs (a prefix) */
+    ks.row0 = ks.r0 + 16 * warp + (lane >> 2);
+    float o[HS / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    us__hop_zero(o);
+    us__hop_fwd_consume<E, HS>(o, m, l, sm, ks, c, lane, sl2);
+    us__hop_fwd_store<E, HS>(o, m, l, out, lse, ks.row0, b, h, T, NH, lane);
 #else
     (void)mq, (void)mkv, (void)out, (void)lse, (void)T, (void)NH, (void)NKV, (void)sl2;
     __trap();
@@ -3557,26 +3680,25 @@ us__hop_dkv_store(const float (&dk)[DK ? HS / 8 : 1][4], const float (&dv)[DV ? 
     }
 }
 
-/* The dQ kernel's copy thread: Q and dO of the CTA's queries once, then K and V of key tiles
-   0..nkb−1 through the ring */
-template <int HS>
+/* The dQ kernel's copy thread: Q and dO of the CTA's queries once (columns qcol), then K and V
+   (columns kcol, vcol) of the key tiles of the walk ks (Keys) through the ring */
+template <int HS, typename Keys>
 static __device__ __forceinline__ void
-us__hop_dq_produce(unsigned char *sQ, unsigned char *sdO, unsigned char *sK, unsigned char *sV,
-                   uint64_t *barQ, uint64_t *full, uint64_t *empty, const CUtensorMap *mq,
-                   const CUtensorMap *mdo, const CUtensorMap *mkv, int h, int g, int b, int q0,
-                   int nkb, int NH, int NKV) {
+us__hop_dq_produce(const us__hop_dq_smem<HS> &sm, const CUtensorMap *mq, const CUtensorMap *mdo,
+                   const CUtensorMap *mkv, const Keys &ks, int qcol, int kcol, int vcol, int b,
+                   int q0) {
     using C = us__hop_cfg<HS>;
     constexpr int BR = 64 * C::NWG, BK = C::BKQ, S = C::QS;
-    constexpr int QB = BR * C::HSP * 2, KB = BK * C::HSP * 2;
-    us__mb_expect(barQ, 2 * QB);
-    us__tma_tile<HS, BR>(sQ, mq, h * HS, q0, b, barQ);
-    us__tma_tile<HS, BR>(sdO, mdo, h * HS, q0, b, barQ);
-    for (int kb = 0; kb < nkb; kb++) {
-        const int s = kb % S;
-        if (kb >= S) us__mb_wait(empty + s, ((kb / S) - 1) & 1);
-        us__mb_expect(full + s, 2 * KB);
-        us__tma_tile<HS, BK>(sK + s * KB, mkv, (NH + g) * HS, kb * BK, b, full + s);
-        us__tma_tile<HS, BK>(sV + s * KB, mkv, (NH + NKV + g) * HS, kb * BK, b, full + s);
+    constexpr int QB = us__hop_dq_smem<HS>::QB, KB = us__hop_dq_smem<HS>::KB;
+    us__mb_expect(sm.barQ, 2 * QB);
+    us__tma_tile<HS, BR>(sm.sQ, mq, qcol, q0, b, sm.barQ);
+    us__tma_tile<HS, BR>(sm.sdO, mdo, qcol, q0, b, sm.barQ);
+    for (int it = 0, kt = ks.first(); it < ks.n; it++, kt = ks.next(kt)) {
+        const int s = it % S;
+        if (it >= S) us__mb_wait(sm.empty + s, ((it / S) - 1) & 1);
+        us__mb_expect(sm.full + s, 2 * KB);
+        us__tma_tile<HS, BK>(sm.sK + s * KB, mkv, kcol, kt * BK, b, sm.full + s);
+        us__tma_tile<HS, BK>(sm.sV + s * KB, mkv, vcol, kt * BK, b, sm.full + s);
     }
 }
 
@@ -3666,6 +3788,36 @@ static __device__ __forceinline__ void us__hop_turns_skip(int c, bool last) {
     us__hop_turn_done<NWG>(c, last);
 }
 
+/* One query tile (stage s, the CTA's it-th of nit) of a dK/dV consumer whose keys some query of
+   it sees: Sᵀ, dPᵀ, then Pᵀ and dSᵀ (us__hop_pds, masked by hidden(j, e) where part, as the mode
+   BY_POS wants: us__hop_by_mode), then dV and dK; each of its two GEMM batches in this
+   consumer's turn. POS: the block kernel's layout (it adds the queries' positions). */
+template <typename E, int HS, bool DK, bool DV, bool BY_POS, bool POS, typename Mask>
+static __device__ __forceinline__ void
+us__hop_dkdv_tile(float (&dk)[DK ? HS / 8 : 1][4], float (&dv)[DV ? HS / 8 : 1][4],
+                  const us__hop_dkdv_smem<HS, POS> &sm, int s, bool part, Mask hidden, int it,
+                  int nit, int c, int lane, float scale, float sl2) {
+    using C = us__hop_cfg<HS>;
+    constexpr int NWG = C::NWG, BK = 64 * NWG, BQ = C::BQ, QB = us__hop_dkdv_smem<HS, POS>::QB;
+    const unsigned char *tQ = sm.sQ + s * QB, *tdO = sm.sdO + s * QB;
+    float st[BQ / 8][4], dpt[DK ? BQ / 8 : 1][4];
+    uint32_t pa[DV ? BQ / 16 : 1][4], da[DK ? BQ / 16 : 1][4];
+    us__hop_turn<NWG>(c);
+    us__hop_sdp<E, HS, BK, BQ, DK>(st, dpt, sm.sK, sm.sV, tQ, tdO, c);
+    us__hop_turn_done<NWG>(c, false);
+    us__wg_wait<BQ / 2>(&st[0][0]);
+    if constexpr (DK) us__wg_wait<BQ / 2>(&dpt[0][0]);
+    us__hop_by_mode<BY_POS>(part, [&](bool need) {
+        us__hop_pds<E, BQ, DK, DV>(pa, da, st, dpt, sm.sL + s * BQ, sm.sD + s * BQ, need, hidden,
+                                   lane, scale, sl2);
+    });
+    us__hop_turn<NWG>(c);
+    us__hop_dkv_mma<E, HS, BQ, DK, DV>(dk, dv, pa, da, tQ, tdO);
+    us__hop_turn_done<NWG>(c, it + 1 == nit);
+    if constexpr (DV) us__wg_wait<HS / 2>(&dv[0][0]);
+    if constexpr (DK) us__wg_wait<HS / 2>(&dk[0][0]);
+}
+
 /* dK, dV of 64·NWG keys of kv head g. PART 0 computes both, 1 only dV, 2 only dK (HS > 128:
    two launches, one accumulator each). Consumer c owns keys k0 + 64c ..; per query tile:
      Sᵀ = K·Qᵀ, Pᵀ = exp2(Sᵀ·sl2 − L2[q]) (0 where key > query), dPᵀ = V·dOᵀ,
@@ -3683,30 +3835,25 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
     constexpr int NWG = C::NWG, BK = 64 * NWG, BQ = C::BQ, S = C::BS;
-    constexpr int KB = BK * C::HSP * 2, QB = BQ * C::HSP * 2;
     constexpr bool DV = PART != 2, DK = PART != 1;
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
-    unsigned char *sK = us__hop_smem_base(us__hop_raw); /* [BK][HSP] */
-    unsigned char *sV = sK + KB;                        /* [BK][HSP] */
-    unsigned char *sQ = sV + KB;                        /* [S][BQ][HSP] */
-    unsigned char *sdO = sQ + S * QB;                   /* [S][BQ][HSP] */
-    float *sL = (float *)(sdO + S * QB);                /* [S][BQ] */
-    float *sD = sL + S * BQ;                            /* [S][BQ] */
-    uint64_t *barKV = (uint64_t *)(sD + S * BQ), *full = barKV + 1, *empty = full + S;
+    const us__hop_dkdv_smem<HS, false> sm(us__hop_smem_base(us__hop_raw));
     const int g = blockIdx.x, b = blockIdx.y, k0 = blockIdx.z * BK, grp = NH / NKV;
     const int qb0 = k0 / BQ, per = (T + BQ - 1) / BQ - qb0, nit = grp * per;
     const int wg = us__hop_wg(), tid = threadIdx.x & 127;
-    us__hop_bars_init(barKV, S, 1 + 32, 128 * NWG); /* full: the copy thread and warp 1's lanes */
+    /* full: the copy thread and warp 1's lanes */
+    us__hop_bars_init(sm.barKV, S, 1 + 32, 128 * NWG);
 
     if (wg == 0) {
         us__hop_regs_producer<NWG>();
         const int warp = tid >> 5, lane = tid & 31;
         if (warp == 0 && lane == 0)
-            us__hop_dkdv_produce<HS, false>(sK, sV, sQ, sdO, barKV, full, empty, &mq, &mdo, &mkv, g,
-                                            b, k0, qb0, grp, per, NH, NKV);
+            us__hop_dkdv_produce<HS, false>(sm.sK, sm.sV, sm.sQ, sm.sdO, sm.barKV, sm.full,
+                                            sm.empty, &mq, &mdo, &mkv, g, b, k0, qb0, grp, per, NH,
+                                            NKV);
         else if (warp == 1)
-            us__hop_dkdv_rows<HS, false>(sL, sD, full, empty, L2g, Dg, g, b, qb0, grp, per, T, NH,
-                                         lane);
+            us__hop_dkdv_rows<HS, false>(sm.sL, sm.sD, sm.full, sm.empty, L2g, Dg, g, b, qb0, grp,
+                                         per, T, NH, lane);
         return;
     }
     us__hop_regs_consumer<NWG>();
@@ -3714,42 +3861,27 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
     const int kc = k0 + 64 * c;                    /* this warpgroup's first key */
     const int key0 = kc + 16 * warp + (lane >> 2); /* the thread's keys: key0 + 8r */
     float dk[DK ? HS / 8 : 1][4], dv[DV ? HS / 8 : 1][4];
-#pragma unroll
-    for (int i = 0; i < (DK ? HS / 8 : 1); i++) dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.f;
-#pragma unroll
-    for (int i = 0; i < (DV ? HS / 8 : 1); i++) dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
-    us__mb_wait(barKV, 0);
+    us__hop_zero(dk);
+    us__hop_zero(dv);
+    us__mb_wait(sm.barKV, 0);
 
     /* ping-pong (NWG 2): the consumers take turns issuing each of their two GEMM batches, so that
        one's exp2 and products meet the other's GEMMs; a skipped tile still takes its turns */
     if (NWG == 2 && c == 1) us__hop_bar_arrive(1);
     for (int it = 0; it < nit; it++) {
         const int s = it % S, ph = (it / S) & 1, q0 = (qb0 + it % per) * BQ;
-        us__mb_wait(full + s, ph);
+        us__mb_wait(sm.full + s, ph);
         if (!(kc <= q0 + BQ - 1 && kc < T)) { /* every key here is after every query: P = 0 */
             us__hop_turns_skip<NWG>(c, it + 1 == nit);
         } else {
-            const unsigned char *tQ = sQ + s * QB, *tdO = sdO + s * QB;
-            float st[BQ / 8][4], dpt[DK ? BQ / 8 : 1][4];
-            uint32_t pa[DV ? BQ / 16 : 1][4], da[DK ? BQ / 16 : 1][4];
-            us__hop_turn<NWG>(c);
-            us__hop_sdp<E, HS, BK, BQ, DK>(st, dpt, sK, sV, tQ, tdO, c);
-            us__hop_turn_done<NWG>(c, false);
-            us__wg_wait<BQ / 2>(&st[0][0]);
-            if constexpr (DK) us__wg_wait<BQ / 2>(&dpt[0][0]);
-            /* diag: some key of the warpgroup comes after some query */
+            /* masked (part) where some key of the warpgroup comes after some query */
             const auto causal = [&](int j, int e) {
                 return key0 + (e >> 1) * 8 > q0 + j * 8 + 2 * (lane & 3) + (e & 1);
             };
-            us__hop_pds<E, BQ, DK, DV>(pa, da, st, dpt, sL + s * BQ, sD + s * BQ, kc + 63 > q0,
-                                       causal, lane, scale, sl2);
-            us__hop_turn<NWG>(c);
-            us__hop_dkv_mma<E, HS, BQ, DK, DV>(dk, dv, pa, da, tQ, tdO);
-            us__hop_turn_done<NWG>(c, it + 1 == nit);
-            if constexpr (DV) us__wg_wait<HS / 2>(&dv[0][0]);
-            if constexpr (DK) us__wg_wait<HS / 2>(&dk[0][0]);
+            us__hop_dkdv_tile<E, HS, DK, DV, false>(dk, dv, sm, s, kc + 63 > q0, causal, it, nit, c,
+                                                    lane, scale, sl2);
         }
-        us__mb_arrive(empty + s);
+        us__mb_arrive(sm.empty + s);
     }
 
     us__hop_dkv_store<E, HS, DK, DV>(dk, dv, dqkv, key0, b, g, T, NH, NKV, lane);
@@ -3760,10 +3892,97 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
 #endif
 }
 
+/* One key tile kt (stage s, the CTA's it-th) of a dQ consumer (Keys: the mask mode):
+   S = Q·Kᵀ, dP = dO·Vᵀ, P = exp2(S·sl2 − L2) (0 where ks.masked, where part of the tile is),
+   dS = P ∘ (dP − D) · scale (scaled before rounding, as in the dK/dV kernel), dQ += dS·K; each
+   of its two GEMM batches in this consumer's turn */
+template <typename E, int HS, typename Keys>
+static __device__ __forceinline__ void
+us__hop_dq_tile(float (&dq)[HS / 8][4], const us__hop_dq_smem<HS> &sm, int s, const Keys &ks,
+                const us__hop_kt &kt, const float (&L2)[2], const float (&Dr)[2], int it, int c,
+                int lane, float scale, float sl2) {
+    using C = us__hop_cfg<HS>;
+    constexpr int NWG = C::NWG, BR = 64 * NWG, BK = C::BKQ, KB = us__hop_dq_smem<HS>::KB;
+    const unsigned char *tK = sm.sK + s * KB, *tV = sm.sV + s * KB;
+    float sc[BK / 8][4], dp[BK / 8][4];
+    us__hop_turn<NWG>(c);
+    us__wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++) {
+        us__wg_ss<BK, E, 0>(&sc[0][0], us__wg_kmaj<BR>(sm.sQ, 64 * c, kk),
+                            us__wg_kmaj<BK>(tK, 0, kk), kk > 0);
+        us__wg_ss<BK, E, 0>(&dp[0][0], us__wg_kmaj<BR>(sm.sdO, 64 * c, kk),
+                            us__wg_kmaj<BK>(tV, 0, kk), kk > 0);
+    }
+    us__wg_commit();
+    us__hop_turn_done<NWG>(c, false);
+    us__wg_wait<BK / 2>(&sc[0][0]);
+    us__wg_wait<BK / 2>(&dp[0][0]);
+    us__hop_by_mode<Keys::BY_POS>(ks.part(kt), [&](bool need) {
+#pragma unroll
+        for (int j = 0; j < BK / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float p = us__hop_exp2(sc[j][e] * sl2 - L2[e >> 1]);
+                if (need && ks.masked(kt, j * 8 + 2 * (lane & 3) + (e & 1), e)) p = 0.f;
+                dp[j][e] = p * (dp[j][e] - Dr[e >> 1]) * scale;
+            }
+    });
+    uint32_t da[BK / 16][4];
+#pragma unroll
+    for (int t = 0; t < BK / 16; t++) us__hop_to_a<E, BK>(da[t], dp, t);
+    us__hop_turn<NWG>(c);
+    us__wg_fence();
+#pragma unroll
+    for (int t = 0; t < BK / 16; t++)
+        us__wg_rs<HS, E, 1>(&dq[0][0], da[t], us__wg_mnmaj<BK>(tK, t), 1);
+    us__wg_commit();
+    us__hop_turn_done<NWG>(c, it + 1 == ks.n);
+    us__wg_wait<HS / 2>(&dq[0][0]);
+}
+
+/* L2 and D of the thread's rows row0, row0 + 8 of head h (past T: +inf and 0, so P = 0) */
+static __device__ __forceinline__ void us__hop_dq_rows(float (&L2)[2], float (&Dr)[2],
+                                                       const float *__restrict__ L2g,
+                                                       const float *__restrict__ Dg, int row0,
+                                                       int b, int h, int T, int NH) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row0 + 8 * r;
+        const int64_t i = ((int64_t)b * NH + h) * T + row;
+        L2[r] = row < T ? L2g[i] : INFINITY;
+        Dr[r] = row < T ? Dg[i] : 0.f;
+    }
+}
+
+/* A dQ consumer over the CTA's key tiles in order (deterministic; Keys: the mask mode), a tile
+   whose keys all follow its rows skipped; the ping-pong of the two consumers' GEMM batches, as
+   in the dK/dV kernel */
+template <typename E, int HS, typename Keys>
+static __device__ __forceinline__ void
+us__hop_dq_consume(float (&dq)[HS / 8][4], const us__hop_dq_smem<HS> &sm, const Keys &ks,
+                   const float (&L2)[2], const float (&Dr)[2], int c, int lane, float scale,
+                   float sl2) {
+    constexpr int NWG = us__hop_cfg<HS>::NWG, S = us__hop_cfg<HS>::QS;
+    us__mb_wait(sm.barQ, 0);
+    if (NWG == 2 && c == 1) us__hop_bar_arrive(1);
+    int t = ks.first();
+    for (int it = 0; it < ks.n; it++, t = ks.next(t)) {
+        const int s = it % S;
+        const us__hop_kt kt = ks.at(t);
+        us__mb_wait(sm.full + s, (it / S) & 1);
+        if (ks.skip(kt)) /* keys wholly after this warpgroup's queries */
+            us__hop_turns_skip<NWG>(c, it + 1 == ks.n);
+        else
+            us__hop_dq_tile<E, HS>(dq, sm, s, ks, kt, L2, Dr, it, c, lane, scale, sl2);
+        us__mb_arrive(sm.empty + s);
+    }
+}
+
 /* dQ of 64·NWG queries of head h, key tiles 0.. up to the diagonal in order (deterministic).
    Consumer c owns queries q0 + 64c ..; per key tile of BKQ keys:
      S = Q·Kᵀ, dP = dO·Vᵀ, P = exp2(S·sl2 − L2) (0 where key > query),
-     dS = P ∘ (dP − D) / sqrt(HS) (scaled before rounding, as in the dK/dV kernel), dQ += dS·K */
+     dS = P ∘ (dP − D) / sqrt(HS), dQ += dS·K (us__hop_dq_consume, causal) */
 template <typename E, int HS>
 __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
     us__hop_dq_kernel(const __grid_constant__ CUtensorMap mq,
@@ -3774,97 +3993,36 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
     constexpr int NWG = C::NWG, BR = 64 * NWG, BK = C::BKQ, S = C::QS;
-    constexpr int QB = BR * C::HSP * 2, KB = BK * C::HSP * 2;
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
-    unsigned char *sQ = us__hop_smem_base(us__hop_raw); /* [BR][HSP] */
-    unsigned char *sdO = sQ + QB;                       /* [BR][HSP] */
-    unsigned char *sK = sdO + QB;                       /* [S][BK][HSP] */
-    unsigned char *sV = sK + S * KB;                    /* [S][BK][HSP] */
-    uint64_t *barQ = (uint64_t *)(sV + S * KB), *full = barQ + 1, *empty = full + S;
+    const us__hop_dq_smem<HS> sm(us__hop_smem_base(us__hop_raw));
     const int qb = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, g = h / (NH / NKV);
-    const int q0 = qb * BR, nkb = (min(q0 + BR, T) - 1) / BK + 1;
+    const int q0 = qb * BR;
     const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS;
+    us__hop_causal<BK> ks;
+    ks.n = (min(q0 + BR, T) - 1) / BK + 1;
     const int wg = us__hop_wg(), tid = threadIdx.x & 127;
-    us__hop_bars_init(barQ, S, 1, 128 * NWG);
+    us__hop_bars_init(sm.barQ, S, 1, 128 * NWG);
 
     if (wg == 0) {
         us__hop_regs_producer<NWG>();
         if (tid == 0)
-            us__hop_dq_produce<HS>(sQ, sdO, sK, sV, barQ, full, empty, &mq, &mdo, &mkv, h, g, b, q0,
-                                   nkb, NH, NKV);
+            us__hop_dq_produce<HS>(sm, &mq, &mdo, &mkv, ks, h * HS, (NH + g) * HS,
+                                   (NH + NKV + g) * HS, b, q0);
         return;
     }
     us__hop_regs_consumer<NWG>();
     const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
-    const int r0 = q0 + 64 * c;
-    const int nkb_c = r0 < T ? (min(r0 + 64, T) - 1) / BK + 1 : 0;
-    const int row0 = r0 + 16 * warp + (lane >> 2); /* the thread's rows: row0 + 8r */
+    ks.r0 = q0 + 64 * c;
+    ks.nc = ks.r0 < T ? (min(ks.r0 + 64, T) - 1) / BK + 1 : 0;
+    ks.row0 = ks.r0 + 16 * warp + (lane >> 2); /* the thread's rows: row0 + 8r */
     float L2[2], Dr[2], dq[HS / 8][4];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int row = row0 + 8 * r;
-        const int64_t i = ((int64_t)b * NH + h) * T + row;
-        L2[r] = row < T ? L2g[i] : INFINITY;
-        Dr[r] = row < T ? Dg[i] : 0.f;
-    }
-#pragma unroll
-    for (int i = 0; i < HS / 8; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
-    us__mb_wait(barQ, 0);
-
-    /* ping-pong of the two consumers' GEMM batches, as in the dK/dV kernel */
-    if (NWG == 2 && c == 1) us__hop_bar_arrive(1);
-    for (int kb = 0; kb < nkb; kb++) {
-        const int s = kb % S, ph = (kb / S) & 1;
-        us__mb_wait(full + s, ph);
-        if (kb >= nkb_c) { /* keys wholly after this warpgroup's queries */
-            us__hop_turn<NWG>(c);
-            us__hop_turn_done<NWG>(c, false);
-            us__hop_turn<NWG>(c);
-            us__hop_turn_done<NWG>(c, kb + 1 == nkb);
-        } else {
-            const unsigned char *tK = sK + s * KB, *tV = sV + s * KB;
-            float sc[BK / 8][4], dp[BK / 8][4];
-            us__hop_turn<NWG>(c);
-            us__wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < HS / 16; kk++) {
-                us__wg_ss<BK, E, 0>(&sc[0][0], us__wg_kmaj<BR>(sQ, 64 * c, kk),
-                                    us__wg_kmaj<BK>(tK, 0, kk), kk > 0);
-                us__wg_ss<BK, E, 0>(&dp[0][0], us__wg_kmaj<BR>(sdO, 64 * c, kk),
-                                    us__wg_kmaj<BK>(tV, 0, kk), kk > 0);
-            }
-            us__wg_commit();
-            us__hop_turn_done<NWG>(c, false);
-            us__wg_wait<BK / 2>(&sc[0][0]);
-            us__wg_wait<BK / 2>(&dp[0][0]);
-            const bool diag = kb * BK + BK - 1 > r0;
-#pragma unroll
-            for (int j = 0; j < BK / 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float p = us__hop_exp2(sc[j][e] * sl2 - L2[e >> 1]);
-                    if (diag && kb * BK + j * 8 + 2 * (lane & 3) + (e & 1) > row0 + (e >> 1) * 8)
-                        p = 0.f;
-                    dp[j][e] = p * (dp[j][e] - Dr[e >> 1]) * scale;
-                }
-            uint32_t da[BK / 16][4];
-#pragma unroll
-            for (int t = 0; t < BK / 16; t++) us__hop_to_a<E, BK>(da[t], dp, t);
-            us__hop_turn<NWG>(c);
-            us__wg_fence();
-#pragma unroll
-            for (int t = 0; t < BK / 16; t++)
-                us__wg_rs<HS, E, 1>(&dq[0][0], da[t], us__wg_mnmaj<BK>(tK, t), 1);
-            us__wg_commit();
-            us__hop_turn_done<NWG>(c, kb + 1 == nkb);
-            us__wg_wait<HS / 2>(&dq[0][0]);
-        }
-        us__mb_arrive(empty + s);
-    }
+    us__hop_dq_rows(L2, Dr, L2g, Dg, ks.row0, b, h, T, NH);
+    us__hop_zero(dq);
+    us__hop_dq_consume<E, HS>(dq, sm, ks, L2, Dr, c, lane, scale, sl2);
 
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        const int row = row0 + 8 * r;
+        const int row = ks.row0 + 8 * r;
         if (row >= T) continue;
         E *dqr = dqkv + ((int64_t)b * T + row) * QKV + (int64_t)h * HS + 2 * (lane & 3);
 #pragma unroll
@@ -4132,9 +4290,8 @@ __global__ void __launch_bounds__(384, 1)
     const int kc = k0 + 64 * c;                          /* this warpgroup's first key */
     const int key0 = kc + 16 * (tid >> 5) + (lane >> 2); /* the thread's keys: key0 + 8r */
     float dk[HS / 8][4], dv[HS / 8][4];
-#pragma unroll
-    for (int i = 0; i < HS / 8; i++)
-        dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
+    us__hop_zero(dk);
+    us__hop_zero(dv);
     us__mb_wait(barKV, 0);
     if (c == 1) us__hop_bar_arrive(1); /* consumer 0 takes the tensor cores first */
     int h, qb;
@@ -5188,7 +5345,10 @@ static void us__flash_block_fwd_e(float *acc, float *m, float *l, const void *qk
 
 /* ---- Hopper (sm_90a): the block kernels on // >>cuda-hopper's machinery ----------------
    The three kernels above, rebuilt from the pieces of // >>cuda-hopper (TMA copies, wgmma,
-   a producer warpgroup and ping-ponging consumers) with the positions of ring attention:
+   a producer warpgroup and ping-ponging consumers) with the positions of ring attention. The
+   forward's and the dQ kernel's producers and consumers are the causal kernels' own
+   (us__hop_fwd_produce, us__hop_fwd_consume, us__hop_dq_produce, us__hop_dq_consume) in the
+   mask mode us__hop_bypos below; the dK/dV kernel shares its tile (us__hop_dkdv_tile). So:
      - the tiles a CTA visits come from a bitmask (us__hop_vis) built before the roles split,
        from the smallest and largest position of every run of 64 (us__hop_pos_ranges, one small
        kernel per call): the producer loads only visible tiles, a CTA that sees nothing exits;
@@ -5201,11 +5361,11 @@ static void us__flash_block_fwd_e(float *acc, float *m, float *l, const void *qk
        other positions are read from kpos. The forward carries P·V one tile behind, so its
        consumers compute every CTA tile up to their own last visible one (a hidden one in
        between is masked whole) and only take turns after it, as the causal forward does;
-     - each kernel branches once per tile on its class into a copy with or without mask code:
-       the mask, a function that may read kpos, would otherwise make the compiler branch around
-       every score of every tile, wholly visible ones too (BSSY, a taken BRA and BSYNC per
-       score: 192 instructions a tile at HS 128). With it, the whole sequence given as one block
-       runs within 3–9 % of the causal kernels forward and 2–12 % backward (bench/RESULTS.md);
+     - each kernel branches once per tile on its class into a copy with or without mask code
+       (us__hop_by_mode): the mask, a function that may read kpos, would otherwise make the
+       compiler branch around every score of every tile, wholly visible ones too. With it, the
+       whole sequence given as one block runs within 3–9 % of the causal kernels forward and
+       2–12 % backward (bench/RESULTS.md);
      - keys past Tk have position +inf and queries past Tq −inf, so a tail tile is always
        masked, and TMA zero-fills its rows;
      - K and V come from the block buffer kv [B][Tk][2·NKV·HS] through their own tensor map;
@@ -5271,6 +5431,63 @@ static __device__ int us__hop_vis(unsigned *vis, const int4 *__restrict__ rng, i
     return cnt;
 }
 
+/* The block kernels' mask mode (us__hop_causal's counterpart, the same members): the visible
+   key tiles of the bitmask vis, in order. A tile is partly visible to a consumer when some key
+   comes after its rows' smallest position (qmin), hidden when every key comes after their
+   largest (qmax); key j is hidden from query i when kpos[j] > qpos[i], by arithmetic when the
+   tile's keys are one ascending run (kt.r.z), else read from kpos (past Tk: +inf). */
+template <int BC>
+struct us__hop_bypos {
+    static constexpr bool BY_POS = true;
+    const unsigned *vis;
+    const int4 *krng;
+    const int32_t *kpos;
+    int n, nc, nkt, nk64, Tk;
+    /* this warpgroup's smallest and largest query position; the thread's two (scalars, not an
+       array: an array indexed by e/2 kept the whole struct in memory until the loops unrolled,
+       and the dQ consumer then tested ks.n again and zeroed its accumulators on two paths) */
+    int qmin, qmax, qp0, qp1;
+
+    /* the block's keys: Tk of them, their ranges krng and the bitmask vis */
+    __device__ __forceinline__ void keys(const unsigned *v, const int4 *kr, const int32_t *kp,
+                                         int tk) {
+        vis = v;
+        krng = kr;
+        kpos = kp;
+        nkt = (tk + BC - 1) / BC;
+        nk64 = (tk + 63) / 64;
+        Tk = tk;
+    }
+
+    /* this consumer's rows: run c0 of qrng, the thread's rows row0, row0 + 8 (−inf past Tq) */
+    __device__ __forceinline__ void rows(const int4 *qrng, int c0, int nq64, const int32_t *qpos,
+                                         int row0, int Tq) {
+        const int4 qr = us__hop_runs(qrng, c0, 1, nq64);
+        qmin = qr.x;
+        qmax = qr.y;
+        qp0 = row0 < Tq ? qpos[row0] : INT_MIN;
+        qp1 = row0 + 8 < Tq ? qpos[row0 + 8] : INT_MIN;
+    }
+
+    __device__ __forceinline__ int first(void) const { return us__fa_next_tile(vis, -1, nkt); }
+
+    __device__ __forceinline__ int next(int t) const { return us__fa_next_tile(vis, t, nkt); }
+
+    __device__ __forceinline__ us__hop_kt at(int t) const {
+        return {t, us__hop_runs(krng, t * (BC / 64), BC / 64, nk64)};
+    }
+
+    __device__ __forceinline__ bool part(const us__hop_kt &kt) const { return kt.r.y > qmin; }
+
+    __device__ __forceinline__ bool skip(const us__hop_kt &kt) const { return kt.r.x > qmax; }
+
+    __device__ __forceinline__ bool masked(const us__hop_kt &kt, int off, int e) const {
+        const int key = kt.t * BC + off;
+        const int kp = kt.r.z ? kt.r.x + off : key < Tk ? kpos[key] : INT_MAX;
+        return kp > (e >> 1 ? qp1 : qp0);
+    }
+};
+
 /* ---- forward ------------------------------------------------------------------------ */
 /* The state of the thread's rows row0, row0 + 8 (m into the log2 domain; l into lane 0 of the
    quad, whose sum is the row's), or a fresh one when init or past Tq */
@@ -5320,138 +5537,6 @@ us__hop_state_store(const float (&o)[HS / 8][4], const float (&m)[2], float (&l)
     }
 }
 
-/* The forward's copy thread: Q once (columns qcol), then K and V (columns kcol, vcol of kv) of
-   the visible key tiles through the ring */
-template <int HS>
-static __device__ __forceinline__ void
-us__hop_block_fwd_produce(unsigned char *sQ, unsigned char *sK, unsigned char *sV, uint64_t *barQ,
-                          uint64_t *fullK, uint64_t *fullV, uint64_t *emptyK, uint64_t *emptyV,
-                          const CUtensorMap *mq, const CUtensorMap *mkv, const unsigned *vis,
-                          int nkt, int qcol, int kcol, int vcol, int b, int q0) {
-    using C = us__hop_cfg<HS>;
-    constexpr int BR = 64 * C::NWF, BC = C::BC, S = C::FS, QB = BR * C::HSP * 2,
-                  KVB = BC * C::HSP * 2;
-    us__mb_expect(barQ, QB);
-    us__tma_tile<HS, BR>(sQ, mq, qcol, q0, b, barQ);
-    int kt = us__fa_next_tile(vis, -1, nkt);
-    for (int it = 0; kt < nkt; it++, kt = us__fa_next_tile(vis, kt, nkt)) {
-        const int s = it % S;
-        if (it >= S) us__mb_wait(emptyK + s, ((it / S) - 1) & 1);
-        us__mb_expect(fullK + s, KVB);
-        us__tma_tile<HS, BC>(sK + s * KVB, mkv, kcol, kt * BC, b, fullK + s);
-        if (it >= S) us__mb_wait(emptyV + s, ((it / S) - 1) & 1);
-        us__mb_expect(fullV + s, KVB);
-        us__tma_tile<HS, BC>(sV + s * KVB, mkv, vcol, kt * BC, b, fullV + s);
-    }
-}
-
-/* What a forward consumer needs of the block: the tiles (vis, nkt, nvis; the first nc of them
-   up to its last visible one), the key tiles' ranges and positions, its own rows' smallest
-   position (qmin) and the thread's two (qp) */
-struct us__hop_fwd_keys {
-    const unsigned *vis;
-    const int4 *krng;
-    const int32_t *kpos;
-    int nkt, nvis, nc, nk64, Tk, qmin, qp[2];
-};
-
-/* A forward consumer over the CTA's visible tiles (at least one): us__hop_fwd_kernel's loop (S
-   of tile it beside P·V of tile it − 1, ping-pong over the NWF consumers, first tile and last
-   P·V peeled) over the tiles from the bitmask up to its own last visible one (ks.nc of them; a
-   tile in between that it cannot see is masked whole), then only the turns and stages of the
-   rest. A partly visible tile is masked by position: arithmetic when its keys are one ascending
-   run, else from kpos. */
-template <typename E, int HS>
-static __device__ __forceinline__ void
-us__hop_block_fwd_consume(float (&o)[HS / 8][4], float (&m)[2], float (&l)[2],
-                          const unsigned char *sQc, const unsigned char *sK,
-                          const unsigned char *sV, uint64_t *barQ, uint64_t *fullK, uint64_t *fullV,
-                          uint64_t *emptyK, uint64_t *emptyV, const us__hop_fwd_keys &ks, int c,
-                          int lane, float sl2) {
-    using C = us__hop_cfg<HS>;
-    constexpr int NW = C::NWF, BR = 64 * NW, BC = C::BC, S = C::FS, KVB = BC * C::HSP * 2;
-    uint32_t pa[BC / 16][4]; /* P of the tile before, as A fragments of O += P·V */
-    float corr[2] = {1.f, 1.f};
-    const auto pv = [&](int s, int ph) {
-        us__mb_wait(fullV + s, ph);
-        us__wg_fence();
-#pragma unroll
-        for (int t = 0; t < BC / 16; t++)
-            us__wg_rs<HS, E, 1>(&o[0][0], pa[t], us__wg_mnmaj<BC>(sV + s * KVB, t), 1);
-        us__wg_commit();
-    };
-    /* Wholly visible tiles (the most) take a softmax with no mask code at all, a branch uniform
-       over the warpgroup once per tile. Behind one runtime flag, as before, a mask that may load
-       from kpos made ptxas branch around every score (64 branches per tile, on unmasked tiles
-       too, and the softmax scheduled in pieces); the causal kernel's arithmetic mask does not. */
-    const auto softmax = [&](float(&sc)[BC / 8][4], int kt, int4 kr) {
-        const auto masked = [&](int j, int e) {
-            const int off = j * 8 + 2 * (lane & 3) + (e & 1), key = kt * BC + off;
-            const int kp = kr.z ? kr.x + off : key < ks.Tk ? ks.kpos[key] : INT_MAX;
-            return kp > ks.qp[e >> 1];
-        };
-        if (kr.y > ks.qmin) /* partly visible: a key after this warpgroup's smallest query */
-            us__hop_softmax<BC>(sc, m, l, corr, sl2, true, masked);
-        else
-            us__hop_softmax<BC>(sc, m, l, corr, sl2, false, masked);
-    };
-    const auto to_a = [&](float(&sc)[BC / 8][4]) {
-#pragma unroll
-        for (int t = 0; t < BC / 16; t++) us__hop_to_a<E, BC>(pa[t], sc, t);
-    };
-    const auto turn_done = [&](int it) {
-        if (c != NW - 1 || it + 1 < ks.nvis) us__hop_bar_arrive(1 + (c + 1) % NW);
-    };
-    const auto tile = [&](int kt) {
-        return us__hop_runs(ks.krng, kt * (BC / 64), BC / 64, ks.nk64);
-    };
-    if (c == NW - 1) us__hop_bar_arrive(1); /* consumer 0 takes the tensor cores first */
-    us__mb_wait(barQ, 0);
-    int it = 0;
-    if (ks.nc > 0) {
-        float sc[BC / 8][4];
-        int kt = us__fa_next_tile(ks.vis, -1, ks.nkt);
-        int4 kr = tile(kt);
-        us__mb_wait(fullK, 0);
-        us__hop_bar_sync(1 + c);
-        us__hop_qk<E, HS, BR, BC>(sc, sQc, sK);
-        turn_done(0);
-        us__wg_wait<BC / 2>(&sc[0][0]);
-        us__mb_arrive(emptyK);
-        softmax(sc, kt, kr);
-        to_a(sc);
-        for (it = 1; it < ks.nc; it++) {
-            const int s = it % S, sp = (it - 1) % S;
-            kt = us__fa_next_tile(ks.vis, kt, ks.nkt);
-            kr = tile(kt);
-            us__mb_wait(fullK + s, (it / S) & 1);
-            us__hop_bar_sync(1 + c); /* this consumer's turn at the tensor cores */
-            us__hop_scale_o<HS>(o, corr);
-            us__hop_qk<E, HS, BR, BC>(sc, sQc, sK + s * KVB);
-            pv(sp, ((it - 1) / S) & 1);
-            turn_done(it);
-            us__wg_wait_n<1, BC / 2>(&sc[0][0]); /* S has landed, P·V may still run */
-            us__mb_arrive(emptyK + s);
-            softmax(sc, kt, kr);
-            us__wg_wait<HS / 2>(&o[0][0]);
-            us__mb_arrive(emptyV + sp);
-            to_a(sc);
-        }
-        us__hop_scale_o<HS>(o, corr);
-        pv((it - 1) % S, ((it - 1) / S) & 1); /* O += P·V of the last tile */
-        us__wg_wait<HS / 2>(&o[0][0]);
-        us__mb_arrive(emptyV + (it - 1) % S);
-    }
-    for (; it < ks.nvis; it++) { /* tiles past this warpgroup's last visible one */
-        const int s = it % S;
-        us__mb_wait(fullK + s, (it / S) & 1);
-        us__hop_bar_sync(1 + c);
-        turn_done(it);
-        us__mb_arrive(emptyK + s);
-        us__mb_arrive(emptyV + s);
-    }
-}
-
 /* sLast[c]: the last tile of the bitmask that consumer c's 64 rows (runs c0 + c of qrng) can
    see, −1 for none (sLast starts at −1). Every thread, before a barrier (us__hop_bars_init). */
 template <int BC, int NW>
@@ -5481,7 +5566,7 @@ static __device__ __forceinline__ int us__hop_vis_upto(const unsigned *vis, int 
 }
 
 /* The block forward, one CTA per (64·NWF queries, head, batch): the state of those rows
-   carried through the visible key tiles of kv. */
+   carried through the visible key tiles of kv (us__hop_fwd_consume, by position) */
 template <typename E, int HS>
 __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
     us__hop_block_fwd_kernel(const __grid_constant__ CUtensorMap mq,
@@ -5492,51 +5577,36 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
                              int Tk, int NH, int NKV, int init, float sl2) {
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
-    constexpr int NW = C::NWF, BR = 64 * NW, BC = C::BC, S = C::FS, QB = BR * C::HSP * 2,
-                  KVB = BC * C::HSP * 2;
+    constexpr int NW = C::NWF, BR = 64 * NW, BC = C::BC, S = C::FS;
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
-    unsigned char *sQ = us__hop_smem_base(us__hop_raw); /* [BR][HSP] */
-    unsigned char *sK = sQ + QB;                        /* [S][BC][HSP] */
-    unsigned char *sV = sK + S * KVB;                   /* [S][BC][HSP] */
-    uint64_t *barQ = (uint64_t *)(sV + S * KVB), *fullK = barQ + 1, *fullV = fullK + S;
-    uint64_t *emptyK = fullV + S, *emptyV = emptyK + S;
-    unsigned *vis = (unsigned *)(barQ + 32); /* [⌈key tiles / 32⌉] */
-    __shared__ int sLast[NW];                /* us__hop_last_seen */
+    const us__hop_fwd_smem<HS> sm(us__hop_smem_base(us__hop_raw));
+    unsigned *vis = (unsigned *)(sm.barQ + 32); /* [⌈key tiles / 32⌉] */
+    __shared__ int sLast[NW];                   /* us__hop_last_seen */
     const int qb = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, g = h / (NH / NKV);
     const int q0 = qb * BR, nq64 = (Tq + 63) / 64;
     if (threadIdx.x < NW) sLast[threadIdx.x] = -1;
-    us__hop_fwd_keys ks;
-    ks.vis = vis;
-    ks.krng = krng;
-    ks.kpos = kpos;
-    ks.nkt = (Tk + BC - 1) / BC;
-    ks.nk64 = (Tk + 63) / 64;
-    ks.Tk = Tk;
-    ks.nvis = us__hop_vis<BC, true>(vis, krng, Tk, us__hop_runs(qrng, q0 / 64, NW, nq64).y);
-    if (ks.nvis == 0 && !init) return; /* nothing of this block is visible here: the state stays */
+    us__hop_bypos<BC> ks;
+    ks.keys(vis, krng, kpos, Tk);
+    ks.n = us__hop_vis<BC, true>(vis, krng, Tk, us__hop_runs(qrng, q0 / 64, NW, nq64).y);
+    if (ks.n == 0 && !init) return; /* nothing of this block is visible here: the state stays */
     us__hop_last_seen<BC, NW>(sLast, vis, krng, ks.nkt, ks.nk64, qrng, q0 / 64, nq64);
     const int wg = us__hop_wg(), tid = threadIdx.x & 127;
-    us__hop_bars_init(barQ, 2 * S, 1, 128 * NW); /* fullK, fullV; emptyK, emptyV */
+    us__hop_bars_init(sm.barQ, 2 * S, 1, 128 * NW); /* fullK, fullV; emptyK, emptyV */
 
     if (wg == 0) { /* producer: one thread issues every copy */
         us__hop_regs_producer<NW>();
-        if (tid == 0 && ks.nvis > 0)
-            us__hop_block_fwd_produce<HS>(sQ, sK, sV, barQ, fullK, fullV, emptyK, emptyV, &mq, &mkv,
-                                          vis, ks.nkt, h * HS, g * HS, (NKV + g) * HS, b, q0);
+        if (tid == 0 && ks.n > 0)
+            us__hop_fwd_produce<HS>(sm, &mq, &mkv, ks, h * HS, g * HS, (NKV + g) * HS, b, q0);
         return;
     }
     us__hop_regs_consumer<NW>();
     const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
     const int row0 = q0 + 64 * c + 16 * warp + (lane >> 2); /* the thread's rows: row0 + 8r */
-    ks.qmin = us__hop_runs(qrng, q0 / 64 + c, 1, nq64).x;
+    ks.rows(qrng, q0 / 64 + c, nq64, qpos, row0, Tq);
     ks.nc = us__hop_vis_upto(vis, sLast[c]);
-    ks.qp[0] = row0 < Tq ? qpos[row0] : INT_MIN;
-    ks.qp[1] = row0 + 8 < Tq ? qpos[row0 + 8] : INT_MIN;
     float o[HS / 8][4], m[2], l[2];
     us__hop_state_load<HS>(o, m, l, acc, mst, lst, row0, b, h, Tq, NH, init, lane);
-    if (ks.nvis > 0)
-        us__hop_block_fwd_consume<E, HS>(o, m, l, sQ + 64 * c * 128, sK, sV, barQ, fullK, fullV,
-                                         emptyK, emptyV, ks, c, lane, sl2);
+    if (ks.n > 0) us__hop_fwd_consume<E, HS>(o, m, l, sm, ks, c, lane, sl2);
     us__hop_state_store<HS>(o, m, l, acc, mst, lst, row0, b, h, Tq, NH, lane);
 #else
     (void)mq, (void)mkv, (void)acc, (void)mst, (void)lst, (void)qpos, (void)kpos, (void)qrng,
@@ -5627,8 +5697,8 @@ us__hop_block_dkv_add(float *dkv, const float (&dk)[DK ? HS / 8 : 1][4],
 }
 
 /* dK, dV of 64·NWG keys of kv head g for this block (PART as us__hop_dkdv_kernel's): every
-   query head of the group × visible query tile, us__hop_dkdv_kernel's per-tile math, a tile
-   hidden from a consumer's keys skipped, one partly visible masked by position */
+   query head of the group × visible query tile, us__hop_dkdv_kernel's per-tile math
+   (us__hop_dkdv_tile, by position), a tile hidden from a consumer's keys skipped */
 template <typename E, int HS, int PART>
 __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
     us__hop_block_dkdv_kernel(const __grid_constant__ CUtensorMap mq,
@@ -5642,35 +5712,28 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
     constexpr int NWG = C::NWG, BK = 64 * NWG, BQ = C::BQ, S = C::BS;
-    constexpr int KB = BK * C::HSP * 2, QB = BQ * C::HSP * 2;
     constexpr bool DV = PART != 2, DK = PART != 1;
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
-    unsigned char *sK = us__hop_smem_base(us__hop_raw); /* [BK][HSP] */
-    unsigned char *sV = sK + KB;                        /* [BK][HSP] */
-    unsigned char *sQ = sV + KB;                        /* [S][BQ][HSP] */
-    unsigned char *sdO = sQ + S * QB;                   /* [S][BQ][HSP] */
-    float *sL = (float *)(sdO + S * QB);                /* [S][BQ] */
-    float *sD = sL + S * BQ;                            /* [S][BQ] */
-    int *sQp = (int *)(sD + S * BQ);                    /* [S][BQ] */
-    uint64_t *barKV = (uint64_t *)(sQp + S * BQ), *full = barKV + 1, *empty = full + S;
-    unsigned *vis = (unsigned *)(barKV + 32); /* [⌈query tiles / 32⌉] */
+    const us__hop_dkdv_smem<HS, true> sm(us__hop_smem_base(us__hop_raw));
+    unsigned *vis = (unsigned *)(sm.barKV + 32); /* [⌈query tiles / 32⌉] */
     const int g = blockIdx.x, b = blockIdx.y, k0 = blockIdx.z * BK, grp = NH / NKV;
     const int nqt = (Tq + BQ - 1) / BQ, nq64 = (Tq + 63) / 64, nk64 = (Tk + 63) / 64;
     const int nvis =
         us__hop_vis<BQ, false>(vis, qrng, Tq, us__hop_runs(krng, k0 / 64, NWG, nk64).x);
     if (nvis == 0) return; /* no query sees these keys: nothing to add */
     const int wg = us__hop_wg(), tid = threadIdx.x & 127, nit = grp * nvis;
-    us__hop_bars_init(barKV, S, 1 + 32, 128 * NWG); /* full: the copy thread and warp 1's lanes */
+    /* full: the copy thread and warp 1's lanes */
+    us__hop_bars_init(sm.barKV, S, 1 + 32, 128 * NWG);
 
     if (wg == 0) {
         us__hop_regs_producer<NWG>();
         const int warp = tid >> 5, lane = tid & 31;
         if (warp == 0 && lane == 0)
-            us__hop_block_dkdv_produce<HS>(sK, sV, sQ, sdO, barKV, full, empty, &mq, &mdo, &mkv,
-                                           vis, nqt, g, b, k0, grp, NKV);
+            us__hop_block_dkdv_produce<HS>(sm.sK, sm.sV, sm.sQ, sm.sdO, sm.barKV, sm.full, sm.empty,
+                                           &mq, &mdo, &mkv, vis, nqt, g, b, k0, grp, NKV);
         else if (warp == 1)
-            us__hop_block_rows<HS>(sL, sD, sQp, full, empty, L2g, Dg, qpos, vis, nqt, g, b, grp, Tq,
-                                   NH, lane);
+            us__hop_block_rows<HS>(sm.sL, sm.sD, sm.sQp, sm.full, sm.empty, L2g, Dg, qpos, vis, nqt,
+                                   g, b, grp, Tq, NH, lane);
         return;
     }
     us__hop_regs_consumer<NWG>();
@@ -5679,11 +5742,9 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
     const int4 kr = us__hop_runs(krng, k0 / 64 + c, 1, nk64);
     const int kp[2] = {key0 < Tk ? kpos[key0] : INT_MAX, key0 + 8 < Tk ? kpos[key0 + 8] : INT_MAX};
     float dk[DK ? HS / 8 : 1][4], dv[DV ? HS / 8 : 1][4];
-#pragma unroll
-    for (int i = 0; i < (DK ? HS / 8 : 1); i++) dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.f;
-#pragma unroll
-    for (int i = 0; i < (DV ? HS / 8 : 1); i++) dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
-    us__mb_wait(barKV, 0);
+    us__hop_zero(dk);
+    us__hop_zero(dv);
+    us__mb_wait(sm.barKV, 0);
 
     if (NWG == 2 && c == 1) us__hop_bar_arrive(1);
     const int first = us__fa_next_tile(vis, -1, nqt);
@@ -5691,36 +5752,19 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
          it++, us__hop_block_next(vis, nqt, first, hi, qt)) {
         const int s = it % S;
         const int4 qr = us__hop_runs(qrng, qt * (BQ / 64), BQ / 64, nq64);
-        us__mb_wait(full + s, (it / S) & 1);
+        us__mb_wait(sm.full + s, (it / S) & 1);
         if (qr.y < kr.x) { /* no query of the tile sees a key of this warpgroup */
             us__hop_turns_skip<NWG>(c, it + 1 == nit);
         } else {
-            const unsigned char *tQ = sQ + s * QB, *tdO = sdO + s * QB;
-            const int *tp = sQp + s * BQ;
-            float st[BQ / 8][4], dpt[DK ? BQ / 8 : 1][4];
-            uint32_t pa[DV ? BQ / 16 : 1][4], da[DK ? BQ / 16 : 1][4];
-            us__hop_turn<NWG>(c);
-            us__hop_sdp<E, HS, BK, BQ, DK>(st, dpt, sK, sV, tQ, tdO, c);
-            us__hop_turn_done<NWG>(c, false);
-            us__wg_wait<BQ / 2>(&st[0][0]);
-            if constexpr (DK) us__wg_wait<BQ / 2>(&dpt[0][0]);
+            /* masked (part) where some key comes after the tile's smallest query */
+            const int *tp = sm.sQp + s * BQ;
             const auto hidden = [&](int j, int e) {
                 return kp[e >> 1] > tp[j * 8 + 2 * (lane & 3) + (e & 1)];
             };
-            /* one branch per tile, not one per score (as in the block forward's consumer) */
-            if (kr.y > qr.x) /* partly visible: some key after the tile's smallest query */
-                us__hop_pds<E, BQ, DK, DV>(pa, da, st, dpt, sL + s * BQ, sD + s * BQ, true, hidden,
-                                           lane, scale, sl2);
-            else
-                us__hop_pds<E, BQ, DK, DV>(pa, da, st, dpt, sL + s * BQ, sD + s * BQ, false, hidden,
-                                           lane, scale, sl2);
-            us__hop_turn<NWG>(c);
-            us__hop_dkv_mma<E, HS, BQ, DK, DV>(dk, dv, pa, da, tQ, tdO);
-            us__hop_turn_done<NWG>(c, it + 1 == nit);
-            if constexpr (DV) us__wg_wait<HS / 2>(&dv[0][0]);
-            if constexpr (DK) us__wg_wait<HS / 2>(&dk[0][0]);
+            us__hop_dkdv_tile<E, HS, DK, DV, true>(dk, dv, sm, s, kr.y > qr.x, hidden, it, nit, c,
+                                                   lane, scale, sl2);
         }
-        us__mb_arrive(empty + s);
+        us__mb_arrive(sm.empty + s);
     }
     us__hop_block_dkv_add<HS, DK, DV>(dkv, dk, dv, key0, b, g, Tk, NKV, lane);
 #else
@@ -5730,91 +5774,8 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
 #endif
 }
 
-/* The dQ kernel's copy thread: Q and dO of the CTA's queries once, then K and V of the visible
-   key tiles of kv through the ring */
-template <int HS>
-static __device__ __forceinline__ void
-us__hop_block_dq_produce(unsigned char *sQ, unsigned char *sdO, unsigned char *sK,
-                         unsigned char *sV, uint64_t *barQ, uint64_t *full, uint64_t *empty,
-                         const CUtensorMap *mq, const CUtensorMap *mdo, const CUtensorMap *mkv,
-                         const unsigned *vis, int nkt, int h, int g, int b, int q0, int NKV) {
-    using C = us__hop_cfg<HS>;
-    constexpr int BR = 64 * C::NWG, BK = C::BKQ, S = C::QS;
-    constexpr int QB = BR * C::HSP * 2, KB = BK * C::HSP * 2;
-    us__mb_expect(barQ, 2 * QB);
-    us__tma_tile<HS, BR>(sQ, mq, h * HS, q0, b, barQ);
-    us__tma_tile<HS, BR>(sdO, mdo, h * HS, q0, b, barQ);
-    int kt = us__fa_next_tile(vis, -1, nkt);
-    for (int it = 0; kt < nkt; it++, kt = us__fa_next_tile(vis, kt, nkt)) {
-        const int s = it % S;
-        if (it >= S) us__mb_wait(empty + s, ((it / S) - 1) & 1);
-        us__mb_expect(full + s, 2 * KB);
-        us__tma_tile<HS, BK>(sK + s * KB, mkv, g * HS, kt * BK, b, full + s);
-        us__tma_tile<HS, BK>(sV + s * KB, mkv, (NKV + g) * HS, kt * BK, b, full + s);
-    }
-}
-
-/* One visible key tile of a dQ consumer: S = Q·Kᵀ, dP = dO·Vᵀ, P (masked by position when
-   part: from kr when the tile's keys are one ascending run, else from kpos), dS = P ∘ (dP − D) ·
-   scale, dQ += dS·K; us__hop_dq_kernel's math and turns */
-template <typename E, int HS>
-static __device__ __forceinline__ void
-us__hop_block_dq_tile(float (&dq)[HS / 8][4], const unsigned char *sQ, const unsigned char *sdO,
-                      const unsigned char *tK, const unsigned char *tV, const float (&L2)[2],
-                      const float (&Dr)[2], const int (&qp)[2], const int32_t *__restrict__ kpos,
-                      int kt, int Tk, int4 kr, bool part, bool last, int c, int lane, float scale,
-                      float sl2) {
-    using C = us__hop_cfg<HS>;
-    constexpr int NWG = C::NWG, BR = 64 * NWG, BK = C::BKQ;
-    float sc[BK / 8][4], dp[BK / 8][4];
-    us__hop_turn<NWG>(c);
-    us__wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < HS / 16; kk++) {
-        us__wg_ss<BK, E, 0>(&sc[0][0], us__wg_kmaj<BR>(sQ, 64 * c, kk), us__wg_kmaj<BK>(tK, 0, kk),
-                            kk > 0);
-        us__wg_ss<BK, E, 0>(&dp[0][0], us__wg_kmaj<BR>(sdO, 64 * c, kk), us__wg_kmaj<BK>(tV, 0, kk),
-                            kk > 0);
-    }
-    us__wg_commit();
-    us__hop_turn_done<NWG>(c, false);
-    us__wg_wait<BK / 2>(&sc[0][0]);
-    us__wg_wait<BK / 2>(&dp[0][0]);
-    /* dS, P hidden where masked(off, e) (off: the key's offset in the tile) */
-    const auto ds = [&](auto masked) {
-#pragma unroll
-        for (int j = 0; j < BK / 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float p = us__hop_exp2(sc[j][e] * sl2 - L2[e >> 1]);
-                if (masked(j * 8 + 2 * (lane & 3) + (e & 1), e)) p = 0.f;
-                dp[j][e] = p * (dp[j][e] - Dr[e >> 1]) * scale;
-            }
-    };
-    /* the tile's class is uniform over the warpgroup: one branch per tile, not one per score
-       (a mask that may load made ptxas branch around every score, on unmasked tiles too) */
-    if (!part)
-        ds([](int, int) { return false; });
-    else
-        ds([&](int off, int e) {
-            const int key = kt * BK + off;
-            return (kr.z ? kr.x + off : key < Tk ? kpos[key] : INT_MAX) > qp[e >> 1];
-        });
-    uint32_t da[BK / 16][4];
-#pragma unroll
-    for (int t = 0; t < BK / 16; t++) us__hop_to_a<E, BK>(da[t], dp, t);
-    us__hop_turn<NWG>(c);
-    us__wg_fence();
-#pragma unroll
-    for (int t = 0; t < BK / 16; t++)
-        us__wg_rs<HS, E, 1>(&dq[0][0], da[t], us__wg_mnmaj<BK>(tK, t), 1);
-    us__wg_commit();
-    us__hop_turn_done<NWG>(c, last);
-    us__wg_wait<HS / 2>(&dq[0][0]);
-}
-
 /* dQ of 64·NWG queries of head h for this block, added into dq [B][Tq][NH·HS] fp32: the
-   visible key tiles in order (deterministic) */
+   visible key tiles in order (us__hop_dq_consume, by position) */
 template <typename E, int HS>
 __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
     us__hop_block_dq_kernel(const __grid_constant__ CUtensorMap mq,
@@ -5827,60 +5788,32 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
     constexpr int NWG = C::NWG, BR = 64 * NWG, BK = C::BKQ, S = C::QS;
-    constexpr int QB = BR * C::HSP * 2, KB = BK * C::HSP * 2;
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
-    unsigned char *sQ = us__hop_smem_base(us__hop_raw); /* [BR][HSP] */
-    unsigned char *sdO = sQ + QB;                       /* [BR][HSP] */
-    unsigned char *sK = sdO + QB;                       /* [S][BK][HSP] */
-    unsigned char *sV = sK + S * KB;                    /* [S][BK][HSP] */
-    uint64_t *barQ = (uint64_t *)(sV + S * KB), *full = barQ + 1, *empty = full + S;
-    unsigned *vis = (unsigned *)(barQ + 32); /* [⌈key tiles / 32⌉] */
+    const us__hop_dq_smem<HS> sm(us__hop_smem_base(us__hop_raw));
+    unsigned *vis = (unsigned *)(sm.barQ + 32); /* [⌈key tiles / 32⌉] */
     const int qb = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, g = h / (NH / NKV);
-    const int q0 = qb * BR, nkt = (Tk + BK - 1) / BK, nq64 = (Tq + 63) / 64, nk64 = (Tk + 63) / 64;
-    const int nvis = us__hop_vis<BK, true>(vis, krng, Tk, us__hop_runs(qrng, q0 / 64, NWG, nq64).y);
-    if (nvis == 0) return; /* no key of this block is seen here: nothing to add */
+    const int q0 = qb * BR, nq64 = (Tq + 63) / 64;
+    us__hop_bypos<BK> ks;
+    ks.keys(vis, krng, kpos, Tk);
+    ks.n = us__hop_vis<BK, true>(vis, krng, Tk, us__hop_runs(qrng, q0 / 64, NWG, nq64).y);
+    if (ks.n == 0) return; /* no key of this block is seen here: nothing to add */
     const int wg = us__hop_wg(), tid = threadIdx.x & 127;
-    us__hop_bars_init(barQ, S, 1, 128 * NWG);
+    us__hop_bars_init(sm.barQ, S, 1, 128 * NWG);
 
     if (wg == 0) {
         us__hop_regs_producer<NWG>();
         if (tid == 0)
-            us__hop_block_dq_produce<HS>(sQ, sdO, sK, sV, barQ, full, empty, &mq, &mdo, &mkv, vis,
-                                         nkt, h, g, b, q0, NKV);
+            us__hop_dq_produce<HS>(sm, &mq, &mdo, &mkv, ks, h * HS, g * HS, (NKV + g) * HS, b, q0);
         return;
     }
     us__hop_regs_consumer<NWG>();
     const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
     const int row0 = q0 + 64 * c + 16 * warp + (lane >> 2); /* the thread's rows: row0 + 8r */
-    const int4 qr = us__hop_runs(qrng, q0 / 64 + c, 1, nq64);
+    ks.rows(qrng, q0 / 64 + c, nq64, qpos, row0, Tq);
     float L2[2], Dr[2], dqa[HS / 8][4];
-    int qp[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int row = row0 + 8 * r;
-        const int64_t i = ((int64_t)b * NH + h) * Tq + row;
-        L2[r] = row < Tq ? L2g[i] : INFINITY;
-        Dr[r] = row < Tq ? Dg[i] : 0.f;
-        qp[r] = row < Tq ? qpos[row] : INT_MIN;
-    }
-#pragma unroll
-    for (int i = 0; i < HS / 8; i++) dqa[i][0] = dqa[i][1] = dqa[i][2] = dqa[i][3] = 0.f;
-    us__mb_wait(barQ, 0);
-
-    if (NWG == 2 && c == 1) us__hop_bar_arrive(1);
-    int kt = us__fa_next_tile(vis, -1, nkt);
-    for (int it = 0; it < nvis; it++, kt = us__fa_next_tile(vis, kt, nkt)) {
-        const int s = it % S;
-        const int4 kr = us__hop_runs(krng, kt * (BK / 64), BK / 64, nk64);
-        us__mb_wait(full + s, (it / S) & 1);
-        if (kr.x > qr.y) /* every key of the tile after every query of this warpgroup */
-            us__hop_turns_skip<NWG>(c, it + 1 == nvis);
-        else
-            us__hop_block_dq_tile<E, HS>(dqa, sQ, sdO, sK + s * KB, sV + s * KB, L2, Dr, qp, kpos,
-                                         kt, Tk, kr, kr.y > qr.x, it + 1 == nvis, c, lane, scale,
-                                         sl2);
-        us__mb_arrive(empty + s);
-    }
+    us__hop_dq_rows(L2, Dr, L2g, Dg, row0, b, h, Tq, NH);
+    us__hop_zero(dqa);
+    us__hop_dq_consume<E, HS>(dqa, sm, ks, L2, Dr, c, lane, scale, sl2);
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int row = row0 + 8 * r;
