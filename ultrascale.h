@@ -508,6 +508,14 @@ struct us_ops {
        (q, s) as fp8_quantize(h, N, F, ROW128, trans 0, pow2) gives for that h. Optional, as above. */
     void (*swiglu_fwd_fp8)(us_ops *o, void *h, uint8_t *q, float *s, const void *gu, int64_t N,
                            int64_t F, us_dtype dt, int pow2);
+    /* SwiGLU's backward with its output's two FP8 operands (the gate|up linear's Dgrad and Wgrad):
+       dgu [N,2F] as swiglu_bwd(dgu, dh, gu) forms it, and (q, s), (qt, st) as
+       fp8_quantize_both(dgu, N, 2F, ROW128, pow2) gives for that dgu, byte for byte. dgu NULL:
+       dgu need not be stored (its operands are all that is read of it), and gu may be overwritten
+       with it (the op may run in place, as the layer's backward does). Optional, as above. */
+    void (*swiglu_bwd_fp8)(us_ops *o, void *dgu, uint8_t *q, float *s, uint8_t *qt, float *st,
+                           const void *dh, const void *gu, int64_t N, int64_t F, us_dtype dt,
+                           int pow2);
     /* C[M,N] = alpha·deq(a)[M,K]·deq(b)[N,K]ᵀ + beta·C (cdt f32 or bf16, row stride ldc; beta 0
        never reads C): the TN FP8 GEMM of us_fp8_gemm on two operands as fp8_quantize writes them
        (a ROW128 or TENSOR: the activation operand; b ROW128, BLOCK128 or TENSOR: the weight
@@ -972,7 +980,9 @@ typedef struct us_model {
         *fp8_kept; /* the output gradient whose 128×1 copy (qk, sk) Dgrad left for Wgrad, or NULL */
     int64_t fp8_kept_n, fp8_kept_c; /* its rows and columns */
     const void *fp8_pre; /* the activation whose 1×128 operand (qa, sa) a fused RMSNorm or SwiGLU
-                            just wrote for the Fprop that reads it next (us__fp8_pre), or NULL */
+                            just wrote for the Fprop that reads it next (us__fp8_pre), or the
+                            output gradient whose two operands (qa, sa; qk, sk) SwiGLU's backward
+                            wrote for the Dgrad and Wgrad that read it next (us__fp8_dy), or NULL */
     int64_t fp8_pre_n, fp8_pre_c; /* its rows and columns */
     char *
         fp8_wc; /* the weight cache: W's and Wᵀ's operands of each FP8 linear of this rank, per layer
@@ -3800,6 +3810,16 @@ static void us__cpu_swiglu_fwd_fp8(us_ops *o, void *h, uint8_t *q, float *s, con
     us__cpu_fp8_quantize(o, q, s, h, dt, N, F, US_FP8_ROW128, 0, pow2);
 }
 
+/* the definition of swiglu_bwd_fp8: swiglu_bwd (in place over gu when dgu is NULL), then both
+   quantisations of the dgu it wrote */
+static void us__cpu_swiglu_bwd_fp8(us_ops *o, void *dgu, uint8_t *q, float *s, uint8_t *qt,
+                                   float *st, const void *dh, const void *gu, int64_t N, int64_t F,
+                                   us_dtype dt, int pow2) {
+    void *d = dgu ? dgu : (void *)gu;
+    us__cpu_swiglu_bwd(o, d, dh, gu, N, F, dt);
+    us__cpu_fp8_quantize_both(o, q, s, qt, st, d, dt, N, 2 * F, US_FP8_ROW128, pow2);
+}
+
 static void us__cpu_fp8_gemm(us_ops *o, int64_t M, int64_t N, int64_t K, float alpha,
                              const uint8_t *a, const float *sa, int ta, const uint8_t *b,
                              const float *sb, int tb, float beta, void *C, us_dtype cdt,
@@ -4247,6 +4267,7 @@ US_API us_ops us_cpu_ops(int nthreads) {
     o.fp8_quantize_both = us__cpu_fp8_quantize_both;
     o.rmsnorm_fwd_fp8 = us__cpu_rmsnorm_fwd_fp8;
     o.swiglu_fwd_fp8 = us__cpu_swiglu_fwd_fp8;
+    o.swiglu_bwd_fp8 = us__cpu_swiglu_bwd_fp8;
     return o;
 }
 
@@ -9675,7 +9696,10 @@ static us_result us__ep_move(us_model *m, int l, int dir, void *dst, const void 
    an RMSNorm or SwiGLU writes just before (ln1 → qkv, ln2 → gate|up, h → down) get their 1×128
    tiles from that kernel (us_ops.rmsnorm_fwd_fp8, swiglu_fwd_fp8; us__fp8_pre): the same bytes
    without a second read of the bf16 output. That output is still written and kept, since the
-   Wgrad's 128×1 copy is quantised from it in the backward (and SP gathers it). The GEMMs
+   Wgrad's 128×1 copy is quantised from it in the backward (and SP gathers it). Backward, the
+   gate|up linear's output gradient dgu gets both its operands (1×128 for Dgrad, 128×1 for Wgrad)
+   from SwiGLU's backward (us_ops.swiglu_bwd_fp8; us__fp8_dy), and dgu itself, which nothing else
+   reads, is not stored in bf16. The GEMMs
    accumulate in fp32 (promotion every 128) and write bf16 activations or add into the fp32
    weight gradients.
    Embedding, LM head, norms, attention and the MoE router stay bf16; master weights and moments
@@ -9889,7 +9913,8 @@ static us_result us__fp8_init(us_model *m) {
    quantised with tiling at; b likewise; K is the shared dimension. Both go through the model's
    FP8 scratch (two operands at a time), then one fp8_gemm with row stride N. keep (a Dgrad's dy):
    also write aᵀ's operand into qk, sk for the Wgrad; kept (that Wgrad): a is already there;
-   pre (an Fprop after a fused norm or SwiGLU, us__fp8_pre): a is already in qa, sa.
+   pre (an Fprop after a fused norm or SwiGLU, us__fp8_pre, or a Dgrad after a fused SwiGLU
+   backward, us__fp8_dy): a is already in qa, sa.
    wc (a weight's Fprop or Dgrad) non-NULL: b is already quantised there, in the weight cache. */
 enum { US__FP8_FRESH, US__FP8_KEEP, US__FP8_KEPT, US__FP8_PRE };
 
@@ -10006,6 +10031,28 @@ static uint8_t *us__fp8_pre(us_model *m, const void *x, int64_t N, int64_t In, i
     return (uint8_t *)base;
 }
 
+/* The backward's fusion (FP8 training with 1×128 tiles): the Dgrad of a linear In → Out on N rows
+   of its output gradient dy, and the Wgrad of the same dy right after it, take dy's two operands
+   from the kernel that forms dy (us_ops.swiglu_bwd_fp8) when the linear runs in FP8 and the backend
+   has the op. Returns where the 1×128 operand goes (qa, sa, which the Dgrad reads) and, in *qt,
+   *st, the 128×1 one (qk, sk, which it leaves for the Wgrad), and marks dy as their owner; NULL:
+   form dy alone. The bytes are those of fp8_quantize_both on dy, so fusing changes no result; it
+   saves dy's bf16 store and the quantiser's read of it (4 bytes an element) and a launch. Off
+   where the Wgrad does not follow (a zero-bubble B keeps dy for W) and under fp8-tensor. */
+static uint8_t *us__fp8_dy(us_model *m, const void *dy, int64_t N, int64_t In, int64_t Out,
+                           int have_op, float **s, uint8_t **qt, float **st) {
+    char *base = (char *)m->a[US__A_FP8];
+    m->fp8_pre = NULL;
+    if (!have_op || m->fp8 != 1 || !us__fp8_on(m, N, In, Out)) return NULL;
+    m->fp8_pre = dy;
+    m->fp8_pre_n = N;
+    m->fp8_pre_c = Out;
+    *s = (float *)(base + m->fp8_off[0]);
+    *qt = (uint8_t *)(base + m->fp8_off[3]);
+    *st = (float *)(base + m->fp8_off[4]);
+    return (uint8_t *)base;
+}
+
 /* ln [N,C] = rmsnorm(x [N,C])·w, rstd [N]; fuse: the linear C → Out that reads ln next runs on
    these N rows right after, so ln's 1×128 operand comes from the norm's kernel (us__fp8_pre) */
 static void us__norm_fwd(us_model *m, void *ln, float *rstd, const void *x, int widx, int64_t N,
@@ -10036,20 +10083,26 @@ static void us__linear_fwd_res(us_model *m, int64_t N, int64_t In, int64_t Out, 
 }
 
 /* Dgrad: dx[N][In] = dy[N][Out]·W + beta·dx. keep: the Wgrad of this same dy comes next (nothing
-   writes dy in between), so dy's 128×1 copy is made now, from the same read. */
+   writes dy in between), so dy's 128×1 copy is made now, from the same read. dy marked by
+   us__fp8_dy: both copies are already in the scratch, written by the kernel that formed dy. */
 static void us__linear_dgrad(us_model *m, int64_t N, int64_t In, int64_t Out, const void *dy,
                              const void *W, float beta, void *dx, int keep) {
     us_ops *o = &m->ops;
+    int pre = m->fp8_pre == dy && m->fp8_pre_n == N && m->fp8_pre_c == Out;
+    m->fp8_pre = NULL;
     if (!us__fp8_on(m, N, In, Out)) {
         o->gemm(o, 0, 0, N, In, Out, 1.0f, dy, m->dt, Out, W, m->dt, In, beta, dx, m->dt, In);
         return;
     }
     us__fp8_opnd wc;
     int cached = us__fp8_wcache(m, W, Out, In, 1, &wc);
-    keep = keep && o->fp8_quantize_both;
+    keep = keep && (pre || o->fp8_quantize_both);
     us__fp8_mm(m, dy, N, Out, us__fp8_act(m), 0, W, Out, In, us__fp8_wt(m), 1, beta, dx,
                m->dt, /* Wᵀ [In][Out], from bf16 W */
-               keep ? US__FP8_KEEP : US__FP8_FRESH, cached ? &wc : NULL);
+               pre    ? US__FP8_PRE
+               : keep ? US__FP8_KEEP
+                      : US__FP8_FRESH,
+               cached ? &wc : NULL);
     m->fp8_kept = keep ? dy : NULL;
     m->fp8_kept_n = N;
     m->fp8_kept_c = Out;
@@ -10204,6 +10257,22 @@ static us_result us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int rec
     return r;
 }
 
+/* dgu [N,2F] = swiglu'(dh [N,F]) at gu [N,2F]; fuse (the gate|up Dgrad and Wgrad of dgu follow):
+   dgu's two FP8 operands come from the same kernel (us__fp8_dy), and dgu, in place over gu, is
+   left unwritten where the backend can (nothing but those operands reads it) */
+static void us__swiglu_bwd(us_model *m, void *dgu, const void *dh, const void *gu, int64_t N,
+                           int64_t F, int fuse) {
+    us_ops *o = &m->ops;
+    float *s = NULL, *st = NULL;
+    uint8_t *qt = NULL;
+    uint8_t *q = us__fp8_dy(m, dgu, N, m->cfg.dim, 2 * F, fuse && o->swiglu_bwd_fp8 && dgu == gu,
+                            &s, &qt, &st);
+    if (q)
+        o->swiglu_bwd_fp8(o, NULL, q, s, qt, st, dh, gu, N, F, m->dt, m->tc.fp8_pow2);
+    else
+        o->swiglu_bwd(o, dgu, dh, gu, N, F, m->dt);
+}
+
 /* Backward of layer l. On entry dres holds ∂loss/∂x_{l+1}; on exit ∂loss/∂x_l (under SP: this
    rank's Ns rows). Weight gradients accumulate (beta = 1) in fp32. */
 static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
@@ -10254,7 +10323,7 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
         }
         /* dh [Np,F] = dres · Wdown [C,F]; dWdown += dresᵀ · h; dgu [Np,2F] = swiglu'(dh);
            dln [Np,C] = dgu · Wgu [2F,C]; dWgu += dguᵀ · ln2 */
-        o->swiglu_bwd(o, dgu, dh, A->gu, Np, F, dt);
+        us__swiglu_bwd(m, dgu, dh, A->gu, Np, F, !split);
         us__linear_dgrad(m, Np, C, 2 * F, dgu, us__weight(m, US__TENSOR(l, US__P_GATE)), 0.0f, dln,
                          !split);
         /* f (TP: all-reduce) or g's conjugate (SP: reduce-scatter): the column-parallel input's

@@ -1088,16 +1088,24 @@ __global__ void us__k_swiglu_fwd(T *h, const T *gu, int64_t N, int64_t F) {
     }
 }
 
+/* d·∂(silu(g)·u)/∂g and d·∂(silu(g)·u)/∂u: the one expression every backward kernel uses, the
+   fused one of // >>cuda-fp8 too, so that all of them form the same bits */
+__device__ __forceinline__ void us__swiglu_grad(float g, float u, float d, float &dg, float &du) {
+    float sg = 1.0f / (1.0f + __expf(-g));
+    dg = d * u * sg * (1.0f + g * (1.0f - sg));
+    du = d * g * sg;
+}
+
 template <typename T>
 __global__ void us__k_swiglu_bwd(T *dgu, const T *dh, const T *gu, int64_t N, int64_t F) {
     int64_t f = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, n;
     if (f >= F) return;
     for (n = blockIdx.y; n < N; n += gridDim.y) {
         float g = us__ld(gu, n * 2 * F + f), u = us__ld(gu, n * 2 * F + F + f),
-              d = us__ld(dh, n * F + f);
-        float sg = 1.0f / (1.0f + __expf(-g));
-        us__st(dgu, n * 2 * F + f, d * u * sg * (1.0f + g * (1.0f - sg)));
-        us__st(dgu, n * 2 * F + F + f, d * g * sg);
+              d = us__ld(dh, n * F + f), dg, du;
+        us__swiglu_grad(g, u, d, dg, du);
+        us__st(dgu, n * 2 * F + f, dg);
+        us__st(dgu, n * 2 * F + F + f, du);
     }
 }
 
@@ -1134,11 +1142,7 @@ __global__ void us__k_swiglu_bwd_vec(T *dgu, const T *dh, const T *gu, int64_t N
         us__ldv(gu + n * 2 * F + F + f, u);
         us__ldv(dh + n * F + f, d);
 #pragma unroll
-        for (i = 0; i < W; i++) {
-            float sg = 1.0f / (1.0f + __expf(-g[i]));
-            dg[i] = d[i] * u[i] * sg * (1.0f + g[i] * (1.0f - sg));
-            du[i] = d[i] * g[i] * sg;
-        }
+        for (i = 0; i < W; i++) us__swiglu_grad(g[i], u[i], d[i], dg[i], du[i]);
         us__stv(dgu + n * 2 * F + f, dg);
         us__stv(dgu + n * 2 * F + F + f, du);
     }
@@ -7452,49 +7456,32 @@ struct us__raw4<__half> {
     typedef uint2 t;
 };
 
+/* The patch's parts in the dynamic shared memory (us__fp8_row_t_smem<T>() bytes): sm [128][132]
+   the staged elements (+4 keeps rows 8/16-byte aligned and spreads columns over the banks), qs
+   the patch's 128 rows of P, 128 bytes each (+1 word against bank conflicts), red [4][128] the
+   column amax parts, rcs [128] each column's 1/s */
 template <typename T>
-__global__ void __launch_bounds__(256)
-    us__k_fp8_row_t(uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int pow2,
-                    int vec, const unsigned *gamax, uint8_t *q2, float *s2) {
-    typedef typename us__raw4<T>::t V;
-    extern __shared__ __align__(
-        16) unsigned char us__rowt_smem[]; /* us__fp8_row_t_smem<T>() bytes: */
-    T(*sm)
-    [132] = reinterpret_cast<T(*)[132]>(
-        us__rowt_smem); /* [128][132]: +4 keeps rows 8/16-byte aligned and spreads columns over the banks */
-    uint32_t(*qs)[33] = reinterpret_cast<uint32_t(*)[33]>(
-        us__rowt_smem +
-        sizeof(T) * 128 *
-            132); /* the patch's 128 rows of P, 128 bytes each (+1 word against bank conflicts) */
-    unsigned(*red)[128] = reinterpret_cast<unsigned(*)[128]>(
-        us__rowt_smem + sizeof(T) * 128 * 132 + 4 * 128 * 33); /* [4][128] column amax parts */
-    float *rcs = reinterpret_cast<float *>(us__rowt_smem + sizeof(T) * 128 * 132 + 4 * 128 * 33 +
-                                           4 * 4 * 128); /* [128] each column's 1/s */
-    int64_t r0 = (int64_t)blockIdx.x * 128, l0 = (int64_t)blockIdx.y * 128,
-            r = r0 + 4 * (threadIdx.x & 31);
+__device__ __forceinline__ T (*us__rowt_sm(unsigned char *smem))[132] {
+    return reinterpret_cast<T(*)[132]>(smem);
+}
+
+/* Everything after the staging: the 128×1 tiles of the patch of x [L][R] staged in sm, rows
+   l0.., columns r0.. (P = xᵀ's rows r0.., tiles along l0..), and with q2 its 1×128 tiles along R.
+   Every thread of the block calls it, right after a barrier that follows the staging. */
+template <typename T>
+__device__ __forceinline__ void us__fp8_row_t_tiles(unsigned char *smem, uint8_t *q, float *s,
+                                                    int64_t R, int64_t L, int64_t Lp, int64_t r0,
+                                                    int64_t l0, int pow2, int vec,
+                                                    const unsigned *gamax, uint8_t *q2, float *s2) {
+    T(*sm)[132] = us__rowt_sm<T>(smem);
+    uint32_t(*qs)[33] = reinterpret_cast<uint32_t(*)[33]>(smem + sizeof(T) * 128 * 132);
+    unsigned(*red)[128] =
+        reinterpret_cast<unsigned(*)[128]>(smem + sizeof(T) * 128 * 132 + 4 * 128 * 33);
+    float *rcs =
+        reinterpret_cast<float *>(smem + sizeof(T) * 128 * 132 + 4 * 128 * 33 + 4 * 4 * 128);
     int t = threadIdx.x, lane = t & 31, w = t >> 5, c = t & 127, h = t >> 7, i, j;
     float sc, rc, f[4];
     unsigned a = 0;
-    if (vec &
-        1) { /* vec: R % 4 == 0 and x 4-element aligned, so a lane's 4 are in or out together */
-        V v[16];
-#pragma unroll
-        for (i = 0; i < 16; i++) {
-            int64_t l = l0 + w + 8 * i;
-            v[i] = l < L && r < R ? *reinterpret_cast<const V *>(x + l * R + r) : V();
-        }
-#pragma unroll
-        for (i = 0; i < 16; i++) *reinterpret_cast<V *>(&sm[w + 8 * i][4 * lane]) = v[i];
-    } else {
-#pragma unroll 4
-        for (i = 0; i < 16; i++) {
-            int64_t l = l0 + w + 8 * i;
-            for (j = 0; j < 4; j++)
-                us__st(sm[w + 8 * i], 4 * lane + j,
-                       l < L && r + j < R ? us__ld(x, l * R + r + j) : 0.0f);
-        }
-    }
-    __syncthreads();
     if (q2) { /* ROW128 of x itself: row l0 + i of the patch is the tile (l0 + i, r0 / 128) */
         int64_t Rp = (R + 127) / 128 * 128;
         unsigned mine = 0; /* lane j < 16: the amax of row w + 8j */
@@ -7571,24 +7558,62 @@ __global__ void __launch_bounds__(256)
         if (r0 + i < R) us__st_q4(q + (r0 + i) * Lp + l0 + 4 * lane, qs[i][lane], vec);
 }
 
+template <typename T>
+__global__ void __launch_bounds__(256)
+    us__k_fp8_row_t(uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int pow2,
+                    int vec, const unsigned *gamax, uint8_t *q2, float *s2) {
+    typedef typename us__raw4<T>::t V;
+    extern __shared__ __align__(16) unsigned char us__rowt_smem[];
+    T(*sm)[132] = us__rowt_sm<T>(us__rowt_smem);
+    int64_t r0 = (int64_t)blockIdx.x * 128, l0 = (int64_t)blockIdx.y * 128,
+            r = r0 + 4 * (threadIdx.x & 31);
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, i, j;
+    if (vec &
+        1) { /* vec: R % 4 == 0 and x 4-element aligned, so a lane's 4 are in or out together */
+        V v[16];
+#pragma unroll
+        for (i = 0; i < 16; i++) {
+            int64_t l = l0 + w + 8 * i;
+            v[i] = l < L && r < R ? *reinterpret_cast<const V *>(x + l * R + r) : V();
+        }
+#pragma unroll
+        for (i = 0; i < 16; i++) *reinterpret_cast<V *>(&sm[w + 8 * i][4 * lane]) = v[i];
+    } else {
+#pragma unroll 4
+        for (i = 0; i < 16; i++) {
+            int64_t l = l0 + w + 8 * i;
+            for (j = 0; j < 4; j++)
+                us__st(sm[w + 8 * i], 4 * lane + j,
+                       l < L && r + j < R ? us__ld(x, l * R + r + j) : 0.0f);
+        }
+    }
+    __syncthreads();
+    us__fp8_row_t_tiles<T>(us__rowt_smem, q, s, R, L, Lp, r0, l0, pow2, vec, gamax, q2, s2);
+}
+
 /* Its shared memory is more than the 48 KB a block gets without asking (52 KB for bf16). */
 template <typename T>
 static size_t us__fp8_row_t_smem(void) {
     return sizeof(T) * 128 * 132 + 4 * 128 * 33 + 4 * 4 * 128 + 4 * 128;
 }
 
+/* raise kernel fn's dynamic shared memory limit to bytes, once per device (asked: the devices
+   it was raised on, one bit each) */
+static void us__smem_raise(const void *fn, size_t bytes, unsigned long long *asked) {
+    int d = 0;
+    cudaGetDevice(&d);
+    if (d >= 64 || !(*asked >> d & 1)) {
+        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+        if (d < 64) *asked |= 1ull << d;
+    }
+}
+
 template <typename T>
 static void us__fp8_row_t_launch(dim3 grid, cudaStream_t st, uint8_t *q, float *s, const T *x,
                                  int64_t R, int64_t L, int64_t Lp, int pow2, int vec,
                                  const unsigned *gamax, uint8_t *q2 = NULL, float *s2 = NULL) {
-    static unsigned long long asked; /* the devices it was raised on, per element type */
-    int d = 0;
-    cudaGetDevice(&d);
-    if (d >= 64 || !(asked >> d & 1)) {
-        cudaFuncSetAttribute(us__k_fp8_row_t<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)us__fp8_row_t_smem<T>());
-        if (d < 64) asked |= 1ull << d;
-    }
+    static unsigned long long asked; /* per element type */
+    us__smem_raise((const void *)us__k_fp8_row_t<T>, us__fp8_row_t_smem<T>(), &asked);
     us__k_fp8_row_t<T>
         <<<grid, 256, us__fp8_row_t_smem<T>(), st>>>(q, s, x, R, L, Lp, pow2, vec, gamax, q2, s2);
 }
@@ -7870,6 +7895,91 @@ static void us__cuda_swiglu_fwd_fp8(us_ops *o, void *h, uint8_t *q, float *s, co
     us__cuda_fp8_quantize(o, q, s, h, dt, N, F, US_FP8_ROW128, 0, pow2);
 }
 
+/* ---- SwiGLU's backward with dgu's two operands (us_ops.swiglu_bwd_fp8): the gate|up linear's
+   Dgrad reads dgu [N][2F] in 1×128 tiles and its Wgrad in 128×1 tiles, so the amax of a tile runs
+   over 128 tokens and the kernel is tiled in two dimensions, as fp8_quantize_both's transposed
+   kernel (us__k_fp8_row_t) is. A block forms, from one read of gu and dh, dgu's gate columns
+   f0..f0+127 and its up columns F+f0.. over tokens l0..l0+127 (us__swiglu_grad, rounded to T as
+   swiglu_bwd stores them), stages each of the two patches in shared memory where us__k_fp8_row_t
+   stages x, and runs that kernel's own tile code (us__fp8_row_t_tiles) on it: the bytes and the
+   scales are those of swiglu_bwd then fp8_quantize_both, bit for bit (tests/test_cuda.cu). dgu
+   non-NULL is stored too (the layer passes NULL: nothing else reads it, which saves its 4 bytes
+   an element of store and load). The up patch waits in registers (16 × 4 elements a thread)
+   while the gate patch is quantised. Needs F a multiple of 128 (a patch is all gate or all up,
+   every 1×128 tile whole) and 16-byte aligned tensors; otherwise the op runs the two kernels. */
+template <typename T>
+__global__ void __launch_bounds__(256)
+    us__k_swiglu_bwd_fp8(T *dgu, uint8_t *q, float *s, uint8_t *q2, float *s2, const T *dh,
+                         const T *gu, int64_t N, int64_t F, int64_t Lp, int pow2, int vec) {
+    typedef typename us__raw4<T>::t V;
+    extern __shared__ __align__(16) unsigned char us__rowt_smem[];
+    T(*sm)[132] = us__rowt_sm<T>(us__rowt_smem);
+    int64_t f0 = (int64_t)blockIdx.x * 128, l0 = (int64_t)blockIdx.y * 128,
+            f = f0 + 4 * (threadIdx.x & 31);
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, i, k;
+    V up[16]; /* row w + 8i's up columns f..f+3, as stored */
+#pragma unroll
+    for (i = 0; i < 16; i++) { /* token l: gate columns f..f+3 into the patch, up ones kept */
+        int64_t l = l0 + w + 8 * i;
+        V gate = V();
+        up[i] = V();
+        if (l < N) {
+            float g[4], u[4], d[4], dg[4], du[4];
+            us__ld4(gu + l * 2 * F + f, g);
+            us__ld4(gu + l * 2 * F + F + f, u);
+            us__ld4(dh + l * F + f, d);
+#pragma unroll
+            for (k = 0; k < 4; k++) us__swiglu_grad(g[k], u[k], d[k], dg[k], du[k]);
+            us__st4(reinterpret_cast<T *>(&gate), dg);
+            us__st4(reinterpret_cast<T *>(&up[i]), du);
+            if (dgu) {
+                *reinterpret_cast<V *>(dgu + l * 2 * F + f) = gate;
+                *reinterpret_cast<V *>(dgu + l * 2 * F + F + f) = up[i];
+            }
+        }
+        *reinterpret_cast<V *>(&sm[w + 8 * i][4 * lane]) = gate;
+    }
+    __syncthreads();
+    us__fp8_row_t_tiles<T>(us__rowt_smem, q, s, 2 * F, N, Lp, f0, l0, pow2, vec, NULL, q2, s2);
+    __syncthreads(); /* the gate patch is read: the up patch takes its place */
+#pragma unroll
+    for (i = 0; i < 16; i++) *reinterpret_cast<V *>(&sm[w + 8 * i][4 * lane]) = up[i];
+    __syncthreads();
+    us__fp8_row_t_tiles<T>(us__rowt_smem, q, s, 2 * F, N, Lp, F + f0, l0, pow2, vec, NULL, q2, s2);
+}
+
+template <typename T>
+static void us__swiglu_bwd_fp8_launch(dim3 grid, cudaStream_t st, T *dgu, uint8_t *q, float *s,
+                                      uint8_t *q2, float *s2, const T *dh, const T *gu, int64_t N,
+                                      int64_t F, int64_t Lp, int pow2, int vec) {
+    static unsigned long long asked; /* per element type */
+    us__smem_raise((const void *)us__k_swiglu_bwd_fp8<T>, us__fp8_row_t_smem<T>(), &asked);
+    us__k_swiglu_bwd_fp8<T><<<grid, 256, us__fp8_row_t_smem<T>(), st>>>(dgu, q, s, q2, s2, dh, gu,
+                                                                        N, F, Lp, pow2, vec);
+}
+
+/* (q, s): dgu's 1×128 operand (q [N][2F], s [2F/128][N]); (qt, st): its 128×1 one, of dguᵀ
+   (qt [2F][Lp], st [Lp/128][2F]): the kernel's q2 and q, as in fp8_quantize_both */
+static void us__cuda_swiglu_bwd_fp8(us_ops *o, void *dgu, uint8_t *q, float *s, uint8_t *qt,
+                                    float *st, const void *dh, const void *gu, int64_t N, int64_t F,
+                                    us_dtype dt, int pow2) {
+    int64_t Lp = (N + 127) / 128 * 128;
+    void *d = dgu ? dgu : (void *)gu;
+    if (N <= 0 || F <= 0) return;
+    if (F % 128 == 0 && Lp / 128 < 65536 && us__al16(gu) && us__al16(dh) &&
+        (!dgu || us__al16(dgu)) && us__al(q, 4)) {
+        dim3 grid((unsigned)(F / 128), (unsigned)(Lp / 128));
+        int vec = 1 | (us__al(qt, 16) ? 2 : 0);
+        US__DISPATCH(
+            o, dt,
+            (us__swiglu_bwd_fp8_launch<T_>(grid, us__cu(o)->stream, (T_ *)dgu, qt, st, q, s,
+                                           (const T_ *)dh, (const T_ *)gu, N, F, Lp, pow2, vec)));
+        return;
+    }
+    us__cuda_swiglu_bwd(o, d, dh, gu, N, F, dt);
+    us__cuda_fp8_quantize_both(o, q, s, qt, st, d, dt, N, 2 * F, US_FP8_ROW128, pow2);
+}
+
 /* The FP8 GEMM on cuBLASLt, TN: row-major C[M,N] = a·bᵀ is column-major Cᵀ[N,M] = b·aᵀ, so b (the
    weight side) is cuBLASLt's A, transposed, and a (the activation side) its B. Scale modes:
    BLOCK128 → BLK128x128_32F, ROW128 → VEC128_32F, TENSOR → SCALAR_32F (per-tensor FP8). */
@@ -8070,6 +8180,7 @@ US_API us_result us_cuda_ops(us_ops *o, int device, char *err, size_t errlen) {
     o->fp8_gemm = us__cuda_fp8_gemm;
     o->rmsnorm_fwd_fp8 = us__cuda_rmsnorm_fwd_fp8;
     o->swiglu_fwd_fp8 = us__cuda_swiglu_fwd_fp8;
+    o->swiglu_bwd_fp8 = us__cuda_swiglu_bwd_fp8;
     o->fp8_quantize_both = us__cuda_fp8_quantize_both;
     return US_OK;
 }

@@ -9,7 +9,9 @@
      --fp8-no-weight-cache  (fp8) quantise the weights at every GEMM instead of once per step
      --fp8-experts      (fp8) the MoE experts' GEMMs in FP8 too, expert by expert (default bf16)
      --fp8-no-fuse      (fp8) RMSNorm and SwiGLU write their output alone and the Fprop quantises
-                        it (us_ops.rmsnorm_fwd_fp8 and swiglu_fwd_fp8 taken away): the unfused path
+                        it, SwiGLU's backward writes dgu alone and the gate|up Dgrad quantises it
+                        (us_ops.rmsnorm_fwd_fp8, swiglu_fwd_fp8 and swiglu_bwd_fp8 taken away): the
+                        unfused path
      --fp8-free-quant   (fp8 only) skip every FP8 quantisation in the timed steps: the GEMMs read
                         the operands the warm-up steps left behind. Wrong numbers, fast: it measures
                         the step FP8 would give if quantising cost nothing (the recipe's ceiling)
@@ -85,6 +87,7 @@ enum {
     P_ROPE,
     P_SWIGLU,
     P_SWIGLU_Q,
+    P_SWIGLU_QB,
     P_XENT,
     P_EMB,
     P_ADAMW,
@@ -107,6 +110,7 @@ static const char *pname[P_N] = {"gemm (cuBLASLt)",
                                  "rope",
                                  "swiglu",
                                  "swiglu + 1x128",
+                                 "swiglu bwd+both",
                                  "cross-entropy",
                                  "embedding",
                                  "adamw + norm",
@@ -228,6 +232,15 @@ static void w_sfq(us_ops *o, void *h, uint8_t *q, float *sc, const void *gu, int
         WRAP(P_SWIGLU, inner.swiglu_fwd(&inner, h, gu, N, F, dt));
     else
         WRAP(P_SWIGLU_Q, inner.swiglu_fwd_fp8(&inner, h, q, sc, gu, N, F, dt, pow2));
+}
+
+static void w_sbq(us_ops *o, void *d, uint8_t *q, float *sc, uint8_t *qt, float *st, const void *dh,
+                  const void *gu, int64_t N, int64_t F, us_dtype dt, int pow2) {
+    (void)o;
+    if (skip_q)
+        WRAP(P_SWIGLU, inner.swiglu_bwd(&inner, d ? d : (void *)gu, dh, gu, N, F, dt));
+    else
+        WRAP(P_SWIGLU_QB, inner.swiglu_bwd_fp8(&inner, d, q, sc, qt, st, dh, gu, N, F, dt, pow2));
 }
 
 static void w_rf(us_ops *o, void *q, int64_t B, int64_t T, int NH, int NKV, int HS,
@@ -358,6 +371,7 @@ static us_ops profiled(void) {
     o.fp8_quantize_both = inner.fp8_quantize_both ? w_fqb : NULL;
     o.rmsnorm_fwd_fp8 = inner.rmsnorm_fwd_fp8 && !no_fuse ? w_nfq : NULL;
     o.swiglu_fwd_fp8 = inner.swiglu_fwd_fp8 && !no_fuse ? w_sfq : NULL;
+    o.swiglu_bwd_fp8 = inner.swiglu_bwd_fp8 && !no_fuse ? w_sbq : NULL;
     return o;
 }
 

@@ -7,9 +7,10 @@
    per-tensor scaling on activations with outlier channels; bf16, fp8 and fp8-tensor training of
    a small model on the sorting task (loss falls well below the start, fp8 within a stated gap of
    bf16); dy and the weights quantised both ways in one call (fp8_quantize_both, one rank and
-   tp 2 + sp), the weight cache and the activations' 1×128 operands written by the RMSNorm and
-   SwiGLU before them (rmsnorm_fwd_fp8, swiglu_fwd_fp8; recompute none and full) train bit for
-   bit like the plain path; the memory estimator
+   tp 2 + sp), the weight cache, the activations' 1×128 operands written by the RMSNorm and
+   SwiGLU before them (rmsnorm_fwd_fp8, swiglu_fwd_fp8; recompute none and full) and dgu's two
+   operands written by SwiGLU's backward (swiglu_bwd_fp8; also tp 2 + sp) train bit for bit like
+   the plain path; the memory estimator
    counts the FP8 scratch and the cache; bad configurations. */
 #define ULTRASCALE_IMPLEMENTATION
 #include "../ultrascale.h"
@@ -590,7 +591,9 @@ static void test_weight_cache(void) {
    weight cache makes W and Wᵀ in one call. With the op taken away the model quantises twice:
    the two runs must agree bit for bit, step by step, and the dual path must really have been
    taken: per step 2 layers × 4 linears × (dy, and the weight once), so 16 calls and 32 fewer
-   single quantisations. A Wgrad reading another dy's kept copy would show here. */
+   single quantisations. A Wgrad reading another dy's kept copy would show here. (SwiGLU's fused
+   backward, which writes the gate|up dy's two operands itself, is taken away here, so that every
+   dy goes through fp8_quantize_both; test_fused_quantisation has it.) */
 /* the same under tp 2 + sp, whose backward gathers dy for the o and down projections (FP8 runs
    the gathered rows at once, so their Dgrad keeps dy too): one layer, 3 steps, rank 0's losses */
 typedef struct tp_run {
@@ -650,6 +653,7 @@ static void test_dual_quantisation(void) {
             o = g_cpu;
             o.fp8_quantize = count_q;
             o.fp8_quantize_both = k ? NULL : count_both;
+            o.swiglu_bwd_fp8 = NULL;
             g_nq = g_nboth = 0;
             train_ops(prec, 0, STEPS, &f, &on, &all, &o, k ? b : a);
             nq[k] = g_nq;
@@ -669,6 +673,7 @@ static void test_dual_quantisation(void) {
             R[k].ops = g_cpu;
             R[k].ops.fp8_quantize = count_q;
             R[k].ops.fp8_quantize_both = k ? NULL : count_both;
+            R[k].ops.swiglu_bwd_fp8 = NULL;
             g_nq = g_nboth = 0;
             ok &= us_test_launch(2, tp_rank, &R[k], NULL, 0) == US_OK;
             nq[k] = g_nq;
@@ -684,12 +689,14 @@ static void test_dual_quantisation(void) {
 }
 
 /* The fused ops: RMSNorm and SwiGLU write the 1×128 operand of their output for the Fprop that
-   follows (ln1 → qkv, ln2 → gate|up, h → down). With the ops taken away the model quantises in the
-   Fprop: both runs must give the same losses and weights bit for bit, and the fused path must
-   really have been taken: per micro-batch 2 layers × 3 fused calls, and under full recompute the
-   backward's recomputed norms 2 × 2 more (SwiGLU's h is not recomputed for a GEMM there), each
-   one single quantisation fewer. fp8-tensor (one scale per tensor) is never fused. */
-static long g_nfuse;
+   follows (ln1 → qkv, ln2 → gate|up, h → down), and SwiGLU's backward both operands of dgu for the
+   gate|up Dgrad and Wgrad. With the ops taken away the model quantises in the Fprop and in the
+   Dgrad: both runs must give the same losses and weights bit for bit, and the fused paths must
+   really have been taken: per micro-batch 2 layers × 3 fused forward calls, and under full
+   recompute the backward's recomputed norms 2 × 2 more (SwiGLU's h is not recomputed for a GEMM
+   there), each one single quantisation fewer; and 2 layers × 1 fused backward call, each one
+   fp8_quantize_both fewer. fp8-tensor (one scale per tensor) is never fused. */
+static long g_nfuse, g_nfuse_b;
 
 static void count_norm(us_ops *o, void *out, float *rstd, uint8_t *q, float *s, const void *x,
                        const void *w, int64_t N, int64_t C, float eps, us_dtype dt, int pow2) {
@@ -701,6 +708,13 @@ static void count_swiglu(us_ops *o, void *h, uint8_t *q, float *s, const void *g
                          int64_t F, us_dtype dt, int pow2) {
     g_nfuse++;
     g_cpu.swiglu_fwd_fp8(o, h, q, s, gu, N, F, dt, pow2);
+}
+
+static void count_swiglu_b(us_ops *o, void *dgu, uint8_t *q, float *s, uint8_t *qt, float *st,
+                           const void *dh, const void *gu, int64_t N, int64_t F, us_dtype dt,
+                           int pow2) {
+    __atomic_add_fetch(&g_nfuse_b, 1, __ATOMIC_RELAXED); /* (ranks may be threads) */
+    g_cpu.swiglu_bwd_fp8(o, dgu, q, s, qt, st, dh, gu, N, F, dt, pow2);
 }
 
 /* STEPS steps of the sorting task with ops o; losses[] gets each step's, w and master the
@@ -744,7 +758,7 @@ static void test_fused_quantisation(void) {
         float loss[2][STEPS];
         void *w[2];
         float *master[2];
-        long nq[2], nf[2], want;
+        long nq[2], nf[2], nb[2], nboth[2], want, want_b;
         int k, n[2], same = 1;
         memset(&tc, 0, sizeof tc);
         tc.batch = 8;
@@ -761,28 +775,53 @@ static void test_fused_quantisation(void) {
         for (k = 0; k < 2; k++) { /* k = 0: the fused ops (the CPU's default); 1: none */
             us_ops o = g_cpu;
             o.fp8_quantize = count_q;
+            o.fp8_quantize_both = count_both;
             o.rmsnorm_fwd_fp8 = k ? NULL : count_norm;
             o.swiglu_fwd_fp8 = k ? NULL : count_swiglu;
-            g_nq = g_nfuse = 0;
+            o.swiglu_bwd_fp8 = k ? NULL : count_swiglu_b;
+            g_nq = g_nboth = g_nfuse = g_nfuse_b = 0;
             n[k] = fuse_run(&tc, &o, loss[k], &w[k], &master[k]);
             nq[k] = g_nq;
             nf[k] = g_nfuse;
+            nb[k] = g_nfuse_b;
+            nboth[k] = g_nboth;
         }
         for (k = 0; k < STEPS; k++) same &= fbits(loss[0][k]) == fbits(loss[1][k]);
         same &= n[0] && n[0] == n[1] && !memcmp(w[0], w[1], (size_t)n[0] * 2) &&
                 !memcmp(master[0], master[1], (size_t)n[0] * 4);
         want = v == 2 ? 0 : (tc.recompute == US_RECOMPUTE_FULL ? 10 : 6) * STEPS;
-        CHECK(same && nf[0] == want && nf[1] == 0 && nq[1] - nq[0] == want,
+        want_b = v == 2 ? 0 : 2 * STEPS;
+        CHECK(same && nf[0] == want && nf[1] == 0 && nq[1] - nq[0] == want && nb[0] == want_b &&
+                  nb[1] == 0 && nboth[1] - nboth[0] == want_b,
               "%s%s, recompute %s: RMSNorm and SwiGLU quantising their outputs (%ld fused calls, "
-              "%ld fewer quantisations; want %ld) train bit for bit as the Fprop's own "
-              "quantisation (losses %.6f .. %.6f, the weights and master weights)",
+              "%ld fewer quantisations; want %ld) and SwiGLU's backward its dgu both ways (%ld "
+              "fused calls, %ld fewer fp8_quantize_both; want %ld) train bit for bit as the "
+              "GEMMs' own quantisation (losses %.6f .. %.6f, the weights and master weights)",
               us_precision_name(tc.precision), tc.fp8_pow2 ? " pow2" : "",
-              us_recompute_name(tc.recompute), nf[0], nq[1] - nq[0], want, loss[0][0],
-              loss[0][STEPS - 1]);
+              us_recompute_name(tc.recompute), nf[0], nq[1] - nq[0], want, nb[0],
+              nboth[1] - nboth[0], want_b, loss[0][0], loss[0][STEPS - 1]);
         for (k = 0; k < 2; k++) {
             free(w[k]);
             free(master[k]);
         }
+    }
+    { /* tp 2 + sp: the gate|up Dgrad is not gathered, so its dy comes fused too (2 ranks × 3) */
+        tp_run R[2];
+        int k, ok = 1, same = 1;
+        long nb[2];
+        g_cpu = us_cpu_ops(1);
+        for (k = 0; k < 2; k++) {
+            R[k].ops = g_cpu;
+            R[k].ops.swiglu_bwd_fp8 = k ? NULL : count_swiglu_b;
+            g_nfuse_b = 0;
+            ok &= us_test_launch(2, tp_rank, &R[k], NULL, 0) == US_OK;
+            nb[k] = g_nfuse_b;
+        }
+        for (k = 0; k < 3; k++) same &= fbits(R[0].loss[k]) == fbits(R[1].loss[k]);
+        CHECK(ok && same && nb[0] == 2 * 3 && nb[1] == 0,
+              "fp8 tp 2 + sp: SwiGLU's backward quantising dgu both ways (%ld fused calls) trains "
+              "bit for bit as the Dgrad's own quantisation (losses %.6f .. %.6f)",
+              nb[0], R[0].loss[0], R[0].loss[2]);
     }
 }
 

@@ -1,0 +1,137 @@
+/* fp8_emu.cpp — SwiGLU's backward with dgu's two FP8 operands (us__k_swiglu_bwd_fp8, // >>cuda-fp8)
+   run on the CPU (us_cuda_emu.h) against the unfused pair the CUDA backend runs otherwise,
+   us__k_swiglu_bwd_vec then us__k_fp8_row_t with both operands (fp8_quantize_both's ROW128
+   path), emulated the same way, and against the CPU ops' fp8_quantize_both of that dgu: dgu, the
+   1×128 and the 128×1 operands, bytes and scales, bit for bit; fp32 and bf16, pow2 on and off,
+   token counts that are and are not multiples of 128, several tiles both ways. The emulator's
+   __expf is expf, the same in both paths, so the comparison is of the kernels' tiling, staging
+   and layouts (the GPU's own test is test_cuda --fp8). `make fp8-emu` (needs the CUDA headers,
+   not a GPU). */
+#define ULTRASCALE_IMPLEMENTATION
+#include "../../ultrascale.h"
+#include "us_cuda_emu.h"
+#include <cuda_fp8.h>
+
+/* the intrinsics these kernels use beyond the emulator's */
+static inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+
+static inline float __uint_as_float(unsigned u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline unsigned __float_as_uint(float f) {
+    unsigned u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+#define __expf expf /* (glibc declares an __expf of its own, not exported) */
+static const emu_dim3 emu_bdim = {256, 1, 1}; /* every launch here has 256 threads */
+#define blockDim emu_bdim
+
+static inline unsigned __vmaxu2(unsigned a, unsigned b) {
+    unsigned lo = max(a & 0xffffu, b & 0xffffu), hi = max(a >> 16, b >> 16);
+    return hi << 16 | lo;
+}
+
+template <typename T>
+static inline T __shfl_sync(unsigned, T v, int src) {
+    int w = emu_warp(), l = emu_lane();
+    T r;
+    memcpy(emu_slot[w][l].w, &v, sizeof v);
+    emu_warp_bar(w);
+    memcpy(&r, emu_slot[w][src & 31].w, sizeof r);
+    emu_warp_bar(w);
+    return r;
+}
+
+static inline unsigned __reduce_max_sync(unsigned, unsigned v) {
+    unsigned r = v;
+    for (int o = 16; o >= 1; o >>= 1) r = max(r, __shfl_xor_sync(0xffffffffu, r, o));
+    return r;
+}
+
+struct us__no_epi {
+    void operator()(const float *, int64_t, int64_t, bool) const {}
+};
+
+#include "fp8_kernels_emu.h" /* made by extract_fp8.py */
+#include "../us_test.h"
+
+static void *amalloc(size_t n) { return aligned_alloc(64, (n + 63) / 64 * 64); }
+
+template <typename T>
+static int one_case(int64_t N, int64_t F, int pow2, int keep, us_dtype dt) {
+    int64_t C2 = 2 * F, Np = (N + 127) / 128 * 128, i;
+    int64_t ns = us_fp8_scales_size(US_FP8_ROW128, N, C2),
+            nst = us_fp8_scales_size(US_FP8_ROW128, C2, N);
+    size_t bytes[4] = {(size_t)(N * C2), (size_t)ns * 4, (size_t)(C2 * Np), (size_t)nst * 4};
+    T *gu = (T *)amalloc((size_t)(N * C2) * sizeof(T)),
+      *dh = (T *)amalloc((size_t)(N * F) * sizeof(T));
+    T *ref = (T *)amalloc((size_t)(N * C2) * sizeof(T)),
+      *out = (T *)amalloc((size_t)(N * C2) * sizeof(T));
+    char *b[3][4];
+    int k, j, ok = 1;
+    for (i = 0; i < N * C2; i++) us__st(gu, i, (float)((rnd01() * 2 - 1) * 4.0));
+    for (i = 0; i < N * F; i++) us__st(dh, i, (float)((rnd01() * 2 - 1) * (i % 61 ? 1.0 : 300.0)));
+    memset(out, 0x5a, (size_t)(N * C2) * sizeof(T));
+    for (k = 0; k < 3; k++)
+        for (j = 0; j < 4; j++) {
+            b[k][j] = (char *)amalloc(bytes[j]);
+            memset(b[k][j], 0x5a, bytes[j]);
+        }
+    /* the unfused pair, as us__cuda_swiglu_bwd and us__cuda_fp8_quantize_both launch them */
+    emu_launch(
+        {(unsigned)((F / us__vec<T>::W + 255) / 256), (unsigned)N, 1}, 0,
+        [&] { us__k_swiglu_bwd_vec<T>(ref, dh, gu, N, F); }, 256);
+    emu_launch(
+        {(unsigned)((C2 + 127) / 128), (unsigned)(Np / 128), 1}, us__fp8_row_t_smem<T>(),
+        [&] {
+            us__k_fp8_row_t<T>((uint8_t *)b[0][2], (float *)b[0][3], ref, C2, N, Np, pow2, 3, NULL,
+                               (uint8_t *)b[0][0], (float *)b[0][1]);
+        },
+        256);
+    /* the fused kernel, as us__cuda_swiglu_bwd_fp8 launches it */
+    emu_launch(
+        {(unsigned)(F / 128), (unsigned)(Np / 128), 1}, us__fp8_row_t_smem<T>(),
+        [&] {
+            us__k_swiglu_bwd_fp8<T>(keep ? out : NULL, (uint8_t *)b[1][2], (float *)b[1][3],
+                                    (uint8_t *)b[1][0], (float *)b[1][1], dh, gu, N, F, Np, pow2,
+                                    3);
+        },
+        256);
+    /* the CPU's quantisation of the emulated dgu */
+    us_ops C = us_cpu_ops(1);
+    C.fp8_quantize_both(&C, (uint8_t *)b[2][0], (float *)b[2][1], (uint8_t *)b[2][2],
+                        (float *)b[2][3], ref, dt, N, C2, US_FP8_ROW128, pow2);
+    for (j = 0; j < 4; j++)
+        ok &= !memcmp(b[0][j], b[1][j], bytes[j]) && !memcmp(b[0][j], b[2][j], bytes[j]);
+    if (keep) ok &= !memcmp(ref, out, (size_t)(N * C2) * sizeof(T));
+    CHECK(ok,
+          "us__k_swiglu_bwd_fp8 %s N %lld F %lld pow2=%d dgu %s: %sthe 1x128 and 128x1 operands = "
+          "swiglu_bwd then fp8_quantize_both's kernel (and the CPU's), bit for bit",
+          us_dtype_name(dt), (long long)N, (long long)F, pow2, keep ? "stored" : "NULL",
+          keep ? "dgu and " : "");
+    for (k = 0; k < 3; k++)
+        for (j = 0; j < 4; j++) free(b[k][j]);
+    free(gu);
+    free(dh);
+    free(ref);
+    free(out);
+    return ok;
+}
+
+int main(int argc, char **argv) {
+    static const int64_t shapes[4][2] = {{37, 128}, {300, 256}, {256, 384}, {129, 128}};
+    int s, pow2, keep;
+    us_test_verbose = argc > 1 && !strcmp(argv[1], "-v");
+    for (s = 0; s < 4; s++)
+        for (pow2 = 0; pow2 < 2; pow2++)
+            for (keep = 0; keep < 2; keep++) {
+                one_case<float>(shapes[s][0], shapes[s][1], pow2, keep, US_F32);
+                one_case<__nv_bfloat16>(shapes[s][0], shapes[s][1], pow2, keep, US_BF16);
+            }
+    return us_test_done("fp8_emu");
+}
