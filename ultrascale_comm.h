@@ -1345,6 +1345,76 @@ static us__thr_op *us__thr_op_new(us_comm *c, int kind, us__thr_group *tg, const
     return o;
 }
 
+/* What an operation moves, one collective a case: payload, the data the trace names it by;
+   bytes, what this rank's peers read from it (bytes_sent in the manual). S is one rank's block
+   of n elements, N the group's size. Barrier and split move nothing. */
+static void us__thr_traffic(us__thr_op *o) {
+    const int N = o->g->size, me = o->me, at_root = o->me == o->root;
+    const int64_t es = (int64_t)us__thr_dsize(o->dt), S = o->n * es;
+    int j;
+    switch (o->kind) {
+    case US__THR_ALL_REDUCE: {
+        /* the ring's reduce-scatter half sends every chunk but this rank's own, its all-gather
+           half every chunk but its successor's */
+        const int64_t own = us__thr_chunk_len(o->n, N, me);
+        const int64_t next = us__thr_chunk_len(o->n, N, (me + 1) % N);
+        o->payload = S;
+        o->bytes = (2 * o->n - own - next) * es;
+        break;
+    }
+    case US__THR_REDUCE:
+        o->payload = S;
+        o->bytes = at_root ? 0 : S;
+        break;
+    case US__THR_REDUCE_SCATTER:
+    case US__THR_ALL_GATHER:
+        o->payload = N * S;
+        o->bytes = (N - 1) * S;
+        break;
+    case US__THR_GATHER:
+        o->payload = N * S;
+        o->bytes = at_root ? 0 : S;
+        break;
+    case US__THR_SCATTER:
+        o->payload = N * S;
+        o->bytes = at_root ? (N - 1) * S : 0;
+        break;
+    case US__THR_BROADCAST:
+        o->payload = S;
+        o->bytes = at_root ? (N - 1) * S : 0;
+        break;
+    case US__THR_SEND:
+    case US__THR_SENDRECV: /* its receive is the peer's send */
+        o->payload = S;
+        o->bytes = S;
+        break;
+    case US__THR_RECV:
+        o->payload = S;
+        o->bytes = 0;
+        break;
+    case US__THR_ALL_TO_ALL: /* counts: [rc, rd, sc, sd][N]; its block to itself is a copy */
+        o->payload = 0;
+        for (j = 0; j < N; j++) o->payload += o->counts[2 * N + j] * es;
+        o->bytes = o->payload - o->counts[2 * N + me] * es;
+        break;
+    default:
+        break;
+    }
+}
+
+/* The fields of an operation that moves data: buffers, count, dtype, reduce op (SUM where it
+   reduces nothing), root or peer (0 where it has none); then its traffic. */
+static void us__thr_op_fill(us__thr_op *o, void *dst, const void *src, int64_t n, us_dtype dt,
+                            us_reduce_op op, int root) {
+    o->dst = dst;
+    o->src = src;
+    o->n = n;
+    o->dt = dt;
+    o->op = op;
+    o->root = root;
+    us__thr_traffic(o);
+}
+
 static us_result us__thr_wait(us_comm *c, us_work *w);
 
 /* One unfinished operation for the deadlock report: "op 7, recv from rank 1 (a dup)". */
@@ -1503,15 +1573,7 @@ static us_result us__thr_all_reduce(us_comm *c, us_group *g, void *buf, int64_t 
     if (us__thr_check_args(c, name_, n, dt, 1, op) != US_OK) return US_ERR_INVALID;
     if (!buf && n > 0) return us__thr_invalid(c, "%s: NULL buffer", name_);
     US__THR_NEW(US__THR_ALL_REDUCE, g);
-    o->dst = buf;
-    o->src = buf;
-    o->n = n;
-    o->dt = dt;
-    o->op = op;
-    o->payload = n * (int64_t)us__thr_dsize(dt);
-    o->bytes = (2 * n - us__thr_chunk_len(n, g->size, g->rank) -
-                us__thr_chunk_len(n, g->size, (g->rank + 1) % g->size)) *
-               (int64_t)us__thr_dsize(dt);
+    us__thr_op_fill(o, buf, buf, n, dt, op, 0);
     return us__thr_submit(c, o, w);
 }
 
@@ -1524,14 +1586,7 @@ static us_result us__thr_reduce(us_comm *c, us_group *g, void *dst, const void *
     if (n > 0 && (!src || (g->rank == root && !dst)))
         return us__thr_invalid(c, "%s: NULL buffer", name_);
     US__THR_NEW(US__THR_REDUCE, g);
-    o->dst = dst;
-    o->src = src;
-    o->n = n;
-    o->dt = dt;
-    o->op = op;
-    o->root = root;
-    o->payload = n * (int64_t)us__thr_dsize(dt);
-    o->bytes = g->rank == root ? 0 : o->payload;
+    us__thr_op_fill(o, dst, src, n, dt, op, root);
     return us__thr_submit(c, o, w);
 }
 
@@ -1541,13 +1596,7 @@ static us_result us__thr_reduce_scatter(us_comm *c, us_group *g, void *dst, cons
     if (us__thr_check_args(c, name_, n, dt, 1, op) != US_OK) return US_ERR_INVALID;
     if (n > 0 && (!src || !dst)) return us__thr_invalid(c, "%s: NULL buffer", name_);
     US__THR_NEW(US__THR_REDUCE_SCATTER, g);
-    o->dst = dst;
-    o->src = src;
-    o->n = n;
-    o->dt = dt;
-    o->op = op;
-    o->payload = (int64_t)g->size * n * (int64_t)us__thr_dsize(dt);
-    o->bytes = (int64_t)(g->size - 1) * n * (int64_t)us__thr_dsize(dt);
+    us__thr_op_fill(o, dst, src, n, dt, op, 0);
     return us__thr_submit(c, o, w);
 }
 
@@ -1557,12 +1606,7 @@ static us_result us__thr_all_gather(us_comm *c, us_group *g, void *dst, const vo
     if (us__thr_check_args(c, name_, n, dt, 0, US_REDUCE_SUM) != US_OK) return US_ERR_INVALID;
     if (n > 0 && (!src || !dst)) return us__thr_invalid(c, "%s: NULL buffer", name_);
     US__THR_NEW(US__THR_ALL_GATHER, g);
-    o->dst = dst;
-    o->src = src;
-    o->n = n;
-    o->dt = dt;
-    o->payload = (int64_t)g->size * n * (int64_t)us__thr_dsize(dt);
-    o->bytes = (int64_t)(g->size - 1) * n * (int64_t)us__thr_dsize(dt);
+    us__thr_op_fill(o, dst, src, n, dt, US_REDUCE_SUM, 0);
     return us__thr_submit(c, o, w);
 }
 
@@ -1575,13 +1619,7 @@ static us_result us__thr_gather(us_comm *c, us_group *g, void *dst, const void *
     if (n > 0 && (!src || (g->rank == root && !dst)))
         return us__thr_invalid(c, "%s: NULL buffer", name_);
     US__THR_NEW(US__THR_GATHER, g);
-    o->dst = dst;
-    o->src = src;
-    o->n = n;
-    o->dt = dt;
-    o->root = root;
-    o->payload = (int64_t)g->size * n * (int64_t)us__thr_dsize(dt);
-    o->bytes = g->rank == root ? 0 : n * (int64_t)us__thr_dsize(dt);
+    us__thr_op_fill(o, dst, src, n, dt, US_REDUCE_SUM, root);
     return us__thr_submit(c, o, w);
 }
 
@@ -1594,13 +1632,7 @@ static us_result us__thr_scatter(us_comm *c, us_group *g, void *dst, const void 
     if (n > 0 && (!dst || (g->rank == root && !src)))
         return us__thr_invalid(c, "%s: NULL buffer", name_);
     US__THR_NEW(US__THR_SCATTER, g);
-    o->dst = dst;
-    o->src = src;
-    o->n = n;
-    o->dt = dt;
-    o->root = root;
-    o->payload = (int64_t)g->size * n * (int64_t)us__thr_dsize(dt);
-    o->bytes = g->rank == root ? (int64_t)(g->size - 1) * n * (int64_t)us__thr_dsize(dt) : 0;
+    us__thr_op_fill(o, dst, src, n, dt, US_REDUCE_SUM, root);
     return us__thr_submit(c, o, w);
 }
 
@@ -1612,13 +1644,7 @@ static us_result us__thr_broadcast(us_comm *c, us_group *g, void *buf, int64_t n
         return US_ERR_INVALID;
     if (n > 0 && !buf) return us__thr_invalid(c, "%s: NULL buffer", name_);
     US__THR_NEW(US__THR_BROADCAST, g);
-    o->dst = buf;
-    o->src = buf;
-    o->n = n;
-    o->dt = dt;
-    o->root = root;
-    o->payload = n * (int64_t)us__thr_dsize(dt);
-    o->bytes = g->rank == root ? (int64_t)(g->size - 1) * o->payload : 0;
+    us__thr_op_fill(o, buf, buf, n, dt, US_REDUCE_SUM, root);
     return us__thr_submit(c, o, w);
 }
 
@@ -1630,11 +1656,7 @@ static us_result us__thr_send(us_comm *c, us_group *g, const void *buf, int64_t 
         return US_ERR_INVALID;
     if (n > 0 && !buf) return us__thr_invalid(c, "%s: NULL buffer", name_);
     US__THR_NEW(US__THR_SEND, g);
-    o->src = buf;
-    o->n = n;
-    o->dt = dt;
-    o->root = peer;
-    o->payload = o->bytes = n * (int64_t)us__thr_dsize(dt);
+    us__thr_op_fill(o, NULL, buf, n, dt, US_REDUCE_SUM, peer);
     return us__thr_submit(c, o, w);
 }
 
@@ -1650,14 +1672,9 @@ static us_result us__thr_sendrecv(us_comm *c, us_group *g, const void *sbuf, int
     if (rn < 0) return us__thr_invalid(c, "%s: negative receive count %lld", name_, (long long)rn);
     if ((sn > 0 && !sbuf) || (rn > 0 && !rbuf)) return us__thr_invalid(c, "%s: NULL buffer", name_);
     US__THR_NEW(US__THR_SENDRECV, g);
-    o->src = sbuf;
-    o->n = sn;
-    o->dt = dt;
-    o->root = speer;
-    o->dst = rbuf;
+    us__thr_op_fill(o, rbuf, sbuf, sn, dt, US_REDUCE_SUM, speer);
     o->rn = rn;
     o->rpeer = rpeer;
-    o->payload = o->bytes = sn * (int64_t)us__thr_dsize(dt);
     return us__thr_submit(c, o, w);
 }
 
@@ -1669,11 +1686,7 @@ static us_result us__thr_recv(us_comm *c, us_group *g, void *buf, int64_t n, us_
         return US_ERR_INVALID;
     if (n > 0 && !buf) return us__thr_invalid(c, "%s: NULL buffer", name_);
     US__THR_NEW(US__THR_RECV, g);
-    o->dst = buf;
-    o->n = n;
-    o->dt = dt;
-    o->root = peer;
-    o->payload = n * (int64_t)us__thr_dsize(dt);
+    us__thr_op_fill(o, buf, NULL, n, dt, US_REDUCE_SUM, peer);
     return us__thr_submit(c, o, w);
 }
 
@@ -1681,7 +1694,6 @@ static us_result us__thr_all_to_all(us_comm *c, us_group *g, void *dst, const in
                                     const int64_t *rd, const void *src, const int64_t *sc,
                                     const int64_t *sd, us_dtype dt, us_work **w) {
     int j, N;
-    int64_t sent = 0;
     US__THR_BEGIN(US__THR_ALL_TO_ALL, g);
     N = g->size;
     if (us__thr_check_args(c, name_, 0, dt, 0, US_REDUCE_SUM) != US_OK) return US_ERR_INVALID;
@@ -1692,7 +1704,6 @@ static us_result us__thr_all_to_all(us_comm *c, us_group *g, void *dst, const in
             return us__thr_invalid(c, "%s: negative count or displacement for peer %d", name_, j);
         if ((rc[j] > 0 && !dst) || (sc[j] > 0 && !src))
             return us__thr_invalid(c, "%s: NULL buffer", name_);
-        if (j != g->rank) sent += sc[j];
     }
     US__THR_NEW(US__THR_ALL_TO_ALL, g);
     if (!(o->counts = (int64_t *)US_MALLOC(4 * (size_t)N * sizeof(int64_t)))) {
@@ -1704,11 +1715,7 @@ static us_result us__thr_all_to_all(us_comm *c, us_group *g, void *dst, const in
     memcpy(o->counts + N, rd, (size_t)N * sizeof(int64_t));
     memcpy(o->counts + 2 * N, sc, (size_t)N * sizeof(int64_t));
     memcpy(o->counts + 3 * N, sd, (size_t)N * sizeof(int64_t));
-    o->dst = dst;
-    o->src = src;
-    o->dt = dt;
-    o->bytes = sent * (int64_t)us__thr_dsize(dt);
-    o->payload = (sent + sc[g->rank]) * (int64_t)us__thr_dsize(dt);
+    us__thr_op_fill(o, dst, src, 0, dt, US_REDUCE_SUM, 0);
     return us__thr_submit(c, o, w);
 }
 
