@@ -36,17 +36,6 @@ static inline unsigned __vmaxu2(unsigned a, unsigned b) {
     return hi << 16 | lo;
 }
 
-template <typename T>
-static inline T __shfl_sync(unsigned, T v, int src) {
-    int w = emu_warp(), l = emu_lane();
-    T r;
-    memcpy(emu_slot[w][l].w, &v, sizeof v);
-    emu_warp_bar(w);
-    memcpy(&r, emu_slot[w][src & 31].w, sizeof r);
-    emu_warp_bar(w);
-    return r;
-}
-
 static inline unsigned __reduce_max_sync(unsigned, unsigned v) {
     unsigned r = v;
     for (int o = 16; o >= 1; o >>= 1) r = max(r, __shfl_xor_sync(0xffffffffu, r, o));

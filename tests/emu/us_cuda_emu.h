@@ -98,15 +98,26 @@ static inline int emu_lane() { return threadIdx.x & 31; }
 
 static inline int emu_warp() { return threadIdx.x >> 5; }
 
+/* every lane of the warp posts v, then reads lane src's (the shuffles below) */
 template <typename T>
-static inline T __shfl_xor_sync(unsigned, T v, int o) {
+static inline T emu_shfl(T v, int src) {
     int w = emu_warp(), l = emu_lane();
     T r;
     memcpy(emu_slot[w][l].w, &v, sizeof v);
     emu_warp_bar(w);
-    memcpy(&r, emu_slot[w][l ^ o].w, sizeof r);
+    memcpy(&r, emu_slot[w][src].w, sizeof r);
     emu_warp_bar(w);
     return r;
+}
+
+template <typename T>
+static inline T __shfl_xor_sync(unsigned, T v, int o) {
+    return emu_shfl(v, emu_lane() ^ o);
+}
+
+template <typename T>
+static inline T __shfl_sync(unsigned, T v, int src) {
+    return emu_shfl(v, src & 31);
 }
 
 static inline unsigned __ballot_sync(unsigned, int p) {
