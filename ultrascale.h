@@ -10012,6 +10012,20 @@ static void us__linear_fwd(us_model *m, int64_t N, int64_t In, int64_t Out, cons
                pre ? US__FP8_PRE : US__FP8_FRESH, cached ? &wc : NULL);
 }
 
+/* Both fusions below: where the fused kernel is to write t's 1×128 operand (qa, sa of the FP8
+   scratch) when `on`, with t [N, c] marked as its owner for the GEMM that reads it next; NULL (and
+   no mark) otherwise */
+static uint8_t *us__fp8_mark(us_model *m, const void *t, int64_t N, int64_t c, int on, float **s) {
+    char *base = (char *)m->a[US__A_FP8];
+    m->fp8_pre = NULL;
+    if (!on) return NULL;
+    m->fp8_pre = t;
+    m->fp8_pre_n = N;
+    m->fp8_pre_c = c;
+    *s = (float *)(base + m->fp8_off[0]);
+    return (uint8_t *)base;
+}
+
 /* Fusion (FP8 training with 1×128 tiles): the Fprop of a linear In → Out on N rows of x takes x's
    operand from the kernel that writes x (us_ops.rmsnorm_fwd_fp8, swiglu_fwd_fp8) when it runs in
    FP8 and the backend has the op. Returns where that operand goes (qa, sa of the FP8 scratch,
@@ -10021,14 +10035,7 @@ static void us__linear_fwd(us_model *m, int64_t N, int64_t In, int64_t Out, cons
    scale needs the whole tensor's amax before the first byte. */
 static uint8_t *us__fp8_pre(us_model *m, const void *x, int64_t N, int64_t In, int64_t Out,
                             int have_op, float **s) {
-    char *base = (char *)m->a[US__A_FP8];
-    m->fp8_pre = NULL;
-    if (!have_op || m->fp8 != 1 || !us__fp8_on(m, N, In, Out)) return NULL;
-    m->fp8_pre = x;
-    m->fp8_pre_n = N;
-    m->fp8_pre_c = In;
-    *s = (float *)(base + m->fp8_off[0]);
-    return (uint8_t *)base;
+    return us__fp8_mark(m, x, N, In, have_op && m->fp8 == 1 && us__fp8_on(m, N, In, Out), s);
 }
 
 /* The backward's fusion (FP8 training with 1×128 tiles): the Dgrad of a linear In → Out on N rows
@@ -10041,16 +10048,13 @@ static uint8_t *us__fp8_pre(us_model *m, const void *x, int64_t N, int64_t In, i
    where the Wgrad does not follow (a zero-bubble B keeps dy for W) and under fp8-tensor. */
 static uint8_t *us__fp8_dy(us_model *m, const void *dy, int64_t N, int64_t In, int64_t Out,
                            int have_op, float **s, uint8_t **qt, float **st) {
-    char *base = (char *)m->a[US__A_FP8];
-    m->fp8_pre = NULL;
-    if (!have_op || m->fp8 != 1 || !us__fp8_on(m, N, In, Out)) return NULL;
-    m->fp8_pre = dy;
-    m->fp8_pre_n = N;
-    m->fp8_pre_c = Out;
-    *s = (float *)(base + m->fp8_off[0]);
-    *qt = (uint8_t *)(base + m->fp8_off[3]);
-    *st = (float *)(base + m->fp8_off[4]);
-    return (uint8_t *)base;
+    uint8_t *q =
+        us__fp8_mark(m, dy, N, Out, have_op && m->fp8 == 1 && us__fp8_on(m, N, In, Out), s);
+    if (q) {
+        *qt = q + m->fp8_off[3];
+        *st = (float *)(q + m->fp8_off[4]);
+    }
+    return q;
 }
 
 /* ln [N,C] = rmsnorm(x [N,C])·w, rstd [N]; fuse: the linear C → Out that reads ln next runs on
