@@ -1455,14 +1455,6 @@ static void test_fp8_ops(void) {
     }
 }
 
-/* fp8 and fp8-tensor training on the GPU follow the CPU's emulated run (every size a multiple of
-   16, so all 8 linears run in FP8 on both): the operands are quantised bit-identically, but the
-   activations differ by bf16 kernels' rounding and the GEMMs by Hopper's ~14-bit accumulation
-   inside a 128-block (see the GEMM check above), so the first loss (same weights) agrees to
-   2e-3 and the trajectories, falling steeply, may part by up to 5% over 8 steps. moe: both
-   layers MoE (E 4, top-2, Fe 128): qkv and o stay the 4 dense linears in FP8 and the experts'
-   GEMMs run in FP8 expert by expert (each expert's last n mod 16 rows in the bf16 grouped GEMM;
-   moe 2: forced balance, 128 rows each, all in FP8) */
 /* The fused activation quantisation (rmsnorm_fwd_fp8, swiglu_fwd_fp8, // >>cuda-fp8): the output
    and rstd equal the GPU's own rmsnorm_fwd / swiglu_fwd bit for bit, and the 1×128 operand equals
    both fp8_quantize on the GPU and the CPU's fp8_quantize of that same output, bytes and scales
@@ -1636,6 +1628,14 @@ static void test_fp8_fused(void) {
                 }
 }
 
+/* fp8 and fp8-tensor training on the GPU follow the CPU's emulated run (every size a multiple of
+   16, so all 8 linears run in FP8 on both): the operands are quantised bit-identically, but the
+   activations differ by bf16 kernels' rounding and the GEMMs by Hopper's ~14-bit accumulation
+   inside a 128-block (see the GEMM check above), so the first loss (same weights) agrees to
+   2e-3 and the trajectories, falling steeply, may part by up to 5% over 8 steps. moe: both
+   layers MoE (E 4, top-2, Fe 128): qkv and o stay the 4 dense linears in FP8 and the experts'
+   GEMMs run in FP8 expert by expert (each expert's last n mod 16 rows in the bf16 grouped GEMM;
+   moe 2: forced balance, 128 rows each, all in FP8) */
 static void test_training_fp8(us_precision prec, int moe) {
     us_model_config mc;
     us_train_config tc;
