@@ -24,7 +24,8 @@
                         default path inside gemm_grouped (us_cuda_grouped_kernel)
      --grouped-wgmma    (--preset) on the one-launch Hopper kernel (wgmma, TMA)
      --grouped-loop     (--preset) on one cuBLASLt GEMM per expert
-     --profile          also time each op class with CUDA events (where a step's time goes)
+     --profile          also time each op class with CUDA events (where a step's time goes),
+                        then each distinct GEMM call of that step alone on noise operands
      --gemm             in-library GEMM (ops->gemm, cached plan) vs a standalone cuBLASLt call
      --gemm-algos       cuBLASLt's first heuristic algorithm against the best of 16, timed, bf16 and
                         FP8, at the 1B step's linear GEMMs
@@ -131,13 +132,44 @@ static void pbeg(int k) {
     if (prof_on) cudaEventRecord(ev0[k], st_of());
 }
 
-static void pend(int k) {
+static float pend(int k) {
     float ms = 0;
-    if (!prof_on) return;
+    if (!prof_on) return 0;
     cudaEventRecord(ev1[k], st_of());
     cudaEventSynchronize(ev1[k]);
     cudaEventElapsedTime(&ms, ev0[k], ev1[k]);
     pms[k] += ms;
+    return ms;
+}
+
+/* The profile's GEMMs by call shape: layouts, sizes, leading dimensions, dtypes, beta, and which
+   op made the call (0 gemm, 1 gemm_res, 2 fp8_gemm; for fp8 ta/tb are the scale tilings). After
+   the step each shape runs again alone on fresh operands (gshape_alone): a shape slower in the
+   step than alone loses to its neighbours (clock, caches); one slow alone loses by its shape. */
+struct gshape {
+    int op, ta, tb, adt, bdt, cdt, beta, calls;
+    int64_t M, N, K, lda, ldb, ldc;
+    double ms;
+};
+
+static std::vector<gshape> gshapes;
+
+static void gshape_add(gshape g, float ms) {
+    size_t i;
+    if (!prof_on) return;
+    for (i = 0; i < gshapes.size(); i++) {
+        gshape &h = gshapes[i];
+        if (h.op == g.op && h.ta == g.ta && h.tb == g.tb && h.M == g.M && h.N == g.N &&
+            h.K == g.K && h.lda == g.lda && h.ldb == g.ldb && h.ldc == g.ldc && h.adt == g.adt &&
+            h.bdt == g.bdt && h.cdt == g.cdt && h.beta == g.beta) {
+            h.calls++;
+            h.ms += ms;
+            return;
+        }
+    }
+    g.calls = 1;
+    g.ms = ms;
+    gshapes.push_back(g);
 }
 
 #define WRAP(k, call) \
@@ -150,8 +182,11 @@ static void pend(int k) {
 static void w_gemm(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64_t K, float al,
                    const void *A, us_dtype ad, int64_t lda, const void *B, us_dtype bd, int64_t ldb,
                    float be, void *C, us_dtype cd, int64_t ldc) {
+    gshape g = {0, ta, tb, (int)ad, (int)bd, (int)cd, be != 0, 0, M, N, K, lda, ldb, ldc, 0};
     (void)o;
-    WRAP(P_GEMM, inner.gemm(&inner, ta, tb, M, N, K, al, A, ad, lda, B, bd, ldb, be, C, cd, ldc));
+    pbeg(P_GEMM);
+    inner.gemm(&inner, ta, tb, M, N, K, al, A, ad, lda, B, bd, ldb, be, C, cd, ldc);
+    gshape_add(g, pend(P_GEMM));
 }
 
 static void w_gg(us_ops *o, int mode, int G, const int64_t *off, const int64_t *n, int64_t N,
@@ -181,8 +216,11 @@ static void w_fqb(us_ops *o, uint8_t *q, float *sc, uint8_t *qt, float *st, cons
 static void w_fg(us_ops *o, int64_t M, int64_t N, int64_t K, float al, const uint8_t *a,
                  const float *sa, int ta, const uint8_t *b, const float *sb, int tb, float be,
                  void *C, us_dtype cd, int64_t ldc) {
+    gshape g = {2, ta, tb, 0, 0, (int)cd, be != 0, 0, M, N, K, K, K, ldc, 0};
     (void)o;
-    WRAP(P_FP8G, inner.fp8_gemm(&inner, M, N, K, al, a, sa, ta, b, sb, tb, be, C, cd, ldc));
+    pbeg(P_FP8G);
+    inner.fp8_gemm(&inner, M, N, K, al, a, sa, ta, b, sb, tb, be, C, cd, ldc);
+    gshape_add(g, pend(P_FP8G));
 }
 
 static void w_attf(us_ops *o, void *out, float *lse, const void *qkv, int64_t B, int64_t T, int NH,
@@ -199,8 +237,11 @@ static void w_attb(us_ops *o, void *dq, const void *dout, const void *qkv, const
 
 static void w_gres(us_ops *o, int64_t N, int64_t Out, int64_t In, const void *x, const void *W,
                    const void *res, void *y, us_dtype dt) {
+    gshape g = {1, 0, 1, (int)dt, (int)dt, (int)dt, 1, 0, N, Out, In, In, In, Out, 0};
     (void)o;
-    WRAP(P_GEMM, inner.gemm_res(&inner, N, Out, In, x, W, res, y, dt));
+    pbeg(P_GEMM);
+    inner.gemm_res(&inner, N, Out, In, x, W, res, y, dt);
+    gshape_add(g, pend(P_GEMM));
 }
 
 static void w_nf(us_ops *o, void *out, float *r, const void *x, const void *w, int64_t N, int64_t C,
@@ -381,6 +422,120 @@ static int bench_accum = 1, bench_nowc; /* --accum, --fp8-no-weight-cache */
 static int bench_fp8_experts;           /* --fp8-experts: the MoE experts in FP8 too */
 static int bench_loss_chunk; /* --loss-chunk: us_train_config.loss_chunk (0 the default) */
 
+/* fill n elements of dtype dt at p with uniform noise in [-0.5, 0.5), 2^22 values repeated (a
+   GEMM's power, and so its clock, depends on the data: no zeros) */
+static void fill_noise(void *p, us_dtype dt, int64_t n, uint64_t seed) {
+    int64_t m = n < ((int64_t)1 << 22) ? n : (int64_t)1 << 22, at;
+    std::vector<float> h((size_t)m);
+    size_t es = us_dtype_size(dt);
+    us_rng rg;
+    float *tmp;
+    us_rng_seed(&rg, seed);
+    for (size_t i = 0; i < h.size(); i++) h[i] = us_rng_uniform(&rg) - 0.5f;
+    CK(cudaMalloc(&tmp, h.size() * 4));
+    CK(cudaMemcpy(tmp, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+    inner.cast(&inner, p, dt, tmp, US_F32, m);
+    for (at = m; at < n; at += m) /* the first 2^22 elements, repeated */
+        CK(cudaMemcpyAsync((char *)p + at * es, p, (size_t)std::min(m, n - at) * es,
+                           cudaMemcpyDeviceToDevice, st_of()));
+    inner.sync(&inner);
+    cudaFree(tmp);
+}
+
+/* Each profiled GEMM shape alone: fresh operands of the call's layout and dtypes (noise; FP8
+   operands quantised from noise in the call's tilings), 3 runs to warm up, the median of 10;
+   printed beside its time in the step, slowest total first. */
+static void gshape_alone(void) {
+    size_t i;
+    cudaEvent_t e0, e1;
+    std::vector<size_t> ord(gshapes.size());
+    if (gshapes.empty()) return;
+    for (i = 0; i < ord.size(); i++) ord[i] = i;
+    std::sort(ord.begin(), ord.end(),
+              [](size_t a, size_t b) { return gshapes[a].ms > gshapes[b].ms; });
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    printf("  GEMMs by call shape (op: gemm, res = gemm_res, fp8 = fp8_gemm with its two tilings; "
+           "A·B → C dtypes; beta; in the step, then alone on noise, median of 10):\n");
+    printf("    %-4s %-5s %-22s %-9s %4s %5s %9s %9s %9s\n", "op", "t", "M x N x K", "A,B->C",
+           "beta", "calls", "step ms", "step TF/s", "alone TF/s");
+    for (i = 0; i < ord.size(); i++) {
+        gshape &g = gshapes[ord[i]];
+        double fl = 2.0 * g.M * g.N * g.K, alone = 0;
+        int64_t ar = g.ta && g.op == 0 ? g.K : g.M, br = g.tb || g.op ? g.N : g.K;
+        std::vector<double> ts;
+        void *A, *B, *C, *R = NULL;
+        float *sa = NULL, *sb = NULL;
+        uint8_t *qa = NULL, *qb = NULL;
+        int r;
+        if (g.op == 2) { /* FP8: quantise noise of [M][K] and [N][K] in the call's tilings */
+            int64_t Kp = (g.K + 127) / 128 * 128;
+            A = inner.alloc(&inner, (size_t)(g.M * Kp * 2));
+            B = inner.alloc(&inner, (size_t)(g.N * Kp * 2));
+            qa = (uint8_t *)inner.alloc(&inner, (size_t)(g.M * Kp));
+            qb = (uint8_t *)inner.alloc(&inner, (size_t)(g.N * Kp));
+            sa = (float *)inner.alloc(&inner,
+                                      (size_t)(4 * (us_fp8_scales_size(US_FP8_BLOCK128, g.M, g.K) +
+                                                    us_fp8_scales_size(US_FP8_ROW128, g.M, g.K))));
+            sb = (float *)inner.alloc(&inner,
+                                      (size_t)(4 * (us_fp8_scales_size(US_FP8_BLOCK128, g.N, g.K) +
+                                                    us_fp8_scales_size(US_FP8_ROW128, g.N, g.K))));
+            fill_noise(A, US_BF16, g.M * g.K, 11 + i);
+            fill_noise(B, US_BF16, g.N * g.K, 12 + i);
+            inner.fp8_quantize(&inner, qa, sa, A, US_BF16, g.M, g.K, g.ta, 0, 0);
+            inner.fp8_quantize(&inner, qb, sb, B, US_BF16, g.N, g.K, g.tb, 0, 0);
+        } else {
+            A = inner.alloc(&inner, (size_t)(ar * g.lda) * us_dtype_size((us_dtype)g.adt));
+            B = inner.alloc(&inner, (size_t)(br * g.ldb) * us_dtype_size((us_dtype)g.bdt));
+            fill_noise(A, (us_dtype)g.adt, ar * g.lda, 11 + i);
+            fill_noise(B, (us_dtype)g.bdt, br * g.ldb, 12 + i);
+        }
+        C = inner.alloc(&inner, (size_t)(g.M * g.ldc) * us_dtype_size((us_dtype)g.cdt));
+        fill_noise(C, (us_dtype)g.cdt, g.M * g.ldc, 13 + i);
+        if (g.op == 1) {
+            R = inner.alloc(&inner, (size_t)(g.M * g.ldc) * us_dtype_size((us_dtype)g.cdt));
+            fill_noise(R, (us_dtype)g.cdt, g.M * g.ldc, 14 + i);
+        }
+        for (r = 0; r < 13 && !inner.error(&inner); r++) {
+            float ms = 0;
+            cudaEventRecord(e0, st_of());
+            if (g.op == 0)
+                inner.gemm(&inner, g.ta, g.tb, g.M, g.N, g.K, 1.0f, A, (us_dtype)g.adt, g.lda, B,
+                           (us_dtype)g.bdt, g.ldb, g.beta ? 1.0f : 0.0f, C, (us_dtype)g.cdt, g.ldc);
+            else if (g.op == 1)
+                inner.gemm_res(&inner, g.M, g.N, g.K, A, B, R, C, (us_dtype)g.cdt);
+            else
+                inner.fp8_gemm(&inner, g.M, g.N, g.K, 1.0f, qa, sa, g.ta, qb, sb, g.tb,
+                               g.beta ? 1.0f : 0.0f, C, (us_dtype)g.cdt, g.ldc);
+            cudaEventRecord(e1, st_of());
+            cudaEventSynchronize(e1);
+            cudaEventElapsedTime(&ms, e0, e1);
+            if (r >= 3) ts.push_back(ms * 1e-3);
+        }
+        if (!ts.empty()) alone = fl / median(ts) * 1e-12;
+        printf("    %-4s %d,%d   %6lld x %6lld x %6lld %-9s %4d %5d %9.3f %9.0f %9.0f\n",
+               g.op == 0   ? "gemm"
+               : g.op == 1 ? "res"
+                           : "fp8",
+               g.ta, g.tb, (long long)g.M, (long long)g.N, (long long)g.K,
+               g.op == 2         ? (g.cdt == US_F32 ? "e4,e4->f" : "e4,e4->b")
+               : g.cdt == US_F32 ? "b,b->f"
+                                 : "b,b->b",
+               g.beta, g.calls, g.ms, fl * g.calls / (g.ms * 1e-3) * 1e-12, alone);
+        inner.free(&inner, A);
+        inner.free(&inner, B);
+        inner.free(&inner, C);
+        if (R) inner.free(&inner, R);
+        if (qa) inner.free(&inner, qa);
+        if (qb) inner.free(&inner, qb);
+        if (sa) inner.free(&inner, sa);
+        if (sb) inner.free(&inner, sb);
+    }
+    if (inner.error(&inner)) printf("  (replay stopped: %s)\n", inner.error(&inner));
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+}
+
 /* ---- training throughput */
 static int bench_train(const char *preset, int steps, int warm, us_recompute rc, int profile,
                        const char *json) {
@@ -477,6 +632,7 @@ static int bench_train(const char *preset, int steps, int warm, us_recompute rc,
             if (profile && s == warm + steps - 1) {
                 prof_on = 1;
                 memset(pms, 0, sizeof pms);
+                gshapes.clear();
             }
             skip_q = free_q && s >= warm;
             m.ops.sync(&m.ops);
@@ -536,6 +692,7 @@ static int bench_train(const char *preset, int steps, int warm, us_recompute rc,
         }
     }
     us_model_free(&m);
+    if (profile) gshape_alone();
     return 0;
 }
 
