@@ -29,6 +29,8 @@
      --gemm             in-library GEMM (ops->gemm, cached plan) vs a standalone cuBLASLt call
      --gemm-algos       cuBLASLt's first heuristic algorithm against the best of 16, timed, bf16 and
                         FP8, at the 1B step's linear GEMMs
+     --gemm-sustained   the 1B step's linear GEMMs in the step's own layouts, dtypes and beta, every
+                        heuristic candidate timed back to back at the power-capped clock
      --attention        attention forward / backward TFLOP/s, causal: HS 128 (NKV 16 and 4) and
                         the 1B shape (NH 32, NKV 8, HS 64) at T 2k, 4k, 8k, B·T = 16384 tokens
      --att-seq T,...    those T instead (B = 16384 / T, at least 1)
@@ -945,6 +947,173 @@ static void bench_gemm_algos(void) {
     cudaEventDestroy(e1);
 }
 
+/* ---- The 1B step's linear GEMMs as the library calls them (bf16: its layouts, the residual
+   linears' Fprop with beta 1, the Wgrad into the fp32 gradient with beta 1; FP8: TN, the tilings
+   and beta of the step), each with every candidate of cuBLASLt's heuristic (up to 16) timed under
+   sustained load: a shape's candidates take turns, 30 rounds after 5, back to back, so all run at
+   the power-capped clock a training step runs at (a GEMM alone for a few ms runs up to 18 %
+   faster than in the step: --profile). The best candidate here beat the first by up to 18 %,
+   but a library that chose its plans' algorithms this way (timed at their first call) ran the
+   1B step no faster (bench/RESULTS.md, 2026-12-02, eighth session): a ranking, not a promise. */
+struct sus_case {
+    const char *name;
+    int fp8, ta, tb; /* fp8: ta, tb are the tilings of a and b */
+    int64_t M, N, K;
+    us_dtype cdt;
+    float beta;
+};
+
+static void bench_gemm_sustained(void) {
+    const int64_t T = 16384, io[4][2] = {{2048, 3072}, {2048, 2048}, {2048, 16384}, {8192, 2048}};
+    const char *lname[4] = {"qkv", "o", "gate|up", "down"};
+    static char names[24][32];
+    std::vector<sus_case> cs;
+    us__cuda *c = (us__cuda *)inner.backend;
+    size_t wsb = c->ws_bytes;
+    void *ws;
+    double tot[2][2] = {{0, 0}, {0, 0}}; /* [bf16, fp8][first, best] seconds */
+    int li, g, p, k = 0;
+    for (p = 0; p < 2; p++)
+        for (li = 0; li < 4; li++)
+            for (g = 0; g < 3; g++) {
+                int64_t In = io[li][0], Out = io[li][1];
+                sus_case x;
+                snprintf(names[k], sizeof names[k], "%s %s %s", p ? "fp8" : "bf16",
+                         g == 0   ? "Fprop"
+                         : g == 1 ? "Dgrad"
+                                  : "Wgrad",
+                         lname[li]);
+                x.name = names[k++];
+                x.fp8 = p;
+                x.M = g == 2 ? Out : T;
+                x.N = g == 0 ? Out : In;
+                x.K = g == 0 ? In : g == 1 ? Out : T;
+                x.cdt = g == 2 ? US_F32 : US_BF16;
+                x.beta = g == 2 || (g == 0 && (li == 1 || li == 3)) ? 1.0f : 0.0f;
+                if (p) {
+                    x.ta = US_FP8_ROW128;
+                    x.tb = g == 2 ? US_FP8_ROW128 : US_FP8_BLOCK128;
+                } else {
+                    x.ta = g == 2;
+                    x.tb = g == 0;
+                }
+                cs.push_back(x);
+            }
+    CK(cudaMalloc(&ws, wsb));
+    printf("\n| GEMM (as the step calls it) | M x N x K | first candidate | best of n, "
+           "sustained (TFLOP/s) |\n|---|---|---|---|\n");
+    for (size_t ci = 0; ci < cs.size(); ci++) {
+        sus_case &x = cs[ci];
+        int64_t Kp = (x.K + 127) / 128 * 128;
+        int64_t ar = x.fp8 || !x.ta ? x.M : x.K, ac = x.fp8 || !x.ta ? x.K : x.M;
+        int64_t br = x.fp8 || x.tb ? x.N : x.K, bc = x.fp8 || x.tb ? x.K : x.N;
+        void *A = inner.alloc(&inner, (size_t)(ar * ac * 2)),
+             *B = inner.alloc(&inner, (size_t)(br * bc * 2));
+        void *C = inner.alloc(&inner, (size_t)(x.M * x.N) * us_dtype_size(x.cdt));
+        uint8_t *qa = NULL, *qb = NULL;
+        float *sa = NULL, *sb = NULL;
+        cublasLtMatmulDesc_t d;
+        cublasLtMatrixLayout_t la, lb, lc;
+        cublasLtMatmulPreference_t pr;
+        cublasLtMatmulHeuristicResult_t h[16];
+        cudaEvent_t ev[17];
+        std::vector<double> ts[16];
+        int found = 0, i, r;
+        double fl = 2.0 * x.M * x.N * x.K, first = 0, best = 0;
+        int bi = 0;
+        fill_noise(A, US_BF16, ar * ac, 21 + ci);
+        fill_noise(B, US_BF16, br * bc, 22 + ci);
+        fill_noise(C, x.cdt, x.M * x.N, 23 + ci);
+        CK(cudaMalloc(&qa, (size_t)(x.M * Kp)));
+        CK(cudaMalloc(&qb, (size_t)(x.N * Kp)));
+        CK(cudaMalloc(&sa, (size_t)(4 * (us_fp8_scales_size(US_FP8_ROW128, x.M, x.K) +
+                                         us_fp8_scales_size(US_FP8_BLOCK128, x.M, x.K)))));
+        CK(cudaMalloc(&sb, (size_t)(4 * (us_fp8_scales_size(US_FP8_ROW128, x.N, x.K) +
+                                         us_fp8_scales_size(US_FP8_BLOCK128, x.N, x.K)))));
+        if (x.fp8) {
+            inner.fp8_quantize(&inner, qa, sa, A, US_BF16, x.M, x.K, x.ta, 0, 0);
+            inner.fp8_quantize(&inner, qb, sb, B, US_BF16, x.N, x.K, x.tb, 0, 0);
+            inner.sync(&inner);
+        }
+        cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+        if (x.fp8) { /* as us__cuda_fp8_gemm: b is cuBLASLt's A, transposed */
+            cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
+            cublasLtMatmulMatrixScale_t ma = us__fp8_mode(x.tb), mb = us__fp8_mode(x.ta);
+            cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof opT);
+            cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof opN);
+            cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma);
+            cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb);
+            cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sb, sizeof sb);
+            cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sa, sizeof sa);
+            cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, Kp, x.N, Kp);
+            cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, Kp, x.M, Kp);
+        } else { /* as us__gemm_plan_get: row-major C = A·B is column-major Cᵀ = Bᵀ·Aᵀ */
+            cublasOperation_t opx = x.tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                              opy = x.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+            cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &opx, sizeof opx);
+            cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &opy, sizeof opy);
+            cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, bc, br, bc);
+            cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, ac, ar, ac);
+        }
+        cublasLtMatrixLayoutCreate(&lc, us__cuda_type(x.cdt), x.N, x.M, x.N);
+        cublasLtMatmulPreferenceCreate(&pr);
+        cublasLtMatmulPreferenceSetAttribute(pr, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
+                                             sizeof wsb);
+        cublasLtMatmulAlgoGetHeuristic(c->lt, d, la, lb, lc, lc, pr, 16, h, &found);
+        for (i = 0; i <= found; i++) CK(cudaEventCreate(&ev[i]));
+        for (r = 0; r < 35; r++) { /* every candidate once a round, back to back */
+            cudaEventRecord(ev[0], c->stream);
+            for (i = 0; i < found; i++) {
+                float one = 1;
+                if (x.fp8)
+                    cublasLtMatmul(c->lt, d, &one, qb, la, qa, lb, &x.beta, C, lc, C, lc,
+                                   &h[i].algo, ws, wsb, c->stream);
+                else
+                    cublasLtMatmul(c->lt, d, &one, B, la, A, lb, &x.beta, C, lc, C, lc, &h[i].algo,
+                                   ws, wsb, c->stream);
+                cudaEventRecord(ev[i + 1], c->stream);
+            }
+            CK(cudaEventSynchronize(ev[found]));
+            for (i = 0; i < found && r >= 5; i++) {
+                float ms = 0;
+                cudaEventElapsedTime(&ms, ev[i], ev[i + 1]);
+                ts[i].push_back(ms * 1e-3);
+            }
+        }
+        for (i = 0; i < found; i++) {
+            double t = median(ts[i]);
+            if (i == 0) first = t;
+            if (best == 0 || t < best) {
+                best = t;
+                bi = i;
+            }
+        }
+        if (found > 0) {
+            tot[x.fp8][0] += first;
+            tot[x.fp8][1] += best;
+        }
+        printf("| %s | %lld x %lld x %lld | %.0f | %.0f (candidate %d of %d) |\n", x.name,
+               (long long)x.M, (long long)x.N, (long long)x.K, found ? fl / first * 1e-12 : 0.0,
+               found ? fl / best * 1e-12 : 0.0, bi, found);
+        for (i = 0; i <= found; i++) cudaEventDestroy(ev[i]);
+        cublasLtMatmulPreferenceDestroy(pr);
+        cublasLtMatrixLayoutDestroy(la);
+        cublasLtMatrixLayoutDestroy(lb);
+        cublasLtMatrixLayoutDestroy(lc);
+        cublasLtMatmulDescDestroy(d);
+        inner.free(&inner, A);
+        inner.free(&inner, B);
+        inner.free(&inner, C);
+        cudaFree(qa);
+        cudaFree(qb);
+        cudaFree(sa);
+        cudaFree(sb);
+    }
+    printf("| one layer's twelve | | bf16 %.3f ms, fp8 %.3f ms | bf16 %.3f ms, fp8 %.3f ms |\n",
+           1e3 * tot[0][0], 1e3 * tot[1][0], 1e3 * tot[0][1], 1e3 * tot[1][1]);
+    cudaFree(ws);
+}
+
 /* ---- GEMM: in the library vs a standalone cuBLASLt call (fresh handle, own heuristic) */
 static void bench_gemm(void) {
     int64_t shapes[][3] = {{8192, 8192, 8192},   {16384, 3072, 2048}, {16384, 2048, 2048},
@@ -1581,7 +1750,7 @@ int main(int argc, char **argv) {
     char err[256];
     const char *preset = NULL, *json = NULL;
     int steps = 10, warm = 3, profile = 0, do_gemm = 0, do_att = 0, do_cp = 0, do_fp8 = 0,
-        do_algos = 0, do_gg = 0, i;
+        do_algos = 0, do_gg = 0, do_sus = 0, i;
     us_recompute rc = US_RECOMPUTE_NONE;
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--preset") && i + 1 < argc)
@@ -1629,6 +1798,8 @@ int main(int argc, char **argv) {
             bench_loss_chunk = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--gemm-algos"))
             do_algos = 1;
+        else if (!strcmp(argv[i], "--gemm-sustained"))
+            do_sus = 1;
         else if (!strcmp(argv[i], "--precision") && i + 1 < argc) {
             i++;
             if (!strcmp(argv[i], "bf16"))
@@ -1673,7 +1844,7 @@ int main(int argc, char **argv) {
                     "bf16|fp8|fp8-tensor [--fp8-free-quant] [--fp8-no-weight-cache] "
                     "[--fp8-experts] [--fp8-no-fuse]] [--profile] "
                     "[--grouped-kernel|--grouped-wgmma|--grouped-loop] [--json F]] [--gemm] "
-                    "[--fp8-gemm] [--grouped] [--gemm-algos] "
+                    "[--fp8-gemm] [--grouped] [--gemm-algos] [--gemm-sustained] "
                     "[--attention [--att-seq T,..] [--att-heads NH:NKV:HS,..]] "
                     "[--cp | --cp-flash-only] [--cp-seq T,..]\n");
             return 2;
@@ -1698,6 +1869,7 @@ int main(int argc, char **argv) {
     if (do_fp8) bench_fp8_gemm();
     if (do_gg) bench_grouped();
     if (do_algos) bench_gemm_algos();
+    if (do_sus) bench_gemm_sustained();
     if (do_att) bench_attention();
     if (do_cp) bench_cp(do_cp == 2);
     if (cp_nT) bench_cp_seq();
