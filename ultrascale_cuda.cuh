@@ -7467,8 +7467,10 @@ __device__ __forceinline__ T (*us__rowt_sm(unsigned char *smem))[132] {
 
 /* Everything after the staging: the 128×1 tiles of the patch of x [L][R] staged in sm, rows
    l0.., columns r0.. (P = xᵀ's rows r0.., tiles along l0..), and with q2 its 1×128 tiles along R.
-   Every thread of the block calls it, right after a barrier that follows the staging. */
-template <typename T>
+   Every thread of the block calls it, right after a barrier that follows the staging. FULL: the
+   patch is whole (l0 + 128 ≤ L, r0 + 128 ≤ R) and q 16-byte aligned (vec bit 2), the common
+   case, compiled without the per-row bounds branches (us__fp8_row_t_full picks it). */
+template <typename T, bool FULL>
 __device__ __forceinline__ void us__fp8_row_t_tiles(unsigned char *smem, uint8_t *q, float *s,
                                                     int64_t R, int64_t L, int64_t Lp, int64_t r0,
                                                     int64_t l0, int pow2, int vec,
@@ -7484,28 +7486,34 @@ __device__ __forceinline__ void us__fp8_row_t_tiles(unsigned char *smem, uint8_t
     unsigned a = 0;
     if (q2) { /* ROW128 of x itself: row l0 + i of the patch is the tile (l0 + i, r0 / 128) */
         int64_t Rp = (R + 127) / 128 * 128;
-        unsigned mine = 0; /* lane j < 16: the amax of row w + 8j */
+        uint8_t *p2 = q2 + (l0 + w) * Rp + r0 + 4 * lane; /* row w's 4 bytes; Rp % 128 == 0 */
+        unsigned mine = 0;                                /* lane j < 16: the amax of row w + 8j */
 #pragma unroll
         for (j = 0; j < 16; j++) {
             unsigned b = 0;
-            us__ld4(&sm[w + 8 * j][4 * lane],
-                    f); /* 8 (bf16) or 16 (fp32) aligned bytes: the rows are 132 elements */
-            b = max(max(us__abits(f[0]), us__abits(f[1])), max(us__abits(f[2]), us__abits(f[3])));
+            if constexpr (sizeof(T) == 2) { /* the 16-bit |x| patterns, two at a time, as below */
+                uint2 u = *reinterpret_cast<const uint2 *>(&sm[w + 8 * j][4 * lane]);
+                uint32_t m2 = __vmaxu2(u.x & 0x7fff7fffu, u.y & 0x7fff7fffu);
+                b = max(m2 & 0xffffu, m2 >> 16);
+            } else {
+                us__ld4(&sm[w + 8 * j][4 * lane], f); /* 16 aligned bytes: rows of 132 */
+                b = max(max(us__abits(f[0]), us__abits(f[1])),
+                        max(us__abits(f[2]), us__abits(f[3])));
+            }
             b = __reduce_max_sync(0xffffffffu, b);
             mine = lane == j ? b : mine;
         }
+        if constexpr (sizeof(T) == 2) mine = us__abits16<T>(mine);
         sc = us__fp8_scale(__uint_as_float(gamax ? *gamax : mine), pow2);
         rc = 1.0f / sc;
-        if (lane < 16 && l0 + w + 8 * lane < L &&
+        if (lane < 16 && (FULL || l0 + w + 8 * lane < L) &&
             (!gamax || (blockIdx.x == 0 && blockIdx.y == 0 && w == 0 && lane == 0)))
             s2[gamax ? 0 : r0 / 128 * L + l0 + w + 8 * lane] = sc;
 #pragma unroll 4
         for (j = 0; j < 16; j++) {
             float r2 = __shfl_sync(0xffffffffu, rc, j);
             us__ld4(&sm[w + 8 * j][4 * lane], f);
-            if (l0 + w + 8 * j < L)
-                us__st_q4(q2 + (l0 + w + 8 * j) * Rp + r0 + 4 * lane, us__e4m3x4(f, r2),
-                          2); /* Rp % 128 == 0: 4-byte aligned */
+            if (FULL || l0 + w + 8 * j < L) us__st_q4(p2 + 8 * j * Rp, us__e4m3x4(f, r2), 2);
         }
     }
     if constexpr (sizeof(T) == 2) { /* columns 2cp, 2cp + 1 over rows 32qt .. 32qt + 31 */
@@ -7525,7 +7533,7 @@ __device__ __forceinline__ void us__fp8_row_t_tiles(unsigned char *smem, uint8_t
                                       : max(max(red[0][t], red[1][t]), max(red[2][t], red[3][t]))),
                 pow2);
             rcs[t] = 1.0f / sc;
-            if (r0 + t < R && (!gamax || (blockIdx.x == 0 && blockIdx.y == 0 && t == 0)))
+            if ((FULL || r0 + t < R) && (!gamax || (blockIdx.x == 0 && blockIdx.y == 0 && t == 0)))
                 s[gamax ? 0 : l0 / 128 * R + r0 + t] = sc;
         }
         __syncthreads();
@@ -7550,12 +7558,25 @@ __device__ __forceinline__ void us__fp8_row_t_tiles(unsigned char *smem, uint8_t
             for (j = 0; j < 4; j++) f[j] = us__ld(sm[64 * h + i + j], c);
             qs[c][16 * h + i / 4] = us__e4m3x4(f, rc);
         }
-        if (h == 0 && r0 + c < R && (!gamax || (blockIdx.x == 0 && blockIdx.y == 0 && c == 0)))
+        if (h == 0 && (FULL || r0 + c < R) &&
+            (!gamax || (blockIdx.x == 0 && blockIdx.y == 0 && c == 0)))
             s[gamax ? 0 : l0 / 128 * R + r0 + c] = sc;
     }
     __syncthreads();
-    for (i = w; i < 128; i += 8)
-        if (r0 + i < R) us__st_q4(q + (r0 + i) * Lp + l0 + 4 * lane, qs[i][lane], vec);
+    if (FULL) { /* P's rows r0 + w + 8i, 4 bytes a lane: one 128-byte row a warp */
+        uint8_t *p = q + (r0 + w) * Lp + l0 + 4 * lane;
+#pragma unroll 4
+        for (i = 0; i < 16; i++)
+            *reinterpret_cast<uint32_t *>(p + 8 * i * Lp) = qs[w + 8 * i][lane];
+    } else
+        for (i = w; i < 128; i += 8)
+            if (r0 + i < R) us__st_q4(q + (r0 + i) * Lp + l0 + 4 * lane, qs[i][lane], vec);
+}
+
+/* whether the patch at l0, r0 takes us__fp8_row_t_tiles' FULL path */
+static __device__ __forceinline__ bool us__fp8_row_t_full(int64_t R, int64_t L, int64_t r0,
+                                                          int64_t l0, int vec) {
+    return l0 + 128 <= L && r0 + 128 <= R && (vec & 2);
 }
 
 template <typename T>
@@ -7588,7 +7609,12 @@ __global__ void __launch_bounds__(256)
         }
     }
     __syncthreads();
-    us__fp8_row_t_tiles<T>(us__rowt_smem, q, s, R, L, Lp, r0, l0, pow2, vec, gamax, q2, s2);
+    if (us__fp8_row_t_full(R, L, r0, l0, vec))
+        us__fp8_row_t_tiles<T, true>(us__rowt_smem, q, s, R, L, Lp, r0, l0, pow2, vec, gamax, q2,
+                                     s2);
+    else
+        us__fp8_row_t_tiles<T, false>(us__rowt_smem, q, s, R, L, Lp, r0, l0, pow2, vec, gamax, q2,
+                                      s2);
 }
 
 /* Its shared memory is more than the 48 KB a block gets without asking (52 KB for bf16). */
@@ -7907,8 +7933,15 @@ static void us__cuda_swiglu_fwd_fp8(us_ops *o, void *h, uint8_t *q, float *s, co
    an element of store and load). The up patch waits in registers (16 × 4 elements a thread)
    while the gate patch is quantised. Needs F a multiple of 128 (a patch is all gate or all up,
    every 1×128 tile whole) and 16-byte aligned tensors; otherwise the op runs the two kernels. */
+/* a thread's rows per load round of us__k_swiglu_bwd_fp8 (1, 2, 4, 8 or 16): 4 keeps 12 loads
+   in flight in 64 registers (ptxas spills 12 words, the up columns of the first rows); 2 is
+   spill-free but takes twice the rounds. -DUS__SWB_ROWS=2 to compare on the GPU. */
+#ifndef US__SWB_ROWS
+#define US__SWB_ROWS 4
+#endif
+
 template <typename T>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(256, sizeof(T) == 2 ? 4 : 2)
     us__k_swiglu_bwd_fp8(T *dgu, uint8_t *q, float *s, uint8_t *q2, float *s2, const T *dh,
                          const T *gu, int64_t N, int64_t F, int64_t Lp, int pow2, int vec) {
     typedef typename us__raw4<T>::t V;
@@ -7916,36 +7949,64 @@ __global__ void __launch_bounds__(256)
     T(*sm)[132] = us__rowt_sm<T>(us__rowt_smem);
     int64_t f0 = (int64_t)blockIdx.x * 128, l0 = (int64_t)blockIdx.y * 128,
             f = f0 + 4 * (threadIdx.x & 31);
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, i, k;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, i, j, k;
+    bool full = us__fp8_row_t_full(2 * F, N, f0, l0, vec); /* every token l0..l0+127 exists */
+    const T *pg = gu + (l0 + w) * 2 * F + f, *pd = dh + (l0 + w) * F + f; /* token l0 + w */
     V up[16]; /* row w + 8i's up columns f..f+3, as stored */
+    /* the rows in rounds of US__SWB_ROWS, each round's 3·US__SWB_ROWS loads issued before any
+       of them is used, so that they are in flight together: a store to dgu (which may alias gu
+       or dh) between two loads would keep the second from being issued before the first is
+       used, and one row at a time made this phase 16 memory latencies long */
 #pragma unroll
-    for (i = 0; i < 16; i++) { /* token l: gate columns f..f+3 into the patch, up ones kept */
-        int64_t l = l0 + w + 8 * i;
-        V gate = V();
-        up[i] = V();
-        if (l < N) {
-            float g[4], u[4], d[4], dg[4], du[4];
-            us__ld4(gu + l * 2 * F + f, g);
-            us__ld4(gu + l * 2 * F + F + f, u);
-            us__ld4(dh + l * F + f, d);
+    for (i = 0; i < 16; i += US__SWB_ROWS) {
+        V g[US__SWB_ROWS], u[US__SWB_ROWS], d[US__SWB_ROWS];
 #pragma unroll
-            for (k = 0; k < 4; k++) us__swiglu_grad(g[k], u[k], d[k], dg[k], du[k]);
-            us__st4(reinterpret_cast<T *>(&gate), dg);
-            us__st4(reinterpret_cast<T *>(&up[i]), du);
-            if (dgu) {
-                *reinterpret_cast<V *>(dgu + l * 2 * F + f) = gate;
-                *reinterpret_cast<V *>(dgu + l * 2 * F + F + f) = up[i];
-            }
+        for (j = 0; j < US__SWB_ROWS; j++) { /* token l0 + w + 8(i + j) */
+            int64_t r = 8 * (i + j);
+            bool in = full || l0 + w + r < N;
+            g[j] = in ? *reinterpret_cast<const V *>(pg + r * 2 * F) : V();
+            u[j] = in ? *reinterpret_cast<const V *>(pg + r * 2 * F + F) : V();
+            d[j] = in ? *reinterpret_cast<const V *>(pd + r * F) : V();
         }
-        *reinterpret_cast<V *>(&sm[w + 8 * i][4 * lane]) = gate;
+#pragma unroll
+        for (j = 0; j < US__SWB_ROWS; j++) { /* gate columns into the patch, up ones kept */
+            float gf[4], uf[4], df[4], dg[4], du[4];
+            bool in = full || l0 + w + 8 * (i + j) < N;
+            V gate, upv;
+            us__ld4(reinterpret_cast<const T *>(&g[j]), gf);
+            us__ld4(reinterpret_cast<const T *>(&u[j]), uf);
+            us__ld4(reinterpret_cast<const T *>(&d[j]), df);
+#pragma unroll
+            for (k = 0; k < 4; k++) us__swiglu_grad(gf[k], uf[k], df[k], dg[k], du[k]);
+            us__st4(reinterpret_cast<T *>(&gate), dg);
+            us__st4(reinterpret_cast<T *>(&upv), du);
+            gate = in ? gate : V(); /* a row past N: zeros, as the padding */
+            up[i + j] = in ? upv : V();
+            if (dgu && in) { /* after the round's loads: the elements just read, if aliased */
+                T *o = dgu + (l0 + w + 8 * (i + j)) * 2 * F + f;
+                *reinterpret_cast<V *>(o) = gate;
+                *reinterpret_cast<V *>(o + F) = upv;
+            }
+            *reinterpret_cast<V *>(&sm[w + 8 * (i + j)][4 * lane]) = gate;
+        }
     }
     __syncthreads();
-    us__fp8_row_t_tiles<T>(us__rowt_smem, q, s, 2 * F, N, Lp, f0, l0, pow2, vec, NULL, q2, s2);
+    if (full)
+        us__fp8_row_t_tiles<T, true>(us__rowt_smem, q, s, 2 * F, N, Lp, f0, l0, pow2, vec, NULL, q2,
+                                     s2);
+    else
+        us__fp8_row_t_tiles<T, false>(us__rowt_smem, q, s, 2 * F, N, Lp, f0, l0, pow2, vec, NULL,
+                                      q2, s2);
     __syncthreads(); /* the gate patch is read: the up patch takes its place */
 #pragma unroll
     for (i = 0; i < 16; i++) *reinterpret_cast<V *>(&sm[w + 8 * i][4 * lane]) = up[i];
     __syncthreads();
-    us__fp8_row_t_tiles<T>(us__rowt_smem, q, s, 2 * F, N, Lp, F + f0, l0, pow2, vec, NULL, q2, s2);
+    if (full)
+        us__fp8_row_t_tiles<T, true>(us__rowt_smem, q, s, 2 * F, N, Lp, F + f0, l0, pow2, vec, NULL,
+                                     q2, s2);
+    else
+        us__fp8_row_t_tiles<T, false>(us__rowt_smem, q, s, 2 * F, N, Lp, F + f0, l0, pow2, vec,
+                                      NULL, q2, s2);
 }
 
 template <typename T>

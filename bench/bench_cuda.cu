@@ -16,6 +16,9 @@
                         the operands the warm-up steps left behind. Wrong numbers, fast: it measures
                         the step FP8 would give if quantising cost nothing (the recipe's ceiling)
      --fp8-gemm         FP8 GEMMs (block-scaled, per-tensor) vs bf16 at LLM shapes, and the quantiser
+                        (ends with --swiglu-bwd-fp8's lines)
+     --swiglu-bwd-fp8   SwiGLU's backward with dgu's two FP8 operands (us_ops.swiglu_bwd_fp8, dgu
+                        NULL as the FP8 step calls it), GB/s at N 16384 F 8192 and N 8192 F 14336
      --grouped          the experts' grouped GEMM (ops->gemm_grouped, // >>cuda-grouped: the wgmma
                         and the mma.sync kernels) against one dense cuBLASLt GEMM of the same total
                         size (M = Σ rows) and against a loop of per-expert cuBLASLt GEMMs, at three
@@ -805,6 +808,58 @@ static void bench_fp8_gemm(void) {
         inner.free(&inner, sx);
         inner.free(&inner, sw);
         inner.free(&inner, qt);
+        inner.free(&inner, st);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+}
+
+/* ---- SwiGLU's backward with dgu's two FP8 operands (us_ops.swiglu_bwd_fp8), dgu NULL as the FP8
+   layer calls it: bytes = gu [N][2F] and dh [N][F] read (bf16), q [N][2F] and qt [2F][Np] written
+   (1 byte an element) with their fp32 scales; GB/s over the median of 10 timed calls */
+static void bench_swiglu_bwd_fp8(void) {
+    const int64_t shapes[2][2] = {{16384, 8192}, {8192, 14336}}; /* N, F */
+    us__cuda *c = (us__cuda *)inner.backend;
+    cudaEvent_t a, b;
+    int k, r;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    for (k = 0; k < 2; k++) {
+        int64_t N = shapes[k][0], F = shapes[k][1], C2 = 2 * F, Np = (N + 127) / 128 * 128;
+        int64_t ns = us_fp8_scales_size(US_FP8_ROW128, N, C2),
+                nst = us_fp8_scales_size(US_FP8_ROW128, C2, N);
+        void *gu = inner.alloc(&inner, (size_t)(N * C2) * 2),
+             *dh = inner.alloc(&inner, (size_t)(N * F) * 2);
+        uint8_t *q = (uint8_t *)inner.alloc(&inner, (size_t)(N * C2)),
+                *qt = (uint8_t *)inner.alloc(&inner, (size_t)(C2 * Np));
+        float *s = (float *)inner.alloc(&inner, (size_t)ns * 4),
+              *st = (float *)inner.alloc(&inner, (size_t)nst * 4);
+        double bytes = 2.0 * N * C2 + 2.0 * N * F + (double)N * C2 + (double)C2 * Np +
+                       4.0 * (double)(ns + nst);
+        std::vector<double> ts;
+        rand_bf16_pair(gu, N * C2, dh, N * F, 31 + k);
+        for (r = 0; r < 13; r++) {
+            float ms;
+            cudaEventRecord(a, c->stream);
+            inner.swiglu_bwd_fp8(&inner, NULL, q, s, qt, st, dh, gu, N, F, US_BF16, 0);
+            cudaEventRecord(b, c->stream);
+            cudaEventSynchronize(b);
+            cudaEventElapsedTime(&ms, a, b);
+            if (r >= 3) ts.push_back(ms * 1e-3);
+        }
+        if (inner.error(&inner))
+            printf("swiglu_bwd_fp8 N %lld F %lld: error: %s\n", (long long)N, (long long)F,
+                   inner.error(&inner));
+        else
+            printf("swiglu_bwd_fp8 bf16 N %lld F %lld: %.3f ms, %.0f GB/s (bytes: gu 2·N·2F + dh "
+                   "2·N·F read, q N·2F + qt 2F·Np + scales 4·(%lld + %lld) written = %.3f GB)\n",
+                   (long long)N, (long long)F, median(ts) * 1e3, bytes / median(ts) / 1e9,
+                   (long long)ns, (long long)nst, bytes / 1e9);
+        inner.free(&inner, gu);
+        inner.free(&inner, dh);
+        inner.free(&inner, q);
+        inner.free(&inner, qt);
+        inner.free(&inner, s);
         inner.free(&inner, st);
     }
     cudaEventDestroy(a);
@@ -1750,7 +1805,7 @@ int main(int argc, char **argv) {
     char err[256];
     const char *preset = NULL, *json = NULL;
     int steps = 10, warm = 3, profile = 0, do_gemm = 0, do_att = 0, do_cp = 0, do_fp8 = 0,
-        do_algos = 0, do_gg = 0, do_sus = 0, i;
+        do_swb = 0, do_algos = 0, do_gg = 0, do_sus = 0, i;
     us_recompute rc = US_RECOMPUTE_NONE;
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--preset") && i + 1 < argc)
@@ -1772,6 +1827,8 @@ int main(int argc, char **argv) {
             do_gemm = 1;
         else if (!strcmp(argv[i], "--fp8-gemm"))
             do_fp8 = 1;
+        else if (!strcmp(argv[i], "--swiglu-bwd-fp8"))
+            do_swb = 1;
         else if (!strcmp(argv[i], "--grouped"))
             do_gg = 1;
         else if (!strcmp(argv[i], "--grouped-kernel"))
@@ -1844,7 +1901,7 @@ int main(int argc, char **argv) {
                     "bf16|fp8|fp8-tensor [--fp8-free-quant] [--fp8-no-weight-cache] "
                     "[--fp8-experts] [--fp8-no-fuse]] [--profile] "
                     "[--grouped-kernel|--grouped-wgmma|--grouped-loop] [--json F]] [--gemm] "
-                    "[--fp8-gemm] [--grouped] [--gemm-algos] [--gemm-sustained] "
+                    "[--fp8-gemm] [--swiglu-bwd-fp8] [--grouped] [--gemm-algos] [--gemm-sustained] "
                     "[--attention [--att-seq T,..] [--att-heads NH:NKV:HS,..]] "
                     "[--cp | --cp-flash-only] [--cp-seq T,..]\n");
             return 2;
@@ -1867,6 +1924,7 @@ int main(int argc, char **argv) {
     if (preset && bench_train(preset, steps, warm, rc, profile, json)) return 1;
     if (do_gemm) bench_gemm();
     if (do_fp8) bench_fp8_gemm();
+    if (do_fp8 || do_swb) bench_swiglu_bwd_fp8();
     if (do_gg) bench_grouped();
     if (do_algos) bench_gemm_algos();
     if (do_sus) bench_gemm_sustained();
