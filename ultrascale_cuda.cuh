@@ -7339,8 +7339,8 @@ us__oct_umax(unsigned a) { /* over the 8 lanes of a tile */
     return max(a, __shfl_xor_sync(0xffffffffu, a, 1));
 }
 
-/* vec bits: 1 = x may be read 16 (row) or 4 (block, transposed row) elements at a time, 2 = q
-   is 16-byte aligned (4- to 16-byte stores). gamax non-NULL: one scale from the whole tensor's
+/* vec bits: 1 = x may be read 16 (row), 8 (block) or 4 (transposed row) elements at a time, 2 =
+   q is 16-byte aligned (4- to 16-byte stores). gamax non-NULL: one scale from the whole tensor's
    amax (TENSOR). These kernels are instruction-bound before they are memory-bound (a tile's
    scale costs two divisions), so each thread quantises as many elements per scale as it can. */
 
@@ -7644,71 +7644,187 @@ static void us__fp8_row_t_launch(dim3 grid, cudaStream_t st, uint8_t *q, float *
         <<<grid, 256, us__fp8_row_t_smem<T>(), st>>>(q, s, x, R, L, Lp, pow2, vec, gamax, q2, s2);
 }
 
-/* BLOCK128 of P = x (trans 0) or xᵀ (trans 1): one block of 512 threads per 128×128 block. Each
-   thread keeps 32 of the block's elements in registers, read along x's rows 4 at a time (all 8
-   loads in flight); the block's amax gives the one scale; the bytes go straight to P's rows
-   (trans 0) or through shared memory, transposed (trans 1). Scales [RB][LBp], the padding
-   columns 1. qt non-NULL (trans 0 only; fp8_quantize_both): also BLOCK128 of xᵀ into qt, st
-   (q [L][Rp], s [LB][RBp]) from the same registers: the weight cache's W and Wᵀ in one read. */
+/* ---- BLOCK128: the weight cache's W and Wᵀ (128×128 blocks, one scale each). This kernel moves
+   2 bytes in and 1 or 2 out per element and computes next to nothing, so its speed is the bytes
+   it keeps in flight per SM and how little each block waits. The earlier form (512 threads
+   holding 32 elements each as floats, 8-byte loads, Pᵀ written a byte at a time through a
+   128×33-word shared array) ran at 1.1-1.9 TB/s on an H200 (bench_cuda --fp8-gemm). Here a
+   thread holds an 8×8 patch of x as raw bits ("oct": 8 neighbouring elements of one row, 16
+   bytes of bf16): 8 loads of 16 bytes, all in flight, in 32 registers, so that four blocks of
+   256 threads share an SM (64 registers, no spills; fp32: 106, two blocks) and one block's
+   barrier and stores overlap the others' loads: 128 KB of loads in flight per SM, where the
+   earlier form's two blocks of 512 held 64 KB. The patch's rows are 8-byte pieces of P's rows;
+   a byte transpose in registers makes its columns 8-byte pieces of Pᵀ's rows, so neither
+   orientation goes through shared memory. */
 template <typename T>
-__global__ void __launch_bounds__(512)
+struct us__oct {
+    uint32_t w[2 * sizeof(T)]; /* 8 elements of T as their bits, element 0 lowest */
+};
+
+/* 8 elements at p in 16-byte loads (p 16-byte aligned, the caller checks) */
+template <typename T>
+static __device__ __forceinline__ void us__oct_ld(us__oct<T> &o, const T *p) {
+#pragma unroll
+    for (int i = 0; i < (int)sizeof(T) / 2; i++) {
+        uint4 u = reinterpret_cast<const uint4 *>(p)[i];
+        o.w[4 * i] = u.x;
+        o.w[4 * i + 1] = u.y;
+        o.w[4 * i + 2] = u.z;
+        o.w[4 * i + 3] = u.w;
+    }
+}
+
+/* the first n (any int64) of x[i..i+7] one at a time, the rest zero: edges and unaligned x */
+template <typename T>
+static __device__ __forceinline__ void us__oct_ld1(us__oct<T> &o, const T *x, int64_t i,
+                                                   int64_t n) {
+    const int per = 4 / (int)sizeof(T); /* elements per word */
+#pragma unroll
+    for (int j = 0; j < 2 * (int)sizeof(T); j++) o.w[j] = 0;
+#pragma unroll
+    for (int j = 0; j < 8; j++) { /* constant indices: o stays in registers */
+        uint32_t b = 0;
+        if (j < n) memcpy(&b, x + i + j, sizeof(T));
+        o.w[j / per] |= b << 8 * (int)sizeof(T) * (j % per);
+    }
+}
+
+/* a's running maximum of |element| bits: fp32 one per element (us__abits's order); 16-bit types
+   two per word, packed (their |x| patterns order as their values do), unpacked by us__oct_abits */
+static __device__ __forceinline__ unsigned us__oct_amax(const us__oct<float> &o, unsigned a) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) a = max(a, o.w[j] & 0x7fffffffu);
+    return a;
+}
+
+template <typename T>
+static __device__ __forceinline__ unsigned us__oct_amax(const us__oct<T> &o, unsigned a) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) a = __vmaxu2(a, o.w[j] & 0x7fff7fffu);
+    return a;
+}
+
+static __device__ __forceinline__ unsigned us__oct_abits(const float *, unsigned a) { return a; }
+
+template <typename T> /* the larger of the two packed maxima, as the fp32 bits of that |x| */
+static __device__ __forceinline__ unsigned us__oct_abits(const T *, unsigned a) {
+    return max(us__abits16<T>(a & 0xffffu), us__abits16<T>(a >> 16));
+}
+
+/* the 8 E4M3 bytes of the oct's elements times r = 1/s (x: lowest byte first) */
+static __device__ __forceinline__ uint2 us__oct_e4m3(const us__oct<float> &o, float r) {
+    float f[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) f[j] = __uint_as_float(o.w[j]);
+    return make_uint2(us__e4m3x4(f, r), us__e4m3x4(f + 4, r));
+}
+
+template <typename T>
+static __device__ __forceinline__ uint2 us__oct_e4m3(const us__oct<T> &o, float r) {
+    float f[8];
+#pragma unroll
+    for (int j = 0; j < 4; j++) us__unpack2((const T *)NULL, o.w[j], f[2 * j], f[2 * j + 1]);
+    return make_uint2(us__e4m3x4(f, r), us__e4m3x4(f + 4, r));
+}
+
+/* 4×4 bytes transposed in place: a, b, c, d rows of 4 bytes in, columns out */
+static __device__ __forceinline__ void us__t4x4(uint32_t &a, uint32_t &b, uint32_t &c,
+                                                uint32_t &d) {
+    uint32_t ab0 = __byte_perm(a, b, 0x5140); /* bytes a0 b0 a1 b1 */
+    uint32_t ab1 = __byte_perm(a, b, 0x7362); /* a2 b2 a3 b3 */
+    uint32_t cd0 = __byte_perm(c, d, 0x5140); /* c0 d0 c1 d1 */
+    uint32_t cd1 = __byte_perm(c, d, 0x7362); /* c2 d2 c3 d3 */
+    a = __byte_perm(ab0, cd0, 0x5410);
+    b = __byte_perm(ab0, cd0, 0x7632);
+    c = __byte_perm(ab1, cd1, 0x5410);
+    d = __byte_perm(ab1, cd1, 0x7632);
+}
+
+/* 8×8 bytes transposed in place: b[i] row i's bytes 0-3 (.x) and 4-7 (.y) in, columns out */
+static __device__ __forceinline__ void us__t8x8(uint2 *b) {
+    uint32_t t;
+    us__t4x4(b[0].x, b[1].x, b[2].x, b[3].x); /* rows 0-3, columns 0-3 */
+    us__t4x4(b[0].y, b[1].y, b[2].y, b[3].y);
+    us__t4x4(b[4].x, b[5].x, b[6].x, b[7].x);
+    us__t4x4(b[4].y, b[5].y, b[6].y, b[7].y);
+#pragma unroll
+    for (int i = 0; i < 4; i++) { /* column i's rows 4-7 are in b[4+i].x, 4+i's 0-3 in b[i].y */
+        t = b[i].y;
+        b[i].y = b[4 + i].x;
+        b[4 + i].x = t;
+    }
+}
+
+/* 8 bytes to p: one store where p is 8-byte aligned (al), else one byte at a time */
+static __device__ __forceinline__ void us__st_q8(uint8_t *p, uint2 b, int al) {
+    if (al)
+        *reinterpret_cast<uint2 *>(p) = b;
+    else {
+        us__st_q4(p, b.x, 0);
+        us__st_q4(p + 4, b.y, 0);
+    }
+}
+
+/* BLOCK128 of P = x (trans 0) or xᵀ (trans 1), x [XR][XC] as stored: one block of 256 threads
+   per 128×128 block of x. Warp w takes rows 32·(w/2).. and columns 64·(w mod 2).. of it, lane
+   the 8×8 patch at rows +8·(lane/8), columns +8·(lane mod 8): a load instruction reads 4 rows
+   of 128 bytes, a store writes 32-byte sectors. The warps' amaxes meet in shared memory (the one
+   barrier); the scale and its 1/s are the CPU's. Scales [RB][LBp], the padding columns 1.
+   qt non-NULL (trans 0 only; fp8_quantize_both): also BLOCK128 of xᵀ into qt, st (q [L][Rp],
+   s [LB][RBp]) from the same registers: the weight cache's W and Wᵀ in one read.
+   vec bits: 1 = x may be read 8 elements at a time (XC % 8 == 0, x 16-byte aligned), 2 = q is
+   16-byte aligned, 4 = qt is 8-byte aligned. */
+template <typename T>
+__global__ void __launch_bounds__(256, sizeof(T) == 4 ? 2 : 4)
     us__k_fp8_block(uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int trans,
                     int pow2, int vec, uint8_t *qt = NULL, float *st = NULL) {
-    __shared__ unsigned red[16];
-    __shared__ uint32_t qs[128][33];
+    __shared__ unsigned red[8];
     int64_t rb = blockIdx.y, lb = blockIdx.x, LB = Lp / 128, LBp = (LB + 3) / 4 * 4;
-    int64_t XR = trans ? L : R, XC = trans ? R : L, xr0 = (trans ? lb : rb) * 128,
-            xc0 = (trans ? rb : lb) * 128 + 4 * (threadIdx.x & 31);
-    int t = threadIdx.x, lane = t & 31, w = t >> 5, it, k;
-    float v[8][4], sc, rc;
+    int64_t XR = trans ? L : R, XC = trans ? R : L, XRp = (XR + 127) / 128 * 128;
+    int t = threadIdx.x, lane = t & 31, w = t >> 5, i;
+    int64_t xr = (trans ? lb : rb) * 128 + 32 * (w >> 1) + 8 * (lane >> 3), /* the patch */
+        xc = (trans ? rb : lb) * 128 + 64 * (w & 1) + 8 * (lane & 7);
+    us__oct<T> v[8]; /* x's rows xr..xr+7, columns xc..xc+7 */
+    uint2 b[8];      /* their E4M3 bytes */
     unsigned a = 0;
+    float sc, rc;
 #pragma unroll
-    for (it = 0; it < 8; it++) { /* x's row xr0 + 16·it + w, columns xc0..xc0+3 */
-        int64_t xr = xr0 + it * 16 + w;
-        if ((vec & 1) && xr < XR && xc0 < XC)
-            us__ld4(x + xr * XC + xc0, v[it]); /* vec: XC % 4 == 0 */
+    for (i = 0; i < 8; i++) {
+        if ((vec & 1) && xr + i < XR && xc < XC)
+            us__oct_ld(v[i], x + (xr + i) * XC + xc);
         else
-            for (k = 0; k < 4; k++)
-                v[it][k] = xr < XR && xc0 + k < XC ? us__ld(x, xr * XC + xc0 + k) : 0.0f;
+            us__oct_ld1(v[i], x, (xr + i) * XC + xc, xr + i < XR ? XC - xc : 0);
     }
 #pragma unroll
-    for (it = 0; it < 8; it++)
-        for (k = 0; k < 4; k++) a = max(a, us__abits(v[it][k]));
-    a = __reduce_max_sync(0xffffffffu, a);
+    for (i = 0; i < 8; i++) a = us__oct_amax(v[i], a);
+    a = __reduce_max_sync(0xffffffffu, us__oct_abits(x, a));
     if (lane == 0) red[w] = a;
     __syncthreads();
-    for (k = 0; k < 16; k++) a = max(a, red[k]);
+    for (i = 0; i < 8; i++) a = max(a, red[i]);
     sc = us__fp8_scale(__uint_as_float(a), pow2);
     rc = 1.0f / sc;
 #pragma unroll
-    for (it = 0; it < 8; it++) { /* x's row u, columns 4·lane .. + 3: one word of four bytes */
-        int u = it * 16 + w;
-        uint32_t b4 = us__e4m3x4(v[it], rc);
-        if (!trans && rb * 128 + u < R)
-            us__st_q4(q + (rb * 128 + u) * Lp + lb * 128 + 4 * lane, b4, vec);
-        if (trans || qt)
-            for (k = 0; k < 4; k++)
-                reinterpret_cast<uint8_t *>(qs[4 * lane + k])[u] = (uint8_t)(b4 >> 8 * k);
-    }
-    if (trans || qt) { /* P's rows through shared memory: into q (trans) or qt (both) */
-        int64_t TR = trans ? R : L, TLp = trans ? Lp : (R + 127) / 128 * 128, tr0 = trans ? rb : lb,
-                tc0 = trans ? lb : rb;
+    for (i = 0; i < 8; i++) b[i] = us__oct_e4m3(v[i], rc);
+    if (!trans) /* P = x: the patch's rows, q [R][Lp] */
+#pragma unroll
+        for (i = 0; i < 8; i++)
+            if (xr + i < XR) us__st_q8(q + (xr + i) * Lp + xc, b[i], vec & 2);
+    if (trans || qt) { /* Pᵀ's rows are the patch's columns: q [R][Lp] (trans) or qt [L][Rp] */
         uint8_t *dst = trans ? q : qt;
-        __syncthreads();
-        for (it = w; it < 128; it += 16)
-            if (tr0 * 128 + it < TR)
-                us__st_q4(dst + (tr0 * 128 + it) * TLp + tc0 * 128 + 4 * lane, qs[it][lane],
-                          trans ? vec : 2);
+        us__t8x8(b);
+#pragma unroll
+        for (i = 0; i < 8; i++)
+            if (xc + i < XC) us__st_q8(dst + (xc + i) * XRp + xr, b[i], vec & (trans ? 2 : 4));
     }
     if (t == 0) {
         s[rb * LBp + lb] = sc;
         if (lb == LB - 1)
-            for (k = (int)LB; k < (int)LBp; k++) s[rb * LBp + k] = 1.0f;
+            for (i = (int)LB; i < (int)LBp; i++) s[rb * LBp + i] = 1.0f;
         if (qt) { /* xᵀ's block (lb, rb), the same scale */
             int64_t RB = (R + 127) / 128, RBp = (RB + 3) / 4 * 4;
             st[lb * RBp + rb] = sc;
             if (rb == RB - 1)
-                for (k = (int)RB; k < (int)RBp; k++) st[lb * RBp + k] = 1.0f;
+                for (i = (int)RB; i < (int)RBp; i++) st[lb * RBp + i] = 1.0f;
         }
     }
 }
@@ -7773,9 +7889,10 @@ static void us__cuda_fp8_launch(us_ops *o, uint8_t *q, float *s, const void *x, 
     if (t == US_FP8_TENSOR && !(gamax = us__fp8_gamax(o, x, dt, M * K))) return;
     if (t == US_FP8_BLOCK128) {
         dim3 grid((unsigned)(Lp / 128), (unsigned)((R + 127) / 128));
-        int vec = qv | (K % 4 == 0 && us__al(x, 4 * es)); /* x [M][K] is read along K either way */
+        int vec = qv | (K % 8 == 0 && us__al(x, 16)) /* x [M][K] is read along K either way */
+                  | (us__al(q2, 8) ? 4 : 0);
         US__DISPATCH(o, dt,
-                     (us__k_fp8_block<T_><<<grid, 512, 0, c->stream>>>(
+                     (us__k_fp8_block<T_><<<grid, 256, 0, c->stream>>>(
                          q, s, (const T_ *)x, R, L, Lp, trans, pow2, vec, q2, s2)));
     } else if (trans) {
         dim3 grid((unsigned)((R + 127) / 128), (unsigned)(Lp / 128));

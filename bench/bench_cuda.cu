@@ -733,7 +733,7 @@ static void bench_fp8_gemm(void) {
     CK(cudaEventCreate(&b));
     printf("\n| GEMM (M x N x K) | bf16 TFLOP/s | fp8 1x128·128x128 | fp8 1x128·1x128 | fp8 "
            "per-tensor | speed-up (block) | quantise x 1x128 / x^T 128x1 / W 128x128 / x both "
-           "(GB/s) |\n|---|---|---|---|---|---|---|\n");
+           "/ W both (GB/s) |\n|---|---|---|---|---|---|---|\n");
     for (k = 0; k < 6; k++) {
         int64_t M = shapes[k][0], N = shapes[k][1], K = shapes[k][2];
         void *X = inner.alloc(&inner, (size_t)M * K * 2),
@@ -741,7 +741,8 @@ static void bench_fp8_gemm(void) {
              *Y = inner.alloc(&inner, (size_t)M * N * 2);
         uint8_t *qx = (uint8_t *)inner.alloc(&inner, (size_t)M * K),
                 *qw = (uint8_t *)inner.alloc(&inner, (size_t)N * K),
-                *qt = (uint8_t *)inner.alloc(&inner, (size_t)M * K);
+                *qt = (uint8_t *)inner.alloc(&inner, (size_t)M * K),
+                *qwt = (uint8_t *)inner.alloc(&inner, (size_t)K * ((N + 127) / 128 * 128));
         float *sx =
             (float *)inner.alloc(&inner, (size_t)us_fp8_scales_size(US_FP8_ROW128, M, K) * 4);
         float *sw =
@@ -750,11 +751,13 @@ static void bench_fp8_gemm(void) {
                                              4);
         float *st =
             (float *)inner.alloc(&inner, (size_t)us_fp8_scales_size(US_FP8_ROW128, K, M) * 4);
-        double fl = 2.0 * M * N * K, res[8];
+        float *swt =
+            (float *)inner.alloc(&inner, (size_t)us_fp8_scales_size(US_FP8_BLOCK128, K, N) * 4);
+        double fl = 2.0 * M * N * K, res[9];
         rand_bf16_pair(X, M * K, W, N * K, 11 + k);
-        for (
-            v = 0; v < 8;
-            v++) { /* bf16, fp8 block, fp8 row x row, fp8 tensor, quantise x, x^T, W, x both ways */
+        /* bf16, fp8 block, fp8 row x row, fp8 tensor; quantise x, x^T, W, x both ways, W both ways
+           (the weight cache's W and Wᵀ) */
+        for (v = 0; v < 9; v++) {
             std::vector<double> ts;
             int ta = v == 3 ? US_FP8_TENSOR : US_FP8_ROW128, tb = v == 1   ? US_FP8_BLOCK128
                                                                   : v == 2 ? US_FP8_ROW128
@@ -779,17 +782,20 @@ static void bench_fp8_gemm(void) {
                                        0); /* Wgrad's 128x1 tiles */
                 else if (v == 6)
                     inner.fp8_quantize(&inner, qw, sw, W, US_BF16, N, K, US_FP8_BLOCK128, 0, 0);
-                else
+                else if (v == 7)
                     inner.fp8_quantize_both(&inner, qx, sx, qt, st, X, US_BF16, M, K, US_FP8_ROW128,
                                             0); /* Dgrad's and Wgrad's dy */
+                else
+                    inner.fp8_quantize_both(&inner, qw, sw, qwt, swt, W, US_BF16, N, K,
+                                            US_FP8_BLOCK128, 0);
                 cudaEventRecord(b, c->stream);
                 cudaEventSynchronize(b);
                 cudaEventElapsedTime(&ms, a, b);
                 if (r >= 5) ts.push_back(ms * 1e-3);
             }
             res[v] = v < 4 ? fl / median(ts) / 1e12
-                           : (double)(v == 6 ? N : M) * K * (v == 7 ? 4 : 3) / median(ts) /
-                                 1e9; /* bytes: 2 read + 1 (both: 2) written */
+                           : (double)(v >= 6 && v != 7 ? N : M) * K * (v >= 7 ? 4 : 3) /
+                                 median(ts) / 1e9; /* bytes: 2 read + 1 (both: 2) written */
         }
         if (inner.error(&inner)) {
             printf("| %lld x %lld x %lld | error: %s |\n", (long long)M, (long long)N, (long long)K,
@@ -797,9 +803,9 @@ static void bench_fp8_gemm(void) {
             break;
         }
         printf("| %lld x %lld x %lld | %.0f | %.0f | %.0f | %.0f | %.2fx | %.0f / %.0f / %.0f / "
-               "%.0f |\n",
+               "%.0f / %.0f |\n",
                (long long)M, (long long)N, (long long)K, res[0], res[1], res[2], res[3],
-               res[1] / res[0], res[4], res[5], res[6], res[7]);
+               res[1] / res[0], res[4], res[5], res[6], res[7], res[8]);
         inner.free(&inner, X);
         inner.free(&inner, W);
         inner.free(&inner, Y);
@@ -809,6 +815,8 @@ static void bench_fp8_gemm(void) {
         inner.free(&inner, sw);
         inner.free(&inner, qt);
         inner.free(&inner, st);
+        inner.free(&inner, qwt);
+        inner.free(&inner, swt);
     }
     cudaEventDestroy(a);
     cudaEventDestroy(b);
