@@ -8050,12 +8050,10 @@ static void us__cuda_swiglu_fwd_fp8(us_ops *o, void *h, uint8_t *q, float *s, co
    an element of store and load). The up patch waits in registers (16 × 4 elements a thread)
    while the gate patch is quantised. Needs F a multiple of 128 (a patch is all gate or all up,
    every 1×128 tile whole) and 16-byte aligned tensors; otherwise the op runs the two kernels. */
-/* a thread's rows per load round of us__k_swiglu_bwd_fp8 (1, 2, 4, 8 or 16): 4 keeps 12 loads
-   in flight in 64 registers (ptxas spills 12 words, the up columns of the first rows); 2 is
-   spill-free but takes twice the rounds. -DUS__SWB_ROWS=2 to compare on the GPU. */
-#ifndef US__SWB_ROWS
-#define US__SWB_ROWS 4
-#endif
+/* a thread's rows per load round of us__k_swiglu_bwd_fp8: 2 (6 loads in flight; 64 registers,
+   8 bytes spilled at 16-bit) measured 4 % faster on an H200 than 4 (12 loads, 48 bytes spilled):
+   2.88 against 2.76 TB/s at N 16384, F 8192 (bench/RESULTS.md, eighth session) */
+#define US__SWB_ROWS 2
 
 template <typename T>
 __global__ void __launch_bounds__(256, sizeof(T) == 2 ? 4 : 2)
