@@ -10,40 +10,6 @@
 #include "us_cuda_emu.h"
 #include <cuda_fp8.h>
 
-/* the intrinsics the kernel uses beyond the emulator's */
-static inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
-
-static inline float __uint_as_float(unsigned u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline unsigned __float_as_uint(float f) {
-    unsigned u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static inline unsigned __vmaxu2(unsigned a, unsigned b) {
-    unsigned lo = max(a & 0xffffu, b & 0xffffu), hi = max(a >> 16, b >> 16);
-    return hi << 16 | lo;
-}
-
-/* result byte n = byte (s >> 4n) & 7 of the 8 bytes y:x (x the low four), as CUDA documents */
-static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
-    uint64_t v = (uint64_t)y << 32 | x;
-    unsigned r = 0;
-    for (int n = 0; n < 4; n++) r |= (unsigned)(v >> 8 * (s >> 4 * n & 7) & 0xff) << 8 * n;
-    return r;
-}
-
-static inline unsigned __reduce_max_sync(unsigned, unsigned v) {
-    unsigned r = v;
-    for (int o = 16; o >= 1; o >>= 1) r = max(r, __shfl_xor_sync(0xffffffffu, r, o));
-    return r;
-}
-
 #include "fp8_block_kernel_emu.h" /* made by extract_fp8_block.py */
 #include "../us_test.h"
 

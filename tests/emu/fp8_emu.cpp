@@ -13,35 +13,9 @@
 #include "us_cuda_emu.h"
 #include <cuda_fp8.h>
 
-/* the intrinsics these kernels use beyond the emulator's */
-static inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
-
-static inline float __uint_as_float(unsigned u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline unsigned __float_as_uint(float f) {
-    unsigned u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
 #define __expf expf /* (glibc declares an __expf of its own, not exported) */
 static const emu_dim3 emu_bdim = {256, 1, 1}; /* every launch here has 256 threads */
 #define blockDim emu_bdim
-
-static inline unsigned __vmaxu2(unsigned a, unsigned b) {
-    unsigned lo = max(a & 0xffffu, b & 0xffffu), hi = max(a >> 16, b >> 16);
-    return hi << 16 | lo;
-}
-
-static inline unsigned __reduce_max_sync(unsigned, unsigned v) {
-    unsigned r = v;
-    for (int o = 16; o >= 1; o >>= 1) r = max(r, __shfl_xor_sync(0xffffffffu, r, o));
-    return r;
-}
 
 struct us__no_epi {
     void operator()(const float *, int64_t, int64_t, bool) const {}
