@@ -7646,16 +7646,14 @@ static void us__fp8_row_t_launch(dim3 grid, cudaStream_t st, uint8_t *q, float *
 
 /* ---- BLOCK128: the weight cache's W and Wᵀ (128×128 blocks, one scale each). This kernel moves
    2 bytes in and 1 or 2 out per element and computes next to nothing, so its speed is the bytes
-   it keeps in flight per SM and how little each block waits. The earlier form (512 threads
-   holding 32 elements each as floats, 8-byte loads, Pᵀ written a byte at a time through a
-   128×33-word shared array) ran at 1.1-1.9 TB/s on an H200 (bench_cuda --fp8-gemm). Here a
-   thread holds an 8×8 patch of x as raw bits ("oct": 8 neighbouring elements of one row, 16
-   bytes of bf16): 8 loads of 16 bytes, all in flight, in 32 registers, so that four blocks of
-   256 threads share an SM (64 registers, no spills; fp32: 106, two blocks) and one block's
-   barrier and stores overlap the others' loads: 128 KB of loads in flight per SM, where the
-   earlier form's two blocks of 512 held 64 KB. The patch's rows are 8-byte pieces of P's rows;
-   a byte transpose in registers makes its columns 8-byte pieces of Pᵀ's rows, so neither
-   orientation goes through shared memory. */
+   it keeps in flight per SM and how little each block waits. A thread holds an 8×8 patch of x
+   as raw bits ("oct": 8 neighbouring elements of one row, 16 bytes of bf16): 8 loads of 16
+   bytes, all in flight, in 32 registers, so that four blocks of 256 threads share an SM (64
+   registers, no spills; fp32: 106, two blocks) and one block's barrier and stores overlap the
+   others' loads: 128 KB of loads in flight per SM. The patch's rows are 8-byte pieces of P's
+   rows; a byte transpose in registers makes its columns 8-byte pieces of Pᵀ's rows, so neither
+   orientation goes through shared memory (bench/RESULTS.md, eighth session, measures it against
+   the staged form it replaced). */
 template <typename T>
 struct us__oct {
     uint32_t w[2 * sizeof(T)]; /* 8 elements of T as their bits, element 0 lowest */
@@ -8051,8 +8049,8 @@ static void us__cuda_swiglu_fwd_fp8(us_ops *o, void *h, uint8_t *q, float *s, co
    while the gate patch is quantised. Needs F a multiple of 128 (a patch is all gate or all up,
    every 1×128 tile whole) and 16-byte aligned tensors; otherwise the op runs the two kernels. */
 /* a thread's rows per load round of us__k_swiglu_bwd_fp8: 2 (6 loads in flight; 64 registers,
-   8 bytes spilled at 16-bit) measured 4 % faster on an H200 than 4 (12 loads, 48 bytes spilled):
-   2.88 against 2.76 TB/s at N 16384, F 8192 (bench/RESULTS.md, eighth session) */
+   8 bytes spilled at 16-bit) ran faster on an H200 than 4 (12 loads, 48 bytes spilled), which
+   holds more loads in flight but spills more (bench/RESULTS.md, eighth session) */
 #define US__SWB_ROWS 2
 
 template <typename T>
