@@ -217,13 +217,13 @@ NVCC_BUILDS = $(if $(HAVE_GPU),$(B)/flash_test) $(B)/test_nccl $(B)/train_cuda $
 
 # the flash kernels on the CPU through a small CUDA emulator, against the CPU reference: kernel
 # logic can be checked on a machine without a GPU (needs the CUDA headers only; ~4 minutes under ASan)
-$(B)/flash_emu: tests/emu/flash_emu.cpp tests/emu/us_cuda_emu.h tests/emu/extract_flash.py tests/us_test.h $(HDR) ultrascale_cuda.cuh | $(B)
+$(B)/flash_emu: tests/emu/flash_emu.cpp tests/emu/us_cuda_emu.h tests/emu/extract_flash.py tests/emu/extract_common.py tests/us_test.h $(HDR) ultrascale_cuda.cuh | $(B)
 	python3 tests/emu/extract_flash.py ultrascale_cuda.cuh $(B)/flash_kernels_emu.h
 	$(CXX) -std=c++17 -O1 -g -fsanitize=address -fno-omit-frame-pointer $(OPENMP) -w -I$(CUDA_HOME)/include -I$(B) $< -o $@ $(LDLIBS)
 flash-emu: $(B)/flash_emu
 	ASAN_OPTIONS=detect_stack_use_after_return=0 ./$(B)/flash_emu
 # the same for the grouped GEMM kernel (// >>cuda-grouped) against the CPU's per-group GEMMs (~2 minutes)
-$(B)/grouped_emu: tests/emu/grouped_emu.cpp tests/emu/us_cuda_emu.h tests/emu/extract_flash.py tests/emu/extract_grouped.py tests/us_test.h $(HDR) ultrascale_cuda.cuh | $(B)
+$(B)/grouped_emu: tests/emu/grouped_emu.cpp tests/emu/us_cuda_emu.h tests/emu/extract_flash.py tests/emu/extract_grouped.py tests/emu/extract_common.py tests/us_test.h $(HDR) ultrascale_cuda.cuh | $(B)
 	python3 tests/emu/extract_flash.py ultrascale_cuda.cuh $(B)/flash_kernels_emu.h
 	python3 tests/emu/extract_grouped.py ultrascale_cuda.cuh $(B)/grouped_kernel_emu.h
 	$(CXX) -std=c++17 -O1 -g -fsanitize=address -fno-omit-frame-pointer $(OPENMP) -w -I$(CUDA_HOME)/include -I$(B) $< -o $@ $(LDLIBS)
@@ -232,13 +232,13 @@ grouped-emu: $(B)/grouped_emu
 
 # SwiGLU's fused backward quantisation (// >>cuda-fp8) on the CPU through the same emulator, against
 # the unfused pair of kernels and the CPU's quantiser, bit for bit
-$(B)/fp8_emu: tests/emu/fp8_emu.cpp tests/emu/us_cuda_emu.h tests/emu/extract_fp8.py tests/us_test.h $(HDR) ultrascale_cuda.cuh | $(B)
+$(B)/fp8_emu: tests/emu/fp8_emu.cpp tests/emu/us_cuda_emu.h tests/emu/extract_fp8.py tests/emu/extract_common.py tests/us_test.h $(HDR) ultrascale_cuda.cuh | $(B)
 	python3 tests/emu/extract_fp8.py ultrascale_cuda.cuh $(B)/fp8_kernels_emu.h
 	$(CXX) -std=c++17 -O1 -g -fsanitize=address -fno-omit-frame-pointer $(OPENMP) -w -I$(CUDA_HOME)/include -I$(B) $< -o $@ $(LDLIBS)
 fp8-emu: $(B)/fp8_emu
 	ASAN_OPTIONS=detect_stack_use_after_return=0 ./$(B)/fp8_emu
 # the BLOCK128 quantiser (the weight cache's W and Wᵀ) the same way, against the CPU's quantiser
-$(B)/fp8_block_emu: tests/emu/fp8_block_emu.cpp tests/emu/us_cuda_emu.h tests/emu/extract_fp8_block.py tests/us_test.h $(HDR) ultrascale_cuda.cuh | $(B)
+$(B)/fp8_block_emu: tests/emu/fp8_block_emu.cpp tests/emu/us_cuda_emu.h tests/emu/extract_fp8_block.py tests/emu/extract_common.py tests/us_test.h $(HDR) ultrascale_cuda.cuh | $(B)
 	python3 tests/emu/extract_fp8_block.py ultrascale_cuda.cuh $(B)/fp8_block_kernel_emu.h
 	$(CXX) -std=c++17 -O1 -g -fsanitize=address -fno-omit-frame-pointer $(OPENMP) -w -I$(CUDA_HOME)/include -I$(B) $< -o $@ $(LDLIBS)
 fp8-block-emu: $(B)/fp8_block_emu
