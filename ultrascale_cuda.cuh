@@ -7579,6 +7579,18 @@ static __device__ __forceinline__ bool us__fp8_row_t_full(int64_t R, int64_t L, 
     return l0 + 128 <= L && r0 + 128 <= R && (vec & 2);
 }
 
+/* us__fp8_row_t_tiles on its FULL path where full says so, else on the bounds-checked one */
+template <typename T>
+__device__ __forceinline__ void us__fp8_row_t_patch(bool full, unsigned char *smem, uint8_t *q,
+                                                    float *s, int64_t R, int64_t L, int64_t Lp,
+                                                    int64_t r0, int64_t l0, int pow2, int vec,
+                                                    const unsigned *gamax, uint8_t *q2, float *s2) {
+    if (full)
+        us__fp8_row_t_tiles<T, true>(smem, q, s, R, L, Lp, r0, l0, pow2, vec, gamax, q2, s2);
+    else
+        us__fp8_row_t_tiles<T, false>(smem, q, s, R, L, Lp, r0, l0, pow2, vec, gamax, q2, s2);
+}
+
 template <typename T>
 __global__ void __launch_bounds__(256)
     us__k_fp8_row_t(uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int pow2,
@@ -7609,12 +7621,8 @@ __global__ void __launch_bounds__(256)
         }
     }
     __syncthreads();
-    if (us__fp8_row_t_full(R, L, r0, l0, vec))
-        us__fp8_row_t_tiles<T, true>(us__rowt_smem, q, s, R, L, Lp, r0, l0, pow2, vec, gamax, q2,
-                                     s2);
-    else
-        us__fp8_row_t_tiles<T, false>(us__rowt_smem, q, s, R, L, Lp, r0, l0, pow2, vec, gamax, q2,
-                                      s2);
+    us__fp8_row_t_patch<T>(us__fp8_row_t_full(R, L, r0, l0, vec), us__rowt_smem, q, s, R, L, Lp, r0,
+                           l0, pow2, vec, gamax, q2, s2);
 }
 
 /* Its shared memory is more than the 48 KB a block gets without asking (52 KB for bf16). */
@@ -8104,22 +8112,14 @@ __global__ void __launch_bounds__(256, sizeof(T) == 2 ? 4 : 2)
         }
     }
     __syncthreads();
-    if (full)
-        us__fp8_row_t_tiles<T, true>(us__rowt_smem, q, s, 2 * F, N, Lp, f0, l0, pow2, vec, NULL, q2,
-                                     s2);
-    else
-        us__fp8_row_t_tiles<T, false>(us__rowt_smem, q, s, 2 * F, N, Lp, f0, l0, pow2, vec, NULL,
-                                      q2, s2);
+    us__fp8_row_t_patch<T>(full, us__rowt_smem, q, s, 2 * F, N, Lp, f0, l0, pow2, vec, NULL, q2,
+                           s2);
     __syncthreads(); /* the gate patch is read: the up patch takes its place */
 #pragma unroll
     for (i = 0; i < 16; i++) *reinterpret_cast<V *>(&sm[w + 8 * i][4 * lane]) = up[i];
     __syncthreads();
-    if (full)
-        us__fp8_row_t_tiles<T, true>(us__rowt_smem, q, s, 2 * F, N, Lp, F + f0, l0, pow2, vec, NULL,
-                                     q2, s2);
-    else
-        us__fp8_row_t_tiles<T, false>(us__rowt_smem, q, s, 2 * F, N, Lp, F + f0, l0, pow2, vec,
-                                      NULL, q2, s2);
+    us__fp8_row_t_patch<T>(full, us__rowt_smem, q, s, 2 * F, N, Lp, F + f0, l0, pow2, vec, NULL, q2,
+                           s2);
 }
 
 template <typename T>
