@@ -447,6 +447,16 @@ static void fill_noise(void *p, us_dtype dt, int64_t n, uint64_t seed) {
     cudaFree(tmp);
 }
 
+/* x [rows][K] bf16 as an FP8 operand in tiling t: q (rows × K rounded up to 128 bytes) and its
+   scales (room for either tiling), on inner's allocator */
+static void fp8_operand(uint8_t **q, float **s, const void *x, int64_t rows, int64_t K, int t) {
+    int64_t Kp = (K + 127) / 128 * 128;
+    *q = (uint8_t *)inner.alloc(&inner, (size_t)(rows * Kp));
+    *s = (float *)inner.alloc(&inner, (size_t)(4 * (us_fp8_scales_size(US_FP8_BLOCK128, rows, K) +
+                                                    us_fp8_scales_size(US_FP8_ROW128, rows, K))));
+    inner.fp8_quantize(&inner, *q, *s, x, US_BF16, rows, K, t, 0, 0);
+}
+
 /* Each profiled GEMM shape alone: fresh operands of the call's layout and dtypes (noise; FP8
    operands quantised from noise in the call's tilings), 3 runs to warm up, the median of 10;
    printed beside its time in the step, slowest total first. */
@@ -477,18 +487,10 @@ static void gshape_alone(void) {
             int64_t Kp = (g.K + 127) / 128 * 128;
             A = inner.alloc(&inner, (size_t)(g.M * Kp * 2));
             B = inner.alloc(&inner, (size_t)(g.N * Kp * 2));
-            qa = (uint8_t *)inner.alloc(&inner, (size_t)(g.M * Kp));
-            qb = (uint8_t *)inner.alloc(&inner, (size_t)(g.N * Kp));
-            sa = (float *)inner.alloc(&inner,
-                                      (size_t)(4 * (us_fp8_scales_size(US_FP8_BLOCK128, g.M, g.K) +
-                                                    us_fp8_scales_size(US_FP8_ROW128, g.M, g.K))));
-            sb = (float *)inner.alloc(&inner,
-                                      (size_t)(4 * (us_fp8_scales_size(US_FP8_BLOCK128, g.N, g.K) +
-                                                    us_fp8_scales_size(US_FP8_ROW128, g.N, g.K))));
             fill_noise(A, US_BF16, g.M * g.K, 11 + i);
             fill_noise(B, US_BF16, g.N * g.K, 12 + i);
-            inner.fp8_quantize(&inner, qa, sa, A, US_BF16, g.M, g.K, g.ta, 0, 0);
-            inner.fp8_quantize(&inner, qb, sb, B, US_BF16, g.N, g.K, g.tb, 0, 0);
+            fp8_operand(&qa, &sa, A, g.M, g.K, g.ta);
+            fp8_operand(&qb, &sb, B, g.N, g.K, g.tb);
         } else {
             A = inner.alloc(&inner, (size_t)(ar * g.lda) * us_dtype_size((us_dtype)g.adt));
             B = inner.alloc(&inner, (size_t)(br * g.ldb) * us_dtype_size((us_dtype)g.bdt));
@@ -530,11 +532,11 @@ static void gshape_alone(void) {
         inner.free(&inner, A);
         inner.free(&inner, B);
         inner.free(&inner, C);
-        if (R) inner.free(&inner, R);
-        if (qa) inner.free(&inner, qa);
-        if (qb) inner.free(&inner, qb);
-        if (sa) inner.free(&inner, sa);
-        if (sb) inner.free(&inner, sb);
+        inner.free(&inner, R); /* (NULL: nothing) */
+        inner.free(&inner, qa);
+        inner.free(&inner, qb);
+        inner.free(&inner, sa);
+        inner.free(&inner, sb);
     }
     if (inner.error(&inner)) printf("  (replay stopped: %s)\n", inner.error(&inner));
     cudaEventDestroy(e0);
@@ -1087,15 +1089,9 @@ static void bench_gemm_sustained(void) {
         fill_noise(A, US_BF16, ar * ac, 21 + ci);
         fill_noise(B, US_BF16, br * bc, 22 + ci);
         fill_noise(C, x.cdt, x.M * x.N, 23 + ci);
-        CK(cudaMalloc(&qa, (size_t)(x.M * Kp)));
-        CK(cudaMalloc(&qb, (size_t)(x.N * Kp)));
-        CK(cudaMalloc(&sa, (size_t)(4 * (us_fp8_scales_size(US_FP8_ROW128, x.M, x.K) +
-                                         us_fp8_scales_size(US_FP8_BLOCK128, x.M, x.K)))));
-        CK(cudaMalloc(&sb, (size_t)(4 * (us_fp8_scales_size(US_FP8_ROW128, x.N, x.K) +
-                                         us_fp8_scales_size(US_FP8_BLOCK128, x.N, x.K)))));
         if (x.fp8) {
-            inner.fp8_quantize(&inner, qa, sa, A, US_BF16, x.M, x.K, x.ta, 0, 0);
-            inner.fp8_quantize(&inner, qb, sb, B, US_BF16, x.N, x.K, x.tb, 0, 0);
+            fp8_operand(&qa, &sa, A, x.M, x.K, x.ta);
+            fp8_operand(&qb, &sb, B, x.N, x.K, x.tb);
             inner.sync(&inner);
         }
         cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F);
@@ -1167,10 +1163,10 @@ static void bench_gemm_sustained(void) {
         inner.free(&inner, A);
         inner.free(&inner, B);
         inner.free(&inner, C);
-        cudaFree(qa);
-        cudaFree(qb);
-        cudaFree(sa);
-        cudaFree(sb);
+        inner.free(&inner, qa); /* (NULL for bf16: nothing) */
+        inner.free(&inner, qb);
+        inner.free(&inner, sa);
+        inner.free(&inner, sb);
     }
     printf("| one layer's twelve | | bf16 %.3f ms, fp8 %.3f ms | bf16 %.3f ms, fp8 %.3f ms |\n",
            1e3 * tot[0][0], 1e3 * tot[1][0], 1e3 * tot[0][1], 1e3 * tot[1][1]);
