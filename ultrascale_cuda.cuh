@@ -63,6 +63,10 @@ US_API const char *us_cuda_attention_path(us_ops *ops, us_dtype dt, int head_siz
    Hopper kernel but context parallelism's block kernels (attn_block_fwd/bwd then take the
    mma.sync ones of // >>cuda-cp-flash). */
 US_API void us_cuda_attention_no_hopper(us_ops *ops, int which);
+/* Runs the persistent Hopper kernels (the forward, the backward's dQ) on at most ctas CTAs (0,
+   the default: one per SM), so that tests can send many query tiles through each CTA's rings on
+   any GPU, and benchmarks can compare with one CTA per tile (a large ctas). */
+US_API void us_cuda_attention_grid(us_ops *ops, int ctas);
 
 /* gemm_grouped's path on the GPU (// >>cuda-grouped), for tests and benchmarks to compare:
    US_CUDA_GG_AUTO (the default) the Hopper kernel where the size rule says it is faster, else
@@ -120,9 +124,10 @@ typedef struct us__gemm_plan {
 
 typedef struct us__cuda {
     int device, cc_major, n_sm;
-    int hop_off; /* attention skips // >>cuda-hopper: 1 both ways, 2 forward, 3 backward; 4 the
+    int hop_off;  /* attention skips // >>cuda-hopper: 1 both ways, 2 forward, 3 backward; 4 the
                     two-kernel backward always, 5 the fused one always, 6 not the block kernels
                     of context parallelism (tests, benchmarks) */
+    int hop_grid; /* CTAs of the persistent Hopper kernels: 0 one per SM (tests ask for fewer) */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     void *ws; /* cuBLASLt workspace */
@@ -2751,20 +2756,23 @@ static void us__flash_bwd(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
    rows of one column hit all 32 banks. A head of HS elements takes ⌈HS/64⌉ blocks; HS 80 and 96
    leave part of the last block unused, which the GEMMs never read.
    Kernels (B batch, T seq, NH query heads, NKV kv heads; layouts exactly as // >>cuda-flash):
-     us__hop_fwd_kernel    one CTA per (128 queries, head, batch): consumer c owns queries
-                           64c..64c+63; the producer streams K and V tiles of BC keys through a
-                           2-stage ring, stopping at the diagonal (causal tiles past it are never
-                           loaded). S = Q·Kᵀ (both operands in shared memory), online softmax,
-                           O += P·V (P in registers, V read transposed by the descriptor).
+     us__hop_fwd_kernel    a persistent grid, one CTA per SM, walking the tiles of (64·NWF
+                           queries, head, batch) longest first; consumer c owns queries 64c..
+                           64c+63 of a tile; the producer streams K and V tiles of BC keys through
+                           a 2-stage ring, stopping at the diagonal (causal tiles past it are never
+                           loaded), and loads the next tile's queries while this one finishes.
+                           S = Q·Kᵀ (both operands in shared memory), online softmax, O += P·V (P
+                           in registers, V read transposed by the descriptor).
      us__hop_dot_kernel    D = rowsum(dO ∘ O) and lse·log2 e per query row (the preprocess).
      us__hop_dkdv_kernel   one CTA per (64·NWG keys, kv head, batch): every query head of the
                            group × every 64-query tile at or after the diagonal streams by;
                            Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, Pᵀ, dSᵀ, then dV += Pᵀ·dO, dK += dSᵀ·Q. Each key
                            has one owner, so dK and dV are summed in registers, no atomics.
-     us__hop_dq_kernel     one CTA per (64·NWG queries, head, batch): key tiles up to the
-                           diagonal; S, dP, dS again, dQ += dS·K. A kernel of its own instead of
-                           fp32 atomics from the dK/dV kernel: every sum runs in a fixed order,
-                           so two runs give the same bits. It costs recomputing Q·Kᵀ and dO·Vᵀ.
+     us__hop_dq_kernel     persistent as the forward, over tiles of (64·NWG queries, head,
+                           batch): key tiles up to the diagonal; S, dP, dS again, dQ += dS·K.
+                           A kernel of its own instead of fp32 atomics from the dK/dV kernel:
+                           every sum runs in a fixed order, so two runs give the same bits. It
+                           costs recomputing Q·Kᵀ and dO·Vᵀ.
      us__hop_bwd_fused_kernel  FlashAttention-3's own backward, five GEMMs a tile instead of
                            seven: the dK/dV kernel forms dQ too and the copy engine adds it into
                            an fp32 dQ in a fixed order of key blocks (bit-identical reruns). It
@@ -3081,8 +3089,9 @@ static __device__ __forceinline__ void us__hop_to_a(uint32_t (&a)[4], const floa
 
 /* 2^x by the MUFU unit alone, subnormal results flushed to 0 (ex2.approx.ftz). exp2f without
    fast math adds a range check and two multiplies around the same MUFU.EX2 to keep subnormal
-   results: four more instructions per score in the backward, which is bound by issue slots, for
-   probabilities below 2^-126 that bf16 P and dS cannot hold usefully anyway. */
+   results: four more instructions per score in the forward's softmax and the backward, both
+   bound by issue slots at HS 64, for probabilities below 2^-126 that bf16 P and dS cannot hold
+   usefully anyway. */
 static __device__ __forceinline__ float us__hop_exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -3113,12 +3122,19 @@ struct us__hop_cfg {
        since a 64-wide wgmma reading both operands from shared memory is bound by its bandwidth */
     static constexpr int BQ = HS <= 64 ? 128 : 64;
     static constexpr int BKQ = HS <= 128 ? 128 : 64;
-    /* forward: Q [64·NWF][HSP], K and V [FS][BC][HSP]; the barriers after them */
-    static constexpr int fwd_bytes = 64 * NWF * HSP * 2 + 2 * FS * BC * HSP * 2;
+    /* forward: Q [QN][64·NWF][HSP], K and V [FS][BC][HSP]; the barriers after them. Two Q
+       buffers where they fit (all but HS 256), so that the persistent forward loads the next
+       tile's queries while the consumers still read this tile's */
+    static constexpr int fwd_q_bytes = 64 * NWF * HSP * 2, fwd_kv_bytes = 2 * FS * BC * HSP * 2;
+    static constexpr int QN = 2 * fwd_q_bytes + fwd_kv_bytes + 1024 + 32 * 8 <= 232448 ? 2 : 1;
+    static constexpr int fwd_bytes = QN * fwd_q_bytes + fwd_kv_bytes;
     /* dK/dV: K, V [64·NWG][HSP]; per stage Q, dO [BQ][HSP] and lse·log2 e, D [BQ] fp32 */
     static constexpr int dkdv_bytes = 2 * 64 * NWG * HSP * 2 + BS * (2 * BQ * HSP * 2 + 2 * BQ * 4);
-    /* dQ: Q, dO [64·NWG][HSP]; per stage K, V [BKQ][HSP] */
-    static constexpr int dq_bytes = 2 * 64 * NWG * HSP * 2 + QS * 2 * BKQ * HSP * 2;
+    /* dQ: Q, dO [QNQ][64·NWG][HSP] (two buffers of each where they fit: HS 64), per stage K, V
+       [BKQ][HSP] */
+    static constexpr int dq_q_bytes = 2 * 64 * NWG * HSP * 2, dq_kv_bytes = QS * 2 * BKQ * HSP * 2;
+    static constexpr int QNQ = 2 * dq_q_bytes + dq_kv_bytes + 1024 + 32 * 8 <= 232448 ? 2 : 1;
+    static constexpr int dq_bytes = QNQ * dq_q_bytes + dq_kv_bytes;
     /* the fused backward, compiled at HS 64 and 128 (the scheme takes any HS with NWG 2, but at
        80 and 96 it measured slower than the two kernels at every T): the dK/dV kernel's tiles,
        dSᵀ twice [2][BQ][128] (one tile being read by the dQ GEMMs while the next is written) and
@@ -3146,18 +3162,48 @@ static __device__ __forceinline__ unsigned char *us__hop_smem_base(unsigned char
 
 /* The kernels' shared memory cut into named tiles, in the order of us__hop_cfg's byte counts,
    the barriers right after the tiles (the block kernels of // >>cuda-cp-flash keep their bitmask
-   of visible tiles 32 barriers on). The forward: Q [64·NWF][HSP], K and V [FS][BC][HSP];
-   barriers [barQ][fullK FS][fullV FS][emptyK FS][emptyV FS]. */
+   of visible tiles 32 barriers on). The forward: Q [QN][64·NWF][HSP], K and V [FS][BC][HSP];
+   barriers [barQ QN][emptyQ QN][fullK FS][fullV FS][emptyK FS][emptyV FS]. */
 template <int HS>
 struct us__hop_fwd_smem {
     using C = us__hop_cfg<HS>;
-    static constexpr int QB = 64 * C::NWF * C::HSP * 2, KVB = C::BC * C::HSP * 2;
+    static constexpr int QB = C::fwd_q_bytes, KVB = C::BC * C::HSP * 2;
     unsigned char *sQ, *sK, *sV;
-    uint64_t *barQ, *fullK, *fullV, *emptyK, *emptyV;
+    uint64_t *barQ, *emptyQ, *fullK, *fullV, *emptyK, *emptyV;
 
     __device__ explicit us__hop_fwd_smem(unsigned char *base)
-        : sQ(base), sK(sQ + QB), sV(sK + C::FS * KVB), barQ((uint64_t *)(sV + C::FS * KVB)),
-          fullK(barQ + 1), fullV(fullK + C::FS), emptyK(fullV + C::FS), emptyV(emptyK + C::FS) {}
+        : sQ(base), sK(sQ + C::QN * QB), sV(sK + C::FS * KVB), barQ((uint64_t *)(sV + C::FS * KVB)),
+          emptyQ(barQ + C::QN), fullK(emptyQ + C::QN), fullV(fullK + C::FS), emptyK(fullV + C::FS),
+          emptyV(emptyK + C::FS) {}
+
+    /* thread 0 initialises (full: the copy thread's one arrival; empty: every consumer thread),
+       then the block syncs */
+    __device__ void init(int consumer_threads) const {
+        if (threadIdx.x == 0) {
+            for (int i = 0; i < C::QN; i++) {
+                us__mb_init(barQ + i, 1);
+                us__mb_init(emptyQ + i, consumer_threads);
+            }
+            for (int i = 0; i < C::FS; i++) {
+                us__mb_init(fullK + i, 1);
+                us__mb_init(fullV + i, 1);
+                us__mb_init(emptyK + i, consumer_threads);
+                us__mb_init(emptyV + i, consumer_threads);
+            }
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
+        __syncthreads();
+    }
+};
+
+/* Where one query tile stands in the forward's rings, for a CTA that runs several in turn (the
+   persistent causal forward): j, the CTA's count of tiles before it, picks the Q buffer (j mod
+   QN) and its phase; base, the key tiles the K/V ring carried before it, shifts the stage and
+   phase of each key tile; last says that no tile follows (the consumers' turns stop there). A
+   CTA that runs one tile (the CP block kernels) keeps the defaults. */
+struct us__hop_ring {
+    int j = 0, base = 0;
+    bool last = true;
 };
 
 /* dK/dV: K, V [64·NWG][HSP]; per stage Q, dO [BS][BQ][HSP], L2 and D [BS][BQ] fp32 and (POS,
@@ -3178,17 +3224,35 @@ struct us__hop_dkdv_smem {
           full(barKV + 1), empty(full + S) {}
 };
 
-/* dQ: Q, dO [64·NWG][HSP]; per stage K, V [QS][BKQ][HSP]; barriers [barQ][full QS][empty QS] */
+/* dQ: per Q buffer [QNQ] Q then dO [64·NWG][HSP] (buffer i at sQ + i·QSTEP); per stage K, V
+   [QS][BKQ][HSP]; barriers [barQ QNQ][emptyQ QNQ][full QS][empty QS] */
 template <int HS>
 struct us__hop_dq_smem {
     using C = us__hop_cfg<HS>;
-    static constexpr int QB = 64 * C::NWG * C::HSP * 2, KB = C::BKQ * C::HSP * 2;
+    static constexpr int QB = 64 * C::NWG * C::HSP * 2, QSTEP = 2 * QB, KB = C::BKQ * C::HSP * 2;
     unsigned char *sQ, *sdO, *sK, *sV;
-    uint64_t *barQ, *full, *empty;
+    uint64_t *barQ, *emptyQ, *full, *empty;
 
     __device__ explicit us__hop_dq_smem(unsigned char *base)
-        : sQ(base), sdO(sQ + QB), sK(sdO + QB), sV(sK + C::QS * KB),
-          barQ((uint64_t *)(sV + C::QS * KB)), full(barQ + 1), empty(full + C::QS) {}
+        : sQ(base), sdO(sQ + QB), sK(sQ + C::QNQ * QSTEP), sV(sK + C::QS * KB),
+          barQ((uint64_t *)(sV + C::QS * KB)), emptyQ(barQ + C::QNQ), full(emptyQ + C::QNQ),
+          empty(full + C::QS) {}
+
+    /* as us__hop_fwd_smem::init */
+    __device__ void init(int consumer_threads) const {
+        if (threadIdx.x == 0) {
+            for (int i = 0; i < C::QNQ; i++) {
+                us__mb_init(barQ + i, 1);
+                us__mb_init(emptyQ + i, consumer_threads);
+            }
+            for (int i = 0; i < C::QS; i++) {
+                us__mb_init(full + i, 1);
+                us__mb_init(empty + i, consumer_threads);
+            }
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
+        __syncthreads();
+    }
 };
 
 /* an accumulator of the wgmma layout ([N][4] per thread) set to 0 */
@@ -3278,13 +3342,13 @@ static __device__ __forceinline__ void us__hop_softmax(float (&s)[BC / 8][4], fl
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
         const float mnew = fmaxf(m[r], mx[r] * sl2);
         const float mref = mnew == -INFINITY ? 0.f : mnew;
-        corr[r] = exp2f(m[r] - mref);
+        corr[r] = us__hop_exp2(m[r] - mref);
         m[r] = mnew;
         l[r] *= corr[r];
 #pragma unroll
         for (int j = 0; j < BC / 8; j++) {
-            s[j][2 * r] = exp2f(fmaf(s[j][2 * r], sl2, -mref));
-            s[j][2 * r + 1] = exp2f(fmaf(s[j][2 * r + 1], sl2, -mref));
+            s[j][2 * r] = us__hop_exp2(fmaf(s[j][2 * r], sl2, -mref));
+            s[j][2 * r + 1] = us__hop_exp2(fmaf(s[j][2 * r + 1], sl2, -mref));
             l[r] += s[j][2 * r] + s[j][2 * r + 1];
         }
     }
@@ -3359,24 +3423,28 @@ static __device__ __forceinline__ void us__hop_qk(float (&sc)[BC / 8][4], const 
     us__wg_commit();
 }
 
-/* The forward's producer (one thread): Q once (columns qcol), then K and V (columns kcol, vcol)
-   of the tiles of the walk ks (Keys) through the FS stages of the ring, each refilled once every
-   consumer has arrived on its "empty" barrier */
+/* The forward's producer (one thread) for one query tile: its Q (columns qcol) into buffer
+   rg.j mod QN once the consumers are done with the tile that buffer held, then K and V (columns
+   kcol, vcol) of the tiles of the walk ks (Keys) through the FS stages of the ring, each refilled
+   once every consumer has arrived on its "empty" barrier */
 template <int HS, typename Keys>
 static __device__ __forceinline__ void
 us__hop_fwd_produce(const us__hop_fwd_smem<HS> &sm, const CUtensorMap *mq, const CUtensorMap *mkv,
-                    const Keys &ks, int qcol, int kcol, int vcol, int b, int q0) {
+                    const Keys &ks, int qcol, int kcol, int vcol, int b, int q0,
+                    const us__hop_ring &rg = us__hop_ring()) {
     using C = us__hop_cfg<HS>;
-    constexpr int BR = 64 * C::NWF, BC = C::BC, S = C::FS;
+    constexpr int BR = 64 * C::NWF, BC = C::BC, S = C::FS, QN = C::QN;
     constexpr int QB = us__hop_fwd_smem<HS>::QB, KVB = us__hop_fwd_smem<HS>::KVB;
-    us__mb_expect(sm.barQ, QB);
-    us__tma_tile<HS, BR>(sm.sQ, mq, qcol, q0, b, sm.barQ);
+    const int qi = rg.j % QN;
+    if (rg.j >= QN) us__mb_wait(sm.emptyQ + qi, ((rg.j / QN) - 1) & 1);
+    us__mb_expect(sm.barQ + qi, QB);
+    us__tma_tile<HS, BR>(sm.sQ + qi * QB, mq, qcol, q0, b, sm.barQ + qi);
     for (int it = 0, kt = ks.first(); it < ks.n; it++, kt = ks.next(kt)) {
-        const int s = it % S;
-        if (it >= S) us__mb_wait(sm.emptyK + s, ((it / S) - 1) & 1); /* every consumer is done */
+        const int r = rg.base + it, s = r % S;
+        if (r >= S) us__mb_wait(sm.emptyK + s, ((r / S) - 1) & 1); /* every consumer is done */
         us__mb_expect(sm.fullK + s, KVB);
         us__tma_tile<HS, BC>(sm.sK + s * KVB, mkv, kcol, kt * BC, b, sm.fullK + s);
-        if (it >= S) us__mb_wait(sm.emptyV + s, ((it / S) - 1) & 1);
+        if (r >= S) us__mb_wait(sm.emptyV + s, ((r / S) - 1) & 1);
         us__mb_expect(sm.fullV + s, KVB);
         us__tma_tile<HS, BC>(sm.sV + s * KVB, mkv, vcol, kt * BC, b, sm.fullV + s);
     }
@@ -3414,17 +3482,24 @@ us__hop_fwd_store(const float (&o)[HS / 8][4], const float (&m)[2], float (&l)[2
    and the last P·V are peeled off, so that every wait in the loop is unconditional (ptxas
    serialises wgmma it cannot prove waited for on every path). The consumer computes the first
    ks.nc tiles (a tile among them that it cannot see is masked whole: P·V runs one tile behind),
-   then only takes the turns and stages of the rest. */
+   then only takes the turns and stages of the rest, and frees its Q buffer. Tile it sits in
+   stage (rg.base + it) mod FS of the ring (us__hop_ring). */
 template <typename E, int HS, typename Keys>
 static __device__ __forceinline__ void
 us__hop_fwd_consume(float (&o)[HS / 8][4], float (&m)[2], float (&l)[2],
-                    const us__hop_fwd_smem<HS> &sm, const Keys &ks, int c, int lane, float sl2) {
+                    const us__hop_fwd_smem<HS> &sm, const Keys &ks, int c, int lane, float sl2,
+                    const us__hop_ring &rg = us__hop_ring()) {
     using C = us__hop_cfg<HS>;
-    constexpr int NW = C::NWF, BR = 64 * NW, BC = C::BC, S = C::FS;
+    constexpr int NW = C::NWF, BR = 64 * NW, BC = C::BC, S = C::FS, QN = C::QN;
     constexpr int KVB = us__hop_fwd_smem<HS>::KVB;
-    const unsigned char *sQc = sm.sQ + 64 * c * 128; /* this warpgroup's 64 queries */
-    uint32_t pa[BC / 16][4];                         /* P of the tile before, as A fragments */
+    const int qi = rg.j % QN;
+    /* this warpgroup's 64 queries */
+    const unsigned char *sQc = sm.sQ + qi * us__hop_fwd_smem<HS>::QB + 64 * c * 128;
+    uint32_t pa[BC / 16][4]; /* P of the tile before, as A fragments */
     float corr[2] = {1.f, 1.f};
+    /* the ring's stage of key tile it, and the parity of its round */
+    const auto stage = [&](int it) { return (rg.base + it) % S; };
+    const auto phase = [&](int it) { return ((rg.base + it) / S) & 1; };
     /* O += P·V of the tile in stage s (O was rescaled before the batch's first fence). The fence
        after the wait is the one ptxas would put there itself (info C7519, "warpgroup.arrive is
        injected"): an RS batch behind another batch gets one; written out, the code says what
@@ -3451,34 +3526,35 @@ us__hop_fwd_consume(float (&o)[HS / 8][4], float (&m)[2], float (&l)[2],
 #pragma unroll
         for (int t = 0; t < BC / 16; t++) us__hop_to_a<E, BC>(pa[t], sc, t);
     };
-    /* the next consumer's turn (none after the last tile) */
+    /* the next consumer's turn (none after the CTA's last key tile) */
     const auto turn_done = [&](int it) {
-        if (c != NW - 1 || it + 1 < ks.n) us__hop_bar_arrive(1 + (c + 1) % NW);
+        if (c != NW - 1 || it + 1 < ks.n || !rg.last) us__hop_bar_arrive(1 + (c + 1) % NW);
     };
-    if (c == NW - 1) us__hop_bar_arrive(1); /* consumer 0 takes the tensor cores first */
-    us__mb_wait(sm.barQ, 0);
+    /* consumer 0 takes the tensor cores first */
+    if (c == NW - 1 && rg.j == 0) us__hop_bar_arrive(1);
+    us__mb_wait(sm.barQ + qi, (rg.j / QN) & 1);
     int it = 0;
     if (ks.nc > 0) {
         float sc[BC / 8][4];
         int t = ks.first();
         us__hop_kt kt = ks.at(t);
-        us__mb_wait(sm.fullK, 0);
+        us__mb_wait(sm.fullK + stage(0), phase(0));
         us__hop_bar_sync(1 + c);
-        us__hop_qk<E, HS, BR, BC>(sc, sQc, sm.sK);
+        us__hop_qk<E, HS, BR, BC>(sc, sQc, sm.sK + stage(0) * KVB);
         turn_done(0);
         us__wg_wait<BC / 2>(&sc[0][0]);
-        us__mb_arrive(sm.emptyK);
+        us__mb_arrive(sm.emptyK + stage(0));
         softmax(sc, kt);
         to_a(sc);
         for (it = 1; it < ks.nc; it++) {
-            const int s = it % S, sp = (it - 1) % S;
+            const int s = stage(it), sp = stage(it - 1);
             t = ks.next(t);
             kt = ks.at(t);
-            us__mb_wait(sm.fullK + s, (it / S) & 1);
+            us__mb_wait(sm.fullK + s, phase(it));
             us__hop_bar_sync(1 + c); /* this consumer's turn at the tensor cores */
             us__hop_scale_o<HS>(o, corr);
             us__hop_qk<E, HS, BR, BC>(sc, sQc, sm.sK + s * KVB);
-            pv(sp, ((it - 1) / S) & 1);
+            pv(sp, phase(it - 1));
             turn_done(it);
             us__wg_wait_n<1, BC / 2>(&sc[0][0]); /* S has landed, P·V may still run */
             us__mb_arrive(sm.emptyK + s);        /* K of tile it is read */
@@ -3488,14 +3564,15 @@ us__hop_fwd_consume(float (&o)[HS / 8][4], float (&m)[2], float (&l)[2],
             to_a(sc);
         }
         us__hop_scale_o<HS>(o, corr);
-        pv((it - 1) % S, ((it - 1) / S) & 1); /* O += P·V of the last tile */
+        pv(stage(it - 1), phase(it - 1)); /* O += P·V of the last tile */
         us__wg_wait<HS / 2>(&o[0][0]);
-        us__mb_arrive(sm.emptyV + (it - 1) % S);
+        us__mb_arrive(sm.emptyV + stage(it - 1));
     }
+    us__mb_arrive(sm.emptyQ + qi); /* every S of this tile has landed: Q is read */
     /* tiles wholly after this warpgroup's queries: only their turns and stages */
     for (; it < ks.n; it++) {
-        const int s = it % S;
-        us__mb_wait(sm.fullK + s, (it / S) & 1);
+        const int s = stage(it);
+        us__mb_wait(sm.fullK + s, phase(it));
         us__hop_bar_sync(1 + c);
         turn_done(it);
         us__mb_arrive(sm.emptyK + s);
@@ -3503,44 +3580,83 @@ us__hop_fwd_consume(float (&o)[HS / 8][4], float (&m)[2], float (&l)[2],
     }
 }
 
-/* The forward, one CTA per (64·NWF queries, head, batch): consumer c owns queries 64c.., key
-   tiles up to the diagonal (us__hop_fwd_consume, causal) */
+/* Tile j of CTA i in a persistent grid of G CTAs over tiles sorted longest first: tile j·G + i
+   in even rounds j, j·G + G−1−i in odd ones (there and back), so that no CTA takes the longest
+   tile of every round; a value past the last tile ends the CTA's walk */
+static __device__ __forceinline__ int us__hop_snake(int i, int j, int G) {
+    return j * G + ((j & 1) ? G - 1 - i : i);
+}
+
+/* Query tile u (of BR rows) of the causal forward and dQ kernels, longest first: the last query
+   block of every (head, batch), then the one before, ...; heads fastest, so that a group's heads
+   meet in L2 */
+struct us__hop_qtile {
+    int q0, h, b, g;
+};
+
+static __device__ __forceinline__ us__hop_qtile us__hop_qtile_of(int u, int nqb, int BR, int NH,
+                                                                 int B, int NKV) {
+    const int r = u % (NH * B), h = r % NH;
+    return {(nqb - 1 - u / (NH * B)) * BR, h, r / NH, h / (NH / NKV)};
+}
+
+/* The forward, a persistent grid (one CTA per SM) over the tiles of 64·NWF queries of every
+   (head, batch), in us__hop_snake's order: consumer c owns queries 64c.. of each, key tiles up
+   to the diagonal (us__hop_fwd_consume, causal). A CTA's rings run on from one query tile to the
+   next, so the producer loads the next tile's Q and first K/V while the consumers finish this
+   one and write it out: a grid of one CTA per tile paid that start and end on every tile. */
 template <typename E, int HS>
 __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
     us__hop_fwd_kernel(const __grid_constant__ CUtensorMap mq,
                        const __grid_constant__ CUtensorMap mkv, E *__restrict__ out,
-                       float *__restrict__ lse, int T, int NH, int NKV,
+                       float *__restrict__ lse, int B, int T, int NH, int NKV,
                        float sl2 /* scale·log2 e */) {
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
-    constexpr int NW = C::NWF, BR = 64 * NW, BC = C::BC, S = C::FS;
+    constexpr int NW = C::NWF, BR = 64 * NW, BC = C::BC;
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
     const us__hop_fwd_smem<HS> sm(us__hop_smem_base(us__hop_raw));
-    const int qb = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, g = h / (NH / NKV);
-    const int q0 = qb * BR;
-    us__hop_causal<BC> ks;
-    ks.n = (min(q0 + BR, T) - 1) / BC + 1; /* causal: no tile past the diagonal */
+    const int nqb = (T + BR - 1) / BR, U = nqb * NH * B, G = gridDim.x;
     const int wg = us__hop_wg(), tid = threadIdx.x & 127;
-    us__hop_bars_init(sm.barQ, 2 * S, 1, 128 * NW); /* fullK, fullV; emptyK, emptyV */
+    sm.init(128 * NW);
+    us__hop_ring rg;
 
     if (wg == 0) { /* producer: one thread issues every copy */
         us__hop_regs_producer<NW>();
-        if (tid == 0)
-            us__hop_fwd_produce<HS>(sm, &mq, &mkv, ks, h * HS, (NH + g) * HS, (NH + NKV + g) * HS,
-                                    b, q0);
+        if (tid != 0) return;
+        for (int u = us__hop_snake(blockIdx.x, 0, G); u < U; rg.j++) {
+            const int un = us__hop_snake(blockIdx.x, rg.j + 1, G);
+            const us__hop_qtile q = us__hop_qtile_of(u, nqb, BR, NH, B, NKV);
+            us__hop_causal<BC> ks;
+            ks.n = (min(q.q0 + BR, T) - 1) / BC + 1; /* causal: no tile past the diagonal */
+            rg.last = un >= U;
+            us__hop_fwd_produce<HS>(sm, &mq, &mkv, ks, q.h * HS, (NH + q.g) * HS,
+                                    (NH + NKV + q.g) * HS, q.b, q.q0, rg);
+            rg.base += ks.n;
+            u = un;
+        }
         return;
     }
     us__hop_regs_consumer<NW>();
     const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
-    ks.r0 = q0 + 64 * c;
-    ks.nc = ks.r0 < T ? (min(ks.r0 + 64, T) - 1) / BC + 1 : 0; /* the tiles it needs (a prefix) */
-    ks.row0 = ks.r0 + 16 * warp + (lane >> 2);
-    float o[HS / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    us__hop_zero(o);
-    us__hop_fwd_consume<E, HS>(o, m, l, sm, ks, c, lane, sl2);
-    us__hop_fwd_store<E, HS>(o, m, l, out, lse, ks.row0, b, h, T, NH, lane);
+    for (int u = us__hop_snake(blockIdx.x, 0, G); u < U; rg.j++) {
+        const int un = us__hop_snake(blockIdx.x, rg.j + 1, G);
+        const us__hop_qtile q = us__hop_qtile_of(u, nqb, BR, NH, B, NKV);
+        us__hop_causal<BC> ks;
+        ks.n = (min(q.q0 + BR, T) - 1) / BC + 1;
+        ks.r0 = q.q0 + 64 * c;
+        ks.nc = ks.r0 < T ? (min(ks.r0 + 64, T) - 1) / BC + 1 : 0; /* the tiles it needs */
+        ks.row0 = ks.r0 + 16 * warp + (lane >> 2);
+        rg.last = un >= U;
+        float o[HS / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+        us__hop_zero(o);
+        us__hop_fwd_consume<E, HS>(o, m, l, sm, ks, c, lane, sl2, rg);
+        us__hop_fwd_store<E, HS>(o, m, l, out, lse, ks.row0, q.b, q.h, T, NH, lane);
+        rg.base += ks.n;
+        u = un;
+    }
 #else
-    (void)mq, (void)mkv, (void)out, (void)lse, (void)T, (void)NH, (void)NKV, (void)sl2;
+    (void)mq, (void)mkv, (void)out, (void)lse, (void)B, (void)T, (void)NH, (void)NKV, (void)sl2;
     __trap();
 #endif
 }
@@ -3684,22 +3800,26 @@ us__hop_dkv_store(const float (&dk)[DK ? HS / 8 : 1][4], const float (&dv)[DV ? 
     }
 }
 
-/* The dQ kernel's copy thread: Q and dO of the CTA's queries once (columns qcol), then K and V
-   (columns kcol, vcol) of the key tiles of the walk ks (Keys) through the ring */
+/* The dQ kernel's copy thread for one query tile: its Q and dO (columns qcol) into buffer
+   rg.j mod QNQ once the consumers are done with the tile that buffer held, then K and V (columns
+   kcol, vcol) of the key tiles of the walk ks (Keys) through the ring (us__hop_ring) */
 template <int HS, typename Keys>
 static __device__ __forceinline__ void
 us__hop_dq_produce(const us__hop_dq_smem<HS> &sm, const CUtensorMap *mq, const CUtensorMap *mdo,
                    const CUtensorMap *mkv, const Keys &ks, int qcol, int kcol, int vcol, int b,
-                   int q0) {
+                   int q0, const us__hop_ring &rg = us__hop_ring()) {
     using C = us__hop_cfg<HS>;
-    constexpr int BR = 64 * C::NWG, BK = C::BKQ, S = C::QS;
+    constexpr int BR = 64 * C::NWG, BK = C::BKQ, S = C::QS, QN = C::QNQ;
     constexpr int QB = us__hop_dq_smem<HS>::QB, KB = us__hop_dq_smem<HS>::KB;
-    us__mb_expect(sm.barQ, 2 * QB);
-    us__tma_tile<HS, BR>(sm.sQ, mq, qcol, q0, b, sm.barQ);
-    us__tma_tile<HS, BR>(sm.sdO, mdo, qcol, q0, b, sm.barQ);
+    const int qi = rg.j % QN;
+    unsigned char *q = sm.sQ + qi * us__hop_dq_smem<HS>::QSTEP;
+    if (rg.j >= QN) us__mb_wait(sm.emptyQ + qi, ((rg.j / QN) - 1) & 1);
+    us__mb_expect(sm.barQ + qi, 2 * QB);
+    us__tma_tile<HS, BR>(q, mq, qcol, q0, b, sm.barQ + qi);
+    us__tma_tile<HS, BR>(q + QB, mdo, qcol, q0, b, sm.barQ + qi);
     for (int it = 0, kt = ks.first(); it < ks.n; it++, kt = ks.next(kt)) {
-        const int s = it % S;
-        if (it >= S) us__mb_wait(sm.empty + s, ((it / S) - 1) & 1);
+        const int r = rg.base + it, s = r % S;
+        if (r >= S) us__mb_wait(sm.empty + s, ((r / S) - 1) & 1);
         us__mb_expect(sm.full + s, 2 * KB);
         us__tma_tile<HS, BK>(sm.sK + s * KB, mkv, kcol, kt * BK, b, sm.full + s);
         us__tma_tile<HS, BK>(sm.sV + s * KB, mkv, vcol, kt * BK, b, sm.full + s);
@@ -3896,27 +4016,29 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
 #endif
 }
 
-/* One key tile kt (stage s, the CTA's it-th) of a dQ consumer (Keys: the mask mode):
-   S = Q·Kᵀ, dP = dO·Vᵀ, P = exp2(S·sl2 − L2) (0 where ks.masked, where part of the tile is),
-   dS = P ∘ (dP − D) · scale (scaled before rounding, as in the dK/dV kernel), dQ += dS·K; each
-   of its two GEMM batches in this consumer's turn */
+/* One key tile kt (stage s) of a dQ consumer (Keys: the mask mode) against the queries and dO
+   in buffer q (Q, then dO): S = Q·Kᵀ, dP = dO·Vᵀ, P = exp2(S·sl2 − L2) (0 where ks.masked, where
+   part of the tile is), dS = P ∘ (dP − D) · scale (scaled before rounding, as in the dK/dV
+   kernel), dQ += dS·K; each of its two GEMM batches in this consumer's turn (last: no turn
+   follows in this CTA) */
 template <typename E, int HS, typename Keys>
 static __device__ __forceinline__ void
-us__hop_dq_tile(float (&dq)[HS / 8][4], const us__hop_dq_smem<HS> &sm, int s, const Keys &ks,
-                const us__hop_kt &kt, const float (&L2)[2], const float (&Dr)[2], int it, int c,
-                int lane, float scale, float sl2) {
+us__hop_dq_tile(float (&dq)[HS / 8][4], const us__hop_dq_smem<HS> &sm, const unsigned char *q,
+                int s, const Keys &ks, const us__hop_kt &kt, const float (&L2)[2],
+                const float (&Dr)[2], bool last, int c, int lane, float scale, float sl2) {
     using C = us__hop_cfg<HS>;
     constexpr int NWG = C::NWG, BR = 64 * NWG, BK = C::BKQ, KB = us__hop_dq_smem<HS>::KB;
     const unsigned char *tK = sm.sK + s * KB, *tV = sm.sV + s * KB;
+    const unsigned char *tQ = q, *tdO = q + us__hop_dq_smem<HS>::QB;
     float sc[BK / 8][4], dp[BK / 8][4];
     us__hop_turn<NWG>(c);
     us__wg_fence();
 #pragma unroll
     for (int kk = 0; kk < HS / 16; kk++) {
-        us__wg_ss<BK, E, 0>(&sc[0][0], us__wg_kmaj<BR>(sm.sQ, 64 * c, kk),
-                            us__wg_kmaj<BK>(tK, 0, kk), kk > 0);
-        us__wg_ss<BK, E, 0>(&dp[0][0], us__wg_kmaj<BR>(sm.sdO, 64 * c, kk),
-                            us__wg_kmaj<BK>(tV, 0, kk), kk > 0);
+        us__wg_ss<BK, E, 0>(&sc[0][0], us__wg_kmaj<BR>(tQ, 64 * c, kk), us__wg_kmaj<BK>(tK, 0, kk),
+                            kk > 0);
+        us__wg_ss<BK, E, 0>(&dp[0][0], us__wg_kmaj<BR>(tdO, 64 * c, kk), us__wg_kmaj<BK>(tV, 0, kk),
+                            kk > 0);
     }
     us__wg_commit();
     us__hop_turn_done<NWG>(c, false);
@@ -3941,7 +4063,7 @@ us__hop_dq_tile(float (&dq)[HS / 8][4], const us__hop_dq_smem<HS> &sm, int s, co
     for (int t = 0; t < BK / 16; t++)
         us__wg_rs<HS, E, 1>(&dq[0][0], da[t], us__wg_mnmaj<BK>(tK, t), 1);
     us__wg_commit();
-    us__hop_turn_done<NWG>(c, it + 1 == ks.n);
+    us__hop_turn_done<NWG>(c, last);
     us__wg_wait<HS / 2>(&dq[0][0]);
 }
 
@@ -3959,32 +4081,38 @@ static __device__ __forceinline__ void us__hop_dq_rows(float (&L2)[2], float (&D
     }
 }
 
-/* A dQ consumer over the CTA's key tiles in order (deterministic; Keys: the mask mode), a tile
-   whose keys all follow its rows skipped; the ping-pong of the two consumers' GEMM batches, as
-   in the dK/dV kernel */
+/* A dQ consumer over one query tile's key tiles in order (deterministic; Keys: the mask mode), a
+   tile whose keys all follow its rows skipped; the ping-pong of the two consumers' GEMM batches,
+   as in the dK/dV kernel, carried on over the CTA's query tiles (us__hop_ring) */
 template <typename E, int HS, typename Keys>
 static __device__ __forceinline__ void
 us__hop_dq_consume(float (&dq)[HS / 8][4], const us__hop_dq_smem<HS> &sm, const Keys &ks,
                    const float (&L2)[2], const float (&Dr)[2], int c, int lane, float scale,
-                   float sl2) {
-    constexpr int NWG = us__hop_cfg<HS>::NWG, S = us__hop_cfg<HS>::QS;
-    us__mb_wait(sm.barQ, 0);
-    if (NWG == 2 && c == 1) us__hop_bar_arrive(1);
+                   float sl2, const us__hop_ring &rg = us__hop_ring()) {
+    constexpr int NWG = us__hop_cfg<HS>::NWG, S = us__hop_cfg<HS>::QS, QN = us__hop_cfg<HS>::QNQ;
+    const int qi = rg.j % QN;
+    const unsigned char *q = sm.sQ + qi * us__hop_dq_smem<HS>::QSTEP;
+    us__mb_wait(sm.barQ + qi, (rg.j / QN) & 1);
+    if (NWG == 2 && c == 1 && rg.j == 0) us__hop_bar_arrive(1);
     int t = ks.first();
     for (int it = 0; it < ks.n; it++, t = ks.next(t)) {
-        const int s = it % S;
+        const int r = rg.base + it, s = r % S;
+        const bool last = it + 1 == ks.n && rg.last;
         const us__hop_kt kt = ks.at(t);
-        us__mb_wait(sm.full + s, (it / S) & 1);
+        us__mb_wait(sm.full + s, (r / S) & 1);
         if (ks.skip(kt)) /* keys wholly after this warpgroup's queries */
-            us__hop_turns_skip<NWG>(c, it + 1 == ks.n);
+            us__hop_turns_skip<NWG>(c, last);
         else
-            us__hop_dq_tile<E, HS>(dq, sm, s, ks, kt, L2, Dr, it, c, lane, scale, sl2);
+            us__hop_dq_tile<E, HS>(dq, sm, q, s, ks, kt, L2, Dr, last, c, lane, scale, sl2);
         us__mb_arrive(sm.empty + s);
     }
+    us__mb_arrive(sm.emptyQ + qi); /* Q and dO of this tile are read */
 }
 
-/* dQ of 64·NWG queries of head h, key tiles 0.. up to the diagonal in order (deterministic).
-   Consumer c owns queries q0 + 64c ..; per key tile of BKQ keys:
+/* dQ, a persistent grid over the tiles of 64·NWG queries of every (head, batch), in the
+   forward's order (us__hop_snake, us__hop_qtile_of), its rings carried on from one tile to the
+   next. For each tile, key tiles 0.. up to the diagonal in order (deterministic); consumer c owns
+   queries q0 + 64c ..; per key tile of BKQ keys:
      S = Q·Kᵀ, dP = dO·Vᵀ, P = exp2(S·sl2 − L2) (0 where key > query),
      dS = P ∘ (dP − D) / sqrt(HS), dQ += dS·K (us__hop_dq_consume, causal) */
 template <typename E, int HS>
@@ -3992,51 +4120,66 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
     us__hop_dq_kernel(const __grid_constant__ CUtensorMap mq,
                       const __grid_constant__ CUtensorMap mdo,
                       const __grid_constant__ CUtensorMap mkv, const float *__restrict__ L2g,
-                      const float *__restrict__ Dg, E *__restrict__ dqkv, int T, int NH, int NKV,
-                      float scale, float sl2) {
+                      const float *__restrict__ Dg, E *__restrict__ dqkv, int B, int T, int NH,
+                      int NKV, float scale, float sl2) {
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
-    constexpr int NWG = C::NWG, BR = 64 * NWG, BK = C::BKQ, S = C::QS;
+    constexpr int NWG = C::NWG, BR = 64 * NWG, BK = C::BKQ;
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
     const us__hop_dq_smem<HS> sm(us__hop_smem_base(us__hop_raw));
-    const int qb = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, g = h / (NH / NKV);
-    const int q0 = qb * BR;
+    const int nqb = (T + BR - 1) / BR, U = nqb * NH * B, G = gridDim.x;
     const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS;
-    us__hop_causal<BK> ks;
-    ks.n = (min(q0 + BR, T) - 1) / BK + 1;
     const int wg = us__hop_wg(), tid = threadIdx.x & 127;
-    us__hop_bars_init(sm.barQ, S, 1, 128 * NWG);
+    sm.init(128 * NWG);
+    us__hop_ring rg;
 
     if (wg == 0) {
         us__hop_regs_producer<NWG>();
-        if (tid == 0)
-            us__hop_dq_produce<HS>(sm, &mq, &mdo, &mkv, ks, h * HS, (NH + g) * HS,
-                                   (NH + NKV + g) * HS, b, q0);
+        if (tid != 0) return;
+        for (int u = us__hop_snake(blockIdx.x, 0, G); u < U; rg.j++) {
+            const int un = us__hop_snake(blockIdx.x, rg.j + 1, G);
+            const us__hop_qtile q = us__hop_qtile_of(u, nqb, BR, NH, B, NKV);
+            us__hop_causal<BK> ks;
+            ks.n = (min(q.q0 + BR, T) - 1) / BK + 1;
+            rg.last = un >= U;
+            us__hop_dq_produce<HS>(sm, &mq, &mdo, &mkv, ks, q.h * HS, (NH + q.g) * HS,
+                                   (NH + NKV + q.g) * HS, q.b, q.q0, rg);
+            rg.base += ks.n;
+            u = un;
+        }
         return;
     }
     us__hop_regs_consumer<NWG>();
     const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
-    ks.r0 = q0 + 64 * c;
-    ks.nc = ks.r0 < T ? (min(ks.r0 + 64, T) - 1) / BK + 1 : 0;
-    ks.row0 = ks.r0 + 16 * warp + (lane >> 2); /* the thread's rows: row0 + 8r */
-    float L2[2], Dr[2], dq[HS / 8][4];
-    us__hop_dq_rows(L2, Dr, L2g, Dg, ks.row0, b, h, T, NH);
-    us__hop_zero(dq);
-    us__hop_dq_consume<E, HS>(dq, sm, ks, L2, Dr, c, lane, scale, sl2);
-
+    for (int u = us__hop_snake(blockIdx.x, 0, G); u < U; rg.j++) {
+        const int un = us__hop_snake(blockIdx.x, rg.j + 1, G);
+        const us__hop_qtile q = us__hop_qtile_of(u, nqb, BR, NH, B, NKV);
+        us__hop_causal<BK> ks;
+        ks.n = (min(q.q0 + BR, T) - 1) / BK + 1;
+        ks.r0 = q.q0 + 64 * c;
+        ks.nc = ks.r0 < T ? (min(ks.r0 + 64, T) - 1) / BK + 1 : 0;
+        ks.row0 = ks.r0 + 16 * warp + (lane >> 2); /* the thread's rows: row0 + 8r */
+        rg.last = un >= U;
+        float L2[2], Dr[2], dq[HS / 8][4];
+        us__hop_dq_rows(L2, Dr, L2g, Dg, ks.row0, q.b, q.h, T, NH);
+        us__hop_zero(dq);
+        us__hop_dq_consume<E, HS>(dq, sm, ks, L2, Dr, c, lane, scale, sl2, rg);
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int row = ks.row0 + 8 * r;
-        if (row >= T) continue;
-        E *dqr = dqkv + ((int64_t)b * T + row) * QKV + (int64_t)h * HS + 2 * (lane & 3);
+        for (int r = 0; r < 2; r++) {
+            const int row = ks.row0 + 8 * r;
+            if (row >= T) continue;
+            E *dqr = dqkv + ((int64_t)q.b * T + row) * QKV + (int64_t)q.h * HS + 2 * (lane & 3);
 #pragma unroll
-        for (int i = 0; i < HS / 8; i++)
-            *reinterpret_cast<uint32_t *>(dqr + i * 8) =
-                us__hop_pack<E>(dq[i][2 * r], dq[i][2 * r + 1]);
+            for (int i = 0; i < HS / 8; i++)
+                *reinterpret_cast<uint32_t *>(dqr + i * 8) =
+                    us__hop_pack<E>(dq[i][2 * r], dq[i][2 * r + 1]);
+        }
+        rg.base += ks.n;
+        u = un;
     }
 #else
-    (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dqkv, (void)T, (void)NH, (void)NKV,
-        (void)scale, (void)sl2;
+    (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dqkv, (void)B, (void)T, (void)NH,
+        (void)NKV, (void)scale, (void)sl2;
     __trap();
 #endif
 }
@@ -4402,16 +4545,18 @@ static int us__hop_compiled(void) {
     return known;
 }
 
+/* the persistent forward on ctas CTAs (fewer when there are fewer query tiles) */
 template <typename E, int HS>
 static void us__hop_fwd_hs(const CUtensorMap &mq, const CUtensorMap &mkv, void *out, float *lse,
-                           int B, int T, int NH, int NKV, cudaStream_t st) {
+                           int B, int T, int NH, int NKV, int ctas, cudaStream_t st) {
     const size_t smem = us__hop_smem(us__hop_cfg<HS>::fwd_bytes);
     cudaFuncSetAttribute(us__hop_fwd_kernel<E, HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          (int)smem);
     constexpr int BR = 64 * us__hop_cfg<HS>::NWF;
-    dim3 grid(NH, B, (T + BR - 1) / BR);
+    const int64_t tiles = (int64_t)((T + BR - 1) / BR) * NH * B;
+    const int grid = tiles < ctas ? (int)tiles : ctas;
     us__hop_fwd_kernel<E, HS><<<grid, 128 * (1 + us__hop_cfg<HS>::NWF), smem, st>>>(
-        mq, mkv, (E *)out, lse, T, NH, NKV, 1.4426950408889634f / sqrtf((float)HS));
+        mq, mkv, (E *)out, lse, B, T, NH, NKV, 1.4426950408889634f / sqrtf((float)HS));
 }
 
 /* the fused backward: the counters zeroed, the kernel, then dQacc rounded into dqkv.
@@ -4441,15 +4586,18 @@ static void us__hop_bwd_fused(const CUtensorMap *maps, const float *L2, const fl
     }
 }
 
+/* the two-kernel backward: dK/dV, then the persistent dQ kernel on ctas CTAs (fewer when there
+   are fewer query tiles) */
 template <typename E, int HS>
 static void us__hop_bwd_hs(const CUtensorMap *maps, const float *L2, const float *D, void *dqkv,
-                           int B, int T, int NH, int NKV, cudaStream_t st) {
+                           int B, int T, int NH, int NKV, int ctas, cudaStream_t st) {
     using C = us__hop_cfg<HS>;
     const float scale = 1.f / sqrtf((float)HS), sl2 = scale * 1.4426950408889634f;
     const size_t s1 = us__hop_smem(C::dkdv_bytes), s2 = us__hop_smem(C::dq_bytes);
     const int nthr = 128 * (1 + C::NWG);
-    dim3 g1(NKV, B, (T + 64 * C::NWG - 1) / (64 * C::NWG)),
-        g2(NH, B, (T + 64 * C::NWG - 1) / (64 * C::NWG));
+    const int64_t tiles = (int64_t)((T + 64 * C::NWG - 1) / (64 * C::NWG)) * NH * B;
+    const int g2 = tiles < ctas ? (int)tiles : ctas;
+    dim3 g1(NKV, B, (T + 64 * C::NWG - 1) / (64 * C::NWG));
     /* maps: 0 Q by BQ rows, 1 dO by BQ rows, 2 K/V by 64·NWG rows, 3 Q by 64·NWG, 4 dO by 64·NWG,
        5 K/V by BKQ */
     if constexpr (C::NWG == 2) {
@@ -4469,8 +4617,8 @@ static void us__hop_bwd_hs(const CUtensorMap *maps, const float *L2, const float
     }
     cudaFuncSetAttribute(us__hop_dq_kernel<E, HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          (int)s2);
-    us__hop_dq_kernel<E, HS>
-        <<<g2, nthr, s2, st>>>(maps[3], maps[4], maps[5], L2, D, (E *)dqkv, T, NH, NKV, scale, sl2);
+    us__hop_dq_kernel<E, HS><<<g2, nthr, s2, st>>>(maps[3], maps[4], maps[5], L2, D, (E *)dqkv, B,
+                                                   T, NH, NKV, scale, sl2);
 }
 
 /* the head sizes compiled, each for bf16 and fp16 */
@@ -4495,25 +4643,39 @@ static int us__hop_ok(us_ops *o, us_dtype dt, int HS, int bwd) {
 
 static int us__hop_aligned(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
+/* CTAs of the persistent kernels (forward, dQ): one per SM unless a test asked for fewer */
+static int us__hop_ctas(us_ops *o) {
+    const us__cuda *c = us__cu(o);
+    return c->hop_grid > 0 ? c->hop_grid : c->n_sm > 0 ? c->n_sm : 1;
+}
+
+/* whether the persistent walk's int counters hold every query tile (of 64 rows at least), and a
+   round past them (a grid of no more CTAs than tiles) */
+static int us__hop_walk_fits(int64_t B, int64_t T, int NH) {
+    return (T / 64 + 1) * NH * B <= INT_MAX / 4;
+}
+
 /* out[B,T,NH·HS], lse[B,NH,T] from qkv[B,T,QKV]; 0 when this path cannot take the call */
 static int us__hop_attention_fwd(us_ops *o, void *out, float *lse, const void *qkv, int64_t B,
                                  int64_t T, int NH, int NKV, int HS, us_dtype dt) {
     CUtensorMap mq, mkv;
     const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS;
     cudaStream_t st = us__cu(o)->stream;
+    const int ctas = us__hop_ctas(o);
     if (!us__hop_ok(o, dt, HS, 0) || !us__hop_aligned(qkv) || NKV <= 0 || NH % NKV || B >= 65536 ||
-        T > INT_MAX / 2)
+        T > INT_MAX / 2 || !us__hop_walk_fits(B, T, NH))
         return 0;
     if (B <= 0 || T <= 0 || NH <= 0) return 1;
-#define US__HOP_FWD(H)                                                                        \
-    if (HS == H) {                                                                            \
-        if (!us__hop_map(&mq, qkv, dt, QKV, T, B, 64 * us__hop_cfg<H>::NWF) ||                \
-            !us__hop_map(&mkv, qkv, dt, QKV, T, B, us__hop_cfg<H>::BC))                       \
-            return 0;                                                                         \
-        if (dt == US_F16)                                                                     \
-            us__hop_fwd_hs<__half, H>(mq, mkv, out, lse, (int)B, (int)T, NH, NKV, st);        \
-        else                                                                                  \
-            us__hop_fwd_hs<__nv_bfloat16, H>(mq, mkv, out, lse, (int)B, (int)T, NH, NKV, st); \
+#define US__HOP_FWD(H)                                                                         \
+    if (HS == H) {                                                                             \
+        if (!us__hop_map(&mq, qkv, dt, QKV, T, B, 64 * us__hop_cfg<H>::NWF) ||                 \
+            !us__hop_map(&mkv, qkv, dt, QKV, T, B, us__hop_cfg<H>::BC))                        \
+            return 0;                                                                          \
+        if (dt == US_F16)                                                                      \
+            us__hop_fwd_hs<__half, H>(mq, mkv, out, lse, (int)B, (int)T, NH, NKV, ctas, st);   \
+        else                                                                                   \
+            us__hop_fwd_hs<__nv_bfloat16, H>(mq, mkv, out, lse, (int)B, (int)T, NH, NKV, ctas, \
+                                             st);                                              \
     }
     US__HOP_HEADS(US__HOP_FWD)
 #undef US__HOP_FWD
@@ -4557,9 +4719,10 @@ static int us__hop_attention_bwd(us_ops *o, void *dqkv, const void *dout, const 
     CUtensorMap maps[6];
     const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS, OC = (int64_t)NH * HS, rows = B * T * NH;
     cudaStream_t st = us__cu(o)->stream;
+    const int ctas = us__hop_ctas(o);
     float *D, *L2;
     if (!us__hop_ok(o, dt, HS, 1) || !us__hop_aligned(qkv) || !us__hop_aligned(dout) || NKV <= 0 ||
-        NH % NKV || B >= 65536 || T > INT_MAX / 2)
+        NH % NKV || B >= 65536 || T > INT_MAX / 2 || !us__hop_walk_fits(B, T, NH))
         return 0;
     if (B <= 0 || T <= 0 || NH <= 0) return 1;
     const int fused = us__hop_fused(o, HS, T);
@@ -4596,9 +4759,10 @@ static int us__hop_attention_bwd(us_ops *o, void *dqkv, const void *dout, const 
             us__hop_bwd_fused<__nv_bfloat16, H>(maps, L2, D, dqkv, dqacc, cnt, (int)B, (int)T, NH, \
                                                 NKV, st);                                          \
         else if (dt == US_F16)                                                                     \
-            us__hop_bwd_hs<__half, H>(maps, L2, D, dqkv, (int)B, (int)T, NH, NKV, st);             \
+            us__hop_bwd_hs<__half, H>(maps, L2, D, dqkv, (int)B, (int)T, NH, NKV, ctas, st);       \
         else                                                                                       \
-            us__hop_bwd_hs<__nv_bfloat16, H>(maps, L2, D, dqkv, (int)B, (int)T, NH, NKV, st);      \
+            us__hop_bwd_hs<__nv_bfloat16, H>(maps, L2, D, dqkv, (int)B, (int)T, NH, NKV, ctas,     \
+                                             st);                                                  \
     }
     US__HOP_HEADS(US__HOP_BWD)
 #undef US__HOP_BWD
@@ -5581,7 +5745,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
                              int Tk, int NH, int NKV, int init, float sl2) {
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
-    constexpr int NW = C::NWF, BR = 64 * NW, BC = C::BC, S = C::FS;
+    constexpr int NW = C::NWF, BR = 64 * NW, BC = C::BC;
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
     const us__hop_fwd_smem<HS> sm(us__hop_smem_base(us__hop_raw));
     unsigned *vis = (unsigned *)(sm.barQ + 32); /* [⌈key tiles / 32⌉] */
@@ -5595,7 +5759,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
     if (ks.n == 0 && !init) return; /* nothing of this block is visible here: the state stays */
     us__hop_last_seen<BC, NW>(sLast, vis, krng, ks.nkt, ks.nk64, qrng, q0 / 64, nq64);
     const int wg = us__hop_wg(), tid = threadIdx.x & 127;
-    us__hop_bars_init(sm.barQ, 2 * S, 1, 128 * NW); /* fullK, fullV; emptyK, emptyV */
+    sm.init(128 * NW);
 
     if (wg == 0) { /* producer: one thread issues every copy */
         us__hop_regs_producer<NW>();
@@ -5791,7 +5955,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
                             int Tk, int NH, int NKV, float scale, float sl2) {
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
-    constexpr int NWG = C::NWG, BR = 64 * NWG, BK = C::BKQ, S = C::QS;
+    constexpr int NWG = C::NWG, BR = 64 * NWG, BK = C::BKQ;
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
     const us__hop_dq_smem<HS> sm(us__hop_smem_base(us__hop_raw));
     unsigned *vis = (unsigned *)(sm.barQ + 32); /* [⌈key tiles / 32⌉] */
@@ -5802,7 +5966,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
     ks.n = us__hop_vis<BK, true>(vis, krng, Tk, us__hop_runs(qrng, q0 / 64, NWG, nq64).y);
     if (ks.n == 0) return; /* no key of this block is seen here: nothing to add */
     const int wg = us__hop_wg(), tid = threadIdx.x & 127;
-    us__hop_bars_init(sm.barQ, S, 1, 128 * NWG);
+    sm.init(128 * NWG);
 
     if (wg == 0) {
         us__hop_regs_producer<NWG>();
@@ -8422,6 +8586,10 @@ US_API void us_cuda_grouped_kernel(us_ops *o, int path) {
 
 US_API void us_cuda_attention_no_hopper(us_ops *o, int which) {
     if (o->backend) us__cu(o)->hop_off = which >= 0 && which <= 6 ? which : 0;
+}
+
+US_API void us_cuda_attention_grid(us_ops *o, int ctas) {
+    if (o->backend) us__cu(o)->hop_grid = ctas > 0 ? ctas : 0;
 }
 
 US_API void us_cuda_describe(const us_ops *o, char *buf, size_t buflen) {

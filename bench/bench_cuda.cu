@@ -1423,36 +1423,45 @@ static void bench_attention(void) {
             double fl = 4.0 * B * NH * (double)T * T * HS / 2;
             rand_bf16_pair(qkv, N * QKV, dout, N * NH * HS, 3, 1);
             /* the default (the backward as two kernels), fused always,
-               two kernels always, mma.sync (bf16 HS 64 and 128 only: others are portable). The
-               paths take turns rep by rep, so that the GPU's clock drift (it boosts after the
-               idle host-side set-up of each shape) reaches every path alike. */
-            static const int off[4] = {0, 5, 4, 1};
-            static const char *name[4] = {"us-hop", "us-hopF", "us-hop2k", "us-mma"};
-            std::vector<double> tf[4], tb[4];
+               two kernels always, mma.sync (bf16 HS 64 and 128 only: others are portable), and
+               the Hopper kernels with one CTA per query tile instead of a persistent grid (the
+               forward and dQ). The paths take turns rep by rep, so that the GPU's clock drift (it
+               boosts after the idle host-side set-up of each shape) reaches every path alike. */
+            static const int off[5] = {0, 5, 4, 1, 0};
+            static const char *name[5] = {"us-hop", "us-hopF", "us-hop2k", "us-mma", "us-hop1t"};
+            std::vector<double> tf[5], tb[5];
             for (r = 0; r < 23; r++)
-                for (path = 0; path < 4; path++) {
+                for (path = 0; path < 5; path++) {
                     float ms;
                     if (path == 3 && HS != 64 && HS != 128) continue;
                     us_cuda_attention_no_hopper(&inner, off[path]);
+                    us_cuda_attention_grid(&inner, path == 4 ? INT_MAX : 0);
                     cudaEventRecord(a, c->stream);
                     inner.attention_fwd(&inner, out, lse, qkv, B, T, NH, NKV, HS, US_BF16);
                     cudaEventRecord(b, c->stream);
                     cudaEventSynchronize(b);
                     cudaEventElapsedTime(&ms, a, b);
+                    us_cuda_attention_grid(&inner, 0);
                     if (r >= 3) tf[path].push_back(ms * 1e-3);
+                    us_cuda_attention_grid(&inner, path == 4 ? INT_MAX : 0);
                     cudaEventRecord(a, c->stream);
                     inner.attention_bwd(&inner, dqkv, dout, qkv, out, lse, B, T, NH, NKV, HS,
                                         US_BF16);
                     cudaEventRecord(b, c->stream);
                     cudaEventSynchronize(b);
                     cudaEventElapsedTime(&ms, a, b);
+                    us_cuda_attention_grid(&inner, 0);
                     if (r >= 3) tb[path].push_back(ms * 1e-3);
                 }
-            for (path = 0; path < 4; path++) {
+            for (path = 0; path < 5; path++) {
                 if (tf[path].empty()) continue;
-                printf("%-8s %5d %2d %3d %3d %4d | %9.3f %8.1f | %9.3f %8.1f\n", name[path], T, B,
-                       NH, NKV, HS, median(tf[path]) * 1e3, fl / median(tf[path]) * 1e-12,
-                       median(tb[path]) * 1e3, 2.5 * fl / median(tb[path]) * 1e-12);
+                printf("%-8s %5d %2d %3d %3d %4d | %9.3f %8.1f", name[path], T, B, NH, NKV, HS,
+                       median(tf[path]) * 1e3, fl / median(tf[path]) * 1e-12);
+                if (tb[path].empty())
+                    printf(" | %9s %8s\n", "-", "-");
+                else
+                    printf(" | %9.3f %8.1f\n", median(tb[path]) * 1e3,
+                           2.5 * fl / median(tb[path]) * 1e-12);
                 fflush(stdout);
             }
             us_cuda_attention_no_hopper(&inner, 0);

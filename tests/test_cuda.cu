@@ -548,6 +548,54 @@ static void attn_case(us_dtype dt, int64_t B, int64_t T, int64_t NH, int64_t NKV
     free(hdy);
 }
 
+/* The persistent kernels' results on a grid of 3 CTAs and on the default grid: the forward's
+   output and lse, and the backward's dqkv, bit for bit the same (every query tile is computed
+   alone, whichever CTA takes it, in whatever order) */
+static void attn_grid_same(us_dtype dt, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
+    const int64_t QKV = (NH + 2 * NKV) * HS, N = B * T, C = NH * HS, L = B * NH * T * 4;
+    const size_t a = us_dtype_size(dt);
+    float *q = rnd_f32(N * QKV, 1), *dy = rnd_f32(N * C, 1);
+    void *hq = as_dt(q, N * QKV, dt), *hdy = as_dt(dy, N * C, dt);
+    void *dq = up(hq, N * QKV * a), *ddy = up(hdy, N * C * a);
+    void *o[2], *g[2];
+    float *l[2];
+    char *ho[2], *hl[2], *hg[2];
+    int k;
+    for (k = 0; k < 2; k++) {
+        o[k] = G.alloc(&G, N * C * a);
+        g[k] = G.alloc(&G, N * QKV * a);
+        l[k] = (float *)G.alloc(&G, L);
+        us_cuda_attention_grid(&G, k ? 3 : 0);
+        G.attention_fwd(&G, o[k], l[k], dq, B, T, (int)NH, (int)NKV, (int)HS, dt);
+        G.attention_bwd(&G, g[k], ddy, dq, o[0], l[0], B, T, (int)NH, (int)NKV, (int)HS, dt);
+        ho[k] = (char *)malloc(N * C * a);
+        hg[k] = (char *)malloc(N * QKV * a);
+        hl[k] = (char *)malloc(L);
+        down(ho[k], o[k], N * C * a);
+        down(hg[k], g[k], N * QKV * a);
+        down(hl[k], l[k], L);
+    }
+    us_cuda_attention_grid(&G, 0);
+    CHECK(!memcmp(ho[0], ho[1], N * C * a) && !memcmp(hl[0], hl[1], L),
+          "attn B%lld T%lld %lld/%lld HS%lld fwd: 3 CTAs give the default grid's bits",
+          (long long)B, (long long)T, (long long)NH, (long long)NKV, (long long)HS);
+    CHECK(!memcmp(hg[0], hg[1], N * QKV * a), "   bwd: 3 CTAs give the default grid's bits");
+    for (k = 0; k < 2; k++) {
+        G.free(&G, o[k]);
+        G.free(&G, g[k]);
+        G.free(&G, l[k]);
+        free(ho[k]);
+        free(hg[k]);
+        free(hl[k]);
+    }
+    G.free(&G, dq);
+    G.free(&G, ddy);
+    free(hq);
+    free(hdy);
+    free(q);
+    free(dy);
+}
+
 /* Attention at the shapes the fast paths take: every head size real models use, bf16 and fp16,
    NH/NKV ratios 1, 2, 4, 8, T = 1 and T off every tile size, many B × NH. On an H200 these run
    the Hopper kernels (// >>cuda-hopper); then the same bf16 HS 64/128 cases again with those
@@ -566,6 +614,18 @@ static void test_attention_shapes(void) {
         for (k = 0; k < n; k++)
             attn_case(d ? US_F16 : US_BF16, cases[k][0], cases[k][1], cases[k][2], cases[k][3],
                       cases[k][4], "best");
+    /* the persistent kernels (forward, dQ) on 3 CTAs: each runs many query tiles of different
+       lengths, its Q buffers, K/V stages and turns carried on from one tile to the next; the
+       same bits as on one CTA per SM */
+    us_cuda_attention_grid(&G, 3);
+    for (d = 0; d < 2; d++)
+        for (k = 0; k < n; k++)
+            attn_case(d ? US_F16 : US_BF16, cases[k][0], cases[k][1], cases[k][2], cases[k][3],
+                      cases[k][4], "grid3");
+    us_cuda_attention_grid(&G, 0);
+    attn_grid_same(US_BF16, 2, 1000, 32, 8, 64);
+    attn_grid_same(US_F16, 3, 777, 16, 4, 128);
+    attn_grid_same(US_BF16, 2, 600, 8, 2, 256);
     /* the fused backward (asked for: the default is the two kernels) at every case it takes
        (HS 64 and 128), and long enough that up to 16 key blocks add into one dQ tile, whose
        fixed order must still give the same bits twice */
