@@ -2751,6 +2751,13 @@ static void us__flash_bwd(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
       producer (40 each) to the consumers (232 each), who hold S, P and O. With two consumers
       per SM, one warpgroup's softmax (exp2, max, sum: the slow FP32 and MUFU units) runs while
       the other's GEMMs keep the tensor cores busy.
+   Two things decide whether that pays, both measured on an H200 (bench/RESULTS.md). At HS 64 a
+   tile of scores costs the MUFU unit (16 exp2 a cycle an SM) as many cycles as the tensor cores
+   spend on its two GEMMs, so every instruction around an exp2 counts: exp2 is ex2.approx alone
+   (us__hop_exp2), not exp2f's range check. And a causal query tile is short (a few dozen key
+   tiles), so starting and ending one costs a real share: the forward and dQ run a persistent
+   grid, one CTA per SM walking the tiles longest first, its rings carried from tile to tile,
+   so that the next tile's queries are loading while this one's output is written.
    Shared-memory tiles are rows × 64-element column blocks, each block 128 bytes per row with the
    128-byte swizzle (the 16-byte chunk c of row r sits at chunk c ⊕ (r mod 8)), so 8 consecutive
    rows of one column hit all 32 banks. A head of HS elements takes ⌈HS/64⌉ blocks; HS 80 and 96
