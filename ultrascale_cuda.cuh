@@ -3607,6 +3607,26 @@ static __device__ __forceinline__ us__hop_qtile us__hop_qtile_of(int u, int nqb,
     return {(nqb - 1 - u / (NH * B)) * BR, h, r / NH, h / (NH / NKV)};
 }
 
+/* This CTA's walk over the U causal query tiles of BR rows (nqb of them per head and batch; G
+   CTAs; the kernel computes these once, before its roles split), as its producer and its
+   consumers all take it (us__hop_snake, us__hop_qtile_of): tile(q, ks, rg) for each, with ks.n
+   the key tiles of BK up to the diagonal and rg the tile's place in the rings (us__hop_ring) */
+template <int BR, int BK, typename F>
+static __device__ __forceinline__ void us__hop_walk(int nqb, int U, int G, int B, int T, int NH,
+                                                    int NKV, const F &tile) {
+    us__hop_ring rg;
+    for (int u = us__hop_snake(blockIdx.x, 0, G); u < U; rg.j++) {
+        const int un = us__hop_snake(blockIdx.x, rg.j + 1, G);
+        const us__hop_qtile q = us__hop_qtile_of(u, nqb, BR, NH, B, NKV);
+        us__hop_causal<BK> ks;
+        ks.n = (min(q.q0 + BR, T) - 1) / BK + 1; /* causal: no tile past the diagonal */
+        rg.last = un >= U;
+        tile(q, ks, rg);
+        rg.base += ks.n;
+        u = un;
+    }
+}
+
 /* The forward, a persistent grid (one CTA per SM) over the tiles of 64·NWF queries of every
    (head, batch), in us__hop_snake's order: consumer c owns queries 64c.. of each, key tiles up
    to the diagonal (us__hop_fwd_consume, causal). A CTA's rings run on from one query tile to the
@@ -3626,42 +3646,31 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
     const int nqb = (T + BR - 1) / BR, U = nqb * NH * B, G = gridDim.x;
     const int wg = us__hop_wg(), tid = threadIdx.x & 127;
     sm.init(128 * NW);
-    us__hop_ring rg;
 
     if (wg == 0) { /* producer: one thread issues every copy */
         us__hop_regs_producer<NW>();
         if (tid != 0) return;
-        for (int u = us__hop_snake(blockIdx.x, 0, G); u < U; rg.j++) {
-            const int un = us__hop_snake(blockIdx.x, rg.j + 1, G);
-            const us__hop_qtile q = us__hop_qtile_of(u, nqb, BR, NH, B, NKV);
-            us__hop_causal<BC> ks;
-            ks.n = (min(q.q0 + BR, T) - 1) / BC + 1; /* causal: no tile past the diagonal */
-            rg.last = un >= U;
-            us__hop_fwd_produce<HS>(sm, &mq, &mkv, ks, q.h * HS, (NH + q.g) * HS,
-                                    (NH + NKV + q.g) * HS, q.b, q.q0, rg);
-            rg.base += ks.n;
-            u = un;
-        }
+        us__hop_walk<BR, BC>(
+            nqb, U, G, B, T, NH, NKV,
+            [&](const us__hop_qtile &q, us__hop_causal<BC> &ks, const us__hop_ring &rg) {
+                us__hop_fwd_produce<HS>(sm, &mq, &mkv, ks, q.h * HS, (NH + q.g) * HS,
+                                        (NH + NKV + q.g) * HS, q.b, q.q0, rg);
+            });
         return;
     }
     us__hop_regs_consumer<NW>();
     const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
-    for (int u = us__hop_snake(blockIdx.x, 0, G); u < U; rg.j++) {
-        const int un = us__hop_snake(blockIdx.x, rg.j + 1, G);
-        const us__hop_qtile q = us__hop_qtile_of(u, nqb, BR, NH, B, NKV);
-        us__hop_causal<BC> ks;
-        ks.n = (min(q.q0 + BR, T) - 1) / BC + 1;
-        ks.r0 = q.q0 + 64 * c;
-        ks.nc = ks.r0 < T ? (min(ks.r0 + 64, T) - 1) / BC + 1 : 0; /* the tiles it needs */
-        ks.row0 = ks.r0 + 16 * warp + (lane >> 2);
-        rg.last = un >= U;
-        float o[HS / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-        us__hop_zero(o);
-        us__hop_fwd_consume<E, HS>(o, m, l, sm, ks, c, lane, sl2, rg);
-        us__hop_fwd_store<E, HS>(o, m, l, out, lse, ks.row0, q.b, q.h, T, NH, lane);
-        rg.base += ks.n;
-        u = un;
-    }
+    us__hop_walk<BR, BC>(
+        nqb, U, G, B, T, NH, NKV,
+        [&](const us__hop_qtile &q, us__hop_causal<BC> &ks, const us__hop_ring &rg) {
+            ks.r0 = q.q0 + 64 * c;
+            ks.nc = ks.r0 < T ? (min(ks.r0 + 64, T) - 1) / BC + 1 : 0; /* the tiles it needs */
+            ks.row0 = ks.r0 + 16 * warp + (lane >> 2);
+            float o[HS / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+            us__hop_zero(o);
+            us__hop_fwd_consume<E, HS>(o, m, l, sm, ks, c, lane, sl2, rg);
+            us__hop_fwd_store<E, HS>(o, m, l, out, lse, ks.row0, q.b, q.h, T, NH, lane);
+        });
 #else
     (void)mq, (void)mkv, (void)out, (void)lse, (void)B, (void)T, (void)NH, (void)NKV, (void)sl2;
     __trap();
@@ -4161,52 +4170,41 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
     const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS;
     const int wg = us__hop_wg(), tid = threadIdx.x & 127;
     sm.init(128 * NWG);
-    us__hop_ring rg;
 
     if (wg == 0) {
         us__hop_regs_producer<NWG>();
         if (tid != 0) return;
-        for (int u = us__hop_snake(blockIdx.x, 0, G); u < U; rg.j++) {
-            const int un = us__hop_snake(blockIdx.x, rg.j + 1, G);
-            const us__hop_qtile q = us__hop_qtile_of(u, nqb, BR, NH, B, NKV);
-            us__hop_causal<BK> ks;
-            ks.n = (min(q.q0 + BR, T) - 1) / BK + 1;
-            rg.last = un >= U;
-            us__hop_dq_produce<HS>(sm, &mq, &mdo, &mkv, ks, q.h * HS, (NH + q.g) * HS,
-                                   (NH + NKV + q.g) * HS, q.b, q.q0, rg);
-            rg.base += ks.n;
-            u = un;
-        }
+        us__hop_walk<BR, BK>(
+            nqb, U, G, B, T, NH, NKV,
+            [&](const us__hop_qtile &q, us__hop_causal<BK> &ks, const us__hop_ring &rg) {
+                us__hop_dq_produce<HS>(sm, &mq, &mdo, &mkv, ks, q.h * HS, (NH + q.g) * HS,
+                                       (NH + NKV + q.g) * HS, q.b, q.q0, rg);
+            });
         return;
     }
     us__hop_regs_consumer<NWG>();
     const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
-    for (int u = us__hop_snake(blockIdx.x, 0, G); u < U; rg.j++) {
-        const int un = us__hop_snake(blockIdx.x, rg.j + 1, G);
-        const us__hop_qtile q = us__hop_qtile_of(u, nqb, BR, NH, B, NKV);
-        us__hop_causal<BK> ks;
-        ks.n = (min(q.q0 + BR, T) - 1) / BK + 1;
-        ks.r0 = q.q0 + 64 * c;
-        ks.nc = ks.r0 < T ? (min(ks.r0 + 64, T) - 1) / BK + 1 : 0;
-        ks.row0 = ks.r0 + 16 * warp + (lane >> 2); /* the thread's rows: row0 + 8r */
-        rg.last = un >= U;
-        float L2[2], Dr[2], dq[HS / 8][4];
-        us__hop_dq_rows(L2, Dr, L2g, Dg, ks.row0, q.b, q.h, T, NH);
-        us__hop_zero(dq);
-        us__hop_dq_consume<E, HS>(dq, sm, ks, L2, Dr, c, lane, scale, sl2, rg);
+    us__hop_walk<BR, BK>(
+        nqb, U, G, B, T, NH, NKV,
+        [&](const us__hop_qtile &q, us__hop_causal<BK> &ks, const us__hop_ring &rg) {
+            ks.r0 = q.q0 + 64 * c;
+            ks.nc = ks.r0 < T ? (min(ks.r0 + 64, T) - 1) / BK + 1 : 0;
+            ks.row0 = ks.r0 + 16 * warp + (lane >> 2); /* the thread's rows: row0 + 8r */
+            float L2[2], Dr[2], dq[HS / 8][4];
+            us__hop_dq_rows(L2, Dr, L2g, Dg, ks.row0, q.b, q.h, T, NH);
+            us__hop_zero(dq);
+            us__hop_dq_consume<E, HS>(dq, sm, ks, L2, Dr, c, lane, scale, sl2, rg);
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int row = ks.row0 + 8 * r;
-            if (row >= T) continue;
-            E *dqr = dqkv + ((int64_t)q.b * T + row) * QKV + (int64_t)q.h * HS + 2 * (lane & 3);
+            for (int r = 0; r < 2; r++) {
+                const int row = ks.row0 + 8 * r;
+                if (row >= T) continue;
+                E *dqr = dqkv + ((int64_t)q.b * T + row) * QKV + (int64_t)q.h * HS + 2 * (lane & 3);
 #pragma unroll
-            for (int i = 0; i < HS / 8; i++)
-                *reinterpret_cast<uint32_t *>(dqr + i * 8) =
-                    us__hop_pack<E>(dq[i][2 * r], dq[i][2 * r + 1]);
-        }
-        rg.base += ks.n;
-        u = un;
-    }
+                for (int i = 0; i < HS / 8; i++)
+                    *reinterpret_cast<uint32_t *>(dqr + i * 8) =
+                        us__hop_pack<E>(dq[i][2 * r], dq[i][2 * r + 1]);
+            }
+        });
 #else
     (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dqkv, (void)B, (void)T, (void)NH,
         (void)NKV, (void)scale, (void)sl2;
@@ -4575,16 +4573,20 @@ static int us__hop_compiled(void) {
     return known;
 }
 
-/* the persistent forward on ctas CTAs (fewer when there are fewer query tiles) */
+/* a persistent grid over the query tiles of BR rows: ctas CTAs, fewer when there are fewer tiles */
+static int us__hop_grid(int T, int BR, int NH, int B, int ctas) {
+    const int64_t tiles = (int64_t)((T + BR - 1) / BR) * NH * B;
+    return tiles < ctas ? (int)tiles : ctas;
+}
+
+/* the persistent forward on ctas CTAs (us__hop_grid) */
 template <typename E, int HS>
 static void us__hop_fwd_hs(const CUtensorMap &mq, const CUtensorMap &mkv, void *out, float *lse,
                            int B, int T, int NH, int NKV, int ctas, cudaStream_t st) {
     const size_t smem = us__hop_smem(us__hop_cfg<HS>::fwd_bytes);
     cudaFuncSetAttribute(us__hop_fwd_kernel<E, HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          (int)smem);
-    constexpr int BR = 64 * us__hop_cfg<HS>::NWF;
-    const int64_t tiles = (int64_t)((T + BR - 1) / BR) * NH * B;
-    const int grid = tiles < ctas ? (int)tiles : ctas;
+    const int grid = us__hop_grid(T, 64 * us__hop_cfg<HS>::NWF, NH, B, ctas);
     us__hop_fwd_kernel<E, HS><<<grid, 128 * (1 + us__hop_cfg<HS>::NWF), smem, st>>>(
         mq, mkv, (E *)out, lse, B, T, NH, NKV, 1.4426950408889634f / sqrtf((float)HS));
 }
@@ -4616,8 +4618,7 @@ static void us__hop_bwd_fused(const CUtensorMap *maps, const float *L2, const fl
     }
 }
 
-/* the two-kernel backward: dK/dV, then the persistent dQ kernel on ctas CTAs (fewer when there
-   are fewer query tiles) */
+/* the two-kernel backward: dK/dV, then the persistent dQ kernel on ctas CTAs (us__hop_grid) */
 template <typename E, int HS>
 static void us__hop_bwd_hs(const CUtensorMap *maps, const float *L2, const float *D, void *dqkv,
                            int B, int T, int NH, int NKV, int ctas, cudaStream_t st) {
@@ -4625,8 +4626,7 @@ static void us__hop_bwd_hs(const CUtensorMap *maps, const float *L2, const float
     const float scale = 1.f / sqrtf((float)HS), sl2 = scale * 1.4426950408889634f;
     const size_t s1 = us__hop_smem(C::dkdv_bytes), s2 = us__hop_smem(C::dq_bytes);
     const int nthr = 128 * (1 + C::NWG);
-    const int64_t tiles = (int64_t)((T + 64 * C::NWG - 1) / (64 * C::NWG)) * NH * B;
-    const int g2 = tiles < ctas ? (int)tiles : ctas;
+    const int g2 = us__hop_grid(T, 64 * C::NWG, NH, B, ctas);
     dim3 g1(NKV, B, (T + 64 * C::NWG - 1) / (64 * C::NWG));
     /* maps: 0 Q by BQ rows, 1 dO by BQ rows, 2 K/V by 64·NWG rows, 3 Q by 64·NWG, 4 dO by 64·NWG,
        5 K/V by BKQ */
