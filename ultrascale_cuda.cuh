@@ -3167,6 +3167,27 @@ static __device__ __forceinline__ unsigned char *us__hop_smem_base(unsigned char
     return (unsigned char *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
 }
 
+/* The barriers of a kernel whose Q buffers and K/V stages are rings: for each of the qn Q
+   buffers and the n stages a "full" barrier (one arrival, the copy thread's) and an "empty" one
+   (every consumer thread). Thread 0 initialises, then the block syncs. */
+static __device__ __forceinline__ void us__hop_ring_bars_init(uint64_t *fullQ, uint64_t *emptyQ,
+                                                              int qn, uint64_t *full,
+                                                              uint64_t *empty, int n,
+                                                              int consumer_threads) {
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < qn; i++) {
+            us__mb_init(fullQ + i, 1);
+            us__mb_init(emptyQ + i, consumer_threads);
+        }
+        for (int i = 0; i < n; i++) {
+            us__mb_init(full + i, 1);
+            us__mb_init(empty + i, consumer_threads);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+}
+
 /* The kernels' shared memory cut into named tiles, in the order of us__hop_cfg's byte counts,
    the barriers right after the tiles (the block kernels of // >>cuda-cp-flash keep their bitmask
    of visible tiles 32 barriers on). The forward: Q [QN][64·NWF][HSP], K and V [FS][BC][HSP];
@@ -3183,23 +3204,9 @@ struct us__hop_fwd_smem {
           emptyQ(barQ + C::QN), fullK(emptyQ + C::QN), fullV(fullK + C::FS), emptyK(fullV + C::FS),
           emptyV(emptyK + C::FS) {}
 
-    /* thread 0 initialises (full: the copy thread's one arrival; empty: every consumer thread),
-       then the block syncs */
+    /* the barriers (fullK, fullV and emptyK, emptyV are each one run of 2·FS) */
     __device__ void init(int consumer_threads) const {
-        if (threadIdx.x == 0) {
-            for (int i = 0; i < C::QN; i++) {
-                us__mb_init(barQ + i, 1);
-                us__mb_init(emptyQ + i, consumer_threads);
-            }
-            for (int i = 0; i < C::FS; i++) {
-                us__mb_init(fullK + i, 1);
-                us__mb_init(fullV + i, 1);
-                us__mb_init(emptyK + i, consumer_threads);
-                us__mb_init(emptyV + i, consumer_threads);
-            }
-            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        }
-        __syncthreads();
+        us__hop_ring_bars_init(barQ, emptyQ, C::QN, fullK, emptyK, 2 * C::FS, consumer_threads);
     }
 };
 
@@ -3245,20 +3252,8 @@ struct us__hop_dq_smem {
           barQ((uint64_t *)(sV + C::QS * KB)), emptyQ(barQ + C::QNQ), full(emptyQ + C::QNQ),
           empty(full + C::QS) {}
 
-    /* as us__hop_fwd_smem::init */
     __device__ void init(int consumer_threads) const {
-        if (threadIdx.x == 0) {
-            for (int i = 0; i < C::QNQ; i++) {
-                us__mb_init(barQ + i, 1);
-                us__mb_init(emptyQ + i, consumer_threads);
-            }
-            for (int i = 0; i < C::QS; i++) {
-                us__mb_init(full + i, 1);
-                us__mb_init(empty + i, consumer_threads);
-            }
-            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        }
-        __syncthreads();
+        us__hop_ring_bars_init(barQ, emptyQ, C::QNQ, full, empty, C::QS, consumer_threads);
     }
 };
 
