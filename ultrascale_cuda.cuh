@@ -3303,22 +3303,20 @@ struct us__hop_causal {
     }
 };
 
-/* tile(need) for a tile that a mask may touch (part). By index, one copy: the flag guards a
-   check per score, which ptxas keeps as predicated arithmetic. By position the check may load
-   from kpos, and behind a runtime flag ptxas branched around every score (BSSY, a taken BRA and
-   BSYNC per score: 192 instructions a tile at HS 128, on wholly visible tiles too, and the
-   softmax scheduled in pieces); so one branch per tile, uniform over the warpgroup, into a copy
-   with the mask and one with no mask code at all. */
+/* tile(need) for a tile that a mask may touch (part): one branch per tile, uniform over the
+   warpgroup, into a copy of the tile's math with the mask and one with no mask code at all. A
+   runtime flag inside one copy costs every score its check on wholly visible tiles too: by
+   index, ptxas keeps it as predicated arithmetic (an FSEL, an ISETP and an add per score: the
+   forward measured 11-13 % slower at HS 64 and 128); by position, where the check may load from
+   kpos, it branched around every score (BSSY, a taken BRA and BSYNC: 192 instructions a tile at
+   HS 128). */
 template <bool BY_POS, typename F>
 static __device__ __forceinline__ void us__hop_by_mode(bool part, const F &tile) {
-    if constexpr (BY_POS) {
-        if (part)
-            tile(true);
-        else
-            tile(false);
-    } else {
-        tile(part);
-    }
+    (void)BY_POS;
+    if (part)
+        tile(true);
+    else
+        tile(false);
 }
 
 /* ---- forward --------------------------------------------------------------------------- */
@@ -3810,12 +3808,30 @@ us__hop_dkdv_rows(float *sL, float *sD, uint64_t *full, uint64_t *empty,
     }
 }
 
-/* dK and dV of the thread's keys key0 and key0 + 8 into dqkv [B][T][QKV] (kv head g) */
+/* Where 1/sqrt(HS) goes in the backward. Under bf16, dS is rounded to 16 bits unscaled and dK and
+   dQ take the scale once, at their store: one FMUL a score fewer (HS 128: the backward 3-4 %
+   faster), nothing new can overflow (bf16 has fp32's range), and at HS 64 (2^-3) the bits are
+   the same. Under fp16, dS is scaled before it is rounded: unscaled, it could pass 65504 where
+   the fp32 reference does not (a loss scale of 2^16 and a large dP). */
+template <typename E>
+static __device__ __forceinline__ float us__hop_ds_scale(float scale) {
+    return us__is_half<E>::value ? scale : 1.f;
+}
+
+/* ... and the factor dK and dQ take at their store */
+template <typename E>
+static __device__ __forceinline__ float us__hop_dkq_scale(float scale) {
+    return us__is_half<E>::value ? 1.f : scale;
+}
+
+/* dK (times us__hop_dkq_scale) and dV of the thread's keys key0 and key0 + 8 into dqkv
+   [B][T][QKV] (kv head g) */
 template <typename E, int HS, bool DK, bool DV>
 static __device__ __forceinline__ void
 us__hop_dkv_store(const float (&dk)[DK ? HS / 8 : 1][4], const float (&dv)[DV ? HS / 8 : 1][4],
-                  E *dqkv, int key0, int b, int g, int T, int NH, int NKV, int lane) {
+                  E *dqkv, int key0, int b, int g, int T, int NH, int NKV, float scale, int lane) {
     const int64_t QKV = (int64_t)(NH + 2 * NKV) * HS;
+    const float ks = us__hop_dkq_scale<E>(scale);
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int key = key0 + r * 8;
@@ -3826,7 +3842,7 @@ us__hop_dkv_store(const float (&dk)[DK ? HS / 8 : 1][4], const float (&dv)[DV ? 
         for (int i = 0; i < HS / 8; i++) {
             if constexpr (DK)
                 *reinterpret_cast<uint32_t *>(dkr + i * 8) =
-                    us__hop_pack<E>(dk[i][2 * r], dk[i][2 * r + 1]);
+                    us__hop_pack<E>(dk[i][2 * r] * ks, dk[i][2 * r + 1] * ks);
             if constexpr (DV)
                 *reinterpret_cast<uint32_t *>(dvr + i * 8) =
                     us__hop_pack<E>(dv[i][2 * r], dv[i][2 * r + 1]);
@@ -3889,11 +3905,11 @@ static __device__ __forceinline__ float2 us__hop_lds2(const float *p) {
 }
 
 /* Pᵀ = exp2(Sᵀ·sl2 − L2[q]) (0 where masked(j, e), checked only when diag), dSᵀ = Pᵀ ∘ (dPᵀ −
-   D[q]) · scale, both rounded into the A fragments of dV += Pᵀ·dO (pa) and dK += dSᵀ·Q (da).
-   tL, tD [BQ]: the stage's L2 and D. masked(j, e): whether the thread's key 8·(e/2) (of its two)
-   is hidden from query j·8 + 2·(lane%4) + e%2 of the tile (causal: key > query; the block
-   kernels: by position). One k-step (16 queries) at a time, packed at once, so that S and dP die
-   as they are used. */
+   D[q]) (· scale under fp16: us__hop_ds_scale), both rounded into the A fragments of dV += Pᵀ·dO
+   (pa) and dK += dSᵀ·Q (da). tL, tD [BQ]: the stage's L2 and D. masked(j, e): whether the
+   thread's key 8·(e/2) (of its two) is hidden from query j·8 + 2·(lane%4) + e%2 of the tile
+   (causal: key > query; the block kernels: by position). One k-step (16 queries) at a time,
+   packed at once, so that S and dP die as they are used. */
 template <typename E, int BQ, bool DK, bool DV, typename Mask>
 static __device__ __forceinline__ void
 us__hop_pds(uint32_t (&pa)[DV ? BQ / 16 : 1][4], uint32_t (&da)[DK ? BQ / 16 : 1][4],
@@ -3911,7 +3927,9 @@ us__hop_pds(uint32_t (&pa)[DV ? BQ / 16 : 1][4], uint32_t (&da)[DK ? BQ / 16 : 1
                 float p = us__hop_exp2(st[j][e] * sl2 - ((e & 1) ? L.y : L.x));
                 if (diag && masked(j, e)) p = 0.f;
                 st[j][e] = p;
-                if constexpr (DK) dpt[j][e] = p * (dpt[j][e] - ((e & 1) ? Dq.y : Dq.x)) * scale;
+                if constexpr (DK)
+                    dpt[j][e] =
+                        p * (dpt[j][e] - ((e & 1) ? Dq.y : Dq.x)) * us__hop_ds_scale<E>(scale);
             }
         }
         if constexpr (DV) us__hop_to_a<E, BQ>(pa[t], st, t);
@@ -3980,9 +3998,9 @@ us__hop_dkdv_tile(float (&dk)[DK ? HS / 8 : 1][4], float (&dv)[DV ? HS / 8 : 1][
    two launches, one accumulator each). Consumer c owns keys k0 + 64c ..; per query tile:
      Sᵀ = K·Qᵀ, Pᵀ = exp2(Sᵀ·sl2 − L2[q]) (0 where key > query), dPᵀ = V·dOᵀ,
      dSᵀ = Pᵀ ∘ (dPᵀ − D[q]) / sqrt(HS), dV += Pᵀ·dO, dK += dSᵀ·Q
-   dS is scaled before it is rounded to 16 bits: under fp16 and a loss scale of 2^16 it can
-   otherwise pass 65504 where the fp32 reference does not (an inf, a skipped step).
-   The producer's warp 0 issues the copies, its warp 1 stages L2 and D of the tile's queries. */
+   (the scale under bf16 on dK at the store, under fp16 on dS before it is rounded:
+   us__hop_ds_scale). The producer's warp 0 issues the copies, its warp 1 stages L2 and D of the
+   tile's queries. */
 template <typename E, int HS, int PART>
 __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
     us__hop_dkdv_kernel(const __grid_constant__ CUtensorMap mq,
@@ -4042,7 +4060,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
         us__mb_arrive(sm.empty + s);
     }
 
-    us__hop_dkv_store<E, HS, DK, DV>(dk, dv, dqkv, key0, b, g, T, NH, NKV, lane);
+    us__hop_dkv_store<E, HS, DK, DV>(dk, dv, dqkv, key0, b, g, T, NH, NKV, scale, lane);
 #else
     (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dqkv, (void)T, (void)NH, (void)NKV,
         (void)scale, (void)sl2;
@@ -4085,7 +4103,7 @@ us__hop_dq_tile(float (&dq)[HS / 8][4], const us__hop_dq_smem<HS> &sm, const uns
             for (int e = 0; e < 4; e++) {
                 float p = us__hop_exp2(sc[j][e] * sl2 - L2[e >> 1]);
                 if (need && ks.masked(kt, j * 8 + 2 * (lane & 3) + (e & 1), e)) p = 0.f;
-                dp[j][e] = p * (dp[j][e] - Dr[e >> 1]) * scale;
+                dp[j][e] = p * (dp[j][e] - Dr[e >> 1]) * us__hop_ds_scale<E>(scale);
             }
     });
     uint32_t da[BK / 16][4];
@@ -4189,6 +4207,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
             us__hop_dq_rows(L2, Dr, L2g, Dg, ks.row0, q.b, q.h, T, NH);
             us__hop_zero(dq);
             us__hop_dq_consume<E, HS>(dq, sm, ks, L2, Dr, c, lane, scale, sl2, rg);
+            const float qs = us__hop_dkq_scale<E>(scale);
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const int row = ks.row0 + 8 * r;
@@ -4197,7 +4216,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
 #pragma unroll
                 for (int i = 0; i < HS / 8; i++)
                     *reinterpret_cast<uint32_t *>(dqr + i * 8) =
-                        us__hop_pack<E>(dq[i][2 * r], dq[i][2 * r + 1]);
+                        us__hop_pack<E>(dq[i][2 * r] * qs, dq[i][2 * r + 1] * qs);
             }
         });
 #else
@@ -4338,14 +4357,15 @@ us__hop_dq_writer(const float *sdq, float *dqacc, int *cnt, int c, int n, int g,
 #endif
 }
 
-/* consumer c's dQ part [8][4] per thread into its staging buffer [8][128 threads] of float4:
-   thread-major, so the 128 threads' stores are one contiguous 2 KB row each */
+/* consumer c's dQ part [8][4] per thread, times qs (us__hop_dkq_scale), into its staging buffer
+   [8][128 threads] of float4: thread-major, so the 128 threads' stores are one contiguous 2 KB
+   row each */
 static __device__ __forceinline__ void us__hop_dq_stage(float *sdq, const float (&dq)[8][4],
-                                                        int tid) {
+                                                        float qs, int tid) {
 #pragma unroll
     for (int j = 0; j < 8; j++)
         reinterpret_cast<float4 *>(sdq)[j * 128 + tid] =
-            make_float4(dq[j][0], dq[j][1], dq[j][2], dq[j][3]);
+            make_float4(dq[j][0] * qs, dq[j][1] * qs, dq[j][2] * qs, dq[j][3] * qs);
 }
 
 /* One tile of a fused-backward consumer: Sᵀ, dPᵀ (skipped, but its turns taken, when all its
@@ -4391,7 +4411,7 @@ us__hop_fused_tile(float (&dk)[HS / 8][4], float (&dv)[HS / 8][4], const unsigne
     us__wg_wait<HS / 2>(&dk[0][0]);
     us__wg_wait<32>(&dq[0][0]);
     if (!first) us__hop_bar_sync_n(6 + c, 160); /* the writer has sent the last part */
-    us__hop_dq_stage(sdq, dq, tid);
+    us__hop_dq_stage(sdq, dq, us__hop_dkq_scale<E>(scale), tid);
     us__hop_fence_async();
     us__hop_bar_arrive_n(4 + c, 160);
 }
@@ -4475,7 +4495,7 @@ __global__ void __launch_bounds__(384, 1)
                                   key0, tid, scale, sl2);
         us__mb_arrive(empty + s);
     }
-    us__hop_dkv_store<E, HS, true, true>(dk, dv, dqkv, key0, b, g, T, NH, NKV, lane);
+    us__hop_dkv_store<E, HS, true, true>(dk, dv, dqkv, key0, b, g, T, NH, NKV, scale, lane);
 #else
     (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dqkv, (void)dqacc, (void)cnt,
         (void)T, (void)B, (void)NH, (void)NKV, (void)scale, (void)sl2;
@@ -5869,20 +5889,20 @@ us__hop_block_rows(float *sL, float *sD, int *sQp, uint64_t *full, uint64_t *emp
     }
 }
 
-/* dK and dV of the thread's keys key0, key0 + 8 added into dkv [B][Tk][2·NKV·HS] fp32 (dK is
-   already scaled: dS was) */
+/* dK times ks (us__hop_dkq_scale) and dV of the thread's keys key0, key0 + 8 added into dkv
+   [B][Tk][2·NKV·HS] fp32 */
 template <int HS, bool DK, bool DV>
 static __device__ __forceinline__ void
 us__hop_block_dkv_add(float *dkv, const float (&dk)[DK ? HS / 8 : 1][4],
                       const float (&dv)[DV ? HS / 8 : 1][4], int key0, int b, int g, int Tk,
-                      int NKV, int lane) {
+                      int NKV, float ks, int lane) {
     const int64_t KVW = (int64_t)2 * NKV * HS;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int key = key0 + 8 * r;
         if (key >= Tk) continue;
         float *row = dkv + ((int64_t)b * Tk + key) * KVW;
-        if constexpr (DK) us__fa_add_row<HS>(row + (int64_t)g * HS, dk, r, 1.f, lane);
+        if constexpr (DK) us__fa_add_row<HS>(row + (int64_t)g * HS, dk, r, ks, lane);
         if constexpr (DV) us__fa_add_row<HS>(row + (int64_t)(NKV + g) * HS, dv, r, 1.f, lane);
     }
 }
@@ -5957,7 +5977,8 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
         }
         us__mb_arrive(sm.empty + s);
     }
-    us__hop_block_dkv_add<HS, DK, DV>(dkv, dk, dv, key0, b, g, Tk, NKV, lane);
+    us__hop_block_dkv_add<HS, DK, DV>(dkv, dk, dv, key0, b, g, Tk, NKV, us__hop_dkq_scale<E>(scale),
+                                      lane);
 #else
     (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dkv, (void)qpos, (void)kpos,
         (void)qrng, (void)krng, (void)Tq, (void)Tk, (void)NH, (void)NKV, (void)scale, (void)sl2;
@@ -6010,7 +6031,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
         const int row = row0 + 8 * r;
         if (row < Tq)
             us__fa_add_row<HS>(dq + ((int64_t)b * Tq + row) * NH * HS + (int64_t)h * HS, dqa, r,
-                               1.f, lane);
+                               us__hop_dkq_scale<E>(scale), lane);
     }
 #else
     (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dq, (void)qpos, (void)kpos,
