@@ -3270,7 +3270,6 @@ static __device__ __forceinline__ void us__hop_zero(float (&x)[N][4]) {
    tiles (forward, dQ). us__hop_causal: tiles 0, 1, ... up to the diagonal, masked by index
    (key > query hidden) in a tile that crosses it. us__hop_bypos (// >>cuda-cp-flash): the tiles
    of a bitmask, masked by position. Each has
-     BY_POS              how a mask is applied (us__hop_by_mode)
      n, nc               the tiles the CTA visits; the first nc of them this consumer computes
      first(), next(t)    the walk over tile indices; at(t): tile t as the mask needs it
      part(kt), skip(kt)  whether some key of tile kt, or every key, is hidden from this consumer
@@ -3282,7 +3281,6 @@ struct us__hop_kt {
 
 template <int BC>
 struct us__hop_causal {
-    static constexpr bool BY_POS = false;
     int n, nc;
     int r0, row0; /* this warpgroup's first query; the thread's rows row0, row0 + 8 */
 
@@ -3303,17 +3301,19 @@ struct us__hop_causal {
     }
 };
 
-/* tile(need) for a tile that a mask may touch (part): one branch per tile, uniform over the
-   warpgroup, into a copy of the tile's math with the mask and one with no mask code at all. A
-   runtime flag inside one copy costs every score its check on wholly visible tiles too: by
-   index, ptxas keeps it as predicated arithmetic (an FSEL, an ISETP and an add per score: the
-   forward measured 11-13 % slower at HS 64 and 128); by position, where the check may load from
+/* tile(need) for a tile that a mask may touch (part). SPLIT: one branch per tile, uniform over
+   the warpgroup, into a copy of the tile's math with the mask and one with no mask code at all;
+   else one copy, the flag checked per score. That check costs every score on wholly visible tiles
+   too: by index, ptxas keeps it as predicated arithmetic (an FSEL, an ISETP and an add per
+   score: the forward ran 9-13 % slower at HS 64 and 128); by position, where it may load from
    kpos, it branched around every score (BSSY, a taken BRA and BSYNC: 192 instructions a tile at
-   HS 128). */
-template <bool BY_POS, typename F>
+   HS 128). So every kernel splits, but the dK/dV kernel by index: with two copies of its tile,
+   ptxas spilled 16 registers in the unmasked one at HS 64 (its 240 hold dK, dV, Sᵀ and dPᵀ). */
+template <bool SPLIT, typename F>
 static __device__ __forceinline__ void us__hop_by_mode(bool part, const F &tile) {
-    (void)BY_POS;
-    if (part)
+    if (!SPLIT)
+        tile(part);
+    else if (part)
         tile(true);
     else
         tile(false);
@@ -3517,7 +3517,7 @@ us__hop_fwd_consume(float (&o)[HS / 8][4], float (&m)[2], float (&l)[2],
         const auto masked = [&](int j, int e) {
             return ks.masked(kt, j * 8 + 2 * (lane & 3) + (e & 1), e);
         };
-        us__hop_by_mode<Keys::BY_POS>(ks.part(kt), [&](bool need) {
+        us__hop_by_mode<true>(ks.part(kt), [&](bool need) {
             us__hop_softmax<BC>(sc, m, l, corr, sl2, need, masked);
         });
     };
@@ -4096,7 +4096,7 @@ us__hop_dq_tile(float (&dq)[HS / 8][4], const us__hop_dq_smem<HS> &sm, const uns
     us__hop_turn_done<NWG>(c, false);
     us__wg_wait<BK / 2>(&sc[0][0]);
     us__wg_wait<BK / 2>(&dp[0][0]);
-    us__hop_by_mode<Keys::BY_POS>(ks.part(kt), [&](bool need) {
+    us__hop_by_mode<true>(ks.part(kt), [&](bool need) {
 #pragma unroll
         for (int j = 0; j < BK / 8; j++)
 #pragma unroll
@@ -5649,7 +5649,6 @@ static __device__ int us__hop_vis(unsigned *vis, const int4 *__restrict__ rng, i
    tile's keys are one ascending run (kt.r.z), else read from kpos (past Tk: +inf). */
 template <int BC>
 struct us__hop_bypos {
-    static constexpr bool BY_POS = true;
     const unsigned *vis;
     const int4 *krng;
     const int32_t *kpos;
