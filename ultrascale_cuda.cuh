@@ -2752,12 +2752,16 @@ static void us__flash_bwd(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
       per SM, one warpgroup's softmax (exp2, max, sum: the slow FP32 and MUFU units) runs while
       the other's GEMMs keep the tensor cores busy.
    Two things decide whether that pays, both measured on an H200 (bench/RESULTS.md). At HS 64 a
-   tile of scores costs the MUFU unit (16 exp2 a cycle an SM) as many cycles as the tensor cores
-   spend on its two GEMMs, so every instruction around an exp2 counts: exp2 is ex2.approx alone
-   (us__hop_exp2), not exp2f's range check. And a causal query tile is short (a few dozen key
-   tiles), so starting and ending one costs a real share: the forward and dQ run a persistent
-   grid, one CTA per SM walking the tiles longest first, its rings carried from tile to tile,
-   so that the next tile's queries are loading while this one's output is written.
+   tile of scores costs the consumer as many issue slots as the tensor cores spend cycles on its
+   GEMMs, so every instruction per score counts, more than the MUFU unit's rate (moving some
+   exp2 to a polynomial on the FMA pipe made the backward slower): exp2 is ex2.approx alone
+   (us__hop_exp2), not exp2f's range check; the causal mask lives in a copy of the tile math of
+   its own, so that wholly visible tiles run no check per score (us__hop_by_mode: the forward
+   9-13 % faster); under bf16, dS leaves its 1/sqrt(HS) to the store (us__hop_ds_scale). And a
+   causal query tile is short (a few dozen key tiles), so starting and ending one costs a real
+   share: the forward and dQ run a persistent grid, one CTA per SM walking the tiles longest
+   first, its rings carried from tile to tile, so that the next tile's queries are loading while
+   this one's output is written.
    Shared-memory tiles are rows × 64-element column blocks, each block 128 bytes per row with the
    128-byte swizzle (the 16-byte chunk c of row r sits at chunk c ⊕ (r mod 8)), so 8 consecutive
    rows of one column hit all 32 banks. A head of HS elements takes ⌈HS/64⌉ blocks; HS 80 and 96
