@@ -3816,7 +3816,9 @@ us__hop_dkdv_rows(float *sL, float *sD, uint64_t *full, uint64_t *empty,
    dQ take the scale once, at their store: one FMUL a score fewer (HS 128: the backward 3-4 %
    faster), nothing new can overflow (bf16 has fp32's range), and at HS 64 (2^-3) the bits are
    the same. Under fp16, dS is scaled before it is rounded: unscaled, it could pass 65504 where
-   the fp32 reference does not (a loss scale of 2^16 and a large dP). */
+   the fp32 reference does not (a loss scale of 2^16 and a large dP). Context parallelism's block
+   dK/dV kernel scales dS under bf16 too: unscaled, ptxas spilled 80 instructions' worth at HS 64
+   instead of 24 (not timed), so its dK is added as it is (us__hop_block_dkv_add's ks = 1). */
 template <typename E>
 static __device__ __forceinline__ float us__hop_ds_scale(float scale) {
     return us__is_half<E>::value ? scale : 1.f;
@@ -3909,7 +3911,7 @@ static __device__ __forceinline__ float2 us__hop_lds2(const float *p) {
 }
 
 /* Pᵀ = exp2(Sᵀ·sl2 − L2[q]) (0 where masked(j, e), checked only when diag), dSᵀ = Pᵀ ∘ (dPᵀ −
-   D[q]) (· scale under fp16: us__hop_ds_scale), both rounded into the A fragments of dV += Pᵀ·dO
+   D[q]) · dsc (1/sqrt(HS) or 1: us__hop_ds_scale), both rounded into the A fragments of dV += Pᵀ·dO
    (pa) and dK += dSᵀ·Q (da). tL, tD [BQ]: the stage's L2 and D. masked(j, e): whether the
    thread's key 8·(e/2) (of its two) is hidden from query j·8 + 2·(lane%4) + e%2 of the tile
    (causal: key > query; the block kernels: by position). One k-step (16 queries) at a time,
@@ -3918,7 +3920,7 @@ template <typename E, int BQ, bool DK, bool DV, typename Mask>
 static __device__ __forceinline__ void
 us__hop_pds(uint32_t (&pa)[DV ? BQ / 16 : 1][4], uint32_t (&da)[DK ? BQ / 16 : 1][4],
             float (&st)[BQ / 8][4], float (&dpt)[DK ? BQ / 8 : 1][4], const float *tL,
-            const float *tD, bool diag, Mask masked, int lane, float scale, float sl2) {
+            const float *tD, bool diag, Mask masked, int lane, float dsc, float sl2) {
 #pragma unroll
     for (int t = 0; t < BQ / 16; t++) {
 #pragma unroll
@@ -3931,9 +3933,7 @@ us__hop_pds(uint32_t (&pa)[DV ? BQ / 16 : 1][4], uint32_t (&da)[DK ? BQ / 16 : 1
                 float p = us__hop_exp2(st[j][e] * sl2 - ((e & 1) ? L.y : L.x));
                 if (diag && masked(j, e)) p = 0.f;
                 st[j][e] = p;
-                if constexpr (DK)
-                    dpt[j][e] =
-                        p * (dpt[j][e] - ((e & 1) ? Dq.y : Dq.x)) * us__hop_ds_scale<E>(scale);
+                if constexpr (DK) dpt[j][e] = p * (dpt[j][e] - ((e & 1) ? Dq.y : Dq.x)) * dsc;
             }
         }
         if constexpr (DV) us__hop_to_a<E, BQ>(pa[t], st, t);
@@ -3987,9 +3987,11 @@ us__hop_dkdv_tile(float (&dk)[DK ? HS / 8 : 1][4], float (&dv)[DV ? HS / 8 : 1][
     us__hop_turn_done<NWG>(c, false);
     us__wg_wait<BQ / 2>(&st[0][0]);
     if constexpr (DK) us__wg_wait<BQ / 2>(&dpt[0][0]);
+    /* the block kernel scales dS under bf16 too (us__hop_ds_scale) */
+    const float dsc = BY_POS ? scale : us__hop_ds_scale<E>(scale);
     us__hop_by_mode<BY_POS>(part, [&](bool need) {
         us__hop_pds<E, BQ, DK, DV>(pa, da, st, dpt, sm.sL + s * BQ, sm.sD + s * BQ, need, hidden,
-                                   lane, scale, sl2);
+                                   lane, dsc, sl2);
     });
     us__hop_turn<NWG>(c);
     us__hop_dkv_mma<E, HS, BQ, DK, DV>(dk, dv, pa, da, tQ, tdO);
@@ -4396,8 +4398,8 @@ us__hop_fused_tile(float (&dk)[HS / 8][4], float (&dv)[HS / 8][4], const unsigne
         const auto causal = [&](int j, int e) {
             return key0 + (e >> 1) * 8 > q0 + j * 8 + 2 * (lane & 3) + (e & 1);
         };
-        us__hop_pds<E, BQ, true, true>(pa, da, st, dpt, tL, tD, kc + 63 > q0, causal, lane, scale,
-                                       sl2);
+        us__hop_pds<E, BQ, true, true>(pa, da, st, dpt, tL, tD, kc + 63 > q0, causal, lane,
+                                       us__hop_ds_scale<E>(scale), sl2);
     } else {
 #pragma unroll
         for (int t = 0; t < BQ / 16; t++) da[t][0] = da[t][1] = da[t][2] = da[t][3] = 0u;
@@ -5980,8 +5982,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
         }
         us__mb_arrive(sm.empty + s);
     }
-    us__hop_block_dkv_add<HS, DK, DV>(dkv, dk, dv, key0, b, g, Tk, NKV, us__hop_dkq_scale<E>(scale),
-                                      lane);
+    us__hop_block_dkv_add<HS, DK, DV>(dkv, dk, dv, key0, b, g, Tk, NKV, 1.f, lane);
 #else
     (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dkv, (void)qpos, (void)kpos,
         (void)qrng, (void)krng, (void)Tq, (void)Tk, (void)NH, (void)NKV, (void)scale, (void)sl2;
