@@ -3315,7 +3315,7 @@ struct us__hop_causal {
    ptxas spilled 16 registers in the unmasked one at HS 64 (its 240 hold dK, dV, Sᵀ and dPᵀ). */
 template <bool SPLIT, typename F>
 static __device__ __forceinline__ void us__hop_by_mode(bool part, const F &tile) {
-    if (!SPLIT)
+    if constexpr (!SPLIT)
         tile(part);
     else if (part)
         tile(true);
@@ -3817,8 +3817,9 @@ us__hop_dkdv_rows(float *sL, float *sD, uint64_t *full, uint64_t *empty,
    faster), nothing new can overflow (bf16 has fp32's range), and at HS 64 (2^-3) the bits are
    the same. Under fp16, dS is scaled before it is rounded: unscaled, it could pass 65504 where
    the fp32 reference does not (a loss scale of 2^16 and a large dP). Context parallelism's block
-   dK/dV kernel scales dS under bf16 too: unscaled, ptxas spilled 80 instructions' worth at HS 64
-   instead of 24 (not timed), so its dK is added as it is (us__hop_block_dkv_add's ks = 1). */
+   dK/dV kernel scales dS under bf16 too (its dK added as it is): unscaled, ptxas spilled 80
+   instructions' worth at HS 64 instead of 24 (not timed). Each kernel passes the factor its dS
+   takes (dsc) to the shared tile math. */
 template <typename E>
 static __device__ __forceinline__ float us__hop_ds_scale(float scale) {
     return us__is_half<E>::value ? scale : 1.f;
@@ -3969,14 +3970,15 @@ static __device__ __forceinline__ void us__hop_turns_skip(int c, bool last) {
 }
 
 /* One query tile (stage s, the CTA's it-th of nit) of a dK/dV consumer whose keys some query of
-   it sees: Sᵀ, dPᵀ, then Pᵀ and dSᵀ (us__hop_pds, masked by hidden(j, e) where part, as the mode
-   BY_POS wants: us__hop_by_mode), then dV and dK; each of its two GEMM batches in this
-   consumer's turn. POS: the block kernel's layout (it adds the queries' positions). */
+   it sees: Sᵀ, dPᵀ, then Pᵀ and dSᵀ (us__hop_pds, dS times dsc, masked by hidden(j, e) where
+   part, as the mode BY_POS wants: us__hop_by_mode), then dV and dK; each of its two GEMM
+   batches in this consumer's turn. POS: the block kernel's layout (it adds the queries'
+   positions). */
 template <typename E, int HS, bool DK, bool DV, bool BY_POS, bool POS, typename Mask>
 static __device__ __forceinline__ void
 us__hop_dkdv_tile(float (&dk)[DK ? HS / 8 : 1][4], float (&dv)[DV ? HS / 8 : 1][4],
                   const us__hop_dkdv_smem<HS, POS> &sm, int s, bool part, Mask hidden, int it,
-                  int nit, int c, int lane, float scale, float sl2) {
+                  int nit, int c, int lane, float dsc, float sl2) {
     using C = us__hop_cfg<HS>;
     constexpr int NWG = C::NWG, BK = 64 * NWG, BQ = C::BQ, QB = us__hop_dkdv_smem<HS, POS>::QB;
     const unsigned char *tQ = sm.sQ + s * QB, *tdO = sm.sdO + s * QB;
@@ -3987,8 +3989,6 @@ us__hop_dkdv_tile(float (&dk)[DK ? HS / 8 : 1][4], float (&dv)[DV ? HS / 8 : 1][
     us__hop_turn_done<NWG>(c, false);
     us__wg_wait<BQ / 2>(&st[0][0]);
     if constexpr (DK) us__wg_wait<BQ / 2>(&dpt[0][0]);
-    /* the block kernel scales dS under bf16 too (us__hop_ds_scale) */
-    const float dsc = BY_POS ? scale : us__hop_ds_scale<E>(scale);
     us__hop_by_mode<BY_POS>(part, [&](bool need) {
         us__hop_pds<E, BQ, DK, DV>(pa, da, st, dpt, sm.sL + s * BQ, sm.sD + s * BQ, need, hidden,
                                    lane, dsc, sl2);
@@ -4061,7 +4061,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
                 return key0 + (e >> 1) * 8 > q0 + j * 8 + 2 * (lane & 3) + (e & 1);
             };
             us__hop_dkdv_tile<E, HS, DK, DV, false>(dk, dv, sm, s, kc + 63 > q0, causal, it, nit, c,
-                                                    lane, scale, sl2);
+                                                    lane, us__hop_ds_scale<E>(scale), sl2);
         }
         us__mb_arrive(sm.empty + s);
     }
@@ -4076,9 +4076,9 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
 
 /* One key tile kt (stage s) of a dQ consumer (Keys: the mask mode) against the queries and dO
    in buffer q (Q, then dO): S = Q·Kᵀ, dP = dO·Vᵀ, P = exp2(S·sl2 − L2) (0 where ks.masked, where
-   part of the tile is), dS = P ∘ (dP − D) · scale (scaled before rounding, as in the dK/dV
-   kernel), dQ += dS·K; each of its two GEMM batches in this consumer's turn (last: no turn
-   follows in this CTA) */
+   part of the tile is), dS = P ∘ (dP − D) (· scale under fp16, before rounding; under bf16 dQ
+   takes it at the store: us__hop_ds_scale), dQ += dS·K; each of its two GEMM batches in this
+   consumer's turn (last: no turn follows in this CTA) */
 template <typename E, int HS, typename Keys>
 static __device__ __forceinline__ void
 us__hop_dq_tile(float (&dq)[HS / 8][4], const us__hop_dq_smem<HS> &sm, const unsigned char *q,
@@ -5894,20 +5894,20 @@ us__hop_block_rows(float *sL, float *sD, int *sQp, uint64_t *full, uint64_t *emp
     }
 }
 
-/* dK times ks (us__hop_dkq_scale) and dV of the thread's keys key0, key0 + 8 added into dkv
-   [B][Tk][2·NKV·HS] fp32 */
+/* dK and dV of the thread's keys key0, key0 + 8 added into dkv [B][Tk][2·NKV·HS] fp32 (dK is
+   already scaled: dS was) */
 template <int HS, bool DK, bool DV>
 static __device__ __forceinline__ void
 us__hop_block_dkv_add(float *dkv, const float (&dk)[DK ? HS / 8 : 1][4],
                       const float (&dv)[DV ? HS / 8 : 1][4], int key0, int b, int g, int Tk,
-                      int NKV, float ks, int lane) {
+                      int NKV, int lane) {
     const int64_t KVW = (int64_t)2 * NKV * HS;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int key = key0 + 8 * r;
         if (key >= Tk) continue;
         float *row = dkv + ((int64_t)b * Tk + key) * KVW;
-        if constexpr (DK) us__fa_add_row<HS>(row + (int64_t)g * HS, dk, r, ks, lane);
+        if constexpr (DK) us__fa_add_row<HS>(row + (int64_t)g * HS, dk, r, 1.f, lane);
         if constexpr (DV) us__fa_add_row<HS>(row + (int64_t)(NKV + g) * HS, dv, r, 1.f, lane);
     }
 }
@@ -5977,12 +5977,13 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
             const auto hidden = [&](int j, int e) {
                 return kp[e >> 1] > tp[j * 8 + 2 * (lane & 3) + (e & 1)];
             };
+            /* dS scaled under bf16 too, dK added as it is (us__hop_ds_scale) */
             us__hop_dkdv_tile<E, HS, DK, DV, true>(dk, dv, sm, s, kr.y > qr.x, hidden, it, nit, c,
                                                    lane, scale, sl2);
         }
         us__mb_arrive(sm.empty + s);
     }
-    us__hop_block_dkv_add<HS, DK, DV>(dkv, dk, dv, key0, b, g, Tk, NKV, 1.f, lane);
+    us__hop_block_dkv_add<HS, DK, DV>(dkv, dk, dv, key0, b, g, Tk, NKV, lane);
 #else
     (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dkv, (void)qpos, (void)kpos,
         (void)qrng, (void)krng, (void)Tq, (void)Tk, (void)NH, (void)NKV, (void)scale, (void)sl2;
