@@ -3989,10 +3989,24 @@ us__hop_dkdv_tile(float (&dk)[DK ? HS / 8 : 1][4], float (&dv)[DV ? HS / 8 : 1][
     us__hop_turn_done<NWG>(c, false);
     us__wg_wait<BQ / 2>(&st[0][0]);
     if constexpr (DK) us__wg_wait<BQ / 2>(&dpt[0][0]);
-    us__hop_by_mode<BY_POS>(part, [&](bool need) {
-        us__hop_pds<E, BQ, DK, DV>(pa, da, st, dpt, sm.sL + s * BQ, sm.sD + s * BQ, need, hidden,
+    if constexpr (BY_POS) {
+        us__hop_by_mode<true>(part, [&](bool need) {
+            us__hop_pds<E, BQ, DK, DV>(pa, da, st, dpt, sm.sL + s * BQ, sm.sD + s * BQ, need,
+                                       hidden, lane, dsc, sl2);
+        });
+    } else {
+        /* by index: hidden scores set to -inf (exp2 gives P = 0, so dS = 0) in a pass of their
+           own on a diagonal tile only, then one copy of the math with no mask code */
+        if (part) {
+#pragma unroll
+            for (int j = 0; j < BQ / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (hidden(j, e)) st[j][e] = -INFINITY;
+        }
+        us__hop_pds<E, BQ, DK, DV>(pa, da, st, dpt, sm.sL + s * BQ, sm.sD + s * BQ, false, hidden,
                                    lane, dsc, sl2);
-    });
+    }
     us__hop_turn<NWG>(c);
     us__hop_dkv_mma<E, HS, BQ, DK, DV>(dk, dv, pa, da, tQ, tdO);
     us__hop_turn_done<NWG>(c, it + 1 == nit);
