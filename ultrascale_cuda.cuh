@@ -82,6 +82,17 @@ typedef enum us_cuda_gg_path {
 } us_cuda_gg_path;
 
 US_API void us_cuda_grouped_kernel(us_ops *ops, int path);
+/* Choosing cuBLASLt's algorithm by timing it where it runs (// >>cuda-gemm, us__lt_matmul). With
+   on = 1, each GEMM plan (bf16/fp16/fp32 and FP8) asks cuBLASLt's heuristic for up to 8
+   candidates and its calls take them in turn, each call timed by a pair of CUDA events on the
+   stream: run the steps you want timed in their real setting (two or more training steps: every
+   plan is called once a layer). With on = 0, the stream is synchronized and each plan keeps the
+   candidate of lowest median time, if it beats the heuristic's first by more than 1 %; the
+   plans chosen stay for the run. Off by default: which candidate wins can differ from run to run,
+   and with it the last bits of the results (each candidate is a correct GEMM). Returns, on 0,
+   how many plans changed their algorithm; on 1, how many plans have timed two or more of their
+   candidates so far (0 when tuning starts). */
+US_API int us_cuda_gemm_tune(us_ops *ops, int on);
 /* Device memory in use on the ops' GPU (total − free, cudaMemGetInfo), in bytes: the real
    footprint beside the allocator's count (us_ops.bytes_peak) — the CUDA context, cuBLASLt's
    workspace, NCCL's buffers and the scratch included — and anything other processes hold there.
@@ -112,12 +123,21 @@ US_API void *us_cuda_stream(const us_ops *ops);
 /* ------------------------------------------------------------------------------------ */
 #define US__CUDA_PLANS 256
 
+#define US__TUNE_CANDS 8    /* cuBLASLt candidates a tuned plan tries (us_cuda_gemm_tune) */
+#define US__TUNE_SAMPLES 64 /* timed calls a plan keeps while tuning */
+
 typedef struct us__gemm_plan {
     int ta, tb, adt, bdt, cdt, beta0, sms; /* sms: the SM count the heuristic targeted (0: all) */
     int64_t M, N, K, lda, ldb, ldc;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
+    /* us_cuda_gemm_tune: the candidates (ncand > 1 while tuning), each call's candidate (who)
+       and its two events; tuned once its choice is made */
+    int ncand, ns, tuned;
+    cublasLtMatmulAlgo_t cand[US__TUNE_CANDS];
+    unsigned char who[US__TUNE_SAMPLES];
+    cudaEvent_t ev[US__TUNE_SAMPLES][2];
 } us__gemm_plan;
 
 #define US__CUDA_MARKS 8192 /* trace marks per step: two per traced region */
@@ -139,6 +159,7 @@ typedef struct us__cuda {
     unsigned *fp8_amax; /* per-tensor amax slot (// >>cuda-fp8) */
     unsigned gg_smem;   /* grouped GEMM kernels given their shared memory (// >>cuda-grouped) */
     int gg_kernel;      /* gemm_grouped's path, as us_cuda_grouped_kernel sets it */
+    int tuning;         /* plans time their candidates (us_cuda_gemm_tune) */
     void *ggh_tab;      /* host us__ggh_table the Hopper grouped kernel's launches are filled in */
     void *scratch;      /* grows on demand: reductions, attention backward */
     float *rope_tab;    /* RoPE cos|sin [T, HS/2] for (rope_T, rope_HS, rope_freq), then the
@@ -373,6 +394,120 @@ static cudaDataType_t us__cuda_type(us_dtype dt) {
     return dt == US_BF16 ? CUDA_R_16BF : dt == US_F16 ? CUDA_R_16F : CUDA_R_32F;
 }
 
+/* ---- Choosing the algorithm by timing it in place (us_cuda_gemm_tune). A long run of GEMMs
+   holds an H200 at its power limit (700 W: the SM clock near 1.6 GHz instead of 1.98), and
+   there the heuristic's first algorithm, ranked for the full clock, is not always the fastest:
+   timed back to back, the best of its candidates ran the 1B step's bf16 linear GEMMs up to 18 %
+   faster (bench/RESULTS.md, eighth session). Timing the candidates alone, before the run, ranks
+   them at the clock of an idle GPU; so while tuning, a plan's calls inside the real steps take
+   its candidates in turn, each between two events, and the choice is made from those times. */
+static void us__lt_tune_drop(us__gemm_plan *p) {
+    int i;
+    for (i = 0; i < US__TUNE_SAMPLES; i++) {
+        if (p->ev[i][0]) cudaEventDestroy(p->ev[i][0]);
+        if (p->ev[i][1]) cudaEventDestroy(p->ev[i][1]);
+        p->ev[i][0] = p->ev[i][1] = NULL;
+    }
+    p->ncand = p->ns = 0;
+}
+
+/* up to US__TUNE_CANDS candidates of a plan from the heuristic (the first is the plan's own
+   algorithm); fewer than two: nothing to choose. A plan is tuned at most once. */
+static void us__lt_tune_cands(us_ops *o, us__gemm_plan *p) {
+    us__cuda *c = us__cu(o);
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulHeuristicResult_t h[US__TUNE_CANDS];
+    int found = 0, i;
+    p->tuned = 1;
+    if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                         &c->ws_bytes, sizeof c->ws_bytes);
+    if (cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref,
+                                       US__TUNE_CANDS, h, &found) != CUBLAS_STATUS_SUCCESS)
+        found = 0;
+    cublasLtMatmulPreferenceDestroy(pref);
+    for (i = 0; i < found; i++) p->cand[i] = h[i].algo;
+    p->ncand = found > 1 ? found : 0;
+}
+
+/* D = alpha·x·y + beta·Cin through plan p, x and y cuBLASLt's A and B as the plan's la and lb
+   describe them. While tuning, the call takes the plan's next candidate, timed; a candidate
+   that refuses is out of the race (who 255) and the plan's own algorithm makes the call. */
+static void us__lt_matmul(us_ops *o, us__gemm_plan *p, float alpha, const void *x, const void *y,
+                          float beta, const void *Cin, void *D) {
+    us__cuda *c = us__cu(o);
+    int k = -1;
+    if (c->tuning && !p->tuned) us__lt_tune_cands(o, p);
+    if (c->tuning && p->ncand > 1 && p->ns < US__TUNE_SAMPLES) {
+        k = p->ns;
+        if ((!p->ev[k][0] && cudaEventCreate(&p->ev[k][0]) != cudaSuccess) ||
+            (!p->ev[k][1] && cudaEventCreate(&p->ev[k][1]) != cudaSuccess)) {
+            cudaGetLastError(); /* no events: this call untimed */
+            k = -1;
+        }
+    }
+    if (k >= 0) {
+        p->who[k] = (unsigned char)(k % p->ncand);
+        p->ns++;
+        cudaEventRecord(p->ev[k][0], c->stream);
+        if (cublasLtMatmul(c->lt, p->desc, &alpha, x, p->la, y, p->lb, &beta, Cin, p->lc, D, p->lc,
+                           &p->cand[p->who[k]], c->ws, c->ws_bytes,
+                           c->stream) == CUBLAS_STATUS_SUCCESS) {
+            cudaEventRecord(p->ev[k][1], c->stream);
+            return;
+        }
+        cudaGetLastError();
+        p->who[k] = 255;
+    }
+    US__LT(o, cublasLtMatmul(c->lt, p->desc, &alpha, x, p->la, y, p->lb, &beta, Cin, p->lc, D,
+                             p->lc, &p->algo, c->ws, c->ws_bytes, c->stream));
+}
+
+/* the end of a plan's tuning: each candidate's median time, the fastest kept if it beats the
+   first's by more than 1 %; 1 if the plan changed its algorithm */
+static int us__lt_tune_pick(us__gemm_plan *p) {
+    float t[US__TUNE_SAMPLES];
+    double med[US__TUNE_CANDS];
+    int i, j, k, n, best = 0, changed;
+    for (k = 0; k < p->ncand; k++) {
+        for (i = n = 0; i < p->ns; i++) {
+            float ms = 0;
+            if (p->who[i] != k ||
+                cudaEventElapsedTime(&ms, p->ev[i][0], p->ev[i][1]) != cudaSuccess)
+                continue;
+            for (j = n++; j > 0 && t[j - 1] > ms; j--) /* insertion: t[0..n) sorted */
+                t[j] = t[j - 1];
+            t[j] = ms;
+        }
+        med[k] = n ? 0.5 * (t[(n - 1) / 2] + t[n / 2]) : -1;
+        if (med[k] > 0 && (med[best] <= 0 || med[k] < med[best])) best = k;
+    }
+    cudaGetLastError();
+    changed = p->ncand > 1 && best > 0 && med[0] > 0 && med[best] < 0.99 * med[0];
+    if (changed) p->algo = p->cand[best];
+    us__lt_tune_drop(p);
+    return changed;
+}
+
+US_API int us_cuda_gemm_tune(us_ops *o, int on) {
+    us__cuda *c = us__cu(o);
+    int i, changed = 0;
+    if (!c) return 0;
+    if (on) {
+        c->tuning = 1;
+        for (i = 0; i < c->nplans; i++) changed += c->plans[i].ncand > 1 && c->plans[i].ns > 1;
+        for (i = 0; i < c->nfp8; i++)
+            changed += c->fp8_plans[i].ncand > 1 && c->fp8_plans[i].ns > 1;
+        return changed; /* here: the plans timing two or more candidates */
+    }
+    if (!c->tuning) return 0;
+    c->tuning = 0;
+    cudaStreamSynchronize(c->stream);
+    for (i = 0; i < c->nplans; i++) changed += us__lt_tune_pick(&c->plans[i]);
+    for (i = 0; i < c->nfp8; i++) changed += us__lt_tune_pick(&c->fp8_plans[i]);
+    return changed;
+}
+
 static us__gemm_plan *us__gemm_plan_get(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64_t K,
                                         us_dtype adt, int64_t lda, us_dtype bdt, int64_t ldb,
                                         us_dtype cdt, int64_t ldc, int beta0) {
@@ -391,6 +526,7 @@ static us__gemm_plan *us__gemm_plan_get(us_ops *o, int ta, int tb, int64_t M, in
     }
     if (c->nplans == US__CUDA_PLANS) { /* full: recycle the oldest slot */
         p = &c->plans[0];
+        us__lt_tune_drop(p);
         cublasLtMatmulDescDestroy(p->desc);
         cublasLtMatrixLayoutDestroy(p->la);
         cublasLtMatrixLayoutDestroy(p->lb);
@@ -452,8 +588,7 @@ static void us__cuda_gemm_into(us_ops *o, int ta, int tb, int64_t M, int64_t N, 
     us__gemm_plan *p =
         us__gemm_plan_get(o, ta, tb, M, N, K, adt, lda, bdt, ldb, cdt, ldc, beta == 0);
     if (c->failed) return;
-    US__LT(o, cublasLtMatmul(c->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, Cin, p->lc, D,
-                             p->lc, &p->algo, c->ws, c->ws_bytes, c->stream));
+    us__lt_matmul(o, p, alpha, B, A, beta, Cin, D);
 }
 
 static void us__cuda_gemm(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
@@ -8410,6 +8545,7 @@ static void us__cuda_fp8_gemm(us_ops *o, int64_t M, int64_t N, int64_t K, float 
         cublasLtMatmulHeuristicResult_t heur;
         if (c->nfp8 == 64) { /* full: recycle the oldest */
             p = &c->fp8_plans[0];
+            us__lt_tune_drop(p);
             cublasLtMatmulDescDestroy(p->desc);
             cublasLtMatrixLayoutDestroy(p->la);
             cublasLtMatrixLayoutDestroy(p->lb);
@@ -8466,8 +8602,7 @@ static void us__cuda_fp8_gemm(us_ops *o, int64_t M, int64_t N, int64_t K, float 
                                              sizeof sb));
     US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sa,
                                              sizeof sa));
-    US__LT(o, cublasLtMatmul(c->lt, p->desc, &alpha, b, p->la, a, p->lb, &beta, C, p->lc, C, p->lc,
-                             &p->algo, c->ws, c->ws_bytes, c->stream));
+    us__lt_matmul(o, p, alpha, b, a, beta, C, C);
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -8588,12 +8723,14 @@ US_API void us_cuda_ops_free(us_ops *o) {
     if (!c) return;
     cudaStreamSynchronize(c->stream);
     for (i = 0; i < c->nplans; i++) {
+        us__lt_tune_drop(&c->plans[i]);
         cublasLtMatmulDescDestroy(c->plans[i].desc);
         cublasLtMatrixLayoutDestroy(c->plans[i].la);
         cublasLtMatrixLayoutDestroy(c->plans[i].lb);
         cublasLtMatrixLayoutDestroy(c->plans[i].lc);
     }
     for (i = 0; i < c->nfp8; i++) {
+        us__lt_tune_drop(&c->fp8_plans[i]);
         cublasLtMatmulDescDestroy(c->fp8_plans[i].desc);
         cublasLtMatrixLayoutDestroy(c->fp8_plans[i].la);
         cublasLtMatrixLayoutDestroy(c->fp8_plans[i].lb);

@@ -27,6 +27,9 @@
                         default path inside gemm_grouped (us_cuda_grouped_kernel)
      --grouped-wgmma    (--preset) on the one-launch Hopper kernel (wgmma, TMA)
      --grouped-loop     (--preset) on one cuBLASLt GEMM per expert
+     --gemm-tune        (--preset) the warm-up steps time cuBLASLt's candidate algorithms in
+                        place and each GEMM plan keeps its fastest (us_cuda_gemm_tune); needs
+                        --warmup 2 or more
      --profile          also time each op class with CUDA events (where a step's time goes),
                         then each distinct GEMM call of that step alone on noise operands
      --gemm             in-library GEMM (ops->gemm, cached plan) vs a standalone cuBLASLt call
@@ -424,6 +427,7 @@ static us_ops profiled(void) {
 static us_precision bench_prec =
     US_PRECISION_BF16;                  /* --precision: bf16 (default), fp8, fp8-tensor */
 static int bench_accum = 1, bench_nowc; /* --accum, --fp8-no-weight-cache */
+static int bench_tune;                  /* --gemm-tune */
 static int bench_fp8_experts;           /* --fp8-experts: the MoE experts in FP8 too */
 static int bench_loss_chunk; /* --loss-chunk: us_train_config.loss_chunk (0 the default) */
 
@@ -630,8 +634,12 @@ static int bench_train(const char *preset, int steps, int warm, us_recompute rc,
         std::vector<int32_t> in(n), tgt(n);
         us_rng r;
         us_rng_seed(&r, 1);
+        if (bench_tune) us_cuda_gemm_tune(&inner, 1);
         for (s = 0; s < warm + steps; s++) {
             double t0;
+            if (bench_tune && s == warm)
+                printf("  gemm-tune: %d GEMM plans took another algorithm after %d steps\n",
+                       us_cuda_gemm_tune(&inner, 0), warm);
             for (i = 0; i < n; i++) {
                 in[i] = (int32_t)(us_rng_u64(&r) % (uint64_t)mc.vocab);
                 tgt[i] = (int32_t)(us_rng_u64(&r) % (uint64_t)mc.vocab);
@@ -1868,6 +1876,8 @@ int main(int argc, char **argv) {
             do_algos = 1;
         else if (!strcmp(argv[i], "--gemm-sustained"))
             do_sus = 1;
+        else if (!strcmp(argv[i], "--gemm-tune"))
+            bench_tune = 1;
         else if (!strcmp(argv[i], "--precision") && i + 1 < argc) {
             i++;
             if (!strcmp(argv[i], "bf16"))
@@ -1910,7 +1920,7 @@ int main(int argc, char **argv) {
                     "usage: bench_cuda [--preset 1b|8b8|200m|moe [--steps N] [--warmup N] "
                     "[--recompute M] [--accum K] [--loss-chunk ROWS|-1] [--precision "
                     "bf16|fp8|fp8-tensor [--fp8-free-quant] [--fp8-no-weight-cache] "
-                    "[--fp8-experts] [--fp8-no-fuse]] [--profile] "
+                    "[--fp8-experts] [--fp8-no-fuse]] [--profile] [--gemm-tune] "
                     "[--grouped-kernel|--grouped-wgmma|--grouped-loop] [--json F]] [--gemm] "
                     "[--fp8-gemm] [--swiglu-bwd-fp8] [--grouped] [--gemm-algos] [--gemm-sustained] "
                     "[--attention [--att-seq T,..] [--att-heads NH:NKV:HS,..]] "
@@ -1920,6 +1930,11 @@ int main(int argc, char **argv) {
     }
     if (free_q && bench_prec != US_PRECISION_FP8 && bench_prec != US_PRECISION_FP8_TENSOR) {
         fprintf(stderr, "bench_cuda: --fp8-free-quant needs --precision fp8 or fp8-tensor\n");
+        return 2;
+    }
+    if (bench_tune && warm < 2) {
+        fprintf(stderr, "bench_cuda: --gemm-tune times the GEMMs in the warm-up steps: it needs "
+                        "--warmup 2 or more\n");
         return 2;
     }
     if (free_q && warm < 1) {

@@ -121,6 +121,11 @@ static const char *const usage_text[] = {
     "  --threads N       CPU threads (default: all)\n"
     "  --device D        cpu | cuda (default: cuda in the CUDA build, else cpu)\n"
     "  --gpu N           CUDA device index (default 0; the local rank under --nproc)\n",
+    "  --gemm-tune       (cuda) the first 2 steps time cuBLASLt's candidate algorithms for each\n"
+    "                    GEMM shape in place and keep the fastest (the heuristic's first is not\n"
+    "                    always fastest at the power-capped clock); the choice can differ from "
+    "run\n"
+    "                    to run, and with it the last bits of the results, hence off by default\n",
     "parallelism:\n"
     "  --dp N            data-parallel ranks (default 1): CPU threads, or GPU processes; each "
     "rank\n"
@@ -430,6 +435,7 @@ typedef struct opts {
     int exact_n;     /* --exact-match: the built-in task's problems decoded after training */
     int pp_layers_n; /* how many counts --pp-layers gave */
     int nccl_sem;    /* --nccl-semantics: CPU threads impose a GPU's NCCL semantics */
+    int gemm_tune;   /* --gemm-tune: the first GEMM_TUNE_STEPS steps choose cuBLASLt's algorithms */
     float temperature, peak_tflops, comm_timeout;
     int world, rank;      /* CUDA multi-process: this process's place (from the environment) */
     us_data data;         /* the training tokens (raw text --data), less the held-out tail */
@@ -977,6 +983,27 @@ static us_result rank_save(rank_state *s, int step) {
     return US_OK;
 }
 
+/* --gemm-tune: cuBLASLt's candidates are timed inside this run's first GEMM_TUNE_STEPS steps
+   (us_cuda_gemm_tune; every GEMM shape is called once a layer, so 2 steps give each of up to 8
+   candidates several calls), then each shape keeps its fastest. k: the step of this run,
+   before (1) or after (0) it. */
+#define GEMM_TUNE_STEPS 2
+
+static void rank_gemm_tune(rank_state *s, int k, int before) {
+#ifdef US_CUDA
+    if (!s->o->gemm_tune || !s->o->use_cuda) return;
+    if (before && k == 0) us_cuda_gemm_tune(&s->ops, 1);
+    if (!before && k == GEMM_TUNE_STEPS - 1) {
+        int n = us_cuda_gemm_tune(&s->ops, 0);
+        if (s->loud)
+            printf("gemm-tune: %d GEMM shapes took another algorithm after %d steps\n", n,
+                   GEMM_TUNE_STEPS);
+    }
+#else
+    (void)s, (void)k, (void)before;
+#endif
+}
+
 /* The training loop: batch, step, evaluate, print, log, checkpoint; stops at the first error. */
 static us_result rank_train(rank_state *s) {
     opts *o = s->o;
@@ -993,10 +1020,12 @@ static us_result rank_train(rank_state *s) {
         us_step_stats st;
         double t0 = now_s(), dt, tok_s, mfu, eval_loss = -1, eval_acc = -1;
         if ((r = rank_batch(s)) != US_OK) break;
+        rank_gemm_tune(s, i - s->m.step, 1);
         if ((r = us_train_step(&s->m, s->in, s->tgt, &st)) != US_OK) {
             fprintf(stderr, "train: rank %d: step %d: %s\n", s->rank, i + 1, us_model_error(&s->m));
             break;
         }
+        rank_gemm_tune(s, i - s->m.step, 0);
 #ifdef ULTRASCALE_NCCL
         watchdog_beat(&s->wd);
 #endif
@@ -1432,6 +1461,8 @@ static int parse_switch(cli *c, const char *f, const char *v, int *ok, int *take
         c->tc.pp_clock = -1;
     else if (!strcmp(f, "--nccl-semantics"))
         c->o.nccl_sem = 1;
+    else if (!strcmp(f, "--gemm-tune"))
+        c->o.gemm_tune = 1;
     else if (!strcmp(f, "--moe-force-balance"))
         c->tc.moe_force_balance = 1;
     else if (!strcmp(f, "--fp8-pow2"))
@@ -1925,6 +1956,10 @@ static int check_nproc(cli *c) {
     if (nproc && !c->o.use_cuda) {
         fprintf(stderr,
                 "train: --nproc starts one process per GPU; on the CPU use --dp N (threads)\n");
+        return 2;
+    }
+    if (c->o.gemm_tune && !c->o.use_cuda) {
+        fprintf(stderr, "train: --gemm-tune times cuBLASLt's algorithms: it needs --device cuda\n");
         return 2;
     }
     if (!nproc) return GO_ON;

@@ -111,6 +111,83 @@ static double *rope_freqs(int64_t NH, int64_t HS, float theta, int llama3) {
     return f;
 }
 
+/* us_cuda_gemm_tune: while tuning, a plan's calls take its candidates in turn. Every call must
+   still be exactly one GEMM — beta 0; beta 1 adding into the fp32 gradient once a call; the
+   residual epilogue; FP8 adding into fp32 — each call checked against the CPU (FP8: against
+   C + a·bᵀ taken untuned); after the choice, the same again. */
+static void test_gemm_tune(void) {
+    const int64_t M = 1024, N = 768, K = 512;
+    float *A = rnd_f32(M * K, 1), *W = rnd_f32(N * K, 1), *Y = rnd_f32(M * N, 1),
+          *dW = rnd_f32(N * K, 1);
+    void *hA = as_dt(A, M * K, US_BF16), *hW = as_dt(W, N * K, US_BF16),
+         *hY = as_dt(Y, M * N, US_BF16);
+    buf bA = mk(hA, M * K * 2), bW = mk(hW, N * K * 2), bY = mk(hY, M * N * 2),
+        bR = mk(hY, M * N * 2), bG = mk(dW, N * K * 4);
+    uint8_t *qa = NULL, *qb = NULL;
+    float *sa = NULL, *sb = NULL, *hp = NULL;
+    buf bC = mk(Y, M * N * 4);
+    int r, ok = 1, tried = 0;
+    if (G.fp8_gemm) { /* P = a·bᵀ untuned, into hp; C = Y then */
+        buf bP = mk(Y, M * N * 4);
+        qa = (uint8_t *)G.alloc(&G, (size_t)(M * K));
+        qb = (uint8_t *)G.alloc(&G, (size_t)(N * K));
+        sa = (float *)G.alloc(&G, (size_t)us_fp8_scales_size(US_FP8_ROW128, M, K) * 4);
+        sb = (float *)G.alloc(&G, (size_t)us_fp8_scales_size(US_FP8_ROW128, N, K) * 4);
+        G.fp8_quantize(&G, qa, sa, bA.d, US_BF16, M, K, US_FP8_ROW128, 0, 0);
+        G.fp8_quantize(&G, qb, sb, bW.d, US_BF16, N, K, US_FP8_ROW128, 0, 0);
+        G.fp8_gemm(&G, M, N, K, 1, qa, sa, US_FP8_ROW128, qb, sb, US_FP8_ROW128, 0, bP.d, US_F32,
+                   N);
+        hp = (float *)malloc((size_t)(M * N) * 4);
+        down(hp, bP.d, (size_t)(M * N) * 4);
+        fin(&bP);
+    }
+    us_cuda_gemm_tune(&G, 1);
+    for (r = 0; r < 12 && ok; r++) { /* rounds 0..9 tuning, 10 and 11 on the choice */
+        int64_t i;
+        if (r == 10)
+            CHECK((tried = us_cuda_gemm_tune(&G, 1)) > 0, "%d GEMM plans timed candidates", tried);
+        if (r == 10) us_cuda_gemm_tune(&G, 0);
+        Ccpu.gemm(&Ccpu, 0, 1, M, N, K, 1, bA.h, US_BF16, K, bW.h, US_BF16, K, 0, bY.h, US_BF16, N);
+        G.gemm(&G, 0, 1, M, N, K, 1, bA.d, US_BF16, K, bW.d, US_BF16, K, 0, bY.d, US_BF16, N);
+        cmp("tuning: gemm y = x·Wᵀ", &bY, US_BF16, M * N);
+        same_in(&bY); /* dW below from the same y bits on both sides */
+        Ccpu.gemm(&Ccpu, 1, 0, N, K, M, 1, bY.h, US_BF16, N, bA.h, US_BF16, K, 1, bG.h, US_F32, K);
+        G.gemm(&G, 1, 0, N, K, M, 1, bY.d, US_BF16, N, bA.d, US_BF16, K, 1, bG.d, US_F32, K);
+        cmp("tuning: gemm dW += yᵀ·x, once", &bG, US_F32, N * K);
+        memcpy(bY.h, bR.h, (size_t)(M * N) * 2);
+        Ccpu.gemm(&Ccpu, 0, 1, M, N, K, 1, bA.h, US_BF16, K, bW.h, US_BF16, K, 1, bY.h, US_BF16, N);
+        G.gemm_res(&G, M, N, K, bA.d, bW.d, bR.d, bY.d, US_BF16);
+        cmp("tuning: gemm_res y = res + x·Wᵀ", &bY, US_BF16, M * N);
+        if (hp) { /* C += a·bᵀ against C + P */
+            G.fp8_gemm(&G, M, N, K, 1, qa, sa, US_FP8_ROW128, qb, sb, US_FP8_ROW128, 1, bC.d,
+                       US_F32, N);
+            for (i = 0; i < M * N; i++) ((float *)bC.h)[i] += hp[i];
+            cmp("tuning: fp8 C += a·bᵀ, once", &bC, US_F32, M * N);
+        }
+        ok = !G.error(&G);
+    }
+    CHECK(!G.error(&G), "no error after tuning: %s", G.error(&G) ? G.error(&G) : "");
+    us_cuda_gemm_tune(&G, 0);
+    G.free(&G, qa);
+    G.free(&G, qb);
+    G.free(&G, sa);
+    G.free(&G, sb);
+    free(hp);
+    fin(&bA);
+    fin(&bW);
+    fin(&bY);
+    fin(&bR);
+    fin(&bG);
+    fin(&bC);
+    free(A);
+    free(W);
+    free(Y);
+    free(dW);
+    free(hA);
+    free(hW);
+    free(hY);
+}
+
 /* Shapes pick the kernels' paths: multiples of 8 take the 16-byte vector kernels, odd sizes
    the scalar fallbacks; adam_off misaligns the AdamW buffers to exercise its head and tail. */
 static void test_ops(us_dtype dt, int64_t NH, int64_t NKV, int64_t HS, int64_t F, int64_t V,
@@ -1835,6 +1912,7 @@ int main(int argc, char **argv) {
         us_cuda_ops_free(&G);
         return us_test_done("test_cuda --fp8");
     }
+    test_gemm_tune();
     test_attention_shapes();
     if (argc > 1 && !strcmp(argv[argc - 1], "--attention")) { /* the attention cases alone */
         us_cuda_ops_free(&G);
