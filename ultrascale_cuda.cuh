@@ -889,44 +889,74 @@ __global__ void us__k_rmsnorm_fwd_vec(T *out, float *rstd, const T *x, const T *
     }
 }
 
+/* dx and dw's partial sums in one pass (the vector path): block b takes rows 32b .. 32b + 31
+   one at a time (as us__k_rmsnorm_bwd_dx does a row, with 16-byte loads held in registers), and
+   each thread adds dy·x·rstd of its
+   columns over those rows in registers; part[b][C] then goes to us__k_rmsnorm_bwd_dw_sum,
+   which adds the blocks' parts in order (deterministic). x and dy are read once, where the
+   two kernels (dx, then dw's partial sums) read them twice: a third of the traffic less. */
+#define US__RMS_FROWS 32
+
 template <typename T>
-__global__ void us__k_rmsnorm_bwd_dx_vec(T *dx, const T *dout, const T *x, const T *w,
-                                         const float *rstd, int64_t C) {
+__global__ void us__k_rmsnorm_bwd_vec(T *dx, float *part, const T *dout, const T *x, const T *w,
+                                      const float *rstd, int64_t N, int64_t C) {
     enum { W = us__vec<T>::W };
 
     __shared__ float sh[32];
-    int64_t n = blockIdx.x;
+    int64_t r0 = (int64_t)blockIdx.x * US__RMS_FROWS, n;
+    int64_t r1 = r0 + US__RMS_FROWS < N ? r0 + US__RMS_FROWS : N;
     int nv = (int)(C / W), k, i;
-    float r = rstd[n], dot = 0, mean, xv[US__ROW_RV][W], gv[US__ROW_RV][W], av[US__ROW_RV][W];
+    float wv[US__ROW_RV][W], acc[US__ROW_RV][W]; /* w of the thread's columns; their Σ dy·x·r */
 #pragma unroll
     for (k = 0; k < US__ROW_RV; k++) {
         int j = threadIdx.x + k * blockDim.x;
-        if (j < nv) {
-            float dv[W], wv[W];
-            int64_t e = n * C + (int64_t)j * W;
-            us__ldv(x + e, xv[k]);
-            us__ldv(dout + e, dv);
-            us__ldv(w + (int64_t)j * W, wv);
-            us__ldv(dx + e, av[k]); /* read early: its latency hides behind the reduction */
+        if (j < nv) us__ldv(w + (int64_t)j * W, wv[k]);
 #pragma unroll
-            for (i = 0; i < W; i++) {
-                gv[k][i] = dv[i] * wv[i];
-                dot += gv[k][i] * xv[k][i] * r;
-            }
-        } else {
-#pragma unroll
-            for (i = 0; i < W; i++) xv[k][i] = gv[k][i] = av[k][i] = 0.0f;
+        for (i = 0; i < W; i++) {
+            if (j >= nv) wv[k][i] = 0.0f;
+            acc[k][i] = 0.0f;
         }
     }
-    mean = us__block_sum(dot, sh) / (float)C;
+    for (n = r0; n < r1; n++) {
+        float r = rstd[n], dot = 0, mean, xv[US__ROW_RV][W], gv[US__ROW_RV][W], av[US__ROW_RV][W];
+#pragma unroll
+        for (k = 0; k < US__ROW_RV; k++) {
+            int j = threadIdx.x + k * blockDim.x;
+            if (j < nv) {
+                float dv[W];
+                int64_t e = n * C + (int64_t)j * W;
+                us__ldv(x + e, xv[k]);
+                us__ldv(dout + e, dv);
+                us__ldv(dx + e, av[k]); /* read early: its latency hides behind the reduction */
+#pragma unroll
+                for (i = 0; i < W; i++) {
+                    gv[k][i] = dv[i] * wv[k][i];
+                    dot += gv[k][i] * xv[k][i] * r;
+                    acc[k][i] += dv[i] * xv[k][i] * r;
+                }
+            } else {
+#pragma unroll
+                for (i = 0; i < W; i++) xv[k][i] = gv[k][i] = av[k][i] = 0.0f;
+            }
+        }
+        mean = us__block_sum(dot, sh) / (float)C;
+#pragma unroll
+        for (k = 0; k < US__ROW_RV; k++) {
+            int j = threadIdx.x + k * blockDim.x;
+            if (j < nv) {
+#pragma unroll
+                for (i = 0; i < W; i++) av[k][i] = av[k][i] + r * (gv[k][i] - xv[k][i] * r * mean);
+                us__stv(dx + n * C + (int64_t)j * W, av[k]);
+            }
+        }
+    }
 #pragma unroll
     for (k = 0; k < US__ROW_RV; k++) {
         int j = threadIdx.x + k * blockDim.x;
-        if (j < nv) {
+        if (j < nv) /* W floats: W / 4 float4 stores */
 #pragma unroll
-            for (i = 0; i < W; i++) av[k][i] = av[k][i] + r * (gv[k][i] - xv[k][i] * r * mean);
-            us__stv(dx + n * C + (int64_t)j * W, av[k]);
-        }
+            for (i = 0; i < W; i += 4)
+                us__stv(part + (int64_t)blockIdx.x * C + (int64_t)j * W + i, &acc[k][i]);
     }
 }
 
@@ -1036,16 +1066,23 @@ static void us__cuda_rmsnorm_bwd(us_ops *o, void *dx, float *dw, const void *dou
         th = us__row_threads(C, W);
     int vin =
         C % W == 0 && us__al16(dout) && us__al16(x); /* dout and x rows can be read as vectors */
-    float *part = (float *)us__cuda_scratch(o, (size_t)nch * C * 4);
-    if (!part) return;
-    if (th && vin && us__al16(dx) && us__al16(w))
+    float *part;
+    if (th && vin && us__al16(dx) && us__al16(w)) { /* one pass: dx and dw's partial sums */
+        nch = (int)((N + US__RMS_FROWS - 1) / US__RMS_FROWS);
+        if (!(part = (float *)us__cuda_scratch(o, (size_t)nch * C * 4))) return;
         US__DISPATCH(o, dt,
-                     (us__k_rmsnorm_bwd_dx_vec<T_><<<(unsigned)N, th, 0, s>>>(
-                         (T_ *)dx, (const T_ *)dout, (const T_ *)x, (const T_ *)w, rstd, C)));
-    else
-        US__DISPATCH(o, dt,
-                     (us__k_rmsnorm_bwd_dx<T_><<<(unsigned)N, 256, 0, s>>>(
-                         (T_ *)dx, (const T_ *)dout, (const T_ *)x, (const T_ *)w, rstd, C)));
+                     (us__k_rmsnorm_bwd_vec<T_>
+                      <<<(unsigned)nch, th, 0, s>>>((T_ *)dx, part, (const T_ *)dout, (const T_ *)x,
+                                                    (const T_ *)w, rstd, N, C)));
+        us__k_rmsnorm_bwd_dw_sum<<<(unsigned)((C + 31) / 32), dim3(32, US__DW_TY), 0, s>>>(dw, part,
+                                                                                           nch, C);
+        US__LAUNCHED(o);
+        return;
+    }
+    if (!(part = (float *)us__cuda_scratch(o, (size_t)nch * C * 4))) return;
+    US__DISPATCH(o, dt,
+                 (us__k_rmsnorm_bwd_dx<T_><<<(unsigned)N, 256, 0, s>>>(
+                     (T_ *)dx, (const T_ *)dout, (const T_ *)x, (const T_ *)w, rstd, C)));
     if (vin) {
         dim3 g((unsigned)((C / W + 31) / 32), (unsigned)nch);
         US__DISPATCH(o, dt,

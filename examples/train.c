@@ -1009,7 +1009,7 @@ static us_result rank_train(rank_state *s) {
     opts *o = s->o;
     us_train_config *tc = &s->tc;
     us_result r = US_OK;
-    int i;
+    int i, first = s->m.step; /* this run's first step (a resumed run starts past 0) */
     s->flops_tok = us_flops_per_token(&s->mc, tc->seq); /* the whole model, not one stage */
     s->t_start = now_s();
 #ifdef ULTRASCALE_NCCL
@@ -1020,12 +1020,12 @@ static us_result rank_train(rank_state *s) {
         us_step_stats st;
         double t0 = now_s(), dt, tok_s, mfu, eval_loss = -1, eval_acc = -1;
         if ((r = rank_batch(s)) != US_OK) break;
-        rank_gemm_tune(s, i - s->m.step, 1);
+        rank_gemm_tune(s, i - first, 1);
         if ((r = us_train_step(&s->m, s->in, s->tgt, &st)) != US_OK) {
             fprintf(stderr, "train: rank %d: step %d: %s\n", s->rank, i + 1, us_model_error(&s->m));
             break;
         }
-        rank_gemm_tune(s, i - s->m.step, 0);
+        rank_gemm_tune(s, i - first, 0);
 #ifdef ULTRASCALE_NCCL
         watchdog_beat(&s->wd);
 #endif
