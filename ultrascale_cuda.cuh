@@ -2929,7 +2929,9 @@ static void us__flash_bwd(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
    exp2 to a polynomial on the FMA pipe made the backward slower): exp2 is ex2.approx alone
    (us__hop_exp2), not exp2f's range check; the causal mask lives in a copy of the tile math of
    its own, so that wholly visible tiles run no check per score (us__hop_by_mode: the forward
-   9-13 % faster); under bf16, dS leaves its 1/sqrt(HS) to the store (us__hop_ds_scale). And a
+   9-13 % faster), or, in the dK/dV kernel, whose registers hold no second copy, in a pass over
+   a diagonal tile's scores before the math (the backward 0.5-2 % faster); under bf16, dS leaves
+   its 1/sqrt(HS) to the store (us__hop_ds_scale). And a
    causal query tile is short (a few dozen key tiles), so starting and ending one costs a real
    share: the forward and dQ run a persistent grid, one CTA per SM walking the tiles longest
    first, its rings carried from tile to tile, so that the next tile's queries are loading while
@@ -3477,19 +3479,18 @@ struct us__hop_causal {
     }
 };
 
-/* tile(need) for a tile that a mask may touch (part). SPLIT: one branch per tile, uniform over
-   the warpgroup, into a copy of the tile's math with the mask and one with no mask code at all;
-   else one copy, the flag checked per score. That check costs every score on wholly visible tiles
-   too: by index, ptxas keeps it as predicated arithmetic (an FSEL, an ISETP and an add per
-   score: the forward ran 9-13 % slower at HS 64 and 128); by position, where it may load from
-   kpos, it branched around every score (BSSY, a taken BRA and BSYNC: 192 instructions a tile at
-   HS 128). So every kernel splits, but the dK/dV kernel by index: with two copies of its tile,
-   ptxas spilled 16 registers in the unmasked one at HS 64 (its 240 hold dK, dV, Sᵀ and dPᵀ). */
-template <bool SPLIT, typename F>
+/* tile(need) for a tile that a mask may touch (part): one branch per tile, uniform over the
+   warpgroup, into a copy of the tile's math with the mask and one with no mask code at all. One
+   copy with the flag checked per score would cost every score on wholly visible tiles too: by
+   index, ptxas kept the check as predicated arithmetic (an FSEL, an ISETP and an add per score:
+   the forward ran 9-13 % slower at HS 64 and 128); by position, where it may load from kpos, it
+   branched around every score (BSSY, a taken BRA and BSYNC: 192 instructions a tile at HS 128).
+   The causal dK/dV kernel has no registers for a second copy (ptxas spilled 16 in the unmasked
+   one at HS 64: its 240 hold dK, dV, Sᵀ and dPᵀ), so it masks a diagonal tile in a pass of its
+   own instead (us__hop_dkdv_tile). */
+template <typename F>
 static __device__ __forceinline__ void us__hop_by_mode(bool part, const F &tile) {
-    if constexpr (!SPLIT)
-        tile(part);
-    else if (part)
+    if (part)
         tile(true);
     else
         tile(false);
@@ -3693,9 +3694,8 @@ us__hop_fwd_consume(float (&o)[HS / 8][4], float (&m)[2], float (&l)[2],
         const auto masked = [&](int j, int e) {
             return ks.masked(kt, j * 8 + 2 * (lane & 3) + (e & 1), e);
         };
-        us__hop_by_mode<true>(ks.part(kt), [&](bool need) {
-            us__hop_softmax<BC>(sc, m, l, corr, sl2, need, masked);
-        });
+        us__hop_by_mode(ks.part(kt),
+                        [&](bool need) { us__hop_softmax<BC>(sc, m, l, corr, sl2, need, masked); });
     };
     /* P into the A registers, only once the P·V that reads the old ones has finished */
     const auto to_a = [&](float(&sc)[BC / 8][4]) {
@@ -4142,10 +4142,12 @@ static __device__ __forceinline__ void us__hop_turns_skip(int c, bool last) {
 }
 
 /* One query tile (stage s, the CTA's it-th of nit) of a dK/dV consumer whose keys some query of
-   it sees: Sᵀ, dPᵀ, then Pᵀ and dSᵀ (us__hop_pds, dS times dsc, masked by hidden(j, e) where
-   part, as the mode BY_POS wants: us__hop_by_mode), then dV and dK; each of its two GEMM
-   batches in this consumer's turn. POS: the block kernel's layout (it adds the queries'
-   positions). */
+   it sees: Sᵀ, dPᵀ, then Pᵀ and dSᵀ (us__hop_pds, dS times dsc, hidden(j, e) masked where part
+   of the tile is), then dV and dK; each of its two GEMM batches in this consumer's turn.
+   BY_POS (context parallelism's block kernel, whose mask reads positions): a copy of the math
+   with the mask and one without (us__hop_by_mode); by index (causal): one copy with no mask
+   code, a diagonal tile's hidden scores set to −inf in a pass before it. POS: the block
+   kernel's layout (it adds the queries' positions). */
 template <typename E, int HS, bool DK, bool DV, bool BY_POS, bool POS, typename Mask>
 static __device__ __forceinline__ void
 us__hop_dkdv_tile(float (&dk)[DK ? HS / 8 : 1][4], float (&dv)[DV ? HS / 8 : 1][4],
@@ -4162,7 +4164,7 @@ us__hop_dkdv_tile(float (&dk)[DK ? HS / 8 : 1][4], float (&dv)[DV ? HS / 8 : 1][
     us__wg_wait<BQ / 2>(&st[0][0]);
     if constexpr (DK) us__wg_wait<BQ / 2>(&dpt[0][0]);
     if constexpr (BY_POS) {
-        us__hop_by_mode<true>(part, [&](bool need) {
+        us__hop_by_mode(part, [&](bool need) {
             us__hop_pds<E, BQ, DK, DV>(pa, da, st, dpt, sm.sL + s * BQ, sm.sD + s * BQ, need,
                                        hidden, lane, dsc, sl2);
         });
@@ -4288,7 +4290,7 @@ us__hop_dq_tile(float (&dq)[HS / 8][4], const us__hop_dq_smem<HS> &sm, const uns
     us__hop_turn_done<NWG>(c, false);
     us__wg_wait<BK / 2>(&sc[0][0]);
     us__wg_wait<BK / 2>(&dp[0][0]);
-    us__hop_by_mode<true>(ks.part(kt), [&](bool need) {
+    us__hop_by_mode(ks.part(kt), [&](bool need) {
 #pragma unroll
         for (int j = 0; j < BK / 8; j++)
 #pragma unroll
