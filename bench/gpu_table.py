@@ -1,8 +1,8 @@
 """gpu_table.py LOGDIR -- the side-by-side table that ends bench/run_gpu.sh, from the logs it wrote:
 attention (ours, SDPA cuDNN, SDPA flash) per shape, then each training step against PyTorch eager
 and torch.compile (tokens/s, ratio, MFU, peak memory). Reads us_kernels.txt, sdpa.txt,
-us_<preset>.txt, torch_eager_<preset>.txt, torch_compile_<preset>.txt; a missing log leaves
-its cells empty."""
+us_<preset>.txt, us_tuned_<preset>.txt (--gemm-tune; its row left out when missing),
+torch_eager_<preset>.txt, torch_compile_<preset>.txt; a missing log leaves its cells empty."""
 import os
 import re
 import sys
@@ -49,12 +49,16 @@ def main():
         print(f"{s[0]:5d} {s[1]:3d} {s[2]:3d} {s[3]:3d} | {cell(us):>15} | {cell(cu)} | {cell(fl)} | {ratio:>11}")
     print()
     print("training step, bf16: tokens/s (MFU, peak GiB)")
-    print(f"{'preset':<6} | {'ultrascale':>24} | {'torch eager':>24} | {'torch.compile':>24} | {'vs eager':>8} | {'vs compile':>10}")
+    print(f"{'preset':<11} | {'ultrascale':>24} | {'torch eager':>24} | {'torch.compile':>24} | {'vs eager':>8} | {'vs compile':>10}")
     for p in ("1b", "200m"):
-        us, ea, co = (step(d, f"{k}_{p}.txt") for k in ("us", "torch_eager", "torch_compile"))
-        cell = lambda v: f"{v[0]:8.0f} ({v[1]:4.1f}%, {v[2]:5.1f})" if v else f"{'-':>24}"
-        r = lambda a, b: f"{a[0] / b[0]:5.3f}x" if a and b else "-"
-        print(f"{p:<6} | {cell(us):>24} | {cell(ea):>24} | {cell(co):>24} | {r(us, ea):>8} | {r(us, co):>10}")
+        ea, co = (step(d, f"{k}_{p}.txt") for k in ("torch_eager", "torch_compile"))
+        for label, k in ((p, "us"), (p + " tuned", "us_tuned")):  # tuned: --gemm-tune
+            us = step(d, f"{k}_{p}.txt")
+            if k == "us_tuned" and not us:
+                continue
+            cell = lambda v: f"{v[0]:8.0f} ({v[1]:4.1f}%, {v[2]:5.1f})" if v else f"{'-':>24}"
+            r = lambda a, b: f"{a[0] / b[0]:5.3f}x" if a and b else "-"
+            print(f"{label:<11} | {cell(us):>24} | {cell(ea):>24} | {cell(co):>24} | {r(us, ea):>8} | {r(us, co):>10}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU benchmark, side by side in one run on the GPU machine:
-#   ultrascale vs PyTorch (eager, torch.compile) training steps on the 1B and 200M shapes,
+#   ultrascale (default, and with --gemm-tune: cuBLASLt's algorithms timed in the warm-up steps)
+#   vs PyTorch (eager, torch.compile) training steps on the 1B and 200M shapes,
 #   attention vs SDPA (cuDNN and flash backends), in-library GEMM vs standalone cuBLASLt, the
 #   gemm_steps lesson, ring attention's block kernels (context parallelism) against causal
 #   flash attention. Ends with one side-by-side table (bench/gpu_table.py).
@@ -15,6 +16,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$out/gpu.txt"
 for p in 1b 200m; do
     $B/bench_cuda --preset $p --steps $steps --warmup 3 --profile --json "$out/us_$p.json" 2>&1 | tee "$out/us_$p.txt"
+    $B/bench_cuda --preset $p --steps $steps --warmup 4 --gemm-tune --json "$out/us_tuned_$p.json" 2>&1 | tee "$out/us_tuned_$p.txt"
     python3 bench/torch_llama.py --preset $p --steps $steps --warmup-steps 3 --json "$out/torch_eager_$p.json" 2>&1 | tee "$out/torch_eager_$p.txt"
     python3 bench/torch_llama.py --preset $p --steps $steps --warmup-steps 3 --compile --json "$out/torch_compile_$p.json" 2>&1 | tee "$out/torch_compile_$p.txt"
 done
@@ -23,6 +25,7 @@ $B/bench_cuda --cp 2>&1 | tee "$out/us_cp.txt"
 python3 bench/sdpa_bench.py 2>&1 | tee "$out/sdpa.txt"
 [ -x $B/gemm_steps ] && $B/gemm_steps 2>&1 | tail -n 12 | tee "$out/gemm_steps.txt"
 echo; echo "=== summary"
-grep -h -E '^(ultrascale|torch)' "$out"/us_1b.txt "$out"/torch_*_1b.txt "$out"/us_200m.txt "$out"/torch_*_200m.txt
+grep -h -E '^(ultrascale|torch)' "$out"/us_1b.txt "$out"/us_tuned_1b.txt "$out"/torch_*_1b.txt \
+    "$out"/us_200m.txt "$out"/us_tuned_200m.txt "$out"/torch_*_200m.txt
 echo
 python3 bench/gpu_table.py "$out" | tee "$out/table.txt"
