@@ -894,7 +894,8 @@ __global__ void us__k_rmsnorm_fwd_vec(T *out, float *rstd, const T *x, const T *
    each thread adds dy·x·rstd of its
    columns over those rows in registers; part[b][C] then goes to us__k_rmsnorm_bwd_dw_sum,
    which adds the blocks' parts in order (deterministic). x and dy are read once, where the
-   two kernels (dx, then dw's partial sums) read them twice: a third of the traffic less. */
+   two kernels (dx, then dw's partial sums) read them twice: a third of the traffic less.
+   dx, dout, x [N][C]; w [C]; rstd [N]; part [⌈N/32⌉][C] fp32; blockDim as us__row_threads. */
 #define US__RMS_FROWS 32
 
 template <typename T>
