@@ -244,6 +244,13 @@ $(B)/fp8_block_emu: tests/emu/fp8_block_emu.cpp tests/emu/us_cuda_emu.h tests/em
 fp8-block-emu: $(B)/fp8_block_emu
 	ASAN_OPTIONS=detect_stack_use_after_return=0 ./$(B)/fp8_block_emu
 
+# RMSNorm's one-pass backward (dx and dw's partial sums) the same way, against the CPU's rmsnorm_bwd
+$(B)/rmsnorm_emu: tests/emu/rmsnorm_emu.cpp tests/emu/us_cuda_emu.h tests/emu/extract_rmsnorm.py tests/emu/extract_common.py tests/us_test.h $(HDR) ultrascale_cuda.cuh | $(B)
+	python3 tests/emu/extract_rmsnorm.py ultrascale_cuda.cuh $(B)/rmsnorm_kernel_emu.h
+	$(CXX) -std=c++17 -O1 -g -fsanitize=address -fno-omit-frame-pointer $(OPENMP) -w -I$(CUDA_HOME)/include -I$(B) $< -o $@ $(LDLIBS)
+rmsnorm-emu: $(B)/rmsnorm_emu
+	ASAN_OPTIONS=detect_stack_use_after_return=0 ./$(B)/rmsnorm_emu
+
 # libFuzzer + ASan/UBSan (clang): at least 10^6 executions over the corpus; new finds go to
 # $(B)/fuzz_corpus_new (copy small interesting ones into tests/fuzz_corpus). Not part of make test.
 FUZZ_RUNS ?= 1000000
@@ -309,7 +316,7 @@ format:
 	@[ -n "$(CLANG_FORMAT)" ] || { echo "make format: needs clang-format 14 (apt-get install clang-format-14)"; exit 1; }
 	$(CLANG_FORMAT) -i $(FORMAT_SRC)
 
-.PHONY: all train train-cuda test test-builds bench clean flash-emu grouped-emu fp8-emu fp8-block-emu fuzz format figures-check FORCE
+.PHONY: all train train-cuda test test-builds bench clean flash-emu grouped-emu fp8-emu fp8-block-emu rmsnorm-emu fuzz format figures-check FORCE
 
 # ---- GPU benchmarks (run on the GPU machine; see bench/run_gpu.sh)
 $(B)/bench_cuda: bench/bench_cuda.cu $(HDR) ultrascale_cuda.cuh $(NVSTAMP) | $(B)
