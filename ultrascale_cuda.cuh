@@ -401,6 +401,35 @@ static cudaDataType_t us__cuda_type(us_dtype dt) {
    faster (bench/RESULTS.md, eighth session). Timing the candidates alone, before the run, ranks
    them at the clock of an idle GPU; so while tuning, a plan's calls inside the real steps take
    its candidates in turn, each between two events, and the choice is made from those times. */
+static void us__lt_tune_drop(us__gemm_plan *p);
+
+/* a plan's cuBLASLt objects and its tuning events, destroyed (the plan cache recycling a slot,
+   us_cuda_ops_free) */
+static void us__lt_plan_free(us__gemm_plan *p) {
+    us__lt_tune_drop(p);
+    cublasLtMatmulDescDestroy(p->desc);
+    cublasLtMatrixLayoutDestroy(p->la);
+    cublasLtMatrixLayoutDestroy(p->lb);
+    cublasLtMatrixLayoutDestroy(p->lc);
+}
+
+/* up to n of cuBLASLt's algorithms for plan p within our workspace, best first, into h; how
+   many (0 when the query fails or the ops have failed already) */
+static int us__lt_heuristic(us_ops *o, const us__gemm_plan *p, cublasLtMatmulHeuristicResult_t *h,
+                            int n) {
+    us__cuda *c = us__cu(o);
+    cublasLtMatmulPreference_t pref;
+    int found = 0;
+    US__LT(o, cublasLtMatmulPreferenceCreate(&pref));
+    US__LT(o, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                   &c->ws_bytes, sizeof c->ws_bytes));
+    if (c->failed || cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->lc, p->lc,
+                                                    pref, n, h, &found) != CUBLAS_STATUS_SUCCESS)
+        found = 0;
+    cublasLtMatmulPreferenceDestroy(pref);
+    return found;
+}
+
 static void us__lt_tune_drop(us__gemm_plan *p) {
     int i;
     for (i = 0; i < US__TUNE_SAMPLES; i++) {
@@ -414,18 +443,10 @@ static void us__lt_tune_drop(us__gemm_plan *p) {
 /* up to US__TUNE_CANDS candidates of a plan from the heuristic (the first is the plan's own
    algorithm); fewer than two: nothing to choose. A plan is tuned at most once. */
 static void us__lt_tune_cands(us_ops *o, us__gemm_plan *p) {
-    us__cuda *c = us__cu(o);
-    cublasLtMatmulPreference_t pref;
     cublasLtMatmulHeuristicResult_t h[US__TUNE_CANDS];
-    int found = 0, i;
+    int found, i;
     p->tuned = 1;
-    if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return;
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                         &c->ws_bytes, sizeof c->ws_bytes);
-    if (cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref,
-                                       US__TUNE_CANDS, h, &found) != CUBLAS_STATUS_SUCCESS)
-        found = 0;
-    cublasLtMatmulPreferenceDestroy(pref);
+    found = us__lt_heuristic(o, p, h, US__TUNE_CANDS);
     for (i = 0; i < found; i++) p->cand[i] = h[i].algo;
     p->ncand = found > 1 ? found : 0;
 }
@@ -514,9 +535,8 @@ static us__gemm_plan *us__gemm_plan_get(us_ops *o, int ta, int tb, int64_t M, in
     us__cuda *c = us__cu(o);
     us__gemm_plan *p;
     cublasOperation_t opx = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opy = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cublasLtMatmulPreference_t pref;
     cublasLtMatmulHeuristicResult_t heur;
-    int i, found = 0, sms = o->sm_margin > 0 && o->sm_margin < c->n_sm ? c->n_sm - o->sm_margin : 0;
+    int i, sms = o->sm_margin > 0 && o->sm_margin < c->n_sm ? c->n_sm - o->sm_margin : 0;
     for (i = 0; i < c->nplans; i++) {
         p = &c->plans[i];
         if (p->ta == ta && p->tb == tb && p->M == M && p->N == N && p->K == K && p->lda == lda &&
@@ -525,12 +545,7 @@ static us__gemm_plan *us__gemm_plan_get(us_ops *o, int ta, int tb, int64_t M, in
             return p;
     }
     if (c->nplans == US__CUDA_PLANS) { /* full: recycle the oldest slot */
-        p = &c->plans[0];
-        us__lt_tune_drop(p);
-        cublasLtMatmulDescDestroy(p->desc);
-        cublasLtMatrixLayoutDestroy(p->la);
-        cublasLtMatrixLayoutDestroy(p->lb);
-        cublasLtMatrixLayoutDestroy(p->lc);
+        us__lt_plan_free(&c->plans[0]);
         memmove(c->plans, c->plans + 1, sizeof(us__gemm_plan) * (US__CUDA_PLANS - 1));
         c->nplans--;
     }
@@ -562,18 +577,11 @@ static us__gemm_plan *us__gemm_plan_get(us_ops *o, int ta, int tb, int64_t M, in
     /* second operand: A as stored, column-major view [ta ? M x K : K x M] */
     US__LT(o, cublasLtMatrixLayoutCreate(&p->lb, us__cuda_type(adt), ta ? M : K, ta ? K : M, lda));
     US__LT(o, cublasLtMatrixLayoutCreate(&p->lc, us__cuda_type(cdt), N, M, ldc));
-    US__LT(o, cublasLtMatmulPreferenceCreate(&pref));
-    US__LT(o, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                   &c->ws_bytes, sizeof c->ws_bytes));
-    if (!c->failed &&
-        cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &heur,
-                                       &found) == CUBLAS_STATUS_SUCCESS &&
-        found)
+    if (us__lt_heuristic(o, p, &heur, 1))
         p->algo = heur.algo;
     else
         us__cuda_fail(o, "cublasLtMatmulAlgoGetHeuristic",
                       "no algorithm for this GEMM shape and dtype", __FILE__, __LINE__);
-    cublasLtMatmulPreferenceDestroy(pref);
     c->nplans++;
     return p;
 }
@@ -891,8 +899,7 @@ __global__ void us__k_rmsnorm_fwd_vec(T *out, float *rstd, const T *x, const T *
 
 /* dx and dw's partial sums in one pass (the vector path): block b takes rows 32b .. 32b + 31
    one at a time (as us__k_rmsnorm_bwd_dx does a row, with 16-byte loads held in registers), and
-   each thread adds dy·x·rstd of its
-   columns over those rows in registers; part[b][C] then goes to us__k_rmsnorm_bwd_dw_sum,
+   each thread adds dy·x·rstd of its columns over those rows in registers; part[b][C] then goes to us__k_rmsnorm_bwd_dw_sum,
    which adds the blocks' parts in order (deterministic). x and dy are read once, where the
    two kernels (dx, then dw's partial sums) read them twice: a third of the traffic less.
    dx, dout, x [N][C]; w [C]; rstd [N]; part [⌈N/32⌉][C] fp32; blockDim as us__row_threads. */
@@ -1063,37 +1070,33 @@ static void us__cuda_rmsnorm_bwd(us_ops *o, void *dx, float *dw, const void *dou
                                  const void *w, const float *rstd, int64_t N, int64_t C,
                                  us_dtype dt) {
     cudaStream_t s = us__cu(o)->stream;
-    int nch = (int)((N + US__RMS_ROWS - 1) / US__RMS_ROWS), W = 16 / (int)us_dtype_size(dt),
-        th = us__row_threads(C, W);
+    int W = 16 / (int)us_dtype_size(dt), th = us__row_threads(C, W);
     int vin =
-        C % W == 0 && us__al16(dout) && us__al16(x); /* dout and x rows can be read as vectors */
-    float *part;
-    if (th && vin && us__al16(dx) && us__al16(w)) { /* one pass: dx and dw's partial sums */
-        nch = (int)((N + US__RMS_FROWS - 1) / US__RMS_FROWS);
-        if (!(part = (float *)us__cuda_scratch(o, (size_t)nch * C * 4))) return;
+        C % W == 0 && us__al16(dout) && us__al16(x);    /* dout and x rows can be read as vectors */
+    int one = th && vin && us__al16(dx) && us__al16(w); /* one pass: dx and dw's partial sums */
+    int rows = one ? US__RMS_FROWS : US__RMS_ROWS, nch = (int)((N + rows - 1) / rows);
+    float *part = (float *)us__cuda_scratch(o, (size_t)nch * C * 4); /* [nch][C] */
+    if (!part) return;
+    if (one)
         US__DISPATCH(o, dt,
                      (us__k_rmsnorm_bwd_vec<T_>
                       <<<(unsigned)nch, th, 0, s>>>((T_ *)dx, part, (const T_ *)dout, (const T_ *)x,
                                                     (const T_ *)w, rstd, N, C)));
-        us__k_rmsnorm_bwd_dw_sum<<<(unsigned)((C + 31) / 32), dim3(32, US__DW_TY), 0, s>>>(dw, part,
-                                                                                           nch, C);
-        US__LAUNCHED(o);
-        return;
-    }
-    if (!(part = (float *)us__cuda_scratch(o, (size_t)nch * C * 4))) return;
-    US__DISPATCH(o, dt,
-                 (us__k_rmsnorm_bwd_dx<T_><<<(unsigned)N, 256, 0, s>>>(
-                     (T_ *)dx, (const T_ *)dout, (const T_ *)x, (const T_ *)w, rstd, C)));
-    if (vin) {
-        dim3 g((unsigned)((C / W + 31) / 32), (unsigned)nch);
+    else {
         US__DISPATCH(o, dt,
-                     (us__k_rmsnorm_bwd_dw_part_vec<T_><<<g, dim3(32, US__DW_TY), 0, s>>>(
-                         part, (const T_ *)dout, (const T_ *)x, rstd, N, C)));
-    } else {
-        dim3 g((unsigned)((C + 127) / 128), (unsigned)nch);
-        US__DISPATCH(o, dt,
-                     (us__k_rmsnorm_bwd_dw_part<T_>
-                      <<<g, 128, 0, s>>>(part, (const T_ *)dout, (const T_ *)x, rstd, N, C)));
+                     (us__k_rmsnorm_bwd_dx<T_><<<(unsigned)N, 256, 0, s>>>(
+                         (T_ *)dx, (const T_ *)dout, (const T_ *)x, (const T_ *)w, rstd, C)));
+        if (vin) {
+            dim3 g((unsigned)((C / W + 31) / 32), (unsigned)nch);
+            US__DISPATCH(o, dt,
+                         (us__k_rmsnorm_bwd_dw_part_vec<T_><<<g, dim3(32, US__DW_TY), 0, s>>>(
+                             part, (const T_ *)dout, (const T_ *)x, rstd, N, C)));
+        } else {
+            dim3 g((unsigned)((C + 127) / 128), (unsigned)nch);
+            US__DISPATCH(o, dt,
+                         (us__k_rmsnorm_bwd_dw_part<T_>
+                          <<<g, 128, 0, s>>>(part, (const T_ *)dout, (const T_ *)x, rstd, N, C)));
+        }
     }
     us__k_rmsnorm_bwd_dw_sum<<<(unsigned)((C + 31) / 32), dim3(32, US__DW_TY), 0, s>>>(dw, part,
                                                                                        nch, C);
@@ -8568,7 +8571,7 @@ static void us__cuda_fp8_gemm(us_ops *o, int64_t M, int64_t N, int64_t K, float 
     us__cuda *c = us__cu(o);
     us__gemm_plan *p = NULL;
     int64_t Kp = (K + 127) / 128 * 128;
-    int i, found = 0, beta0 = beta == 0;
+    int i, beta0 = beta == 0;
     if (M <= 0 || N <= 0 || K <= 0) return;
     for (i = 0; i < c->nfp8; i++) {
         us__gemm_plan *x = &c->fp8_plans[i];
@@ -8581,15 +8584,9 @@ static void us__cuda_fp8_gemm(us_ops *o, int64_t M, int64_t N, int64_t K, float 
     if (!p) {
         cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
         cublasLtMatmulMatrixScale_t ma = us__fp8_mode(tb), mb = us__fp8_mode(ta);
-        cublasLtMatmulPreference_t pref;
         cublasLtMatmulHeuristicResult_t heur;
         if (c->nfp8 == 64) { /* full: recycle the oldest */
-            p = &c->fp8_plans[0];
-            us__lt_tune_drop(p);
-            cublasLtMatmulDescDestroy(p->desc);
-            cublasLtMatrixLayoutDestroy(p->la);
-            cublasLtMatrixLayoutDestroy(p->lb);
-            cublasLtMatrixLayoutDestroy(p->lc);
+            us__lt_plan_free(&c->fp8_plans[0]);
             memmove(c->fp8_plans, c->fp8_plans + 1, sizeof(us__gemm_plan) * 63);
             c->nfp8--;
         }
@@ -8620,20 +8617,12 @@ static void us__cuda_fp8_gemm(us_ops *o, int64_t M, int64_t N, int64_t K, float 
                                              Kp)); /* b [N][Kp] row-major = Kp×N column-major */
         US__LT(o, cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_8F_E4M3, Kp, M, Kp)); /* a [M][Kp] */
         US__LT(o, cublasLtMatrixLayoutCreate(&p->lc, us__cuda_type(cdt), N, M, ldc));
-        US__LT(o, cublasLtMatmulPreferenceCreate(&pref));
-        US__LT(o,
-               cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                    &c->ws_bytes, sizeof c->ws_bytes));
-        if (!c->failed &&
-            cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1,
-                                           &heur, &found) == CUBLAS_STATUS_SUCCESS &&
-            found)
+        if (us__lt_heuristic(o, p, &heur, 1))
             p->algo = heur.algo;
         else
             us__cuda_fail(o, "cublasLtMatmulAlgoGetHeuristic",
                           "no FP8 algorithm for this GEMM shape, scaling and output type", __FILE__,
                           __LINE__);
-        cublasLtMatmulPreferenceDestroy(pref);
         c->nfp8++;
     }
     if (c->failed) return;
@@ -8762,20 +8751,8 @@ US_API void us_cuda_ops_free(us_ops *o) {
     int i;
     if (!c) return;
     cudaStreamSynchronize(c->stream);
-    for (i = 0; i < c->nplans; i++) {
-        us__lt_tune_drop(&c->plans[i]);
-        cublasLtMatmulDescDestroy(c->plans[i].desc);
-        cublasLtMatrixLayoutDestroy(c->plans[i].la);
-        cublasLtMatrixLayoutDestroy(c->plans[i].lb);
-        cublasLtMatrixLayoutDestroy(c->plans[i].lc);
-    }
-    for (i = 0; i < c->nfp8; i++) {
-        us__lt_tune_drop(&c->fp8_plans[i]);
-        cublasLtMatmulDescDestroy(c->fp8_plans[i].desc);
-        cublasLtMatrixLayoutDestroy(c->fp8_plans[i].la);
-        cublasLtMatrixLayoutDestroy(c->fp8_plans[i].lb);
-        cublasLtMatrixLayoutDestroy(c->fp8_plans[i].lc);
-    }
+    for (i = 0; i < c->nplans; i++) us__lt_plan_free(&c->plans[i]);
+    for (i = 0; i < c->nfp8; i++) us__lt_plan_free(&c->fp8_plans[i]);
     if (c->fp8_amax) cudaFree(c->fp8_amax);
     if (c->ws) cudaFree(c->ws);
     if (c->scratch) cudaFree(c->scratch);
