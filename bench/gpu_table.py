@@ -50,14 +50,14 @@ def main():
     print()
     print("training step, bf16: tokens/s (MFU, peak GiB)")
     print(f"{'preset':<11} | {'ultrascale':>24} | {'torch eager':>24} | {'torch.compile':>24} | {'vs eager':>8} | {'vs compile':>10}")
+    cell = lambda v: f"{v[0]:8.0f} ({v[1]:4.1f}%, {v[2]:5.1f})" if v else f"{'-':>24}"
+    r = lambda a, b: f"{a[0] / b[0]:5.3f}x" if a and b else "-"
     for p in ("1b", "200m"):
         ea, co = (step(d, f"{k}_{p}.txt") for k in ("torch_eager", "torch_compile"))
         for label, k in ((p, "us"), (p + " tuned", "us_tuned")):  # tuned: --gemm-tune
             us = step(d, f"{k}_{p}.txt")
             if k == "us_tuned" and not us:
                 continue
-            cell = lambda v: f"{v[0]:8.0f} ({v[1]:4.1f}%, {v[2]:5.1f})" if v else f"{'-':>24}"
-            r = lambda a, b: f"{a[0] / b[0]:5.3f}x" if a and b else "-"
             print(f"{label:<11} | {cell(us):>24} | {cell(ea):>24} | {cell(co):>24} | {r(us, ea):>8} | {r(us, co):>10}")
 
 
