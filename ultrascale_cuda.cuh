@@ -67,6 +67,12 @@ US_API void us_cuda_attention_no_hopper(us_ops *ops, int which);
    the default: one per SM), so that tests can send many query tiles through each CTA's rings on
    any GPU, and benchmarks can compare with one CTA per tile (a large ctas). */
 US_API void us_cuda_attention_grid(us_ops *ops, int ctas);
+/* How many (batch, kv head) pairs the Hopper kernels (the forward, dK/dV, dQ) take at a time, in
+   bands, so that the CTAs at work share the key/value or query rows they read in L2: 0, the
+   default, one band while each pair has four CTAs at work, else about a sixth as many pairs as
+   CTAs (us__hop_band); n > 0 that many; −1 all pairs in one band (the order before bands, for
+   benchmarks to compare). The same bits either way. */
+US_API void us_cuda_attention_band(us_ops *ops, int pairs);
 
 /* gemm_grouped's path on the GPU (// >>cuda-grouped), for tests and benchmarks to compare:
    US_CUDA_GG_AUTO (the default) the Hopper kernel where the size rule says it is faster, else
@@ -148,6 +154,8 @@ typedef struct us__cuda {
                     two-kernel backward always, 5 the fused one always, 6 not the block kernels
                     of context parallelism (tests, benchmarks) */
     int hop_grid; /* CTAs of the persistent Hopper kernels: 0 one per SM (tests ask for fewer) */
+    int hop_band; /* (batch, kv head) pairs a band of the Hopper kernels' tile order: 0 by the
+                     CTAs at work (us__hop_band), -1 all in one band */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     void *ws; /* cuBLASLt workspace */
@@ -2939,7 +2947,10 @@ static void us__flash_bwd(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
    causal query tile is short (a few dozen key tiles), so starting and ending one costs a real
    share: the forward and dQ run a persistent grid, one CTA per SM walking the tiles longest
    first, its rings carried from tile to tile, so that the next tile's queries are loading while
-   this one's output is written.
+   this one's output is written. Which tiles run at the same time decides what L2 holds: CTAs
+   working on the same (batch, kv head) read the same K and V (or queries and dO) at once and share
+   them there, one CTA alone on its pair reads them from memory again for every tile, so the
+   pairs are taken in bands small enough that each has several CTAs at work (us__hop_band).
    Shared-memory tiles are rows × 64-element column blocks, each block 128 bytes per row with the
    128-byte swizzle (the 16-byte chunk c of row r sits at chunk c ⊕ (r mod 8)), so 8 consecutive
    rows of one column hit all 32 banks. A head of HS elements takes ⌈HS/64⌉ blocks; HS 80 and 96
@@ -2953,7 +2964,8 @@ static void us__flash_bwd(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
                            S = Q·Kᵀ (both operands in shared memory), online softmax, O += P·V (P
                            in registers, V read transposed by the descriptor).
      us__hop_dot_kernel    D = rowsum(dO ∘ O) and lse·log2 e per query row (the preprocess).
-     us__hop_dkdv_kernel   one CTA per (64·NWG keys, kv head, batch): every query head of the
+     us__hop_dkdv_kernel   one CTA per (64·NWG keys, kv head, batch), in bands of (batch, kv head)
+                           pairs as the query tiles (us__hop_kblock_of): every query head of the
                            group × every 64-query tile at or after the diagonal streams by;
                            Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, Pᵀ, dSᵀ, then dV += Pᵀ·dO, dK += dSᵀ·Q. Each key
                            has one owner, so dK and dV are summed in registers, no atomics.
@@ -3767,17 +3779,43 @@ static __device__ __forceinline__ int us__hop_snake(int i, int j, int G) {
     return j * G + ((j & 1) ? G - 1 - i : i);
 }
 
-/* Query tile u (of BR rows) of the causal forward and dQ kernels, longest first: the last query
-   block of every (head, batch), then the one before, ...; heads fastest, so that a group's heads
-   meet in L2 */
+/* Query tile u (of BR rows) of the causal forward and dQ kernels. The (batch, kv head) pairs go
+   in bands of P (us__hop_band), and each band's tiles longest first: the last query block of
+   every head of the band's pairs, then the one before, ...; a group's heads fastest, so that
+   they meet in L2. Without bands, the CTAs at work at one time would hold as many pairs as there
+   are SMs, each reading its own K and V (128 MB of them under multi-head attention at B·T = 16k,
+   HS 128, against 50 MB of L2), so every query tile would fetch them from memory again; within a
+   band whose K and V fit in half of L2, the band's query tiles share them there. */
 struct us__hop_qtile {
     int q0, h, b, g;
 };
 
 static __device__ __forceinline__ us__hop_qtile us__hop_qtile_of(int u, int nqb, int BR, int NH,
-                                                                 int B, int NKV) {
-    const int r = u % (NH * B), h = r % NH;
-    return {(nqb - 1 - u / (NH * B)) * BR, h, r / NH, h / (NH / NKV)};
+                                                                 int B, int NKV, int P) {
+    const int grp = NH / NKV;
+    const int per = P * grp * nqb;                /* the tiles of a full band */
+    const int band = u / per, w = u - band * per; /* tile w of this band */
+    const int pc = min(P, B * NKV - band * P);    /* the band's pairs (the last may have fewer) */
+    const int r = w / (pc * grp), x = w - r * (pc * grp);
+    const int pair = band * P + x / grp, g = pair % NKV;
+    return {(nqb - 1 - r) * BR, g * grp + x % grp, pair / NKV, g};
+}
+
+/* The dK/dV kernel's key block (a CTA of the grid NKV × B × key blocks, numbered in launch order):
+   the (batch, kv head) pairs in bands of P as in us__hop_qtile_of, each band's key blocks
+   heaviest first (the first key block sees every query). Its CTAs stream the queries and dO of
+   their pair's heads, which a band's blocks then share in L2. */
+struct us__hop_kblock {
+    int g, b, kb;
+};
+
+static __device__ __forceinline__ us__hop_kblock us__hop_kblock_of(int P) {
+    const int NKV = gridDim.x, pairs = gridDim.x * gridDim.y, nkb = gridDim.z;
+    const int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    const int band = lin / (P * nkb), w = lin - band * P * nkb;
+    const int pc = min(P, pairs - band * P);
+    const int pair = band * P + w % pc;
+    return {pair % NKV, pair / NKV, w / pc};
 }
 
 /* This CTA's walk over the U causal query tiles of BR rows (nqb of them per head and batch; G
@@ -3786,11 +3824,11 @@ static __device__ __forceinline__ us__hop_qtile us__hop_qtile_of(int u, int nqb,
    the key tiles of BK up to the diagonal and rg the tile's place in the rings (us__hop_ring) */
 template <int BR, int BK, typename F>
 static __device__ __forceinline__ void us__hop_walk(int nqb, int U, int G, int B, int T, int NH,
-                                                    int NKV, const F &tile) {
+                                                    int NKV, int P, const F &tile) {
     us__hop_ring rg;
     for (int u = us__hop_snake(blockIdx.x, 0, G); u < U; rg.j++) {
         const int un = us__hop_snake(blockIdx.x, rg.j + 1, G);
-        const us__hop_qtile q = us__hop_qtile_of(u, nqb, BR, NH, B, NKV);
+        const us__hop_qtile q = us__hop_qtile_of(u, nqb, BR, NH, B, NKV, P);
         us__hop_causal<BK> ks;
         ks.n = (min(q.q0 + BR, T) - 1) / BK + 1; /* causal: no tile past the diagonal */
         rg.last = un >= U;
@@ -3809,7 +3847,7 @@ template <typename E, int HS>
 __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
     us__hop_fwd_kernel(const __grid_constant__ CUtensorMap mq,
                        const __grid_constant__ CUtensorMap mkv, E *__restrict__ out,
-                       float *__restrict__ lse, int B, int T, int NH, int NKV,
+                       float *__restrict__ lse, int B, int T, int NH, int NKV, int P,
                        float sl2 /* scale·log2 e */) {
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
@@ -3824,7 +3862,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
         us__hop_regs_producer<NW>();
         if (tid != 0) return;
         us__hop_walk<BR, BC>(
-            nqb, U, G, B, T, NH, NKV,
+            nqb, U, G, B, T, NH, NKV, P,
             [&](const us__hop_qtile &q, us__hop_causal<BC> &ks, const us__hop_ring &rg) {
                 us__hop_fwd_produce<HS>(sm, &mq, &mkv, ks, q.h * HS, (NH + q.g) * HS,
                                         (NH + NKV + q.g) * HS, q.b, q.q0, rg);
@@ -3834,7 +3872,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
     us__hop_regs_consumer<NW>();
     const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
     us__hop_walk<BR, BC>(
-        nqb, U, G, B, T, NH, NKV,
+        nqb, U, G, B, T, NH, NKV, P,
         [&](const us__hop_qtile &q, us__hop_causal<BC> &ks, const us__hop_ring &rg) {
             ks.r0 = q.q0 + 64 * c;
             ks.nc = ks.r0 < T ? (min(ks.r0 + 64, T) - 1) / BC + 1 : 0; /* the tiles it needs */
@@ -4205,14 +4243,15 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
                         const __grid_constant__ CUtensorMap mdo,
                         const __grid_constant__ CUtensorMap mkv, const float *__restrict__ L2g,
                         const float *__restrict__ Dg, E *__restrict__ dqkv, int T, int NH, int NKV,
-                        float scale, float sl2) {
+                        int P, float scale, float sl2) {
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
     constexpr int NWG = C::NWG, BK = 64 * NWG, BQ = C::BQ, S = C::BS;
     constexpr bool DV = PART != 2, DK = PART != 1;
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
     const us__hop_dkdv_smem<HS, false> sm(us__hop_smem_base(us__hop_raw));
-    const int g = blockIdx.x, b = blockIdx.y, k0 = blockIdx.z * BK, grp = NH / NKV;
+    const us__hop_kblock kb = us__hop_kblock_of(P);
+    const int g = kb.g, b = kb.b, k0 = kb.kb * BK, grp = NH / NKV;
     const int qb0 = k0 / BQ, per = (T + BQ - 1) / BQ - qb0, nit = grp * per;
     const int wg = us__hop_wg(), tid = threadIdx.x & 127;
     /* full: the copy thread and warp 1's lanes */
@@ -4371,7 +4410,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
                       const __grid_constant__ CUtensorMap mdo,
                       const __grid_constant__ CUtensorMap mkv, const float *__restrict__ L2g,
                       const float *__restrict__ Dg, E *__restrict__ dqkv, int B, int T, int NH,
-                      int NKV, float scale, float sl2) {
+                      int NKV, int P, float scale, float sl2) {
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
     constexpr int NWG = C::NWG, BR = 64 * NWG, BK = C::BKQ;
@@ -4386,7 +4425,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
         us__hop_regs_producer<NWG>();
         if (tid != 0) return;
         us__hop_walk<BR, BK>(
-            nqb, U, G, B, T, NH, NKV,
+            nqb, U, G, B, T, NH, NKV, P,
             [&](const us__hop_qtile &q, us__hop_causal<BK> &ks, const us__hop_ring &rg) {
                 us__hop_dq_produce<HS>(sm, &mq, &mdo, &mkv, ks, q.h * HS, (NH + q.g) * HS,
                                        (NH + NKV + q.g) * HS, q.b, q.q0, rg);
@@ -4396,7 +4435,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
     us__hop_regs_consumer<NWG>();
     const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
     us__hop_walk<BR, BK>(
-        nqb, U, G, B, T, NH, NKV,
+        nqb, U, G, B, T, NH, NKV, P,
         [&](const us__hop_qtile &q, us__hop_causal<BK> &ks, const us__hop_ring &rg) {
             ks.r0 = q.q0 + 64 * c;
             ks.nc = ks.r0 < T ? (min(ks.r0 + 64, T) - 1) / BK + 1 : 0;
@@ -4795,13 +4834,13 @@ static int us__hop_grid(int T, int BR, int NH, int B, int ctas) {
 /* the persistent forward on ctas CTAs (us__hop_grid) */
 template <typename E, int HS>
 static void us__hop_fwd_hs(const CUtensorMap &mq, const CUtensorMap &mkv, void *out, float *lse,
-                           int B, int T, int NH, int NKV, int ctas, cudaStream_t st) {
+                           int B, int T, int NH, int NKV, int P, int ctas, cudaStream_t st) {
     const size_t smem = us__hop_smem(us__hop_cfg<HS>::fwd_bytes);
     cudaFuncSetAttribute(us__hop_fwd_kernel<E, HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          (int)smem);
     const int grid = us__hop_grid(T, 64 * us__hop_cfg<HS>::NWF, NH, B, ctas);
     us__hop_fwd_kernel<E, HS><<<grid, 128 * (1 + us__hop_cfg<HS>::NWF), smem, st>>>(
-        mq, mkv, (E *)out, lse, B, T, NH, NKV, 1.4426950408889634f / sqrtf((float)HS));
+        mq, mkv, (E *)out, lse, B, T, NH, NKV, P, 1.4426950408889634f / sqrtf((float)HS));
 }
 
 /* the fused backward: the counters zeroed, the kernel, then dQacc rounded into dqkv.
@@ -4831,10 +4870,11 @@ static void us__hop_bwd_fused(const CUtensorMap *maps, const float *L2, const fl
     }
 }
 
-/* the two-kernel backward: dK/dV, then the persistent dQ kernel on ctas CTAs (us__hop_grid) */
+/* the two-kernel backward: dK/dV, then the persistent dQ kernel on ctas CTAs (us__hop_grid); P:
+   the pairs a band (us__hop_band) */
 template <typename E, int HS>
 static void us__hop_bwd_hs(const CUtensorMap *maps, const float *L2, const float *D, void *dqkv,
-                           int B, int T, int NH, int NKV, int ctas, cudaStream_t st) {
+                           int B, int T, int NH, int NKV, int P, int ctas, cudaStream_t st) {
     using C = us__hop_cfg<HS>;
     const float scale = 1.f / sqrtf((float)HS), sl2 = scale * 1.4426950408889634f;
     const size_t s1 = us__hop_smem(C::dkdv_bytes), s2 = us__hop_smem(C::dq_bytes);
@@ -4847,21 +4887,21 @@ static void us__hop_bwd_hs(const CUtensorMap *maps, const float *L2, const float
         cudaFuncSetAttribute(us__hop_dkdv_kernel<E, HS, 0>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
         us__hop_dkdv_kernel<E, HS, 0><<<g1, nthr, s1, st>>>(maps[0], maps[1], maps[2], L2, D,
-                                                            (E *)dqkv, T, NH, NKV, scale, sl2);
+                                                            (E *)dqkv, T, NH, NKV, P, scale, sl2);
     } else {
         cudaFuncSetAttribute(us__hop_dkdv_kernel<E, HS, 1>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
         cudaFuncSetAttribute(us__hop_dkdv_kernel<E, HS, 2>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
         us__hop_dkdv_kernel<E, HS, 1><<<g1, nthr, s1, st>>>(maps[0], maps[1], maps[2], L2, D,
-                                                            (E *)dqkv, T, NH, NKV, scale, sl2);
+                                                            (E *)dqkv, T, NH, NKV, P, scale, sl2);
         us__hop_dkdv_kernel<E, HS, 2><<<g1, nthr, s1, st>>>(maps[0], maps[1], maps[2], L2, D,
-                                                            (E *)dqkv, T, NH, NKV, scale, sl2);
+                                                            (E *)dqkv, T, NH, NKV, P, scale, sl2);
     }
     cudaFuncSetAttribute(us__hop_dq_kernel<E, HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          (int)s2);
     us__hop_dq_kernel<E, HS><<<g2, nthr, s2, st>>>(maps[3], maps[4], maps[5], L2, D, (E *)dqkv, B,
-                                                   T, NH, NKV, scale, sl2);
+                                                   T, NH, NKV, P, scale, sl2);
 }
 
 /* the head sizes compiled, each for bf16 and fp16 */
@@ -4892,6 +4932,24 @@ static int us__hop_ctas(us_ops *o) {
     return c->hop_grid > 0 ? c->hop_grid : c->n_sm > 0 ? c->n_sm : 1;
 }
 
+/* The (batch, kv head) pairs a band of the Hopper kernels' tile order (us__hop_qtile_of,
+   us__hop_kblock_of) holds, of B·NKV. While there are no more pairs than a quarter of the CTAs at
+   work, every pair has four or more CTAs reading its rows at once, and all go in one band. Past
+   that, bands of about a sixth as many pairs as CTAs (of equal size). Measured on an H200 against
+   one band (bench/RESULTS.md, twelfth session): multi-head attention at HS 128 ran the forward
+   28 %, 21 % and 5 % faster at T 1k, 2k and 4k (256, 128 and 64 pairs) and the backward 8 %, 6 %
+   and 2 %; at HS 64, forward and backward together 2-10 % faster. Bands of pairs that already
+   had four CTAs each made every shape slower (by 3-15 % at GQA, T 2k-8k), so those stay whole. */
+static int us__hop_band(us_ops *o, int64_t B, int NKV) {
+    const us__cuda *c = us__cu(o);
+    const int64_t pairs = B * NKV, ctas = us__hop_ctas(o);
+    if (c->hop_band < 0) return (int)pairs;
+    int64_t fit = c->hop_band > 0 ? c->hop_band : pairs <= ctas / 4 ? pairs : ctas / 6;
+    fit = fit < 1 ? 1 : fit > pairs ? pairs : fit;
+    const int64_t bands = (pairs + fit - 1) / fit;
+    return (int)((pairs + bands - 1) / bands);
+}
+
 /* whether the persistent walk's int counters hold every query tile (of 64 rows at least), and a
    round past them (a grid of no more CTAs than tiles) */
 static int us__hop_walk_fits(int64_t B, int64_t T, int NH) {
@@ -4909,16 +4967,17 @@ static int us__hop_attention_fwd(us_ops *o, void *out, float *lse, const void *q
         T > INT_MAX / 2 || !us__hop_walk_fits(B, T, NH))
         return 0;
     if (B <= 0 || T <= 0 || NH <= 0) return 1;
-#define US__HOP_FWD(H)                                                                         \
-    if (HS == H) {                                                                             \
-        if (!us__hop_map(&mq, qkv, dt, QKV, T, B, 64 * us__hop_cfg<H>::NWF) ||                 \
-            !us__hop_map(&mkv, qkv, dt, QKV, T, B, us__hop_cfg<H>::BC))                        \
-            return 0;                                                                          \
-        if (dt == US_F16)                                                                      \
-            us__hop_fwd_hs<__half, H>(mq, mkv, out, lse, (int)B, (int)T, NH, NKV, ctas, st);   \
-        else                                                                                   \
-            us__hop_fwd_hs<__nv_bfloat16, H>(mq, mkv, out, lse, (int)B, (int)T, NH, NKV, ctas, \
-                                             st);                                              \
+    const int P = us__hop_band(o, B, NKV);
+#define US__HOP_FWD(H)                                                                            \
+    if (HS == H) {                                                                                \
+        if (!us__hop_map(&mq, qkv, dt, QKV, T, B, 64 * us__hop_cfg<H>::NWF) ||                    \
+            !us__hop_map(&mkv, qkv, dt, QKV, T, B, us__hop_cfg<H>::BC))                           \
+            return 0;                                                                             \
+        if (dt == US_F16)                                                                         \
+            us__hop_fwd_hs<__half, H>(mq, mkv, out, lse, (int)B, (int)T, NH, NKV, P, ctas, st);   \
+        else                                                                                      \
+            us__hop_fwd_hs<__nv_bfloat16, H>(mq, mkv, out, lse, (int)B, (int)T, NH, NKV, P, ctas, \
+                                             st);                                                 \
     }
     US__HOP_HEADS(US__HOP_FWD)
 #undef US__HOP_FWD
@@ -4970,6 +5029,7 @@ static int us__hop_attention_bwd(us_ops *o, void *dqkv, const void *dout, const 
         return 0;
     if (B <= 0 || T <= 0 || NH <= 0) return 1;
     const int fused = us__hop_fused(o, HS, T);
+    const int P = us__hop_band(o, B, NKV);
     const size_t dl_bytes = ((size_t)2 * rows * sizeof(float) + 15) / 16 * 16;
     const size_t cnt_bytes = fused ? us__hop_fused_cnt_bytes(B, T, NH, HS) : 0;
     const size_t acc_bytes = fused ? (size_t)B * NH * us__hop_fused_tiles(T, HS) * 2 * 4096 * 4 : 0;
@@ -5000,9 +5060,9 @@ static int us__hop_attention_bwd(us_ops *o, void *dqkv, const void *dout, const 
             us__hop_bwd_fused<__nv_bfloat16, H>(maps, L2, D, dqkv, dqacc, cnt, (int)B, (int)T, NH, \
                                                 NKV, st);                                          \
         else if (dt == US_F16)                                                                     \
-            us__hop_bwd_hs<__half, H>(maps, L2, D, dqkv, (int)B, (int)T, NH, NKV, ctas, st);       \
+            us__hop_bwd_hs<__half, H>(maps, L2, D, dqkv, (int)B, (int)T, NH, NKV, P, ctas, st);    \
         else                                                                                       \
-            us__hop_bwd_hs<__nv_bfloat16, H>(maps, L2, D, dqkv, (int)B, (int)T, NH, NKV, ctas,     \
+            us__hop_bwd_hs<__nv_bfloat16, H>(maps, L2, D, dqkv, (int)B, (int)T, NH, NKV, P, ctas,  \
                                              st);                                                  \
     }
     US__HOP_HEADS(US__HOP_BWD)
@@ -8803,6 +8863,10 @@ US_API void us_cuda_attention_no_hopper(us_ops *o, int which) {
 
 US_API void us_cuda_attention_grid(us_ops *o, int ctas) {
     if (o->backend) us__cu(o)->hop_grid = ctas > 0 ? ctas : 0;
+}
+
+US_API void us_cuda_attention_band(us_ops *o, int pairs) {
+    if (o->backend) us__cu(o)->hop_band = pairs < 0 ? -1 : pairs;
 }
 
 US_API void us_cuda_describe(const us_ops *o, char *buf, size_t buflen) {

@@ -41,6 +41,8 @@
                         the 1B shape (NH 32, NKV 8, HS 64) at T 2k, 4k, 8k, B·T = 16384 tokens
      --att-seq T,...    those T instead (B = 16384 / T, at least 1)
      --att-heads NH:NKV:HS,...  those head shapes instead
+     --att-band N       one more row, us-hopN: the Hopper kernels' tiles in bands of N (batch, kv
+                        head) pairs (us_cuda_attention_band), beside the default's and one band's
      --cp               one layer's ring attention at cp 2 and 4 (flash blocks, zig-zag and ring, and
                         the portable block kernels) against causal flash on the whole sequence;
                         bf16 and fp16, HS 64, 80, 96, 128, 192, 256
@@ -1388,6 +1390,7 @@ static void bench_grouped(void) {
    on the same buffers; FLOPs counted as causal, fwd 4·B·NH·T²·HS/2, bwd 2.5× that. */
 static int att_shapes[8][3] = {{16, 16, 128}, {16, 4, 128}, {32, 8, 64}}; /* NH, NKV, HS */
 static int att_ns = 3, att_T[8] = {2048, 4096, 8192}, att_nT = 3;
+static int att_band; /* --att-band: the us-hopN row's band (0: no such row) */
 
 /* --att-seq 4096,8192 / --att-heads 16:4:128,32:8:64: the rows to time (at most 8 of each) */
 static int parse_att_list(const char *s, int per, int *dst, int *n) {
@@ -1433,17 +1436,22 @@ static void bench_attention(void) {
             /* the default (the backward as two kernels), fused always,
                two kernels always, mma.sync (bf16 HS 64 and 128 only: others are portable), and
                the Hopper kernels with one CTA per query tile instead of a persistent grid (the
-               forward and dQ). The paths take turns rep by rep, so that the GPU's clock drift (it
+               forward and dQ), and the Hopper kernels' tiles in one band of (batch, kv head)
+               pairs instead of bands that fit L2 (us_cuda_attention_band). The paths take turns rep by rep, so that the GPU's clock drift (it
                boosts after the idle host-side set-up of each shape) reaches every path alike. */
-            static const int off[5] = {0, 5, 4, 1, 0};
-            static const char *name[5] = {"us-hop", "us-hopF", "us-hop2k", "us-mma", "us-hop1t"};
-            std::vector<double> tf[5], tb[5];
+            static const int off[7] = {0, 5, 4, 1, 0, 0, 0};
+            static const char *name[7] = {"us-hop",   "us-hopF",  "us-hop2k", "us-mma",
+                                          "us-hop1t", "us-hop1b", "us-hopN"};
+            const int band[7] = {0, 0, 0, 0, 0, -1, att_band};
+            std::vector<double> tf[7], tb[7];
             for (r = 0; r < 23; r++)
-                for (path = 0; path < 5; path++) {
+                for (path = 0; path < 7; path++) {
                     float ms;
                     if (path == 3 && HS != 64 && HS != 128) continue;
+                    if (path == 6 && !att_band) continue;
                     us_cuda_attention_no_hopper(&inner, off[path]);
                     us_cuda_attention_grid(&inner, path == 4 ? INT_MAX : 0);
+                    us_cuda_attention_band(&inner, band[path]);
                     cudaEventRecord(a, c->stream);
                     inner.attention_fwd(&inner, out, lse, qkv, B, T, NH, NKV, HS, US_BF16);
                     cudaEventRecord(b, c->stream);
@@ -1457,9 +1465,10 @@ static void bench_attention(void) {
                     cudaEventSynchronize(b);
                     cudaEventElapsedTime(&ms, a, b);
                     us_cuda_attention_grid(&inner, 0);
+                    us_cuda_attention_band(&inner, 0);
                     if (r >= 3) tb[path].push_back(ms * 1e-3);
                 }
-            for (path = 0; path < 5; path++) {
+            for (path = 0; path < 7; path++) {
                 if (tf[path].empty()) continue;
                 printf("%-8s %5d %2d %3d %3d %4d | %9.3f %8.1f", name[path], T, B, NH, NKV, HS,
                        median(tf[path]) * 1e3, fl / median(tf[path]) * 1e-12);
@@ -1899,6 +1908,16 @@ int main(int argc, char **argv) {
                         argv[i]);
                 return 2;
             }
+        } else if (!strcmp(argv[i], "--att-band") && i + 1 < argc) {
+            char *e;
+            long v = strtol(argv[++i], &e, 10);
+            if (e == argv[i] || *e || v <= 0 || v > 1 << 20) {
+                fprintf(stderr,
+                        "bench_cuda: --att-band wants a number of pairs, 1 or more, got %s\n",
+                        argv[i]);
+                return 2;
+            }
+            att_band = (int)v;
         } else if (!strcmp(argv[i], "--att-heads") && i + 1 < argc) {
             if (!parse_att_list(argv[++i], 3, &att_shapes[0][0], &att_ns)) {
                 fprintf(stderr, "bench_cuda: --att-heads wants NH:NKV:HS,... (at most 8), got %s\n",
@@ -1923,7 +1942,7 @@ int main(int argc, char **argv) {
                     "[--fp8-experts] [--fp8-no-fuse]] [--profile] [--gemm-tune] "
                     "[--grouped-kernel|--grouped-wgmma|--grouped-loop] [--json F]] [--gemm] "
                     "[--fp8-gemm] [--swiglu-bwd-fp8] [--grouped] [--gemm-algos] [--gemm-sustained] "
-                    "[--attention [--att-seq T,..] [--att-heads NH:NKV:HS,..]] "
+                    "[--attention [--att-seq T,..] [--att-heads NH:NKV:HS,..] [--att-band N]] "
                     "[--cp | --cp-flash-only] [--cp-seq T,..]\n");
             return 2;
         }

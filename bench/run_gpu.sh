@@ -10,7 +10,7 @@
 set -u
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 out=${OUT:-bench_out}; mkdir -p "$out"
-B=build
+B=${B:-build}  # the binaries' folder (B=.dev/x bash bench/run_gpu.sh)
 steps=10; [ "${1:-}" = quick ] && steps=4
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$out/gpu.txt"

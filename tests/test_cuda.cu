@@ -625,24 +625,28 @@ static void attn_case(us_dtype dt, int64_t B, int64_t T, int64_t NH, int64_t NKV
     free(hdy);
 }
 
-/* The persistent kernels' results on a grid of 3 CTAs and on the default grid: the forward's
-   output and lse, and the backward's dqkv, bit for bit the same (every query tile is computed
-   alone, whichever CTA takes it, in whatever order) */
+/* The Hopper kernels' results on the default grid and tile order, on a grid of 3 CTAs, in bands
+   of 3 (batch, kv head) pairs (the last band shorter where B·NKV is no multiple of 3), and in
+   one band: the forward's output and lse, and the backward's dqkv, bit for bit the same (every
+   query tile and key block is computed alone, whichever CTA takes it, in whatever order) */
 static void attn_grid_same(us_dtype dt, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
     const int64_t QKV = (NH + 2 * NKV) * HS, N = B * T, C = NH * HS, L = B * NH * T * 4;
     const size_t a = us_dtype_size(dt);
     float *q = rnd_f32(N * QKV, 1), *dy = rnd_f32(N * C, 1);
     void *hq = as_dt(q, N * QKV, dt), *hdy = as_dt(dy, N * C, dt);
     void *dq = up(hq, N * QKV * a), *ddy = up(hdy, N * C * a);
-    void *o[2], *g[2];
-    float *l[2];
-    char *ho[2], *hl[2], *hg[2];
+    static const int grid[4] = {0, 3, 0, 0}, band[4] = {0, 0, 3, -1};
+    static const char *name[4] = {"", "3 CTAs", "bands of 3 pairs", "one band"};
+    void *o[4], *g[4];
+    float *l[4];
+    char *ho[4], *hl[4], *hg[4];
     int k;
-    for (k = 0; k < 2; k++) {
+    for (k = 0; k < 4; k++) {
         o[k] = G.alloc(&G, N * C * a);
         g[k] = G.alloc(&G, N * QKV * a);
         l[k] = (float *)G.alloc(&G, L);
-        us_cuda_attention_grid(&G, k ? 3 : 0);
+        us_cuda_attention_grid(&G, grid[k]);
+        us_cuda_attention_band(&G, band[k]);
         G.attention_fwd(&G, o[k], l[k], dq, B, T, (int)NH, (int)NKV, (int)HS, dt);
         G.attention_bwd(&G, g[k], ddy, dq, o[0], l[0], B, T, (int)NH, (int)NKV, (int)HS, dt);
         ho[k] = (char *)malloc(N * C * a);
@@ -653,11 +657,14 @@ static void attn_grid_same(us_dtype dt, int64_t B, int64_t T, int64_t NH, int64_
         down(hl[k], l[k], L);
     }
     us_cuda_attention_grid(&G, 0);
-    CHECK(!memcmp(ho[0], ho[1], N * C * a) && !memcmp(hl[0], hl[1], L),
-          "attn B%lld T%lld %lld/%lld HS%lld fwd: 3 CTAs give the default grid's bits",
-          (long long)B, (long long)T, (long long)NH, (long long)NKV, (long long)HS);
-    CHECK(!memcmp(hg[0], hg[1], N * QKV * a), "   bwd: 3 CTAs give the default grid's bits");
-    for (k = 0; k < 2; k++) {
+    us_cuda_attention_band(&G, 0);
+    for (k = 1; k < 4; k++) {
+        CHECK(!memcmp(ho[0], ho[k], N * C * a) && !memcmp(hl[0], hl[k], L),
+              "attn B%lld T%lld %lld/%lld HS%lld fwd: %s give the default's bits", (long long)B,
+              (long long)T, (long long)NH, (long long)NKV, (long long)HS, name[k]);
+        CHECK(!memcmp(hg[0], hg[k], N * QKV * a), "   bwd: %s give the default's bits", name[k]);
+    }
+    for (k = 0; k < 4; k++) {
         G.free(&G, o[k]);
         G.free(&G, g[k]);
         G.free(&G, l[k]);
@@ -700,9 +707,17 @@ static void test_attention_shapes(void) {
             attn_case(d ? US_F16 : US_BF16, cases[k][0], cases[k][1], cases[k][2], cases[k][3],
                       cases[k][4], "grid3");
     us_cuda_attention_grid(&G, 0);
+    /* the tile order in bands of 3 (batch, kv head) pairs against the CPU: the forward, dK/dV
+       and dQ each walk bands, the last shorter (B·NKV = 2·2, 3·4, 1·8) */
+    us_cuda_attention_band(&G, 3);
+    attn_case(US_BF16, 2, 130, 8, 2, 128, "band3");
+    attn_case(US_F16, 3, 65, 16, 4, 80, "band3");
+    attn_case(US_BF16, 1, 300, 8, 8, 256, "band3");
+    us_cuda_attention_band(&G, 0);
     attn_grid_same(US_BF16, 2, 1000, 32, 8, 64);
     attn_grid_same(US_F16, 3, 777, 16, 4, 128);
     attn_grid_same(US_BF16, 2, 600, 8, 2, 256);
+    attn_grid_same(US_BF16, 4, 700, 8, 8, 128); /* multi-head: 32 pairs, the last band of 2 */
     /* the fused backward (asked for: the default is the two kernels) at every case it takes
        (HS 64 and 128), and long enough that up to 16 key blocks add into one dQ tile, whose
        fixed order must still give the same bits twice */
