@@ -322,6 +322,10 @@ format:
 $(B)/bench_cuda: bench/bench_cuda.cu $(HDR) ultrascale_cuda.cuh $(NVSTAMP) | $(B)
 	$(NVCC) $(NVFLAGS) $< -o $@ $(NVLIBS)
 
+# the attention kernels as a shared library, for bench/attn_ab.py (ours and SDPA in one process)
+$(B)/libus_attn.so: bench/attn_lib.cu $(HDR) ultrascale_cuda.cuh $(NVSTAMP) | $(B)
+	$(NVCC) $(NVFLAGS) -shared -Xcompiler -fPIC $< -o $@ $(NVLIBS)
+
 # the tokenizer's encoding speed (bench/bench_tok.py runs it beside Hugging Face tokenizers)
 $(B)/bench_tok: bench/bench_tok.c $(IMPL) $(HDR) | $(B)
 	$(CC) $(CFLAGS) $(LINKED_C) $< $(IMPL) -o $@ $(LDLIBS)

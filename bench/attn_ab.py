@@ -1,0 +1,146 @@
+"""Times ultrascale's attention (build/libus_attn.so, bench/attn_lib.cu) and PyTorch's SDPA
+(cuDNN backend) in one process, rep by rep, causal bf16, at bench_cuda --attention's shapes.
+
+Timed in separate processes, as bench_cuda --attention and bench/sdpa_bench.py do, the two meet
+the GPU in different states (clock, temperature): SDPA's cuDNN backend measured up to 10 % faster
+when it ran first in its process than after other kernels (bench/RESULTS.md, twelfth session).
+Here each rep runs ours, then cuDNN, then the same again in the other order, so that both see
+the same GPU. FLOPs as sdpa_bench.py: forward 4·B·NH·T²·HS/2 (causal), backward 2.5× that;
+ours: the backward kernels alone; SDPA: median(forward + backward) − median(forward).
+
+Usage: python3 bench/attn_ab.py [--lib build/libus_attn.so] [--att-heads NH:NKV:HS,...]
+       [--att-seq T,...] [--reps 20] [--band N]   (N: us_cuda_attention_band, 0 the library's rule)
+"""
+import argparse
+import ctypes
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from sdpa_bench import ints
+
+P = ctypes.c_void_p
+LL = ctypes.c_longlong
+I = ctypes.c_int
+
+
+def load(path):
+    lib = ctypes.CDLL(path)
+    lib.usa_init.argtypes, lib.usa_init.restype = [ctypes.c_char_p, I], I
+    lib.usa_stream.restype = P
+    lib.usa_fwd.argtypes = [P, P, P, LL, LL, I, I, I, I]
+    lib.usa_bwd.argtypes = [P, P, P, P, P, LL, LL, I, I, I, I]
+    lib.usa_band.argtypes = [I]
+    lib.usa_error.restype = ctypes.c_char_p
+    err = ctypes.create_string_buffer(256)
+    if lib.usa_init(err, 256):
+        raise SystemExit(f"attn_ab: the library did not start: {err.value.decode()}")
+    return lib
+
+
+def timed(stream, fn):
+    """milliseconds of fn's work on stream, between two events there"""
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record(stream)
+    fn()
+    e1.record(stream)
+    e1.synchronize()
+    return e0.elapsed_time(e1)
+
+
+def median(v):
+    v = sorted(v)
+    return 0.5 * (v[(len(v) - 1) // 2] + v[len(v) // 2])
+
+
+def shape(lib, ours_stream, B, T, NH, NKV, HS, reps):
+    bf = torch.bfloat16
+    QKV = (NH + 2 * NKV) * HS
+    qkv = torch.randn(B, T, QKV, device="cuda", dtype=bf)
+    dout = torch.randn(B, T, NH * HS, device="cuda", dtype=bf)
+    out = torch.empty(B, T, NH * HS, device="cuda", dtype=bf)
+    dqkv = torch.empty_like(qkv)
+    lse = torch.empty(B, NH, T, device="cuda", dtype=torch.float32)
+    # SDPA gets its own contiguous [B, heads, T, HS] tensors, as sdpa_bench.py gives it
+    q = torch.randn(B, NH, T, HS, device="cuda", dtype=bf, requires_grad=True)
+    k = torch.randn(B, NKV, T, HS, device="cuda", dtype=bf, requires_grad=True)
+    v = torch.randn(B, NKV, T, HS, device="cuda", dtype=bf, requires_grad=True)
+    do = torch.randn(B, NH, T, HS, device="cuda", dtype=bf)
+    torch.cuda.synchronize()
+
+    def us_fwd():
+        lib.usa_fwd(out.data_ptr(), lse.data_ptr(), qkv.data_ptr(), B, T, NH, NKV, HS, 0)
+
+    def us_bwd():
+        lib.usa_bwd(dqkv.data_ptr(), dout.data_ptr(), qkv.data_ptr(), out.data_ptr(),
+                    lse.data_ptr(), B, T, NH, NKV, HS, 0)
+
+    def sd_fwd():
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=NKV < NH)
+
+    def sd_fwdbwd():
+        q.grad = k.grad = v.grad = None
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=NKV < NH).backward(do)
+
+    torch_stream = torch.cuda.current_stream()
+    t = {"us-hop": ([], []), "cudnn": ([], [])}
+    sd_fb = []
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        for r in range(reps + 3):
+            order = ("us", "sd") if r % 2 == 0 else ("sd", "us")
+            for who in order:
+                if who == "us":
+                    f = timed(ours_stream, us_fwd)
+                    b = timed(ours_stream, us_bwd)
+                    if r >= 3:
+                        t["us-hop"][0].append(f)
+                        t["us-hop"][1].append(b)
+                else:
+                    f = timed(torch_stream, sd_fwd)
+                    fb = timed(torch_stream, sd_fwdbwd)
+                    if r >= 3:
+                        t["cudnn"][0].append(f)
+                        sd_fb.append(fb)
+    if lib.usa_error():
+        raise SystemExit(f"attn_ab: the library failed: {lib.usa_error().decode()}")
+    fl = 4.0 * B * NH * T * T * HS / 2
+    res = {}
+    for name in ("us-hop", "cudnn"):
+        mf = median(t[name][0])
+        mb = median(t[name][1]) if name == "us-hop" else median(sd_fb) - mf
+        res[name] = (fl / mf / 1e9, 2.5 * fl / mb / 1e9)
+        print(f"{name:<8} {T:5d} {B:2d} {NH:3d} {NKV:3d} {HS:4d} | {mf:9.3f} {fl / mf / 1e9:8.1f} | "
+              f"{mb:9.3f} {2.5 * fl / mb / 1e9:8.1f}", flush=True)
+    return res
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", default="build/libus_attn.so")
+    ap.add_argument("--att-heads", default="16:16:128,16:4:128,32:8:64", help="NH:NKV:HS,...")
+    ap.add_argument("--att-seq", default="2048,4096,8192", help="T,...")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--band", type=int, default=0, help="us_cuda_attention_band (0: the rule)")
+    args = ap.parse_args()
+    if args.reps < 1:
+        raise SystemExit(f"attn_ab: --reps wants 1 or more, got {args.reps}")
+    shapes, seqs = ints(args.att_heads, 3), ints(args.att_seq, 1)
+    lib = load(args.lib)
+    lib.usa_band(args.band)
+    ours = torch.cuda.ExternalStream(lib.usa_stream())
+    print(torch.__version__, torch.cuda.get_device_name(), "| ours and SDPA cuDNN, rep by rep")
+    print(f"{'impl':<8} {'T':>5} {'B':>2} {'NH':>3} {'NKV':>3} {'HS':>4} | {'fwd ms':>9} {'fwd TF/s':>8} | "
+          f"{'bwd ms':>9} {'bwd TF/s':>8}")
+    table = []
+    for NH, NKV, HS in shapes:
+        for T in seqs:
+            B = max(1, 16384 // T)
+            table.append(((T, NH, NKV, HS), shape(lib, ours, B, T, NH, NKV, HS, args.reps)))
+    print("\nattention, causal bf16, B·T = 16384, one process: TFLOP/s fwd / bwd")
+    print(f"{'T':>5} {'NH':>3} {'NKV':>3} {'HS':>4} | {'ultrascale':>15} | {'SDPA cuDNN':>15} | ours/cuDNN")
+    for (T, NH, NKV, HS), r in table:
+        u, c = r["us-hop"], r["cudnn"]
+        print(f"{T:5d} {NH:3d} {NKV:3d} {HS:4d} | {u[0]:6.1f} / {u[1]:6.1f} | {c[0]:6.1f} / {c[1]:6.1f} | "
+              f"{u[0] / c[0]:.2f} / {u[1] / c[1]:.2f}")
