@@ -3782,10 +3782,10 @@ static __device__ __forceinline__ int us__hop_snake(int i, int j, int G) {
 /* Query tile u (of BR rows) of the causal forward and dQ kernels. The (batch, kv head) pairs go
    in bands of P (us__hop_band), and each band's tiles longest first: the last query block of
    every head of the band's pairs, then the one before, ...; a group's heads fastest, so that
-   they meet in L2. Without bands, the CTAs at work at one time would hold as many pairs as there
-   are SMs, each reading its own K and V (128 MB of them under multi-head attention at B·T = 16k,
-   HS 128, against 50 MB of L2), so every query tile would fetch them from memory again; within a
-   band whose K and V fit in half of L2, the band's query tiles share them there. */
+   they meet in L2. In one band, multi-head attention at B·T = 16k, T 2k, HS 128 has 128 pairs for
+   132 CTAs: each pair's K and V (1 MB; 128 MB in all, against 50 MB of L2) is read by one CTA at
+   a time, and from memory again by each of its query tiles. In bands of a few dozen pairs,
+   several CTAs read a pair's K and V at once and share them there (us__hop_band). */
 struct us__hop_qtile {
     int q0, h, b, g;
 };

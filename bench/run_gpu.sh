@@ -5,7 +5,9 @@
 #   attention vs SDPA (cuDNN and flash backends), in-library GEMM vs standalone cuBLASLt, the
 #   gemm_steps lesson, ring attention's block kernels (context parallelism) against causal
 #   flash attention. Ends with one side-by-side table (bench/gpu_table.py).
-# Build the binaries first (here or there): make build/bench_cuda build/gemm_steps
+#   and, where build/libus_attn.so is built, attention against SDPA's cuDNN backend in one process,
+#   rep by rep (bench/attn_ab.py: the fairer of the two attention comparisons)
+# Build the binaries first (here or there): make build/bench_cuda build/gemm_steps build/libus_attn.so
 # Usage: bash bench/run_gpu.sh [quick]     logs go to $OUT (the device tool's folder) or bench_out/
 set -u
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -23,9 +25,13 @@ done
 $B/bench_cuda --gemm --attention 2>&1 | tee "$out/us_kernels.txt"
 $B/bench_cuda --cp 2>&1 | tee "$out/us_cp.txt"
 python3 bench/sdpa_bench.py 2>&1 | tee "$out/sdpa.txt"
+[ -f $B/libus_attn.so ] && python3 bench/attn_ab.py --lib $B/libus_attn.so 2>&1 | tee "$out/attn_ab.txt"
 [ -x $B/gemm_steps ] && $B/gemm_steps 2>&1 | tail -n 12 | tee "$out/gemm_steps.txt"
 echo; echo "=== summary"
 grep -h -E '^(ultrascale|torch)' "$out"/us_1b.txt "$out"/us_tuned_1b.txt "$out"/torch_*_1b.txt \
     "$out"/us_200m.txt "$out"/us_tuned_200m.txt "$out"/torch_*_200m.txt
 echo
 python3 bench/gpu_table.py "$out" | tee "$out/table.txt"
+if [ -f "$out/attn_ab.txt" ]; then
+    sed -n '/one process/,$p' "$out/attn_ab.txt" | tee -a "$out/table.txt"
+fi
