@@ -251,6 +251,12 @@ $(B)/rmsnorm_emu: tests/emu/rmsnorm_emu.cpp tests/emu/us_cuda_emu.h tests/emu/ex
 rmsnorm-emu: $(B)/rmsnorm_emu
 	ASAN_OPTIONS=detect_stack_use_after_return=0 ./$(B)/rmsnorm_emu
 
+# the Hopper attention kernels' tile order (bands of (batch, kv head) pairs) on the CPU: every
+# query tile and key block once, in order, at every band width (a step of make test; < 1 s)
+$(B)/band_emu: tests/emu/band_emu.cpp tests/emu/us_cuda_emu.h tests/emu/extract_band.py tests/emu/extract_common.py tests/us_test.h ultrascale_cuda.cuh | $(B)
+	python3 tests/emu/extract_band.py ultrascale_cuda.cuh $(B)/band_order_emu.h
+	$(CXX) -std=c++17 -O1 -w -I$(CUDA_HOME)/include -I$(B) $< -o $@
+
 # libFuzzer + ASan/UBSan (clang): at least 10^6 executions over the corpus; new finds go to
 # $(B)/fuzz_corpus_new (copy small interesting ones into tests/fuzz_corpus). Not part of make test.
 FUZZ_RUNS ?= 1000000

@@ -146,6 +146,8 @@ step 'without OpenMP'                    "$B/cc_2tu"              '! nm $B/cc_2t
 step 'nvcc (header as C++)'              "$(nvcc_needs cc_nvcc.o)"       'nvcc_built cc_nvcc.o'
 step 'nvcc: trainer with CUDA backend'   "$(nvcc_needs train_cuda)"      'nvcc_built train_cuda'
 step 'nvcc: test_cuda'                   "$(nvcc_needs test_cuda)"       'nvcc_built test_cuda'
+step 'Hopper attention tile order (band_emu)' "$(nvcc_needs band_emu)" \
+    'if [ -n "$NVCC" ]; then ./$B/band_emu; else echo "SKIP nvcc not installed"; fi'
 step 'nvcc: gemm_steps'                  "$(nvcc_needs gemm_steps)"      'nvcc_built gemm_steps'
 step 'nvcc: test_nccl'                   "$(nvcc_needs test_nccl)"       'nvcc_built test_nccl'
 step 'nvcc: comm_bw benchmark'           "$(nvcc_needs comm_bw)"         'nvcc_built comm_bw'

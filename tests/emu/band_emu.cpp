@@ -1,0 +1,101 @@
+/* band_emu.cpp — the Hopper attention kernels' tile order (us__hop_qtile_of, us__hop_kblock_of,
+   us__hop_snake; // >>cuda-hopper) on the CPU, at every band width from 1 pair to all of them:
+   - the forward's and dQ's query tiles: tiles 0..U−1 name every (query block, head, batch) once;
+     each band holds pairs band·P.. (the last band fewer); within a band the tiles come longest
+     first, and a group's heads are consecutive; with one band, the order is the one before
+     bands (the last query block of every head and batch, heads fastest);
+   - the persistent walk: the CTAs of us__hop_snake take every tile once between them;
+   - dK/dV's key blocks: the CTAs of the grid NKV × B × key blocks, in launch order, name every
+     (key block, kv head, batch) once; within a band key block 0 (the heaviest) first.
+   The same bits on the GPU whatever the order is test_cuda's part (attn_grid_same). */
+#include <algorithm>
+#include <vector>
+
+#include "us_cuda_emu.h"
+#include "band_order_emu.h" /* made by extract_band.py */
+#include "../us_test.h"
+
+/* the forward / dQ order at (B, T in query blocks nqb, NH, NKV) in bands of P pairs: 1 if every
+   property holds (each failure is also reported) */
+static int check_qtiles(int B, int nqb, int NH, int NKV, int P) {
+    const int BR = 128, grp = NH / NKV, pairs = B * NKV, U = nqb * NH * B;
+    std::vector<int> seen((size_t)U, 0);
+    int ok = 1, u;
+    for (u = 0; u < U; u++) {
+        const us__hop_qtile q = us__hop_qtile_of(u, nqb, BR, NH, B, NKV, P);
+        const int qb = q.q0 / BR, pair = q.b * NKV + q.g, band = u / (P * grp * nqb);
+        ok &= q.q0 % BR == 0 && qb >= 0 && qb < nqb && q.h >= 0 && q.h < NH && q.b >= 0 &&
+              q.b < B && q.g == q.h / grp;
+        if (!ok) break;
+        seen[((size_t)q.b * NH + q.h) * nqb + qb]++;
+        ok &= pair / P == band; /* the band's pairs */
+        if (u > 0 && (u - 1) / (P * grp * nqb) == band) {
+            const us__hop_qtile p = us__hop_qtile_of(u - 1, nqb, BR, NH, B, NKV, P);
+            ok &= p.q0 >= q.q0; /* longest first within the band */
+            /* a group's heads consecutive: the next tile of a group's head h (h not the last of
+               its group) is its head h + 1 */
+            if (p.h % grp != grp - 1) ok &= q.h == p.h + 1 && q.b == p.b && q.q0 == p.q0;
+        }
+        if (P == pairs) { /* one band: the order before bands */
+            const int r = u % (NH * B);
+            ok &= q.h == r % NH && q.b == r / NH && qb == nqb - 1 - u / (NH * B);
+        }
+    }
+    for (u = 0; ok && u < U; u++) ok &= seen[(size_t)u] == 1;
+    CHECK(ok, "query tiles B%d nqb%d %d/%d, bands of %d: each once, in order", B, nqb, NH, NKV, P);
+    return ok;
+}
+
+/* every tile once among the G CTAs of the persistent walk (us__hop_snake) */
+static void check_walk(int U, int G) {
+    std::vector<int> seen((size_t)U, 0);
+    int ok = 1;
+    for (int i = 0; i < G; i++)
+        for (int j = 0;; j++) {
+            const int u = us__hop_snake(i, j, G);
+            if (u >= U) break;
+            seen[(size_t)u]++;
+        }
+    for (int u = 0; u < U; u++) ok &= seen[(size_t)u] == 1;
+    CHECK(ok, "walk of %d tiles on %d CTAs: each once", U, G);
+}
+
+/* dK/dV's grid in launch order (x fastest) */
+static int check_kblocks(int B, int nkb, int NKV, int P) {
+    const int pairs = B * NKV;
+    std::vector<int> seen((size_t)pairs * nkb, 0);
+    int ok = 1, lin = 0, prev_band = -1, prev_kb = 0;
+    emu_gdim = {(unsigned)NKV, (unsigned)B, (unsigned)nkb};
+    for (unsigned z = 0; z < (unsigned)nkb; z++)
+        for (unsigned y = 0; y < (unsigned)B; y++)
+            for (unsigned x = 0; x < (unsigned)NKV; x++, lin++) {
+                emu_bix = {x, y, z};
+                const us__hop_kblock k = us__hop_kblock_of(P);
+                const int band = lin / (P * nkb);
+                ok &= k.g >= 0 && k.g < NKV && k.b >= 0 && k.b < B && k.kb >= 0 && k.kb < nkb;
+                if (!ok) break;
+                seen[((size_t)k.b * NKV + k.g) * nkb + k.kb]++;
+                ok &= (k.b * NKV + k.g) / P == band;        /* the band's pairs */
+                ok &= band != prev_band || k.kb >= prev_kb; /* heaviest first within it */
+                ok &= band == prev_band || k.kb == 0;       /* a band starts at key block 0 */
+                prev_band = band;
+                prev_kb = k.kb;
+            }
+    for (size_t i = 0; ok && i < seen.size(); i++) ok &= seen[i] == 1;
+    CHECK(ok, "key blocks B%d nkb%d NKV%d, bands of %d: each once, in order", B, nkb, NKV, P);
+    return ok;
+}
+
+int main(void) {
+    /* B, query/key blocks, NH, NKV: multi-head, GQA, MQA; pair counts prime and composite */
+    static const int shapes[][4] = {{8, 16, 16, 16}, {4, 32, 32, 8}, {16, 8, 16, 4}, {3, 5, 8, 1},
+                                    {1, 64, 16, 4},  {7, 3, 6, 3},   {2, 1, 4, 4},   {5, 9, 12, 2}};
+    for (const auto &s : shapes) {
+        const int pairs = s[0] * s[3];
+        for (int P = 1; P <= pairs; P++)
+            if (!check_qtiles(s[0], s[1], s[2], s[3], P) || !check_kblocks(s[0], s[1], s[3], P))
+                break;
+        for (int G : {1, 3, 132}) check_walk(s[1] * s[2] * s[0], G);
+    }
+    return us_test_done("band_emu");
+}
