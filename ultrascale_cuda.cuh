@@ -99,6 +99,17 @@ US_API void us_cuda_grouped_kernel(us_ops *ops, int path);
    how many plans changed their algorithm; on 1, how many plans have timed two or more of their
    candidates so far (0 when tuning starts). */
 US_API int us_cuda_gemm_tune(us_ops *ops, int on);
+/* The algorithm of every GEMM plan (tuned or the heuristic's) saved to a text file, and read back
+   in other runs, which then take the same algorithms and give the same bits as one another (the
+   run that tuned took the candidates in turn while tuning): after us_cuda_gemm_tune_load,
+   each plan whose shape the file names takes the file's algorithm when it is made (and is never
+   timed again); other plans take the heuristic's as always. The file names the cuBLASLt version,
+   the GPU and the workspace it was written for, and load refuses a file of another (the
+   algorithms are cuBLASLt's own structures), a line it does not understand, or an algorithm
+   cuBLASLt refuses for its shape, each with one sentence in err. save writes PATH.tmp and renames
+   it, so a failed save leaves PATH as it was. US_OK, US_ERR_IO or US_ERR_FORMAT. */
+US_API us_result us_cuda_gemm_tune_save(us_ops *ops, const char *path, char *err, size_t errlen);
+US_API us_result us_cuda_gemm_tune_load(us_ops *ops, const char *path, char *err, size_t errlen);
 /* Device memory in use on the ops' GPU (total − free, cudaMemGetInfo), in bytes: the real
    footprint beside the allocator's count (us_ops.bytes_peak) — the CUDA context, cuBLASLt's
    workspace, NCCL's buffers and the scratch included — and anything other processes hold there.
@@ -168,9 +179,12 @@ typedef struct us__cuda {
     unsigned gg_smem;   /* grouped GEMM kernels given their shared memory (// >>cuda-grouped) */
     int gg_kernel;      /* gemm_grouped's path, as us_cuda_grouped_kernel sets it */
     int tuning;         /* plans time their candidates (us_cuda_gemm_tune) */
-    void *ggh_tab;      /* host us__ggh_table the Hopper grouped kernel's launches are filled in */
-    void *scratch;      /* grows on demand: reductions, attention backward */
-    float *rope_tab;    /* RoPE cos|sin [T, HS/2] for (rope_T, rope_HS, rope_freq), then the
+    struct us__tune_rec
+        *tune_recs; /* plans' algorithms read from a file (us_cuda_gemm_tune_load) */
+    int ntune_recs;
+    void *ggh_tab;   /* host us__ggh_table the Hopper grouped kernel's launches are filled in */
+    void *scratch;   /* grows on demand: reductions, attention backward */
+    float *rope_tab; /* RoPE cos|sin [T, HS/2] for (rope_T, rope_HS, rope_freq), then the
                            frequencies f64[HS/2] it was made from */
     size_t rope_bytes;
     int64_t rope_T;
@@ -537,6 +551,235 @@ US_API int us_cuda_gemm_tune(us_ops *o, int on) {
     return changed;
 }
 
+/* ---- The choices in a file (us_cuda_gemm_tune_save / _load). One line a plan: its kind (gemm,
+   fp8), the fields that key it (transposes, dtypes or FP8 tilings, beta 0, SM target, sizes,
+   leading dimensions) and cuBLASLt's algorithm, an opaque 64-byte structure, as 8 hex words.
+   Such a structure means something only to the cuBLASLt version and GPU that made it, so the
+   file's first lines name them and a file of another is refused, not guessed at. */
+#define US__TUNE_MAGIC "ultrascale gemm-tune 1"
+
+typedef struct us__tune_rec {
+    int kind; /* 0 gemm (c->plans), 1 fp8 (c->fp8_plans) */
+    int ta, tb, adt, bdt, cdt, beta0, sms;
+    int64_t M, N, K, lda, ldb, ldc;
+    cublasLtMatmulAlgo_t algo;
+} us__tune_rec;
+
+static int us__tune_same(const us__tune_rec *r, const us__gemm_plan *p, int kind) {
+    return r->kind == kind && r->ta == p->ta && r->tb == p->tb && r->adt == p->adt &&
+           r->bdt == p->bdt && r->cdt == p->cdt && r->beta0 == p->beta0 && r->sms == p->sms &&
+           r->M == p->M && r->N == p->N && r->K == p->K && r->lda == p->lda && r->ldb == p->ldb &&
+           r->ldc == p->ldc;
+}
+
+/* the GPU as the file names it: its name with '_' for blanks, then its SM count */
+static void us__tune_device(const us__cuda *c, char *buf, size_t n) {
+    struct cudaDeviceProp prop;
+    size_t i;
+    if (cudaGetDeviceProperties(&prop, c->device) != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(prop.name, sizeof prop.name, "unknown");
+    }
+    snprintf(buf, n, "%s %d", prop.name, c->n_sm);
+    for (i = 0; buf[i] && i < strlen(prop.name); i++)
+        if (buf[i] == ' ') buf[i] = '_';
+}
+
+/* plan p (of kind) takes the loaded file's algorithm for its shape, if the file names one: 0 when
+   none does, 1 when it took it, -1 when cuBLASLt refuses it for the plan (the caller says so) */
+static int us__lt_tune_apply(us_ops *o, us__gemm_plan *p, int kind) {
+    us__cuda *c = us__cu(o);
+    cublasLtMatmulHeuristicResult_t check;
+    int i;
+    for (i = 0; i < c->ntune_recs; i++)
+        if (us__tune_same(&c->tune_recs[i], p, kind)) break;
+    if (i == c->ntune_recs) return 0;
+    memset(&check, 0, sizeof check);
+    if (cublasLtMatmulAlgoCheck(c->lt, p->desc, p->la, p->lb, p->lc, p->lc, &c->tune_recs[i].algo,
+                                &check) != CUBLAS_STATUS_SUCCESS ||
+        check.workspaceSize > c->ws_bytes)
+        return -1;
+    us__lt_tune_drop(p); /* a plan loaded while tuning stops timing its candidates */
+    p->algo = c->tune_recs[i].algo;
+    p->tuned = 1; /* chosen: never timed again */
+    return 1;
+}
+
+/* at a plan's making: the file's algorithm, or a recorded failure */
+static void us__lt_tune_take(us_ops *o, us__gemm_plan *p, int kind) {
+    if (us__lt_tune_apply(o, p, kind) < 0)
+        us__cuda_fail(o, "us_cuda_gemm_tune_load",
+                      "cuBLASLt refuses the loaded algorithm for a GEMM shape", __FILE__, __LINE__);
+}
+
+static void us__tune_line(FILE *f, const us__gemm_plan *p, int kind) {
+    uint64_t w[8];
+    int i;
+    memcpy(w, &p->algo, sizeof w);
+    fprintf(f, "%s %d %d %d %d %d %d %d %lld %lld %lld %lld %lld %lld", kind ? "fp8" : "gemm",
+            p->ta, p->tb, p->adt, p->bdt, p->cdt, p->beta0, p->sms, (long long)p->M,
+            (long long)p->N, (long long)p->K, (long long)p->lda, (long long)p->ldb,
+            (long long)p->ldc);
+    for (i = 0; i < 8; i++) fprintf(f, " %016llx", (unsigned long long)w[i]);
+    fputc('\n', f);
+}
+
+US_API us_result us_cuda_gemm_tune_save(us_ops *o, const char *path, char *err, size_t errlen) {
+    us__cuda *c = us__cu(o);
+    char tmp[4096], dev[300];
+    FILE *f;
+    int i, bad;
+    if (!c || !path) {
+        us__errf(err, errlen, "gemm-tune save: no CUDA ops or no path");
+        return US_ERR_INVALID;
+    }
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
+        us__errf(err, errlen, "gemm-tune save: the path is too long");
+        return US_ERR_INVALID;
+    }
+    if (!(f = fopen(tmp, "w"))) {
+        us__errf(err, errlen, "gemm-tune save: cannot write %s", tmp);
+        return US_ERR_IO;
+    }
+    us__tune_device(c, dev, sizeof dev);
+    fprintf(f, "%s\ncublaslt %zu\ndevice %s\nworkspace %zu\nplans %d\n", US__TUNE_MAGIC,
+            cublasLtGetVersion(), dev, c->ws_bytes, c->nplans + c->nfp8);
+    for (i = 0; i < c->nplans; i++) us__tune_line(f, &c->plans[i], 0);
+    for (i = 0; i < c->nfp8; i++) us__tune_line(f, &c->fp8_plans[i], 1);
+    bad = ferror(f);
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, path) != 0) {
+        remove(tmp);
+        us__errf(err, errlen, "gemm-tune save: writing %s failed", path);
+        return US_ERR_IO;
+    }
+    return US_OK;
+}
+
+/* one plan line into r; 0 unless every field is there, in range, and nothing follows */
+static int us__tune_parse(const char *line, us__tune_rec *r) {
+    char kind[8];
+    long long M, N, K, lda, ldb, ldc;
+    unsigned long long w[8];
+    int n = -1, i;
+    memset(r, 0, sizeof *r);
+    if (sscanf(line,
+               "%7s %d %d %d %d %d %d %d %lld %lld %lld %lld %lld %lld %llx %llx %llx %llx "
+               "%llx %llx %llx %llx%n",
+               kind, &r->ta, &r->tb, &r->adt, &r->bdt, &r->cdt, &r->beta0, &r->sms, &M, &N, &K,
+               &lda, &ldb, &ldc, &w[0], &w[1], &w[2], &w[3], &w[4], &w[5], &w[6], &w[7],
+               &n) != 22 ||
+        line[n] != '\0')
+        return 0;
+    r->kind = !strcmp(kind, "fp8") ? 1 : !strcmp(kind, "gemm") ? 0 : -1;
+    r->M = M, r->N = N, r->K = K, r->lda = lda, r->ldb = ldb, r->ldc = ldc;
+    for (i = 0; i < 8; i++) ((uint64_t *)&r->algo)[i] = (uint64_t)w[i];
+    return r->kind >= 0 && (r->ta == 0 || r->ta == 1) && (r->tb == 0 || r->tb == 1) &&
+           (r->beta0 == 0 || r->beta0 == 1) && r->sms >= 0 && r->adt >= 0 && r->bdt >= 0 &&
+           r->cdt >= 0 && M > 0 && N > 0 && K > 0 && lda >= 0 && ldb >= 0 && ldc > 0;
+}
+
+US_API us_result us_cuda_gemm_tune_load(us_ops *o, const char *path, char *err, size_t errlen) {
+    us__cuda *c = us__cu(o);
+    char line[512], dev[512], want[300];
+    us__tune_rec *recs = NULL;
+    FILE *f;
+    size_t ver = 0, ws = 0;
+    int nrec = -1, n = 0, ln = 0, bad = 0, i, k;
+    us_result res = US_ERR_FORMAT;
+    if (!c || !path) {
+        us__errf(err, errlen, "gemm-tune load: no CUDA ops or no path");
+        return US_ERR_INVALID;
+    }
+    if (!(f = fopen(path, "r"))) {
+        us__errf(err, errlen, "gemm-tune load: cannot open %s", path);
+        return US_ERR_IO;
+    }
+    us__tune_device(c, want, sizeof want);
+    while (fgets(line, sizeof line, f)) {
+        size_t len = strlen(line);
+        ln++;
+        if (len == 0 || line[len - 1] != '\n') {
+            us__errf(err, errlen, "%s:%d: a line too long or not ended", path, ln);
+            goto out;
+        }
+        line[len - 1] = '\0';
+        if (ln == 1 && strcmp(line, US__TUNE_MAGIC)) {
+            us__errf(err, errlen, "%s is not an ultrascale gemm-tune file of version 1", path);
+            goto out;
+        }
+        if (ln == 2 && (sscanf(line, "cublaslt %zu%n", &ver, &k) != 1 || line[k])) {
+            bad = 1;
+            break;
+        }
+        if (ln == 2 && ver != cublasLtGetVersion()) {
+            us__errf(err, errlen, "%s was written with cuBLASLt %zu, this is %zu: tune again", path,
+                     ver, cublasLtGetVersion());
+            goto out;
+        }
+        if (ln == 3 && (strncmp(line, "device ", 7) || strcmp(line + 7, want))) {
+            snprintf(dev, sizeof dev, "%s", strncmp(line, "device ", 7) ? line : line + 7);
+            us__errf(err, errlen, "%s was written for the GPU %s, this is %s: tune again", path,
+                     dev, want);
+            goto out;
+        }
+        if (ln == 4 && (sscanf(line, "workspace %zu%n", &ws, &k) != 1 || line[k])) {
+            bad = 1;
+            break;
+        }
+        if (ln == 4 && ws != c->ws_bytes) {
+            us__errf(err, errlen,
+                     "%s was written for a cuBLASLt workspace of %zu bytes, this is %zu", path, ws,
+                     c->ws_bytes);
+            goto out;
+        }
+        if (ln == 5) {
+            if (sscanf(line, "plans %d%n", &nrec, &k) != 1 || line[k] || nrec < 0 ||
+                nrec > US__CUDA_PLANS + 64) {
+                bad = 1;
+                break;
+            }
+            if (nrec && !(recs = (us__tune_rec *)calloc((size_t)nrec, sizeof *recs))) {
+                us__errf(err, errlen, "gemm-tune load: out of host memory");
+                res = US_ERR_OOM;
+                goto out;
+            }
+        }
+        if (ln > 5 && (n == nrec || !us__tune_parse(line, &recs[n++]))) {
+            bad = 1;
+            break;
+        }
+    }
+    if (bad || ln < 5 || n != nrec) {
+        us__errf(err, errlen, "%s:%d: not understood (%s)", path, ln,
+                 ln <= 5           ? "the header"
+                 : n > nrec || bad ? "a plan line"
+                                   : "fewer plans than it says");
+        goto out;
+    }
+    free(c->tune_recs);
+    c->tune_recs = recs;
+    c->ntune_recs = nrec;
+    recs = NULL;
+    /* plans made before the load take the file's choice now */
+    for (i = 0; i < c->nplans + c->nfp8; i++) {
+        int fp8 = i >= c->nplans;
+        us__gemm_plan *p = fp8 ? &c->fp8_plans[i - c->nplans] : &c->plans[i];
+        if (us__lt_tune_apply(o, p, fp8) < 0) {
+            us__errf(err, errlen,
+                     "%s: cuBLASLt refuses its algorithm for the %lld x %lld x %lld "
+                     "GEMM",
+                     path, (long long)p->M, (long long)p->N, (long long)p->K);
+            goto out;
+        }
+    }
+    res = US_OK;
+out:
+    free(recs);
+    fclose(f);
+    return res;
+}
+
 static us__gemm_plan *us__gemm_plan_get(us_ops *o, int ta, int tb, int64_t M, int64_t N, int64_t K,
                                         us_dtype adt, int64_t lda, us_dtype bdt, int64_t ldb,
                                         us_dtype cdt, int64_t ldc, int beta0) {
@@ -590,6 +833,7 @@ static us__gemm_plan *us__gemm_plan_get(us_ops *o, int ta, int tb, int64_t M, in
     else
         us__cuda_fail(o, "cublasLtMatmulAlgoGetHeuristic",
                       "no algorithm for this GEMM shape and dtype", __FILE__, __LINE__);
+    us__lt_tune_take(o, p, 0);
     c->nplans++;
     return p;
 }
@@ -8683,6 +8927,7 @@ static void us__cuda_fp8_gemm(us_ops *o, int64_t M, int64_t N, int64_t K, float 
             us__cuda_fail(o, "cublasLtMatmulAlgoGetHeuristic",
                           "no FP8 algorithm for this GEMM shape, scaling and output type", __FILE__,
                           __LINE__);
+        us__lt_tune_take(o, p, 1);
         c->nfp8++;
     }
     if (c->failed) return;
@@ -8813,6 +9058,7 @@ US_API void us_cuda_ops_free(us_ops *o) {
     cudaStreamSynchronize(c->stream);
     for (i = 0; i < c->nplans; i++) us__lt_plan_free(&c->plans[i]);
     for (i = 0; i < c->nfp8; i++) us__lt_plan_free(&c->fp8_plans[i]);
+    free(c->tune_recs);
     if (c->fp8_amax) cudaFree(c->fp8_amax);
     if (c->ws) cudaFree(c->ws);
     if (c->scratch) cudaFree(c->scratch);

@@ -125,7 +125,12 @@ static const char *const usage_text[] = {
     "                    GEMM shape in place and keep the fastest (the heuristic's first is not\n"
     "                    always fastest at the power-capped clock); the choice can differ from "
     "run\n"
-    "                    to run, and with it the last bits of the results, hence off by default\n",
+    "                    to run, and with it the last bits of the results, hence off by default\n"
+    "  --gemm-tune-file F  (cuda) read those choices from F (no tuning; runs that read the same\n"
+    "                    F take the same algorithms and give the same bits), or, where F does\n"
+    "                    not exist, tune as --gemm-tune and save them to F; refused if F was\n"
+    "                    written for another GPU or cuBLASLt (GPU processes: F.rankN past rank "
+    "0)\n",
     "parallelism:\n"
     "  --dp N            data-parallel ranks (default 1): CPU threads, or GPU processes; each "
     "rank\n"
@@ -436,6 +441,7 @@ typedef struct opts {
     int pp_layers_n; /* how many counts --pp-layers gave */
     int nccl_sem;    /* --nccl-semantics: CPU threads impose a GPU's NCCL semantics */
     int gemm_tune;   /* --gemm-tune: the first GEMM_TUNE_STEPS steps choose cuBLASLt's algorithms */
+    const char *gemm_tune_file; /* --gemm-tune-file: those choices read from / saved to a file */
     float temperature, peak_tflops, comm_timeout;
     int world, rank;      /* CUDA multi-process: this process's place (from the environment) */
     us_data data;         /* the training tokens (raw text --data), less the held-out tail */
@@ -465,6 +471,8 @@ typedef struct rank_state {
     us_ops *opsp;
 #ifdef US_CUDA
     us_ops ops;
+    char tune_path[4096]; /* --gemm-tune-file's file for this rank (".rankN" past rank 0) */
+    int tune_save;        /* it did not exist: tune, then save the choices there */
 #ifdef ULTRASCALE_NCCL
     us_comm nccl;
     int have_nccl;
@@ -506,6 +514,35 @@ static void rank_begin(rank_state *s, us_comm *comm, opts *o) {
     }
 }
 
+#ifdef US_CUDA
+/* --gemm-tune-file PATH: the choices of an earlier tuned run read from PATH (no tuning in this
+   run: runs that read the same file take the same algorithms and give the same bits; the run
+   that tuned differs in its first steps, which took the candidates in turn), or, where PATH does not
+   exist yet, this run tunes as --gemm-tune and saves its choices there. Past rank 0 of several
+   GPU processes, each rank has its own file, PATH.rankN (their GEMM shapes can differ). */
+static us_result rank_tune_file(rank_state *s) {
+    char err[512];
+    opts *o = s->o;
+    if (o->world > 1 && o->rank > 0)
+        snprintf(s->tune_path, sizeof s->tune_path, "%s.rank%d", o->gemm_tune_file, o->rank);
+    else
+        snprintf(s->tune_path, sizeof s->tune_path, "%s", o->gemm_tune_file);
+    if (access(s->tune_path, F_OK) != 0) {
+        s->tune_save = 1;
+        o->gemm_tune = 1;
+        return US_OK;
+    }
+    o->gemm_tune = 0;
+    if (us_cuda_gemm_tune_load(&s->ops, s->tune_path, err, sizeof err) != US_OK) {
+        fprintf(stderr, "train: rank %d: --gemm-tune-file: %s\n", o->rank, err);
+        return US_ERR_FORMAT;
+    }
+    if (o->rank == 0 && !o->quiet)
+        printf("gemm-tune: cuBLASLt's algorithms read from %s (no tuning)\n", s->tune_path);
+    return US_OK;
+}
+#endif
+
 /* CUDA: the GPU's ops, and NCCL over the world when there is one process per GPU. */
 static us_result rank_open_device(rank_state *s) {
 #ifdef US_CUDA
@@ -518,6 +555,10 @@ static us_result rank_open_device(rank_state *s) {
     }
     us_cuda_describe(&s->ops, s->devname, sizeof s->devname);
     s->opsp = &s->ops;
+    if (o->gemm_tune_file && rank_tune_file(s) != US_OK) {
+        us_cuda_ops_free(&s->ops);
+        return US_ERR_FORMAT;
+    }
 #ifdef ULTRASCALE_NCCL
     if (o->world > 1) { /* NCCL ordered against the ops' stream */
         if (us_nccl_init(&s->nccl, &s->ops, us_cuda_stream(&s->ops), o->rank, o->world, NULL,
@@ -994,10 +1035,15 @@ static void rank_gemm_tune(rank_state *s, int k, int before) {
     if (!s->o->gemm_tune || !s->o->use_cuda) return;
     if (before && k == 0) us_cuda_gemm_tune(&s->ops, 1);
     if (!before && k == GEMM_TUNE_STEPS - 1) {
+        char err[512];
         int n = us_cuda_gemm_tune(&s->ops, 0);
         if (s->loud)
             printf("gemm-tune: %d GEMM shapes took another algorithm after %d steps\n", n,
                    GEMM_TUNE_STEPS);
+        if (s->tune_save && us_cuda_gemm_tune_save(&s->ops, s->tune_path, err, sizeof err) != US_OK)
+            fprintf(stderr, "train: rank %d: --gemm-tune-file: %s\n", s->rank, err);
+        else if (s->tune_save && s->loud)
+            printf("gemm-tune: the choices saved to %s\n", s->tune_path);
     }
 #else
     (void)s, (void)k, (void)before;
@@ -1782,6 +1828,8 @@ static int parse_output(cli *c, const char *f, const char *v, int *ok) {
         o->tok_path = v;
     else if (!strcmp(f, "--save"))
         o->save_dir = v;
+    else if (!strcmp(f, "--gemm-tune-file"))
+        o->gemm_tune_file = v;
     else if (!strcmp(f, "--save-every"))
         *ok = parse_int(v, 1, 1 << 30, &o->save_every);
     else if (!strcmp(f, "--keep"))
@@ -1958,8 +2006,9 @@ static int check_nproc(cli *c) {
                 "train: --nproc starts one process per GPU; on the CPU use --dp N (threads)\n");
         return 2;
     }
-    if (c->o.gemm_tune && !c->o.use_cuda) {
-        fprintf(stderr, "train: --gemm-tune times cuBLASLt's algorithms: it needs --device cuda\n");
+    if ((c->o.gemm_tune || c->o.gemm_tune_file) && !c->o.use_cuda) {
+        fprintf(stderr, "train: %s times cuBLASLt's algorithms: it needs --device cuda\n",
+                c->o.gemm_tune_file ? "--gemm-tune-file" : "--gemm-tune");
         return 2;
     }
     if (!nproc) return GO_ON;

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static us_ops G, Ccpu; /* the GPU ops and the CPU reference ops */
 
@@ -186,6 +187,178 @@ static void test_gemm_tune(void) {
     free(hA);
     free(hW);
     free(hY);
+}
+
+/* a text file's bytes (NULL if unreadable), its length in *n */
+static char *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    char *s;
+    if (!f) return NULL;
+    s = (char *)malloc(1 << 20);
+    *n = fread(s, 1, (1 << 20) - 1, f);
+    s[*n] = 0;
+    fclose(f);
+    return s;
+}
+
+static void spit(const char *path, const char *s) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return;
+    fputs(s, f);
+    fclose(f);
+}
+
+/* three GEMMs through ops o (tuned or loaded): y = x·Wᵀ (bf16), dW += yᵀ·x (fp32, beta 1) and
+   y2 = res + x·Wᵀ; y's bits into hy */
+static void tune_file_gemms(us_ops *o, const void *x, const void *w, void *y, float *dw, void *y2,
+                            int64_t M, int64_t N, int64_t K, void *hy) {
+    o->gemm(o, 0, 1, M, N, K, 1, x, US_BF16, K, w, US_BF16, K, 0, y, US_BF16, N);
+    o->gemm(o, 1, 0, N, K, M, 1, y, US_BF16, N, x, US_BF16, K, 1, dw, US_F32, K);
+    o->gemm_res(o, M, N, K, x, w, y, y2, US_BF16);
+    if (hy) o->copy(o, hy, y, (size_t)(M * N) * 2, US_COPY_D2H);
+}
+
+/* us_cuda_gemm_tune_save / _load: ops A tune three GEMM shapes and save their choices; ops B load
+   them before making any plan, and then make every plan with A's algorithm (the same result
+   bits; tuned again, none changes; the same file saved again); a file of another
+   GPU, cuBLASLt or workspace, a torn or extended one, a line with junk, and a missing file are
+   refused, each with its sentence; an algorithm cuBLASLt refuses is reported when its plan is
+   made */
+static void test_gemm_tune_file(void) {
+    const int64_t M = 1024, N = 768, K = 512;
+    char path[96], path2[96], bad[104], err[256];
+    us_ops A, B, X;
+    float *fx = rnd_f32(M * K, 1), *fw = rnd_f32(N * K, 1);
+    void *hx = as_dt(fx, M * K, US_BF16), *hw = as_dt(fw, N * K, US_BF16);
+    void *ya = malloc((size_t)(M * N) * 2), *yb = malloc((size_t)(M * N) * 2);
+    char *text, *t2;
+    size_t n, n2;
+    int r, i;
+    snprintf(path, sizeof path, "/tmp/us_tune_%d.txt", (int)getpid());
+    snprintf(path2, sizeof path2, "/tmp/us_tune_%d_b.txt", (int)getpid());
+    snprintf(bad, sizeof bad, "%s.bad", path);
+    if (us_cuda_ops(&A, 0, err, sizeof err) != US_OK ||
+        us_cuda_ops(&B, 0, err, sizeof err) != US_OK) {
+        CHECK(0, "gemm-tune file: ops: %s", err);
+        return;
+    }
+    {
+        void *xa = A.alloc(&A, (size_t)(M * K) * 2), *wa = A.alloc(&A, (size_t)(N * K) * 2);
+        void *y = A.alloc(&A, (size_t)(M * N) * 2), *y2 = A.alloc(&A, (size_t)(M * N) * 2);
+        float *dw = (float *)A.alloc(&A, (size_t)(N * K) * 4);
+        void *xb = B.alloc(&B, (size_t)(M * K) * 2), *wb = B.alloc(&B, (size_t)(N * K) * 2);
+        void *yB = B.alloc(&B, (size_t)(M * N) * 2), *y2B = B.alloc(&B, (size_t)(M * N) * 2);
+        float *dwB = (float *)B.alloc(&B, (size_t)(N * K) * 4);
+        A.copy(&A, xa, hx, (size_t)(M * K) * 2, US_COPY_H2D);
+        A.copy(&A, wa, hw, (size_t)(N * K) * 2, US_COPY_H2D);
+        B.copy(&B, xb, hx, (size_t)(M * K) * 2, US_COPY_H2D);
+        B.copy(&B, wb, hw, (size_t)(N * K) * 2, US_COPY_H2D);
+        us_cuda_gemm_tune(&A, 1);
+        for (r = 0; r < 10; r++) tune_file_gemms(&A, xa, wa, y, dw, y2, M, N, K, NULL);
+        us_cuda_gemm_tune(&A, 0);
+        CHECK(us_cuda_gemm_tune_save(&A, path, err, sizeof err) == US_OK, "tune file saved (%s)",
+              err);
+        CHECK(us_cuda_gemm_tune_load(&B, path, err, sizeof err) == US_OK, "tune file loaded (%s)",
+              err);
+        tune_file_gemms(&A, xa, wa, y, dw, y2, M, N, K, ya);
+        tune_file_gemms(&B, xb, wb, yB, dwB, y2B, M, N, K, yb);
+        CHECK(!memcmp(ya, yb, (size_t)(M * N) * 2), "loaded: y = x·Wᵀ the tuned run's bits");
+        /* B's plans, tuned again: none changes (a loaded plan is never timed), and B saves the
+           same file: the same 3 plans, each with A's algorithm byte for byte */
+        us_cuda_gemm_tune(&B, 1);
+        for (r = 0; r < 10; r++) tune_file_gemms(&B, xb, wb, yB, dwB, y2B, M, N, K, NULL);
+        CHECK(us_cuda_gemm_tune(&B, 0) == 0, "loaded plans are not tuned again");
+        CHECK(us_cuda_gemm_tune_save(&B, path2, err, sizeof err) == US_OK, "saved again (%s)", err);
+        text = slurp(path, &n);
+        t2 = slurp(path2, &n2);
+        CHECK(text && t2 && n == n2 && !memcmp(text, t2, n) && strstr(text, "\nplans 3\n"),
+              "saved again: the same file, 3 plans");
+        CHECK(!A.error(&A) && !B.error(&B), "no CUDA error (%s)",
+              A.error(&A)   ? A.error(&A)
+              : B.error(&B) ? B.error(&B)
+                            : "");
+        A.free(&A, xa), A.free(&A, wa), A.free(&A, y), A.free(&A, y2), A.free(&A, dw);
+        B.free(&B, xb), B.free(&B, wb), B.free(&B, yB), B.free(&B, y2B), B.free(&B, dwB);
+    }
+    if (text) { /* refusals: each edit of the good file, loaded into fresh ops */
+
+        static const struct {
+            const char *from, *to, *says;
+        } edits[] = {
+            {"ultrascale gemm-tune 1", "ultrascale gemm-tune 2", "not an ultrascale gemm-tune"},
+            {"cublaslt ", "cublaslt 1", "written with cuBLASLt"},
+            {"device ", "device X", "written for the GPU"},
+            {"workspace ", "workspace 1", "workspace of"},
+            {"plans 3", "plans 4", "fewer plans"},
+            {"plans 3", "plans 2", "a plan line"},
+            {"\ngemm 0 1", "\ngemm 0 7", "a plan line"},
+            {"\ngemm 1 0", "\nmatmul 1 0", "a plan line"},
+        };
+
+        int e;
+        for (e = 0; e < (int)(sizeof edits / sizeof edits[0]); e++) {
+            const char *at = strstr(text, edits[e].from);
+            char *s = (char *)malloc(n + 64);
+            us_result res;
+            if (!at) {
+                CHECK(0, "tune file holds %s", edits[e].from);
+                free(s);
+                continue;
+            }
+            memcpy(s, text, (size_t)(at - text));
+            strcpy(s + (at - text), edits[e].to);
+            strcat(s, at + strlen(edits[e].from));
+            spit(bad, s);
+            if (us_cuda_ops(&X, 0, err, sizeof err) != US_OK) break;
+            err[0] = 0;
+            res = us_cuda_gemm_tune_load(&X, bad, err, sizeof err);
+            CHECK(res == US_ERR_FORMAT && strstr(err, edits[e].says),
+                  "tune file %s -> %s: refused (%s)", edits[e].from, edits[e].to, err);
+            us_cuda_ops_free(&X);
+            free(s);
+        }
+        {
+            spit(bad, text);
+            FILE *f = fopen(bad, "ab");
+            if (f) fputs("gemm\n", f), fclose(f);
+            if (us_cuda_ops(&X, 0, err, sizeof err) == US_OK) {
+                CHECK(us_cuda_gemm_tune_load(&X, bad, err, sizeof err) == US_ERR_FORMAT,
+                      "tune file with a line past its plans: refused (%s)", err);
+                CHECK(us_cuda_gemm_tune_load(&X, "/nonexistent/us_tune.txt", err, sizeof err) ==
+                          US_ERR_IO,
+                      "no tune file: US_ERR_IO (%s)", err);
+                us_cuda_ops_free(&X);
+            }
+            /* an algorithm cuBLASLt refuses: every word of the first plan's set */
+            char *s = (char *)malloc(n + 1), *p0 = strstr(text, "\ngemm ");
+            memcpy(s, text, n + 1);
+            if (p0) {
+                char *eol = strchr(s + (p0 - text) + 1, '\n'), *h = eol;
+                for (i = 0; i < 8 && h; i++) { /* the 8 hex words end the line */
+                    h -= 16;
+                    memset(h, 'f', 16);
+                    h--;
+                }
+            }
+            spit(bad, s);
+            free(s);
+            if (us_cuda_ops(&X, 0, err, sizeof err) == US_OK) {
+                void *x = X.alloc(&X, (size_t)(M * K) * 2), *w = X.alloc(&X, (size_t)(N * K) * 2);
+                void *y = X.alloc(&X, (size_t)(M * N) * 2);
+                CHECK(us_cuda_gemm_tune_load(&X, bad, err, sizeof err) == US_OK,
+                      "a tune file with a bad algorithm loads (%s)", err);
+                X.gemm(&X, 0, 1, M, N, K, 1, x, US_BF16, K, w, US_BF16, K, 0, y, US_BF16, N);
+                CHECK(X.error(&X) && strstr(X.error(&X), "refuses"),
+                      "   its plan says cuBLASLt refuses the algorithm (%s)",
+                      X.error(&X) ? X.error(&X) : "no error");
+                us_cuda_ops_free(&X);
+            }
+        }
+    }
+    remove(path), remove(path2), remove(bad);
+    free(text), free(t2), free(fx), free(fw), free(hx), free(hw), free(ya), free(yb);
+    us_cuda_ops_free(&A);
+    us_cuda_ops_free(&B);
 }
 
 /* Shapes pick the kernels' paths: multiples of 8 take the 16-byte vector kernels, odd sizes
@@ -1928,6 +2101,7 @@ int main(int argc, char **argv) {
         return us_test_done("test_cuda --fp8");
     }
     test_gemm_tune();
+    test_gemm_tune_file();
     test_attention_shapes();
     if (argc > 1 && !strcmp(argv[argc - 1], "--attention")) { /* the attention cases alone */
         us_cuda_ops_free(&G);
