@@ -100,8 +100,9 @@ US_API void us_cuda_grouped_kernel(us_ops *ops, int path);
    candidates so far (0 when tuning starts). */
 US_API int us_cuda_gemm_tune(us_ops *ops, int on);
 /* The algorithm of every GEMM plan (tuned or the heuristic's) saved to a text file, and read back
-   in other runs, which then take the same algorithms and give the same bits as one another (the
-   run that tuned took the candidates in turn while tuning): after us_cuda_gemm_tune_load,
+   in other runs, which then take the same algorithms, and whose GEMMs give the same bits as one
+   another's (the run that tuned took the candidates in turn while tuning; the embedding
+   backward's fp32 atomics still vary a GPU training run's last bits): after us_cuda_gemm_tune_load,
    each plan whose shape the file names takes the file's algorithm when it is made (and is never
    timed again); other plans take the heuristic's as always. The file names the cuBLASLt version,
    the GPU and the workspace it was written for, and load refuses a file of another (the

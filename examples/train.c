@@ -127,7 +127,8 @@ static const char *const usage_text[] = {
     "run\n"
     "                    to run, and with it the last bits of the results, hence off by default\n"
     "  --gemm-tune-file F  (cuda) read those choices from F (no tuning; runs that read the same\n"
-    "                    F take the same algorithms and give the same bits), or, where F does\n"
+    "                    F take the same algorithms: their GEMMs give the same bits), or, where F "
+    "does\n"
     "                    not exist, tune as --gemm-tune and save them to F; refused if F was\n"
     "                    written for another GPU or cuBLASLt (GPU processes: F.rankN past rank "
     "0)\n",
@@ -516,8 +517,9 @@ static void rank_begin(rank_state *s, us_comm *comm, opts *o) {
 
 #ifdef US_CUDA
 /* --gemm-tune-file PATH: the choices of an earlier tuned run read from PATH (no tuning in this
-   run: runs that read the same file take the same algorithms and give the same bits; the run
-   that tuned differs in its first steps, which took the candidates in turn), or, where PATH does not
+   run: runs that read the same file take the same algorithms, and their GEMMs give the same
+   bits; the run that tuned differs in its first steps, which took the candidates in turn), or,
+   where PATH does not
    exist yet, this run tunes as --gemm-tune and saves its choices there. Past rank 0 of several
    GPU processes, each rank has its own file, PATH.rankN (their GEMM shapes can differ). */
 static us_result rank_tune_file(rank_state *s) {

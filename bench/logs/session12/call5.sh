@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# session 12, call 5: s12d = the final rule (one band while each pair has 4 CTAs at work, else
+# session 12, call 5: s12d = the final rule (test_cuda also with the GEMM tune file) (one band while each pair has 4 CTAs at work, else
 # bands of a sixth as many pairs as CTAs): test_cuda, then bench_cuda --attention at multi-head
 # and GQA shapes, T 1k-8k (us-hop1b: one band), and SDPA's cuDNN backend at the same shapes; then
 # bench/attn_ab.py: ours (libus_attn.so) and cuDNN in one process, rep by rep
