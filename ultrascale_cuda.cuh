@@ -140,6 +140,7 @@ US_API void *us_cuda_stream(const us_ops *ops);
 // >>cuda-core  device memory, one stream, error recording
 /* ------------------------------------------------------------------------------------ */
 #define US__CUDA_PLANS 256
+#define US__FP8_PLANS 64 /* FP8 GEMM plans cached (// >>cuda-fp8) */
 
 #define US__TUNE_CANDS 8    /* cuBLASLt candidates a tuned plan tries (us_cuda_gemm_tune) */
 #define US__TUNE_SAMPLES 64 /* timed calls a plan keeps while tuning */
@@ -174,7 +175,8 @@ typedef struct us__cuda {
     size_t ws_bytes;
     us__gemm_plan plans[US__CUDA_PLANS];
     int nplans;
-    us__gemm_plan fp8_plans[64]; /* FP8 GEMM plans (// >>cuda-fp8); adt/bdt hold the two tilings */
+    us__gemm_plan
+        fp8_plans[US__FP8_PLANS]; /* FP8 GEMM plans (// >>cuda-fp8); adt/bdt hold the two tilings */
     int nfp8;
     unsigned *fp8_amax; /* per-tensor amax slot (// >>cuda-fp8) */
     unsigned gg_smem;   /* grouped GEMM kernels given their shared memory (// >>cuda-grouped) */
@@ -576,14 +578,14 @@ static int us__tune_same(const us__tune_rec *r, const us__gemm_plan *p, int kind
 /* the GPU as the file names it: its name with '_' for blanks, then its SM count */
 static void us__tune_device(const us__cuda *c, char *buf, size_t n) {
     struct cudaDeviceProp prop;
-    size_t i;
+    char *ch;
     if (cudaGetDeviceProperties(&prop, c->device) != cudaSuccess) {
         cudaGetLastError();
         snprintf(prop.name, sizeof prop.name, "unknown");
     }
+    for (ch = prop.name; *ch; ch++)
+        if (*ch == ' ') *ch = '_';
     snprintf(buf, n, "%s %d", prop.name, c->n_sm);
-    for (i = 0; buf[i] && i < strlen(prop.name); i++)
-        if (buf[i] == ' ') buf[i] = '_';
 }
 
 /* plan p (of kind) takes the loaded file's algorithm for its shape, if the file names one: 0 when
@@ -682,7 +684,7 @@ static int us__tune_parse(const char *line, us__tune_rec *r) {
 
 US_API us_result us_cuda_gemm_tune_load(us_ops *o, const char *path, char *err, size_t errlen) {
     us__cuda *c = us__cu(o);
-    char line[512], dev[512], want[300];
+    char line[512], want[300];
     us__tune_rec *recs = NULL;
     FILE *f;
     size_t ver = 0, ws = 0;
@@ -719,9 +721,8 @@ US_API us_result us_cuda_gemm_tune_load(us_ops *o, const char *path, char *err, 
             goto out;
         }
         if (ln == 3 && (strncmp(line, "device ", 7) || strcmp(line + 7, want))) {
-            snprintf(dev, sizeof dev, "%s", strncmp(line, "device ", 7) ? line : line + 7);
             us__errf(err, errlen, "%s was written for the GPU %s, this is %s: tune again", path,
-                     dev, want);
+                     strncmp(line, "device ", 7) ? line : line + 7, want);
             goto out;
         }
         if (ln == 4 && (sscanf(line, "workspace %zu%n", &ws, &k) != 1 || line[k])) {
@@ -736,7 +737,7 @@ US_API us_result us_cuda_gemm_tune_load(us_ops *o, const char *path, char *err, 
         }
         if (ln == 5) {
             if (sscanf(line, "plans %d%n", &nrec, &k) != 1 || line[k] || nrec < 0 ||
-                nrec > US__CUDA_PLANS + 64) {
+                nrec > US__CUDA_PLANS + US__FP8_PLANS) {
                 bad = 1;
                 break;
             }
@@ -4024,6 +4025,23 @@ static __device__ __forceinline__ int us__hop_snake(int i, int j, int G) {
     return j * G + ((j & 1) ? G - 1 - i : i);
 }
 
+/* Item u of an order in bands (us__hop_qtile_of, us__hop_kblock_of): the (batch, kv head) pairs
+   in bands of P (the last band may have fewer), and within a band, depth 0 of every pair's units
+   (units: heads of a group, or 1), then depth 1, ...; a pair's units consecutive. Returns the
+   depth, the pair and the unit. */
+struct us__hop_banded {
+    int r, pair, unit;
+};
+
+static __device__ __forceinline__ us__hop_banded us__hop_band_at(int u, int pairs, int P, int units,
+                                                                 int depth) {
+    const int per = P * units * depth;            /* the items of a full band */
+    const int band = u / per, w = u - band * per; /* item w of this band */
+    const int pc = min(P, pairs - band * P);      /* the band's pairs */
+    const int r = w / (pc * units), x = w - r * (pc * units);
+    return {r, band * P + x / units, x % units};
+}
+
 /* Query tile u (of BR rows) of the causal forward and dQ kernels. The (batch, kv head) pairs go
    in bands of P (us__hop_band), and each band's tiles longest first: the last query block of
    every head of the band's pairs, then the one before, ...; a group's heads fastest, so that
@@ -4038,12 +4056,9 @@ struct us__hop_qtile {
 static __device__ __forceinline__ us__hop_qtile us__hop_qtile_of(int u, int nqb, int BR, int NH,
                                                                  int B, int NKV, int P) {
     const int grp = NH / NKV;
-    const int per = P * grp * nqb;                /* the tiles of a full band */
-    const int band = u / per, w = u - band * per; /* tile w of this band */
-    const int pc = min(P, B * NKV - band * P);    /* the band's pairs (the last may have fewer) */
-    const int r = w / (pc * grp), x = w - r * (pc * grp);
-    const int pair = band * P + x / grp, g = pair % NKV;
-    return {(nqb - 1 - r) * BR, g * grp + x % grp, pair / NKV, g};
+    const us__hop_banded a = us__hop_band_at(u, B * NKV, P, grp, nqb); /* depth: from the last */
+    const int g = a.pair % NKV;
+    return {(nqb - 1 - a.r) * BR, g * grp + a.unit, a.pair / NKV, g};
 }
 
 /* The dK/dV kernel's key block (a CTA of the grid NKV × B × key blocks, numbered in launch order):
@@ -4055,12 +4070,10 @@ struct us__hop_kblock {
 };
 
 static __device__ __forceinline__ us__hop_kblock us__hop_kblock_of(int P) {
-    const int NKV = gridDim.x, pairs = gridDim.x * gridDim.y, nkb = gridDim.z;
+    const int NKV = gridDim.x;
     const int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-    const int band = lin / (P * nkb), w = lin - band * P * nkb;
-    const int pc = min(P, pairs - band * P);
-    const int pair = band * P + w % pc;
-    return {pair % NKV, pair / NKV, w / pc};
+    const us__hop_banded a = us__hop_band_at(lin, NKV * gridDim.y, P, 1, gridDim.z);
+    return {a.pair % NKV, a.pair / NKV, a.r};
 }
 
 /* This CTA's walk over the U causal query tiles of BR rows (nqb of them per head and batch; G
@@ -8890,9 +8903,9 @@ static void us__cuda_fp8_gemm(us_ops *o, int64_t M, int64_t N, int64_t K, float 
         cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
         cublasLtMatmulMatrixScale_t ma = us__fp8_mode(tb), mb = us__fp8_mode(ta);
         cublasLtMatmulHeuristicResult_t heur;
-        if (c->nfp8 == 64) { /* full: recycle the oldest */
+        if (c->nfp8 == US__FP8_PLANS) { /* full: recycle the oldest */
             us__lt_plan_free(&c->fp8_plans[0]);
-            memmove(c->fp8_plans, c->fp8_plans + 1, sizeof(us__gemm_plan) * 63);
+            memmove(c->fp8_plans, c->fp8_plans + 1, sizeof(us__gemm_plan) * (US__FP8_PLANS - 1));
             c->nfp8--;
         }
         p = &c->fp8_plans[c->nfp8];
