@@ -251,6 +251,14 @@ $(B)/rmsnorm_emu: tests/emu/rmsnorm_emu.cpp tests/emu/us_cuda_emu.h tests/emu/ex
 rmsnorm-emu: $(B)/rmsnorm_emu
 	ASAN_OPTIONS=detect_stack_use_after_return=0 ./$(B)/rmsnorm_emu
 
+# the embedding backward's kernel (each id's sorted run added in token order) the same way, fed a
+# stable sort made on the host, against the CPU's embedding_bwd, bit for bit
+$(B)/embed_emu: tests/emu/embed_emu.cpp tests/emu/us_cuda_emu.h tests/emu/extract_embed.py tests/emu/extract_common.py tests/us_test.h $(HDR) ultrascale_cuda.cuh | $(B)
+	python3 tests/emu/extract_embed.py ultrascale_cuda.cuh $(B)/embed_kernel_emu.h
+	$(CXX) -std=c++17 -O1 -g -fsanitize=address -fno-omit-frame-pointer $(OPENMP) -w -I$(CUDA_HOME)/include -I$(B) $< -o $@ $(LDLIBS)
+embed-emu: $(B)/embed_emu
+	ASAN_OPTIONS=detect_stack_use_after_return=0 ./$(B)/embed_emu
+
 # the Hopper attention kernels' tile order (bands of (batch, kv head) pairs) on the CPU: every
 # query tile and key block once, in order, at every band width (a step of make test; < 1 s)
 $(B)/band_emu: tests/emu/band_emu.cpp tests/emu/us_cuda_emu.h tests/emu/extract_band.py tests/emu/extract_common.py tests/us_test.h ultrascale_cuda.cuh | $(B)
@@ -322,7 +330,7 @@ format:
 	@[ -n "$(CLANG_FORMAT)" ] || { echo "make format: needs clang-format 14 (apt-get install clang-format-14)"; exit 1; }
 	$(CLANG_FORMAT) -i $(FORMAT_SRC)
 
-.PHONY: all train train-cuda test test-builds bench clean flash-emu grouped-emu fp8-emu fp8-block-emu rmsnorm-emu fuzz format figures-check FORCE
+.PHONY: all train train-cuda test test-builds bench clean flash-emu grouped-emu fp8-emu fp8-block-emu rmsnorm-emu embed-emu fuzz format figures-check FORCE
 
 # ---- GPU benchmarks (run on the GPU machine; see bench/run_gpu.sh)
 $(B)/bench_cuda: bench/bench_cuda.cu $(HDR) ultrascale_cuda.cuh $(NVSTAMP) | $(B)

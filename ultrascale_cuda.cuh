@@ -132,6 +132,8 @@ US_API void *us_cuda_stream(const us_ops *ops);
 #include <stdio.h>
 #include <string.h>
 
+#include <cub/device/device_radix_sort.cuh>
+
 /* US__CUDA_FLASH_ONLY (defined by tests/flash_test.cu) compiles // >>cuda-flash alone: that test
    calls the mma.sync kernels with their internal tilings, and every other chapter's kernels
    compiled for it too would be most of its build time (make test builds it wherever nvcc is). */
@@ -994,8 +996,11 @@ static void us__cuda_cast(us_ops *o, void *dst, us_dtype ddt, const void *src, u
     US__LAUNCHED(o);
 }
 
-/* Embedding: one block per token row. The backward adds rows with fp32 atomics (fast; the
-   order of additions, and so the last bits, can vary between runs).
+/* Embedding: one block per token row. The backward adds each vocabulary row's tokens in token
+   order, as the CPU does, so two runs (and the CPU) give the same bits: the tokens are sorted by
+   id, stably (CUB's radix sort: the same id keeps its order), and the first position of each
+   id's run adds that run's rows into its row of dwte. fp32 atomics, one add per token, let the
+   order, and so the last bits of a whole training run, vary from run to run.
    tok i32 [N]; wte [V, C]; out, dout [N, C]; dwte f32 [V, C] += */
 template <typename T>
 __global__ void us__k_embedding_fwd(T *out, const int32_t *tok, const T *wte, int64_t C) {
@@ -1008,12 +1013,31 @@ __global__ void us__k_embedding_fwd(T *out, const int32_t *tok, const T *wte, in
     for (c = threadIdx.x; c < C; c += blockDim.x) out[n * C + c] = row[c];
 }
 
+/* idx[n] = n: the values CUB's sort carries beside the token ids */
+__global__ void us__k_iota(int32_t *idx, int64_t N) {
+    const int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (n < N) idx[n] = (int32_t)n;
+}
+
+/* one block per (sorted position i, 256 columns); the first position of each id's run
+   (key[i] ≠ key[i−1]) adds the run's dout rows, in token order (idx ascending within a run), into
+   the id's row of dwte: one column per thread, so a frequent id's long run is as many loads per
+   thread as it has tokens, issued eight ahead (the adds stay in order). key: the ids sorted; idx:
+   their token positions. A negative id is another rank's token: skipped. */
 template <typename T>
-__global__ void us__k_embedding_bwd(float *dwte, const T *dout, const int32_t *tok, int64_t C) {
-    int64_t n = blockIdx.x, c;
-    float *row = dwte + (int64_t)tok[n] * C;
-    if (tok[n] < 0) return;
-    for (c = threadIdx.x; c < C; c += blockDim.x) atomicAdd(row + c, us__ld(dout, n * C + c));
+__global__ void us__k_embedding_bwd(float *dwte, const T *dout, const int32_t *key,
+                                    const int32_t *idx, int64_t N, int64_t C) {
+    const int64_t i = blockIdx.x;
+    const int64_t c = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
+    const int32_t v = key[i];
+    int64_t j, e;
+    if (v < 0 || (i > 0 && key[i - 1] == v) || c >= C) return;
+    for (e = i + 1; e < N && key[e] == v; e++) {
+    } /* the run is key[i .. e) */
+    float s = dwte[(int64_t)v * C + c];
+#pragma unroll 8
+    for (j = i; j < e; j++) s += us__ld(dout, (int64_t)idx[j] * C + c);
+    dwte[(int64_t)v * C + c] = s;
 }
 
 static void us__cuda_embedding_fwd(us_ops *o, void *out, const int32_t *tok, const void *wte,
@@ -1025,9 +1049,28 @@ static void us__cuda_embedding_fwd(us_ops *o, void *out, const int32_t *tok, con
 
 static void us__cuda_embedding_bwd(us_ops *o, float *dwte, const void *dout, const int32_t *tok,
                                    int64_t N, int64_t C, us_dtype dt) {
-    US__DISPATCH(o, dt,
-                 (us__k_embedding_bwd<T_>
-                  <<<(unsigned)N, 256, 0, us__cu(o)->stream>>>(dwte, (const T_ *)dout, tok, C)));
+    cudaStream_t st = us__cu(o)->stream;
+    size_t tmp = 0, ints = ((size_t)N * 4 + 255) / 256 * 256;
+    char *sc;
+    int32_t *key, *idx0, *idx;
+    if (N <= 0 || C <= 0) return;
+    if (N > INT_MAX) {
+        us__cuda_fail(o, "embedding_bwd", "more than 2^31 tokens", __FILE__, __LINE__);
+        return;
+    }
+    US__CU(o, cub::DeviceRadixSort::SortPairs(NULL, tmp, tok, (int32_t *)NULL, (int32_t *)NULL,
+                                              (int32_t *)NULL, (int)N, 0, 32, st));
+    if (!(sc = (char *)us__cuda_scratch(o, 3 * ints + tmp))) return; /* the failure is recorded */
+    key = (int32_t *)sc;                                             /* [N] ids, sorted */
+    idx0 = (int32_t *)(sc + ints);                                   /* [N] 0..N−1 */
+    idx = (int32_t *)(sc + 2 * ints);                                /* [N] positions, sorted */
+    us__k_iota<<<us__blocks(N, 256), 256, 0, st>>>(idx0, N);
+    US__CU(o, cub::DeviceRadixSort::SortPairs(sc + 3 * ints, tmp, tok, key, idx0, idx, (int)N, 0,
+                                              32, st));
+    US__DISPATCH(
+        o, dt,
+        (us__k_embedding_bwd<T_><<<dim3((unsigned)N, (unsigned)((C + 255) / 256)), 256, 0, st>>>(
+            dwte, (const T_ *)dout, key, idx, N, C)));
 }
 
 /* RMSNorm: one block per row; sums in fp32 (the CPU reference sums in double: ≤ 1 ulp apart).

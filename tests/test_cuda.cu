@@ -443,8 +443,14 @@ static void test_ops(us_dtype dt, int64_t NH, int64_t NKV, int64_t HS, int64_t F
         Ccpu.embedding_bwd(&Ccpu, (float *)bd.h, hdy, (int32_t *)bt.h, N, C, dt);
         {
             buf bdy = mk(hdy, N * C * a);
+            float *g = (float *)malloc((size_t)(V * C) * 4);
             G.embedding_bwd(&G, (float *)bd.d, bdy.d, (int32_t *)bt.d, N, C, dt);
             cmp("embedding bwd (dwte +=)", &bd, US_F32, V * C);
+            /* each row's tokens added in token order, as the CPU adds them: the same bits */
+            down(g, bd.d, (size_t)(V * C) * 4);
+            CHECK(!memcmp(g, bd.h, (size_t)(V * C) * 4), "embedding bwd: the CPU's bits, %s",
+                  us_dtype_name(dt));
+            free(g);
             fin(&bdy);
         }
         fin(&bt);
@@ -2062,6 +2068,10 @@ int main(int argc, char **argv) {
     test_ops(US_BF16, 3, 1, 10, 41, 301, 1003, 3);
     test_ops(US_F16, 4, 2, 16, 40, 304, 1000, 0);
     test_ops(US_F16, 3, 1, 10, 41, 301, 1003, 3);
+    if (argc > 1 && !strcmp(argv[argc - 1], "--ops")) { /* the op checks alone */
+        us_cuda_ops_free(&G);
+        return us_test_done("test_cuda --ops");
+    }
     /* --fp16-moe: the fp16 MoE twin run step by step with the Hopper attention kernels on, off,
        forward only and backward only (how the loss-scale note in test_training was found) */
     if (argc > 1 && !strcmp(argv[argc - 1], "--fp16-moe")) {
