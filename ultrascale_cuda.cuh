@@ -3253,9 +3253,10 @@ static void us__flash_bwd(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
                            S = Q·Kᵀ (both operands in shared memory), online softmax, O += P·V (P
                            in registers, V read transposed by the descriptor).
      us__hop_dot_kernel    D = rowsum(dO ∘ O) and lse·log2 e per query row (the preprocess).
-     us__hop_dkdv_kernel   one CTA per (64·NWG keys, kv head, batch), in bands of (batch, kv head)
-                           pairs as the query tiles (us__hop_kblock_of): every query head of the
-                           group × every 64-query tile at or after the diagonal streams by;
+     us__hop_dkdv_kernel   a persistent grid as the forward's over the blocks of (64·NWG keys,
+                           kv head, batch), heaviest first, in bands of (batch, kv head) pairs as
+                           the query tiles (us__hop_kblock_of); per block, every query head of the
+                           group × every query tile at or after the diagonal streams by;
                            Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, Pᵀ, dSᵀ, then dV += Pᵀ·dO, dK += dSᵀ·Q. Each key
                            has one owner, so dK and dV are summed in registers, no atomics.
      us__hop_dq_kernel     persistent as the forward, over tiles of (64·NWG queries, head,
@@ -3618,8 +3619,13 @@ struct us__hop_cfg {
     static constexpr int fwd_q_bytes = 64 * NWF * HSP * 2, fwd_kv_bytes = 2 * FS * BC * HSP * 2;
     static constexpr int QN = 2 * fwd_q_bytes + fwd_kv_bytes + 1024 + 32 * 8 <= 232448 ? 2 : 1;
     static constexpr int fwd_bytes = QN * fwd_q_bytes + fwd_kv_bytes;
-    /* dK/dV: K, V [64·NWG][HSP]; per stage Q, dO [BQ][HSP] and lse·log2 e, D [BQ] fp32 */
-    static constexpr int dkdv_bytes = 2 * 64 * NWG * HSP * 2 + BS * (2 * BQ * HSP * 2 + 2 * BQ * 4);
+    /* dK/dV: K, V [64·NWG][HSP]; per stage Q, dO [BQ][HSP] and lse·log2 e, D [BQ] fp32. The
+       persistent causal kernel keeps KVN K/V buffers: two where they fit (HS ≤ 128), so that the
+       next key block's K and V load while the consumers finish this block */
+    static constexpr int dkdv_kv_bytes = 2 * 64 * NWG * HSP * 2;
+    static constexpr int dkdv_bytes = dkdv_kv_bytes + BS * (2 * BQ * HSP * 2 + 2 * BQ * 4);
+    static constexpr int KVN = dkdv_bytes + dkdv_kv_bytes + 1024 + 32 * 8 <= 232448 ? 2 : 1;
+    static constexpr int dkdv_pers_bytes = dkdv_bytes + (KVN - 1) * dkdv_kv_bytes;
     /* dQ: Q, dO [QNQ][64·NWG][HSP] (two buffers of each where they fit: HS 64), per stage K, V
        [BKQ][HSP] */
     static constexpr int dq_q_bytes = 2 * 64 * NWG * HSP * 2, dq_kv_bytes = QS * 2 * BKQ * HSP * 2;
@@ -3641,7 +3647,7 @@ static constexpr size_t us__hop_smem(int bytes) { return (size_t)bytes + 1024 + 
 template <int H>
 static constexpr bool us__hop_fits(void) {
     using C = us__hop_cfg<H>;
-    return us__hop_smem(C::fwd_bytes) <= 232448 && us__hop_smem(C::dkdv_bytes) <= 232448 &&
+    return us__hop_smem(C::fwd_bytes) <= 232448 && us__hop_smem(C::dkdv_pers_bytes) <= 232448 &&
            us__hop_smem(C::dq_bytes) <= 232448 &&
            (!C::FUSED || us__hop_smem(C::fused_bytes) <= 232448);
 }
@@ -3703,22 +3709,25 @@ struct us__hop_ring {
     bool last = true;
 };
 
-/* dK/dV: K, V [64·NWG][HSP]; per stage Q, dO [BS][BQ][HSP], L2 and D [BS][BQ] fp32 and (POS,
-   the block kernel) the queries' positions [BS][BQ]; barriers [barKV][full BS][empty BS] */
-template <int HS, bool POS>
+/* dK/dV: K, V [KVN][64·NWG][HSP] (buffer i's K at sK + i·KVSTEP, its V KB after); per stage
+   Q, dO [BS][BQ][HSP], L2 and D [BS][BQ] fp32 and (POS, the block kernel) the queries' positions
+   [BS][BQ]; barriers [barKV KVN][full BS][empty BS][emptyKV KVN] (emptyKV: the persistent
+   kernel's consumers are done with a K/V buffer) */
+template <int HS, bool POS, int KVN = 1>
 struct us__hop_dkdv_smem {
     using C = us__hop_cfg<HS>;
     static constexpr int BQ = C::BQ, S = C::BS;
-    static constexpr int KB = 64 * C::NWG * C::HSP * 2, QB = BQ * C::HSP * 2;
+    static constexpr int KB = 64 * C::NWG * C::HSP * 2, QB = BQ * C::HSP * 2, KVSTEP = 2 * KB;
     unsigned char *sK, *sV, *sQ, *sdO;
     float *sL, *sD;
     int *sQp;
-    uint64_t *barKV, *full, *empty;
+    uint64_t *barKV, *full, *empty, *emptyKV;
 
     __device__ explicit us__hop_dkdv_smem(unsigned char *base)
-        : sK(base), sV(sK + KB), sQ(sV + KB), sdO(sQ + S * QB), sL((float *)(sdO + S * QB)),
-          sD(sL + S * BQ), sQp((int *)(sD + S * BQ)), barKV((uint64_t *)(sQp + (POS ? S * BQ : 0))),
-          full(barKV + 1), empty(full + S) {}
+        : sK(base), sV(sK + KB), sQ(sK + KVN * KVSTEP), sdO(sQ + S * QB),
+          sL((float *)(sdO + S * QB)), sD(sL + S * BQ), sQp((int *)(sD + S * BQ)),
+          barKV((uint64_t *)(sQp + (POS ? S * BQ : 0))), full(barKV + KVN), empty(full + S),
+          emptyKV(empty + S) {}
 };
 
 /* dQ: per Q buffer [QNQ] Q then dO [64·NWG][HSP] (buffer i at sQ + i·QSTEP); per stage K, V
@@ -4104,18 +4113,17 @@ static __device__ __forceinline__ us__hop_qtile us__hop_qtile_of(int u, int nqb,
     return {(nqb - 1 - a.r) * BR, g * grp + a.unit, a.pair / NKV, g};
 }
 
-/* The dK/dV kernel's key block (a CTA of the grid NKV × B × key blocks, numbered in launch order):
-   the (batch, kv head) pairs in bands of P as in us__hop_qtile_of, each band's key blocks
-   heaviest first (the first key block sees every query). Its CTAs stream the queries and dO of
-   their pair's heads, which a band's blocks then share in L2. */
+/* Key block u of the dK/dV kernel (of U = nkb key blocks × NKV × B, walked as the query tiles
+   by us__hop_snake): the (batch, kv head) pairs in bands of P as in us__hop_qtile_of, each band's
+   key blocks heaviest first (the first key block sees every query). Its CTAs stream the queries
+   and dO of their pair's heads, which a band's blocks then share in L2. */
 struct us__hop_kblock {
     int g, b, kb;
 };
 
-static __device__ __forceinline__ us__hop_kblock us__hop_kblock_of(int P) {
-    const int NKV = gridDim.x;
-    const int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-    const us__hop_banded a = us__hop_band_at(lin, NKV * gridDim.y, P, 1, gridDim.z);
+static __device__ __forceinline__ us__hop_kblock us__hop_kblock_of(int u, int NKV, int B, int nkb,
+                                                                   int P) {
+    const us__hop_banded a = us__hop_band_at(u, NKV * B, P, 1, nkb);
     return {a.pair % NKV, a.pair / NKV, a.r};
 }
 
@@ -4278,25 +4286,29 @@ static __device__ __forceinline__ void us__hop_bwd_next(int g, int grp, int qb0,
     }
 }
 
-/* The dK/dV kernel's copy thread: K and V of the CTA's keys once, then Q and dO of every
-   (head of the group, query tile at or after the diagonal) through the ring */
+/* The dK/dV kernel's copy thread for one key block: K and V of its keys into sK, sV (once the
+   consumers are done with what that buffer held: emptyKV's phase kvph, none when −1), then Q and
+   dO of every (head of the group, query tile at or after the diagonal) through the ring, whose
+   stages the CTA's earlier key blocks ran through base times (the persistent kernel) */
 template <int HS, bool LAST_FIRST>
 static __device__ __forceinline__ void
 us__hop_dkdv_produce(unsigned char *sK, unsigned char *sV, unsigned char *sQ, unsigned char *sdO,
                      uint64_t *barKV, uint64_t *full, uint64_t *empty, const CUtensorMap *mq,
                      const CUtensorMap *mdo, const CUtensorMap *mkv, int g, int b, int k0, int qb0,
-                     int grp, int per, int NH, int NKV) {
+                     int grp, int per, int NH, int NKV, int base = 0, uint64_t *emptyKV = nullptr,
+                     int kvph = -1) {
     using C = us__hop_cfg<HS>;
     constexpr int BK = 64 * C::NWG, BQ = C::BQ, S = C::BS;
     constexpr int KB = BK * C::HSP * 2, QB = BQ * C::HSP * 2;
+    if (kvph >= 0) us__mb_wait(emptyKV, kvph);
     us__mb_expect(barKV, 2 * KB);
     us__tma_tile<HS, BK>(sK, mkv, (NH + g) * HS, k0, b, barKV);
     us__tma_tile<HS, BK>(sV, mkv, (NH + NKV + g) * HS, k0, b, barKV);
     int h, qb;
     us__hop_bwd_first<LAST_FIRST>(g, grp, qb0, per, h, qb);
     for (int it = 0; it < grp * per; it++, us__hop_bwd_next<LAST_FIRST>(g, grp, qb0, per, h, qb)) {
-        const int s = it % S, q0 = qb * BQ;
-        if (it >= S) us__mb_wait(empty + s, ((it / S) - 1) & 1);
+        const int r = base + it, s = r % S, q0 = qb * BQ;
+        if (r >= S) us__mb_wait(empty + s, ((r / S) - 1) & 1);
         us__mb_expect(full + s, 2 * QB);
         us__tma_tile<HS, BQ>(sQ + s * QB, mq, h * HS, q0, b, full + s);
         us__tma_tile<HS, BQ>(sdO + s * QB, mdo, h * HS, q0, b, full + s);
@@ -4304,18 +4316,19 @@ us__hop_dkdv_produce(unsigned char *sK, unsigned char *sV, unsigned char *sQ, un
 }
 
 /* The dK/dV kernel's warp 1: L2 = lse·log2 e and D of each stage's queries into shared memory
-   (queries past T: L2 = +inf makes P 0), then an arrival on the stage's "full" barrier */
+   (queries past T: L2 = +inf makes P 0), then an arrival on the stage's "full" barrier; base as
+   us__hop_dkdv_produce's */
 template <int HS, bool LAST_FIRST>
 static __device__ __forceinline__ void
 us__hop_dkdv_rows(float *sL, float *sD, uint64_t *full, uint64_t *empty,
                   const float *__restrict__ L2g, const float *__restrict__ Dg, int g, int b,
-                  int qb0, int grp, int per, int T, int NH, int lane) {
+                  int qb0, int grp, int per, int T, int NH, int lane, int base = 0) {
     constexpr int BQ = us__hop_cfg<HS>::BQ, S = us__hop_cfg<HS>::BS;
     int h, qb;
     us__hop_bwd_first<LAST_FIRST>(g, grp, qb0, per, h, qb);
     for (int it = 0; it < grp * per; it++, us__hop_bwd_next<LAST_FIRST>(g, grp, qb0, per, h, qb)) {
-        const int s = it % S, q0 = qb * BQ;
-        if (it >= S) us__mb_wait(empty + s, ((it / S) - 1) & 1);
+        const int r = base + it, s = r % S, q0 = qb * BQ;
+        if (r >= S) us__mb_wait(empty + s, ((r / S) - 1) & 1);
 #pragma unroll 1 /* one load pair in flight: the producer has 24 registers */
         for (int i = lane; i < BQ; i += 32) {
             const int q = q0 + i;
@@ -4484,20 +4497,19 @@ static __device__ __forceinline__ void us__hop_turns_skip(int c, bool last) {
     us__hop_turn_done<NWG>(c, last);
 }
 
-/* One query tile (stage s, the CTA's it-th of nit) of a dK/dV consumer whose keys some query of
-   it sees: Sᵀ, dPᵀ, then Pᵀ and dSᵀ (us__hop_pds, dS times dsc, hidden(j, e) masked where part
+/* One query tile (stage s; last: no turn follows in this CTA) of a dK/dV consumer whose keys
+   some query of it sees: Sᵀ, dPᵀ, then Pᵀ and dSᵀ (us__hop_pds, dS times dsc, hidden(j, e) masked where part
    of the tile is), then dV and dK; each of its two GEMM batches in this consumer's turn.
    BY_POS (context parallelism's block kernel, whose mask reads positions): a copy of the math
    with the mask and one without (us__hop_by_mode); by index (causal): one copy with no mask
    code, a diagonal tile's hidden scores set to −inf in a pass before it. POS: the block
    kernel's layout (it adds the queries' positions). */
-template <typename E, int HS, bool DK, bool DV, bool BY_POS, bool POS, typename Mask>
+template <typename E, int HS, bool DK, bool DV, bool BY_POS, typename SM, typename Mask>
 static __device__ __forceinline__ void
-us__hop_dkdv_tile(float (&dk)[DK ? HS / 8 : 1][4], float (&dv)[DV ? HS / 8 : 1][4],
-                  const us__hop_dkdv_smem<HS, POS> &sm, int s, bool part, Mask hidden, int it,
-                  int nit, int c, int lane, float dsc, float sl2) {
+us__hop_dkdv_tile(float (&dk)[DK ? HS / 8 : 1][4], float (&dv)[DV ? HS / 8 : 1][4], const SM &sm,
+                  int s, bool part, Mask hidden, bool last, int c, int lane, float dsc, float sl2) {
     using C = us__hop_cfg<HS>;
-    constexpr int NWG = C::NWG, BK = 64 * NWG, BQ = C::BQ, QB = us__hop_dkdv_smem<HS, POS>::QB;
+    constexpr int NWG = C::NWG, BK = 64 * NWG, BQ = C::BQ, QB = SM::QB;
     const unsigned char *tQ = sm.sQ + s * QB, *tdO = sm.sdO + s * QB;
     float st[BQ / 8][4], dpt[DK ? BQ / 8 : 1][4];
     uint32_t pa[DV ? BQ / 16 : 1][4], da[DK ? BQ / 16 : 1][4];
@@ -4526,82 +4538,119 @@ us__hop_dkdv_tile(float (&dk)[DK ? HS / 8 : 1][4], float (&dv)[DV ? HS / 8 : 1][
     }
     us__hop_turn<NWG>(c);
     us__hop_dkv_mma<E, HS, BQ, DK, DV>(dk, dv, pa, da, tQ, tdO);
-    us__hop_turn_done<NWG>(c, it + 1 == nit);
+    us__hop_turn_done<NWG>(c, last);
     if constexpr (DV) us__wg_wait<HS / 2>(&dv[0][0]);
     if constexpr (DK) us__wg_wait<HS / 2>(&dk[0][0]);
 }
 
-/* dK, dV of 64·NWG keys of kv head g. PART 0 computes both, 1 only dV, 2 only dK (HS > 128:
-   two launches, one accumulator each). Consumer c owns keys k0 + 64c ..; per query tile:
+/* dK, dV of the key blocks of 64·NWG keys, a persistent grid (one CTA per SM) walking them as
+   the forward walks its query tiles (us__hop_snake, us__hop_kblock_of: heaviest first). PART 0
+   computes both, 1 only dV, 2 only dK (HS > 128: two launches, one accumulator each). Consumer c
+   owns keys k0 + 64c .. of a block; per query tile:
      Sᵀ = K·Qᵀ, Pᵀ = exp2(Sᵀ·sl2 − L2[q]) (0 where key > query), dPᵀ = V·dOᵀ,
      dSᵀ = Pᵀ ∘ (dPᵀ − D[q]) / sqrt(HS), dV += Pᵀ·dO, dK += dSᵀ·Q
    (the scale under bf16 on dK at the store, under fp16 on dS before it is rounded:
    us__hop_ds_scale). The producer's warp 0 issues the copies, its warp 1 stages L2 and D of the
-   tile's queries. */
+   tile's queries. The Q/dO ring runs on from one key block to the next, and K and V have KVN
+   buffers: while the consumers write one block's dK and dV, the next block's K, V and first
+   queries are already loading. A grid of one CTA per key block paid that start and end on every
+   block: at multi-head attention, where a block sees a single head's queries, a real share. */
 template <typename E, int HS, int PART>
 __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
     us__hop_dkdv_kernel(const __grid_constant__ CUtensorMap mq,
                         const __grid_constant__ CUtensorMap mdo,
                         const __grid_constant__ CUtensorMap mkv, const float *__restrict__ L2g,
-                        const float *__restrict__ Dg, E *__restrict__ dqkv, int T, int NH, int NKV,
-                        int P, float scale, float sl2) {
+                        const float *__restrict__ Dg, E *__restrict__ dqkv, int B, int T, int NH,
+                        int NKV, int P, float scale, float sl2) {
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
-    constexpr int NWG = C::NWG, BK = 64 * NWG, BQ = C::BQ, S = C::BS;
+    constexpr int NWG = C::NWG, BK = 64 * NWG, BQ = C::BQ, S = C::BS, KVN = C::KVN;
     constexpr bool DV = PART != 2, DK = PART != 1;
+    using SM = us__hop_dkdv_smem<HS, false, KVN>;
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
-    const us__hop_dkdv_smem<HS, false> sm(us__hop_smem_base(us__hop_raw));
-    const us__hop_kblock kb = us__hop_kblock_of(P);
-    const int g = kb.g, b = kb.b, k0 = kb.kb * BK, grp = NH / NKV;
-    const int qb0 = k0 / BQ, per = (T + BQ - 1) / BQ - qb0, nit = grp * per;
+    const SM sm(us__hop_smem_base(us__hop_raw));
+    const int grp = NH / NKV, nkb = (T + BK - 1) / BK, U = nkb * NKV * B, G = gridDim.x;
+    const int nqt = (T + BQ - 1) / BQ;
     const int wg = us__hop_wg(), tid = threadIdx.x & 127;
-    /* full: the copy thread and warp 1's lanes */
-    us__hop_bars_init(sm.barKV, S, 1 + 32, 128 * NWG);
+    if (threadIdx.x == 0) { /* full: the copy thread and warp 1's lanes */
+        for (int i = 0; i < KVN; i++) {
+            us__mb_init(sm.barKV + i, 1);
+            us__mb_init(sm.emptyKV + i, 128 * NWG);
+        }
+        for (int i = 0; i < S; i++) {
+            us__mb_init(sm.full + i, 1 + 32);
+            us__mb_init(sm.empty + i, 128 * NWG);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
 
     if (wg == 0) {
         us__hop_regs_producer<NWG>();
         const int warp = tid >> 5, lane = tid & 31;
-        if (warp == 0 && lane == 0)
-            us__hop_dkdv_produce<HS, false>(sm.sK, sm.sV, sm.sQ, sm.sdO, sm.barKV, sm.full,
-                                            sm.empty, &mq, &mdo, &mkv, g, b, k0, qb0, grp, per, NH,
-                                            NKV);
-        else if (warp == 1)
-            us__hop_dkdv_rows<HS, false>(sm.sL, sm.sD, sm.full, sm.empty, L2g, Dg, g, b, qb0, grp,
-                                         per, T, NH, lane);
+        if (warp > 1 || (warp == 0 && lane != 0)) return;
+        int base = 0; /* the ring's stages used by the CTA's earlier key blocks */
+        for (int j = 0, u = us__hop_snake(blockIdx.x, 0, G); u < U;
+             u = us__hop_snake(blockIdx.x, ++j, G)) {
+            const us__hop_kblock kb = us__hop_kblock_of(u, NKV, B, nkb, P);
+            const int qb0 = kb.kb * BK / BQ, per = nqt - qb0, kv = j % KVN;
+            if (warp == 0)
+                us__hop_dkdv_produce<HS, false>(
+                    sm.sK + kv * SM::KVSTEP, sm.sV + kv * SM::KVSTEP, sm.sQ, sm.sdO, sm.barKV + kv,
+                    sm.full, sm.empty, &mq, &mdo, &mkv, kb.g, kb.b, kb.kb * BK, qb0, grp, per, NH,
+                    NKV, base, sm.emptyKV + kv, j >= KVN ? ((j / KVN) - 1) & 1 : -1);
+            else
+                us__hop_dkdv_rows<HS, false>(sm.sL, sm.sD, sm.full, sm.empty, L2g, Dg, kb.g, kb.b,
+                                             qb0, grp, per, T, NH, lane, base);
+            base += grp * per;
+        }
         return;
     }
     us__hop_regs_consumer<NWG>();
     const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
-    const int kc = k0 + 64 * c;                    /* this warpgroup's first key */
-    const int key0 = kc + 16 * warp + (lane >> 2); /* the thread's keys: key0 + 8r */
-    float dk[DK ? HS / 8 : 1][4], dv[DV ? HS / 8 : 1][4];
-    us__hop_zero(dk);
-    us__hop_zero(dv);
-    us__mb_wait(sm.barKV, 0);
-
     /* ping-pong (NWG 2): the consumers take turns issuing each of their two GEMM batches, so that
-       one's exp2 and products meet the other's GEMMs; a skipped tile still takes its turns */
+       one's exp2 and products meet the other's GEMMs; a skipped tile still takes its turns, and
+       the turns run on over the CTA's key blocks */
     if (NWG == 2 && c == 1) us__hop_bar_arrive(1);
-    for (int it = 0; it < nit; it++) {
-        const int s = it % S, ph = (it / S) & 1, q0 = (qb0 + it % per) * BQ;
-        us__mb_wait(sm.full + s, ph);
-        if (!(kc <= q0 + BQ - 1 && kc < T)) { /* every key here is after every query: P = 0 */
-            us__hop_turns_skip<NWG>(c, it + 1 == nit);
-        } else {
-            /* masked (part) where some key of the warpgroup comes after some query */
-            const auto causal = [&](int j, int e) {
-                return key0 + (e >> 1) * 8 > q0 + j * 8 + 2 * (lane & 3) + (e & 1);
-            };
-            us__hop_dkdv_tile<E, HS, DK, DV, false>(dk, dv, sm, s, kc + 63 > q0, causal, it, nit, c,
-                                                    lane, us__hop_ds_scale<E>(scale), sl2);
+    int base = 0;
+    for (int jb = 0, u = us__hop_snake(blockIdx.x, 0, G); u < U;) {
+        const int un = us__hop_snake(blockIdx.x, jb + 1, G);
+        const us__hop_kblock kb = us__hop_kblock_of(u, NKV, B, nkb, P);
+        const int k0 = kb.kb * BK, qb0 = k0 / BQ, per = nqt - qb0, nit = grp * per, kv = jb % KVN;
+        const int kc = k0 + 64 * c;                    /* this warpgroup's first key */
+        const int key0 = kc + 16 * warp + (lane >> 2); /* the thread's keys: key0 + 8r */
+        SM smj = sm;                                   /* this block's K/V buffer */
+        smj.sK += kv * SM::KVSTEP;
+        smj.sV += kv * SM::KVSTEP;
+        float dk[DK ? HS / 8 : 1][4], dv[DV ? HS / 8 : 1][4];
+        us__hop_zero(dk);
+        us__hop_zero(dv);
+        us__mb_wait(sm.barKV + kv, (jb / KVN) & 1);
+        for (int it = 0; it < nit; it++) {
+            const int r = base + it, s = r % S, q0 = (qb0 + it % per) * BQ;
+            const bool last = it + 1 == nit && un >= U;
+            us__mb_wait(sm.full + s, (r / S) & 1);
+            if (!(kc <= q0 + BQ - 1 && kc < T)) { /* every key here is after every query: P = 0 */
+                us__hop_turns_skip<NWG>(c, last);
+            } else {
+                /* masked (part) where some key of the warpgroup comes after some query */
+                const auto causal = [&](int j, int e) {
+                    return key0 + (e >> 1) * 8 > q0 + j * 8 + 2 * (lane & 3) + (e & 1);
+                };
+                us__hop_dkdv_tile<E, HS, DK, DV, false>(dk, dv, smj, s, kc + 63 > q0, causal, last,
+                                                        c, lane, us__hop_ds_scale<E>(scale), sl2);
+            }
+            us__mb_arrive(sm.empty + s);
         }
-        us__mb_arrive(sm.empty + s);
+        us__mb_arrive(sm.emptyKV + kv); /* K and V of this block are read */
+        us__hop_dkv_store<E, HS, DK, DV>(dk, dv, dqkv, key0, kb.b, kb.g, T, NH, NKV, scale, lane);
+        base += nit;
+        u = un;
+        jb++;
     }
-
-    us__hop_dkv_store<E, HS, DK, DV>(dk, dv, dqkv, key0, b, g, T, NH, NKV, scale, lane);
 #else
-    (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dqkv, (void)T, (void)NH, (void)NKV,
-        (void)scale, (void)sl2;
+    (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dqkv, (void)B, (void)T, (void)NH,
+        (void)NKV, (void)P, (void)scale, (void)sl2;
     __trap();
 #endif
 }
@@ -5171,33 +5220,36 @@ static void us__hop_bwd_fused(const CUtensorMap *maps, const float *L2, const fl
     }
 }
 
-/* the two-kernel backward: dK/dV, then the persistent dQ kernel on ctas CTAs (us__hop_grid); P:
-   the pairs a band (us__hop_band) */
+/* the two-kernel backward: the persistent dK/dV kernel, then the persistent dQ kernel, each on
+   ctas CTAs (fewer where there are fewer key blocks or query tiles); P: the pairs a band
+   (us__hop_band) */
 template <typename E, int HS>
 static void us__hop_bwd_hs(const CUtensorMap *maps, const float *L2, const float *D, void *dqkv,
                            int B, int T, int NH, int NKV, int P, int ctas, cudaStream_t st) {
     using C = us__hop_cfg<HS>;
     const float scale = 1.f / sqrtf((float)HS), sl2 = scale * 1.4426950408889634f;
-    const size_t s1 = us__hop_smem(C::dkdv_bytes), s2 = us__hop_smem(C::dq_bytes);
+    const size_t s1 = us__hop_smem(C::dkdv_pers_bytes), s2 = us__hop_smem(C::dq_bytes);
     const int nthr = 128 * (1 + C::NWG);
     const int g2 = us__hop_grid(T, 64 * C::NWG, NH, B, ctas);
-    dim3 g1(NKV, B, (T + 64 * C::NWG - 1) / (64 * C::NWG));
+    /* the dK/dV kernel's persistent grid: ctas CTAs, fewer when there are fewer key blocks */
+    const int64_t kblocks = (int64_t)((T + 64 * C::NWG - 1) / (64 * C::NWG)) * NKV * B;
+    const int g1 = kblocks < ctas ? (int)kblocks : ctas;
     /* maps: 0 Q by BQ rows, 1 dO by BQ rows, 2 K/V by 64·NWG rows, 3 Q by 64·NWG, 4 dO by 64·NWG,
        5 K/V by BKQ */
     if constexpr (C::NWG == 2) {
         cudaFuncSetAttribute(us__hop_dkdv_kernel<E, HS, 0>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
-        us__hop_dkdv_kernel<E, HS, 0><<<g1, nthr, s1, st>>>(maps[0], maps[1], maps[2], L2, D,
-                                                            (E *)dqkv, T, NH, NKV, P, scale, sl2);
+        us__hop_dkdv_kernel<E, HS, 0><<<g1, nthr, s1, st>>>(
+            maps[0], maps[1], maps[2], L2, D, (E *)dqkv, B, T, NH, NKV, P, scale, sl2);
     } else {
         cudaFuncSetAttribute(us__hop_dkdv_kernel<E, HS, 1>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
         cudaFuncSetAttribute(us__hop_dkdv_kernel<E, HS, 2>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
-        us__hop_dkdv_kernel<E, HS, 1><<<g1, nthr, s1, st>>>(maps[0], maps[1], maps[2], L2, D,
-                                                            (E *)dqkv, T, NH, NKV, P, scale, sl2);
-        us__hop_dkdv_kernel<E, HS, 2><<<g1, nthr, s1, st>>>(maps[0], maps[1], maps[2], L2, D,
-                                                            (E *)dqkv, T, NH, NKV, P, scale, sl2);
+        us__hop_dkdv_kernel<E, HS, 1><<<g1, nthr, s1, st>>>(
+            maps[0], maps[1], maps[2], L2, D, (E *)dqkv, B, T, NH, NKV, P, scale, sl2);
+        us__hop_dkdv_kernel<E, HS, 2><<<g1, nthr, s1, st>>>(
+            maps[0], maps[1], maps[2], L2, D, (E *)dqkv, B, T, NH, NKV, P, scale, sl2);
     }
     cudaFuncSetAttribute(us__hop_dq_kernel<E, HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          (int)s2);
@@ -5227,7 +5279,8 @@ static int us__hop_ok(us_ops *o, us_dtype dt, int HS, int bwd) {
 
 static int us__hop_aligned(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
-/* CTAs of the persistent kernels (forward, dQ): one per SM unless a test asked for fewer */
+/* CTAs of the persistent kernels (forward, dK/dV, dQ): one per SM unless a test asked for
+   fewer */
 static int us__hop_ctas(us_ops *o) {
     const us__cuda *c = us__cu(o);
     return c->hop_grid > 0 ? c->hop_grid : c->n_sm > 0 ? c->n_sm : 1;
@@ -6531,8 +6584,8 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
                 return kp[e >> 1] > tp[j * 8 + 2 * (lane & 3) + (e & 1)];
             };
             /* dS scaled under bf16 too, dK added as it is (us__hop_ds_scale) */
-            us__hop_dkdv_tile<E, HS, DK, DV, true>(dk, dv, sm, s, kr.y > qr.x, hidden, it, nit, c,
-                                                   lane, scale, sl2);
+            us__hop_dkdv_tile<E, HS, DK, DV, true>(dk, dv, sm, s, kr.y > qr.x, hidden,
+                                                   it + 1 == nit, c, lane, scale, sl2);
         }
         us__mb_arrive(sm.empty + s);
     }

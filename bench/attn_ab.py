@@ -8,8 +8,12 @@ Here each rep runs ours, then cuDNN, then the same again in the other order, so 
 the same GPU. FLOPs as sdpa_bench.py: forward 4·B·NH·T²·HS/2 (causal), backward 2.5× that;
 ours: the backward kernels alone; SDPA: median(forward + backward) − median(forward).
 
-Usage: python3 bench/attn_ab.py [--lib build/libus_attn.so] [--att-heads NH:NKV:HS,...]
-       [--att-seq T,...] [--reps 20] [--band N]   (N: us_cuda_attention_band, 0 the library's rule)
+--lib-b PATH adds a second build of the library (another commit's, say) to the same reps, as
+"us-B": a change to the kernels against the build before it, beside cuDNN, in one process.
+
+Usage: python3 bench/attn_ab.py [--lib build/libus_attn.so] [--lib-b OTHER.so]
+       [--att-heads NH:NKV:HS,...] [--att-seq T,...] [--reps 20] [--band N]
+       (N: us_cuda_attention_band, 0 the library's rule)
 """
 import argparse
 import ctypes
@@ -54,7 +58,9 @@ def median(v):
     return 0.5 * (v[(len(v) - 1) // 2] + v[len(v) // 2])
 
 
-def shape(lib, ours_stream, B, T, NH, NKV, HS, reps):
+def shape(libs, B, T, NH, NKV, HS, reps):
+    """libs: [(name, library, its stream)]; each rep times every library and cuDNN, in an order
+    that turns by one every rep"""
     bf = torch.bfloat16
     QKV = (NH + 2 * NKV) * HS
     qkv = torch.randn(B, T, QKV, device="cuda", dtype=bf)
@@ -69,10 +75,10 @@ def shape(lib, ours_stream, B, T, NH, NKV, HS, reps):
     do = torch.randn(B, NH, T, HS, device="cuda", dtype=bf)
     torch.cuda.synchronize()
 
-    def us_fwd():
+    def us_fwd(lib):
         lib.usa_fwd(out.data_ptr(), lse.data_ptr(), qkv.data_ptr(), B, T, NH, NKV, HS, 0)
 
-    def us_bwd():
+    def us_bwd(lib):
         lib.usa_bwd(dqkv.data_ptr(), dout.data_ptr(), qkv.data_ptr(), out.data_ptr(),
                     lse.data_ptr(), B, T, NH, NKV, HS, 0)
 
@@ -85,31 +91,36 @@ def shape(lib, ours_stream, B, T, NH, NKV, HS, reps):
         F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=NKV < NH).backward(do)
 
     torch_stream = torch.cuda.current_stream()
-    t = {"us-hop": ([], []), "cudnn": ([], [])}
+    t = {name: ([], []) for name, _, _ in libs}
+    t["cudnn"] = ([], [])
     sd_fb = []
+    who_all = [name for name, _, _ in libs] + ["cudnn"]
+    by_name = {name: (lib, st) for name, lib, st in libs}
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
         for r in range(reps + 3):
-            order = ("us", "sd") if r % 2 == 0 else ("sd", "us")
-            for who in order:
-                if who == "us":
-                    f = timed(ours_stream, us_fwd)
-                    b = timed(ours_stream, us_bwd)
+            turn = r % len(who_all)
+            for who in who_all[turn:] + who_all[:turn]:
+                if who != "cudnn":
+                    lib, st = by_name[who]
+                    f = timed(st, lambda: us_fwd(lib))
+                    b = timed(st, lambda: us_bwd(lib))
                     if r >= 3:
-                        t["us-hop"][0].append(f)
-                        t["us-hop"][1].append(b)
+                        t[who][0].append(f)
+                        t[who][1].append(b)
                 else:
                     f = timed(torch_stream, sd_fwd)
                     fb = timed(torch_stream, sd_fwdbwd)
                     if r >= 3:
                         t["cudnn"][0].append(f)
                         sd_fb.append(fb)
-    if lib.usa_error():
-        raise SystemExit(f"attn_ab: the library failed: {lib.usa_error().decode()}")
+    for name, lib, _ in libs:
+        if lib.usa_error():
+            raise SystemExit(f"attn_ab: {name} failed: {lib.usa_error().decode()}")
     fl = 4.0 * B * NH * T * T * HS / 2
     res = {}
-    for name in ("us-hop", "cudnn"):
+    for name in who_all:
         mf = median(t[name][0])
-        mb = median(t[name][1]) if name == "us-hop" else median(sd_fb) - mf
+        mb = median(t[name][1]) if name != "cudnn" else median(sd_fb) - mf
         res[name] = (fl / mf / 1e9, 2.5 * fl / mb / 1e9)
         print(f"{name:<8} {T:5d} {B:2d} {NH:3d} {NKV:3d} {HS:4d} | {mf:9.3f} {fl / mf / 1e9:8.1f} | "
               f"{mb:9.3f} {2.5 * fl / mb / 1e9:8.1f}", flush=True)
@@ -119,6 +130,7 @@ def shape(lib, ours_stream, B, T, NH, NKV, HS, reps):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", default="build/libus_attn.so")
+    ap.add_argument("--lib-b", default="", help="a second build, timed as us-B")
     ap.add_argument("--att-heads", default="16:16:128,16:4:128,32:8:64", help="NH:NKV:HS,...")
     ap.add_argument("--att-seq", default="2048,4096,8192", help="T,...")
     ap.add_argument("--reps", type=int, default=20)
@@ -127,9 +139,12 @@ if __name__ == "__main__":
     if args.reps < 1:
         raise SystemExit(f"attn_ab: --reps wants 1 or more, got {args.reps}")
     shapes, seqs = ints(args.att_heads, 3), ints(args.att_seq, 1)
-    lib = load(args.lib)
-    lib.usa_band(args.band)
-    ours = torch.cuda.ExternalStream(lib.usa_stream())
+    libs = []
+    for name, path in (("us-hop", args.lib), ("us-B", args.lib_b)):
+        if path:
+            lib = load(path)
+            lib.usa_band(args.band)
+            libs.append((name, lib, torch.cuda.ExternalStream(lib.usa_stream())))
     print(torch.__version__, torch.cuda.get_device_name(), "| ours and SDPA cuDNN, rep by rep")
     print(f"{'impl':<8} {'T':>5} {'B':>2} {'NH':>3} {'NKV':>3} {'HS':>4} | {'fwd ms':>9} {'fwd TF/s':>8} | "
           f"{'bwd ms':>9} {'bwd TF/s':>8}")
@@ -137,10 +152,16 @@ if __name__ == "__main__":
     for NH, NKV, HS in shapes:
         for T in seqs:
             B = max(1, 16384 // T)
-            table.append(((T, NH, NKV, HS), shape(lib, ours, B, T, NH, NKV, HS, args.reps)))
+            table.append(((T, NH, NKV, HS), shape(libs, B, T, NH, NKV, HS, args.reps)))
+    two = len(libs) > 1
     print("\nattention, causal bf16, B·T = 16384, one process: TFLOP/s fwd / bwd")
-    print(f"{'T':>5} {'NH':>3} {'NKV':>3} {'HS':>4} | {'ultrascale':>15} | {'SDPA cuDNN':>15} | ours/cuDNN")
+    print(f"{'T':>5} {'NH':>3} {'NKV':>3} {'HS':>4} | {'ultrascale':>15} | {'SDPA cuDNN':>15} | ours/cuDNN"
+          + (f" | {'us-B':>15} | ours/us-B" if two else ""))
     for (T, NH, NKV, HS), r in table:
         u, c = r["us-hop"], r["cudnn"]
-        print(f"{T:5d} {NH:3d} {NKV:3d} {HS:4d} | {u[0]:6.1f} / {u[1]:6.1f} | {c[0]:6.1f} / {c[1]:6.1f} | "
-              f"{u[0] / c[0]:.2f} / {u[1] / c[1]:.2f}")
+        line = (f"{T:5d} {NH:3d} {NKV:3d} {HS:4d} | {u[0]:6.1f} / {u[1]:6.1f} | {c[0]:6.1f} / {c[1]:6.1f} | "
+                f"{u[0] / c[0]:.2f} / {u[1] / c[1]:.2f}")
+        if two:
+            o = r["us-B"]
+            line += f" | {o[0]:6.1f} / {o[1]:6.1f} | {u[0] / o[0]:.3f} / {u[1] / o[1]:.3f}"
+        print(line)

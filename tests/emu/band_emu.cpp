@@ -5,8 +5,9 @@
      first, and a group's heads are consecutive; with one band, the order is the one before
      bands (the last query block of every head and batch, heads fastest);
    - the persistent walk: the CTAs of us__hop_snake take every tile once between them;
-   - dK/dV's key blocks: the CTAs of the grid NKV × B × key blocks, in launch order, name every
-     (key block, kv head, batch) once; within a band key block 0 (the heaviest) first.
+   - dK/dV's key blocks: blocks 0..U−1 (U = key blocks × NKV × B, walked by us__hop_snake as the
+     query tiles) name every (key block, kv head, batch) once; within a band key block 0 (the
+     heaviest) first.
    The same bits on the GPU whatever the order is test_cuda's part (attn_grid_same). */
 #include <algorithm>
 #include <vector>
@@ -60,27 +61,23 @@ static void check_walk(int U, int G) {
     CHECK(ok, "walk of %d tiles on %d CTAs: each once", U, G);
 }
 
-/* dK/dV's grid in launch order (x fastest) */
+/* dK/dV's key blocks 0..U−1 */
 static int check_kblocks(int B, int nkb, int NKV, int P) {
-    const int pairs = B * NKV;
-    std::vector<int> seen((size_t)pairs * nkb, 0);
-    int ok = 1, lin = 0, prev_band = -1, prev_kb = 0;
-    emu_gdim = {(unsigned)NKV, (unsigned)B, (unsigned)nkb};
-    for (unsigned z = 0; z < (unsigned)nkb; z++)
-        for (unsigned y = 0; y < (unsigned)B; y++)
-            for (unsigned x = 0; x < (unsigned)NKV; x++, lin++) {
-                emu_bix = {x, y, z};
-                const us__hop_kblock k = us__hop_kblock_of(P);
-                const int band = lin / (P * nkb);
-                ok &= k.g >= 0 && k.g < NKV && k.b >= 0 && k.b < B && k.kb >= 0 && k.kb < nkb;
-                if (!ok) break;
-                seen[((size_t)k.b * NKV + k.g) * nkb + k.kb]++;
-                ok &= (k.b * NKV + k.g) / P == band;        /* the band's pairs */
-                ok &= band != prev_band || k.kb >= prev_kb; /* heaviest first within it */
-                ok &= band == prev_band || k.kb == 0;       /* a band starts at key block 0 */
-                prev_band = band;
-                prev_kb = k.kb;
-            }
+    const int pairs = B * NKV, U = pairs * nkb;
+    std::vector<int> seen((size_t)U, 0);
+    int ok = 1, prev_band = -1, prev_kb = 0;
+    for (int u = 0; ok && u < U; u++) {
+        const us__hop_kblock k = us__hop_kblock_of(u, NKV, B, nkb, P);
+        const int band = u / (P * nkb);
+        ok &= k.g >= 0 && k.g < NKV && k.b >= 0 && k.b < B && k.kb >= 0 && k.kb < nkb;
+        if (!ok) break;
+        seen[((size_t)k.b * NKV + k.g) * nkb + k.kb]++;
+        ok &= (k.b * NKV + k.g) / P == band;        /* the band's pairs */
+        ok &= band != prev_band || k.kb >= prev_kb; /* heaviest first within it */
+        ok &= band == prev_band || k.kb == 0;       /* a band starts at key block 0 */
+        prev_band = band;
+        prev_kb = k.kb;
+    }
     for (size_t i = 0; ok && i < seen.size(); i++) ok &= seen[i] == 1;
     CHECK(ok, "key blocks B%d nkb%d NKV%d, bands of %d: each once, in order", B, nkb, NKV, P);
     return ok;
