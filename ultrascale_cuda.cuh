@@ -63,9 +63,10 @@ US_API const char *us_cuda_attention_path(us_ops *ops, us_dtype dt, int head_siz
    Hopper kernel but context parallelism's block kernels (attn_block_fwd/bwd then take the
    mma.sync ones of // >>cuda-cp-flash). */
 US_API void us_cuda_attention_no_hopper(us_ops *ops, int which);
-/* Runs the persistent Hopper kernels (the forward, the backward's dQ) on at most ctas CTAs (0,
-   the default: one per SM), so that tests can send many query tiles through each CTA's rings on
-   any GPU, and benchmarks can compare with one CTA per tile (a large ctas). */
+/* Runs the persistent Hopper kernels (the forward, the backward's dK/dV and dQ) on at most ctas
+   CTAs (0, the default: one per SM), so that tests can send many query tiles and key blocks
+   through each CTA's rings on any GPU, and benchmarks can compare with one CTA per tile or key
+   block (a large ctas). */
 US_API void us_cuda_attention_grid(us_ops *ops, int ctas);
 /* How many (batch, kv head) pairs the Hopper kernels (the forward, dK/dV, dQ) take at a time, in
    bands, so that the CTAs at work share the key/value or query rows they read in L2: 0, the
@@ -3234,9 +3235,9 @@ static void us__flash_bwd(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
    a diagonal tile's scores before the math (the backward 0.5-2 % faster); under bf16, dS leaves
    its 1/sqrt(HS) to the store (us__hop_ds_scale). And a
    causal query tile is short (a few dozen key tiles), so starting and ending one costs a real
-   share: the forward and dQ run a persistent grid, one CTA per SM walking the tiles longest
-   first, its rings carried from tile to tile, so that the next tile's queries are loading while
-   this one's output is written. Which tiles run at the same time decides what L2 holds: CTAs
+   share: the forward, dK/dV and dQ run a persistent grid, one CTA per SM walking the tiles (or
+   key blocks) longest first, its rings carried from tile to tile, so that the next tile's
+   queries (or keys) are loading while this one's output is written. Which tiles run at the same time decides what L2 holds: CTAs
    working on the same (batch, kv head) read the same K and V (or queries and dO) at once and share
    them there, one CTA alone on its pair reads them from memory again for every tile, so the
    pairs are taken in bands small enough that each has several CTAs at work (us__hop_band).
@@ -5340,9 +5341,13 @@ static int us__hop_attention_fwd(us_ops *o, void *out, float *lse, const void *q
 }
 
 /* The backward runs fused only when asked for (mode 5). Against the two kernels on one H200
-   (bench/RESULTS.md): HS 64 2-8 % slower at T 2048 and 4096 (a CTA's run of query tiles is too
-   short to pay for the ordered dQ adds) and even at T 8192 (+2 % in one call, -2 % in another);
-   HS 128 slower at every T from 2k to 32k (by 6 % at 16k); HS 80 and 96 18-24 % slower. */
+   (bench/RESULTS.md): HS 64 2-8 % slower at T 2048 and 4096 and even at T 8192; HS 128 slower
+   at every T from 2k to 32k; HS 80 and 96 18-24 % slower. Against the persistent dK/dV kernel
+   (thirteenth session) the two kernels are 1.12-1.52× faster at T 4k and 8k. Timing probes
+   placed the loss: without the wait for earlier key blocks the fused kernel was 0-7 % faster,
+   without writing dQ at all it only matched the two kernels (their seven GEMMs a tile cost what
+   its five do: dQ's GEMM waits for both consumers' dS, outside the ping-pong), and the dQ adds
+   themselves (one staging buffer, each add waited for) cost 10-30 %. */
 
 /* whether the backward of head size HS at sequence length T runs fused (dQ inside the dK/dV
    kernel), and the bytes of scratch it needs beside D and L2: the counters, then dQacc

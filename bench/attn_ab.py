@@ -8,11 +8,16 @@ Here each rep runs ours, then cuDNN, then the same again in the other order, so 
 the same GPU. FLOPs as sdpa_bench.py: forward 4·B·NH·T²·HS/2 (causal), backward 2.5× that;
 ours: the backward kernels alone; SDPA: median(forward + backward) − median(forward).
 
+--kernels: after the timing, each shape's forward and backward once more under torch.profiler,
+ours and cuDNN's, and the time of every kernel (CUPTI sees the library's kernels too): where a
+backward's time goes, kernel by kernel.
+
 --lib-b PATH adds a second build of the library (another commit's, say) to the same reps, as
 "us-B": a change to the kernels against the build before it, beside cuDNN, in one process.
 
 Usage: python3 bench/attn_ab.py [--lib build/libus_attn.so] [--lib-b OTHER.so]
-       [--att-heads NH:NKV:HS,...] [--att-seq T,...] [--reps 20] [--band N]
+       [--att-heads NH:NKV:HS,...] [--att-seq T,...] [--reps 20] [--band N] [--kernels]
+       [--mode M] [--mode-b M]   (us_cuda_attention_no_hopper of each build: 5 the fused backward)
        (N: us_cuda_attention_band, 0 the library's rule)
 """
 import argparse
@@ -36,6 +41,7 @@ def load(path):
     lib.usa_fwd.argtypes = [P, P, P, LL, LL, I, I, I, I]
     lib.usa_bwd.argtypes = [P, P, P, P, P, LL, LL, I, I, I, I]
     lib.usa_band.argtypes = [I]
+    lib.usa_mode.argtypes = [I]
     lib.usa_error.restype = ctypes.c_char_p
     err = ctypes.create_string_buffer(256)
     if lib.usa_init(err, 256):
@@ -58,7 +64,28 @@ def median(v):
     return 0.5 * (v[(len(v) - 1) // 2] + v[len(v) // 2])
 
 
-def shape(libs, B, T, NH, NKV, HS, reps):
+def kernel_times(fns, reps=5):
+    """{kernel name: mean ms per call} of fns run reps times under torch.profiler"""
+    from torch.profiler import ProfilerActivity, profile
+    for fn in fns:
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            for fn in fns:
+                fn()
+        torch.cuda.synchronize()
+    res = {}
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None)
+        if t is None:
+            t = ev.cuda_time_total
+        if t > 0:
+            res[ev.key] = t / 1e3 / reps
+    return res
+
+
+def shape(libs, B, T, NH, NKV, HS, reps, kernels=False):
     """libs: [(name, library, its stream)]; each rep times every library and cuDNN, in an order
     that turns by one every rep"""
     bf = torch.bfloat16
@@ -113,6 +140,16 @@ def shape(libs, B, T, NH, NKV, HS, reps):
                     if r >= 3:
                         t["cudnn"][0].append(f)
                         sd_fb.append(fb)
+    if kernels:
+        for name, lib, st in libs:
+            def ours():
+                us_fwd(lib)
+                us_bwd(lib)
+            for kn, ms in sorted(kernel_times([ours]).items(), key=lambda x: -x[1]):
+                print(f"  kernel {name:<7} {T:5d} {NH:3d} {NKV:3d} {HS:4d} | {ms:8.3f} ms | {kn[:90]}")
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            for kn, ms in sorted(kernel_times([sd_fwdbwd]).items(), key=lambda x: -x[1]):
+                print(f"  kernel {'cudnn':<7} {T:5d} {NH:3d} {NKV:3d} {HS:4d} | {ms:8.3f} ms | {kn[:90]}")
     for name, lib, _ in libs:
         if lib.usa_error():
             raise SystemExit(f"attn_ab: {name} failed: {lib.usa_error().decode()}")
@@ -135,15 +172,19 @@ if __name__ == "__main__":
     ap.add_argument("--att-seq", default="2048,4096,8192", help="T,...")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--band", type=int, default=0, help="us_cuda_attention_band (0: the rule)")
+    ap.add_argument("--kernels", action="store_true", help="each kernel's time, by torch.profiler")
+    ap.add_argument("--mode", type=int, default=0, help="us_cuda_attention_no_hopper of --lib")
+    ap.add_argument("--mode-b", type=int, default=0, help="... of --lib-b")
     args = ap.parse_args()
     if args.reps < 1:
         raise SystemExit(f"attn_ab: --reps wants 1 or more, got {args.reps}")
     shapes, seqs = ints(args.att_heads, 3), ints(args.att_seq, 1)
     libs = []
-    for name, path in (("us-hop", args.lib), ("us-B", args.lib_b)):
+    for name, path, mode in (("us-hop", args.lib, args.mode), ("us-B", args.lib_b, args.mode_b)):
         if path:
             lib = load(path)
             lib.usa_band(args.band)
+            lib.usa_mode(mode)
             libs.append((name, lib, torch.cuda.ExternalStream(lib.usa_stream())))
     print(torch.__version__, torch.cuda.get_device_name(), "| ours and SDPA cuDNN, rep by rep")
     print(f"{'impl':<8} {'T':>5} {'B':>2} {'NH':>3} {'NKV':>3} {'HS':>4} | {'fwd ms':>9} {'fwd TF/s':>8} | "
@@ -152,7 +193,7 @@ if __name__ == "__main__":
     for NH, NKV, HS in shapes:
         for T in seqs:
             B = max(1, 16384 // T)
-            table.append(((T, NH, NKV, HS), shape(libs, B, T, NH, NKV, HS, args.reps)))
+            table.append(((T, NH, NKV, HS), shape(libs, B, T, NH, NKV, HS, args.reps, args.kernels)))
     two = len(libs) > 1
     print("\nattention, causal bf16, B·T = 16384, one process: TFLOP/s fwd / bwd")
     print(f"{'T':>5} {'NH':>3} {'NKV':>3} {'HS':>4} | {'ultrascale':>15} | {'SDPA cuDNN':>15} | ours/cuDNN"

@@ -37,5 +37,8 @@ extern "C" void usa_bwd(void *dqkv, const void *dout, const void *qkv, const voi
 /* us_cuda_attention_band: 0 the library's rule, n pairs a band, -1 one band */
 extern "C" void usa_band(int pairs) { us_cuda_attention_band(&usa_ops, pairs); }
 
+/* us_cuda_attention_no_hopper: 0 the default, 5 the fused backward, ... (ultrascale_cuda.cuh) */
+extern "C" void usa_mode(int mode) { us_cuda_attention_no_hopper(&usa_ops, mode); }
+
 /* the first failure recorded, or NULL */
 extern "C" const char *usa_error(void) { return usa_ops.error(&usa_ops); }

@@ -1436,7 +1436,7 @@ static void bench_attention(void) {
             /* the default (the backward as two kernels), fused always,
                two kernels always, mma.sync (bf16 HS 64 and 128 only: others are portable), and
                the Hopper kernels with one CTA per query tile instead of a persistent grid (the
-               forward and dQ), and the Hopper kernels' tiles in one band of (batch, kv head)
+               forward, dK/dV and dQ), and the Hopper kernels' tiles in one band of (batch, kv head)
                pairs instead of bands that fit L2 (us_cuda_attention_band). The paths take turns rep by rep, so that the GPU's clock drift (it
                boosts after the idle host-side set-up of each shape) reaches every path alike. */
             static const int off[7] = {0, 5, 4, 1, 0, 0, 0};

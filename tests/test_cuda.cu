@@ -877,9 +877,9 @@ static void test_attention_shapes(void) {
         for (k = 0; k < n; k++)
             attn_case(d ? US_F16 : US_BF16, cases[k][0], cases[k][1], cases[k][2], cases[k][3],
                       cases[k][4], "best");
-    /* the persistent kernels (forward, dQ) on 3 CTAs: each runs many query tiles of different
-       lengths, its Q buffers, K/V stages and turns carried on from one tile to the next; the
-       same bits as on one CTA per SM */
+    /* the persistent kernels (forward, dK/dV, dQ) on 3 CTAs: each runs many query tiles (key
+       blocks) of different lengths, its Q buffers, K/V stages and turns carried on from one to
+       the next; the same bits as on one CTA per SM */
     us_cuda_attention_grid(&G, 3);
     for (d = 0; d < 2; d++)
         for (k = 0; k < n; k++)
