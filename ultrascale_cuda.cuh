@@ -5344,10 +5344,11 @@ static int us__hop_attention_fwd(us_ops *o, void *out, float *lse, const void *q
    (bench/RESULTS.md): HS 64 2-8 % slower at T 2048 and 4096 and even at T 8192; HS 128 slower
    at every T from 2k to 32k; HS 80 and 96 18-24 % slower. Against the persistent dK/dV kernel
    (thirteenth session) the two kernels are 1.12-1.52× faster at T 4k and 8k. Timing probes
-   placed the loss: without the wait for earlier key blocks the fused kernel was 0-7 % faster,
-   without writing dQ at all it only matched the two kernels (their seven GEMMs a tile cost what
-   its five do: dQ's GEMM waits for both consumers' dS, outside the ping-pong), and the dQ adds
-   themselves (one staging buffer, each add waited for) cost 10-30 %. */
+   placed the loss: without the wait for earlier key blocks the fused kernel was 0-13 % faster;
+   the dQ adds themselves (one staging buffer, each add waited for) cost 8-27 % more; and with
+   no dQ written at all it only matched the two kernels (0.96-1.01× at HS 128 and the 1B shape,
+   7-20 % behind at multi-head HS 64): its five GEMMs a tile cost what their seven do, since
+   dQ's GEMM waits for both consumers' dS, outside the ping-pong. */
 
 /* whether the backward of head size HS at sequence length T runs fused (dQ inside the dK/dV
    kernel), and the bytes of scratch it needs beside D and L2: the counters, then dQacc
