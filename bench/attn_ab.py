@@ -12,12 +12,17 @@ ours: the backward kernels alone; SDPA: median(forward + backward) − median(fo
 ours and cuDNN's, and the time of every kernel (CUPTI sees the library's kernels too): where a
 backward's time goes, kernel by kernel.
 
+--batch N: each timed sample runs the call N times back to back between its two events, so that
+what the host spends before and between launches (Python, ctypes, the library's set-up: about
+30 µs a forward and 65 a backward of ours, call 5) hides behind the GPU's work, as it does in a
+training step whose queue runs ahead; a sample is then the GPU's time per call.
+
 --lib-b PATH adds a second build of the library (another commit's, say) to the same reps, as
 "us-B": a change to the kernels against the build before it, beside cuDNN, in one process.
 
 Usage: python3 bench/attn_ab.py [--lib build/libus_attn.so] [--lib-b OTHER.so]
        [--att-heads NH:NKV:HS,...] [--att-seq T,...] [--reps 20] [--band N] [--kernels]
-       [--mode M] [--mode-b M]   (us_cuda_attention_no_hopper of each build: 5 the fused backward)
+       [--mode M] [--mode-b M] [--batch N]   (us_cuda_attention_no_hopper of each build: 5 the fused backward)
        (N: us_cuda_attention_band, 0 the library's rule)
 """
 import argparse
@@ -49,14 +54,18 @@ def load(path):
     return lib
 
 
+BATCH = 1  # --batch: calls per timed sample
+
+
 def timed(stream, fn):
-    """milliseconds of fn's work on stream, between two events there"""
+    """milliseconds of one call of fn's work on stream: BATCH calls between two events there"""
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     e0.record(stream)
-    fn()
+    for _ in range(BATCH):
+        fn()
     e1.record(stream)
     e1.synchronize()
-    return e0.elapsed_time(e1)
+    return e0.elapsed_time(e1) / BATCH
 
 
 def median(v):
@@ -175,9 +184,13 @@ if __name__ == "__main__":
     ap.add_argument("--kernels", action="store_true", help="each kernel's time, by torch.profiler")
     ap.add_argument("--mode", type=int, default=0, help="us_cuda_attention_no_hopper of --lib")
     ap.add_argument("--mode-b", type=int, default=0, help="... of --lib-b")
+    ap.add_argument("--batch", type=int, default=1, help="calls per timed sample")
     args = ap.parse_args()
     if args.reps < 1:
         raise SystemExit(f"attn_ab: --reps wants 1 or more, got {args.reps}")
+    if args.batch < 1:
+        raise SystemExit(f"attn_ab: --batch wants 1 or more, got {args.batch}")
+    BATCH = args.batch
     shapes, seqs = ints(args.att_heads, 3), ints(args.att_seq, 1)
     libs = []
     for name, path, mode in (("us-hop", args.lib, args.mode), ("us-B", args.lib_b, args.mode_b)):
@@ -186,7 +199,8 @@ if __name__ == "__main__":
             lib.usa_band(args.band)
             lib.usa_mode(mode)
             libs.append((name, lib, torch.cuda.ExternalStream(lib.usa_stream())))
-    print(torch.__version__, torch.cuda.get_device_name(), "| ours and SDPA cuDNN, rep by rep")
+    print(torch.__version__, torch.cuda.get_device_name(), "| ours and SDPA cuDNN, rep by rep,",
+          f"{BATCH} call(s) a sample")
     print(f"{'impl':<8} {'T':>5} {'B':>2} {'NH':>3} {'NKV':>3} {'HS':>4} | {'fwd ms':>9} {'fwd TF/s':>8} | "
           f"{'bwd ms':>9} {'bwd TF/s':>8}")
     table = []
@@ -195,7 +209,7 @@ if __name__ == "__main__":
             B = max(1, 16384 // T)
             table.append(((T, NH, NKV, HS), shape(libs, B, T, NH, NKV, HS, args.reps, args.kernels)))
     two = len(libs) > 1
-    print("\nattention, causal bf16, B·T = 16384, one process: TFLOP/s fwd / bwd")
+    print(f"\nattention, causal bf16, B·T = 16384, one process, {BATCH} call(s) a sample: TFLOP/s fwd / bwd")
     print(f"{'T':>5} {'NH':>3} {'NKV':>3} {'HS':>4} | {'ultrascale':>15} | {'SDPA cuDNN':>15} | ours/cuDNN"
           + (f" | {'us-B':>15} | ours/us-B" if two else ""))
     for (T, NH, NKV, HS), r in table:

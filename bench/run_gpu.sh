@@ -6,7 +6,8 @@
 #   gemm_steps lesson, ring attention's block kernels (context parallelism) against causal
 #   flash attention. Ends with one side-by-side table (bench/gpu_table.py).
 #   and, where build/libus_attn.so is built, attention against SDPA's cuDNN backend in one process,
-#   rep by rep (bench/attn_ab.py: the fairer of the two attention comparisons)
+#   rep by rep (bench/attn_ab.py: the fairer of the two attention comparisons), once with one
+#   call a sample and once with ten (the host's set-up hidden, as in a training step)
 # Build the binaries first (here or there): make build/bench_cuda build/gemm_steps build/libus_attn.so
 # Usage: bash bench/run_gpu.sh [quick]     logs go to $OUT (the device tool's folder) or bench_out/
 set -u
@@ -25,13 +26,16 @@ done
 $B/bench_cuda --gemm --attention 2>&1 | tee "$out/us_kernels.txt"
 $B/bench_cuda --cp 2>&1 | tee "$out/us_cp.txt"
 python3 bench/sdpa_bench.py 2>&1 | tee "$out/sdpa.txt"
-[ -f $B/libus_attn.so ] && python3 bench/attn_ab.py --lib $B/libus_attn.so 2>&1 | tee "$out/attn_ab.txt"
+if [ -f $B/libus_attn.so ]; then
+    python3 bench/attn_ab.py --lib $B/libus_attn.so 2>&1 | tee "$out/attn_ab.txt"
+    python3 bench/attn_ab.py --lib $B/libus_attn.so --batch 10 2>&1 | tee "$out/attn_ab10.txt"
+fi
 [ -x $B/gemm_steps ] && $B/gemm_steps 2>&1 | tail -n 12 | tee "$out/gemm_steps.txt"
 echo; echo "=== summary"
 grep -h -E '^(ultrascale|torch)' "$out"/us_1b.txt "$out"/us_tuned_1b.txt "$out"/torch_*_1b.txt \
     "$out"/us_200m.txt "$out"/us_tuned_200m.txt "$out"/torch_*_200m.txt
 echo
 python3 bench/gpu_table.py "$out" | tee "$out/table.txt"
-if [ -f "$out/attn_ab.txt" ]; then
-    sed -n '/one process/,$p' "$out/attn_ab.txt" | tee -a "$out/table.txt"
-fi
+for f in "$out/attn_ab.txt" "$out/attn_ab10.txt"; do
+    [ -f "$f" ] && sed -n '/one process/,$p' "$f" | tee -a "$out/table.txt"
+done
