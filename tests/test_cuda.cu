@@ -1,6 +1,7 @@
 /* test_cuda.cu — every CUDA op against the CPU reference, then whole-model training on the GPU
    against the CPU run. Built by `make test` everywhere (so the CUDA code cannot rot); without a
-   GPU it prints SKIP and the runner counts it as skipped. */
+   GPU it prints SKIP and the runner counts it as skipped. `test_cuda --ops` runs the op checks
+   alone (seconds); `test_cuda --fp16-moe` the fp16 MoE twin run step by step (see main). */
 #define ULTRASCALE_IMPLEMENTATION
 #include "../ultrascale_cuda.cuh"
 #include "us_test.h"
