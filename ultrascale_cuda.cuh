@@ -5347,8 +5347,11 @@ static int us__hop_attention_fwd(us_ops *o, void *out, float *lse, const void *q
    placed the loss: without the wait for earlier key blocks the fused kernel was 0-13 % faster;
    the dQ adds themselves (one staging buffer, each add waited for) cost 8-27 % more; and with
    no dQ written at all it only matched the two kernels (0.96-1.01× at HS 128 and the 1B shape,
-   7-20 % behind at multi-head HS 64): its five GEMMs a tile cost what their seven do, since
-   dQ's GEMM waits for both consumers' dS, outside the ping-pong. */
+   7-20 % behind at multi-head HS 64): its five GEMMs a tile cost what their seven do. Two
+   reworks measured no better (dQ's GEMM deferred a tile so the consumers keep their ping-pong,
+   dS and the staging double-buffered: 0.97-1.01×; then one consumer taking a tile's whole dQ
+   with N = 128: 1.00-1.04×; bench/logs/session13/fused-v3.patch): the copy engine's fp32 adds,
+   32 KB per tile of 128 keys × 64 queries, are the cost to remove. */
 
 /* whether the backward of head size HS at sequence length T runs fused (dQ inside the dK/dV
    kernel), and the bytes of scratch it needs beside D and L2: the counters, then dQacc
