@@ -3237,10 +3237,11 @@ static void us__flash_bwd(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
    causal query tile is short (a few dozen key tiles), so starting and ending one costs a real
    share: the forward, dK/dV and dQ run a persistent grid, one CTA per SM walking the tiles (or
    key blocks) longest first, its rings carried from tile to tile, so that the next tile's
-   queries (or keys) are loading while this one's output is written. Which tiles run at the same time decides what L2 holds: CTAs
-   working on the same (batch, kv head) read the same K and V (or queries and dO) at once and share
-   them there, one CTA alone on its pair reads them from memory again for every tile, so the
-   pairs are taken in bands small enough that each has several CTAs at work (us__hop_band).
+   queries (or keys) are loading while this one's output is written. Which tiles run at the same
+   time decides what L2 holds: CTAs working on the same (batch, kv head) read the same K and V
+   (or queries and dO) at once and share them there, one CTA alone on its pair reads them from
+   memory again for every tile, so the pairs are taken in bands small enough that each has
+   several CTAs at work (us__hop_band).
    Shared-memory tiles are rows × 64-element column blocks, each block 128 bytes per row with the
    128-byte swizzle (the 16-byte chunk c of row r sits at chunk c ⊕ (r mod 8)), so 8 consecutive
    rows of one column hit all 32 banks. A head of HS elements takes ⌈HS/64⌉ blocks; HS 80 and 96
@@ -3864,17 +3865,22 @@ static __device__ __forceinline__ void us__hop_scale_o(float (&o)[HS / 8][4],
         for (int e = 0; e < 4; e++) asm volatile("" : "+f"(o[i][e])::"memory");
 }
 
-/* A kernel's barriers, laid out [one][full n][empty n]: `one` for the tiles loaded once (one
-   arrival), "full" for the ring's stages (full_count arrivals: the copy thread, and whoever
-   else fills a stage), "empty" (empty_count: every consumer thread). Thread 0 initialises, then
-   the block syncs. */
+/* A kernel's barriers, laid out [one ones][full n][empty n]: `one` for the tiles loaded once
+   (one arrival; ones buffers of them, each with an "empty" barrier in one_empty [ones] where the
+   kernel refills them), "full" for the ring's stages (full_count arrivals: the copy thread, and
+   whoever else fills a stage), "empty" (empty_count: every consumer thread). Thread 0
+   initialises, then the block syncs. */
 static __device__ __forceinline__ void us__hop_bars_init(uint64_t *one, int n, int full_count,
-                                                         int empty_count) {
+                                                         int empty_count, int ones = 1,
+                                                         uint64_t *one_empty = nullptr) {
     if (threadIdx.x == 0) {
-        us__mb_init(one, 1);
+        for (int i = 0; i < ones; i++) {
+            us__mb_init(one + i, 1);
+            if (one_empty) us__mb_init(one_empty + i, empty_count);
+        }
         for (int i = 0; i < n; i++) {
-            us__mb_init(one + 1 + i, full_count);
-            us__mb_init(one + 1 + n + i, empty_count);
+            us__mb_init(one + ones + i, full_count);
+            us__mb_init(one + ones + n + i, empty_count);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -4126,6 +4132,35 @@ static __device__ __forceinline__ us__hop_kblock us__hop_kblock_of(int u, int NK
                                                                    int P) {
     const us__hop_banded a = us__hop_band_at(u, NKV * B, P, 1, nkb);
     return {a.pair % NKV, a.pair / NKV, a.r};
+}
+
+/* Where one key block stands in a dK/dV CTA's walk: qb0, its first query tile (of BQ) at or after
+   its keys, and per, the query tiles from there; j, the CTA's count of key blocks before it
+   (its K/V buffer is j mod KVN); base, the ring stages those blocks used; last, whether none
+   follows */
+struct us__hop_kstep {
+    int qb0, per, j, base;
+    bool last;
+};
+
+/* This CTA's walk over the dK/dV kernel's key blocks of BK keys (us__hop_snake over
+   us__hop_kblock_of, heaviest first), as its copy thread, its rows warp and its consumers all
+   take it: block(kb, w) for each */
+template <int BK, int BQ, typename F>
+static __device__ __forceinline__ void us__hop_kwalk(int T, int NKV, int B, int grp, int P,
+                                                     const F &block) {
+    const int nkb = (T + BK - 1) / BK, U = nkb * NKV * B, G = gridDim.x, nqt = (T + BQ - 1) / BQ;
+    us__hop_kstep w = {0, 0, 0, 0, false};
+    for (int u = us__hop_snake(blockIdx.x, 0, G); u < U; w.j++) {
+        const int un = us__hop_snake(blockIdx.x, w.j + 1, G);
+        const us__hop_kblock kb = us__hop_kblock_of(u, NKV, B, nkb, P);
+        w.qb0 = kb.kb * BK / BQ;
+        w.per = nqt - w.qb0;
+        w.last = un >= U;
+        block(kb, w);
+        w.base += grp * w.per;
+        u = un;
+    }
 }
 
 /* This CTA's walk over the U causal query tiles of BR rows (nqb of them per head and batch; G
@@ -4499,12 +4534,12 @@ static __device__ __forceinline__ void us__hop_turns_skip(int c, bool last) {
 }
 
 /* One query tile (stage s; last: no turn follows in this CTA) of a dK/dV consumer whose keys
-   some query of it sees: Sᵀ, dPᵀ, then Pᵀ and dSᵀ (us__hop_pds, dS times dsc, hidden(j, e) masked where part
-   of the tile is), then dV and dK; each of its two GEMM batches in this consumer's turn.
-   BY_POS (context parallelism's block kernel, whose mask reads positions): a copy of the math
-   with the mask and one without (us__hop_by_mode); by index (causal): one copy with no mask
-   code, a diagonal tile's hidden scores set to −inf in a pass before it. POS: the block
-   kernel's layout (it adds the queries' positions). */
+   some query of it sees: Sᵀ, dPᵀ, then Pᵀ and dSᵀ (us__hop_pds, dS times dsc, hidden(j, e)
+   masked where part of the tile is), then dV and dK; each of its two GEMM batches in this
+   consumer's turn. BY_POS (context parallelism's block kernel, whose mask reads positions): a
+   copy of the math with the mask and one without (us__hop_by_mode); by index (causal): one copy
+   with no mask code, a diagonal tile's hidden scores set to −inf in a pass before it. SM: the
+   kernel's us__hop_dkdv_smem (its K/V buffer; the block kernel's adds the queries' positions). */
 template <typename E, int HS, bool DK, bool DV, bool BY_POS, typename SM, typename Mask>
 static __device__ __forceinline__ void
 us__hop_dkdv_tile(float (&dk)[DK ? HS / 8 : 1][4], float (&dv)[DV ? HS / 8 : 1][4], const SM &sm,
@@ -4570,41 +4605,27 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
     using SM = us__hop_dkdv_smem<HS, false, KVN>;
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
     const SM sm(us__hop_smem_base(us__hop_raw));
-    const int grp = NH / NKV, nkb = (T + BK - 1) / BK, U = nkb * NKV * B, G = gridDim.x;
-    const int nqt = (T + BQ - 1) / BQ;
-    const int wg = us__hop_wg(), tid = threadIdx.x & 127;
-    if (threadIdx.x == 0) { /* full: the copy thread and warp 1's lanes */
-        for (int i = 0; i < KVN; i++) {
-            us__mb_init(sm.barKV + i, 1);
-            us__mb_init(sm.emptyKV + i, 128 * NWG);
-        }
-        for (int i = 0; i < S; i++) {
-            us__mb_init(sm.full + i, 1 + 32);
-            us__mb_init(sm.empty + i, 128 * NWG);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
+    const int grp = NH / NKV, wg = us__hop_wg(), tid = threadIdx.x & 127;
+    /* full: the copy thread and warp 1's lanes; K and V: KVN buffers, each with its emptyKV */
+    us__hop_bars_init(sm.barKV, S, 1 + 32, 128 * NWG, KVN, sm.emptyKV);
 
     if (wg == 0) {
         us__hop_regs_producer<NWG>();
         const int warp = tid >> 5, lane = tid & 31;
         if (warp > 1 || (warp == 0 && lane != 0)) return;
-        int base = 0; /* the ring's stages used by the CTA's earlier key blocks */
-        for (int j = 0, u = us__hop_snake(blockIdx.x, 0, G); u < U;
-             u = us__hop_snake(blockIdx.x, ++j, G)) {
-            const us__hop_kblock kb = us__hop_kblock_of(u, NKV, B, nkb, P);
-            const int qb0 = kb.kb * BK / BQ, per = nqt - qb0, kv = j % KVN;
-            if (warp == 0)
-                us__hop_dkdv_produce<HS, false>(
-                    sm.sK + kv * SM::KVSTEP, sm.sV + kv * SM::KVSTEP, sm.sQ, sm.sdO, sm.barKV + kv,
-                    sm.full, sm.empty, &mq, &mdo, &mkv, kb.g, kb.b, kb.kb * BK, qb0, grp, per, NH,
-                    NKV, base, sm.emptyKV + kv, j >= KVN ? ((j / KVN) - 1) & 1 : -1);
-            else
-                us__hop_dkdv_rows<HS, false>(sm.sL, sm.sD, sm.full, sm.empty, L2g, Dg, kb.g, kb.b,
-                                             qb0, grp, per, T, NH, lane, base);
-            base += grp * per;
-        }
+        us__hop_kwalk<BK, BQ>(
+            T, NKV, B, grp, P, [&](const us__hop_kblock &kb, const us__hop_kstep &w) {
+                const int kv = w.j % KVN;
+                if (warp == 0)
+                    us__hop_dkdv_produce<HS, false>(
+                        sm.sK + kv * SM::KVSTEP, sm.sV + kv * SM::KVSTEP, sm.sQ, sm.sdO,
+                        sm.barKV + kv, sm.full, sm.empty, &mq, &mdo, &mkv, kb.g, kb.b, kb.kb * BK,
+                        w.qb0, grp, w.per, NH, NKV, w.base, sm.emptyKV + kv,
+                        w.j >= KVN ? ((w.j / KVN) - 1) & 1 : -1);
+                else
+                    us__hop_dkdv_rows<HS, false>(sm.sL, sm.sD, sm.full, sm.empty, L2g, Dg, kb.g,
+                                                 kb.b, w.qb0, grp, w.per, T, NH, lane, w.base);
+            });
         return;
     }
     us__hop_regs_consumer<NWG>();
@@ -4613,11 +4634,8 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
        one's exp2 and products meet the other's GEMMs; a skipped tile still takes its turns, and
        the turns run on over the CTA's key blocks */
     if (NWG == 2 && c == 1) us__hop_bar_arrive(1);
-    int base = 0;
-    for (int jb = 0, u = us__hop_snake(blockIdx.x, 0, G); u < U;) {
-        const int un = us__hop_snake(blockIdx.x, jb + 1, G);
-        const us__hop_kblock kb = us__hop_kblock_of(u, NKV, B, nkb, P);
-        const int k0 = kb.kb * BK, qb0 = k0 / BQ, per = nqt - qb0, nit = grp * per, kv = jb % KVN;
+    us__hop_kwalk<BK, BQ>(T, NKV, B, grp, P, [&](const us__hop_kblock &kb, const us__hop_kstep &w) {
+        const int k0 = kb.kb * BK, nit = grp * w.per, kv = w.j % KVN;
         const int kc = k0 + 64 * c;                    /* this warpgroup's first key */
         const int key0 = kc + 16 * warp + (lane >> 2); /* the thread's keys: key0 + 8r */
         SM smj = sm;                                   /* this block's K/V buffer */
@@ -4626,10 +4644,10 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
         float dk[DK ? HS / 8 : 1][4], dv[DV ? HS / 8 : 1][4];
         us__hop_zero(dk);
         us__hop_zero(dv);
-        us__mb_wait(sm.barKV + kv, (jb / KVN) & 1);
+        us__mb_wait(sm.barKV + kv, (w.j / KVN) & 1);
         for (int it = 0; it < nit; it++) {
-            const int r = base + it, s = r % S, q0 = (qb0 + it % per) * BQ;
-            const bool last = it + 1 == nit && un >= U;
+            const int r = w.base + it, s = r % S, q0 = (w.qb0 + it % w.per) * BQ;
+            const bool last = it + 1 == nit && w.last;
             us__mb_wait(sm.full + s, (r / S) & 1);
             if (!(kc <= q0 + BQ - 1 && kc < T)) { /* every key here is after every query: P = 0 */
                 us__hop_turns_skip<NWG>(c, last);
@@ -4645,10 +4663,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
         }
         us__mb_arrive(sm.emptyKV + kv); /* K and V of this block are read */
         us__hop_dkv_store<E, HS, DK, DV>(dk, dv, dqkv, key0, kb.b, kb.g, T, NH, NKV, scale, lane);
-        base += nit;
-        u = un;
-        jb++;
-    }
+    });
 #else
     (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dqkv, (void)B, (void)T, (void)NH,
         (void)NKV, (void)P, (void)scale, (void)sl2;

@@ -4,7 +4,8 @@
      each band holds pairs band·P.. (the last band fewer); within a band the tiles come longest
      first, and a group's heads are consecutive; with one band, the order is the one before
      bands (the last query block of every head and batch, heads fastest);
-   - the persistent walk: the CTAs of us__hop_snake take every tile once between them;
+   - the persistent walk: the CTAs of us__hop_snake take every tile once between them, and the
+     dK/dV kernel's walk (us__hop_kwalk) every key block once, each with its ring place;
    - dK/dV's key blocks: blocks 0..U−1 (U = key blocks × NKV × B, walked by us__hop_snake as the
      query tiles) name every (key block, kv head, batch) once; within a band key block 0 (the
      heaviest) first.
@@ -83,6 +84,39 @@ static int check_kblocks(int B, int nkb, int NKV, int P) {
     return ok;
 }
 
+/* the dK/dV kernel's walk (us__hop_kwalk) on G CTAs, key blocks of 128 and query tiles of BQ:
+   every key block once among them; on each CTA, qb0 the block's first query tile, per the tiles
+   from there, j counting the CTA's blocks, base the sum of grp·per before it, last on its final
+   block only */
+template <int BQ>
+static void check_kwalk(int B, int nkb, int NKV, int grp, int P, int G) {
+    const int T = nkb * 128 - 5, nqt = (T + BQ - 1) / BQ;
+    std::vector<int> seen((size_t)B * NKV * nkb, 0);
+    int ok = 1;
+    emu_gdim = {(unsigned)G, 1, 1};
+    for (int i = 0; i < G; i++) {
+        int j = 0, base = 0, ended = 0;
+        emu_bix = {(unsigned)i, 0, 0};
+        us__hop_kwalk<128, BQ>(
+            T, NKV, B, grp, P, [&](const us__hop_kblock &kb, const us__hop_kstep &w) {
+                ok &= kb.g >= 0 && kb.g < NKV && kb.b >= 0 && kb.b < B && kb.kb >= 0 && kb.kb < nkb;
+                if (!ok) return;
+                seen[((size_t)kb.b * NKV + kb.g) * nkb + kb.kb]++;
+                ok &= !ended && w.j == j && w.base == base && w.qb0 == kb.kb * 128 / BQ &&
+                      w.per == nqt - w.qb0;
+                ended = w.last;
+                base += grp * w.per;
+                j++;
+            });
+        ok &= ended || j == 0;
+    }
+    for (size_t i = 0; ok && i < seen.size(); i++) ok &= seen[i] == 1;
+    CHECK(ok,
+          "dK/dV walk B%d nkb%d NKV%d grp%d BQ%d, bands of %d, %d CTAs: each block once, its place "
+          "right",
+          B, nkb, NKV, grp, BQ, P, G);
+}
+
 int main(void) {
     /* B, query/key blocks, NH, NKV: multi-head, GQA, MQA; pair counts prime and composite */
     static const int shapes[][4] = {{8, 16, 16, 16}, {4, 32, 32, 8}, {16, 8, 16, 4}, {3, 5, 8, 1},
@@ -92,7 +126,11 @@ int main(void) {
         for (int P = 1; P <= pairs; P++)
             if (!check_qtiles(s[0], s[1], s[2], s[3], P) || !check_kblocks(s[0], s[1], s[3], P))
                 break;
-        for (int G : {1, 3, 132}) check_walk(s[1] * s[2] * s[0], G);
+        for (int G : {1, 3, 132}) {
+            check_walk(s[1] * s[2] * s[0], G);
+            check_kwalk<64>(s[0], s[1], s[3], s[2] / s[3], pairs, G);
+            check_kwalk<128>(s[0], s[1], s[3], s[2] / s[3], (pairs + 1) / 2, G);
+        }
     }
     return us_test_done("band_emu");
 }

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """extract_band.py ULTRASCALE_CUDA_CUH OUT.h -- the Hopper attention kernels' tile order of
-ultrascale_cuda.cuh (// >>cuda-hopper: us__hop_snake, us__hop_qtile_of, us__hop_kblock_of), which
+ultrascale_cuda.cuh (// >>cuda-hopper: us__hop_snake, us__hop_qtile_of, us__hop_kblock_of, us__hop_kwalk), which
 band_emu.cpp checks on the CPU. Fails loudly if the markers it cuts at move."""
 import sys
 from extract_common import Header, write
 hdr = Header(sys.argv[1], 'extract_band.py')
 start = hdr.at('// >>cuda-hopper')
-txt = '\n'.join(hdr.cut('/* Tile j of CTA i in a persistent grid', '/* This CTA\'s walk', start))
+txt = '\n'.join(hdr.cut('/* Tile j of CTA i in a persistent grid', '/* This CTA\'s walk over the U causal', start))
 write(sys.argv[2], 'extract_band.py', txt, bad=('__shared__', 'asm(', 'asm volatile', '<<<'))
