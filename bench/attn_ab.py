@@ -22,8 +22,9 @@ training step whose queue runs ahead; a sample is then the GPU's time per call.
 
 Usage: python3 bench/attn_ab.py [--lib build/libus_attn.so] [--lib-b OTHER.so]
        [--att-heads NH:NKV:HS,...] [--att-seq T,...] [--reps 20] [--band N] [--kernels]
-       [--mode M] [--mode-b M] [--batch N]   (us_cuda_attention_no_hopper of each build: 5 the fused backward)
-       (N: us_cuda_attention_band, 0 the library's rule)
+       [--mode M] [--mode-b M] [--batch N]
+       (--band: us_cuda_attention_band, 0 the library's rule; --mode, --mode-b:
+       us_cuda_attention_no_hopper of each build, 5 the fused backward)
 """
 import argparse
 import ctypes
@@ -150,15 +151,13 @@ def shape(libs, B, T, NH, NKV, HS, reps, kernels=False):
                         t["cudnn"][0].append(f)
                         sd_fb.append(fb)
     if kernels:
-        for name, lib, st in libs:
-            def ours():
-                us_fwd(lib)
-                us_bwd(lib)
-            for kn, ms in sorted(kernel_times([ours]).items(), key=lambda x: -x[1]):
+        def show(name, fn):
+            for kn, ms in sorted(kernel_times([fn]).items(), key=lambda x: -x[1]):
                 print(f"  kernel {name:<7} {T:5d} {NH:3d} {NKV:3d} {HS:4d} | {ms:8.3f} ms | {kn[:90]}")
+        for name, lib, _ in libs:
+            show(name, lambda: (us_fwd(lib), us_bwd(lib)))
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            for kn, ms in sorted(kernel_times([sd_fwdbwd]).items(), key=lambda x: -x[1]):
-                print(f"  kernel {'cudnn':<7} {T:5d} {NH:3d} {NKV:3d} {HS:4d} | {ms:8.3f} ms | {kn[:90]}")
+            show("cudnn", sd_fwdbwd)
     for name, lib, _ in libs:
         if lib.usa_error():
             raise SystemExit(f"attn_ab: {name} failed: {lib.usa_error().decode()}")
