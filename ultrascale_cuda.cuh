@@ -3260,7 +3260,8 @@ static void us__flash_bwd(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
                            the query tiles (us__hop_kblock_of); per block, every query head of the
                            group × every query tile at or after the diagonal streams by;
                            Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, Pᵀ, dSᵀ, then dV += Pᵀ·dO, dK += dSᵀ·Q. Each key
-                           has one owner, so dK and dV are summed in registers, no atomics.
+                           has one owner, so dK and dV are summed in registers, no atomics; so is
+                           as much of its K (and V) as the registers hold, read once a block.
      us__hop_dq_kernel     persistent as the forward, over tiles of (64·NWG queries, head,
                            batch): key tiles up to the diagonal; S, dP, dS again, dQ += dS·K.
                            A kernel of its own instead of fp32 atomics from the dK/dV kernel:
@@ -3614,6 +3615,14 @@ struct us__hop_cfg {
     /* queries per tile of the dK/dV kernel, keys per tile of dQ: 128 where the registers allow,
        since a 64-wide wgmma reading both operands from shared memory is bound by its bandwidth */
     static constexpr int BQ = HS <= 64 ? 128 : 64;
+    /* the first KRK k-steps (16 columns each) of a dK/dV consumer's K and the first KRV of its
+       V as wgmma A fragments in registers, loaded once a key block: those steps of Sᵀ = K·Qᵀ and
+       dPᵀ = V·dOᵀ then read only Qᵀ and dOᵀ from shared memory, half of what a 64-wide GEMM
+       with both operands there reads. As many as the consumers' 240 registers hold beside dK,
+       dV, Sᵀ and dPᵀ without a spill (one more step at HS 128 spilled, and ran 30 % slower);
+       none at HS 64, whose 128-query tiles make those GEMMs 128 wide, not bound by the reads */
+    static constexpr int KRK = HS == 80 || HS == 96 ? HS / 16 : HS == 128 ? 3 : 0;
+    static constexpr int KRV = HS == 80 ? HS / 16 : 0;
     static constexpr int BKQ = HS <= 128 ? 128 : 64;
     /* forward: Q [QN][64·NWF][HSP], K and V [FS][BC][HSP]; the barriers after them. Two Q
        buffers where they fit (all but HS 256), so that the persistent forward loads the next
@@ -4447,20 +4456,42 @@ us__hop_dq_produce(const us__hop_dq_smem<HS> &sm, const CUtensorMap *mq, const C
     }
 }
 
+/* A fragments (us__wg_rs) of k-step kk of rows r0 + 16w .. r0 + 16w + 15 of a K-major tile of
+   ROWS rows (w: the thread's warp in its warpgroup), what us__wg_kmaj describes in shared memory.
+   ldmatrix's lane l names row l%8 + 8·((l/8)%2), 16-byte chunk 2·(kk%4) + l/16 of column block
+   kk/4, placed by the 128-byte swizzle; its four 8×8 matrices land as the m16n8k16 A fragment */
+template <int ROWS>
+static __device__ __forceinline__ void us__hop_lda(uint32_t (&a)[4], const unsigned char *tile,
+                                                   int r0, int kk, int warp, int lane) {
+    const int r = r0 + 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
+    const int ch = 2 * (kk & 3) + (lane >> 4);
+    us__ldsm_x4(a, tile + (kk >> 2) * ROWS * 128 + r * 128 + ((ch ^ (r & 7)) << 4));
+}
+
 /* Sᵀ = K·Qᵀ and (DK) dPᵀ = V·dOᵀ of consumer c's 64 keys (rows 64c.. of sK [BK][HSP] and
-   sV) against a stage's BQ queries (tQ, tdO [BQ][HSP]), one committed batch */
-template <typename E, int HS, int BK, int BQ, bool DK>
+   sV) against a stage's BQ queries (tQ, tdO [BQ][HSP]), one committed batch. The first KRK
+   k-steps of K come from registers (kf [KRK][4], us__hop_lda), the first KRV of V too (vf); the
+   rest from shared memory */
+template <typename E, int HS, int BK, int BQ, bool DK, int KRK = 0, int KRV = 0>
 static __device__ __forceinline__ void
 us__hop_sdp(float (&st)[BQ / 8][4], float (&dpt)[DK ? BQ / 8 : 1][4], const unsigned char *sK,
-            const unsigned char *sV, const unsigned char *tQ, const unsigned char *tdO, int c) {
+            const unsigned char *sV, const unsigned char *tQ, const unsigned char *tdO, int c,
+            const uint32_t (*kf)[4] = nullptr, const uint32_t (*vf)[4] = nullptr) {
     us__wg_fence();
 #pragma unroll
     for (int kk = 0; kk < HS / 16; kk++) {
-        us__wg_ss<BQ, E, 0>(&st[0][0], us__wg_kmaj<BK>(sK, 64 * c, kk), us__wg_kmaj<BQ>(tQ, 0, kk),
-                            kk > 0);
-        if constexpr (DK)
-            us__wg_ss<BQ, E, 0>(&dpt[0][0], us__wg_kmaj<BK>(sV, 64 * c, kk),
-                                us__wg_kmaj<BQ>(tdO, 0, kk), kk > 0);
+        const uint64_t q = us__wg_kmaj<BQ>(tQ, 0, kk);
+        if (kk < KRK)
+            us__wg_rs<BQ, E, 0>(&st[0][0], kf[kk], q, kk > 0);
+        else
+            us__wg_ss<BQ, E, 0>(&st[0][0], us__wg_kmaj<BK>(sK, 64 * c, kk), q, kk > 0);
+        if constexpr (DK) {
+            const uint64_t o = us__wg_kmaj<BQ>(tdO, 0, kk);
+            if (kk < KRV)
+                us__wg_rs<BQ, E, 0>(&dpt[0][0], vf[kk], o, kk > 0);
+            else
+                us__wg_ss<BQ, E, 0>(&dpt[0][0], us__wg_kmaj<BK>(sV, 64 * c, kk), o, kk > 0);
+        }
     }
     us__wg_commit();
 }
@@ -4539,18 +4570,21 @@ static __device__ __forceinline__ void us__hop_turns_skip(int c, bool last) {
    consumer's turn. BY_POS (context parallelism's block kernel, whose mask reads positions): a
    copy of the math with the mask and one without (us__hop_by_mode); by index (causal): one copy
    with no mask code, a diagonal tile's hidden scores set to −inf in a pass before it. SM: the
-   kernel's us__hop_dkdv_smem (its K/V buffer; the block kernel's adds the queries' positions). */
-template <typename E, int HS, bool DK, bool DV, bool BY_POS, typename SM, typename Mask>
+   kernel's us__hop_dkdv_smem (its K/V buffer; the block kernel's adds the queries' positions).
+   kf, vf: the first KRK k-steps of the consumer's K and KRV of its V in registers (us__hop_sdp) */
+template <typename E, int HS, bool DK, bool DV, bool BY_POS, int KRK, int KRV, typename SM,
+          typename Mask>
 static __device__ __forceinline__ void
 us__hop_dkdv_tile(float (&dk)[DK ? HS / 8 : 1][4], float (&dv)[DV ? HS / 8 : 1][4], const SM &sm,
-                  int s, bool part, Mask hidden, bool last, int c, int lane, float dsc, float sl2) {
+                  int s, bool part, Mask hidden, bool last, int c, int lane, float dsc, float sl2,
+                  const uint32_t (*kf)[4] = nullptr, const uint32_t (*vf)[4] = nullptr) {
     using C = us__hop_cfg<HS>;
     constexpr int NWG = C::NWG, BK = 64 * NWG, BQ = C::BQ, QB = SM::QB;
     const unsigned char *tQ = sm.sQ + s * QB, *tdO = sm.sdO + s * QB;
     float st[BQ / 8][4], dpt[DK ? BQ / 8 : 1][4];
     uint32_t pa[DV ? BQ / 16 : 1][4], da[DK ? BQ / 16 : 1][4];
     us__hop_turn<NWG>(c);
-    us__hop_sdp<E, HS, BK, BQ, DK>(st, dpt, sm.sK, sm.sV, tQ, tdO, c);
+    us__hop_sdp<E, HS, BK, BQ, DK, KRK, KRV>(st, dpt, sm.sK, sm.sV, tQ, tdO, c, kf, vf);
     us__hop_turn_done<NWG>(c, false);
     us__wg_wait<BQ / 2>(&st[0][0]);
     if constexpr (DK) us__wg_wait<BQ / 2>(&dpt[0][0]);
@@ -4601,6 +4635,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
     constexpr int NWG = C::NWG, BK = 64 * NWG, BQ = C::BQ, S = C::BS, KVN = C::KVN;
+    constexpr int KRK = PART == 0 ? C::KRK : 0, KRV = PART == 0 ? C::KRV : 0;
     constexpr bool DV = PART != 2, DK = PART != 1;
     using SM = us__hop_dkdv_smem<HS, false, KVN>;
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
@@ -4645,6 +4680,11 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
         us__hop_zero(dk);
         us__hop_zero(dv);
         us__mb_wait(sm.barKV + kv, (w.j / KVN) & 1);
+        uint32_t kf[KRK ? KRK : 1][4], vf[KRV ? KRV : 1][4]; /* K, V as A fragments */
+#pragma unroll
+        for (int kk = 0; kk < KRK; kk++) us__hop_lda<BK>(kf[kk], smj.sK, 64 * c, kk, warp, lane);
+#pragma unroll
+        for (int kk = 0; kk < KRV; kk++) us__hop_lda<BK>(vf[kk], smj.sV, 64 * c, kk, warp, lane);
         for (int it = 0; it < nit; it++) {
             const int r = w.base + it, s = r % S, q0 = (w.qb0 + it % w.per) * BQ;
             const bool last = it + 1 == nit && w.last;
@@ -4656,8 +4696,9 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
                 const auto causal = [&](int j, int e) {
                     return key0 + (e >> 1) * 8 > q0 + j * 8 + 2 * (lane & 3) + (e & 1);
                 };
-                us__hop_dkdv_tile<E, HS, DK, DV, false>(dk, dv, smj, s, kc + 63 > q0, causal, last,
-                                                        c, lane, us__hop_ds_scale<E>(scale), sl2);
+                us__hop_dkdv_tile<E, HS, DK, DV, false, KRK, KRV>(
+                    dk, dv, smj, s, kc + 63 > q0, causal, last, c, lane, us__hop_ds_scale<E>(scale),
+                    sl2, kf, vf);
             }
             us__mb_arrive(sm.empty + s);
         }
@@ -6608,8 +6649,8 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
                 return kp[e >> 1] > tp[j * 8 + 2 * (lane & 3) + (e & 1)];
             };
             /* dS scaled under bf16 too, dK added as it is (us__hop_ds_scale) */
-            us__hop_dkdv_tile<E, HS, DK, DV, true>(dk, dv, sm, s, kr.y > qr.x, hidden,
-                                                   it + 1 == nit, c, lane, scale, sl2);
+            us__hop_dkdv_tile<E, HS, DK, DV, true, 0, 0>(dk, dv, sm, s, kr.y > qr.x, hidden,
+                                                         it + 1 == nit, c, lane, scale, sl2);
         }
         us__mb_arrive(sm.empty + s);
     }

@@ -9,6 +9,8 @@
    - dK/dV's key blocks: blocks 0..U−1 (U = key blocks × NKV × B, walked by us__hop_snake as the
      query tiles) name every (key block, kv head, batch) once; within a band key block 0 (the
      heaviest) first.
+   - the dK/dV kernel's K and V in registers (us__hop_lda): each A fragment holds the elements
+     the PTX layout names.
    The same bits on the GPU whatever the order is test_cuda's part (attn_grid_same). */
 #include <algorithm>
 #include <vector>
@@ -117,7 +119,45 @@ static void check_kwalk(int B, int nkb, int NKV, int grp, int P, int G) {
           B, nkb, NKV, grp, BQ, P, G);
 }
 
+/* us__hop_lda: the A fragments of k-step kk of rows r0.. of a ROWS × 128 tile laid out as the
+   copy engine writes it (64-column blocks of 128-byte rows, 16-byte chunk c of row r at c ⊕ r%8),
+   against the A layout of mma.m16n8k16 (PTX ISA), which wgmma's register A repeats per warp w
+   over rows 16w..16w+15: register i holds row g + 8·(i%2), columns 2t + 8·(i/2) and the next
+   (g = lane/4, t = lane%4), the first in its low half. Each element carries its own (row, col). */
+template <int ROWS>
+static void check_lda(int r0) {
+    std::vector<uint16_t> tile((size_t)ROWS * 128);
+    for (int r = 0; r < ROWS; r++)
+        for (int col = 0; col < 128; col++) {
+            const size_t at = (size_t)(col / 64) * ROWS * 64 + r * 64 +
+                              ((((col % 64) / 8) ^ (r % 8)) * 8) + col % 8;
+            tile[at] = (uint16_t)(r * 128 + col);
+        }
+    int bad = 0;
+    emu_launch({1, 1, 1}, 0, [&]() {
+        const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane / 4, t = lane % 4;
+        for (int kk = 0; kk < 8; kk++) {
+            uint32_t a[4];
+            us__hop_lda<ROWS>(a, (const unsigned char *)tile.data(), r0, kk, warp, lane);
+            for (int i = 0; i < 4; i++) {
+                const int row = r0 + 16 * warp + g + 8 * (i % 2),
+                          col = 16 * kk + 2 * t + 8 * (i / 2);
+                const uint32_t want = (uint32_t)(row * 128 + col) | (uint32_t)(row * 128 + col + 1)
+                                                                        << 16;
+                bad += a[i] != want;
+            }
+        }
+    });
+    CHECK(bad == 0,
+          "K/V A fragments, %d-row tile from row %d: every register its two elements (%d "
+          "wrong)",
+          ROWS, r0, bad);
+}
+
 int main(void) {
+    check_lda<64>(0);
+    check_lda<128>(0);
+    check_lda<128>(64);
     /* B, query/key blocks, NH, NKV: multi-head, GQA, MQA; pair counts prime and composite */
     static const int shapes[][4] = {{8, 16, 16, 16}, {4, 32, 32, 8}, {16, 8, 16, 4}, {3, 5, 8, 1},
                                     {1, 64, 16, 4},  {7, 3, 6, 3},   {2, 1, 4, 4},   {5, 9, 12, 2}};
