@@ -4635,7 +4635,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
     constexpr int NWG = C::NWG, BK = 64 * NWG, BQ = C::BQ, S = C::BS, KVN = C::KVN;
-    constexpr int KRK = PART == 0 ? C::KRK : 0, KRV = PART == 0 ? C::KRV : 0;
+    constexpr int KRK = C::KRK, KRV = C::KRV;
     constexpr bool DV = PART != 2, DK = PART != 1;
     using SM = us__hop_dkdv_smem<HS, false, KVN>;
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
