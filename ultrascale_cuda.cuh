@@ -5600,7 +5600,8 @@ static void us__cuda_attention_bwd(us_ops *o, void *dqkv, const void *dout, cons
    helpers), at the end of this section: us__hop_block_fwd_kernel, us__hop_block_dkdv_kernel,
    us__hop_block_dq_kernel. What changes against the causal Hopper kernels is only which tiles
    a CTA visits and how a tile is masked: a small kernel first writes the smallest and largest
-   position of every run of 64 queries and keys (us__hop_pos_ranges); each CTA turns them into
+   position of every run of 64 queries and keys (us__hop_pos_ranges); they give every query tile
+   (of the forward and dQ kernels, us__hop_block_tiles) or key block (of the dK/dV kernel's CTAs)
    the bitmask of the tiles it can see (the producer loads only those), and each consumer
    warpgroup decides per tile, from the same ranges, whether its 64 rows see none of it (skip),
    all of it (no mask) or part of it (mask by position). A rank's positions in ring attention
@@ -6237,9 +6238,13 @@ static void us__flash_block_fwd_e(float *acc, float *m, float *l, const void *qk
    forward's and the dQ kernel's producers and consumers are the causal kernels' own
    (us__hop_fwd_produce, us__hop_fwd_consume, us__hop_dq_produce, us__hop_dq_consume) in the
    mask mode us__hop_bypos below; the dK/dV kernel shares its tile (us__hop_dkdv_tile). So:
-     - the tiles a CTA visits come from a bitmask (us__hop_vis) built before the roles split,
-       from the smallest and largest position of every run of 64 (us__hop_pos_ranges, one small
-       kernel per call): the producer loads only visible tiles, a CTA that sees nothing exits;
+     - the tiles visited come from a bitmask (us__hop_vis), from the smallest and largest
+       position of every run of 64 (us__hop_pos_ranges, one small kernel per call): the
+       producer loads only visible tiles. The forward and dQ kernels are persistent grids that
+       walk the query tiles as the causal ones do (us__hop_block_walk), each tile's bitmask
+       written beforehand by a small kernel (us__hop_block_tiles), a tile that sees nothing
+       skipped; the dK/dV kernel runs a CTA per key block, which builds its own before its
+       roles split and exits when it sees nothing;
      - a consumer classifies each tile against its own 64 rows by the same ranges: hidden
        (skipped: its turns at the tensor cores are still taken), wholly visible (no mask), or
        partly visible (masked by position, key j hidden from query i when kpos[j] > qpos[i]).
@@ -6251,9 +6256,7 @@ static void us__flash_block_fwd_e(float *acc, float *m, float *l, const void *qk
        between is masked whole) and only take turns after it, as the causal forward does;
      - each kernel branches once per tile on its class into a copy with or without mask code
        (us__hop_by_mode): the mask, a function that may read kpos, would otherwise make the
-       compiler branch around every score of every tile, wholly visible ones too. With it, the
-       whole sequence given as one block runs within 3–9 % of the causal kernels forward and
-       2–12 % backward (bench/RESULTS.md);
+       compiler branch around every score of every tile, wholly visible ones too;
      - keys past Tk have position +inf and queries past Tq −inf, so a tail tile is always
        masked, and TMA zero-fills its rows;
      - K and V come from the block buffer kv [B][Tk][2·NKV·HS] through their own tensor map;
@@ -6424,6 +6427,28 @@ us__hop_state_store(const float (&o)[HS / 8][4], const float (&m)[2], float (&l)
     }
 }
 
+/* a fresh state (acc 0, m −inf, l 0) for the thread's rows row0, row0 + 8: what
+   us__hop_state_store writes after a fresh us__hop_state_load and no key */
+template <int HS>
+static __device__ __forceinline__ void us__hop_state_fresh(float *acc, float *mst, float *lst,
+                                                           int row0, int b, int h, int Tq, int NH,
+                                                           int lane) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row0 + 8 * r;
+        if (row >= Tq) continue;
+        const int64_t i = ((int64_t)b * NH + h) * Tq + row;
+        if ((lane & 3) == 0) {
+            mst[i] = -INFINITY;
+            lst[i] = 0.f;
+        }
+        float *ar = acc + i * HS + 2 * (lane & 3);
+#pragma unroll 4
+        for (int ii = 0; ii < HS / 8; ii++)
+            *reinterpret_cast<float2 *>(ar + ii * 8) = make_float2(0.f, 0.f);
+    }
+}
+
 /* sLast[c]: the last tile of the bitmask that consumer c's 64 rows (runs c0 + c of qrng) can
    see, −1 for none (sLast starts at −1). Every thread, before a barrier (us__hop_bars_init). */
 template <int BC, int NW>
@@ -6452,52 +6477,132 @@ static __device__ __forceinline__ int us__hop_vis_upto(const unsigned *vis, int 
     return n;
 }
 
-/* The block forward, one CTA per (64·NWF queries, head, batch): the state of those rows
-   carried through the visible key tiles of kv (us__hop_fwd_consume, by position) */
+/* The key tiles (of BC) each query tile (of BR = 64·NW rows) of a block sees, one CTA of 128
+   threads per query tile: vis [nqt][nw] (bit t: key tile t holds a key at or before the tile's
+   largest query position; nw words a tile), then cnt [nqt][1 + NW]: how many, and for each
+   consumer's 64 rows how many come up to the last one those rows can see (us__hop_last_seen).
+   Ring attention gives every (batch, head) the same positions, so the persistent block kernels
+   read each tile's walk from here, where a CTA per tile had built its own before its roles split,
+   an idle SM while it did. */
+template <int BR, int BC>
+__global__ void __launch_bounds__(128)
+    us__hop_block_tiles(unsigned *__restrict__ gvis, int *__restrict__ gcnt,
+                        const int4 *__restrict__ qrng, const int4 *__restrict__ krng, int Tq,
+                        int Tk) {
+    constexpr int NW = BR / 64;
+    extern __shared__ __align__(1024) unsigned char us__hop_raw[];
+    unsigned *vis = (unsigned *)us__hop_raw; /* [nw] */
+    __shared__ int sLast[NW];
+    const int qt = blockIdx.x, nq64 = (Tq + 63) / 64, nk64 = (Tk + 63) / 64;
+    const int nkt = (Tk + BC - 1) / BC, nw = (nkt + 31) / 32;
+    if (threadIdx.x < NW) sLast[threadIdx.x] = -1;
+    const int n = us__hop_vis<BC, true>(vis, krng, Tk, us__hop_runs(qrng, qt * NW, NW, nq64).y);
+    us__hop_last_seen<BC, NW>(sLast, vis, krng, nkt, nk64, qrng, qt * NW, nq64);
+    __syncthreads();
+    for (int w = threadIdx.x; w < nw; w += blockDim.x) gvis[(int64_t)qt * nw + w] = vis[w];
+    int *cnt = gcnt + (int64_t)qt * (1 + NW);
+    if (threadIdx.x == 0) cnt[0] = n;
+    if (threadIdx.x < NW) cnt[1 + threadIdx.x] = us__hop_vis_upto(vis, sLast[threadIdx.x]);
+}
+
+/* This CTA's walk over the query tiles of BR rows of a block kernel (nqb per head and batch,
+   U in all, G CTAs), in the causal kernels' order (us__hop_snake over us__hop_qtile_of: the last
+   query tiles first, which see the most keys in ring attention's blocks): tile(q, n, rg) for a
+   tile that sees n > 0 of the block's key tiles (n from cnt [nqt][CS]), empty(q) for one that
+   sees none. Only the first kind goes through the rings (us__hop_ring); rg.last looks past the
+   empty ones. */
+template <int BR, int CS, typename F, typename Fe>
+static __device__ __forceinline__ void us__hop_block_walk(const int *__restrict__ cnt, int nqb,
+                                                          int U, int G, int B, int NH, int NKV,
+                                                          int P, const F &tile, const Fe &empty) {
+    const auto at = [&](int u) { return us__hop_qtile_of(u, nqb, BR, NH, B, NKV, P); };
+    const auto seen = [&](const us__hop_qtile &q) { return cnt[q.q0 / BR * CS]; };
+    us__hop_ring rg;
+    int k = 0;
+    for (int u = us__hop_snake(blockIdx.x, 0, G); u < U;) {
+        const us__hop_qtile q = at(u);
+        const int n = seen(q);
+        u = us__hop_snake(blockIdx.x, ++k, G);
+        if (n == 0) {
+            empty(q);
+            continue;
+        }
+        int v = u, kv = k; /* the next tile with work, if any */
+        while (v < U && seen(at(v)) == 0) v = us__hop_snake(blockIdx.x, ++kv, G);
+        rg.last = v >= U;
+        tile(q, n, rg);
+        rg.base += n;
+        rg.j++;
+    }
+}
+
+/* The block forward, a persistent grid (one CTA per SM) over the tiles of 64·NWF queries of
+   every (head, batch) as the causal forward walks them: the state of a tile's rows carried
+   through its visible key tiles of kv (us__hop_fwd_consume, by position; the walk from
+   us__hop_block_tiles), the rings running on from one tile to the next. A tile that sees no key
+   of the block keeps its state, or starts it (init). */
 template <typename E, int HS>
 __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
     us__hop_block_fwd_kernel(const __grid_constant__ CUtensorMap mq,
                              const __grid_constant__ CUtensorMap mkv, float *__restrict__ acc,
                              float *__restrict__ mst, float *__restrict__ lst,
                              const int32_t *__restrict__ qpos, const int32_t *__restrict__ kpos,
-                             const int4 *__restrict__ qrng, const int4 *__restrict__ krng, int Tq,
-                             int Tk, int NH, int NKV, int init, float sl2) {
+                             const int4 *__restrict__ qrng, const int4 *__restrict__ krng,
+                             const unsigned *__restrict__ gvis, const int *__restrict__ gcnt, int B,
+                             int Tq, int Tk, int NH, int NKV, int P, int init, float sl2) {
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
     constexpr int NW = C::NWF, BR = 64 * NW, BC = C::BC;
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
     const us__hop_fwd_smem<HS> sm(us__hop_smem_base(us__hop_raw));
-    unsigned *vis = (unsigned *)(sm.barQ + 32); /* [⌈key tiles / 32⌉] */
-    __shared__ int sLast[NW];                   /* us__hop_last_seen */
-    const int qb = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, g = h / (NH / NKV);
-    const int q0 = qb * BR, nq64 = (Tq + 63) / 64;
-    if (threadIdx.x < NW) sLast[threadIdx.x] = -1;
-    us__hop_bypos<BC> ks;
-    ks.keys(vis, krng, kpos, Tk);
-    ks.n = us__hop_vis<BC, true>(vis, krng, Tk, us__hop_runs(qrng, q0 / 64, NW, nq64).y);
-    if (ks.n == 0 && !init) return; /* nothing of this block is visible here: the state stays */
-    us__hop_last_seen<BC, NW>(sLast, vis, krng, ks.nkt, ks.nk64, qrng, q0 / 64, nq64);
+    const int nqb = (Tq + BR - 1) / BR, U = nqb * NH * B, G = gridDim.x, nq64 = (Tq + 63) / 64;
+    const int nw = ((Tk + BC - 1) / BC + 31) / 32;
     const int wg = us__hop_wg(), tid = threadIdx.x & 127;
+    /* the visible key tiles of query tile q, n of them */
+    const auto keys = [&](us__hop_bypos<BC> &ks, const us__hop_qtile &q, int n) {
+        ks.keys(gvis + (int64_t)(q.q0 / BR) * nw, krng, kpos, Tk);
+        ks.n = n;
+    };
     sm.init(128 * NW);
 
     if (wg == 0) { /* producer: one thread issues every copy */
         us__hop_regs_producer<NW>();
-        if (tid == 0 && ks.n > 0)
-            us__hop_fwd_produce<HS>(sm, &mq, &mkv, ks, h * HS, g * HS, (NKV + g) * HS, b, q0);
+        if (tid != 0) return;
+        us__hop_block_walk<BR, 1 + NW>(
+            gcnt, nqb, U, G, B, NH, NKV, P,
+            [&](const us__hop_qtile &q, int n, const us__hop_ring &rg) {
+                us__hop_bypos<BC> ks;
+                keys(ks, q, n);
+                us__hop_fwd_produce<HS>(sm, &mq, &mkv, ks, q.h * HS, q.g * HS, (NKV + q.g) * HS,
+                                        q.b, q.q0, rg);
+            },
+            [](const us__hop_qtile &) {});
         return;
     }
     us__hop_regs_consumer<NW>();
     const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
-    const int row0 = q0 + 64 * c + 16 * warp + (lane >> 2); /* the thread's rows: row0 + 8r */
-    ks.rows(qrng, q0 / 64 + c, nq64, qpos, row0, Tq);
-    ks.nc = us__hop_vis_upto(vis, sLast[c]);
-    float o[HS / 8][4], m[2], l[2];
-    us__hop_state_load<HS>(o, m, l, acc, mst, lst, row0, b, h, Tq, NH, init, lane);
-    if (ks.n > 0) us__hop_fwd_consume<E, HS>(o, m, l, sm, ks, c, lane, sl2);
-    us__hop_state_store<HS>(o, m, l, acc, mst, lst, row0, b, h, Tq, NH, lane);
+    us__hop_block_walk<BR, 1 + NW>(
+        gcnt, nqb, U, G, B, NH, NKV, P,
+        [&](const us__hop_qtile &q, int n, const us__hop_ring &rg) {
+            const int row0 = q.q0 + 64 * c + 16 * warp + (lane >> 2); /* rows row0 + 8r */
+            us__hop_bypos<BC> ks;
+            keys(ks, q, n);
+            ks.rows(qrng, q.q0 / 64 + c, nq64, qpos, row0, Tq);
+            ks.nc = gcnt[q.q0 / BR * (1 + NW) + 1 + c];
+            float o[HS / 8][4], m[2], l[2];
+            us__hop_state_load<HS>(o, m, l, acc, mst, lst, row0, q.b, q.h, Tq, NH, init, lane);
+            us__hop_fwd_consume<E, HS>(o, m, l, sm, ks, c, lane, sl2, rg);
+            us__hop_state_store<HS>(o, m, l, acc, mst, lst, row0, q.b, q.h, Tq, NH, lane);
+        },
+        [&](const us__hop_qtile &q) {
+            if (init) /* else the state stays */
+                us__hop_state_fresh<HS>(acc, mst, lst, q.q0 + 64 * c + 16 * warp + (lane >> 2), q.b,
+                                        q.h, Tq, NH, lane);
+        });
 #else
     (void)mq, (void)mkv, (void)acc, (void)mst, (void)lst, (void)qpos, (void)kpos, (void)qrng,
-        (void)krng, (void)Tq, (void)Tk, (void)NH, (void)NKV, (void)init, (void)sl2;
+        (void)krng, (void)gvis, (void)gcnt, (void)B, (void)Tq, (void)Tk, (void)NH, (void)NKV,
+        (void)P, (void)init, (void)sl2;
     __trap();
 #endif
 }
@@ -6599,6 +6704,10 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
     constexpr int NWG = C::NWG, BK = 64 * NWG, BQ = C::BQ, S = C::BS;
+    /* the first k-steps of K in registers as the causal kernel's (us__hop_cfg::KRK) where they
+       pay here: fewer at HS 128 (the positions and ranges held here leave room for two), none at
+       HS 80, whose K and V whole ran this kernel slower (bench/RESULTS.md); V never */
+    constexpr int KRK = PART != 0 || HS == 80 ? 0 : HS == 128 ? 2 : C::KRK;
     constexpr bool DV = PART != 2, DK = PART != 1;
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
     const us__hop_dkdv_smem<HS, true> sm(us__hop_smem_base(us__hop_raw));
@@ -6632,6 +6741,9 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
     us__hop_zero(dk);
     us__hop_zero(dv);
     us__mb_wait(sm.barKV, 0);
+    uint32_t kf[KRK ? KRK : 1][4]; /* K as A fragments */
+#pragma unroll
+    for (int kk = 0; kk < KRK; kk++) us__hop_lda<BK>(kf[kk], sm.sK, 64 * c, kk, warp, lane);
 
     if (NWG == 2 && c == 1) us__hop_bar_arrive(1);
     const int first = us__fa_next_tile(vis, -1, nqt);
@@ -6649,8 +6761,8 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
                 return kp[e >> 1] > tp[j * 8 + 2 * (lane & 3) + (e & 1)];
             };
             /* dS scaled under bf16 too, dK added as it is (us__hop_ds_scale) */
-            us__hop_dkdv_tile<E, HS, DK, DV, true, 0, 0>(dk, dv, sm, s, kr.y > qr.x, hidden,
-                                                         it + 1 == nit, c, lane, scale, sl2);
+            us__hop_dkdv_tile<E, HS, DK, DV, true, KRK, 0>(dk, dv, sm, s, kr.y > qr.x, hidden,
+                                                           it + 1 == nit, c, lane, scale, sl2, kf);
         }
         us__mb_arrive(sm.empty + s);
     }
@@ -6662,8 +6774,10 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
 #endif
 }
 
-/* dQ of 64·NWG queries of head h for this block, added into dq [B][Tq][NH·HS] fp32: the
-   visible key tiles in order (us__hop_dq_consume, by position) */
+/* dQ of this block, added into dq [B][Tq][NH·HS] fp32: a persistent grid over the tiles of
+   64·NWG queries of every (head, batch) as the causal dQ kernel walks them, each tile's visible
+   key tiles in order (us__hop_dq_consume, by position; the walk from us__hop_block_tiles); a
+   tile that sees no key of the block adds nothing */
 template <typename E, int HS>
 __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
     us__hop_block_dq_kernel(const __grid_constant__ CUtensorMap mq,
@@ -6671,47 +6785,64 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
                             const __grid_constant__ CUtensorMap mkv, const float *__restrict__ L2g,
                             const float *__restrict__ Dg, float *__restrict__ dq,
                             const int32_t *__restrict__ qpos, const int32_t *__restrict__ kpos,
-                            const int4 *__restrict__ qrng, const int4 *__restrict__ krng, int Tq,
-                            int Tk, int NH, int NKV, float scale, float sl2) {
+                            const int4 *__restrict__ qrng, const int4 *__restrict__ krng,
+                            const unsigned *__restrict__ gvis, const int *__restrict__ gcnt, int B,
+                            int Tq, int Tk, int NH, int NKV, int P, float scale, float sl2) {
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
     constexpr int NWG = C::NWG, BR = 64 * NWG, BK = C::BKQ;
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
     const us__hop_dq_smem<HS> sm(us__hop_smem_base(us__hop_raw));
-    unsigned *vis = (unsigned *)(sm.barQ + 32); /* [⌈key tiles / 32⌉] */
-    const int qb = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, g = h / (NH / NKV);
-    const int q0 = qb * BR, nq64 = (Tq + 63) / 64;
-    us__hop_bypos<BK> ks;
-    ks.keys(vis, krng, kpos, Tk);
-    ks.n = us__hop_vis<BK, true>(vis, krng, Tk, us__hop_runs(qrng, q0 / 64, NWG, nq64).y);
-    if (ks.n == 0) return; /* no key of this block is seen here: nothing to add */
+    const int nqb = (Tq + BR - 1) / BR, U = nqb * NH * B, G = gridDim.x, nq64 = (Tq + 63) / 64;
+    const int nw = ((Tk + BK - 1) / BK + 31) / 32;
     const int wg = us__hop_wg(), tid = threadIdx.x & 127;
+    /* the visible key tiles of query tile q, n of them */
+    const auto keys = [&](us__hop_bypos<BK> &ks, const us__hop_qtile &q, int n) {
+        ks.keys(gvis + (int64_t)(q.q0 / BR) * nw, krng, kpos, Tk);
+        ks.n = n;
+    };
     sm.init(128 * NWG);
 
     if (wg == 0) {
         us__hop_regs_producer<NWG>();
-        if (tid == 0)
-            us__hop_dq_produce<HS>(sm, &mq, &mdo, &mkv, ks, h * HS, g * HS, (NKV + g) * HS, b, q0);
+        if (tid != 0) return;
+        us__hop_block_walk<BR, 1 + NWG>(
+            gcnt, nqb, U, G, B, NH, NKV, P,
+            [&](const us__hop_qtile &q, int n, const us__hop_ring &rg) {
+                us__hop_bypos<BK> ks;
+                keys(ks, q, n);
+                us__hop_dq_produce<HS>(sm, &mq, &mdo, &mkv, ks, q.h * HS, q.g * HS,
+                                       (NKV + q.g) * HS, q.b, q.q0, rg);
+            },
+            [](const us__hop_qtile &) {});
         return;
     }
     us__hop_regs_consumer<NWG>();
     const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
-    const int row0 = q0 + 64 * c + 16 * warp + (lane >> 2); /* the thread's rows: row0 + 8r */
-    ks.rows(qrng, q0 / 64 + c, nq64, qpos, row0, Tq);
-    float L2[2], Dr[2], dqa[HS / 8][4];
-    us__hop_dq_rows(L2, Dr, L2g, Dg, row0, b, h, Tq, NH);
-    us__hop_zero(dqa);
-    us__hop_dq_consume<E, HS>(dqa, sm, ks, L2, Dr, c, lane, scale, sl2);
+    us__hop_block_walk<BR, 1 + NWG>(
+        gcnt, nqb, U, G, B, NH, NKV, P,
+        [&](const us__hop_qtile &q, int n, const us__hop_ring &rg) {
+            const int row0 = q.q0 + 64 * c + 16 * warp + (lane >> 2); /* rows row0 + 8r */
+            us__hop_bypos<BK> ks;
+            keys(ks, q, n);
+            ks.rows(qrng, q.q0 / 64 + c, nq64, qpos, row0, Tq);
+            float L2[2], Dr[2], dqa[HS / 8][4];
+            us__hop_dq_rows(L2, Dr, L2g, Dg, row0, q.b, q.h, Tq, NH);
+            us__hop_zero(dqa);
+            us__hop_dq_consume<E, HS>(dqa, sm, ks, L2, Dr, c, lane, scale, sl2, rg);
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int row = row0 + 8 * r;
-        if (row < Tq)
-            us__fa_add_row<HS>(dq + ((int64_t)b * Tq + row) * NH * HS + (int64_t)h * HS, dqa, r,
-                               us__hop_dkq_scale<E>(scale), lane);
-    }
+            for (int r = 0; r < 2; r++) {
+                const int row = row0 + 8 * r;
+                if (row < Tq)
+                    us__fa_add_row<HS>(dq + ((int64_t)q.b * Tq + row) * NH * HS + (int64_t)q.h * HS,
+                                       dqa, r, us__hop_dkq_scale<E>(scale), lane);
+            }
+        },
+        [](const us__hop_qtile &) {});
 #else
     (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dq, (void)qpos, (void)kpos,
-        (void)qrng, (void)krng, (void)Tq, (void)Tk, (void)NH, (void)NKV, (void)scale, (void)sl2;
+        (void)qrng, (void)krng, (void)gvis, (void)gcnt, (void)B, (void)Tq, (void)Tk, (void)NH,
+        (void)NKV, (void)P, (void)scale, (void)sl2;
     __trap();
 #endif
 }
@@ -6723,12 +6854,33 @@ static size_t us__hop_vis_bytes(int64_t n, int tile) {
 }
 
 /* The Hopper block kernels for this call? us__hop_ok's conditions, not turned off
-   (us_cuda_attention_no_hopper 6), and up to 2^20 queries and keys (the tile bitmasks then fit
-   beside every kernel's tiles) */
+   (us_cuda_attention_no_hopper 6), up to 2^20 queries and keys (the dK/dV kernel's bitmask of
+   query tiles then fits beside its tiles) and as many query tiles as the persistent walk counts
+   (us__hop_walk_fits) */
 static int us__hop_block_ok(us_ops *o, us_dtype dt, int HS, int bwd, int NH, int NKV, int64_t B,
                             int64_t Tq, int64_t Tk) {
     return us__hop_ok(o, dt, HS, bwd) && us__cu(o)->hop_off != 6 && NKV > 0 && NH % NKV == 0 &&
-           B < 65536 && Tq <= (1 << 20) && Tk <= (1 << 20);
+           B < 65536 && Tq <= (1 << 20) && Tk <= (1 << 20) && us__hop_walk_fits(B, Tq, NH);
+}
+
+/* The bytes of the walk table of query tiles of BR rows against key tiles of BC
+   (us__hop_block_tiles: vis [nqt][nw], then cnt [nqt][1 + BR/64]), a multiple of 16. Tiles of
+   64 against 64 give an upper bound for every kernel's. */
+static size_t us__hop_tiles_bytes(int64_t Tq, int64_t Tk, int BR, int BC) {
+    const int64_t nqt = (Tq + BR - 1) / BR, nw = ((Tk + BC - 1) / BC + 31) / 32;
+    return (size_t)((nqt * nw + nqt * (1 + BR / 64)) * 4 + 15) / 16 * 16;
+}
+
+/* the walk table of query tiles of BR rows against key tiles of BC into tab
+   (us__hop_tiles_bytes); returns its cnt */
+template <int BR, int BC>
+static const int *us__hop_tiles(void *tab, const int4 *qrng, const int4 *krng, int Tq, int Tk,
+                                cudaStream_t st) {
+    const int nqt = (Tq + BR - 1) / BR, nw = ((Tk + BC - 1) / BC + 31) / 32;
+    unsigned *vis = (unsigned *)tab;
+    int *cnt = (int *)(vis + (int64_t)nqt * nw);
+    us__hop_block_tiles<BR, BC><<<nqt, 128, (size_t)nw * 4, st>>>(vis, cnt, qrng, krng, Tq, Tk);
+    return cnt;
 }
 
 /* the ranges of runs of 64 positions: qrng [⌈Tq/64⌉], then krng [⌈Tk/64⌉] */
@@ -6742,17 +6894,19 @@ static void us__hop_block_ranges(int4 *rng, const int32_t *qpos, const int32_t *
 template <typename E, int HS>
 static void us__hop_block_fwd_hs(const CUtensorMap &mq, const CUtensorMap &mkv, float *acc,
                                  float *m, float *l, const int32_t *qpos, const int32_t *kpos,
-                                 const int4 *rng, int B, int Tq, int Tk, int NH, int NKV, int init,
-                                 cudaStream_t st) {
+                                 const int4 *rng, void *tab, int B, int Tq, int Tk, int NH, int NKV,
+                                 int P, int ctas, int init, cudaStream_t st) {
     using C = us__hop_cfg<HS>;
-    const size_t smem = us__hop_smem(C::fwd_bytes) + us__hop_vis_bytes(Tk, C::BC);
+    constexpr int BR = 64 * C::NWF;
+    const int4 *qrng = rng, *krng = rng + (Tq + 63) / 64;
+    const int *cnt = us__hop_tiles<BR, C::BC>(tab, qrng, krng, Tq, Tk, st);
+    const size_t smem = us__hop_smem(C::fwd_bytes);
     cudaFuncSetAttribute(us__hop_block_fwd_kernel<E, HS>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    constexpr int BR = 64 * C::NWF;
-    dim3 grid(NH, B, (Tq + BR - 1) / BR);
+    const int grid = us__hop_grid(Tq, BR, NH, B, ctas);
     us__hop_block_fwd_kernel<E, HS><<<grid, 128 * (1 + C::NWF), smem, st>>>(
-        mq, mkv, acc, m, l, qpos, kpos, rng, rng + (Tq + 63) / 64, Tq, Tk, NH, NKV, init,
-        1.4426950408889634f / sqrtf((float)HS));
+        mq, mkv, acc, m, l, qpos, kpos, qrng, krng, (const unsigned *)tab, cnt, B, Tq, Tk, NH, NKV,
+        P, init, 1.4426950408889634f / sqrtf((float)HS));
 }
 
 /* the state of attention by key blocks on Hopper; 0 when this path cannot take the call */
@@ -6766,20 +6920,24 @@ static int us__hop_block_fwd(us_ops *o, float *acc, float *m, float *l, const vo
     if (!us__hop_block_ok(o, dt, HS, 0, NH, NKV, B, Tq, Tk) || !us__hop_aligned(qkv) ||
         !us__hop_aligned(kv) || !us__aligned(acc, 8) || Tk <= 0)
         return 0;
-    int4 *rng = (int4 *)us__cuda_scratch(o, (size_t)((Tq + 63) / 64 + (Tk + 63) / 64) * 16);
+    const size_t rb = (size_t)((Tq + 63) / 64 + (Tk + 63) / 64) * 16;
+    int4 *rng = (int4 *)us__cuda_scratch(o, rb + us__hop_tiles_bytes(Tq, Tk, 64, 64));
     if (!rng) return 1; /* the failure is recorded */
-#define US__HOP_BLOCK_FWD(H)                                                                      \
-    if (HS == H) {                                                                                \
-        if (!us__hop_map(&mq, qkv, dt, QKV, Tq, B, 64 * us__hop_cfg<H>::NWF) ||                   \
-            !us__hop_map(&mkv, kv, dt, KVW, Tk, B, us__hop_cfg<H>::BC))                           \
-            return 0;                                                                             \
-        us__hop_block_ranges(rng, qpos, kpos, Tq, Tk, st);                                        \
-        if (dt == US_F16)                                                                         \
-            us__hop_block_fwd_hs<__half, H>(mq, mkv, acc, m, l, qpos, kpos, rng, (int)B, (int)Tq, \
-                                            (int)Tk, NH, NKV, init, st);                          \
-        else                                                                                      \
-            us__hop_block_fwd_hs<__nv_bfloat16, H>(mq, mkv, acc, m, l, qpos, kpos, rng, (int)B,   \
-                                                   (int)Tq, (int)Tk, NH, NKV, init, st);          \
+    void *tab = (char *)rng + rb;
+    const int ctas = us__hop_ctas(o), P = us__hop_band(o, B, NKV);
+#define US__HOP_BLOCK_FWD(H)                                                                   \
+    if (HS == H) {                                                                             \
+        if (!us__hop_map(&mq, qkv, dt, QKV, Tq, B, 64 * us__hop_cfg<H>::NWF) ||                \
+            !us__hop_map(&mkv, kv, dt, KVW, Tk, B, us__hop_cfg<H>::BC))                        \
+            return 0;                                                                          \
+        us__hop_block_ranges(rng, qpos, kpos, Tq, Tk, st);                                     \
+        if (dt == US_F16)                                                                      \
+            us__hop_block_fwd_hs<__half, H>(mq, mkv, acc, m, l, qpos, kpos, rng, tab, (int)B,  \
+                                            (int)Tq, (int)Tk, NH, NKV, P, ctas, init, st);     \
+        else                                                                                   \
+            us__hop_block_fwd_hs<__nv_bfloat16, H>(mq, mkv, acc, m, l, qpos, kpos, rng, tab,   \
+                                                   (int)B, (int)Tq, (int)Tk, NH, NKV, P, ctas, \
+                                                   init, st);                                  \
     }
     US__HOP_HEADS(US__HOP_BLOCK_FWD)
 #undef US__HOP_BLOCK_FWD
@@ -6788,12 +6946,16 @@ static int us__hop_block_fwd(us_ops *o, float *acc, float *m, float *l, const vo
 }
 
 /* What the backward's kernels read: maps 0 Q by BQ rows, 1 dO by BQ, 2 K/V of kv by 64·NWG,
-   3 Q by 64·NWG, 4 dO by 64·NWG, 5 K/V of kv by BKQ; L2, D [B,NH,Tq]; the ranges */
+   3 Q by 64·NWG, 4 dO by 64·NWG, 5 K/V of kv by BKQ; L2, D [B,NH,Tq]; the ranges; room for
+   the dQ kernel's walk table (tab); its persistent grid's CTAs and band (ctas, P: us__hop_ctas,
+   us__hop_band) */
 struct us__hop_block_in {
     CUtensorMap maps[6];
     const float *L2, *D;
     const int32_t *qpos, *kpos;
     const int4 *qrng, *krng;
+    void *tab;
+    int ctas, P;
 };
 
 template <typename E, int HS, int PART>
@@ -6823,13 +6985,15 @@ static void us__hop_block_bwd_hs(const us__hop_block_in &in, float *dq, float *d
         us__hop_block_dkdv_launch<E, HS, 1>(in, dkv, B, Tq, Tk, NH, NKV, st);
         us__hop_block_dkdv_launch<E, HS, 2>(in, dkv, B, Tq, Tk, NH, NKV, st);
     }
-    const size_t smem = us__hop_smem(C::dq_bytes) + us__hop_vis_bytes(Tk, C::BKQ);
+    constexpr int BR = 64 * C::NWG;
+    const int *cnt = us__hop_tiles<BR, C::BKQ>(in.tab, in.qrng, in.krng, Tq, Tk, st);
+    const size_t smem = us__hop_smem(C::dq_bytes);
     cudaFuncSetAttribute(us__hop_block_dq_kernel<E, HS>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    const dim3 grid(NH, B, (Tq + 64 * C::NWG - 1) / (64 * C::NWG));
+    const int grid = us__hop_grid(Tq, BR, NH, B, in.ctas);
     us__hop_block_dq_kernel<E, HS><<<grid, 128 * (1 + C::NWG), smem, st>>>(
-        in.maps[3], in.maps[4], in.maps[5], in.L2, in.D, dq, in.qpos, in.kpos, in.qrng, in.krng, Tq,
-        Tk, NH, NKV, scale, sl2);
+        in.maps[3], in.maps[4], in.maps[5], in.L2, in.D, dq, in.qpos, in.kpos, in.qrng, in.krng,
+        (const unsigned *)in.tab, cnt, B, Tq, Tk, NH, NKV, in.P, scale, sl2);
 }
 
 /* the six tensor maps of the backward of head size H (us__hop_block_in) */
@@ -6860,10 +7024,13 @@ static int us__hop_block_bwd(us_ops *o, float *dq, float *dkv, const void *dout,
         !us__aligned(dq, 8) || !us__aligned(dkv, 8))
         return 0;
     const size_t dl_bytes = ((size_t)2 * rows * sizeof(float) + 15) / 16 * 16;
-    float *D =
-        (float *)us__cuda_scratch(o, dl_bytes + (size_t)((Tq + 63) / 64 + (Tk + 63) / 64) * 16);
+    const size_t rb = (size_t)((Tq + 63) / 64 + (Tk + 63) / 64) * 16;
+    float *D = (float *)us__cuda_scratch(o, dl_bytes + rb + us__hop_tiles_bytes(Tq, Tk, 64, 64));
     if (!D) return 1; /* the failure is recorded */
     int4 *rng = (int4 *)((char *)D + dl_bytes);
+    in.tab = (char *)rng + rb;
+    in.ctas = us__hop_ctas(o);
+    in.P = us__hop_band(o, B, NKV);
     in.D = D;
     in.L2 = D + rows;
     in.qpos = qpos;

@@ -1146,6 +1146,20 @@ static void test_attn_blocks(void) {
     ring_case(US_BF16, 96, 4, 1, 1, 2, 300, 0, 1);
     ring_case(US_BF16, 192, 4, 2, 1, 2, 300, 1, 0);
     ring_case(US_F16, 256, 2, 1, 1, 2, 300, 1, 1);
+    if (hop) { /* the persistent block forward and dQ on 3 CTAs: each walks many query tiles,
+                  tiles that see nothing (kept state, a fresh one) among them */
+        us_cuda_attention_grid(&G, 3);
+        ring_case(US_BF16, 64, 4, 2, 1, 3, 45, 0, 0);
+        ring_case(US_BF16, 128, 4, 2, 2, 3, 70, 0, 1);
+        ring_case(US_F16, 64, 8, 2, 1, 2, 520, 0, 1);
+        ring_case(US_BF16, 128, 8, 2, 1, 2, 600, 1, 0);
+        ring_case(US_F16, 80, 4, 2, 1, 2, 300, 1, 1);
+        ring_case(US_BF16, 192, 4, 2, 1, 2, 300, 1, 0);
+        ring_case(US_F16, 256, 2, 1, 1, 2, 300, 1, 1);
+        any_positions_case(US_BF16, 64);
+        any_positions_case(US_BF16, 128);
+        us_cuda_attention_grid(&G, 0);
+    }
     if (hop) { /* the same on the mma.sync block kernels (us_cuda_attention_no_hopper 6) */
         us_cuda_attention_no_hopper(&G, 6);
         block_path = "flash";
