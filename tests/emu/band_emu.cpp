@@ -5,7 +5,8 @@
      first, and a group's heads are consecutive; with one band, the order is the one before
      bands (the last query block of every head and batch, heads fastest);
    - the persistent walk: the CTAs of us__hop_snake take every tile once between them, and the
-     dK/dV kernel's walk (us__hop_kwalk) every key block once, each with its ring place;
+     dK/dV kernel's walk (us__hop_kwalk) every key block once, each with its ring place; the
+     block kernels' walk (us__hop_block_walk) every query tile once, those that see no key apart;
    - dK/dV's key blocks: blocks 0..U−1 (U = key blocks × NKV × B, walked by us__hop_snake as the
      query tiles) name every (key block, kv head, batch) once; within a band key block 0 (the
      heaviest) first.
@@ -119,6 +120,49 @@ static void check_kwalk(int B, int nkb, int NKV, int grp, int P, int G) {
           B, nkb, NKV, grp, BQ, P, G);
 }
 
+/* The block kernels' walk (us__hop_block_walk) on G CTAs over query tiles of 128 rows, from a
+   table cnt [nqb][CS] of how many key tiles each sees (zero for about a third, as in ring
+   attention's blocks): every (query tile, head, batch) once among the CTAs, through tile() with
+   its n when n > 0, else through empty(); on each CTA the rings count only the first kind (j in
+   order, base the sum of n before it), and last marks its final tile with work only. */
+static void check_block_walk(int B, int nqb, int NH, int NKV, int P, int G, unsigned seed) {
+    constexpr int BR = 128, CS = 3;
+    std::vector<int> cnt((size_t)nqb * CS, 0), seen((size_t)B * NH * nqb, 0);
+    for (int t = 0; t < nqb; t++) {
+        seed = seed * 1103515245u + 12345u;
+        cnt[(size_t)t * CS] = (seed >> 16) % 3 == 0 ? 0 : 1 + (int)((seed >> 8) % 40);
+    }
+    const int U = nqb * NH * B;
+    int ok = 1;
+    emu_gdim = {(unsigned)G, 1, 1};
+    for (int i = 0; i < G; i++) {
+        int j = 0, base = 0, ended = 0;
+        emu_bix = {(unsigned)i, 0, 0};
+        const auto mark = [&](const us__hop_qtile &q) {
+            const int qb = q.q0 / BR;
+            ok &= q.q0 % BR == 0 && qb >= 0 && qb < nqb && q.h >= 0 && q.h < NH && q.b >= 0 &&
+                  q.b < B;
+            if (ok) seen[((size_t)q.b * NH + q.h) * nqb + qb]++;
+            return ok ? cnt[(size_t)qb * CS] : -1;
+        };
+        us__hop_block_walk<BR, CS>(
+            cnt.data(), nqb, U, G, B, NH, NKV, P,
+            [&](const us__hop_qtile &q, int n, const us__hop_ring &rg) {
+                ok &= mark(q) == n && n > 0 && !ended && rg.j == j && rg.base == base;
+                ended = rg.last;
+                base += n;
+                j++;
+            },
+            [&](const us__hop_qtile &q) { ok &= mark(q) == 0; });
+        ok &= ended || j == 0;
+    }
+    for (size_t i = 0; ok && i < seen.size(); i++) ok &= seen[i] == 1;
+    CHECK(ok,
+          "block walk B%d nqb%d %d/%d, bands of %d, %d CTAs: each tile once, empty ones apart, "
+          "its ring place right",
+          B, nqb, NH, NKV, P, G);
+}
+
 /* us__hop_lda: the A fragments of k-step kk of rows r0.. of a ROWS × 128 tile laid out as the
    copy engine writes it (64-column blocks of 128-byte rows, 16-byte chunk c of row r at c ⊕ r%8),
    against the A layout of mma.m16n8k16 (PTX ISA), which wgmma's register A repeats per warp w
@@ -170,6 +214,7 @@ int main(void) {
             check_walk(s[1] * s[2] * s[0], G);
             check_kwalk<64>(s[0], s[1], s[3], s[2] / s[3], pairs, G);
             check_kwalk<128>(s[0], s[1], s[3], s[2] / s[3], (pairs + 1) / 2, G);
+            check_block_walk(s[0], s[1], s[2], s[3], (pairs + 1) / 2, G, 7u + (unsigned)G);
         }
     }
     return us_test_done("band_emu");
