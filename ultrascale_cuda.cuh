@@ -3479,6 +3479,12 @@ static __device__ __forceinline__ void us__hop_bar_arrive(int id) {
     asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
 }
 
+/* The byte offset of 16-byte chunk c of row r in a 128-byte-swizzled tile of 128-byte rows:
+   the chunk sits at c ⊕ (r mod 8), as the copy engine writes and wgmma reads it */
+static __device__ __forceinline__ int us__sw128(int r, int c) {
+    return r * 128 + ((c ^ (r & 7)) << 4);
+}
+
 /* Shared-memory matrix descriptor of a 128-byte-swizzled tile (PTX "matrix descriptor"):
    start address, leading and stride byte offsets (all in 16-byte units), swizzle mode 1.
    K-major (rows hold the reduction index, as Q and K for S = Q·Kᵀ): sbo 1024 steps 8 rows;
@@ -4465,7 +4471,7 @@ static __device__ __forceinline__ void us__hop_lda(uint32_t (&a)[4], const unsig
                                                    int r0, int kk, int warp, int lane) {
     const int r = r0 + 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
     const int ch = 2 * (kk & 3) + (lane >> 4);
-    us__ldsm_x4(a, tile + (kk >> 2) * ROWS * 128 + r * 128 + ((ch ^ (r & 7)) << 4));
+    us__ldsm_x4(a, tile + (kk >> 2) * ROWS * 128 + us__sw128(r, ch));
 }
 
 /* Sᵀ = K·Qᵀ and (DK) dPᵀ = V·dOᵀ of consumer c's 64 keys (rows 64c.. of sK [BK][HSP] and
@@ -4919,7 +4925,7 @@ us__hop_ds_store(unsigned char *blk, const uint32_t (&da)[BQ / 16][4], int warp,
 #pragma unroll
     for (int t = 0; t < BQ / 16; t++) {
         const int q = 16 * t + 8 * (i >> 1) + j;
-        const uint32_t a = us__smem_u32(blk + q * 128 + ((chunk ^ (q & 7)) << 4));
+        const uint32_t a = us__smem_u32(blk + us__sw128(q, chunk));
         asm volatile(
             "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a),
             "r"(da[t][0]), "r"(da[t][1]), "r"(da[t][2]), "r"(da[t][3])
@@ -7916,7 +7922,7 @@ static __device__ __forceinline__ void us__ggh_reduce(const float *d, const CUte
 #pragma unroll
             for (int j = 0; j < 4; j++) { /* accumulator columns 8(4q + j) + 2·(lane%4) + {0, 1} */
                 const int u = 2 * j + ((lane & 3) >> 1), k = 4 * (4 * q + j) + 2 * h;
-                *reinterpret_cast<float2 *>(box + r * 128 + ((u ^ (r & 7)) << 4) + (lane & 1) * 8) =
+                *reinterpret_cast<float2 *>(box + us__sw128(r, u) + (lane & 1) * 8) =
                     make_float2(d[k], d[k + 1]);
             }
         }

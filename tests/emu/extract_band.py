@@ -8,6 +8,7 @@ from extract_common import Header, write
 hdr = Header(sys.argv[1], 'extract_band.py')
 start = hdr.at('// >>cuda-hopper')
 txt = '\n'.join(hdr.cut('/* Tile j of CTA i in a persistent grid', '/* This CTA\'s walk over the U causal', start))
+txt += '\n' + '\n'.join(hdr.cut('/* The byte offset of 16-byte chunk c of row r', '/* Shared-memory matrix descriptor'))
 txt += '\n' + '\n'.join(hdr.cut('/* A fragments (us__wg_rs) of k-step kk', '/* Sᵀ = K·Qᵀ and (DK) dPᵀ', start))
 txt += '\n' + '\n'.join(hdr.cut('/* Where one query tile stands in the forward\'s rings', '/* dK/dV: K, V [KVN]', start))
 txt += '\n' + '\n'.join(hdr.cut('/* This CTA\'s walk over the query tiles of BR rows of a block kernel',
