@@ -58,10 +58,12 @@ US_API const char *us_cuda_attention_path(us_ops *ops, us_dtype dt, int head_siz
 /* Keeps attention off the Hopper kernels, so that tests and benchmarks can compare the paths:
    0 every path (the default), 1 none of the Hopper kernels, 2 not the Hopper forward, 3 not
    the Hopper backward, 4 the Hopper backward always as two kernels (dK/dV, then dQ), 5 always
-   fused (dQ inside the dK/dV kernel) where it is compiled (HS 64 and 128); by default the
-   backward runs as two kernels, which measured as fast or faster (us__hop_fused); 6 every
-   Hopper kernel but context parallelism's block kernels (attn_block_fwd/bwd then take the
-   mma.sync ones of // >>cuda-cp-flash). */
+   fused (dQ inside the dK/dV kernel) where it is compiled (HS 64 and 128), which measured
+   slower (us__hop_fused); 6 every Hopper kernel but context parallelism's block kernels
+   (attn_block_fwd/bwd then take the mma.sync ones of // >>cuda-cp-flash); 7 the backward with
+   dS through memory (the dK/dV kernel stores dS, a second kernel forms dQ from it) at every HS up
+   to 128. By default the backward runs that way at HS 96 and 128, in chunks whose dS takes at
+   most 1/32 of the GPU's memory, and as two kernels elsewhere (us__hop_ds_pairs). */
 US_API void us_cuda_attention_no_hopper(us_ops *ops, int which);
 /* Runs the persistent Hopper kernels (the forward, the backward's dK/dV and dQ) on at most ctas
    CTAs (0, the default: one per SM), so that tests can send many query tiles and key blocks
@@ -74,6 +76,10 @@ US_API void us_cuda_attention_grid(us_ops *ops, int ctas);
    CTAs (us__hop_band); n > 0 that many; −1 all pairs in one band (the order before bands, for
    benchmarks to compare). The same bits either way. */
 US_API void us_cuda_attention_band(us_ops *ops, int pairs);
+/* How many (batch, kv head) pairs a chunk of the backward with dS through memory takes (0, the
+   default: as many as 1/32 of the GPU's memory holds), so that tests can run it in chunks. The
+   same bits either way. */
+US_API void us_cuda_attention_ds_pairs(us_ops *ops, int pairs);
 
 /* gemm_grouped's path on the GPU (// >>cuda-grouped), for tests and benchmarks to compare:
    US_CUDA_GG_AUTO (the default) the Hopper kernel where the size rule says it is faster, else
@@ -166,12 +172,16 @@ typedef struct us__gemm_plan {
 
 typedef struct us__cuda {
     int device, cc_major, n_sm;
-    int hop_off;  /* attention skips // >>cuda-hopper: 1 both ways, 2 forward, 3 backward; 4 the
+    size_t mem_total; /* the GPU's memory, bytes */
+    int hop_off;      /* attention skips // >>cuda-hopper: 1 both ways, 2 forward, 3 backward; 4 the
                     two-kernel backward always, 5 the fused one always, 6 not the block kernels
-                    of context parallelism (tests, benchmarks) */
+                    of context parallelism, 7 the backward with dS through memory (tests,
+                    benchmarks) */
     int hop_grid; /* CTAs of the persistent Hopper kernels: 0 one per SM (tests ask for fewer) */
     int hop_band; /* (batch, kv head) pairs a band of the Hopper kernels' tile order: 0 by the
                      CTAs at work (us__hop_band), -1 all in one band */
+    int hop_ds_pairs; /* (batch, kv head) pairs a chunk of the backward with dS through memory: 0
+                         by the GPU's memory (us__hop_ds_pairs) */
     cudaStream_t stream;
     cublasLtHandle_t lt;
     void *ws; /* cuBLASLt workspace */
@@ -330,7 +340,9 @@ static double us__cuda_mark_us(us_ops *o, int id) {
 static void us__cuda_mark_reset(us_ops *o) { us__cu(o)->nmarks = 0; }
 
 /* Scratch grows (never shrinks) to the largest request; ops use it within one call. */
-static void *us__cuda_scratch(us_ops *o, size_t bytes) {
+/* the scratch buffer grown to bytes; NULL where the memory is not there, which
+   us__cuda_scratch_try leaves to its caller (one with a path that needs less) */
+static void *us__cuda_scratch_try(us_ops *o, size_t bytes) {
     us__cuda *c = us__cu(o);
     if (bytes <= c->scratch_bytes) return c->scratch;
     if (c->scratch) {
@@ -339,9 +351,14 @@ static void *us__cuda_scratch(us_ops *o, size_t bytes) {
     }
     c->scratch = us__cuda_alloc(o, bytes);
     c->scratch_bytes = c->scratch ? bytes : 0;
-    if (!c->scratch)
-        us__cuda_fail(o, "scratch allocation", "out of device memory", __FILE__, __LINE__);
     return c->scratch;
+}
+
+/* ... and us__cuda_scratch records it as the op's failure */
+static void *us__cuda_scratch(us_ops *o, size_t bytes) {
+    void *p = us__cuda_scratch_try(o, bytes);
+    if (!p) us__cuda_fail(o, "scratch allocation", "out of device memory", __FILE__, __LINE__);
+    return p;
 }
 
 /* fp32 in registers, the tensor's dtype in memory; __float2bfloat16_rn and __float2half_rn round
@@ -3267,6 +3284,10 @@ static void us__flash_bwd(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
                            A kernel of its own instead of fp32 atomics from the dK/dV kernel:
                            every sum runs in a fixed order, so two runs give the same bits. It
                            costs recomputing Q·Kᵀ and dO·Vᵀ.
+     us__hop_dqs_kernel    dQ = dS·K from the dS that the dK/dV kernel stored, in place of the
+                           dQ kernel at HS 96 and 128 (us__hop_dsmem): five GEMMs a tile, as
+                           FlashAttention-3's backward, for T² bytes a head written and read
+                           again, and every sum still in a fixed order.
      us__hop_bwd_fused_kernel  FlashAttention-3's own backward, five GEMMs a tile instead of
                            seven: the dK/dV kernel forms dQ too and the copy engine adds it into
                            an fp32 dQ in a fixed order of key blocks (bit-identical reruns). It
@@ -3654,6 +3675,12 @@ struct us__hop_cfg {
        each consumer's dQ part [2][64][64] fp32 for the copy engine */
     static constexpr bool FUSED = HS == 128 || HS == 64;
     static constexpr int fused_bytes = dkdv_bytes + 2 * BQ * 128 * 2 + 2 * 64 * 64 * 4;
+    /* dQ from the stored dS (us__hop_dqs_kernel, NWG 2): per stage K [128][HSP] and dS of 128
+       queries × 128 keys; as many stages as fit, at most 4 */
+    static constexpr int dqs_stage = 128 * HSP * 2 + 128 * 128 * 2;
+    static constexpr int DQS =
+        (232448 - 1024 - 32 * 8) / dqs_stage < 4 ? (232448 - 1024 - 32 * 8) / dqs_stage : 4;
+    static constexpr int dqs_bytes = DQS * dqs_stage;
 };
 
 /* dynamic shared memory: 1 KB of slack to align the tiles to the swizzle's 1024 bytes, the
@@ -4135,18 +4162,19 @@ static __device__ __forceinline__ us__hop_qtile us__hop_qtile_of(int u, int nqb,
     return {(nqb - 1 - a.r) * BR, g * grp + a.unit, a.pair / NKV, g};
 }
 
-/* Key block u of the dK/dV kernel (of U = nkb key blocks × NKV × B, walked as the query tiles
-   by us__hop_snake): the (batch, kv head) pairs in bands of P as in us__hop_qtile_of, each band's
-   key blocks heaviest first (the first key block sees every query). Its CTAs stream the queries
-   and dO of their pair's heads, which a band's blocks then share in L2. */
+/* Key block u of the dK/dV kernel (of U = nkb key blocks × np pairs, walked as the query tiles
+   by us__hop_snake): the (batch, kv head) pairs p0 .. p0 + np − 1 (pair b·NKV + g; all B·NKV of
+   them but where the backward runs in chunks of pairs) in bands of P as in us__hop_qtile_of,
+   each band's key blocks heaviest first (the first key block sees every query). Its CTAs stream
+   the queries and dO of their pair's heads, which a band's blocks then share in L2. */
 struct us__hop_kblock {
     int g, b, kb;
 };
 
-static __device__ __forceinline__ us__hop_kblock us__hop_kblock_of(int u, int NKV, int B, int nkb,
-                                                                   int P) {
-    const us__hop_banded a = us__hop_band_at(u, NKV * B, P, 1, nkb);
-    return {a.pair % NKV, a.pair / NKV, a.r};
+static __device__ __forceinline__ us__hop_kblock us__hop_kblock_of(int u, int NKV, int p0, int np,
+                                                                   int nkb, int P) {
+    const us__hop_banded a = us__hop_band_at(u, np, P, 1, nkb);
+    return {(p0 + a.pair) % NKV, (p0 + a.pair) / NKV, a.r};
 }
 
 /* Where one key block stands in a dK/dV CTA's walk: qb0, its first query tile (of BQ) at or after
@@ -4158,17 +4186,17 @@ struct us__hop_kstep {
     bool last;
 };
 
-/* This CTA's walk over the dK/dV kernel's key blocks of BK keys (us__hop_snake over
-   us__hop_kblock_of, heaviest first), as its copy thread, its rows warp and its consumers all
-   take it: block(kb, w) for each */
+/* This CTA's walk over the dK/dV kernel's key blocks of BK keys of pairs p0 .. p0 + np − 1
+   (us__hop_snake over us__hop_kblock_of, heaviest first), as its copy thread, its rows warp and
+   its consumers all take it: block(kb, w) for each */
 template <int BK, int BQ, typename F>
-static __device__ __forceinline__ void us__hop_kwalk(int T, int NKV, int B, int grp, int P,
+static __device__ __forceinline__ void us__hop_kwalk(int T, int NKV, int p0, int np, int grp, int P,
                                                      const F &block) {
-    const int nkb = (T + BK - 1) / BK, U = nkb * NKV * B, G = gridDim.x, nqt = (T + BQ - 1) / BQ;
+    const int nkb = (T + BK - 1) / BK, U = nkb * np, G = gridDim.x, nqt = (T + BQ - 1) / BQ;
     us__hop_kstep w = {0, 0, 0, 0, false};
     for (int u = us__hop_snake(blockIdx.x, 0, G); u < U; w.j++) {
         const int un = us__hop_snake(blockIdx.x, w.j + 1, G);
-        const us__hop_kblock kb = us__hop_kblock_of(u, NKV, B, nkb, P);
+        const us__hop_kblock kb = us__hop_kblock_of(u, NKV, p0, np, nkb, P);
         w.qb0 = kb.kb * BK / BQ;
         w.per = nqt - w.qb0;
         w.last = un >= U;
@@ -4570,6 +4598,31 @@ static __device__ __forceinline__ void us__hop_turns_skip(int c, bool last) {
     us__hop_turn_done<NWG>(c, last);
 }
 
+/* The backward with dS through memory (us_cuda_attention_no_hopper 7): the dK/dV kernel stores
+   every tile's dSᵀ, already rounded for dK += dSᵀ·Q, and a second kernel forms dQ = dS·K from
+   it (us__hop_dqs_kernel) instead of recomputing Sᵀ and dPᵀ: five GEMMs a tile, as the fused
+   backward, with no fp32 adds, each dQ still summed in one fixed order.
+   The store is the tile's A fragments as they sit in registers: per (batch, head, key block of
+   128, query tile of BQ) a blob of BQ·256 bytes, [2 consumers][4 warps][BQ/16 k-steps][32
+   lanes] of 16 bytes (one coalesced 512-byte store per warp and k-step, no shared memory).
+   Key block kb sees query tiles r·kb.. nqt − 1 (r = 128 / BQ), and its blobs follow those of
+   the blocks before it: the block starts at us__hop_ds_off(kb) = Σ_{k<kb} (nqt − r·k). Blobs of
+   a consumer whose 64 keys all follow the tile's queries are not written; the dQ kernel skips
+   the same ones. */
+static __host__ __device__ __forceinline__ int64_t us__hop_ds_off(int kb, int nqt, int r) {
+    return (int64_t)kb * nqt - (int64_t)r * kb * (kb - 1) / 2;
+}
+
+/* this thread's dSᵀ fragments (da: the A fragments of dK += dSᵀ·Q) into its place of a blob:
+   dso[32·t] for k-step t of queries */
+template <int BQ>
+static __device__ __forceinline__ void us__hop_ds_out(uint4 *dso,
+                                                      const uint32_t (&da)[BQ / 16][4]) {
+#pragma unroll
+    for (int t = 0; t < BQ / 16; t++)
+        dso[32 * t] = make_uint4(da[t][0], da[t][1], da[t][2], da[t][3]);
+}
+
 /* One query tile (stage s; last: no turn follows in this CTA) of a dK/dV consumer whose keys
    some query of it sees: Sᵀ, dPᵀ, then Pᵀ and dSᵀ (us__hop_pds, dS times dsc, hidden(j, e)
    masked where part of the tile is), then dV and dK; each of its two GEMM batches in this
@@ -4577,13 +4630,15 @@ static __device__ __forceinline__ void us__hop_turns_skip(int c, bool last) {
    copy of the math with the mask and one without (us__hop_by_mode); by index (causal): one copy
    with no mask code, a diagonal tile's hidden scores set to −inf in a pass before it. SM: the
    kernel's us__hop_dkdv_smem (its K/V buffer; the block kernel's adds the queries' positions).
-   kf, vf: the first KRK k-steps of the consumer's K and KRV of its V in registers (us__hop_sdp) */
+   kf, vf: the first KRK k-steps of the consumer's K and KRV of its V in registers (us__hop_sdp);
+   dso: where this thread's dSᵀ goes (us__hop_ds_out), none when null */
 template <typename E, int HS, bool DK, bool DV, bool BY_POS, int KRK, int KRV, typename SM,
           typename Mask>
 static __device__ __forceinline__ void
 us__hop_dkdv_tile(float (&dk)[DK ? HS / 8 : 1][4], float (&dv)[DV ? HS / 8 : 1][4], const SM &sm,
                   int s, bool part, Mask hidden, bool last, int c, int lane, float dsc, float sl2,
-                  const uint32_t (*kf)[4] = nullptr, const uint32_t (*vf)[4] = nullptr) {
+                  const uint32_t (*kf)[4] = nullptr, const uint32_t (*vf)[4] = nullptr,
+                  uint4 *dso = nullptr) {
     using C = us__hop_cfg<HS>;
     constexpr int NWG = C::NWG, BK = 64 * NWG, BQ = C::BQ, QB = SM::QB;
     const unsigned char *tQ = sm.sQ + s * QB, *tdO = sm.sdO + s * QB;
@@ -4615,6 +4670,8 @@ us__hop_dkdv_tile(float (&dk)[DK ? HS / 8 : 1][4], float (&dv)[DV ? HS / 8 : 1][
     us__hop_turn<NWG>(c);
     us__hop_dkv_mma<E, HS, BQ, DK, DV>(dk, dv, pa, da, tQ, tdO);
     us__hop_turn_done<NWG>(c, last);
+    if constexpr (DK)
+        if (dso) us__hop_ds_out<BQ>(dso, da); /* while the GEMMs run */
     if constexpr (DV) us__wg_wait<HS / 2>(&dv[0][0]);
     if constexpr (DK) us__wg_wait<HS / 2>(&dk[0][0]);
 }
@@ -4630,14 +4687,16 @@ us__hop_dkdv_tile(float (&dk)[DK ? HS / 8 : 1][4], float (&dv)[DV ? HS / 8 : 1][
    tile's queries. The Q/dO ring runs on from one key block to the next, and K and V have KVN
    buffers: while the consumers write one block's dK and dV, the next block's K, V and first
    queries are already loading. A grid of one CTA per key block paid that start and end on every
-   block: at multi-head attention, where a block sees a single head's queries, a real share. */
-template <typename E, int HS, int PART>
+   block: at multi-head attention, where a block sees a single head's queries, a real share.
+   The key blocks of (batch, kv head) pairs p0 .. p0 + np − 1. DS: every tile's dSᵀ also into
+   dsw, the chunk's pairs from its start (the backward with dS through memory, above). */
+template <typename E, int HS, int PART, bool DS = false>
 __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
     us__hop_dkdv_kernel(const __grid_constant__ CUtensorMap mq,
                         const __grid_constant__ CUtensorMap mdo,
                         const __grid_constant__ CUtensorMap mkv, const float *__restrict__ L2g,
-                        const float *__restrict__ Dg, E *__restrict__ dqkv, int B, int T, int NH,
-                        int NKV, int P, float scale, float sl2) {
+                        const float *__restrict__ Dg, E *__restrict__ dqkv, uint4 *__restrict__ dsw,
+                        int p0, int np, int T, int NH, int NKV, int P, float scale, float sl2) {
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
     constexpr int NWG = C::NWG, BK = 64 * NWG, BQ = C::BQ, S = C::BS, KVN = C::KVN;
@@ -4655,7 +4714,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
         const int warp = tid >> 5, lane = tid & 31;
         if (warp > 1 || (warp == 0 && lane != 0)) return;
         us__hop_kwalk<BK, BQ>(
-            T, NKV, B, grp, P, [&](const us__hop_kblock &kb, const us__hop_kstep &w) {
+            T, NKV, p0, np, grp, P, [&](const us__hop_kblock &kb, const us__hop_kstep &w) {
                 const int kv = w.j % KVN;
                 if (warp == 0)
                     us__hop_dkdv_produce<HS, false>(
@@ -4675,45 +4734,62 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
        one's exp2 and products meet the other's GEMMs; a skipped tile still takes its turns, and
        the turns run on over the CTA's key blocks */
     if (NWG == 2 && c == 1) us__hop_bar_arrive(1);
-    us__hop_kwalk<BK, BQ>(T, NKV, B, grp, P, [&](const us__hop_kblock &kb, const us__hop_kstep &w) {
-        const int k0 = kb.kb * BK, nit = grp * w.per, kv = w.j % KVN;
-        const int kc = k0 + 64 * c;                    /* this warpgroup's first key */
-        const int key0 = kc + 16 * warp + (lane >> 2); /* the thread's keys: key0 + 8r */
-        SM smj = sm;                                   /* this block's K/V buffer */
-        smj.sK += kv * SM::KVSTEP;
-        smj.sV += kv * SM::KVSTEP;
-        float dk[DK ? HS / 8 : 1][4], dv[DV ? HS / 8 : 1][4];
-        us__hop_zero(dk);
-        us__hop_zero(dv);
-        us__mb_wait(sm.barKV + kv, (w.j / KVN) & 1);
-        uint32_t kf[KRK ? KRK : 1][4], vf[KRV ? KRV : 1][4]; /* K, V as A fragments */
-#pragma unroll
-        for (int kk = 0; kk < KRK; kk++) us__hop_lda<BK>(kf[kk], smj.sK, 64 * c, kk, warp, lane);
-#pragma unroll
-        for (int kk = 0; kk < KRV; kk++) us__hop_lda<BK>(vf[kk], smj.sV, 64 * c, kk, warp, lane);
-        for (int it = 0; it < nit; it++) {
-            const int r = w.base + it, s = r % S, q0 = (w.qb0 + it % w.per) * BQ;
-            const bool last = it + 1 == nit && w.last;
-            us__mb_wait(sm.full + s, (r / S) & 1);
-            if (!(kc <= q0 + BQ - 1 && kc < T)) { /* every key here is after every query: P = 0 */
-                us__hop_turns_skip<NWG>(c, last);
-            } else {
-                /* masked (part) where some key of the warpgroup comes after some query */
-                const auto causal = [&](int j, int e) {
-                    return key0 + (e >> 1) * 8 > q0 + j * 8 + 2 * (lane & 3) + (e & 1);
-                };
-                us__hop_dkdv_tile<E, HS, DK, DV, false, KRK, KRV>(
-                    dk, dv, smj, s, kc + 63 > q0, causal, last, c, lane, us__hop_ds_scale<E>(scale),
-                    sl2, kf, vf);
+    us__hop_kwalk<BK, BQ>(
+        T, NKV, p0, np, grp, P, [&](const us__hop_kblock &kb, const us__hop_kstep &w) {
+            const int k0 = kb.kb * BK, nit = grp * w.per, kv = w.j % KVN;
+            const int kc = k0 + 64 * c;                    /* this warpgroup's first key */
+            const int key0 = kc + 16 * warp + (lane >> 2); /* the thread's keys: key0 + 8r */
+            /* DS: this thread's place in the block's first blob (16 bytes a unit), the blobs a head */
+            uint4 *dsk = nullptr;
+            int64_t dsh = 0;
+            if constexpr (DS) {
+                const int nqt = (T + BQ - 1) / BQ;
+                dsh = us__hop_ds_off((T + BK - 1) / BK, nqt, BK / BQ);
+                const int64_t slot = ((int64_t)kb.b * NKV + kb.g - p0) * grp * dsh +
+                                     us__hop_ds_off(kb.kb, nqt, BK / BQ);
+                dsk = dsw + slot * BQ * 16 + c * BQ * 8 + warp * BQ * 2 + lane;
             }
-            us__mb_arrive(sm.empty + s);
-        }
-        us__mb_arrive(sm.emptyKV + kv); /* K and V of this block are read */
-        us__hop_dkv_store<E, HS, DK, DV>(dk, dv, dqkv, key0, kb.b, kb.g, T, NH, NKV, scale, lane);
-    });
+            SM smj = sm; /* this block's K/V buffer */
+            smj.sK += kv * SM::KVSTEP;
+            smj.sV += kv * SM::KVSTEP;
+            float dk[DK ? HS / 8 : 1][4], dv[DV ? HS / 8 : 1][4];
+            us__hop_zero(dk);
+            us__hop_zero(dv);
+            us__mb_wait(sm.barKV + kv, (w.j / KVN) & 1);
+            uint32_t kf[KRK ? KRK : 1][4], vf[KRV ? KRV : 1][4]; /* K, V as A fragments */
+#pragma unroll
+            for (int kk = 0; kk < KRK; kk++)
+                us__hop_lda<BK>(kf[kk], smj.sK, 64 * c, kk, warp, lane);
+#pragma unroll
+            for (int kk = 0; kk < KRV; kk++)
+                us__hop_lda<BK>(vf[kk], smj.sV, 64 * c, kk, warp, lane);
+            for (int it = 0; it < nit; it++) {
+                const int r = w.base + it, s = r % S, q0 = (w.qb0 + it % w.per) * BQ;
+                const bool last = it + 1 == nit && w.last;
+                us__mb_wait(sm.full + s, (r / S) & 1);
+                if (!(kc <= q0 + BQ - 1 &&
+                      kc < T)) { /* every key here is after every query: P = 0 */
+                    us__hop_turns_skip<NWG>(c, last);
+                } else {
+                    /* masked (part) where some key of the warpgroup comes after some query */
+                    const auto causal = [&](int j, int e) {
+                        return key0 + (e >> 1) * 8 > q0 + j * 8 + 2 * (lane & 3) + (e & 1);
+                    };
+                    uint4 *dso = nullptr; /* DS: the blob of head it / per, tile it % per */
+                    if constexpr (DS) dso = dsk + ((it / w.per) * dsh + it % w.per) * BQ * 16;
+                    us__hop_dkdv_tile<E, HS, DK, DV, false, KRK, KRV>(
+                        dk, dv, smj, s, kc + 63 > q0, causal, last, c, lane,
+                        us__hop_ds_scale<E>(scale), sl2, kf, vf, dso);
+                }
+                us__mb_arrive(sm.empty + s);
+            }
+            us__mb_arrive(sm.emptyKV + kv); /* K and V of this block are read */
+            us__hop_dkv_store<E, HS, DK, DV>(dk, dv, dqkv, key0, kb.b, kb.g, T, NH, NKV, scale,
+                                             lane);
+        });
 #else
-    (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dqkv, (void)B, (void)T, (void)NH,
-        (void)NKV, (void)P, (void)scale, (void)sl2;
+    (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dqkv, (void)dsw, (void)p0, (void)np,
+        (void)T, (void)NH, (void)NKV, (void)P, (void)scale, (void)sl2;
     __trap();
 #endif
 }
@@ -4780,6 +4856,25 @@ static __device__ __forceinline__ void us__hop_dq_rows(float (&L2)[2], float (&D
         const int64_t i = ((int64_t)b * NH + h) * T + row;
         L2[r] = row < T ? L2g[i] : INFINITY;
         Dr[r] = row < T ? Dg[i] : 0.f;
+    }
+}
+
+/* dQ (times us__hop_dkq_scale) of the thread's rows row0, row0 + 8 of head h into dqkv
+   [B][T][QKV] */
+template <typename E, int HS>
+static __device__ __forceinline__ void us__hop_dq_store(const float (&dq)[HS / 8][4], E *dqkv,
+                                                        int row0, int b, int h, int T, int64_t QKV,
+                                                        float scale, int lane) {
+    const float qs = us__hop_dkq_scale<E>(scale);
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row0 + 8 * r;
+        if (row >= T) continue;
+        E *dqr = dqkv + ((int64_t)b * T + row) * QKV + (int64_t)h * HS + 2 * (lane & 3);
+#pragma unroll
+        for (int i = 0; i < HS / 8; i++)
+            *reinterpret_cast<uint32_t *>(dqr + i * 8) =
+                us__hop_pack<E>(dq[i][2 * r] * qs, dq[i][2 * r + 1] * qs);
     }
 }
 
@@ -4857,21 +4952,124 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
             us__hop_dq_rows(L2, Dr, L2g, Dg, ks.row0, q.b, q.h, T, NH);
             us__hop_zero(dq);
             us__hop_dq_consume<E, HS>(dq, sm, ks, L2, Dr, c, lane, scale, sl2, rg);
-            const float qs = us__hop_dkq_scale<E>(scale);
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const int row = ks.row0 + 8 * r;
-                if (row >= T) continue;
-                E *dqr = dqkv + ((int64_t)q.b * T + row) * QKV + (int64_t)q.h * HS + 2 * (lane & 3);
-#pragma unroll
-                for (int i = 0; i < HS / 8; i++)
-                    *reinterpret_cast<uint32_t *>(dqr + i * 8) =
-                        us__hop_pack<E>(dq[i][2 * r] * qs, dq[i][2 * r + 1] * qs);
-            }
+            us__hop_dq_store<E, HS>(dq, dqkv, ks.row0, q.b, q.h, T, QKV, scale, lane);
         });
 #else
     (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dqkv, (void)B, (void)T, (void)NH,
         (void)NKV, (void)scale, (void)sl2;
+    __trap();
+#endif
+}
+
+/* bytes (a multiple of 16) from global memory into shared memory by the copy engine, counted on
+   bar as the tensor copies are */
+static __device__ __forceinline__ void us__bulk_load(void *dst, const void *src, uint32_t bytes,
+                                                     uint64_t *bar) {
+#if US__HOP_DEV
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1], %2, [%3];\n" ::"r"(us__smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(us__smem_u32(bar))
+                 : "memory");
+#else
+    (void)dst, (void)src, (void)bytes, (void)bar;
+#endif
+}
+
+/* an 8×8 matrix of 16-bit elements held as a fragment (lane l: row l/4, columns 2(l%4) and
+   2(l%4)+1), transposed across the warp into the same layout */
+static __device__ __forceinline__ uint32_t us__movt(uint32_t x) {
+#if US__HOP_DEV
+    uint32_t y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+#else
+    return x;
+#endif
+}
+
+/* dQ = dS·K from the dS that the dK/dV kernel stored (DS, above) for the heads of (batch, kv
+   head) pairs p0.. (blockIdx.y: the chunk's head, grp a pair): one CTA per (128 queries, head),
+   the longest first; consumer c owns queries 64c.. and takes key blocks 0.. up to
+   the diagonal in order (deterministic). Per block the copy thread loads K [128][HSP] (tensor
+   map) and the blobs of the CTA's query tiles (one at BQ 128, two at BQ 64) by plain bulk
+   copies into a ring of DQS stages. A consumer's k-step kk (16 keys: consumer kk/4, warp kk%4 of
+   the dK/dV kernel) for its warp's 16 queries is one 16-byte load, each 8×8 part transposed by
+   movmatrix (the stored fragments have keys as rows: parts 1 and 2 change places), then
+   dQ += dS·K with K read transposed from shared memory. One GEMM a tile where the dQ kernel
+   runs three, reading 256 bytes of dS per query and key block: bound by memory. */
+template <typename E, int HS>
+__global__ void __launch_bounds__(384, 1)
+    us__hop_dqs_kernel(const __grid_constant__ CUtensorMap mk, const uint4 *__restrict__ ds,
+                       E *__restrict__ dqkv, int T, int NH, int NKV, int p0, float scale) {
+#if US__HOP_DEV
+    using C = us__hop_cfg<HS>;
+    constexpr int BQ = C::BQ, R = 128 / BQ, S = C::DQS, KB = 128 * C::HSP * 2;
+    constexpr int DB = 128 * 128 * 2; /* a stage's dS: 128 queries × 128 keys */
+    extern __shared__ __align__(1024) unsigned char us__hop_raw[];
+    unsigned char *sK = us__hop_smem_base(us__hop_raw), *sD = sK + S * KB; /* [S][..] each */
+    uint64_t *full = (uint64_t *)(sD + S * DB), *empty = full + S;
+    const int nkb = (T + 127) / 128, nqt = (T + BQ - 1) / BQ;
+    const int grp = NH / NKV, pair = p0 + blockIdx.y / grp, b = pair / NKV, g = pair % NKV;
+    const int i = nkb - 1 - blockIdx.x, h = g * grp + blockIdx.y % grp;
+    const int64_t head = (int64_t)blockIdx.y * us__hop_ds_off(nkb, nqt, R); /* its blob 0 */
+    const int wg = us__hop_wg(), tid = threadIdx.x & 127;
+    us__hop_bars_init(full, S, 1, 256, 0);
+
+    if (wg == 0) {
+        if (tid != 0) return;
+        const int nb = R == 2 && R * i + 1 < nqt ? 2 : 1; /* the CTA's query tiles */
+        for (int kb = 0; kb <= i; kb++) {
+            const int s = kb % S;
+            if (kb >= S) us__mb_wait(empty + s, ((kb / S) - 1) & 1);
+            us__mb_expect(full + s, KB + nb * BQ * 256);
+            us__tma_tile<HS, 128>(sK + s * KB, &mk, (NH + g) * HS, kb * 128, b, full + s);
+            for (int u = 0; u < nb; u++) {
+                const int64_t slot = head + us__hop_ds_off(kb, nqt, R) + R * (i - kb) + u;
+                us__bulk_load(sD + s * DB + u * BQ * 256, ds + slot * BQ * 16, BQ * 256, full + s);
+            }
+        }
+        return;
+    }
+    const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
+    const int r0 = 128 * i + 64 * c;      /* the warpgroup's first query */
+    const int last = min(r0 + 63, T - 1); /* keys after it: dS 0, or not stored */
+    /* the thread's 16 bytes of k-step 0 in a stage: its query tile's blob, k-step of queries
+       (64c mod BQ)/16 + warp */
+    const int mine = (R == 2 ? c * BQ * 256 : 0) + ((R == 2 ? 0 : 4 * c) + warp) * 512 + 16 * lane;
+    float dq[HS / 8][4];
+    us__hop_zero(dq);
+    for (int kb = 0; kb <= i; kb++) {
+        const int s = kb % S;
+        us__mb_wait(full + s, (kb / S) & 1);
+        if (r0 < T) {
+            /* keys 64.. of the block: stored and seen by some query here, or taken as 0 (no
+               branch around a wgmma, which would make ptxas fence each one) */
+            const uint32_t hi = kb * 128 + 64 <= last ? 0xffffffffu : 0u;
+            uint32_t a[8][4];
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) {
+                const uint32_t keep = kk < 4 ? 0xffffffffu : hi;
+                const uint4 v =
+                    *reinterpret_cast<const uint4 *>(sD + s * DB + mine + kk * (BQ / 16) * 512);
+                a[kk][0] = us__movt(v.x) & keep;
+                a[kk][1] = us__movt(v.z) & keep;
+                a[kk][2] = us__movt(v.y) & keep;
+                a[kk][3] = us__movt(v.w) & keep;
+            }
+            us__wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++)
+                us__wg_rs<HS, E, 1>(&dq[0][0], a[kk], us__wg_mnmaj<128>(sK + s * KB, kk), 1);
+            us__wg_commit();
+            us__wg_wait<HS / 2>(&dq[0][0]);
+        }
+        us__mb_arrive(empty + s);
+    }
+    if (r0 < T)
+        us__hop_dq_store<E, HS>(dq, dqkv, r0 + 16 * warp + (lane >> 2), b, h, T,
+                                (int64_t)(NH + 2 * NKV) * HS, scale, lane);
+#else
+    (void)mk, (void)ds, (void)dqkv, (void)T, (void)NH, (void)NKV, (void)p0, (void)scale;
     __trap();
 #endif
 }
@@ -5283,6 +5481,36 @@ static void us__hop_bwd_fused(const CUtensorMap *maps, const float *L2, const fl
     }
 }
 
+/* the backward with dS through memory (NWG 2): in chunks of np (batch, kv head) pairs, whose dS
+   fits the buffer ds (us__hop_ds_bytes of np pairs), the dK/dV kernel storing the chunk's dS,
+   then dQ from it (us__hop_dqs_kernel); P: the pairs a band within a chunk */
+template <typename E, int HS>
+static void us__hop_bwd_ds(const CUtensorMap *maps, const float *L2, const float *D, void *dqkv,
+                           uint4 *ds, int np, int B, int T, int NH, int NKV, int P, int ctas,
+                           cudaStream_t st) {
+    using C = us__hop_cfg<HS>;
+    if constexpr (C::NWG == 2) {
+        const float scale = 1.f / sqrtf((float)HS), sl2 = scale * 1.4426950408889634f;
+        const size_t s1 = us__hop_smem(C::dkdv_pers_bytes), s3 = us__hop_smem(C::dqs_bytes);
+        const int nkb = (T + 127) / 128, grp = NH / NKV;
+        cudaFuncSetAttribute(us__hop_dkdv_kernel<E, HS, 0, true>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
+        cudaFuncSetAttribute(us__hop_dqs_kernel<E, HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)s3);
+        for (int p0 = 0; p0 < B * NKV; p0 += np) {
+            const int n = np < B * NKV - p0 ? np : B * NKV - p0;
+            const int g1 = (int64_t)nkb * n < ctas ? nkb * n : ctas;
+            us__hop_dkdv_kernel<E, HS, 0, true><<<g1, 384, s1, st>>>(
+                maps[0], maps[1], maps[2], L2, D, (E *)dqkv, ds, p0, n, T, NH, NKV, P, scale, sl2);
+            us__hop_dqs_kernel<E, HS><<<dim3(nkb, n * grp), 384, s3, st>>>(maps[5], ds, (E *)dqkv,
+                                                                           T, NH, NKV, p0, scale);
+        }
+    } else {
+        (void)maps, (void)L2, (void)D, (void)dqkv, (void)ds, (void)np, (void)B, (void)T, (void)NH,
+            (void)NKV, (void)P, (void)ctas, (void)st;
+    }
+}
+
 /* the two-kernel backward: the persistent dK/dV kernel, then the persistent dQ kernel, each on
    ctas CTAs (fewer where there are fewer key blocks or query tiles); P: the pairs a band
    (us__hop_band) */
@@ -5292,7 +5520,7 @@ static void us__hop_bwd_hs(const CUtensorMap *maps, const float *L2, const float
     using C = us__hop_cfg<HS>;
     const float scale = 1.f / sqrtf((float)HS), sl2 = scale * 1.4426950408889634f;
     const size_t s1 = us__hop_smem(C::dkdv_pers_bytes), s2 = us__hop_smem(C::dq_bytes);
-    const int nthr = 128 * (1 + C::NWG);
+    const int nthr = 128 * (1 + C::NWG), np = B * NKV;
     const int g2 = us__hop_grid(T, 64 * C::NWG, NH, B, ctas);
     /* the dK/dV kernel's persistent grid: ctas CTAs, fewer when there are fewer key blocks */
     const int64_t kblocks = (int64_t)((T + 64 * C::NWG - 1) / (64 * C::NWG)) * NKV * B;
@@ -5303,16 +5531,16 @@ static void us__hop_bwd_hs(const CUtensorMap *maps, const float *L2, const float
         cudaFuncSetAttribute(us__hop_dkdv_kernel<E, HS, 0>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
         us__hop_dkdv_kernel<E, HS, 0><<<g1, nthr, s1, st>>>(
-            maps[0], maps[1], maps[2], L2, D, (E *)dqkv, B, T, NH, NKV, P, scale, sl2);
+            maps[0], maps[1], maps[2], L2, D, (E *)dqkv, nullptr, 0, np, T, NH, NKV, P, scale, sl2);
     } else {
         cudaFuncSetAttribute(us__hop_dkdv_kernel<E, HS, 1>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
         cudaFuncSetAttribute(us__hop_dkdv_kernel<E, HS, 2>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1);
         us__hop_dkdv_kernel<E, HS, 1><<<g1, nthr, s1, st>>>(
-            maps[0], maps[1], maps[2], L2, D, (E *)dqkv, B, T, NH, NKV, P, scale, sl2);
+            maps[0], maps[1], maps[2], L2, D, (E *)dqkv, nullptr, 0, np, T, NH, NKV, P, scale, sl2);
         us__hop_dkdv_kernel<E, HS, 2><<<g1, nthr, s1, st>>>(
-            maps[0], maps[1], maps[2], L2, D, (E *)dqkv, B, T, NH, NKV, P, scale, sl2);
+            maps[0], maps[1], maps[2], L2, D, (E *)dqkv, nullptr, 0, np, T, NH, NKV, P, scale, sl2);
     }
     cudaFuncSetAttribute(us__hop_dq_kernel<E, HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          (int)s2);
@@ -5435,6 +5663,36 @@ static int64_t us__hop_fused_tiles(int64_t T, int HS) {
     return (T + BQ - 1) / BQ;
 }
 
+/* the bytes of dS that the backward through memory stores: per (batch, head)
+   us__hop_ds_off(key blocks) blobs of BQ·256 (T² bytes a head, about) */
+static size_t us__hop_ds_bytes(int64_t B, int64_t T, int NH, int HS) {
+    const int BQ = HS <= 64 ? 128 : 64;
+    const int64_t nqt = (T + BQ - 1) / BQ, nkb = (T + 127) / 128;
+    return (size_t)B * NH * us__hop_ds_off((int)nkb, (int)nqt, 128 / BQ) * BQ * 256;
+}
+
+/* The backward with dS through memory (us__hop_bwd_ds): the (batch, kv head) pairs a chunk of
+   it takes, 0 where the two kernels run. By default at HS 96 and 128, where it ran faster than
+   the two kernels on an H200 (the backward 1.13-1.28× at HS 128, 1.01-1.11× at HS 96, T 2k-8k;
+   1.32× at T 32k), in chunks whose dS takes at most 1/32 of the GPU's memory, since it grows
+   with T² (4.4 GB of an H200: one chunk for 16 heads of 128 up to T 16k, four at T 32k), and
+   not where one pair's dS is more than that. At HS 64 it ran 4-13 % slower (a tile's dS is as
+   large, its GEMMs half as long), at HS 80 0.95-1.05×: the two kernels stay there.
+   bench/RESULTS.md, sixteenth session. Asked for (mode 7): at every HS ≤ 128;
+   us_cuda_attention_ds_pairs sets the chunk (tests). */
+static int us__hop_ds_pairs(us_ops *o, int HS, int64_t B, int64_t T, int NH, int NKV) {
+    const us__cuda *c = us__cu(o);
+    const int64_t pairs = B * NKV, grp = NH / NKV;
+    if (HS > 128 || c->hop_off == 4 || c->hop_off == 5) return 0;
+    if (c->hop_off != 7 && HS != 96 && HS != 128) return 0;
+    int64_t np = c->hop_ds_pairs > 0
+                     ? c->hop_ds_pairs
+                     : (int64_t)(c->mem_total / 32 / us__hop_ds_bytes(1, T, (int)grp, HS));
+    np = np > pairs ? pairs : np;
+    np = np > 65535 / grp ? 65535 / grp : np; /* the dQ kernel's grid: a chunk's heads */
+    return (int)np;
+}
+
 static size_t us__hop_fused_cnt_bytes(int64_t B, int64_t T, int NH, int HS) {
     return ((size_t)(1 + B * NH * us__hop_fused_tiles(T, HS) * 2) * sizeof(int) + 15) / 16 * 16;
 }
@@ -5454,15 +5712,23 @@ static int us__hop_attention_bwd(us_ops *o, void *dqkv, const void *dout, const 
         return 0;
     if (B <= 0 || T <= 0 || NH <= 0) return 1;
     const int fused = us__hop_fused(o, HS, T);
-    const int P = us__hop_band(o, B, NKV);
+    int np = fused ? 0 : us__hop_ds_pairs(o, HS, B, T, NH, NKV); /* dS through memory */
+    const int P = us__hop_band(o, B, NKV), Pds = np ? us__hop_band(o, np, 1) : 0;
     const size_t dl_bytes = ((size_t)2 * rows * sizeof(float) + 15) / 16 * 16;
     const size_t cnt_bytes = fused ? us__hop_fused_cnt_bytes(B, T, NH, HS) : 0;
     const size_t acc_bytes = fused ? (size_t)B * NH * us__hop_fused_tiles(T, HS) * 2 * 4096 * 4 : 0;
-    D = (float *)us__cuda_scratch(o, dl_bytes + cnt_bytes + acc_bytes);
+    const size_t ds_bytes = np ? us__hop_ds_bytes(np, T, NH / NKV, HS) : 0; /* a chunk's */
+    D = NULL;
+    if (np && us__cu(o)->hop_off != 7) { /* by default, only where the memory is free */
+        D = (float *)us__cuda_scratch_try(o, dl_bytes + ds_bytes);
+        np = D ? np : 0;
+    }
+    if (!D) D = (float *)us__cuda_scratch(o, dl_bytes + cnt_bytes + acc_bytes + ds_bytes);
     if (!D) return 1; /* the failure is recorded */
     L2 = D + rows;
     int *cnt = (int *)((char *)D + dl_bytes);          /* [1 + B·NH·M·2] */
     float *dqacc = (float *)((char *)cnt + cnt_bytes); /* [B·NH·M·2·4096] */
+    uint4 *ds = (uint4 *)((char *)D + dl_bytes);       /* np: dS of a chunk */
     if (dt == US_F16)
         us__hop_dot<__half>(dout, out, lse, D, L2, rows, (int)T, NH, HS, st);
     else
@@ -5484,6 +5750,12 @@ static int us__hop_attention_bwd(us_ops *o, void *dqkv, const void *dout, const 
         else if (fused)                                                                            \
             us__hop_bwd_fused<__nv_bfloat16, H>(maps, L2, D, dqkv, dqacc, cnt, (int)B, (int)T, NH, \
                                                 NKV, st);                                          \
+        else if (np && dt == US_F16)                                                               \
+            us__hop_bwd_ds<__half, H>(maps, L2, D, dqkv, ds, np, (int)B, (int)T, NH, NKV, Pds,     \
+                                      ctas, st);                                                   \
+        else if (np)                                                                               \
+            us__hop_bwd_ds<__nv_bfloat16, H>(maps, L2, D, dqkv, ds, np, (int)B, (int)T, NH, NKV,   \
+                                             Pds, ctas, st);                                       \
         else if (dt == US_F16)                                                                     \
             us__hop_bwd_hs<__half, H>(maps, L2, D, dqkv, (int)B, (int)T, NH, NKV, P, ctas, st);    \
         else                                                                                       \
@@ -9327,6 +9599,7 @@ US_API us_result us_cuda_ops(us_ops *o, int device, char *err, size_t errlen) {
         if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
             c->cc_major = prop.major;
             c->n_sm = prop.multiProcessorCount;
+            c->mem_total = prop.totalGlobalMem;
         }
     }
     o->name = "cuda";
@@ -9452,7 +9725,7 @@ US_API void us_cuda_grouped_kernel(us_ops *o, int path) {
 }
 
 US_API void us_cuda_attention_no_hopper(us_ops *o, int which) {
-    if (o->backend) us__cu(o)->hop_off = which >= 0 && which <= 6 ? which : 0;
+    if (o->backend) us__cu(o)->hop_off = which >= 0 && which <= 7 ? which : 0;
 }
 
 US_API void us_cuda_attention_grid(us_ops *o, int ctas) {
@@ -9461,6 +9734,10 @@ US_API void us_cuda_attention_grid(us_ops *o, int ctas) {
 
 US_API void us_cuda_attention_band(us_ops *o, int pairs) {
     if (o->backend) us__cu(o)->hop_band = pairs < 0 ? -1 : pairs;
+}
+
+US_API void us_cuda_attention_ds_pairs(us_ops *o, int pairs) {
+    if (o->backend) us__cu(o)->hop_ds_pairs = pairs > 0 ? pairs : 0;
 }
 
 US_API void us_cuda_describe(const us_ops *o, char *buf, size_t buflen) {

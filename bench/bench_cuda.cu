@@ -666,7 +666,9 @@ static int bench_train(const char *preset, int steps, int warm, us_recompute rc,
     {
         double t = median(times), tok_s = (double)n / t,
                mfu = us_flops_per_token(&m.cfg, tc.seq) * tok_s / 989e12;
-        double peak_gib = (double)m.ops.bytes_peak / 1073741824.0;
+        /* the CUDA ops' own count: the wrapper's copies it at each alloc, so it would miss scratch
+           that a kernel grows later (the attention backward's dS) */
+        double peak_gib = (double)inner.bytes_peak / 1073741824.0;
         printf("ultrascale   | %-4s | tok/s %8.0f | MFU %5.1f%% | step %7.1f ms | peak %6.1f GiB | "
                "params %.3fB | recompute %s | %s%s%s | accum %d\n",
                preset, tok_s, 100 * mfu, 1e3 * t, peak_gib, (double)m.n_params / 1e9,
@@ -1437,18 +1439,20 @@ static void bench_attention(void) {
                two kernels always, mma.sync (bf16 HS 64 and 128 only: others are portable), and
                the Hopper kernels with one CTA per query tile instead of a persistent grid (the
                forward, dK/dV and dQ), and the Hopper kernels' tiles in one band of (batch, kv head)
-               pairs instead of bands that fit L2 (us_cuda_attention_band). The paths take turns rep by rep, so that the GPU's clock drift (it
+               pairs instead of bands that fit L2 (us_cuda_attention_band), and the backward with
+               dS through memory (HS ≤ 128). The paths take turns rep by rep, so that the GPU's clock drift (it
                boosts after the idle host-side set-up of each shape) reaches every path alike. */
-            static const int off[7] = {0, 5, 4, 1, 0, 0, 0};
-            static const char *name[7] = {"us-hop",   "us-hopF",  "us-hop2k", "us-mma",
-                                          "us-hop1t", "us-hop1b", "us-hopN"};
-            const int band[7] = {0, 0, 0, 0, 0, -1, att_band};
-            std::vector<double> tf[7], tb[7];
+            static const int off[8] = {0, 5, 4, 1, 0, 0, 0, 7};
+            static const char *name[8] = {"us-hop",   "us-hopF",  "us-hop2k", "us-mma",
+                                          "us-hop1t", "us-hop1b", "us-hopN",  "us-hopS"};
+            const int band[8] = {0, 0, 0, 0, 0, -1, att_band, 0};
+            std::vector<double> tf[8], tb[8];
             for (r = 0; r < 23; r++)
-                for (path = 0; path < 7; path++) {
+                for (path = 0; path < 8; path++) {
                     float ms;
                     if (path == 3 && HS != 64 && HS != 128) continue;
                     if (path == 6 && !att_band) continue;
+                    if (path == 7 && HS > 128) continue;
                     us_cuda_attention_no_hopper(&inner, off[path]);
                     us_cuda_attention_grid(&inner, path == 4 ? INT_MAX : 0);
                     us_cuda_attention_band(&inner, band[path]);
@@ -1468,7 +1472,7 @@ static void bench_attention(void) {
                     us_cuda_attention_band(&inner, 0);
                     if (r >= 3) tb[path].push_back(ms * 1e-3);
                 }
-            for (path = 0; path < 7; path++) {
+            for (path = 0; path < 8; path++) {
                 if (tf[path].empty()) continue;
                 printf("%-8s %5d %2d %3d %3d %4d | %9.3f %8.1f", name[path], T, B, NH, NKV, HS,
                        median(tf[path]) * 1e3, fl / median(tf[path]) * 1e-12);

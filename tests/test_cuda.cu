@@ -806,27 +806,30 @@ static void attn_case(us_dtype dt, int64_t B, int64_t T, int64_t NH, int64_t NKV
 }
 
 /* The Hopper kernels' results on the default grid and tile order, on a grid of 3 CTAs, in bands
-   of 3 (batch, kv head) pairs (the last band shorter where B·NKV is no multiple of 3), and in
-   one band: the forward's output and lse, and the backward's dqkv, bit for bit the same (every
-   query tile and key block is computed alone, whichever CTA takes it, in whatever order) */
+   of 3 (batch, kv head) pairs (the last band shorter where B·NKV is no multiple of 3), in one
+   band, and (where the backward runs with dS through memory) in chunks of one pair: the
+   forward's output and lse, and the backward's dqkv, bit for bit the same (every query tile and
+   key block is computed alone, whichever CTA takes it, in whatever order) */
 static void attn_grid_same(us_dtype dt, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t HS) {
     const int64_t QKV = (NH + 2 * NKV) * HS, N = B * T, C = NH * HS, L = B * NH * T * 4;
     const size_t a = us_dtype_size(dt);
     float *q = rnd_f32(N * QKV, 1), *dy = rnd_f32(N * C, 1);
     void *hq = as_dt(q, N * QKV, dt), *hdy = as_dt(dy, N * C, dt);
     void *dq = up(hq, N * QKV * a), *ddy = up(hdy, N * C * a);
-    static const int grid[4] = {0, 3, 0, 0}, band[4] = {0, 0, 3, -1};
-    static const char *name[4] = {"", "3 CTAs", "bands of 3 pairs", "one band"};
-    void *o[4], *g[4];
-    float *l[4];
-    char *ho[4], *hl[4], *hg[4];
+    static const int grid[5] = {0, 3, 0, 0, 0}, band[5] = {0, 0, 3, -1, 0}, ds[5] = {0, 0, 0, 0, 1};
+    static const char *name[5] = {"", "3 CTAs", "bands of 3 pairs", "one band",
+                                  "dS chunks of one pair"};
+    void *o[5], *g[5];
+    float *l[5];
+    char *ho[5], *hl[5], *hg[5];
     int k;
-    for (k = 0; k < 4; k++) {
+    for (k = 0; k < 5; k++) {
         o[k] = G.alloc(&G, N * C * a);
         g[k] = G.alloc(&G, N * QKV * a);
         l[k] = (float *)G.alloc(&G, L);
         us_cuda_attention_grid(&G, grid[k]);
         us_cuda_attention_band(&G, band[k]);
+        us_cuda_attention_ds_pairs(&G, ds[k]);
         G.attention_fwd(&G, o[k], l[k], dq, B, T, (int)NH, (int)NKV, (int)HS, dt);
         G.attention_bwd(&G, g[k], ddy, dq, o[0], l[0], B, T, (int)NH, (int)NKV, (int)HS, dt);
         ho[k] = (char *)malloc(N * C * a);
@@ -838,13 +841,14 @@ static void attn_grid_same(us_dtype dt, int64_t B, int64_t T, int64_t NH, int64_
     }
     us_cuda_attention_grid(&G, 0);
     us_cuda_attention_band(&G, 0);
-    for (k = 1; k < 4; k++) {
+    us_cuda_attention_ds_pairs(&G, 0);
+    for (k = 1; k < 5; k++) {
         CHECK(!memcmp(ho[0], ho[k], N * C * a) && !memcmp(hl[0], hl[k], L),
               "attn B%lld T%lld %lld/%lld HS%lld fwd: %s give the default's bits", (long long)B,
               (long long)T, (long long)NH, (long long)NKV, (long long)HS, name[k]);
         CHECK(!memcmp(hg[0], hg[k], N * QKV * a), "   bwd: %s give the default's bits", name[k]);
     }
-    for (k = 0; k < 4; k++) {
+    for (k = 0; k < 5; k++) {
         G.free(&G, o[k]);
         G.free(&G, g[k]);
         G.free(&G, l[k]);
@@ -916,6 +920,33 @@ static void test_attention_shapes(void) {
         if (cases[k][4] <= 128)
             attn_case(US_BF16, cases[k][0], cases[k][1], cases[k][2], cases[k][3], cases[k][4],
                       "hopper-2k");
+    /* the backward with dS through memory (asked for) at every case it takes (HS ≤ 128), bf16
+       and fp16, and on 3 CTAs. The long cases first: the shorter ones then run on a scratch
+       buffer that still holds their dS, so a blob the dQ kernel reads but the dK/dV kernel did
+       not write this time is garbage, not zeros */
+    us_cuda_attention_no_hopper(&G, 7);
+    attn_case(US_BF16, 2, 2048, 8, 2, 128, "hopper-ds");
+    attn_case(US_F16, 1, 3000, 32, 8, 64, "hopper-ds");
+    attn_case(US_BF16, 1, 1500, 4, 4, 96, "hopper-ds");
+    for (d = 0; d < 2; d++)
+        for (k = 0; k < n; k++)
+            if (cases[k][4] <= 128)
+                attn_case(d ? US_F16 : US_BF16, cases[k][0], cases[k][1], cases[k][2], cases[k][3],
+                          cases[k][4], "hopper-ds");
+    us_cuda_attention_grid(&G, 3);
+    attn_case(US_BF16, 2, 130, 8, 2, 128, "hopper-ds grid3");
+    attn_case(US_F16, 3, 65, 16, 4, 80, "hopper-ds grid3");
+    attn_case(US_BF16, 1, 333, 8, 1, 64, "hopper-ds grid3");
+    us_cuda_attention_grid(&G, 0);
+    /* in chunks of (batch, kv head) pairs: 4 of one pair, 4 of 3, 2 and 1 */
+    us_cuda_attention_ds_pairs(&G, 1);
+    attn_case(US_BF16, 2, 130, 8, 2, 128, "hopper-ds chunks of 1");
+    us_cuda_attention_ds_pairs(&G, 3);
+    attn_case(US_F16, 3, 65, 16, 4, 80, "hopper-ds chunks of 3");
+    attn_case(US_BF16, 2, 100, 8, 2, 64, "hopper-ds chunks of 3");
+    us_cuda_attention_ds_pairs(&G, 0);
+    attn_grid_same(US_BF16, 2, 600, 16, 4, 64);
+    attn_grid_same(US_F16, 3, 300, 8, 8, 96);
     us_cuda_attention_no_hopper(&G, 1);
     for (k = 0; k < n; k++)
         if (cases[k][4] == 64 || cases[k][4] == 128)

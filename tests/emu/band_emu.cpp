@@ -65,25 +65,30 @@ static void check_walk(int U, int G) {
     CHECK(ok, "walk of %d tiles on %d CTAs: each once", U, G);
 }
 
-/* dK/dV's key blocks 0..U−1 */
-static int check_kblocks(int B, int nkb, int NKV, int P) {
-    const int pairs = B * NKV, U = pairs * nkb;
-    std::vector<int> seen((size_t)U, 0);
+/* dK/dV's key blocks 0..U−1 of the pairs p0 .. p0 + np − 1 (of B·NKV): those pairs' blocks
+   each once, no other pair's */
+static int check_kblocks(int B, int nkb, int NKV, int P, int p0, int np) {
+    const int U = np * nkb;
+    std::vector<int> seen((size_t)B * NKV * nkb, 0);
     int ok = 1, prev_band = -1, prev_kb = 0;
     for (int u = 0; ok && u < U; u++) {
-        const us__hop_kblock k = us__hop_kblock_of(u, NKV, B, nkb, P);
-        const int band = u / (P * nkb);
+        const us__hop_kblock k = us__hop_kblock_of(u, NKV, p0, np, nkb, P);
+        const int band = u / (P * nkb), pair = k.b * NKV + k.g;
         ok &= k.g >= 0 && k.g < NKV && k.b >= 0 && k.b < B && k.kb >= 0 && k.kb < nkb;
         if (!ok) break;
-        seen[((size_t)k.b * NKV + k.g) * nkb + k.kb]++;
-        ok &= (k.b * NKV + k.g) / P == band;        /* the band's pairs */
+        seen[(size_t)pair * nkb + k.kb]++;
+        ok &= pair >= p0 && pair < p0 + np && (pair - p0) / P == band; /* the band's pairs */
         ok &= band != prev_band || k.kb >= prev_kb; /* heaviest first within it */
         ok &= band == prev_band || k.kb == 0;       /* a band starts at key block 0 */
         prev_band = band;
         prev_kb = k.kb;
     }
-    for (size_t i = 0; ok && i < seen.size(); i++) ok &= seen[i] == 1;
-    CHECK(ok, "key blocks B%d nkb%d NKV%d, bands of %d: each once, in order", B, nkb, NKV, P);
+    for (size_t i = 0; ok && i < seen.size(); i++) {
+        const int pair = (int)(i / (size_t)nkb);
+        ok &= seen[i] == (pair >= p0 && pair < p0 + np);
+    }
+    CHECK(ok, "key blocks B%d nkb%d NKV%d, pairs %d.. (%d), bands of %d: each once, in order", B,
+          nkb, NKV, p0, np, P);
     return ok;
 }
 
@@ -101,7 +106,7 @@ static void check_kwalk(int B, int nkb, int NKV, int grp, int P, int G) {
         int j = 0, base = 0, ended = 0;
         emu_bix = {(unsigned)i, 0, 0};
         us__hop_kwalk<128, BQ>(
-            T, NKV, B, grp, P, [&](const us__hop_kblock &kb, const us__hop_kstep &w) {
+            T, NKV, 0, B * NKV, grp, P, [&](const us__hop_kblock &kb, const us__hop_kstep &w) {
                 ok &= kb.g >= 0 && kb.g < NKV && kb.b >= 0 && kb.b < B && kb.kb >= 0 && kb.kb < nkb;
                 if (!ok) return;
                 seen[((size_t)kb.b * NKV + kb.g) * nkb + kb.kb]++;
@@ -208,8 +213,11 @@ int main(void) {
     for (const auto &s : shapes) {
         const int pairs = s[0] * s[3];
         for (int P = 1; P <= pairs; P++)
-            if (!check_qtiles(s[0], s[1], s[2], s[3], P) || !check_kblocks(s[0], s[1], s[3], P))
+            if (!check_qtiles(s[0], s[1], s[2], s[3], P) ||
+                !check_kblocks(s[0], s[1], s[3], P, 0, pairs))
                 break;
+        /* a chunk of the pairs (the backward with dS through memory): the middle third */
+        if (pairs >= 3) check_kblocks(s[0], s[1], s[3], (pairs / 3 + 1) / 2, pairs / 3, pairs / 3);
         for (int G : {1, 3, 132}) {
             check_walk(s[1] * s[2] * s[0], G);
             check_kwalk<64>(s[0], s[1], s[3], s[2] / s[3], pairs, G);
