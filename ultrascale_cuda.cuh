@@ -4619,8 +4619,8 @@ template <int BQ>
 static __device__ __forceinline__ void us__hop_ds_out(uint4 *dso,
                                                       const uint32_t (&da)[BQ / 16][4]) {
 #pragma unroll
-    for (int t = 0; t < BQ / 16; t++)
-        dso[32 * t] = make_uint4(da[t][0], da[t][1], da[t][2], da[t][3]);
+    for (int t = 0; t < BQ / 16; t++) /* streaming: not to evict the Q and dO that L2 holds */
+        __stcs(dso + 32 * t, make_uint4(da[t][0], da[t][1], da[t][2], da[t][3]));
 }
 
 /* One query tile (stage s; last: no turn follows in this CTA) of a dK/dV consumer whose keys
@@ -4962,12 +4962,14 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
 }
 
 /* bytes (a multiple of 16) from global memory into shared memory by the copy engine, counted on
-   bar as the tensor copies are */
+   bar as the tensor copies are; read once, so first out of L2 */
 static __device__ __forceinline__ void us__bulk_load(void *dst, const void *src, uint32_t bytes,
                                                      uint64_t *bar) {
 #if US__HOP_DEV
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1], %2, [%3];\n" ::"r"(us__smem_u32(dst)),
+    asm volatile("{\n.reg .b64 pol;\n"
+                 "createpolicy.fractional.L2::evict_first.b64 pol, 1.0;\n"
+                 "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+                 " [%0], [%1], %2, [%3], pol;\n}\n" ::"r"(us__smem_u32(dst)),
                  "l"(src), "r"(bytes), "r"(us__smem_u32(bar))
                  : "memory");
 #else
