@@ -5675,13 +5675,14 @@ static size_t us__hop_ds_bytes(int64_t B, int64_t T, int NH, int HS) {
 
 /* The backward with dS through memory (us__hop_bwd_ds): the (batch, kv head) pairs a chunk of
    it takes, 0 where the two kernels run. By default at HS 96 and 128, where it ran faster than
-   the two kernels on an H200 (the backward 1.13-1.28× at HS 128, 1.01-1.11× at HS 96, T 2k-8k;
-   1.32× at T 32k), in chunks whose dS takes at most 1/32 of the GPU's memory, since it grows
-   with T² (4.4 GB of an H200: one chunk for 16 heads of 128 up to T 16k, four at T 32k), and
-   not where one pair's dS is more than that. At HS 64 it ran 4-13 % slower (a tile's dS is as
-   large, its GEMMs half as long), at HS 80 0.95-1.05×: the two kernels stay there.
-   bench/RESULTS.md, sixteenth session. Asked for (mode 7): at every HS ≤ 128;
-   us_cuda_attention_ds_pairs sets the chunk (tests). */
+   the two kernels on an H200 (the backward 1.18-1.30× at HS 128, 1.08-1.15× at HS 96, T 2k-8k;
+   1.28-1.31× at T 32k), in chunks whose dS takes at most 1/32 of the GPU's memory, since it
+   grows with T² (4.4 GB of an H200: one chunk for 16 heads of 128 up to T 16k, four at T 32k),
+   and not where one pair's dS is more than that. At HS 64 it ran 0.87-1.01× (a tile's dS is as
+   large, its GEMMs half as long: the stores slow the dK/dV kernel more than the dQ kernel
+   gains), at HS 80 0.95-1.05×: the two kernels stay there. bench/RESULTS.md, sixteenth
+   session. Asked for (mode 7): at every HS ≤ 128; us_cuda_attention_ds_pairs sets the chunk
+   (tests). */
 static int us__hop_ds_pairs(us_ops *o, int HS, int64_t B, int64_t T, int NH, int NKV) {
     const us__cuda *c = us__cu(o);
     const int64_t pairs = B * NKV, grp = NH / NKV;
