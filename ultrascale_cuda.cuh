@@ -6603,6 +6603,12 @@ static __device__ int us__hop_vis(unsigned *vis, const int4 *__restrict__ rng, i
     return cnt;
 }
 
+/* the 32-bit words of a query tile's row in the walk table (us__hop_block_tiles): a bit per key
+   tile of BC of the block's Tk keys */
+static __host__ __device__ __forceinline__ int us__hop_vis_words(int64_t Tk, int BC) {
+    return (int)(((Tk + BC - 1) / BC + 31) / 32);
+}
+
 /* The block kernels' mask mode (us__hop_causal's counterpart, the same members): the visible
    key tiles of the bitmask vis, in order. A tile is partly visible to a consumer when some key
    comes after its rows' smallest position (qmin), hidden when every key comes after their
@@ -6628,6 +6634,13 @@ struct us__hop_bypos {
         nkt = (tk + BC - 1) / BC;
         nk64 = (tk + 63) / 64;
         Tk = tk;
+    }
+
+    /* ... as query tile qt's row of the walk table gvis sees them, cnt of its tiles visible */
+    __device__ __forceinline__ void tile(const unsigned *gvis, int qt, int cnt, const int4 *kr,
+                                         const int32_t *kp, int tk) {
+        keys(gvis + (int64_t)qt * us__hop_vis_words(tk, BC), kr, kp, tk);
+        n = cnt;
     }
 
     /* this consumer's rows: run c0 of qrng, the thread's rows row0, row0 + 8 (−inf past Tq) */
@@ -6775,7 +6788,7 @@ __global__ void __launch_bounds__(128)
     unsigned *vis = (unsigned *)us__hop_raw; /* [nw] */
     __shared__ int sLast[NW];
     const int qt = blockIdx.x, nq64 = (Tq + 63) / 64, nk64 = (Tk + 63) / 64;
-    const int nkt = (Tk + BC - 1) / BC, nw = (nkt + 31) / 32;
+    const int nkt = (Tk + BC - 1) / BC, nw = us__hop_vis_words(Tk, BC);
     if (threadIdx.x < NW) sLast[threadIdx.x] = -1;
     const int n = us__hop_vis<BC, true>(vis, krng, Tk, us__hop_runs(qrng, qt * NW, NW, nq64).y);
     us__hop_last_seen<BC, NW>(sLast, vis, krng, nkt, nk64, qrng, qt * NW, nq64);
@@ -6837,13 +6850,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
     const us__hop_fwd_smem<HS> sm(us__hop_smem_base(us__hop_raw));
     const int nqb = (Tq + BR - 1) / BR, U = nqb * NH * B, G = gridDim.x, nq64 = (Tq + 63) / 64;
-    const int nw = ((Tk + BC - 1) / BC + 31) / 32;
     const int wg = us__hop_wg(), tid = threadIdx.x & 127;
-    /* the visible key tiles of query tile q, n of them */
-    const auto keys = [&](us__hop_bypos<BC> &ks, const us__hop_qtile &q, int n) {
-        ks.keys(gvis + (int64_t)(q.q0 / BR) * nw, krng, kpos, Tk);
-        ks.n = n;
-    };
     sm.init(128 * NW);
 
     if (wg == 0) { /* producer: one thread issues every copy */
@@ -6853,7 +6860,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
             gcnt, nqb, U, G, B, NH, NKV, P,
             [&](const us__hop_qtile &q, int n, const us__hop_ring &rg) {
                 us__hop_bypos<BC> ks;
-                keys(ks, q, n);
+                ks.tile(gvis, q.q0 / BR, n, krng, kpos, Tk);
                 us__hop_fwd_produce<HS>(sm, &mq, &mkv, ks, q.h * HS, q.g * HS, (NKV + q.g) * HS,
                                         q.b, q.q0, rg);
             },
@@ -6867,7 +6874,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
         [&](const us__hop_qtile &q, int n, const us__hop_ring &rg) {
             const int row0 = q.q0 + 64 * c + 16 * warp + (lane >> 2); /* rows row0 + 8r */
             us__hop_bypos<BC> ks;
-            keys(ks, q, n);
+            ks.tile(gvis, q.q0 / BR, n, krng, kpos, Tk);
             ks.rows(qrng, q.q0 / 64 + c, nq64, qpos, row0, Tq);
             ks.nc = gcnt[q.q0 / BR * (1 + NW) + 1 + c];
             float o[HS / 8][4], m[2], l[2];
@@ -7075,13 +7082,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
     const us__hop_dq_smem<HS> sm(us__hop_smem_base(us__hop_raw));
     const int nqb = (Tq + BR - 1) / BR, U = nqb * NH * B, G = gridDim.x, nq64 = (Tq + 63) / 64;
-    const int nw = ((Tk + BK - 1) / BK + 31) / 32;
     const int wg = us__hop_wg(), tid = threadIdx.x & 127;
-    /* the visible key tiles of query tile q, n of them */
-    const auto keys = [&](us__hop_bypos<BK> &ks, const us__hop_qtile &q, int n) {
-        ks.keys(gvis + (int64_t)(q.q0 / BR) * nw, krng, kpos, Tk);
-        ks.n = n;
-    };
     sm.init(128 * NWG);
 
     if (wg == 0) {
@@ -7091,7 +7092,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
             gcnt, nqb, U, G, B, NH, NKV, P,
             [&](const us__hop_qtile &q, int n, const us__hop_ring &rg) {
                 us__hop_bypos<BK> ks;
-                keys(ks, q, n);
+                ks.tile(gvis, q.q0 / BR, n, krng, kpos, Tk);
                 us__hop_dq_produce<HS>(sm, &mq, &mdo, &mkv, ks, q.h * HS, q.g * HS,
                                        (NKV + q.g) * HS, q.b, q.q0, rg);
             },
@@ -7105,7 +7106,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
         [&](const us__hop_qtile &q, int n, const us__hop_ring &rg) {
             const int row0 = q.q0 + 64 * c + 16 * warp + (lane >> 2); /* rows row0 + 8r */
             us__hop_bypos<BK> ks;
-            keys(ks, q, n);
+            ks.tile(gvis, q.q0 / BR, n, krng, kpos, Tk);
             ks.rows(qrng, q.q0 / 64 + c, nq64, qpos, row0, Tq);
             float L2[2], Dr[2], dqa[HS / 8][4];
             us__hop_dq_rows(L2, Dr, L2g, Dg, row0, q.b, q.h, Tq, NH);
@@ -7148,7 +7149,7 @@ static int us__hop_block_ok(us_ops *o, us_dtype dt, int HS, int bwd, int NH, int
    (us__hop_block_tiles: vis [nqt][nw], then cnt [nqt][1 + BR/64]), a multiple of 16. Tiles of
    64 against 64 give an upper bound for every kernel's. */
 static size_t us__hop_tiles_bytes(int64_t Tq, int64_t Tk, int BR, int BC) {
-    const int64_t nqt = (Tq + BR - 1) / BR, nw = ((Tk + BC - 1) / BC + 31) / 32;
+    const int64_t nqt = (Tq + BR - 1) / BR, nw = us__hop_vis_words(Tk, BC);
     return (size_t)((nqt * nw + nqt * (1 + BR / 64)) * 4 + 15) / 16 * 16;
 }
 
@@ -7157,7 +7158,7 @@ static size_t us__hop_tiles_bytes(int64_t Tq, int64_t Tk, int BR, int BC) {
 template <int BR, int BC>
 static const int *us__hop_tiles(void *tab, const int4 *qrng, const int4 *krng, int Tq, int Tk,
                                 cudaStream_t st) {
-    const int nqt = (Tq + BR - 1) / BR, nw = ((Tk + BC - 1) / BC + 31) / 32;
+    const int nqt = (Tq + BR - 1) / BR, nw = us__hop_vis_words(Tk, BC);
     unsigned *vis = (unsigned *)tab;
     int *cnt = (int *)(vis + (int64_t)nqt * nw);
     us__hop_block_tiles<BR, BC><<<nqt, 128, (size_t)nw * 4, st>>>(vis, cnt, qrng, krng, Tq, Tk);
