@@ -4606,9 +4606,9 @@ static __device__ __forceinline__ void us__hop_turns_skip(int c, bool last) {
    128, query tile of BQ) a blob of BQ·256 bytes, [2 consumers][4 warps][BQ/16 k-steps][32
    lanes] of 16 bytes (one coalesced 512-byte store per warp and k-step, no shared memory).
    Key block kb sees query tiles r·kb.. nqt − 1 (r = 128 / BQ), and its blobs follow those of
-   the blocks before it: the block starts at us__hop_ds_off(kb) = Σ_{k<kb} (nqt − r·k). Blobs of
-   a consumer whose 64 keys all follow the tile's queries are not written; the dQ kernel skips
-   the same ones. */
+   the blocks before it: the block starts at us__hop_ds_off(kb) = Σ_{k<kb} (nqt − r·k). The half
+   of a blob whose 64 keys all follow the tile's queries is not written; the dQ kernel takes it
+   as zero. */
 static __host__ __device__ __forceinline__ int64_t us__hop_ds_off(int kb, int nqt, int r) {
     return (int64_t)kb * nqt - (int64_t)r * kb * (kb - 1) / 2;
 }

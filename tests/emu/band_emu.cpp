@@ -203,7 +203,34 @@ static void check_lda(int r0) {
           ROWS, r0, bad);
 }
 
+/* Where the backward through memory keeps dS (us__hop_ds_off): the dK/dV kernel writes the blob
+   of key block kb (128 keys) and query tile qb of BQ, for qb from its walk's qb0 = kb·128/BQ to
+   the last, at us__hop_ds_off(kb) + qb − qb0 (the dQ kernel reads them at the same place, its
+   128-row tile i against key blocks 0..i). Every blob in its own slot of [0, us__hop_ds_off(nkb)),
+   none left empty */
+template <int BQ>
+static void check_ds_slots(int T) {
+    constexpr int R = 128 / BQ;
+    const int nqt = (T + BQ - 1) / BQ, nkb = (T + 127) / 128;
+    const int64_t total = us__hop_ds_off(nkb, nqt, R);
+    std::vector<int> seen(total > 0 ? (size_t)total : 0, 0);
+    int ok = total > 0;
+    for (int kb = 0; ok && kb < nkb; kb++)
+        for (int qb = kb * 128 / BQ; ok && qb < nqt; qb++) {
+            const int64_t slot = us__hop_ds_off(kb, nqt, R) + qb - kb * 128 / BQ;
+            ok &= slot >= 0 && slot < total;
+            if (ok) seen[(size_t)slot]++;
+        }
+    for (size_t i = 0; ok && i < seen.size(); i++) ok &= seen[i] == 1;
+    CHECK(ok, "dS through memory, T %d, BQ %d: %lld blobs, each its own slot", T, BQ,
+          (long long)total);
+}
+
 int main(void) {
+    for (int T : {1, 64, 127, 128, 129, 1000, 4096}) {
+        check_ds_slots<64>(T);
+        check_ds_slots<128>(T);
+    }
     check_lda<64>(0);
     check_lda<128>(0);
     check_lda<128>(64);
