@@ -4739,7 +4739,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
             const int k0 = kb.kb * BK, nit = grp * w.per, kv = w.j % KVN;
             const int kc = k0 + 64 * c;                    /* this warpgroup's first key */
             const int key0 = kc + 16 * warp + (lane >> 2); /* the thread's keys: key0 + 8r */
-            /* DS: this thread's place in the block's first blob (16 bytes a unit), the blobs a head */
+            /* DS: this thread's place in the block's first blob (in 16-byte units), blobs a head */
             uint4 *dsk = nullptr;
             int64_t dsh = 0;
             if constexpr (DS) {
@@ -4767,8 +4767,8 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
                 const int r = w.base + it, s = r % S, q0 = (w.qb0 + it % w.per) * BQ;
                 const bool last = it + 1 == nit && w.last;
                 us__mb_wait(sm.full + s, (r / S) & 1);
-                if (!(kc <= q0 + BQ - 1 &&
-                      kc < T)) { /* every key here is after every query: P = 0 */
+                /* every key here after every query: P = 0 */
+                if (!(kc <= q0 + BQ - 1 && kc < T)) {
                     us__hop_turns_skip<NWG>(c, last);
                 } else {
                     /* masked (part) where some key of the warpgroup comes after some query */

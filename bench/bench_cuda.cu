@@ -1435,13 +1435,14 @@ static void bench_attention(void) {
             float *lse = (float *)inner.alloc(&inner, (size_t)B * NH * T * 4);
             double fl = 4.0 * B * NH * (double)T * T * HS / 2;
             rand_bf16_pair(qkv, N * QKV, dout, N * NH * HS, 3, 1);
-            /* the default (the backward as two kernels), fused always,
-               two kernels always, mma.sync (bf16 HS 64 and 128 only: others are portable), and
-               the Hopper kernels with one CTA per query tile instead of a persistent grid (the
-               forward, dK/dV and dQ), and the Hopper kernels' tiles in one band of (batch, kv head)
-               pairs instead of bands that fit L2 (us_cuda_attention_band), and the backward with
-               dS through memory (HS ≤ 128). The paths take turns rep by rep, so that the GPU's clock drift (it
-               boosts after the idle host-side set-up of each shape) reaches every path alike. */
+            /* the default (the backward through memory at HS 96 and 128, else two kernels),
+               fused always, two kernels always, mma.sync (bf16 HS 64 and 128 only: others are
+               portable), the Hopper kernels with one CTA per query tile instead of a persistent
+               grid (the forward, dK/dV and dQ), the Hopper kernels' tiles in one band of (batch,
+               kv head) pairs instead of bands that fit L2 (us_cuda_attention_band), and the
+               backward with dS through memory always (HS ≤ 128). The paths take turns rep by
+               rep, so that the GPU's clock drift (it boosts after the idle host-side set-up of
+               each shape) reaches every path alike. */
             static const int off[8] = {0, 5, 4, 1, 0, 0, 0, 7};
             static const char *name[8] = {"us-hop",   "us-hopF",  "us-hop2k", "us-mma",
                                           "us-hop1t", "us-hop1b", "us-hopN",  "us-hopS"};

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """extract_band.py ULTRASCALE_CUDA_CUH OUT.h -- the Hopper attention kernels' tile order of
 ultrascale_cuda.cuh (// >>cuda-hopper: us__hop_snake, us__hop_qtile_of, us__hop_kblock_of, us__hop_kwalk), the
-dK/dV kernel's K and V fragments (us__hop_lda), where the backward through memory keeps dS (us__hop_ds_off) and the
-block kernels' walk (us__hop_block_walk, with us__hop_ring),
+dK/dV kernel's K and V fragments (us__hop_lda), where the backward through memory keeps dS
+(us__hop_ds_off) and the block kernels' walk (us__hop_block_walk, with us__hop_ring),
 which band_emu.cpp checks on the CPU. Fails loudly if the markers it cuts at move."""
 import sys
 from extract_common import Header, write
