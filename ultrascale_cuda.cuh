@@ -3687,13 +3687,15 @@ struct us__hop_cfg {
    tiles, then room for 32 barriers */
 static constexpr size_t us__hop_smem(int bytes) { return (size_t)bytes + 1024 + 32 * 8; }
 
-/* every kernel's tiles fit in the 227 KB a block may have */
+/* every kernel's tiles fit in the 227 KB a block may have (the dQ kernel from stored dS with
+   two stages at least) */
 template <int H>
 static constexpr bool us__hop_fits(void) {
     using C = us__hop_cfg<H>;
     return us__hop_smem(C::fwd_bytes) <= 232448 && us__hop_smem(C::dkdv_pers_bytes) <= 232448 &&
            us__hop_smem(C::dq_bytes) <= 232448 &&
-           (!C::FUSED || us__hop_smem(C::fused_bytes) <= 232448);
+           (!C::FUSED || us__hop_smem(C::fused_bytes) <= 232448) &&
+           (C::NWG != 2 || (C::DQS >= 2 && us__hop_smem(C::dqs_bytes) <= 232448));
 }
 
 static __device__ __forceinline__ unsigned char *us__hop_smem_base(unsigned char *raw) {
