@@ -5588,15 +5588,20 @@ static int us__hop_ctas(us_ops *o) {
    one band (bench/RESULTS.md, twelfth session): multi-head attention at HS 128 ran the forward
    28 %, 21 % and 5 % faster at T 1k, 2k and 4k (256, 128 and 64 pairs) and the backward 8 %, 6 %
    and 2 %; at HS 64, forward and backward together 2-10 % faster. Bands of pairs that already
-   had four CTAs each made every shape slower (by 3-15 % at GQA, T 2k-8k), so those stay whole. */
-static int us__hop_band(us_ops *o, int64_t B, int NKV) {
-    const us__cuda *c = us__cu(o);
-    const int64_t pairs = B * NKV, ctas = us__hop_ctas(o);
-    if (c->hop_band < 0) return (int)pairs;
-    int64_t fit = c->hop_band > 0 ? c->hop_band : pairs <= ctas / 4 ? pairs : ctas / 6;
+   had four CTAs each made every shape slower (by 3-15 % at GQA, T 2k-8k), so those stay whole.
+   asked: us_cuda_attention_band's n (0 this rule, −1 one band); 1 where there are no pairs. */
+static int64_t us__hop_band_of(int64_t pairs, int64_t ctas, int asked) {
+    if (pairs < 1) return 1;
+    if (asked < 0) return pairs;
+    int64_t fit = asked > 0 ? asked : pairs <= ctas / 4 ? pairs : ctas / 6;
     fit = fit < 1 ? 1 : fit > pairs ? pairs : fit;
     const int64_t bands = (pairs + fit - 1) / fit;
-    return (int)((pairs + bands - 1) / bands);
+    return (pairs + bands - 1) / bands;
+}
+
+/* ... of the B·NKV pairs of a call, on the ops' CTAs */
+static int us__hop_band(us_ops *o, int64_t B, int NKV) {
+    return (int)us__hop_band_of(B * NKV, us__hop_ctas(o), us__cu(o)->hop_band);
 }
 
 /* whether the persistent walk's int counters hold every query tile (of 64 rows at least), and a
@@ -5683,19 +5688,24 @@ static size_t us__hop_ds_bytes(int64_t B, int64_t T, int NH, int HS) {
    and not where one pair's dS is more than that. At HS 64 it ran 0.87-1.01× (a tile's dS is as
    large, its GEMMs half as long: the stores slow the dK/dV kernel more than the dQ kernel
    gains), at HS 80 0.95-1.05×: the two kernels stay there. bench/RESULTS.md, sixteenth
-   session. Asked for (mode 7): at every HS ≤ 128; us_cuda_attention_ds_pairs sets the chunk
-   (tests). */
-static int us__hop_ds_pairs(us_ops *o, int HS, int64_t B, int64_t T, int NH, int NKV) {
-    const us__cuda *c = us__cu(o);
+   session. Mode 7 asks for it at every HS ≤ 128 (where a pair's dS fits a chunk); asked > 0
+   (us_cuda_attention_ds_pairs) sets the chunk's pairs (tests); mem: the GPU's bytes. */
+static int us__hop_ds_chunk(int HS, int mode, int asked, size_t mem, int64_t B, int64_t T, int NH,
+                            int NKV) {
     const int64_t pairs = B * NKV, grp = NH / NKV;
-    if (HS > 128 || c->hop_off == 4 || c->hop_off == 5) return 0;
-    if (c->hop_off != 7 && HS != 96 && HS != 128) return 0;
-    int64_t np = c->hop_ds_pairs > 0
-                     ? c->hop_ds_pairs
-                     : (int64_t)(c->mem_total / 32 / us__hop_ds_bytes(1, T, (int)grp, HS));
+    if (HS > 128 || mode == 4 || mode == 5) return 0;
+    if (mode != 7 && HS != 96 && HS != 128) return 0;
+    int64_t np = asked > 0 ? asked : (int64_t)(mem / 32 / us__hop_ds_bytes(1, T, (int)grp, HS));
     np = np > pairs ? pairs : np;
     np = np > 65535 / grp ? 65535 / grp : np; /* the dQ kernel's grid: a chunk's heads */
     return (int)np;
+}
+
+/* ... for the ops' GPU and settings (mode: us_cuda_attention_no_hopper's, asked:
+   us_cuda_attention_ds_pairs') */
+static int us__hop_ds_pairs(us_ops *o, int HS, int64_t B, int64_t T, int NH, int NKV) {
+    const us__cuda *c = us__cu(o);
+    return us__hop_ds_chunk(HS, c->hop_off, c->hop_ds_pairs, c->mem_total, B, T, NH, NKV);
 }
 
 static size_t us__hop_fused_cnt_bytes(int64_t B, int64_t T, int NH, int HS) {
@@ -5718,7 +5728,7 @@ static int us__hop_attention_bwd(us_ops *o, void *dqkv, const void *dout, const 
     if (B <= 0 || T <= 0 || NH <= 0) return 1;
     const int fused = us__hop_fused(o, HS, T);
     int np = fused ? 0 : us__hop_ds_pairs(o, HS, B, T, NH, NKV); /* dS through memory */
-    const int P = us__hop_band(o, B, NKV), Pds = np ? us__hop_band(o, np, 1) : 0;
+    const int P = us__hop_band(o, B, NKV), Pds = us__hop_band(o, np, 1);
     const size_t dl_bytes = ((size_t)2 * rows * sizeof(float) + 15) / 16 * 16;
     const size_t cnt_bytes = fused ? us__hop_fused_cnt_bytes(B, T, NH, HS) : 0;
     const size_t acc_bytes = fused ? (size_t)B * NH * us__hop_fused_tiles(T, HS) * 2 * 4096 * 4 : 0;

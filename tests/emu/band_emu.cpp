@@ -226,7 +226,51 @@ static void check_ds_slots(int T) {
           (long long)total);
 }
 
+/* The host side's choices, over shapes from one pair to thousands: the band of pairs (1 ≤ P ≤
+   pairs, all of them in one band when asked, 1 where there are none: the chunk of zero pairs
+   that divided by zero on the GPU in the sixteenth session) and the chunk of the backward
+   through memory (none at HS 64, 80 by default, at HS > 128, or when the two kernels or the
+   fused one are asked for; else at most the call's pairs, at most 65535 heads, and by default
+   a chunk's dS within 1/32 of the GPU's memory, none where one pair's is more) */
+static void check_host_rules(void) {
+    int bad = 0, n = 0;
+    for (int64_t pairs = 0; pairs <= 300; pairs++)
+        for (int64_t ctas : {1, 3, 132})
+            for (int asked : {-1, 0, 1, 3, 7}) {
+                const int64_t P = us__hop_band_of(pairs, ctas, asked);
+                bad += pairs < 1 ? P != 1 : P < 1 || P > pairs || (asked < 0 && P != pairs);
+                n++;
+            }
+    const size_t GB = (size_t)1 << 30;
+    for (int HS : {64, 80, 96, 128, 192, 256})
+        for (int mode : {0, 4, 5, 7})
+            for (int asked : {0, 1, 3})
+                for (size_t mem : {(size_t)0, 80 * GB, 141 * GB})
+                    for (int64_t T : {1, 100, 4096, 32768, 65536, 262144})
+                        for (int64_t B : {1, 2, 16, 4096})
+                            for (int NKV : {1, 8, 16}) {
+                                const int NH = NKV == 1 ? 32 : 2 * NKV, grp = NH / NKV;
+                                const int np =
+                                    us__hop_ds_chunk(HS, mode, asked, mem, B, T, NH, NKV);
+                                const bool off = HS > 128 || mode == 4 || mode == 5 ||
+                                                 (mode != 7 && HS != 96 && HS != 128);
+                                int ok = np >= 0 && np <= B * NKV && (int64_t)np * grp <= 65535;
+                                if (off) ok &= np == 0;
+                                if (!off && asked > 0)
+                                    ok &= np == (asked < B * NKV ? asked : B * NKV);
+                                if (!off && asked == 0) {
+                                    const size_t one = us__hop_ds_bytes(1, T, grp, HS);
+                                    ok &= np == 0 ? one > mem / 32 || mem == 0
+                                                  : us__hop_ds_bytes(np, T, grp, HS) <= mem / 32;
+                                }
+                                bad += !ok;
+                                n++;
+                            }
+    CHECK(bad == 0, "host rules: band of pairs and dS chunk at %d settings (%d wrong)", n, bad);
+}
+
 int main(void) {
+    check_host_rules();
     for (int T : {1, 64, 127, 128, 129, 1000, 4096}) {
         check_ds_slots<64>(T);
         check_ds_slots<128>(T);

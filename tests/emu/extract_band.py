@@ -2,7 +2,9 @@
 """extract_band.py ULTRASCALE_CUDA_CUH OUT.h -- the Hopper attention kernels' tile order of
 ultrascale_cuda.cuh (// >>cuda-hopper: us__hop_snake, us__hop_qtile_of, us__hop_kblock_of, us__hop_kwalk), the
 dK/dV kernel's K and V fragments (us__hop_lda), where the backward through memory keeps dS
-(us__hop_ds_off) and the block kernels' walk (us__hop_block_walk, with us__hop_ring),
+(us__hop_ds_off), the block kernels' walk (us__hop_block_walk, with us__hop_ring) and, from the
+host side, the band of pairs and the chunk of the backward through memory (us__hop_band_of,
+us__hop_ds_chunk),
 which band_emu.cpp checks on the CPU. Fails loudly if the markers it cuts at move."""
 import sys
 from extract_common import Header, write
@@ -16,4 +18,9 @@ txt += '\n' + '\n'.join(hdr.cut('/* The backward with dS through memory (us_cuda
                                   '/* this thread\'s dSᵀ fragments', start))
 txt += '\n' + '\n'.join(hdr.cut('/* This CTA\'s walk over the query tiles of BR rows of a block kernel',
                                   '/* The block forward, a persistent grid', start))
+host = hdr.at('/* ---- host side')
+txt += '\n' + '\n'.join(hdr.cut('/* The (batch, kv head) pairs a band of the Hopper kernels',
+                                  '/* ... of the B·NKV pairs of a call', host))
+txt += '\n' + '\n'.join(hdr.cut('/* the bytes of dS that the backward through memory stores',
+                                  '/* ... for the ops\' GPU and settings', host))
 write(sys.argv[2], 'extract_band.py', txt, bad=('__shared__', 'asm(', 'asm volatile', '<<<'))
