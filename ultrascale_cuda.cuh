@@ -3285,7 +3285,7 @@ static void us__flash_bwd(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
                            every sum runs in a fixed order, so two runs give the same bits. It
                            costs recomputing Q·Kᵀ and dO·Vᵀ.
      us__hop_dqs_kernel    dQ = dS·K from the dS that the dK/dV kernel stored, in place of the
-                           dQ kernel at HS 96 and 128 (us__hop_dsmem): five GEMMs a tile, as
+                           dQ kernel at HS 96 and 128 (us__hop_ds_pairs): five GEMMs a tile, as
                            FlashAttention-3's backward, for T² bytes a head written and read
                            again, and every sum still in a fixed order.
      us__hop_bwd_fused_kernel  FlashAttention-3's own backward, five GEMMs a tile instead of
@@ -3625,6 +3625,9 @@ static __device__ __forceinline__ int us__hop_wg(void) {
     return __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0);
 }
 
+/* queries per tile of the dK/dV kernel (us__hop_cfg::BQ, below), for the host's sizes too */
+static __host__ __device__ constexpr int us__hop_bq(int HS) { return HS <= 64 ? 128 : 64; }
+
 /* Tile sizes and shared memory of one head size. HSP: HS rounded up to whole column blocks.
    BC keys per forward tile (128 up to HS 128: S is then 64 fp32 per thread; 64 above, where
    O takes 96-128). NWG consumer warpgroups of the backward. */
@@ -3641,7 +3644,7 @@ struct us__hop_cfg {
     static constexpr int FS = 2, BS = 2, QS = 2;
     /* queries per tile of the dK/dV kernel, keys per tile of dQ: 128 where the registers allow,
        since a 64-wide wgmma reading both operands from shared memory is bound by its bandwidth */
-    static constexpr int BQ = HS <= 64 ? 128 : 64;
+    static constexpr int BQ = us__hop_bq(HS);
     /* the first KRK k-steps (16 columns each) of a dK/dV consumer's K and the first KRV of its
        V as wgmma A fragments in registers, loaded once a key block: those steps of Sᵀ = K·Qᵀ and
        dPᵀ = V·dOᵀ then read only Qᵀ and dOᵀ from shared memory, half of what a 64-wide GEMM
@@ -4615,14 +4618,22 @@ static __host__ __device__ __forceinline__ int64_t us__hop_ds_off(int kb, int nq
     return (int64_t)kb * nqt - (int64_t)r * kb * (kb - 1) / 2;
 }
 
+/* where in a blob, in 16-byte units, k-step t (16 queries) of dK/dV consumer c's warp w (16
+   keys) starts: 32 units, lane l's at l */
+template <int BQ>
+static __host__ __device__ __forceinline__ int us__hop_ds_part(int c, int w, int t) {
+    return ((4 * c + w) * (BQ / 16) + t) * 32;
+}
+
 /* this thread's dSᵀ fragments (da: the A fragments of dK += dSᵀ·Q) into its place of a blob:
-   dso[32·t] for k-step t of queries */
+   k-step t of queries us__hop_ds_part(0, 0, t) on from dso */
 template <int BQ>
 static __device__ __forceinline__ void us__hop_ds_out(uint4 *dso,
                                                       const uint32_t (&da)[BQ / 16][4]) {
 #pragma unroll
     for (int t = 0; t < BQ / 16; t++) /* streaming: not to evict the Q and dO that L2 holds */
-        __stcs(dso + 32 * t, make_uint4(da[t][0], da[t][1], da[t][2], da[t][3]));
+        __stcs(dso + us__hop_ds_part<BQ>(0, 0, t),
+               make_uint4(da[t][0], da[t][1], da[t][2], da[t][3]));
 }
 
 /* One query tile (stage s; last: no turn follows in this CTA) of a dK/dV consumer whose keys
@@ -4749,7 +4760,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
                 dsh = us__hop_ds_off((T + BK - 1) / BK, nqt, BK / BQ);
                 const int64_t slot = ((int64_t)kb.b * NKV + kb.g - p0) * grp * dsh +
                                      us__hop_ds_off(kb.kb, nqt, BK / BQ);
-                dsk = dsw + slot * BQ * 16 + c * BQ * 8 + warp * BQ * 2 + lane;
+                dsk = dsw + slot * BQ * 16 + us__hop_ds_part<BQ>(c, warp, 0) + lane;
             }
             SM smj = sm; /* this block's K/V buffer */
             smj.sK += kv * SM::KVSTEP;
@@ -5037,9 +5048,10 @@ __global__ void __launch_bounds__(384, 1)
     const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
     const int r0 = 128 * i + 64 * c;      /* the warpgroup's first query */
     const int last = min(r0 + 63, T - 1); /* keys after it: dS 0, or not stored */
-    /* the thread's 16 bytes of k-step 0 in a stage: its query tile's blob, k-step of queries
-       (64c mod BQ)/16 + warp */
-    const int mine = (R == 2 ? c * BQ * 256 : 0) + ((R == 2 ? 0 : 4 * c) + warp) * 512 + 16 * lane;
+    /* the thread's 16 bytes of key k-step 0 in a stage: its query tile's blob, k-step of queries
+       (64c mod BQ)/16 + warp; key k-step kk is the dK/dV kernel's consumer kk/4, warp kk%4 */
+    const int mine = (R == 2 ? c * BQ * 256 : 0) +
+                     16 * (us__hop_ds_part<BQ>(0, 0, (R == 2 ? 0 : 4 * c) + warp) + lane);
     float dq[HS / 8][4];
     us__hop_zero(dq);
     for (int kb = 0; kb <= i; kb++) {
@@ -5053,8 +5065,8 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
             for (int kk = 0; kk < 8; kk++) {
                 const uint32_t keep = kk < 4 ? 0xffffffffu : hi;
-                const uint4 v =
-                    *reinterpret_cast<const uint4 *>(sD + s * DB + mine + kk * (BQ / 16) * 512);
+                const uint4 v = *reinterpret_cast<const uint4 *>(
+                    sD + s * DB + mine + 16 * us__hop_ds_part<BQ>(kk >> 2, kk & 3, 0));
                 a[kk][0] = us__movt(v.x) & keep;
                 a[kk][1] = us__movt(v.z) & keep;
                 a[kk][2] = us__movt(v.y) & keep;
@@ -5668,14 +5680,13 @@ static int us__hop_fused(us_ops *o, int HS, int64_t T) {
 
 /* the fused backward's query tiles of a sequence (BQ: 128 at HS 64, else 64) */
 static int64_t us__hop_fused_tiles(int64_t T, int HS) {
-    const int BQ = HS <= 64 ? 128 : 64;
-    return (T + BQ - 1) / BQ;
+    return (T + us__hop_bq(HS) - 1) / us__hop_bq(HS);
 }
 
 /* the bytes of dS that the backward through memory stores: per (batch, head)
    us__hop_ds_off(key blocks) blobs of BQ·256 (T² bytes a head, about) */
 static size_t us__hop_ds_bytes(int64_t B, int64_t T, int NH, int HS) {
-    const int BQ = HS <= 64 ? 128 : 64;
+    const int BQ = us__hop_bq(HS);
     const int64_t nqt = (T + BQ - 1) / BQ, nkb = (T + 127) / 128;
     return (size_t)B * NH * us__hop_ds_off((int)nkb, (int)nqt, 128 / BQ) * BQ * 256;
 }

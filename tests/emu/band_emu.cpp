@@ -226,6 +226,30 @@ static void check_ds_slots(int T) {
           (long long)total);
 }
 
+/* A dS blob's parts (us__hop_ds_part): every (dK/dV consumer c, warp w, k-step t, lane) its own
+   16 bytes of the BQ·256, and at the place the kernels ran on the GPU in the sixteenth session
+   before the layout had a name: the writer c·BQ·8 + w·BQ·2 + 32t + lane units, the dQ kernel's
+   consumer (query k-step t of its tile, key k-step kk) at byte (t·512 + 16·lane) + kk·(BQ/16)·512 */
+template <int BQ>
+static void check_ds_parts(void) {
+    std::vector<int> seen((size_t)BQ * 16, 0);
+    int ok = 1;
+    for (int c = 0; c < 2; c++)
+        for (int w = 0; w < 4; w++)
+            for (int t = 0; t < BQ / 16; t++)
+                for (int l = 0; l < 32; l++) {
+                    const int u = us__hop_ds_part<BQ>(c, w, 0) + us__hop_ds_part<BQ>(0, 0, t) + l;
+                    ok &= u >= 0 && u < BQ * 16 && u == c * BQ * 8 + w * BQ * 2 + 32 * t + l;
+                    if (u >= 0 && u < BQ * 16) seen[(size_t)u]++;
+                    const int kk = 4 * c + w; /* the dQ kernel's key k-step */
+                    ok &= 16 * (us__hop_ds_part<BQ>(0, 0, t) + l) +
+                              16 * us__hop_ds_part<BQ>(kk >> 2, kk & 3, 0) ==
+                          t * 512 + 16 * l + kk * (BQ / 16) * 512;
+                }
+    for (int v : seen) ok &= v == 1;
+    CHECK(ok, "dS blob of BQ %d: every part its own 16 bytes, where the kernels put them", BQ);
+}
+
 /* The host side's choices, over shapes from one pair to thousands: the band of pairs (1 ≤ P ≤
    pairs, all of them in one band when asked, 1 where there are none: the chunk of zero pairs
    that divided by zero on the GPU in the sixteenth session) and the chunk of the backward
@@ -271,6 +295,8 @@ static void check_host_rules(void) {
 
 int main(void) {
     check_host_rules();
+    check_ds_parts<64>();
+    check_ds_parts<128>();
     for (int T : {1, 64, 127, 128, 129, 1000, 4096}) {
         check_ds_slots<64>(T);
         check_ds_slots<128>(T);

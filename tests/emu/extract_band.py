@@ -10,7 +10,9 @@ import sys
 from extract_common import Header, write
 hdr = Header(sys.argv[1], 'extract_band.py')
 start = hdr.at('// >>cuda-hopper')
-txt = '\n'.join(hdr.cut('/* Tile j of CTA i in a persistent grid', '/* This CTA\'s walk over the U causal', start))
+txt = '\n'.join(hdr.cut('/* queries per tile of the dK/dV kernel (us__hop_cfg::BQ',
+                        '/* Tile sizes and shared memory of one head size', start))
+txt += '\n' + '\n'.join(hdr.cut('/* Tile j of CTA i in a persistent grid', '/* This CTA\'s walk over the U causal', start))
 txt += '\n' + '\n'.join(hdr.cut('/* The byte offset of 16-byte chunk c of row r', '/* Shared-memory matrix descriptor'))
 txt += '\n' + '\n'.join(hdr.cut('/* A fragments (us__wg_rs) of k-step kk', '/* Sᵀ = K·Qᵀ and (DK) dPᵀ', start))
 txt += '\n' + '\n'.join(hdr.cut('/* Where one query tile stands in the forward\'s rings', '/* dK/dV: K, V [KVN]', start))
