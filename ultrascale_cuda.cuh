@@ -339,9 +339,9 @@ static double us__cuda_mark_us(us_ops *o, int id) {
 
 static void us__cuda_mark_reset(us_ops *o) { us__cu(o)->nmarks = 0; }
 
-/* Scratch grows (never shrinks) to the largest request; ops use it within one call. */
-/* the scratch buffer grown to bytes; NULL where the memory is not there, which
-   us__cuda_scratch_try leaves to its caller (one with a path that needs less) */
+/* Scratch grows (never shrinks) to the largest request; ops use it within one call. NULL where
+   the memory is not there, which us__cuda_scratch_try leaves to its caller (one with a path that
+   needs less) */
 static void *us__cuda_scratch_try(us_ops *o, size_t bytes) {
     us__cuda *c = us__cu(o);
     if (bytes <= c->scratch_bytes) return c->scratch;
