@@ -3639,9 +3639,14 @@ struct us__hop_cfg {
     /* consumer warpgroups of the forward: 3 at HS 64, where the softmax costs as much as the GEMMs
        and a third warpgroup gives the tensor cores more work to switch to (FA3's 192 × 128) */
     static constexpr int NWF = HS <= 64 ? 3 : 2;
+    /* the dQ kernel's tile GEMM deferred to the next tile's turn (us__hop_dq_consume): at HS
+       64, where a tile's exp2 and dS take about as long as its GEMMs and the registers hold a
+       tile's dS beside the next tile's S and dP (at HS 80 and 96 the stage it needs more does
+       not fit in shared memory) */
+    static constexpr bool DQD = HS == 64;
     /* stages of each kernel's ring (forward, dK/dV, dQ): 3 and 4 measured no faster on an H200
-       (bench/RESULTS.md) */
-    static constexpr int FS = 2, BS = 2, QS = 2;
+       (bench/RESULTS.md); the deferred dQ keeps a tile's K a turn longer, so a stage more */
+    static constexpr int FS = 2, BS = 2, QS = DQD ? 3 : 2;
     /* queries per tile of the dK/dV kernel, keys per tile of dQ: 128 where the registers allow,
        since a 64-wide wgmma reading both operands from shared memory is bound by its bandwidth */
     static constexpr int BQ = us__hop_bq(HS);
@@ -4807,23 +4812,19 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
 #endif
 }
 
-/* One key tile kt (stage s) of a dQ consumer (Keys: the mask mode) against the queries and dO
-   in buffer q (Q, then dO): S = Q·Kᵀ, dP = dO·Vᵀ, P = exp2(S·sl2 − L2) (0 where ks.masked, where
-   part of the tile is), dS = P ∘ (dP − D) (· scale under fp16, before rounding; under bf16 dQ
-   takes it at the store: us__hop_ds_scale), dQ += dS·K; each of its two GEMM batches in this
-   consumer's turn (last: no turn follows in this CTA) */
-template <typename E, int HS, typename Keys>
+/* The pieces of one key tile (stage s) of a dQ consumer, against the queries and dO in buffer q
+   (Q, then dO). us__hop_dq_sdp issues S = Q·Kᵀ and dP = dO·Vᵀ (not committed); us__hop_dq_ds
+   forms dS = P ∘ (dP − D) with P = exp2(S·sl2 − L2) (0 where ks.masked, where part of the tile
+   is; · scale under fp16, before rounding; under bf16 dQ takes it at the store:
+   us__hop_ds_scale) as wgmma A fragments; us__hop_dq_gemm issues dQ += dS·K */
+template <typename E, int HS>
 static __device__ __forceinline__ void
-us__hop_dq_tile(float (&dq)[HS / 8][4], const us__hop_dq_smem<HS> &sm, const unsigned char *q,
-                int s, const Keys &ks, const us__hop_kt &kt, const float (&L2)[2],
-                const float (&Dr)[2], bool last, int c, int lane, float scale, float sl2) {
+us__hop_dq_sdp(float (&sc)[us__hop_cfg<HS>::BKQ / 8][4], float (&dp)[us__hop_cfg<HS>::BKQ / 8][4],
+               const us__hop_dq_smem<HS> &sm, const unsigned char *q, int s, int c) {
     using C = us__hop_cfg<HS>;
-    constexpr int NWG = C::NWG, BR = 64 * NWG, BK = C::BKQ, KB = us__hop_dq_smem<HS>::KB;
+    constexpr int BR = 64 * C::NWG, BK = C::BKQ, KB = us__hop_dq_smem<HS>::KB;
     const unsigned char *tK = sm.sK + s * KB, *tV = sm.sV + s * KB;
     const unsigned char *tQ = q, *tdO = q + us__hop_dq_smem<HS>::QB;
-    float sc[BK / 8][4], dp[BK / 8][4];
-    us__hop_turn<NWG>(c);
-    us__wg_fence();
 #pragma unroll
     for (int kk = 0; kk < HS / 16; kk++) {
         us__wg_ss<BK, E, 0>(&sc[0][0], us__wg_kmaj<BR>(tQ, 64 * c, kk), us__wg_kmaj<BK>(tK, 0, kk),
@@ -4831,10 +4832,13 @@ us__hop_dq_tile(float (&dq)[HS / 8][4], const us__hop_dq_smem<HS> &sm, const uns
         us__wg_ss<BK, E, 0>(&dp[0][0], us__wg_kmaj<BR>(tdO, 64 * c, kk), us__wg_kmaj<BK>(tV, 0, kk),
                             kk > 0);
     }
-    us__wg_commit();
-    us__hop_turn_done<NWG>(c, false);
-    us__wg_wait<BK / 2>(&sc[0][0]);
-    us__wg_wait<BK / 2>(&dp[0][0]);
+}
+
+template <typename E, int HS, typename Keys, int BK = us__hop_cfg<HS>::BKQ>
+static __device__ __forceinline__ void
+us__hop_dq_ds(uint32_t (&da)[BK / 16][4], const float (&sc)[BK / 8][4], float (&dp)[BK / 8][4],
+              const Keys &ks, const us__hop_kt &kt, const float (&L2)[2], const float (&Dr)[2],
+              int lane, float scale, float sl2) {
     us__hop_by_mode(ks.part(kt), [&](bool need) {
 #pragma unroll
         for (int j = 0; j < BK / 8; j++)
@@ -4845,17 +4849,59 @@ us__hop_dq_tile(float (&dq)[HS / 8][4], const us__hop_dq_smem<HS> &sm, const uns
                 dp[j][e] = p * (dp[j][e] - Dr[e >> 1]) * us__hop_ds_scale<E>(scale);
             }
     });
-    uint32_t da[BK / 16][4];
 #pragma unroll
     for (int t = 0; t < BK / 16; t++) us__hop_to_a<E, BK>(da[t], dp, t);
-    us__hop_turn<NWG>(c);
-    us__wg_fence();
+}
+
+template <typename E, int HS, int BK = us__hop_cfg<HS>::BKQ>
+static __device__ __forceinline__ void us__hop_dq_gemm(float (&dq)[HS / 8][4],
+                                                       const uint32_t (&da)[BK / 16][4],
+                                                       const us__hop_dq_smem<HS> &sm, int s) {
+    const unsigned char *tK = sm.sK + s * us__hop_dq_smem<HS>::KB;
 #pragma unroll
     for (int t = 0; t < BK / 16; t++)
         us__wg_rs<HS, E, 1>(&dq[0][0], da[t], us__wg_mnmaj<BK>(tK, t), 1);
-    us__wg_commit();
+}
+
+/* One turn of a dQ consumer at the tensor cores: the dQ GEMM of the tile in stage ps (DQG) and
+   S and dP of the tile in stage s (SDP) in one batch, then their waits. Each combination is its
+   own code: a wgmma issued on one side of a branch and not on the other made ptxas serialize
+   them all (register moves inside the batch) */
+template <typename E, int HS, bool DQG, bool SDP, int BK = us__hop_cfg<HS>::BKQ>
+static __device__ __forceinline__ void
+us__hop_dq_batch(float (&dq)[HS / 8][4], const uint32_t (&da)[BK / 16][4], int ps,
+                 float (&sc)[BK / 8][4], float (&dp)[BK / 8][4], const us__hop_dq_smem<HS> &sm,
+                 const unsigned char *q, int s, int c, bool last) {
+    constexpr int NWG = us__hop_cfg<HS>::NWG;
+    us__hop_turn<NWG>(c);
+    if constexpr (DQG || SDP) {
+        us__wg_fence();
+        if constexpr (DQG) us__hop_dq_gemm<E, HS>(dq, da, sm, ps);
+        if constexpr (SDP) us__hop_dq_sdp<E, HS>(sc, dp, sm, q, s, c);
+        us__wg_commit();
+    }
     us__hop_turn_done<NWG>(c, last);
-    us__wg_wait<HS / 2>(&dq[0][0]);
+    if constexpr (DQG) us__wg_wait<HS / 2>(&dq[0][0]);
+    if constexpr (SDP) {
+        us__wg_wait<BK / 2>(&sc[0][0]);
+        us__wg_wait<BK / 2>(&dp[0][0]);
+    }
+}
+
+/* One key tile kt (stage s) of a dQ consumer (Keys: the mask mode): S and dP, then dS, then
+   dQ += dS·K, each of the two GEMM batches in this consumer's turn (last: no turn follows in
+   this CTA) */
+template <typename E, int HS, typename Keys>
+static __device__ __forceinline__ void
+us__hop_dq_tile(float (&dq)[HS / 8][4], const us__hop_dq_smem<HS> &sm, const unsigned char *q,
+                int s, const Keys &ks, const us__hop_kt &kt, const float (&L2)[2],
+                const float (&Dr)[2], bool last, int c, int lane, float scale, float sl2) {
+    constexpr int BK = us__hop_cfg<HS>::BKQ;
+    float sc[BK / 8][4], dp[BK / 8][4];
+    uint32_t da[BK / 16][4];
+    us__hop_dq_batch<E, HS, false, true>(dq, da, s, sc, dp, sm, q, s, c, false);
+    us__hop_dq_ds<E, HS>(da, sc, dp, ks, kt, L2, Dr, lane, scale, sl2);
+    us__hop_dq_batch<E, HS, true, false>(dq, da, s, sc, dp, sm, q, s, c, last);
 }
 
 /* L2 and D of the thread's rows row0, row0 + 8 of head h (past T: +inf and 0, so P = 0) */
@@ -4893,28 +4939,64 @@ static __device__ __forceinline__ void us__hop_dq_store(const float (&dq)[HS / 8
 
 /* A dQ consumer over one query tile's key tiles in order (deterministic; Keys: the mask mode), a
    tile whose keys all follow its rows skipped; the ping-pong of the two consumers' GEMM batches,
-   as in the dK/dV kernel, carried on over the CTA's query tiles (us__hop_ring) */
+   as in the dK/dV kernel, carried on over the CTA's query tiles (us__hop_ring).
+   Where us__hop_cfg::DQD (HS 64), a tile's dQ GEMM waits for the next tile's turn and goes in one
+   batch with that tile's S and dP: a consumer then takes one turn a tile, not two, and its
+   exp2 and dS run while the other consumer's whole batch keeps the tensor cores busy. The K of
+   the deferred tile stays in its stage until then (the ring has a stage more), and a last turn
+   after the tile's keys issues the final one. The sums are the same, in the same order. */
 template <typename E, int HS, typename Keys>
 static __device__ __forceinline__ void
 us__hop_dq_consume(float (&dq)[HS / 8][4], const us__hop_dq_smem<HS> &sm, const Keys &ks,
                    const float (&L2)[2], const float (&Dr)[2], int c, int lane, float scale,
                    float sl2, const us__hop_ring &rg = us__hop_ring()) {
-    constexpr int NWG = us__hop_cfg<HS>::NWG, S = us__hop_cfg<HS>::QS, QN = us__hop_cfg<HS>::QNQ;
+    using C = us__hop_cfg<HS>;
+    constexpr int NWG = C::NWG, S = C::QS, QN = C::QNQ, BK = C::BKQ;
     const int qi = rg.j % QN;
     const unsigned char *q = sm.sQ + qi * us__hop_dq_smem<HS>::QSTEP;
     us__mb_wait(sm.barQ + qi, (rg.j / QN) & 1);
     if (NWG == 2 && c == 1 && rg.j == 0) us__hop_bar_arrive(1);
     int t = ks.first();
-    for (int it = 0; it < ks.n; it++, t = ks.next(t)) {
-        const int r = rg.base + it, s = r % S;
-        const bool last = it + 1 == ks.n && rg.last;
-        const us__hop_kt kt = ks.at(t);
-        us__mb_wait(sm.full + s, (r / S) & 1);
-        if (ks.skip(kt)) /* keys wholly after this warpgroup's queries */
-            us__hop_turns_skip<NWG>(c, last);
-        else
-            us__hop_dq_tile<E, HS>(dq, sm, q, s, ks, kt, L2, Dr, last, c, lane, scale, sl2);
-        us__mb_arrive(sm.empty + s);
+    if constexpr (!C::DQD) {
+        for (int it = 0; it < ks.n; it++, t = ks.next(t)) {
+            const int r = rg.base + it, s = r % S;
+            const bool last = it + 1 == ks.n && rg.last;
+            const us__hop_kt kt = ks.at(t);
+            us__mb_wait(sm.full + s, (r / S) & 1);
+            if (ks.skip(kt)) /* keys wholly after this warpgroup's queries */
+                us__hop_turns_skip<NWG>(c, last);
+            else
+                us__hop_dq_tile<E, HS>(dq, sm, q, s, ks, kt, L2, Dr, last, c, lane, scale, sl2);
+            us__mb_arrive(sm.empty + s);
+        }
+    } else {
+        uint32_t da[BK / 16][4]; /* dS of the deferred tile, in stage ps (−1: none) */
+        int ps = -1;
+        for (int it = 0; it <= ks.n; it++) {
+            const int r = rg.base + it, s = r % S;
+            const bool keys = it < ks.n, last = !keys && rg.last;
+            const us__hop_kt kt = keys ? ks.at(t) : us__hop_kt{0, make_int4(0, 0, 0, 0)};
+            const bool run = keys && !ks.skip(kt);
+            if (keys) us__mb_wait(sm.full + s, (r / S) & 1);
+            float sc[BK / 8][4], dp[BK / 8][4];
+            if (ps >= 0 && run)
+                us__hop_dq_batch<E, HS, true, true>(dq, da, ps, sc, dp, sm, q, s, c, last);
+            else if (ps >= 0)
+                us__hop_dq_batch<E, HS, true, false>(dq, da, ps, sc, dp, sm, q, s, c, last);
+            else if (run)
+                us__hop_dq_batch<E, HS, false, true>(dq, da, ps, sc, dp, sm, q, s, c, last);
+            else
+                us__hop_dq_batch<E, HS, false, false>(dq, da, ps, sc, dp, sm, q, s, c, last);
+            if (ps >= 0) us__mb_arrive(sm.empty + ps);
+            ps = -1;
+            if (run) {
+                us__hop_dq_ds<E, HS>(da, sc, dp, ks, kt, L2, Dr, lane, scale, sl2);
+                ps = s;
+            } else if (keys) {
+                us__mb_arrive(sm.empty + s);
+            }
+            if (keys) t = ks.next(t);
+        }
     }
     us__mb_arrive(sm.emptyQ + qi); /* Q and dO of this tile are read */
 }
