@@ -3283,7 +3283,8 @@ static void us__flash_bwd(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
                            batch): key tiles up to the diagonal; S, dP, dS again, dQ += dS·K.
                            A kernel of its own instead of fp32 atomics from the dK/dV kernel:
                            every sum runs in a fixed order, so two runs give the same bits. It
-                           costs recomputing Q·Kᵀ and dO·Vᵀ.
+                           costs recomputing Q·Kᵀ and dO·Vᵀ. At HS 64 a tile's dQ GEMM waits
+                           for the next tile's S and dP, one batch a tile (us__hop_dq_consume).
      us__hop_dqs_kernel    dQ = dS·K from the dS that the dK/dV kernel stored, in place of the
                            dQ kernel at HS 96 and 128 (us__hop_ds_pairs): five GEMMs a tile, as
                            FlashAttention-3's backward, for T² bytes a head written and read
