@@ -48,8 +48,9 @@
                         bf16 and fp16, HS 64, 80, 96, 128, 192, 256
      --cp-flash-only    the same without the portable kernels (they take seconds); on Hopper the
                         block kernels run twice, wgmma ("hopper") and mma.sync ("flash")
-     --cp-seq T,...     --cp-flash-only's table at these T (B = 16384 / T, at least 1), bf16,
-                        NH 16 NKV 8 HS 128 and NH 32 NKV 8 HS 64
+     --cp-seq T,...     --cp-flash-only's table at these T only (B = 16384 / T, at least 1),
+                        bf16, NH 16 NKV 8 HS 128 and NH 32 NKV 8 HS 64; given with --cp or
+                        --cp-flash-only, it comes after their tables and does not replace them
    Build: make build/bench_cuda (nvcc, -lcublasLt). */
 #define ULTRASCALE_IMPLEMENTATION
 #include "../ultrascale_cuda.cuh"
