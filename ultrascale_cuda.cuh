@@ -4976,7 +4976,7 @@ us__hop_dq_consume(float (&dq)[HS / 8][4], const us__hop_dq_smem<HS> &sm, const 
         for (int it = 0; it <= ks.n; it++) {
             const int r = rg.base + it, s = r % S;
             const bool keys = it < ks.n, last = !keys && rg.last;
-            const us__hop_kt kt = keys ? ks.at(t) : us__hop_kt{0, make_int4(0, 0, 0, 0)};
+            const us__hop_kt kt = keys ? ks.at(t) : us__hop_kt{};
             const bool run = keys && !ks.skip(kt);
             if (keys) us__mb_wait(sm.full + s, (r / S) & 1);
             float sc[BK / 8][4], dp[BK / 8][4];
@@ -6827,28 +6827,6 @@ us__hop_state_store(const float (&o)[HS / 8][4], const float (&m)[2], float (&l)
     }
 }
 
-/* a fresh state (acc 0, m −inf, l 0) for the thread's rows row0, row0 + 8: what
-   us__hop_state_store writes after a fresh us__hop_state_load and no key */
-template <int HS>
-static __device__ __forceinline__ void us__hop_state_fresh(float *acc, float *mst, float *lst,
-                                                           int row0, int b, int h, int Tq, int NH,
-                                                           int lane) {
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int row = row0 + 8 * r;
-        if (row >= Tq) continue;
-        const int64_t i = ((int64_t)b * NH + h) * Tq + row;
-        if ((lane & 3) == 0) {
-            mst[i] = -INFINITY;
-            lst[i] = 0.f;
-        }
-        float *ar = acc + i * HS + 2 * (lane & 3);
-#pragma unroll 4
-        for (int ii = 0; ii < HS / 8; ii++)
-            *reinterpret_cast<float2 *>(ar + ii * 8) = make_float2(0.f, 0.f);
-    }
-}
-
 /* sLast[c]: the last tile of the bitmask that consumer c's 64 rows (runs c0 + c of qrng) can
    see, −1 for none (sLast starts at −1). Every thread, before a barrier (us__hop_bars_init). */
 template <int BC, int NW>
@@ -6989,9 +6967,11 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
             us__hop_state_store<HS>(o, m, l, acc, mst, lst, row0, q.b, q.h, Tq, NH, lane);
         },
         [&](const us__hop_qtile &q) {
-            if (init) /* else the state stays */
-                us__hop_state_fresh<HS>(acc, mst, lst, q.q0 + 64 * c + 16 * warp + (lane >> 2), q.b,
-                                        q.h, Tq, NH, lane);
+            if (!init) return; /* the state stays */
+            const int row0 = q.q0 + 64 * c + 16 * warp + (lane >> 2);
+            float o[HS / 8][4], m[2], l[2]; /* a fresh state (init), stored as no key changed it */
+            us__hop_state_load<HS>(o, m, l, acc, mst, lst, row0, q.b, q.h, Tq, NH, init, lane);
+            us__hop_state_store<HS>(o, m, l, acc, mst, lst, row0, q.b, q.h, Tq, NH, lane);
         });
 #else
     (void)mq, (void)mkv, (void)acc, (void)mst, (void)lst, (void)qpos, (void)kpos, (void)qrng,
