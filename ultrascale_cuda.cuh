@@ -1935,6 +1935,17 @@ __global__ void us__k_attn_block_dkv(float *dkv, const T *dout, const T *qkv, co
         }
 }
 
+/* Every attention kernel's softmax scale, 1/sqrt(HS), and the factor sl2 = scale·log2 e of the
+   kernels that take exp(x) as exp2(x·log2 e), one MUFU instruction (ex2): one expression each,
+   so that a backward recomputes the forward's probabilities from the same bits */
+#define US__LOG2E 1.4426950408889634f
+
+static __host__ __device__ inline float us__attn_scale(int HS) { return 1.f / sqrtf((float)HS); }
+
+static __host__ __device__ inline float us__attn_sl2(int HS) {
+    return us__attn_scale(HS) * US__LOG2E;
+}
+
 /* The portable path of the ops (fp32, other head sizes, GPUs before sm_80); bf16 and fp16 at the
    head sizes real models use take the flash kernels of // >>cuda-cp-flash, which fall back to
    these. */
@@ -1947,7 +1958,7 @@ static void us__attn_block_fwd_naive(us_ops *o, float *acc, float *m, float *l, 
     US__DISPATCH(o, dt,
                  (us__k_attn_block_fwd<T_><<<us__blocks(n, 128), 128, 0, us__cu(o)->stream>>>(
                      acc, m, l, (const T_ *)qkv, (const T_ *)kv, qpos, kpos, B, Tq, Tk, NH, NKV, HS,
-                     init, 1.0f / sqrtf((float)HS))));
+                     init, us__attn_scale(HS))));
 }
 
 static void us__cuda_attn_block_finish(us_ops *o, void *out, float *lse, const float *acc,
@@ -1965,7 +1976,7 @@ static void us__attn_block_bwd_naive(us_ops *o, float *dq, float *dkv, const voi
                                      const void *kv, const int32_t *qpos, const int32_t *kpos,
                                      int64_t B, int64_t Tq, int64_t Tk, int NH, int NKV, int HS,
                                      us_dtype dt) {
-    float scale = 1.0f / sqrtf((float)HS);
+    float scale = us__attn_scale(HS);
     if (B * NH * Tq > 0)
         US__DISPATCH(
             o, dt,
@@ -2910,7 +2921,7 @@ __global__ void __launch_bounds__(256)
         D[(bb * NH + h) * T + t] = acc;
         if (L2) {
             float L = lse[(bb * NH + h) * T + t];
-            L2[(bb * NH + h) * T + t] = L == -INFINITY ? INFINITY : L * 1.4426950408889634f;
+            L2[(bb * NH + h) * T + t] = L == -INFINITY ? INFINITY : L * US__LOG2E;
         }
     }
 }
@@ -2955,7 +2966,7 @@ __global__ void __launch_bounds__(128, MINB)
         if (threadIdx.x < BR) { /* queries past T get lse = +inf, so P = 0 there */
             int q = q0 + threadIdx.x;
             int64_t i = ((int64_t)b * NH + h) * T + q;
-            sL[buf * BR + threadIdx.x] = q < T ? lse[i] * 1.4426950408889634f : INFINITY;
+            sL[buf * BR + threadIdx.x] = q < T ? lse[i] * US__LOG2E : INFINITY;
             sD[buf * BR + threadIdx.x] = q < T ? Dg[i] : 0.f;
         }
     };
@@ -3056,7 +3067,7 @@ __global__ void __launch_bounds__(128, MINB)
         for (int r = 0; r < 2; r++) {
             int row = row0 + 16 * a + r * 8;
             int64_t i = ((int64_t)b * NH + h) * T + row;
-            L2[a][r] = row < T ? lse[i] * 1.4426950408889634f : 0.f;
+            L2[a][r] = row < T ? lse[i] * US__LOG2E : 0.f;
             Dr[a][r] = row < T ? Dg[i] : 0.f;
         }
 #pragma unroll
@@ -3118,8 +3129,8 @@ static void us__flash_fwd_hs(const __nv_bfloat16 *qkv, __nv_bfloat16 *out, float
     cudaFuncSetAttribute(us__flash_fwd_kernel<HS, MW, BC, MINB>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     dim3 grid(NH, B, (T + 64 * MW - 1) / (64 * MW));
-    us__flash_fwd_kernel<HS, MW, BC, MINB><<<grid, us__fa_threads, smem, stream>>>(
-        qkv, out, lse, T, NH, NKV, 1.4426950408889634f / sqrtf((float)HS));
+    us__flash_fwd_kernel<HS, MW, BC, MINB>
+        <<<grid, us__fa_threads, smem, stream>>>(qkv, out, lse, T, NH, NKV, us__attn_sl2(HS));
 }
 
 /* out[B,T,NH·HS] and lse[B,NH,T] from qkv[B,T,QKV]; errors via cudaGetLastError */
@@ -3160,7 +3171,7 @@ template <int HS, int KW = us__fa_cfg<HS>::kv_kw, int BR = us__fa_cfg<HS>::kv_br
 static void us__flash_bwd_dkdv(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv,
                                const float *lse, const float *D, __nv_bfloat16 *dqkv, int B, int T,
                                int NH, int NKV, cudaStream_t stream) {
-    float scale = 1.f / sqrtf((float)HS), sl2 = scale * 1.4426950408889634f;
+    float scale = us__attn_scale(HS), sl2 = us__attn_sl2(HS);
     size_t smem = us__fa_dkdv_smem<HS, KW, BR>();
     cudaFuncSetAttribute(us__flash_bwd_dkdv_kernel<HS, KW, BR, MINB>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -3174,7 +3185,7 @@ template <int HS, int MW = us__fa_cfg<HS>::dq_mw, int BC = us__fa_cfg<HS>::dq_bc
 static void us__flash_bwd_dq(const __nv_bfloat16 *dout, const __nv_bfloat16 *qkv, const float *lse,
                              const float *D, __nv_bfloat16 *dqkv, int B, int T, int NH, int NKV,
                              cudaStream_t stream) {
-    float scale = 1.f / sqrtf((float)HS), sl2 = scale * 1.4426950408889634f;
+    float scale = us__attn_scale(HS), sl2 = us__attn_sl2(HS);
     size_t smem = (size_t)(2 * 64 * MW + 4 * BC) * us__fa_dims<HS>::lds *
                   2; /* Q, dO (64·MW rows), 2×K, 2×V */
     cudaFuncSetAttribute(us__flash_bwd_dq_kernel<HS, MW, BC, MINB>,
@@ -4314,7 +4325,7 @@ __global__ void __launch_bounds__(256)
     for (int o = LPR / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     if (i < rows && l == 0) {
         D[i] = acc;
-        L2[i] = lse[i] == -INFINITY ? INFINITY : lse[i] * 1.4426950408889634f;
+        L2[i] = lse[i] == -INFINITY ? INFINITY : lse[i] * US__LOG2E;
     }
 }
 
@@ -5550,7 +5561,7 @@ static void us__hop_fwd_hs(const CUtensorMap &mq, const CUtensorMap &mkv, void *
                          (int)smem);
     const int grid = us__hop_grid(T, 64 * us__hop_cfg<HS>::NWF, NH, B, ctas);
     us__hop_fwd_kernel<E, HS><<<grid, 128 * (1 + us__hop_cfg<HS>::NWF), smem, st>>>(
-        mq, mkv, (E *)out, lse, B, T, NH, NKV, P, 1.4426950408889634f / sqrtf((float)HS));
+        mq, mkv, (E *)out, lse, B, T, NH, NKV, P, us__attn_sl2(HS));
 }
 
 /* the fused backward: the counters zeroed, the kernel, then dQacc rounded into dqkv.
@@ -5562,7 +5573,7 @@ static void us__hop_bwd_fused(const CUtensorMap *maps, const float *L2, const fl
                               cudaStream_t st) {
     using C = us__hop_cfg<HS>;
     if constexpr (C::FUSED) {
-        const float scale = 1.f / sqrtf((float)HS), sl2 = scale * 1.4426950408889634f;
+        const float scale = us__attn_scale(HS), sl2 = us__attn_sl2(HS);
         const size_t smem = us__hop_smem(C::fused_bytes);
         const int M = (T + C::BQ - 1) / C::BQ;
         const int64_t n4 = (int64_t)B * NH * M * 2 * 8 * 128;
@@ -5589,7 +5600,7 @@ static void us__hop_bwd_ds(const CUtensorMap *maps, const float *L2, const float
                            cudaStream_t st) {
     using C = us__hop_cfg<HS>;
     if constexpr (C::NWG == 2) {
-        const float scale = 1.f / sqrtf((float)HS), sl2 = scale * 1.4426950408889634f;
+        const float scale = us__attn_scale(HS), sl2 = us__attn_sl2(HS);
         const size_t s1 = us__hop_smem(C::dkdv_pers_bytes), s3 = us__hop_smem(C::dqs_bytes);
         const int nkb = (T + 127) / 128, grp = NH / NKV;
         cudaFuncSetAttribute(us__hop_dkdv_kernel<E, HS, 0, true>,
@@ -5617,7 +5628,7 @@ template <typename E, int HS>
 static void us__hop_bwd_hs(const CUtensorMap *maps, const float *L2, const float *D, void *dqkv,
                            int B, int T, int NH, int NKV, int P, int ctas, cudaStream_t st) {
     using C = us__hop_cfg<HS>;
-    const float scale = 1.f / sqrtf((float)HS), sl2 = scale * 1.4426950408889634f;
+    const float scale = us__attn_scale(HS), sl2 = us__attn_sl2(HS);
     const size_t s1 = us__hop_smem(C::dkdv_pers_bytes), s2 = us__hop_smem(C::dq_bytes);
     const int nthr = 128 * (1 + C::NWG), np = B * NKV;
     const int g2 = us__hop_grid(T, 64 * C::NWG, NH, B, ctas);
@@ -6206,7 +6217,7 @@ __global__ void __launch_bounds__(128, MINB)
             const int row = row0 + 16 * a + 8 * r;
             const int64_t i = ((int64_t)b * NH + h) * Tq + row;
             const bool fresh = init || row >= Tq;
-            m[a][r] = fresh ? -INFINITY : mst[i] * 1.4426950408889634f;
+            m[a][r] = fresh ? -INFINITY : mst[i] * US__LOG2E;
             l[a][r] = fresh || (lane & 3) ? 0.f : lst[i];
             const float *ar = acc + i * HS + 2 * (lane & 3);
 #pragma unroll
@@ -6499,9 +6510,8 @@ static void us__flash_block_fwd_hs(float *acc, float *m, float *l, const E *qkv,
     cudaFuncSetAttribute(us__flash_block_fwd_kernel<E, HS, MW, BC, MINB>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     dim3 grid(NH, B, (Tq + BR - 1) / BR);
-    us__flash_block_fwd_kernel<E, HS, MW, BC, MINB>
-        <<<grid, us__fa_threads, smem, stream>>>(acc, m, l, qkv, kv, qpos, kpos, Tq, Tk, NH, NKV,
-                                                 init, 1.4426950408889634f / sqrtf((float)HS));
+    us__flash_block_fwd_kernel<E, HS, MW, BC, MINB><<<grid, us__fa_threads, smem, stream>>>(
+        acc, m, l, qkv, kv, qpos, kpos, Tq, Tk, NH, NKV, init, us__attn_sl2(HS));
 }
 
 /* PART: 0 dK and dV in one launch, 1 dV only, 2 dK only (us__fa_cfg's kv_split) */
@@ -6511,7 +6521,7 @@ static void us__flash_block_dkdv(float *dkv, const E *dout, const E *qkv, const 
                                  const float *D, const E *kv, const int32_t *qpos,
                                  const int32_t *kpos, int B, int Tq, int Tk, int NH, int NKV,
                                  cudaStream_t stream) {
-    const float scale = 1.f / sqrtf((float)HS);
+    const float scale = us__attn_scale(HS);
     const int nqt = (Tq + BR - 1) / BR;
     size_t smem = us__fa_dkdv_smem<HS, KW, BR>() + (size_t)(2 * BR + 64 * KW) * 4 +
                   (size_t)((nqt + 31) / 32) * 4; /* + positions, bitmask */
@@ -6519,7 +6529,7 @@ static void us__flash_block_dkdv(float *dkv, const E *dout, const E *qkv, const 
                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     dim3 grid(NKV, B, (Tk + 64 * KW - 1) / (64 * KW));
     us__flash_block_dkdv_kernel<E, HS, KW, BR, MINB, PART><<<grid, us__fa_threads, smem, stream>>>(
-        dkv, dout, qkv, L2, D, kv, qpos, kpos, Tq, Tk, NH, NKV, scale, scale * 1.4426950408889634f);
+        dkv, dout, qkv, L2, D, kv, qpos, kpos, Tq, Tk, NH, NKV, scale, us__attn_sl2(HS));
 }
 
 template <typename E, int HS, int MW = us__fa_cfg<HS>::dq_mw, int BC = us__fa_cfg<HS>::dq_bc,
@@ -6529,7 +6539,7 @@ static void us__flash_block_dq(float *dq, const E *dout, const E *qkv, const flo
                                const int32_t *kpos, int B, int Tq, int Tk, int NH, int NKV,
                                cudaStream_t stream) {
     constexpr int BR = 64 * MW;
-    const float scale = 1.f / sqrtf((float)HS);
+    const float scale = us__attn_scale(HS);
     const int nkt = (Tk + BC - 1) / BC;
     size_t smem = (size_t)(2 * BR + 4 * BC) * us__fa_dims<HS>::lds * 2 +
                   (size_t)(3 * BR + 2 * BC) * 4 + (size_t)((nkt + 31) / 32) * 4;
@@ -6537,7 +6547,7 @@ static void us__flash_block_dq(float *dq, const E *dout, const E *qkv, const flo
                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     dim3 grid(NH, B, (Tq + BR - 1) / BR);
     us__flash_block_dq_kernel<E, HS, MW, BC, MINB><<<grid, us__fa_threads, smem, stream>>>(
-        dq, dout, qkv, L2, D, kv, qpos, kpos, Tq, Tk, NH, NKV, scale, scale * 1.4426950408889634f);
+        dq, dout, qkv, L2, D, kv, qpos, kpos, Tq, Tk, NH, NKV, scale, us__attn_sl2(HS));
 }
 
 /* the backward of one block: D = rowsum(dO ∘ O) and lse·log2 e into scratch f32 [2][B, NH, Tq],
@@ -6791,7 +6801,7 @@ us__hop_state_load(float (&o)[HS / 8][4], float (&m)[2], float (&l)[2], const fl
         const int row = row0 + 8 * r;
         const int64_t i = ((int64_t)b * NH + h) * Tq + row;
         const bool fresh = init || row >= Tq;
-        m[r] = fresh ? -INFINITY : mst[i] * 1.4426950408889634f;
+        m[r] = fresh ? -INFINITY : mst[i] * US__LOG2E;
         l[r] = fresh || (lane & 3) ? 0.f : lst[i];
         const float *ar = acc + i * HS + 2 * (lane & 3);
 #pragma unroll
@@ -7274,7 +7284,7 @@ static void us__hop_block_fwd_hs(const CUtensorMap &mq, const CUtensorMap &mkv, 
     const int grid = us__hop_grid(Tq, BR, NH, B, ctas);
     us__hop_block_fwd_kernel<E, HS><<<grid, 128 * (1 + C::NWF), smem, st>>>(
         mq, mkv, acc, m, l, qpos, kpos, qrng, krng, (const unsigned *)tab, cnt, B, Tq, Tk, NH, NKV,
-        P, init, 1.4426950408889634f / sqrtf((float)HS));
+        P, init, us__attn_sl2(HS));
 }
 
 /* the state of attention by key blocks on Hopper; 0 when this path cannot take the call */
@@ -7330,7 +7340,7 @@ template <typename E, int HS, int PART>
 static void us__hop_block_dkdv_launch(const us__hop_block_in &in, float *dkv, int B, int Tq, int Tk,
                                       int NH, int NKV, cudaStream_t st) {
     using C = us__hop_cfg<HS>;
-    const float scale = 1.f / sqrtf((float)HS), sl2 = scale * 1.4426950408889634f;
+    const float scale = us__attn_scale(HS), sl2 = us__attn_sl2(HS);
     const size_t smem =
         us__hop_smem(C::dkdv_bytes + C::BS * C::BQ * 4) + us__hop_vis_bytes(Tq, C::BQ);
     cudaFuncSetAttribute(us__hop_block_dkdv_kernel<E, HS, PART>,
@@ -7346,7 +7356,7 @@ template <typename E, int HS>
 static void us__hop_block_bwd_hs(const us__hop_block_in &in, float *dq, float *dkv, int B, int Tq,
                                  int Tk, int NH, int NKV, cudaStream_t st) {
     using C = us__hop_cfg<HS>;
-    const float scale = 1.f / sqrtf((float)HS), sl2 = scale * 1.4426950408889634f;
+    const float scale = us__attn_scale(HS), sl2 = us__attn_sl2(HS);
     if constexpr (C::NWG == 2) {
         us__hop_block_dkdv_launch<E, HS, 0>(in, dkv, B, Tq, Tk, NH, NKV, st);
     } else {
