@@ -3660,7 +3660,9 @@ struct us__hop_cfg {
        (bench/RESULTS.md); the deferred dQ keeps a tile's K a turn longer, so a stage more */
     static constexpr int FS = 2, BS = 2, QS = DQD ? 3 : 2;
     /* queries per tile of the dK/dV kernel, keys per tile of dQ: 128 where the registers allow,
-       since a 64-wide wgmma reading both operands from shared memory is bound by its bandwidth */
+       since a 64-wide wgmma reading both operands from shared memory is bound by its bandwidth,
+       and at HS 64 even with one operand in registers (bench/RESULTS.md, "Measurements behind
+       the code's choices") */
     static constexpr int BQ = us__hop_bq(HS);
     /* the first KRK k-steps (16 columns each) of a dK/dV consumer's K and the first KRV of its
        V as wgmma A fragments in registers, loaded once a key block: those steps of Sᵀ = K·Qᵀ and
