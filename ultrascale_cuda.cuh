@@ -63,7 +63,8 @@ US_API const char *us_cuda_attention_path(us_ops *ops, us_dtype dt, int head_siz
    (attn_block_fwd/bwd then take the mma.sync ones of // >>cuda-cp-flash); 7 the backward with
    dS through memory (the dK/dV kernel stores dS, a second kernel forms dQ from it) at every HS up
    to 128. By default the backward runs that way at HS 96 and 128, in chunks whose dS takes at
-   most 1/32 of the GPU's memory, and as two kernels elsewhere (us__hop_ds_pairs). */
+   most 1/32 of the GPU's memory, and as two kernels elsewhere (us__hop_ds_pairs); so does
+   context parallelism's block backward (us__hop_block_ds_pairs). */
 US_API void us_cuda_attention_no_hopper(us_ops *ops, int which);
 /* Runs the persistent Hopper kernels (the forward, the backward's dK/dV and dQ) on at most ctas
    CTAs (0, the default: one per SM), so that tests can send many query tiles and key blocks
@@ -5098,6 +5099,35 @@ static __device__ __forceinline__ uint32_t us__movt(uint32_t x) {
 #endif
 }
 
+/* dQ += dS·K over one key block of 128 (a stage: K [128][HSP], the blobs) for a consumer's 64
+   rows, whose 16 bytes of key k-step 0 are at d (key k-step kk: the dK/dV kernel's consumer
+   kk/4, warp kk%4), each 8×8 part transposed by movmatrix (the stored fragments have keys as
+   rows: parts 1 and 2 change places). Keys 0..63 count where lo, 64.. where hi, else they are
+   taken as 0: a half the dK/dV kernel did not store, with no branch around a wgmma, which
+   would make ptxas fence each one */
+template <typename E, int HS, int BQ>
+static __device__ __forceinline__ void us__hop_dqs_step(float (&dq)[HS / 8][4],
+                                                        const unsigned char *d,
+                                                        const unsigned char *sK, bool lo, bool hi) {
+    uint32_t a[8][4];
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++) {
+        const uint32_t keep = (kk < 4 ? lo : hi) ? 0xffffffffu : 0u;
+        const uint4 v =
+            *reinterpret_cast<const uint4 *>(d + 16 * us__hop_ds_part<BQ>(kk >> 2, kk & 3, 0));
+        a[kk][0] = us__movt(v.x) & keep;
+        a[kk][1] = us__movt(v.z) & keep;
+        a[kk][2] = us__movt(v.y) & keep;
+        a[kk][3] = us__movt(v.w) & keep;
+    }
+    us__wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++)
+        us__wg_rs<HS, E, 1>(&dq[0][0], a[kk], us__wg_mnmaj<128>(sK, kk), 1);
+    us__wg_commit();
+    us__wg_wait<HS / 2>(&dq[0][0]);
+}
+
 /* dQ = dS·K from the dS that the dK/dV kernel stored (DS, above) for the heads of (batch, kv
    head) pairs p0.. (blockIdx.y: the chunk's head, grp a pair): one CTA per (128 queries, head),
    the longest first; consumer c owns queries 64c.. and takes key blocks 0.. up to
@@ -5153,28 +5183,10 @@ __global__ void __launch_bounds__(384, 1)
     for (int kb = 0; kb <= i; kb++) {
         const int s = kb % S;
         us__mb_wait(full + s, (kb / S) & 1);
-        if (r0 < T) {
-            /* keys 64.. of the block: stored and seen by some query here, or taken as 0 (no
-               branch around a wgmma, which would make ptxas fence each one) */
-            const uint32_t hi = kb * 128 + 64 <= last ? 0xffffffffu : 0u;
-            uint32_t a[8][4];
-#pragma unroll
-            for (int kk = 0; kk < 8; kk++) {
-                const uint32_t keep = kk < 4 ? 0xffffffffu : hi;
-                const uint4 v = *reinterpret_cast<const uint4 *>(
-                    sD + s * DB + mine + 16 * us__hop_ds_part<BQ>(kk >> 2, kk & 3, 0));
-                a[kk][0] = us__movt(v.x) & keep;
-                a[kk][1] = us__movt(v.z) & keep;
-                a[kk][2] = us__movt(v.y) & keep;
-                a[kk][3] = us__movt(v.w) & keep;
-            }
-            us__wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 8; kk++)
-                us__wg_rs<HS, E, 1>(&dq[0][0], a[kk], us__wg_mnmaj<128>(sK + s * KB, kk), 1);
-            us__wg_commit();
-            us__wg_wait<HS / 2>(&dq[0][0]);
-        }
+        /* keys 64.. of the block: stored and seen by some query here, or taken as 0 */
+        if (r0 < T)
+            us__hop_dqs_step<E, HS, BQ>(dq, sD + s * DB + mine, sK + s * KB, true,
+                                        kb * 128 + 64 <= last);
         us__mb_arrive(empty + s);
     }
     if (r0 < T)
@@ -5796,13 +5808,14 @@ static size_t us__hop_ds_bytes(int64_t B, int64_t T, int NH, int HS) {
    large, its GEMMs half as long: the stores slow the dK/dV kernel more than the dQ kernel
    gains), at HS 80 0.95-1.05×: the two kernels stay there. bench/RESULTS.md, sixteenth
    session. Mode 7 asks for it at every HS ≤ 128 (where a pair's dS fits a chunk); asked > 0
-   (us_cuda_attention_ds_pairs) sets the chunk's pairs (tests); mem: the GPU's bytes. */
-static int us__hop_ds_chunk(int HS, int mode, int asked, size_t mem, int64_t B, int64_t T, int NH,
-                            int NKV) {
-    const int64_t pairs = B * NKV, grp = NH / NKV;
+   (us_cuda_attention_ds_pairs) sets the chunk's pairs (tests); mem: the GPU's bytes; pairs,
+   grp: the call's pairs and the heads of one; pair_bytes: one pair's dS. Context parallelism's
+   block backward takes the same rule (us__hop_block_ds_pairs). */
+static int us__hop_ds_chunk(int HS, int mode, int asked, size_t mem, int64_t pairs, int64_t grp,
+                            size_t pair_bytes) {
     if (HS > 128 || mode == 4 || mode == 5) return 0;
     if (mode != 7 && HS != 96 && HS != 128) return 0;
-    int64_t np = asked > 0 ? asked : (int64_t)(mem / 32 / us__hop_ds_bytes(1, T, (int)grp, HS));
+    int64_t np = asked > 0 ? asked : (int64_t)(mem / 32 / pair_bytes);
     np = np > pairs ? pairs : np;
     np = np > 65535 / grp ? 65535 / grp : np; /* the dQ kernel's grid: a chunk's heads */
     return (int)np;
@@ -5812,7 +5825,8 @@ static int us__hop_ds_chunk(int HS, int mode, int asked, size_t mem, int64_t B, 
    us_cuda_attention_ds_pairs') */
 static int us__hop_ds_pairs(us_ops *o, int HS, int64_t B, int64_t T, int NH, int NKV) {
     const us__cuda *c = us__cu(o);
-    return us__hop_ds_chunk(HS, c->hop_off, c->hop_ds_pairs, c->mem_total, B, T, NH, NKV);
+    return us__hop_ds_chunk(HS, c->hop_off, c->hop_ds_pairs, c->mem_total, B * NKV, NH / NKV,
+                            us__hop_ds_bytes(1, T, NH / NKV, HS));
 }
 
 static size_t us__hop_fused_cnt_bytes(int64_t B, int64_t T, int NH, int HS) {
@@ -6006,7 +6020,10 @@ static void us__cuda_attention_bwd(us_ops *o, void *dqkv, const void *dout, cons
    warpgroup decides per tile, from the same ranges, whether its 64 rows see none of it (skip),
    all of it (no mask) or part of it (mask by position). A rank's positions in ring attention
    are one or two contiguous runs, so almost every tile is all or nothing, as in causal
-   attention. The mma.sync kernels here stay the portable path (sm_80+, and on Hopper with
+   attention. Where the causal backward takes dS through memory (us__hop_block_ds_pairs: by
+   default HS 96 and 128), so does the block backward: the dK/dV kernel also stores each tile's
+   dSᵀ, and us__hop_block_dqs_kernel forms dQ from it with one GEMM a tile instead of the dQ
+   kernel's three. The mma.sync kernels here stay the portable path (sm_80+, and on Hopper with
    us_cuda_attention_no_hopper 1 or 6, which the tests and bench_cuda --cp use to compare). */
 
 /* min / max over a warp: one redux.sync on sm_80+, shuffles elsewhere (where it must compile) */
@@ -7076,8 +7093,11 @@ us__hop_block_dkv_add(float *dkv, const float (&dk)[DK ? HS / 8 : 1][4],
 
 /* dK, dV of 64·NWG keys of kv head g for this block (PART as us__hop_dkdv_kernel's): every
    query head of the group × visible query tile, us__hop_dkdv_kernel's per-tile math
-   (us__hop_dkdv_tile, by position), a tile hidden from a consumer's keys skipped */
-template <typename E, int HS, int PART>
+   (us__hop_dkdv_tile, by position), a tile hidden from a consumer's keys skipped. One CTA per
+   (kv head, batch, key block). DS: per (pair p0 + blockIdx.x = b·NKV + g, key block), every
+   tile's dSᵀ (scaled) also into dsw, a blob per (the chunk's head, key block, query tile of
+   BQ), for us__hop_block_dqs_kernel; the half of a tile that a consumer skips is not written. */
+template <typename E, int HS, int PART, bool DS = false>
 __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
     us__hop_block_dkdv_kernel(const __grid_constant__ CUtensorMap mq,
                               const __grid_constant__ CUtensorMap mdo,
@@ -7086,7 +7106,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
                               float *__restrict__ dkv, const int32_t *__restrict__ qpos,
                               const int32_t *__restrict__ kpos, const int4 *__restrict__ qrng,
                               const int4 *__restrict__ krng, int Tq, int Tk, int NH, int NKV,
-                              float scale, float sl2) {
+                              float scale, float sl2, uint4 *__restrict__ dsw, int p0) {
 #if US__HOP_DEV
     using C = us__hop_cfg<HS>;
     constexpr int NWG = C::NWG, BK = 64 * NWG, BQ = C::BQ, S = C::BS;
@@ -7098,7 +7118,12 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
     const us__hop_dkdv_smem<HS, true> sm(us__hop_smem_base(us__hop_raw));
     unsigned *vis = (unsigned *)(sm.barKV + 32); /* [⌈query tiles / 32⌉] */
-    const int g = blockIdx.x, b = blockIdx.y, k0 = blockIdx.z * BK, grp = NH / NKV;
+    int g = blockIdx.x, b = blockIdx.y;          /* the grid: NKV × B × key blocks */
+    if constexpr (DS) {                          /* a chunk's pairs by blockIdx.x */
+        g = (p0 + (int)blockIdx.x) % NKV;
+        b = (p0 + (int)blockIdx.x) / NKV;
+    }
+    const int k0 = blockIdx.z * BK, grp = NH / NKV;
     const int nqt = (Tq + BQ - 1) / BQ, nq64 = (Tq + 63) / 64, nk64 = (Tk + 63) / 64;
     const int nvis =
         us__hop_vis<BQ, false>(vis, qrng, Tq, us__hop_runs(krng, k0 / 64, NWG, nk64).x);
@@ -7147,15 +7172,23 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
                 return kp[e >> 1] > tp[j * 8 + 2 * (lane & 3) + (e & 1)];
             };
             /* dS scaled under bf16 too, dK added as it is (us__hop_ds_scale) */
+            uint4 *dso = nullptr; /* DS: this thread's place in the tile's blob */
+            if constexpr (DS) {
+                const int64_t blob =
+                    (((int64_t)blockIdx.x * grp + hi) * gridDim.z + blockIdx.z) * nqt + qt;
+                dso = dsw + blob * BQ * 16 + us__hop_ds_part<BQ>(c, warp, 0) + lane;
+            }
             us__hop_dkdv_tile<E, HS, DK, DV, true, KRK, 0>(dk, dv, sm, s, kr.y > qr.x, hidden,
-                                                           it + 1 == nit, c, lane, scale, sl2, kf);
+                                                           it + 1 == nit, c, lane, scale, sl2, kf,
+                                                           nullptr, dso);
         }
         us__mb_arrive(sm.empty + s);
     }
     us__hop_block_dkv_add<HS, DK, DV>(dkv, dk, dv, key0, b, g, Tk, NKV, lane);
 #else
-    (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dkv, (void)qpos, (void)kpos,
-        (void)qrng, (void)krng, (void)Tq, (void)Tk, (void)NH, (void)NKV, (void)scale, (void)sl2;
+    (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dkv, (void)dsw, (void)qpos,
+        (void)kpos, (void)qrng, (void)krng, (void)Tq, (void)Tk, (void)NH, (void)NKV, (void)p0,
+        (void)scale, (void)sl2;
     __trap();
 #endif
 }
@@ -7223,6 +7256,85 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
     (void)mq, (void)mdo, (void)mkv, (void)L2g, (void)Dg, (void)dq, (void)qpos, (void)kpos,
         (void)qrng, (void)krng, (void)gvis, (void)gcnt, (void)B, (void)Tq, (void)Tk, (void)NH,
         (void)NKV, (void)P, (void)scale, (void)sl2;
+    __trap();
+#endif
+}
+
+/* dQ = dS·K of this block from the dS that us__hop_block_dkdv_kernel stored (DS), added into dq
+   [B][Tq][NH·HS] fp32, for the heads of pairs p0.. (blockIdx.y: the chunk's head): one CTA per
+   (128 queries, head), consumer c owning rows 64c.., as us__hop_dqs_kernel does for the causal
+   backward. Its key blocks of 128 are the set bits of the query tile's row of the walk table
+   (gvis: us__hop_block_tiles' for 128 × 128), in order (deterministic). A key half that the
+   dK/dV kernel skipped for the consumer's query tile of BQ (its largest query position before
+   the half's smallest key: that kernel's own test) was not stored and counts as 0. dS came
+   scaled: dQ is added as it is. */
+template <typename E, int HS>
+__global__ void __launch_bounds__(384, 1)
+    us__hop_block_dqs_kernel(const __grid_constant__ CUtensorMap mk, const uint4 *__restrict__ ds,
+                             float *__restrict__ dq, const int4 *__restrict__ qrng,
+                             const int4 *__restrict__ krng, const unsigned *__restrict__ gvis,
+                             int Tq, int Tk, int NH, int NKV, int p0) {
+#if US__HOP_DEV
+    using C = us__hop_cfg<HS>;
+    constexpr int BQ = C::BQ, R = 128 / BQ, S = C::DQS, KB = 128 * C::HSP * 2;
+    constexpr int DB = 128 * 128 * 2; /* a stage's dS: 128 queries × 128 keys */
+    extern __shared__ __align__(1024) unsigned char us__hop_raw[];
+    unsigned char *sK = us__hop_smem_base(us__hop_raw), *sD = sK + S * KB; /* [S][..] each */
+    uint64_t *full = (uint64_t *)(sD + S * DB), *empty = full + S;
+    const int nkb = (Tk + 127) / 128, nqt = (Tq + BQ - 1) / BQ;
+    const int nq64 = (Tq + 63) / 64, nk64 = (Tk + 63) / 64;
+    const int grp = NH / NKV, pair = p0 + blockIdx.y / grp, b = pair / NKV, g = pair % NKV;
+    const int i = blockIdx.x, h = g * grp + blockIdx.y % grp;
+    const unsigned *vis = gvis + (int64_t)i * us__hop_vis_words(Tk, 128);
+    const int64_t head = (int64_t)blockIdx.y * nkb * nqt; /* the head's blob of key block 0 */
+    const int wg = us__hop_wg(), tid = threadIdx.x & 127;
+    us__hop_bars_init(full, S, 1, 256, 0);
+
+    if (wg == 0) {
+        if (tid != 0) return;
+        const int nb = R == 2 && R * i + 1 < nqt ? 2 : 1; /* the CTA's query tiles */
+        for (int n = 0, kb = us__fa_next_tile(vis, -1, nkb); kb < nkb;
+             n++, kb = us__fa_next_tile(vis, kb, nkb)) {
+            const int s = n % S;
+            if (n >= S) us__mb_wait(empty + s, ((n / S) - 1) & 1);
+            us__mb_expect(full + s, KB + nb * BQ * 256);
+            us__tma_tile<HS, 128>(sK + s * KB, &mk, g * HS, kb * 128, b, full + s);
+            for (int u = 0; u < nb; u++) {
+                const int64_t slot = head + (int64_t)kb * nqt + R * i + u;
+                us__bulk_load(sD + s * DB + u * BQ * 256, ds + slot * BQ * 16, BQ * 256, full + s);
+            }
+        }
+        return;
+    }
+    const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
+    const int r0 = 128 * i + 64 * c; /* the warpgroup's first query */
+    const int qt = R * i + (R == 2 ? c : 0);
+    const int qmax = us__hop_runs(qrng, qt * (BQ / 64), BQ / 64, nq64).y; /* the tile's */
+    /* the thread's 16 bytes of key k-step 0 in a stage (us__hop_dqs_kernel's) */
+    const int mine = (R == 2 ? c * BQ * 256 : 0) +
+                     16 * (us__hop_ds_part<BQ>(0, 0, (R == 2 ? 0 : 4 * c) + warp) + lane);
+    float dqa[HS / 8][4];
+    us__hop_zero(dqa);
+    for (int n = 0, kb = us__fa_next_tile(vis, -1, nkb); kb < nkb;
+         n++, kb = us__fa_next_tile(vis, kb, nkb)) {
+        const int s = n % S;
+        us__mb_wait(full + s, (n / S) & 1);
+        if (r0 < Tq)
+            us__hop_dqs_step<E, HS, BQ>(dqa, sD + s * DB + mine, sK + s * KB,
+                                        qmax >= us__hop_runs(krng, 2 * kb, 1, nk64).x,
+                                        qmax >= us__hop_runs(krng, 2 * kb + 1, 1, nk64).x);
+        us__mb_arrive(empty + s);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = r0 + 16 * warp + (lane >> 2) + 8 * r;
+        if (row < Tq)
+            us__fa_add_row<HS>(dq + ((int64_t)b * Tq + row) * NH * HS + (int64_t)h * HS, dqa, r,
+                               1.f, lane);
+    }
+#else
+    (void)mk, (void)ds, (void)dq, (void)qrng, (void)krng, (void)gvis, (void)Tq, (void)Tk, (void)NH,
+        (void)NKV, (void)p0;
     __trap();
 #endif
 }
@@ -7338,19 +7450,47 @@ struct us__hop_block_in {
     int ctas, P;
 };
 
-template <typename E, int HS, int PART>
-static void us__hop_block_dkdv_launch(const us__hop_block_in &in, float *dkv, int B, int Tq, int Tk,
-                                      int NH, int NKV, cudaStream_t st) {
+/* the block dK/dV kernel over the n pairs p0.. (DS: their dS into ds; else every pair) */
+template <typename E, int HS, int PART, bool DS = false>
+static void us__hop_block_dkdv_launch(const us__hop_block_in &in, float *dkv, uint4 *ds, int p0,
+                                      int n, int Tq, int Tk, int NH, int NKV, cudaStream_t st) {
     using C = us__hop_cfg<HS>;
     const float scale = us__attn_scale(HS), sl2 = us__attn_sl2(HS);
     const size_t smem =
         us__hop_smem(C::dkdv_bytes + C::BS * C::BQ * 4) + us__hop_vis_bytes(Tq, C::BQ);
-    cudaFuncSetAttribute(us__hop_block_dkdv_kernel<E, HS, PART>,
+    cudaFuncSetAttribute(us__hop_block_dkdv_kernel<E, HS, PART, DS>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    const dim3 grid(NKV, B, (Tk + 64 * C::NWG - 1) / (64 * C::NWG));
-    us__hop_block_dkdv_kernel<E, HS, PART><<<grid, 128 * (1 + C::NWG), smem, st>>>(
+    const int nkb = (Tk + 64 * C::NWG - 1) / (64 * C::NWG);
+    const dim3 grid = DS ? dim3(n, 1, nkb) : dim3(NKV, n / NKV, nkb);
+    us__hop_block_dkdv_kernel<E, HS, PART, DS><<<grid, 128 * (1 + C::NWG), smem, st>>>(
         in.maps[0], in.maps[1], in.maps[2], in.L2, in.D, dkv, in.qpos, in.kpos, in.qrng, in.krng,
-        Tq, Tk, NH, NKV, scale, sl2);
+        Tq, Tk, NH, NKV, scale, sl2, ds, p0);
+}
+
+/* The block backward with dS through memory (us__hop_block_ds_pairs' chunks of np pairs): the
+   dK/dV kernel stores each tile's dSᵀ, us__hop_block_dqs_kernel forms dQ from it (the causal
+   backward's us__hop_bwd_ds, by position) */
+template <typename E, int HS>
+static void us__hop_block_bwd_ds(const us__hop_block_in &in, float *dq, float *dkv, uint4 *ds,
+                                 int np, int B, int Tq, int Tk, int NH, int NKV, cudaStream_t st) {
+    using C = us__hop_cfg<HS>;
+    if constexpr (C::NWG == 2) {
+        const size_t s3 = us__hop_smem(C::dqs_bytes);
+        us__hop_tiles<128, 128>(in.tab, in.qrng, in.krng, Tq, Tk, st); /* the dQ walk */
+        cudaFuncSetAttribute(us__hop_block_dqs_kernel<E, HS>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s3);
+        for (int p0 = 0; p0 < B * NKV; p0 += np) {
+            const int n = np < B * NKV - p0 ? np : B * NKV - p0;
+            us__hop_block_dkdv_launch<E, HS, 0, true>(in, dkv, ds, p0, n, Tq, Tk, NH, NKV, st);
+            us__hop_block_dqs_kernel<E, HS>
+                <<<dim3((Tq + 127) / 128, n * (NH / NKV)), 384, s3, st>>>(
+                    in.maps[5], ds, dq, in.qrng, in.krng, (const unsigned *)in.tab, Tq, Tk, NH, NKV,
+                    p0);
+        }
+    } else {
+        (void)in, (void)dq, (void)dkv, (void)ds, (void)np, (void)B, (void)Tq, (void)Tk, (void)NH,
+            (void)NKV, (void)st;
+    }
 }
 
 /* dK|dV (one launch, or dV then dK above HS 128), then dQ */
@@ -7359,11 +7499,12 @@ static void us__hop_block_bwd_hs(const us__hop_block_in &in, float *dq, float *d
                                  int Tk, int NH, int NKV, cudaStream_t st) {
     using C = us__hop_cfg<HS>;
     const float scale = us__attn_scale(HS), sl2 = us__attn_sl2(HS);
+    const int np = B * NKV;
     if constexpr (C::NWG == 2) {
-        us__hop_block_dkdv_launch<E, HS, 0>(in, dkv, B, Tq, Tk, NH, NKV, st);
+        us__hop_block_dkdv_launch<E, HS, 0>(in, dkv, nullptr, 0, np, Tq, Tk, NH, NKV, st);
     } else {
-        us__hop_block_dkdv_launch<E, HS, 1>(in, dkv, B, Tq, Tk, NH, NKV, st);
-        us__hop_block_dkdv_launch<E, HS, 2>(in, dkv, B, Tq, Tk, NH, NKV, st);
+        us__hop_block_dkdv_launch<E, HS, 1>(in, dkv, nullptr, 0, np, Tq, Tk, NH, NKV, st);
+        us__hop_block_dkdv_launch<E, HS, 2>(in, dkv, nullptr, 0, np, Tq, Tk, NH, NKV, st);
     }
     constexpr int BR = 64 * C::NWG;
     const int *cnt = us__hop_tiles<BR, C::BKQ>(in.tab, in.qrng, in.krng, Tq, Tk, st);
@@ -7391,6 +7532,37 @@ static int us__hop_block_maps(CUtensorMap *maps, const void *qkv, const void *do
            us__hop_map(maps + 5, kv, dt, KVW, Tk, B, C::BKQ);
 }
 
+/* D and L2 of the block's queries (into D [2][rows], in's D and L2), then its backward: through
+   memory in chunks of np pairs (np > 0), else the two kernels */
+template <typename E, int HS>
+static void us__hop_block_bwd_dt(const us__hop_block_in &in, float *D, float *dq, float *dkv,
+                                 uint4 *ds, int np, const void *dout, const void *out,
+                                 const float *lse, int64_t B, int64_t Tq, int64_t Tk, int NH,
+                                 int NKV, cudaStream_t st) {
+    const int64_t rows = B * Tq * NH;
+    us__hop_dot<E>(dout, out, lse, D, D + rows, rows, (int)Tq, NH, HS, st);
+    if (np)
+        us__hop_block_bwd_ds<E, HS>(in, dq, dkv, ds, np, (int)B, (int)Tq, (int)Tk, NH, NKV, st);
+    else
+        us__hop_block_bwd_hs<E, HS>(in, dq, dkv, (int)B, (int)Tq, (int)Tk, NH, NKV, st);
+}
+
+/* the bytes of a block backward's dS through memory (us__hop_block_dkdv_kernel's DS): per
+   (batch, head) a blob of BQ·256 bytes for every key block of 128 and query tile of BQ (Tq·Tk
+   bytes a head, about: every pair of tiles has its place, seen or not) */
+static size_t us__hop_block_ds_bytes(int64_t B, int64_t Tq, int64_t Tk, int NH, int HS) {
+    const int BQ = us__hop_bq(HS);
+    return (size_t)B * NH * ((Tk + 127) / 128) * ((Tq + BQ - 1) / BQ) * BQ * 256;
+}
+
+/* ... the pairs of a chunk of it, as the causal backward's rule (us__hop_ds_chunk) */
+static int us__hop_block_ds_pairs(us_ops *o, int HS, int64_t B, int64_t Tq, int64_t Tk, int NH,
+                                  int NKV) {
+    const us__cuda *c = us__cu(o);
+    return us__hop_ds_chunk(HS, c->hop_off, c->hop_ds_pairs, c->mem_total, B * NKV, NH / NKV,
+                            us__hop_block_ds_bytes(1, Tq, Tk, NH / NKV, HS));
+}
+
 /* dq, dkv += this block's gradients on Hopper; 0 when this path cannot take the call */
 static int us__hop_block_bwd(us_ops *o, float *dq, float *dkv, const void *dout, const void *qkv,
                              const void *out, const float *lse, const void *kv, const int32_t *qpos,
@@ -7405,10 +7577,19 @@ static int us__hop_block_bwd(us_ops *o, float *dq, float *dkv, const void *dout,
         return 0;
     const size_t dl_bytes = ((size_t)2 * rows * sizeof(float) + 15) / 16 * 16;
     const size_t rb = (size_t)((Tq + 63) / 64 + (Tk + 63) / 64) * 16;
-    float *D = (float *)us__cuda_scratch(o, dl_bytes + rb + us__hop_tiles_bytes(Tq, Tk, 64, 64));
+    const size_t tb = us__hop_tiles_bytes(Tq, Tk, 64, 64);
+    int np = us__hop_block_ds_pairs(o, HS, B, Tq, Tk, NH, NKV); /* dS through memory */
+    const size_t ds_bytes = np ? us__hop_block_ds_bytes(np, Tq, Tk, NH / NKV, HS) : 0;
+    float *D = NULL;
+    if (np && us__cu(o)->hop_off != 7) { /* by default, only where the memory is free */
+        D = (float *)us__cuda_scratch_try(o, dl_bytes + rb + tb + ds_bytes);
+        np = D ? np : 0;
+    }
+    if (!D) D = (float *)us__cuda_scratch(o, dl_bytes + rb + tb + (np ? ds_bytes : 0));
     if (!D) return 1; /* the failure is recorded */
     int4 *rng = (int4 *)((char *)D + dl_bytes);
     in.tab = (char *)rng + rb;
+    uint4 *ds = (uint4 *)((char *)in.tab + tb); /* np: dS of a chunk */
     in.ctas = us__hop_ctas(o);
     in.P = us__hop_band(o, B, NKV);
     in.D = D;
@@ -7421,14 +7602,12 @@ static int us__hop_block_bwd(us_ops *o, float *dq, float *dkv, const void *dout,
     if (HS == H) {                                                                                 \
         if (!us__hop_block_maps<H>(in.maps, qkv, dout, kv, dt, B, Tq, Tk, NH, NKV)) return 0;      \
         us__hop_block_ranges(rng, qpos, kpos, Tq, Tk, st);                                         \
-        if (dt == US_F16) {                                                                        \
-            us__hop_dot<__half>(dout, out, lse, D, D + rows, rows, (int)Tq, NH, HS, st);           \
-            us__hop_block_bwd_hs<__half, H>(in, dq, dkv, (int)B, (int)Tq, (int)Tk, NH, NKV, st);   \
-        } else {                                                                                   \
-            us__hop_dot<__nv_bfloat16>(dout, out, lse, D, D + rows, rows, (int)Tq, NH, HS, st);    \
-            us__hop_block_bwd_hs<__nv_bfloat16, H>(in, dq, dkv, (int)B, (int)Tq, (int)Tk, NH, NKV, \
-                                                   st);                                            \
-        }                                                                                          \
+        if (dt == US_F16)                                                                          \
+            us__hop_block_bwd_dt<__half, H>(in, D, dq, dkv, ds, np, dout, out, lse, B, Tq, Tk, NH, \
+                                            NKV, st);                                              \
+        else                                                                                       \
+            us__hop_block_bwd_dt<__nv_bfloat16, H>(in, D, dq, dkv, ds, np, dout, out, lse, B, Tq,  \
+                                                   Tk, NH, NKV, st);                               \
     }
     US__HOP_HEADS(US__HOP_BLOCK_BWD)
 #undef US__HOP_BLOCK_BWD

@@ -1191,6 +1191,28 @@ static void test_attn_blocks(void) {
         any_positions_case(US_BF16, 128);
         us_cuda_attention_grid(&G, 0);
     }
+    if (hop) { /* the backward with dS through memory (asked for: every HS ≤ 128; by default HS
+                  96 and 128 take it), whole and in chunks of 1 and 3 (batch, kv head) pairs, and
+                  the block kernels' grid on 3 CTAs: blobs that the dK/dV kernel skips hold the
+                  cases' before, not zeros */
+        us_cuda_attention_no_hopper(&G, 7);
+        ring_case(US_BF16, 128, 8, 2, 1, 2, 600, 1, 0);
+        ring_case(US_F16, 64, 8, 2, 1, 2, 520, 0, 1);
+        ring_case(US_BF16, 80, 4, 2, 2, 3, 70, 0, 1);
+        any_positions_case(US_BF16, 64);
+        any_positions_case(US_BF16, 128);
+        us_cuda_attention_ds_pairs(&G, 1);
+        ring_case(US_F16, 96, 4, 2, 2, 2, 101, 1, 0);
+        ring_case(US_BF16, 128, 4, 1, 1, 3, 45, 0, 0);
+        us_cuda_attention_ds_pairs(&G, 3);
+        ring_case(US_BF16, 64, 4, 2, 2, 3, 70, 0, 1);
+        ring_case(US_F16, 128, 4, 2, 2, 2, 101, 1, 1);
+        us_cuda_attention_ds_pairs(&G, 0);
+        us_cuda_attention_grid(&G, 3);
+        ring_case(US_BF16, 96, 4, 2, 1, 2, 300, 0, 1);
+        us_cuda_attention_grid(&G, 0);
+        us_cuda_attention_no_hopper(&G, 0);
+    }
     if (hop) { /* the same on the mma.sync block kernels (us_cuda_attention_no_hopper 6) */
         us_cuda_attention_no_hopper(&G, 6);
         block_path = "flash";
