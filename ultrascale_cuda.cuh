@@ -5133,11 +5133,9 @@ static __device__ __forceinline__ void us__hop_dqs_step(float (&dq)[HS / 8][4],
    the longest first; consumer c owns queries 64c.. and takes key blocks 0.. up to
    the diagonal in order (deterministic). Per block the copy thread loads K [128][HSP] (tensor
    map) and the blobs of the CTA's query tiles (one at BQ 128, two at BQ 64) by plain bulk
-   copies into a ring of DQS stages. A consumer's k-step kk (16 keys: consumer kk/4, warp kk%4 of
-   the dK/dV kernel) for its warp's 16 queries is one 16-byte load, each 8×8 part transposed by
-   movmatrix (the stored fragments have keys as rows: parts 1 and 2 change places), then
-   dQ += dS·K with K read transposed from shared memory. One GEMM a tile where the dQ kernel
-   runs three, reading 256 bytes of dS per query and key block: bound by memory. */
+   copies into a ring of DQS stages; the consumers take each block by us__hop_dqs_step. One
+   GEMM a tile where the dQ kernel runs three, reading 256 bytes of dS per query and key block:
+   bound by memory. */
 template <typename E, int HS>
 __global__ void __launch_bounds__(384, 1)
     us__hop_dqs_kernel(const __grid_constant__ CUtensorMap mk, const uint4 *__restrict__ ds,
