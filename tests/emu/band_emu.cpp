@@ -274,8 +274,13 @@ static void check_host_rules(void) {
                         for (int64_t B : {1, 2, 16, 4096})
                             for (int NKV : {1, 8, 16}) {
                                 const int NH = NKV == 1 ? 32 : 2 * NKV, grp = NH / NKV;
-                                const int np =
-                                    us__hop_ds_chunk(HS, mode, asked, mem, B, T, NH, NKV);
+                                const int np = us__hop_ds_chunk(HS, mode, asked, mem, B * NKV, grp,
+                                                                us__hop_ds_bytes(1, T, grp, HS));
+                                /* the block backward's rule, its query block half as long */
+                                const int64_t Tq = (T + 1) / 2;
+                                const int npb =
+                                    us__hop_ds_chunk(HS, mode, asked, mem, B * NKV, grp,
+                                                     us__hop_block_ds_bytes(1, Tq, T, grp, HS));
                                 const bool off = HS > 128 || mode == 4 || mode == 5 ||
                                                  (mode != 7 && HS != 96 && HS != 128);
                                 int ok = np >= 0 && np <= B * NKV && (int64_t)np * grp <= 65535;
@@ -286,7 +291,15 @@ static void check_host_rules(void) {
                                     const size_t one = us__hop_ds_bytes(1, T, grp, HS);
                                     ok &= np == 0 ? one > mem / 32 || mem == 0
                                                   : us__hop_ds_bytes(np, T, grp, HS) <= mem / 32;
+                                    const size_t oneb = us__hop_block_ds_bytes(1, Tq, T, grp, HS);
+                                    ok &= npb == 0 ? oneb > mem / 32 || mem == 0
+                                                   : us__hop_block_ds_bytes(npb, Tq, T, grp, HS) <=
+                                                         mem / 32;
                                 }
+                                ok &= npb >= 0 && npb <= B * NKV && (int64_t)npb * grp <= 65535;
+                                if (off) ok &= npb == 0;
+                                if (!off && asked > 0)
+                                    ok &= npb == (asked < B * NKV ? asked : B * NKV);
                                 bad += !ok;
                                 n++;
                             }

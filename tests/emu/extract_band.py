@@ -4,7 +4,7 @@ ultrascale_cuda.cuh (// >>cuda-hopper: us__hop_snake, us__hop_qtile_of, us__hop_
 dK/dV kernel's K and V fragments (us__hop_lda), where the backward through memory keeps dS
 (us__hop_ds_off), the block kernels' walk (us__hop_block_walk, with us__hop_ring) and, from the
 host side, the band of pairs and the chunk of the backward through memory (us__hop_band_of,
-us__hop_ds_chunk),
+us__hop_ds_chunk, with the causal and the block backward's dS bytes),
 which band_emu.cpp checks on the CPU. Fails loudly if the markers it cuts at move."""
 import sys
 from extract_common import Header, write
@@ -25,4 +25,6 @@ txt += '\n' + '\n'.join(hdr.cut('/* The (batch, kv head) pairs a band of the Hop
                                   '/* ... of the B·NKV pairs of a call', host))
 txt += '\n' + '\n'.join(hdr.cut('/* the bytes of dS that the backward through memory stores',
                                   '/* ... for the ops\' GPU and settings', host))
+txt += '\n' + '\n'.join(hdr.cut('/* the bytes of a block backward\'s dS through memory',
+                                  '/* ... the pairs of a chunk of it, as the causal', host))
 write(sys.argv[2], 'extract_band.py', txt, bad=('__shared__', 'asm(', 'asm volatile', '<<<'))
