@@ -5099,6 +5099,45 @@ static __device__ __forceinline__ uint32_t us__movt(uint32_t x) {
 #endif
 }
 
+/* The dQ-from-dS kernels' shared memory (us__hop_dqs_kernel, us__hop_block_dqs_kernel): per
+   stage [DQS] K [128][HSP], then the blobs of 128 queries × 128 keys (DB bytes); barriers
+   [full DQS][empty DQS] (the copy thread's arrival; the consumers' 256) */
+template <int HS>
+struct us__hop_dqs_smem {
+    static constexpr int S = us__hop_cfg<HS>::DQS, KB = 128 * us__hop_cfg<HS>::HSP * 2;
+    static constexpr int DB = 128 * 128 * 2;
+    unsigned char *sK, *sD;
+    uint64_t *full, *empty;
+
+    __device__ explicit us__hop_dqs_smem(unsigned char *base)
+        : sK(base), sD(sK + S * KB), full((uint64_t *)(sD + S * DB)), empty(full + S) {}
+
+    __device__ void init() const { us__hop_bars_init(full, S, 1, 256, 0); }
+
+    /* the copy thread's load of the n-th key block into its stage: K of keys k0.. (columns
+       kcol of the tensor map mk, batch b), then nb blobs of BQ·256 bytes from slot0 on */
+    template <int BQ>
+    __device__ void load(int n, const CUtensorMap *mk, int kcol, int k0, int b, const uint4 *ds,
+                         int64_t slot0, int nb) const {
+        const int s = n % S;
+        if (n >= S) us__mb_wait(empty + s, ((n / S) - 1) & 1);
+        us__mb_expect(full + s, KB + nb * BQ * 256);
+        us__tma_tile<HS, 128>(sK + s * KB, mk, kcol, k0, b, full + s);
+        for (int u = 0; u < nb; u++)
+            us__bulk_load(sD + s * DB + u * BQ * 256, ds + (slot0 + u) * BQ * 16, BQ * 256,
+                          full + s);
+    }
+};
+
+/* where in a stage's blobs consumer c's thread finds its 16 bytes of key k-step 0: its query
+   tile's blob (the second of two at BQ 64), k-step of queries (64c mod BQ)/16 + warp */
+template <int BQ>
+static __device__ __forceinline__ int us__hop_dqs_mine(int c, int warp, int lane) {
+    constexpr int R = 128 / BQ;
+    return (R == 2 ? c * BQ * 256 : 0) +
+           16 * (us__hop_ds_part<BQ>(0, 0, (R == 2 ? 0 : 4 * c) + warp) + lane);
+}
+
 /* dQ += dS·K over one key block of 128 (a stage: K [128][HSP], the blobs) for a consumer's 64
    rows, whose 16 bytes of key k-step 0 are at d (key k-step kk: the dK/dV kernel's consumer
    kk/4, warp kk%4), each 8×8 part transposed by movmatrix (the stored fragments have keys as
@@ -5141,51 +5180,39 @@ __global__ void __launch_bounds__(384, 1)
     us__hop_dqs_kernel(const __grid_constant__ CUtensorMap mk, const uint4 *__restrict__ ds,
                        E *__restrict__ dqkv, int T, int NH, int NKV, int p0, float scale) {
 #if US__HOP_DEV
-    using C = us__hop_cfg<HS>;
-    constexpr int BQ = C::BQ, R = 128 / BQ, S = C::DQS, KB = 128 * C::HSP * 2;
-    constexpr int DB = 128 * 128 * 2; /* a stage's dS: 128 queries × 128 keys */
+    using SM = us__hop_dqs_smem<HS>;
+    constexpr int BQ = us__hop_cfg<HS>::BQ, R = 128 / BQ, S = SM::S;
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
-    unsigned char *sK = us__hop_smem_base(us__hop_raw), *sD = sK + S * KB; /* [S][..] each */
-    uint64_t *full = (uint64_t *)(sD + S * DB), *empty = full + S;
+    const SM sm(us__hop_smem_base(us__hop_raw));
     const int nkb = (T + 127) / 128, nqt = (T + BQ - 1) / BQ;
     const int grp = NH / NKV, pair = p0 + blockIdx.y / grp, b = pair / NKV, g = pair % NKV;
     const int i = nkb - 1 - blockIdx.x, h = g * grp + blockIdx.y % grp;
     const int64_t head = (int64_t)blockIdx.y * us__hop_ds_off(nkb, nqt, R); /* its blob 0 */
     const int wg = us__hop_wg(), tid = threadIdx.x & 127;
-    us__hop_bars_init(full, S, 1, 256, 0);
+    sm.init();
 
     if (wg == 0) {
         if (tid != 0) return;
         const int nb = R == 2 && R * i + 1 < nqt ? 2 : 1; /* the CTA's query tiles */
-        for (int kb = 0; kb <= i; kb++) {
-            const int s = kb % S;
-            if (kb >= S) us__mb_wait(empty + s, ((kb / S) - 1) & 1);
-            us__mb_expect(full + s, KB + nb * BQ * 256);
-            us__tma_tile<HS, 128>(sK + s * KB, &mk, (NH + g) * HS, kb * 128, b, full + s);
-            for (int u = 0; u < nb; u++) {
-                const int64_t slot = head + us__hop_ds_off(kb, nqt, R) + R * (i - kb) + u;
-                us__bulk_load(sD + s * DB + u * BQ * 256, ds + slot * BQ * 16, BQ * 256, full + s);
-            }
-        }
+        for (int kb = 0; kb <= i; kb++)
+            sm.template load<BQ>(kb, &mk, (NH + g) * HS, kb * 128, b, ds,
+                                 head + us__hop_ds_off(kb, nqt, R) + R * (i - kb), nb);
         return;
     }
     const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
     const int r0 = 128 * i + 64 * c;      /* the warpgroup's first query */
     const int last = min(r0 + 63, T - 1); /* keys after it: dS 0, or not stored */
-    /* the thread's 16 bytes of key k-step 0 in a stage: its query tile's blob, k-step of queries
-       (64c mod BQ)/16 + warp; key k-step kk is the dK/dV kernel's consumer kk/4, warp kk%4 */
-    const int mine = (R == 2 ? c * BQ * 256 : 0) +
-                     16 * (us__hop_ds_part<BQ>(0, 0, (R == 2 ? 0 : 4 * c) + warp) + lane);
+    const int mine = us__hop_dqs_mine<BQ>(c, warp, lane);
     float dq[HS / 8][4];
     us__hop_zero(dq);
     for (int kb = 0; kb <= i; kb++) {
         const int s = kb % S;
-        us__mb_wait(full + s, (kb / S) & 1);
+        us__mb_wait(sm.full + s, (kb / S) & 1);
         /* keys 64.. of the block: stored and seen by some query here, or taken as 0 */
         if (r0 < T)
-            us__hop_dqs_step<E, HS, BQ>(dq, sD + s * DB + mine, sK + s * KB, true,
+            us__hop_dqs_step<E, HS, BQ>(dq, sm.sD + s * SM::DB + mine, sm.sK + s * SM::KB, true,
                                         kb * 128 + 64 <= last);
-        us__mb_arrive(empty + s);
+        us__mb_arrive(sm.empty + s);
     }
     if (r0 < T)
         us__hop_dq_store<E, HS>(dq, dqkv, r0 + 16 * warp + (lane >> 2), b, h, T,
@@ -7089,6 +7116,14 @@ us__hop_block_dkv_add(float *dkv, const float (&dk)[DK ? HS / 8 : 1][4],
     }
 }
 
+/* The block backward's dS through memory (us__hop_block_dkdv_kernel's DS): a blob of BQ·256
+   bytes for each (head of the chunk, key block of 128 of nkb, query tile of BQ of nqt), every
+   pair of tiles in its place, seen or not (us__hop_block_ds_bytes); the index of one */
+static __host__ __device__ __forceinline__ int64_t us__hop_block_blob(int64_t head, int kb, int nkb,
+                                                                      int qt, int nqt) {
+    return (head * nkb + kb) * nqt + qt;
+}
+
 /* dK, dV of 64·NWG keys of kv head g for this block (PART as us__hop_dkdv_kernel's): every
    query head of the group × visible query tile, us__hop_dkdv_kernel's per-tile math
    (us__hop_dkdv_tile, by position), a tile hidden from a consumer's keys skipped. One CTA per
@@ -7172,8 +7207,8 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
             /* dS scaled under bf16 too, dK added as it is (us__hop_ds_scale) */
             uint4 *dso = nullptr; /* DS: this thread's place in the tile's blob */
             if constexpr (DS) {
-                const int64_t blob =
-                    (((int64_t)blockIdx.x * grp + hi) * gridDim.z + blockIdx.z) * nqt + qt;
+                const int64_t blob = us__hop_block_blob((int64_t)blockIdx.x * grp + hi, blockIdx.z,
+                                                        gridDim.z, qt, nqt);
                 dso = dsw + blob * BQ * 16 + us__hop_ds_part<BQ>(c, warp, 0) + lane;
             }
             us__hop_dkdv_tile<E, HS, DK, DV, true, KRK, 0>(dk, dv, sm, s, kr.y > qr.x, hidden,
@@ -7273,55 +7308,43 @@ __global__ void __launch_bounds__(384, 1)
                              const int4 *__restrict__ krng, const unsigned *__restrict__ gvis,
                              int Tq, int Tk, int NH, int NKV, int p0) {
 #if US__HOP_DEV
-    using C = us__hop_cfg<HS>;
-    constexpr int BQ = C::BQ, R = 128 / BQ, S = C::DQS, KB = 128 * C::HSP * 2;
-    constexpr int DB = 128 * 128 * 2; /* a stage's dS: 128 queries × 128 keys */
+    using SM = us__hop_dqs_smem<HS>;
+    constexpr int BQ = us__hop_cfg<HS>::BQ, R = 128 / BQ, S = SM::S;
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
-    unsigned char *sK = us__hop_smem_base(us__hop_raw), *sD = sK + S * KB; /* [S][..] each */
-    uint64_t *full = (uint64_t *)(sD + S * DB), *empty = full + S;
+    const SM sm(us__hop_smem_base(us__hop_raw));
     const int nkb = (Tk + 127) / 128, nqt = (Tq + BQ - 1) / BQ;
     const int nq64 = (Tq + 63) / 64, nk64 = (Tk + 63) / 64;
     const int grp = NH / NKV, pair = p0 + blockIdx.y / grp, b = pair / NKV, g = pair % NKV;
     const int i = blockIdx.x, h = g * grp + blockIdx.y % grp;
     const unsigned *vis = gvis + (int64_t)i * us__hop_vis_words(Tk, 128);
-    const int64_t head = (int64_t)blockIdx.y * nkb * nqt; /* the head's blob of key block 0 */
     const int wg = us__hop_wg(), tid = threadIdx.x & 127;
-    us__hop_bars_init(full, S, 1, 256, 0);
+    sm.init();
 
     if (wg == 0) {
         if (tid != 0) return;
         const int nb = R == 2 && R * i + 1 < nqt ? 2 : 1; /* the CTA's query tiles */
         for (int n = 0, kb = us__fa_next_tile(vis, -1, nkb); kb < nkb;
-             n++, kb = us__fa_next_tile(vis, kb, nkb)) {
-            const int s = n % S;
-            if (n >= S) us__mb_wait(empty + s, ((n / S) - 1) & 1);
-            us__mb_expect(full + s, KB + nb * BQ * 256);
-            us__tma_tile<HS, 128>(sK + s * KB, &mk, g * HS, kb * 128, b, full + s);
-            for (int u = 0; u < nb; u++) {
-                const int64_t slot = head + (int64_t)kb * nqt + R * i + u;
-                us__bulk_load(sD + s * DB + u * BQ * 256, ds + slot * BQ * 16, BQ * 256, full + s);
-            }
-        }
+             n++, kb = us__fa_next_tile(vis, kb, nkb))
+            sm.template load<BQ>(n, &mk, g * HS, kb * 128, b, ds,
+                                 us__hop_block_blob(blockIdx.y, kb, nkb, R * i, nqt), nb);
         return;
     }
     const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
     const int r0 = 128 * i + 64 * c; /* the warpgroup's first query */
     const int qt = R * i + (R == 2 ? c : 0);
     const int qmax = us__hop_runs(qrng, qt * (BQ / 64), BQ / 64, nq64).y; /* the tile's */
-    /* the thread's 16 bytes of key k-step 0 in a stage (us__hop_dqs_kernel's) */
-    const int mine = (R == 2 ? c * BQ * 256 : 0) +
-                     16 * (us__hop_ds_part<BQ>(0, 0, (R == 2 ? 0 : 4 * c) + warp) + lane);
+    const int mine = us__hop_dqs_mine<BQ>(c, warp, lane);
     float dqa[HS / 8][4];
     us__hop_zero(dqa);
     for (int n = 0, kb = us__fa_next_tile(vis, -1, nkb); kb < nkb;
          n++, kb = us__fa_next_tile(vis, kb, nkb)) {
         const int s = n % S;
-        us__mb_wait(full + s, (n / S) & 1);
+        us__mb_wait(sm.full + s, (n / S) & 1);
         if (r0 < Tq)
-            us__hop_dqs_step<E, HS, BQ>(dqa, sD + s * DB + mine, sK + s * KB,
+            us__hop_dqs_step<E, HS, BQ>(dqa, sm.sD + s * SM::DB + mine, sm.sK + s * SM::KB,
                                         qmax >= us__hop_runs(krng, 2 * kb, 1, nk64).x,
                                         qmax >= us__hop_runs(krng, 2 * kb + 1, 1, nk64).x);
-        us__mb_arrive(empty + s);
+        us__mb_arrive(sm.empty + s);
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
