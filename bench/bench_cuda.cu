@@ -51,6 +51,7 @@
      --cp-seq T,...     --cp-flash-only's table at these T only (B = 16384 / T, at least 1),
                         bf16, NH 16 NKV 8 HS 128 and NH 32 NKV 8 HS 64; given with --cp or
                         --cp-flash-only, it comes after their tables and does not replace them
+     --cp-heads NH:NKV:HS,...  --cp-seq's head shapes instead (HS one the block kernels take)
    Build: make build/bench_cuda (nvcc, -lcublasLt). */
 #define ULTRASCALE_IMPLEMENTATION
 #include "../ultrascale_cuda.cuh"
@@ -1805,12 +1806,23 @@ static void bench_cp_shape(us_dtype dt, int B, int T, int NH, int NKV, int HS, i
 /* --cp-seq: the long sequences context parallelism is for, B·T = max(T, 16384) tokens: HS 128
    (NH 16, NKV 8) and the 1B heads (NH 32, NKV 8, HS 64), bf16 */
 static int cp_T[8], cp_nT = 0;
+static int cp_shapes[8][3] = {{16, 8, 128}, {32, 8, 64}}, cp_ns = 2; /* NH, NKV, HS */
+
+/* every --cp-heads shape one the block kernels take: NKV divides NH, HS of us__fa_block_heads */
+static int cp_heads_ok(void) {
+    for (int sh = 0; sh < cp_ns; sh++) {
+        const int NH = cp_shapes[sh][0], NKV = cp_shapes[sh][1], HS = cp_shapes[sh][2];
+        if (NH % NKV || !us__fa_block_heads(HS, [](auto) {})) return 0;
+    }
+    return 1;
+}
 
 static void bench_cp_seq(void) {
     for (int k = 0; k < cp_nT; k++) {
         const int T = cp_T[k], B = T >= 16384 ? 1 : 16384 / T;
-        bench_cp_shape(US_BF16, B, T, 16, 8, 128, 1, 0);
-        bench_cp_shape(US_BF16, B, T, 32, 8, 64, 1, 0);
+        for (int sh = 0; sh < cp_ns; sh++)
+            bench_cp_shape(US_BF16, B, T, cp_shapes[sh][0], cp_shapes[sh][1], cp_shapes[sh][2], 1,
+                           0);
     }
 }
 
@@ -1940,6 +1952,15 @@ int main(int argc, char **argv) {
                         argv[i]);
                 return 2;
             }
+        } else if (!strcmp(argv[i], "--cp-heads") && i + 1 < argc) {
+            if (!parse_att_list(argv[++i], 3, &cp_shapes[0][0], &cp_ns) || !cp_heads_ok()) {
+                fprintf(
+                    stderr,
+                    "bench_cuda: --cp-heads wants NH:NKV:HS,... (at most 8; NKV dividing NH; HS "
+                    "64, 80, 96, 128, 192 or 256), got %s\n",
+                    argv[i]);
+                return 2;
+            }
         } else {
             fprintf(stderr,
                     "usage: bench_cuda [--preset 1b|8b8|200m|moe [--steps N] [--warmup N] "
@@ -1949,7 +1970,7 @@ int main(int argc, char **argv) {
                     "[--grouped-kernel|--grouped-wgmma|--grouped-loop] [--json F]] [--gemm] "
                     "[--fp8-gemm] [--swiglu-bwd-fp8] [--grouped] [--gemm-algos] [--gemm-sustained] "
                     "[--attention [--att-seq T,..] [--att-heads NH:NKV:HS,..] [--att-band N]] "
-                    "[--cp | --cp-flash-only] [--cp-seq T,..]\n");
+                    "[--cp | --cp-flash-only] [--cp-seq T,.. [--cp-heads NH:NKV:HS,..]]\n");
             return 2;
         }
     }
