@@ -3746,6 +3746,27 @@ static __device__ __forceinline__ void us__hop_ring_bars_init(uint64_t *fullQ, u
     __syncthreads();
 }
 
+/* A key tile as a mask mode needs it (// >>cuda-hopper's mask modes, below): its index t and, by
+   position, {min, max, run} of its key positions (us__hop_runs) */
+struct us__hop_kt {
+    int t;
+    int4 r;
+};
+
+/* Each ring stage's key tile, posted by the forward's and the dQ kernel's copy thread before the
+   stage's "full" arrival and read by the consumers once it completes (us__hop_bypos::post):
+   by position, the walk's next tile and its ranges come from memory (bitmask, ranges), and each
+   consumer fetching them itself stood in its critical path, 16 % of the block forward's stall
+   samples under Nsight Compute (bench/RESULTS.md, nineteenth session). They sit 16 slots of 8
+   bytes after the first barrier: a ring's barriers take at most 16 of the 32 us__hop_smem
+   leaves. */
+template <int STAGES, int BARRIERS>
+static __device__ __forceinline__ us__hop_kt *us__hop_kts(uint64_t *bars) {
+    static_assert(BARRIERS <= 16 && 16 + STAGES * (int)sizeof(us__hop_kt) / 8 <= 32,
+                  "the posted key tiles fit after the barriers");
+    return reinterpret_cast<us__hop_kt *>(bars + 16);
+}
+
 /* The kernels' shared memory cut into named tiles, in the order of us__hop_cfg's byte counts,
    the barriers right after the tiles (the block kernels of // >>cuda-cp-flash keep their bitmask
    of visible tiles 32 barriers on). The forward: Q [QN][64·NWF][HSP], K and V [FS][BC][HSP];
@@ -3756,11 +3777,12 @@ struct us__hop_fwd_smem {
     static constexpr int QB = C::fwd_q_bytes, KVB = C::BC * C::HSP * 2;
     unsigned char *sQ, *sK, *sV;
     uint64_t *barQ, *emptyQ, *fullK, *fullV, *emptyK, *emptyV;
+    us__hop_kt *kts; /* [FS] each stage's key tile (us__hop_kts) */
 
     __device__ explicit us__hop_fwd_smem(unsigned char *base)
         : sQ(base), sK(sQ + C::QN * QB), sV(sK + C::FS * KVB), barQ((uint64_t *)(sV + C::FS * KVB)),
           emptyQ(barQ + C::QN), fullK(emptyQ + C::QN), fullV(fullK + C::FS), emptyK(fullV + C::FS),
-          emptyV(emptyK + C::FS) {}
+          emptyV(emptyK + C::FS), kts(us__hop_kts<C::FS, 2 * C::QN + 4 * C::FS>(barQ)) {}
 
     /* the barriers (fullK, fullV and emptyK, emptyV are each one run of 2·FS) */
     __device__ void init(int consumer_threads) const {
@@ -3807,11 +3829,12 @@ struct us__hop_dq_smem {
     static constexpr int QB = 64 * C::NWG * C::HSP * 2, QSTEP = 2 * QB, KB = C::BKQ * C::HSP * 2;
     unsigned char *sQ, *sdO, *sK, *sV;
     uint64_t *barQ, *emptyQ, *full, *empty;
+    us__hop_kt *kts; /* [QS] each stage's key tile (us__hop_kts) */
 
     __device__ explicit us__hop_dq_smem(unsigned char *base)
         : sQ(base), sdO(sQ + QB), sK(sQ + C::QNQ * QSTEP), sV(sK + C::QS * KB),
           barQ((uint64_t *)(sV + C::QS * KB)), emptyQ(barQ + C::QNQ), full(emptyQ + C::QNQ),
-          empty(full + C::QS) {}
+          empty(full + C::QS), kts(us__hop_kts<C::QS, 2 * C::QNQ + 2 * C::QS>(barQ)) {}
 
     __device__ void init(int consumer_threads) const {
         us__hop_ring_bars_init(barQ, emptyQ, C::QNQ, full, empty, C::QS, consumer_threads);
@@ -3833,13 +3856,12 @@ static __device__ __forceinline__ void us__hop_zero(float (&x)[N][4]) {
    of a bitmask, masked by position. Each has
      n, nc               the tiles the CTA visits; the first nc of them this consumer computes
      first(), next(t)    the walk over tile indices; at(t): tile t as the mask needs it
+     post(kts, s, kt)    the copy thread: tile kt (at(t)) is in stage s (by position: kts[s] = kt)
+     posted(kts, s, t)   a consumer: the walk's tile t, in stage s (causal: at(t), t counted
+                         by the consumer; by position kts[s], us__hop_kts, t unused)
+     POSTED              whether posted reads kts (then it waits for the stage first)
      part(kt), skip(kt)  whether some key of tile kt, or every key, is hidden from this consumer
      masked(kt, off, e)  whether key kt.t·BC + off is hidden from the thread's row e/2 */
-struct us__hop_kt {
-    int t;
-    int4 r; /* by position: {min, max, run} of the tile's key positions (us__hop_runs) */
-};
-
 template <int BC>
 struct us__hop_causal {
     int n, nc;
@@ -3850,6 +3872,14 @@ struct us__hop_causal {
     __device__ __forceinline__ int next(int t) const { return t + 1; }
 
     __device__ __forceinline__ us__hop_kt at(int t) const { return {t, make_int4(0, 0, 0, 0)}; }
+
+    static constexpr bool POSTED = false;
+
+    __device__ __forceinline__ void post(us__hop_kt *, int, const us__hop_kt &) const {}
+
+    __device__ __forceinline__ us__hop_kt posted(const us__hop_kt *, int, int t) const {
+        return at(t);
+    }
 
     __device__ __forceinline__ bool part(const us__hop_kt &kt) const {
         return kt.t * BC + BC - 1 > r0;
@@ -4006,7 +4036,9 @@ us__hop_fwd_produce(const us__hop_fwd_smem<HS> &sm, const CUtensorMap *mq, const
     us__tma_tile<HS, BR>(sm.sQ + qi * QB, mq, qcol, q0, b, sm.barQ + qi);
     for (int it = 0, kt = ks.first(); it < ks.n; it++, kt = ks.next(kt)) {
         const int r = rg.base + it, s = r % S;
+        const us__hop_kt k = ks.at(kt); /* (its loads in flight during the wait) */
         if (r >= S) us__mb_wait(sm.emptyK + s, ((r / S) - 1) & 1); /* every consumer is done */
+        ks.post(sm.kts, s, k);
         us__mb_expect(sm.fullK + s, KVB);
         us__tma_tile<HS, BC>(sm.sK + s * KVB, mkv, kcol, kt * BC, b, sm.fullK + s);
         if (r >= S) us__mb_wait(sm.emptyV + s, ((r / S) - 1) & 1);
@@ -4100,9 +4132,8 @@ us__hop_fwd_consume(float (&o)[HS / 8][4], float (&m)[2], float (&l)[2],
     int it = 0;
     if (ks.nc > 0) {
         float sc[BC / 8][4];
-        int t = ks.first();
-        us__hop_kt kt = ks.at(t);
         us__mb_wait(sm.fullK + stage(0), phase(0));
+        us__hop_kt kt = ks.posted(sm.kts, stage(0), 0);
         us__hop_bar_sync(1 + c);
         us__hop_qk<E, HS, BR, BC>(sc, sQc, sm.sK + stage(0) * KVB);
         turn_done(0);
@@ -4112,9 +4143,8 @@ us__hop_fwd_consume(float (&o)[HS / 8][4], float (&m)[2], float (&l)[2],
         to_a(sc);
         for (it = 1; it < ks.nc; it++) {
             const int s = stage(it), sp = stage(it - 1);
-            t = ks.next(t);
-            kt = ks.at(t);
             us__mb_wait(sm.fullK + s, phase(it));
+            kt = ks.posted(sm.kts, s, it);
             us__hop_bar_sync(1 + c); /* this consumer's turn at the tensor cores */
             us__hop_scale_o<HS>(o, corr);
             us__hop_qk<E, HS, BR, BC>(sc, sQc, sm.sK + s * KVB);
@@ -4508,7 +4538,9 @@ us__hop_dq_produce(const us__hop_dq_smem<HS> &sm, const CUtensorMap *mq, const C
     us__tma_tile<HS, BR>(q + QB, mdo, qcol, q0, b, sm.barQ + qi);
     for (int it = 0, kt = ks.first(); it < ks.n; it++, kt = ks.next(kt)) {
         const int r = rg.base + it, s = r % S;
+        const us__hop_kt k = ks.at(kt); /* (its loads in flight during the wait) */
         if (r >= S) us__mb_wait(sm.empty + s, ((r / S) - 1) & 1);
+        ks.post(sm.kts, s, k);
         us__mb_expect(sm.full + s, 2 * KB);
         us__tma_tile<HS, BK>(sm.sK + s * KB, mkv, kcol, kt * BK, b, sm.full + s);
         us__tma_tile<HS, BK>(sm.sV + s * KB, mkv, vcol, kt * BK, b, sm.full + s);
@@ -4971,13 +5003,12 @@ us__hop_dq_consume(float (&dq)[HS / 8][4], const us__hop_dq_smem<HS> &sm, const 
     const unsigned char *q = sm.sQ + qi * us__hop_dq_smem<HS>::QSTEP;
     us__mb_wait(sm.barQ + qi, (rg.j / QN) & 1);
     if (NWG == 2 && c == 1 && rg.j == 0) us__hop_bar_arrive(1);
-    int t = ks.first();
     if constexpr (!C::DQD) {
-        for (int it = 0; it < ks.n; it++, t = ks.next(t)) {
+        for (int it = 0; it < ks.n; it++) {
             const int r = rg.base + it, s = r % S;
             const bool last = it + 1 == ks.n && rg.last;
-            const us__hop_kt kt = ks.at(t);
             us__mb_wait(sm.full + s, (r / S) & 1);
+            const us__hop_kt kt = ks.posted(sm.kts, s, it);
             if (ks.skip(kt)) /* keys wholly after this warpgroup's queries */
                 us__hop_turns_skip<NWG>(c, last);
             else
@@ -4986,13 +5017,16 @@ us__hop_dq_consume(float (&dq)[HS / 8][4], const us__hop_dq_smem<HS> &sm, const 
         }
     } else {
         uint32_t da[BK / 16][4]; /* dS of the deferred tile, in stage ps (−1: none) */
-        int ps = -1;
+        int ps = -1, t = Keys::POSTED ? 0 : ks.first();
         for (int it = 0; it <= ks.n; it++) {
             const int r = rg.base + it, s = r % S;
             const bool keys = it < ks.n, last = !keys && rg.last;
-            const us__hop_kt kt = keys ? ks.at(t) : us__hop_kt{};
+            /* a posted tile is read once its stage is full; the causal one is known before, and
+               its test and wait stay in the order of the kernel measured (the same PTX) */
+            if (keys && Keys::POSTED) us__mb_wait(sm.full + s, (r / S) & 1);
+            const us__hop_kt kt = keys ? ks.posted(sm.kts, s, t) : us__hop_kt{};
             const bool run = keys && !ks.skip(kt);
-            if (keys) us__mb_wait(sm.full + s, (r / S) & 1);
+            if (keys && !Keys::POSTED) us__mb_wait(sm.full + s, (r / S) & 1);
             float sc[BK / 8][4], dp[BK / 8][4];
             if (ps >= 0 && run)
                 us__hop_dq_batch<E, HS, true, true>(dq, da, ps, sc, dp, sm, q, s, c, last);
@@ -5010,7 +5044,7 @@ us__hop_dq_consume(float (&dq)[HS / 8][4], const us__hop_dq_smem<HS> &sm, const 
             } else if (keys) {
                 us__mb_arrive(sm.empty + s);
             }
-            if (keys) t = ks.next(t);
+            if (!Keys::POSTED && keys) t = ks.next(t);
         }
     }
     us__mb_arrive(sm.emptyQ + qi); /* Q and dO of this tile are read */
@@ -6819,6 +6853,16 @@ struct us__hop_bypos {
 
     __device__ __forceinline__ us__hop_kt at(int t) const {
         return {t, us__hop_runs(krng, t * (BC / 64), BC / 64, nk64)};
+    }
+
+    static constexpr bool POSTED = true;
+
+    __device__ __forceinline__ void post(us__hop_kt *kts, int s, const us__hop_kt &kt) const {
+        kts[s] = kt;
+    }
+
+    __device__ __forceinline__ us__hop_kt posted(const us__hop_kt *kts, int s, int) const {
+        return kts[s];
     }
 
     __device__ __forceinline__ bool part(const us__hop_kt &kt) const { return kt.r.y > qmin; }
