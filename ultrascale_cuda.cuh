@@ -1857,8 +1857,11 @@ __global__ void us__k_attn_block_fwd(float *acc, float *m, float *l, const T *qk
 
 /* out = acc / l and lse = m + log l: one warp per row of acc [B,NH,Tq,HS], its lanes along HS,
    so both the fp32 reads and the out[B,Tq,NH·HS] writes are coalesced (the op moves ~6 bytes
-   per element and does nothing else; any dtype and head size) */
-template <typename T>
+   per element and does nothing else; any dtype and head size). V4 (HS a multiple of 4, acc and
+   out aligned to 4 elements): 4 elements a lane, one 16-byte load and one 4-element store; one
+   element a lane kept the DRAM a third busy (0.25 ms at T 32k, 16/8/128, beside the 7.5 ms
+   block forward; bench/RESULTS.md, nineteenth session). The same values either way. */
+template <typename T, bool V4>
 __global__ void us__k_attn_block_finish(T *out, float *lse, const float *acc, const float *m,
                                         const float *l, int64_t B, int64_t Tq, int NH, int HS) {
     const int lane = threadIdx.x & 31;
@@ -1867,7 +1870,14 @@ __global__ void us__k_attn_block_finish(T *out, float *lse, const float *acc, co
         int64_t b = r / (NH * Tq), h = r / Tq % NH, i = r % Tq;
         float lr = l[r], inv = lr > 0 ? 1.0f / lr : 0.0f;
         T *orow = out + (b * Tq + i) * NH * HS + h * HS;
-        for (int d = lane; d < HS; d += 32) us__st(orow, d, acc[r * HS + d] * inv);
+        if constexpr (V4)
+            for (int d = 4 * lane; d < HS; d += 128) {
+                const float4 a = *reinterpret_cast<const float4 *>(acc + r * HS + d);
+                const float f[4] = {a.x * inv, a.y * inv, a.z * inv, a.w * inv};
+                us__st4(orow + d, f);
+            }
+        else
+            for (int d = lane; d < HS; d += 32) us__st(orow, d, acc[r * HS + d] * inv);
         if (lane == 0) lse[r] = lr > 0 ? m[r] + logf(lr) : -INFINITY;
     }
 }
@@ -1962,14 +1972,26 @@ static void us__attn_block_fwd_naive(us_ops *o, float *acc, float *m, float *l, 
                      init, us__attn_scale(HS))));
 }
 
+template <typename T>
+static void us__attn_block_finish_launch(bool v4, cudaStream_t st, T *out, float *lse,
+                                         const float *acc, const float *m, const float *l,
+                                         int64_t B, int64_t Tq, int NH, int HS) {
+    const unsigned grid = us__blocks(B * NH * Tq, 8);
+    if (v4)
+        us__k_attn_block_finish<T, true><<<grid, 256, 0, st>>>(out, lse, acc, m, l, B, Tq, NH, HS);
+    else
+        us__k_attn_block_finish<T, false><<<grid, 256, 0, st>>>(out, lse, acc, m, l, B, Tq, NH, HS);
+}
+
 static void us__cuda_attn_block_finish(us_ops *o, void *out, float *lse, const float *acc,
                                        const float *m, const float *l, int64_t B, int64_t Tq,
                                        int NH, int HS, us_dtype dt) {
     int64_t n = B * NH * Tq;
     if (n <= 0) return;
+    const bool v4 = HS % 4 == 0 && us__al16(acc) && us__al(out, 4 * us_dtype_size(dt));
     US__DISPATCH(o, dt,
-                 (us__k_attn_block_finish<T_><<<us__blocks(n, 8), 256, 0, us__cu(o)->stream>>>(
-                     (T_ *)out, lse, acc, m, l, B, Tq, NH, HS)));
+                 (us__attn_block_finish_launch<T_>(v4, us__cu(o)->stream, (T_ *)out, lse, acc, m, l,
+                                                   B, Tq, NH, HS)));
 }
 
 static void us__attn_block_bwd_naive(us_ops *o, float *dq, float *dkv, const void *dout,
