@@ -6741,7 +6741,9 @@ static void us__flash_block_fwd_e(float *acc, float *m, float *l, const void *qk
        walk the query tiles as the causal ones do (us__hop_block_walk), each tile's bitmask
        written beforehand by a small kernel (us__hop_block_tiles), a tile that sees nothing
        skipped; the dK/dV kernel runs a CTA per key block, which builds its own before its
-       roles split and exits when it sees nothing;
+       roles split and exits when it sees nothing. The forward's and the dQ kernel's copy
+       thread walks the bitmask and posts each stage's tile with its ranges in shared memory
+       (us__hop_kts), so the consumers' GEMMs never wait on those loads;
      - a consumer classifies each tile against its own 64 rows by the same ranges: hidden
        (skipped: its turns at the tensor cores are still taken), wholly visible (no mask), or
        partly visible (masked by position, key j hidden from query i when kpos[j] > qpos[i]).
