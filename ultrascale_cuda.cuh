@@ -1858,9 +1858,9 @@ __global__ void us__k_attn_block_fwd(float *acc, float *m, float *l, const T *qk
 /* out = acc / l and lse = m + log l: one warp per row of acc [B,NH,Tq,HS], its lanes along HS,
    so both the fp32 reads and the out[B,Tq,NH·HS] writes are coalesced (the op moves ~6 bytes
    per element and does nothing else; any dtype and head size). V4 (HS a multiple of 4, acc and
-   out aligned to 4 elements): 4 elements a lane, one 16-byte load and one 4-element store; one
-   element a lane kept the DRAM a third busy (0.25 ms at T 32k, 16/8/128, beside the 7.5 ms
-   block forward; bench/RESULTS.md, nineteenth session). The same values either way. */
+   out aligned to 4 elements): 4 elements a lane, one 16-byte load and one 4-element store (one
+   element a lane left the DRAM mostly idle: bench/RESULTS.md, "Measurements behind the code's
+   choices"). The same values either way. */
 template <typename T, bool V4>
 __global__ void us__k_attn_block_finish(T *out, float *lse, const float *acc, const float *m,
                                         const float *l, int64_t B, int64_t Tq, int NH, int HS) {
@@ -3778,8 +3778,8 @@ struct us__hop_kt {
 /* Each ring stage's key tile, posted by the forward's and the dQ kernel's copy thread before the
    stage's "full" arrival and read by the consumers once it completes (us__hop_bypos::post):
    by position, the walk's next tile and its ranges come from memory (bitmask, ranges), and each
-   consumer fetching them itself stood in its critical path, 16 % of the block forward's stall
-   samples under Nsight Compute (bench/RESULTS.md, nineteenth session). They sit 16 slots of 8
+   consumer fetching them itself had those loads in its critical path (bench/RESULTS.md,
+   "Measurements behind the code's choices"). They sit 16 slots of 8
    bytes after the first barrier: a ring's barriers take at most 16 of the 32 us__hop_smem
    leaves. */
 template <int STAGES, int BARRIERS>
