@@ -3779,9 +3779,8 @@ struct us__hop_kt {
    stage's "full" arrival and read by the consumers once it completes (us__hop_bypos::post):
    by position, the walk's next tile and its ranges come from memory (bitmask, ranges), and each
    consumer fetching them itself had those loads in its critical path (bench/RESULTS.md,
-   "Measurements behind the code's choices"). They sit 16 slots of 8
-   bytes after the first barrier: a ring's barriers take at most 16 of the 32 us__hop_smem
-   leaves. */
+   "Measurements behind the code's choices"). They sit 16 slots of 8 bytes after the first
+   barrier: a ring's barriers take at most 16 of the 32 us__hop_smem leaves. */
 template <int STAGES, int BARRIERS>
 static __device__ __forceinline__ us__hop_kt *us__hop_kts(uint64_t *bars) {
     static_assert(BARRIERS <= 16 && 16 + STAGES * (int)sizeof(us__hop_kt) / 8 <= 32,
@@ -5910,6 +5909,19 @@ static int us__hop_ds_pairs(us_ops *o, int HS, int64_t B, int64_t T, int NH, int
                             us__hop_ds_bytes(1, T, NH / NKV, HS));
 }
 
+/* A backward's scratch: base bytes, and ds_bytes more for dS through memory where *np > 0. By
+   default dS goes through memory only where those bytes are free: a failed request falls back to
+   base alone and *np = 0 (the two kernels); asked for (mode 7), the bytes are required. NULL (the
+   failure recorded) when even that is not there. */
+static void *us__hop_scratch_ds(us_ops *o, size_t base, size_t ds_bytes, int *np) {
+    void *p = NULL;
+    if (*np && us__cu(o)->hop_off != 7) {
+        p = us__cuda_scratch_try(o, base + ds_bytes);
+        if (!p) *np = 0;
+    }
+    return p ? p : us__cuda_scratch(o, base + (*np ? ds_bytes : 0));
+}
+
 static size_t us__hop_fused_cnt_bytes(int64_t B, int64_t T, int NH, int HS) {
     return ((size_t)(1 + B * NH * us__hop_fused_tiles(T, HS) * 2) * sizeof(int) + 15) / 16 * 16;
 }
@@ -5935,12 +5947,7 @@ static int us__hop_attention_bwd(us_ops *o, void *dqkv, const void *dout, const 
     const size_t cnt_bytes = fused ? us__hop_fused_cnt_bytes(B, T, NH, HS) : 0;
     const size_t acc_bytes = fused ? (size_t)B * NH * us__hop_fused_tiles(T, HS) * 2 * 4096 * 4 : 0;
     const size_t ds_bytes = np ? us__hop_ds_bytes(np, T, NH / NKV, HS) : 0; /* a chunk's */
-    D = NULL;
-    if (np && us__cu(o)->hop_off != 7) { /* by default, only where the memory is free */
-        D = (float *)us__cuda_scratch_try(o, dl_bytes + ds_bytes);
-        np = D ? np : 0;
-    }
-    if (!D) D = (float *)us__cuda_scratch(o, dl_bytes + cnt_bytes + acc_bytes + ds_bytes);
+    D = (float *)us__hop_scratch_ds(o, dl_bytes + cnt_bytes + acc_bytes, ds_bytes, &np);
     if (!D) return 1; /* the failure is recorded */
     L2 = D + rows;
     int *cnt = (int *)((char *)D + dl_bytes);          /* [1 + B·NH·M·2] */
@@ -7669,12 +7676,7 @@ static int us__hop_block_bwd(us_ops *o, float *dq, float *dkv, const void *dout,
     const size_t tb = us__hop_tiles_bytes(Tq, Tk, 64, 64);
     int np = us__hop_block_ds_pairs(o, HS, B, Tq, Tk, NH, NKV); /* dS through memory */
     const size_t ds_bytes = np ? us__hop_block_ds_bytes(np, Tq, Tk, NH / NKV, HS) : 0;
-    float *D = NULL;
-    if (np && us__cu(o)->hop_off != 7) { /* by default, only where the memory is free */
-        D = (float *)us__cuda_scratch_try(o, dl_bytes + rb + tb + ds_bytes);
-        np = D ? np : 0;
-    }
-    if (!D) D = (float *)us__cuda_scratch(o, dl_bytes + rb + tb + (np ? ds_bytes : 0));
+    float *D = (float *)us__hop_scratch_ds(o, dl_bytes + rb + tb, ds_bytes, &np);
     if (!D) return 1; /* the failure is recorded */
     int4 *rng = (int4 *)((char *)D + dl_bytes);
     in.tab = (char *)rng + rb;
