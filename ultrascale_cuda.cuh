@@ -1574,21 +1574,26 @@ static void us__cuda_rope_bwd(us_ops *o, void *dqkv, int64_t B, int64_t T, int N
 
 /* SwiGLU on gu[N, 2F] = gate | up: h [N, F] = silu(gate)·up; backward dh [N, F] → dgu [N, 2F]
    (may be gu itself). Grid y walks the rows, x the columns, so no element pays a 64-bit
-   division to find its row. */
+   division to find its row. silu(g) = g / (1 + e^−g) with the fast division (__fdividef, as
+   us__swiglu_grad below says why), the same expression in every forward kernel. */
 template <typename T>
 __global__ void us__k_swiglu_fwd(T *h, const T *gu, int64_t N, int64_t F) {
     int64_t f = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, n;
     if (f >= F) return;
     for (n = blockIdx.y; n < N; n += gridDim.y) {
         float g = us__ld(gu, n * 2 * F + f), u = us__ld(gu, n * 2 * F + F + f);
-        us__st(h, n * F + f, g / (1.0f + __expf(-g)) * u);
+        us__st(h, n * F + f, __fdividef(g, 1.0f + __expf(-g)) * u);
     }
 }
 
 /* d·∂(silu(g)·u)/∂g and d·∂(silu(g)·u)/∂u: the one expression every backward kernel uses, the
-   fused one of // >>cuda-fp8 too, so that all of them form the same bits */
+   fused one of // >>cuda-fp8 too, so that all of them form the same bits. The sigmoid's
+   reciprocal is the fast one (__fdividef: within 2 ulp, as __expf is; 0 once 1 + e^−g passes
+   2^126, where the true value is below 2^−126), not IEEE division, whose range checks and slow
+   path took issue slots from the fused FP8 kernel (bench/RESULTS.md, "Measurements behind the
+   code's choices") */
 __device__ __forceinline__ void us__swiglu_grad(float g, float u, float d, float &dg, float &du) {
-    float sg = 1.0f / (1.0f + __expf(-g));
+    float sg = __fdividef(1.0f, 1.0f + __expf(-g));
     dg = d * u * sg * (1.0f + g * (1.0f - sg));
     du = d * g * sg;
 }
@@ -1620,7 +1625,7 @@ __global__ void us__k_swiglu_fwd_vec(T *h, const T *gu, int64_t N, int64_t F, Ep
         us__ldv(gu + n * 2 * F + f, g);
         us__ldv(gu + n * 2 * F + F + f, u);
 #pragma unroll
-        for (i = 0; i < W; i++) o[i] = g[i] / (1.0f + __expf(-g[i])) * u[i];
+        for (i = 0; i < W; i++) o[i] = __fdividef(g[i], 1.0f + __expf(-g[i])) * u[i];
         us__stv(h + n * F + f, o);
         epi(o, n, f, true);
     }
@@ -2359,6 +2364,20 @@ static __device__ __forceinline__ void us__cp_async4(void *s, const void *g) {
 #else
     (void)s;
     (void)g;
+    __trap();
+#endif
+}
+
+/* 8-byte global→shared copy through L1 (cp.async.cg takes 16 bytes only); bytes = 0 writes zeros */
+static __device__ __forceinline__ void us__cp_async8(void *s, const void *g, int bytes) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(us__smem_u32(s)), "l"(g),
+                 "r"(bytes)
+                 : "memory");
+#else
+    (void)s;
+    (void)g;
+    (void)bytes;
     __trap();
 #endif
 }
@@ -4042,7 +4061,10 @@ static __device__ __forceinline__ void us__hop_qk(float (&sc)[BC / 8][4], const 
 /* The forward's producer (one thread) for one query tile: its Q (columns qcol) into buffer
    rg.j mod QN once the consumers are done with the tile that buffer held, then K and V (columns
    kcol, vcol) of the tiles of the walk ks (Keys) through the FS stages of the ring, each refilled
-   once every consumer has arrived on its "empty" barrier */
+   once every consumer has arrived on its "empty" barrier. By position (Keys::POSTED) the walk
+   runs a tile ahead of the copies, so that its dependent loads (the bitmask word, then the
+   tile's ranges) are in flight while the thread waits on the ring, not between its copies; the
+   causal walk is arithmetic and keeps its order. */
 template <int HS, typename Keys>
 static __device__ __forceinline__ void
 us__hop_fwd_produce(const us__hop_fwd_smem<HS> &sm, const CUtensorMap *mq, const CUtensorMap *mkv,
@@ -4055,9 +4077,11 @@ us__hop_fwd_produce(const us__hop_fwd_smem<HS> &sm, const CUtensorMap *mq, const
     if (rg.j >= QN) us__mb_wait(sm.emptyQ + qi, ((rg.j / QN) - 1) & 1);
     us__mb_expect(sm.barQ + qi, QB);
     us__tma_tile<HS, BR>(sm.sQ + qi * QB, mq, qcol, q0, b, sm.barQ + qi);
-    for (int it = 0, kt = ks.first(); it < ks.n; it++, kt = ks.next(kt)) {
+    int kt = ks.first();
+    us__hop_kt k = ks.at(kt);
+    for (int it = 0; it < ks.n; it++) {
         const int r = rg.base + it, s = r % S;
-        const us__hop_kt k = ks.at(kt); /* (its loads in flight during the wait) */
+        const int kn = Keys::POSTED ? ks.next(kt) : 0;             /* by position: a tile ahead */
         if (r >= S) us__mb_wait(sm.emptyK + s, ((r / S) - 1) & 1); /* every consumer is done */
         ks.post(sm.kts, s, k);
         us__mb_expect(sm.fullK + s, KVB);
@@ -4065,6 +4089,8 @@ us__hop_fwd_produce(const us__hop_fwd_smem<HS> &sm, const CUtensorMap *mq, const
         if (r >= S) us__mb_wait(sm.emptyV + s, ((r / S) - 1) & 1);
         us__mb_expect(sm.fullV + s, KVB);
         us__tma_tile<HS, BC>(sm.sV + s * KVB, mkv, vcol, kt * BC, b, sm.fullV + s);
+        kt = Keys::POSTED ? kn : ks.next(kt);
+        if (Keys::POSTED && it + 1 < ks.n) k = ks.at(kt); /* its loads cross the next waits */
     }
 }
 
@@ -4542,7 +4568,8 @@ us__hop_dkv_store(const float (&dk)[DK ? HS / 8 : 1][4], const float (&dv)[DV ? 
 
 /* The dQ kernel's copy thread for one query tile: its Q and dO (columns qcol) into buffer
    rg.j mod QNQ once the consumers are done with the tile that buffer held, then K and V (columns
-   kcol, vcol) of the key tiles of the walk ks (Keys) through the ring (us__hop_ring) */
+   kcol, vcol) of the key tiles of the walk ks (Keys) through the ring (us__hop_ring), by
+   position a tile ahead as in us__hop_fwd_produce */
 template <int HS, typename Keys>
 static __device__ __forceinline__ void
 us__hop_dq_produce(const us__hop_dq_smem<HS> &sm, const CUtensorMap *mq, const CUtensorMap *mdo,
@@ -4557,14 +4584,18 @@ us__hop_dq_produce(const us__hop_dq_smem<HS> &sm, const CUtensorMap *mq, const C
     us__mb_expect(sm.barQ + qi, 2 * QB);
     us__tma_tile<HS, BR>(q, mq, qcol, q0, b, sm.barQ + qi);
     us__tma_tile<HS, BR>(q + QB, mdo, qcol, q0, b, sm.barQ + qi);
-    for (int it = 0, kt = ks.first(); it < ks.n; it++, kt = ks.next(kt)) {
+    int kt = ks.first();
+    us__hop_kt k = ks.at(kt);
+    for (int it = 0; it < ks.n; it++) {
         const int r = rg.base + it, s = r % S;
-        const us__hop_kt k = ks.at(kt); /* (its loads in flight during the wait) */
+        const int kn = Keys::POSTED ? ks.next(kt) : 0; /* by position: a tile ahead */
         if (r >= S) us__mb_wait(sm.empty + s, ((r / S) - 1) & 1);
         ks.post(sm.kts, s, k);
         us__mb_expect(sm.full + s, 2 * KB);
         us__tma_tile<HS, BK>(sm.sK + s * KB, mkv, kcol, kt * BK, b, sm.full + s);
         us__tma_tile<HS, BK>(sm.sV + s * KB, mkv, vcol, kt * BK, b, sm.full + s);
+        kt = Keys::POSTED ? kn : ks.next(kt);
+        if (Keys::POSTED && it + 1 < ks.n) k = ks.at(kt); /* its loads cross the next waits */
     }
 }
 
@@ -8045,6 +8076,27 @@ static __device__ __forceinline__ void us__cp_async_wait(void) {
 #endif
 }
 
+/* one us__raw4 vector V (8 or 16 bytes) by cp.async */
+template <typename V>
+static __device__ __forceinline__ void us__cp_async_v(void *s, const void *g, int bytes) {
+    if (sizeof(V) == 16)
+        us__cp_async16(s, g, bytes);
+    else
+        us__cp_async8(s, g, bytes);
+}
+
+/* us__cp_async_wait<n> (n ≤ 3) where n is known once the caller's loop is unrolled */
+static __device__ __forceinline__ void us__cp_async_wait_n(int n) {
+    if (n >= 3)
+        us__cp_async_wait<3>();
+    else if (n == 2)
+        us__cp_async_wait<2>();
+    else if (n == 1)
+        us__cp_async_wait<1>();
+    else
+        us__cp_async_wait<0>();
+}
+
 /* ---- the kernel (tests/emu/extract_grouped.py cuts from here to the host side) */
 template <typename T>
 __device__ __forceinline__ uint32_t us__gg_pack(float lo, float hi);
@@ -9153,32 +9205,32 @@ struct us__raw4<__half> {
     typedef uint2 t;
 };
 
-/* The patch's parts in the dynamic shared memory (us__fp8_row_t_smem<T>() bytes): sm [128][132]
-   the staged elements (+4 keeps rows 8/16-byte aligned and spreads columns over the banks), qs
-   the patch's 128 rows of P, 128 bytes each (+1 word against bank conflicts), red [4][128] the
-   column amax parts, rcs [128] each column's 1/s */
+/* The patch's parts in shared memory: sm [128][132] the staged elements (+4 keeps rows 8/16-byte
+   aligned and spreads columns over the banks), then the tile code's scratch (US__ROWT_SCRATCH
+   bytes, which a kernel may place elsewhere): qs the patch's 128 rows of P, 128 bytes each (+1
+   word against bank conflicts), red [4][128] the column amax parts, rcs [128] each column's 1/s */
+#define US__ROWT_SCRATCH (4 * 128 * 33 + 4 * 4 * 128 + 4 * 128)
+
 template <typename T>
 __device__ __forceinline__ T (*us__rowt_sm(unsigned char *smem))[132] {
     return reinterpret_cast<T(*)[132]>(smem);
 }
 
 /* Everything after the staging: the 128×1 tiles of the patch of x [L][R] staged in sm, rows
-   l0.., columns r0.. (P = xᵀ's rows r0.., tiles along l0..), and with q2 its 1×128 tiles along R.
-   Every thread of the block calls it, right after a barrier that follows the staging. FULL: the
-   patch is whole (l0 + 128 ≤ L, r0 + 128 ≤ R) and q 16-byte aligned (vec bit 2), the common
-   case, compiled without the per-row bounds branches (us__fp8_row_t_full picks it). */
+   l0.., columns r0.. (P = xᵀ's rows r0.., tiles along l0..), and with q2 its 1×128 tiles along R;
+   scr: the scratch. 256 threads run it (thread index mod 256), every thread of the block calling
+   it (its barriers are the block's), right after a barrier that follows the staging. FULL: the patch is whole (l0 + 128 ≤ L, r0 + 128 ≤ R) and q 16-byte aligned (vec bit
+   2), the common case, compiled without the per-row bounds branches (us__fp8_row_t_full picks
+   it). */
 template <typename T, bool FULL>
-__device__ __forceinline__ void us__fp8_row_t_tiles(unsigned char *smem, uint8_t *q, float *s,
-                                                    int64_t R, int64_t L, int64_t Lp, int64_t r0,
-                                                    int64_t l0, int pow2, int vec,
+__device__ __forceinline__ void us__fp8_row_t_tiles(T (*sm)[132], unsigned char *scr, uint8_t *q,
+                                                    float *s, int64_t R, int64_t L, int64_t Lp,
+                                                    int64_t r0, int64_t l0, int pow2, int vec,
                                                     const unsigned *gamax, uint8_t *q2, float *s2) {
-    T(*sm)[132] = us__rowt_sm<T>(smem);
-    uint32_t(*qs)[33] = reinterpret_cast<uint32_t(*)[33]>(smem + sizeof(T) * 128 * 132);
-    unsigned(*red)[128] =
-        reinterpret_cast<unsigned(*)[128]>(smem + sizeof(T) * 128 * 132 + 4 * 128 * 33);
-    float *rcs =
-        reinterpret_cast<float *>(smem + sizeof(T) * 128 * 132 + 4 * 128 * 33 + 4 * 4 * 128);
-    int t = threadIdx.x, lane = t & 31, w = t >> 5, c = t & 127, h = t >> 7, i, j;
+    uint32_t(*qs)[33] = reinterpret_cast<uint32_t(*)[33]>(scr);
+    unsigned(*red)[128] = reinterpret_cast<unsigned(*)[128]>(scr + 4 * 128 * 33);
+    float *rcs = reinterpret_cast<float *>(scr + 4 * 128 * 33 + 4 * 4 * 128);
+    int t = threadIdx.x & 255, lane = t & 31, w = t >> 5, c = t & 127, h = t >> 7, i, j;
     float sc, rc, f[4];
     unsigned a = 0;
     if (q2) { /* ROW128 of x itself: row l0 + i of the patch is the tile (l0 + i, r0 / 128) */
@@ -9278,14 +9330,14 @@ static __device__ __forceinline__ bool us__fp8_row_t_full(int64_t R, int64_t L, 
 
 /* us__fp8_row_t_tiles on its FULL path where full says so, else on the bounds-checked one */
 template <typename T>
-__device__ __forceinline__ void us__fp8_row_t_patch(bool full, unsigned char *smem, uint8_t *q,
-                                                    float *s, int64_t R, int64_t L, int64_t Lp,
-                                                    int64_t r0, int64_t l0, int pow2, int vec,
-                                                    const unsigned *gamax, uint8_t *q2, float *s2) {
+__device__ __forceinline__ void
+us__fp8_row_t_patch(bool full, T (*sm)[132], unsigned char *scr, uint8_t *q, float *s, int64_t R,
+                    int64_t L, int64_t Lp, int64_t r0, int64_t l0, int pow2, int vec,
+                    const unsigned *gamax, uint8_t *q2, float *s2) {
     if (full)
-        us__fp8_row_t_tiles<T, true>(smem, q, s, R, L, Lp, r0, l0, pow2, vec, gamax, q2, s2);
+        us__fp8_row_t_tiles<T, true>(sm, scr, q, s, R, L, Lp, r0, l0, pow2, vec, gamax, q2, s2);
     else
-        us__fp8_row_t_tiles<T, false>(smem, q, s, R, L, Lp, r0, l0, pow2, vec, gamax, q2, s2);
+        us__fp8_row_t_tiles<T, false>(sm, scr, q, s, R, L, Lp, r0, l0, pow2, vec, gamax, q2, s2);
 }
 
 template <typename T>
@@ -9318,14 +9370,15 @@ __global__ void __launch_bounds__(256)
         }
     }
     __syncthreads();
-    us__fp8_row_t_patch<T>(us__fp8_row_t_full(R, L, r0, l0, vec), us__rowt_smem, q, s, R, L, Lp, r0,
-                           l0, pow2, vec, gamax, q2, s2);
+    us__fp8_row_t_patch<T>(us__fp8_row_t_full(R, L, r0, l0, vec), sm,
+                           us__rowt_smem + sizeof(T) * 128 * 132, q, s, R, L, Lp, r0, l0, pow2, vec,
+                           gamax, q2, s2);
 }
 
 /* Its shared memory is more than the 48 KB a block gets without asking (52 KB for bf16). */
 template <typename T>
 static size_t us__fp8_row_t_smem(void) {
-    return sizeof(T) * 128 * 132 + 4 * 128 * 33 + 4 * 4 * 128 + 4 * 128;
+    return sizeof(T) * 128 * 132 + US__ROWT_SCRATCH;
 }
 
 /* raise kernel fn's dynamic shared memory limit to bytes, once per device (asked: the devices
@@ -9750,73 +9803,69 @@ static void us__cuda_swiglu_fwd_fp8(us_ops *o, void *h, uint8_t *q, float *s, co
    stages x, and runs that kernel's own tile code (us__fp8_row_t_tiles) on it: the bytes and the
    scales are those of swiglu_bwd then fp8_quantize_both, bit for bit (tests/test_cuda.cu). dgu
    non-NULL is stored too (the layer passes NULL: nothing else reads it, which saves its 4 bytes
-   an element of store and load). The up patch waits in registers (16 × 4 elements a thread)
-   while the gate patch is quantised. Needs F a multiple of 128 (a patch is all gate or all up,
-   every 1×128 tile whole) and 16-byte aligned tensors; otherwise the op runs the two kernels. */
-/* a thread's rows per load round of us__k_swiglu_bwd_fp8: 2 (6 loads in flight; 64 registers,
-   8 bytes spilled at 16-bit) ran faster on an H200 than 4 (12 loads, 48 bytes spilled), which
-   holds more loads in flight but spills more (bench/RESULTS.md, eighth session) */
-#define US__SWB_ROWS 2
-
+   an element of store and load). A block's gate, up and dh patches are copied into shared memory
+   with every copy in flight at once (cp.async, 24 a thread: the kernel is bound by memory
+   latency as much as by bandwidth) and the grads formed in place as each quarter lands; then the
+   block's two halves quantise the gate patch and the up patch side by side, their scratch where
+   dh's patch was. Needs F a multiple of 128 (a patch is all gate or all up, every 1×128 tile
+   whole) and 16-byte aligned tensors; otherwise the op runs the two kernels. */
 template <typename T>
-__global__ void __launch_bounds__(256, sizeof(T) == 2 ? 4 : 2)
+__global__ void __launch_bounds__(512, sizeof(T) == 2 ? 2 : 1)
     us__k_swiglu_bwd_fp8(T *dgu, uint8_t *q, float *s, uint8_t *q2, float *s2, const T *dh,
                          const T *gu, int64_t N, int64_t F, int64_t Lp, int pow2, int vec) {
     typedef typename us__raw4<T>::t V;
     extern __shared__ __align__(16) unsigned char us__rowt_smem[];
-    T(*sm)[132] = us__rowt_sm<T>(us__rowt_smem);
+    T(*pg)[132] = us__rowt_sm<T>(us__rowt_smem); /* [128][132] gate, then its gradient */
+    T(*pu)[132] = pg + 128;                      /* [128][132] up, then its gradient */
+    T(*pd)[132] = pg + 256;                      /* [128][132] dh, then the scratch */
     int64_t f0 = (int64_t)blockIdx.x * 128, l0 = (int64_t)blockIdx.y * 128,
             f = f0 + 4 * (threadIdx.x & 31);
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, i, j, k;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, h = threadIdx.x >> 8, i, k;
     bool full = us__fp8_row_t_full(2 * F, N, f0, l0, vec); /* every token l0..l0+127 exists */
-    const T *pg = gu + (l0 + w) * 2 * F + f, *pd = dh + (l0 + w) * F + f; /* token l0 + w */
-    V up[16]; /* row w + 8i's up columns f..f+3, as stored */
-    /* the rows in rounds of US__SWB_ROWS, each round's 3·US__SWB_ROWS loads issued before any
-       of them is used, so that they are in flight together: a store to dgu (which may alias gu
-       or dh) between two loads would keep the second from being issued before the first is
-       used, and one row at a time made this phase 16 memory latencies long */
+    const T *g0 = gu + (l0 + w) * 2 * F + f, *d0 = dh + (l0 + w) * F + f; /* token l0 + w */
+    /* rows w + 16i, 4 columns a lane, in four commit groups of 2 rows; a row past N: zeros */
 #pragma unroll
-    for (i = 0; i < 16; i += US__SWB_ROWS) {
-        V g[US__SWB_ROWS], u[US__SWB_ROWS], d[US__SWB_ROWS];
+    for (i = 0; i < 8; i++) {
+        int64_t r = 16 * i;
+        int b = full || l0 + w + r < N ? (int)sizeof(V) : 0;
+        us__cp_async_v<V>(&pg[w + r][4 * lane], b ? g0 + r * 2 * F : gu, b);
+        us__cp_async_v<V>(&pu[w + r][4 * lane], b ? g0 + r * 2 * F + F : gu, b);
+        us__cp_async_v<V>(&pd[w + r][4 * lane], b ? d0 + r * F : dh, b);
+        if (i % 2 == 1) us__cp_async_commit();
+    }
+    /* each group's grads once it has landed (a thread reads only the elements it copied) */
 #pragma unroll
-        for (j = 0; j < US__SWB_ROWS; j++) { /* token l0 + w + 8(i + j) */
-            int64_t r = 8 * (i + j);
-            bool in = full || l0 + w + r < N;
-            g[j] = in ? *reinterpret_cast<const V *>(pg + r * 2 * F) : V();
-            u[j] = in ? *reinterpret_cast<const V *>(pg + r * 2 * F + F) : V();
-            d[j] = in ? *reinterpret_cast<const V *>(pd + r * F) : V();
-        }
+    for (i = 0; i < 8; i++) {
+        int r = w + 16 * i;
+        float gf[4], uf[4], df[4], dg[4], du[4];
+        V gate, upv;
+        if (i % 2 == 0) us__cp_async_wait_n(3 - i / 2);
+        us__ld4(&pg[r][4 * lane], gf);
+        us__ld4(&pu[r][4 * lane], uf);
+        us__ld4(&pd[r][4 * lane], df);
 #pragma unroll
-        for (j = 0; j < US__SWB_ROWS; j++) { /* gate columns into the patch, up ones kept */
-            float gf[4], uf[4], df[4], dg[4], du[4];
-            bool in = full || l0 + w + 8 * (i + j) < N;
-            V gate, upv;
-            us__ld4(reinterpret_cast<const T *>(&g[j]), gf);
-            us__ld4(reinterpret_cast<const T *>(&u[j]), uf);
-            us__ld4(reinterpret_cast<const T *>(&d[j]), df);
-#pragma unroll
-            for (k = 0; k < 4; k++) us__swiglu_grad(gf[k], uf[k], df[k], dg[k], du[k]);
-            us__st4(reinterpret_cast<T *>(&gate), dg);
-            us__st4(reinterpret_cast<T *>(&upv), du);
-            gate = in ? gate : V(); /* a row past N: zeros, as the padding */
-            up[i + j] = in ? upv : V();
-            if (dgu && in) { /* after the round's loads: the elements just read, if aliased */
-                T *o = dgu + (l0 + w + 8 * (i + j)) * 2 * F + f;
-                *reinterpret_cast<V *>(o) = gate;
-                *reinterpret_cast<V *>(o + F) = upv;
-            }
-            *reinterpret_cast<V *>(&sm[w + 8 * (i + j)][4 * lane]) = gate;
+        for (k = 0; k < 4; k++) us__swiglu_grad(gf[k], uf[k], df[k], dg[k], du[k]);
+        us__st4(reinterpret_cast<T *>(&gate), dg);
+        us__st4(reinterpret_cast<T *>(&upv), du);
+        *reinterpret_cast<V *>(&pg[r][4 * lane]) = gate; /* zeros where the row is past N */
+        *reinterpret_cast<V *>(&pu[r][4 * lane]) = upv;
+        if (dgu && (full || l0 + r < N)) { /* after this row's loads: aliasing gu is safe */
+            T *o = dgu + (l0 + r) * 2 * F + f;
+            *reinterpret_cast<V *>(o) = gate;
+            *reinterpret_cast<V *>(o + F) = upv;
         }
     }
     __syncthreads();
-    us__fp8_row_t_patch<T>(full, us__rowt_smem, q, s, 2 * F, N, Lp, f0, l0, pow2, vec, NULL, q2,
-                           s2);
-    __syncthreads(); /* the gate patch is read: the up patch takes its place */
-#pragma unroll
-    for (i = 0; i < 16; i++) *reinterpret_cast<V *>(&sm[w + 8 * i][4 * lane]) = up[i];
-    __syncthreads();
-    us__fp8_row_t_patch<T>(full, us__rowt_smem, q, s, 2 * F, N, Lp, F + f0, l0, pow2, vec, NULL, q2,
-                           s2);
+    us__fp8_row_t_patch<T>(full, h ? pu : pg,
+                           reinterpret_cast<unsigned char *>(pd) + h * US__ROWT_SCRATCH, q, s,
+                           2 * F, N, Lp, f0 + h * F, l0, pow2, vec, NULL, q2, s2);
+}
+
+/* its shared memory: the three patches, and the two halves' scratch from dh's patch on */
+template <typename T>
+static size_t us__swiglu_bwd_fp8_smem(void) {
+    size_t p = sizeof(T) * 128 * 132;
+    return 3 * p + (2 * US__ROWT_SCRATCH > p ? 2 * US__ROWT_SCRATCH - p : 0);
 }
 
 template <typename T>
@@ -9824,9 +9873,9 @@ static void us__swiglu_bwd_fp8_launch(dim3 grid, cudaStream_t st, T *dgu, uint8_
                                       uint8_t *q2, float *s2, const T *dh, const T *gu, int64_t N,
                                       int64_t F, int64_t Lp, int pow2, int vec) {
     static unsigned long long asked; /* per element type */
-    us__smem_raise((const void *)us__k_swiglu_bwd_fp8<T>, us__fp8_row_t_smem<T>(), &asked);
-    us__k_swiglu_bwd_fp8<T><<<grid, 256, us__fp8_row_t_smem<T>(), st>>>(dgu, q, s, q2, s2, dh, gu,
-                                                                        N, F, Lp, pow2, vec);
+    size_t sm = us__swiglu_bwd_fp8_smem<T>();
+    us__smem_raise((const void *)us__k_swiglu_bwd_fp8<T>, sm, &asked);
+    us__k_swiglu_bwd_fp8<T><<<grid, 512, sm, st>>>(dgu, q, s, q2, s2, dh, gu, N, F, Lp, pow2, vec);
 }
 
 /* (q, s): dgu's 1×128 operand (q [N][2F], s [2F/128][N]); (qt, st): its 128×1 one, of dguᵀ

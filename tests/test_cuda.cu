@@ -1647,11 +1647,12 @@ static void test_fp16_overflow(void) {
    sums a 128-block with about 14 bits; see the check), and within one bf16 ulp more for bf16
    out with beta 1. */
 static void test_fp8_ops(void) {
-    /* {131, 203}: odd sizes take the kernels' scalar loads and stores */
-    int64_t shapes[][2] = {{256, 384}, {200, 300}, {48, 1136}, {130, 64}, {131, 203}};
+    /* {131, 203}: odd sizes take the kernels' scalar loads and stores; {4100, 1036}: hundreds of
+       128×128 patches, partial ones along both edges */
+    int64_t shapes[][2] = {{256, 384}, {200, 300}, {48, 1136}, {130, 64}, {131, 203}, {4100, 1036}};
     us_fp8_tiling tl[3] = {US_FP8_ROW128, US_FP8_BLOCK128, US_FP8_TENSOR};
     int si, t, trans, pow2, d;
-    for (si = 0; si < 5; si++)
+    for (si = 0; si < 6; si++)
         for (d = 0; d < 2; d++) { /* x fp32 or bf16: the CPU reference refuses fp16 */
             us_dtype dt = d ? US_BF16 : US_F32;
             int64_t M = shapes[si][0], K = shapes[si][1];

@@ -4,17 +4,18 @@
    path), emulated the same way, and against the CPU ops' fp8_quantize_both of that dgu: dgu, the
    1×128 and the 128×1 operands, bytes and scales, bit for bit; fp32 and bf16, pow2 on and off,
    token counts that are and are not multiples of 128 (the kernels' FULL and bounds-checked tile
-   paths), several tiles both ways; fp16 on two shapes. The emulator's
-   __expf is expf, the same in both paths, so the comparison is of the kernels' tiling, staging
-   and layouts (the GPU's own test is test_cuda --fp8). `make fp8-emu` (needs the CUDA headers,
-   not a GPU). */
+   paths), several tiles both ways; fp16 on two shapes. The emulator's __expf is expf and its
+   __fdividef a division, the same in both paths, so the comparison is of the kernels' tiling,
+   staging and layouts (the GPU's own test is test_cuda --fp8). `make fp8-emu` (needs the CUDA
+   headers, not a GPU). */
 #define ULTRASCALE_IMPLEMENTATION
 #include "../../ultrascale.h"
 #include "us_cuda_emu.h"
 #include <cuda_fp8.h>
 
 #define __expf expf /* (glibc declares an __expf of its own, not exported) */
-static const emu_dim3 emu_bdim = {256, 1, 1}; /* every launch here has 256 threads */
+#define __fdividef(a, b) ((a) / (b))
+static const emu_dim3 emu_bdim = {256, 1, 1}; /* the kernels read it where they run 256 threads */
 #define blockDim emu_bdim
 
 struct us__no_epi {
@@ -59,13 +60,13 @@ static int one_case(int64_t N, int64_t F, int pow2, int keep, us_dtype dt) {
         256);
     /* the fused kernel, as us__cuda_swiglu_bwd_fp8 launches it */
     emu_launch(
-        {(unsigned)(F / 128), (unsigned)(Np / 128), 1}, us__fp8_row_t_smem<T>(),
+        {(unsigned)(F / 128), (unsigned)(Np / 128), 1}, us__swiglu_bwd_fp8_smem<T>(),
         [&] {
             us__k_swiglu_bwd_fp8<T>(keep ? out : NULL, (uint8_t *)b[1][2], (float *)b[1][3],
                                     (uint8_t *)b[1][0], (float *)b[1][1], dh, gu, N, F, Np, pow2,
                                     3);
         },
-        256);
+        512);
     /* the CPU's quantisation of the emulated dgu */
     us_ops C = us_cpu_ops(1);
     C.fp8_quantize_both(&C, (uint8_t *)b[2][0], (float *)b[2][1], (uint8_t *)b[2][2],

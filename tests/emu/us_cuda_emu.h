@@ -1,5 +1,5 @@
 /* us_cuda_emu.h — just enough CUDA to run the flash and grouped-GEMM kernels on the CPU, for a
-   machine without a GPU: the threads of a CTA (128, or up to 256) are cooperative contexts
+   machine without a GPU: the threads of a CTA (128, or up to 512) are cooperative contexts
    (ucontext) of one OS thread, switched at every barrier and warp collective; __syncthreads,
    __shfl_xor_sync and __ballot_sync keep their meaning; cp.async is a plain copy (its waits do
    nothing), ldmatrix (.trans) and mma.sync m16n8k16 bf16 / fp16 → fp32 follow the PTX fragment
@@ -27,7 +27,7 @@
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
 #define __grid_constant__
-#define EMU_WARPS 8 /* the most warps a CTA may have */
+#define EMU_WARPS 16 /* the most warps a CTA may have */
 
 struct emu_dim3 {
     unsigned x, y, z;
@@ -174,6 +174,13 @@ static inline void us__cp_async16(void *s, const void *g, int bytes) {
         memset(s, 0, 16);
 }
 
+static inline void us__cp_async8(void *s, const void *g, int bytes) {
+    if (bytes)
+        memcpy(s, g, 8);
+    else
+        memset(s, 0, 8);
+}
+
 static inline void us__cp_async4(void *s, const void *g) { memcpy(s, g, 4); }
 
 static inline void us__cp_async_commit(void) {}
@@ -182,6 +189,16 @@ static inline void us__cp_async_wait_all(void) {}
 
 template <int N>
 static inline void us__cp_async_wait(void) {}
+
+template <typename V>
+static inline void us__cp_async_v(void *s, const void *g, int bytes) {
+    if (bytes)
+        memcpy(s, g, sizeof(V));
+    else
+        memset(s, 0, sizeof(V));
+}
+
+static inline void us__cp_async_wait_n(int) {}
 
 static inline void emu_ldsm(uint32_t r[4], const void *s, int trans) {
     int w = emu_warp(), l = emu_lane();
