@@ -1574,15 +1574,14 @@ static void us__cuda_rope_bwd(us_ops *o, void *dqkv, int64_t B, int64_t T, int N
 
 /* SwiGLU on gu[N, 2F] = gate | up: h [N, F] = silu(gate)·up; backward dh [N, F] → dgu [N, 2F]
    (may be gu itself). Grid y walks the rows, x the columns, so no element pays a 64-bit
-   division to find its row. silu(g) = g / (1 + e^−g) with the fast division (__fdividef, as
-   us__swiglu_grad below says why), the same expression in every forward kernel. */
+   division to find its row. */
 template <typename T>
 __global__ void us__k_swiglu_fwd(T *h, const T *gu, int64_t N, int64_t F) {
     int64_t f = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, n;
     if (f >= F) return;
     for (n = blockIdx.y; n < N; n += gridDim.y) {
         float g = us__ld(gu, n * 2 * F + f), u = us__ld(gu, n * 2 * F + F + f);
-        us__st(h, n * F + f, __fdividef(g, 1.0f + __expf(-g)) * u);
+        us__st(h, n * F + f, g / (1.0f + __expf(-g)) * u);
     }
 }
 
@@ -1625,7 +1624,7 @@ __global__ void us__k_swiglu_fwd_vec(T *h, const T *gu, int64_t N, int64_t F, Ep
         us__ldv(gu + n * 2 * F + f, g);
         us__ldv(gu + n * 2 * F + F + f, u);
 #pragma unroll
-        for (i = 0; i < W; i++) o[i] = __fdividef(g[i], 1.0f + __expf(-g[i])) * u[i];
+        for (i = 0; i < W; i++) o[i] = g[i] / (1.0f + __expf(-g[i])) * u[i];
         us__stv(h + n * F + f, o);
         epi(o, n, f, true);
     }
