@@ -2367,19 +2367,6 @@ static __device__ __forceinline__ void us__cp_async4(void *s, const void *g) {
 #endif
 }
 
-/* 8-byte global→shared copy through L1 (cp.async.cg takes 16 bytes only); bytes = 0 writes zeros */
-static __device__ __forceinline__ void us__cp_async8(void *s, const void *g, int bytes) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(us__smem_u32(s)), "l"(g),
-                 "r"(bytes)
-                 : "memory");
-#else
-    (void)s;
-    (void)g;
-    (void)bytes;
-    __trap();
-#endif
-}
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 static __device__ __forceinline__ void us__cp_async_commit(void) {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -8075,13 +8062,24 @@ static __device__ __forceinline__ void us__cp_async_wait(void) {
 #endif
 }
 
-/* one us__raw4 vector V (8 or 16 bytes) by cp.async */
+/* one us__raw4 vector V by cp.async: 16 bytes as us__cp_async16, 8 through L1 (cp.async.cg
+   takes 16 bytes only); bytes = 0 writes zeros */
 template <typename V>
 static __device__ __forceinline__ void us__cp_async_v(void *s, const void *g, int bytes) {
-    if (sizeof(V) == 16)
+    if constexpr (sizeof(V) == 16)
         us__cp_async16(s, g, bytes);
-    else
-        us__cp_async8(s, g, bytes);
+    else {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(us__smem_u32(s)),
+                     "l"(g), "r"(bytes)
+                     : "memory");
+#else
+        (void)s;
+        (void)g;
+        (void)bytes;
+        __trap();
+#endif
+    }
 }
 
 /* us__cp_async_wait<n> (n ≤ 3) where n is known once the caller's loop is unrolled */

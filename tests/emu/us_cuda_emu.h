@@ -174,13 +174,6 @@ static inline void us__cp_async16(void *s, const void *g, int bytes) {
         memset(s, 0, 16);
 }
 
-static inline void us__cp_async8(void *s, const void *g, int bytes) {
-    if (bytes)
-        memcpy(s, g, 8);
-    else
-        memset(s, 0, 8);
-}
-
 static inline void us__cp_async4(void *s, const void *g) { memcpy(s, g, 4); }
 
 static inline void us__cp_async_commit(void) {}
