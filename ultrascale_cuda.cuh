@@ -1588,9 +1588,8 @@ __global__ void us__k_swiglu_fwd(T *h, const T *gu, int64_t N, int64_t F) {
 /* d·∂(silu(g)·u)/∂g and d·∂(silu(g)·u)/∂u: the one expression every backward kernel uses, the
    fused one of // >>cuda-fp8 too, so that all of them form the same bits. The sigmoid's
    reciprocal is the fast one (__fdividef: within 2 ulp, as __expf is; 0 once 1 + e^−g passes
-   2^126, where the true value is below 2^−126), not IEEE division, whose range checks and slow
-   path took issue slots from the fused FP8 kernel (bench/RESULTS.md, "Measurements behind the
-   code's choices") */
+   2^126, where the true value is below 2^−126), not IEEE division, which measured slower in the
+   fused FP8 kernel (bench/RESULTS.md, "Measurements behind the code's choices") */
 __device__ __forceinline__ void us__swiglu_grad(float g, float u, float d, float &dg, float &du) {
     float sg = __fdividef(1.0f, 1.0f + __expf(-g));
     dg = d * u * sg * (1.0f + g * (1.0f - sg));
@@ -9216,9 +9215,9 @@ __device__ __forceinline__ T (*us__rowt_sm(unsigned char *smem))[132] {
 /* Everything after the staging: the 128×1 tiles of the patch of x [L][R] staged in sm, rows
    l0.., columns r0.. (P = xᵀ's rows r0.., tiles along l0..), and with q2 its 1×128 tiles along R;
    scr: the scratch. 256 threads run it (thread index mod 256), every thread of the block calling
-   it (its barriers are the block's), right after a barrier that follows the staging. FULL: the patch is whole (l0 + 128 ≤ L, r0 + 128 ≤ R) and q 16-byte aligned (vec bit
-   2), the common case, compiled without the per-row bounds branches (us__fp8_row_t_full picks
-   it). */
+   it (its barriers are the block's), right after a barrier that follows the staging. FULL: the
+   patch is whole (l0 + 128 ≤ L, r0 + 128 ≤ R) and q 16-byte aligned (vec bit 2), the common
+   case, compiled without the per-row bounds branches (us__fp8_row_t_full picks it). */
 template <typename T, bool FULL>
 __device__ __forceinline__ void us__fp8_row_t_tiles(T (*sm)[132], unsigned char *scr, uint8_t *q,
                                                     float *s, int64_t R, int64_t L, int64_t Lp,
