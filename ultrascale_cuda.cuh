@@ -3684,8 +3684,11 @@ struct us__hop_cfg {
        not fit in shared memory) */
     static constexpr bool DQD = HS == 64;
     /* stages of each kernel's ring (forward, dK/dV, dQ): 3 and 4 measured no faster on an H200
-       (bench/RESULTS.md); the deferred dQ keeps a tile's K a turn longer, so a stage more */
-    static constexpr int FS = 2, BS = 2, QS = DQD ? 3 : 2;
+       (bench/RESULTS.md); the deferred dQ keeps a tile's K a turn longer, so a stage more. FSB,
+       the context-parallel block forward's: a third at HS 64, whose copy thread waited for
+       stages to be freed while the consumers waited for them to be filled (the causal forward
+       measured no faster with it) */
+    static constexpr int FS = 2, BS = 2, QS = DQD ? 3 : 2, FSB = HS == 64 ? 3 : 2;
     /* queries per tile of the dK/dV kernel, keys per tile of dQ: 128 where the registers allow,
        since a 64-wide wgmma reading both operands from shared memory is bound by its bandwidth,
        and at HS 64 even with one operand in registers (bench/RESULTS.md, "Measurements behind
@@ -3700,12 +3703,14 @@ struct us__hop_cfg {
     static constexpr int KRK = HS == 80 || HS == 96 ? HS / 16 : HS == 128 ? 3 : 0;
     static constexpr int KRV = HS == 80 ? HS / 16 : 0;
     static constexpr int BKQ = HS <= 128 ? 128 : 64;
-    /* forward: Q [QN][64·NWF][HSP], K and V [FS][BC][HSP]; the barriers after them. Two Q
-       buffers where they fit (all but HS 256), so that the persistent forward loads the next
-       tile's queries while the consumers still read this tile's */
-    static constexpr int fwd_q_bytes = 64 * NWF * HSP * 2, fwd_kv_bytes = 2 * FS * BC * HSP * 2;
-    static constexpr int QN = 2 * fwd_q_bytes + fwd_kv_bytes + 1024 + 32 * 8 <= 232448 ? 2 : 1;
-    static constexpr int fwd_bytes = QN * fwd_q_bytes + fwd_kv_bytes;
+    /* forward: Q [QN][64·NWF][HSP], K and V [FS][BC][HSP] (the block forward's [FSB]); the
+       barriers after them. Two Q buffers where they fit (all but HS 256), so that the persistent
+       forward loads the next tile's queries while the consumers still read this tile's */
+    static constexpr int fwd_q_bytes = 64 * NWF * HSP * 2, fwd_kv_stage = 2 * BC * HSP * 2;
+    static constexpr int QN =
+        2 * fwd_q_bytes + FSB * fwd_kv_stage + 1024 + 32 * 8 <= 232448 ? 2 : 1;
+    static constexpr int fwd_bytes = QN * fwd_q_bytes + FS * fwd_kv_stage;
+    static constexpr int fwd_block_bytes = QN * fwd_q_bytes + FSB * fwd_kv_stage;
     /* dK/dV: K, V [64·NWG][HSP]; per stage Q, dO [BQ][HSP] and lse·log2 e, D [BQ] fp32. The
        persistent causal kernel keeps KVN K/V buffers: two where they fit (HS ≤ 128), so that the
        next key block's K and V load while the consumers finish this block */
@@ -3741,8 +3746,8 @@ static constexpr size_t us__hop_smem(int bytes) { return (size_t)bytes + 1024 + 
 template <int H>
 static constexpr bool us__hop_fits(void) {
     using C = us__hop_cfg<H>;
-    return us__hop_smem(C::fwd_bytes) <= 232448 && us__hop_smem(C::dkdv_pers_bytes) <= 232448 &&
-           us__hop_smem(C::dq_bytes) <= 232448 &&
+    return us__hop_smem(C::fwd_block_bytes) <= 232448 &&
+           us__hop_smem(C::dkdv_pers_bytes) <= 232448 && us__hop_smem(C::dq_bytes) <= 232448 &&
            (!C::FUSED || us__hop_smem(C::fused_bytes) <= 232448) &&
            (C::NWG != 2 || (C::DQS >= 2 && us__hop_smem(C::dqs_bytes) <= 232448));
 }
@@ -3796,7 +3801,7 @@ static __device__ __forceinline__ us__hop_kt *us__hop_kts(uint64_t *bars) {
    the barriers right after the tiles (the block kernels of // >>cuda-cp-flash keep their bitmask
    of visible tiles 32 barriers on). The forward: Q [QN][64·NWF][HSP], K and V [FS][BC][HSP];
    barriers [barQ QN][emptyQ QN][fullK FS][fullV FS][emptyK FS][emptyV FS]. */
-template <int HS>
+template <int HS, int FS = us__hop_cfg<HS>::FS>
 struct us__hop_fwd_smem {
     using C = us__hop_cfg<HS>;
     static constexpr int QB = C::fwd_q_bytes, KVB = C::BC * C::HSP * 2;
@@ -3805,13 +3810,13 @@ struct us__hop_fwd_smem {
     us__hop_kt *kts; /* [FS] each stage's key tile (us__hop_kts) */
 
     __device__ explicit us__hop_fwd_smem(unsigned char *base)
-        : sQ(base), sK(sQ + C::QN * QB), sV(sK + C::FS * KVB), barQ((uint64_t *)(sV + C::FS * KVB)),
-          emptyQ(barQ + C::QN), fullK(emptyQ + C::QN), fullV(fullK + C::FS), emptyK(fullV + C::FS),
-          emptyV(emptyK + C::FS), kts(us__hop_kts<C::FS, 2 * C::QN + 4 * C::FS>(barQ)) {}
+        : sQ(base), sK(sQ + C::QN * QB), sV(sK + FS * KVB), barQ((uint64_t *)(sV + FS * KVB)),
+          emptyQ(barQ + C::QN), fullK(emptyQ + C::QN), fullV(fullK + FS), emptyK(fullV + FS),
+          emptyV(emptyK + FS), kts(us__hop_kts<FS, 2 * C::QN + 4 * FS>(barQ)) {}
 
     /* the barriers (fullK, fullV and emptyK, emptyV are each one run of 2·FS) */
     __device__ void init(int consumer_threads) const {
-        us__hop_ring_bars_init(barQ, emptyQ, C::QN, fullK, emptyK, 2 * C::FS, consumer_threads);
+        us__hop_ring_bars_init(barQ, emptyQ, C::QN, fullK, emptyK, 2 * FS, consumer_threads);
     }
 };
 
@@ -4050,14 +4055,14 @@ static __device__ __forceinline__ void us__hop_qk(float (&sc)[BC / 8][4], const 
    runs a tile ahead of the copies, so that its dependent loads (the bitmask word, then the
    tile's ranges) are in flight while the thread waits on the ring, not between its copies; the
    causal walk is arithmetic and keeps its order. */
-template <int HS, typename Keys>
+template <int HS, int FS, typename Keys>
 static __device__ __forceinline__ void
-us__hop_fwd_produce(const us__hop_fwd_smem<HS> &sm, const CUtensorMap *mq, const CUtensorMap *mkv,
-                    const Keys &ks, int qcol, int kcol, int vcol, int b, int q0,
-                    const us__hop_ring &rg = us__hop_ring()) {
+us__hop_fwd_produce(const us__hop_fwd_smem<HS, FS> &sm, const CUtensorMap *mq,
+                    const CUtensorMap *mkv, const Keys &ks, int qcol, int kcol, int vcol, int b,
+                    int q0, const us__hop_ring &rg = us__hop_ring()) {
     using C = us__hop_cfg<HS>;
-    constexpr int BR = 64 * C::NWF, BC = C::BC, S = C::FS, QN = C::QN;
-    constexpr int QB = us__hop_fwd_smem<HS>::QB, KVB = us__hop_fwd_smem<HS>::KVB;
+    constexpr int BR = 64 * C::NWF, BC = C::BC, S = FS, QN = C::QN;
+    constexpr int QB = us__hop_fwd_smem<HS, FS>::QB, KVB = us__hop_fwd_smem<HS, FS>::KVB;
     const int qi = rg.j % QN;
     if (rg.j >= QN) us__mb_wait(sm.emptyQ + qi, ((rg.j / QN) - 1) & 1);
     us__mb_expect(sm.barQ + qi, QB);
@@ -4113,17 +4118,17 @@ us__hop_fwd_store(const float (&o)[HS / 8][4], const float (&m)[2], float (&l)[2
    ks.nc tiles (a tile among them that it cannot see is masked whole: P·V runs one tile behind),
    then only takes the turns and stages of the rest, and frees its Q buffer. Tile it sits in
    stage (rg.base + it) mod FS of the ring (us__hop_ring). */
-template <typename E, int HS, typename Keys>
+template <typename E, int HS, int FS, typename Keys>
 static __device__ __forceinline__ void
 us__hop_fwd_consume(float (&o)[HS / 8][4], float (&m)[2], float (&l)[2],
-                    const us__hop_fwd_smem<HS> &sm, const Keys &ks, int c, int lane, float sl2,
+                    const us__hop_fwd_smem<HS, FS> &sm, const Keys &ks, int c, int lane, float sl2,
                     const us__hop_ring &rg = us__hop_ring()) {
     using C = us__hop_cfg<HS>;
-    constexpr int NW = C::NWF, BR = 64 * NW, BC = C::BC, S = C::FS, QN = C::QN;
-    constexpr int KVB = us__hop_fwd_smem<HS>::KVB;
+    constexpr int NW = C::NWF, BR = 64 * NW, BC = C::BC, S = FS, QN = C::QN;
+    constexpr int KVB = us__hop_fwd_smem<HS, FS>::KVB;
     const int qi = rg.j % QN;
     /* this warpgroup's 64 queries */
-    const unsigned char *sQc = sm.sQ + qi * us__hop_fwd_smem<HS>::QB + 64 * c * 128;
+    const unsigned char *sQc = sm.sQ + qi * us__hop_fwd_smem<HS, FS>::QB + 64 * c * 128;
     uint32_t pa[BC / 16][4]; /* P of the tile before, as A fragments */
     float corr[2] = {1.f, 1.f};
     /* the ring's stage of key tile it, and the parity of its round */
@@ -7077,7 +7082,7 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWF), 1)
     using C = us__hop_cfg<HS>;
     constexpr int NW = C::NWF, BR = 64 * NW, BC = C::BC;
     extern __shared__ __align__(1024) unsigned char us__hop_raw[];
-    const us__hop_fwd_smem<HS> sm(us__hop_smem_base(us__hop_raw));
+    const us__hop_fwd_smem<HS, C::FSB> sm(us__hop_smem_base(us__hop_raw));
     const int nqb = (Tq + BR - 1) / BR, U = nqb * NH * B, G = gridDim.x, nq64 = (Tq + 63) / 64;
     const int wg = us__hop_wg(), tid = threadIdx.x & 127;
     sm.init(128 * NW);
@@ -7385,13 +7390,15 @@ __global__ void __launch_bounds__(128 * (1 + us__hop_cfg<HS>::NWG), 1)
 }
 
 /* dQ = dS·K of this block from the dS that us__hop_block_dkdv_kernel stored (DS), added into dq
-   [B][Tq][NH·HS] fp32, for the heads of pairs p0.. (blockIdx.y: the chunk's head): one CTA per
+   [B][Tq][NH·HS] fp32, for the heads of pairs p0.. (hc: the chunk's head): one CTA per
    (128 queries, head), consumer c owning rows 64c.., as us__hop_dqs_kernel does for the causal
-   backward. Its key blocks of 128 are the set bits of the query tile's row of the walk table
-   (gvis: us__hop_block_tiles' for 128 × 128), in order (deterministic). A key half that the
-   dK/dV kernel skipped for the consumer's query tile of BQ (its largest query position before
-   the half's smallest key: that kernel's own test) was not stored and counts as 0. dS came
-   scaled: dQ is added as it is. */
+   backward. The grid: the chunk's heads × query tiles, heads fastest and the last query tiles
+   first (ascending positions make them the heaviest, and a grid that ended on them waited for a
+   few long CTAs). Its key blocks of 128 are the set bits of the query tile's row of the walk
+   table (gvis: us__hop_block_tiles' for 128 × 128), in order (deterministic). A key half that
+   the dK/dV kernel skipped for the consumer's query tile of BQ (its largest query position
+   before the half's smallest key: that kernel's own test) was not stored and counts as 0. dS
+   came scaled: dQ is added as it is. */
 template <typename E, int HS>
 __global__ void __launch_bounds__(384, 1)
     us__hop_block_dqs_kernel(const __grid_constant__ CUtensorMap mk, const uint4 *__restrict__ ds,
@@ -7405,8 +7412,9 @@ __global__ void __launch_bounds__(384, 1)
     const SM sm(us__hop_smem_base(us__hop_raw));
     const int nkb = (Tk + 127) / 128, nqt = (Tq + BQ - 1) / BQ;
     const int nq64 = (Tq + 63) / 64, nk64 = (Tk + 63) / 64;
-    const int grp = NH / NKV, pair = p0 + blockIdx.y / grp, b = pair / NKV, g = pair % NKV;
-    const int i = blockIdx.x, h = g * grp + blockIdx.y % grp;
+    const int hc = blockIdx.x, i = gridDim.y - 1 - blockIdx.y; /* the chunk's head, query tile */
+    const int grp = NH / NKV, pair = p0 + hc / grp, b = pair / NKV, g = pair % NKV;
+    const int h = g * grp + hc % grp;
     const unsigned *vis = gvis + (int64_t)i * us__hop_vis_words(Tk, 128);
     const int wg = us__hop_wg(), tid = threadIdx.x & 127;
     sm.init();
@@ -7417,7 +7425,7 @@ __global__ void __launch_bounds__(384, 1)
         for (int n = 0, kb = us__fa_next_tile(vis, -1, nkb); kb < nkb;
              n++, kb = us__fa_next_tile(vis, kb, nkb))
             sm.template load<BQ>(n, &mk, g * HS, kb * 128, b, ds,
-                                 us__hop_block_blob(blockIdx.y, kb, nkb, R * i, nqt), nb);
+                                 us__hop_block_blob(hc, kb, nkb, R * i, nqt), nb);
         return;
     }
     const int c = wg - 1, warp = tid >> 5, lane = tid & 31;
@@ -7504,7 +7512,7 @@ static void us__hop_block_fwd_hs(const CUtensorMap &mq, const CUtensorMap &mkv, 
     constexpr int BR = 64 * C::NWF;
     const int4 *qrng = rng, *krng = rng + (Tq + 63) / 64;
     const int *cnt = us__hop_tiles<BR, C::BC>(tab, qrng, krng, Tq, Tk, st);
-    const size_t smem = us__hop_smem(C::fwd_bytes);
+    const size_t smem = us__hop_smem(C::fwd_block_bytes);
     cudaFuncSetAttribute(us__hop_block_fwd_kernel<E, HS>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     const int grid = us__hop_grid(Tq, BR, NH, B, ctas);
@@ -7595,7 +7603,7 @@ static void us__hop_block_bwd_ds(const us__hop_block_in &in, float *dq, float *d
             const int n = np < B * NKV - p0 ? np : B * NKV - p0;
             us__hop_block_dkdv_launch<E, HS, 0, true>(in, dkv, ds, p0, n, Tq, Tk, NH, NKV, st);
             us__hop_block_dqs_kernel<E, HS>
-                <<<dim3((Tq + 127) / 128, n * (NH / NKV)), 384, s3, st>>>(
+                <<<dim3(n * (NH / NKV), (Tq + 127) / 128), 384, s3, st>>>(
                     in.maps[5], ds, dq, in.qrng, in.krng, (const unsigned *)in.tab, Tq, Tk, NH, NKV,
                     p0);
         }
