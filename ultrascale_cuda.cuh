@@ -3686,8 +3686,8 @@ struct us__hop_cfg {
     /* stages of each kernel's ring (forward, dK/dV, dQ): 3 and 4 measured no faster on an H200
        (bench/RESULTS.md); the deferred dQ keeps a tile's K a turn longer, so a stage more. FSB,
        the context-parallel block forward's: a third at HS 64, whose copy thread waited for
-       stages to be freed while the consumers waited for them to be filled (the causal forward
-       measured no faster with it) */
+       stages to be freed while the consumers waited for them to be filled (bench/RESULTS.md,
+       "Measurements behind the code's choices") */
     static constexpr int FS = 2, BS = 2, QS = DQD ? 3 : 2, FSB = HS == 64 ? 3 : 2;
     /* queries per tile of the dK/dV kernel, keys per tile of dQ: 128 where the registers allow,
        since a 64-wide wgmma reading both operands from shared memory is bound by its bandwidth,
