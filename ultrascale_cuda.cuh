@@ -3830,6 +3830,31 @@ struct us__hop_ring {
     bool last = true;
 };
 
+/* A copy thread's walk over the key tiles of ks (Keys): tile kt, and k, its us__hop_kt as
+   posted to the consumers. By position (Keys::POSTED) the walk runs a tile ahead of the copies:
+   ahead(), before the stage's waits, fetches the next tile's index, and step(), after its copies,
+   that tile's ranges, so that their dependent loads (the bitmask word, then the ranges) are in
+   flight while the thread waits on the ring, not between its copies (bench/RESULTS.md,
+   "Measurements behind the code's choices"). The causal walk is arithmetic and steps in order. */
+template <typename Keys>
+struct us__hop_kcursor {
+    const Keys &ks;
+    int kt, kn = 0;
+    us__hop_kt k;
+
+    __device__ explicit us__hop_kcursor(const Keys &w) : ks(w), kt(w.first()), k(w.at(kt)) {}
+
+    __device__ __forceinline__ void ahead(void) {
+        if (Keys::POSTED) kn = ks.next(kt);
+    }
+
+    /* more: a tile follows */
+    __device__ __forceinline__ void step(bool more) {
+        kt = Keys::POSTED ? kn : ks.next(kt);
+        if (Keys::POSTED && more) k = ks.at(kt);
+    }
+};
+
 /* dK/dV: K, V [KVN][64·NWG][HSP] (buffer i's K at sK + i·KVSTEP, its V KB after); per stage
    Q, dO [BS][BQ][HSP], L2 and D [BS][BQ] fp32 and (POS, the block kernel) the queries' positions
    [BS][BQ]; barriers [barKV KVN][full BS][empty BS][emptyKV KVN] (emptyKV: the persistent
@@ -4050,11 +4075,9 @@ static __device__ __forceinline__ void us__hop_qk(float (&sc)[BC / 8][4], const 
 
 /* The forward's producer (one thread) for one query tile: its Q (columns qcol) into buffer
    rg.j mod QN once the consumers are done with the tile that buffer held, then K and V (columns
-   kcol, vcol) of the tiles of the walk ks (Keys) through the FS stages of the ring, each refilled
-   once every consumer has arrived on its "empty" barrier. By position (Keys::POSTED) the walk
-   runs a tile ahead of the copies, so that its dependent loads (the bitmask word, then the
-   tile's ranges) are in flight while the thread waits on the ring, not between its copies; the
-   causal walk is arithmetic and keeps its order. */
+   kcol, vcol) of the tiles of the walk ks (Keys, by position a tile ahead: us__hop_kcursor)
+   through the FS stages of the ring, each refilled once every consumer has arrived on its
+   "empty" barrier. */
 template <int HS, int FS, typename Keys>
 static __device__ __forceinline__ void
 us__hop_fwd_produce(const us__hop_fwd_smem<HS, FS> &sm, const CUtensorMap *mq,
@@ -4067,20 +4090,18 @@ us__hop_fwd_produce(const us__hop_fwd_smem<HS, FS> &sm, const CUtensorMap *mq,
     if (rg.j >= QN) us__mb_wait(sm.emptyQ + qi, ((rg.j / QN) - 1) & 1);
     us__mb_expect(sm.barQ + qi, QB);
     us__tma_tile<HS, BR>(sm.sQ + qi * QB, mq, qcol, q0, b, sm.barQ + qi);
-    int kt = ks.first();
-    us__hop_kt k = ks.at(kt);
+    us__hop_kcursor<Keys> w(ks);
     for (int it = 0; it < ks.n; it++) {
         const int r = rg.base + it, s = r % S;
-        const int kn = Keys::POSTED ? ks.next(kt) : 0;             /* by position: a tile ahead */
+        w.ahead();
         if (r >= S) us__mb_wait(sm.emptyK + s, ((r / S) - 1) & 1); /* every consumer is done */
-        ks.post(sm.kts, s, k);
+        ks.post(sm.kts, s, w.k);
         us__mb_expect(sm.fullK + s, KVB);
-        us__tma_tile<HS, BC>(sm.sK + s * KVB, mkv, kcol, kt * BC, b, sm.fullK + s);
+        us__tma_tile<HS, BC>(sm.sK + s * KVB, mkv, kcol, w.kt * BC, b, sm.fullK + s);
         if (r >= S) us__mb_wait(sm.emptyV + s, ((r / S) - 1) & 1);
         us__mb_expect(sm.fullV + s, KVB);
-        us__tma_tile<HS, BC>(sm.sV + s * KVB, mkv, vcol, kt * BC, b, sm.fullV + s);
-        kt = Keys::POSTED ? kn : ks.next(kt);
-        if (Keys::POSTED && it + 1 < ks.n) k = ks.at(kt); /* its loads cross the next waits */
+        us__tma_tile<HS, BC>(sm.sV + s * KVB, mkv, vcol, w.kt * BC, b, sm.fullV + s);
+        w.step(it + 1 < ks.n);
     }
 }
 
@@ -4558,8 +4579,8 @@ us__hop_dkv_store(const float (&dk)[DK ? HS / 8 : 1][4], const float (&dv)[DV ? 
 
 /* The dQ kernel's copy thread for one query tile: its Q and dO (columns qcol) into buffer
    rg.j mod QNQ once the consumers are done with the tile that buffer held, then K and V (columns
-   kcol, vcol) of the key tiles of the walk ks (Keys) through the ring (us__hop_ring), by
-   position a tile ahead as in us__hop_fwd_produce */
+   kcol, vcol) of the key tiles of the walk ks (Keys, by position a tile ahead: us__hop_kcursor)
+   through the ring (us__hop_ring) */
 template <int HS, typename Keys>
 static __device__ __forceinline__ void
 us__hop_dq_produce(const us__hop_dq_smem<HS> &sm, const CUtensorMap *mq, const CUtensorMap *mdo,
@@ -4574,18 +4595,16 @@ us__hop_dq_produce(const us__hop_dq_smem<HS> &sm, const CUtensorMap *mq, const C
     us__mb_expect(sm.barQ + qi, 2 * QB);
     us__tma_tile<HS, BR>(q, mq, qcol, q0, b, sm.barQ + qi);
     us__tma_tile<HS, BR>(q + QB, mdo, qcol, q0, b, sm.barQ + qi);
-    int kt = ks.first();
-    us__hop_kt k = ks.at(kt);
+    us__hop_kcursor<Keys> w(ks);
     for (int it = 0; it < ks.n; it++) {
         const int r = rg.base + it, s = r % S;
-        const int kn = Keys::POSTED ? ks.next(kt) : 0; /* by position: a tile ahead */
+        w.ahead();
         if (r >= S) us__mb_wait(sm.empty + s, ((r / S) - 1) & 1);
-        ks.post(sm.kts, s, k);
+        ks.post(sm.kts, s, w.k);
         us__mb_expect(sm.full + s, 2 * KB);
-        us__tma_tile<HS, BK>(sm.sK + s * KB, mkv, kcol, kt * BK, b, sm.full + s);
-        us__tma_tile<HS, BK>(sm.sV + s * KB, mkv, vcol, kt * BK, b, sm.full + s);
-        kt = Keys::POSTED ? kn : ks.next(kt);
-        if (Keys::POSTED && it + 1 < ks.n) k = ks.at(kt); /* its loads cross the next waits */
+        us__tma_tile<HS, BK>(sm.sK + s * KB, mkv, kcol, w.kt * BK, b, sm.full + s);
+        us__tma_tile<HS, BK>(sm.sV + s * KB, mkv, vcol, w.kt * BK, b, sm.full + s);
+        w.step(it + 1 < ks.n);
     }
 }
 
