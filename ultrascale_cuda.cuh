@@ -3830,31 +3830,6 @@ struct us__hop_ring {
     bool last = true;
 };
 
-/* A copy thread's walk over the key tiles of ks (Keys): tile kt, and k, its us__hop_kt as
-   posted to the consumers. By position (Keys::POSTED) the walk runs a tile ahead of the copies:
-   ahead(), before the stage's waits, fetches the next tile's index, and step(), after its copies,
-   that tile's ranges, so that their dependent loads (the bitmask word, then the ranges) are in
-   flight while the thread waits on the ring, not between its copies (bench/RESULTS.md,
-   "Measurements behind the code's choices"). The causal walk is arithmetic and steps in order. */
-template <typename Keys>
-struct us__hop_kcursor {
-    const Keys &ks;
-    int kt, kn = 0;
-    us__hop_kt k;
-
-    __device__ explicit us__hop_kcursor(const Keys &w) : ks(w), kt(w.first()), k(w.at(kt)) {}
-
-    __device__ __forceinline__ void ahead(void) {
-        if (Keys::POSTED) kn = ks.next(kt);
-    }
-
-    /* more: a tile follows */
-    __device__ __forceinline__ void step(bool more) {
-        kt = Keys::POSTED ? kn : ks.next(kt);
-        if (Keys::POSTED && more) k = ks.at(kt);
-    }
-};
-
 /* dK/dV: K, V [KVN][64·NWG][HSP] (buffer i's K at sK + i·KVSTEP, its V KB after); per stage
    Q, dO [BS][BQ][HSP], L2 and D [BS][BQ] fp32 and (POS, the block kernel) the queries' positions
    [BS][BQ]; barriers [barKV KVN][full BS][empty BS][emptyKV KVN] (emptyKV: the persistent
@@ -4072,6 +4047,31 @@ static __device__ __forceinline__ void us__hop_qk(float (&sc)[BC / 8][4], const 
                             kk > 0);
     us__wg_commit();
 }
+
+/* A copy thread's walk over the key tiles of ks (Keys): tile kt, and k, its us__hop_kt as
+   posted to the consumers. By position (Keys::POSTED) the walk runs a tile ahead of the copies:
+   ahead(), before the stage's waits, fetches the next tile's index, and step(), after its copies,
+   that tile's ranges, so that their dependent loads (the bitmask word, then the ranges) are in
+   flight while the thread waits on the ring, not between its copies (bench/RESULTS.md,
+   "Measurements behind the code's choices"). The causal walk is arithmetic and steps in order. */
+template <typename Keys>
+struct us__hop_kcursor {
+    const Keys &ks;
+    int kt, kn = 0;
+    us__hop_kt k;
+
+    __device__ explicit us__hop_kcursor(const Keys &w) : ks(w), kt(w.first()), k(w.at(kt)) {}
+
+    __device__ __forceinline__ void ahead(void) {
+        if (Keys::POSTED) kn = ks.next(kt);
+    }
+
+    /* more: a tile follows */
+    __device__ __forceinline__ void step(bool more) {
+        kt = Keys::POSTED ? kn : ks.next(kt);
+        if (Keys::POSTED && more) k = ks.at(kt);
+    }
+};
 
 /* The forward's producer (one thread) for one query tile: its Q (columns qcol) into buffer
    rg.j mod QN once the consumers are done with the tile that buffer held, then K and V (columns
