@@ -504,10 +504,14 @@ struct us_ops {
        read back by no one in between). Optional: NULL means the two calls. */
     void (*rmsnorm_fwd_fp8)(us_ops *o, void *out, float *rstd, uint8_t *q, float *s, const void *x,
                             const void *w, int64_t N, int64_t C, float eps, us_dtype dt, int pow2);
-    /* SwiGLU with its output's FP8 operand (the down linear's Fprop): h [N,F] as swiglu_fwd, and
-       (q, s) as fp8_quantize(h, N, F, ROW128, trans 0, pow2) gives for that h. Optional, as above. */
-    void (*swiglu_fwd_fp8)(us_ops *o, void *h, uint8_t *q, float *s, const void *gu, int64_t N,
-                           int64_t F, us_dtype dt, int pow2);
+    /* SwiGLU with its output's FP8 operands (the down linear's Fprop, and its Wgrad): h [N,F] as
+       swiglu_fwd, and (q, s) as fp8_quantize(h, N, F, ROW128, trans 0, pow2) gives for that h;
+       qt non-NULL: also (qt, st) as fp8_quantize(h, N, F, ROW128, trans 1, pow2), the 128×1
+       operand of hᵀ (qt [F][Np], st [Np/128][F], Np = N rounded up to 128), byte for byte. h NULL
+       (with qt only): h is not stored (the operands are all that is read of it). Optional, as
+       above. */
+    void (*swiglu_fwd_fp8)(us_ops *o, void *h, uint8_t *q, float *s, uint8_t *qt, float *st,
+                           const void *gu, int64_t N, int64_t F, us_dtype dt, int pow2);
     /* SwiGLU's backward with its output's two FP8 operands (the gate|up linear's Dgrad and Wgrad):
        dgu [N,2F] as swiglu_bwd(dgu, dh, gu) forms it, and (q, s), (qt, st) as
        fp8_quantize_both(dgu, N, 2F, ROW128, pow2) gives for that dgu, byte for byte. dgu NULL:
@@ -3796,7 +3800,7 @@ static void us__cpu_fp8_quantize_both(us_ops *o, uint8_t *q, float *s, uint8_t *
 }
 
 /* the definitions of rmsnorm_fwd_fp8 and swiglu_fwd_fp8: the op, then the 1×128 quantisation of
-   the bf16 (or fp32) output it wrote */
+   the bf16 (or fp32) output it wrote (and for SwiGLU with qt, the 128×1 one of hᵀ) */
 static void us__cpu_rmsnorm_fwd_fp8(us_ops *o, void *out, float *rstd, uint8_t *q, float *s,
                                     const void *x, const void *w, int64_t N, int64_t C, float eps,
                                     us_dtype dt, int pow2) {
@@ -3804,10 +3808,14 @@ static void us__cpu_rmsnorm_fwd_fp8(us_ops *o, void *out, float *rstd, uint8_t *
     us__cpu_fp8_quantize(o, q, s, out, dt, N, C, US_FP8_ROW128, 0, pow2);
 }
 
-static void us__cpu_swiglu_fwd_fp8(us_ops *o, void *h, uint8_t *q, float *s, const void *gu,
-                                   int64_t N, int64_t F, us_dtype dt, int pow2) {
-    us__cpu_swiglu_fwd(o, h, gu, N, F, dt);
-    us__cpu_fp8_quantize(o, q, s, h, dt, N, F, US_FP8_ROW128, 0, pow2);
+static void us__cpu_swiglu_fwd_fp8(us_ops *o, void *h, uint8_t *q, float *s, uint8_t *qt, float *st,
+                                   const void *gu, int64_t N, int64_t F, us_dtype dt, int pow2) {
+    void *hw = h ? h : US_MALLOC((size_t)(N * F) * us_dtype_size(dt)); /* h not kept: a temporary */
+    if (!hw) return;
+    us__cpu_swiglu_fwd(o, hw, gu, N, F, dt);
+    us__cpu_fp8_quantize(o, q, s, hw, dt, N, F, US_FP8_ROW128, 0, pow2);
+    if (qt) us__cpu_fp8_quantize(o, qt, st, hw, dt, N, F, US_FP8_ROW128, 1, pow2);
+    if (hw != h) US_FREE(hw);
 }
 
 /* the definition of swiglu_bwd_fp8: swiglu_bwd (in place over gu when dgu is NULL), then both
@@ -4948,7 +4956,9 @@ struct us_layer_acts {
     void *ln2;    /* [N,C]   */
     float *rstd2; /* [N]     */
     void *gu;     /* [N,2F]  gate | up */
-    void *h;      /* [N,F]   SwiGLU output */
+    void *h;      /* [N,F]   SwiGLU output, or (h_t) hᵀ's FP8 operand in its bytes */
+    int h_t;      /* h holds hᵀ's 128×1 FP8 operand for the down linear's Wgrad instead of h
+                (us__swiglu_fwd): qt u8[F][Np128], then st f32[Np128/128][F] */
     /* zero-bubble schedules (B and W apart): the output gradients the weight GEMMs read, kept
        from B until W; NULL otherwise */
     void *g_down; /* [N,C]   the residual gradient entering the MLP (down-projection output) */
@@ -10072,6 +10082,31 @@ static void us__norm_fwd(us_model *m, void *ln, float *rstd, const void *x, int 
         o->rmsnorm_fwd(o, ln, rstd, x, us__weight(m, widx), N, C, m->cfg.norm_eps, m->dt);
 }
 
+/* h [Np,F] = swiglu(gu [Np,2F]); fuse: the down linear F → C runs next on these rows (no
+   recomputation, no SP gather), so h's 1×128 operand comes from SwiGLU's kernel (us__fp8_pre).
+   Its Wgrad, in the backward, then reads h only through hᵀ's 128×1 operand: that one is made here
+   too, from the same kernel, and kept in h's own bytes instead of h (A->h_t: 1 + 4/128 bytes an
+   element where h takes 2), which saves h's store now and the quantiser's read of h in the
+   backward. The bytes are those the Wgrad's own quantisation of h gives, so nothing else changes.
+   A recomputing forward writes h itself (its Wgrad reads that). */
+static void us__swiglu_fwd(us_model *m, us_layer_acts *A, int64_t N, int64_t Np, int64_t F,
+                           int fuse) {
+    us_ops *o = &m->ops;
+    int64_t Lp = us__fp8_padded(Np);
+    size_t kept = (size_t)(F * Lp) + (size_t)(Lp / 128 * F) * 4; /* qt, then st */
+    float *s = NULL;
+    uint8_t *q = us__fp8_pre(m, A->h, N, F, m->cfg.dim, fuse && o->swiglu_fwd_fp8, &s);
+    uint8_t *qt = (uint8_t *)A->h;
+    A->h_t = q && kept <= (size_t)(Np * F) * us_dtype_size(m->dt);
+    if (!q)
+        o->swiglu_fwd(o, A->h, A->gu, Np, F, m->dt);
+    else if (A->h_t)
+        o->swiglu_fwd_fp8(o, NULL, q, s, qt, (float *)(qt + F * Lp), A->gu, Np, F, m->dt,
+                          m->tc.fp8_pow2);
+    else
+        o->swiglu_fwd_fp8(o, A->h, q, s, NULL, NULL, A->gu, Np, F, m->dt, m->tc.fp8_pow2);
+}
+
 /* The residual branch's end, y[N][Out] = res + x·Wᵀ (res: the residual stream, which under tp
    only rank 0 adds, us__tp_residual): in the GEMM's epilogue where the backend can (gemm_res),
    else a copy and a GEMM that accumulates (beta 1). */
@@ -10112,9 +10147,10 @@ static void us__linear_dgrad(us_model *m, int64_t N, int64_t In, int64_t Out, co
     m->fp8_kept_c = Out;
 }
 
-/* Wgrad: dW f32[Out][In] += dy[N][Out]ᵀ·x[N][In], reducing over the N tokens */
+/* Wgrad: dW f32[Out][In] += dy[N][Out]ᵀ·x[N][In], reducing over the N tokens. xt non-NULL: xᵀ's
+   FP8 operand, made ahead (the down linear's h, us__swiglu_fwd) */
 static void us__linear_wgrad(us_model *m, int64_t N, int64_t In, int64_t Out, const void *dy,
-                             const void *x, float *dW) {
+                             const void *x, const us__fp8_opnd *xt, float *dW) {
     us_ops *o = &m->ops;
     if (!us__fp8_on(m, N, In, Out)) {
         o->gemm(o, 1, 0, Out, In, N, 1.0f, dy, m->dt, Out, x, m->dt, In, 1.0f, dW, US_F32, In);
@@ -10125,7 +10161,17 @@ static void us__linear_wgrad(us_model *m, int64_t N, int64_t In, int64_t Out, co
     int kept = m->fp8_kept == dy && m->fp8_kept_n == N && m->fp8_kept_c == Out;
     m->fp8_kept = NULL;
     us__fp8_mm(m, dy, N, Out, us__fp8_act(m), 1, x, N, In, us__fp8_act(m), 1, 1.0f, dW, US_F32,
-               kept ? US__FP8_KEPT : US__FP8_FRESH, NULL);
+               kept ? US__FP8_KEPT : US__FP8_FRESH, xt);
+}
+
+/* The down linear's Wgrad, dWdown f32[C][F] += dy[Np][C]ᵀ·h[Np][F], from hᵀ's operand where the
+   forward kept it in h's bytes (A->h_t, us__swiglu_fwd) */
+static void us__down_wgrad(us_model *m, int l, const us_layer_acts *A, int64_t Np, int64_t F,
+                           const void *dy) {
+    const uint8_t *qt = (const uint8_t *)A->h;
+    us__fp8_opnd xt = {qt, (const float *)(qt + F * us__fp8_padded(Np))};
+    us__linear_wgrad(m, Np, F, m->cfg.dim, dy, A->h, A->h_t ? &xt : NULL,
+                     us__grad(m, US__TENSOR(l, US__P_DOWN)));
 }
 
 /* The MoE experts' GEMMs (// >>moe, us__moe_run) under tc.fp8_experts (by default they stay in
@@ -10239,14 +10285,8 @@ static us_result us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int rec
             us__linear_fwd(m, Np, C, 2 * F, A->ln2, us__weight(m, US__TENSOR(l, US__P_GATE)), 0.0f,
                            A->gu);
     }
-    if (do_cheap) { /* the down linear's operand of h with it, when that linear runs next */
-        float *hs = NULL;
-        uint8_t *hq = us__fp8_pre(m, A->h, N, F, C, !recompute && !sp && o->swiglu_fwd_fp8, &hs);
-        if (hq)
-            o->swiglu_fwd_fp8(o, A->h, hq, hs, A->gu, Np, F, dt, m->tc.fp8_pow2);
-        else
-            o->swiglu_fwd(o, A->h, A->gu, Np, F, dt);
-    }
+    if (do_cheap) /* the down linear's operands of h with it, when that linear runs next */
+        us__swiglu_fwd(m, A, N, Np, F, !recompute && !sp);
     /* x_{l+1} [Ns,C] = xmid + h·Wdown [C,F]ᵀ: the next layer's input, never recomputed */
     if (!recompute) {
         if (sp)
@@ -10318,7 +10358,7 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
         if (split)
             o->copy(o, A->g_down, dresF, rowb, US_COPY_D2D);
         else {
-            us__linear_wgrad(m, Np, F, C, dresF, A->h, us__grad(m, US__TENSOR(l, US__P_DOWN)));
+            us__down_wgrad(m, l, A, Np, F, dresF);
             if ((r = us__grads_ready(m, US__TENSOR(l, US__P_DOWN),
                                      US__TENSOR(l, US__P_DOWN) + 1)) != US_OK)
                 return r;
@@ -10335,7 +10375,7 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
         if ((r = us__tp_dgrad_start(m, dlnp, dln, N, Ns, &wd)) != US_OK) return r;
         if (!split) {
             if ((r = us__tp_wait(m, &wg)) != US_OK) return r;
-            us__linear_wgrad(m, Np, C, 2 * F, dgu, sp ? G : A->ln2,
+            us__linear_wgrad(m, Np, C, 2 * F, dgu, sp ? G : A->ln2, NULL,
                              us__grad(m, US__TENSOR(l, US__P_GATE)));
             if ((r = us__grads_ready(m, US__TENSOR(l, US__P_GATE), US__TENSOR(l, US__P_UP) + 1)) !=
                 US_OK)
@@ -10362,7 +10402,7 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
     if (split)
         o->copy(o, A->g_o, dresF, rowb, US_COPY_D2D);
     else {
-        us__linear_wgrad(m, Np, AO, C, dresF, A->att, us__grad(m, US__TENSOR(l, US__P_O)));
+        us__linear_wgrad(m, Np, AO, C, dresF, A->att, NULL, us__grad(m, US__TENSOR(l, US__P_O)));
         if ((r = us__grads_ready(m, US__TENSOR(l, US__P_O), US__TENSOR(l, US__P_O) + 1)) != US_OK)
             return r;
         if (sp && (r = us__sp_gather_early(m, G, A->ln1, Ns, &wg)) != US_OK)
@@ -10383,7 +10423,8 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
     if ((r = us__tp_dgrad_start(m, dlnp, dln, N, Ns, &wd)) != US_OK) return r;
     if (!split) {
         if ((r = us__tp_wait(m, &wg)) != US_OK) return r;
-        us__linear_wgrad(m, Np, C, QKV, dqkv, sp ? G : A->ln1, us__grad(m, US__TENSOR(l, US__P_Q)));
+        us__linear_wgrad(m, Np, C, QKV, dqkv, sp ? G : A->ln1, NULL,
+                         us__grad(m, US__TENSOR(l, US__P_Q)));
         if ((r = us__grads_ready(m, US__TENSOR(l, US__P_Q), US__TENSOR(l, US__P_V) + 1)) != US_OK)
             return r;
     }
@@ -10429,23 +10470,24 @@ static us_result us__layer_w(us_model *m, int l, int64_t B, int64_t T) {
     if (m->moe_idx[l] >= 0) { /* a MoE layer's experts, shared expert and router (// >>moe) */
         if ((r = us__moe_w(m, l, B * T)) != US_OK) return r;
     } else {
-        us__linear_wgrad(m, Np, F, C, A->g_down, A->h, us__grad(m, US__TENSOR(l, US__P_DOWN)));
+        us__down_wgrad(m, l, A, Np, F, A->g_down);
         if ((r = us__grads_ready(m, US__TENSOR(l, US__P_DOWN), US__TENSOR(l, US__P_DOWN) + 1)) !=
             US_OK)
             return r;
         if (sp && (r = us__sp_gather(m, G, A->ln2, Ns)) != US_OK) return r;
-        us__linear_wgrad(m, Np, C, 2 * F, A->g_gu, sp ? G : A->ln2,
+        us__linear_wgrad(m, Np, C, 2 * F, A->g_gu, sp ? G : A->ln2, NULL,
                          us__grad(m, US__TENSOR(l, US__P_GATE)));
         if ((r = us__grads_ready(m, US__TENSOR(l, US__P_GATE), US__TENSOR(l, US__P_UP) + 1)) !=
             US_OK)
             return r;
     }
     if (A->g_ln2 && (r = us__w_norm(m, A->g_ln2, US__TENSOR(l, US__P_LN2))) != US_OK) return r;
-    us__linear_wgrad(m, Np, AO, C, A->g_o, A->att, us__grad(m, US__TENSOR(l, US__P_O)));
+    us__linear_wgrad(m, Np, AO, C, A->g_o, A->att, NULL, us__grad(m, US__TENSOR(l, US__P_O)));
     if ((r = us__grads_ready(m, US__TENSOR(l, US__P_O), US__TENSOR(l, US__P_O) + 1)) != US_OK)
         return r;
     if (sp && (r = us__sp_gather(m, G, A->ln1, Ns)) != US_OK) return r;
-    us__linear_wgrad(m, Np, C, QKV, A->g_qkv, sp ? G : A->ln1, us__grad(m, US__TENSOR(l, US__P_Q)));
+    us__linear_wgrad(m, Np, C, QKV, A->g_qkv, sp ? G : A->ln1, NULL,
+                     us__grad(m, US__TENSOR(l, US__P_Q)));
     if ((r = us__grads_ready(m, US__TENSOR(l, US__P_Q), US__TENSOR(l, US__P_V) + 1)) != US_OK)
         return r;
     return A->g_ln1 ? us__w_norm(m, A->g_ln1, US__TENSOR(l, US__P_LN1)) : US_OK;

@@ -9802,10 +9802,99 @@ static void us__cuda_rmsnorm_fwd_fp8(us_ops *o, void *out, float *rstd, uint8_t 
     us__cuda_fp8_quantize(o, q, s, out, dt, N, C, US_FP8_ROW128, 0, pow2);
 }
 
-static void us__cuda_swiglu_fwd_fp8(us_ops *o, void *h, uint8_t *q, float *s, const void *gu,
-                                    int64_t N, int64_t F, us_dtype dt, int pow2) {
-    int64_t W = 16 / (int64_t)us_dtype_size(dt);
+/* ---- SwiGLU with both operands of h (us_ops.swiglu_fwd_fp8 with qt): the down linear's Fprop
+   reads h [N][F] in 1×128 tiles, and its Wgrad, in the backward, hᵀ in 128×1 tiles. Formed here,
+   from the values that form h, the second can be kept instead of h (the layer keeps it in h's own
+   bytes, us__swiglu_fwd): h's store and, in the backward, the quantiser's read of h are saved.
+   The amax of a 128×1 tile runs over 128 tokens, so the kernel is tiled in two dimensions, as
+   SwiGLU's backward below: a block copies the gate and up patches of tokens l0..l0+127, columns
+   f0..f0+127 into shared memory (cp.async, every copy in flight, four commit groups), forms h
+   there as each group lands (swiglu_fwd's expression, rounded to T as it stores h), in place of
+   the gate patch, and runs us__k_fp8_row_t's tile code on it, the up patch its scratch: the bytes
+   and the scales are those of swiglu_fwd then fp8_quantize_both, bit for bit (tests/test_cuda.cu).
+   h non-NULL is stored too. Needs F a multiple of 128 and 16-byte aligned tensors; otherwise the
+   op runs the two kernels (h in the backend's scratch when h is NULL). */
+template <typename T>
+__global__ void __launch_bounds__(256, sizeof(T) == 2 ? 3 : 1)
+    us__k_swiglu_fwd_fp8t(T *h, uint8_t *q, float *s, uint8_t *q2, float *s2, const T *gu,
+                          int64_t N, int64_t F, int64_t Lp, int pow2, int vec) {
+    typedef typename us__raw4<T>::t V;
+    extern __shared__ __align__(16) unsigned char us__rowt_smem[];
+    T(*pg)[132] = us__rowt_sm<T>(us__rowt_smem); /* [128][132] gate, then h */
+    T(*pu)[132] = pg + 128;                      /* [128][132] up, then the scratch */
+    int64_t f0 = (int64_t)blockIdx.x * 128, l0 = (int64_t)blockIdx.y * 128,
+            f = f0 + 4 * (threadIdx.x & 31);
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, i, k;
+    bool full = us__fp8_row_t_full(F, N, f0, l0, vec); /* every token l0..l0+127 exists */
+    const T *g0 = gu + (l0 + w) * 2 * F + f;           /* token l0 + w */
+    /* rows w + 8i, 4 columns a lane, in four commit groups of 4 rows; a row past N: zeros */
+#pragma unroll
+    for (i = 0; i < 16; i++) {
+        int64_t r = 8 * i;
+        int b = full || l0 + w + r < N ? (int)sizeof(V) : 0;
+        us__cp_async_v<V>(&pg[w + r][4 * lane], b ? g0 + r * 2 * F : gu, b);
+        us__cp_async_v<V>(&pu[w + r][4 * lane], b ? g0 + r * 2 * F + F : gu, b);
+        if (i % 4 == 3) us__cp_async_commit();
+    }
+    /* each group's h once it has landed (a thread reads only the elements it copied) */
+#pragma unroll
+    for (i = 0; i < 16; i++) {
+        int r = w + 8 * i;
+        float gf[4], uf[4], o[4];
+        V hv;
+        if (i % 4 == 0) us__cp_async_wait_n(3 - i / 4);
+        us__ld4(&pg[r][4 * lane], gf);
+        us__ld4(&pu[r][4 * lane], uf);
+#pragma unroll
+        for (k = 0; k < 4; k++) o[k] = gf[k] / (1.0f + __expf(-gf[k])) * uf[k];
+        us__st4(reinterpret_cast<T *>(&hv), o);
+        *reinterpret_cast<V *>(&pg[r][4 * lane]) = hv; /* zeros where the row is past N */
+        if (h && (full || l0 + r < N)) *reinterpret_cast<V *>(h + (l0 + r) * F + f) = hv;
+    }
+    __syncthreads();
+    us__fp8_row_t_patch<T>(full, pg, reinterpret_cast<unsigned char *>(pu), q, s, F, N, Lp, f0, l0,
+                           pow2, vec, NULL, q2, s2);
+}
+
+/* its shared memory: the gate and up patches (the scratch fits in one) */
+template <typename T>
+static size_t us__swiglu_fwd_fp8_smem(void) {
+    return 2 * sizeof(T) * 128 * 132;
+}
+
+template <typename T>
+static void us__swiglu_fwd_fp8_launch(dim3 grid, cudaStream_t st, T *h, uint8_t *q, float *s,
+                                      uint8_t *q2, float *s2, const T *gu, int64_t N, int64_t F,
+                                      int64_t Lp, int pow2, int vec) {
+    static unsigned long long asked; /* per element type */
+    size_t sm = us__swiglu_fwd_fp8_smem<T>();
+    us__smem_raise((const void *)us__k_swiglu_fwd_fp8t<T>, sm, &asked);
+    us__k_swiglu_fwd_fp8t<T><<<grid, 256, sm, st>>>(h, q, s, q2, s2, gu, N, F, Lp, pow2, vec);
+}
+
+/* (q, s): h's 1×128 operand (q [N][F], s [F/128][N]); (qt, st), where asked for: hᵀ's 128×1 one
+   (qt [F][Lp], st [Lp/128][F]): the two-dimensional kernel's q2 and q, as in fp8_quantize_both */
+static void us__cuda_swiglu_fwd_fp8(us_ops *o, void *h, uint8_t *q, float *s, uint8_t *qt,
+                                    float *st, const void *gu, int64_t N, int64_t F, us_dtype dt,
+                                    int pow2) {
+    int64_t W = 16 / (int64_t)us_dtype_size(dt), Lp = (N + 127) / 128 * 128;
     if (N <= 0 || F <= 0) return;
+    if (qt && F % 128 == 0 && Lp / 128 < 65536 && us__al16(gu) && (!h || us__al16(h)) &&
+        us__al(q, 4)) {
+        dim3 grid((unsigned)(F / 128), (unsigned)(Lp / 128));
+        int vec = 1 | (us__al(qt, 16) ? 2 : 0);
+        US__DISPATCH(o, dt,
+                     (us__swiglu_fwd_fp8_launch<T_>(grid, us__cu(o)->stream, (T_ *)h, qt, st, q, s,
+                                                    (const T_ *)gu, N, F, Lp, pow2, vec)));
+        return;
+    }
+    if (qt) { /* the two kernels, h (where not kept) in the scratch */
+        void *hw = h ? h : us__cuda_scratch(o, (size_t)(N * F) * us_dtype_size(dt));
+        if (!hw) return; /* the failure is recorded */
+        us__cuda_swiglu_fwd(o, hw, gu, N, F, dt);
+        us__cuda_fp8_quantize_both(o, q, s, qt, st, hw, dt, N, F, US_FP8_ROW128, pow2);
+        return;
+    }
     if (F % 128 == 0 && us__al16(h) && us__al16(gu) && us__al(q, (unsigned)W)) {
         US__DISPATCH(o, dt,
                      (us__k_swiglu_fwd_vec<T_, us__fp8_epi<T_>>

@@ -278,13 +278,13 @@ static void w_nfq(us_ops *o, void *out, float *r, uint8_t *q, float *sc, const v
         WRAP(P_NORM_Q, inner.rmsnorm_fwd_fp8(&inner, out, r, q, sc, x, w, N, C, eps, dt, pow2));
 }
 
-static void w_sfq(us_ops *o, void *h, uint8_t *q, float *sc, const void *gu, int64_t N, int64_t F,
-                  us_dtype dt, int pow2) {
+static void w_sfq(us_ops *o, void *h, uint8_t *q, float *sc, uint8_t *qt, float *st, const void *gu,
+                  int64_t N, int64_t F, us_dtype dt, int pow2) {
     (void)o;
-    if (skip_q)
+    if (skip_q && h)
         WRAP(P_SWIGLU, inner.swiglu_fwd(&inner, h, gu, N, F, dt));
     else
-        WRAP(P_SWIGLU_Q, inner.swiglu_fwd_fp8(&inner, h, q, sc, gu, N, F, dt, pow2));
+        WRAP(P_SWIGLU_Q, inner.swiglu_fwd_fp8(&inner, h, q, sc, qt, st, gu, N, F, dt, pow2));
 }
 
 static void w_sbq(us_ops *o, void *d, uint8_t *q, float *sc, uint8_t *qt, float *st, const void *dh,

@@ -1881,7 +1881,7 @@ static int fused_same(const void *xd, const void *wd, int64_t N, int64_t C, us_d
         G.rmsnorm_fwd_fp8(&G, od, rd, qd, sd, xd, wd, N, C, 1e-5f, dt, pow2);
     } else {
         G.swiglu_fwd(&G, ord, xd, N, C, dt);
-        G.swiglu_fwd_fp8(&G, od, qd, sd, xd, N, C, dt, pow2);
+        G.swiglu_fwd_fp8(&G, od, qd, sd, NULL, NULL, xd, N, C, dt, pow2);
     }
     G.fp8_quantize(&G, qrd, srd, ord, dt, N, C, US_FP8_ROW128, 0, pow2);
     down(oh, od, ob);
@@ -1913,15 +1913,17 @@ static int fused_same(const void *xd, const void *wd, int64_t N, int64_t C, us_d
    pair on the GPU, swiglu_bwd then fp8_quantize_both, and the CPU's fp8_quantize_both of that
    same dgu: dgu (when asked for), the 1×128 and the 128×1 operands, bytes and scales, bit for bit
    (the buffers start as the same garbage, so a byte one path leaves unwritten shows). dgu NULL
-   (the layer's call): the operands alone, on a copy of gu the op may overwrite. */
-static int fused_bwd_same(const void *gud, const void *dhd, int64_t N, int64_t F, us_dtype dt,
-                          int pow2, int keep) {
-    int64_t C2 = 2 * F, Cp = (C2 + 127) / 128 * 128, Np = (N + 127) / 128 * 128;
+   (the layer's call): the operands alone, on a copy of gu the op may overwrite. fwd: the same of
+   SwiGLU's forward with both operands of h (swiglu_fwd_fp8 with qt; h NULL is the layer's call)
+   against swiglu_fwd then fp8_quantize_both (dhd unused). */
+static int fused_swiglu_same(int fwd, const void *gud, const void *dhd, int64_t N, int64_t F,
+                             us_dtype dt, int pow2, int keep) {
+    int64_t C2 = fwd ? F : 2 * F, Cp = (C2 + 127) / 128 * 128, Np = (N + 127) / 128 * 128;
     int64_t ns = us_fp8_scales_size(US_FP8_ROW128, N, C2),
             nst = us_fp8_scales_size(US_FP8_ROW128, C2, N);
     size_t gb = (size_t)(N * C2) * us_dtype_size(dt), qb = (size_t)(N * Cp),
            qtb = (size_t)(C2 * Np), sb = (size_t)ns * 4, stb = (size_t)nst * 4;
-    void *ref = G.alloc(&G, gb), *out = G.alloc(&G, gb), *guc = G.alloc(&G, gb);
+    void *ref = G.alloc(&G, gb), *out = G.alloc(&G, gb), *guc = G.alloc(&G, fwd ? 2 * gb : gb);
     void *dq[2][4];
     size_t bytes[4] = {qb, sb, qtb, stb};
     char *h[2][4], *dh = (char *)malloc(gb), *dr = (char *)malloc(gb), *hc[4];
@@ -1935,12 +1937,20 @@ static int fused_bwd_same(const void *gud, const void *dhd, int64_t N, int64_t F
     for (j = 0; j < 4; j++) hc[j] = (char *)malloc(bytes[j]);
     cudaMemset(out, 0x5a, gb);
     cudaDeviceSynchronize(); /* (the memsets ran on the default stream) */
-    G.copy(&G, guc, gud, gb, US_COPY_D2D);
-    G.swiglu_bwd(&G, ref, dhd, gud, N, F, dt);
+    G.copy(&G, guc, gud, fwd ? 2 * gb : gb, US_COPY_D2D);
+    if (fwd)
+        G.swiglu_fwd(&G, ref, gud, N, F, dt);
+    else
+        G.swiglu_bwd(&G, ref, dhd, gud, N, F, dt);
     G.fp8_quantize_both(&G, (uint8_t *)dq[0][0], (float *)dq[0][1], (uint8_t *)dq[0][2],
                         (float *)dq[0][3], ref, dt, N, C2, US_FP8_ROW128, pow2);
-    G.swiglu_bwd_fp8(&G, keep ? out : NULL, (uint8_t *)dq[1][0], (float *)dq[1][1],
-                     (uint8_t *)dq[1][2], (float *)dq[1][3], dhd, keep ? gud : guc, N, F, dt, pow2);
+    if (fwd)
+        G.swiglu_fwd_fp8(&G, keep ? out : NULL, (uint8_t *)dq[1][0], (float *)dq[1][1],
+                         (uint8_t *)dq[1][2], (float *)dq[1][3], guc, N, F, dt, pow2);
+    else
+        G.swiglu_bwd_fp8(&G, keep ? out : NULL, (uint8_t *)dq[1][0], (float *)dq[1][1],
+                         (uint8_t *)dq[1][2], (float *)dq[1][3], dhd, keep ? gud : guc, N, F, dt,
+                         pow2);
     down(dr, ref, gb);
     down(dh, out, gb);
     for (k = 0; k < 2; k++)
@@ -1964,37 +1974,37 @@ static int fused_bwd_same(const void *gud, const void *dhd, int64_t N, int64_t F
     return ok;
 }
 
-static void test_fp8_fused_bwd(void) {
+static void test_fp8_fused_swiglu(void) {
     int64_t Fs[4] = {1024, 384, 128, 200}, Ns[3] = {37, 300, 256};
-    int d, fi, ni, pow2, keep;
-    for (d = 0; d < 2; d++)
-        for (fi = 0; fi < 4; fi++)
-            for (ni = 0; ni < 3; ni++)
-                for (pow2 = 0; pow2 < 2; pow2++)
-                    for (keep = 0; keep < 2; keep++) {
-                        us_dtype dt = d ? US_BF16 : US_F32;
-                        int64_t F = Fs[fi], N = Ns[ni], i;
-                        float *gu = rnd_f32(2 * N * F, 4.0f), *dh = rnd_f32(N * F, 1.0f);
-                        void *guh, *dhh, *gud, *dhd;
-                        for (i = 0; i < N * F; i += 61) dh[i] *= 300.0f; /* tiles' scales differ */
-                        guh = as_dt(gu, 2 * N * F, dt);
-                        dhh = as_dt(dh, N * F, dt);
-                        gud = up(guh, (size_t)(2 * N * F) * us_dtype_size(dt));
-                        dhd = up(dhh, (size_t)(N * F) * us_dtype_size(dt));
-                        CHECK(fused_bwd_same(gud, dhd, N, F, dt, pow2, keep),
-                              "swiglu_bwd_fp8 %s N %lld F %lld pow2=%d dgu %s%s: %sits 1x128 and "
-                              "128x1 operands = swiglu_bwd, then fp8_quantize_both (GPU and CPU), "
-                              "bit for bit",
-                              us_dtype_name(dt), (long long)N, (long long)F, pow2,
-                              keep ? "stored" : "NULL", F % 128 ? " (two kernels: F % 128)" : "",
-                              keep ? "dgu and " : "");
-                        G.free(&G, gud);
-                        G.free(&G, dhd);
-                        free(guh);
-                        free(dhh);
-                        free(gu);
-                        free(dh);
-                    }
+    int c;
+    for (c = 0; c < 2 * 2 * 4 * 3 * 2 * 2; c++) { /* forward or backward, dtype, F, N, pow2, keep */
+        int fwd = c / 96, pow2 = c / 2 % 2, keep = c % 2;
+        us_dtype dt = c / 48 % 2 ? US_BF16 : US_F32;
+        int64_t F = Fs[c / 12 % 4], N = Ns[c / 4 % 3], i;
+        float *gu = rnd_f32(2 * N * F, 4.0f), *dh = rnd_f32(N * F, 1.0f);
+        void *guh, *dhh, *gud, *dhd;
+        for (i = 0; i < N * F; i += 61) { /* tiles' scales differ */
+            dh[i] *= 300.0f;
+            gu[2 * i] *= fwd ? 30.0f : 1.0f;
+        }
+        guh = as_dt(gu, 2 * N * F, dt);
+        dhh = as_dt(dh, N * F, dt);
+        gud = up(guh, (size_t)(2 * N * F) * us_dtype_size(dt));
+        dhd = up(dhh, (size_t)(N * F) * us_dtype_size(dt));
+        CHECK(fused_swiglu_same(fwd, gud, dhd, N, F, dt, pow2, keep),
+              "swiglu_%s_fp8 %s N %lld F %lld pow2=%d %s %s%s: %sits 1x128 and "
+              "128x1 operands = swiglu_%s, then fp8_quantize_both (GPU and CPU), "
+              "bit for bit",
+              fwd ? "fwd" : "bwd", us_dtype_name(dt), (long long)N, (long long)F, pow2,
+              fwd ? "h" : "dgu", keep ? "stored" : "NULL", F % 128 ? " (two kernels: F % 128)" : "",
+              keep ? "the output and " : "", fwd ? "fwd" : "bwd");
+        G.free(&G, gud);
+        G.free(&G, dhd);
+        free(guh);
+        free(dhh);
+        free(gu);
+        free(dh);
+    }
 }
 
 static void test_fp8_fused(void) {
@@ -2172,7 +2182,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[argc - 1], "--fp8")) {
         test_fp8_ops();
         test_fp8_fused();
-        test_fp8_fused_bwd();
+        test_fp8_fused_swiglu();
         test_training_fp8(US_PRECISION_FP8, 0);
         test_training_fp8(US_PRECISION_FP8_TENSOR, 0);
         test_training_fp8(US_PRECISION_FP8, 1);
@@ -2211,7 +2221,7 @@ int main(int argc, char **argv) {
     test_training(US_PRECISION_FP16, US_RECOMPUTE_SELECTIVE);
     test_fp8_ops();
     test_fp8_fused();
-    test_fp8_fused_bwd();
+    test_fp8_fused_swiglu();
     test_training_fp8(US_PRECISION_FP8, 0);
     test_training_fp8(US_PRECISION_FP8_TENSOR, 0);
     test_training_fp8(US_PRECISION_FP8, 1); /* MoE: the experts in FP8 (// >>fp8-linear) */

@@ -297,7 +297,7 @@ static void linear_errors(int fp8, int64_t N, int64_t In, int64_t Out, double ou
     fake_model(&m, &o, fp8, N, In, Out);
     us__linear_fwd(&m, N, In, Out, x, w, 0.0f, y);
     us__linear_dgrad(&m, N, In, Out, dy, w, 0.0f, dx, 1);
-    us__linear_wgrad(&m, N, In, Out, dy, x, dw);
+    us__linear_wgrad(&m, N, In, Out, dy, x, NULL, dw);
     err[0] = rel_err_bf16(y, ry, N * Out);
     err[1] = rel_err_bf16(dx, rdx, N * In);
     err[2] = rel_err_f32(dw, rdw, Out * In);
@@ -694,9 +694,12 @@ static void test_dual_quantisation(void) {
    Dgrad: both runs must give the same losses and weights bit for bit, and the fused paths must
    really have been taken: per micro-batch 2 layers × 3 fused forward calls, and under full
    recompute the backward's recomputed norms 2 × 2 more (SwiGLU's h is not recomputed for a GEMM
-   there), each one single quantisation fewer; and 2 layers × 1 fused backward call, each one
-   fp8_quantize_both fewer. fp8-tensor (one scale per tensor) is never fused. */
-static long g_nfuse, g_nfuse_b;
+   there), each one single quantisation fewer; SwiGLU's 2 calls keep hᵀ's 128×1 operand instead of
+   h, which without recomputation spares the down linear's Wgrad its quantisation of h (2 fewer
+   again; under full recompute the backward's recomputed h is quantised as before); and 2 layers ×
+   1 fused backward call, each one fp8_quantize_both fewer. fp8-tensor (one scale per tensor) is
+   never fused. */
+static long g_nfuse, g_nfuse_b, g_nfuse_t;
 
 static void count_norm(us_ops *o, void *out, float *rstd, uint8_t *q, float *s, const void *x,
                        const void *w, int64_t N, int64_t C, float eps, us_dtype dt, int pow2) {
@@ -704,10 +707,11 @@ static void count_norm(us_ops *o, void *out, float *rstd, uint8_t *q, float *s, 
     g_cpu.rmsnorm_fwd_fp8(o, out, rstd, q, s, x, w, N, C, eps, dt, pow2);
 }
 
-static void count_swiglu(us_ops *o, void *h, uint8_t *q, float *s, const void *gu, int64_t N,
-                         int64_t F, us_dtype dt, int pow2) {
+static void count_swiglu(us_ops *o, void *h, uint8_t *q, float *s, uint8_t *qt, float *st,
+                         const void *gu, int64_t N, int64_t F, us_dtype dt, int pow2) {
     g_nfuse++;
-    g_cpu.swiglu_fwd_fp8(o, h, q, s, gu, N, F, dt, pow2);
+    g_nfuse_t += qt != NULL && h == NULL;
+    g_cpu.swiglu_fwd_fp8(o, h, q, s, qt, st, gu, N, F, dt, pow2);
 }
 
 static void count_swiglu_b(us_ops *o, void *dgu, uint8_t *q, float *s, uint8_t *qt, float *st,
@@ -758,7 +762,7 @@ static void test_fused_quantisation(void) {
         float loss[2][STEPS];
         void *w[2];
         float *master[2];
-        long nq[2], nf[2], nb[2], nboth[2], want, want_b;
+        long nq[2], nf[2], nb[2], nt[2], nboth[2], want, want_b, want_t, want_q;
         int k, n[2], same = 1;
         memset(&tc, 0, sizeof tc);
         tc.batch = 8;
@@ -779,10 +783,11 @@ static void test_fused_quantisation(void) {
             o.rmsnorm_fwd_fp8 = k ? NULL : count_norm;
             o.swiglu_fwd_fp8 = k ? NULL : count_swiglu;
             o.swiglu_bwd_fp8 = k ? NULL : count_swiglu_b;
-            g_nq = g_nboth = g_nfuse = g_nfuse_b = 0;
+            g_nq = g_nboth = g_nfuse = g_nfuse_b = g_nfuse_t = 0;
             n[k] = fuse_run(&tc, &o, loss[k], &w[k], &master[k]);
             nq[k] = g_nq;
             nf[k] = g_nfuse;
+            nt[k] = g_nfuse_t;
             nb[k] = g_nfuse_b;
             nboth[k] = g_nboth;
         }
@@ -791,15 +796,18 @@ static void test_fused_quantisation(void) {
                 !memcmp(master[0], master[1], (size_t)n[0] * 4);
         want = v == 2 ? 0 : (tc.recompute == US_RECOMPUTE_FULL ? 10 : 6) * STEPS;
         want_b = v == 2 ? 0 : 2 * STEPS;
-        CHECK(same && nf[0] == want && nf[1] == 0 && nq[1] - nq[0] == want && nb[0] == want_b &&
-                  nb[1] == 0 && nboth[1] - nboth[0] == want_b,
+        want_t = v == 2 ? 0 : 2 * STEPS;
+        want_q = want + (tc.recompute == US_RECOMPUTE_FULL ? 0 : want_t);
+        CHECK(same && nf[0] == want && nf[1] == 0 && nt[0] == want_t && nq[1] - nq[0] == want_q &&
+                  nb[0] == want_b && nb[1] == 0 && nboth[1] - nboth[0] == want_b,
               "%s%s, recompute %s: RMSNorm and SwiGLU quantising their outputs (%ld fused calls, "
-              "%ld fewer quantisations; want %ld) and SwiGLU's backward its dgu both ways (%ld "
-              "fused calls, %ld fewer fp8_quantize_both; want %ld) train bit for bit as the "
-              "GEMMs' own quantisation (losses %.6f .. %.6f, the weights and master weights)",
+              "%ld keeping h as its 128x1 operand, %ld fewer quantisations; want %ld, %ld, %ld) "
+              "and SwiGLU's backward its dgu both ways (%ld fused calls, %ld fewer "
+              "fp8_quantize_both; want %ld) train bit for bit as the GEMMs' own quantisation "
+              "(losses %.6f .. %.6f, the weights and master weights)",
               us_precision_name(tc.precision), tc.fp8_pow2 ? " pow2" : "",
-              us_recompute_name(tc.recompute), nf[0], nq[1] - nq[0], want, nb[0],
-              nboth[1] - nboth[0], want_b, loss[0][0], loss[0][STEPS - 1]);
+              us_recompute_name(tc.recompute), nf[0], nt[0], nq[1] - nq[0], want, want_t, want_q,
+              nb[0], nboth[1] - nboth[0], want_b, loss[0][0], loss[0][STEPS - 1]);
         for (k = 0; k < 2; k++) {
             free(w[k]);
             free(master[k]);
