@@ -1575,13 +1575,24 @@ static void us__cuda_rope_bwd(us_ops *o, void *dqkv, int64_t B, int64_t T, int N
 /* SwiGLU on gu[N, 2F] = gate | up: h [N, F] = silu(gate)·up; backward dh [N, F] → dgu [N, 2F]
    (may be gu itself). Grid y walks the rows, x the columns, so no element pays a 64-bit
    division to find its row. */
+
+/* silu(g)·u = g / (1 + e^−g) · u: the one expression every forward kernel uses, the fused one of
+   // >>cuda-fp8 too, so that all of them form the same bits. The division is the fast one
+   (__fdividef, within 2 ulp; 0 once 1 + e^−g passes 2^126, where the true value is below
+   2^−119 in magnitude), as in the backward's us__swiglu_grad below: IEEE division's range checks
+   and slow path took issue slots from the two-dimensional FP8 kernel (bench/RESULTS.md,
+   "Measurements behind the code's choices"). */
+__device__ __forceinline__ float us__swiglu_h(float g, float u) {
+    return __fdividef(g, 1.0f + __expf(-g)) * u;
+}
+
 template <typename T>
 __global__ void us__k_swiglu_fwd(T *h, const T *gu, int64_t N, int64_t F) {
     int64_t f = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, n;
     if (f >= F) return;
     for (n = blockIdx.y; n < N; n += gridDim.y) {
         float g = us__ld(gu, n * 2 * F + f), u = us__ld(gu, n * 2 * F + F + f);
-        us__st(h, n * F + f, g / (1.0f + __expf(-g)) * u);
+        us__st(h, n * F + f, us__swiglu_h(g, u));
     }
 }
 
@@ -1623,7 +1634,7 @@ __global__ void us__k_swiglu_fwd_vec(T *h, const T *gu, int64_t N, int64_t F, Ep
         us__ldv(gu + n * 2 * F + f, g);
         us__ldv(gu + n * 2 * F + F + f, u);
 #pragma unroll
-        for (i = 0; i < W; i++) o[i] = g[i] / (1.0f + __expf(-g[i])) * u[i];
+        for (i = 0; i < W; i++) o[i] = us__swiglu_h(g[i], u[i]);
         us__stv(h + n * F + f, o);
         epi(o, n, f, true);
     }
@@ -9846,7 +9857,7 @@ __global__ void __launch_bounds__(256, sizeof(T) == 2 ? 3 : 1)
         us__ld4(&pg[r][4 * lane], gf);
         us__ld4(&pu[r][4 * lane], uf);
 #pragma unroll
-        for (k = 0; k < 4; k++) o[k] = gf[k] / (1.0f + __expf(-gf[k])) * uf[k];
+        for (k = 0; k < 4; k++) o[k] = us__swiglu_h(gf[k], uf[k]);
         us__st4(reinterpret_cast<T *>(&hv), o);
         *reinterpret_cast<V *>(&pg[r][4 * lane]) = hv; /* zeros where the row is past N */
         if (h && (full || l0 + r < N)) *reinterpret_cast<V *>(h + (l0 + r) * F + f) = hv;

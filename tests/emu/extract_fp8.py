@@ -14,7 +14,7 @@ def cut(a, b, start=0):
 cut('__device__ __forceinline__ float us__ld(const float', '/* Calls KERNEL<float>')
 cut('struct us__vec {', 'static int us__al(')
 parts[-1].insert(0, 'template <typename T>')
-cut('/* d·∂(silu(g)·u)/∂g', 'static dim3 us__rows_grid')
+cut('/* silu(g)·u = g / (1 + e^−g)', 'static dim3 us__rows_grid')
 f = at('// >>cuda-fp8')
 cut('static __device__ __forceinline__ uint8_t us__e4m3(', '/* vec bits: 1 = x may be read', f)
 cut('/* ROW128 of P = xᵀ (x [L][R] as stored)', '/* raise kernel fn', f)
