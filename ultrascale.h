@@ -498,16 +498,12 @@ struct us_ops {
        weight cache a weight (W for Fprop, Wᵀ for Dgrad). Optional: NULL means two fp8_quantize calls. */
     void (*fp8_quantize_both)(us_ops *o, uint8_t *q, float *s, uint8_t *qt, float *st,
                               const void *x, us_dtype dt, int64_t M, int64_t K, int t, int pow2);
-    /* RMSNorm with its output's FP8 operands (FP8 training's Fprop of the qkv and gate|up linears,
-       and their Wgrads): out [N,C] and rstd f32[N] as rmsnorm_fwd, and (q, s) as fp8_quantize(out,
-       N, C, ROW128, trans 0, pow2) gives for that out, byte for byte, from the registers that
-       write out (out is read back by no one in between); qt non-NULL: also (qt, st) as
-       fp8_quantize(out, N, C, ROW128, trans 1, pow2), outᵀ's 128×1 operand (qt [C][Np], st
-       [Np/128][C], Np = N rounded up to 128). out NULL (with qt only): out is not stored.
-       Optional: NULL means the two calls. */
-    void (*rmsnorm_fwd_fp8)(us_ops *o, void *out, float *rstd, uint8_t *q, float *s, uint8_t *qt,
-                            float *st, const void *x, const void *w, int64_t N, int64_t C,
-                            float eps, us_dtype dt, int pow2);
+    /* RMSNorm with its output's FP8 operand (FP8 training's Fprop of the qkv and gate|up linears):
+       out [N,C] and rstd f32[N] as rmsnorm_fwd, and (q, s) as fp8_quantize(out, N, C, ROW128,
+       trans 0, pow2) gives for that out, byte for byte, from the registers that write out (out is
+       read back by no one in between). Optional: NULL means the two calls. */
+    void (*rmsnorm_fwd_fp8)(us_ops *o, void *out, float *rstd, uint8_t *q, float *s, const void *x,
+                            const void *w, int64_t N, int64_t C, float eps, us_dtype dt, int pow2);
     /* SwiGLU with its output's FP8 operands (the down linear's Fprop, and its Wgrad): h [N,F] as
        swiglu_fwd, and (q, s) as fp8_quantize(h, N, F, ROW128, trans 0, pow2) gives for that h;
        qt non-NULL: also (qt, st) as fp8_quantize(h, N, F, ROW128, trans 1, pow2), the 128×1
@@ -3804,16 +3800,12 @@ static void us__cpu_fp8_quantize_both(us_ops *o, uint8_t *q, float *s, uint8_t *
 }
 
 /* the definitions of rmsnorm_fwd_fp8 and swiglu_fwd_fp8: the op, then the 1×128 quantisation of
-   the bf16 (or fp32) output it wrote (and with qt the 128×1 one of its transpose) */
+   the bf16 (or fp32) output it wrote (and for SwiGLU with qt, the 128×1 one of hᵀ) */
 static void us__cpu_rmsnorm_fwd_fp8(us_ops *o, void *out, float *rstd, uint8_t *q, float *s,
-                                    uint8_t *qt, float *st, const void *x, const void *w, int64_t N,
-                                    int64_t C, float eps, us_dtype dt, int pow2) {
-    void *ow = out ? out : US_MALLOC((size_t)(N * C) * us_dtype_size(dt)); /* a temporary */
-    if (!ow) return;
-    us__cpu_rmsnorm_fwd(o, ow, rstd, x, w, N, C, eps, dt);
-    us__cpu_fp8_quantize(o, q, s, ow, dt, N, C, US_FP8_ROW128, 0, pow2);
-    if (qt) us__cpu_fp8_quantize(o, qt, st, ow, dt, N, C, US_FP8_ROW128, 1, pow2);
-    if (ow != out) US_FREE(ow);
+                                    const void *x, const void *w, int64_t N, int64_t C, float eps,
+                                    us_dtype dt, int pow2) {
+    us__cpu_rmsnorm_fwd(o, out, rstd, x, w, N, C, eps, dt);
+    us__cpu_fp8_quantize(o, q, s, out, dt, N, C, US_FP8_ROW128, 0, pow2);
 }
 
 static void us__cpu_swiglu_fwd_fp8(us_ops *o, void *h, uint8_t *q, float *s, uint8_t *qt, float *st,
@@ -4955,19 +4947,18 @@ US_API const us_param *us_model_find_param(const us_model *m, const char *name) 
    layer-sized scratch that every layer overwrites in the forward and the backward refills. */
 struct us_layer_acts {
     void *x;      /* [N,C]   layer input: kept in every mode */
-    void *ln1;    /* [N,C]   input_layernorm output, or (ln1_t) ln1ᵀ's FP8 operand in its bytes */
+    void *ln1;    /* [N,C]   input_layernorm output */
     float *rstd1; /* [N]     */
     void *qkv;    /* [N,QKV] after RoPE */
     void *att;    /* [N,NH·HS] attention output */
     float *lse;   /* [B,NH,T] log-sum-exp of each attention row */
     void *xmid;   /* [N,C]   residual after attention */
-    void *ln2;    /* [N,C]   as ln1 (ln2_t) */
+    void *ln2;    /* [N,C]   */
     float *rstd2; /* [N]     */
     void *gu;     /* [N,2F]  gate | up */
     void *h;      /* [N,F]   SwiGLU output, or (h_t) hᵀ's FP8 operand in its bytes */
-    /* ln1, ln2, h hold their transposes' 128×1 FP8 operands for the qkv, gate|up and down
-       linears' Wgrads instead of themselves (us__t_fits) */
-    int ln1_t, ln2_t, h_t;
+    int h_t;      /* h holds hᵀ's 128×1 FP8 operand for the down linear's Wgrad instead of h
+                (us__swiglu_fwd): qt u8[F][Np128], then st f32[Np128/128][F] */
     /* zero-bubble schedules (B and W apart): the output gradients the weight GEMMs read, kept
        from B until W; NULL otherwise */
     void *g_down; /* [N,C]   the residual gradient entering the MLP (down-projection output) */
@@ -10076,64 +10067,44 @@ static uint8_t *us__fp8_dy(us_model *m, const void *dy, int64_t N, int64_t In, i
     return q;
 }
 
-/* The operands kept instead of activations (FP8 training with 1×128 tiles): where RMSNorm or
-   SwiGLU writes x [N][In] for a linear In → Out whose Fprop follows at once (us__fp8_pre), that
-   linear's Wgrad, in the backward, reads x only through xᵀ's 128×1 operand. The fused kernel
-   makes that one too, from the values that form x, and the layer keeps it in x's own bytes
-   instead of x: qt u8[In][Lp], then st f32[Lp/128][In] (Lp: N rounded up to 128), 1 + 4/128
-   bytes an element where x takes 2. That saves x's store now and, in the backward, the
-   quantiser's read of x; the bytes are those the Wgrad's own quantisation of x gives, so nothing
-   else changes. Whether they fit in x's bytes (not for a few rows short of a tile): */
-static int us__t_fits(const us_model *m, int64_t N, int64_t In) {
-    int64_t Lp = us__fp8_padded(N);
-    return In * Lp + Lp / 128 * In * 4 <= N * In * (int64_t)us_dtype_size(m->dt);
-}
-
-/* xᵀ's operand in x's bytes (us__t_fits) where kept, for the Wgrad (into *op); NULL otherwise */
-static const us__fp8_opnd *us__t_of(const void *x, int kept, int64_t N, int64_t In,
-                                    us__fp8_opnd *op) {
-    op->q = (const uint8_t *)x;
-    op->s = (const float *)((const uint8_t *)x + In * us__fp8_padded(N));
-    return kept ? op : NULL;
-}
-
 /* ln [N,C] = rmsnorm(x [N,C])·w, rstd [N]; fuse: the linear C → Out that reads ln next runs on
-   these N rows right after, so ln's 1×128 operand comes from the norm's kernel (us__fp8_pre),
-   and ln's bytes keep lnᵀ's 128×1 operand instead of ln where it fits (*kept, us__t_fits) */
+   these N rows right after, so ln's 1×128 operand comes from the norm's kernel (us__fp8_pre) */
 static void us__norm_fwd(us_model *m, void *ln, float *rstd, const void *x, int widx, int64_t N,
-                         int64_t Out, int fuse, int *kept) {
+                         int64_t Out, int fuse) {
     us_ops *o = &m->ops;
     int64_t C = m->cfg.dim;
     float *s = NULL;
     uint8_t *q = us__fp8_pre(m, ln, N, C, Out, fuse && o->rmsnorm_fwd_fp8, &s);
-    us__fp8_opnd t;
-    *kept = q && us__t_fits(m, N, C);
-    us__t_of(ln, 1, N, C, &t);
     if (q)
-        o->rmsnorm_fwd_fp8(o, *kept ? NULL : ln, rstd, q, s, *kept ? (uint8_t *)t.q : NULL,
-                           *kept ? (float *)t.s : NULL, x, us__weight(m, widx), N, C,
-                           m->cfg.norm_eps, m->dt, m->tc.fp8_pow2);
+        o->rmsnorm_fwd_fp8(o, ln, rstd, q, s, x, us__weight(m, widx), N, C, m->cfg.norm_eps, m->dt,
+                           m->tc.fp8_pow2);
     else
         o->rmsnorm_fwd(o, ln, rstd, x, us__weight(m, widx), N, C, m->cfg.norm_eps, m->dt);
 }
 
 /* h [Np,F] = swiglu(gu [Np,2F]); fuse: the down linear F → C runs next on these rows (no
-   recomputation, no SP gather), so h's 1×128 operand comes from SwiGLU's kernel (us__fp8_pre),
-   and h's bytes keep hᵀ's 128×1 operand instead of h where it fits (A->h_t, us__t_fits). A
-   recomputing forward writes h itself (its Wgrad reads that). */
+   recomputation, no SP gather), so h's 1×128 operand comes from SwiGLU's kernel (us__fp8_pre).
+   Its Wgrad, in the backward, then reads h only through hᵀ's 128×1 operand: that one is made here
+   too, from the same kernel, and kept in h's own bytes instead of h (A->h_t: 1 + 4/128 bytes an
+   element where h takes 2), which saves h's store now and the quantiser's read of h in the
+   backward. The bytes are those the Wgrad's own quantisation of h gives, so nothing else changes.
+   A recomputing forward writes h itself (its Wgrad reads that). */
 static void us__swiglu_fwd(us_model *m, us_layer_acts *A, int64_t N, int64_t Np, int64_t F,
                            int fuse) {
     us_ops *o = &m->ops;
+    int64_t Lp = us__fp8_padded(Np);
+    size_t kept = (size_t)(F * Lp) + (size_t)(Lp / 128 * F) * 4; /* qt, then st */
     float *s = NULL;
     uint8_t *q = us__fp8_pre(m, A->h, N, F, m->cfg.dim, fuse && o->swiglu_fwd_fp8, &s);
-    us__fp8_opnd t;
-    A->h_t = q && us__t_fits(m, Np, F);
-    us__t_of(A->h, 1, Np, F, &t);
-    if (q)
-        o->swiglu_fwd_fp8(o, A->h_t ? NULL : A->h, q, s, A->h_t ? (uint8_t *)t.q : NULL,
-                          A->h_t ? (float *)t.s : NULL, A->gu, Np, F, m->dt, m->tc.fp8_pow2);
-    else
+    uint8_t *qt = (uint8_t *)A->h;
+    A->h_t = q && kept <= (size_t)(Np * F) * us_dtype_size(m->dt);
+    if (!q)
         o->swiglu_fwd(o, A->h, A->gu, Np, F, m->dt);
+    else if (A->h_t)
+        o->swiglu_fwd_fp8(o, NULL, q, s, qt, (float *)(qt + F * Lp), A->gu, Np, F, m->dt,
+                          m->tc.fp8_pow2);
+    else
+        o->swiglu_fwd_fp8(o, A->h, q, s, NULL, NULL, A->gu, Np, F, m->dt, m->tc.fp8_pow2);
 }
 
 /* The residual branch's end, y[N][Out] = res + x·Wᵀ (res: the residual stream, which under tp
@@ -10177,7 +10148,7 @@ static void us__linear_dgrad(us_model *m, int64_t N, int64_t In, int64_t Out, co
 }
 
 /* Wgrad: dW f32[Out][In] += dy[N][Out]ᵀ·x[N][In], reducing over the N tokens. xt non-NULL: xᵀ's
-   FP8 operand, kept in x's bytes by the forward (us__t_of) */
+   FP8 operand, made ahead (the down linear's h, us__swiglu_fwd) */
 static void us__linear_wgrad(us_model *m, int64_t N, int64_t In, int64_t Out, const void *dy,
                              const void *x, const us__fp8_opnd *xt, float *dW) {
     us_ops *o = &m->ops;
@@ -10191,6 +10162,16 @@ static void us__linear_wgrad(us_model *m, int64_t N, int64_t In, int64_t Out, co
     m->fp8_kept = NULL;
     us__fp8_mm(m, dy, N, Out, us__fp8_act(m), 1, x, N, In, us__fp8_act(m), 1, 1.0f, dW, US_F32,
                kept ? US__FP8_KEPT : US__FP8_FRESH, xt);
+}
+
+/* The down linear's Wgrad, dWdown f32[C][F] += dy[Np][C]ᵀ·h[Np][F], from hᵀ's operand where the
+   forward kept it in h's bytes (A->h_t, us__swiglu_fwd) */
+static void us__down_wgrad(us_model *m, int l, const us_layer_acts *A, int64_t Np, int64_t F,
+                           const void *dy) {
+    const uint8_t *qt = (const uint8_t *)A->h;
+    us__fp8_opnd xt = {qt, (const float *)(qt + F * us__fp8_padded(Np))};
+    us__linear_wgrad(m, Np, F, m->cfg.dim, dy, A->h, A->h_t ? &xt : NULL,
+                     us__grad(m, US__TENSOR(l, US__P_DOWN)));
 }
 
 /* The MoE experts' GEMMs (// >>moe, us__moe_run) under tc.fp8_experts (by default they stay in
@@ -10246,8 +10227,7 @@ static us_result us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int rec
                 &Ns); /* GEMMs run on Np rows; norms and the residual on Ns (both N without SP) */
     /* ln1 [Ns,C] = rmsnorm(x [Ns,C]), rstd1 [Ns] */
     if (do_cheap)
-        us__norm_fwd(m, A->ln1, A->rstd1, A->x, US__TENSOR(l, US__P_LN1), Ns, QKV, do_gemm && !sp,
-                     &A->ln1_t);
+        us__norm_fwd(m, A->ln1, A->rstd1, A->x, US__TENSOR(l, US__P_LN1), Ns, QKV, do_gemm && !sp);
     /* qkv [Np,QKV] = ln1 · Wqkv [QKV,C]ᵀ (under SP ln1 gathered to [Np,C] first), then RoPE */
     if (do_gemm) {
         if (sp) { /* g, travelling under the GEMM */
@@ -10293,7 +10273,7 @@ static us_result us__layer_fwd(us_model *m, int l, int64_t B, int64_t T, int rec
     }
     if (do_cheap) /* ln2 [Ns,C] = rmsnorm(xmid), rstd2 [Ns] (a MoE layer's router reads it) */
         us__norm_fwd(m, A->ln2, A->rstd2, A->xmid, US__TENSOR(l, US__P_LN2), Ns, 2 * F,
-                     do_gemm && !sp && m->moe_idx[l] < 0, &A->ln2_t);
+                     do_gemm && !sp && m->moe_idx[l] < 0);
     if (m->moe_idx[l] >= 0)
         return us__moe_fwd(m, l, N, recompute, xnext); /* a MoE layer (// >>moe) */
     /* gu [Np,2F] = ln2 · Wgu [2F,C]ᵀ, h [Np,F] = swiglu(gu) (F: this rank's FFN columns) */
@@ -10358,7 +10338,6 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
             *wd = NULL; /* SP's gather of a GEMM input, the input gradient's reduction, in flight */
     size_t rowb;
     void *dlnp;
-    us__fp8_opnd xt; /* a Wgrad's kept operand (us__t_of) */
     us_result r;
     us__sp_rows(m, N, &Np, &Ns);
     rowb = (size_t)Np * (size_t)C * us_dtype_size(dt);
@@ -10379,8 +10358,7 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
         if (split)
             o->copy(o, A->g_down, dresF, rowb, US_COPY_D2D);
         else {
-            us__linear_wgrad(m, Np, F, C, dresF, A->h, us__t_of(A->h, A->h_t, Np, F, &xt),
-                             us__grad(m, US__TENSOR(l, US__P_DOWN)));
+            us__down_wgrad(m, l, A, Np, F, dresF);
             if ((r = us__grads_ready(m, US__TENSOR(l, US__P_DOWN),
                                      US__TENSOR(l, US__P_DOWN) + 1)) != US_OK)
                 return r;
@@ -10397,8 +10375,7 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
         if ((r = us__tp_dgrad_start(m, dlnp, dln, N, Ns, &wd)) != US_OK) return r;
         if (!split) {
             if ((r = us__tp_wait(m, &wg)) != US_OK) return r;
-            us__linear_wgrad(m, Np, C, 2 * F, dgu, sp ? G : A->ln2,
-                             us__t_of(A->ln2, A->ln2_t, Np, C, &xt),
+            us__linear_wgrad(m, Np, C, 2 * F, dgu, sp ? G : A->ln2, NULL,
                              us__grad(m, US__TENSOR(l, US__P_GATE)));
             if ((r = us__grads_ready(m, US__TENSOR(l, US__P_GATE), US__TENSOR(l, US__P_UP) + 1)) !=
                 US_OK)
@@ -10446,8 +10423,7 @@ static us_result us__layer_bwd(us_model *m, int l, int64_t B, int64_t T) {
     if ((r = us__tp_dgrad_start(m, dlnp, dln, N, Ns, &wd)) != US_OK) return r;
     if (!split) {
         if ((r = us__tp_wait(m, &wg)) != US_OK) return r;
-        us__linear_wgrad(m, Np, C, QKV, dqkv, sp ? G : A->ln1,
-                         us__t_of(A->ln1, A->ln1_t, Np, C, &xt),
+        us__linear_wgrad(m, Np, C, QKV, dqkv, sp ? G : A->ln1, NULL,
                          us__grad(m, US__TENSOR(l, US__P_Q)));
         if ((r = us__grads_ready(m, US__TENSOR(l, US__P_Q), US__TENSOR(l, US__P_V) + 1)) != US_OK)
             return r;
@@ -10480,7 +10456,6 @@ static us_result us__layer_w(us_model *m, int l, int64_t B, int64_t T) {
     int64_t C = c->dim, F = m->ffn_l, QKV = (int64_t)(NH + 2 * NKV) * HS, AO = (int64_t)NH * HS, Np,
             Ns;
     void *G = m->a[US__A_SPG];
-    us__fp8_opnd xt; /* a Wgrad's kept operand (us__t_of) */
     us_result r;
     us__sp_rows(m, B * T, &Np, &Ns);
     /* Under recomputation the W GEMMs' inputs the mode does not keep (selective: ln1, att, ln2,
@@ -10495,14 +10470,12 @@ static us_result us__layer_w(us_model *m, int l, int64_t B, int64_t T) {
     if (m->moe_idx[l] >= 0) { /* a MoE layer's experts, shared expert and router (// >>moe) */
         if ((r = us__moe_w(m, l, B * T)) != US_OK) return r;
     } else {
-        us__linear_wgrad(m, Np, F, C, A->g_down, A->h, us__t_of(A->h, A->h_t, Np, F, &xt),
-                         us__grad(m, US__TENSOR(l, US__P_DOWN)));
+        us__down_wgrad(m, l, A, Np, F, A->g_down);
         if ((r = us__grads_ready(m, US__TENSOR(l, US__P_DOWN), US__TENSOR(l, US__P_DOWN) + 1)) !=
             US_OK)
             return r;
         if (sp && (r = us__sp_gather(m, G, A->ln2, Ns)) != US_OK) return r;
-        us__linear_wgrad(m, Np, C, 2 * F, A->g_gu, sp ? G : A->ln2,
-                         us__t_of(A->ln2, A->ln2_t, Np, C, &xt),
+        us__linear_wgrad(m, Np, C, 2 * F, A->g_gu, sp ? G : A->ln2, NULL,
                          us__grad(m, US__TENSOR(l, US__P_GATE)));
         if ((r = us__grads_ready(m, US__TENSOR(l, US__P_GATE), US__TENSOR(l, US__P_UP) + 1)) !=
             US_OK)
@@ -10513,8 +10486,8 @@ static us_result us__layer_w(us_model *m, int l, int64_t B, int64_t T) {
     if ((r = us__grads_ready(m, US__TENSOR(l, US__P_O), US__TENSOR(l, US__P_O) + 1)) != US_OK)
         return r;
     if (sp && (r = us__sp_gather(m, G, A->ln1, Ns)) != US_OK) return r;
-    us__linear_wgrad(m, Np, C, QKV, A->g_qkv, sp ? G : A->ln1,
-                     us__t_of(A->ln1, A->ln1_t, Np, C, &xt), us__grad(m, US__TENSOR(l, US__P_Q)));
+    us__linear_wgrad(m, Np, C, QKV, A->g_qkv, sp ? G : A->ln1, NULL,
+                     us__grad(m, US__TENSOR(l, US__P_Q)));
     if ((r = us__grads_ready(m, US__TENSOR(l, US__P_Q), US__TENSOR(l, US__P_V) + 1)) != US_OK)
         return r;
     return A->g_ln1 ? us__w_norm(m, A->g_ln1, US__TENSOR(l, US__P_LN1)) : US_OK;

@@ -1208,7 +1208,7 @@ __global__ void us__k_rmsnorm_fwd_vec(T *out, float *rstd, const T *x, const T *
         float o[W];
 #pragma unroll
         for (i = 0; i < W; i++) o[i] = v[k][i] * r * wv[k][i];
-        if (out && j < nv) us__stv(out + n * C + (int64_t)j * W, o); /* NULL: rstd alone */
+        if (j < nv) us__stv(out + n * C + (int64_t)j * W, o);
         epi(o, n, (int64_t)j * W, j < nv);
     }
 }
@@ -9796,99 +9796,11 @@ struct us__fp8_epi {
     }
 };
 
-/* ---- RMSNorm with both operands of its output (us_ops.rmsnorm_fwd_fp8 with qt), as SwiGLU's
-   below: the qkv (gate|up) linear's Fprop reads ln [N][C] in 1×128 tiles, its Wgrad lnᵀ in
-   128×1 tiles, which the layer keeps in ln's bytes instead of ln (us__norm_fwd). A row's rstd
-   needs the whole row, a 128×1 tile 128 rows: so the vector kernel first writes rstd alone (its
-   sum in its own order, the bits rmsnorm_fwd gives), then a block of this kernel copies the x
-   patch of tokens l0..l0+127, columns c0..c0+127 into shared memory (cp.async, four commit
-   groups), forms ln = x·rstd·w there as each group lands (the vector kernel's expression,
-   rounded to T as it stores ln) and runs us__k_fp8_row_t's tile code on it: the bytes and scales
-   are those of rmsnorm_fwd then fp8_quantize_both. x is read twice (2 + 2 bytes an element, the
-   second mostly from L2), ln is not written: 6 bytes an element where the norm, its quantiser
-   and the backward's transposed quantiser moved 8. Needs C a multiple of 128 and 16-byte aligned
-   tensors; otherwise the op runs the two kernels (ln in the scratch when out is NULL). */
-template <typename T>
-__global__ void __launch_bounds__(256)
-    us__k_rmsnorm_fwd_fp8t(T *out, uint8_t *q, float *s, uint8_t *q2, float *s2, const T *x,
-                           const T *w, const float *rstd, int64_t N, int64_t C, int64_t Lp,
-                           int pow2, int vec) {
-    typedef typename us__raw4<T>::t V;
-    extern __shared__ __align__(16) unsigned char us__rowt_smem[];
-    T(*px)[132] = us__rowt_sm<T>(us__rowt_smem); /* [128][132] x, then ln */
-    int64_t c0 = (int64_t)blockIdx.x * 128, l0 = (int64_t)blockIdx.y * 128,
-            c = c0 + 4 * (threadIdx.x & 31);
-    int lane = threadIdx.x & 31, w8 = threadIdx.x >> 5, i, k;
-    bool full = us__fp8_row_t_full(C, N, c0, l0, vec); /* every token l0..l0+127 exists */
-    const T *x0 = x + (l0 + w8) * C + c;               /* token l0 + w8 */
-    float wv[4];
-    /* rows w8 + 8i, 4 columns a lane, in four commit groups of 4 rows; a row past N: zeros */
-#pragma unroll
-    for (i = 0; i < 16; i++) {
-        int64_t r = 8 * i;
-        int b = full || l0 + w8 + r < N ? (int)sizeof(V) : 0;
-        us__cp_async_v<V>(&px[w8 + r][4 * lane], b ? x0 + r * C : x, b);
-        if (i % 4 == 3) us__cp_async_commit();
-    }
-    us__ld4(w + c, wv);
-    /* each group's ln once it has landed (a thread reads only the elements it copied) */
-#pragma unroll
-    for (i = 0; i < 16; i++) {
-        int r = w8 + 8 * i;
-        bool in = full || l0 + r < N;
-        float xf[4], o[4], rr = in ? rstd[l0 + r] : 0.0f;
-        V lv;
-        if (i % 4 == 0) us__cp_async_wait_n(3 - i / 4);
-        us__ld4(&px[r][4 * lane], xf);
-#pragma unroll
-        for (k = 0; k < 4; k++) o[k] = xf[k] * rr * wv[k];
-        us__st4(reinterpret_cast<T *>(&lv), o);
-        *reinterpret_cast<V *>(&px[r][4 * lane]) = lv; /* zeros where the row is past N */
-        if (out && in) *reinterpret_cast<V *>(out + (l0 + r) * C + c) = lv;
-    }
-    __syncthreads();
-    us__fp8_row_t_patch<T>(full, px, us__rowt_smem + sizeof(T) * 128 * 132, q, s, C, N, Lp, c0, l0,
-                           pow2, vec, NULL, q2, s2);
-}
-
-template <typename T>
-static void us__rmsnorm_fwd_fp8_launch(dim3 grid, cudaStream_t st, T *out, uint8_t *q, float *s,
-                                       uint8_t *q2, float *s2, const T *x, const T *w,
-                                       const float *rstd, int64_t N, int64_t C, int64_t Lp,
-                                       int pow2, int vec) {
-    static unsigned long long asked; /* per element type; the transposed quantiser's smem */
-    us__smem_raise((const void *)us__k_rmsnorm_fwd_fp8t<T>, us__fp8_row_t_smem<T>(), &asked);
-    us__k_rmsnorm_fwd_fp8t<T><<<grid, 256, us__fp8_row_t_smem<T>(), st>>>(
-        out, q, s, q2, s2, x, w, rstd, N, C, Lp, pow2, vec);
-}
-
-/* (q, s): ln's 1×128 operand; (qt, st), where asked for: lnᵀ's 128×1 one (qt [C][Lp], st
-   [Lp/128][C]), the two-dimensional kernel's q2 and q as in fp8_quantize_both */
 static void us__cuda_rmsnorm_fwd_fp8(us_ops *o, void *out, float *rstd, uint8_t *q, float *s,
-                                     uint8_t *qt, float *st, const void *x, const void *w,
-                                     int64_t N, int64_t C, float eps, us_dtype dt, int pow2) {
+                                     const void *x, const void *w, int64_t N, int64_t C, float eps,
+                                     us_dtype dt, int pow2) {
     int W = 16 / (int)us_dtype_size(dt), th = us__row_threads(C, W);
-    int64_t Lp = (N + 127) / 128 * 128;
     if (N <= 0 || C <= 0) return;
-    if (qt && th && C % 128 == 0 && Lp / 128 < 65536 && us__al16(x) && us__al16(w) &&
-        (!out || us__al16(out)) && us__al(q, 4)) {
-        dim3 grid((unsigned)(C / 128), (unsigned)(Lp / 128));
-        int vec = 1 | (us__al(qt, 16) ? 2 : 0);
-        US__DISPATCH(o, dt,
-                     (us__k_rmsnorm_fwd_vec<T_><<<(unsigned)N, th, 0, us__cu(o)->stream>>>(
-                          NULL, rstd, (const T_ *)x, (const T_ *)w, C, eps),
-                      us__rmsnorm_fwd_fp8_launch<T_>(grid, us__cu(o)->stream, (T_ *)out, qt, st, q,
-                                                     s, (const T_ *)x, (const T_ *)w, rstd, N, C,
-                                                     Lp, pow2, vec)));
-        return;
-    }
-    if (qt) { /* the two kernels, ln (where not kept) in the scratch */
-        void *lw = out ? out : us__cuda_scratch(o, (size_t)(N * C) * us_dtype_size(dt));
-        if (!lw) return; /* the failure is recorded */
-        us__cuda_rmsnorm_fwd(o, lw, rstd, x, w, N, C, eps, dt);
-        us__cuda_fp8_quantize_both(o, q, s, qt, st, lw, dt, N, C, US_FP8_ROW128, pow2);
-        return;
-    }
     if (th && C % 128 == 0 && us__al16(out) && us__al16(x) && us__al16(w) && us__al(q, W)) {
         US__DISPATCH(
             o, dt,

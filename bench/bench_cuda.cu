@@ -119,7 +119,7 @@ static const char *pname[P_N] = {"gemm (cuBLASLt)",
                                  "attention fwd",
                                  "attention bwd",
                                  "rmsnorm",
-                                 "rmsnorm + 1x128 (+128x1)",
+                                 "rmsnorm + 1x128",
                                  "rope",
                                  "swiglu",
                                  "swiglu + 1x128 (+128x1)",
@@ -269,15 +269,13 @@ static void w_nb(us_ops *o, void *dx, float *dw, const void *d, const void *x, c
 }
 
 /* the fused ops; under --fp8-free-quant the norm or SwiGLU alone */
-static void w_nfq(us_ops *o, void *out, float *r, uint8_t *q, float *sc, uint8_t *qt, float *st,
-                  const void *x, const void *w, int64_t N, int64_t C, float eps, us_dtype dt,
-                  int pow2) {
+static void w_nfq(us_ops *o, void *out, float *r, uint8_t *q, float *sc, const void *x,
+                  const void *w, int64_t N, int64_t C, float eps, us_dtype dt, int pow2) {
     (void)o;
-    if (skip_q && out)
+    if (skip_q)
         WRAP(P_NORM, inner.rmsnorm_fwd(&inner, out, r, x, w, N, C, eps, dt));
     else
-        WRAP(P_NORM_Q,
-             inner.rmsnorm_fwd_fp8(&inner, out, r, q, sc, qt, st, x, w, N, C, eps, dt, pow2));
+        WRAP(P_NORM_Q, inner.rmsnorm_fwd_fp8(&inner, out, r, q, sc, x, w, N, C, eps, dt, pow2));
 }
 
 static void w_sfq(us_ops *o, void *h, uint8_t *q, float *sc, uint8_t *qt, float *st, const void *gu,

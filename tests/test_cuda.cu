@@ -1878,7 +1878,7 @@ static int fused_same(const void *xd, const void *wd, int64_t N, int64_t C, us_d
     int ok;
     if (wd) {
         G.rmsnorm_fwd(&G, ord, rrd, xd, wd, N, C, 1e-5f, dt);
-        G.rmsnorm_fwd_fp8(&G, od, rd, qd, sd, NULL, NULL, xd, wd, N, C, 1e-5f, dt, pow2);
+        G.rmsnorm_fwd_fp8(&G, od, rd, qd, sd, xd, wd, N, C, 1e-5f, dt, pow2);
     } else {
         G.swiglu_fwd(&G, ord, xd, N, C, dt);
         G.swiglu_fwd_fp8(&G, od, qd, sd, NULL, NULL, xd, N, C, dt, pow2);
@@ -1913,13 +1913,11 @@ static int fused_same(const void *xd, const void *wd, int64_t N, int64_t C, us_d
    pair on the GPU, swiglu_bwd then fp8_quantize_both, and the CPU's fp8_quantize_both of that
    same dgu: dgu (when asked for), the 1×128 and the 128×1 operands, bytes and scales, bit for bit
    (the buffers start as the same garbage, so a byte one path leaves unwritten shows). dgu NULL
-   (the layer's call): the operands alone, on a copy of gu the op may overwrite. op 1: the same of
+   (the layer's call): the operands alone, on a copy of gu the op may overwrite. fwd: the same of
    SwiGLU's forward with both operands of h (swiglu_fwd_fp8 with qt; h NULL is the layer's call)
-   against swiglu_fwd then fp8_quantize_both (dhd unused); op 2: of RMSNorm's (rmsnorm_fwd_fp8
-   with qt) against rmsnorm_fwd then fp8_quantize_both, rstd too, on x = gud [N][F], w = dhd. */
-static int fused_both_same(int op, const void *gud, const void *dhd, int64_t N, int64_t F,
-                           us_dtype dt, int pow2, int keep) {
-    int fwd = op > 0;
+   against swiglu_fwd then fp8_quantize_both (dhd unused). */
+static int fused_swiglu_same(int fwd, const void *gud, const void *dhd, int64_t N, int64_t F,
+                             us_dtype dt, int pow2, int keep) {
     int64_t C2 = fwd ? F : 2 * F, Cp = (C2 + 127) / 128 * 128, Np = (N + 127) / 128 * 128;
     int64_t ns = us_fp8_scales_size(US_FP8_ROW128, N, C2),
             nst = us_fp8_scales_size(US_FP8_ROW128, C2, N);
@@ -1929,7 +1927,6 @@ static int fused_both_same(int op, const void *gud, const void *dhd, int64_t N, 
     void *dq[2][4];
     size_t bytes[4] = {qb, sb, qtb, stb};
     char *h[2][4], *dh = (char *)malloc(gb), *dr = (char *)malloc(gb), *hc[4];
-    float *rs = (float *)G.alloc(&G, (size_t)N * 8), rh[2][64]; /* rstd, both paths */
     int k, j, ok = 1;
     for (k = 0; k < 2; k++)
         for (j = 0; j < 4; j++) {
@@ -1941,18 +1938,13 @@ static int fused_both_same(int op, const void *gud, const void *dhd, int64_t N, 
     cudaMemset(out, 0x5a, gb);
     cudaDeviceSynchronize(); /* (the memsets ran on the default stream) */
     G.copy(&G, guc, gud, fwd ? 2 * gb : gb, US_COPY_D2D);
-    if (op == 2)
-        G.rmsnorm_fwd(&G, ref, rs, gud, dhd, N, F, 1e-5f, dt);
-    else if (fwd)
+    if (fwd)
         G.swiglu_fwd(&G, ref, gud, N, F, dt);
     else
         G.swiglu_bwd(&G, ref, dhd, gud, N, F, dt);
     G.fp8_quantize_both(&G, (uint8_t *)dq[0][0], (float *)dq[0][1], (uint8_t *)dq[0][2],
                         (float *)dq[0][3], ref, dt, N, C2, US_FP8_ROW128, pow2);
-    if (op == 2)
-        G.rmsnorm_fwd_fp8(&G, keep ? out : NULL, rs + N, (uint8_t *)dq[1][0], (float *)dq[1][1],
-                          (uint8_t *)dq[1][2], (float *)dq[1][3], gud, dhd, N, F, 1e-5f, dt, pow2);
-    else if (fwd)
+    if (fwd)
         G.swiglu_fwd_fp8(&G, keep ? out : NULL, (uint8_t *)dq[1][0], (float *)dq[1][1],
                          (uint8_t *)dq[1][2], (float *)dq[1][3], guc, N, F, dt, pow2);
     else
@@ -1968,13 +1960,6 @@ static int fused_both_same(int op, const void *gud, const void *dhd, int64_t N, 
     for (j = 0; j < 4; j++)
         ok &= !memcmp(h[0][j], h[1][j], bytes[j]) && !memcmp(h[1][j], hc[j], bytes[j]);
     ok &= (!keep || !memcmp(dh, dr, gb)) && G.error(&G) == NULL;
-    for (k = 0; op == 2 && k < N; k += 64) { /* the two rstd */
-        int64_t n = N - k < 64 ? N - k : 64;
-        down(rh[0], rs + k, (size_t)n * 4);
-        down(rh[1], rs + N + k, (size_t)n * 4);
-        ok &= !memcmp(rh[0], rh[1], (size_t)n * 4);
-    }
-    G.free(&G, rs);
     G.free(&G, ref);
     G.free(&G, out);
     G.free(&G, guc);
@@ -1992,8 +1977,8 @@ static int fused_both_same(int op, const void *gud, const void *dhd, int64_t N, 
 static void test_fp8_fused_swiglu(void) {
     int64_t Fs[4] = {1024, 384, 128, 200}, Ns[3] = {37, 300, 256};
     int c;
-    for (c = 0; c < 3 * 2 * 4 * 3 * 2 * 2; c++) { /* op, dtype, F, N, pow2, keep */
-        int op = c / 96, fwd = op > 0, pow2 = c / 2 % 2, keep = c % 2;
+    for (c = 0; c < 2 * 2 * 4 * 3 * 2 * 2; c++) { /* forward or backward, dtype, F, N, pow2, keep */
+        int fwd = c / 96, pow2 = c / 2 % 2, keep = c % 2;
         us_dtype dt = c / 48 % 2 ? US_BF16 : US_F32;
         int64_t F = Fs[c / 12 % 4], N = Ns[c / 4 % 3], i;
         float *gu = rnd_f32(2 * N * F, 4.0f), *dh = rnd_f32(N * F, 1.0f);
@@ -2006,16 +1991,13 @@ static void test_fp8_fused_swiglu(void) {
         dhh = as_dt(dh, N * F, dt);
         gud = up(guh, (size_t)(2 * N * F) * us_dtype_size(dt));
         dhd = up(dhh, (size_t)(N * F) * us_dtype_size(dt));
-        static const char *nm[3] = {"swiglu_bwd", "swiglu_fwd", "rmsnorm_fwd"};
-        CHECK(fused_both_same(op, gud, dhd, N, F, dt, pow2, keep),
-              "%s_fp8 %s N %lld F %lld pow2=%d %s %s%s: %sits 1x128 and 128x1 operands%s = %s, "
-              "then fp8_quantize_both (GPU and CPU), bit for bit",
-              nm[op], us_dtype_name(dt), (long long)N, (long long)F, pow2,
-              op == 2 ? "out"
-              : fwd   ? "h"
-                      : "dgu",
-              keep ? "stored" : "NULL", F % 128 ? " (two kernels: F % 128)" : "",
-              keep ? "the output and " : "", op == 2 ? " and rstd" : "", nm[op]);
+        CHECK(fused_swiglu_same(fwd, gud, dhd, N, F, dt, pow2, keep),
+              "swiglu_%s_fp8 %s N %lld F %lld pow2=%d %s %s%s: %sits 1x128 and "
+              "128x1 operands = swiglu_%s, then fp8_quantize_both (GPU and CPU), "
+              "bit for bit",
+              fwd ? "fwd" : "bwd", us_dtype_name(dt), (long long)N, (long long)F, pow2,
+              fwd ? "h" : "dgu", keep ? "stored" : "NULL", F % 128 ? " (two kernels: F % 128)" : "",
+              keep ? "the output and " : "", fwd ? "fwd" : "bwd");
         G.free(&G, gud);
         G.free(&G, dhd);
         free(guh);
