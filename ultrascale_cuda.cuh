@@ -1572,10 +1572,6 @@ static void us__cuda_rope_bwd(us_ops *o, void *dqkv, int64_t B, int64_t T, int N
     us__cuda_rope(o, dqkv, NULL, B, T, T, NH, NKV, HS, freq, dt, -1.0f);
 }
 
-/* SwiGLU on gu[N, 2F] = gate | up: h [N, F] = silu(gate)·up; backward dh [N, F] → dgu [N, 2F]
-   (may be gu itself). Grid y walks the rows, x the columns, so no element pays a 64-bit
-   division to find its row. */
-
 /* silu(g)·u = g / (1 + e^−g) · u: the one expression every forward kernel uses, the fused one of
    // >>cuda-fp8 too, so that all of them form the same bits. The division is the fast one
    (__fdividef, within 2 ulp; 0 once 1 + e^−g passes 2^126, where the true value is below
@@ -1586,6 +1582,9 @@ __device__ __forceinline__ float us__swiglu_h(float g, float u) {
     return __fdividef(g, 1.0f + __expf(-g)) * u;
 }
 
+/* SwiGLU on gu[N, 2F] = gate | up: h [N, F] = silu(gate)·up; backward dh [N, F] → dgu [N, 2F]
+   (may be gu itself). Grid y walks the rows, x the columns, so no element pays a 64-bit
+   division to find its row. */
 template <typename T>
 __global__ void us__k_swiglu_fwd(T *h, const T *gu, int64_t N, int64_t F) {
     int64_t f = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, n;
