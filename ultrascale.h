@@ -4958,7 +4958,7 @@ struct us_layer_acts {
     void *gu;     /* [N,2F]  gate | up */
     void *h;      /* [N,F]   SwiGLU output, or (h_t) hᵀ's FP8 operand in its bytes */
     int h_t;      /* h holds hᵀ's 128×1 FP8 operand for the down linear's Wgrad instead of h
-                (us__swiglu_fwd): qt u8[F][Np128], then st f32[Np128/128][F] */
+                (us__swiglu_fwd; its layout: us__h_t) */
     /* zero-bubble schedules (B and W apart): the output gradients the weight GEMMs read, kept
        from B until W; NULL otherwise */
     void *g_down; /* [N,C]   the residual gradient entering the MLP (down-projection output) */
@@ -10089,6 +10089,14 @@ static void us__norm_fwd(us_model *m, void *ln, float *rstd, const void *x, int 
    element where h takes 2), which saves h's store now and the quantiser's read of h in the
    backward. The bytes are those the Wgrad's own quantisation of h gives, so nothing else changes.
    A recomputing forward writes h itself (its Wgrad reads that). */
+/* hᵀ's 128×1 operand as the layer keeps it in h's bytes (A->h_t): qt u8[F][Lp], then st
+   f32[Lp/128][F], Lp = Np rounded up to 128 */
+static us__fp8_opnd us__h_t(const us_layer_acts *A, int64_t Np, int64_t F) {
+    const uint8_t *qt = (const uint8_t *)A->h;
+    us__fp8_opnd t = {qt, (const float *)(qt + F * us__fp8_padded(Np))};
+    return t;
+}
+
 static void us__swiglu_fwd(us_model *m, us_layer_acts *A, int64_t N, int64_t Np, int64_t F,
                            int fuse) {
     us_ops *o = &m->ops;
@@ -10096,12 +10104,12 @@ static void us__swiglu_fwd(us_model *m, us_layer_acts *A, int64_t N, int64_t Np,
     size_t kept = (size_t)(F * Lp) + (size_t)(Lp / 128 * F) * 4; /* qt, then st */
     float *s = NULL;
     uint8_t *q = us__fp8_pre(m, A->h, N, F, m->cfg.dim, fuse && o->swiglu_fwd_fp8, &s);
-    uint8_t *qt = (uint8_t *)A->h;
+    us__fp8_opnd t = us__h_t(A, Np, F);
     A->h_t = q && kept <= (size_t)(Np * F) * us_dtype_size(m->dt);
     if (!q)
         o->swiglu_fwd(o, A->h, A->gu, Np, F, m->dt);
     else if (A->h_t)
-        o->swiglu_fwd_fp8(o, NULL, q, s, qt, (float *)(qt + F * Lp), A->gu, Np, F, m->dt,
+        o->swiglu_fwd_fp8(o, NULL, q, s, (uint8_t *)t.q, (float *)t.s, A->gu, Np, F, m->dt,
                           m->tc.fp8_pow2);
     else
         o->swiglu_fwd_fp8(o, A->h, q, s, NULL, NULL, A->gu, Np, F, m->dt, m->tc.fp8_pow2);
@@ -10168,8 +10176,7 @@ static void us__linear_wgrad(us_model *m, int64_t N, int64_t In, int64_t Out, co
    forward kept it in h's bytes (A->h_t, us__swiglu_fwd) */
 static void us__down_wgrad(us_model *m, int l, const us_layer_acts *A, int64_t Np, int64_t F,
                            const void *dy) {
-    const uint8_t *qt = (const uint8_t *)A->h;
-    us__fp8_opnd xt = {qt, (const float *)(qt + F * us__fp8_padded(Np))};
+    us__fp8_opnd xt = us__h_t(A, Np, F);
     us__linear_wgrad(m, Np, F, m->cfg.dim, dy, A->h, A->h_t ? &xt : NULL,
                      us__grad(m, US__TENSOR(l, US__P_DOWN)));
 }

@@ -14,7 +14,9 @@
                         unfused path
      --fp8-free-quant   (fp8 only) skip every FP8 quantisation in the timed steps: the GEMMs read
                         the operands the warm-up steps left behind. Wrong numbers, fast: it measures
-                        the step FP8 would give if quantising cost nothing (the recipe's ceiling)
+                        the step FP8 would give if quantising cost nothing (the recipe's ceiling).
+                        SwiGLU's forward still runs fused where the layer keeps hᵀ's operand
+                        instead of h (there is no h to write without it)
      --fp8-gemm         FP8 GEMMs (block-scaled, per-tensor) vs bf16 at LLM shapes, and the quantiser
                         (ends with --swiglu-bwd-fp8's lines)
      --swiglu-bwd-fp8   SwiGLU's backward with dgu's two FP8 operands (us_ops.swiglu_bwd_fp8, dgu
@@ -281,7 +283,7 @@ static void w_nfq(us_ops *o, void *out, float *r, uint8_t *q, float *sc, const v
 static void w_sfq(us_ops *o, void *h, uint8_t *q, float *sc, uint8_t *qt, float *st, const void *gu,
                   int64_t N, int64_t F, us_dtype dt, int pow2) {
     (void)o;
-    if (skip_q && h)
+    if (skip_q && h) /* h NULL (the layer keeps hᵀ's operand instead): nothing to skip to */
         WRAP(P_SWIGLU, inner.swiglu_fwd(&inner, h, gu, N, F, dt));
     else
         WRAP(P_SWIGLU_Q, inner.swiglu_fwd_fp8(&inner, h, q, sc, qt, st, gu, N, F, dt, pow2));

@@ -3,12 +3,12 @@
    us__k_swiglu_bwd_vec then us__k_fp8_row_t with both operands (fp8_quantize_both's ROW128
    path), emulated the same way, and against the CPU ops' fp8_quantize_both of that dgu: dgu, the
    1×128 and the 128×1 operands, bytes and scales, bit for bit; and the same of SwiGLU's forward
-   with h's two operands (us__k_swiglu_fwd_fp8t against us__k_swiglu_fwd_vec then the quantiser); fp32 and bf16, pow2 on and off,
-   token counts that are and are not multiples of 128 (the kernels' FULL and bounds-checked tile
-   paths), several tiles both ways; fp16 on two shapes. The emulator's __expf is expf and its
-   __fdividef a division, the same in both paths, so the comparison is of the kernels' tiling,
-   staging and layouts (the GPU's own test is test_cuda --fp8). `make fp8-emu` (needs the CUDA
-   headers, not a GPU). */
+   with h's two operands (us__k_swiglu_fwd_fp8t against us__k_swiglu_fwd_vec then the
+   quantiser); fp32 and bf16, pow2 on and off, token counts that are and are not multiples of 128
+   (the kernels' FULL and bounds-checked tile paths), several tiles both ways; fp16 on two
+   shapes. The emulator's __expf is expf and its __fdividef a division, the same in both paths,
+   so the comparison is of the kernels' tiling, staging and layouts (the GPU's own test is
+   test_cuda --fp8). `make fp8-emu` (needs the CUDA headers, not a GPU). */
 #define ULTRASCALE_IMPLEMENTATION
 #include "../../ultrascale.h"
 #include "us_cuda_emu.h"
@@ -120,7 +120,8 @@ int main(int argc, char **argv) {
                 one_case<float>(fwd, shapes[s][0], shapes[s][1], c / 2, c % 2, US_F32);
                 one_case<__nv_bfloat16>(fwd, shapes[s][0], shapes[s][1], c / 2, c % 2, US_BF16);
             }
-        /* fp16 (the 1×128 amax over packed 16-bit patterns, as bf16's), whole and partial patches */
+        /* fp16 (the 1×128 amax over packed 16-bit patterns, as bf16's), whole and partial
+           patches */
         for (s = 1; s < 3; s++) one_case<__half>(fwd, shapes[s][0], shapes[s][1], 0, 0, US_F16);
     }
     return us_test_done("fp8_emu");
