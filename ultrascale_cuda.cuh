@@ -9175,24 +9175,24 @@ __global__ void __launch_bounds__(256, 4)
     }
 }
 
-/* ROW128 of P = xᵀ (x [L][R] as stored): the 128×1 tiles of x that Wgrad reduces over. A block
-   stages a 128 (l) × 128 (r) patch of x in shared memory, as x's own type: each warp reads 16 of
-   x's rows, 4 elements (8 bytes of bf16) per lane, all 16 loads in flight before the first store.
-   Nsight Compute showed the earlier 128 × 64 patch, read 2 elements per lane, latency-bound on
-   those loads (56 % of the stalls; DRAM 24 % busy): this one has twice the bytes in flight per SM
-   and 256-byte row segments. Then the columns: for 16-bit x, thread t takes the two neighbouring
-   columns 2·(t mod 64) and +1 as one 4-byte word per row, over the 32 rows of quarter t / 64 (a
-   warp reads 32 neighbouring words of one row: no bank conflicts; both amaxes in one packed
-   max); for fp32, column t mod 128 over the 64 rows of half t / 128. The parts meet in shared
-   memory, each column's scale is computed once, and the bytes are parked transposed, 4 at a
-   time, so that the block writes P's rows 4 bytes per lane. Nsight Compute had this kernel
-   issue-bound (77 % of issue slots with the row pass below, ALU first): the packed words halve
-   the column loads and their amax instructions.
-   q2 non-NULL (fp8_quantize_both): the patch's rows are also x's own 1×128 tiles along R, so the
-   same staged patch gives ROW128 of x [L][R] too (q2 [L][Rp], s2 [RB][L]): warp w takes rows
-   w + 8j (j < 16), a lane 4 neighbouring elements of each, and a warp-wide max gives each row's
-   amax. Lane j then computes row j's scale (the divisions, once per tile, not once per lane)
-   and hands 1/s to the others with a shuffle. x is read once for both copies. */
+/* ROW128 of P = xᵀ (x [L][R] as stored): the 128×1 tiles of x that Wgrad reduces over, and with
+   q2 (fp8_quantize_both) x's own 1×128 tiles along R, from the same read of x. A block takes a
+   128 (l) × 128 (r) patch of x and holds it in registers as x's raw bits: warp w of NW the RW
+   neighbouring rows l1 = l0 + RW·w .. l1 + RW − 1, lane j the columns r0 + 4j .. + 3 of each (one
+   8-byte load of bf16 a row, all RW in flight). Every amax and every byte is then made where the
+   elements already are:
+   - a row is one warp's: a lane's 4 |x| patterns (16-bit ones two at a time, one packed max),
+     then a warp-wide max (one redux), lane i keeping row i's amax; lane i computes that row's
+     scale (the divisions once per tile, not once per lane) and shuffles 1/s to the others;
+   - a column runs down every warp: each lane keeps its 4 columns' maxima over its RW rows, the
+     warps meet in shared memory (red [NW][128]) and thread c < 128 computes column c's scale;
+   - a lane's column c over its RW rows is RW neighbouring bytes of P's row r0 + 4j + c: the E4M3
+     pairs of rows i, i + 1 pack into words, and the RW bytes leave in one store per column.
+   Nothing is transposed through shared memory; the patch is never re-read. RW is 16 (8 warps,
+   256 threads) where a thread can hold 16 rows, 8 (16 warps, 512 threads) where it holds two
+   patches (SwiGLU's backward). FULL: the patch is whole (l0 + 128 ≤ L, r0 + 128 ≤ R) and q
+   16-byte aligned (vec bit 2), the common case, compiled without the per-row bounds branches
+   (us__fp8_row_t_full picks it). Rows past L must hold zeros: P's bytes there are its padding. */
 /* a 16-bit |x| pattern (sign cleared) as the bits of the same |x| in fp32, which orders alike */
 template <typename T>
 __device__ __forceinline__ unsigned us__abits16(unsigned b);
@@ -9238,180 +9238,178 @@ struct us__raw4<__half> {
     typedef uint2 t;
 };
 
-/* The patch's parts in shared memory: sm [128][132] the staged elements (+4 keeps rows 8/16-byte
-   aligned and spreads columns over the banks), then the tile code's scratch (US__ROWT_SCRATCH
-   bytes, which a kernel may place elsewhere): qs the patch's 128 rows of P, 128 bytes each (+1
-   word against bank conflicts), red [4][128] the column amax parts, rcs [128] each column's 1/s */
-#define US__ROWT_SCRATCH (4 * 128 * 33 + 4 * 4 * 128 + 4 * 128)
+/* the 4 elements of one raw load as floats */
+template <typename T>
+static __device__ __forceinline__ void us__unpack4(const typename us__raw4<T>::t &v, float *f) {
+    if constexpr (sizeof(T) == 4) {
+        f[0] = v.x;
+        f[1] = v.y;
+        f[2] = v.z;
+        f[3] = v.w;
+    } else {
+        us__unpack2((const T *)0, v.x, f[0], f[1]);
+        us__unpack2((const T *)0, v.y, f[2], f[3]);
+    }
+}
 
+/* a staged patch [128][132] of T in shared memory (SwiGLU's kernels): +4 keeps rows 8- and
+   16-byte aligned */
 template <typename T>
 __device__ __forceinline__ T (*us__rowt_sm(unsigned char *smem))[132] {
     return reinterpret_cast<T(*)[132]>(smem);
 }
 
-/* Everything after the staging: the 128×1 tiles of the patch of x [L][R] staged in sm, rows
-   l0.., columns r0.. (P = xᵀ's rows r0.., tiles along l0..), and with q2 its 1×128 tiles along R;
-   scr: the scratch. 256 threads run it (thread index mod 256), every thread of the block calling
-   it (its barriers are the block's), right after a barrier that follows the staging. FULL: the
-   patch is whole (l0 + 128 ≤ L, r0 + 128 ≤ R) and q 16-byte aligned (vec bit 2), the common
-   case, compiled without the per-row bounds branches (us__fp8_row_t_full picks it). */
-template <typename T, bool FULL>
-__device__ __forceinline__ void us__fp8_row_t_tiles(T (*sm)[132], unsigned char *scr, uint8_t *q,
-                                                    float *s, int64_t R, int64_t L, int64_t Lp,
-                                                    int64_t r0, int64_t l0, int pow2, int vec,
-                                                    const unsigned *gamax, uint8_t *q2, float *s2) {
-    uint32_t(*qs)[33] = reinterpret_cast<uint32_t(*)[33]>(scr);
-    unsigned(*red)[128] = reinterpret_cast<unsigned(*)[128]>(scr + 4 * 128 * 33);
-    float *rcs = reinterpret_cast<float *>(scr + 4 * 128 * 33 + 4 * 4 * 128);
-    int t = threadIdx.x & 255, lane = t & 31, w = t >> 5, c = t & 127, h = t >> 7, i, j;
-    float sc, rc, f[4];
-    unsigned a = 0;
-    if (q2) { /* ROW128 of x itself: row l0 + i of the patch is the tile (l0 + i, r0 / 128) */
-        int64_t Rp = (R + 127) / 128 * 128;
-        uint8_t *p2 = q2 + (l0 + w) * Rp + r0 + 4 * lane; /* row w's 4 bytes; Rp % 128 == 0 */
-        unsigned mine = 0;                                /* lane j < 16: the amax of row w + 8j */
+/* The tile code's shared memory with NW warps: red [NW][128] the column amax parts, then rcs
+   [128] each column's 1/s */
+#define US__ROWT_SCRATCH(NW) ((NW)*128 * 4 + 128 * 4)
+
+/* The patch of x [L][R] at rows l0.., columns r0.. held in v as above (P = xᵀ's rows r0..,
+   tiles along l0..; with q2 x's 1×128 tiles along R too); scr: US__ROWT_SCRATCH(128 / RW) bytes
+   of shared memory. Every thread of the block (128 / RW warps) calls it: its barriers are the
+   block's. */
+template <typename T, int RW, bool FULL>
+__device__ __forceinline__ void
+us__fp8_row_t_regs(const typename us__raw4<T>::t (&v)[RW], unsigned char *scr, uint8_t *q, float *s,
+                   int64_t R, int64_t L, int64_t Lp, int64_t r0, int64_t l0, int pow2, int vec,
+                   const unsigned *gamax, uint8_t *q2, float *s2) {
+    enum { NW = 128 / RW };
+
+    unsigned(*red)[128] = reinterpret_cast<unsigned(*)[128]>(scr);
+    float *rcs = reinterpret_cast<float *>(scr + NW * 128 * 4);
+    int t = threadIdx.x, lane = t & 31, w = t >> 5, i, c;
+    int64_t l1 = l0 + RW * w, Rp = (R + 127) / 128 * 128;
+    unsigned ca[4] = {0, 0, 0, 0}, mine = 0; /* the lane's 4 columns' amax; row lane's amax */
+    float rc = 0.0f, rk[4];
+    uint32_t cw[4][RW / 4]; /* the lane's column c, rows 4k .. 4k + 3 as E4M3 bytes in word k */
 #pragma unroll
-        for (j = 0; j < 16; j++) {
-            unsigned b = 0;
-            if constexpr (sizeof(T) == 2) { /* the 16-bit |x| patterns, two at a time, as below */
-                uint2 u = *reinterpret_cast<const uint2 *>(&sm[w + 8 * j][4 * lane]);
-                uint32_t m2 = __vmaxu2(u.x & 0x7fff7fffu, u.y & 0x7fff7fffu);
-                b = max(m2 & 0xffffu, m2 >> 16);
-            } else {
-                us__ld4(&sm[w + 8 * j][4 * lane], f); /* 16 aligned bytes: rows of 132 */
-                b = max(max(us__abits(f[0]), us__abits(f[1])),
-                        max(us__abits(f[2]), us__abits(f[3])));
-            }
-            b = __reduce_max_sync(0xffffffffu, b);
-            mine = lane == j ? b : mine;
+    for (i = 0; i < RW; i++) {
+        unsigned b;
+        if constexpr (sizeof(T) ==
+                      2) { /* packed: columns 4j, 4j + 1 in ca[0]; 4j + 2, + 3 in ca[1] */
+            uint32_t a0 = v[i].x & 0x7fff7fffu, a1 = v[i].y & 0x7fff7fffu, m2 = __vmaxu2(a0, a1);
+            ca[0] = __vmaxu2(ca[0], a0);
+            ca[1] = __vmaxu2(ca[1], a1);
+            b = max(m2 & 0xffffu, m2 >> 16);
+        } else {
+            unsigned a[4] = {us__abits(v[i].x), us__abits(v[i].y), us__abits(v[i].z),
+                             us__abits(v[i].w)};
+            for (c = 0; c < 4; c++) ca[c] = max(ca[c], a[c]);
+            b = max(max(a[0], a[1]), max(a[2], a[3]));
         }
-        if constexpr (sizeof(T) == 2) mine = us__abits16<T>(mine);
-        sc = us__fp8_scale(__uint_as_float(gamax ? *gamax : mine), pow2);
-        rc = 1.0f / sc;
-        if (lane < 16 && (FULL || l0 + w + 8 * lane < L) &&
-            (!gamax || (blockIdx.x == 0 && blockIdx.y == 0 && w == 0 && lane == 0)))
-            s2[gamax ? 0 : r0 / 128 * L + l0 + w + 8 * lane] = sc;
-#pragma unroll 4
-        for (j = 0; j < 16; j++) {
-            float r2 = __shfl_sync(0xffffffffu, rc, j);
-            us__ld4(&sm[w + 8 * j][4 * lane], f);
-            if (FULL || l0 + w + 8 * j < L) us__st_q4(p2 + 8 * j * Rp, us__e4m3x4(f, r2), 2);
+        if (q2) {
+            b = __reduce_max_sync(0xffffffffu, b);
+            mine = lane == i ? b : mine;
         }
     }
-    if constexpr (sizeof(T) == 2) { /* columns 2cp, 2cp + 1 over rows 32qt .. 32qt + 31 */
-        int cp = t & 63, qt = t >> 6;
-        const uint32_t *wp =
-            reinterpret_cast<const uint32_t *>(&sm[32 * qt][2 * cp]); /* rows are 66 words apart */
-        uint32_t m2 = 0;
-        float r0c, r1c, hi[4];
-#pragma unroll 8
-        for (i = 0; i < 32; i++) m2 = __vmaxu2(m2, wp[66 * i] & 0x7fff7fffu);
-        red[qt][2 * cp] = us__abits16<T>(m2 & 0xffffu);
-        red[qt][2 * cp + 1] = us__abits16<T>(m2 >> 16);
-        __syncthreads();
-        if (t < 128) { /* column t's scale, once */
-            sc = us__fp8_scale(
-                __uint_as_float(gamax ? *gamax
-                                      : max(max(red[0][t], red[1][t]), max(red[2][t], red[3][t]))),
-                pow2);
-            rcs[t] = 1.0f / sc;
-            if ((FULL || r0 + t < R) && (!gamax || (blockIdx.x == 0 && blockIdx.y == 0 && t == 0)))
-                s[gamax ? 0 : l0 / 128 * R + r0 + t] = sc;
-        }
-        __syncthreads();
-        r0c = rcs[2 * cp];
-        r1c = rcs[2 * cp + 1];
-#pragma unroll 2
-        for (i = 0; i < 32;
-             i += 4) { /* P[2cp (+1)][32qt + i .. + 3]: four E4M3 bytes as one word each */
-            for (j = 0; j < 4; j++) us__unpack2((const T *)0, wp[66 * (i + j)], f[j], hi[j]);
-            qs[2 * cp][8 * qt + i / 4] = us__e4m3x4(f, r0c);
-            qs[2 * cp + 1][8 * qt + i / 4] = us__e4m3x4(hi, r1c);
-        }
-    } else { /* fp32: column c over rows 64h .. 64h + 63 */
-#pragma unroll 8
-        for (i = 0; i < 64; i++) a = max(a, us__abits(us__ld(sm[64 * h + i], c)));
-        red[h][c] = a;
-        __syncthreads();
-        sc = us__fp8_scale(__uint_as_float(gamax ? *gamax : max(red[0][c], red[1][c])), pow2);
+    if constexpr (sizeof(T) == 2) {
+        unsigned a0 = ca[0], a1 = ca[1];
+        ca[0] = us__abits16<T>(a0 & 0xffffu);
+        ca[1] = us__abits16<T>(a0 >> 16);
+        ca[2] = us__abits16<T>(a1 & 0xffffu);
+        ca[3] = us__abits16<T>(a1 >> 16);
+        mine = us__abits16<T>(mine);
+    }
+    *reinterpret_cast<uint4 *>(&red[w][4 * lane]) = make_uint4(ca[0], ca[1], ca[2], ca[3]);
+    if (q2) { /* lane i < RW: row l1 + i's scale; every lane's 1/s, shuffled out below */
+        float sc = us__fp8_scale(__uint_as_float(gamax ? *gamax : mine), pow2);
         rc = 1.0f / sc;
-#pragma unroll 4
-        for (i = 0; i < 64; i += 4) { /* P[c][64h + i .. + 3]: four E4M3 bytes as one word */
-            for (j = 0; j < 4; j++) f[j] = us__ld(sm[64 * h + i + j], c);
-            qs[c][16 * h + i / 4] = us__e4m3x4(f, rc);
-        }
-        if (h == 0 && (FULL || r0 + c < R) &&
-            (!gamax || (blockIdx.x == 0 && blockIdx.y == 0 && c == 0)))
-            s[gamax ? 0 : l0 / 128 * R + r0 + c] = sc;
+        if (lane < RW && (FULL || l1 + lane < L) &&
+            (!gamax || (blockIdx.x == 0 && blockIdx.y == 0 && t == 0)))
+            s2[gamax ? 0 : r0 / 128 * L + l1 + lane] = sc;
     }
     __syncthreads();
-    if (FULL) { /* P's rows r0 + w + 8i, 4 bytes a lane: one 128-byte row a warp */
-        uint8_t *p = q + (r0 + w) * Lp + l0 + 4 * lane;
-#pragma unroll 4
-        for (i = 0; i < 16; i++)
-            *reinterpret_cast<uint32_t *>(p + 8 * i * Lp) = qs[w + 8 * i][lane];
-    } else
-        for (i = w; i < 128; i += 8)
-            if (r0 + i < R) us__st_q4(q + (r0 + i) * Lp + l0 + 4 * lane, qs[i][lane], vec);
+    if (t < 128) { /* column t's scale, once */
+        unsigned a = red[0][t];
+        for (i = 1; i < NW; i++) a = max(a, red[i][t]);
+        float sc = us__fp8_scale(__uint_as_float(gamax ? *gamax : a), pow2);
+        rcs[t] = 1.0f / sc;
+        if ((FULL || r0 + t < R) && (!gamax || (blockIdx.x == 0 && blockIdx.y == 0 && t == 0)))
+            s[gamax ? 0 : l0 / 128 * R + r0 + t] = sc;
+    }
+    __syncthreads();
+    us__ld4(&rcs[4 * lane], rk);
+#pragma unroll
+    for (i = 0; i < RW; i += 2) { /* rows i and i + 1 */
+        float a[4], b[4];
+        us__unpack4<T>(v[i], a);
+        us__unpack4<T>(v[i + 1], b);
+        if (q2) { /* x's 1×128 tiles: 4 bytes a lane, a warp's 128-byte row */
+            uint8_t *p2 = q2 + (l1 + i) * Rp + r0 + 4 * lane;
+            float ra = __shfl_sync(0xffffffffu, rc, i), rb = __shfl_sync(0xffffffffu, rc, i + 1);
+            if (FULL || l1 + i < L) us__st_q4(p2, us__e4m3x4(a, ra), 2);
+            if (FULL || l1 + i + 1 < L) us__st_q4(p2 + Rp, us__e4m3x4(b, rb), 2);
+        }
+#pragma unroll
+        for (c = 0; c < 4; c++) {
+            uint32_t hw = us__e4m3x2(a[c] * rk[c], b[c] * rk[c]);
+            cw[c][i / 4] = i % 4 ? cw[c][i / 4] | hw << 16 : hw;
+        }
+    }
+#pragma unroll
+    for (c = 0; c < 4; c++) { /* P's row r0 + 4j + c, bytes l1 .. l1 + RW − 1 */
+        uint8_t *p = q + (r0 + 4 * lane + c) * Lp + l1;
+        if (FULL) {
+            if constexpr (RW == 16)
+                *reinterpret_cast<uint4 *>(p) = make_uint4(cw[c][0], cw[c][1], cw[c][2], cw[c][3]);
+            else
+                *reinterpret_cast<uint2 *>(p) = make_uint2(cw[c][0], cw[c][1]);
+        } else if (r0 + 4 * lane + c < R) {
+#pragma unroll
+            for (i = 0; i < RW / 4; i++) us__st_q4(p + 4 * i, cw[c][i], vec);
+        }
+    }
 }
 
-/* whether the patch at l0, r0 takes us__fp8_row_t_tiles' FULL path */
+/* whether the patch at l0, r0 takes us__fp8_row_t_regs' FULL path */
 static __device__ __forceinline__ bool us__fp8_row_t_full(int64_t R, int64_t L, int64_t r0,
                                                           int64_t l0, int vec) {
     return l0 + 128 <= L && r0 + 128 <= R && (vec & 2);
 }
 
-/* us__fp8_row_t_tiles on its FULL path where full says so, else on the bounds-checked one */
-template <typename T>
+/* us__fp8_row_t_regs on its FULL path where full says so, else on the bounds-checked one */
+template <typename T, int RW>
 __device__ __forceinline__ void
-us__fp8_row_t_patch(bool full, T (*sm)[132], unsigned char *scr, uint8_t *q, float *s, int64_t R,
-                    int64_t L, int64_t Lp, int64_t r0, int64_t l0, int pow2, int vec,
-                    const unsigned *gamax, uint8_t *q2, float *s2) {
+us__fp8_row_t_patch(bool full, const typename us__raw4<T>::t (&v)[RW], unsigned char *scr,
+                    uint8_t *q, float *s, int64_t R, int64_t L, int64_t Lp, int64_t r0, int64_t l0,
+                    int pow2, int vec, const unsigned *gamax, uint8_t *q2, float *s2) {
     if (full)
-        us__fp8_row_t_tiles<T, true>(sm, scr, q, s, R, L, Lp, r0, l0, pow2, vec, gamax, q2, s2);
+        us__fp8_row_t_regs<T, RW, true>(v, scr, q, s, R, L, Lp, r0, l0, pow2, vec, gamax, q2, s2);
     else
-        us__fp8_row_t_tiles<T, false>(sm, scr, q, s, R, L, Lp, r0, l0, pow2, vec, gamax, q2, s2);
+        us__fp8_row_t_regs<T, RW, false>(v, scr, q, s, R, L, Lp, r0, l0, pow2, vec, gamax, q2, s2);
 }
 
 template <typename T>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(256, sizeof(T) == 2 ? 4 : 1)
     us__k_fp8_row_t(uint8_t *q, float *s, const T *x, int64_t R, int64_t L, int64_t Lp, int pow2,
                     int vec, const unsigned *gamax, uint8_t *q2, float *s2) {
     typedef typename us__raw4<T>::t V;
     extern __shared__ __align__(16) unsigned char us__rowt_smem[];
-    T(*sm)[132] = us__rowt_sm<T>(us__rowt_smem);
     int64_t r0 = (int64_t)blockIdx.x * 128, l0 = (int64_t)blockIdx.y * 128,
-            r = r0 + 4 * (threadIdx.x & 31);
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, i, j;
+            r = r0 + 4 * (threadIdx.x & 31), l1 = l0 + 16 * (threadIdx.x >> 5);
+    int i, j;
+    V v[16];
     if (vec &
         1) { /* vec: R % 4 == 0 and x 4-element aligned, so a lane's 4 are in or out together */
-        V v[16];
 #pragma unroll
-        for (i = 0; i < 16; i++) {
-            int64_t l = l0 + w + 8 * i;
-            v[i] = l < L && r < R ? *reinterpret_cast<const V *>(x + l * R + r) : V();
-        }
-#pragma unroll
-        for (i = 0; i < 16; i++) *reinterpret_cast<V *>(&sm[w + 8 * i][4 * lane]) = v[i];
+        for (i = 0; i < 16; i++)
+            v[i] = l1 + i < L && r < R ? *reinterpret_cast<const V *>(x + (l1 + i) * R + r) : V();
     } else {
-#pragma unroll 4
+#pragma unroll
         for (i = 0; i < 16; i++) {
-            int64_t l = l0 + w + 8 * i;
+            float f[4];
             for (j = 0; j < 4; j++)
-                us__st(sm[w + 8 * i], 4 * lane + j,
-                       l < L && r + j < R ? us__ld(x, l * R + r + j) : 0.0f);
+                f[j] = l1 + i < L && r + j < R ? us__ld(x, (l1 + i) * R + r + j) : 0.0f;
+            us__st4(reinterpret_cast<T *>(&v[i]), f);
         }
     }
-    __syncthreads();
-    us__fp8_row_t_patch<T>(us__fp8_row_t_full(R, L, r0, l0, vec), sm,
-                           us__rowt_smem + sizeof(T) * 128 * 132, q, s, R, L, Lp, r0, l0, pow2, vec,
-                           gamax, q2, s2);
+    us__fp8_row_t_patch<T, 16>(us__fp8_row_t_full(R, L, r0, l0, vec), v, us__rowt_smem, q, s, R, L,
+                               Lp, r0, l0, pow2, vec, gamax, q2, s2);
 }
 
-/* Its shared memory is more than the 48 KB a block gets without asking (52 KB for bf16). */
+/* its shared memory: the tile code's, 8 warps */
 template <typename T>
 static size_t us__fp8_row_t_smem(void) {
-    return sizeof(T) * 128 * 132 + US__ROWT_SCRATCH;
+    return US__ROWT_SCRATCH(8);
 }
 
 /* raise kernel fn's dynamic shared memory limit to bytes, once per device (asked: the devices
@@ -9429,8 +9427,6 @@ template <typename T>
 static void us__fp8_row_t_launch(dim3 grid, cudaStream_t st, uint8_t *q, float *s, const T *x,
                                  int64_t R, int64_t L, int64_t Lp, int pow2, int vec,
                                  const unsigned *gamax, uint8_t *q2 = NULL, float *s2 = NULL) {
-    static unsigned long long asked; /* per element type */
-    us__smem_raise((const void *)us__k_fp8_row_t<T>, us__fp8_row_t_smem<T>(), &asked);
     us__k_fp8_row_t<T>
         <<<grid, 256, us__fp8_row_t_smem<T>(), st>>>(q, s, x, R, L, Lp, pow2, vec, gamax, q2, s2);
 }
@@ -9813,16 +9809,17 @@ static void us__cuda_rmsnorm_fwd_fp8(us_ops *o, void *out, float *rstd, uint8_t 
 }
 
 /* ---- SwiGLU with both operands of h (us_ops.swiglu_fwd_fp8 with qt): the down linear's Fprop
-   reads h [N][F] in 1×128 tiles, and its Wgrad, in the backward, hᵀ in 128×1 tiles. Formed here,
+   reads h [N][F] in 1×128 tiles and its Wgrad, in the backward, hᵀ in 128×1 tiles. Formed here,
    from the values that form h, the second can be kept instead of h (the layer keeps it in h's own
    bytes, us__swiglu_fwd): h's store and, in the backward, the quantiser's read of h are saved.
    The amax of a 128×1 tile runs over 128 tokens, so the kernel is tiled in two dimensions, as
-   SwiGLU's backward below: a block copies the gate and up patches of tokens l0..l0+127, columns
-   f0..f0+127 into shared memory (cp.async, every copy in flight, four commit groups), forms h
-   there as each group lands (swiglu_fwd's expression, rounded to T as it stores h), in place of
-   the gate patch, and runs us__k_fp8_row_t's tile code on it, the up patch its scratch: the bytes
-   and the scales are those of swiglu_fwd then fp8_quantize_both, bit for bit (tests/test_cuda.cu).
-   h non-NULL is stored too. Needs F a multiple of 128 and 16-byte aligned tensors; otherwise the
+   us__k_fp8_row_t is: a block takes tokens l0..l0+127, columns f0..f0+127, warp w the 16 tokens
+   l0 + 16w .., lane j 4 columns. The gate and up patches are copied into shared memory
+   (cp.async: every copy in flight without holding registers, four commit groups, each thread
+   copying only what it reads), h is formed as each group lands (swiglu_fwd's expression, rounded
+   to T as it stores h) into the registers us__k_fp8_row_t's tile code takes: the bytes and the
+   scales are those of swiglu_fwd then fp8_quantize_both, bit for bit (tests/test_cuda.cu). h
+   non-NULL is stored too. Needs F a multiple of 128 and 16-byte aligned tensors; otherwise the
    op runs the two kernels (h in the backend's scratch when h is NULL). */
 template <typename T>
 __global__ void __launch_bounds__(256, sizeof(T) == 2 ? 3 : 1)
@@ -9830,46 +9827,41 @@ __global__ void __launch_bounds__(256, sizeof(T) == 2 ? 3 : 1)
                           int64_t N, int64_t F, int64_t Lp, int pow2, int vec) {
     typedef typename us__raw4<T>::t V;
     extern __shared__ __align__(16) unsigned char us__rowt_smem[];
-    T(*pg)[132] = us__rowt_sm<T>(us__rowt_smem); /* [128][132] gate, then h */
-    T(*pu)[132] = pg + 128;                      /* [128][132] up, then the scratch */
-    int64_t f0 = (int64_t)blockIdx.x * 128, l0 = (int64_t)blockIdx.y * 128,
-            f = f0 + 4 * (threadIdx.x & 31);
+    T(*pg)[132] = us__rowt_sm<T>(us__rowt_smem); /* [128][132] gate */
+    T(*pu)[132] = pg + 128;                      /* [128][132] up */
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, i, k;
+    int64_t f0 = (int64_t)blockIdx.x * 128, l0 = (int64_t)blockIdx.y * 128, f = f0 + 4 * lane,
+            l1 = l0 + 16 * w;
     bool full = us__fp8_row_t_full(F, N, f0, l0, vec); /* every token l0..l0+127 exists */
-    const T *g0 = gu + (l0 + w) * 2 * F + f;           /* token l0 + w */
-    /* rows w + 8i, 4 columns a lane, in four commit groups of 4 rows; a row past N: zeros */
+    const T *g0 = gu + l1 * 2 * F + f;                 /* token l1 */
+    V v[16];                                           /* h at tokens l1 + i */
+    /* the warp's 16 tokens, 4 columns a lane, in four commit groups of 4; past N: zeros */
 #pragma unroll
     for (i = 0; i < 16; i++) {
-        int64_t r = 8 * i;
-        int b = full || l0 + w + r < N ? (int)sizeof(V) : 0;
-        us__cp_async_v<V>(&pg[w + r][4 * lane], b ? g0 + r * 2 * F : gu, b);
-        us__cp_async_v<V>(&pu[w + r][4 * lane], b ? g0 + r * 2 * F + F : gu, b);
+        int b = full || l1 + i < N ? (int)sizeof(V) : 0;
+        us__cp_async_v<V>(&pg[16 * w + i][4 * lane], b ? g0 + i * 2 * F : gu, b);
+        us__cp_async_v<V>(&pu[16 * w + i][4 * lane], b ? g0 + i * 2 * F + F : gu, b);
         if (i % 4 == 3) us__cp_async_commit();
     }
-    /* each group's h once it has landed (a thread reads only the elements it copied) */
 #pragma unroll
     for (i = 0; i < 16; i++) {
-        int r = w + 8 * i;
         float gf[4], uf[4], o[4];
-        V hv;
         if (i % 4 == 0) us__cp_async_wait_n(3 - i / 4);
-        us__ld4(&pg[r][4 * lane], gf);
-        us__ld4(&pu[r][4 * lane], uf);
+        us__ld4(&pg[16 * w + i][4 * lane], gf);
+        us__ld4(&pu[16 * w + i][4 * lane], uf);
 #pragma unroll
         for (k = 0; k < 4; k++) o[k] = us__swiglu_h(gf[k], uf[k]);
-        us__st4(reinterpret_cast<T *>(&hv), o);
-        *reinterpret_cast<V *>(&pg[r][4 * lane]) = hv; /* zeros where the row is past N */
-        if (h && (full || l0 + r < N)) *reinterpret_cast<V *>(h + (l0 + r) * F + f) = hv;
+        us__st4(reinterpret_cast<T *>(&v[i]), o); /* zeros where the token is past N */
+        if (h && (full || l1 + i < N)) *reinterpret_cast<V *>(h + (l1 + i) * F + f) = v[i];
     }
-    __syncthreads();
-    us__fp8_row_t_patch<T>(full, pg, reinterpret_cast<unsigned char *>(pu), q, s, F, N, Lp, f0, l0,
-                           pow2, vec, NULL, q2, s2);
+    us__fp8_row_t_patch<T, 16>(full, v, us__rowt_smem + 2 * sizeof(T) * 128 * 132, q, s, F, N, Lp,
+                               f0, l0, pow2, vec, NULL, q2, s2);
 }
 
-/* its shared memory: the gate and up patches (the scratch fits in one) */
+/* its shared memory: the gate and up patches, then the tile code's */
 template <typename T>
 static size_t us__swiglu_fwd_fp8_smem(void) {
-    return 2 * sizeof(T) * 128 * 132;
+    return 2 * sizeof(T) * 128 * 132 + US__ROWT_SCRATCH(8);
 }
 
 template <typename T>
@@ -9921,15 +9913,15 @@ static void us__cuda_swiglu_fwd_fp8(us_ops *o, void *h, uint8_t *q, float *s, ui
    over 128 tokens and the kernel is tiled in two dimensions, as fp8_quantize_both's transposed
    kernel (us__k_fp8_row_t) is. A block forms, from one read of gu and dh, dgu's gate columns
    f0..f0+127 and its up columns F+f0.. over tokens l0..l0+127 (us__swiglu_grad, rounded to T as
-   swiglu_bwd stores them), stages each of the two patches in shared memory where us__k_fp8_row_t
-   stages x, and runs that kernel's own tile code (us__fp8_row_t_tiles) on it: the bytes and the
-   scales are those of swiglu_bwd then fp8_quantize_both, bit for bit (tests/test_cuda.cu). dgu
-   non-NULL is stored too (the layer passes NULL: nothing else reads it, which saves its 4 bytes
-   an element of store and load). A block's gate, up and dh patches are copied into shared memory
-   with every copy in flight at once (cp.async, 24 a thread: the kernel is bound by memory
-   latency as much as by bandwidth) and the grads formed in place as each quarter lands; then the
-   block's two halves quantise the gate patch and the up patch side by side, their scratch where
-   dh's patch was. Needs F a multiple of 128 (a patch is all gate or all up, every 1×128 tile
+   swiglu_bwd stores them) and runs that kernel's tile code on each of the two patches in turn:
+   the bytes and the scales are those of swiglu_bwd then fp8_quantize_both, bit for bit
+   (tests/test_cuda.cu). dgu non-NULL is stored too (the layer passes NULL: nothing else reads it,
+   which saves its 4 bytes an element of store and load). A thread holds both patches' values at
+   its positions, so the block has 16 warps of 8 tokens (the tile code's RW = 8): warp w tokens
+   l0 + 8w .., lane j 4 columns. Its gate, up and dh elements are copied into shared memory with
+   every copy in flight at once (cp.async, 24 a thread: the kernel is bound by memory latency as
+   much as by bandwidth) and the grads formed as each quarter lands, each thread reading only
+   what it copied. Needs F a multiple of 128 (a patch is all gate or all up, every 1×128 tile
    whole) and 16-byte aligned tensors; otherwise the op runs the two kernels. */
 template <typename T>
 __global__ void __launch_bounds__(512, sizeof(T) == 2 ? 2 : 1)
@@ -9937,57 +9929,52 @@ __global__ void __launch_bounds__(512, sizeof(T) == 2 ? 2 : 1)
                          const T *gu, int64_t N, int64_t F, int64_t Lp, int pow2, int vec) {
     typedef typename us__raw4<T>::t V;
     extern __shared__ __align__(16) unsigned char us__rowt_smem[];
-    T(*pg)[132] = us__rowt_sm<T>(us__rowt_smem); /* [128][132] gate, then its gradient */
-    T(*pu)[132] = pg + 128;                      /* [128][132] up, then its gradient */
-    T(*pd)[132] = pg + 256;                      /* [128][132] dh, then the scratch */
-    int64_t f0 = (int64_t)blockIdx.x * 128, l0 = (int64_t)blockIdx.y * 128,
-            f = f0 + 4 * (threadIdx.x & 31);
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, h = threadIdx.x >> 8, i, k;
-    bool full = us__fp8_row_t_full(2 * F, N, f0, l0, vec); /* every token l0..l0+127 exists */
-    const T *g0 = gu + (l0 + w) * 2 * F + f, *d0 = dh + (l0 + w) * F + f; /* token l0 + w */
-    /* rows w + 16i, 4 columns a lane, in four commit groups of 2 rows; a row past N: zeros */
+    T(*pg)[132] = us__rowt_sm<T>(us__rowt_smem); /* [128][132] gate */
+    T(*pu)[132] = pg + 128;                      /* [128][132] up */
+    T(*pd)[132] = pg + 256;                      /* [128][132] dh */
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, i, k;
+    int64_t f0 = (int64_t)blockIdx.x * 128, l0 = (int64_t)blockIdx.y * 128, f = f0 + 4 * lane,
+            l1 = l0 + 8 * w;
+    bool full = us__fp8_row_t_full(2 * F, N, f0, l0, vec);    /* every token l0..l0+127 exists */
+    const T *g0 = gu + l1 * 2 * F + f, *d0 = dh + l1 * F + f; /* token l1 */
+    V vg[8], vu[8]; /* the gate's and the up's grads at tokens l1 + i */
+    /* the warp's 8 tokens, 4 columns a lane, in four commit groups of 2; past N: zeros */
 #pragma unroll
     for (i = 0; i < 8; i++) {
-        int64_t r = 16 * i;
-        int b = full || l0 + w + r < N ? (int)sizeof(V) : 0;
-        us__cp_async_v<V>(&pg[w + r][4 * lane], b ? g0 + r * 2 * F : gu, b);
-        us__cp_async_v<V>(&pu[w + r][4 * lane], b ? g0 + r * 2 * F + F : gu, b);
-        us__cp_async_v<V>(&pd[w + r][4 * lane], b ? d0 + r * F : dh, b);
+        int b = full || l1 + i < N ? (int)sizeof(V) : 0;
+        us__cp_async_v<V>(&pg[8 * w + i][4 * lane], b ? g0 + i * 2 * F : gu, b);
+        us__cp_async_v<V>(&pu[8 * w + i][4 * lane], b ? g0 + i * 2 * F + F : gu, b);
+        us__cp_async_v<V>(&pd[8 * w + i][4 * lane], b ? d0 + i * F : dh, b);
         if (i % 2 == 1) us__cp_async_commit();
     }
-    /* each group's grads once it has landed (a thread reads only the elements it copied) */
 #pragma unroll
     for (i = 0; i < 8; i++) {
-        int r = w + 16 * i;
+        int r = 8 * w + i;
         float gf[4], uf[4], df[4], dg[4], du[4];
-        V gate, upv;
         if (i % 2 == 0) us__cp_async_wait_n(3 - i / 2);
         us__ld4(&pg[r][4 * lane], gf);
         us__ld4(&pu[r][4 * lane], uf);
         us__ld4(&pd[r][4 * lane], df);
 #pragma unroll
         for (k = 0; k < 4; k++) us__swiglu_grad(gf[k], uf[k], df[k], dg[k], du[k]);
-        us__st4(reinterpret_cast<T *>(&gate), dg);
-        us__st4(reinterpret_cast<T *>(&upv), du);
-        *reinterpret_cast<V *>(&pg[r][4 * lane]) = gate; /* zeros where the row is past N */
-        *reinterpret_cast<V *>(&pu[r][4 * lane]) = upv;
-        if (dgu && (full || l0 + r < N)) { /* after this row's loads: aliasing gu is safe */
-            T *o = dgu + (l0 + r) * 2 * F + f;
-            *reinterpret_cast<V *>(o) = gate;
-            *reinterpret_cast<V *>(o + F) = upv;
+        us__st4(reinterpret_cast<T *>(&vg[i]), dg); /* zeros where the token is past N */
+        us__st4(reinterpret_cast<T *>(&vu[i]), du);
+        if (dgu && (full || l1 + i < N)) { /* after this token's loads: aliasing gu is safe */
+            T *o = dgu + (l1 + i) * 2 * F + f;
+            *reinterpret_cast<V *>(o) = vg[i];
+            *reinterpret_cast<V *>(o + F) = vu[i];
         }
     }
-    __syncthreads();
-    us__fp8_row_t_patch<T>(full, h ? pu : pg,
-                           reinterpret_cast<unsigned char *>(pd) + h * US__ROWT_SCRATCH, q, s,
-                           2 * F, N, Lp, f0 + h * F, l0, pow2, vec, NULL, q2, s2);
+    unsigned char *scr = us__rowt_smem + 3 * sizeof(T) * 128 * 132;
+    us__fp8_row_t_patch<T, 8>(full, vg, scr, q, s, 2 * F, N, Lp, f0, l0, pow2, vec, NULL, q2, s2);
+    us__fp8_row_t_patch<T, 8>(full, vu, scr, q, s, 2 * F, N, Lp, f0 + F, l0, pow2, vec, NULL, q2,
+                              s2);
 }
 
-/* its shared memory: the three patches, and the two halves' scratch from dh's patch on */
+/* its shared memory: the three patches, then the tile code's (16 warps) */
 template <typename T>
 static size_t us__swiglu_bwd_fp8_smem(void) {
-    size_t p = sizeof(T) * 128 * 132;
-    return 3 * p + (2 * US__ROWT_SCRATCH > p ? 2 * US__ROWT_SCRATCH - p : 0);
+    return 3 * sizeof(T) * 128 * 132 + US__ROWT_SCRATCH(16);
 }
 
 template <typename T>
