@@ -9187,8 +9187,11 @@ __global__ void __launch_bounds__(256, 4)
    - a column runs down every warp: each lane keeps its 4 columns' maxima over its RW rows, the
      warps meet in shared memory (red [NW][128]) and thread c < 128 computes column c's scale;
    - a lane's column c over its RW rows is RW neighbouring bytes of P's row r0 + 4j + c: the E4M3
-     pairs of rows i, i + 1 pack into words, and the RW bytes leave in one store per column.
-   Nothing is transposed through shared memory; the patch is never re-read. RW is 16 (8 warps,
+     pairs of rows i, i + 1 pack into words. Stored from there, each lane's few bytes would be
+     one partial sector of its own (L2-bound, slower than the staged kernel this replaced), so
+     they meet in shared memory (qs, 128 P rows of 128 bytes, chunks swizzled by row so that a
+     store's lanes meet different banks) and a warp writes whole 128-byte rows of P.
+   The patch itself is never re-read from shared memory. RW is 16 (8 warps,
    256 threads) where a thread can hold 16 rows, 8 (16 warps, 512 threads) where it holds two
    patches (SwiGLU's backward). FULL: the patch is whole (l0 + 128 ≤ L, r0 + 128 ≤ R) and q
    16-byte aligned (vec bit 2), the common case, compiled without the per-row bounds branches
@@ -9260,18 +9263,20 @@ __device__ __forceinline__ T (*us__rowt_sm(unsigned char *smem))[132] {
 }
 
 /* The tile code's shared memory with NW warps: red [NW][128] the column amax parts, then rcs
-   [128] each column's 1/s */
+   [128] each column's 1/s (P's rows, qs, are a separate 16 KB) */
 #define US__ROWT_SCRATCH(NW) ((NW)*128 * 4 + 128 * 4)
+#define US__ROWT_QS (128 * 128)
 
 /* The patch of x [L][R] at rows l0.., columns r0.. held in v as above (P = xᵀ's rows r0..,
    tiles along l0..; with q2 x's 1×128 tiles along R too); scr: US__ROWT_SCRATCH(128 / RW) bytes
-   of shared memory. Every thread of the block (128 / RW warps) calls it: its barriers are the
-   block's. */
+   of shared memory, qs US__ROWT_QS more (16-byte aligned; free once the tile code's first barrier
+   is passed, so a kernel may lend it bytes it staged its inputs in). Every thread of the block
+   (128 / RW warps) calls it: its barriers are the block's. */
 template <typename T, int RW, bool FULL>
 __device__ __forceinline__ void
-us__fp8_row_t_regs(const typename us__raw4<T>::t (&v)[RW], unsigned char *scr, uint8_t *q, float *s,
-                   int64_t R, int64_t L, int64_t Lp, int64_t r0, int64_t l0, int pow2, int vec,
-                   const unsigned *gamax, uint8_t *q2, float *s2) {
+us__fp8_row_t_regs(const typename us__raw4<T>::t (&v)[RW], unsigned char *scr, uint32_t *qs,
+                   uint8_t *q, float *s, int64_t R, int64_t L, int64_t Lp, int64_t r0, int64_t l0,
+                   int pow2, int vec, const unsigned *gamax, uint8_t *q2, float *s2) {
     enum { NW = 128 / RW };
 
     unsigned(*red)[128] = reinterpret_cast<unsigned(*)[128]>(scr);
@@ -9345,18 +9350,26 @@ us__fp8_row_t_regs(const typename us__raw4<T>::t (&v)[RW], unsigned char *scr, u
             cw[c][i / 4] = i % 4 ? cw[c][i / 4] | hw << 16 : hw;
         }
     }
+    /* P's row 4j + c (bytes l1 - l0 .. + RW − 1: chunk w of RW / 4 words) at qs [4j + c], chunk
+       w ^ (j mod NW): a store's 8 (RW 16) or 16 (RW 8) lanes write different banks */
 #pragma unroll
-    for (c = 0; c < 4; c++) { /* P's row r0 + 4j + c, bytes l1 .. l1 + RW − 1 */
-        uint8_t *p = q + (r0 + 4 * lane + c) * Lp + l1;
-        if (FULL) {
-            if constexpr (RW == 16)
-                *reinterpret_cast<uint4 *>(p) = make_uint4(cw[c][0], cw[c][1], cw[c][2], cw[c][3]);
-            else
-                *reinterpret_cast<uint2 *>(p) = make_uint2(cw[c][0], cw[c][1]);
-        } else if (r0 + 4 * lane + c < R) {
-#pragma unroll
-            for (i = 0; i < RW / 4; i++) us__st_q4(p + 4 * i, cw[c][i], vec);
-        }
+    for (c = 0; c < 4; c++) {
+        uint32_t *d = qs + (4 * lane + c) * 32 + (w ^ (lane & (NW - 1))) * (RW / 4);
+        if constexpr (RW == 16)
+            *reinterpret_cast<uint4 *>(d) = make_uint4(cw[c][0], cw[c][1], cw[c][2], cw[c][3]);
+        else
+            *reinterpret_cast<uint2 *>(d) = make_uint2(cw[c][0], cw[c][1]);
+    }
+    __syncthreads();
+#pragma unroll 4
+    for (i = w; i < 128; i += NW) { /* P's row r0 + i, 4 bytes a lane: one 128-byte row a warp */
+        uint32_t b =
+            qs[i * 32 + ((lane / (RW / 4)) ^ ((i >> 2) & (NW - 1))) * (RW / 4) + lane % (RW / 4)];
+        uint8_t *p = q + (r0 + i) * Lp + l0 + 4 * lane;
+        if (FULL)
+            *reinterpret_cast<uint32_t *>(p) = b;
+        else if (r0 + i < R)
+            us__st_q4(p, b, vec);
     }
 }
 
@@ -9370,12 +9383,15 @@ static __device__ __forceinline__ bool us__fp8_row_t_full(int64_t R, int64_t L, 
 template <typename T, int RW>
 __device__ __forceinline__ void
 us__fp8_row_t_patch(bool full, const typename us__raw4<T>::t (&v)[RW], unsigned char *scr,
-                    uint8_t *q, float *s, int64_t R, int64_t L, int64_t Lp, int64_t r0, int64_t l0,
-                    int pow2, int vec, const unsigned *gamax, uint8_t *q2, float *s2) {
+                    uint32_t *qs, uint8_t *q, float *s, int64_t R, int64_t L, int64_t Lp,
+                    int64_t r0, int64_t l0, int pow2, int vec, const unsigned *gamax, uint8_t *q2,
+                    float *s2) {
     if (full)
-        us__fp8_row_t_regs<T, RW, true>(v, scr, q, s, R, L, Lp, r0, l0, pow2, vec, gamax, q2, s2);
+        us__fp8_row_t_regs<T, RW, true>(v, scr, qs, q, s, R, L, Lp, r0, l0, pow2, vec, gamax, q2,
+                                        s2);
     else
-        us__fp8_row_t_regs<T, RW, false>(v, scr, q, s, R, L, Lp, r0, l0, pow2, vec, gamax, q2, s2);
+        us__fp8_row_t_regs<T, RW, false>(v, scr, qs, q, s, R, L, Lp, r0, l0, pow2, vec, gamax, q2,
+                                         s2);
 }
 
 template <typename T>
@@ -9402,14 +9418,16 @@ __global__ void __launch_bounds__(256, sizeof(T) == 2 ? 4 : 1)
             us__st4(reinterpret_cast<T *>(&v[i]), f);
         }
     }
-    us__fp8_row_t_patch<T, 16>(us__fp8_row_t_full(R, L, r0, l0, vec), v, us__rowt_smem, q, s, R, L,
-                               Lp, r0, l0, pow2, vec, gamax, q2, s2);
+    us__fp8_row_t_patch<T, 16>(us__fp8_row_t_full(R, L, r0, l0, vec), v,
+                               us__rowt_smem + US__ROWT_QS,
+                               reinterpret_cast<uint32_t *>(us__rowt_smem), q, s, R, L, Lp, r0, l0,
+                               pow2, vec, gamax, q2, s2);
 }
 
 /* its shared memory: the tile code's, 8 warps */
 template <typename T>
 static size_t us__fp8_row_t_smem(void) {
-    return US__ROWT_SCRATCH(8);
+    return US__ROWT_QS + US__ROWT_SCRATCH(8);
 }
 
 /* raise kernel fn's dynamic shared memory limit to bytes, once per device (asked: the devices
@@ -9854,11 +9872,13 @@ __global__ void __launch_bounds__(256, sizeof(T) == 2 ? 3 : 1)
         us__st4(reinterpret_cast<T *>(&v[i]), o); /* zeros where the token is past N */
         if (h && (full || l1 + i < N)) *reinterpret_cast<V *>(h + (l1 + i) * F + f) = v[i];
     }
-    us__fp8_row_t_patch<T, 16>(full, v, us__rowt_smem + 2 * sizeof(T) * 128 * 132, q, s, F, N, Lp,
-                               f0, l0, pow2, vec, NULL, q2, s2);
+    us__fp8_row_t_patch<T, 16>(full, v, us__rowt_smem + 2 * sizeof(T) * 128 * 132,
+                               reinterpret_cast<uint32_t *>(us__rowt_smem), q, s, F, N, Lp, f0, l0,
+                               pow2, vec, NULL, q2, s2);
 }
 
-/* its shared memory: the gate and up patches, then the tile code's */
+/* its shared memory: the gate and up patches (P's rows, qs, in the gate's once it is read),
+   then the tile code's */
 template <typename T>
 static size_t us__swiglu_fwd_fp8_smem(void) {
     return 2 * sizeof(T) * 128 * 132 + US__ROWT_SCRATCH(8);
@@ -9966,9 +9986,11 @@ __global__ void __launch_bounds__(512, sizeof(T) == 2 ? 2 : 1)
         }
     }
     unsigned char *scr = us__rowt_smem + 3 * sizeof(T) * 128 * 132;
-    us__fp8_row_t_patch<T, 8>(full, vg, scr, q, s, 2 * F, N, Lp, f0, l0, pow2, vec, NULL, q2, s2);
-    us__fp8_row_t_patch<T, 8>(full, vu, scr, q, s, 2 * F, N, Lp, f0 + F, l0, pow2, vec, NULL, q2,
+    uint32_t *qs = reinterpret_cast<uint32_t *>(us__rowt_smem); /* P's rows, once gate is read */
+    us__fp8_row_t_patch<T, 8>(full, vg, scr, qs, q, s, 2 * F, N, Lp, f0, l0, pow2, vec, NULL, q2,
                               s2);
+    us__fp8_row_t_patch<T, 8>(full, vu, scr, qs, q, s, 2 * F, N, Lp, f0 + F, l0, pow2, vec, NULL,
+                              q2, s2);
 }
 
 /* its shared memory: the three patches, then the tile code's (16 warps) */

@@ -110,6 +110,49 @@ static int one_case(int fwd, int64_t N, int64_t F, int pow2, int keep, us_dtype 
     return ok;
 }
 
+/* us__k_fp8_row_t alone, as us__cuda_fp8_launch runs it for ROW128 with trans (x [L][R]): the
+   128×1 operand and, with both, x's own 1×128 one, against the CPU's fp8_quantize (trans 1) or
+   fp8_quantize_both, bit for bit. vec 0 (R odd) takes the scalar loads and the byte stores; L and
+   R not multiples of 128 the bounds-checked tile path. */
+template <typename T>
+static int rowt_case(int64_t L, int64_t R, int both, int pow2, int vec, us_dtype dt) {
+    int64_t Lp = (L + 127) / 128 * 128, Rp = (R + 127) / 128 * 128, i;
+    size_t bytes[4] = {(size_t)(R * Lp), (size_t)us_fp8_scales_size(US_FP8_ROW128, R, L) * 4,
+                       (size_t)(L * Rp), (size_t)us_fp8_scales_size(US_FP8_ROW128, L, R) * 4};
+    T *x = (T *)amalloc((size_t)(L * R) * sizeof(T));
+    char *b[2][4];
+    int k, j, ok = 1;
+    us_ops C = us_cpu_ops(1);
+    for (i = 0; i < L * R; i++) us__st(x, i, (float)((rnd01() * 2 - 1) * (i % 37 ? 4.0 : 900.0)));
+    for (k = 0; k < 2; k++)
+        for (j = 0; j < 4; j++) {
+            b[k][j] = (char *)amalloc(bytes[j]);
+            memset(b[k][j], 0x5a, bytes[j]);
+        }
+    emu_launch(
+        {(unsigned)(Rp / 128), (unsigned)(Lp / 128), 1}, us__fp8_row_t_smem<T>(),
+        [&] {
+            us__k_fp8_row_t<T>((uint8_t *)b[0][0], (float *)b[0][1], x, R, L, Lp, pow2, vec, NULL,
+                               both ? (uint8_t *)b[0][2] : NULL, both ? (float *)b[0][3] : NULL);
+        },
+        256);
+    if (both)
+        C.fp8_quantize_both(&C, (uint8_t *)b[1][2], (float *)b[1][3], (uint8_t *)b[1][0],
+                            (float *)b[1][1], x, dt, L, R, US_FP8_ROW128, pow2);
+    else
+        C.fp8_quantize(&C, (uint8_t *)b[1][0], (float *)b[1][1], x, dt, L, R, US_FP8_ROW128, 1,
+                       pow2);
+    for (j = 0; j < (both ? 4 : 2); j++) ok &= !memcmp(b[0][j], b[1][j], bytes[j]);
+    CHECK(ok,
+          "us__k_fp8_row_t %s L %lld R %lld vec %d pow2=%d: the 128x1 operand%s = the CPU's, bit "
+          "for bit",
+          us_dtype_name(dt), (long long)L, (long long)R, vec, pow2, both ? " and x's 1x128" : "");
+    for (k = 0; k < 2; k++)
+        for (j = 0; j < 4; j++) free(b[k][j]);
+    free(x);
+    return ok;
+}
+
 int main(int argc, char **argv) {
     static const int64_t shapes[4][2] = {{37, 128}, {300, 256}, {256, 384}, {129, 128}};
     int s, c, fwd;
@@ -124,5 +167,12 @@ int main(int argc, char **argv) {
            patches */
         for (s = 1; s < 3; s++) one_case<__half>(fwd, shapes[s][0], shapes[s][1], 0, 0, US_F16);
     }
+    /* the transposed quantiser alone: odd sizes (scalar path), partial patches both ways */
+    static const int64_t rt[4][3] = {{131, 203, 0}, {300, 256, 3}, {37, 132, 3}, {256, 384, 3}};
+    for (s = 0; s < 4; s++)
+        for (c = 0; c < 4; c++) { /* both, pow2 */
+            rowt_case<float>(rt[s][0], rt[s][1], c % 2, c / 2, (int)rt[s][2], US_F32);
+            rowt_case<__nv_bfloat16>(rt[s][0], rt[s][1], c % 2, c / 2, (int)rt[s][2], US_BF16);
+        }
     return us_test_done("fp8_emu");
 }
