@@ -9187,14 +9187,15 @@ __global__ void __launch_bounds__(256, 4)
    - a column runs down every warp: each lane keeps its 4 columns' maxima over its RW rows, the
      warps meet in shared memory (red [NW][128]) and thread c < 128 computes column c's scale;
    - a lane's column c over its RW rows is RW neighbouring bytes of P's row r0 + 4j + c: the E4M3
-     pairs of rows i, i + 1 pack into words. Stored from there, each lane's few bytes would be
-     one partial sector of its own (L2-bound, slower than the staged kernel this replaced), so
-     they meet in shared memory (qs, 128 P rows of 128 bytes, chunks swizzled by row so that a
-     store's lanes meet different banks) and a warp writes whole 128-byte rows of P.
-   The patch itself is never re-read from shared memory. RW is 16 (8 warps,
-   256 threads) where a thread can hold 16 rows, 8 (16 warps, 512 threads) where it holds two
-   patches (SwiGLU's backward). FULL: the patch is whole (l0 + 128 ≤ L, r0 + 128 ≤ R) and q
-   16-byte aligned (vec bit 2), the common case, compiled without the per-row bounds branches
+     pairs of rows i, i + 1 pack into words. Stored from there, each lane's few bytes would be a
+     partial sector of their own (L2-bound), so they meet in shared memory (qs: 128 P rows of 128
+     bytes, a lane's chunk placed by an XOR with its row so that a store's lanes meet different
+     banks) and 8 lanes write each 128-byte row of P, 16 bytes a lane.
+   The patch itself is never re-read from shared memory. RW is 16 (8 warps, 256 threads) where a
+   thread holds one patch's 16 rows, 8 (16 warps, 512 threads) where it holds NP = 2 patches
+   side by side (SwiGLU's backward: the gate's and the up's columns), one set of barriers for
+   both. FULL: the patch is whole (l0 + 128 ≤ L, r0 + 128 ≤ R) and q 16-byte aligned (vec bit
+   2), the common case, compiled without the per-row bounds branches
    (us__fp8_row_t_full picks it). Rows past L must hold zeros: P's bytes there are its padding. */
 /* a 16-bit |x| pattern (sign cleared) as the bits of the same |x| in fp32, which orders alike */
 template <typename T>
@@ -9262,114 +9263,152 @@ __device__ __forceinline__ T (*us__rowt_sm(unsigned char *smem))[132] {
     return reinterpret_cast<T(*)[132]>(smem);
 }
 
-/* The tile code's shared memory with NW warps: red [NW][128] the column amax parts, then rcs
-   [128] each column's 1/s (P's rows, qs, are a separate 16 KB) */
-#define US__ROWT_SCRATCH(NW) ((NW)*128 * 4 + 128 * 4)
-#define US__ROWT_QS (128 * 128)
+/* a column amax part as the tile code keeps it in shared memory: the 16-bit |x| pattern for
+   16-bit T (converted once, by the thread that computes the scale), the fp32 bits for fp32 */
+template <typename T>
+struct us__apart {
+    typedef unsigned short t;
+};
 
-/* The patch of x [L][R] at rows l0.., columns r0.. held in v as above (P = xᵀ's rows r0..,
-   tiles along l0..; with q2 x's 1×128 tiles along R too); scr: US__ROWT_SCRATCH(128 / RW) bytes
-   of shared memory, qs US__ROWT_QS more (16-byte aligned; free once the tile code's first barrier
-   is passed, so a kernel may lend it bytes it staged its inputs in). Every thread of the block
-   (128 / RW warps) calls it: its barriers are the block's. */
-template <typename T, int RW, bool FULL>
+template <>
+struct us__apart<float> {
+    typedef unsigned t;
+};
+
+/* The tile code's shared memory for NP patches of NW warps: red [NP][NW][128] the column amax
+   parts, then rcs [NP][128] each column's 1/s; and, apart, qs [NP][128][32] P's rows */
+#define US__ROWT_SCRATCH(T, NP, NW) ((NP) * ((NW)*128 * sizeof(typename us__apart<T>::t) + 512))
+#define US__ROWT_QS(NP) ((NP)*128 * 128)
+
+/* NP patches of x [L][R] at rows l0.., columns r0 + p·rstep.. (p < NP) held in v [p] as above
+   (P = xᵀ's rows there, tiles along l0..; with q2 x's 1×128 tiles along R too). scr, qs: their
+   shared memory (qs 16-byte aligned, first written after the second barrier, so a kernel may
+   lend it bytes it staged its inputs in). Every thread of the block (128 / RW warps) calls it:
+   its barriers are the block's. */
+template <typename T, int RW, int NP, bool FULL>
 __device__ __forceinline__ void
-us__fp8_row_t_regs(const typename us__raw4<T>::t (&v)[RW], unsigned char *scr, uint32_t *qs,
-                   uint8_t *q, float *s, int64_t R, int64_t L, int64_t Lp, int64_t r0, int64_t l0,
-                   int pow2, int vec, const unsigned *gamax, uint8_t *q2, float *s2) {
-    enum { NW = 128 / RW };
+us__fp8_row_t_regs(const typename us__raw4<T>::t (&v)[NP][RW], unsigned char *scr, uint32_t *qs,
+                   uint8_t *q, float *s, int64_t R, int64_t L, int64_t Lp, int64_t r0,
+                   int64_t rstep, int64_t l0, int pow2, int vec, const unsigned *gamax, uint8_t *q2,
+                   float *s2) {
+    typedef typename us__apart<T>::t A;
 
-    unsigned(*red)[128] = reinterpret_cast<unsigned(*)[128]>(scr);
-    float *rcs = reinterpret_cast<float *>(scr + NW * 128 * 4);
-    int t = threadIdx.x, lane = t & 31, w = t >> 5, i, c;
+    enum { NW = 128 / RW, K = RW / 4 }; /* K: words of a lane's column bytes */
+
+    A(*red)[NW][128] = reinterpret_cast<A(*)[NW][128]>(scr);
+    float(*rcs)[128] = reinterpret_cast<float(*)[128]>(scr + NP * NW * 128 * sizeof(A));
+    int t = threadIdx.x, lane = t & 31, w = t >> 5, i, c, p;
     int64_t l1 = l0 + RW * w, Rp = (R + 127) / 128 * 128;
-    unsigned ca[4] = {0, 0, 0, 0}, mine = 0; /* the lane's 4 columns' amax; row lane's amax */
-    float rc = 0.0f, rk[4];
-    uint32_t cw[4][RW / 4]; /* the lane's column c, rows 4k .. 4k + 3 as E4M3 bytes in word k */
+    bool first = !gamax || (blockIdx.x == 0 && blockIdx.y == 0 && t == 0); /* writes TENSOR's s */
+    float rc[NP];
 #pragma unroll
-    for (i = 0; i < RW; i++) {
-        unsigned b;
-        if constexpr (sizeof(T) ==
-                      2) { /* packed: columns 4j, 4j + 1 in ca[0]; 4j + 2, + 3 in ca[1] */
-            uint32_t a0 = v[i].x & 0x7fff7fffu, a1 = v[i].y & 0x7fff7fffu, m2 = __vmaxu2(a0, a1);
-            ca[0] = __vmaxu2(ca[0], a0);
-            ca[1] = __vmaxu2(ca[1], a1);
-            b = max(m2 & 0xffffu, m2 >> 16);
-        } else {
-            unsigned a[4] = {us__abits(v[i].x), us__abits(v[i].y), us__abits(v[i].z),
-                             us__abits(v[i].w)};
-            for (c = 0; c < 4; c++) ca[c] = max(ca[c], a[c]);
-            b = max(max(a[0], a[1]), max(a[2], a[3]));
+    for (p = 0; p < NP; p++) { /* the amaxes: the lane's 4 columns over RW rows, and each row */
+        unsigned ca[4] = {0, 0, 0, 0}, mine = 0;
+#pragma unroll
+        for (i = 0; i < RW; i++) {
+            unsigned b;
+            if constexpr (sizeof(T) ==
+                          2) { /* packed: columns 4j, +1 in ca[0], 4j + 2, +3 in ca[1] */
+                uint32_t a0 = v[p][i].x & 0x7fff7fffu, a1 = v[p][i].y & 0x7fff7fffu,
+                         m2 = __vmaxu2(a0, a1);
+                ca[0] = __vmaxu2(ca[0], a0);
+                ca[1] = __vmaxu2(ca[1], a1);
+                b = max(m2 & 0xffffu, m2 >> 16);
+            } else {
+                unsigned a[4] = {us__abits(v[p][i].x), us__abits(v[p][i].y), us__abits(v[p][i].z),
+                                 us__abits(v[p][i].w)};
+                for (c = 0; c < 4; c++) ca[c] = max(ca[c], a[c]);
+                b = max(max(a[0], a[1]), max(a[2], a[3]));
+            }
+            if (q2) {
+                b = __reduce_max_sync(0xffffffffu, b);
+                mine = lane == i ? b : mine;
+            }
         }
-        if (q2) {
-            b = __reduce_max_sync(0xffffffffu, b);
-            mine = lane == i ? b : mine;
+        if constexpr (sizeof(T) == 2) {
+            *reinterpret_cast<uint2 *>(&red[p][w][4 * lane]) = make_uint2(ca[0], ca[1]);
+            mine = us__abits16<T>(mine);
+        } else
+            *reinterpret_cast<uint4 *>(&red[p][w][4 * lane]) =
+                make_uint4(ca[0], ca[1], ca[2], ca[3]);
+        if (q2) { /* lane i < RW: row l1 + i's scale; every lane's 1/s, shuffled out below */
+            float sc = us__fp8_scale(__uint_as_float(gamax ? *gamax : mine), pow2);
+            rc[p] = 1.0f / sc;
+            if (lane < RW && (FULL || l1 + lane < L) && first)
+                s2[gamax ? 0 : (r0 + p * rstep) / 128 * L + l1 + lane] = sc;
         }
-    }
-    if constexpr (sizeof(T) == 2) {
-        unsigned a0 = ca[0], a1 = ca[1];
-        ca[0] = us__abits16<T>(a0 & 0xffffu);
-        ca[1] = us__abits16<T>(a0 >> 16);
-        ca[2] = us__abits16<T>(a1 & 0xffffu);
-        ca[3] = us__abits16<T>(a1 >> 16);
-        mine = us__abits16<T>(mine);
-    }
-    *reinterpret_cast<uint4 *>(&red[w][4 * lane]) = make_uint4(ca[0], ca[1], ca[2], ca[3]);
-    if (q2) { /* lane i < RW: row l1 + i's scale; every lane's 1/s, shuffled out below */
-        float sc = us__fp8_scale(__uint_as_float(gamax ? *gamax : mine), pow2);
-        rc = 1.0f / sc;
-        if (lane < RW && (FULL || l1 + lane < L) &&
-            (!gamax || (blockIdx.x == 0 && blockIdx.y == 0 && t == 0)))
-            s2[gamax ? 0 : r0 / 128 * L + l1 + lane] = sc;
     }
     __syncthreads();
-    if (t < 128) { /* column t's scale, once */
-        unsigned a = red[0][t];
-        for (i = 1; i < NW; i++) a = max(a, red[i][t]);
+    if (t < 128 * NP) { /* column t of patch t / 128: its scale, once */
+        int64_t rr = r0 + (t >> 7) * rstep + (t & 127);
+        unsigned a = red[t >> 7][0][t & 127];
+        for (i = 1; i < NW; i++) a = max(a, (unsigned)red[t >> 7][i][t & 127]);
+        if constexpr (sizeof(T) == 2) a = us__abits16<T>(a);
         float sc = us__fp8_scale(__uint_as_float(gamax ? *gamax : a), pow2);
-        rcs[t] = 1.0f / sc;
-        if ((FULL || r0 + t < R) && (!gamax || (blockIdx.x == 0 && blockIdx.y == 0 && t == 0)))
-            s[gamax ? 0 : l0 / 128 * R + r0 + t] = sc;
+        rcs[t >> 7][t & 127] = 1.0f / sc;
+        if ((FULL || rr < R) && first) s[gamax ? 0 : l0 / 128 * R + rr] = sc;
     }
     __syncthreads();
-    us__ld4(&rcs[4 * lane], rk);
 #pragma unroll
-    for (i = 0; i < RW; i += 2) { /* rows i and i + 1 */
-        float a[4], b[4];
-        us__unpack4<T>(v[i], a);
-        us__unpack4<T>(v[i + 1], b);
-        if (q2) { /* x's 1×128 tiles: 4 bytes a lane, a warp's 128-byte row */
-            uint8_t *p2 = q2 + (l1 + i) * Rp + r0 + 4 * lane;
-            float ra = __shfl_sync(0xffffffffu, rc, i), rb = __shfl_sync(0xffffffffu, rc, i + 1);
-            if (FULL || l1 + i < L) us__st_q4(p2, us__e4m3x4(a, ra), 2);
-            if (FULL || l1 + i + 1 < L) us__st_q4(p2 + Rp, us__e4m3x4(b, rb), 2);
+    for (p = 0; p < NP; p++) { /* the bytes */
+        float rk[4];
+        uint32_t cw[4][K]; /* the lane's column c, rows 4k .. 4k + 3 as E4M3 bytes in word k */
+        us__ld4(&rcs[p][4 * lane], rk);
+#pragma unroll
+        for (i = 0; i < RW; i += 2) { /* rows i and i + 1 */
+            float a[4], b[4];
+            us__unpack4<T>(v[p][i], a);
+            us__unpack4<T>(v[p][i + 1], b);
+            if (q2) { /* x's 1×128 tiles: 4 bytes a lane, a warp's 128-byte row */
+                uint8_t *p2 = q2 + (l1 + i) * Rp + r0 + p * rstep + 4 * lane;
+                float ra = __shfl_sync(0xffffffffu, rc[p], i),
+                      rb = __shfl_sync(0xffffffffu, rc[p], i + 1);
+                if (FULL || l1 + i < L) us__st_q4(p2, us__e4m3x4(a, ra), 2);
+                if (FULL || l1 + i + 1 < L) us__st_q4(p2 + Rp, us__e4m3x4(b, rb), 2);
+            }
+#pragma unroll
+            for (c = 0; c < 4; c++) {
+                uint32_t hw = us__e4m3x2(a[c] * rk[c], b[c] * rk[c]);
+                cw[c][i / 4] = i % 4 ? cw[c][i / 4] | hw << 16 : hw;
+            }
         }
+        /* P's row 4j + c: its bytes l1 - l0 .. + RW − 1 are chunk w (K words) of qs [p][4j + c],
+           placed at chunk w ^ (j mod NW) so that a store's 8 (RW 16) or 16 (RW 8) lanes write
+           different banks */
 #pragma unroll
         for (c = 0; c < 4; c++) {
-            uint32_t hw = us__e4m3x2(a[c] * rk[c], b[c] * rk[c]);
-            cw[c][i / 4] = i % 4 ? cw[c][i / 4] | hw << 16 : hw;
+            uint32_t *d = qs + (p * 128 + 4 * lane + c) * 32 + (w ^ (lane & (NW - 1))) * K;
+            if constexpr (K == 4)
+                *reinterpret_cast<uint4 *>(d) = make_uint4(cw[c][0], cw[c][1], cw[c][2], cw[c][3]);
+            else
+                *reinterpret_cast<uint2 *>(d) = make_uint2(cw[c][0], cw[c][1]);
         }
     }
-    /* P's row 4j + c (bytes l1 - l0 .. + RW − 1: chunk w of RW / 4 words) at qs [4j + c], chunk
-       w ^ (j mod NW): a store's 8 (RW 16) or 16 (RW 8) lanes write different banks */
-#pragma unroll
-    for (c = 0; c < 4; c++) {
-        uint32_t *d = qs + (4 * lane + c) * 32 + (w ^ (lane & (NW - 1))) * (RW / 4);
-        if constexpr (RW == 16)
-            *reinterpret_cast<uint4 *>(d) = make_uint4(cw[c][0], cw[c][1], cw[c][2], cw[c][3]);
-        else
-            *reinterpret_cast<uint2 *>(d) = make_uint2(cw[c][0], cw[c][1]);
-    }
     __syncthreads();
-#pragma unroll 4
-    for (i = w; i < 128; i += NW) { /* P's row r0 + i, 4 bytes a lane: one 128-byte row a warp */
-        uint32_t b =
-            qs[i * 32 + ((lane / (RW / 4)) ^ ((i >> 2) & (NW - 1))) * (RW / 4) + lane % (RW / 4)];
-        uint8_t *p = q + (r0 + i) * Lp + l0 + 4 * lane;
+    /* P's rows, 16 bytes a lane (words 4m .. 4m + 3, m = j mod 8): 8 lanes a 128-byte row */
+    int m = lane & 7;
+#pragma unroll
+    for (i = 4 * w + (lane >> 3); i < 128 * NP; i += 4 * NW) {
+        int key = (i >> 2) & (NW - 1), rr = i & 127;
+        const uint32_t *row = qs + i * 32;
+        int64_t r = r0 + (i >> 7) * rstep + rr;
+        uint4 b;
+        if constexpr (K == 4)
+            b = *reinterpret_cast<const uint4 *>(row + 4 * (m ^ key));
+        else {
+            uint2 lo = *reinterpret_cast<const uint2 *>(row + 2 * ((2 * m) ^ key)),
+                  hi = *reinterpret_cast<const uint2 *>(row + 2 * ((2 * m + 1) ^ key));
+            b = make_uint4(lo.x, lo.y, hi.x, hi.y);
+        }
+        uint8_t *d = q + r * Lp + l0 + 16 * m;
         if (FULL)
-            *reinterpret_cast<uint32_t *>(p) = b;
-        else if (r0 + i < R)
-            us__st_q4(p, b, vec);
+            *reinterpret_cast<uint4 *>(d) = b;
+        else if (r < R) {
+            us__st_q4(d, b.x, vec);
+            us__st_q4(d + 4, b.y, vec);
+            us__st_q4(d + 8, b.z, vec);
+            us__st_q4(d + 12, b.w, vec);
+        }
     }
 }
 
@@ -9380,18 +9419,18 @@ static __device__ __forceinline__ bool us__fp8_row_t_full(int64_t R, int64_t L, 
 }
 
 /* us__fp8_row_t_regs on its FULL path where full says so, else on the bounds-checked one */
-template <typename T, int RW>
+template <typename T, int RW, int NP>
 __device__ __forceinline__ void
-us__fp8_row_t_patch(bool full, const typename us__raw4<T>::t (&v)[RW], unsigned char *scr,
+us__fp8_row_t_patch(bool full, const typename us__raw4<T>::t (&v)[NP][RW], unsigned char *scr,
                     uint32_t *qs, uint8_t *q, float *s, int64_t R, int64_t L, int64_t Lp,
-                    int64_t r0, int64_t l0, int pow2, int vec, const unsigned *gamax, uint8_t *q2,
-                    float *s2) {
+                    int64_t r0, int64_t rstep, int64_t l0, int pow2, int vec, const unsigned *gamax,
+                    uint8_t *q2, float *s2) {
     if (full)
-        us__fp8_row_t_regs<T, RW, true>(v, scr, qs, q, s, R, L, Lp, r0, l0, pow2, vec, gamax, q2,
-                                        s2);
+        us__fp8_row_t_regs<T, RW, NP, true>(v, scr, qs, q, s, R, L, Lp, r0, rstep, l0, pow2, vec,
+                                            gamax, q2, s2);
     else
-        us__fp8_row_t_regs<T, RW, false>(v, scr, qs, q, s, R, L, Lp, r0, l0, pow2, vec, gamax, q2,
-                                         s2);
+        us__fp8_row_t_regs<T, RW, NP, false>(v, scr, qs, q, s, R, L, Lp, r0, rstep, l0, pow2, vec,
+                                             gamax, q2, s2);
 }
 
 template <typename T>
@@ -9403,31 +9442,31 @@ __global__ void __launch_bounds__(256, sizeof(T) == 2 ? 4 : 1)
     int64_t r0 = (int64_t)blockIdx.x * 128, l0 = (int64_t)blockIdx.y * 128,
             r = r0 + 4 * (threadIdx.x & 31), l1 = l0 + 16 * (threadIdx.x >> 5);
     int i, j;
-    V v[16];
-    if (vec &
-        1) { /* vec: R % 4 == 0 and x 4-element aligned, so a lane's 4 are in or out together */
+    V v[1][16];
+    if (vec & 1) { /* R % 4 == 0 and x 4-element aligned: a lane's 4 are in or out together */
 #pragma unroll
         for (i = 0; i < 16; i++)
-            v[i] = l1 + i < L && r < R ? *reinterpret_cast<const V *>(x + (l1 + i) * R + r) : V();
+            v[0][i] =
+                l1 + i < L && r < R ? *reinterpret_cast<const V *>(x + (l1 + i) * R + r) : V();
     } else {
 #pragma unroll
         for (i = 0; i < 16; i++) {
             float f[4];
             for (j = 0; j < 4; j++)
                 f[j] = l1 + i < L && r + j < R ? us__ld(x, (l1 + i) * R + r + j) : 0.0f;
-            us__st4(reinterpret_cast<T *>(&v[i]), f);
+            us__st4(reinterpret_cast<T *>(&v[0][i]), f);
         }
     }
-    us__fp8_row_t_patch<T, 16>(us__fp8_row_t_full(R, L, r0, l0, vec), v,
-                               us__rowt_smem + US__ROWT_QS,
-                               reinterpret_cast<uint32_t *>(us__rowt_smem), q, s, R, L, Lp, r0, l0,
-                               pow2, vec, gamax, q2, s2);
+    us__fp8_row_t_patch<T, 16, 1>(us__fp8_row_t_full(R, L, r0, l0, vec), v,
+                                  us__rowt_smem + US__ROWT_QS(1),
+                                  reinterpret_cast<uint32_t *>(us__rowt_smem), q, s, R, L, Lp, r0,
+                                  0, l0, pow2, vec, gamax, q2, s2);
 }
 
 /* its shared memory: the tile code's, 8 warps */
 template <typename T>
 static size_t us__fp8_row_t_smem(void) {
-    return US__ROWT_QS + US__ROWT_SCRATCH(8);
+    return US__ROWT_QS(1) + US__ROWT_SCRATCH(T, 1, 8);
 }
 
 /* raise kernel fn's dynamic shared memory limit to bytes, once per device (asked: the devices
@@ -9852,7 +9891,7 @@ __global__ void __launch_bounds__(256, sizeof(T) == 2 ? 3 : 1)
             l1 = l0 + 16 * w;
     bool full = us__fp8_row_t_full(F, N, f0, l0, vec); /* every token l0..l0+127 exists */
     const T *g0 = gu + l1 * 2 * F + f;                 /* token l1 */
-    V v[16];                                           /* h at tokens l1 + i */
+    V v[1][16];                                        /* h at tokens l1 + i */
     /* the warp's 16 tokens, 4 columns a lane, in four commit groups of 4; past N: zeros */
 #pragma unroll
     for (i = 0; i < 16; i++) {
@@ -9869,19 +9908,19 @@ __global__ void __launch_bounds__(256, sizeof(T) == 2 ? 3 : 1)
         us__ld4(&pu[16 * w + i][4 * lane], uf);
 #pragma unroll
         for (k = 0; k < 4; k++) o[k] = us__swiglu_h(gf[k], uf[k]);
-        us__st4(reinterpret_cast<T *>(&v[i]), o); /* zeros where the token is past N */
-        if (h && (full || l1 + i < N)) *reinterpret_cast<V *>(h + (l1 + i) * F + f) = v[i];
+        us__st4(reinterpret_cast<T *>(&v[0][i]), o); /* zeros where the token is past N */
+        if (h && (full || l1 + i < N)) *reinterpret_cast<V *>(h + (l1 + i) * F + f) = v[0][i];
     }
-    us__fp8_row_t_patch<T, 16>(full, v, us__rowt_smem + 2 * sizeof(T) * 128 * 132,
-                               reinterpret_cast<uint32_t *>(us__rowt_smem), q, s, F, N, Lp, f0, l0,
-                               pow2, vec, NULL, q2, s2);
+    us__fp8_row_t_patch<T, 16, 1>(full, v, us__rowt_smem + 2 * sizeof(T) * 128 * 132,
+                                  reinterpret_cast<uint32_t *>(us__rowt_smem), q, s, F, N, Lp, f0,
+                                  0, l0, pow2, vec, NULL, q2, s2);
 }
 
 /* its shared memory: the gate and up patches (P's rows, qs, in the gate's once it is read),
    then the tile code's */
 template <typename T>
 static size_t us__swiglu_fwd_fp8_smem(void) {
-    return 2 * sizeof(T) * 128 * 132 + US__ROWT_SCRATCH(8);
+    return 2 * sizeof(T) * 128 * 132 + US__ROWT_SCRATCH(T, 1, 8);
 }
 
 template <typename T>
@@ -9957,7 +9996,7 @@ __global__ void __launch_bounds__(512, sizeof(T) == 2 ? 2 : 1)
             l1 = l0 + 8 * w;
     bool full = us__fp8_row_t_full(2 * F, N, f0, l0, vec);    /* every token l0..l0+127 exists */
     const T *g0 = gu + l1 * 2 * F + f, *d0 = dh + l1 * F + f; /* token l1 */
-    V vg[8], vu[8]; /* the gate's and the up's grads at tokens l1 + i */
+    V v[2][8]; /* the gate's and the up's grads at tokens l1 + i */
     /* the warp's 8 tokens, 4 columns a lane, in four commit groups of 2; past N: zeros */
 #pragma unroll
     for (i = 0; i < 8; i++) {
@@ -9977,26 +10016,25 @@ __global__ void __launch_bounds__(512, sizeof(T) == 2 ? 2 : 1)
         us__ld4(&pd[r][4 * lane], df);
 #pragma unroll
         for (k = 0; k < 4; k++) us__swiglu_grad(gf[k], uf[k], df[k], dg[k], du[k]);
-        us__st4(reinterpret_cast<T *>(&vg[i]), dg); /* zeros where the token is past N */
-        us__st4(reinterpret_cast<T *>(&vu[i]), du);
+        us__st4(reinterpret_cast<T *>(&v[0][i]), dg); /* zeros where the token is past N */
+        us__st4(reinterpret_cast<T *>(&v[1][i]), du);
         if (dgu && (full || l1 + i < N)) { /* after this token's loads: aliasing gu is safe */
             T *o = dgu + (l1 + i) * 2 * F + f;
-            *reinterpret_cast<V *>(o) = vg[i];
-            *reinterpret_cast<V *>(o + F) = vu[i];
+            *reinterpret_cast<V *>(o) = v[0][i];
+            *reinterpret_cast<V *>(o + F) = v[1][i];
         }
     }
-    unsigned char *scr = us__rowt_smem + 3 * sizeof(T) * 128 * 132;
-    uint32_t *qs = reinterpret_cast<uint32_t *>(us__rowt_smem); /* P's rows, once gate is read */
-    us__fp8_row_t_patch<T, 8>(full, vg, scr, qs, q, s, 2 * F, N, Lp, f0, l0, pow2, vec, NULL, q2,
-                              s2);
-    us__fp8_row_t_patch<T, 8>(full, vu, scr, qs, q, s, 2 * F, N, Lp, f0 + F, l0, pow2, vec, NULL,
-                              q2, s2);
+    /* both patches at once (columns f0.. and F + f0..); P's rows in the gate's bytes once they
+       are read */
+    us__fp8_row_t_patch<T, 8, 2>(full, v, us__rowt_smem + 3 * sizeof(T) * 128 * 132,
+                                 reinterpret_cast<uint32_t *>(us__rowt_smem), q, s, 2 * F, N, Lp,
+                                 f0, F, l0, pow2, vec, NULL, q2, s2);
 }
 
-/* its shared memory: the three patches, then the tile code's (16 warps) */
+/* its shared memory: the three patches, then the tile code's (two patches of 16 warps) */
 template <typename T>
 static size_t us__swiglu_bwd_fp8_smem(void) {
-    return 3 * sizeof(T) * 128 * 132 + US__ROWT_SCRATCH(16);
+    return 3 * sizeof(T) * 128 * 132 + US__ROWT_SCRATCH(T, 2, 16);
 }
 
 template <typename T>
