@@ -6,9 +6,11 @@
    with h's two operands (us__k_swiglu_fwd_fp8t against us__k_swiglu_fwd_vec then the
    quantiser); fp32 and bf16, pow2 on and off, token counts that are and are not multiples of 128
    (the kernels' FULL and bounds-checked tile paths), several tiles both ways; fp16 on two
-   shapes. The emulator's __expf is expf and its __fdividef a division, the same in both paths,
-   so the comparison is of the kernels' tiling, staging and layouts (the GPU's own test is
-   test_cuda --fp8). `make fp8-emu` (needs the CUDA headers, not a GPU). */
+   shapes; and us__k_fp8_row_t alone against the CPU's fp8_quantize (trans 1) and
+   fp8_quantize_both, odd and partial shapes. The emulator's __expf is expf and its __fdividef a
+   division, the same in both paths, so the comparison is of the kernels' tiling, staging and
+   layouts (the GPU's own test is test_cuda --fp8). `make fp8-emu` (needs the CUDA headers, not a
+   GPU). */
 #define ULTRASCALE_IMPLEMENTATION
 #include "../../ultrascale.h"
 #include "us_cuda_emu.h"
