@@ -9280,6 +9280,40 @@ struct us__apart<float> {
 #define US__ROWT_SCRATCH(T, NP, NW) ((NP) * ((NW)*128 * sizeof(typename us__apart<T>::t) + 512))
 #define US__ROWT_QS(NP) ((NP)*128 * 128)
 
+/* us__fp8_row_t_regs' last part: P's rows from qs to q, 16 bytes a lane (words 4m .. 4m + 3 of
+   a row, m = j mod 8): 8 lanes a 128-byte row */
+template <int RW, int NP, bool FULL>
+__device__ __forceinline__ void us__fp8_row_t_out(const uint32_t *qs, uint8_t *q, int64_t R,
+                                                  int64_t Lp, int64_t r0, int64_t rstep, int64_t l0,
+                                                  int vec) {
+    enum { NW = 128 / RW, K = RW / 4 };
+
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, m = lane & 7, i;
+#pragma unroll
+    for (i = 4 * w + (lane >> 3); i < 128 * NP; i += 4 * NW) {
+        int key = (i >> 2) & (NW - 1), rr = i & 127;
+        const uint32_t *row = qs + i * 32;
+        int64_t r = r0 + (i >> 7) * rstep + rr;
+        uint4 b;
+        if constexpr (K == 4)
+            b = *reinterpret_cast<const uint4 *>(row + 4 * (m ^ key));
+        else {
+            uint2 lo = *reinterpret_cast<const uint2 *>(row + 2 * ((2 * m) ^ key)),
+                  hi = *reinterpret_cast<const uint2 *>(row + 2 * ((2 * m + 1) ^ key));
+            b = make_uint4(lo.x, lo.y, hi.x, hi.y);
+        }
+        uint8_t *d = q + r * Lp + l0 + 16 * m;
+        if (FULL)
+            *reinterpret_cast<uint4 *>(d) = b;
+        else if (r < R) {
+            us__st_q4(d, b.x, vec);
+            us__st_q4(d + 4, b.y, vec);
+            us__st_q4(d + 8, b.z, vec);
+            us__st_q4(d + 12, b.w, vec);
+        }
+    }
+}
+
 /* NP patches of x [L][R] at rows l0.., columns r0 + p·rstep.. (p < NP) held in v [p] as above
    (P = xᵀ's rows there, tiles along l0..; with q2 x's 1×128 tiles along R too). scr, qs: their
    shared memory (qs 16-byte aligned, first written after the second barrier, so a kernel may
@@ -9385,31 +9419,7 @@ us__fp8_row_t_regs(const typename us__raw4<T>::t (&v)[NP][RW], unsigned char *sc
         }
     }
     __syncthreads();
-    /* P's rows, 16 bytes a lane (words 4m .. 4m + 3, m = j mod 8): 8 lanes a 128-byte row */
-    int m = lane & 7;
-#pragma unroll
-    for (i = 4 * w + (lane >> 3); i < 128 * NP; i += 4 * NW) {
-        int key = (i >> 2) & (NW - 1), rr = i & 127;
-        const uint32_t *row = qs + i * 32;
-        int64_t r = r0 + (i >> 7) * rstep + rr;
-        uint4 b;
-        if constexpr (K == 4)
-            b = *reinterpret_cast<const uint4 *>(row + 4 * (m ^ key));
-        else {
-            uint2 lo = *reinterpret_cast<const uint2 *>(row + 2 * ((2 * m) ^ key)),
-                  hi = *reinterpret_cast<const uint2 *>(row + 2 * ((2 * m + 1) ^ key));
-            b = make_uint4(lo.x, lo.y, hi.x, hi.y);
-        }
-        uint8_t *d = q + r * Lp + l0 + 16 * m;
-        if (FULL)
-            *reinterpret_cast<uint4 *>(d) = b;
-        else if (r < R) {
-            us__st_q4(d, b.x, vec);
-            us__st_q4(d + 4, b.y, vec);
-            us__st_q4(d + 8, b.z, vec);
-            us__st_q4(d + 12, b.w, vec);
-        }
-    }
+    us__fp8_row_t_out<RW, NP, FULL>(qs, q, R, Lp, r0, rstep, l0, vec);
 }
 
 /* whether the patch at l0, r0 takes us__fp8_row_t_regs' FULL path */
