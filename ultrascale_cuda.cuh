@@ -9340,9 +9340,8 @@ us__fp8_row_t_regs(const typename us__raw4<T>::t (&v)[NP][RW], unsigned char *sc
         unsigned ca[4] = {0, 0, 0, 0}, mine = 0;
 #pragma unroll
         for (i = 0; i < RW; i++) {
-            unsigned b;
-            if constexpr (sizeof(T) ==
-                          2) { /* packed: columns 4j, +1 in ca[0], 4j + 2, +3 in ca[1] */
+            unsigned b; /* the row's amax part; for 16-bit T the columns packed in pairs: */
+            if constexpr (sizeof(T) == 2) { /* 4j and 4j + 1 in ca[0], 4j + 2 and + 3 in ca[1] */
                 uint32_t a0 = v[p][i].x & 0x7fff7fffu, a1 = v[p][i].y & 0x7fff7fffu,
                          m2 = __vmaxu2(a0, a1);
                 ca[0] = __vmaxu2(ca[0], a0);
