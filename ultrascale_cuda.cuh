@@ -9981,8 +9981,8 @@ static void us__cuda_swiglu_fwd_fp8(us_ops *o, void *h, uint8_t *q, float *s, ui
    over 128 tokens and the kernel is tiled in two dimensions, as fp8_quantize_both's transposed
    kernel (us__k_fp8_row_t) is. A block forms, from one read of gu and dh, dgu's gate columns
    f0..f0+127 and its up columns F+f0.. over tokens l0..l0+127 (us__swiglu_grad, rounded to T as
-   swiglu_bwd stores them) and runs that kernel's tile code on each of the two patches in turn:
-   the bytes and the scales are those of swiglu_bwd then fp8_quantize_both, bit for bit
+   swiglu_bwd stores them) and runs that kernel's tile code on the two patches side by side (NP
+   2, one set of barriers): the bytes and the scales are those of swiglu_bwd then fp8_quantize_both, bit for bit
    (tests/test_cuda.cu). dgu non-NULL is stored too (the layer passes NULL: nothing else reads it,
    which saves its 4 bytes an element of store and load). A thread holds both patches' values at
    its positions, so the block has 16 warps of 8 tokens (the tile code's RW = 8): warp w tokens
