@@ -10082,6 +10082,16 @@ static void us__norm_fwd(us_model *m, void *ln, float *rstd, const void *x, int 
         o->rmsnorm_fwd(o, ln, rstd, x, us__weight(m, widx), N, C, m->cfg.norm_eps, m->dt);
 }
 
+/* hᵀ's 128×1 operand as the layer keeps it in h's bytes (A->h_t): qt u8[F][Lp], then st
+   f32[Lp/128][F], Lp = Np rounded up to 128; bytes non-NULL: the two's size */
+static us__fp8_opnd us__h_t(const us_layer_acts *A, int64_t Np, int64_t F, size_t *bytes) {
+    const uint8_t *qt = (const uint8_t *)A->h;
+    int64_t Lp = us__fp8_padded(Np);
+    us__fp8_opnd t = {qt, (const float *)(qt + F * Lp)};
+    if (bytes) *bytes = (size_t)(F * Lp) + (size_t)(Lp / 128 * F) * 4;
+    return t;
+}
+
 /* h [Np,F] = swiglu(gu [Np,2F]); fuse: the down linear F → C runs next on these rows (no
    recomputation, no SP gather), so h's 1×128 operand comes from SwiGLU's kernel (us__fp8_pre).
    Its Wgrad, in the backward, then reads h only through hᵀ's 128×1 operand: that one is made here
@@ -10089,22 +10099,13 @@ static void us__norm_fwd(us_model *m, void *ln, float *rstd, const void *x, int 
    element where h takes 2), which saves h's store now and the quantiser's read of h in the
    backward. The bytes are those the Wgrad's own quantisation of h gives, so nothing else changes.
    A recomputing forward writes h itself (its Wgrad reads that). */
-/* hᵀ's 128×1 operand as the layer keeps it in h's bytes (A->h_t): qt u8[F][Lp], then st
-   f32[Lp/128][F], Lp = Np rounded up to 128 */
-static us__fp8_opnd us__h_t(const us_layer_acts *A, int64_t Np, int64_t F) {
-    const uint8_t *qt = (const uint8_t *)A->h;
-    us__fp8_opnd t = {qt, (const float *)(qt + F * us__fp8_padded(Np))};
-    return t;
-}
-
 static void us__swiglu_fwd(us_model *m, us_layer_acts *A, int64_t N, int64_t Np, int64_t F,
                            int fuse) {
     us_ops *o = &m->ops;
-    int64_t Lp = us__fp8_padded(Np);
-    size_t kept = (size_t)(F * Lp) + (size_t)(Lp / 128 * F) * 4; /* qt, then st */
+    size_t kept = 0;
     float *s = NULL;
     uint8_t *q = us__fp8_pre(m, A->h, N, F, m->cfg.dim, fuse && o->swiglu_fwd_fp8, &s);
-    us__fp8_opnd t = us__h_t(A, Np, F);
+    us__fp8_opnd t = us__h_t(A, Np, F, &kept);
     A->h_t = q && kept <= (size_t)(Np * F) * us_dtype_size(m->dt);
     if (!q)
         o->swiglu_fwd(o, A->h, A->gu, Np, F, m->dt);
@@ -10176,7 +10177,7 @@ static void us__linear_wgrad(us_model *m, int64_t N, int64_t In, int64_t Out, co
    forward kept it in h's bytes (A->h_t, us__swiglu_fwd) */
 static void us__down_wgrad(us_model *m, int l, const us_layer_acts *A, int64_t Np, int64_t F,
                            const void *dy) {
-    us__fp8_opnd xt = us__h_t(A, Np, F);
+    us__fp8_opnd xt = us__h_t(A, Np, F, NULL);
     us__linear_wgrad(m, Np, F, m->cfg.dim, dy, A->h, A->h_t ? &xt : NULL,
                      us__grad(m, US__TENSOR(l, US__P_DOWN)));
 }
