@@ -529,12 +529,6 @@ struct us_ops {
     void (*fp8_gemm)(us_ops *o, int64_t M, int64_t N, int64_t K, float alpha, const uint8_t *a,
                      const float *sa, int ta, const uint8_t *b, const float *sb, int tb, float beta,
                      void *C, us_dtype cdt, int64_t ldc);
-    /* optional (NULL: the model copies res into C, then fp8_gemm with beta 1): C[M,N] = res[M,N] +
-       alpha·deq(a)·deq(b)ᵀ with C ≠ res (both cdt, row stride ldc), the residual read in the
-       GEMM's epilogue as gemm_res does; the same bits as that copy and fp8_gemm with beta 1 */
-    void (*fp8_gemm_res)(us_ops *o, int64_t M, int64_t N, int64_t K, float alpha, const uint8_t *a,
-                         const float *sa, int ta, const uint8_t *b, const float *sb, int tb,
-                         const void *res, void *C, us_dtype cdt, int64_t ldc);
     /* out[N,C] = wte[tok[n], :]                      tok i32[N]; a negative token gives a zero row
        (tensor parallelism: the token lives in another rank's slice of the vocabulary) */
     void (*embedding_fwd)(us_ops *o, void *out, const int32_t *tok, const void *wte, int64_t N,
@@ -9927,8 +9921,7 @@ static us_result us__fp8_init(us_model *m) {
 
 /* C[M][N] = a·bᵀ + beta·C in FP8: a is the stored tensor xa [ar][ac] (or its transpose, atr),
    quantised with tiling at; b likewise; K is the shared dimension. Both go through the model's
-   FP8 scratch (two operands at a time), then one fp8_gemm with row stride N (res non-NULL: C =
-   res + a·bᵀ by fp8_gemm_res, beta unused). keep (a Dgrad's dy):
+   FP8 scratch (two operands at a time), then one fp8_gemm with row stride N. keep (a Dgrad's dy):
    also write aᵀ's operand into qk, sk for the Wgrad; kept (that Wgrad): a is already there;
    pre (an Fprop after a fused norm or SwiGLU, us__fp8_pre, or a Dgrad after a fused SwiGLU
    backward, us__fp8_dy): a is already in qa, sa.
@@ -9941,8 +9934,8 @@ typedef struct us__fp8_opnd {
 } us__fp8_opnd;
 
 static void us__fp8_mm(us_model *m, const void *xa, int64_t ar, int64_t ac, int at, int atr,
-                       const void *xb, int64_t br, int64_t bc, int bt, int btr, float beta,
-                       const void *res, void *C, us_dtype cdt, int keep, const us__fp8_opnd *wc) {
+                       const void *xb, int64_t br, int64_t bc, int bt, int btr, float beta, void *C,
+                       us_dtype cdt, int keep, const us__fp8_opnd *wc) {
     us_ops *o = &m->ops;
     char *base = (char *)m->a[US__A_FP8];
     uint8_t *qa = (uint8_t *)base, *qb = (uint8_t *)(base + m->fp8_off[1]),
@@ -9963,10 +9956,7 @@ static void us__fp8_mm(us_model *m, const void *xa, int64_t ar, int64_t ac, int 
         sb = (float *)wc->s;
     } else
         o->fp8_quantize(o, qb, sb, xb, m->dt, br, bc, bt, btr, m->tc.fp8_pow2);
-    if (res)
-        o->fp8_gemm_res(o, M, N, K, 1.0f, qa, sa, at, qb, sb, bt, res, C, cdt, N);
-    else
-        o->fp8_gemm(o, M, N, K, 1.0f, qa, sa, at, qb, sb, bt, beta, C, cdt, N);
+    o->fp8_gemm(o, M, N, K, 1.0f, qa, sa, at, qb, sb, bt, beta, C, cdt, N);
 }
 
 /* the activation side's tiling and the weight side's (fp8-tensor: one scale per tensor for both) */
@@ -10016,9 +10006,9 @@ static void us__fp8_wcache_drop(us_model *m) {
 
 US_API void us_model_weights_changed(us_model *m) { us__fp8_wcache_drop(m); }
 
-/* us__linear_fwd, or (res non-NULL, FP8 only: us__linear_fwd_res) y = res + x·Wᵀ */
-static void us__linear_fwd_to(us_model *m, int64_t N, int64_t In, int64_t Out, const void *x,
-                              const void *W, float beta, const void *res, void *y) {
+/* Fprop: y[N][Out] = x[N][In]·Wᵀ + beta·y */
+static void us__linear_fwd(us_model *m, int64_t N, int64_t In, int64_t Out, const void *x,
+                           const void *W, float beta, void *y) {
     us_ops *o = &m->ops;
     int pre = m->fp8_pre == x && m->fp8_pre_n == N && m->fp8_pre_c == In;
     m->fp8_pre = NULL; /* an operand made ahead serves the one Fprop that follows its kernel */
@@ -10028,14 +10018,8 @@ static void us__linear_fwd_to(us_model *m, int64_t N, int64_t In, int64_t Out, c
     }
     us__fp8_opnd wc;
     int cached = us__fp8_wcache(m, W, Out, In, 0, &wc);
-    us__fp8_mm(m, x, N, In, us__fp8_act(m), 0, W, Out, In, us__fp8_wt(m), 0, beta, res, y, m->dt,
+    us__fp8_mm(m, x, N, In, us__fp8_act(m), 0, W, Out, In, us__fp8_wt(m), 0, beta, y, m->dt,
                pre ? US__FP8_PRE : US__FP8_FRESH, cached ? &wc : NULL);
-}
-
-/* Fprop: y[N][Out] = x[N][In]·Wᵀ + beta·y */
-static void us__linear_fwd(us_model *m, int64_t N, int64_t In, int64_t Out, const void *x,
-                           const void *W, float beta, void *y) {
-    us__linear_fwd_to(m, N, In, Out, x, W, beta, NULL, y);
 }
 
 /* Both fusions below: where the fused kernel is to write t's 1×128 operand (qa, sa of the FP8
@@ -10133,18 +10117,13 @@ static void us__swiglu_fwd(us_model *m, us_layer_acts *A, int64_t N, int64_t Np,
 }
 
 /* The residual branch's end, y[N][Out] = res + x·Wᵀ (res: the residual stream, which under tp
-   only rank 0 adds, us__tp_residual): in the GEMM's epilogue where the backend can (gemm_res;
-   fp8_gemm_res in FP8), else a copy and a GEMM that accumulates (beta 1). */
+   only rank 0 adds, us__tp_residual): in the GEMM's epilogue where the backend can (gemm_res),
+   else a copy and a GEMM that accumulates (beta 1). */
 static void us__linear_fwd_res(us_model *m, int64_t N, int64_t In, int64_t Out, const void *x,
                                const void *W, const void *res, void *y) {
     us_ops *o = &m->ops;
-    int adds = m->tc.tp <= 1 || m->mesh.tp_rank == 0, fp8 = us__fp8_on(m, N, In, Out);
-    if (adds && !fp8 && o->gemm_res) {
+    if (o->gemm_res && (m->tc.tp <= 1 || m->mesh.tp_rank == 0) && !us__fp8_on(m, N, In, Out)) {
         o->gemm_res(o, N, Out, In, x, W, res, y, m->dt);
-        return;
-    }
-    if (adds && fp8 && o->fp8_gemm_res) {
-        us__linear_fwd_to(m, N, In, Out, x, W, 1.0f, res, y);
         return;
     }
     us__tp_residual(m, y, res, N * Out);
@@ -10166,7 +10145,7 @@ static void us__linear_dgrad(us_model *m, int64_t N, int64_t In, int64_t Out, co
     us__fp8_opnd wc;
     int cached = us__fp8_wcache(m, W, Out, In, 1, &wc);
     keep = keep && (pre || o->fp8_quantize_both);
-    us__fp8_mm(m, dy, N, Out, us__fp8_act(m), 0, W, Out, In, us__fp8_wt(m), 1, beta, NULL, dx,
+    us__fp8_mm(m, dy, N, Out, us__fp8_act(m), 0, W, Out, In, us__fp8_wt(m), 1, beta, dx,
                m->dt, /* Wᵀ [In][Out], from bf16 W */
                pre    ? US__FP8_PRE
                : keep ? US__FP8_KEEP
@@ -10190,8 +10169,8 @@ static void us__linear_wgrad(us_model *m, int64_t N, int64_t In, int64_t Out, co
        dyᵀ's as Dgrad left it, when it did */
     int kept = m->fp8_kept == dy && m->fp8_kept_n == N && m->fp8_kept_c == Out;
     m->fp8_kept = NULL;
-    us__fp8_mm(m, dy, N, Out, us__fp8_act(m), 1, x, N, In, us__fp8_act(m), 1, 1.0f, NULL, dW,
-               US_F32, kept ? US__FP8_KEPT : US__FP8_FRESH, xt);
+    us__fp8_mm(m, dy, N, Out, us__fp8_act(m), 1, x, N, In, us__fp8_act(m), 1, 1.0f, dW, US_F32,
+               kept ? US__FP8_KEPT : US__FP8_FRESH, xt);
 }
 
 /* The down linear's Wgrad, dWdown f32[C][F] += dy[Np][C]ᵀ·h[Np][F], from hᵀ's operand where the
@@ -10217,8 +10196,8 @@ static int64_t us__fp8_expert(us_model *m, int mode, int64_t n, int64_t In, int6
     int64_t n16 = n - n % 16;
     if (n <= 0 || !m->tc.fp8_experts || !us__fp8_on(m, 16, In, Out)) return 0;
     if (mode == US_GG_WGRAD) { /* dW [Out][In] += dyᵀ·x: 128×1 tiles of dy and x */
-        us__fp8_mm(m, Y, n, Out, us__fp8_act(m), 1, X, n, In, us__fp8_act(m), 1, 1.0f, NULL, W,
-                   US_F32, US__FP8_FRESH, NULL);
+        us__fp8_mm(m, Y, n, Out, us__fp8_act(m), 1, X, n, In, us__fp8_act(m), 1, 1.0f, W, US_F32,
+                   US__FP8_FRESH, NULL);
         return n;
     }
     if (mode == US_GG_FPROP && n16)

@@ -10087,12 +10087,10 @@ static cublasLtMatmulMatrixScale_t us__fp8_mode(int t) {
                                 : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
 }
 
-/* C = alpha·a·bᵀ + beta·Cin (Cin may be C; fp8_gemm_res: res, beta 1). The plan, and with it the
-   algorithm, is the same for Cin = C and Cin ≠ C: the residual's two ways give the same bits. */
-static void us__cuda_fp8_mm(us_ops *o, int64_t M, int64_t N, int64_t K, float alpha,
-                            const uint8_t *a, const float *sa, int ta, const uint8_t *b,
-                            const float *sb, int tb, float beta, const void *Cin, void *C,
-                            us_dtype cdt, int64_t ldc) {
+static void us__cuda_fp8_gemm(us_ops *o, int64_t M, int64_t N, int64_t K, float alpha,
+                              const uint8_t *a, const float *sa, int ta, const uint8_t *b,
+                              const float *sb, int tb, float beta, void *C, us_dtype cdt,
+                              int64_t ldc) {
     us__cuda *c = us__cu(o);
     us__gemm_plan *p = NULL;
     int64_t Kp = (K + 127) / 128 * 128;
@@ -10157,21 +10155,7 @@ static void us__cuda_fp8_mm(us_ops *o, int64_t M, int64_t N, int64_t K, float al
                                              sizeof sb));
     US__LT(o, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sa,
                                              sizeof sa));
-    us__lt_matmul(o, p, alpha, b, a, beta, Cin, C);
-}
-
-static void us__cuda_fp8_gemm(us_ops *o, int64_t M, int64_t N, int64_t K, float alpha,
-                              const uint8_t *a, const float *sa, int ta, const uint8_t *b,
-                              const float *sb, int tb, float beta, void *C, us_dtype cdt,
-                              int64_t ldc) {
-    us__cuda_fp8_mm(o, M, N, K, alpha, a, sa, ta, b, sb, tb, beta, C, C, cdt, ldc);
-}
-
-static void us__cuda_fp8_gemm_res(us_ops *o, int64_t M, int64_t N, int64_t K, float alpha,
-                                  const uint8_t *a, const float *sa, int ta, const uint8_t *b,
-                                  const float *sb, int tb, const void *res, void *C, us_dtype cdt,
-                                  int64_t ldc) {
-    us__cuda_fp8_mm(o, M, N, K, alpha, a, sa, ta, b, sb, tb, 1.0f, res, C, cdt, ldc);
+    us__lt_matmul(o, p, alpha, b, a, beta, C, C);
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -10280,7 +10264,6 @@ US_API us_result us_cuda_ops(us_ops *o, int device, char *err, size_t errlen) {
     o->moe_gate_grad = us__cuda_moe_gate_grad;
     o->fp8_quantize = us__cuda_fp8_quantize;
     o->fp8_gemm = us__cuda_fp8_gemm;
-    o->fp8_gemm_res = us__cuda_fp8_gemm_res;
     o->rmsnorm_fwd_fp8 = us__cuda_rmsnorm_fwd_fp8;
     o->swiglu_fwd_fp8 = us__cuda_swiglu_fwd_fp8;
     o->swiglu_bwd_fp8 = us__cuda_swiglu_bwd_fp8;

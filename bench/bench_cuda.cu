@@ -12,8 +12,6 @@
                         it, SwiGLU's backward writes dgu alone and the gate|up Dgrad quantises it
                         (us_ops.rmsnorm_fwd_fp8, swiglu_fwd_fp8 and swiglu_bwd_fp8 taken away): the
                         unfused path
-     --fp8-no-res       (fp8) the o and down linears' residual by a copy and a beta-1 GEMM
-                        (us_ops.fp8_gemm_res taken away), as before the epilogue read it
      --fp8-free-quant   (fp8 only) skip every FP8 quantisation in the timed steps: the GEMMs read
                         the operands the warm-up steps left behind. Wrong numbers, fast: it measures
                         the step FP8 would give if quantising cost nothing (the recipe's ceiling).
@@ -139,7 +137,6 @@ static double pms[P_N];
 static int prof_on;
 static int free_q, skip_q; /* --fp8-free-quant; set during the timed steps */
 static int no_fuse;        /* --fp8-no-fuse */
-static int no_res;         /* --fp8-no-res */
 static int gg_kernel;      /* gemm_grouped's path (us_cuda_grouped_kernel): --grouped-kernel,
                               --grouped-wgmma, --grouped-loop; 0 the default */
 
@@ -160,8 +157,7 @@ static float pend(int k) {
 }
 
 /* The profile's GEMMs by call shape: layouts, sizes, leading dimensions, dtypes, beta, and which
-   op made the call (0 gemm, 1 gemm_res, 2 fp8_gemm, 3 fp8_gemm_res; for fp8 ta/tb are the scale
-   tilings). After
+   op made the call (0 gemm, 1 gemm_res, 2 fp8_gemm; for fp8 ta/tb are the scale tilings). After
    the step each shape runs again alone on fresh operands (gshape_alone): a shape slower in the
    step than alone loses to its neighbours (clock, caches); one slow alone loses by its shape. */
 struct gshape {
@@ -238,16 +234,6 @@ static void w_fg(us_ops *o, int64_t M, int64_t N, int64_t K, float al, const uin
     (void)o;
     pbeg(P_FP8G);
     inner.fp8_gemm(&inner, M, N, K, al, a, sa, ta, b, sb, tb, be, C, cd, ldc);
-    gshape_add(g, pend(P_FP8G));
-}
-
-static void w_fgr(us_ops *o, int64_t M, int64_t N, int64_t K, float al, const uint8_t *a,
-                  const float *sa, int ta, const uint8_t *b, const float *sb, int tb,
-                  const void *res, void *C, us_dtype cd, int64_t ldc) {
-    gshape g = {3, ta, tb, 0, 0, (int)cd, 1, 0, M, N, K, K, K, ldc, 0};
-    (void)o;
-    pbeg(P_FP8G);
-    inner.fp8_gemm_res(&inner, M, N, K, al, a, sa, ta, b, sb, tb, res, C, cd, ldc);
     gshape_add(g, pend(P_FP8G));
 }
 
@@ -437,7 +423,6 @@ static us_ops profiled(void) {
     o.error = w_err;
     o.fp8_quantize = w_fq;
     o.fp8_gemm = w_fg;
-    o.fp8_gemm_res = inner.fp8_gemm_res && !no_res ? w_fgr : NULL;
     o.fp8_quantize_both = inner.fp8_quantize_both ? w_fqb : NULL;
     o.rmsnorm_fwd_fp8 = inner.rmsnorm_fwd_fp8 && !no_fuse ? w_nfq : NULL;
     o.swiglu_fwd_fp8 = inner.swiglu_fwd_fp8 && !no_fuse ? w_sfq : NULL;
@@ -495,10 +480,9 @@ static void gshape_alone(void) {
               [](size_t a, size_t b) { return gshapes[a].ms > gshapes[b].ms; });
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    printf("  GEMMs by call shape (op: gemm, res = gemm_res, fp8 = fp8_gemm with its two tilings, "
-           "f8res = fp8_gemm_res; A·B → C dtypes; beta; in the step, then alone on noise, median "
-           "of 10):\n");
-    printf("    %-5s %-5s %-22s %-9s %4s %5s %9s %9s %9s\n", "op", "t", "M x N x K", "A,B->C",
+    printf("  GEMMs by call shape (op: gemm, res = gemm_res, fp8 = fp8_gemm with its two tilings; "
+           "A·B → C dtypes; beta; in the step, then alone on noise, median of 10):\n");
+    printf("    %-4s %-5s %-22s %-9s %4s %5s %9s %9s %9s\n", "op", "t", "M x N x K", "A,B->C",
            "beta", "calls", "step ms", "step TF/s", "alone TF/s");
     for (i = 0; i < ord.size(); i++) {
         gshape &g = gshapes[ord[i]];
@@ -509,7 +493,7 @@ static void gshape_alone(void) {
         float *sa = NULL, *sb = NULL;
         uint8_t *qa = NULL, *qb = NULL;
         int r;
-        if (g.op >= 2) { /* FP8: quantise noise of [M][K] and [N][K] in the call's tilings */
+        if (g.op == 2) { /* FP8: quantise noise of [M][K] and [N][K] in the call's tilings */
             int64_t Kp = (g.K + 127) / 128 * 128;
             A = inner.alloc(&inner, (size_t)(g.M * Kp * 2));
             B = inner.alloc(&inner, (size_t)(g.N * Kp * 2));
@@ -525,7 +509,7 @@ static void gshape_alone(void) {
         }
         C = inner.alloc(&inner, (size_t)(g.M * g.ldc) * us_dtype_size((us_dtype)g.cdt));
         fill_noise(C, (us_dtype)g.cdt, g.M * g.ldc, 13 + i);
-        if (g.op == 1 || g.op == 3) {
+        if (g.op == 1) {
             R = inner.alloc(&inner, (size_t)(g.M * g.ldc) * us_dtype_size((us_dtype)g.cdt));
             fill_noise(R, (us_dtype)g.cdt, g.M * g.ldc, 14 + i);
         }
@@ -537,9 +521,6 @@ static void gshape_alone(void) {
                            (us_dtype)g.bdt, g.ldb, g.beta ? 1.0f : 0.0f, C, (us_dtype)g.cdt, g.ldc);
             else if (g.op == 1)
                 inner.gemm_res(&inner, g.M, g.N, g.K, A, B, R, C, (us_dtype)g.cdt);
-            else if (g.op == 3)
-                inner.fp8_gemm_res(&inner, g.M, g.N, g.K, 1.0f, qa, sa, g.ta, qb, sb, g.tb, R, C,
-                                   (us_dtype)g.cdt, g.ldc);
             else
                 inner.fp8_gemm(&inner, g.M, g.N, g.K, 1.0f, qa, sa, g.ta, qb, sb, g.tb,
                                g.beta ? 1.0f : 0.0f, C, (us_dtype)g.cdt, g.ldc);
@@ -549,13 +530,12 @@ static void gshape_alone(void) {
             if (r >= 3) ts.push_back(ms * 1e-3);
         }
         if (!ts.empty()) alone = fl / median(ts) * 1e-12;
-        printf("    %-5s %d,%d   %6lld x %6lld x %6lld %-9s %4d %5d %9.3f %9.0f %9.0f\n",
+        printf("    %-4s %d,%d   %6lld x %6lld x %6lld %-9s %4d %5d %9.3f %9.0f %9.0f\n",
                g.op == 0   ? "gemm"
                : g.op == 1 ? "res"
-               : g.op == 2 ? "fp8"
-                           : "f8res",
+                           : "fp8",
                g.ta, g.tb, (long long)g.M, (long long)g.N, (long long)g.K,
-               g.op >= 2         ? (g.cdt == US_F32 ? "e4,e4->f" : "e4,e4->b")
+               g.op == 2         ? (g.cdt == US_F32 ? "e4,e4->f" : "e4,e4->b")
                : g.cdt == US_F32 ? "b,b->f"
                                  : "b,b->b",
                g.beta, g.calls, g.ms, fl * g.calls / (g.ms * 1e-3) * 1e-12, alone);
@@ -1913,8 +1893,6 @@ int main(int argc, char **argv) {
             bench_fp8_experts = 1;
         else if (!strcmp(argv[i], "--fp8-no-fuse"))
             no_fuse = 1;
-        else if (!strcmp(argv[i], "--fp8-no-res"))
-            no_res = 1;
         else if (!strcmp(argv[i], "--accum") && i + 1 < argc) {
             bench_accum = atoi(argv[++i]);
             if (bench_accum < 1) {
@@ -1990,7 +1968,7 @@ int main(int argc, char **argv) {
                     "usage: bench_cuda [--preset 1b|8b8|200m|moe [--steps N] [--warmup N] "
                     "[--recompute M] [--accum K] [--loss-chunk ROWS|-1] [--precision "
                     "bf16|fp8|fp8-tensor [--fp8-free-quant] [--fp8-no-weight-cache] "
-                    "[--fp8-experts] [--fp8-no-fuse] [--fp8-no-res]] [--profile] [--gemm-tune] "
+                    "[--fp8-experts] [--fp8-no-fuse]] [--profile] [--gemm-tune] "
                     "[--grouped-kernel|--grouped-wgmma|--grouped-loop] [--json F]] [--gemm] "
                     "[--fp8-gemm] [--swiglu-bwd-fp8] [--grouped] [--gemm-algos] [--gemm-sustained] "
                     "[--attention [--att-seq T,..] [--att-heads NH:NKV:HS,..] [--att-band N]] "

@@ -1762,15 +1762,14 @@ static void test_fp8_ops(void) {
                       *c = (float *)malloc((size_t)(M * N) * 4),
                       *cg = (float *)malloc((size_t)(M * N) * 4);
                 uint16_t *c16 = (uint16_t *)malloc((size_t)(M * N) * 2),
-                         *g16 = (uint16_t *)malloc((size_t)(M * N) * 2),
-                         *r16 = (uint16_t *)malloc((size_t)(M * N) * 2);
+                         *g16 = (uint16_t *)malloc((size_t)(M * N) * 2);
                 int64_t nsa = us_fp8_scales_size((us_fp8_tiling)ta, M, K),
                         nsb = us_fp8_scales_size((us_fp8_tiling)tb, N, K);
                 uint8_t *qa = (uint8_t *)malloc((size_t)(M * Kp)),
                         *qb = (uint8_t *)malloc((size_t)(N * Kp));
                 float *sa = (float *)malloc((size_t)nsa * 4),
                       *sb = (float *)malloc((size_t)nsb * 4);
-                void *dqa, *dqb, *dsa, *dsb, *dc, *dc16, *dres;
+                void *dqa, *dqb, *dsa, *dsb, *dc, *dc16;
                 double *sum = (double *)malloc((size_t)(M * N) * 8), mx = 0, worst = 0, worst16 = 0;
                 for (i = 0; i < M * K; i += 53) a[i] *= 300.0f;
                 Ccpu.fp8_quantize(&Ccpu, qa, sa, a, US_F32, M, K, ta, 0, 0);
@@ -1807,29 +1806,10 @@ static void test_fp8_ops(void) {
                 for (i = 0; i < M * N; i++)
                     c16[i] = us_f32_to_bf16((float)((rnd01() * 2 - 1) * mx));
                 dc16 = up(c16, (size_t)(M * N) * 2);
-                dres = up(c16, (size_t)(M * N) * 2); /* the same residual, for fp8_gemm_res */
-                memcpy(r16, c16, (size_t)(M * N) * 2);
                 Ccpu.fp8_gemm(&Ccpu, M, N, K, 1.0f, qa, sa, ta, qb, sb, tb, 1.0f, c16, US_BF16, N);
                 G.fp8_gemm(&G, M, N, K, 1.0f, (const uint8_t *)dqa, (const float *)dsa, ta,
                            (const uint8_t *)dqb, (const float *)dsb, tb, 1.0f, dc16, US_BF16, N);
                 down(g16, dc16, (size_t)(M * N) * 2);
-                if (G.fp8_gemm_res) { /* y = res + a·bᵀ: the same bits as beta 1 over res */
-                    void *dy = G.alloc(&G, (size_t)(M * N) * 2);
-                    uint16_t *y16 = (uint16_t *)malloc((size_t)(M * N) * 4), *rb = y16 + M * N;
-                    G.zero(&G, dy, (size_t)(M * N) * 2);
-                    G.fp8_gemm_res(&G, M, N, K, 1.0f, (const uint8_t *)dqa, (const float *)dsa, ta,
-                                   (const uint8_t *)dqb, (const float *)dsb, tb, dres, dy, US_BF16,
-                                   N);
-                    down(y16, dy, (size_t)(M * N) * 2);
-                    down(rb, dres, (size_t)(M * N) * 2);
-                    CHECK(G.error(&G) == NULL && !memcmp(y16, g16, (size_t)(M * N) * 2) &&
-                              !memcmp(rb, r16, (size_t)(M * N) * 2),
-                          "fp8_gemm_res %lldx%lldx%lld: y = res + a·bᵀ equals fp8_gemm with "
-                          "beta 1 over a copy of res bit for bit, res unchanged",
-                          (long long)M, (long long)N, (long long)K);
-                    G.free(&G, dy);
-                    free(y16);
-                }
                 for (i = 0; i < M * N; i++) {
                     double gv = us_bf16_to_f32(g16[i]), cv = us_bf16_to_f32(c16[i]),
                            e = (fabs(gv - cv) - 0x1p-7 * fabs(cv)) /
@@ -1860,14 +1840,12 @@ static void test_fp8_ops(void) {
                 G.free(&G, dsb);
                 G.free(&G, dc);
                 G.free(&G, dc16);
-                G.free(&G, dres);
                 free(a);
                 free(b);
                 free(c);
                 free(cg);
                 free(c16);
                 free(g16);
-                free(r16);
                 free(qa);
                 free(qb);
                 free(sa);
@@ -2127,59 +2105,6 @@ static void test_training_fp8(us_precision prec, int moe) {
     us_model_free(&b);
 }
 
-/* The residual in the FP8 GEMM's epilogue (us_ops.fp8_gemm_res) against the copy and beta-1
-   GEMM it replaces: the same plan, so the same losses to the bit, step by step. */
-static void (*g_fgr)(us_ops *, int64_t, int64_t, int64_t, float, const uint8_t *, const float *,
-                     int, const uint8_t *, const float *, int, const void *, void *, us_dtype,
-                     int64_t);
-static int g_nfgr; /* fp8_gemm_res calls */
-
-static void count_fgr(us_ops *o, int64_t M, int64_t N, int64_t K, float al, const uint8_t *a,
-                      const float *sa, int ta, const uint8_t *b, const float *sb, int tb,
-                      const void *res, void *C, us_dtype cdt, int64_t ldc) {
-    g_nfgr++;
-    g_fgr(o, M, N, K, al, a, sa, ta, b, sb, tb, res, C, cdt, ldc);
-}
-
-static void test_fp8_residual(void) {
-    us_model_config mc;
-    us_train_config tc;
-    us_model a, b;
-    us_ops oa = G, ob = G;
-    twin tw;
-    us_step_stats sa, sb;
-    int s, same = 1;
-    if (!G.fp8_gemm_res) return;
-    memset(&mc, 0, sizeof mc);
-    memset(&tc, 0, sizeof tc);
-    mc.n_layers = 2;
-    mc.dim = 128;
-    mc.n_heads = 2;
-    mc.n_kv_heads = 1;
-    tc.batch = 4;
-    tc.seq = 64;
-    tc.steps = 20;
-    tc.lr = 3e-3f;
-    tc.precision = US_PRECISION_FP8;
-    tc.fp8_min_dim = 16;
-    oa.fp8_gemm_res = NULL; /* a: the copy and beta 1 */
-    g_fgr = G.fp8_gemm_res;
-    ob.fp8_gemm_res = count_fgr;
-    g_nfgr = 0;
-    CHECK(us_model_init(&a, &mc, &tc, &oa) == US_OK && us_model_init(&b, &mc, &tc, &ob) == US_OK,
-          "fp8 models: %s %s", us_model_error(&a), us_model_error(&b));
-    twin_init(&tw, &tc);
-    for (s = 0; s < 4 && twin_step(&tw, &a, &b, &sa, &sb); s++)
-        same = same && sa.loss == sb.loss && sa.grad_norm == sb.grad_norm && sa.loss == sa.loss;
-    CHECK(same && g_nfgr == 4 * 2 * 2,
-          "fp8: the o and down linears' residual in the GEMM's epilogue (%d calls in 4 steps of 2 "
-          "layers) gives the copy and beta-1 GEMM's losses and norms bit for bit",
-          g_nfgr);
-    twin_free(&tw);
-    us_model_free(&a);
-    us_model_free(&b);
-}
-
 static void test_errors(void) {
     us_ops o;
     us_model_config mc;
@@ -2261,7 +2186,6 @@ int main(int argc, char **argv) {
         test_training_fp8(US_PRECISION_FP8, 0);
         test_training_fp8(US_PRECISION_FP8_TENSOR, 0);
         test_training_fp8(US_PRECISION_FP8, 1);
-        test_fp8_residual();
         us_cuda_ops_free(&G);
         return us_test_done("test_cuda --fp8");
     }
@@ -2302,7 +2226,6 @@ int main(int argc, char **argv) {
     test_training_fp8(US_PRECISION_FP8_TENSOR, 0);
     test_training_fp8(US_PRECISION_FP8, 1); /* MoE: the experts in FP8 (// >>fp8-linear) */
     test_training_fp8(US_PRECISION_FP8, 2);
-    test_fp8_residual();
     test_errors();
     us_cuda_ops_free(&G);
     return us_test_done("test_cuda");
