@@ -12,6 +12,9 @@
                         it, SwiGLU's backward writes dgu alone and the gate|up Dgrad quantises it
                         (us_ops.rmsnorm_fwd_fp8, swiglu_fwd_fp8 and swiglu_bwd_fp8 taken away): the
                         unfused path
+     --att-mode M       (--preset) attention's paths as us_cuda_attention_no_hopper(M) sets them,
+                        e.g. 7: the backward with dS through memory at every HS up to 128
+                        (default 0: the library's choice)
      --fp8-free-quant   (fp8 only) skip every FP8 quantisation in the timed steps: the GEMMs read
                         the operands the warm-up steps left behind. Wrong numbers, fast: it measures
                         the step FP8 would give if quantising cost nothing (the recipe's ceiling).
@@ -137,6 +140,7 @@ static double pms[P_N];
 static int prof_on;
 static int free_q, skip_q; /* --fp8-free-quant; set during the timed steps */
 static int no_fuse;        /* --fp8-no-fuse */
+static int att_mode;       /* --att-mode: us_cuda_attention_no_hopper's for the training step */
 static int gg_kernel;      /* gemm_grouped's path (us_cuda_grouped_kernel): --grouped-kernel,
                               --grouped-wgmma, --grouped-loop; 0 the default */
 
@@ -1893,7 +1897,13 @@ int main(int argc, char **argv) {
             bench_fp8_experts = 1;
         else if (!strcmp(argv[i], "--fp8-no-fuse"))
             no_fuse = 1;
-        else if (!strcmp(argv[i], "--accum") && i + 1 < argc) {
+        else if (!strcmp(argv[i], "--att-mode") && i + 1 < argc) {
+            att_mode = atoi(argv[++i]);
+            if (att_mode < 0 || att_mode > 7) {
+                fprintf(stderr, "bench_cuda: --att-mode must be 0 to 7\n");
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--accum") && i + 1 < argc) {
             bench_accum = atoi(argv[++i]);
             if (bench_accum < 1) {
                 fprintf(stderr, "bench_cuda: --accum must be at least 1\n");
@@ -1968,7 +1978,7 @@ int main(int argc, char **argv) {
                     "usage: bench_cuda [--preset 1b|8b8|200m|moe [--steps N] [--warmup N] "
                     "[--recompute M] [--accum K] [--loss-chunk ROWS|-1] [--precision "
                     "bf16|fp8|fp8-tensor [--fp8-free-quant] [--fp8-no-weight-cache] "
-                    "[--fp8-experts] [--fp8-no-fuse]] [--profile] [--gemm-tune] "
+                    "[--fp8-experts] [--fp8-no-fuse]] [--att-mode M] [--profile] [--gemm-tune] "
                     "[--grouped-kernel|--grouped-wgmma|--grouped-loop] [--json F]] [--gemm] "
                     "[--fp8-gemm] [--swiglu-bwd-fp8] [--grouped] [--gemm-algos] [--gemm-sustained] "
                     "[--attention [--att-seq T,..] [--att-heads NH:NKV:HS,..] [--att-band N]] "
@@ -1995,6 +2005,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     us_cuda_grouped_kernel(&inner, gg_kernel);
+    us_cuda_attention_no_hopper(&inner, att_mode);
     if (preset && bench_train(preset, steps, warm, rc, profile, json)) return 1;
     if (do_gemm) bench_gemm();
     if (do_fp8) bench_fp8_gemm();
