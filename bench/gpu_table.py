@@ -2,7 +2,9 @@
 attention (ours, SDPA cuDNN, SDPA flash) per shape, then each training step against PyTorch eager
 and torch.compile (tokens/s, ratio, MFU, peak memory). Reads us_kernels.txt, sdpa.txt,
 us_<preset>.txt, us_tuned_<preset>.txt (--gemm-tune; its row left out when missing),
-torch_eager_<preset>.txt, torch_compile_<preset>.txt; a missing log leaves its cells empty."""
+torch_eager_<preset>.txt, torch_compile_<preset>.txt; a missing log leaves its cells empty. Where
+the step logs end with bench/power.py's line, a last table gives each run's board power, the share
+of its busy samples at the software power cap, the SM clock and the energy a token."""
 import os
 import re
 import sys
@@ -36,6 +38,14 @@ def step(d, name):
     return tuple(map(float, m.groups())) if m else None
 
 
+def power(d, name):
+    """(board W median, % at the power cap, SM MHz median) from bench/power.py's line in a log"""
+    txt = read(os.path.join(d, name))
+    m = re.search(r"^power \|.*?board (\d+) W median.*?power cap (\d+) %.*?SM clock (\d+) MHz", txt,
+                  re.M)
+    return tuple(map(float, m.groups())) if m else None
+
+
 def main():
     d = sys.argv[1] if len(sys.argv) > 1 else "bench_out"
     att = attention_rows(d)
@@ -59,6 +69,16 @@ def main():
             if k == "us_tuned" and not us:
                 continue
             print(f"{label:<11} | {cell(us):>24} | {cell(ea):>24} | {cell(co):>24} | {r(us, ea):>8} | {r(us, co):>10}")
+    runs = [(p, k) for p in ("1b", "200m") for k in ("us", "us_tuned", "torch_eager", "torch_compile")
+            if power(d, f"{k}_{p}.txt") and step(d, f"{k}_{p}.txt")]
+    if runs:
+        print()
+        print("power while training (bench/power.py; busy samples): board W, share at the software power cap,")
+        print("SM clock, energy a token (board W / tokens/s)")
+        for p, k in runs:
+            w, cap, mhz = power(d, f"{k}_{p}.txt")
+            tok = step(d, f"{k}_{p}.txt")[0]
+            print(f"{p:<5} {k:<14} | {w:4.0f} W | cap {cap:3.0f} % | {mhz:5.0f} MHz | {w / tok * 1e3:6.2f} mJ/token")
 
 
 if __name__ == "__main__":

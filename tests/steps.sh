@@ -50,6 +50,7 @@ step 'plan CLI'                          "$B/plan $B/train"  'bash tests/test_pl
 step 'tokenize CLI, train --tokenizer'   "$B/tokenize $B/train" 'bash tests/test_tokenize_cli.sh $B'
 step 'generate CLI: cached text equals re-run' "$B/generate $B/train" 'bash tests/test_generate_cli.sh $B'
 step 'memory CLI'                        "$B/memory"         'bash tests/test_memory_cli.sh $B/memory'
+step 'bench/power.py and the power table' ''                 'bash tests/test_power.sh'
 step 'cp_memory prints the table'        "$B/cp_memory"      './$B/cp_memory | grep -q "^  131072"'
 step 'schedule CLI: table and SVG'       "$B/schedule" \
      './$B/schedule | grep -q dualpipev &&
