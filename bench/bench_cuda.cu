@@ -20,6 +20,11 @@
                         the step FP8 would give if quantising cost nothing (the recipe's ceiling).
                         SwiGLU's forward still runs fused where the layer keeps hᵀ's operand
                         instead of h (there is no h to write without it)
+     --fp8-stale-quant  (fp8 only) as --fp8-free-quant, but every quantiser still runs, writing into
+                        a buffer that no GEMM reads: the GEMMs read what --fp8-free-quant's read,
+                        the quantisers cost what they cost. Against both, it splits the free mode's
+                        gain into the quantisers' own time and the stale operands' effect on the
+                        GEMMs (at the power cap their data changes their power, and so their clock)
      --fp8-gemm         FP8 GEMMs (block-scaled, per-tensor) vs bf16 at LLM shapes, and the quantiser
                         (ends with --swiglu-bwd-fp8's lines)
      --swiglu-bwd-fp8   SwiGLU's backward with dgu's two FP8 operands (us_ops.swiglu_bwd_fp8, dgu
@@ -138,10 +143,33 @@ static us_ops inner;
 static cudaEvent_t ev0[P_N], ev1[P_N];
 static double pms[P_N];
 static int prof_on;
-static int free_q, skip_q; /* --fp8-free-quant; set during the timed steps */
-static int no_fuse;        /* --fp8-no-fuse */
-static int att_mode;       /* --att-mode: us_cuda_attention_no_hopper's for the training step */
-static int gg_kernel;      /* gemm_grouped's path (us_cuda_grouped_kernel): --grouped-kernel,
+static int free_q, skip_q; /* --fp8-free-quant (1), --fp8-stale-quant (2); set in the timed steps */
+/* --fp8-stale-quant: where the timed steps' quantisers write instead (no GEMM reads it): two
+   operand halves and two scale halves */
+#define STALE_Q ((size_t)1 << 29)
+#define STALE_S ((size_t)1 << 23) /* floats */
+static uint8_t *stale_q;
+static float *stale_s;
+
+/* under --fp8-stale-quant, the operand (q, sc; and qt, st) of an M × K quantisation moved to the
+   stale buffers; 0 when it does not fit them (the bench stops: a measurement mode, not a fallback) */
+static void stale(uint8_t **q, float **sc, uint8_t **qt, float **st, int64_t M, int64_t K) {
+    if ((size_t)(M * K) > STALE_Q || (size_t)(M * K) / 32 > STALE_S) {
+        fprintf(stderr,
+                "bench_cuda: --fp8-stale-quant: a %lld x %lld operand is larger than its "
+                "buffer\n",
+                (long long)M, (long long)K);
+        exit(2);
+    }
+    *q = stale_q;
+    *sc = stale_s;
+    if (qt) *qt = stale_q + STALE_Q;
+    if (st) *st = stale_s + STALE_S;
+}
+
+static int no_fuse;   /* --fp8-no-fuse */
+static int att_mode;  /* --att-mode: us_cuda_attention_no_hopper's for the training step */
+static int gg_kernel; /* gemm_grouped's path (us_cuda_grouped_kernel): --grouped-kernel,
                               --grouped-wgmma, --grouped-loop; 0 the default */
 
 static cudaStream_t st_of(void) { return ((us__cuda *)inner.backend)->stream; }
@@ -217,7 +245,8 @@ static void w_gg(us_ops *o, int mode, int G, const int64_t *off, const int64_t *
 static void w_fq(us_ops *o, uint8_t *q, float *sc, const void *x, us_dtype dt, int64_t M, int64_t K,
                  int t, int trans, int pow2) {
     (void)o;
-    if (skip_q) return;
+    if (skip_q && free_q == 1) return;
+    if (skip_q) stale(&q, &sc, NULL, NULL, M, K);
     WRAP(t == US_FP8_BLOCK128 ? P_FP8Q_W
          : trans              ? P_FP8Q_COL
                               : P_FP8Q_ROW,
@@ -227,7 +256,8 @@ static void w_fq(us_ops *o, uint8_t *q, float *sc, const void *x, us_dtype dt, i
 static void w_fqb(us_ops *o, uint8_t *q, float *sc, uint8_t *qt, float *st, const void *x,
                   us_dtype dt, int64_t M, int64_t K, int t, int pow2) {
     (void)o;
-    if (skip_q) return;
+    if (skip_q && free_q == 1) return;
+    if (skip_q) stale(&q, &sc, &qt, &st, M, K);
     WRAP(P_FP8Q_BOTH, inner.fp8_quantize_both(&inner, q, sc, qt, st, x, dt, M, K, t, pow2));
 }
 
@@ -274,11 +304,13 @@ static void w_nb(us_ops *o, void *dx, float *dw, const void *d, const void *x, c
     WRAP(P_NORM, inner.rmsnorm_bwd(&inner, dx, dw, d, x, w, r, N, C, dt));
 }
 
-/* the fused ops; under --fp8-free-quant the norm or SwiGLU alone */
+/* the fused ops; under --fp8-free-quant the norm or SwiGLU alone, under --fp8-stale-quant the
+   fused op with its operands moved to the stale buffers */
 static void w_nfq(us_ops *o, void *out, float *r, uint8_t *q, float *sc, const void *x,
                   const void *w, int64_t N, int64_t C, float eps, us_dtype dt, int pow2) {
     (void)o;
-    if (skip_q)
+    if (skip_q && free_q == 2) stale(&q, &sc, NULL, NULL, N, C);
+    if (skip_q && free_q == 1)
         WRAP(P_NORM, inner.rmsnorm_fwd(&inner, out, r, x, w, N, C, eps, dt));
     else
         WRAP(P_NORM_Q, inner.rmsnorm_fwd_fp8(&inner, out, r, q, sc, x, w, N, C, eps, dt, pow2));
@@ -287,7 +319,8 @@ static void w_nfq(us_ops *o, void *out, float *r, uint8_t *q, float *sc, const v
 static void w_sfq(us_ops *o, void *h, uint8_t *q, float *sc, uint8_t *qt, float *st, const void *gu,
                   int64_t N, int64_t F, us_dtype dt, int pow2) {
     (void)o;
-    if (skip_q && h) /* h NULL (the layer keeps hᵀ's operand instead): nothing to skip to */
+    if (skip_q && h && free_q == 2) stale(&q, &sc, &qt, &st, N, F);
+    if (skip_q && h && free_q == 1) /* h NULL (the layer keeps hᵀ's operand): nothing to skip to */
         WRAP(P_SWIGLU, inner.swiglu_fwd(&inner, h, gu, N, F, dt));
     else
         WRAP(P_SWIGLU_Q, inner.swiglu_fwd_fp8(&inner, h, q, sc, qt, st, gu, N, F, dt, pow2));
@@ -296,7 +329,8 @@ static void w_sfq(us_ops *o, void *h, uint8_t *q, float *sc, uint8_t *qt, float 
 static void w_sbq(us_ops *o, void *d, uint8_t *q, float *sc, uint8_t *qt, float *st, const void *dh,
                   const void *gu, int64_t N, int64_t F, us_dtype dt, int pow2) {
     (void)o;
-    if (skip_q)
+    if (skip_q && free_q == 2) stale(&q, &sc, &qt, &st, N, 2 * F);
+    if (skip_q && free_q == 1)
         WRAP(P_SWIGLU, inner.swiglu_bwd(&inner, d ? d : (void *)gu, dh, gu, N, F, dt));
     else
         WRAP(P_SWIGLU_QB, inner.swiglu_bwd_fp8(&inner, d, q, sc, qt, st, dh, gu, N, F, dt, pow2));
@@ -640,6 +674,14 @@ static int bench_train(const char *preset, int steps, int warm, us_recompute rc,
         return 3;
     }
     n = (int64_t)tc.grad_accum * tc.batch * tc.seq;
+    if (free_q == 2) { /* the stale buffers, allocated before any step (not inside a timed one) */
+        stale_q = (uint8_t *)inner.alloc(&inner, 2 * STALE_Q);
+        stale_s = (float *)inner.alloc(&inner, 2 * STALE_S * sizeof(float));
+        if (!stale_q || !stale_s) {
+            printf("ultrascale   | %s | --fp8-stale-quant: no memory for its buffers\n", preset);
+            return 3;
+        }
+    }
     {
         std::vector<int32_t> in(n), tgt(n);
         us_rng r;
@@ -684,8 +726,9 @@ static int bench_train(const char *preset, int steps, int warm, us_recompute rc,
                m.fp8 && !m.fp8_wc ? " (no weight cache)" : "",
                m.fp8 == 1 && !o.rmsnorm_fwd_fp8 ? " (unfused)" : "", tc.grad_accum);
         if (free_q)
-            printf("  (--fp8-free-quant: no quantisation in the timed steps; the losses are "
-                   "meaningless)\n");
+            printf("  (--fp8-%s-quant: %s in the timed steps; the losses are meaningless)\n",
+                   free_q == 1 ? "free" : "stale",
+                   free_q == 1 ? "no quantisation" : "the quantisers' output read by no GEMM");
         if (json) {
             FILE *f = fopen(json, "w");
             if (f) {
@@ -693,8 +736,11 @@ static int bench_train(const char *preset, int steps, int warm, us_recompute rc,
                         "{\"impl\": \"ultrascale\", \"preset\": \"%s\", \"precision\": \"%s%s\", "
                         "\"tok_s\": %.1f, \"mfu\": %.4f, \"step_ms\": %.2f, \"peak_gib\": %.2f, "
                         "\"params\": %lld, \"accum\": %d, \"wcache\": %d}\n",
-                        preset, us_precision_name(bench_prec), free_q ? " free-quant" : "", tok_s,
-                        mfu, 1e3 * t, peak_gib, (long long)m.n_params, tc.grad_accum,
+                        preset, us_precision_name(bench_prec),
+                        free_q == 1   ? " free-quant"
+                        : free_q == 2 ? " stale-quant"
+                                      : "",
+                        tok_s, mfu, 1e3 * t, peak_gib, (long long)m.n_params, tc.grad_accum,
                         m.fp8_wc != NULL);
                 fclose(f);
             }
@@ -1891,6 +1937,8 @@ int main(int argc, char **argv) {
             gg_kernel = US_CUDA_GG_LOOP;
         else if (!strcmp(argv[i], "--fp8-free-quant"))
             free_q = 1;
+        else if (!strcmp(argv[i], "--fp8-stale-quant"))
+            free_q = 2;
         else if (!strcmp(argv[i], "--fp8-no-weight-cache"))
             bench_nowc = 1;
         else if (!strcmp(argv[i], "--fp8-experts"))
@@ -1987,7 +2035,9 @@ int main(int argc, char **argv) {
         }
     }
     if (free_q && bench_prec != US_PRECISION_FP8 && bench_prec != US_PRECISION_FP8_TENSOR) {
-        fprintf(stderr, "bench_cuda: --fp8-free-quant needs --precision fp8 or fp8-tensor\n");
+        fprintf(stderr,
+                "bench_cuda: --fp8-free-quant and --fp8-stale-quant need --precision fp8 or "
+                "fp8-tensor\n");
         return 2;
     }
     if (bench_tune && warm < 2) {
@@ -1996,8 +2046,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (free_q && warm < 1) {
-        fprintf(stderr, "bench_cuda: --fp8-free-quant needs at least one warm-up step (it leaves "
-                        "the operands the timed steps read)\n");
+        fprintf(stderr, "bench_cuda: --fp8-free-quant and --fp8-stale-quant need at least one "
+                        "warm-up step (it leaves the operands the timed steps read)\n");
         return 2;
     }
     if (us_cuda_ops(&inner, 0, err, sizeof err) != US_OK) {
