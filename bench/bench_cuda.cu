@@ -151,20 +151,21 @@ static int free_q, skip_q; /* --fp8-free-quant (1), --fp8-stale-quant (2); set i
 static uint8_t *stale_q;
 static float *stale_s;
 
-/* under --fp8-stale-quant, the operand (q, sc; and qt, st) of an M × K quantisation moved to the
-   stale buffers; 0 when it does not fit them (the bench stops: a measurement mode, not a fallback) */
+/* under --fp8-stale-quant, the operand (q, sc; and qt, st where asked for) of an M × K quantisation
+   moved to the stale buffers; one that does not fit them stops the bench (a measurement mode, not a
+   fallback) */
 static void stale(uint8_t **q, float **sc, uint8_t **qt, float **st, int64_t M, int64_t K) {
-    if ((size_t)(M * K) > STALE_Q || (size_t)(M * K) / 32 > STALE_S) {
+    int64_t Mp = (M + 127) / 128 * 128, Kp = (K + 127) / 128 * 128; /* padded to whole tiles */
+    if ((size_t)(Mp * Kp) > STALE_Q || (size_t)(Mp * Kp / 128) > STALE_S) {
         fprintf(stderr,
-                "bench_cuda: --fp8-stale-quant: a %lld x %lld operand is larger than its "
-                "buffer\n",
+                "bench_cuda: --fp8-stale-quant: a %lld x %lld operand is larger than its buffer\n",
                 (long long)M, (long long)K);
         exit(2);
     }
     *q = stale_q;
     *sc = stale_s;
-    if (qt) *qt = stale_q + STALE_Q;
-    if (st) *st = stale_s + STALE_S;
+    if (qt && *qt) *qt = stale_q + STALE_Q; /* (an operand the caller did not ask for stays NULL) */
+    if (st && *st) *st = stale_s + STALE_S;
 }
 
 static int no_fuse;   /* --fp8-no-fuse */
