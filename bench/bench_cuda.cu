@@ -171,7 +171,7 @@ static void stale(uint8_t **q, float **sc, uint8_t **qt, float **st, int64_t M, 
 static int no_fuse;   /* --fp8-no-fuse */
 static int att_mode;  /* --att-mode: us_cuda_attention_no_hopper's for the training step */
 static int gg_kernel; /* gemm_grouped's path (us_cuda_grouped_kernel): --grouped-kernel,
-                              --grouped-wgmma, --grouped-loop; 0 the default */
+                         --grouped-wgmma, --grouped-loop; 0 the default */
 
 static cudaStream_t st_of(void) { return ((us__cuda *)inner.backend)->stream; }
 
