@@ -69,16 +69,18 @@ def main():
             if k == "us_tuned" and not us:
                 continue
             print(f"{label:<11} | {cell(us):>24} | {cell(ea):>24} | {cell(co):>24} | {r(us, ea):>8} | {r(us, co):>10}")
-    runs = [(p, k) for p in ("1b", "200m") for k in ("us", "us_tuned", "torch_eager", "torch_compile")
+    kinds = ("us", "us_tuned", "torch_eager", "torch_compile")
+    runs = [(p, k) for p in ("1b", "200m") for k in kinds
             if power(d, f"{k}_{p}.txt") and step(d, f"{k}_{p}.txt")]
     if runs:
         print()
-        print("power while training (bench/power.py; busy samples): board W, share at the software power cap,")
-        print("SM clock, energy a token (board W / tokens/s)")
+        print("power while training (bench/power.py; busy samples): board W, share at the software")
+        print("power cap, SM clock, energy a token (board W / tokens/s)")
         for p, k in runs:
             w, cap, mhz = power(d, f"{k}_{p}.txt")
             tok = step(d, f"{k}_{p}.txt")[0]
-            print(f"{p:<5} {k:<14} | {w:4.0f} W | cap {cap:3.0f} % | {mhz:5.0f} MHz | {w / tok * 1e3:6.2f} mJ/token")
+            print(f"{p:<5} {k:<14} | {w:4.0f} W | cap {cap:3.0f} % | {mhz:5.0f} MHz | "
+                  f"{w / tok * 1e3:6.2f} mJ/token")
 
 
 if __name__ == "__main__":
