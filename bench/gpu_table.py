@@ -70,17 +70,16 @@ def main():
                 continue
             print(f"{label:<11} | {cell(us):>24} | {cell(ea):>24} | {cell(co):>24} | {r(us, ea):>8} | {r(us, co):>10}")
     kinds = ("us", "us_tuned", "torch_eager", "torch_compile")
-    runs = [(p, k) for p in ("1b", "200m") for k in kinds
-            if power(d, f"{k}_{p}.txt") and step(d, f"{k}_{p}.txt")]
+    runs = [(p, k, power(d, f"{k}_{p}.txt"), step(d, f"{k}_{p}.txt"))
+            for p in ("1b", "200m") for k in kinds]
+    runs = [r for r in runs if r[2] and r[3]]
     if runs:
         print()
         print("power while training (bench/power.py; busy samples): board W, share at the software")
         print("power cap, SM clock, energy a token (board W / tokens/s)")
-        for p, k in runs:
-            w, cap, mhz = power(d, f"{k}_{p}.txt")
-            tok = step(d, f"{k}_{p}.txt")[0]
+        for p, k, (w, cap, mhz), st in runs:
             print(f"{p:<5} {k:<14} | {w:4.0f} W | cap {cap:3.0f} % | {mhz:5.0f} MHz | "
-                  f"{w / tok * 1e3:6.2f} mJ/token")
+                  f"{w / st[0] * 1e3:6.2f} mJ/token")
 
 
 if __name__ == "__main__":

@@ -46,6 +46,15 @@ def bits(s):
         return 0
 
 
+def run(cmd):
+    """CMD's exit status; 2, and one sentence, when it cannot be started"""
+    try:
+        return subprocess.call(cmd)
+    except OSError as e:
+        sys.stderr.write("power.py: cannot run %s (%s)\n" % (cmd[0], e))
+        return 2
+
+
 def pct(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
@@ -90,22 +99,14 @@ def main(argv):
     if why:  # the benchmark still runs; only its power goes unmeasured
         sys.stderr.write("power.py: %s; running the command without measuring its power\n" % why)
         print("power | not measured: %s" % why)
-        try:
-            return subprocess.call(cmd)
-        except OSError as e:
-            sys.stderr.write("power.py: cannot run %s (%s)\n" % (cmd[0], e))
-            return 2
+        return run(cmd)
     samples = log or tempfile.mkstemp(suffix=".csv")[1]
     with open(samples, "w") as f:
-        smi = subprocess.Popen(probe + ["--query-gpu=" + ",".join(fields), "-lms", str(every)],
-                               stdout=f, stderr=subprocess.DEVNULL)
-        try:
-            rc = subprocess.call(cmd)
-        except OSError as e:
-            sys.stderr.write("power.py: cannot run %s (%s)\n" % (cmd[0], e))
-            rc = 2
-        smi.terminate()
-        smi.wait()
+        sampler = subprocess.Popen(probe + ["--query-gpu=" + ",".join(fields), "-lms", str(every)],
+                                   stdout=f, stderr=subprocess.DEVNULL)
+        rc = run(cmd)
+        sampler.terminate()
+        sampler.wait()
     rows = [r for r in csv.reader(open(samples)) if len(r) == len(fields)]
     if not log:
         os.unlink(samples)
@@ -114,7 +115,7 @@ def main(argv):
         print("power | no busy samples (utilization ≥ 95 %%) among %d" % len(rows))
         return rc
     w = [num(r[1]) for r in busy]
-    clk = [num(r[2]) for r in busy if num(r[2]) is not None]
+    clk = [c for c in (num(r[2]) for r in busy) if c is not None]
     cap = sum(1 for r in busy if bits(r[4]) & 0x4)
     print("power | %d busy samples of %d (%d ms apart) | board %.0f W median (p10 %.0f, p90 %.0f; "
           "limit %s W) | software power cap %.0f %% of them | SM clock %.0f MHz median (%.0f-%.0f; "
