@@ -143,7 +143,10 @@ static us_ops inner;
 static cudaEvent_t ev0[P_N], ev1[P_N];
 static double pms[P_N];
 static int prof_on;
-static int free_q, skip_q; /* --fp8-free-quant (1), --fp8-stale-quant (2); set in the timed steps */
+
+enum { Q_FREE = 1, Q_STALE = 2 }; /* free_q: --fp8-free-quant, --fp8-stale-quant (0: neither) */
+
+static int free_q, skip_q; /* skip_q: set in the timed steps */
 /* --fp8-stale-quant: where the timed steps' quantisers write instead (no GEMM reads it): two
    operand halves and two scale halves */
 #define STALE_Q ((size_t)1 << 29)
@@ -246,7 +249,7 @@ static void w_gg(us_ops *o, int mode, int G, const int64_t *off, const int64_t *
 static void w_fq(us_ops *o, uint8_t *q, float *sc, const void *x, us_dtype dt, int64_t M, int64_t K,
                  int t, int trans, int pow2) {
     (void)o;
-    if (skip_q && free_q == 1) return;
+    if (skip_q && free_q == Q_FREE) return;
     if (skip_q) stale(&q, &sc, NULL, NULL, M, K);
     WRAP(t == US_FP8_BLOCK128 ? P_FP8Q_W
          : trans              ? P_FP8Q_COL
@@ -257,7 +260,7 @@ static void w_fq(us_ops *o, uint8_t *q, float *sc, const void *x, us_dtype dt, i
 static void w_fqb(us_ops *o, uint8_t *q, float *sc, uint8_t *qt, float *st, const void *x,
                   us_dtype dt, int64_t M, int64_t K, int t, int pow2) {
     (void)o;
-    if (skip_q && free_q == 1) return;
+    if (skip_q && free_q == Q_FREE) return;
     if (skip_q) stale(&q, &sc, &qt, &st, M, K);
     WRAP(P_FP8Q_BOTH, inner.fp8_quantize_both(&inner, q, sc, qt, st, x, dt, M, K, t, pow2));
 }
@@ -310,8 +313,8 @@ static void w_nb(us_ops *o, void *dx, float *dw, const void *d, const void *x, c
 static void w_nfq(us_ops *o, void *out, float *r, uint8_t *q, float *sc, const void *x,
                   const void *w, int64_t N, int64_t C, float eps, us_dtype dt, int pow2) {
     (void)o;
-    if (skip_q && free_q == 2) stale(&q, &sc, NULL, NULL, N, C);
-    if (skip_q && free_q == 1)
+    if (skip_q && free_q == Q_STALE) stale(&q, &sc, NULL, NULL, N, C);
+    if (skip_q && free_q == Q_FREE)
         WRAP(P_NORM, inner.rmsnorm_fwd(&inner, out, r, x, w, N, C, eps, dt));
     else
         WRAP(P_NORM_Q, inner.rmsnorm_fwd_fp8(&inner, out, r, q, sc, x, w, N, C, eps, dt, pow2));
@@ -320,8 +323,9 @@ static void w_nfq(us_ops *o, void *out, float *r, uint8_t *q, float *sc, const v
 static void w_sfq(us_ops *o, void *h, uint8_t *q, float *sc, uint8_t *qt, float *st, const void *gu,
                   int64_t N, int64_t F, us_dtype dt, int pow2) {
     (void)o;
-    if (skip_q && h && free_q == 2) stale(&q, &sc, &qt, &st, N, F);
-    if (skip_q && h && free_q == 1) /* h NULL (the layer keeps hᵀ's operand): nothing to skip to */
+    /* h NULL (the layer keeps hᵀ's operand): nothing to skip to */
+    if (skip_q && h && free_q == Q_STALE) stale(&q, &sc, &qt, &st, N, F);
+    if (skip_q && h && free_q == Q_FREE)
         WRAP(P_SWIGLU, inner.swiglu_fwd(&inner, h, gu, N, F, dt));
     else
         WRAP(P_SWIGLU_Q, inner.swiglu_fwd_fp8(&inner, h, q, sc, qt, st, gu, N, F, dt, pow2));
@@ -330,8 +334,8 @@ static void w_sfq(us_ops *o, void *h, uint8_t *q, float *sc, uint8_t *qt, float 
 static void w_sbq(us_ops *o, void *d, uint8_t *q, float *sc, uint8_t *qt, float *st, const void *dh,
                   const void *gu, int64_t N, int64_t F, us_dtype dt, int pow2) {
     (void)o;
-    if (skip_q && free_q == 2) stale(&q, &sc, &qt, &st, N, 2 * F);
-    if (skip_q && free_q == 1)
+    if (skip_q && free_q == Q_STALE) stale(&q, &sc, &qt, &st, N, 2 * F);
+    if (skip_q && free_q == Q_FREE)
         WRAP(P_SWIGLU, inner.swiglu_bwd(&inner, d ? d : (void *)gu, dh, gu, N, F, dt));
     else
         WRAP(P_SWIGLU_QB, inner.swiglu_bwd_fp8(&inner, d, q, sc, qt, st, dh, gu, N, F, dt, pow2));
@@ -675,7 +679,8 @@ static int bench_train(const char *preset, int steps, int warm, us_recompute rc,
         return 3;
     }
     n = (int64_t)tc.grad_accum * tc.batch * tc.seq;
-    if (free_q == 2) { /* the stale buffers, allocated before any step (not inside a timed one) */
+    /* the stale buffers, allocated before any step (not inside a timed one) */
+    if (free_q == Q_STALE) {
         stale_q = (uint8_t *)inner.alloc(&inner, 2 * STALE_Q);
         stale_s = (float *)inner.alloc(&inner, 2 * STALE_S * sizeof(float));
         if (!stale_q || !stale_s) {
@@ -728,8 +733,8 @@ static int bench_train(const char *preset, int steps, int warm, us_recompute rc,
                m.fp8 == 1 && !o.rmsnorm_fwd_fp8 ? " (unfused)" : "", tc.grad_accum);
         if (free_q)
             printf("  (--fp8-%s-quant: %s in the timed steps; the losses are meaningless)\n",
-                   free_q == 1 ? "free" : "stale",
-                   free_q == 1 ? "no quantisation" : "the quantisers' output read by no GEMM");
+                   free_q == Q_FREE ? "free" : "stale",
+                   free_q == Q_FREE ? "no quantisation" : "the quantisers' output read by no GEMM");
         if (json) {
             FILE *f = fopen(json, "w");
             if (f) {
@@ -738,9 +743,9 @@ static int bench_train(const char *preset, int steps, int warm, us_recompute rc,
                         "\"tok_s\": %.1f, \"mfu\": %.4f, \"step_ms\": %.2f, \"peak_gib\": %.2f, "
                         "\"params\": %lld, \"accum\": %d, \"wcache\": %d}\n",
                         preset, us_precision_name(bench_prec),
-                        free_q == 1   ? " free-quant"
-                        : free_q == 2 ? " stale-quant"
-                                      : "",
+                        free_q == Q_FREE    ? " free-quant"
+                        : free_q == Q_STALE ? " stale-quant"
+                                            : "",
                         tok_s, mfu, 1e3 * t, peak_gib, (long long)m.n_params, tc.grad_accum,
                         m.fp8_wc != NULL);
                 fclose(f);
@@ -1937,9 +1942,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--grouped-loop"))
             gg_kernel = US_CUDA_GG_LOOP;
         else if (!strcmp(argv[i], "--fp8-free-quant"))
-            free_q = 1;
+            free_q = Q_FREE;
         else if (!strcmp(argv[i], "--fp8-stale-quant"))
-            free_q = 2;
+            free_q = Q_STALE;
         else if (!strcmp(argv[i], "--fp8-no-weight-cache"))
             bench_nowc = 1;
         else if (!strcmp(argv[i], "--fp8-experts"))
